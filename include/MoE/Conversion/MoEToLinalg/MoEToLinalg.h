@@ -1,0 +1,30 @@
+//===- MoEToLinalg.h - Lower moe ops to linalg ------------------*- C++ -*-===//
+//
+// Part of the MoE-MLIR project.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_CONVERSION_MOETOLINALG_MOETOLINALG_H
+#define MOE_CONVERSION_MOETOLINALG_MOETOLINALG_H
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/ControlFlow/IR/ControlFlow.h"
+#include "mlir/Dialect/Linalg/IR/Linalg.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
+#include "mlir/Pass/Pass.h"
+
+namespace mlir {
+class RewritePatternSet;
+
+namespace moe {
+#define GEN_PASS_DECL_CONVERTMOETOLINALG
+#include "MoE/Conversion/Passes.h.inc"
+
+/// Adds the patterns that lower every moe op to linalg/tensor/arith/math/scf.
+void populateMoEToLinalgPatterns(RewritePatternSet &patterns);
+} // namespace moe
+} // namespace mlir
+
+#endif // MOE_CONVERSION_MOETOLINALG_MOETOLINALG_H

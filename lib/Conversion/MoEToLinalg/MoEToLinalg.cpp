@@ -1,0 +1,44 @@
+//===- MoEToLinalg.cpp - The convert-moe-to-linalg pass -------------------===//
+//
+// Part of the MoE-MLIR project.
+//
+// The pass only gathers the per-op patterns (one file per op in this
+// directory) and runs them as a partial conversion: every moe op must go.
+//
+//===----------------------------------------------------------------------===//
+
+#include "MoE/Conversion/MoEToLinalg/MoEToLinalg.h"
+#include "MoE/IR/MoEDialect.h"
+#include "MoE/IR/MoEOps.h"
+
+#include "mlir/IR/PatternMatch.h"
+#include "mlir/Transforms/DialectConversion.h"
+
+namespace mlir::moe {
+#define GEN_PASS_DEF_CONVERTMOETOLINALG
+#include "MoE/Conversion/Passes.h.inc"
+} // namespace mlir::moe
+
+using namespace mlir;
+using namespace mlir::moe;
+
+void mlir::moe::populateMoEToLinalgPatterns(RewritePatternSet &patterns) {
+  (void)patterns;
+}
+
+namespace {
+struct ConvertMoEToLinalgPass
+    : public moe::impl::ConvertMoEToLinalgBase<ConvertMoEToLinalgPass> {
+  void runOnOperation() override {
+    MLIRContext *ctx = &getContext();
+    ConversionTarget target(*ctx);
+    target.addIllegalDialect<MoEDialect>();
+    target.markUnknownOpDynamicallyLegal([](Operation *) { return true; });
+    RewritePatternSet patterns(ctx);
+    populateMoEToLinalgPatterns(patterns);
+    if (failed(applyPartialConversion(getOperation(), target,
+                                      std::move(patterns))))
+      signalPassFailure();
+  }
+};
+} // namespace

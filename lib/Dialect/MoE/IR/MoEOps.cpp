@@ -1,0 +1,436 @@
+//===- MoEOps.cpp - Verifiers and type inference of the moe ops -----------===//
+//
+// Part of the MoE-MLIR project.
+//
+// Type inference is lenient on purpose: it runs before the verifiers, so it
+// never fails on a malformed op (it answers dynamic sizes where an operand has
+// the wrong rank) and leaves the diagnostics, which name the operand and the
+// rule, to the verifiers below.
+//
+//===----------------------------------------------------------------------===//
+
+#include "MoE/IR/MoEOps.h"
+
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/OpImplementation.h"
+#include "mlir/IR/TypeUtilities.h"
+#include "llvm/ADT/STLExtras.h"
+
+#include <cmath>
+
+using namespace mlir;
+using namespace mlir::moe;
+
+//===----------------------------------------------------------------------===//
+// Shared helpers
+//===----------------------------------------------------------------------===//
+
+namespace {
+constexpr int64_t kDynamic = ShapedType::kDynamic;
+
+/// Size `i` of `v` when `v` is a ranked tensor of rank `rank`, else dynamic.
+int64_t dimOf(Value v, int64_t rank, int64_t i) {
+  auto type = dyn_cast_if_present<RankedTensorType>(v ? v.getType() : Type());
+  if (!type || type.getRank() != rank)
+    return kDynamic;
+  return type.getDimSize(i);
+}
+
+/// The static one of two sizes that must agree (the verifier checks they do).
+int64_t merge(int64_t a, int64_t b) { return ShapedType::isDynamic(a) ? b : a; }
+
+int64_t merge(std::initializer_list<int64_t> sizes) {
+  int64_t result = kDynamic;
+  for (int64_t s : sizes)
+    result = merge(result, s);
+  return result;
+}
+
+RankedTensorType f32Tensor(MLIRContext *ctx, ArrayRef<int64_t> shape) {
+  return RankedTensorType::get(shape, Float32Type::get(ctx));
+}
+
+RankedTensorType i32Tensor(MLIRContext *ctx, ArrayRef<int64_t> shape) {
+  return RankedTensorType::get(shape, IntegerType::get(ctx, 32));
+}
+
+/// Results may refine inferred shapes (a static size where the operands leave
+/// it dynamic) but never contradict them or change the element type.
+bool compatibleResultTypes(TypeRange lhs, TypeRange rhs) {
+  if (lhs.size() != rhs.size())
+    return false;
+  for (auto [l, r] : llvm::zip(lhs, rhs))
+    if (getElementTypeOrSelf(l) != getElementTypeOrSelf(r) ||
+        failed(verifyCompatibleShape(l, r)))
+      return false;
+  return true;
+}
+
+/// Verification helpers bound to one op, so that each rule is one line in the
+/// op verifiers and every message names the operand and the rule.
+class OperandChecker {
+public:
+  explicit OperandChecker(Operation *op) : op(op) {}
+
+  /// `name` must be a tensor of rank `rank`, laid out as `layout`.
+  LogicalResult rank(Value v, StringRef name, int64_t rank, StringRef layout) {
+    auto type = cast<RankedTensorType>(v.getType());
+    if (type.getRank() == rank)
+      return success();
+    return op->emitOpError() << "'" << name << "' must have rank " << rank
+                             << " (" << layout << "), but has type "
+                             << type;
+  }
+
+  /// Dimension `ai` of `a` and dimension `bi` of `b` are the same size `sym`.
+  LogicalResult sameDim(Value a, StringRef aName, int64_t ai, Value b,
+                        StringRef bName, int64_t bi, StringRef sym) {
+    int64_t da = cast<RankedTensorType>(a.getType()).getDimSize(ai);
+    int64_t db = cast<RankedTensorType>(b.getType()).getDimSize(bi);
+    if (ShapedType::isDynamic(da) || ShapedType::isDynamic(db) || da == db)
+      return success();
+    return op->emitOpError()
+           << "dimension " << ai << " of '" << aName << "' (" << sym << " = "
+           << da << ") must equal dimension " << bi << " of '" << bName
+           << "' (" << sym << " = " << db << ")";
+  }
+
+  /// A float attribute that must be finite and strictly positive.
+  LogicalResult positive(StringRef name, float value) {
+    if (std::isfinite(value) && value > 0.0f)
+      return success();
+    return op->emitOpError() << "'" << name << "' (" << value
+                             << ") must be finite and > 0";
+  }
+
+  /// A float attribute that must be finite and in [lo, hi].
+  LogicalResult inRange(StringRef name, float value, float lo, float hi) {
+    if (std::isfinite(value) && value >= lo && value <= hi)
+      return success();
+    return op->emitOpError() << "'" << name << "' (" << value
+                             << ") must be in [" << lo << ", " << hi << "]";
+  }
+
+  /// An integer attribute that must be at least `lo`.
+  LogicalResult atLeast(StringRef name, int64_t value, int64_t lo) {
+    if (value >= lo)
+      return success();
+    return op->emitOpError() << "'" << name << "' (" << value
+                             << ") must be >= " << lo;
+  }
+
+private:
+  Operation *op;
+};
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Custom assembly: modes print as bare keywords, `mode(probs)`
+//===----------------------------------------------------------------------===//
+
+template <typename EnumAttrT>
+static ParseResult parseEnumKeyword(OpAsmParser &parser, EnumAttrT &attr) {
+  using EnumT = decltype(std::declval<EnumAttrT>().getValue());
+  SMLoc loc = parser.getCurrentLocation();
+  StringRef keyword;
+  if (parser.parseKeyword(&keyword))
+    return failure();
+  std::optional<EnumT> value = symbolizeEnum<EnumT>(keyword);
+  if (!value)
+    return parser.emitError(loc) << "unknown " << EnumAttrT::getMnemonic()
+                                 << " '" << keyword << "'";
+  attr = EnumAttrT::get(parser.getContext(), *value);
+  return success();
+}
+
+template <typename EnumAttrT>
+static void printEnumKeyword(OpAsmPrinter &printer, Operation *,
+                             EnumAttrT attr) {
+  printer << stringifyEnum(attr.getValue());
+}
+
+//===----------------------------------------------------------------------===//
+// TopkRenormOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult TopkRenormOp::inferReturnTypes(
+    MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  auto scores = dyn_cast<RankedTensorType>(adaptor.getScores().getType());
+  if (!scores || scores.getRank() == 0)
+    return failure();
+  SmallVector<int64_t> shape(scores.getShape());
+  int64_t k = adaptor.getK();
+  shape.back() = k >= 1 ? k : kDynamic;
+  inferred.push_back(f32Tensor(ctx, shape));
+  inferred.push_back(i32Tensor(ctx, shape));
+  return success();
+}
+
+bool TopkRenormOp::isCompatibleReturnTypes(TypeRange l, TypeRange r) {
+  return compatibleResultTypes(l, r);
+}
+
+LogicalResult TopkRenormOp::verify() {
+  auto scores = cast<RankedTensorType>(getScores().getType());
+  if (scores.getRank() == 0)
+    return emitOpError() << "'scores' must have rank >= 1 ([..., K]), but has "
+                            "type "
+                         << scores;
+  int64_t k = getK();
+  int64_t numExperts = scores.getShape().back();
+  if (ShapedType::isDynamic(numExperts)) {
+    if (k < 1)
+      return emitOpError() << "'k' (" << k << ") must be >= 1";
+    return success();
+  }
+  if (k < 1 || k > numExperts)
+    return emitOpError() << "'k' (" << k << ") must be in [1, " << numExperts
+                         << "] (the size of the last dimension of 'scores')";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// SimilarityInformOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult SimilarityInformOp::inferReturnTypes(
+    MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  Value u = adaptor.getU(), e = adaptor.getE();
+  inferred.push_back(f32Tensor(ctx, {merge(dimOf(u, 3, 0), dimOf(e, 3, 0)),
+                                     merge(dimOf(u, 3, 1), dimOf(e, 3, 1)),
+                                     dimOf(e, 3, 2)}));
+  return success();
+}
+
+bool SimilarityInformOp::isCompatibleReturnTypes(TypeRange l, TypeRange r) {
+  return compatibleResultTypes(l, r);
+}
+
+LogicalResult SimilarityInformOp::verify() {
+  OperandChecker check(*this);
+  Value u = getU(), e = getE();
+  if (failed(check.rank(u, "u", 3, "[B, N, D]")) ||
+      failed(check.rank(e, "e", 3, "[B, N, K]")) ||
+      failed(check.sameDim(e, "e", 0, u, "u", 0, "B")) ||
+      failed(check.sameDim(e, "e", 1, u, "u", 1, "N")))
+    return failure();
+  if (Value ws = getWs()) {
+    if (failed(check.rank(ws, "ws", 2, "[D, D]")) ||
+        failed(check.sameDim(ws, "ws", 0, u, "u", 2, "D")) ||
+        failed(check.sameDim(ws, "ws", 1, u, "u", 2, "D")))
+      return failure();
+  }
+  if (Value mask = getKeyMask()) {
+    if (failed(check.rank(mask, "key_mask", 2, "[B, N]")) ||
+        failed(check.sameDim(mask, "key_mask", 0, u, "u", 0, "B")) ||
+        failed(check.sameDim(mask, "key_mask", 1, u, "u", 1, "N")))
+      return failure();
+  }
+  return check.positive("tau", getTau().convertToFloat());
+}
+
+//===----------------------------------------------------------------------===//
+// AttentionPosteriorOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult AttentionPosteriorOp::inferReturnTypes(
+    MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  Value scores = adaptor.getScores(), u = adaptor.getU(), v = adaptor.getV(),
+        e = adaptor.getE();
+  int64_t b = merge({dimOf(scores, 4, 0), dimOf(u, 3, 0), dimOf(v, 4, 0),
+                     dimOf(e, 3, 0)});
+  int64_t n = merge(dimOf(scores, 4, 2), dimOf(u, 3, 1));
+  inferred.push_back(f32Tensor(ctx, {b, n, dimOf(e, 3, 2)}));
+  inferred.push_back(i32Tensor(ctx, {b}));
+  return success();
+}
+
+bool AttentionPosteriorOp::isCompatibleReturnTypes(TypeRange l, TypeRange r) {
+  return compatibleResultTypes(l, r);
+}
+
+std::optional<double> AttentionPosteriorOp::getEffectiveHeadScale() {
+  if (std::optional<APFloat> scale = getHeadScale())
+    return scale->convertToDouble();
+  int64_t numHeads = cast<RankedTensorType>(getScores().getType()).getDimSize(1);
+  if (ShapedType::isDynamic(numHeads))
+    return std::nullopt;
+  return static_cast<double>(numHeads);
+}
+
+LogicalResult AttentionPosteriorOp::verify() {
+  OperandChecker check(*this);
+  Value scores = getScores(), u = getU(), v = getV(), wo = getWo(), e = getE();
+  if (failed(check.rank(scores, "scores", 4, "[B, H, N, Nk]")) ||
+      failed(check.rank(u, "u", 3, "[B, N, D]")) ||
+      failed(check.rank(v, "v", 4, "[B, H, Nk, Dh]")) ||
+      failed(check.rank(wo, "wo", 2, "[D, H*Dh]")) ||
+      failed(check.rank(e, "e", 3, "[B, Nk, K]")))
+    return failure();
+  if (failed(check.sameDim(u, "u", 0, scores, "scores", 0, "B")) ||
+      failed(check.sameDim(v, "v", 0, scores, "scores", 0, "B")) ||
+      failed(check.sameDim(e, "e", 0, scores, "scores", 0, "B")) ||
+      failed(check.sameDim(v, "v", 1, scores, "scores", 1, "H")) ||
+      failed(check.sameDim(u, "u", 1, scores, "scores", 2, "N")) ||
+      failed(check.sameDim(v, "v", 2, scores, "scores", 3, "Nk")) ||
+      failed(check.sameDim(e, "e", 1, scores, "scores", 3, "Nk")) ||
+      failed(check.sameDim(wo, "wo", 0, u, "u", 2, "D")))
+    return failure();
+
+  auto vType = cast<RankedTensorType>(v.getType());
+  int64_t numHeads = vType.getDimSize(1), headDim = vType.getDimSize(3);
+  int64_t woCols = cast<RankedTensorType>(wo.getType()).getDimSize(1);
+  if (!ShapedType::isDynamic(numHeads) && !ShapedType::isDynamic(headDim) &&
+      !ShapedType::isDynamic(woCols) && woCols != numHeads * headDim)
+    return emitOpError() << "dimension 1 of 'wo' (" << woCols
+                         << ") must equal H*Dh = " << numHeads << "*"
+                         << headDim << " = " << numHeads * headDim
+                         << " (heads and head size of 'v')";
+
+  if (failed(check.positive("sigma", getSigma().convertToFloat())))
+    return failure();
+  if (std::optional<APFloat> scale = getHeadScale())
+    if (!scale->isFinite())
+      return emitOpError() << "'head_scale' (" << scale->convertToFloat()
+                           << ") must be finite";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// MadDispersionOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult MadDispersionOp::inferReturnTypes(
+    MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  int64_t numExperts = adaptor.getNumExperts();
+  int64_t e = numExperts >= 1 ? numExperts : kDynamic;
+  inferred.push_back(f32Tensor(ctx, {e, dimOf(adaptor.getTokens(), 2, 1)}));
+  inferred.push_back(i32Tensor(ctx, {e}));
+  return success();
+}
+
+bool MadDispersionOp::isCompatibleReturnTypes(TypeRange l, TypeRange r) {
+  return compatibleResultTypes(l, r);
+}
+
+LogicalResult MadDispersionOp::verify() {
+  OperandChecker check(*this);
+  Value tokens = getTokens(), assign = getAssign();
+  if (failed(check.rank(tokens, "tokens", 2, "[T, D]")) ||
+      failed(check.rank(assign, "assign", 1, "[T]")) ||
+      failed(check.sameDim(assign, "assign", 0, tokens, "tokens", 0, "T")) ||
+      failed(check.atLeast("num_experts", getNumExperts(), 1)) ||
+      failed(check.positive("eps", getEps().convertToFloat())))
+    return failure();
+  float clip = getClip().convertToFloat();
+  if (!std::isfinite(clip) || clip < 0.0f)
+    return emitOpError() << "'clip' (" << clip
+                         << ") must be finite and >= 0 (0 disables clipping)";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// AdjacencyUpdateOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult AdjacencyUpdateOp::inferReturnTypes(
+    MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  Value a = adaptor.getA();
+  int64_t e = merge(dimOf(a, 2, 0), dimOf(a, 2, 1));
+  inferred.push_back(f32Tensor(ctx, {e, e}));
+  return success();
+}
+
+bool AdjacencyUpdateOp::isCompatibleReturnTypes(TypeRange l, TypeRange r) {
+  return compatibleResultTypes(l, r);
+}
+
+LogicalResult AdjacencyUpdateOp::verify() {
+  OperandChecker check(*this);
+  Value a = getA(), idx = getIdx();
+  if (failed(check.rank(a, "a", 2, "[E, E]")) ||
+      failed(check.rank(idx, "idx", 2, "[T, k]")) ||
+      failed(check.sameDim(a, "a", 1, a, "a", 0, "E")))
+    return failure();
+  int64_t numExperts = cast<RankedTensorType>(a.getType()).getDimSize(0);
+  int64_t k = cast<RankedTensorType>(idx.getType()).getDimSize(1);
+  if (!ShapedType::isDynamic(k)) {
+    if (k < 1)
+      return emitOpError() << "dimension 1 of 'idx' (k = " << k
+                           << ") must be >= 1 (experts chosen per token)";
+    if (!ShapedType::isDynamic(numExperts) && k > numExperts)
+      return emitOpError() << "dimension 1 of 'idx' (k = " << k
+                           << ") must be <= E = " << numExperts
+                           << " (the size of 'a')";
+  }
+  return check.inRange("beta", getBeta().convertToFloat(), 0.0f, 1.0f);
+}
+
+//===----------------------------------------------------------------------===//
+// HyperRouterOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult HyperRouterOp::inferReturnTypes(
+    MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  int64_t numExperts = adaptor.getNumExperts();
+  int64_t rows = merge(dimOf(adaptor.getW2(), 2, 0), dimOf(adaptor.getB2(), 1, 0));
+  int64_t e = numExperts >= 1 ? numExperts : kDynamic;
+  int64_t d = kDynamic;
+  if (!ShapedType::isDynamic(rows) && numExperts >= 1 &&
+      rows % numExperts == 0 && rows / numExperts >= 2)
+    d = rows / numExperts - 1;
+  inferred.push_back(f32Tensor(ctx, {e, d}));
+  inferred.push_back(f32Tensor(ctx, {e}));
+  return success();
+}
+
+bool HyperRouterOp::isCompatibleReturnTypes(TypeRange l, TypeRange r) {
+  return compatibleResultTypes(l, r);
+}
+
+LogicalResult HyperRouterOp::verify() {
+  OperandChecker check(*this);
+  Value emb = getEmb(), w1 = getW1(), b1 = getB1(), w2 = getW2(), b2 = getB2();
+  if (failed(check.rank(emb, "emb", 1, "[De]")) ||
+      failed(check.rank(w1, "w1", 2, "[Dh, De]")) ||
+      failed(check.rank(b1, "b1", 1, "[Dh]")) ||
+      failed(check.rank(w2, "w2", 2, "[E*(D+1), Dh]")) ||
+      failed(check.rank(b2, "b2", 1, "[E*(D+1)]")) ||
+      failed(check.sameDim(w1, "w1", 1, emb, "emb", 0, "De")) ||
+      failed(check.sameDim(b1, "b1", 0, w1, "w1", 0, "Dh")) ||
+      failed(check.sameDim(w2, "w2", 1, w1, "w1", 0, "Dh")) ||
+      failed(check.sameDim(b2, "b2", 0, w2, "w2", 0, "E*(D+1)")) ||
+      failed(check.atLeast("num_experts", getNumExperts(), 1)))
+    return failure();
+
+  int64_t numExperts = getNumExperts();
+  int64_t rows = merge(cast<RankedTensorType>(w2.getType()).getDimSize(0),
+                       cast<RankedTensorType>(b2.getType()).getDimSize(0));
+  int64_t d = cast<RankedTensorType>(getW().getType()).getDimSize(1);
+  if (!ShapedType::isDynamic(d) && d < 1)
+    return emitOpError() << "result 'w' must have at least one feature (D >= 1)";
+  if (ShapedType::isDynamic(rows))
+    return success();
+  if (!ShapedType::isDynamic(d) && rows != numExperts * (d + 1))
+    return emitOpError() << "'w2' must have E*(D+1) = " << numExperts << "*("
+                         << d << "+1) = " << numExperts * (d + 1)
+                         << " rows, but has " << rows;
+  if (rows % numExperts != 0 || rows / numExperts < 2)
+    return emitOpError() << "'w2' must have E*(D+1) rows with E = "
+                         << numExperts << " and D >= 1, but has " << rows
+                         << " rows";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// TableGen'd op definitions
+//===----------------------------------------------------------------------===//
+
+#define GET_OP_CLASSES
+#include "MoE/IR/MoEOps.cpp.inc"

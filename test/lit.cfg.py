@@ -1,0 +1,31 @@
+# -*- Python -*- lit configuration of the MoE-MLIR regression tests.
+
+import os
+
+import lit.formats
+from lit.llvm import llvm_config
+from lit.llvm.subst import ToolSubst
+
+config.name = "MOE"
+config.test_format = lit.formats.ShTest(not llvm_config.use_lit_shell)
+config.suffixes = [".mlir"]
+config.excludes = ["CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py", "Inputs"]
+
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.moe_obj_root, "test")
+
+# Unused FileCheck prefixes and variables leaking across CHECK-LABELs are bugs in a test.
+config.environment["FILECHECK_OPTS"] = "-enable-var-scope --allow-unused-prefixes=false"
+
+config.substitutions.append(("%PATH%", config.environment["PATH"]))
+llvm_config.use_default_substitutions()
+llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
+
+# The MLIR runner support libraries that Integration tests pass to mlir-runner.
+for lib in ["mlir_c_runner_utils", "mlir_runner_utils"]:
+    config.substitutions.append(
+        ("%" + lib, os.path.join(config.llvm_lib_dir, "lib" + lib + ".so")))
+
+tool_dirs = [config.moe_tools_dir, config.llvm_tools_dir]
+tools = ["moe-opt", ToolSubst("mlir-runner", unresolved="ignore")]
+llvm_config.add_tool_substitutions(tools, tool_dirs)
