@@ -26,6 +26,10 @@ for lib in ["mlir_c_runner_utils", "mlir_runner_utils"]:
     config.substitutions.append(
         ("%" + lib, os.path.join(config.llvm_lib_dir, "lib" + lib + ".so")))
 
+# Our runtime (run-time index errors), for Integration tests that exercise them.
+config.substitutions.append(
+    ("%moe_cpu_runtime", os.path.join(config.moe_obj_root, "lib", "libmoe_cpu_runtime.so")))
+
 tool_dirs = [config.moe_tools_dir, config.llvm_tools_dir]
 tools = ["moe-opt", ToolSubst("mlir-runner", unresolved="ignore")]
 llvm_config.add_tool_substitutions(tools, tool_dirs)

@@ -10,6 +10,7 @@
 
 #include "MoE/Conversion/Passes.h"
 #include "MoE/IR/MoEDialect.h"
+#include "MoE/Pipelines/Pipelines.h"
 
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/InitAllDialects.h"
@@ -21,6 +22,7 @@
 int main(int argc, char **argv) {
   mlir::registerAllPasses();
   mlir::moe::registerMoEConversionPasses();
+  mlir::moe::registerMoEPipelines();
 
   mlir::DialectRegistry registry;
   registry.insert<mlir::moe::MoEDialect>();

@@ -1,0 +1,62 @@
+//===- Pipelines.cpp - End-to-end lowering pipelines ----------------------===//
+//
+// Part of the MoE-MLIR project.
+//
+// Only upstream passes after our own conversion: bufferization, loops and the
+// LLVM conversions are reused as they are.
+//
+//===----------------------------------------------------------------------===//
+
+#include "MoE/Pipelines/Pipelines.h"
+#include "MoE/Conversion/Passes.h"
+
+#include "mlir/Conversion/Passes.h"
+#include "mlir/Dialect/Bufferization/Pipelines/Passes.h"
+#include "mlir/Dialect/Bufferization/Transforms/Passes.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/LLVMIR/Transforms/RequestCWrappers.h"
+#include "mlir/Dialect/Linalg/Passes.h"
+#include "mlir/Dialect/MemRef/Transforms/Passes.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassRegistry.h"
+#include "mlir/Transforms/Passes.h"
+
+using namespace mlir;
+
+void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm) {
+  pm.addPass(moe::createConvertMoEToLinalg());
+  pm.addPass(createCanonicalizerPass());
+
+  // Tensors -> buffers, across function boundaries so that the public
+  // functions take plain strided memrefs the ExecutionEngine can pass.
+  bufferization::OneShotBufferizePassOptions bufferize;
+  bufferize.bufferizeFunctionBoundaries = true;
+  bufferize.functionBoundaryTypeConversion =
+      bufferization::LayoutMapOption::IdentityLayoutMap;
+  pm.addPass(bufferization::createOneShotBufferizePass(bufferize));
+  bufferization::BufferDeallocationPipelineOptions dealloc;
+  bufferization::buildBufferDeallocationPipeline(pm, dealloc);
+
+  pm.addNestedPass<func::FuncOp>(createConvertLinalgToLoopsPass());
+  pm.addPass(createCanonicalizerPass());
+  pm.addPass(memref::createExpandStridedMetadataPass());
+  pm.addPass(createLowerAffinePass());
+  pm.addPass(createSCFToControlFlowPass());
+
+  pm.addNestedPass<func::FuncOp>(LLVM::createLLVMRequestCWrappersPass());
+  pm.addPass(createConvertMathToLLVMPass());
+  pm.addPass(createConvertMathToLibmPass());
+  pm.addPass(createArithToLLVMConversionPass());
+  pm.addPass(createConvertIndexToLLVMPass());
+  pm.addPass(createFinalizeMemRefToLLVMConversionPass());
+  pm.addPass(createConvertControlFlowToLLVMPass());
+  pm.addPass(createConvertFuncToLLVMPass());
+  pm.addPass(createReconcileUnrealizedCastsPass());
+}
+
+void mlir::moe::registerMoEPipelines() {
+  PassPipelineRegistration<>(
+      "moe-lower-to-llvm",
+      "Lower tensor functions holding moe ops to the LLVM dialect (CPU)",
+      buildLowerToLLVMPipeline);
+}
