@@ -17,6 +17,8 @@
 #include "llvm/ADT/STLExtras.h"
 
 #include <cmath>
+#include <cstdio>
+#include <string>
 
 using namespace mlir;
 using namespace mlir::moe;
@@ -66,6 +68,13 @@ bool compatibleResultTypes(TypeRange lhs, TypeRange rhs) {
   return true;
 }
 
+/// A float attribute as a user wrote it: `0.5`, `-1`, `inf`, `nan`.
+std::string formatFloat(double value) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%g", value);
+  return buffer;
+}
+
 /// Verification helpers bound to one op, so that each rule is one line in the
 /// op verifiers and every message names the operand and the rule.
 class OperandChecker {
@@ -99,7 +108,7 @@ public:
   LogicalResult positive(StringRef name, float value) {
     if (std::isfinite(value) && value > 0.0f)
       return success();
-    return op->emitOpError() << "'" << name << "' (" << value
+    return op->emitOpError() << "'" << name << "' (" << formatFloat(value)
                              << ") must be finite and > 0";
   }
 
@@ -107,8 +116,9 @@ public:
   LogicalResult inRange(StringRef name, float value, float lo, float hi) {
     if (std::isfinite(value) && value >= lo && value <= hi)
       return success();
-    return op->emitOpError() << "'" << name << "' (" << value
-                             << ") must be in [" << lo << ", " << hi << "]";
+    return op->emitOpError() << "'" << name << "' (" << formatFloat(value)
+                             << ") must be in [" << formatFloat(lo) << ", "
+                             << formatFloat(hi) << "]";
   }
 
   /// An integer attribute that must be at least `lo`.
@@ -157,9 +167,12 @@ LogicalResult TopkRenormOp::inferReturnTypes(
     MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
     SmallVectorImpl<Type> &inferred) {
   auto scores = dyn_cast<RankedTensorType>(adaptor.getScores().getType());
-  if (!scores || scores.getRank() == 0)
+  if (!scores)
     return failure();
+  // A rank-0 `scores` is rejected by the verifier, which names the rule.
   SmallVector<int64_t> shape(scores.getShape());
+  if (shape.empty())
+    shape.push_back(kDynamic);
   int64_t k = adaptor.getK();
   shape.back() = k >= 1 ? k : kDynamic;
   inferred.push_back(f32Tensor(ctx, shape));
@@ -294,7 +307,8 @@ LogicalResult AttentionPosteriorOp::verify() {
     return failure();
   if (std::optional<APFloat> scale = getHeadScale())
     if (!scale->isFinite())
-      return emitOpError() << "'head_scale' (" << scale->convertToFloat()
+      return emitOpError() << "'head_scale' ("
+                           << formatFloat(scale->convertToDouble())
                            << ") must be finite";
   return success();
 }
@@ -328,7 +342,7 @@ LogicalResult MadDispersionOp::verify() {
     return failure();
   float clip = getClip().convertToFloat();
   if (!std::isfinite(clip) || clip < 0.0f)
-    return emitOpError() << "'clip' (" << clip
+    return emitOpError() << "'clip' (" << formatFloat(clip)
                          << ") must be finite and >= 0 (0 disables clipping)";
   return success();
 }
