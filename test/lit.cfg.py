@@ -30,6 +30,9 @@ for lib in ["mlir_c_runner_utils", "mlir_runner_utils"]:
 config.substitutions.append(
     ("%moe_cpu_runtime", os.path.join(config.moe_obj_root, "lib", "libmoe_cpu_runtime.so")))
 
+config.substitutions.append(("%moe_obj_root", config.moe_obj_root))
+config.substitutions.append(("%moe_src_root", config.moe_src_root))
+
 tool_dirs = [config.moe_tools_dir, config.llvm_tools_dir]
 tools = ["moe-opt", ToolSubst("mlir-runner", unresolved="ignore")]
 llvm_config.add_tool_substitutions(tools, tool_dirs)

@@ -237,8 +237,9 @@ def MoE_MadDispersionOp : MoE_Op<"mad_dispersion", MoE_NoEffectInferred> {
     * `empty = identity` (default): clusters with fewer than 2 tokens get `W = 1` everywhere (`M_k = I`, Remark 1)
       and are left out of the clip and normalization statistics. `empty = raw` reproduces the authors' code: an
       empty cluster has `μ = s = 0`, so `W = 1/eps`, and enters every statistic (this shrinks every other weight).
-    * A value of `assign` outside `[0, E)` is a run-time error (the lowering aborts with a message); it is never
-      written out of bounds. NaN in `tokens` propagates to its cluster and, through the statistics, to `W`.
+    * A value of `assign` outside `[0, E)` is a run-time error: the token is left out (never written out of
+      bounds) and the error is reported to the caller (the execution API returns it; under `mlir-runner` it is
+      printed). NaN in `tokens` propagates to its cluster and, through the statistics, to `W`.
     * Sums are f32, in a fixed order, so the result is deterministic.
 
     Attributes: `num_experts` ≥ 1; `eps` > 0 (default 1e-4); `clip` ≥ 0 (default 10, 0 disables);
@@ -300,8 +301,8 @@ def MoE_AdjacencyUpdateOp : MoE_Op<"adjacency_update", MoE_NoEffectInferred> {
     The Symphony gate itself is `G = softmax(logits) · a^T` (a `linalg.matmul`) followed by
     `moe.topk_renorm mode(probs) renormalize(false)`.
 
-    A value of `idx` outside `[0, E)` is a run-time error (the lowering aborts with a message). With `beta = 1`
-    the op folds to `a` (the graph is frozen).
+    A value of `idx` outside `[0, E)` is a run-time error: the entry is left out (never written out of bounds)
+    and the error is reported to the caller. With `beta = 1` the op folds to `a` (the graph is frozen).
 
     Attributes: `beta` in `[0, 1]` (default 0.9); `norm` (`row` | `col` | `none`); `include_self` (default true).
 

@@ -1,0 +1,44 @@
+# Shared steps of scripts/setup.sh (build + demo) and scripts/test.sh (build + every test). Sourced, not run.
+# Every step is idempotent: a second run only does what is missing.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${MOE_BUILD_DIR:-$ROOT/build}"
+LLVM_PREFIX=/usr/lib/llvm-22
+JOBS="${MOE_JOBS:-$(nproc)}"
+
+SYSTEM_PACKAGES=(llvm-22-dev libmlir-22-dev mlir-22-tools cmake ninja-build g++ python3 python3-venv libgtest-dev)
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+install_system_packages() {
+  local missing=()
+  for p in "${SYSTEM_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "== installing Debian packages: ${missing[*]}"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+  fi
+}
+
+install_python() {
+  if [ -x "$ROOT/scripts/install-python.sh" ]; then
+    "$ROOT/scripts/install-python.sh"
+  fi
+}
+
+configure_and_build() {
+  if [ ! -f "$BUILD/build.ninja" ]; then
+    echo "== configuring $BUILD"
+    cmake -G Ninja -S "$ROOT" -B "$BUILD" \
+      -DCMAKE_BUILD_TYPE=Release \
+      -DMLIR_DIR="$LLVM_PREFIX/lib/cmake/mlir" \
+      -DLLVM_EXTERNAL_LIT="$LLVM_PREFIX/bin/lit"
+  fi
+  echo "== building"
+  cmake --build "$BUILD" -j "$JOBS"
+}
