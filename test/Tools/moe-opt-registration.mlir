@@ -1,0 +1,21 @@
+// moe-opt registers the LLVM IR translations: upstream gpu-module-to-binary translates the gpu.module to LLVM IR
+// and on to PTX with them, and fails without them ("missing LLVMTranslationDialectInterface registration").
+// RUN: moe-opt %s --nvvm-attach-target="chip=sm_90 features=+ptx80" --gpu-module-to-binary="format=isa" | FileCheck %s
+// RUN: moe-opt --help | FileCheck %s --check-prefix=HELP
+
+// CHECK-LABEL: gpu.binary @kernels
+// CHECK-SAME:    #nvvm.target<chip = "sm_90", features = "+ptx80">
+// CHECK-SAME:    .target sm_90
+// CHECK-SAME:    .entry scale
+gpu.module @kernels {
+  llvm.func @scale(%p: !llvm.ptr<1>, %s: f32) attributes {nvvm.kernel} {
+    %v = llvm.load %p : !llvm.ptr<1> -> f32
+    %r = llvm.fmul %v, %s : f32
+    llvm.store %r, %p : f32, !llvm.ptr<1>
+    llvm.return
+  }
+}
+
+// The dialect's passes and pipelines are listed by --help.
+// HELP: --convert-moe-to-linalg
+// HELP: --moe-lower-to-llvm
