@@ -17,5 +17,7 @@ gpu.module @kernels {
 }
 
 // The dialect's passes and pipelines are listed by --help.
-// HELP: --convert-moe-to-linalg
-// HELP: --moe-lower-to-llvm
+// HELP-DAG: --convert-moe-to-linalg
+// HELP-DAG: --moe-fuse-routing
+// HELP-DAG: --moe-split-fused-routing
+// HELP-DAG: --moe-lower-to-llvm

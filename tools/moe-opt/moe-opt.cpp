@@ -11,6 +11,7 @@
 #include "MoE/Conversion/Passes.h"
 #include "MoE/IR/MoEDialect.h"
 #include "MoE/Pipelines/Pipelines.h"
+#include "MoE/Transforms/Passes.h"
 
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/InitAllDialects.h"
@@ -23,6 +24,7 @@ int main(int argc, char **argv) {
   mlir::registerAllPasses();
   mlir::moe::registerMoEConversionPasses();
   mlir::moe::registerMoEPipelines();
+  mlir::moe::registerMoETransformsPasses();
 
   mlir::DialectRegistry registry;
   registry.insert<mlir::moe::MoEDialect>();

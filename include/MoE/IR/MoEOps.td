@@ -381,4 +381,10 @@ def MoE_HyperRouterOp : MoE_Op<"hyper_router", MoE_PureInferred> {
   let hasFolder = 1;
 }
 
+//===----------------------------------------------------------------------===//
+// Fused ops (produced by moe-fuse-routing)
+//===----------------------------------------------------------------------===//
+
+include "MoE/IR/MoEFusedOps.td"
+
 #endif // MOE_IR_MOEOPS_TD

@@ -534,3 +534,64 @@ func.func @hyper_no_experts(%emb: tensor<8xf32>, %w1: tensor<4x8xf32>, %b1: tens
       : tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<20x4xf32>, tensor<20xf32> -> tensor<?x?xf32>, tensor<?xf32>
   return
 }
+
+//===----------------------------------------------------------------------===//
+// Fused ops: the rules of both parts apply
+//===----------------------------------------------------------------------===//
+
+// -----
+
+func.func @similarity_topk_k_exceeds_experts(%u: tensor<2x8x64xf32>, %e: tensor<2x8x4xf32>) {
+  // expected-error @+1 {{'k' (5) must be in [1, 4] (the size of the last dimension of 'e')}}
+  %w, %i = moe.similarity_inform_topk %u, %e k(5) : tensor<2x8x64xf32>, tensor<2x8x4xf32> -> tensor<2x8x5xf32>, tensor<2x8x5xi32>
+  return
+}
+
+// -----
+
+func.func @similarity_topk_tau(%u: tensor<2x8x64xf32>, %e: tensor<2x8x4xf32>) {
+  // expected-error @+1 {{'tau' (-0.5) must be finite and > 0}}
+  %w, %i = moe.similarity_inform_topk %u, %e k(2) tau(-0.5) : tensor<2x8x64xf32>, tensor<2x8x4xf32> -> tensor<2x8x2xf32>, tensor<2x8x2xi32>
+  return
+}
+
+// -----
+
+func.func @similarity_topk_tokens_mismatch(%u: tensor<2x8x64xf32>, %e: tensor<2x6x4xf32>) {
+  // expected-error @+1 {{dimension 1 of 'e' (N = 6) must equal dimension 1 of 'u' (N = 8)}}
+  %w, %i = moe.similarity_inform_topk %u, %e k(2) : tensor<2x8x64xf32>, tensor<2x6x4xf32> -> tensor<2x8x2xf32>, tensor<2x8x2xi32>
+  return
+}
+
+// -----
+
+func.func @posterior_topk_k_zero(%s: tensor<2x4x8x8xf32>, %u: tensor<2x8x32xf32>, %v: tensor<2x4x8x8xf32>,
+                                 %wo: tensor<32x32xf32>, %e: tensor<2x8x4xf32>) {
+  // expected-error @+1 {{'k' (0) must be in [1, 4] (the size of the last dimension of 'e')}}
+  %w, %i, %h = moe.attention_posterior_topk %s, %u, %v, %wo, %e k(0)
+      : tensor<2x4x8x8xf32>, tensor<2x8x32xf32>, tensor<2x4x8x8xf32>, tensor<32x32xf32>, tensor<2x8x4xf32>
+      -> tensor<2x8x?xf32>, tensor<2x8x?xi32>, tensor<2xi32>
+  return
+}
+
+// -----
+
+func.func @posterior_topk_sigma(%s: tensor<2x4x8x8xf32>, %u: tensor<2x8x32xf32>, %v: tensor<2x4x8x8xf32>,
+                                %wo: tensor<32x32xf32>, %e: tensor<2x8x4xf32>) {
+  // expected-error @+1 {{'sigma' (0) must be finite and > 0}}
+  %w, %i, %h = moe.attention_posterior_topk %s, %u, %v, %wo, %e k(2) sigma(0.0)
+      : tensor<2x4x8x8xf32>, tensor<2x8x32xf32>, tensor<2x4x8x8xf32>, tensor<32x32xf32>, tensor<2x8x4xf32>
+      -> tensor<2x8x2xf32>, tensor<2x8x2xi32>, tensor<2xi32>
+  return
+}
+
+// -----
+
+func.func @posterior_topk_out_projection(%s: tensor<2x4x8x8xf32>, %u: tensor<2x8x32xf32>, %v: tensor<2x4x8x8xf32>,
+                                         %wo: tensor<32x24xf32>, %e: tensor<2x8x4xf32>) {
+  // expected-error @+1 {{dimension 1 of 'wo' (24) must equal H*Dh = 4*8 = 32 (heads and head size of 'v')}}
+  %w, %i, %h = moe.attention_posterior_topk %s, %u, %v, %wo, %e k(2)
+      : tensor<2x4x8x8xf32>, tensor<2x8x32xf32>, tensor<2x4x8x8xf32>, tensor<32x24xf32>, tensor<2x8x4xf32>
+      -> tensor<2x8x2xf32>, tensor<2x8x2xi32>, tensor<2xi32>
+  return
+}

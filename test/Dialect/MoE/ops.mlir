@@ -157,3 +157,24 @@ func.func @hyper_router_dynamic_rows(%emb: tensor<8xbf16>, %w1: tensor<4x8xbf16>
       : tensor<8xbf16>, tensor<4x8xbf16>, tensor<4xbf16>, tensor<?x4xbf16>, tensor<?xbf16> -> tensor<2x?xf32>, tensor<2xf32>
   return %w : tensor<2x?xf32>
 }
+
+// CHECK-LABEL: func.func @similarity_inform_topk_round_trip
+func.func @similarity_inform_topk_round_trip(%u: tensor<2x?x64xf32>, %e: tensor<2x?x16xf32>, %m: tensor<2x?xi1>)
+    -> tensor<2x?x2xi32> {
+  // CHECK: moe.similarity_inform_topk %{{.*}}, %{{.*}} key_mask(%{{.*}} : tensor<2x?xi1>) k(2) renormalize(false) tau(2.000000e+00) causal(true)
+  // CHECK-SAME: : tensor<2x?x64xf32>, tensor<2x?x16xf32> -> tensor<2x?x2xf32>, tensor<2x?x2xi32>
+  %w, %i = moe.similarity_inform_topk %u, %e key_mask(%m : tensor<2x?xi1>) k(2) renormalize(false) tau(2.0) causal(true)
+      : tensor<2x?x64xf32>, tensor<2x?x16xf32> -> tensor<2x?x2xf32>, tensor<2x?x2xi32>
+  return %i : tensor<2x?x2xi32>
+}
+
+// CHECK-LABEL: func.func @attention_posterior_topk_round_trip
+func.func @attention_posterior_topk_round_trip(%s: tensor<2x8x128x128xf32>, %u: tensor<2x128x512xf32>,
+    %v: tensor<2x8x128x64xf32>, %wo: tensor<512x512xf32>, %e: tensor<2x128x16xf32>) -> tensor<2xi32> {
+  // CHECK: moe.attention_posterior_topk %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} k(2) sigma(5.000000e-01) head_select(all)
+  // CHECK-SAME: -> tensor<2x128x2xf32>, tensor<2x128x2xi32>, tensor<2xi32>
+  %w, %i, %h = moe.attention_posterior_topk %s, %u, %v, %wo, %e k(2) sigma(0.5) head_select(all)
+      : tensor<2x8x128x128xf32>, tensor<2x128x512xf32>, tensor<2x8x128x64xf32>, tensor<512x512xf32>, tensor<2x128x16xf32>
+      -> tensor<2x128x2xf32>, tensor<2x128x2xi32>, tensor<2xi32>
+  return %h : tensor<2xi32>
+}

@@ -160,6 +160,90 @@ static void printEnumKeyword(OpAsmPrinter &printer, Operation *,
 }
 
 //===----------------------------------------------------------------------===//
+// Rules shared by an op and its fused form
+//===----------------------------------------------------------------------===//
+
+/// `k` of a top-k over `numExperts` experts, the last size of `operand`.
+static LogicalResult verifyTopkK(Operation *op, int64_t k, int64_t numExperts,
+                                 StringRef operand) {
+  if (ShapedType::isDynamic(numExperts)) {
+    if (k < 1)
+      return op->emitOpError() << "'k' (" << k << ") must be >= 1";
+    return success();
+  }
+  if (k < 1 || k > numExperts)
+    return op->emitOpError()
+           << "'k' (" << k << ") must be in [1, " << numExperts
+           << "] (the size of the last dimension of '" << operand << "')";
+  return success();
+}
+
+/// The operands and `tau` of Similarity-Inform mixing.
+static LogicalResult verifySimilarityInform(Operation *op, Value u, Value e,
+                                            Value ws, Value mask, float tau) {
+  OperandChecker check(op);
+  if (failed(check.rank(u, "u", 3, "[B, N, D]")) ||
+      failed(check.rank(e, "e", 3, "[B, N, K]")) ||
+      failed(check.sameDim(e, "e", 0, u, "u", 0, "B")) ||
+      failed(check.sameDim(e, "e", 1, u, "u", 1, "N")))
+    return failure();
+  if (ws) {
+    if (failed(check.rank(ws, "ws", 2, "[D, D]")) ||
+        failed(check.sameDim(ws, "ws", 0, u, "u", 2, "D")) ||
+        failed(check.sameDim(ws, "ws", 1, u, "u", 2, "D")))
+      return failure();
+  }
+  if (mask) {
+    if (failed(check.rank(mask, "key_mask", 2, "[B, N]")) ||
+        failed(check.sameDim(mask, "key_mask", 0, u, "u", 0, "B")) ||
+        failed(check.sameDim(mask, "key_mask", 1, u, "u", 1, "N")))
+      return failure();
+  }
+  return check.positive("tau", tau);
+}
+
+/// The operands, `sigma` and `head_scale` of Attention-Inform mixing.
+static LogicalResult
+verifyAttentionPosterior(Operation *op, Value scores, Value u, Value v,
+                         Value wo, Value e, float sigma,
+                         std::optional<APFloat> headScale) {
+  OperandChecker check(op);
+  if (failed(check.rank(scores, "scores", 4, "[B, H, N, Nk]")) ||
+      failed(check.rank(u, "u", 3, "[B, N, D]")) ||
+      failed(check.rank(v, "v", 4, "[B, H, Nk, Dh]")) ||
+      failed(check.rank(wo, "wo", 2, "[D, H*Dh]")) ||
+      failed(check.rank(e, "e", 3, "[B, Nk, K]")))
+    return failure();
+  if (failed(check.sameDim(u, "u", 0, scores, "scores", 0, "B")) ||
+      failed(check.sameDim(v, "v", 0, scores, "scores", 0, "B")) ||
+      failed(check.sameDim(e, "e", 0, scores, "scores", 0, "B")) ||
+      failed(check.sameDim(v, "v", 1, scores, "scores", 1, "H")) ||
+      failed(check.sameDim(u, "u", 1, scores, "scores", 2, "N")) ||
+      failed(check.sameDim(v, "v", 2, scores, "scores", 3, "Nk")) ||
+      failed(check.sameDim(e, "e", 1, scores, "scores", 3, "Nk")) ||
+      failed(check.sameDim(wo, "wo", 0, u, "u", 2, "D")))
+    return failure();
+
+  auto vType = cast<RankedTensorType>(v.getType());
+  int64_t numHeads = vType.getDimSize(1), headDim = vType.getDimSize(3);
+  int64_t woCols = cast<RankedTensorType>(wo.getType()).getDimSize(1);
+  if (!ShapedType::isDynamic(numHeads) && !ShapedType::isDynamic(headDim) &&
+      !ShapedType::isDynamic(woCols) && woCols != numHeads * headDim)
+    return op->emitOpError()
+           << "dimension 1 of 'wo' (" << woCols << ") must equal H*Dh = "
+           << numHeads << "*" << headDim << " = " << numHeads * headDim
+           << " (heads and head size of 'v')";
+
+  if (failed(check.positive("sigma", sigma)))
+    return failure();
+  if (headScale && !headScale->isFinite())
+    return op->emitOpError() << "'head_scale' ("
+                             << formatFloat(headScale->convertToDouble())
+                             << ") must be finite";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // TopkRenormOp
 //===----------------------------------------------------------------------===//
 
@@ -190,17 +274,7 @@ LogicalResult TopkRenormOp::verify() {
     return emitOpError() << "'scores' must have rank >= 1 ([..., K]), but has "
                             "type "
                          << scores;
-  int64_t k = getK();
-  int64_t numExperts = scores.getShape().back();
-  if (ShapedType::isDynamic(numExperts)) {
-    if (k < 1)
-      return emitOpError() << "'k' (" << k << ") must be >= 1";
-    return success();
-  }
-  if (k < 1 || k > numExperts)
-    return emitOpError() << "'k' (" << k << ") must be in [1, " << numExperts
-                         << "] (the size of the last dimension of 'scores')";
-  return success();
+  return verifyTopkK(*this, getK(), scores.getShape().back(), "scores");
 }
 
 //===----------------------------------------------------------------------===//
@@ -222,26 +296,8 @@ bool SimilarityInformOp::isCompatibleReturnTypes(TypeRange l, TypeRange r) {
 }
 
 LogicalResult SimilarityInformOp::verify() {
-  OperandChecker check(*this);
-  Value u = getU(), e = getE();
-  if (failed(check.rank(u, "u", 3, "[B, N, D]")) ||
-      failed(check.rank(e, "e", 3, "[B, N, K]")) ||
-      failed(check.sameDim(e, "e", 0, u, "u", 0, "B")) ||
-      failed(check.sameDim(e, "e", 1, u, "u", 1, "N")))
-    return failure();
-  if (Value ws = getWs()) {
-    if (failed(check.rank(ws, "ws", 2, "[D, D]")) ||
-        failed(check.sameDim(ws, "ws", 0, u, "u", 2, "D")) ||
-        failed(check.sameDim(ws, "ws", 1, u, "u", 2, "D")))
-      return failure();
-  }
-  if (Value mask = getKeyMask()) {
-    if (failed(check.rank(mask, "key_mask", 2, "[B, N]")) ||
-        failed(check.sameDim(mask, "key_mask", 0, u, "u", 0, "B")) ||
-        failed(check.sameDim(mask, "key_mask", 1, u, "u", 1, "N")))
-      return failure();
-  }
-  return check.positive("tau", getTau().convertToFloat());
+  return verifySimilarityInform(*this, getU(), getE(), getWs(), getKeyMask(),
+                                getTau().convertToFloat());
 }
 
 //===----------------------------------------------------------------------===//
@@ -275,42 +331,9 @@ std::optional<double> AttentionPosteriorOp::getEffectiveHeadScale() {
 }
 
 LogicalResult AttentionPosteriorOp::verify() {
-  OperandChecker check(*this);
-  Value scores = getScores(), u = getU(), v = getV(), wo = getWo(), e = getE();
-  if (failed(check.rank(scores, "scores", 4, "[B, H, N, Nk]")) ||
-      failed(check.rank(u, "u", 3, "[B, N, D]")) ||
-      failed(check.rank(v, "v", 4, "[B, H, Nk, Dh]")) ||
-      failed(check.rank(wo, "wo", 2, "[D, H*Dh]")) ||
-      failed(check.rank(e, "e", 3, "[B, Nk, K]")))
-    return failure();
-  if (failed(check.sameDim(u, "u", 0, scores, "scores", 0, "B")) ||
-      failed(check.sameDim(v, "v", 0, scores, "scores", 0, "B")) ||
-      failed(check.sameDim(e, "e", 0, scores, "scores", 0, "B")) ||
-      failed(check.sameDim(v, "v", 1, scores, "scores", 1, "H")) ||
-      failed(check.sameDim(u, "u", 1, scores, "scores", 2, "N")) ||
-      failed(check.sameDim(v, "v", 2, scores, "scores", 3, "Nk")) ||
-      failed(check.sameDim(e, "e", 1, scores, "scores", 3, "Nk")) ||
-      failed(check.sameDim(wo, "wo", 0, u, "u", 2, "D")))
-    return failure();
-
-  auto vType = cast<RankedTensorType>(v.getType());
-  int64_t numHeads = vType.getDimSize(1), headDim = vType.getDimSize(3);
-  int64_t woCols = cast<RankedTensorType>(wo.getType()).getDimSize(1);
-  if (!ShapedType::isDynamic(numHeads) && !ShapedType::isDynamic(headDim) &&
-      !ShapedType::isDynamic(woCols) && woCols != numHeads * headDim)
-    return emitOpError() << "dimension 1 of 'wo' (" << woCols
-                         << ") must equal H*Dh = " << numHeads << "*"
-                         << headDim << " = " << numHeads * headDim
-                         << " (heads and head size of 'v')";
-
-  if (failed(check.positive("sigma", getSigma().convertToFloat())))
-    return failure();
-  if (std::optional<APFloat> scale = getHeadScale())
-    if (!scale->isFinite())
-      return emitOpError() << "'head_scale' ("
-                           << formatFloat(scale->convertToDouble())
-                           << ") must be finite";
-  return success();
+  return verifyAttentionPosterior(*this, getScores(), getU(), getV(), getWo(),
+                                  getE(), getSigma().convertToFloat(),
+                                  getHeadScale());
 }
 
 //===----------------------------------------------------------------------===//
@@ -440,6 +463,67 @@ LogicalResult HyperRouterOp::verify() {
                          << numExperts << " and D >= 1, but has " << rows
                          << " rows";
   return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Fused ops
+//===----------------------------------------------------------------------===//
+
+LogicalResult SimilarityInformTopkOp::inferReturnTypes(
+    MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  Value u = adaptor.getU(), e = adaptor.getE();
+  int64_t k = adaptor.getK() >= 1 ? adaptor.getK() : kDynamic;
+  SmallVector<int64_t> shape = {merge(dimOf(u, 3, 0), dimOf(e, 3, 0)),
+                                merge(dimOf(u, 3, 1), dimOf(e, 3, 1)), k};
+  inferred.push_back(f32Tensor(ctx, shape));
+  inferred.push_back(i32Tensor(ctx, shape));
+  return success();
+}
+
+bool SimilarityInformTopkOp::isCompatibleReturnTypes(TypeRange l,
+                                                     TypeRange r) {
+  return compatibleResultTypes(l, r);
+}
+
+LogicalResult SimilarityInformTopkOp::verify() {
+  if (failed(verifySimilarityInform(*this, getU(), getE(), getWs(),
+                                    getKeyMask(), getTau().convertToFloat())))
+    return failure();
+  return verifyTopkK(*this, getK(),
+                     cast<RankedTensorType>(getE().getType()).getDimSize(2),
+                     "e");
+}
+
+LogicalResult AttentionPosteriorTopkOp::inferReturnTypes(
+    MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  Value scores = adaptor.getScores(), u = adaptor.getU(), v = adaptor.getV(),
+        e = adaptor.getE();
+  int64_t b = merge({dimOf(scores, 4, 0), dimOf(u, 3, 0), dimOf(v, 4, 0),
+                     dimOf(e, 3, 0)});
+  int64_t n = merge(dimOf(scores, 4, 2), dimOf(u, 3, 1));
+  int64_t k = adaptor.getK() >= 1 ? adaptor.getK() : kDynamic;
+  inferred.push_back(f32Tensor(ctx, {b, n, k}));
+  inferred.push_back(i32Tensor(ctx, {b, n, k}));
+  inferred.push_back(i32Tensor(ctx, {b}));
+  return success();
+}
+
+bool AttentionPosteriorTopkOp::isCompatibleReturnTypes(TypeRange l,
+                                                       TypeRange r) {
+  return compatibleResultTypes(l, r);
+}
+
+LogicalResult AttentionPosteriorTopkOp::verify() {
+  if (failed(verifyAttentionPosterior(*this, getScores(), getU(), getV(),
+                                      getWo(), getE(),
+                                      getSigma().convertToFloat(),
+                                      getHeadScale())))
+    return failure();
+  return verifyTopkK(*this, getK(),
+                     cast<RankedTensorType>(getE().getType()).getDimSize(2),
+                     "e");
 }
 
 //===----------------------------------------------------------------------===//
