@@ -4,10 +4,14 @@
 //
 // The pass only gathers the per-op patterns (one file per op in this
 // directory) and runs them as a partial conversion: every moe op must go.
+// mad_dispersion and adjacency_update declare moeReportIndexError in the
+// enclosing module, so run the pass on the module (or an op inside one), not
+// nested on functions in parallel.
 //
 //===----------------------------------------------------------------------===//
 
 #include "MoE/Conversion/MoEToLinalg/MoEToLinalg.h"
+#include "Patterns.h"
 #include "MoE/IR/MoEDialect.h"
 #include "MoE/IR/MoEOps.h"
 
@@ -23,7 +27,12 @@ using namespace mlir;
 using namespace mlir::moe;
 
 void mlir::moe::populateMoEToLinalgPatterns(RewritePatternSet &patterns) {
-  (void)patterns;
+  lowering::populateTopkRenormPattern(patterns);
+  lowering::populateSimilarityInformPattern(patterns);
+  lowering::populateAttentionPosteriorPattern(patterns);
+  lowering::populateMadDispersionPattern(patterns);
+  lowering::populateAdjacencyUpdatePattern(patterns);
+  lowering::populateHyperRouterPattern(patterns);
 }
 
 namespace {

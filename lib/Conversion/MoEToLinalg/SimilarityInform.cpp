@@ -1,0 +1,126 @@
+//===- SimilarityInform.cpp - moe.similarity_inform -> linalg + scf -------===//
+//
+// Part of the MoE-MLIR project.
+//
+// p[b,i,:] = Σ_j softmax_j(u_i^T W_s u_j / tau) e[b,j,:] without the N x N
+// similarity matrix: the queries q = u W_s come from one linalg.matmul, then an
+// scf.for streams the keys j with an online softmax (running max, running sum
+// and a K-wide accumulator per query row, see streamKeys in Utils.h). Causal
+// and key-mask exclusions turn the key's logit into -inf before the update.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Patterns.h"
+#include "Utils.h"
+
+#include "MoE/IR/MoEOps.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::lowering;
+
+namespace {
+using utils::IteratorType;
+constexpr IteratorType kPar = IteratorType::parallel;
+constexpr IteratorType kRed = IteratorType::reduction;
+
+/// q[b,i,:] = u[b,i,:] · ws, as a linalg.matmul on the [B·N, D] view of u.
+Value projectQueries(OpBuilder &b, Location loc, Value u, Value ws) {
+  SmallVector<OpFoldResult> shape = sizesOf(b, loc, u);
+  auto uType = cast<RankedTensorType>(u.getType());
+  Value rows = tensor::CollapseShapeOp::create(
+      b, loc, u, ArrayRef<ReassociationIndices>{{0, 1}, {2}});
+  SmallVector<OpFoldResult> flatShape = {tensor::getMixedSize(b, loc, rows, 0),
+                                         shape[2]};
+  Value init = filled(b, loc, flatShape, f32Const(b, loc, 0.0));
+  Value q = linalg::MatmulOp::create(b, loc, TypeRange{init.getType()},
+                                     ValueRange{rows, ws}, ValueRange{init})
+                .getResult(0);
+  return tensor::ExpandShapeOp::create(b, loc, uType, q, {{0, 1}, {2}}, shape);
+}
+
+struct SimilarityInformLowering : OpRewritePattern<SimilarityInformOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(SimilarityInformOp op,
+                                PatternRewriter &rw) const override {
+    Location loc = op.getLoc();
+    MLIRContext *ctx = rw.getContext();
+    Value u = promoteToF32(rw, loc, op.getU());
+    Value e = promoteToF32(rw, loc, op.getE());
+    Value q = u;
+    if (Value ws = op.getWs())
+      q = projectQueries(rw, loc, u, promoteToF32(rw, loc, ws));
+
+    Value mask = op.getKeyMask();
+    bool causal = op.getCausal();
+    float tau = op.getTau().convertToFloat();
+    OpFoldResult batch = tensor::getMixedSize(rw, loc, u, 0);
+    OpFoldResult tokens = tensor::getMixedSize(rw, loc, u, 1);
+    OpFoldResult width = tensor::getMixedSize(rw, loc, e, 2);
+    Value numKeys = tensor::DimOp::create(rw, loc, u, 1);
+
+    auto logitsOfKey = [&](OpBuilder &b, Location l, Value j, Value scratch) {
+      // s[b,i] = <q_i, u_j>, reduced over D in f32.
+      Value key = sliceAlong(b, l, u, 1, j);
+      Value zeroed =
+          linalg::FillOp::create(b, l, ValueRange{f32Const(b, l, 0.0)},
+                                 ValueRange{scratch})
+              .getResult(0);
+      Value dot =
+          generic(b, l, ValueRange{q, key}, zeroed,
+                  {dimsMap(ctx, 3, {0, 1, 2}), dimsMap(ctx, 3, {0, 2}),
+                   dimsMap(ctx, 3, {0, 1})},
+                  {kPar, kPar, kRed},
+                  [](OpBuilder &gb, Location gl, ValueRange a) {
+                    Value prod = arith::MulFOp::create(gb, gl, a[0], a[1]);
+                    return SmallVector<Value>{
+                        arith::AddFOp::create(gb, gl, a[2], prod)};
+                  })
+              .front();
+      // Scale by 1/tau and mask, in place.
+      SmallVector<Value> ins;
+      SmallVector<AffineMap> maps;
+      if (mask) {
+        ins.push_back(sliceAlong(b, l, mask, 1, j));
+        maps.push_back(dimsMap(ctx, 2, {0}));
+      }
+      maps.push_back(dimsMap(ctx, 2, {0, 1}));
+      return generic(
+                 b, l, ins, dot, maps, {kPar, kPar},
+                 [&](OpBuilder &gb, Location gl, ValueRange a) {
+                   Value x = arith::DivFOp::create(gb, gl, a.back(),
+                                                   f32Const(gb, gl, tau));
+                   Value valid =
+                       arith::ConstantOp::create(gb, gl, gb.getBoolAttr(true));
+                   if (causal)
+                     valid = arith::CmpIOp::create(gb, gl,
+                                                   arith::CmpIPredicate::ule, j,
+                                                   loopIndex(gb, gl, 1));
+                   if (mask)
+                     valid = arith::AndIOp::create(gb, gl, valid, a[0]);
+                   return SmallVector<Value>{arith::SelectOp::create(
+                       gb, gl, valid, x, negInf(gb, gl))};
+                 })
+          .front();
+    };
+    auto valuesOfKey = [&](OpBuilder &b, Location l, Value j) {
+      return sliceAlong(b, l, e, 1, j);
+    };
+
+    OnlineSoftmaxState state = streamKeys(rw, loc, batch, tokens, width,
+                                          numKeys, logitsOfKey, valuesOfKey);
+    Value p = normalizeRows(rw, loc, state);
+    rw.replaceOp(op, castTo(rw, loc, p, op.getP().getType()));
+    return success();
+  }
+};
+} // namespace
+
+void mlir::moe::lowering::populateSimilarityInformPattern(
+    RewritePatternSet &patterns) {
+  patterns.add<SimilarityInformLowering>(patterns.getContext());
+}

@@ -1,0 +1,156 @@
+//===- Utils.h - Helpers shared by the moe -> linalg patterns ---*- C++ -*-===//
+//
+// Part of the MoE-MLIR project.
+//
+// Small builders the per-op lowerings share: f32 promotion, filled init
+// tensors, linalg.generic with a lambda body, the orderings used by every
+// top-k/argmin, the online-softmax step, and the run-time index check that
+// calls moeReportIndexError.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_LIB_CONVERSION_MOETOLINALG_UTILS_H
+#define MOE_LIB_CONVERSION_MOETOLINALG_UTILS_H
+
+#include "mlir/Dialect/Arith/Utils/Utils.h"
+#include "mlir/Dialect/Linalg/IR/Linalg.h"
+#include "mlir/Dialect/Utils/StructuredOpsUtils.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/PatternMatch.h"
+
+namespace mlir::moe::lowering {
+
+//===----------------------------------------------------------------------===//
+// Scalars
+//===----------------------------------------------------------------------===//
+
+Value f32Const(OpBuilder &b, Location loc, double value);
+Value i32Const(OpBuilder &b, Location loc, int32_t value);
+Value indexConst(OpBuilder &b, Location loc, int64_t value);
+Value negInf(OpBuilder &b, Location loc);
+
+/// `x` is NaN.
+Value isNaN(OpBuilder &b, Location loc, Value x);
+
+/// Sign-extends or truncates an integer scalar of any width to index.
+Value toIndex(OpBuilder &b, Location loc, Value intOrIndex);
+
+/// `iv` (index) cast to the integer type `type`.
+Value indexTo(OpBuilder &b, Location loc, Value iv, Type type);
+
+/// The strict total order of every top-k of the dialect, on (value, index)
+/// pairs: NaN first (the lower index first among NaNs), then larger values,
+/// then on equal values the lower index. `descending = false` ranks smaller
+/// values first (argmin), NaN still first.
+Value ranksBefore(OpBuilder &b, Location loc, Value a, Value ai, Value c,
+                  Value ci, bool descending = true);
+
+//===----------------------------------------------------------------------===//
+// Tensors
+//===----------------------------------------------------------------------===//
+
+/// Mixed static/dynamic sizes of a ranked tensor.
+SmallVector<OpFoldResult> sizesOf(OpBuilder &b, Location loc, Value tensor);
+
+/// The tensor type of `sizes`: static where a size is a constant.
+RankedTensorType tensorTypeOf(ArrayRef<OpFoldResult> sizes, Type elementType);
+
+/// A tensor.empty of `sizes` filled with `value`.
+Value filled(OpBuilder &b, Location loc, ArrayRef<OpFoldResult> sizes,
+             Value value);
+
+/// `tensor` converted to f32 (arith.extf in a linalg.generic); f32 tensors are
+/// returned unchanged. The result must only be read: it may be an operand.
+Value promoteToF32(OpBuilder &b, Location loc, Value tensor);
+
+/// Reads element `indices` of `tensor` as an f32 scalar (extf when needed).
+Value extractF32(OpBuilder &b, Location loc, Value tensor, ValueRange indices);
+
+/// A tensor.cast to `type` when the types differ.
+Value castTo(OpBuilder &b, Location loc, Value value, Type type);
+
+/// Slice `[:, .., pos, .., :]` of `tensor` along `dim`, with that dimension
+/// dropped (rank-reducing tensor.extract_slice).
+Value sliceAlong(OpBuilder &b, Location loc, Value tensor, int64_t dim,
+                 OpFoldResult pos);
+
+/// Inserts `slice` (rank one less than `dest`) at `pos` along `dim` of `dest`.
+Value insertAlong(OpBuilder &b, Location loc, Value slice, Value dest,
+                  int64_t dim, OpFoldResult pos);
+
+//===----------------------------------------------------------------------===//
+// linalg.generic
+//===----------------------------------------------------------------------===//
+
+/// The map (d0, .., d{numDims-1}) -> (d{dims[0]}, d{dims[1]}, ..).
+AffineMap dimsMap(MLIRContext *ctx, unsigned numDims, ArrayRef<unsigned> dims);
+
+using GenericBody =
+    function_ref<SmallVector<Value>(OpBuilder &, Location, ValueRange)>;
+
+/// A linalg.generic over `ins`/`outs` whose body yields what `body` returns.
+/// The body receives the block arguments (ins, then outs).
+SmallVector<Value> generic(OpBuilder &b, Location loc, ValueRange ins,
+                           ValueRange outs, ArrayRef<AffineMap> maps,
+                           ArrayRef<utils::IteratorType> iterators,
+                           GenericBody body);
+
+/// `linalg.index dim` inside a generic body.
+Value loopIndex(OpBuilder &b, Location loc, int64_t dim);
+
+//===----------------------------------------------------------------------===//
+// Online softmax (flash-style), one key at a time
+//===----------------------------------------------------------------------===//
+
+/// One step of a streaming softmax over keys for one row: given the running
+/// max `m`, running sum `l` and the new logit `x` (−inf = masked), returns
+/// {m', l', alpha, p} such that acc' = alpha·acc + p·value. A row that has seen
+/// no unmasked key keeps m = −inf, l = 0 (alpha = 1, p = 0); NaN propagates.
+struct OnlineStep {
+  Value m, l, alpha, p;
+};
+OnlineStep onlineSoftmaxStep(OpBuilder &b, Location loc, Value m, Value l,
+                             Value x);
+
+/// The running state of a streaming softmax over keys for a [B, N] block of
+/// query rows with values of width K: max m [B, N], sum l [B, N] and the
+/// unnormalized accumulator acc [B, N, K].
+struct OnlineSoftmaxState {
+  Value m, l, acc;
+};
+
+/// Emits the logits [B, N] of key `j` (−inf = masked), written into `scratch`.
+using KeyLogits = function_ref<Value(OpBuilder &, Location, Value j,
+                                     Value scratch)>;
+/// Emits the values [B, K] of key `j`.
+using KeyValues = function_ref<Value(OpBuilder &, Location, Value j)>;
+
+/// An scf.for over the keys j in [0, numKeys) that keeps the online-softmax
+/// state of every query row: per key, one generic for the row statistics and
+/// one for the K-wide accumulator. Nothing of size N x numKeys is created.
+/// Masked keys are skipped (their values are never read into acc).
+OnlineSoftmaxState streamKeys(OpBuilder &b, Location loc, OpFoldResult batch,
+                              OpFoldResult rows, OpFoldResult width,
+                              Value numKeys, KeyLogits logitsOfKey,
+                              KeyValues valuesOfKey);
+
+/// acc / l per row, and 0 for rows that saw no unmasked key (m = −inf).
+Value normalizeRows(OpBuilder &b, Location loc, const OnlineSoftmaxState &s);
+
+//===----------------------------------------------------------------------===//
+// Run-time index errors (see include/MoE/Runtime/ErrorReporting.h)
+//===----------------------------------------------------------------------===//
+
+/// Op codes of moeReportIndexError.
+enum class IndexErrorOp : int32_t { MadDispersionAssign = 1, AdjacencyIdx = 2 };
+
+/// Emits loops over every element of the integer tensor `indices` (rank 1 or
+/// 2) that call `moeReportIndexError(op, position, value, bound)` for each value
+/// outside [0, bound); position is the row-major element number. Declares the
+/// function in the enclosing module when needed. Fails without a module.
+LogicalResult emitIndexCheck(RewriterBase &rewriter, Operation *anchor,
+                             Value indices, Value bound, IndexErrorOp op);
+
+} // namespace mlir::moe::lowering
+
+#endif // MOE_LIB_CONVERSION_MOETOLINALG_UTILS_H
