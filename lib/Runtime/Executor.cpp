@@ -1,0 +1,566 @@
+//===- Executor.cpp - Compile and run moe functions on the CPU ------------===//
+//
+// Part of the MoE-MLIR project.
+//
+// The calling convention: buildLowerToLLVMPipeline gives every function a
+// `_mlir_ciface_<fn>` wrapper that takes a pointer to its results (one memref
+// descriptor, or a struct of them for several results) followed by a pointer
+// to the descriptor of every argument. The ExecutionEngine wraps that once
+// more into `_mlir__mlir_ciface_<fn>(void **args)`, args[i] pointing at the
+// i-th (pointer) argument. A ranked memref descriptor is
+// {allocated, aligned, offset, sizes[rank], strides[rank]}: 8-byte words.
+//
+//===----------------------------------------------------------------------===//
+
+#include "MoE/Runtime/Executor.h"
+#include "MoE/IR/MoEDialect.h"
+#include "MoE/Pipelines/Pipelines.h"
+#include "MoE/Runtime/ErrorReporting.h"
+
+#include "mlir/Dialect/Bufferization/IR/Bufferization.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/ExecutionEngine/ExecutionEngine.h"
+#include "mlir/ExecutionEngine/OptUtils.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/InitAllDialects.h"
+#include "mlir/InitAllExtensions.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Target/LLVMIR/Dialect/All.h"
+
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ExecutionEngine/Orc/Mangling.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/TargetSelect.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+using namespace mlir;
+using namespace mlir::moe;
+using llvm::Error;
+using llvm::Expected;
+
+#ifndef MOE_MLIR_LIBRARY_DIR
+#define MOE_MLIR_LIBRARY_DIR "/usr/lib/llvm-22/lib"
+#endif
+
+static_assert(kDynamicSize == ShapedType::kDynamic,
+              "kDynamicSize must match ShapedType::kDynamic");
+
+//===----------------------------------------------------------------------===//
+// DType, HostTensor, Tensor
+//===----------------------------------------------------------------------===//
+
+size_t mlir::moe::dtypeSize(DType dtype) {
+  switch (dtype) {
+  case DType::F64:
+  case DType::I64:
+    return 8;
+  case DType::F32:
+  case DType::I32:
+    return 4;
+  case DType::F16:
+  case DType::BF16:
+    return 2;
+  case DType::I1:
+  case DType::I8:
+    return 1;
+  }
+  llvm_unreachable("unknown dtype");
+}
+
+llvm::StringRef mlir::moe::dtypeName(DType dtype) {
+  switch (dtype) {
+  case DType::F32:
+    return "f32";
+  case DType::F16:
+    return "f16";
+  case DType::BF16:
+    return "bf16";
+  case DType::F64:
+    return "f64";
+  case DType::I1:
+    return "i1";
+  case DType::I8:
+    return "i8";
+  case DType::I32:
+    return "i32";
+  case DType::I64:
+    return "i64";
+  }
+  llvm_unreachable("unknown dtype");
+}
+
+static int64_t product(llvm::ArrayRef<int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t s : shape)
+    n *= s;
+  return n;
+}
+
+static std::string shapeStr(llvm::ArrayRef<int64_t> shape) {
+  std::string s = "[";
+  llvm::raw_string_ostream os(s);
+  llvm::interleave(
+      shape, os,
+      [&](int64_t d) {
+        if (d == kDynamicSize)
+          os << "?";
+        else
+          os << d;
+      },
+      ", ");
+  os << "]";
+  return s;
+}
+
+int64_t HostTensor::numElements() const { return product(shape); }
+
+std::string HostTensor::str() const {
+  return (dtypeName(dtype) + shapeStr(shape)).str();
+}
+
+Tensor::Tensor(DType dtype, llvm::ArrayRef<int64_t> shape)
+    : dtype_(dtype), shape_(shape.begin(), shape.end()) {
+  storage_.assign((sizeInBytes() + 7) / 8, 0);
+}
+
+int64_t Tensor::numElements() const { return product(shape_); }
+
+//===----------------------------------------------------------------------===//
+// Compilation
+//===----------------------------------------------------------------------===//
+
+static std::optional<DType> toDType(Type type) {
+  if (type.isF32())
+    return DType::F32;
+  if (type.isF16())
+    return DType::F16;
+  if (type.isBF16())
+    return DType::BF16;
+  if (type.isF64())
+    return DType::F64;
+  if (type.isSignlessInteger(1))
+    return DType::I1;
+  if (type.isSignlessInteger(8))
+    return DType::I8;
+  if (type.isSignlessInteger(32))
+    return DType::I32;
+  if (type.isSignlessInteger(64) || type.isIndex())
+    return DType::I64;
+  return std::nullopt;
+}
+
+static std::string typeToString(Type type) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  type.print(os);
+  return s;
+}
+
+static TensorSignature toSignature(Type type) {
+  TensorSignature sig;
+  sig.typeStr = typeToString(type);
+  auto tensor = dyn_cast<RankedTensorType>(type);
+  if (!tensor) {
+    sig.unsupported = "only ranked tensors can be passed (got " + sig.typeStr +
+                      ")";
+    return sig;
+  }
+  sig.shape.assign(tensor.getShape().begin(), tensor.getShape().end());
+  sig.dtype = toDType(tensor.getElementType());
+  if (!sig.dtype)
+    sig.unsupported = "element type of " + sig.typeStr + " is not supported";
+  return sig;
+}
+
+namespace {
+/// Collects the diagnostics of a compilation into one string.
+struct DiagnosticCollector {
+  explicit DiagnosticCollector(MLIRContext &ctx)
+      : handler(&ctx, [this](Diagnostic &diag) {
+          llvm::raw_string_ostream os(messages);
+          os << "\n  " << diag.getLocation() << ": ";
+          switch (diag.getSeverity()) {
+          case DiagnosticSeverity::Error:
+            os << "error: ";
+            break;
+          case DiagnosticSeverity::Warning:
+            os << "warning: ";
+            break;
+          case DiagnosticSeverity::Note:
+            os << "note: ";
+            break;
+          case DiagnosticSeverity::Remark:
+            os << "remark: ";
+            break;
+          }
+          os << diag;
+          for (Diagnostic &note : diag.getNotes())
+            os << "\n    note: " << note;
+          return success();
+        }) {}
+  std::string messages;
+  ScopedDiagnosticHandler handler;
+};
+
+llvm::CodeGenOptLevel codeGenLevel(unsigned optLevel) {
+  switch (optLevel) {
+  case 0:
+    return llvm::CodeGenOptLevel::None;
+  case 1:
+    return llvm::CodeGenOptLevel::Less;
+  case 2:
+    return llvm::CodeGenOptLevel::Default;
+  default:
+    return llvm::CodeGenOptLevel::Aggressive;
+  }
+}
+} // namespace
+
+static Error makeError(const llvm::Twine &msg) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), msg);
+}
+
+CompiledModule::CompiledModule() = default;
+CompiledModule::~CompiledModule() = default;
+
+const FunctionSignature *CompiledModule::signature(llvm::StringRef fn) const {
+  for (const FunctionSignature &sig : functions_)
+    if (sig.name == fn)
+      return &sig;
+  return nullptr;
+}
+
+Expected<std::unique_ptr<CompiledModule>>
+Executor::compile(llvm::StringRef mlirText, const CompileOptions &options) {
+  static std::once_flag targetInit;
+  std::call_once(targetInit, [] {
+    llvm::InitializeNativeTarget();
+    llvm::InitializeNativeTargetAsmPrinter();
+  });
+  // The executor returns the compiled code's errors to its caller: no need to
+  // also print them.
+  moeSetErrorEcho(0);
+
+  DialectRegistry registry;
+  registry.insert<MoEDialect>();
+  registerAllDialects(registry);
+  registerAllExtensions(registry);
+  registerAllToLLVMIRTranslations(registry);
+  MLIRContext context(registry, MLIRContext::Threading::DISABLED);
+  DiagnosticCollector diagnostics(context);
+
+  OwningOpRef<ModuleOp> module =
+      parseSourceString<ModuleOp>(mlirText, &context, "input");
+  if (!module)
+    return makeError("moe::Executor: cannot parse the module:" +
+                     diagnostics.messages);
+
+  auto compiled = std::unique_ptr<CompiledModule>(new CompiledModule());
+  // Read the signatures before lowering, and keep the inputs read-only.
+  for (auto func : module->getOps<func::FuncOp>()) {
+    if (func.isExternal() || !func.isPublic())
+      continue;
+    FunctionSignature sig;
+    sig.name = func.getSymName().str();
+    for (Type t : func.getFunctionType().getInputs())
+      sig.inputs.push_back(toSignature(t));
+    for (Type t : func.getFunctionType().getResults())
+      sig.results.push_back(toSignature(t));
+    for (unsigned i = 0, e = func.getNumArguments(); i < e; ++i)
+      if (isa<TensorType>(func.getArgument(i).getType()))
+        func.setArgAttr(i, bufferization::BufferizationDialect::kWritableAttrName,
+                        BoolAttr::get(&context, false));
+    compiled->functions_.push_back(std::move(sig));
+  }
+
+  PassManager pm(&context, ModuleOp::getOperationName());
+  buildLowerToLLVMPipeline(pm);
+  if (failed(pm.run(*module)))
+    return makeError("moe::Executor: lowering to LLVM failed:" +
+                     diagnostics.messages);
+  if (options.dumpLoweredIR)
+    module->print(llvm::errs());
+
+  ExecutionEngineOptions engineOptions;
+  auto transformer = makeOptimizingTransformer(std::min(options.optLevel, 3u),
+                                               /*sizeLevel=*/0,
+                                               /*targetMachine=*/nullptr);
+  engineOptions.transformer = transformer;
+  engineOptions.jitCodeGenOptLevel = codeGenLevel(options.optLevel);
+  // memrefCopy and friends, for code that copies non-contiguous memrefs.
+  static const std::string cRunnerUtils =
+      std::string(MOE_MLIR_LIBRARY_DIR) + "/libmlir_c_runner_utils.so";
+  llvm::SmallVector<llvm::StringRef, 1> libs;
+  if (llvm::sys::fs::exists(cRunnerUtils))
+    libs.push_back(cRunnerUtils);
+  engineOptions.sharedLibPaths = libs;
+  engineOptions.enableGDBNotificationListener = false;
+  engineOptions.enablePerfNotificationListener = false;
+
+  auto engine = ExecutionEngine::create(*module, engineOptions);
+  if (!engine)
+    return makeError("moe::Executor: JIT compilation failed: " +
+                     llvm::toString(engine.takeError()) + diagnostics.messages);
+  compiled->engine_ = std::move(*engine);
+
+  // The run-time error ABI of compiled moe code: bind it to this process's
+  // copy even when moe_cpu_runtime was loaded with local visibility. The
+  // pipeline requests C wrappers for every func.func, declarations included,
+  // so the lowered code calls `_mlir_ciface_moeReportIndexError`; with scalar
+  // arguments only, that wrapper has the signature of the function itself.
+  compiled->engine_->registerSymbols([](llvm::orc::MangleAndInterner interner) {
+    llvm::orc::SymbolMap map;
+    auto report = llvm::orc::ExecutorSymbolDef(
+        llvm::orc::ExecutorAddr::fromPtr(&moeReportIndexError),
+        llvm::JITSymbolFlags::Exported);
+    map[interner("moeReportIndexError")] = report;
+    map[interner("_mlir_ciface_moeReportIndexError")] = report;
+    return map;
+  });
+  compiled->engine_->initialize();
+
+  for (const FunctionSignature &sig : compiled->functions_) {
+    auto entry = compiled->engine_->lookupPacked("_mlir_ciface_" + sig.name);
+    if (!entry)
+      return makeError("moe::Executor: no C interface for @" + sig.name +
+                       ": " + llvm::toString(entry.takeError()));
+    compiled->entries_.push_back(*entry);
+  }
+  return compiled;
+}
+
+//===----------------------------------------------------------------------===//
+// Calls
+//===----------------------------------------------------------------------===//
+
+static std::string argName(bool isInput, unsigned i) {
+  return llvm::formatv("{0} #{1}", isInput ? "input" : "output", i).str();
+}
+
+/// Checks `t` against `sig` (static sizes only when `checkDynamic` is false).
+static Error checkTensor(llvm::StringRef fn, bool isInput, unsigned i,
+                         const TensorSignature &sig, const HostTensor &t) {
+  std::string where =
+      ("@" + fn + ": " + argName(isInput, i) + " (" + sig.typeStr + ")").str();
+  if (!sig.unsupported.empty())
+    return makeError(where + ": " + sig.unsupported);
+  if (t.dtype != *sig.dtype)
+    return makeError(where + " has dtype " + dtypeName(t.dtype) +
+                     ", expected " + dtypeName(*sig.dtype));
+  if (t.rank() != static_cast<int64_t>(sig.shape.size()))
+    return makeError(llvm::formatv("{0} has rank {1} (shape {2}), expected "
+                                   "rank {3}",
+                                   where, t.rank(), shapeStr(t.shape),
+                                   sig.shape.size())
+                         .str());
+  for (auto [d, pair] : llvm::enumerate(llvm::zip(t.shape, sig.shape))) {
+    auto [have, want] = pair;
+    if (have < 0)
+      return makeError(llvm::formatv("{0}: size {1} of dimension {2} is "
+                                     "negative",
+                                     where, have, d)
+                           .str());
+    if (want != kDynamicSize && have != want)
+      return makeError(llvm::formatv("{0} has shape {1}: dimension {2} is {3}, "
+                                     "expected {4}",
+                                     where, shapeStr(t.shape), d, have, want)
+                           .str());
+  }
+  if (t.data == nullptr && t.numElements() > 0)
+    return makeError(where + ": data pointer is null");
+  return Error::success();
+}
+
+namespace {
+/// A view of one ranked memref descriptor in a buffer of 8-byte words.
+struct Descriptor {
+  int64_t *words;
+  int64_t rank;
+  void *allocated() const { return reinterpret_cast<void *>(words[0]); }
+  void *aligned() const { return reinterpret_cast<void *>(words[1]); }
+  int64_t offset() const { return words[2]; }
+  int64_t size(int64_t d) const { return words[3 + d]; }
+  int64_t stride(int64_t d) const { return words[3 + rank + d]; }
+  llvm::SmallVector<int64_t, 4> sizes() const {
+    return llvm::SmallVector<int64_t, 4>(words + 3, words + 3 + rank);
+  }
+};
+
+/// Copies the strided memref `src` into the dense row-major `dst`.
+void copyOut(const Descriptor &src, size_t elemSize, void *dst) {
+  int64_t n = product(src.sizes());
+  if (n == 0)
+    return;
+  const char *base =
+      static_cast<const char *>(src.aligned()) + src.offset() * elemSize;
+  char *out = static_cast<char *>(dst);
+  bool dense = true;
+  for (int64_t d = src.rank - 1, expect = 1; d >= 0; --d) {
+    if (src.size(d) != 1 && src.stride(d) != expect)
+      dense = false;
+    expect *= src.size(d);
+  }
+  if (dense) {
+    std::memcpy(out, base, n * elemSize);
+    return;
+  }
+  llvm::SmallVector<int64_t, 4> index(src.rank, 0);
+  for (int64_t linear = 0; linear < n; ++linear) {
+    int64_t off = 0;
+    for (int64_t d = 0; d < src.rank; ++d)
+      off += index[d] * src.stride(d);
+    std::memcpy(out + linear * elemSize, base + off * elemSize, elemSize);
+    for (int64_t d = src.rank - 1; d >= 0; --d) {
+      if (++index[d] < src.size(d))
+        break;
+      index[d] = 0;
+    }
+  }
+}
+} // namespace
+
+Error CompiledModule::invoke(const FunctionSignature &sig,
+                             llvm::ArrayRef<HostTensor> inputs,
+                             llvm::ArrayRef<HostTensor> *outputs,
+                             std::vector<Tensor> *owned) const {
+  const std::string &fn = sig.name;
+  if (inputs.size() != sig.inputs.size())
+    return makeError(llvm::formatv("@{0} takes {1} input(s), got {2}", fn,
+                                   sig.inputs.size(), inputs.size())
+                         .str());
+  if (outputs && outputs->size() != sig.results.size())
+    return makeError(llvm::formatv("@{0} returns {1} result(s), got {2} "
+                                   "output(s)",
+                                   fn, sig.results.size(), outputs->size())
+                         .str());
+  for (auto [i, t] : llvm::enumerate(inputs))
+    if (Error err = checkTensor(fn, /*isInput=*/true, i, sig.inputs[i], t))
+      return err;
+  for (auto [i, r] : llvm::enumerate(sig.results)) {
+    if (!r.unsupported.empty())
+      return makeError(llvm::formatv("@{0}: result #{1}: {2}", fn, i,
+                                     r.unsupported)
+                           .str());
+    if (outputs)
+      if (Error err = checkTensor(fn, /*isInput=*/false, i, r, (*outputs)[i]))
+        return err;
+  }
+
+  // Argument descriptors: dense row-major views of the caller's buffers.
+  std::vector<std::vector<int64_t>> argWords(inputs.size());
+  llvm::SmallVector<void *> argPtrs(inputs.size());
+  for (auto [i, t] : llvm::enumerate(inputs)) {
+    int64_t rank = t.rank();
+    std::vector<int64_t> &w = argWords[i];
+    w.assign(3 + 2 * rank, 0);
+    w[0] = w[1] = reinterpret_cast<int64_t>(t.data);
+    w[2] = 0;
+    int64_t stride = 1;
+    for (int64_t d = rank - 1; d >= 0; --d) {
+      w[3 + d] = t.shape[d];
+      w[3 + rank + d] = stride;
+      stride *= t.shape[d];
+    }
+    argPtrs[i] = w.data();
+  }
+  // Result descriptors, back to back (all fields are 8-byte words).
+  llvm::SmallVector<int64_t> resultOffsets;
+  int64_t resultWordCount = 0;
+  for (const TensorSignature &r : sig.results) {
+    resultOffsets.push_back(resultWordCount);
+    resultWordCount += 3 + 2 * static_cast<int64_t>(r.shape.size());
+  }
+  std::vector<int64_t> resultWords(resultWordCount, 0);
+  void *resultPtr = resultWords.data();
+
+  llvm::SmallVector<void *> packed;
+  if (!sig.results.empty())
+    packed.push_back(&resultPtr);
+  for (void *&p : argPtrs)
+    packed.push_back(&p);
+
+  // Drop an error left over by an earlier call on this thread.
+  char message[512];
+  (void)moeTakeError(message, sizeof(message));
+
+  void (*entry)(void **) = entries_[&sig - functions_.data()];
+  entry(packed.data());
+
+  std::string runtimeError;
+  if (moeTakeError(message, sizeof(message)))
+    runtimeError = message;
+
+  // Copy the results out, then free what the compiled code allocated (never a
+  // caller's buffer, never twice).
+  Error result = Error::success();
+  llvm::DenseSet<void *> inputBuffers, freed;
+  for (const HostTensor &t : inputs)
+    inputBuffers.insert(t.data);
+  if (owned)
+    owned->clear();
+  for (auto [i, r] : llvm::enumerate(sig.results)) {
+    Descriptor desc{resultWords.data() + resultOffsets[i],
+                    static_cast<int64_t>(r.shape.size())};
+    if (runtimeError.empty() && !result) {
+      size_t elemSize = dtypeSize(*r.dtype);
+      llvm::SmallVector<int64_t, 4> sizes = desc.sizes();
+      if (owned) {
+        owned->emplace_back(*r.dtype, sizes);
+        copyOut(desc, elemSize, owned->back().data());
+      } else {
+        const HostTensor &out = (*outputs)[i];
+        if (llvm::ArrayRef<int64_t>(sizes) != llvm::ArrayRef<int64_t>(out.shape))
+          result = makeError(llvm::formatv("@{0}: result #{1} has shape {2}, "
+                                           "but output #{1} has shape {3}",
+                                           fn, i, shapeStr(sizes),
+                                           shapeStr(out.shape))
+                                 .str());
+        else
+          copyOut(desc, elemSize, out.data);
+      }
+    }
+    void *allocated = desc.allocated();
+    if (allocated && !inputBuffers.contains(allocated) &&
+        freed.insert(allocated).second)
+      std::free(allocated);
+  }
+  if (!runtimeError.empty()) {
+    if (owned)
+      owned->clear();
+    llvm::consumeError(std::move(result));
+    return makeError("@" + fn + ": run-time error: " + runtimeError);
+  }
+  return result;
+}
+
+Error CompiledModule::call(llvm::StringRef fn,
+                           llvm::ArrayRef<HostTensor> inputs,
+                           llvm::ArrayRef<HostTensor> outputs) const {
+  const FunctionSignature *sig = signature(fn);
+  if (!sig)
+    return makeError("no callable function @" + fn +
+                     " in the module (a public func.func with a body)");
+  return invoke(*sig, inputs, &outputs, nullptr);
+}
+
+Expected<std::vector<Tensor>>
+CompiledModule::call(llvm::StringRef fn,
+                     llvm::ArrayRef<HostTensor> inputs) const {
+  const FunctionSignature *sig = signature(fn);
+  if (!sig)
+    return makeError("no callable function @" + fn +
+                     " in the module (a public func.func with a body)");
+  std::vector<Tensor> results;
+  if (Error err = invoke(*sig, inputs, nullptr, &results))
+    return std::move(err);
+  return results;
+}
