@@ -1,0 +1,490 @@
+//===- MoECudaRuntime.cpp - The CUDA runtime of compiled moe code ---------===//
+//
+// Part of the MoE-MLIR project.
+//
+// The mgpu ABI over the CUDA driver API (see MoECudaRuntime.h). Written for
+// this project: one primary context per device, pushed for the duration of
+// every call; every driver call checked and reported by name.
+//
+//===----------------------------------------------------------------------===//
+
+#include "MoECudaRuntime.h"
+
+#include "MoE/Runtime/ErrorReporting.h"
+
+#include <cuda.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Error reporting
+//===----------------------------------------------------------------------===//
+
+thread_local std::string firstDriverError;
+
+bool abortOnError() {
+  static const bool value = [] {
+    const char *env = std::getenv("MOE_CUDA_ABORT_ON_ERROR");
+    return env && env[0] == '1';
+  }();
+  return value;
+}
+
+/// Checks one driver call; returns true on success.
+bool check(CUresult result, const char *call) {
+  if (result == CUDA_SUCCESS)
+    return true;
+  const char *name = "CUDA_ERROR_UNKNOWN";
+  const char *text = "unknown error";
+  cuGetErrorName(result, &name);
+  cuGetErrorString(result, &text);
+  char buffer[512];
+  std::snprintf(buffer, sizeof(buffer), "%s failed: %s: %s", call,
+                name ? name : "?", text ? text : "?");
+  std::fprintf(stderr, "moe_cuda_runtime: %s\n", buffer);
+  if (firstDriverError.empty())
+    firstDriverError = buffer;
+  if (abortOnError())
+    std::abort();
+  return false;
+}
+
+#define MOE_CU(call) check((call), #call)
+
+//===----------------------------------------------------------------------===//
+// Devices and contexts
+//===----------------------------------------------------------------------===//
+
+int32_t defaultDevice = 0;
+std::mutex contextMutex;
+std::vector<CUcontext> primaryContexts;
+
+/// Initializes the driver once; false when there is no usable driver.
+bool initDriver() {
+  static const bool ok = MOE_CU(cuInit(0));
+  return ok;
+}
+
+CUcontext primaryContext(int32_t ordinal) {
+  if (!initDriver())
+    return nullptr;
+  std::lock_guard<std::mutex> lock(contextMutex);
+  if (primaryContexts.empty()) {
+    int count = 0;
+    if (!MOE_CU(cuDeviceGetCount(&count)))
+      return nullptr;
+    primaryContexts.assign(count, nullptr);
+  }
+  if (ordinal < 0 || ordinal >= static_cast<int32_t>(primaryContexts.size())) {
+    std::fprintf(stderr, "moe_cuda_runtime: no CUDA device %d (%zu present)\n",
+                 ordinal, primaryContexts.size());
+    if (firstDriverError.empty())
+      firstDriverError = "no such CUDA device";
+    return nullptr;
+  }
+  if (!primaryContexts[ordinal]) {
+    CUdevice device;
+    if (!MOE_CU(cuDeviceGet(&device, ordinal)))
+      return nullptr;
+    CUcontext context = nullptr;
+    if (!MOE_CU(cuDevicePrimaryCtxRetain(&context, device)))
+      return nullptr;
+    primaryContexts[ordinal] = context;
+  }
+  return primaryContexts[ordinal];
+}
+
+/// Makes the primary context of the default device current for one call; a
+/// context the caller already made current (e.g. PyTorch's) is kept.
+class ScopedContext {
+public:
+  ScopedContext() {
+    CUcontext current = nullptr;
+    if (initDriver() && cuCtxGetCurrent(&current) == CUDA_SUCCESS && current)
+      return;
+    CUcontext context = primaryContext(defaultDevice);
+    if (context && MOE_CU(cuCtxPushCurrent(context)))
+      pushed = true;
+  }
+  ~ScopedContext() {
+    if (pushed) {
+      CUcontext popped;
+      MOE_CU(cuCtxPopCurrent(&popped));
+    }
+  }
+
+private:
+  bool pushed = false;
+};
+
+//===----------------------------------------------------------------------===//
+// The ambient stream
+//===----------------------------------------------------------------------===//
+
+thread_local CUstream ambientStream = nullptr;
+
+//===----------------------------------------------------------------------===//
+// The device error word
+//===----------------------------------------------------------------------===//
+
+constexpr size_t kErrorWords = 5; // flag, op, position, value, bound
+std::vector<CUdeviceptr> errorWords;
+
+CUdeviceptr errorWordOfCurrentDevice() {
+  CUdevice device;
+  if (!MOE_CU(cuCtxGetDevice(&device)))
+    return 0;
+  std::lock_guard<std::mutex> lock(contextMutex);
+  if (errorWords.size() <= static_cast<size_t>(device))
+    errorWords.resize(device + 1, 0);
+  if (!errorWords[device]) {
+    CUdeviceptr words = 0;
+    if (!MOE_CU(cuMemAlloc(&words, kErrorWords * sizeof(int64_t))))
+      return 0;
+    if (!MOE_CU(cuMemsetD32(words, 0, kErrorWords * 2)))
+      return 0;
+    errorWords[device] = words;
+  }
+  return errorWords[device];
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Modules and launches
+//===----------------------------------------------------------------------===//
+
+extern "C" void *mgpuModuleLoad(void *data, size_t /*gpuBlobSize*/) {
+  ScopedContext scope;
+  CUmodule module = nullptr;
+  MOE_CU(cuModuleLoadData(&module, data));
+  return module;
+}
+
+extern "C" void *mgpuModuleLoadJIT(void *data, int optLevel) {
+  ScopedContext scope;
+  CUmodule module = nullptr;
+  char log[4096] = {0};
+  CUjit_option options[] = {CU_JIT_OPTIMIZATION_LEVEL, CU_JIT_ERROR_LOG_BUFFER,
+                            CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  void *values[] = {reinterpret_cast<void *>(static_cast<intptr_t>(optLevel)),
+                    log, reinterpret_cast<void *>(sizeof(log))};
+  if (!MOE_CU(cuModuleLoadDataEx(&module, data, 3, options, values)) && log[0])
+    std::fprintf(stderr, "moe_cuda_runtime: PTX JIT log:\n%s\n", log);
+  return module;
+}
+
+extern "C" void mgpuModuleUnload(void *module) {
+  if (!module)
+    return;
+  ScopedContext scope;
+  MOE_CU(cuModuleUnload(static_cast<CUmodule>(module)));
+}
+
+extern "C" void *mgpuModuleGetFunction(void *module, const char *name) {
+  if (!module) {
+    std::fprintf(stderr,
+                 "moe_cuda_runtime: kernel '%s' requested from a module that "
+                 "failed to load\n",
+                 name);
+    return nullptr;
+  }
+  ScopedContext scope;
+  CUfunction function = nullptr;
+  if (!MOE_CU(cuModuleGetFunction(&function, static_cast<CUmodule>(module),
+                                  name)))
+    std::fprintf(stderr, "moe_cuda_runtime: (kernel '%s')\n", name);
+  return function;
+}
+
+namespace {
+/// Kernels with more than 48 KiB of dynamic shared memory must opt in.
+void allowSharedMemory(CUfunction function, int32_t smem) {
+  if (smem <= 48 * 1024)
+    return;
+  MOE_CU(cuFuncSetAttribute(function,
+                            CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            smem));
+}
+} // namespace
+
+extern "C" void mgpuLaunchKernel(void *function, intptr_t gridX,
+                                 intptr_t gridY, intptr_t gridZ,
+                                 intptr_t blockX, intptr_t blockY,
+                                 intptr_t blockZ, int32_t smem, void *stream,
+                                 void **params, void **extra,
+                                 size_t /*paramsCount*/) {
+  if (!function)
+    return; // reported when it was looked up
+  if (gridX == 0 || gridY == 0 || gridZ == 0)
+    return; // an empty problem (e.g. zero tokens): nothing to launch
+  ScopedContext scope;
+  auto fn = static_cast<CUfunction>(function);
+  allowSharedMemory(fn, smem);
+  MOE_CU(cuLaunchKernel(fn, gridX, gridY, gridZ, blockX, blockY, blockZ, smem,
+                        static_cast<CUstream>(stream), params, extra));
+}
+
+extern "C" void mgpuLaunchClusterKernel(
+    void *function, intptr_t clusterX, intptr_t clusterY, intptr_t clusterZ,
+    intptr_t gridX, intptr_t gridY, intptr_t gridZ, intptr_t blockX,
+    intptr_t blockY, intptr_t blockZ, int32_t smem, void *stream,
+    void **params, void **extra) {
+  if (!function || gridX == 0 || gridY == 0 || gridZ == 0)
+    return;
+  ScopedContext scope;
+  auto fn = static_cast<CUfunction>(function);
+  allowSharedMemory(fn, smem);
+  if (clusterX * clusterY * clusterZ > 8)
+    MOE_CU(cuFuncSetAttribute(
+        fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
+  CUlaunchAttribute attribute;
+  std::memset(&attribute, 0, sizeof(attribute));
+  attribute.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attribute.value.clusterDim.x = clusterX;
+  attribute.value.clusterDim.y = clusterY;
+  attribute.value.clusterDim.z = clusterZ;
+  CUlaunchConfig config;
+  std::memset(&config, 0, sizeof(config));
+  config.gridDimX = gridX;
+  config.gridDimY = gridY;
+  config.gridDimZ = gridZ;
+  config.blockDimX = blockX;
+  config.blockDimY = blockY;
+  config.blockDimZ = blockZ;
+  config.sharedMemBytes = smem;
+  config.hStream = static_cast<CUstream>(stream);
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  MOE_CU(cuLaunchKernelEx(&config, fn, params, extra));
+}
+
+//===----------------------------------------------------------------------===//
+// Streams and events
+//===----------------------------------------------------------------------===//
+
+extern "C" void *mgpuStreamCreate() {
+  if (ambientStream)
+    return ambientStream;
+  ScopedContext scope;
+  CUstream stream = nullptr;
+  MOE_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  return stream;
+}
+
+extern "C" void mgpuStreamDestroy(void *stream) {
+  if (!stream || stream == ambientStream)
+    return; // the ambient stream belongs to the caller
+  ScopedContext scope;
+  MOE_CU(cuStreamDestroy(static_cast<CUstream>(stream)));
+}
+
+extern "C" void mgpuStreamSynchronize(void *stream) {
+  ScopedContext scope;
+  MOE_CU(cuStreamSynchronize(static_cast<CUstream>(stream)));
+}
+
+extern "C" void mgpuStreamWaitEvent(void *stream, void *event) {
+  ScopedContext scope;
+  MOE_CU(cuStreamWaitEvent(static_cast<CUstream>(stream),
+                           static_cast<CUevent>(event), 0));
+}
+
+extern "C" void *mgpuEventCreate() {
+  ScopedContext scope;
+  CUevent event = nullptr;
+  MOE_CU(cuEventCreate(&event, CU_EVENT_DISABLE_TIMING));
+  return event;
+}
+
+extern "C" void mgpuEventDestroy(void *event) {
+  ScopedContext scope;
+  MOE_CU(cuEventDestroy(static_cast<CUevent>(event)));
+}
+
+extern "C" void mgpuEventSynchronize(void *event) {
+  ScopedContext scope;
+  MOE_CU(cuEventSynchronize(static_cast<CUevent>(event)));
+}
+
+extern "C" void mgpuEventRecord(void *event, void *stream) {
+  ScopedContext scope;
+  MOE_CU(cuEventRecord(static_cast<CUevent>(event),
+                       static_cast<CUstream>(stream)));
+}
+
+//===----------------------------------------------------------------------===//
+// Memory
+//===----------------------------------------------------------------------===//
+
+extern "C" void *mgpuMemAlloc(uint64_t sizeBytes, void *stream,
+                              bool isHostShared) {
+  if (sizeBytes == 0)
+    return nullptr; // empty tensors: never dereferenced
+  ScopedContext scope;
+  CUdeviceptr ptr = 0;
+  if (isHostShared) {
+    MOE_CU(cuMemAllocManaged(&ptr, sizeBytes, CU_MEM_ATTACH_GLOBAL));
+    return reinterpret_cast<void *>(ptr);
+  }
+  // Stream-ordered when the pools are supported (every sm_70+ driver), so an
+  // allocation does not synchronize the device.
+  CUresult result =
+      cuMemAllocAsync(&ptr, sizeBytes, static_cast<CUstream>(stream));
+  if (result == CUDA_ERROR_NOT_SUPPORTED)
+    result = cuMemAlloc(&ptr, sizeBytes);
+  check(result, "cuMemAlloc");
+  return reinterpret_cast<void *>(ptr);
+}
+
+extern "C" void mgpuMemFree(void *ptr, void *stream) {
+  if (!ptr)
+    return;
+  ScopedContext scope;
+  CUresult result = cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(ptr),
+                                   static_cast<CUstream>(stream));
+  if (result == CUDA_ERROR_NOT_SUPPORTED)
+    result = cuMemFree(reinterpret_cast<CUdeviceptr>(ptr));
+  check(result, "cuMemFree");
+}
+
+extern "C" void moeGpuFree(void *ptr) {
+  if (!ptr)
+    return;
+  ScopedContext scope;
+  MOE_CU(cuMemFree(reinterpret_cast<CUdeviceptr>(ptr)));
+}
+
+extern "C" void mgpuMemcpy(void *dst, void *src, size_t sizeBytes,
+                           void *stream) {
+  if (sizeBytes == 0)
+    return;
+  ScopedContext scope;
+  MOE_CU(cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(dst),
+                       reinterpret_cast<CUdeviceptr>(src), sizeBytes,
+                       static_cast<CUstream>(stream)));
+}
+
+extern "C" void mgpuMemset32(void *dst, unsigned int value, size_t count,
+                             void *stream) {
+  if (count == 0)
+    return;
+  ScopedContext scope;
+  MOE_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(dst), value, count,
+                          static_cast<CUstream>(stream)));
+}
+
+extern "C" void mgpuMemset16(void *dst, unsigned short value, size_t count,
+                             void *stream) {
+  if (count == 0)
+    return;
+  ScopedContext scope;
+  MOE_CU(cuMemsetD16Async(reinterpret_cast<CUdeviceptr>(dst), value, count,
+                          static_cast<CUstream>(stream)));
+}
+
+namespace {
+/// The extent in bytes of a ranked memref descriptor {allocated, aligned,
+/// offset, sizes[rank], strides[rank]}, from its aligned pointer.
+void memrefExtent(int64_t rank, void *descriptor, int64_t elementSizeBytes,
+                  void *&begin, size_t &bytes) {
+  auto *words = static_cast<int64_t *>(descriptor);
+  char *aligned = reinterpret_cast<char *>(words[1]);
+  int64_t offset = words[2];
+  const int64_t *sizes = words + 3;
+  const int64_t *strides = words + 3 + rank;
+  int64_t last = 0;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (sizes[d] == 0) {
+      begin = nullptr;
+      bytes = 0;
+      return;
+    }
+    last += (sizes[d] - 1) * strides[d];
+  }
+  begin = aligned + offset * elementSizeBytes;
+  bytes = static_cast<size_t>(last + 1) * elementSizeBytes;
+}
+} // namespace
+
+extern "C" void mgpuMemHostRegisterMemRef(int64_t rank, void *descriptor,
+                                          int64_t elementSizeBytes) {
+  void *begin;
+  size_t bytes;
+  memrefExtent(rank, descriptor, elementSizeBytes, begin, bytes);
+  if (!bytes)
+    return;
+  ScopedContext scope;
+  MOE_CU(cuMemHostRegister(begin, bytes, /*Flags=*/0));
+}
+
+extern "C" void mgpuMemHostUnregisterMemRef(int64_t rank, void *descriptor,
+                                            int64_t elementSizeBytes) {
+  void *begin;
+  size_t bytes;
+  memrefExtent(rank, descriptor, elementSizeBytes, begin, bytes);
+  if (!bytes)
+    return;
+  ScopedContext scope;
+  MOE_CU(cuMemHostUnregister(begin));
+}
+
+extern "C" void mgpuSetDefaultDevice(int32_t device) { defaultDevice = device; }
+
+//===----------------------------------------------------------------------===//
+// moe controls
+//===----------------------------------------------------------------------===//
+
+extern "C" void moeGpuSetStream(void *stream) {
+  ambientStream = static_cast<CUstream>(stream);
+}
+
+extern "C" int64_t moeGpuErrorWord() {
+  ScopedContext scope;
+  return static_cast<int64_t>(errorWordOfCurrentDevice());
+}
+
+extern "C" int32_t moeGpuCheckErrors() {
+  ScopedContext scope;
+  CUdeviceptr words = errorWordOfCurrentDevice();
+  if (!words)
+    return 0;
+  if (!MOE_CU(cuCtxSynchronize()))
+    return 0;
+  int64_t host[kErrorWords] = {0};
+  if (!MOE_CU(cuMemcpyDtoH(host, words, sizeof(host))))
+    return 0;
+  if (host[0] == 0)
+    return 0;
+  MOE_CU(cuMemsetD32(words, 0, kErrorWords * 2));
+  moeReportIndexError(static_cast<int32_t>(host[1]), host[2], host[3],
+                      host[4]);
+  return 1;
+}
+
+extern "C" int32_t moeGpuTakeDriverError(char *message, int64_t capacity) {
+  if (firstDriverError.empty())
+    return 0;
+  if (message && capacity > 0) {
+    std::strncpy(message, firstDriverError.c_str(), capacity - 1);
+    message[capacity - 1] = '\0';
+  }
+  firstDriverError.clear();
+  return 1;
+}
+
+extern "C" int32_t moeGpuDeviceCount() {
+  if (cuInit(0) != CUDA_SUCCESS)
+    return 0;
+  int count = 0;
+  if (cuDeviceGetCount(&count) != CUDA_SUCCESS)
+    return 0;
+  return count;
+}
