@@ -14,7 +14,7 @@
 #include "mlir/Dialect/Bufferization/Pipelines/Passes.h"
 #include "mlir/Dialect/Bufferization/Transforms/Passes.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
-#include "mlir/Dialect/LLVMIR/Transforms/RequestCWrappers.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/Linalg/Passes.h"
 #include "mlir/Dialect/MemRef/Transforms/Passes.h"
 #include "mlir/Pass/PassManager.h"
@@ -22,6 +22,28 @@
 #include "mlir/Transforms/Passes.h"
 
 using namespace mlir;
+
+namespace {
+/// Requests C wrappers (`_mlir_ciface_*`) for the functions this module
+/// defines, so that callers outside pass plain memref descriptors. Unlike
+/// upstream `llvm-request-c-wrappers`, external declarations are left alone:
+/// a call to `moeReportIndexError` or `printI64` must reach the C symbol of
+/// that name, not a `_mlir_ciface_` wrapper no library defines.
+struct RequestCWrappersForDefinitions
+    : PassWrapper<RequestCWrappersForDefinitions,
+                  OperationPass<func::FuncOp>> {
+  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(RequestCWrappersForDefinitions)
+  StringRef getArgument() const override {
+    return "moe-request-c-wrappers-for-definitions";
+  }
+  void runOnOperation() override {
+    func::FuncOp fn = getOperation();
+    if (!fn.isExternal())
+      fn->setAttr(LLVM::LLVMDialect::getEmitCWrapperAttrName(),
+                  UnitAttr::get(&getContext()));
+  }
+};
+} // namespace
 
 void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm) {
   pm.addPass(moe::createConvertMoEToLinalg());
@@ -43,7 +65,8 @@ void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm) {
   pm.addPass(createLowerAffinePass());
   pm.addPass(createSCFToControlFlowPass());
 
-  pm.addNestedPass<func::FuncOp>(LLVM::createLLVMRequestCWrappersPass());
+  pm.addNestedPass<func::FuncOp>(
+      std::make_unique<RequestCWrappersForDefinitions>());
   pm.addPass(createConvertMathToLLVMPass());
   pm.addPass(createConvertMathToLibmPass());
   pm.addPass(createArithToLLVMConversionPass());

@@ -81,9 +81,10 @@ struct AdjacencyUpdateLowering : OpRewritePattern<AdjacencyUpdateOp> {
     auto count = [&](OpBuilder &gb, Location gl, Value cjm) -> Value {
       if (includeSelf)
         return cjm;
-      Value diag = arith::CmpIOp::create(gb, gl, arith::CmpIPredicate::eq,
-                                         loopIndex(gb, gl, 0),
-                                         loopIndex(gb, gl, 1));
+      Value row = loopIndex(gb, gl, 0);
+      Value col = loopIndex(gb, gl, 1);
+      Value diag =
+          arith::CmpIOp::create(gb, gl, arith::CmpIPredicate::eq, row, col);
       return arith::SelectOp::create(gb, gl, diag, i32Const(gb, gl, 0), cjm);
     };
 

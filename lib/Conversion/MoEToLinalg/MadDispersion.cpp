@@ -42,9 +42,7 @@ struct MadDispersionLowering : OpRewritePattern<MadDispersionOp> {
                                 PatternRewriter &rw) const override {
     Location loc = op.getLoc();
     MLIRContext *ctx = rw.getContext();
-    Type i32 = rw.getI32Type();
     int64_t numExperts = op.getNumExperts();
-    Value tokens = promoteToF32(rw, loc, op.getTokens());
     Value assign = op.getAssign();
     Type assignType = cast<RankedTensorType>(assign.getType()).getElementType();
 
@@ -52,6 +50,7 @@ struct MadDispersionLowering : OpRewritePattern<MadDispersionOp> {
                               IndexErrorOp::MadDispersionAssign)))
       return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
                                        "moeReportIndexError");
+    Value tokens = promoteToF32(rw, loc, op.getTokens());
 
     OpFoldResult e = rw.getIndexAttr(numExperts);
     OpFoldResult d = tensor::getMixedSize(rw, loc, tokens, 1);

@@ -336,11 +336,11 @@ LogicalResult mlir::moe::lowering::emitIndexCheck(RewriterBase &rw,
         if (v.getType() != i64)
           v = arith::ExtSIOp::create(b, l, i64, v);
         Value zero64 = arith::ConstantOp::create(b, l, b.getI64IntegerAttr(0));
-        Value bad = arith::OrIOp::create(
-            b, l,
-            arith::CmpIOp::create(b, l, arith::CmpIPredicate::slt, v, zero64),
-            arith::CmpIOp::create(b, l, arith::CmpIPredicate::sge, v,
-                                  bound64));
+        Value negative =
+            arith::CmpIOp::create(b, l, arith::CmpIPredicate::slt, v, zero64);
+        Value tooLarge =
+            arith::CmpIOp::create(b, l, arith::CmpIPredicate::sge, v, bound64);
+        Value bad = arith::OrIOp::create(b, l, negative, tooLarge);
         scf::IfOp::create(b, l, bad, [&](OpBuilder &tb, Location tl) {
           // Row-major element number of the offending value.
           Value pos = ivs.front();

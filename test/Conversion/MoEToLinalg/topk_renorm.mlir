@@ -1,0 +1,86 @@
+// RUN: moe-opt %s --convert-moe-to-linalg | FileCheck %s
+
+// Rows are collapsed to [R, K]; k argmax rounds run in an scf.for, each one a
+// linalg.generic reduction over K that yields (value, index).
+// CHECK-LABEL: func.func @logits_renormalize
+// CHECK-SAME: %[[S:.+]]: tensor<4x128x16xf32>
+// CHECK: %[[ROWS:.+]] = tensor.collapse_shape %[[S]] {{\[}}[0, 1], [2]] : tensor<4x128x16xf32> into tensor<512x16xf32>
+// CHECK: %[[SEL:.+]]:2 = scf.for %{{.+}} = %{{.+}} to %[[C2:.+]] step
+// CHECK-SAME: -> (tensor<512x2xf32>, tensor<512x2xi32>)
+// CHECK: linalg.generic
+// CHECK-SAME: iterator_types = ["parallel", "reduction"]
+// CHECK-SAME: ins(%[[ROWS]], %{{.+}}, %{{.+}} : tensor<512x16xf32>, tensor<512xf32>, tensor<512xi32>)
+// CHECK: arith.cmpf uno
+// CHECK: arith.cmpf ogt
+// CHECK: arith.cmpi slt
+// CHECK: linalg.yield %{{.+}}, %{{.+}} : f32, i32
+// CHECK: tensor.insert_slice
+// CHECK: scf.yield
+// The softmax over the k selected logits: max = first selection.
+// CHECK: %[[MAX:.+]] = tensor.extract_slice %[[SEL]]#0[0, 0] [512, 1] [1, 1] : tensor<512x2xf32> to tensor<512xf32>
+// CHECK: %[[SUM:.+]] = linalg.generic {{.*}} ins(%[[SEL]]#0, %[[MAX]] :
+// CHECK: math.exp
+// CHECK: %[[W:.+]] = linalg.generic {{.*}} ins(%[[SEL]]#0, %[[MAX]], %[[SUM]] :
+// CHECK: arith.cmpf oeq, %{{.+}}, %{{.+}}
+// CHECK: arith.select
+// CHECK: %[[WOUT:.+]] = tensor.expand_shape %[[W]] {{\[}}[0, 1], [2]] output_shape [4, 128, 2] : tensor<512x2xf32> into tensor<4x128x2xf32>
+// CHECK: %[[IOUT:.+]] = tensor.expand_shape %[[SEL]]#1 {{\[}}[0, 1], [2]] output_shape [4, 128, 2] : tensor<512x2xi32> into tensor<4x128x2xi32>
+// CHECK: return %[[WOUT]], %[[IOUT]]
+// CHECK-NOT: moe.
+func.func @logits_renormalize(%s: tensor<4x128x16xf32>) -> (tensor<4x128x2xf32>, tensor<4x128x2xi32>) {
+  %w, %i = moe.topk_renorm %s k(2) : tensor<4x128x16xf32> -> tensor<4x128x2xf32>, tensor<4x128x2xi32>
+  return %w, %i : tensor<4x128x2xf32>, tensor<4x128x2xi32>
+}
+
+// renormalize(false): the max and the sum run over all K logits.
+// CHECK-LABEL: func.func @logits_dense
+// CHECK-SAME: %[[S:.+]]: tensor<8x16xf32>
+// CHECK: %[[SEL:.+]]:2 = scf.for
+// CHECK: %[[MAX:.+]] = linalg.generic {{.*}} ins(%[[S]] : tensor<8x16xf32>)
+// CHECK: arith.maximumf
+// CHECK: %[[SUM:.+]] = linalg.generic {{.*}} ins(%[[S]], %[[MAX]] : tensor<8x16xf32>, tensor<8xf32>)
+// CHECK: linalg.generic {{.*}} ins(%[[SEL]]#0, %[[MAX]], %[[SUM]] :
+func.func @logits_dense(%s: tensor<8x16xf32>) -> (tensor<8x2xf32>, tensor<8x2xi32>) {
+  %w, %i = moe.topk_renorm %s k(2) renormalize(false) : tensor<8x16xf32> -> tensor<8x2xf32>, tensor<8x2xi32>
+  return %w, %i : tensor<8x2xf32>, tensor<8x2xi32>
+}
+
+// probs: divide by the selected sum, 0 when it is 0; dynamic rows.
+// CHECK-LABEL: func.func @probs_renormalize
+// CHECK-SAME: %[[S:.+]]: tensor<?x16xbf16>
+// CHECK: %[[F:.+]] = linalg.generic {{.*}} ins(%[[S]] : tensor<?x16xbf16>) outs(%{{.+}} : tensor<?x16xf32>)
+// CHECK: arith.extf %{{.+}} : bf16 to f32
+// CHECK: %[[SEL:.+]]:2 = scf.for {{.*}} -> (tensor<?x4xf32>, tensor<?x4xi32>)
+// CHECK: %[[SUM:.+]] = linalg.generic {{.*}} ins(%[[SEL]]#0 : tensor<?x4xf32>)
+// CHECK: arith.addf
+// CHECK: linalg.generic {{.*}} ins(%[[SEL]]#0, %[[SUM]] :
+// CHECK: arith.cmpf oeq
+// CHECK: arith.divf
+// CHECK: arith.select
+// CHECK-NOT: math.exp
+// CHECK: return
+func.func @probs_renormalize(%s: tensor<?x16xbf16>) -> (tensor<?x4xf32>, tensor<?x4xi32>) {
+  %w, %i = moe.topk_renorm %s k(4) mode(probs) : tensor<?x16xbf16> -> tensor<?x4xf32>, tensor<?x4xi32>
+  return %w, %i : tensor<?x4xf32>, tensor<?x4xi32>
+}
+
+// probs raw: the selected values are the weights.
+// CHECK-LABEL: func.func @probs_raw
+// CHECK: %[[SEL:.+]]:2 = scf.for
+// CHECK: scf.yield
+// CHECK-NOT: linalg.generic
+// CHECK: return %[[SEL]]#0, %[[SEL]]#1
+func.func @probs_raw(%s: tensor<8x16xf32>) -> (tensor<8x1xf32>, tensor<8x1xi32>) {
+  %w, %i = moe.topk_renorm %s k(1) mode(probs) renormalize(false) : tensor<8x16xf32> -> tensor<8x1xf32>, tensor<8x1xi32>
+  return %w, %i : tensor<8x1xf32>, tensor<8x1xi32>
+}
+
+// Rank 1: a unit row dimension is added and removed.
+// CHECK-LABEL: func.func @rank_one
+// CHECK: tensor.expand_shape %{{.+}} {{\[}}[0, 1]] output_shape [1, 16] : tensor<16xf32> into tensor<1x16xf32>
+// CHECK: tensor.collapse_shape %{{.+}} {{\[}}[0, 1]] : tensor<1x2xf32> into tensor<2xf32>
+// CHECK: tensor.collapse_shape %{{.+}} {{\[}}[0, 1]] : tensor<1x2xi32> into tensor<2xi32>
+func.func @rank_one(%s: tensor<16xf32>) -> (tensor<2xf32>, tensor<2xi32>) {
+  %w, %i = moe.topk_renorm %s k(2) : tensor<16xf32> -> tensor<2xf32>, tensor<2xi32>
+  return %w, %i : tensor<2xf32>, tensor<2xi32>
+}
