@@ -341,8 +341,9 @@ class Builder:
         yielded value(s). ``inputs``/``outputs`` pair values with their indexing maps."""
         maps = ", ".join(m for _, m in list(inputs) + list(outputs))
         its = ", ".join(f'"{i}"' for i in iterators)
-        results = [self.fresh() for _ in outputs]
-        head = ", ".join(results)
+        res = self.fresh()
+        results = [f"{res}#{i}" for i in range(len(outputs))] if len(outputs) > 1 else [res]
+        head = f"{res}:{len(outputs)}" if len(outputs) > 1 else res
         ins = ""
         if inputs:
             ins = (
@@ -360,5 +361,6 @@ class Builder:
         ys = [y] if isinstance(y, str) else list(y)
         self.emit(f"linalg.yield {', '.join(ys)} : {', '.join(v.type.elem for v, _ in outputs)}")
         self.indent -= 2
-        self.emit(f"}} -> {', '.join(str(v.type) for v, _ in outputs)}{self._loc()}")
+        rtypes = ", ".join(str(v.type) for v, _ in outputs)
+        self.emit(f"}} -> {rtypes if len(outputs) == 1 else '(' + rtypes + ')'}{self._loc()}")
         return [Value(r, v.type) for r, (v, _) in zip(results, outputs)]

@@ -1,0 +1,145 @@
+"""The parts every seed model shares: multi-head attention, the expert bank, the gate helpers and the block.
+
+A block is pre-LN: ``h = x + MHA(LN1(x))``, ``u = LN2(h)``, ``y = h + MoE(u)``. The MoE evaluates every expert on
+every token and combines with a dense gate matrix (zero outside the selected experts): the same values as a sparse
+dispatch, with static shapes only, so the whole block exports and imports. The routers differ only in how they
+produce ``(weights [T, k], indices [T, k])`` from ``u``.
+
+Every router takes ``use_custom_ops``: True routes through ``torch.ops.moe.*`` (the dialect ops, 1:1); False writes
+the same maths in plain PyTorch, in the idioms :mod:`moe_mlir.raising` recognizes, so that the importer still
+produces the ``moe`` ops without the model knowing about them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import ops as _ops  # noqa: F401  (torch.ops.moe.*)
+
+__all__ = ["MultiHeadAttention", "AttentionOutput", "Experts", "gate_topk", "gate_topk_probs", "SMoEBlock"]
+
+
+class AttentionOutput:
+    """What an attention layer exposes to a router (Attention-Inform needs all of it)."""
+
+    def __init__(self, out: Tensor, scores: Tensor, v: Tensor, wo: Tensor) -> None:
+        self.out = out  # [B, N, D]
+        self.scores = scores  # [B, H, N, N] pre-softmax logits (-inf = masked)
+        self.v = v  # [B, H, N, Dh]
+        self.wo = wo  # [D, H*Dh]
+
+
+class MultiHeadAttention(nn.Module):
+    """Plain multi-head self-attention written out (scores are needed by Attention-Inform).
+
+    Args:
+        d_model: D. n_heads: H (D divisible by H). causal: mask keys j > i with ``-inf``.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, bias: bool = False) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.h, self.dh, self.causal = n_heads, d_model // n_heads, causal
+        self.q = nn.Linear(d_model, d_model, bias=bias)
+        self.k = nn.Linear(d_model, d_model, bias=bias)
+        self.v = nn.Linear(d_model, d_model, bias=bias)
+        self.o = nn.Linear(d_model, d_model, bias=False)  # no bias: the head means of eq 1 stay exact
+
+    def forward(self, x: Tensor) -> AttentionOutput:
+        """x: ``[B, N, D]``."""
+        B, N, D = x.shape
+
+        def heads(t: Tensor) -> Tensor:  # [B, N, D] -> [B, H, N, Dh]
+            return t.reshape(B, N, self.h, self.dh).transpose(1, 2)
+
+        q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.dh)
+        if self.causal:
+            mask = torch.ones(N, N, dtype=torch.bool, device=x.device).tril()
+            scores = scores.masked_fill(~mask, float("-inf"))
+        a = torch.softmax(scores, dim=-1)
+        ctx = torch.matmul(a, v).transpose(1, 2).reshape(B, N, D)
+        return AttentionOutput(self.o(ctx), scores, v, self.o.weight)
+
+
+class Experts(nn.Module):
+    """E two-layer ReLU FFN experts ``D -> F -> D``, evaluated densely and combined by a gate.
+
+    Parameters: ``w1 [E, D, F]``, ``b1 [E, F]``, ``w2 [E, F, D]``, ``b2 [E, D]``.
+    """
+
+    def __init__(self, num_experts: int, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        s1, s2 = 1.0 / math.sqrt(d_model), 1.0 / math.sqrt(d_ff)
+        self.w1 = nn.Parameter(torch.empty(num_experts, d_model, d_ff).uniform_(-s1, s1))
+        self.b1 = nn.Parameter(torch.zeros(num_experts, d_ff))
+        self.w2 = nn.Parameter(torch.empty(num_experts, d_ff, d_model).uniform_(-s2, s2))
+        self.b2 = nn.Parameter(torch.zeros(num_experts, d_model))
+
+    def forward(self, u: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
+        """u: ``[T, D]``; weights, indices: ``[T, k]`` -> ``[T, D]``: ``Σ_s weights[t,s] · E_{indices[t,s]}(u_t)``."""
+        gates = (F.one_hot(indices.long(), self.num_experts).to(u.dtype) * weights.to(u.dtype).unsqueeze(-1)).sum(1)
+        h = torch.relu(torch.einsum("td,edf->etf", u, self.w1) + self.b1.unsqueeze(1))
+        y = torch.einsum("etf,efd->etd", h, self.w2) + self.b2.unsqueeze(1)  # [E, T, D]
+        return torch.einsum("te,etd->td", gates, y)
+
+
+def gate_topk(logits: Tensor, k: int, use_custom_ops: bool) -> tuple[Tensor, Tensor]:
+    """TopK-then-softmax gate on router logits (eq 2; ``moe.topk_renorm`` logits mode): (weights, indices)."""
+    if use_custom_ops:
+        return torch.ops.moe.topk_renorm(logits, k, "logits", True)
+    val, idx = torch.topk(logits, k, dim=-1)
+    return torch.softmax(val, dim=-1), idx
+
+
+def gate_topk_probs(p: Tensor, k: int, renormalize: bool, use_custom_ops: bool) -> tuple[Tensor, Tensor]:
+    """Top-k of probabilities, renormalized by the kept sum (TopM_Renormalize, 000 eq 11/17) or raw (004 eq 8)."""
+    if use_custom_ops:
+        return torch.ops.moe.topk_renorm(p, k, "probs", renormalize)
+    val, idx = torch.topk(p, k, dim=-1)
+    if renormalize:
+        val = val / val.sum(-1, keepdim=True)
+    return val, idx
+
+
+class SMoEBlock(nn.Module):
+    """A pre-LN transformer block whose FFN is an SMoE; subclasses implement :meth:`route`.
+
+    ``forward(x)`` with x ``[B, N, D]`` returns ``y`` ``[B, N, D]``, or ``(y, weights, indices)`` (``[B, N, k]``)
+    when ``return_routing`` is set.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, num_experts: int, k: int, d_ff: int, causal: bool = False,
+                 return_routing: bool = False) -> None:
+        super().__init__()
+        if not 1 <= k <= num_experts:
+            raise ValueError(f"k ({k}) must be in [1, {num_experts}]")
+        self.d_model, self.num_experts, self.k = d_model, num_experts, k
+        self.return_routing = return_routing
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_heads, causal=causal)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.experts = Experts(num_experts, d_model, d_ff)
+
+    def route(self, u: Tensor, attn: AttentionOutput) -> tuple[Tensor, Tensor]:
+        """u: ``[B, N, D]`` -> (weights ``[B, N, k]``, indices ``[B, N, k]``)."""
+        raise NotImplementedError
+
+    def forward(self, x: Tensor):
+        B, N, D = x.shape
+        attn = self.attn(self.ln1(x))
+        h = x + attn.out
+        u = self.ln2(h)
+        w, idx = self.route(u, attn)
+        y = h + self.experts(u.reshape(B * N, D), w.reshape(B * N, -1), idx.reshape(B * N, -1)).reshape(B, N, D)
+        if self.return_routing:
+            return y, w, idx
+        return y
