@@ -34,6 +34,7 @@
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ExecutionEngine/Orc/Mangling.h"
+#include "llvm/Support/CrashRecoveryContext.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/TargetSelect.h"
 #include "llvm/Support/raw_ostream.h"
@@ -284,7 +285,17 @@ Executor::compile(llvm::StringRef mlirText, const CompileOptions &options) {
 
   PassManager pm(&context, ModuleOp::getOperationName());
   buildLowerToLLVMPipeline(pm);
-  if (failed(pm.run(*module)))
+  // A crash of a pass (a compiler bug) becomes an error of this compilation
+  // instead of taking the host process down.
+  llvm::CrashRecoveryContext::Enable();
+  llvm::CrashRecoveryContext crashRecovery;
+  LogicalResult lowered = failure();
+  if (!crashRecovery.RunSafely([&] { lowered = pm.run(*module); }))
+    return makeError("moe::Executor: the lowering pipeline crashed (a "
+                     "compiler bug; reproduce with `moe-opt "
+                     "--moe-lower-to-llvm`)" +
+                     diagnostics.messages);
+  if (failed(lowered))
     return makeError("moe::Executor: lowering to LLVM failed:" +
                      diagnostics.messages);
   if (options.dumpLoweredIR)
