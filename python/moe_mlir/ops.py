@@ -312,7 +312,7 @@ def _hyper_router_ref(
 ) -> tuple[Tensor, Tensor]:
     hidden = torch.relu(torch.matmul(w1.float(), emb.float()) + b1.float())
     out = (torch.matmul(w2.float(), hidden) + b2.float()).reshape(num_experts, -1)
-    return out[:, :-1].contiguous(), out[:, -1].contiguous()
+    return out[:, :-1].clone(), out[:, -1].clone()  # clones: outputs must not alias each other
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,69 @@
+"""Shared fixtures: devices, moe-opt discovery and a FileCheck-like helper."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from typing import Iterable
+
+import pytest
+import torch
+
+import moe_mlir  # noqa: F401  (registers torch.ops.moe.*)
+from moe_mlir.compiler import find_mlir_runner, find_moe_opt
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def moe_opt() -> str:
+    path = find_moe_opt()
+    if path is None:
+        pytest.skip("moe-opt not found: build it (cmake --build build) or set MOE_OPT to check the printed MLIR")
+    return path
+
+
+def run_moe_opt(moe_opt: str, text: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([moe_opt, *args, "-"], input=text, capture_output=True, text=True, timeout=600)
+
+
+def assert_verifies(moe_opt: str, text: str, *args: str) -> str:
+    """moe-opt parses and verifies ``text`` (and runs ``args``); returns its output."""
+    proc = run_moe_opt(moe_opt, text, *args)
+    assert proc.returncode == 0, f"moe-opt {' '.join(args)} rejected the module:\n{proc.stderr[:4000]}"
+    return proc.stdout
+
+
+def filecheck(text: str, patterns: Iterable[str]) -> None:
+    """A tiny FileCheck: each regex must match, in order, at or after the previous match."""
+    pos = 0
+    for pat in patterns:
+        m = re.compile(pat, re.M).search(text, pos)
+        assert m is not None, f"pattern {pat!r} not found after offset {pos}"
+        pos = m.end()
+
+
+def lowering_available(moe_opt: str) -> bool:
+    """Whether moe-opt lowers a moe op to LLVM (the CPU lowering may land after the dialect)."""
+    probe = """
+func.func @f(%x: tensor<3x5xf32>) -> tensor<3x2xf32> {
+  %r:2 = "moe.topk_renorm"(%x) {k = 2 : i64} : (tensor<3x5xf32>) -> (tensor<3x2xf32>, tensor<3x2xi32>)
+  return %r#0 : tensor<3x2xf32>
+}
+"""
+    return run_moe_opt(moe_opt, probe, "--moe-lower-to-llvm").returncode == 0
+
+
+@pytest.fixture(scope="session")
+def runner(moe_opt: str) -> str:
+    if find_mlir_runner() is None:
+        pytest.skip("mlir-runner not found (set MLIR_RUNNER)")
+    if not lowering_available(moe_opt):
+        pytest.skip(f"{moe_opt} cannot lower moe ops with --moe-lower-to-llvm yet")
+    return moe_opt
