@@ -24,6 +24,7 @@ int main(int argc, char **argv) {
   mlir::registerAllPasses();
   mlir::moe::registerMoEConversionPasses();
   mlir::moe::registerMoEPipelines();
+  mlir::moe::registerMoEGPUPipelines();
   mlir::moe::registerMoETransformsPasses();
 
   mlir::DialectRegistry registry;

@@ -8,6 +8,7 @@
 #define MOE_CONVERSION_PASSES_H
 
 #include "MoE/Conversion/MoEToLinalg/MoEToLinalg.h"
+#include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
 
 #include "mlir/Pass/Pass.h"
 

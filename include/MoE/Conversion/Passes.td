@@ -28,4 +28,35 @@ def ConvertMoEToLinalg : Pass<"convert-moe-to-linalg"> {
   ];
 }
 
+def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
+  let summary = "Lower moe ops to hand-designed fused GPU kernels (gpu dialect) launched from host code";
+  let description = [{
+    Rewrites every tensor-level `moe` op into `bufferization.to_buffer` of its operands, `gpu.alloc` of its results,
+    one or more `gpu.launch_func` of kernels generated into `gpu.module @moe_kernels`, and
+    `bufferization.to_tensor` of the results; one-shot bufferization then makes the function boundaries device
+    memrefs. Each op runs on one stream (`gpu.wait async` ... `gpu.wait`). Kernels: a (sub-)warp per token top-k with
+    butterfly shuffles (`topk_renorm`, a block per token beyond 1024 experts), flash-style mixers that stream key
+    tiles through workgroup memory with an online softmax and a K-wide accumulator (`similarity_inform`,
+    `attention_posterior`, their `_topk` forms select the experts in the epilogue), an entropy reduction for the
+    min-entropy head, deterministic segmented reductions (`mad_dispersion`), integer co-selection counts
+    (`adjacency_update`) and warp GEMVs (`hyper_router`). Out-of-range `assign`/`idx` elements are skipped and
+    recorded in the device error word of the runtime (lib/Runtime/CUDA), which the host code checks after the op.
+  }];
+  let options = [
+    Option<"blockSize", "block-size", "int64_t", /*default=*/"128",
+           "threads per block of the token-parallel kernels (a multiple of 32)">,
+  ];
+  let dependentDialects = [
+    "::mlir::arith::ArithDialect",
+    "::mlir::bufferization::BufferizationDialect",
+    "::mlir::func::FuncDialect",
+    "::mlir::gpu::GPUDialect",
+    "::mlir::LLVM::LLVMDialect",
+    "::mlir::math::MathDialect",
+    "::mlir::memref::MemRefDialect",
+    "::mlir::scf::SCFDialect",
+    "::mlir::tensor::TensorDialect",
+  ];
+}
+
 #endif // MOE_CONVERSION_PASSES_TD

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Assembles every kernel of the moe GPU lowering with `ptxas -v` and reports
+registers, shared memory, stack and spills per kernel and chip.
+
+  ptxas_report.py --moe-opt build/bin/moe-opt --ptxas /usr/local/cuda/bin/ptxas \
+      --chips sm_80,sm_90 --out build/.../ptxas-report.md CASES.mlir...
+
+Each function of the case files is lowered with moe-lower-to-nvvm (format=isa:
+the PTX stays readable in the gpu.binary), the PTX is extracted and assembled
+for the chip. Kernels launched from a function whose name starts with
+`nospill_` must use no local memory: no spill stores or loads and a zero stack
+frame; the script exits 1 (after writing the report) when one does, or when a
+step fails. Runs without a GPU.
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+
+def decode_mlir_string(s):
+    """Undoes MLIR's string-attribute escapes (\\XX hex, \\\\ and \\")."""
+    out = bytearray()
+    i = 0
+    hexdigits = "0123456789abcdefABCDEF"
+    while i < len(s):
+        c = s[i]
+        if c == "\\" and i + 1 < len(s):
+            n = s[i + 1]
+            if i + 2 < len(s) and n in hexdigits and s[i + 2] in hexdigits:
+                out.append(int(s[i + 1:i + 3], 16))
+                i += 3
+                continue
+            out += {"n": b"\n", "t": b"\t", '"': b'"', "\\": b"\\"}.get(n, n.encode())
+            i += 2
+            continue
+        out += c.encode()
+        i += 1
+    return out.decode("utf-8", errors="replace")
+
+
+def extract_ptx(lowered):
+    """The PTX of every gpu.binary object (format=isa)."""
+    ptx = []
+    for m in re.finditer(r'assembly = "((?:[^"\\]|\\.)*)"', lowered):
+        ptx.append(decode_mlir_string(m.group(1)))
+    return ptx
+
+
+def launches_by_function(lowered):
+    """{host function: [kernel names it launches]} from the lowered module."""
+    result = {}
+    current = None
+    for line in lowered.splitlines():
+        m = re.match(r"\s*llvm\.func @([\w$.]+)\(", line)
+        if m:
+            current = m.group(1)
+            continue
+        m = re.search(r"gpu\.launch_func\b.*?@\w+::@(\w+)", line)
+        if m and current:
+            result.setdefault(current, []).append(m.group(1))
+    return result
+
+
+INFO_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
+INFO_PROPS = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+INFO_USED = re.compile(r"Used (\d+) registers(.*)")
+
+
+def parse_ptxas(report):
+    kernels = {}
+    current = None
+    for line in report.splitlines():
+        m = INFO_ENTRY.search(line)
+        if m:
+            current = m.group(1)
+            kernels[current] = {"regs": 0, "smem": 0, "stack": 0, "spill_st": 0,
+                                "spill_ld": 0, "lmem": 0, "cmem": 0}
+            continue
+        if current is None:
+            continue
+        m = INFO_PROPS.search(line)
+        if m:
+            kernels[current].update(stack=int(m.group(1)), spill_st=int(m.group(2)),
+                                    spill_ld=int(m.group(3)))
+            continue
+        m = INFO_USED.search(line)
+        if m:
+            rest = m.group(2)
+            kernels[current]["regs"] = int(m.group(1))
+            for key, pat in (("smem", r"(\d+) bytes smem"), ("lmem", r"(\d+) bytes lmem"),
+                             ("cmem", r"(\d+) bytes cmem\[0\]")):
+                mm = re.search(pat, rest)
+                if mm:
+                    kernels[current][key] = int(mm.group(1))
+    return kernels
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--moe-opt", required=True)
+    ap.add_argument("--ptxas", default="/usr/local/cuda/bin/ptxas")
+    ap.add_argument("--chips", default="sm_80,sm_90")
+    ap.add_argument("--out", required=True, help="markdown report to write")
+    ap.add_argument("--keep-ptx", help="directory to keep the PTX files in")
+    ap.add_argument("cases", nargs="+")
+    args = ap.parse_args()
+
+    rows = []
+    failures = []
+    tmp = args.keep_ptx or tempfile.mkdtemp(prefix="moe-ptxas-")
+    os.makedirs(tmp, exist_ok=True)
+    for chip in args.chips.split(","):
+        for case in args.cases:
+            name = os.path.splitext(os.path.basename(case))[0]
+            proc = subprocess.run(
+                [args.moe_opt, case, f"--moe-lower-to-nvvm=chip={chip} format=isa"],
+                capture_output=True, text=True)
+            if proc.returncode != 0:
+                failures.append(f"{case} ({chip}): moe-opt failed:\n{proc.stderr}")
+                continue
+            lowered = proc.stdout
+            owners = {}
+            for fn, kernels in launches_by_function(lowered).items():
+                for k in kernels:
+                    owners.setdefault(k, fn)
+            for n, ptx in enumerate(extract_ptx(lowered)):
+                path = os.path.join(tmp, f"{name}.{chip}.{n}.ptx")
+                with open(path, "w") as f:
+                    f.write(ptx)
+                rep = subprocess.run([args.ptxas, "-v", f"-arch={chip}", "-O3", path,
+                                      "-o", os.devnull], capture_output=True, text=True)
+                if rep.returncode != 0:
+                    failures.append(f"{path}: ptxas failed:\n{rep.stderr}")
+                    continue
+                for kernel, info in parse_ptxas(rep.stderr + rep.stdout).items():
+                    fn = owners.get(kernel, "?")
+                    rows.append((chip, name, fn, kernel, info))
+                    local = info["spill_st"] + info["spill_ld"] + info["stack"] + info["lmem"]
+                    if fn.startswith("nospill_") and local > 0:
+                        failures.append(
+                            f"{chip} {fn}/{kernel}: local memory "
+                            f"(stack {info['stack']} B, spill stores {info['spill_st']} B, "
+                            f"spill loads {info['spill_ld']} B, lmem {info['lmem']} B)")
+
+    with open(args.out, "w") as f:
+        f.write("# ptxas report of the moe GPU kernels\n\n")
+        f.write("Generated by bench/gpu/ptxas_report.py (`ptxas -v -O3`, PTX from "
+                "`moe-opt --moe-lower-to-nvvm=\"chip=... format=isa\"`). "
+                "`nospill_*` functions must not use local memory.\n\n")
+        f.write("| chip | host function | kernel | registers | smem (B) | stack (B) "
+                "| spill st (B) | spill ld (B) |\n|---|---|---|---:|---:|---:|---:|---:|\n")
+        for chip, name, fn, kernel, i in rows:
+            f.write(f"| {chip} | {fn} | {kernel} | {i['regs']} | {i['smem']} | "
+                    f"{i['stack']} | {i['spill_st']} | {i['spill_ld']} |\n")
+        if failures:
+            f.write("\n## Failures\n\n")
+            for msg in failures:
+                f.write(f"- {msg}\n")
+    print(f"ptxas report: {len(rows)} kernels, {len(failures)} failures -> {args.out}")
+    for msg in failures:
+        print("FAIL:", msg, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,6 @@
+#include "KernelUtils.h"
+#include "Lowerings.h"
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::gpu_lowering;
+LogicalResult mlir::moe::gpu_lowering::lowerHyperRouter(HyperRouterOp op, ModuleOp, const LoweringOptions &) { return op->emitOpError("GPU lowering not implemented yet"); }

@@ -1,0 +1,119 @@
+//===- Pipeline.cpp - The moe-lower-to-nvvm pipeline ----------------------===//
+//
+// Part of the MoE-MLIR project.
+//
+// Our conversion and one-shot bufferization, then the passes of upstream
+// gpu-lower-to-nvvm-pipeline (mlir/lib/Dialect/GPU/Pipelines) with two
+// additions: C-interface wrappers for the host functions (the AOT library and
+// ctypes call `_mlir_ciface_*`) and the CUDA toolkit path for ptxas.
+//
+//===----------------------------------------------------------------------===//
+
+#include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
+#include "MoE/Conversion/Passes.h"
+
+#include "mlir/Conversion/Passes.h"
+#include "mlir/Dialect/Bufferization/Transforms/Passes.h"
+#include "mlir/Dialect/GPU/Transforms/Passes.h"
+#include "mlir/Dialect/LLVMIR/Transforms/Passes.h"
+#include "mlir/Dialect/LLVMIR/Transforms/RequestCWrappers.h"
+#include "mlir/Dialect/MemRef/Transforms/Passes.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassOptions.h"
+#include "mlir/Pass/PassRegistry.h"
+#include "mlir/Transforms/Passes.h"
+
+using namespace mlir;
+
+void mlir::moe::buildMoELowerToNVVMPipeline(
+    OpPassManager &pm, const MoELowerToNVVMOptions &options) {
+  // moe ops -> host code + kernels, on tensors; then buffers across the
+  // function boundaries (identity layouts: plain device memrefs for callers).
+  pm.addPass(createConvertMoEToGPU());
+  pm.addPass(createCanonicalizerPass());
+  bufferization::OneShotBufferizePassOptions bufferize;
+  bufferize.bufferizeFunctionBoundaries = true;
+  bufferize.functionBoundaryTypeConversion =
+      bufferization::LayoutMapOption::IdentityLayoutMap;
+  pm.addPass(bufferization::createOneShotBufferizePass(bufferize));
+  pm.addPass(createCanonicalizerPass());
+  pm.addNestedPass<func::FuncOp>(LLVM::createLLVMRequestCWrappersPass());
+
+  // Common part (upstream buildCommonPassPipeline).
+  pm.addPass(createConvertNVGPUToNVVMPass());
+  pm.addPass(createGpuKernelOutliningPass());
+  pm.addPass(createConvertVectorToSCFPass());
+  pm.addPass(createSCFToControlFlowPass());
+  pm.addPass(createConvertNVVMToLLVMPass());
+  pm.addPass(createConvertFuncToLLVMPass());
+  pm.addPass(memref::createExpandStridedMetadataPass());
+  GpuNVVMAttachTargetOptions target;
+  target.chip = options.chip;
+  target.features = options.features.empty() ? "+ptx80" : options.features;
+  target.optLevel = options.optLevel;
+  pm.addPass(createGpuNVVMAttachTarget(target));
+  pm.addPass(createLowerAffinePass());
+  pm.addPass(createArithToLLVMConversionPass());
+  pm.addPass(createConvertIndexToLLVMPass());
+  pm.addPass(createCanonicalizerPass());
+  pm.addPass(createCSEPass());
+
+  // Kernels -> NVVM.
+  pm.addNestedPass<gpu::GPUModuleOp>(createStripDebugInfoPass());
+  pm.addNestedPass<gpu::GPUModuleOp>(createConvertGpuOpsToNVVMOps());
+  pm.addNestedPass<gpu::GPUModuleOp>(LLVM::createNVVMOptimizeForTargetPass());
+  pm.addNestedPass<gpu::GPUModuleOp>(createCanonicalizerPass());
+  pm.addNestedPass<gpu::GPUModuleOp>(createCSEPass());
+  pm.addNestedPass<gpu::GPUModuleOp>(createReconcileUnrealizedCastsPass());
+
+  // Host code -> LLVM with the mgpu* calls; kernels -> gpu.binary.
+  pm.addPass(createGpuToLLVMConversionPass());
+  GpuModuleToBinaryPassOptions binary;
+  binary.compilationTarget = options.format;
+  binary.toolkitPath = options.toolkit;
+  pm.addPass(createGpuModuleToBinaryPass(binary));
+  pm.addPass(createConvertMathToLLVMPass());
+  pm.addPass(createCanonicalizerPass());
+  pm.addPass(createCSEPass());
+  pm.addPass(createReconcileUnrealizedCastsPass());
+}
+
+namespace {
+struct LowerToNVVMPipelineOptions
+    : public PassPipelineOptions<LowerToNVVMPipelineOptions> {
+  PassOptions::Option<std::string> chip{
+      *this, "chip", llvm::cl::desc("target chip: sm_80, sm_90, sm_90a, ..."),
+      llvm::cl::init("sm_90")};
+  PassOptions::Option<std::string> features{
+      *this, "features",
+      llvm::cl::desc("PTX features (default +ptx80, what sm_90 needs)"),
+      llvm::cl::init("")};
+  PassOptions::Option<std::string> format{
+      *this, "format",
+      llvm::cl::desc("gpu.binary format: isa (PTX), bin (cubin), fatbin"),
+      llvm::cl::init("fatbin")};
+  PassOptions::Option<std::string> toolkit{
+      *this, "toolkit",
+      llvm::cl::desc("CUDA toolkit with ptxas and fatbinary"),
+      llvm::cl::init("/usr/local/cuda")};
+  PassOptions::Option<unsigned> optLevel{
+      *this, "opt-level", llvm::cl::desc("LLVM optimization level of kernels"),
+      llvm::cl::init(3)};
+};
+} // namespace
+
+void mlir::moe::registerMoEGPUPipelines() {
+  PassPipelineRegistration<LowerToNVVMPipelineOptions>(
+      "moe-lower-to-nvvm",
+      "Lower tensor functions holding moe ops to host LLVM IR launching fused "
+      "CUDA kernels (gpu.binary: PTX, cubin or fatbin)",
+      [](OpPassManager &pm, const LowerToNVVMPipelineOptions &o) {
+        moe::MoELowerToNVVMOptions options;
+        options.chip = o.chip;
+        options.features = o.features;
+        options.format = o.format;
+        options.toolkit = o.toolkit;
+        options.optLevel = o.optLevel;
+        buildMoELowerToNVVMPipeline(pm, options);
+      });
+}
