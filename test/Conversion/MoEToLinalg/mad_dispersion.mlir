@@ -76,7 +76,7 @@ func.func @variance_expert_raw(%x: tensor<16x8xbf16>, %a: tensor<16xi64>) -> (te
 // CHECK: linalg.generic {{.*}}iterator_types = ["reduction", "reduction"]} {{.*}} outs(%{{.+}}, %{{.+}} : tensor<f32>, tensor<f32>)
 // CHECK: arith.minimumf
 // CHECK: linalg.generic {{.*}}iterator_types = ["reduction", "reduction"]} {{.*}} outs(%{{.+}}, %{{.+}} : tensor<f32>, tensor<f32>)
-// CHECK: %[[SCALE:.+]] = linalg.generic {{.*}} -> tensor<f32>
+// CHECK: %[[SCALE:.+]] = linalg.generic {{.*}} ins(%{{.+}}, %{{.+}} : tensor<f32>, tensor<f32>)
 // CHECK: linalg.generic {{.*}} ins(%[[SCALE]], %{{.+}} : tensor<f32>, tensor<4xi32>)
 func.func @global(%x: tensor<16x8xf32>, %a: tensor<16xi32>) -> (tensor<4x8xf32>, tensor<4xi32>) {
   %w, %c = moe.mad_dispersion %x, %a num_experts(4) normalize(global) : tensor<16x8xf32>, tensor<16xi32> -> tensor<4x8xf32>, tensor<4xi32>
