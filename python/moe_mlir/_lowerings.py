@@ -962,7 +962,7 @@ def _scatter_like(
     acc, cnt = res
 
     def combine(b: Builder, v: list[str]) -> str:
-        s, ac, c = v
+        s, ac, c = v[:3]
         touched = b.cmp("gt", c, b.const(0, "i64"), "i64")
         if reduce == "mean":
             n = c if not include_self else b.binary("add", c, b.const(1, "i64"), "i64")

@@ -753,7 +753,7 @@ class FxImporter:
         res = self.b.fresh()
         n = len(result_types)
         head = f"{res}:{n}" if n > 1 else res
-        attr = ", ".join(f"{k} = {v}" for k, v in attrs.items())
+        attr = ", ".join(f"{k} = {v}" for k, v in sorted(attrs.items()))  # sorted, as MLIR prints them
         in_types = ", ".join(str(v.type) for v in operands)
         out_types = ", ".join(str(t) for t in result_types)
         out_types = f"({out_types})" if n > 1 else out_types
