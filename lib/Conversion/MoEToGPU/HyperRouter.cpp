@@ -1,6 +1,104 @@
+//===- HyperRouter.cpp - moe.hyper_router on the GPU ----------------------===//
+//
+// Part of the MoE-MLIR project.
+//
+// The GEMV chain out = w2 · relu(w1 · emb + b1) + b2 as two warp-per-row
+// kernels (lanes stride the row, coalesced; a butterfly sum), the second
+// writing straight into w [E, D] and b [E]. With constant operands the
+// dialect folder has already replaced the op by constants.
+//
+//===----------------------------------------------------------------------===//
+
 #include "KernelUtils.h"
 #include "Lowerings.h"
+
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
-LogicalResult mlir::moe::gpu_lowering::lowerHyperRouter(HyperRouterOp op, ModuleOp, const LoweringOptions &) { return op->emitOpError("GPU lowering not implemented yet"); }
+
+static constexpr int64_t kThreads = 128;
+static constexpr int64_t kRowsPerBlock = kThreads / kWarp;
+
+/// Warp-per-row GEMV: row r gets Σ_c m[r, c] · vec[c] + bias[r]; `store`
+/// writes it (lane 0 of the warp).
+static gpu::GPUFuncOp
+createGemvKernel(ModuleOp module, StringRef name, TypeRange argTypes,
+                 Location loc,
+                 function_ref<void(KB &, Block &, Value row, Value v)> store) {
+  ImplicitLocOpBuilder kb(loc, module.getContext());
+  auto kernel = createKernel(module, name, argTypes, {}, {kThreads, 1, 1}, kb);
+  KB k(kb);
+  Block &entry = kernel.getBody().front();
+  Value m = entry.getArgument(0), vec = entry.getArgument(1),
+        bias = entry.getArgument(2);
+  Value warp = k.divu(k.threadId(), k.cIdx(kWarp));
+  Value lane = k.remu(k.threadId(), k.cIdx(kWarp));
+  Value row = k.add(k.mul(k.blockId(), k.cIdx(kRowsPerBlock)), warp);
+  Value rows = k.dim(m, 0), cols = k.dim(m, 1);
+  Value active = k.lt(row, rows);
+  Value safe = k.select(active, row, k.sub(rows, k.cIdx(1)));
+  Value part = k.forLoop(lane, cols, k.cIdx(kWarp), {k.cF32(0.0)},
+                         [&](Value c, ValueRange acc) -> SmallVector<Value> {
+                           return {k.fadd(acc[0], k.fmul(k.loadF(m, {safe, c}),
+                                                         k.loadF(vec, {c})))};
+                         })[0];
+  Value sum = subgroupReduce(k, part, ReduceKind::Sum, kWarp);
+  k.ifThen(k.andI(active, k.eq(lane, k.cIdx(0))), [&] {
+    store(k, entry, row, k.fadd(sum, k.loadF(bias, {row})));
+  });
+  return kernel;
+}
+
+LogicalResult
+mlir::moe::gpu_lowering::lowerHyperRouter(HyperRouterOp op, ModuleOp module,
+                                          const LoweringOptions &) {
+  const int64_t E = op.getNumExperts();
+  ImplicitLocOpBuilder b(op.getLoc(), op);
+  HostCode h(b, module);
+  KB &k = h.k;
+  Value emb = h.buffer(op.getEmb()), w1 = h.buffer(op.getW1()),
+        b1 = h.buffer(op.getB1()), w2 = h.buffer(op.getW2()),
+        b2 = h.buffer(op.getB2());
+  auto wType = cast<RankedTensorType>(op.getW().getType());
+  auto bType = cast<RankedTensorType>(op.getB().getType());
+  Value rows2 = k.dim(w2, 0);
+  Value D = k.sub(k.divu(rows2, k.cIdx(E)), k.cIdx(1));
+  SmallVector<Value> wSizes;
+  if (wType.isDynamicDim(1))
+    wSizes.push_back(D);
+  Value w = h.allocLike(wType, wSizes);
+  Value bias = h.allocLike(bType, {});
+  Value Dh = k.dim(w1, 0);
+  Value hidden =
+      h.alloc(MemRefType::get({ShapedType::kDynamic}, b.getF32Type()), {Dh});
+
+  auto first = createGemvKernel(
+      module, "hyper_router_hidden",
+      {w1.getType(), emb.getType(), b1.getType(), hidden.getType()},
+      op.getLoc(), [](KB &k, Block &entry, Value row, Value v) {
+        k.store(k.fmax(v, k.cF32(0.0)), entry.getArgument(3), {row});
+      });
+  h.launch(first, {k.ceilDiv(Dh, k.cIdx(kRowsPerBlock)), k.cIdx(1), k.cIdx(1)},
+           {kThreads, 1, 1}, {w1, emb, b1, hidden});
+  auto second = createGemvKernel(
+      module, "hyper_router_out",
+      {w2.getType(), hidden.getType(), b2.getType(), w.getType(),
+       bias.getType()},
+      op.getLoc(), [](KB &k, Block &entry, Value row, Value v) {
+        Value wOut = entry.getArgument(3), bOut = entry.getArgument(4);
+        Value width = k.add(k.dim(wOut, 1), k.cIdx(1));
+        Value e = k.divu(row, width), c = k.remu(row, width);
+        Value isBias = k.eq(c, k.dim(wOut, 1));
+        k.ifThen(isBias, [&] { k.store(v, bOut, {e}); });
+        k.ifThen(k.notI1(isBias), [&] { k.store(v, wOut, {e, c}); });
+      });
+  h.launch(second,
+           {k.ceilDiv(rows2, k.cIdx(kRowsPerBlock)), k.cIdx(1), k.cIdx(1)},
+           {kThreads, 1, 1}, {w2, hidden, b2, w, bias});
+  h.release(hidden);
+  h.finish();
+  op.getW().replaceAllUsesWith(h.tensor(w, wType));
+  op.getB().replaceAllUsesWith(h.tensor(bias, bType));
+  op.erase();
+  return success();
+}

@@ -1,6 +1,276 @@
+//===- MadDispersion.cpp - moe.mad_dispersion on the GPU ------------------===//
+//
+// Part of the MoE-MLIR project.
+//
+// Deterministic segmented two-pass reduction, no float atomics:
+//
+//  1. mad_count: a thread per token checks assign[t] (an out-of-range value
+//     is skipped and recorded in the device error word) and counts it with an
+//     i32 atomic (exact, so deterministic).
+//  2. mad_chunk_sums (twice): grid (ceil(D/128), ceil(T/256)); thread q of
+//     chunk c walks the chunk's 256 tokens in order and accumulates x[t,q]
+//     (pass 1) or |x[t,q] - μ[a,q]| / (x - μ)² (pass 2) into its own column of
+//     partial[c, assign[t], :]: every partial has one writer, in token order.
+//  3. mad_finish_mean / mad_finish_dispersion: a thread per (k, q) sums the
+//     chunk partials in chunk order: μ = Σ/count (0 when empty), then
+//     W = 1 / (Σ/count + eps).
+//  4. mad_epilogue: one block of 256 threads: the clip against the mean of
+//     W over the included entries and the mean-1 rescale (feature columns,
+//     expert rows or global), with fixed-order block reductions; clusters
+//     with fewer than 2 tokens get W = 1 for empty = identity.
+//
+//===----------------------------------------------------------------------===//
+
 #include "KernelUtils.h"
 #include "Lowerings.h"
+#include "MoE/Runtime/ErrorReporting.h"
+
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
-LogicalResult mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op, ModuleOp, const LoweringOptions &) { return op->emitOpError("GPU lowering not implemented yet"); }
+
+static constexpr int64_t kThreads = 128;
+static constexpr int64_t kChunkTokens = 256;
+static constexpr int64_t kEpilogueThreads = 256;
+
+/// Cluster of token t as index, and whether it is in [0, E).
+static std::pair<Value, Value> clusterOf(KB &k, Value assign, Value t,
+                                         int64_t E) {
+  Value a = k.cast(k.load(assign, {t}), k.i64());
+  Value ok = k.andI(k.cmp(arith::CmpIPredicate::sge, a, k.cI64(0)),
+                    k.lt(a, k.cI64(E)));
+  Value safe = k.select(ok, a, k.cI64(0));
+  return {k.cast(safe, k.index()), ok};
+}
+
+LogicalResult
+mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op,
+                                            ModuleOp module,
+                                            const LoweringOptions &) {
+  const int64_t E = op.getNumExperts();
+  const float eps = op.getEps().convertToFloat();
+  const float clip = op.getClip().convertToFloat();
+  const bool identity = op.getEmpty() == EmptyCluster::identity;
+  const bool variance = op.getMeasure() == DispersionMeasure::variance;
+  const DispersionNormalize normalize = op.getNormalize();
+  Location loc = op.getLoc();
+  MLIRContext *ctx = op.getContext();
+
+  ImplicitLocOpBuilder b(loc, op);
+  HostCode h(b, module);
+  KB &k = h.k;
+  Type f32 = b.getF32Type();
+  Value x = h.buffer(op.getTokens());
+  Value assign = h.buffer(op.getAssign());
+  auto weightsType = cast<RankedTensorType>(op.getWeights().getType());
+  auto countsType = cast<RankedTensorType>(op.getCounts().getType());
+  Value T = k.dim(x, 0), D = k.dim(x, 1);
+  SmallVector<Value> wSizes;
+  if (weightsType.isDynamicDim(1))
+    wSizes.push_back(D);
+  Value weights = h.allocLike(weightsType, wSizes);
+  Value counts = h.allocLike(countsType, {});
+  h.fill32(counts, k.cI32(0));
+  Value word = h.errorWord();
+  Value chunks = k.ceilDiv(T, k.cIdx(kChunkTokens));
+  auto dyn = ShapedType::kDynamic;
+  Value partial = h.alloc(MemRefType::get({dyn, E, dyn}, f32), {chunks, D});
+  Value means = h.alloc(MemRefType::get({E, dyn}, f32), {D});
+
+  // 1. Counts and range checks.
+  {
+    ImplicitLocOpBuilder kb(loc, ctx);
+    auto kernel = createKernel(
+        module, "mad_count",
+        {assign.getType(), counts.getType(), b.getI64Type()}, {},
+        {kThreads, 1, 1}, kb);
+    KB kk(kb);
+    Block &entry = kernel.getBody().front();
+    Value as = entry.getArgument(0), cs = entry.getArgument(1),
+          w = entry.getArgument(2);
+    Value t = kk.add(kk.mul(kk.blockId(), kk.cIdx(kThreads)), kk.threadId());
+    kk.ifThen(kk.lt(t, kk.dim(as, 0)), [&] {
+      auto [a, ok] = clusterOf(kk, as, t, E);
+      kk.ifThen(ok, [&] {
+        memref::AtomicRMWOp::create(kb, arith::AtomicRMWKind::addi,
+                                    kk.cI32(1), cs, ValueRange{a});
+      });
+      kk.ifThen(kk.notI1(ok), [&] {
+        emitRecordIndexError(kk, w, kMoEErrorMadDispersionAssign,
+                             kk.cast(t, kk.i64()),
+                             kk.cast(kk.load(as, {t}), kk.i64()),
+                             kk.cI64(E));
+      });
+    });
+    h.launch(kernel, {k.ceilDiv(T, k.cIdx(kThreads)), k.cIdx(1), k.cIdx(1)},
+             {kThreads, 1, 1}, {assign, counts, word});
+  }
+
+  // 2-3. The two passes.
+  auto chunkSums = [&](bool deviation) {
+    ImplicitLocOpBuilder kb(loc, ctx);
+    auto kernel = createKernel(
+        module, deviation ? "mad_chunk_deviations" : "mad_chunk_sums",
+        {x.getType(), assign.getType(), means.getType(), partial.getType()},
+        {}, {kThreads, 1, 1}, kb);
+    KB kk(kb);
+    Block &entry = kernel.getBody().front();
+    Value xs = entry.getArgument(0), as = entry.getArgument(1),
+          mu = entry.getArgument(2), part = entry.getArgument(3);
+    Value q = kk.add(kk.mul(kk.blockId(), kk.cIdx(kThreads)), kk.threadId());
+    Value c = kk.blockId(gpu::Dimension::y);
+    Value Tk = kk.dim(xs, 0), Dk = kk.dim(xs, 1);
+    kk.ifThen(kk.lt(q, Dk), [&] {
+      kk.forLoop(kk.cIdx(0), kk.cIdx(E), kk.cIdx(1), [&](Value e) {
+        kk.store(kk.cF32(0.0), part, {c, e, q});
+      });
+      Value t0 = kk.mul(c, kk.cIdx(kChunkTokens));
+      Value t1 = kk.minu(Tk, kk.add(t0, kk.cIdx(kChunkTokens)));
+      kk.forLoop(t0, t1, kk.cIdx(1), [&](Value t) {
+        auto [a, ok] = clusterOf(kk, as, t, E);
+        kk.ifThen(ok, [&] {
+          Value v = kk.loadF(xs, {t, q});
+          if (deviation) {
+            Value d = kk.fsub(v, kk.load(mu, {a, q}));
+            v = variance ? kk.fmul(d, d) : kk.fabs(d);
+          }
+          kk.store(kk.fadd(kk.load(part, {c, a, q}), v), part, {c, a, q});
+        });
+      });
+    });
+    h.launch(kernel, {k.ceilDiv(D, k.cIdx(kThreads)), chunks, k.cIdx(1)},
+             {kThreads, 1, 1}, {x, assign, means, partial});
+  };
+  auto finish = [&](bool dispersion) {
+    ImplicitLocOpBuilder kb(loc, ctx);
+    Value out = dispersion ? weights : means;
+    auto kernel = createKernel(
+        module, dispersion ? "mad_finish_dispersion" : "mad_finish_mean",
+        {partial.getType(), counts.getType(), out.getType()}, {},
+        {kThreads, 1, 1}, kb);
+    KB kk(kb);
+    Block &entry = kernel.getBody().front();
+    Value part = entry.getArgument(0), cs = entry.getArgument(1),
+          o = entry.getArgument(2);
+    Value Dk = kk.dim(part, 2), C = kk.dim(part, 0);
+    Value flat = kk.add(kk.mul(kk.blockId(), kk.cIdx(kThreads)), kk.threadId());
+    kk.ifThen(kk.lt(flat, kk.mul(kk.cIdx(E), Dk)), [&] {
+      Value e = kk.divu(flat, Dk), q = kk.remu(flat, Dk);
+      Value s = kk.forLoop(kk.cIdx(0), C, kk.cIdx(1), {kk.cF32(0.0)},
+                           [&](Value c, ValueRange acc) -> SmallVector<Value> {
+                             return {kk.fadd(acc[0], kk.load(part, {c, e, q}))};
+                           })[0];
+      Value n = kk.load(cs, {e});
+      Value mean = kk.select(kk.eq(n, kk.cI32(0)), kk.cF32(0.0),
+                             kk.fdiv(s, kk.sitofp(n)));
+      if (dispersion)
+        mean = kk.fdiv(kk.cF32(1.0), kk.fadd(mean, kk.cF32(eps)));
+      kk.store(mean, o, {e, q});
+    });
+    h.launch(kernel,
+             {k.ceilDiv(k.mul(k.cIdx(E), D), k.cIdx(kThreads)), k.cIdx(1),
+              k.cIdx(1)},
+             {kThreads, 1, 1}, {partial, counts, out});
+  };
+  chunkSums(false);
+  finish(false);
+  chunkSums(true);
+  finish(true);
+
+  // 4. Clip and normalization.
+  {
+    ImplicitLocOpBuilder kb(loc, ctx);
+    const int64_t warps = kEpilogueThreads / kWarp;
+    auto kernel = createKernel(module, "mad_epilogue",
+                               {weights.getType(), counts.getType()},
+                               {workgroupMemRef({warps}, f32)},
+                               {kEpilogueThreads, 1, 1}, kb);
+    KB kk(kb);
+    Block &entry = kernel.getBody().front();
+    Value w = entry.getArgument(0), cs = entry.getArgument(1);
+    Value scratch = kernel.getWorkgroupAttributions()[0];
+    Value tid = kk.threadId();
+    Value Dk = kk.dim(w, 1);
+    Value step = kk.cIdx(kEpilogueThreads);
+    Value zero = kk.cF32(0.0), one = kk.cF32(1.0);
+    Value total = kk.mul(kk.cIdx(E), Dk);
+    auto included = [&](Value e) -> Value {
+      if (!identity)
+        return kk.cTrue();
+      return kk.cmp(arith::CmpIPredicate::sge, kk.load(cs, {e}), kk.cI32(2));
+    };
+    // Mean of W over the included entries of the flat range [0, E*D).
+    auto includedMeanAll = [&]() -> Value {
+      SmallVector<Value> part = kk.forLoop(
+          tid, total, step, {zero, zero},
+          [&](Value f, ValueRange acc) -> SmallVector<Value> {
+            Value e = kk.divu(f, Dk), q = kk.remu(f, Dk);
+            Value inc = included(e);
+            return {kk.fadd(acc[0], kk.select(inc, kk.load(w, {e, q}), zero)),
+                    kk.fadd(acc[1], kk.select(inc, one, zero))};
+          });
+      Value s = blockReduce(kk, part[0], ReduceKind::Sum, kEpilogueThreads,
+                            scratch);
+      Value n = blockReduce(kk, part[1], ReduceKind::Sum, kEpilogueThreads,
+                            scratch);
+      return kk.fdiv(s, n);
+    };
+    if (clip > 0.0f) {
+      Value cap = kk.fmul(kk.cF32(clip), includedMeanAll());
+      kk.forLoop(tid, total, step, [&](Value f) {
+        Value e = kk.divu(f, Dk), q = kk.remu(f, Dk);
+        kk.store(kk.fmin(kk.load(w, {e, q}), cap), w, {e, q});
+      });
+      kk.barrier();
+    }
+    auto rescale = [&](Value e, Value q, Value scale) {
+      Value inc = included(e);
+      kk.store(kk.select(inc, kk.fdiv(kk.load(w, {e, q}), scale), one), w,
+               {e, q});
+    };
+    switch (normalize) {
+    case DispersionNormalize::feature:
+      kk.forLoop(tid, Dk, step, [&](Value q) {
+        SmallVector<Value> sn = kk.forLoop(
+            kk.cIdx(0), kk.cIdx(E), kk.cIdx(1), {zero, zero},
+            [&](Value e, ValueRange acc) -> SmallVector<Value> {
+              Value inc = included(e);
+              return {kk.fadd(acc[0], kk.select(inc, kk.load(w, {e, q}), zero)),
+                      kk.fadd(acc[1], kk.select(inc, one, zero))};
+            });
+        Value scale = kk.fdiv(sn[0], sn[1]);
+        kk.forLoop(kk.cIdx(0), kk.cIdx(E), kk.cIdx(1),
+                   [&](Value e) { rescale(e, q, scale); });
+      });
+      break;
+    case DispersionNormalize::expert:
+      kk.forLoop(kk.cIdx(0), kk.cIdx(E), kk.cIdx(1), [&](Value e) {
+        Value s = kk.forLoop(tid, Dk, step, {zero},
+                             [&](Value q, ValueRange acc) -> SmallVector<Value> {
+                               return {kk.fadd(acc[0], kk.load(w, {e, q}))};
+                             })[0];
+        s = blockReduce(kk, s, ReduceKind::Sum, kEpilogueThreads, scratch);
+        Value scale = kk.fdiv(s, kk.sitofp(Dk));
+        kk.forLoop(tid, Dk, step, [&](Value q) { rescale(e, q, scale); });
+      });
+      break;
+    case DispersionNormalize::global: {
+      Value scale = includedMeanAll();
+      kk.forLoop(tid, total, step, [&](Value f) {
+        rescale(kk.divu(f, Dk), kk.remu(f, Dk), scale);
+      });
+      break;
+    }
+    }
+    h.launch(kernel, {k.cIdx(1), k.cIdx(1), k.cIdx(1)},
+             {kEpilogueThreads, 1, 1}, {weights, counts});
+  }
+
+  h.release(partial);
+  h.release(means);
+  h.finish(/*checkErrors=*/true);
+  op.getWeights().replaceAllUsesWith(h.tensor(weights, weightsType));
+  op.getCounts().replaceAllUsesWith(h.tensor(counts, countsType));
+  op.erase();
+  return success();
+}

@@ -1,6 +1,369 @@
+//===- SimilarityInform.cpp - Flash-style mixing kernels ------------------===//
+//
+// Part of the MoE-MLIR project.
+//
+// moe.similarity_inform(_topk) and the posterior of moe.attention_posterior
+// are the same computation: an attention whose values are the K-wide router
+// probabilities. The kernel never forms the N x Nk matrix:
+//
+//  * a block (128 threads) owns a tile of kRows = 16 query rows of one
+//    sequence; a group of kGroup = 8 lanes (inside one warp) owns a row and
+//    holds its K-wide f32 accumulator in registers (K/8 per lane, column
+//    m*8 + lane), with the running max and sum of the online softmax;
+//  * key tiles of kCols = 32 keys stream through workgroup memory: the dot
+//    products accumulate over feature chunks of kChunk = 32 (query and key
+//    chunks staged in padded workgroup tiles, so no bank conflicts), the tile
+//    max and sum are butterfly reductions over the row's 8 lanes, the
+//    probabilities go through a small padded tile and meet the value tile
+//    [kCols x K] in workgroup memory;
+//  * causal tiles stop at the block's last row; masked keys are -inf; a row
+//    with no key left yields 0;
+//  * the epilogue divides by the running sum and either stores the K values
+//    or, for the fused ops, runs the register top-k (emitRegisterTopk, 8-lane
+//    butterflies) on the accumulator and stores only the k weights/indices.
+//
+// With `ws`, a small pre-kernel forms q = u · ws (f32) first, so the main
+// kernel computes (u_i^T ws) · u_j.
+//
+//===----------------------------------------------------------------------===//
+
 #include "KernelUtils.h"
 #include "Lowerings.h"
+
+#include "llvm/Support/MathExtras.h"
+
+#include <limits>
+
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
-LogicalResult mlir::moe::gpu_lowering::lowerSimilarityInform(Operation *op, ModuleOp, const LoweringOptions &) { return op->emitOpError("GPU lowering not implemented yet"); }
+
+static constexpr int64_t kRows = 16;
+static constexpr int64_t kGroup = 8;
+static constexpr int64_t kCols = 32;
+static constexpr int64_t kChunk = 32;
+static constexpr int64_t kFlashThreads = kRows * kGroup; // 128
+static_assert(kFlashThreads % kWarp == 0, "rows must not straddle warps");
+
+gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
+    ModuleOp module, StringRef name, const FlashMixSpec &spec,
+    TypeRange argTypes, Location loc) {
+  const int64_t K = spec.numExperts;
+  const int64_t vpt = llvm::divideCeil(K, kGroup);
+  MLIRContext *ctx = module.getContext();
+  Type f32 = Float32Type::get(ctx);
+  SmallVector<Type> workgroup = {
+      workgroupMemRef({kRows, kChunk + 1}, f32), // query chunk
+      workgroupMemRef({kCols, kChunk + 1}, f32), // key chunk
+      workgroupMemRef({kCols, K}, f32),          // value tile
+      workgroupMemRef({kRows, kCols + 1}, f32),  // probabilities
+  };
+  ImplicitLocOpBuilder kb(loc, ctx);
+  auto kernel = createKernel(module, name, argTypes, workgroup,
+                             {kFlashThreads, 1, 1}, kb);
+  KB k(kb);
+  Block &entry = kernel.getBody().front();
+  unsigned a = 0;
+  Value q = entry.getArgument(a++);
+  Value keys = entry.getArgument(a++);
+  Value e = entry.getArgument(a++);
+  Value keyMask = spec.hasKeyMask ? entry.getArgument(a++) : Value();
+  Value bias = spec.hasBias ? entry.getArgument(a++) : Value();
+  Value add = spec.hasAddScores ? entry.getArgument(a++) : Value();
+  Value head = spec.hasAddScores ? entry.getArgument(a++) : Value();
+  Value out = entry.getArgument(a++);
+  Value outIdx = spec.topk ? entry.getArgument(a++) : Value();
+  auto wg = kernel.getWorkgroupAttributions();
+  Value qs = wg[0], ks = wg[1], es = wg[2], ps = wg[3];
+
+  Value zero = k.cF32(0.0);
+  Value negInf = k.cF32(-std::numeric_limits<double>::infinity());
+  Value c0 = k.cIdx(0), c1 = k.cIdx(1);
+  Value tid = k.threadId();
+  Value r = k.divu(tid, k.cIdx(kGroup));
+  Value lane = k.remu(tid, k.cIdx(kGroup));
+  Value b = k.blockId(gpu::Dimension::y);
+  Value rowBase = k.mul(k.blockId(), k.cIdx(kRows));
+  Value N = k.dim(q, 1);
+  Value D = k.dim(q, 2);
+  Value Nk = k.dim(keys, 1);
+  Value i = k.add(rowBase, r);
+  Value active = k.lt(i, N);
+  Value row = k.select(active, i, k.sub(N, c1));
+  Value h = head ? k.cast(k.load(head, {b}), k.index()) : Value();
+
+  // Keys needed by the tile: all, or up to its last row when causal.
+  Value keyEnd = Nk;
+  if (spec.causal)
+    keyEnd = k.minu(Nk, k.add(rowBase, k.cIdx(kRows)));
+
+  SmallVector<Value> init(vpt, zero);
+  init.push_back(negInf); // running max
+  init.push_back(zero);   // running sum
+  SmallVector<Value> fin = k.forLoop(
+      c0, keyEnd, k.cIdx(kCols), init,
+      [&](Value j0, ValueRange carried) -> SmallVector<Value> {
+        // Dot products of this lane's keys j0 + c*8 + lane, c < 4.
+        SmallVector<Value> dots(kCols / kGroup, zero);
+        dots = k.forLoop(
+            c0, D, k.cIdx(kChunk), dots,
+            [&](Value d0, ValueRange acc) -> SmallVector<Value> {
+              k.barrier();
+              // Stage the query and key chunks (zeros outside).
+              for (int64_t n = 0; n < kRows * kChunk / kFlashThreads; ++n) {
+                Value flat = k.add(tid, k.cIdx(n * kFlashThreads));
+                Value rr = k.divu(flat, k.cIdx(kChunk));
+                Value cc = k.remu(flat, k.cIdx(kChunk));
+                Value gi = k.add(rowBase, rr), gd = k.add(d0, cc);
+                Value ok = k.andI(k.lt(gi, N), k.lt(gd, D));
+                Value v = k.select(
+                    ok,
+                    k.loadF(q, {b, k.select(ok, gi, c0), k.select(ok, gd, c0)}),
+                    zero);
+                k.store(v, qs, {rr, cc});
+              }
+              for (int64_t n = 0; n < kCols * kChunk / kFlashThreads; ++n) {
+                Value flat = k.add(tid, k.cIdx(n * kFlashThreads));
+                Value jj = k.divu(flat, k.cIdx(kChunk));
+                Value cc = k.remu(flat, k.cIdx(kChunk));
+                Value gj = k.add(j0, jj), gd = k.add(d0, cc);
+                Value ok = k.andI(k.lt(gj, Nk), k.lt(gd, D));
+                Value v = k.select(ok,
+                                   k.loadF(keys, {b, k.select(ok, gj, c0),
+                                                  k.select(ok, gd, c0)}),
+                                   zero);
+                k.store(v, ks, {jj, cc});
+              }
+              k.barrier();
+              return k.forLoop(
+                  c0, k.cIdx(kChunk), c1, acc,
+                  [&](Value dd, ValueRange s) -> SmallVector<Value> {
+                    Value qv = k.load(qs, {r, dd});
+                    SmallVector<Value> next;
+                    for (int64_t c = 0; c < kCols / kGroup; ++c) {
+                      Value jj = k.add(k.cIdx(c * kGroup), lane);
+                      Value kv = k.load(ks, {jj, dd});
+                      next.push_back(k.fadd(s[c], k.fmul(qv, kv)));
+                    }
+                    return next;
+                  });
+            });
+
+        // Logits with masks, then the online softmax update.
+        SmallVector<Value> logits;
+        Value tileMax = negInf;
+        for (int64_t c = 0; c < kCols / kGroup; ++c) {
+          Value j = k.add(j0, k.add(k.cIdx(c * kGroup), lane));
+          Value inRange = k.lt(j, Nk);
+          Value js = k.select(inRange, j, c0);
+          Value l = k.fdiv(dots[c], k.cF32(spec.scaleDiv));
+          if (bias)
+            l = k.fadd(l, k.load(bias, {b, js}));
+          if (add)
+            l = k.fadd(l, k.loadF(add, {b, h, row, js}));
+          Value keep = inRange;
+          if (keyMask)
+            keep = k.andI(keep, k.load(keyMask, {b, js}));
+          if (spec.causal)
+            keep = k.andI(keep, k.cmp(arith::CmpIPredicate::ule, j, row));
+          l = k.select(keep, l, negInf);
+          logits.push_back(l);
+          tileMax = k.fmax(tileMax, l);
+        }
+        tileMax = subgroupReduce(k, tileMax, ReduceKind::Max, kGroup);
+        Value mOld = carried[vpt];
+        Value mNew = k.fmax(mOld, tileMax);
+        Value safe = k.select(k.cmpf(arith::CmpFPredicate::OEQ, mNew, negInf),
+                              zero, mNew);
+        Value alpha = k.exp(k.fsub(mOld, safe));
+        Value psum = zero;
+        SmallVector<Value> probs;
+        for (Value l : logits) {
+          Value p = k.exp(k.fsub(l, safe));
+          probs.push_back(p);
+          psum = k.fadd(psum, p);
+        }
+        psum = subgroupReduce(k, psum, ReduceKind::Sum, kGroup);
+        Value lNew = k.fadd(k.fmul(carried[vpt + 1], alpha), psum);
+
+        // Value tile and probabilities through workgroup memory.
+        k.barrier();
+        for (int64_t c = 0; c < kCols / kGroup; ++c)
+          k.store(probs[c], ps, {r, k.add(k.cIdx(c * kGroup), lane)});
+        k.forLoop(tid, k.cIdx(kCols * K), k.cIdx(kFlashThreads),
+                  [&](Value flat) {
+                    Value jj = k.divu(flat, k.cIdx(K));
+                    Value cc = k.remu(flat, k.cIdx(K));
+                    Value gj = k.add(j0, jj);
+                    Value ok = k.lt(gj, Nk);
+                    Value v = k.select(
+                        ok, k.loadF(e, {b, k.select(ok, gj, c0), cc}), zero);
+                    k.store(v, es, {jj, cc});
+                  });
+        k.barrier();
+
+        SmallVector<Value> acc;
+        for (int64_t m = 0; m < vpt; ++m)
+          acc.push_back(k.fmul(carried[m], alpha));
+        acc = k.forLoop(
+            c0, k.cIdx(kCols), c1, acc,
+            [&](Value jj, ValueRange s) -> SmallVector<Value> {
+              Value p = k.load(ps, {r, jj});
+              SmallVector<Value> next;
+              for (int64_t m = 0; m < vpt; ++m) {
+                int64_t col = m * kGroup;
+                Value cc = k.add(k.cIdx(col), lane);
+                if (col + kGroup > K)
+                  cc = k.minu(cc, k.cIdx(K - 1)); // padding lanes: ignored
+                next.push_back(k.fadd(s[m], k.fmul(p, k.load(es, {jj, cc}))));
+              }
+              return next;
+            });
+        acc.push_back(mNew);
+        acc.push_back(lNew);
+        return acc;
+      });
+
+  // Epilogue: normalize; a row without any key gets zeros.
+  Value l = fin[vpt];
+  Value empty = k.cmpf(arith::CmpFPredicate::OEQ, l, zero);
+  SmallVector<Value> vals;
+  for (int64_t m = 0; m < vpt; ++m)
+    vals.push_back(k.select(empty, zero, k.fdiv(fin[m], l)));
+  if (spec.topk) {
+    TopkSpec ts;
+    ts.k = *spec.topk;
+    ts.logits = false;
+    ts.renormalize = spec.renormalize;
+    Value outRows = viewAs2D(kb, out), idxRows = viewAs2D(kb, outIdx);
+    Value flatRow = k.add(k.mul(b, N), row);
+    emitRegisterTopk(k, vals, lane, kGroup, K, ts, outRows, idxRows, flatRow,
+                     active, Value(), Value());
+  } else {
+    k.ifThen(active, [&] {
+      for (int64_t m = 0; m < vpt; ++m) {
+        int64_t col = m * kGroup;
+        Value cc = k.add(k.cIdx(col), lane);
+        if (col + kGroup <= K) {
+          k.store(vals[m], out, {b, row, cc});
+          continue;
+        }
+        k.ifThen(k.lt(cc, k.cIdx(K)),
+                 [&] { k.store(vals[m], out, {b, row, cc}); });
+      }
+    });
+  }
+  return kernel;
+}
+
+void mlir::moe::gpu_lowering::launchFlashMix(HostCode &h,
+                                             gpu::GPUFuncOp kernel, Value q,
+                                             ValueRange args) {
+  KB &k = h.k;
+  Value grid = k.ceilDiv(k.dim(q, 1), k.cIdx(kRows));
+  h.launch(kernel, {grid, k.dim(q, 0), k.cIdx(1)}, {kFlashThreads, 1, 1},
+           args);
+}
+
+/// q = u · ws in f32: one thread per output feature, a row of u per block y.
+static gpu::GPUFuncOp createProjectKernel(ModuleOp module, TypeRange argTypes,
+                                          Location loc) {
+  ImplicitLocOpBuilder kb(loc, module.getContext());
+  const int64_t threads = 128;
+  auto kernel = createKernel(module, "similarity_project", argTypes, {},
+                             {threads, 1, 1}, kb);
+  KB k(kb);
+  Block &entry = kernel.getBody().front();
+  Value u = entry.getArgument(0), ws = entry.getArgument(1),
+        q = entry.getArgument(2);
+  Value D = k.dim(u, 2);
+  Value N = k.dim(u, 1);
+  Value col = k.add(k.mul(k.blockId(), k.cIdx(threads)), k.threadId());
+  Value flatRow = k.blockId(gpu::Dimension::y);
+  Value b = k.divu(flatRow, N), i = k.remu(flatRow, N);
+  k.ifThen(k.lt(col, D), [&] {
+    Value s = k.forLoop(k.cIdx(0), D, k.cIdx(1), {k.cF32(0.0)},
+                        [&](Value d, ValueRange acc) -> SmallVector<Value> {
+                          return {k.fadd(acc[0], k.fmul(k.loadF(u, {b, i, d}),
+                                                        k.loadF(ws, {d, col})))};
+                        })[0];
+    k.store(s, q, {b, i, col});
+  });
+  return kernel;
+}
+
+LogicalResult
+mlir::moe::gpu_lowering::lowerSimilarityInform(Operation *op, ModuleOp module,
+                                               const LoweringOptions &) {
+  auto fused = dyn_cast<SimilarityInformTopkOp>(op);
+  auto plain = dyn_cast<SimilarityInformOp>(op);
+  Value uT = fused ? fused.getU() : plain.getU();
+  Value eT = fused ? fused.getE() : plain.getE();
+  Value wsT = fused ? fused.getWs() : plain.getWs();
+  Value maskT = fused ? fused.getKeyMask() : plain.getKeyMask();
+  auto eType = cast<RankedTensorType>(eT.getType());
+  int64_t K = eType.getShape()[2];
+  if (ShapedType::isDynamic(K) || K > kFlashMaxExperts)
+    return op->emitOpError("GPU lowering needs a static expert count <= ")
+           << kFlashMaxExperts << " (got "
+           << (ShapedType::isDynamic(K) ? std::string("?")
+                                        : std::to_string(K))
+           << ")";
+
+  FlashMixSpec spec;
+  spec.numExperts = K;
+  spec.scaleDiv =
+      (fused ? fused.getTau() : plain.getTau()).convertToDouble();
+  spec.causal = fused ? fused.getCausal() : plain.getCausal();
+  spec.hasKeyMask = static_cast<bool>(maskT);
+  if (fused) {
+    spec.topk = fused.getK();
+    spec.renormalize = fused.getRenormalize();
+  }
+
+  ImplicitLocOpBuilder b(op->getLoc(), op);
+  HostCode h(b, module);
+  KB &k = h.k;
+  Value u = h.buffer(uT);
+  Value e = h.buffer(eT);
+  Value q = u;
+  Value projected;
+  if (wsT) {
+    Value ws = h.buffer(wsT);
+    auto uType = cast<MemRefType>(u.getType());
+    auto qType = MemRefType::get(uType.getShape(), b.getF32Type());
+    projected = h.alloc(qType, dynamicSizesFrom(
+                                   k, cast<RankedTensorType>(uT.getType()), u));
+    auto project = createProjectKernel(
+        module, {u.getType(), ws.getType(), projected.getType()}, op->getLoc());
+    Value rows = k.mul(k.dim(u, 0), k.dim(u, 1));
+    h.launch(project,
+             {k.ceilDiv(k.dim(u, 2), k.cIdx(128)), rows, k.cIdx(1)},
+             {128, 1, 1}, {u, ws, projected});
+    q = projected;
+  }
+  SmallVector<Value> args = {q, u, e};
+  if (maskT)
+    args.push_back(h.buffer(maskT));
+  SmallVector<Value> results;
+  for (Value result : op->getResults()) {
+    auto type = cast<RankedTensorType>(result.getType());
+    results.push_back(h.allocLike(type, dynamicSizesFrom(k, type, u)));
+  }
+  args.append(results);
+  SmallVector<Type> argTypes;
+  for (Value v : args)
+    argTypes.push_back(v.getType());
+  auto kernel = createFlashMixKernel(
+      module, fused ? "similarity_inform_topk" : "similarity_inform", spec,
+      argTypes, op->getLoc());
+  launchFlashMix(h, kernel, q, args);
+  if (projected)
+    h.release(projected);
+  h.finish();
+  for (auto [result, buffer] : llvm::zip(op->getResults(), results))
+    result.replaceAllUsesWith(
+        h.tensor(buffer, cast<RankedTensorType>(result.getType())));
+  op->erase();
+  return success();
+}

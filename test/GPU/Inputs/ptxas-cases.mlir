@@ -1,0 +1,71 @@
+// Cases of the ptxas report (bench/gpu/ptxas_report.py). Functions named
+// nospill_* must assemble without local memory.
+
+func.func @nospill_topk_k8_logits(%s: tensor<?x8xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>) {
+  %w, %i = moe.topk_renorm %s k(2) : tensor<?x8xf32> -> tensor<?x2xf32>, tensor<?x2xi32>
+  return %w, %i : tensor<?x2xf32>, tensor<?x2xi32>
+}
+func.func @nospill_topk_k16_probs_raw(%s: tensor<?x16xbf16>) -> (tensor<?x1xf32>, tensor<?x1xi32>) {
+  %w, %i = moe.topk_renorm %s k(1) mode(probs) renormalize(false) : tensor<?x16xbf16> -> tensor<?x1xf32>, tensor<?x1xi32>
+  return %w, %i : tensor<?x1xf32>, tensor<?x1xi32>
+}
+func.func @nospill_topk_k64_dense(%s: tensor<?x64xf16>) -> (tensor<?x6xf32>, tensor<?x6xi32>) {
+  %w, %i = moe.topk_renorm %s k(6) renormalize(false) : tensor<?x64xf16> -> tensor<?x6xf32>, tensor<?x6xi32>
+  return %w, %i : tensor<?x6xf32>, tensor<?x6xi32>
+}
+func.func @nospill_topk_k128(%s: tensor<?x128xbf16>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  %w, %i = moe.topk_renorm %s k(8) : tensor<?x128xbf16> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}
+func.func @nospill_topk_k256(%s: tensor<?x256xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  %w, %i = moe.topk_renorm %s k(8) mode(probs) : tensor<?x256xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}
+func.func @topk_k1024(%s: tensor<?x1024xf32>) -> (tensor<?x32xf32>, tensor<?x32xi32>) {
+  %w, %i = moe.topk_renorm %s k(32) : tensor<?x1024xf32> -> tensor<?x32xf32>, tensor<?x32xi32>
+  return %w, %i : tensor<?x32xf32>, tensor<?x32xi32>
+}
+func.func @topk_block_dynamic(%s: tensor<?x?xf32>) -> (tensor<?x4xf32>, tensor<?x4xi32>) {
+  %w, %i = moe.topk_renorm %s k(4) renormalize(false) : tensor<?x?xf32> -> tensor<?x4xf32>, tensor<?x4xi32>
+  return %w, %i : tensor<?x4xf32>, tensor<?x4xi32>
+}
+func.func @similarity(%u: tensor<?x?x512xf32>, %e: tensor<?x?x16xf32>) -> tensor<?x?x16xf32> {
+  %p = moe.similarity_inform %u, %e tau(5.000000e-01) causal(true) : tensor<?x?x512xf32>, tensor<?x?x16xf32> -> tensor<?x?x16xf32>
+  return %p : tensor<?x?x16xf32>
+}
+func.func @similarity_ws_mask(%u: tensor<2x128x64xbf16>, %e: tensor<2x128x64xf32>, %ws: tensor<64x64xf32>, %m: tensor<2x128xi1>) -> tensor<2x128x64xf32> {
+  %p = moe.similarity_inform %u, %e ws(%ws : tensor<64x64xf32>) key_mask(%m : tensor<2x128xi1>) : tensor<2x128x64xbf16>, tensor<2x128x64xf32> -> tensor<2x128x64xf32>
+  return %p : tensor<2x128x64xf32>
+}
+func.func @similarity_topk(%u: tensor<?x?x512xf32>, %e: tensor<?x?x16xf32>) -> (tensor<?x?x2xf32>, tensor<?x?x2xi32>) {
+  %w, %i = moe.similarity_inform_topk %u, %e k(2) causal(true) : tensor<?x?x512xf32>, tensor<?x?x16xf32> -> tensor<?x?x2xf32>, tensor<?x?x2xi32>
+  return %w, %i : tensor<?x?x2xf32>, tensor<?x?x2xi32>
+}
+func.func @similarity_topk_k256(%u: tensor<?x?x256xf32>, %e: tensor<?x?x256xf32>) -> (tensor<?x?x8xf32>, tensor<?x?x8xi32>) {
+  %w, %i = moe.similarity_inform_topk %u, %e k(8) : tensor<?x?x256xf32>, tensor<?x?x256xf32> -> tensor<?x?x8xf32>, tensor<?x?x8xi32>
+  return %w, %i : tensor<?x?x8xf32>, tensor<?x?x8xi32>
+}
+func.func @attention(%s: tensor<2x8x128x128xf32>, %u: tensor<2x128x512xf32>, %v: tensor<2x8x128x64xf32>, %wo: tensor<512x512xf32>, %e: tensor<2x128x16xf32>) -> (tensor<2x128x16xf32>, tensor<2xi32>) {
+  %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma(2.000000e+00) : tensor<2x8x128x128xf32>, tensor<2x128x512xf32>, tensor<2x8x128x64xf32>, tensor<512x512xf32>, tensor<2x128x16xf32> -> tensor<2x128x16xf32>, tensor<2xi32>
+  return %p, %h : tensor<2x128x16xf32>, tensor<2xi32>
+}
+func.func @attention_topk(%s: tensor<?x8x?x?xbf16>, %u: tensor<?x?x512xbf16>, %v: tensor<?x8x?x64xbf16>, %wo: tensor<512x512xbf16>, %e: tensor<?x?x16xf32>) -> (tensor<?x?x2xf32>, tensor<?x?x2xi32>, tensor<?xi32>) {
+  %w, %i, %h = moe.attention_posterior_topk %s, %u, %v, %wo, %e k(2) : tensor<?x8x?x?xbf16>, tensor<?x?x512xbf16>, tensor<?x8x?x64xbf16>, tensor<512x512xbf16>, tensor<?x?x16xf32> -> tensor<?x?x2xf32>, tensor<?x?x2xi32>, tensor<?xi32>
+  return %w, %i, %h : tensor<?x?x2xf32>, tensor<?x?x2xi32>, tensor<?xi32>
+}
+func.func @mad(%x: tensor<?x352xf32>, %a: tensor<?xi32>) -> (tensor<16x352xf32>, tensor<16xi32>) {
+  %w, %c = moe.mad_dispersion %x, %a num_experts(16) : tensor<?x352xf32>, tensor<?xi32> -> tensor<16x352xf32>, tensor<16xi32>
+  return %w, %c : tensor<16x352xf32>, tensor<16xi32>
+}
+func.func @mad_expert_variance(%x: tensor<?x?xbf16>, %a: tensor<?xi64>) -> (tensor<8x?xf32>, tensor<8xi32>) {
+  %w, %c = moe.mad_dispersion %x, %a num_experts(8) normalize(expert) measure(variance) empty(raw) : tensor<?x?xbf16>, tensor<?xi64> -> tensor<8x?xf32>, tensor<8xi32>
+  return %w, %c : tensor<8x?xf32>, tensor<8xi32>
+}
+func.func @adjacency(%a: tensor<16x16xf32>, %idx: tensor<?x2xi32>) -> tensor<16x16xf32> {
+  %n = moe.adjacency_update %a, %idx beta(9.900000e-01) norm(col) include_self(false) : tensor<16x16xf32>, tensor<?x2xi32> -> tensor<16x16xf32>
+  return %n : tensor<16x16xf32>
+}
+func.func @hyper(%emb: tensor<256xf32>, %w1: tensor<256x256xf32>, %b1: tensor<256xf32>, %w2: tensor<4112x256xf32>, %b2: tensor<4112xf32>) -> (tensor<16x256xf32>, tensor<16xf32>) {
+  %w, %b = moe.hyper_router %emb, %w1, %b1, %w2, %b2 num_experts(16) : tensor<256xf32>, tensor<256x256xf32>, tensor<256xf32>, tensor<4112x256xf32>, tensor<4112xf32> -> tensor<16x256xf32>, tensor<16xf32>
+  return %w, %b : tensor<16x256xf32>, tensor<16xf32>
+}
