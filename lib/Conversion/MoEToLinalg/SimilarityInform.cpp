@@ -3,7 +3,7 @@
 // Part of the MoE-MLIR project.
 //
 // p[b,i,:] = Σ_j softmax_j(u_i^T W_s u_j / tau) e[b,j,:] without the N x N
-// similarity matrix: the queries q = u W_s come from one linalg.matmul, then an
+// similarity matrix: the queries q = u W_s come from one contraction, then an
 // scf.for streams the keys j with an online softmax (running max, running sum
 // and a K-wide accumulator per query row, see streamKeys in Utils.h). Causal
 // and key-mask exclusions turn the key's logit into -inf before the update.
@@ -27,19 +27,22 @@ using utils::IteratorType;
 constexpr IteratorType kPar = IteratorType::parallel;
 constexpr IteratorType kRed = IteratorType::reduction;
 
-/// q[b,i,:] = u[b,i,:] · ws, as a linalg.matmul on the [B·N, D] view of u.
+/// q[b,i,:] = u[b,i,:] · ws, a contraction over D. (Not a linalg.matmul on
+/// the [B·N, D] view: expand-strided-metadata of LLVM 22 crashes on a subview
+/// of a memref.expand_shape whose group has two dynamic sizes, which is what
+/// the [B·N, D] -> [B, N, D] view becomes for dynamic B and N.)
 Value projectQueries(OpBuilder &b, Location loc, Value u, Value ws) {
-  SmallVector<OpFoldResult> shape = sizesOf(b, loc, u);
-  auto uType = cast<RankedTensorType>(u.getType());
-  Value rows = tensor::CollapseShapeOp::create(
-      b, loc, u, ArrayRef<ReassociationIndices>{{0, 1}, {2}});
-  SmallVector<OpFoldResult> flatShape = {tensor::getMixedSize(b, loc, rows, 0),
-                                         shape[2]};
-  Value init = filled(b, loc, flatShape, f32Const(b, loc, 0.0));
-  Value q = linalg::MatmulOp::create(b, loc, TypeRange{init.getType()},
-                                     ValueRange{rows, ws}, ValueRange{init})
-                .getResult(0);
-  return tensor::ExpandShapeOp::create(b, loc, uType, q, {{0, 1}, {2}}, shape);
+  MLIRContext *ctx = b.getContext();
+  Value init = filled(b, loc, sizesOf(b, loc, u), f32Const(b, loc, 0.0));
+  return generic(b, loc, ValueRange{u, ws}, init,
+                 {dimsMap(ctx, 4, {0, 1, 3}), dimsMap(ctx, 4, {3, 2}),
+                  dimsMap(ctx, 4, {0, 1, 2})},
+                 {kPar, kPar, kPar, kRed},
+                 [](OpBuilder &gb, Location gl, ValueRange a) {
+                   return SmallVector<Value>{arith::AddFOp::create(
+                       gb, gl, a[2], arith::MulFOp::create(gb, gl, a[0], a[1]))};
+                 })
+      .front();
 }
 
 struct SimilarityInformLowering : OpRewritePattern<SimilarityInformOp> {

@@ -1,31 +1,29 @@
 // RUN: moe-opt %s --convert-moe-to-linalg | FileCheck %s
 
-// Rows are collapsed to [R, K]; k argmax rounds run in an scf.for, each one a
-// linalg.generic reduction over K that yields (value, index).
+// k argmax rounds run in an scf.for, each one a linalg.generic reduction over
+// the last dimension (leading dimensions stay parallel) yielding (value, index).
 // CHECK-LABEL: func.func @logits_renormalize
 // CHECK-SAME: %[[S:.+]]: tensor<4x128x16xf32>
-// CHECK: %[[ROWS:.+]] = tensor.collapse_shape %[[S]] {{\[}}[0, 1], [2]] : tensor<4x128x16xf32> into tensor<512x16xf32>
-// CHECK: %[[SEL:.+]]:2 = scf.for %{{.+}} = %{{.+}} to %[[C2:.+]] step
-// CHECK-SAME: -> (tensor<512x2xf32>, tensor<512x2xi32>)
+// CHECK-NOT: tensor.collapse_shape
+// CHECK: %[[SEL:.+]]:2 = scf.for %[[J:.+]] = %{{.+}} to %{{.+}} step
+// CHECK-SAME: -> (tensor<4x128x2xf32>, tensor<4x128x2xi32>)
 // CHECK: linalg.generic
-// CHECK-SAME: iterator_types = ["parallel", "reduction"]
-// CHECK-SAME: ins(%[[ROWS]], %{{.+}}, %{{.+}} : tensor<512x16xf32>, tensor<512xf32>, tensor<512xi32>)
+// CHECK-SAME: iterator_types = ["parallel", "parallel", "reduction"]
+// CHECK-SAME: ins(%[[S]], %{{.+}}, %{{.+}} : tensor<4x128x16xf32>, tensor<4x128xf32>, tensor<4x128xi32>)
 // CHECK: arith.cmpf uno
 // CHECK: arith.cmpf ogt
 // CHECK: arith.cmpi slt
 // CHECK: linalg.yield %{{.+}}, %{{.+}} : f32, i32
-// CHECK: tensor.insert_slice
+// CHECK: tensor.insert_slice %{{.+}} into %{{.+}}[0, 0, %[[J]]] [4, 128, 1] [1, 1, 1] : tensor<4x128xf32> into tensor<4x128x2xf32>
 // CHECK: scf.yield
 // The softmax over the k selected logits: max = first selection.
-// CHECK: %[[MAX:.+]] = tensor.extract_slice %[[SEL]]#0[0, 0] [512, 1] [1, 1] : tensor<512x2xf32> to tensor<512xf32>
+// CHECK: %[[MAX:.+]] = tensor.extract_slice %[[SEL]]#0[0, 0, 0] [4, 128, 1] [1, 1, 1] : tensor<4x128x2xf32> to tensor<4x128xf32>
 // CHECK: %[[SUM:.+]] = linalg.generic {{.*}} ins(%[[SEL]]#0, %[[MAX]] :
 // CHECK: math.exp
 // CHECK: %[[W:.+]] = linalg.generic {{.*}} ins(%[[SEL]]#0, %[[MAX]], %[[SUM]] :
 // CHECK: arith.cmpf oeq, %{{.+}}, %{{.+}}
 // CHECK: arith.select
-// CHECK: %[[WOUT:.+]] = tensor.expand_shape %[[W]] {{\[}}[0, 1], [2]] output_shape [4, 128, 2] : tensor<512x2xf32> into tensor<4x128x2xf32>
-// CHECK: %[[IOUT:.+]] = tensor.expand_shape %[[SEL]]#1 {{\[}}[0, 1], [2]] output_shape [4, 128, 2] : tensor<512x2xi32> into tensor<4x128x2xi32>
-// CHECK: return %[[WOUT]], %[[IOUT]]
+// CHECK: return %[[W]], %[[SEL]]#1
 // CHECK-NOT: moe.
 func.func @logits_renormalize(%s: tensor<4x128x16xf32>) -> (tensor<4x128x2xf32>, tensor<4x128x2xi32>) {
   %w, %i = moe.topk_renorm %s k(2) : tensor<4x128x16xf32> -> tensor<4x128x2xf32>, tensor<4x128x2xi32>
@@ -75,11 +73,11 @@ func.func @probs_raw(%s: tensor<8x16xf32>) -> (tensor<8x1xf32>, tensor<8x1xi32>)
   return %w, %i : tensor<8x1xf32>, tensor<8x1xi32>
 }
 
-// Rank 1: a unit row dimension is added and removed.
+// Rank 1: the rows are rank-0 tensors.
 // CHECK-LABEL: func.func @rank_one
-// CHECK: tensor.expand_shape %{{.+}} {{\[}}[0, 1]] output_shape [1, 16] : tensor<16xf32> into tensor<1x16xf32>
-// CHECK: tensor.collapse_shape %{{.+}} {{\[}}[0, 1]] : tensor<1x2xf32> into tensor<2xf32>
-// CHECK: tensor.collapse_shape %{{.+}} {{\[}}[0, 1]] : tensor<1x2xi32> into tensor<2xi32>
+// CHECK: scf.for
+// CHECK: tensor.extract_slice %{{.+}}[%{{.+}}] [1] [1] : tensor<2xf32> to tensor<f32>
+// CHECK: linalg.generic {{.*}}iterator_types = ["reduction"]} ins(%{{.+}}, %{{.+}}, %{{.+}} : tensor<16xf32>, tensor<f32>, tensor<i32>)
 func.func @rank_one(%s: tensor<16xf32>) -> (tensor<2xf32>, tensor<2xi32>) {
   %w, %i = moe.topk_renorm %s k(2) : tensor<16xf32> -> tensor<2xf32>, tensor<2xi32>
   return %w, %i : tensor<2xf32>, tensor<2xi32>

@@ -377,8 +377,8 @@ def gen_topk():
     probs = [[0.1, 0.4, 0.4, 0.1], [0, 0, 0, 0], [0.2, NAN, 0.5, 0.3], [0.25, 0.25, 0.25, 0.25]]
     add("probs, renormalize: zero sum -> zero weights, NaN selected first", probs, 2, mode="probs")
     add("probs, raw (Symphony combine = raw)", probs, 3, mode="probs", renorm=False)
-    add("k = K on a rank-3 bf16 input (leading dims collapsed and restored)",
-        [[[0.5, 2, -1, 2]], [[1, 1, 1, 1]]], 4, elem="bf16")
+    add("k = K on a rank-3 bf16 input with two dynamic leading dims",
+        [[[0.5, 2, -1, 2]], [[1, 1, 1, 1]]], 4, elem="bf16", dyn=[0, 1])
     add("K = 1: weight 1, masked -> 0, NaN -> NaN", [[2], [-INF], [NAN]], 1)
     add("rank 1, f16 probs", [0.25, 0.5, 0.125, 0.125], 2, elem="f16", mode="probs")
     return f.render()
@@ -424,6 +424,7 @@ def gen_similarity():
         u, e, causal=True, mask=[[False, True, True], [False, False, False]])
     add("ws given, dynamic B and N", u, e, ws=[[1, 0.5], [-0.5, 2]], dyn=True)
     add("N = 1 (p = e), f16 operands", [[[0.5, 1]]], [[[0.25, 0.75, 0]]], elem="f16")
+    add("f16 operands with ws, dynamic B and N", u, e, ws=[[0.5, 0], [1, -1]], elem="f16", dyn=True)
     add("key_mask only", u, e, mask=[[True, False, True], [True, True, False]])
     return f.render()
 
