@@ -36,3 +36,30 @@ config.substitutions.append(("%moe_src_root", config.moe_src_root))
 tool_dirs = [config.moe_tools_dir, config.llvm_tools_dir]
 tools = ["moe-opt", ToolSubst("mlir-runner", unresolved="ignore")]
 llvm_config.add_tool_substitutions(tools, tool_dirs)
+
+# GPU path (lib/Conversion/MoEToGPU, lib/Runtime/CUDA): `ptxas` when the CUDA
+# toolkit is installed (bin/fatbin formats, the ptxas report); `cuda-gpu` when
+# a device is visible (the tests that run kernels; UNSUPPORTED otherwise).
+import shutil
+import subprocess
+moe_cuda_toolkit = os.environ.get("MOE_CUDA_TOOLKIT", "/usr/local/cuda")
+moe_ptxas = os.path.join(moe_cuda_toolkit, "bin", "ptxas")
+if os.path.exists(moe_ptxas):
+    config.available_features.add("ptxas")
+config.substitutions.append(("%ptxas", moe_ptxas))
+config.substitutions.append(("%cuda_toolkit", moe_cuda_toolkit))
+moe_venv_python = os.path.join(config.moe_src_root, ".venv", "bin", "python")
+config.substitutions.append(
+    ("%moe_python", moe_venv_python if os.path.exists(moe_venv_python) else config.python_executable))
+config.substitutions.append(("%python", config.python_executable))
+def _moe_has_cuda_device():
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30).stdout
+    except Exception:
+        return False
+    return "GPU " in out
+if _moe_has_cuda_device():
+    config.available_features.add("cuda-gpu")

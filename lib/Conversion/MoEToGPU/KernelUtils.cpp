@@ -439,30 +439,30 @@ void HostCode::release(Value buffer) {
               .getAsyncToken();
 }
 
-static func::FuncOp declareRuntimeFunction(ModuleOp module, StringRef name,
-                                           FunctionType type) {
-  if (auto f = module.lookupSymbol<func::FuncOp>(name))
+/// Runtime entry points are declared as llvm.func (not func.func) so that the
+/// C-interface wrappers requested for the public functions do not apply to
+/// them: the runtime exports the plain C symbols.
+static LLVM::LLVMFuncOp declareRuntimeFunction(ModuleOp module, StringRef name,
+                                               Type result) {
+  if (auto f = module.lookupSymbol<LLVM::LLVMFuncOp>(name))
     return f;
   OpBuilder b(module.getContext());
   b.setInsertionPointToEnd(module.getBody());
-  auto f = func::FuncOp::create(b, module.getLoc(), name, type);
-  f.setPrivate();
-  return f;
+  return LLVM::LLVMFuncOp::create(b, module.getLoc(), name,
+                                  LLVM::LLVMFunctionType::get(result, {}));
 }
 
 Value HostCode::errorWord() {
-  auto f = declareRuntimeFunction(module, "moeGpuErrorWord",
-                                  b.getFunctionType({}, {b.getI64Type()}));
-  return func::CallOp::create(b, f, ValueRange{}).getResult(0);
+  auto f = declareRuntimeFunction(module, "moeGpuErrorWord", b.getI64Type());
+  return LLVM::CallOp::create(b, f, ValueRange{}).getResult();
 }
 
 void HostCode::finish(bool checkErrors) {
   gpu::WaitOp::create(b, Type(), ValueRange{token});
   if (!checkErrors)
     return;
-  auto f = declareRuntimeFunction(module, "moeGpuCheckErrors",
-                                  b.getFunctionType({}, {b.getI32Type()}));
-  func::CallOp::create(b, f, ValueRange{});
+  auto f = declareRuntimeFunction(module, "moeGpuCheckErrors", b.getI32Type());
+  LLVM::CallOp::create(b, f, ValueRange{});
 }
 
 Value HostCode::tensor(Value buffer, RankedTensorType type) {

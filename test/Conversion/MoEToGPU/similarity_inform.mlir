@@ -1,0 +1,90 @@
+// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s
+
+// Flash-style mixing: a block per 16 query rows, key tiles of 32 staged with
+// the query/key feature chunks (padded 33 columns) and the value tile [32 x K]
+// in workgroup memory, an online softmax with 8-lane butterflies, and no
+// N x N buffer anywhere.
+
+// CHECK-LABEL: gpu.module @moe_kernels
+// CHECK: gpu.func @similarity_inform_0(%{{.*}}: memref<2x128x64xf32>, %{{.*}}: memref<2x128x64xf32>, %{{.*}}: memref<2x128x16xf32>, %{{.*}}: memref<2x128x16xf32>)
+// CHECK-SAME: workgroup(%[[Q:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>>, %[[K:.*]] : memref<32x33xf32, #gpu.address_space<workgroup>>, %[[E:.*]] : memref<32x16xf32, #gpu.address_space<workgroup>>, %[[P:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>>)
+// CHECK-SAME: known_block_size = array<i32: 128, 1, 1>
+// Key tiles (causal: up to the tile's last row), then feature chunks.
+// CHECK: arith.minui
+// CHECK: scf.for %[[J0:.*]] = %{{.*}} to %{{.*}} step %c32{{.*}} iter_args
+// CHECK: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %c32{{.*}} iter_args
+// CHECK: gpu.barrier
+// CHECK: memref.store %{{.*}}, %[[Q]]
+// CHECK: memref.store %{{.*}}, %[[K]]
+// CHECK: gpu.barrier
+// CHECK: memref.load %[[Q]]
+// CHECK: memref.load %[[K]]
+// Online softmax: tile max over the row's 8 lanes, rescale, tile sum.
+// CHECK: arith.cmpi ule
+// CHECK: gpu.shuffle  xor %{{.*}}, %c4_i32{{.*}} : f32
+// CHECK: gpu.shuffle  xor %{{.*}}, %c2_i32{{.*}} : f32
+// CHECK: gpu.shuffle  xor %{{.*}}, %c1_i32{{.*}} : f32
+// CHECK: arith.maximumf
+// CHECK: math.exp
+// CHECK: gpu.shuffle  xor %{{.*}}, %c4_i32{{.*}} : f32
+// CHECK: gpu.barrier
+// CHECK: memref.store %{{.*}}, %[[P]]
+// CHECK: memref.store %{{.*}}, %[[E]]
+// CHECK: gpu.barrier
+// CHECK: memref.load %[[P]]
+// CHECK: memref.load %[[E]]
+// Epilogue: p = acc / l (0 for a row without keys).
+// CHECK: arith.divf
+// CHECK: memref.store %{{.*}} : memref<2x128x16xf32>
+// CHECK-LABEL: func.func @sim(
+// CHECK-NOT: memref<2x128x128
+// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_0 blocks in (%{{.*}}, %{{.*}}, %{{.*}})
+// CHECK-NOT: memref<2x128x128
+// CHECK: return
+func.func @sim(%u: tensor<2x128x64xf32>, %e: tensor<2x128x16xf32>) -> tensor<2x128x16xf32> {
+  %p = moe.similarity_inform %u, %e causal(true) : tensor<2x128x64xf32>, tensor<2x128x16xf32> -> tensor<2x128x16xf32>
+  return %p : tensor<2x128x16xf32>
+}
+
+// -----
+
+// Fused top-k: the epilogue runs the register top-k on the K-wide
+// accumulator (8-lane butterflies on i32 halves) and stores only k values.
+
+// CHECK: gpu.func @similarity_inform_topk_0({{.*}}, %[[W:.*]]: memref<2x128x2xf32>, %[[I:.*]]: memref<2x128x2xi32>)
+// CHECK: scf.for {{.*}} step %c32
+// CHECK: gpu.barrier
+// CHECK-NOT: memref.store {{.*}} : memref<2x128x16xf32>
+// CHECK: scf.for {{.*}} iter_args({{.*}}) -> (i64, f32, f32)
+// CHECK-COUNT-2: gpu.shuffle  xor %{{.*}}, %c4_i32{{.*}} : i32
+// CHECK-COUNT-2: gpu.shuffle  xor %{{.*}}, %c2_i32{{.*}} : i32
+// CHECK-COUNT-2: gpu.shuffle  xor %{{.*}}, %c1_i32{{.*}} : i32
+// CHECK: memref.store {{.*}} : memref<256x2xf32>
+// CHECK: memref.store {{.*}} : memref<256x2xi32>
+// CHECK-LABEL: func.func @sim_topk(
+// CHECK: gpu.alloc async {{.*}} : memref<2x128x2xf32>
+// CHECK: gpu.alloc async {{.*}} : memref<2x128x2xi32>
+// CHECK-NOT: gpu.alloc
+// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_topk_0
+func.func @sim_topk(%u: tensor<2x128x64xf32>, %e: tensor<2x128x16xf32>) -> (tensor<2x128x2xf32>, tensor<2x128x2xi32>) {
+  %w, %i = moe.similarity_inform_topk %u, %e k(2) : tensor<2x128x64xf32>, tensor<2x128x16xf32> -> tensor<2x128x2xf32>, tensor<2x128x2xi32>
+  return %w, %i : tensor<2x128x2xf32>, tensor<2x128x2xi32>
+}
+
+// -----
+
+// ws: a projection kernel forms q = u · ws first (a [B, N, D] temporary,
+// released on the stream); the key mask is read per key.
+
+// CHECK: gpu.func @similarity_project_0
+// CHECK: gpu.func @similarity_inform_0(%{{.*}}: memref<?x?x32xf32>, %{{.*}}: memref<?x?x32xbf16>, %{{.*}}: memref<?x?x8xf32>, %{{.*}}: memref<?x?xi1>, %{{.*}}: memref<?x?x8xf32>)
+// CHECK: memref.load %{{.*}} : memref<?x?xi1>
+// CHECK-LABEL: func.func @sim_ws(
+// CHECK: %[[Q:.*]], %{{.*}} = gpu.alloc async {{.*}} : memref<?x?x32xf32>
+// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@similarity_project_0
+// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_0
+// CHECK: gpu.dealloc async {{.*}} %[[Q]]
+func.func @sim_ws(%u: tensor<?x?x32xbf16>, %e: tensor<?x?x8xf32>, %ws: tensor<32x32xf32>, %m: tensor<?x?xi1>) -> tensor<?x?x8xf32> {
+  %p = moe.similarity_inform %u, %e ws(%ws : tensor<32x32xf32>) key_mask(%m : tensor<?x?xi1>) : tensor<?x?x32xbf16>, tensor<?x?x8xf32> -> tensor<?x?x8xf32>
+  return %p : tensor<?x?x8xf32>
+}

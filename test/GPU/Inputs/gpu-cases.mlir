@@ -1,0 +1,68 @@
+// The functions the GPU harness (test/GPU/run_gpu_tests.py) calls on device
+// tensors and compares against PyTorch. Built ahead of time by
+// tools/moe-aot/moe-aot.py; names and signatures are the harness's contract.
+
+func.func @topk_logits(%s: tensor<300x16xf32>) -> (tensor<300x2xf32>, tensor<300x2xi32>) {
+  %w, %i = moe.topk_renorm %s k(2) : tensor<300x16xf32> -> tensor<300x2xf32>, tensor<300x2xi32>
+  return %w, %i : tensor<300x2xf32>, tensor<300x2xi32>
+}
+func.func @topk_probs_raw(%s: tensor<300x256xbf16>) -> (tensor<300x8xf32>, tensor<300x8xi32>) {
+  %w, %i = moe.topk_renorm %s k(8) mode(probs) renormalize(false) : tensor<300x256xbf16> -> tensor<300x8xf32>, tensor<300x8xi32>
+  return %w, %i : tensor<300x8xf32>, tensor<300x8xi32>
+}
+func.func @topk_dense(%s: tensor<300x64xf16>) -> (tensor<300x6xf32>, tensor<300x6xi32>) {
+  %w, %i = moe.topk_renorm %s k(6) renormalize(false) : tensor<300x64xf16> -> tensor<300x6xf32>, tensor<300x6xi32>
+  return %w, %i : tensor<300x6xf32>, tensor<300x6xi32>
+}
+func.func @topk_probs_renorm(%s: tensor<7x5x60xf32>) -> (tensor<7x5x3xf32>, tensor<7x5x3xi32>) {
+  %w, %i = moe.topk_renorm %s k(3) mode(probs) : tensor<7x5x60xf32> -> tensor<7x5x3xf32>, tensor<7x5x3xi32>
+  return %w, %i : tensor<7x5x3xf32>, tensor<7x5x3xi32>
+}
+func.func @topk_k1024(%s: tensor<50x1024xf32>) -> (tensor<50x40xf32>, tensor<50x40xi32>) {
+  %w, %i = moe.topk_renorm %s k(40) : tensor<50x1024xf32> -> tensor<50x40xf32>, tensor<50x40xi32>
+  return %w, %i : tensor<50x40xf32>, tensor<50x40xi32>
+}
+func.func @topk_block(%s: tensor<40x2048xf32>) -> (tensor<40x4xf32>, tensor<40x4xi32>) {
+  %w, %i = moe.topk_renorm %s k(4) renormalize(false) : tensor<40x2048xf32> -> tensor<40x4xf32>, tensor<40x4xi32>
+  return %w, %i : tensor<40x4xf32>, tensor<40x4xi32>
+}
+func.func @sim_causal(%u: tensor<2x100x64xf32>, %e: tensor<2x100x16xf32>) -> tensor<2x100x16xf32> {
+  %p = moe.similarity_inform %u, %e tau(5.000000e-01) causal(true) : tensor<2x100x64xf32>, tensor<2x100x16xf32> -> tensor<2x100x16xf32>
+  return %p : tensor<2x100x16xf32>
+}
+func.func @sim_ws_mask(%u: tensor<2x70x40xbf16>, %e: tensor<2x70x24xf32>, %ws: tensor<40x40xf32>, %m: tensor<2x70xi1>) -> tensor<2x70x24xf32> {
+  %p = moe.similarity_inform %u, %e ws(%ws : tensor<40x40xf32>) key_mask(%m : tensor<2x70xi1>) tau(4.000000e+00) : tensor<2x70x40xbf16>, tensor<2x70x24xf32> -> tensor<2x70x24xf32>
+  return %p : tensor<2x70x24xf32>
+}
+func.func @sim_topk(%u: tensor<2x100x64xf32>, %e: tensor<2x100x16xf32>) -> (tensor<2x100x2xf32>, tensor<2x100x2xi32>) {
+  %w, %i = moe.similarity_inform_topk %u, %e k(2) tau(5.000000e-01) causal(true) : tensor<2x100x64xf32>, tensor<2x100x16xf32> -> tensor<2x100x2xf32>, tensor<2x100x2xi32>
+  return %w, %i : tensor<2x100x2xf32>, tensor<2x100x2xi32>
+}
+func.func @attn(%s: tensor<2x4x50x60xf32>, %u: tensor<2x50x32xf32>, %v: tensor<2x4x60x8xf32>, %wo: tensor<32x32xf32>, %e: tensor<2x60x16xf32>) -> (tensor<2x50x16xf32>, tensor<2xi32>) {
+  %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma(2.000000e+00) : tensor<2x4x50x60xf32>, tensor<2x50x32xf32>, tensor<2x4x60x8xf32>, tensor<32x32xf32>, tensor<2x60x16xf32> -> tensor<2x50x16xf32>, tensor<2xi32>
+  return %p, %h : tensor<2x50x16xf32>, tensor<2xi32>
+}
+func.func @attn_topk(%s: tensor<2x4x50x60xf32>, %u: tensor<2x50x32xf32>, %v: tensor<2x4x60x8xf32>, %wo: tensor<32x32xf32>, %e: tensor<2x60x16xf32>) -> (tensor<2x50x2xf32>, tensor<2x50x2xi32>, tensor<2xi32>) {
+  %w, %i, %h = moe.attention_posterior_topk %s, %u, %v, %wo, %e k(2) sigma(2.000000e+00) : tensor<2x4x50x60xf32>, tensor<2x50x32xf32>, tensor<2x4x60x8xf32>, tensor<32x32xf32>, tensor<2x60x16xf32> -> tensor<2x50x2xf32>, tensor<2x50x2xi32>, tensor<2xi32>
+  return %w, %i, %h : tensor<2x50x2xf32>, tensor<2x50x2xi32>, tensor<2xi32>
+}
+func.func @mad(%x: tensor<500x40xf32>, %a: tensor<500xi32>) -> (tensor<8x40xf32>, tensor<8xi32>) {
+  %w, %c = moe.mad_dispersion %x, %a num_experts(8) : tensor<500x40xf32>, tensor<500xi32> -> tensor<8x40xf32>, tensor<8xi32>
+  return %w, %c : tensor<8x40xf32>, tensor<8xi32>
+}
+func.func @mad_var(%x: tensor<500x40xf32>, %a: tensor<500xi64>) -> (tensor<8x40xf32>, tensor<8xi32>) {
+  %w, %c = moe.mad_dispersion %x, %a num_experts(8) normalize(expert) measure(variance) empty(raw) : tensor<500x40xf32>, tensor<500xi64> -> tensor<8x40xf32>, tensor<8xi32>
+  return %w, %c : tensor<8x40xf32>, tensor<8xi32>
+}
+func.func @adj_row(%a: tensor<16x16xf32>, %idx: tensor<300x3xi32>) -> tensor<16x16xf32> {
+  %n = moe.adjacency_update %a, %idx : tensor<16x16xf32>, tensor<300x3xi32> -> tensor<16x16xf32>
+  return %n : tensor<16x16xf32>
+}
+func.func @adj_col(%a: tensor<16x16xf32>, %idx: tensor<300x3xi32>) -> tensor<16x16xf32> {
+  %n = moe.adjacency_update %a, %idx beta(5.000000e-01) norm(col) include_self(false) : tensor<16x16xf32>, tensor<300x3xi32> -> tensor<16x16xf32>
+  return %n : tensor<16x16xf32>
+}
+func.func @hyper(%emb: tensor<32xf32>, %w1: tensor<48x32xf32>, %b1: tensor<48xf32>, %w2: tensor<168x48xf32>, %b2: tensor<168xf32>) -> (tensor<8x20xf32>, tensor<8xf32>) {
+  %w, %b = moe.hyper_router %emb, %w1, %b1, %w2, %b2 num_experts(8) : tensor<32xf32>, tensor<48x32xf32>, tensor<48xf32>, tensor<168x48xf32>, tensor<168xf32> -> tensor<8x20xf32>, tensor<8xf32>
+  return %w, %b : tensor<8x20xf32>, tensor<8xf32>
+}

@@ -1,0 +1,18 @@
+// REQUIRES: ptxas
+// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --out %moe_obj_root/test/GPU/ptxas-report.md %S/Inputs/ptxas-cases.mlir | FileCheck %s
+// RUN: FileCheck %s --check-prefix=TABLE < %moe_obj_root/test/GPU/ptxas-report.md
+
+// Every kernel of every op assembles with ptxas for sm_80 and sm_90, and the
+// top-k kernels for K <= 256 (the nospill_* functions of the cases) use no
+// local memory: the script fails on spill stores/loads, a stack frame or lmem.
+// The per-kernel table (registers, smem, stack, spills) is written to
+// build/test/GPU/ptxas-report.md (a copy is kept in bench/results/).
+
+// CHECK: ptxas report: {{[0-9]+}} kernels, 0 failures
+
+// TABLE-DAG: | sm_80 | nospill_topk_k256 | topk_renorm_warp_{{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 | 0 |
+// TABLE-DAG: | sm_90 | {{.*}} | similarity_inform_topk_{{[0-9]+}} |
+// TABLE-DAG: | sm_90 | {{.*}} | attention_posterior_topk_{{[0-9]+}} |
+// TABLE-DAG: | sm_90 | {{.*}} | mad_epilogue_{{[0-9]+}} |
+// TABLE-DAG: | sm_90 | nospill_topk_k8_logits | topk_renorm_warp_{{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 | 0 |
+// TABLE-NOT: Failures

@@ -1,0 +1,469 @@
+#!/usr/bin/env python3
+"""GPU harness: calls the ahead-of-time compiled moe functions of
+test/GPU/Inputs/gpu-cases.mlir on PyTorch CUDA tensors and compares every
+result with an eager PyTorch reference (the formulas of the op descriptions,
+in float64).
+
+  run_gpu_tests.py --lib libgpu-cases.so --runtime-dir DIR [--only NAME...]
+
+Exit status: 0 all passed, 1 a failure, 77 skipped (no torch, no CUDA device
+or no runtime library): ctest's SKIP_RETURN_CODE; the reason is printed.
+"""
+
+import argparse
+import ctypes
+import math
+import os
+import sys
+
+SKIP = 77
+
+
+def skip(reason):
+    print(f"SKIPPED: {reason}")
+    sys.exit(SKIP)
+
+
+try:
+    import torch
+except Exception as exc:  # noqa: BLE001
+    skip(f"PyTorch is not importable ({exc})")
+
+#===----------------------------------------------------------------------===#
+# Memref descriptors and calls
+#===----------------------------------------------------------------------===#
+
+_desc_types = {}
+
+
+def memref_type(rank):
+    if rank not in _desc_types:
+        fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p),
+                  ("offset", ctypes.c_int64)]
+        if rank:
+            fields += [("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
+        _desc_types[rank] = type(f"MemRef{rank}", (ctypes.Structure,), {"_fields_": fields})
+    return _desc_types[rank]
+
+
+def descriptor(t):
+    t = t.contiguous()
+    d = memref_type(t.dim())()
+    d.allocated = d.aligned = t.data_ptr()
+    d.offset = 0
+    for i, (s, st) in enumerate(zip(t.shape, t.stride())):
+        d.sizes[i] = s
+        d.strides[i] = st
+    return d, t
+
+
+class Library:
+    def __init__(self, lib, runtime_dir):
+        self.cpu = ctypes.CDLL(os.path.join(runtime_dir, "libmoe_cpu_runtime.so"),
+                               mode=ctypes.RTLD_GLOBAL)
+        self.rt = ctypes.CDLL(os.path.join(runtime_dir, "libmoe_cuda_runtime.so"),
+                              mode=ctypes.RTLD_GLOBAL)
+        self.rt.moeGpuDeviceCount.restype = ctypes.c_int32
+        self.rt.mgpuMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                       ctypes.c_void_p]
+        self.rt.moeGpuFree.argtypes = [ctypes.c_void_p]
+        self.rt.moeGpuSetStream.argtypes = [ctypes.c_void_p]
+        self.cpu.moeTakeError.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+        self.cpu.moeTakeError.restype = ctypes.c_int32
+        self.cpu.moeSetErrorEcho.argtypes = [ctypes.c_int32]
+        self.rt.moeGpuTakeDriverError.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+        self.rt.moeGpuTakeDriverError.restype = ctypes.c_int32
+        self.lib = ctypes.CDLL(lib)
+
+    def take_error(self):
+        buf = ctypes.create_string_buffer(512)
+        return buf.value.decode() if self.cpu.moeTakeError(buf, 512) else None
+
+    def driver_error(self):
+        buf = ctypes.create_string_buffer(512)
+        return buf.value.decode() if self.rt.moeGpuTakeDriverError(buf, 512) else None
+
+    def call(self, name, args, results):
+        """results: [(shape, torch dtype)]; returns CUDA tensors (copies)."""
+        descs = [descriptor(a) for a in args]
+        types = [memref_type(len(shape)) for shape, _ in results]
+        if len(results) == 1:
+            res = types[0]()
+        else:
+            res = type("Results", (ctypes.Structure,),
+                       {"_fields_": [(f"r{i}", t) for i, t in enumerate(types)]})()
+        fn = getattr(self.lib, "_mlir_ciface_" + name)
+        fn.restype = None
+        fn(ctypes.byref(res), *[ctypes.byref(d) for d, _ in descs])
+        out = []
+        for i, (shape, dtype) in enumerate(results):
+            d = res if len(results) == 1 else getattr(res, f"r{i}")
+            assert list(d.sizes) == list(shape), (name, list(d.sizes), shape)
+            t = torch.empty(shape, dtype=dtype, device="cuda")
+            nbytes = t.numel() * t.element_size()
+            if nbytes:
+                self.rt.mgpuMemcpy(t.data_ptr(), d.aligned, nbytes, None)
+            torch.cuda.synchronize()
+            self.rt.moeGpuFree(d.allocated)
+            out.append(t)
+        err = self.driver_error()
+        if err:
+            raise RuntimeError(f"{name}: CUDA driver error: {err}")
+        return out
+
+
+#===----------------------------------------------------------------------===#
+# References (float64)
+#===----------------------------------------------------------------------===#
+
+NEG_INF = float("-inf")
+
+
+def ref_topk(scores, k, mode="logits", renormalize=True):
+    x = scores.double()
+    # torch.sort puts NaN first in descending order; stable = lowest index on ties.
+    order = torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
+    vals = x.gather(-1, order)
+    if mode == "logits" and renormalize:
+        v0 = vals[..., :1]
+        w = torch.exp(vals - v0)
+        w = w / w.sum(-1, keepdim=True)
+        w = torch.where(v0 == NEG_INF, torch.zeros_like(w), w)
+    elif mode == "logits":
+        m = x.amax(-1, keepdim=True)
+        dense = torch.exp(x - m) / torch.exp(x - m).sum(-1, keepdim=True)
+        dense = torch.where(m == NEG_INF, torch.zeros_like(dense), dense)
+        dense = torch.where(torch.isnan(x).any(-1, keepdim=True),
+                            torch.full_like(dense, float("nan")), dense)
+        w = dense.gather(-1, order)
+    elif renormalize:
+        s = vals.sum(-1, keepdim=True)
+        w = torch.where(s == 0, torch.zeros_like(vals), vals / s)
+    else:
+        w = vals
+    return w.float(), order.int()
+
+
+def masked_softmax_mix(logits, e):
+    """Σ_j softmax_j(logits) e_j with fully masked rows -> 0."""
+    m = logits.amax(-1, keepdim=True)
+    safe = torch.where(m == NEG_INF, torch.zeros_like(m), m)
+    p = torch.exp(logits - safe)
+    s = p.sum(-1, keepdim=True)
+    a = torch.where(s == 0, torch.zeros_like(p), p / s)
+    return a @ e.double()
+
+
+def ref_similarity(u, e, tau=1.0, causal=False, ws=None, key_mask=None):
+    u = u.double()
+    q = u @ ws.double() if ws is not None else u
+    logits = q @ u.transpose(1, 2) / tau
+    n = u.shape[1]
+    if causal:
+        tri = torch.ones(n, n, dtype=torch.bool, device=u.device).tril()
+        logits = logits.masked_fill(~tri, NEG_INF)
+    if key_mask is not None:
+        logits = logits.masked_fill(~key_mask[:, None, :], NEG_INF)
+    return masked_softmax_mix(logits, e)
+
+
+def ref_attention(scores, u, v, wo, e, sigma=1.0, head_scale=None):
+    s = scores.double()
+    B, H, N, Nk = s.shape
+    Dh = v.shape[-1]
+    hs = float(H) if head_scale is None else head_scale
+    p_prior = torch.softmax(s, -1)
+    plogp = torch.where(p_prior > 0, p_prior * torch.log(p_prior), torch.zeros_like(p_prior))
+    ent = -plogp.sum(-1)  # [B,H,N]
+    valid = (s != NEG_INF).any(-1)
+    cnt = valid.sum(-1).double()
+    tot = torch.where(valid, ent, torch.zeros_like(ent)).sum(-1)
+    mean = torch.where(cnt > 0, tot / cnt.clamp(min=1), torch.zeros_like(tot))
+    heads = []
+    out = []
+    for b in range(B):
+        row = mean[b]
+        nan = torch.isnan(row)
+        h = int(torch.nonzero(nan)[0]) if nan.any() else int(torch.argmin(row))
+        heads.append(h)
+        m = hs * v[b, h].double() @ wo[:, h * Dh:(h + 1) * Dh].double().t()  # [Nk, D]
+        logits = s[b, h] + u[b].double() @ m.t() / sigma ** 2 - (m * m).sum(-1) / (2 * sigma ** 2)
+        out.append(masked_softmax_mix(logits, e[b]))
+    return torch.stack(out), torch.tensor(heads, dtype=torch.int32, device=scores.device)
+
+
+def ref_mad(x, assign, E, eps=1e-4, clip=10.0, normalize="feature", measure="mad",
+            empty="identity"):
+    x = x.double()
+    a = assign.long()
+    counts = torch.bincount(a, minlength=E)[:E]
+    sums = torch.zeros(E, x.shape[1], dtype=torch.float64, device=x.device).index_add_(0, a, x)
+    cnt = counts.double()[:, None]
+    mu = torch.where(cnt > 0, sums / cnt.clamp(min=1), torch.zeros_like(sums))
+    d = x - mu[a]
+    d = d.abs() if measure == "mad" else d * d
+    dev = torch.zeros_like(sums).index_add_(0, a, d)
+    s = torch.where(cnt > 0, dev / cnt.clamp(min=1), torch.zeros_like(dev))
+    w = 1.0 / (s + eps)
+    inc = (counts >= 2) if empty == "identity" else torch.ones_like(counts, dtype=torch.bool)
+    incf = inc.double()[:, None].expand_as(w)
+    if clip > 0:
+        w = torch.minimum(w, clip * (w * incf).sum() / incf.sum())
+    if normalize == "feature":
+        scale = (w * incf).sum(0, keepdim=True) / incf.sum(0, keepdim=True)
+    elif normalize == "expert":
+        scale = w.mean(1, keepdim=True)
+    else:
+        scale = (w * incf).sum() / incf.sum()
+    w = torch.where(incf > 0, w / scale, torch.ones_like(w))
+    return w.float(), counts.int()
+
+
+def ref_adjacency(a, idx, beta=0.9, norm="row", include_self=True):
+    E = a.shape[0]
+    S = torch.zeros(idx.shape[0], E, dtype=torch.float64, device=a.device)
+    S.scatter_(1, idx.long(), 1.0)
+    C = S.t() @ S
+    if not include_self:
+        C.fill_diagonal_(0)
+    if norm == "row":
+        s = C.sum(1, keepdim=True)
+        C = torch.where(s == 0, torch.zeros_like(C), C / s)
+    elif norm == "col":
+        s = C.sum(0, keepdim=True)
+        C = torch.where(s == 0, torch.zeros_like(C), C / s)
+    return (beta * a.double() + (1 - beta) * C).float()
+
+
+def ref_hyper(emb, w1, b1, w2, b2, E):
+    h = torch.relu(w1.double() @ emb.double() + b1.double())
+    out = (w2.double() @ h + b2.double()).reshape(E, -1)
+    return out[:, :-1].float(), out[:, -1].float()
+
+
+#===----------------------------------------------------------------------===#
+# Comparisons and cases
+#===----------------------------------------------------------------------===#
+
+
+def close(name, got, want, rtol=2e-4, atol=2e-5):
+    got, want = got.float().cpu(), want.float().cpu()
+    nan_ok = torch.equal(torch.isnan(got), torch.isnan(want))
+    ok = nan_ok and torch.allclose(torch.nan_to_num(got), torch.nan_to_num(want), rtol=rtol, atol=atol)
+    if not ok:
+        diff = (torch.nan_to_num(got) - torch.nan_to_num(want)).abs().max().item()
+        raise AssertionError(f"{name}: mismatch (max abs diff {diff}, NaN pattern equal: {nan_ok})")
+
+
+def same(name, got, want):
+    if not torch.equal(got.cpu().long(), want.cpu().long()):
+        bad = (got.cpu().long() != want.cpu().long()).nonzero()[:5].tolist()
+        raise AssertionError(f"{name}: differs at {bad}")
+
+
+def check_topk(name, lib, fn, scores, k, mode, renorm):
+    w, i = lib.call(fn, [scores], [(scores.shape[:-1] + (k,), torch.float32),
+                                   (scores.shape[:-1] + (k,), torch.int32)])
+    rw, ri = ref_topk(scores, k, mode, renorm)
+    same(f"{name} indices", i, ri)
+    close(f"{name} weights", w, rw)
+
+
+def case_topk(lib, g):
+    s = torch.randn(300, 16, generator=g).cuda()
+    s[1] = 0.5                                   # all tied: indices 0, 1
+    s[2] = NEG_INF                               # all masked: zeros, indices 0, 1
+    s[3, 7] = float("nan")                       # NaN ranked first, weights NaN
+    s[4, :] = NEG_INF
+    s[4, 9] = 1.0                                # one finite logit
+    s[5, 3] = s[5, 11] = 10.0                    # tie for the top
+    s[6] = -0.0
+    s[6, 2] = 0.0                                # -0 and +0 tie
+    check_topk("topk_logits", lib, "topk_logits", s, 2, "logits", True)
+
+    p = torch.rand(300, 256, generator=g).cuda().to(torch.bfloat16)   # ties are common in bf16
+    check_topk("topk_probs_raw", lib, "topk_probs_raw", p, 8, "probs", False)
+
+    s = torch.randn(300, 64, generator=g).cuda().to(torch.float16)
+    s[0] = float("-inf")
+    check_topk("topk_dense", lib, "topk_dense", s, 6, "logits", False)
+
+    p = torch.rand(7, 5, 60, generator=g).cuda()
+    p[0, 0] = 0.0                                # zero sum -> zero weights
+    check_topk("topk_probs_renorm", lib, "topk_probs_renorm", p, 3, "probs", True)
+
+    s = torch.randn(50, 1024, generator=g).cuda()
+    check_topk("topk_k1024", lib, "topk_k1024", s, 40, "logits", True)
+
+    s = torch.randn(40, 2048, generator=g).cuda()
+    s[1, 100] = float("nan")
+    s[2] = 3.0
+    check_topk("topk_block", lib, "topk_block", s, 4, "logits", False)
+
+    # The ambient stream: the call runs in the caller's (side) stream.
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        lib.rt.moeGpuSetStream(ctypes.c_void_p(side.cuda_stream))
+        s = torch.randn(300, 16, generator=g).to("cuda")
+        check_topk("topk_logits (side stream)", lib, "topk_logits", s, 2, "logits", True)
+        lib.rt.moeGpuSetStream(None)
+
+
+def check_mix_topk(name, w, i, p_ref, k):
+    rw, ri = ref_topk(p_ref, k, "probs", True)
+    # Near-ties may order differently; compare the reference value at our index.
+    got_vals = p_ref.gather(-1, i.long())
+    close(f"{name} selected values", got_vals, p_ref.gather(-1, ri.long()), rtol=1e-4, atol=1e-6)
+    close(f"{name} weights", w, rw, rtol=1e-4, atol=1e-5)
+
+
+def case_similarity(lib, g):
+    u = torch.randn(2, 100, 64, generator=g).cuda() * 0.3
+    e = torch.softmax(torch.randn(2, 100, 16, generator=g), -1).cuda()
+    (p,) = lib.call("sim_causal", [u, e], [((2, 100, 16), torch.float32)])
+    ref = ref_similarity(u, e, tau=0.5, causal=True)
+    close("sim_causal", p, ref)
+
+    w, i = lib.call("sim_topk", [u, e], [((2, 100, 2), torch.float32), ((2, 100, 2), torch.int32)])
+    check_mix_topk("sim_topk", w, i, ref, 2)
+
+    u = (torch.randn(2, 70, 40, generator=g) * 0.5).to(torch.bfloat16).cuda()
+    e = torch.softmax(torch.randn(2, 70, 24, generator=g), -1).cuda()
+    ws = (torch.randn(40, 40, generator=g) * 0.2).cuda()
+    m = (torch.rand(2, 70, generator=g) > 0.3).cuda()
+    m[1] = False                                  # every key masked: p = 0
+    (p,) = lib.call("sim_ws_mask", [u, e, ws, m], [((2, 70, 24), torch.float32)])
+    close("sim_ws_mask", p, ref_similarity(u, e, tau=4.0, ws=ws, key_mask=m))
+
+
+def attention_inputs(g):
+    B, H, N, Nk, D, Dh = 2, 4, 50, 60, 32, 8
+    s = torch.randn(B, H, N, Nk, generator=g) * 2
+    s[0, 1] *= 4                                  # a sharper head
+    s[1, :, 3, :] = NEG_INF                       # a masked query row
+    s[1, 2, :, 10:] = NEG_INF
+    u = torch.randn(B, N, D, generator=g) * 0.5
+    v = torch.randn(B, H, Nk, Dh, generator=g) * 0.1
+    wo = torch.randn(D, H * Dh, generator=g) * 0.1
+    e = torch.softmax(torch.randn(B, Nk, 16, generator=g), -1)
+    return [t.cuda() for t in (s, u, v, wo, e)]
+
+
+def case_attention(lib, g):
+    s, u, v, wo, e = attention_inputs(g)
+    p, h = lib.call("attn", [s, u, v, wo, e], [((2, 50, 16), torch.float32), ((2,), torch.int32)])
+    rp, rh = ref_attention(s, u, v, wo, e, sigma=2.0)
+    same("attn head", h, rh)
+    close("attn p", p, rp)
+    w, i, h2 = lib.call("attn_topk", [s, u, v, wo, e],
+                        [((2, 50, 2), torch.float32), ((2, 50, 2), torch.int32), ((2,), torch.int32)])
+    same("attn_topk head", h2, rh)
+    check_mix_topk("attn_topk", w, i, rp, 2)
+
+
+def case_mad(lib, g):
+    x = torch.randn(500, 40, generator=g).cuda()
+    a = torch.randint(0, 7, (500,), generator=g).int().cuda()   # cluster 7 empty
+    a[:3] = 6
+    a[a == 5] = 4
+    a[10] = 5                                                   # a singleton cluster
+    w, c = lib.call("mad", [x, a], [((8, 40), torch.float32), ((8,), torch.int32)])
+    rw, rc = ref_mad(x, a, 8)
+    same("mad counts", c, rc)
+    close("mad weights", w, rw, rtol=1e-3, atol=1e-4)
+
+    a64 = a.long()
+    w, c = lib.call("mad_var", [x, a64], [((8, 40), torch.float32), ((8,), torch.int32)])
+    rw, rc = ref_mad(x, a64, 8, normalize="expert", measure="variance", empty="raw")
+    same("mad_var counts", c, rc)
+    close("mad_var weights", w, rw, rtol=1e-3, atol=1e-4)
+
+    # An out-of-range assign is skipped and reported through moeTakeError.
+    lib.cpu.moeSetErrorEcho(0)
+    bad = a.clone()
+    bad[17] = 8
+    w, c = lib.call("mad", [x, bad], [((8, 40), torch.float32), ((8,), torch.int32)])
+    err = lib.take_error()
+    if not err or "element 17 is 8" not in err:
+        raise AssertionError(f"mad: expected an index error for element 17, got {err!r}")
+    keep = torch.ones(500, dtype=torch.bool)
+    keep[17] = False
+    _, rc = ref_mad(x[keep.cuda()], bad[keep.cuda()], 8)
+    same("mad counts (bad element skipped)", c, rc)
+
+
+def case_adjacency(lib, g):
+    a = torch.rand(16, 16, generator=g).cuda()
+    idx = torch.randint(0, 16, (300, 3), generator=g).int().cuda()
+    idx[0] = torch.tensor([4, 4, 4])                 # repeated: counts once
+    (n,) = lib.call("adj_row", [a, idx], [((16, 16), torch.float32)])
+    close("adj_row", n, ref_adjacency(a, idx))
+    idx2 = idx.clone()
+    idx2[idx2 == 15] = 14                            # expert 15 never chosen
+    (n,) = lib.call("adj_col", [a, idx2], [((16, 16), torch.float32)])
+    close("adj_col", n, ref_adjacency(a, idx2, beta=0.5, norm="col", include_self=False))
+    lib.cpu.moeSetErrorEcho(0)
+    bad = idx.clone()
+    bad[5, 1] = -3
+    lib.call("adj_row", [a, bad], [((16, 16), torch.float32)])
+    err = lib.take_error()
+    if not err or "element 16 is -3" not in err:
+        raise AssertionError(f"adj_row: expected an index error for element 16, got {err!r}")
+
+
+def case_hyper(lib, g):
+    emb = torch.randn(32, generator=g).cuda()
+    w1 = torch.randn(48, 32, generator=g).cuda() * 0.2
+    b1 = torch.randn(48, generator=g).cuda()
+    w2 = torch.randn(168, 48, generator=g).cuda() * 0.2
+    b2 = torch.randn(168, generator=g).cuda()
+    w, b = lib.call("hyper", [emb, w1, b1, w2, b2], [((8, 20), torch.float32), ((8,), torch.float32)])
+    rw, rb = ref_hyper(emb, w1, b1, w2, b2, 8)
+    close("hyper w", w, rw)
+    close("hyper b", b, rb)
+
+
+CASES = {
+    "topk_renorm": case_topk,
+    "similarity_inform": case_similarity,
+    "attention_posterior": case_attention,
+    "mad_dispersion": case_mad,
+    "adjacency_update": case_adjacency,
+    "hyper_router": case_hyper,
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--runtime-dir", required=True)
+    ap.add_argument("--only", nargs="*")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        skip("no CUDA device visible to PyTorch")
+    for path in (args.lib, os.path.join(args.runtime_dir, "libmoe_cuda_runtime.so")):
+        if not os.path.exists(path):
+            skip(f"{path} is missing")
+    torch.cuda.init()
+    lib = Library(args.lib, args.runtime_dir)
+    if lib.rt.moeGpuDeviceCount() <= 0:
+        skip("the CUDA driver reports no device")
+    print(f"device: {torch.cuda.get_device_name()} (torch {torch.__version__})")
+    failed = 0
+    for name, case in CASES.items():
+        if args.only and name not in args.only:
+            continue
+        g = torch.Generator().manual_seed(1234)
+        try:
+            case(lib, g)
+            print(f"PASS: {name}")
+        except Exception as exc:  # noqa: BLE001
+            failed += 1
+            print(f"FAIL: {name}: {exc}")
+    print(f"{len(CASES) - failed if not args.only else '-'} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
