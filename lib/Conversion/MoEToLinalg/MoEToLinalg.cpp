@@ -14,6 +14,7 @@
 #include "Patterns.h"
 #include "MoE/IR/MoEDialect.h"
 #include "MoE/IR/MoEOps.h"
+#include "MoE/Transforms/Passes.h"
 
 #include "mlir/IR/PatternMatch.h"
 #include "mlir/Transforms/DialectConversion.h"
@@ -33,6 +34,9 @@ void mlir::moe::populateMoEToLinalgPatterns(RewritePatternSet &patterns) {
   lowering::populateMadDispersionPattern(patterns);
   lowering::populateAdjacencyUpdatePattern(patterns);
   lowering::populateHyperRouterPattern(patterns);
+  // The portable lowering has no fused kernel: a fused routing op becomes its
+  // mixing op and top-k gate again, which the patterns above then lower.
+  populateSplitFusedRoutingPatterns(patterns);
 }
 
 namespace {
