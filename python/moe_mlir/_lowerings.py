@@ -92,6 +92,32 @@ def _binary(imp: FxImporter, node, a: dict) -> Value:
             return imp.cast(x, out.elem)
         if e.is_integer():
             return imp.elementwise(out, [x], comp, lambda b, v: _fpowi(b, v[0], b.const(int(e), "i32"), comp))
+    if kind == "pow" and not is_float(comp):
+        # math.ipowi has no LLVM lowering in the pipeline: multiply out a constant exponent instead.
+        if not isinstance(y, int) or isinstance(y, bool) or y < 0 or y > 64:
+            raise NotImplementedError("integer pow with a non-constant or negative exponent")
+
+        def ipow(b: Builder, v: list[str]) -> str:
+            result, base, n = b.const(1, comp), v[0], int(y)
+            while n:
+                if n & 1:
+                    result = b.binary("mul", result, base, comp)
+                n >>= 1
+                if n:
+                    base = b.binary("mul", base, base, comp)
+            return result
+
+        return imp.elementwise(out, [x], comp, ipow)
+    if kind == "rem" and not is_float(comp) and "remainder" in op_key(node.target):
+        # Python's modulo on integers: the result takes the sign of the divisor.
+        def irem(b: Builder, v: list[str]) -> str:
+            r = b.binary("rem", v[0], v[1], comp)
+            zero = b.const(0, comp)
+            fix = b.binary("and", b.cmp("ne", r, zero, comp),
+                           b.binary("xor", b.cmp("lt", r, zero, comp), b.cmp("lt", v[1], zero, comp), "i1"), "i1")
+            return b.select(fix, b.binary("add", r, v[1], comp), r, comp)
+
+        return imp.elementwise(out, [x, y], comp, irem)
     if kind == "rem" and is_float(comp) and "remainder" in op_key(node.target):
         # torch.remainder is Python's modulo (sign of the divisor): r = a - floor(a / b) * b
         def fn(b: Builder, v: list[str]) -> str:

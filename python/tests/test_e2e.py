@@ -167,3 +167,17 @@ def test_compile_rejects_wrong_input_shapes(runner):
     compiled = compile(model, args, backend="runner")
     with pytest.raises(ValueError, match=r"is tensor<2x9x32xf32>, the compiled function takes tensor<2x8x32xf32>"):
         compiled(torch.randn(2, 9, 32))
+
+
+class IntegerAndFloatArith(nn.Module):
+    def forward(self, a, b, x, y):
+        return (torch.remainder(a, b), torch.fmod(a, b), torch.remainder(x, y), torch.fmod(x, y), a.pow(2),
+                x.pow(y.abs()), x.pow(3), torch.div(x, y), (a > 0) & (b > 0), ~(a > b))
+
+
+def test_integer_and_float_arithmetic_semantics(runner):
+    """Python-style remainder (sign of the divisor) vs C-style fmod, integer powers, boolean logic."""
+    a, b = torch.tensor([7, -7, 7, -7, 0]), torch.tensor([3, 3, -3, -3, 5])
+    x, y = torch.tensor([7.5, -7.5, 7.5, -7.5, 0.0]), torch.tensor([2.0, 2.0, -2.0, -2.0, 3.0])
+    m = IntegerAndFloatArith()
+    assert_same(compile(m, (a, b, x, y), backend="runner")(a, b, x, y), m(a, b, x, y))
