@@ -25,9 +25,17 @@ install_system_packages() {
   fi
 }
 
+VENV="${MOE_VENV:-$ROOT/.venv}"
+
+# PyTorch into .venv (scripts/install-python.sh), then our package, editable. --no-deps: torch is already there
+# (a plain install would pull gigabytes of CUDA wheels the lean torch install avoids).
 install_python() {
-  if [ -x "$ROOT/scripts/install-python.sh" ]; then
-    "$ROOT/scripts/install-python.sh"
+  "$ROOT/scripts/install-python.sh"
+  local where
+  where=$("$VENV/bin/python" -c "import moe_mlir, os; print(os.path.dirname(moe_mlir.__file__))" 2>/dev/null || true)
+  if [ "$where" != "$ROOT/python/moe_mlir" ]; then
+    echo "== python: installing moe_mlir (editable) into $VENV"
+    "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e "$ROOT/python"
   fi
 }
 

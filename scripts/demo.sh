@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The demo: a HyperRouter routing step written in the moe dialect; the hypernetwork folds at compile time and the
-# top-2 gate runs on the CPU through moe-lower-to-llvm and mlir-runner.
+# The demo: (1-2) a HyperRouter routing step written in the moe dialect: the hypernetwork folds at compile time and
+# the top-2 gate runs on the CPU through moe-lower-to-llvm and mlir-runner; (3) a Similarity-Inform SMoE transformer
+# block imported from PyTorch, compiled for the CPU, checked against eager PyTorch and timed against it.
 source "$(dirname "$0")/common.sh"
 
 example="$ROOT/examples/hyper_router_step.mlir"
@@ -10,3 +11,5 @@ echo "== 2. compiled for the CPU and run: gate weights, then expert indices"
 "$BUILD/bin/moe-opt" "$example" --moe-lower-to-llvm |
   "$LLVM_PREFIX/bin/mlir-runner" -e main -entry-point-result=void \
     -shared-libs="$LLVM_PREFIX/lib/libmlir_c_runner_utils.so,$LLVM_PREFIX/lib/libmlir_runner_utils.so"
+echo "== 3. a Similarity-Inform SMoE block from PyTorch: import, compile, run on the CPU, compare with eager"
+MOE_BUILD_DIR="$BUILD" "$VENV/bin/python" -m moe_mlir.demo

@@ -404,6 +404,7 @@ def compile(
     model: torch.nn.Module,
     example_args: Sequence[Any],
     *,
+    target: str = "cpu",
     backend: str = "auto",
     params: str = "constant",
     raise_idioms: bool = True,
@@ -412,6 +413,8 @@ def compile(
     """Compiles ``model`` (eval mode) for the shapes of ``example_args``.
 
     Args:
+        target: ``"cpu"``. ``"cuda"`` is refused with a clear error until the GPU path (moe-lower-to-nvvm plus
+            the ahead-of-time library) is reachable from Python.
         backend: ``"auto"`` | ``"executor"`` | ``"runner"`` (see the module doc).
         params: ``"constant"`` (weights folded into the code) or ``"argument"``.
 
@@ -419,6 +422,13 @@ def compile(
         MoEImportError: an op the importer cannot lower. MoEOptError: the module does not verify or lower.
         FileNotFoundError: the requested backend's tools are missing.
     """
+    if target != "cpu":
+        if target == "cuda":
+            raise NotImplementedError(
+                "moe_mlir.compile(target='cuda') is not available yet: the GPU kernels are built ahead of time by "
+                "tools/moe-aot/moe-aot.py but not yet callable from Python; use target='cpu'"
+            )
+        raise ValueError(f"target must be 'cpu' or 'cuda', got {target!r}")
     ep = export_program(model, example_args)
     out_spec = ep.call_spec.out_spec if ep.call_spec is not None else None
     prog = import_exported_program(ep, func_name=func_name, params=params, raise_idioms=raise_idioms)
