@@ -13,6 +13,10 @@ verify, ``--canonicalize`` folds, ``--moe-lower-to-llvm``) -> execution by one o
 
 ``backend="auto"`` picks the executor when its library is found, else the runner.
 
+``target="cuda"`` is :mod:`moe_mlir.gpu`: the moe ops (routing) compiled ahead of time into a CUDA library
+(``moe-lower-to-nvvm`` through ``tools/moe-aot/moe-aot.py``) and called on device tensors, the rest of the graph run
+by eager PyTorch on CUDA. ``torch.compile(backend="moe")`` picks it for CUDA inputs.
+
 Tool discovery: ``$MOE_OPT`` or ``<repo>/$MOE_BUILD_DIR|build/bin/moe-opt`` or ``moe-opt`` on PATH; ``$MLIR_RUNNER``
 or ``/usr/lib/llvm-22/bin/mlir-runner``; ``$MOE_EXECUTOR_LIB`` or ``<build>/lib/libMoEExecutorC.so``.
 """
@@ -26,12 +30,15 @@ import struct
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import torch
 
 from ._mlir import FLOAT_BITS, INT_BITS, MLIR_TO_DTYPE, Builder, TensorType, Value, is_float
 from .importer import ImportedProgram, export_program, import_exported_program
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .gpu import CudaCompiledModel
 
 __all__ = [
     "MoEOptError",
@@ -45,6 +52,7 @@ __all__ = [
     "CompiledModel",
     "moe_backend",
     "ExecutorLibrary",
+    "backend_target",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -409,26 +417,41 @@ def compile(
     params: str = "constant",
     raise_idioms: bool = True,
     func_name: str = "forward",
-) -> CompiledModel:
+    chip: Optional[str] = None,
+    build_dir: Optional[str] = None,
+) -> Union[CompiledModel, "CudaCompiledModel"]:
     """Compiles ``model`` (eval mode) for the shapes of ``example_args``.
 
     Args:
-        target: ``"cpu"``. ``"cuda"`` is refused with a clear error until the GPU path (moe-lower-to-nvvm plus
-            the ahead-of-time library) is reachable from Python.
-        backend: ``"auto"`` | ``"executor"`` | ``"runner"`` (see the module doc).
-        params: ``"constant"`` (weights folded into the code) or ``"argument"``.
+        target: ``"cpu"`` (the whole graph lowered with ``--moe-lower-to-llvm``) or ``"cuda"``: the moe ops
+            (routing) run on the moe GPU kernels and the rest of the graph in eager PyTorch CUDA; returns a
+            :class:`moe_mlir.gpu.CudaCompiledModel` (see :mod:`moe_mlir.gpu` for the split and why). Compiling
+            for CUDA needs the CUDA toolkit but no GPU; calling the result needs CUDA tensors.
+        backend: ``"auto"`` | ``"executor"`` | ``"runner"`` (see the module doc); CPU target only.
+        params: ``"constant"`` (weights folded into the code) or ``"argument"``; CPU target only (on CUDA the
+            weights are always device tensors, snapshotted at compile time).
+        chip, build_dir: CUDA target only: the ``sm_XY`` to build for (default: the visible device's, else
+            ``$MOE_GPU_CHIP`` or sm_90) and where to keep the build (default: a content-addressed cache).
 
     Raises:
-        MoEImportError: an op the importer cannot lower. MoEOptError: the module does not verify or lower.
-        FileNotFoundError: the requested backend's tools are missing.
+        MoEImportError: an op the importer cannot lower. MoEOptError: the module does not verify or lower (for
+        CUDA: a moe op without a GPU kernel for these operands). FileNotFoundError: the requested backend's tools
+        are missing (:class:`moe_mlir.gpu.GpuToolchainError` for the GPU build).
     """
+    if target == "cuda":
+        if backend != "auto":
+            raise ValueError(f"backend={backend!r} applies to target='cpu' only")
+        if params != "constant":
+            raise ValueError("params= applies to target='cpu' only (target='cuda' passes the weights as device "
+                             "tensors)")
+        from .gpu import compile_cuda
+
+        return compile_cuda(model, example_args, raise_idioms=raise_idioms, func_name=func_name, chip=chip,
+                            build_dir=build_dir)
     if target != "cpu":
-        if target == "cuda":
-            raise NotImplementedError(
-                "moe_mlir.compile(target='cuda') is not available yet: the GPU kernels are built ahead of time by "
-                "tools/moe-aot/moe-aot.py but not yet callable from Python; use target='cpu'"
-            )
         raise ValueError(f"target must be 'cpu' or 'cuda', got {target!r}")
+    if chip is not None or build_dir is not None:
+        raise ValueError("chip= and build_dir= apply to target='cuda' only")
     ep = export_program(model, example_args)
     out_spec = ep.call_spec.out_spec if ep.call_spec is not None else None
     prog = import_exported_program(ep, func_name=func_name, params=params, raise_idioms=raise_idioms)
@@ -459,8 +482,10 @@ def compile(
 def moe_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options: Any) -> Callable[..., Any]:
     """The ``torch.compile`` backend: compiles the Dynamo graph with :func:`compile` (static shapes).
 
-    Dynamo calls the result with the graph's inputs and expects the graph's output structure back; the compiled
-    function returns results on the CPU (moved back to the inputs' device).
+    Dynamo calls the result with the graph's inputs and expects the graph's output structure back. The target
+    follows the inputs (``options["target"]`` overrides it, see :func:`backend_target`): CUDA inputs take the GPU
+    path (routing on the moe kernels, the rest eager on CUDA: results stay on the device); otherwise the CPU
+    target, whose results are moved back to the inputs' device.
     """
     for i, x in enumerate(example_inputs):
         if not isinstance(x, torch.Tensor):
@@ -468,7 +493,13 @@ def moe_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options: 
                 f"input {i} of the graph is a {type(x).__name__}: the moe backend needs static shapes "
                 "(torch.compile(..., backend='moe', dynamic=False))"
             )
+    options = dict(options)
+    options["target"] = backend_target(example_inputs, options.get("target"))
     compiled = compile(gm, example_inputs, **options)
+    if options["target"] == "cuda":
+        run_cuda = lambda *args: compiled(*args)  # noqa: E731
+        run_cuda.compiled = compiled  # type: ignore[attr-defined]
+        return run_cuda
     device = example_inputs[0].device if example_inputs else torch.device("cpu")
 
     def run(*args: torch.Tensor) -> Any:
@@ -477,6 +508,22 @@ def moe_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options: 
 
     run.compiled = compiled  # type: ignore[attr-defined]
     return run
+
+
+def backend_target(example_inputs: Sequence[Any], requested: Optional[str] = None) -> str:
+    """The target of a ``torch.compile(backend="moe")`` graph: ``requested`` if given, else ``"cuda"`` when any
+    tensor input is on a CUDA device, else ``"cpu"``. Inputs on several device types are refused."""
+    types = {x.device.type for x in example_inputs if isinstance(x, torch.Tensor)}
+    if requested is not None:
+        if requested not in ("cpu", "cuda"):
+            raise ValueError(f"target must be 'cpu' or 'cuda', got {requested!r}")
+        return requested
+    if "cuda" in types:
+        if types - {"cuda"}:
+            raise ValueError(f"the graph's inputs are on several device types ({sorted(types)}): the moe backend "
+                             "compiles for one target")
+        return "cuda"
+    return "cpu"
 
 
 def _register_dynamo_backend() -> None:
