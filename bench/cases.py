@@ -1,0 +1,273 @@
+"""The benchmark cases: for each op, sizes, inputs, our MLIR function, the eager baseline and the output check.
+
+Regimes: ``decode`` (T <= 64 tokens), ``prefill`` (T >= 16384 tokens; for the token-independent hyper_router:
+the large generated routers), ``mid`` (the quick smoke-test sizes). The 2x target is judged on ``prefill``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from . import baselines as bl
+from . import mlir as M
+
+
+@dataclass
+class Case:
+    name: str                     # unique, also the MLIR function name
+    op: str
+    regime: str                   # decode | mid | prefill
+    params: dict
+    mlir: str
+    make_inputs: Callable[[torch.Generator], list]
+    out_specs: list               # [(shape, dtype)] of our results
+    eager: Callable[..., Any]     # eager(*inputs) -> outputs (the timed baseline)
+    check: Callable[[list, list, Any], float]   # check(inputs, ours, eager_out) -> max abs error; raises AssertionError
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def _close(name: str, got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> float:
+    got, want = got.detach().float(), want.detach().float()
+    if got.shape != want.shape:
+        raise AssertionError(f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+    if not torch.isfinite(got).all():
+        raise AssertionError(f"{name}: non-finite values in our output")
+    err = (got - want).abs()
+    bad = err > atol + rtol * want.abs()
+    if bad.any():
+        i = int(bad.flatten().nonzero()[0])
+        raise AssertionError(f"{name}: {int(bad.sum())} elements differ (max abs err {err.max().item():.3g}; "
+                             f"first at flat {i}: ours {got.flatten()[i].item():.6g} vs torch "
+                             f"{want.flatten()[i].item():.6g})")
+    return float(err.max()) if err.numel() else 0.0
+
+
+def _check_topk(scores: torch.Tensor, w, i, rw, ri, rtol=1e-4, atol=1e-6) -> float:
+    """Indices may differ on (near-)ties: compare the scores at our indices with the scores at torch's, then the
+    weights; at most 0.1% of the rows may order near-equal experts differently."""
+    sel = scores.float().gather(-1, i.long())
+    ref = scores.float().gather(-1, ri.long())
+    e1 = _close("selected scores", sel, ref, rtol, atol)
+    e2 = _close("weights", w, rw, 1e-4, 1e-6)
+    same = (i.long() == ri.long()).all(-1).float().mean().item()
+    if same < 0.999:
+        raise AssertionError(f"indices: only {same:.4%} of the rows pick torch's experts in torch's order")
+    return max(e1, e2)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Per-op case builders
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def topk_case(regime: str, T: int, K: int, k: int, mode: str = "logits") -> Case:
+    name = f"topk_{mode}_T{T}_K{K}_k{k}"
+
+    def make(g):
+        s = torch.randn(T, K, generator=g)
+        return [torch.softmax(s, -1) if mode == "probs" else s]
+
+    eager = (lambda s: bl.topk_renorm_logits(s, k)) if mode == "logits" else (lambda s: bl.topk_renorm_probs(s, k))
+
+    def check(inp, ours, ref):
+        return _check_topk(inp[0], ours[0], ours[1], ref[0], ref[1])
+
+    c = Case(name, "topk_renorm", regime, dict(T=T, K=K, k=k, mode=mode, renormalize=True),
+             M.topk_renorm(name, T, K, k, mode), make, [((T, k), torch.float32), ((T, k), torch.int32)],
+             eager, check)
+    return c
+
+
+def similarity_case(regime: str, B: int, N: int, D: int, K: int, tau: float = 1.0, causal: bool = False,
+                    k: Optional[int] = None) -> Case:
+    fused = k is not None
+    name = f"sim{'_topk' if fused else ''}_B{B}_N{N}_D{D}_K{K}{f'_k{k}' if fused else ''}{'_causal' if causal else ''}"
+
+    def make(g):
+        u = torch.randn(B, N, D, generator=g) / D ** 0.25     # u_i.u_j ~ N(0, 1)
+        e = torch.softmax(torch.randn(B, N, K, generator=g), -1)
+        return [u, e]
+
+    params = dict(B=B, N=N, D=D, K=K, tau=tau, causal=causal, T=B * N)
+    if fused:
+        params["k"] = k
+        eager = lambda u, e: bl.similarity_mix_topk(u, e, k, tau, causal)
+        mlir = M.similarity_inform_topk(name, B, N, D, K, k, tau, causal)
+        outs = [((B, N, k), torch.float32), ((B, N, k), torch.int32)]
+
+        def check(inp, ours, ref):
+            # the reference p (recomputed once, outside the timed region) ranks the experts
+            u, e = inp
+            p = bl.similarity_mix(u, e, tau, causal=causal)
+            return _check_topk(p, ours[0], ours[1], ref[0], ref[1], rtol=1e-3, atol=1e-6)
+
+        return Case(name, "similarity_inform_topk", regime, params, mlir, make, outs, eager, check)
+
+    eager = lambda u, e: bl.similarity_mix(u, e, tau, causal=causal)
+
+    def check(inp, ours, ref):
+        return _close("p", ours[0], ref, 1e-3, 1e-5)
+
+    return Case(name, "similarity_inform", regime, params, M.similarity_inform(name, B, N, D, K, tau, causal),
+                make, [((B, N, K), torch.float32)], eager, check,
+                note="eager materializes S [B,N,N] in f32: %.0f MiB" % (B * N * N * 4 / 2 ** 20))
+
+
+def attention_case(regime: str, B: int, H: int, N: int, Nk: int, D: int, Dh: int, K: int,
+                   sigma: float = 2.0) -> Case:
+    name = f"attn_B{B}_H{H}_N{N}_Nk{Nk}_D{D}_Dh{Dh}_K{K}"
+
+    def make(g):
+        # heads of clearly different sharpness, so that the min-entropy head is not a near tie
+        scale = torch.linspace(0.5, 3.0, H)[None, :, None, None]
+        s = torch.randn(B, H, N, Nk, generator=g) * scale
+        u = torch.randn(B, N, D, generator=g) * 0.5
+        v = torch.randn(B, H, Nk, Dh, generator=g) * 0.1
+        wo = torch.randn(D, H * Dh, generator=g) / math.sqrt(H * Dh)
+        e = torch.softmax(torch.randn(B, Nk, K, generator=g), -1)
+        return [s, u, v, wo, e]
+
+    eager = lambda s, u, v, wo, e: bl.attention_posterior(s, u, v, wo, e, sigma)
+
+    def check(inp, ours, ref):
+        if not torch.equal(ours[1].long(), ref[1].long()):
+            raise AssertionError(f"head: ours {ours[1].tolist()} vs torch {ref[1].tolist()}")
+        return _close("p", ours[0], ref[0], 1e-3, 1e-5)
+
+    return Case(name, "attention_posterior", regime,
+                dict(B=B, H=H, N=N, Nk=Nk, D=D, Dh=Dh, K=K, sigma=sigma, head_select="min_entropy", T=B * N),
+                M.attention_posterior(name, B, H, N, Nk, D, Dh, K, sigma), make,
+                [((B, N, K), torch.float32), ((B,), torch.int32)], eager, check,
+                note="scores input is [B,H,N,Nk] f32: %.0f MiB" % (B * H * N * Nk * 4 / 2 ** 20))
+
+
+def mad_case(regime: str, T: int, D: int, E: int) -> Case:
+    name = f"mad_T{T}_D{D}_E{E}"
+
+    def make(g):
+        x = torch.randn(T, D, generator=g) * (1 + torch.rand(D, generator=g))
+        a = torch.randint(0, E, (T,), generator=g, dtype=torch.int32)
+        return [x, a]
+
+    eager = lambda x, a: bl.mad_dispersion(x, a, E)
+
+    def check(inp, ours, ref):
+        if not torch.equal(ours[1].long(), ref[1].long()):
+            raise AssertionError("counts differ")
+        return _close("w", ours[0], ref[0], 1e-3, 1e-5)
+
+    return Case(name, "mad_dispersion", regime, dict(T=T, D=D, E=E, measure="mad", normalize="feature",
+                                                     empty="identity", clip=10.0, eps=1e-4),
+                M.mad_dispersion(name, T, D, E), make, [((E, D), torch.float32), ((E,), torch.int32)], eager, check)
+
+
+def adjacency_case(regime: str, T: int, E: int, k: int) -> Case:
+    name = f"adj_T{T}_E{E}_k{k}"
+
+    def make(g):
+        a = torch.rand(E, E, generator=g)
+        a = a / a.sum(1, keepdim=True)
+        idx = torch.rand(T, E, generator=g).topk(k, -1).indices.to(torch.int32)   # k distinct experts per token
+        return [a, idx]
+
+    eager = lambda a, idx: bl.adjacency_update(a, idx, 0.9)
+
+    def check(inp, ours, ref):
+        return _close("a_next", ours[0], ref, 1e-4, 1e-6)
+
+    return Case(name, "adjacency_update", regime, dict(T=T, E=E, k=k, beta=0.9, norm="row", include_self=True),
+                M.adjacency_update(name, T, E, k, 0.9), make, [((E, E), torch.float32)], eager, check)
+
+
+def hyper_case(regime: str, De: int, Dh: int, D: int, E: int) -> Case:
+    name = f"hyper_De{De}_Dh{Dh}_D{D}_E{E}"
+
+    def make(g):
+        emb = torch.randn(De, generator=g)
+        w1 = torch.randn(Dh, De, generator=g) * 0.02 * 8
+        b1 = torch.randn(Dh, generator=g) * 0.1
+        w2 = torch.randn(E * (D + 1), Dh, generator=g) * 0.02
+        b2 = torch.randn(E * (D + 1), generator=g) * 0.01
+        return [emb, w1, b1, w2, b2]
+
+    eager = lambda emb, w1, b1, w2, b2: bl.hyper_router(emb, w1, b1, w2, b2, E)
+
+    def check(inp, ours, ref):
+        return max(_close("w", ours[0], ref[0], 1e-3, 1e-5), _close("b", ours[1], ref[1], 1e-3, 1e-5))
+
+    return Case(name, "hyper_router", regime, dict(De=De, Dh=Dh, D=D, E=E, w2_MiB=E * (D + 1) * Dh * 4 / 2 ** 20),
+                M.hyper_router(name, De, Dh, D, E), make, [((E, D), torch.float32), ((E,), torch.float32)],
+                eager, check, note="token-independent (the router is generated once per step)")
+
+
+def full_cases() -> list[Case]:
+    cs = [
+        # topk_renorm: decode and prefill, K from 8 to 256
+        topk_case("decode", 64, 8, 2), topk_case("decode", 64, 64, 8), topk_case("decode", 64, 256, 8),
+        topk_case("prefill", 16384, 8, 2), topk_case("prefill", 16384, 64, 8), topk_case("prefill", 16384, 256, 8),
+        topk_case("prefill", 16384, 64, 8, "probs"),
+        # similarity_inform (N up to 16384; D from 64 to 1024)
+        similarity_case("decode", 1, 64, 64, 16), similarity_case("decode", 1, 64, 1024, 64),
+        similarity_case("prefill", 1, 16384, 64, 16),
+        similarity_case("prefill", 4, 4096, 256, 64, causal=True),
+        # the fused similarity_inform_topk
+        similarity_case("decode", 1, 64, 64, 16, k=2),
+        similarity_case("prefill", 1, 16384, 64, 16, k=2),
+        # attention_posterior
+        attention_case("decode", 1, 8, 64, 64, 512, 64, 16),
+        attention_case("prefill", 16, 4, 1024, 1024, 256, 64, 16),
+        # mad_dispersion (E experts from 8 to 256, D from 64 to 1024)
+        mad_case("decode", 64, 256, 8),
+        mad_case("prefill", 16384, 64, 8), mad_case("prefill", 16384, 1024, 64), mad_case("prefill", 16384, 256, 256),
+        # adjacency_update
+        adjacency_case("decode", 64, 64, 8),
+        adjacency_case("prefill", 16384, 8, 2), adjacency_case("prefill", 16384, 64, 8),
+        adjacency_case("prefill", 16384, 256, 8),
+        # hyper_router: token-independent; "prefill" = the large generated routers
+        hyper_case("decode", 256, 256, 64, 8),
+        hyper_case("prefill", 256, 256, 1024, 64), hyper_case("prefill", 256, 256, 1024, 256),
+    ]
+    return cs
+
+
+def quick_cases() -> list[Case]:
+    return [
+        topk_case("decode", 64, 64, 8), topk_case("mid", 4096, 64, 8),
+        similarity_case("decode", 1, 64, 64, 16), similarity_case("mid", 1, 512, 64, 16),
+        similarity_case("mid", 1, 512, 64, 16, k=2),
+        attention_case("decode", 1, 4, 64, 64, 128, 32, 16),
+        mad_case("mid", 4096, 64, 8),
+        adjacency_case("mid", 4096, 64, 8),
+        hyper_case("decode", 256, 256, 64, 8),
+    ]
+
+
+def gpu_cases() -> list[Case]:
+    """The GPU benchmark (bench/gpu): compiled ahead of time for sm_90 by bench/gpu/build_artifacts.sh.
+    The three topk_renorm cases at 65536 tokens are the HBM-roofline cases."""
+    return [
+        topk_case("decode", 64, 256, 8),
+        topk_case("prefill", 65536, 64, 8), topk_case("prefill", 65536, 128, 8), topk_case("prefill", 65536, 256, 8),
+        topk_case("prefill", 65536, 128, 8, "probs"),
+        similarity_case("decode", 1, 64, 64, 16),
+        similarity_case("prefill", 1, 16384, 64, 16),
+        similarity_case("prefill", 4, 4096, 256, 64, causal=True),
+        similarity_case("prefill", 1, 16384, 64, 16, k=2),
+        attention_case("prefill", 16, 4, 1024, 1024, 256, 64, 16),
+        mad_case("prefill", 65536, 1024, 64), mad_case("prefill", 16384, 256, 256),
+        adjacency_case("prefill", 65536, 256, 8),
+        hyper_case("prefill", 256, 256, 1024, 256),
+    ]
+
+
+def find_case(name: str, pools=(full_cases, quick_cases, gpu_cases)) -> Case:
+    for pool in pools:
+        for c in pool():
+            if c.name == name:
+                return c
+    raise KeyError(name)

@@ -1,0 +1,107 @@
+"""MLIR text of the benchmark kernels: one public function per case, static shapes.
+
+Torch-free on purpose: the peak-memory worker (bench/memory.py) builds the module without importing torch, and the
+GPU artifact builder (bench/gpu/gen_cases.py) reuses the same generators.
+
+The ops use the pretty form of docs/MoEOps.md (the same spelling as test/GPU/Inputs/gpu-cases.mlir).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def _t(shape: Sequence[int], elem: str = "f32") -> str:
+    return "tensor<" + "x".join(str(int(s)) for s in shape) + ("x" if len(shape) else "") + elem + ">"
+
+
+def _f(x: float) -> str:
+    return f"{float(x):.6e}"
+
+
+def _func(name: str, args: Sequence[tuple[str, str]], results: Sequence[str], body: str, rets: Sequence[str]) -> str:
+    sig = ", ".join(f"%{a}: {t}" for a, t in args)
+    res = ", ".join(results)
+    res = f"({res})" if len(results) > 1 else res
+    ret = f"return {', '.join(rets)} : {', '.join(results)}"
+    return f"func.func @{name}({sig}) -> {res} {{\n  {body}\n  {ret}\n}}\n"
+
+
+def topk_renorm(name: str, T: int, K: int, k: int, mode: str = "logits", renormalize: bool = True,
+                lead: Sequence[int] = ()) -> str:
+    shape = (*lead, T) if lead else (T,)
+    s, o = _t((*shape, K)), _t((*shape, k))
+    oi = _t((*shape, k), "i32")
+    attrs = f"k({k})"
+    if mode != "logits":
+        attrs += f" mode({mode})"
+    if not renormalize:
+        attrs += " renormalize(false)"
+    body = f"%w, %i = moe.topk_renorm %s {attrs} : {s} -> {o}, {oi}"
+    return _func(name, [("s", s)], [o, oi], body, ["%w", "%i"])
+
+
+def _sim_attrs(tau: float, causal: bool) -> str:
+    return f"tau({_f(tau)})" + (" causal(true)" if causal else "")
+
+
+def similarity_inform(name: str, B: int, N: int, D: int, K: int, tau: float = 1.0, causal: bool = False) -> str:
+    u, e = _t((B, N, D)), _t((B, N, K))
+    body = f"%p = moe.similarity_inform %u, %e {_sim_attrs(tau, causal)} : {u}, {e} -> {e}"
+    return _func(name, [("u", u), ("e", e)], [e], body, ["%p"])
+
+
+def similarity_inform_topk(name: str, B: int, N: int, D: int, K: int, k: int, tau: float = 1.0,
+                           causal: bool = False) -> str:
+    u, e = _t((B, N, D)), _t((B, N, K))
+    w, i = _t((B, N, k)), _t((B, N, k), "i32")
+    body = (f"%w, %i = moe.similarity_inform_topk %u, %e k({k}) {_sim_attrs(tau, causal)} : {u}, {e} -> {w}, {i}")
+    return _func(name, [("u", u), ("e", e)], [w, i], body, ["%w", "%i"])
+
+
+def attention_posterior(name: str, B: int, H: int, N: int, Nk: int, D: int, Dh: int, K: int,
+                        sigma: float = 1.0) -> str:
+    s, u, v = _t((B, H, N, Nk)), _t((B, N, D)), _t((B, H, Nk, Dh))
+    wo, e = _t((D, H * Dh)), _t((B, Nk, K))
+    p, h = _t((B, N, K)), _t((B,), "i32")
+    body = (f"%p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma({_f(sigma)}) : "
+            f"{s}, {u}, {v}, {wo}, {e} -> {p}, {h}")
+    return _func(name, [("s", s), ("u", u), ("v", v), ("wo", wo), ("e", e)], [p, h], body, ["%p", "%h"])
+
+
+def mad_dispersion(name: str, T: int, D: int, E: int) -> str:
+    x, a = _t((T, D)), _t((T,), "i32")
+    w, c = _t((E, D)), _t((E,), "i32")
+    body = f"%w, %c = moe.mad_dispersion %x, %a num_experts({E}) : {x}, {a} -> {w}, {c}"
+    return _func(name, [("x", x), ("a", a)], [w, c], body, ["%w", "%c"])
+
+
+def adjacency_update(name: str, T: int, E: int, k: int, beta: float = 0.9) -> str:
+    a, idx = _t((E, E)), _t((T, k), "i32")
+    body = f"%n = moe.adjacency_update %a, %idx beta({_f(beta)}) : {a}, {idx} -> {a}"
+    return _func(name, [("a", a), ("idx", idx)], [a], body, ["%n"])
+
+
+def hyper_router(name: str, De: int, Dh: int, D: int, E: int) -> str:
+    emb, w1, b1 = _t((De,)), _t((Dh, De)), _t((Dh,))
+    w2, b2 = _t((E * (D + 1), Dh)), _t((E * (D + 1),))
+    w, b = _t((E, D)), _t((E,))
+    body = (f"%w, %b = moe.hyper_router %emb, %w1, %b1, %w2, %b2 num_experts({E}) : "
+            f"{emb}, {w1}, {b1}, {w2}, {b2} -> {w}, {b}")
+    return _func(name, [("emb", emb), ("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2)], [w, b], body,
+                 ["%w", "%b"])
+
+
+GENERATORS = {
+    "topk_renorm": topk_renorm,
+    "similarity_inform": similarity_inform,
+    "similarity_inform_topk": similarity_inform_topk,
+    "attention_posterior": attention_posterior,
+    "mad_dispersion": mad_dispersion,
+    "adjacency_update": adjacency_update,
+    "hyper_router": hyper_router,
+}
+
+
+def module(funcs: Sequence[str]) -> str:
+    return "\n".join(funcs)
