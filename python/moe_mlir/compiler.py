@@ -429,7 +429,7 @@ def compile(
             for CUDA needs the CUDA toolkit but no GPU; calling the result needs CUDA tensors.
         backend: ``"auto"`` | ``"executor"`` | ``"runner"`` (see the module doc); CPU target only.
         params: ``"constant"`` (weights folded into the code) or ``"argument"``; CPU target only (on CUDA the
-            weights are always device tensors, snapshotted at compile time).
+            weights are always the model's tensors, on the device).
         chip, build_dir: CUDA target only: the ``sm_XY`` to build for (default: the visible device's, else
             ``$MOE_GPU_CHIP`` or sm_90) and where to keep the build (default: a content-addressed cache).
 

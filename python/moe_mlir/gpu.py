@@ -25,11 +25,14 @@ by orders of magnitude. So the GPU target *splits* the graph:
    against ``libmoe_cuda_runtime.so``). All of this happens at compile time and needs no GPU;
 5. at call time the rewritten FX graph (``torch.device`` arguments retargeted to the inputs' CUDA device) runs
    eagerly on CUDA tensors, and each partition node calls ``_mlir_ciface_<fn>`` of the library through
-   :mod:`ctypes` with device memref descriptors, on PyTorch's *current stream* (``moeGpuSetStream``), then copies
-   the device results into PyTorch tensors and frees them with ``moeGpuFree``.
+   :mod:`ctypes` with device memref descriptors, on PyTorch's *current stream* (``moeGpuSetStream``; on the legacy
+   default stream, whose handle 0 the runtime cannot adopt, after synchronizing it), then copies the device
+   results into PyTorch tensors and frees them with ``moeGpuFree``. The compiled host code waits for its stream
+   at the end of each op, so a partition call is synchronous.
 
-Weights are snapshotted at compile time (as the CPU target's default ``params="constant"``) and moved to the
-device at the first call on it. The library is loaded at the first call (or :meth:`CudaCompiledModel.load`): that
+Weights are the model's tensors at compile time (no copy; a CUDA model's weights are used in place, a CPU model's
+are copied to the device at the first call on it). The model runs under ``torch.no_grad()`` (inference), on one
+device: the one its kernels were loaded on at the first call. The library is loaded at the first call (or :meth:`CudaCompiledModel.load`): that
 is where a missing driver or device is reported (:class:`CudaUnavailableError`). A CPU tensor passed to the
 compiled model raises :class:`ValueError`; a missing tool of the GPU build raises :class:`GpuToolchainError`; a moe
 op the GPU lowering refuses raises :class:`~moe_mlir.compiler.MoEOptError` with moe-opt's diagnostic.
@@ -439,7 +442,7 @@ class _InputSpec:
     name: str
     kind: str  # "user_input" | "parameter" | "buffer" | "constant"
     type: TensorType
-    value: Optional[torch.Tensor] = None  # weights (snapshot)
+    value: Optional[torch.Tensor] = None  # weights (the model's tensors)
 
 
 class CudaCompiledModel:
@@ -471,6 +474,7 @@ class CudaCompiledModel:
         self._graphs: dict[str, fx.GraphModule] = {}
         self._weights: dict[str, list[torch.Tensor]] = {}
         self._cpu_check = False
+        self._device_index: Optional[int] = None
         for p in partitions:
             setattr(graph, p.name, _PartitionCall(self, p))
 
@@ -485,8 +489,10 @@ class CudaCompiledModel:
         return self.build.library if self.build else None
 
     # -- loading --------------------------------------------------------------------------------------------------
-    def load(self) -> None:
-        """Loads the CUDA runtime and the library (its constructor loads the kernels on the current device).
+    def load(self, device: Optional[torch.device] = None) -> None:
+        """Loads the CUDA runtime and the library, whose constructor loads the kernels into the primary context of
+        ``device`` (default: PyTorch's current CUDA device, else device 0). The kernels then run on that device
+        only: a call with inputs on another device raises :class:`ValueError`.
 
         Raises:
             CudaUnavailableError: no driver, no device, or the kernels do not load (e.g. built for another chip).
@@ -495,10 +501,18 @@ class CudaCompiledModel:
             return
         assert self.build is not None and self._runtime_dir is not None
         rt = CudaRuntime.get(self._runtime_dir)
-        if rt.device_count() <= 0:
+        count = rt.device_count()
+        if count <= 0:
             raise CudaUnavailableError("the CUDA driver reports no device: a model compiled with target='cuda' "
                                        "needs an NVIDIA GPU (compile with target='cpu' to run here)")
+        if device is None or device.index is None:
+            index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        else:
+            index = device.index
+        if index >= count:
+            raise CudaUnavailableError(f"no CUDA device {index} ({count} present)")
         rt.take_driver_error()
+        rt.rt.mgpuSetDefaultDevice(index)
         try:
             lib = ctypes.CDLL(self.build.library)
         except OSError as e:
@@ -511,7 +525,7 @@ class CudaCompiledModel:
             fn = getattr(lib, "_mlir_ciface_" + p.fn)
             fn.restype = None
             self._fns[p.fn] = fn
-        self._runtime, self._lib = rt, lib
+        self._runtime, self._lib, self._device_index = rt, lib, index
 
     # -- calls ----------------------------------------------------------------------------------------------------
     def _check_inputs(self, args: Sequence[Any], device_type: str) -> torch.device:
@@ -559,7 +573,10 @@ class CudaCompiledModel:
         device = self._check_inputs(args, "cuda")
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        self.load()
+        self.load(device)
+        if self._device_index is not None and device.index != self._device_index:
+            raise ValueError(f"the inputs are on {device}, but this model's GPU kernels were loaded on "
+                             f"cuda:{self._device_index} (compile one model per device)")
         gm = self._graph_for(device)
         with torch.no_grad(), torch.cuda.device(device):
             outs = gm(*self._flat_inputs(args, device))
@@ -604,8 +621,15 @@ class CudaCompiledModel:
             res_descs = [getattr(res, f"r{i}") for i in range(len(types))]
         stream = torch.cuda.current_stream(device)
         rt.take_index_error()  # a stale error of an earlier call on this thread is not ours
-        rt.rt.mgpuSetDefaultDevice(device.index or 0)
-        rt.rt.moeGpuSetStream(ctypes.c_void_p(stream.cuda_stream))
+        rt.rt.mgpuSetDefaultDevice(device.index if device.index is not None else 0)
+        if stream.cuda_stream:
+            # Kernels, allocations and the final wait run in PyTorch's stream, ordered after the producers.
+            rt.rt.moeGpuSetStream(ctypes.c_void_p(stream.cuda_stream))
+        else:
+            # PyTorch's legacy default stream (handle 0): with no ambient stream the runtime creates a
+            # non-blocking stream, which does not wait for the default stream, so wait for the producers here.
+            stream.synchronize()
+            rt.rt.moeGpuSetStream(None)
         try:
             self._fns[part.fn](ctypes.byref(res), *[ctypes.byref(d) for d in descs])
         finally:
@@ -657,7 +681,7 @@ def compile_cuda(model: torch.nn.Module, example_args: Sequence[Any], *, raise_i
     if raise_idioms:
         raise_routing_idioms(gm)
 
-    # The signature: weights (snapshot) and user inputs, in placeholder order.
+    # The signature: weights and user inputs, in placeholder order.
     sig = ep.graph_signature
     specs = {s.arg.name: s for s in sig.input_specs}
     state, constants = ep.state_dict, getattr(ep, "constants", {}) or {}
@@ -682,7 +706,7 @@ def compile_cuda(model: torch.nn.Module, example_args: Sequence[Any], *, raise_i
             raise NotImplementedError(f"unsupported input kind {kind} for '{ph.name}'")
         if not isinstance(value, torch.Tensor):
             raise NotImplementedError(f"no tensor value for {kind.name.lower()} '{spec.target}'")
-        value = value.detach().clone()
+        value = value.detach()  # the model's tensor (no copy): moved to the device at the first call
         inputs.append(_InputSpec(ph.name, kind.name.lower(), TensorType.of(value.shape, value.dtype), value))
     output_kinds = [
         f"buffer_mutation:{s.target}" if s.kind == OutputKind.BUFFER_MUTATION else "user_output"
