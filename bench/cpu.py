@@ -214,6 +214,16 @@ def main() -> int:
     info = machine_info(args.threads)
     print(f"machine: {info['cpu_model']} ({info['logical_cpus']} logical CPUs), threads={args.threads}, "
           f"torch {info['torch']}, commit {info['git_commit'][:10]}, load {info['loadavg_start']}", flush=True)
+    if args.compile:
+        # Import inductor (and triton, which bundles its own LLVM) BEFORE libMoEExecutorC.so (linked to the system's
+        # libLLVM/libMLIR): the other order segfaults in triton's import (seen with torch 2.15 + triton 3.9).
+        import importlib
+
+        for mod in ("torch._dynamo", "torch._inductor.compile_fx", "triton"):
+            try:
+                importlib.import_module(mod)
+            except ImportError:
+                pass
     exe = Executor()
     print(f"executor: {exe.path}", flush=True)
 

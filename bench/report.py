@@ -90,8 +90,8 @@ def write_markdown(doc: dict, path: Path, png_name: str) -> str:
     comp = [r for r in doc["records"] if "torch_compile_error" in r or r.get("torch_compile_ms") is not None]
     fails = [r for r in doc["records"] if r.get("torch_compile_error")]
     lines += ["", "## torch.compile", ""]
-    if not comp:
-        lines.append("Not measured.")
+    if not comp or all(r.get("torch_compile_error", "").startswith("not run") for r in comp):
+        lines.append("Not measured in this run (--no-compile or --quick).")
     else:
         okc = [r for r in doc["records"] if r.get("torch_compile_ms") is not None]
         lines.append(f"inductor compiled and ran {len(okc)} of {len(doc['records'])} cases.")

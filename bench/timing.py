@@ -15,6 +15,10 @@ def measure(fn: Callable[[], object], budget_s: float, max_reps: int, min_reps: 
     t0 = time.perf_counter()
     fn()
     first = time.perf_counter() - t0
+    if first >= cap_s:  # too slow to repeat within the cap: the warm-up call is the measurement
+        ms = first * 1e3
+        return {"median_ms": ms, "min_ms": ms, "max_ms": ms, "p25_ms": ms, "p75_ms": ms, "iqr_rel": 0.0,
+                "reps": 1, "first_call_ms": ms, "note": "single call (slower than the cap)"}
     # more warm-up for fast functions (caches, allocator, branch predictors): ~5% of the budget
     if first < budget_s * 0.01:
         end = time.perf_counter() + budget_s * 0.05

@@ -307,6 +307,14 @@ def run_case(g: GpuLib, case: C.Case, args) -> dict:
     return rec
 
 
+def _git_head():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO,
+                              timeout=10).stdout.strip() or None
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", required=True)
@@ -322,7 +330,10 @@ def main() -> int:
         return 77
     torch.cuda.init()
     g = GpuLib(args.lib, args.runtime_dir)
-    g.rt.moeGpuSetStream(ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+    # One side stream for everything: torch's kernels and ours (the runtime's ambient stream) run on it.
+    stream = torch.cuda.Stream()
+    torch.cuda.set_stream(stream)
+    g.rt.moeGpuSetStream(ctypes.c_void_p(stream.cuda_stream))
     name = torch.cuda.get_device_name()
     args.peak_bw, bw_src = datasheet_bandwidth(name)
     args.copy_bw = copy_bandwidth()
@@ -334,8 +345,7 @@ def main() -> int:
         "copy_bandwidth_Bps": args.copy_bw,
         "artifacts": Path(args.manifest).parent.joinpath("BUILD_INFO").read_text()
         if Path(args.manifest).parent.joinpath("BUILD_INFO").exists() else None,
-        "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                     cwd=REPO).stdout.strip() or None,
+        "git_commit": _git_head(),
         "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), None),
     }
     print(f"device: {name}, torch {torch.__version__}, copy bandwidth {args.copy_bw / 1e9:.0f} GB/s "

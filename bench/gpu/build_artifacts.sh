@@ -20,5 +20,5 @@ rm -rf "$ART" && mkdir -p "$ART"
 python3 "$ROOT/tools/moe-aot/moe-aot.py" "$ART/bench-cases.mlir" -o "$ART" --name bench-cases \
   --moe-opt "$BUILD/bin/moe-opt" --chip "$CHIP" --format fatbin --toolkit "$TOOLKIT"
 rm -f "$ART/bench-cases.ll" "$ART/bench-cases.llvm.mlir"   # intermediates: keep the carried folder small
-{ echo "chip=$CHIP"; echo "commit=$(git -C "$ROOT" rev-parse HEAD)"; echo "built=$(date -Iseconds)"; } > "$ART/BUILD_INFO"
+{ echo "chip=$CHIP"; echo "commit=$(cat "$BUILD/MOE_SOURCE_COMMIT" 2>/dev/null || git -C "$ROOT" rev-parse HEAD)"; echo "built=$(date -Iseconds)"; } > "$ART/BUILD_INFO"
 ls -la "$ART"
