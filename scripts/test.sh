@@ -34,7 +34,7 @@ pycount() { grep -E '^[0-9]+ (passed|failed|skipped|error)|in [0-9.]+s' "$log/py
             grep -oE "[0-9]+ $1" | grep -oE '^[0-9]+' || echo 0; }
 py_passed=$(pycount passed); py_failed=$(( $(pycount failed) + $(pycount error) )); py_skipped=$(pycount skipped)
 
-count() { grep -oE "^ *$1: *[0-9]+" "$log/lit.txt" | grep -oE '[0-9]+$' || echo 0; }
+count() { grep -oE "^ *$1 *: *[0-9]+" "$log/lit.txt" | grep -oE '[0-9]+$' || echo 0; }
 lit_passed=$(( $(count Passed) + $(count 'Expectedly Failed') ))
 lit_failed=$(( $(count Failed) + $(count 'Unexpectedly Passed') + $(count Unresolved) + $(count 'Timed Out') ))
 lit_skipped=$(( $(count Unsupported) + $(count Skipped) ))

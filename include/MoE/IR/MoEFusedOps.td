@@ -12,7 +12,7 @@
 #ifndef MOE_IR_MOEFUSEDOPS_TD
 #define MOE_IR_MOEFUSEDOPS_TD
 
-def MoE_SimilarityInformTopkOp : MoE_Op<"similarity_inform_topk",
+def MoE_SimilarityInformTopkOp : MoE_InferredOp<"similarity_inform_topk",
     !listconcat(MoE_PureInferred, [AttrSizedOperandSegments])> {
   let summary = "Similarity-Inform mixing with the top-k gate in its epilogue (eq 11)";
   let description = [{
@@ -50,7 +50,7 @@ def MoE_SimilarityInformTopkOp : MoE_Op<"similarity_inform_topk",
   let hasVerifier = 1;
 }
 
-def MoE_AttentionPosteriorTopkOp : MoE_Op<"attention_posterior_topk", MoE_PureInferred> {
+def MoE_AttentionPosteriorTopkOp : MoE_InferredOp<"attention_posterior_topk", MoE_PureInferred> {
   let summary = "Attention-Inform mixing with the top-k gate in its epilogue (eq 17)";
   let description = [{
     `moe.attention_posterior` followed by `moe.topk_renorm mode(probs)` on its `p`, as one op: the Attention-Inform

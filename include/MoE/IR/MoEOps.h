@@ -18,6 +18,13 @@
 #include "MoE/IR/MoEDialect.h"
 #include "MoE/IR/MoEEnums.h.inc"
 
+namespace mlir::moe {
+/// Written result types may refine inferred shapes (a static size where the
+/// operands leave it dynamic) but never contradict them or change the element
+/// type.
+bool compatibleResultTypes(TypeRange inferred, TypeRange written);
+} // namespace mlir::moe
+
 #define GET_ATTRDEF_CLASSES
 #include "MoE/IR/MoEAttrs.h.inc"
 

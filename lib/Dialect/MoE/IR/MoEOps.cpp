@@ -48,24 +48,15 @@ int64_t merge(std::initializer_list<int64_t> sizes) {
   return result;
 }
 
+/// The width of a top-k result: `k`, or dynamic while the verifier rejects it.
+int64_t topkWidth(int64_t k) { return k >= 1 ? k : kDynamic; }
+
 RankedTensorType f32Tensor(MLIRContext *ctx, ArrayRef<int64_t> shape) {
   return RankedTensorType::get(shape, Float32Type::get(ctx));
 }
 
 RankedTensorType i32Tensor(MLIRContext *ctx, ArrayRef<int64_t> shape) {
   return RankedTensorType::get(shape, IntegerType::get(ctx, 32));
-}
-
-/// Results may refine inferred shapes (a static size where the operands leave
-/// it dynamic) but never contradict them or change the element type.
-bool compatibleResultTypes(TypeRange lhs, TypeRange rhs) {
-  if (lhs.size() != rhs.size())
-    return false;
-  for (auto [l, r] : llvm::zip(lhs, rhs))
-    if (getElementTypeOrSelf(l) != getElementTypeOrSelf(r) ||
-        failed(verifyCompatibleShape(l, r)))
-      return false;
-  return true;
 }
 
 /// A float attribute as a user wrote it: `0.5`, `-1`, `inf`, `nan`.
@@ -133,6 +124,16 @@ private:
   Operation *op;
 };
 } // namespace
+
+bool mlir::moe::compatibleResultTypes(TypeRange inferred, TypeRange written) {
+  if (inferred.size() != written.size())
+    return false;
+  for (auto [l, r] : llvm::zip(inferred, written))
+    if (getElementTypeOrSelf(l) != getElementTypeOrSelf(r) ||
+        failed(verifyCompatibleShape(l, r)))
+      return false;
+  return true;
+}
 
 //===----------------------------------------------------------------------===//
 // Custom assembly: modes print as bare keywords, `mode(probs)`
@@ -257,15 +258,10 @@ LogicalResult TopkRenormOp::inferReturnTypes(
   SmallVector<int64_t> shape(scores.getShape());
   if (shape.empty())
     shape.push_back(kDynamic);
-  int64_t k = adaptor.getK();
-  shape.back() = k >= 1 ? k : kDynamic;
+  shape.back() = topkWidth(adaptor.getK());
   inferred.push_back(f32Tensor(ctx, shape));
   inferred.push_back(i32Tensor(ctx, shape));
   return success();
-}
-
-bool TopkRenormOp::isCompatibleReturnTypes(TypeRange l, TypeRange r) {
-  return compatibleResultTypes(l, r);
 }
 
 LogicalResult TopkRenormOp::verify() {
@@ -281,18 +277,27 @@ LogicalResult TopkRenormOp::verify() {
 // SimilarityInformOp
 //===----------------------------------------------------------------------===//
 
+/// [B, N] of Similarity-Inform mixing: from `u` [B, N, D] and `e` [B, N, K].
+static SmallVector<int64_t, 3> similarityRows(Value u, Value e) {
+  return {merge(dimOf(u, 3, 0), dimOf(e, 3, 0)),
+          merge(dimOf(u, 3, 1), dimOf(e, 3, 1))};
+}
+
+/// [B, N] of Attention-Inform mixing: from every operand that carries them.
+static SmallVector<int64_t, 3> posteriorRows(Value scores, Value u, Value v,
+                                             Value e) {
+  return {merge({dimOf(scores, 4, 0), dimOf(u, 3, 0), dimOf(v, 4, 0),
+                 dimOf(e, 3, 0)}),
+          merge(dimOf(scores, 4, 2), dimOf(u, 3, 1))};
+}
+
 LogicalResult SimilarityInformOp::inferReturnTypes(
     MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
     SmallVectorImpl<Type> &inferred) {
-  Value u = adaptor.getU(), e = adaptor.getE();
-  inferred.push_back(f32Tensor(ctx, {merge(dimOf(u, 3, 0), dimOf(e, 3, 0)),
-                                     merge(dimOf(u, 3, 1), dimOf(e, 3, 1)),
-                                     dimOf(e, 3, 2)}));
+  SmallVector<int64_t, 3> shape = similarityRows(adaptor.getU(), adaptor.getE());
+  shape.push_back(dimOf(adaptor.getE(), 3, 2));
+  inferred.push_back(f32Tensor(ctx, shape));
   return success();
-}
-
-bool SimilarityInformOp::isCompatibleReturnTypes(TypeRange l, TypeRange r) {
-  return compatibleResultTypes(l, r);
 }
 
 LogicalResult SimilarityInformOp::verify() {
@@ -307,18 +312,13 @@ LogicalResult SimilarityInformOp::verify() {
 LogicalResult AttentionPosteriorOp::inferReturnTypes(
     MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
     SmallVectorImpl<Type> &inferred) {
-  Value scores = adaptor.getScores(), u = adaptor.getU(), v = adaptor.getV(),
-        e = adaptor.getE();
-  int64_t b = merge({dimOf(scores, 4, 0), dimOf(u, 3, 0), dimOf(v, 4, 0),
-                     dimOf(e, 3, 0)});
-  int64_t n = merge(dimOf(scores, 4, 2), dimOf(u, 3, 1));
-  inferred.push_back(f32Tensor(ctx, {b, n, dimOf(e, 3, 2)}));
+  SmallVector<int64_t, 3> shape = posteriorRows(
+      adaptor.getScores(), adaptor.getU(), adaptor.getV(), adaptor.getE());
+  int64_t b = shape[0];
+  shape.push_back(dimOf(adaptor.getE(), 3, 2));
+  inferred.push_back(f32Tensor(ctx, shape));
   inferred.push_back(i32Tensor(ctx, {b}));
   return success();
-}
-
-bool AttentionPosteriorOp::isCompatibleReturnTypes(TypeRange l, TypeRange r) {
-  return compatibleResultTypes(l, r);
 }
 
 std::optional<double> AttentionPosteriorOp::getEffectiveHeadScale() {
@@ -350,10 +350,6 @@ LogicalResult MadDispersionOp::inferReturnTypes(
   return success();
 }
 
-bool MadDispersionOp::isCompatibleReturnTypes(TypeRange l, TypeRange r) {
-  return compatibleResultTypes(l, r);
-}
-
 LogicalResult MadDispersionOp::verify() {
   OperandChecker check(*this);
   Value tokens = getTokens(), assign = getAssign();
@@ -381,10 +377,6 @@ LogicalResult AdjacencyUpdateOp::inferReturnTypes(
   int64_t e = merge(dimOf(a, 2, 0), dimOf(a, 2, 1));
   inferred.push_back(f32Tensor(ctx, {e, e}));
   return success();
-}
-
-bool AdjacencyUpdateOp::isCompatibleReturnTypes(TypeRange l, TypeRange r) {
-  return compatibleResultTypes(l, r);
 }
 
 LogicalResult AdjacencyUpdateOp::verify() {
@@ -425,10 +417,6 @@ LogicalResult HyperRouterOp::inferReturnTypes(
   inferred.push_back(f32Tensor(ctx, {e, d}));
   inferred.push_back(f32Tensor(ctx, {e}));
   return success();
-}
-
-bool HyperRouterOp::isCompatibleReturnTypes(TypeRange l, TypeRange r) {
-  return compatibleResultTypes(l, r);
 }
 
 LogicalResult HyperRouterOp::verify() {
@@ -472,18 +460,11 @@ LogicalResult HyperRouterOp::verify() {
 LogicalResult SimilarityInformTopkOp::inferReturnTypes(
     MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
     SmallVectorImpl<Type> &inferred) {
-  Value u = adaptor.getU(), e = adaptor.getE();
-  int64_t k = adaptor.getK() >= 1 ? adaptor.getK() : kDynamic;
-  SmallVector<int64_t> shape = {merge(dimOf(u, 3, 0), dimOf(e, 3, 0)),
-                                merge(dimOf(u, 3, 1), dimOf(e, 3, 1)), k};
+  SmallVector<int64_t, 3> shape = similarityRows(adaptor.getU(), adaptor.getE());
+  shape.push_back(topkWidth(adaptor.getK()));
   inferred.push_back(f32Tensor(ctx, shape));
   inferred.push_back(i32Tensor(ctx, shape));
   return success();
-}
-
-bool SimilarityInformTopkOp::isCompatibleReturnTypes(TypeRange l,
-                                                     TypeRange r) {
-  return compatibleResultTypes(l, r);
 }
 
 LogicalResult SimilarityInformTopkOp::verify() {
@@ -498,21 +479,14 @@ LogicalResult SimilarityInformTopkOp::verify() {
 LogicalResult AttentionPosteriorTopkOp::inferReturnTypes(
     MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
     SmallVectorImpl<Type> &inferred) {
-  Value scores = adaptor.getScores(), u = adaptor.getU(), v = adaptor.getV(),
-        e = adaptor.getE();
-  int64_t b = merge({dimOf(scores, 4, 0), dimOf(u, 3, 0), dimOf(v, 4, 0),
-                     dimOf(e, 3, 0)});
-  int64_t n = merge(dimOf(scores, 4, 2), dimOf(u, 3, 1));
-  int64_t k = adaptor.getK() >= 1 ? adaptor.getK() : kDynamic;
-  inferred.push_back(f32Tensor(ctx, {b, n, k}));
-  inferred.push_back(i32Tensor(ctx, {b, n, k}));
+  SmallVector<int64_t, 3> shape = posteriorRows(
+      adaptor.getScores(), adaptor.getU(), adaptor.getV(), adaptor.getE());
+  int64_t b = shape[0];
+  shape.push_back(topkWidth(adaptor.getK()));
+  inferred.push_back(f32Tensor(ctx, shape));
+  inferred.push_back(i32Tensor(ctx, shape));
   inferred.push_back(i32Tensor(ctx, {b}));
   return success();
-}
-
-bool AttentionPosteriorTopkOp::isCompatibleReturnTypes(TypeRange l,
-                                                       TypeRange r) {
-  return compatibleResultTypes(l, r);
 }
 
 LogicalResult AttentionPosteriorTopkOp::verify() {
