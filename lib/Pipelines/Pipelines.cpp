@@ -2,15 +2,29 @@
 //
 // Part of the MoE-MLIR project.
 //
-// Only upstream passes after our own conversion: bufferization, loops and the
-// LLVM conversions are reused as they are.
+// Only upstream passes after our own conversions: bufferization, loops,
+// async (the parallel token loops), vector and the LLVM conversions are reused
+// as they are.
+//
+// Parallelism: the fast kernels (convert-moe-to-cpu) emit one scf.parallel
+// over `num-threads` workers per op. With num-threads > 1, async-parallel-for
+// (one task per worker: num-workers = N, min-task-size = 1) runs N-1 workers
+// on the async runtime's thread pool and one on the calling thread, then
+// waits for all. We chose the async runtime over OpenMP because Debian's
+// LLVM 22 ships libmlir_async_runtime.so but no libomp (the omp dialect
+// lowers to __kmpc_* calls; that would need the package libomp5-22), and the
+// ExecutionEngine loads the async runtime like any shared library. The pool
+// has one thread per core, so N above the core count adds no parallelism.
 //
 //===----------------------------------------------------------------------===//
 
 #include "MoE/Pipelines/Pipelines.h"
+#include "MoE/Conversion/MoEToLinalg/MoEToCPU.h"
 #include "MoE/Conversion/Passes.h"
 
 #include "mlir/Conversion/Passes.h"
+#include "mlir/Dialect/Arith/Transforms/Passes.h"
+#include "mlir/Dialect/Async/Passes.h"
 #include "mlir/Dialect/Bufferization/Pipelines/Passes.h"
 #include "mlir/Dialect/Bufferization/Transforms/Passes.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -20,6 +34,10 @@
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Transforms/Passes.h"
+
+#include "llvm/Support/Threading.h"
+
+#include <cstdlib>
 
 using namespace mlir;
 
@@ -38,14 +56,38 @@ struct RequestCWrappersForDefinitions
   }
   void runOnOperation() override {
     func::FuncOp fn = getOperation();
-    if (!fn.isExternal())
+    // Private definitions (the async runtime's outlined bodies) are only
+    // called from inside the module.
+    if (!fn.isExternal() && fn.isPublic())
       fn->setAttr(LLVM::LLVMDialect::getEmitCWrapperAttrName(),
                   UnitAttr::get(&getContext()));
   }
 };
 } // namespace
 
+int64_t mlir::moe::defaultNumThreads() {
+  for (const char *var : {"MOE_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    if (const char *value = std::getenv(var)) {
+      char *end = nullptr;
+      long n = std::strtol(value, &end, 10);
+      if (end != value && n >= 1)
+        return n;
+    }
+  }
+  return std::max<int64_t>(1, llvm::hardware_concurrency().compute_thread_count());
+}
+
 void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm) {
+  buildLowerToLLVMPipeline(pm, LowerToLLVMOptions());
+}
+
+void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm,
+                                         const LowerToLLVMOptions &options) {
+  int64_t numThreads = options.numThreads;
+  if (numThreads <= 0)
+    numThreads = defaultNumThreads();
+  if (options.cpuKernels)
+    pm.addPass(moe::createConvertMoEToCPUPass(numThreads));
   pm.addPass(moe::createConvertMoEToLinalg());
   pm.addPass(createCanonicalizerPass());
 
@@ -64,14 +106,34 @@ void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm) {
 
   pm.addNestedPass<func::FuncOp>(createConvertLinalgToLoopsPass());
   pm.addPass(createCanonicalizerPass());
+  if (numThreads > 1) {
+    // One async task per worker of the kernels' scf.parallel loops.
+    AsyncParallelForPassOptions parallel;
+    parallel.asyncDispatch = true;
+    parallel.numWorkerThreads = static_cast<int32_t>(numThreads);
+    parallel.minTaskSize = 1;
+    pm.addPass(createAsyncParallelForPass(parallel));
+    pm.addPass(createAsyncToAsyncRuntimePass());
+    pm.addPass(createAsyncRuntimeRefCountingPass());
+    pm.addPass(createAsyncRuntimeRefCountingOptPass());
+    pm.addPass(createCanonicalizerPass());
+  }
   pm.addPass(memref::createExpandStridedMetadataPass());
   pm.addPass(createLowerAffinePass());
+  pm.addPass(arith::createArithExpandOpsPass());
+  if (numThreads > 1)
+    pm.addPass(createConvertAsyncToLLVMPass());
   pm.addPass(createSCFToControlFlowPass());
 
   pm.addNestedPass<func::FuncOp>(
       std::make_unique<RequestCWrappersForDefinitions>());
   pm.addPass(createConvertMathToLLVMPass());
   pm.addPass(createConvertMathToLibmPass());
+  // Reassociated reductions: a fixed tree chosen at compile time, so results
+  // stay deterministic.
+  ConvertVectorToLLVMPassOptions vectorToLLVM;
+  vectorToLLVM.reassociateFPReductions = true;
+  pm.addPass(createConvertVectorToLLVMPass(vectorToLLVM));
   pm.addPass(createArithToLLVMConversionPass());
   pm.addPass(createConvertIndexToLLVMPass());
   pm.addPass(createFinalizeMemRefToLLVMConversionPass());
@@ -81,8 +143,11 @@ void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm) {
 }
 
 void mlir::moe::registerMoEPipelines() {
-  PassPipelineRegistration<>(
+  PassPipelineRegistration<LowerToLLVMOptions>(
       "moe-lower-to-llvm",
       "Lower tensor functions holding moe ops to the LLVM dialect (CPU)",
-      buildLowerToLLVMPipeline);
+      [](OpPassManager &pm, const LowerToLLVMOptions &options) {
+        buildLowerToLLVMPipeline(pm, options);
+      });
+  registerConvertMoEToCPUPass();
 }

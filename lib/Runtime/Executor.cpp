@@ -35,6 +35,7 @@
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ExecutionEngine/Orc/Mangling.h"
 #include "llvm/Support/CrashRecoveryContext.h"
+#include "llvm/Support/DynamicLibrary.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/TargetSelect.h"
 #include "llvm/Support/raw_ostream.h"
@@ -284,7 +285,28 @@ Executor::compile(llvm::StringRef mlirText, const CompileOptions &options) {
   }
 
   PassManager pm(&context, ModuleOp::getOperationName());
-  buildLowerToLLVMPipeline(pm);
+  // The kernels' token loops run on defaultNumThreads() workers
+  // ($MOE_NUM_THREADS, else $OMP_NUM_THREADS, else one per core), through
+  // the MLIR async runtime loaded below when that is more than one.
+  //
+  // The runtime is loaded once, permanently, into the process, and the JIT'd
+  // code finds its symbols there (the engine searches the process). Passing it
+  // through ExecutionEngineOptions::sharedLibPaths instead would make every
+  // engine's destructor call the library's __mlir_execution_engine_destroy,
+  // which deletes the process-wide default runtime: the next module (or any
+  // other live one) would then crash.
+  LowerToLLVMOptions pipelineOptions;
+  pipelineOptions.numThreads = defaultNumThreads();
+  if (pipelineOptions.numThreads > 1) {
+    static const bool asyncRuntimeLoaded = [] {
+      std::string path =
+          std::string(MOE_MLIR_LIBRARY_DIR) + "/libmlir_async_runtime.so";
+      return !llvm::sys::DynamicLibrary::LoadLibraryPermanently(path.c_str());
+    }();
+    if (!asyncRuntimeLoaded)
+      pipelineOptions.numThreads = 1;
+  }
+  buildLowerToLLVMPipeline(pm, pipelineOptions);
   // A crash of a pass (a compiler bug) becomes an error of this compilation
   // instead of taking the host process down.
   llvm::CrashRecoveryContext::Enable();

@@ -7,17 +7,52 @@
 #ifndef MOE_PIPELINES_PIPELINES_H
 #define MOE_PIPELINES_PIPELINES_H
 
+#include "mlir/Pass/PassOptions.h"
+
+#include <cstdint>
+
 namespace mlir {
 class OpPassManager;
 
 namespace moe {
+/// Options of moe-lower-to-llvm.
+struct LowerToLLVMOptions : public PassPipelineOptions<LowerToLLVMOptions> {
+  PassOptions::Option<bool> cpuKernels{
+      *this, "cpu-kernels",
+      llvm::cl::desc("lower the moe ops with the fast CPU kernels "
+                     "(convert-moe-to-cpu) before the portable lowering "
+                     "(convert-moe-to-linalg), which then only sees what "
+                     "has no kernel"),
+      llvm::cl::init(true)};
+  PassOptions::Option<int64_t> numThreads{
+      *this, "num-threads",
+      llvm::cl::desc("workers of the kernels' token loops. 1 (default): "
+                     "sequential code, no runtime library. N > 1: "
+                     "async-parallel-for onto the MLIR async runtime, which "
+                     "needs libmlir_async_runtime.so at run time "
+                     "(mlir-runner -shared-libs=...; the execution API "
+                     "loads it). 0: defaultNumThreads()"),
+      llvm::cl::init(1)};
+};
+
 /// Tensor-level `func.func`s holding moe ops -> the LLVM dialect, for the CPU:
-/// convert-moe-to-linalg, one-shot bufferization (function boundaries
-/// included), loops, and the upstream conversions to LLVM. Every public
-/// function gets a `_mlir_ciface_` wrapper for the ExecutionEngine.
+/// convert-moe-to-cpu (unless cpu-kernels=false), convert-moe-to-linalg,
+/// one-shot bufferization (function boundaries included), loops (parallel
+/// ones onto the async runtime when num-threads > 1), vector and the
+/// upstream conversions to LLVM. Every public function gets a `_mlir_ciface_`
+/// wrapper for the ExecutionEngine.
+void buildLowerToLLVMPipeline(OpPassManager &pm,
+                              const LowerToLLVMOptions &options);
+/// The same with the default options (sequential kernels).
 void buildLowerToLLVMPipeline(OpPassManager &pm);
 
-/// Registers `moe-lower-to-llvm` with the pass registry (moe-opt --help).
+/// The thread count the execution API compiles for: $MOE_NUM_THREADS, else
+/// $OMP_NUM_THREADS, else the hardware concurrency (cores in the affinity
+/// mask); at least 1. Read when a module is compiled.
+int64_t defaultNumThreads();
+
+/// Registers `moe-lower-to-llvm` (and convert-moe-to-cpu) with the pass
+/// registry (moe-opt --help).
 void registerMoEPipelines();
 } // namespace moe
 } // namespace mlir

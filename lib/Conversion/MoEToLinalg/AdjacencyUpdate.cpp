@@ -76,74 +76,83 @@ struct AdjacencyUpdateLowering : OpRewritePattern<AdjacencyUpdateOp> {
                                        ValueRange{st, s}, ValueRange{init})
                   .getResult(0);
 
-    bool includeSelf = op.getIncludeSelf();
-    // C[j,m] with the diagonal dropped when include_self = false.
-    auto count = [&](OpBuilder &gb, Location gl, Value cjm) -> Value {
-      if (includeSelf)
-        return cjm;
-      Value row = loopIndex(gb, gl, 0);
-      Value col = loopIndex(gb, gl, 1);
-      Value diag =
-          arith::CmpIOp::create(gb, gl, arith::CmpIPredicate::eq, row, col);
-      return arith::SelectOp::create(gb, gl, diag, i32Const(gb, gl, 0), cjm);
-    };
-
-    AffineMap jm = dimsMap(ctx, 2, {0, 1}), j = dimsMap(ctx, 2, {0}),
-              m = dimsMap(ctx, 2, {1});
-    AdjacencyNorm norm = op.getNorm();
-    SmallVector<Value> ins = {a, c};
-    SmallVector<AffineMap> maps = {jm, jm};
-    if (norm != AdjacencyNorm::none) {
-      // Row sums (norm = row) or column sums (norm = col) of C, in i32.
-      AffineMap sumMap = norm == AdjacencyNorm::row ? j : m;
-      SmallVector<IteratorType> iters =
-          norm == AdjacencyNorm::row ? SmallVector<IteratorType>{kPar, kRed}
-                                     : SmallVector<IteratorType>{kRed, kPar};
-      Value sums = generic(rw, loc, c, filled(rw, loc, {e}, zeroI), {jm, sumMap},
-                           iters,
-                           [&](OpBuilder &gb, Location gl, ValueRange args) {
-                             return SmallVector<Value>{arith::AddIOp::create(
-                                 gb, gl, args[1], count(gb, gl, args[0]))};
-                           })
-                       .front();
-      ins.push_back(sums);
-      maps.push_back(sumMap);
-    }
-    maps.push_back(jm);
-
-    float beta = op.getBeta().convertToFloat();
-    float oneMinusBeta = 1.0f - beta;
-    Value next =
-        generic(rw, loc, ins,
-                Value(tensor::EmptyOp::create(rw, loc, {e, e}, rw.getF32Type())), maps,
-                {kPar, kPar},
-                [&](OpBuilder &gb, Location gl, ValueRange args) {
-                  Type f32 = gb.getF32Type();
-                  Value n = arith::SIToFPOp::create(gb, gl, f32,
-                                                    count(gb, gl, args[1]));
-                  if (norm != AdjacencyNorm::none) {
-                    // An all-zero row/column stays zero.
-                    Value isZero = arith::CmpIOp::create(
-                        gb, gl, arith::CmpIPredicate::eq, args[2],
-                        i32Const(gb, gl, 0));
-                    Value total = arith::SIToFPOp::create(gb, gl, f32, args[2]);
-                    n = arith::SelectOp::create(
-                        gb, gl, isZero, f32Const(gb, gl, 0.0),
-                        arith::DivFOp::create(gb, gl, n, total));
-                  }
-                  Value keep = arith::MulFOp::create(
-                      gb, gl, f32Const(gb, gl, beta), args[0]);
-                  Value add = arith::MulFOp::create(
-                      gb, gl, f32Const(gb, gl, oneMinusBeta), n);
-                  return SmallVector<Value>{
-                      arith::AddFOp::create(gb, gl, keep, add)};
-                })
-            .front();
-    rw.replaceOp(op, castTo(rw, loc, next, op.getANext().getType()));
+    finishAdjacencyUpdate(rw, op, a, c, e);
     return success();
   }
 };
 } // namespace
+
+void mlir::moe::lowering::finishAdjacencyUpdate(PatternRewriter &rw,
+                                                AdjacencyUpdateOp op, Value a,
+                                                Value c, OpFoldResult e) {
+  Location loc = op.getLoc();
+  MLIRContext *ctx = rw.getContext();
+  Value zeroI = i32Const(rw, loc, 0);
+  bool includeSelf = op.getIncludeSelf();
+  // C[j,m] with the diagonal dropped when include_self = false.
+  auto count = [&](OpBuilder &gb, Location gl, Value cjm) -> Value {
+    if (includeSelf)
+      return cjm;
+    Value row = loopIndex(gb, gl, 0);
+    Value col = loopIndex(gb, gl, 1);
+    Value diag =
+        arith::CmpIOp::create(gb, gl, arith::CmpIPredicate::eq, row, col);
+    return arith::SelectOp::create(gb, gl, diag, i32Const(gb, gl, 0), cjm);
+  };
+
+  AffineMap jm = dimsMap(ctx, 2, {0, 1}), j = dimsMap(ctx, 2, {0}),
+            m = dimsMap(ctx, 2, {1});
+  AdjacencyNorm norm = op.getNorm();
+  SmallVector<Value> ins = {a, c};
+  SmallVector<AffineMap> maps = {jm, jm};
+  if (norm != AdjacencyNorm::none) {
+    // Row sums (norm = row) or column sums (norm = col) of C, in i32.
+    AffineMap sumMap = norm == AdjacencyNorm::row ? j : m;
+    SmallVector<IteratorType> iters =
+        norm == AdjacencyNorm::row ? SmallVector<IteratorType>{kPar, kRed}
+                                   : SmallVector<IteratorType>{kRed, kPar};
+    Value sums = generic(rw, loc, c, filled(rw, loc, {e}, zeroI), {jm, sumMap},
+                         iters,
+                         [&](OpBuilder &gb, Location gl, ValueRange args) {
+                           return SmallVector<Value>{arith::AddIOp::create(
+                               gb, gl, args[1], count(gb, gl, args[0]))};
+                         })
+                     .front();
+    ins.push_back(sums);
+    maps.push_back(sumMap);
+  }
+  maps.push_back(jm);
+
+  float beta = op.getBeta().convertToFloat();
+  float oneMinusBeta = 1.0f - beta;
+  Value next =
+      generic(rw, loc, ins,
+              Value(tensor::EmptyOp::create(rw, loc, {e, e}, rw.getF32Type())), maps,
+              {kPar, kPar},
+              [&](OpBuilder &gb, Location gl, ValueRange args) {
+                Type f32 = gb.getF32Type();
+                Value n = arith::SIToFPOp::create(gb, gl, f32,
+                                                  count(gb, gl, args[1]));
+                if (norm != AdjacencyNorm::none) {
+                  // An all-zero row/column stays zero.
+                  Value isZero = arith::CmpIOp::create(
+                      gb, gl, arith::CmpIPredicate::eq, args[2],
+                      i32Const(gb, gl, 0));
+                  Value total = arith::SIToFPOp::create(gb, gl, f32, args[2]);
+                  n = arith::SelectOp::create(
+                      gb, gl, isZero, f32Const(gb, gl, 0.0),
+                      arith::DivFOp::create(gb, gl, n, total));
+                }
+                Value keep = arith::MulFOp::create(
+                    gb, gl, f32Const(gb, gl, beta), args[0]);
+                Value add = arith::MulFOp::create(
+                    gb, gl, f32Const(gb, gl, oneMinusBeta), n);
+                return SmallVector<Value>{
+                    arith::AddFOp::create(gb, gl, keep, add)};
+              })
+          .front();
+  rw.replaceOp(op, castTo(rw, loc, next, op.getANext().getType()));
+}
 
 void mlir::moe::lowering::populateAdjacencyUpdatePattern(
     RewritePatternSet &patterns) {

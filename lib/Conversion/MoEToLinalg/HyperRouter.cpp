@@ -56,45 +56,51 @@ struct HyperRouterLowering : OpRewritePattern<HyperRouterOp> {
     Value out = affine(rw, loc, f32(op.getW2()), hidden, f32(op.getB2()),
                        /*relu=*/false);
 
-    // [E·(D+1)] -> [E, D+1], row-major.
-    int64_t numExperts = op.getNumExperts();
-    // Static only when the output length is (a static group of an
-    // expand_shape needs a static source); the final cast refines the rest.
-    auto outType = cast<RankedTensorType>(out.getType());
-    OpFoldResult cols;
-    if (!outType.isDynamicDim(0)) {
-      cols = rw.getIndexAttr(outType.getDimSize(0) / numExperts);
-    } else {
-      Value total = tensor::DimOp::create(rw, loc, out, 0);
-      cols = arith::DivUIOp::create(rw, loc, total,
-                                    indexConst(rw, loc, numExperts))
-                 .getResult();
-    }
-    OpFoldResult e = rw.getIndexAttr(numExperts);
-    Value table = tensor::ExpandShapeOp::create(
-        rw, loc, tensorTypeOf({e, cols}, rw.getF32Type()), out, {{0, 1}},
-        {e, cols});
-
-    OpFoldResult zero = rw.getIndexAttr(0), one = rw.getIndexAttr(1);
-    OpFoldResult d;
-    if (std::optional<int64_t> c = getConstantIntValue(cols))
-      d = rw.getIndexAttr(*c - 1);
-    else
-      d = arith::SubIOp::create(rw, loc, cast<Value>(cols),
-                                indexConst(rw, loc, 1))
-              .getResult();
-    Value w = tensor::ExtractSliceOp::create(
-        rw, loc, tensorTypeOf({e, d}, rw.getF32Type()), table, {zero, zero},
-        {e, d}, {one, one});
-    Value bias = tensor::ExtractSliceOp::create(
-        rw, loc, tensorTypeOf({e}, rw.getF32Type()), table, {zero, d},
-        {e, one}, {one, one});
-    rw.replaceOp(op, {castTo(rw, loc, w, op.getW().getType()),
-                      castTo(rw, loc, bias, op.getB().getType())});
+    finishHyperRouter(rw, op, out);
     return success();
   }
 };
 } // namespace
+
+void mlir::moe::lowering::finishHyperRouter(PatternRewriter &rw,
+                                            HyperRouterOp op, Value out) {
+  Location loc = op.getLoc();
+  // [E·(D+1)] -> [E, D+1], row-major.
+  int64_t numExperts = op.getNumExperts();
+  // Static only when the output length is (a static group of an
+  // expand_shape needs a static source); the final cast refines the rest.
+  auto outType = cast<RankedTensorType>(out.getType());
+  OpFoldResult cols;
+  if (!outType.isDynamicDim(0)) {
+    cols = rw.getIndexAttr(outType.getDimSize(0) / numExperts);
+  } else {
+    Value total = tensor::DimOp::create(rw, loc, out, 0);
+    cols = arith::DivUIOp::create(rw, loc, total,
+                                  indexConst(rw, loc, numExperts))
+               .getResult();
+  }
+  OpFoldResult e = rw.getIndexAttr(numExperts);
+  Value table = tensor::ExpandShapeOp::create(
+      rw, loc, tensorTypeOf({e, cols}, rw.getF32Type()), out, {{0, 1}},
+      {e, cols});
+
+  OpFoldResult zero = rw.getIndexAttr(0), one = rw.getIndexAttr(1);
+  OpFoldResult d;
+  if (std::optional<int64_t> c = getConstantIntValue(cols))
+    d = rw.getIndexAttr(*c - 1);
+  else
+    d = arith::SubIOp::create(rw, loc, cast<Value>(cols),
+                              indexConst(rw, loc, 1))
+            .getResult();
+  Value w = tensor::ExtractSliceOp::create(
+      rw, loc, tensorTypeOf({e, d}, rw.getF32Type()), table, {zero, zero},
+      {e, d}, {one, one});
+  Value bias = tensor::ExtractSliceOp::create(
+      rw, loc, tensorTypeOf({e}, rw.getF32Type()), table, {zero, d},
+      {e, one}, {one, one});
+  rw.replaceOp(op, {castTo(rw, loc, w, op.getW().getType()),
+                    castTo(rw, loc, bias, op.getB().getType())});
+}
 
 void mlir::moe::lowering::populateHyperRouterPattern(
     RewritePatternSet &patterns) {

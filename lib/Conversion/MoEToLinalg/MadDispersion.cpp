@@ -55,7 +55,6 @@ struct MadDispersionLowering : OpRewritePattern<MadDispersionOp> {
     OpFoldResult e = rw.getIndexAttr(numExperts);
     OpFoldResult d = tensor::getMixedSize(rw, loc, tokens, 1);
     Value zero = f32Const(rw, loc, 0.0);
-    bool identity = op.getEmpty() == EmptyCluster::identity;
     bool variance = op.getMeasure() == DispersionMeasure::variance;
 
     // "Token t is in cluster k" inside a generic whose dim 0 is k.
@@ -134,103 +133,138 @@ struct MadDispersionLowering : OpRewritePattern<MadDispersionOp> {
             return arith::MulFOp::create(gb, gl, diff, diff);
           return math::AbsFOp::create(gb, gl, diff);
         });
-    float eps = op.getEps().convertToFloat();
-    Value weights =
-        perToken(deviation, [&](OpBuilder &gb, Location gl, Value s) -> Value {
-          return arith::DivFOp::create(
-              gb, gl, f32Const(gb, gl, 1.0),
-              arith::AddFOp::create(gb, gl, s, f32Const(gb, gl, eps)));
-        });
-
-    // Whether cluster k enters the statistics.
-    auto included = [&](OpBuilder &gb, Location gl, Value count) -> Value {
-      if (!identity)
-        return arith::ConstantOp::create(gb, gl, gb.getBoolAttr(true));
-      return arith::CmpIOp::create(gb, gl, arith::CmpIPredicate::sge, count,
-                                   i32Const(gb, gl, 2));
-    };
-    // Mean of W over the included entries, reduced to the shape of `outMap`
-    // ([] global, [D] per feature, [E] per expert).
-    auto includedMean = [&](Value w, AffineMap outMap,
-                            ArrayRef<OpFoldResult> outShape) {
-      SmallVector<IteratorType> iters = {kPar, kPar};
-      for (unsigned dim = 0; dim < 2; ++dim)
-        if (!outMap.isFunctionOfDim(dim))
-          iters[dim] = kRed;
-      SmallVector<Value> sums = generic(
-          rw, loc, ValueRange{w, counts},
-          ValueRange{filled(rw, loc, outShape, zero),
-                     filled(rw, loc, outShape, zero)},
-          {kq, k, outMap, outMap}, iters,
-          [&](OpBuilder &gb, Location gl, ValueRange a) {
-            Value inc = included(gb, gl, a[1]);
-            Value z = f32Const(gb, gl, 0.0);
-            return SmallVector<Value>{
-                arith::AddFOp::create(
-                    gb, gl, a[2], arith::SelectOp::create(gb, gl, inc, a[0], z)),
-                arith::AddFOp::create(
-                    gb, gl, a[3],
-                    arith::SelectOp::create(gb, gl, inc, f32Const(gb, gl, 1.0),
-                                            z))};
-          });
-      AffineMap id = rw.getMultiDimIdentityMap(outShape.size());
-      SmallVector<IteratorType> parIters(outShape.size(), kPar);
-      return generic(rw, loc, ValueRange{sums[0], sums[1]},
-                     Value(tensor::EmptyOp::create(rw, loc, outShape, rw.getF32Type())),
-                     {id, id, id}, parIters,
-                     [](OpBuilder &gb, Location gl, ValueRange a) {
-                       return SmallVector<Value>{
-                           arith::DivFOp::create(gb, gl, a[0], a[1])};
-                     })
-          .front();
-    };
-
-    float clip = op.getClip().convertToFloat();
-    if (clip > 0.0f) {
-      Value meanAll = includedMean(weights, none, {});
-      weights = generic(rw, loc, meanAll, weights, {none, kq}, {kPar, kPar},
-                        [&](OpBuilder &gb, Location gl, ValueRange a) {
-                          Value cap = arith::MulFOp::create(
-                              gb, gl, f32Const(gb, gl, clip), a[0]);
-                          return SmallVector<Value>{
-                              arith::MinimumFOp::create(gb, gl, a[1], cap)};
-                        })
-                    .front();
-    }
-
-    Value scale;
-    AffineMap scaleMap;
-    switch (op.getNormalize()) {
-    case DispersionNormalize::feature:
-      scale = includedMean(weights, q, {d});
-      scaleMap = q;
-      break;
-    case DispersionNormalize::expert:
-      // Row means over all D features (an excluded row is overwritten below).
-      scale = includedMean(weights, k, {e});
-      scaleMap = k;
-      break;
-    case DispersionNormalize::global:
-      scale = includedMean(weights, none, {});
-      scaleMap = none;
-      break;
-    }
-    weights = generic(rw, loc, ValueRange{scale, counts}, weights,
-                      {scaleMap, k, kq}, {kPar, kPar},
-                      [&](OpBuilder &gb, Location gl, ValueRange a) {
-                        Value w = arith::DivFOp::create(gb, gl, a[2], a[0]);
-                        return SmallVector<Value>{arith::SelectOp::create(
-                            gb, gl, included(gb, gl, a[1]), w,
-                            f32Const(gb, gl, 1.0))};
-                      })
-                  .front();
-
-    rw.replaceOp(op, {castTo(rw, loc, weights, op.getWeights().getType()),
-                      castTo(rw, loc, counts, op.getCounts().getType())});
+    finishMadDispersion(rw, op, counts, deviation);
     return success();
   }
 };
 } // namespace
+
+void mlir::moe::lowering::finishMadDispersion(PatternRewriter &rw,
+                                              MadDispersionOp op, Value counts,
+                                              Value deviation) {
+  Location loc = op.getLoc();
+  MLIRContext *ctx = rw.getContext();
+  OpFoldResult e = rw.getIndexAttr(op.getNumExperts());
+  OpFoldResult d = tensor::getMixedSize(rw, loc, deviation, 1);
+  Value zero = f32Const(rw, loc, 0.0);
+  bool identity = op.getEmpty() == EmptyCluster::identity;
+  // stat / count, 0 for an empty cluster (the authors' index_reduce).
+  AffineMap kq = dimsMap(ctx, 2, {0, 1}), k = dimsMap(ctx, 2, {0}),
+            q = dimsMap(ctx, 2, {1}), none = AffineMap::get(2, 0, ctx);
+  auto perToken = [&](Value sums,
+                      function_ref<Value(OpBuilder &, Location, Value)> post) {
+    return generic(
+               rw, loc, ValueRange{sums, counts},
+               Value(tensor::EmptyOp::create(rw, loc, {e, d}, rw.getF32Type())),
+               {kq, k, kq}, {kPar, kPar},
+               [&](OpBuilder &gb, Location gl, ValueRange a) {
+                 Value isEmpty = arith::CmpIOp::create(
+                     gb, gl, arith::CmpIPredicate::eq, a[1],
+                     i32Const(gb, gl, 0));
+                 Value n = arith::SIToFPOp::create(gb, gl, gb.getF32Type(),
+                                                   a[1]);
+                 Value mean = arith::SelectOp::create(
+                     gb, gl, isEmpty, f32Const(gb, gl, 0.0),
+                     arith::DivFOp::create(gb, gl, a[0], n));
+                 return SmallVector<Value>{post ? post(gb, gl, mean) : mean};
+               })
+        .front();
+  };
+
+  float eps = op.getEps().convertToFloat();
+  Value weights =
+      perToken(deviation, [&](OpBuilder &gb, Location gl, Value s) -> Value {
+        return arith::DivFOp::create(
+            gb, gl, f32Const(gb, gl, 1.0),
+            arith::AddFOp::create(gb, gl, s, f32Const(gb, gl, eps)));
+      });
+
+  // Whether cluster k enters the statistics.
+  auto included = [&](OpBuilder &gb, Location gl, Value count) -> Value {
+    if (!identity)
+      return arith::ConstantOp::create(gb, gl, gb.getBoolAttr(true));
+    return arith::CmpIOp::create(gb, gl, arith::CmpIPredicate::sge, count,
+                                 i32Const(gb, gl, 2));
+  };
+  // Mean of W over the included entries, reduced to the shape of `outMap`
+  // ([] global, [D] per feature, [E] per expert).
+  auto includedMean = [&](Value w, AffineMap outMap,
+                          ArrayRef<OpFoldResult> outShape) {
+    SmallVector<IteratorType> iters = {kPar, kPar};
+    for (unsigned dim = 0; dim < 2; ++dim)
+      if (!outMap.isFunctionOfDim(dim))
+        iters[dim] = kRed;
+    SmallVector<Value> sums = generic(
+        rw, loc, ValueRange{w, counts},
+        ValueRange{filled(rw, loc, outShape, zero),
+                   filled(rw, loc, outShape, zero)},
+        {kq, k, outMap, outMap}, iters,
+        [&](OpBuilder &gb, Location gl, ValueRange a) {
+          Value inc = included(gb, gl, a[1]);
+          Value z = f32Const(gb, gl, 0.0);
+          return SmallVector<Value>{
+              arith::AddFOp::create(
+                  gb, gl, a[2], arith::SelectOp::create(gb, gl, inc, a[0], z)),
+              arith::AddFOp::create(
+                  gb, gl, a[3],
+                  arith::SelectOp::create(gb, gl, inc, f32Const(gb, gl, 1.0),
+                                          z))};
+        });
+    AffineMap id = rw.getMultiDimIdentityMap(outShape.size());
+    SmallVector<IteratorType> parIters(outShape.size(), kPar);
+    return generic(rw, loc, ValueRange{sums[0], sums[1]},
+                   Value(tensor::EmptyOp::create(rw, loc, outShape, rw.getF32Type())),
+                   {id, id, id}, parIters,
+                   [](OpBuilder &gb, Location gl, ValueRange a) {
+                     return SmallVector<Value>{
+                         arith::DivFOp::create(gb, gl, a[0], a[1])};
+                   })
+        .front();
+  };
+
+  float clip = op.getClip().convertToFloat();
+  if (clip > 0.0f) {
+    Value meanAll = includedMean(weights, none, {});
+    weights = generic(rw, loc, meanAll, weights, {none, kq}, {kPar, kPar},
+                      [&](OpBuilder &gb, Location gl, ValueRange a) {
+                        Value cap = arith::MulFOp::create(
+                            gb, gl, f32Const(gb, gl, clip), a[0]);
+                        return SmallVector<Value>{
+                            arith::MinimumFOp::create(gb, gl, a[1], cap)};
+                      })
+                  .front();
+  }
+
+  Value scale;
+  AffineMap scaleMap;
+  switch (op.getNormalize()) {
+  case DispersionNormalize::feature:
+    scale = includedMean(weights, q, {d});
+    scaleMap = q;
+    break;
+  case DispersionNormalize::expert:
+    // Row means over all D features (an excluded row is overwritten below).
+    scale = includedMean(weights, k, {e});
+    scaleMap = k;
+    break;
+  case DispersionNormalize::global:
+    scale = includedMean(weights, none, {});
+    scaleMap = none;
+    break;
+  }
+  weights = generic(rw, loc, ValueRange{scale, counts}, weights,
+                    {scaleMap, k, kq}, {kPar, kPar},
+                    [&](OpBuilder &gb, Location gl, ValueRange a) {
+                      Value w = arith::DivFOp::create(gb, gl, a[2], a[0]);
+                      return SmallVector<Value>{arith::SelectOp::create(
+                          gb, gl, included(gb, gl, a[1]), w,
+                          f32Const(gb, gl, 1.0))};
+                    })
+                .front();
+
+  rw.replaceOp(op, {castTo(rw, loc, weights, op.getWeights().getType()),
+                    castTo(rw, loc, counts, op.getCounts().getType())});
+}
 
 void mlir::moe::lowering::populateMadDispersionPattern(
     RewritePatternSet &patterns) {

@@ -1,0 +1,38 @@
+//===- MoEToCPU.h - Fast CPU kernels for moe ops ----------------*- C++ -*-===//
+//
+// Part of the MoE-MLIR project.
+//
+// convert-moe-to-cpu rewrites the moe ops it has a kernel for into tiled,
+// vectorized loops on memrefs (vector dialect, one vector<16xf32> per AVX-512
+// register) whose independent items (tokens, query tiles, feature blocks) run
+// on `num-threads` workers. Ops or forms without a kernel are left for
+// convert-moe-to-linalg, the portable reference lowering, which
+// moe-lower-to-llvm runs right after.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_CONVERSION_MOETOLINALG_MOETOCPU_H
+#define MOE_CONVERSION_MOETOLINALG_MOETOCPU_H
+
+#include <cstdint>
+#include <memory>
+
+namespace mlir {
+class Pass;
+class RewritePatternSet;
+
+namespace moe {
+/// Adds the fast-kernel patterns; `numThreads` workers per parallel loop (1 =
+/// sequential code that needs no runtime library).
+void populateMoEToCPUKernelPatterns(RewritePatternSet &patterns,
+                                    int64_t numThreads);
+
+/// The convert-moe-to-cpu pass (option `num-threads`, default 1).
+std::unique_ptr<Pass> createConvertMoEToCPUPass(int64_t numThreads = 1);
+
+/// Registers convert-moe-to-cpu with the pass registry.
+void registerConvertMoEToCPUPass();
+} // namespace moe
+} // namespace mlir
+
+#endif // MOE_CONVERSION_MOETOLINALG_MOETOCPU_H

@@ -1,0 +1,234 @@
+//===- AttentionPosterior.cpp - moe.attention_posterior -> fast CPU kernel ===//
+//
+// Part of the MoE-MLIR project.
+//
+// head_select = min_entropy (the all-heads form stays on the portable
+// lowering):
+//  1. Prior statistics of every attention row (max, Σ exp(s - max),
+//     Σ exp(s - max)·s), one row per work item, vector<16> passes over the
+//     keys (the only pass over all H heads of `scores`).
+//  2. h*[b]: the mean row entropy per head and its argmin (ties to the lowest
+//     head, NaN first), sequential and in the portable lowering's order.
+//  3. Head means of h* only, m[b,j,:] = head_scale · v[b,h*,j,:] · wo_h*^T,
+//     written straight into the transposed key layout of the flash kernel,
+//     and ‖m_j‖².
+//  4. The posterior mix with the flash kernel of Flash.h: q = u, keys m,
+//     logit (s + <u_i,m_j>/σ²) − ‖m_j‖²/(2σ²), -inf where s = -inf.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Flash.h"
+#include "Kernels.h"
+
+#include "../Utils.h"
+
+#include "MoE/IR/MoEOps.h"
+
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
+
+#include <limits>
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::cpu;
+
+namespace {
+constexpr int64_t kDyn = ShapedType::kDynamic;
+
+struct AttentionPosteriorKernel : OpRewritePattern<AttentionPosteriorOp> {
+  AttentionPosteriorKernel(MLIRContext *ctx, KernelOptions opts)
+      : OpRewritePattern(ctx, /*benefit=*/2), opts(opts) {}
+  KernelOptions opts;
+
+  LogicalResult matchAndRewrite(AttentionPosteriorOp op,
+                                PatternRewriter &rw) const override {
+    if (op.getHeadSelect() != HeadSelect::min_entropy)
+      return rw.notifyMatchFailure(op, "head_select = all: portable lowering");
+    ImplicitLocOpBuilder b(op.getLoc(), rw);
+    CK k(b);
+    Type f32 = k.f32(), i32 = k.i32();
+    Value c0 = k.idx(0), c1 = k.idx(1);
+    Value scores = k.buffer(op.getScores()), u = k.buffer(op.getU());
+    Value v = k.buffer(op.getV()), wo = k.buffer(op.getWo());
+    Value e = k.buffer(op.getE());
+    Value batch = k.dim(scores, 0), heads = k.dim(scores, 1);
+    Value rows = k.dim(scores, 2), keys = k.dim(scores, 3);
+    Value model = k.dim(u, 2), headDim = k.dim(v, 3), width = k.dim(e, 2);
+    float sigma = op.getSigma().convertToFloat();
+    float sigma2 = sigma * sigma;
+    double negInf = -std::numeric_limits<double>::infinity();
+
+    // 1. Prior statistics per attention row.
+    auto statType = MemRefType::get({kDyn, kDyn, kDyn}, f32);
+    Value pMax = k.alloc(statType, {batch, heads, rows});
+    Value pSum = k.alloc(statType, {batch, heads, rows});
+    Value pSumS = k.alloc(statType, {batch, heads, rows});
+    Value keyChunks = k.ceilDiv(keys, k.idx(kLanes));
+    Value zeros = k.constLike(k.vf32(), 0.0);
+    Value negInfV = k.negInfLike(k.vf32());
+    k.workers(opts, k.mul(k.mul(batch, heads), rows),
+              [&](Value item, Value) {
+                Value i = k.remu(item, rows);
+                Value bh = k.divu(item, rows);
+                Value h = k.remu(bh, heads), bi = k.divu(bh, heads);
+                auto chunk = [&](Value c) {
+                  Value j0 = k.mul(c, k.idx(kLanes));
+                  return k.vloadMasked(scores, {bi, h, i, j0},
+                                       k.sub(keys, j0), negInf);
+                };
+                Value mx = k.maxf(k.forLoop(
+                    c0, keyChunks, c1, ValueRange{negInfV},
+                    [&](Value c, ValueRange a) -> SmallVector<Value> {
+                      return {k.fmax(a[0], chunk(c))};
+                    })[0]);
+                Value mv = k.splat(mx, kLanes);
+                SmallVector<Value> sums = k.forLoop(
+                    c0, keyChunks, c1, ValueRange{zeros, zeros},
+                    [&](Value c, ValueRange a) -> SmallVector<Value> {
+                      Value s = chunk(c);
+                      Value t = k.exp(k.fsub(s, mv));
+                      Value masked = k.cmpf(arith::CmpFPredicate::OEQ, s, negInfV);
+                      // 0 · log 0 = 0: a masked key adds nothing.
+                      Value ts = k.select(masked, zeros, k.fmul(t, s));
+                      return {k.fadd(a[0], t), k.fadd(a[1], ts)};
+                    });
+                k.store(mx, pMax, {bi, h, i});
+                k.store(k.sum(sums[0]), pSum, {bi, h, i});
+                k.store(k.sum(sums[1]), pSumS, {bi, h, i});
+              });
+
+    // 2. h* per batch element.
+    Value head = k.alloc(MemRefType::get({kDyn}, i32), {batch});
+    Value numHeadsI32 = k.castInt(heads, i32);
+    k.forLoop(c0, batch, c1, [&](Value bi) {
+      SmallVector<Value> best = k.forLoop(
+          c0, heads, c1,
+          ValueRange{k.cF32(std::numeric_limits<double>::infinity()),
+                     numHeadsI32},
+          [&](Value h, ValueRange it) -> SmallVector<Value> {
+            SmallVector<Value> tot = k.forLoop(
+                c0, rows, c1, ValueRange{k.cF32(0.0), k.cF32(0.0)},
+                [&](Value i, ValueRange a) -> SmallVector<Value> {
+                  Value mx = k.load(pMax, {bi, h, i});
+                  Value se = k.load(pSum, {bi, h, i});
+                  Value sw = k.load(pSumS, {bi, h, i});
+                  Value valid = k.cmpf(arith::CmpFPredicate::UNE, mx,
+                                       k.negInfLike(f32));
+                  Value lse = k.fadd(mx, k.log(se));
+                  Value entropy = k.fsub(lse, k.fdiv(sw, se));
+                  return {k.fadd(a[0], k.select(valid, entropy, k.cF32(0.0))),
+                          k.fadd(a[1], k.select(valid, k.cF32(1.0),
+                                                k.cF32(0.0)))};
+                });
+            Value some =
+                k.cmpf(arith::CmpFPredicate::OGT, tot[1], k.cF32(0.0));
+            Value mean =
+                k.select(some, k.fdiv(tot[0], tot[1]), k.cF32(0.0));
+            Value hI = k.castInt(h, i32);
+            Value take = lowering::ranksBefore(b, b.getLoc(), mean, hI, it[0],
+                                               it[1], /*descending=*/false);
+            return {k.select(take, mean, it[0]), k.select(take, hI, it[1])};
+          });
+      k.store(best[1], head, {bi});
+    });
+    auto headOf = [&](CK &kk, Value bi) {
+      return kk.castInt(kk.load(head, {bi}), b.getIndexType());
+    };
+
+    // 3. Head means of h*, transposed: keysT[b, d, j] = m[b, j, d].
+    Value keysPad = roundUp(k, keys, kKeyTile);
+    Value keysT = k.alloc(statType, {batch, model, keysPad});
+    Value norm2 = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, keysPad});
+    Value woT = k.alloc(statType, {batch, headDim, model});
+    k.forLoop(c0, batch, c1, [&](Value bi) {
+      Value col0 = k.mul(headOf(k, bi), headDim);
+      k.forLoop(c0, headDim, c1, [&](Value c) {
+        k.forLoop(c0, model, c1, [&](Value d) {
+          k.store(k.loadF(wo, {d, k.add(col0, c)}), woT, {bi, c, d});
+        });
+      });
+    });
+    Value scale;
+    if (std::optional<double> s = op.getEffectiveHeadScale())
+      scale = k.cF32(*s);
+    else
+      scale = k.sitofp(k.castInt(heads, k.i64()));
+    Value modelPad = roundUp(k, model, kLanes);
+    Value modelChunks = k.divu(modelPad, k.idx(kLanes));
+    Value rowAll = k.scratch(opts, MemRefType::get({kDyn}, f32), {modelPad});
+    k.workers(
+        opts, k.mul(batch, keysPad),
+        [&](Value item, Value worker) {
+          Value row = k.workerSlice(rowAll, worker);
+          Value bi = k.divu(item, keysPad), j = k.remu(item, keysPad);
+          Value h = headOf(k, bi);
+          Value inRange = k.cmpi(arith::CmpIPredicate::ult, j, keys);
+          Value jc = k.mins(j, k.sub(keys, c1));
+          k.forLoop(c0, modelChunks, c1, [&](Value dc) {
+            Value d0 = k.mul(dc, k.idx(kLanes));
+            Value count = k.sub(model, d0);
+            Value acc = k.forLoop(
+                c0, headDim, c1, ValueRange{zeros},
+                [&](Value c, ValueRange a) -> SmallVector<Value> {
+                  Value x = k.splat(k.loadF(v, {bi, h, jc, c}), kLanes);
+                  Value w = k.vloadMasked(woT, {bi, c, d0}, count, 0.0);
+                  return {k.fma(x, w, a[0])};
+                })[0];
+            k.vstore(k.fmul(k.splat(scale, kLanes), acc), row, {d0});
+          });
+          Value n2 = k.forLoop(
+              c0, model, c1, ValueRange{k.cF32(0.0)},
+              [&](Value d, ValueRange a) -> SmallVector<Value> {
+                Value m = k.select(inRange, k.load(row, {d}), k.cF32(0.0));
+                k.store(m, keysT, {bi, d, j});
+                return {k.fadd(a[0], k.fmul(m, m))};
+              })[0];
+          k.store(n2, norm2, {bi, j});
+        });
+
+    // 4. The posterior mix.
+    Value widthPad = roundUp(k, width, kLanes);
+    auto [values, nonFinite] =
+        packValues(k, e, batch, keys, width, keysPad, widthPad);
+    Value out = k.alloc(statType, {batch, rows, width});
+    FlashSpec spec;
+    spec.q = u;
+    spec.keysT = keysT;
+    spec.values = values;
+    spec.out = out;
+    spec.batch = batch;
+    spec.rows = rows;
+    spec.keys = keys;
+    spec.depth = model;
+    spec.width = width;
+    spec.widthPad = widthPad;
+    spec.valuesNonFinite = nonFinite;
+    spec.logits = [&](CK &kk, Value dot, Value bi, Value i, Value j0) {
+      Value s = kk.vloadMasked(scores, {bi, headOf(kk, bi), i, j0},
+                               kk.sub(keys, j0), negInf);
+      Value n = kk.vload(norm2, {bi, j0});
+      Value s2 = kk.constLike(kk.vf32(), sigma2);
+      Value logit = kk.fsub(
+          kk.fadd(s, kk.fdiv(dot, s2)),
+          kk.fdiv(kk.fmul(kk.constLike(kk.vf32(), 0.5), n), s2));
+      Value masked = kk.cmpf(arith::CmpFPredicate::OEQ, s,
+                             kk.negInfLike(kk.vf32()));
+      return kk.select(masked, kk.negInfLike(kk.vf32()), logit);
+    };
+    emitFlashMix(k, opts, spec);
+
+    Value p = k.tensor(out), h = k.tensor(head);
+    if (p.getType() != op.getP().getType())
+      p = tensor::CastOp::create(b, op.getP().getType(), p);
+    if (h.getType() != op.getHead().getType())
+      h = tensor::CastOp::create(b, op.getHead().getType(), h);
+    rw.replaceOp(op, {p, h});
+    return success();
+  }
+};
+} // namespace
+
+void mlir::moe::cpu::populateAttentionPosteriorKernel(RewritePatternSet &p,
+                                                      const KernelOptions &o) {
+  p.add<AttentionPosteriorKernel>(p.getContext(), o);
+}

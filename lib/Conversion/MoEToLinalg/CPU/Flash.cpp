@@ -1,0 +1,211 @@
+//===- Flash.cpp - Tiled online-softmax mixing kernel ---------------------===//
+//
+// Part of the MoE-MLIR project.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Flash.h"
+
+#include <limits>
+
+using namespace mlir;
+using namespace mlir::moe::cpu;
+
+std::pair<Value, Value> mlir::moe::cpu::packValues(CK &k, Value values,
+                                                   Value batch, Value keys,
+                                                   Value width, Value keysPad,
+                                                   Value widthPad) {
+  auto type = MemRefType::get(
+      {ShapedType::kDynamic, ShapedType::kDynamic, ShapedType::kDynamic},
+      k.f32());
+  Value packed = k.alloc(type, {batch, keysPad, widthPad});
+  Value chunks = k.divu(widthPad, k.idx(kLanes));
+  Value zeros = k.constLike(k.vf32(), 0.0);
+  // Sequential (O(Nk·K), small next to the mixing). The non-finite flag is
+  // carried as Σ (v - v), NaN iff some v is ±inf or NaN (no i1 vectors live
+  // across loop iterations).
+  Value bad = k.forLoop(
+      k.idx(0), batch, k.idx(1), ValueRange{zeros},
+      [&](Value b, ValueRange outer) -> SmallVector<Value> {
+        return k.forLoop(
+            k.idx(0), keysPad, k.idx(1), outer,
+            [&](Value j, ValueRange mid) -> SmallVector<Value> {
+              return k.forLoop(
+                  k.idx(0), chunks, k.idx(1), mid,
+                  [&](Value c, ValueRange acc) -> SmallVector<Value> {
+                    Value base = k.mul(c, k.idx(kLanes));
+                    Value inRow = k.cmpi(arith::CmpIPredicate::ult, j, keys);
+                    // Past the last key: nothing to read.
+                    Value count = k.select(inRow, k.sub(width, base), k.idx(0));
+                    Value v = k.vloadMasked(values, {b, j, base}, count, 0.0);
+                    k.vstore(v, packed, {b, j, base});
+                    return {k.fadd(acc[0], k.fsub(v, v))};
+                  });
+            });
+      })[0];
+  // An f32 (NaN = some value is not finite), not an i1: an i1 captured by
+  // the async runtime's outlined coroutines trips an LLVM 22 x86 codegen
+  // error when mlir-runner runs without -O.
+  return {packed, k.sum(bad)};
+}
+
+void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
+                                  const FlashSpec &s) {
+  constexpr int64_t TQ = kQueryTile, TK = kKeyTile, KV = TK / kLanes;
+  Type f32 = k.f32();
+  Value c0 = k.idx(0), c1 = k.idx(1);
+  Value queryTiles = k.ceilDiv(s.rows, k.idx(TQ));
+  Value numItems = k.mul(s.batch, queryTiles);
+  Value widthChunks = k.divu(s.widthPad, k.idx(kLanes));
+  Value lastRow = k.sub(s.rows, c1);
+
+  Value accAll = k.scratch(
+      opts, MemRefType::get({TQ, ShapedType::kDynamic}, f32), {s.widthPad});
+  Value pAll = k.scratch(opts, MemRefType::get({TQ, TK}, f32), {});
+  Value sAll = k.scratch(opts, MemRefType::get({TQ, TK}, f32), {});
+
+  auto body = [&](Value item, Value worker) {
+    Value accBuf = k.workerSlice(accAll, worker);
+    Value pBuf = k.workerSlice(pAll, worker);
+    Value sBuf = k.workerSlice(sAll, worker);
+    Value b = k.divu(item, queryTiles);
+    Value i0 = k.mul(k.remu(item, queryTiles), k.idx(TQ));
+    // Rows past the end repeat the last row (computed, never stored).
+    SmallVector<Value> rowIdx;
+    for (int64_t r = 0; r < TQ; ++r)
+      rowIdx.push_back(k.mins(k.add(i0, k.idx(r)), lastRow));
+    Value zeros = k.constLike(k.vf32(), 0.0);
+    k.forLoop(c0, widthChunks, c1, [&](Value c) {
+      for (int64_t r = 0; r < TQ; ++r)
+        k.vstore(zeros, accBuf, {k.idx(r), k.mul(c, k.idx(kLanes))});
+    });
+    Value keyTiles = k.ceilDiv(s.keys, k.idx(TK));
+    if (s.causal) {
+      Value seen = k.add(rowIdx.back(), c1); // keys 0 .. last row
+      keyTiles = k.ceilDiv(seen, k.idx(TK));
+    }
+
+    SmallVector<Value> init;
+    for (int64_t r = 0; r < TQ; ++r)
+      init.push_back(k.negInfLike(f32));
+    for (int64_t r = 0; r < TQ; ++r)
+      init.push_back(k.cF32(0.0));
+
+    SmallVector<Value> state = k.forLoop(
+        c0, keyTiles, c1, init,
+        [&](Value jt, ValueRange it) -> SmallVector<Value> {
+          Value j0 = k.mul(jt, k.idx(TK));
+          // QK: TQ x TK dot products over d.
+          SmallVector<Value> dotInit(TQ * KV, zeros);
+          SmallVector<Value> dots = k.forLoop(
+              c0, s.depth, c1, dotInit,
+              [&](Value d, ValueRange acc) -> SmallVector<Value> {
+                SmallVector<Value> kv;
+                for (int64_t v = 0; v < KV; ++v)
+                  kv.push_back(k.vload(
+                      s.keysT, {b, d, k.add(j0, k.idx(v * kLanes))}));
+                SmallVector<Value> next;
+                for (int64_t r = 0; r < TQ; ++r) {
+                  Value qv = k.splat(k.loadF(s.q, {b, rowIdx[r], d}), kLanes);
+                  for (int64_t v = 0; v < KV; ++v)
+                    next.push_back(k.fma(qv, kv[v], acc[r * KV + v]));
+                }
+                return next;
+              });
+
+          // Online softmax over the tile, per row.
+          SmallVector<Value> mNew, lNew, alpha;
+          Value anyExcluded = k.cBool(false);
+          Value negInfV = k.negInfLike(k.vf32());
+          for (int64_t r = 0; r < TQ; ++r) {
+            SmallVector<Value> sv;
+            for (int64_t v = 0; v < KV; ++v)
+              sv.push_back(s.logits(k, dots[r * KV + v], b, rowIdx[r],
+                                    k.add(j0, k.idx(v * kLanes))));
+            Value tileMax = sv[0];
+            Value excluded =
+                k.cmpf(arith::CmpFPredicate::OEQ, sv[0], negInfV);
+            for (int64_t v = 1; v < KV; ++v) {
+              tileMax = k.fmax(tileMax, sv[v]);
+              excluded = k.orI(excluded, k.cmpf(arith::CmpFPredicate::OEQ,
+                                                sv[v], negInfV));
+            }
+            Value m = it[r], l = it[TQ + r];
+            Value mn = k.fmax(m, k.maxf(tileMax));
+            Value none = k.cmpf(arith::CmpFPredicate::OEQ, mn,
+                                k.negInfLike(f32));
+            Value a = k.select(none, k.cF32(1.0), k.exp(k.fsub(m, mn)));
+            Value mv = k.splat(mn, kLanes), noneV = k.splat(none, kLanes);
+            Value psum = zeros;
+            for (int64_t v = 0; v < KV; ++v) {
+              Value p = k.select(noneV, zeros, k.exp(k.fsub(sv[v], mv)));
+              psum = k.fadd(psum, p);
+              k.vstore(p, pBuf, {k.idx(r), k.idx(v * kLanes)});
+              k.vstore(sv[v], sBuf, {k.idx(r), k.idx(v * kLanes)});
+            }
+            mNew.push_back(mn);
+            lNew.push_back(k.fadd(k.fmul(l, a), k.sum(psum)));
+            alpha.push_back(a);
+            anyExcluded = k.orI(anyExcluded, k.anyTrue(excluded));
+          }
+          Value guarded = k.andI(anyExcluded, k.isNaN(s.valuesNonFinite));
+
+          // PV: acc = acc · alpha + Σ_j p_j v_j, 16 value lanes at a time.
+          k.forLoop(c0, widthChunks, c1, [&](Value c) {
+            Value col = k.mul(c, k.idx(kLanes));
+            SmallVector<Value> acc;
+            for (int64_t r = 0; r < TQ; ++r)
+              acc.push_back(k.fmul(k.vload(accBuf, {k.idx(r), col}),
+                                   k.splat(alpha[r], kLanes)));
+            auto pvLoop = [&](bool guard) -> SmallVector<Value> {
+              return k.forLoop(
+                  c0, k.idx(TK), c1, acc,
+                  [&](Value j, ValueRange a) -> SmallVector<Value> {
+                    Value v = k.vload(s.values, {b, k.add(j0, j), col});
+                    SmallVector<Value> next;
+                    for (int64_t r = 0; r < TQ; ++r) {
+                      Value p = k.splat(k.load(pBuf, {k.idx(r), j}), kLanes);
+                      Value upd = k.fma(p, v, a[r]);
+                      if (guard) {
+                        Value logit = k.load(sBuf, {k.idx(r), j});
+                        Value valid = k.cmpf(arith::CmpFPredicate::UNE, logit,
+                                             k.negInfLike(f32));
+                        upd = k.select(valid, upd, a[r]);
+                      }
+                      next.push_back(upd);
+                    }
+                    return next;
+                  });
+            };
+            SmallVector<Type> types(TQ, k.vf32());
+            SmallVector<Value> res = k.ifElse(
+                guarded, types, [&] { return pvLoop(true); },
+                [&] { return pvLoop(false); });
+            for (int64_t r = 0; r < TQ; ++r)
+              k.vstore(res[r], accBuf, {k.idx(r), col});
+          });
+          SmallVector<Value> next(mNew);
+          next.append(lNew);
+          return next;
+        });
+
+    // Epilogue: acc / l, zeros for a row that saw no key.
+    for (int64_t r = 0; r < TQ; ++r) {
+      Value i = k.add(i0, k.idx(r));
+      k.ifThen(k.cmpi(arith::CmpIPredicate::ult, i, s.rows), [&] {
+        Value m = state[r], l = state[TQ + r];
+        Value none = k.cmpf(arith::CmpFPredicate::OEQ, m, k.negInfLike(f32));
+        Value noneV = k.splat(none, kLanes), lv = k.splat(l, kLanes);
+        k.forLoop(c0, widthChunks, c1, [&](Value c) {
+          Value col = k.mul(c, k.idx(kLanes));
+          Value a = k.vload(accBuf, {k.idx(r), col});
+          Value p = k.select(noneV, zeros, k.fdiv(a, lv));
+          k.vstoreMasked(p, s.out, {b, i, col}, k.sub(s.width, col));
+        });
+        if (s.lse)
+          k.store(k.fadd(m, k.log(l)), s.lse, {b, i});
+      });
+    }
+  };
+  k.workers(opts, numItems, body);
+}

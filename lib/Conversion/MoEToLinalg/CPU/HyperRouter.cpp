@@ -1,0 +1,81 @@
+//===- HyperRouter.cpp - moe.hyper_router -> fast CPU kernel --------------===//
+//
+// Part of the MoE-MLIR project.
+//
+// Two matrix-vector products y = W x + bias (then ReLU for the hidden layer):
+// row blocks of 16 rows go to the workers, each row a vector<16> dot product
+// over its contiguous columns with a masked tail. The op is memory-bound on
+// w2 ([E·(D+1), Dh]). The split of the output into w and b is the portable
+// one.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Kernels.h"
+
+#include "../Patterns.h"
+
+#include "MoE/IR/MoEOps.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::cpu;
+
+namespace {
+constexpr int64_t kDyn = ShapedType::kDynamic;
+constexpr int64_t kRowsPerItem = 16;
+
+struct HyperRouterKernel : OpRewritePattern<HyperRouterOp> {
+  HyperRouterKernel(MLIRContext *ctx, KernelOptions opts)
+      : OpRewritePattern(ctx, /*benefit=*/2), opts(opts) {}
+  KernelOptions opts;
+
+  /// y = m · x + bias (ReLU when `relu`): [rows] f32.
+  Value affine(CK &k, Value m, Value x, Value bias, bool relu) const {
+    Value c0 = k.idx(0), c1 = k.idx(1);
+    Value rows = k.dim(m, 0), cols = k.dim(m, 1);
+    int64_t staticRows = cast<MemRefType>(m.getType()).getDimSize(0);
+    Value y = staticRows == kDyn
+                  ? k.alloc(MemRefType::get({kDyn}, k.f32()), {rows})
+                  : k.alloc(MemRefType::get({staticRows}, k.f32()), {});
+    Value chunks = k.ceilDiv(cols, k.idx(kLanes));
+    k.workers(opts, k.ceilDiv(rows, k.idx(kRowsPerItem)),
+              [&](Value item, Value) {
+                Value r0 = k.mul(item, k.idx(kRowsPerItem));
+                Value r1 = k.mins(k.add(r0, k.idx(kRowsPerItem)), rows);
+                k.forLoop(r0, r1, c1, [&](Value r) {
+                  Value acc = k.forLoop(
+                      c0, chunks, c1, ValueRange{k.constLike(k.vf32(), 0.0)},
+                      [&](Value c, ValueRange a) -> SmallVector<Value> {
+                        Value col = k.mul(c, k.idx(kLanes));
+                        Value count = k.sub(cols, col);
+                        Value mv = k.vloadMasked(m, {r, col}, count, 0.0);
+                        Value xv = k.vloadMasked(x, {col}, count, 0.0);
+                        return {k.fma(mv, xv, a[0])};
+                      })[0];
+                  Value v = k.fadd(k.sum(acc), k.loadF(bias, {r}));
+                  if (relu)
+                    v = k.fmax(v, k.cF32(0.0));
+                  k.store(v, y, {r});
+                });
+              });
+    return y;
+  }
+
+  LogicalResult matchAndRewrite(HyperRouterOp op,
+                                PatternRewriter &rw) const override {
+    ImplicitLocOpBuilder b(op.getLoc(), rw);
+    CK k(b);
+    Value hidden = affine(k, k.buffer(op.getW1()), k.buffer(op.getEmb()),
+                          k.buffer(op.getB1()), /*relu=*/true);
+    Value out = affine(k, k.buffer(op.getW2()), hidden, k.buffer(op.getB2()),
+                       /*relu=*/false);
+    lowering::finishHyperRouter(rw, op, k.tensor(out));
+    return success();
+  }
+};
+} // namespace
+
+void mlir::moe::cpu::populateHyperRouterKernel(RewritePatternSet &p,
+                                               const KernelOptions &o) {
+  p.add<HyperRouterKernel>(p.getContext(), o);
+}

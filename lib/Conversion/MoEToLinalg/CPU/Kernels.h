@@ -1,0 +1,29 @@
+//===- Kernels.h - The per-op fast CPU kernel patterns ----------*- C++ -*-===//
+//
+// Part of the MoE-MLIR project.
+//
+// One entry point per op, each defined in the file named after the op.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_LIB_CONVERSION_MOETOLINALG_CPU_KERNELS_H
+#define MOE_LIB_CONVERSION_MOETOLINALG_CPU_KERNELS_H
+
+#include "KernelBuilder.h"
+
+namespace mlir {
+class RewritePatternSet;
+namespace moe::cpu {
+void populateTopkRenormKernel(RewritePatternSet &p, const KernelOptions &o);
+void populateSimilarityInformKernel(RewritePatternSet &p,
+                                    const KernelOptions &o);
+void populateAttentionPosteriorKernel(RewritePatternSet &p,
+                                      const KernelOptions &o);
+void populateMadDispersionKernel(RewritePatternSet &p, const KernelOptions &o);
+void populateAdjacencyUpdateKernel(RewritePatternSet &p,
+                                   const KernelOptions &o);
+void populateHyperRouterKernel(RewritePatternSet &p, const KernelOptions &o);
+} // namespace moe::cpu
+} // namespace mlir
+
+#endif // MOE_LIB_CONVERSION_MOETOLINALG_CPU_KERNELS_H

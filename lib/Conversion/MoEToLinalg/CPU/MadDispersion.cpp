@@ -1,0 +1,142 @@
+//===- MadDispersion.cpp - moe.mad_dispersion -> fast CPU kernel ----------===//
+//
+// Part of the MoE-MLIR project.
+//
+// The portable lowering reduces over the tokens once per cluster (E times the
+// work of a scatter). Here the two statistics passes are scatters: token t
+// adds its row into the row assign[t] of the [E, D] sums, t ascending. The
+// workers own disjoint column blocks of 32 features (two vector<16> lanes
+// groups), so every sum is accumulated by one thread in the same order (t
+// ascending) as the portable lowering: the result is bit-identical to it. An
+// `assign` value outside [0, E) adds nothing (and is reported, as there).
+// The cheap O(E·D) tail (1/(s+eps), clip, rescale) is the portable one.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Kernels.h"
+
+#include "../Patterns.h"
+#include "../Utils.h"
+
+#include "MoE/IR/MoEOps.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::cpu;
+
+namespace {
+constexpr int64_t kDyn = ShapedType::kDynamic;
+constexpr int64_t kBlockVectors = 2;
+
+struct MadDispersionKernel : OpRewritePattern<MadDispersionOp> {
+  MadDispersionKernel(MLIRContext *ctx, KernelOptions opts)
+      : OpRewritePattern(ctx, /*benefit=*/2), opts(opts) {}
+  KernelOptions opts;
+
+  LogicalResult matchAndRewrite(MadDispersionOp op,
+                                PatternRewriter &rw) const override {
+    Location loc = op.getLoc();
+    int64_t numExperts = op.getNumExperts();
+    if (failed(lowering::emitIndexCheck(
+            rw, op, op.getAssign(), lowering::indexConst(rw, loc, numExperts),
+            lowering::IndexErrorOp::MadDispersionAssign)))
+      return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
+                                       "moeReportIndexError");
+    ImplicitLocOpBuilder b(loc, rw);
+    CK k(b);
+    Type f32 = k.f32(), i32 = k.i32();
+    Value c0 = k.idx(0), c1 = k.idx(1);
+    Value x = k.buffer(op.getTokens()), assign = k.buffer(op.getAssign());
+    Value tokens = k.dim(x, 0), depth = k.dim(x, 1);
+    Value e = k.idx(numExperts);
+    Type assignType = cast<MemRefType>(assign.getType()).getElementType();
+    Value eA = k.castInt(e, assignType), zeroA = k.castInt(c0, assignType);
+    bool variance = op.getMeasure() == DispersionMeasure::variance;
+
+    // The cluster of token t as an index, or nothing when out of range.
+    auto withCluster = [&](Value t, function_ref<void(Value)> body) {
+      Value a = k.load(assign, {t});
+      Value ok = k.andI(k.cmpi(arith::CmpIPredicate::sge, a, zeroA),
+                        k.cmpi(arith::CmpIPredicate::slt, a, eA));
+      k.ifThen(ok, [&] { body(k.castInt(a, b.getIndexType())); });
+    };
+
+    Value counts = k.alloc(MemRefType::get({numExperts}, i32), {});
+    k.forLoop(c0, e, c1, [&](Value c) { k.store(k.cI32(0), counts, {c}); });
+    k.forLoop(c0, tokens, c1, [&](Value t) {
+      withCluster(t, [&](Value a) {
+        k.store(k.add(k.load(counts, {a}), k.cI32(1)), counts, {a});
+      });
+    });
+
+    auto statType = MemRefType::get({numExperts, kDyn}, f32);
+    Value sums = k.alloc(statType, {depth});
+    Value dev = k.alloc(statType, {depth});
+    Value zeros = k.constLike(k.vf32(), 0.0);
+    int64_t block = kBlockVectors * kLanes;
+    Value numBlocks = k.ceilDiv(depth, k.idx(block));
+
+    // One column block: zero both statistics, Σ x, the mean, Σ |x - mean|.
+    k.workers(opts, numBlocks, [&](Value item, Value) {
+      Value col0 = k.mul(item, k.idx(block));
+      SmallVector<Value> cols, counts_;
+      for (int64_t v = 0; v < kBlockVectors; ++v) {
+        cols.push_back(k.add(col0, k.idx(v * kLanes)));
+        counts_.push_back(k.sub(depth, cols.back()));
+      }
+      // Lanes past D are neither read nor written (masked).
+      auto forVectors = [&](function_ref<void(Value col, Value count)> f) {
+        for (int64_t v = 0; v < kBlockVectors; ++v)
+          k.ifThen(k.cmpi(arith::CmpIPredicate::slt, cols[v], depth),
+                   [&] { f(cols[v], counts_[v]); });
+      };
+      k.forLoop(c0, e, c1, [&](Value c) {
+        forVectors([&](Value col, Value count) {
+          k.vstoreMasked(zeros, sums, {c, col}, count);
+          k.vstoreMasked(zeros, dev, {c, col}, count);
+        });
+      });
+      k.forLoop(c0, tokens, c1, [&](Value t) {
+        withCluster(t, [&](Value a) {
+          forVectors([&](Value col, Value count) {
+            Value xv = k.vloadMasked(x, {t, col}, count, 0.0);
+            Value s = k.vloadMasked(sums, {a, col}, count, 0.0);
+            k.vstoreMasked(k.fadd(s, xv), sums, {a, col}, count);
+          });
+        });
+      });
+      // mean = sum / count (0 for an empty cluster), in place.
+      k.forLoop(c0, e, c1, [&](Value c) {
+        Value n = k.load(counts, {c});
+        Value empty = k.cmpi(arith::CmpIPredicate::eq, n, k.cI32(0));
+        Value nv = k.splat(k.sitofp(n), kLanes);
+        forVectors([&](Value col, Value count) {
+          Value s = k.vloadMasked(sums, {c, col}, count, 0.0);
+          Value mean = k.select(k.splat(empty, kLanes), zeros, k.fdiv(s, nv));
+          k.vstoreMasked(mean, sums, {c, col}, count);
+        });
+      });
+      k.forLoop(c0, tokens, c1, [&](Value t) {
+        withCluster(t, [&](Value a) {
+          forVectors([&](Value col, Value count) {
+            Value xv = k.vloadMasked(x, {t, col}, count, 0.0);
+            Value mu = k.vloadMasked(sums, {a, col}, count, 0.0);
+            Value diff = k.fsub(xv, mu);
+            Value term = variance ? k.fmul(diff, diff) : k.fabs(diff);
+            Value s = k.vloadMasked(dev, {a, col}, count, 0.0);
+            k.vstoreMasked(k.fadd(s, term), dev, {a, col}, count);
+          });
+        });
+      });
+    });
+
+    lowering::finishMadDispersion(rw, op, k.tensor(counts), k.tensor(dev));
+    return success();
+  }
+};
+} // namespace
+
+void mlir::moe::cpu::populateMadDispersionKernel(RewritePatternSet &p,
+                                                 const KernelOptions &o) {
+  p.add<MadDispersionKernel>(p.getContext(), o);
+}

@@ -1,0 +1,103 @@
+//===- MoEToCPU.cpp - The convert-moe-to-cpu pass --------------------------===//
+//
+// Part of the MoE-MLIR project.
+//
+// Gathers the per-op kernel patterns (one file per op in this directory) and
+// applies them greedily: an op without a kernel for its form stays, for
+// convert-moe-to-linalg to lower. Fused routing ops are split first, as in
+// convert-moe-to-linalg, so that their mixing op and gate get kernels.
+//
+// Parallelism. The kernels express their token/row-tile loops as an
+// scf.parallel over `num-threads` workers (each worker takes whole items in a
+// fixed cyclic order, so results are bit-identical whatever the thread count).
+// moe-lower-to-llvm maps that loop onto the MLIR async runtime
+// (async-parallel-for, one task per worker; libmlir_async_runtime.so ships with
+// Debian's LLVM 22 and the ExecutionEngine loads it). OpenMP was the other
+// candidate: the omp dialect lowers to __kmpc_* calls that need LLVM's libomp,
+// which this machine does not have (no libomp in /usr/lib/llvm-22/lib;
+// Debian package libomp5-22), and scf.forall would itself need one of the two.
+// With num-threads = 1 the loop is a plain scf.for: no runtime library.
+//
+//===----------------------------------------------------------------------===//
+
+#include "MoE/Conversion/MoEToLinalg/MoEToCPU.h"
+#include "Kernels.h"
+
+#include "MoE/IR/MoEDialect.h"
+#include "MoE/Transforms/Passes.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Bufferization/IR/Bufferization.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Linalg/IR/Linalg.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+#include "mlir/Pass/Pass.h"
+#include "mlir/Pass/PassRegistry.h"
+#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+
+void mlir::moe::populateMoEToCPUKernelPatterns(RewritePatternSet &patterns,
+                                               int64_t numThreads) {
+  cpu::KernelOptions opts;
+  opts.numThreads = std::max<int64_t>(numThreads, 1);
+  cpu::populateTopkRenormKernel(patterns, opts);
+  cpu::populateSimilarityInformKernel(patterns, opts);
+  cpu::populateAttentionPosteriorKernel(patterns, opts);
+  cpu::populateMadDispersionKernel(patterns, opts);
+  cpu::populateAdjacencyUpdateKernel(patterns, opts);
+  cpu::populateHyperRouterKernel(patterns, opts);
+  populateSplitFusedRoutingPatterns(patterns);
+}
+
+namespace {
+struct ConvertMoEToCPUPass
+    : PassWrapper<ConvertMoEToCPUPass, OperationPass<>> {
+  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(ConvertMoEToCPUPass)
+  ConvertMoEToCPUPass() = default;
+  ConvertMoEToCPUPass(const ConvertMoEToCPUPass &other) : PassWrapper(other) {}
+  explicit ConvertMoEToCPUPass(int64_t threads) { numThreads = threads; }
+
+  StringRef getArgument() const override { return "convert-moe-to-cpu"; }
+  StringRef getDescription() const override {
+    return "Lower moe ops to tiled, vectorized and parallel CPU kernels "
+           "(memrefs + vector + scf.parallel); ops without a kernel are left "
+           "for convert-moe-to-linalg";
+  }
+  void getDependentDialects(DialectRegistry &registry) const override {
+    registry.insert<arith::ArithDialect, bufferization::BufferizationDialect,
+                    func::FuncDialect, linalg::LinalgDialect,
+                    math::MathDialect, memref::MemRefDialect,
+                    scf::SCFDialect, tensor::TensorDialect,
+                    vector::VectorDialect>();
+  }
+  void runOnOperation() override {
+    RewritePatternSet patterns(&getContext());
+    populateMoEToCPUKernelPatterns(patterns, numThreads);
+    GreedyRewriteConfig config;
+    config.enableFolding(false);
+    if (failed(applyPatternsGreedily(getOperation(), std::move(patterns),
+                                     config)))
+      signalPassFailure();
+  }
+
+  Option<int64_t> numThreads{
+      *this, "num-threads",
+      llvm::cl::desc("workers of the parallel token loops (1 = sequential, "
+                     "no runtime library needed)"),
+      llvm::cl::init(1)};
+};
+} // namespace
+
+std::unique_ptr<Pass> mlir::moe::createConvertMoEToCPUPass(int64_t numThreads) {
+  return std::make_unique<ConvertMoEToCPUPass>(numThreads);
+}
+
+void mlir::moe::registerConvertMoEToCPUPass() {
+  PassRegistration<ConvertMoEToCPUPass>();
+}
