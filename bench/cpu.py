@@ -198,6 +198,7 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=None, help="seconds of timed calls per implementation")
     ap.add_argument("--cap", type=float, default=None, help="max seconds per implementation and case")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--note", default="", help="a remark stored in the JSON and printed in the summary")
     ap.add_argument("--tag", default=None, help="file name tag (default: the date; --quick adds '-quick')")
     args = ap.parse_args()
     if args.compile is None:
@@ -255,6 +256,7 @@ def main() -> int:
         "suite": "cpu",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "mode": "quick" if args.quick else "full",
+        "note": args.note,
         "target": "ours >= 2x faster than PyTorch eager at prefill-like sizes",
         "methodology": {
             "ours": "execution API C interface (libMoEExecutorC): compiled once (ours_compile_s), timed per "
