@@ -5,13 +5,20 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
+from pathlib import Path
 from typing import Iterable
 
-import pytest
-import torch
+# Test the package next to these tests, not whichever checkout an editable install of the venv points at.
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
+if _PACKAGE_ROOT not in sys.path:
+    sys.path.insert(0, _PACKAGE_ROOT)
 
-import moe_mlir  # noqa: F401  (registers torch.ops.moe.*)
-from moe_mlir.compiler import find_mlir_runner, find_moe_opt
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import moe_mlir  # noqa: E402,F401  (registers torch.ops.moe.*)
+from moe_mlir.compiler import find_mlir_runner, find_moe_opt  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
