@@ -3,7 +3,8 @@
 * :mod:`moe_mlir.ops` registers ``torch.ops.moe.*`` (the six dialect ops) with eager reference kernels;
 * :mod:`moe_mlir.importer` turns a ``torch.nn.Module`` into MLIR text (``func.func @forward``) for ``moe-opt``;
 * :mod:`moe_mlir.compiler` drives ``moe-opt`` and executes compiled modules (``moe_mlir.compile``,
-  ``torch.compile(backend="moe")``);
+  ``torch.compile(backend="moe")``); :mod:`moe_mlir.gpu` is its ``target="cuda"`` (routing on the moe GPU kernels,
+  the rest of the graph eager on CUDA);
 * :mod:`moe_mlir.metrics` has the routing-stability metrics of Mutual-Inform §4;
 * :mod:`moe_mlir.models` has one complete SMoE transformer block per seed router.
 """
