@@ -2,7 +2,9 @@
 //
 // Part of the MoE-MLIR project.
 //
-// Our conversion and one-shot bufferization, then the passes of upstream
+// The fusion of mixing ops with their top-k gate (the fused kernels select the
+// experts in their epilogue), our conversion and one-shot bufferization, then
+// the passes of upstream
 // gpu-lower-to-nvvm-pipeline (mlir/lib/Dialect/GPU/Pipelines) with two
 // additions: C-interface wrappers for the host functions (the AOT library and
 // ctypes call `_mlir_ciface_*`) and the CUDA toolkit path for ptxas.
@@ -11,6 +13,7 @@
 
 #include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
 #include "MoE/Conversion/Passes.h"
+#include "MoE/Transforms/Passes.h"
 
 #include "mlir/Conversion/Passes.h"
 #include "mlir/Dialect/Bufferization/Transforms/Passes.h"
@@ -27,6 +30,9 @@ using namespace mlir;
 
 void mlir::moe::buildMoELowerToNVVMPipeline(
     OpPassManager &pm, const MoELowerToNVVMOptions &options) {
+  // similarity_inform/attention_posterior + their probs-mode gate -> one fused
+  // op, so that p [B, N, K] never goes to device memory.
+  pm.addPass(createMoEFuseRouting());
   // moe ops -> host code + kernels, on tensors; then buffers across the
   // function boundaries (identity layouts: plain device memrefs for callers).
   pm.addPass(createConvertMoEToGPU());
