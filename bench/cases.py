@@ -202,7 +202,8 @@ def hyper_case(regime: str, De: int, Dh: int, D: int, E: int) -> Case:
 
     return Case(name, "hyper_router", regime, dict(De=De, Dh=Dh, D=D, E=E, w2_MiB=E * (D + 1) * Dh * 4 / 2 ** 20),
                 M.hyper_router(name, De, Dh, D, E), make, [((E, D), torch.float32), ((E,), torch.float32)],
-                eager, check, note="token-independent (the router is generated once per step)")
+                eager, check, note="token-independent (the router is generated once per step); memory-bound GEMVs",
+                extra={"bytes": 4 * (E * (D + 1) * (Dh + 2) + Dh * (De + 2) + De)})
 
 
 def full_cases() -> list[Case]:

@@ -98,6 +98,13 @@ def write_markdown(doc: dict, path: Path, png_name: str) -> str:
         if r.get("regime") == "prefill":
             ops_ok.setdefault(r["op"], True)
             ops_ok[r["op"]] &= (r.get("speedup") or 0) >= TARGET
+    mb = [r for r in doc["records"] if r.get("bytes_read") and r.get("speedup")]
+    if mb:
+        lines += ["", f"Memory-bound cases (bytes read once / median time; tensor copy on this machine: "
+                      f"{m.get('copy_bandwidth_GBps', '?')} GB/s):"]
+        for r in mb:
+            lines.append(f"- {r['op']} {_shape(r)}: ours {r.get('ours_GBps', 0):.1f} GB/s, eager "
+                         f"{r.get('torch_GBps', 0):.1f} GB/s")
     if ops_ok:
         lines += ["", "Per op: " + ", ".join(f"{op} {'meets' if ok else 'BELOW'}" for op, ok in ops_ok.items()) + "."]
 
