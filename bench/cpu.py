@@ -119,7 +119,8 @@ def machine_info(threads: int) -> dict:
 
 
 def run_case(exe: Executor, case: C.Case, args) -> dict:
-    rec = {"case": case.name, "op": case.op, "regime": case.regime, "params": case.params, "note": case.note}
+    rec = {"case": case.name, "op": case.op, "regime": case.regime, "params": case.params, "note": case.note,
+           "loadavg_1min_before": round(os.getloadavg()[0], 2)}
     g = torch.Generator().manual_seed(20260521)
     inputs = [t.contiguous() for t in case.make_inputs(g)]
     budget = args.budget
@@ -215,6 +216,9 @@ def main() -> int:
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-RSS measurement")
     ap.add_argument("--budget", type=float, default=None, help="seconds of timed calls per implementation")
     ap.add_argument("--cap", type=float, default=None, help="max seconds per implementation and case")
+    ap.add_argument("--wait-quiet", type=float, default=None, metavar="LOAD",
+                    help="first wait (up to --wait-max s) until the 1-minute load average is below LOAD")
+    ap.add_argument("--wait-max", type=float, default=1800)
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--note", default="", help="a remark stored in the JSON and printed in the summary")
     ap.add_argument("--tag", default=None, help="file name tag (default: the date; --quick adds '-quick')")
@@ -230,6 +234,11 @@ def main() -> int:
     cases = C.quick_cases() if args.quick else C.full_cases()
     if args.only:
         cases = [c for c in cases if any(s in c.name or s == c.op for s in args.only)]
+    if args.wait_quiet is not None:
+        t_wait = time.time()
+        while os.getloadavg()[0] >= args.wait_quiet and time.time() - t_wait < args.wait_max:
+            time.sleep(10)
+        print(f"waited {time.time() - t_wait:.0f} s for load < {args.wait_quiet}: now {os.getloadavg()}", flush=True)
     info = machine_info(args.threads)
     info["copy_bandwidth_GBps"] = round(copy_bandwidth(), 1)
     print(f"machine: {info['cpu_model']} ({info['logical_cpus']} logical CPUs), threads={args.threads}, "
