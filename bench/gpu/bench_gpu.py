@@ -307,6 +307,36 @@ def run_case(g: GpuLib, case: C.Case, args) -> dict:
     return rec
 
 
+def markdown(doc: dict) -> str:
+    m = doc["machine"]
+    f = lambda x, d=3: "-" if x is None else f"{x:.{d}g}"  # noqa: E731
+    lines = [f"# GPU benchmark {doc['date']}", "",
+             f"{m['gpu']} ({m['sm_count']} SMs, {m['memory_gib']} GiB), torch {m['torch']} / CUDA {m['cuda']}; "
+             f"HBM: {m['hbm_peak_source']}, measured copy {m['copy_bandwidth_Bps'] / 1e9:.0f} GB/s. "
+             f"Artifacts: {(m.get('artifacts') or '').strip().replace(chr(10), ', ')}.", "",
+             "Latency = host wall time of one call including a device synchronization (median); kernel = GPU "
+             "time of one call's kernels from torch.profiler.", "",
+             "| case | ours ms | eager ms | compile ms | vs eager | vs compile | ours kernel us | eager kernel us | "
+             "compile kernel us | kernel vs eager | check |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in doc["records"]:
+        k = lambda key: r.get(key, {}).get("kernel_us") if isinstance(r.get(key), dict) else None  # noqa: E731
+        chk = str(r.get("check", r.get("error", "")))[:50]
+        lines.append(f"| {r['case']} | {f(r.get('ours_ms'))} | {f(r.get('torch_ms'))} | {f(r.get('torch_compile_ms'))} "
+                     f"| {f(r.get('speedup'))}x | {f(r.get('speedup_vs_compile'))}x | {f(k('ours_kernel'))} | "
+                     f"{f(k('torch_kernel'))} | {f(k('torch_compile_kernel'))} | {f(r.get('kernel_speedup'))}x | {chk} |")
+    roof = [r for r in doc["records"] if "ours_roofline_fraction" in r]
+    if roof:
+        lines += ["", "## HBM roofline: topk_renorm (bytes = T*K*4 + 2*T*k*4)", "",
+                  "| case | MB moved | ours kernel us | GB/s | of datasheet peak | of measured copy | eager GB/s |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for r in roof:
+            lines.append(f"| {r['case']} | {r['bytes_moved'] / 1e6:.1f} | {f(r['ours_kernel']['kernel_us'])} | "
+                         f"{r['ours_bandwidth_GBps']:.0f} | {r['ours_roofline_fraction']:.1%} | "
+                         f"{r['ours_copy_fraction']:.1%} | {f(r.get('torch_bandwidth_GBps'))} |")
+    return "\n".join(lines) + "\n"
+
+
 def _git_head():
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO,
@@ -378,7 +408,9 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"gpu-{datetime.date.today().isoformat()}-{slug}.json"
     path.write_text(json.dumps(doc, indent=1))
-    print(f"wrote {path}")
+    path.with_suffix(".md").write_text(markdown(doc))
+    print(f"wrote {path} and {path.with_suffix('.md')}")
+    print(markdown(doc))
     bad = [r for r in records if str(r.get("check", "")).startswith("FAIL") or r.get("error") or r.get("ours_error")]
     return 1 if bad else 0
 

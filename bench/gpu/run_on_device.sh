@@ -21,4 +21,4 @@ cd "$ROOT"
 export PYTHONUNBUFFERED=1
 "$PY" -m bench.gpu.bench_gpu --lib "$BUILD/libbench-cases.so" --runtime-dir "$BUILD" \
   --manifest "$ART/cases.json" --out "$ROOT/bench/results" "$@"
-if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then cp "$ROOT"/bench/results/gpu-*.json "$OUT"/ 2>/dev/null || true; fi
+if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then cp "$ROOT"/bench/results/gpu-*.json "$ROOT"/bench/results/gpu-*.md "$OUT"/ 2>/dev/null || true; fi
