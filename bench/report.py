@@ -36,6 +36,10 @@ def _shape(r: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in p.items())
 
 
+def _la(xs) -> str:
+    return "-" if not xs else "/".join(f"{x:.2f}" for x in xs)
+
+
 def _load_range(doc: dict) -> str:
     xs = [r["loadavg_1min_before"] for r in doc["records"] if "loadavg_1min_before" in r]
     return f"{min(xs):.2f} to {max(xs):.2f}" if xs else "not recorded"
@@ -64,7 +68,7 @@ def write_markdown(doc: dict, path: Path, png_name: str) -> str:
         f"{m.get('memory_gib')} GiB; threads = {m['threads']} for both (torch.set_num_threads, OMP_NUM_THREADS, "
         f"MOE_NUM_THREADS). torch {m['torch']}, Python {m['python']}. Commit `{m['git_commit'][:12]}`"
         f" ({m.get('source', 'working tree')}); last lowering commit: {m.get('last_lowering_commit')}.",
-        f"Load average (1/5/15 min) at start {m['loadavg_start']}, at end {m.get('loadavg_end')}; "
+        f"Load average (1/5/15 min) at start {_la(m['loadavg_start'])}, at end {_la(m.get('loadavg_end'))}; "
         f"suite time {m.get('suite_seconds')} s; 1-minute load before each case: "
         f"{_load_range(doc)}.",
         "",
