@@ -42,6 +42,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
+#include <condition_variable>
 #include <mutex>
 
 using namespace mlir;
@@ -232,7 +234,102 @@ static Error makeError(const llvm::Twine &msg) {
 }
 
 CompiledModule::CompiledModule() = default;
-CompiledModule::~CompiledModule() = default;
+//===----------------------------------------------------------------------===//
+// The MLIR async runtime (parallel kernels, see buildLowerToLLVMPipeline)
+//===----------------------------------------------------------------------===//
+
+namespace {
+using CoroHandle = void *;
+using CoroResume = void (*)(void *);
+
+/// The async runtime's entry points, once the library is loaded.
+struct AsyncRuntimeApi {
+  void (*execute)(CoroHandle, CoroResume) = nullptr;
+  int64_t (*numWorkerThreads)() = nullptr;
+};
+
+/// Loads libmlir_async_runtime.so into the process for good (once); null
+/// when it cannot be loaded.
+const AsyncRuntimeApi *asyncRuntime() {
+  static const AsyncRuntimeApi *api = []() -> const AsyncRuntimeApi * {
+    std::string path =
+        std::string(MOE_MLIR_LIBRARY_DIR) + "/libmlir_async_runtime.so";
+    if (llvm::sys::DynamicLibrary::LoadLibraryPermanently(path.c_str()))
+      return nullptr;
+    static AsyncRuntimeApi loaded;
+    loaded.execute = reinterpret_cast<void (*)(CoroHandle, CoroResume)>(
+        llvm::sys::DynamicLibrary::SearchForAddressOfSymbol(
+            "mlirAsyncRuntimeExecute"));
+    loaded.numWorkerThreads = reinterpret_cast<int64_t (*)()>(
+        llvm::sys::DynamicLibrary::SearchForAddressOfSymbol(
+            "mlirAsyncRuntimGetNumWorkerThreads"));
+    if (!loaded.execute || !loaded.numWorkerThreads)
+      return nullptr;
+    return &loaded;
+  }();
+  return api;
+}
+
+/// A barrier that the pool threads and the caller pass; heap-allocated and
+/// freed by the last one out.
+struct PoolBarrier {
+  std::mutex mutex;
+  std::condition_variable cv;
+  int64_t expected = 0, arrived = 0, left = 0;
+  std::atomic<int64_t> refs{0};
+  void release() {
+    if (refs.fetch_sub(1) == 1)
+      delete this;
+  }
+};
+
+void poolBarrierTask(void *arg) {
+  auto *barrier = static_cast<PoolBarrier *>(arg);
+  {
+    std::unique_lock<std::mutex> lock(barrier->mutex);
+    ++barrier->arrived;
+    barrier->cv.notify_all();
+    barrier->cv.wait(lock,
+                     [&] { return barrier->arrived >= barrier->expected; });
+    ++barrier->left;
+    barrier->cv.notify_all();
+  }
+  barrier->release();
+}
+
+/// Returns once every thread of the async runtime's pool has finished the
+/// task it was running. A worker of the parallel kernels signals its
+/// completion (and so lets the caller return) a few instructions before it
+/// leaves the JIT'd code; the JIT'd code must outlive that. One barrier task
+/// per pool thread: each thread must take one, so each has left its previous
+/// task.
+void drainAsyncRuntime(const AsyncRuntimeApi &api) {
+  int64_t threads = api.numWorkerThreads();
+  if (threads <= 0)
+    return;
+  auto *barrier = new PoolBarrier();
+  barrier->expected = threads;
+  barrier->refs = threads + 1;
+  for (int64_t i = 0; i < threads; ++i)
+    api.execute(barrier, &poolBarrierTask);
+  {
+    std::unique_lock<std::mutex> lock(barrier->mutex);
+    barrier->cv.wait(lock, [&] { return barrier->left >= threads; });
+  }
+  barrier->release();
+}
+} // namespace
+
+/// Set once some module was compiled for the async runtime.
+static std::atomic<bool> asyncRuntimeUsed{false};
+
+CompiledModule::~CompiledModule() {
+  // Parallel code may have run on the async runtime's pool: let its threads
+  // leave the code before the engine frees it.
+  if (asyncRuntimeUsed.load())
+    if (const AsyncRuntimeApi *api = asyncRuntime())
+      drainAsyncRuntime(*api);
+}
 
 const FunctionSignature *CompiledModule::signature(llvm::StringRef fn) const {
   for (const FunctionSignature &sig : functions_)
@@ -290,22 +387,18 @@ Executor::compile(llvm::StringRef mlirText, const CompileOptions &options) {
   // the MLIR async runtime loaded below when that is more than one.
   //
   // The runtime is loaded once, permanently, into the process, and the JIT'd
-  // code finds its symbols there (the engine searches the process). Passing it
+  // code finds its symbols there (the engine searches the process); the
+  // module's destructor drains its pool (drainAsyncRuntime). Passing it
   // through ExecutionEngineOptions::sharedLibPaths instead would make every
   // engine's destructor call the library's __mlir_execution_engine_destroy,
   // which deletes the process-wide default runtime: the next module (or any
   // other live one) would then crash.
   LowerToLLVMOptions pipelineOptions;
   pipelineOptions.numThreads = defaultNumThreads();
-  if (pipelineOptions.numThreads > 1) {
-    static const bool asyncRuntimeLoaded = [] {
-      std::string path =
-          std::string(MOE_MLIR_LIBRARY_DIR) + "/libmlir_async_runtime.so";
-      return !llvm::sys::DynamicLibrary::LoadLibraryPermanently(path.c_str());
-    }();
-    if (!asyncRuntimeLoaded)
-      pipelineOptions.numThreads = 1;
-  }
+  if (pipelineOptions.numThreads > 1 && !asyncRuntime())
+    pipelineOptions.numThreads = 1;
+  if (pipelineOptions.numThreads > 1)
+    asyncRuntimeUsed.store(true);
   buildLowerToLLVMPipeline(pm, pipelineOptions);
   // A crash of a pass (a compiler bug) becomes an error of this compilation
   // instead of taking the host process down.

@@ -10,7 +10,7 @@
 //  2. h*[b]: the mean row entropy per head and its argmin (ties to the lowest
 //     head, NaN first), sequential and in the portable lowering's order.
 //  3. Head means of h* only, m[b,j,:] = head_scale · v[b,h*,j,:] · wo_h*^T,
-//     written straight into the transposed key layout of the flash kernel,
+//     written straight into the tiled transposed key layout of the flash kernel,
 //     and ‖m_j‖².
 //  4. The posterior mix with the flash kernel of Flash.h: q = u, keys m,
 //     logit (s + <u_i,m_j>/σ²) − ‖m_j‖²/(2σ²), -inf where s = -inf.
@@ -135,9 +135,10 @@ struct AttentionPosteriorKernel : OpRewritePattern<AttentionPosteriorOp> {
       return kk.castInt(kk.load(head, {bi}), b.getIndexType());
     };
 
-    // 3. Head means of h*, transposed: keysT[b, d, j] = m[b, j, d].
+    // 3. Head means of h*, transposed per key tile (Flash.h).
     Value keysPad = roundUp(k, keys, kKeyTile);
-    Value keysT = k.alloc(statType, {batch, model, keysPad});
+    Value keysT = k.alloc(MemRefType::get({kDyn, kDyn, kDyn, kKeyTile}, f32),
+                          {batch, k.divu(keysPad, k.idx(kKeyTile)), model});
     Value norm2 = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, keysPad});
     Value woT = k.alloc(statType, {batch, headDim, model});
     k.forLoop(c0, batch, c1, [&](Value bi) {
@@ -180,7 +181,9 @@ struct AttentionPosteriorKernel : OpRewritePattern<AttentionPosteriorOp> {
               c0, model, c1, ValueRange{k.cF32(0.0)},
               [&](Value d, ValueRange a) -> SmallVector<Value> {
                 Value m = k.select(inRange, k.load(row, {d}), k.cF32(0.0));
-                k.store(m, keysT, {bi, d, j});
+                k.store(m, keysT,
+                        {bi, k.divu(j, k.idx(kKeyTile)), d,
+                         k.remu(j, k.idx(kKeyTile))});
                 return {k.fadd(a[0], k.fmul(m, m))};
               })[0];
           k.store(n2, norm2, {bi, j});

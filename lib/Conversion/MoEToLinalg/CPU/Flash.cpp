@@ -102,8 +102,8 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
               [&](Value d, ValueRange acc) -> SmallVector<Value> {
                 SmallVector<Value> kv;
                 for (int64_t v = 0; v < KV; ++v)
-                  kv.push_back(k.vload(
-                      s.keysT, {b, d, k.add(j0, k.idx(v * kLanes))}));
+                  kv.push_back(
+                      k.vload(s.keysT, {b, jt, d, k.idx(v * kLanes)}));
                 SmallVector<Value> next;
                 for (int64_t r = 0; r < TQ; ++r) {
                   Value qv = k.splat(k.loadF(s.q, {b, rowIdx[r], d}), kLanes);

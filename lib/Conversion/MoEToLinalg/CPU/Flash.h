@@ -7,7 +7,7 @@
 // streams key tiles of kKeyTile keys. Per (query tile, key tile) block:
 //  * QK: a register-blocked micro-kernel, kQueryTile x (kKeyTile / 16) vector
 //    accumulators, one FMA per (row, 16 keys, d), reading the keys transposed
-//    ([B, D, Npad], packed once) and the query scalars broadcast;
+//    per key tile (packed once) and the query scalars broadcast;
 //  * the op-specific logit epilogue on the 16-lane dot vectors (scale, masks,
 //    additive terms), -inf = excluded key;
 //  * an online softmax per row over the tile (tile max, one rescale of the
@@ -37,7 +37,11 @@ constexpr int64_t kKeyTile = 32;
 struct FlashSpec {
   /// Queries [B, N, D] (any float type; read as f32 scalars).
   Value q;
-  /// Keys transposed and padded: [B, D, Npad] f32, Npad = roundUp(Nk, kKeyTile).
+  /// Keys transposed in key tiles and padded: [B, Npad / kKeyTile, D,
+  /// kKeyTile] f32 (key j at [b, j / kKeyTile, d, j % kKeyTile]), Npad =
+  /// roundUp(Nk, kKeyTile). A tile's D x kKeyTile block is contiguous: a
+  /// [B, D, Npad] layout puts its rows Npad·4 bytes apart, which for Npad a
+  /// multiple of 1024 maps every row to one L1 set.
   Value keysT;
   /// Values padded: [B, Npad, Kp] f32, Kp = roundUp(K, kLanes), zero padding.
   Value values;

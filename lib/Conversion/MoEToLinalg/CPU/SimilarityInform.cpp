@@ -44,19 +44,25 @@ struct SimilarityInformKernel : OpRewritePattern<SimilarityInformOp> {
     bool causal = op.getCausal();
     float tau = op.getTau().convertToFloat();
 
-    // Keys transposed: kT[b, d, j] = u[b, j, d], zero padding.
-    Value keysT =
-        k.alloc(MemRefType::get({kDyn, kDyn, kDyn}, f32), {batch, depth, keysPad});
-    k.workers(opts, k.mul(batch, depth),
-              [&](Value item, Value) {
-                Value bi = k.divu(item, depth), d = k.remu(item, depth);
-                Value last = k.sub(rows, c1);
-                k.forLoop(c0, keysPad, c1, [&](Value j) {
-                  Value x = k.loadF(u, {bi, k.mins(j, last), d});
-                  Value in = k.cmpi(arith::CmpIPredicate::ult, j, rows);
-                  k.store(k.select(in, x, k.cF32(0.0)), keysT, {bi, d, j});
-                });
-              });
+    // Keys transposed per key tile: kT[b, j / TK, d, j % TK] = u[b, j, d],
+    // zero padding. One item per (b, key tile).
+    Value keyTiles = k.divu(keysPad, k.idx(kKeyTile));
+    Value keysT = k.alloc(
+        MemRefType::get({kDyn, kDyn, kDyn, kKeyTile}, f32),
+        {batch, keyTiles, depth});
+    k.workers(opts, k.mul(batch, keyTiles), [&](Value item, Value) {
+      Value bi = k.divu(item, keyTiles), jt = k.remu(item, keyTiles);
+      Value last = k.sub(rows, c1);
+      k.forLoop(c0, k.idx(kKeyTile), c1, [&](Value jj) {
+        Value j = k.add(k.mul(jt, k.idx(kKeyTile)), jj);
+        Value in = k.cmpi(arith::CmpIPredicate::ult, j, rows);
+        Value jc = k.mins(j, last);
+        k.forLoop(c0, depth, c1, [&](Value d) {
+          Value x = k.loadF(u, {bi, jc, d});
+          k.store(k.select(in, x, k.cF32(0.0)), keysT, {bi, jt, d, jj});
+        });
+      });
+    });
 
     // Key validity (padding and key_mask) as 1.0 / 0.0, when needed.
     auto uType = cast<RankedTensorType>(op.getU().getType());
