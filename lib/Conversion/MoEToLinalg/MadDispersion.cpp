@@ -35,6 +35,31 @@ using utils::IteratorType;
 constexpr IteratorType kPar = IteratorType::parallel;
 constexpr IteratorType kRed = IteratorType::reduction;
 
+/// sums[k,q] / counts[k] per cluster, 0 for an empty cluster (the authors'
+/// index_reduce leaves it at 0), then `post` on each element when given.
+Value clusterMean(PatternRewriter &rw, Location loc, Value sums, Value counts,
+                  function_ref<Value(OpBuilder &, Location, Value)> post =
+                      nullptr) {
+  MLIRContext *ctx = rw.getContext();
+  AffineMap kq = dimsMap(ctx, 2, {0, 1}), k = dimsMap(ctx, 2, {0});
+  SmallVector<OpFoldResult> shape = tensor::getMixedSizes(rw, loc, sums);
+  return generic(
+             rw, loc, ValueRange{sums, counts},
+             Value(tensor::EmptyOp::create(rw, loc, shape, rw.getF32Type())),
+             {kq, k, kq}, {kPar, kPar},
+             [&](OpBuilder &gb, Location gl, ValueRange a) {
+               Value isEmpty = arith::CmpIOp::create(
+                   gb, gl, arith::CmpIPredicate::eq, a[1], i32Const(gb, gl, 0));
+               Value n =
+                   arith::SIToFPOp::create(gb, gl, gb.getF32Type(), a[1]);
+               Value mean = arith::SelectOp::create(
+                   gb, gl, isEmpty, f32Const(gb, gl, 0.0),
+                   arith::DivFOp::create(gb, gl, a[0], n));
+               return SmallVector<Value>{post ? post(gb, gl, mean) : mean};
+             })
+      .front();
+}
+
 struct MadDispersionLowering : OpRewritePattern<MadDispersionOp> {
   using OpRewritePattern::OpRewritePattern;
 
@@ -100,32 +125,10 @@ struct MadDispersionLowering : OpRewritePattern<MadDispersionOp> {
                      })
           .front();
     };
-    // stat / count, 0 for an empty cluster (the authors' index_reduce).
-    AffineMap kq = dimsMap(ctx, 2, {0, 1}), k = dimsMap(ctx, 2, {0}),
-              q = dimsMap(ctx, 2, {1}), none = AffineMap::get(2, 0, ctx);
-    auto perToken = [&](Value sums,
-                        function_ref<Value(OpBuilder &, Location, Value)> post) {
-      return generic(
-                 rw, loc, ValueRange{sums, counts},
-                 Value(tensor::EmptyOp::create(rw, loc, {e, d}, rw.getF32Type())),
-                 {kq, k, kq}, {kPar, kPar},
-                 [&](OpBuilder &gb, Location gl, ValueRange a) {
-                   Value isEmpty = arith::CmpIOp::create(
-                       gb, gl, arith::CmpIPredicate::eq, a[1],
-                       i32Const(gb, gl, 0));
-                   Value n = arith::SIToFPOp::create(gb, gl, gb.getF32Type(),
-                                                     a[1]);
-                   Value mean = arith::SelectOp::create(
-                       gb, gl, isEmpty, f32Const(gb, gl, 0.0),
-                       arith::DivFOp::create(gb, gl, a[0], n));
-                   return SmallVector<Value>{post ? post(gb, gl, mean) : mean};
-                 })
-          .front();
-    };
-
-    Value mean = perToken(
+    Value mean = clusterMean(
+        rw, loc,
         clusterSum(Value(), [](OpBuilder &, Location, Value x, Value) { return x; }),
-        nullptr);
+        counts);
     Value deviation = clusterSum(
         mean, [&](OpBuilder &gb, Location gl, Value x, Value mu) -> Value {
           Value diff = arith::SubFOp::create(gb, gl, x, mu);
@@ -148,32 +151,12 @@ void mlir::moe::lowering::finishMadDispersion(PatternRewriter &rw,
   OpFoldResult d = tensor::getMixedSize(rw, loc, deviation, 1);
   Value zero = f32Const(rw, loc, 0.0);
   bool identity = op.getEmpty() == EmptyCluster::identity;
-  // stat / count, 0 for an empty cluster (the authors' index_reduce).
   AffineMap kq = dimsMap(ctx, 2, {0, 1}), k = dimsMap(ctx, 2, {0}),
             q = dimsMap(ctx, 2, {1}), none = AffineMap::get(2, 0, ctx);
-  auto perToken = [&](Value sums,
-                      function_ref<Value(OpBuilder &, Location, Value)> post) {
-    return generic(
-               rw, loc, ValueRange{sums, counts},
-               Value(tensor::EmptyOp::create(rw, loc, {e, d}, rw.getF32Type())),
-               {kq, k, kq}, {kPar, kPar},
-               [&](OpBuilder &gb, Location gl, ValueRange a) {
-                 Value isEmpty = arith::CmpIOp::create(
-                     gb, gl, arith::CmpIPredicate::eq, a[1],
-                     i32Const(gb, gl, 0));
-                 Value n = arith::SIToFPOp::create(gb, gl, gb.getF32Type(),
-                                                   a[1]);
-                 Value mean = arith::SelectOp::create(
-                     gb, gl, isEmpty, f32Const(gb, gl, 0.0),
-                     arith::DivFOp::create(gb, gl, a[0], n));
-                 return SmallVector<Value>{post ? post(gb, gl, mean) : mean};
-               })
-        .front();
-  };
 
   float eps = op.getEps().convertToFloat();
   Value weights =
-      perToken(deviation, [&](OpBuilder &gb, Location gl, Value s) -> Value {
+      clusterMean(rw, loc, deviation, counts, [&](OpBuilder &gb, Location gl, Value s) -> Value {
         return arith::DivFOp::create(
             gb, gl, f32Const(gb, gl, 1.0),
             arith::AddFOp::create(gb, gl, s, f32Const(gb, gl, eps)));
