@@ -236,20 +236,7 @@ public:
     auto logitsOfKey = [&](OpBuilder &lb, Location ll, Value j, Value scratch) {
       Value mj = sliceAlong(lb, ll, m, 1, j);
       Value nj = sliceAlong(lb, ll, norm2, 1, j);
-      Value zeroed =
-          linalg::FillOp::create(lb, ll, ValueRange{f32Const(lb, ll, 0.0)},
-                                 ValueRange{scratch})
-              .getResult(0);
-      Value dot =
-          generic(lb, ll, ValueRange{u, mj}, zeroed,
-                  {dimsMap(ctx, 3, {0, 1, 2}), dimsMap(ctx, 3, {0, 2}),
-                   dimsMap(ctx, 3, {0, 1})},
-                  {kPar, kPar, kRed},
-                  [](OpBuilder &gb, Location gl, ValueRange a) {
-                    return SmallVector<Value>{arith::AddFOp::create(
-                        gb, gl, a[2], arith::MulFOp::create(gb, gl, a[0], a[1]))};
-                  })
-              .front();
+      Value dot = rowDotKey(lb, ll, u, mj, scratch);
       AffineMap bOnly = dimsMap(ctx, 2, {0}), bi = dimsMap(ctx, 2, {0, 1});
       return generic(
                  lb, ll, ValueRange{nj, head}, dot, {bOnly, bOnly, bi},

@@ -69,21 +69,7 @@ struct SimilarityInformLowering : OpRewritePattern<SimilarityInformOp> {
     auto logitsOfKey = [&](OpBuilder &b, Location l, Value j, Value scratch) {
       // s[b,i] = <q_i, u_j>, reduced over D in f32.
       Value key = sliceAlong(b, l, u, 1, j);
-      Value zeroed =
-          linalg::FillOp::create(b, l, ValueRange{f32Const(b, l, 0.0)},
-                                 ValueRange{scratch})
-              .getResult(0);
-      Value dot =
-          generic(b, l, ValueRange{q, key}, zeroed,
-                  {dimsMap(ctx, 3, {0, 1, 2}), dimsMap(ctx, 3, {0, 2}),
-                   dimsMap(ctx, 3, {0, 1})},
-                  {kPar, kPar, kRed},
-                  [](OpBuilder &gb, Location gl, ValueRange a) {
-                    Value prod = arith::MulFOp::create(gb, gl, a[0], a[1]);
-                    return SmallVector<Value>{
-                        arith::AddFOp::create(gb, gl, a[2], prod)};
-                  })
-              .front();
+      Value dot = rowDotKey(b, l, q, key, scratch);
       // Scale by 1/tau and mask, in place.
       SmallVector<Value> ins;
       SmallVector<AffineMap> maps;

@@ -139,6 +139,25 @@ Value mlir::moe::lowering::castTo(OpBuilder &b, Location loc, Value value,
   return tensor::CastOp::create(b, loc, type, value);
 }
 
+Value mlir::moe::lowering::rowDotKey(OpBuilder &b, Location loc, Value rows,
+                                     Value key, Value scratch) {
+  MLIRContext *ctx = b.getContext();
+  Value zeroed = linalg::FillOp::create(b, loc, ValueRange{f32Const(b, loc, 0.0)},
+                                        ValueRange{scratch})
+                     .getResult(0);
+  return generic(b, loc, ValueRange{rows, key}, zeroed,
+                 {dimsMap(ctx, 3, {0, 1, 2}), dimsMap(ctx, 3, {0, 2}),
+                  dimsMap(ctx, 3, {0, 1})},
+                 {utils::IteratorType::parallel, utils::IteratorType::parallel,
+                  utils::IteratorType::reduction},
+                 [](OpBuilder &gb, Location gl, ValueRange a) {
+                   Value prod = arith::MulFOp::create(gb, gl, a[0], a[1]);
+                   return SmallVector<Value>{
+                       arith::AddFOp::create(gb, gl, a[2], prod)};
+                 })
+      .front();
+}
+
 Value mlir::moe::lowering::sliceAlong(OpBuilder &b, Location loc, Value tensor,
                                       int64_t dim, OpFoldResult pos) {
   auto type = cast<RankedTensorType>(tensor.getType());

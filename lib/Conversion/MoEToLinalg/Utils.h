@@ -74,6 +74,11 @@ Value castTo(OpBuilder &b, Location loc, Value value, Type type);
 Value sliceAlong(OpBuilder &b, Location loc, Value tensor, int64_t dim,
                  OpFoldResult pos);
 
+/// out[b,i] = Σ_d rows[b,i,d] · key[b,d] in f32, d ascending, written into
+/// `scratch` ([B, N], zeroed first): one key's logits against every query.
+Value rowDotKey(OpBuilder &b, Location loc, Value rows, Value key,
+                Value scratch);
+
 /// Inserts `slice` (rank one less than `dest`) at `pos` along `dim` of `dest`.
 Value insertAlong(OpBuilder &b, Location loc, Value slice, Value dest,
                   int64_t dim, OpFoldResult pos);
