@@ -42,7 +42,12 @@ install_python() {
 configure_and_build() {
   if [ ! -f "$BUILD/build.ninja" ]; then
     echo "== configuring $BUILD"
-    cmake -G Ninja -S "$ROOT" -B "$BUILD" \
+    # ccache (when installed) makes rebuilds in other worktrees and clean clones nearly free.
+    local launcher=()
+    if command -v ccache >/dev/null 2>&1; then
+      launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+    fi
+    cmake -G Ninja -S "$ROOT" -B "$BUILD" "${launcher[@]}" \
       -DCMAKE_BUILD_TYPE=Release \
       -DMLIR_DIR="$LLVM_PREFIX/lib/cmake/mlir" \
       -DLLVM_EXTERNAL_LIT="$LLVM_PREFIX/bin/lit"

@@ -19,7 +19,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "MoE/Pipelines/Pipelines.h"
-#include "MoE/Conversion/MoEToLinalg/MoEToCPU.h"
+#include "MoE/Conversion/MoEToCPU/MoEToCPU.h"
 #include "MoE/Conversion/Passes.h"
 
 #include "mlir/Conversion/Passes.h"
@@ -149,5 +149,4 @@ void mlir::moe::registerMoEPipelines() {
       [](OpPassManager &pm, const LowerToLLVMOptions &options) {
         buildLowerToLLVMPipeline(pm, options);
       });
-  registerConvertMoEToCPUPass();
 }

@@ -7,6 +7,7 @@
 #ifndef MOE_CONVERSION_PASSES_H
 #define MOE_CONVERSION_PASSES_H
 
+#include "MoE/Conversion/MoEToCPU/MoEToCPU.h"
 #include "MoE/Conversion/MoEToLinalg/MoEToLinalg.h"
 #include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
 

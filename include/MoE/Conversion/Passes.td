@@ -28,6 +28,39 @@ def ConvertMoEToLinalg : Pass<"convert-moe-to-linalg"> {
   ];
 }
 
+def ConvertMoEToCPU : Pass<"convert-moe-to-cpu"> {
+  let summary = "Lower moe ops to tiled, vectorized and parallel CPU kernels";
+  let description = [{
+    Rewrites the moe ops it has a kernel for into tiled, vectorized loops on memrefs (`vector` dialect, one
+    `vector<16xf32>` per AVX-512 register) whose independent items (tokens, query tiles, feature blocks) run on
+    `num-threads` workers: an `scf.parallel` over the workers, each taking whole items in a fixed cyclic order, so
+    results are bit-identical whatever the thread count. `moe-lower-to-llvm` maps that loop onto the MLIR async
+    runtime (`async-parallel-for`, one task per worker); with `num-threads=1` it is a plain `scf.for` that needs no
+    runtime library.
+
+    Kernels: `topk_renorm` (vectorized max rounds over packed (key, index) candidates), `similarity_inform` and
+    `attention_posterior` (flash-style key tiles with an online softmax; N×N is never built), `mad_dispersion`
+    (segmented statistics), `adjacency_update` (co-selection counts) and `hyper_router` (GEMVs). Fused routing
+    ops are split first, so that their mixing op and gate get kernels. Ops or forms without a kernel are left for
+    `convert-moe-to-linalg`, the portable reference lowering, which `moe-lower-to-llvm` runs right after.
+  }];
+  let options = [
+    Option<"numThreads", "num-threads", "int64_t", /*default=*/"1",
+           "workers of the parallel token loops (1 = sequential, no runtime library needed)">,
+  ];
+  let dependentDialects = [
+    "::mlir::arith::ArithDialect",
+    "::mlir::bufferization::BufferizationDialect",
+    "::mlir::func::FuncDialect",
+    "::mlir::linalg::LinalgDialect",
+    "::mlir::math::MathDialect",
+    "::mlir::memref::MemRefDialect",
+    "::mlir::scf::SCFDialect",
+    "::mlir::tensor::TensorDialect",
+    "::mlir::vector::VectorDialect",
+  ];
+}
+
 def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
   let summary = "Lower moe ops to hand-designed fused GPU kernels (gpu dialect) launched from host code";
   let description = [{

@@ -22,8 +22,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef MOE_LIB_CONVERSION_MOETOLINALG_CPU_FLASH_H
-#define MOE_LIB_CONVERSION_MOETOLINALG_CPU_FLASH_H
+#ifndef MOE_LIB_CONVERSION_MOETOCPU_FLASH_H
+#define MOE_LIB_CONVERSION_MOETOCPU_FLASH_H
 
 #include "KernelBuilder.h"
 
@@ -72,4 +72,4 @@ std::pair<Value, Value> packValues(CK &k, Value values, Value batch,
 
 } // namespace mlir::moe::cpu
 
-#endif // MOE_LIB_CONVERSION_MOETOLINALG_CPU_FLASH_H
+#endif // MOE_LIB_CONVERSION_MOETOCPU_FLASH_H

@@ -15,8 +15,8 @@
 
 #include "Kernels.h"
 
-#include "../Patterns.h"
-#include "../Utils.h"
+#include "../MoEToLinalg/Patterns.h"
+#include "../MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
 

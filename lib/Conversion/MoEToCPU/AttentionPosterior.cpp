@@ -20,7 +20,7 @@
 #include "Flash.h"
 #include "Kernels.h"
 
-#include "../Utils.h"
+#include "../MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
 

@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef MOE_LIB_CONVERSION_MOETOLINALG_CPU_KERNELS_H
-#define MOE_LIB_CONVERSION_MOETOLINALG_CPU_KERNELS_H
+#ifndef MOE_LIB_CONVERSION_MOETOCPU_KERNELS_H
+#define MOE_LIB_CONVERSION_MOETOCPU_KERNELS_H
 
 #include "KernelBuilder.h"
 
@@ -26,4 +26,4 @@ void populateHyperRouterKernel(RewritePatternSet &p, const KernelOptions &o);
 } // namespace moe::cpu
 } // namespace mlir
 
-#endif // MOE_LIB_CONVERSION_MOETOLINALG_CPU_KERNELS_H
+#endif // MOE_LIB_CONVERSION_MOETOCPU_KERNELS_H

@@ -11,17 +11,21 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef MOE_CONVERSION_MOETOLINALG_MOETOCPU_H
-#define MOE_CONVERSION_MOETOLINALG_MOETOCPU_H
+#ifndef MOE_CONVERSION_MOETOCPU_MOETOCPU_H
+#define MOE_CONVERSION_MOETOCPU_MOETOCPU_H
+
+#include "mlir/Pass/Pass.h"
 
 #include <cstdint>
 #include <memory>
 
 namespace mlir {
-class Pass;
 class RewritePatternSet;
 
 namespace moe {
+#define GEN_PASS_DECL_CONVERTMOETOCPU
+#include "MoE/Conversion/Passes.h.inc"
+
 /// Adds the fast-kernel patterns; `numThreads` workers per parallel loop (1 =
 /// sequential code that needs no runtime library).
 void populateMoEToCPUKernelPatterns(RewritePatternSet &patterns,
@@ -29,10 +33,7 @@ void populateMoEToCPUKernelPatterns(RewritePatternSet &patterns,
 
 /// The convert-moe-to-cpu pass (option `num-threads`, default 1).
 std::unique_ptr<Pass> createConvertMoEToCPUPass(int64_t numThreads = 1);
-
-/// Registers convert-moe-to-cpu with the pass registry.
-void registerConvertMoEToCPUPass();
 } // namespace moe
 } // namespace mlir
 
-#endif // MOE_CONVERSION_MOETOLINALG_MOETOCPU_H
+#endif // MOE_CONVERSION_MOETOCPU_MOETOCPU_H

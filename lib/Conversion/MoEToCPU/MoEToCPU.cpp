@@ -20,7 +20,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "MoE/Conversion/MoEToLinalg/MoEToCPU.h"
+#include "MoE/Conversion/MoEToCPU/MoEToCPU.h"
 #include "Kernels.h"
 
 #include "MoE/IR/MoEDialect.h"
@@ -38,6 +38,11 @@
 #include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
+
+namespace mlir::moe {
+#define GEN_PASS_DEF_CONVERTMOETOCPU
+#include "MoE/Conversion/Passes.h.inc"
+} // namespace mlir::moe
 
 using namespace mlir;
 using namespace mlir::moe;
@@ -57,25 +62,8 @@ void mlir::moe::populateMoEToCPUKernelPatterns(RewritePatternSet &patterns,
 
 namespace {
 struct ConvertMoEToCPUPass
-    : PassWrapper<ConvertMoEToCPUPass, OperationPass<>> {
-  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(ConvertMoEToCPUPass)
-  ConvertMoEToCPUPass() = default;
-  ConvertMoEToCPUPass(const ConvertMoEToCPUPass &other) : PassWrapper(other) {}
-  explicit ConvertMoEToCPUPass(int64_t threads) { numThreads = threads; }
-
-  StringRef getArgument() const override { return "convert-moe-to-cpu"; }
-  StringRef getDescription() const override {
-    return "Lower moe ops to tiled, vectorized and parallel CPU kernels "
-           "(memrefs + vector + scf.parallel); ops without a kernel are left "
-           "for convert-moe-to-linalg";
-  }
-  void getDependentDialects(DialectRegistry &registry) const override {
-    registry.insert<arith::ArithDialect, bufferization::BufferizationDialect,
-                    func::FuncDialect, linalg::LinalgDialect,
-                    math::MathDialect, memref::MemRefDialect,
-                    scf::SCFDialect, tensor::TensorDialect,
-                    vector::VectorDialect>();
-  }
+    : public moe::impl::ConvertMoEToCPUBase<ConvertMoEToCPUPass> {
+  using Base::Base;
   void runOnOperation() override {
     RewritePatternSet patterns(&getContext());
     populateMoEToCPUKernelPatterns(patterns, numThreads);
@@ -85,19 +73,11 @@ struct ConvertMoEToCPUPass
                                      config)))
       signalPassFailure();
   }
-
-  Option<int64_t> numThreads{
-      *this, "num-threads",
-      llvm::cl::desc("workers of the parallel token loops (1 = sequential, "
-                     "no runtime library needed)"),
-      llvm::cl::init(1)};
 };
 } // namespace
 
 std::unique_ptr<Pass> mlir::moe::createConvertMoEToCPUPass(int64_t numThreads) {
-  return std::make_unique<ConvertMoEToCPUPass>(numThreads);
-}
-
-void mlir::moe::registerConvertMoEToCPUPass() {
-  PassRegistration<ConvertMoEToCPUPass>();
+  ConvertMoEToCPUOptions options;
+  options.numThreads = numThreads;
+  return createConvertMoEToCPU(options);
 }

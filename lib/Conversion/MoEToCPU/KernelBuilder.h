@@ -16,8 +16,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef MOE_LIB_CONVERSION_MOETOLINALG_CPU_KERNELBUILDER_H
-#define MOE_LIB_CONVERSION_MOETOLINALG_CPU_KERNELBUILDER_H
+#ifndef MOE_LIB_CONVERSION_MOETOCPU_KERNELBUILDER_H
+#define MOE_LIB_CONVERSION_MOETOCPU_KERNELBUILDER_H
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
@@ -184,4 +184,4 @@ Value candidateIndex(CK &k, Value packed);
 
 } // namespace mlir::moe::cpu
 
-#endif // MOE_LIB_CONVERSION_MOETOLINALG_CPU_KERNELBUILDER_H
+#endif // MOE_LIB_CONVERSION_MOETOCPU_KERNELBUILDER_H

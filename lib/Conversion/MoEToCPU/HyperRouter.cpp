@@ -12,7 +12,7 @@
 
 #include "Kernels.h"
 
-#include "../Patterns.h"
+#include "../MoEToLinalg/Patterns.h"
 
 #include "MoE/IR/MoEOps.h"
 
