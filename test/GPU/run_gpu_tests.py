@@ -4,10 +4,22 @@ test/GPU/Inputs/gpu-cases.mlir on PyTorch CUDA tensors and compares every
 result with an eager PyTorch reference (the formulas of the op descriptions,
 in float64).
 
-  run_gpu_tests.py --lib libgpu-cases.so --runtime-dir DIR [--only NAME...]
+  run_gpu_tests.py --lib libgpu-cases.so --runtime-dir DIR
+                   [--only CASE[,CASE...]]... [--json FILE]
 
-Exit status: 0 all passed, 1 a failure, 77 skipped (no torch, no CUDA device
-or no runtime library): ctest's SKIP_RETURN_CODE; the reason is printed.
+--only takes case names (see --list), repeated or comma-separated; an unknown
+name is an error (exit 2), never a silent pass. --json writes one record per
+case (name, status, message, seconds) plus the device and torch version.
+
+Stream handling: every compiled call runs on PyTorch's current stream (set as
+the runtime's ambient stream), so it is ordered after the in-place edits that
+prepared its inputs; the harness synchronizes that stream itself before it
+reads results, frees them or reads the device error word, and never relies on
+the compiled host code to synchronize.
+
+Exit status: 0 all passed, 1 a failure, 2 bad arguments, 77 skipped (no torch,
+no CUDA device or no runtime library): ctest's SKIP_RETURN_CODE; the reason is
+printed.
 """
 
 import argparse
@@ -15,6 +27,7 @@ import ctypes
 import math
 import os
 import sys
+import time
 
 SKIP = 77
 
@@ -58,11 +71,17 @@ def descriptor(t):
 
 
 class Library:
-    def __init__(self, lib, runtime_dir):
-        self.cpu = ctypes.CDLL(os.path.join(runtime_dir, "libmoe_cpu_runtime.so"),
-                               mode=ctypes.RTLD_GLOBAL)
-        self.rt = ctypes.CDLL(os.path.join(runtime_dir, "libmoe_cuda_runtime.so"),
-                              mode=ctypes.RTLD_GLOBAL)
+    """The compiled cases plus the two runtime libraries.
+
+    `cuda` is the torch.cuda-like module used for streams (a parameter so that
+    the stream handling can be tested with a fake one, test/GPU/unit)."""
+
+    def __init__(self, lib, runtime_dir, cuda=None, loader=ctypes.CDLL):
+        self.cuda = cuda if cuda is not None else torch.cuda
+        self.cpu = loader(os.path.join(runtime_dir, "libmoe_cpu_runtime.so"),
+                          mode=ctypes.RTLD_GLOBAL)
+        self.rt = loader(os.path.join(runtime_dir, "libmoe_cuda_runtime.so"),
+                         mode=ctypes.RTLD_GLOBAL)
         self.rt.moeGpuDeviceCount.restype = ctypes.c_int32
         self.rt.mgpuMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                        ctypes.c_void_p]
@@ -73,7 +92,13 @@ class Library:
         self.cpu.moeSetErrorEcho.argtypes = [ctypes.c_int32]
         self.rt.moeGpuTakeDriverError.argtypes = [ctypes.c_char_p, ctypes.c_int64]
         self.rt.moeGpuTakeDriverError.restype = ctypes.c_int32
-        self.lib = ctypes.CDLL(lib)
+        # Reads (and clears) the device error word once the caller has synchronized;
+        # absent in runtimes older than this harness.
+        self.poll_errors = getattr(self.rt, "moeGpuPollErrors", None)
+        if self.poll_errors is not None:
+            self.poll_errors.restype = ctypes.c_int32
+        self.lib = loader(lib)
+        self.device = "cuda"       # where result copies are made
 
     def take_error(self):
         buf = ctypes.create_string_buffer(512)
@@ -84,7 +109,12 @@ class Library:
         return buf.value.decode() if self.rt.moeGpuTakeDriverError(buf, 512) else None
 
     def call(self, name, args, results):
-        """results: [(shape, torch dtype)]; returns CUDA tensors (copies)."""
+        """results: [(shape, torch dtype)]; returns CUDA tensors (copies).
+
+        The call runs on torch's current stream, so the kernels see inputs that
+        earlier torch work on that stream (in-place edits included) wrote; the
+        stream is synchronized before results are freed and before the error
+        word is read."""
         descs = [descriptor(a) for a in args]
         types = [memref_type(len(shape)) for shape, _ in results]
         if len(results) == 1:
@@ -94,18 +124,30 @@ class Library:
                        {"_fields_": [(f"r{i}", t) for i, t in enumerate(types)]})()
         fn = getattr(self.lib, "_mlir_ciface_" + name)
         fn.restype = None
-        fn(ctypes.byref(res), *[ctypes.byref(d) for d, _ in descs])
+        stream = self.cuda.current_stream()
+        handle = ctypes.c_void_p(stream.cuda_stream)
         out = []
-        for i, (shape, dtype) in enumerate(results):
-            d = res if len(results) == 1 else getattr(res, f"r{i}")
-            assert list(d.sizes) == list(shape), (name, list(d.sizes), shape)
-            t = torch.empty(shape, dtype=dtype, device="cuda")
-            nbytes = t.numel() * t.element_size()
-            if nbytes:
-                self.rt.mgpuMemcpy(t.data_ptr(), d.aligned, nbytes, None)
-            torch.cuda.synchronize()
-            self.rt.moeGpuFree(d.allocated)
-            out.append(t)
+        self.rt.moeGpuSetStream(handle)
+        try:
+            fn(ctypes.byref(res), *[ctypes.byref(d) for d, _ in descs])
+            descs_out = [res if len(results) == 1 else getattr(res, f"r{i}")
+                         for i in range(len(results))]
+            for d, (shape, dtype) in zip(descs_out, results):
+                assert list(d.sizes) == list(shape), (name, list(d.sizes), shape)
+                t = torch.empty(shape, dtype=dtype, device=self.device)
+                nbytes = t.numel() * t.element_size()
+                if nbytes:
+                    self.rt.mgpuMemcpy(t.data_ptr(), d.aligned, nbytes, handle)
+                out.append(t)
+            # Results are read and freed only after the stream has finished with them.
+            stream.synchronize()
+            for d in descs_out:
+                self.rt.moeGpuFree(d.allocated)
+            if self.poll_errors is not None:
+                self.poll_errors()
+        finally:
+            self.rt.moeGpuSetStream(None)
+            del descs                                      # inputs stay alive up to here
         err = self.driver_error()
         if err:
             raise RuntimeError(f"{name}: CUDA driver error: {err}")
@@ -303,10 +345,9 @@ def case_topk(lib, g):
     # The ambient stream: the call runs in the caller's (side) stream.
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        lib.rt.moeGpuSetStream(ctypes.c_void_p(side.cuda_stream))
         s = torch.randn(300, 16, generator=g).to("cuda")
+        s[0] = s[0].flip(0)                      # an in-place edit just before the call
         check_topk("topk_logits (side stream)", lib, "topk_logits", s, 2, "logits", True)
-        lib.rt.moeGpuSetStream(None)
 
 
 def check_mix_topk(name, w, i, p_ref, k):
@@ -433,35 +474,92 @@ CASES = {
 }
 
 
-def main():
+def parse_only(values, known):
+    """--only values (repeated and/or comma-separated) -> list of case names in
+    CASES order; raises ValueError naming unknown ones. None: every case."""
+    if values is None:
+        return list(known)
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    if not names:
+        raise ValueError("--only needs at least one case name")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return [n for n in known if n in names]
+
+
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lib", required=True)
-    ap.add_argument("--runtime-dir", required=True)
-    ap.add_argument("--only", nargs="*")
-    args = ap.parse_args()
+    ap.add_argument("--lib")
+    ap.add_argument("--runtime-dir")
+    ap.add_argument("--only", action="append", metavar="CASE[,CASE...]",
+                    help="run only these cases (repeatable, comma-separated)")
+    ap.add_argument("--json", help="write the results to this file")
+    ap.add_argument("--list", action="store_true", help="print the case names and exit")
+    args = ap.parse_args(argv)
+    try:
+        args.cases = parse_only(args.only, list(CASES))
+    except ValueError as exc:
+        ap.error(str(exc))
+    if not args.list and (not args.lib or not args.runtime_dir):
+        ap.error("--lib and --runtime-dir are required")
+    return args
+
+
+def write_json(path, records, extra):
+    if not path:
+        return
+    import json
+    with open(path, "w") as f:
+        json.dump(dict(extra, cases=records), f, indent=1)
+
+
+def run_cases(lib, names):
+    """Runs the named cases; returns [{name, status, message, seconds}]."""
+    records = []
+    for name in names:
+        g = torch.Generator().manual_seed(1234)
+        t0 = time.perf_counter()
+        try:
+            CASES[name](lib, g)
+            status, message = "pass", ""
+        except Exception as exc:  # noqa: BLE001
+            status, message = "fail", f"{type(exc).__name__}: {exc}"
+        finally:
+            lib.cuda.synchronize()                   # nothing of one case runs into the next
+        records.append({"name": name, "status": status, "message": message,
+                        "seconds": round(time.perf_counter() - t0, 3)})
+        print(f"PASS: {name}" if status == "pass" else f"FAIL: {name}: {message}", flush=True)
+    return records
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.list:
+        print("\n".join(CASES))
+        return 0
+    info = {"torch": torch.__version__, "cases_requested": args.cases}
+
+    def skipped(reason):
+        write_json(args.json, [], dict(info, skipped=reason))
+        skip(reason)
+
     if not torch.cuda.is_available():
-        skip("no CUDA device visible to PyTorch")
+        skipped("no CUDA device visible to PyTorch")
     for path in (args.lib, os.path.join(args.runtime_dir, "libmoe_cuda_runtime.so")):
         if not os.path.exists(path):
-            skip(f"{path} is missing")
+            skipped(f"{path} is missing")
     torch.cuda.init()
     lib = Library(args.lib, args.runtime_dir)
     if lib.rt.moeGpuDeviceCount() <= 0:
-        skip("the CUDA driver reports no device")
-    print(f"device: {torch.cuda.get_device_name()} (torch {torch.__version__})")
-    failed = 0
-    for name, case in CASES.items():
-        if args.only and name not in args.only:
-            continue
-        g = torch.Generator().manual_seed(1234)
-        try:
-            case(lib, g)
-            print(f"PASS: {name}")
-        except Exception as exc:  # noqa: BLE001
-            failed += 1
-            print(f"FAIL: {name}: {exc}")
-    print(f"{len(CASES) - failed if not args.only else '-'} passed, {failed} failed")
+        skipped("the CUDA driver reports no device")
+    info["device"] = torch.cuda.get_device_name()
+    print(f"device: {info['device']} (torch {torch.__version__})")
+    records = run_cases(lib, args.cases)
+    failed = sum(r["status"] != "pass" for r in records)
+    write_json(args.json, records, info)
+    print(f"{len(records) - failed} passed, {failed} failed")
     return 1 if failed else 0
 
 

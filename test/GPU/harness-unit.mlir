@@ -1,0 +1,7 @@
+// RUN: %moe_python -m pytest -q -p no:cacheprovider %S/unit 2>&1 | FileCheck %s
+
+// The GPU harness's own unit tests (no GPU): --only parsing, the stream it
+// runs compiled calls on, when it synchronizes, frees and reads the error word.
+
+// CHECK-NOT: failed
+// CHECK: {{[0-9]+}} passed
