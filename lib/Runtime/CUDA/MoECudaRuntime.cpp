@@ -58,6 +58,27 @@ bool check(CUresult result, const char *call) {
 
 #define MOE_CU(call) check((call), #call)
 
+/// Set when a device allocation of this thread failed: mgpuMemAlloc then
+/// returns null, which the compiled host code passes on to its kernels and
+/// copies. Until the caller takes the error (moeGpuTakeDriverError), launches,
+/// copies and memsets of this thread are skipped instead of running on a null
+/// pointer; each skipped one is counted in the message.
+thread_local bool allocationFailed = false;
+thread_local int64_t skippedAfterFailedAllocation = 0;
+
+/// True (and counts the skip) when work must not run after a failed
+/// allocation.
+bool skipAfterFailedAllocation(const char *what) {
+  if (!allocationFailed)
+    return false;
+  if (skippedAfterFailedAllocation++ == 0)
+    std::fprintf(stderr,
+                 "moe_cuda_runtime: %s skipped: an earlier device allocation "
+                 "failed (further skips are not printed)\n",
+                 what);
+  return true;
+}
+
 //===----------------------------------------------------------------------===//
 // Devices and contexts
 //===----------------------------------------------------------------------===//
@@ -135,24 +156,47 @@ thread_local CUstream ambientStream = nullptr;
 //===----------------------------------------------------------------------===//
 
 constexpr size_t kErrorWords = 5; // flag, op, position, value, bound
-std::vector<CUdeviceptr> errorWords;
 
-CUdeviceptr errorWordOfCurrentDevice() {
+/// Per device: the error word in device memory (kernels record the first
+/// out-of-range element with a compare-and-swap on word 0) and a pinned host
+/// mirror that moeGpuQueueErrorCheck copies it into, in stream order.
+struct ErrorWord {
+  CUdeviceptr words = 0;
+  int64_t *mirror = nullptr;
+};
+std::vector<ErrorWord> errorWords;
+
+ErrorWord *errorWordOfCurrentDevice() {
   CUdevice device;
   if (!MOE_CU(cuCtxGetDevice(&device)))
-    return 0;
+    return nullptr;
   std::lock_guard<std::mutex> lock(contextMutex);
   if (errorWords.size() <= static_cast<size_t>(device))
-    errorWords.resize(device + 1, 0);
-  if (!errorWords[device]) {
+    errorWords.resize(device + 1);
+  ErrorWord &w = errorWords[device];
+  if (!w.words) {
     CUdeviceptr words = 0;
     if (!MOE_CU(cuMemAlloc(&words, kErrorWords * sizeof(int64_t))))
-      return 0;
+      return nullptr;
     if (!MOE_CU(cuMemsetD32(words, 0, kErrorWords * 2)))
-      return 0;
-    errorWords[device] = words;
+      return nullptr;
+    void *mirror = nullptr;
+    if (!MOE_CU(cuMemHostAlloc(&mirror, kErrorWords * sizeof(int64_t), 0)))
+      return nullptr;
+    std::memset(mirror, 0, kErrorWords * sizeof(int64_t));
+    w.words = words;
+    w.mirror = static_cast<int64_t *>(mirror);
   }
-  return errorWords[device];
+  return &w;
+}
+
+/// Reports a recorded error (words[0] != 0) through moeReportIndexError.
+bool reportErrorWords(const int64_t *host) {
+  if (host[0] == 0)
+    return false;
+  moeReportIndexError(static_cast<int32_t>(host[1]), host[2], host[3],
+                      host[4]);
+  return true;
 }
 
 } // namespace
@@ -225,6 +269,8 @@ extern "C" void mgpuLaunchKernel(void *function, intptr_t gridX,
     return; // reported when it was looked up
   if (gridX == 0 || gridY == 0 || gridZ == 0)
     return; // an empty problem (e.g. zero tokens): nothing to launch
+  if (skipAfterFailedAllocation("kernel launch"))
+    return;
   ScopedContext scope;
   auto fn = static_cast<CUfunction>(function);
   allowSharedMemory(fn, smem);
@@ -238,6 +284,8 @@ extern "C" void mgpuLaunchClusterKernel(
     intptr_t blockY, intptr_t blockZ, int32_t smem, void *stream,
     void **params, void **extra) {
   if (!function || gridX == 0 || gridY == 0 || gridZ == 0)
+    return;
+  if (skipAfterFailedAllocation("kernel launch"))
     return;
   ScopedContext scope;
   auto fn = static_cast<CUfunction>(function);
@@ -331,7 +379,11 @@ extern "C" void *mgpuMemAlloc(uint64_t sizeBytes, void *stream,
   ScopedContext scope;
   CUdeviceptr ptr = 0;
   if (isHostShared) {
-    MOE_CU(cuMemAllocManaged(&ptr, sizeBytes, CU_MEM_ATTACH_GLOBAL));
+    if (!MOE_CU(cuMemAllocManaged(&ptr, sizeBytes, CU_MEM_ATTACH_GLOBAL)) ||
+        !ptr) {
+      allocationFailed = true;
+      return nullptr;
+    }
     return reinterpret_cast<void *>(ptr);
   }
   // Stream-ordered when the pools are supported (every sm_70+ driver), so an
@@ -340,7 +392,12 @@ extern "C" void *mgpuMemAlloc(uint64_t sizeBytes, void *stream,
       cuMemAllocAsync(&ptr, sizeBytes, static_cast<CUstream>(stream));
   if (result == CUDA_ERROR_NOT_SUPPORTED)
     result = cuMemAlloc(&ptr, sizeBytes);
-  check(result, "cuMemAlloc");
+  if (!check(result, "cuMemAlloc") || !ptr) {
+    // The generated host code has no way to test the pointer: stop every
+    // later launch/copy of this thread from using it (see allocationFailed).
+    allocationFailed = true;
+    return nullptr;
+  }
   return reinterpret_cast<void *>(ptr);
 }
 
@@ -364,7 +421,7 @@ extern "C" void moeGpuFree(void *ptr) {
 
 extern "C" void mgpuMemcpy(void *dst, void *src, size_t sizeBytes,
                            void *stream) {
-  if (sizeBytes == 0)
+  if (sizeBytes == 0 || skipAfterFailedAllocation("copy"))
     return;
   ScopedContext scope;
   MOE_CU(cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(dst),
@@ -374,7 +431,7 @@ extern "C" void mgpuMemcpy(void *dst, void *src, size_t sizeBytes,
 
 extern "C" void mgpuMemset32(void *dst, unsigned int value, size_t count,
                              void *stream) {
-  if (count == 0)
+  if (count == 0 || skipAfterFailedAllocation("memset"))
     return;
   ScopedContext scope;
   MOE_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(dst), value, count,
@@ -383,7 +440,7 @@ extern "C" void mgpuMemset32(void *dst, unsigned int value, size_t count,
 
 extern "C" void mgpuMemset16(void *dst, unsigned short value, size_t count,
                              void *stream) {
-  if (count == 0)
+  if (count == 0 || skipAfterFailedAllocation("memset"))
     return;
   ScopedContext scope;
   MOE_CU(cuMemsetD16Async(reinterpret_cast<CUdeviceptr>(dst), value, count,
@@ -448,35 +505,65 @@ extern "C" void moeGpuSetStream(void *stream) {
 
 extern "C" int64_t moeGpuErrorWord() {
   ScopedContext scope;
-  return static_cast<int64_t>(errorWordOfCurrentDevice());
+  ErrorWord *w = errorWordOfCurrentDevice();
+  return w ? static_cast<int64_t>(w->words) : 0;
 }
 
 extern "C" int32_t moeGpuCheckErrors() {
   ScopedContext scope;
-  CUdeviceptr words = errorWordOfCurrentDevice();
-  if (!words)
+  ErrorWord *w = errorWordOfCurrentDevice();
+  if (!w)
     return 0;
   if (!MOE_CU(cuCtxSynchronize()))
     return 0;
   int64_t host[kErrorWords] = {0};
-  if (!MOE_CU(cuMemcpyDtoH(host, words, sizeof(host))))
+  if (!MOE_CU(cuMemcpyDtoH(host, w->words, sizeof(host))))
     return 0;
   if (host[0] == 0)
     return 0;
-  MOE_CU(cuMemsetD32(words, 0, kErrorWords * 2));
-  moeReportIndexError(static_cast<int32_t>(host[1]), host[2], host[3],
-                      host[4]);
-  return 1;
+  MOE_CU(cuMemsetD32(w->words, 0, kErrorWords * 2));
+  std::memset(w->mirror, 0, sizeof(host)); // a queued copy of the same error
+  return reportErrorWords(host) ? 1 : 0;
+}
+
+extern "C" void moeGpuQueueErrorCheck(void *stream) {
+  ScopedContext scope;
+  ErrorWord *w = errorWordOfCurrentDevice();
+  if (!w)
+    return;
+  CUstream s = stream ? static_cast<CUstream>(stream) : ambientStream;
+  MOE_CU(cuMemcpyDtoHAsync(w->mirror, w->words,
+                           kErrorWords * sizeof(int64_t), s));
+}
+
+extern "C" int32_t moeGpuPollErrors() {
+  ScopedContext scope;
+  ErrorWord *w = errorWordOfCurrentDevice();
+  if (!w || w->mirror[0] == 0)
+    return 0;
+  int64_t host[kErrorWords];
+  std::memcpy(host, w->mirror, sizeof(host));
+  std::memset(w->mirror, 0, sizeof(host));
+  // Cleared in stream order: kernels queued after this see a clean word.
+  MOE_CU(cuMemsetD32Async(w->words, 0, kErrorWords * 2, ambientStream));
+  return reportErrorWords(host) ? 1 : 0;
 }
 
 extern "C" int32_t moeGpuTakeDriverError(char *message, int64_t capacity) {
-  if (firstDriverError.empty())
+  if (firstDriverError.empty() && !allocationFailed)
     return 0;
+  std::string text =
+      firstDriverError.empty() ? "a device allocation failed" : firstDriverError;
+  if (skippedAfterFailedAllocation)
+    text += " (then " + std::to_string(skippedAfterFailedAllocation) +
+            " launches/copies skipped)";
   if (message && capacity > 0) {
-    std::strncpy(message, firstDriverError.c_str(), capacity - 1);
+    std::strncpy(message, text.c_str(), capacity - 1);
     message[capacity - 1] = '\0';
   }
   firstDriverError.clear();
+  allocationFailed = false;
+  skippedAfterFailedAllocation = 0;
   return 1;
 }
 

@@ -16,8 +16,10 @@
 //  * the *device error word*: kernels that read run-time indices (`assign`,
 //    `idx`) record the first out-of-range element in a small device buffer
 //    (`moeGpuErrorWord()` gives its device address); compiled host code calls
-//    `moeGpuCheckErrors()` after the op, which forwards it to the CPU
-//    convention of MoE/Runtime/ErrorReporting.h (`moeTakeError`);
+//    `moeGpuCheckErrors()` after the op (a wait), or `moeGpuQueueErrorCheck`
+//    (none) and the caller `moeGpuPollErrors()` after its own sync; both
+//    forward it to the CPU convention of MoE/Runtime/ErrorReporting.h
+//    (`moeTakeError`);
 //  * driver errors are never silent: each failing driver call prints one line
 //    (`moe_cuda_runtime: cuXxx failed: CUDA_ERROR_...: text`) and is kept for
 //    `moeGpuTakeDriverError()`; `MOE_CUDA_ABORT_ON_ERROR=1` aborts instead.
@@ -89,8 +91,26 @@ MOE_CUDA_EXPORT int64_t moeGpuErrorWord();
 /// recorded an error, clears it and reports it through moeReportIndexError
 /// (so that moeTakeError returns it). Returns 1 when there was one.
 MOE_CUDA_EXPORT int32_t moeGpuCheckErrors();
+/// The error check without a wait: queues, on `stream` (null: the ambient
+/// stream of the calling thread, else the legacy default stream), a copy of
+/// the error word into a pinned host mirror, and returns at once. Compiled
+/// code calls it at the end of an op that reads run-time indices. A kernel
+/// records only the first error, and the word is cleared only when the error
+/// is taken, so the latest queued copy holds every error not yet taken.
+MOE_CUDA_EXPORT void moeGpuQueueErrorCheck(void *stream);
+/// To be called after the caller synchronized the stream(s) of the queued
+/// checks (e.g. torch.cuda.synchronize()): reads the host mirror (no driver
+/// call, no wait) and, when it holds an error, reports it through
+/// moeReportIndexError (so moeTakeError returns it), clears the mirror, and
+/// clears the device word in the ambient stream's order. Returns 1 when there
+/// was one. Called before the sync it may miss an error; a later call after a
+/// sync reports it.
+MOE_CUDA_EXPORT int32_t moeGpuPollErrors();
 /// Copies the first driver error of this thread since the last call into
-/// `message` and clears it; returns 1 when there was one.
+/// `message` and clears it; returns 1 when there was one. A failed device
+/// allocation is one: mgpuMemAlloc then returns null and, until this call,
+/// every later launch, copy and memset of the thread is skipped (and counted
+/// in the message) rather than run on the null pointer.
 MOE_CUDA_EXPORT int32_t moeGpuTakeDriverError(char *message, int64_t capacity);
 /// Frees device memory returned by compiled code (the results of the compiled
 /// functions belong to the caller).
