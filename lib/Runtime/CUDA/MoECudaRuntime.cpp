@@ -205,24 +205,111 @@ bool reportErrorWords(const int64_t *host) {
 // Modules and launches
 //===----------------------------------------------------------------------===//
 
-extern "C" void *mgpuModuleLoad(void *data, size_t /*gpuBlobSize*/) {
-  ScopedContext scope;
-  CUmodule module = nullptr;
-  MOE_CU(cuModuleLoadData(&module, data));
-  return module;
-}
-
-extern "C" void *mgpuModuleLoadJIT(void *data, int optLevel) {
-  ScopedContext scope;
+namespace {
+/// JIT-compiles PTX text into a module of the current context (null and the
+/// JIT log on stderr on failure).
+CUmodule loadPtx(const void *ptx, int optLevel) {
   CUmodule module = nullptr;
   char log[4096] = {0};
   CUjit_option options[] = {CU_JIT_OPTIMIZATION_LEVEL, CU_JIT_ERROR_LOG_BUFFER,
                             CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
   void *values[] = {reinterpret_cast<void *>(static_cast<intptr_t>(optLevel)),
                     log, reinterpret_cast<void *>(sizeof(log))};
-  if (!MOE_CU(cuModuleLoadDataEx(&module, data, 3, options, values)) && log[0])
+  if (!MOE_CU(cuModuleLoadDataEx(&module, ptx, 3, options, values)) && log[0])
     std::fprintf(stderr, "moe_cuda_runtime: PTX JIT log:\n%s\n", log);
   return module;
+}
+
+/// The key of an embedded binary: FNV-1a 64 of its bytes, as
+/// tools/moe-aot/moe-aot.py names its PTX fallback (moe-<key>.ptx).
+uint64_t binaryKey(const void *data, size_t size) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto *bytes = static_cast<const unsigned char *>(data);
+  for (size_t i = 0; i < size; ++i)
+    h = (h ^ bytes[i]) * 0x100000001b3ull;
+  return h;
+}
+
+/// The PTX fallback of a binary from the folders of MOE_CUDA_PTX_DIR
+/// (colon-separated); empty when there is none. `name` gets the file name.
+std::string fallbackPtx(const void *data, size_t size, std::string &name) {
+  char file[64];
+  std::snprintf(file, sizeof(file), "moe-%016llx.ptx",
+                static_cast<unsigned long long>(binaryKey(data, size)));
+  name = file;
+  const char *dirs = std::getenv("MOE_CUDA_PTX_DIR");
+  if (!dirs || !size)
+    return {};
+  std::string list = dirs;
+  for (size_t begin = 0; begin <= list.size();) {
+    size_t end = list.find(':', begin);
+    if (end == std::string::npos)
+      end = list.size();
+    std::string path = list.substr(begin, end - begin) + "/" + file;
+    if (FILE *f = std::fopen(path.c_str(), "rb")) {
+      std::string text;
+      char chunk[65536];
+      size_t n;
+      while ((n = std::fread(chunk, 1, sizeof(chunk), f)) > 0)
+        text.append(chunk, n);
+      std::fclose(f);
+      name = path;
+      return text;
+    }
+    begin = end + 1;
+  }
+  return {};
+}
+} // namespace
+
+extern "C" void *mgpuModuleLoad(void *data, size_t gpuBlobSize) {
+  ScopedContext scope;
+  static const bool forcePtx = [] {
+    const char *env = std::getenv("MOE_CUDA_FORCE_PTX");
+    return env && env[0] == '1';
+  }();
+  CUmodule module = nullptr;
+  CUresult result = CUDA_ERROR_NOT_SUPPORTED;
+  if (!forcePtx) {
+    result = cuModuleLoadData(&module, data);
+    if (result == CUDA_SUCCESS)
+      return module;
+  }
+  // The driver rejected the binary (older than the toolkit that built it, a
+  // chip it has no code for), or MOE_CUDA_FORCE_PTX=1: JIT the PTX fallback.
+  std::string name;
+  std::string ptx = fallbackPtx(data, gpuBlobSize, name);
+  if (!ptx.empty()) {
+    module = loadPtx(ptx.c_str(), /*optLevel=*/4);
+    if (module) {
+      std::fprintf(stderr, "moe_cuda_runtime: %s; JIT-compiled the PTX %s\n",
+                   forcePtx ? "MOE_CUDA_FORCE_PTX=1" : "the driver rejected the binary",
+                   name.c_str());
+      return module;
+    }
+    return nullptr; // reported by loadPtx
+  }
+  if (forcePtx) {
+    std::fprintf(stderr,
+                 "moe_cuda_runtime: MOE_CUDA_FORCE_PTX=1 but no %s in "
+                 "MOE_CUDA_PTX_DIR\n",
+                 name.c_str());
+    if (firstDriverError.empty())
+      firstDriverError = "no PTX fallback " + name;
+    return nullptr;
+  }
+  if (check(result, "cuModuleLoadData"))
+    return module;
+  std::fprintf(stderr,
+               "moe_cuda_runtime: (no PTX fallback: put %s, from moe-aot.py "
+               "--ptx-fallback, in a folder named by MOE_CUDA_PTX_DIR)\n",
+               name.c_str());
+  return nullptr;
+}
+
+extern "C" void *mgpuModuleLoadJIT(void *data, int optLevel) {
+  ScopedContext scope;
+  return loadPtx(data, optLevel);
 }
 
 extern "C" void mgpuModuleUnload(void *module) {
@@ -565,6 +652,10 @@ extern "C" int32_t moeGpuTakeDriverError(char *message, int64_t capacity) {
   allocationFailed = false;
   skippedAfterFailedAllocation = 0;
   return 1;
+}
+
+extern "C" uint64_t moeGpuBinaryKey(const void *data, size_t size) {
+  return binaryKey(data, size);
 }
 
 extern "C" int32_t moeGpuDeviceCount() {

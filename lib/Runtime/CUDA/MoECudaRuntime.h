@@ -20,6 +20,11 @@
 //    (none) and the caller `moeGpuPollErrors()` after its own sync; both
 //    forward it to the CPU convention of MoE/Runtime/ErrorReporting.h
 //    (`moeTakeError`);
+//  * the PTX fallback: when the driver rejects an embedded binary (a driver
+//    older than the toolkit, a chip without code in it) or
+//    `MOE_CUDA_FORCE_PTX=1`, `mgpuModuleLoad` JIT-compiles
+//    `$MOE_CUDA_PTX_DIR/moe-<FNV-1a 64 of the binary>.ptx`, which
+//    `tools/moe-aot/moe-aot.py --ptx-fallback` writes;
 //  * driver errors are never silent: each failing driver call prints one line
 //    (`moe_cuda_runtime: cuXxx failed: CUDA_ERROR_...: text`) and is kept for
 //    `moeGpuTakeDriverError()`; `MOE_CUDA_ABORT_ON_ERROR=1` aborts instead.
@@ -115,6 +120,9 @@ MOE_CUDA_EXPORT int32_t moeGpuTakeDriverError(char *message, int64_t capacity);
 /// Frees device memory returned by compiled code (the results of the compiled
 /// functions belong to the caller).
 MOE_CUDA_EXPORT void moeGpuFree(void *ptr);
+/// The key of an embedded GPU binary (FNV-1a 64 of its bytes) that names its
+/// PTX fallback, moe-<key as 16 hex digits>.ptx.
+MOE_CUDA_EXPORT uint64_t moeGpuBinaryKey(const void *data, size_t size);
 /// Number of CUDA devices (0 when there is no driver or no device); never
 /// reports an error, so callers can use it to skip GPU work.
 MOE_CUDA_EXPORT int32_t moeGpuDeviceCount();

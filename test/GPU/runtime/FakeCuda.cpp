@@ -43,8 +43,16 @@ void *ptr(CUdeviceptr p) { return reinterpret_cast<void *>(p); }
 
 extern "C" {
 CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr) {
-  *pStr = error == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY"
-                                            : "CUDA_ERROR_FAKE";
+  switch (error) {
+  case CUDA_ERROR_OUT_OF_MEMORY:
+    *pStr = "CUDA_ERROR_OUT_OF_MEMORY";
+    break;
+  case CUDA_ERROR_UNSUPPORTED_PTX_VERSION:
+    *pStr = "CUDA_ERROR_UNSUPPORTED_PTX_VERSION";
+    break;
+  default:
+    *pStr = "CUDA_ERROR_FAKE";
+  }
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI cuGetErrorString(CUresult error, const char **pStr) {
@@ -150,12 +158,18 @@ CUresult CUDAAPI cuMemHostUnregister(void *) {
   return note("cuMemHostUnregister");
 }
 CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *) {
+  note("cuModuleLoadData");
+  if (state().moduleLoadFailure != CUDA_SUCCESS) {
+    *module = nullptr;
+    return state().moduleLoadFailure;
+  }
   *module = reinterpret_cast<CUmodule>(0x10);
-  return note("cuModuleLoadData");
+  return CUDA_SUCCESS;
 }
-CUresult CUDAAPI cuModuleLoadDataEx(CUmodule *module, const void *,
+CUresult CUDAAPI cuModuleLoadDataEx(CUmodule *module, const void *image,
                                     unsigned int, CUjit_option *, void **) {
-  *module = reinterpret_cast<CUmodule>(0x10);
+  state().lastJitImage = static_cast<const char *>(image);
+  *module = reinterpret_cast<CUmodule>(0x11);
   return note("cuModuleLoadDataEx");
 }
 CUresult CUDAAPI cuModuleUnload(CUmodule) { return note("cuModuleUnload"); }

@@ -27,6 +27,10 @@ struct State {
   /// Every driver call, by name, in order.
   std::vector<std::string> calls;
   int launches = 0;
+  /// cuModuleLoadData fails with this (CUDA_SUCCESS: loads).
+  CUresult moduleLoadFailure = CUDA_SUCCESS;
+  /// The image given to the last cuModuleLoadDataEx (a JIT of PTX text).
+  std::string lastJitImage;
   /// The stream of each asynchronous call, by name ("cuMemcpyDtoHAsync" ...).
   std::vector<std::pair<std::string, CUstream>> streamed;
 };

@@ -8,7 +8,10 @@
 //    compiled host code passes on) stops later launches/copies of the thread
 //    until the error is taken, and the error names the allocation;
 //  * the error word can be queued for reading without a wait and polled after
-//    the caller's sync (moeGpuQueueErrorCheck / moeGpuPollErrors).
+//    the caller's sync (moeGpuQueueErrorCheck / moeGpuPollErrors);
+//  * a binary the driver rejects is replaced by its PTX fallback from
+//    MOE_CUDA_PTX_DIR (moe-<key>.ptx), and without one the error says which
+//    file was missing.
 //
 //===----------------------------------------------------------------------===//
 
@@ -19,8 +22,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <unistd.h>
 
 namespace {
 int failures = 0;
@@ -154,11 +159,59 @@ void testErrorWordWithoutWait() {
   EXPECT(moeGpuPollErrors() == 0);
   moeGpuSetStream(nullptr);
 }
+void testPtxFallback() {
+  fake_cuda::reset();
+  static const char blob[] = "\x50\xed\x55\xba a fake fatbin";
+  // FNV-1a 64 (independent of the runtime's; moe-aot.py computes the same).
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < sizeof(blob); ++i)
+    h = (h ^ static_cast<unsigned char>(blob[i])) * 0x100000001b3ull;
+  EXPECT(moeGpuBinaryKey(blob, sizeof(blob)) == h);
+  EXPECT(moeGpuBinaryKey("a", 1) == 0xaf63dc4c8601ec8cull); // the FNV test vector
+  char file[64];
+  std::snprintf(file, sizeof(file), "moe-%016llx.ptx",
+                static_cast<unsigned long long>(h));
+
+  // Accepted binary: loaded as is, no JIT.
+  EXPECT(mgpuModuleLoad(const_cast<char *>(blob), sizeof(blob)) != nullptr);
+  EXPECT(count("cuModuleLoadDataEx") == 0);
+
+  // Rejected, no fallback: null, and the error says what to provide.
+  fake_cuda::state().moduleLoadFailure = CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
+  unsetenv("MOE_CUDA_PTX_DIR");
+  EXPECT(mgpuModuleLoad(const_cast<char *>(blob), sizeof(blob)) == nullptr);
+  EXPECT(takeDriverError().find("CUDA_ERROR_UNSUPPORTED_PTX_VERSION") !=
+         std::string::npos);
+
+  // Rejected, fallback in the second folder of MOE_CUDA_PTX_DIR: JIT'd.
+  char dir[] = "/tmp/moe-ptx-XXXXXX";
+  EXPECT(mkdtemp(dir) != nullptr);
+  std::string path = std::string(dir) + "/" + file;
+  const std::string ptx = ".version 8.0\n.target sm_90\n.address_size 64\n";
+  FILE *f = std::fopen(path.c_str(), "w");
+  EXPECT(f != nullptr);
+  std::fputs(ptx.c_str(), f);
+  std::fclose(f);
+  std::string dirs = std::string("/nonexistent:") + dir;
+  setenv("MOE_CUDA_PTX_DIR", dirs.c_str(), 1);
+  EXPECT(mgpuModuleLoad(const_cast<char *>(blob), sizeof(blob)) != nullptr);
+  EXPECT(fake_cuda::state().lastJitImage == ptx);
+  EXPECT(takeDriverError().empty());
+
+  // A fallback that belongs to another binary is not used.
+  static const char other[] = "another binary";
+  EXPECT(mgpuModuleLoad(const_cast<char *>(other), sizeof(other)) == nullptr);
+  EXPECT(!takeDriverError().empty());
+  unsetenv("MOE_CUDA_PTX_DIR");
+  std::remove(path.c_str());
+  rmdir(dir);
+}
 } // namespace
 
 int main() {
   testFailedAllocationStopsLaunches();
   testErrorWordWithoutWait();
+  testPtxFallback();
   if (failures) {
     std::fprintf(stderr, "%d expectation(s) failed\n", failures);
     return 1;
