@@ -157,43 +157,37 @@ thread_local CUstream ambientStream = nullptr;
 
 constexpr size_t kErrorWords = 5; // flag, op, position, value, bound
 
-/// Per device: the error word in device memory (kernels record the first
-/// out-of-range element with a compare-and-swap on word 0) and a pinned host
-/// mirror that moeGpuQueueErrorCheck copies it into, in stream order.
-struct ErrorWord {
-  CUdeviceptr words = 0;
-  int64_t *mirror = nullptr;
-};
-std::vector<ErrorWord> errorWords;
+/// The error word of each device, in device memory: kernels record the first
+/// out-of-range element with a compare-and-swap on word 0.
+std::vector<CUdeviceptr> errorWords;
 
-ErrorWord *errorWordOfCurrentDevice() {
+CUdeviceptr errorWordOfCurrentDevice() {
   CUdevice device;
   if (!MOE_CU(cuCtxGetDevice(&device)))
-    return nullptr;
+    return 0;
   std::lock_guard<std::mutex> lock(contextMutex);
   if (errorWords.size() <= static_cast<size_t>(device))
-    errorWords.resize(device + 1);
-  ErrorWord &w = errorWords[device];
-  if (!w.words) {
+    errorWords.resize(device + 1, 0);
+  if (!errorWords[device]) {
     CUdeviceptr words = 0;
     if (!MOE_CU(cuMemAlloc(&words, kErrorWords * sizeof(int64_t))))
-      return nullptr;
+      return 0;
     if (!MOE_CU(cuMemsetD32(words, 0, kErrorWords * 2)))
-      return nullptr;
-    void *mirror = nullptr;
-    if (!MOE_CU(cuMemHostAlloc(&mirror, kErrorWords * sizeof(int64_t), 0)))
-      return nullptr;
-    std::memset(mirror, 0, kErrorWords * sizeof(int64_t));
-    w.words = words;
-    w.mirror = static_cast<int64_t *>(mirror);
+      return 0;
+    errorWords[device] = words;
   }
-  return &w;
+  return errorWords[device];
 }
 
-/// Reports a recorded error (words[0] != 0) through moeReportIndexError.
-bool reportErrorWords(const int64_t *host) {
-  if (host[0] == 0)
+/// Reads the error word without synchronizing the context (a blocking copy
+/// on the legacy default stream: it waits for that stream and the blocking
+/// streams only) and, when a kernel recorded an error, clears it and reports
+/// it through moeReportIndexError. True when there was one.
+bool takeErrorWord(CUdeviceptr words) {
+  int64_t host[kErrorWords] = {0};
+  if (!MOE_CU(cuMemcpyDtoH(host, words, sizeof(host))) || host[0] == 0)
     return false;
+  MOE_CU(cuMemsetD32(words, 0, kErrorWords * 2));
   moeReportIndexError(static_cast<int32_t>(host[1]), host[2], host[3],
                       host[4]);
   return true;
@@ -592,48 +586,21 @@ extern "C" void moeGpuSetStream(void *stream) {
 
 extern "C" int64_t moeGpuErrorWord() {
   ScopedContext scope;
-  ErrorWord *w = errorWordOfCurrentDevice();
-  return w ? static_cast<int64_t>(w->words) : 0;
+  return static_cast<int64_t>(errorWordOfCurrentDevice());
 }
 
 extern "C" int32_t moeGpuCheckErrors() {
   ScopedContext scope;
-  ErrorWord *w = errorWordOfCurrentDevice();
-  if (!w)
+  CUdeviceptr words = errorWordOfCurrentDevice();
+  if (!words || !MOE_CU(cuCtxSynchronize()))
     return 0;
-  if (!MOE_CU(cuCtxSynchronize()))
-    return 0;
-  int64_t host[kErrorWords] = {0};
-  if (!MOE_CU(cuMemcpyDtoH(host, w->words, sizeof(host))))
-    return 0;
-  if (host[0] == 0)
-    return 0;
-  MOE_CU(cuMemsetD32(w->words, 0, kErrorWords * 2));
-  std::memset(w->mirror, 0, sizeof(host)); // a queued copy of the same error
-  return reportErrorWords(host) ? 1 : 0;
-}
-
-extern "C" void moeGpuQueueErrorCheck(void *stream) {
-  ScopedContext scope;
-  ErrorWord *w = errorWordOfCurrentDevice();
-  if (!w)
-    return;
-  CUstream s = stream ? static_cast<CUstream>(stream) : ambientStream;
-  MOE_CU(cuMemcpyDtoHAsync(w->mirror, w->words,
-                           kErrorWords * sizeof(int64_t), s));
+  return takeErrorWord(words) ? 1 : 0;
 }
 
 extern "C" int32_t moeGpuPollErrors() {
   ScopedContext scope;
-  ErrorWord *w = errorWordOfCurrentDevice();
-  if (!w || w->mirror[0] == 0)
-    return 0;
-  int64_t host[kErrorWords];
-  std::memcpy(host, w->mirror, sizeof(host));
-  std::memset(w->mirror, 0, sizeof(host));
-  // Cleared in stream order: kernels queued after this see a clean word.
-  MOE_CU(cuMemsetD32Async(w->words, 0, kErrorWords * 2, ambientStream));
-  return reportErrorWords(host) ? 1 : 0;
+  CUdeviceptr words = errorWordOfCurrentDevice();
+  return words && takeErrorWord(words) ? 1 : 0;
 }
 
 extern "C" int32_t moeGpuTakeDriverError(char *message, int64_t capacity) {

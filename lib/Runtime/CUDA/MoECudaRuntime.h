@@ -16,8 +16,8 @@
 //  * the *device error word*: kernels that read run-time indices (`assign`,
 //    `idx`) record the first out-of-range element in a small device buffer
 //    (`moeGpuErrorWord()` gives its device address); compiled host code calls
-//    `moeGpuCheckErrors()` after the op (a wait), or `moeGpuQueueErrorCheck`
-//    (none) and the caller `moeGpuPollErrors()` after its own sync; both
+//    `moeGpuCheckErrors()` after the op (a context sync), or the caller
+//    `moeGpuPollErrors()` after its own sync (no sync of its own); both
 //    forward it to the CPU convention of MoE/Runtime/ErrorReporting.h
 //    (`moeTakeError`);
 //  * the PTX fallback: when the driver rejects an embedded binary (a driver
@@ -96,20 +96,17 @@ MOE_CUDA_EXPORT int64_t moeGpuErrorWord();
 /// recorded an error, clears it and reports it through moeReportIndexError
 /// (so that moeTakeError returns it). Returns 1 when there was one.
 MOE_CUDA_EXPORT int32_t moeGpuCheckErrors();
-/// The error check without a wait: queues, on `stream` (null: the ambient
-/// stream of the calling thread, else the legacy default stream), a copy of
-/// the error word into a pinned host mirror, and returns at once. Compiled
-/// code calls it at the end of an op that reads run-time indices. A kernel
-/// records only the first error, and the word is cleared only when the error
-/// is taken, so the latest queued copy holds every error not yet taken.
-MOE_CUDA_EXPORT void moeGpuQueueErrorCheck(void *stream);
-/// To be called after the caller synchronized the stream(s) of the queued
-/// checks (e.g. torch.cuda.synchronize()): reads the host mirror (no driver
-/// call, no wait) and, when it holds an error, reports it through
-/// moeReportIndexError (so moeTakeError returns it), clears the mirror, and
-/// clears the device word in the ambient stream's order. Returns 1 when there
-/// was one. Called before the sync it may miss an error; a later call after a
-/// sync reports it.
+/// The error check without a wait of its own, for callers that synchronize
+/// themselves (compiled code that does not wait per op; the Python layer):
+/// call it after synchronizing the stream(s) that ran the ops (e.g.
+/// torch.cuda.synchronize()). It reads the error word with a blocking 40-byte
+/// copy on the legacy default stream -- which waits for that stream and the
+/// blocking streams, not for non-blocking ones such as PyTorch's side streams,
+/// and never synchronizes the context -- and, when a kernel recorded an error,
+/// clears the word and reports it through moeReportIndexError (so that
+/// moeTakeError returns it). Returns 1 when there was one. Kernels record only
+/// the first error and the word is cleared only here or in
+/// moeGpuCheckErrors, so errors of several ops wait for the next poll.
 MOE_CUDA_EXPORT int32_t moeGpuPollErrors();
 /// Copies the first driver error of this thread since the last call into
 /// `message` and clears it; returns 1 when there was one. A failed device

@@ -101,10 +101,6 @@ CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize,
                                    unsigned int) {
   return alloc(dptr, bytesize, "cuMemAllocManaged");
 }
-CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int) {
-  *pp = std::calloc(1, bytesize);
-  return note("cuMemHostAlloc");
-}
 CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
   std::free(ptr(dptr));
   return note("cuMemFree");
@@ -123,12 +119,6 @@ CUresult CUDAAPI cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice,
                               size_t ByteCount) {
   std::memcpy(dstHost, ptr(srcDevice), ByteCount);
   return note("cuMemcpyDtoH");
-}
-CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice,
-                                   size_t ByteCount, CUstream hStream) {
-  std::memcpy(dstHost, ptr(srcDevice), ByteCount);
-  state().streamed.push_back({"cuMemcpyDtoHAsync", hStream});
-  return note("cuMemcpyDtoHAsync");
 }
 CUresult CUDAAPI cuMemsetD32(CUdeviceptr dst, unsigned int ui, size_t N) {
   auto *p = static_cast<uint32_t *>(ptr(dst));

@@ -31,7 +31,7 @@ struct State {
   CUresult moduleLoadFailure = CUDA_SUCCESS;
   /// The image given to the last cuModuleLoadDataEx (a JIT of PTX text).
   std::string lastJitImage;
-  /// The stream of each asynchronous call, by name ("cuMemcpyDtoHAsync" ...).
+  /// The stream of each asynchronous copy/memset, by name.
   std::vector<std::pair<std::string, CUstream>> streamed;
 };
 State &state();
