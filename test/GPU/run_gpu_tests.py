@@ -99,6 +99,7 @@ class Library:
             self.poll_errors.restype = ctypes.c_int32
         self.lib = loader(lib)
         self.device = "cuda"       # where result copies are made
+        self.results_after_error = True   # the kernels skip a bad element and write the rest
 
     def take_error(self):
         buf = ctypes.create_string_buffer(512)
@@ -153,6 +154,41 @@ class Library:
             raise RuntimeError(f"{name}: CUDA driver error: {err}")
         return out
 
+
+class CpuLibrary:
+    """--cpu-dry-run: the same functions compiled for the CPU by the execution API (libMoEExecutorC.so of a
+    build with LLVM), so that the cases and their references can be checked without a GPU. Run-time index
+    errors come back as errors of the call and are kept for take_error."""
+
+    def __init__(self, mlir_path):
+        repo = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+        sys.path.insert(0, os.path.join(repo, "python"))
+        from moe_mlir.compiler import ExecutorLibrary, MoERuntimeError
+        self.error_type = MoERuntimeError
+        self.ex = ExecutorLibrary.find()
+        if self.ex is None:
+            skip("libMoEExecutorC.so not found (set MOE_BUILD_DIR)")
+        with open(mlir_path) as f:
+            self.handle = self.ex.compile(f.read())
+        self.error = None
+        self.results_after_error = False   # the execution API returns the error instead of results
+        self.cuda = type("NoCuda", (), {"synchronize": staticmethod(lambda: None)})()
+        self.cpu = type("NoEcho", (), {"moeSetErrorEcho": staticmethod(lambda on: None)})()
+
+    def take_error(self):
+        err, self.error = self.error, None
+        return err
+
+    def call(self, name, args, results):
+        out = [torch.empty(shape, dtype=dtype) for shape, dtype in results]
+        try:
+            self.ex.call(self.handle, name, [a.contiguous() for a in args], out)
+        except self.error_type as exc:
+            self.error = str(exc)
+        return out
+
+
+DEV = "cuda"       # where the cases put their tensors ("cpu" with --cpu-dry-run)
 
 #===----------------------------------------------------------------------===#
 # References (float64)
@@ -312,7 +348,7 @@ def check_topk(name, lib, fn, scores, k, mode, renorm):
 
 
 def case_topk(lib, g):
-    s = torch.randn(300, 16, generator=g).cuda()
+    s = torch.randn(300, 16, generator=g).to(DEV)
     s[1] = 0.5                                   # all tied: indices 0, 1
     s[2] = NEG_INF                               # all masked: zeros, indices 0, 1
     s[3, 7] = float("nan")                       # NaN ranked first, weights NaN
@@ -323,26 +359,42 @@ def case_topk(lib, g):
     s[6, 2] = 0.0                                # -0 and +0 tie
     check_topk("topk_logits", lib, "topk_logits", s, 2, "logits", True)
 
-    p = torch.rand(300, 256, generator=g).cuda().to(torch.bfloat16)   # ties are common in bf16
+    p = torch.rand(300, 256, generator=g).to(DEV).to(torch.bfloat16)   # ties are common in bf16
     check_topk("topk_probs_raw", lib, "topk_probs_raw", p, 8, "probs", False)
 
-    s = torch.randn(300, 64, generator=g).cuda().to(torch.float16)
+    s = torch.randn(300, 64, generator=g).to(DEV).to(torch.float16)
     s[0] = float("-inf")
     check_topk("topk_dense", lib, "topk_dense", s, 6, "logits", False)
 
-    p = torch.rand(7, 5, 60, generator=g).cuda()
+    p = torch.rand(7, 5, 60, generator=g).to(DEV)
     p[0, 0] = 0.0                                # zero sum -> zero weights
     check_topk("topk_probs_renorm", lib, "topk_probs_renorm", p, 3, "probs", True)
 
-    s = torch.randn(50, 1024, generator=g).cuda()
+    s = torch.randn(50, 1024, generator=g).to(DEV)
     check_topk("topk_k1024", lib, "topk_k1024", s, 40, "logits", True)
 
-    s = torch.randn(40, 2048, generator=g).cuda()
+    s = torch.randn(40, 2048, generator=g).to(DEV)
     s[1, 100] = float("nan")
     s[2] = 3.0
     check_topk("topk_block", lib, "topk_block", s, 4, "logits", False)
 
+    s = torch.randn(64, 16, generator=g).to(DEV)
+    s[0] = NEG_INF                               # k = K over a masked row: zeros, indices 0..15
+    s[1, ::2] = NEG_INF
+    s[2] = 1.0                                   # all tied: indices in order
+    check_topk("topk_k_eq_K", lib, "topk_k_eq_K", s, 16, "logits", True)
+
+    p = torch.rand(1, 8, generator=g).to(DEV).half()   # a single token
+    check_topk("topk_one_token", lib, "topk_one_token", p, 3, "probs", True)
+
+    w, i = lib.call("topk_no_tokens", [torch.empty(0, 16, device=DEV)],
+                    [((0, 2), torch.float32), ((0, 2), torch.int32)])
+    if w.numel() or i.numel():
+        raise AssertionError("topk_no_tokens: results are not empty")
+
     # The ambient stream: the call runs in the caller's (side) stream.
+    if DEV == "cpu":
+        return                                   # --cpu-dry-run: no streams
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         s = torch.randn(300, 16, generator=g).to("cuda")
@@ -359,8 +411,8 @@ def check_mix_topk(name, w, i, p_ref, k):
 
 
 def case_similarity(lib, g):
-    u = torch.randn(2, 100, 64, generator=g).cuda() * 0.3
-    e = torch.softmax(torch.randn(2, 100, 16, generator=g), -1).cuda()
+    u = torch.randn(2, 100, 64, generator=g).to(DEV) * 0.3
+    e = torch.softmax(torch.randn(2, 100, 16, generator=g), -1).to(DEV)
     (p,) = lib.call("sim_causal", [u, e], [((2, 100, 16), torch.float32)])
     ref = ref_similarity(u, e, tau=0.5, causal=True)
     close("sim_causal", p, ref)
@@ -368,13 +420,31 @@ def case_similarity(lib, g):
     w, i = lib.call("sim_topk", [u, e], [((2, 100, 2), torch.float32), ((2, 100, 2), torch.int32)])
     check_mix_topk("sim_topk", w, i, ref, 2)
 
-    u = (torch.randn(2, 70, 40, generator=g) * 0.5).to(torch.bfloat16).cuda()
-    e = torch.softmax(torch.randn(2, 70, 24, generator=g), -1).cuda()
-    ws = (torch.randn(40, 40, generator=g) * 0.2).cuda()
-    m = (torch.rand(2, 70, generator=g) > 0.3).cuda()
+    u = (torch.randn(2, 70, 40, generator=g) * 0.5).to(torch.bfloat16).to(DEV)
+    e = torch.softmax(torch.randn(2, 70, 24, generator=g), -1).to(DEV)
+    ws = (torch.randn(40, 40, generator=g) * 0.2).to(DEV)
+    m = (torch.rand(2, 70, generator=g) > 0.3).to(DEV)
     m[1] = False                                  # every key masked: p = 0
     (p,) = lib.call("sim_ws_mask", [u, e, ws, m], [((2, 70, 24), torch.float32)])
     close("sim_ws_mask", p, ref_similarity(u, e, tau=4.0, ws=ws, key_mask=m))
+
+    u = (torch.randn(3, 33, 24, generator=g) * 0.4).half().to(DEV)
+    e = torch.softmax(torch.randn(3, 33, 8, generator=g), -1).half().to(DEV)
+    (p,) = lib.call("sim_plain_f16", [u, e], [((3, 33, 8), torch.float32)])
+    close("sim_plain_f16", p, ref_similarity(u, e))
+
+    u = torch.randn(2, 45, 16, generator=g).to(DEV)
+    e = torch.softmax(torch.randn(2, 45, 8, generator=g), -1).to(DEV)
+    m = (torch.rand(2, 45, generator=g) > 0.5).to(DEV)
+    m[0, 0] = False                               # query 0 sees only key 0: masked -> p = 0
+    m[1, :5] = False
+    (p,) = lib.call("sim_causal_mask", [u, e, m], [((2, 45, 8), torch.float32)])
+    close("sim_causal_mask", p, ref_similarity(u, e, tau=0.25, causal=True, key_mask=m))
+
+    u = torch.randn(1, 1, 8, generator=g).to(DEV)
+    e = torch.softmax(torch.randn(1, 1, 4, generator=g), -1).to(DEV)
+    (p,) = lib.call("sim_one", [u, e], [((1, 1, 4), torch.float32)])
+    close("sim_one", p, e)                        # one token: it mixes only itself
 
 
 def attention_inputs(g):
@@ -387,7 +457,7 @@ def attention_inputs(g):
     v = torch.randn(B, H, Nk, Dh, generator=g) * 0.1
     wo = torch.randn(D, H * Dh, generator=g) * 0.1
     e = torch.softmax(torch.randn(B, Nk, 16, generator=g), -1)
-    return [t.cuda() for t in (s, u, v, wo, e)]
+    return [t.to(DEV) for t in (s, u, v, wo, e)]
 
 
 def case_attention(lib, g):
@@ -401,10 +471,16 @@ def case_attention(lib, g):
     same("attn_topk head", h2, rh)
     check_mix_topk("attn_topk", w, i, rp, 2)
 
+    ins = [t.bfloat16() for t in attention_inputs(g)]
+    p, h = lib.call("attn_bf16", ins, [((2, 50, 16), torch.float32), ((2,), torch.int32)])
+    rp, rh = ref_attention(*ins, sigma=2.0, head_scale=1.0)
+    same("attn_bf16 head", h, rh)
+    close("attn_bf16 p", p, rp, rtol=1e-3, atol=1e-4)
+
 
 def case_mad(lib, g):
-    x = torch.randn(500, 40, generator=g).cuda()
-    a = torch.randint(0, 7, (500,), generator=g).int().cuda()   # cluster 7 empty
+    x = torch.randn(500, 40, generator=g).to(DEV)
+    a = torch.randint(0, 7, (500,), generator=g).int().to(DEV)   # cluster 7 empty
     a[:3] = 6
     a[a == 5] = 4
     a[10] = 5                                                   # a singleton cluster
@@ -429,13 +505,24 @@ def case_mad(lib, g):
         raise AssertionError(f"mad: expected an index error for element 17, got {err!r}")
     keep = torch.ones(500, dtype=torch.bool)
     keep[17] = False
-    _, rc = ref_mad(x[keep.cuda()], bad[keep.cuda()], 8)
-    same("mad counts (bad element skipped)", c, rc)
+    if lib.results_after_error:
+        _, rc = ref_mad(x[keep.to(DEV)], bad[keep.to(DEV)], 8)
+        same("mad counts (bad element skipped)", c, rc)
+    case_mad_more(lib, g)
+
+
+def case_mad_more(lib, g):
+    x = torch.randn(300, 24, generator=g).half().to(DEV)
+    a = torch.randint(0, 5, (300,), generator=g).int().to(DEV)   # cluster 5 empty
+    w, c = lib.call("mad_global", [x, a], [((6, 24), torch.float32), ((6,), torch.int32)])
+    rw, rc = ref_mad(x, a, 6, eps=1e-3, clip=0.0, normalize="global")
+    same("mad_global counts", c, rc)
+    close("mad_global weights", w, rw, rtol=1e-3, atol=1e-4)
 
 
 def case_adjacency(lib, g):
-    a = torch.rand(16, 16, generator=g).cuda()
-    idx = torch.randint(0, 16, (300, 3), generator=g).int().cuda()
+    a = torch.rand(16, 16, generator=g).to(DEV)
+    idx = torch.randint(0, 16, (300, 3), generator=g).int().to(DEV)
     idx[0] = torch.tensor([4, 4, 4])                 # repeated: counts once
     (n,) = lib.call("adj_row", [a, idx], [((16, 16), torch.float32)])
     close("adj_row", n, ref_adjacency(a, idx))
@@ -451,17 +538,30 @@ def case_adjacency(lib, g):
     if not err or "element 16 is -3" not in err:
         raise AssertionError(f"adj_row: expected an index error for element 16, got {err!r}")
 
+    a = torch.rand(8, 8, generator=g).half().to(DEV)
+    idx = torch.randint(0, 8, (100, 2), generator=g).to(DEV)     # int64
+    (n,) = lib.call("adj_none", [a, idx], [((8, 8), torch.float32)])
+    close("adj_none", n, ref_adjacency(a, idx, beta=0.25, norm="none"))
+
 
 def case_hyper(lib, g):
-    emb = torch.randn(32, generator=g).cuda()
-    w1 = torch.randn(48, 32, generator=g).cuda() * 0.2
-    b1 = torch.randn(48, generator=g).cuda()
-    w2 = torch.randn(168, 48, generator=g).cuda() * 0.2
-    b2 = torch.randn(168, generator=g).cuda()
+    emb = torch.randn(32, generator=g).to(DEV)
+    w1 = torch.randn(48, 32, generator=g).to(DEV) * 0.2
+    b1 = torch.randn(48, generator=g).to(DEV)
+    w2 = torch.randn(168, 48, generator=g).to(DEV) * 0.2
+    b2 = torch.randn(168, generator=g).to(DEV)
     w, b = lib.call("hyper", [emb, w1, b1, w2, b2], [((8, 20), torch.float32), ((8,), torch.float32)])
     rw, rb = ref_hyper(emb, w1, b1, w2, b2, 8)
     close("hyper w", w, rw)
     close("hyper b", b, rb)
+
+    ins = [torch.randn(16, generator=g), torch.randn(24, 16, generator=g) * 0.3, torch.randn(24, generator=g),
+           torch.randn(36, 24, generator=g) * 0.3, torch.randn(36, generator=g)]
+    ins = [t.bfloat16().to(DEV) for t in ins]
+    w, b = lib.call("hyper_bf16", ins, [((4, 8), torch.float32), ((4,), torch.float32)])
+    rw, rb = ref_hyper(*ins, 4)
+    close("hyper_bf16 w", w, rw, rtol=1e-3, atol=1e-4)
+    close("hyper_bf16 b", b, rb, rtol=1e-3, atol=1e-4)
 
 
 CASES = {
@@ -497,12 +597,15 @@ def parse_args(argv=None):
                     help="run only these cases (repeatable, comma-separated)")
     ap.add_argument("--json", help="write the results to this file")
     ap.add_argument("--list", action="store_true", help="print the case names and exit")
+    ap.add_argument("--cpu-dry-run", metavar="CASES_MLIR",
+                    help="no GPU: run the cases on the functions of CASES_MLIR compiled for the CPU by the "
+                         "execution API (checks the cases and references themselves)")
     args = ap.parse_args(argv)
     try:
         args.cases = parse_only(args.only, list(CASES))
     except ValueError as exc:
         ap.error(str(exc))
-    if not args.list and (not args.lib or not args.runtime_dir):
+    if not args.list and not args.cpu_dry_run and (not args.lib or not args.runtime_dir):
         ap.error("--lib and --runtime-dir are required")
     return args
 
@@ -540,6 +643,14 @@ def main(argv=None):
         print("\n".join(CASES))
         return 0
     info = {"torch": torch.__version__, "cases_requested": args.cases}
+    if args.cpu_dry_run:
+        global DEV
+        DEV = "cpu"
+        records = run_cases(CpuLibrary(args.cpu_dry_run), args.cases)
+        failed = sum(r["status"] != "pass" for r in records)
+        write_json(args.json, records, dict(info, device="cpu (dry run)"))
+        print(f"{len(records) - failed} passed, {failed} failed (CPU dry run)")
+        return 1 if failed else 0
 
     def skipped(reason):
         write_json(args.json, [], dict(info, skipped=reason))
