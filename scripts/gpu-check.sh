@@ -31,7 +31,7 @@ aot "$DIR/bench/bench-cases.mlir" -o "$DIR/bench" --name bench-cases
 # The sources the GPU machine builds and runs (tracked files only), in the repository's layout.
 (cd "$ROOT" && git ls-files -z -- include/MoE/Runtime/ErrorReporting.h lib/Runtime/ErrorReporting.cpp \
     lib/Runtime/CUDA cmake/MoEDeviceRuntimes.cmake tools/moe-aot test/GPU/run_gpu_tests.py \
-    test/GPU/check_artifacts.py test/GPU/unit test/GPU/runtime 'bench/*.py' 'bench/gpu/*.py' |
+    test/GPU/check_artifacts.py test/GPU/unit test/GPU/runtime test/GPU/check 'bench/*.py' 'bench/gpu/*.py' |
   xargs -0 cp --parents -t "$DIR/src")
 cp "$ROOT/test/GPU/check/run.sh" "$ROOT/test/GPU/check/gpu_check.py" "$ROOT/test/GPU/check/CMakeLists.txt" "$DIR/"
 cp "$ROOT/test/GPU/README.md" "$DIR/README.md"
