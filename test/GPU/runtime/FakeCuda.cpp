@@ -59,7 +59,23 @@ CUresult CUDAAPI cuGetErrorString(CUresult error, const char **pStr) {
   *pStr = error == CUDA_ERROR_OUT_OF_MEMORY ? "out of memory" : "fake error";
   return CUDA_SUCCESS;
 }
-CUresult CUDAAPI cuInit(unsigned int) { return note("cuInit"); }
+// Driver calls that only succeed and are recorded. `name` in the definition
+// expands to the driver's versioned symbol (cuStreamDestroy_v2 ...); #name
+// records the name as the runtime writes it.
+#define MOE_FAKE_CALL(name, params)                                            \
+  CUresult CUDAAPI name params { return note(#name); }
+MOE_FAKE_CALL(cuInit, (unsigned int))
+MOE_FAKE_CALL(cuCtxSynchronize, (void))
+MOE_FAKE_CALL(cuMemHostRegister, (void *, size_t, unsigned int))
+MOE_FAKE_CALL(cuMemHostUnregister, (void *))
+MOE_FAKE_CALL(cuModuleUnload, (CUmodule))
+MOE_FAKE_CALL(cuFuncSetAttribute, (CUfunction, CUfunction_attribute, int))
+MOE_FAKE_CALL(cuStreamDestroy, (CUstream))
+MOE_FAKE_CALL(cuStreamSynchronize, (CUstream))
+MOE_FAKE_CALL(cuStreamWaitEvent, (CUstream, CUevent, unsigned int))
+MOE_FAKE_CALL(cuEventDestroy, (CUevent))
+MOE_FAKE_CALL(cuEventSynchronize, (CUevent))
+MOE_FAKE_CALL(cuEventRecord, (CUevent, CUstream))
 CUresult CUDAAPI cuDeviceGetCount(int *count) {
   *count = state().deviceCount;
   return note("cuDeviceGetCount");
@@ -89,7 +105,6 @@ CUresult CUDAAPI cuCtxGetDevice(CUdevice *device) {
   *device = 0;
   return CUDA_SUCCESS;
 }
-CUresult CUDAAPI cuCtxSynchronize(void) { return note("cuCtxSynchronize"); }
 CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
   return alloc(dptr, bytesize, "cuMemAlloc");
 }
@@ -141,12 +156,6 @@ CUresult CUDAAPI cuMemsetD16Async(CUdeviceptr dst, unsigned short us,
     p[i] = us;
   return note("cuMemsetD16Async");
 }
-CUresult CUDAAPI cuMemHostRegister(void *, size_t, unsigned int) {
-  return note("cuMemHostRegister");
-}
-CUresult CUDAAPI cuMemHostUnregister(void *) {
-  return note("cuMemHostUnregister");
-}
 CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *) {
   note("cuModuleLoadData");
   if (state().moduleLoadFailure != CUDA_SUCCESS) {
@@ -162,14 +171,10 @@ CUresult CUDAAPI cuModuleLoadDataEx(CUmodule *module, const void *image,
   *module = reinterpret_cast<CUmodule>(0x11);
   return note("cuModuleLoadDataEx");
 }
-CUresult CUDAAPI cuModuleUnload(CUmodule) { return note("cuModuleUnload"); }
 CUresult CUDAAPI cuModuleGetFunction(CUfunction *hfunc, CUmodule,
                                      const char *) {
   *hfunc = reinterpret_cast<CUfunction>(0x20);
   return note("cuModuleGetFunction");
-}
-CUresult CUDAAPI cuFuncSetAttribute(CUfunction, CUfunction_attribute, int) {
-  return note("cuFuncSetAttribute");
 }
 CUresult CUDAAPI cuLaunchKernel(CUfunction, unsigned int, unsigned int,
                                 unsigned int, unsigned int, unsigned int,
@@ -187,22 +192,8 @@ CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int) {
   *phStream = reinterpret_cast<CUstream>(0x30);
   return note("cuStreamCreate");
 }
-CUresult CUDAAPI cuStreamDestroy(CUstream) { return note("cuStreamDestroy"); }
-CUresult CUDAAPI cuStreamSynchronize(CUstream) {
-  return note("cuStreamSynchronize");
-}
-CUresult CUDAAPI cuStreamWaitEvent(CUstream, CUevent, unsigned int) {
-  return note("cuStreamWaitEvent");
-}
 CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int) {
   *phEvent = reinterpret_cast<CUevent>(0x40);
   return note("cuEventCreate");
-}
-CUresult CUDAAPI cuEventDestroy(CUevent) { return note("cuEventDestroy"); }
-CUresult CUDAAPI cuEventSynchronize(CUevent) {
-  return note("cuEventSynchronize");
-}
-CUresult CUDAAPI cuEventRecord(CUevent, CUstream) {
-  return note("cuEventRecord");
 }
 } // extern "C"
