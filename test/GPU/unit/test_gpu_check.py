@@ -93,3 +93,22 @@ def test_unknown_step_is_2(setup, monkeypatch, tmp_path):
     monkeypatch.setattr(G, "machine", lambda py: {"gpu": True})
     monkeypatch.setattr(G, "steps", fake_steps([("build", 0)]))
     assert G.main(["gpu_check.py", str(tmp_path / "out")]) == 2
+
+
+def test_a_step_cut_by_the_budget_is_not_run_not_failed(setup, monkeypatch):
+    monkeypatch.setattr(G, "MIN_STEP_S", 1)
+    monkeypatch.setenv("MOE_GPU_CHECK_BUDGET_S", "2.5")       # the step starts, then the budget ends it
+    rc, doc, _ = setup([("gpu-a", 0)], sleep=30)
+    step = doc["steps"][0]
+    assert (rc, step["status"], step["rc"]) == (77, "not run", "timeout")
+    assert "stopped at the budget" in step["reason"]
+
+
+def test_a_step_past_its_own_limit_fails(setup, monkeypatch):
+    def steps(ctx):
+        return [("gpu-a", True, 1, lambda: ([sys.executable, "-c", "import time; time.sleep(30)"], None))]
+    monkeypatch.setattr(G, "machine", lambda py: {"gpu": True})
+    monkeypatch.setattr(G, "steps", steps)
+    out = os.path.join(G.HERE, "..", "out2")
+    assert G.main(["gpu_check.py", out]) == 1
+    assert json.loads(open(os.path.join(out, "summary.json")).read())["steps"][0]["status"] == "fail"
