@@ -592,7 +592,13 @@ extern "C" int64_t moeGpuErrorWord() {
 extern "C" int32_t moeGpuCheckErrors() {
   ScopedContext scope;
   CUdeviceptr words = errorWordOfCurrentDevice();
-  if (!words || !MOE_CU(cuCtxSynchronize()))
+  if (!words)
+    return 0;
+  // With an ambient stream (e.g. PyTorch's) the op ran there: wait for that
+  // stream only, not for the whole device. Without one, the op ran on a
+  // stream of its own that is gone by now: wait for the context.
+  if (!(ambientStream ? MOE_CU(cuStreamSynchronize(ambientStream))
+                      : MOE_CU(cuCtxSynchronize())))
     return 0;
   return takeErrorWord(words) ? 1 : 0;
 }

@@ -16,7 +16,8 @@
 //  * the *device error word*: kernels that read run-time indices (`assign`,
 //    `idx`) record the first out-of-range element in a small device buffer
 //    (`moeGpuErrorWord()` gives its device address); compiled host code calls
-//    `moeGpuCheckErrors()` after the op (a context sync), or the caller
+//    `moeGpuCheckErrors()` after the op (a wait for the ambient stream, or
+//    for the context when there is none), or the caller
 //    `moeGpuPollErrors()` after its own sync (no sync of its own); both
 //    forward it to the CPU convention of MoE/Runtime/ErrorReporting.h
 //    (`moeTakeError`);
@@ -92,9 +93,10 @@ MOE_CUDA_EXPORT void moeGpuSetStream(void *stream);
 /// Device address of the error word of the current device (allocated and
 /// zeroed on first use): int64 words {flag, op, position, value, bound}.
 MOE_CUDA_EXPORT int64_t moeGpuErrorWord();
-/// Synchronizes the current context, reads the error word and, when a kernel
-/// recorded an error, clears it and reports it through moeReportIndexError
-/// (so that moeTakeError returns it). Returns 1 when there was one.
+/// Waits for the ambient stream (without one: for the current context), reads
+/// the error word and, when a kernel recorded an error, clears it and reports
+/// it through moeReportIndexError (so that moeTakeError returns it). Returns 1
+/// when there was one.
 MOE_CUDA_EXPORT int32_t moeGpuCheckErrors();
 /// The error check without a wait of its own, for callers that synchronize
 /// themselves (compiled code that does not wait per op; the Python layer):

@@ -133,12 +133,20 @@ void testErrorWordWithoutWait() {
   EXPECT(count("cuCtxSynchronize") == 0);
   EXPECT(count("cuStreamSynchronize") == 0);
 
-  // The synchronous check (a context sync) still works.
+  // The synchronous check: without an ambient stream a context sync ...
   recordError(word, 2, 5, -3, 16);
   EXPECT(moeGpuCheckErrors() == 1);
   EXPECT(count("cuCtxSynchronize") == 1);
   EXPECT(takeIndexError().find("element 5 is -3") != std::string::npos);
   EXPECT(moeGpuPollErrors() == 0);
+  // ... with one (PyTorch's stream), a wait for that stream only.
+  moeGpuSetStream(reinterpret_cast<void *>(0x77));
+  recordError(word, 2, 6, 99, 16);
+  EXPECT(moeGpuCheckErrors() == 1);
+  EXPECT(count("cuStreamSynchronize") == 1);
+  EXPECT(count("cuCtxSynchronize") == 1);
+  EXPECT(takeIndexError().find("element 6 is 99") != std::string::npos);
+  moeGpuSetStream(nullptr);
 }
 
 void testPtxFallback() {
