@@ -26,7 +26,8 @@ echo "gpu-check: compiling the check cases and the benchmark cases for $CHIP"
 aot "$ROOT/test/GPU/Inputs/gpu-cases.mlir" -o "$DIR/art" --name gpu-cases
 (cd "$ROOT" && "$PY" -m bench.gpu.gen_cases "$DIR/bench" >/dev/null)
 aot "$DIR/bench/bench-cases.mlir" -o "$DIR/bench" --name bench-cases
-{ echo "chip=$CHIP"; echo "commit=$(git -C "$ROOT" rev-parse HEAD)"; echo "built=$(date -Iseconds)"; } > "$DIR/bench/BUILD_INFO"
+{ echo "chip=$CHIP"; echo "commit=$(git -C "$ROOT" rev-parse HEAD)"; echo "built=$(date -Iseconds)"
+  echo "toolkit=$("$TOOLKIT/bin/ptxas" --version | tail -1)"; } > "$DIR/bench/BUILD_INFO"
 
 # The sources the GPU machine builds and runs (tracked files only), in the repository's layout.
 (cd "$ROOT" && git ls-files -z -- include/MoE/Runtime/ErrorReporting.h lib/Runtime/ErrorReporting.cpp \

@@ -20,5 +20,6 @@ rm -rf "$ART" && mkdir -p "$ART"
 (cd "$ROOT" && "$PY" -m bench.gpu.gen_cases "$ART")
 python3 "$ROOT/tools/moe-aot/moe-aot.py" "$ART/bench-cases.mlir" -o "$ART" --name bench-cases \
   --moe-opt "$BUILD/bin/moe-opt" --chip "$CHIP" --format fatbin --toolkit "$TOOLKIT" --ptx-fallback
-{ echo "chip=$CHIP"; echo "commit=$(cat "$BUILD/MOE_SOURCE_COMMIT" 2>/dev/null || git -C "$ROOT" rev-parse HEAD)"; echo "built=$(date -Iseconds)"; } > "$ART/BUILD_INFO"
+{ echo "chip=$CHIP"; echo "commit=$(cat "$BUILD/MOE_SOURCE_COMMIT" 2>/dev/null || git -C "$ROOT" rev-parse HEAD)"; echo "built=$(date -Iseconds)"
+  echo "toolkit=$("$TOOLKIT/bin/ptxas" --version | tail -1)"; } > "$ART/BUILD_INFO"
 ls -la "$ART"
