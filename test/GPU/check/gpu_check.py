@@ -208,8 +208,11 @@ def run_step(ctx, name, cmd, env, timeout):
         status = "skipped"
     else:
         status = "fail"
-    return {"step": name, "status": status, "rc": rc, "seconds": seconds, "log": f"logs/{name}.log",
-            "tail": tail}
+    rec = {"step": name, "status": status, "rc": rc, "seconds": seconds, "log": f"logs/{name}.log",
+           "tail": tail}
+    if status == "skipped":                                      # the program says why
+        rec["reason"] = ([l for l in tail.splitlines() if l.strip()] or [""])[-1][:200]
+    return rec
 
 
 #===----------------------------------------------------------------------===#
