@@ -21,7 +21,7 @@ TOOLKIT="${MOE_CUDA_TOOLKIT:-/usr/local/cuda}"
 [ -x "$BUILD/bin/moe-opt" ] || cmake --build "$BUILD" --target moe-opt
 rm -rf "$DIR" && mkdir -p "$DIR/art" "$DIR/bench" "$DIR/src"
 aot() { python3 "$ROOT/tools/moe-aot/moe-aot.py" "$@" --moe-opt "$BUILD/bin/moe-opt" --chip "$CHIP" \
-          --format fatbin --toolkit "$TOOLKIT" --ptx-fallback >/dev/null; }
+          --format fatbin --toolkit "$TOOLKIT" --ptx-fallback --drop-intermediates >/dev/null; }
 echo "gpu-check: compiling the check cases and the benchmark cases for $CHIP"
 aot "$ROOT/test/GPU/Inputs/gpu-cases.mlir" -o "$DIR/art" --name gpu-cases
 (cd "$ROOT" && "$PY" -m bench.gpu.gen_cases "$DIR/bench" >/dev/null)

@@ -19,7 +19,8 @@ TOOLKIT="${MOE_CUDA_TOOLKIT:-/usr/local/cuda}"
 rm -rf "$ART" && mkdir -p "$ART"
 (cd "$ROOT" && "$PY" -m bench.gpu.gen_cases "$ART")
 python3 "$ROOT/tools/moe-aot/moe-aot.py" "$ART/bench-cases.mlir" -o "$ART" --name bench-cases \
-  --moe-opt "$BUILD/bin/moe-opt" --chip "$CHIP" --format fatbin --toolkit "$TOOLKIT" --ptx-fallback
+  --moe-opt "$BUILD/bin/moe-opt" --chip "$CHIP" --format fatbin --toolkit "$TOOLKIT" --ptx-fallback \
+  --drop-intermediates   # keep the carried folder small
 { echo "chip=$CHIP"; echo "commit=$(cat "$BUILD/MOE_SOURCE_COMMIT" 2>/dev/null || git -C "$ROOT" rev-parse HEAD)"; echo "built=$(date -Iseconds)"
   echo "toolkit=$("$TOOLKIT/bin/ptxas" --version | tail -1)"; } > "$ART/BUILD_INFO"
 ls -la "$ART"

@@ -1,10 +1,11 @@
 // REQUIRES: ptxas
 // RUN: rm -rf %t && mkdir -p %t/fb %t/nofb
-// RUN: %python %moe_src_root/tools/moe-aot/moe-aot.py %s -o %t/fb --name small --moe-opt %moe_obj_root/bin/moe-opt --toolkit %cuda_toolkit --ptx-fallback
+// RUN: %python %moe_src_root/tools/moe-aot/moe-aot.py %s -o %t/fb --name small --moe-opt %moe_obj_root/bin/moe-opt --toolkit %cuda_toolkit --ptx-fallback --drop-intermediates
 // RUN: %python %S/check_artifacts.py %t/fb/small.manifest.json --require-ptx | FileCheck %s
 // RUN: not ls %t/fb/small.ll %t/fb/small.llvm.mlir
 // Without --ptx-fallback the check that requires one fails.
 // RUN: %python %moe_src_root/tools/moe-aot/moe-aot.py %s -o %t/nofb --name small --moe-opt %moe_obj_root/bin/moe-opt --toolkit %cuda_toolkit
+// RUN: ls %t/nofb/small.ll %t/nofb/small.llvm.mlir
 // RUN: not %python %S/check_artifacts.py %t/nofb/small.manifest.json --require-ptx | FileCheck %s --check-prefix=NOFB
 // A PTX file that does not match its sha256 is caught.
 // RUN: echo "// edited" >> %t/fb/small-ptx/*.ptx

@@ -9,7 +9,8 @@ Steps (each output is kept in OUTDIR):
   1. NAME.llvm.mlir : moe-opt --moe-lower-to-nvvm (host LLVM dialect + gpu.binary)
   2. NAME.ll        : mlir-translate --mlir-to-llvmir (the binary is embedded;
                       a global constructor loads it through mgpuModuleLoad)
-  3. NAME.o         : llc -filetype=obj -relocation-model=pic
+  3. NAME.o         : llc -filetype=obj -relocation-model=pic (--drop-intermediates
+                      then removes NAME.llvm.mlir and NAME.ll)
   4. libNAME.so     : (--link) c++ -shared NAME.o -lmoe_cuda_runtime
   5. (--ptx-fallback) NAME-ptx/moe-<fnv1a64 of the embedded binary>.ptx: the
      uncompressed PTX of each embedded binary (PTX ISA of --features, default
@@ -191,8 +192,8 @@ def main():
     ap.add_argument("--cxx", default=shutil.which("c++") or "g++")
     ap.add_argument("--ptx-fallback", action="store_true",
                     help="also write NAME-ptx/ (the PTX the runtime JITs when the binary is rejected)")
-    ap.add_argument("--keep-intermediates", action="store_true",
-                    help="keep NAME.llvm.mlir and NAME.ll (default: removed after the build)")
+    ap.add_argument("--drop-intermediates", action="store_true",
+                    help="remove NAME.llvm.mlir and NAME.ll after the build (a folder to carry)")
     args = ap.parse_args()
 
     name = args.name or os.path.splitext(os.path.basename(args.input))[0]
@@ -215,7 +216,7 @@ def main():
         run([args.cxx, "-shared", "-o", os.path.join(args.out_dir, f"lib{name}.so"), base + ".o",
              "-L" + args.runtime_dir, "-lmoe_cuda_runtime",
              "-Wl,-rpath," + os.path.abspath(args.runtime_dir)])
-    if not args.keep_intermediates:
+    if args.drop_intermediates:
         for ext in (".llvm.mlir", ".ll"):
             os.remove(base + ext)
     print(write_manifest(args, name, base, binaries, modules), file=sys.stderr)
