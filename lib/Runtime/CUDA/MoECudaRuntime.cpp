@@ -188,8 +188,7 @@ bool takeErrorWord(CUdeviceptr words) {
   if (!MOE_CU(cuMemcpyDtoH(host, words, sizeof(host))) || host[0] == 0)
     return false;
   MOE_CU(cuMemsetD32(words, 0, kErrorWords * 2));
-  moeReportIndexError(static_cast<int32_t>(host[1]), host[2], host[3],
-                      host[4]);
+  moeReportIndexError(static_cast<int32_t>(host[1]), host[2], host[3], host[4]);
   return true;
 }
 
@@ -277,7 +276,8 @@ extern "C" void *mgpuModuleLoad(void *data, size_t gpuBlobSize) {
     module = loadPtx(ptx.c_str(), /*optLevel=*/4);
     if (module) {
       std::fprintf(stderr, "moe_cuda_runtime: %s; JIT-compiled the PTX %s\n",
-                   forcePtx ? "MOE_CUDA_FORCE_PTX=1" : "the driver rejected the binary",
+                   forcePtx ? "MOE_CUDA_FORCE_PTX=1"
+                            : "the driver rejected the binary",
                    name.c_str());
       return module;
     }
@@ -323,8 +323,8 @@ extern "C" void *mgpuModuleGetFunction(void *module, const char *name) {
   }
   ScopedContext scope;
   CUfunction function = nullptr;
-  if (!MOE_CU(cuModuleGetFunction(&function, static_cast<CUmodule>(module),
-                                  name)))
+  if (!MOE_CU(
+          cuModuleGetFunction(&function, static_cast<CUmodule>(module), name)))
     std::fprintf(stderr, "moe_cuda_runtime: (kernel '%s')\n", name);
   return function;
 }
@@ -334,17 +334,15 @@ namespace {
 void allowSharedMemory(CUfunction function, int32_t smem) {
   if (smem <= 48 * 1024)
     return;
-  MOE_CU(cuFuncSetAttribute(function,
-                            CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                            smem));
+  MOE_CU(cuFuncSetAttribute(
+      function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem));
 }
 } // namespace
 
-extern "C" void mgpuLaunchKernel(void *function, intptr_t gridX,
-                                 intptr_t gridY, intptr_t gridZ,
-                                 intptr_t blockX, intptr_t blockY,
-                                 intptr_t blockZ, int32_t smem, void *stream,
-                                 void **params, void **extra,
+extern "C" void mgpuLaunchKernel(void *function, intptr_t gridX, intptr_t gridY,
+                                 intptr_t gridZ, intptr_t blockX,
+                                 intptr_t blockY, intptr_t blockZ, int32_t smem,
+                                 void *stream, void **params, void **extra,
                                  size_t /*paramsCount*/) {
   if (!function)
     return; // reported when it was looked up
@@ -359,11 +357,13 @@ extern "C" void mgpuLaunchKernel(void *function, intptr_t gridX,
                         static_cast<CUstream>(stream), params, extra));
 }
 
-extern "C" void mgpuLaunchClusterKernel(
-    void *function, intptr_t clusterX, intptr_t clusterY, intptr_t clusterZ,
-    intptr_t gridX, intptr_t gridY, intptr_t gridZ, intptr_t blockX,
-    intptr_t blockY, intptr_t blockZ, int32_t smem, void *stream,
-    void **params, void **extra) {
+extern "C" void mgpuLaunchClusterKernel(void *function, intptr_t clusterX,
+                                        intptr_t clusterY, intptr_t clusterZ,
+                                        intptr_t gridX, intptr_t gridY,
+                                        intptr_t gridZ, intptr_t blockX,
+                                        intptr_t blockY, intptr_t blockZ,
+                                        int32_t smem, void *stream,
+                                        void **params, void **extra) {
   if (!function || gridX == 0 || gridY == 0 || gridZ == 0)
     return;
   if (skipAfterFailedAllocation("kernel launch"))
@@ -612,8 +612,8 @@ extern "C" int32_t moeGpuPollErrors() {
 extern "C" int32_t moeGpuTakeDriverError(char *message, int64_t capacity) {
   if (firstDriverError.empty() && !allocationFailed)
     return 0;
-  std::string text =
-      firstDriverError.empty() ? "a device allocation failed" : firstDriverError;
+  std::string text = firstDriverError.empty() ? "a device allocation failed"
+                                              : firstDriverError;
   if (skippedAfterFailedAllocation)
     text += " (then " + std::to_string(skippedAfterFailedAllocation) +
             " launches/copies skipped)";

@@ -52,8 +52,8 @@ MOE_CUDA_EXPORT void mgpuLaunchKernel(void *function, intptr_t gridX,
                                       intptr_t gridY, intptr_t gridZ,
                                       intptr_t blockX, intptr_t blockY,
                                       intptr_t blockZ, int32_t smem,
-                                      void *stream, void **params,
-                                      void **extra, size_t paramsCount);
+                                      void *stream, void **params, void **extra,
+                                      size_t paramsCount);
 MOE_CUDA_EXPORT void
 mgpuLaunchClusterKernel(void *function, intptr_t clusterX, intptr_t clusterY,
                         intptr_t clusterZ, intptr_t gridX, intptr_t gridY,
@@ -75,12 +75,11 @@ MOE_CUDA_EXPORT void mgpuMemcpy(void *dst, void *src, size_t sizeBytes,
                                 void *stream);
 MOE_CUDA_EXPORT void mgpuMemset32(void *dst, unsigned int value, size_t count,
                                   void *stream);
-MOE_CUDA_EXPORT void mgpuMemset16(void *dst, unsigned short value,
-                                  size_t count, void *stream);
+MOE_CUDA_EXPORT void mgpuMemset16(void *dst, unsigned short value, size_t count,
+                                  void *stream);
 MOE_CUDA_EXPORT void mgpuMemHostRegisterMemRef(int64_t rank, void *descriptor,
                                                int64_t elementSizeBytes);
-MOE_CUDA_EXPORT void mgpuMemHostUnregisterMemRef(int64_t rank,
-                                                 void *descriptor,
+MOE_CUDA_EXPORT void mgpuMemHostUnregisterMemRef(int64_t rank, void *descriptor,
                                                  int64_t elementSizeBytes);
 MOE_CUDA_EXPORT void mgpuSetDefaultDevice(int32_t device);
 

@@ -108,8 +108,7 @@ CUresult CUDAAPI cuCtxGetDevice(CUdevice *device) {
 CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
   return alloc(dptr, bytesize, "cuMemAlloc");
 }
-CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize,
-                                 CUstream) {
+CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream) {
   return alloc(dptr, bytesize, "cuMemAllocAsync");
 }
 CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize,
@@ -149,8 +148,8 @@ CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t N,
   state().streamed.push_back({"cuMemsetD32Async", hStream});
   return note("cuMemsetD32Async");
 }
-CUresult CUDAAPI cuMemsetD16Async(CUdeviceptr dst, unsigned short us,
-                                  size_t N, CUstream) {
+CUresult CUDAAPI cuMemsetD16Async(CUdeviceptr dst, unsigned short us, size_t N,
+                                  CUstream) {
   auto *p = static_cast<uint16_t *>(ptr(dst));
   for (size_t i = 0; i < N; ++i)
     p[i] = us;

@@ -17,8 +17,8 @@
 
 #include "FakeCuda.h"
 
-#include "MoE/Runtime/ErrorReporting.h"
 #include "../../../lib/Runtime/CUDA/MoECudaRuntime.h"
+#include "MoE/Runtime/ErrorReporting.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -157,7 +157,8 @@ void testPtxFallback() {
   for (size_t i = 0; i < sizeof(blob); ++i)
     h = (h ^ static_cast<unsigned char>(blob[i])) * 0x100000001b3ull;
   EXPECT(moeGpuBinaryKey(blob, sizeof(blob)) == h);
-  EXPECT(moeGpuBinaryKey("a", 1) == 0xaf63dc4c8601ec8cull); // the FNV test vector
+  EXPECT(moeGpuBinaryKey("a", 1) ==
+         0xaf63dc4c8601ec8cull); // the FNV test vector
   char file[64];
   std::snprintf(file, sizeof(file), "moe-%016llx.ptx",
                 static_cast<unsigned long long>(h));
