@@ -3,7 +3,7 @@
 fraction of the HBM roofline reached by topk_renorm at 65536 tokens.
 
   python3 -m bench.gpu.bench_gpu --lib libbench-cases.so --runtime-dir DIR --manifest cases.json [--out DIR]
-         [--only SUBSTR ...] [--no-compile] [--reps N]
+         [--only SUBSTR[,SUBSTR...]]... [--no-compile] [--reps N]   (--only matching nothing is an error)
 
 (bench/gpu/run_on_device.sh builds the libraries and calls this.) The cases are bench/cases.py:gpu_cases(): the
 same inputs, baselines (bench/baselines.py) and output checks as the CPU suite. Per case and implementation:
@@ -120,16 +120,19 @@ class OurCall:
                 self.g.rt.moeGpuFree(d.allocated)
 
     def fetch(self) -> list:
-        """Copies the results of the last call into torch CUDA tensors."""
+        """Copies the results of the last call into torch CUDA tensors, on torch's current stream (the one the
+        call ran on), and waits for that stream: the compiled code need not synchronize."""
         out = []
+        stream = torch.cuda.current_stream()
+        handle = ctypes.c_void_p(stream.cuda_stream)
         for d, (shape, dtype) in zip(self.res_list(), self.out_specs):
             assert list(d.sizes) == list(shape), (list(d.sizes), shape)
             t = torch.empty(shape, dtype=dtype, device="cuda")
             n = t.numel() * t.element_size()
             if n:
-                self.g.rt.mgpuMemcpy(t.data_ptr(), d.aligned, n, None)
+                self.g.rt.mgpuMemcpy(t.data_ptr(), d.aligned, n, handle)
             out.append(t)
-        torch.cuda.synchronize()
+        stream.synchronize()
         return out
 
 
@@ -351,10 +354,17 @@ def main() -> int:
     ap.add_argument("--runtime-dir", required=True)
     ap.add_argument("--manifest", required=True)
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
-    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--only", action="append", metavar="SUBSTR[,SUBSTR...]",
+                    help="cases whose name contains SUBSTR or whose op is SUBSTR (repeatable, comma-separated)")
     ap.add_argument("--no-compile", dest="compile", action="store_false")
     ap.add_argument("--reps", type=int, default=100)
     args = ap.parse_args()
+    manifest = json.loads(Path(args.manifest).read_text())
+    if args.only is not None:
+        args.only = [o.strip() for v in args.only for o in v.split(",") if o.strip()]
+        unmatched = [o for o in args.only if not any(o in m["case"] or o == m["op"] for m in manifest)]
+        if not args.only or unmatched:
+            ap.error(f"--only {unmatched or '(empty)'} matches no case of {args.manifest}")
     if not torch.cuda.is_available():
         print("bench_gpu: no CUDA device visible to PyTorch")
         return 77
@@ -380,7 +390,6 @@ def main() -> int:
     }
     print(f"device: {name}, torch {torch.__version__}, copy bandwidth {args.copy_bw / 1e9:.0f} GB/s "
           f"({bw_src})", flush=True)
-    manifest = json.loads(Path(args.manifest).read_text())
     records = []
     for m in manifest:
         if args.only and not any(s in m["case"] or s == m["op"] for s in args.only):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Here (a machine with LLVM/MLIR and the CUDA toolkit's ptxas, no GPU needed): compiles the GPU benchmark cases
 # (bench/cases.py:gpu_cases) ahead of time for sm_90 with tools/moe-aot/moe-aot.py into ART (default
-# bench/gpu/artifacts, git-ignored): bench-cases.mlir, cases.json, bench-cases.o (host code + embedded fatbin).
+# bench/gpu/artifacts, git-ignored): bench-cases.mlir, cases.json, bench-cases.o (host code + embedded fatbin),
+# bench-cases-ptx/ (its PTX fallback) and bench-cases.manifest.json (toolkit, chip, PTX ISA, sha256s).
 # The device machine then needs only cmake, a C++ compiler, the CUDA driver and torch: bench/gpu/run_on_device.sh.
 #
 #   bench/gpu/build_artifacts.sh [ART]      (MOE_BUILD_DIR: the build holding bin/moe-opt, default build/)
@@ -18,7 +19,8 @@ TOOLKIT="${MOE_CUDA_TOOLKIT:-/usr/local/cuda}"
 rm -rf "$ART" && mkdir -p "$ART"
 (cd "$ROOT" && "$PY" -m bench.gpu.gen_cases "$ART")
 python3 "$ROOT/tools/moe-aot/moe-aot.py" "$ART/bench-cases.mlir" -o "$ART" --name bench-cases \
-  --moe-opt "$BUILD/bin/moe-opt" --chip "$CHIP" --format fatbin --toolkit "$TOOLKIT"
-rm -f "$ART/bench-cases.ll" "$ART/bench-cases.llvm.mlir"   # intermediates: keep the carried folder small
-{ echo "chip=$CHIP"; echo "commit=$(cat "$BUILD/MOE_SOURCE_COMMIT" 2>/dev/null || git -C "$ROOT" rev-parse HEAD)"; echo "built=$(date -Iseconds)"; } > "$ART/BUILD_INFO"
+  --moe-opt "$BUILD/bin/moe-opt" --chip "$CHIP" --format fatbin --toolkit "$TOOLKIT" --ptx-fallback \
+  --drop-intermediates   # keep the carried folder small
+{ echo "chip=$CHIP"; echo "commit=$(cat "$BUILD/MOE_SOURCE_COMMIT" 2>/dev/null || git -C "$ROOT" rev-parse HEAD)"; echo "built=$(date -Iseconds)"
+  echo "toolkit=$("$TOOLKIT/bin/ptxas" --version | tail -1)"; } > "$ART/BUILD_INFO"
 ls -la "$ART"

@@ -6,8 +6,9 @@
 #   bench/gpu/run_on_device.sh [ART] [bench_gpu.py options, e.g. --only topk --no-compile]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-ART="${1:-$ROOT/bench/gpu/artifacts}"
-shift || true
+# ART is optional: a first argument that is an option (--only ...) belongs to bench_gpu.py.
+ART="$ROOT/bench/gpu/artifacts"
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then ART="$1"; shift; fi
 case "$ART" in /*) ;; *) ART="$ROOT/$ART" ;; esac
 BUILD="${MOE_GPU_BENCH_BUILD:-/tmp/moe-bench-gpu}"
 PY="${MOE_PYTHON:-python3}"
@@ -19,6 +20,6 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_ver
 
 cd "$ROOT"
 export PYTHONUNBUFFERED=1
-"$PY" -m bench.gpu.bench_gpu --lib "$BUILD/libbench-cases.so" --runtime-dir "$BUILD" \
+MOE_CUDA_PTX_DIR="$ART/bench-cases-ptx" "$PY" -m bench.gpu.bench_gpu --lib "$BUILD/libbench-cases.so" --runtime-dir "$BUILD" \
   --manifest "$ART/cases.json" --out "$ROOT/bench/results" "$@"
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then cp "$ROOT"/bench/results/gpu-*.json "$ROOT"/bench/results/gpu-*.md "$OUT"/ 2>/dev/null || true; fi

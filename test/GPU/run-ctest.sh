@@ -9,5 +9,7 @@ python="$src/.venv/bin/python"; [ -x "$python" ] || python=python3
 out="$build/gpu-artifacts"
 rm -rf "$out" && mkdir -p "$out"
 python3 "$src/tools/moe-aot/moe-aot.py" "$src/test/GPU/Inputs/gpu-cases.mlir" -o "$out" \
-  --moe-opt "$build/bin/moe-opt" --toolkit "${MOE_CUDA_TOOLKIT:-/usr/local/cuda}" --link --runtime-dir "$build/lib"
-exec "$python" "$src/test/GPU/run_gpu_tests.py" --lib "$out/libgpu-cases.so" --runtime-dir "$build/lib"
+  --moe-opt "$build/bin/moe-opt" --toolkit "${MOE_CUDA_TOOLKIT:-/usr/local/cuda}" --link --runtime-dir "$build/lib" \
+  --ptx-fallback
+MOE_CUDA_PTX_DIR="$out/gpu-cases-ptx" exec "$python" "$src/test/GPU/run_gpu_tests.py" \
+  --lib "$out/libgpu-cases.so" --runtime-dir "$build/lib"

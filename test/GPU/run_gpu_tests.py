@@ -4,10 +4,22 @@ test/GPU/Inputs/gpu-cases.mlir on PyTorch CUDA tensors and compares every
 result with an eager PyTorch reference (the formulas of the op descriptions,
 in float64).
 
-  run_gpu_tests.py --lib libgpu-cases.so --runtime-dir DIR [--only NAME...]
+  run_gpu_tests.py --lib libgpu-cases.so --runtime-dir DIR
+                   [--only CASE[,CASE...]]... [--json FILE]
 
-Exit status: 0 all passed, 1 a failure, 77 skipped (no torch, no CUDA device
-or no runtime library): ctest's SKIP_RETURN_CODE; the reason is printed.
+--only takes case names (see --list), repeated or comma-separated; an unknown
+name is an error (exit 2), never a silent pass. --json writes one record per
+case (name, status, message, seconds) plus the device and torch version.
+
+Stream handling: every compiled call runs on PyTorch's current stream (set as
+the runtime's ambient stream), so it is ordered after the in-place edits that
+prepared its inputs; the harness synchronizes that stream itself before it
+reads results, frees them or reads the device error word, and never relies on
+the compiled host code to synchronize.
+
+Exit status: 0 all passed, 1 a failure, 2 bad arguments, 77 skipped (no torch,
+no CUDA device or no runtime library): ctest's SKIP_RETURN_CODE; the reason is
+printed.
 """
 
 import argparse
@@ -15,6 +27,7 @@ import ctypes
 import math
 import os
 import sys
+import time
 
 SKIP = 77
 
@@ -58,11 +71,17 @@ def descriptor(t):
 
 
 class Library:
-    def __init__(self, lib, runtime_dir):
-        self.cpu = ctypes.CDLL(os.path.join(runtime_dir, "libmoe_cpu_runtime.so"),
-                               mode=ctypes.RTLD_GLOBAL)
-        self.rt = ctypes.CDLL(os.path.join(runtime_dir, "libmoe_cuda_runtime.so"),
-                              mode=ctypes.RTLD_GLOBAL)
+    """The compiled cases plus the two runtime libraries.
+
+    `cuda` is the torch.cuda-like module used for streams (a parameter so that
+    the stream handling can be tested with a fake one, test/GPU/unit)."""
+
+    def __init__(self, lib, runtime_dir, cuda=None, loader=ctypes.CDLL):
+        self.cuda = cuda if cuda is not None else torch.cuda
+        self.cpu = loader(os.path.join(runtime_dir, "libmoe_cpu_runtime.so"),
+                          mode=ctypes.RTLD_GLOBAL)
+        self.rt = loader(os.path.join(runtime_dir, "libmoe_cuda_runtime.so"),
+                         mode=ctypes.RTLD_GLOBAL)
         self.rt.moeGpuDeviceCount.restype = ctypes.c_int32
         self.rt.mgpuMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                        ctypes.c_void_p]
@@ -73,7 +92,14 @@ class Library:
         self.cpu.moeSetErrorEcho.argtypes = [ctypes.c_int32]
         self.rt.moeGpuTakeDriverError.argtypes = [ctypes.c_char_p, ctypes.c_int64]
         self.rt.moeGpuTakeDriverError.restype = ctypes.c_int32
-        self.lib = ctypes.CDLL(lib)
+        # Reads (and clears) the device error word once the caller has synchronized;
+        # absent in runtimes older than this harness.
+        self.poll_errors = getattr(self.rt, "moeGpuPollErrors", None)
+        if self.poll_errors is not None:
+            self.poll_errors.restype = ctypes.c_int32
+        self.lib = loader(lib)
+        self.device = "cuda"       # where result copies are made
+        self.results_after_error = True   # the kernels skip a bad element and write the rest
 
     def take_error(self):
         buf = ctypes.create_string_buffer(512)
@@ -84,7 +110,12 @@ class Library:
         return buf.value.decode() if self.rt.moeGpuTakeDriverError(buf, 512) else None
 
     def call(self, name, args, results):
-        """results: [(shape, torch dtype)]; returns CUDA tensors (copies)."""
+        """results: [(shape, torch dtype)]; returns CUDA tensors (copies).
+
+        The call runs on torch's current stream, so the kernels see inputs that
+        earlier torch work on that stream (in-place edits included) wrote; the
+        stream is synchronized before results are freed and before the error
+        word is read."""
         descs = [descriptor(a) for a in args]
         types = [memref_type(len(shape)) for shape, _ in results]
         if len(results) == 1:
@@ -94,23 +125,70 @@ class Library:
                        {"_fields_": [(f"r{i}", t) for i, t in enumerate(types)]})()
         fn = getattr(self.lib, "_mlir_ciface_" + name)
         fn.restype = None
-        fn(ctypes.byref(res), *[ctypes.byref(d) for d, _ in descs])
+        stream = self.cuda.current_stream()
+        handle = ctypes.c_void_p(stream.cuda_stream)
         out = []
-        for i, (shape, dtype) in enumerate(results):
-            d = res if len(results) == 1 else getattr(res, f"r{i}")
-            assert list(d.sizes) == list(shape), (name, list(d.sizes), shape)
-            t = torch.empty(shape, dtype=dtype, device="cuda")
-            nbytes = t.numel() * t.element_size()
-            if nbytes:
-                self.rt.mgpuMemcpy(t.data_ptr(), d.aligned, nbytes, None)
-            torch.cuda.synchronize()
-            self.rt.moeGpuFree(d.allocated)
-            out.append(t)
+        self.rt.moeGpuSetStream(handle)
+        try:
+            fn(ctypes.byref(res), *[ctypes.byref(d) for d, _ in descs])
+            descs_out = [res if len(results) == 1 else getattr(res, f"r{i}")
+                         for i in range(len(results))]
+            for d, (shape, dtype) in zip(descs_out, results):
+                assert list(d.sizes) == list(shape), (name, list(d.sizes), shape)
+                t = torch.empty(shape, dtype=dtype, device=self.device)
+                nbytes = t.numel() * t.element_size()
+                if nbytes:
+                    self.rt.mgpuMemcpy(t.data_ptr(), d.aligned, nbytes, handle)
+                out.append(t)
+            # Results are read and freed only after the stream has finished with them.
+            stream.synchronize()
+            for d in descs_out:
+                self.rt.moeGpuFree(d.allocated)
+            if self.poll_errors is not None:
+                self.poll_errors()
+        finally:
+            self.rt.moeGpuSetStream(None)
+            del descs                                      # inputs stay alive up to here
         err = self.driver_error()
         if err:
             raise RuntimeError(f"{name}: CUDA driver error: {err}")
         return out
 
+
+class CpuLibrary:
+    """--cpu-dry-run: the same functions compiled for the CPU by the execution API (libMoEExecutorC.so of a
+    build with LLVM), so that the cases and their references can be checked without a GPU. Run-time index
+    errors come back as errors of the call and are kept for take_error."""
+
+    def __init__(self, mlir_path):
+        repo = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+        sys.path.insert(0, os.path.join(repo, "python"))
+        from moe_mlir.compiler import ExecutorLibrary, MoERuntimeError
+        self.error_type = MoERuntimeError
+        self.ex = ExecutorLibrary.find()
+        if self.ex is None:
+            skip("libMoEExecutorC.so not found (set MOE_BUILD_DIR)")
+        with open(mlir_path) as f:
+            self.handle = self.ex.compile(f.read())
+        self.error = None
+        self.results_after_error = False   # the execution API returns the error instead of results
+        self.cuda = type("NoCuda", (), {"synchronize": staticmethod(lambda: None)})()
+        self.cpu = type("NoEcho", (), {"moeSetErrorEcho": staticmethod(lambda on: None)})()
+
+    def take_error(self):
+        err, self.error = self.error, None
+        return err
+
+    def call(self, name, args, results):
+        out = [torch.empty(shape, dtype=dtype) for shape, dtype in results]
+        try:
+            self.ex.call(self.handle, name, [a.contiguous() for a in args], out)
+        except self.error_type as exc:
+            self.error = str(exc)
+        return out
+
+
+DEV = "cuda"       # where the cases put their tensors ("cpu" with --cpu-dry-run)
 
 #===----------------------------------------------------------------------===#
 # References (float64)
@@ -270,7 +348,7 @@ def check_topk(name, lib, fn, scores, k, mode, renorm):
 
 
 def case_topk(lib, g):
-    s = torch.randn(300, 16, generator=g).cuda()
+    s = torch.randn(300, 16, generator=g).to(DEV)
     s[1] = 0.5                                   # all tied: indices 0, 1
     s[2] = NEG_INF                               # all masked: zeros, indices 0, 1
     s[3, 7] = float("nan")                       # NaN ranked first, weights NaN
@@ -281,32 +359,47 @@ def case_topk(lib, g):
     s[6, 2] = 0.0                                # -0 and +0 tie
     check_topk("topk_logits", lib, "topk_logits", s, 2, "logits", True)
 
-    p = torch.rand(300, 256, generator=g).cuda().to(torch.bfloat16)   # ties are common in bf16
+    p = torch.rand(300, 256, generator=g).to(DEV).to(torch.bfloat16)   # ties are common in bf16
     check_topk("topk_probs_raw", lib, "topk_probs_raw", p, 8, "probs", False)
 
-    s = torch.randn(300, 64, generator=g).cuda().to(torch.float16)
+    s = torch.randn(300, 64, generator=g).to(DEV).to(torch.float16)
     s[0] = float("-inf")
     check_topk("topk_dense", lib, "topk_dense", s, 6, "logits", False)
 
-    p = torch.rand(7, 5, 60, generator=g).cuda()
+    p = torch.rand(7, 5, 60, generator=g).to(DEV)
     p[0, 0] = 0.0                                # zero sum -> zero weights
     check_topk("topk_probs_renorm", lib, "topk_probs_renorm", p, 3, "probs", True)
 
-    s = torch.randn(50, 1024, generator=g).cuda()
+    s = torch.randn(50, 1024, generator=g).to(DEV)
     check_topk("topk_k1024", lib, "topk_k1024", s, 40, "logits", True)
 
-    s = torch.randn(40, 2048, generator=g).cuda()
+    s = torch.randn(40, 2048, generator=g).to(DEV)
     s[1, 100] = float("nan")
     s[2] = 3.0
     check_topk("topk_block", lib, "topk_block", s, 4, "logits", False)
 
+    s = torch.randn(64, 16, generator=g).to(DEV)
+    s[0] = NEG_INF                               # k = K over a masked row: zeros, indices 0..15
+    s[1, ::2] = NEG_INF
+    s[2] = 1.0                                   # all tied: indices in order
+    check_topk("topk_k_eq_K", lib, "topk_k_eq_K", s, 16, "logits", True)
+
+    p = torch.rand(1, 8, generator=g).to(DEV).half()   # a single token
+    check_topk("topk_one_token", lib, "topk_one_token", p, 3, "probs", True)
+
+    w, i = lib.call("topk_no_tokens", [torch.empty(0, 16, device=DEV)],
+                    [((0, 2), torch.float32), ((0, 2), torch.int32)])
+    if w.numel() or i.numel():
+        raise AssertionError("topk_no_tokens: results are not empty")
+
     # The ambient stream: the call runs in the caller's (side) stream.
+    if DEV == "cpu":
+        return                                   # --cpu-dry-run: no streams
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        lib.rt.moeGpuSetStream(ctypes.c_void_p(side.cuda_stream))
         s = torch.randn(300, 16, generator=g).to("cuda")
+        s[0] = s[0].flip(0)                      # an in-place edit just before the call
         check_topk("topk_logits (side stream)", lib, "topk_logits", s, 2, "logits", True)
-        lib.rt.moeGpuSetStream(None)
 
 
 def check_mix_topk(name, w, i, p_ref, k):
@@ -318,8 +411,8 @@ def check_mix_topk(name, w, i, p_ref, k):
 
 
 def case_similarity(lib, g):
-    u = torch.randn(2, 100, 64, generator=g).cuda() * 0.3
-    e = torch.softmax(torch.randn(2, 100, 16, generator=g), -1).cuda()
+    u = torch.randn(2, 100, 64, generator=g).to(DEV) * 0.3
+    e = torch.softmax(torch.randn(2, 100, 16, generator=g), -1).to(DEV)
     (p,) = lib.call("sim_causal", [u, e], [((2, 100, 16), torch.float32)])
     ref = ref_similarity(u, e, tau=0.5, causal=True)
     close("sim_causal", p, ref)
@@ -327,13 +420,31 @@ def case_similarity(lib, g):
     w, i = lib.call("sim_topk", [u, e], [((2, 100, 2), torch.float32), ((2, 100, 2), torch.int32)])
     check_mix_topk("sim_topk", w, i, ref, 2)
 
-    u = (torch.randn(2, 70, 40, generator=g) * 0.5).to(torch.bfloat16).cuda()
-    e = torch.softmax(torch.randn(2, 70, 24, generator=g), -1).cuda()
-    ws = (torch.randn(40, 40, generator=g) * 0.2).cuda()
-    m = (torch.rand(2, 70, generator=g) > 0.3).cuda()
+    u = (torch.randn(2, 70, 40, generator=g) * 0.5).to(torch.bfloat16).to(DEV)
+    e = torch.softmax(torch.randn(2, 70, 24, generator=g), -1).to(DEV)
+    ws = (torch.randn(40, 40, generator=g) * 0.2).to(DEV)
+    m = (torch.rand(2, 70, generator=g) > 0.3).to(DEV)
     m[1] = False                                  # every key masked: p = 0
     (p,) = lib.call("sim_ws_mask", [u, e, ws, m], [((2, 70, 24), torch.float32)])
     close("sim_ws_mask", p, ref_similarity(u, e, tau=4.0, ws=ws, key_mask=m))
+
+    u = (torch.randn(3, 33, 24, generator=g) * 0.4).half().to(DEV)
+    e = torch.softmax(torch.randn(3, 33, 8, generator=g), -1).half().to(DEV)
+    (p,) = lib.call("sim_plain_f16", [u, e], [((3, 33, 8), torch.float32)])
+    close("sim_plain_f16", p, ref_similarity(u, e))
+
+    u = torch.randn(2, 45, 16, generator=g).to(DEV)
+    e = torch.softmax(torch.randn(2, 45, 8, generator=g), -1).to(DEV)
+    m = (torch.rand(2, 45, generator=g) > 0.5).to(DEV)
+    m[0, 0] = False                               # query 0 sees only key 0: masked -> p = 0
+    m[1, :5] = False
+    (p,) = lib.call("sim_causal_mask", [u, e, m], [((2, 45, 8), torch.float32)])
+    close("sim_causal_mask", p, ref_similarity(u, e, tau=0.25, causal=True, key_mask=m))
+
+    u = torch.randn(1, 1, 8, generator=g).to(DEV)
+    e = torch.softmax(torch.randn(1, 1, 4, generator=g), -1).to(DEV)
+    (p,) = lib.call("sim_one", [u, e], [((1, 1, 4), torch.float32)])
+    close("sim_one", p, e)                        # one token: it mixes only itself
 
 
 def attention_inputs(g):
@@ -346,7 +457,7 @@ def attention_inputs(g):
     v = torch.randn(B, H, Nk, Dh, generator=g) * 0.1
     wo = torch.randn(D, H * Dh, generator=g) * 0.1
     e = torch.softmax(torch.randn(B, Nk, 16, generator=g), -1)
-    return [t.cuda() for t in (s, u, v, wo, e)]
+    return [t.to(DEV) for t in (s, u, v, wo, e)]
 
 
 def case_attention(lib, g):
@@ -360,10 +471,16 @@ def case_attention(lib, g):
     same("attn_topk head", h2, rh)
     check_mix_topk("attn_topk", w, i, rp, 2)
 
+    ins = [t.bfloat16() for t in attention_inputs(g)]
+    p, h = lib.call("attn_bf16", ins, [((2, 50, 16), torch.float32), ((2,), torch.int32)])
+    rp, rh = ref_attention(*ins, sigma=2.0, head_scale=1.0)
+    same("attn_bf16 head", h, rh)
+    close("attn_bf16 p", p, rp, rtol=1e-3, atol=1e-4)
+
 
 def case_mad(lib, g):
-    x = torch.randn(500, 40, generator=g).cuda()
-    a = torch.randint(0, 7, (500,), generator=g).int().cuda()   # cluster 7 empty
+    x = torch.randn(500, 40, generator=g).to(DEV)
+    a = torch.randint(0, 7, (500,), generator=g).int().to(DEV)   # cluster 7 empty
     a[:3] = 6
     a[a == 5] = 4
     a[10] = 5                                                   # a singleton cluster
@@ -388,13 +505,24 @@ def case_mad(lib, g):
         raise AssertionError(f"mad: expected an index error for element 17, got {err!r}")
     keep = torch.ones(500, dtype=torch.bool)
     keep[17] = False
-    _, rc = ref_mad(x[keep.cuda()], bad[keep.cuda()], 8)
-    same("mad counts (bad element skipped)", c, rc)
+    if lib.results_after_error:
+        _, rc = ref_mad(x[keep.to(DEV)], bad[keep.to(DEV)], 8)
+        same("mad counts (bad element skipped)", c, rc)
+    case_mad_more(lib, g)
+
+
+def case_mad_more(lib, g):
+    x = torch.randn(300, 24, generator=g).half().to(DEV)
+    a = torch.randint(0, 5, (300,), generator=g).int().to(DEV)   # cluster 5 empty
+    w, c = lib.call("mad_global", [x, a], [((6, 24), torch.float32), ((6,), torch.int32)])
+    rw, rc = ref_mad(x, a, 6, eps=1e-3, clip=0.0, normalize="global")
+    same("mad_global counts", c, rc)
+    close("mad_global weights", w, rw, rtol=1e-3, atol=1e-4)
 
 
 def case_adjacency(lib, g):
-    a = torch.rand(16, 16, generator=g).cuda()
-    idx = torch.randint(0, 16, (300, 3), generator=g).int().cuda()
+    a = torch.rand(16, 16, generator=g).to(DEV)
+    idx = torch.randint(0, 16, (300, 3), generator=g).int().to(DEV)
     idx[0] = torch.tensor([4, 4, 4])                 # repeated: counts once
     (n,) = lib.call("adj_row", [a, idx], [((16, 16), torch.float32)])
     close("adj_row", n, ref_adjacency(a, idx))
@@ -410,17 +538,30 @@ def case_adjacency(lib, g):
     if not err or "element 16 is -3" not in err:
         raise AssertionError(f"adj_row: expected an index error for element 16, got {err!r}")
 
+    a = torch.rand(8, 8, generator=g).half().to(DEV)
+    idx = torch.randint(0, 8, (100, 2), generator=g).to(DEV)     # int64
+    (n,) = lib.call("adj_none", [a, idx], [((8, 8), torch.float32)])
+    close("adj_none", n, ref_adjacency(a, idx, beta=0.25, norm="none"))
+
 
 def case_hyper(lib, g):
-    emb = torch.randn(32, generator=g).cuda()
-    w1 = torch.randn(48, 32, generator=g).cuda() * 0.2
-    b1 = torch.randn(48, generator=g).cuda()
-    w2 = torch.randn(168, 48, generator=g).cuda() * 0.2
-    b2 = torch.randn(168, generator=g).cuda()
+    emb = torch.randn(32, generator=g).to(DEV)
+    w1 = torch.randn(48, 32, generator=g).to(DEV) * 0.2
+    b1 = torch.randn(48, generator=g).to(DEV)
+    w2 = torch.randn(168, 48, generator=g).to(DEV) * 0.2
+    b2 = torch.randn(168, generator=g).to(DEV)
     w, b = lib.call("hyper", [emb, w1, b1, w2, b2], [((8, 20), torch.float32), ((8,), torch.float32)])
     rw, rb = ref_hyper(emb, w1, b1, w2, b2, 8)
     close("hyper w", w, rw)
     close("hyper b", b, rb)
+
+    ins = [torch.randn(16, generator=g), torch.randn(24, 16, generator=g) * 0.3, torch.randn(24, generator=g),
+           torch.randn(36, 24, generator=g) * 0.3, torch.randn(36, generator=g)]
+    ins = [t.bfloat16().to(DEV) for t in ins]
+    w, b = lib.call("hyper_bf16", ins, [((4, 8), torch.float32), ((4,), torch.float32)])
+    rw, rb = ref_hyper(*ins, 4)
+    close("hyper_bf16 w", w, rw, rtol=1e-3, atol=1e-4)
+    close("hyper_bf16 b", b, rb, rtol=1e-3, atol=1e-4)
 
 
 CASES = {
@@ -433,35 +574,103 @@ CASES = {
 }
 
 
-def main():
+def parse_only(values, known):
+    """--only values (repeated and/or comma-separated) -> list of case names in
+    CASES order; raises ValueError naming unknown ones. None: every case."""
+    if values is None:
+        return list(known)
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    if not names:
+        raise ValueError("--only needs at least one case name")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return [n for n in known if n in names]
+
+
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lib", required=True)
-    ap.add_argument("--runtime-dir", required=True)
-    ap.add_argument("--only", nargs="*")
-    args = ap.parse_args()
+    ap.add_argument("--lib")
+    ap.add_argument("--runtime-dir")
+    ap.add_argument("--only", action="append", metavar="CASE[,CASE...]",
+                    help="run only these cases (repeatable, comma-separated)")
+    ap.add_argument("--json", help="write the results to this file")
+    ap.add_argument("--list", action="store_true", help="print the case names and exit")
+    ap.add_argument("--cpu-dry-run", metavar="CASES_MLIR",
+                    help="no GPU: run the cases on the functions of CASES_MLIR compiled for the CPU by the "
+                         "execution API (checks the cases and references themselves)")
+    args = ap.parse_args(argv)
+    try:
+        args.cases = parse_only(args.only, list(CASES))
+    except ValueError as exc:
+        ap.error(str(exc))
+    if not args.list and not args.cpu_dry_run and (not args.lib or not args.runtime_dir):
+        ap.error("--lib and --runtime-dir are required")
+    return args
+
+
+def write_json(path, records, extra):
+    if not path:
+        return
+    import json
+    with open(path, "w") as f:
+        json.dump(dict(extra, cases=records), f, indent=1)
+
+
+def run_cases(lib, names):
+    """Runs the named cases; returns [{name, status, message, seconds}]."""
+    records = []
+    for name in names:
+        g = torch.Generator().manual_seed(1234)
+        t0 = time.perf_counter()
+        try:
+            CASES[name](lib, g)
+            status, message = "pass", ""
+        except Exception as exc:  # noqa: BLE001
+            status, message = "fail", f"{type(exc).__name__}: {exc}"
+        finally:
+            lib.cuda.synchronize()                   # nothing of one case runs into the next
+        records.append({"name": name, "status": status, "message": message,
+                        "seconds": round(time.perf_counter() - t0, 3)})
+        print(f"PASS: {name}" if status == "pass" else f"FAIL: {name}: {message}", flush=True)
+    return records
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.list:
+        print("\n".join(CASES))
+        return 0
+    info = {"torch": torch.__version__, "cases_requested": args.cases}
+    if args.cpu_dry_run:
+        global DEV
+        DEV = "cpu"
+        records = run_cases(CpuLibrary(args.cpu_dry_run), args.cases)
+        failed = sum(r["status"] != "pass" for r in records)
+        write_json(args.json, records, dict(info, device="cpu (dry run)"))
+        print(f"{len(records) - failed} passed, {failed} failed (CPU dry run)")
+        return 1 if failed else 0
+
+    def skipped(reason):
+        write_json(args.json, [], dict(info, skipped=reason))
+        skip(reason)
+
     if not torch.cuda.is_available():
-        skip("no CUDA device visible to PyTorch")
+        skipped("no CUDA device visible to PyTorch")
     for path in (args.lib, os.path.join(args.runtime_dir, "libmoe_cuda_runtime.so")):
         if not os.path.exists(path):
-            skip(f"{path} is missing")
+            skipped(f"{path} is missing")
     torch.cuda.init()
     lib = Library(args.lib, args.runtime_dir)
     if lib.rt.moeGpuDeviceCount() <= 0:
-        skip("the CUDA driver reports no device")
-    print(f"device: {torch.cuda.get_device_name()} (torch {torch.__version__})")
-    failed = 0
-    for name, case in CASES.items():
-        if args.only and name not in args.only:
-            continue
-        g = torch.Generator().manual_seed(1234)
-        try:
-            case(lib, g)
-            print(f"PASS: {name}")
-        except Exception as exc:  # noqa: BLE001
-            failed += 1
-            print(f"FAIL: {name}: {exc}")
-    print(f"{len(CASES) - failed if not args.only else '-'} passed, {failed} failed")
+        skipped("the CUDA driver reports no device")
+    info["device"] = torch.cuda.get_device_name()
+    print(f"device: {info['device']} (torch {torch.__version__})")
+    records = run_cases(lib, args.cases)
+    failed = sum(r["status"] != "pass" for r in records)
+    write_json(args.json, records, info)
+    print(f"{len(records) - failed} passed, {failed} failed")
     return 1 if failed else 0
 
 

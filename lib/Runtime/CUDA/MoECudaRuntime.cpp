@@ -58,6 +58,27 @@ bool check(CUresult result, const char *call) {
 
 #define MOE_CU(call) check((call), #call)
 
+/// Set when a device allocation of this thread failed: mgpuMemAlloc then
+/// returns null, which the compiled host code passes on to its kernels and
+/// copies. Until the caller takes the error (moeGpuTakeDriverError), launches,
+/// copies and memsets of this thread are skipped instead of running on a null
+/// pointer; each skipped one is counted in the message.
+thread_local bool allocationFailed = false;
+thread_local int64_t skippedAfterFailedAllocation = 0;
+
+/// True (and counts the skip) when work must not run after a failed
+/// allocation.
+bool skipAfterFailedAllocation(const char *what) {
+  if (!allocationFailed)
+    return false;
+  if (skippedAfterFailedAllocation++ == 0)
+    std::fprintf(stderr,
+                 "moe_cuda_runtime: %s skipped: an earlier device allocation "
+                 "failed (further skips are not printed)\n",
+                 what);
+  return true;
+}
+
 //===----------------------------------------------------------------------===//
 // Devices and contexts
 //===----------------------------------------------------------------------===//
@@ -135,6 +156,9 @@ thread_local CUstream ambientStream = nullptr;
 //===----------------------------------------------------------------------===//
 
 constexpr size_t kErrorWords = 5; // flag, op, position, value, bound
+
+/// The error word of each device, in device memory: kernels record the first
+/// out-of-range element with a compare-and-swap on word 0.
 std::vector<CUdeviceptr> errorWords;
 
 CUdeviceptr errorWordOfCurrentDevice() {
@@ -155,30 +179,131 @@ CUdeviceptr errorWordOfCurrentDevice() {
   return errorWords[device];
 }
 
+/// Reads the error word without synchronizing the context (a blocking copy
+/// on the legacy default stream: it waits for that stream and the blocking
+/// streams only) and, when a kernel recorded an error, clears it and reports
+/// it through moeReportIndexError. True when there was one.
+bool takeErrorWord(CUdeviceptr words) {
+  int64_t host[kErrorWords] = {0};
+  if (!MOE_CU(cuMemcpyDtoH(host, words, sizeof(host))) || host[0] == 0)
+    return false;
+  MOE_CU(cuMemsetD32(words, 0, kErrorWords * 2));
+  moeReportIndexError(static_cast<int32_t>(host[1]), host[2], host[3], host[4]);
+  return true;
+}
+
 } // namespace
 
 //===----------------------------------------------------------------------===//
 // Modules and launches
 //===----------------------------------------------------------------------===//
 
-extern "C" void *mgpuModuleLoad(void *data, size_t /*gpuBlobSize*/) {
-  ScopedContext scope;
-  CUmodule module = nullptr;
-  MOE_CU(cuModuleLoadData(&module, data));
-  return module;
-}
-
-extern "C" void *mgpuModuleLoadJIT(void *data, int optLevel) {
-  ScopedContext scope;
+namespace {
+/// JIT-compiles PTX text into a module of the current context (null and the
+/// JIT log on stderr on failure).
+CUmodule loadPtx(const void *ptx, int optLevel) {
   CUmodule module = nullptr;
   char log[4096] = {0};
   CUjit_option options[] = {CU_JIT_OPTIMIZATION_LEVEL, CU_JIT_ERROR_LOG_BUFFER,
                             CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
   void *values[] = {reinterpret_cast<void *>(static_cast<intptr_t>(optLevel)),
                     log, reinterpret_cast<void *>(sizeof(log))};
-  if (!MOE_CU(cuModuleLoadDataEx(&module, data, 3, options, values)) && log[0])
+  if (!MOE_CU(cuModuleLoadDataEx(&module, ptx, 3, options, values)) && log[0])
     std::fprintf(stderr, "moe_cuda_runtime: PTX JIT log:\n%s\n", log);
   return module;
+}
+
+/// The key of an embedded binary: FNV-1a 64 of its bytes, as
+/// tools/moe-aot/moe-aot.py names its PTX fallback (moe-<key>.ptx).
+uint64_t binaryKey(const void *data, size_t size) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto *bytes = static_cast<const unsigned char *>(data);
+  for (size_t i = 0; i < size; ++i)
+    h = (h ^ bytes[i]) * 0x100000001b3ull;
+  return h;
+}
+
+/// The PTX fallback of a binary from the folders of MOE_CUDA_PTX_DIR
+/// (colon-separated); empty when there is none. `name` gets the file name.
+std::string fallbackPtx(const void *data, size_t size, std::string &name) {
+  char file[64];
+  std::snprintf(file, sizeof(file), "moe-%016llx.ptx",
+                static_cast<unsigned long long>(binaryKey(data, size)));
+  name = file;
+  const char *dirs = std::getenv("MOE_CUDA_PTX_DIR");
+  if (!dirs || !size)
+    return {};
+  std::string list = dirs;
+  for (size_t begin = 0; begin <= list.size();) {
+    size_t end = list.find(':', begin);
+    if (end == std::string::npos)
+      end = list.size();
+    std::string path = list.substr(begin, end - begin) + "/" + file;
+    if (FILE *f = std::fopen(path.c_str(), "rb")) {
+      std::string text;
+      char chunk[65536];
+      size_t n;
+      while ((n = std::fread(chunk, 1, sizeof(chunk), f)) > 0)
+        text.append(chunk, n);
+      std::fclose(f);
+      name = path;
+      return text;
+    }
+    begin = end + 1;
+  }
+  return {};
+}
+} // namespace
+
+extern "C" void *mgpuModuleLoad(void *data, size_t gpuBlobSize) {
+  ScopedContext scope;
+  static const bool forcePtx = [] {
+    const char *env = std::getenv("MOE_CUDA_FORCE_PTX");
+    return env && env[0] == '1';
+  }();
+  CUmodule module = nullptr;
+  CUresult result = CUDA_ERROR_NOT_SUPPORTED;
+  if (!forcePtx) {
+    result = cuModuleLoadData(&module, data);
+    if (result == CUDA_SUCCESS)
+      return module;
+  }
+  // The driver rejected the binary (older than the toolkit that built it, a
+  // chip it has no code for), or MOE_CUDA_FORCE_PTX=1: JIT the PTX fallback.
+  std::string name;
+  std::string ptx = fallbackPtx(data, gpuBlobSize, name);
+  if (!ptx.empty()) {
+    module = loadPtx(ptx.c_str(), /*optLevel=*/4);
+    if (module) {
+      std::fprintf(stderr, "moe_cuda_runtime: %s; JIT-compiled the PTX %s\n",
+                   forcePtx ? "MOE_CUDA_FORCE_PTX=1"
+                            : "the driver rejected the binary",
+                   name.c_str());
+      return module;
+    }
+    return nullptr; // reported by loadPtx
+  }
+  if (forcePtx) {
+    std::fprintf(stderr,
+                 "moe_cuda_runtime: MOE_CUDA_FORCE_PTX=1 but no %s in "
+                 "MOE_CUDA_PTX_DIR\n",
+                 name.c_str());
+    if (firstDriverError.empty())
+      firstDriverError = "no PTX fallback " + name;
+    return nullptr;
+  }
+  if (check(result, "cuModuleLoadData"))
+    return module;
+  std::fprintf(stderr,
+               "moe_cuda_runtime: (no PTX fallback: put %s, from moe-aot.py "
+               "--ptx-fallback, in a folder named by MOE_CUDA_PTX_DIR)\n",
+               name.c_str());
+  return nullptr;
+}
+
+extern "C" void *mgpuModuleLoadJIT(void *data, int optLevel) {
+  ScopedContext scope;
+  return loadPtx(data, optLevel);
 }
 
 extern "C" void mgpuModuleUnload(void *module) {
@@ -198,8 +323,8 @@ extern "C" void *mgpuModuleGetFunction(void *module, const char *name) {
   }
   ScopedContext scope;
   CUfunction function = nullptr;
-  if (!MOE_CU(cuModuleGetFunction(&function, static_cast<CUmodule>(module),
-                                  name)))
+  if (!MOE_CU(
+          cuModuleGetFunction(&function, static_cast<CUmodule>(module), name)))
     std::fprintf(stderr, "moe_cuda_runtime: (kernel '%s')\n", name);
   return function;
 }
@@ -209,22 +334,22 @@ namespace {
 void allowSharedMemory(CUfunction function, int32_t smem) {
   if (smem <= 48 * 1024)
     return;
-  MOE_CU(cuFuncSetAttribute(function,
-                            CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                            smem));
+  MOE_CU(cuFuncSetAttribute(
+      function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem));
 }
 } // namespace
 
-extern "C" void mgpuLaunchKernel(void *function, intptr_t gridX,
-                                 intptr_t gridY, intptr_t gridZ,
-                                 intptr_t blockX, intptr_t blockY,
-                                 intptr_t blockZ, int32_t smem, void *stream,
-                                 void **params, void **extra,
+extern "C" void mgpuLaunchKernel(void *function, intptr_t gridX, intptr_t gridY,
+                                 intptr_t gridZ, intptr_t blockX,
+                                 intptr_t blockY, intptr_t blockZ, int32_t smem,
+                                 void *stream, void **params, void **extra,
                                  size_t /*paramsCount*/) {
   if (!function)
     return; // reported when it was looked up
   if (gridX == 0 || gridY == 0 || gridZ == 0)
     return; // an empty problem (e.g. zero tokens): nothing to launch
+  if (skipAfterFailedAllocation("kernel launch"))
+    return;
   ScopedContext scope;
   auto fn = static_cast<CUfunction>(function);
   allowSharedMemory(fn, smem);
@@ -232,12 +357,16 @@ extern "C" void mgpuLaunchKernel(void *function, intptr_t gridX,
                         static_cast<CUstream>(stream), params, extra));
 }
 
-extern "C" void mgpuLaunchClusterKernel(
-    void *function, intptr_t clusterX, intptr_t clusterY, intptr_t clusterZ,
-    intptr_t gridX, intptr_t gridY, intptr_t gridZ, intptr_t blockX,
-    intptr_t blockY, intptr_t blockZ, int32_t smem, void *stream,
-    void **params, void **extra) {
+extern "C" void mgpuLaunchClusterKernel(void *function, intptr_t clusterX,
+                                        intptr_t clusterY, intptr_t clusterZ,
+                                        intptr_t gridX, intptr_t gridY,
+                                        intptr_t gridZ, intptr_t blockX,
+                                        intptr_t blockY, intptr_t blockZ,
+                                        int32_t smem, void *stream,
+                                        void **params, void **extra) {
   if (!function || gridX == 0 || gridY == 0 || gridZ == 0)
+    return;
+  if (skipAfterFailedAllocation("kernel launch"))
     return;
   ScopedContext scope;
   auto fn = static_cast<CUfunction>(function);
@@ -331,7 +460,11 @@ extern "C" void *mgpuMemAlloc(uint64_t sizeBytes, void *stream,
   ScopedContext scope;
   CUdeviceptr ptr = 0;
   if (isHostShared) {
-    MOE_CU(cuMemAllocManaged(&ptr, sizeBytes, CU_MEM_ATTACH_GLOBAL));
+    if (!MOE_CU(cuMemAllocManaged(&ptr, sizeBytes, CU_MEM_ATTACH_GLOBAL)) ||
+        !ptr) {
+      allocationFailed = true;
+      return nullptr;
+    }
     return reinterpret_cast<void *>(ptr);
   }
   // Stream-ordered when the pools are supported (every sm_70+ driver), so an
@@ -340,7 +473,12 @@ extern "C" void *mgpuMemAlloc(uint64_t sizeBytes, void *stream,
       cuMemAllocAsync(&ptr, sizeBytes, static_cast<CUstream>(stream));
   if (result == CUDA_ERROR_NOT_SUPPORTED)
     result = cuMemAlloc(&ptr, sizeBytes);
-  check(result, "cuMemAlloc");
+  if (!check(result, "cuMemAlloc") || !ptr) {
+    // The generated host code has no way to test the pointer: stop every
+    // later launch/copy of this thread from using it (see allocationFailed).
+    allocationFailed = true;
+    return nullptr;
+  }
   return reinterpret_cast<void *>(ptr);
 }
 
@@ -364,7 +502,7 @@ extern "C" void moeGpuFree(void *ptr) {
 
 extern "C" void mgpuMemcpy(void *dst, void *src, size_t sizeBytes,
                            void *stream) {
-  if (sizeBytes == 0)
+  if (sizeBytes == 0 || skipAfterFailedAllocation("copy"))
     return;
   ScopedContext scope;
   MOE_CU(cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(dst),
@@ -374,7 +512,7 @@ extern "C" void mgpuMemcpy(void *dst, void *src, size_t sizeBytes,
 
 extern "C" void mgpuMemset32(void *dst, unsigned int value, size_t count,
                              void *stream) {
-  if (count == 0)
+  if (count == 0 || skipAfterFailedAllocation("memset"))
     return;
   ScopedContext scope;
   MOE_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(dst), value, count,
@@ -383,7 +521,7 @@ extern "C" void mgpuMemset32(void *dst, unsigned int value, size_t count,
 
 extern "C" void mgpuMemset16(void *dst, unsigned short value, size_t count,
                              void *stream) {
-  if (count == 0)
+  if (count == 0 || skipAfterFailedAllocation("memset"))
     return;
   ScopedContext scope;
   MOE_CU(cuMemsetD16Async(reinterpret_cast<CUdeviceptr>(dst), value, count,
@@ -456,28 +594,41 @@ extern "C" int32_t moeGpuCheckErrors() {
   CUdeviceptr words = errorWordOfCurrentDevice();
   if (!words)
     return 0;
-  if (!MOE_CU(cuCtxSynchronize()))
+  // With an ambient stream (e.g. PyTorch's) the op ran there: wait for that
+  // stream only, not for the whole device. Without one, the op ran on a
+  // stream of its own that is gone by now: wait for the context.
+  if (!(ambientStream ? MOE_CU(cuStreamSynchronize(ambientStream))
+                      : MOE_CU(cuCtxSynchronize())))
     return 0;
-  int64_t host[kErrorWords] = {0};
-  if (!MOE_CU(cuMemcpyDtoH(host, words, sizeof(host))))
-    return 0;
-  if (host[0] == 0)
-    return 0;
-  MOE_CU(cuMemsetD32(words, 0, kErrorWords * 2));
-  moeReportIndexError(static_cast<int32_t>(host[1]), host[2], host[3],
-                      host[4]);
-  return 1;
+  return takeErrorWord(words) ? 1 : 0;
+}
+
+extern "C" int32_t moeGpuPollErrors() {
+  ScopedContext scope;
+  CUdeviceptr words = errorWordOfCurrentDevice();
+  return words && takeErrorWord(words) ? 1 : 0;
 }
 
 extern "C" int32_t moeGpuTakeDriverError(char *message, int64_t capacity) {
-  if (firstDriverError.empty())
+  if (firstDriverError.empty() && !allocationFailed)
     return 0;
+  std::string text = firstDriverError.empty() ? "a device allocation failed"
+                                              : firstDriverError;
+  if (skippedAfterFailedAllocation)
+    text += " (then " + std::to_string(skippedAfterFailedAllocation) +
+            " launches/copies skipped)";
   if (message && capacity > 0) {
-    std::strncpy(message, firstDriverError.c_str(), capacity - 1);
+    std::strncpy(message, text.c_str(), capacity - 1);
     message[capacity - 1] = '\0';
   }
   firstDriverError.clear();
+  allocationFailed = false;
+  skippedAfterFailedAllocation = 0;
   return 1;
+}
+
+extern "C" uint64_t moeGpuBinaryKey(const void *data, size_t size) {
+  return binaryKey(data, size);
 }
 
 extern "C" int32_t moeGpuDeviceCount() {

@@ -66,3 +66,48 @@ func.func @hyper(%emb: tensor<32xf32>, %w1: tensor<48x32xf32>, %b1: tensor<48xf3
   %w, %b = moe.hyper_router %emb, %w1, %b1, %w2, %b2 num_experts(8) : tensor<32xf32>, tensor<48x32xf32>, tensor<48xf32>, tensor<168x48xf32>, tensor<168xf32> -> tensor<8x20xf32>, tensor<8xf32>
   return %w, %b : tensor<8x20xf32>, tensor<8xf32>
 }
+
+// More modes, dtypes and sizes: k = K, a single token, zero tokens, the
+// non-causal and causal+masked mixing in f16/f32, bf16 attention with an
+// explicit head_scale, global normalization without clipping, no
+// normalization, bf16 hypernetwork. (head_select(all) has no GPU lowering.)
+func.func @topk_k_eq_K(%s: tensor<64x16xf32>) -> (tensor<64x16xf32>, tensor<64x16xi32>) {
+  %w, %i = moe.topk_renorm %s k(16) : tensor<64x16xf32> -> tensor<64x16xf32>, tensor<64x16xi32>
+  return %w, %i : tensor<64x16xf32>, tensor<64x16xi32>
+}
+func.func @topk_one_token(%s: tensor<1x8xf16>) -> (tensor<1x3xf32>, tensor<1x3xi32>) {
+  %w, %i = moe.topk_renorm %s k(3) mode(probs) : tensor<1x8xf16> -> tensor<1x3xf32>, tensor<1x3xi32>
+  return %w, %i : tensor<1x3xf32>, tensor<1x3xi32>
+}
+func.func @topk_no_tokens(%s: tensor<0x16xf32>) -> (tensor<0x2xf32>, tensor<0x2xi32>) {
+  %w, %i = moe.topk_renorm %s k(2) : tensor<0x16xf32> -> tensor<0x2xf32>, tensor<0x2xi32>
+  return %w, %i : tensor<0x2xf32>, tensor<0x2xi32>
+}
+func.func @sim_plain_f16(%u: tensor<3x33x24xf16>, %e: tensor<3x33x8xf16>) -> tensor<3x33x8xf32> {
+  %p = moe.similarity_inform %u, %e : tensor<3x33x24xf16>, tensor<3x33x8xf16> -> tensor<3x33x8xf32>
+  return %p : tensor<3x33x8xf32>
+}
+func.func @sim_causal_mask(%u: tensor<2x45x16xf32>, %e: tensor<2x45x8xf32>, %m: tensor<2x45xi1>) -> tensor<2x45x8xf32> {
+  %p = moe.similarity_inform %u, %e key_mask(%m : tensor<2x45xi1>) tau(2.500000e-01) causal(true) : tensor<2x45x16xf32>, tensor<2x45x8xf32> -> tensor<2x45x8xf32>
+  return %p : tensor<2x45x8xf32>
+}
+func.func @sim_one(%u: tensor<1x1x8xf32>, %e: tensor<1x1x4xf32>) -> tensor<1x1x4xf32> {
+  %p = moe.similarity_inform %u, %e : tensor<1x1x8xf32>, tensor<1x1x4xf32> -> tensor<1x1x4xf32>
+  return %p : tensor<1x1x4xf32>
+}
+func.func @attn_bf16(%s: tensor<2x4x50x60xbf16>, %u: tensor<2x50x32xbf16>, %v: tensor<2x4x60x8xbf16>, %wo: tensor<32x32xbf16>, %e: tensor<2x60x16xbf16>) -> (tensor<2x50x16xf32>, tensor<2xi32>) {
+  %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma(2.000000e+00) head_scale(1.000000e+00) : tensor<2x4x50x60xbf16>, tensor<2x50x32xbf16>, tensor<2x4x60x8xbf16>, tensor<32x32xbf16>, tensor<2x60x16xbf16> -> tensor<2x50x16xf32>, tensor<2xi32>
+  return %p, %h : tensor<2x50x16xf32>, tensor<2xi32>
+}
+func.func @mad_global(%x: tensor<300x24xf16>, %a: tensor<300xi32>) -> (tensor<6x24xf32>, tensor<6xi32>) {
+  %w, %c = moe.mad_dispersion %x, %a num_experts(6) eps(1.000000e-03) clip(0.000000e+00) normalize(global) : tensor<300x24xf16>, tensor<300xi32> -> tensor<6x24xf32>, tensor<6xi32>
+  return %w, %c : tensor<6x24xf32>, tensor<6xi32>
+}
+func.func @adj_none(%a: tensor<8x8xf16>, %idx: tensor<100x2xi64>) -> tensor<8x8xf32> {
+  %n = moe.adjacency_update %a, %idx beta(2.500000e-01) norm(none) : tensor<8x8xf16>, tensor<100x2xi64> -> tensor<8x8xf32>
+  return %n : tensor<8x8xf32>
+}
+func.func @hyper_bf16(%emb: tensor<16xbf16>, %w1: tensor<24x16xbf16>, %b1: tensor<24xbf16>, %w2: tensor<36x24xbf16>, %b2: tensor<36xbf16>) -> (tensor<4x8xf32>, tensor<4xf32>) {
+  %w, %b = moe.hyper_router %emb, %w1, %b1, %w2, %b2 num_experts(4) : tensor<16xbf16>, tensor<24x16xbf16>, tensor<24xbf16>, tensor<36x24xbf16>, tensor<36xbf16> -> tensor<4x8xf32>, tensor<4xf32>
+  return %w, %b : tensor<4x8xf32>, tensor<4xf32>
+}

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Builds the GPU check folder here (LLVM/MLIR and the CUDA toolkit's ptxas; no GPU needed), then runs it here as a
+# self-test: the GPU-free steps (artifact manifests, the host build, the runtime's fake-driver test, the harness's
+# unit tests) must pass and the GPU steps report "skipped".
+#
+#   scripts/gpu-check.sh [DIR]            (default build/gpu-check; MOE_BUILD_DIR: the build with bin/moe-opt)
+#   MOE_GPU_CHECK_NO_SELFTEST=1 scripts/gpu-check.sh      (build the folder only)
+#
+# On the GPU machine (H100/H200 with PyTorch, cmake, nvcc; no LLVM), one command:
+#   bash build/gpu-check/run.sh [OUT]     (OUT: results folder; else $OUT; see test/GPU/README.md)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DIR="${1:-$ROOT/build/gpu-check}"
+case "$DIR" in /*) ;; *) DIR="$PWD/$DIR" ;; esac
+BUILD="${MOE_BUILD_DIR:-$ROOT/build}"
+case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
+PY="${MOE_VENV:-$ROOT/.venv}/bin/python"; [ -x "$PY" ] || PY=python3
+CHIP="${MOE_GPU_CHIP:-sm_90}"
+TOOLKIT="${MOE_CUDA_TOOLKIT:-/usr/local/cuda}"
+
+[ -x "$BUILD/bin/moe-opt" ] || cmake --build "$BUILD" --target moe-opt
+rm -rf "$DIR" && mkdir -p "$DIR/art" "$DIR/bench" "$DIR/src"
+aot() { python3 "$ROOT/tools/moe-aot/moe-aot.py" "$@" --moe-opt "$BUILD/bin/moe-opt" --chip "$CHIP" \
+          --format fatbin --toolkit "$TOOLKIT" --ptx-fallback --drop-intermediates >/dev/null; }
+echo "gpu-check: compiling the check cases and the benchmark cases for $CHIP"
+aot "$ROOT/test/GPU/Inputs/gpu-cases.mlir" -o "$DIR/art" --name gpu-cases
+(cd "$ROOT" && "$PY" -m bench.gpu.gen_cases "$DIR/bench" >/dev/null)
+aot "$DIR/bench/bench-cases.mlir" -o "$DIR/bench" --name bench-cases
+{ echo "chip=$CHIP"; echo "commit=$(git -C "$ROOT" rev-parse HEAD)"; echo "built=$(date -Iseconds)"
+  echo "toolkit=$("$TOOLKIT/bin/ptxas" --version | tail -1)"; } > "$DIR/bench/BUILD_INFO"
+
+# The sources the GPU machine builds and runs (tracked files only), in the repository's layout.
+(cd "$ROOT" && git ls-files -z -- include/MoE/Runtime/ErrorReporting.h lib/Runtime/ErrorReporting.cpp \
+    lib/Runtime/CUDA cmake/MoEDeviceRuntimes.cmake tools/moe-aot test/GPU/run_gpu_tests.py \
+    test/GPU/check_artifacts.py test/GPU/unit test/GPU/runtime test/GPU/check 'bench/*.py' 'bench/gpu/*.py' |
+  xargs -0 cp --parents -t "$DIR/src")
+cp "$ROOT/test/GPU/check/run.sh" "$ROOT/test/GPU/check/gpu_check.py" "$ROOT/test/GPU/check/CMakeLists.txt" "$DIR/"
+cp "$ROOT/test/GPU/README.md" "$DIR/README.md"
+COMMIT="$(git -C "$ROOT" rev-parse HEAD)"
+DIRTY="$(git -C "$ROOT" status --porcelain --untracked-files=no | wc -l)"
+"$PY" - "$DIR" "$COMMIT" "$DIRTY" <<'PYEOF'
+import datetime, json, os, sys
+d, commit, dirty = sys.argv[1], sys.argv[2], int(sys.argv[3])
+m = json.load(open(os.path.join(d, "art", "gpu-cases.manifest.json")))
+doc = {"commit": commit + ("+local-changes" if dirty else ""),
+       "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+       "chip": m["chip"], "toolkit": m["toolkit"], "binary_needs_cuda": m["binary_needs_cuda"],
+       "ptx_isa": [p["ptx_isa"] for p in m["ptx_fallback"]],
+       "manifests": ["art/gpu-cases.manifest.json", "bench/bench-cases.manifest.json"]}
+json.dump(doc, open(os.path.join(d, "MANIFEST.json"), "w"), indent=1)
+PYEOF
+SIZE_KB="$(du -sk "$DIR" | cut -f1)"
+echo "gpu-check: $DIR ($((SIZE_KB / 1024)) MiB)"
+[ "$SIZE_KB" -lt $((60 * 1024)) ] || { echo "gpu-check: the folder is over 60 MiB" >&2; exit 1; }
+
+[ -n "${MOE_GPU_CHECK_NO_SELFTEST:-}" ] && exit 0
+# Self-test here: GPU steps skipped (exit 77), every other step must pass.
+rc=0
+MOE_PYTHON="$PY" MOE_GPU_CHECK_BUILD="${MOE_GPU_CHECK_BUILD:-$BUILD/gpu-check-selftest-build}" \
+  bash "$DIR/run.sh" "${MOE_GPU_CHECK_SELFTEST_OUT:-$BUILD/gpu-check-selftest}" || rc=$?
+if [ "$rc" = 77 ] || [ "$rc" = 0 ]; then exit 0; fi
+exit "$rc"

@@ -1,0 +1,337 @@
+#!/usr/bin/env python3
+"""The GPU check: every step that the moe GPU path needs on a machine with an
+NVIDIA GPU (H100/H200), PyTorch, cmake and the CUDA toolkit, but no LLVM. It
+runs from the folder scripts/gpu-check.sh builds (build/gpu-check/: ahead-of-
+time objects with their PTX fallbacks and manifests, the host sources, this
+script), through run.sh beside it:
+
+  bash build/gpu-check/run.sh [OUT]        (OUT: the results folder; else $OUT,
+                                            else ./gpu-check-results)
+
+Steps, in order (MOE_GPU_CHECK_STEPS=a,b,... picks some; artifacts and build always run):
+  artifacts     check_artifacts.py on every manifest (toolkit named, PTX fallback, sha256s)
+  build         cmake: libmoe_cpu_runtime, libmoe_cuda_runtime, libgpu-cases.so, libbench-cases.so,
+                moe-cuda-runtime-fake-test
+  runtime-unit  the runtime against a fake driver (no GPU needed)
+  harness-unit  the harness's own unit tests (no GPU needed)
+  checks        test/GPU/run_gpu_tests.py: every op, mode, dtype and edge case vs PyTorch CUDA
+  checks-ptx    the same with MOE_CUDA_FORCE_PTX=1: the PTX fallback JIT-compiled by the driver
+  torch-ops     python/tests/test_torch_ops.py on CUDA (the torch.ops.moe.* CUDA path), when the
+                checkout around this folder (or $MOE_REPO) has it; skipped with the reason if not
+  memcheck      `checks` under compute-sanitizer --tool memcheck (torch's caching allocator off; API errors
+                are the harness's to report)
+  racecheck     `checks` under compute-sanitizer --tool racecheck
+  bench         bench/gpu/bench_gpu.py (ours vs eager vs torch.compile; $MOE_GPU_BENCH_ARGS adds options)
+
+Each step has a time limit, and the whole run a budget (MOE_GPU_CHECK_BUDGET_S, default 540 s, so it fits a
+10-minute call): a step that no longer fits is reported "not run (budget)" with the command that runs it.
+Without a GPU the GPU steps report "skipped" and the others still run.
+
+Results in OUT: summary.md (the table, also printed last), summary.json (machine, every step, the checks'
+per-case records), bench.json/bench.md, logs.tar.gz (every step's log, the sanitizer reports).
+Exit status: 0 everything ran and passed, 1 a step failed, 77 nothing failed but GPU steps were skipped.
+"""
+
+import datetime
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SKIP = 77
+MIN_STEP_S = 20          # a step starts only with at least this much of the budget left
+
+#===----------------------------------------------------------------------===#
+# The machine
+#===----------------------------------------------------------------------===#
+
+
+def capture(cmd, timeout=60):
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        return (p.stdout + p.stderr).strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unavailable ({exc})"
+
+
+def machine(python):
+    info = {"nvidia_smi": capture(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                                   "--format=csv,noheader"]),
+            "compute_sanitizer": capture(["compute-sanitizer", "--version"]).splitlines()[-1:],
+            "nvcc": capture(["nvcc", "--version"]).splitlines()[-1:]}
+    probe = "\n".join([
+        "import json, torch",
+        "a = torch.cuda.is_available()",
+        "d = {'torch': torch.__version__, 'torch_cuda': torch.version.cuda, 'gpu': a}",
+        "try:",
+        "    d['device'] = torch.cuda.get_device_name() if a else None",
+        "    v = torch._C._cuda_getDriverVersion() if a else None",
+        "    d['driver_cuda'] = f'{v // 1000}.{v % 1000 // 10}' if v else None",
+        "except Exception as exc:",
+        "    d['probe_note'] = repr(exc)",
+        "print(json.dumps(d))"])
+    out = capture([python, "-c", probe], timeout=180)
+    try:
+        info.update(json.loads(out.splitlines()[-1]))
+    except (ValueError, IndexError):
+        info.update({"gpu": False, "torch": None, "probe_error": out[-2000:]})
+    return info
+
+
+def version_tuple(v):
+    try:
+        return tuple(int(x) for x in str(v).split(".")[:2])
+    except ValueError:
+        return (0, 0)
+
+
+#===----------------------------------------------------------------------===#
+# Steps
+#===----------------------------------------------------------------------===#
+
+
+class Ctx:
+    def __init__(self, out, python):
+        self.out = out
+        self.python = python
+        # Logs and the build stay outside OUT (at most 8 files come back from a device call);
+        # logs.tar.gz in OUT holds the logs, rewritten after every step.
+        self.logs = tempfile.mkdtemp(prefix="moe-gpu-check-logs-")
+        self.build = os.environ.get("MOE_GPU_CHECK_BUILD") or os.path.join(tempfile.gettempdir(),
+                                                                            "moe-gpu-check-build")
+        self.src = os.path.join(HERE, "src")
+        self.art = os.path.join(HERE, "art")
+        self.bench = os.path.join(HERE, "bench")
+        repo = os.environ.get("MOE_REPO") or os.path.normpath(os.path.join(HERE, "..", ".."))
+        self.repo = repo if os.path.exists(os.path.join(repo, "python", "moe_mlir")) else None
+
+    def env(self, **extra):
+        env = dict(os.environ, PYTHONUNBUFFERED="1",
+                   # Every run may fall back to the PTX when the driver rejects the binaries.
+                   MOE_CUDA_PTX_DIR=os.path.join(self.art, "gpu-cases-ptx") + ":" +
+                   os.path.join(self.bench, "bench-cases-ptx"))
+        env.update(extra)
+        return env
+
+    def harness(self, json_name):
+        return [self.python, os.path.join(self.src, "test", "GPU", "run_gpu_tests.py"),
+                "--lib", os.path.join(self.build, "libgpu-cases.so"), "--runtime-dir", self.build,
+                "--json", os.path.join(self.logs, json_name)] + shlex.split(os.environ.get("MOE_GPU_CHECK_ONLY", ""))
+
+
+def toolkit_root():
+    """-DCUDAToolkit_ROOT=... when nvcc is not on PATH but a toolkit is where it usually is."""
+    if shutil.which("nvcc"):
+        return ""
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and os.path.exists(os.path.join(root, "bin", "nvcc")):
+            return f"-DCUDAToolkit_ROOT={shlex.quote(root)}"
+    return ""
+
+
+def sanitizer(ctx, tool, extra):
+    if not shutil.which("compute-sanitizer"):
+        return None, "compute-sanitizer is not on PATH"
+    cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "86", "--print-limit", "100",
+           "--log-file", os.path.join(ctx.logs, f"{tool}.txt")] + extra + ctx.harness(f"{tool}-cases.json")
+    # Each tensor its own cudaMalloc, so that memcheck sees an access past a tensor's end.
+    return cmd, ctx.env(PYTORCH_NO_CUDA_MEMORY_CACHING="1")
+
+
+def steps(ctx):
+    """[(name, needs_gpu, timeout_s, make)] where make() -> (cmd, env) or (None, skip reason)."""
+    manifests = [os.path.join(ctx.art, "gpu-cases.manifest.json"),
+                 os.path.join(ctx.bench, "bench-cases.manifest.json")]
+    check_script = os.path.join(ctx.src, "test", "GPU", "check_artifacts.py")
+    torch_ops = os.path.join(ctx.repo, "python", "tests", "test_torch_ops.py") if ctx.repo else None
+    return [
+        ("artifacts", False, 60, lambda: (["bash", "-c", " && ".join(
+            f"{shlex.quote(ctx.python)} {shlex.quote(check_script)} {shlex.quote(m)} --require-ptx"
+            for m in manifests)], ctx.env())),
+        ("build", False, 300, lambda: (["bash", "-c",
+            f"cmake -S {shlex.quote(HERE)} -B {shlex.quote(ctx.build)} -DCMAKE_BUILD_TYPE=Release "
+            f"-DMOE_SOURCE_DIR={shlex.quote(ctx.src)} {toolkit_root()} && "
+            f"cmake --build {shlex.quote(ctx.build)} -j {os.cpu_count() or 2}"], ctx.env())),
+        ("runtime-unit", False, 60, lambda: ([os.path.join(ctx.build, "moe-cuda-runtime-fake-test")],
+                                              ctx.env())),
+        ("harness-unit", False, 120, lambda: ([ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                               os.path.join(ctx.src, "test", "GPU", "unit")], ctx.env())),
+        ("checks", True, 300, lambda: (ctx.harness("checks-cases.json"), ctx.env())),
+        ("checks-ptx", True, 300, lambda: (ctx.harness("checks-ptx-cases.json"),
+                                           ctx.env(MOE_CUDA_FORCE_PTX="1"))),
+        ("torch-ops", True, 300, lambda: (
+            (None, "python/tests/test_torch_ops.py is not in the checkout around this folder (set MOE_REPO)")
+            if not torch_ops or not os.path.exists(torch_ops) else
+            ([ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", torch_ops],
+             ctx.env(MOE_TEST_DEVICE="cuda", MOE_GPU_RUNTIME_DIR=ctx.build,
+                     PYTHONPATH=os.path.join(ctx.repo, "python") + os.pathsep +
+                     os.environ.get("PYTHONPATH", ""))))),
+        # API errors are the harness's to report (moeGpuTakeDriverError), not the sanitizer's.
+        ("memcheck", True, 480, lambda: sanitizer(ctx, "memcheck", ["--report-api-errors", "no"])),
+        ("racecheck", True, 480, lambda: sanitizer(ctx, "racecheck", ["--racecheck-report", "hazard"])),
+        ("bench", True, 540, lambda: ([ctx.python, "-m", "bench.gpu.bench_gpu",
+                                       "--lib", os.path.join(ctx.build, "libbench-cases.so"),
+                                       "--runtime-dir", ctx.build,
+                                       "--manifest", os.path.join(ctx.bench, "cases.json"),
+                                       "--out", os.path.join(ctx.logs, "bench")] +
+                                      shlex.split(os.environ.get("MOE_GPU_BENCH_ARGS", "")),
+                                      ctx.env(PYTHONPATH=ctx.src))),
+    ]
+
+
+def run_step(ctx, name, cmd, env, timeout):
+    log = os.path.join(ctx.logs, f"{name}.log")
+    t0 = time.monotonic()
+    with open(log, "w") as f:
+        f.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
+        f.flush()
+        try:
+            p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout,
+                               cwd=ctx.src)
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        except OSError as exc:
+            f.write(f"cannot run: {exc}\n")
+            rc = "cannot run"
+    seconds = round(time.monotonic() - t0, 1)
+    tail = open(log, errors="replace").read()[-1500:]
+    if rc == 0:
+        status = "pass"
+    elif rc == SKIP or (name == "torch-ops" and rc == 5):        # pytest: no tests collected
+        status = "skipped"
+    else:
+        status = "fail"
+    rec = {"step": name, "status": status, "rc": rc, "seconds": seconds, "log": f"logs/{name}.log",
+           "tail": tail}
+    if status == "skipped":                                      # the program says why
+        rec["reason"] = ([l for l in tail.splitlines() if l.strip()] or [""])[-1][:200]
+    return rec
+
+
+#===----------------------------------------------------------------------===#
+# Main
+#===----------------------------------------------------------------------===#
+
+
+def summary_md(doc):
+    m = doc["machine"]
+    lines = [f"# GPU check {doc['date']}", "",
+             f"artifacts: commit {doc['artifacts'].get('commit')}, built {doc['artifacts'].get('built')}, "
+             f"toolkit {doc['artifacts'].get('toolkit')}", "",
+             f"machine: {m.get('device') or 'no GPU'}; driver CUDA {m.get('driver_cuda')}; "
+             f"torch {m.get('torch')} (CUDA {m.get('torch_cuda')}); {m.get('nvidia_smi')}", "",
+             "| step | status | seconds | note |", "|---|---|---|---|"]
+    for s in doc["steps"]:
+        note = s.get("reason") or ""
+        if s["status"] == "fail":
+            last = [l for l in s.get("tail", "").splitlines() if l.strip()][-1:]
+            note = f"rc {s['rc']}: {last[0][:150] if last else ''}"
+        lines.append(f"| {s['step']} | {s['status']} | {s.get('seconds', '')} | {note} |")
+    lines += ["", doc["verdict"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv):
+    out = os.path.abspath(argv[1] if len(argv) > 1 else os.environ.get("OUT") or "gpu-check-results")
+    os.makedirs(out, exist_ok=True)
+    python = os.environ.get("MOE_PYTHON") or shutil.which("python3") or sys.executable
+    ctx = Ctx(out, python)
+    budget = float(os.environ.get("MOE_GPU_CHECK_BUDGET_S", "540"))
+    wanted = [s for s in os.environ.get("MOE_GPU_CHECK_STEPS", "").split(",") if s]
+    t_start = time.monotonic()
+    info = machine(python)
+    artifacts = json.load(open(os.path.join(HERE, "MANIFEST.json")))
+    gpu = bool(info.get("gpu"))
+    print(f"gpu-check: {info.get('device') or 'no GPU visible to PyTorch'}; torch {info.get('torch')}; "
+          f"artifacts {artifacts.get('commit')}", flush=True)
+    need = artifacts.get("binary_needs_cuda")
+    if gpu and info.get("driver_cuda") and version_tuple(info["driver_cuda"]) < version_tuple(need):
+        print(f"gpu-check: the driver supports CUDA {info['driver_cuda']}, the binaries need {need}: "
+              f"the runtime will JIT the PTX fallback", flush=True)
+    all_steps = steps(ctx)
+    unknown = [w for w in wanted if w not in [s[0] for s in all_steps]]
+    if unknown:
+        print(f"gpu-check: unknown step(s) {unknown}; steps: {[s[0] for s in all_steps]}")
+        return 2
+    results = []
+    failed_build = False
+    for name, needs_gpu, timeout, make in all_steps:
+        if wanted and name not in wanted and name not in ("artifacts", "build"):
+            continue                         # the host side is always (re)built: cheap, and needed
+        rec = {"step": name}
+        left = budget - (time.monotonic() - t_start)
+        if needs_gpu and not gpu:
+            rec.update(status="skipped", reason="no CUDA device visible to PyTorch")
+        elif failed_build and name not in ("artifacts", "harness-unit"):
+            rec.update(status="not run", reason="the build failed")
+        elif left < MIN_STEP_S:
+            rec.update(status="not run",
+                       reason=f"budget (run again with MOE_GPU_CHECK_STEPS={name})")
+        else:
+            cmd, env = make()
+            if cmd is None:
+                rec.update(status="skipped", reason=env)
+            else:
+                print(f"gpu-check: {name} ...", flush=True)
+                rec = run_step(ctx, name, cmd, env, min(timeout, left))
+                if rec["rc"] == "timeout" and timeout > left:
+                    # Cut by the budget, not by its own limit: not a failure, but not a pass either.
+                    rec.update(status="not run",
+                               reason=f"stopped at the budget (run again with MOE_GPU_CHECK_STEPS={name})")
+        if name == "build" and rec["status"] == "fail":
+            failed_build = True
+        cases = os.path.join(ctx.logs, f"{name}-cases.json")
+        if os.path.exists(cases):
+            rec["cases"] = json.load(open(cases)).get("cases")
+        results.append(rec)
+        print(f"gpu-check: {name}: {rec['status']} {rec.get('reason', '')}", flush=True)
+        write_results(ctx, info, artifacts, results, gpu, final=False)
+    md, rc = write_results(ctx, info, artifacts, results, gpu, final=True)
+    shutil.rmtree(ctx.logs, ignore_errors=True)
+    print(md)
+    return rc
+
+
+def write_results(ctx, info, artifacts, results, gpu, final):
+    """summary.json, summary.md, bench.json/.md and logs.tar.gz in OUT (also after every step, so that a run
+    stopped from outside leaves what it did)."""
+    out = ctx.out
+    failed = [r["step"] for r in results if r["status"] == "fail"]
+    not_run = [r["step"] for r in results if r["status"] in ("skipped", "not run")]
+    if failed:
+        verdict, rc = f"FAILED: {', '.join(failed)}", 1
+    elif not gpu:
+        verdict, rc = "SKIPPED: no CUDA device visible to PyTorch (the GPU-free steps passed)", SKIP
+    elif not_run:
+        verdict, rc = f"PASSED, but not run: {', '.join(not_run)}", SKIP
+    else:
+        verdict, rc = "PASSED: every step", 0
+    if not final:
+        verdict = "INCOMPLETE (still running or stopped): " + verdict
+    doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "machine": info, "artifacts": {k: artifacts.get(k) for k in ("commit", "built", "toolkit", "chip")},
+           "steps": results, "verdict": verdict}
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    md = summary_md(doc)
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(md)
+    bench_dir = os.path.join(ctx.logs, "bench")
+    if os.path.isdir(bench_dir):
+        for fn in sorted(os.listdir(bench_dir)):
+            if fn.startswith("gpu-") and fn.endswith((".json", ".md")):
+                shutil.copy(os.path.join(bench_dir, fn), os.path.join(out, "bench" + os.path.splitext(fn)[1]))
+    with tarfile.open(os.path.join(out, "logs.tar.gz"), "w:gz") as tar:
+        tar.add(ctx.logs, arcname="logs")
+    return md, rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

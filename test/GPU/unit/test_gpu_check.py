@@ -1,0 +1,114 @@
+"""Unit tests of the GPU check's driver (test/GPU/check/gpu_check.py), no GPU needed: the verdict and exit
+status from the steps' results, GPU steps skipped without a GPU, the time budget, step selection, and the files
+it leaves in OUT."""
+
+import importlib.util
+import json
+import os
+import sys
+import tarfile
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(HERE, "..", "check", "gpu_check.py"))
+G = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(G)
+
+
+def fake_steps(codes, gpu_steps=("gpu-a",), sleep=None):
+    def make(rc):
+        code = f"import time; time.sleep({sleep})\n" if sleep else ""
+        return lambda: ([sys.executable, "-c", code + f"print('step output'); raise SystemExit({rc})"], None)
+    return lambda ctx: [(name, name in gpu_steps, 60, make(rc)) for name, rc in codes]
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    folder = tmp_path / "folder"
+    (folder / "src").mkdir(parents=True)
+    (folder / "MANIFEST.json").write_text(json.dumps({"commit": "abc", "binary_needs_cuda": "13.0"}))
+    monkeypatch.setattr(G, "HERE", str(folder))
+    monkeypatch.delenv("MOE_GPU_CHECK_STEPS", raising=False)
+    monkeypatch.delenv("MOE_GPU_CHECK_BUDGET_S", raising=False)
+
+    def run(codes, gpu=True, **kw):
+        monkeypatch.setattr(G, "machine", lambda py: {"gpu": gpu, "device": "Fake H200" if gpu else None})
+        monkeypatch.setattr(G, "steps", fake_steps(codes, **kw))
+        out = tmp_path / "out"
+        rc = G.main(["gpu_check.py", str(out)])
+        return rc, json.loads((out / "summary.json").read_text()), out
+    return run
+
+
+def statuses(doc):
+    return {s["step"]: s["status"] for s in doc["steps"]}
+
+
+def test_all_pass_is_0_and_leaves_five_files_at_most(setup):
+    rc, doc, out = setup([("build", 0), ("gpu-a", 0)])
+    assert rc == 0 and doc["verdict"] == "PASSED: every step"
+    assert sorted(os.listdir(out)) == ["logs.tar.gz", "summary.json", "summary.md"]
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        assert "logs/gpu-a.log" in tar.getnames()
+
+
+def test_a_failing_step_is_1_and_named(setup):
+    rc, doc, _ = setup([("build", 0), ("gpu-a", 3)])
+    assert rc == 1 and doc["verdict"] == "FAILED: gpu-a"
+    assert "step output" in doc["steps"][1]["tail"]
+
+
+def test_skip_code_is_skipped_not_passed(setup):
+    rc, doc, _ = setup([("build", 0), ("gpu-a", 77)])
+    assert rc == 77 and statuses(doc)["gpu-a"] == "skipped"
+
+
+def test_without_gpu_gpu_steps_are_skipped(setup):
+    rc, doc, _ = setup([("build", 0), ("gpu-a", 0)], gpu=False)
+    assert rc == 77 and statuses(doc) == {"build": "pass", "gpu-a": "skipped"}
+    assert doc["verdict"].startswith("SKIPPED")
+
+
+def test_build_failure_stops_the_steps_that_need_it(setup):
+    rc, doc, _ = setup([("build", 1), ("gpu-a", 0)])
+    assert rc == 1 and statuses(doc) == {"build": "fail", "gpu-a": "not run"}
+
+
+def test_budget(setup, monkeypatch):
+    monkeypatch.setenv("MOE_GPU_CHECK_BUDGET_S", "10")
+    rc, doc, _ = setup([("build", 0), ("gpu-a", 0)], sleep=0)
+    assert rc == 77 and statuses(doc)["build"] == "not run"           # less than 20 s left: nothing starts
+    assert "MOE_GPU_CHECK_STEPS=build" in doc["steps"][0]["reason"]
+
+
+def test_step_selection_keeps_the_build(setup, monkeypatch):
+    monkeypatch.setenv("MOE_GPU_CHECK_STEPS", "gpu-b")
+    rc, doc, _ = setup([("build", 0), ("gpu-a", 0), ("gpu-b", 0)], gpu_steps=("gpu-a", "gpu-b"))
+    assert rc == 0 and list(statuses(doc)) == ["build", "gpu-b"]
+
+
+def test_unknown_step_is_2(setup, monkeypatch, tmp_path):
+    monkeypatch.setenv("MOE_GPU_CHECK_STEPS", "nope")
+    monkeypatch.setattr(G, "machine", lambda py: {"gpu": True})
+    monkeypatch.setattr(G, "steps", fake_steps([("build", 0)]))
+    assert G.main(["gpu_check.py", str(tmp_path / "out")]) == 2
+
+
+def test_a_step_cut_by_the_budget_is_not_run_not_failed(setup, monkeypatch):
+    monkeypatch.setattr(G, "MIN_STEP_S", 1)
+    monkeypatch.setenv("MOE_GPU_CHECK_BUDGET_S", "2.5")       # the step starts, then the budget ends it
+    rc, doc, _ = setup([("gpu-a", 0)], sleep=30)
+    step = doc["steps"][0]
+    assert (rc, step["status"], step["rc"]) == (77, "not run", "timeout")
+    assert "stopped at the budget" in step["reason"]
+
+
+def test_a_step_past_its_own_limit_fails(setup, monkeypatch):
+    def steps(ctx):
+        return [("gpu-a", True, 1, lambda: ([sys.executable, "-c", "import time; time.sleep(30)"], None))]
+    monkeypatch.setattr(G, "machine", lambda py: {"gpu": True})
+    monkeypatch.setattr(G, "steps", steps)
+    out = os.path.join(G.HERE, "..", "out2")
+    assert G.main(["gpu_check.py", out]) == 1
+    assert json.loads(open(os.path.join(out, "summary.json")).read())["steps"][0]["status"] == "fail"
