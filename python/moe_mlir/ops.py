@@ -694,11 +694,33 @@ def kernels_available() -> bool:
     return _KERNELS_UNAVAILABLE is None and _EXTENSION_LOADED
 
 
+_GRAD_OPS = {op._name: op for op in (topk_renorm, similarity_inform, similarity_inform_topk, attention_posterior,
+                                          attention_posterior_topk, hyper_router)}
+_AUTOGRAD_IMPLS: dict[str, Callable] = {}
+
+
+def _autograd_call(name: str, args: tuple):
+    """The extension's path for a CPU call with an input that requires grad: the custom op's own autograd (the
+    recompute backward registered above), whose forward redispatches to the CPU kernel."""
+    impl = _AUTOGRAD_IMPLS.get(name)
+    if impl is None:
+        from torch._library.autograd import make_autograd_impl
+
+        op = _GRAD_OPS[name]
+        impl = _AUTOGRAD_IMPLS[name] = make_autograd_impl(op._opoverload, op)
+    keyset = torch._C._dispatch_keyset_full()
+    for a in args:
+        if isinstance(a, Tensor):
+            keyset = torch._C._dispatch_keys(a)
+            break
+    return impl(keyset, *args)
+
+
 def _load_kernels() -> None:
     global _KERNELS_UNAVAILABLE, _EXTENSION_LOADED
     from .runtime import extension
 
-    reason = extension.load(KEY_VALIDATORS)
+    reason = extension.load(KEY_VALIDATORS, _autograd_call)
     _EXTENSION_LOADED = reason is None
     _KERNELS_UNAVAILABLE = reason
 

@@ -26,6 +26,8 @@
 #include "MoE/Runtime/ErrorReporting.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
 #include <Python.h>
@@ -563,17 +565,96 @@ std::tuple<Tensor, Tensor> hyperRouter(const Tensor &emb, const Tensor &w1,
 } // namespace
 
 //===----------------------------------------------------------------------===//
+// Autograd (CPU)
+//===----------------------------------------------------------------------===//
+//
+// The Python autograd of the custom ops (a Python kernel at the Autograd key)
+// would run on every call, gradients or not. This boxed kernel at AutogradCPU
+// takes the common case in C++: no input requires grad (or grad mode is off,
+// or the op is stop-gradient) -> straight to the CPU kernel. Otherwise it
+// hands the call to Python (ops._autograd_call: the op's registered
+// recompute backward, unchanged).
+
+PyObject *gradPath = nullptr; // gradPath(name: str, args: tuple) -> outputs
+
+PyObject *toPython(const c10::IValue &v) {
+  if (v.isTensor())
+    return THPVariable_Wrap(v.toTensor());
+  if (v.isNone())
+    Py_RETURN_NONE;
+  if (v.isBool())
+    return PyBool_FromLong(v.toBool());
+  if (v.isInt())
+    return PyLong_FromLongLong(v.toInt());
+  if (v.isDouble())
+    return PyFloat_FromDouble(v.toDouble());
+  if (v.isString())
+    return PyUnicode_FromString(v.toStringRef().c_str());
+  TORCH_CHECK(false, "moe: internal error: argument of type ", v.tagKind());
+}
+
+void gradThroughPython(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
+  size_t n = op.schema().arguments().size();
+  const std::string &full = op.schema().name();
+  std::string name = full.substr(full.find("::") + 2);
+  PyGILState_STATE g = PyGILState_Ensure();
+  PyObject *result = nullptr;
+  {
+    PyObject *args = PyTuple_New(static_cast<Py_ssize_t>(n));
+    for (size_t i = 0; i < n; ++i)
+      PyTuple_SET_ITEM(args, i, toPython((*stack)[stack->size() - n + i]));
+    TORCH_CHECK(gradPath != nullptr, "moe: no autograd path registered");
+    result = PyObject_CallFunction(gradPath, "sO", name.c_str(), args);
+    Py_DECREF(args);
+  }
+  if (!result) {
+    try {
+      rethrowPython();
+    } catch (...) {
+      PyGILState_Release(g);
+      throw;
+    }
+  }
+  torch::jit::drop(*stack, n);
+  if (THPVariable_Check(result)) {
+    stack->emplace_back(THPVariable_Unpack(result));
+  } else {
+    for (Py_ssize_t i = 0; i < PyTuple_Size(result); ++i)
+      stack->emplace_back(THPVariable_Unpack(PyTuple_GET_ITEM(result, i)));
+  }
+  Py_DECREF(result);
+  PyGILState_Release(g);
+}
+
+template <bool Differentiable>
+void autogradCpu(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
+                 torch::jit::Stack *stack) {
+  if (Differentiable && at::GradMode::is_enabled()) {
+    size_t n = op.schema().arguments().size();
+    for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+      const c10::IValue &v = (*stack)[i];
+      if (v.isTensor() && v.toTensor().requires_grad())
+        return gradThroughPython(op, stack);
+    }
+  }
+  at::AutoDispatchBelowADInplaceOrView guard;
+  op.redispatchBoxed(ks & c10::after_ADInplaceOrView_keyset, stack);
+}
+
+//===----------------------------------------------------------------------===//
 // Registration
 //===----------------------------------------------------------------------===//
 
 /// Called once by python/moe_mlir/runtime (through ctypes at import): the
 /// kernel cache's `load(key: str, shapes: str) -> int`.
 extern "C" __attribute__((visibility("default"))) void
-moeTorchSetLoader(PyObject *fn) {
+moeTorchSetLoader(PyObject *fn, PyObject *grad) {
   Py_XINCREF(fn);
-  PyObject *old = loader;
+  Py_XINCREF(grad);
+  Py_XDECREF(loader);
+  Py_XDECREF(gradPath);
   loader = fn;
-  Py_XDECREF(old);
+  gradPath = grad;
   moeSetErrorEcho(0);
 }
 
@@ -593,4 +674,20 @@ TORCH_LIBRARY_IMPL(moe, CPU, m) {
   m.impl("mad_dispersion", &madDispersion);
   m.impl("adjacency_update", &adjacencyUpdate);
   m.impl("hyper_router", &hyperRouter);
+}
+
+TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) {
+  auto grad = [] {
+    return torch::CppFunction::makeFromBoxedFunction<&autogradCpu<true>>();
+  };
+  auto stop = [] {
+    return torch::CppFunction::makeFromBoxedFunction<&autogradCpu<false>>();
+  };
+  for (const char *op :
+       {"topk_renorm", "similarity_inform", "similarity_inform_topk",
+        "attention_posterior", "attention_posterior_topk", "hyper_router"})
+    m.impl(op, grad());
+  // Stop-gradient ops (ops.py registers no autograd for them).
+  m.impl("mad_dispersion", stop());
+  m.impl("adjacency_update", stop());
 }

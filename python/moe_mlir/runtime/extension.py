@@ -32,8 +32,11 @@ def find_library() -> Optional[str]:
     return _find_runtime_lib("libmoe_torch.so")
 
 
-def load(validators: dict[str, Callable[[dict, dict], None]]) -> Optional[str]:
-    """Loads the extension; returns None on success, else why it is unavailable."""
+def load(validators: dict[str, Callable[[dict, dict], None]], grad_path: Callable) -> Optional[str]:
+    """Loads the extension; returns None on success, else why it is unavailable.
+
+    ``grad_path(name, args)``: runs op ``name`` on ``args`` (a tuple of the schema's arguments) with its autograd, for
+    the calls where some input requires grad (the extension's AutogradCPU kernel takes the others in C++)."""
     global _lib, library_path
     cache.validators.update(validators)
     if _lib is not None:
@@ -46,9 +49,9 @@ def load(validators: dict[str, Callable[[dict, dict], None]]) -> Optional[str]:
     try:
         torch.ops.load_library(path)
         lib = ctypes.PyDLL(path)  # the same handle; PyDLL keeps the GIL during the call
-        lib.moeTorchSetLoader.argtypes = [ctypes.py_object]
+        lib.moeTorchSetLoader.argtypes = [ctypes.py_object, ctypes.py_object]
         lib.moeTorchSetLoader.restype = None
-        lib.moeTorchSetLoader(cache.load)
+        lib.moeTorchSetLoader(cache.load, grad_path)
         lib.moeTorchClearKernels.argtypes = []
         lib.moeTorchClearKernels.restype = None
     except (OSError, AttributeError, RuntimeError) as err:
