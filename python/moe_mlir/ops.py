@@ -154,43 +154,47 @@ def _check_index_range(op: str, name: str, t: Tensor, bound: int) -> None:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _register_recompute_autograd(op, ref: Callable, n_tensor_args: int, float_outputs: Sequence[int]) -> None:
-    """Registers a backward that re-runs ``ref`` with grad enabled and returns the input gradients.
+def _register_recompute_autograd(op, ref: Callable, tensor_args: "int | Sequence[int]",
+                                 float_outputs: Sequence[int]) -> None:
+    """Registers a backward that re-runs ``ref`` (same arguments as the op) with grad enabled and returns the input
+    gradients.
 
-    ``n_tensor_args``: the leading (optional) tensor operands; the rest are attributes. ``float_outputs``: the
-    outputs that carry gradients (index outputs do not).
+    ``tensor_args``: the positions of the (optional) tensor operands, or their number when they lead; the rest are
+    attributes. ``float_outputs``: the outputs that carry gradients (index outputs do not).
     """
+    positions = tuple(range(tensor_args)) if isinstance(tensor_args, int) else tuple(tensor_args)
 
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*[t if isinstance(t, Tensor) else None for t in inputs[:n_tensor_args]])
-        ctx.attrs = inputs[n_tensor_args:]
-        ctx.present = [isinstance(t, Tensor) for t in inputs[:n_tensor_args]]
+        ctx.save_for_backward(*[inputs[p] if isinstance(inputs[p], Tensor) else None for p in positions])
+        ctx.inputs = [None if p in positions else v for p, v in enumerate(inputs)]
+        ctx.present = [isinstance(inputs[p], Tensor) for p in positions]
 
     def backward(ctx, *grads):
         saved = ctx.saved_tensors
+        args = list(ctx.inputs)
         leaves = []
-        for t, present in zip(saved, ctx.present):
+        for p, t, present in zip(positions, saved, ctx.present):
             if present and t.is_floating_point():
-                leaves.append(t.detach().requires_grad_(True))
-            else:
-                leaves.append(t)
+                t = t.detach().requires_grad_(True)
+            args[p] = t
+            leaves.append(t)
         token = _IN_BACKWARD.set(True)
         try:
             with torch.enable_grad():
-                outs = ref(*leaves, *ctx.attrs)
+                outs = ref(*args)
                 outs = outs if isinstance(outs, tuple) else (outs,)
                 want = [(i, t) for i, t in enumerate(leaves) if isinstance(t, Tensor) and t.requires_grad]
                 pairs = [(outs[o], grads[o]) for o in float_outputs if grads[o] is not None]
-                result: list[Optional[Tensor]] = [None] * len(saved)
+                result: list[Optional[Tensor]] = [None] * len(args)
                 if want and pairs:
                     gs = torch.autograd.grad(
                         [p[0] for p in pairs], [t for _, t in want], [p[1] for p in pairs], allow_unused=True
                     )
                     for (i, t), g in zip(want, gs):
-                        result[i] = None if g is None else g.to(t.dtype)
+                        result[positions[i]] = None if g is None else g.to(t.dtype)
         finally:
             _IN_BACKWARD.reset(token)
-        return tuple(result) + (None,) * len(ctx.attrs)
+        return tuple(result)
 
     op.register_autograd(backward, setup_context=setup_context)
 
@@ -587,7 +591,7 @@ def _(u, e, k, ws=None, key_mask=None, tau=1.0, causal=False, renormalize=True):
     return e.new_empty(shape, dtype=torch.float32), e.new_empty(shape, dtype=torch.int32)
 
 
-def _similarity_inform_topk_grad_ref(u, e, ws, key_mask, k, tau, causal, renormalize):
+def _similarity_inform_topk_grad_ref(u, e, k, ws, key_mask, tau, causal, renormalize):
     return _similarity_inform_topk_ref(u, e, ws, key_mask, k, renormalize, tau, causal)
 
 
@@ -646,7 +650,7 @@ def _attention_posterior_topk_grad_ref(scores, u, v, wo, e, k, sigma, head_selec
     return _attention_posterior_topk_ref(scores, u, v, wo, e, k, renormalize, sigma, head_select, head_scale)
 
 
-_register_recompute_autograd(similarity_inform_topk, _similarity_inform_topk_grad_ref, 2, (0,))
+_register_recompute_autograd(similarity_inform_topk, _similarity_inform_topk_grad_ref, (0, 1, 3, 4), (0,))
 _register_recompute_autograd(attention_posterior_topk, _attention_posterior_topk_grad_ref, 5, (0,))
 
 
@@ -699,7 +703,7 @@ _GRAD_OPS = {op._name: op for op in (topk_renorm, similarity_inform, similarity_
 _AUTOGRAD_IMPLS: dict[str, Callable] = {}
 
 
-def _autograd_call(name: str, args: tuple):
+def _autograd_call(name: str, keyset, args: tuple):
     """The extension's path for a CPU call with an input that requires grad: the custom op's own autograd (the
     recompute backward registered above), whose forward redispatches to the CPU kernel."""
     impl = _AUTOGRAD_IMPLS.get(name)
@@ -708,11 +712,6 @@ def _autograd_call(name: str, args: tuple):
 
         op = _GRAD_OPS[name]
         impl = _AUTOGRAD_IMPLS[name] = make_autograd_impl(op._opoverload, op)
-    keyset = torch._C._dispatch_keyset_full()
-    for a in args:
-        if isinstance(a, Tensor):
-            keyset = torch._C._dispatch_keys(a)
-            break
     return impl(keyset, *args)
 
 

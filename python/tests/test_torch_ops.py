@@ -23,6 +23,8 @@ from moe_mlir import reference as R
 from moe_mlir.runtime import cache
 
 NAN, INF = float("nan"), float("inf")
+#: The package under test, for subprocesses.
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
 
 pytestmark = pytest.mark.skipif(
     not ops.kernels_available(),
@@ -213,12 +215,10 @@ def test_disk_cache_across_processes(tmp_path):
         assert torch.equal(i, ref[1]) and torch.allclose(w, ref[0])
         print(cache.stats.compiles, cache.stats.disk_loads)
     """)
-    env = dict(os.environ, MOE_KERNEL_CACHE=str(tmp_path / "kernels"),
-               PYTHONPATH=str(Path(moe_mlir.__file__).resolve().parents[1]))
-    import moe_mlir.reference  # noqa: F401  (the script uses it)
+    env = dict(os.environ, MOE_KERNEL_CACHE=str(tmp_path / "kernels"), PYTHONPATH=PACKAGE_ROOT)
 
     def run(T):
-        p = subprocess.run([sys.executable, "-c", "import moe_mlir.reference\n" + script, str(T)], env=env,
+        p = subprocess.run([sys.executable, "-c", script, str(T)], env=env,
                            capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, p.stderr
         return p.stdout.split()
@@ -358,6 +358,7 @@ def test_fallback_to_references_when_disabled(tmp_path):
         warnings.simplefilter("always")
         with warnings.catch_warnings(record=True) as caught:
             import moe_mlir
+            import moe_mlir.reference
             from moe_mlir import ops
             assert not ops.kernels_available()
             x = torch.randn(4, 8)
@@ -368,7 +369,7 @@ def test_fallback_to_references_when_disabled(tmp_path):
         assert torch.equal(i, moe_mlir.reference.topk_renorm(x, 2, "logits", True)[1])
         print("ok")
     """)
-    env = dict(os.environ, MOE_TORCH_KERNELS="0", PYTHONPATH=str(Path(moe_mlir.__file__).resolve().parents[1]))
+    env = dict(os.environ, MOE_TORCH_KERNELS="0", PYTHONPATH=PACKAGE_ROOT)
     p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
 

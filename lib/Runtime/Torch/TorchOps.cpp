@@ -575,7 +575,7 @@ std::tuple<Tensor, Tensor> hyperRouter(const Tensor &emb, const Tensor &w1,
 // hands the call to Python (ops._autograd_call: the op's registered
 // recompute backward, unchanged).
 
-PyObject *gradPath = nullptr; // gradPath(name: str, args: tuple) -> outputs
+PyObject *gradPath = nullptr; // gradPath(name, keyset, args: tuple) -> outputs
 
 PyObject *toPython(const c10::IValue &v) {
   if (v.isTensor())
@@ -593,7 +593,8 @@ PyObject *toPython(const c10::IValue &v) {
   TORCH_CHECK(false, "moe: internal error: argument of type ", v.tagKind());
 }
 
-void gradThroughPython(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
+void gradThroughPython(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
+                       torch::jit::Stack *stack) {
   size_t n = op.schema().arguments().size();
   const std::string &full = op.schema().name();
   std::string name = full.substr(full.find("::") + 2);
@@ -604,7 +605,9 @@ void gradThroughPython(const c10::OperatorHandle &op, torch::jit::Stack *stack) 
     for (size_t i = 0; i < n; ++i)
       PyTuple_SET_ITEM(args, i, toPython((*stack)[stack->size() - n + i]));
     TORCH_CHECK(gradPath != nullptr, "moe: no autograd path registered");
-    result = PyObject_CallFunction(gradPath, "sO", name.c_str(), args);
+    PyObject *keyset = pybind11::cast(ks).release().ptr();
+    result = PyObject_CallFunction(gradPath, "sOO", name.c_str(), keyset, args);
+    Py_DECREF(keyset);
     Py_DECREF(args);
   }
   if (!result) {
@@ -634,11 +637,12 @@ void autogradCpu(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
     for (size_t i = stack->size() - n; i < stack->size(); ++i) {
       const c10::IValue &v = (*stack)[i];
       if (v.isTensor() && v.toTensor().requires_grad())
-        return gradThroughPython(op, stack);
+        return gradThroughPython(op, ks, stack);
     }
   }
-  at::AutoDispatchBelowADInplaceOrView guard;
-  op.redispatchBoxed(ks & c10::after_ADInplaceOrView_keyset, stack);
+  // As the custom op's own autograd kernel does without gradients.
+  at::AutoDispatchBelowAutograd guard;
+  op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
 }
 
 //===----------------------------------------------------------------------===//

@@ -35,7 +35,7 @@ def find_library() -> Optional[str]:
 def load(validators: dict[str, Callable[[dict, dict], None]], grad_path: Callable) -> Optional[str]:
     """Loads the extension; returns None on success, else why it is unavailable.
 
-    ``grad_path(name, args)``: runs op ``name`` on ``args`` (a tuple of the schema's arguments) with its autograd, for
+    ``grad_path(name, keyset, args)``: runs op ``name`` (dispatch keys ``keyset``) on ``args`` (a tuple of the schema's arguments) with its autograd, for
     the calls where some input requires grad (the extension's AutogradCPU kernel takes the others in C++)."""
     global _lib, library_path
     cache.validators.update(validators)
