@@ -33,6 +33,7 @@
 #include <Python.h>
 
 #include <array>
+#include <cstdio>
 #include <cmath>
 #include <mutex>
 #include <optional>
@@ -227,6 +228,26 @@ private:
   TORCH_CHECK(false, msg);
 }
 
+/// Runs the Python validators on the call (no kernel): for shapes that no
+/// kernel serves.
+void validateOnly(const Key &k) {
+  TORCH_CHECK(loader != nullptr,
+              "moe: no kernel cache registered (import moe_mlir first)");
+  PyGILState_STATE g = PyGILState_Ensure();
+  PyObject *r = PyObject_CallFunction(loader, "ssi", k.key.c_str(),
+                                      k.shapes.c_str(), 1);
+  if (!r) {
+    try {
+      rethrowPython();
+    } catch (...) {
+      PyGILState_Release(g);
+      throw;
+    }
+  }
+  Py_DECREF(r);
+  PyGILState_Release(g);
+}
+
 KernelFn lookup(const Key &k) {
   {
     std::lock_guard<std::mutex> l(cacheMutex);
@@ -261,11 +282,21 @@ KernelFn lookup(const Key &k) {
   return fn;
 }
 
-/// After a kernel call: a reported index error becomes a ValueError.
+/// After a kernel call: a reported index error becomes a ValueError, worded
+/// as the eager ops word it. The runtime's message is
+/// "moe.<op>: '<operand>' element <i> is <v>, outside [0, <n>); ...".
 void checkReportedError() {
   char msg[512];
-  if (moeTakeError(msg, sizeof(msg)))
-    TORCH_CHECK_VALUE(false, msg);
+  if (!moeTakeError(msg, sizeof(msg)))
+    return;
+  char op[128], operand[64];
+  long long pos, value, bound;
+  if (std::sscanf(msg, "moe.%127[^:]: '%63[^']' element %lld is %lld, outside [0, %lld)",
+                  op, operand, &pos, &value, &bound) == 5)
+    TORCH_CHECK_VALUE(false, "moe.", op, ": '", operand, "' holds ", value,
+                      ", outside [0, ", bound,
+                      "): the value indexes no expert (element ", pos, ")");
+  TORCH_CHECK_VALUE(false, msg);
 }
 
 void run(const Key &k, std::vector<MemRef> args) {
@@ -550,6 +581,15 @@ std::tuple<Tensor, Tensor> hyperRouter(const Tensor &emb, const Tensor &w1,
   for (size_t n = 0; n < keep.size(); ++n) {
     key.in(names[n], keep[n]);
     args.push_back(describe(keep[n]));
+  }
+  // The torch op allows D = 0 (a router of biases only), the dialect does
+  // not: validate, then compute that degenerate case with ATen.
+  if (numExperts >= 1 && w2.dim() == 2 && w2.size(0) == numExperts) {
+    validateOnly(key);
+    Tensor hidden = at::relu(at::matmul(w1.to(at::kFloat), emb.to(at::kFloat)) +
+                             b1.to(at::kFloat));
+    Tensor b = at::matmul(w2.to(at::kFloat), hidden) + b2.to(at::kFloat);
+    return {at::empty({numExperts, 0}, f32(emb)), b};
   }
   KernelFn fn = lookup(key); // validates the shapes first
   int64_t d = w2.size(0) / numExperts - 1;

@@ -317,14 +317,16 @@ def build(k: KernelKey, key: str, dest: Path, moe_opt: str, rt_dir: str, threads
         os.replace(part, dest)
 
 
-def load(key: str, shapes: str) -> int:
+def load(key: str, shapes: str, validate_only: int = 0) -> int:
     """The kernel cache entry point (called by the C++ extension on a miss): the address of the kernel's
-    ``_mlir_ciface_kernel``. Raises the op's ValueError/TypeError for an invalid call."""
+    ``_mlir_ciface_kernel`` (0 with ``validate_only``). Raises the op's ValueError/TypeError for an invalid call."""
     k = parse_key(key)
     check = validators.get(k.op)
     if check is None:
         raise ValueError(f"moe: no kernel for op {k.op!r}")
     check(_meta_inputs(shapes), k.attrs)
+    if validate_only:
+        return 0
     with _lock:
         hit = _loaded.get(key)
         if hit is not None:
