@@ -554,13 +554,18 @@ _register_recompute_autograd(hyper_router, _hyper_router_ref, 5, (0, 1))
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def _check_k_of_e(op: str, k: int, e: Tensor) -> None:
+    """The fused forms' gate: ``1 <= k <= K`` (the experts of ``e``)."""
+    K = e.shape[2]
+    if not 1 <= k <= K:
+        _fail(op, f"'k' ({k}) must be in [1, {K}] (dimension 2 of 'e', K)")
+
+
 def _validate_similarity_inform_topk(
     u: Tensor, e: Tensor, k: int, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float
 ) -> None:
     _validate_similarity_inform(u, e, ws, key_mask, tau, op="similarity_inform_topk")
-    K = e.shape[2]
-    if not 1 <= k <= K:
-        _fail("similarity_inform_topk", f"'k' ({k}) must be in [1, {K}] (dimension 2 of 'e', K)")
+    _check_k_of_e("similarity_inform_topk", k, e)
 
 
 @torch.library.custom_op("moe::similarity_inform_topk", mutates_args=())
@@ -605,9 +610,7 @@ def _validate_attention_posterior_topk(
     head_scale: Optional[float],
 ) -> None:
     _validate_attention_posterior(scores, u, v, wo, e, sigma, head_select, head_scale, op="attention_posterior_topk")
-    K = e.shape[2]
-    if not 1 <= k <= K:
-        _fail("attention_posterior_topk", f"'k' ({k}) must be in [1, {K}] (dimension 2 of 'e', K)")
+    _check_k_of_e("attention_posterior_topk", k, e)
 
 
 @torch.library.custom_op("moe::attention_posterior_topk", mutates_args=())

@@ -380,3 +380,32 @@ def test_kernel_module_writes_outputs_in_place():
     text = cache.kernel_module(k)
     assert "func.func @kernel(%scores: tensor<?x16xf32>, %out0: memref<?x2xf32>, %out1: memref<?x2xi32>)" in text
     assert text.count("bufferization.materialize_in_destination") == 2
+
+
+def test_kernels_do_not_load_llvm():
+    """A kernel .so and the runtime it needs never pull libLLVM/libMLIR into the torch process."""
+    torch.ops.moe.topk_renorm(torch.randn(2, 8), 2)
+    lib, _ = next(iter(cache._loaded.values()))
+    deps = subprocess.run(["ldd", lib._name], capture_output=True, text=True, timeout=60).stdout
+    assert "libmoe_kernel_runtime.so" in deps, deps
+    assert "libLLVM" not in deps and "libMLIR" not in deps, deps
+    maps = Path("/proc/self/maps").read_text()
+    assert "libLLVM" not in maps and "libMLIR" not in maps
+
+
+def test_abi_descriptors():
+    from moe_mlir.runtime import abi
+
+    t = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+    d = abi.describe(t)
+    assert abi.descriptor_shape(d) == (2, 3, 4) and tuple(d.strides) == (12, 4, 1)
+    assert d.aligned == t.data_ptr() and d.offset == 0
+    flat = abi.describe(t, (6, 4))
+    assert tuple(flat.sizes) == (6, 4) and tuple(flat.strides) == (4, 1)
+    tt = t.transpose(1, 2)
+    assert tuple(abi.describe(tt).strides) == (12, 1, 4)
+    with pytest.raises(ValueError, match="contiguous"):
+        abi.describe(tt, (24,))
+    assert abi.tensor_type(["?", 16], "f32") == "tensor<?x16xf32>"
+    assert abi.memref_type([], "i32") == "memref<i32>"
+    assert abi.mlir_elem(torch.bfloat16) == "bf16" and abi.DTYPE_OF_ELEM["i1"] is torch.bool

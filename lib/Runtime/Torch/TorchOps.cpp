@@ -228,24 +228,30 @@ private:
   TORCH_CHECK(false, msg);
 }
 
+/// Holds the GIL for its scope (released on exceptions too).
+struct Gil {
+  PyGILState_STATE state = PyGILState_Ensure();
+  ~Gil() { PyGILState_Release(state); }
+};
+
+/// `fn(*args)` (steals `args`) with the GIL held by the caller; a Python
+/// exception becomes the matching c10 error.
+PyObject *callPython(PyObject *fn, PyObject *args) {
+  TORCH_CHECK(fn != nullptr,
+              "moe: the kernel cache is not registered (import moe_mlir first)");
+  PyObject *r = PyObject_CallObject(fn, args);
+  Py_DECREF(args);
+  if (!r)
+    rethrowPython();
+  return r;
+}
+
 /// Runs the Python validators on the call (no kernel): for shapes that no
 /// kernel serves.
 void validateOnly(const Key &k) {
-  TORCH_CHECK(loader != nullptr,
-              "moe: no kernel cache registered (import moe_mlir first)");
-  PyGILState_STATE g = PyGILState_Ensure();
-  PyObject *r = PyObject_CallFunction(loader, "ssi", k.key.c_str(),
-                                      k.shapes.c_str(), 1);
-  if (!r) {
-    try {
-      rethrowPython();
-    } catch (...) {
-      PyGILState_Release(g);
-      throw;
-    }
-  }
-  Py_DECREF(r);
-  PyGILState_Release(g);
+  Gil gil;
+  Py_DECREF(callPython(loader, Py_BuildValue("(ssi)", k.key.c_str(),
+                                             k.shapes.c_str(), 1)));
 }
 
 KernelFn lookup(const Key &k) {
@@ -255,25 +261,13 @@ KernelFn lookup(const Key &k) {
     if (it != kernels.end())
       return it->second;
   }
-  TORCH_CHECK(loader != nullptr,
-              "moe: no kernel cache registered (import moe_mlir first)");
   KernelFn fn = nullptr;
   {
-    PyGILState_STATE g = PyGILState_Ensure();
-    PyObject *r = PyObject_CallFunction(loader, "ss", k.key.c_str(),
-                                        k.shapes.c_str());
-    if (!r) {
-      // Keep the GIL while converting the exception.
-      try {
-        rethrowPython();
-      } catch (...) {
-        PyGILState_Release(g);
-        throw;
-      }
-    }
+    Gil gil;
+    PyObject *r = callPython(
+        loader, Py_BuildValue("(ss)", k.key.c_str(), k.shapes.c_str()));
     fn = PyLong_AsVoidPtr(r);
     Py_DECREF(r);
-    PyGILState_Release(g);
   }
   TORCH_CHECK(fn != nullptr, "moe: the kernel cache returned no kernel for ",
               k.key);
@@ -638,26 +632,13 @@ void gradThroughPython(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
   size_t n = op.schema().arguments().size();
   const std::string &full = op.schema().name();
   std::string name = full.substr(full.find("::") + 2);
-  PyGILState_STATE g = PyGILState_Ensure();
-  PyObject *result = nullptr;
-  {
-    PyObject *args = PyTuple_New(static_cast<Py_ssize_t>(n));
-    for (size_t i = 0; i < n; ++i)
-      PyTuple_SET_ITEM(args, i, toPython((*stack)[stack->size() - n + i]));
-    TORCH_CHECK(gradPath != nullptr, "moe: no autograd path registered");
-    PyObject *keyset = pybind11::cast(ks).release().ptr();
-    result = PyObject_CallFunction(gradPath, "sOO", name.c_str(), keyset, args);
-    Py_DECREF(keyset);
-    Py_DECREF(args);
-  }
-  if (!result) {
-    try {
-      rethrowPython();
-    } catch (...) {
-      PyGILState_Release(g);
-      throw;
-    }
-  }
+  Gil gil;
+  PyObject *args = PyTuple_New(static_cast<Py_ssize_t>(n));
+  for (size_t i = 0; i < n; ++i)
+    PyTuple_SET_ITEM(args, i, toPython((*stack)[stack->size() - n + i]));
+  PyObject *keyset = pybind11::cast(ks).release().ptr();
+  PyObject *result = callPython(
+      gradPath, Py_BuildValue("(sNN)", name.c_str(), keyset, args));
   torch::jit::drop(*stack, n);
   if (THPVariable_Check(result)) {
     stack->emplace_back(THPVariable_Unpack(result));
@@ -666,7 +647,6 @@ void gradThroughPython(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
       stack->emplace_back(THPVariable_Unpack(PyTuple_GET_ITEM(result, i)));
   }
   Py_DECREF(result);
-  PyGILState_Release(g);
 }
 
 template <bool Differentiable>
