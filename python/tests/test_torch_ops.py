@@ -409,3 +409,33 @@ def test_abi_descriptors():
     assert abi.tensor_type(["?", 16], "f32") == "tensor<?x16xf32>"
     assert abi.memref_type([], "i32") == "memref<i32>"
     assert abi.mlir_elem(torch.bfloat16) == "bf16" and abi.DTYPE_OF_ELEM["i1"] is torch.bool
+
+
+def test_parallel_kernels_after_fork():
+    """A forked child runs the parallel (pool) path of a kernel: its pool is its own, nothing hangs."""
+    script = textwrap.dedent("""
+        import os, torch
+        import moe_mlir, moe_mlir.reference as R
+        x = torch.randn(4096, 64)
+        torch.ops.moe.topk_renorm(x, 4)           # the pool starts in the parent
+        pid = os.fork()
+        if pid == 0:
+            w, i = torch.ops.moe.topk_renorm(x, 4)  # 128 items: the parallel branch
+            os._exit(0 if torch.equal(i, R.topk_renorm(x, 4, "logits", True)[1]) else 3)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status))
+    """)
+    env = dict(os.environ, PYTHONPATH=PACKAGE_ROOT, MOE_NUM_THREADS="2")
+    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "0", p.stderr
+
+
+def test_concurrent_processes_share_the_disk_cache(tmp_path):
+    script = "import torch, moe_mlir; torch.ops.moe.topk_renorm(torch.randn(3, 20), 2)"
+    env = dict(os.environ, MOE_KERNEL_CACHE=str(tmp_path), PYTHONPATH=PACKAGE_ROOT)
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+    assert len(list(tmp_path.glob("*.so"))) == 1 and not list(tmp_path.glob("*.part"))

@@ -31,6 +31,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <pthread.h>
 #include <thread>
 #include <vector>
 
@@ -127,10 +128,30 @@ unsigned poolSize() {
   return hw ? hw : 1;
 }
 
+std::atomic<Pool *> thePool{nullptr};
+std::mutex poolMutex;
+
 Pool &pool() {
-  // Leaked on purpose: joining workers from a static destructor at exit can
-  // deadlock when the process exits from inside a task.
-  static Pool *p = new Pool(poolSize());
+  Pool *p = thePool.load(std::memory_order_acquire);
+  if (p)
+    return *p;
+  std::lock_guard<std::mutex> l(poolMutex);
+  p = thePool.load(std::memory_order_relaxed);
+  if (!p) {
+    // Leaked on purpose: joining workers from a static destructor at exit
+    // can deadlock when the process exits from inside a task.
+    p = new Pool(poolSize());
+    thePool.store(p, std::memory_order_release);
+    // A forked child (e.g. a DataLoader worker) has none of the parent's
+    // threads: it starts a pool of its own on first use.
+    static bool registered = [] {
+      pthread_atfork(nullptr, nullptr, [] {
+        thePool.store(nullptr, std::memory_order_relaxed);
+      });
+      return true;
+    }();
+    (void)registered;
+  }
   return *p;
 }
 
