@@ -125,6 +125,9 @@ def run_case(case: C.Case, args) -> dict:
     rec["eager"] = measure(lambda: case.eager(*inputs), budget, reps)
     if not args.no_compile:
         try:
+            # The cases of one op share the eager function's code object: without a reset, dynamo's recompile
+            # limit would silently turn later cases' "inductor" into eager.
+            torch._dynamo.reset()
             fn = torch.compile(case.eager, dynamic=False)
             t0 = time.perf_counter()
             fn(*inputs)
