@@ -9,7 +9,7 @@ pseudocode, the strongest plain-torch form we have); inductor compiles that same
 call (kernel compile or disk-cache load) is reported separately and never timed. Outputs are checked against eager
 with the cases' checks.
 
-Writes bench/results/torch-ops-<date>.json and .md. Exit status 1 when one of our outputs is wrong.
+Writes bench/results/torch-ops-<date>-t<threads>[-quick].json and .md. Exit status 1 when one of our outputs is wrong.
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def main() -> int:
     doc = {"date": date, "machine": info, "loadavg_end": list(os.getloadavg()), "results": results}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"torch-ops-{date}"
+    stem = f"torch-ops-{date}-t{args.threads}" + ("-quick" if args.quick else "")
     (out / f"{stem}.json").write_text(json.dumps(doc, indent=1))
     write_markdown(doc, out / f"{stem}.md")
     print(f"wrote {out / stem}.json and .md")
