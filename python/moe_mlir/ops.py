@@ -1,35 +1,52 @@
-"""Torch custom ops for the six ops of the ``moe`` dialect, with eager reference implementations.
+"""Torch custom ops for the ``moe`` dialect: ``torch.ops.moe.<name>`` for the six ops and the two fused forms.
 
 Every op is registered with :func:`torch.library.custom_op` as ``moe::<name>`` so that ``torch.export`` and FX keep
 it as one opaque node (``torch.ops.moe.<name>``), which the importer maps to the dialect op of the same name. The
 operand order, attribute names and defaults are those of ``shared/spec/DIALECT.md`` and ``include/MoE/IR/MoEOps.td``;
-enum attributes are plain strings (``mode="probs"``).
+enum attributes are plain strings (``mode="probs"``). The fused forms (``similarity_inform_topk``,
+``attention_posterior_topk``, MoEFusedOps.td) take the mixing op's operands, then ``k``, then its attributes, then
+``renormalize``.
 
-The eager kernels are the *reference semantics* of the dialect (the op descriptions in MoEOps.td, which the C++
-libtorch reference tests follow too):
+Kernels: on CPU tensors the ops run the compiled moe kernels through the C++ extension ``libmoe_torch.so``
+(``lib/Runtime/Torch``; the token-like dimensions are dynamic, kernels are cached in memory and on disk by
+:mod:`moe_mlir.runtime.cache`). Elsewhere (CUDA for now), or when the extension or the compiler is unavailable (a
+one-time warning says why), they run the eager references of :mod:`moe_mlir.reference`, which define the semantics:
 
-* device-agnostic torch code (CPU and CUDA), f16/bf16 inputs upcast, everything accumulated in f32;
+* f16/bf16 inputs upcast, everything accumulated in f32;
 * ties in any top-k/argmin break to the lowest index, NaN ranks above every number in a top-k;
 * masked (``-inf``) logits get no probability and a fully masked row yields zeros, never NaN;
-* index operands out of range raise :class:`ValueError` (the compiled code reports a run-time error).
+* index operands out of range raise :class:`ValueError`.
 
 Validation mirrors the verifier (same rules, messages naming the operand and the rule) and runs in the fake kernels
-too, so ``torch.export`` rejects a bad call at trace time.
+too, so ``torch.export`` rejects a bad call at trace time; the C++ kernels run the same validators (through the
+kernel cache) for what their cache key does not already pin down.
 
-Autograd: ``topk_renorm``, ``similarity_inform``, ``attention_posterior`` and ``hyper_router`` are differentiable
-(gradients through the selected values only, none through indices or the head choice); the backward recomputes the
-reference formulation under autograd. ``mad_dispersion`` and ``adjacency_update`` are stop-gradient (003 §5.10,
-004 §1.2).
+Autograd: ``topk_renorm``, ``similarity_inform``, ``attention_posterior``, ``hyper_router`` and the fused forms are
+differentiable (gradients through the selected values only, none through indices or the head choice); the backward
+recomputes the reference formulation under autograd. ``mad_dispersion`` and ``adjacency_update`` are stop-gradient
+(003 §5.10, 004 §1.2).
 """
 
 from __future__ import annotations
 
-import contextvars
 import math
+import warnings
 from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
+
+from .reference import (
+    _IN_BACKWARD,
+    _adjacency_update_ref,
+    _attention_posterior_ref,
+    _attention_posterior_topk_ref,
+    _hyper_router_ref,
+    _mad_dispersion_ref,
+    _similarity_inform_ref,
+    _similarity_inform_topk_ref,
+    _topk_renorm_ref,
+)
 
 __all__ = [
     "topk_renorm",
@@ -38,7 +55,11 @@ __all__ = [
     "mad_dispersion",
     "adjacency_update",
     "hyper_router",
+    "similarity_inform_topk",
+    "attention_posterior_topk",
     "OP_NAMES",
+    "FUSED_OP_NAMES",
+    "kernels_available",
 ]
 
 #: The dialect ops, in DIALECT.md order; ``torch.ops.moe.<name>`` exists for each.
@@ -51,6 +72,9 @@ OP_NAMES: tuple[str, ...] = (
     "hyper_router",
 )
 
+#: The fused forms (MoEFusedOps.td): a mixing op with the probs-mode top-k gate in its epilogue.
+FUSED_OP_NAMES: tuple[str, ...] = ("similarity_inform_topk", "attention_posterior_topk")
+
 TOPK_MODES = ("logits", "probs")
 HEAD_SELECTS = ("min_entropy", "all")
 NORMALIZES = ("feature", "expert", "global")
@@ -61,7 +85,6 @@ ADJ_NORMS = ("row", "col", "none")
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _NEG_INF = float("-inf")
-_IN_BACKWARD: contextvars.ContextVar[bool] = contextvars.ContextVar("moe_in_backward", default=False)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -103,6 +126,19 @@ def _check_positive_finite(op: str, attr: str, value: float) -> None:
         _fail(op, f"'{attr}' ({value}) must be > 0 and finite")
 
 
+def _note_fallback(t: Tensor) -> None:
+    """Called by the eager kernels: on a CPU tensor they run only when the compiled kernels are unavailable."""
+    global _FALLBACK_WARNED
+    if t.device.type == "cpu" and not _FALLBACK_WARNED:
+        _FALLBACK_WARNED = True
+        warnings.warn(f"moe: the compiled CPU kernels are unavailable ({_KERNELS_UNAVAILABLE or 'not loaded'}); "
+                      "torch.ops.moe.* run the eager references", RuntimeWarning, stacklevel=3)
+
+
+_FALLBACK_WARNED = False
+_KERNELS_UNAVAILABLE: Optional[str] = None
+
+
 def _check_index_range(op: str, name: str, t: Tensor, bound: int) -> None:
     """Raises on any value of ``t`` outside ``[0, bound)`` (a data-dependent check: eager kernels only)."""
     if t.numel() == 0:
@@ -114,249 +150,51 @@ def _check_index_range(op: str, name: str, t: Tensor, bound: int) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Shared numerics
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _select_desc(x: Tensor, k: int) -> Tensor:
-    """Indices (int64) of the ``k`` largest entries of each row of ``x`` ([..., K]), sorted by descending value.
-
-    Ties break to the lowest index and NaN ranks above every number (+inf included): two stable sorts, the second
-    (on "is NaN") dominant. ``torch.topk`` documents neither rule.
-    """
-    nan = torch.isnan(x)
-    keyed = torch.where(nan, torch.full_like(x, float("inf")), x)
-    order = torch.sort(keyed, dim=-1, descending=True, stable=True).indices
-    nan_first = torch.sort(torch.gather(nan, -1, order).to(torch.uint8), dim=-1, descending=True, stable=True).indices
-    order = torch.gather(order, -1, nan_first)
-    return order[..., :k]
-
-
-def _masked_softmax(z: Tensor, dim: int = -1) -> Tensor:
-    """Softmax over ``dim`` in f32 where a slice whose every entry is ``-inf`` gives zeros instead of NaN."""
-    all_masked = (z == _NEG_INF).all(dim=dim, keepdim=True)
-    s = torch.softmax(z, dim=dim)
-    return torch.where(all_masked, torch.zeros_like(s), s)
-
-
-def _mix(s: Tensor, e: Tensor, valid: Tensor) -> Tensor:
-    """``p[b,i,:] = Σ_{j valid} s[b,i,j] e[b,j,:]`` for s [B,N,Nk] (zero where invalid), e [B,Nk,K], valid [B,N,Nk].
-
-    A plain ``s @ e`` would let a non-finite ``e`` at an excluded key leak in as ``0 · NaN``; the finite part goes
-    through the matmul and the (rare) non-finite entries are added back only where their key is valid.
-    """
-    finite = torch.isfinite(e)
-    p = torch.matmul(s, torch.where(finite, e, torch.zeros_like(e)))
-    # The fix-up is data-dependent; the backward (traced by AOT autograd) differentiates the finite part only.
-    if not _IN_BACKWARD.get() and not bool(finite.all()):
-        b, j, k = (~finite).nonzero(as_tuple=True)
-        contrib = torch.where(valid[b, :, j], s[b, :, j] * e[b, j, k][:, None], torch.zeros_like(s[b, :, j]))
-        # p[b, :, k] += contrib, one row of contributions per non-finite entry
-        flat = p.permute(0, 2, 1).reshape(-1, p.shape[1])
-        flat = flat.index_add(0, b * p.shape[2] + k, contrib)
-        p = flat.reshape(p.shape[0], p.shape[2], p.shape[1]).permute(0, 2, 1).contiguous()
-    return p
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Reference formulations (plain differentiable torch; the custom ops call them)
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _topk_renorm_ref(scores: Tensor, k: int, mode: str, renormalize: bool) -> tuple[Tensor, Tensor]:
-    x = scores.float()
-    idx = _select_desc(x.detach(), k)
-    sel = torch.gather(x, -1, idx)
-    if mode == "logits":
-        if renormalize:
-            w = _masked_softmax(sel)
-        else:
-            w = torch.gather(_masked_softmax(x), -1, idx)
-    else:
-        if renormalize:
-            den = sel.sum(-1, keepdim=True)
-            zero = den == 0
-            w = torch.where(zero, torch.zeros_like(sel), sel / torch.where(zero, torch.ones_like(den), den))
-        else:
-            w = sel
-    return w, idx.to(torch.int32)
-
-
-def _similarity_inform_ref(
-    u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float, causal: bool
-) -> Tensor:
-    B, N, _ = u.shape
-    uf, ef = u.float(), e.float()
-    q = uf if ws is None else torch.matmul(uf, ws.float())
-    logits = torch.matmul(q, uf.transpose(-1, -2)) / tau  # [B,N,N]
-    valid = torch.ones(B, N, N, dtype=torch.bool, device=u.device)
-    if causal:
-        valid = valid & torch.ones(N, N, dtype=torch.bool, device=u.device).tril()
-    if key_mask is not None:
-        valid = valid & key_mask.bool()[:, None, :]
-    logits = logits.masked_fill(~valid, _NEG_INF)
-    s = _masked_softmax(logits)
-    return _mix(s, ef, valid)
-
-
-def _head_means(v: Tensor, wo: Tensor, head_scale: float) -> Tensor:
-    """``m[b,h,j,:] = head_scale · v[b,h,j,:] · wo[:, h·Dh:(h+1)·Dh]^T``: [B,H,Nk,D]."""
-    _, H, _, Dh = v.shape
-    D = wo.shape[0]
-    return head_scale * torch.einsum("bhjc,dhc->bhjd", v.float(), wo.float().reshape(D, H, Dh))
-
-
-def _attention_posterior_ref(
-    scores: Tensor, u: Tensor, v: Tensor, wo: Tensor, e: Tensor, sigma: float, head_select: str,
-    head_scale: Optional[float],
-) -> tuple[Tensor, Tensor]:
-    B, H, N, Nk = scores.shape
-    sc, uf, ef = scores.float(), u.float(), e.float()
-    m = _head_means(v, wo, float(H) if head_scale is None else head_scale)  # [B,H,Nk,D]
-    s2 = sigma * sigma
-    ll = (torch.einsum("bid,bhjd->bhij", uf, m) - 0.5 * (m * m).sum(-1)[:, :, None, :]) / s2  # [B,H,N,Nk]
-    key_valid = sc != _NEG_INF  # [B,H,N,Nk]
-    row_masked = (~key_valid).all(-1)  # [B,H,N]
-    if head_select == "min_entropy":
-        with torch.no_grad():
-            log_a = torch.log_softmax(sc, -1)
-            term = torch.where(torch.isneginf(log_a), torch.zeros_like(log_a), log_a.exp() * log_a)
-            ent = -term.sum(-1)  # [B,H,N]; NaN rows stay NaN
-            ent = torch.where(row_masked, torch.zeros_like(ent), ent)
-            n_valid = (~row_masked).sum(-1)  # [B,H]
-            mean = ent.sum(-1) / n_valid.clamp_min(1).to(ent.dtype)  # a head with no valid row: 0
-            head = _argmin_nan_first(mean)  # [B]
-        bidx = torch.arange(B, device=scores.device)
-        z = sc[bidx, head] + ll[bidx, head]  # [B,N,Nk]
-        valid = key_valid[bidx, head]
-        a_post = _masked_softmax(z.masked_fill(~valid, _NEG_INF))
-        return _mix(a_post, ef, valid), head.to(torch.int32)
-    # head_select == "all": eq 13/14 with the head posterior H'
-    log_a = torch.log_softmax(sc, -1).masked_fill(row_masked[..., None], _NEG_INF)
-    z = (log_a + ll).masked_fill(~key_valid, _NEG_INF)
-    a_post = _masked_softmax(z)  # [B,H,N,Nk]
-    h_post = _masked_softmax(torch.logsumexp(z, -1), dim=1)  # [B,H,N]
-    valid = key_valid.any(1)  # a key is mixed when some head can see it
-    weighted = (h_post[..., None] * a_post).sum(1)  # [B,N,Nk]
-    p = _mix(weighted, ef, valid)
-    return p, torch.full((B,), -1, dtype=torch.int32, device=scores.device)
-
-
-def _argmin_nan_first(x: Tensor) -> Tensor:
-    """argmin over the last dim: lowest index on ties, and a NaN counts as the minimum (first NaN wins)."""
-    nan = torch.isnan(x)
-    mn = torch.where(nan, torch.full_like(x, float("inf")), x).min(-1, keepdim=True).values
-    cand = torch.where(nan.any(-1, keepdim=True), nan, x == mn)
-    return cand.to(torch.uint8).argmax(-1)  # argmax returns the first maximal index
-
-
-def _mad_dispersion_ref(
-    tokens: Tensor, assign: Tensor, num_experts: int, eps: float, clip: float, normalize: str, measure: str,
-    empty: str,
-) -> tuple[Tensor, Tensor]:
-    x = tokens.float()
-    E = num_experts
-    a = assign.long()
-    # One-hot matmuls rather than index_add: deterministic on every device (no atomics).
-    onehot = torch.nn.functional.one_hot(a, E).to(torch.float32)  # [T,E]
-    counts = onehot.sum(0)  # [E], exact in f32 below 2^24 tokens
-    denom = torch.where(counts > 0, counts, torch.ones_like(counts))[:, None]
-    mu = torch.matmul(onehot.t(), x) / denom  # empty cluster: 0
-    dev = x - mu[a]
-    dev = dev.abs() if measure == "mad" else dev * dev
-    s = torch.matmul(onehot.t(), dev) / denom  # [E,D]
-    w = 1.0 / (s + eps)
-    if empty == "identity":
-        valid = (counts >= 2)[:, None].expand_as(w)
-    else:
-        valid = torch.ones_like(w, dtype=torch.bool)
-    vf = valid.to(w.dtype)
-    # Means over the valid entries only; `where` keeps NaN of excluded rows out of the statistics.
-    wv = torch.where(valid, w, torch.zeros_like(w))
-    if clip > 0:
-        mean_all = wv.sum() / vf.sum().clamp_min(1)
-        w = torch.minimum(w, clip * mean_all)
-        wv = torch.where(valid, w, torch.zeros_like(w))
-    if normalize == "feature":
-        scale = wv.sum(0, keepdim=True) / vf.sum(0, keepdim=True).clamp_min(1)
-    elif normalize == "expert":
-        scale = wv.sum(1, keepdim=True) / vf.sum(1, keepdim=True).clamp_min(1)
-    else:
-        scale = wv.sum() / vf.sum().clamp_min(1)
-    w = w / scale
-    w = torch.where(valid, w, torch.ones_like(w))
-    return w, counts.to(torch.int32)
-
-
-def _adjacency_update_ref(a: Tensor, idx: Tensor, beta: float, norm: str, include_self: bool) -> Tensor:
-    E = a.shape[0]
-    # Indicator S[t,j] = 1[j in idx[t,:]] (a repeated index counts once), counts C = S^T S in f64: exact integers.
-    sel = torch.zeros(idx.shape[0], E, dtype=torch.float64, device=a.device)
-    sel = sel.scatter(1, idx.long(), 1.0)
-    c = torch.matmul(sel.t(), sel)
-    if not include_self:
-        c = c * (1 - torch.eye(E, dtype=c.dtype, device=c.device))
-    if norm == "row":
-        d = c.sum(1, keepdim=True)
-    elif norm == "col":
-        d = c.sum(0, keepdim=True)
-    else:
-        d = None
-    if d is not None:
-        c = torch.where(d > 0, c / torch.where(d > 0, d, torch.ones_like(d)), torch.zeros_like(c))
-    return beta * a.float() + (1.0 - beta) * c.to(torch.float32)
-
-
-def _hyper_router_ref(
-    emb: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, num_experts: int
-) -> tuple[Tensor, Tensor]:
-    hidden = torch.relu(torch.matmul(w1.float(), emb.float()) + b1.float())
-    out = (torch.matmul(w2.float(), hidden) + b2.float()).reshape(num_experts, -1)
-    return out[:, :-1].clone(), out[:, -1].clone()  # clones: outputs must not alias each other
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # Autograd: recompute the reference under autograd (the kernels are cheap next to the experts)
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _register_recompute_autograd(op, ref: Callable, n_tensor_args: int, float_outputs: Sequence[int]) -> None:
-    """Registers a backward that re-runs ``ref`` with grad enabled and returns the input gradients.
+def _register_recompute_autograd(op, ref: Callable, tensor_args: "int | Sequence[int]",
+                                 float_outputs: Sequence[int]) -> None:
+    """Registers a backward that re-runs ``ref`` (same arguments as the op) with grad enabled and returns the input
+    gradients.
 
-    ``n_tensor_args``: the leading (optional) tensor operands; the rest are attributes. ``float_outputs``: the
-    outputs that carry gradients (index outputs do not).
+    ``tensor_args``: the positions of the (optional) tensor operands, or their number when they lead; the rest are
+    attributes. ``float_outputs``: the outputs that carry gradients (index outputs do not).
     """
+    positions = tuple(range(tensor_args)) if isinstance(tensor_args, int) else tuple(tensor_args)
 
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*[t if isinstance(t, Tensor) else None for t in inputs[:n_tensor_args]])
-        ctx.attrs = inputs[n_tensor_args:]
-        ctx.present = [isinstance(t, Tensor) for t in inputs[:n_tensor_args]]
+        ctx.save_for_backward(*[inputs[p] if isinstance(inputs[p], Tensor) else None for p in positions])
+        ctx.inputs = [None if p in positions else v for p, v in enumerate(inputs)]
+        ctx.present = [isinstance(inputs[p], Tensor) for p in positions]
 
     def backward(ctx, *grads):
         saved = ctx.saved_tensors
+        args = list(ctx.inputs)
         leaves = []
-        for t, present in zip(saved, ctx.present):
+        for p, t, present in zip(positions, saved, ctx.present):
             if present and t.is_floating_point():
-                leaves.append(t.detach().requires_grad_(True))
-            else:
-                leaves.append(t)
+                t = t.detach().requires_grad_(True)
+            args[p] = t
+            leaves.append(t)
         token = _IN_BACKWARD.set(True)
         try:
             with torch.enable_grad():
-                outs = ref(*leaves, *ctx.attrs)
+                outs = ref(*args)
                 outs = outs if isinstance(outs, tuple) else (outs,)
                 want = [(i, t) for i, t in enumerate(leaves) if isinstance(t, Tensor) and t.requires_grad]
                 pairs = [(outs[o], grads[o]) for o in float_outputs if grads[o] is not None]
-                result: list[Optional[Tensor]] = [None] * len(saved)
+                result: list[Optional[Tensor]] = [None] * len(args)
                 if want and pairs:
                     gs = torch.autograd.grad(
                         [p[0] for p in pairs], [t for _, t in want], [p[1] for p in pairs], allow_unused=True
                     )
                     for (i, t), g in zip(want, gs):
-                        result[i] = None if g is None else g.to(t.dtype)
+                        result[positions[i]] = None if g is None else g.to(t.dtype)
         finally:
             _IN_BACKWARD.reset(token)
-        return tuple(result) + (None,) * len(ctx.attrs)
+        return tuple(result)
 
     op.register_autograd(backward, setup_context=setup_context)
 
@@ -393,6 +231,7 @@ def topk_renorm(scores: Tensor, k: int, mode: str = "logits", renormalize: bool 
         first; a fully ``-inf`` row gives zero weights and indices ``0..k-1``.
     """
     _validate_topk_renorm(scores, k, mode)
+    _note_fallback(scores)
     return _topk_renorm_ref(scores, k, mode, renormalize)
 
 
@@ -412,9 +251,9 @@ _register_recompute_autograd(topk_renorm, _topk_renorm_ref, 1, (0,))
 
 
 def _validate_similarity_inform(
-    u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float
+    u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float,
+    op: str = "similarity_inform",
 ) -> None:
-    op = "similarity_inform"
     _check_float(op, "u", u)
     _check_float(op, "e", e)
     _check_rank(op, "u", u, 3, "[B, N, D]")
@@ -457,6 +296,7 @@ def similarity_inform(
         ``p`` ``[B, N, K]`` f32; a row with every key excluded gives zeros; NaN propagates to the rows mixing it.
     """
     _validate_similarity_inform(u, e, ws, key_mask, tau)
+    _note_fallback(u)
     return _similarity_inform_ref(u, e, ws, key_mask, tau, causal)
 
 
@@ -476,9 +316,8 @@ _register_recompute_autograd(similarity_inform, _similarity_inform_ref, 4, (0,))
 
 def _validate_attention_posterior(
     scores: Tensor, u: Tensor, v: Tensor, wo: Tensor, e: Tensor, sigma: float, head_select: str,
-    head_scale: Optional[float],
+    head_scale: Optional[float], op: str = "attention_posterior",
 ) -> None:
-    op = "attention_posterior"
     for name, t in (("scores", scores), ("u", u), ("v", v), ("wo", wo), ("e", e)):
         _check_float(op, name, t)
     _check_rank(op, "scores", scores, 4, "[B, H, N, Nk]")
@@ -526,6 +365,7 @@ def attention_posterior(
         ``(p [B, N, K] f32, head [B] i32)``; ``head`` is ``-1`` for ``"all"``.
     """
     _validate_attention_posterior(scores, u, v, wo, e, sigma, head_select, head_scale)
+    _note_fallback(scores)
     return _attention_posterior_ref(scores, u, v, wo, e, sigma, head_select, head_scale)
 
 
@@ -593,6 +433,7 @@ def mad_dispersion(
     """
     _validate_mad_dispersion(tokens, assign, num_experts, eps, clip, normalize, measure, empty)
     _check_index_range("mad_dispersion", "assign", assign, num_experts)
+    _note_fallback(tokens)
     return _mad_dispersion_ref(tokens, assign, num_experts, eps, clip, normalize, measure, empty)
 
 
@@ -641,6 +482,7 @@ def adjacency_update(
     """
     _validate_adjacency_update(a, idx, beta, norm)
     _check_index_range("adjacency_update", "idx", idx, a.shape[0])
+    _note_fallback(a)
     return _adjacency_update_ref(a, idx, beta, norm, include_self)
 
 
@@ -690,6 +532,7 @@ def hyper_router(
         ``(w [E, D] f32, b [E] f32)``: the router matrix and the generated bias.
     """
     _validate_hyper_router(emb, w1, b1, w2, b2, num_experts)
+    _note_fallback(emb)
     return _hyper_router_ref(emb, w1, b1, w2, b2, num_experts)
 
 
@@ -704,3 +547,186 @@ def _(emb, w1, b1, w2, b2, num_experts):
 
 
 _register_recompute_autograd(hyper_router, _hyper_router_ref, 5, (0, 1))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 7. similarity_inform_topk (fused)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _check_k_of_e(op: str, k: int, e: Tensor) -> None:
+    """The fused forms' gate: ``1 <= k <= K`` (the experts of ``e``)."""
+    K = e.shape[2]
+    if not 1 <= k <= K:
+        _fail(op, f"'k' ({k}) must be in [1, {K}] (dimension 2 of 'e', K)")
+
+
+def _validate_similarity_inform_topk(
+    u: Tensor, e: Tensor, k: int, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float
+) -> None:
+    _validate_similarity_inform(u, e, ws, key_mask, tau, op="similarity_inform_topk")
+    _check_k_of_e("similarity_inform_topk", k, e)
+
+
+@torch.library.custom_op("moe::similarity_inform_topk", mutates_args=())
+def similarity_inform_topk(
+    u: Tensor,
+    e: Tensor,
+    k: int,
+    ws: Optional[Tensor] = None,
+    key_mask: Optional[Tensor] = None,
+    tau: float = 1.0,
+    causal: bool = False,
+    renormalize: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """``similarity_inform`` followed by the probs-mode ``topk_renorm`` (``moe.similarity_inform_topk``, eq 11).
+
+    Returns:
+        ``(weights [B, N, k] f32, indices [B, N, k] i32)``.
+    """
+    _validate_similarity_inform_topk(u, e, k, ws, key_mask, tau)
+    _note_fallback(u)
+    return _similarity_inform_topk_ref(u, e, ws, key_mask, k, renormalize, tau, causal)
+
+
+@similarity_inform_topk.register_fake
+def _(u, e, k, ws=None, key_mask=None, tau=1.0, causal=False, renormalize=True):
+    _validate_similarity_inform_topk(u, e, k, ws, key_mask, tau)
+    shape = (u.shape[0], u.shape[1], k)
+    return e.new_empty(shape, dtype=torch.float32), e.new_empty(shape, dtype=torch.int32)
+
+
+def _similarity_inform_topk_grad_ref(u, e, k, ws, key_mask, tau, causal, renormalize):
+    return _similarity_inform_topk_ref(u, e, ws, key_mask, k, renormalize, tau, causal)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 8. attention_posterior_topk (fused)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _validate_attention_posterior_topk(
+    scores: Tensor, u: Tensor, v: Tensor, wo: Tensor, e: Tensor, k: int, sigma: float, head_select: str,
+    head_scale: Optional[float],
+) -> None:
+    _validate_attention_posterior(scores, u, v, wo, e, sigma, head_select, head_scale, op="attention_posterior_topk")
+    _check_k_of_e("attention_posterior_topk", k, e)
+
+
+@torch.library.custom_op("moe::attention_posterior_topk", mutates_args=())
+def attention_posterior_topk(
+    scores: Tensor,
+    u: Tensor,
+    v: Tensor,
+    wo: Tensor,
+    e: Tensor,
+    k: int,
+    sigma: float = 1.0,
+    head_select: str = "min_entropy",
+    head_scale: Optional[float] = None,
+    renormalize: bool = True,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``attention_posterior`` followed by the probs-mode ``topk_renorm`` on its ``p``
+    (``moe.attention_posterior_topk``, eq 17).
+
+    Returns:
+        ``(weights [B, N, k] f32, indices [B, N, k] i32, head [B] i32)``; ``head`` is ``-1`` for ``"all"``.
+    """
+    _validate_attention_posterior_topk(scores, u, v, wo, e, k, sigma, head_select, head_scale)
+    _note_fallback(scores)
+    return _attention_posterior_topk_ref(scores, u, v, wo, e, k, renormalize, sigma, head_select, head_scale)
+
+
+@attention_posterior_topk.register_fake
+def _(scores, u, v, wo, e, k, sigma=1.0, head_select="min_entropy", head_scale=None, renormalize=True):
+    _validate_attention_posterior_topk(scores, u, v, wo, e, k, sigma, head_select, head_scale)
+    B, _, N, _ = scores.shape
+    shape = (B, N, k)
+    return (
+        e.new_empty(shape, dtype=torch.float32),
+        e.new_empty(shape, dtype=torch.int32),
+        e.new_empty((B,), dtype=torch.int32),
+    )
+
+
+def _attention_posterior_topk_grad_ref(scores, u, v, wo, e, k, sigma, head_select, head_scale, renormalize):
+    return _attention_posterior_topk_ref(scores, u, v, wo, e, k, renormalize, sigma, head_select, head_scale)
+
+
+_register_recompute_autograd(similarity_inform_topk, _similarity_inform_topk_grad_ref, (0, 1, 3, 4), (0,))
+_register_recompute_autograd(attention_posterior_topk, _attention_posterior_topk_grad_ref, 5, (0,))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The compiled kernels (lib/Runtime/Torch + moe_mlir.runtime)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _f(v: str) -> float:
+    return float(v)
+
+
+def _b(v: str) -> bool:
+    return v == "1"
+
+
+def _of(v: str) -> Optional[float]:
+    return None if v == "none" else float(v)
+
+
+#: Per op: validate(inputs by name (meta tensors of the call's shapes), attributes as strings). The kernel cache
+#: calls these on a cache-key miss, so that a call the key does not pin down yet gets the Python messages.
+KEY_VALIDATORS: dict[str, Callable[[dict, dict], None]] = {
+    "topk_renorm": lambda t, a: _validate_topk_renorm(t["scores"], int(a["k"]), a["mode"]),
+    "similarity_inform": lambda t, a: _validate_similarity_inform(
+        t["u"], t["e"], t.get("ws"), t.get("key_mask"), _f(a["tau"])),
+    "similarity_inform_topk": lambda t, a: _validate_similarity_inform_topk(
+        t["u"], t["e"], int(a["k"]), t.get("ws"), t.get("key_mask"), _f(a["tau"])),
+    "attention_posterior": lambda t, a: _validate_attention_posterior(
+        t["scores"], t["u"], t["v"], t["wo"], t["e"], _f(a["sigma"]), a["head_select"], _of(a["head_scale"])),
+    "attention_posterior_topk": lambda t, a: _validate_attention_posterior_topk(
+        t["scores"], t["u"], t["v"], t["wo"], t["e"], int(a["k"]), _f(a["sigma"]), a["head_select"],
+        _of(a["head_scale"])),
+    "mad_dispersion": lambda t, a: _validate_mad_dispersion(
+        t["tokens"], t["assign"], int(a["num_experts"]), _f(a["eps"]), _f(a["clip"]), a["normalize"], a["measure"],
+        a["empty"]),
+    "adjacency_update": lambda t, a: _validate_adjacency_update(t["a"], t["idx"], _f(a["beta"]), a["norm"]),
+    "hyper_router": lambda t, a: _validate_hyper_router(
+        t["emb"], t["w1"], t["b1"], t["w2"], t["b2"], int(a["num_experts"])),
+}
+
+
+def kernels_available() -> bool:
+    """True when ``torch.ops.moe.*`` run the compiled kernels on CPU tensors (else the eager references)."""
+    return _KERNELS_UNAVAILABLE is None and _EXTENSION_LOADED
+
+
+_GRAD_OPS = {op._name: op for op in (topk_renorm, similarity_inform, similarity_inform_topk, attention_posterior,
+                                          attention_posterior_topk, hyper_router)}
+_AUTOGRAD_IMPLS: dict[str, Callable] = {}
+
+
+def _autograd_call(name: str, keyset, args: tuple):
+    """The extension's path for a CPU call with an input that requires grad: the custom op's own autograd (the
+    recompute backward registered above), whose forward redispatches to the CPU kernel."""
+    impl = _AUTOGRAD_IMPLS.get(name)
+    if impl is None:
+        from torch._library.autograd import make_autograd_impl
+
+        op = _GRAD_OPS[name]
+        impl = _AUTOGRAD_IMPLS[name] = make_autograd_impl(op._opoverload, op)
+    return impl(keyset, *args)
+
+
+def _load_kernels() -> None:
+    global _KERNELS_UNAVAILABLE, _EXTENSION_LOADED
+    from .runtime import extension
+
+    reason = extension.load(KEY_VALIDATORS, _autograd_call)
+    _EXTENSION_LOADED = reason is None
+    _KERNELS_UNAVAILABLE = reason
+
+
+_EXTENSION_LOADED = False
+_load_kernels()
+

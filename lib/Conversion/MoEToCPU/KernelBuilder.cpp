@@ -306,26 +306,46 @@ SmallVector<Value> CK::ifElse(Value cond, TypeRange types,
 
 void CK::workers(const KernelOptions &opts, Value numItems,
                  function_ref<void(Value item, Value worker)> body) {
-  if (opts.numThreads <= 1) {
+  auto inline_ = [&] {
     Value w = idx(0);
     forLoop(idx(0), numItems, idx(1), [&](Value item) { body(item, w); });
-    return;
-  }
-  Value n = mins(idx(opts.numThreads), numItems);
-  auto par = scf::ParallelOp::create(
-      b, ValueRange{idx(0)}, ValueRange{n}, ValueRange{idx(1)},
-      [&](OpBuilder &nb, Location, ValueRange ivs) {
+  };
+  if (opts.numThreads <= 1)
+    return inline_();
+  auto parallel = [&] {
+    Value n = mins(idx(opts.numThreads), numItems);
+    auto par = scf::ParallelOp::create(
+        b, ValueRange{idx(0)}, ValueRange{n}, ValueRange{idx(1)},
+        [&](OpBuilder &nb, Location, ValueRange ivs) {
+          OpBuilder::InsertionGuard g(b);
+          b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+          Value w = ivs.front();
+          forLoop(w, numItems, n, [&](Value item) { body(item, w); });
+        });
+    Block *parBody = par.getBody();
+    if (!parBody->mightHaveTerminator()) {
+      OpBuilder::InsertionGuard g(b);
+      b.setInsertionPointToEnd(parBody);
+      scf::ReduceOp::create(b);
+    }
+  };
+  // Few items (decode sizes): waking the pool costs more than the work, so
+  // they run on the calling thread (the body is emitted twice).
+  constexpr int64_t kInlineItems = 4;
+  scf::IfOp::create(
+      b, cmpi(arith::CmpIPredicate::ule, numItems, idx(kInlineItems)),
+      [&](OpBuilder &nb, Location) {
         OpBuilder::InsertionGuard g(b);
         b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-        Value w = ivs.front();
-        forLoop(w, numItems, n, [&](Value item) { body(item, w); });
+        inline_();
+        scf::YieldOp::create(b);
+      },
+      [&](OpBuilder &nb, Location) {
+        OpBuilder::InsertionGuard g(b);
+        b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+        parallel();
+        scf::YieldOp::create(b);
       });
-  Block *parBody = par.getBody();
-  if (!parBody->mightHaveTerminator()) {
-    OpBuilder::InsertionGuard g(b);
-    b.setInsertionPointToEnd(parBody);
-    scf::ReduceOp::create(b);
-  }
 }
 
 Value CK::scratch(const KernelOptions &opts, MemRefType type,

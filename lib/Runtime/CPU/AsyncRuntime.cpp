@@ -1,0 +1,376 @@
+//===- AsyncRuntime.cpp - The async runtime ABI for AOT-compiled kernels --===//
+//
+// Part of the MoE-MLIR project.
+//
+//===----------------------------------------------------------------------===//
+//
+// The `mlirAsyncRuntime*` entry points that `convert-async-to-llvm` emits
+// calls to, for the kernels moe_mlir compiles ahead of time into shared
+// objects (python/moe_mlir/runtime/cache.py). Upstream's implementation
+// (libmlir_async_runtime.so) links libLLVM, which must not be loaded into a
+// torch process that may also load Triton's LLVM; this one is plain C++.
+//
+// Contract (that of mlir/ExecutionEngine/AsyncRuntime.h):
+// - tokens and values are created with two references (the caller's and the
+//   task's, dropped when the task emplaces them); groups with one;
+// - a token/value/group becomes ready exactly once; awaiters registered
+//   before that run on the thread that makes it ready, after it run inline;
+// - `mlirAsyncRuntimeExecute` runs a coroutine resume function on the pool.
+//
+// The pool: a fixed set of worker threads taking tasks from one FIFO. A
+// worker that finds the queue empty spins briefly (kernels are short and
+// come in bursts) and then parks on a condition variable, so idle workers
+// cost nothing.
+//
+//===----------------------------------------------------------------------===//
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <pthread.h>
+#include <thread>
+#include <vector>
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Thread pool
+//===----------------------------------------------------------------------===//
+
+class Pool {
+public:
+  explicit Pool(unsigned n) {
+    for (unsigned i = 0; i < n; ++i)
+      threads.emplace_back([this] { loop(); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      stopping = true;
+    }
+    cv.notify_all();
+    for (std::thread &t : threads)
+      t.join();
+  }
+  void submit(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      queue.push_back(std::move(task));
+      pending.fetch_add(1, std::memory_order_release);
+    }
+    if (parked.load(std::memory_order_acquire) > 0)
+      cv.notify_one();
+  }
+  int64_t size() const { return static_cast<int64_t>(threads.size()); }
+
+private:
+  bool tryPop(std::function<void()> &task) {
+    std::lock_guard<std::mutex> l(mu);
+    if (queue.empty())
+      return false;
+    task = std::move(queue.front());
+    queue.pop_front();
+    pending.fetch_sub(1, std::memory_order_relaxed);
+    return true;
+  }
+
+  void loop() {
+    std::function<void()> task;
+    for (;;) {
+      // Spin a little before parking: the next kernel's tasks usually come
+      // within microseconds.
+      for (int spin = 0; spin < 4000; ++spin) {
+        if (pending.load(std::memory_order_acquire) > 0 && tryPop(task)) {
+          task();
+          task = nullptr;
+          spin = 0;
+        }
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+      }
+      std::unique_lock<std::mutex> l(mu);
+      parked.fetch_add(1, std::memory_order_release);
+      cv.wait(l, [this] { return stopping || !queue.empty(); });
+      parked.fetch_sub(1, std::memory_order_relaxed);
+      if (stopping && queue.empty())
+        return;
+      task = std::move(queue.front());
+      queue.pop_front();
+      pending.fetch_sub(1, std::memory_order_relaxed);
+      l.unlock();
+      task();
+      task = nullptr;
+    }
+  }
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> queue;
+  std::atomic<int64_t> pending{0};
+  std::atomic<int> parked{0};
+  bool stopping = false;
+  std::vector<std::thread> threads;
+};
+
+unsigned poolSize() {
+  for (const char *var : {"MOE_NUM_THREADS", "OMP_NUM_THREADS"})
+    if (const char *v = std::getenv(var)) {
+      long n = std::strtol(v, nullptr, 10);
+      if (n >= 1)
+        return static_cast<unsigned>(n);
+    }
+  unsigned hw = std::thread::hardware_concurrency();
+  return hw ? hw : 1;
+}
+
+std::atomic<Pool *> thePool{nullptr};
+std::mutex poolMutex;
+
+Pool &pool() {
+  Pool *p = thePool.load(std::memory_order_acquire);
+  if (p)
+    return *p;
+  std::lock_guard<std::mutex> l(poolMutex);
+  p = thePool.load(std::memory_order_relaxed);
+  if (!p) {
+    // Leaked on purpose: joining workers from a static destructor at exit
+    // can deadlock when the process exits from inside a task.
+    p = new Pool(poolSize());
+    thePool.store(p, std::memory_order_release);
+    // A forked child (e.g. a DataLoader worker) has none of the parent's
+    // threads: it starts a pool of its own on first use.
+    static bool registered = [] {
+      pthread_atfork(nullptr, nullptr, [] {
+        thePool.store(nullptr, std::memory_order_relaxed);
+      });
+      return true;
+    }();
+    (void)registered;
+  }
+  return *p;
+}
+
+//===----------------------------------------------------------------------===//
+// Reference-counted objects
+//===----------------------------------------------------------------------===//
+
+struct Object {
+  explicit Object(int64_t refs) : refs(refs) {}
+  virtual ~Object() = default;
+  void addRef(int64_t n) { refs.fetch_add(n, std::memory_order_relaxed); }
+  void dropRef(int64_t n) {
+    if (refs.fetch_sub(n, std::memory_order_acq_rel) == n)
+      delete this;
+  }
+  std::atomic<int64_t> refs;
+};
+
+/// Something that becomes ready (or an error) once and runs its awaiters
+/// then: the common part of tokens and values.
+struct Readiness : Object {
+  explicit Readiness(int64_t refs) : Object(refs) {}
+  enum : int8_t { kPending = 0, kReady = 1, kError = 2 };
+
+  bool done() const { return state.load(std::memory_order_acquire) != 0; }
+  bool failed() const {
+    return state.load(std::memory_order_acquire) == kError;
+  }
+  void finish(int8_t s) {
+    std::vector<std::function<void()>> run;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      state.store(s, std::memory_order_release);
+      run.swap(awaiters);
+    }
+    cv.notify_all();
+    for (auto &f : run)
+      f();
+    dropRef(1); // the task's reference
+  }
+  void wait() {
+    if (done())
+      return;
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [this] { return done(); });
+  }
+  /// Runs `f` now when ready, else when it becomes ready.
+  void then(std::function<void()> f) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (!done()) {
+        awaiters.push_back(std::move(f));
+        return;
+      }
+    }
+    f();
+  }
+
+  std::atomic<int8_t> state{kPending};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::function<void()>> awaiters;
+};
+
+struct Token : Readiness {
+  Token() : Readiness(2) {}
+};
+
+struct Value : Readiness {
+  explicit Value(int64_t size) : Readiness(2), storage(size) {}
+  std::vector<char> storage;
+};
+
+struct Group : Object {
+  Group() : Object(1) {}
+  /// Tokens added and not yet ready.
+  std::atomic<int64_t> pending{0};
+  std::atomic<int64_t> errors{0};
+  std::atomic<int64_t> added{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::function<void()>> awaiters;
+
+  void tokenDone(bool error) {
+    if (error)
+      errors.fetch_add(1, std::memory_order_relaxed);
+    std::vector<std::function<void()>> run;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (pending.fetch_sub(1, std::memory_order_acq_rel) != 1)
+        return;
+      run.swap(awaiters);
+    }
+    cv.notify_all();
+    for (auto &f : run)
+      f();
+  }
+  void wait() {
+    if (pending.load(std::memory_order_acquire) == 0)
+      return;
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [this] { return pending.load(std::memory_order_acquire) == 0; });
+  }
+  void then(std::function<void()> f) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (pending.load(std::memory_order_acquire) != 0) {
+        awaiters.push_back(std::move(f));
+        return;
+      }
+    }
+    f();
+  }
+};
+
+using Resume = void (*)(void *);
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// The C ABI
+//===----------------------------------------------------------------------===//
+
+extern "C" {
+
+void mlirAsyncRuntimeAddRef(void *obj, int64_t count) {
+  static_cast<Object *>(obj)->addRef(count);
+}
+
+void mlirAsyncRuntimeDropRef(void *obj, int64_t count) {
+  static_cast<Object *>(obj)->dropRef(count);
+}
+
+void *mlirAsyncRuntimeCreateToken() { return static_cast<Object *>(new Token); }
+
+void *mlirAsyncRuntimeCreateValue(int64_t size) {
+  return static_cast<Object *>(new Value(size));
+}
+
+void *mlirAsyncRuntimeCreateGroup(int64_t /*size*/) {
+  return static_cast<Object *>(new Group);
+}
+
+int64_t mlirAsyncRuntimeAddTokenToGroup(void *tokenPtr, void *groupPtr) {
+  auto *token = static_cast<Token *>(static_cast<Object *>(tokenPtr));
+  auto *group = static_cast<Group *>(static_cast<Object *>(groupPtr));
+  int64_t rank = group->added.fetch_add(1, std::memory_order_relaxed);
+  group->pending.fetch_add(1, std::memory_order_acq_rel);
+  // The group must outlive the token's completion.
+  group->addRef(1);
+  token->then([group, token] {
+    group->tokenDone(token->failed());
+    group->dropRef(1);
+  });
+  return rank;
+}
+
+bool mlirAsyncRuntimeIsGroupError(void *groupPtr) {
+  return static_cast<Group *>(static_cast<Object *>(groupPtr))
+             ->errors.load() > 0;
+}
+
+void mlirAsyncRuntimeEmplaceToken(void *t) {
+  static_cast<Token *>(static_cast<Object *>(t))->finish(Readiness::kReady);
+}
+void mlirAsyncRuntimeSetTokenError(void *t) {
+  static_cast<Token *>(static_cast<Object *>(t))->finish(Readiness::kError);
+}
+bool mlirAsyncRuntimeIsTokenError(void *t) {
+  return static_cast<Token *>(static_cast<Object *>(t))->failed();
+}
+void mlirAsyncRuntimeEmplaceValue(void *v) {
+  static_cast<Value *>(static_cast<Object *>(v))->finish(Readiness::kReady);
+}
+void mlirAsyncRuntimeSetValueError(void *v) {
+  static_cast<Value *>(static_cast<Object *>(v))->finish(Readiness::kError);
+}
+bool mlirAsyncRuntimeIsValueError(void *v) {
+  return static_cast<Value *>(static_cast<Object *>(v))->failed();
+}
+
+void mlirAsyncRuntimeAwaitToken(void *t) {
+  static_cast<Token *>(static_cast<Object *>(t))->wait();
+}
+void mlirAsyncRuntimeAwaitValue(void *v) {
+  static_cast<Value *>(static_cast<Object *>(v))->wait();
+}
+void mlirAsyncRuntimeAwaitAllInGroup(void *g) {
+  static_cast<Group *>(static_cast<Object *>(g))->wait();
+}
+
+void *mlirAsyncRuntimeGetValueStorage(void *v) {
+  return static_cast<Value *>(static_cast<Object *>(v))->storage.data();
+}
+
+void mlirAsyncRuntimeExecute(void *handle, Resume resume) {
+  pool().submit([handle, resume] { resume(handle); });
+}
+
+void mlirAsyncRuntimeAwaitTokenAndExecute(void *t, void *handle,
+                                          Resume resume) {
+  static_cast<Token *>(static_cast<Object *>(t))->then([handle, resume] {
+    resume(handle);
+  });
+}
+void mlirAsyncRuntimeAwaitValueAndExecute(void *v, void *handle,
+                                          Resume resume) {
+  static_cast<Value *>(static_cast<Object *>(v))->then([handle, resume] {
+    resume(handle);
+  });
+}
+void mlirAsyncRuntimeAwaitAllInGroupAndExecute(void *g, void *handle,
+                                               Resume resume) {
+  static_cast<Group *>(static_cast<Object *>(g))->then([handle, resume] {
+    resume(handle);
+  });
+}
+
+// (sic: upstream's spelling, which async-to-llvm emits.)
+int64_t mlirAsyncRuntimGetNumWorkerThreads() { return pool().size(); }
+
+} // extern "C"

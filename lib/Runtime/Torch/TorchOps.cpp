@@ -1,0 +1,717 @@
+//===- TorchOps.cpp - torch.ops.moe.* on the compiled CPU kernels ---------===//
+//
+// Part of the MoE-MLIR project.
+//
+//===----------------------------------------------------------------------===//
+//
+// The CPU kernels of the torch ops that python/moe_mlir/ops.py defines (the
+// schemas, fake kernels and autograd stay in Python). Each call:
+//
+// 1. checks what the kernel cache key does not pin down (the relations
+//    between the token-like, dynamic dimensions; same messages as ops.py);
+// 2. builds the key: op, attributes, input dtypes and shapes with the
+//    token-like dimensions as `?` (they are dynamic in the kernel);
+// 3. finds the kernel in an in-memory map; on a miss asks the Python kernel
+//    cache (python/moe_mlir/runtime/cache.py, registered once through
+//    moeTorchSetLoader) to validate the call with the Python validators and
+//    to compile or load the kernel, and keeps its address;
+// 4. allocates the outputs with torch and passes them, with the (contiguous)
+//    inputs, as memref descriptors to `_mlir_ciface_kernel`, which writes the
+//    results into torch's storage;
+// 5. turns an index error reported by the kernel (moeReportIndexError) into a
+//    Python ValueError.
+//
+//===----------------------------------------------------------------------===//
+
+#include "MoE/Runtime/ErrorReporting.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/library.h>
+
+#include <Python.h>
+
+#include <array>
+#include <cstdio>
+#include <cmath>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+using at::Tensor;
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Memref descriptors
+//===----------------------------------------------------------------------===//
+
+constexpr int kMaxRank = 4;
+
+/// A ranked memref descriptor `{allocated, aligned, offset, sizes[R],
+/// strides[R]}`; for rank R only the first 2R entries of `sizesStrides` are
+/// part of the layout the kernel reads, so one struct serves every rank.
+struct MemRef {
+  void *allocated;
+  void *aligned;
+  int64_t offset;
+  int64_t sizesStrides[2 * kMaxRank];
+};
+
+/// The descriptor of contiguous `t` viewed with `sizes` (same element count).
+MemRef describe(const Tensor &t, c10::IntArrayRef sizes) {
+  MemRef d{};
+  void *data = t.data_ptr();
+  d.allocated = data;
+  d.aligned = data;
+  int64_t rank = static_cast<int64_t>(sizes.size());
+  int64_t stride = 1;
+  for (int64_t i = rank - 1; i >= 0; --i) {
+    d.sizesStrides[i] = sizes[i];
+    d.sizesStrides[rank + i] = stride;
+    stride *= std::max<int64_t>(sizes[i], 1);
+  }
+  return d;
+}
+MemRef describe(const Tensor &t) { return describe(t, t.sizes()); }
+
+using KernelFn = void *;
+
+void callKernel(KernelFn fn, std::vector<MemRef> &args) {
+  std::array<MemRef *, 8> p{};
+  for (size_t i = 0; i < args.size(); ++i)
+    p[i] = &args[i];
+  using M = MemRef *;
+  switch (args.size()) {
+  case 2:
+    return reinterpret_cast<void (*)(M, M)>(fn)(p[0], p[1]);
+  case 3:
+    return reinterpret_cast<void (*)(M, M, M)>(fn)(p[0], p[1], p[2]);
+  case 4:
+    return reinterpret_cast<void (*)(M, M, M, M)>(fn)(p[0], p[1], p[2], p[3]);
+  case 5:
+    return reinterpret_cast<void (*)(M, M, M, M, M)>(fn)(p[0], p[1], p[2],
+                                                         p[3], p[4]);
+  case 6:
+    return reinterpret_cast<void (*)(M, M, M, M, M, M)>(fn)(
+        p[0], p[1], p[2], p[3], p[4], p[5]);
+  case 7:
+    return reinterpret_cast<void (*)(M, M, M, M, M, M, M)>(fn)(
+        p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
+  case 8:
+    return reinterpret_cast<void (*)(M, M, M, M, M, M, M, M)>(fn)(
+        p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
+  default:
+    TORCH_CHECK(false, "moe: internal error: a kernel with ", args.size(),
+                " memref arguments");
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// The kernel cache (C++ side) and the Python loader
+//===----------------------------------------------------------------------===//
+
+PyObject *loader = nullptr; // loader(key: str, shapes: str) -> int address
+std::mutex cacheMutex;
+std::unordered_map<std::string, KernelFn> kernels;
+
+const char *dtypeName(at::ScalarType t) {
+  switch (t) {
+  case at::kFloat:
+    return "f32";
+  case at::kHalf:
+    return "f16";
+  case at::kBFloat16:
+    return "bf16";
+  case at::kInt:
+    return "i32";
+  case at::kLong:
+    return "i64";
+  case at::kBool:
+    return "i1";
+  case at::kDouble:
+    return "f64";
+  default:
+    return c10::toString(t); // no kernel takes it: the validators say so
+  }
+}
+
+/// Builds the cache key `op|attr=value|...|in:name:dtype:dims|...` and, in
+/// parallel, the call's concrete shapes (what Python validates on a miss).
+class Key {
+public:
+  explicit Key(const char *op) : key(op), shapes(op) {}
+
+  Key &attr(const char *name, int64_t v) {
+    return raw(name, std::to_string(v));
+  }
+  Key &attr(const char *name, bool v) { return raw(name, v ? "1" : "0"); }
+  Key &attr(const char *name, double v) {
+    char buf[40];
+    std::snprintf(buf, sizeof(buf), "%.17g", v);
+    return raw(name, buf);
+  }
+  Key &attr(const char *name, c10::string_view v) {
+    return raw(name, std::string(v));
+  }
+  Key &attr(const char *name, std::optional<double> v) {
+    return v ? attr(name, *v) : raw(name, "none");
+  }
+
+  /// An input whose dimensions listed in `dynamic` are token-like.
+  Key &in(const char *name, const Tensor &t,
+          std::initializer_list<int> dynamic = {}) {
+    key += "|in:";
+    key += name;
+    key += ':';
+    key += dtypeName(t.scalar_type());
+    key += ':';
+    shapes += "|";
+    shapes += name;
+    shapes += ':';
+    shapes += dtypeName(t.scalar_type());
+    shapes += ':';
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      if (d) {
+        key += 'x';
+        shapes += 'x';
+      }
+      bool dyn = std::find(dynamic.begin(), dynamic.end(), d) != dynamic.end();
+      key += dyn ? std::string("?") : std::to_string(t.size(d));
+      shapes += std::to_string(t.size(d));
+    }
+    if (t.dim() == 0) {
+      key += "scalar";
+      shapes += "scalar";
+    }
+    return *this;
+  }
+
+  std::string key, shapes;
+
+private:
+  Key &raw(const char *name, const std::string &v) {
+    key += '|';
+    key += name;
+    key += '=';
+    key += v;
+    return *this;
+  }
+};
+
+/// Raises the pending Python exception as the matching c10 error (ValueError
+/// and TypeError keep their type: torch maps them back on the way out).
+[[noreturn]] void rethrowPython() {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  std::string msg = "moe: the kernel cache failed";
+  if (value) {
+    if (PyObject *s = PyObject_Str(value)) {
+      if (const char *c = PyUnicode_AsUTF8(s))
+        msg = c;
+      Py_DECREF(s);
+    }
+  }
+  bool isValue = type && PyErr_GivenExceptionMatches(type, PyExc_ValueError);
+  bool isType = type && PyErr_GivenExceptionMatches(type, PyExc_TypeError);
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  if (isType)
+    TORCH_CHECK_TYPE(false, msg);
+  if (isValue)
+    TORCH_CHECK_VALUE(false, msg);
+  TORCH_CHECK(false, msg);
+}
+
+/// Holds the GIL for its scope (released on exceptions too).
+struct Gil {
+  PyGILState_STATE state = PyGILState_Ensure();
+  ~Gil() { PyGILState_Release(state); }
+};
+
+/// `fn(*args)` (steals `args`) with the GIL held by the caller; a Python
+/// exception becomes the matching c10 error.
+PyObject *callPython(PyObject *fn, PyObject *args) {
+  TORCH_CHECK(fn != nullptr,
+              "moe: the kernel cache is not registered (import moe_mlir first)");
+  PyObject *r = PyObject_CallObject(fn, args);
+  Py_DECREF(args);
+  if (!r)
+    rethrowPython();
+  return r;
+}
+
+/// Runs the Python validators on the call (no kernel): for shapes that no
+/// kernel serves.
+void validateOnly(const Key &k) {
+  Gil gil;
+  Py_DECREF(callPython(loader, Py_BuildValue("(ssi)", k.key.c_str(),
+                                             k.shapes.c_str(), 1)));
+}
+
+KernelFn lookup(const Key &k) {
+  {
+    std::lock_guard<std::mutex> l(cacheMutex);
+    auto it = kernels.find(k.key);
+    if (it != kernels.end())
+      return it->second;
+  }
+  KernelFn fn = nullptr;
+  {
+    Gil gil;
+    PyObject *r = callPython(
+        loader, Py_BuildValue("(ss)", k.key.c_str(), k.shapes.c_str()));
+    fn = PyLong_AsVoidPtr(r);
+    Py_DECREF(r);
+  }
+  TORCH_CHECK(fn != nullptr, "moe: the kernel cache returned no kernel for ",
+              k.key);
+  std::lock_guard<std::mutex> l(cacheMutex);
+  kernels.emplace(k.key, fn);
+  return fn;
+}
+
+/// After a kernel call: a reported index error becomes a ValueError, worded
+/// as the eager ops word it. The runtime's message is
+/// "moe.<op>: '<operand>' element <i> is <v>, outside [0, <n>); ...".
+void checkReportedError() {
+  char msg[512];
+  if (!moeTakeError(msg, sizeof(msg)))
+    return;
+  char op[128], operand[64];
+  long long pos, value, bound;
+  if (std::sscanf(msg, "moe.%127[^:]: '%63[^']' element %lld is %lld, outside [0, %lld)",
+                  op, operand, &pos, &value, &bound) == 5)
+    TORCH_CHECK_VALUE(false, "moe.", op, ": '", operand, "' holds ", value,
+                      ", outside [0, ", bound,
+                      "): the value indexes no expert (element ", pos, ")");
+  TORCH_CHECK_VALUE(false, msg);
+}
+
+void run(const Key &k, std::vector<MemRef> args) {
+  KernelFn fn = lookup(k);
+  callKernel(fn, args);
+  checkReportedError();
+}
+
+//===----------------------------------------------------------------------===//
+// Checks (the messages of python/moe_mlir/ops.py)
+//===----------------------------------------------------------------------===//
+
+void checkDim(const char *op, const char *name, const Tensor &t, int64_t d,
+              int64_t expected, const char *what) {
+  TORCH_CHECK_VALUE(t.size(d) == expected, "moe.", op, ": dimension ", d,
+                    " of '", name, "' (", t.size(d), ") must equal ", what,
+                    " (", expected, ")");
+}
+
+void checkRank(const char *op, const char *name, const Tensor &t,
+               int64_t rank, const char *layout) {
+  if (t.dim() == rank)
+    return;
+  std::string shape = "[";
+  for (int64_t d = 0; d < t.dim(); ++d)
+    shape += (d ? ", " : "") + std::to_string(t.size(d));
+  shape += "]";
+  TORCH_CHECK_VALUE(false, "moe.", op, ": '", name, "' must have rank ", rank,
+                    " (", layout, "), got shape ", shape);
+}
+
+void checkCpu(const char *op, std::initializer_list<const Tensor *> ts) {
+  for (const Tensor *t : ts)
+    TORCH_CHECK(t->device().is_cpu(), "moe.", op,
+                ": every tensor must be on the CPU for the CPU kernel, got ",
+                t->device());
+}
+
+Tensor contig(const Tensor &t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+at::TensorOptions f32(const Tensor &like) {
+  return like.options().dtype(at::kFloat);
+}
+at::TensorOptions i32(const Tensor &like) {
+  return like.options().dtype(at::kInt);
+}
+
+//===----------------------------------------------------------------------===//
+// The ops
+//===----------------------------------------------------------------------===//
+
+std::tuple<Tensor, Tensor> topkRenorm(const Tensor &scores, int64_t k,
+                                      c10::string_view mode, bool renormalize) {
+  TORCH_CHECK_VALUE(scores.dim() >= 1,
+                    "moe.topk_renorm: 'scores' must have rank >= 1 ([..., K])");
+  checkCpu("topk_renorm", {&scores});
+  Tensor s = contig(scores);
+  int64_t K = s.size(-1);
+  Key key("topk_renorm");
+  key.attr("k", k).attr("mode", mode).attr("renormalize", renormalize);
+  // [..., K] as [rows, K]: one kernel for every leading shape.
+  int64_t rows = K == 0 ? 0 : s.numel() / K;
+  Tensor flat = s.view({rows, K});
+  key.in("scores", flat, {0});
+  std::vector<int64_t> shape = s.sizes().vec();
+  shape.back() = k;
+  Tensor w = at::empty(shape, f32(s)), i = at::empty(shape, i32(s));
+  std::array<int64_t, 2> outShape{rows, k};
+  KernelFn fn = lookup(key); // validates k against K first
+  if (rows == 0)
+    return {w, i};
+  std::vector<MemRef> args{describe(flat), describe(w, outShape),
+                           describe(i, outShape)};
+  callKernel(fn, args);
+  return {w, i};
+}
+
+/// The shared part of similarity_inform and its fused top-k form.
+void similarityChecks(const char *op, const Tensor &u, const Tensor &e,
+                      const std::optional<Tensor> &ws,
+                      const std::optional<Tensor> &mask) {
+  checkCpu(op, {&u, &e});
+  if (ws)
+    checkCpu(op, {&*ws});
+  if (mask)
+    checkCpu(op, {&*mask});
+  checkRank(op, "u", u, 3, "[B, N, D]");
+  checkRank(op, "e", e, 3, "[B, N, K]");
+  checkDim(op, "e", e, 0, u.size(0), "dimension 0 of 'u' (B)");
+  checkDim(op, "e", e, 1, u.size(1), "dimension 1 of 'u' (N)");
+  if (mask && mask->dim() == 2) {
+    checkDim(op, "key_mask", *mask, 0, u.size(0), "dimension 0 of 'u' (B)");
+    checkDim(op, "key_mask", *mask, 1, u.size(1), "dimension 1 of 'u' (N)");
+  }
+}
+
+std::vector<MemRef> similarityArgs(Key &key, const Tensor &u, const Tensor &e,
+                                   const std::optional<Tensor> &ws,
+                                   const std::optional<Tensor> &mask,
+                                   std::vector<Tensor> &keep) {
+  keep = {contig(u), contig(e)};
+  key.in("u", keep[0], {0, 1}).in("e", keep[1], {0, 1});
+  std::vector<MemRef> args{describe(keep[0]), describe(keep[1])};
+  if (ws) {
+    keep.push_back(contig(*ws));
+    key.in("ws", keep.back());
+    args.push_back(describe(keep.back()));
+  }
+  if (mask) {
+    keep.push_back(contig(*mask));
+    key.in("key_mask", keep.back(), {0, 1});
+    args.push_back(describe(keep.back()));
+  }
+  return args;
+}
+
+Tensor similarityInform(const Tensor &u, const Tensor &e,
+                        const std::optional<Tensor> &ws,
+                        const std::optional<Tensor> &mask, double tau,
+                        bool causal) {
+  similarityChecks("similarity_inform", u, e, ws, mask);
+  Key key("similarity_inform");
+  key.attr("tau", tau).attr("causal", causal);
+  std::vector<Tensor> keep;
+  std::vector<MemRef> args = similarityArgs(key, u, e, ws, mask, keep);
+  Tensor p = at::empty(e.sizes(), f32(e));
+  args.push_back(describe(p));
+  run(key, std::move(args));
+  return p;
+}
+
+std::tuple<Tensor, Tensor>
+similarityInformTopk(const Tensor &u, const Tensor &e, int64_t k,
+                     const std::optional<Tensor> &ws,
+                     const std::optional<Tensor> &mask, double tau, bool causal,
+                     bool renormalize) {
+  similarityChecks("similarity_inform_topk", u, e, ws, mask);
+  Key key("similarity_inform_topk");
+  key.attr("k", k).attr("renormalize", renormalize).attr("tau", tau).attr(
+      "causal", causal);
+  std::vector<Tensor> keep;
+  std::vector<MemRef> args = similarityArgs(key, u, e, ws, mask, keep);
+  std::array<int64_t, 3> shape{u.size(0), u.size(1), k};
+  Tensor w = at::empty(shape, f32(e)), i = at::empty(shape, i32(e));
+  args.push_back(describe(w));
+  args.push_back(describe(i));
+  run(key, std::move(args));
+  return {w, i};
+}
+
+void attentionChecks(const char *op, const Tensor &scores, const Tensor &u,
+                     const Tensor &v, const Tensor &wo, const Tensor &e) {
+  checkCpu(op, {&scores, &u, &v, &wo, &e});
+  checkRank(op, "scores", scores, 4, "[B, H, N, Nk]");
+  checkRank(op, "u", u, 3, "[B, N, D]");
+  checkRank(op, "v", v, 4, "[B, H, Nk, Dh]");
+  checkRank(op, "wo", wo, 2, "[D, H*Dh]");
+  checkRank(op, "e", e, 3, "[B, Nk, K]");
+  int64_t B = scores.size(0), N = scores.size(2), Nk = scores.size(3);
+  checkDim(op, "u", u, 0, B, "dimension 0 of 'scores' (B)");
+  checkDim(op, "u", u, 1, N, "dimension 2 of 'scores' (N)");
+  checkDim(op, "v", v, 0, B, "dimension 0 of 'scores' (B)");
+  checkDim(op, "v", v, 2, Nk, "dimension 3 of 'scores' (Nk)");
+  checkDim(op, "e", e, 0, B, "dimension 0 of 'scores' (B)");
+  checkDim(op, "e", e, 1, Nk, "dimension 3 of 'scores' (Nk)");
+}
+
+std::vector<MemRef> attentionArgs(Key &key, const Tensor &scores,
+                                  const Tensor &u, const Tensor &v,
+                                  const Tensor &wo, const Tensor &e,
+                                  std::vector<Tensor> &keep) {
+  keep = {contig(scores), contig(u), contig(v), contig(wo), contig(e)};
+  key.in("scores", keep[0], {0, 2, 3})
+      .in("u", keep[1], {0, 1})
+      .in("v", keep[2], {0, 2})
+      .in("wo", keep[3])
+      .in("e", keep[4], {0, 1});
+  std::vector<MemRef> args;
+  for (const Tensor &t : keep)
+    args.push_back(describe(t));
+  return args;
+}
+
+std::tuple<Tensor, Tensor>
+attentionPosterior(const Tensor &scores, const Tensor &u, const Tensor &v,
+                   const Tensor &wo, const Tensor &e, double sigma,
+                   c10::string_view headSelect,
+                   std::optional<double> headScale) {
+  attentionChecks("attention_posterior", scores, u, v, wo, e);
+  Key key("attention_posterior");
+  key.attr("sigma", sigma).attr("head_select", headSelect).attr("head_scale",
+                                                               headScale);
+  std::vector<Tensor> keep;
+  std::vector<MemRef> args = attentionArgs(key, scores, u, v, wo, e, keep);
+  Tensor p = at::empty({scores.size(0), scores.size(2), e.size(2)}, f32(e));
+  Tensor head = at::empty({scores.size(0)}, i32(e));
+  args.push_back(describe(p));
+  args.push_back(describe(head));
+  run(key, std::move(args));
+  return {p, head};
+}
+
+std::tuple<Tensor, Tensor, Tensor>
+attentionPosteriorTopk(const Tensor &scores, const Tensor &u, const Tensor &v,
+                       const Tensor &wo, const Tensor &e, int64_t k,
+                       double sigma, c10::string_view headSelect,
+                       std::optional<double> headScale, bool renormalize) {
+  attentionChecks("attention_posterior_topk", scores, u, v, wo, e);
+  Key key("attention_posterior_topk");
+  key.attr("k", k)
+      .attr("renormalize", renormalize)
+      .attr("sigma", sigma)
+      .attr("head_select", headSelect)
+      .attr("head_scale", headScale);
+  std::vector<Tensor> keep;
+  std::vector<MemRef> args = attentionArgs(key, scores, u, v, wo, e, keep);
+  std::array<int64_t, 3> shape{scores.size(0), scores.size(2), k};
+  Tensor w = at::empty(shape, f32(e)), i = at::empty(shape, i32(e));
+  Tensor head = at::empty({scores.size(0)}, i32(e));
+  args.push_back(describe(w));
+  args.push_back(describe(i));
+  args.push_back(describe(head));
+  run(key, std::move(args));
+  return {w, i, head};
+}
+
+std::tuple<Tensor, Tensor> madDispersion(const Tensor &tokens,
+                                         const Tensor &assign,
+                                         int64_t numExperts, double eps,
+                                         double clip, c10::string_view normalize,
+                                         c10::string_view measure,
+                                         c10::string_view empty) {
+  const char *op = "mad_dispersion";
+  checkCpu(op, {&tokens, &assign});
+  checkRank(op, "tokens", tokens, 2, "[T, D]");
+  checkRank(op, "assign", assign, 1, "[T]");
+  checkDim(op, "assign", assign, 0, tokens.size(0),
+           "dimension 0 of 'tokens' (T)");
+  Key key(op);
+  key.attr("num_experts", numExperts)
+      .attr("eps", eps)
+      .attr("clip", clip)
+      .attr("normalize", normalize)
+      .attr("measure", measure)
+      .attr("empty", empty);
+  Tensor x = contig(tokens), a = contig(assign);
+  key.in("tokens", x, {0}).in("assign", a, {0});
+  KernelFn fn = lookup(key); // validates num_experts first
+  Tensor w = at::empty({numExperts, tokens.size(1)}, f32(tokens));
+  Tensor counts = at::empty({numExperts}, i32(tokens));
+  std::vector<MemRef> args{describe(x), describe(a), describe(w),
+                           describe(counts)};
+  callKernel(fn, args);
+  checkReportedError();
+  return {w, counts};
+}
+
+Tensor adjacencyUpdate(const Tensor &a, const Tensor &idx, double beta,
+                       c10::string_view norm, bool includeSelf) {
+  const char *op = "adjacency_update";
+  checkCpu(op, {&a, &idx});
+  Key key(op);
+  key.attr("beta", beta).attr("norm", norm).attr("include_self", includeSelf);
+  Tensor ac = contig(a), ic = contig(idx);
+  key.in("a", ac).in("idx", ic, {0});
+  Tensor out = at::empty(a.sizes(), f32(a));
+  run(key, {describe(ac), describe(ic), describe(out)});
+  return out;
+}
+
+std::tuple<Tensor, Tensor> hyperRouter(const Tensor &emb, const Tensor &w1,
+                                       const Tensor &b1, const Tensor &w2,
+                                       const Tensor &b2, int64_t numExperts) {
+  const char *op = "hyper_router";
+  checkCpu(op, {&emb, &w1, &b1, &w2, &b2});
+  Key key(op);
+  key.attr("num_experts", numExperts);
+  std::vector<Tensor> keep{contig(emb), contig(w1), contig(b1), contig(w2),
+                           contig(b2)};
+  const char *names[] = {"emb", "w1", "b1", "w2", "b2"};
+  std::vector<MemRef> args;
+  for (size_t n = 0; n < keep.size(); ++n) {
+    key.in(names[n], keep[n]);
+    args.push_back(describe(keep[n]));
+  }
+  // The torch op allows D = 0 (a router of biases only), the dialect does
+  // not: validate, then compute that degenerate case with ATen.
+  if (numExperts >= 1 && w2.dim() == 2 && w2.size(0) == numExperts) {
+    validateOnly(key);
+    Tensor hidden = at::relu(at::matmul(w1.to(at::kFloat), emb.to(at::kFloat)) +
+                             b1.to(at::kFloat));
+    Tensor b = at::matmul(w2.to(at::kFloat), hidden) + b2.to(at::kFloat);
+    return {at::empty({numExperts, 0}, f32(emb)), b};
+  }
+  KernelFn fn = lookup(key); // validates the shapes first
+  int64_t d = w2.size(0) / numExperts - 1;
+  Tensor w = at::empty({numExperts, d}, f32(emb));
+  Tensor b = at::empty({numExperts}, f32(emb));
+  args.push_back(describe(w));
+  args.push_back(describe(b));
+  callKernel(fn, args);
+  checkReportedError();
+  return {w, b};
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Autograd (CPU)
+//===----------------------------------------------------------------------===//
+//
+// The Python autograd of the custom ops (a Python kernel at the Autograd key)
+// would run on every call, gradients or not. This boxed kernel at AutogradCPU
+// takes the common case in C++: no input requires grad (or grad mode is off,
+// or the op is stop-gradient) -> straight to the CPU kernel. Otherwise it
+// hands the call to Python (ops._autograd_call: the op's registered
+// recompute backward, unchanged).
+
+PyObject *gradPath = nullptr; // gradPath(name, keyset, args: tuple) -> outputs
+
+PyObject *toPython(const c10::IValue &v) {
+  if (v.isTensor())
+    return THPVariable_Wrap(v.toTensor());
+  if (v.isNone())
+    Py_RETURN_NONE;
+  if (v.isBool())
+    return PyBool_FromLong(v.toBool());
+  if (v.isInt())
+    return PyLong_FromLongLong(v.toInt());
+  if (v.isDouble())
+    return PyFloat_FromDouble(v.toDouble());
+  if (v.isString())
+    return PyUnicode_FromString(v.toStringRef().c_str());
+  TORCH_CHECK(false, "moe: internal error: argument of type ", v.tagKind());
+}
+
+void gradThroughPython(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
+                       torch::jit::Stack *stack) {
+  size_t n = op.schema().arguments().size();
+  const std::string &full = op.schema().name();
+  std::string name = full.substr(full.find("::") + 2);
+  Gil gil;
+  PyObject *args = PyTuple_New(static_cast<Py_ssize_t>(n));
+  for (size_t i = 0; i < n; ++i)
+    PyTuple_SET_ITEM(args, i, toPython((*stack)[stack->size() - n + i]));
+  PyObject *keyset = pybind11::cast(ks).release().ptr();
+  PyObject *result = callPython(
+      gradPath, Py_BuildValue("(sNN)", name.c_str(), keyset, args));
+  torch::jit::drop(*stack, n);
+  if (THPVariable_Check(result)) {
+    stack->emplace_back(THPVariable_Unpack(result));
+  } else {
+    for (Py_ssize_t i = 0; i < PyTuple_Size(result); ++i)
+      stack->emplace_back(THPVariable_Unpack(PyTuple_GET_ITEM(result, i)));
+  }
+  Py_DECREF(result);
+}
+
+template <bool Differentiable>
+void autogradCpu(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
+                 torch::jit::Stack *stack) {
+  if (Differentiable && at::GradMode::is_enabled()) {
+    size_t n = op.schema().arguments().size();
+    for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+      const c10::IValue &v = (*stack)[i];
+      if (v.isTensor() && v.toTensor().requires_grad())
+        return gradThroughPython(op, ks, stack);
+    }
+  }
+  // As the custom op's own autograd kernel does without gradients.
+  at::AutoDispatchBelowAutograd guard;
+  op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
+}
+
+//===----------------------------------------------------------------------===//
+// Registration
+//===----------------------------------------------------------------------===//
+
+/// Called once by python/moe_mlir/runtime (through ctypes at import): the
+/// kernel cache's `load(key: str, shapes: str) -> int`.
+extern "C" __attribute__((visibility("default"))) void
+moeTorchSetLoader(PyObject *fn, PyObject *grad) {
+  Py_XINCREF(fn);
+  Py_XINCREF(grad);
+  Py_XDECREF(loader);
+  Py_XDECREF(gradPath);
+  loader = fn;
+  gradPath = grad;
+  moeSetErrorEcho(0);
+}
+
+/// Forgets the in-memory kernel addresses (tests: the next call asks the
+/// Python cache again).
+extern "C" __attribute__((visibility("default"))) void moeTorchClearKernels() {
+  std::lock_guard<std::mutex> l(cacheMutex);
+  kernels.clear();
+}
+
+TORCH_LIBRARY_IMPL(moe, CPU, m) {
+  m.impl("topk_renorm", &topkRenorm);
+  m.impl("similarity_inform", &similarityInform);
+  m.impl("similarity_inform_topk", &similarityInformTopk);
+  m.impl("attention_posterior", &attentionPosterior);
+  m.impl("attention_posterior_topk", &attentionPosteriorTopk);
+  m.impl("mad_dispersion", &madDispersion);
+  m.impl("adjacency_update", &adjacencyUpdate);
+  m.impl("hyper_router", &hyperRouter);
+}
+
+TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) {
+  auto grad = [] {
+    return torch::CppFunction::makeFromBoxedFunction<&autogradCpu<true>>();
+  };
+  auto stop = [] {
+    return torch::CppFunction::makeFromBoxedFunction<&autogradCpu<false>>();
+  };
+  for (const char *op :
+       {"topk_renorm", "similarity_inform", "similarity_inform_topk",
+        "attention_posterior", "attention_posterior_topk", "hyper_router"})
+    m.impl(op, grad());
+  // Stop-gradient ops (ops.py registers no autograd for them).
+  m.impl("mad_dispersion", stop());
+  m.impl("adjacency_update", stop());
+}

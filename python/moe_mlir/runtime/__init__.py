@@ -1,0 +1,8 @@
+"""The run-time layer of moe_mlir: what calls compiled kernels.
+
+* :mod:`.abi`: memref descriptors and dtype names, the one place that marshals torch tensors for compiled code
+  (ctypes), shared by the package, ``bench/`` and the GPU tests;
+* :mod:`.cache`: the CPU kernel cache behind ``torch.ops.moe.*`` (ahead-of-time compiled shared objects, in memory and
+  on disk);
+* :mod:`.extension`: loads the C++ torch extension (``libmoe_torch.so``) and connects it to the cache.
+"""

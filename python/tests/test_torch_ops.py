@@ -1,0 +1,441 @@
+"""torch.ops.moe.* on the compiled CPU kernels (lib/Runtime/Torch + moe_mlir.runtime) against moe_mlir.reference.
+
+Covers: numerics on random and adversarial inputs (ties, NaN, -inf rows, masks, N=1, k=K, zero-sized token
+dimensions), several token counts served by one kernel (the compile counter does not move), the on-disk cache across
+processes, non-contiguous inputs, bad inputs, index errors, opcheck, torch.compile(fullgraph=True), autograd through
+the C++ autograd kernel, and the eager fallback when the kernels are disabled.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import moe_mlir
+from moe_mlir import ops
+from moe_mlir import reference as R
+from moe_mlir.runtime import cache
+
+NAN, INF = float("nan"), float("inf")
+#: The package under test, for subprocesses.
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
+
+pytestmark = pytest.mark.skipif(
+    not ops.kernels_available(),
+    reason=f"compiled kernels unavailable: {ops._KERNELS_UNAVAILABLE} (build the project: cmake --build build)",
+)
+
+
+def same(ours, ref, atol=2e-6, rtol=2e-5):
+    ours = ours if isinstance(ours, tuple) else (ours,)
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    assert len(ours) == len(ref)
+    for o, r in zip(ours, ref):
+        assert o.shape == r.shape, (o.shape, r.shape)
+        assert o.dtype == r.dtype, (o.dtype, r.dtype)
+        if o.is_floating_point():
+            torch.testing.assert_close(o, r, atol=atol, rtol=rtol, equal_nan=True)
+        else:
+            assert torch.equal(o, r), (o, r)
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+# ================================================================================================================
+# Numerics
+# ================================================================================================================
+
+
+@pytest.mark.parametrize("mode", ["logits", "probs"])
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_topk_renorm_random(mode, renormalize, dtype):
+    g = gen()
+    x = torch.randn(3, 5, 16, generator=g)
+    if mode == "probs":
+        x = torch.softmax(x, -1)
+    x = x.to(dtype)
+    for k in (1, 3, 16):
+        same(torch.ops.moe.topk_renorm(x, k, mode, renormalize), R.topk_renorm(x, k, mode, renormalize))
+
+
+def test_topk_renorm_adversarial():
+    x = torch.tensor([
+        [1.0, 1.0, 1.0, 1.0, 1.0, 1.0],           # all tied: lowest indices
+        [0.0, NAN, 2.0, NAN, 2.0, -1.0],           # NaN first, then ties to the lowest index
+        [-INF] * 6,                                # fully masked: zero weights, indices 0..k-1
+        [-INF, 3.0, -INF, INF, 0.0, -INF],         # +inf and -inf
+        [5.0, -INF, -INF, -INF, -INF, -INF],       # one finite entry
+    ])
+    for mode in ("logits", "probs"):
+        for renormalize in (True, False):
+            for k in (1, 2, 6):
+                same(torch.ops.moe.topk_renorm(x, k, mode, renormalize), R.topk_renorm(x, k, mode, renormalize))
+    p = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.5, 0.25, 0.25, 0.0]])  # zero sum: zero weights
+    same(torch.ops.moe.topk_renorm(p, 2, "probs", True), R.topk_renorm(p, 2, "probs", True))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("with_ws", [False, True])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_similarity_inform(causal, with_ws, with_mask):
+    g = gen(1)
+    B, N, D, K = 2, 9, 8, 6
+    u = torch.randn(B, N, D, generator=g)
+    e = torch.softmax(torch.randn(B, N, K, generator=g), -1)
+    ws = torch.randn(D, D, generator=g) * 0.3 if with_ws else None
+    m = None
+    if with_mask:
+        m = torch.rand(B, N, generator=g) > 0.4
+        m[1] = False  # a sequence with every key masked: zero rows
+    same(torch.ops.moe.similarity_inform(u, e, ws, m, 0.7, causal), R.similarity_inform(u, e, ws, m, 0.7, causal))
+    for k in (1, K):
+        same(torch.ops.moe.similarity_inform_topk(u, e, k, ws, m, 0.7, causal, True),
+             R.similarity_inform_topk(u, e, ws, m, k, True, 0.7, causal), atol=1e-5, rtol=1e-4)
+
+
+def test_similarity_inform_nan_and_single_token():
+    g = gen(2)
+    u = torch.randn(1, 1, 4, generator=g)
+    e = torch.softmax(torch.randn(1, 1, 3, generator=g), -1)
+    same(torch.ops.moe.similarity_inform(u, e), R.similarity_inform(u, e, None, None, 1.0, False))
+    u = torch.randn(2, 5, 4, generator=g)
+    e = torch.softmax(torch.randn(2, 5, 3, generator=g), -1)
+    e[0, 2, 1] = NAN  # propagates to the rows that mix key 2
+    same(torch.ops.moe.similarity_inform(u, e, None, None, 1.0, True), R.similarity_inform(u, e, None, None, 1.0, True))
+
+
+def _attention_inputs(g, B=2, H=3, N=5, Nk=7, D=8, Dh=4, K=6):
+    s = torch.randn(B, H, N, Nk, generator=g) * torch.linspace(0.5, 3.0, H)[None, :, None, None]
+    u = torch.randn(B, N, D, generator=g) * 0.5
+    v = torch.randn(B, H, Nk, Dh, generator=g) * 0.2
+    wo = torch.randn(D, H * Dh, generator=g) * 0.2
+    e = torch.softmax(torch.randn(B, Nk, K, generator=g), -1)
+    return s, u, v, wo, e
+
+
+@pytest.mark.parametrize("head_select", ["min_entropy", "all"])
+@pytest.mark.parametrize("head_scale", [None, 1.0])
+def test_attention_posterior(head_select, head_scale):
+    s, u, v, wo, e = _attention_inputs(gen(3))
+    s[0, :, 1, :] = -INF  # a fully masked query row in every head
+    s[1, 0, :, 2] = -INF  # a key masked in one head
+    same(torch.ops.moe.attention_posterior(s, u, v, wo, e, 0.8, head_select, head_scale),
+         R.attention_posterior(s, u, v, wo, e, 0.8, head_select, head_scale), atol=1e-5, rtol=1e-4)
+    for k in (1, e.shape[2]):
+        same(torch.ops.moe.attention_posterior_topk(s, u, v, wo, e, k, 0.8, head_select, head_scale, True),
+             R.attention_posterior_topk(s, u, v, wo, e, k, True, 0.8, head_select, head_scale), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("normalize", ["feature", "expert", "global"])
+@pytest.mark.parametrize("measure", ["mad", "variance"])
+@pytest.mark.parametrize("empty", ["identity", "raw"])
+def test_mad_dispersion(normalize, measure, empty):
+    g = gen(4)
+    x = torch.randn(40, 12, generator=g)
+    a = torch.randint(0, 5, (40,), generator=g)
+    a[a == 3] = 0  # an empty cluster
+    a[0] = 4
+    a[a == 4] = 2
+    a[0] = 4       # a singleton cluster
+    for clip in (0.0, 2.0):
+        same(torch.ops.moe.mad_dispersion(x, a, 5, 1e-3, clip, normalize, measure, empty),
+             R.mad_dispersion(x, a, 5, 1e-3, clip, normalize, measure, empty), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("norm", ["row", "col", "none"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_adjacency_update(norm, include_self):
+    g = gen(5)
+    a = torch.rand(6, 6, generator=g)
+    idx = torch.randint(0, 6, (30, 3), generator=g, dtype=torch.int32)
+    idx[0] = torch.tensor([1, 1, 1], dtype=torch.int32)  # repeated index counts once
+    same(torch.ops.moe.adjacency_update(a, idx, 0.8, norm, include_self),
+         R.adjacency_update(a, idx, 0.8, norm, include_self))
+
+
+def test_hyper_router():
+    g = gen(6)
+    emb, w1, b1 = torch.randn(8, generator=g), torch.randn(5, 8, generator=g), torch.randn(5, generator=g)
+    w2, b2 = torch.randn(3 * 7, 5, generator=g), torch.randn(21, generator=g)
+    same(torch.ops.moe.hyper_router(emb, w1, b1, w2, b2, 3), R.hyper_router(emb, w1, b1, w2, b2, 3),
+         atol=1e-5, rtol=1e-5)
+
+
+def test_zero_sized_token_dims():
+    same(torch.ops.moe.topk_renorm(torch.randn(0, 8), 2), R.topk_renorm(torch.randn(0, 8), 2, "logits", True))
+    same(torch.ops.moe.topk_renorm(torch.randn(3, 0, 8), 2), R.topk_renorm(torch.randn(3, 0, 8), 2, "logits", True))
+    x, a = torch.randn(0, 4), torch.zeros(0, dtype=torch.int64)
+    same(torch.ops.moe.mad_dispersion(x, a, 3), R.mad_dispersion(x, a, 3, 1e-4, 10.0, "feature", "mad", "identity"))
+    A = torch.rand(4, 4)
+    idx = torch.zeros(0, 2, dtype=torch.int64)
+    same(torch.ops.moe.adjacency_update(A, idx), R.adjacency_update(A, idx, 0.9, "row", True))
+    u, e = torch.randn(0, 4, 8), torch.randn(0, 4, 3)
+    same(torch.ops.moe.similarity_inform(u, e), R.similarity_inform(u, e, None, None, 1.0, False))
+
+
+# ================================================================================================================
+# One kernel per static signature; the disk cache
+# ================================================================================================================
+
+
+def test_token_counts_share_one_kernel():
+    g = gen(7)
+    x = torch.randn(3, 24, generator=g)
+    torch.ops.moe.topk_renorm(x, 5, "logits", False)  # compiled or loaded once
+    u = torch.randn(1, 3, 8, generator=g)
+    torch.ops.moe.similarity_inform(u, torch.rand(1, 3, 4, generator=g), None, None, 0.3, True)
+    before = (cache.stats.compiles, cache.stats.disk_loads)
+    for T in (1, 2, 17, 64, 257, 1000):
+        x = torch.randn(T, 24, generator=g)
+        same(torch.ops.moe.topk_renorm(x, 5, "logits", False), R.topk_renorm(x, 5, "logits", False))
+    for B, N in ((1, 1), (2, 7), (3, 40)):
+        u, e = torch.randn(B, N, 8, generator=g), torch.rand(B, N, 4, generator=g)
+        same(torch.ops.moe.similarity_inform(u, e, None, None, 0.3, True),
+             R.similarity_inform(u, e, None, None, 0.3, True), atol=1e-5, rtol=1e-4)
+    assert (cache.stats.compiles, cache.stats.disk_loads) == before
+
+
+def test_disk_cache_across_processes(tmp_path):
+    script = textwrap.dedent("""
+        import sys, torch
+        import moe_mlir
+        from moe_mlir.runtime import cache
+        x = torch.randn(int(sys.argv[1]), 12)
+        w, i = torch.ops.moe.topk_renorm(x, 3)
+        ref = moe_mlir.reference.topk_renorm(x, 3, "logits", True)
+        assert torch.equal(i, ref[1]) and torch.allclose(w, ref[0])
+        print(cache.stats.compiles, cache.stats.disk_loads)
+    """)
+    env = dict(os.environ, MOE_KERNEL_CACHE=str(tmp_path / "kernels"), PYTHONPATH=PACKAGE_ROOT)
+
+    def run(T):
+        p = subprocess.run([sys.executable, "-c", script, str(T)], env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.split()
+
+    assert run(5) == ["1", "0"]     # compiled
+    assert run(77) == ["0", "1"]    # another token count: loaded from disk, nothing compiled
+    assert len(list((tmp_path / "kernels").glob("*.so"))) == 1
+    assert not list((tmp_path / "kernels").glob("*.part"))
+
+
+# ================================================================================================================
+# Layouts, errors
+# ================================================================================================================
+
+
+def test_non_contiguous_inputs():
+    g = gen(8)
+    x = torch.randn(16, 10, generator=g).t()  # [10, 16], transposed
+    same(torch.ops.moe.topk_renorm(x, 2), R.topk_renorm(x, 2, "logits", True))
+    u = torch.randn(2, 8, 12, generator=g)[:, :, ::2]
+    e = torch.softmax(torch.randn(2, 4, 8, generator=g), -1).transpose(1, 2)  # [2, 8, 4]
+    same(torch.ops.moe.similarity_inform(u, e), R.similarity_inform(u, e, None, None, 1.0, False))
+    t = torch.randn(12, 30, generator=g)[:, ::3]
+    a = torch.randint(0, 3, (24,), generator=g)[::2]
+    same(torch.ops.moe.mad_dispersion(t, a, 3), R.mad_dispersion(t, a, 3, 1e-4, 10.0, "feature", "mad", "identity"))
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda: torch.ops.moe.topk_renorm(torch.randn(4, 8), 9), ValueError, r"'k' \(9\) must be in \[1, 8\]"),
+    (lambda: torch.ops.moe.topk_renorm(torch.randn(4, 8), 2, "soft"), ValueError, r"'mode' must be one of"),
+    (lambda: torch.ops.moe.topk_renorm(torch.randn(4, 8, dtype=torch.float64), 2), TypeError, r"must be f32, f16"),
+    (lambda: torch.ops.moe.topk_renorm(torch.randint(0, 3, (4, 8)), 2), TypeError, r"must be f32, f16"),
+    (lambda: torch.ops.moe.topk_renorm(torch.tensor(1.0), 1), ValueError, r"rank >= 1"),
+    (lambda: torch.ops.moe.similarity_inform(torch.randn(2, 4, 8), torch.randn(3, 4, 2)), ValueError,
+     r"dimension 0 of 'e' \(3\) must equal dimension 0 of 'u' \(B\) \(2\)"),
+    (lambda: torch.ops.moe.similarity_inform(torch.randn(2, 4, 8), torch.randn(2, 4, 2), None, None, 0.0),
+     ValueError, r"'tau' \(0.0\) must be > 0"),
+    (lambda: torch.ops.moe.similarity_inform(torch.randn(2, 4, 8), torch.randn(2, 4, 2), None,
+                                             torch.ones(2, 4)), TypeError, r"'key_mask' must be bool"),
+    (lambda: torch.ops.moe.mad_dispersion(torch.randn(5, 3), torch.zeros(4, dtype=torch.int64), 2), ValueError,
+     r"dimension 0 of 'assign' \(4\) must equal"),
+    (lambda: torch.ops.moe.mad_dispersion(torch.randn(5, 3), torch.zeros(5, dtype=torch.int64), 0), ValueError,
+     r"'num_experts' \(0\) must be >= 1"),
+    (lambda: torch.ops.moe.adjacency_update(torch.rand(3, 4), torch.zeros(2, 2, dtype=torch.int64)), ValueError,
+     r"the graph is square"),
+    (lambda: torch.ops.moe.hyper_router(torch.randn(4), torch.randn(3, 4), torch.randn(3), torch.randn(7, 3),
+                                        torch.randn(7), 2), ValueError, r"num_experts \* \(D\+1\)"),
+])
+def test_bad_inputs_raise(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_index_errors_are_reported():
+    with pytest.raises(ValueError, match=r"moe.mad_dispersion: 'assign' holds 7, outside \[0, 4\): the value indexes no expert \(element 2\)"):
+        torch.ops.moe.mad_dispersion(torch.randn(5, 3), torch.tensor([0, 1, 7, 2, 3]), 4)
+    with pytest.raises(ValueError, match=r"moe.adjacency_update: 'idx' holds -1, outside \[0, 3\)"):
+        torch.ops.moe.adjacency_update(torch.rand(3, 3), torch.tensor([[0, 1], [-1, 2]]))
+    # the error does not stick to the next (valid) call
+    a = torch.tensor([0, 1, 2, 2, 3])
+    x = torch.randn(5, 3)
+    same(torch.ops.moe.mad_dispersion(x, a, 4), R.mad_dispersion(x, a, 4, 1e-4, 10.0, "feature", "mad", "identity"))
+
+
+# ================================================================================================================
+# torch integration: opcheck, torch.compile, autograd, fallback
+# ================================================================================================================
+
+
+def _opcheck_samples():
+    g = gen(9)
+    s, u, v, wo, e = _attention_inputs(g)
+    su, se = torch.randn(2, 6, 8, generator=g), torch.softmax(torch.randn(2, 6, 5, generator=g), -1)
+    return [
+        ("topk_renorm", (torch.randn(4, 8, requires_grad=True), 2)),
+        ("similarity_inform", (su.clone().requires_grad_(), se, None, torch.rand(2, 6, generator=g) > 0.2, 0.5,
+                               True)),
+        ("similarity_inform_topk", (su, se.clone().requires_grad_(), 2)),
+        ("attention_posterior", (s.clone().requires_grad_(), u, v, wo, e)),
+        ("attention_posterior_topk", (s, u, v, wo, e.clone().requires_grad_(), 2, 1.0, "all")),
+        ("mad_dispersion", (torch.randn(12, 4, generator=g), torch.randint(0, 3, (12,), generator=g), 3)),
+        ("adjacency_update", (torch.rand(5, 5, generator=g), torch.randint(0, 5, (7, 2), generator=g))),
+        ("hyper_router", (torch.randn(3, requires_grad=True), torch.randn(4, 3), torch.randn(4),
+                          torch.randn(10, 4), torch.randn(10), 2)),
+    ]
+
+
+@pytest.mark.parametrize("sample", _opcheck_samples(), ids=lambda s: s[0])
+def test_opcheck(sample):
+    name, args = sample
+    result = torch.library.opcheck(getattr(torch.ops.moe, name).default, args)
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+
+def test_every_op_has_a_cpu_kernel():
+    for name in ops.OP_NAMES + ops.FUSED_OP_NAMES:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"moe::{name}", "CPU"), name
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"moe::{name}", "AutogradCPU"), name
+
+
+def test_torch_compile_fullgraph():
+    def route(u, e, logits):
+        p = torch.ops.moe.similarity_inform(u, e, None, None, 0.5, True)
+        w, i = torch.ops.moe.topk_renorm(logits + p.log1p(), 2)
+        return w * 2, i
+
+    g = gen(10)
+    u, e = torch.randn(1, 6, 8, generator=g), torch.softmax(torch.randn(1, 6, 4, generator=g), -1)
+    logits = torch.randn(1, 6, 4, generator=g)
+    compiled = torch.compile(route, fullgraph=True, backend="inductor")
+    same(compiled(u, e, logits), route(u, e, logits))
+    u2, e2, l2 = torch.randn(1, 9, 8, generator=g), torch.rand(1, 9, 4, generator=g), torch.randn(1, 9, 4, generator=g)
+    same(compiled(u2, e2, l2), route(u2, e2, l2))
+
+
+def test_gradients_through_the_kernels():
+    g = gen(11)
+    x = torch.randn(6, 8, generator=g, requires_grad=True)
+    w, _ = torch.ops.moe.topk_renorm(x, 3)
+    (w * torch.arange(3.0)).sum().backward()
+    x2 = x.detach().clone().requires_grad_()
+    w2, _ = R.topk_renorm(x2, 3, "logits", True)
+    (w2 * torch.arange(3.0)).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    with torch.no_grad():
+        w, _ = torch.ops.moe.topk_renorm(x, 3)
+    assert w.grad_fn is None and not w.requires_grad
+    # stop-gradient ops: outputs never require grad
+    t = torch.randn(5, 3, requires_grad=True)
+    w, _ = torch.ops.moe.mad_dispersion(t, torch.tensor([0, 1, 0, 1, 1]), 2)
+    assert not w.requires_grad
+
+
+def test_fallback_to_references_when_disabled(tmp_path):
+    script = textwrap.dedent("""
+        import warnings, torch
+        warnings.simplefilter("always")
+        with warnings.catch_warnings(record=True) as caught:
+            import moe_mlir
+            import moe_mlir.reference
+            from moe_mlir import ops
+            assert not ops.kernels_available()
+            x = torch.randn(4, 8)
+            w, i = torch.ops.moe.topk_renorm(x, 2)
+            torch.ops.moe.topk_renorm(x, 2)
+        msgs = [str(c.message) for c in caught if "compiled CPU kernels are unavailable" in str(c.message)]
+        assert len(msgs) == 1, msgs
+        assert torch.equal(i, moe_mlir.reference.topk_renorm(x, 2, "logits", True)[1])
+        print("ok")
+    """)
+    env = dict(os.environ, MOE_TORCH_KERNELS="0", PYTHONPATH=PACKAGE_ROOT)
+    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+
+
+def test_kernel_module_writes_outputs_in_place():
+    """The generated entry takes the outputs as memrefs and materializes the results into them."""
+    k = cache.parse_key("topk_renorm|k=2|mode=logits|renormalize=1|in:scores:f32:?x16")
+    text = cache.kernel_module(k)
+    assert "func.func @kernel(%scores: tensor<?x16xf32>, %out0: memref<?x2xf32>, %out1: memref<?x2xi32>)" in text
+    assert text.count("bufferization.materialize_in_destination") == 2
+
+
+def test_kernels_do_not_load_llvm():
+    """A kernel .so and the runtime it needs never pull libLLVM/libMLIR into the torch process."""
+    torch.ops.moe.topk_renorm(torch.randn(2, 8), 2)
+    lib, _ = next(iter(cache._loaded.values()))
+    deps = subprocess.run(["ldd", lib._name], capture_output=True, text=True, timeout=60).stdout
+    assert "libmoe_kernel_runtime.so" in deps, deps
+    assert "libLLVM" not in deps and "libMLIR" not in deps, deps
+    maps = Path("/proc/self/maps").read_text()
+    assert "libLLVM" not in maps and "libMLIR" not in maps
+
+
+def test_abi_descriptors():
+    from moe_mlir.runtime import abi
+
+    t = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+    d = abi.describe(t)
+    assert abi.descriptor_shape(d) == (2, 3, 4) and tuple(d.strides) == (12, 4, 1)
+    assert d.aligned == t.data_ptr() and d.offset == 0
+    flat = abi.describe(t, (6, 4))
+    assert tuple(flat.sizes) == (6, 4) and tuple(flat.strides) == (4, 1)
+    tt = t.transpose(1, 2)
+    assert tuple(abi.describe(tt).strides) == (12, 1, 4)
+    with pytest.raises(ValueError, match="contiguous"):
+        abi.describe(tt, (24,))
+    assert abi.tensor_type(["?", 16], "f32") == "tensor<?x16xf32>"
+    assert abi.memref_type([], "i32") == "memref<i32>"
+    assert abi.mlir_elem(torch.bfloat16) == "bf16" and abi.DTYPE_OF_ELEM["i1"] is torch.bool
+
+
+def test_parallel_kernels_after_fork():
+    """A forked child runs the parallel (pool) path of a kernel: its pool is its own, nothing hangs."""
+    script = textwrap.dedent("""
+        import os, torch
+        import moe_mlir, moe_mlir.reference as R
+        x = torch.randn(4096, 64)
+        torch.ops.moe.topk_renorm(x, 4)           # the pool starts in the parent
+        pid = os.fork()
+        if pid == 0:
+            w, i = torch.ops.moe.topk_renorm(x, 4)  # 128 items: the parallel branch
+            os._exit(0 if torch.equal(i, R.topk_renorm(x, 4, "logits", True)[1]) else 3)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status))
+    """)
+    env = dict(os.environ, PYTHONPATH=PACKAGE_ROOT, MOE_NUM_THREADS="2")
+    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "0", p.stderr
+
+
+def test_concurrent_processes_share_the_disk_cache(tmp_path):
+    script = "import torch, moe_mlir; torch.ops.moe.topk_renorm(torch.randn(3, 20), 2)"
+    env = dict(os.environ, MOE_KERNEL_CACHE=str(tmp_path), PYTHONPATH=PACKAGE_ROOT)
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+    assert len(list(tmp_path.glob("*.so"))) == 1 and not list(tmp_path.glob("*.part"))
