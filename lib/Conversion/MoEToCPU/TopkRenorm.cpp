@@ -74,10 +74,8 @@ Value collapseRows(CK &k, Value buffer) {
       k.b, buffer, ArrayRef<ReassociationIndices>{lead, last});
 }
 
-struct TopkRenormKernel : OpRewritePattern<TopkRenormOp> {
-  TopkRenormKernel(MLIRContext *ctx, KernelOptions opts)
-      : OpRewritePattern(ctx, /*benefit=*/2), opts(opts) {}
-  KernelOptions opts;
+struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
+  using KernelPattern::KernelPattern;
 
   LogicalResult matchAndRewrite(TopkRenormOp op,
                                 PatternRewriter &rw) const override {
