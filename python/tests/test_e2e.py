@@ -99,6 +99,11 @@ def _cases():
         for renorm in (True, False):
             cases.append((f"topk_renorm-{mode}-{renorm}", OneOp("topk_renorm", 2, mode, renorm), (X,)))
     cases.append(("topk_renorm-k=K", OneOp("topk_renorm", 5), (X,)))
+    # k > 64: the CPU kernel's weight epilogue is a loop over 16-lane chunks (unrolled up to k = 64).
+    W = torch.cat([torch.cat([X.repeat(1, 4), torch.randn(7, 80)], -1), torch.full((1, 100), -INF)])
+    for mode in ("logits", "probs"):
+        for renorm in (True, False):
+            cases.append((f"topk_renorm-k=90-{mode}-{renorm}", OneOp("topk_renorm", 90, mode, renorm), (W,)))
     u, e = torch.randn(2, 5, 4), torch.softmax(torch.randn(2, 5, 3), -1)
     mask = torch.tensor([[False, True, True, False, True], [False] * 5])
     e_nan = e.clone()

@@ -27,10 +27,8 @@ using namespace mlir::moe::cpu;
 namespace {
 constexpr int64_t kDyn = ShapedType::kDynamic;
 
-struct AdjacencyUpdateKernel : OpRewritePattern<AdjacencyUpdateOp> {
-  AdjacencyUpdateKernel(MLIRContext *ctx, KernelOptions opts)
-      : OpRewritePattern(ctx, /*benefit=*/2), opts(opts) {}
-  KernelOptions opts;
+struct AdjacencyUpdateKernel : KernelPattern<AdjacencyUpdateOp> {
+  using KernelPattern::KernelPattern;
 
   LogicalResult matchAndRewrite(AdjacencyUpdateOp op,
                                 PatternRewriter &rw) const override {
@@ -61,7 +59,9 @@ struct AdjacencyUpdateKernel : OpRewritePattern<AdjacencyUpdateOp> {
       dyn = {eVal, eVal};
     Value c = k.alloc(cType, dyn);
     k.forLoop(c0, eVal, c1, [&](Value r) {
-      k.forLoop(c0, eVal, c1, [&](Value col) { k.store(k.cI32(0), c, {r, col}); });
+      k.forLoop(c0, eVal, c1, [&](Value col) {
+        k.store(k.cI32(0), c, {r, col});
+      });
     });
     Value list = k.alloc(MemRefType::get({kDyn}, b.getIndexType()), {slots});
     k.forLoop(c0, tokens, c1, [&](Value t) {
@@ -73,12 +73,12 @@ struct AdjacencyUpdateKernel : OpRewritePattern<AdjacencyUpdateOp> {
             Value ok = k.andI(k.cmpi(arith::CmpIPredicate::sge, v, zeroI),
                               k.cmpi(arith::CmpIPredicate::slt, v, eI));
             Value vi = k.castInt(v, b.getIndexType());
-            Value seen = k.forLoop(
-                c0, it[0], c1, ValueRange{k.cBool(false)},
-                [&](Value q, ValueRange f) -> SmallVector<Value> {
-                  return {k.orI(f[0], k.cmpi(arith::CmpIPredicate::eq,
-                                             k.load(list, {q}), vi))};
-                })[0];
+            Value seen =
+                k.forLoop(c0, it[0], c1, ValueRange{k.cBool(false)},
+                          [&](Value q, ValueRange f) -> SmallVector<Value> {
+                            return {k.orI(f[0], k.cmpi(arith::CmpIPredicate::eq,
+                                                       k.load(list, {q}), vi))};
+                          })[0];
             Value add = k.andI(ok, k.notI1(seen));
             k.ifThen(add, [&] { k.store(vi, list, {it[0]}); });
             return {k.select(add, k.add(it[0], c1), it[0])};

@@ -10,8 +10,8 @@
 //  2. h*[b]: the mean row entropy per head and its argmin (ties to the lowest
 //     head, NaN first), sequential and in the portable lowering's order.
 //  3. Head means of h* only, m[b,j,:] = head_scale · v[b,h*,j,:] · wo_h*^T,
-//     written straight into the tiled transposed key layout of the flash kernel,
-//     and ‖m_j‖².
+//     written straight into the tiled transposed key layout of the flash
+//     kernel, and ‖m_j‖².
 //  4. The posterior mix with the flash kernel of Flash.h: q = u, keys m,
 //     logit (s + <u_i,m_j>/σ²) − ‖m_j‖²/(2σ²), -inf where s = -inf.
 //
@@ -35,10 +35,8 @@ using namespace mlir::moe::cpu;
 namespace {
 constexpr int64_t kDyn = ShapedType::kDynamic;
 
-struct AttentionPosteriorKernel : OpRewritePattern<AttentionPosteriorOp> {
-  AttentionPosteriorKernel(MLIRContext *ctx, KernelOptions opts)
-      : OpRewritePattern(ctx, /*benefit=*/2), opts(opts) {}
-  KernelOptions opts;
+struct AttentionPosteriorKernel : KernelPattern<AttentionPosteriorOp> {
+  using KernelPattern::KernelPattern;
 
   LogicalResult matchAndRewrite(AttentionPosteriorOp op,
                                 PatternRewriter &rw) const override {
@@ -66,36 +64,35 @@ struct AttentionPosteriorKernel : OpRewritePattern<AttentionPosteriorOp> {
     Value keyChunks = k.ceilDiv(keys, k.idx(kLanes));
     Value zeros = k.constLike(k.vf32(), 0.0);
     Value negInfV = k.negInfLike(k.vf32());
-    k.workers(opts, k.mul(k.mul(batch, heads), rows),
-              [&](Value item, Value) {
-                Value i = k.remu(item, rows);
-                Value bh = k.divu(item, rows);
-                Value h = k.remu(bh, heads), bi = k.divu(bh, heads);
-                auto chunk = [&](Value c) {
-                  Value j0 = k.mul(c, k.idx(kLanes));
-                  return k.vloadMasked(scores, {bi, h, i, j0},
-                                       k.sub(keys, j0), negInf);
-                };
-                Value mx = k.maxf(k.forLoop(
-                    c0, keyChunks, c1, ValueRange{negInfV},
-                    [&](Value c, ValueRange a) -> SmallVector<Value> {
-                      return {k.fmax(a[0], chunk(c))};
-                    })[0]);
-                Value mv = k.splat(mx, kLanes);
-                SmallVector<Value> sums = k.forLoop(
-                    c0, keyChunks, c1, ValueRange{zeros, zeros},
+    k.workers(opts, k.mul(k.mul(batch, heads), rows), [&](Value item, Value) {
+      Value i = k.remu(item, rows);
+      Value bh = k.divu(item, rows);
+      Value h = k.remu(bh, heads), bi = k.divu(bh, heads);
+      auto chunk = [&](Value c) {
+        Value j0 = k.mul(c, k.idx(kLanes));
+        return k.vloadMasked(scores, {bi, h, i, j0}, k.sub(keys, j0), negInf);
+      };
+      Value mx =
+          k.maxf(k.forLoop(c0, keyChunks, c1, ValueRange{negInfV},
+                           [&](Value c, ValueRange a) -> SmallVector<Value> {
+                             return {k.fmax(a[0], chunk(c))};
+                           })[0]);
+      Value mv = k.splat(mx, kLanes);
+      SmallVector<Value> sums =
+          k.forLoop(c0, keyChunks, c1, ValueRange{zeros, zeros},
                     [&](Value c, ValueRange a) -> SmallVector<Value> {
                       Value s = chunk(c);
                       Value t = k.exp(k.fsub(s, mv));
-                      Value masked = k.cmpf(arith::CmpFPredicate::OEQ, s, negInfV);
+                      Value masked =
+                          k.cmpf(arith::CmpFPredicate::OEQ, s, negInfV);
                       // 0 · log 0 = 0: a masked key adds nothing.
                       Value ts = k.select(masked, zeros, k.fmul(t, s));
                       return {k.fadd(a[0], t), k.fadd(a[1], ts)};
                     });
-                k.store(mx, pMax, {bi, h, i});
-                k.store(k.sum(sums[0]), pSum, {bi, h, i});
-                k.store(k.sum(sums[1]), pSumS, {bi, h, i});
-              });
+      k.store(mx, pMax, {bi, h, i});
+      k.store(k.sum(sums[0]), pSum, {bi, h, i});
+      k.store(k.sum(sums[1]), pSumS, {bi, h, i});
+    });
 
     // 2. h* per batch element.
     Value head = k.alloc(MemRefType::get({kDyn}, i32), {batch});
@@ -112,18 +109,16 @@ struct AttentionPosteriorKernel : OpRewritePattern<AttentionPosteriorOp> {
                   Value mx = k.load(pMax, {bi, h, i});
                   Value se = k.load(pSum, {bi, h, i});
                   Value sw = k.load(pSumS, {bi, h, i});
-                  Value valid = k.cmpf(arith::CmpFPredicate::UNE, mx,
-                                       k.negInfLike(f32));
+                  Value valid =
+                      k.cmpf(arith::CmpFPredicate::UNE, mx, k.negInfLike(f32));
                   Value lse = k.fadd(mx, k.log(se));
                   Value entropy = k.fsub(lse, k.fdiv(sw, se));
-                  return {k.fadd(a[0], k.select(valid, entropy, k.cF32(0.0))),
-                          k.fadd(a[1], k.select(valid, k.cF32(1.0),
-                                                k.cF32(0.0)))};
+                  return {
+                      k.fadd(a[0], k.select(valid, entropy, k.cF32(0.0))),
+                      k.fadd(a[1], k.select(valid, k.cF32(1.0), k.cF32(0.0)))};
                 });
-            Value some =
-                k.cmpf(arith::CmpFPredicate::OGT, tot[1], k.cF32(0.0));
-            Value mean =
-                k.select(some, k.fdiv(tot[0], tot[1]), k.cF32(0.0));
+            Value some = k.cmpf(arith::CmpFPredicate::OGT, tot[1], k.cF32(0.0));
+            Value mean = k.select(some, k.fdiv(tot[0], tot[1]), k.cF32(0.0));
             Value hI = k.castInt(h, i32);
             Value take = lowering::ranksBefore(b, b.getLoc(), mean, hI, it[0],
                                                it[1], /*descending=*/false);
@@ -157,37 +152,35 @@ struct AttentionPosteriorKernel : OpRewritePattern<AttentionPosteriorOp> {
     Value modelPad = roundUp(k, model, kLanes);
     Value modelChunks = k.divu(modelPad, k.idx(kLanes));
     Value rowAll = k.scratch(opts, MemRefType::get({kDyn}, f32), {modelPad});
-    k.workers(
-        opts, k.mul(batch, keysPad),
-        [&](Value item, Value worker) {
-          Value row = k.workerSlice(rowAll, worker);
-          Value bi = k.divu(item, keysPad), j = k.remu(item, keysPad);
-          Value h = headOf(k, bi);
-          Value inRange = k.cmpi(arith::CmpIPredicate::ult, j, keys);
-          Value jc = k.mins(j, k.sub(keys, c1));
-          k.forLoop(c0, modelChunks, c1, [&](Value dc) {
-            Value d0 = k.mul(dc, k.idx(kLanes));
-            Value count = k.sub(model, d0);
-            Value acc = k.forLoop(
-                c0, headDim, c1, ValueRange{zeros},
-                [&](Value c, ValueRange a) -> SmallVector<Value> {
-                  Value x = k.splat(k.loadF(v, {bi, h, jc, c}), kLanes);
-                  Value w = k.vloadMasked(woT, {bi, c, d0}, count, 0.0);
-                  return {k.fma(x, w, a[0])};
-                })[0];
-            k.vstore(k.fmul(k.splat(scale, kLanes), acc), row, {d0});
-          });
-          Value n2 = k.forLoop(
-              c0, model, c1, ValueRange{k.cF32(0.0)},
-              [&](Value d, ValueRange a) -> SmallVector<Value> {
-                Value m = k.select(inRange, k.load(row, {d}), k.cF32(0.0));
-                k.store(m, keysT,
-                        {bi, k.divu(j, k.idx(kKeyTile)), d,
-                         k.remu(j, k.idx(kKeyTile))});
-                return {k.fadd(a[0], k.fmul(m, m))};
-              })[0];
-          k.store(n2, norm2, {bi, j});
-        });
+    k.workers(opts, k.mul(batch, keysPad), [&](Value item, Value worker) {
+      Value row = k.workerSlice(rowAll, worker);
+      Value bi = k.divu(item, keysPad), j = k.remu(item, keysPad);
+      Value h = headOf(k, bi);
+      Value inRange = k.cmpi(arith::CmpIPredicate::ult, j, keys);
+      Value jc = k.mins(j, k.sub(keys, c1));
+      k.forLoop(c0, modelChunks, c1, [&](Value dc) {
+        Value d0 = k.mul(dc, k.idx(kLanes));
+        Value count = k.sub(model, d0);
+        Value acc =
+            k.forLoop(c0, headDim, c1, ValueRange{zeros},
+                      [&](Value c, ValueRange a) -> SmallVector<Value> {
+                        Value x = k.splat(k.loadF(v, {bi, h, jc, c}), kLanes);
+                        Value w = k.vloadMasked(woT, {bi, c, d0}, count, 0.0);
+                        return {k.fma(x, w, a[0])};
+                      })[0];
+        k.vstore(k.fmul(k.splat(scale, kLanes), acc), row, {d0});
+      });
+      Value n2 = k.forLoop(c0, model, c1, ValueRange{k.cF32(0.0)},
+                           [&](Value d, ValueRange a) -> SmallVector<Value> {
+                             Value m = k.select(inRange, k.load(row, {d}),
+                                                k.cF32(0.0));
+                             k.store(m, keysT,
+                                     {bi, k.divu(j, k.idx(kKeyTile)), d,
+                                      k.remu(j, k.idx(kKeyTile))});
+                             return {k.fadd(a[0], k.fmul(m, m))};
+                           })[0];
+      k.store(n2, norm2, {bi, j});
+    });
 
     // 4. The posterior mix.
     Value widthPad = roundUp(k, width, kLanes);
@@ -211,11 +204,11 @@ struct AttentionPosteriorKernel : OpRewritePattern<AttentionPosteriorOp> {
                                kk.sub(keys, j0), negInf);
       Value n = kk.vload(norm2, {bi, j0});
       Value s2 = kk.constLike(kk.vf32(), sigma2);
-      Value logit = kk.fsub(
-          kk.fadd(s, kk.fdiv(dot, s2)),
-          kk.fdiv(kk.fmul(kk.constLike(kk.vf32(), 0.5), n), s2));
-      Value masked = kk.cmpf(arith::CmpFPredicate::OEQ, s,
-                             kk.negInfLike(kk.vf32()));
+      Value logit =
+          kk.fsub(kk.fadd(s, kk.fdiv(dot, s2)),
+                  kk.fdiv(kk.fmul(kk.constLike(kk.vf32(), 0.5), n), s2));
+      Value masked =
+          kk.cmpf(arith::CmpFPredicate::OEQ, s, kk.negInfLike(kk.vf32()));
       return kk.select(masked, kk.negInfLike(kk.vf32()), logit);
     };
     emitFlashMix(k, opts, spec);

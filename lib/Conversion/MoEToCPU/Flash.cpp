@@ -102,8 +102,7 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
               [&](Value d, ValueRange acc) -> SmallVector<Value> {
                 SmallVector<Value> kv;
                 for (int64_t v = 0; v < KV; ++v)
-                  kv.push_back(
-                      k.vload(s.keysT, {b, jt, d, k.idx(v * kLanes)}));
+                  kv.push_back(k.vload(s.keysT, {b, jt, d, k.idx(v * kLanes)}));
                 SmallVector<Value> next;
                 for (int64_t r = 0; r < TQ; ++r) {
                   Value qv = k.splat(k.loadF(s.q, {b, rowIdx[r], d}), kLanes);
@@ -123,17 +122,16 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
               sv.push_back(s.logits(k, dots[r * KV + v], b, rowIdx[r],
                                     k.add(j0, k.idx(v * kLanes))));
             Value tileMax = sv[0];
-            Value excluded =
-                k.cmpf(arith::CmpFPredicate::OEQ, sv[0], negInfV);
+            Value excluded = k.cmpf(arith::CmpFPredicate::OEQ, sv[0], negInfV);
             for (int64_t v = 1; v < KV; ++v) {
               tileMax = k.fmax(tileMax, sv[v]);
-              excluded = k.orI(excluded, k.cmpf(arith::CmpFPredicate::OEQ,
-                                                sv[v], negInfV));
+              excluded = k.orI(
+                  excluded, k.cmpf(arith::CmpFPredicate::OEQ, sv[v], negInfV));
             }
             Value m = it[r], l = it[TQ + r];
             Value mn = k.fmax(m, k.maxf(tileMax));
-            Value none = k.cmpf(arith::CmpFPredicate::OEQ, mn,
-                                k.negInfLike(f32));
+            Value none =
+                k.cmpf(arith::CmpFPredicate::OEQ, mn, k.negInfLike(f32));
             Value a = k.select(none, k.cF32(1.0), k.exp(k.fsub(m, mn)));
             Value mv = k.splat(mn, kLanes), noneV = k.splat(none, kLanes);
             Value psum = zeros;

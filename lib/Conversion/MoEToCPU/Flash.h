@@ -1,4 +1,5 @@
-//===- Flash.h - Tiled online-softmax mixing kernel ---------------*- C++ -*-===//
+//===- Flash.h - Tiled online-softmax mixing kernel ---------------*- C++
+//-*-===//
 //
 // Part of the MoE-MLIR project.
 //
@@ -66,9 +67,8 @@ void emitFlashMix(CK &k, const KernelOptions &opts, const FlashSpec &spec);
 
 /// Packs values [B, Nk, K] (any float) into [B, Npad, Kp] f32 with zero
 /// padding; returns {packed, an f32 that is NaN iff some value is non-finite}.
-std::pair<Value, Value> packValues(CK &k, Value values, Value batch,
-                                   Value keys, Value width, Value keysPad,
-                                   Value widthPad);
+std::pair<Value, Value> packValues(CK &k, Value values, Value batch, Value keys,
+                                   Value width, Value keysPad, Value widthPad);
 
 } // namespace mlir::moe::cpu
 

@@ -4,9 +4,9 @@
 //
 // Two matrix-vector products y = W x + bias (then ReLU for the hidden layer):
 // row blocks of 16 rows go to the workers, each row a vector<16> dot product
-// over its contiguous columns (masked tail), four rows interleaved. The op is memory-bound on
-// w2 ([E·(D+1), Dh]). The split of the output into w and b is the portable
-// one.
+// over its contiguous columns (masked tail), four rows interleaved. The op is
+// memory-bound on w2 ([E·(D+1), Dh]). The split of the output into w and b is
+// the portable one.
 //
 //===----------------------------------------------------------------------===//
 
@@ -25,10 +25,8 @@ constexpr int64_t kDyn = ShapedType::kDynamic;
 constexpr int64_t kRowsPerItem = 16;
 constexpr int64_t kRowGroup = 4;
 
-struct HyperRouterKernel : OpRewritePattern<HyperRouterOp> {
-  HyperRouterKernel(MLIRContext *ctx, KernelOptions opts)
-      : OpRewritePattern(ctx, /*benefit=*/2), opts(opts) {}
-  KernelOptions opts;
+struct HyperRouterKernel : KernelPattern<HyperRouterOp> {
+  using KernelPattern::KernelPattern;
 
   /// y = m · x + bias (ReLU when `relu`): [rows] f32.
   Value affine(CK &k, Value m, Value x, Value bias, bool relu) const {
@@ -41,51 +39,52 @@ struct HyperRouterKernel : OpRewritePattern<HyperRouterOp> {
     Value full = k.divu(cols, k.idx(kLanes));
     Value tail = k.sub(cols, k.mul(full, k.idx(kLanes)));
     Value zeros = k.constLike(k.vf32(), 0.0);
-    k.workers(opts, k.ceilDiv(rows, k.idx(kRowsPerItem)), [&](Value item, Value) {
-      Value r0 = k.mul(item, k.idx(kRowsPerItem));
-      Value r1 = k.mins(k.add(r0, k.idx(kRowsPerItem)), rows);
-      // kRowGroup rows at a time: independent FMA chains share the x loads
-      // (one chain per row is latency-bound). Rows past r1 repeat the last
-      // row and are not stored.
-      k.forLoop(r0, r1, k.idx(kRowGroup), [&](Value rb) {
-        SmallVector<Value> ri;
-        for (int64_t q = 0; q < kRowGroup; ++q)
-          ri.push_back(k.mins(k.add(rb, k.idx(q)), k.sub(r1, c1)));
-        SmallVector<Value> init(kRowGroup, zeros);
-        SmallVector<Value> acc = k.forLoop(
-            c0, full, c1, init,
-            [&](Value c, ValueRange a) -> SmallVector<Value> {
-              Value col = k.mul(c, k.idx(kLanes));
-              Value xv = k.vload(x, {col});
-              SmallVector<Value> next;
-              for (int64_t q = 0; q < kRowGroup; ++q)
-                next.push_back(k.fma(k.vload(m, {ri[q], col}), xv, a[q]));
-              return next;
-            });
-        SmallVector<Type> types(kRowGroup, k.vf32());
-        acc = k.ifElse(
-            k.cmpi(arith::CmpIPredicate::ne, tail, c0), types,
-            [&]() -> SmallVector<Value> {
-              Value col = k.mul(full, k.idx(kLanes));
-              Value xv = k.vloadMasked(x, {col}, tail, 0.0);
-              SmallVector<Value> next;
-              for (int64_t q = 0; q < kRowGroup; ++q)
-                next.push_back(k.fma(k.vloadMasked(m, {ri[q], col}, tail, 0.0),
-                                     xv, acc[q]));
-              return next;
-            },
-            [&]() -> SmallVector<Value> { return acc; });
-        for (int64_t q = 0; q < kRowGroup; ++q) {
-          Value r = k.add(rb, k.idx(q));
-          k.ifThen(k.cmpi(arith::CmpIPredicate::ult, r, r1), [&] {
-            Value v = k.fadd(k.sum(acc[q]), k.loadF(bias, {r}));
-            if (relu)
-              v = k.fmax(v, k.cF32(0.0));
-            k.store(v, y, {r});
+    k.workers(
+        opts, k.ceilDiv(rows, k.idx(kRowsPerItem)), [&](Value item, Value) {
+          Value r0 = k.mul(item, k.idx(kRowsPerItem));
+          Value r1 = k.mins(k.add(r0, k.idx(kRowsPerItem)), rows);
+          // kRowGroup rows at a time: independent FMA chains share the x loads
+          // (one chain per row is latency-bound). Rows past r1 repeat the last
+          // row and are not stored.
+          k.forLoop(r0, r1, k.idx(kRowGroup), [&](Value rb) {
+            SmallVector<Value> ri;
+            for (int64_t q = 0; q < kRowGroup; ++q)
+              ri.push_back(k.mins(k.add(rb, k.idx(q)), k.sub(r1, c1)));
+            SmallVector<Value> init(kRowGroup, zeros);
+            SmallVector<Value> acc = k.forLoop(
+                c0, full, c1, init,
+                [&](Value c, ValueRange a) -> SmallVector<Value> {
+                  Value col = k.mul(c, k.idx(kLanes));
+                  Value xv = k.vload(x, {col});
+                  SmallVector<Value> next;
+                  for (int64_t q = 0; q < kRowGroup; ++q)
+                    next.push_back(k.fma(k.vload(m, {ri[q], col}), xv, a[q]));
+                  return next;
+                });
+            SmallVector<Type> types(kRowGroup, k.vf32());
+            acc = k.ifElse(
+                k.cmpi(arith::CmpIPredicate::ne, tail, c0), types,
+                [&]() -> SmallVector<Value> {
+                  Value col = k.mul(full, k.idx(kLanes));
+                  Value xv = k.vloadMasked(x, {col}, tail, 0.0);
+                  SmallVector<Value> next;
+                  for (int64_t q = 0; q < kRowGroup; ++q)
+                    next.push_back(k.fma(
+                        k.vloadMasked(m, {ri[q], col}, tail, 0.0), xv, acc[q]));
+                  return next;
+                },
+                [&]() -> SmallVector<Value> { return acc; });
+            for (int64_t q = 0; q < kRowGroup; ++q) {
+              Value r = k.add(rb, k.idx(q));
+              k.ifThen(k.cmpi(arith::CmpIPredicate::ult, r, r1), [&] {
+                Value v = k.fadd(k.sum(acc[q]), k.loadF(bias, {r}));
+                if (relu)
+                  v = k.fmax(v, k.cF32(0.0));
+                k.store(v, y, {r});
+              });
+            }
           });
-        }
-      });
-    });
+        });
     return y;
   }
 

@@ -14,6 +14,14 @@
 namespace mlir {
 class RewritePatternSet;
 namespace moe::cpu {
+/// The base of the kernel patterns: benefit 2, so that a kernel wins over the
+/// portable pattern of the same op when both are in one set.
+template <typename OpTy> struct KernelPattern : OpRewritePattern<OpTy> {
+  KernelPattern(MLIRContext *ctx, KernelOptions opts)
+      : OpRewritePattern<OpTy>(ctx, /*benefit=*/2), opts(opts) {}
+  KernelOptions opts;
+};
+
 void populateTopkRenormKernel(RewritePatternSet &p, const KernelOptions &o);
 void populateSimilarityInformKernel(RewritePatternSet &p,
                                     const KernelOptions &o);

@@ -28,10 +28,8 @@ namespace {
 constexpr int64_t kDyn = ShapedType::kDynamic;
 constexpr int64_t kBlockVectors = 2;
 
-struct MadDispersionKernel : OpRewritePattern<MadDispersionOp> {
-  MadDispersionKernel(MLIRContext *ctx, KernelOptions opts)
-      : OpRewritePattern(ctx, /*benefit=*/2), opts(opts) {}
-  KernelOptions opts;
+struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
+  using KernelPattern::KernelPattern;
 
   LogicalResult matchAndRewrite(MadDispersionOp op,
                                 PatternRewriter &rw) const override {

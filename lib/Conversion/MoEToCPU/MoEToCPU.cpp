@@ -1,4 +1,5 @@
-//===- MoEToCPU.cpp - The convert-moe-to-cpu pass --------------------------===//
+//===- MoEToCPU.cpp - The convert-moe-to-cpu pass
+//--------------------------===//
 //
 // Part of the MoE-MLIR project.
 //
@@ -69,8 +70,8 @@ struct ConvertMoEToCPUPass
     populateMoEToCPUKernelPatterns(patterns, numThreads);
     GreedyRewriteConfig config;
     config.enableFolding(false);
-    if (failed(applyPatternsGreedily(getOperation(), std::move(patterns),
-                                     config)))
+    if (failed(
+            applyPatternsGreedily(getOperation(), std::move(patterns), config)))
       signalPassFailure();
   }
 };

@@ -24,10 +24,8 @@ using namespace mlir::moe::cpu;
 namespace {
 constexpr int64_t kDyn = ShapedType::kDynamic;
 
-struct SimilarityInformKernel : OpRewritePattern<SimilarityInformOp> {
-  SimilarityInformKernel(MLIRContext *ctx, KernelOptions opts)
-      : OpRewritePattern(ctx, /*benefit=*/2), opts(opts) {}
-  KernelOptions opts;
+struct SimilarityInformKernel : KernelPattern<SimilarityInformOp> {
+  using KernelPattern::KernelPattern;
 
   LogicalResult matchAndRewrite(SimilarityInformOp op,
                                 PatternRewriter &rw) const override {
@@ -47,9 +45,8 @@ struct SimilarityInformKernel : OpRewritePattern<SimilarityInformOp> {
     // Keys transposed per key tile: kT[b, j / TK, d, j % TK] = u[b, j, d],
     // zero padding. One item per (b, key tile).
     Value keyTiles = k.divu(keysPad, k.idx(kKeyTile));
-    Value keysT = k.alloc(
-        MemRefType::get({kDyn, kDyn, kDyn, kKeyTile}, f32),
-        {batch, keyTiles, depth});
+    Value keysT = k.alloc(MemRefType::get({kDyn, kDyn, kDyn, kKeyTile}, f32),
+                          {batch, keyTiles, depth});
     k.workers(opts, k.mul(batch, keyTiles), [&](Value item, Value) {
       Value bi = k.divu(item, keyTiles), jt = k.remu(item, keyTiles);
       Value last = k.sub(rows, c1);
@@ -86,20 +83,21 @@ struct SimilarityInformKernel : OpRewritePattern<SimilarityInformOp> {
     Value q = u;
     if (op.getWs()) {
       Value ws = k.buffer(op.getWs());
-      q = k.alloc(MemRefType::get({kDyn, kDyn, kDyn}, f32), {batch, rows, depth});
+      q = k.alloc(MemRefType::get({kDyn, kDyn, kDyn}, f32),
+                  {batch, rows, depth});
       Value chunks = k.ceilDiv(depth, k.idx(kLanes));
       k.workers(opts, k.mul(batch, rows), [&](Value item, Value) {
         Value bi = k.divu(item, rows), i = k.remu(item, rows);
         k.forLoop(c0, chunks, c1, [&](Value c) {
           Value col = k.mul(c, k.idx(kLanes));
           Value count = k.sub(depth, col);
-          Value acc = k.forLoop(
-              c0, depth, c1, ValueRange{k.constLike(k.vf32(), 0.0)},
-              [&](Value d, ValueRange a) -> SmallVector<Value> {
-                Value x = k.splat(k.loadF(u, {bi, i, d}), kLanes);
-                Value w = k.vloadMasked(ws, {d, col}, count, 0.0);
-                return {k.fma(x, w, a[0])};
-              })[0];
+          Value acc =
+              k.forLoop(c0, depth, c1, ValueRange{k.constLike(k.vf32(), 0.0)},
+                        [&](Value d, ValueRange a) -> SmallVector<Value> {
+                          Value x = k.splat(k.loadF(u, {bi, i, d}), kLanes);
+                          Value w = k.vloadMasked(ws, {d, col}, count, 0.0);
+                          return {k.fma(x, w, a[0])};
+                        })[0];
           k.vstoreMasked(acc, q, {bi, i, col}, count);
         });
       });
@@ -107,8 +105,8 @@ struct SimilarityInformKernel : OpRewritePattern<SimilarityInformOp> {
 
     auto [values, nonFinite] =
         packValues(k, e, batch, rows, width, keysPad, widthPad);
-    Value out = k.alloc(MemRefType::get({kDyn, kDyn, kDyn}, f32),
-                        {batch, rows, width});
+    Value out =
+        k.alloc(MemRefType::get({kDyn, kDyn, kDyn}, f32), {batch, rows, width});
 
     FlashSpec spec;
     spec.q = q;

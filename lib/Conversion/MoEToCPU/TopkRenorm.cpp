@@ -4,18 +4,20 @@
 //
 // Rows (tokens) are independent: blocks of 32 rows go to the workers. Per
 // row, every score becomes an i64 candidate (ordered key << 32 | 2^31-1-index,
-// see orderedKey/packCandidate), so that the dialect's order (NaN first, then
-// larger values, then the lower index) is a plain signed integer order. Each
-// of the k rounds is a vectorized max over the candidates that rank strictly
-// after the previous pick (vector<8xi64>, one AVX-512 register), which skips
-// exactly the elements already taken, as the portable lowering's rounds do.
-// The weights are vector<16xf32> epilogues over the k selected values.
+// the one order of MoE/Kernels/TopK.h), so that the dialect's order (NaN first,
+// then larger values, then the lower index) is a plain signed integer order.
+// Each of the k rounds is a vectorized max over the candidates that rank
+// strictly after the previous pick (vector<8xi64>, one AVX-512 register), which
+// skips exactly the elements already taken, as the portable lowering's rounds
+// do. The weights are vector<16xf32> epilogues over the k selected values
+// (kernels::topkWeight), unrolled for k <= 64 and a loop beyond.
 //
 //===----------------------------------------------------------------------===//
 
 #include "Kernels.h"
 
 #include "MoE/IR/MoEOps.h"
+#include "MoE/Kernels/TopK.h"
 
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 
@@ -24,10 +26,40 @@
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::cpu;
+using namespace mlir::moe::kernels;
 
 namespace {
 constexpr int64_t kCandLanes = 8;
 constexpr int64_t kRowsPerItem = 32;
+/// Selections of up to this many 16-lane chunks (k <= 64) have their epilogue
+/// unrolled (no loop overhead in the common k <= 8); larger ones loop, so that
+/// the IR, and the compile time, do not grow with k.
+constexpr int64_t kUnrolledSelChunks = 4;
+
+/// Runs `body(offset)` for the offsets 0, 16, ... < selPad of the selection.
+void eachSelChunk(CK &k, int64_t selPad, function_ref<void(Value)> body) {
+  if (selPad / kLanes <= kUnrolledSelChunks) {
+    for (int64_t c = 0; c < selPad; c += kLanes)
+      body(k.idx(c));
+    return;
+  }
+  k.forLoop(k.idx(0), k.idx(selPad), k.idx(kLanes), body);
+}
+
+/// init + Σ term(offset) over the chunks of the selection, in chunk order.
+Value sumSelChunks(CK &k, int64_t selPad, Value init,
+                   function_ref<Value(Value)> term) {
+  if (selPad / kLanes <= kUnrolledSelChunks) {
+    Value acc = init;
+    for (int64_t c = 0; c < selPad; c += kLanes)
+      acc = k.fadd(acc, term(k.idx(c)));
+    return acc;
+  }
+  return k.forLoop(k.idx(0), k.idx(selPad), k.idx(kLanes), ValueRange{init},
+                   [&](Value c, ValueRange acc) -> SmallVector<Value> {
+                     return {k.fadd(acc[0], term(c))};
+                   })[0];
+}
 
 /// memref [d0, ..., d{n-2}, X] -> [d0 * ... * d{n-2}, X] (no-op for rank 2).
 Value collapseRows(CK &k, Value buffer) {
@@ -42,10 +74,8 @@ Value collapseRows(CK &k, Value buffer) {
       k.b, buffer, ArrayRef<ReassociationIndices>{lead, last});
 }
 
-struct TopkRenormKernel : OpRewritePattern<TopkRenormOp> {
-  TopkRenormKernel(MLIRContext *ctx, KernelOptions opts)
-      : OpRewritePattern(ctx, /*benefit=*/2), opts(opts) {}
-  KernelOptions opts;
+struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
+  using KernelPattern::KernelPattern;
 
   LogicalResult matchAndRewrite(TopkRenormOp op,
                                 PatternRewriter &rw) const override {
@@ -115,8 +145,7 @@ struct TopkRenormKernel : OpRewritePattern<TopkRenormOp> {
                       double selFill, bool logits, bool renormalize) {
     Type i64 = k.i64();
     auto candType = VectorType::get({kCandLanes}, i64);
-    Value none = k.constLike(candType, static_cast<double>(
-                                           std::numeric_limits<int64_t>::min()));
+    Value none = noCandidate(k, candType);
     // Candidates of the row (padding lanes: below everything).
     k.forLoop(k.idx(0), numChunks, k.idx(1), [&](Value c) {
       Value base = k.mul(c, k.idx(kCandLanes));
@@ -128,68 +157,63 @@ struct TopkRenormKernel : OpRewritePattern<TopkRenormOp> {
                            k.splat(numExpertsI32, kCandLanes));
       k.vstore(k.select(inRow, packed, none), cand, {base});
     });
-    for (int64_t c = 0; c < selPad; c += kLanes)
-      k.vstore(k.constLike(k.vf32(), selFill), sel, {k.idx(c)});
+    eachSelChunk(k, selPad, [&](Value c) {
+      k.vstore(k.constLike(k.vf32(), selFill), sel, {c});
+    });
 
     // k rounds: the best candidate strictly below the previous pick.
-    k.forLoop(k.idx(0), k.idx(topk), k.idx(1),
-              ValueRange{k.cI64(std::numeric_limits<int64_t>::max())},
-              [&](Value j, ValueRange it) -> SmallVector<Value> {
-                Value prev = k.splat(it[0], kCandLanes);
-                Value best = k.forLoop(
-                    k.idx(0), numChunks, k.idx(1), ValueRange{none},
-                    [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                      Value v = k.vload(cand, {k.mul(c, k.idx(kCandLanes))},
-                                        kCandLanes);
-                      Value eligible =
-                          k.cmpi(arith::CmpIPredicate::slt, v, prev);
-                      return {k.maxs(acc[0], k.select(eligible, v, none))};
-                    })[0];
-                Value top = k.maxsi(best);
-                Value index = candidateIndex(k, top);
-                Value value =
-                    k.loadF(s2, {r, k.castInt(index, k.b.getIndexType())});
-                k.store(index, i2, {r, j});
-                k.store(value, sel, {j});
-                return {top};
-              });
+    k.forLoop(
+        k.idx(0), k.idx(topk), k.idx(1),
+        ValueRange{k.cI64(std::numeric_limits<int64_t>::max())},
+        [&](Value j, ValueRange it) -> SmallVector<Value> {
+          Value prev = k.splat(it[0], kCandLanes);
+          Value best = k.forLoop(
+              k.idx(0), numChunks, k.idx(1), ValueRange{none},
+              [&](Value c, ValueRange acc) -> SmallVector<Value> {
+                Value v =
+                    k.vload(cand, {k.mul(c, k.idx(kCandLanes))}, kCandLanes);
+                Value eligible = k.cmpi(arith::CmpIPredicate::slt, v, prev);
+                return {k.maxs(acc[0], k.select(eligible, v, none))};
+              })[0];
+          Value top = k.maxsi(best);
+          Value index = candidateIndex(k, top);
+          Value value = k.loadF(s2, {r, k.castInt(index, k.b.getIndexType())});
+          k.store(index, i2, {r, j});
+          k.store(value, sel, {j});
+          return {top};
+        });
 
-    // Weights.
-    auto storeWeights = [&](function_ref<Value(Value)> weight) {
-      for (int64_t c = 0; c < selPad; c += kLanes) {
-        Value v = k.vload(sel, {k.idx(c)});
-        k.vstoreMasked(weight(v), w2, {r, k.idx(c)}, k.idx(topk - c));
-      }
+    // Weights (kernels::topkWeight, the GPU's epilogue on 16 lanes).
+    auto left = [&](Value c) { // selected entries from chunk offset c on
+      if (std::optional<int64_t> cst = getConstantIntValue(c))
+        return k.idx(topk - *cst);
+      return k.sub(k.idx(topk), c);
     };
-    auto selSum = [&](function_ref<Value(Value)> term) {
-      Value acc = k.constLike(k.vf32(), 0.0);
-      for (int64_t c = 0; c < selPad; c += kLanes)
-        acc = k.fadd(acc, term(k.vload(sel, {k.idx(c)})));
-      return k.sum(acc);
-    };
-    Value zeros = k.constLike(k.vf32(), 0.0);
+    TopkSpec spec;
+    spec.k = topk;
+    spec.logits = logits;
+    spec.renormalize = renormalize;
     if (!logits && !renormalize) {
-      storeWeights([&](Value v) { return v; });
-      return;
-    }
-    if (!logits) {
-      // w = v / Σ v over the selection; a zero sum gives zero weights.
-      Value s = selSum([](Value v) { return v; });
-      Value zero = k.cmpf(arith::CmpFPredicate::OEQ, s, k.cF32(0.0));
-      Value sv = k.splat(s, kLanes);
-      storeWeights([&](Value v) {
-        return k.select(k.splat(zero, kLanes), zeros, k.fdiv(v, sv));
+      eachSelChunk(k, selPad, [&](Value c) {
+        k.vstoreMasked(k.vload(sel, {c}), w2, {r, c}, left(c));
       });
       return;
     }
-    // Logits: softmax over the selection (max = the first pick) or over the
-    // whole row read at the selection. A row whose max is -inf: zeros.
-    Value max, sum;
-    if (renormalize) {
-      max = k.load(sel, {k.idx(0)});
-      Value mv = k.splat(max, kLanes);
-      sum = selSum([&](Value v) { return k.exp(k.fsub(v, mv)); });
+    Value zeros = k.constLike(k.vf32(), 0.0);
+    auto selSum = [&](function_ref<Value(Value)> term) {
+      return k.sum(sumSelChunks(
+          k, selPad, zeros, [&](Value c) { return term(k.vload(sel, {c})); }));
+    };
+    Value v0, sum, denseMax, denseSum;
+    if (!logits) {
+      sum = k.splat(selSum([](Value v) { return v; }), kLanes);
+    } else if (renormalize) {
+      // Softmax over the selection: its max is the first pick.
+      v0 = k.splat(k.load(sel, {k.idx(0)}), kLanes);
+      sum = k.splat(selSum([&](Value v) { return k.exp(k.fsub(v, v0)); }),
+                    kLanes);
     } else {
+      // Softmax over the whole row, read at the selection.
       Value negInf = k.negInfLike(k.vf32());
       Value numRowChunks = k.ceilDiv(numExperts, k.idx(kLanes));
       auto rowChunk = [&](Value c) {
@@ -197,26 +221,24 @@ struct TopkRenormKernel : OpRewritePattern<TopkRenormOp> {
         return k.vloadMasked(s2, {r, base}, k.sub(numExperts, base),
                              -std::numeric_limits<double>::infinity());
       };
-      max = k.maxf(k.forLoop(k.idx(0), numRowChunks, k.idx(1),
-                             ValueRange{negInf},
-                             [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                               return {k.fmax(acc[0], rowChunk(c))};
-                             })[0]);
-      Value mv = k.splat(max, kLanes);
-      sum = k.sum(k.forLoop(k.idx(0), numRowChunks, k.idx(1),
-                            ValueRange{zeros},
-                            [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                              return {k.fadd(acc[0],
-                                             k.exp(k.fsub(rowChunk(c), mv)))};
-                            })[0]);
+      Value max =
+          k.maxf(k.forLoop(k.idx(0), numRowChunks, k.idx(1), ValueRange{negInf},
+                           [&](Value c, ValueRange acc) -> SmallVector<Value> {
+                             return {k.fmax(acc[0], rowChunk(c))};
+                           })[0]);
+      denseMax = k.splat(max, kLanes);
+      denseSum = k.splat(
+          k.sum(k.forLoop(k.idx(0), numRowChunks, k.idx(1), ValueRange{zeros},
+                          [&](Value c, ValueRange acc) -> SmallVector<Value> {
+                            return {k.fadd(
+                                acc[0], k.exp(k.fsub(rowChunk(c), denseMax)))};
+                          })[0]),
+          kLanes);
     }
-    Value masked = k.cmpf(arith::CmpFPredicate::OEQ, max,
-                          k.negInfLike(k.f32()));
-    Value mv = k.splat(max, kLanes), sv = k.splat(sum, kLanes);
-    Value maskedV = k.splat(masked, kLanes);
-    storeWeights([&](Value v) {
-      Value w = k.fdiv(k.exp(k.fsub(v, mv)), sv);
-      return k.select(maskedV, zeros, w);
+    eachSelChunk(k, selPad, [&](Value c) {
+      Value w =
+          topkWeight(k, spec, k.vload(sel, {c}), v0, sum, denseMax, denseSum);
+      k.vstoreMasked(w, w2, {r, c}, left(c));
     });
   }
 };

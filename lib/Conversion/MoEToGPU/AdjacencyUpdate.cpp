@@ -22,10 +22,8 @@ using namespace mlir::moe::gpu_lowering;
 
 static constexpr int64_t kThreads = 128;
 
-LogicalResult
-mlir::moe::gpu_lowering::lowerAdjacencyUpdate(AdjacencyUpdateOp op,
-                                              ModuleOp module,
-                                              const LoweringOptions &) {
+LogicalResult mlir::moe::gpu_lowering::lowerAdjacencyUpdate(
+    AdjacencyUpdateOp op, ModuleOp module, const LoweringOptions &) {
   auto aType = cast<RankedTensorType>(op.getA().getType());
   auto outType = cast<RankedTensorType>(op.getANext().getType());
   int64_t E = aType.getShape()[0];
@@ -52,40 +50,43 @@ mlir::moe::gpu_lowering::lowerAdjacencyUpdate(AdjacencyUpdateOp op,
 
   {
     ImplicitLocOpBuilder kb(loc, ctx);
-    auto kernel = createKernel(
-        module, "adjacency_counts",
-        {idx.getType(), counts.getType(), b.getI64Type()}, {},
-        {kThreads, 1, 1}, kb);
+    auto kernel =
+        createKernel(module, "adjacency_counts",
+                     {idx.getType(), counts.getType(), b.getI64Type()}, {},
+                     {kThreads, 1, 1}, kb);
     KB kk(kb);
     Block &entry = kernel.getBody().front();
     Value ix = entry.getArgument(0), cs = entry.getArgument(1),
           w = entry.getArgument(2);
-    Value t = kk.add(kk.mul(kk.blockId(), kk.cIdx(kThreads)), kk.threadId());
+    Value t = kk.add(kk.mul(kk.blockId(), kk.idx(kThreads)), kk.threadId());
     Value kSel = kk.dim(ix, 1);
-    auto expert = [&](Value s) { return kk.cast(kk.load(ix, {t, s}), kk.i64()); };
+    auto expert = [&](Value s) {
+      return kk.castInt(kk.load(ix, {t, s}), kk.i64());
+    };
     auto inRange = [&](Value v) {
-      return kk.andI(kk.cmp(arith::CmpIPredicate::sge, v, kk.cI64(0)),
+      return kk.andI(kk.cmpi(arith::CmpIPredicate::sge, v, kk.cI64(0)),
                      kk.lt(v, kk.cI64(E)));
     };
     // Valid and the first occurrence in the token's row.
     auto counted = [&](Value s, Value v) -> Value {
-      Value dup = kk.forLoop(kk.cIdx(0), s, kk.cIdx(1), {kk.cTrue()},
-                             [&](Value s2, ValueRange acc) -> SmallVector<Value> {
-                               Value same = kk.eq(expert(s2), v);
-                               return {kk.andI(acc[0], kk.notI1(same))};
-                             })[0];
+      Value dup =
+          kk.forLoop(kk.idx(0), s, kk.idx(1), {kk.cBool(true)},
+                     [&](Value s2, ValueRange acc) -> SmallVector<Value> {
+                       Value same = kk.eq(expert(s2), v);
+                       return {kk.andI(acc[0], kk.notI1(same))};
+                     })[0];
       return kk.andI(inRange(v), dup);
     };
     kk.ifThen(kk.lt(t, kk.dim(ix, 0)), [&] {
-      kk.forLoop(kk.cIdx(0), kSel, kk.cIdx(1), [&](Value s1) {
+      kk.forLoop(kk.idx(0), kSel, kk.idx(1), [&](Value s1) {
         Value v1 = expert(s1);
         kk.ifThen(kk.notI1(inRange(v1)), [&] {
-          Value pos = kk.cast(kk.add(kk.mul(t, kSel), s1), kk.i64());
+          Value pos = kk.castInt(kk.add(kk.mul(t, kSel), s1), kk.i64());
           emitRecordIndexError(kk, w, kMoEErrorAdjacencyUpdateIdx, pos, v1,
                                kk.cI64(E));
         });
         kk.ifThen(counted(s1, v1), [&] {
-          kk.forLoop(kk.cIdx(0), kSel, kk.cIdx(1), [&](Value s2) {
+          kk.forLoop(kk.idx(0), kSel, kk.idx(1), [&](Value s2) {
             Value v2 = expert(s2);
             Value ok = counted(s2, v2);
             if (!includeSelf)
@@ -93,43 +94,46 @@ mlir::moe::gpu_lowering::lowerAdjacencyUpdate(AdjacencyUpdateOp op,
             kk.ifThen(ok, [&] {
               memref::AtomicRMWOp::create(
                   kb, arith::AtomicRMWKind::addi, kk.cI32(1), cs,
-                  ValueRange{kk.cast(v1, kk.index()), kk.cast(v2, kk.index())});
+                  ValueRange{kk.castInt(v1, kk.index()),
+                             kk.castInt(v2, kk.index())});
             });
           });
         });
       });
     });
-    h.launch(kernel, {k.ceilDiv(T, k.cIdx(kThreads)), k.cIdx(1), k.cIdx(1)},
+    h.launch(kernel, {k.ceilDiv(T, k.idx(kThreads)), k.idx(1), k.idx(1)},
              {kThreads, 1, 1}, {idx, counts, word});
   }
 
   {
     ImplicitLocOpBuilder kb(loc, ctx);
-    auto kernel = createKernel(
-        module, "adjacency_update",
-        {a.getType(), counts.getType(), out.getType()},
-        {workgroupMemRef({kThreads / kWarp}, b.getF32Type())},
-        {kThreads, 1, 1}, kb);
+    auto kernel =
+        createKernel(module, "adjacency_update",
+                     {a.getType(), counts.getType(), out.getType()},
+                     {workgroupMemRef({kThreads / kWarp}, b.getF32Type())},
+                     {kThreads, 1, 1}, kb);
     KB kk(kb);
     Block &entry = kernel.getBody().front();
     Value as = entry.getArgument(0), cs = entry.getArgument(1),
           o = entry.getArgument(2);
     Value line = kk.blockId();
     Value tid = kk.threadId();
-    Value step = kk.cIdx(kThreads);
-    Value En = kk.cIdx(E);
+    Value step = kk.idx(kThreads);
+    Value En = kk.idx(E);
     bool byColumn = norm == AdjacencyNorm::col;
     // Element n of this block's line: (line, n) for rows, (n, line) for cols.
     auto at = [&](Value n) -> SmallVector<Value> {
-      return byColumn ? SmallVector<Value>{n, line} : SmallVector<Value>{line, n};
+      return byColumn ? SmallVector<Value>{n, line}
+                      : SmallVector<Value>{line, n};
     };
     auto countAt = [&](Value n) { return kk.sitofp(kk.load(cs, at(n))); };
     Value sum;
     if (norm != AdjacencyNorm::none) {
-      Value part = kk.forLoop(tid, En, step, {kk.cF32(0.0)},
-                              [&](Value n, ValueRange acc) -> SmallVector<Value> {
-                                return {kk.fadd(acc[0], countAt(n))};
-                              })[0];
+      Value part =
+          kk.forLoop(tid, En, step, {kk.cF32(0.0)},
+                     [&](Value n, ValueRange acc) -> SmallVector<Value> {
+                       return {kk.fadd(acc[0], countAt(n))};
+                     })[0];
       sum = blockReduce(kk, part, ReduceKind::Sum, kThreads,
                         kernel.getWorkgroupAttributions()[0]);
     }
@@ -142,7 +146,7 @@ mlir::moe::gpu_lowering::lowerAdjacencyUpdate(AdjacencyUpdateOp op,
       Value v = kk.fadd(kk.fmul(betaV, kk.loadF(as, at(n))), kk.fmul(rest, c));
       kk.store(v, o, at(n));
     });
-    h.launch(kernel, {k.cIdx(E), k.cIdx(1), k.cIdx(1)}, {kThreads, 1, 1},
+    h.launch(kernel, {k.idx(E), k.idx(1), k.idx(1)}, {kThreads, 1, 1},
              {a, counts, out});
   }
   h.release(counts);

@@ -42,11 +42,10 @@ static gpu::GPUFuncOp createEntropyKernel(ModuleOp module, TypeRange argTypes,
                                           Location loc) {
   ImplicitLocOpBuilder kb(loc, module.getContext());
   const int64_t warps = kEntropyThreads / kWarp;
-  auto kernel = createKernel(
-      module, "attention_entropy", argTypes,
-      {workgroupMemRef({warps}, kb.getF32Type()),
-       workgroupMemRef({warps}, kb.getF32Type())},
-      {kEntropyThreads, 1, 1}, kb);
+  auto kernel = createKernel(module, "attention_entropy", argTypes,
+                             {workgroupMemRef({warps}, kb.getF32Type()),
+                              workgroupMemRef({warps}, kb.getF32Type())},
+                             {kEntropyThreads, 1, 1}, kb);
   KB k(kb);
   Block &entry = kernel.getBody().front();
   Value scores = entry.getArgument(0), sums = entry.getArgument(1),
@@ -55,35 +54,36 @@ static gpu::GPUFuncOp createEntropyKernel(ModuleOp module, TypeRange argTypes,
   Value zero = k.cF32(0.0), one = k.cF32(1.0);
   Value negInf = k.cF32(-std::numeric_limits<double>::infinity());
   Value tid = k.threadId();
-  Value warp = k.divu(tid, k.cIdx(kWarp));
-  Value lane = k.remu(tid, k.cIdx(kWarp));
+  Value warp = k.divu(tid, k.idx(kWarp));
+  Value lane = k.remu(tid, k.idx(kWarp));
   Value chunk = k.blockId(), h = k.blockId(gpu::Dimension::y),
         b = k.blockId(gpu::Dimension::z);
   Value N = k.dim(scores, 2), Nk = k.dim(scores, 3);
-  Value step = k.cIdx(kWarp);
+  Value step = k.idx(kWarp);
   const int64_t rowsPerWarp = kEntropyRowsPerBlock / warps;
-  Value first = k.add(k.mul(chunk, k.cIdx(kEntropyRowsPerBlock)),
-                      k.mul(warp, k.cIdx(rowsPerWarp)));
-  Value last = k.minu(N, k.add(first, k.cIdx(rowsPerWarp)));
+  Value first = k.add(k.mul(chunk, k.idx(kEntropyRowsPerBlock)),
+                      k.mul(warp, k.idx(rowsPerWarp)));
+  Value last = k.minu(N, k.add(first, k.idx(rowsPerWarp)));
   SmallVector<Value> partial = k.forLoop(
-      first, last, k.cIdx(1), {zero, zero},
+      first, last, k.idx(1), {zero, zero},
       [&](Value i, ValueRange acc) -> SmallVector<Value> {
-        Value m = k.forLoop(lane, Nk, step, {negInf},
-                            [&](Value j, ValueRange a) -> SmallVector<Value> {
-                              return {k.fmax(a[0],
-                                             k.loadF(scores, {b, h, i, j}))};
-                            })[0];
+        Value m =
+            k.forLoop(lane, Nk, step, {negInf},
+                      [&](Value j, ValueRange a) -> SmallVector<Value> {
+                        return {k.fmax(a[0], k.loadF(scores, {b, h, i, j}))};
+                      })[0];
         m = subgroupReduce(k, m, ReduceKind::Max, kWarp);
-        SmallVector<Value> za = k.forLoop(
-            lane, Nk, step, {zero, zero},
-            [&](Value j, ValueRange a) -> SmallVector<Value> {
-              Value s = k.loadF(scores, {b, h, i, j});
-              Value d = k.fsub(s, m);
-              Value p = k.exp(d);
-              Value masked = k.cmpf(arith::CmpFPredicate::OEQ, s, negInf);
-              Value pd = k.select(masked, zero, k.fmul(p, d));
-              return {k.fadd(a[0], p), k.fadd(a[1], pd)};
-            });
+        SmallVector<Value> za =
+            k.forLoop(lane, Nk, step, {zero, zero},
+                      [&](Value j, ValueRange a) -> SmallVector<Value> {
+                        Value s = k.loadF(scores, {b, h, i, j});
+                        Value d = k.fsub(s, m);
+                        Value p = k.exp(d);
+                        Value masked =
+                            k.cmpf(arith::CmpFPredicate::OEQ, s, negInf);
+                        Value pd = k.select(masked, zero, k.fmul(p, d));
+                        return {k.fadd(a[0], p), k.fadd(a[1], pd)};
+                      });
         Value z = subgroupReduce(k, za[0], ReduceKind::Sum, kWarp);
         Value aa = subgroupReduce(k, za[1], ReduceKind::Sum, kWarp);
         Value ent = k.fsub(k.log(z), k.fdiv(aa, z));
@@ -91,16 +91,16 @@ static gpu::GPUFuncOp createEntropyKernel(ModuleOp module, TypeRange argTypes,
         return {k.fadd(acc[0], k.select(valid, ent, zero)),
                 k.fadd(acc[1], k.select(valid, one, zero))};
       });
-  k.ifThen(k.eq(lane, k.cIdx(0)), [&] {
+  k.ifThen(k.eq(lane, k.idx(0)), [&] {
     k.store(partial[0], wg[0], {warp});
     k.store(partial[1], wg[1], {warp});
   });
   k.barrier();
-  k.ifThen(k.eq(tid, k.cIdx(0)), [&] {
-    Value s = k.load(wg[0], {k.cIdx(0)}), c = k.load(wg[1], {k.cIdx(0)});
+  k.ifThen(k.eq(tid, k.idx(0)), [&] {
+    Value s = k.load(wg[0], {k.idx(0)}), c = k.load(wg[1], {k.idx(0)});
     for (int64_t w = 1; w < warps; ++w) {
-      s = k.fadd(s, k.load(wg[0], {k.cIdx(w)}));
-      c = k.fadd(c, k.load(wg[1], {k.cIdx(w)}));
+      s = k.fadd(s, k.load(wg[0], {k.idx(w)}));
+      c = k.fadd(c, k.load(wg[1], {k.idx(w)}));
     }
     k.store(s, sums, {b, h, chunk});
     k.store(c, counts, {b, h, chunk});
@@ -118,30 +118,30 @@ static gpu::GPUFuncOp createHeadSelectKernel(ModuleOp module,
   Block &entry = kernel.getBody().front();
   Value sums = entry.getArgument(0), counts = entry.getArgument(1),
         head = entry.getArgument(2);
-  Value b = k.add(k.mul(k.blockId(), k.cIdx(kWarp)), k.threadId());
+  Value b = k.add(k.mul(k.blockId(), k.idx(kWarp)), k.threadId());
   Value B = k.dim(sums, 0), H = k.dim(sums, 1), C = k.dim(sums, 2);
   Value zero = k.cF32(0.0);
   k.ifThen(k.lt(b, B), [&] {
     SmallVector<Value> best = k.forLoop(
-        k.cIdx(0), H, k.cIdx(1), {zero, k.cIdx(0)},
+        k.idx(0), H, k.idx(1), {zero, k.idx(0)},
         [&](Value h, ValueRange acc) -> SmallVector<Value> {
-          SmallVector<Value> sc = k.forLoop(
-              k.cIdx(0), C, k.cIdx(1), {zero, zero},
-              [&](Value c, ValueRange a) -> SmallVector<Value> {
-                return {k.fadd(a[0], k.load(sums, {b, h, c})),
-                        k.fadd(a[1], k.load(counts, {b, h, c}))};
-              });
+          SmallVector<Value> sc =
+              k.forLoop(k.idx(0), C, k.idx(1), {zero, zero},
+                        [&](Value c, ValueRange a) -> SmallVector<Value> {
+                          return {k.fadd(a[0], k.load(sums, {b, h, c})),
+                                  k.fadd(a[1], k.load(counts, {b, h, c}))};
+                        });
           Value mean = k.select(k.cmpf(arith::CmpFPredicate::OEQ, sc[1], zero),
                                 zero, k.fdiv(sc[0], sc[1]));
-          Value isFirst = k.eq(h, k.cIdx(0));
+          Value isFirst = k.eq(h, k.idx(0));
           Value bestNan = k.cmpf(arith::CmpFPredicate::UNO, acc[0], acc[0]);
           Value meanNan = k.cmpf(arith::CmpFPredicate::UNO, mean, mean);
           Value less = k.cmpf(arith::CmpFPredicate::OLT, mean, acc[0]);
-          Value take = k.orI(
-              isFirst, k.andI(k.notI1(bestNan), k.orI(meanNan, less)));
+          Value take =
+              k.orI(isFirst, k.andI(k.notI1(bestNan), k.orI(meanNan, less)));
           return {k.select(take, mean, acc[0]), k.select(take, h, acc[1])};
         });
-    k.store(k.cast(best[1], k.i32()), head, {b});
+    k.store(k.castInt(best[1], k.i32()), head, {b});
   });
   return kernel;
 }
@@ -151,44 +151,44 @@ static gpu::GPUFuncOp createMeansKernel(ModuleOp module, TypeRange argTypes,
                                         double headScale, bool dynamicScale,
                                         double sigma, Location loc) {
   ImplicitLocOpBuilder kb(loc, module.getContext());
-  auto kernel = createKernel(
-      module, "attention_head_means", argTypes,
-      {workgroupMemRef({kMeansThreads / kWarp}, kb.getF32Type())},
-      {kMeansThreads, 1, 1}, kb);
+  auto kernel =
+      createKernel(module, "attention_head_means", argTypes,
+                   {workgroupMemRef({kMeansThreads / kWarp}, kb.getF32Type())},
+                   {kMeansThreads, 1, 1}, kb);
   KB k(kb);
   Block &entry = kernel.getBody().front();
   Value v = entry.getArgument(0), wo = entry.getArgument(1),
         head = entry.getArgument(2), m = entry.getArgument(3),
         bias = entry.getArgument(4);
   Value j = k.blockId(), b = k.blockId(gpu::Dimension::y);
-  Value h = k.cast(k.load(head, {b}), k.index());
+  Value h = k.castInt(k.load(head, {b}), k.index());
   Value Dh = k.dim(v, 3), D = k.dim(wo, 0);
   Value scale = dynamicScale ? k.sitofp(k.dim(v, 1)) : k.cF32(headScale);
   Value colBase = k.mul(h, Dh);
-  Value sq = k.forLoop(
-      k.threadId(), D, k.cIdx(kMeansThreads), {k.cF32(0.0)},
-      [&](Value d, ValueRange acc) -> SmallVector<Value> {
-        Value dot = k.forLoop(
-            k.cIdx(0), Dh, k.cIdx(1), {k.cF32(0.0)},
-            [&](Value c, ValueRange a) -> SmallVector<Value> {
-              Value x = k.loadF(v, {b, h, j, c});
-              Value w = k.loadF(wo, {d, k.add(colBase, c)});
-              return {k.fadd(a[0], k.fmul(x, w))};
-            })[0];
-        Value mean = k.fmul(scale, dot);
-        k.store(mean, m, {b, j, d});
-        return {k.fadd(acc[0], k.fmul(mean, mean))};
-      })[0];
+  Value sq = k.forLoop(k.threadId(), D, k.idx(kMeansThreads), {k.cF32(0.0)},
+                       [&](Value d, ValueRange acc) -> SmallVector<Value> {
+                         Value dot = k.forLoop(
+                             k.idx(0), Dh, k.idx(1), {k.cF32(0.0)},
+                             [&](Value c, ValueRange a) -> SmallVector<Value> {
+                               Value x = k.loadF(v, {b, h, j, c});
+                               Value w = k.loadF(wo, {d, k.add(colBase, c)});
+                               return {k.fadd(a[0], k.fmul(x, w))};
+                             })[0];
+                         Value mean = k.fmul(scale, dot);
+                         k.store(mean, m, {b, j, d});
+                         return {k.fadd(acc[0], k.fmul(mean, mean))};
+                       })[0];
   Value total = blockReduce(k, sq, ReduceKind::Sum, kMeansThreads,
                             kernel.getWorkgroupAttributions()[0]);
-  k.ifThen(k.eq(k.threadId(), k.cIdx(0)), [&] {
+  k.ifThen(k.eq(k.threadId(), k.idx(0)), [&] {
     k.store(k.fdiv(total, k.cF32(-2.0 * sigma * sigma)), bias, {b, j});
   });
   return kernel;
 }
 
-LogicalResult mlir::moe::gpu_lowering::lowerAttentionPosterior(
-    Operation *op, ModuleOp module, const LoweringOptions &) {
+LogicalResult
+mlir::moe::gpu_lowering::lowerAttentionPosterior(Operation *op, ModuleOp module,
+                                                 const LoweringOptions &) {
   auto fused = dyn_cast<AttentionPosteriorTopkOp>(op);
   auto plain = dyn_cast<AttentionPosteriorOp>(op);
   HeadSelect select = fused ? fused.getHeadSelect() : plain.getHeadSelect();
@@ -197,19 +197,20 @@ LogicalResult mlir::moe::gpu_lowering::lowerAttentionPosterior(
         "GPU lowering supports head_select = min_entropy only (use the "
         "portable lowering for head_select = all)");
   Value scoresT = op->getOperand(0), uT = op->getOperand(1),
-        vT = op->getOperand(2), woT = op->getOperand(3),
-        eT = op->getOperand(4);
+        vT = op->getOperand(2), woT = op->getOperand(3), eT = op->getOperand(4);
   auto eType = cast<RankedTensorType>(eT.getType());
   int64_t K = eType.getShape()[2];
   if (ShapedType::isDynamic(K) || K > kFlashMaxExperts)
     return op->emitOpError("GPU lowering needs a static expert count <= ")
            << kFlashMaxExperts;
-  double sigma = (fused ? fused.getSigma() : plain.getSigma()).convertToDouble();
+  double sigma =
+      (fused ? fused.getSigma() : plain.getSigma()).convertToDouble();
   std::optional<double> headScale;
   if (fused) {
     if (auto attr = fused.getHeadScaleAttr())
       headScale = attr.getValueAsDouble();
-    else if (int64_t H = cast<RankedTensorType>(scoresT.getType()).getShape()[1];
+    else if (int64_t H =
+                 cast<RankedTensorType>(scoresT.getType()).getShape()[1];
              !ShapedType::isDynamic(H))
       headScale = static_cast<double>(H);
   } else {
@@ -234,11 +235,9 @@ LogicalResult mlir::moe::gpu_lowering::lowerAttentionPosterior(
   Value head = results.back();
 
   // 1-2: entropy partials and the head.
-  Value chunks = k.ceilDiv(N, k.cIdx(kEntropyRowsPerBlock));
-  auto partialType = MemRefType::get({ShapedType::kDynamic,
-                                      ShapedType::kDynamic,
-                                      ShapedType::kDynamic},
-                                     f32);
+  Value chunks = k.ceilDiv(N, k.idx(kEntropyRowsPerBlock));
+  auto partialType = MemRefType::get(
+      {ShapedType::kDynamic, ShapedType::kDynamic, ShapedType::kDynamic}, f32);
   Value sums = h.alloc(partialType, {B, H, chunks});
   Value counts = h.alloc(partialType, {B, H, chunks});
   auto entropy = createEntropyKernel(
@@ -247,18 +246,15 @@ LogicalResult mlir::moe::gpu_lowering::lowerAttentionPosterior(
   h.launch(entropy, {chunks, H, B}, {kEntropyThreads, 1, 1},
            {scores, sums, counts});
   auto selectKernel = createHeadSelectKernel(
-      module, {sums.getType(), counts.getType(), head.getType()},
-      op->getLoc());
-  h.launch(selectKernel, {k.ceilDiv(B, k.cIdx(kWarp)), k.cIdx(1), k.cIdx(1)},
+      module, {sums.getType(), counts.getType(), head.getType()}, op->getLoc());
+  h.launch(selectKernel, {k.ceilDiv(B, k.idx(kWarp)), k.idx(1), k.idx(1)},
            {kWarp, 1, 1}, {sums, counts, head});
   h.release(sums);
   h.release(counts);
 
   // 3: head means and their bias.
-  auto meansType =
-      MemRefType::get({ShapedType::kDynamic, ShapedType::kDynamic,
-                       ShapedType::kDynamic},
-                      f32);
+  auto meansType = MemRefType::get(
+      {ShapedType::kDynamic, ShapedType::kDynamic, ShapedType::kDynamic}, f32);
   auto biasType =
       MemRefType::get({ShapedType::kDynamic, ShapedType::kDynamic}, f32);
   Value means = h.alloc(meansType, {B, Nk, D});
@@ -268,7 +264,7 @@ LogicalResult mlir::moe::gpu_lowering::lowerAttentionPosterior(
       {v.getType(), wo.getType(), head.getType(), means.getType(),
        bias.getType()},
       headScale.value_or(0.0), !headScale.has_value(), sigma, op->getLoc());
-  h.launch(meansKernel, {Nk, B, k.cIdx(1)}, {kMeansThreads, 1, 1},
+  h.launch(meansKernel, {Nk, B, k.idx(1)}, {kMeansThreads, 1, 1},
            {v, wo, head, means, bias});
 
   // 4: the posterior mixing.

@@ -31,21 +31,20 @@ createGemvKernel(ModuleOp module, StringRef name, TypeRange argTypes,
   Block &entry = kernel.getBody().front();
   Value m = entry.getArgument(0), vec = entry.getArgument(1),
         bias = entry.getArgument(2);
-  Value warp = k.divu(k.threadId(), k.cIdx(kWarp));
-  Value lane = k.remu(k.threadId(), k.cIdx(kWarp));
-  Value row = k.add(k.mul(k.blockId(), k.cIdx(kRowsPerBlock)), warp);
+  Value warp = k.divu(k.threadId(), k.idx(kWarp));
+  Value lane = k.remu(k.threadId(), k.idx(kWarp));
+  Value row = k.add(k.mul(k.blockId(), k.idx(kRowsPerBlock)), warp);
   Value rows = k.dim(m, 0), cols = k.dim(m, 1);
   Value active = k.lt(row, rows);
-  Value safe = k.select(active, row, k.sub(rows, k.cIdx(1)));
-  Value part = k.forLoop(lane, cols, k.cIdx(kWarp), {k.cF32(0.0)},
+  Value safe = k.select(active, row, k.sub(rows, k.idx(1)));
+  Value part = k.forLoop(lane, cols, k.idx(kWarp), {k.cF32(0.0)},
                          [&](Value c, ValueRange acc) -> SmallVector<Value> {
                            return {k.fadd(acc[0], k.fmul(k.loadF(m, {safe, c}),
                                                          k.loadF(vec, {c})))};
                          })[0];
   Value sum = subgroupReduce(k, part, ReduceKind::Sum, kWarp);
-  k.ifThen(k.andI(active, k.eq(lane, k.cIdx(0))), [&] {
-    store(k, entry, row, k.fadd(sum, k.loadF(bias, {row})));
-  });
+  k.ifThen(k.andI(active, k.eq(lane, k.idx(0))),
+           [&] { store(k, entry, row, k.fadd(sum, k.loadF(bias, {row}))); });
   return kernel;
 }
 
@@ -62,7 +61,7 @@ mlir::moe::gpu_lowering::lowerHyperRouter(HyperRouterOp op, ModuleOp module,
   auto wType = cast<RankedTensorType>(op.getW().getType());
   auto bType = cast<RankedTensorType>(op.getB().getType());
   Value rows2 = k.dim(w2, 0);
-  Value D = k.sub(k.divu(rows2, k.cIdx(E)), k.cIdx(1));
+  Value D = k.sub(k.divu(rows2, k.idx(E)), k.idx(1));
   SmallVector<Value> wSizes;
   if (wType.isDynamicDim(1))
     wSizes.push_back(D);
@@ -78,7 +77,7 @@ mlir::moe::gpu_lowering::lowerHyperRouter(HyperRouterOp op, ModuleOp module,
       op.getLoc(), [](KB &k, Block &entry, Value row, Value v) {
         k.store(k.fmax(v, k.cF32(0.0)), entry.getArgument(3), {row});
       });
-  h.launch(first, {k.ceilDiv(Dh, k.cIdx(kRowsPerBlock)), k.cIdx(1), k.cIdx(1)},
+  h.launch(first, {k.ceilDiv(Dh, k.idx(kRowsPerBlock)), k.idx(1), k.idx(1)},
            {kThreads, 1, 1}, {w1, emb, b1, hidden});
   auto second = createGemvKernel(
       module, "hyper_router_out",
@@ -86,14 +85,13 @@ mlir::moe::gpu_lowering::lowerHyperRouter(HyperRouterOp op, ModuleOp module,
        bias.getType()},
       op.getLoc(), [](KB &k, Block &entry, Value row, Value v) {
         Value wOut = entry.getArgument(3), bOut = entry.getArgument(4);
-        Value width = k.add(k.dim(wOut, 1), k.cIdx(1));
+        Value width = k.add(k.dim(wOut, 1), k.idx(1));
         Value e = k.divu(row, width), c = k.remu(row, width);
         Value isBias = k.eq(c, k.dim(wOut, 1));
         k.ifThen(isBias, [&] { k.store(v, bOut, {e}); });
         k.ifThen(k.notI1(isBias), [&] { k.store(v, wOut, {e, c}); });
       });
-  h.launch(second,
-           {k.ceilDiv(rows2, k.cIdx(kRowsPerBlock)), k.cIdx(1), k.cIdx(1)},
+  h.launch(second, {k.ceilDiv(rows2, k.idx(kRowsPerBlock)), k.idx(1), k.idx(1)},
            {kThreads, 1, 1}, {w2, hidden, b2, w, bias});
   h.release(hidden);
   h.finish();

@@ -36,16 +36,15 @@ static constexpr int64_t kEpilogueThreads = 256;
 /// Cluster of token t as index, and whether it is in [0, E).
 static std::pair<Value, Value> clusterOf(KB &k, Value assign, Value t,
                                          int64_t E) {
-  Value a = k.cast(k.load(assign, {t}), k.i64());
-  Value ok = k.andI(k.cmp(arith::CmpIPredicate::sge, a, k.cI64(0)),
+  Value a = k.castInt(k.load(assign, {t}), k.i64());
+  Value ok = k.andI(k.cmpi(arith::CmpIPredicate::sge, a, k.cI64(0)),
                     k.lt(a, k.cI64(E)));
   Value safe = k.select(ok, a, k.cI64(0));
-  return {k.cast(safe, k.index()), ok};
+  return {k.castInt(safe, k.index()), ok};
 }
 
 LogicalResult
-mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op,
-                                            ModuleOp module,
+mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op, ModuleOp module,
                                             const LoweringOptions &) {
   const int64_t E = op.getNumExperts();
   const float eps = op.getEps().convertToFloat();
@@ -72,7 +71,7 @@ mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op,
   Value counts = h.allocLike(countsType, {});
   h.fill32(counts, k.cI32(0));
   Value word = h.errorWord();
-  Value chunks = k.ceilDiv(T, k.cIdx(kChunkTokens));
+  Value chunks = k.ceilDiv(T, k.idx(kChunkTokens));
   auto dyn = ShapedType::kDynamic;
   Value partial = h.alloc(MemRefType::get({dyn, E, dyn}, f32), {chunks, D});
   Value means = h.alloc(MemRefType::get({E, dyn}, f32), {D});
@@ -80,29 +79,28 @@ mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op,
   // 1. Counts and range checks.
   {
     ImplicitLocOpBuilder kb(loc, ctx);
-    auto kernel = createKernel(
-        module, "mad_count",
-        {assign.getType(), counts.getType(), b.getI64Type()}, {},
-        {kThreads, 1, 1}, kb);
+    auto kernel =
+        createKernel(module, "mad_count",
+                     {assign.getType(), counts.getType(), b.getI64Type()}, {},
+                     {kThreads, 1, 1}, kb);
     KB kk(kb);
     Block &entry = kernel.getBody().front();
     Value as = entry.getArgument(0), cs = entry.getArgument(1),
           w = entry.getArgument(2);
-    Value t = kk.add(kk.mul(kk.blockId(), kk.cIdx(kThreads)), kk.threadId());
+    Value t = kk.add(kk.mul(kk.blockId(), kk.idx(kThreads)), kk.threadId());
     kk.ifThen(kk.lt(t, kk.dim(as, 0)), [&] {
       auto [a, ok] = clusterOf(kk, as, t, E);
       kk.ifThen(ok, [&] {
-        memref::AtomicRMWOp::create(kb, arith::AtomicRMWKind::addi,
-                                    kk.cI32(1), cs, ValueRange{a});
+        memref::AtomicRMWOp::create(kb, arith::AtomicRMWKind::addi, kk.cI32(1),
+                                    cs, ValueRange{a});
       });
       kk.ifThen(kk.notI1(ok), [&] {
-        emitRecordIndexError(kk, w, kMoEErrorMadDispersionAssign,
-                             kk.cast(t, kk.i64()),
-                             kk.cast(kk.load(as, {t}), kk.i64()),
-                             kk.cI64(E));
+        emitRecordIndexError(
+            kk, w, kMoEErrorMadDispersionAssign, kk.castInt(t, kk.i64()),
+            kk.castInt(kk.load(as, {t}), kk.i64()), kk.cI64(E));
       });
     });
-    h.launch(kernel, {k.ceilDiv(T, k.cIdx(kThreads)), k.cIdx(1), k.cIdx(1)},
+    h.launch(kernel, {k.ceilDiv(T, k.idx(kThreads)), k.idx(1), k.idx(1)},
              {kThreads, 1, 1}, {assign, counts, word});
   }
 
@@ -111,22 +109,22 @@ mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op,
     ImplicitLocOpBuilder kb(loc, ctx);
     auto kernel = createKernel(
         module, deviation ? "mad_chunk_deviations" : "mad_chunk_sums",
-        {x.getType(), assign.getType(), means.getType(), partial.getType()},
-        {}, {kThreads, 1, 1}, kb);
+        {x.getType(), assign.getType(), means.getType(), partial.getType()}, {},
+        {kThreads, 1, 1}, kb);
     KB kk(kb);
     Block &entry = kernel.getBody().front();
     Value xs = entry.getArgument(0), as = entry.getArgument(1),
           mu = entry.getArgument(2), part = entry.getArgument(3);
-    Value q = kk.add(kk.mul(kk.blockId(), kk.cIdx(kThreads)), kk.threadId());
+    Value q = kk.add(kk.mul(kk.blockId(), kk.idx(kThreads)), kk.threadId());
     Value c = kk.blockId(gpu::Dimension::y);
     Value Tk = kk.dim(xs, 0), Dk = kk.dim(xs, 1);
     kk.ifThen(kk.lt(q, Dk), [&] {
-      kk.forLoop(kk.cIdx(0), kk.cIdx(E), kk.cIdx(1), [&](Value e) {
+      kk.forLoop(kk.idx(0), kk.idx(E), kk.idx(1), [&](Value e) {
         kk.store(kk.cF32(0.0), part, {c, e, q});
       });
-      Value t0 = kk.mul(c, kk.cIdx(kChunkTokens));
-      Value t1 = kk.minu(Tk, kk.add(t0, kk.cIdx(kChunkTokens)));
-      kk.forLoop(t0, t1, kk.cIdx(1), [&](Value t) {
+      Value t0 = kk.mul(c, kk.idx(kChunkTokens));
+      Value t1 = kk.minu(Tk, kk.add(t0, kk.idx(kChunkTokens)));
+      kk.forLoop(t0, t1, kk.idx(1), [&](Value t) {
         auto [a, ok] = clusterOf(kk, as, t, E);
         kk.ifThen(ok, [&] {
           Value v = kk.loadF(xs, {t, q});
@@ -138,7 +136,7 @@ mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op,
         });
       });
     });
-    h.launch(kernel, {k.ceilDiv(D, k.cIdx(kThreads)), chunks, k.cIdx(1)},
+    h.launch(kernel, {k.ceilDiv(D, k.idx(kThreads)), chunks, k.idx(1)},
              {kThreads, 1, 1}, {x, assign, means, partial});
   };
   auto finish = [&](bool dispersion) {
@@ -153,10 +151,10 @@ mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op,
     Value part = entry.getArgument(0), cs = entry.getArgument(1),
           o = entry.getArgument(2);
     Value Dk = kk.dim(part, 2), C = kk.dim(part, 0);
-    Value flat = kk.add(kk.mul(kk.blockId(), kk.cIdx(kThreads)), kk.threadId());
-    kk.ifThen(kk.lt(flat, kk.mul(kk.cIdx(E), Dk)), [&] {
+    Value flat = kk.add(kk.mul(kk.blockId(), kk.idx(kThreads)), kk.threadId());
+    kk.ifThen(kk.lt(flat, kk.mul(kk.idx(E), Dk)), [&] {
       Value e = kk.divu(flat, Dk), q = kk.remu(flat, Dk);
-      Value s = kk.forLoop(kk.cIdx(0), C, kk.cIdx(1), {kk.cF32(0.0)},
+      Value s = kk.forLoop(kk.idx(0), C, kk.idx(1), {kk.cF32(0.0)},
                            [&](Value c, ValueRange acc) -> SmallVector<Value> {
                              return {kk.fadd(acc[0], kk.load(part, {c, e, q}))};
                            })[0];
@@ -167,10 +165,10 @@ mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op,
         mean = kk.fdiv(kk.cF32(1.0), kk.fadd(mean, kk.cF32(eps)));
       kk.store(mean, o, {e, q});
     });
-    h.launch(kernel,
-             {k.ceilDiv(k.mul(k.cIdx(E), D), k.cIdx(kThreads)), k.cIdx(1),
-              k.cIdx(1)},
-             {kThreads, 1, 1}, {partial, counts, out});
+    h.launch(
+        kernel,
+        {k.ceilDiv(k.mul(k.idx(E), D), k.idx(kThreads)), k.idx(1), k.idx(1)},
+        {kThreads, 1, 1}, {partial, counts, out});
   };
   chunkSums(false);
   finish(false);
@@ -181,23 +179,22 @@ mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op,
   {
     ImplicitLocOpBuilder kb(loc, ctx);
     const int64_t warps = kEpilogueThreads / kWarp;
-    auto kernel = createKernel(module, "mad_epilogue",
-                               {weights.getType(), counts.getType()},
-                               {workgroupMemRef({warps}, f32)},
-                               {kEpilogueThreads, 1, 1}, kb);
+    auto kernel = createKernel(
+        module, "mad_epilogue", {weights.getType(), counts.getType()},
+        {workgroupMemRef({warps}, f32)}, {kEpilogueThreads, 1, 1}, kb);
     KB kk(kb);
     Block &entry = kernel.getBody().front();
     Value w = entry.getArgument(0), cs = entry.getArgument(1);
     Value scratch = kernel.getWorkgroupAttributions()[0];
     Value tid = kk.threadId();
     Value Dk = kk.dim(w, 1);
-    Value step = kk.cIdx(kEpilogueThreads);
+    Value step = kk.idx(kEpilogueThreads);
     Value zero = kk.cF32(0.0), one = kk.cF32(1.0);
-    Value total = kk.mul(kk.cIdx(E), Dk);
+    Value total = kk.mul(kk.idx(E), Dk);
     auto included = [&](Value e) -> Value {
       if (!identity)
-        return kk.cTrue();
-      return kk.cmp(arith::CmpIPredicate::sge, kk.load(cs, {e}), kk.cI32(2));
+        return kk.cBool(true);
+      return kk.cmpi(arith::CmpIPredicate::sge, kk.load(cs, {e}), kk.cI32(2));
     };
     // Mean of W over the included entries of the flat range [0, E*D).
     auto includedMeanAll = [&]() -> Value {
@@ -209,10 +206,10 @@ mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op,
             return {kk.fadd(acc[0], kk.select(inc, kk.load(w, {e, q}), zero)),
                     kk.fadd(acc[1], kk.select(inc, one, zero))};
           });
-      Value s = blockReduce(kk, part[0], ReduceKind::Sum, kEpilogueThreads,
-                            scratch);
-      Value n = blockReduce(kk, part[1], ReduceKind::Sum, kEpilogueThreads,
-                            scratch);
+      Value s =
+          blockReduce(kk, part[0], ReduceKind::Sum, kEpilogueThreads, scratch);
+      Value n =
+          blockReduce(kk, part[1], ReduceKind::Sum, kEpilogueThreads, scratch);
       return kk.fdiv(s, n);
     };
     if (clip > 0.0f) {
@@ -232,23 +229,24 @@ mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op,
     case DispersionNormalize::feature:
       kk.forLoop(tid, Dk, step, [&](Value q) {
         SmallVector<Value> sn = kk.forLoop(
-            kk.cIdx(0), kk.cIdx(E), kk.cIdx(1), {zero, zero},
+            kk.idx(0), kk.idx(E), kk.idx(1), {zero, zero},
             [&](Value e, ValueRange acc) -> SmallVector<Value> {
               Value inc = included(e);
               return {kk.fadd(acc[0], kk.select(inc, kk.load(w, {e, q}), zero)),
                       kk.fadd(acc[1], kk.select(inc, one, zero))};
             });
         Value scale = kk.fdiv(sn[0], sn[1]);
-        kk.forLoop(kk.cIdx(0), kk.cIdx(E), kk.cIdx(1),
+        kk.forLoop(kk.idx(0), kk.idx(E), kk.idx(1),
                    [&](Value e) { rescale(e, q, scale); });
       });
       break;
     case DispersionNormalize::expert:
-      kk.forLoop(kk.cIdx(0), kk.cIdx(E), kk.cIdx(1), [&](Value e) {
-        Value s = kk.forLoop(tid, Dk, step, {zero},
-                             [&](Value q, ValueRange acc) -> SmallVector<Value> {
-                               return {kk.fadd(acc[0], kk.load(w, {e, q}))};
-                             })[0];
+      kk.forLoop(kk.idx(0), kk.idx(E), kk.idx(1), [&](Value e) {
+        Value s =
+            kk.forLoop(tid, Dk, step, {zero},
+                       [&](Value q, ValueRange acc) -> SmallVector<Value> {
+                         return {kk.fadd(acc[0], kk.load(w, {e, q}))};
+                       })[0];
         s = blockReduce(kk, s, ReduceKind::Sum, kEpilogueThreads, scratch);
         Value scale = kk.fdiv(s, kk.sitofp(Dk));
         kk.forLoop(tid, Dk, step, [&](Value q) { rescale(e, q, scale); });
@@ -262,8 +260,8 @@ mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op,
       break;
     }
     }
-    h.launch(kernel, {k.cIdx(1), k.cIdx(1), k.cIdx(1)},
-             {kEpilogueThreads, 1, 1}, {weights, counts});
+    h.launch(kernel, {k.idx(1), k.idx(1), k.idx(1)}, {kEpilogueThreads, 1, 1},
+             {weights, counts});
   }
 
   h.release(partial);

@@ -8,9 +8,9 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
 #include "KernelUtils.h"
 #include "Lowerings.h"
-#include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
 #include "MoE/IR/MoEDialect.h"
 #include "MoE/IR/MoEOps.h"
 
@@ -50,9 +50,8 @@ struct ConvertMoEToGPUPass
     for (Operation *op : ops) {
       LogicalResult result =
           llvm::TypeSwitch<Operation *, LogicalResult>(op)
-              .Case<TopkRenormOp>([&](auto o) {
-                return lowerTopkRenorm(o, module, options);
-              })
+              .Case<TopkRenormOp>(
+                  [&](auto o) { return lowerTopkRenorm(o, module, options); })
               .Case<SimilarityInformOp, SimilarityInformTopkOp>([&](auto o) {
                 return lowerSimilarityInform(o, module, options);
               })
@@ -66,9 +65,8 @@ struct ConvertMoEToGPUPass
               .Case<AdjacencyUpdateOp>([&](auto o) {
                 return lowerAdjacencyUpdate(o, module, options);
               })
-              .Case<HyperRouterOp>([&](auto o) {
-                return lowerHyperRouter(o, module, options);
-              })
+              .Case<HyperRouterOp>(
+                  [&](auto o) { return lowerHyperRouter(o, module, options); })
               .Default([&](Operation *o) {
                 return o->emitOpError("has no GPU lowering");
               });

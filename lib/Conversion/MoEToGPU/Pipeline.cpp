@@ -99,8 +99,7 @@ struct LowerToNVVMPipelineOptions
       llvm::cl::desc("gpu.binary format: isa (PTX), bin (cubin), fatbin"),
       llvm::cl::init("fatbin")};
   PassOptions::Option<std::string> toolkit{
-      *this, "toolkit",
-      llvm::cl::desc("CUDA toolkit with ptxas and fatbinary"),
+      *this, "toolkit", llvm::cl::desc("CUDA toolkit with ptxas and fatbinary"),
       llvm::cl::init("/usr/local/cuda")};
   PassOptions::Option<unsigned> optLevel{
       *this, "opt-level", llvm::cl::desc("LLVM optimization level of kernels"),

@@ -78,42 +78,42 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
 
   Value zero = k.cF32(0.0);
   Value negInf = k.cF32(-std::numeric_limits<double>::infinity());
-  Value c0 = k.cIdx(0), c1 = k.cIdx(1);
+  Value c0 = k.idx(0), c1 = k.idx(1);
   Value tid = k.threadId();
-  Value r = k.divu(tid, k.cIdx(kGroup));
-  Value lane = k.remu(tid, k.cIdx(kGroup));
+  Value r = k.divu(tid, k.idx(kGroup));
+  Value lane = k.remu(tid, k.idx(kGroup));
   Value b = k.blockId(gpu::Dimension::y);
-  Value rowBase = k.mul(k.blockId(), k.cIdx(kRows));
+  Value rowBase = k.mul(k.blockId(), k.idx(kRows));
   Value N = k.dim(q, 1);
   Value D = k.dim(q, 2);
   Value Nk = k.dim(keys, 1);
   Value i = k.add(rowBase, r);
   Value active = k.lt(i, N);
   Value row = k.select(active, i, k.sub(N, c1));
-  Value h = head ? k.cast(k.load(head, {b}), k.index()) : Value();
+  Value h = head ? k.castInt(k.load(head, {b}), k.index()) : Value();
 
   // Keys needed by the tile: all, or up to its last row when causal.
   Value keyEnd = Nk;
   if (spec.causal)
-    keyEnd = k.minu(Nk, k.add(rowBase, k.cIdx(kRows)));
+    keyEnd = k.minu(Nk, k.add(rowBase, k.idx(kRows)));
 
   SmallVector<Value> init(vpt, zero);
   init.push_back(negInf); // running max
   init.push_back(zero);   // running sum
   SmallVector<Value> fin = k.forLoop(
-      c0, keyEnd, k.cIdx(kCols), init,
+      c0, keyEnd, k.idx(kCols), init,
       [&](Value j0, ValueRange carried) -> SmallVector<Value> {
         // Dot products of this lane's keys j0 + c*8 + lane, c < 4.
         SmallVector<Value> dots(kCols / kGroup, zero);
         dots = k.forLoop(
-            c0, D, k.cIdx(kChunk), dots,
+            c0, D, k.idx(kChunk), dots,
             [&](Value d0, ValueRange acc) -> SmallVector<Value> {
               k.barrier();
               // Stage the query and key chunks (zeros outside).
               for (int64_t n = 0; n < kRows * kChunk / kFlashThreads; ++n) {
-                Value flat = k.add(tid, k.cIdx(n * kFlashThreads));
-                Value rr = k.divu(flat, k.cIdx(kChunk));
-                Value cc = k.remu(flat, k.cIdx(kChunk));
+                Value flat = k.add(tid, k.idx(n * kFlashThreads));
+                Value rr = k.divu(flat, k.idx(kChunk));
+                Value cc = k.remu(flat, k.idx(kChunk));
                 Value gi = k.add(rowBase, rr), gd = k.add(d0, cc);
                 Value ok = k.andI(k.lt(gi, N), k.lt(gd, D));
                 Value v = k.select(
@@ -123,9 +123,9 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
                 k.store(v, qs, {rr, cc});
               }
               for (int64_t n = 0; n < kCols * kChunk / kFlashThreads; ++n) {
-                Value flat = k.add(tid, k.cIdx(n * kFlashThreads));
-                Value jj = k.divu(flat, k.cIdx(kChunk));
-                Value cc = k.remu(flat, k.cIdx(kChunk));
+                Value flat = k.add(tid, k.idx(n * kFlashThreads));
+                Value jj = k.divu(flat, k.idx(kChunk));
+                Value cc = k.remu(flat, k.idx(kChunk));
                 Value gj = k.add(j0, jj), gd = k.add(d0, cc);
                 Value ok = k.andI(k.lt(gj, Nk), k.lt(gd, D));
                 Value v = k.select(ok,
@@ -136,12 +136,12 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
               }
               k.barrier();
               return k.forLoop(
-                  c0, k.cIdx(kChunk), c1, acc,
+                  c0, k.idx(kChunk), c1, acc,
                   [&](Value dd, ValueRange s) -> SmallVector<Value> {
                     Value qv = k.load(qs, {r, dd});
                     SmallVector<Value> next;
                     for (int64_t c = 0; c < kCols / kGroup; ++c) {
-                      Value jj = k.add(k.cIdx(c * kGroup), lane);
+                      Value jj = k.add(k.idx(c * kGroup), lane);
                       Value kv = k.load(ks, {jj, dd});
                       next.push_back(k.fadd(s[c], k.fmul(qv, kv)));
                     }
@@ -153,7 +153,7 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
         SmallVector<Value> logits;
         Value tileMax = negInf;
         for (int64_t c = 0; c < kCols / kGroup; ++c) {
-          Value j = k.add(j0, k.add(k.cIdx(c * kGroup), lane));
+          Value j = k.add(j0, k.add(k.idx(c * kGroup), lane));
           Value inRange = k.lt(j, Nk);
           Value js = k.select(inRange, j, c0);
           Value l = k.fdiv(dots[c], k.cF32(spec.scaleDiv));
@@ -165,7 +165,7 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
           if (keyMask)
             keep = k.andI(keep, k.load(keyMask, {b, js}));
           if (spec.causal)
-            keep = k.andI(keep, k.cmp(arith::CmpIPredicate::ule, j, row));
+            keep = k.andI(keep, k.cmpi(arith::CmpIPredicate::ule, j, row));
           l = k.select(keep, l, negInf);
           logits.push_back(l);
           tileMax = k.fmax(tileMax, l);
@@ -189,32 +189,31 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
         // Value tile and probabilities through workgroup memory.
         k.barrier();
         for (int64_t c = 0; c < kCols / kGroup; ++c)
-          k.store(probs[c], ps, {r, k.add(k.cIdx(c * kGroup), lane)});
-        k.forLoop(tid, k.cIdx(kCols * K), k.cIdx(kFlashThreads),
-                  [&](Value flat) {
-                    Value jj = k.divu(flat, k.cIdx(K));
-                    Value cc = k.remu(flat, k.cIdx(K));
-                    Value gj = k.add(j0, jj);
-                    Value ok = k.lt(gj, Nk);
-                    Value v = k.select(
-                        ok, k.loadF(e, {b, k.select(ok, gj, c0), cc}), zero);
-                    k.store(v, es, {jj, cc});
-                  });
+          k.store(probs[c], ps, {r, k.add(k.idx(c * kGroup), lane)});
+        k.forLoop(tid, k.idx(kCols * K), k.idx(kFlashThreads), [&](Value flat) {
+          Value jj = k.divu(flat, k.idx(K));
+          Value cc = k.remu(flat, k.idx(K));
+          Value gj = k.add(j0, jj);
+          Value ok = k.lt(gj, Nk);
+          Value v =
+              k.select(ok, k.loadF(e, {b, k.select(ok, gj, c0), cc}), zero);
+          k.store(v, es, {jj, cc});
+        });
         k.barrier();
 
         SmallVector<Value> acc;
         for (int64_t m = 0; m < vpt; ++m)
           acc.push_back(k.fmul(carried[m], alpha));
         acc = k.forLoop(
-            c0, k.cIdx(kCols), c1, acc,
+            c0, k.idx(kCols), c1, acc,
             [&](Value jj, ValueRange s) -> SmallVector<Value> {
               Value p = k.load(ps, {r, jj});
               SmallVector<Value> next;
               for (int64_t m = 0; m < vpt; ++m) {
                 int64_t col = m * kGroup;
-                Value cc = k.add(k.cIdx(col), lane);
+                Value cc = k.add(k.idx(col), lane);
                 if (col + kGroup > K)
-                  cc = k.minu(cc, k.cIdx(K - 1)); // padding lanes: ignored
+                  cc = k.minu(cc, k.idx(K - 1)); // padding lanes: ignored
                 next.push_back(k.fadd(s[m], k.fmul(p, k.load(es, {jj, cc}))));
               }
               return next;
@@ -243,29 +242,33 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
     k.ifThen(active, [&] {
       for (int64_t m = 0; m < vpt; ++m) {
         int64_t col = m * kGroup;
-        Value cc = k.add(k.cIdx(col), lane);
+        Value cc = k.add(k.idx(col), lane);
         if (col + kGroup <= K) {
           k.store(vals[m], out, {b, row, cc});
           continue;
         }
-        k.ifThen(k.lt(cc, k.cIdx(K)),
-                 [&] { k.store(vals[m], out, {b, row, cc}); });
+        k.ifThen(k.lt(cc, k.idx(K)), [&] {
+          k.store(vals[m], out, {b, row, cc});
+        });
       }
     });
   }
   return kernel;
 }
 
-void mlir::moe::gpu_lowering::launchFlashMix(HostCode &h,
-                                             gpu::GPUFuncOp kernel, Value q,
-                                             ValueRange args) {
+void mlir::moe::gpu_lowering::launchFlashMix(HostCode &h, gpu::GPUFuncOp kernel,
+                                             Value q, ValueRange args) {
   KB &k = h.k;
-  Value grid = k.ceilDiv(k.dim(q, 1), k.cIdx(kRows));
-  h.launch(kernel, {grid, k.dim(q, 0), k.cIdx(1)}, {kFlashThreads, 1, 1},
-           args);
+  Value grid = k.ceilDiv(k.dim(q, 1), k.idx(kRows));
+  h.launch(kernel, {grid, k.dim(q, 0), k.idx(1)}, {kFlashThreads, 1, 1}, args);
 }
 
-/// q = u · ws in f32: one thread per output feature, a row of u per block y.
+/// The most blocks a launch may have along y (and z).
+static constexpr int64_t kMaxGridY = 65535;
+
+/// q = u · ws in f32: one thread per output feature (blocks along x); the B·N
+/// rows of u are strided over the blocks along y (a grid-stride loop: gridDim.y
+/// is capped at 65535, B·N is not).
 static gpu::GPUFuncOp createProjectKernel(ModuleOp module, TypeRange argTypes,
                                           Location loc) {
   ImplicitLocOpBuilder kb(loc, module.getContext());
@@ -278,16 +281,20 @@ static gpu::GPUFuncOp createProjectKernel(ModuleOp module, TypeRange argTypes,
         q = entry.getArgument(2);
   Value D = k.dim(u, 2);
   Value N = k.dim(u, 1);
-  Value col = k.add(k.mul(k.blockId(), k.cIdx(threads)), k.threadId());
-  Value flatRow = k.blockId(gpu::Dimension::y);
-  Value b = k.divu(flatRow, N), i = k.remu(flatRow, N);
+  Value rows = k.mul(k.dim(u, 0), N);
+  Value col = k.add(k.mul(k.blockId(), k.idx(threads)), k.threadId());
   k.ifThen(k.lt(col, D), [&] {
-    Value s = k.forLoop(k.cIdx(0), D, k.cIdx(1), {k.cF32(0.0)},
-                        [&](Value d, ValueRange acc) -> SmallVector<Value> {
-                          return {k.fadd(acc[0], k.fmul(k.loadF(u, {b, i, d}),
-                                                        k.loadF(ws, {d, col})))};
-                        })[0];
-    k.store(s, q, {b, i, col});
+    k.forLoop(k.blockId(gpu::Dimension::y), rows, k.gridDim(gpu::Dimension::y),
+              [&](Value flatRow) {
+                Value b = k.divu(flatRow, N), i = k.remu(flatRow, N);
+                Value s = k.forLoop(
+                    k.idx(0), D, k.idx(1), {k.cF32(0.0)},
+                    [&](Value d, ValueRange acc) -> SmallVector<Value> {
+                      return {k.fadd(acc[0], k.fmul(k.loadF(u, {b, i, d}),
+                                                    k.loadF(ws, {d, col})))};
+                    })[0];
+                k.store(s, q, {b, i, col});
+              });
   });
   return kernel;
 }
@@ -306,14 +313,12 @@ mlir::moe::gpu_lowering::lowerSimilarityInform(Operation *op, ModuleOp module,
   if (ShapedType::isDynamic(K) || K > kFlashMaxExperts)
     return op->emitOpError("GPU lowering needs a static expert count <= ")
            << kFlashMaxExperts << " (got "
-           << (ShapedType::isDynamic(K) ? std::string("?")
-                                        : std::to_string(K))
+           << (ShapedType::isDynamic(K) ? std::string("?") : std::to_string(K))
            << ")";
 
   FlashMixSpec spec;
   spec.numExperts = K;
-  spec.scaleDiv =
-      (fused ? fused.getTau() : plain.getTau()).convertToDouble();
+  spec.scaleDiv = (fused ? fused.getTau() : plain.getTau()).convertToDouble();
   spec.causal = fused ? fused.getCausal() : plain.getCausal();
   spec.hasKeyMask = static_cast<bool>(maskT);
   if (fused) {
@@ -332,13 +337,14 @@ mlir::moe::gpu_lowering::lowerSimilarityInform(Operation *op, ModuleOp module,
     Value ws = h.buffer(wsT);
     auto uType = cast<MemRefType>(u.getType());
     auto qType = MemRefType::get(uType.getShape(), b.getF32Type());
-    projected = h.alloc(qType, dynamicSizesFrom(
-                                   k, cast<RankedTensorType>(uT.getType()), u));
+    projected = h.alloc(
+        qType, dynamicSizesFrom(k, cast<RankedTensorType>(uT.getType()), u));
     auto project = createProjectKernel(
         module, {u.getType(), ws.getType(), projected.getType()}, op->getLoc());
     Value rows = k.mul(k.dim(u, 0), k.dim(u, 1));
     h.launch(project,
-             {k.ceilDiv(k.dim(u, 2), k.cIdx(128)), rows, k.cIdx(1)},
+             {k.ceilDiv(k.dim(u, 2), k.idx(128)),
+              k.minu(rows, k.idx(kMaxGridY)), k.idx(1)},
              {128, 1, 1}, {u, ws, projected});
     q = projected;
   }

@@ -30,15 +30,14 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 
-Value mlir::moe::gpu_lowering::viewAs2D(ImplicitLocOpBuilder &b,
-                                        Value memref) {
+Value mlir::moe::gpu_lowering::viewAs2D(ImplicitLocOpBuilder &b, Value memref) {
   auto type = cast<MemRefType>(memref.getType());
   int64_t rank = type.getRank();
   if (rank == 2)
     return memref;
   if (rank == 1) {
-    auto result = MemRefType::get({1, type.getShape()[0]},
-                                  type.getElementType());
+    auto result =
+        MemRefType::get({1, type.getShape()[0]}, type.getElementType());
     SmallVector<ReassociationIndices> reassoc = {{0, 1}};
     return memref::ExpandShapeOp::create(b, result, memref, reassoc);
   }
@@ -62,25 +61,25 @@ static void emitWarpTopkKernel(ImplicitLocOpBuilder &kb, Value scores,
   int64_t vpt = llvm::divideCeil(K, width);
   int64_t tokensPerBlock = blockSize / width;
   Value tid = k.threadId();
-  Value group = k.divu(tid, k.cIdx(width));
-  Value lane = k.remu(tid, k.cIdx(width));
+  Value group = k.divu(tid, k.idx(width));
+  Value lane = k.remu(tid, k.idx(width));
   Value numTokens = k.dim(scores, 0);
-  Value token = k.add(k.mul(k.blockId(), k.cIdx(tokensPerBlock)), group);
+  Value token = k.add(k.mul(k.blockId(), k.idx(tokensPerBlock)), group);
   Value active = k.lt(token, numTokens);
   // Inactive groups of the last block read a valid row and store nothing:
   // every lane must take part in the shuffles.
-  Value row = k.select(active, token, k.sub(numTokens, k.cIdx(1)));
+  Value row = k.select(active, token, k.sub(numTokens, k.idx(1)));
 
   Value negInf = k.cF32(-std::numeric_limits<double>::infinity());
   SmallVector<Value> vals;
   for (int64_t m = 0; m < vpt; ++m) {
-    Value col = k.add(k.cIdx(m * width), lane);
+    Value col = k.add(k.idx(m * width), lane);
     if ((m + 1) * width <= K) {
       vals.push_back(k.loadF(scores, {row, col}));
       continue;
     }
-    Value inRange = k.lt(col, k.cIdx(K));
-    Value safe = k.select(inRange, col, k.cIdx(K - 1));
+    Value inRange = k.lt(col, k.idx(K));
+    Value safe = k.select(inRange, col, k.idx(K - 1));
     vals.push_back(k.select(inRange, k.loadF(scores, {row, safe}), negInf));
   }
 
@@ -95,8 +94,8 @@ static void emitWarpTopkKernel(ImplicitLocOpBuilder &kb, Value scores,
       s = k.fadd(s, k.exp(k.fsub(v, denseMax)));
     denseSum = subgroupReduce(k, s, ReduceKind::Sum, width);
   }
-  emitRegisterTopk(k, vals, lane, width, K, spec, weights, indices, row,
-                   active, denseMax, denseSum);
+  emitRegisterTopk(k, vals, lane, width, K, spec, weights, indices, row, active,
+                   denseMax, denseSum);
 }
 
 static void emitBlockTopkKernel(ImplicitLocOpBuilder &kb, Value scores,
@@ -108,7 +107,7 @@ static void emitBlockTopkKernel(ImplicitLocOpBuilder &kb, Value scores,
   Value tid = k.threadId();
   Value row = k.blockId();
   Value K = k.dim(scores, 1);
-  Value step = k.cIdx(threads);
+  Value step = k.idx(threads);
 
   Value denseMax, denseSum;
   if (spec.logits && !spec.renormalize) {
@@ -126,12 +125,12 @@ static void emitBlockTopkKernel(ImplicitLocOpBuilder &kb, Value scores,
     denseSum = blockReduce(k, s, ReduceKind::Sum, threads, scratchF32);
   }
 
-  Value none = noCandidate(k);
-  Value isWriter = k.eq(tid, k.cIdx(0));
+  Value none = noCandidate(k, k.i64());
+  Value isWriter = k.eq(tid, k.idx(0));
   SmallVector<Value> init = {k.cI64(std::numeric_limits<int64_t>::max()),
                              k.cF32(0.0), k.cF32(0.0)};
   SmallVector<Value> done = k.forLoop(
-      k.cIdx(0), k.cIdx(spec.k), k.cIdx(1), init,
+      k.idx(0), k.idx(spec.k), k.idx(1), init,
       [&](Value r, ValueRange args) -> SmallVector<Value> {
         Value prev = args[0];
         Value local =
@@ -139,14 +138,14 @@ static void emitBlockTopkKernel(ImplicitLocOpBuilder &kb, Value scores,
                       [&](Value i, ValueRange acc) -> SmallVector<Value> {
                         Value v = k.loadF(scores, {row, i});
                         Value cand = packCandidate(k, orderedKey(k, v),
-                                                   k.cast(i, k.i32()));
+                                                   k.castInt(i, k.i32()));
                         Value ok = k.lt(cand, prev);
                         return {k.maxs(acc[0], k.select(ok, cand, none))};
                       })[0];
         Value best =
             blockReduce(k, local, ReduceKind::MaxI64, threads, scratchI64);
         Value v = keyToFloat(k, candidateKey(k, best));
-        Value v0 = k.select(k.eq(r, k.cIdx(0)), v, args[1]);
+        Value v0 = k.select(k.eq(r, k.idx(0)), v, args[1]);
         Value term = spec.logits ? k.exp(k.fsub(v, v0)) : v;
         Value selSum = k.fadd(args[2], term);
         k.ifThen(isWriter, [&] {
@@ -158,7 +157,7 @@ static void emitBlockTopkKernel(ImplicitLocOpBuilder &kb, Value scores,
   if (!spec.logits && !spec.renormalize)
     return;
   k.ifThen(isWriter, [&] {
-    k.forLoop(k.cIdx(0), k.cIdx(spec.k), k.cIdx(1), [&](Value r) {
+    k.forLoop(k.idx(0), k.idx(spec.k), k.idx(1), [&](Value r) {
       Value v = k.load(weights, {row, r});
       k.store(topkWeight(k, spec, v, done[1], done[2], denseMax, denseSum),
               weights, {row, r});
@@ -172,8 +171,8 @@ mlir::moe::gpu_lowering::lowerTopkRenorm(TopkRenormOp op, ModuleOp module,
   auto scoresType = cast<RankedTensorType>(op.getScores().getType());
   auto weightsType = cast<RankedTensorType>(op.getWeights().getType());
   auto indicesType = cast<RankedTensorType>(op.getIndices().getType());
-  if (!weightsType.hasStaticShape() && weightsType.isDynamicDim(
-                                           weightsType.getRank() - 1))
+  if (!weightsType.hasStaticShape() &&
+      weightsType.isDynamicDim(weightsType.getRank() - 1))
     return op.emitOpError("GPU lowering needs a static k");
   TopkSpec spec;
   spec.k = op.getK();
@@ -205,23 +204,21 @@ mlir::moe::gpu_lowering::lowerTopkRenorm(TopkRenormOp op, ModuleOp module,
     Block &entry = kernel.getBody().front();
     emitWarpTopkKernel(kb, entry.getArgument(0), entry.getArgument(1),
                        entry.getArgument(2), K, block, spec, width);
-    Value grid = k.ceilDiv(numTokens, k.cIdx(block / width));
-    h.launch(kernel, {grid, k.cIdx(1), k.cIdx(1)}, {block, 1, 1},
-             {s2, w2, i2});
+    Value grid = k.ceilDiv(numTokens, k.idx(block / width));
+    h.launch(kernel, {grid, k.idx(1), k.idx(1)}, {block, 1, 1}, {s2, w2, i2});
   } else {
     int64_t warps = kBlockTopkThreads / kWarp;
-    auto kernel = createKernel(
-        module, "topk_renorm_block", argTypes,
-        {workgroupMemRef({warps}, b.getI64Type()),
-         workgroupMemRef({warps}, b.getF32Type())},
-        {kBlockTopkThreads, 1, 1}, kb);
+    auto kernel = createKernel(module, "topk_renorm_block", argTypes,
+                               {workgroupMemRef({warps}, b.getI64Type()),
+                                workgroupMemRef({warps}, b.getF32Type())},
+                               {kBlockTopkThreads, 1, 1}, kb);
     Block &entry = kernel.getBody().front();
     emitBlockTopkKernel(kb, entry.getArgument(0), entry.getArgument(1),
                         entry.getArgument(2), spec,
                         kernel.getWorkgroupAttributions()[0],
                         kernel.getWorkgroupAttributions()[1]);
-    h.launch(kernel, {numTokens, k.cIdx(1), k.cIdx(1)},
-             {kBlockTopkThreads, 1, 1}, {s2, w2, i2});
+    h.launch(kernel, {numTokens, k.idx(1), k.idx(1)}, {kBlockTopkThreads, 1, 1},
+             {s2, w2, i2});
   }
   h.finish();
   Value w = h.tensor(weights, weightsType);

@@ -6,6 +6,8 @@
 
 #include "Utils.h"
 
+#include "MoE/Kernels/TopK.h"
+
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Arith/Utils/Utils.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -61,24 +63,12 @@ Value mlir::moe::lowering::indexTo(OpBuilder &b, Location loc, Value iv,
 Value mlir::moe::lowering::ranksBefore(OpBuilder &b, Location loc, Value a,
                                        Value ai, Value c, Value ci,
                                        bool descending) {
-  // Written as a comparison of (value, index) pairs so that the result does
+  // The one order of every top-k (MoE/Kernels/TopK.h), shared with the CPU
+  // and GPU kernels; a comparison of (value, index) pairs, so the result does
   // not depend on the order in which a reduction visits the elements.
-  Value aNaN = isNaN(b, loc, a);
-  Value cNaN = isNaN(b, loc, c);
-  Value cNum = arith::XOrIOp::create(
-      b, loc, cNaN, arith::ConstantOp::create(b, loc, b.getBoolAttr(true)));
-  Value lower =
-      arith::CmpIOp::create(b, loc, arith::CmpIPredicate::slt, ai, ci);
-  Value better = arith::CmpFOp::create(
-      b, loc,
-      descending ? arith::CmpFPredicate::OGT : arith::CmpFPredicate::OLT, a, c);
-  Value equal =
-      arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OEQ, a, c);
-  Value tieWin = arith::AndIOp::create(b, loc, equal, lower);
-  Value numeric = arith::AndIOp::create(
-      b, loc, cNum, arith::OrIOp::create(b, loc, better, tieWin));
-  Value nanCase = arith::OrIOp::create(b, loc, cNum, lower);
-  return arith::SelectOp::create(b, loc, aNaN, nanCase, numeric);
+  ImplicitLocOpBuilder ib(loc, b);
+  kernels::KernelBuilder k(ib);
+  return kernels::ranksBefore(k, a, ai, c, ci, descending);
 }
 
 //===----------------------------------------------------------------------===//

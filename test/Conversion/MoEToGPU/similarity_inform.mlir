@@ -74,14 +74,22 @@ func.func @sim_topk(%u: tensor<2x128x64xf32>, %e: tensor<2x128x16xf32>) -> (tens
 // -----
 
 // ws: a projection kernel forms q = u · ws first (a [B, N, D] temporary,
-// released on the stream); the key mask is read per key.
+// released on the stream); the key mask is read per key. The B·N rows of the
+// projection are a grid-stride loop over blocks along y, and the launch caps
+// gridDim.y at 65535 (the hardware limit), so any B·N works.
 
 // CHECK: gpu.func @similarity_project_0
+// CHECK-DAG: %[[BY:.+]] = gpu.block_id y
+// CHECK-DAG: %[[GY:.+]] = gpu.grid_dim y
+// CHECK: scf.for %{{.+}} = %[[BY]] to %{{.+}} step %[[GY]]
+// CHECK: gpu.return
 // CHECK: gpu.func @similarity_inform_0(%{{.*}}: memref<?x?x32xf32>, %{{.*}}: memref<?x?x32xbf16>, %{{.*}}: memref<?x?x8xf32>, %{{.*}}: memref<?x?xi1>, %{{.*}}: memref<?x?x8xf32>)
 // CHECK: memref.load %{{.*}} : memref<?x?xi1>
 // CHECK-LABEL: func.func @sim_ws(
 // CHECK: %[[Q:.*]], %{{.*}} = gpu.alloc async {{.*}} : memref<?x?x32xf32>
-// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@similarity_project_0
+// CHECK: %[[ROWS:.+]] = arith.muli
+// CHECK: %[[GRIDY:.+]] = arith.minui %[[ROWS]], %c65535
+// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@similarity_project_0 blocks in (%{{.+}}, %[[GRIDY]], %{{.+}}) threads in (%{{.+}}, %{{.+}}, %{{.+}})
 // CHECK: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_0
 // CHECK: gpu.dealloc async {{.*}} %[[Q]]
 func.func @sim_ws(%u: tensor<?x?x32xbf16>, %e: tensor<?x?x8xf32>, %ws: tensor<32x32xf32>, %m: tensor<?x?xi1>) -> tensor<?x?x8xf32> {

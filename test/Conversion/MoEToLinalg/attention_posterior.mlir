@@ -17,7 +17,9 @@
 // CHECK: %[[ENT:.+]]:2 = linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "reduction"]} ins(%[[MAX]], %[[SUMS]]#0, %[[SUMS]]#1 :
 // CHECK: math.log
 // CHECK: %[[HEAD:.+]]:2 = linalg.generic {{.*}}iterator_types = ["parallel", "reduction"]} ins(%[[ENT]]#0, %[[ENT]]#1 : tensor<2x8xf32>, tensor<2x8xf32>) outs(%{{.+}}, %{{.+}} : tensor<2xf32>, tensor<2xi32>)
-// CHECK: arith.cmpf olt
+// The argmin is the top-k order with reversed keys (MoE/Kernels/TopK.h): ~key, packed with the index, compared as i64.
+// CHECK: arith.xori %{{.+}}, %c-1_i32
+// CHECK: arith.cmpi sgt, %{{.+}}, %{{.+}} : i64
 // Phase 2: head means of h*[b], per batch element: slices at the head, transpose, matmul.
 // CHECK: %[[MEANS:.+]] = scf.for %[[B:.+]] = %{{.+}} to %{{.+}} step %{{.+}} iter_args(%{{.+}} = %{{.+}}) -> (tensor<2x96x512xf32>)
 // CHECK: %[[H32:.+]] = tensor.extract %[[HEAD]]#1[%[[B]]] : tensor<2xi32>
@@ -57,7 +59,7 @@ func.func @min_entropy(%s: tensor<2x8x128x96xf32>, %u: tensor<2x128x512xf32>, %v
 // CHECK-SAME: %[[S:[^:]+]]: tensor<2x8x128x96xf32>
 // CHECK: %[[MAX:.+]] = linalg.generic {{.*}} ins(%[[S]] :
 // CHECK: %[[SUMS:.+]]:2 = linalg.generic {{.*}} ins(%[[S]], %[[MAX]] :
-// CHECK-NOT: arith.cmpf olt
+// CHECK-NOT: arith.cmpi sgt, %{{.+}}, %{{.+}} : i64
 // CHECK: %[[HEADS:.+]]:6 = scf.for %[[H:.+]] = %{{.+}} to %{{.+}} step
 // CHECK: %[[H32:.+]] = arith.index_cast %[[H]] : index to i32
 // CHECK: %[[HT:.+]] = linalg.fill ins(%[[H32]] : i32) outs(%{{.+}} : tensor<2xi32>)

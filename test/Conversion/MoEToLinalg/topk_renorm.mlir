@@ -10,9 +10,11 @@
 // CHECK: linalg.generic
 // CHECK-SAME: iterator_types = ["parallel", "parallel", "reduction"]
 // CHECK-SAME: ins(%[[S]], %{{.+}}, %{{.+}} : tensor<4x128x16xf32>, tensor<4x128xf32>, tensor<4x128xi32>)
+// The one order of every top-k (MoE/Kernels/TopK.h): (ordered key << 32 | INT32_MAX - index) compared as i64.
+// CHECK: arith.bitcast %{{.+}} : f32 to i32
 // CHECK: arith.cmpf uno
-// CHECK: arith.cmpf ogt
-// CHECK: arith.cmpi slt
+// CHECK: arith.shli %{{.+}}, %{{.+}} : i64
+// CHECK: arith.cmpi sgt, %{{.+}}, %{{.+}} : i64
 // CHECK: linalg.yield %{{.+}}, %{{.+}} : f32, i32
 // CHECK: tensor.insert_slice %{{.+}} into %{{.+}}[0, 0, %[[J]]] [4, 128, 1] [1, 1, 1] : tensor<4x128xf32> into tensor<4x128x2xf32>
 // CHECK: scf.yield

@@ -1,0 +1,115 @@
+//===- Builder.h - The target-neutral kernel builder ------------*- C++ -*-===//
+//
+// Part of the MoE-MLIR project.
+//
+// The one builder under every kernel of the project (as Triton's backends
+// share one LLVM-building helper): arith, math, memref and scf on an
+// ImplicitLocOpBuilder. Every helper accepts a scalar or a vector of it (a
+// CPU kernel computes on vector lanes, a GPU kernel on one thread's scalars),
+// so an algorithm written over `KernelBuilder &` (lib/Kernels: the top-k
+// ordering key and weights) is instantiated by both conversions. Targets derive
+// from it: cpu::CK (vectors, reductions, the worker loop) and gpu_lowering::KB
+// (thread ids, shuffles, barriers); `exp` is the one target hook (a
+// polynomial on CPU vectors, math.exp -> __nv_expf on the GPU).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_KERNELS_BUILDER_H
+#define MOE_KERNELS_BUILDER_H
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/IR/ImplicitLocOpBuilder.h"
+
+namespace mlir::moe::kernels {
+
+class KernelBuilder {
+public:
+  explicit KernelBuilder(ImplicitLocOpBuilder &b) : b(b) {}
+  virtual ~KernelBuilder() = default;
+  ImplicitLocOpBuilder &b;
+
+  Type f32() { return b.getF32Type(); }
+  Type i32() { return b.getI32Type(); }
+  Type i64() { return b.getI64Type(); }
+  Type index() { return b.getIndexType(); }
+  /// `elt`, or a vector of it shaped like `like` when `like` is a vector.
+  static Type shapedLike(Type like, Type elt);
+
+  // Constants.
+  Value idx(int64_t v);
+  Value cI32(int64_t v);
+  Value cI64(int64_t v);
+  Value cF32(double v);
+  Value cBool(bool v);
+  /// A constant of `type` (scalar or vector of f32/iN/index): splat of `v`.
+  Value constLike(Type type, double v);
+  Value negInfLike(Type type);
+
+  // Integer/index arithmetic (scalars or vectors).
+  Value add(Value x, Value y);
+  Value sub(Value x, Value y);
+  Value mul(Value x, Value y);
+  Value divu(Value x, Value y);
+  Value remu(Value x, Value y);
+  Value ceilDiv(Value x, Value y);
+  Value mins(Value x, Value y);
+  Value maxs(Value x, Value y);
+  Value minu(Value x, Value y);
+  Value cmpi(arith::CmpIPredicate p, Value x, Value y);
+  Value lt(Value x, Value y) { return cmpi(arith::CmpIPredicate::slt, x, y); }
+  Value eq(Value x, Value y) { return cmpi(arith::CmpIPredicate::eq, x, y); }
+  Value andI(Value x, Value y);
+  Value orI(Value x, Value y);
+  Value xorI(Value x, Value y);
+  Value notI1(Value x);
+  Value shl(Value x, Value y);
+  Value shrs(Value x, Value y);
+  Value shru(Value x, Value y);
+  /// index <-> iN and iN <-> iM, signed.
+  Value castInt(Value x, Type to);
+  Value extu(Value x, Type to);
+  Value trunc(Value x, Type to);
+
+  // Float arithmetic (f32 scalars or vectors).
+  Value fadd(Value x, Value y);
+  Value fsub(Value x, Value y);
+  Value fmul(Value x, Value y);
+  Value fdiv(Value x, Value y);
+  /// NaN-propagating max/min (torch.max semantics).
+  Value fmax(Value x, Value y);
+  Value fmin(Value x, Value y);
+  Value fabs(Value x);
+  Value cmpf(arith::CmpFPredicate p, Value x, Value y);
+  Value isNaN(Value x);
+  Value select(Value c, Value x, Value y);
+  /// Signed integer (index, iN, or vectors of them) to f32.
+  Value sitofp(Value x);
+  Value bitcast(Value x, Type to);
+  /// exp(x): the target's hook (default math.exp).
+  virtual Value exp(Value x);
+  Value log(Value x);
+
+  // Memory.
+  Value dim(Value memref, int64_t d);
+  /// Loads one element as is.
+  Value load(Value memref, ValueRange indices);
+  /// Loads one element widened to f32 (f16/bf16 -> f32).
+  Value loadF(Value memref, ValueRange indices);
+  void store(Value v, Value memref, ValueRange indices);
+
+  // Structured control flow.
+  void forLoop(Value lb, Value ub, Value step,
+               function_ref<void(Value iv)> body);
+  /// scf.for with loop-carried values; `body` returns the next values.
+  SmallVector<Value>
+  forLoop(Value lb, Value ub, Value step, ValueRange init,
+          function_ref<SmallVector<Value>(Value iv, ValueRange args)> body);
+  void ifThen(Value cond, function_ref<void()> then);
+  SmallVector<Value> ifElse(Value cond, TypeRange types,
+                            function_ref<SmallVector<Value>()> then,
+                            function_ref<SmallVector<Value>()> otherwise);
+};
+
+} // namespace mlir::moe::kernels
+
+#endif // MOE_KERNELS_BUILDER_H

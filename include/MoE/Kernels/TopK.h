@@ -1,0 +1,70 @@
+//===- TopK.h - The dialect's top-k order and weights, once -----*- C++ -*-===//
+//
+// Part of the MoE-MLIR project.
+//
+// Every top-k of the dialect (moe.topk_renorm, the fused *_topk ops, the
+// argmin of the posterior's head selection) ranks (value, index) pairs by one
+// strict total order: NaN first (the lower index first among NaNs), then
+// larger values, then, on equal values (-0 == +0), the lower index. Here that
+// order is an integer order, written once and used by the portable lowering,
+// the CPU kernels (on vector lanes) and the GPU kernels (per thread, then
+// across lanes by an integer max):
+//
+//   key(x)       i32, monotone: -inf < ... < -0 == +0 < ... < +inf < NaN
+//   pack(key, i) i64 = key << 32 | (INT32_MAX - i): a larger i64 ranks first
+//
+// so "the best candidate ranking strictly after the previous pick" is a
+// signed max over the candidates below it, and rounds never revisit an
+// element. The weight of a selected value (softmax over the selection or the
+// row, or renormalized probabilities) is also one function for all targets.
+// Every function accepts scalars or vectors (lane-wise).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_KERNELS_TOPK_H
+#define MOE_KERNELS_TOPK_H
+
+#include "MoE/Kernels/Builder.h"
+
+namespace mlir::moe::kernels {
+
+/// Monotone i32 key of an f32 (every NaN maps to INT32_MAX, above every
+/// number). With `descending = false` smaller numbers get larger keys (argmin),
+/// NaN still on top.
+Value orderedKey(KernelBuilder &k, Value f, bool descending = true);
+/// The f32 of a descending key (a NaN for INT32_MAX).
+Value keyToFloat(KernelBuilder &k, Value key);
+/// (key, index) packed so that a larger i64 is the better candidate: a larger
+/// key, then a *smaller* index. `index` is i32 (or index), in [0, 2^31).
+Value packCandidate(KernelBuilder &k, Value key, Value index);
+Value candidateKey(KernelBuilder &k, Value packed);
+/// The index (i32) of a packed candidate.
+Value candidateIndex(KernelBuilder &k, Value packed);
+/// The packed value below every candidate ("none"), of `type` (i64 or a
+/// vector of i64).
+Value noCandidate(KernelBuilder &k, Type type);
+/// True when (a, ai) ranks strictly before (c, ci) in the dialect's order
+/// (indices i32).
+Value ranksBefore(KernelBuilder &k, Value a, Value ai, Value c, Value ci,
+                  bool descending = true);
+
+/// How the k selected values become weights (moe.topk_renorm's mode and
+/// renormalize attributes).
+struct TopkSpec {
+  int64_t k = 1;
+  bool logits = true;
+  bool renormalize = true;
+};
+
+/// The weight of selected value `v` given the first (largest) selected value
+/// `v0`, the sum over the selection `selSum` (Σ exp(v - v0) for logits, Σ v
+/// for probabilities) and, for logits without renormalization, the row's max
+/// and Σ exp(x - max) (`denseMax`, `denseSum`; null otherwise). A row whose
+/// max is -inf (fully masked) and a zero probability sum give zero weights.
+/// All operands have v's type.
+Value topkWeight(KernelBuilder &k, const TopkSpec &spec, Value v, Value v0,
+                 Value selSum, Value denseMax, Value denseSum);
+
+} // namespace mlir::moe::kernels
+
+#endif // MOE_KERNELS_TOPK_H

@@ -1,0 +1,63 @@
+// RUN: moe-opt %s --convert-moe-to-cpu=num-threads=2 | FileCheck %s
+
+// attention_posterior, head_select = min_entropy:
+//  1. prior statistics of every attention row (max, Σ exp, Σ exp·s) in vector<16> passes with the polynomial exp,
+//  2. h*[b] = argmin of the mean row entropy (math.log per row) in the dialect's top-k order with reversed keys
+//     (NaN first, ties to the lowest head: ~key packed with the index, compared as i64),
+//  3. head means of h* only, written in the flash kernel's tiled transposed key layout [B, tiles, Dh, 32],
+//  4. the posterior mix by the flash kernel. Nothing of size N x N is formed.
+
+// CHECK-LABEL: func.func @min_entropy
+// CHECK-SAME: %[[S:[^:]+]]: tensor<2x8x128x96xf32>
+// CHECK: bufferization.to_buffer %[[S]] read_only
+// CHECK: scf.parallel
+// CHECK: vector.reduction <maximumf>
+// CHECK-NOT: math.exp
+// CHECK: math.floor %{{.+}} : vector<16xf32>
+// CHECK: vector.reduction <add>
+// CHECK: %[[HEAD:.+]] = memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<?xi32>
+// CHECK: math.log
+// CHECK: arith.xori %{{.+}}, %c-1_i32 : i32
+// CHECK: arith.shli %{{.+}}, %{{.+}} : i64
+// CHECK: arith.cmpi sgt, %{{.+}}, %{{.+}} : i64
+// CHECK: memref.store %{{.+}}, %[[HEAD]]
+// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<?x?x?x32xf32>
+// CHECK: scf.parallel
+// CHECK: scf.parallel
+// CHECK: vector.fma
+// CHECK: vector.maskedstore
+// CHECK: %[[HT:.+]] = bufferization.to_tensor %[[HEAD]] restrict writable
+// CHECK: %[[HC:.+]] = tensor.cast %[[HT]] : tensor<?xi32> to tensor<2xi32>
+// CHECK: return %{{.+}}, %[[HC]]
+// CHECK-NOT: 128x128
+func.func @min_entropy(%s: tensor<2x8x128x96xf32>, %u: tensor<2x128x512xf32>, %v: tensor<2x8x96x64xf32>,
+                       %wo: tensor<512x512xf32>, %e: tensor<2x96x16xf32>) -> (tensor<2x128x16xf32>, tensor<2xi32>) {
+  %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma(2.000000e+00)
+      : tensor<2x8x128x96xf32>, tensor<2x128x512xf32>, tensor<2x8x96x64xf32>, tensor<512x512xf32>, tensor<2x96x16xf32>
+      -> tensor<2x128x16xf32>, tensor<2xi32>
+  return %p, %h : tensor<2x128x16xf32>, tensor<2xi32>
+}
+
+// The fused attention_posterior_topk is split: the posterior kernel above, then the top-k kernel on its
+// probabilities (mode = probs: no exp in the epilogue).
+// CHECK-LABEL: func.func @fused_topk
+// CHECK: memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<?xi32>
+// CHECK: arith.cmpi sgt, %{{.+}}, %{{.+}} : i64
+// CHECK: vector.fma
+// CHECK: %[[P:.+]] = bufferization.to_tensor %{{.+}} restrict writable : memref<?x?x?xf32>
+// CHECK: %[[PC:.+]] = tensor.cast %[[P]] : tensor<?x?x?xf32> to tensor<2x128x16xf32>
+// CHECK: bufferization.to_buffer %[[PC]] read_only
+// CHECK: memref.collapse_shape
+// CHECK: arith.shli %{{.+}}, %{{.+}} : vector<8xi64>
+// CHECK: vector.reduction <maxsi>
+// CHECK: arith.divf %{{.+}}, %{{.+}} : vector<16xf32>
+// CHECK: vector.maskedstore
+// CHECK-NOT: moe.
+func.func @fused_topk(%s: tensor<2x8x128x96xf32>, %u: tensor<2x128x512xf32>, %v: tensor<2x8x96x64xf32>,
+                      %wo: tensor<512x512xf32>, %e: tensor<2x96x16xf32>)
+    -> (tensor<2x128x2xf32>, tensor<2x128x2xi32>, tensor<2xi32>) {
+  %w, %i, %h = moe.attention_posterior_topk %s, %u, %v, %wo, %e k(2)
+      : tensor<2x8x128x96xf32>, tensor<2x128x512xf32>, tensor<2x8x96x64xf32>, tensor<512x512xf32>, tensor<2x96x16xf32>
+      -> tensor<2x128x2xf32>, tensor<2x128x2xi32>, tensor<2xi32>
+  return %w, %i, %h : tensor<2x128x2xf32>, tensor<2x128x2xi32>, tensor<2xi32>
+}

@@ -1,0 +1,37 @@
+// RUN: moe-opt %s --convert-moe-to-cpu=num-threads=2 | FileCheck %s
+
+// mad_dispersion: counts and both statistics passes are scatters (token t adds its row into row assign[t]) instead
+// of the portable one-hot reductions over T per cluster; the workers own 32-feature column blocks (two vector<16>
+// groups), so every sum is accumulated by one thread in token order. Out-of-range assign values are reported
+// first and then add nothing. The O(E·D) tail is the portable one (linalg).
+
+// CHECK-LABEL: func.func @mad
+// CHECK-SAME: %[[X:[^:]+]]: tensor<?x64xf32>, %[[A:[^:]+]]: tensor<?xi32>
+// CHECK: func.call @moeReportIndexError
+// CHECK-DAG: %[[XB:.+]] = bufferization.to_buffer %[[X]] read_only
+// CHECK-DAG: %[[AB:.+]] = bufferization.to_buffer %[[A]] read_only
+// Counts: one increment per in-range token.
+// CHECK: %[[COUNTS:.+]] = memref.alloc() {alignment = 64 : i64} : memref<4xi32>
+// CHECK: scf.for
+// CHECK: memref.load %[[AB]]
+// CHECK: arith.andi
+// CHECK: scf.if
+// CHECK: arith.addi %{{.+}}, %{{.+}} : i32
+// Cluster sums: column blocks over the workers, token rows added at row assign[t].
+// CHECK: %[[SUMS:.+]] = memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<4x?xf32>
+// CHECK: scf.parallel
+// CHECK: vector.maskedload %[[XB]]
+// CHECK: arith.addf %{{.+}}, %{{.+}} : vector<16xf32>
+// CHECK: vector.maskedstore %[[SUMS]]
+// Deviations: |x - mean| accumulated the same way, by the same worker (same column block).
+// CHECK: arith.subf %{{.+}}, %{{.+}} : vector<16xf32>
+// CHECK: math.absf %{{.+}} : vector<16xf32>
+// CHECK: bufferization.to_tensor %{{.+}} restrict writable : memref<4x?xf32>
+// CHECK: bufferization.to_tensor %[[COUNTS]] restrict writable : memref<4xi32>
+// The tail: 1/(s+eps), clip, normalize.
+// CHECK: linalg.generic
+// CHECK-NOT: moe.mad_dispersion
+func.func @mad(%x: tensor<?x64xf32>, %a: tensor<?xi32>) -> (tensor<4x64xf32>, tensor<4xi32>) {
+  %w, %c = moe.mad_dispersion %x, %a num_experts(4) : tensor<?x64xf32>, tensor<?xi32> -> tensor<4x64xf32>, tensor<4xi32>
+  return %w, %c : tensor<4x64xf32>, tensor<4xi32>
+}
