@@ -37,8 +37,10 @@ def MoE_Dialect : Dialect {
     * The verifier checks every static size and attribute range it can; data-dependent errors (an `assign` or
       `idx` value out of range) are run-time errors of the lowering, never out-of-bounds accesses.
   }];
-  // Folders and canonicalizations materialize arith.constant.
-  let dependentDialects = ["::mlir::arith::ArithDialect"];
+  // arith and tensor: the folds and the zero-size canonicalizations create
+  // constants, tensor.empty and tensor.splat.
+  let dependentDialects = ["::mlir::arith::ArithDialect",
+                           "::mlir::tensor::TensorDialect"];
   let useDefaultAttributePrinterParser = 1;
   let hasConstantMaterializer = 1;
 }

@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "MoE/IR/MoEOps.h"
+#include "Degenerate.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/IR/BuiltinAttributes.h"
@@ -237,6 +238,7 @@ struct FoldSingleExpertIndices : OpRewritePattern<TopkRenormOp> {
 void TopkRenormOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                                MLIRContext *ctx) {
   patterns.add<FoldSingleExpertIndices>(ctx);
+  detail::populateDegenerateTopkPattern(patterns);
 }
 
 //===----------------------------------------------------------------------===//
@@ -262,4 +264,5 @@ struct FoldKnownHead : OpRewritePattern<AttentionPosteriorOp> {
 void AttentionPosteriorOp::getCanonicalizationPatterns(
     RewritePatternSet &patterns, MLIRContext *ctx) {
   patterns.add<FoldKnownHead>(ctx);
+  detail::populateDegeneratePosteriorPattern(patterns);
 }

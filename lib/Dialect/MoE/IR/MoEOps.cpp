@@ -227,6 +227,11 @@ verifyAttentionPosterior(Operation *op, Value scores, Value u, Value v,
 
   auto vType = cast<RankedTensorType>(v.getType());
   int64_t numHeads = vType.getDimSize(1), headDim = vType.getDimSize(3);
+  if (cast<RankedTensorType>(scores.getType()).getDimSize(1) == 0 ||
+      numHeads == 0)
+    return op->emitOpError()
+           << "dimension 1 of 'scores' (H = 0) must be >= 1: the posterior "
+              "selects among the heads";
   int64_t woCols = cast<RankedTensorType>(wo.getType()).getDimSize(1);
   if (!ShapedType::isDynamic(numHeads) && !ShapedType::isDynamic(headDim) &&
       !ShapedType::isDynamic(woCols) && woCols != numHeads * headDim)
