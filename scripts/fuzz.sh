@@ -25,7 +25,7 @@ root, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 n = 0
 for path in sorted(root.rglob("*.mlir")):
     for chunk in path.read_text(errors="replace").split("// -----"):
-        if "moe." not in chunk or len(chunk) > 16000:
+        if "moe." not in chunk or len(chunk) > 65536:
             continue
         (out / f"seed-{n:05d}").write_bytes(bytes([n % 7]) + chunk.encode())
         n += 1
@@ -40,8 +40,8 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
 
 echo "== fuzz: $SECONDS_BUDGET s, $FUZZ_JOBS job(s)"
 status=0
-"$FUZZER" "$corpus" "$seeds" -max_total_time="$SECONDS_BUDGET" -timeout=30 -rss_limit_mb=4096 -max_len=16384 \
-  -dict="$ROOT/tools/moe-fuzz/mlir.dict" -artifact_prefix="$crashes/" -print_final_stats=1 \
+"$FUZZER" "$corpus" "$seeds" -max_total_time="$SECONDS_BUDGET" -timeout=30 -rss_limit_mb=4096 -max_len=65536 \
+  -dict="$ROOT/tools/moe-fuzz/mlir.dict" -keep_seed=1 -artifact_prefix="$crashes/" -print_final_stats=1 \
   $( [ "$FUZZ_JOBS" -gt 1 ] && echo "-fork=$FUZZ_JOBS -ignore_crashes=0" ) 2>&1 | tee "$work/log.txt" | grep -E \
   "INITED|DONE|ERROR|==[0-9]+==|moe-fuzz:|Test unit written|stat::number_of_executed_units|Done [0-9]+ runs" || true
 grep -qE "ERROR: libFuzzer|ERROR: AddressSanitizer|runtime error|Test unit written|moe-fuzz: verified" "$work/log.txt" &&

@@ -17,18 +17,11 @@
 source "$(dirname "$0")/common.sh"
 
 SAN_BUILD="${MOE_SAN_BUILD_DIR:-$ROOT/build-san}"
-CLANG_PACKAGES=(clang-22 libclang-rt-22-dev)
 SAN_STEPS="${MOE_SAN_STEPS:-build lit ctest}"
 
-missing=()
-for p in "${CLANG_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "== installing Debian packages: ${missing[*]}"
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
-fi
+# clang and its sanitizer/libFuzzer runtimes (compiler-rt), through common.sh's installer.
+SYSTEM_PACKAGES=(clang-22 libclang-rt-22-dev)
+install_system_packages
 
 SAN_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -shared-libsan"
 # Coverage counters for moe-fuzz (libFuzzer's guidance) in every library of ours; free for the other binaries.

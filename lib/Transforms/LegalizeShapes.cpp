@@ -37,7 +37,10 @@ LogicalResult mlir::moe::legalizeShapes(Operation *root) {
   GreedyRewriteConfig config;
   config.enableFolding(false);
   config.setRegionSimplificationLevel(GreedySimplifyRegionLevel::Disabled);
-  return applyPatternsGreedily(root, std::move(patterns), config);
+  if (failed(applyPatternsGreedily(root, std::move(patterns), config)))
+    return root->emitError()
+           << "moe-legalize-shapes: the zero-size rewrites did not converge";
+  return success();
 }
 
 namespace {

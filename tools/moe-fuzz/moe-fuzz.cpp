@@ -73,6 +73,18 @@ MLIRContext &context() {
   return *ctx;
 }
 
+/// How far the inputs got, printed at exit when MOE_FUZZ_STATS is set (to
+/// tell a run that reached the pipelines from one that only hit the parser).
+struct Stats {
+  uint64_t inputs = 0, verified = 0, lowered = 0, diagnosed = 0;
+  ~Stats() {
+    if (std::getenv("MOE_FUZZ_STATS"))
+      llvm::errs() << "moe-fuzz stats: " << inputs << " inputs, " << verified
+                   << " verified, " << lowered << " lowered, " << diagnosed
+                   << " rejected by a pass with a diagnostic\n";
+  }
+} stats;
+
 /// Only builtin/func/arith/tensor/moe ops: the inputs the strict rule covers.
 bool isModelOnly(ModuleOp module) {
   bool only = true;
@@ -89,6 +101,7 @@ bool isModelOnly(ModuleOp module) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1)
     return 0;
+  ++stats.inputs;
   const char *pipeline = kPipelines[data[0] % kNumPipelines];
   std::string text(reinterpret_cast<const char *>(data) + 1, size - 1);
   MLIRContext &ctx = context();
@@ -102,6 +115,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(text, config);
   if (!module || failed(verify(*module)))
     return 0;
+  ++stats.verified;
   bool strict = isModelOnly(*module);
 
   PassManager pm(&ctx);
@@ -109,7 +123,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (failed(parsePassPipeline(std::string("builtin.module(") + pipeline + ")",
                                pm)))
     std::abort(); // a typo above, not the input
-  if (succeeded(pm.run(*module)) || !strict)
+  if (succeeded(pm.run(*module))) {
+    ++stats.lowered;
+    return 0;
+  }
+  ++stats.diagnosed;
+  if (!strict)
     return 0;
   for (const std::string &message : diagnostics)
     if (StringRef(message).starts_with("'moe."))

@@ -606,3 +606,12 @@ func.func @posterior_without_heads(%s: tensor<1x0x2x2xf32>, %u: tensor<1x2x4xf32
       -> tensor<1x2x3xf32>, tensor<1xi32>
   return
 }
+
+// -----
+
+func.func @num_experts_beyond_i32(%x: tensor<4x8xf32>, %a: tensor<4xi32>) {
+  // expected-error @+1 {{'num_experts' (2147483648) must be <= 2147483647 (expert indices and counts are i32)}}
+  %w, %c = "moe.mad_dispersion"(%x, %a) {num_experts = 2147483648 : i64} : (tensor<4x8xf32>, tensor<4xi32>) -> (tensor<?x8xf32>, tensor<?xi32>)
+  return
+}
+

@@ -189,18 +189,23 @@ struct DegeneratePosterior : OpRewritePattern<OpTy> {
     auto size = [&](Value value, int64_t dim) {
       return sizeOf(rewriter, loc, {value, dim});
     };
+    // Sizes are built (tensor.dim for a dynamic one) only once a rewrite is
+    // certain: a pattern that fails must leave the IR untouched.
     // [B, N, K] of the mixed p (plain) or [B, N, k] of the gate (fused).
-    SmallVector<OpFoldResult> rowSizes = {size(scores, 0), size(scores, 2)};
-    if constexpr (kFused)
-      rowSizes.push_back(rewriter.getIndexAttr(op.getK()));
-    else
-      rowSizes.push_back(size(e, 2));
-    OpFoldResult batch = size(scores, 0);
+    auto rowSizes = [&] {
+      SmallVector<OpFoldResult> sizes = {size(scores, 0), size(scores, 2)};
+      if constexpr (kFused)
+        sizes.push_back(rewriter.getIndexAttr(op.getK()));
+      else
+        sizes.push_back(size(e, 2));
+      return sizes;
+    };
+    auto batch = [&] { return size(scores, 0); };
     // The head of a sequence whose rows have no say: the lowest head for
     // min_entropy (every mean entropy is 0), -1 for `all`.
     auto constantHead = [&] {
       int32_t h = op.getHeadSelect() == HeadSelect::all ? -1 : 0;
-      return splatOf(rewriter, loc, head.getType(), {batch},
+      return splatOf(rewriter, loc, head.getType(), {batch()},
                      rewriter.getI32IntegerAttr(h));
     };
 
@@ -209,8 +214,8 @@ struct DegeneratePosterior : OpRewritePattern<OpTy> {
     if (noBatch || noRows) {
       SmallVector<Value> values;
       for (Value result : op->getResults().drop_back())
-        values.push_back(emptyOf(rewriter, loc, result.getType(), rowSizes));
-      values.push_back(noBatch ? emptyOf(rewriter, loc, head.getType(), {batch})
+        values.push_back(emptyOf(rewriter, loc, result.getType(), rowSizes()));
+      values.push_back(noBatch ? emptyOf(rewriter, loc, head.getType(), {batch()})
                                : constantHead());
       rewriter.replaceOp(op, values);
       return success();
@@ -239,7 +244,7 @@ struct DegeneratePosterior : OpRewritePattern<OpTy> {
 
     if (!kFused && anyZero({{e, 2}, {r, 2}})) {
       // No experts: p is empty, but the head still follows from the scores.
-      Value p = emptyOf(rewriter, loc, r.getType(), rowSizes);
+      Value p = emptyOf(rewriter, loc, r.getType(), rowSizes());
       if (op.getHeadSelect() == HeadSelect::all || head.use_empty()) {
         rewriter.replaceOp(op, {p, constantHead()});
         return success();
@@ -263,6 +268,7 @@ struct DegeneratePosterior : OpRewritePattern<OpTy> {
     if (!noModel && !noHeadDim)
       return failure();
     OpFoldResult one = rewriter.getIndexAttr(1), heads = size(scores, 1);
+    // (Past this point the rewrite always happens.)
     Value newU = u;
     if (noModel)
       newU = zerosOf(rewriter, loc, elementTypeOf(u),

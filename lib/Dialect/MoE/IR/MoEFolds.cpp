@@ -16,6 +16,8 @@
 #include "mlir/IR/Matchers.h"
 #include "mlir/IR/PatternMatch.h"
 
+#include "llvm/Support/MathExtras.h"
+
 #include <cmath>
 #include <optional>
 
@@ -140,7 +142,9 @@ LogicalResult HyperRouterOp::fold(FoldAdaptor adaptor,
 
   const int64_t de = emb->size(), dh = b1->size(), rows = b2->size();
   const int64_t numExperts = getNumExperts(), d = wType.getDimSize(1);
-  if (rows != numExperts * (d + 1))
+  int64_t expectedRows; // the verifier checked it unless a size is dynamic
+  if (llvm::MulOverflow(numExperts, d + 1, expectedRows) ||
+      rows != expectedRows)
     return failure();
 
   // Every row of a splat w1 (w2) gives the same dot product, so one serves
