@@ -21,6 +21,7 @@
 #include "MoE/Pipelines/Pipelines.h"
 #include "MoE/Conversion/MoEToCPU/MoEToCPU.h"
 #include "MoE/Conversion/Passes.h"
+#include "MoE/Transforms/Passes.h"
 
 #include "mlir/Conversion/Passes.h"
 #include "mlir/Dialect/Arith/Transforms/Passes.h"
@@ -86,6 +87,7 @@ void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm,
   int64_t numThreads = options.numThreads;
   if (numThreads <= 0)
     numThreads = defaultNumThreads();
+  pm.addPass(moe::createMoELegalizeShapes()); // size limits, zero-sized ops (H3)
   if (options.cpuKernels)
     pm.addPass(moe::createConvertMoEToCPUPass(numThreads));
   pm.addPass(moe::createConvertMoEToLinalg());

@@ -36,9 +36,18 @@ def MoE_Dialect : Dialect {
       NaN. NaN inputs propagate to the rows they touch (never silently masked); indices stay in range.
     * The verifier checks every static size and attribute range it can; data-dependent errors (an `assign` or
       `idx` value out of range) are run-time errors of the lowering, never out-of-bounds accesses.
+    * Zero-sized dimensions are valid and have defined results: a result without elements is empty; a mixing op
+      without keys yields `p = 0` (every key masked) and head 0 (`min_entropy`: no row enters the mean) or -1
+      (`all`); an empty feature dimension gives zero dot products. Static zero sizes are rewritten into these
+      results before any lowering (`moe-legalize-shapes`, also part of canonicalization). `attention_posterior`
+      needs at least one head.
+    * Size limits: a tensor operand or result may have at most 2^31 - 1 elements (the kernels index with i32, the
+      index results are i32); larger static sizes are compile-time errors (`moe-legalize-shapes`).
   }];
-  // Folders and canonicalizations materialize arith.constant.
-  let dependentDialects = ["::mlir::arith::ArithDialect"];
+  // arith and tensor: the folds and the zero-size canonicalizations create
+  // constants, tensor.empty and tensor.splat.
+  let dependentDialects = ["::mlir::arith::ArithDialect",
+                           "::mlir::tensor::TensorDialect"];
   let useDefaultAttributePrinterParser = 1;
   let hasConstantMaterializer = 1;
 }

@@ -48,6 +48,7 @@ def MoE_SimilarityInformTopkOp : MoE_InferredOp<"similarity_inform_topk",
     attr-dict `:` type($u) `,` type($e) `->` type($weights) `,` type($indices)
   }];
   let hasVerifier = 1;
+  let hasCanonicalizer = 1;
 }
 
 def MoE_AttentionPosteriorTopkOp : MoE_InferredOp<"attention_posterior_topk", MoE_PureInferred> {
@@ -88,6 +89,7 @@ def MoE_AttentionPosteriorTopkOp : MoE_InferredOp<"attention_posterior_topk", Mo
     `->` type($weights) `,` type($indices) `,` type($head)
   }];
   let hasVerifier = 1;
+  let hasCanonicalizer = 1;
 }
 
 #endif // MOE_IR_MOEFUSEDOPS_TD

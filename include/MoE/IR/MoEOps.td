@@ -158,6 +158,7 @@ def MoE_SimilarityInformOp : MoE_InferredOp<"similarity_inform",
     `:` type($u) `,` type($e) `->` type($p)
   }];
   let hasVerifier = 1;
+  let hasCanonicalizer = 1;
 }
 
 //===----------------------------------------------------------------------===//

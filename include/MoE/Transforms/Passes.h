@@ -7,6 +7,8 @@
 #ifndef MOE_TRANSFORMS_PASSES_H
 #define MOE_TRANSFORMS_PASSES_H
 
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/Pass/Pass.h"
 
 namespace mlir {
@@ -22,6 +24,12 @@ void populateFuseRoutingPatterns(RewritePatternSet &patterns);
 /// Fused routing op -> mixing op + top-k (the inverse, for lowerings that
 /// handle the two separately).
 void populateSplitFusedRoutingPatterns(RewritePatternSet &patterns);
+
+/// What moe-legalize-shapes does to `root`: checks every moe op against the
+/// kernels' size limits (moe::checkKernelLimits) and rewrites zero-sized ops
+/// into their defined results. Fails, with a diagnostic, on a size beyond a
+/// limit. Conversion passes that can run alone call it first.
+LogicalResult legalizeShapes(Operation *root);
 
 #define GEN_PASS_REGISTRATION
 #include "MoE/Transforms/Passes.h.inc"

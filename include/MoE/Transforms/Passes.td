@@ -28,4 +28,21 @@ def MoESplitFusedRouting : Pass<"moe-split-fused-routing"> {
   }];
 }
 
+def MoELegalizeShapes : Pass<"moe-legalize-shapes"> {
+  let summary = "Reject sizes beyond the kernels' limits; rewrite zero-sized ops into their defined results";
+  let description = [{
+    Every pipeline runs this pass before it converts moe ops, so that the kernels only see shapes they support:
+
+    * sizes: a tensor operand or result of a moe op with more than 2^31 - 1 elements (static sizes) is an error
+      that names the limit (the kernels index with i32, the index results are i32); checked at compile time, not
+      at run time. The check is `moe::checkKernelLimits` (MoE/IR/MoEOps.h), which lowerings with tighter limits
+      call too;
+    * zero-sized dimensions (static) are valid and every op defines its result for them: a result without
+      elements becomes `tensor.empty`, a mixing op without keys yields `p = 0` and head 0 (`min_entropy`) or -1
+      (`all`), an empty feature dimension (D = 0, Dh = 0) is rewritten onto one-wide zero operands, which give the
+      same zero dot products (`moe::populateDegenerateShapePatterns`, also part of the ops' canonicalization).
+  }];
+  let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::tensor::TensorDialect"];
+}
+
 #endif // MOE_TRANSFORMS_PASSES_TD

@@ -43,6 +43,10 @@ namespace {
 struct ConvertMoEToLinalgPass
     : public moe::impl::ConvertMoEToLinalgBase<ConvertMoEToLinalgPass> {
   void runOnOperation() override {
+    // The patterns assume sizes within the kernels' limits and no static
+    // zero-sized dimension.
+    if (failed(legalizeShapes(getOperation())))
+      return signalPassFailure();
     MLIRContext *ctx = &getContext();
     ConversionTarget target(*ctx);
     target.addIllegalDialect<MoEDialect>();

@@ -40,6 +40,49 @@ func.func @hyper_router_folds_bf16() -> (tensor<2x2xf32>, tensor<2xf32>) {
 
 // -----
 
+// Splat operands are one value each: the fold never expands them (issue #15: 2^32-element splats aborted with
+// "SmallVector unable to grow", 2^28 took 27 s). In f32, adding 1 to 2^24 gives 2^24 again, so the in-order sum of
+// 2^32 ones is 2^24: h = relu(2^24 + 0.5) = 2^24 (0.5 is below half an ulp), out = 2^24 + 2^24 + 1 = 2^25.
+// CHECK-LABEL: func.func @hyper_router_folds_huge_splats
+// (0x4C000000 is 2^25.)
+// CHECK-DAG:     %[[W:.+]] = arith.constant dense<0x4C000000> : tensor<4x1xf32>
+// CHECK-DAG:     %[[B:.+]] = arith.constant dense<0x4C000000> : tensor<4xf32>
+// CHECK-NOT:     moe.hyper_router
+// CHECK:         return %[[W]], %[[B]]
+func.func @hyper_router_folds_huge_splats() -> (tensor<4x1xf32>, tensor<4xf32>) {
+  %emb = arith.constant dense<1.0> : tensor<4294967296xf32>
+  %w1 = arith.constant dense<1.0> : tensor<2x4294967296xf32>
+  %b1 = arith.constant dense<0.5> : tensor<2xf32>
+  %w2 = arith.constant dense<1.0> : tensor<8x2xf32>
+  %b2 = arith.constant dense<1.0> : tensor<8xf32>
+  %w, %b = moe.hyper_router %emb, %w1, %b1, %w2, %b2 num_experts(4)
+      : tensor<4294967296xf32>, tensor<2x4294967296xf32>, tensor<2xf32>, tensor<8x2xf32>, tensor<8xf32>
+      -> tensor<4x1xf32>, tensor<4xf32>
+  return %w, %b : tensor<4x1xf32>, tensor<4xf32>
+}
+
+// -----
+
+// Splat and non-splat operands mixed: every row of the splat w1 has the dot 1·1 + 1·2 = 3, so
+// h = relu([3, 3, 3] + [0, −4, 1]) = [3, 0, 4]; every row of the splat w2 has the dot 2·(3 + 0 + 4) = 14, so
+// out = 14 + [0, 1, 2, 3] -> rows [14, 15] and [16, 17].
+// CHECK-LABEL: func.func @hyper_router_folds_mixed_splats
+// CHECK-DAG:     %[[W:.+]] = arith.constant dense<{{\[}}[1.400000e+01], [1.600000e+01]]> : tensor<2x1xf32>
+// CHECK-DAG:     %[[B:.+]] = arith.constant dense<[1.500000e+01, 1.700000e+01]> : tensor<2xf32>
+// CHECK:         return %[[W]], %[[B]]
+func.func @hyper_router_folds_mixed_splats() -> (tensor<2x1xf32>, tensor<2xf32>) {
+  %emb = arith.constant dense<[1.0, 2.0]> : tensor<2xf32>
+  %w1 = arith.constant dense<1.0> : tensor<3x2xf32>
+  %b1 = arith.constant dense<[0.0, -4.0, 1.0]> : tensor<3xf32>
+  %w2 = arith.constant dense<2.0> : tensor<4x3xf32>
+  %b2 = arith.constant dense<[0.0, 1.0, 2.0, 3.0]> : tensor<4xf32>
+  %w, %b = moe.hyper_router %emb, %w1, %b1, %w2, %b2 num_experts(2)
+      : tensor<2xf32>, tensor<3x2xf32>, tensor<3xf32>, tensor<4x3xf32>, tensor<4xf32> -> tensor<2x1xf32>, tensor<2xf32>
+  return %w, %b : tensor<2x1xf32>, tensor<2xf32>
+}
+
+// -----
+
 // ReLU keeps a NaN (as arith.maximumf does in the lowering): a NaN embedding yields a NaN router, not zeros.
 // CHECK-LABEL: func.func @hyper_router_fold_propagates_nan
 // CHECK-DAG:     arith.constant dense<0x7FC00000> : tensor<1x1xf32>

@@ -595,3 +595,23 @@ func.func @posterior_topk_out_projection(%s: tensor<2x4x8x8xf32>, %u: tensor<2x8
       -> tensor<2x8x2xf32>, tensor<2x8x2xi32>, tensor<2xi32>
   return
 }
+
+// -----
+
+func.func @posterior_without_heads(%s: tensor<1x0x2x2xf32>, %u: tensor<1x2x4xf32>, %v: tensor<1x0x2x3xf32>,
+                                   %wo: tensor<4x0xf32>, %e: tensor<1x2x3xf32>) {
+  // expected-error @+1 {{dimension 1 of 'scores' (H = 0) must be >= 1: the posterior selects among the heads}}
+  %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e
+      : tensor<1x0x2x2xf32>, tensor<1x2x4xf32>, tensor<1x0x2x3xf32>, tensor<4x0xf32>, tensor<1x2x3xf32>
+      -> tensor<1x2x3xf32>, tensor<1xi32>
+  return
+}
+
+// -----
+
+func.func @num_experts_beyond_i32(%x: tensor<4x8xf32>, %a: tensor<4xi32>) {
+  // expected-error @+1 {{'num_experts' (2147483648) must be <= 2147483647 (expert indices and counts are i32)}}
+  %w, %c = "moe.mad_dispersion"(%x, %a) {num_experts = 2147483648 : i64} : (tensor<4x8xf32>, tensor<4xi32>) -> (tensor<?x8xf32>, tensor<?xi32>)
+  return
+}
+

@@ -15,6 +15,7 @@
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/IR/TypeUtilities.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/MathExtras.h"
 
 #include <cmath>
 #include <cstdio>
@@ -118,6 +119,15 @@ public:
       return success();
     return op->emitOpError() << "'" << name << "' (" << value
                              << ") must be >= " << lo;
+  }
+
+  /// `num_experts` in [1, 2^31 - 1]: expert indices and counts are i32.
+  LogicalResult expertCount(int64_t value) {
+    if (failed(atLeast("num_experts", value, 1)) || value <= kMaxKernelElements)
+      return success(value >= 1);
+    return op->emitOpError() << "'num_experts' (" << value << ") must be <= "
+                             << kMaxKernelElements
+                             << " (expert indices and counts are i32)";
   }
 
 private:
@@ -227,9 +237,16 @@ verifyAttentionPosterior(Operation *op, Value scores, Value u, Value v,
 
   auto vType = cast<RankedTensorType>(v.getType());
   int64_t numHeads = vType.getDimSize(1), headDim = vType.getDimSize(3);
+  if (cast<RankedTensorType>(scores.getType()).getDimSize(1) == 0 ||
+      numHeads == 0)
+    return op->emitOpError()
+           << "dimension 1 of 'scores' (H = 0) must be >= 1: the posterior "
+              "selects among the heads";
   int64_t woCols = cast<RankedTensorType>(wo.getType()).getDimSize(1);
+  int64_t product;
   if (!ShapedType::isDynamic(numHeads) && !ShapedType::isDynamic(headDim) &&
-      !ShapedType::isDynamic(woCols) && woCols != numHeads * headDim)
+      !ShapedType::isDynamic(woCols) &&
+      (llvm::MulOverflow(numHeads, headDim, product) || woCols != product))
     return op->emitOpError()
            << "dimension 1 of 'wo' (" << woCols << ") must equal H*Dh = "
            << numHeads << "*" << headDim << " = " << numHeads * headDim
@@ -356,7 +373,7 @@ LogicalResult MadDispersionOp::verify() {
   if (failed(check.rank(tokens, "tokens", 2, "[T, D]")) ||
       failed(check.rank(assign, "assign", 1, "[T]")) ||
       failed(check.sameDim(assign, "assign", 0, tokens, "tokens", 0, "T")) ||
-      failed(check.atLeast("num_experts", getNumExperts(), 1)) ||
+      failed(check.expertCount(getNumExperts())) ||
       failed(check.positive("eps", getEps().convertToFloat())))
     return failure();
   float clip = getClip().convertToFloat();
@@ -431,7 +448,7 @@ LogicalResult HyperRouterOp::verify() {
       failed(check.sameDim(b1, "b1", 0, w1, "w1", 0, "Dh")) ||
       failed(check.sameDim(w2, "w2", 1, w1, "w1", 0, "Dh")) ||
       failed(check.sameDim(b2, "b2", 0, w2, "w2", 0, "E*(D+1)")) ||
-      failed(check.atLeast("num_experts", getNumExperts(), 1)))
+      failed(check.expertCount(getNumExperts())))
     return failure();
 
   int64_t numExperts = getNumExperts();
@@ -442,9 +459,12 @@ LogicalResult HyperRouterOp::verify() {
     return emitOpError() << "result 'w' must have at least one feature (D >= 1)";
   if (ShapedType::isDynamic(rows))
     return success();
-  if (!ShapedType::isDynamic(d) && rows != numExperts * (d + 1))
+  int64_t expected;
+  if (!ShapedType::isDynamic(d) &&
+      (llvm::AddOverflow(d, int64_t(1), expected) ||
+       llvm::MulOverflow(numExperts, expected, expected) || rows != expected))
     return emitOpError() << "'w2' must have E*(D+1) = " << numExperts << "*("
-                         << d << "+1) = " << numExperts * (d + 1)
+                         << d << "+1) = " << expected
                          << " rows, but has " << rows;
   if (rows % numExperts != 0 || rows / numExperts < 2)
     return emitOpError() << "'w2' must have E*(D+1) rows with E = "

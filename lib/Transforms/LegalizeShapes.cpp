@@ -1,0 +1,54 @@
+//===- LegalizeShapes.cpp - The shapes every moe lowering may assume ------===//
+//
+// Part of the MoE-MLIR project.
+//
+// Run first by every pipeline: after it, every moe op has sizes within the
+// kernels' limits and no static zero-sized dimension, so no lowering needs a
+// special case for either (see MoEDegenerate.cpp and MoELimits.cpp).
+//
+//===----------------------------------------------------------------------===//
+
+#include "MoE/IR/MoEDialect.h"
+#include "MoE/IR/MoEOps.h"
+#include "MoE/Transforms/Passes.h"
+
+#include "mlir/IR/PatternMatch.h"
+#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
+
+namespace mlir::moe {
+#define GEN_PASS_DEF_MOELEGALIZESHAPES
+#include "MoE/Transforms/Passes.h.inc"
+} // namespace mlir::moe
+
+using namespace mlir;
+using namespace mlir::moe;
+
+LogicalResult mlir::moe::legalizeShapes(Operation *root) {
+  bool withinLimits = true;
+  root->walk([&](Operation *op) {
+    if (isa<MoEDialect>(op->getDialect()) && failed(checkKernelLimits(op)))
+      withinLimits = false;
+  });
+  if (!withinLimits)
+    return failure();
+  RewritePatternSet patterns(root->getContext());
+  populateDegenerateShapePatterns(patterns);
+  // Only the ops the patterns rewrite or create change: no folding elsewhere.
+  GreedyRewriteConfig config;
+  config.enableFolding(false);
+  config.setRegionSimplificationLevel(GreedySimplifyRegionLevel::Disabled);
+  if (failed(applyPatternsGreedily(root, std::move(patterns), config)))
+    return root->emitError()
+           << "moe-legalize-shapes: the zero-size rewrites did not converge";
+  return success();
+}
+
+namespace {
+struct MoELegalizeShapesPass
+    : public moe::impl::MoELegalizeShapesBase<MoELegalizeShapesPass> {
+  void runOnOperation() override {
+    if (failed(legalizeShapes(getOperation())))
+      signalPassFailure();
+  }
+};
+} // namespace

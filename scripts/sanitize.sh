@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# AddressSanitizer + UndefinedBehaviorSanitizer build of moe-opt, the runtimes, the unit tests and the libFuzzer
+# target (build-san/, clang-22), then the lit suite and the ctest suites on it. Run by scripts/test.sh; alone:
+#   ./scripts/sanitize.sh            # configure + build + lit + ctest
+#   MOE_SAN_STEPS=build ./scripts/sanitize.sh   # only the build (scripts/fuzz.sh needs build-san/bin/moe-fuzz)
+# Ends with "sanitize: N passed, N failed, N skipped".
+#
+# Debian's libMLIR.so / libLLVM.so are not instrumented; our code is. Hence these run-time options (and no
+# suppressions):
+# - detect_leaks=0: the uninstrumented tools the lit tests pipe through (mlir-runner, FileCheck) and MLIR's
+#   process-lifetime registries (contexts, pass registrations freed only at exit) are reported as leaks that are
+#   not ours;
+# - detect_container_overflow=0: std::vector annotations differ between instrumented and uninstrumented code
+#   that share a container (libMLIR's SmallVector/std::vector handed to our code), which gives false reports;
+# - LD_PRELOAD of the shared ASan runtime: mlir-runner (uninstrumented) loads our instrumented
+#   libmoe_cpu_runtime.so, which needs the runtime first in the process (everything is built with -shared-libsan).
+source "$(dirname "$0")/common.sh"
+
+SAN_BUILD="${MOE_SAN_BUILD_DIR:-$ROOT/build-san}"
+SAN_STEPS="${MOE_SAN_STEPS:-build lit ctest}"
+
+# clang and its sanitizer/libFuzzer runtimes (compiler-rt), through common.sh's installer.
+SYSTEM_PACKAGES=(clang-22 libclang-rt-22-dev)
+install_system_packages
+
+SAN_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -shared-libsan"
+# Coverage counters for moe-fuzz (libFuzzer's guidance) in every library of ours; free for the other binaries.
+COV_FLAGS="-fsanitize=fuzzer-no-link"
+if [ ! -f "$SAN_BUILD/build.ninja" ]; then
+  echo "== configuring $SAN_BUILD (clang-22, ASan + UBSan)"
+  launcher=()
+  if command -v ccache >/dev/null 2>&1; then
+    launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  fi
+  cmake -G Ninja -S "$ROOT" -B "$SAN_BUILD" "${launcher[@]}" \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_C_COMPILER=clang-22 -DCMAKE_CXX_COMPILER=clang++-22 \
+    -DCMAKE_C_FLAGS="$SAN_FLAGS $COV_FLAGS" -DCMAKE_CXX_FLAGS="$SAN_FLAGS $COV_FLAGS" \
+    -DCMAKE_EXE_LINKER_FLAGS="$SAN_FLAGS" -DCMAKE_SHARED_LINKER_FLAGS="$SAN_FLAGS" \
+    -DCMAKE_MODULE_LINKER_FLAGS="$SAN_FLAGS" \
+    -DMOE_ENABLE_FUZZER=ON \
+    -DMLIR_DIR="$LLVM_PREFIX/lib/cmake/mlir" \
+    -DLLVM_EXTERNAL_LIT="$LLVM_PREFIX/bin/lit"
+fi
+
+ASAN_RT="$(clang++-22 -print-file-name=libclang_rt.asan-x86_64.so)"
+export ASAN_OPTIONS="detect_leaks=0:detect_container_overflow=0:abort_on_error=1:${ASAN_OPTIONS:-}"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
+export LD_LIBRARY_PATH="$(dirname "$ASAN_RT")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+log="$SAN_BUILD/test-summary"
+status=0
+passed=0; failed=0; skipped=0
+if [[ " $SAN_STEPS " == *" build "* ]]; then
+  echo "== building $SAN_BUILD"
+  /usr/bin/time -f "sanitize: build took %e s" cmake --build "$SAN_BUILD" -j "$JOBS" || exit 1
+fi
+mkdir -p "$log"
+if [[ " $SAN_STEPS " == *" lit "* ]]; then
+  echo "== lit (check-moe) under ASan + UBSan"
+  # Python (the AOT tool, the GPU harness) would need the runtime preloaded too, and runs no code of ours that
+  # the other tests do not: those tests are left to the plain build.
+  LD_PRELOAD="$ASAN_RT" "$LLVM_PREFIX/bin/lit" -sv "$SAN_BUILD/test" 2>&1 | tee "$log/lit.txt" || status=1
+  count() { grep -oE "^ *$1 *: *[0-9]+" "$log/lit.txt" | grep -oE '[0-9]+$' || echo 0; }
+  passed=$((passed + $(count Passed)))
+  failed=$((failed + $(count Failed) + $(count Unresolved) + $(count 'Timed Out')))
+  skipped=$((skipped + $(count Unsupported)))
+fi
+if [[ " $SAN_STEPS " == *" ctest "* ]]; then
+  echo "== ctest (unit, reference) under ASan + UBSan"
+  LD_PRELOAD="$ASAN_RT" ctest --test-dir "$SAN_BUILD" --output-on-failure -j "$JOBS" -L 'unit|reference' 2>&1 |
+    tee "$log/ctest.txt" || status=1
+  c_failed=$(grep -oE '[0-9]+ tests failed out of' "$log/ctest.txt" | grep -oE '^[0-9]+' || echo 0)
+  c_total=$(grep -oE 'tests failed out of [0-9]+' "$log/ctest.txt" | grep -oE '[0-9]+$' || echo 0)
+  c_skipped=$(grep -cE '\*\*\*Skipped' "$log/ctest.txt" || true)
+  passed=$((passed + c_total - c_failed - c_skipped)); failed=$((failed + c_failed))
+  skipped=$((skipped + c_skipped))
+fi
+[ "$failed" -eq 0 ] || status=1
+echo "sanitize: $passed passed, $failed failed, $skipped skipped"
+exit $status
