@@ -122,11 +122,14 @@ def hf_deepseek_check(x, bias, k, n_group, topk_group, scale):
 def dispatch_plan(indices, E, B):
     flat = np.asarray(indices, dtype=np.int64).reshape(-1)
     N = flat.size
-    counts = np.bincount(flat, minlength=E)
+    # Out-of-range assignments are left out: their order/inverse entries are -1.
+    valid = np.flatnonzero((flat >= 0) & (flat < E))
+    counts = np.bincount(flat[valid], minlength=E)
     offsets = np.concatenate([[0], np.cumsum(counts)])
-    order = np.argsort(flat, kind="stable")
-    inverse = np.empty(N, dtype=np.int64)
-    inverse[order] = np.arange(N)
+    order = np.full(N, -1)
+    order[:valid.size] = valid[np.argsort(flat[valid], kind="stable")]
+    inverse = np.full(N, -1)
+    inverse[order[:valid.size]] = np.arange(valid.size)
     padded_len = N + E * (B - 1)
     nblocks = -(-padded_len // B)
     padded = np.full(padded_len, N)
@@ -174,7 +177,7 @@ def attrs_text(k, bias_ty, scoring, order, n_group, topk_group, group_score, ren
     return " ".join(parts)
 
 
-def route_case(f, title, x, k, bias=None, dynamic=False, elem="f32", **kw):
+def route_case(f, title, x, k, bias=None, dynamic=False, dynamic_experts=False, elem="f32", **kw):
     x = np.asarray(x, dtype=np.float32)
     T, E = x.shape
     w, i = route(x, k, bias, **kw)
@@ -184,7 +187,7 @@ def route_case(f, title, x, k, bias=None, dynamic=False, elem="f32", **kw):
         body.line("%%empty = tensor.empty() : %s" % xty)
     else:
         xin, xty = body.const(x, elem)
-    lty = ttype([None if dynamic else T, E], elem)
+    lty = ttype([None if dynamic else T, None if dynamic_experts else E], elem)
     xin = body.cast(xin, xty, lty)
     bias_ty = None
     if bias is not None:
@@ -224,6 +227,9 @@ def gen_route():
               [-INF, -INF, 0.0, 0.0, -INF, 5.0, NAN, 0.0]]
     route_case(f, "groups of 2, top-2 groups by top2_sum: equal group scores, a kept group beats a larger expert",
                groups, 2, scoring="none", n_group=4, topk_group=2)
+    route_case(f, "the same groups with T and E dynamic (the group size is computed at run time), bias",
+               groups, 3, bias=[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 4.0], scoring="none", n_group=4, topk_group=2,
+               dynamic=True, dynamic_experts=True)
     route_case(f, "groups ranked by their max (DeepSeek-V2), softmax, scale 16", groups[:2], 3, n_group=4,
                topk_group=2, group_score="max", scale=16.0)
     route_case(f, "k = E: every expert, in rank order, renormalized sigmoid", flip, 6, scoring="sigmoid",
@@ -280,8 +286,17 @@ def plan_case(f, title, indices, E, B, elem="i32", dynamic=False):
     f.case(title, "\n".join(body.lines), "\n".join(chk))
 
 
+PLAN_ERR = """// Out-of-range indices are reported on stderr and left out of the plan:
+// RUN: moe-opt %s --moe-lower-to-llvm | mlir-runner -e main -entry-point-result=void \\
+// RUN:   -shared-libs=%mlir_c_runner_utils,%mlir_runner_utils,%moe_cpu_runtime 2>&1 >/dev/null \\
+// RUN:   | FileCheck %s --check-prefix=ERR
+// ERR: error: moe.dispatch_plan: 'indices' element 1 is 7, outside [0, 4); the element was skipped
+// ERR: error: moe.dispatch_plan: 'indices' element 4 is -1, outside [0, 4); the element was skipped
+"""
+
+
 def gen_plan():
-    f = TestFile(RUN.format(op="dispatch_plan"))
+    f = TestFile(RUN.format(op="dispatch_plan") + PLAN_ERR)
     rng = np.random.default_rng(7)
     plan_case(f, "stable order: repeated experts keep (token, slot) order; an empty expert; block 1",
               [[2, 0], [0, 2], [2, 1], [3, 0]], 5, 1)
@@ -289,6 +304,8 @@ def gen_plan():
               [[2, 0], [0, 2], [2, 1], [3, 0], [2, 3]], 5, 4, elem="i64", dynamic=True)
     plan_case(f, "T = 1, k = E", [[3, 1, 0, 2]], 4, 2)
     plan_case(f, "T = 0", np.zeros((0, 2), np.int64), 3, 2, dynamic=True)
+    plan_case(f, "out-of-range indices (7 and -1): reported, left out, their order/inverse entries -1",
+              [[0, 7], [3, 0], [-1, 3]], 4, 2)
     kimi = np.stack([rng.choice(384, 8, replace=False) for _ in range(6)])
     plan_case(f, "E = 384, k = 8, T = 6, block 16", kimi, 384, 16)
     glm = np.stack([rng.choice(160, 8, replace=False) for _ in range(3)])
