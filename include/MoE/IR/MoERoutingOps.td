@@ -41,7 +41,8 @@ def MoE_RouteOp : MoE_InferredOp<"route", MoE_PureInferred> {
        default: DeepSeek-V3, SGLang's `biased_grouped_topk`) or its largest one (`group_score(max)`: DeepSeek-V2 and
        vLLM's `grouped_topk` without a bias). The `topk_group` best groups are kept (ties to the lowest group);
        experts of the other groups are never selected (they rank after every expert of a kept group, `-inf` and
-       NaN ones included; HF's `masked_fill(…, 0.0)` differs only when every kept choice score is negative).
+       NaN ones included, as with the `-inf` fill of HF's `DeepseekV3TopkRouter` and vLLM; older HF releases filled
+       0.0, which differs only when fewer than `k` kept choice scores are positive).
     4. **Top-k** on `c` among the kept experts: descending, ties to the lowest index, NaN first (as in
        `moe.topk_renorm` and `torch.topk`).
     5. **Weights**: `w_j = s[idx_j]` (`score_then_topk`) or the scored selected logits (`topk_then_score`); with
