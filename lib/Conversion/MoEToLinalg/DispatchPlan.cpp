@@ -127,18 +127,31 @@ struct DispatchPlanLowering : OpRewritePattern<DispatchPlanOp> {
       return {toIndex(ib.b, ib.loc, e), valid};
     };
 
+    // A loop over the assignments i in increasing order that runs `update` on
+    // the in-range ones (with their expert e) and carries `init`.
+    auto forInRange = [&](ValueRange init,
+                          function_ref<SmallVector<Value>(Ints &, Value i,
+                                                          Value e, ValueRange)>
+                              update) {
+      return forLoop(
+          rw, loc, c0, n, init,
+          [&](OpBuilder &b, Location l, Value i, ValueRange iter) {
+            Ints ib{b, l};
+            auto [e, valid] = expertOf(ib, i);
+            return SmallVector<Value>(
+                ifThen(b, l, valid, iter, [&](OpBuilder &tb, Location tl) {
+                  Ints t{tb, tl};
+                  return update(t, i, e, iter);
+                }));
+          });
+    };
+
     // 1. counts.
-    Value counts = forLoop(
-        rw, loc, c0, n, i32Filled(numExperts, zero32),
-        [&](OpBuilder &b, Location l, Value i, ValueRange iter) {
-          Ints ib{b, l};
-          auto [e, valid] = expertOf(ib, i);
-          return SmallVector<Value>(
-              ifThen(b, l, valid, iter, [&](OpBuilder &tb, Location tl) {
-                Ints tb2{tb, tl};
-                return SmallVector<Value>{
-                    tb2.put(iter[0], e, tb2.add(tb2.at(iter[0], e), tb2.idx(1)))};
-              }));
+    Value counts = forInRange(
+        i32Filled(numExperts, zero32),
+        [&](Ints &t, Value, Value e, ValueRange iter) {
+          return SmallVector<Value>{
+              t.put(iter[0], e, t.add(t.at(iter[0], e), t.idx(1)))};
         })[0];
 
     // 2. offsets, padded offsets, block -> expert map.
@@ -168,23 +181,16 @@ struct DispatchPlanLowering : OpRewritePattern<DispatchPlanOp> {
         rw, loc, offsets, ArrayRef<OpFoldResult>{rw.getIndexAttr(0)},
         ArrayRef<OpFoldResult>{getAsOpFoldResult(numExperts)},
         ArrayRef<OpFoldResult>{rw.getIndexAttr(1)});
-    ValueRange placed = forLoop(
-        rw, loc, c0, n,
+    ValueRange placed = forInRange(
         ValueRange{cursor0, i32Filled(n, minus1), i32Filled(n, minus1),
                    i32Filled(paddedSize, in.i32(n))},
-        [&](OpBuilder &b, Location l, Value i, ValueRange iter) {
-          Ints ib{b, l};
-          auto [e, valid] = expertOf(ib, i);
-          return SmallVector<Value>(
-              ifThen(b, l, valid, iter, [&](OpBuilder &tb, Location tl) {
-                Ints t{tb, tl};
-                Value p = t.at(iter[0], e);
-                Value q = t.add(t.at(paddedOffsets, e),
-                                t.sub(p, t.at(offsets, e)));
-                return SmallVector<Value>{
-                    t.put(iter[0], e, t.add(p, t.idx(1))), t.put(iter[1], p, i),
-                    t.put(iter[2], i, p), t.put(iter[3], q, i)};
-              }));
+        [&](Ints &t, Value i, Value e, ValueRange iter) {
+          Value p = t.at(iter[0], e);
+          Value q =
+              t.add(t.at(paddedOffsets, e), t.sub(p, t.at(offsets, e)));
+          return SmallVector<Value>{t.put(iter[0], e, t.add(p, t.idx(1))),
+                                    t.put(iter[1], p, i), t.put(iter[2], i, p),
+                                    t.put(iter[3], q, i)};
         });
 
     Value numPadded = tensor::ExtractSliceOp::create(

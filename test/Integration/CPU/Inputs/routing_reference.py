@@ -177,16 +177,21 @@ def attrs_text(k, bias_ty, scoring, order, n_group, topk_group, group_score, ren
     return " ".join(parts)
 
 
+def operand(body, arr, elem):
+    """A constant operand; a tensor.empty when it has no rows (T = 0)."""
+    if arr.shape[0] == 0:
+        ty = ttype(list(arr.shape), elem)
+        body.line("%%empty = tensor.empty() : %s" % ty)
+        return "%empty", ty
+    return body.const(arr, elem)
+
+
 def route_case(f, title, x, k, bias=None, dynamic=False, dynamic_experts=False, elem="f32", **kw):
     x = np.asarray(x, dtype=np.float32)
     T, E = x.shape
     w, i = route(x, k, bias, **kw)
     body = Body()
-    if T == 0:
-        xin, xty = "%empty", ttype([0, E], elem)
-        body.line("%%empty = tensor.empty() : %s" % xty)
-    else:
-        xin, xty = body.const(x, elem)
+    xin, xty = operand(body, x, elem)
     lty = ttype([None if dynamic else T, None if dynamic_experts else E], elem)
     xin = body.cast(xin, xty, lty)
     bias_ty = None
@@ -262,11 +267,7 @@ def plan_case(f, title, indices, E, B, elem="i32", dynamic=False):
     T, k = idx.shape
     res = dispatch_plan(idx, E, B)
     body = Body()
-    if T == 0:
-        iin, ity = "%empty", ttype([0, k], elem)
-        body.line("%%empty = tensor.empty() : %s" % ity)
-    else:
-        iin, ity = body.const(idx, elem)
+    iin, ity = operand(body, idx, elem)
     lty = ttype([None if dynamic else T, k], elem)
     iin = body.cast(iin, ity, lty)
     n = None if dynamic else T * k
