@@ -22,6 +22,8 @@ const char *describe(int32_t op) {
     return "moe.mad_dispersion: 'assign'";
   case kMoEErrorAdjacencyUpdateIdx:
     return "moe.adjacency_update: 'idx'";
+  case kMoEErrorDispatchPlanIndices:
+    return "moe.dispatch_plan: 'indices'";
   default:
     return "moe: index operand";
   }

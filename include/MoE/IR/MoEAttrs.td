@@ -20,5 +20,6 @@ def MoE_DispersionMeasureAttr : MoE_EnumAttr<MoE_DispersionMeasure, "measure">;
 def MoE_DispersionNormalizeAttr : MoE_EnumAttr<MoE_DispersionNormalize, "normalize">;
 def MoE_EmptyClusterAttr : MoE_EnumAttr<MoE_EmptyCluster, "empty">;
 def MoE_AdjacencyNormAttr : MoE_EnumAttr<MoE_AdjacencyNorm, "norm">;
+include "MoE/IR/MoERoutingAttrs.td"
 
 #endif // MOE_IR_MOEATTRS_TD

@@ -398,5 +398,6 @@ def MoE_HyperRouterOp : MoE_InferredOp<"hyper_router", MoE_PureInferred> {
 //===----------------------------------------------------------------------===//
 
 include "MoE/IR/MoEFusedOps.td"
+include "MoE/IR/MoERoutingOps.td"
 
 #endif // MOE_IR_MOEOPS_TD

@@ -21,6 +21,7 @@ extern "C" {
 enum MoEErrorOp : int32_t {
   kMoEErrorMadDispersionAssign = 1,
   kMoEErrorAdjacencyUpdateIdx = 2,
+  kMoEErrorDispatchPlanIndices = 3,
 };
 
 /// Records that element `position` of the index operand of `op` holds `value`,

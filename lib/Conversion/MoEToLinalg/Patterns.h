@@ -22,6 +22,8 @@ void populateAttentionPosteriorPattern(RewritePatternSet &patterns);
 void populateMadDispersionPattern(RewritePatternSet &patterns);
 void populateAdjacencyUpdatePattern(RewritePatternSet &patterns);
 void populateHyperRouterPattern(RewritePatternSet &patterns);
+void populateRoutePattern(RewritePatternSet &patterns);
+void populateDispatchPlanPattern(RewritePatternSet &patterns);
 
 // The cheap tails of some lowerings (O(E·D) or O(E²) work on tensors), shared
 // with the fast CPU kernels (CPU/), which compute the expensive statistics

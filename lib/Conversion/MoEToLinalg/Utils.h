@@ -147,7 +147,11 @@ Value normalizeRows(OpBuilder &b, Location loc, const OnlineSoftmaxState &s);
 //===----------------------------------------------------------------------===//
 
 /// Op codes of moeReportIndexError.
-enum class IndexErrorOp : int32_t { MadDispersionAssign = 1, AdjacencyIdx = 2 };
+enum class IndexErrorOp : int32_t {
+  MadDispersionAssign = 1,
+  AdjacencyIdx = 2,
+  DispatchPlanIndices = 3
+};
 
 /// Emits loops over every element of the integer tensor `indices` (rank 1 or
 /// 2) that call `moeReportIndexError(op, position, value, bound)` for each value

@@ -1,0 +1,298 @@
+//===- Route.cpp - moe.route -> linalg + scf ------------------------------===//
+//
+// Part of the MoE-MLIR project.
+//
+// The steps of the op description, each a linalg.generic over [T, E] (or
+// [T, G, E/G], [T, k]): scores, choice scores (+ bias), group scores and the
+// kept-group mask, the masked top-k, the gather and scoring of the weights,
+// renormalization and scaling. A top-k is k rounds (scf.for) of one argmax
+// generic each; round j takes the best allowed element that ranks strictly
+// after round j-1's pick in the dialect's total order (NaN first, larger
+// values, lower index), so no "taken" mask is needed.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Patterns.h"
+#include "Utils.h"
+
+#include "MoE/IR/MoEOps.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::lowering;
+
+namespace {
+using utils::IteratorType;
+
+/// Indexing maps and iterators of ops over a rank-n tensor whose last
+/// dimension is the row: identity, the leading dims, and the iterators.
+struct Rows {
+  AffineMap full, lead;
+  SmallVector<IteratorType> parallel, reduce;
+
+  Rows(MLIRContext *ctx, int64_t rank) {
+    SmallVector<unsigned> dims;
+    for (unsigned d = 0; d + 1 < rank; ++d)
+      dims.push_back(d);
+    full = AffineMap::getMultiDimIdentityMap(rank, ctx);
+    lead = dimsMap(ctx, rank, dims);
+    parallel.assign(rank, IteratorType::parallel);
+    reduce = parallel;
+    reduce.back() = IteratorType::reduction;
+  }
+};
+
+Value mapRows(OpBuilder &b, Location loc, ValueRange ins,
+              ArrayRef<AffineMap> inMaps, Value like, GenericBody body) {
+  Rows rows(b.getContext(), cast<RankedTensorType>(like.getType()).getRank());
+  Value init =
+      tensor::EmptyOp::create(b, loc, sizesOf(b, loc, like), b.getF32Type());
+  SmallVector<AffineMap> maps(inMaps);
+  maps.push_back(rows.full);
+  return generic(b, loc, ins, init, maps, rows.parallel, body).front();
+}
+
+/// Reduces the last dimension of `x` with `combine(acc, element)` from `init`.
+Value reduceRows(OpBuilder &b, Location loc, Value x, Value init,
+                 function_ref<Value(OpBuilder &, Location, Value, Value)>
+                     combine) {
+  SmallVector<OpFoldResult> lead = sizesOf(b, loc, x);
+  lead.pop_back();
+  Rows rows(b.getContext(), cast<RankedTensorType>(x.getType()).getRank());
+  return generic(b, loc, x, filled(b, loc, lead, init), {rows.full, rows.lead},
+                 rows.reduce,
+                 [&](OpBuilder &gb, Location gl, ValueRange a) {
+                   return SmallVector<Value>{combine(gb, gl, a[1], a[0])};
+                 })
+      .front();
+}
+
+Value rowSum(OpBuilder &b, Location loc, Value x) {
+  return reduceRows(b, loc, x, f32Const(b, loc, 0.0),
+                    [](OpBuilder &gb, Location gl, Value acc, Value v) {
+                      return arith::AddFOp::create(gb, gl, acc, v).getResult();
+                    });
+}
+
+/// softmax over the last dimension: 0 for a row whose max is -inf, NaN rows
+/// stay NaN (the max propagates NaN).
+Value softmaxRows(OpBuilder &b, Location loc, Value x) {
+  Rows rows(b.getContext(), cast<RankedTensorType>(x.getType()).getRank());
+  Value max = reduceRows(b, loc, x, negInf(b, loc),
+                         [](OpBuilder &gb, Location gl, Value acc, Value v) {
+                           return arith::MaximumFOp::create(gb, gl, acc, v)
+                               .getResult();
+                         });
+  Value e = mapRows(b, loc, {x, max}, {rows.full, rows.lead}, x,
+                    [](OpBuilder &gb, Location gl, ValueRange a) {
+                      return SmallVector<Value>{math::ExpOp::create(
+                          gb, gl, arith::SubFOp::create(gb, gl, a[0], a[1]))};
+                    });
+  Value sum = rowSum(b, loc, e);
+  return mapRows(b, loc, {e, max, sum}, {rows.full, rows.lead, rows.lead}, x,
+                 [](OpBuilder &gb, Location gl, ValueRange a) {
+                   Value masked = arith::CmpFOp::create(
+                       gb, gl, arith::CmpFPredicate::OEQ, a[1], negInf(gb, gl));
+                   Value p = arith::DivFOp::create(gb, gl, a[0], a[2]);
+                   return SmallVector<Value>{arith::SelectOp::create(
+                       gb, gl, masked, f32Const(gb, gl, 0.0), p)};
+                 });
+}
+
+/// The scoring function applied to `x` (rows in the last dimension).
+Value score(OpBuilder &b, Location loc, RouteScoring scoring, Value x) {
+  if (scoring == RouteScoring::none)
+    return x;
+  if (scoring == RouteScoring::softmax)
+    return softmaxRows(b, loc, x);
+  Rows rows(b.getContext(), cast<RankedTensorType>(x.getType()).getRank());
+  return mapRows(b, loc, x, rows.full, x,
+                 [](OpBuilder &gb, Location gl, ValueRange a) {
+                   Value e = math::ExpOp::create(
+                       gb, gl, arith::NegFOp::create(gb, gl, a[0]));
+                   Value one = f32Const(gb, gl, 1.0);
+                   return SmallVector<Value>{arith::DivFOp::create(
+                       gb, gl, one, arith::AddFOp::create(gb, gl, one, e))};
+                 });
+}
+
+/// The top `k` of the last dimension of `x` (f32), restricted to the entries
+/// where `allowed` (i1, same shape; absent = all) is true, which must number
+/// at least k per row. Returns the values and i32 indices [..., k].
+std::pair<Value, Value> maskedTopK(OpBuilder &b, Location loc, Value x,
+                                   Value allowed, int64_t k) {
+  int64_t rank = cast<RankedTensorType>(x.getType()).getRank();
+  int64_t last = rank - 1;
+  Rows rows(b.getContext(), rank);
+  SmallVector<OpFoldResult> lead = sizesOf(b, loc, x);
+  Value width = indexTo(
+      b, loc, getValueOrCreateConstantIndexOp(b, loc, lead.pop_back_val()),
+      b.getI32Type());
+  SmallVector<OpFoldResult> outShape(lead);
+  outShape.push_back(b.getIndexAttr(k));
+  Value vals0 = tensor::EmptyOp::create(b, loc, outShape, b.getF32Type());
+  Value idxs0 = tensor::EmptyOp::create(b, loc, outShape, b.getI32Type());
+
+  SmallVector<Value> ins = {x};
+  SmallVector<AffineMap> maps = {rows.full};
+  if (allowed) {
+    ins.push_back(allowed);
+    maps.push_back(rows.full);
+  }
+  maps.append(4, rows.lead); // previous pick (value, index), best so far
+
+  Value c0 = indexConst(b, loc, 0), c1 = indexConst(b, loc, 1);
+  auto loop = scf::ForOp::create(
+      b, loc, c0, indexConst(b, loc, k), c1, ValueRange{vals0, idxs0},
+      [&](OpBuilder &lb, Location ll, Value j, ValueRange iter) {
+        Value first =
+            arith::CmpIOp::create(lb, ll, arith::CmpIPredicate::eq, j, c0);
+        Value prev = arith::SelectOp::create(
+            lb, ll, first, c0, arith::SubIOp::create(lb, ll, j, c1));
+        SmallVector<Value> roundIns(ins);
+        roundIns.push_back(sliceAlong(lb, ll, iter[0], last, prev));
+        roundIns.push_back(sliceAlong(lb, ll, iter[1], last, prev));
+        // "Nothing yet" ranks after every element (index = width).
+        Value bestVal = filled(lb, ll, lead, negInf(lb, ll));
+        Value bestIdx = filled(lb, ll, lead, width);
+        SmallVector<Value> best = generic(
+            lb, ll, roundIns, ValueRange{bestVal, bestIdx}, maps, rows.reduce,
+            [&](OpBuilder &gb, Location gl, ValueRange a) {
+              unsigned n = a.size();
+              Value v = a[0], pv = a[n - 4], pi = a[n - 3], cv = a[n - 2],
+                    ci = a[n - 1];
+              Value i = indexTo(gb, gl, loopIndex(gb, gl, last),
+                                gb.getI32Type());
+              Value eligible = arith::OrIOp::create(
+                  gb, gl, first, ranksBefore(gb, gl, pv, pi, v, i));
+              if (allowed)
+                eligible = arith::AndIOp::create(gb, gl, eligible, a[1]);
+              Value take = arith::AndIOp::create(
+                  gb, gl, eligible, ranksBefore(gb, gl, v, i, cv, ci));
+              return SmallVector<Value>{
+                  arith::SelectOp::create(gb, gl, take, v, cv),
+                  arith::SelectOp::create(gb, gl, take, i, ci)};
+            });
+        scf::YieldOp::create(
+            lb, ll,
+            ValueRange{insertAlong(lb, ll, best[0], iter[0], last, j),
+                       insertAlong(lb, ll, best[1], iter[1], last, j)});
+      });
+  return {loop.getResult(0), loop.getResult(1)};
+}
+
+/// The [T, E] mask of the experts in the `topk_group` best groups of `c`.
+Value keptExperts(OpBuilder &b, Location loc, RouteOp op, Value c) {
+  MLIRContext *ctx = b.getContext();
+  int64_t groups = op.getNGroup();
+  SmallVector<OpFoldResult> sizes = sizesOf(b, loc, c); // T, E
+  Value numExperts = getValueOrCreateConstantIndexOp(b, loc, sizes[1]);
+  Value groupSize = arith::DivUIOp::create(b, loc, numExperts,
+                                           indexConst(b, loc, groups));
+  auto cType = cast<RankedTensorType>(c.getType());
+  int64_t staticSize = cType.isDynamicDim(1) ? ShapedType::kDynamic
+                                             : cType.getDimSize(1) / groups;
+  SmallVector<OpFoldResult> grouped = {
+      sizes[0], b.getIndexAttr(groups),
+      cType.isDynamicDim(1) ? OpFoldResult(groupSize)
+                            : OpFoldResult(b.getIndexAttr(staticSize))};
+  auto groupedType = RankedTensorType::get(
+      {cType.getDimSize(0), groups, staticSize}, b.getF32Type());
+  Value cg = tensor::ExpandShapeOp::create(
+      b, loc, groupedType, c, SmallVector<ReassociationIndices>{{0}, {1, 2}},
+      grouped);
+
+  // Group score: the sum of the group's top two, or its top one.
+  bool top2 = op.getGroupScore() == GroupScore::top2_sum;
+  Value top = maskedTopK(b, loc, cg, Value(), top2 ? 2 : 1).first;
+  Value groupScore = top2 ? rowSum(b, loc, top)
+                          : sliceAlong(b, loc, top, 2, b.getIndexAttr(0));
+  Value keptGroups =
+      maskedTopK(b, loc, groupScore, Value(), op.getTopkGroup()).second;
+
+  // kept[t, e] = OR_j (keptGroups[t, j] == e / groupSize).
+  Value init = filled(b, loc, sizes,
+                      arith::ConstantOp::create(b, loc, b.getBoolAttr(false)));
+  return generic(
+             b, loc, keptGroups, init,
+             {dimsMap(ctx, 3, {0, 2}), dimsMap(ctx, 3, {0, 1})},
+             {IteratorType::parallel, IteratorType::parallel,
+              IteratorType::reduction},
+             [&](OpBuilder &gb, Location gl, ValueRange a) {
+               Value g = arith::DivUIOp::create(gb, gl, loopIndex(gb, gl, 1),
+                                                groupSize);
+               Value same = arith::CmpIOp::create(
+                   gb, gl, arith::CmpIPredicate::eq, toIndex(gb, gl, a[0]), g);
+               return SmallVector<Value>{
+                   arith::OrIOp::create(gb, gl, a[1], same)};
+             })
+      .front();
+}
+
+struct RouteLowering : OpRewritePattern<RouteOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(RouteOp op,
+                                PatternRewriter &rw) const override {
+    Location loc = op.getLoc();
+    MLIRContext *ctx = rw.getContext();
+    Rows rows(ctx, 2);
+    Value x = promoteToF32(rw, loc, op.getLogits());
+    bool scoreFirst = op.getOrder() == RouteOrder::score_then_topk;
+    Value s = scoreFirst ? score(rw, loc, op.getScoring(), x) : x;
+
+    // Choice scores: s (or x) plus the bias, broadcast over the tokens.
+    Value c = s;
+    if (Value bias = op.getBias())
+      c = mapRows(rw, loc, {s, promoteToF32(rw, loc, bias)},
+                  {rows.full, dimsMap(ctx, 2, {1})}, s,
+                  [](OpBuilder &gb, Location gl, ValueRange a) {
+                    return SmallVector<Value>{
+                        arith::AddFOp::create(gb, gl, a[0], a[1])};
+                  });
+    Value kept = op.getNGroup() > 1 ? keptExperts(rw, loc, op, c) : Value();
+    Value idx = maskedTopK(rw, loc, c, kept, op.getK()).second;
+
+    // Weights: s (or x) read at the selection, then scored (topk_then_score).
+    Value w = mapRows(rw, loc, idx, rows.full, idx,
+                      [&](OpBuilder &gb, Location gl, ValueRange a) {
+                        Value t = loopIndex(gb, gl, 0);
+                        return SmallVector<Value>{tensor::ExtractOp::create(
+                            gb, gl, s, ValueRange{t, toIndex(gb, gl, a[0])})};
+                      });
+    if (!scoreFirst)
+      w = score(rw, loc, op.getScoring(), w);
+    if (op.getRenormalize()) {
+      Value sum = rowSum(rw, loc, w);
+      w = mapRows(rw, loc, {w, sum}, {rows.full, rows.lead}, w,
+                  [](OpBuilder &gb, Location gl, ValueRange a) {
+                    Value zero = f32Const(gb, gl, 0.0);
+                    Value isZero = arith::CmpFOp::create(
+                        gb, gl, arith::CmpFPredicate::OEQ, a[1], zero);
+                    Value q = arith::DivFOp::create(gb, gl, a[0], a[1]);
+                    return SmallVector<Value>{
+                        arith::SelectOp::create(gb, gl, isZero, zero, q)};
+                  });
+    }
+    double scale = op.getRoutedScalingFactor().convertToDouble();
+    if (scale != 1.0)
+      w = mapRows(rw, loc, w, rows.full, w,
+                  [&](OpBuilder &gb, Location gl, ValueRange a) {
+                    return SmallVector<Value>{arith::MulFOp::create(
+                        gb, gl, a[0], f32Const(gb, gl, scale))};
+                  });
+    rw.replaceOp(op, {castTo(rw, loc, w, op.getWeights().getType()),
+                      castTo(rw, loc, idx, op.getIndices().getType())});
+    return success();
+  }
+};
+} // namespace
+
+void mlir::moe::lowering::populateRoutePattern(RewritePatternSet &patterns) {
+  patterns.add<RouteLowering>(patterns.getContext());
+}

@@ -1,0 +1,171 @@
+//===- RoutingOps.cpp - Verifiers and type inference of the routing ops ---===//
+//
+// Part of the MoE-MLIR project.
+//
+// moe.route and moe.dispatch_plan (MoERoutingOps.td). As for the other ops,
+// type inference never fails on a malformed op (it answers dynamic sizes) and
+// leaves the diagnostics, which name the operand and the rule, to the
+// verifiers.
+//
+//===----------------------------------------------------------------------===//
+
+#include "MoE/IR/MoEOps.h"
+
+#include <cmath>
+#include <cstdio>
+
+using namespace mlir;
+using namespace mlir::moe;
+
+namespace {
+constexpr int64_t kDynamic = ShapedType::kDynamic;
+
+/// Size `i` of `v` when it is a ranked tensor of rank `rank`, else dynamic.
+int64_t sizeOf(Value v, int64_t rank, int64_t i) {
+  auto type = dyn_cast_if_present<RankedTensorType>(v ? v.getType() : Type());
+  if (!type || type.getRank() != rank)
+    return kDynamic;
+  return type.getDimSize(i);
+}
+
+RankedTensorType tensorOf(Type element, ArrayRef<int64_t> shape) {
+  return RankedTensorType::get(shape, element);
+}
+
+/// a·b, a+b, ⌈a/b⌉ on static sizes; dynamic when an operand is.
+int64_t mulSize(int64_t a, int64_t b) {
+  return ShapedType::isDynamic(a) || ShapedType::isDynamic(b) ? kDynamic
+                                                               : a * b;
+}
+int64_t addSize(int64_t a, int64_t b) {
+  return ShapedType::isDynamic(a) || ShapedType::isDynamic(b) ? kDynamic
+                                                               : a + b;
+}
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// RouteOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult RouteOp::inferReturnTypes(MLIRContext *ctx,
+                                        std::optional<Location>,
+                                        Adaptor adaptor,
+                                        SmallVectorImpl<Type> &inferred) {
+  int64_t k = adaptor.getK() >= 1 ? adaptor.getK() : kDynamic;
+  SmallVector<int64_t, 2> shape = {sizeOf(adaptor.getLogits(), 2, 0), k};
+  inferred.push_back(tensorOf(Float32Type::get(ctx), shape));
+  inferred.push_back(tensorOf(IntegerType::get(ctx, 32), shape));
+  return success();
+}
+
+LogicalResult RouteOp::verify() {
+  auto logits = cast<RankedTensorType>(getLogits().getType());
+  if (logits.getRank() != 2)
+    return emitOpError() << "'logits' must have rank 2 ([T, E]), but has type "
+                         << logits;
+  int64_t numExperts = logits.getDimSize(1);
+  bool staticE = !ShapedType::isDynamic(numExperts);
+  if (Value bias = getBias()) {
+    auto type = cast<RankedTensorType>(bias.getType());
+    if (type.getRank() != 1)
+      return emitOpError() << "'bias' must have rank 1 ([E]), but has type "
+                           << type;
+    if (staticE && !type.isDynamicDim(0) && type.getDimSize(0) != numExperts)
+      return emitOpError() << "dimension 0 of 'bias' (E = " << type.getDimSize(0)
+                           << ") must equal dimension 1 of 'logits' (E = "
+                           << numExperts << ")";
+  }
+  int64_t k = getK(), groups = getNGroup(), keptGroups = getTopkGroup();
+  if (k < 1 || (staticE && k > numExperts)) {
+    InFlightDiagnostic diag = emitOpError() << "'k' (" << k << ") must be in [1, ";
+    if (staticE)
+      diag << numExperts << "] (the size of the last dimension of 'logits')";
+    else
+      diag << "E]";
+    return diag;
+  }
+  if (groups < 1)
+    return emitOpError() << "'n_group' (" << groups << ") must be >= 1";
+  if (staticE && numExperts % groups != 0)
+    return emitOpError() << "'n_group' (" << groups
+                         << ") must divide the number of experts E = "
+                         << numExperts;
+  if (keptGroups < 1 || keptGroups > groups)
+    return emitOpError() << "'topk_group' (" << keptGroups
+                         << ") must be in [1, n_group = " << groups << "]";
+  if (staticE) {
+    int64_t groupSize = numExperts / groups;
+    if (k > keptGroups * groupSize)
+      return emitOpError() << "'k' (" << k
+                           << ") must be <= topk_group * E / n_group = "
+                           << keptGroups << " * " << groupSize << " = "
+                           << keptGroups * groupSize
+                           << " (the experts of the kept groups)";
+    if (groups > 1 && getGroupScore() == GroupScore::top2_sum &&
+        groupSize < 2)
+      return emitOpError() << "'group_score' top2_sum needs groups of at least "
+                              "2 experts, but E / n_group = "
+                           << groupSize;
+  }
+  double scale = getRoutedScalingFactor().convertToDouble();
+  if (!std::isfinite(scale) || scale <= 0.0) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%g", scale);
+    return emitOpError() << "'routed_scaling_factor' (" << text
+                         << ") must be finite and > 0";
+  }
+  return success();
+}
+
+
+//===----------------------------------------------------------------------===//
+// DispatchPlanOp
+//===----------------------------------------------------------------------===//
+
+/// The static result sizes of moe.dispatch_plan, dynamic where they depend on
+/// a dynamic size: counts, offsets, order/inverse, padded_order,
+/// block_experts, num_padded.
+static SmallVector<int64_t, 7> dispatchPlanSizes(Value indices,
+                                                 int64_t numExperts,
+                                                 int64_t blockSize) {
+  int64_t e = numExperts >= 1 ? numExperts : kDynamic;
+  int64_t b = blockSize >= 1 ? blockSize : kDynamic;
+  int64_t n = mulSize(sizeOf(indices, 2, 0), sizeOf(indices, 2, 1));
+  int64_t padded = addSize(n, mulSize(e, addSize(b, -1)));
+  int64_t blocks = ShapedType::isDynamic(padded) || ShapedType::isDynamic(b)
+                       ? kDynamic
+                       : (padded + b - 1) / b;
+  return {e, addSize(e, 1), n, n, padded, blocks, 1};
+}
+
+LogicalResult DispatchPlanOp::inferReturnTypes(
+    MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  Type i32 = IntegerType::get(ctx, 32);
+  for (int64_t size : dispatchPlanSizes(adaptor.getIndices(),
+                                        adaptor.getNumExperts(),
+                                        adaptor.getBlockSize()))
+    inferred.push_back(tensorOf(i32, {size}));
+  return success();
+}
+
+LogicalResult DispatchPlanOp::verify() {
+  auto indices = cast<RankedTensorType>(getIndices().getType());
+  if (indices.getRank() != 2)
+    return emitOpError()
+           << "'indices' must have rank 2 ([T, k]), but has type " << indices;
+  if (getNumExperts() < 1)
+    return emitOpError() << "'num_experts' (" << getNumExperts()
+                         << ") must be >= 1";
+  if (getBlockSize() < 1)
+    return emitOpError() << "'block_size' (" << getBlockSize()
+                         << ") must be >= 1";
+  constexpr int64_t kI32Max = 2147483647;
+  int64_t padded = dispatchPlanSizes(getIndices(), getNumExperts(),
+                                     getBlockSize())[4];
+  if (!ShapedType::isDynamic(padded) && padded > kI32Max)
+    return emitOpError() << "the padded plan (T*k + num_experts*(block_size-1)"
+                            " = "
+                         << padded << ") must fit in i32";
+  return success();
+}
