@@ -264,7 +264,7 @@ def test_backend_target_follows_the_inputs():
 
 def test_backend_builds_the_gpu_path_when_asked(gpu_toolchain):
     model, args = hyper_router.example(use_custom_ops=True)
-    run = moe_backend(model, list(args), target="cuda")
+    run = moe_backend(model, list(args), options={"whole_graph": True, "target": "cuda"})
     assert isinstance(run.compiled, gpu.CudaCompiledModel)
     assert [p.fn for p in run.compiled.partitions] == ["forward_gpu0", "forward_gpu1"]
 
@@ -349,7 +349,7 @@ def test_torch_compile_picks_the_gpu_path_for_cuda_inputs(gpu_toolchain, monkeyp
     model, args = hyper_router.example(use_custom_ops=True)
     model = model.cuda().eval()
     args = tuple(_cuda(a) for a in args)
-    compiled = torch.compile(model, backend="moe", dynamic=False)
+    compiled = torch.compile(model, backend="moe", dynamic=False, options={"whole_graph": True})
     with torch.no_grad():
         got = compiled(*args)
         want = model(*args)
