@@ -48,6 +48,7 @@ Environment: ``$MOE_GPU_CHIP`` (default chip when no device is visible; else the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import hashlib
@@ -511,13 +512,17 @@ class CudaCompiledModel:
             index = device.index
         if index >= count:
             raise CudaUnavailableError(f"no CUDA device {index} ({count} present)")
-        rt.take_driver_error()
-        rt.rt.mgpuSetDefaultDevice(index)
-        try:
-            lib = ctypes.CDLL(self.build.library)
-        except OSError as e:
-            raise CudaUnavailableError(f"cannot load {self.build.library}: {e}") from None
-        err = rt.take_driver_error()
+        # The library's constructor loads the kernels into the current context: make it device `index`'s, for the
+        # runtime (mgpuSetDefaultDevice) and for PyTorch's current device alike (issue #14: loading outside the
+        # device context put a second GPU's kernels into device 0's context).
+        with torch.cuda.device(index) if torch.cuda.is_available() else contextlib.nullcontext():
+            rt.take_driver_error()
+            rt.rt.mgpuSetDefaultDevice(index)
+            try:
+                lib = ctypes.CDLL(self.build.library)
+            except OSError as e:
+                raise CudaUnavailableError(f"cannot load {self.build.library}: {e}") from None
+            err = rt.take_driver_error()
         if err:
             raise CudaUnavailableError(f"the GPU kernels of {self.build.library} (built for {self.build.chip}) did "
                                        f"not load on this device: {err}. Recompile with chip='{default_chip()}'")
@@ -573,12 +578,12 @@ class CudaCompiledModel:
         device = self._check_inputs(args, "cuda")
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        self.load(device)
-        if self._device_index is not None and device.index != self._device_index:
-            raise ValueError(f"the inputs are on {device}, but this model's GPU kernels were loaded on "
-                             f"cuda:{self._device_index} (compile one model per device)")
-        gm = self._graph_for(device)
         with torch.no_grad(), torch.cuda.device(device):
+            self.load(device)  # inside the device context: the kernels load into this device's context
+            if self._device_index is not None and device.index != self._device_index:
+                raise ValueError(f"the inputs are on {device}, but this model's GPU kernels were loaded on "
+                                 f"cuda:{self._device_index} (compile one model per device)")
+            gm = self._graph_for(device)
             outs = gm(*self._flat_inputs(args, device))
         return list(outs) if isinstance(outs, (tuple, list)) else [outs]
 
