@@ -5,7 +5,7 @@
   dynamic shapes), the routing idioms of each graph are raised to ``torch.ops.moe.*`` and inductor compiles the
   rest. The model keeps its training mode (backward works through the raised ops).
 * ``backend="auto"|"executor"|"runner"`` or ``target="cuda"``: the whole-graph MLIR path
-  (:func:`moe_mlir.backends.cpu.compile_whole_graph`: torch.export → MLIR → ``moe-opt`` → executor / mlir-runner, or
+  (:func:`moe_mlir.backends.whole_graph.compile_whole_graph`: torch.export → MLIR → ``moe-opt`` → executor / mlir-runner, or
   the CUDA split of :mod:`moe_mlir.backends.cuda`): the model in eval mode, static shapes (those of
   ``example_args``), and only models that ``torch.export`` captures whole.
 """
@@ -41,7 +41,7 @@ def compile(
         dense, dynamic: default path only: who compiles the dense code (``"inductor"`` or ``"eager"``) and
             ``torch.compile``'s ``dynamic``.
         whole_graph: ``params``, ``raise_idioms``, ``func_name``, ``chip``, ``build_dir`` of
-            :func:`moe_mlir.backends.cpu.compile_whole_graph`.
+            :func:`moe_mlir.backends.whole_graph.compile_whole_graph`.
 
     Returns:
         The ``torch.compile``'d model (default path), or a :class:`~moe_mlir.backends.cpu.CompiledModel` /
@@ -60,6 +60,6 @@ def compile(
         raise ValueError(f"backend must be 'dynamo', 'auto', 'executor' or 'runner', got {backend!r}")
     if target == "cuda" and backend == "dynamo":
         backend = "auto"  # the CUDA target is the whole-graph split
-    from .backends.cpu import compile_whole_graph
+    from .backends.whole_graph import compile_whole_graph
 
     return compile_whole_graph(model, example_args, target=target, backend=backend, **whole_graph)

@@ -24,7 +24,7 @@ explicit whole-graph path (``options={"whole_graph": True}``, ``moe_mlir.compile
 * ``dense``: ``"inductor"`` (default) or ``"eager"`` (the raised aten graph is run as is, by AOTAutograd without a
   compiler: for debugging and fast tests);
 * ``whole_graph``: ``True`` compiles the graph with the whole-graph MLIR path instead (static shapes only):
-  :func:`moe_mlir.backends.cpu.compile_whole_graph` (``target``, ``backend``, ``params`` as for it).
+  :func:`moe_mlir.backends.whole_graph.compile_whole_graph` (``target``, ``backend``, ``params`` as for it).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def moe_backend(gm: fx.GraphModule, example_inputs: list[Any], **options: Any) -
     """The ``torch.compile`` backend ``"moe"`` (see the module doc)."""
     options = dict(options.get("options") or {}, **{k: v for k, v in options.items() if k != "options"})
     if options.pop("whole_graph", False):
-        from .cpu import whole_graph_backend
+        from .whole_graph import whole_graph_backend
 
         return whole_graph_backend(gm, example_inputs, **options)
     dense = options.pop("dense", "inductor")
