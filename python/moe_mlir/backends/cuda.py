@@ -8,8 +8,8 @@ expert MLPs, the combine) has no GPU lowering in this project, and compiling it 
 linalg -> GPU mapping would produce naive one-thread-per-element loops that cuBLAS/cuDNN-backed eager PyTorch beats
 by orders of magnitude. So the GPU target *splits* the graph:
 
-1. ``torch.export`` (the same :func:`~moe_mlir.importer.export_program` as the CPU target: eval mode, the importer's
-   decomposition table) and :func:`~moe_mlir.raising.raise_routing_idioms`, so that plain-torch routing (softmax ->
+1. ``torch.export`` (the same :func:`~moe_mlir.mlir.importer.export_program` as the CPU target: eval mode, the importer's
+   decomposition table) and :func:`~moe_mlir.frontend.raising.raise_routing_idioms`, so that plain-torch routing (softmax ->
    topk -> renormalize, ``softmax(U Uᵀ/τ) E``) becomes moe ops exactly as on the CPU target;
 2. :class:`torch.fx.passes.infra.partitioner.CapabilityBasedPartitioner` groups the ``torch.ops.moe.*`` nodes (and
    the ``getitem`` of their tuple results) into maximal connected *GPU partitions*; everything else stays ATen;
@@ -35,7 +35,7 @@ are copied to the device at the first call on it). The model runs under ``torch.
 device: the one its kernels were loaded on at the first call. The library is loaded at the first call (or :meth:`CudaCompiledModel.load`): that
 is where a missing driver or device is reported (:class:`CudaUnavailableError`). A CPU tensor passed to the
 compiled model raises :class:`ValueError`; a missing tool of the GPU build raises :class:`GpuToolchainError`; a moe
-op the GPU lowering refuses raises :class:`~moe_mlir.compiler.MoEOptError` with moe-opt's diagnostic.
+op the GPU lowering refuses raises :class:`~moe_mlir.backends.tools.MoEOptError` with moe-opt's diagnostic.
 
 :meth:`CudaCompiledModel.run_split_on_cpu` runs the *same split* on the CPU (the eager part on CPU tensors, each
 partition's MLIR through the CPU execution API): a check of the partitioning, the argument/result plumbing and the

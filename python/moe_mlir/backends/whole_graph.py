@@ -32,7 +32,7 @@ def compile_whole_graph(
     Args:
         target: ``"cpu"`` (the whole graph lowered with ``--moe-lower-to-llvm``) or ``"cuda"``: the moe ops
             (routing) run on the moe GPU kernels and the rest of the graph in eager PyTorch CUDA; returns a
-            :class:`moe_mlir.gpu.CudaCompiledModel` (see :mod:`moe_mlir.gpu` for the split and why). Compiling
+            :class:`moe_mlir.backends.cuda.CudaCompiledModel` (see :mod:`moe_mlir.backends.cuda` for the split and why). Compiling
             for CUDA needs the CUDA toolkit but no GPU; calling the result needs CUDA tensors.
         backend: ``"auto"`` | ``"executor"`` | ``"runner"`` (see the module doc); CPU target only.
         params: ``"constant"`` (weights folded into the code) or ``"argument"``; CPU target only (on CUDA the
@@ -43,7 +43,7 @@ def compile_whole_graph(
     Raises:
         MoEImportError: an op the importer cannot lower. MoEOptError: the module does not verify or lower (for
         CUDA: a moe op without a GPU kernel for these operands). FileNotFoundError: the requested backend's tools
-        are missing (:class:`moe_mlir.gpu.GpuToolchainError` for the GPU build).
+        are missing (:class:`moe_mlir.backends.cuda.GpuToolchainError` for the GPU build).
     """
     if target == "cuda":
         if backend != "auto":

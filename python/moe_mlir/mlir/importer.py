@@ -141,7 +141,7 @@ def import_model(
         example_args: example inputs; their shapes and dtypes become the function signature.
         params: ``"constant"`` (weights as ``arith.constant`` literals; folds at compile time) or ``"argument"``
             (weights as leading function arguments).
-        raise_idioms: rewrite the routing idioms into ``moe`` ops before printing (:mod:`moe_mlir.raising`).
+        raise_idioms: rewrite the routing idioms into ``moe`` ops before printing (:mod:`moe_mlir.frontend.raising`).
 
     Raises:
         MoEImportError: an op, dtype or dynamic shape the importer cannot lower; the message names the op and the

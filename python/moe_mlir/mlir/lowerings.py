@@ -1,4 +1,4 @@
-"""The entries of :data:`moe_mlir.importer.LOWERINGS`: one function per ATen (or ``moe``) op family.
+"""The entries of :data:`moe_mlir.mlir.table.LOWERINGS`: one function per ATen (or ``moe``) op family.
 
 Each lowering receives the importer, the FX node and its arguments bound by schema name (FX nodes replaced by
 :class:`~moe_mlir._mlir.Value` s) and returns the Value (or tuple of Values) of the node. Result types always come
