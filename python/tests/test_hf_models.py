@@ -79,6 +79,26 @@ def _entry_points(m: torch.nn.Module, dense: str = "inductor"):
             "moe_mlir.compile": moe_mlir.compile(m, dense=dense)}
 
 
+def _compare(model, dense, tokens, make_x, check) -> list:
+    """Both entry points at each token count: ``check(entry, t, compiled(x), model(x))``; returns the graphs the
+    backend compiled."""
+    torch._dynamo.reset()
+    with capture_graphs() as log:
+        for entry, c in _entry_points(model, dense).items():
+            for t in tokens:
+                x = make_x(t)
+                with torch.no_grad():
+                    check(entry, t, c(x), model(x))
+    return log
+
+
+def _check_outputs(entry, t, got, want) -> None:
+    got, want = _flat(got), _flat(want)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=lambda m: f"{entry}, T={t}: {m}")
+
+
 def _flat(out):
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
@@ -102,15 +122,10 @@ def _check_router(name: str, got, want) -> None:
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_hf_router_matches_eager_and_is_raised(name):
-    torch._dynamo.reset()
     _, router_cls, cfg = CONFIGS[name]
     router = _init(router_cls(cfg), seed=1)
-    with capture_graphs() as log:
-        for entry, c in _entry_points(router).items():
-            for t in TOKENS:
-                x = torch.randn(t, H)
-                with torch.no_grad():
-                    _check_router(name, c(x), router(x))
+    log = _compare(router, "inductor", TOKENS, lambda t: torch.randn(t, H),
+                   lambda entry, t, got, want: _check_router(name, got, want))
     raised = [op for g in log for op in g.moe_ops()]
     assert log and all(g.fallback is None for g in log)
     if RAISED[name] is None:
@@ -121,18 +136,10 @@ def test_hf_router_matches_eager_and_is_raised(name):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_hf_sparse_moe_block_matches_eager(name):
-    torch._dynamo.reset()
     block_cls, _, cfg = CONFIGS[name]
     block = _init(block_cls(cfg), seed=2)
-    with capture_graphs() as log:
-        for entry, c in _entry_points(block, "inductor" if name in INDUCTOR_BLOCKS else "eager").items():
-            for t in TOKENS:
-                x = torch.randn(2, t, H)
-                with torch.no_grad():
-                    got, want = _flat(c(x)), _flat(block(x))
-                assert len(got) == len(want)
-                for g, w in zip(got, want):
-                    torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=lambda m: f"{entry}, T={t}: {m}")
+    log = _compare(block, "inductor" if name in INDUCTOR_BLOCKS else "eager", TOKENS, lambda t: torch.randn(2, t, H),
+                   _check_outputs)
     assert all(g.fallback is None for g in log)
     n_raised = sum(g.counts.get("topk_renorm", 0) for g in log)
     assert (n_raised > 0) == (RAISED[name] is not None)
@@ -196,15 +203,8 @@ SEEDS = {similarity_inform: {"similarity_inform", "topk_renorm"}, attention_info
 @pytest.mark.parametrize("mod", list(SEEDS), ids=lambda m: m.__name__.split(".")[-1])
 def test_seed_block_matches_eager(mod):
     """The seed SMoE blocks written in plain torch: routing raised, equal to eager at three token counts."""
-    torch._dynamo.reset()
     model, (x0,) = mod.example(use_custom_ops=False)
-    with capture_graphs() as log:
-        for entry, c in _entry_points(model, "eager").items():
-            for t in (x0.shape[1], 3, 11):
-                x = torch.randn(x0.shape[0], t, x0.shape[2])
-                with torch.no_grad():
-                    got, want = _flat(c(x)), _flat(model(x))
-                for g, w in zip(got, want):
-                    torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=lambda m: f"{entry}, T={t}: {m}")
+    log = _compare(model, "eager", (x0.shape[1], 3, 11), lambda t: torch.randn(x0.shape[0], t, x0.shape[2]),
+                   _check_outputs)
     assert all(g.fallback is None for g in log)
     assert {op for g in log for op in g.moe_ops()} == SEEDS[mod]

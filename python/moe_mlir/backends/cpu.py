@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-import struct
 import subprocess
 import tempfile
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
@@ -44,8 +42,7 @@ __all__ = [
     "run_with_mlir_runner",
 ]
 
-from .tools import (LLVM_BIN, LLVM_LIB, REPO_ROOT, MoEOptError, MoERuntimeError, find_mlir_runner,  # noqa: F401
-                    find_moe_opt, find_runtime_lib, lower_to_llvm, run_moe_opt, verify)
+from .tools import LLVM_LIB, MoEOptError, MoERuntimeError, find_mlir_runner, find_runtime_lib, lower_to_llvm, verify
 
 
 # ----------------------------------------------------------------------------------------------------------------

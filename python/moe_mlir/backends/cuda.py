@@ -52,7 +52,6 @@ import contextlib
 import copy
 import ctypes
 import hashlib
-import operator
 import os
 import shutil
 import subprocess
