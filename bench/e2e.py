@@ -16,6 +16,7 @@ backend raised is recorded per case.
 
     .venv/bin/python -m bench.e2e --threads 2            # writes bench/results/e2e-<date>.{json,md}
     .venv/bin/python -m bench.e2e --threads 2 --quick    # smaller sizes, no files (a smoke test)
+    .venv/bin/python -m bench.e2e --threads 2 --only Router seed --tag routing   # a subset: e2e-<date>-routing
 """
 
 from __future__ import annotations
@@ -79,8 +80,7 @@ def interleaved(fns: dict[str, Callable[[], Any]], budget: float) -> dict[str, d
     """Warm-up, then rounds of one timed call of each implementation in turn (so that a shared machine's load
     falls on all of them alike) until about ``budget`` seconds per implementation (3 to 50 rounds)."""
     est = {}
-    for b, fn in fns.items():
-        fn()
+    for b, fn in fns.items():  # the warm-up call (each was called once already: compile, or eager's reference)
         t0 = time.perf_counter()
         fn()
         est[b] = time.perf_counter() - t0
@@ -183,6 +183,7 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=None, help="seconds of timed calls per implementation")
     ap.add_argument("--note", default="", help="a note for the report")
     ap.add_argument("--only", nargs="*", default=None, help="substrings of case names to run")
+    ap.add_argument("--tag", default="", help="a suffix of the result files' names (e2e-<date>-<tag>)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     budget = args.budget or (0.5 if args.quick else 3.0)
@@ -206,7 +207,7 @@ def main() -> int:
            "loadavg_end": list(os.getloadavg()), "run_s": time.perf_counter() - t0, "note": args.note}
     bad = [r["case"] for r in recs if "error" in r or r.get("moe_check") != "ok" or r.get("inductor_check") != "ok"]
     if not args.quick:
-        day = datetime.date.today().isoformat()
+        day = datetime.date.today().isoformat() + (f"-{args.tag}" if args.tag else "")
         out = REPO / "bench" / "results"
         (out / f"e2e-{day}.json").write_text(json.dumps(doc, indent=1) + "\n")
         write_report(doc, out / f"e2e-{day}.md")
