@@ -26,8 +26,10 @@ PURE_DEPS=(filelock 'typing-extensions>=4.13.0' 'setuptools>=77.0.3' 'sympy>=1.1
            'fsspec>=0.8.5')
 LEAN_CUDA_DEPS=('nvidia-cufile==1.17.1.22.*' 'nvidia-cusparselt-cu13==0.8.1' 'nvidia-nvshmem-cu13==3.7.2'
                 'nvidia-nccl-cu13==2.30.7')
-# Used by the Python tests and reference code.
-EXTRA=(numpy 'pytest>=7')
+# Used by the Python tests and reference code. transformers: the acceptance tests compile HF's own sparse-MoE blocks
+# (tiny configs, random weights, nothing downloaded); 5.23.0 is the release tested with torch 2.15.
+TRANSFORMERS_VERSION=5.23.0
+EXTRA=(numpy 'pytest>=7' "transformers==$TRANSFORMERS_VERSION")
 
 torch_ok() {
   [ -x "$PY" ] || return 1
@@ -41,8 +43,22 @@ assert float(torch.tensor([1.0, 2.0]).sum()) == 3.0
 EOF
 }
 
+extras_ok() {
+  "$PY" - "$TRANSFORMERS_VERSION" <<'EOF' >/dev/null 2>&1
+import sys, os
+os.environ["HF_HUB_OFFLINE"] = "1"
+import numpy, pytest, transformers
+assert transformers.__version__ == sys.argv[1], transformers.__version__
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+EOF
+}
+
 if torch_ok; then
-  echo "== python: $VENV already has torch $TORCH_VERSION"
+  if ! extras_ok; then
+    echo "== python: installing the test dependencies (${EXTRA[*]})"
+    "$PY" -m pip --disable-pip-version-check install -q "${EXTRA[@]}"
+  fi
+  echo "== python: $VENV already has torch $TORCH_VERSION and the test dependencies"
   exit 0
 fi
 

@@ -1,23 +1,42 @@
 """moe_mlir: the PyTorch front end of MoE-MLIR.
 
-* :mod:`moe_mlir.ops` registers ``torch.ops.moe.*`` (the six dialect ops) with eager reference kernels;
-* :mod:`moe_mlir.importer` turns a ``torch.nn.Module`` into MLIR text (``func.func @forward``) for ``moe-opt``;
-* :mod:`moe_mlir.compiler` drives ``moe-opt`` and executes compiled modules (``moe_mlir.compile``,
-  ``torch.compile(backend="moe")``); :mod:`moe_mlir.gpu` is its ``target="cuda"`` (routing on the moe GPU kernels,
-  the rest of the graph eager on CUDA);
-* :mod:`moe_mlir.metrics` has the routing-stability metrics of Mutual-Inform §4;
-* :mod:`moe_mlir.models` has one complete SMoE transformer block per seed router.
+Layers (imports go down only; ``tests/test_layering.py`` checks there is no cycle):
+
+* :mod:`moe_mlir.ops` registers ``torch.ops.moe.*`` (the six dialect ops); :mod:`moe_mlir.runtime` loads kernels;
+* :mod:`moe_mlir.frontend`: export, raising of routing idioms to ``torch.ops.moe.*``, partitioning;
+* :mod:`moe_mlir.mlir`: the MLIR printer (a small builder) and the importer (aten → linalg/moe table);
+* :mod:`moe_mlir.backends`: ``dynamo`` (``torch.compile(backend="moe")``: raising, then inductor), ``cpu`` (the
+  whole-graph path: moe-opt, executor, mlir-runner), ``cuda`` (the whole-graph CUDA split);
+* :mod:`moe_mlir.api`: :func:`compile` over both paths;
+* :mod:`moe_mlir.metrics` (routing-stability metrics of Mutual-Inform §4), :mod:`moe_mlir.models` (one SMoE block per
+  seed router).
+
+Importing the package loads no MLIR/LLVM library: only the whole-graph executor does, when used.
 """
 
 from . import ops  # noqa: F401  (registers torch.ops.moe.*)
 from . import metrics  # noqa: F401
-from .importer import import_model, import_program, MoEImportError  # noqa: F401
-from .compiler import compile, CompiledModel, find_moe_opt, run_moe_opt  # noqa: F401
+from .api import compile  # noqa: F401
+from .backends.dynamo import register_backend as _register_backend
+from .backends.tools import find_moe_opt, run_moe_opt  # noqa: F401
+from .mlir.importer import MoEImportError, import_model, import_program  # noqa: F401
+
+
+def __getattr__(name: str):
+    if name == "CompiledModel":  # the whole-graph path's result (kept at the top level for compatibility)
+        from .backends.cpu import CompiledModel
+
+        return CompiledModel
+    raise AttributeError(f"module 'moe_mlir' has no attribute {name!r}")
+
+
+_register_backend()
 
 __all__ = [
     "ops",
     "metrics",
     "import_model",
+    "import_program",
     "MoEImportError",
     "compile",
     "CompiledModel",

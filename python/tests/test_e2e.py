@@ -14,7 +14,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import moe_mlir
-from moe_mlir.compiler import MoERuntimeError, compile
+from moe_mlir.api import compile
+from moe_mlir.backends.tools import MoERuntimeError
 from moe_mlir.models import acmoe, attention_inform, hyper_router, similarity_inform, symphony
 
 from test_importer import AtenSurface, TransformerBlock
@@ -160,9 +161,12 @@ def test_runtime_index_error_is_reported(runner):
         m(x, torch.tensor([0, 1, 7, 1, 0]))  # eager: the same rule
 
 
-def test_torch_compile_backend(runner):
+def test_torch_compile_backend_whole_graph_option(runner):
+    """``options={"whole_graph": True}``: each Dynamo graph compiled by the whole-graph MLIR path."""
+    torch._dynamo.reset()
     model, args = hyper_router.example()
-    compiled = torch.compile(model, backend="moe", dynamic=False)
+    compiled = torch.compile(model, backend="moe", dynamic=False,
+                             options={"whole_graph": True, "backend": "runner"})
     with torch.no_grad():
         assert_same(compiled(*args), model(*args))
 

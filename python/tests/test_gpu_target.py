@@ -264,7 +264,7 @@ def test_backend_target_follows_the_inputs():
 
 def test_backend_builds_the_gpu_path_when_asked(gpu_toolchain):
     model, args = hyper_router.example(use_custom_ops=True)
-    run = moe_backend(model, list(args), target="cuda")
+    run = moe_backend(model, list(args), options={"whole_graph": True, "target": "cuda"})
     assert isinstance(run.compiled, gpu.CudaCompiledModel)
     assert [p.fn for p in run.compiled.partitions] == ["forward_gpu0", "forward_gpu1"]
 
@@ -349,9 +349,59 @@ def test_torch_compile_picks_the_gpu_path_for_cuda_inputs(gpu_toolchain, monkeyp
     model, args = hyper_router.example(use_custom_ops=True)
     model = model.cuda().eval()
     args = tuple(_cuda(a) for a in args)
-    compiled = torch.compile(model, backend="moe", dynamic=False)
+    compiled = torch.compile(model, backend="moe", dynamic=False, options={"whole_graph": True})
     with torch.no_grad():
         got = compiled(*args)
         want = model(*args)
     assert built and built[0].partitions
     assert_same(got, want, atol=1e-4, rtol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading on the right device (issue #14), without a GPU: the runtime, the library and torch.cuda are mocked
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_kernels_load_inside_the_device_context(monkeypatch):
+    """The library's constructor loads the kernels into the current CUDA context, so load() must run it inside
+    ``torch.cuda.device(index)`` (and after mgpuSetDefaultDevice(index)): on cuda:1 the kernels must not land in
+    device 0's context."""
+    import types
+
+    events: list[tuple] = []
+    current = [0]
+
+    class Device:
+        def __init__(self, index):
+            self.index = index.index if isinstance(index, torch.device) else index
+
+        def __enter__(self):
+            self.prev, current[0] = current[0], self.index
+            events.append(("enter", self.index))
+
+        def __exit__(self, *exc):
+            current[0] = self.prev
+            events.append(("exit", self.index))
+
+    rt = types.SimpleNamespace(
+        device_count=lambda: 2, take_driver_error=lambda: "",
+        rt=types.SimpleNamespace(mgpuSetDefaultDevice=lambda i: events.append(("set_default", i, current[0]))))
+    lib = types.SimpleNamespace(_mlir_ciface_forward_gpu0=types.SimpleNamespace())
+
+    def cdll(path, *a, **k):
+        events.append(("dlopen", path, current[0]))
+        return lib
+
+    monkeypatch.setattr(gpu.CudaRuntime, "get", classmethod(lambda cls, d: rt))
+    monkeypatch.setattr(gpu.ctypes, "CDLL", cdll)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    part = types.SimpleNamespace(fn="forward_gpu0", name="gpu0")
+    build = types.SimpleNamespace(library="/nonexistent/libmoe_gpu.so", chip="sm_90")
+    c = gpu.CudaCompiledModel(torch.fx.symbolic_trace(torch.nn.Identity()), [], [], None, [part], build, "/rt")
+    c.load(torch.device("cuda", 1))
+    assert events == [("enter", 1), ("set_default", 1, 1), ("dlopen", "/nonexistent/libmoe_gpu.so", 1),
+                      ("exit", 1)]
+    assert c._device_index == 1 and current[0] == 0
+    c.load(torch.device("cuda", 1))  # once
+    assert len(events) == 4

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..ops import _mad_dispersion_ref
+from ..reference import _mad_dispersion_ref
 from .common import AttentionOutput, SMoEBlock, gate_topk
 
 __all__ = ["StandardSMoEBlock", "ACMoEBlock", "ACMoEStack", "example"]

@@ -6,7 +6,7 @@ dispatch, with static shapes only, so the whole block exports and imports. The r
 produce ``(weights [T, k], indices [T, k])`` from ``u``.
 
 Every router takes ``use_custom_ops``: True routes through ``torch.ops.moe.*`` (the dialect ops, 1:1); False writes
-the same maths in plain PyTorch, in the idioms :mod:`moe_mlir.raising` recognizes, so that the importer still
+the same maths in plain PyTorch, in the idioms :mod:`moe_mlir.frontend.raising` recognizes, so that the importer still
 produces the ``moe`` ops without the model knowing about them.
 """
 

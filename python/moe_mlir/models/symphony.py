@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from ..ops import _adjacency_update_ref
+from ..reference import _adjacency_update_ref
 from .common import AttentionOutput, SMoEBlock, gate_topk, gate_topk_probs
 
 __all__ = ["SymphonyBlock", "example"]

@@ -1,0 +1,222 @@
+"""End-to-end speed of ``torch.compile(backend="moe")`` against inductor and eager, on whole MoE blocks.
+
+Cases:
+
+* HF's own ``Qwen3MoeSparseMoeBlock`` with a Qwen3-MoE-shaped config (hidden 2048, 128 experts, k=8,
+  moe_intermediate 768; random weights), at prefill (4096 tokens) and decode (64 tokens) sizes: the whole block
+  (the router, then HF's data-dependent expert loop: graph breaks) and its routing step alone
+  (``Qwen3MoeTopKRouter``: linear, softmax, top-k, renormalize);
+* the five seed SMoE blocks (python/moe_mlir/models, plain-torch formulation) at 64 and 4096 tokens.
+
+Each case: eager, ``torch.compile(backend="inductor")`` and ``torch.compile(backend="moe")`` (torch.compile's
+defaults otherwise), in the same process, the same thread count, the same inputs; compile time (the first call)
+recorded apart; after warm-up, rounds of one call of each in turn (a shared machine's load falls on all three
+alike), medians; outputs checked against eager. The number of moe ops the
+backend raised is recorded per case.
+
+    .venv/bin/python -m bench.e2e --threads 2            # writes bench/results/e2e-<date>.{json,md}
+    .venv/bin/python -m bench.e2e --threads 2 --quick    # smaller sizes, no files (a smoke test)
+    .venv/bin/python -m bench.e2e --threads 2 --only Router seed --tag routing   # a subset: e2e-<date>-routing
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .cpu import _THREADS  # noqa: F401  (sets OMP/MOE thread variables from --threads before torch starts)
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Callable  # noqa: E402
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from .cpu import machine_info  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "python"))
+
+import moe_mlir  # noqa: E402
+from moe_mlir.backends.dynamo import capture_graphs  # noqa: E402
+
+
+def qwen3_moe(hidden: int, experts: int, k: int, inter: int):
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    cfg = Qwen3MoeConfig(hidden_size=hidden, num_experts=experts, num_experts_per_tok=k,
+                         moe_intermediate_size=inter, norm_topk_prob=True)
+    torch.manual_seed(0)
+    block = Qwen3MoeSparseMoeBlock(cfg).eval()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0, hidden ** -0.5)
+    return block
+
+
+def _flat(out: Any) -> list[torch.Tensor]:
+    return [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]
+
+
+def _check(got: Any, want: Any, index_outputs: bool) -> str:
+    for g, w in zip(_flat(got), _flat(want)):
+        if g.dtype in (torch.int32, torch.int64):
+            if index_outputs and not torch.equal(g, w):
+                return "indices differ"
+            continue
+        if not torch.allclose(g.float(), w.float(), atol=1e-4, rtol=1e-3):
+            return f"max abs diff {(g.float() - w.float()).abs().max().item():.3g}"
+    return "ok"
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], budget: float) -> dict[str, dict]:
+    """Warm-up, then rounds of one timed call of each implementation in turn (so that a shared machine's load
+    falls on all of them alike) until about ``budget`` seconds per implementation (3 to 50 rounds)."""
+    est = {}
+    for b, fn in fns.items():  # the warm-up call (each was called once already: compile, or eager's reference)
+        t0 = time.perf_counter()
+        fn()
+        est[b] = time.perf_counter() - t0
+    rounds = max(3, min(50, int(budget / max(max(est.values()), 1e-6))))
+    times: dict[str, list[float]] = {b: [] for b in fns}
+    for _ in range(rounds):
+        for b, fn in fns.items():
+            t0 = time.perf_counter_ns()
+            fn()
+            times[b].append((time.perf_counter_ns() - t0) / 1e6)
+    return {b: {"median_ms": statistics.median(t), "min_ms": min(t), "reps": len(t)} for b, t in times.items()}
+
+
+def run_case(name: str, model: torch.nn.Module, x: torch.Tensor, budget: float, index_outputs: bool = True) -> dict:
+    rec: dict[str, Any] = {"case": name, "input": list(x.shape), "loadavg_1min_before": round(os.getloadavg()[0], 2)}
+    with torch.no_grad():
+        want = model(x)
+        fns: dict[str, Callable[[], Any]] = {"eager": lambda: model(x)}
+        torch._dynamo.reset()
+        compiled = {b: torch.compile(model, backend=b) for b in ("inductor", "moe")}
+        for b, c in compiled.items():
+            t0 = time.perf_counter()
+            with capture_graphs() as log:
+                got = c(x)
+            rec[f"{b}_compile_s"] = round(time.perf_counter() - t0, 2)
+            rec[f"{b}_check"] = _check(got, want, index_outputs)
+            if b == "moe":
+                rec["moe_ops_raised"] = sorted(op for g in log for op in g.moe_ops())
+                rec["moe_fallbacks"] = [g.fallback for g in log if g.fallback]
+            fns[b] = (lambda c=c: c(x))
+        for b, m in interleaved(fns, budget).items():
+            rec[f"{b}_ms"] = m["median_ms"]
+            rec[f"{b}_min_ms"] = m["min_ms"]
+            rec[f"{b}_reps"] = m["reps"]
+    rec["moe_vs_eager"] = rec["eager_ms"] / rec["moe_ms"]
+    rec["moe_vs_inductor"] = rec["inductor_ms"] / rec["moe_ms"]
+    rec["inductor_vs_eager"] = rec["eager_ms"] / rec["inductor_ms"]
+    print(f"{name:48s} eager {rec['eager_ms']:9.3f} ms  inductor {rec['inductor_ms']:9.3f} ms  "
+          f"moe {rec['moe_ms']:9.3f} ms  moe/eager {rec['moe_vs_eager']:.2f}x  moe/inductor "
+          f"{rec['moe_vs_inductor']:.2f}x  raised {rec['moe_ops_raised']}  checks {rec['inductor_check']}/"
+          f"{rec['moe_check']}", flush=True)
+    return rec
+
+
+def cases(quick: bool):
+    from moe_mlir.models import acmoe, attention_inform, hyper_router, similarity_inform, symphony
+
+    if quick:
+        shape, tokens, seed_tokens = (256, 16, 4, 128), (256, 16), (64,)
+    else:
+        shape, tokens, seed_tokens = (2048, 128, 8, 768), (4096, 64), (4096, 64)
+    hidden, experts, k, inter = shape
+    block = qwen3_moe(hidden, experts, k, inter)
+    tag = f"hidden={hidden} E={experts} k={k} inter={inter}"
+    g = torch.Generator().manual_seed(1)
+    for t in tokens:
+        x = torch.randn(1, t, hidden, generator=g)
+        yield f"Qwen3MoeSparseMoeBlock {tag} T={t}", block, x, True
+        yield f"Qwen3MoeTopKRouter (routing step) {tag} T={t}", block.gate, x.view(t, hidden), True
+    for mod in (similarity_inform, attention_inform, hyper_router, acmoe, symphony):
+        model, (x0,) = mod.example(use_custom_ops=False)
+        for t in seed_tokens:
+            x = torch.randn(1, t, x0.shape[-1], generator=g)
+            yield f"seed {mod.__name__.split('.')[-1]} T={t}", model, x, True
+
+
+def write_report(doc: dict, out: Path) -> None:
+    m = doc["machine"]
+    lines = [f"# End-to-end benchmark {doc['date']}: torch.compile(backend=\"moe\") vs inductor vs eager", "",
+             f"Machine: **{m['cpu_model']}**, {m['logical_cpus']} logical CPUs ({', '.join(m['simd'])}), "
+             f"{m['memory_gib']} GiB; threads = {m['threads']} for all three (same process, same inputs). "
+             f"torch {m['torch']}, transformers {doc['transformers']}. Commit `{m['git_commit'][:12]}`. "
+             f"Load average at start {'/'.join(f'{v:.2f}' for v in m['loadavg_start'])}, at end "
+             f"{'/'.join(f'{v:.2f}' for v in doc['loadavg_end'])}; run time {doc['run_s']:.0f} s.", "",
+             f"moe ops behind `torch.ops.moe.*` in this run: {doc['moe_ops_impl']}.", "",
+             "Times are medians over rounds of one call of each implementation in turn, after warm-up (compile = "
+             "the first call, excluded; `moe_vs_*` columns: above 1 means moe is faster); ratios are "
+             "eager/moe, inductor/moe and eager/inductor (above 1: the first is slower). Outputs checked against "
+             "eager (indices exactly, values atol 1e-4 rtol 1e-3).", "",
+             "| case | eager ms | inductor ms | moe ms | moe vs eager | moe vs inductor | inductor vs eager | "
+             "raised | compile s (inductor / moe) | check (inductor / moe) |",
+             "|---|--:|--:|--:|--:|--:|--:|---|--:|---|"]
+    for r in doc["cases"]:
+        if "error" in r:
+            lines.append(f"| {r['case']} | error: {r['error']} |||||||||")
+            continue
+        lines.append(f"| {r['case']} | {r['eager_ms']:.3g} | {r['inductor_ms']:.3g} | {r['moe_ms']:.3g} | "
+                     f"{r['moe_vs_eager']:.2f}x | {r['moe_vs_inductor']:.2f}x | {r['inductor_vs_eager']:.2f}x | "
+                     f"{', '.join(r['moe_ops_raised']) or '-'} | {r['inductor_compile_s']} / {r['moe_compile_s']} | "
+                     f"{r['inductor_check']} / {r['moe_check']} |")
+    if doc.get("note"):
+        lines += ["", f"**Note:** {doc['note']}"]
+    out.write_text("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=_THREADS)
+    ap.add_argument("--quick", action="store_true", help="small sizes, no result files")
+    ap.add_argument("--budget", type=float, default=None, help="seconds of timed calls per implementation")
+    ap.add_argument("--note", default="", help="a note for the report")
+    ap.add_argument("--only", nargs="*", default=None, help="substrings of case names to run")
+    ap.add_argument("--tag", default="", help="a suffix of the result files' names (e2e-<date>-<tag>)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    budget = args.budget or (0.5 if args.quick else 3.0)
+    info = machine_info(args.threads)
+    print(f"machine: {info['cpu_model']} ({info['logical_cpus']} logical CPUs), threads={args.threads}", flush=True)
+    t0 = time.perf_counter()
+    recs = []
+    for name, model, x, idx in cases(args.quick):
+        if args.only and not any(s in name for s in args.only):
+            continue
+        try:
+            recs.append(run_case(name, model, x, budget, idx))
+        except Exception as e:  # noqa: BLE001 - record and go on
+            print(f"{name}: {type(e).__name__}: {e}", flush=True)
+            recs.append({"case": name, "error": f"{type(e).__name__}: {e}"})
+    import transformers
+
+    impl = getattr(moe_mlir.ops, "IMPLEMENTATION", None) or "the implementation registered by moe_mlir.ops"
+    doc = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": info, "quick": args.quick,
+           "transformers": transformers.__version__, "moe_ops_impl": impl, "cases": recs,
+           "loadavg_end": list(os.getloadavg()), "run_s": time.perf_counter() - t0, "note": args.note}
+    bad = [r["case"] for r in recs if "error" in r or r.get("moe_check") != "ok" or r.get("inductor_check") != "ok"]
+    if not args.quick:
+        day = datetime.date.today().isoformat() + (f"-{args.tag}" if args.tag else "")
+        out = REPO / "bench" / "results"
+        (out / f"e2e-{day}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        write_report(doc, out / f"e2e-{day}.md")
+        print(f"wrote bench/results/e2e-{day}.json and .md", flush=True)
+    if bad:
+        print(f"checks failed: {bad}", flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,714 @@
+"""``moe_mlir.compile(model, example_args, target="cuda")``: routing on the moe GPU kernels, the rest in PyTorch CUDA.
+
+What runs where
+---------------
+``convert-moe-to-gpu`` (``moe-opt --moe-lower-to-nvvm``) lowers *moe ops* only: every dialect op has a fused CUDA
+kernel, but the linalg/tensor/arith code the importer prints for the rest of a model (attention, layer norms, the
+expert MLPs, the combine) has no GPU lowering in this project, and compiling it through the upstream
+linalg -> GPU mapping would produce naive one-thread-per-element loops that cuBLAS/cuDNN-backed eager PyTorch beats
+by orders of magnitude. So the GPU target *splits* the graph:
+
+1. ``torch.export`` (the same :func:`~moe_mlir.mlir.importer.export_program` as the CPU target: eval mode, the importer's
+   decomposition table) and :func:`~moe_mlir.frontend.raising.raise_routing_idioms`, so that plain-torch routing (softmax ->
+   topk -> renormalize, ``softmax(U Uᵀ/τ) E``) becomes moe ops exactly as on the CPU target;
+2. :class:`torch.fx.passes.infra.partitioner.CapabilityBasedPartitioner` groups the ``torch.ops.moe.*`` nodes (and
+   the ``getitem`` of their tuple results) into maximal connected *GPU partitions*; everything else stays ATen;
+3. each partition is re-exported and printed by the importer as one ``func.func @<func_name>_gpu<i>`` whose
+   arguments are the partition's tensor inputs and whose results are its outputs. Its operands are therefore
+   always function arguments, i.e. *device memory* at run time (never ``arith.constant`` weights, which
+   convert-moe-to-gpu would lower to host globals the kernels cannot read: the weights a routing op needs, e.g.
+   HyperRouter's hypernetwork, are graph inputs of the partition);
+4. all partition functions go into one module, ``moe-opt --moe-fuse-routing --canonicalize`` fuses a mixing op
+   with the top-k gate that consumes it (``moe.similarity_inform_topk``...: possible because adjacent moe ops land
+   in one partition), ``--convert-moe-to-gpu`` is tried first to report an op without a GPU kernel by name, then
+   ``tools/moe-aot/moe-aot.py --link`` builds ``lib<name>.so`` (moe-lower-to-nvvm -> mlir-translate -> llc -> c++
+   against ``libmoe_cuda_runtime.so``). All of this happens at compile time and needs no GPU;
+5. at call time the rewritten FX graph (``torch.device`` arguments retargeted to the inputs' CUDA device) runs
+   eagerly on CUDA tensors, and each partition node calls ``_mlir_ciface_<fn>`` of the library through
+   :mod:`ctypes` with device memref descriptors, on PyTorch's *current stream* (``moeGpuSetStream``; on the legacy
+   default stream, whose handle 0 the runtime cannot adopt, after synchronizing it), then copies the device
+   results into PyTorch tensors and frees them with ``moeGpuFree``. The compiled host code waits for its stream
+   at the end of each op, so a partition call is synchronous.
+
+Weights are the model's tensors at compile time (no copy; a CUDA model's weights are used in place, a CPU model's
+are copied to the device at the first call on it). The model runs under ``torch.no_grad()`` (inference), on one
+device: the one its kernels were loaded on at the first call. The library is loaded at the first call (or :meth:`CudaCompiledModel.load`): that
+is where a missing driver or device is reported (:class:`CudaUnavailableError`). A CPU tensor passed to the
+compiled model raises :class:`ValueError`; a missing tool of the GPU build raises :class:`GpuToolchainError`; a moe
+op the GPU lowering refuses raises :class:`~moe_mlir.backends.tools.MoEOptError` with moe-opt's diagnostic.
+
+:meth:`CudaCompiledModel.run_split_on_cpu` runs the *same split* on the CPU (the eager part on CPU tensors, each
+partition's MLIR through the CPU execution API): a check of the partitioning, the argument/result plumbing and the
+device retargeting that needs no GPU.
+
+Environment: ``$MOE_GPU_CHIP`` (default chip when no device is visible; else the device's ``sm_XY``),
+``$MOE_CUDA_TOOLKIT`` (default ``/usr/local/cuda``), ``$MOE_AOT`` (path of moe-aot.py), ``$MOE_GPU_CACHE_DIR``
+(where built libraries are kept, keyed by a hash of the module, the chip and the tools).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.fx as fx
+from torch.export.graph_signature import InputKind, OutputKind
+
+from ..mlir.builder import MLIR_TO_DTYPE, TensorType
+from ..frontend.partitioning import _is_moe_op, is_gpu_node, split_routing  # noqa: F401
+from ..mlir.importer import ImportedProgram, export_program, import_exported_program
+
+__all__ = [
+    "GpuToolchainError",
+    "CudaUnavailableError",
+    "CudaCompiledModel",
+    "GpuPartition",
+    "compile_cuda",
+    "split_routing",
+    "build_gpu_library",
+    "find_gpu_toolchain",
+    "default_chip",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+class GpuToolchainError(FileNotFoundError):
+    """A tool or library the GPU build needs is missing (moe-opt, moe-aot.py, mlir-translate, llc, ptxas,
+    fatbinary, a C++ compiler, libmoe_cuda_runtime.so); the message names it and how to provide it."""
+
+
+class CudaUnavailableError(RuntimeError):
+    """The model was compiled for CUDA but cannot run here: no CUDA driver, no device, or the kernels could not
+    be loaded on this device."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tools
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GpuToolchain:
+    moe_opt: str
+    moe_aot: str
+    llvm_bin: str
+    toolkit: str
+    cxx: str
+    runtime_dir: str  # holds libmoe_cuda_runtime.so and libmoe_cpu_runtime.so
+
+
+def find_gpu_toolchain() -> GpuToolchain:
+    """Every tool of the GPU build, or :class:`GpuToolchainError` naming all that are missing."""
+    from .tools import LLVM_BIN, find_moe_opt, find_runtime_lib as _find_runtime_lib
+
+    missing: list[str] = []
+    moe_opt = find_moe_opt()
+    if moe_opt is None:
+        missing.append("moe-opt (build it: ninja -C <build> moe-opt, or set MOE_OPT)")
+    aot = os.environ.get("MOE_AOT") or str(REPO_ROOT / "tools" / "moe-aot" / "moe-aot.py")
+    if not os.path.isfile(aot):
+        missing.append(f"moe-aot.py (not at {aot}; set MOE_AOT)")
+    llvm_bin = str(LLVM_BIN)
+    for tool in ("mlir-translate", "llc"):
+        if not os.access(os.path.join(llvm_bin, tool), os.X_OK):
+            missing.append(f"{tool} (not in {llvm_bin})")
+    toolkit = os.environ.get("MOE_CUDA_TOOLKIT", "/usr/local/cuda")
+    for tool in ("ptxas", "fatbinary"):
+        if not os.access(os.path.join(toolkit, "bin", tool), os.X_OK):
+            missing.append(f"{tool} of the CUDA toolkit (not in {toolkit}/bin; set MOE_CUDA_TOOLKIT)")
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        missing.append("a C++ compiler to link the library (c++/g++, or set CXX)")
+    rt = _find_runtime_lib("libmoe_cuda_runtime.so")
+    if rt is None:
+        missing.append("libmoe_cuda_runtime.so (build it: ninja -C <build> moe_cuda_runtime; it needs the CUDA "
+                       "toolkit's cuda.h and stub libcuda.so at configure time)")
+    elif not os.path.isfile(os.path.join(os.path.dirname(rt), "libmoe_cpu_runtime.so")):
+        missing.append("libmoe_cpu_runtime.so (build it: ninja -C <build> moe_cpu_runtime)")
+    if missing:
+        raise GpuToolchainError("moe_mlir.compile(target='cuda') cannot build the GPU library; missing:\n  - "
+                                + "\n  - ".join(missing))
+    return GpuToolchain(moe_opt, aot, llvm_bin, toolkit, cxx, os.path.dirname(rt))  # type: ignore[arg-type]
+
+
+def default_chip() -> str:
+    """``sm_XY`` of the current CUDA device, else ``$MOE_GPU_CHIP``, else ``sm_90`` (H100/H200)."""
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return f"sm_{major}{minor}"
+    return os.environ.get("MOE_GPU_CHIP", "sm_90")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The split
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _example_of(node: Any) -> torch.Tensor:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if not isinstance(val, torch.Tensor):
+        raise NotImplementedError(f"an operand of a moe op is not a tensor with static shape: {node!r}")
+    return torch.zeros(tuple(int(s) for s in val.shape), dtype=val.dtype)
+
+
+def _retarget(gm: fx.GraphModule, device: torch.device) -> fx.GraphModule:
+    """A copy of ``gm`` (sharing its submodules) where every ``torch.device`` argument is ``device``: the exported
+    graph records the tracing device in factory ops and ``_assert_tensor_metadata``."""
+    graph = copy.deepcopy(gm.graph)
+
+    def swap(a: Any) -> Any:
+        return device if isinstance(a, torch.device) else a
+
+    for node in graph.nodes:
+        node.args = fx.node.map_aggregate(node.args, swap)
+        node.kwargs = fx.node.map_aggregate(node.kwargs, swap)
+    out = fx.GraphModule(gm, graph)
+    out.recompile()
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The GPU build
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _cache_root() -> Path:
+    env = os.environ.get("MOE_GPU_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(tempfile.gettempdir()) / f"moe_mlir_gpu_cache_{os.getuid()}"
+
+
+def _tool_stamp(path: str) -> str:
+    try:
+        st = os.stat(path)
+        return f"{path}:{st.st_size}:{st.st_mtime_ns}"
+    except OSError:
+        return path
+
+
+@dataclass
+class GpuBuild:
+    """What :func:`build_gpu_library` produced (every intermediate is kept in ``out_dir``)."""
+
+    library: str  # lib<name>.so
+    out_dir: str
+    name: str
+    chip: str
+    input_mlir: str  # the module given to moe-aot (after moe-fuse-routing + canonicalize)
+
+    def artifact(self, suffix: str) -> str:
+        """``<out_dir>/<name><suffix>``: ``.llvm.mlir`` (host LLVM dialect + gpu.binary), ``.ll``, ``.o``."""
+        return os.path.join(self.out_dir, self.name + suffix)
+
+
+def build_gpu_library(mlir_text: str, *, name: str = "moe_gpu", chip: Optional[str] = None, fmt: str = "fatbin",
+                      out_dir: Optional[str] = None, toolchain: Optional[GpuToolchain] = None,
+                      timeout: float = 900) -> GpuBuild:
+    """Builds ``lib<name>.so`` from a module of tensor functions holding moe ops only (their tensor arguments are
+    device memory at run time). Cached by content unless ``out_dir`` is given.
+
+    Raises:
+        GpuToolchainError: a tool is missing. MoEOptError: moe-opt rejected the module or an op has no GPU
+        lowering (the message is moe-opt's diagnostic, naming the op). RuntimeError: a later build step failed.
+    """
+    from .tools import MoEOptError, run_moe_opt
+
+    tc = toolchain or find_gpu_toolchain()
+    chip = chip or default_chip()
+    fused = run_moe_opt(mlir_text, ["--moe-fuse-routing", "--canonicalize"], moe_opt=tc.moe_opt)
+    try:
+        run_moe_opt(fused, ["--convert-moe-to-gpu"], moe_opt=tc.moe_opt)
+    except MoEOptError as e:
+        raise MoEOptError(f"the routing subgraph cannot be lowered to GPU kernels (convert-moe-to-gpu); compile "
+                          f"with target='cpu' instead.\n{e}") from None
+    if out_dir is None:
+        key = hashlib.sha256("\n".join([
+            fused, name, chip, fmt, tc.toolkit, _tool_stamp(tc.moe_opt), _tool_stamp(tc.moe_aot),
+            _tool_stamp(os.path.join(tc.runtime_dir, "libmoe_cuda_runtime.so")),
+        ]).encode()).hexdigest()[:24]
+        out = _cache_root() / key
+        lib = out / f"lib{name}.so"
+        if lib.is_file() and (out / f"{name}.llvm.mlir").is_file():
+            return GpuBuild(str(lib), str(out), name, chip, str(out / f"{name}.mlir"))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=key + ".", dir=out.parent))
+    else:
+        out = work = Path(out_dir)
+        work.mkdir(parents=True, exist_ok=True)
+    src = work / f"{name}.mlir"
+    src.write_text(fused)
+    cmd = [sys.executable, tc.moe_aot, str(src), "-o", str(work), "--name", name, "--chip", chip, "--format", fmt,
+           "--moe-opt", tc.moe_opt, "--llvm-bin", tc.llvm_bin, "--toolkit", tc.toolkit, "--cxx", tc.cxx,
+           "--link", "--runtime-dir", tc.runtime_dir]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    lib = work / f"lib{name}.so"
+    if proc.returncode != 0 or not lib.is_file():
+        log = proc.stderr.strip()
+        if "--moe-lower-to-nvvm" in log.split("moe-aot: step failed")[-1].split("\n")[0]:
+            raise MoEOptError(f"moe-opt --moe-lower-to-nvvm failed (chip {chip}):\n{log}")
+        raise RuntimeError(f"the GPU build (moe-aot.py) failed (exit {proc.returncode}):\n{log}")
+    if work != out:  # publish atomically into the cache
+        try:
+            os.rename(work, out)
+        except OSError:  # another process published it first
+            shutil.rmtree(work, ignore_errors=True)
+        lib = out / f"lib{name}.so"
+    return GpuBuild(str(lib), str(out), name, chip, str(out / f"{name}.mlir"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Run time: the CUDA runtime and the library
+# ----------------------------------------------------------------------------------------------------------------
+
+_desc_types: dict[int, type] = {}
+
+
+def memref_descriptor_type(rank: int) -> type:
+    """The ctypes struct of a ranked memref descriptor (allocated, aligned, offset, sizes[rank], strides[rank])."""
+    if rank not in _desc_types:
+        fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p), ("offset", ctypes.c_int64)]
+        if rank:
+            fields += [("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
+        _desc_types[rank] = type(f"MemRef{rank}D", (ctypes.Structure,), {"_fields_": fields})
+    return _desc_types[rank]
+
+
+def _descriptor(t: torch.Tensor) -> Any:
+    d = memref_descriptor_type(t.dim())()
+    d.allocated = d.aligned = t.data_ptr()
+    d.offset = 0
+    for i, (s, st) in enumerate(zip(t.shape, t.stride())):
+        d.sizes[i] = s
+        d.strides[i] = st
+    return d
+
+
+class CudaRuntime:
+    """``libmoe_cpu_runtime.so`` (run-time index errors) and ``libmoe_cuda_runtime.so`` (the mgpu ABI, streams,
+    driver errors), loaded once per process with RTLD_GLOBAL so that the compiled libraries bind to them."""
+
+    _instance: Optional["CudaRuntime"] = None
+    _lock = threading.Lock()
+
+    def __init__(self, runtime_dir: str) -> None:
+        cpu_path = os.path.join(runtime_dir, "libmoe_cpu_runtime.so")
+        cuda_path = os.path.join(runtime_dir, "libmoe_cuda_runtime.so")
+        for p in (cpu_path, cuda_path):
+            if not os.path.isfile(p):
+                raise GpuToolchainError(f"{p} is missing: build moe_cpu_runtime and moe_cuda_runtime")
+        self.cpu = ctypes.CDLL(cpu_path, mode=ctypes.RTLD_GLOBAL)
+        try:
+            self.rt = ctypes.CDLL(cuda_path, mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            raise CudaUnavailableError(
+                f"the CUDA runtime of moe-mlir could not be loaded ({e}); target='cuda' needs the NVIDIA driver "
+                "(libcuda.so.1) and a GPU: run on a machine with one, or compile with target='cpu'"
+            ) from None
+        rt, cpu = self.rt, self.cpu
+        rt.moeGpuDeviceCount.restype = ctypes.c_int32
+        rt.moeGpuDeviceCount.argtypes = []
+        rt.mgpuMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        rt.mgpuMemcpy.restype = None
+        rt.mgpuSetDefaultDevice.argtypes = [ctypes.c_int32]
+        rt.mgpuSetDefaultDevice.restype = None
+        rt.moeGpuFree.argtypes = [ctypes.c_void_p]
+        rt.moeGpuFree.restype = None
+        rt.moeGpuSetStream.argtypes = [ctypes.c_void_p]
+        rt.moeGpuSetStream.restype = None
+        rt.moeGpuTakeDriverError.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+        rt.moeGpuTakeDriverError.restype = ctypes.c_int32
+        cpu.moeTakeError.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+        cpu.moeTakeError.restype = ctypes.c_int32
+        cpu.moeSetErrorEcho.argtypes = [ctypes.c_int32]
+        cpu.moeSetErrorEcho.restype = None
+        cpu.moeSetErrorEcho(0)  # errors become Python exceptions, not stderr lines
+
+    @classmethod
+    def get(cls, runtime_dir: str) -> "CudaRuntime":
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = CudaRuntime(runtime_dir)
+            return cls._instance
+
+    def device_count(self) -> int:
+        return int(self.rt.moeGpuDeviceCount())
+
+    def take_driver_error(self) -> Optional[str]:
+        buf = ctypes.create_string_buffer(1024)
+        return buf.value.decode(errors="replace") if self.rt.moeGpuTakeDriverError(buf, len(buf)) else None
+
+    def take_index_error(self) -> Optional[str]:
+        buf = ctypes.create_string_buffer(1024)
+        return buf.value.decode(errors="replace") if self.cpu.moeTakeError(buf, len(buf)) else None
+
+
+@dataclass
+class GpuPartition:
+    """One routing subgraph compiled for the GPU: ``func.func @<fn>`` of the library."""
+
+    name: str  # the submodule of the split graph
+    fn: str
+    program: ImportedProgram  # its MLIR (before moe-fuse-routing)
+    single: bool  # the submodule returns one tensor (not a tuple)
+    result_types: list[TensorType] = field(default_factory=list)
+
+
+class _PartitionCall(torch.nn.Module):
+    """Replaces a GPU submodule in the split graph: calls the compiled function on CUDA tensors, or (under
+    :meth:`CudaCompiledModel.run_split_on_cpu`) the partition's CPU-compiled module on CPU tensors."""
+
+    def __init__(self, owner: "CudaCompiledModel", part: GpuPartition) -> None:
+        super().__init__()
+        self._owner = [owner]  # a list: not a registered submodule
+        self.part = part
+        self._cpu: Any = None
+
+    def forward(self, *args: torch.Tensor) -> Any:
+        owner = self._owner[0]
+        if all(a.device.type == "cuda" for a in args):
+            outs = owner._call_gpu(self.part, list(args))
+        elif all(a.device.type == "cpu" for a in args) and owner._cpu_check:
+            if self._cpu is None:
+                from .cpu import CompiledModel, ExecutorLibrary
+
+                ex = ExecutorLibrary.find()
+                self._cpu = CompiledModel(self.part.program, "executor" if ex else "runner", executor=ex)
+            outs = self._cpu.run(*args)
+        else:
+            devs = sorted({str(a.device) for a in args})
+            raise ValueError(f"GPU partition '{self.part.fn}' got tensors on {', '.join(devs)}: it runs on CUDA "
+                             "tensors only")
+        return outs[0] if self.part.single else tuple(outs)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The compiled model
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _InputSpec:
+    name: str
+    kind: str  # "user_input" | "parameter" | "buffer" | "constant"
+    type: TensorType
+    value: Optional[torch.Tensor] = None  # weights (the model's tensors)
+
+
+class CudaCompiledModel:
+    """A model compiled with ``target="cuda"``; call it with CUDA tensors (same shapes and dtypes as the example
+    inputs). See the module doc for what runs where.
+
+    Attributes:
+        partitions: the GPU partitions (one compiled function each), in graph order.
+        mlir: the module of partition functions given to the GPU build (after moe-fuse-routing).
+        build: the :class:`GpuBuild` (paths of the library and the intermediates), None without partitions.
+        graph: the split FX graph module (ATen nodes + ``call_module`` of the partitions).
+    """
+
+    target = "cuda"
+    backend = "cuda"
+
+    def __init__(self, graph: fx.GraphModule, inputs: list[_InputSpec], output_kinds: list[str], out_spec: Any,
+                 partitions: list[GpuPartition], build: Optional[GpuBuild], runtime_dir: Optional[str]) -> None:
+        self.graph = graph
+        self.inputs = inputs
+        self.output_kinds = output_kinds
+        self.out_spec = out_spec
+        self.partitions = partitions
+        self.build = build
+        self._runtime_dir = runtime_dir
+        self._runtime: Optional[CudaRuntime] = None
+        self._lib: Any = None
+        self._fns: dict[str, Any] = {}
+        self._graphs: dict[str, fx.GraphModule] = {}
+        self._weights: dict[str, list[torch.Tensor]] = {}
+        self._cpu_check = False
+        self._device_index: Optional[int] = None
+        for p in partitions:
+            setattr(graph, p.name, _PartitionCall(self, p))
+
+    @property
+    def mlir(self) -> str:
+        if self.build is None:
+            return ""
+        return Path(self.build.input_mlir).read_text()
+
+    @property
+    def library(self) -> Optional[str]:
+        return self.build.library if self.build else None
+
+    # -- loading --------------------------------------------------------------------------------------------------
+    def load(self, device: Optional[torch.device] = None) -> None:
+        """Loads the CUDA runtime and the library, whose constructor loads the kernels into the primary context of
+        ``device`` (default: PyTorch's current CUDA device, else device 0). The kernels then run on that device
+        only: a call with inputs on another device raises :class:`ValueError`.
+
+        Raises:
+            CudaUnavailableError: no driver, no device, or the kernels do not load (e.g. built for another chip).
+        """
+        if self._lib is not None or not self.partitions:
+            return
+        assert self.build is not None and self._runtime_dir is not None
+        rt = CudaRuntime.get(self._runtime_dir)
+        count = rt.device_count()
+        if count <= 0:
+            raise CudaUnavailableError("the CUDA driver reports no device: a model compiled with target='cuda' "
+                                       "needs an NVIDIA GPU (compile with target='cpu' to run here)")
+        if device is None or device.index is None:
+            index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        else:
+            index = device.index
+        if index >= count:
+            raise CudaUnavailableError(f"no CUDA device {index} ({count} present)")
+        # The library's constructor loads the kernels into the current context: make it device `index`'s, for the
+        # runtime (mgpuSetDefaultDevice) and for PyTorch's current device alike (issue #14: loading outside the
+        # device context put a second GPU's kernels into device 0's context).
+        with torch.cuda.device(index) if torch.cuda.is_available() else contextlib.nullcontext():
+            rt.take_driver_error()
+            rt.rt.mgpuSetDefaultDevice(index)
+            try:
+                lib = ctypes.CDLL(self.build.library)
+            except OSError as e:
+                raise CudaUnavailableError(f"cannot load {self.build.library}: {e}") from None
+            err = rt.take_driver_error()
+        if err:
+            raise CudaUnavailableError(f"the GPU kernels of {self.build.library} (built for {self.build.chip}) did "
+                                       f"not load on this device: {err}. Recompile with chip='{default_chip()}'")
+        for p in self.partitions:
+            fn = getattr(lib, "_mlir_ciface_" + p.fn)
+            fn.restype = None
+            self._fns[p.fn] = fn
+        self._runtime, self._lib, self._device_index = rt, lib, index
+
+    # -- calls ----------------------------------------------------------------------------------------------------
+    def _check_inputs(self, args: Sequence[Any], device_type: str) -> torch.device:
+        user = [s for s in self.inputs if s.kind == "user_input"]
+        if len(args) != len(user):
+            raise TypeError(f"expected {len(user)} tensor inputs, got {len(args)}")
+        device: Optional[torch.device] = None
+        for spec, a in zip(user, args):
+            if not isinstance(a, torch.Tensor):
+                raise TypeError(f"input '{spec.name}' must be a tensor, got {type(a).__name__}")
+            if a.device.type != device_type:
+                if device_type == "cuda":
+                    raise ValueError(
+                        f"input '{spec.name}' is on {a.device}: this model was compiled with target='cuda' and "
+                        "takes CUDA tensors (move the inputs with .cuda(), or compile with target='cpu')")
+                raise ValueError(f"input '{spec.name}' is on {a.device}, expected a {device_type} tensor")
+            if device is None:
+                device = a.device
+            elif a.device != device:
+                raise ValueError(f"inputs on several devices ({device} and {a.device}): put them on one device")
+            got = TensorType.of(a.shape, a.dtype)
+            if got != spec.type:
+                raise ValueError(f"input '{spec.name}' is {got}, the compiled function takes {spec.type}")
+        return device or torch.device(device_type)
+
+    def _graph_for(self, device: torch.device) -> fx.GraphModule:
+        key = str(device)
+        if key not in self._graphs:
+            self._graphs[key] = _retarget(self.graph, device)
+        return self._graphs[key]
+
+    def _weights_for(self, device: torch.device) -> list[torch.Tensor]:
+        key = str(device)
+        if key not in self._weights:
+            self._weights[key] = [s.value.to(device) for s in self.inputs if s.kind != "user_input"]  # type: ignore
+        return self._weights[key]
+
+    def _flat_inputs(self, args: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        weights = iter(self._weights_for(device))
+        user = iter(args)
+        return [next(user) if s.kind == "user_input" else next(weights) for s in self.inputs]
+
+    def run(self, *args: torch.Tensor) -> list[torch.Tensor]:
+        """Runs the graph on CUDA tensors; returns every output (flat, buffer mutations included)."""
+        device = self._check_inputs(args, "cuda")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        with torch.no_grad(), torch.cuda.device(device):
+            self.load(device)  # inside the device context: the kernels load into this device's context
+            if self._device_index is not None and device.index != self._device_index:
+                raise ValueError(f"the inputs are on {device}, but this model's GPU kernels were loaded on "
+                                 f"cuda:{self._device_index} (compile one model per device)")
+            gm = self._graph_for(device)
+            outs = gm(*self._flat_inputs(args, device))
+        return list(outs) if isinstance(outs, (tuple, list)) else [outs]
+
+    def run_split_on_cpu(self, *args: torch.Tensor) -> Any:
+        """Runs the same split on CPU tensors (eager ATen part on the CPU, each GPU partition's MLIR compiled for the
+        CPU): checks the partitioning without a GPU. Returns what the model returns."""
+        device = self._check_inputs(args, "cpu")
+        gm = self._graph_for(device)
+        self._cpu_check = True
+        try:
+            with torch.no_grad():
+                outs = gm(*self._flat_inputs(args, device))
+        finally:
+            self._cpu_check = False
+        return self._structure(list(outs) if isinstance(outs, (tuple, list)) else [outs])
+
+    def _structure(self, outs: list[torch.Tensor]) -> Any:
+        user = [o for o, k in zip(outs, self.output_kinds) if k == "user_output"]
+        if self.out_spec is not None:
+            return torch.utils._pytree.tree_unflatten(user, self.out_spec)
+        return user[0] if len(user) == 1 else tuple(user)
+
+    def __call__(self, *args: torch.Tensor) -> Any:
+        return self._structure(self.run(*args))
+
+    def _call_gpu(self, part: GpuPartition, args: list[torch.Tensor]) -> list[torch.Tensor]:
+        from .tools import MoERuntimeError
+
+        rt = self._runtime
+        assert rt is not None, "load() first"
+        device = args[0].device
+        ins = [a.contiguous() for a in args]  # identity layouts; kept alive across the call
+        descs = [_descriptor(t) for t in ins]
+        types = [memref_descriptor_type(t.rank) for t in part.result_types]
+        if len(types) == 1:
+            res = types[0]()
+            res_descs = [res]
+        else:
+            res = type("Results", (ctypes.Structure,), {"_fields_": [(f"r{i}", t) for i, t in enumerate(types)]})()
+            res_descs = [getattr(res, f"r{i}") for i in range(len(types))]
+        stream = torch.cuda.current_stream(device)
+        rt.take_index_error()  # a stale error of an earlier call on this thread is not ours
+        rt.rt.mgpuSetDefaultDevice(device.index if device.index is not None else 0)
+        if stream.cuda_stream:
+            # Kernels, allocations and the final wait run in PyTorch's stream, ordered after the producers.
+            rt.rt.moeGpuSetStream(ctypes.c_void_p(stream.cuda_stream))
+        else:
+            # PyTorch's legacy default stream (handle 0): with no ambient stream the runtime creates a
+            # non-blocking stream, which does not wait for the default stream, so wait for the producers here.
+            stream.synchronize()
+            rt.rt.moeGpuSetStream(None)
+        try:
+            self._fns[part.fn](ctypes.byref(res), *[ctypes.byref(d) for d in descs])
+        finally:
+            rt.rt.moeGpuSetStream(None)
+        outs = []
+        for d, t in zip(res_descs, part.result_types):
+            dtype = MLIR_TO_DTYPE[t.elem]
+            out = torch.empty(t.shape, dtype=dtype, device=device)
+            if t.rank and list(d.sizes) != list(t.shape):
+                raise MoERuntimeError(f"{part.fn}: a result has shape {list(d.sizes)}, expected {list(t.shape)}")
+            nbytes = out.numel() * out.element_size()
+            if nbytes:
+                src = (d.aligned or 0) + d.offset * out.element_size()
+                rt.rt.mgpuMemcpy(out.data_ptr(), src, nbytes, ctypes.c_void_p(stream.cuda_stream))
+            outs.append(out)
+        stream.synchronize()  # the copies are done before the results are freed
+        keep = {t.data_ptr() for t in ins}
+        freed: set[int] = set()
+        for d in res_descs:
+            p = d.allocated or 0
+            if p and p not in keep and p not in freed:
+                rt.rt.moeGpuFree(p)
+                freed.add(p)
+        err = rt.take_driver_error()
+        if err:
+            raise MoERuntimeError(f"{part.fn}: CUDA driver error: {err}")
+        err = rt.take_index_error()
+        if err:
+            raise MoERuntimeError(err)
+        return outs
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# compile(target="cuda")
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def compile_cuda(model: torch.nn.Module, example_args: Sequence[Any], *, raise_idioms: bool = True,
+                 func_name: str = "forward", chip: Optional[str] = None, build_dir: Optional[str] = None,
+                 fmt: str = "fatbin") -> CudaCompiledModel:
+    """The ``target="cuda"`` path of :func:`moe_mlir.compile` (see the module doc). Needs no GPU: the example
+    inputs may be CPU tensors (the graph is retargeted to the inputs' CUDA device at call time)."""
+    from .tools import verify
+    from ..frontend.raising import raise_routing_idioms
+
+    ep = export_program(model, example_args)
+    out_spec = ep.call_spec.out_spec if ep.call_spec is not None else None
+    gm = ep.graph_module
+    if raise_idioms:
+        raise_routing_idioms(gm)
+
+    # The signature: weights and user inputs, in placeholder order.
+    sig = ep.graph_signature
+    specs = {s.arg.name: s for s in sig.input_specs}
+    state, constants = ep.state_dict, getattr(ep, "constants", {}) or {}
+    inputs: list[_InputSpec] = []
+    for ph in (n for n in gm.graph.nodes if n.op == "placeholder"):
+        spec = specs.get(ph.name)
+        kind = spec.kind if spec is not None else InputKind.USER_INPUT
+        if kind == InputKind.USER_INPUT:
+            val = ph.meta.get("val")
+            if not isinstance(val, torch.Tensor):
+                raise TypeError(f"user input '{ph.name}' is not a tensor ({type(val).__name__}): only tensor inputs "
+                                "are supported")
+            inputs.append(_InputSpec(ph.name, "user_input", TensorType.of(val.shape, val.dtype)))
+            continue
+        if kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            value = state.get(spec.target)
+            if value is None:
+                value = constants.get(spec.target)
+        elif kind == InputKind.CONSTANT_TENSOR:
+            value = constants.get(spec.target)
+        else:
+            raise NotImplementedError(f"unsupported input kind {kind} for '{ph.name}'")
+        if not isinstance(value, torch.Tensor):
+            raise NotImplementedError(f"no tensor value for {kind.name.lower()} '{spec.target}'")
+        value = value.detach()  # the model's tensor (no copy): moved to the device at the first call
+        inputs.append(_InputSpec(ph.name, kind.name.lower(), TensorType.of(value.shape, value.dtype), value))
+    output_kinds = [
+        f"buffer_mutation:{s.target}" if s.kind == OutputKind.BUFFER_MUTATION else "user_output"
+        for s in sig.output_specs
+    ]
+
+    split, names = split_routing(gm)
+    partitions: list[GpuPartition] = []
+    for i, name in enumerate(names):
+        sub = getattr(split, name)
+        node = next(n for n in split.graph.nodes if n.op == "call_module" and n.target == name)
+        example = [_example_of(a) for a in node.args]
+        fn = f"{func_name}_gpu{i}"
+        sub_ep = export_program(sub, example, decompose=False)
+        prog = import_exported_program(sub_ep, func_name=fn, params="argument", raise_idioms=False)
+        out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
+        single = not isinstance(out, (tuple, list))
+        partitions.append(GpuPartition(name, fn, prog, single, list(prog.results)))
+
+    build = None
+    runtime_dir = None
+    if partitions:
+        bodies = []
+        for p in partitions:
+            lines = p.program.text.strip().splitlines()
+            assert lines[0].strip() == "module {" and lines[-1].strip() == "}", p.program.text[:200]
+            bodies.append("\n".join(lines[1:-1]))
+        module = "module {\n" + "\n".join(bodies) + "\n}\n"
+        verify(module)
+        tc = find_gpu_toolchain()
+        build = build_gpu_library(module, name=f"{func_name}_moe_gpu", chip=chip, fmt=fmt, out_dir=build_dir,
+                                  toolchain=tc)
+        runtime_dir = tc.runtime_dir
+    else:
+        warnings.warn("target='cuda': the graph has no moe op (no routing was recognized), so it runs entirely in "
+                      "eager PyTorch on the GPU", stacklevel=3)
+    return CudaCompiledModel(split, inputs, output_kinds, out_spec, partitions, build, runtime_dir)

@@ -1,0 +1,176 @@
+"""``torch.compile(model, backend="moe")``: raise the routing idioms of each Dynamo graph, then compile it with inductor.
+
+Works with torch.compile's defaults: automatic dynamic shapes (SymInt inputs), graph breaks and data-dependent
+expert loops (Dynamo hands the backend one FX graph per region; each is compiled on its own). For each graph:
+
+1. :func:`to_aten_graph`: the Dynamo (torch-level) graph traced to a *pre-dispatch* aten graph with ``make_fx`` on
+   the graph's own fake inputs (so SymInt shapes stay symbolic, ``no_grad`` regions stay in the graph as
+   ``_set_grad_enabled`` and nothing is decomposed yet);
+2. :func:`moe_mlir.frontend.raising.raise_routing_idioms` rewrites softmax→topk→renorm, topk→softmax and
+   softmax(UUᵀ/τ)E into ``torch.ops.moe.*``;
+3. inductor (``torch._inductor.compile_fx.compile_fx``) compiles the raised graph: dense code is inductor's, the moe
+   ops are extern (fallback) kernels calling whatever implementation is registered behind ``torch.ops.moe.*``
+   (their fake kernels give the symbolic output shapes; their recompute backward keeps training working).
+
+A graph with nothing to raise is handed to inductor untouched, so it compiles exactly as
+``backend="inductor"`` would. If tracing or raising fails, or inductor rejects the raised graph, the backend warns
+(:class:`MoERaisingWarning`) and compiles the original graph with inductor: it never fails where inductor succeeds.
+
+Nothing here loads the MLIR execution library (libMoEExecutorC, which brings libLLVM): that happens only on the
+explicit whole-graph path (``options={"whole_graph": True}``, ``moe_mlir.compile(..., backend="executor")``).
+
+``options`` (``torch.compile(..., backend="moe", options={...})``):
+
+* ``dense``: ``"inductor"`` (default) or ``"eager"`` (the raised aten graph is run as is, by AOTAutograd without a
+  compiler: for debugging and fast tests);
+* ``whole_graph``: ``True`` compiles the graph with the whole-graph MLIR path instead (static shapes only):
+  :func:`moe_mlir.backends.whole_graph.compile_whole_graph` (``target``, ``backend``, ``params`` as for it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+import torch.fx as fx
+
+from ..frontend.raising import raise_routing_idioms
+
+__all__ = ["MoERaisingWarning", "CompiledGraph", "capture_graphs", "to_aten_graph", "moe_backend",
+           "register_backend"]
+
+
+class MoERaisingWarning(UserWarning):
+    """Raising was skipped for one graph (tracing or raising failed); the graph is compiled without it."""
+
+
+@dataclass
+class CompiledGraph:
+    """What the backend did with one Dynamo graph (see :func:`capture_graphs`)."""
+
+    #: The graph inductor was given: the raised aten graph, or the Dynamo graph when nothing was raised.
+    graph_module: fx.GraphModule
+    #: How many of each idiom were raised (all zero: nothing was).
+    counts: dict[str, int] = field(default_factory=dict)
+    #: Why raising was skipped (None when it ran).
+    fallback: Optional[str] = None
+
+    @property
+    def raised(self) -> int:
+        return sum(self.counts.values())
+
+    def moe_ops(self) -> list[str]:
+        """The ``torch.ops.moe.*`` calls in the compiled graph, by name (``"topk_renorm"``...)."""
+        return [n.target._schema.name.split("::")[1] for n in self.graph_module.graph.nodes
+                if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+                and n.target.namespace == "moe"]
+
+
+_capture = threading.local()
+
+
+@contextlib.contextmanager
+def capture_graphs() -> Iterator[list[CompiledGraph]]:
+    """Collects a :class:`CompiledGraph` for each graph the backend compiles inside the ``with`` block."""
+    log: list[CompiledGraph] = []
+    prev = getattr(_capture, "log", None)
+    _capture.log = log
+    try:
+        yield log
+    finally:
+        _capture.log = prev
+
+
+def _record(entry: CompiledGraph) -> None:
+    log = getattr(_capture, "log", None)
+    if log is not None:
+        log.append(entry)
+
+
+def _fake_inputs(gm: fx.GraphModule, example_inputs: list[Any]) -> list[Any]:
+    """The graph's inputs as Dynamo traced them (fake tensors with symbolic shapes, SymInts)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fakes = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
+    if len(fakes) != len(example_inputs) or any(f is None for f in fakes):
+        return list(example_inputs)  # not a Dynamo graph (a hand-made one): trace on the given inputs
+    return fakes
+
+
+def to_aten_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> fx.GraphModule:
+    """``gm`` traced to a pre-dispatch aten graph (same inputs and outputs, shapes as symbolic as Dynamo's)."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fakes = _fake_inputs(gm, example_inputs)
+    mode = "fake" if detect_fake_mode(fakes) is not None else "real"
+    return make_fx(gm, pre_dispatch=True, tracing_mode=mode)(*fakes)
+
+
+def _raise(gm: fx.GraphModule, example_inputs: list[Any]) -> CompiledGraph:
+    try:
+        aten_gm = to_aten_graph(gm, example_inputs)
+        counts = raise_routing_idioms(aten_gm)
+    except Exception as e:  # noqa: BLE001 - any failure here must leave inductor's path intact
+        warnings.warn(f"moe backend: raising skipped for this graph ({type(e).__name__}: {e}); compiling it "
+                      "without raising", MoERaisingWarning, stacklevel=3)
+        return CompiledGraph(gm, {}, fallback=f"{type(e).__name__}: {e}")
+    if not any(counts.values()):
+        return CompiledGraph(gm, counts)
+    return CompiledGraph(aten_gm, counts)
+
+
+def _dense_compiler(dense: str) -> Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]:
+    if dense == "inductor":
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx
+    if dense == "eager":
+        from torch._dynamo.backends.debugging import aot_eager
+
+        return aot_eager
+    raise ValueError(f"options['dense'] must be 'inductor' or 'eager', got {dense!r}")
+
+
+def moe_backend(gm: fx.GraphModule, example_inputs: list[Any], **options: Any) -> Callable[..., Any]:
+    """The ``torch.compile`` backend ``"moe"`` (see the module doc)."""
+    options = dict(options.get("options") or {}, **{k: v for k, v in options.items() if k != "options"})
+    if options.pop("whole_graph", False):
+        from .whole_graph import whole_graph_backend
+
+        return whole_graph_backend(gm, example_inputs, **options)
+    dense = options.pop("dense", "inductor")
+    if options:
+        raise ValueError(f"unknown options for the moe backend: {sorted(options)} (known: dense, whole_graph)")
+    compiler = _dense_compiler(dense)
+    entry = _raise(gm, example_inputs)
+    if entry.graph_module is gm:
+        _record(entry)
+        return compiler(gm, example_inputs)
+    try:
+        compiled = compiler(entry.graph_module, example_inputs)
+    except Exception as e:  # noqa: BLE001
+        warnings.warn(f"moe backend: the raised graph did not compile ({type(e).__name__}: {e}); compiling the "
+                      "graph without raising", MoERaisingWarning, stacklevel=2)
+        entry = CompiledGraph(gm, {}, fallback=f"{type(e).__name__}: {e}")
+        _record(entry)
+        return compiler(gm, example_inputs)
+    _record(entry)
+    return compiled
+
+
+def register_backend() -> None:
+    """Registers ``"moe"`` with Dynamo (idempotent)."""
+    try:
+        from torch._dynamo import list_backends
+        from torch._dynamo import register_backend as register
+    except Exception:  # pragma: no cover - torch without dynamo
+        return
+    try:
+        if "moe" not in list_backends(exclude_tags=()):
+            register(compiler_fn=moe_backend, name="moe")
+    except Exception:  # already registered through the entry point
+        pass
