@@ -246,7 +246,7 @@ def num_threads() -> int:
 
 def _tools() -> tuple[str, str]:
     """(moe-opt, the directory of libmoe_kernel_runtime.so)."""
-    from ..compiler import _find_runtime_lib, find_moe_opt
+    from .locate import find_moe_opt, find_runtime_lib as _find_runtime_lib
 
     moe_opt = find_moe_opt()
     if moe_opt is None:

@@ -1,7 +1,7 @@
 """Loads the C++ torch extension (``libmoe_torch.so``: the CPU kernels of ``torch.ops.moe.*``) and connects it to the
 kernel cache.
 
-Found at ``$MOE_TORCH_LIB`` or ``<build>/lib/libmoe_torch.so`` (the build directories of :mod:`moe_mlir.compiler`).
+Found at ``$MOE_TORCH_LIB`` or ``<build>/lib/libmoe_torch.so`` (the build directories of :mod:`moe_mlir.runtime.locate`).
 Loading it registers the CPU kernels with the dispatcher; :func:`load` then hands the extension the cache's
 :func:`moe_mlir.runtime.cache.load` (once, through ctypes: calls never go through ctypes).
 """
@@ -27,7 +27,7 @@ def find_library() -> Optional[str]:
     env = os.environ.get("MOE_TORCH_LIB")
     if env:
         return env if Path(env).is_file() else None
-    from ..compiler import _find_runtime_lib
+    from .locate import find_runtime_lib as _find_runtime_lib
 
     return _find_runtime_lib("libmoe_torch.so")
 
