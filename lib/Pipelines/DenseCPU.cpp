@@ -63,6 +63,11 @@ int64_t divisorAtMost(int64_t n, int64_t cap) {
   return 1;
 }
 
+/// Iterations of an op that linalg::vectorize turns into one set of vectors
+/// (64 registers of 16 f32 at most: larger ones are tiled first, else stay
+/// loops).
+constexpr int64_t kMaxVectorElements = 1024;
+
 bool isStaticTensorOp(linalg::LinalgOp op) {
   return op.hasPureTensorSemantics() && !op.hasDynamicShape() &&
          op.getNumLoops() > 0;
@@ -72,6 +77,18 @@ bool isContraction(linalg::LinalgOp op) {
   return op.getNumReductionLoops() > 0 &&
          linalg::isaContractionOpInterface(op) &&
          succeeded(linalg::inferContractionDims(op));
+}
+
+/// A contraction with both an m and an n dimension (a matmul, batched or
+/// not, whatever its operand layouts): vectorized to vector.contract, which
+/// lowers to outer products. Other contractions (a dimension in all three
+/// operands, e.g. the gate combine `te,etd->td`) vectorize elementwise.
+bool isMatmulLike(linalg::LinalgOp op) {
+  if (!isContraction(op))
+    return false;
+  FailureOr<linalg::ContractionDimensions> dims =
+      linalg::inferContractionDims(op);
+  return succeeded(dims) && !dims->m.empty() && !dims->n.empty();
 }
 
 int64_t iterationCount(linalg::LinalgOp op) {
@@ -232,22 +249,26 @@ public:
 
 private:
   bool leftForBlas(linalg::LinalgOp op) const {
-    return blas && moe::isBlasCandidate(op, blasMinFlops);
+    return op->hasAttr(moe::kBlasAttrName);
   }
   /// Tile-and-fuse every root of `block` (last op first) with the sizes
   /// `sizesOf` gives, fusing single-use linalg producers when that does not
   /// recompute (see fusionIsNotRedundant); `reductionLevel`: only input
   /// producers (a destination cannot be fused into a reduction loop).
+  /// `blasRoots`: BLAS matmuls are roots too (thread level: each tile is one
+  /// single-threaded BLAS call).
   LogicalResult tileBlock(
       Block &block,
       function_ref<SmallVector<int64_t>(linalg::LinalgOp)> sizesOf,
-      scf::SCFTilingOptions::LoopType loopType, bool reductionLevel);
+      scf::SCFTilingOptions::LoopType loopType, bool reductionLevel,
+      bool blasRoots = false);
 };
 
 LogicalResult DenseTileAndVectorize::tileBlock(
     Block &block,
     function_ref<SmallVector<int64_t>(linalg::LinalgOp)> sizesOf,
-    scf::SCFTilingOptions::LoopType loopType, bool reductionLevel) {
+    scf::SCFTilingOptions::LoopType loopType, bool reductionLevel,
+    bool blasRoots) {
   IRRewriter rewriter(&getContext());
   llvm::SmallPtrSet<Operation *, 16> done;
   Operation *stop = block.getParentOp();
@@ -257,7 +278,7 @@ LogicalResult DenseTileAndVectorize::tileBlock(
     for (Operation &op : llvm::reverse(block)) {
       auto linalgOp = dyn_cast<linalg::LinalgOp>(&op);
       if (!linalgOp || done.contains(&op) || !isStaticTensorOp(linalgOp) ||
-          leftForBlas(linalgOp))
+          (!blasRoots && leftForBlas(linalgOp)))
         continue;
       root = linalgOp;
       break;
@@ -341,11 +362,20 @@ void DenseTileAndVectorize::runOnOperation() {
   }
   Block &body = func.getBody().front();
 
+  // The matmuls moe-linalg-to-blas will call BLAS for, whatever the size of
+  // their thread tiles.
+  if (blas)
+    func.walk([&](linalg::LinalgOp op) {
+      if (op.hasPureTensorSemantics() &&
+          moe::isBlasCandidate(op, blasMinFlops))
+        op->setAttr(moe::kBlasAttrName, UnitAttr::get(&getContext()));
+    });
+
   // 1. Threads.
   (void)tileBlock(
       body,
       [&](linalg::LinalgOp op) { return threadTileSizes(op, threads); },
-      LoopType::ForallOp, /*reductionLevel=*/false);
+      LoopType::ForallOp, /*reductionLevel=*/false, /*blasRoots=*/true);
 
   // 2. Registers, inside each thread tile and for what stayed whole.
   SmallVector<Block *> blocks{&body};
@@ -374,13 +404,36 @@ void DenseTileAndVectorize::runOnOperation() {
         },
         LoopType::ForOp, /*reductionLevel=*/true);
 
-  // 4. Vectorize what is now small and static.
+  // 4. Vectorize what is now small and static; an op still above the vector
+  // budget (e.g. a producer fused whole into a reduction loop) first gets the
+  // register and reduction tiles of its own.
   IRRewriter rewriter(&getContext());
   SmallVector<linalg::LinalgOp> toVectorize;
   func.walk([&](linalg::LinalgOp op) {
-    if (isStaticTensorOp(op) && !leftForBlas(op) &&
-        iterationCount(op) <= 4096)
+    if (isStaticTensorOp(op) && !leftForBlas(op))
       toVectorize.push_back(op);
+  });
+  for (linalg::LinalgOp &op : toVectorize) {
+    if (iterationCount(op) <= kMaxVectorElements)
+      continue;
+    SmallVector<int64_t> sizes = registerTileSizes(op, m, n);
+    SmallVector<int64_t> reduction = reductionTileSizes(op);
+    for (auto [s, r, it] :
+         llvm::zip(sizes, reduction, op.getIteratorTypesArray()))
+      if (it == utils::IteratorType::reduction)
+        s = r;
+    scf::SCFTilingOptions tiling;
+    tiling.setTileSizes(getAsIndexOpFoldResult(&getContext(), sizes));
+    rewriter.setInsertionPoint(op);
+    FailureOr<scf::SCFTilingResult> tiled = scf::tileUsingSCF(
+        rewriter, cast<TilingInterface>(op.getOperation()), tiling);
+    if (failed(tiled))
+      continue;
+    rewriter.replaceOp(op, tiled->replacements);
+    op = cast<linalg::LinalgOp>(tiled->tiledOps.back());
+  }
+  llvm::erase_if(toVectorize, [](linalg::LinalgOp op) {
+    return iterationCount(op) > kMaxVectorElements;
   });
   for (linalg::LinalgOp op : toVectorize) {
     rewriter.setInsertionPoint(op);
@@ -388,7 +441,7 @@ void DenseTileAndVectorize::runOnOperation() {
         rewriter, op, /*inputVectorSizes=*/{}, /*inputScalableVecDims=*/{},
         /*vectorizeNDExtract=*/false, /*flatten1DDepthwiseConv=*/false,
         /*assumeDynamicDimsMatchVecSizes=*/false,
-        /*createNamedContraction=*/isContraction(op));
+        /*createNamedContraction=*/isMatmulLike(op));
     if (failed(result))
       continue; // Stays a linalg op: convert-linalg-to-loops takes it.
     rewriter.replaceOp(op, result->replacements);
@@ -396,6 +449,10 @@ void DenseTileAndVectorize::runOnOperation() {
 
   // 5. Clean up on tensors; keep accumulators out of the k loops.
   RewritePatternSet patterns(&getContext());
+  // Generic contractions vectorize to (broadcasting) reads + mul +
+  // multi_reduction: split the broadcasts out of the reads so that they fold
+  // into the indexing maps of one vector.contract.
+  vector::populateVectorTransferPermutationMapLoweringPatterns(patterns);
   vector::populateVectorReductionToContractPatterns(patterns);
   vector::populateSinkVectorOpsPatterns(patterns);
   vector::TransferWriteOp::getCanonicalizationPatterns(patterns,
@@ -410,6 +467,24 @@ void DenseTileAndVectorize::runOnOperation() {
   });
 }
 
+/// Whether a vector.contract has an m dimension (parallel, in lhs and acc
+/// only) and an n dimension (parallel, in rhs and acc only).
+bool hasOuterProductForm(vector::ContractionOp op) {
+  SmallVector<AffineMap> maps = op.getIndexingMapsArray();
+  bool m = false, n = false;
+  for (auto [d, it] : llvm::enumerate(op.getIteratorTypesArray())) {
+    if (it != vector::IteratorType::parallel)
+      continue;
+    auto in = [&](AffineMap map) {
+      return map.getResultPosition(getAffineDimExpr(d, op.getContext()))
+          .has_value();
+    };
+    m |= in(maps[0]) && !in(maps[1]);
+    n |= in(maps[1]) && !in(maps[0]);
+  }
+  return m && n;
+}
+
 class DenseLowerVectors
     : public moe::impl::DenseLowerVectorsBase<DenseLowerVectors> {
 public:
@@ -418,6 +493,39 @@ public:
     linalg::hoistRedundantVectorTransfers(func);
     MLIRContext *ctx = &getContext();
     {
+      // A contraction without an m or an n dimension (the gate combine
+      // `te,etd->td`: t is in all three operands) has no outer-product form;
+      // its k tile is 1, so it is an elementwise multiply-add.
+      SmallVector<Operation *> elementwise;
+      func.walk([&](vector::ContractionOp op) {
+        if (!hasOuterProductForm(op))
+          elementwise.push_back(op);
+      });
+      RewritePatternSet patterns(ctx);
+      vector::populateVectorContractLoweringPatterns(
+          patterns, vector::VectorContractLowering::ParallelArith);
+      GreedyRewriteConfig config;
+      config.setStrictness(GreedyRewriteStrictness::ExistingOps);
+      (void)applyOpPatternsGreedily(elementwise, std::move(patterns), config);
+    }
+    {
+      // Matmul tiles (tile-m x tile-n x 1 contractions) to outer products
+      // while they still have their k dimension.
+      RewritePatternSet patterns(ctx);
+      vector::populateVectorContractLoweringPatterns(
+          patterns, vector::VectorContractLowering::OuterProduct);
+      (void)applyPatternsGreedily(func, std::move(patterns));
+    }
+    {
+      // Unit dimensions (batch and reduction tiles of 1) out of the way, so
+      // that transfers and elementwise ops are the forms lowered below.
+      RewritePatternSet patterns(ctx);
+      vector::populateCastAwayVectorLeadingOneDimPatterns(patterns);
+      vector::populateVectorTransferDropUnitDimsPatterns(patterns);
+      vector::populateDropUnitDimWithShapeCastPatterns(patterns);
+      (void)applyPatternsGreedily(func, std::move(patterns));
+    }
+    {
       RewritePatternSet patterns(ctx);
       vector::populateVectorContractLoweringPatterns(
           patterns, vector::VectorContractLowering::OuterProduct);
@@ -425,7 +533,7 @@ public:
       vector::populateVectorMultiReductionLoweringPatterns(
           patterns, vector::VectorMultiReductionLowering::InnerReduction);
       vector::populateVectorTransposeLoweringPatterns(
-          patterns, vector::VectorTransposeLowering::EltWise);
+          patterns, vector::VectorTransposeLowering::Shuffle1D);
       vector::populateVectorBroadcastLoweringPatterns(patterns);
       vector::populateVectorShapeCastLoweringPatterns(patterns);
       (void)applyPatternsGreedily(func, std::move(patterns));

@@ -16,6 +16,7 @@
 #include "mlir/Dialect/Linalg/IR/Linalg.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/IR/Matchers.h"
 #include "mlir/IR/PatternMatch.h"
 
 namespace mlir::moe {
@@ -94,7 +95,9 @@ public:
     ModuleOp module = getOperation();
     SmallVector<linalg::LinalgOp> candidates;
     module.walk([&](linalg::LinalgOp op) {
-      if (op.hasPureBufferSemantics() && moe::isBlasCandidate(op, minFlops))
+      if (op.hasPureBufferSemantics() &&
+          (moe::isBlasCandidate(op, minFlops) ||
+           (op->hasAttr(moe::kBlasAttrName) && moe::isBlasCandidate(op, 0))))
         candidates.push_back(op);
     });
     if (candidates.empty())
@@ -132,6 +135,16 @@ public:
       int64_t M = ranges[n - 3], N = ranges[n - 2], K = ranges[n - 1];
       if (std::max({M, N, K, la->ld, lb->ld, lc->ld}) > INT32_MAX)
         continue;
+      // linalg accumulates into its output: beta = 1, unless the op right
+      // before zero-fills that output (the importer's pattern): then the fill
+      // goes and beta = 0.
+      float betaValue = 1.0f;
+      if (auto fill = dyn_cast_or_null<linalg::FillOp>(op->getPrevNode()))
+        if (fill.hasPureBufferSemantics() && fill.getDpsInits()[0] == c &&
+            matchPattern(fill.getDpsInputs()[0], m_AnyZeroFloat())) {
+          rewriter.eraseOp(fill);
+          betaValue = 0.0f;
+        }
       Location loc = op.getLoc();
       rewriter.setInsertionPoint(op);
       auto i32c = [&](int64_t v) -> Value {
@@ -172,7 +185,7 @@ public:
                                   i32c(N),         i32c(K),
                                   f32c(1.0f)};
       Value lda = i32c(la->ld), ldb = i32c(lb->ld), ldc = i32c(lc->ld),
-            beta = f32c(1.0f);
+            beta = f32c(betaValue);
       auto emitCall = [&](OpBuilder &bld, Value b) {
         SmallVector<Value> args(fixed);
         args.append({pointer(bld, baseA, offA, b, la->batchStride), lda,

@@ -322,7 +322,10 @@ void drainAsyncRuntime(const AsyncRuntimeApi &api) {
 
 /// Loads the CBLAS library of moe-linalg-to-blas (Debian's OpenBLAS) into the
 /// process for good (once) and gives it `threads` threads; false when it
-/// cannot be loaded (the pipeline then runs without blas).
+/// cannot be loaded (the pipeline then runs without blas). The pipeline
+/// calls BLAS once per thread tile, from the async runtime's workers, so
+/// OpenBLAS itself runs single-threaded (its spinning pool would compete
+/// with those workers).
 static bool loadBlas(int64_t threads) {
   static void (*setThreads)(int) = []() -> void (*)(int) {
     if (llvm::sys::DynamicLibrary::LoadLibraryPermanently("libopenblas.so.0"))
@@ -432,7 +435,7 @@ Executor::compile(llvm::StringRef mlirText, const CompileOptions &options) {
   // matmuls ($MOE_BLAS=0: generated code), see docs/Pipelines.md.
   pipelineOptions.dense = envFlag("MOE_DENSE", true);
   pipelineOptions.blas = envFlag("MOE_BLAS", true) &&
-                         loadBlas(pipelineOptions.numThreads);
+                         loadBlas(1);
   buildLowerToLLVMPipeline(pm, pipelineOptions);
   // A crash of a pass (a compiler bug) becomes an error of this compilation
   // instead of taking the host process down.

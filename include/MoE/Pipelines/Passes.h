@@ -28,6 +28,11 @@ namespace moe {
 /// strides are checked on buffers only. Shared by the tensor-level strategy,
 /// which leaves these ops untiled.
 bool isBlasCandidate(linalg::LinalgOp op, int64_t minFlops);
+
+/// The unit attribute moe-dense-tile-and-vectorize puts on the matmuls it
+/// leaves to BLAS (before tiling them into thread tiles);
+/// moe-linalg-to-blas calls BLAS for those whatever their tile size.
+inline constexpr llvm::StringLiteral kBlasAttrName = "moe.blas";
 } // namespace moe
 } // namespace mlir
 
