@@ -68,9 +68,12 @@ int64_t divisorAtMost(int64_t n, int64_t cap) {
 /// loops).
 constexpr int64_t kMaxVectorElements = 1024;
 
+/// The ops the strategy takes: static shapes, at least one loop, one result
+/// (multi-result reductions, which only the portable moe lowerings emit, are
+/// left to the loops: not validated).
 bool isStaticTensorOp(linalg::LinalgOp op) {
   return op.hasPureTensorSemantics() && !op.hasDynamicShape() &&
-         op.getNumLoops() > 0;
+         op.getNumLoops() > 0 && op->getNumResults() == 1;
 }
 
 bool isContraction(linalg::LinalgOp op) {
@@ -248,6 +251,16 @@ public:
   void runOnOperation() override;
 
 private:
+  /// Loops the strategy created; ops inside other regions (the portable moe
+  /// lowerings' own scf loops with tensor iter_args) are left alone.
+  llvm::DenseSet<Operation *> ownLoops;
+  bool isOurs(Operation *op) const {
+    for (Operation *p = op->getParentOp(); p && !isa<func::FuncOp>(p);
+         p = p->getParentOp())
+      if (!ownLoops.contains(p))
+        return false;
+    return true;
+  }
   bool leftForBlas(linalg::LinalgOp op) const {
     return op->hasAttr(moe::kBlasAttrName);
   }
@@ -344,8 +357,10 @@ LogicalResult DenseTileAndVectorize::tileBlock(
         }
     }
     // The tiled ops live in the new loops; the loops themselves are done.
-    for (LoopLikeOpInterface loop : result->loops)
+    for (LoopLikeOpInterface loop : result->loops) {
       done.insert(loop);
+      ownLoops.insert(loop);
+    }
   }
 }
 
@@ -371,6 +386,24 @@ void DenseTileAndVectorize::runOnOperation() {
         op->setAttr(moe::kBlasAttrName, UnitAttr::get(&getContext()));
     });
 
+  // 0. keepdim reductions (tensor<Tx1xf32>, `(d0, d1) -> (d0, 0)` maps)
+  // become plain projected permutations that tiling and vectorization accept
+  // (upstream linalg-fold-unit-extent-dims, on the function's top-level ops
+  // only: inside the portable moe lowerings' loops it would break in-place
+  // bufferization of their iter_args).
+  {
+    SmallVector<Operation *> topLevel;
+    for (Operation &op : body)
+      if (isa<linalg::LinalgOp>(op))
+        topLevel.push_back(&op);
+    RewritePatternSet patterns(&getContext());
+    linalg::ControlDropUnitDims control;
+    linalg::populateFoldUnitExtentDimsPatterns(patterns, control);
+    GreedyRewriteConfig config;
+    config.setStrictness(GreedyRewriteStrictness::ExistingAndNewOps);
+    (void)applyOpPatternsGreedily(topLevel, std::move(patterns), config);
+  }
+
   // 1. Threads.
   (void)tileBlock(
       body,
@@ -380,7 +413,8 @@ void DenseTileAndVectorize::runOnOperation() {
   // 2. Registers, inside each thread tile and for what stayed whole.
   SmallVector<Block *> blocks{&body};
   for (auto forall : func.getBody().getOps<scf::ForallOp>())
-    blocks.push_back(forall.getBody());
+    if (ownLoops.contains(forall))
+      blocks.push_back(forall.getBody());
   for (Block *block : blocks)
     (void)tileBlock(
         *block,
@@ -391,7 +425,7 @@ void DenseTileAndVectorize::runOnOperation() {
   llvm::SetVector<Block *> reductionBlocks;
   func.walk([&](linalg::LinalgOp op) {
     if (isStaticTensorOp(op) && op.getNumReductionLoops() > 0 &&
-        !leftForBlas(op))
+        !leftForBlas(op) && isOurs(op))
       reductionBlocks.insert(op->getBlock());
   });
   for (Block *block : reductionBlocks)
@@ -410,7 +444,7 @@ void DenseTileAndVectorize::runOnOperation() {
   IRRewriter rewriter(&getContext());
   SmallVector<linalg::LinalgOp> toVectorize;
   func.walk([&](linalg::LinalgOp op) {
-    if (isStaticTensorOp(op) && !leftForBlas(op))
+    if (isStaticTensorOp(op) && !leftForBlas(op) && isOurs(op))
       toVectorize.push_back(op);
   });
   for (linalg::LinalgOp &op : toVectorize) {
@@ -430,6 +464,8 @@ void DenseTileAndVectorize::runOnOperation() {
     if (failed(tiled))
       continue;
     rewriter.replaceOp(op, tiled->replacements);
+    for (LoopLikeOpInterface loop : tiled->loops)
+      ownLoops.insert(loop);
     op = cast<linalg::LinalgOp>(tiled->tiledOps.back());
   }
   llvm::erase_if(toVectorize, [](linalg::LinalgOp op) {
@@ -463,7 +499,8 @@ void DenseTileAndVectorize::runOnOperation() {
   tensor::ExtractSliceOp::getCanonicalizationPatterns(patterns, &getContext());
   (void)applyPatternsGreedily(func, std::move(patterns));
   func.walk([&](scf::ForOp loop) {
-    (void)hoistLoopInvariantSubsets(rewriter, loop);
+    if (ownLoops.contains(loop))
+      (void)hoistLoopInvariantSubsets(rewriter, loop);
   });
 }
 
