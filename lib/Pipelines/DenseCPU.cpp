@@ -72,6 +72,13 @@ constexpr int64_t kMaxVectorElements = 1024;
 /// (multi-result reductions, which only the portable moe lowerings emit, are
 /// left to the loops: not validated).
 bool isStaticTensorOp(linalg::LinalgOp op) {
+  // i1 tensors (masks) stay scalar: a vector of i1 loaded from a byte-per-
+  // element buffer reads packed bits (AtenSurface's masked_fill went wrong).
+  for (Value v : op->getOperands()) {
+    Type t = getElementTypeOrSelf(v.getType());
+    if (t.isIntOrFloat() && t.getIntOrFloatBitWidth() < 8)
+      return false;
+  }
   return op.hasPureTensorSemantics() && !op.hasDynamicShape() &&
          op.getNumLoops() > 0 && op->getNumResults() == 1;
 }
