@@ -79,7 +79,13 @@ bool isStaticTensorOp(linalg::LinalgOp op) {
     if (t.isIntOrFloat() && t.getIntOrFloatBitWidth() < 8)
       return false;
   }
-  return op.hasPureTensorSemantics() && !op.hasDynamicShape() &&
+  // math.fpowi vectorizes to llvm.intr.powi with a vector exponent, which
+  // LLVM rejects.
+  bool powi = false;
+  op->walk([&](Operation *inner) {
+    powi |= inner->getName().getStringRef() == "math.fpowi";
+  });
+  return !powi && op.hasPureTensorSemantics() && !op.hasDynamicShape() &&
          op.getNumLoops() > 0 && op->getNumResults() == 1;
 }
 
