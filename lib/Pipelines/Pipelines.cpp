@@ -16,14 +16,24 @@
 // ExecutionEngine loads the async runtime like any shared library. The pool
 // has one thread per core, so N above the core count adds no parallelism.
 //
+// Dense ops (dense=true): what the kernels leave as linalg on tensors is
+// tiled into scf.forall thread tiles, fused, tiled to register tiles and
+// vectorized (moe-dense-tile-and-vectorize); after bufferization the forall
+// becomes an scf.parallel that async-parallel-for puts on the same runtime as
+// the kernels, and the vector ops are lowered to FMAs (moe-dense-lower-
+// vectors). With blas=true, large f32 matmuls skip that and call cblas_sgemm
+// (moe-linalg-to-blas). docs/Pipelines.md has the measurements behind it.
+//
 //===----------------------------------------------------------------------===//
 
 #include "MoE/Pipelines/Pipelines.h"
 #include "MoE/Conversion/MoEToCPU/MoEToCPU.h"
 #include "MoE/Conversion/Passes.h"
+#include "MoE/Pipelines/Passes.h"
 #include "MoE/Transforms/Passes.h"
 
 #include "mlir/Conversion/Passes.h"
+#include "mlir/Conversion/VectorToSCF/VectorToSCF.h"
 #include "mlir/Dialect/Arith/Transforms/Passes.h"
 #include "mlir/Dialect/Async/Passes.h"
 #include "mlir/Dialect/Bufferization/Pipelines/Passes.h"
@@ -32,6 +42,7 @@
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/Linalg/Passes.h"
 #include "mlir/Dialect/MemRef/Transforms/Passes.h"
+#include "mlir/Dialect/SCF/Transforms/Passes.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Transforms/Passes.h"
@@ -87,11 +98,24 @@ void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm,
   int64_t numThreads = options.numThreads;
   if (numThreads <= 0)
     numThreads = defaultNumThreads();
-  pm.addPass(moe::createMoELegalizeShapes()); // size limits, zero-sized ops (H3)
+  // Size limits and zero-sized ops first, so every later pass sees only shapes the kernels support.
+  pm.addPass(moe::createMoELegalizeShapes());
   if (options.cpuKernels)
     pm.addPass(moe::createConvertMoEToCPUPass(numThreads));
   pm.addPass(moe::createConvertMoEToLinalg());
   pm.addPass(createCanonicalizerPass());
+  if (options.dense) {
+    moe::DenseTileAndVectorizeOptions dense;
+    dense.numThreads = numThreads;
+    dense.tileM = options.tileM;
+    dense.tileN = options.tileN;
+    dense.blas = options.blas;
+    dense.blasMinFlops = options.blasMinFlops;
+    pm.addNestedPass<func::FuncOp>(moe::createDenseTileAndVectorize(dense));
+    // No CSE here: a CSE pass at this point changed the results of the
+    // attention_posterior kernel (test/Integration/CPU); not analysed further.
+    pm.addPass(createCanonicalizerPass());
+  }
 
   // Tensors -> buffers, across function boundaries so that the public
   // functions take plain strided memrefs the ExecutionEngine can pass.
@@ -106,6 +130,15 @@ void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm,
   // bufferization.clone for the caller to own; lower it to memref copies.
   pm.addPass(createConvertBufferizationToMemRefPass());
 
+  if (options.dense) {
+    pm.addNestedPass<func::FuncOp>(createForallToParallelLoopPass());
+    pm.addNestedPass<func::FuncOp>(moe::createDenseLowerVectors());
+  }
+  if (options.blas) {
+    moe::LinalgToBlasOptions blas;
+    blas.minFlops = options.blasMinFlops;
+    pm.addPass(moe::createLinalgToBlas(blas));
+  }
   pm.addNestedPass<func::FuncOp>(createConvertLinalgToLoopsPass());
   pm.addPass(createCanonicalizerPass());
   if (numThreads > 1) {
@@ -121,6 +154,12 @@ void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm,
     pm.addPass(createCanonicalizerPass());
   }
   pm.addPass(memref::createExpandStridedMetadataPass());
+  if (options.dense) {
+    // n-D transfers of the register tiles -> unrolled 1-D ones.
+    VectorTransferToSCFOptions toSCF;
+    toSCF.enableFullUnroll();
+    pm.addNestedPass<func::FuncOp>(createConvertVectorToSCFPass(toSCF));
+  }
   pm.addPass(createLowerAffinePass());
   pm.addPass(arith::createArithExpandOpsPass());
   if (numThreads > 1)
@@ -136,6 +175,7 @@ void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm,
   ConvertVectorToLLVMPassOptions vectorToLLVM;
   vectorToLLVM.reassociateFPReductions = true;
   pm.addPass(createConvertVectorToLLVMPass(vectorToLLVM));
+  pm.addPass(createUBToLLVMConversionPass());
   pm.addPass(createArithToLLVMConversionPass());
   pm.addPass(createConvertIndexToLLVMPass());
   pm.addPass(createFinalizeMemRefToLLVMConversionPass());
@@ -145,6 +185,7 @@ void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm,
 }
 
 void mlir::moe::registerMoEPipelines() {
+  registerMoEDensePasses();
   PassPipelineRegistration<LowerToLLVMOptions>(
       "moe-lower-to-llvm",
       "Lower tensor functions holding moe ops to the LLVM dialect (CPU)",

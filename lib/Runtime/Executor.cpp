@@ -320,6 +320,38 @@ void drainAsyncRuntime(const AsyncRuntimeApi &api) {
 }
 } // namespace
 
+/// Loads the CBLAS library of moe-linalg-to-blas (Debian's OpenBLAS) into the
+/// process for good (once) and gives it `threads` threads; false when it
+/// cannot be loaded (the pipeline then runs without blas). The pipeline
+/// calls BLAS once per thread tile, from the async runtime's workers, so
+/// OpenBLAS itself runs single-threaded (its spinning pool would compete
+/// with those workers).
+static bool loadBlas(int64_t threads) {
+  static void (*setThreads)(int) = []() -> void (*)(int) {
+    if (llvm::sys::DynamicLibrary::LoadLibraryPermanently("libopenblas.so.0"))
+      return nullptr;
+    if (!llvm::sys::DynamicLibrary::SearchForAddressOfSymbol("cblas_sgemm"))
+      return nullptr;
+    return reinterpret_cast<void (*)(int)>(
+        llvm::sys::DynamicLibrary::SearchForAddressOfSymbol(
+            "openblas_set_num_threads"));
+  }();
+  if (!setThreads)
+    return false;
+  setThreads(static_cast<int>(threads));
+  return true;
+}
+
+/// $name as a boolean: unset -> fallback; "0", "off", "false" -> false.
+static bool envFlag(const char *name, bool fallback) {
+  const char *value = std::getenv(name);
+  if (!value || !*value)
+    return fallback;
+  llvm::StringRef v(value);
+  return !(v == "0" || v.equals_insensitive("off") ||
+           v.equals_insensitive("false"));
+}
+
 /// Set once some module was compiled for the async runtime.
 static std::atomic<bool> asyncRuntimeUsed{false};
 
@@ -399,6 +431,11 @@ Executor::compile(llvm::StringRef mlirText, const CompileOptions &options) {
     pipelineOptions.numThreads = 1;
   if (pipelineOptions.numThreads > 1)
     asyncRuntimeUsed.store(true);
+  // The dense strategy ($MOE_DENSE=0: plain loops) and BLAS for large
+  // matmuls ($MOE_BLAS=0: generated code), see docs/Pipelines.md.
+  pipelineOptions.dense = envFlag("MOE_DENSE", true);
+  pipelineOptions.blas = envFlag("MOE_BLAS", true) &&
+                         loadBlas(1);
   buildLowerToLLVMPipeline(pm, pipelineOptions);
   // A crash of a pass (a compiler bug) becomes an error of this compilation
   // instead of taking the host process down.

@@ -33,13 +33,44 @@ struct LowerToLLVMOptions : public PassPipelineOptions<LowerToLLVMOptions> {
                      "(mlir-runner -shared-libs=...; the execution API "
                      "loads it). 0: defaultNumThreads()"),
       llvm::cl::init(1)};
+  PassOptions::Option<bool> dense{
+      *this, "dense",
+      llvm::cl::desc("compile the dense linalg ops (matmuls, contractions, "
+                     "reductions, elementwise chains) with the tiled, fused, "
+                     "vectorized and multi-threaded strategy "
+                     "(moe-dense-tile-and-vectorize); false: plain "
+                     "convert-linalg-to-loops"),
+      llvm::cl::init(true)};
+  PassOptions::Option<bool> blas{
+      *this, "blas",
+      llvm::cl::desc("call cblas_sgemm (OpenBLAS) for f32 linalg.matmul / "
+                     "linalg.batch_matmul of at least blas-min-flops "
+                     "multiply-adds (moe-linalg-to-blas); needs libopenblas.so "
+                     "at run time (the execution API loads it)"),
+      llvm::cl::init(false)};
+  PassOptions::Option<int64_t> blasMinFlops{
+      *this, "blas-min-flops",
+      llvm::cl::desc("smallest M*N*K (per batch element) sent to BLAS"),
+      llvm::cl::init(1 << 20)};
+  PassOptions::Option<int64_t> tileM{
+      *this, "tile-m",
+      llvm::cl::desc("register tile of the dense strategy: output rows of a "
+                     "contraction per vector.contract"),
+      llvm::cl::init(8)};
+  PassOptions::Option<int64_t> tileN{
+      *this, "tile-n",
+      llvm::cl::desc("register tile of the dense strategy: output columns of "
+                     "a contraction per vector.contract"),
+      llvm::cl::init(32)};
 };
 
 /// Tensor-level `func.func`s holding moe ops -> the LLVM dialect, for the CPU:
 /// convert-moe-to-cpu (unless cpu-kernels=false), convert-moe-to-linalg,
-/// one-shot bufferization (function boundaries included), loops (parallel
-/// ones onto the async runtime when num-threads > 1), vector and the
-/// upstream conversions to LLVM. Every public function gets a `_mlir_ciface_`
+/// the dense strategy on the remaining linalg ops (tile + fuse + vectorize on
+/// tensors, unless dense=false), one-shot bufferization (function boundaries
+/// included), BLAS calls for large matmuls (blas=true), loops (parallel ones
+/// onto the async runtime when num-threads > 1), vector and the upstream
+/// conversions to LLVM. See docs/Pipelines.md. Every public function gets a `_mlir_ciface_`
 /// wrapper for the ExecutionEngine.
 void buildLowerToLLVMPipeline(OpPassManager &pm,
                               const LowerToLLVMOptions &options);

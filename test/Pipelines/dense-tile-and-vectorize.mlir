@@ -1,0 +1,133 @@
+// RUN: moe-opt %s --split-input-file --moe-dense-tile-and-vectorize="num-threads=2" --canonicalize --cse | FileCheck %s
+// RUN: moe-opt %s --split-input-file --moe-dense-tile-and-vectorize="num-threads=2 blas=true" --canonicalize --cse \
+// RUN:   | FileCheck %s --check-prefix=BLAS
+// RUN: moe-opt %s --split-input-file --moe-dense-tile-and-vectorize="num-threads=2 tile-m=4 tile-n=16" \
+// RUN:   --canonicalize --cse | FileCheck %s --check-prefix=TILE
+
+// A matmul with its bias + relu consumer: one thread loop (scf.forall over 8 row blocks of 128), 8x32
+// register tiles, a k loop of step 1 whose accumulator is a vector iter_arg (no tensor traffic inside), the
+// consumer fused after it in the same tile. No linalg op is left.
+// CHECK-LABEL: func.func @matmul_bias_relu
+// CHECK:         scf.forall (%{{.*}}) = (0) to (1024) step (128)
+// CHECK:           scf.for %{{.*}} = %c0 to %c128 step %c8
+// CHECK:             scf.for %{{.*}} = %c0 to %c64 step %c32
+// CHECK:               scf.for %{{.*}} = %c0 to %c128 step %c1 iter_args(%{{.*}} = %{{.*}}) -> (vector<8x32xf32>)
+// CHECK:                 vector.transfer_read {{.*}} vector<8x1xf32>
+// CHECK:                 vector.transfer_read {{.*}} vector<1x32xf32>
+// CHECK:                 vector.contract {{.*}} vector<8x1xf32>, vector<1x32xf32> into vector<8x32xf32>
+// CHECK:               arith.addf {{.*}} : vector<8x32xf32>
+// CHECK:               arith.maximumf {{.*}} : vector<8x32xf32>
+// CHECK:               vector.transfer_write {{.*}} : vector<8x32xf32>
+// CHECK:           scf.forall.in_parallel
+// CHECK-NOT:     scf.forall
+// CHECK-NOT:     linalg.
+// CHECK:         return
+
+// With blas=true the matmul is split into thread tiles only, marked for moe-linalg-to-blas; its consumer is
+// not fused into it.
+// BLAS-LABEL: func.func @matmul_bias_relu
+// BLAS:         scf.forall
+// BLAS:           linalg.matmul {moe.blas} ins({{.*}} : tensor<128x128xf32>, tensor<128x64xf32>)
+// BLAS:         scf.forall
+// BLAS-NOT:       linalg.
+// BLAS:           arith.maximumf {{.*}} : vector<8x32xf32>
+
+// TILE-LABEL: func.func @matmul_bias_relu
+// TILE:         scf.for %{{.*}} iter_args(%{{.*}} = %{{.*}}) -> (vector<4x16xf32>)
+// TILE:           vector.contract {{.*}} vector<4x1xf32>, vector<1x16xf32> into vector<4x16xf32>
+func.func @matmul_bias_relu(%a: tensor<1024x128xf32>, %b: tensor<128x64xf32>, %bias: tensor<64xf32>) -> tensor<1024x64xf32> {
+  %c0 = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<1024x64xf32>
+  %f = linalg.fill ins(%c0 : f32) outs(%e : tensor<1024x64xf32>) -> tensor<1024x64xf32>
+  %m = linalg.matmul ins(%a, %b : tensor<1024x128xf32>, tensor<128x64xf32>) outs(%f : tensor<1024x64xf32>) -> tensor<1024x64xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d1)>, affine_map<(d0, d1) -> (d0, d1)>], iterator_types = ["parallel", "parallel"]} ins(%m, %bias : tensor<1024x64xf32>, tensor<64xf32>) outs(%e : tensor<1024x64xf32>) {
+  ^bb0(%x: f32, %y: f32, %o: f32):
+    %s = arith.addf %x, %y : f32
+    %z = arith.maximumf %s, %c0 : f32
+    linalg.yield %z : f32
+  } -> tensor<1024x64xf32>
+  return %r : tensor<1024x64xf32>
+}
+
+// -----
+
+// Softmax as the importer writes it (max, exp(x - max), sum, divide) over 1024 columns: thread loops over
+// rows; the row max and row sum are reductions in chunks of 256 (vector<1x256xf32>), never 1024-wide vectors;
+// the elementwise ops are 8x32 vectors. (The row statistics are computed twice, once for the sum and once for
+// the exp that the divide reads: fusion recomputes a producer whose other users are fused too.)
+// CHECK-LABEL: func.func @softmax
+// CHECK:         scf.forall
+// CHECK:           vector.multi_reduction <maximumf>, {{.*}} : vector<1x256xf32> to vector<1xf32>
+// CHECK:         scf.forall
+// CHECK:           math.exp {{.*}} : vector<8x32xf32>
+// CHECK:         scf.forall
+// CHECK:           math.exp {{.*}} : vector<1x256xf32>
+// CHECK:           vector.multi_reduction <add>, {{.*}} : vector<1x256xf32> to vector<1xf32>
+// CHECK:           arith.divf {{.*}} : vector<8x32xf32>
+// CHECK-NOT:     linalg.
+// CHECK:         return
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d0)>
+func.func @softmax(%x: tensor<512x1024xf32>) -> tensor<512x1024xf32> {
+  %ninf = arith.constant 0xFF800000 : f32
+  %zero = arith.constant 0.0 : f32
+  %er = tensor.empty() : tensor<512xf32>
+  %fm = linalg.fill ins(%ninf : f32) outs(%er : tensor<512xf32>) -> tensor<512xf32>
+  %max = linalg.generic {indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]} ins(%x : tensor<512x1024xf32>) outs(%fm : tensor<512xf32>) {
+  ^bb0(%a: f32, %m: f32):
+    %r = arith.maximumf %a, %m : f32
+    linalg.yield %r : f32
+  } -> tensor<512xf32>
+  %e = tensor.empty() : tensor<512x1024xf32>
+  %ex = linalg.generic {indexing_maps = [#id, #row, #id], iterator_types = ["parallel", "parallel"]} ins(%x, %max : tensor<512x1024xf32>, tensor<512xf32>) outs(%e : tensor<512x1024xf32>) {
+  ^bb0(%a: f32, %m: f32, %o: f32):
+    %d = arith.subf %a, %m : f32
+    %r = math.exp %d : f32
+    linalg.yield %r : f32
+  } -> tensor<512x1024xf32>
+  %fs = linalg.fill ins(%zero : f32) outs(%er : tensor<512xf32>) -> tensor<512xf32>
+  %sum = linalg.generic {indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]} ins(%ex : tensor<512x1024xf32>) outs(%fs : tensor<512xf32>) {
+  ^bb0(%a: f32, %s: f32):
+    %r = arith.addf %a, %s : f32
+    linalg.yield %r : f32
+  } -> tensor<512xf32>
+  %y = linalg.generic {indexing_maps = [#id, #row, #id], iterator_types = ["parallel", "parallel"]} ins(%ex, %sum : tensor<512x1024xf32>, tensor<512xf32>) outs(%e : tensor<512x1024xf32>) {
+  ^bb0(%a: f32, %s: f32, %o: f32):
+    %r = arith.divf %a, %s : f32
+    linalg.yield %r : f32
+  } -> tensor<512x1024xf32>
+  return %y : tensor<512x1024xf32>
+}
+
+// -----
+
+// Attention scores as the importer writes them (a generic contraction with K transposed): one vector.contract
+// per 8x32 tile and k step (batch and head tiles of 1: unit dimensions the vector lowering drops).
+// CHECK-LABEL: func.func @attention_scores
+// CHECK:         scf.forall
+// CHECK:           vector.contract {{.*}} into vector<1x1x8x32xf32>
+// CHECK-NOT:     linalg.
+// CHECK:         return
+func.func @attention_scores(%q: tensor<2x4x128x64xf32>, %k: tensor<2x4x128x64xf32>) -> tensor<2x4x128x128xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<2x4x128x128xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<2x4x128x128xf32>) -> tensor<2x4x128x128xf32>
+  %s = linalg.generic {indexing_maps = [affine_map<(b, h, m, n, k) -> (b, h, m, k)>, affine_map<(b, h, m, n, k) -> (b, h, n, k)>, affine_map<(b, h, m, n, k) -> (b, h, m, n)>], iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]} ins(%q, %k : tensor<2x4x128x64xf32>, tensor<2x4x128x64xf32>) outs(%f : tensor<2x4x128x128xf32>) {
+  ^bb0(%a: f32, %b: f32, %c: f32):
+    %p = arith.mulf %a, %b : f32
+    %r = arith.addf %c, %p : f32
+    linalg.yield %r : f32
+  } -> tensor<2x4x128x128xf32>
+  return %s : tensor<2x4x128x128xf32>
+}
+
+// -----
+
+// Dynamic shapes are left for convert-linalg-to-loops.
+// CHECK-LABEL: func.func @dynamic
+// CHECK-NOT:     scf.forall
+// CHECK:         linalg.matmul
+func.func @dynamic(%a: tensor<?x64xf32>, %b: tensor<64x64xf32>, %c: tensor<?x64xf32>) -> tensor<?x64xf32> {
+  %m = linalg.matmul ins(%a, %b : tensor<?x64xf32>, tensor<64x64xf32>) outs(%c : tensor<?x64xf32>) -> tensor<?x64xf32>
+  return %m : tensor<?x64xf32>
+}
