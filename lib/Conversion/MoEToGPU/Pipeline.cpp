@@ -33,7 +33,7 @@ void mlir::moe::buildMoELowerToNVVMPipeline(
   // similarity_inform/attention_posterior + their probs-mode gate -> one fused
   // op, so that p [B, N, K] never goes to device memory.
   pm.addPass(createMoEFuseRouting());
-  pm.addPass(createMoELegalizeShapes()); // size limits, zero-sized ops (H3)
+  pm.addPass(createMoELegalizeShapes()); // size limits, zero-sized ops
   // moe ops -> host code + kernels, on tensors; then buffers across the
   // function boundaries (identity layouts: plain device memrefs for callers).
   pm.addPass(createConvertMoEToGPU());
