@@ -68,6 +68,13 @@ int64_t divisorAtMost(int64_t n, int64_t cap) {
 /// loops).
 constexpr int64_t kMaxVectorElements = 1024;
 
+/// A zero-sized loop has nothing to compute, and upstream tiling divides by
+/// the loop size: such ops (a reduction over D = 0, say) are left to the loops
+/// of convert-linalg-to-loops, which run zero times, and are never fused.
+bool hasZeroSizedLoop(linalg::LinalgOp op) {
+  return llvm::is_contained(op.getStaticLoopRanges(), 0);
+}
+
 /// The ops the strategy takes: static shapes, at least one loop, one result
 /// (multi-result reductions, which only the portable moe lowerings emit, are
 /// left to the loops: not validated).
@@ -86,7 +93,8 @@ bool isStaticTensorOp(linalg::LinalgOp op) {
     powi |= inner->getName().getStringRef() == "math.fpowi";
   });
   return !powi && op.hasPureTensorSemantics() && !op.hasDynamicShape() &&
-         op.getNumLoops() > 0 && op->getNumResults() == 1;
+         op.getNumLoops() > 0 && op->getNumResults() == 1 &&
+         !hasZeroSizedLoop(op);
 }
 
 bool isContraction(linalg::LinalgOp op) {
@@ -327,7 +335,8 @@ LogicalResult DenseTileAndVectorize::tileBlock(
             bool isDestination)
             -> std::optional<scf::SCFTileAndFuseOptions::ControlFnResult> {
           auto producerOp = dyn_cast<linalg::LinalgOp>(producer.getOwner());
-          if (!producerOp || leftForBlas(producerOp))
+          if (!producerOp || leftForBlas(producerOp) ||
+              hasZeroSizedLoop(producerOp))
             return std::nullopt;
           if (reductionLevel && isDestination)
             return std::nullopt;
