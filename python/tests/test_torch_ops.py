@@ -382,15 +382,68 @@ def test_kernel_module_writes_outputs_in_place():
     assert text.count("bufferization.materialize_in_destination") == 2
 
 
+def _run_fresh(script: str) -> subprocess.CompletedProcess:
+    """Runs ``script`` in a fresh interpreter (this pytest process may hold other tests' libraries)."""
+    env = dict(os.environ, PYTHONPATH=PACKAGE_ROOT)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
 def test_kernels_do_not_load_llvm():
     """A kernel .so and the runtime it needs never pull libLLVM/libMLIR into the torch process."""
-    torch.ops.moe.topk_renorm(torch.randn(2, 8), 2)
-    lib, _ = next(iter(cache._loaded.values()))
-    deps = subprocess.run(["ldd", lib._name], capture_output=True, text=True, timeout=60).stdout
-    assert "libmoe_kernel_runtime.so" in deps, deps
-    assert "libLLVM" not in deps and "libMLIR" not in deps, deps
-    maps = Path("/proc/self/maps").read_text()
-    assert "libLLVM" not in maps and "libMLIR" not in maps
+    p = _run_fresh("""
+        import subprocess, torch, moe_mlir
+        from pathlib import Path
+        from moe_mlir.runtime import cache
+        torch.ops.moe.topk_renorm(torch.randn(2, 8), 2)
+        lib, _ = next(iter(cache._loaded.values()))
+        deps = subprocess.run(["ldd", lib._name], capture_output=True, text=True, timeout=60).stdout
+        assert "libmoe_kernel_runtime.so" in deps, deps
+        assert "libLLVM" not in deps and "libMLIR" not in deps, deps
+        maps = Path("/proc/self/maps").read_text()
+        assert "libLLVM" not in maps and "libMLIR" not in maps
+        print("ok")
+    """)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr
+
+
+def test_index_errors_reported_after_the_execution_api_is_loaded():
+    """The execution API and the CUDA backend put libmoe_cpu_runtime.so (the same error-reporting symbols, another
+    error slot) into the process; kernels loaded before and after it still report into the torch extension's slot
+    (this failed when the whole suite ran in one process)."""
+    p = _run_fresh("""
+        import torch, moe_mlir
+        from moe_mlir.backends.cpu import ExecutorLibrary
+        def bad_call():
+            x = torch.randn(6, 4)
+            try:
+                torch.ops.moe.mad_dispersion(x, torch.tensor([0, 1, 7, 1, 0, 2], dtype=torch.int32), 4)
+            except ValueError as e:
+                return str(e)
+            return "no error"
+        before = bad_call()
+        import ctypes
+        from moe_mlir.runtime.locate import find_runtime_lib
+        executor = ExecutorLibrary.find()
+        assert executor is not None
+        executor.compile("func.func @f() { return }")
+        # As the CUDA backend does (backends/cuda.py): the same symbols, another error slot, in the global scope.
+        ctypes.CDLL(find_runtime_lib("libmoe_cpu_runtime.so"), mode=ctypes.RTLD_GLOBAL)
+        torch.ops.moe.adjacency_update(torch.zeros(4, 4), torch.tensor([[0, 1]], dtype=torch.int32))
+        after = bad_call()
+        x = torch.randn(3, 5)
+        try:
+            torch.ops.moe.adjacency_update(torch.zeros(5, 5), torch.tensor([[0, 9]], dtype=torch.int32))
+            fresh = "no error"
+        except ValueError as e:
+            fresh = str(e)
+        print(before); print(after); print(fresh)
+    """)
+    assert p.returncode == 0, p.stderr
+    before, after, fresh = p.stdout.strip().splitlines()[-3:]
+    assert "'assign' holds 7, outside [0, 4)" in before, before
+    assert after == before, after
+    assert "'idx' holds 9, outside [0, 5)" in fresh, fresh
 
 
 def test_abi_descriptors():

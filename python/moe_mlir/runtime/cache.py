@@ -340,7 +340,10 @@ def load(key: str, shapes: str, validate_only: int = 0) -> int:
             build(k, key, path, moe_opt, rt_dir, threads)
             stats.compiles += 1
         stats.keys.append(key)
-        lib = ctypes.CDLL(str(path))
+        # RTLD_DEEPBIND: the kernel's runtime calls (moeReportIndexError, the async ABI) bind to
+        # libmoe_kernel_runtime.so, its own dependency, even when the CUDA backend or the execution API has put
+        # libmoe_cpu_runtime.so's same-named symbols (another error slot) into the global scope.
+        lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL | os.RTLD_DEEPBIND)
         addr = ctypes.cast(lib._mlir_ciface_kernel, ctypes.c_void_p).value
         assert addr
         _loaded[key] = (lib, addr)
