@@ -22,19 +22,9 @@ from __future__ import annotations
 import os
 import sys
 
+from .threads import pin_threads
 
-def _threads_from_argv() -> int:
-    for i, a in enumerate(sys.argv):
-        if a == "--threads" and i + 1 < len(sys.argv):
-            return int(sys.argv[i + 1])
-        if a.startswith("--threads="):
-            return int(a.split("=", 1)[1])
-    return 2
-
-
-_THREADS = _threads_from_argv()
-for _v in ("OMP_NUM_THREADS", "MOE_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-    os.environ[_v] = str(_THREADS)
+_THREADS = pin_threads(2, ("OPENBLAS_NUM_THREADS",))
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
