@@ -12,12 +12,15 @@
 //   1. threads: an scf.forall over the root's outer parallel loops;
 //   2. registers: scf.for loops to at most tile-m x tile-n outputs (the two
 //      innermost output dimensions), or 64-element rows for reductions;
-//   3. reductions: the k loop of a contraction in steps of 1, long
-//      reductions in chunks of 256.
+//   3. reductions: the k loop of a contraction in steps of 1; a row
+//      reduction as a partial reduction into 64-lane accumulators; other
+//      long reductions in chunks of 256.
 // A producer is fused only when no tiled loop is missing from its slice's
 // offsets, i.e. when fusion never computes the same element twice (a
 // matmul's A operand is not recomputed for every column tile, a row
-// reduction not for every column tile of its consumer).
+// reduction not for every column tile of its consumer). The exception is an
+// elementwise producer read by several ops of the root's chain: each gets
+// its own copy, which is cheaper than a round trip through memory.
 //
 //===----------------------------------------------------------------------===//
 
@@ -67,6 +70,9 @@ int64_t divisorAtMost(int64_t n, int64_t cap) {
 /// (64 registers of 16 f32 at most: larger ones are tiled first, else stay
 /// loops).
 constexpr int64_t kMaxVectorElements = 1024;
+
+/// Width of the accumulators of partial reductions (see usesPartialReduction).
+constexpr int64_t kPartialLanes = 64;
 
 /// A zero-sized loop has nothing to compute, and upstream tiling divides by
 /// the loop size: such ops (a reduction over D = 0, say) are left to the loops
@@ -203,7 +209,28 @@ SmallVector<int64_t> reductionTileSizes(linalg::LinalgOp op) {
   if (!contraction && innermost >= 0)
     sizes[innermost] =
         ranges[innermost] > 256 ? divisorAtMost(ranges[innermost], 256) : 0;
+  if (!contraction && op.getNumReductionLoops() == 1 &&
+      ranges[innermost] > kPartialLanes)
+    sizes[innermost] = divisorAtMost(ranges[innermost], kPartialLanes);
   return sizes;
+}
+
+/// A reduction with one (innermost) reduction loop longer than this many
+/// elements is tiled into partial reductions of this width: each step
+/// combines a chunk elementwise into a kPartialLanes-wide accumulator (four
+/// AVX-512 registers, enough independent chains to hide the add latency) and
+/// one horizontal reduction per row follows the loop. Reducing every chunk
+/// horizontally instead costs a shuffle tree per chunk (8x slower than eager
+/// for a row sum).
+bool usesPartialReduction(linalg::LinalgOp op) {
+  if (isContraction(op) || op.getNumReductionLoops() != 1)
+    return false;
+  SmallVector<int64_t> ranges = op.getStaticLoopRanges();
+  for (auto [d, it] : llvm::enumerate(op.getIteratorTypesArray()))
+    if (it == utils::IteratorType::reduction)
+      return ranges[d] > kPartialLanes &&
+             divisorAtMost(ranges[d], kPartialLanes) > 1;
+  return false;
 }
 
 bool anyNonZero(ArrayRef<int64_t> sizes) {
@@ -262,6 +289,22 @@ bool fusionIsNotRedundant(tensor::ExtractSliceOp slice, Operation *stop) {
     }
   }
   return true;
+}
+
+/// The ops of `block` that `root` reads, directly or through other ops of
+/// the block, and `root` itself.
+llvm::SmallPtrSet<Operation *, 16> producerClosure(Operation *root,
+                                                   Block &block) {
+  llvm::SmallPtrSet<Operation *, 16> seen{root};
+  SmallVector<Operation *> work{root};
+  while (!work.empty()) {
+    Operation *op = work.pop_back_val();
+    for (Value v : op->getOperands())
+      if (Operation *def = v.getDefiningOp())
+        if (def->getBlock() == &block && seen.insert(def).second)
+          work.push_back(def);
+  }
+  return seen;
 }
 
 class DenseTileAndVectorize
@@ -327,9 +370,19 @@ LogicalResult DenseTileAndVectorize::tileBlock(
     scf::SCFTilingOptions tiling;
     tiling.setLoopType(loopType);
     tiling.setTileSizes(getAsIndexOpFoldResult(&getContext(), sizes));
+    if (reductionLevel && usesPartialReduction(root)) {
+      SmallVector<unsigned> dims;
+      for (auto [d, it] : llvm::enumerate(root.getIteratorTypesArray()))
+        if (it == utils::IteratorType::reduction)
+          dims.push_back(d);
+      tiling.setReductionTilingStrategy(
+          ReductionTilingStrategy::PartialReductionOuterReduction);
+      tiling.setReductionDims(dims);
+    }
     scf::SCFTileAndFuseOptions options;
     options.setTilingOptions(tiling);
     llvm::SmallPtrSet<Operation *, 8> fused{root.getOperation()};
+    llvm::SmallPtrSet<Operation *, 16> closure = producerClosure(root, block);
     options.setFusionControlFn(
         [&](tensor::ExtractSliceOp slice, OpResult producer,
             bool isDestination)
@@ -343,8 +396,17 @@ LogicalResult DenseTileAndVectorize::tileBlock(
           // Other users keep the untiled producer alive: fusing would compute
           // it twice. A fill is cheap enough to duplicate. The users that
           // go away are the ops fused so far and slices in the new loops.
+          // An elementwise producer whose users all feed the root (softmax's
+          // exp, used by the row sum and the division) is fused into each of
+          // them: recomputing it costs less than a round trip through memory.
           Operation *loop = block.findAncestorOpInBlock(*slice);
-          if (!isa<linalg::FillOp>(producerOp) &&
+          bool feedsRootOnly =
+              linalg::isElementwise(producerOp) &&
+              llvm::all_of(producer.getUsers(), [&](Operation *user) {
+                Operation *top = block.findAncestorOpInBlock(*user);
+                return top == loop || closure.contains(top);
+              });
+          if (!isa<linalg::FillOp>(producerOp) && !feedsRootOnly &&
               !llvm::all_of(producer.getUsers(), [&](Operation *user) {
                 return fused.contains(user) ||
                        block.findAncestorOpInBlock(*user) == loop;

@@ -168,6 +168,9 @@ void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm,
 
   pm.addNestedPass<func::FuncOp>(
       std::make_unique<RequestCWrappersForDefinitions>());
+  // Vector exp/log/tanh/erf become polynomials here; LLVM would scalarize
+  // them into libm calls.
+  pm.addNestedPass<func::FuncOp>(moe::createApproximateVectorMath());
   pm.addPass(createConvertMathToLLVMPass());
   pm.addPass(createConvertMathToLibmPass());
   // Reassociated reductions: a fixed tree chosen at compile time, so results

@@ -19,7 +19,7 @@
 // CHECK:               arith.maximumf {{.*}} : vector<8x32xf32>
 // CHECK:               vector.transfer_write {{.*}} : vector<8x32xf32>
 // CHECK:           scf.forall.in_parallel
-// CHECK-NOT:     scf.forall
+// CHECK-NOT:     scf.forall (
 // CHECK-NOT:     linalg.
 // CHECK:         return
 
@@ -51,19 +51,23 @@ func.func @matmul_bias_relu(%a: tensor<1024x128xf32>, %b: tensor<128x64xf32>, %b
 
 // -----
 
-// Softmax as the importer writes it (max, exp(x - max), sum, divide) over 1024 columns: thread loops over
-// rows; the row max and row sum are reductions in chunks of 256 (vector<1x256xf32>), never 1024-wide vectors;
-// the elementwise ops are 8x32 vectors. (The row statistics are computed twice, once for the sum and once for
-// the exp that the divide reads: fusion recomputes a producer whose other users are fused too.)
+// Softmax as the importer writes it (max, exp(x - max), sum, divide) over 1024 columns: one thread loop over
+// rows holds the whole chain (the exp, read by the sum and the divide, is fused into both instead of going
+// through memory); the row max and row sum are partial reductions: 64-lane accumulators over the row
+// (elementwise maximumf / addf on vector<1x64xf32>), one horizontal reduction per row after the loop; the
+// divide works on 8x32 vectors. Vector exp is left to moe-approximate-vector-math.
 // CHECK-LABEL: func.func @softmax
 // CHECK:         scf.forall
-// CHECK:           vector.multi_reduction <maximumf>, {{.*}} : vector<1x256xf32> to vector<1xf32>
-// CHECK:         scf.forall
+// CHECK:           scf.for {{.*}} -> (vector<1x64xf32>)
+// CHECK:             arith.maximumf {{.*}} : vector<1x64xf32>
+// CHECK:           vector.multi_reduction <maximumf>, {{.*}} : vector<1x64xf32> to vector<1xf32>
+// CHECK:           scf.for {{.*}} -> (vector<1x64xf32>)
+// CHECK:             math.exp {{.*}} : vector<1x64xf32>
+// CHECK:             arith.addf {{.*}} : vector<1x64xf32>
+// CHECK:           vector.multi_reduction <add>, {{.*}} : vector<1x64xf32> to vector<1xf32>
 // CHECK:           math.exp {{.*}} : vector<8x32xf32>
-// CHECK:         scf.forall
-// CHECK:           math.exp {{.*}} : vector<1x256xf32>
-// CHECK:           vector.multi_reduction <add>, {{.*}} : vector<1x256xf32> to vector<1xf32>
 // CHECK:           arith.divf {{.*}} : vector<8x32xf32>
+// CHECK-NOT:     scf.forall (
 // CHECK-NOT:     linalg.
 // CHECK:         return
 #id = affine_map<(d0, d1) -> (d0, d1)>
@@ -125,7 +129,7 @@ func.func @attention_scores(%q: tensor<2x4x128x64xf32>, %k: tensor<2x4x128x64xf3
 
 // Dynamic shapes are left for convert-linalg-to-loops.
 // CHECK-LABEL: func.func @dynamic
-// CHECK-NOT:     scf.forall
+// CHECK-NOT:     scf.forall (
 // CHECK:         linalg.matmul
 func.func @dynamic(%a: tensor<?x64xf32>, %b: tensor<64x64xf32>, %c: tensor<?x64xf32>) -> tensor<?x64xf32> {
   %m = linalg.matmul ins(%a, %b : tensor<?x64xf32>, tensor<64x64xf32>) outs(%c : tensor<?x64xf32>) -> tensor<?x64xf32>

@@ -19,11 +19,17 @@ def DenseTileAndVectorize : Pass<"moe-dense-tile-and-vectorize", "::mlir::func::
     1. tiled into an `scf.forall` over its outer parallel dimensions (the thread level: about
        4 × `num-threads` tiles; `moe-lower-to-llvm` maps the loop onto the async runtime), the op chosen as the
        *root* being the last op of a chain: its producers with one use (elementwise ops, fills, reductions,
-       matmuls) are fused into the tile, so an elementwise consumer and its producer share one loop nest;
+       matmuls) are fused into the tile, so an elementwise consumer and its producer share one loop nest; an
+       elementwise producer whose users all feed the root (softmax's exp, read by the row sum and the divide)
+       is fused into each of them, recomputed rather than written to memory;
     2. tiled again inside the tile with `scf.for` to register tiles: a contraction to `tile-m` × `tile-n` output
        tiles and a reduction loop of step 1 over k (so that vectorization gives a `tile-m`×`tile-n`×1
        `vector.contract`, i.e. `tile-m` broadcast-FMAs on `tile-n`-wide rows, the accumulator kept in registers);
-       other ops to rows of at most 64 elements on the innermost dimension, long reductions to chunks of 256;
+       other ops to rows of at most 64 elements on the innermost dimension; a reduction with one reduction loop
+       longer than 64 becomes a *partial* reduction (upstream `PartialReductionOuterReduction` tiling): a loop
+       that combines 64-element chunks elementwise into a 64-lane accumulator and one horizontal reduction per
+       row after it (a horizontal reduction per chunk was 8x slower than eager for a row sum); other long
+       reductions go in chunks of 256;
     3. vectorized (`linalg::vectorize`, static shapes only; an op it refuses stays as loops).
 
     Matmuls that `moe-linalg-to-blas` will turn into BLAS calls (`blas=true`, f32, at least `blas-min-flops`
@@ -88,6 +94,24 @@ def LinalgToBlas : Pass<"moe-linalg-to-blas", "::mlir::ModuleOp"> {
     "::mlir::LLVM::LLVMDialect",
     "::mlir::memref::MemRefDialect",
     "::mlir::scf::SCFDialect",
+  ];
+}
+
+def ApproximateVectorMath : Pass<"moe-approximate-vector-math", "::mlir::func::FuncOp"> {
+  let summary = "Replace vector math functions (exp, log, tanh, erf, ...) by upstream polynomial approximations";
+  let description = [{
+    LLVM has no vector form of `expf`, `logf`, `tanhf` or `erff` without a vector math library, so a
+    `math.exp` on `vector<16xf32>` that reaches `convert-math-to-llvm` becomes sixteen scalar libm calls (a
+    vectorized softmax ran 11x slower than eager because of it). This pass rewrites the math ops whose result is
+    a vector with upstream's polynomial approximations (`populateMathPolynomialApproximationPatterns`, the
+    Cephes-style range reductions of `mlir/Dialect/Math/Transforms`), which are plain vector arithmetic. Scalar
+    math ops are left to libm (exact to the last ulp). `math.rsqrt` is left alone: it lowers to a vector
+    `sqrt` and a division, both native.
+  }];
+  let dependentDialects = [
+    "::mlir::arith::ArithDialect",
+    "::mlir::math::MathDialect",
+    "::mlir::vector::VectorDialect",
   ];
 }
 
