@@ -467,10 +467,7 @@ Executor::compile(llvm::StringRef mlirText, const CompileOptions &options) {
     libs.push_back(cRunnerUtils);
   engineOptions.sharedLibPaths = libs;
   engineOptions.enableGDBNotificationListener = false;
-  // MOE_PERF_MAP=1: /tmp/perf-<pid>.map names the JIT'd functions for perf.
-  const char *perfMap = std::getenv("MOE_PERF_MAP");
-  engineOptions.enablePerfNotificationListener =
-      perfMap && std::string(perfMap) == "1";
+  engineOptions.enablePerfNotificationListener = false;
 
   auto engine = ExecutionEngine::create(*module, engineOptions);
   if (!engine)
