@@ -24,8 +24,6 @@ using namespace mlir::moe::lowering;
 
 namespace {
 using utils::IteratorType;
-constexpr IteratorType kPar = IteratorType::parallel;
-constexpr IteratorType kRed = IteratorType::reduction;
 
 struct AdjacencyUpdateLowering : OpRewritePattern<AdjacencyUpdateOp> {
   using OpRewritePattern::OpRewritePattern;

@@ -36,9 +36,6 @@ using namespace mlir::moe;
 using namespace mlir::moe::lowering;
 
 namespace {
-using utils::IteratorType;
-constexpr IteratorType kPar = IteratorType::parallel;
-constexpr IteratorType kRed = IteratorType::reduction;
 
 /// Per-row statistics of the prior attention softmax, each [B, H, N].
 struct PriorStats {

@@ -32,8 +32,6 @@ using namespace mlir::moe::lowering;
 
 namespace {
 using utils::IteratorType;
-constexpr IteratorType kPar = IteratorType::parallel;
-constexpr IteratorType kRed = IteratorType::reduction;
 
 /// sums[k,q] / counts[k] per cluster, 0 for an empty cluster (the authors'
 /// index_reduce leaves it at 0), then `post` on each element when given.

@@ -23,9 +23,6 @@ using namespace mlir::moe;
 using namespace mlir::moe::lowering;
 
 namespace {
-using utils::IteratorType;
-constexpr IteratorType kPar = IteratorType::parallel;
-constexpr IteratorType kRed = IteratorType::reduction;
 
 /// q[b,i,:] = u[b,i,:] · ws, a contraction over D. (Not a linalg.matmul on
 /// the [B·N, D] view: expand-strided-metadata of LLVM 22 crashes on a subview

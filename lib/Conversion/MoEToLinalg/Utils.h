@@ -20,6 +20,10 @@
 
 namespace mlir::moe::lowering {
 
+/// Shorthands for the iterator types of the generics the lowerings build.
+inline constexpr utils::IteratorType kPar = utils::IteratorType::parallel;
+inline constexpr utils::IteratorType kRed = utils::IteratorType::reduction;
+
 //===----------------------------------------------------------------------===//
 // Scalars
 //===----------------------------------------------------------------------===//
