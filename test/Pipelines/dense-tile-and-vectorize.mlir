@@ -135,3 +135,57 @@ func.func @dynamic(%a: tensor<?x64xf32>, %b: tensor<64x64xf32>, %c: tensor<?x64x
   %m = linalg.matmul ins(%a, %b : tensor<?x64xf32>, tensor<64x64xf32>) outs(%c : tensor<?x64xf32>) -> tensor<?x64xf32>
   return %m : tensor<?x64xf32>
 }
+
+// -----
+
+// A softmax over heads as the importer writes it for attention (1 x H x N x N, keepdim reductions with
+// `(d0, d1, d2, 0)` maps): the unit dimensions fold away and the reshapes between the folded ops cancel, so the
+// whole chain lands in one thread loop as for the 2-D case (it was five loops, every intermediate materialized).
+// CHECK-LABEL: func.func @softmax_heads
+// CHECK:         tensor.collapse_shape
+// CHECK:         scf.forall
+// CHECK:           vector.multi_reduction <maximumf>, {{.*}} : vector<1x1x64xf32> to vector<1x1xf32>
+// CHECK:           math.exp {{.*}} : vector<1x1x64xf32>
+// CHECK:           vector.multi_reduction <add>, {{.*}} : vector<1x1x64xf32> to vector<1x1xf32>
+// CHECK:           arith.divf
+// CHECK-NOT:     scf.forall (
+// CHECK-NOT:     linalg.
+// CHECK:         tensor.expand_shape
+// CHECK:         return
+func.func @softmax_heads(%arg0: tensor<1x4x64x512xf32>) -> tensor<1x4x64x512xf32> {
+  %c1 = arith.constant 0xFF800000 : f32
+  %2 = tensor.empty() : tensor<1x4x64x1xf32>
+  %3 = linalg.fill ins(%c1 : f32) outs(%2 : tensor<1x4x64x1xf32>) -> tensor<1x4x64x1xf32>
+  %4 = linalg.generic {indexing_maps = [affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, 0)>], iterator_types = ["parallel", "parallel", "parallel", "reduction"]} ins(%arg0 : tensor<1x4x64x512xf32>) outs(%3 : tensor<1x4x64x1xf32>) {
+  ^bb0(%in5: f32, %out6: f32):
+    %7 = arith.maximumf %out6, %in5 : f32
+    linalg.yield %7 : f32
+  } -> tensor<1x4x64x1xf32>
+  %8 = tensor.empty() : tensor<1x4x64x512xf32>
+  %9 = linalg.generic {indexing_maps = [affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, 0)>, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>], iterator_types = ["parallel", "parallel", "parallel", "parallel"]} ins(%arg0, %4 : tensor<1x4x64x512xf32>, tensor<1x4x64x1xf32>) outs(%8 : tensor<1x4x64x512xf32>) {
+  ^bb0(%in10: f32, %in11: f32, %out12: f32):
+    %13 = arith.subf %in10, %in11 : f32
+    linalg.yield %13 : f32
+  } -> tensor<1x4x64x512xf32>
+  %14 = tensor.empty() : tensor<1x4x64x512xf32>
+  %15 = linalg.generic {indexing_maps = [affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>], iterator_types = ["parallel", "parallel", "parallel", "parallel"]} ins(%9 : tensor<1x4x64x512xf32>) outs(%14 : tensor<1x4x64x512xf32>) {
+  ^bb0(%in16: f32, %out17: f32):
+    %18 = math.exp %in16 : f32
+    linalg.yield %18 : f32
+  } -> tensor<1x4x64x512xf32>
+  %c19 = arith.constant 0.000000000e+00 : f32
+  %20 = tensor.empty() : tensor<1x4x64x1xf32>
+  %21 = linalg.fill ins(%c19 : f32) outs(%20 : tensor<1x4x64x1xf32>) -> tensor<1x4x64x1xf32>
+  %22 = linalg.generic {indexing_maps = [affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, 0)>], iterator_types = ["parallel", "parallel", "parallel", "reduction"]} ins(%15 : tensor<1x4x64x512xf32>) outs(%21 : tensor<1x4x64x1xf32>) {
+  ^bb0(%in23: f32, %out24: f32):
+    %25 = arith.addf %out24, %in23 : f32
+    linalg.yield %25 : f32
+  } -> tensor<1x4x64x1xf32>
+  %26 = tensor.empty() : tensor<1x4x64x512xf32>
+  %27 = linalg.generic {indexing_maps = [affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, 0)>, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>], iterator_types = ["parallel", "parallel", "parallel", "parallel"]} ins(%15, %22 : tensor<1x4x64x512xf32>, tensor<1x4x64x1xf32>) outs(%26 : tensor<1x4x64x512xf32>) {
+  ^bb0(%in28: f32, %in29: f32, %out30: f32):
+    %31 = arith.divf %in28, %in29 : f32
+    linalg.yield %31 : f32
+  } -> tensor<1x4x64x512xf32>
+  return %27 : tensor<1x4x64x512xf32>
+}
