@@ -128,7 +128,10 @@ void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm,
     // Destination-passing calls (the torch ops' kernels): the caller's buffers
     // replace the allocations the kernels return, so results are written in
     // place with no copy. Before the deallocation pipeline, which would
-    // otherwise own (and clone) the returned buffers.
+    // otherwise own (and clone) the returned buffers. Canonicalization first
+    // folds the casts between a kernel's buffer and the returned type
+    // (tensor.cast of a refined result), so that the allocation is returned.
+    pm.addPass(createCanonicalizerPass());
     bufferization::BufferResultsToOutParamsPassOptions outParams;
     outParams.hoistStaticAllocs = true;
     outParams.hoistDynamicAllocs = true;
