@@ -40,7 +40,7 @@ if [ "${MOE_GPU_CHECK_TORCH_OPS:-1}" != 0 ]; then
   [ -s "$KEYS" ] || { tail -30 "$DIR/kernels/record.log" >&2; echo "gpu-check: no kernel recorded" >&2; exit 1; }
   echo "gpu-check: building them for $CHIP"
   (cd "$ROOT/python" && MOE_BUILD_DIR="$BUILD" MOE_CUDA_TOOLKIT="$TOOLKIT" \
-     "$PY" -m moe_mlir.runtime.cache prebuild-cuda "$KEYS" "$DIR/kernels" --chip "$CHIP")
+     "$PY" -m moe_mlir.runtime.prebuild "$KEYS" "$DIR/kernels" --chip "$CHIP")
 fi
 { echo "chip=$CHIP"; echo "commit=$(git -C "$ROOT" rev-parse HEAD)"; echo "built=$(date -Iseconds)"
   echo "toolkit=$("$TOOLKIT/bin/ptxas" --version | tail -1)"; } > "$DIR/bench/BUILD_INFO"

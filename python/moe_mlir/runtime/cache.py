@@ -33,7 +33,8 @@ PyTorch's current one, and returns without waiting), ``mlir-translate``, ``clang
 loaded when the ``.so`` is. Its file is ``<cache>/cuda-<toolchain>/<name>.so`` where ``<name>`` hashes the key
 (without the device index), the chip and the format version, and ``<toolchain>`` the moe-opt binary. Directories in
 ``$MOE_KERNEL_PREBUILT`` (``:``-separated) are searched for ``<name>.so`` first: :func:`prebuild_cuda` fills one
-ahead of time on a machine with LLVM but no GPU (``scripts/gpu-check.sh``), for a GPU machine without LLVM.
+ahead of time on a machine with LLVM but no GPU (``python -m moe_mlir.runtime.prebuild``, run by
+``scripts/gpu-check.sh``), for a GPU machine without LLVM.
 ``$MOE_KERNEL_RECORD`` names a file every key a process asks for is appended to (what to prebuild).
 """
 
@@ -396,8 +397,7 @@ def _cuda_kernel_file(k: KernelKey, key: str) -> Path:
     if moe_opt is None:
         where = ", ".join(str(d) for d in _prebuilt_dirs()) or "no $MOE_KERNEL_PREBUILT"
         raise CompileError(f"moe-opt not found and no prebuilt CUDA kernel {name} for {chip} ({where}): build the "
-                           "project (cmake --build build) or prebuild the kernels (moe_mlir.runtime.cache "
-                           "prebuild-cuda)")
+                           "project (cmake --build build) or prebuild the kernels (moe_mlir.runtime.prebuild)")
     rt = Path(cuda.runtime().path).resolve()
     toolchain = hashlib.sha256(_stamp(moe_opt).encode()).hexdigest()[:12]
     path = cache_dir() / f"cuda-{toolchain}" / name
@@ -494,7 +494,7 @@ def prebuild_cuda(keys: list[str], out_dir: Path, chip: str) -> int:
     moe_opt = find_moe_opt()
     rt = _find_runtime_lib("libmoe_cuda_runtime.so")
     if moe_opt is None or rt is None:
-        raise CompileError("prebuild-cuda needs moe-opt and libmoe_cuda_runtime.so (cmake --build build)")
+        raise CompileError("prebuilding CUDA kernels needs moe-opt and libmoe_cuda_runtime.so (cmake --build build)")
     built = 0
     for key in dict.fromkeys(keys):
         k = parse_key(key)
@@ -506,23 +506,3 @@ def prebuild_cuda(keys: list[str], out_dir: Path, chip: str) -> int:
         build_cuda(k, key, dest, moe_opt, str(Path(rt).resolve().parent), chip)
         built += 1
     return built
-
-
-def _main(argv: Optional[list[str]] = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m moe_mlir.runtime.cache")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("prebuild-cuda", help="build CUDA kernels ahead of time (see $MOE_KERNEL_PREBUILT)")
-    p.add_argument("keys", help="file of kernel keys, one per line ($MOE_KERNEL_RECORD writes one)")
-    p.add_argument("out_dir")
-    p.add_argument("--chip", default="sm_90")
-    args = ap.parse_args(argv)
-    keys = [line.strip() for line in Path(args.keys).read_text().splitlines() if line.strip()]
-    n = prebuild_cuda(keys, Path(args.out_dir), args.chip)
-    print(f"prebuild-cuda: {n} built, {len(set(keys)) - n} already there, in {args.out_dir} for {args.chip}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())
