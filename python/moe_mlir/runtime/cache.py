@@ -485,24 +485,26 @@ def load(key: str, shapes: str, validate_only: int = 0) -> int:
         return addr
 
 
-def prebuild_cuda(keys: list[str], out_dir: Path, chip: str) -> int:
+def prebuild_cuda(keys: list[str], out_dir: Path, chip: str, jobs: Optional[int] = None) -> int:
     """Builds the CUDA kernels of ``keys`` (any device index) for ``chip`` into ``out_dir`` as ``$MOE_KERNEL_PREBUILT``
-    expects them; returns how many were built (the others were there). Needs moe-opt, LLVM and the CUDA toolkit; no
-    GPU. Keys are validated as the ops validate them (the shapes with each ``?`` as 1)."""
+    expects them, ``jobs`` at a time (default: the CPU count); returns how many were built (the others were there).
+    Needs moe-opt, LLVM and the CUDA toolkit; no GPU."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from .locate import find_moe_opt, find_runtime_lib as _find_runtime_lib
 
     moe_opt = find_moe_opt()
     rt = _find_runtime_lib("libmoe_cuda_runtime.so")
     if moe_opt is None or rt is None:
         raise CompileError("prebuilding CUDA kernels needs moe-opt and libmoe_cuda_runtime.so (cmake --build build)")
-    built = 0
+    todo = []
     for key in dict.fromkeys(keys):
         k = parse_key(key)
-        if k.device is None:
-            k.device = "cuda:0"
+        k.device = k.device or "cuda:0"
         dest = out_dir / (cuda_kernel_name(key, chip) + ".so")
-        if dest.is_file():
-            continue
-        build_cuda(k, key, dest, moe_opt, str(Path(rt).resolve().parent), chip)
-        built += 1
-    return built
+        if not dest.is_file():
+            todo.append((k, key, dest))
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        # The builds are subprocesses: threads overlap them. list() re-raises the first failure.
+        list(pool.map(lambda t: build_cuda(t[0], t[1], t[2], moe_opt, str(Path(rt).resolve().parent), chip), todo))
+    return len(todo)

@@ -16,9 +16,10 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("keys", help="file of kernel keys, one per line")
     ap.add_argument("out_dir")
     ap.add_argument("--chip", default="sm_90")
+    ap.add_argument("-j", "--jobs", type=int, default=None, help="builds at a time (default: the CPU count)")
     args = ap.parse_args(argv)
     keys = [line.strip() for line in Path(args.keys).read_text().splitlines() if line.strip()]
-    n = prebuild_cuda(keys, Path(args.out_dir), args.chip)
+    n = prebuild_cuda(keys, Path(args.out_dir), args.chip, args.jobs)
     print(f"prebuild: {n} CUDA kernels built, {len(set(keys)) - n} already there, in {args.out_dir} for {args.chip}")
     return 0
 
