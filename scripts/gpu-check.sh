@@ -26,12 +26,28 @@ echo "gpu-check: compiling the check cases and the benchmark cases for $CHIP"
 aot "$ROOT/test/GPU/Inputs/gpu-cases.mlir" -o "$DIR/art" --name gpu-cases
 (cd "$ROOT" && "$PY" -m bench.gpu.gen_cases "$DIR/bench" >/dev/null)
 aot "$DIR/bench/bench-cases.mlir" -o "$DIR/bench" --name bench-cases
+# The CUDA kernels of torch.ops.moe.* that the torch-op step needs (the GPU machine has no LLVM to compile them):
+# the CUDA tests run here on the CPU kernels record the kernel keys, which are then built for $CHIP.
+# MOE_GPU_CHECK_TORCH_OPS=0 leaves them out (the lit self-test: minutes on two cores); the step then skips.
+if [ "${MOE_GPU_CHECK_TORCH_OPS:-1}" != 0 ]; then
+  echo "gpu-check: recording the kernels of the torch-op CUDA tests (run on the CPU kernels)"
+  mkdir -p "$DIR/kernels"
+  KEYS="$DIR/kernels/keys.txt"
+  : > "$KEYS"
+  (cd "$ROOT" && MOE_BUILD_DIR="$BUILD" MOE_TEST_DEVICE=cpu MOE_KERNEL_RECORD="$KEYS" \
+     "$PY" -m pytest -q -p no:cacheprovider python/tests/test_torch_ops_cuda.py >"$DIR/kernels/record.log" 2>&1) ||
+    { tail -30 "$DIR/kernels/record.log" >&2; echo "gpu-check: the torch-op CUDA tests fail on the CPU" >&2; exit 1; }
+  [ -s "$KEYS" ] || { tail -30 "$DIR/kernels/record.log" >&2; echo "gpu-check: no kernel recorded" >&2; exit 1; }
+  echo "gpu-check: building them for $CHIP"
+  (cd "$ROOT/python" && MOE_BUILD_DIR="$BUILD" MOE_CUDA_TOOLKIT="$TOOLKIT" \
+     "$PY" -m moe_mlir.runtime.prebuild "$KEYS" "$DIR/kernels" --chip "$CHIP")
+fi
 { echo "chip=$CHIP"; echo "commit=$(git -C "$ROOT" rev-parse HEAD)"; echo "built=$(date -Iseconds)"
   echo "toolkit=$("$TOOLKIT/bin/ptxas" --version | tail -1)"; } > "$DIR/bench/BUILD_INFO"
 
 # The sources the GPU machine builds and runs (tracked files only), in the repository's layout.
 (cd "$ROOT" && git ls-files -z -- include/MoE/Runtime/ErrorReporting.h lib/Runtime/ErrorReporting.cpp \
-    lib/Runtime/CUDA cmake/MoEDeviceRuntimes.cmake tools/moe-aot test/GPU/run_gpu_tests.py \
+    lib/Runtime/CUDA lib/Runtime/CPU lib/Runtime/Torch cmake/MoELibtorch.cmake cmake/MoEDeviceRuntimes.cmake tools/moe-aot test/GPU/run_gpu_tests.py \
     test/GPU/check_artifacts.py test/GPU/unit test/GPU/runtime test/GPU/check 'bench/*.py' 'bench/gpu/*.py' |
   xargs -0 cp --parents -t "$DIR/src")
 cp "$ROOT/test/GPU/check/run.sh" "$ROOT/test/GPU/check/gpu_check.py" "$ROOT/test/GPU/check/CMakeLists.txt" "$DIR/"

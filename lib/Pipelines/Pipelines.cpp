@@ -124,6 +124,20 @@ void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm,
   bufferize.functionBoundaryTypeConversion =
       bufferization::LayoutMapOption::IdentityLayoutMap;
   pm.addPass(bufferization::createOneShotBufferizePass(bufferize));
+  if (options.resultsToOutParams) {
+    // Destination-passing calls (the torch ops' kernels): the caller's buffers
+    // replace the allocations the kernels return, so results are written in
+    // place with no copy. Before the deallocation pipeline, which would
+    // otherwise own (and clone) the returned buffers. Canonicalization first
+    // folds the casts between a kernel's buffer and the returned type
+    // (tensor.cast of a refined result), so that the allocation is returned.
+    pm.addPass(createCanonicalizerPass());
+    bufferization::BufferResultsToOutParamsPassOptions outParams;
+    outParams.hoistStaticAllocs = true;
+    outParams.hoistDynamicAllocs = true;
+    outParams.modifyPublicFunctions = true;
+    pm.addPass(bufferization::createBufferResultsToOutParamsPass(outParams));
+  }
   bufferization::BufferDeallocationPipelineOptions dealloc;
   bufferization::buildBufferDeallocationPipeline(pm, dealloc);
   // A function that returns an argument or a folded constant keeps a

@@ -392,7 +392,7 @@ def test_kernels_load_inside_the_device_context(monkeypatch):
         events.append(("dlopen", path, current[0]))
         return lib
 
-    monkeypatch.setattr(gpu.CudaRuntime, "get", classmethod(lambda cls, d: rt))
+    monkeypatch.setattr(gpu, "_cuda_runtime", lambda d: rt)
     monkeypatch.setattr(gpu.ctypes, "CDLL", cdll)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device", Device)

@@ -374,12 +374,24 @@ def test_fallback_to_references_when_disabled(tmp_path):
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
 
 
-def test_kernel_module_writes_outputs_in_place():
-    """The generated entry takes the outputs as memrefs and materializes the results into them."""
+def test_kernel_module_returns_results_for_out_params():
+    """The generated entry returns its results; moe-lower-to-llvm="results-to-out-params=true" (test/Pipelines/
+    results-to-out-params.mlir) makes them out-params the kernel computes in place, with no copy."""
     k = cache.parse_key("topk_renorm|k=2|mode=logits|renormalize=1|in:scores:f32:?x16")
     text = cache.kernel_module(k)
-    assert "func.func @kernel(%scores: tensor<?x16xf32>, %out0: memref<?x2xf32>, %out1: memref<?x2xi32>)" in text
-    assert text.count("bufferization.materialize_in_destination") == 2
+    assert ("func.func @kernel(%scores: tensor<?x16xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>)" in text), text
+    assert "return %r#0, %r#1 : tensor<?x2xf32>, tensor<?x2xi32>" in text
+    assert "materialize_in_destination" not in text
+
+
+def test_cuda_keys_name_their_device():
+    """A CUDA call's key carries the device; its kernel file does not depend on the index (prebuilt kernels)."""
+    k = cache.parse_key("topk_renorm|k=2|mode=logits|renormalize=1|device=cuda:1|in:scores:f32:?x16")
+    assert k.device == "cuda:1" and "device" not in k.attrs
+    a = cache.cuda_kernel_name("topk_renorm|k=2|device=cuda:1|in:scores:f32:?x16", "sm_90")
+    assert a == cache.cuda_kernel_name("topk_renorm|k=2|device=cuda:0|in:scores:f32:?x16", "sm_90")
+    assert a == cache.cuda_kernel_name("topk_renorm|k=2|in:scores:f32:?x16", "sm_90")
+    assert a != cache.cuda_kernel_name("topk_renorm|k=2|in:scores:f32:?x16", "sm_80")
 
 
 def _run_fresh(script: str) -> subprocess.CompletedProcess:

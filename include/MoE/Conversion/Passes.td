@@ -67,7 +67,8 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
     Rewrites every tensor-level `moe` op into `bufferization.to_buffer` of its operands, `gpu.alloc` of its results,
     one or more `gpu.launch_func` of kernels generated into `gpu.module @moe_kernels`, and
     `bufferization.to_tensor` of the results; one-shot bufferization then makes the function boundaries device
-    memrefs. Each op runs on one stream (`gpu.wait async` ... `gpu.wait`). Kernels: a (sub-)warp per token top-k with
+    memrefs. Each op runs on one stream (`gpu.wait async` ... `gpu.wait`), which `moe-gpu-host-stream` then joins
+    into one stream per function with one host wait. Kernels: a (sub-)warp per token top-k with
     butterfly shuffles (`topk_renorm`, a block per token beyond 1024 experts), flash-style mixers that stream key
     tiles through workgroup memory with an online softmax and a K-wide accumulator (`similarity_inform`,
     `attention_posterior`, their `_topk` forms select the experts in the epilogue), an entropy reduction for the
@@ -90,6 +91,59 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
     "::mlir::scf::SCFDialect",
     "::mlir::tensor::TensorDialect",
   ];
+}
+
+def MoEGPUHostStream : Pass<"moe-gpu-host-stream", "::mlir::func::FuncOp"> {
+  let summary = "Run the GPU host code of a function on one stream, without a host wait per op";
+  let description = [{
+    `convert-moe-to-gpu` gives each op its own stream chain (`gpu.wait async` ... `gpu.wait`). On the buffers of a
+    function (after bufferization), this pass joins the chains of each block into one: the blocking `gpu.wait` that
+    ends an op's chain is dropped and the next op continues on its token (the same stream; `gpu-to-llvm` then
+    creates one stream per block, the runtime's ambient stream when the caller set one). A host wait is kept
+    only before an op with host side effects (e.g. `moeGpuCheckErrors`, which reads the error word) and, with
+    `wait-at-return` (the default), before the block's terminator: one wait per function instead of one per op.
+
+    With `wait-at-return=false` the function returns with its work in flight on the stream, and the calls to
+    `moeGpuCheckErrors` are removed: for callers that run the function on their own stream (the runtime's ambient
+    stream, `moeGpuSetStream`), order their work after it on that stream and read index errors with
+    `moeGpuPollErrors` after they synchronize (the `torch.ops.moe.*` CUDA kernels). Without an ambient stream the
+    function's stream is then never synchronized nor destroyed.
+
+    ```mlir
+    %t0 = gpu.wait async
+    %t1 = gpu.launch_func async [%t0] @moe_kernels::@a ...
+    gpu.wait [%t1]
+    %t2 = gpu.wait async
+    %t3 = gpu.launch_func async [%t2] @moe_kernels::@b ...
+    gpu.wait [%t3]
+    return
+    // becomes
+    %t0 = gpu.wait async
+    %t1 = gpu.launch_func async [%t0] @moe_kernels::@a ...
+    %t3 = gpu.launch_func async [%t1] @moe_kernels::@b ...
+    gpu.wait [%t3]              // absent with wait-at-return=false
+    return
+    ```
+  }];
+  let options = [
+    Option<"waitAtReturn", "wait-at-return", "bool", /*default=*/"true",
+           "wait for the stream before the terminator of each block (false: return with the work in flight)">,
+  ];
+  let dependentDialects = ["::mlir::gpu::GPUDialect"];
+}
+
+def MoEGPUResultsToOutParams : Pass<"moe-gpu-results-to-out-params", "::mlir::ModuleOp"> {
+  let summary = "Device memref results of public functions as out-params the caller allocates";
+  let description = [{
+    The GPU form of upstream `buffer-results-to-out-params` (which handles host `memref.alloc` only): every memref
+    result of a public function becomes an argument appended after the others. A result the function allocates
+    with `gpu.alloc` (the results of the moe ops' host code) is computed in the caller's buffer: the allocation is
+    removed and its stream order kept. Any other result (an argument returned as it is, a constant) is copied
+    into the out-param with `gpu.memcpy` on a stream of its own, waited for. Run after bufferization, before
+    `moe-gpu-host-stream` and the GPU-to-LLVM conversions. The `torch.ops.moe.*` CUDA kernels are compiled so
+    (outputs allocated by torch, written in place).
+  }];
+  let dependentDialects = ["::mlir::gpu::GPUDialect", "::mlir::memref::MemRefDialect"];
 }
 
 #endif // MOE_CONVERSION_PASSES_TD

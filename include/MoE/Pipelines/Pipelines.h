@@ -62,13 +62,23 @@ struct LowerToLLVMOptions : public PassPipelineOptions<LowerToLLVMOptions> {
       llvm::cl::desc("register tile of the dense strategy: output columns of "
                      "a contraction per vector.contract"),
       llvm::cl::init(32)};
+  PassOptions::Option<bool> resultsToOutParams{
+      *this, "results-to-out-params",
+      llvm::cl::desc("public functions take their memref results as "
+                     "out-params appended to the arguments (the caller "
+                     "allocates them), upstream buffer-results-to-out-params; "
+                     "a result the function allocates itself is computed in "
+                     "the caller's buffer (static and dynamic shapes), any "
+                     "other (an argument, a constant) is copied into it. "
+                     "false: results are returned (the execution API)"),
+      llvm::cl::init(false)};
 };
 
 /// Tensor-level `func.func`s holding moe ops -> the LLVM dialect, for the CPU:
 /// convert-moe-to-cpu (unless cpu-kernels=false), convert-moe-to-linalg,
 /// the dense strategy on the remaining linalg ops (tile + fuse + vectorize on
 /// tensors, unless dense=false), one-shot bufferization (function boundaries
-/// included), BLAS calls for large matmuls (blas=true), loops (parallel ones
+/// included; results as out-params with results-to-out-params=true), BLAS calls for large matmuls (blas=true), loops (parallel ones
 /// onto the async runtime when num-threads > 1), vector and the upstream
 /// conversions to LLVM. See docs/Pipelines.md. Every public function gets a `_mlir_ciface_`
 /// wrapper for the ExecutionEngine.

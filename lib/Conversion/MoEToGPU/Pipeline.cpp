@@ -3,7 +3,9 @@
 // Part of the MoE-MLIR project.
 //
 // The fusion of mixing ops with their top-k gate (the fused kernels select the
-// experts in their epilogue), our conversion and one-shot bufferization, then
+// experts in their epilogue), our conversion and one-shot bufferization, the
+// host code of each function on one stream (optionally results as out-params
+// and no wait at the end: the torch ops' CUDA kernels), then
 // the passes of upstream
 // gpu-lower-to-nvvm-pipeline (mlir/lib/Dialect/GPU/Pipelines) with two
 // additions: C-interface wrappers for the host functions (the AOT library and
@@ -44,6 +46,12 @@ void mlir::moe::buildMoELowerToNVVMPipeline(
       bufferization::LayoutMapOption::IdentityLayoutMap;
   pm.addPass(bufferization::createOneShotBufferizePass(bufferize));
   pm.addPass(createCanonicalizerPass());
+  if (options.resultsToOutParams)
+    pm.addPass(createMoEGPUResultsToOutParams());
+  // The ops of a function on one stream; one host wait at its end, or none.
+  MoEGPUHostStreamOptions stream;
+  stream.waitAtReturn = options.waitAtReturn;
+  pm.addNestedPass<func::FuncOp>(createMoEGPUHostStream(stream));
   pm.addNestedPass<func::FuncOp>(LLVM::createLLVMRequestCWrappersPass());
 
   // Common part (upstream buildCommonPassPipeline).
@@ -105,6 +113,19 @@ struct LowerToNVVMPipelineOptions
   PassOptions::Option<unsigned> optLevel{
       *this, "opt-level", llvm::cl::desc("LLVM optimization level of kernels"),
       llvm::cl::init(3)};
+  PassOptions::Option<bool> resultsToOutParams{
+      *this, "results-to-out-params",
+      llvm::cl::desc("memref results of public functions as out-params "
+                     "appended to the arguments, allocated by the caller "
+                     "(moe-gpu-results-to-out-params)"),
+      llvm::cl::init(false)};
+  PassOptions::Option<bool> waitAtReturn{
+      *this, "wait-at-return",
+      llvm::cl::desc("the host waits for the function's stream before "
+                     "returning; false: the work stays in flight on the "
+                     "ambient stream and index errors are left for "
+                     "moeGpuPollErrors (moe-gpu-host-stream)"),
+      llvm::cl::init(true)};
 };
 } // namespace
 
@@ -120,6 +141,8 @@ void mlir::moe::registerMoEGPUPipelines() {
         options.format = o.format;
         options.toolkit = o.toolkit;
         options.optLevel = o.optLevel;
+        options.resultsToOutParams = o.resultsToOutParams;
+        options.waitAtReturn = o.waitAtReturn;
         buildMoELowerToNVVMPipeline(pm, options);
       });
 }

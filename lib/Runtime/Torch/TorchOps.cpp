@@ -4,26 +4,32 @@
 //
 //===----------------------------------------------------------------------===//
 //
-// The CPU kernels of the torch ops that python/moe_mlir/ops.py defines (the
-// schemas, fake kernels and autograd stay in Python). Each call:
+// The CPU (and, with TorchCudaOps.cpp, CUDA) kernels of the torch ops that
+// python/moe_mlir/ops.py defines (the schemas, fake kernels and autograd stay
+// in Python). Each call:
 //
 // 1. checks what the kernel cache key does not pin down (the relations
 //    between the token-like, dynamic dimensions; same messages as ops.py);
-// 2. builds the key: op, attributes, input dtypes and shapes with the
-//    token-like dimensions as `?` (they are dynamic in the kernel);
+// 2. builds the key: op, attributes, the device (CUDA only: `device=cuda:N`),
+//    input dtypes and shapes with the token-like dimensions as `?` (they are
+//    dynamic in the kernel);
 // 3. finds the kernel in an in-memory map; on a miss asks the Python kernel
 //    cache (python/moe_mlir/runtime/cache.py, registered once through
 //    moeTorchSetLoader) to validate the call with the Python validators and
 //    to compile or load the kernel, and keeps its address;
 // 4. allocates the outputs with torch and passes them, with the (contiguous)
-//    inputs, as memref descriptors to `_mlir_ciface_kernel`, which writes the
-//    results into torch's storage;
-// 5. turns an index error reported by the kernel (moeReportIndexError) into a
-//    Python ValueError.
+//    inputs, as memref descriptors to `_mlir_ciface_kernel(inputs...,
+//    outputs...)`: the kernels are lowered with results-to-out-params, so they
+//    compute their results in torch's storage (no copy);
+// 5. on the CPU, turns an index error reported by the kernel
+//    (moeReportIndexError) into a Python ValueError; on CUDA the call runs on
+//    torch's current stream without waiting (launch(); TorchCuda.h) and index
+//    errors wait in the device error word for a poll.
 //
 //===----------------------------------------------------------------------===//
 
 #include "MoE/Runtime/ErrorReporting.h"
+#include "TorchCuda.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -44,6 +50,8 @@
 #include <vector>
 
 using at::Tensor;
+
+PyObject *toPython(const c10::IValue &v); // the autograd section below
 
 namespace {
 
@@ -163,9 +171,15 @@ public:
     return v ? attr(name, *v) : raw(name, "none");
   }
 
-  /// An input whose dimensions listed in `dynamic` are token-like.
+  /// An input whose dimensions listed in `dynamic` are token-like. The first
+  /// input's device is the call's (checkDevice checked the others).
   Key &in(const char *name, const Tensor &t,
           std::initializer_list<int> dynamic = {}) {
+    if (!hasInput && t.is_cuda()) {
+      device = t.device();
+      key += "|device=cuda:" + std::to_string(t.get_device());
+    }
+    hasInput = true;
     key += "|in:";
     key += name;
     key += ':';
@@ -193,8 +207,10 @@ public:
   }
 
   std::string key, shapes;
+  c10::Device device{c10::kCPU};
 
 private:
+  bool hasInput = false;
   Key &raw(const char *name, const std::string &v) {
     key += '|';
     key += name;
@@ -310,10 +326,24 @@ void checkReportedError() {
   TORCH_CHECK_VALUE(false, msg);
 }
 
-void run(const Key &k, std::vector<MemRef> args) {
-  KernelFn fn = lookup(k);
+/// Calls kernel `fn` of a call on `device`: on the CPU, then raises a
+/// reported index error; on CUDA, on torch's current stream, no wait.
+void launch(KernelFn fn, std::vector<MemRef> &args, c10::Device device) {
+  if (device.is_cuda()) {
+#ifdef MOE_TORCH_CUDA
+    moe_torch::launchOnCurrentStream(device, [&] { callKernel(fn, args); });
+    return;
+#else
+    TORCH_CHECK(false, "moe: this build of libmoe_torch has no CUDA kernels");
+#endif
+  }
   callKernel(fn, args);
   checkReportedError();
+}
+
+void run(const Key &k, std::vector<MemRef> args) {
+  KernelFn fn = lookup(k);
+  launch(fn, args, k.device);
 }
 
 //===----------------------------------------------------------------------===//
@@ -339,10 +369,12 @@ void checkRank(const char *op, const char *name, const Tensor &t,
                     " (", layout, "), got shape ", shape);
 }
 
-void checkCpu(const char *op, std::initializer_list<const Tensor *> ts) {
+/// Every tensor on the first one's device.
+void checkDevice(const char *op, std::initializer_list<const Tensor *> ts) {
+  c10::Device device = (*ts.begin())->device();
   for (const Tensor *t : ts)
-    TORCH_CHECK(t->device().is_cpu(), "moe.", op,
-                ": every tensor must be on the CPU for the CPU kernel, got ",
+    TORCH_CHECK(t->device() == device, "moe.", op,
+                ": every tensor must be on one device, got ", device, " and ",
                 t->device());
 }
 
@@ -363,7 +395,7 @@ std::tuple<Tensor, Tensor> topkRenorm(const Tensor &scores, int64_t k,
                                       c10::string_view mode, bool renormalize) {
   TORCH_CHECK_VALUE(scores.dim() >= 1,
                     "moe.topk_renorm: 'scores' must have rank >= 1 ([..., K])");
-  checkCpu("topk_renorm", {&scores});
+  checkDevice("topk_renorm", {&scores});
   Tensor s = contig(scores);
   int64_t K = s.size(-1);
   Key key("topk_renorm");
@@ -381,7 +413,7 @@ std::tuple<Tensor, Tensor> topkRenorm(const Tensor &scores, int64_t k,
     return {w, i};
   std::vector<MemRef> args{describe(flat), describe(w, outShape),
                            describe(i, outShape)};
-  callKernel(fn, args);
+  launch(fn, args, key.device);
   return {w, i};
 }
 
@@ -389,11 +421,11 @@ std::tuple<Tensor, Tensor> topkRenorm(const Tensor &scores, int64_t k,
 void similarityChecks(const char *op, const Tensor &u, const Tensor &e,
                       const std::optional<Tensor> &ws,
                       const std::optional<Tensor> &mask) {
-  checkCpu(op, {&u, &e});
+  checkDevice(op, {&u, &e});
   if (ws)
-    checkCpu(op, {&*ws});
+    checkDevice(op, {&u, &*ws});
   if (mask)
-    checkCpu(op, {&*mask});
+    checkDevice(op, {&u, &*mask});
   checkRank(op, "u", u, 3, "[B, N, D]");
   checkRank(op, "e", e, 3, "[B, N, K]");
   checkDim(op, "e", e, 0, u.size(0), "dimension 0 of 'u' (B)");
@@ -460,7 +492,7 @@ similarityInformTopk(const Tensor &u, const Tensor &e, int64_t k,
 
 void attentionChecks(const char *op, const Tensor &scores, const Tensor &u,
                      const Tensor &v, const Tensor &wo, const Tensor &e) {
-  checkCpu(op, {&scores, &u, &v, &wo, &e});
+  checkDevice(op, {&scores, &u, &v, &wo, &e});
   checkRank(op, "scores", scores, 4, "[B, H, N, Nk]");
   checkRank(op, "u", u, 3, "[B, N, D]");
   checkRank(op, "v", v, 4, "[B, H, Nk, Dh]");
@@ -473,6 +505,34 @@ void attentionChecks(const char *op, const Tensor &scores, const Tensor &u,
   checkDim(op, "v", v, 2, Nk, "dimension 3 of 'scores' (Nk)");
   checkDim(op, "e", e, 0, B, "dimension 0 of 'scores' (B)");
   checkDim(op, "e", e, 1, Nk, "dimension 3 of 'scores' (Nk)");
+}
+
+/// `head_select="all"` has no GPU kernel (convert-moe-to-gpu lowers the
+/// min-entropy head only): on CUDA tensors the call runs the eager reference
+/// `moe_mlir.reference.<name>` on them.
+std::vector<Tensor> allHeadsReference(const char *name,
+                                      const std::vector<c10::IValue> &args) {
+  Gil gil;
+  PyObject *module = PyImport_ImportModule("moe_mlir.reference");
+  if (!module)
+    rethrowPython();
+  PyObject *fn = PyObject_GetAttrString(module, name);
+  Py_DECREF(module);
+  if (!fn)
+    rethrowPython();
+  PyObject *tuple = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+  for (size_t i = 0; i < args.size(); ++i)
+    PyTuple_SET_ITEM(tuple, i, toPython(args[i]));
+  PyObject *result = PyObject_CallObject(fn, tuple);
+  Py_DECREF(tuple);
+  Py_DECREF(fn);
+  if (!result)
+    rethrowPython();
+  std::vector<Tensor> out;
+  for (Py_ssize_t i = 0; i < PyTuple_Size(result); ++i)
+    out.push_back(THPVariable_Unpack(PyTuple_GET_ITEM(result, i)));
+  Py_DECREF(result);
+  return out;
 }
 
 std::vector<MemRef> attentionArgs(Key &key, const Tensor &scores,
@@ -497,6 +557,12 @@ attentionPosterior(const Tensor &scores, const Tensor &u, const Tensor &v,
                    c10::string_view headSelect,
                    std::optional<double> headScale) {
   attentionChecks("attention_posterior", scores, u, v, wo, e);
+  if (scores.is_cuda() && headSelect == "all") {
+    std::vector<Tensor> r = allHeadsReference(
+        "attention_posterior", {scores, u, v, wo, e, sigma,
+                                std::string(headSelect), headScale});
+    return {r.at(0), r.at(1)};
+  }
   Key key("attention_posterior");
   key.attr("sigma", sigma).attr("head_select", headSelect).attr("head_scale",
                                                                headScale);
@@ -516,6 +582,13 @@ attentionPosteriorTopk(const Tensor &scores, const Tensor &u, const Tensor &v,
                        double sigma, c10::string_view headSelect,
                        std::optional<double> headScale, bool renormalize) {
   attentionChecks("attention_posterior_topk", scores, u, v, wo, e);
+  if (scores.is_cuda() && headSelect == "all") {
+    std::vector<Tensor> r = allHeadsReference(
+        "attention_posterior_topk", {scores, u, v, wo, e, k, renormalize,
+                                     sigma, std::string(headSelect),
+                                     headScale});
+    return {r.at(0), r.at(1), r.at(2)};
+  }
   Key key("attention_posterior_topk");
   key.attr("k", k)
       .attr("renormalize", renormalize)
@@ -541,7 +614,7 @@ std::tuple<Tensor, Tensor> madDispersion(const Tensor &tokens,
                                          c10::string_view measure,
                                          c10::string_view empty) {
   const char *op = "mad_dispersion";
-  checkCpu(op, {&tokens, &assign});
+  checkDevice(op, {&tokens, &assign});
   checkRank(op, "tokens", tokens, 2, "[T, D]");
   checkRank(op, "assign", assign, 1, "[T]");
   checkDim(op, "assign", assign, 0, tokens.size(0),
@@ -560,15 +633,14 @@ std::tuple<Tensor, Tensor> madDispersion(const Tensor &tokens,
   Tensor counts = at::empty({numExperts}, i32(tokens));
   std::vector<MemRef> args{describe(x), describe(a), describe(w),
                            describe(counts)};
-  callKernel(fn, args);
-  checkReportedError();
+  launch(fn, args, key.device);
   return {w, counts};
 }
 
 Tensor adjacencyUpdate(const Tensor &a, const Tensor &idx, double beta,
                        c10::string_view norm, bool includeSelf) {
   const char *op = "adjacency_update";
-  checkCpu(op, {&a, &idx});
+  checkDevice(op, {&a, &idx});
   Key key(op);
   key.attr("beta", beta).attr("norm", norm).attr("include_self", includeSelf);
   Tensor ac = contig(a), ic = contig(idx);
@@ -582,7 +654,7 @@ std::tuple<Tensor, Tensor> hyperRouter(const Tensor &emb, const Tensor &w1,
                                        const Tensor &b1, const Tensor &w2,
                                        const Tensor &b2, int64_t numExperts) {
   const char *op = "hyper_router";
-  checkCpu(op, {&emb, &w1, &b1, &w2, &b2});
+  checkDevice(op, {&emb, &w1, &b1, &w2, &b2});
   Key key(op);
   key.attr("num_experts", numExperts);
   std::vector<Tensor> keep{contig(emb), contig(w1), contig(b1), contig(w2),
@@ -608,8 +680,7 @@ std::tuple<Tensor, Tensor> hyperRouter(const Tensor &emb, const Tensor &w1,
   Tensor b = at::empty({numExperts}, f32(emb));
   args.push_back(describe(w));
   args.push_back(describe(b));
-  callKernel(fn, args);
-  checkReportedError();
+  launch(fn, args, key.device);
   return {w, b};
 }
 
@@ -706,7 +777,7 @@ extern "C" __attribute__((visibility("default"))) void moeTorchClearKernels() {
   kernels.clear();
 }
 
-TORCH_LIBRARY_IMPL(moe, CPU, m) {
+void moe_torch::registerKernels(torch::Library &m) {
   m.impl("topk_renorm", &topkRenorm);
   m.impl("similarity_inform", &similarityInform);
   m.impl("similarity_inform_topk", &similarityInformTopk);
@@ -717,7 +788,7 @@ TORCH_LIBRARY_IMPL(moe, CPU, m) {
   m.impl("hyper_router", &hyperRouter);
 }
 
-TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) {
+void moe_torch::registerAutograd(torch::Library &m) {
   auto grad = [] {
     return torch::CppFunction::makeFromBoxedFunction<&autogradCpu<true>>();
   };
@@ -732,3 +803,6 @@ TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) {
   m.impl("mad_dispersion", stop());
   m.impl("adjacency_update", stop());
 }
+
+TORCH_LIBRARY_IMPL(moe, CPU, m) { moe_torch::registerKernels(m); }
+TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) { moe_torch::registerAutograd(m); }

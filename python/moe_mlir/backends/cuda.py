@@ -68,6 +68,8 @@ import torch.fx as fx
 from torch.export.graph_signature import InputKind, OutputKind
 
 from ..mlir.builder import MLIR_TO_DTYPE, TensorType
+from ..runtime import abi
+from ..runtime import cuda as moe_cuda
 from ..frontend.partitioning import _is_moe_op, is_gpu_node, split_routing  # noqa: F401
 from ..mlir.importer import ImportedProgram, export_program, import_exported_program
 
@@ -275,86 +277,21 @@ def build_gpu_library(mlir_text: str, *, name: str = "moe_gpu", chip: Optional[s
 # Run time: the CUDA runtime and the library
 # ----------------------------------------------------------------------------------------------------------------
 
-_desc_types: dict[int, type] = {}
 
-
-def memref_descriptor_type(rank: int) -> type:
-    """The ctypes struct of a ranked memref descriptor (allocated, aligned, offset, sizes[rank], strides[rank])."""
-    if rank not in _desc_types:
-        fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p), ("offset", ctypes.c_int64)]
-        if rank:
-            fields += [("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
-        _desc_types[rank] = type(f"MemRef{rank}D", (ctypes.Structure,), {"_fields_": fields})
-    return _desc_types[rank]
-
-
-def _descriptor(t: torch.Tensor) -> Any:
-    d = memref_descriptor_type(t.dim())()
-    d.allocated = d.aligned = t.data_ptr()
-    d.offset = 0
-    for i, (s, st) in enumerate(zip(t.shape, t.stride())):
-        d.sizes[i] = s
-        d.strides[i] = st
-    return d
-
-
-class CudaRuntime:
-    """``libmoe_cpu_runtime.so`` (run-time index errors) and ``libmoe_cuda_runtime.so`` (the mgpu ABI, streams,
-    driver errors), loaded once per process with RTLD_GLOBAL so that the compiled libraries bind to them."""
-
-    _instance: Optional["CudaRuntime"] = None
-    _lock = threading.Lock()
-
-    def __init__(self, runtime_dir: str) -> None:
-        cpu_path = os.path.join(runtime_dir, "libmoe_cpu_runtime.so")
-        cuda_path = os.path.join(runtime_dir, "libmoe_cuda_runtime.so")
-        for p in (cpu_path, cuda_path):
-            if not os.path.isfile(p):
-                raise GpuToolchainError(f"{p} is missing: build moe_cpu_runtime and moe_cuda_runtime")
-        self.cpu = ctypes.CDLL(cpu_path, mode=ctypes.RTLD_GLOBAL)
-        try:
-            self.rt = ctypes.CDLL(cuda_path, mode=ctypes.RTLD_GLOBAL)
-        except OSError as e:
-            raise CudaUnavailableError(
-                f"the CUDA runtime of moe-mlir could not be loaded ({e}); target='cuda' needs the NVIDIA driver "
-                "(libcuda.so.1) and a GPU: run on a machine with one, or compile with target='cpu'"
-            ) from None
-        rt, cpu = self.rt, self.cpu
-        rt.moeGpuDeviceCount.restype = ctypes.c_int32
-        rt.moeGpuDeviceCount.argtypes = []
-        rt.mgpuMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        rt.mgpuMemcpy.restype = None
-        rt.mgpuSetDefaultDevice.argtypes = [ctypes.c_int32]
-        rt.mgpuSetDefaultDevice.restype = None
-        rt.moeGpuFree.argtypes = [ctypes.c_void_p]
-        rt.moeGpuFree.restype = None
-        rt.moeGpuSetStream.argtypes = [ctypes.c_void_p]
-        rt.moeGpuSetStream.restype = None
-        rt.moeGpuTakeDriverError.argtypes = [ctypes.c_char_p, ctypes.c_int64]
-        rt.moeGpuTakeDriverError.restype = ctypes.c_int32
-        cpu.moeTakeError.argtypes = [ctypes.c_char_p, ctypes.c_int64]
-        cpu.moeTakeError.restype = ctypes.c_int32
-        cpu.moeSetErrorEcho.argtypes = [ctypes.c_int32]
-        cpu.moeSetErrorEcho.restype = None
-        cpu.moeSetErrorEcho(0)  # errors become Python exceptions, not stderr lines
-
-    @classmethod
-    def get(cls, runtime_dir: str) -> "CudaRuntime":
-        with cls._lock:
-            if cls._instance is None:
-                cls._instance = CudaRuntime(runtime_dir)
-            return cls._instance
-
-    def device_count(self) -> int:
-        return int(self.rt.moeGpuDeviceCount())
-
-    def take_driver_error(self) -> Optional[str]:
-        buf = ctypes.create_string_buffer(1024)
-        return buf.value.decode(errors="replace") if self.rt.moeGpuTakeDriverError(buf, len(buf)) else None
-
-    def take_index_error(self) -> Optional[str]:
-        buf = ctypes.create_string_buffer(1024)
-        return buf.value.decode(errors="replace") if self.cpu.moeTakeError(buf, len(buf)) else None
+def _cuda_runtime(runtime_dir: str) -> "moe_cuda.CudaRuntime":
+    """The process's CUDA runtime (:mod:`moe_mlir.runtime.cuda`: loaded once, RTLD_GLOBAL, so that the compiled
+    libraries bind to it), from ``runtime_dir`` at the first load."""
+    cuda_path = os.path.join(runtime_dir, "libmoe_cuda_runtime.so")
+    for p in (os.path.join(runtime_dir, "libmoe_cpu_runtime.so"), cuda_path):
+        if not os.path.isfile(p):
+            raise GpuToolchainError(f"{p} is missing: build moe_cpu_runtime and moe_cuda_runtime")
+    try:
+        return moe_cuda.runtime(cuda_path)
+    except OSError as e:
+        raise CudaUnavailableError(
+            f"the CUDA runtime of moe-mlir could not be loaded ({e}); target='cuda' needs the NVIDIA driver "
+            "(libcuda.so.1) and a GPU: run on a machine with one, or compile with target='cpu'"
+        ) from None
 
 
 @dataclass
@@ -432,7 +369,7 @@ class CudaCompiledModel:
         self.partitions = partitions
         self.build = build
         self._runtime_dir = runtime_dir
-        self._runtime: Optional[CudaRuntime] = None
+        self._runtime: Optional[moe_cuda.CudaRuntime] = None
         self._lib: Any = None
         self._fns: dict[str, Any] = {}
         self._graphs: dict[str, fx.GraphModule] = {}
@@ -464,7 +401,7 @@ class CudaCompiledModel:
         if self._lib is not None or not self.partitions:
             return
         assert self.build is not None and self._runtime_dir is not None
-        rt = CudaRuntime.get(self._runtime_dir)
+        rt = _cuda_runtime(self._runtime_dir)
         count = rt.device_count()
         if count <= 0:
             raise CudaUnavailableError("the CUDA driver reports no device: a model compiled with target='cuda' "
@@ -579,8 +516,8 @@ class CudaCompiledModel:
         assert rt is not None, "load() first"
         device = args[0].device
         ins = [a.contiguous() for a in args]  # identity layouts; kept alive across the call
-        descs = [_descriptor(t) for t in ins]
-        types = [memref_descriptor_type(t.rank) for t in part.result_types]
+        descs = [abi.describe(t) for t in ins]
+        types = [abi.memref_struct(t.rank) for t in part.result_types]
         if len(types) == 1:
             res = types[0]()
             res_descs = [res]

@@ -2,7 +2,8 @@
 
 * :mod:`.abi`: memref descriptors and dtype names, the one place that marshals torch tensors for compiled code
   (ctypes), shared by the package, ``bench/`` and the GPU tests;
-* :mod:`.cache`: the CPU kernel cache behind ``torch.ops.moe.*`` (ahead-of-time compiled shared objects, in memory and
-  on disk);
+* :mod:`.cache`: the kernel cache behind ``torch.ops.moe.*`` (ahead-of-time compiled shared objects for the CPU and
+  for CUDA devices, in memory and on disk);
+* :mod:`.cuda`: the CUDA runtime as the torch ops' CUDA kernels use it; ``check_errors()`` reads their index errors;
 * :mod:`.extension`: loads the C++ torch extension (``libmoe_torch.so``) and connects it to the cache.
 """

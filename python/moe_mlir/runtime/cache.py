@@ -13,8 +13,9 @@ and, on an in-memory miss, calls :func:`load` (registered once by :mod:`.extensi
 2. returns the kernel already loaded in this process, or
 3. loads ``<cache>/<hash>.so`` when an earlier process built it, or
 4. builds it: an MLIR module whose ``@kernel`` takes the inputs as tensors with the token-like dimensions dynamic
-   and the outputs as memrefs written in place (``bufferization.materialize_in_destination``), lowered by
-   ``moe-opt --moe-lower-to-llvm`` (a subprocess: MLIR/LLVM are never loaded into the torch process), translated
+   and returns the results, lowered by ``moe-opt --moe-lower-to-llvm="results-to-out-params=true"`` (the results
+   become out-params appended to the arguments and the kernel computes them in the caller's buffers: no copy;
+   a subprocess: MLIR/LLVM are never loaded into the torch process), translated
    with ``mlir-translate --mlir-to-llvmir``, optimized and compiled with ``clang -O3`` (the ``opt -O3`` pipeline is
    needed anyway: the parallel kernels hold coroutines that only the middle end lowers) and linked with ``c++
    -shared`` against ``libmoe_kernel_runtime.so`` (no libLLVM/libMLIR dependency). The file is written under a
@@ -23,6 +24,18 @@ and, on an in-memory miss, calls :func:`load` (registered once by :mod:`.extensi
 ``<hash>`` covers the key, the thread setting, the CPU (``-march=native``), the moe-opt binary (path, size, mtime),
 the runtime library and a format version. The cache directory is ``$MOE_KERNEL_CACHE`` or
 ``~/.cache/moe_mlir/kernels``. :data:`stats` counts compiles and disk loads of this process (tests use it).
+
+**CUDA.** A call on CUDA tensors has ``device=cuda:N`` in its key. Its kernel is built for that device's chip
+(``sm_XY``, :func:`moe_mlir.runtime.cuda.chip_of`) with ``moe-opt --moe-lower-to-nvvm="results-to-out-params=true
+wait-at-return=false"`` (the results computed in torch's outputs; the host code launches on the ambient stream,
+PyTorch's current one, and returns without waiting), ``mlir-translate``, ``clang -O2`` and linked against
+``libmoe_cuda_runtime.so``; the kernels themselves are a fatbin (cubin for the chip + PTX) embedded in the object,
+loaded when the ``.so`` is. Its file is ``<cache>/cuda-<toolchain>/<name>.so`` where ``<name>`` hashes the key
+(without the device index), the chip and the format version, and ``<toolchain>`` the moe-opt binary. Directories in
+``$MOE_KERNEL_PREBUILT`` (``:``-separated) are searched for ``<name>.so`` first: :func:`prebuild_cuda` fills one
+ahead of time on a machine with LLVM but no GPU (``python -m moe_mlir.runtime.prebuild``, run by
+``scripts/gpu-check.sh``), for a GPU machine without LLVM.
+``$MOE_KERNEL_RECORD`` names a file every key a process asks for is appended to (what to prebuild).
 """
 
 from __future__ import annotations
@@ -41,12 +54,12 @@ from typing import Callable, Optional
 
 import torch
 
-from .abi import DTYPE_OF_ELEM, memref_type, tensor_type
+from .abi import DTYPE_OF_ELEM, tensor_type
 
 __all__ = ["KernelKey", "parse_key", "kernel_module", "load", "cache_dir", "num_threads", "stats", "CompileError"]
 
 #: Bump when the generated module or the build changes meaning.
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"
 LLVM_BIN = Path("/usr/lib/llvm-22/bin")
 
 
@@ -82,6 +95,8 @@ class KernelKey:
     attrs: dict[str, str]
     #: name -> (element type, dims with "?" for the dynamic ones)
     inputs: dict[str, tuple[str, list[str]]]
+    #: "cuda:N" for a call on CUDA tensors, else None (CPU)
+    device: Optional[str] = None
 
 
 def _parse_dims(text: str) -> list[str]:
@@ -99,7 +114,13 @@ def parse_key(key: str) -> KernelKey:
         else:
             name, value = p.split("=", 1)
             attrs[name] = value
-    return KernelKey(parts[0], attrs, inputs)
+    device = attrs.pop("device", None)
+    return KernelKey(parts[0], attrs, inputs, device)
+
+
+def _without_device(key: str) -> str:
+    """The key of the same kernel on any device (CUDA kernels of one chip serve every device of that chip)."""
+    return "|".join(p for p in key.split("|") if not p.startswith("device="))
 
 
 #: c10 names of the dtypes no kernel takes (the extension names them so): the validators then raise their TypeError.
@@ -202,27 +223,29 @@ def _op_text(k: KernelKey, args: dict[str, str], types: dict[str, str]) -> tuple
 
 
 def kernel_module(k: KernelKey) -> str:
-    """The MLIR module of the kernel: ``@kernel(inputs as tensors..., outputs as memrefs...)``."""
+    """The MLIR module of the kernel: ``@kernel(inputs as tensors...) -> (results as tensors...)``.
+
+    Lowered with ``results-to-out-params``, it is called as ``_mlir_ciface_kernel(inputs..., outputs...)``, one
+    memref descriptor pointer each, the outputs allocated by the caller: the kernel computes its results in them
+    (the buffers it would have allocated are the caller's; no copy).
+    """
     args = {name: f"%{name}" for name in k.inputs}
     types = {name: tensor_type(dims, elem) for name, (elem, dims) in k.inputs.items()}
-    outs = _outputs(k)
-    out_tensors = [tensor_type(d, e) for e, d in outs]
-    out_memrefs = [memref_type(d, e) for e, d in outs]
-    params = [f"{args[n]}: {types[n]}" for n in k.inputs] + [f"%out{j}: {t}" for j, t in enumerate(out_memrefs)]
+    out_tensors = [tensor_type(d, e) for e, d in _outputs(k)]
+    params = [f"{args[n]}: {types[n]}" for n in k.inputs]
     op, in_types = _op_text(k, args, types)
-    n = len(outs)
+    n = len(out_tensors)
     res = "%r" if n == 1 else f"%r:{n}"
-    lines = [
+    results = ", ".join("%r" if n == 1 else f"%r#{j}" for j in range(n))
+    return "\n".join([
         "module {",
-        f"  func.func @kernel({', '.join(params)}) {{",
+        f"  func.func @kernel({', '.join(params)}) -> ({', '.join(out_tensors)}) {{",
         f"    {res} = {op} : {in_types} -> {', '.join(out_tensors)}",
-    ]
-    for j in range(n):
-        r = "%r" if n == 1 else f"%r#{j}"
-        lines.append(f"    bufferization.materialize_in_destination {r} in restrict writable %out{j} "
-                     f": ({out_tensors[j]}, {out_memrefs[j]}) -> ()")
-    lines += ["    return", "  }", "}", ""]
-    return "\n".join(lines)
+        f"    return {results} : {', '.join(out_tensors)}",
+        "  }",
+        "}",
+        "",
+    ])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -304,7 +327,7 @@ def build(k: KernelKey, key: str, dest: Path, moe_opt: str, rt_dir: str, threads
     with tempfile.TemporaryDirectory(prefix="moe-kernel-") as tmp:
         t = Path(tmp)
         (t / "kernel.mlir").write_text(f"// {key}\n" + mlir)
-        _run([moe_opt, "--canonicalize", f"--moe-lower-to-llvm=num-threads={threads}", str(t / "kernel.mlir"),
+        _run([moe_opt, "--canonicalize", f"--moe-lower-to-llvm=num-threads={threads} results-to-out-params=true", str(t / "kernel.mlir"),
               "-o", str(t / "kernel.llvm.mlir")], "moe-opt")
         _run([_llvm_tool("mlir-translate"), "--mlir-to-llvmir", str(t / "kernel.llvm.mlir"), "-o",
               str(t / "kernel.ll")], "mlir-translate")
@@ -315,6 +338,113 @@ def build(k: KernelKey, key: str, dest: Path, moe_opt: str, rt_dir: str, threads
         _run([os.environ.get("CXX", "c++"), "-shared", "-o", str(part), str(t / "kernel.o"), f"-L{rt_dir}",
               "-lmoe_kernel_runtime", f"-Wl,-rpath,{rt_dir}"], "link")
         os.replace(part, dest)
+
+
+def cuda_kernel_name(key: str, chip: str) -> str:
+    """File name (without ``.so``) of the CUDA kernel of ``key`` for ``chip``: the same on every machine."""
+    h = hashlib.sha256()
+    for part in (FORMAT_VERSION, "cuda", _without_device(key), chip):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:40]
+
+
+def _cuda_toolkit() -> str:
+    return os.environ.get("MOE_CUDA_TOOLKIT", "/usr/local/cuda")
+
+
+def build_cuda(k: KernelKey, key: str, dest: Path, moe_opt: str, rt_dir: str, chip: str) -> None:
+    """Compiles the CUDA kernel of ``k`` for ``chip`` into ``dest`` (atomically). Needs LLVM and the CUDA toolkit's
+    ptxas/fatbinary, not a GPU."""
+    mlir = kernel_module(k)
+    with tempfile.TemporaryDirectory(prefix="moe-cuda-kernel-") as tmp:
+        t = Path(tmp)
+        (t / "kernel.mlir").write_text(f"// {key} ({chip})\n" + mlir)
+        _run([moe_opt, "--canonicalize",
+              f"--moe-lower-to-nvvm=chip={chip} format=fatbin toolkit={_cuda_toolkit()} "
+              "results-to-out-params=true wait-at-return=false",
+              str(t / "kernel.mlir"), "-o", str(t / "kernel.llvm.mlir")], "moe-opt")
+        _run([_llvm_tool("mlir-translate"), "--mlir-to-llvmir", str(t / "kernel.llvm.mlir"), "-o",
+              str(t / "kernel.ll")], "mlir-translate")
+        _run([_llvm_tool("clang"), "-O2", "-fPIC", "-c", "-Wno-override-module", str(t / "kernel.ll"), "-o",
+              str(t / "kernel.o")], "clang")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        part = dest.with_name(f"{dest.name}.{os.getpid()}.{threading.get_ident()}.part")
+        # The runtime is found by name when the kernel is loaded: the process has loaded it already
+        # (moe_mlir.runtime.cuda), so a prebuilt kernel works on a machine with the runtime elsewhere.
+        _run([os.environ.get("CXX", "c++"), "-shared", "-o", str(part), str(t / "kernel.o"), f"-L{rt_dir}",
+              "-lmoe_cuda_runtime", f"-Wl,-rpath,{rt_dir}"], "link")
+        os.replace(part, dest)
+
+
+def _prebuilt_dirs() -> list[Path]:
+    return [Path(d) for d in os.environ.get("MOE_KERNEL_PREBUILT", "").split(":") if d]
+
+
+def _cuda_kernel_file(k: KernelKey, key: str) -> Path:
+    """The shared object of a CUDA key: prebuilt, cached, or built now."""
+    from . import cuda
+
+    chip = cuda.chip_of(int(k.device.split(":")[1]))
+    name = cuda_kernel_name(key, chip) + ".so"
+    for d in _prebuilt_dirs():
+        if (d / name).is_file():
+            stats.disk_loads += 1
+            return d / name
+    from .locate import find_moe_opt
+
+    moe_opt = find_moe_opt()
+    if moe_opt is None:
+        where = ", ".join(str(d) for d in _prebuilt_dirs()) or "no $MOE_KERNEL_PREBUILT"
+        raise CompileError(f"moe-opt not found and no prebuilt CUDA kernel {name} for {chip} ({where}): build the "
+                           "project (cmake --build build) or prebuild the kernels (moe_mlir.runtime.prebuild)")
+    rt = Path(cuda.runtime().path).resolve()
+    toolchain = hashlib.sha256(_stamp(moe_opt).encode()).hexdigest()[:12]
+    path = cache_dir() / f"cuda-{toolchain}" / name
+    if path.is_file():
+        stats.disk_loads += 1
+    else:
+        build_cuda(k, key, path, moe_opt, str(rt.parent), chip)
+        stats.compiles += 1
+    return path
+
+
+def _load_cuda(k: KernelKey, key: str) -> tuple[ctypes.CDLL, int]:
+    from . import cuda
+
+    if k.op.startswith("attention_posterior") and k.attrs.get("head_select") == "all":
+        raise NotImplementedError(f"moe.{k.op}: head_select='all' has no CUDA kernel (convert-moe-to-gpu lowers "
+                                  "the min-entropy head only); call it on CPU tensors")
+
+    rt = cuda.runtime()  # before the kernel: it binds to this copy
+    path = _cuda_kernel_file(k, key)
+    index = int(k.device.split(":")[1])
+    if index != 0:
+        # The object loads its module once, for the device current at load time, and dlopen loads a file once:
+        # another device gets its own copy of the file.
+        copy = cache_dir() / f"cuda-device{index}" / path.name
+        if not copy.is_file():
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            part = copy.with_name(f"{copy.name}.{os.getpid()}.part")
+            shutil.copyfile(path, part)
+            os.replace(part, copy)
+        path = copy
+    # The object's constructor loads the embedded fatbin on the runtime's default device.
+    rt.rt.mgpuSetDefaultDevice(index)
+    lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
+    err = rt.take_driver_error()
+    if err:
+        raise RuntimeError(f"moe: loading the CUDA kernel {path.name} for {k.device} failed: {err}")
+    addr = ctypes.cast(lib._mlir_ciface_kernel, ctypes.c_void_p).value
+    assert addr
+    return lib, addr
+
+
+def _record(key: str) -> None:
+    path = os.environ.get("MOE_KERNEL_RECORD")
+    if path:
+        with open(path, "a") as f:
+            f.write(key + "\n")
 
 
 def load(key: str, shapes: str, validate_only: int = 0) -> int:
@@ -331,6 +461,11 @@ def load(key: str, shapes: str, validate_only: int = 0) -> int:
         hit = _loaded.get(key)
         if hit is not None:
             return hit[1]
+        _record(key)
+        if k.device is not None:
+            _loaded[key] = _load_cuda(k, key)
+            stats.keys.append(key)
+            return _loaded[key][1]
         moe_opt, rt_dir = _tools()
         threads = num_threads()
         path = cache_dir() / f"{_digest(key, moe_opt, rt_dir, threads)}.so"
@@ -348,3 +483,28 @@ def load(key: str, shapes: str, validate_only: int = 0) -> int:
         assert addr
         _loaded[key] = (lib, addr)
         return addr
+
+
+def prebuild_cuda(keys: list[str], out_dir: Path, chip: str, jobs: Optional[int] = None) -> int:
+    """Builds the CUDA kernels of ``keys`` (any device index) for ``chip`` into ``out_dir`` as ``$MOE_KERNEL_PREBUILT``
+    expects them, ``jobs`` at a time (default: the CPU count); returns how many were built (the others were there).
+    Needs moe-opt, LLVM and the CUDA toolkit; no GPU."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .locate import find_moe_opt, find_runtime_lib as _find_runtime_lib
+
+    moe_opt = find_moe_opt()
+    rt = _find_runtime_lib("libmoe_cuda_runtime.so")
+    if moe_opt is None or rt is None:
+        raise CompileError("prebuilding CUDA kernels needs moe-opt and libmoe_cuda_runtime.so (cmake --build build)")
+    todo = []
+    for key in dict.fromkeys(keys):
+        k = parse_key(key)
+        k.device = k.device or "cuda:0"
+        dest = out_dir / (cuda_kernel_name(key, chip) + ".so")
+        if not dest.is_file():
+            todo.append((k, key, dest))
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        # The builds are subprocesses: threads overlap them. list() re-raises the first failure.
+        list(pool.map(lambda t: build_cuda(t[0], t[1], t[2], moe_opt, str(Path(rt).resolve().parent), chip), todo))
+    return len(todo)

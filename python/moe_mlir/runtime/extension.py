@@ -3,7 +3,10 @@ kernel cache.
 
 Found at ``$MOE_TORCH_LIB`` or ``<build>/lib/libmoe_torch.so`` (the build directories of :mod:`moe_mlir.runtime.locate`).
 Loading it registers the CPU kernels with the dispatcher; :func:`load` then hands the extension the cache's
-:func:`moe_mlir.runtime.cache.load` (once, through ctypes: calls never go through ctypes).
+:func:`moe_mlir.runtime.cache.load` (once, through ctypes: calls never go through ctypes) and registers the CUDA
+kernels when they are usable (an extension built with the CUDA runtime, a CUDA device, ``libmoe_cuda_runtime.so``,
+and moe-opt or ``$MOE_KERNEL_PREBUILT``; ``$MOE_TORCH_CUDA_KERNELS=0`` keeps them off): else CUDA tensors run the
+eager references, and :data:`cuda_unavailable` says why.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import torch
 
 from . import cache
 
-__all__ = ["load", "find_library", "clear_kernels", "library_path"]
+__all__ = ["load", "find_library", "clear_kernels", "library_path", "cuda_unavailable"]
 
 _lib: Optional[ctypes.PyDLL] = None
 library_path: Optional[str] = None
+#: Why ``torch.ops.moe.*`` on CUDA tensors run the eager references (None: they run the CUDA kernels).
+cuda_unavailable: Optional[str] = "the extension is not loaded"
 
 
 def find_library() -> Optional[str]:
@@ -58,6 +63,32 @@ def load(validators: dict[str, Callable[[dict, dict], None]], grad_path: Callabl
         return f"{path} does not load: {err}"
     _lib = lib
     library_path = path
+    global cuda_unavailable
+    cuda_unavailable = _enable_cuda(lib)
+    return None
+
+
+def _enable_cuda(lib: ctypes.PyDLL) -> Optional[str]:
+    """Registers the CUDA kernels when usable; else the reason they are not."""
+    if os.environ.get("MOE_TORCH_CUDA_KERNELS", "1") == "0":
+        return "MOE_TORCH_CUDA_KERNELS=0"
+    if not hasattr(lib, "moeTorchEnableCuda"):
+        return "libmoe_torch.so was built without the CUDA kernels (no CUDA toolkit at configure time)"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    from . import cuda
+    from .locate import find_moe_opt
+
+    try:
+        cuda.runtime()
+    except OSError as err:  # FileNotFoundError too
+        return f"the CUDA runtime does not load: {err}"
+    if find_moe_opt() is None and not os.environ.get("MOE_KERNEL_PREBUILT"):
+        return "neither moe-opt (to compile the CUDA kernels) nor $MOE_KERNEL_PREBUILT (prebuilt ones)"
+    lib.moeTorchEnableCuda.argtypes = []
+    lib.moeTorchEnableCuda.restype = ctypes.c_int32
+    if lib.moeTorchEnableCuda() != 0:
+        return "registering the CUDA kernels failed (see stderr)"
     return None
 
 

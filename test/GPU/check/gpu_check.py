@@ -16,7 +16,8 @@ Steps, in order (MOE_GPU_CHECK_STEPS=a,b,... picks some; artifacts and build alw
   harness-unit  the harness's own unit tests (no GPU needed)
   checks        test/GPU/run_gpu_tests.py: every op, mode, dtype and edge case vs PyTorch CUDA
   checks-ptx    the same with MOE_CUDA_FORCE_PTX=1: the PTX fallback JIT-compiled by the driver
-  torch-ops     python/tests/test_torch_ops.py on CUDA (the torch.ops.moe.* CUDA path), when the
+  torch-ops     python/tests/test_torch_ops_cuda.py: torch.ops.moe.* on CUDA tensors (libmoe_torch built here,
+                the kernels prebuilt in kernels/ by scripts/gpu-check.sh), when the
                 checkout around this folder (or $MOE_REPO) has it; skipped with the reason if not
   memcheck      `checks` under compute-sanitizer --tool memcheck (torch's caching allocator off; API errors
                 are the harness's to report)
@@ -125,6 +126,22 @@ class Ctx:
                 "--json", os.path.join(self.logs, json_name)] + shlex.split(os.environ.get("MOE_GPU_CHECK_ONLY", ""))
 
 
+def torch_args(ctx):
+    """-DMOE_TORCH_DIR/-DMOE_TORCH_PYTHON for the torch extension when this Python has torch (else none; none with
+    MOE_GPU_CHECK_TORCH_OPS=0, as scripts/gpu-check.sh then prebuilt no kernels)."""
+    if os.environ.get("MOE_GPU_CHECK_TORCH_OPS", "1") == "0" or not os.path.isdir(os.path.join(HERE, "kernels")):
+        return ""
+    try:
+        out = subprocess.run([ctx.python, "-c", "import os, torch; print(os.path.dirname(torch.__file__))"],
+                             capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    d = out.stdout.strip()
+    if out.returncode != 0 or not d:
+        return ""
+    return f"-DMOE_TORCH_DIR={shlex.quote(d)} -DMOE_TORCH_PYTHON={shlex.quote(ctx.python)}"
+
+
 def toolkit_root():
     """-DCUDAToolkit_ROOT=... when nvcc is not on PATH but a toolkit is where it usually is."""
     if shutil.which("nvcc"):
@@ -149,14 +166,14 @@ def steps(ctx):
     manifests = [os.path.join(ctx.art, "gpu-cases.manifest.json"),
                  os.path.join(ctx.bench, "bench-cases.manifest.json")]
     check_script = os.path.join(ctx.src, "test", "GPU", "check_artifacts.py")
-    torch_ops = os.path.join(ctx.repo, "python", "tests", "test_torch_ops.py") if ctx.repo else None
+    torch_ops = os.path.join(ctx.repo, "python", "tests", "test_torch_ops_cuda.py") if ctx.repo else None
     return [
         ("artifacts", False, 60, lambda: (["bash", "-c", " && ".join(
             f"{shlex.quote(ctx.python)} {shlex.quote(check_script)} {shlex.quote(m)} --require-ptx"
             for m in manifests)], ctx.env())),
         ("build", False, 300, lambda: (["bash", "-c",
             f"cmake -S {shlex.quote(HERE)} -B {shlex.quote(ctx.build)} -DCMAKE_BUILD_TYPE=Release "
-            f"-DMOE_SOURCE_DIR={shlex.quote(ctx.src)} {toolkit_root()} && "
+            f"-DMOE_SOURCE_DIR={shlex.quote(ctx.src)} {toolkit_root()} {torch_args(ctx)} && "
             f"cmake --build {shlex.quote(ctx.build)} -j {os.cpu_count() or 2}"], ctx.env())),
         ("runtime-unit", False, 60, lambda: ([os.path.join(ctx.build, "moe-cuda-runtime-fake-test")],
                                               ctx.env())),
@@ -166,10 +183,16 @@ def steps(ctx):
         ("checks-ptx", True, 300, lambda: (ctx.harness("checks-ptx-cases.json"),
                                            ctx.env(MOE_CUDA_FORCE_PTX="1"))),
         ("torch-ops", True, 300, lambda: (
-            (None, "python/tests/test_torch_ops.py is not in the checkout around this folder (set MOE_REPO)")
+            (None, "python/tests/test_torch_ops_cuda.py is not in the checkout around this folder (set MOE_REPO)")
             if not torch_ops or not os.path.exists(torch_ops) else
+            (None, "libmoe_torch.so was not built (no torch for this Python at the build step)")
+            if not os.path.exists(os.path.join(ctx.build, "lib", "libmoe_torch.so")) else
             ([ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", torch_ops],
              ctx.env(MOE_TEST_DEVICE="cuda", MOE_GPU_RUNTIME_DIR=ctx.build,
+                     MOE_TORCH_LIB=os.path.join(ctx.build, "lib", "libmoe_torch.so"),
+                     MOE_CUDA_RUNTIME=os.path.join(ctx.build, "libmoe_cuda_runtime.so"),
+                     MOE_KERNEL_PREBUILT=os.path.join(HERE, "kernels"),
+                     MOE_KERNEL_CACHE=os.path.join(ctx.logs, "kernel-cache"),
                      PYTHONPATH=os.path.join(ctx.repo, "python") + os.pathsep +
                      os.environ.get("PYTHONPATH", ""))))),
         # API errors are the harness's to report (moeGpuTakeDriverError), not the sanitizer's.

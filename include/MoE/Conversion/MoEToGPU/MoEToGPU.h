@@ -35,6 +35,8 @@ class OpPassManager;
 
 namespace moe {
 #define GEN_PASS_DECL_CONVERTMOETOGPU
+#define GEN_PASS_DECL_MOEGPUHOSTSTREAM
+#define GEN_PASS_DECL_MOEGPURESULTSTOOUTPARAMS
 #include "MoE/Conversion/Passes.h.inc"
 
 /// Options of the moe-lower-to-nvvm pipeline.
@@ -50,17 +52,26 @@ struct MoELowerToNVVMOptions {
   std::string toolkit = "/usr/local/cuda";
   /// LLVM optimization level of the device code.
   unsigned optLevel = 3;
+  /// Memref results of the public functions as out-params the caller
+  /// allocates (moe-gpu-results-to-out-params).
+  bool resultsToOutParams = false;
+  /// Wait for the stream before returning (moe-gpu-host-stream
+  /// wait-at-return); false: return with the work in flight on the ambient
+  /// stream, index errors left for moeGpuPollErrors.
+  bool waitAtReturn = true;
 };
 
 /// convert-moe-to-gpu, canonicalization, one-shot bufferization of the
-/// function boundaries (device memrefs in, device memrefs out), then the
+/// function boundaries (device memrefs in, device memrefs out; results as
+/// out-params with resultsToOutParams), one stream per function
+/// (moe-gpu-host-stream), then the
 /// upstream NVVM lowering of the kernels, gpu-to-llvm for the host code and
 /// gpu-module-to-binary. Public functions get `_mlir_ciface_` wrappers.
 void buildMoELowerToNVVMPipeline(OpPassManager &pm,
                                  const MoELowerToNVVMOptions &options);
 
 /// Registers `moe-lower-to-nvvm` (options chip, features, format, toolkit,
-/// opt-level) with the pass registry.
+/// opt-level, results-to-out-params, wait-at-return) with the pass registry.
 void registerMoEGPUPipelines();
 } // namespace moe
 } // namespace mlir
