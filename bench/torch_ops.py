@@ -1,15 +1,17 @@
 """torch.ops.moe.* as users call them (from Python, through the dispatcher and the C++ extension) vs PyTorch eager and
 torch.compile (inductor) of the eager formulation, same inputs, same threads, same run.
 
-  .venv/bin/python -m bench.torch_ops [--threads 2] [--quick] [--only SUBSTR ...] [--no-compile] [--budget S]
+  .venv/bin/python -m bench.torch_ops [--threads 2] [--quick] [--only SUBSTR ...] [--no-compile] [--budget S] [--tag T]
 
 Cases: bench/cases.py's shapes, plus every op at the decode token counts T = 1, 16, 64 (for similarity and attention
 T = N = Nk, one sequence; hyper_router is token-independent). The eager baseline is bench/baselines.py (the papers' §2
 pseudocode, the strongest plain-torch form we have); inductor compiles that same function (static shapes). Our first
-call (kernel compile or disk-cache load) is reported separately and never timed. Outputs are checked against eager
-with the cases' checks.
+call (kernel compile or disk-cache load) is reported separately and never timed. Ours, eager and inductor are timed
+in interleaved rounds (one batch of calls of each in turn), so that load and clock changes fall on all three alike.
+Outputs are checked against eager with the cases' checks.
 
-Writes bench/results/torch-ops-<date>-t<threads>[-quick].json and .md. Exit status 1 when one of our outputs is wrong.
+Writes bench/results/torch-ops-<date>-t<threads>[-quick][-<tag>].json and .md.
+Exit status 1 when one of our outputs is wrong.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ import torch  # noqa: E402
 from . import cases as C  # noqa: E402
 from .cpu import machine_info  # noqa: E402
 from .ours import REPO  # noqa: E402
-from .timing import measure  # noqa: E402
+import gc  # noqa: E402
+import statistics  # noqa: E402
 
 sys.path.insert(0, str(REPO / "python"))
 import moe_mlir  # noqa: E402,F401
@@ -63,6 +66,61 @@ def decode_cases() -> list[C.Case]:
 
 def prefill_cases() -> list[C.Case]:
     return [c for c in C.full_cases() if c.regime == "prefill"]
+
+
+def interleaved(fns: dict[str, Callable[[], object]], budget_s: float, max_rounds: int,
+                cap_s: float = 20.0) -> dict[str, dict]:
+    """Times the implementations in rounds, one sample of each in turn, so that a shared machine's load (and the
+    caches' and clock's state) falls on all of them alike. A sample is a batch of back-to-back calls (at least ~200 us,
+    so timer overhead stays out of microsecond calls) divided by its size. Warm-up first (5% of the budget for fast
+    functions); about ``budget_s`` seconds per implementation, 3 to ``max_rounds`` rounds; a function slower than
+    ``cap_s`` is timed by its warm-up call alone."""
+    est: dict[str, float] = {}
+    for name, fn in fns.items():
+        t0 = time.perf_counter()
+        fn()
+        est[name] = time.perf_counter() - t0
+        if est[name] < budget_s * 0.01:
+            end = time.perf_counter() + budget_s * 0.05
+            n = 0
+            while time.perf_counter() < end:
+                fn()
+                n += 1
+            est[name] = budget_s * 0.05 / max(n, 1)
+    slow = {n for n, e in est.items() if e >= cap_s}
+    live = {n: fn for n, fn in fns.items() if n not in slow}
+    batch = {n: max(1, int(2e-4 / max(est[n], 1e-8))) for n in live}
+    round_s = sum(batch[n] * est[n] for n in live) or 1e-6
+    rounds = max(3, min(max_rounds, int(budget_s * max(len(live), 1) / round_s)))
+    if rounds * round_s > cap_s * max(len(live), 1):
+        rounds = max(1, int(cap_s * max(len(live), 1) / round_s))
+    times: dict[str, list[float]] = {n: [] for n in live}
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for n, fn in live.items():
+                m = batch[n]
+                a = time.perf_counter_ns()
+                for _ in range(m):
+                    fn()
+                times[n].append((time.perf_counter_ns() - a) / 1e6 / m)
+    finally:
+        if was:
+            gc.enable()
+    out: dict[str, dict] = {}
+    for n in fns:
+        if n in slow:
+            ms = est[n] * 1e3
+            out[n] = {"median_ms": ms, "min_ms": ms, "max_ms": ms, "iqr_rel": 0.0, "reps": 1, "batch": 1,
+                      "note": "single call (slower than the cap)"}
+            continue
+        t = sorted(times[n])
+        q = lambda f: t[min(len(t) - 1, int(round(f * (len(t) - 1))))]  # noqa: E731
+        med = statistics.median(t)
+        out[n] = {"median_ms": med, "min_ms": t[0], "max_ms": t[-1], "p25_ms": q(0.25), "p75_ms": q(0.75),
+                  "iqr_rel": (q(0.75) - q(0.25)) / med if med > 0 else 0.0, "reps": len(t), "batch": batch[n]}
+    return out
 
 
 def ours_call(case: C.Case) -> Callable[..., object]:
@@ -109,10 +167,7 @@ def run_case(case: C.Case, args) -> dict:
     except AssertionError as err:
         rec["correct"] = False
         rec["error"] = str(err)
-    budget = args.budget
-    reps = 20000 if case.regime == "decode" else 200
-    rec["ours"] = measure(lambda: ours(*inputs), budget, reps)
-    rec["eager"] = measure(lambda: case.eager(*inputs), budget, reps)
+    fns: dict[str, Callable[[], object]] = {"ours": lambda: ours(*inputs), "eager": lambda: case.eager(*inputs)}
     if not args.no_compile:
         try:
             # The cases of one op share the eager function's code object: without a reset, dynamo's recompile
@@ -122,9 +177,10 @@ def run_case(case: C.Case, args) -> dict:
             t0 = time.perf_counter()
             fn(*inputs)
             rec["inductor_compile_s"] = time.perf_counter() - t0
-            rec["inductor"] = measure(lambda: fn(*inputs), budget, reps)
+            fns["inductor"] = lambda: fn(*inputs)
         except Exception as err:  # noqa: BLE001
             rec["inductor_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+    rec.update(interleaved(fns, args.budget, 400 if case.regime == "decode" else 50))
     ours_ms = rec["ours"]["median_ms"]
     rec["speedup_vs_eager"] = rec["eager"]["median_ms"] / ours_ms
     if "inductor" in rec:
@@ -148,7 +204,8 @@ def write_markdown(doc: dict, path: Path) -> None:
         "",
         "Ours = `torch.ops.moe.<op>(...)` called from Python (dispatcher -> C++ extension -> compiled kernel; outputs "
         "allocated by torch). Eager = bench/baselines.py; inductor = `torch.compile` of that function (static "
-        "shapes). Times are medians; x = eager (or inductor) time / ours.",
+        "shapes). Times are medians of interleaved rounds (one batch of calls of each in turn); x = eager (or "
+        "inductor) time / ours.",
         "",
         "| case | regime | T | ours | eager | inductor | x eager | x inductor | first call (ours) |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -179,6 +236,7 @@ def main() -> int:
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (inductor)")
     ap.add_argument("--budget", type=float, default=0.5, help="seconds of timed calls per implementation and case")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--tag", default="", help="a suffix of the result files' names (e.g. 'loaded')")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if not moe_ops.kernels_available():
@@ -209,7 +267,8 @@ def main() -> int:
     doc = {"date": date, "machine": info, "loadavg_end": list(os.getloadavg()), "results": results}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"torch-ops-{date}-t{args.threads}" + ("-quick" if args.quick else "")
+    stem = (f"torch-ops-{date}-t{args.threads}" + ("-quick" if args.quick else "")
+            + (f"-{args.tag}" if args.tag else ""))
     (out / f"{stem}.json").write_text(json.dumps(doc, indent=1))
     write_markdown(doc, out / f"{stem}.md")
     print(f"wrote {out / stem}.json and .md")

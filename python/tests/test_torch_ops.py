@@ -135,6 +135,20 @@ def test_attention_posterior(head_select, head_scale):
              R.attention_posterior_topk(s, u, v, wo, e, k, True, 0.8, head_select, head_scale), atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("B,H,N,Nk,D,Dh,K", [
+    (1, 8, 1, 1, 40, 20, 16),     # decode, one key: every stage on the calling thread
+    (1, 4, 16, 33, 72, 24, 5),    # keys past one 32-key tile, D and Dh not multiples of 16
+    (2, 2, 64, 70, 136, 72, 16),  # head means and mix above 2^20 multiply-adds: the parallel path
+])
+def test_attention_posterior_sizes(B, H, N, Nk, D, Dh, K):
+    """The head means (dots along wo's rows, shuffle-tree sums, clamped past D) and the work-guarded stages at
+    decode and larger sizes, against the reference (f32 sums in another order: atol 2e-5)."""
+    s, u, v, wo, e = _attention_inputs(gen(5), B, H, N, Nk, D, Dh, K)
+    s[0, :, 0, Nk - 1] = -INF  # the last key masked for the first row
+    same(torch.ops.moe.attention_posterior(s, u, v, wo, e, 1.3, "min_entropy", None),
+         R.attention_posterior(s, u, v, wo, e, 1.3, "min_entropy", None), atol=2e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("normalize", ["feature", "expert", "global"])
 @pytest.mark.parametrize("measure", ["mad", "variance"])
 @pytest.mark.parametrize("empty", ["identity", "raw"])

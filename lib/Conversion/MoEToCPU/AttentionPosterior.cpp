@@ -9,11 +9,14 @@
 //     keys (the only pass over all H heads of `scores`).
 //  2. h*[b]: the mean row entropy per head and its argmin (ties to the lowest
 //     head, NaN first), sequential and in the portable lowering's order.
-//  3. Head means of h* only, m[b,j,:] = head_scale · v[b,h*,j,:] · wo_h*^T,
+//  3. Head means of h* only, m[b,j,:] = head_scale · v[b,h*,j,:] · wo_h*^T
+//     (dots along wo's rows: wo is read in place, never transposed),
 //     written straight into the tiled transposed key layout of the flash
 //     kernel, and ‖m_j‖².
 //  4. The posterior mix with the flash kernel of Flash.h: q = u, keys m,
 //     logit (s + <u_i,m_j>/σ²) − ‖m_j‖²/(2σ²), -inf where s = -inf.
+// Stages 1 and 3 run on the calling thread when their work is small (decode:
+// waking the thread pool would cost more than the work).
 //
 //===----------------------------------------------------------------------===//
 
@@ -34,6 +37,30 @@ using namespace mlir::moe::cpu;
 
 namespace {
 constexpr int64_t kDyn = ShapedType::kDynamic;
+
+/// r[i] = Σ_l v[i][l] for 16 vector<16xf32>: a tree of lane-half shuffles
+/// (4 levels; the order of the additions is fixed, so deterministic).
+Value sumLanes(CK &k, ArrayRef<Value> v) {
+  SmallVector<Value> level(v);
+  for (int64_t size = kLanes; size > 1; size /= 2) {
+    int64_t groups = kLanes / size, half = size / 2;
+    SmallVector<int64_t> lo, hi;
+    for (int64_t from : {int64_t(0), kLanes}) // x's lanes, then y's
+      for (int64_t g = 0; g < groups; ++g)
+        for (int64_t t = 0; t < half; ++t) {
+          lo.push_back(from + g * size + t);
+          hi.push_back(from + g * size + half + t);
+        }
+    SmallVector<Value> next;
+    for (size_t p = 0; p + 1 < level.size(); p += 2) {
+      Value a = vector::ShuffleOp::create(k.b, level[p], level[p + 1], lo);
+      Value c = vector::ShuffleOp::create(k.b, level[p], level[p + 1], hi);
+      next.push_back(k.fadd(a, c));
+    }
+    level = std::move(next);
+  }
+  return level.front();
+}
 
 struct AttentionPosteriorKernel : KernelPattern<AttentionPosteriorOp> {
   using KernelPattern::KernelPattern;
@@ -64,7 +91,9 @@ struct AttentionPosteriorKernel : KernelPattern<AttentionPosteriorOp> {
     Value keyChunks = k.ceilDiv(keys, k.idx(kLanes));
     Value zeros = k.constLike(k.vf32(), 0.0);
     Value negInfV = k.negInfLike(k.vf32());
-    k.workers(opts, k.mul(k.mul(batch, heads), rows), [&](Value item, Value) {
+    Value statWork = k.mul(k.mul(k.mul(batch, heads), rows), keys);
+    workersIfLarge(k, opts, k.mul(k.mul(batch, heads), rows), statWork,
+                   [&](Value item, Value) {
       Value i = k.remu(item, rows);
       Value bh = k.divu(item, rows);
       Value h = k.remu(bh, heads), bi = k.divu(bh, heads);
@@ -130,20 +159,15 @@ struct AttentionPosteriorKernel : KernelPattern<AttentionPosteriorOp> {
       return kk.castInt(kk.load(head, {bi}), b.getIndexType());
     };
 
-    // 3. Head means of h*, transposed per key tile (Flash.h).
+    // 3. Head means of h*, m[b,j,:] = head_scale · v[b,h*,j,:] · wo_h*^T, in
+    //    blocks of 16 model columns: the dot over c runs along wo's rows
+    //    (contiguous, no transposed copy of wo: that copy alone is D·Dh
+    //    scalar moves, the cost of ~16 keys) and the block's 16 partial
+    //    vectors are summed by a shuffle tree. Padding keys are zeros.
     Value keysPad = roundUp(k, keys, kKeyTile);
     Value keysT = k.alloc(MemRefType::get({kDyn, kDyn, kDyn, kKeyTile}, f32),
                           {batch, k.divu(keysPad, k.idx(kKeyTile)), model});
     Value norm2 = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, keysPad});
-    Value woT = k.alloc(statType, {batch, headDim, model});
-    k.forLoop(c0, batch, c1, [&](Value bi) {
-      Value col0 = k.mul(headOf(k, bi), headDim);
-      k.forLoop(c0, headDim, c1, [&](Value c) {
-        k.forLoop(c0, model, c1, [&](Value d) {
-          k.store(k.loadF(wo, {d, k.add(col0, c)}), woT, {bi, c, d});
-        });
-      });
-    });
     Value scale;
     if (std::optional<double> s = op.getEffectiveHeadScale())
       scale = k.cF32(*s);
@@ -151,24 +175,40 @@ struct AttentionPosteriorKernel : KernelPattern<AttentionPosteriorOp> {
       scale = k.sitofp(k.castInt(heads, k.i64()));
     Value modelPad = roundUp(k, model, kLanes);
     Value modelChunks = k.divu(modelPad, k.idx(kLanes));
+    Value headChunks = k.ceilDiv(headDim, k.idx(kLanes));
+    Value lastCol = k.sub(model, c1);
     Value rowAll = k.scratch(opts, MemRefType::get({kDyn}, f32), {modelPad});
-    k.workers(opts, k.mul(batch, keysPad), [&](Value item, Value worker) {
+    Value meanWork = k.mul(k.mul(k.mul(batch, keys), model), headDim);
+    workersIfLarge(k, opts, k.mul(batch, keysPad), meanWork,
+                   [&](Value item, Value worker) {
       Value row = k.workerSlice(rowAll, worker);
       Value bi = k.divu(item, keysPad), j = k.remu(item, keysPad);
-      Value h = headOf(k, bi);
       Value inRange = k.cmpi(arith::CmpIPredicate::ult, j, keys);
-      Value jc = k.mins(j, k.sub(keys, c1));
-      k.forLoop(c0, modelChunks, c1, [&](Value dc) {
-        Value d0 = k.mul(dc, k.idx(kLanes));
-        Value count = k.sub(model, d0);
-        Value acc =
-            k.forLoop(c0, headDim, c1, ValueRange{zeros},
-                      [&](Value c, ValueRange a) -> SmallVector<Value> {
-                        Value x = k.splat(k.loadF(v, {bi, h, jc, c}), kLanes);
-                        Value w = k.vloadMasked(woT, {bi, c, d0}, count, 0.0);
-                        return {k.fma(x, w, a[0])};
-                      })[0];
-        k.vstore(k.fmul(k.splat(scale, kLanes), acc), row, {d0});
+      k.ifThen(inRange, [&] {
+        Value h = headOf(k, bi);
+        Value col0 = k.mul(h, headDim);
+        k.forLoop(c0, modelChunks, c1, [&](Value dc) {
+          Value d0 = k.mul(dc, k.idx(kLanes));
+          SmallVector<Value> init(kLanes, zeros);
+          SmallVector<Value> part = k.forLoop(
+              c0, headChunks, c1, init,
+              [&](Value cc, ValueRange acc) -> SmallVector<Value> {
+                Value cb = k.mul(cc, k.idx(kLanes));
+                Value count = k.sub(headDim, cb);
+                Value x = k.vloadMasked(v, {bi, h, j, cb}, count, 0.0);
+                Value col = k.add(col0, cb);
+                SmallVector<Value> next;
+                for (int64_t r = 0; r < kLanes; ++r) {
+                  // Columns past D repeat the last one (never stored).
+                  Value d = k.mins(k.add(d0, k.idx(r)), lastCol);
+                  Value w = k.vloadMasked(wo, {d, col}, count, 0.0);
+                  next.push_back(k.fma(x, w, acc[r]));
+                }
+                return next;
+              });
+          k.vstore(k.fmul(k.splat(scale, kLanes), sumLanes(k, part)), row,
+                   {d0});
+        });
       });
       Value n2 = k.forLoop(c0, model, c1, ValueRange{k.cF32(0.0)},
                            [&](Value d, ValueRange a) -> SmallVector<Value> {

@@ -6,6 +6,8 @@
 
 #include "Flash.h"
 
+#include "mlir/Dialect/SCF/IR/SCF.h"
+
 #include <limits>
 
 using namespace mlir;
@@ -47,6 +49,23 @@ std::pair<Value, Value> mlir::moe::cpu::packValues(CK &k, Value values,
   // the async runtime's outlined coroutines trips an LLVM 22 x86 codegen
   // error when mlir-runner runs without -O.
   return {packed, k.sum(bad)};
+}
+
+void mlir::moe::cpu::workersIfLarge(CK &k, const KernelOptions &opts, Value numItems,
+                    Value work,
+                    function_ref<void(Value item, Value worker)> body) {
+  if (opts.numThreads <= 1)
+    return k.workers(opts, numItems, body);
+  KernelOptions inlineOpts = opts;
+  inlineOpts.numThreads = 1;
+  auto op = scf::IfOp::create(
+      k.b, k.cmpi(arith::CmpIPredicate::ult, work, k.idx(kInlineWork)),
+      /*withElseRegion=*/true);
+  OpBuilder::InsertionGuard guard(k.b);
+  k.b.setInsertionPoint(op.thenBlock()->getTerminator());
+  k.workers(inlineOpts, numItems, body);
+  k.b.setInsertionPoint(op.elseBlock()->getTerminator());
+  k.workers(opts, numItems, body);
 }
 
 void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
@@ -205,5 +224,8 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
       });
     }
   };
-  k.workers(opts, numItems, body);
+  // Work: a multiply-add per (row, key, depth or value lane).
+  Value work = k.mul(k.mul(k.mul(s.batch, s.rows), s.keys),
+                     k.add(s.depth, s.widthPad));
+  workersIfLarge(k, opts, numItems, work, body);
 }

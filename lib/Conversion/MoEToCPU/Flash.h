@@ -62,7 +62,19 @@ struct FlashSpec {
   std::function<Value(CK &, Value dot, Value b, Value i, Value j0)> logits;
 };
 
-/// Emits the kernel (workers over the B x ceil(N / kQueryTile) query tiles).
+/// Below this many multiply-adds a kernel stage runs on the calling thread:
+/// waking the thread pool costs more than the work (decode sizes).
+constexpr int64_t kInlineWork = int64_t(1) << 20;
+
+/// CK::workers over `numItems`, on the calling thread when `work` (an index:
+/// about the multiply-adds of all items) is below kInlineWork (CK::workers
+/// itself decides on the item count only).
+void workersIfLarge(CK &k, const KernelOptions &opts, Value numItems,
+                    Value work,
+                    function_ref<void(Value item, Value worker)> body);
+
+/// Emits the kernel (workers over the B x ceil(N / kQueryTile) query tiles,
+/// on the calling thread when the whole mix is small).
 void emitFlashMix(CK &k, const KernelOptions &opts, const FlashSpec &spec);
 
 /// Packs values [B, Nk, K] (any float) into [B, Npad, Kp] f32 with zero

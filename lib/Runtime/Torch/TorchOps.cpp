@@ -41,6 +41,7 @@
 #include <dlfcn.h>
 
 #include <array>
+#include <charconv>
 #include <cstdio>
 #include <cmath>
 #include <mutex>
@@ -149,74 +150,124 @@ const char *dtypeName(at::ScalarType t) {
   }
 }
 
-/// Builds the cache key `op|attr=value|...|in:name:dtype:dims|...` and, in
-/// parallel, the call's concrete shapes (what Python validates on a miss).
+/// Builds the cache key `op|attr=value|...|in:name:dtype:dims|...`. This is
+/// the per-call path: one string reserved once, numbers written in place
+/// (std::to_chars; doubles in their shortest round-trip form), the inputs'
+/// sizes kept on the stack; the call's concrete shapes (what Python validates)
+/// are only formatted on a miss.
 class Key {
 public:
-  explicit Key(const char *op) : key(op), shapes(op) {}
+  explicit Key(const char *op) : op(op) {
+    key.reserve(192);
+    key += op;
+  }
 
   Key &attr(const char *name, int64_t v) {
-    return raw(name, std::to_string(v));
+    raw(name);
+    appendInt(key, v);
+    return *this;
   }
-  Key &attr(const char *name, bool v) { return raw(name, v ? "1" : "0"); }
+  Key &attr(const char *name, bool v) {
+    raw(name);
+    key += v ? '1' : '0';
+    return *this;
+  }
   Key &attr(const char *name, double v) {
-    char buf[40];
-    std::snprintf(buf, sizeof(buf), "%.17g", v);
-    return raw(name, buf);
+    raw(name);
+    char buf[32];
+    auto r = std::to_chars(buf, buf + sizeof(buf), v);
+    key.append(buf, r.ptr);
+    return *this;
   }
   Key &attr(const char *name, c10::string_view v) {
-    return raw(name, std::string(v));
+    raw(name);
+    key.append(v.data(), v.size());
+    return *this;
   }
   Key &attr(const char *name, std::optional<double> v) {
-    return v ? attr(name, *v) : raw(name, "none");
+    if (v)
+      return attr(name, *v);
+    raw(name);
+    key += "none";
+    return *this;
   }
 
   /// An input whose dimensions listed in `dynamic` are token-like. The first
   /// input's device is the call's (checkDevice checked the others).
   Key &in(const char *name, const Tensor &t,
           std::initializer_list<int> dynamic = {}) {
-    if (!hasInput && t.is_cuda()) {
-      device = t.device();
-      key += "|device=cuda:" + std::to_string(t.get_device());
+    return in(name, t.scalar_type(), t.sizes(), dynamic, t.device());
+  }
+  /// The same for an input on `device` viewed with `sizes`.
+  Key &in(const char *name, at::ScalarType dtype, c10::IntArrayRef sizes,
+          std::initializer_list<int> dynamic, c10::Device on) {
+    if (!hasInput && on.is_cuda()) {
+      device = on;
+      key += "|device=cuda:";
+      appendInt(key, on.index());
     }
     hasInput = true;
     key += "|in:";
     key += name;
     key += ':';
-    key += dtypeName(t.scalar_type());
+    key += dtypeName(dtype);
     key += ':';
-    shapes += "|";
-    shapes += name;
-    shapes += ':';
-    shapes += dtypeName(t.scalar_type());
-    shapes += ':';
-    for (int64_t d = 0; d < t.dim(); ++d) {
-      if (d) {
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      if (d)
         key += 'x';
-        shapes += 'x';
-      }
-      bool dyn = std::find(dynamic.begin(), dynamic.end(), d) != dynamic.end();
-      key += dyn ? std::string("?") : std::to_string(t.size(d));
-      shapes += std::to_string(t.size(d));
+      if (std::find(dynamic.begin(), dynamic.end(), int(d)) != dynamic.end())
+        key += '?';
+      else
+        appendInt(key, sizes[d]);
     }
-    if (t.dim() == 0) {
+    if (sizes.empty())
       key += "scalar";
-      shapes += "scalar";
-    }
+    inputs.push_back({name, dtype, c10::DimVector(sizes)});
     return *this;
   }
 
-  std::string key, shapes;
+  /// The call's concrete shapes, `op|name:dtype:dims|...`.
+  std::string shapes() const {
+    std::string s = op;
+    for (const Input &i : inputs) {
+      s += '|';
+      s += i.name;
+      s += ':';
+      s += dtypeName(i.dtype);
+      s += ':';
+      for (size_t d = 0; d < i.sizes.size(); ++d) {
+        if (d)
+          s += 'x';
+        appendInt(s, i.sizes[d]);
+      }
+      if (i.sizes.empty())
+        s += "scalar";
+    }
+    return s;
+  }
+
+  std::string key;
   c10::Device device{c10::kCPU};
 
 private:
+  struct Input {
+    const char *name;
+    at::ScalarType dtype;
+    c10::DimVector sizes;
+  };
+  const char *op;
+  c10::SmallVector<Input, 6> inputs;
   bool hasInput = false;
-  Key &raw(const char *name, const std::string &v) {
+
+  void raw(const char *name) {
     key += '|';
     key += name;
     key += '=';
-    key += v;
-    return *this;
+  }
+  static void appendInt(std::string &out, int64_t v) {
+    char buf[24];
+    auto r = std::to_chars(buf, buf + sizeof(buf), v);
+    out.append(buf, r.ptr);
   }
 };
 
@@ -269,7 +320,7 @@ PyObject *callPython(PyObject *fn, PyObject *args) {
 void validateOnly(const Key &k) {
   Gil gil;
   Py_DECREF(callPython(loader, Py_BuildValue("(ssi)", k.key.c_str(),
-                                             k.shapes.c_str(), 1)));
+                                             k.shapes().c_str(), 1)));
 }
 
 KernelFn lookup(const Key &k) {
@@ -283,7 +334,7 @@ KernelFn lookup(const Key &k) {
   {
     Gil gil;
     PyObject *r = callPython(
-        loader, Py_BuildValue("(ss)", k.key.c_str(), k.shapes.c_str()));
+        loader, Py_BuildValue("(ss)", k.key.c_str(), k.shapes().c_str()));
     fn = PyLong_AsVoidPtr(r);
     Py_DECREF(r);
   }
@@ -402,16 +453,16 @@ std::tuple<Tensor, Tensor> topkRenorm(const Tensor &scores, int64_t k,
   key.attr("k", k).attr("mode", mode).attr("renormalize", renormalize);
   // [..., K] as [rows, K]: one kernel for every leading shape.
   int64_t rows = K == 0 ? 0 : s.numel() / K;
-  Tensor flat = s.view({rows, K});
-  key.in("scores", flat, {0});
-  std::vector<int64_t> shape = s.sizes().vec();
+  std::array<int64_t, 2> flatShape{rows, K};
+  key.in("scores", s.scalar_type(), flatShape, {0}, s.device());
+  c10::DimVector shape(s.sizes());
   shape.back() = k;
   Tensor w = at::empty(shape, f32(s)), i = at::empty(shape, i32(s));
   std::array<int64_t, 2> outShape{rows, k};
   KernelFn fn = lookup(key); // validates k against K first
   if (rows == 0)
     return {w, i};
-  std::vector<MemRef> args{describe(flat), describe(w, outShape),
+  std::vector<MemRef> args{describe(s, flatShape), describe(w, outShape),
                            describe(i, outShape)};
   launch(fn, args, key.device);
   return {w, i};
