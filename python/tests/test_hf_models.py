@@ -196,10 +196,10 @@ def test_hf_bf16_router():
         torch.testing.assert_close(w, w_e)
 
 
-#: What the seed blocks in plain torch raise to. SymphonySMoE's gate is a top-k of ``softmax(logits) · Aᵀ`` with the
-#: raw values as weights: a plain ``topk``, no idiom, left to torch.
+#: What the seed blocks in plain torch raise to. SymphonySMoE's gate, a top-k of ``softmax(logits) · Aᵀ`` with the
+#: raw values as weights, is the probs-mode ``topk_renorm`` without renormalization.
 SEEDS = {similarity_inform: {"similarity_inform", "topk_renorm"}, attention_inform: {"topk_renorm"},
-         hyper_router: {"topk_renorm"}, acmoe: {"topk_renorm"}, symphony: set()}
+         hyper_router: {"topk_renorm"}, acmoe: {"topk_renorm"}, symphony: {"topk_renorm"}}
 
 
 @pytest.mark.parametrize("mod", list(SEEDS), ids=lambda m: m.__name__.split(".")[-1])

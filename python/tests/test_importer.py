@@ -159,6 +159,26 @@ class TopkRenormProbs(nn.Module):
         return v / v.sum(-1, keepdim=True), i
 
 
+class MixedProbsTopk(nn.Module):
+    """SymphonySMoE's gate: the top-k of ``softmax(logits) · Aᵀ``, raw values as weights."""
+
+    def __init__(self, experts: int = 8):
+        super().__init__()
+        self.register_buffer("a", torch.rand(experts, experts))
+
+    def forward(self, x):
+        v, i = torch.topk(torch.softmax(x, -1) @ self.a.t(), 3, dim=-1)
+        return v * 2.0, i
+
+
+class TopkRaw(nn.Module):
+    """A top-k of plain scores, values used raw: no routing idiom (the importer still lowers it to the op)."""
+
+    def forward(self, x):
+        v, i = torch.topk(x, 3, dim=-1)
+        return v * 2.0, i
+
+
 class SimilarityIdiom(nn.Module):
     def __init__(self, tau: float = 2.0, scale_by_mul: bool = False, rank2: bool = False):
         super().__init__()
@@ -184,6 +204,9 @@ IDIOMS = [
      [r'"moe\.topk_renorm"\(%arg0\) \{k = 2 : i64, mode = #moe<topk_mode logits>, renormalize = true\}'], 1),
     (TopkRenormProbs(), (torch.rand(6, 8),),
      [r'"moe\.topk_renorm"\(%arg0\) \{k = 2 : i64, mode = #moe<topk_mode probs>, renormalize = true\}'], 1),
+    (MixedProbsTopk(), (torch.randn(2, 5, 8),),
+     [r'"moe\.topk_renorm"\(%\w+\) \{k = 3 : i64, mode = #moe<topk_mode probs>, renormalize = false\}'], 1),
+    (MixedProbsTopk(), (torch.randn(7, 8),), [r'"moe\.topk_renorm".*mode = #moe<topk_mode probs>'], 1),
     (SimilarityIdiom(), (torch.randn(2, 5, 4), torch.rand(2, 5, 3)),
      [r'"moe\.similarity_inform"\(%arg0, %arg1\) \{causal = false, operandSegmentSizes = array<i32: 1, 1, 0, 0>, '
       r'tau = 2\.0+e\+00 : f32\}'], 1),
@@ -216,6 +239,12 @@ def test_raised_graph_computes_the_same(model, args, checks, n):
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_plain_topk_is_not_a_routing_idiom():
+    """A top-k of scores that are not mixed probabilities stays aten.topk in the FX graph."""
+    ep = export_program(TopkRaw(), (torch.randn(4, 8),))
+    assert sum(raise_routing_idioms(ep.graph_module).values()) == 0
 
 
 def test_raised_weights_keep_their_dtype():

@@ -15,6 +15,8 @@ idiom (FX, after export)                                 becomes
 ``softmax(x,-1) -> topk(k)`` (values used as is)         ``moe.topk_renorm(x, k, mode="logits", renormalize=False)``
 ``topk(x, k) -> softmax(values, -1)``                    ``moe.topk_renorm(x, k, mode="logits", renormalize=True)``
 ``topk(p, k) -> v / v.sum(-1, keepdim)``                 ``moe.topk_renorm(p, k, mode="probs", renormalize=True)``
+``topk(softmax(x,-1) · A, k)`` (values used as is)       ``moe.topk_renorm(softmax(x,-1) · A, k, mode="probs",
+                                                         renormalize=False)`` (SymphonySMoE's gate G, 004 eq 7-8)
 ``softmax(U·Uᵀ/τ, -1) · E`` (``matmul``/``bmm``)           ``moe.similarity_inform(U, E, tau=τ)``
 =====================================================  ===========================================================
 
@@ -44,6 +46,8 @@ _SOFTMAX = (aten.softmax.int, aten._softmax.default)
 _DIV = (aten.div.Tensor, aten.div_.Tensor)
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _MATMUL = (aten.matmul.default, aten.bmm.default)
+_PRODUCTS = _MATMUL + (aten.mm.default,)
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
 def _last_dim(node: fx.Node, dim: Any) -> bool:
@@ -88,6 +92,26 @@ def _topk_parts(n: fx.Node) -> Optional[tuple[fx.Node, int, Optional[fx.Node], O
         else:
             return None
     return x, int(k), vals, idxs
+
+
+def _through_views(n: Any) -> Any:
+    while isinstance(n, fx.Node) and n.op == "call_function" and n.target in _VIEWS:
+        n = n.args[0]
+    return n
+
+
+def _is_probability_mix(x: fx.Node) -> bool:
+    """``softmax(l, -1) · A`` (a matrix product whose left factor is a last-dim softmax; the views a decomposed
+    ``matmul`` adds are looked through): mixed probabilities such as SymphonySMoE's gate ``G = softmax(logits) · Aᵀ``,
+    whose top-k the dialect takes in probs mode. (Any top-k is that op; the check keeps raising to routing gates.)"""
+    prod = _through_views(x)
+    if not isinstance(prod, fx.Node) or prod.op != "call_function" or prod.target not in _PRODUCTS:
+        return False
+    s = _through_views(prod.args[0])
+    if not isinstance(s, fx.Node):
+        return False
+    dim = _softmax_dim(s)
+    return dim is not None and _last_dim(s, dim)
 
 
 def _renorm_div(vals: fx.Node) -> Optional[fx.Node]:
@@ -190,6 +214,12 @@ def _raise_topk(graph: fx.Graph) -> int:
         if div is not None:
             _emit_topk_renorm(graph, tk, x, k, "probs", True, div, idxs)
             _erase_dead(graph, [div, s, vals, idxs, tk])
+            count += 1
+            continue
+        # topk(softmax(l) · A), the values used raw
+        if _is_probability_mix(x):
+            _emit_topk_renorm(graph, tk, x, k, "probs", False, vals, idxs)
+            _erase_dead(graph, [vals, idxs, tk])
             count += 1
     return count
 
