@@ -69,10 +69,11 @@ def prefill_cases() -> list[C.Case]:
 
 
 def interleaved(fns: dict[str, Callable[[], object]], budget_s: float, max_rounds: int,
-                cap_s: float = 20.0) -> dict[str, dict]:
+                cap_s: float = 20.0, sample_s: float = 5e-3) -> dict[str, dict]:
     """Times the implementations in rounds, one sample of each in turn, so that a shared machine's load (and the
-    caches' and clock's state) falls on all of them alike. A sample is a batch of back-to-back calls (at least ~200 us,
-    so timer overhead stays out of microsecond calls) divided by its size. Warm-up first (5% of the budget for fast
+    caches' and clock's state) falls on all of them alike. A sample is a batch of back-to-back calls (about
+    ``sample_s``: each implementation runs warm, its thread pool awake, as in a loop of calls; timer overhead stays out
+    of microsecond calls) divided by its size. Warm-up first (5% of the budget for fast
     functions); about ``budget_s`` seconds per implementation, 3 to ``max_rounds`` rounds; a function slower than
     ``cap_s`` is timed by its warm-up call alone."""
     est: dict[str, float] = {}
@@ -89,7 +90,7 @@ def interleaved(fns: dict[str, Callable[[], object]], budget_s: float, max_round
             est[name] = budget_s * 0.05 / max(n, 1)
     slow = {n for n, e in est.items() if e >= cap_s}
     live = {n: fn for n, fn in fns.items() if n not in slow}
-    batch = {n: max(1, int(2e-4 / max(est[n], 1e-8))) for n in live}
+    batch = {n: max(1, int(sample_s / max(est[n], 1e-8))) for n in live}
     round_s = sum(batch[n] * est[n] for n in live) or 1e-6
     rounds = max(3, min(max_rounds, int(budget_s * max(len(live), 1) / round_s)))
     if rounds * round_s > cap_s * max(len(live), 1):
