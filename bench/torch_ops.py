@@ -1,7 +1,7 @@
 """torch.ops.moe.* as users call them (from Python, through the dispatcher and the C++ extension) vs PyTorch eager and
 torch.compile (inductor) of the eager formulation, same inputs, same threads, same run.
 
-  .venv/bin/python -m bench.torch_ops [--threads 2] [--quick] [--only SUBSTR ...] [--no-compile] [--budget S] [--tag T]
+  .venv/bin/python -m bench.torch_ops [--threads 2] [--quick] [--only SUBSTR ...] [--no-compile] [--budget S] [--tag T] [--sequential]
 
 Cases: bench/cases.py's shapes, plus every op at the decode token counts T = 1, 16, 64 (for similarity and attention
 T = N = Nk, one sequence; hyper_router is token-independent). The eager baseline is bench/baselines.py (the papers' §2
@@ -23,10 +23,15 @@ from .threads import pin_threads
 
 # Before torch and the kernel cache read them.
 _THREADS = pin_threads(2)
+# Inductor compiles in this process: a pool of compile workers would start (and import torch) in the background
+# after the first torch.compile and load the machine while the first cases are timed.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
+import statistics  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -37,8 +42,7 @@ import torch  # noqa: E402
 from . import cases as C  # noqa: E402
 from .cpu import machine_info  # noqa: E402
 from .ours import REPO  # noqa: E402
-import gc  # noqa: E402
-import statistics  # noqa: E402
+from .timing import measure  # noqa: E402
 
 sys.path.insert(0, str(REPO / "python"))
 import moe_mlir  # noqa: E402,F401
@@ -181,7 +185,11 @@ def run_case(case: C.Case, args) -> dict:
             fns["inductor"] = lambda: fn(*inputs)
         except Exception as err:  # noqa: BLE001
             rec["inductor_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-    rec.update(interleaved(fns, args.budget, 400 if case.regime == "decode" else 50))
+    if args.sequential:  # the earlier method: each implementation's calls back to back, one after the other
+        reps = 20000 if case.regime == "decode" else 200
+        rec.update({n: measure(fn, args.budget, reps) for n, fn in fns.items()})
+    else:
+        rec.update(interleaved(fns, args.budget, 400 if case.regime == "decode" else 50))
     ours_ms = rec["ours"]["median_ms"]
     rec["speedup_vs_eager"] = rec["eager"]["median_ms"] / ours_ms
     if "inductor" in rec:
@@ -238,6 +246,9 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=0.5, help="seconds of timed calls per implementation and case")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--tag", default="", help="a suffix of the result files' names (e.g. 'loaded')")
+    ap.add_argument("--sequential", action="store_true",
+                    help="time each implementation's calls back to back, one implementation after the other "
+                         "(the method before interleaving, for comparison)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if not moe_ops.kernels_available():
