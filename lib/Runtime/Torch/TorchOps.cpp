@@ -23,6 +23,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "TorchKernels.h"
+
 #include "MoE/Runtime/ErrorReporting.h"
 
 #include <ATen/ATen.h>
@@ -45,23 +47,15 @@
 
 using at::Tensor;
 
-namespace {
+// Shared with the other files of the extension (RoutingOps.cpp) through
+// TorchKernels.h.
+namespace moe_torch {
 
 //===----------------------------------------------------------------------===//
 // Memref descriptors
 //===----------------------------------------------------------------------===//
 
-constexpr int kMaxRank = 4;
-
-/// A ranked memref descriptor `{allocated, aligned, offset, sizes[R],
-/// strides[R]}`; for rank R only the first 2R entries of `sizesStrides` are
-/// part of the layout the kernel reads, so one struct serves every rank.
-struct MemRef {
-  void *allocated;
-  void *aligned;
-  int64_t offset;
-  int64_t sizesStrides[2 * kMaxRank];
-};
+// MemRef: lib/Runtime/Torch/TorchKernels.h
 
 /// The descriptor of contiguous `t` viewed with `sizes` (same element count).
 MemRef describe(const Tensor &t, c10::IntArrayRef sizes) {
@@ -141,68 +135,7 @@ const char *dtypeName(at::ScalarType t) {
   }
 }
 
-/// Builds the cache key `op|attr=value|...|in:name:dtype:dims|...` and, in
-/// parallel, the call's concrete shapes (what Python validates on a miss).
-class Key {
-public:
-  explicit Key(const char *op) : key(op), shapes(op) {}
-
-  Key &attr(const char *name, int64_t v) {
-    return raw(name, std::to_string(v));
-  }
-  Key &attr(const char *name, bool v) { return raw(name, v ? "1" : "0"); }
-  Key &attr(const char *name, double v) {
-    char buf[40];
-    std::snprintf(buf, sizeof(buf), "%.17g", v);
-    return raw(name, buf);
-  }
-  Key &attr(const char *name, c10::string_view v) {
-    return raw(name, std::string(v));
-  }
-  Key &attr(const char *name, std::optional<double> v) {
-    return v ? attr(name, *v) : raw(name, "none");
-  }
-
-  /// An input whose dimensions listed in `dynamic` are token-like.
-  Key &in(const char *name, const Tensor &t,
-          std::initializer_list<int> dynamic = {}) {
-    key += "|in:";
-    key += name;
-    key += ':';
-    key += dtypeName(t.scalar_type());
-    key += ':';
-    shapes += "|";
-    shapes += name;
-    shapes += ':';
-    shapes += dtypeName(t.scalar_type());
-    shapes += ':';
-    for (int64_t d = 0; d < t.dim(); ++d) {
-      if (d) {
-        key += 'x';
-        shapes += 'x';
-      }
-      bool dyn = std::find(dynamic.begin(), dynamic.end(), d) != dynamic.end();
-      key += dyn ? std::string("?") : std::to_string(t.size(d));
-      shapes += std::to_string(t.size(d));
-    }
-    if (t.dim() == 0) {
-      key += "scalar";
-      shapes += "scalar";
-    }
-    return *this;
-  }
-
-  std::string key, shapes;
-
-private:
-  Key &raw(const char *name, const std::string &v) {
-    key += '|';
-    key += name;
-    key += '=';
-    key += v;
-    return *this;
-  }
-};
+// Key: lib/Runtime/Torch/TorchKernels.h
 
 /// Raises the pending Python exception as the matching c10 error (ValueError
 /// and TypeError keep their type: torch maps them back on the way out).
@@ -613,7 +546,9 @@ std::tuple<Tensor, Tensor> hyperRouter(const Tensor &emb, const Tensor &w1,
   return {w, b};
 }
 
-} // namespace
+} // namespace moe_torch
+
+using namespace moe_torch;
 
 //===----------------------------------------------------------------------===//
 // Autograd (CPU)
@@ -681,6 +616,11 @@ void autogradCpu(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
   at::AutoDispatchBelowAutograd guard;
   op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
 }
+
+template void autogradCpu<true>(const c10::OperatorHandle &,
+                                c10::DispatchKeySet, torch::jit::Stack *);
+template void autogradCpu<false>(const c10::OperatorHandle &,
+                                 c10::DispatchKeySet, torch::jit::Stack *);
 
 //===----------------------------------------------------------------------===//
 // Registration
