@@ -75,6 +75,11 @@ struct DispatchPlanKernel : KernelPattern<DispatchPlanOp> {
   LogicalResult matchAndRewrite(DispatchPlanOp op,
                                 PatternRewriter &rw) const override {
     Location loc = op.getLoc();
+    // Left to the fused kernel of its route (the greedy driver may visit the
+    // plan first).
+    if (auto route = op.getIndices().getDefiningOp<RouteOp>())
+      if (fusableDispatchPlan(route) == op)
+        return rw.notifyMatchFailure(op, "fused with its moe.route");
     int64_t numExperts = op.getNumExperts();
     if (failed(lowering::emitIndexCheck(
             rw, op, op.getIndices(), lowering::indexConst(rw, loc, numExperts),

@@ -35,6 +35,11 @@ RouteKernelBuffers emitRouteKernel(
     function_ref<void(Value item)> itemBegin = nullptr,
     function_ref<void(Value row, Value item, Value indices)> rowEnd = nullptr);
 
+/// The first moe.dispatch_plan that reads `route`'s indices over its E
+/// experts in the same block (so that the fused kernel, emitted at the route,
+/// dominates it), or null: the pair the fused kernel takes (RouteDispatchPlan.cpp).
+DispatchPlanOp fusableDispatchPlan(RouteOp route);
+
 /// The dispatch plan of the i32/i64 indices buffer `indices` [T, K] with E
 /// experts and block size B, built from `hist` [ceil(T / kRouteRowsPerItem),
 /// E] i32 holding each item's per-expert counts of its in-range assignments

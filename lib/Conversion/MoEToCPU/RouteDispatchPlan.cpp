@@ -22,23 +22,21 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::cpu;
 
-namespace {
-/// The first moe.dispatch_plan that reads `route`'s indices over its E experts
-/// and is in the same block (so the fused kernel, emitted at the route,
-/// dominates it).
-DispatchPlanOp fusablePlan(RouteOp route) {
+DispatchPlanOp mlir::moe::cpu::fusableDispatchPlan(RouteOp route) {
   auto logits = cast<RankedTensorType>(route.getLogits().getType());
   if (logits.isDynamicDim(1))
     return nullptr;
   for (Operation *user : route.getIndices().getUsers()) {
     auto plan = dyn_cast<DispatchPlanOp>(user);
-    if (plan && static_cast<int64_t>(plan.getNumExperts()) == logits.getDimSize(1) &&
+    if (plan &&
+        static_cast<int64_t>(plan.getNumExperts()) == logits.getDimSize(1) &&
         plan->getBlock() == route->getBlock())
       return plan;
   }
   return nullptr;
 }
 
+namespace {
 /// Benefit 3: tried before the single-op route kernel (2).
 struct RouteDispatchPlanKernel : OpRewritePattern<RouteOp> {
   RouteDispatchPlanKernel(MLIRContext *ctx, KernelOptions opts)
@@ -47,7 +45,7 @@ struct RouteDispatchPlanKernel : OpRewritePattern<RouteOp> {
 
   LogicalResult matchAndRewrite(RouteOp op,
                                 PatternRewriter &rw) const override {
-    DispatchPlanOp plan = fusablePlan(op);
+    DispatchPlanOp plan = fusableDispatchPlan(op);
     if (!plan)
       return rw.notifyMatchFailure(op, "no dispatch_plan of its indices");
     ImplicitLocOpBuilder b(op.getLoc(), rw);
