@@ -285,13 +285,13 @@ def _raise_similarity(graph: fx.Graph) -> int:
 
 _SCATTER = (aten.scatter.value, aten.scatter_.value, aten.scatter.src, aten.scatter_.src)
 _MASKED_FILL = (aten.masked_fill.Scalar, aten.masked_fill_.Scalar)
-_TO_COPY = (aten._to_copy.default,)
+_TO_COPY = (aten._to_copy.default, aten.to.dtype)
 #: Ops a group mask may be built from (DeepseekV3TopkRouter: view -> topk(2) -> sum -> topk(topk_group) ->
 #: zeros_like -> scatter_ -> unsqueeze -> expand -> reshape -> bool -> ~; DeepSeek-V2: max instead of topk(2)+sum).
 _MASK_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.topk.default, operator.getitem,
              aten.sum.dim_IntList, aten.max.dim, aten.amax.default, aten.zeros_like.default, aten.new_zeros.default,
              aten.scatter.value, aten.scatter_.value, aten.unsqueeze.default, aten.expand.default,
-             aten.clone.default, aten._to_copy.default, aten.bitwise_not.default, aten.logical_not.default,
+             aten.clone.default, aten._to_copy.default, aten.to.dtype, aten.bitwise_not.default, aten.logical_not.default,
              aten.eq.Scalar, aten.contiguous.default, aten.alias.default}
 #: The largest epsilon in ``w / (w.sum() + eps)`` taken as plain renormalization (HF DeepSeek-V3 adds 1e-20: in f32
 #: ``s + 1e-20 == s`` for every sum above ~1e-13).
