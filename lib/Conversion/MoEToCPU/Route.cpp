@@ -155,23 +155,13 @@ private:
   Value bestBelow(Value cand, Value lo, Value hi, Value prev) {
     Value lo32 = k.splat(k.castInt(lo, k.i32()), kCandLanes);
     Value hi32 = k.splat(k.castInt(hi, k.i32()), kCandLanes);
-    Value prevV = k.splat(prev, kCandLanes);
-    Value c0 = k.divu(lo, k.idx(kCandLanes));
-    Value c1 = k.ceilDiv(hi, k.idx(kCandLanes));
-    Value best =
-        k.forLoop(c0, c1, k.idx(1), ValueRange{none},
-                  [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                    Value base = k.mul(c, k.idx(kCandLanes));
-                    Value v = k.vload(cand, {base}, kCandLanes);
-                    Value lanes =
-                        k.iota(k.castInt(base, k.i32()), kCandLanes);
-                    Value ok = k.andI(
-                        k.andI(k.cmpi(arith::CmpIPredicate::sge, lanes, lo32),
-                               k.lt(lanes, hi32)),
-                        k.lt(v, prevV));
-                    return {k.maxs(acc[0], k.select(ok, v, none))};
-                  })[0];
-    return k.maxsi(best);
+    return bestCandidateBelow(
+        k, cand, k.divu(lo, k.idx(kCandLanes)),
+        k.ceilDiv(hi, k.idx(kCandLanes)), prev, [&](Value base) {
+          Value lanes = k.iota(k.castInt(base, k.i32()), kCandLanes);
+          return k.andI(k.cmpi(arith::CmpIPredicate::sge, lanes, lo32),
+                        k.lt(lanes, hi32));
+        });
   }
 
   /// Step 3: keep the topk_group best groups.
@@ -233,15 +223,7 @@ private:
         k.idx(0), k.idx(topk), k.idx(1),
         ValueRange{k.cI64(std::numeric_limits<int64_t>::max())},
         [&](Value j, ValueRange it) -> SmallVector<Value> {
-          Value prev = k.splat(it[0], kCandLanes);
-          Value best = k.forLoop(
-              k.idx(0), numChunks, k.idx(1), ValueRange{none},
-              [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                Value v =
-                    k.vload(cand, {k.mul(c, k.idx(kCandLanes))}, kCandLanes);
-                return {k.maxs(acc[0], k.select(k.lt(v, prev), v, none))};
-              })[0];
-          Value pick = k.maxsi(best);
+          Value pick = bestCandidateBelow(k, cand, k.idx(0), numChunks, it[0]);
           Value index = candidateIndex(k, pick);
           Value e = k.castInt(index, k.index());
           Value value = fromLogits ? k.loadF(x, {r, e}) : k.load(s, {e});
