@@ -28,19 +28,15 @@ _THREADS = pin_threads(2)
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
-import json  # noqa: E402
 import time  # noqa: E402
-import traceback  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
 from typing import Callable  # noqa: E402
 
 import torch  # noqa: E402
 
-from .cpu import machine_info  # noqa: E402
 from .ours import REPO  # noqa: E402
 from .timing import measure  # noqa: E402
-from .torch_ops import write_markdown  # noqa: E402
+from .torch_ops import add_common_args, run_all  # noqa: E402
 
 sys.path.insert(0, str(REPO / "python"))
 import moe_mlir  # noqa: E402,F401
@@ -177,12 +173,7 @@ def run_case(case: Case, args) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=_THREADS)
-    ap.add_argument("--quick", action="store_true", help="decode cases only")
-    ap.add_argument("--only", nargs="*", default=[], help="cases whose name contains one of these")
-    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (inductor)")
-    ap.add_argument("--budget", type=float, default=0.5, help="seconds of timed calls per implementation and case")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    add_common_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if not moe_ops.kernels_available():
@@ -191,37 +182,13 @@ def main() -> int:
     todo = cases(DECODE_T + (() if args.quick else PREFILL_T))
     if args.only:
         todo = [c for c in todo if any(s in c.name for s in args.only)]
-    info = machine_info(args.threads)
-    print(f"{info['cpu_model']}, {args.threads} threads, torch {info['torch']}, load {info['loadavg_start']}",
-          flush=True)
-    results = []
-    for case in todo:
-        try:
-            rec = run_case(case, args)
-        except Exception as err:  # noqa: BLE001
-            rec = {"case": case.name, "op": case.op, "regime": case.regime, "T": case.T,
-                   "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
-        results.append(rec)
-        if "ours" in rec:
-            print(f"{case.name:34s} ours {rec['ours']['median_ms'] * 1e3:9.1f} us  eager "
-                  f"{rec['eager']['median_ms'] * 1e3:9.1f} us  x{rec['speedup_vs_eager']:.2f}"
-                  + (f"  inductor x{rec['speedup_vs_inductor']:.2f}" if "speedup_vs_inductor" in rec else "")
-                  + ("" if rec["correct"] else "  WRONG"), flush=True)
-        else:
-            print(f"{case.name:34s} ERROR {rec['error'][:200]}", flush=True)
     date = datetime.date.today().isoformat()
-    doc = {"date": date, "machine": info, "loadavg_end": list(os.getloadavg()), "results": results}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = f"routing-{date}-t{args.threads}" + ("-quick" if args.quick else "")
-    (out / f"{stem}.json").write_text(json.dumps(doc, indent=1))
-    md = out / f"{stem}.md"
-    write_markdown(doc, md)
+    results, md = run_all(todo, run_case, args, stem)
     # The shared writer names bench/baselines.py; here eager is the models' routing code (see this module's doc).
     md.write_text(md.read_text().replace("Eager = bench/baselines.py", "Eager = the models' routing code "
                                          "(bench/routing.py: HF DeepseekV3TopkRouter after its linear; Kimi-K2 without "
                                          "groups; a stable-argsort dispatch plan)"))
-    print(f"wrote {out / stem}.json and .md")
     return 0 if all(r.get("correct", False) for r in results) else 1
 
 
