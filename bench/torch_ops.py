@@ -237,8 +237,8 @@ def write_markdown(doc: dict, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_common_args(ap: argparse.ArgumentParser) -> None:
+    """The options every torch-op benchmark takes (also bench/routing.py)."""
     ap.add_argument("--threads", type=int, default=_THREADS)
     ap.add_argument("--quick", action="store_true", help="decode cases only")
     ap.add_argument("--only", nargs="*", default=[], help="cases whose name contains one of these")
@@ -249,23 +249,21 @@ def main() -> int:
     ap.add_argument("--sequential", action="store_true",
                     help="time each implementation's calls back to back, one implementation after the other "
                          "(the method before interleaving, for comparison)")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    if not moe_ops.kernels_available():
-        print(f"the compiled kernels are unavailable: {moe_ops._KERNELS_UNAVAILABLE}", file=sys.stderr)
-        return 2
-    cases = decode_cases() + ([] if args.quick else prefill_cases())
-    if args.only:
-        cases = [c for c in cases if any(s in c.name for s in args.only)]
+
+
+def run_all(todo: list, run_one: Callable, args, stem: str) -> tuple[list[dict], Path]:
+    """Runs ``run_one(case, args)`` for every case (an exception becomes an error record), prints one line per case,
+    writes ``<out>/<stem>.json`` and ``.md``; returns the records and the markdown path."""
     info = machine_info(args.threads)
     print(f"{info['cpu_model']}, {args.threads} threads, torch {info['torch']}, load {info['loadavg_start']}",
           flush=True)
     results = []
-    for case in cases:
+    for case in todo:
         try:
-            rec = run_case(case, args)
+            rec = run_one(case, args)
         except Exception as err:  # noqa: BLE001
-            rec = {"case": case.name, "op": case.op, "regime": case.regime, "T": case.params.get("T"),
+            T = case.params.get("T") if hasattr(case, "params") else getattr(case, "T", None)
+            rec = {"case": case.name, "op": case.op, "regime": case.regime, "T": T,
                    "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
         results.append(rec)
         if "ours" in rec:
@@ -279,11 +277,27 @@ def main() -> int:
     doc = {"date": date, "machine": info, "loadavg_end": list(os.getloadavg()), "results": results}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = (f"torch-ops-{date}-t{args.threads}" + ("-quick" if args.quick else "")
-            + (f"-{args.tag}" if args.tag else ""))
     (out / f"{stem}.json").write_text(json.dumps(doc, indent=1))
     write_markdown(doc, out / f"{stem}.md")
     print(f"wrote {out / stem}.json and .md")
+    return results, out / f"{stem}.md"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(ap)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if not moe_ops.kernels_available():
+        print(f"the compiled kernels are unavailable: {moe_ops._KERNELS_UNAVAILABLE}", file=sys.stderr)
+        return 2
+    cases = decode_cases() + ([] if args.quick else prefill_cases())
+    if args.only:
+        cases = [c for c in cases if any(s in c.name for s in args.only)]
+    date = datetime.date.today().isoformat()
+    stem = (f"torch-ops-{date}-t{args.threads}" + ("-quick" if args.quick else "")
+            + (f"-{args.tag}" if args.tag else ""))
+    results, _ = run_all(cases, run_case, args, stem)
     return 0 if all(r.get("correct", False) for r in results) else 1
 
 

@@ -40,8 +40,12 @@ def ConvertMoEToCPU : Pass<"convert-moe-to-cpu"> {
 
     Kernels: `topk_renorm` (vectorized max rounds over packed (key, index) candidates), `similarity_inform` and
     `attention_posterior` (flash-style key tiles with an online softmax; N×N is never built), `mad_dispersion`
-    (segmented statistics), `adjacency_update` (co-selection counts) and `hyper_router` (GEMVs). Fused routing
-    ops are split first, so that their mixing op and gate get kernels. Ops or forms without a kernel are left for
+    (segmented statistics), `adjacency_update` (co-selection counts), `hyper_router` (GEMVs), `route` (vector
+    scoring passes, group scores by masked vector maxes, the same max rounds as `topk_renorm`) and `dispatch_plan`
+    (a counting sort whose two O(T·k) phases run on the workers, per-item cursors keeping the order stable); a
+    `route` whose indices feed a `dispatch_plan` over the same experts is one kernel (the plan's counts are taken
+    while the routed rows are in cache). Fused routing ops are split first, so that their mixing op and gate get
+    kernels. Ops or forms without a kernel are left for
     `convert-moe-to-linalg`, the portable reference lowering, which `moe-lower-to-llvm` runs right after.
   }];
   let options = [

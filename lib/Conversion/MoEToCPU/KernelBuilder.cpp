@@ -6,6 +6,8 @@
 
 #include "KernelBuilder.h"
 
+#include "MoE/Kernels/TopK.h"
+
 #include "mlir/Dialect/Bufferization/IR/Bufferization.h"
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
@@ -242,6 +244,25 @@ SmallVector<Value> CK::dynamicSizes(ArrayRef<int64_t> shape,
     if (ShapedType::isDynamic(s))
       dyn.push_back(v);
   return dyn;
+}
+
+Value mlir::moe::cpu::bestCandidateBelow(CK &k, Value cand, Value c0, Value c1,
+                                         Value prev,
+                                         function_ref<Value(Value)> laneMask) {
+  constexpr int64_t kCand = 8;
+  Value none = kernels::noCandidate(k, VectorType::get({kCand}, k.i64()));
+  Value prevV = k.splat(prev, kCand);
+  Value best =
+      k.forLoop(c0, c1, k.idx(1), ValueRange{none},
+                [&](Value c, ValueRange acc) -> SmallVector<Value> {
+                  Value base = k.mul(c, k.idx(kCand));
+                  Value v = k.vload(cand, {base}, kCand);
+                  Value ok = k.cmpi(arith::CmpIPredicate::slt, v, prevV);
+                  if (laneMask)
+                    ok = k.andI(ok, laneMask(base));
+                  return {k.maxs(acc[0], k.select(ok, v, none))};
+                })[0];
+  return k.maxsi(best);
 }
 
 Value mlir::moe::cpu::roundUp(CK &k, Value x, int64_t m) {

@@ -112,6 +112,12 @@ public:
                                          ArrayRef<Value> sizes);
 };
 
+/// One round of the top-k kernels: the largest packed i64 candidate (MoE/Kernels/TopK.h) of the vector<8xi64>
+/// chunks [c0, c1) of `cand` that ranks strictly below `prev` (i64), among the lanes `laneMask(base)` (an
+/// i1 vector<8> for the chunk at element `base`; null: all lanes); noCandidate when there is none.
+Value bestCandidateBelow(CK &k, Value cand, Value c0, Value c1, Value prev,
+                         function_ref<Value(Value base)> laneMask = nullptr);
+
 /// Rounds `x` (index) up to a multiple of `m`.
 Value roundUp(CK &k, Value x, int64_t m);
 

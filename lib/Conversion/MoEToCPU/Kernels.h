@@ -31,6 +31,11 @@ void populateMadDispersionKernel(RewritePatternSet &p, const KernelOptions &o);
 void populateAdjacencyUpdateKernel(RewritePatternSet &p,
                                    const KernelOptions &o);
 void populateHyperRouterKernel(RewritePatternSet &p, const KernelOptions &o);
+void populateRouteKernel(RewritePatternSet &p, const KernelOptions &o);
+void populateDispatchPlanKernel(RewritePatternSet &p, const KernelOptions &o);
+/// moe.route feeding moe.dispatch_plan: one kernel (benefit 3).
+void populateRouteDispatchPlanKernel(RewritePatternSet &p,
+                                     const KernelOptions &o);
 } // namespace moe::cpu
 } // namespace mlir
 

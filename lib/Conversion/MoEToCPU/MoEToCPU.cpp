@@ -58,6 +58,9 @@ void mlir::moe::populateMoEToCPUKernelPatterns(RewritePatternSet &patterns,
   cpu::populateMadDispersionKernel(patterns, opts);
   cpu::populateAdjacencyUpdateKernel(patterns, opts);
   cpu::populateHyperRouterKernel(patterns, opts);
+  cpu::populateRouteKernel(patterns, opts);
+  cpu::populateDispatchPlanKernel(patterns, opts);
+  cpu::populateRouteDispatchPlanKernel(patterns, opts);
   populateSplitFusedRoutingPatterns(patterns);
 }
 

@@ -166,16 +166,7 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
         k.idx(0), k.idx(topk), k.idx(1),
         ValueRange{k.cI64(std::numeric_limits<int64_t>::max())},
         [&](Value j, ValueRange it) -> SmallVector<Value> {
-          Value prev = k.splat(it[0], kCandLanes);
-          Value best = k.forLoop(
-              k.idx(0), numChunks, k.idx(1), ValueRange{none},
-              [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                Value v =
-                    k.vload(cand, {k.mul(c, k.idx(kCandLanes))}, kCandLanes);
-                Value eligible = k.cmpi(arith::CmpIPredicate::slt, v, prev);
-                return {k.maxs(acc[0], k.select(eligible, v, none))};
-              })[0];
-          Value top = k.maxsi(best);
+          Value top = bestCandidateBelow(k, cand, k.idx(0), numChunks, it[0]);
           Value index = candidateIndex(k, top);
           Value value = k.loadF(s2, {r, k.castInt(index, k.b.getIndexType())});
           k.store(index, i2, {r, j});

@@ -29,6 +29,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "MoE/Runtime/ErrorReporting.h"
+
+#include "TorchKernels.h"
 #include "TorchCuda.h"
 
 #include <ATen/ATen.h>
@@ -54,23 +56,15 @@ using at::Tensor;
 
 PyObject *toPython(const c10::IValue &v); // the autograd section below
 
-namespace {
+// Shared with the other files of the extension (RoutingOps.cpp, GradOps.cpp)
+// through TorchKernels.h.
+namespace moe_torch {
 
 //===----------------------------------------------------------------------===//
 // Memref descriptors
 //===----------------------------------------------------------------------===//
 
-constexpr int kMaxRank = 4;
-
-/// A ranked memref descriptor `{allocated, aligned, offset, sizes[R],
-/// strides[R]}`; for rank R only the first 2R entries of `sizesStrides` are
-/// part of the layout the kernel reads, so one struct serves every rank.
-struct MemRef {
-  void *allocated;
-  void *aligned;
-  int64_t offset;
-  int64_t sizesStrides[2 * kMaxRank];
-};
+// MemRef: lib/Runtime/Torch/TorchKernels.h
 
 /// The descriptor of contiguous `t` viewed with `sizes` (same element count).
 MemRef describe(const Tensor &t, c10::IntArrayRef sizes) {
@@ -89,7 +83,6 @@ MemRef describe(const Tensor &t, c10::IntArrayRef sizes) {
 }
 MemRef describe(const Tensor &t) { return describe(t, t.sizes()); }
 
-using KernelFn = void *;
 
 void callKernel(KernelFn fn, std::vector<MemRef> &args) {
   std::array<MemRef *, 8> p{};
@@ -150,104 +143,7 @@ const char *dtypeName(at::ScalarType t) {
   }
 }
 
-/// Builds the cache key `op|attr=value|...|in:name:dtype:dims|...`. This is
-/// the per-call path: one string reserved once, numbers written in place
-/// (std::to_chars; doubles in their shortest round-trip form), the inputs'
-/// sizes kept on the stack; the call's concrete shapes (what Python validates)
-/// are only formatted on a miss.
-class Key {
-public:
-  explicit Key(const char *op) : op(op) {
-    key.reserve(192);
-    key += op;
-  }
-
-  Key &attr(const char *name, int64_t v) {
-    raw(name);
-    appendInt(key, v);
-    return *this;
-  }
-  Key &attr(const char *name, bool v) {
-    raw(name);
-    key += v ? '1' : '0';
-    return *this;
-  }
-  Key &attr(const char *name, double v) {
-    raw(name);
-    char buf[32];
-    auto r = std::to_chars(buf, buf + sizeof(buf), v);
-    key.append(buf, r.ptr);
-    return *this;
-  }
-  Key &attr(const char *name, c10::string_view v) {
-    raw(name);
-    key.append(v.data(), v.size());
-    return *this;
-  }
-  Key &attr(const char *name, std::optional<double> v) {
-    if (v)
-      return attr(name, *v);
-    raw(name);
-    key += "none";
-    return *this;
-  }
-
-  /// An input whose dimensions listed in `dynamic` are token-like. The first
-  /// input's device is the call's (checkDevice checked the others).
-  Key &in(const char *name, const Tensor &t,
-          std::initializer_list<int> dynamic = {}) {
-    return in(name, t.scalar_type(), t.sizes(), dynamic, t.device());
-  }
-  /// The same for an input on `device` viewed with `sizes`.
-  Key &in(const char *name, at::ScalarType dtype, c10::IntArrayRef sizes,
-          std::initializer_list<int> dynamic, c10::Device on) {
-    if (!hasInput && on.is_cuda()) {
-      device = on;
-      key += "|device=cuda:";
-      appendInt(key, on.index());
-    }
-    hasInput = true;
-    key += "|in:";
-    key += name;
-    key += ':';
-    key += dtypeName(dtype);
-    key += ':';
-    for (size_t d = 0; d < sizes.size(); ++d) {
-      if (d)
-        key += 'x';
-      if (std::find(dynamic.begin(), dynamic.end(), int(d)) != dynamic.end())
-        key += '?';
-      else
-        appendInt(key, sizes[d]);
-    }
-    if (sizes.empty())
-      key += "scalar";
-    inputs.push_back({name, dtype, c10::DimVector(sizes)});
-    return *this;
-  }
-
-  /// The call's concrete shapes, `op|name:dtype:dims|...`.
-  std::string shapes() const {
-    std::string s = op;
-    for (const Input &i : inputs) {
-      s += '|';
-      s += i.name;
-      s += ':';
-      s += dtypeName(i.dtype);
-      s += ':';
-      for (size_t d = 0; d < i.sizes.size(); ++d) {
-        if (d)
-          s += 'x';
-        appendInt(s, i.sizes[d]);
-      }
-      if (i.sizes.empty())
-        s += "scalar";
-    }
-    return s;
-  }
-
-  std::string key;
-  c10::Device device{c10::kCPU};
+// Key: lib/Runtime/Torch/TorchKernels.h
 
 private:
   struct Input {
@@ -427,6 +323,12 @@ void checkDevice(const char *op, std::initializer_list<const Tensor *> ts) {
     TORCH_CHECK(t->device() == device, "moe.", op,
                 ": every tensor must be on one device, got ", device, " and ",
                 t->device());
+}
+
+void checkCpu(const char *op, std::initializer_list<const Tensor *> ts) {
+  for (const Tensor *t : ts)
+    TORCH_CHECK(t->device().is_cpu(), "moe.", op,
+                ": the CPU kernels take CPU tensors, got one on ", t->device());
 }
 
 Tensor contig(const Tensor &t) { return t.is_contiguous() ? t : t.contiguous(); }
@@ -735,7 +637,9 @@ std::tuple<Tensor, Tensor> hyperRouter(const Tensor &emb, const Tensor &w1,
   return {w, b};
 }
 
-} // namespace
+} // namespace moe_torch
+
+using namespace moe_torch;
 
 //===----------------------------------------------------------------------===//
 // Autograd (CPU)

@@ -18,7 +18,17 @@ idiom (FX, after export)                                 becomes
 ``topk(softmax(x,-1) · A, k)`` (values used as is)       ``moe.topk_renorm(softmax(x,-1) · A, k, mode="probs",
                                                          renormalize=False)`` (SymphonySMoE's gate G, 004 eq 7-8)
 ``softmax(U·Uᵀ/τ, -1) · E`` (``matmul``/``bmm``)           ``moe.similarity_inform(U, E, tau=τ)``
+``s = sigmoid(x)``; ``topk(mask(s + b), k)`` ->           ``moe.route(x, b, k, sigmoid, n_group, topk_group,
+``gather(s)`` [``/ (sum + eps)``] [``* f``]               group_score, renormalize, f)`` (DeepSeek-V3/R1, Kimi-K2,
+(``mask``: HF's group mask, optional; softmax too)       GLM-4.5, DeepSeek-V2 in HF's form)
+``sigmoid(full(-inf).scatter(topk(x, k)))``               ``zeros.scatter(moe.route(x, k, sigmoid,
+(Llama-4's dense gate)                                    topk_then_score))``
 =====================================================  ===========================================================
+
+The group mask is recognised from the ops it is built of (a view of the choice scores as ``[T, G, E/G]``, its top-2
+sum or max, the ``topk_group`` best groups scattered into a mask, expanded back to ``[T, E]``, inverted): it must be a
+function of the choice scores alone. The ``eps`` of HF's ``w / (w.sum() + 1e-20)`` is dropped (at most 1e-12: in
+f32 it changes no sum above ~1e-13).
 
 Each rewrite is exact for finite inputs (Mutual-Inform App. A.3 proves the first and third equal) with these
 differences on degenerate rows, where the dialect's rules apply instead of torch's: ties select the lowest index
@@ -29,6 +39,7 @@ dtype, so the rest of the graph is unchanged.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Optional
 
@@ -298,10 +309,272 @@ def _raise_similarity(graph: fx.Graph) -> int:
     return count
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Production routers -> moe.route (DeepSeek-V3 / Kimi-K2 / GLM-4.5 style sigmoid + bias + groups; Llama-4)
+# ----------------------------------------------------------------------------------------------------------------
+
+_SCATTER = (aten.scatter.value, aten.scatter_.value, aten.scatter.src, aten.scatter_.src)
+_MASKED_FILL = (aten.masked_fill.Scalar, aten.masked_fill_.Scalar)
+_TO_COPY = (aten._to_copy.default, aten.to.dtype)
+#: Ops a group mask may be built from (DeepseekV3TopkRouter: view -> topk(2) -> sum -> topk(topk_group) ->
+#: zeros_like -> scatter_ -> unsqueeze -> expand -> reshape -> bool -> ~; DeepSeek-V2: max instead of topk(2)+sum).
+_MASK_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.topk.default, operator.getitem,
+             aten.sum.dim_IntList, aten.max.dim, aten.amax.default, aten.zeros_like.default, aten.new_zeros.default,
+             aten.scatter.value, aten.scatter_.value, aten.unsqueeze.default, aten.expand.default,
+             aten.clone.default, aten._to_copy.default, aten.to.dtype, aten.bitwise_not.default, aten.logical_not.default,
+             aten.eq.Scalar, aten.contiguous.default, aten.alias.default}
+#: The largest epsilon in ``w / (w.sum() + eps)`` taken as plain renormalization (HF DeepSeek-V3 adds 1e-20: in f32
+#: ``s + 1e-20 == s`` for every sum above ~1e-13).
+_RENORM_EPS = 1e-12
+
+
+def _is_call(n: Any, targets) -> bool:
+    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
+
+
+def _val(n: fx.Node) -> Optional[torch.Tensor]:
+    v = n.meta.get("val") if isinstance(n, fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _scoring_of(s: fx.Node) -> Optional[tuple[str, fx.Node]]:
+    """("sigmoid" | "softmax", logits [T, E] f32) when ``s`` scores logits in f32."""
+    if _is_call(s, (aten.sigmoid.default,)):
+        x = s.args[0]
+    elif _softmax_dim(s) is not None and _last_dim(s, _softmax_dim(s)):
+        x = s.args[0]
+    else:
+        return None
+    xv = _val(x)
+    if xv is None or xv.dim() != 2 or xv.dtype != torch.float32:
+        return None
+    return ("sigmoid" if s.target == aten.sigmoid.default else "softmax"), x
+
+
+def _ancestors_until(n: fx.Node, stop: fx.Node, limit: int = 64) -> Optional[list[fx.Node]]:
+    """The nodes ``n`` is computed from, up to ``stop`` (excluded), when every one is a call of ``_MASK_OPS``
+    (so the result is a function of ``stop`` alone); None otherwise."""
+    seen: dict[fx.Node, None] = {}
+    work = [n]
+    while work:
+        cur = work.pop()
+        if cur is stop or cur in seen:
+            continue
+        if not _is_call(cur, _MASK_OPS) or len(seen) >= limit:
+            return None
+        seen[cur] = None
+        work.extend(a for a in cur.all_input_nodes)
+        # An in-place update of a node the mask reads (``group_mask.scatter_(...)`` when later uses still name
+        # ``group_mask``) is part of its computation.
+        work.extend(u for u in cur.users if _is_call(u, (aten.scatter_.value, aten.scatter_.src)) and u.args[0] is cur)
+    return list(seen)
+
+
+def _group_spec(mask: fx.Node, c: fx.Node, num_experts: int) -> Optional[tuple[int, int, str]]:
+    """(n_group, topk_group, group_score) when ``mask`` (True = excluded) is DeepSeek's group mask of ``c``."""
+    nodes = _ancestors_until(mask, c)
+    if nodes is None:
+        return None
+    topks = [n for n in nodes if n.target == aten.topk.default]
+    if not any(n.target in (aten.scatter.value, aten.scatter_.value) for n in nodes):
+        return None
+    # The group scores: topk(c viewed [T, G, E/G], 2) summed, or its max.
+    grouped = [n for n in nodes if n.target in (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+               and n.args[0] is c]
+    if len(grouped) != 1 or _val(grouped[0]) is None or _val(grouped[0]).dim() != 3:
+        return None
+    g = grouped[0]
+    n_group = int(_val(g).shape[1])
+    if n_group < 1 or num_experts % n_group or int(_val(g).shape[2]) != num_experts // n_group:
+        return None
+    users = list(g.users)
+    if len(users) != 1:
+        return None
+    u = users[0]
+    if u.target == aten.topk.default and u.args[1] == 2:
+        group_score = "top2_sum"
+    elif u.target in (aten.max.dim, aten.amax.default) or (u.target == aten.topk.default and u.args[1] == 1):
+        group_score = "max"
+    else:
+        return None
+    select = [t for t in topks if t is not u]
+    if len(select) != 1 or not isinstance(select[0].args[1], int):
+        return None
+    topk_group = int(select[0].args[1])
+    if not 1 <= topk_group <= n_group:
+        return None
+    return n_group, topk_group, group_score
+
+
+def _weights_chain(g: fx.Node) -> tuple[fx.Node, bool, float, list[fx.Node]]:
+    """From the gathered weights ``g``: (the final weights node, renormalized?, scale, the chain's nodes, users
+    first)."""
+    out, renorm, scale, chain = g, False, 1.0, []
+    users = list(g.users)
+    div = next((u for u in users if u.target in _DIV and u.args[0] is g), None)
+    s = next((u for u in users if u.target == aten.sum.dim_IntList), None)
+    if div is not None and s is not None and len(users) == 2:
+        den = div.args[1]
+        keep = s.args[2] if len(s.args) > 2 else s.kwargs.get("keepdim", False)
+        dims = s.args[1] if len(s.args) > 1 else s.kwargs.get("dim")
+        eps_ok = den is s or (_is_call(den, (aten.add.Tensor, aten.add.Scalar)) and den.args[0] is s
+                              and isinstance(den.args[1], float) and 0 <= den.args[1] <= _RENORM_EPS
+                              and len(den.users) == 1)
+        if keep and isinstance(dims, (list, tuple)) and len(dims) == 1 and _last_dim(g, dims[0]) and eps_ok \
+                and len(s.users) == 1:
+            out, renorm = div, True
+            chain = [div, den, s] if den is not s else [div, s]
+    users = list(out.users)
+    if len(users) == 1 and _is_call(users[0], (aten.mul.Tensor, aten.mul.Scalar)) and users[0].args[0] is out:
+        f = users[0].args[1]
+        if isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and f > 0:
+            out, scale = users[0], float(f)
+            chain.insert(0, users[0])
+    return out, renorm, scale, chain
+
+
+def _erase_unused(graph: fx.Graph, nodes: list[fx.Node]) -> None:
+    """Erases those of ``nodes`` left without users, users first (in-place ops such as DeepSeek's ``scatter_`` of
+    the group mask or ``/=`` of the weights are not dead code for ``eliminate_dead_code``)."""
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    for n in sorted(set(nodes), key=lambda n: -position.get(n, -1)):
+        if n in position and not n.users:
+            graph.erase_node(n)
+
+
+def _emit_route(graph: fx.Graph, anchor: fx.Node, args: tuple, weights_user: Optional[fx.Node],
+                idx_users: list[fx.Node]) -> tuple[fx.Node, fx.Node]:
+    with graph.inserting_before(anchor):
+        r = _new(graph, moe.route.default, args, like=anchor)
+        w = _new(graph, operator.getitem, (r, 0), like=anchor)
+        i = _new(graph, operator.getitem, (r, 1), like=anchor)
+        if weights_user is not None:
+            want = weights_user.meta["val"].dtype
+            wv = w if want == torch.float32 else _new(graph, aten._to_copy.default, (w,), {"dtype": want}, like=anchor)
+            weights_user.replace_all_uses_with(wv)
+        for u in idx_users:
+            i64 = _new(graph, aten._to_copy.default, (i,), {"dtype": u.meta["val"].dtype}, like=anchor)
+            u.replace_all_uses_with(i64)
+    return w, i
+
+
+def _raise_scored_topk(graph: fx.Graph) -> int:
+    """``gather(score(x), topk([masked_fill](score(x) [+ bias], group mask, -inf), k).indices)`` [renormalized]
+    [scaled] -> ``moe.route`` (DeepSeek-V3/R1, Kimi-K2, GLM-4.5, DeepSeek-V2 gates in HF's form)."""
+    count = 0
+    for tk in list(graph.nodes):
+        parts = _topk_parts(tk)
+        if parts is None or parts[3] is None:
+            continue
+        c2, k, vals, idxs = parts
+        if vals is not None and vals.users:
+            continue
+        gathers = [u for u in idxs.users if _is_call(u, (aten.gather.default,)) and u.args[2] is idxs]
+        if len(gathers) != 1 or not _last_dim(gathers[0], gathers[0].args[1]):
+            continue
+        gather = gathers[0]
+        s = gather.args[0]
+        scored = _scoring_of(s)
+        if scored is None:
+            continue
+        scoring, logits = scored
+        num_experts = int(_val(logits).shape[1])
+        c, mask = c2, None
+        if _is_call(c2, _MASKED_FILL):
+            c, mask = c2.args[0], c2.args[1]
+            if c2.args[2] != float("-inf"):
+                continue
+        bias = None
+        if c is not s:
+            if not (_is_call(c, (aten.add.Tensor,)) and c.args[0] is s and isinstance(c.args[1], fx.Node)):
+                continue
+            bias = c.args[1]
+            bv = _val(bias)
+            if bv is None or bv.dim() != 1 or bv.shape[0] != num_experts or bv.dtype not in _FLOATS:
+                continue
+            if len(c.kwargs) or (len(c.args) > 2 and c.args[2] != 1):
+                continue
+        n_group, topk_group, group_score = 1, 1, "top2_sum"
+        if mask is not None:
+            spec = _group_spec(mask, c, num_experts)
+            if spec is None:
+                continue
+            n_group, topk_group, group_score = spec
+            if n_group == 1:
+                topk_group = 1
+            if k > topk_group * (num_experts // n_group):
+                continue
+        out, renorm, scale, chain = _weights_chain(gather)
+        dead = chain + [gather, idxs, tk, c2, c, s]
+        if mask is not None:
+            dead += _ancestors_until(mask, c) or []
+        _emit_route(graph, tk, (logits, bias, k, scoring, "score_then_topk", n_group, topk_group, group_score,
+                                renorm, scale), out, [idxs])
+        _erase_unused(graph, dead)
+        count += 1
+    return count
+
+
+def _raise_topk_sigmoid_dense(graph: fx.Graph) -> int:
+    """Llama-4: ``sigmoid(full_like(x, -inf).scatter(1, topk(x, k).indices, topk(x, k).values))`` (the dense [T, E]
+    gate, 0 off the selection) -> ``zeros.scatter(1, idx, moe.route(x, k, sigmoid, topk_then_score).weights)``."""
+    count = 0
+    for tk in list(graph.nodes):
+        parts = _topk_parts(tk)
+        if parts is None or parts[2] is None or parts[3] is None:
+            continue
+        x, k, vals, idxs = parts
+        xv = _val(x)
+        if xv is None or xv.dim() != 2:
+            continue
+        sc = [u for u in vals.users]
+        if len(sc) != 1 or not _is_call(sc[0], (aten.scatter.src, aten.scatter_.src)):
+            continue
+        scat = sc[0]
+        full, dim, index, src = scat.args[:4]
+        if index is not idxs or src is not vals or not _last_dim(scat, dim):
+            continue
+        if not (_is_call(full, (aten.full_like.default,)) and full.args[0] is x and full.args[1] == float("-inf")):
+            continue
+        # Optional upcast, the sigmoid, optional cast back.
+        node = scat
+        users = list(node.users)
+        if len(users) == 1 and _is_call(users[0], _TO_COPY) and _val(users[0]).dtype == torch.float32:
+            node = users[0]
+            users = list(node.users)
+        if len(users) != 1 or not _is_call(users[0], (aten.sigmoid.default,)):
+            continue
+        sig = users[0]
+        out = sig
+        users = list(sig.users)
+        if len(users) == 1 and _is_call(users[0], _TO_COPY) and set(users[0].kwargs) <= {"dtype"}:
+            out = users[0]
+        other_idx_users = [u for u in idxs.users if u is not scat]
+        with graph.inserting_before(tk):
+            r = _new(graph, moe.route.default, (x, None, k, "sigmoid", "topk_then_score", 1, 1, "top2_sum", False,
+                                                1.0), like=tk)
+            w = _new(graph, operator.getitem, (r, 0), like=tk)
+            i = _new(graph, operator.getitem, (r, 1), like=tk)
+            i64 = _new(graph, aten._to_copy.default, (i,), {"dtype": torch.int64}, like=tk)
+            z = _new(graph, aten.zeros_like.default, (x,), {"dtype": torch.float32}, like=tk)
+            dense = _new(graph, aten.scatter.src, (z, dim, i64, w), like=tk)
+            want = _val(out).dtype
+            if want != torch.float32:
+                dense = _new(graph, aten._to_copy.default, (dense,), {"dtype": want}, like=tk)
+        out.replace_all_uses_with(dense)
+        for u in other_idx_users:
+            u.replace_input_with(idxs, i64)
+        _erase_unused(graph, [out, sig, node, scat, full, vals, idxs, tk])
+        count += 1
+    return count
+
+
 def raise_routing_idioms(gm: fx.GraphModule) -> dict[str, int]:
     """Rewrites the idioms in place; returns how many of each were raised."""
     graph = gm.graph
     counts = {"similarity_inform": _raise_similarity(graph)}
+    graph.eliminate_dead_code()
+    counts["route"] = _raise_scored_topk(graph) + _raise_topk_sigmoid_dense(graph)
     graph.eliminate_dead_code()
     counts["topk_renorm"] = _raise_topk(graph)
     graph.eliminate_dead_code()

@@ -1097,6 +1097,23 @@ def _moe_topk_renorm(imp: FxImporter, node, a: dict) -> tuple[Value, Value]:
     return tuple(imp.moe_op("moe.topk_renorm", [a["scores"]], attrs, [imp.out_type(0), imp.out_type(1)]))
 
 
+@lowering("moe::route.default")
+def _moe_route(imp: FxImporter, node, a: dict) -> tuple[Value, Value]:
+    """``moe.route`` (MoERoutingOps.td), raised from DeepSeek-V3 / Llama-4 style routers."""
+    attrs = {"k": f"{int(a['k'])} : i64", "scoring": f"#moe<scoring {a['scoring']}>",
+             "order": f"#moe<order {a['order']}>", "n_group": f"{int(a['n_group'])} : i64",
+             "topk_group": f"{int(a['topk_group'])} : i64", "group_score": f"#moe<group_score {a['group_score']}>",
+             "renormalize": _bool(a["renormalize"]), "routed_scaling_factor": _f32(a["routed_scaling_factor"])}
+    operands = [a["logits"]] + ([a["bias"]] if a.get("bias") is not None else [])
+    return tuple(imp.moe_op("moe.route", operands, attrs, [imp.out_type(0), imp.out_type(1)]))
+
+
+@lowering("moe::dispatch_plan.default")
+def _moe_dispatch_plan(imp: FxImporter, node, a: dict) -> tuple[Value, ...]:
+    attrs = {"num_experts": f"{int(a['num_experts'])} : i64", "block_size": f"{int(a['block_size'])} : i64"}
+    return tuple(imp.moe_op("moe.dispatch_plan", [a["indices"]], attrs, [imp.out_type(j) for j in range(7)]))
+
+
 @lowering("moe::similarity_inform.default")
 def _moe_similarity_inform(imp: FxImporter, node, a: dict) -> Value:
     operands = [a["u"], a["e"]]

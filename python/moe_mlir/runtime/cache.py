@@ -151,6 +151,22 @@ def _bool(v: str) -> str:
     return "true" if v == "1" else "false"
 
 
+def _route_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
+    r = [k.inputs["logits"][1][0], k.attrs["k"]]
+    return [("f32", r), ("i32", r)]
+
+
+def _dispatch_plan_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
+    """counts, offsets, order, inverse, padded_order, block_experts, num_padded; the sizes that depend on the
+    dynamic T are dynamic."""
+    e = int(k.attrs["num_experts"])
+    return [("i32", [str(e)]), ("i32", [str(e + 1)]), ("i32", ["?"]), ("i32", ["?"]), ("i32", ["?"]),
+            ("i32", ["?"]), ("i32", ["1"])]
+
+
+_ROUTING_OUTPUTS = {"route": _route_outputs, "dispatch_plan": _dispatch_plan_outputs}
+
+
 def _outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
     """Result (element type, dims) of the op, in order."""
     a, i = k.attrs, k.inputs
@@ -179,6 +195,8 @@ def _outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
         n = int(a["num_experts"])
         d = int(i["w2"][1][0]) // n - 1
         return [("f32", [str(n), str(d)]), ("f32", [str(n)])]
+    if op in _ROUTING_OUTPUTS:
+        return _ROUTING_OUTPUTS[op](k)
     raise ValueError(f"moe: no kernel for op {op!r}")
 
 
@@ -219,6 +237,14 @@ def _op_text(k: KernelKey, args: dict[str, str], types: dict[str, str]) -> tuple
         names = ("emb", "w1", "b1", "w2", "b2")
         return (f"moe.hyper_router " + ", ".join(args[n] for n in names) + f" num_experts({a['num_experts']})",
                 ", ".join(types[n] for n in names))
+    if op == "route":
+        return (f"moe.route {args['logits']}" + opt_operand("bias", "bias") + f" k({a['k']}) scoring({a['scoring']}) "
+                f"order({a['order']}) n_group({a['n_group']}) topk_group({a['topk_group']}) "
+                f"group_score({a['group_score']}) renormalize({_bool(a['renormalize'])}) "
+                f"routed_scaling_factor({_float(a['routed_scaling_factor'])})", types["logits"])
+    if op == "dispatch_plan":
+        return (f"moe.dispatch_plan {args['indices']} num_experts({a['num_experts']}) "
+                f"block_size({a['block_size']})", types["indices"])
     raise ValueError(f"moe: no kernel for op {op!r}")
 
 

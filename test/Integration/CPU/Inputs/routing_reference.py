@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """References of moe.route and moe.dispatch_plan (MoERoutingOps.td), and the
 generator of test/Integration/CPU/route.mlir and dispatch_plan.mlir:
-`python3 routing_reference.py route > ../route.mlir`.
+`python3 routing_reference.py route > ../route.mlir` (also `dispatch_plan`, `route_dispatch_plan`).
 
 The scores are PyTorch's (torch.softmax / torch.sigmoid in float32, then
 `+ bias` in float32, as the models compute them), the selection is written
@@ -316,5 +316,54 @@ def gen_plan():
     return f.render()
 
 
+def fused_case(f, title, x, k, B, bias=None, **kw):
+    """moe.route whose indices feed moe.dispatch_plan over the same E (the CPU pipeline fuses them into one
+    kernel: test/Conversion/MoEToCPU/route_dispatch_plan.mlir); T dynamic."""
+    x = np.asarray(x, dtype=np.float32)
+    T, E = x.shape
+    w, i = route(x, k, bias, **kw)
+    res = dispatch_plan(i, E, B)
+    body = Body()
+    xin, xty = operand(body, x, "f32")
+    lty = ttype([None, E], "f32")
+    xin = body.cast(xin, xty, lty)
+    bias_ty = None
+    if bias is not None:
+        bname, bias_ty = body.const(np.asarray(bias, np.float32), "f32")
+        body.line("%%b = tensor.cast %s : %s to %s" % (bname, bias_ty, bias_ty))
+    args = {a: kw.get(a, d) for a, d in [("scoring", "softmax"), ("order", "score_then_topk"), ("n_group", 1),
+                                         ("topk_group", 1), ("group_score", "top2_sum"),
+                                         ("renormalize", False), ("scale", 1.0)]}
+    wty, ity = ttype([None, k], "f32"), ttype([None, k], "i32")
+    body.line("%%w, %%i = moe.route %s %s : %s -> %s, %s" % (xin, attrs_text(k, bias_ty, **args), lty, wty, ity))
+    tys = [ttype([s], "i32") for s in (E, E + 1, None, None, None, None, 1)]
+    body.line("%%c, %%o, %%ord, %%inv, %%p, %%bl, %%n = moe.dispatch_plan %%i num_experts(%d) block_size(%d) : %s -> %s"
+              % (E, B, ity, ", ".join(tys)))
+    body.show("%w", wty)
+    body.show("%i", ity, "i32")
+    chk = [checks(w), checks(i, integer=True)]
+    for name, ty, ref in zip(["%c", "%o", "%ord", "%inv", "%p", "%bl", "%n"], tys, res):
+        body.show(name, ty, "i32")
+        chk.append(checks(ref, integer=True))
+    f.case(title, "\n".join(body.lines), "\n".join(chk))
+
+
+def gen_fused():
+    f = TestFile(RUN.format(op="route_dispatch_plan"))
+    rng = np.random.default_rng(29)
+    x = rng.standard_normal((70, 16)).astype(np.float32)
+    x[3] = -INF
+    x[40, 5] = NAN
+    x[50:52] = 0.0  # all-equal rows: ties to the lowest index
+    bias = (0.1 * rng.standard_normal(16)).astype(np.float32)
+    fused_case(f, "DeepSeek-style route (E = 16, 4 groups, top-2 groups, k = 4) feeding a block-4 plan; T = 70 "
+               "(three items of 32 rows: the plan's per-item cursors); -inf, NaN and tied rows", x, 4, 4, bias=bias,
+               scoring="sigmoid", n_group=4, topk_group=2, renormalize=True, scale=2.5)
+    y = rng.integers(-2, 3, (37, 6)).astype(np.float32)
+    fused_case(f, "softmax top-2 with many ties, block 1, T = 37", y, 2, 1, renormalize=True)
+    return f.render()
+
+
 if __name__ == "__main__":
-    sys.stdout.write({"route": gen_route, "dispatch_plan": gen_plan}[sys.argv[1]]())
+    sys.stdout.write({"route": gen_route, "dispatch_plan": gen_plan,
+                      "route_dispatch_plan": gen_fused}[sys.argv[1]]())

@@ -1,0 +1,65 @@
+//===- Route.h - The moe.route and moe.dispatch_plan CPU kernels -*- C++ -*-===//
+//
+// Part of the MoE-MLIR project.
+//
+// The pieces of the routing kernels that the fused form (RouteDispatchPlan.cpp:
+// moe.route whose indices feed a moe.dispatch_plan, one kernel) shares with the
+// two single-op kernels (Route.cpp, DispatchPlan.cpp).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_LIB_CONVERSION_MOETOCPU_ROUTE_H
+#define MOE_LIB_CONVERSION_MOETOCPU_ROUTE_H
+
+#include "KernelBuilder.h"
+
+#include "MoE/IR/MoEOps.h"
+
+namespace mlir::moe::cpu {
+
+/// Rows (tokens) per work item of the routing kernels; also the item of the
+/// dispatch plan's per-item histograms, so that a fused kernel counts the
+/// indices of the rows it has just routed.
+constexpr int64_t kRouteRowsPerItem = 32;
+
+/// Emits the moe.route kernel: allocates the weights [T, k] f32 and indices
+/// [T, k] i32 buffers and spreads blocks of kRouteRowsPerItem rows over the
+/// workers. `itemBegin(item)` runs when a worker starts an item and
+/// `rowEnd(row, item, indices)` after each of its rows (both may be null):
+/// the fused kernel's hooks.
+struct RouteKernelBuffers {
+  Value weights, indices;
+};
+RouteKernelBuffers emitRouteKernel(
+    CK &k, const KernelOptions &opts, RouteOp op,
+    function_ref<void(Value item)> itemBegin = nullptr,
+    function_ref<void(Value row, Value item, Value indices)> rowEnd = nullptr);
+
+/// The first moe.dispatch_plan that reads `route`'s indices over its E
+/// experts in the same block (so that the fused kernel, emitted at the route,
+/// dominates it), or null: the pair the fused kernel takes (RouteDispatchPlan.cpp).
+DispatchPlanOp fusableDispatchPlan(RouteOp route);
+
+/// The dispatch plan of the i32/i64 indices buffer `indices` [T, K] with E
+/// experts and block size B, built from `hist` [ceil(T / kRouteRowsPerItem),
+/// E] i32 holding each item's per-expert counts of its in-range assignments
+/// (emitPlanCounts, or the fused kernel's hook). Returns the seven result
+/// buffers of moe.dispatch_plan, in order, shaped like `op`'s results.
+SmallVector<Value> emitPlanFromHistogram(CK &k, const KernelOptions &opts,
+                                         DispatchPlanOp op, Value indices,
+                                         Value hist);
+/// A fresh [items, E] histogram buffer for `numRows` (T) rows.
+Value allocPlanHistogram(CK &k, Value numRows, int64_t numExperts);
+/// Adds the in-range assignments of row `row` of `indices` to `hist[item]`.
+void countPlanRow(CK &k, Value indices, Value hist, Value row, Value item,
+                  int64_t numExperts);
+/// `v` (a kernel's tensor) cast to the op's result type when they differ
+/// (a static result of a dynamic buffer).
+Value castResult(CK &k, Value v, Type type);
+
+/// Zeroes `hist[item]`.
+void clearPlanItem(CK &k, Value hist, Value item, int64_t numExperts);
+
+} // namespace mlir::moe::cpu
+
+#endif // MOE_LIB_CONVERSION_MOETOCPU_ROUTE_H

@@ -1,0 +1,108 @@
+//===- RoutingOps.cpp - torch.ops.moe.route / dispatch_plan on CPU kernels ===//
+//
+// Part of the MoE-MLIR project.
+//
+//===----------------------------------------------------------------------===//
+//
+// The CPU kernels of the production routing ops (python/moe_mlir/ops.py,
+// section "Production routing"), on the machinery of TorchOps.cpp
+// (TorchKernels.h): the token dimension T is dynamic in the kernel, so one
+// compiled kernel serves every token count; the Python kernel cache validates
+// a call on a key miss. moe.route is differentiable w.r.t. the logits (the
+// AutogradCPU kernel hands calls that need gradients to the op's Python
+// autograd); moe.dispatch_plan is integer-valued (no autograd).
+//
+//===----------------------------------------------------------------------===//
+
+#include "TorchKernels.h"
+
+#include <torch/library.h>
+
+#include <array>
+
+using namespace moe_torch;
+
+namespace {
+
+std::tuple<Tensor, Tensor>
+route(const Tensor &logits, const std::optional<Tensor> &bias, int64_t k,
+      c10::string_view scoring, c10::string_view order, int64_t nGroup,
+      int64_t topkGroup, c10::string_view groupScore, bool renormalize,
+      double routedScalingFactor) {
+  const char *op = "route";
+  checkCpu(op, {&logits});
+  if (bias)
+    checkCpu(op, {&*bias});
+  checkRank(op, "logits", logits, 2, "[T, E]");
+  Key key(op);
+  key.attr("k", k)
+      .attr("scoring", scoring)
+      .attr("order", order)
+      .attr("n_group", nGroup)
+      .attr("topk_group", topkGroup)
+      .attr("group_score", groupScore)
+      .attr("renormalize", renormalize)
+      .attr("routed_scaling_factor", routedScalingFactor);
+  std::vector<Tensor> keep{contig(logits)};
+  key.in("logits", keep[0], {0});
+  if (bias) {
+    keep.push_back(contig(*bias));
+    key.in("bias", keep.back());
+  }
+  KernelFn fn = lookup(key); // validates k, groups and the bias first
+  int64_t rows = logits.size(0);
+  Tensor w = at::empty({rows, k}, f32(logits));
+  Tensor i = at::empty({rows, k}, i32(logits));
+  if (rows == 0)
+    return {w, i};
+  std::vector<MemRef> args;
+  for (const Tensor &t : keep)
+    args.push_back(describe(t));
+  args.push_back(describe(w));
+  args.push_back(describe(i));
+  callKernel(fn, args);
+  return {w, i};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
+dispatchPlan(const Tensor &indices, int64_t numExperts, int64_t blockSize) {
+  const char *op = "dispatch_plan";
+  checkCpu(op, {&indices});
+  checkRank(op, "indices", indices, 2, "[T, k]");
+  Key key(op);
+  key.attr("num_experts", numExperts).attr("block_size", blockSize);
+  Tensor idx = contig(indices);
+  key.in("indices", idx, {0});
+  KernelFn fn = lookup(key); // validates num_experts and block_size first
+  int64_t n = idx.numel();
+  int64_t padded = n + numExperts * (blockSize - 1);
+  int64_t blocks = (padded + blockSize - 1) / blockSize;
+  auto o = i32(indices);
+  std::array<Tensor, 7> out{at::empty({numExperts}, o),
+                            at::empty({numExperts + 1}, o),
+                            at::empty({n}, o),
+                            at::empty({n}, o),
+                            at::empty({padded}, o),
+                            at::empty({blocks}, o),
+                            at::empty({1}, o)};
+  std::vector<MemRef> args{describe(idx)};
+  for (const Tensor &t : out)
+    args.push_back(describe(t));
+  callKernel(fn, args);
+  checkReportedError();
+  return {out[0], out[1], out[2], out[3], out[4], out[5], out[6]};
+}
+
+} // namespace
+
+TORCH_LIBRARY_IMPL(moe, CPU, m) {
+  m.impl("route", &route);
+  m.impl("dispatch_plan", &dispatchPlan);
+}
+
+TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) {
+  m.impl("route",
+         torch::CppFunction::makeFromBoxedFunction<&autogradCpu<true>>());
+  m.impl("dispatch_plan",
+         torch::CppFunction::makeFromBoxedFunction<&autogradCpu<false>>());
+}

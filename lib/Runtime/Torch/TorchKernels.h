@@ -1,0 +1,192 @@
+//===- TorchKernels.h - Shared pieces of the torch.ops.moe CPU kernels -*- C++ -*-===//
+//
+// Part of the MoE-MLIR project.
+//
+//===----------------------------------------------------------------------===//
+//
+// What the files of the torch extension share (TorchOps.cpp defines it; the
+// routing ops of RoutingOps.cpp and the backward ops of GradOps.cpp use it):
+// memref descriptors of torch tensors, the kernel cache key and lookup, the
+// kernel call, the checks worded as python/moe_mlir/ops.py words them, and the
+// AutogradCPU kernel.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_LIB_RUNTIME_TORCH_TORCHKERNELS_H
+#define MOE_LIB_RUNTIME_TORCH_TORCHKERNELS_H
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace moe_torch {
+
+using at::Tensor;
+
+constexpr int kMaxRank = 4;
+
+/// A ranked memref descriptor `{allocated, aligned, offset, sizes[R],
+/// strides[R]}`; for rank R only the first 2R entries of `sizesStrides` are
+/// part of the layout the kernel reads, so one struct serves every rank.
+struct MemRef {
+  void *allocated;
+  void *aligned;
+  int64_t offset;
+  int64_t sizesStrides[2 * kMaxRank];
+};
+
+/// The descriptor of contiguous `t` viewed with `sizes` (same element count).
+MemRef describe(const Tensor &t, c10::IntArrayRef sizes);
+MemRef describe(const Tensor &t);
+
+using KernelFn = void *;
+
+/// Calls `_mlir_ciface_kernel` with 2 to 8 memref arguments.
+void callKernel(KernelFn fn, std::vector<MemRef> &args);
+
+/// The dtype's element name in kernel keys ("f32", "i32", ...).
+const char *dtypeName(at::ScalarType t);
+
+/// Builds the cache key `op|attr=value|...|in:name:dtype:dims|...`. This is
+/// the per-call path: one string reserved once, numbers written in place
+/// (std::to_chars; doubles in their shortest round-trip form), the inputs'
+/// sizes kept on the stack; the call's concrete shapes (what Python validates)
+/// are only formatted on a miss.
+class Key {
+public:
+  explicit Key(const char *op) : op(op) {
+    key.reserve(192);
+    key += op;
+  }
+
+  Key &attr(const char *name, int64_t v) {
+    raw(name);
+    appendInt(key, v);
+    return *this;
+  }
+  Key &attr(const char *name, bool v) {
+    raw(name);
+    key += v ? '1' : '0';
+    return *this;
+  }
+  Key &attr(const char *name, double v) {
+    raw(name);
+    char buf[32];
+    auto r = std::to_chars(buf, buf + sizeof(buf), v);
+    key.append(buf, r.ptr);
+    return *this;
+  }
+  Key &attr(const char *name, c10::string_view v) {
+    raw(name);
+    key.append(v.data(), v.size());
+    return *this;
+  }
+  Key &attr(const char *name, std::optional<double> v) {
+    if (v)
+      return attr(name, *v);
+    raw(name);
+    key += "none";
+    return *this;
+  }
+
+  /// An input whose dimensions listed in `dynamic` are token-like. The first
+  /// input's device is the call's (checkDevice checked the others).
+  Key &in(const char *name, const Tensor &t,
+          std::initializer_list<int> dynamic = {}) {
+    return in(name, t.scalar_type(), t.sizes(), dynamic, t.device());
+  }
+  /// The same for an input on `device` viewed with `sizes`.
+  Key &in(const char *name, at::ScalarType dtype, c10::IntArrayRef sizes,
+          std::initializer_list<int> dynamic, c10::Device on) {
+    if (!hasInput && on.is_cuda()) {
+      device = on;
+      key += "|device=cuda:";
+      appendInt(key, on.index());
+    }
+    hasInput = true;
+    key += "|in:";
+    key += name;
+    key += ':';
+    key += dtypeName(dtype);
+    key += ':';
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      if (d)
+        key += 'x';
+      if (std::find(dynamic.begin(), dynamic.end(), int(d)) != dynamic.end())
+        key += '?';
+      else
+        appendInt(key, sizes[d]);
+    }
+    if (sizes.empty())
+      key += "scalar";
+    inputs.push_back({name, dtype, c10::DimVector(sizes)});
+    return *this;
+  }
+
+  /// The call's concrete shapes, `op|name:dtype:dims|...`.
+  std::string shapes() const {
+    std::string s = op;
+    for (const Input &i : inputs) {
+      s += '|';
+      s += i.name;
+      s += ':';
+      s += dtypeName(i.dtype);
+      s += ':';
+      for (size_t d = 0; d < i.sizes.size(); ++d) {
+        if (d)
+          s += 'x';
+        appendInt(s, i.sizes[d]);
+      }
+      if (i.sizes.empty())
+        s += "scalar";
+    }
+    return s;
+  }
+
+  std::string key;
+  c10::Device device{c10::kCPU};
+
+/// Runs the Python validators on the call (no kernel).
+void validateOnly(const Key &k);
+/// The kernel of `k`: from memory, else from the Python kernel cache (which
+/// validates the call first and raises the op's error).
+KernelFn lookup(const Key &k);
+/// After a kernel call: a reported index error becomes a ValueError.
+void checkReportedError();
+/// Calls kernel `fn` of a call on `device`: on the CPU, then raises a
+/// reported index error; on CUDA, on torch's current stream, no wait.
+void launch(KernelFn fn, std::vector<MemRef> &args, c10::Device device);
+/// lookup + launch.
+void run(const Key &k, std::vector<MemRef> args);
+
+void checkDim(const char *op, const char *name, const Tensor &t, int64_t d,
+              int64_t expected, const char *what);
+void checkRank(const char *op, const char *name, const Tensor &t,
+               int64_t rank, const char *layout);
+/// Every tensor on the CPU (the ops with CPU kernels only).
+void checkCpu(const char *op, std::initializer_list<const Tensor *> ts);
+/// Every tensor on the first one's device.
+void checkDevice(const char *op, std::initializer_list<const Tensor *> ts);
+void similarityChecks(const char *op, const Tensor &u, const Tensor &e,
+                      const std::optional<Tensor> &ws,
+                      const std::optional<Tensor> &mask);
+Tensor contig(const Tensor &t);
+at::TensorOptions f32(const Tensor &like);
+at::TensorOptions i32(const Tensor &like);
+
+} // namespace moe_torch
+
+/// The boxed AutogradCPU kernel of the ops (TorchOps.cpp): straight to the CPU
+/// kernel without gradients, else the op's Python autograd.
+template <bool Differentiable>
+void autogradCpu(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
+                 torch::jit::Stack *stack);
+
+#endif // MOE_LIB_RUNTIME_TORCH_TORCHKERNELS_H

@@ -1,0 +1,145 @@
+"""Raising production routers from real code to ``torch.ops.moe.route``: HF transformers' DeepseekV3TopkRouter and
+DeepseekV3MoE block (sigmoid + correction bias + group-limited top-k + renormalize + scaling; also with one group,
+the Kimi-K2 shape), Llama-4's router and MoE block (top-1 then sigmoid, a dense [T, E] gate). Tiny configs, random
+weights, nothing downloaded. Each compiled module equals eager at several token counts (the first compile static,
+then a symbolic token count) and the graph the backend compiled contains the raised op.
+
+gpt-oss (topk -> softmax), Qwen3-MoE and Mixtral (softmax -> topk -> renorm) raise to ``moe.topk_renorm``, the
+k/renormalize subset of ``moe.route`` that has its own kernels (test_hf_models.py asserts it).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import DeepseekV3Config  # noqa: E402
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek  # noqa: E402
+
+from moe_mlir.backends.dynamo import capture_graphs  # noqa: E402
+
+H = 32
+TOKENS = (5, 1, 12)
+
+
+def _init(m: torch.nn.Module, seed: int) -> torch.nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        for name, b in m.named_buffers():
+            if "e_score_correction_bias" in name:
+                b.copy_(torch.randn(b.shape, generator=g) * 0.1)
+    return m.eval()
+
+
+def _deepseek_config(E: int, n_group: int, topk_group: int, k: int) -> DeepseekV3Config:
+    return DeepseekV3Config(hidden_size=H, moe_intermediate_size=16, n_routed_experts=E, num_experts_per_tok=k,
+                            n_group=n_group, topk_group=topk_group, n_shared_experts=1, norm_topk_prob=True,
+                            routed_scaling_factor=2.5)
+
+
+def _by_index(w: torch.Tensor, i: torch.Tensor):
+    o = i.argsort(-1)
+    return w.gather(-1, o), i.gather(-1, o)
+
+
+def _run(model, make_x, dense="eager"):
+    torch._dynamo.reset()
+    c = torch.compile(model, backend="moe", options={"dense": dense})
+    outs = []
+    with capture_graphs() as log, torch.no_grad():
+        for t in TOKENS:
+            x = make_x(t)
+            outs.append((c(x), model(x)))
+    return log, outs
+
+
+@pytest.mark.parametrize("E,n_group,topk_group,k", [(16, 4, 2, 4), (24, 1, 1, 4), (40, 8, 3, 6)])
+def test_deepseek_v3_router_is_raised_to_route(E, n_group, topk_group, k):
+    router = _init(deepseek.DeepseekV3TopkRouter(_deepseek_config(E, n_group, topk_group, k)), seed=1)
+    log, outs = _run(router, lambda t: torch.randn(t, H))
+    assert log and all(g.fallback is None for g in log)
+    assert all(g.moe_ops() == ["route"] for g in log), [g.graph_module.code for g in log]
+    # the whole chain is gone: no top-k, no scatter of the group mask, no masked_fill, no sigmoid left
+    left = {str(n.target) for g in log for n in g.graph_module.graph.nodes if n.op == "call_function"}
+    assert not {t for t in left if any(w in t for w in ("topk", "scatter", "masked_fill", "sigmoid", "gather"))}, left
+    for (logits, w, i), (logits_e, w_e, i_e) in outs:
+        torch.testing.assert_close(logits, logits_e)
+        assert i.dtype == i_e.dtype == torch.int64 and w.dtype == w_e.dtype
+        w, i = _by_index(w, i)  # HF's topk(sorted=False): compare as sets
+        w_e, i_e = _by_index(w_e, i_e)
+        assert torch.equal(i, i_e)
+        torch.testing.assert_close(w, w_e, atol=1e-6, rtol=1e-5)
+
+
+def test_deepseek_v3_moe_block_is_raised_and_matches_eager():
+    block = _init(deepseek.DeepseekV3MoE(_deepseek_config(16, 4, 2, 4)), seed=2)
+    log, outs = _run(block, lambda t: torch.randn(1, t, H))
+    assert any("route" in g.moe_ops() for g in log), [g.graph_module.code for g in log]
+    for got, want in outs:
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_deepseek_v3_router_through_inductor():
+    router = _init(deepseek.DeepseekV3TopkRouter(_deepseek_config(16, 4, 2, 4)), seed=3)
+    log, outs = _run(router, lambda t: torch.randn(t, H), dense="inductor")
+    assert log and all(g.moe_ops() == ["route"] for g in log)
+    for (_, w, i), (_, w_e, i_e) in outs:
+        w, i = _by_index(w, i)
+        w_e, i_e = _by_index(w_e, i_e)
+        assert torch.equal(i, i_e)
+        torch.testing.assert_close(w, w_e, atol=1e-6, rtol=1e-5)
+
+
+def test_deepseek_v3_router_training_gradient():
+    """The raised route's recompute backward gives the router weight eager's gradient (through the unbiased
+    sigmoid scores)."""
+    cfg = _deepseek_config(16, 4, 2, 4)
+    router = _init(deepseek.DeepseekV3TopkRouter(cfg), seed=4).train()
+    ref = _init(deepseek.DeepseekV3TopkRouter(cfg), seed=4).train()
+    torch._dynamo.reset()
+    c = torch.compile(router, backend="moe", options={"dense": "eager"})
+    x = torch.randn(9, H)
+    cot = torch.randn(9, 4)
+    with capture_graphs() as log:
+        _, w, i = c(x)
+    _, w_e, i_e = ref(x)
+    o, o_e = i.argsort(-1), i_e.argsort(-1)
+    (w.gather(-1, o) * cot).sum().backward()
+    (w_e.gather(-1, o_e) * cot).sum().backward()
+    assert any("route" in g.moe_ops() for g in log)
+    torch.testing.assert_close(router.weight.grad, ref.weight.grad, atol=1e-5, rtol=1e-4)
+
+
+def _llama4():
+    from transformers import Llama4TextConfig
+    from transformers.models.llama4 import modeling_llama4 as llama4
+
+    cfg = Llama4TextConfig(hidden_size=H, intermediate_size=16, intermediate_size_mlp=16, num_local_experts=8,
+                           num_experts_per_tok=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    return llama4, cfg
+
+
+def test_llama4_router_is_raised_to_route():
+    llama4, cfg = _llama4()
+    router = _init(llama4.Llama4Router(cfg), seed=5)
+    log, outs = _run(router, lambda t: torch.randn(t, H))
+    assert log and all(g.moe_ops() == ["route"] for g in log), [g.graph_module.code for g in log]
+    for (scores, logits), (scores_e, logits_e) in outs:
+        torch.testing.assert_close(logits, logits_e)
+        torch.testing.assert_close(scores, scores_e, atol=1e-6, rtol=1e-5)
+        assert ((scores > 0).sum(-1) == 1).all()
+
+
+def test_llama4_moe_block_is_raised_and_matches_eager():
+    llama4, cfg = _llama4()
+    block = _init(llama4.Llama4TextMoe(cfg), seed=6)
+    log, outs = _run(block, lambda t: torch.randn(t, H))
+    assert any("route" in g.moe_ops() for g in log), [g.graph_module.code for g in log]
+    for (out, logits), (out_e, logits_e) in outs:
+        torch.testing.assert_close(logits, logits_e)
+        torch.testing.assert_close(out, out_e, atol=1e-5, rtol=1e-4)
