@@ -153,6 +153,28 @@ public:
   std::string key;
   c10::Device device{c10::kCPU};
 
+private:
+  struct Input {
+    const char *name;
+    at::ScalarType dtype;
+    c10::DimVector sizes;
+  };
+  const char *op;
+  c10::SmallVector<Input, 6> inputs;
+  bool hasInput = false;
+
+  void raw(const char *name) {
+    key += '|';
+    key += name;
+    key += '=';
+  }
+  static void appendInt(std::string &out, int64_t v) {
+    char buf[24];
+    auto r = std::to_chars(buf, buf + sizeof(buf), v);
+    out.append(buf, r.ptr);
+  }
+};
+
 /// Runs the Python validators on the call (no kernel).
 void validateOnly(const Key &k);
 /// The kernel of `k`: from memory, else from the Python kernel cache (which

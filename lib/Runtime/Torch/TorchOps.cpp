@@ -145,28 +145,6 @@ const char *dtypeName(at::ScalarType t) {
 
 // Key: lib/Runtime/Torch/TorchKernels.h
 
-private:
-  struct Input {
-    const char *name;
-    at::ScalarType dtype;
-    c10::DimVector sizes;
-  };
-  const char *op;
-  c10::SmallVector<Input, 6> inputs;
-  bool hasInput = false;
-
-  void raw(const char *name) {
-    key += '|';
-    key += name;
-    key += '=';
-  }
-  static void appendInt(std::string &out, int64_t v) {
-    char buf[24];
-    auto r = std::to_chars(buf, buf + sizeof(buf), v);
-    out.append(buf, r.ptr);
-  }
-};
-
 /// Raises the pending Python exception as the matching c10 error (ValueError
 /// and TypeError keep their type: torch maps them back on the way out).
 [[noreturn]] void rethrowPython() {
