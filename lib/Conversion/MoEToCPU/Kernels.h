@@ -31,6 +31,10 @@ void populateMadDispersionKernel(RewritePatternSet &p, const KernelOptions &o);
 void populateAdjacencyUpdateKernel(RewritePatternSet &p,
                                    const KernelOptions &o);
 void populateHyperRouterKernel(RewritePatternSet &p, const KernelOptions &o);
+// Backward ops (MoEGradOps.td).
+void populateSimilarityInformGradKernel(RewritePatternSet &p,
+                                        const KernelOptions &o);
+void populateTopkRenormGradKernel(RewritePatternSet &p, const KernelOptions &o);
 } // namespace moe::cpu
 } // namespace mlir
 

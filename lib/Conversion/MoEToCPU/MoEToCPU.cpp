@@ -58,6 +58,8 @@ void mlir::moe::populateMoEToCPUKernelPatterns(RewritePatternSet &patterns,
   cpu::populateMadDispersionKernel(patterns, opts);
   cpu::populateAdjacencyUpdateKernel(patterns, opts);
   cpu::populateHyperRouterKernel(patterns, opts);
+  cpu::populateSimilarityInformGradKernel(patterns, opts);
+  cpu::populateTopkRenormGradKernel(patterns, opts);
   populateSplitFusedRoutingPatterns(patterns);
 }
 

@@ -23,6 +23,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "TorchKernels.h"
+
 #include "MoE/Runtime/ErrorReporting.h"
 
 #include <ATen/ATen.h>
@@ -45,23 +47,12 @@
 
 using at::Tensor;
 
-namespace {
+// The helpers TorchKernels.h declares (shared with GradOps.cpp).
+namespace moe_torch {
 
 //===----------------------------------------------------------------------===//
 // Memref descriptors
 //===----------------------------------------------------------------------===//
-
-constexpr int kMaxRank = 4;
-
-/// A ranked memref descriptor `{allocated, aligned, offset, sizes[R],
-/// strides[R]}`; for rank R only the first 2R entries of `sizesStrides` are
-/// part of the layout the kernel reads, so one struct serves every rank.
-struct MemRef {
-  void *allocated;
-  void *aligned;
-  int64_t offset;
-  int64_t sizesStrides[2 * kMaxRank];
-};
 
 /// The descriptor of contiguous `t` viewed with `sizes` (same element count).
 MemRef describe(const Tensor &t, c10::IntArrayRef sizes) {
@@ -79,8 +70,6 @@ MemRef describe(const Tensor &t, c10::IntArrayRef sizes) {
   return d;
 }
 MemRef describe(const Tensor &t) { return describe(t, t.sizes()); }
-
-using KernelFn = void *;
 
 void callKernel(KernelFn fn, std::vector<MemRef> &args) {
   std::array<MemRef *, 8> p{};
@@ -140,69 +129,6 @@ const char *dtypeName(at::ScalarType t) {
     return c10::toString(t); // no kernel takes it: the validators say so
   }
 }
-
-/// Builds the cache key `op|attr=value|...|in:name:dtype:dims|...` and, in
-/// parallel, the call's concrete shapes (what Python validates on a miss).
-class Key {
-public:
-  explicit Key(const char *op) : key(op), shapes(op) {}
-
-  Key &attr(const char *name, int64_t v) {
-    return raw(name, std::to_string(v));
-  }
-  Key &attr(const char *name, bool v) { return raw(name, v ? "1" : "0"); }
-  Key &attr(const char *name, double v) {
-    char buf[40];
-    std::snprintf(buf, sizeof(buf), "%.17g", v);
-    return raw(name, buf);
-  }
-  Key &attr(const char *name, c10::string_view v) {
-    return raw(name, std::string(v));
-  }
-  Key &attr(const char *name, std::optional<double> v) {
-    return v ? attr(name, *v) : raw(name, "none");
-  }
-
-  /// An input whose dimensions listed in `dynamic` are token-like.
-  Key &in(const char *name, const Tensor &t,
-          std::initializer_list<int> dynamic = {}) {
-    key += "|in:";
-    key += name;
-    key += ':';
-    key += dtypeName(t.scalar_type());
-    key += ':';
-    shapes += "|";
-    shapes += name;
-    shapes += ':';
-    shapes += dtypeName(t.scalar_type());
-    shapes += ':';
-    for (int64_t d = 0; d < t.dim(); ++d) {
-      if (d) {
-        key += 'x';
-        shapes += 'x';
-      }
-      bool dyn = std::find(dynamic.begin(), dynamic.end(), d) != dynamic.end();
-      key += dyn ? std::string("?") : std::to_string(t.size(d));
-      shapes += std::to_string(t.size(d));
-    }
-    if (t.dim() == 0) {
-      key += "scalar";
-      shapes += "scalar";
-    }
-    return *this;
-  }
-
-  std::string key, shapes;
-
-private:
-  Key &raw(const char *name, const std::string &v) {
-    key += '|';
-    key += name;
-    key += '=';
-    key += v;
-    return *this;
-  }
-};
 
 /// Raises the pending Python exception as the matching c10 error (ValueError
 /// and TypeError keep their type: torch maps them back on the way out).
@@ -355,6 +281,31 @@ at::TensorOptions i32(const Tensor &like) {
   return like.options().dtype(at::kInt);
 }
 
+/// The shared part of similarity_inform and its fused top-k form.
+void similarityChecks(const char *op, const Tensor &u, const Tensor &e,
+                      const std::optional<Tensor> &ws,
+                      const std::optional<Tensor> &mask) {
+  checkCpu(op, {&u, &e});
+  if (ws)
+    checkCpu(op, {&*ws});
+  if (mask)
+    checkCpu(op, {&*mask});
+  checkRank(op, "u", u, 3, "[B, N, D]");
+  checkRank(op, "e", e, 3, "[B, N, K]");
+  checkDim(op, "e", e, 0, u.size(0), "dimension 0 of 'u' (B)");
+  checkDim(op, "e", e, 1, u.size(1), "dimension 1 of 'u' (N)");
+  if (mask && mask->dim() == 2) {
+    checkDim(op, "key_mask", *mask, 0, u.size(0), "dimension 0 of 'u' (B)");
+    checkDim(op, "key_mask", *mask, 1, u.size(1), "dimension 1 of 'u' (N)");
+  }
+}
+
+} // namespace moe_torch
+
+using namespace moe_torch;
+
+namespace {
+
 //===----------------------------------------------------------------------===//
 // The ops
 //===----------------------------------------------------------------------===//
@@ -383,25 +334,6 @@ std::tuple<Tensor, Tensor> topkRenorm(const Tensor &scores, int64_t k,
                            describe(i, outShape)};
   callKernel(fn, args);
   return {w, i};
-}
-
-/// The shared part of similarity_inform and its fused top-k form.
-void similarityChecks(const char *op, const Tensor &u, const Tensor &e,
-                      const std::optional<Tensor> &ws,
-                      const std::optional<Tensor> &mask) {
-  checkCpu(op, {&u, &e});
-  if (ws)
-    checkCpu(op, {&*ws});
-  if (mask)
-    checkCpu(op, {&*mask});
-  checkRank(op, "u", u, 3, "[B, N, D]");
-  checkRank(op, "e", e, 3, "[B, N, K]");
-  checkDim(op, "e", e, 0, u.size(0), "dimension 0 of 'u' (B)");
-  checkDim(op, "e", e, 1, u.size(1), "dimension 1 of 'u' (N)");
-  if (mask && mask->dim() == 2) {
-    checkDim(op, "key_mask", *mask, 0, u.size(0), "dimension 0 of 'u' (B)");
-    checkDim(op, "key_mask", *mask, 1, u.size(1), "dimension 1 of 'u' (N)");
-  }
 }
 
 std::vector<MemRef> similarityArgs(Key &key, const Tensor &u, const Tensor &e,
