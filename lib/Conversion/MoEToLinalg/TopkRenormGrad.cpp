@@ -85,7 +85,7 @@ struct TopkRenormGradLowering : OpRewritePattern<TopkRenormGradOp> {
     // The selected values (clamped reads; the scatter below drops bad indices).
     Value sel =
         generic(rw, loc, ValueRange{indices},
-                tensor::EmptyOp::create(rw, loc, selSizes, f32), {full, full},
+                Value(tensor::EmptyOp::create(rw, loc, selSizes, f32)), {full, full},
                 par, [&](OpBuilder &gb, Location gl, ValueRange a) {
                   Value j = toIndex(gb, gl, a[0]);
                   Value c0 = indexConst(gb, gl, 0);
@@ -162,7 +162,7 @@ struct TopkRenormGradLowering : OpRewritePattern<TopkRenormGradOp> {
     dMaps.append(statMaps);
     dMaps.push_back(full);
     Value dsel =
-        generic(rw, loc, dIns, tensor::EmptyOp::create(rw, loc, selSizes, f32),
+        generic(rw, loc, dIns, Value(tensor::EmptyOp::create(rw, loc, selSizes, f32)),
                 dMaps, par, body([&](kernels::KernelBuilder &k, ValueRange a) {
                   Value w = weightOf(k, a[0], a.slice(3, 4));
                   return kernels::topkWeightGrad(k, spec, a[1], w, a[2],

@@ -66,7 +66,7 @@ func.func @grad_dp_shape(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tens
 // -----
 
 func.func @grad_dp_type(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tensor<1x8x3xf16>) {
-  // expected-error @+1 {{operand #4 must be ranked tensor of 32-bit float values}}
+  // expected-error @+1 {{operand #2 must be ranked tensor of 32-bit float values, but got 'tensor<1x8x3xf16>'}}
   %du, %de = "moe.similarity_inform_grad"(%u, %e, %dp) {operandSegmentSizes = array<i32: 1, 1, 0, 0, 1>}
       : (tensor<1x8x4xf32>, tensor<1x8x3xf32>, tensor<1x8x3xf16>) -> (tensor<1x8x4xf32>, tensor<1x8x3xf32>)
   return
@@ -74,9 +74,9 @@ func.func @grad_dp_type(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tenso
 
 // -----
 
-// dws without ws: three results where the operands infer two.
+// dws without ws.
 func.func @grad_dws_without_ws(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tensor<1x8x3xf32>) {
-  // expected-error @+1 {{inferred type(s)}}
+  // expected-error @+1 {{the result 'dws' needs the operand 'ws'}}
   %du, %de, %dws = "moe.similarity_inform_grad"(%u, %e, %dp) {operandSegmentSizes = array<i32: 1, 1, 0, 0, 1>}
       : (tensor<1x8x4xf32>, tensor<1x8x3xf32>, tensor<1x8x3xf32>) -> (tensor<1x8x4xf32>, tensor<1x8x3xf32>, tensor<4x4xf32>)
   return
@@ -86,7 +86,7 @@ func.func @grad_dws_without_ws(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp
 
 // ws without dws.
 func.func @grad_ws_without_dws(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %ws: tensor<4x4xf32>, %dp: tensor<1x8x3xf32>) {
-  // expected-error @+1 {{inferred type(s)}}
+  // expected-error @+1 {{'ws' is present, so the result 'dws' must be too}}
   %du, %de = "moe.similarity_inform_grad"(%u, %e, %ws, %dp) {operandSegmentSizes = array<i32: 1, 1, 1, 0, 1>}
       : (tensor<1x8x4xf32>, tensor<1x8x3xf32>, tensor<4x4xf32>, tensor<1x8x3xf32>) -> (tensor<1x8x4xf32>, tensor<1x8x3xf32>)
   return
@@ -96,7 +96,8 @@ func.func @grad_ws_without_dws(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %ws
 
 // A written result that contradicts the operands.
 func.func @grad_du_shape(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tensor<1x8x3xf32>) {
-  // expected-error @+1 {{inferred type(s)}}
+  // expected-error @+2 {{inferred type(s) 'tensor<1x8x4xf32>', 'tensor<1x8x3xf32>' are incompatible with return type(s)}}
+  // expected-error @+1 {{failed to infer returned types}}
   %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x8x3xf32>)
       : tensor<1x8x4xf32>, tensor<1x8x3xf32> -> tensor<1x8x5xf32>, tensor<1x8x3xf32>
   return

@@ -7,8 +7,8 @@ top-k gate, written here from DIALECT.md; not the package's code).
     .venv/bin/python test/Integration/CPU/Inputs/grad_reference.py > test/Integration/CPU/grad_ops.mlir
 
 Numbers: the kernels accumulate long sums in f32 in another order, so each printed value is matched to 4
-significant digits (any of the 4-digit prefixes within a relative 2e-4 of the float64 value); values below 1e-4
-in magnitude are matched as 0 or a number below 1e-4 of either sign (printed in scientific notation).
+to a tolerance of 2e-4 relative plus 2e-6 of the largest magnitude of its tensor (the printed number must start
+with one of the prefixes of the numbers within it); values below 1e-4 in magnitude are matched as 0 or a number below 1e-4 of either sign (printed in scientific notation).
 """
 
 import math
@@ -18,28 +18,45 @@ import torch
 torch.set_default_dtype(torch.float64)
 
 
-def pattern(x):
+def prefix_regex(c):
+    """A printed number that starts with the digits of `c`; printing drops trailing zeros, so "0.30270" also
+    matches "0.3027" exactly."""
+    if "." not in c:
+        return c + "(\\.[0-9]*)?"
+    stripped = c.rstrip("0")
+    zeros = c[len(stripped):]
+    head = stripped.rstrip(".").replace(".", "\\.")
+    if not zeros:
+        return head + "[0-9]*"
+    rest = c[len(stripped.rstrip(".")):].replace(".", "\\.")
+    return head + "(" + rest + "[0-9]*)?"
+
+
+def pattern(x, scale):
+    """Any printed value within 2e-4 relative + 2e-6 of the tensor's largest magnitude (`scale`) of x: the
+    prefixes (truncated at the tolerance's decade) of the numbers in [x - tol, x + tol]."""
     if abs(x) < 1e-4:
         # 0, or a small number (printed in scientific notation below 1e-4)
         return "{{-?(0|[0-9.]+e-[0-9]+)}}"
     sign = "-" if x < 0 else ""
     a = abs(x)
-    e = math.floor(math.log10(a))
-    step = 10.0 ** (e - 3)
-    lo, hi = int(math.floor(a * (1 - 2e-4) / step)), int(math.floor(a * (1 + 2e-4) / step))
-    # the 6-digit print starts with the 4 significant digits of its truncation
-    cands = sorted({"%.*f" % (max(0, 3 - e), n * step) for n in range(lo, hi + 1)})
-    alts = "|".join(sign + c.replace(".", "\\.") + ("[0-9]*" if "." in c else "(\\.[0-9]*)?") for c in cands)
+    tol = 2e-4 * a + 2e-6 * scale
+    step = 10.0 ** math.floor(math.log10(tol))
+    decimals = max(0, -int(math.floor(math.log10(step))))
+    lo, hi = int(math.floor((a - tol) / step)), int(math.floor((a + tol) / step))
+    cands = sorted({"%.*f" % (decimals, n * step) for n in range(max(lo, 0), hi + 1)})
+    alts = "|".join(sign + prefix_regex(c) for c in cands)
     return "{{(" + alts + ")}}"
 
 
 def lines_for(name, t):
     out = [f"// CHECK: rank = {t.dim()} offset = {{{{[0-9]+}}}} sizes = [{', '.join(str(s) for s in t.shape)}]"]
     rows = t.reshape(-1, t.shape[-1])
+    scale = float(t.abs().max()) if t.numel() else 0.0
     per = t.shape[-2] if t.dim() == 3 else None
     for r, row in enumerate(rows):
         tag = "CHECK-NEXT" if not (per and r and r % per == 0) else "CHECK"
-        out.append(f"// {tag}: {{{{^ *\\[+}}}}" + ", ".join(pattern(float(x)) for x in row) + "]")
+        out.append(f"// {tag}: {{{{^ *\\[+}}}}" + ", ".join(pattern(float(x), scale) for x in row) + "]")
     return out
 
 
