@@ -94,3 +94,15 @@ Value mlir::moe::kernels::topkWeight(KernelBuilder &k, const TopkSpec &spec,
   }
   return v;
 }
+
+Value mlir::moe::kernels::topkWeightGrad(KernelBuilder &k, const TopkSpec &spec,
+                                         Value g, Value w, Value c,
+                                         Value selSum) {
+  if (spec.logits)
+    return k.fmul(w, k.fsub(g, c));
+  if (!spec.renormalize)
+    return g;
+  Value zero = k.constLike(g.getType(), 0.0);
+  Value d = k.fdiv(k.fsub(g, c), selSum);
+  return k.select(k.cmpf(arith::CmpFPredicate::OEQ, selSum, zero), zero, d);
+}

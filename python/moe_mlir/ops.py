@@ -22,9 +22,19 @@ too, so ``torch.export`` rejects a bad call at trace time; the C++ kernels run t
 kernel cache) for what their cache key does not already pin down.
 
 Autograd: ``topk_renorm``, ``similarity_inform``, ``attention_posterior``, ``hyper_router`` and the fused forms are
-differentiable (gradients through the selected values only, none through indices or the head choice); the backward
-recomputes the reference formulation under autograd. ``mad_dispersion`` and ``adjacency_update`` are stop-gradient
-(003 §5.10, 004 §1.2).
+differentiable (gradients through the selected values only, none through indices or the head choice).
+``mad_dispersion`` and ``adjacency_update`` are stop-gradient (003 §5.10, 004 §1.2). The backward of
+
+* ``similarity_inform``: ``torch.ops.moe.similarity_inform_backward`` (the dialect's ``moe.similarity_inform_grad``:
+  a flash-style kernel that recomputes the log-sum-exp, O(N) memory; the eager fallback is autograd of the
+  reference);
+* ``topk_renorm``: ``torch.ops.moe.topk_renorm_backward`` (``moe.topk_renorm_grad``: the closed form of
+  :func:`moe_mlir.reference._topk_renorm_backward_ref` on the saved indices, O(rows·K), no recompute);
+* ``similarity_inform_topk``: both of the above, with ``p`` recomputed by the forward kernel (O(N) memory);
+* ``attention_posterior``, ``attention_posterior_topk``, ``hyper_router``: still recompute the reference formulation
+  under autograd (``_register_recompute_autograd``; O(N·Nk) memory for the posterior).
+
+No backward is differentiable again (no double backward through the kernels).
 """
 
 from __future__ import annotations
@@ -43,8 +53,10 @@ from .reference import (
     _attention_posterior_topk_ref,
     _hyper_router_ref,
     _mad_dispersion_ref,
+    _similarity_inform_backward_ref,
     _similarity_inform_ref,
     _similarity_inform_topk_ref,
+    _topk_renorm_backward_ref,
     _topk_renorm_ref,
 )
 
@@ -57,6 +69,8 @@ __all__ = [
     "hyper_router",
     "similarity_inform_topk",
     "attention_posterior_topk",
+    "similarity_inform_backward",
+    "topk_renorm_backward",
     "OP_NAMES",
     "FUSED_OP_NAMES",
     "kernels_available",
@@ -242,7 +256,65 @@ def _(scores: Tensor, k: int, mode: str = "logits", renormalize: bool = True) ->
     return scores.new_empty(shape, dtype=torch.float32), scores.new_empty(shape, dtype=torch.int32)
 
 
-_register_recompute_autograd(topk_renorm, _topk_renorm_ref, 1, (0,))
+def _needs(ctx, n: int) -> tuple[bool, ...]:
+    """``ctx.needs_input_grad`` for the op's ``n`` arguments (it covers the arguments the caller passed, not the
+    defaults)."""
+    given = tuple(ctx.needs_input_grad)
+    return given + (False,) * (n - len(given))
+
+
+def _validate_topk_renorm_backward(grad_w: Tensor, scores: Tensor, indices: Tensor, mode: str) -> None:
+    op = "topk_renorm_backward"
+    _check_float(op, "scores", scores)
+    if scores.dim() < 1:
+        _fail(op, "'scores' must have rank >= 1 ([..., K])")
+    if grad_w.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"moe.{op}: 'grad_w' must be f32, f16 or bf16, got {grad_w.dtype}")
+    _check_index(op, "indices", indices)
+    _check_rank(op, "indices", indices, scores.dim(), "[..., k], as the weights")
+    _check_rank(op, "grad_w", grad_w, scores.dim(), "[..., k], as the weights")
+    for d in range(scores.dim() - 1):
+        _check_dim(op, "indices", indices, d, scores.shape[d], "the same dimension of 'scores'")
+        _check_dim(op, "grad_w", grad_w, d, scores.shape[d], "the same dimension of 'scores'")
+    _check_dim(op, "grad_w", grad_w, grad_w.dim() - 1, indices.shape[-1], "the last dimension of 'indices' (k)")
+    k, K = indices.shape[-1], scores.shape[-1]
+    if not 1 <= k <= K:
+        _fail(op, f"the last dimension of 'indices' (k = {k}) must be in [1, {K}] (K, the experts of 'scores')")
+    _check_enum(op, "mode", mode, TOPK_MODES)
+
+
+@torch.library.custom_op("moe::topk_renorm_backward", mutates_args=())
+def topk_renorm_backward(grad_w: Tensor, scores: Tensor, indices: Tensor, mode: str = "logits",
+                         renormalize: bool = True) -> Tensor:
+    """The backward of ``topk_renorm`` (``moe.topk_renorm_grad``): the gradient (f32, shaped like ``scores``) of the
+    weights with respect to the scores, given the forward's ``indices`` and the weights' cotangent ``grad_w``; through
+    the kept values only (closed form: :func:`moe_mlir.reference._topk_renorm_backward_ref`)."""
+    _validate_topk_renorm_backward(grad_w, scores, indices, mode)
+    _note_fallback(scores)
+    return _topk_renorm_backward_ref(grad_w, scores, indices, mode, renormalize)
+
+
+@topk_renorm_backward.register_fake
+def _(grad_w, scores, indices, mode="logits", renormalize=True):
+    _validate_topk_renorm_backward(grad_w, scores, indices, mode)
+    return scores.new_empty(scores.shape, dtype=torch.float32)
+
+
+def _topk_renorm_setup(ctx, inputs, output):
+    scores, k, mode, renormalize = inputs
+    ctx.save_for_backward(scores, output[1])
+    ctx.mode, ctx.renormalize = mode, renormalize
+
+
+def _topk_renorm_backward(ctx, grad_w, grad_idx):
+    scores, idx = ctx.saved_tensors
+    if grad_w is None or not _needs(ctx, 4)[0]:
+        return None, None, None, None
+    g = topk_renorm_backward(grad_w, scores, idx, ctx.mode, ctx.renormalize)
+    return g.to(scores.dtype), None, None, None
+
+
+topk_renorm.register_autograd(_topk_renorm_backward, setup_context=_topk_renorm_setup)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -306,7 +378,80 @@ def _(u, e, ws=None, key_mask=None, tau=1.0, causal=False):
     return e.new_empty(e.shape, dtype=torch.float32)
 
 
-_register_recompute_autograd(similarity_inform, _similarity_inform_ref, 4, (0,))
+def _validate_similarity_inform_backward(
+    grad_p: Tensor, u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float
+) -> None:
+    op = "similarity_inform_backward"
+    _validate_similarity_inform(u, e, ws, key_mask, tau, op=op)
+    if grad_p.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"moe.{op}: 'grad_p' must be f32, f16 or bf16, got {grad_p.dtype}")
+    _check_rank(op, "grad_p", grad_p, 3, "[B, N, K], the shape of p")
+    for d in range(3):
+        _check_dim(op, "grad_p", grad_p, d, e.shape[d], "the same dimension of 'e'")
+
+
+@torch.library.custom_op("moe::similarity_inform_backward", mutates_args=())
+def similarity_inform_backward(
+    grad_p: Tensor,
+    u: Tensor,
+    e: Tensor,
+    ws: Optional[Tensor] = None,
+    key_mask: Optional[Tensor] = None,
+    tau: float = 1.0,
+    causal: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward of ``similarity_inform`` (``moe.similarity_inform_grad``): the gradients of ``p`` with respect to
+    ``u``, ``e`` and ``ws`` given ``grad_p`` (``[B, N, K]``), all f32.
+
+    The CPU kernel recomputes the forward's log-sum-exp and streams the similarity tiles (flash-style): extra memory
+    O(B·N·(D+K)), never N×N. Elsewhere (CUDA for now, or without the kernels) it runs autograd of the reference.
+
+    Returns:
+        ``(du [B, N, D], de [B, N, K], dws)``; ``dws`` is ``[D, D]`` with ``ws``, else an empty ``[0]``.
+    """
+    _validate_similarity_inform_backward(grad_p, u, e, ws, key_mask, tau)
+    _note_fallback(u)
+    return _similarity_inform_backward_ref(grad_p, u, e, ws, key_mask, tau, causal)
+
+
+@similarity_inform_backward.register_fake
+def _(grad_p, u, e, ws=None, key_mask=None, tau=1.0, causal=False):
+    _validate_similarity_inform_backward(grad_p, u, e, ws, key_mask, tau)
+    D = u.shape[2]
+    return (
+        u.new_empty(u.shape, dtype=torch.float32),
+        e.new_empty(e.shape, dtype=torch.float32),
+        u.new_empty((D, D) if ws is not None else (0,), dtype=torch.float32),
+    )
+
+
+def _similarity_grads(ctx, grad_p: Tensor, u: Tensor, e: Tensor, ws: Optional[Tensor],
+                      key_mask: Optional[Tensor], tau: float, causal: bool, needs: Sequence[bool]):
+    """(du, de, dws) cast to the operands' dtypes, None where no gradient is needed (needs: u, e, ws)."""
+    du, de, dws = similarity_inform_backward(grad_p, u, e, ws, key_mask, tau, causal)
+    return (
+        du.to(u.dtype) if needs[0] else None,
+        de.to(e.dtype) if needs[1] else None,
+        dws.to(ws.dtype) if ws is not None and needs[2] else None,
+    )
+
+
+def _similarity_inform_setup(ctx, inputs, output):
+    u, e, ws, key_mask, tau, causal = inputs
+    ctx.save_for_backward(u, e, ws, key_mask)
+    ctx.tau, ctx.causal = tau, causal
+
+
+def _similarity_inform_backward(ctx, grad_p):
+    u, e, ws, key_mask = ctx.saved_tensors
+    n = _needs(ctx, 6)
+    if grad_p is None or not (n[0] or n[1] or n[2]):
+        return None, None, None, None, None, None
+    du, de, dws = _similarity_grads(ctx, grad_p, u, e, ws, key_mask, ctx.tau, ctx.causal, n[:3])
+    return du, de, dws, None, None, None
+
+
+similarity_inform.register_autograd(_similarity_inform_backward, setup_context=_similarity_inform_setup)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -596,10 +741,6 @@ def _(u, e, k, ws=None, key_mask=None, tau=1.0, causal=False, renormalize=True):
     return e.new_empty(shape, dtype=torch.float32), e.new_empty(shape, dtype=torch.int32)
 
 
-def _similarity_inform_topk_grad_ref(u, e, k, ws, key_mask, tau, causal, renormalize):
-    return _similarity_inform_topk_ref(u, e, ws, key_mask, k, renormalize, tau, causal)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # 8. attention_posterior_topk (fused)
 # ----------------------------------------------------------------------------------------------------------------
@@ -653,7 +794,26 @@ def _attention_posterior_topk_grad_ref(scores, u, v, wo, e, k, sigma, head_selec
     return _attention_posterior_topk_ref(scores, u, v, wo, e, k, renormalize, sigma, head_select, head_scale)
 
 
-_register_recompute_autograd(similarity_inform_topk, _similarity_inform_topk_grad_ref, (0, 1, 3, 4), (0,))
+def _similarity_inform_topk_setup(ctx, inputs, output):
+    u, e, k, ws, key_mask, tau, causal, renormalize = inputs
+    ctx.save_for_backward(u, e, ws, key_mask, output[1])
+    ctx.tau, ctx.causal, ctx.renormalize = tau, causal, renormalize
+
+
+def _similarity_inform_topk_backward(ctx, grad_w, grad_idx):
+    u, e, ws, key_mask, idx = ctx.saved_tensors
+    n = _needs(ctx, 8)
+    none = (None,) * 8
+    if grad_w is None or not (n[0] or n[1] or n[3]):
+        return none
+    # p recomputed by the forward kernel (O(N) memory), then the gate's closed-form backward on the saved choice.
+    p = similarity_inform(u, e, ws, key_mask, ctx.tau, ctx.causal)
+    grad_p = topk_renorm_backward(grad_w, p, idx, "probs", ctx.renormalize)
+    du, de, dws = _similarity_grads(ctx, grad_p, u, e, ws, key_mask, ctx.tau, ctx.causal, (n[0], n[1], n[3]))
+    return du, de, None, dws, None, None, None, None
+
+
+similarity_inform_topk.register_autograd(_similarity_inform_topk_backward, setup_context=_similarity_inform_topk_setup)
 _register_recompute_autograd(attention_posterior_topk, _attention_posterior_topk_grad_ref, 5, (0,))
 
 
@@ -843,6 +1003,10 @@ KEY_VALIDATORS: dict[str, Callable[[dict, dict], None]] = {
         t["tokens"], t["assign"], int(a["num_experts"]), _f(a["eps"]), _f(a["clip"]), a["normalize"], a["measure"],
         a["empty"]),
     "adjacency_update": lambda t, a: _validate_adjacency_update(t["a"], t["idx"], _f(a["beta"]), a["norm"]),
+    "topk_renorm_backward": lambda t, a: _validate_topk_renorm_backward(
+        t["grad_w"], t["scores"], t["indices"], a["mode"]),
+    "similarity_inform_backward": lambda t, a: _validate_similarity_inform_backward(
+        t["grad_p"], t["u"], t["e"], t.get("ws"), t.get("key_mask"), _f(a["tau"])),
     "hyper_router": lambda t, a: _validate_hyper_router(
         t["emb"], t["w1"], t["b1"], t["w2"], t["b2"], int(a["num_experts"])),
 }

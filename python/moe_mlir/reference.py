@@ -27,6 +27,8 @@ __all__ = [
     "mad_dispersion",
     "adjacency_update",
     "hyper_router",
+    "similarity_inform_backward",
+    "topk_renorm_backward",
 ]
 
 _NEG_INF = float("-inf")
@@ -253,6 +255,80 @@ def _attention_posterior_topk_ref(
     return w, i, head
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Backward references (what torch.ops.moe.<op>_backward compute; their kernels are checked against autograd of the
+# forward references above)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _similarity_inform_backward_ref(
+    grad_p: Tensor, u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float, causal: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(du, de, dws)`` in f32, the closed form of the gradient of :func:`_similarity_inform_ref` (dense, N×N
+    memory: the eager fallback of ``torch.ops.moe.similarity_inform_backward``); ``dws`` is ``[0]`` without ``ws``.
+
+    ``S`` the mixing weights, ``dS = dp eᵀ``, ``δ = Σ_j S dS``, ``dX = S (dS − δ) / tau``; ``de = Sᵀ dp``,
+    ``dq = dX u``, ``du = dXᵀ q + dq wsᵀ``, ``dws = Σ uᵀ dq``. Like autograd of the reference, a non-finite ``e``
+    entry gets no gradient and enters ``dS`` as 0."""
+    B, N, _ = u.shape
+    uf, ef, gp = u.float(), e.float(), grad_p.float()
+    q = uf if ws is None else torch.matmul(uf, ws.float())
+    logits = torch.matmul(q, uf.transpose(-1, -2)) / tau
+    valid = torch.ones(B, N, N, dtype=torch.bool, device=u.device)
+    if causal:
+        valid = valid & torch.ones(N, N, dtype=torch.bool, device=u.device).tril()
+    if key_mask is not None:
+        valid = valid & key_mask.bool()[:, None, :]
+    s = _masked_softmax(logits.masked_fill(~valid, _NEG_INF))
+    finite = torch.isfinite(ef)
+    ds = torch.matmul(gp, torch.where(finite, ef, torch.zeros_like(ef)).transpose(-1, -2))
+    dx = s * (ds - (s * ds).sum(-1, keepdim=True)) / tau
+    de = torch.where(finite, torch.matmul(s.transpose(-1, -2), gp), torch.zeros_like(ef))
+    dq = torch.matmul(dx, uf)
+    du = torch.matmul(dx.transpose(-1, -2), q)
+    if ws is None:
+        return du + dq, de, u.new_zeros((0,), dtype=torch.float32)
+    du = du + torch.matmul(dq, ws.float().t())
+    dws = torch.einsum("bid,bic->dc", uf, dq)
+    return du, de, dws
+
+
+def _topk_renorm_backward_ref(
+    grad_w: Tensor, scores: Tensor, indices: Tensor, mode: str, renormalize: bool
+) -> Tensor:
+    """The gradient (f32, shaped like ``scores``) of :func:`_topk_renorm_ref`'s weights with respect to the scores,
+    given the selected ``indices``: through the kept values only (the selection carries none), in closed form
+    (O(rows·K), no recompute under autograd).
+
+    * probs, renormalize: ``w = sel / Σ sel`` → ``dsel = (g − <g, w>) / Σ sel`` (0 where the sum is 0);
+    * probs, raw: ``dsel = g``;
+    * logits, renormalize: ``w = softmax(sel)`` → ``dsel = w (g − <g, w>)`` (a fully masked row has w = 0: 0);
+    * logits, raw: ``w = softmax(x)[idx]`` → ``dx = s (G − <G, s>)`` with ``G`` = g scattered to the selected
+      experts and ``s = softmax(x)`` (all experts: the normalizer depends on every logit).
+    """
+    x = scores.float()
+    g = grad_w.float()
+    idx = indices.long()
+    if mode == "logits" and not renormalize:
+        s = _masked_softmax(x)
+        dense = torch.zeros_like(x).scatter(-1, idx, g)
+        return s * (dense - (dense * s).sum(-1, keepdim=True))
+    sel = torch.gather(x, -1, idx)
+    if mode == "probs":
+        if renormalize:
+            den = sel.sum(-1, keepdim=True)
+            zero = den == 0
+            w = torch.where(zero, torch.zeros_like(sel), sel / torch.where(zero, torch.ones_like(den), den))
+            dsel = (g - (g * w).sum(-1, keepdim=True)) / torch.where(zero, torch.ones_like(den), den)
+            dsel = torch.where(zero, torch.zeros_like(dsel), dsel)
+        else:
+            dsel = g
+    else:
+        w = _masked_softmax(sel)
+        dsel = w * (g - (g * w).sum(-1, keepdim=True))
+    return torch.zeros_like(x).scatter(-1, idx, dsel)
+
+
 # Public names (the argument order of the torch ops).
 topk_renorm = _topk_renorm_ref
 similarity_inform = _similarity_inform_ref
@@ -262,3 +338,5 @@ attention_posterior_topk = _attention_posterior_topk_ref
 mad_dispersion = _mad_dispersion_ref
 adjacency_update = _adjacency_update_ref
 hyper_router = _hyper_router_ref
+similarity_inform_backward = _similarity_inform_backward_ref
+topk_renorm_backward = _topk_renorm_backward_ref

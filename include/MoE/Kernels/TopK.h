@@ -65,6 +65,15 @@ struct TopkSpec {
 Value topkWeight(KernelBuilder &k, const TopkSpec &spec, Value v, Value v0,
                  Value selSum, Value denseMax, Value denseSum);
 
+/// The backward of topkWeight (moe.topk_renorm_grad): the gradient to a
+/// selected value from its weight's cotangent `g`, its weight `w`, `c` = Σ over
+/// the selection of g·w and `selSum` (as for topkWeight; probabilities only):
+/// logits: w (g - c); probs renormalized: (g - c) / selSum, 0 for a zero sum;
+/// probs raw: g. (Logits without renormalization: every entry j of the row
+/// also gets -s_j c, s the dense softmax; this is the selected entries' total.)
+Value topkWeightGrad(KernelBuilder &k, const TopkSpec &spec, Value g, Value w,
+                     Value c, Value selSum);
+
 } // namespace mlir::moe::kernels
 
 #endif // MOE_KERNELS_TOPK_H

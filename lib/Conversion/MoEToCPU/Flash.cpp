@@ -68,6 +68,169 @@ void mlir::moe::cpu::workersIfLarge(CK &k, const KernelOptions &opts, Value numI
   k.workers(opts, numItems, body);
 }
 
+SmallVector<Value> mlir::moe::cpu::dotTile(CK &k, Value q, Value keysT, Value b,
+                                           ArrayRef<Value> rowIdx, Value jt,
+                                           Value depth) {
+  constexpr int64_t KV = kKeyTile / kLanes;
+  int64_t rows = rowIdx.size();
+  Value zeros = k.constLike(k.vf32(), 0.0);
+  SmallVector<Value> init(rows * KV, zeros);
+  return k.forLoop(
+      k.idx(0), depth, k.idx(1), init,
+      [&](Value d, ValueRange acc) -> SmallVector<Value> {
+        SmallVector<Value> kv;
+        for (int64_t v = 0; v < KV; ++v)
+          kv.push_back(k.vload(keysT, {b, jt, d, k.idx(v * kLanes)}));
+        SmallVector<Value> next;
+        for (int64_t r = 0; r < rows; ++r) {
+          Value qv = k.splat(k.loadF(q, {b, rowIdx[r], d}), kLanes);
+          for (int64_t v = 0; v < KV; ++v)
+            next.push_back(k.fma(qv, kv[v], acc[r * KV + v]));
+        }
+        return next;
+      });
+}
+
+void mlir::moe::cpu::accumulateTile(CK &k, Value accBuf, Value pBuf,
+                                    Value values, Value b, Value j0,
+                                    Value widthChunks, ArrayRef<Value> alpha,
+                                    Value logitBuf, Value guarded) {
+  Type f32 = k.f32();
+  Value c0 = k.idx(0), c1 = k.idx(1);
+  int64_t rows = cast<MemRefType>(pBuf.getType()).getDimSize(0);
+  int64_t cols = cast<MemRefType>(pBuf.getType()).getDimSize(1);
+  k.forLoop(c0, widthChunks, c1, [&](Value c) {
+    Value col = k.mul(c, k.idx(kLanes));
+    SmallVector<Value> acc;
+    for (int64_t r = 0; r < rows; ++r) {
+      Value a = k.vload(accBuf, {k.idx(r), col});
+      acc.push_back(alpha.empty() ? a
+                                  : k.fmul(a, k.splat(alpha[r], kLanes)));
+    }
+    auto pvLoop = [&](bool guard) -> SmallVector<Value> {
+      return k.forLoop(
+          c0, k.idx(cols), c1, acc,
+          [&](Value j, ValueRange a) -> SmallVector<Value> {
+            Value v = k.vload(values, {b, k.add(j0, j), col});
+            SmallVector<Value> next;
+            for (int64_t r = 0; r < rows; ++r) {
+              Value p = k.splat(k.load(pBuf, {k.idx(r), j}), kLanes);
+              Value upd = k.fma(p, v, a[r]);
+              if (guard) {
+                Value logit = k.load(logitBuf, {k.idx(r), j});
+                Value valid = k.cmpf(arith::CmpFPredicate::UNE, logit,
+                                     k.negInfLike(f32));
+                upd = k.select(valid, upd, a[r]);
+              }
+              next.push_back(upd);
+            }
+            return next;
+          });
+    };
+    SmallVector<Value> res;
+    if (logitBuf) {
+      SmallVector<Type> types(rows, k.vf32());
+      res = k.ifElse(
+          guarded, types, [&] { return pvLoop(true); },
+          [&] { return pvLoop(false); });
+    } else {
+      res = pvLoop(false);
+    }
+    for (int64_t r = 0; r < rows; ++r)
+      k.vstore(res[r], accBuf, {k.idx(r), col});
+  });
+}
+
+Value mlir::moe::cpu::packKeysT(CK &k, const KernelOptions &opts, Value x,
+                                Value batch, Value rows, Value depth) {
+  Value c0 = k.idx(0), c1 = k.idx(1);
+  Value keyTiles = k.ceilDiv(rows, k.idx(kKeyTile));
+  constexpr int64_t kDyn = ShapedType::kDynamic;
+  Value keysT = k.alloc(MemRefType::get({kDyn, kDyn, kDyn, kKeyTile}, k.f32()),
+                        {batch, keyTiles, depth});
+  // One item per (b, key tile); rows past the end are zeros.
+  k.workers(opts, k.mul(batch, keyTiles), [&](Value item, Value) {
+    Value bi = k.divu(item, keyTiles), jt = k.remu(item, keyTiles);
+    Value last = k.sub(rows, c1);
+    k.forLoop(c0, k.idx(kKeyTile), c1, [&](Value jj) {
+      Value j = k.add(k.mul(jt, k.idx(kKeyTile)), jj);
+      Value in = k.cmpi(arith::CmpIPredicate::ult, j, rows);
+      Value jc = k.mins(j, last);
+      k.forLoop(c0, depth, c1, [&](Value d) {
+        Value v = k.loadF(x, {bi, jc, d});
+        k.store(k.select(in, v, k.cF32(0.0)), keysT, {bi, jt, d, jj});
+      });
+    });
+  });
+  return keysT;
+}
+
+Value mlir::moe::cpu::keyValidity(CK &k, Value mask, Value batch, Value rows,
+                                  Value keysPad) {
+  Value c0 = k.idx(0), c1 = k.idx(1);
+  constexpr int64_t kDyn = ShapedType::kDynamic;
+  Value valid = k.alloc(MemRefType::get({kDyn, kDyn}, k.f32()),
+                        {batch, keysPad});
+  k.forLoop(c0, batch, c1, [&](Value bi) {
+    k.forLoop(c0, keysPad, c1, [&](Value j) {
+      Value in = k.cmpi(arith::CmpIPredicate::ult, j, rows);
+      if (mask) {
+        Value m = k.load(mask, {bi, k.mins(j, k.sub(rows, c1))});
+        in = k.andI(in, m);
+      }
+      k.store(k.select(in, k.cF32(1.0), k.cF32(0.0)), valid, {bi, j});
+    });
+  });
+  return valid;
+}
+
+Value mlir::moe::cpu::projectRows(CK &k, const KernelOptions &opts, Value x,
+                                  Value w, Value batch, Value rows,
+                                  Value depth, Value outWidth, Value init) {
+  Value c0 = k.idx(0), c1 = k.idx(1);
+  constexpr int64_t kDyn = ShapedType::kDynamic;
+  Value out = k.alloc(MemRefType::get({kDyn, kDyn, kDyn}, k.f32()),
+                      {batch, rows, outWidth});
+  Value chunks = k.ceilDiv(outWidth, k.idx(kLanes));
+  k.workers(opts, k.mul(batch, rows), [&](Value item, Value) {
+    Value bi = k.divu(item, rows), i = k.remu(item, rows);
+    k.forLoop(c0, chunks, c1, [&](Value c) {
+      Value col = k.mul(c, k.idx(kLanes));
+      Value count = k.sub(outWidth, col);
+      Value start = init ? k.vloadMasked(init, {bi, i, col}, count, 0.0)
+                         : k.constLike(k.vf32(), 0.0);
+      Value acc = k.forLoop(c0, depth, c1, ValueRange{start},
+                            [&](Value d, ValueRange a) -> SmallVector<Value> {
+                              Value xv = k.splat(k.loadF(x, {bi, i, d}), kLanes);
+                              Value wv = k.vloadMasked(w, {d, col}, count, 0.0);
+                              return {k.fma(xv, wv, a[0])};
+                            })[0];
+      k.vstoreMasked(acc, out, {bi, i, col}, count);
+    });
+  });
+  return out;
+}
+
+std::function<Value(CK &, Value, Value, Value, Value)>
+mlir::moe::cpu::scaledMaskedLogits(Value keyValid, bool causal, float scale) {
+  return [=](CK &kk, Value dot, Value bi, Value i, Value j0) {
+    Value x = kk.fdiv(dot, kk.constLike(kk.vf32(), scale));
+    Value valid;
+    if (keyValid)
+      valid = kk.cmpf(arith::CmpFPredicate::ONE, kk.vload(keyValid, {bi, j0}),
+                      kk.constLike(kk.vf32(), 0.0));
+    if (causal) {
+      Value js = kk.iota(kk.castInt(j0, kk.i32()), kLanes);
+      Value before = kk.cmpi(arith::CmpIPredicate::sle, js,
+                             kk.splat(kk.castInt(i, kk.i32()), kLanes));
+      valid = valid ? kk.andI(valid, before) : before;
+    }
+    if (!valid)
+      return x;
+    return kk.select(valid, x, kk.negInfLike(kk.vf32()));
+  };
+}
+
 void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
                                   const FlashSpec &s) {
   constexpr int64_t TQ = kQueryTile, TK = kKeyTile, KV = TK / kLanes;
@@ -115,21 +278,8 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
         [&](Value jt, ValueRange it) -> SmallVector<Value> {
           Value j0 = k.mul(jt, k.idx(TK));
           // QK: TQ x TK dot products over d.
-          SmallVector<Value> dotInit(TQ * KV, zeros);
-          SmallVector<Value> dots = k.forLoop(
-              c0, s.depth, c1, dotInit,
-              [&](Value d, ValueRange acc) -> SmallVector<Value> {
-                SmallVector<Value> kv;
-                for (int64_t v = 0; v < KV; ++v)
-                  kv.push_back(k.vload(s.keysT, {b, jt, d, k.idx(v * kLanes)}));
-                SmallVector<Value> next;
-                for (int64_t r = 0; r < TQ; ++r) {
-                  Value qv = k.splat(k.loadF(s.q, {b, rowIdx[r], d}), kLanes);
-                  for (int64_t v = 0; v < KV; ++v)
-                    next.push_back(k.fma(qv, kv[v], acc[r * KV + v]));
-                }
-                return next;
-              });
+          SmallVector<Value> dots =
+              dotTile(k, s.q, s.keysT, b, rowIdx, jt, s.depth);
 
           // Online softmax over the tile, per row.
           SmallVector<Value> mNew, lNew, alpha;
@@ -168,39 +318,8 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
           Value guarded = k.andI(anyExcluded, k.isNaN(s.valuesNonFinite));
 
           // PV: acc = acc · alpha + Σ_j p_j v_j, 16 value lanes at a time.
-          k.forLoop(c0, widthChunks, c1, [&](Value c) {
-            Value col = k.mul(c, k.idx(kLanes));
-            SmallVector<Value> acc;
-            for (int64_t r = 0; r < TQ; ++r)
-              acc.push_back(k.fmul(k.vload(accBuf, {k.idx(r), col}),
-                                   k.splat(alpha[r], kLanes)));
-            auto pvLoop = [&](bool guard) -> SmallVector<Value> {
-              return k.forLoop(
-                  c0, k.idx(TK), c1, acc,
-                  [&](Value j, ValueRange a) -> SmallVector<Value> {
-                    Value v = k.vload(s.values, {b, k.add(j0, j), col});
-                    SmallVector<Value> next;
-                    for (int64_t r = 0; r < TQ; ++r) {
-                      Value p = k.splat(k.load(pBuf, {k.idx(r), j}), kLanes);
-                      Value upd = k.fma(p, v, a[r]);
-                      if (guard) {
-                        Value logit = k.load(sBuf, {k.idx(r), j});
-                        Value valid = k.cmpf(arith::CmpFPredicate::UNE, logit,
-                                             k.negInfLike(f32));
-                        upd = k.select(valid, upd, a[r]);
-                      }
-                      next.push_back(upd);
-                    }
-                    return next;
-                  });
-            };
-            SmallVector<Type> types(TQ, k.vf32());
-            SmallVector<Value> res = k.ifElse(
-                guarded, types, [&] { return pvLoop(true); },
-                [&] { return pvLoop(false); });
-            for (int64_t r = 0; r < TQ; ++r)
-              k.vstore(res[r], accBuf, {k.idx(r), col});
-          });
+          accumulateTile(k, accBuf, pBuf, s.values, b, j0, widthChunks, alpha,
+                         sBuf, guarded);
           SmallVector<Value> next(mNew);
           next.append(lNew);
           return next;

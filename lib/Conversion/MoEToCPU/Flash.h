@@ -77,6 +77,76 @@ void workersIfLarge(CK &k, const KernelOptions &opts, Value numItems,
 /// on the calling thread when the whole mix is small).
 void emitFlashMix(CK &k, const KernelOptions &opts, const FlashSpec &spec);
 
+/// The tiles of the mixing backward (FlashGrad.cpp), the transposed
+/// counterpart of emitFlashMix: rows (kQueryTile per parallel item) against
+/// columns streamed kKeyTile at a time, with the softmax probabilities
+/// recomputed from the saved row log-sum-exp instead of an online max, and
+/// several accumulators, each a weighted sum of packed column vectors:
+///   out_a[b, r, :] = Σ_c w_a[r, c] · values_a[b, c, :]
+/// where w_a is either S[r, c] or dX[r, c] (from `weights`). Nothing of size
+/// rows x columns is stored; every output row has one writer (no atomics).
+struct FlashGradSpec {
+  /// The score dot <rowA[b, r, :], colA[b, c, :]>: rowA [B, R, Da] (any
+  /// float, read as scalars), colAT packed by packKeysT [B, Ct, Da, kKeyTile].
+  Value rowA, colAT, depthA;
+  /// The cotangent dot <rowG[b, r, :], colG[b, c, :]>, same layouts.
+  Value rowG, colGT, depthG;
+  Value batch, rows, cols; // index values
+  /// Which column tiles a row tile visits: all, c <= r, or c >= r (causal
+  /// masks, seen from the query or from the key side).
+  enum class Band { All, Lower, Upper } band = Band::All;
+  /// {S, dX} of row `r` and the 16 columns [c0, c0 + 16) from the two dot
+  /// vectors; both must be 0 for excluded and padding columns.
+  std::function<std::pair<Value, Value>(CK &, Value sDot, Value gDot, Value b,
+                                        Value r, Value c0)>
+      weights;
+  struct Accumulator {
+    /// [B, Cpad, Wp] f32 from packValues (Cpad = roundUp(cols, kKeyTile)).
+    Value values;
+    /// Result [B, R, W] f32.
+    Value out;
+    Value width, widthPad;
+    /// Weights dX (else S).
+    bool useDx;
+  };
+  SmallVector<Accumulator, 2> accumulators;
+};
+
+/// Emits the backward tiles (workers over the B x ceil(R / kQueryTile) row
+/// tiles).
+void emitFlashGrad(CK &k, const KernelOptions &opts, const FlashGradSpec &spec);
+
+// Building blocks shared by the forward and backward kernels.
+
+/// The kQueryTile x kKeyTile dot products of the rows `rowIdx` of `q`
+/// [B, R, D] with key tile `jt` of `keysT` (packKeysT layout), over `depth`:
+/// rowIdx.size() * (kKeyTile / kLanes) vectors, row-major.
+SmallVector<Value> dotTile(CK &k, Value q, Value keysT, Value b,
+                           ArrayRef<Value> rowIdx, Value jt, Value depth);
+/// accBuf[r, :] = accBuf[r, :] · alpha[r] + Σ_j pBuf[r, j] · values[b, j0 + j,
+/// :] over the widthChunks 16-lane chunks (alpha empty: 1). With `logitBuf`,
+/// when `guarded` is true the entries whose logit is -inf are skipped (a
+/// non-finite value times a zero weight must not reach the sum).
+void accumulateTile(CK &k, Value accBuf, Value pBuf, Value values, Value b,
+                    Value j0, Value widthChunks, ArrayRef<Value> alpha,
+                    Value logitBuf = {}, Value guarded = {});
+/// x [B, N, D] (any float) packed transposed in key tiles: [B, ceil(N /
+/// kKeyTile), D, kKeyTile] f32, zero padding (the keysT of FlashSpec).
+Value packKeysT(CK &k, const KernelOptions &opts, Value x, Value batch,
+                Value rows, Value depth);
+/// [B, keysPad] f32: 1 where key j < rows is valid (and mask[b, j], an
+/// optional [B, N] i1), else 0.
+Value keyValidity(CK &k, Value mask, Value batch, Value rows, Value keysPad);
+/// init + x · w for x [B, N, D] (any float), w [D, W] (any float), init an
+/// optional [B, N, W] f32: a new [B, N, W] f32 buffer (vector over W).
+Value projectRows(CK &k, const KernelOptions &opts, Value x, Value w,
+                  Value batch, Value rows, Value depth, Value outWidth,
+                  Value init = {});
+/// The logit epilogue dot / scale, -inf where keyValid (optional, [B, Npad]
+/// f32) is 0 or, with `causal`, where the key comes after the row.
+std::function<Value(CK &, Value, Value, Value, Value)>
+scaledMaskedLogits(Value keyValid, bool causal, float scale);
+
 /// Packs values [B, Nk, K] (any float) into [B, Npad, Kp] f32 with zero
 /// padding; returns {packed, an f32 that is NaN iff some value is non-finite}.
 std::pair<Value, Value> packValues(CK &k, Value values, Value batch, Value keys,

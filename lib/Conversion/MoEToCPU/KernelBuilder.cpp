@@ -268,3 +268,15 @@ Value mlir::moe::cpu::bestCandidateBelow(CK &k, Value cand, Value c0, Value c1,
 Value mlir::moe::cpu::roundUp(CK &k, Value x, int64_t m) {
   return k.mul(k.ceilDiv(x, k.idx(m)), k.idx(m));
 }
+
+Value mlir::moe::cpu::collapseRows(CK &k, Value buffer) {
+  auto type = cast<MemRefType>(buffer.getType());
+  int64_t rank = type.getRank();
+  if (rank == 2)
+    return buffer;
+  ReassociationIndices lead, last = {rank - 1};
+  for (int64_t d = 0; d + 1 < rank; ++d)
+    lead.push_back(d);
+  return memref::CollapseShapeOp::create(
+      k.b, buffer, ArrayRef<ReassociationIndices>{lead, last});
+}

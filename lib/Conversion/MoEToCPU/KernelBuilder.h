@@ -121,6 +121,9 @@ Value bestCandidateBelow(CK &k, Value cand, Value c0, Value c1, Value prev,
 /// Rounds `x` (index) up to a multiple of `m`.
 Value roundUp(CK &k, Value x, int64_t m);
 
+/// memref [d0, ..., d{n-2}, X] -> [d0 * ... * d{n-2}, X] (no-op for rank 2).
+Value collapseRows(CK &k, Value buffer);
+
 } // namespace mlir::moe::cpu
 
 #endif // MOE_LIB_CONVERSION_MOETOCPU_KERNELBUILDER_H

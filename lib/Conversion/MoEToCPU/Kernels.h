@@ -36,6 +36,10 @@ void populateDispatchPlanKernel(RewritePatternSet &p, const KernelOptions &o);
 /// moe.route feeding moe.dispatch_plan: one kernel (benefit 3).
 void populateRouteDispatchPlanKernel(RewritePatternSet &p,
                                      const KernelOptions &o);
+// Backward ops (MoEGradOps.td).
+void populateSimilarityInformGradKernel(RewritePatternSet &p,
+                                        const KernelOptions &o);
+void populateTopkRenormGradKernel(RewritePatternSet &p, const KernelOptions &o);
 } // namespace moe::cpu
 } // namespace mlir
 

@@ -61,6 +61,8 @@ void mlir::moe::populateMoEToCPUKernelPatterns(RewritePatternSet &patterns,
   cpu::populateRouteKernel(patterns, opts);
   cpu::populateDispatchPlanKernel(patterns, opts);
   cpu::populateRouteDispatchPlanKernel(patterns, opts);
+  cpu::populateSimilarityInformGradKernel(patterns, opts);
+  cpu::populateTopkRenormGradKernel(patterns, opts);
   populateSplitFusedRoutingPatterns(patterns);
 }
 

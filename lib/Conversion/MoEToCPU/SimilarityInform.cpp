@@ -32,7 +32,6 @@ struct SimilarityInformKernel : KernelPattern<SimilarityInformOp> {
     ImplicitLocOpBuilder b(op.getLoc(), rw);
     CK k(b);
     Type f32 = k.f32();
-    Value c0 = k.idx(0), c1 = k.idx(1);
     Value u = k.buffer(op.getU()), e = k.buffer(op.getE());
     Value mask = op.getKeyMask() ? k.buffer(op.getKeyMask()) : Value();
     Value batch = k.dim(u, 0), rows = k.dim(u, 1), depth = k.dim(u, 2);
@@ -42,66 +41,21 @@ struct SimilarityInformKernel : KernelPattern<SimilarityInformOp> {
     bool causal = op.getCausal();
     float tau = op.getTau().convertToFloat();
 
-    // Keys transposed per key tile: kT[b, j / TK, d, j % TK] = u[b, j, d],
-    // zero padding. One item per (b, key tile).
-    Value keyTiles = k.divu(keysPad, k.idx(kKeyTile));
-    Value keysT = k.alloc(MemRefType::get({kDyn, kDyn, kDyn, kKeyTile}, f32),
-                          {batch, keyTiles, depth});
-    k.workers(opts, k.mul(batch, keyTiles), [&](Value item, Value) {
-      Value bi = k.divu(item, keyTiles), jt = k.remu(item, keyTiles);
-      Value last = k.sub(rows, c1);
-      k.forLoop(c0, k.idx(kKeyTile), c1, [&](Value jj) {
-        Value j = k.add(k.mul(jt, k.idx(kKeyTile)), jj);
-        Value in = k.cmpi(arith::CmpIPredicate::ult, j, rows);
-        Value jc = k.mins(j, last);
-        k.forLoop(c0, depth, c1, [&](Value d) {
-          Value x = k.loadF(u, {bi, jc, d});
-          k.store(k.select(in, x, k.cF32(0.0)), keysT, {bi, jt, d, jj});
-        });
-      });
-    });
+    // Keys transposed per key tile: kT[b, j / TK, d, j % TK] = u[b, j, d].
+    Value keysT = packKeysT(k, opts, u, batch, rows, depth);
 
     // Key validity (padding and key_mask) as 1.0 / 0.0, when needed.
     auto uType = cast<RankedTensorType>(op.getU().getType());
     bool padded = uType.isDynamicDim(1) || uType.getDimSize(1) % kKeyTile != 0;
     Value keyValid;
-    if (mask || padded) {
-      keyValid = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, keysPad});
-      k.forLoop(c0, batch, c1, [&](Value bi) {
-        k.forLoop(c0, keysPad, c1, [&](Value j) {
-          Value in = k.cmpi(arith::CmpIPredicate::ult, j, rows);
-          if (mask) {
-            Value m = k.load(mask, {bi, k.mins(j, k.sub(rows, c1))});
-            in = k.andI(in, m);
-          }
-          k.store(k.select(in, k.cF32(1.0), k.cF32(0.0)), keyValid, {bi, j});
-        });
-      });
-    }
+    if (mask || padded)
+      keyValid = keyValidity(k, mask, batch, rows, keysPad);
 
     // Queries: u, or q = u · ws (vector over the output features).
     Value q = u;
-    if (op.getWs()) {
-      Value ws = k.buffer(op.getWs());
-      q = k.alloc(MemRefType::get({kDyn, kDyn, kDyn}, f32),
-                  {batch, rows, depth});
-      Value chunks = k.ceilDiv(depth, k.idx(kLanes));
-      k.workers(opts, k.mul(batch, rows), [&](Value item, Value) {
-        Value bi = k.divu(item, rows), i = k.remu(item, rows);
-        k.forLoop(c0, chunks, c1, [&](Value c) {
-          Value col = k.mul(c, k.idx(kLanes));
-          Value count = k.sub(depth, col);
-          Value acc =
-              k.forLoop(c0, depth, c1, ValueRange{k.constLike(k.vf32(), 0.0)},
-                        [&](Value d, ValueRange a) -> SmallVector<Value> {
-                          Value x = k.splat(k.loadF(u, {bi, i, d}), kLanes);
-                          Value w = k.vloadMasked(ws, {d, col}, count, 0.0);
-                          return {k.fma(x, w, a[0])};
-                        })[0];
-          k.vstoreMasked(acc, q, {bi, i, col}, count);
-        });
-      });
-    }
+    if (op.getWs())
+      q = projectRows(k, opts, u, k.buffer(op.getWs()), batch, rows, depth,
+                      depth);
 
     auto [values, nonFinite] =
         packValues(k, e, batch, rows, width, keysPad, widthPad);
@@ -121,22 +75,7 @@ struct SimilarityInformKernel : KernelPattern<SimilarityInformOp> {
     spec.widthPad = widthPad;
     spec.valuesNonFinite = nonFinite;
     spec.causal = causal;
-    spec.logits = [&](CK &kk, Value dot, Value bi, Value i, Value j0) {
-      Value x = kk.fdiv(dot, kk.constLike(kk.vf32(), tau));
-      Value valid;
-      if (keyValid)
-        valid = kk.cmpf(arith::CmpFPredicate::ONE, kk.vload(keyValid, {bi, j0}),
-                        kk.constLike(kk.vf32(), 0.0));
-      if (causal) {
-        Value js = kk.iota(kk.castInt(j0, kk.i32()), kLanes);
-        Value before = kk.cmpi(arith::CmpIPredicate::sle, js,
-                               kk.splat(kk.castInt(i, kk.i32()), kLanes));
-        valid = valid ? kk.andI(valid, before) : before;
-      }
-      if (!valid)
-        return x;
-      return kk.select(valid, x, kk.negInfLike(kk.vf32()));
-    };
+    spec.logits = scaledMaskedLogits(keyValid, causal, tau);
     emitFlashMix(k, opts, spec);
 
     Value p = k.tensor(out);

@@ -61,19 +61,6 @@ Value sumSelChunks(CK &k, int64_t selPad, Value init,
                    })[0];
 }
 
-/// memref [d0, ..., d{n-2}, X] -> [d0 * ... * d{n-2}, X] (no-op for rank 2).
-Value collapseRows(CK &k, Value buffer) {
-  auto type = cast<MemRefType>(buffer.getType());
-  int64_t rank = type.getRank();
-  if (rank == 2)
-    return buffer;
-  ReassociationIndices lead, last = {rank - 1};
-  for (int64_t d = 0; d + 1 < rank; ++d)
-    lead.push_back(d);
-  return memref::CollapseShapeOp::create(
-      k.b, buffer, ArrayRef<ReassociationIndices>{lead, last});
-}
-
 struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
   using KernelPattern::KernelPattern;
 

@@ -36,6 +36,8 @@ void mlir::moe::populateMoEToLinalgPatterns(RewritePatternSet &patterns) {
   lowering::populateHyperRouterPattern(patterns);
   lowering::populateRoutePattern(patterns);
   lowering::populateDispatchPlanPattern(patterns);
+  lowering::populateSimilarityInformGradPattern(patterns);
+  lowering::populateTopkRenormGradPattern(patterns);
   // The portable lowering has no fused kernel: a fused routing op becomes its
   // mixing op and top-k gate again, which the patterns above then lower.
   populateSplitFusedRoutingPatterns(patterns);

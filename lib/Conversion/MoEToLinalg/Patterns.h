@@ -24,6 +24,19 @@ void populateAdjacencyUpdatePattern(RewritePatternSet &patterns);
 void populateHyperRouterPattern(RewritePatternSet &patterns);
 void populateRoutePattern(RewritePatternSet &patterns);
 void populateDispatchPlanPattern(RewritePatternSet &patterns);
+void populateSimilarityInformGradPattern(RewritePatternSet &patterns);
+void populateTopkRenormGradPattern(RewritePatternSet &patterns);
+
+// Shared by similarity_inform and its backward (SimilarityInform.cpp).
+
+/// q[b,i,:] = u[b,i,:] · ws (f32 operands).
+Value projectQueries(OpBuilder &b, Location loc, Value u, Value ws);
+/// The logits [B, N] of key `j` against every query row: <q_i, u_j> / tau,
+/// -inf where the key is masked (mask [B, N] i1, optional) or, with
+/// `causal`, after the row; written into `scratch` [B, N].
+Value similarityKeyLogits(OpBuilder &b, Location loc, Value q, Value u,
+                          Value mask, bool causal, float tau, Value j,
+                          Value scratch);
 
 // The cheap tails of some lowerings (O(E·D) or O(E²) work on tensors), shared
 // with the fast CPU kernels (CPU/), which compute the expensive statistics

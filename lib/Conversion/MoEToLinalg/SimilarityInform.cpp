@@ -22,13 +22,13 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::lowering;
 
-namespace {
 
-/// q[b,i,:] = u[b,i,:] · ws, a contraction over D. (Not a linalg.matmul on
-/// the [B·N, D] view: expand-strided-metadata of LLVM 22 crashes on a subview
-/// of a memref.expand_shape whose group has two dynamic sizes, which is what
-/// the [B·N, D] -> [B, N, D] view becomes for dynamic B and N.)
-Value projectQueries(OpBuilder &b, Location loc, Value u, Value ws) {
+/// A contraction over D. (Not a linalg.matmul on the [B·N, D] view:
+/// expand-strided-metadata of LLVM 22 crashes on a subview of a
+/// memref.expand_shape whose group has two dynamic sizes, which is what the
+/// [B·N, D] -> [B, N, D] view becomes for dynamic B and N.)
+Value mlir::moe::lowering::projectQueries(OpBuilder &b, Location loc, Value u,
+                                          Value ws) {
   MLIRContext *ctx = b.getContext();
   Value init = filled(b, loc, sizesOf(b, loc, u), f32Const(b, loc, 0.0));
   return generic(b, loc, ValueRange{u, ws}, init,
@@ -42,13 +42,48 @@ Value projectQueries(OpBuilder &b, Location loc, Value u, Value ws) {
       .front();
 }
 
+Value mlir::moe::lowering::similarityKeyLogits(OpBuilder &b, Location l,
+                                               Value q, Value u, Value mask,
+                                               bool causal, float tau, Value j,
+                                               Value scratch) {
+  MLIRContext *ctx = b.getContext();
+  // s[b,i] = <q_i, u_j>, reduced over D in f32.
+  Value key = sliceAlong(b, l, u, 1, j);
+  Value dot = rowDotKey(b, l, q, key, scratch);
+  // Scale by 1/tau and mask, in place.
+  SmallVector<Value> ins;
+  SmallVector<AffineMap> maps;
+  if (mask) {
+    ins.push_back(sliceAlong(b, l, mask, 1, j));
+    maps.push_back(dimsMap(ctx, 2, {0}));
+  }
+  maps.push_back(dimsMap(ctx, 2, {0, 1}));
+  return generic(b, l, ins, dot, maps, {kPar, kPar},
+                 [&](OpBuilder &gb, Location gl, ValueRange a) {
+                   Value x = arith::DivFOp::create(gb, gl, a.back(),
+                                                   f32Const(gb, gl, tau));
+                   Value valid =
+                       arith::ConstantOp::create(gb, gl, gb.getBoolAttr(true));
+                   if (causal)
+                     valid = arith::CmpIOp::create(gb, gl,
+                                                   arith::CmpIPredicate::ule, j,
+                                                   loopIndex(gb, gl, 1));
+                   if (mask)
+                     valid = arith::AndIOp::create(gb, gl, valid, a[0]);
+                   return SmallVector<Value>{arith::SelectOp::create(
+                       gb, gl, valid, x, negInf(gb, gl))};
+                 })
+      .front();
+}
+
+namespace {
+
 struct SimilarityInformLowering : OpRewritePattern<SimilarityInformOp> {
   using OpRewritePattern::OpRewritePattern;
 
   LogicalResult matchAndRewrite(SimilarityInformOp op,
                                 PatternRewriter &rw) const override {
     Location loc = op.getLoc();
-    MLIRContext *ctx = rw.getContext();
     Value u = promoteToF32(rw, loc, op.getU());
     Value e = promoteToF32(rw, loc, op.getE());
     Value q = u;
@@ -64,34 +99,7 @@ struct SimilarityInformLowering : OpRewritePattern<SimilarityInformOp> {
     Value numKeys = tensor::DimOp::create(rw, loc, u, 1);
 
     auto logitsOfKey = [&](OpBuilder &b, Location l, Value j, Value scratch) {
-      // s[b,i] = <q_i, u_j>, reduced over D in f32.
-      Value key = sliceAlong(b, l, u, 1, j);
-      Value dot = rowDotKey(b, l, q, key, scratch);
-      // Scale by 1/tau and mask, in place.
-      SmallVector<Value> ins;
-      SmallVector<AffineMap> maps;
-      if (mask) {
-        ins.push_back(sliceAlong(b, l, mask, 1, j));
-        maps.push_back(dimsMap(ctx, 2, {0}));
-      }
-      maps.push_back(dimsMap(ctx, 2, {0, 1}));
-      return generic(
-                 b, l, ins, dot, maps, {kPar, kPar},
-                 [&](OpBuilder &gb, Location gl, ValueRange a) {
-                   Value x = arith::DivFOp::create(gb, gl, a.back(),
-                                                   f32Const(gb, gl, tau));
-                   Value valid =
-                       arith::ConstantOp::create(gb, gl, gb.getBoolAttr(true));
-                   if (causal)
-                     valid = arith::CmpIOp::create(gb, gl,
-                                                   arith::CmpIPredicate::ule, j,
-                                                   loopIndex(gb, gl, 1));
-                   if (mask)
-                     valid = arith::AndIOp::create(gb, gl, valid, a[0]);
-                   return SmallVector<Value>{arith::SelectOp::create(
-                       gb, gl, valid, x, negInf(gb, gl))};
-                 })
-          .front();
+      return similarityKeyLogits(b, l, q, u, mask, causal, tau, j, scratch);
     };
     auto valuesOfKey = [&](OpBuilder &b, Location l, Value j) {
       return sliceAlong(b, l, e, 1, j);

@@ -176,6 +176,12 @@ def _outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
         return [("f32", r), ("i32", r)]
     if op == "similarity_inform":
         return [("f32", list(i["e"][1]))]
+    if op == "topk_renorm_backward":
+        return [("f32", list(i["scores"][1]))]
+    if op == "similarity_inform_backward":
+        u = i["u"][1]
+        grads = [("f32", list(u)), ("f32", list(i["e"][1]))]
+        return grads + ([("f32", [u[2], u[2]])] if "ws" in i else [])
     if op == "similarity_inform_topk":
         r = [i["u"][1][0], i["u"][1][1], a["k"]]
         return [("f32", r), ("i32", r)]
@@ -216,6 +222,15 @@ def _op_text(k: KernelKey, args: dict[str, str], types: dict[str, str]) -> tuple
         if op == "similarity_inform_topk":
             text += f" k({a['k']}) renormalize({_bool(a['renormalize'])})"
         text += f" tau({_float(a['tau'])}) causal({_bool(a['causal'])})"
+        return text, f"{types['u']}, {types['e']}"
+    if op == "topk_renorm_backward":
+        return (f"moe.topk_renorm_grad {args['scores']}, {args['indices']}" + opt_operand("grad_w", "dw")
+                + f" mode({a['mode']}) renormalize({_bool(a['renormalize'])})",
+                f"{types['scores']}, {types['indices']}")
+    if op == "similarity_inform_backward":
+        text = (f"moe.similarity_inform_grad {args['u']}, {args['e']}" + opt_operand("ws", "ws")
+                + opt_operand("key_mask", "key_mask") + opt_operand("grad_p", "dp")
+                + f" tau({_float(a['tau'])}) causal({_bool(a['causal'])})")
         return text, f"{types['u']}, {types['e']}"
     if op in ("attention_posterior", "attention_posterior_topk"):
         names = ("scores", "u", "v", "wo", "e")

@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "MoE/IR/MoEOps.h"
+#include "Verifiers.h"
 
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/OpImplementation.h"
@@ -23,6 +24,8 @@
 
 using namespace mlir;
 using namespace mlir::moe;
+using mlir::moe::detail::similarityRows;
+using mlir::moe::detail::verifySimilarityInform;
 
 //===----------------------------------------------------------------------===//
 // Shared helpers
@@ -31,13 +34,17 @@ using namespace mlir::moe;
 namespace {
 constexpr int64_t kDynamic = ShapedType::kDynamic;
 
-/// Size `i` of `v` when `v` is a ranked tensor of rank `rank`, else dynamic.
-int64_t dimOf(Value v, int64_t rank, int64_t i) {
+using mlir::moe::detail::dimOf;
+} // namespace
+
+int64_t mlir::moe::detail::dimOf(Value v, int64_t rank, int64_t i) {
   auto type = dyn_cast_if_present<RankedTensorType>(v ? v.getType() : Type());
   if (!type || type.getRank() != rank)
     return kDynamic;
   return type.getDimSize(i);
 }
+
+namespace {
 
 /// The static one of two sizes that must agree (the verifier checks they do).
 int64_t merge(int64_t a, int64_t b) { return ShapedType::isDynamic(a) ? b : a; }
@@ -190,8 +197,9 @@ static LogicalResult verifyTopkK(Operation *op, int64_t k, int64_t numExperts,
 }
 
 /// The operands and `tau` of Similarity-Inform mixing.
-static LogicalResult verifySimilarityInform(Operation *op, Value u, Value e,
-                                            Value ws, Value mask, float tau) {
+LogicalResult mlir::moe::detail::verifySimilarityInform(Operation *op, Value u,
+                                                      Value e, Value ws,
+                                                      Value mask, float tau) {
   OperandChecker check(op);
   if (failed(check.rank(u, "u", 3, "[B, N, D]")) ||
       failed(check.rank(e, "e", 3, "[B, N, K]")) ||
@@ -295,7 +303,7 @@ LogicalResult TopkRenormOp::verify() {
 //===----------------------------------------------------------------------===//
 
 /// [B, N] of Similarity-Inform mixing: from `u` [B, N, D] and `e` [B, N, K].
-static SmallVector<int64_t, 3> similarityRows(Value u, Value e) {
+SmallVector<int64_t, 3> mlir::moe::detail::similarityRows(Value u, Value e) {
   return {merge(dimOf(u, 3, 0), dimOf(e, 3, 0)),
           merge(dimOf(u, 3, 1), dimOf(e, 3, 1))};
 }

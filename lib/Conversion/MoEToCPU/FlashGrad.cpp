@@ -1,0 +1,95 @@
+//===- FlashGrad.cpp - Tiled backward of the online-softmax mixing --------===//
+//
+// Part of the MoE-MLIR project.
+//
+// The backward counterpart of emitFlashMix (Flash.h): a row tile of
+// kQueryTile rows streams column tiles of kKeyTile columns; per block the
+// score dots and the cotangent dots come from the forward's register-blocked
+// micro-kernel (dotTile), the op's epilogue turns them into the probability
+// S (recomputed from the row's log-sum-exp, no online max) and the logit
+// cotangent dX, both staged in per-worker scratch, and each accumulator adds
+// its weighted packed column vectors with the forward's PV loop
+// (accumulateTile). The caller runs it twice with the roles swapped
+// (query-major for the query gradient, key-major for the key and value
+// gradients), so that every output row has one writer.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Flash.h"
+
+using namespace mlir;
+using namespace mlir::moe::cpu;
+
+void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
+                                   const FlashGradSpec &s) {
+  constexpr int64_t TQ = kQueryTile, TK = kKeyTile, KV = TK / kLanes;
+  Type f32 = k.f32();
+  Value c0 = k.idx(0), c1 = k.idx(1);
+  Value rowTiles = k.ceilDiv(s.rows, k.idx(TQ));
+  Value numItems = k.mul(s.batch, rowTiles);
+  Value lastRow = k.sub(s.rows, c1);
+
+  SmallVector<Value> accAll;
+  for (const auto &a : s.accumulators)
+    accAll.push_back(k.scratch(
+        opts, MemRefType::get({TQ, ShapedType::kDynamic}, f32), {a.widthPad}));
+  Value sAll = k.scratch(opts, MemRefType::get({TQ, TK}, f32), {});
+  Value dAll = k.scratch(opts, MemRefType::get({TQ, TK}, f32), {});
+
+  k.workers(opts, numItems, [&](Value item, Value worker) {
+    SmallVector<Value> accBuf, chunks;
+    for (auto [buf, a] : llvm::zip(accAll, s.accumulators)) {
+      accBuf.push_back(k.workerSlice(buf, worker));
+      chunks.push_back(k.divu(a.widthPad, k.idx(kLanes)));
+    }
+    Value sBuf = k.workerSlice(sAll, worker);
+    Value dBuf = k.workerSlice(dAll, worker);
+    Value b = k.divu(item, rowTiles);
+    Value i0 = k.mul(k.remu(item, rowTiles), k.idx(TQ));
+    // Rows past the end repeat the last row (computed, never stored).
+    SmallVector<Value> rowIdx;
+    for (int64_t r = 0; r < TQ; ++r)
+      rowIdx.push_back(k.mins(k.add(i0, k.idx(r)), lastRow));
+    Value zeros = k.constLike(k.vf32(), 0.0);
+    for (auto [buf, n] : llvm::zip(accBuf, chunks))
+      k.forLoop(c0, n, c1, [&](Value c) {
+        for (int64_t r = 0; r < TQ; ++r)
+          k.vstore(zeros, buf, {k.idx(r), k.mul(c, k.idx(kLanes))});
+      });
+
+    Value first = c0, last = k.ceilDiv(s.cols, k.idx(TK));
+    if (s.band == FlashGradSpec::Band::Lower) // columns c <= the last row
+      last = k.ceilDiv(k.add(rowIdx.back(), c1), k.idx(TK));
+    else if (s.band == FlashGradSpec::Band::Upper) // columns c >= the first
+      first = k.divu(i0, k.idx(TK));
+
+    k.forLoop(first, last, c1, [&](Value jt) {
+      Value j0 = k.mul(jt, k.idx(TK));
+      SmallVector<Value> sDots =
+          dotTile(k, s.rowA, s.colAT, b, rowIdx, jt, s.depthA);
+      SmallVector<Value> gDots =
+          dotTile(k, s.rowG, s.colGT, b, rowIdx, jt, s.depthG);
+      for (int64_t r = 0; r < TQ; ++r)
+        for (int64_t v = 0; v < KV; ++v) {
+          auto [sv, dv] = s.weights(k, sDots[r * KV + v], gDots[r * KV + v], b,
+                                    rowIdx[r], k.add(j0, k.idx(v * kLanes)));
+          k.vstore(sv, sBuf, {k.idx(r), k.idx(v * kLanes)});
+          k.vstore(dv, dBuf, {k.idx(r), k.idx(v * kLanes)});
+        }
+      for (auto [buf, n, a] : llvm::zip(accBuf, chunks, s.accumulators))
+        accumulateTile(k, buf, a.useDx ? dBuf : sBuf, a.values, b, j0, n, {});
+    });
+
+    for (int64_t r = 0; r < TQ; ++r) {
+      Value i = k.add(i0, k.idx(r));
+      k.ifThen(k.cmpi(arith::CmpIPredicate::ult, i, s.rows), [&] {
+        for (auto [buf, n, a] : llvm::zip(accBuf, chunks, s.accumulators))
+          k.forLoop(c0, n, c1, [&](Value c) {
+            Value col = k.mul(c, k.idx(kLanes));
+            k.vstoreMasked(k.vload(buf, {k.idx(r), col}), a.out, {b, i, col},
+                           k.sub(a.width, col));
+          });
+      });
+    }
+  });
+}

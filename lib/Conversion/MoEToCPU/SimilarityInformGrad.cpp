@@ -1,0 +1,266 @@
+//===- SimilarityInformGrad.cpp - moe.similarity_inform_grad -> CPU kernel ===//
+//
+// Part of the MoE-MLIR project.
+//
+// The flash-style backward of Similarity-Inform mixing (the maths is in the
+// op description, MoEGradOps.td), in four streaming passes, none of which
+// stores anything N x N:
+//  1. the forward kernel (emitFlashMix) recomputes p and the row
+//     log-sum-exp lse (O(B·N)); then per row lse' = lse (+inf for a row
+//     without keys, and for padding, so that exp(x - lse') = 0) and
+//     delta_i = <dp_i, p_i>;
+//  2. query-major (emitFlashGrad, rows i, columns j): S = exp(x - lse'_i),
+//     dX = S (<dp_i, e_j> - delta_i) / tau, dq_i = Σ_j dX_ij u_j;
+//  3. key-major (rows j, columns i; the same tiles with the roles swapped):
+//     de_j = Σ_i S_ij dp_i and dk_j = Σ_i dX_ij q_i;
+//  4. du = dk + dq·ws^T (dk + dq without ws), dws = Σ_{b,i} u_i^T dq_i.
+// Extra memory: packed copies of u, q, e, dp (keys transposed, values
+// padded), O(B·N·(D+K)) floats, and per-worker tiles.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Flash.h"
+#include "Kernels.h"
+
+#include "MoE/IR/MoEOps.h"
+
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
+
+#include <limits>
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::cpu;
+
+namespace {
+constexpr int64_t kDyn = ShapedType::kDynamic;
+
+struct SimilarityInformGradKernel : KernelPattern<SimilarityInformGradOp> {
+  using KernelPattern::KernelPattern;
+
+  LogicalResult matchAndRewrite(SimilarityInformGradOp op,
+                                PatternRewriter &rw) const override {
+    // Static zero-sized operands are left to the caller (no kernel needs a
+    // special case for them; the torch op handles them without one).
+    for (Value v : op->getOperands())
+      if (llvm::is_contained(cast<RankedTensorType>(v.getType()).getShape(),
+                             0))
+        return rw.notifyMatchFailure(op, "a static zero-sized dimension");
+    ImplicitLocOpBuilder b(op.getLoc(), rw);
+    CK k(b);
+    Type f32 = k.f32();
+    Value c0 = k.idx(0), c1 = k.idx(1);
+    Value u = k.buffer(op.getU()), e = k.buffer(op.getE());
+    Value dp = k.buffer(op.getDp());
+    Value mask = op.getKeyMask() ? k.buffer(op.getKeyMask()) : Value();
+    Value ws = op.getWs() ? k.buffer(op.getWs()) : Value();
+    Value batch = k.dim(u, 0), rows = k.dim(u, 1), depth = k.dim(u, 2);
+    Value width = k.dim(e, 2);
+    Value keysPad = roundUp(k, rows, kKeyTile);
+    Value widthPad = roundUp(k, width, kLanes);
+    Value depthPad = roundUp(k, depth, kLanes);
+    bool causal = op.getCausal();
+    float tau = op.getTau().convertToFloat();
+    auto rank3 = MemRefType::get({kDyn, kDyn, kDyn}, f32);
+
+    Value keyValid = keyValidity(k, mask, batch, rows, keysPad);
+    auto logits = scaledMaskedLogits(keyValid, causal, tau);
+    Value q = ws ? projectRows(k, opts, u, ws, batch, rows, depth, depth) : u;
+
+    // 1. p and lse, recomputed by the forward kernel.
+    Value uT = packKeysT(k, opts, u, batch, rows, depth);
+    auto [eValues, nonFinite] =
+        packValues(k, e, batch, rows, width, keysPad, widthPad);
+    Value p = k.alloc(rank3, {batch, rows, width});
+    Value lse = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, rows});
+    FlashSpec fwd;
+    fwd.q = q;
+    fwd.keysT = uT;
+    fwd.values = eValues;
+    fwd.out = p;
+    fwd.lse = lse;
+    fwd.batch = batch;
+    fwd.rows = rows;
+    fwd.keys = rows;
+    fwd.depth = depth;
+    fwd.width = width;
+    fwd.widthPad = widthPad;
+    fwd.valuesNonFinite = nonFinite;
+    fwd.causal = causal;
+    fwd.logits = logits;
+    emitFlashMix(k, opts, fwd);
+
+    // lse' and delta, padded to keysPad (vector loads in the key-major pass).
+    Value lseRow = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, keysPad});
+    Value delta = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, keysPad});
+    Value posInf = k.cF32(std::numeric_limits<float>::infinity());
+    Value widthChunks = k.divu(widthPad, k.idx(kLanes));
+    k.forLoop(c0, batch, c1, [&](Value bi) {
+      k.forLoop(c0, keysPad, c1, [&](Value i) {
+        Value in = k.cmpi(arith::CmpIPredicate::ult, i, rows);
+        Value ic = k.mins(i, k.sub(rows, c1));
+        Value l = k.load(lse, {bi, ic});
+        Value none = k.cmpf(arith::CmpFPredicate::OEQ, l, k.negInfLike(f32));
+        k.store(k.select(k.andI(in, k.notI1(none)), l, posInf), lseRow,
+                {bi, i});
+        Value dot = k.forLoop(
+            c0, widthChunks, c1, ValueRange{k.constLike(k.vf32(), 0.0)},
+            [&](Value c, ValueRange acc) -> SmallVector<Value> {
+              Value col = k.mul(c, k.idx(kLanes));
+              Value count = k.sub(width, col);
+              Value g = k.vloadMasked(dp, {bi, ic, col}, count, 0.0);
+              Value pv = k.vloadMasked(p, {bi, ic, col}, count, 0.0);
+              return {k.fma(g, pv, acc[0])};
+            })[0];
+        k.store(k.select(in, k.sum(dot), k.cF32(0.0)), delta, {bi, i});
+      });
+    });
+
+    Value invTau = k.constLike(k.vf32(), 1.0 / tau);
+    Value zeros = k.constLike(k.vf32(), 0.0);
+
+    // 2. Query-major: dq.
+    Value eT = packKeysT(k, opts, e, batch, rows, width);
+    auto [uValues, uNonFinite] =
+        packValues(k, u, batch, rows, depth, keysPad, depthPad);
+    (void)uNonFinite;
+    Value dq = k.alloc(rank3, {batch, rows, depth});
+    FlashGradSpec byQuery;
+    byQuery.rowA = q;
+    byQuery.colAT = uT;
+    byQuery.depthA = depth;
+    byQuery.rowG = dp;
+    byQuery.colGT = eT;
+    byQuery.depthG = width;
+    byQuery.batch = batch;
+    byQuery.rows = rows;
+    byQuery.cols = rows;
+    byQuery.band =
+        causal ? FlashGradSpec::Band::Lower : FlashGradSpec::Band::All;
+    byQuery.weights = [&](CK &kk, Value sDot, Value gDot, Value bi, Value i,
+                          Value j0) -> std::pair<Value, Value> {
+      Value x = logits(kk, sDot, bi, i, j0);
+      Value s = kk.exp(kk.fsub(x, kk.splat(kk.load(lseRow, {bi, i}), kLanes)));
+      Value d = kk.splat(kk.load(delta, {bi, i}), kLanes);
+      return {s, kk.fmul(kk.fmul(s, kk.fsub(gDot, d)), invTau)};
+    };
+    byQuery.accumulators.push_back({uValues, dq, depth, depthPad, true});
+    emitFlashGrad(k, opts, byQuery);
+
+    // 3. Key-major: de and dk.
+    Value qT = ws ? packKeysT(k, opts, q, batch, rows, depth) : uT;
+    Value dpT = packKeysT(k, opts, dp, batch, rows, width);
+    auto [dpValues, dpNonFinite] =
+        packValues(k, dp, batch, rows, width, keysPad, widthPad);
+    (void)dpNonFinite;
+    Value qValues = uValues;
+    if (ws)
+      qValues = packValues(k, q, batch, rows, depth, keysPad, depthPad).first;
+    Value de = k.alloc(rank3, {batch, rows, width});
+    Value dk = k.alloc(rank3, {batch, rows, depth});
+    FlashGradSpec byKey;
+    byKey.rowA = u;
+    byKey.colAT = qT;
+    byKey.depthA = depth;
+    byKey.rowG = e;
+    byKey.colGT = dpT;
+    byKey.depthG = width;
+    byKey.batch = batch;
+    byKey.rows = rows;
+    byKey.cols = rows;
+    byKey.band =
+        causal ? FlashGradSpec::Band::Upper : FlashGradSpec::Band::All;
+    byKey.weights = [&](CK &kk, Value sDot, Value gDot, Value bi, Value j,
+                        Value i0) -> std::pair<Value, Value> {
+      // Row j is a key: masked keys and (causal) queries i < j get nothing;
+      // padding queries have lse' = +inf, so S = 0.
+      Value x = kk.fdiv(sDot, kk.constLike(kk.vf32(), tau));
+      Value valid = kk.cmpf(arith::CmpFPredicate::ONE,
+                            kk.splat(kk.load(keyValid, {bi, j}), kLanes),
+                            zeros);
+      if (causal) {
+        Value is = kk.iota(kk.castInt(i0, kk.i32()), kLanes);
+        valid = kk.andI(valid, kk.cmpi(arith::CmpIPredicate::sge, is,
+                                       kk.splat(kk.castInt(j, kk.i32()),
+                                                kLanes)));
+      }
+      Value s = kk.exp(kk.fsub(x, kk.vload(lseRow, {bi, i0})));
+      s = kk.select(valid, s, zeros);
+      Value d = kk.vload(delta, {bi, i0});
+      return {s, kk.fmul(kk.fmul(s, kk.fsub(gDot, d)), invTau)};
+    };
+    byKey.accumulators.push_back({dpValues, de, width, widthPad, false});
+    byKey.accumulators.push_back({qValues, dk, depth, depthPad, true});
+    emitFlashGrad(k, opts, byKey);
+
+    // 4. du and dws.
+    Value du;
+    SmallVector<Value> results;
+    if (ws) {
+      // du = dk + dq · ws^T.
+      Value wsT = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {depth, depth});
+      k.forLoop(c0, depth, c1, [&](Value r) {
+        k.forLoop(c0, depth, c1, [&](Value c) {
+          k.store(k.loadF(ws, {c, r}), wsT, {r, c});
+        });
+      });
+      du = projectRows(k, opts, dq, wsT, batch, rows, depth, depth, dk);
+    } else {
+      du = dk;
+      Value chunks = k.divu(depthPad, k.idx(kLanes));
+      k.workers(opts, k.mul(batch, rows), [&](Value item, Value) {
+        Value bi = k.divu(item, rows), i = k.remu(item, rows);
+        k.forLoop(c0, chunks, c1, [&](Value c) {
+          Value col = k.mul(c, k.idx(kLanes));
+          Value count = k.sub(depth, col);
+          Value sum = k.fadd(k.vloadMasked(dk, {bi, i, col}, count, 0.0),
+                             k.vloadMasked(dq, {bi, i, col}, count, 0.0));
+          k.vstoreMasked(sum, du, {bi, i, col}, count);
+        });
+      });
+    }
+    results.push_back(du);
+    results.push_back(de);
+    if (ws) {
+      // dws[d, :] = Σ_{b,i} u[b,i,d] dq[b,i,:]: one worker per row d, a fixed
+      // order over (b, i).
+      Value dws = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {depth, depth});
+      Value chunks = k.divu(depthPad, k.idx(kLanes));
+      k.workers(opts, depth, [&](Value d, Value) {
+        k.forLoop(c0, chunks, c1, [&](Value c) {
+          Value col = k.mul(c, k.idx(kLanes));
+          Value count = k.sub(depth, col);
+          Value acc = k.forLoop(
+              c0, batch, c1, ValueRange{zeros},
+              [&](Value bi, ValueRange a) -> SmallVector<Value> {
+                return k.forLoop(
+                    c0, rows, c1, a,
+                    [&](Value i, ValueRange a2) -> SmallVector<Value> {
+                      Value x = k.splat(k.loadF(u, {bi, i, d}), kLanes);
+                      Value g = k.vloadMasked(dq, {bi, i, col}, count, 0.0);
+                      return {k.fma(x, g, a2[0])};
+                    });
+              })[0];
+          k.vstoreMasked(acc, dws, {d, col}, count);
+        });
+      });
+      results.push_back(dws);
+    }
+
+    SmallVector<Value> replacements;
+    for (auto [buf, res] : llvm::zip(results, op->getResults())) {
+      Value t = k.tensor(buf);
+      if (t.getType() != res.getType())
+        t = tensor::CastOp::create(b, res.getType(), t);
+      replacements.push_back(t);
+    }
+    rw.replaceOp(op, replacements);
+    return success();
+  }
+};
+} // namespace
+
+void mlir::moe::cpu::populateSimilarityInformGradKernel(
+    RewritePatternSet &p, const KernelOptions &o) {
+  p.add<SimilarityInformGradKernel>(p.getContext(), o);
+}

@@ -1,0 +1,116 @@
+//===- MoEGradOps.cpp - Verifiers and type inference of the backward ops --===//
+//
+// Part of the MoE-MLIR project.
+//
+// The backward ops (MoEGradOps.td) check their forward operands with the
+// forward op's rules (Verifiers.h), then the cotangents against the forward
+// result shapes. Inference is lenient like the forward ops' (dynamic sizes
+// where an operand is malformed; the verifier names the rule).
+//
+//===----------------------------------------------------------------------===//
+
+#include "MoE/IR/MoEOps.h"
+#include "Verifiers.h"
+
+#include "mlir/IR/BuiltinTypes.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+using mlir::moe::detail::dimOf;
+using mlir::moe::detail::similarityRows;
+
+//===----------------------------------------------------------------------===//
+// SimilarityInformGradOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult SimilarityInformGradOp::inferReturnTypes(
+    MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  Type f32 = Float32Type::get(ctx);
+  SmallVector<int64_t, 3> rows = similarityRows(adaptor.getU(), adaptor.getE());
+  int64_t depth = dimOf(adaptor.getU(), 3, 2);
+  inferred.push_back(RankedTensorType::get({rows[0], rows[1], depth}, f32));
+  inferred.push_back(RankedTensorType::get(
+      {rows[0], rows[1], dimOf(adaptor.getE(), 3, 2)}, f32));
+  if (adaptor.getWs())
+    inferred.push_back(RankedTensorType::get({depth, depth}, f32));
+  return success();
+}
+
+LogicalResult SimilarityInformGradOp::verify() {
+  if (failed(detail::verifySimilarityInform(*this, getU(), getE(), getWs(),
+                                            getKeyMask(),
+                                            getTau().convertToFloat())))
+    return failure();
+  // dp is the cotangent of p: p's shape [B, N, K], which is e's.
+  auto dp = cast<RankedTensorType>(getDp().getType());
+  auto e = cast<RankedTensorType>(getE().getType());
+  if (dp.getRank() != 3)
+    return emitOpError() << "'dp' must have rank 3 ([B, N, K], the shape of "
+                            "the forward result p), but has type "
+                         << dp;
+  for (int64_t d = 0; d < 3; ++d) {
+    int64_t a = dp.getDimSize(d), b = e.getDimSize(d);
+    if (!ShapedType::isDynamic(a) && !ShapedType::isDynamic(b) && a != b)
+      return emitOpError() << "dimension " << d << " of 'dp' (" << a
+                           << ") must equal dimension " << d << " of 'e' ("
+                           << b << "): 'dp' is the cotangent of p [B, N, K]";
+  }
+  if (static_cast<bool>(getDws()) != static_cast<bool>(getWs()))
+    return emitOpError() << (getWs() ? "'ws' is present, so the result 'dws' "
+                                       "must be too"
+                                     : "the result 'dws' needs the operand "
+                                       "'ws'");
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// TopkRenormGradOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult TopkRenormGradOp::inferReturnTypes(
+    MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  auto scores = dyn_cast<RankedTensorType>(adaptor.getScores().getType());
+  if (!scores)
+    return failure();
+  inferred.push_back(RankedTensorType::get(scores.getShape(),
+                                           Float32Type::get(ctx)));
+  return success();
+}
+
+LogicalResult TopkRenormGradOp::verify() {
+  auto scores = cast<RankedTensorType>(getScores().getType());
+  if (scores.getRank() == 0)
+    return emitOpError() << "'scores' must have rank >= 1 ([..., K]), but has "
+                            "type "
+                         << scores;
+  for (auto [name, v] : {std::pair<StringRef, Value>{"indices", getIndices()},
+                         {"dw", getDw()}}) {
+    auto type = cast<RankedTensorType>(v.getType());
+    if (type.getRank() != scores.getRank())
+      return emitOpError() << "'" << name << "' must have the rank of 'scores' ("
+                           << scores.getRank() << ": [..., k]), but has type "
+                           << type;
+    for (int64_t d = 0; d + 1 < scores.getRank(); ++d) {
+      int64_t a = type.getDimSize(d), b = scores.getDimSize(d);
+      if (!ShapedType::isDynamic(a) && !ShapedType::isDynamic(b) && a != b)
+        return emitOpError() << "dimension " << d << " of '" << name << "' ("
+                             << a << ") must equal dimension " << d
+                             << " of 'scores' (" << b << ")";
+    }
+  }
+  auto idx = cast<RankedTensorType>(getIndices().getType());
+  auto dw = cast<RankedTensorType>(getDw().getType());
+  int64_t k = idx.getShape().back(), kw = dw.getShape().back(),
+          K = scores.getShape().back();
+  if (!ShapedType::isDynamic(k) && !ShapedType::isDynamic(kw) && k != kw)
+    return emitOpError() << "the last dimension of 'dw' (" << kw
+                         << ") must equal that of 'indices' (k = " << k << ")";
+  if (!ShapedType::isDynamic(k) &&
+      (k < 1 || (!ShapedType::isDynamic(K) && k > K)))
+    return emitOpError() << "the last dimension of 'indices' (k = " << k
+                         << ") must be in [1, K] (K = the last dimension of "
+                            "'scores')";
+  return success();
+}

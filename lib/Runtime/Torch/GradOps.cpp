@@ -1,0 +1,138 @@
+//===- GradOps.cpp - The backward torch ops on the compiled CPU kernels ---===//
+//
+// Part of the MoE-MLIR project.
+//
+//===----------------------------------------------------------------------===//
+//
+// The CPU kernels of torch.ops.moe.<op>_backward (python/moe_mlir/ops.py
+// defines their schemas and fake kernels, and the autograd of the forward ops
+// that calls them). Each lowers the backward op of the dialect
+// (include/MoE/IR/MoEGradOps.td) through the same kernel cache as the forward
+// ops (TorchKernels.h): token-like dimensions dynamic, one kernel per static
+// signature.
+//
+//===----------------------------------------------------------------------===//
+
+#include "TorchKernels.h"
+
+#include <torch/library.h>
+
+#include <array>
+
+using namespace moe_torch;
+
+namespace {
+
+/// Similarity-Inform backward with a zero-sized feature dimension D: every
+/// logit is 0, so S is uniform over the keys a row mixes. No kernel takes a
+/// static zero size (the dialect's lowerings assume none); this is the
+/// degenerate case, computed with ATen (N x N, but D = 0).
+Tensor similarityDegenerateDe(const Tensor &dp, const Tensor &u,
+                              const std::optional<Tensor> &mask, bool causal) {
+  int64_t B = u.size(0), N = u.size(1);
+  Tensor valid = at::ones({B, N, N}, u.options().dtype(at::kBool));
+  if (causal)
+    valid = valid & at::ones({N, N}, valid.options()).tril();
+  if (mask)
+    valid = valid & mask->to(at::kBool).unsqueeze(1);
+  Tensor s = valid.to(at::kFloat);
+  s = s / s.sum(-1, /*keepdim=*/true).clamp_min(1);
+  return at::bmm(s.transpose(1, 2), dp.to(at::kFloat));
+}
+
+std::tuple<Tensor, Tensor, Tensor>
+similarityInformBackward(const Tensor &dp, const Tensor &u, const Tensor &e,
+                         const std::optional<Tensor> &ws,
+                         const std::optional<Tensor> &mask, double tau,
+                         bool causal) {
+  const char *op = "similarity_inform_backward";
+  similarityChecks(op, u, e, ws, mask);
+  checkCpu(op, {&dp});
+  checkRank(op, "grad_p", dp, 3, "[B, N, K], the shape of p");
+  for (int64_t d = 0; d < 3; ++d)
+    checkDim(op, "grad_p", dp, d, e.size(d), "the same dimension of 'e'");
+  Key key("similarity_inform_backward");
+  key.attr("tau", tau).attr("causal", causal);
+  std::vector<Tensor> keep{contig(u), contig(e)};
+  key.in("u", keep[0], {0, 1}).in("e", keep[1], {0, 1});
+  if (ws) {
+    keep.push_back(contig(*ws));
+    key.in("ws", keep.back());
+  }
+  if (mask) {
+    keep.push_back(contig(*mask));
+    key.in("key_mask", keep.back(), {0, 1});
+  }
+  // The cotangent autograd hands over may be of another dtype or strided.
+  keep.push_back(contig(dp.to(at::kFloat)));
+  key.in("grad_p", keep.back(), {0, 1});
+
+  int64_t B = u.size(0), N = u.size(1), D = u.size(2), K = e.size(2);
+  Tensor du = at::empty({B, N, D}, f32(u));
+  Tensor de = at::empty({B, N, K}, f32(e));
+  Tensor dws = ws ? at::empty({D, D}, f32(u)) : at::empty({0}, f32(u));
+  if (B == 0 || N == 0 || D == 0 || K == 0) {
+    validateOnly(key);
+    du.zero_();
+    dws.zero_();
+    // K = 0: no cotangent, no gradient. D = 0: uniform S, de = S^T dp.
+    if (D == 0 && B * N * K != 0)
+      de.copy_(similarityDegenerateDe(dp, u, mask, causal));
+    else
+      de.zero_();
+    return {du, de, dws};
+  }
+  std::vector<MemRef> args;
+  for (const Tensor &t : keep)
+    args.push_back(describe(t));
+  args.push_back(describe(du));
+  args.push_back(describe(de));
+  if (ws)
+    args.push_back(describe(dws));
+  run(key, std::move(args));
+  return {du, de, dws};
+}
+
+Tensor topkRenormBackward(const Tensor &gradW, const Tensor &scores,
+                          const Tensor &indices, c10::string_view mode,
+                          bool renormalize) {
+  const char *op = "topk_renorm_backward";
+  TORCH_CHECK_VALUE(scores.dim() >= 1, "moe.", op,
+                    ": 'scores' must have rank >= 1 ([..., K])");
+  checkCpu(op, {&gradW, &scores, &indices});
+  checkRank(op, "indices", indices, scores.dim(), "[..., k], as the weights");
+  checkRank(op, "grad_w", gradW, scores.dim(), "[..., k], as the weights");
+  for (int64_t d = 0; d + 1 < scores.dim(); ++d) {
+    checkDim(op, "indices", indices, d, scores.size(d),
+             "the same dimension of 'scores'");
+    checkDim(op, "grad_w", gradW, d, scores.size(d),
+             "the same dimension of 'scores'");
+  }
+  checkDim(op, "grad_w", gradW, gradW.dim() - 1, indices.size(-1),
+           "the last dimension of 'indices' (k)");
+  // [..., K] as [rows, K]: one kernel for every leading shape.
+  Tensor s = contig(scores);
+  int64_t K = s.size(-1), k = indices.size(-1);
+  int64_t rows = K == 0 ? 0 : s.numel() / K;
+  Tensor s2 = s.view({rows, K});
+  Tensor i2 = contig(indices.to(at::kInt)).view({rows, k});
+  Tensor g2 = contig(gradW.to(at::kFloat)).view({rows, k});
+  Key key(op);
+  key.attr("mode", mode).attr("renormalize", renormalize);
+  key.in("scores", s2, {0}).in("indices", i2, {0}).in("grad_w", g2, {0});
+  Tensor out = at::empty(scores.sizes(), f32(scores));
+  if (rows == 0) {
+    validateOnly(key);
+    return out;
+  }
+  std::array<int64_t, 2> shape{rows, K};
+  run(key, {describe(s2), describe(i2), describe(g2), describe(out, shape)});
+  return out;
+}
+
+} // namespace
+
+TORCH_LIBRARY_IMPL(moe, CPU, m) {
+  m.impl("similarity_inform_backward", &similarityInformBackward);
+  m.impl("topk_renorm_backward", &topkRenormBackward);
+}

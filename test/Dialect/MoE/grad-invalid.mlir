@@ -1,0 +1,152 @@
+// Every verifier rule of the backward ops (MoEGradOps.td), one rule per case: the forward operands follow the
+// forward op's rules (same messages), the cotangent follows the forward result.
+// RUN: moe-opt %s -split-input-file -verify-diagnostics
+
+func.func @grad_u_rank(%u: tensor<8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tensor<1x8x3xf32>) {
+  // expected-error @+1 {{'u' must have rank 3 ([B, N, D]), but has type 'tensor<8x4xf32>'}}
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x8x3xf32>)
+      : tensor<8x4xf32>, tensor<1x8x3xf32> -> tensor<?x?x?xf32>, tensor<1x8x3xf32>
+  return
+}
+
+// -----
+
+func.func @grad_tokens_mismatch(%u: tensor<1x8x4xf32>, %e: tensor<1x7x3xf32>, %dp: tensor<1x7x3xf32>) {
+  // expected-error @+1 {{dimension 1 of 'e' (N = 7) must equal dimension 1 of 'u' (N = 8)}}
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x7x3xf32>)
+      : tensor<1x8x4xf32>, tensor<1x7x3xf32> -> tensor<1x8x4xf32>, tensor<1x8x3xf32>
+  return
+}
+
+// -----
+
+func.func @grad_tau(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tensor<1x8x3xf32>) {
+  // expected-error @+1 {{'tau' (0) must be finite and > 0}}
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x8x3xf32>) tau(0.0)
+      : tensor<1x8x4xf32>, tensor<1x8x3xf32> -> tensor<1x8x4xf32>, tensor<1x8x3xf32>
+  return
+}
+
+// -----
+
+func.func @grad_ws_shape(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %ws: tensor<4x5xf32>, %dp: tensor<1x8x3xf32>) {
+  // expected-error @+1 {{dimension 1 of 'ws' (D = 5) must equal dimension 2 of 'u' (D = 4)}}
+  %du, %de, %dws = moe.similarity_inform_grad %u, %e ws(%ws : tensor<4x5xf32>) dp(%dp : tensor<1x8x3xf32>)
+      : tensor<1x8x4xf32>, tensor<1x8x3xf32> -> tensor<1x8x4xf32>, tensor<1x8x3xf32>, tensor<4x4xf32>
+  return
+}
+
+// -----
+
+func.func @grad_mask_shape(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %m: tensor<1x9xi1>, %dp: tensor<1x8x3xf32>) {
+  // expected-error @+1 {{dimension 1 of 'key_mask' (N = 9) must equal dimension 1 of 'u' (N = 8)}}
+  %du, %de = moe.similarity_inform_grad %u, %e key_mask(%m : tensor<1x9xi1>) dp(%dp : tensor<1x8x3xf32>)
+      : tensor<1x8x4xf32>, tensor<1x8x3xf32> -> tensor<1x8x4xf32>, tensor<1x8x3xf32>
+  return
+}
+
+// -----
+
+func.func @grad_dp_rank(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tensor<8x3xf32>) {
+  // expected-error @+1 {{'dp' must have rank 3 ([B, N, K], the shape of the forward result p), but has type 'tensor<8x3xf32>'}}
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<8x3xf32>)
+      : tensor<1x8x4xf32>, tensor<1x8x3xf32> -> tensor<1x8x4xf32>, tensor<1x8x3xf32>
+  return
+}
+
+// -----
+
+func.func @grad_dp_shape(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tensor<1x8x5xf32>) {
+  // expected-error @+1 {{dimension 2 of 'dp' (5) must equal dimension 2 of 'e' (3): 'dp' is the cotangent of p [B, N, K]}}
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x8x5xf32>)
+      : tensor<1x8x4xf32>, tensor<1x8x3xf32> -> tensor<1x8x4xf32>, tensor<1x8x3xf32>
+  return
+}
+
+// -----
+
+func.func @grad_dp_type(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tensor<1x8x3xf16>) {
+  // expected-error @+1 {{operand #2 must be ranked tensor of 32-bit float values, but got 'tensor<1x8x3xf16>'}}
+  %du, %de = "moe.similarity_inform_grad"(%u, %e, %dp) {operandSegmentSizes = array<i32: 1, 1, 0, 0, 1>}
+      : (tensor<1x8x4xf32>, tensor<1x8x3xf32>, tensor<1x8x3xf16>) -> (tensor<1x8x4xf32>, tensor<1x8x3xf32>)
+  return
+}
+
+// -----
+
+// dws without ws.
+func.func @grad_dws_without_ws(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tensor<1x8x3xf32>) {
+  // expected-error @+1 {{the result 'dws' needs the operand 'ws'}}
+  %du, %de, %dws = "moe.similarity_inform_grad"(%u, %e, %dp) {operandSegmentSizes = array<i32: 1, 1, 0, 0, 1>}
+      : (tensor<1x8x4xf32>, tensor<1x8x3xf32>, tensor<1x8x3xf32>) -> (tensor<1x8x4xf32>, tensor<1x8x3xf32>, tensor<4x4xf32>)
+  return
+}
+
+// -----
+
+// ws without dws.
+func.func @grad_ws_without_dws(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %ws: tensor<4x4xf32>, %dp: tensor<1x8x3xf32>) {
+  // expected-error @+1 {{'ws' is present, so the result 'dws' must be too}}
+  %du, %de = "moe.similarity_inform_grad"(%u, %e, %ws, %dp) {operandSegmentSizes = array<i32: 1, 1, 1, 0, 1>}
+      : (tensor<1x8x4xf32>, tensor<1x8x3xf32>, tensor<4x4xf32>, tensor<1x8x3xf32>) -> (tensor<1x8x4xf32>, tensor<1x8x3xf32>)
+  return
+}
+
+// -----
+
+// A written result that contradicts the operands.
+func.func @grad_du_shape(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tensor<1x8x3xf32>) {
+  // expected-error @+2 {{inferred type(s) 'tensor<1x8x4xf32>', 'tensor<1x8x3xf32>' are incompatible with return type(s)}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x8x3xf32>)
+      : tensor<1x8x4xf32>, tensor<1x8x3xf32> -> tensor<1x8x5xf32>, tensor<1x8x3xf32>
+  return
+}
+
+// -----
+
+func.func @topk_grad_scalar(%s: tensor<f32>, %i: tensor<2xi32>, %dw: tensor<2xf32>) {
+  // expected-error @+1 {{'scores' must have rank >= 1 ([..., K]), but has type 'tensor<f32>'}}
+  %ds = "moe.topk_renorm_grad"(%s, %i, %dw) : (tensor<f32>, tensor<2xi32>, tensor<2xf32>) -> tensor<f32>
+  return
+}
+
+// -----
+
+func.func @topk_grad_indices_rank(%s: tensor<4x8xf32>, %i: tensor<2xi32>, %dw: tensor<4x2xf32>) {
+  // expected-error @+1 {{'indices' must have the rank of 'scores' (2: [..., k]), but has type 'tensor<2xi32>'}}
+  %ds = moe.topk_renorm_grad %s, %i dw(%dw : tensor<4x2xf32>) : tensor<4x8xf32>, tensor<2xi32> -> tensor<4x8xf32>
+  return
+}
+
+// -----
+
+func.func @topk_grad_rows(%s: tensor<4x8xf32>, %i: tensor<4x2xi32>, %dw: tensor<5x2xf32>) {
+  // expected-error @+1 {{dimension 0 of 'dw' (5) must equal dimension 0 of 'scores' (4)}}
+  %ds = moe.topk_renorm_grad %s, %i dw(%dw : tensor<5x2xf32>) : tensor<4x8xf32>, tensor<4x2xi32> -> tensor<4x8xf32>
+  return
+}
+
+// -----
+
+func.func @topk_grad_k_mismatch(%s: tensor<4x8xf32>, %i: tensor<4x2xi32>, %dw: tensor<4x3xf32>) {
+  // expected-error @+1 {{the last dimension of 'dw' (3) must equal that of 'indices' (k = 2)}}
+  %ds = moe.topk_renorm_grad %s, %i dw(%dw : tensor<4x3xf32>) : tensor<4x8xf32>, tensor<4x2xi32> -> tensor<4x8xf32>
+  return
+}
+
+// -----
+
+func.func @topk_grad_k_too_large(%s: tensor<4x8xf32>, %i: tensor<4x9xi32>, %dw: tensor<4x9xf32>) {
+  // expected-error @+1 {{the last dimension of 'indices' (k = 9) must be in [1, K] (K = the last dimension of 'scores')}}
+  %ds = moe.topk_renorm_grad %s, %i dw(%dw : tensor<4x9xf32>) : tensor<4x8xf32>, tensor<4x9xi32> -> tensor<4x8xf32>
+  return
+}
+
+// -----
+
+func.func @topk_grad_i64_indices(%s: tensor<4x8xf32>, %i: tensor<4x2xi64>, %dw: tensor<4x2xf32>) {
+  // expected-error @+1 {{operand #1 must be ranked tensor of 32-bit signless integer values}}
+  %ds = "moe.topk_renorm_grad"(%s, %i, %dw) : (tensor<4x8xf32>, tensor<4x2xi64>, tensor<4x2xf32>) -> tensor<4x8xf32>
+  return
+}

@@ -1,0 +1,56 @@
+// Round trip of the backward ops (MoEGradOps.td): print, parse and print again must agree, in the custom form and
+// through the generic form.
+// RUN: moe-opt %s | moe-opt | FileCheck %s
+// RUN: moe-opt %s --mlir-print-op-generic | moe-opt | FileCheck %s
+
+// CHECK-LABEL: func.func @similarity_inform_grad_defaults
+func.func @similarity_inform_grad_defaults(%u: tensor<2x128x64xf32>, %e: tensor<2x128x16xf32>, %dp: tensor<2x128x16xf32>)
+    -> (tensor<2x128x64xf32>, tensor<2x128x16xf32>) {
+  // CHECK: moe.similarity_inform_grad %{{.*}}, %{{.*}} dp(%{{.*}} : tensor<2x128x16xf32>) : tensor<2x128x64xf32>, tensor<2x128x16xf32> -> tensor<2x128x64xf32>, tensor<2x128x16xf32>
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<2x128x16xf32>)
+      : tensor<2x128x64xf32>, tensor<2x128x16xf32> -> tensor<2x128x64xf32>, tensor<2x128x16xf32>
+  return %du, %de : tensor<2x128x64xf32>, tensor<2x128x16xf32>
+}
+
+// Every optional operand and attribute; ws adds the result dws [D, D]; f16 operands give f32 gradients.
+// CHECK-LABEL: func.func @similarity_inform_grad_all
+func.func @similarity_inform_grad_all(%u: tensor<?x?x64xf16>, %e: tensor<?x?x16xbf16>, %ws: tensor<64x64xf32>,
+                                      %m: tensor<?x?xi1>, %dp: tensor<?x?x16xf32>)
+    -> (tensor<?x?x64xf32>, tensor<?x?x16xf32>, tensor<64x64xf32>) {
+  // CHECK: moe.similarity_inform_grad %{{.*}}, %{{.*}} ws(%{{.*}} : tensor<64x64xf32>) key_mask(%{{.*}} : tensor<?x?xi1>) dp(%{{.*}} : tensor<?x?x16xf32>) tau(5.000000e-01) causal(true) : tensor<?x?x64xf16>, tensor<?x?x16xbf16> -> tensor<?x?x64xf32>, tensor<?x?x16xf32>, tensor<64x64xf32>
+  %du, %de, %dws = moe.similarity_inform_grad %u, %e ws(%ws : tensor<64x64xf32>) key_mask(%m : tensor<?x?xi1>)
+      dp(%dp : tensor<?x?x16xf32>) tau(0.5) causal(true)
+      : tensor<?x?x64xf16>, tensor<?x?x16xbf16> -> tensor<?x?x64xf32>, tensor<?x?x16xf32>, tensor<64x64xf32>
+  return %du, %de, %dws : tensor<?x?x64xf32>, tensor<?x?x16xf32>, tensor<64x64xf32>
+}
+
+// A written result type may refine a dynamic size.
+// CHECK-LABEL: func.func @similarity_inform_grad_refined
+func.func @similarity_inform_grad_refined(%u: tensor<?x8x4xf32>, %e: tensor<?x8x3xf32>, %dp: tensor<2x8x3xf32>)
+    -> tensor<2x8x4xf32> {
+  // CHECK: -> tensor<2x8x4xf32>, tensor<?x8x3xf32>
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<2x8x3xf32>)
+      : tensor<?x8x4xf32>, tensor<?x8x3xf32> -> tensor<2x8x4xf32>, tensor<?x8x3xf32>
+  return %du : tensor<2x8x4xf32>
+}
+
+// CHECK-LABEL: func.func @topk_renorm_grad_defaults
+func.func @topk_renorm_grad_defaults(%s: tensor<4x128x16xf32>, %i: tensor<4x128x2xi32>, %dw: tensor<4x128x2xf32>)
+    -> tensor<4x128x16xf32> {
+  // CHECK: moe.topk_renorm_grad %{{.*}}, %{{.*}} dw(%{{.*}} : tensor<4x128x2xf32>) : tensor<4x128x16xf32>, tensor<4x128x2xi32> -> tensor<4x128x16xf32>
+  %ds = moe.topk_renorm_grad %s, %i dw(%dw : tensor<4x128x2xf32>)
+      : tensor<4x128x16xf32>, tensor<4x128x2xi32> -> tensor<4x128x16xf32>
+  return %ds : tensor<4x128x16xf32>
+}
+
+// CHECK-LABEL: func.func @topk_renorm_grad_modes
+func.func @topk_renorm_grad_modes(%s: tensor<?x16xbf16>, %i: tensor<?x16xi32>, %dw: tensor<?x16xf32>)
+    -> (tensor<?x16xf32>, tensor<?x16xf32>) {
+  // CHECK: moe.topk_renorm_grad %{{.*}}, %{{.*}} dw(%{{.*}} : tensor<?x16xf32>) mode(probs) renormalize(false) : tensor<?x16xbf16>, tensor<?x16xi32> -> tensor<?x16xf32>
+  %a = moe.topk_renorm_grad %s, %i dw(%dw : tensor<?x16xf32>) mode(probs) renormalize(false)
+      : tensor<?x16xbf16>, tensor<?x16xi32> -> tensor<?x16xf32>
+  // CHECK: moe.topk_renorm_grad %{{.*}}, %{{.*}} dw(%{{.*}} : tensor<?x16xf32>) renormalize(false) : tensor<?x16xbf16>, tensor<?x16xi32> -> tensor<?x16xf32>
+  %b = moe.topk_renorm_grad %s, %i dw(%dw : tensor<?x16xf32>) mode(logits) renormalize(false)
+      : tensor<?x16xbf16>, tensor<?x16xi32> -> tensor<?x16xf32>
+  return %a, %b : tensor<?x16xf32>, tensor<?x16xf32>
+}

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Generates test/Integration/CPU/grad_ops.mlir: the backward ops (moe.similarity_inform_grad,
+moe.topk_renorm_grad) on small literal inputs, run through the fast kernels and the portable lowering, checked
+against float64 gradients of an independent dense formulation (torch autograd of softmax(q uᵀ/tau) e and of the
+top-k gate, written here from DIALECT.md; not the package's code).
+
+    .venv/bin/python test/Integration/CPU/Inputs/grad_reference.py > test/Integration/CPU/grad_ops.mlir
+
+Numbers: the kernels accumulate long sums in f32 in another order, so each printed value is matched to 4
+to a tolerance of 2e-4 relative plus 2e-6 of the largest magnitude of its tensor (the printed number must start
+with one of the prefixes of the numbers within it); values below 1e-4 in magnitude are matched as 0 or a number below 1e-4 of either sign (printed in scientific notation).
+"""
+
+import math
+
+import torch
+
+torch.set_default_dtype(torch.float64)
+
+
+def prefix_regex(c):
+    """A printed number that starts with the digits of `c`; printing drops trailing zeros, so "0.30270" also
+    matches "0.3027" exactly."""
+    if "." not in c:
+        return c + "(\\.[0-9]*)?"
+    stripped = c.rstrip("0")
+    zeros = c[len(stripped):]
+    head = stripped.rstrip(".").replace(".", "\\.")
+    if not zeros:
+        return head + "[0-9]*"
+    rest = c[len(stripped.rstrip(".")):].replace(".", "\\.")
+    return head + "(" + rest + "[0-9]*)?"
+
+
+def pattern(x, scale):
+    """Any printed value within 2e-4 relative + 2e-6 of the tensor's largest magnitude (`scale`) of x: the
+    prefixes (truncated at the tolerance's decade) of the numbers in [x - tol, x + tol]."""
+    if abs(x) < 1e-4:
+        # 0, or a small number (printed in scientific notation below 1e-4)
+        return "{{-?(0|[0-9.]+e-[0-9]+)}}"
+    sign = "-" if x < 0 else ""
+    a = abs(x)
+    tol = 2e-4 * a + 2e-6 * scale
+    step = 10.0 ** math.floor(math.log10(tol))
+    decimals = max(0, -int(math.floor(math.log10(step))))
+    lo, hi = int(math.floor((a - tol) / step)), int(math.floor((a + tol) / step))
+    cands = sorted({"%.*f" % (decimals, n * step) for n in range(max(lo, 0), hi + 1)})
+    alts = "|".join(sign + prefix_regex(c) for c in cands)
+    return "{{(" + alts + ")}}"
+
+
+def lines_for(name, t):
+    out = [f"// CHECK: rank = {t.dim()} offset = {{{{[0-9]+}}}} sizes = [{', '.join(str(s) for s in t.shape)}]"]
+    rows = t.reshape(-1, t.shape[-1])
+    scale = float(t.abs().max()) if t.numel() else 0.0
+    per = t.shape[-2] if t.dim() == 3 else None
+    for r, row in enumerate(rows):
+        tag = "CHECK-NEXT" if not (per and r and r % per == 0) else "CHECK"
+        out.append(f"// {tag}: {{{{^ *\\[+}}}}" + ", ".join(pattern(float(x), scale) for x in row) + "]")
+    return out
+
+
+def lit(t, elem="f32"):
+    def fmt(x):
+        return "[" + ", ".join(fmt(y) for y in x) + "]" if isinstance(x, list) else repr(float(x))
+    if t.dtype == torch.bool:
+        def fmtb(x):
+            return "[" + ", ".join(fmtb(y) for y in x) + "]" if isinstance(x, list) else ("true" if x else "false")
+        return f"dense<{fmtb(t.tolist())}>"
+    return f"dense<{fmt(t.tolist())}>"
+
+
+def ttype(t, elem):
+    return "tensor<" + "x".join(str(s) for s in t.shape) + "x" + elem + ">"
+
+
+def similarity_grads(u, e, ws, mask, dp, tau, causal):
+    u, e = u.clone().requires_grad_(True), e.clone().requires_grad_(True)
+    w = ws.clone().requires_grad_(True) if ws is not None else None
+    q = u if w is None else u @ w
+    x = q @ u.transpose(-1, -2) / tau
+    B, N, _ = u.shape
+    valid = torch.ones(B, N, N, dtype=torch.bool)
+    if causal:
+        valid &= torch.ones(N, N, dtype=torch.bool).tril()
+    if mask is not None:
+        valid &= mask[:, None, :]
+    x = x.masked_fill(~valid, -math.inf)
+    s = torch.softmax(x, -1)
+    s = torch.where(valid.any(-1, keepdim=True), s, torch.zeros_like(s))
+    p = s @ e
+    wrt = [u, e] + ([w] if w is not None else [])
+    return torch.autograd.grad(p, wrt, dp)
+
+
+def topk_grad(scores, k, mode, renormalize, dw):
+    x = scores.clone().requires_grad_(True)
+    idx = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
+    sel = torch.gather(x, -1, idx)
+    if mode == "logits":
+        w = torch.softmax(sel, -1) if renormalize else torch.gather(torch.softmax(x, -1), -1, idx)
+    else:
+        w = sel / sel.sum(-1, keepdim=True) if renormalize else sel
+    return idx, torch.autograd.grad(w, x, dw)[0]
+
+
+RUN = """// RUN: moe-opt %s --moe-lower-to-llvm | mlir-runner -e main -entry-point-result=void \\
+// RUN:   -shared-libs=%mlir_c_runner_utils,%mlir_runner_utils,%moe_cpu_runtime | FileCheck %s
+// RUN: moe-opt %s --moe-lower-to-llvm=num-threads=2 | mlir-runner -O3 -e main -entry-point-result=void \\
+// RUN:   -shared-libs=%mlir_c_runner_utils,%mlir_runner_utils,%moe_cpu_runtime,%mlir_async_runtime | FileCheck %s
+// RUN: moe-opt %s --moe-lower-to-llvm=cpu-kernels=false | mlir-runner -e main -entry-point-result=void \\
+// RUN:   -shared-libs=%mlir_c_runner_utils,%mlir_runner_utils,%moe_cpu_runtime | FileCheck %s
+
+// Generated by `python3 Inputs/grad_reference.py` (the backward ops through the fast kernels, on two workers,
+// and through the portable lowering alone, against float64 autograd of a dense formulation written in that
+// script). Do not edit by hand.
+
+func.func private @printMemrefF32(tensor<*xf32>)
+func.func private @printI64(i64)
+func.func private @printNewline()
+"""
+
+
+def main():
+    g = torch.Generator().manual_seed(12)
+    out = [RUN]
+    cases = []
+    # similarity_inform_grad: (B, N, D, K, ws, mask, tau, causal)
+    sim = [(2, 5, 3, 4, False, False, 0.5, False), (2, 6, 4, 3, True, True, 1.5, True), (1, 1, 2, 3, False, False, 1.0, False)]
+    for c, (B, N, D, K, with_ws, with_mask, tau, causal) in enumerate(sim):
+        u = (torch.randn(B, N, D, generator=g) * 0.8).to(torch.float32).double()
+        e = torch.softmax(torch.randn(B, N, K, generator=g), -1).to(torch.float32).double()
+        dp = torch.randn(B, N, K, generator=g).to(torch.float32).double()
+        ws = (torch.randn(D, D, generator=g) * 0.5).to(torch.float32).double() if with_ws else None
+        mask = None
+        if with_mask:
+            mask = torch.rand(B, N, generator=g) > 0.3
+            mask[1, :] = False  # a fully masked sequence: no gradient
+            mask[0, 0] = False  # causal: row 0 of sequence 0 mixes nothing
+        grads = similarity_grads(u, e, ws, mask, dp, tau, causal)
+        names = ["du", "de"] + (["dws"] if with_ws else [])
+        fn = f"sim{c}"
+        marker = 9100 + c
+        body = [f"func.func @{fn}() {{", f"  %marker = arith.constant {marker} : i64",
+                "  call @printI64(%marker) : (i64) -> ()", "  call @printNewline() : () -> ()"]
+        body.append(f"  %u = arith.constant {lit(u)} : {ttype(u, 'f32')}")
+        body.append(f"  %e = arith.constant {lit(e)} : {ttype(e, 'f32')}")
+        body.append(f"  %dp = arith.constant {lit(dp)} : {ttype(dp, 'f32')}")
+        opt = ""
+        if ws is not None:
+            body.append(f"  %ws = arith.constant {lit(ws)} : {ttype(ws, 'f32')}")
+            opt += f" ws(%ws : {ttype(ws, 'f32')})"
+        if mask is not None:
+            body.append(f"  %m = arith.constant {lit(mask)} : {ttype(mask, 'i1')}")
+            opt += f" key_mask(%m : {ttype(mask, 'i1')})"
+        res_types = [ttype(t, "f32") for t in grads]
+        results = ", ".join(f"%{n}" for n in names)
+        body.append(f"  {results} = moe.similarity_inform_grad %u, %e{opt} dp(%dp : {ttype(dp, 'f32')}) "
+                    f"tau({tau}) causal({'true' if causal else 'false'})")
+        body.append(f"      : {ttype(u, 'f32')}, {ttype(e, 'f32')} -> {', '.join(res_types)}")
+        checks_ = [f"// {fn}: B, N, D, K = {B}, {N}, {D}, {K}; ws {with_ws}, key_mask {with_mask}, tau {tau}, "
+                   f"causal {causal}", f"// CHECK-LABEL: {{{{^}}}}{marker}"]
+        for n, t, ty in zip(names, grads, res_types):
+            body.append(f"  %{n}_u = tensor.cast %{n} : {ty} to tensor<*xf32>")
+            body.append(f"  call @printMemrefF32(%{n}_u) : (tensor<*xf32>) -> ()")
+            checks_ += lines_for(n, t)
+        body += ["  return", "}"]
+        cases.append((fn, checks_, body))
+    # topk_renorm_grad: (rows, K, k, mode, renormalize)
+    top = [(3, 6, 2, "logits", True), (3, 6, 2, "logits", False), (3, 6, 3, "probs", True), (2, 5, 5, "probs", False)]
+    for c, (R, K, k, mode, renormalize) in enumerate(top):
+        s = torch.randn(R, K, generator=g).to(torch.float32).double()
+        if mode == "probs":
+            s = torch.softmax(s, -1).to(torch.float32).double()
+        dw = torch.randn(R, k, generator=g).to(torch.float32).double()
+        idx, ds = topk_grad(s, k, mode, renormalize, dw)
+        fn = f"topk{c}"
+        marker = 9200 + c
+        body = [f"func.func @{fn}() {{", f"  %marker = arith.constant {marker} : i64",
+                "  call @printI64(%marker) : (i64) -> ()", "  call @printNewline() : () -> ()",
+                f"  %s = arith.constant {lit(s)} : {ttype(s, 'f32')}",
+                f"  %i = arith.constant dense<{idx.tolist()}> : {ttype(idx, 'i32')}",
+                f"  %dw = arith.constant {lit(dw)} : {ttype(dw, 'f32')}",
+                f"  %ds = moe.topk_renorm_grad %s, %i dw(%dw : {ttype(dw, 'f32')}) mode({mode}) "
+                f"renormalize({'true' if renormalize else 'false'}) : {ttype(s, 'f32')}, {ttype(idx, 'i32')} -> "
+                f"{ttype(s, 'f32')}",
+                f"  %ds_u = tensor.cast %ds : {ttype(s, 'f32')} to tensor<*xf32>",
+                "  call @printMemrefF32(%ds_u) : (tensor<*xf32>) -> ()",
+                "  return", "}"]
+        cases.append((fn, [f"// {fn}: {R} rows, K = {K}, k = {k}, mode {mode}, renormalize {renormalize}",
+                           f"// CHECK-LABEL: {{{{^}}}}{marker}"] + lines_for("ds", ds), body))
+    for fn, checks_, body in cases:
+        out.append("\n".join(checks_))
+        out.append("\n".join(body) + "\n")
+    out.append("func.func @main() {\n" + "\n".join(f"  call @{fn}() : () -> ()" for fn, _, _ in cases) +
+               "\n  return\n}")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
