@@ -136,6 +136,17 @@ def _fmt_ms(ms: float) -> str:
     return f"{ms * 1e3:.1f} us" if ms < 1 else f"{ms:.2f} ms"
 
 
+def table_row(r: dict, last: str) -> str:
+    """The markdown row of one result: case, regime, T, ours, eager, inductor, x eager, x inductor, ``last``."""
+    if "ours" not in r:
+        return f"| {r['case']} | {r['regime']} | {r.get('T')} | error: {r.get('error', '')[:80]} | | | | | |"
+    ind = _fmt_ms(r["inductor"]["median_ms"]) if "inductor" in r else r.get("inductor_error", "-")[:40]
+    xi = f"{r['speedup_vs_inductor']:.2f}" if "speedup_vs_inductor" in r else "-"
+    ok = "" if r["correct"] else " **WRONG**"
+    return (f"| {r['case']}{ok} | {r['regime']} | {r.get('T')} | {_fmt_ms(r['ours']['median_ms'])} | "
+            f"{_fmt_ms(r['eager']['median_ms'])} | {ind} | {r['speedup_vs_eager']:.2f} | {xi} | {last} |")
+
+
 def write_markdown(doc: dict, path: Path) -> None:
     m = doc["machine"]
     lines = [
@@ -154,25 +165,20 @@ def write_markdown(doc: dict, path: Path) -> None:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["results"]:
-        if "ours" not in r:
-            lines.append(f"| {r['case']} | {r['regime']} | {r.get('T')} | error: {r.get('error', '')[:80]} |"
-                         " | | | | |")
-            continue
-        ind = _fmt_ms(r["inductor"]["median_ms"]) if "inductor" in r else r.get("inductor_error", "-")[:40]
-        xi = f"{r['speedup_vs_inductor']:.2f}" if "speedup_vs_inductor" in r else "-"
-        first = _fmt_ms(r["first_call_ms"]) + (" (compiled)" if r["kernel_compiled"] else
-                                               " (disk)" if r["kernel_loaded_from_disk"] else "")
-        ok = "" if r["correct"] else " **WRONG**"
-        lines.append(f"| {r['case']}{ok} | {r['regime']} | {r.get('T')} | {_fmt_ms(r['ours']['median_ms'])} | "
-                     f"{_fmt_ms(r['eager']['median_ms'])} | {ind} | {r['speedup_vs_eager']:.2f} | {xi} | {first} |")
+        first = ""
+        if "ours" in r:
+            first = _fmt_ms(r["first_call_ms"]) + (" (compiled)" if r["kernel_compiled"] else
+                                                   " (disk)" if r["kernel_loaded_from_disk"] else "")
+        lines.append(table_row(r, first))
     below = [r for r in doc["results"] if r["regime"] == "decode" and "ours" in r and r["speedup_vs_eager"] < 1.0]
     lines += ["", f"Decode cases below 1.0x eager: {len(below)}" +
               (": " + ", ".join(f"{r['case']} ({r['speedup_vs_eager']:.2f}x)" for r in below) if below else "")]
     path.write_text("\n".join(lines) + "\n")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(doc: str) -> argparse.Namespace:
+    """The command line shared by the op benchmarks (this one and bench/training.py)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=_THREADS)
     ap.add_argument("--quick", action="store_true", help="decode cases only")
     ap.add_argument("--only", nargs="*", default=[], help="cases whose name contains one of these")
@@ -181,19 +187,30 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    return args
+
+
+def select_cases(args: argparse.Namespace, keep: Callable[[C.Case], bool] = lambda c: True) -> list[C.Case]:
+    cases = [c for c in decode_cases() + ([] if args.quick else prefill_cases()) if keep(c)]
+    if args.only:
+        cases = [c for c in cases if any(s in c.name for s in args.only)]
+    return cases
+
+
+def run_all(cases: list[C.Case], run: Callable[[C.Case, argparse.Namespace], dict],
+            markdown: Callable[[dict, Path], None], prefix: str, args: argparse.Namespace) -> int:
+    """Runs ``run`` on every case (an exception is recorded as that case's error), prints one line per case and
+    writes bench/results/<prefix>-<date>-t<threads>[-quick].json and .md; exit status 1 when a result is wrong."""
     if not moe_ops.kernels_available():
         print(f"the compiled kernels are unavailable: {moe_ops._KERNELS_UNAVAILABLE}", file=sys.stderr)
         return 2
-    cases = decode_cases() + ([] if args.quick else prefill_cases())
-    if args.only:
-        cases = [c for c in cases if any(s in c.name for s in args.only)]
     info = machine_info(args.threads)
     print(f"{info['cpu_model']}, {args.threads} threads, torch {info['torch']}, load {info['loadavg_start']}",
           flush=True)
     results = []
     for case in cases:
         try:
-            rec = run_case(case, args)
+            rec = run(case, args)
         except Exception as err:  # noqa: BLE001
             rec = {"case": case.name, "op": case.op, "regime": case.regime, "T": case.params.get("T"),
                    "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
@@ -209,11 +226,16 @@ def main() -> int:
     doc = {"date": date, "machine": info, "loadavg_end": list(os.getloadavg()), "results": results}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"torch-ops-{date}-t{args.threads}" + ("-quick" if args.quick else "")
+    stem = f"{prefix}-{date}-t{args.threads}" + ("-quick" if args.quick else "")
     (out / f"{stem}.json").write_text(json.dumps(doc, indent=1))
-    write_markdown(doc, out / f"{stem}.md")
+    markdown(doc, out / f"{stem}.md")
     print(f"wrote {out / stem}.json and .md")
     return 0 if all(r.get("correct", False) for r in results) else 1
+
+
+def main() -> int:
+    args = parse_args(__doc__)
+    return run_all(select_cases(args), run_case, write_markdown, "torch-ops", args)
 
 
 if __name__ == "__main__":
