@@ -402,7 +402,7 @@ def _authors_acmoe_route(block: acmoe.ACMoEBlock, u: torch.Tensor, assign: torch
         w, _ = R.mad_dispersion(uf.detach(), assign.reshape(-1), block.num_experts, **block.attrs)
     logits = (uf * w[assign.reshape(-1)]) @ F.normalize(block.expert_emb, dim=1, eps=1e-4).t()
     val, idx = torch.topk(logits, block.k, dim=-1)
-    return torch.softmax(val, -1), idx
+    return torch.softmax(val, -1).reshape(B, N, -1), idx.reshape(B, N, -1)
 
 
 @pytest.mark.parametrize("assign_kind", ["random", "empty-and-singleton"])
