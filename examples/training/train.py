@@ -12,9 +12,11 @@ The task: a fixed random "teacher" maps each token through a two-layer tanh netw
 (so the attention and the token-mixing routers have something to learn); the loss is the mean squared error.
 
 Why the curves are not bit-identical: the compiled step computes the same maths with other f32 roundings (inductor
-fuses and reorders the dense code; the moe kernels accumulate in their own order); Adam's first steps amplify
-relative differences of ~1e-7 and a few hundred steps can flip a near-tied top-k selection. The default tolerance,
-relative 1e-3 per step, holds over 100 steps for every router here (see docs/Training.md).
+fuses and reorders the dense code; the moe kernels accumulate in their own order). Measured over 100 steps, the
+largest relative difference per step is 1.8e-7 to 2.4e-7 for four routers and 1.8e-5 for Symphony (its graph A,
+updated from each step's selections, feeds the rounding differences back into routing); docs/Training.md. The
+default tolerance, 1e-4, leaves a margin of 5x over Symphony's, while a wrong gradient moves the curve by far more
+(the loss falls from 1.3 to 0.12 in these 100 steps).
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--d-model", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--rtol", type=float, default=1e-3, help="largest relative loss difference per step")
+    ap.add_argument("--rtol", type=float, default=1e-4, help="largest relative loss difference per step")
     args = ap.parse_args()
     r = run(args.router, args.steps, args.dense, args.batch, args.seq, args.d_model, args.lr)
     print(f"{args.router}: {args.steps} steps, batch {args.batch} x {args.seq} tokens, d_model {args.d_model}, "

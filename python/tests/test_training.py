@@ -143,10 +143,11 @@ def _example():
 
 @pytest.mark.parametrize("router", list(MODELS))
 def test_training_example_follows_eager(router):
-    """A few steps of examples/training/train.py: the compiled loss curve equals eager's to 1e-4 relative (a handful
-    of Adam steps; the example's 100-step tolerance is 1e-3, docs/Training.md)."""
+    """Four steps of examples/training/train.py: the compiled loss curve equals eager's to 1e-5 relative (measured:
+    <= 2.4e-7 over the first 30 steps for every router; the 100-step tolerance of the example is 1e-4 because
+    Symphony's graph feeds rounding differences back into routing, docs/Training.md)."""
     ex = _example()
     dense = "inductor" if router == "symphony" else "eager"
     r = ex.run(router, steps=4, dense=dense, batch=2, seq=8, d_model=16)
     assert len(r["loss_moe"]) == len(r["loss_eager"]) == 4
-    assert r["max_rel_diff"] <= 1e-4, (r["loss_eager"], r["loss_moe"])
+    assert r["max_rel_diff"] <= 1e-5, (r["loss_eager"], r["loss_moe"])
