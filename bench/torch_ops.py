@@ -201,6 +201,17 @@ def _fmt_ms(ms: float) -> str:
     return f"{ms * 1e3:.1f} us" if ms < 1 else f"{ms:.2f} ms"
 
 
+def table_row(r: dict, last: str) -> str:
+    """The markdown row of one result: case, regime, T, ours, eager, inductor, x eager, x inductor, ``last``."""
+    if "ours" not in r:
+        return f"| {r['case']} | {r['regime']} | {r.get('T')} | error: {r.get('error', '')[:80]} | | | | | |"
+    ind = _fmt_ms(r["inductor"]["median_ms"]) if "inductor" in r else r.get("inductor_error", "-")[:40]
+    xi = f"{r['speedup_vs_inductor']:.2f}" if "speedup_vs_inductor" in r else "-"
+    ok = "" if r["correct"] else " **WRONG**"
+    return (f"| {r['case']}{ok} | {r['regime']} | {r.get('T')} | {_fmt_ms(r['ours']['median_ms'])} | "
+            f"{_fmt_ms(r['eager']['median_ms'])} | {ind} | {r['speedup_vs_eager']:.2f} | {xi} | {last} |")
+
+
 def write_markdown(doc: dict, path: Path) -> None:
     m = doc["machine"]
     lines = [
@@ -220,17 +231,11 @@ def write_markdown(doc: dict, path: Path) -> None:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["results"]:
-        if "ours" not in r:
-            lines.append(f"| {r['case']} | {r['regime']} | {r.get('T')} | error: {r.get('error', '')[:80]} |"
-                         " | | | | |")
-            continue
-        ind = _fmt_ms(r["inductor"]["median_ms"]) if "inductor" in r else r.get("inductor_error", "-")[:40]
-        xi = f"{r['speedup_vs_inductor']:.2f}" if "speedup_vs_inductor" in r else "-"
-        first = _fmt_ms(r["first_call_ms"]) + (" (compiled)" if r["kernel_compiled"] else
-                                               " (disk)" if r["kernel_loaded_from_disk"] else "")
-        ok = "" if r["correct"] else " **WRONG**"
-        lines.append(f"| {r['case']}{ok} | {r['regime']} | {r.get('T')} | {_fmt_ms(r['ours']['median_ms'])} | "
-                     f"{_fmt_ms(r['eager']['median_ms'])} | {ind} | {r['speedup_vs_eager']:.2f} | {xi} | {first} |")
+        first = ""
+        if "ours" in r:
+            first = _fmt_ms(r["first_call_ms"]) + (" (compiled)" if r["kernel_compiled"] else
+                                                   " (disk)" if r["kernel_loaded_from_disk"] else "")
+        lines.append(table_row(r, first))
     below = [r for r in doc["results"] if r["regime"] == "decode" and "ours" in r and r["speedup_vs_eager"] < 1.0]
     lines += ["", f"Decode cases below 1.0x eager: {len(below)}" +
               (": " + ", ".join(f"{r['case']} ({r['speedup_vs_eager']:.2f}x)" for r in below) if below else "")]
@@ -251,9 +256,35 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
                          "(the method before interleaving, for comparison)")
 
 
-def run_all(todo: list, run_one: Callable, args, stem: str) -> tuple[list[dict], Path]:
+def parse_args(doc: str) -> argparse.Namespace:
+    """The command line of the op benchmarks (this one and bench/training.py); sets torch's thread count."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(ap)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    return args
+
+
+def select_cases(args: argparse.Namespace, keep: Callable[[C.Case], bool] = lambda c: True) -> list[C.Case]:
+    """The decode (and unless --quick, prefill) cases that ``keep`` accepts and --only names."""
+    cases = [c for c in decode_cases() + ([] if args.quick else prefill_cases()) if keep(c)]
+    if args.only:
+        cases = [c for c in cases if any(s in c.name for s in args.only)]
+    return cases
+
+
+def result_stem(prefix: str, args: argparse.Namespace) -> str:
+    """``<prefix>-<date>-t<threads>[-quick][-<tag>]``."""
+    date = datetime.date.today().isoformat()
+    return (f"{prefix}-{date}-t{args.threads}" + ("-quick" if args.quick else "")
+            + (f"-{args.tag}" if args.tag else ""))
+
+
+def run_all(todo: list, run_one: Callable, args, stem: str,
+            markdown: Callable[[dict, Path], None] | None = None) -> tuple[list[dict], Path]:
     """Runs ``run_one(case, args)`` for every case (an exception becomes an error record), prints one line per case,
-    writes ``<out>/<stem>.json`` and ``.md``; returns the records and the markdown path."""
+    writes ``<out>/<stem>.json`` and ``.md`` (``markdown``, default this benchmark's table); returns the records and
+    the markdown path."""
     info = machine_info(args.threads)
     print(f"{info['cpu_model']}, {args.threads} threads, torch {info['torch']}, load {info['loadavg_start']}",
           flush=True)
@@ -278,26 +309,17 @@ def run_all(todo: list, run_one: Callable, args, stem: str) -> tuple[list[dict],
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(doc, indent=1))
-    write_markdown(doc, out / f"{stem}.md")
+    (markdown or write_markdown)(doc, out / f"{stem}.md")
     print(f"wrote {out / stem}.json and .md")
     return results, out / f"{stem}.md"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(ap)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_args(__doc__)
     if not moe_ops.kernels_available():
         print(f"the compiled kernels are unavailable: {moe_ops._KERNELS_UNAVAILABLE}", file=sys.stderr)
         return 2
-    cases = decode_cases() + ([] if args.quick else prefill_cases())
-    if args.only:
-        cases = [c for c in cases if any(s in c.name for s in args.only)]
-    date = datetime.date.today().isoformat()
-    stem = (f"torch-ops-{date}-t{args.threads}" + ("-quick" if args.quick else "")
-            + (f"-{args.tag}" if args.tag else ""))
-    results, _ = run_all(cases, run_case, args, stem)
+    results, _ = run_all(select_cases(args), run_case, args, result_stem("torch-ops", args))
     return 0 if all(r.get("correct", False) for r in results) else 1
 
 

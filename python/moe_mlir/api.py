@@ -3,11 +3,14 @@
 * ``backend="dynamo"`` (the default): ``torch.compile(model, backend="moe")`` (:mod:`moe_mlir.backends.dynamo`):
   Dynamo captures the model (graph breaks, data-dependent expert loops and new token counts included: automatic
   dynamic shapes), the routing idioms of each graph are raised to ``torch.ops.moe.*`` and inductor compiles the
-  rest. The model keeps its training mode (backward works through the raised ops).
+  rest. The model keeps its training mode: this is the training path (AOTAutograd compiles forward and backward;
+  the moe ops' registered backward runs in it; docs/Training.md).
 * ``backend="auto"|"executor"|"runner"`` or ``target="cuda"``: the whole-graph MLIR path
   (:func:`moe_mlir.backends.whole_graph.compile_whole_graph`: torch.export → MLIR → ``moe-opt`` → executor / mlir-runner, or
   the CUDA split of :mod:`moe_mlir.backends.cuda`): the model in eval mode, static shapes (those of
-  ``example_args``), and only models that ``torch.export`` captures whole.
+  ``example_args``), and only models that ``torch.export`` captures whole. Forward-only: with grad mode on, an
+  input that requires grad is refused (``RuntimeError`` naming the training path) rather than given a result that
+  silently carries no gradient.
 """
 
 from __future__ import annotations

@@ -58,7 +58,9 @@ def _select_desc(x: Tensor, k: int) -> Tensor:
 def _masked_softmax(z: Tensor, dim: int = -1) -> Tensor:
     """Softmax over ``dim`` in f32 where a slice whose every entry is ``-inf`` gives zeros instead of NaN."""
     all_masked = (z == _NEG_INF).all(dim=dim, keepdim=True)
-    s = torch.softmax(z, dim=dim)
+    # The masked rows are zeroed before the softmax too: softmax of all -inf is NaN, and its backward would send
+    # NaN (NaN · 0) into the gradient of such a row, which must be zero.
+    s = torch.softmax(z.masked_fill(all_masked, 0.0), dim=dim)
     return torch.where(all_masked, torch.zeros_like(s), s)
 
 
@@ -155,7 +157,8 @@ def _attention_posterior_ref(
         a_post = _masked_softmax(z.masked_fill(~valid, _NEG_INF))
         return _mix(a_post, ef, valid), head.to(torch.int32)
     # head_select == "all": eq 13/14 with the head posterior H'
-    log_a = torch.log_softmax(sc, -1).masked_fill(row_masked[..., None], _NEG_INF)
+    dead = row_masked[..., None]  # zeroed first: log_softmax of an all -inf row is NaN, also in its backward
+    log_a = torch.log_softmax(sc.masked_fill(dead, 0.0), -1).masked_fill(dead, _NEG_INF)
     z = (log_a + ll).masked_fill(~key_valid, _NEG_INF)
     a_post = _masked_softmax(z)  # [B,H,N,Nk]
     h_post = _masked_softmax(torch.logsumexp(z, -1), dim=1)  # [B,H,N]
@@ -188,6 +191,13 @@ def _mad_dispersion_ref(
     dev = x - mu[a]
     dev = dev.abs() if measure == "mad" else dev * dev
     s = torch.matmul(onehot.t(), dev) / denom  # [E,D]
+    return _dispersion_weights(s, counts, eps, clip, normalize, empty), counts.to(torch.int32)
+
+
+def _dispersion_weights(s: Tensor, counts: Tensor, eps: float, clip: float, normalize: str, empty: str) -> Tensor:
+    """The weights ``[E, D]`` of ``mad_dispersion`` from the per-cluster dispersions ``s`` ``[E, D]`` (f32) and the
+    cluster sizes ``counts`` ``[E]``: ``1/(s + eps)``, clipped and rescaled over the valid clusters. Shared with
+    :func:`moe_mlir.distributed.mad_dispersion`, which sums ``s`` over data-parallel ranks first."""
     w = 1.0 / (s + eps)
     if empty == "identity":
         valid = (counts >= 2)[:, None].expand_as(w)
@@ -207,8 +217,7 @@ def _mad_dispersion_ref(
     else:
         scale = wv.sum() / vf.sum().clamp_min(1)
     w = w / scale
-    w = torch.where(valid, w, torch.ones_like(w))
-    return w, counts.to(torch.int32)
+    return torch.where(valid, w, torch.ones_like(w))
 
 
 def _adjacency_update_ref(a: Tensor, idx: Tensor, beta: float, norm: str, include_self: bool) -> Tensor:

@@ -42,7 +42,8 @@ __all__ = [
     "run_with_mlir_runner",
 ]
 
-from .tools import LLVM_LIB, MoEOptError, MoERuntimeError, find_mlir_runner, find_runtime_lib, lower_to_llvm, verify
+from .tools import (LLVM_LIB, MoEOptError, MoERuntimeError, find_mlir_runner, find_runtime_lib, lower_to_llvm,
+                    refuse_gradients, verify)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -295,6 +296,7 @@ class CompiledModel:
 
     def run(self, *args: torch.Tensor) -> list[torch.Tensor]:
         """Runs the function; returns all results (flat list, buffer mutations included)."""
+        refuse_gradients(args)
         inputs = self._inputs(args)
         if self.backend == "runner":
             return run_with_mlir_runner(self.program, inputs)

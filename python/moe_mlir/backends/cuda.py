@@ -31,8 +31,9 @@ by orders of magnitude. So the GPU target *splits* the graph:
    at the end of each op, so a partition call is synchronous.
 
 Weights are the model's tensors at compile time (no copy; a CUDA model's weights are used in place, a CPU model's
-are copied to the device at the first call on it). The model runs under ``torch.no_grad()`` (inference), on one
-device: the one its kernels were loaded on at the first call. The library is loaded at the first call (or :meth:`CudaCompiledModel.load`): that
+are copied to the device at the first call on it). The model runs under ``torch.no_grad()`` (inference: with grad
+mode on, an input that requires grad is refused; train with the default path), on one device: the one its kernels
+were loaded on at the first call. The library is loaded at the first call (or :meth:`CudaCompiledModel.load`): that
 is where a missing driver or device is reported (:class:`CudaUnavailableError`). A CPU tensor passed to the
 compiled model raises :class:`ValueError`; a missing tool of the GPU build raises :class:`GpuToolchainError`; a moe
 op the GPU lowering refuses raises :class:`~moe_mlir.backends.tools.MoEOptError` with moe-opt's diagnostic.
@@ -475,6 +476,9 @@ class CudaCompiledModel:
 
     def run(self, *args: torch.Tensor) -> list[torch.Tensor]:
         """Runs the graph on CUDA tensors; returns every output (flat, buffer mutations included)."""
+        from .tools import refuse_gradients
+
+        refuse_gradients(args)
         device = self._check_inputs(args, "cuda")
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())

@@ -12,6 +12,13 @@ expert loops (Dynamo hands the backend one FX graph per region; each is compiled
    ops are extern (fallback) kernels calling whatever implementation is registered behind ``torch.ops.moe.*``
    (their fake kernels give the symbolic output shapes; their recompute backward keeps training working).
 
+Training: raising happens on the forward (pre-dispatch) graph, before autograd; inductor's ``compile_fx`` (or
+``aot_eager`` with ``dense="eager"``) then runs AOTAutograd on the raised graph when an input or parameter requires
+grad: the joint graph holds each ``torch.ops.moe.*`` call and its registered backward (whatever implements it), and
+the partitioned forward and backward graphs are both compiled. In-place buffer updates under ``no_grad`` (Symphony's
+graph) stay in the forward graph. ``python/tests/test_training.py`` checks the gradients against eager for every
+``moe_mlir.models`` block and HF's Mixtral and Qwen3-MoE blocks.
+
 A graph with nothing to raise is handed to inductor untouched, so it compiles exactly as
 ``backend="inductor"`` would. If tracing or raising fails, or inductor rejects the raised graph, the backend warns
 (:class:`MoERaisingWarning`) and compiles the original graph with inductor: it never fails where inductor succeeds.

@@ -9,8 +9,8 @@ from typing import Optional, Sequence
 
 from ..runtime.locate import LLVM_BIN, LLVM_LIB, REPO_ROOT, _build_dirs, find_mlir_runner, find_moe_opt, find_runtime_lib  # noqa: F401
 
-__all__ = ["MoEOptError", "MoERuntimeError", "find_moe_opt", "find_mlir_runner", "find_runtime_lib", "run_moe_opt",
-           "verify", "lower_to_llvm", "LLVM_BIN", "LLVM_LIB", "REPO_ROOT"]
+__all__ = ["MoEOptError", "MoERuntimeError", "refuse_gradients", "find_moe_opt", "find_mlir_runner",
+           "find_runtime_lib", "run_moe_opt", "verify", "lower_to_llvm", "LLVM_BIN", "LLVM_LIB", "REPO_ROOT"]
 
 class MoEOptError(RuntimeError):
     """``moe-opt`` rejected the module (parse, verifier or pass failure); carries its stderr."""
@@ -18,6 +18,19 @@ class MoEOptError(RuntimeError):
 
 class MoERuntimeError(RuntimeError):
     """The compiled code reported a run-time error (e.g. an index operand out of range)."""
+
+
+def refuse_gradients(args: Sequence[object]) -> None:
+    """The whole-graph paths are forward-only (weights folded into the code or detached, no backward): with grad
+    mode on, an input that requires grad would get a result that silently carries no gradient, so it is an error."""
+    import torch
+
+    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        raise RuntimeError(
+            "the whole-graph path (moe_mlir.compile with backend='auto'|'executor'|'runner' or target='cuda', "
+            "torch.compile options={'whole_graph': True}) is forward-only: call it under torch.no_grad() or on "
+            "inputs that do not require grad; to train, use moe_mlir.compile(model) (the default path) or "
+            "torch.compile(model, backend='moe')")
 
 
 def run_moe_opt(mlir_text: str, args: Sequence[str] = (), *, moe_opt: Optional[str] = None,

@@ -5,7 +5,9 @@ Layer 1 is a standard SMoE (TopK-then-softmax on ``W u + b``); its top-1 expert 
 ``W = moe.mad_dispersion(u, k*)`` (1 / MAD, clipped, mean 1) before the dot product with the normalized expert
 embeddings (003 eq 8, the authors' LM code): ``logits[t] = (u_t ⊙ W[k*_t]) · normalize(emb)ᵀ``. Statistics use the
 layer's own input (the code's choice; the paper writes h^{l-1}) over all tokens of the batch. Experts see the
-unscaled ``u`` (eq 9).
+unscaled ``u`` (eq 9). Under ``torch.distributed`` in training mode, the batch is the global one: the statistics of
+every data-parallel rank are summed (:func:`moe_mlir.distributed.mad_dispersion`), so every rank routes with the
+same, bit-identical weights.
 
 ``use_custom_ops=False`` computes the weights with the plain-torch reference formulation (one-hot matmuls, no custom
 op); it imports as generic linalg.
@@ -18,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import distributed
 from ..reference import _mad_dispersion_ref
 from .common import AttentionOutput, SMoEBlock, gate_topk
 
@@ -53,6 +56,8 @@ class ACMoEBlock(SMoEBlock):
     def dispersion_weights(self, tokens: Tensor, assign: Tensor) -> Tensor:
         """``W [E, D]`` from tokens ``[T, D]`` and clusters ``[T]``; a constant (no gradient, 003 §5.10)."""
         a = self.attrs
+        if self.training and distributed.active():  # data parallel: the statistics of the global batch
+            return distributed.mad_dispersion(tokens.detach(), assign, self.num_experts, **a)[0]
         if self.use_custom_ops:
             w, _ = torch.ops.moe.mad_dispersion(tokens.detach(), assign, self.num_experts, a["eps"], a["clip"],
                                                 a["normalize"], a["measure"], a["empty"])

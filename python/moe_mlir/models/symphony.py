@@ -3,7 +3,9 @@
 Gate: ``G = softmax(logits) · Aᵀ`` with the layer's expert co-selection graph ``A`` (a buffer), then top-k of G with
 the raw selected values as weights (``moe.topk_renorm {mode = probs, renormalize = false}``). In training mode, after
 routing, ``A`` is updated from the base router's top-k (``moe.adjacency_update``: moving average of the row-normalized
-co-selection counts); in eval mode it is frozen (a constant of the imported module). A starts at zero (Alg. 1), so
+co-selection counts); in eval mode it is frozen (a constant of the imported module). Under ``torch.distributed`` the update counts the
+co-selections of every data-parallel rank (:mod:`moe_mlir.distributed`): every rank holds the same, bit-identical
+``A``, equal to one process's on the concatenated batch. A starts at zero (Alg. 1), so
 an untrained block routes with zero weights (every G entry ties; indices 0..k-1).
 """
 
@@ -13,6 +15,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from .. import distributed
 from ..reference import _adjacency_update_ref
 from .common import AttentionOutput, SMoEBlock, gate_topk, gate_topk_probs
 
@@ -43,6 +46,8 @@ class SymphonyBlock(SMoEBlock):
             with torch.no_grad():
                 flat = logits.detach().reshape(-1, self.num_experts)
                 base_idx = gate_topk(flat, self.k, self.use_custom_ops)[1]  # top-k on the BASE logits (l.6)
+                if distributed.active():  # data parallel: count the co-selections of every rank's tokens
+                    base_idx = distributed.gather_rows(base_idx)
                 if self.use_custom_ops:
                     a_next = torch.ops.moe.adjacency_update(a_prev, base_idx, self.beta, self.norm, self.include_self)
                 else:

@@ -1,0 +1,133 @@
+"""Forward + backward of every differentiable ``torch.ops.moe.*`` op vs eager PyTorch and inductor, same inputs,
+same threads, same run.
+
+  .venv/bin/python -m bench.training [--threads 2] [--quick] [--only SUBSTR ...] [--no-compile] [--budget S]
+
+Cases: the differentiable ops of bench/torch_ops.py's decode (T = 1, 16, 64) and prefill cases (topk_renorm,
+similarity_inform and its fused top-k, attention_posterior, hyper_router; mad_dispersion and adjacency_update carry
+no gradient). One timed call = the op's forward, then ``torch.autograd.grad`` of ``Σ out²`` over its float outputs
+with respect to every float input. Eager = bench/baselines.py (the papers' formulation) under autograd; inductor =
+``torch.compile`` of that function, differentiated through AOTAutograd (static shapes). Ours = the op as a user
+calls it (its registered backward, whatever implements it). Our gradients are checked against eager's.
+
+Writes bench/results/training-<date>-t<threads>[-quick].json and .md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .threads import pin_threads
+
+_THREADS = pin_threads(2)
+
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Callable  # noqa: E402
+
+import torch  # noqa: E402
+
+from . import cases as C  # noqa: E402
+from .timing import measure  # noqa: E402
+from .torch_ops import ours_call, parse_args, result_stem, run_all, select_cases, table_row  # noqa: E402
+from moe_mlir import ops as moe_ops  # noqa: E402
+
+DIFFERENTIABLE = ("topk_renorm", "similarity_inform", "similarity_inform_topk", "attention_posterior",
+                  "hyper_router")
+#: Gradient check: f32 maths in other orders (flash-style recompute vs the materialized N×N softmax).
+GRAD_RTOL, GRAD_ATOL = 1e-3, 1e-5
+
+
+def fwd_bwd(fn: Callable, inputs: list) -> Callable[[], list]:
+    """A call of ``fn`` then the gradients of ``Σ out²`` (float outputs) w.r.t. the float inputs."""
+    leaves = [t.detach().requires_grad_(True) if t.is_floating_point() else t for t in inputs]
+    diff = [t for t in leaves if t.requires_grad]
+
+    def step() -> list:
+        outs = fn(*leaves)
+        outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+        loss = sum((o.float() * o.float()).sum() for o in outs if o.is_floating_point() and o.requires_grad)
+        return list(torch.autograd.grad(loss, diff, allow_unused=True))
+
+    return step
+
+
+def _grad_error(ours: list, eager: list) -> float:
+    worst = 0.0
+    for a, b in zip(ours, eager):
+        a = torch.zeros_like(b) if a is None else a
+        b = torch.zeros_like(a) if b is None else b
+        err = (a.float() - b.float()).abs()
+        if (err > GRAD_ATOL + GRAD_RTOL * b.float().abs()).any():
+            raise AssertionError(f"gradients differ: max abs err {err.max().item():.3g}")
+        worst = max(worst, float(err.max()) if err.numel() else 0.0)
+    return worst
+
+
+def run_case(case: C.Case, args) -> dict:
+    rec = {"case": case.name, "op": case.op, "regime": case.regime, "params": case.params,
+           "T": case.params.get("T"), "loadavg_1min_before": round(os.getloadavg()[0], 2)}
+    g = torch.Generator().manual_seed(20260521)
+    inputs = [t.contiguous() for t in case.make_inputs(g)]
+    ours = fwd_bwd(ours_call(case), inputs)
+    eager = fwd_bwd(case.eager, inputs)
+    t0 = time.perf_counter()
+    got = ours()
+    rec["first_call_ms"] = (time.perf_counter() - t0) * 1e3
+    try:
+        rec["max_abs_grad_err"] = _grad_error(got, eager())
+        rec["correct"] = True
+    except AssertionError as err:
+        rec["correct"] = False
+        rec["error"] = str(err)
+    reps = 20000 if case.regime == "decode" else 100
+    rec["ours"] = measure(ours, args.budget, reps)
+    rec["eager"] = measure(eager, args.budget, reps)
+    if not args.no_compile:
+        try:
+            torch._dynamo.reset()  # see bench/torch_ops.py: one code object per op
+            compiled = fwd_bwd(torch.compile(case.eager, dynamic=False), inputs)
+            t0 = time.perf_counter()
+            compiled()
+            rec["inductor_compile_s"] = time.perf_counter() - t0
+            rec["inductor"] = measure(compiled, args.budget, reps)
+        except Exception as err:  # noqa: BLE001
+            rec["inductor_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+    rec["speedup_vs_eager"] = rec["eager"]["median_ms"] / rec["ours"]["median_ms"]
+    if "inductor" in rec:
+        rec["speedup_vs_inductor"] = rec["inductor"]["median_ms"] / rec["ours"]["median_ms"]
+    return rec
+
+
+def write_markdown(doc: dict, path: Path) -> None:
+    m = doc["machine"]
+    lines = [
+        f"# Forward + backward: torch.ops.moe.* vs eager and inductor ({doc['date']})", "",
+        f"Machine: {m['cpu_model']} ({m['logical_cpus']} logical CPUs), {m['threads']} threads, torch {m['torch']}, "
+        f"commit {m['git_commit'][:10]}. Load average at start {m['loadavg_start']}, at end {doc['loadavg_end']}"
+        " (ratios within one run are what counts; a loaded machine's numbers need a quiet rerun).", "",
+        "One call = forward, then the gradients of sum(out^2) w.r.t. every float input. Ours = the op with its "
+        "registered backward; eager = bench/baselines.py under autograd; inductor = torch.compile of it (AOTAutograd)."
+        " x = eager (inductor) time / ours.", "",
+        "| case | regime | T | ours | eager | inductor | x eager | x inductor | max grad err |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["results"]:
+        err = f"{r['max_abs_grad_err']:.1e}" if "max_abs_grad_err" in r else r.get("error", "")[:40]
+        lines.append(table_row(r, err))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    args = parse_args(__doc__)
+    if not moe_ops.kernels_available():
+        print(f"the compiled kernels are unavailable: {moe_ops._KERNELS_UNAVAILABLE}", file=sys.stderr)
+        return 2
+    results, _ = run_all(select_cases(args, lambda c: c.op in DIFFERENTIABLE), run_case, args,
+                         result_stem("training", args), markdown=write_markdown)
+    return 0 if all(r.get("correct", False) for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
