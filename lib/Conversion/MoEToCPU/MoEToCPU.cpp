@@ -49,9 +49,11 @@ using namespace mlir;
 using namespace mlir::moe;
 
 void mlir::moe::populateMoEToCPUKernelPatterns(RewritePatternSet &patterns,
-                                               int64_t numThreads) {
+                                               int64_t numThreads,
+                                               int64_t vectorBits) {
   cpu::KernelOptions opts;
   opts.numThreads = std::max<int64_t>(numThreads, 1);
+  opts.vectorBits = vectorBits;
   cpu::populateTopkRenormKernel(patterns, opts);
   cpu::populateSimilarityInformKernel(patterns, opts);
   cpu::populateAttentionPosteriorKernel(patterns, opts);
@@ -66,8 +68,14 @@ struct ConvertMoEToCPUPass
     : public moe::impl::ConvertMoEToCPUBase<ConvertMoEToCPUPass> {
   using Base::Base;
   void runOnOperation() override {
+    if (vectorBits != 128 && vectorBits != 256 && vectorBits != 512) {
+      getOperation()->emitError()
+          << "convert-moe-to-cpu: vector-bits must be 128, 256 or 512, got "
+          << vectorBits;
+      return signalPassFailure();
+    }
     RewritePatternSet patterns(&getContext());
-    populateMoEToCPUKernelPatterns(patterns, numThreads);
+    populateMoEToCPUKernelPatterns(patterns, numThreads, vectorBits);
     GreedyRewriteConfig config;
     config.enableFolding(false);
     if (failed(
@@ -77,8 +85,10 @@ struct ConvertMoEToCPUPass
 };
 } // namespace
 
-std::unique_ptr<Pass> mlir::moe::createConvertMoEToCPUPass(int64_t numThreads) {
+std::unique_ptr<Pass> mlir::moe::createConvertMoEToCPUPass(int64_t numThreads,
+                                                           int64_t vectorBits) {
   ConvertMoEToCPUOptions options;
   options.numThreads = numThreads;
+  options.vectorBits = vectorBits;
   return createConvertMoEToCPU(options);
 }
