@@ -150,15 +150,22 @@ bool mlir::moe::resolveCpuTarget(StringRef name, CpuTarget &target,
                 .str();
     return false;
   }
+  // The CPU's features and every feature they imply (avx512bw -> avx512f).
   SmallVector<StringRef> features;
   llvm::X86::getFeaturesForCPU(name, features, /*NeedPlus=*/false);
+  llvm::StringMap<bool> all;
+  for (StringRef f : features) {
+    all[f] = true;
+    llvm::X86::updateImpliedFeatures(f, /*Enabled=*/true, all);
+  }
   target.native = false;
   target.cpu = name.str();
-  for (StringRef f : features)
-    target.features.push_back(("+" + f).str());
+  for (const auto &f : all)
+    if (f.getValue())
+      target.features.push_back("+" + f.getKey().str());
   llvm::sort(target.features);
-  target.vectorBits = vectorBitsOf(
-      [&](StringRef f) { return llvm::is_contained(features, f); });
+  target.vectorBits =
+      vectorBitsOf([&](StringRef f) { return all.lookup(f); });
   return true;
 }
 

@@ -68,14 +68,15 @@ struct ConvertMoEToCPUPass
     : public moe::impl::ConvertMoEToCPUBase<ConvertMoEToCPUPass> {
   using Base::Base;
   void runOnOperation() override {
-    if (vectorBits != 128 && vectorBits != 256 && vectorBits != 512) {
-      getOperation()->emitError()
+    int64_t bits = vectorBits;
+    if (bits != 128 && bits != 256 && bits != 512) {
+      emitError(getOperation()->getLoc())
           << "convert-moe-to-cpu: vector-bits must be 128, 256 or 512, got "
-          << vectorBits;
+          << bits;
       return signalPassFailure();
     }
     RewritePatternSet patterns(&getContext());
-    populateMoEToCPUKernelPatterns(patterns, numThreads, vectorBits);
+    populateMoEToCPUKernelPatterns(patterns, numThreads, bits);
     GreedyRewriteConfig config;
     config.enableFolding(false);
     if (failed(
