@@ -122,24 +122,26 @@ static bool isNativeName(StringRef name) {
   return name.empty() || name == "native" || name == "host";
 }
 
-static int64_t vectorBitsOf(llvm::function_ref<bool(StringRef)> has) {
-  if (has("avx512f"))
-    return 512;
-  return has("avx2") ? 256 : 128;
+/// `cpu` with the enabled features of `features` ("+name", sorted) and the
+/// vector width they allow.
+static void setFeatures(moe::CpuTarget &target, StringRef cpu,
+                        const llvm::StringMap<bool> &features) {
+  target.cpu = cpu.str();
+  for (const auto &f : features)
+    if (f.getValue())
+      target.features.push_back("+" + f.getKey().str());
+  llvm::sort(target.features);
+  target.vectorBits = features.lookup("avx512f") ? 512
+                      : features.lookup("avx2")  ? 256
+                                                 : 128;
 }
 
 bool mlir::moe::resolveCpuTarget(StringRef name, CpuTarget &target,
                                  std::string &error) {
   target = CpuTarget();
   if (isNativeName(name)) {
-    llvm::StringMap<bool> host = llvm::sys::getHostCPUFeatures();
-    target.cpu = llvm::sys::getHostCPUName().str();
-    for (const auto &f : host)
-      if (f.getValue())
-        target.features.push_back("+" + f.getKey().str());
-    llvm::sort(target.features);
-    target.vectorBits =
-        vectorBitsOf([&](StringRef f) { return host.lookup(f); });
+    setFeatures(target, llvm::sys::getHostCPUName(),
+                llvm::sys::getHostCPUFeatures());
     return true;
   }
   if (llvm::X86::parseArchX86(name, /*Only64Bit=*/true) ==
@@ -158,14 +160,8 @@ bool mlir::moe::resolveCpuTarget(StringRef name, CpuTarget &target,
     all[f] = true;
     llvm::X86::updateImpliedFeatures(f, /*Enabled=*/true, all);
   }
+  setFeatures(target, name, all);
   target.native = false;
-  target.cpu = name.str();
-  for (const auto &f : all)
-    if (f.getValue())
-      target.features.push_back("+" + f.getKey().str());
-  llvm::sort(target.features);
-  target.vectorBits =
-      vectorBitsOf([&](StringRef f) { return all.lookup(f); });
   return true;
 }
 
