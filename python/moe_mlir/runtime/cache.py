@@ -328,6 +328,17 @@ def _llvm_tool(name: str) -> str:
     return found
 
 
+def _builtins() -> list[str]:
+    """LLVM's compiler-rt builtins archive, linked in statically when present: code for a CPU without a native
+    instruction for some conversion calls a helper instead (``__truncsfbf2`` for f32 -> bf16 below AVX-512 BF16),
+    which Debian 12's libgcc (GCC 12) does not have."""
+    try:
+        path = _run([_llvm_tool("clang"), "--rtlib=compiler-rt", "-print-libgcc-file-name"], "clang").strip()
+    except CompileError:
+        return []
+    return [path] if path and Path(path).is_file() else []
+
+
 def build(k: KernelKey, key: str, dest: Path, moe_opt: str, rt_dir: str, threads: int,
           target: str = "native") -> None:
     """Compiles the kernel of ``k`` for the CPU ``target`` into ``dest`` (atomically)."""
@@ -344,8 +355,8 @@ def build(k: KernelKey, key: str, dest: Path, moe_opt: str, rt_dir: str, threads
               str(t / "kernel.ll"), "-o", str(t / "kernel.o")], "clang")
         dest.parent.mkdir(parents=True, exist_ok=True)
         part = dest.with_name(f"{dest.name}.{os.getpid()}.{threading.get_ident()}.part")
-        _run([os.environ.get("CXX", "c++"), "-shared", "-o", str(part), str(t / "kernel.o"), f"-L{rt_dir}",
-              "-lmoe_kernel_runtime", f"-Wl,-rpath,{rt_dir}"], "link")
+        _run([os.environ.get("CXX", "c++"), "-shared", "-o", str(part), str(t / "kernel.o"), *_builtins(),
+              f"-L{rt_dir}", "-lmoe_kernel_runtime", f"-Wl,-rpath,{rt_dir}"], "link")
         os.replace(part, dest)
 
 
