@@ -1,13 +1,16 @@
 """CPU benchmark suite: our compiled kernels vs PyTorch eager (and torch.compile) on the same inputs and threads.
 
-  ./scripts/bench.sh [--quick] [--threads N] [--only SUBSTR ...] [--no-compile] [--no-memory]
+  ./scripts/bench.sh [--quick] [--threads N] [--target native|x86-64-v3|x86-64-v4] [--only SUBSTR ...]
+                     [--no-compile] [--no-memory]
   (= .venv/bin/python -m bench.cpu ...)
 
 For every case of bench/cases.py: generate the inputs (outside the timed region), compile our MLIR function once
 through the execution API's C interface (compile time reported separately), time it (warm-up, then repeated
 calls: median, quartiles, min/max), time the eager baseline (bench/baselines.py: the papers' §2 pseudocode) and
 torch.compile of the same function (inductor; failures recorded), then check our outputs against torch's once.
-torch.set_num_threads and OMP_NUM_THREADS / MOE_NUM_THREADS all get the same thread count.
+torch.set_num_threads and OMP_NUM_THREADS / MOE_NUM_THREADS all get the same thread count. ``--target`` compiles ours
+for another x86-64 level than the host (x86-64-v3: AVX2 on an AVX-512 machine) and holds torch's libraries to it
+(bench/target.py); the results are named cpu-<date>-<target>.
 
 Writes bench/results/cpu-<date>.json (machine, per-case records, peak-memory measurement), cpu-<date>.md (summary,
 cases below the 2x target) and cpu-<date>.png (speedups). Exit status 1 when one of our outputs is wrong.
@@ -18,10 +21,12 @@ from __future__ import annotations
 import os
 import sys
 
+from .target import pin_target, target_info
 from .threads import pin_threads
 
 # Before torch (and our JIT-compiled code) read them.
 _THREADS = pin_threads(int(os.environ.get("MOE_BENCH_THREADS", os.cpu_count() or 1)))
+_TARGET = pin_target()
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
@@ -59,6 +64,20 @@ def copy_bandwidth() -> float:
         y.copy_(x)
         best = min(best, time.perf_counter() - t0)
     return 2 * x.numel() * 4 / best / 1e9
+
+
+def triad_bandwidth() -> float:
+    """GB/s of a STREAM triad a = b + s·c over 3 x 128 MiB f32 arrays (3 streams: 2 reads, 1 write) at torch's
+    thread count, best of 5: the machine's memory bandwidth for hyper_router's achieved fraction."""
+    n = 1 << 25
+    b, c = torch.ones(n), torch.full((n,), 2.0)
+    a = torch.empty(n)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        torch.add(b, c, alpha=3.0, out=a)
+        best = min(best, time.perf_counter() - t0)
+    return 3 * n * 4 / best / 1e9
 
 
 def machine_info(threads: int) -> dict:
@@ -174,6 +193,8 @@ def run_case(exe: Executor, case: C.Case, args) -> dict:
         for key in ("ours", "torch", "torch_compile"):
             if rec.get(f"{key}_ms"):
                 rec[f"{key}_GBps"] = case.extra["bytes"] / (rec[f"{key}_ms"] * 1e-3) / 1e9
+                if args.triad_GBps:
+                    rec[f"{key}_frac_triad"] = rec[f"{key}_GBps"] / args.triad_GBps
     ok = rec.get("check") == "ok" and rec.get("ours_ms")
     rec["speedup"] = rec["torch_ms"] / rec["ours_ms"] if ok else None
     rec["speedup_vs_compile"] = (rec["torch_compile_ms"] / rec["ours_ms"]
@@ -199,6 +220,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small smoke-test sizes, no torch.compile, no memory run")
     ap.add_argument("--threads", type=int, default=_THREADS)
+    ap.add_argument("--target", default=_TARGET,
+                    help="CPU our JIT compiles for: native (default), x86-64-v3 (AVX2), x86-64-v4 (AVX-512) or an "
+                         "LLVM x86-64 CPU name; torch's libraries are held to the same level (bench/target.py)")
     ap.add_argument("--only", nargs="*", help="run the cases whose name or op contains one of these strings")
     ap.add_argument("--compile", dest="compile", action="store_true", default=None,
                     help="measure torch.compile (default: on, off with --quick)")
@@ -231,8 +255,13 @@ def main() -> int:
         print(f"waited {time.time() - t_wait:.0f} s for load < {args.wait_quiet}: now {os.getloadavg()}", flush=True)
     info = machine_info(args.threads)
     info["copy_bandwidth_GBps"] = round(copy_bandwidth(), 1)
+    args.triad_GBps = triad_bandwidth()
+    info["triad_bandwidth_GBps"] = round(args.triad_GBps, 1)
+    info["target"] = target_info(_TARGET)
     print(f"machine: {info['cpu_model']} ({info['logical_cpus']} logical CPUs), threads={args.threads}, "
-          f"torch {info['torch']}, commit {info['git_commit'][:10]}, load {info['loadavg_start']}", flush=True)
+          f"target {_TARGET} (torch {info['target']['torch_cpu_capability']}), torch {info['torch']}, "
+          f"commit {info['git_commit'][:10]}, load {info['loadavg_start']}, triad {info['triad_bandwidth_GBps']} GB/s",
+          flush=True)
     if args.compile:
         # Import inductor (and triton, which bundles its own LLVM) BEFORE libMoEExecutorC.so (linked to the system's
         # libLLVM/libMLIR): the other order segfaults in triton's import (seen with torch 2.15 + triton 3.9).
@@ -269,9 +298,10 @@ def main() -> int:
     info["loadavg_end"] = list(os.getloadavg())
     info["suite_seconds"] = round(time.time() - t_start, 1)
     date = datetime.date.today().isoformat()
-    tag = args.tag or (date + ("-quick" if args.quick else ""))
+    tag = args.tag or (date + ("" if _TARGET == "native" else f"-{_TARGET}") + ("-quick" if args.quick else ""))
     doc = {
         "suite": "cpu",
+        "cpu_target": _TARGET,
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "mode": "quick" if args.quick else "full",
         "note": args.note,

@@ -68,6 +68,10 @@ def write_markdown(doc: dict, path: Path, png_name: str) -> str:
         f"{m.get('memory_gib')} GiB; threads = {m['threads']} for both (torch.set_num_threads, OMP_NUM_THREADS, "
         f"MOE_NUM_THREADS). torch {m['torch']}, Python {m['python']}. Commit `{m['git_commit'][:12]}`"
         f" ({m.get('source', 'working tree')}); last lowering commit: {m.get('last_lowering_commit')}.",
+        f"Target: ours compiled for **{doc.get('cpu_target', 'native')}**"
+        + (f" (torch's kernels at {m['target'].get('torch_cpu_capability')})" if m.get("target") else "")
+        + (f"; memory bandwidth (STREAM triad at these threads): {m['triad_bandwidth_GBps']} GB/s"
+           if m.get("triad_bandwidth_GBps") else "") + ".",
         f"Load average (1/5/15 min) at start {_la(m['loadavg_start'])}, at end {_la(m.get('loadavg_end'))}; "
         f"suite time {m.get('suite_seconds')} s; 1-minute load before each case: "
         f"{_load_range(doc)}.",
@@ -113,8 +117,10 @@ def write_markdown(doc: dict, path: Path, png_name: str) -> str:
         lines += ["", f"Memory-bound cases (bytes read once / median time; tensor copy on this machine: "
                       f"{m.get('copy_bandwidth_GBps', '?')} GB/s):"]
         for r in mb:
+            frac = (f" ({100 * r['ours_frac_triad']:.0f}% of the triad; eager {100 * r.get('torch_frac_triad', 0):.0f}%)"
+                    if r.get("ours_frac_triad") else "")
             lines.append(f"- {r['op']} {_shape(r)}: ours {r.get('ours_GBps', 0):.1f} GB/s, eager "
-                         f"{r.get('torch_GBps', 0):.1f} GB/s")
+                         f"{r.get('torch_GBps', 0):.1f} GB/s{frac}")
     if ops_ok:
         lines += ["", "Per op: " + ", ".join(f"{op} {'meets' if ok else 'BELOW'}" for op, ok in ops_ok.items()) + "."]
 

@@ -47,7 +47,10 @@
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Transforms/Passes.h"
 
+#include "llvm/ADT/StringMap.h"
 #include "llvm/Support/Threading.h"
+#include "llvm/TargetParser/Host.h"
+#include "llvm/TargetParser/X86TargetParser.h"
 
 #include <cstdlib>
 
@@ -75,7 +78,106 @@ struct RequestCWrappersForDefinitions
                   UnitAttr::get(&getContext()));
   }
 };
+
+/// The code-generation target of every function: target_cpu and
+/// target_features on each llvm.func definition (translated to the LLVM
+/// function attributes "target-cpu"/"target-features", which override the
+/// JIT's host target machine and clang's -march per function). With
+/// `checkOnly` it only reports an unknown CPU name (at the start of the
+/// pipeline, before any work).
+struct SetCpuTarget
+    : PassWrapper<SetCpuTarget, OperationPass<ModuleOp>> {
+  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(SetCpuTarget)
+  SetCpuTarget(std::string name, bool checkOnly)
+      : name(std::move(name)), checkOnly(checkOnly) {}
+  StringRef getArgument() const override { return "moe-set-cpu-target"; }
+  void runOnOperation() override {
+    moe::CpuTarget target;
+    std::string error;
+    if (!moe::resolveCpuTarget(name, target, error)) {
+      // On the location only: the op's note would print the whole module.
+      emitError(getOperation().getLoc()) << "moe-lower-to-llvm: " << error;
+      return signalPassFailure();
+    }
+    if (checkOnly || target.native)
+      return;
+    MLIRContext *ctx = &getContext();
+    auto cpu = StringAttr::get(ctx, target.cpu);
+    SmallVector<StringRef> features(target.features.begin(),
+                                    target.features.end());
+    auto featureAttr = LLVM::TargetFeaturesAttr::get(ctx, features);
+    getOperation().walk([&](LLVM::LLVMFuncOp fn) {
+      if (fn.isExternal())
+        return;
+      fn.setTargetCpuAttr(cpu);
+      fn.setTargetFeaturesAttr(featureAttr);
+    });
+  }
+  std::string name;
+  bool checkOnly;
+};
 } // namespace
+
+static bool isNativeName(StringRef name) {
+  return name.empty() || name == "native" || name == "host";
+}
+
+/// `cpu` with the enabled features of `features` ("+name", sorted) and the
+/// vector width they allow.
+static void setFeatures(moe::CpuTarget &target, StringRef cpu,
+                        const llvm::StringMap<bool> &features) {
+  target.cpu = cpu.str();
+  for (const auto &f : features)
+    if (f.getValue())
+      target.features.push_back("+" + f.getKey().str());
+  llvm::sort(target.features);
+  target.vectorBits = features.lookup("avx512f") ? 512
+                      : features.lookup("avx2")  ? 256
+                                                 : 128;
+}
+
+bool mlir::moe::resolveCpuTarget(StringRef name, CpuTarget &target,
+                                 std::string &error) {
+  target = CpuTarget();
+  if (isNativeName(name)) {
+    setFeatures(target, llvm::sys::getHostCPUName(),
+                llvm::sys::getHostCPUFeatures());
+    return true;
+  }
+  if (llvm::X86::parseArchX86(name, /*Only64Bit=*/true) ==
+      llvm::X86::CK_None) {
+    error = ("unknown target-cpu '" + name +
+             "': expected native or an x86-64 CPU name of LLVM (x86-64-v3 "
+             "for AVX2, x86-64-v4 for AVX-512, znver3, skylake-avx512, ...)")
+                .str();
+    return false;
+  }
+  // The CPU's features and every feature they imply (avx512bw -> avx512f).
+  SmallVector<StringRef> features;
+  llvm::X86::getFeaturesForCPU(name, features, /*NeedPlus=*/false);
+  llvm::StringMap<bool> all;
+  for (StringRef f : features) {
+    all[f] = true;
+    llvm::X86::updateImpliedFeatures(f, /*Enabled=*/true, all);
+  }
+  setFeatures(target, name, all);
+  target.native = false;
+  return true;
+}
+
+std::vector<std::string> mlir::moe::missingHostFeatures(const CpuTarget &target) {
+  std::vector<std::string> missing;
+  if (target.native)
+    return missing;
+  llvm::StringMap<bool> host = llvm::sys::getHostCPUFeatures();
+  for (const std::string &f : target.features) {
+    StringRef name = StringRef(f).drop_front();
+    auto it = host.find(name);
+    if (it != host.end() && !it->getValue())
+      missing.push_back(name.str());
+  }
+  return missing;
+}
 
 int64_t mlir::moe::defaultNumThreads() {
   for (const char *var : {"MOE_NUM_THREADS", "OMP_NUM_THREADS"}) {
@@ -98,10 +200,20 @@ void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm,
   int64_t numThreads = options.numThreads;
   if (numThreads <= 0)
     numThreads = defaultNumThreads();
+  // The target: its vector width for the kernels, its name on every function
+  // at the end. An unknown name fails here, before any work.
+  CpuTarget target;
+  std::string targetError;
+  bool targetOk = resolveCpuTarget(options.targetCpu, target, targetError);
+  if (!targetOk)
+    pm.addPass(std::make_unique<SetCpuTarget>(options.targetCpu,
+                                              /*checkOnly=*/true));
+  int64_t vectorBits = options.vectorBits > 0 ? int64_t(options.vectorBits)
+                                              : target.vectorBits;
   // Size limits and zero-sized ops first, so every later pass sees only shapes the kernels support.
   pm.addPass(moe::createMoELegalizeShapes());
   if (options.cpuKernels)
-    pm.addPass(moe::createConvertMoEToCPUPass(numThreads));
+    pm.addPass(moe::createConvertMoEToCPUPass(numThreads, vectorBits));
   pm.addPass(moe::createConvertMoEToLinalg());
   pm.addPass(createCanonicalizerPass());
   if (options.dense) {
@@ -199,6 +311,9 @@ void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm,
   pm.addPass(createConvertControlFlowToLLVMPass());
   pm.addPass(createConvertFuncToLLVMPass());
   pm.addPass(createReconcileUnrealizedCastsPass());
+  if (targetOk && !target.native)
+    pm.addPass(std::make_unique<SetCpuTarget>(options.targetCpu,
+                                              /*checkOnly=*/false));
 }
 
 void mlir::moe::registerMoEPipelines() {

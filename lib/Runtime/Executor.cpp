@@ -33,6 +33,7 @@
 
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ExecutionEngine/Orc/Mangling.h"
 #include "llvm/Support/CrashRecoveryContext.h"
 #include "llvm/Support/DynamicLibrary.h"
@@ -434,6 +435,28 @@ Executor::compile(llvm::StringRef mlirText, const CompileOptions &options) {
   // The dense strategy ($MOE_DENSE=0: plain loops) and BLAS for large
   // matmuls ($MOE_BLAS=0: generated code), see docs/Pipelines.md.
   pipelineOptions.dense = envFlag("MOE_DENSE", true);
+  // $MOE_CPU_KERNELS=0: the portable lowering only (benchmarks of the
+  // strategies, e.g. adjacency_update's counting against its one-hot
+  // product).
+  pipelineOptions.cpuKernels = envFlag("MOE_CPU_KERNELS", true);
+  // The target ($MOE_TARGET_CPU): the kernels' vector width and the
+  // functions' target-cpu/target-features, which the JIT compiles for.
+  std::string targetCpu = options.targetCpu;
+  if (targetCpu.empty())
+    if (const char *env = std::getenv("MOE_TARGET_CPU"))
+      targetCpu = env;
+  if (targetCpu.empty())
+    targetCpu = "native";
+  CpuTarget target;
+  std::string targetError;
+  if (!resolveCpuTarget(targetCpu, target, targetError))
+    return makeError("moe::Executor: " + targetError);
+  std::vector<std::string> missing = missingHostFeatures(target);
+  if (!missing.empty())
+    return makeError("moe::Executor: target-cpu '" + targetCpu +
+                     "' needs " + llvm::join(missing, ", ") +
+                     ", which this CPU lacks");
+  pipelineOptions.targetCpu = targetCpu;
   pipelineOptions.blas = envFlag("MOE_BLAS", true) &&
                          loadBlas(1);
   buildLowerToLLVMPipeline(pm, pipelineOptions);

@@ -216,6 +216,37 @@ TEST_F(TopkRenorm, LargeMagnitudes) {
   check(logits.to(at::kHalf), 3, Mode::Logits, true); // f16 saturates to inf
 }
 
+TEST_F(TopkRenorm, RowPerLaneLayout) {
+  // K a power of two <= 16 and k <= 8: one row per vector lane (blocks of 8
+  // or 16 rows transposed in registers), the rows past the last block one by
+  // one. Row counts around the block sizes; ties, NaN and masked rows inside
+  // the blocks.
+  for (int64_t rows : {15, 16, 17, 40, 67}) {
+    checkAllModes(at::randn({rows, 8}), 2);
+    checkAllModes(at::randn({rows, 16}) * 3, 4);
+  }
+  checkAllModes(at::randn({3, 11, 4}), 3, {0, 1}); // dynamic rows, k = 3
+  checkAllModes(at::randn({19, 2}), 2);            // k = K = 2
+  checkAllModes(at::randn({21, 16}), 8);           // k = 8
+  checkAllModes(at::randn({34, 16}).to(at::kBFloat16), 5);
+  at::Tensor ties = at::randint(0, 3, {48, 8}).to(at::kFloat);
+  ties[5].fill_(kNaN);
+  ties[6][3] = kNaN;
+  ties[6][7] = kNaN;
+  ties[9].fill_(-kInf);
+  ties[10].narrow(0, 0, 7).fill_(-kInf);
+  ties[11][2] = kInf;
+  for (int64_t k : {1, 2, 3, 4, 8})
+    for (bool renorm : {true, false})
+      check(ties, k, Mode::Logits, renorm);
+  at::Tensor probs = at::randint(0, 3, {33, 16}).to(at::kFloat) / 40.0;
+  probs[3].zero_();
+  probs[4][1] = kNaN;
+  for (int64_t k : {1, 2, 7})
+    for (bool renorm : {true, false})
+      check(probs, k, Mode::Probs, renorm);
+}
+
 TEST_F(TopkRenorm, SoftmaxTopkEqualsTopkSoftmaxRenormalized) {
   // Mutual-Inform App. A.3 (eq 24/25): logits mode with renormalization is
   // softmax -> top-k -> renormalize; both forms compiled, compared to each

@@ -32,7 +32,8 @@ def ConvertMoEToCPU : Pass<"convert-moe-to-cpu"> {
   let summary = "Lower moe ops to tiled, vectorized and parallel CPU kernels";
   let description = [{
     Rewrites the moe ops it has a kernel for into tiled, vectorized loops on memrefs (`vector` dialect, one
-    `vector<16xf32>` per AVX-512 register) whose independent items (tokens, query tiles, feature blocks) run on
+    vector register of the target per vector: `vector<16xf32>` with `vector-bits=512` (AVX-512, the default),
+    `vector<8xf32>` with `vector-bits=256` (AVX2); `moe-lower-to-llvm` derives it from its `target-cpu`) whose independent items (tokens, query tiles, feature blocks) run on
     `num-threads` workers: an `scf.parallel` over the workers, each taking whole items in a fixed cyclic order, so
     results are bit-identical whatever the thread count. `moe-lower-to-llvm` maps that loop onto the MLIR async
     runtime (`async-parallel-for`, one task per worker); with `num-threads=1` it is a plain `scf.for` that needs no
@@ -47,10 +48,19 @@ def ConvertMoEToCPU : Pass<"convert-moe-to-cpu"> {
     while the routed rows are in cache). Fused routing ops are split first, so that their mixing op and gate get
     kernels. Ops or forms without a kernel are left for
     `convert-moe-to-linalg`, the portable reference lowering, which `moe-lower-to-llvm` runs right after.
+
+    Per target: read-modify-write loops over vectors (`mad_dispersion`'s statistics) use plain loads and
+    stores for whole vectors and masked ones only for a ragged tail, emitted as a separate branch (masked stores
+    are microcoded on AVX2 machines and defeat store-to-load forwarding); no kernel emits gathers or scatters.
+    `topk_renorm` over at most 16 experts (a power of two) puts one row per lane (a block of rows transposed in
+    registers by shuffles), so that small K fills the vector.
   }];
   let options = [
     Option<"numThreads", "num-threads", "int64_t", /*default=*/"1",
            "workers of the parallel token loops (1 = sequential, no runtime library needed)">,
+    Option<"vectorBits", "vector-bits", "int64_t", /*default=*/"512",
+           "width of the target's vector registers: 512 (AVX-512: 16 f32 lanes), 256 (AVX2: 8 lanes) or 128 "
+           "(4 lanes)">,
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect",

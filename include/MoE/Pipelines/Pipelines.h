@@ -10,6 +10,8 @@
 #include "mlir/Pass/PassOptions.h"
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace mlir {
 class OpPassManager;
@@ -33,6 +35,21 @@ struct LowerToLLVMOptions : public PassPipelineOptions<LowerToLLVMOptions> {
                      "(mlir-runner -shared-libs=...; the execution API "
                      "loads it). 0: defaultNumThreads()"),
       llvm::cl::init(1)};
+  PassOptions::Option<std::string> targetCpu{
+      *this, "target-cpu",
+      llvm::cl::desc("the x86-64 CPU the code is for: an LLVM CPU name "
+                     "(x86-64-v3 = AVX2, x86-64-v4 = AVX-512, znver3, "
+                     "skylake-avx512, ...) or native (default: the host). "
+                     "Sets the kernels' vector width (256 bits without "
+                     "avx512f, 512 with it) and, unless native, every "
+                     "function's target-cpu/target-features, which the JIT "
+                     "and clang then compile for"),
+      llvm::cl::init("native")};
+  PassOptions::Option<int64_t> vectorBits{
+      *this, "vector-bits",
+      llvm::cl::desc("the kernels' vector width in bits (convert-moe-to-cpu "
+                     "vector-bits); 0 (default): from target-cpu"),
+      llvm::cl::init(0)};
   PassOptions::Option<bool> dense{
       *this, "dense",
       llvm::cl::desc("compile the dense linalg ops (matmuls, contractions, "
@@ -86,6 +103,28 @@ void buildLowerToLLVMPipeline(OpPassManager &pm,
                               const LowerToLLVMOptions &options);
 /// The same with the default options (sequential kernels).
 void buildLowerToLLVMPipeline(OpPassManager &pm);
+
+/// An x86-64 code-generation target resolved from a CPU name.
+struct CpuTarget {
+  /// The LLVM CPU name (the host's for native).
+  std::string cpu;
+  /// Its features as LLVM spells them, "+avx2" style.
+  std::vector<std::string> features;
+  /// 512 with avx512f, else 256 with avx2, else 128.
+  int64_t vectorBits = 512;
+  /// The host itself: functions are not annotated.
+  bool native = true;
+};
+
+/// Resolves `name` ("native" or empty: the host; else an x86-64 CPU name
+/// LLVM knows, e.g. x86-64-v3); false with a message in `error` for an
+/// unknown name.
+bool resolveCpuTarget(llvm::StringRef name, CpuTarget &target,
+                      std::string &error);
+
+/// The features of `target` the host lacks ("avx512f", ...): running code
+/// compiled for it here would stop on an illegal instruction.
+std::vector<std::string> missingHostFeatures(const CpuTarget &target);
 
 /// The thread count the execution API compiles for: $MOE_NUM_THREADS, else
 /// $OMP_NUM_THREADS, else the hardware concurrency (cores in the affinity

@@ -129,6 +129,11 @@ struct CompileOptions {
   unsigned optLevel = 3;
   /// Print the module after lowering to llvm::errs() (debugging).
   bool dumpLoweredIR = false;
+  /// The CPU to compile for (moe-lower-to-llvm target-cpu): "native", an
+  /// x86-64 CPU name of LLVM (x86-64-v3 = AVX2, x86-64-v4 = AVX-512, ...);
+  /// empty: $MOE_TARGET_CPU, else native. A target with a feature the host
+  /// lacks is an error (its code would stop on an illegal instruction).
+  std::string targetCpu;
 };
 
 /// A lowered, JIT-compiled module. Calls are thread-safe: run-time errors are

@@ -3,8 +3,9 @@
 // Part of the MoE-MLIR project.
 //
 // Two matrix-vector products y = W x + bias (then ReLU for the hidden layer):
-// row blocks of 16 rows go to the workers, each row a vector<16> dot product
-// over its contiguous columns (masked tail), four rows interleaved. The op is
+// row blocks of 16 rows go to the workers, each row a dot product on vectors
+// of the target's width (vector<16> AVX-512, vector<8> AVX2) over its
+// contiguous columns (masked tail), four rows interleaved. The op is
 // memory-bound on w2 ([E·(D+1), Dh]). The split of the output into w and b is
 // the portable one.
 //
@@ -36,8 +37,9 @@ struct HyperRouterKernel : KernelPattern<HyperRouterOp> {
     Value y = staticRows == kDyn
                   ? k.alloc(MemRefType::get({kDyn}, k.f32()), {rows})
                   : k.alloc(MemRefType::get({staticRows}, k.f32()), {});
-    Value full = k.divu(cols, k.idx(kLanes));
-    Value tail = k.sub(cols, k.mul(full, k.idx(kLanes)));
+    int64_t lanes = k.lanes();
+    Value full = k.divu(cols, k.idx(lanes));
+    Value tail = k.sub(cols, k.mul(full, k.idx(lanes)));
     Value zeros = k.constLike(k.vf32(), 0.0);
     k.workers(
         opts, k.ceilDiv(rows, k.idx(kRowsPerItem)), [&](Value item, Value) {
@@ -54,7 +56,7 @@ struct HyperRouterKernel : KernelPattern<HyperRouterOp> {
             SmallVector<Value> acc = k.forLoop(
                 c0, full, c1, init,
                 [&](Value c, ValueRange a) -> SmallVector<Value> {
-                  Value col = k.mul(c, k.idx(kLanes));
+                  Value col = k.mul(c, k.idx(lanes));
                   Value xv = k.vload(x, {col});
                   SmallVector<Value> next;
                   for (int64_t q = 0; q < kRowGroup; ++q)
@@ -65,7 +67,7 @@ struct HyperRouterKernel : KernelPattern<HyperRouterOp> {
             acc = k.ifElse(
                 k.cmpi(arith::CmpIPredicate::ne, tail, c0), types,
                 [&]() -> SmallVector<Value> {
-                  Value col = k.mul(full, k.idx(kLanes));
+                  Value col = k.mul(full, k.idx(lanes));
                   Value xv = k.vloadMasked(x, {col}, tail, 0.0);
                   SmallVector<Value> next;
                   for (int64_t q = 0; q < kRowGroup; ++q)
@@ -91,7 +93,7 @@ struct HyperRouterKernel : KernelPattern<HyperRouterOp> {
   LogicalResult matchAndRewrite(HyperRouterOp op,
                                 PatternRewriter &rw) const override {
     ImplicitLocOpBuilder b(op.getLoc(), rw);
-    CK k(b);
+    CK k(b, opts);
     Value hidden = affine(k, k.buffer(op.getW1()), k.buffer(op.getEmb()),
                           k.buffer(op.getB1()), /*relu=*/true);
     Value out = affine(k, k.buffer(op.getW2()), hidden, k.buffer(op.getB2()),

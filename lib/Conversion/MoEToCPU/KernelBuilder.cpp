@@ -37,6 +37,10 @@ Value CK::iota(Value base, int64_t n) {
   return add(splat(base, n), steps);
 }
 
+Value CK::shuffle(Value a, Value c, ArrayRef<int64_t> mask) {
+  return vector::ShuffleOp::create(b, a, c, mask);
+}
+
 //===----------------------------------------------------------------------===//
 // Arithmetic
 //===----------------------------------------------------------------------===//
@@ -108,6 +112,7 @@ static Type memrefElement(Value memref) {
 }
 
 Value CK::vload(Value memref, ValueRange indices, int64_t n) {
+  n = n ? n : lanes_;
   Type elt = memrefElement(memref);
   Value v =
       vector::LoadOp::create(b, VectorType::get({n}, elt), memref, indices);
@@ -118,6 +123,7 @@ Value CK::vload(Value memref, ValueRange indices, int64_t n) {
 
 Value CK::vloadMasked(Value memref, ValueRange indices, Value count, double pad,
                       int64_t n) {
+  n = n ? n : lanes_;
   Type elt = memrefElement(memref);
   auto vt = VectorType::get({n}, elt);
   Value mask = vector::CreateMaskOp::create(
@@ -138,6 +144,37 @@ void CK::vstoreMasked(Value v, Value memref, ValueRange indices, Value count) {
   Value mask = vector::CreateMaskOp::create(
       b, VectorType::get({n}, b.getI1Type()), ValueRange{count});
   vector::MaskedStoreOp::create(b, memref, indices, mask, v);
+}
+
+Value CK::vloadPart(bool full, Value memref, ValueRange indices, Value count,
+                    double pad, int64_t n) {
+  return full ? vload(memref, indices, n)
+              : vloadMasked(memref, indices, count, pad, n);
+}
+
+void CK::vstorePart(bool full, Value v, Value memref, ValueRange indices,
+                    Value count) {
+  if (full)
+    vstore(v, memref, indices);
+  else
+    vstoreMasked(v, memref, indices, count);
+}
+
+void CK::splitFull(Value full, function_ref<void(bool)> body) {
+  scf::IfOp::create(
+      b, full,
+      [&](OpBuilder &nb, Location) {
+        OpBuilder::InsertionGuard g(b);
+        b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+        body(true);
+        scf::YieldOp::create(b);
+      },
+      [&](OpBuilder &nb, Location) {
+        OpBuilder::InsertionGuard g(b);
+        b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+        body(false);
+        scf::YieldOp::create(b);
+      });
 }
 
 //===----------------------------------------------------------------------===//
@@ -249,7 +286,8 @@ SmallVector<Value> CK::dynamicSizes(ArrayRef<int64_t> shape,
 Value mlir::moe::cpu::bestCandidateBelow(CK &k, Value cand, Value c0, Value c1,
                                          Value prev,
                                          function_ref<Value(Value)> laneMask) {
-  constexpr int64_t kCand = 8;
+  // (ordered key, index) candidates: i64, half as many lanes as f32.
+  const int64_t kCand = k.lanes() / 2;
   Value none = kernels::noCandidate(k, VectorType::get({kCand}, k.i64()));
   Value prevV = k.splat(prev, kCand);
   Value best =

@@ -29,10 +29,14 @@
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 #include "mlir/IR/PatternMatch.h"
 
+#include <algorithm>
+
 namespace mlir::moe::cpu {
 
-/// f32 lanes of the vectors the kernels use (one AVX-512 register; two AVX2
-/// registers after legalization elsewhere).
+/// f32 lanes of the vectors the kernels use by default (one AVX-512
+/// register). A builder made from KernelOptions uses the target's width
+/// instead (KernelOptions::lanes: 8 for AVX2); kernels that are not
+/// target-aware yet keep this one (two AVX2 registers after legalization).
 constexpr int64_t kLanes = 16;
 
 /// Options shared by the kernels.
@@ -41,6 +45,11 @@ struct KernelOptions {
   /// scf.parallel over N workers (lowered by the pipeline onto the async
   /// runtime's thread pool).
   int64_t numThreads = 1;
+  /// Width of the target's vector registers in bits: 512 (AVX-512, the
+  /// default) or 256 (AVX2); 128 is accepted (SSE, NEON) and uses 4 lanes.
+  int64_t vectorBits = 512;
+  /// f32 lanes of one register of the target.
+  int64_t lanes() const { return std::max<int64_t>(vectorBits / 32, 4); }
 };
 
 /// The CPU instance of the kernel builder: kernels compute on vector lanes
@@ -48,14 +57,28 @@ struct KernelOptions {
 /// over workers.
 class CK : public kernels::KernelBuilder {
 public:
+  /// A builder with kLanes lanes.
   explicit CK(ImplicitLocOpBuilder &b) : kernels::KernelBuilder(b) {}
+  /// A builder with the lanes of the target of `opts` (8 on AVX2, 16 on
+  /// AVX-512).
+  CK(ImplicitLocOpBuilder &b, const KernelOptions &opts)
+      : kernels::KernelBuilder(b), lanes_(opts.lanes()) {}
 
-  VectorType vf32(int64_t n = kLanes) { return VectorType::get({n}, f32()); }
+  /// f32 lanes of this builder's vectors: the default `n` of vf32, vload and
+  /// vloadMasked (n = 0).
+  int64_t lanes() const { return lanes_; }
+
+  VectorType vf32(int64_t n = 0) {
+    return VectorType::get({n ? n : lanes_}, f32());
+  }
 
   /// Broadcast of a scalar to vector<n x T>.
   Value splat(Value scalar, int64_t n);
   /// vector<n x T> holding base + [0, 1, ..., n-1] (T = index, i32 or i64).
   Value iota(Value base, int64_t n);
+  /// vector.shuffle of two vectors of one type (mask indexes their
+  /// concatenation).
+  Value shuffle(Value a, Value c, ArrayRef<int64_t> mask);
   /// a * b + c, fused.
   Value fma(Value a, Value bv, Value c);
   /// exp(x) for f32 or vector<f32>: Cody-Waite range reduction and the
@@ -74,14 +97,26 @@ public:
   // Memory.
   /// vector<n x f32> from a memref whose last dimension is contiguous
   /// (f16/bf16 widened).
-  Value vload(Value memref, ValueRange indices, int64_t n = kLanes);
+  Value vload(Value memref, ValueRange indices, int64_t n = 0);
   /// The same with lanes >= `count` (an index) replaced by `pad`; never reads
   /// past `count` lanes.
   Value vloadMasked(Value memref, ValueRange indices, Value count, double pad,
-                    int64_t n = kLanes);
+                    int64_t n = 0);
   void vstore(Value v, Value memref, ValueRange indices);
   /// Stores the first `count` lanes of `v` only.
   void vstoreMasked(Value v, Value memref, ValueRange indices, Value count);
+  /// vload or vloadMasked, as `full` says: for code emitted twice, once for
+  /// whole vectors (plain loads and stores) and once for the ragged tail.
+  /// Masked stores are microcoded on AVX2 machines (VMASKMOVPS: 12-40 cycles
+  /// on AMD Zen 2/3) and a later load of the same address cannot take its
+  /// value from the store buffer, so a read-modify-write loop over masked
+  /// vectors runs ~10x slower there than over plain ones.
+  Value vloadPart(bool full, Value memref, ValueRange indices, Value count,
+                  double pad, int64_t n = 0);
+  void vstorePart(bool full, Value v, Value memref, ValueRange indices,
+                  Value count);
+  /// Emits `body(true)` under `full` (an i1) and `body(false)` otherwise.
+  void splitFull(Value full, function_ref<void(bool)> body);
 
   /// Runs `body(item, worker)` for every item in [0, numItems). With
   /// opts.numThreads = N > 1 this is an scf.parallel over min(N, numItems)
@@ -110,11 +145,14 @@ public:
   /// Dynamic sizes of `shape` as values (for alloc) taken from `sizes`.
   static SmallVector<Value> dynamicSizes(ArrayRef<int64_t> shape,
                                          ArrayRef<Value> sizes);
+
+private:
+  int64_t lanes_ = kLanes;
 };
 
 /// One round of the top-k kernels: the largest packed i64 candidate (MoE/Kernels/TopK.h) of the vector<8xi64>
 /// chunks [c0, c1) of `cand` that ranks strictly below `prev` (i64), among the lanes `laneMask(base)` (an
-/// i1 vector<8> for the chunk at element `base`; null: all lanes); noCandidate when there is none.
+/// i1 vector of lanes()/2 for the chunk at element `base`; null: all lanes); noCandidate when there is none.
 Value bestCandidateBelow(CK &k, Value cand, Value c0, Value c1, Value prev,
                          function_ref<Value(Value base)> laneMask = nullptr);
 

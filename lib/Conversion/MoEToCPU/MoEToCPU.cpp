@@ -49,9 +49,11 @@ using namespace mlir;
 using namespace mlir::moe;
 
 void mlir::moe::populateMoEToCPUKernelPatterns(RewritePatternSet &patterns,
-                                               int64_t numThreads) {
+                                               int64_t numThreads,
+                                               int64_t vectorBits) {
   cpu::KernelOptions opts;
   opts.numThreads = std::max<int64_t>(numThreads, 1);
+  opts.vectorBits = vectorBits;
   cpu::populateTopkRenormKernel(patterns, opts);
   cpu::populateSimilarityInformKernel(patterns, opts);
   cpu::populateAttentionPosteriorKernel(patterns, opts);
@@ -71,8 +73,15 @@ struct ConvertMoEToCPUPass
     : public moe::impl::ConvertMoEToCPUBase<ConvertMoEToCPUPass> {
   using Base::Base;
   void runOnOperation() override {
+    int64_t bits = vectorBits;
+    if (bits != 128 && bits != 256 && bits != 512) {
+      emitError(getOperation()->getLoc())
+          << "convert-moe-to-cpu: vector-bits must be 128, 256 or 512, got "
+          << bits;
+      return signalPassFailure();
+    }
     RewritePatternSet patterns(&getContext());
-    populateMoEToCPUKernelPatterns(patterns, numThreads);
+    populateMoEToCPUKernelPatterns(patterns, numThreads, bits);
     GreedyRewriteConfig config;
     config.enableFolding(false);
     if (failed(
@@ -82,8 +91,10 @@ struct ConvertMoEToCPUPass
 };
 } // namespace
 
-std::unique_ptr<Pass> mlir::moe::createConvertMoEToCPUPass(int64_t numThreads) {
+std::unique_ptr<Pass> mlir::moe::createConvertMoEToCPUPass(int64_t numThreads,
+                                                           int64_t vectorBits) {
   ConvertMoEToCPUOptions options;
   options.numThreads = numThreads;
+  options.vectorBits = vectorBits;
   return createConvertMoEToCPU(options);
 }

@@ -21,8 +21,10 @@ and, on an in-memory miss, calls :func:`load` (registered once by :mod:`.extensi
    -shared`` against ``libmoe_kernel_runtime.so`` (no libLLVM/libMLIR dependency). The file is written under a
    temporary name and renamed, so concurrent processes never see a partial one.
 
-``<hash>`` covers the key, the thread setting, the CPU (``-march=native``), the moe-opt binary (path, size, mtime),
-the runtime library and a format version. The cache directory is ``$MOE_KERNEL_CACHE`` or
+``<hash>`` covers the key, the thread setting, the target (``$MOE_TARGET_CPU``: ``native``, the default, or an x86-64
+CPU name such as ``x86-64-v3`` (AVX2) or ``x86-64-v4`` (AVX-512); it is moe-opt's ``target-cpu``, which sets the
+kernels' vector width, and clang's ``-march``), the CPU, the moe-opt binary (path, size, mtime), the runtime library
+and a format version. The cache directory is ``$MOE_KERNEL_CACHE`` or
 ``~/.cache/moe_mlir/kernels``. :data:`stats` counts compiles and disk loads of this process (tests use it).
 
 **CUDA.** A call on CUDA tensors has ``device=cuda:N`` in its key. Its kernel is built for that device's chip
@@ -56,7 +58,8 @@ import torch
 
 from .abi import DTYPE_OF_ELEM, tensor_type
 
-__all__ = ["KernelKey", "parse_key", "kernel_module", "load", "cache_dir", "num_threads", "stats", "CompileError"]
+__all__ = ["KernelKey", "parse_key", "kernel_module", "load", "cache_dir", "num_threads", "target_cpu", "stats",
+           "CompileError"]
 
 #: Bump when the generated module or the build changes meaning.
 FORMAT_VERSION = "2"
@@ -308,6 +311,33 @@ def num_threads() -> int:
     return os.cpu_count() or 1
 
 
+#: /proc/cpuinfo flags each x86-64 level needs (beyond the previous level), to refuse a target the host cannot run.
+_LEVEL_FLAGS = {
+    "x86-64-v2": {"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"},
+    "x86-64-v3": {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"},
+    "x86-64-v4": {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"},
+}
+
+
+def target_cpu() -> str:
+    """The CPU the kernels are compiled for: ``$MOE_TARGET_CPU`` (an x86-64 CPU name of LLVM), else ``native``.
+    Raises :class:`CompileError` for an x86-64-vN level whose instructions this CPU lacks."""
+    t = os.environ.get("MOE_TARGET_CPU", "").strip() or "native"
+    if t in ("native", "host"):
+        return "native"
+    if t in _LEVEL_FLAGS:
+        need: set[str] = set()
+        for level, flags in _LEVEL_FLAGS.items():
+            need |= flags
+            if level == t:
+                break
+        have = set(_cpu_id().split("flags", 1)[-1].replace(":", " ").split())
+        missing = sorted(need - have) if have else []
+        if missing:
+            raise CompileError(f"MOE_TARGET_CPU={t} needs {', '.join(missing)}, which this CPU lacks")
+    return t
+
+
 def _tools() -> tuple[str, str]:
     """(moe-opt, the directory of libmoe_kernel_runtime.so)."""
     from .locate import find_moe_opt, find_runtime_lib as _find_runtime_lib
@@ -336,9 +366,9 @@ def _cpu_id() -> str:
         return platform.machine() + "|" + platform.processor()
 
 
-def _digest(key: str, moe_opt: str, rt_dir: str, threads: int) -> str:
+def _digest(key: str, moe_opt: str, rt_dir: str, threads: int, target: str = "native") -> str:
     h = hashlib.sha256()
-    for part in (FORMAT_VERSION, key, str(threads), _cpu_id(), _stamp(moe_opt),
+    for part in (FORMAT_VERSION, key, str(threads), target, _cpu_id(), _stamp(moe_opt),
                  _stamp(str(Path(rt_dir) / "libmoe_kernel_runtime.so"))):
         h.update(part.encode())
         h.update(b"\0")
@@ -362,22 +392,36 @@ def _llvm_tool(name: str) -> str:
     return found
 
 
-def build(k: KernelKey, key: str, dest: Path, moe_opt: str, rt_dir: str, threads: int) -> None:
-    """Compiles the kernel of ``k`` into ``dest`` (atomically)."""
+def _builtins() -> list[str]:
+    """LLVM's compiler-rt builtins archive, linked in statically when present: code for a CPU without a native
+    instruction for some conversion calls a helper instead (``__truncsfbf2`` for f32 -> bf16 below AVX-512 BF16),
+    which Debian 12's libgcc (GCC 12) does not have."""
+    try:
+        path = _run([_llvm_tool("clang"), "--rtlib=compiler-rt", "-print-libgcc-file-name"], "clang").strip()
+    except CompileError:
+        return []
+    return [path] if path and Path(path).is_file() else []
+
+
+def build(k: KernelKey, key: str, dest: Path, moe_opt: str, rt_dir: str, threads: int,
+          target: str = "native") -> None:
+    """Compiles the kernel of ``k`` for the CPU ``target`` into ``dest`` (atomically)."""
     mlir = kernel_module(k)
     with tempfile.TemporaryDirectory(prefix="moe-kernel-") as tmp:
         t = Path(tmp)
         (t / "kernel.mlir").write_text(f"// {key}\n" + mlir)
-        _run([moe_opt, "--canonicalize", f"--moe-lower-to-llvm=num-threads={threads} results-to-out-params=true", str(t / "kernel.mlir"),
+        _run([moe_opt, "--canonicalize",
+              f"--moe-lower-to-llvm=num-threads={threads} target-cpu={target} results-to-out-params=true",
+              str(t / "kernel.mlir"),
               "-o", str(t / "kernel.llvm.mlir")], "moe-opt")
         _run([_llvm_tool("mlir-translate"), "--mlir-to-llvmir", str(t / "kernel.llvm.mlir"), "-o",
               str(t / "kernel.ll")], "mlir-translate")
-        _run([_llvm_tool("clang"), "-O3", "-march=native", "-fPIC", "-c", "-Wno-override-module",
+        _run([_llvm_tool("clang"), "-O3", f"-march={target}", "-fPIC", "-c", "-Wno-override-module",
               str(t / "kernel.ll"), "-o", str(t / "kernel.o")], "clang")
         dest.parent.mkdir(parents=True, exist_ok=True)
         part = dest.with_name(f"{dest.name}.{os.getpid()}.{threading.get_ident()}.part")
-        _run([os.environ.get("CXX", "c++"), "-shared", "-o", str(part), str(t / "kernel.o"), f"-L{rt_dir}",
-              "-lmoe_kernel_runtime", f"-Wl,-rpath,{rt_dir}"], "link")
+        _run([os.environ.get("CXX", "c++"), "-shared", "-o", str(part), str(t / "kernel.o"), *_builtins(),
+              f"-L{rt_dir}", "-lmoe_kernel_runtime", f"-Wl,-rpath,{rt_dir}"], "link")
         os.replace(part, dest)
 
 
@@ -509,11 +553,12 @@ def load(key: str, shapes: str, validate_only: int = 0) -> int:
             return _loaded[key][1]
         moe_opt, rt_dir = _tools()
         threads = num_threads()
-        path = cache_dir() / f"{_digest(key, moe_opt, rt_dir, threads)}.so"
+        target = target_cpu()
+        path = cache_dir() / f"{_digest(key, moe_opt, rt_dir, threads, target)}.so"
         if path.is_file():
             stats.disk_loads += 1
         else:
-            build(k, key, path, moe_opt, rt_dir, threads)
+            build(k, key, path, moe_opt, rt_dir, threads, target)
             stats.compiles += 1
         stats.keys.append(key)
         # RTLD_DEEPBIND: the kernel's runtime calls (moeReportIndexError, the async ABI) bind to

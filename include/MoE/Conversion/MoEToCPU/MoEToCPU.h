@@ -3,8 +3,8 @@
 // Part of the MoE-MLIR project.
 //
 // convert-moe-to-cpu rewrites the moe ops it has a kernel for into tiled,
-// vectorized loops on memrefs (vector dialect, one vector<16xf32> per AVX-512
-// register) whose independent items (tokens, query tiles, feature blocks) run
+// vectorized loops on memrefs (vector dialect, one vector register of the
+// target per vector: vector<16xf32> on AVX-512, vector<8xf32> on AVX2) whose independent items (tokens, query tiles, feature blocks) run
 // on `num-threads` workers. Ops or forms without a kernel are left for
 // convert-moe-to-linalg, the portable reference lowering, which
 // moe-lower-to-llvm runs right after.
@@ -27,12 +27,16 @@ namespace moe {
 #include "MoE/Conversion/Passes.h.inc"
 
 /// Adds the fast-kernel patterns; `numThreads` workers per parallel loop (1 =
-/// sequential code that needs no runtime library).
+/// sequential code that needs no runtime library); vectors as wide as the
+/// target's registers (`vectorBits`: 512 for AVX-512, 256 for AVX2).
 void populateMoEToCPUKernelPatterns(RewritePatternSet &patterns,
-                                    int64_t numThreads);
+                                    int64_t numThreads,
+                                    int64_t vectorBits = 512);
 
-/// The convert-moe-to-cpu pass (option `num-threads`, default 1).
-std::unique_ptr<Pass> createConvertMoEToCPUPass(int64_t numThreads = 1);
+/// The convert-moe-to-cpu pass (options `num-threads`, default 1, and
+/// `vector-bits`, default 512).
+std::unique_ptr<Pass> createConvertMoEToCPUPass(int64_t numThreads = 1,
+                                                int64_t vectorBits = 512);
 } // namespace moe
 } // namespace mlir
 

@@ -1,0 +1,101 @@
+// RUN: moe-opt %s --convert-moe-to-cpu="num-threads=2 vector-bits=256" | FileCheck %s --check-prefixes=CHECK,AVX2
+// RUN: moe-opt %s --convert-moe-to-cpu="num-threads=2 vector-bits=512" | FileCheck %s --check-prefixes=CHECK,AVX512
+// RUN: moe-opt %s --convert-moe-to-cpu="num-threads=2" | FileCheck %s --check-prefixes=CHECK,AVX512
+// RUN: not moe-opt %s --convert-moe-to-cpu="vector-bits=384" 2>&1 | FileCheck %s --check-prefix=BAD-BITS
+
+// The kernels' vectors are one register of the target: 8 f32 lanes (4 i64) for AVX2, 16 (8 i64) for AVX-512,
+// and the strategy is the same on both: no gathers or scatters, no masked stores in read-modify-write loops over
+// whole vectors, small-K top-k one row per lane. A change that brings back an AVX-512-only path (16-lane vectors
+// on an AVX2 target, masked stores in mad_dispersion's token loops) fails here without the hardware;
+// target-pipeline.mlir checks the machine code.
+
+// BAD-BITS: convert-moe-to-cpu: vector-bits must be 128, 256 or 512, got 384
+
+// mad_dispersion, D a multiple of the block (2 vectors): plain loads and stores only, also when zeroing.
+// CHECK-LABEL: func.func @mad_static
+// CHECK: scf.parallel
+// AVX2: vector.load {{.*}} : memref<?x64xf32>, vector<8xf32>
+// AVX2: arith.addf %{{.+}}, %{{.+}} : vector<8xf32>
+// AVX2: vector.store {{.*}} : memref<8x?xf32>, vector<8xf32>
+// AVX512: vector.load {{.*}} : memref<?x64xf32>, vector<16xf32>
+// AVX512: arith.addf %{{.+}}, %{{.+}} : vector<16xf32>
+// AVX512: vector.store {{.*}} : memref<8x?xf32>, vector<16xf32>
+// CHECK: math.absf
+// CHECK-NOT: vector.maskedstore
+// CHECK-NOT: vector.maskedload
+// CHECK-NOT: vector.gather
+// CHECK-NOT: vector.scatter
+// CHECK: return
+func.func @mad_static(%x: tensor<?x64xf32>, %a: tensor<?xi32>) -> (tensor<8x64xf32>, tensor<8xi32>) {
+  %w, %c = moe.mad_dispersion %x, %a num_experts(8) : tensor<?x64xf32>, tensor<?xi32> -> tensor<8x64xf32>, tensor<8xi32>
+  return %w, %c : tensor<8x64xf32>, tensor<8xi32>
+}
+
+// A dynamic D: whole blocks take the branch of plain loads and stores, the ragged block the masked one.
+// CHECK-LABEL: func.func @mad_dynamic
+// CHECK: scf.parallel
+// CHECK: %[[FULL:.+]] = arith.cmpi sle
+// CHECK: scf.if %[[FULL]] {
+// AVX2: vector.load {{.*}} : memref<?x?xf32>, vector<8xf32>
+// AVX2: vector.store {{.*}} : memref<4x?xf32>, vector<8xf32>
+// AVX512: vector.load {{.*}} : memref<?x?xf32>, vector<16xf32>
+// AVX512: vector.store {{.*}} : memref<4x?xf32>, vector<16xf32>
+// CHECK-NOT: vector.masked
+// CHECK: } else {
+// CHECK: vector.maskedload
+// CHECK: vector.maskedstore
+func.func @mad_dynamic(%x: tensor<?x?xf32>, %a: tensor<?xi32>) -> (tensor<4x?xf32>, tensor<4xi32>) {
+  %w, %c = moe.mad_dispersion %x, %a num_experts(4) : tensor<?x?xf32>, tensor<?xi32> -> tensor<4x?xf32>, tensor<4xi32>
+  return %w, %c : tensor<4x?xf32>, tensor<4xi32>
+}
+
+// topk_renorm, K = 8: a block of lanes rows loaded as 8 row-major vectors, transposed by three unzip rounds of
+// shuffles (even, odd elements), k = 2 insertion slots per lane, zipped back (interleave) and stored whole.
+// CHECK-LABEL: func.func @topk_small
+// CHECK: memref.collapse_shape {{.*}} into memref<?xf32>
+// CHECK: scf.parallel
+// AVX2: vector.load {{.*}} : memref<?xf32>, vector<8xf32>
+// AVX2: vector.shuffle {{.*}} [0, 2, 4, 6, 8, 10, 12, 14] : vector<8xf32>, vector<8xf32>
+// AVX2: vector.shuffle {{.*}} [1, 3, 5, 7, 9, 11, 13, 15] : vector<8xf32>, vector<8xf32>
+// AVX2: arith.cmpi sgt, %{{.+}}, %{{.+}} : vector<8xi32>
+// AVX2: vector.shuffle {{.*}} [0, 8, 1, 9, 2, 10, 3, 11] : vector<8xf32>, vector<8xf32>
+// AVX2: vector.store {{.*}} : memref<?xf32>, vector<8xf32>
+// AVX512: vector.load {{.*}} : memref<?xf32>, vector<16xf32>
+// AVX512: vector.shuffle {{.*}} [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30] : vector<16xf32>, vector<16xf32>
+// AVX512: arith.cmpi sgt, %{{.+}}, %{{.+}} : vector<16xi32>
+// AVX512: vector.store {{.*}} : memref<?xf32>, vector<16xf32>
+// CHECK-NOT: vector.gather
+// CHECK-NOT: vector.scatter
+// CHECK: return
+func.func @topk_small(%s: tensor<?x8xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>) {
+  %w, %i = moe.topk_renorm %s k(2) : tensor<?x8xf32> -> tensor<?x2xf32>, tensor<?x2xi32>
+  return %w, %i : tensor<?x2xf32>, tensor<?x2xi32>
+}
+
+// topk_renorm, K = 64: per row, max rounds over i64 candidates, one register wide.
+// CHECK-LABEL: func.func @topk_wide
+// AVX2: arith.maxsi %{{.+}}, %{{.+}} : vector<4xi64>
+// AVX2: vector.reduction <maxsi>, %{{.+}} : vector<4xi64> into i64
+// AVX2: math.floor %{{.+}} : vector<8xf32>
+// AVX512: arith.maxsi %{{.+}}, %{{.+}} : vector<8xi64>
+// AVX512: vector.reduction <maxsi>, %{{.+}} : vector<8xi64> into i64
+// AVX512: math.floor %{{.+}} : vector<16xf32>
+// CHECK-NOT: vector.shuffle
+// CHECK: return
+func.func @topk_wide(%s: tensor<?x64xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  %w, %i = moe.topk_renorm %s k(8) : tensor<?x64xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}
+
+// hyper_router: GEMV rows as FMA chains on one register each.
+// CHECK-LABEL: func.func @hyper
+// AVX2: vector.fma %{{.+}}, %{{.+}}, %{{.+}} : vector<8xf32>
+// AVX512: vector.fma %{{.+}}, %{{.+}}, %{{.+}} : vector<16xf32>
+// CHECK-NOT: vector.gather
+// CHECK: return
+func.func @hyper(%emb: tensor<32xf32>, %w1: tensor<64x32xf32>, %b1: tensor<64xf32>, %w2: tensor<520x64xf32>,
+                 %b2: tensor<520xf32>) -> (tensor<8x64xf32>, tensor<8xf32>) {
+  %w, %b = moe.hyper_router %emb, %w1, %b1, %w2, %b2 num_experts(8) : tensor<32xf32>, tensor<64x32xf32>,
+      tensor<64xf32>, tensor<520x64xf32>, tensor<520xf32> -> tensor<8x64xf32>, tensor<8xf32>
+  return %w, %b : tensor<8x64xf32>, tensor<8xf32>
+}
