@@ -36,7 +36,9 @@ void mlir::moe::buildMoELowerToNVVMPipeline(
   pm.addPass(createMoELegalizeShapes()); // size limits, zero-sized ops
   // moe ops -> host code + kernels, on tensors; then buffers across the
   // function boundaries (identity layouts: plain device memrefs for callers).
-  pm.addPass(createConvertMoEToGPU());
+  ConvertMoEToGPUOptions convert;
+  convert.sharedMemoryBytes = options.sharedMemoryBytes;
+  pm.addPass(createConvertMoEToGPU(convert));
   pm.addPass(createCanonicalizerPass());
   bufferization::OneShotBufferizePassOptions bufferize;
   bufferize.bufferizeFunctionBoundaries = true;
@@ -105,6 +107,10 @@ struct LowerToNVVMPipelineOptions
   PassOptions::Option<unsigned> optLevel{
       *this, "opt-level", llvm::cl::desc("LLVM optimization level of kernels"),
       llvm::cl::init(3)};
+  PassOptions::Option<int64_t> sharedMemoryBytes{
+      *this, "shared-memory-bytes",
+      llvm::cl::desc("shared memory per block the kernels may use (bytes)"),
+      llvm::cl::init(48 * 1024)};
 };
 } // namespace
 
@@ -120,6 +126,7 @@ void mlir::moe::registerMoEGPUPipelines() {
         options.format = o.format;
         options.toolkit = o.toolkit;
         options.optLevel = o.optLevel;
+        options.sharedMemoryBytes = o.sharedMemoryBytes;
         buildMoELowerToNVVMPipeline(pm, options);
       });
 }

@@ -50,6 +50,9 @@ struct MoELowerToNVVMOptions {
   std::string toolkit = "/usr/local/cuda";
   /// LLVM optimization level of the device code.
   unsigned optLevel = 3;
+  /// Shared memory per block the kernels may use (convert-moe-to-gpu's
+  /// shared-memory-bytes): 48 KiB, what every device gives without an opt-in.
+  int64_t sharedMemoryBytes = 48 * 1024;
 };
 
 /// convert-moe-to-gpu, canonicalization, one-shot bufferization of the
@@ -60,7 +63,7 @@ void buildMoELowerToNVVMPipeline(OpPassManager &pm,
                                  const MoELowerToNVVMOptions &options);
 
 /// Registers `moe-lower-to-nvvm` (options chip, features, format, toolkit,
-/// opt-level) with the pass registry.
+/// opt-level, shared-memory-bytes) with the pass registry.
 void registerMoEGPUPipelines();
 } // namespace moe
 } // namespace mlir
