@@ -16,6 +16,7 @@
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/IR/Matchers.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
+#include "llvm/Support/MathExtras.h"
 
 #include <optional>
 
@@ -64,9 +65,13 @@ static int64_t staticSharedMemory(gpu::GPUFuncOp kernel) {
   int64_t bytes = 0;
   for (BlockArgument buffer : kernel.getWorkgroupAttributions()) {
     auto type = cast<MemRefType>(buffer.getType());
+    // Index elements have no bit width here; 8 bytes on every CUDA target.
     int64_t elementBytes =
-        llvm::divideCeil(type.getElementTypeBitWidth(), 8);
-    bytes += type.getNumElements() * elementBytes;
+        type.getElementType().isIntOrFloat()
+            ? llvm::divideCeil(type.getElementTypeBitWidth(), 8)
+            : 8;
+    if (type.hasStaticShape())
+      bytes += type.getNumElements() * elementBytes;
   }
   return bytes;
 }

@@ -17,6 +17,7 @@
 #include "llvm/ADT/StringSet.h"
 
 #include <cstdint>
+#include <string>
 
 namespace mlir::moe::gpu_lowering {
 

@@ -42,7 +42,7 @@ struct ConvertMoEToGPUPass
     if (sharedMemoryBytes <= 0) {
       module.emitError("convert-moe-to-gpu: shared-memory-bytes must be "
                        "positive, got ")
-          << sharedMemoryBytes;
+          << static_cast<int64_t>(sharedMemoryBytes);
       return signalPassFailure();
     }
     LoweringOptions options;
