@@ -12,6 +12,7 @@
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Transforms/Passes.h"
 
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/IR/PatternMatch.h"
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 
@@ -23,6 +24,28 @@ namespace mlir::moe {
 using namespace mlir;
 using namespace mlir::moe;
 
+namespace {
+/// moe.route over no token (a static T = 0): empty weights and indices. The
+/// linalg lowering's per-token slices would start out of bounds (issue #15,
+/// found by test/Reliability/zero-sized-routing.mlir).
+struct EmptyRoute : OpRewritePattern<RouteOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(RouteOp op,
+                                PatternRewriter &rewriter) const override {
+    SmallVector<Value> empties;
+    for (Value result : op->getResults()) {
+      auto type = cast<RankedTensorType>(result.getType());
+      if (!type.hasStaticShape() || type.getNumElements() != 0)
+        return failure();
+      empties.push_back(tensor::EmptyOp::create(
+          rewriter, op.getLoc(), type.getShape(), type.getElementType()));
+    }
+    rewriter.replaceOp(op, empties);
+    return success();
+  }
+};
+} // namespace
+
 LogicalResult mlir::moe::legalizeShapes(Operation *root) {
   bool withinLimits = true;
   root->walk([&](Operation *op) {
@@ -33,6 +56,7 @@ LogicalResult mlir::moe::legalizeShapes(Operation *root) {
     return failure();
   RewritePatternSet patterns(root->getContext());
   populateDegenerateShapePatterns(patterns);
+  patterns.add<EmptyRoute>(root->getContext());
   // Only the ops the patterns rewrite or create change: no folding elsewhere.
   GreedyRewriteConfig config;
   config.enableFolding(false);

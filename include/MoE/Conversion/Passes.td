@@ -89,10 +89,18 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
     min-entropy head, deterministic segmented reductions (`mad_dispersion`), integer co-selection counts
     (`adjacency_update`) and warp GEMVs (`hyper_router`). Out-of-range `assign`/`idx` elements are skipped and
     recorded in the device error word of the runtime (lib/Runtime/CUDA), which the host code checks after the op.
+
+    Sizes over what a CUDA device supports are compile-time errors of the op that name the limit: shared memory
+    per block (`shared-memory-bytes`, and 48 KiB of static shared memory on every device), threads per block
+    (1024; 1024 x 1024 x 64) and, where the shapes are static, the grid (2^31 - 1 blocks in x, 65535 in y and z).
+    A grid that only a dynamic size makes too large fails at launch, reported by the runtime.
   }];
   let options = [
     Option<"blockSize", "block-size", "int64_t", /*default=*/"128",
            "threads per block of the token-parallel kernels (a multiple of 32)">,
+    Option<"sharedMemoryBytes", "shared-memory-bytes", "int64_t", /*default=*/"49152",
+           "shared memory per block the kernels may use (bytes); the default, 48 KiB, is what every CUDA device "
+           "gives a block without an opt-in, and the cap of static shared memory">,
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect",

@@ -10,6 +10,7 @@
 
 #include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
 #include "KernelUtils.h"
+#include "Limits.h"
 #include "Lowerings.h"
 #include "MoE/IR/MoEDialect.h"
 #include "MoE/IR/MoEOps.h"
@@ -38,6 +39,12 @@ struct ConvertMoEToGPUPass
           << blockSize;
       return signalPassFailure();
     }
+    if (sharedMemoryBytes <= 0) {
+      module.emitError("convert-moe-to-gpu: shared-memory-bytes must be "
+                       "positive, got ")
+          << static_cast<int64_t>(sharedMemoryBytes);
+      return signalPassFailure();
+    }
     LoweringOptions options;
     options.blockSize = blockSize;
 
@@ -48,6 +55,8 @@ struct ConvertMoEToGPUPass
     });
     bool failed = false;
     for (Operation *op : ops) {
+      // Shared memory, block and grid sizes of the op's kernels (Limits.h).
+      KernelLimitCheck limits(module, op, sharedMemoryBytes);
       LogicalResult result =
           llvm::TypeSwitch<Operation *, LogicalResult>(op)
               .Case<TopkRenormOp>(
@@ -70,7 +79,7 @@ struct ConvertMoEToGPUPass
               .Default([&](Operation *o) {
                 return o->emitOpError("has no GPU lowering");
               });
-      failed |= mlir::failed(result);
+      failed |= mlir::failed(result) || mlir::failed(limits.verify());
     }
     if (failed)
       signalPassFailure();

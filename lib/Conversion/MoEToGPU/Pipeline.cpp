@@ -38,7 +38,9 @@ void mlir::moe::buildMoELowerToNVVMPipeline(
   pm.addPass(createMoELegalizeShapes()); // size limits, zero-sized ops
   // moe ops -> host code + kernels, on tensors; then buffers across the
   // function boundaries (identity layouts: plain device memrefs for callers).
-  pm.addPass(createConvertMoEToGPU());
+  ConvertMoEToGPUOptions convert;
+  convert.sharedMemoryBytes = options.sharedMemoryBytes;
+  pm.addPass(createConvertMoEToGPU(convert));
   pm.addPass(createCanonicalizerPass());
   bufferization::OneShotBufferizePassOptions bufferize;
   bufferize.bufferizeFunctionBoundaries = true;
@@ -126,6 +128,10 @@ struct LowerToNVVMPipelineOptions
                      "ambient stream and index errors are left for "
                      "moeGpuPollErrors (moe-gpu-host-stream)"),
       llvm::cl::init(true)};
+  PassOptions::Option<int64_t> sharedMemoryBytes{
+      *this, "shared-memory-bytes",
+      llvm::cl::desc("shared memory per block the kernels may use (bytes)"),
+      llvm::cl::init(48 * 1024)};
 };
 } // namespace
 
@@ -143,6 +149,7 @@ void mlir::moe::registerMoEGPUPipelines() {
         options.optLevel = o.optLevel;
         options.resultsToOutParams = o.resultsToOutParams;
         options.waitAtReturn = o.waitAtReturn;
+        options.sharedMemoryBytes = o.sharedMemoryBytes;
         buildMoELowerToNVVMPipeline(pm, options);
       });
 }

@@ -59,6 +59,9 @@ struct MoELowerToNVVMOptions {
   /// wait-at-return); false: return with the work in flight on the ambient
   /// stream, index errors left for moeGpuPollErrors.
   bool waitAtReturn = true;
+  /// Shared memory per block the kernels may use (convert-moe-to-gpu's
+  /// shared-memory-bytes): 48 KiB, what every device gives without an opt-in.
+  int64_t sharedMemoryBytes = 48 * 1024;
 };
 
 /// convert-moe-to-gpu, canonicalization, one-shot bufferization of the
@@ -71,7 +74,8 @@ void buildMoELowerToNVVMPipeline(OpPassManager &pm,
                                  const MoELowerToNVVMOptions &options);
 
 /// Registers `moe-lower-to-nvvm` (options chip, features, format, toolkit,
-/// opt-level, results-to-out-params, wait-at-return) with the pass registry.
+/// opt-level, results-to-out-params, wait-at-return, shared-memory-bytes) with
+/// the pass registry.
 void registerMoEGPUPipelines();
 } // namespace moe
 } // namespace mlir
