@@ -290,7 +290,9 @@ def test_similarity_inform_single_token_mixes_only_itself():
     c = torch.randn(3, 1, 5)
     (moe.similarity_inform(u, e, None, None, 0.3, True) * c).sum().backward()
     torch.testing.assert_close(e.grad, c)
-    assert torch.equal(u.grad, torch.zeros_like(u))
+    # Zero in exact arithmetic; the backward kernel recomputes p = exp(s - lse) in f32 (flash-style), so p_11 is 1
+    # only up to rounding and dp/du is a few ulps of |e| * |c| * |u|.
+    torch.testing.assert_close(u.grad, torch.zeros_like(u), atol=1e-5, rtol=0)
 
 
 def test_hyper_router_frozen_hypernetwork_still_passes_gradient_to_emb():
