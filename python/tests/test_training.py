@@ -40,7 +40,8 @@ EXPECTED_OPS = {
     ("acmoe", True): {"mad_dispersion", "topk_renorm"},
     ("acmoe", False): {"topk_renorm"},
     ("symphony", True): {"adjacency_update", "topk_renorm"},
-    ("symphony", False): set(),  # a plain topk of softmax(logits) Aᵀ: no idiom
+    # topk of softmax(logits) · Aᵀ with raw values: moe.topk_renorm of the mixed probabilities, renormalize=False
+    ("symphony", False): {"topk_renorm"},
 }
 
 
