@@ -26,8 +26,6 @@ from .threads import pin_threads
 # Before torch and the kernel cache read them.
 _THREADS = pin_threads(2)
 
-import argparse  # noqa: E402
-import datetime  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Callable  # noqa: E402
@@ -36,11 +34,10 @@ import torch  # noqa: E402
 
 from .ours import REPO  # noqa: E402
 from .timing import measure  # noqa: E402
-from .torch_ops import add_common_args, run_all  # noqa: E402
+from .torch_ops import add_speedups, kernels_ready, parse_args, result_stem, run_all  # noqa: E402
 
 sys.path.insert(0, str(REPO / "python"))
 import moe_mlir  # noqa: E402,F401
-from moe_mlir import ops as moe_ops  # noqa: E402
 from moe_mlir import reference_routing as RR  # noqa: E402
 from moe_mlir.runtime import cache as kcache  # noqa: E402
 
@@ -165,25 +162,18 @@ def run_case(case: Case, args) -> dict:
             rec["inductor"] = measure(lambda: fn(*inputs), args.budget, reps)
         except Exception as err:  # noqa: BLE001
             rec["inductor_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-    rec["speedup_vs_eager"] = rec["eager"]["median_ms"] / rec["ours"]["median_ms"]
-    if "inductor" in rec:
-        rec["speedup_vs_inductor"] = rec["inductor"]["median_ms"] / rec["ours"]["median_ms"]
+    add_speedups(rec)
     return rec
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(ap)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    if not moe_ops.kernels_available():
-        print(f"the compiled kernels are unavailable: {moe_ops._KERNELS_UNAVAILABLE}", file=sys.stderr)
+    args = parse_args(__doc__)
+    if not kernels_ready():
         return 2
     todo = cases(DECODE_T + (() if args.quick else PREFILL_T))
     if args.only:
         todo = [c for c in todo if any(s in c.name for s in args.only)]
-    date = datetime.date.today().isoformat()
-    stem = f"routing-{date}-t{args.threads}" + ("-quick" if args.quick else "")
+    stem = result_stem("routing", args)
     results, md = run_all(todo, run_case, args, stem)
     # The shared writer names bench/baselines.py; here eager is the models' routing code (see this module's doc).
     md.write_text(md.read_text().replace("Eager = bench/baselines.py", "Eager = the models' routing code "

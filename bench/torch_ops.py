@@ -190,11 +190,24 @@ def run_case(case: C.Case, args) -> dict:
         rec.update({n: measure(fn, args.budget, reps) for n, fn in fns.items()})
     else:
         rec.update(interleaved(fns, args.budget, 400 if case.regime == "decode" else 50))
+    add_speedups(rec)
+    return rec
+
+
+def add_speedups(rec: dict) -> None:
+    """``speedup_vs_eager`` (and ``speedup_vs_inductor`` when timed): their median over ours."""
     ours_ms = rec["ours"]["median_ms"]
     rec["speedup_vs_eager"] = rec["eager"]["median_ms"] / ours_ms
     if "inductor" in rec:
         rec["speedup_vs_inductor"] = rec["inductor"]["median_ms"] / ours_ms
-    return rec
+
+
+def kernels_ready() -> bool:
+    """Whether the compiled kernels are usable; says why on stderr when not."""
+    if moe_ops.kernels_available():
+        return True
+    print(f"the compiled kernels are unavailable: {moe_ops._KERNELS_UNAVAILABLE}", file=sys.stderr)
+    return False
 
 
 def _fmt_ms(ms: float) -> str:
@@ -316,8 +329,7 @@ def run_all(todo: list, run_one: Callable, args, stem: str,
 
 def main() -> int:
     args = parse_args(__doc__)
-    if not moe_ops.kernels_available():
-        print(f"the compiled kernels are unavailable: {moe_ops._KERNELS_UNAVAILABLE}", file=sys.stderr)
+    if not kernels_ready():
         return 2
     results, _ = run_all(select_cases(args), run_case, args, result_stem("torch-ops", args))
     return 0 if all(r.get("correct", False) for r in results) else 1

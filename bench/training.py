@@ -30,8 +30,8 @@ import torch  # noqa: E402
 
 from . import cases as C  # noqa: E402
 from .timing import measure  # noqa: E402
-from .torch_ops import ours_call, parse_args, result_stem, run_all, select_cases, table_row  # noqa: E402
-from moe_mlir import ops as moe_ops  # noqa: E402
+from .torch_ops import (add_speedups, kernels_ready, ours_call, parse_args, result_stem, run_all,  # noqa: E402
+                        select_cases, table_row)
 
 DIFFERENTIABLE = ("topk_renorm", "similarity_inform", "similarity_inform_topk", "attention_posterior",
                   "hyper_router")
@@ -94,9 +94,7 @@ def run_case(case: C.Case, args) -> dict:
             rec["inductor"] = measure(compiled, args.budget, reps)
         except Exception as err:  # noqa: BLE001
             rec["inductor_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-    rec["speedup_vs_eager"] = rec["eager"]["median_ms"] / rec["ours"]["median_ms"]
-    if "inductor" in rec:
-        rec["speedup_vs_inductor"] = rec["inductor"]["median_ms"] / rec["ours"]["median_ms"]
+    add_speedups(rec)
     return rec
 
 
@@ -121,8 +119,7 @@ def write_markdown(doc: dict, path: Path) -> None:
 
 def main() -> int:
     args = parse_args(__doc__)
-    if not moe_ops.kernels_available():
-        print(f"the compiled kernels are unavailable: {moe_ops._KERNELS_UNAVAILABLE}", file=sys.stderr)
+    if not kernels_ready():
         return 2
     results, _ = run_all(select_cases(args, lambda c: c.op in DIFFERENTIABLE), run_case, args,
                          result_stem("training", args), markdown=write_markdown)
