@@ -22,8 +22,9 @@ using namespace mlir::moe::gpu_lowering;
 
 static constexpr int64_t kThreads = 128;
 
-LogicalResult mlir::moe::gpu_lowering::lowerAdjacencyUpdate(
-    AdjacencyUpdateOp op, ModuleOp module, const LoweringOptions &) {
+LogicalResult
+AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
+                            ConversionPatternRewriter &rewriter) const {
   auto aType = cast<RankedTensorType>(op.getA().getType());
   auto outType = cast<RankedTensorType>(op.getANext().getType());
   int64_t E = aType.getShape()[0];
@@ -37,11 +38,11 @@ LogicalResult mlir::moe::gpu_lowering::lowerAdjacencyUpdate(
   Location loc = op.getLoc();
   MLIRContext *ctx = op.getContext();
 
-  ImplicitLocOpBuilder b(loc, op);
-  HostCode h(b, module);
+  HostCode h(rewriter, op);
+  ImplicitLocOpBuilder &b = h.b;
   KB &k = h.k;
-  Value a = h.buffer(op.getA());
-  Value idx = h.buffer(op.getIdx());
+  Value a = h.buffer(adaptor.getA());
+  Value idx = h.buffer(adaptor.getIdx());
   Value T = k.dim(idx, 0);
   Value counts = h.alloc(MemRefType::get({E, E}, b.getI32Type()), {});
   h.fill32(counts, k.cI32(0));
@@ -51,7 +52,7 @@ LogicalResult mlir::moe::gpu_lowering::lowerAdjacencyUpdate(
   {
     ImplicitLocOpBuilder kb(loc, ctx);
     auto kernel =
-        createKernel(module, "adjacency_counts",
+        createKernel(h, "adjacency_counts",
                      {idx.getType(), counts.getType(), b.getI64Type()}, {},
                      {kThreads, 1, 1}, kb);
     KB kk(kb);
@@ -107,11 +108,10 @@ LogicalResult mlir::moe::gpu_lowering::lowerAdjacencyUpdate(
 
   {
     ImplicitLocOpBuilder kb(loc, ctx);
-    auto kernel =
-        createKernel(module, "adjacency_update",
-                     {a.getType(), counts.getType(), out.getType()},
-                     {workgroupMemRef({kThreads / kWarp}, b.getF32Type())},
-                     {kThreads, 1, 1}, kb);
+    auto kernel = createKernel(
+        h, "adjacency_update", {a.getType(), counts.getType(), out.getType()},
+        {workgroupMemRef({kThreads / kWarp}, b.getF32Type())}, {kThreads, 1, 1},
+        kb);
     KB kk(kb);
     Block &entry = kernel.getBody().front();
     Value as = entry.getArgument(0), cs = entry.getArgument(1),
@@ -151,7 +151,6 @@ LogicalResult mlir::moe::gpu_lowering::lowerAdjacencyUpdate(
   }
   h.release(counts);
   h.finish(/*checkErrors=*/true);
-  op.getANext().replaceAllUsesWith(h.tensor(out, outType));
-  op.erase();
+  h.replace(op, out);
   return success();
 }

@@ -38,11 +38,11 @@ static constexpr int64_t kEntropyThreads = 128;
 static constexpr int64_t kMeansThreads = 128;
 
 /// Kernel 1: partial entropy sums and valid-row counts per (b, h, block).
-static gpu::GPUFuncOp createEntropyKernel(ModuleOp module, TypeRange argTypes,
+static gpu::GPUFuncOp createEntropyKernel(HostCode &host, TypeRange argTypes,
                                           Location loc) {
-  ImplicitLocOpBuilder kb(loc, module.getContext());
+  ImplicitLocOpBuilder kb(loc, host.b.getContext());
   const int64_t warps = kEntropyThreads / kWarp;
-  auto kernel = createKernel(module, "attention_entropy", argTypes,
+  auto kernel = createKernel(host, "attention_entropy", argTypes,
                              {workgroupMemRef({warps}, kb.getF32Type()),
                               workgroupMemRef({warps}, kb.getF32Type())},
                              {kEntropyThreads, 1, 1}, kb);
@@ -109,10 +109,10 @@ static gpu::GPUFuncOp createEntropyKernel(ModuleOp module, TypeRange argTypes,
 }
 
 /// Kernel 2: h*[b] = argmin_h mean entropy (thread per sequence).
-static gpu::GPUFuncOp createHeadSelectKernel(ModuleOp module,
-                                             TypeRange argTypes, Location loc) {
-  ImplicitLocOpBuilder kb(loc, module.getContext());
-  auto kernel = createKernel(module, "attention_head_select", argTypes, {},
+static gpu::GPUFuncOp createHeadSelectKernel(HostCode &host, TypeRange argTypes,
+                                             Location loc) {
+  ImplicitLocOpBuilder kb(loc, host.b.getContext());
+  auto kernel = createKernel(host, "attention_head_select", argTypes, {},
                              {kWarp, 1, 1}, kb);
   KB k(kb);
   Block &entry = kernel.getBody().front();
@@ -147,12 +147,12 @@ static gpu::GPUFuncOp createHeadSelectKernel(ModuleOp module,
 }
 
 /// Kernel 3: head means m[b,j,:] and bias[b,j] = -‖m_j‖² / (2σ²).
-static gpu::GPUFuncOp createMeansKernel(ModuleOp module, TypeRange argTypes,
+static gpu::GPUFuncOp createMeansKernel(HostCode &host, TypeRange argTypes,
                                         double headScale, bool dynamicScale,
                                         double sigma, Location loc) {
-  ImplicitLocOpBuilder kb(loc, module.getContext());
+  ImplicitLocOpBuilder kb(loc, host.b.getContext());
   auto kernel =
-      createKernel(module, "attention_head_means", argTypes,
+      createKernel(host, "attention_head_means", argTypes,
                    {workgroupMemRef({kMeansThreads / kWarp}, kb.getF32Type())},
                    {kMeansThreads, 1, 1}, kb);
   KB k(kb);
@@ -186,25 +186,27 @@ static gpu::GPUFuncOp createMeansKernel(ModuleOp module, TypeRange argTypes,
   return kernel;
 }
 
-LogicalResult
-mlir::moe::gpu_lowering::lowerAttentionPosterior(Operation *op, ModuleOp module,
-                                                 const LoweringOptions &) {
-  auto fused = dyn_cast<AttentionPosteriorTopkOp>(op);
-  auto plain = dyn_cast<AttentionPosteriorOp>(op);
-  HeadSelect select = fused ? fused.getHeadSelect() : plain.getHeadSelect();
+/// attention_posterior or its fused top-k form (the same operands, one result
+/// more).
+template <typename OpTy>
+static LogicalResult
+lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
+                        ConversionPatternRewriter &rewriter) {
+  auto fused = dyn_cast<AttentionPosteriorTopkOp>(op.getOperation());
+  auto plain = dyn_cast<AttentionPosteriorOp>(op.getOperation());
+  HeadSelect select = op.getHeadSelect();
   if (select != HeadSelect::min_entropy)
     return op->emitOpError(
         "GPU lowering supports head_select = min_entropy only (use the "
         "portable lowering for head_select = all)");
-  Value scoresT = op->getOperand(0), uT = op->getOperand(1),
-        vT = op->getOperand(2), woT = op->getOperand(3), eT = op->getOperand(4);
+  Value scoresT = adaptor.getScores(), uT = adaptor.getU(), vT = adaptor.getV(),
+        woT = adaptor.getWo(), eT = adaptor.getE();
   auto eType = cast<RankedTensorType>(eT.getType());
   int64_t K = eType.getShape()[2];
   if (ShapedType::isDynamic(K) || K > kFlashMaxExperts)
     return op->emitOpError("GPU lowering needs a static expert count <= ")
            << kFlashMaxExperts;
-  double sigma =
-      (fused ? fused.getSigma() : plain.getSigma()).convertToDouble();
+  double sigma = op.getSigma().convertToDouble();
   std::optional<double> headScale;
   if (fused) {
     if (auto attr = fused.getHeadScaleAttr())
@@ -217,8 +219,8 @@ mlir::moe::gpu_lowering::lowerAttentionPosterior(Operation *op, ModuleOp module,
     headScale = plain.getEffectiveHeadScale();
   }
 
-  ImplicitLocOpBuilder b(op->getLoc(), op);
-  HostCode h(b, module);
+  HostCode h(rewriter, op);
+  ImplicitLocOpBuilder &b = h.b;
   KB &k = h.k;
   Type f32 = b.getF32Type();
   Value scores = h.buffer(scoresT), u = h.buffer(uT), v = h.buffer(vT),
@@ -241,12 +243,11 @@ mlir::moe::gpu_lowering::lowerAttentionPosterior(Operation *op, ModuleOp module,
   Value sums = h.alloc(partialType, {B, H, chunks});
   Value counts = h.alloc(partialType, {B, H, chunks});
   auto entropy = createEntropyKernel(
-      module, {scores.getType(), sums.getType(), counts.getType()},
-      op->getLoc());
+      h, {scores.getType(), sums.getType(), counts.getType()}, op->getLoc());
   h.launch(entropy, {chunks, H, B}, {kEntropyThreads, 1, 1},
            {scores, sums, counts});
   auto selectKernel = createHeadSelectKernel(
-      module, {sums.getType(), counts.getType(), head.getType()}, op->getLoc());
+      h, {sums.getType(), counts.getType(), head.getType()}, op->getLoc());
   h.launch(selectKernel, {k.ceilDiv(B, k.idx(kWarp)), k.idx(1), k.idx(1)},
            {kWarp, 1, 1}, {sums, counts, head});
   h.release(sums);
@@ -260,7 +261,7 @@ mlir::moe::gpu_lowering::lowerAttentionPosterior(Operation *op, ModuleOp module,
   Value means = h.alloc(meansType, {B, Nk, D});
   Value bias = h.alloc(biasType, {B, Nk});
   auto meansKernel = createMeansKernel(
-      module,
+      h,
       {v.getType(), wo.getType(), head.getType(), means.getType(),
        bias.getType()},
       headScale.value_or(0.0), !headScale.has_value(), sigma, op->getLoc());
@@ -283,15 +284,25 @@ mlir::moe::gpu_lowering::lowerAttentionPosterior(Operation *op, ModuleOp module,
   for (Value a : args)
     argTypes.push_back(a.getType());
   auto mix = createFlashMixKernel(
-      module, fused ? "attention_posterior_topk" : "attention_posterior", spec,
+      h, fused ? "attention_posterior_topk" : "attention_posterior", spec,
       argTypes, op->getLoc());
   launchFlashMix(h, mix, u, args);
   h.release(means);
   h.release(bias);
   h.finish();
-  for (auto [result, buffer] : llvm::zip(op->getResults(), results))
-    result.replaceAllUsesWith(
-        h.tensor(buffer, cast<RankedTensorType>(result.getType())));
-  op->erase();
+  h.replace(op, results);
   return success();
+}
+
+LogicalResult
+AttentionPosteriorToGPU::lower(AttentionPosteriorOp op, OpAdaptor adaptor,
+                               ConversionPatternRewriter &rewriter) const {
+  return lowerAttentionPosterior(op, adaptor, rewriter);
+}
+
+LogicalResult
+AttentionPosteriorTopkToGPU::lower(AttentionPosteriorTopkOp op,
+                                   OpAdaptor adaptor,
+                                   ConversionPatternRewriter &rewriter) const {
+  return lowerAttentionPosterior(op, adaptor, rewriter);
 }

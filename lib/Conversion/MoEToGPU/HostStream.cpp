@@ -22,7 +22,7 @@
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
-#include "mlir/IR/Builders.h"
+#include "mlir/IR/PatternMatch.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
 #include "llvm/ADT/BitVector.h"
@@ -62,23 +62,22 @@ bool isStreamStart(Operation *op) {
 
 /// Joins the stream chains of `block`. `pending` is the token of the chain
 /// whose closing wait was dropped; the host waits for it only where it must.
-void joinStreams(Block &block, bool waitAtReturn) {
+void joinStreams(RewriterBase &rewriter, Block &block, bool waitAtReturn) {
   Value pending;
   for (Operation &op : llvm::make_early_inc_range(block)) {
     if (isBlockingWait(&op) && op.getNumOperands() == 1 && !pending) {
       pending = op.getOperand(0);
-      op.erase();
+      rewriter.eraseOp(&op);
       continue;
     }
     if (pending && isStreamStart(&op)) {
-      op.getResult(0).replaceAllUsesWith(pending);
-      op.erase();
+      rewriter.replaceOp(&op, pending);
       pending = Value();
       continue;
     }
     if (!waitAtReturn && isCallTo(&op, kCheckErrorsFn)) {
       // The caller polls the error word after its own synchronization.
-      op.erase();
+      rewriter.eraseOp(&op);
       continue;
     }
     if (!pending || isa<gpu::AsyncOpInterface>(op) ||
@@ -88,8 +87,8 @@ void joinStreams(Block &block, bool waitAtReturn) {
     if (!terminator && isMemoryEffectFree(&op))
       continue;
     if (!terminator || waitAtReturn) {
-      OpBuilder b(&op);
-      gpu::WaitOp::create(b, op.getLoc(), Type(), ValueRange{pending});
+      rewriter.setInsertionPoint(&op);
+      gpu::WaitOp::create(rewriter, op.getLoc(), Type(), ValueRange{pending});
     }
     pending = Value();
   }
@@ -99,35 +98,35 @@ struct MoEGPUHostStream
     : public moe::impl::MoEGPUHostStreamBase<MoEGPUHostStream> {
   using Base::Base;
   void runOnOperation() override {
+    IRRewriter rewriter(&getContext());
     getOperation()->walk(
-        [&](Block *block) { joinStreams(*block, waitAtReturn); });
+        [&](Block *block) { joinStreams(rewriter, *block, waitAtReturn); });
   }
 };
 
 /// Makes `result` (returned before `ret`) land in `out`: the gpu.alloc that
 /// produced it is replaced by `out`, its place in the stream kept; anything
 /// else is copied into `out` on a stream of its own, waited for.
-void redirectResult(Value result, BlockArgument out, func::ReturnOp ret) {
+void redirectResult(RewriterBase &rewriter, Value result, BlockArgument out,
+                    func::ReturnOp ret) {
   auto alloc = result.getDefiningOp<gpu::AllocOp>();
   if (alloc && result.getType() == out.getType() && !alloc.getHostShared() &&
       alloc.getAsyncToken() && alloc.getAsyncDependencies().size() == 1) {
-    alloc.getMemref().replaceAllUsesWith(out);
-    alloc.getAsyncToken().replaceAllUsesWith(alloc.getAsyncDependencies()[0]);
-    alloc.erase();
+    rewriter.replaceOp(alloc, {out, alloc.getAsyncDependencies()[0]});
     return;
   }
-  OpBuilder b(ret);
+  rewriter.setInsertionPoint(ret);
   Location loc = ret.getLoc();
-  auto tokenType = b.getType<gpu::AsyncTokenType>();
-  Value start = gpu::WaitOp::create(b, loc, tokenType, ValueRange{})
+  auto tokenType = rewriter.getType<gpu::AsyncTokenType>();
+  Value start = gpu::WaitOp::create(rewriter, loc, tokenType, ValueRange{})
                     .getAsyncToken();
-  Value copied = gpu::MemcpyOp::create(b, loc, tokenType, ValueRange{start},
-                                       out, result)
+  Value copied = gpu::MemcpyOp::create(rewriter, loc, tokenType,
+                                       ValueRange{start}, out, result)
                      .getAsyncToken();
-  gpu::WaitOp::create(b, loc, Type(), ValueRange{copied});
+  gpu::WaitOp::create(rewriter, loc, Type(), ValueRange{copied});
 }
 
-LogicalResult promoteResults(func::FuncOp func) {
+LogicalResult promoteResults(RewriterBase &rewriter, func::FuncOp func) {
   FunctionType type = func.getFunctionType();
   llvm::BitVector erased(type.getNumResults());
   SmallVector<Type> outTypes;
@@ -160,13 +159,12 @@ LogicalResult promoteResults(func::FuncOp func) {
     unsigned next = 0;
     for (Value v : ret.getOperands()) {
       if (isa<MemRefType>(v.getType()))
-        redirectResult(v, outs[next++], ret);
+        redirectResult(rewriter, v, outs[next++], ret);
       else
         kept.push_back(v);
     }
-    OpBuilder b(ret);
-    func::ReturnOp::create(b, ret.getLoc(), kept);
-    ret.erase();
+    rewriter.setInsertionPoint(ret);
+    rewriter.replaceOpWithNewOp<func::ReturnOp>(ret, kept);
   });
   return success();
 }
@@ -175,10 +173,11 @@ struct MoEGPUResultsToOutParams
     : public moe::impl::MoEGPUResultsToOutParamsBase<MoEGPUResultsToOutParams> {
   using Base::Base;
   void runOnOperation() override {
+    IRRewriter rewriter(&getContext());
     for (auto func : getOperation().getOps<func::FuncOp>()) {
       if (func.isExternal() || !func.isPublic())
         continue;
-      if (failed(promoteResults(func)))
+      if (failed(promoteResults(rewriter, func)))
         return signalPassFailure();
     }
   }

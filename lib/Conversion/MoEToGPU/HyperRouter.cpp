@@ -22,11 +22,11 @@ static constexpr int64_t kRowsPerBlock = kThreads / kWarp;
 /// Warp-per-row GEMV: row r gets Σ_c m[r, c] · vec[c] + bias[r]; `store`
 /// writes it (lane 0 of the warp).
 static gpu::GPUFuncOp
-createGemvKernel(ModuleOp module, StringRef name, TypeRange argTypes,
+createGemvKernel(HostCode &host, StringRef name, TypeRange argTypes,
                  Location loc,
                  function_ref<void(KB &, Block &, Value row, Value v)> store) {
-  ImplicitLocOpBuilder kb(loc, module.getContext());
-  auto kernel = createKernel(module, name, argTypes, {}, {kThreads, 1, 1}, kb);
+  ImplicitLocOpBuilder kb(loc, host.b.getContext());
+  auto kernel = createKernel(host, name, argTypes, {}, {kThreads, 1, 1}, kb);
   KB k(kb);
   Block &entry = kernel.getBody().front();
   Value m = entry.getArgument(0), vec = entry.getArgument(1),
@@ -49,15 +49,14 @@ createGemvKernel(ModuleOp module, StringRef name, TypeRange argTypes,
 }
 
 LogicalResult
-mlir::moe::gpu_lowering::lowerHyperRouter(HyperRouterOp op, ModuleOp module,
-                                          const LoweringOptions &) {
+HyperRouterToGPU::lower(HyperRouterOp op, OpAdaptor adaptor,
+                        ConversionPatternRewriter &rewriter) const {
   const int64_t E = op.getNumExperts();
-  ImplicitLocOpBuilder b(op.getLoc(), op);
-  HostCode h(b, module);
+  HostCode h(rewriter, op);
   KB &k = h.k;
-  Value emb = h.buffer(op.getEmb()), w1 = h.buffer(op.getW1()),
-        b1 = h.buffer(op.getB1()), w2 = h.buffer(op.getW2()),
-        b2 = h.buffer(op.getB2());
+  Value emb = h.buffer(adaptor.getEmb()), w1 = h.buffer(adaptor.getW1()),
+        b1 = h.buffer(adaptor.getB1()), w2 = h.buffer(adaptor.getW2()),
+        b2 = h.buffer(adaptor.getB2());
   auto wType = cast<RankedTensorType>(op.getW().getType());
   auto bType = cast<RankedTensorType>(op.getB().getType());
   Value rows2 = k.dim(w2, 0);
@@ -69,10 +68,10 @@ mlir::moe::gpu_lowering::lowerHyperRouter(HyperRouterOp op, ModuleOp module,
   Value bias = h.allocLike(bType, {});
   Value Dh = k.dim(w1, 0);
   Value hidden =
-      h.alloc(MemRefType::get({ShapedType::kDynamic}, b.getF32Type()), {Dh});
+      h.alloc(MemRefType::get({ShapedType::kDynamic}, h.b.getF32Type()), {Dh});
 
   auto first = createGemvKernel(
-      module, "hyper_router_hidden",
+      h, "hyper_router_hidden",
       {w1.getType(), emb.getType(), b1.getType(), hidden.getType()},
       op.getLoc(), [](KB &k, Block &entry, Value row, Value v) {
         k.store(k.fmax(v, k.cF32(0.0)), entry.getArgument(3), {row});
@@ -80,7 +79,7 @@ mlir::moe::gpu_lowering::lowerHyperRouter(HyperRouterOp op, ModuleOp module,
   h.launch(first, {k.ceilDiv(Dh, k.idx(kRowsPerBlock)), k.idx(1), k.idx(1)},
            {kThreads, 1, 1}, {w1, emb, b1, hidden});
   auto second = createGemvKernel(
-      module, "hyper_router_out",
+      h, "hyper_router_out",
       {w2.getType(), hidden.getType(), b2.getType(), w.getType(),
        bias.getType()},
       op.getLoc(), [](KB &k, Block &entry, Value row, Value v) {
@@ -95,8 +94,6 @@ mlir::moe::gpu_lowering::lowerHyperRouter(HyperRouterOp op, ModuleOp module,
            {kThreads, 1, 1}, {w2, hidden, b2, w, bias});
   h.release(hidden);
   h.finish();
-  op.getW().replaceAllUsesWith(h.tensor(w, wType));
-  op.getB().replaceAllUsesWith(h.tensor(bias, bType));
-  op.erase();
+  h.replace(op, {w, bias});
   return success();
 }

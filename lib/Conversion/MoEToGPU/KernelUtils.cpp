@@ -155,22 +155,21 @@ void mlir::moe::gpu_lowering::emitRegisterTopk(
 //===----------------------------------------------------------------------===//
 
 gpu::GPUModuleOp
-mlir::moe::gpu_lowering::getOrCreateKernelModule(ModuleOp module) {
+mlir::moe::gpu_lowering::getOrCreateKernelModule(ModuleOp module,
+                                                 OpBuilder &b) {
   constexpr StringLiteral name = "moe_kernels";
   if (auto existing = module.lookupSymbol<gpu::GPUModuleOp>(name))
     return existing;
-  module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
-                  UnitAttr::get(module.getContext()));
-  OpBuilder b(module.getContext());
+  OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(module.getBody());
   return gpu::GPUModuleOp::create(b, module.getLoc(), name);
 }
 
 gpu::GPUFuncOp mlir::moe::gpu_lowering::createKernel(
-    ModuleOp module, StringRef base, TypeRange argTypes,
-    TypeRange workgroupTypes, std::array<int64_t, 3> blockSize,
-    ImplicitLocOpBuilder &kb) {
-  gpu::GPUModuleOp kernels = getOrCreateKernelModule(module);
+    HostCode &h, StringRef base, TypeRange argTypes, TypeRange workgroupTypes,
+    std::array<int64_t, 3> blockSize, ImplicitLocOpBuilder &kb) {
+  kb.setListener(h.b.getListener());
+  gpu::GPUModuleOp kernels = getOrCreateKernelModule(h.module, kb);
   SymbolTable symbols(kernels);
   std::string name;
   for (unsigned n = 0;; ++n) {
@@ -204,8 +203,10 @@ MemRefType mlir::moe::gpu_lowering::workgroupMemRef(ArrayRef<int64_t> shape,
 // Host code
 //===----------------------------------------------------------------------===//
 
-HostCode::HostCode(ImplicitLocOpBuilder &b, ModuleOp module)
-    : b(b), module(module), k(b) {
+HostCode::HostCode(RewriterBase &rewriter, Operation *op)
+    : rewriter(rewriter), b(op->getLoc(), rewriter),
+      module(op->getParentOfType<ModuleOp>()), k(b) {
+  b.setInsertionPoint(op);
   auto tokenType = b.getType<gpu::AsyncTokenType>();
   token = gpu::WaitOp::create(b, tokenType, ValueRange{}).getAsyncToken();
 }
@@ -257,18 +258,18 @@ void HostCode::release(Value buffer) {
 /// Runtime entry points are declared as llvm.func (not func.func) so that the
 /// C-interface wrappers requested for the public functions do not apply to
 /// them: the runtime exports the plain C symbols.
-static LLVM::LLVMFuncOp declareRuntimeFunction(ModuleOp module, StringRef name,
+static LLVM::LLVMFuncOp declareRuntimeFunction(HostCode &h, StringRef name,
                                                Type result) {
-  if (auto f = module.lookupSymbol<LLVM::LLVMFuncOp>(name))
+  if (auto f = h.module.lookupSymbol<LLVM::LLVMFuncOp>(name))
     return f;
-  OpBuilder b(module.getContext());
-  b.setInsertionPointToEnd(module.getBody());
-  return LLVM::LLVMFuncOp::create(b, module.getLoc(), name,
+  OpBuilder b(h.b);
+  b.setInsertionPointToEnd(h.module.getBody());
+  return LLVM::LLVMFuncOp::create(b, h.module.getLoc(), name,
                                   LLVM::LLVMFunctionType::get(result, {}));
 }
 
 Value HostCode::errorWord() {
-  auto f = declareRuntimeFunction(module, "moeGpuErrorWord", b.getI64Type());
+  auto f = declareRuntimeFunction(*this, "moeGpuErrorWord", b.getI64Type());
   return LLVM::CallOp::create(b, f, ValueRange{}).getResult();
 }
 
@@ -276,7 +277,7 @@ void HostCode::finish(bool checkErrors) {
   gpu::WaitOp::create(b, Type(), ValueRange{token});
   if (!checkErrors)
     return;
-  auto f = declareRuntimeFunction(module, "moeGpuCheckErrors", b.getI32Type());
+  auto f = declareRuntimeFunction(*this, "moeGpuCheckErrors", b.getI32Type());
   LLVM::CallOp::create(b, f, ValueRange{});
 }
 
@@ -284,6 +285,13 @@ Value HostCode::tensor(Value buffer, RankedTensorType type) {
   return bufferization::ToTensorOp::create(b, type, buffer,
                                            /*restrict=*/b.getUnitAttr(),
                                            /*writable=*/b.getUnitAttr());
+}
+
+void HostCode::replace(Operation *op, ValueRange buffers) {
+  SmallVector<Value> tensors;
+  for (auto [result, buffer] : llvm::zip_equal(op->getResults(), buffers))
+    tensors.push_back(tensor(buffer, cast<RankedTensorType>(result.getType())));
+  rewriter.replaceOp(op, tensors);
 }
 
 void mlir::moe::gpu_lowering::emitRecordIndexError(KB &k, Value word,

@@ -95,14 +95,18 @@ void emitRegisterTopk(KB &k, ArrayRef<Value> vals, Value lane, int64_t width,
 // Kernels and host code
 //===----------------------------------------------------------------------===//
 
-/// The gpu.module @moe_kernels of a module (created on first use; the module
-/// gets gpu.container_module).
-gpu::GPUModuleOp getOrCreateKernelModule(ModuleOp module);
+class HostCode;
 
-/// A new kernel `<base>_<n>` in @moe_kernels with the given argument types,
-/// workgroup buffers and known block size; the builder is left at the start
-/// of its body (a gpu.return is already there).
-gpu::GPUFuncOp createKernel(ModuleOp module, StringRef base, TypeRange argTypes,
+/// The gpu.module @moe_kernels of a module, created through `b` (a builder of
+/// the pattern's rewriter) on first use; the pass marks the module
+/// gpu.container_module once it has one.
+gpu::GPUModuleOp getOrCreateKernelModule(ModuleOp module, OpBuilder &b);
+
+/// A new kernel `<base>_<n>` in @moe_kernels of `h`'s module with the given
+/// argument types, workgroup buffers and known block size, built through
+/// `h`'s rewriter; `kb` gets that rewriter's listener and is left at the
+/// start of the kernel's body (a gpu.return is already there).
+gpu::GPUFuncOp createKernel(HostCode &h, StringRef base, TypeRange argTypes,
                             TypeRange workgroupTypes,
                             std::array<int64_t, 3> blockSize,
                             ImplicitLocOpBuilder &kb);
@@ -112,10 +116,13 @@ MemRefType workgroupMemRef(ArrayRef<int64_t> shape, Type elementType);
 
 /// Host code of one op: operand buffers, result allocations and launches in
 /// one stream (an async token chain from gpu.wait async to a final gpu.wait).
+/// Every op goes through the pattern's rewriter (`b` shares its listener):
+/// the host code before `op`, kernels and runtime declarations in its module.
 class HostCode {
 public:
-  HostCode(ImplicitLocOpBuilder &b, ModuleOp module);
-  ImplicitLocOpBuilder &b;
+  HostCode(RewriterBase &rewriter, Operation *op);
+  RewriterBase &rewriter;
+  ImplicitLocOpBuilder b;
   ModuleOp module;
   KB k;
 
@@ -137,6 +144,8 @@ public:
   void finish(bool checkErrors = false);
   /// The tensor of a result buffer.
   Value tensor(Value buffer, RankedTensorType type);
+  /// Replaces the results of `op` by the tensors of `buffers` (one each).
+  void replace(Operation *op, ValueRange buffers);
 
 private:
   Value token;

@@ -2,7 +2,8 @@
 //
 // Part of the MoE-MLIR project.
 //
-// Each function rewrites one tensor-level op into host code + kernels (see
+// One conversion pattern per moe op (populateMoEToGPUPatterns adds them all):
+// each rewrites one tensor-level op into host code + kernels (see
 // KernelUtils.h) and replaces its results; on failure it emits an error on
 // the op and leaves the IR unchanged.
 //
@@ -11,33 +12,68 @@
 #ifndef MOE_LIB_CONVERSION_MOETOGPU_LOWERINGS_H
 #define MOE_LIB_CONVERSION_MOETOGPU_LOWERINGS_H
 
+#include "Limits.h"
+#include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
 #include "MoE/IR/MoEOps.h"
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/ImplicitLocOpBuilder.h"
+#include "mlir/Transforms/DialectConversion.h"
 
 #include <optional>
 
 namespace mlir::moe::gpu_lowering {
 
-struct LoweringOptions {
-  /// Threads per block of the token-parallel kernels.
-  int64_t blockSize = 128;
+/// The per-op patterns of convert-moe-to-gpu (one file each in this
+/// directory) derive from this: `lower` rewrites the op through the rewriter
+/// into host code + kernels (KernelUtils.h), or emits an error on the op and
+/// changes nothing. The kernels it made must then fit the CUDA limits
+/// (Limits.h); one that does not is a match failure with the limit named at
+/// the op, and the conversion driver rolls the lowering back.
+template <typename OpTy>
+class GPULoweringPattern : public OpConversionPattern<OpTy> {
+public:
+  GPULoweringPattern(MLIRContext *context,
+                     const ConvertMoEToGPUOptions &options)
+      : OpConversionPattern<OpTy>(context), options(options) {}
+
+  LogicalResult
+  matchAndRewrite(OpTy op, typename OpTy::Adaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const final {
+    KernelLimitCheck limits(op->template getParentOfType<ModuleOp>(), op,
+                            options.sharedMemoryBytes);
+    if (failed(lower(op, adaptor, rewriter)))
+      return failure();
+    return limits.verify();
+  }
+
+protected:
+  virtual LogicalResult lower(OpTy op, typename OpTy::Adaptor adaptor,
+                              ConversionPatternRewriter &rewriter) const = 0;
+  ConvertMoEToGPUOptions options;
 };
 
-LogicalResult lowerTopkRenorm(TopkRenormOp op, ModuleOp module,
-                              const LoweringOptions &options);
-LogicalResult lowerSimilarityInform(Operation *op, ModuleOp module,
-                                    const LoweringOptions &options);
-LogicalResult lowerAttentionPosterior(Operation *op, ModuleOp module,
-                                      const LoweringOptions &options);
-LogicalResult lowerMadDispersion(MadDispersionOp op, ModuleOp module,
-                                 const LoweringOptions &options);
-LogicalResult lowerAdjacencyUpdate(AdjacencyUpdateOp op, ModuleOp module,
-                                   const LoweringOptions &options);
-LogicalResult lowerHyperRouter(HyperRouterOp op, ModuleOp module,
-                               const LoweringOptions &options);
+/// Declares the pattern `NAME` of `OP`, whose `lower` is defined in the op's
+/// file.
+#define MOE_GPU_LOWERING_PATTERN(NAME, OP)                                     \
+  struct NAME final : GPULoweringPattern<OP> {                                 \
+    using GPULoweringPattern::GPULoweringPattern;                              \
+    LogicalResult lower(OP op, OpAdaptor adaptor,                              \
+                        ConversionPatternRewriter &rewriter) const override;   \
+  }
+
+MOE_GPU_LOWERING_PATTERN(TopkRenormToGPU, TopkRenormOp);
+// SimilarityInform.cpp and AttentionPosterior.cpp: one lowering for the op
+// and its fused top-k form (the same operands, one result more).
+MOE_GPU_LOWERING_PATTERN(SimilarityInformToGPU, SimilarityInformOp);
+MOE_GPU_LOWERING_PATTERN(SimilarityInformTopkToGPU, SimilarityInformTopkOp);
+MOE_GPU_LOWERING_PATTERN(AttentionPosteriorToGPU, AttentionPosteriorOp);
+MOE_GPU_LOWERING_PATTERN(AttentionPosteriorTopkToGPU, AttentionPosteriorTopkOp);
+MOE_GPU_LOWERING_PATTERN(MadDispersionToGPU, MadDispersionOp);
+MOE_GPU_LOWERING_PATTERN(AdjacencyUpdateToGPU, AdjacencyUpdateOp);
+MOE_GPU_LOWERING_PATTERN(HyperRouterToGPU, HyperRouterOp);
+#undef MOE_GPU_LOWERING_PATTERN
 
 /// The flash-style mixing kernel shared by similarity_inform and
 /// attention_posterior (SimilarityInform.cpp):
@@ -67,7 +103,7 @@ constexpr int64_t kFlashMaxExperts = 256;
 /// e [B,Nk,K], then key_mask [B,Nk] (i1), bias [B,Nk] (f32), add [B,H,N,Nk]
 /// and head [B] (i32) when present, then the outputs: p [B,N,K], or weights
 /// and indices [B,N,k]. Launch with launchFlashMix.
-gpu::GPUFuncOp createFlashMixKernel(ModuleOp module, StringRef name,
+gpu::GPUFuncOp createFlashMixKernel(class HostCode &h, StringRef name,
                                     const FlashMixSpec &spec,
                                     TypeRange argTypes, Location loc);
 /// Launches it: grid (ceil(N / rows), B), block 128.

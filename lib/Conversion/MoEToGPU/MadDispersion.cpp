@@ -44,8 +44,8 @@ static std::pair<Value, Value> clusterOf(KB &k, Value assign, Value t,
 }
 
 LogicalResult
-mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op, ModuleOp module,
-                                            const LoweringOptions &) {
+MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
+                          ConversionPatternRewriter &rewriter) const {
   const int64_t E = op.getNumExperts();
   const float eps = op.getEps().convertToFloat();
   const float clip = op.getClip().convertToFloat();
@@ -55,12 +55,12 @@ mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op, ModuleOp module,
   Location loc = op.getLoc();
   MLIRContext *ctx = op.getContext();
 
-  ImplicitLocOpBuilder b(loc, op);
-  HostCode h(b, module);
+  HostCode h(rewriter, op);
+  ImplicitLocOpBuilder &b = h.b;
   KB &k = h.k;
   Type f32 = b.getF32Type();
-  Value x = h.buffer(op.getTokens());
-  Value assign = h.buffer(op.getAssign());
+  Value x = h.buffer(adaptor.getTokens());
+  Value assign = h.buffer(adaptor.getAssign());
   auto weightsType = cast<RankedTensorType>(op.getWeights().getType());
   auto countsType = cast<RankedTensorType>(op.getCounts().getType());
   Value T = k.dim(x, 0), D = k.dim(x, 1);
@@ -79,10 +79,9 @@ mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op, ModuleOp module,
   // 1. Counts and range checks.
   {
     ImplicitLocOpBuilder kb(loc, ctx);
-    auto kernel =
-        createKernel(module, "mad_count",
-                     {assign.getType(), counts.getType(), b.getI64Type()}, {},
-                     {kThreads, 1, 1}, kb);
+    auto kernel = createKernel(
+        h, "mad_count", {assign.getType(), counts.getType(), b.getI64Type()},
+        {}, {kThreads, 1, 1}, kb);
     KB kk(kb);
     Block &entry = kernel.getBody().front();
     Value as = entry.getArgument(0), cs = entry.getArgument(1),
@@ -108,7 +107,7 @@ mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op, ModuleOp module,
   auto chunkSums = [&](bool deviation) {
     ImplicitLocOpBuilder kb(loc, ctx);
     auto kernel = createKernel(
-        module, deviation ? "mad_chunk_deviations" : "mad_chunk_sums",
+        h, deviation ? "mad_chunk_deviations" : "mad_chunk_sums",
         {x.getType(), assign.getType(), means.getType(), partial.getType()}, {},
         {kThreads, 1, 1}, kb);
     KB kk(kb);
@@ -143,7 +142,7 @@ mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op, ModuleOp module,
     ImplicitLocOpBuilder kb(loc, ctx);
     Value out = dispersion ? weights : means;
     auto kernel = createKernel(
-        module, dispersion ? "mad_finish_dispersion" : "mad_finish_mean",
+        h, dispersion ? "mad_finish_dispersion" : "mad_finish_mean",
         {partial.getType(), counts.getType(), out.getType()}, {},
         {kThreads, 1, 1}, kb);
     KB kk(kb);
@@ -180,7 +179,7 @@ mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op, ModuleOp module,
     ImplicitLocOpBuilder kb(loc, ctx);
     const int64_t warps = kEpilogueThreads / kWarp;
     auto kernel = createKernel(
-        module, "mad_epilogue", {weights.getType(), counts.getType()},
+        h, "mad_epilogue", {weights.getType(), counts.getType()},
         {workgroupMemRef({warps}, f32)}, {kEpilogueThreads, 1, 1}, kb);
     KB kk(kb);
     Block &entry = kernel.getBody().front();
@@ -267,8 +266,6 @@ mlir::moe::gpu_lowering::lowerMadDispersion(MadDispersionOp op, ModuleOp module,
   h.release(partial);
   h.release(means);
   h.finish(/*checkErrors=*/true);
-  op.getWeights().replaceAllUsesWith(h.tensor(weights, weightsType));
-  op.getCounts().replaceAllUsesWith(h.tensor(counts, countsType));
-  op.erase();
+  h.replace(op, {weights, counts});
   return success();
 }

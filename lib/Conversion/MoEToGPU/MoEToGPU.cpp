@@ -2,9 +2,9 @@
 //
 // Part of the MoE-MLIR project.
 //
-// Gathers the moe ops of the module and hands each to its lowering (one file
-// per op in this directory). The kernels go into gpu.module @moe_kernels, so
-// the pass runs on the module.
+// Applies the per-op conversion patterns (one file per op in this directory)
+// with the dialect conversion driver. The kernels go into gpu.module
+// @moe_kernels, so the pass runs on the module.
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,7 +15,8 @@
 #include "MoE/IR/MoEDialect.h"
 #include "MoE/IR/MoEOps.h"
 
-#include "llvm/ADT/TypeSwitch.h"
+#include "mlir/Transforms/DialectConversion.h"
+#include "llvm/ADT/DenseSet.h"
 
 namespace mlir::moe {
 #define GEN_PASS_DEF_CONVERTMOETOGPU
@@ -25,6 +26,15 @@ namespace mlir::moe {
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
+
+void mlir::moe::populateMoEToGPUPatterns(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  patterns
+      .add<TopkRenormToGPU, SimilarityInformToGPU, SimilarityInformTopkToGPU,
+           AttentionPosteriorToGPU, AttentionPosteriorTopkToGPU,
+           MadDispersionToGPU, AdjacencyUpdateToGPU, HyperRouterToGPU>(
+          patterns.getContext(), options);
+}
 
 namespace {
 struct ConvertMoEToGPUPass
@@ -45,42 +55,40 @@ struct ConvertMoEToGPUPass
           << static_cast<int64_t>(sharedMemoryBytes);
       return signalPassFailure();
     }
-    LoweringOptions options;
-    options.blockSize = blockSize;
+    RewritePatternSet patterns(&getContext());
+    populateMoEToGPUPatterns(patterns, {blockSize, sharedMemoryBytes});
+    llvm::SmallDenseSet<OperationName> lowered;
+    for (const auto &pattern : patterns.getNativePatterns())
+      if (std::optional<OperationName> root = pattern->getRootKind())
+        lowered.insert(*root);
 
-    SmallVector<Operation *> ops;
-    module.walk([&](Operation *op) {
-      if (isa<MoEDialect>(op->getDialect()))
-        ops.push_back(op);
-    });
+    // The moe ops are left of unknown legality rather than illegal: one whose
+    // pattern fails has said why at the op, and stays in place without a
+    // second "failed to legalize" error. No folding: the ops lower as written.
+    ConversionTarget target(getContext());
+    target.markUnknownOpDynamicallyLegal(
+        [](Operation *op) -> std::optional<bool> {
+          if (isa_and_nonnull<MoEDialect>(op->getDialect()))
+            return std::nullopt;
+          return true;
+        });
+    ConversionConfig config;
+    config.foldingMode = DialectConversionFoldingMode::Never;
+    if (failed(applyPartialConversion(module, target, std::move(patterns),
+                                      config)))
+      return signalPassFailure();
+
     bool failed = false;
-    for (Operation *op : ops) {
-      // Shared memory, block and grid sizes of the op's kernels (Limits.h).
-      KernelLimitCheck limits(module, op, sharedMemoryBytes);
-      LogicalResult result =
-          llvm::TypeSwitch<Operation *, LogicalResult>(op)
-              .Case<TopkRenormOp>(
-                  [&](auto o) { return lowerTopkRenorm(o, module, options); })
-              .Case<SimilarityInformOp, SimilarityInformTopkOp>([&](auto o) {
-                return lowerSimilarityInform(o, module, options);
-              })
-              .Case<AttentionPosteriorOp, AttentionPosteriorTopkOp>(
-                  [&](auto o) {
-                    return lowerAttentionPosterior(o, module, options);
-                  })
-              .Case<MadDispersionOp>([&](auto o) {
-                return lowerMadDispersion(o, module, options);
-              })
-              .Case<AdjacencyUpdateOp>([&](auto o) {
-                return lowerAdjacencyUpdate(o, module, options);
-              })
-              .Case<HyperRouterOp>(
-                  [&](auto o) { return lowerHyperRouter(o, module, options); })
-              .Default([&](Operation *o) {
-                return o->emitOpError("has no GPU lowering");
-              });
-      failed |= mlir::failed(result) || mlir::failed(limits.verify());
-    }
+    module.walk([&](Operation *op) {
+      if (!isa_and_nonnull<MoEDialect>(op->getDialect()))
+        return;
+      failed = true;
+      if (!lowered.contains(op->getName()))
+        op->emitOpError("has no GPU lowering");
+    });
+    if (module.lookupSymbol<gpu::GPUModuleOp>("moe_kernels"))
+      module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
+                      UnitAttr::get(module.getContext()));
     if (failed)
       signalPassFailure();
   }

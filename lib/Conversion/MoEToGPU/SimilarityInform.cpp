@@ -46,11 +46,11 @@ static constexpr int64_t kFlashThreads = kRows * kGroup; // 128
 static_assert(kFlashThreads % kWarp == 0, "rows must not straddle warps");
 
 gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
-    ModuleOp module, StringRef name, const FlashMixSpec &spec,
+    HostCode &host, StringRef name, const FlashMixSpec &spec,
     TypeRange argTypes, Location loc) {
   const int64_t K = spec.numExperts;
   const int64_t vpt = llvm::divideCeil(K, kGroup);
-  MLIRContext *ctx = module.getContext();
+  MLIRContext *ctx = host.b.getContext();
   Type f32 = Float32Type::get(ctx);
   SmallVector<Type> workgroup = {
       workgroupMemRef({kRows, kChunk + 1}, f32), // query chunk
@@ -59,8 +59,8 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
       workgroupMemRef({kRows, kCols + 1}, f32),  // probabilities
   };
   ImplicitLocOpBuilder kb(loc, ctx);
-  auto kernel = createKernel(module, name, argTypes, workgroup,
-                             {kFlashThreads, 1, 1}, kb);
+  auto kernel =
+      createKernel(host, name, argTypes, workgroup, {kFlashThreads, 1, 1}, kb);
   KB k(kb);
   Block &entry = kernel.getBody().front();
   unsigned a = 0;
@@ -269,11 +269,11 @@ static constexpr int64_t kMaxGridY = 65535;
 /// q = u · ws in f32: one thread per output feature (blocks along x); the B·N
 /// rows of u are strided over the blocks along y (a grid-stride loop: gridDim.y
 /// is capped at 65535, B·N is not).
-static gpu::GPUFuncOp createProjectKernel(ModuleOp module, TypeRange argTypes,
+static gpu::GPUFuncOp createProjectKernel(HostCode &host, TypeRange argTypes,
                                           Location loc) {
-  ImplicitLocOpBuilder kb(loc, module.getContext());
+  ImplicitLocOpBuilder kb(loc, host.b.getContext());
   const int64_t threads = 128;
-  auto kernel = createKernel(module, "similarity_project", argTypes, {},
+  auto kernel = createKernel(host, "similarity_project", argTypes, {},
                              {threads, 1, 1}, kb);
   KB k(kb);
   Block &entry = kernel.getBody().front();
@@ -299,15 +299,15 @@ static gpu::GPUFuncOp createProjectKernel(ModuleOp module, TypeRange argTypes,
   return kernel;
 }
 
-LogicalResult
-mlir::moe::gpu_lowering::lowerSimilarityInform(Operation *op, ModuleOp module,
-                                               const LoweringOptions &) {
-  auto fused = dyn_cast<SimilarityInformTopkOp>(op);
-  auto plain = dyn_cast<SimilarityInformOp>(op);
-  Value uT = fused ? fused.getU() : plain.getU();
-  Value eT = fused ? fused.getE() : plain.getE();
-  Value wsT = fused ? fused.getWs() : plain.getWs();
-  Value maskT = fused ? fused.getKeyMask() : plain.getKeyMask();
+/// similarity_inform or its fused top-k form (the same operands, one result
+/// more).
+template <typename OpTy>
+static LogicalResult
+lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
+                      ConversionPatternRewriter &rewriter) {
+  auto fused = dyn_cast<SimilarityInformTopkOp>(op.getOperation());
+  Value uT = adaptor.getU(), eT = adaptor.getE(), wsT = adaptor.getWs(),
+        maskT = adaptor.getKeyMask();
   auto eType = cast<RankedTensorType>(eT.getType());
   int64_t K = eType.getShape()[2];
   if (ShapedType::isDynamic(K) || K > kFlashMaxExperts)
@@ -318,16 +318,16 @@ mlir::moe::gpu_lowering::lowerSimilarityInform(Operation *op, ModuleOp module,
 
   FlashMixSpec spec;
   spec.numExperts = K;
-  spec.scaleDiv = (fused ? fused.getTau() : plain.getTau()).convertToDouble();
-  spec.causal = fused ? fused.getCausal() : plain.getCausal();
+  spec.scaleDiv = op.getTau().convertToDouble();
+  spec.causal = op.getCausal();
   spec.hasKeyMask = static_cast<bool>(maskT);
   if (fused) {
     spec.topk = fused.getK();
     spec.renormalize = fused.getRenormalize();
   }
 
-  ImplicitLocOpBuilder b(op->getLoc(), op);
-  HostCode h(b, module);
+  HostCode h(rewriter, op);
+  ImplicitLocOpBuilder &b = h.b;
   KB &k = h.k;
   Value u = h.buffer(uT);
   Value e = h.buffer(eT);
@@ -340,7 +340,7 @@ mlir::moe::gpu_lowering::lowerSimilarityInform(Operation *op, ModuleOp module,
     projected = h.alloc(
         qType, dynamicSizesFrom(k, cast<RankedTensorType>(uT.getType()), u));
     auto project = createProjectKernel(
-        module, {u.getType(), ws.getType(), projected.getType()}, op->getLoc());
+        h, {u.getType(), ws.getType(), projected.getType()}, op->getLoc());
     Value rows = k.mul(k.dim(u, 0), k.dim(u, 1));
     h.launch(project,
              {k.ceilDiv(k.dim(u, 2), k.idx(128)),
@@ -361,15 +361,24 @@ mlir::moe::gpu_lowering::lowerSimilarityInform(Operation *op, ModuleOp module,
   for (Value v : args)
     argTypes.push_back(v.getType());
   auto kernel = createFlashMixKernel(
-      module, fused ? "similarity_inform_topk" : "similarity_inform", spec,
-      argTypes, op->getLoc());
+      h, fused ? "similarity_inform_topk" : "similarity_inform", spec, argTypes,
+      op->getLoc());
   launchFlashMix(h, kernel, q, args);
   if (projected)
     h.release(projected);
   h.finish();
-  for (auto [result, buffer] : llvm::zip(op->getResults(), results))
-    result.replaceAllUsesWith(
-        h.tensor(buffer, cast<RankedTensorType>(result.getType())));
-  op->erase();
+  h.replace(op, results);
   return success();
+}
+
+LogicalResult
+SimilarityInformToGPU::lower(SimilarityInformOp op, OpAdaptor adaptor,
+                             ConversionPatternRewriter &rewriter) const {
+  return lowerSimilarityInform(op, adaptor, rewriter);
+}
+
+LogicalResult
+SimilarityInformTopkToGPU::lower(SimilarityInformTopkOp op, OpAdaptor adaptor,
+                                 ConversionPatternRewriter &rewriter) const {
+  return lowerSimilarityInform(op, adaptor, rewriter);
 }

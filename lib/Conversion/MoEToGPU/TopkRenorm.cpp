@@ -166,8 +166,8 @@ static void emitBlockTopkKernel(ImplicitLocOpBuilder &kb, Value scores,
 }
 
 LogicalResult
-mlir::moe::gpu_lowering::lowerTopkRenorm(TopkRenormOp op, ModuleOp module,
-                                         const LoweringOptions &options) {
+TopkRenormToGPU::lower(TopkRenormOp op, OpAdaptor adaptor,
+                       ConversionPatternRewriter &rewriter) const {
   auto scoresType = cast<RankedTensorType>(op.getScores().getType());
   auto weightsType = cast<RankedTensorType>(op.getWeights().getType());
   auto indicesType = cast<RankedTensorType>(op.getIndices().getType());
@@ -181,10 +181,10 @@ mlir::moe::gpu_lowering::lowerTopkRenorm(TopkRenormOp op, ModuleOp module,
   int64_t K = scoresType.getShape().back();
   bool registerPath = !ShapedType::isDynamic(K) && K <= kRegisterTopkMaxK;
 
-  ImplicitLocOpBuilder b(op.getLoc(), op);
-  HostCode h(b, module);
+  HostCode h(rewriter, op);
+  ImplicitLocOpBuilder &b = h.b;
   KB &k = h.k;
-  Value scores = h.buffer(op.getScores());
+  Value scores = h.buffer(adaptor.getScores());
   Value weights =
       h.allocLike(weightsType, dynamicSizesFrom(k, weightsType, scores));
   Value indices =
@@ -199,8 +199,8 @@ mlir::moe::gpu_lowering::lowerTopkRenorm(TopkRenormOp op, ModuleOp module,
   if (registerPath) {
     int64_t width = std::min<int64_t>(kWarp, llvm::PowerOf2Ceil(K));
     int64_t block = options.blockSize;
-    auto kernel = createKernel(module, "topk_renorm_warp", argTypes, {},
-                               {block, 1, 1}, kb);
+    auto kernel =
+        createKernel(h, "topk_renorm_warp", argTypes, {}, {block, 1, 1}, kb);
     Block &entry = kernel.getBody().front();
     emitWarpTopkKernel(kb, entry.getArgument(0), entry.getArgument(1),
                        entry.getArgument(2), K, block, spec, width);
@@ -208,7 +208,7 @@ mlir::moe::gpu_lowering::lowerTopkRenorm(TopkRenormOp op, ModuleOp module,
     h.launch(kernel, {grid, k.idx(1), k.idx(1)}, {block, 1, 1}, {s2, w2, i2});
   } else {
     int64_t warps = kBlockTopkThreads / kWarp;
-    auto kernel = createKernel(module, "topk_renorm_block", argTypes,
+    auto kernel = createKernel(h, "topk_renorm_block", argTypes,
                                {workgroupMemRef({warps}, b.getI64Type()),
                                 workgroupMemRef({warps}, b.getF32Type())},
                                {kBlockTopkThreads, 1, 1}, kb);
@@ -221,10 +221,6 @@ mlir::moe::gpu_lowering::lowerTopkRenorm(TopkRenormOp op, ModuleOp module,
              {s2, w2, i2});
   }
   h.finish();
-  Value w = h.tensor(weights, weightsType);
-  Value i = h.tensor(indices, indicesType);
-  op.getWeights().replaceAllUsesWith(w);
-  op.getIndices().replaceAllUsesWith(i);
-  op.erase();
+  h.replace(op, {weights, indices});
   return success();
 }
