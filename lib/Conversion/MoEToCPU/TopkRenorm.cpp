@@ -3,13 +3,13 @@
 // Part of the MoE-MLIR project.
 //
 // Rows (tokens) are independent: blocks of 32 rows go to the workers. Per
-// row, every score becomes an i64 candidate (ordered key << 32 | 2^31-1-index,
-// the one order of MoE/Kernels/TopK.h), so that the dialect's order (NaN first,
-// then larger values, then the lower index) is a plain signed integer order.
-// Each of the k rounds is a vectorized max over the candidates that rank
-// strictly after the previous pick (vector<8xi64> on AVX-512, vector<4xi64> on
-// AVX2: one register), which skips exactly the elements already taken, as the
-// portable lowering's rounds do. The weights are vector<16xf32> (AVX2:
+// row, every score becomes an i32 ordered key (MoE/Kernels/TopK.h: NaN
+// first, then larger values; equal keys go to the lower index), and k
+// knockout rounds each take the largest key, the lowest index holding it, and
+// knock it out. i32 keys use a whole register on AVX2 (8 lanes) and AVX-512
+// (16) alike, with one-instruction max/min/compare on both. A round is a
+// long dependency chain, so up to 8 rows of a static K run their rounds
+// interleaved (kKeyVectors). The weights are vector<16xf32> (AVX2:
 // vector<8xf32>) epilogues over the k selected values (kernels::topkWeight),
 // unrolled for k <= 4 vectors and a loop beyond.
 //
@@ -53,6 +53,15 @@ constexpr int64_t kUnrolledSelChunks = 4;
 constexpr int64_t kMaxLaneExperts = 16;
 constexpr int64_t kMaxLaneK = 8;
 constexpr int64_t kLaneRowsPerItem = 64;
+/// The knockout top-k: rows selected together (their rounds interleaved) at
+/// most, and the key vectors of all of them at most. Each round is one long
+/// dependency chain (max, index, knockout: ~40 cycles), so a row alone leaves
+/// the core mostly idle; 8 rows of K = 64 (64 vectors on AVX2) spill part of
+/// their keys to the stack, which costs far less than the idle cycles
+/// (measured on AMD Zen 4, AVX2 and AVX-512: 2-4x faster than one row at a
+/// time).
+constexpr int64_t kMaxGroupRows = 8;
+constexpr int64_t kKeyVectors = 64;
 
 /// memref [rows, X] -> [rows * X] (identity layout).
 Value flatten(CK &k, Value buffer) {
@@ -114,6 +123,22 @@ void storeColumns(CK &k, ArrayRef<Value> cols, Value flat, Value r0) {
               {k.add(base, k.idx(l * n + s))});
 }
 
+/// The signed max (or min) of the lanes of `v`, in every lane: log2(lanes)
+/// rounds of op(v, v with lanes i and i ^ s swapped). Stays in vector
+/// registers (no round trip through a scalar and a broadcast), which keeps
+/// the dependency chain of a top-k round short.
+Value butterfly(CK &k, Value v, bool max) {
+  int64_t n = cast<VectorType>(v.getType()).getNumElements();
+  for (int64_t s = n / 2; s >= 1; s /= 2) {
+    SmallVector<int64_t> mask;
+    for (int64_t i = 0; i < n; ++i)
+      mask.push_back(i ^ s);
+    Value w = k.shuffle(v, v, mask);
+    v = max ? k.maxs(v, w) : k.mins(v, w);
+  }
+  return v;
+}
+
 /// Runs `body(offset)` for the offsets 0, 16, ... < selPad of the selection.
 void eachSelChunk(CK &k, int64_t selPad, function_ref<void(Value)> body) {
   int64_t lanes = k.lanes();
@@ -154,7 +179,7 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
     int64_t topk = op.getK();
     bool logits = op.getMode() == TopkMode::logits;
     bool renormalize = op.getRenormalize();
-    Type f32 = k.f32(), i32 = k.i32(), i64 = k.i64();
+    Type f32 = k.f32(), i32 = k.i32();
 
     Value scores = k.buffer(op.getScores());
     int64_t rank = scoresType.getRank();
@@ -174,28 +199,46 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
     Value w2 = collapseRows(k, wBuf), i2 = collapseRows(k, iBuf);
     Value numRows = k.dim(s2, 0), numExperts = k.dim(s2, 1);
     int64_t lanes = k.lanes();
-    // i64 candidates: half as many lanes as f32 in one register.
-    int64_t candLanes = lanes / 2;
-    Value numChunks = k.ceilDiv(numExperts, k.idx(candLanes));
     int64_t selPad = (topk + lanes - 1) / lanes * lanes;
-    Value numExpertsI32 = k.castInt(numExperts, i32);
     double selFill = logits ? -std::numeric_limits<double>::infinity() : 0.0;
+    int64_t staticExperts = scoresType.getShape().back();
 
-    Value candAll =
-        k.scratch(opts, MemRefType::get({ShapedType::kDynamic}, i64),
-                  {k.mul(numChunks, k.idx(candLanes))});
-    Value selAll = k.scratch(opts, MemRefType::get({selPad}, f32), {});
+    Value keysAll =
+        k.scratch(opts, MemRefType::get({ShapedType::kDynamic}, i32),
+                  {roundUp(k, numExperts, lanes)});
+    // Rows selected together: as many as fit in registers.
+    int64_t group = 1;
+    if (!ShapedType::isDynamic(staticExperts)) {
+      int64_t nc = (staticExperts + lanes - 1) / lanes;
+      group = std::clamp<int64_t>(kKeyVectors / nc, 1,
+                                  kMaxGroupRows);
+    }
+    Value selAll =
+        k.scratch(opts, MemRefType::get({group, selPad}, f32), {});
+    auto rowsFrom = [&](Value worker, Value r0, Value r1, int64_t n) {
+      // Rows [r0, r1) in groups of n, then one by one.
+      Value sels = k.workerSlice(selAll, worker);
+      Value keys = k.workerSlice(keysAll, worker);
+      Value whole = k.add(r0, k.mul(k.divu(k.sub(r1, r0), k.idx(n)),
+                                    k.idx(n)));
+      auto emit = [&](Value r, int64_t m) {
+        SmallVector<Value> rows, sel;
+        for (int64_t q = 0; q < m; ++q) {
+          rows.push_back(k.add(r, k.idx(q)));
+          sel.push_back(k.workerSlice(sels, k.idx(q)));
+        }
+        emitRows(k, rows, s2, w2, i2, keys, sel, numExperts, topk, selPad,
+                 selFill, logits, renormalize, staticExperts);
+      };
+      k.forLoop(r0, whole, k.idx(n), [&](Value r) { emit(r, n); });
+      if (n > 1)
+        k.forLoop(whole, r1, k.idx(1), [&](Value r) { emit(r, 1); });
+    };
     auto body = [&](Value item, Value worker) {
-      Value cand = k.workerSlice(candAll, worker);
-      Value sel = k.workerSlice(selAll, worker);
       Value r0 = k.mul(item, k.idx(kRowsPerItem));
       Value r1 = k.mins(k.add(r0, k.idx(kRowsPerItem)), numRows);
-      k.forLoop(r0, r1, k.idx(1), [&](Value r) {
-        emitRow(k, r, s2, w2, i2, cand, sel, numExperts, numExpertsI32,
-                numChunks, topk, selPad, selFill, logits, renormalize);
-      });
+      rowsFrom(worker, r0, r1, group);
     };
-    int64_t staticExperts = scoresType.getShape().back();
     bool rowPerLane = !ShapedType::isDynamic(staticExperts) &&
                       staticExperts >= 2 && staticExperts <= kMaxLaneExperts &&
                       llvm::isPowerOf2_64(staticExperts) && topk <= kMaxLaneK;
@@ -219,15 +262,8 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
                                   i1, staticExperts);
                   });
                 });
-      // The rows past the last full block, one by one on this thread.
-      Value cand = k.workerSlice(candAll, k.idx(0));
-      Value sel = k.workerSlice(selAll, k.idx(0));
-      k.forLoop(k.mul(numBlocks, k.idx(lanes)), numRows, k.idx(1),
-                [&](Value r) {
-                  emitRow(k, r, s2, w2, i2, cand, sel, numExperts,
-                          numExpertsI32, numChunks, topk, selPad, selFill,
-                          logits, renormalize);
-                });
+      // The rows past the last full block, on this thread.
+      rowsFrom(k.idx(0), k.mul(numBlocks, k.idx(lanes)), numRows, group);
     }
 
     Value w = castTo(k, k.tensor(wBuf), op.getWeights().getType());
@@ -309,41 +345,150 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
     storeColumns(k, idxs, i1, r0);
   }
 
-  static void emitRow(CK &k, Value r, Value s2, Value w2, Value i2, Value cand,
-                      Value sel, Value numExperts, Value numExpertsI32,
-                      Value numChunks, int64_t topk, int64_t selPad,
-                      double selFill, bool logits, bool renormalize) {
-    Type i64 = k.i64();
-    int64_t lanes = k.lanes(), candLanes = lanes / 2;
-    auto candType = VectorType::get({candLanes}, i64);
-    Value none = noCandidate(k, candType);
-    // Candidates of the row (padding lanes: below everything).
-    k.forLoop(k.idx(0), numChunks, k.idx(1), [&](Value c) {
-      Value base = k.mul(c, k.idx(candLanes));
-      Value x = k.vloadMasked(s2, {r, base}, k.sub(numExperts, base), 0.0,
-                              candLanes);
-      Value experts = k.iota(k.castInt(base, k.i32()), candLanes);
-      Value packed = packCandidate(k, orderedKey(k, x), experts);
-      Value inRow = k.cmpi(arith::CmpIPredicate::slt, experts,
-                           k.splat(numExpertsI32, candLanes));
-      k.vstore(k.select(inRow, packed, none), cand, {base});
-    });
-    eachSelChunk(k, selPad, [&](Value c) {
-      k.vstore(k.constLike(k.vf32(), selFill), sel, {c});
-    });
+  /// The k best entries of each row of `rows` (the dialect's order) by k
+  /// knockout rounds over the row's i32 ordered keys: each round takes the
+  /// largest key (a signed max), then the lowest index holding it (a signed
+  /// min over the lanes equal to it), and knocks that entry out (its key
+  /// becomes INT32_MIN, below the key of every number, -inf included). i32
+  /// keys fill the register (8 lanes on AVX2, 16 on AVX-512) and max, min and
+  /// compare are one instruction on both, unlike the i64 of packed candidates
+  /// (AVX2 has no 64-bit max or min). A static row of at most kKeyVectors
+  /// vectors keeps its keys in SSA values (the chunk loops unrolled), the
+  /// rows of `rows` interleaved; a longer or dynamic one keeps them in `keys`
+  /// (the row rounded up to whole vectors), row after row, and knocks an
+  /// entry out with a scalar store (a select-and-store of the whole vector
+  /// would become a masked store, microcoded on AVX2). Writes the indices to
+  /// i2[r, j] and the selected values (exact, read back from s2) to
+  /// sels[q][j].
+  static void selectByKnockout(CK &k, ArrayRef<Value> rows, Value s2,
+                               Value i2, Value keys, ArrayRef<Value> sels,
+                               Value numExperts, int64_t topk,
+                               int64_t staticExperts) {
+    int64_t lanes = k.lanes();
+    Type i32 = k.i32();
+    auto vi32 = VectorType::get({lanes}, i32);
+    Value numChunks = k.ceilDiv(numExperts, k.idx(lanes));
+    Value gone = k.constLike(vi32, double(std::numeric_limits<int32_t>::min()));
+    Value last = k.constLike(vi32, double(std::numeric_limits<int32_t>::max()));
+    bool whole = !ShapedType::isDynamic(staticExperts) &&
+                 staticExperts % lanes == 0;
+    auto experts = [&](Value base) {
+      if (std::optional<int64_t> cst = getConstantIntValue(base)) {
+        SmallVector<int32_t> ids;
+        for (int64_t l = 0; l < lanes; ++l)
+          ids.push_back(int32_t(*cst + l));
+        return Value(arith::ConstantOp::create(
+            k.b, DenseElementsAttr::get(vi32, ArrayRef<int32_t>(ids))));
+      }
+      return k.iota(k.castInt(base, i32), lanes);
+    };
+    auto chunkKey = [&](Value r, Value base) {
+      std::optional<int64_t> cst = getConstantIntValue(base);
+      if (whole || (cst && !ShapedType::isDynamic(staticExperts) &&
+                    *cst + lanes <= staticExperts))
+        return orderedKey(k, k.vload(s2, {r, base}));
+      Value x = k.vloadMasked(s2, {r, base}, k.sub(numExperts, base), 0.0);
+      Value inRow =
+          k.lt(experts(base), k.splat(k.castInt(numExperts, i32), lanes));
+      return k.select(inRow, orderedKey(k, x), gone);
+    };
+    auto emitPick = [&](Value r, Value sel, Value j, Value index) {
+      Value value = k.loadF(s2, {r, k.castInt(index, k.b.getIndexType())});
+      k.store(index, i2, {r, j});
+      k.store(value, sel, {j});
+    };
+    auto minIndex = [&](Value v) -> Value {
+      return vector::ReductionOp::create(k.b, vector::CombiningKind::MINSI, v);
+    };
 
-    // k rounds: the best candidate strictly below the previous pick.
-    k.forLoop(
-        k.idx(0), k.idx(topk), k.idx(1),
-        ValueRange{k.cI64(std::numeric_limits<int64_t>::max())},
-        [&](Value j, ValueRange it) -> SmallVector<Value> {
-          Value top = bestCandidateBelow(k, cand, k.idx(0), numChunks, it[0]);
-          Value index = candidateIndex(k, top);
-          Value value = k.loadF(s2, {r, k.castInt(index, k.b.getIndexType())});
-          k.store(index, i2, {r, j});
-          k.store(value, sel, {j});
-          return {top};
-        });
+    if (!ShapedType::isDynamic(staticExperts) &&
+        (staticExperts + lanes - 1) / lanes * int64_t(rows.size()) <=
+            kKeyVectors) {
+      // The rows' rounds interleaved: each round is one long dependency
+      // chain (max, then the index, then the knockout), so independent rows
+      // fill the pipeline.
+      int64_t nc = (staticExperts + lanes - 1) / lanes, nr = rows.size();
+      SmallVector<Value> init;
+      for (Value r : rows)
+        for (int64_t c = 0; c < nc; ++c)
+          init.push_back(chunkKey(r, k.idx(c * lanes)));
+      k.forLoop(
+          k.idx(0), k.idx(topk), k.idx(1), init,
+          [&](Value j, ValueRange keyAll) -> SmallVector<Value> {
+            SmallVector<Value> next;
+            for (int64_t q = 0; q < nr; ++q) {
+              ValueRange key = keyAll.slice(q * nc, nc);
+              Value top = key[0];
+              for (int64_t c = 1; c < nc; ++c)
+                top = k.maxs(top, key[c]);
+              Value topV = butterfly(k, top, /*max=*/true);
+              Value at = last;
+              for (int64_t c = 0; c < nc; ++c)
+                at = k.mins(at, k.select(k.eq(key[c], topV),
+                                         experts(k.idx(c * lanes)), last));
+              Value indexV = butterfly(k, at, /*max=*/false);
+              emitPick(rows[q], sels[q], j,
+                       vector::ExtractOp::create(k.b, indexV, 0));
+              for (int64_t c = 0; c < nc; ++c)
+                next.push_back(k.select(
+                    k.eq(experts(k.idx(c * lanes)), indexV), gone, key[c]));
+            }
+            return next;
+          });
+      return;
+    }
+
+    for (auto [r, sel] : llvm::zip(rows, sels)) {
+    k.forLoop(k.idx(0), numChunks, k.idx(1), [&](Value c) {
+      Value base = k.mul(c, k.idx(lanes));
+      k.vstore(chunkKey(r, base), keys, {base});
+    });
+    k.forLoop(k.idx(0), k.idx(topk), k.idx(1), [&](Value j) {
+      Value top = k.maxsi(
+          k.forLoop(k.idx(0), numChunks, k.idx(1), ValueRange{gone},
+                    [&](Value c, ValueRange acc) -> SmallVector<Value> {
+                      Value base = k.mul(c, k.idx(lanes));
+                      return {k.maxs(acc[0], k.vload(keys, {base}, lanes))};
+                    })[0]);
+      Value topV = k.splat(top, lanes);
+      Value index = minIndex(
+          k.forLoop(k.idx(0), numChunks, k.idx(1), ValueRange{last},
+                    [&](Value c, ValueRange acc) -> SmallVector<Value> {
+                      Value base = k.mul(c, k.idx(lanes));
+                      Value key = k.vload(keys, {base}, lanes);
+                      return {k.mins(acc[0], k.select(k.eq(key, topV),
+                                                      experts(base), last))};
+                    })[0]);
+      emitPick(r, sel, j, index);
+      k.store(k.cI32(std::numeric_limits<int32_t>::min()), keys,
+              {k.castInt(index, k.b.getIndexType())});
+    });
+    }
+  }
+
+  /// Rows `rows` (their selections in `sels`, one per row), selected
+  /// together.
+  static void emitRows(CK &k, ArrayRef<Value> rows, Value s2, Value w2,
+                       Value i2, Value keys, ArrayRef<Value> sels,
+                       Value numExperts, int64_t topk, int64_t selPad,
+                       double selFill, bool logits, bool renormalize,
+                       int64_t staticExperts) {
+    for (Value sel : sels)
+      eachSelChunk(k, selPad, [&](Value c) {
+        k.vstore(k.constLike(k.vf32(), selFill), sel, {c});
+      });
+    selectByKnockout(k, rows, s2, i2, keys, sels, numExperts, topk,
+                     staticExperts);
+    for (auto [r, sel] : llvm::zip(rows, sels))
+      emitWeights(k, r, s2, w2, sel, numExperts, topk, selPad, logits,
+                  renormalize);
+  }
+
+  /// Row r's weights from its selection `sel` (kernels::topkWeight).
+  static void emitWeights(CK &k, Value r, Value s2, Value w2, Value sel,
+                          Value numExperts, int64_t topk, int64_t selPad,
+                          bool logits, bool renormalize) {
+    int64_t lanes = k.lanes();
 
     // Weights (kernels::topkWeight, the GPU's epilogue, on vector lanes).
     auto left = [&](Value c) { // selected entries from chunk offset c on

@@ -59,8 +59,8 @@ func.func @min_entropy(%s: tensor<2x8x128x96xf32>, %u: tensor<2x128x512xf32>, %v
 // CHECK: %[[PC:.+]] = tensor.cast %[[P]] : tensor<?x?x?xf32> to tensor<2x128x16xf32>
 // CHECK: bufferization.to_buffer %[[PC]] read_only
 // CHECK: memref.collapse_shape
-// CHECK: arith.shli %{{.+}}, %{{.+}} : vector<8xi64>
-// CHECK: vector.reduction <maxsi>
+// CHECK: arith.maxsi %{{.+}}, %{{.+}} : vector<16xi32>
+// CHECK: arith.minsi %{{.+}}, %{{.+}} : vector<16xi32>
 // CHECK: arith.divf %{{.+}}, %{{.+}} : vector<16xf32>
 // CHECK: vector.maskedstore
 // CHECK-NOT: moe.

@@ -36,13 +36,14 @@ func.func @similarity(%u: tensor<2x128x64xf32>, %e: tensor<2x128x16xf32>) -> ten
   return %p : tensor<2x128x16xf32>
 }
 
-// Top-k: i64 candidates (ordered key << 32 | 2^31-1-index), one vectorized max per round.
+// Top-k: i32 ordered keys, knockout rounds (the max key, the lowest index holding it, knocked out).
 // CHECK-LABEL: func.func @topk
 // CHECK: scf.parallel
-// CHECK: arith.shli {{.*}} : vector<8xi64>
-// CHECK: vector.store {{.*}} : memref<?xi64, strided<[1], offset: ?>>, vector<8xi64>
-// CHECK: arith.cmpi slt, {{.*}} : vector<8xi64>
-// CHECK: vector.reduction <maxsi>, {{.*}} : vector<8xi64> into i64
+// CHECK: arith.bitcast {{.*}} : vector<16xf32> to vector<16xi32>
+// CHECK: arith.maxsi {{.*}} : vector<16xi32>
+// CHECK: arith.cmpi eq, {{.*}} : vector<16xi32>
+// CHECK: arith.minsi {{.*}} : vector<16xi32>
+// CHECK: vector.extract {{.*}}[0] : i32 from vector<16xi32>
 func.func @topk(%x: tensor<?x64xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>) {
   %w, %i = moe.topk_renorm %x k(2) : tensor<?x64xf32> -> tensor<?x2xf32>, tensor<?x2xi32>
   return %w, %i : tensor<?x2xf32>, tensor<?x2xi32>

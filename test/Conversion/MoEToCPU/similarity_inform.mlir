@@ -49,8 +49,8 @@ func.func @ws_and_mask(%u: tensor<2x100x64xf32>, %e: tensor<2x100x16xf32>, %ws: 
 // CHECK: %[[PC:.+]] = tensor.cast %[[P]]
 // CHECK: bufferization.to_buffer %[[PC]] read_only
 // CHECK: scf.parallel
-// CHECK: arith.shli %{{.+}}, %{{.+}} : vector<8xi64>
-// CHECK: vector.reduction <maxsi>
+// CHECK: arith.maxsi %{{.+}}, %{{.+}} : vector<16xi32>
+// CHECK: arith.minsi %{{.+}}, %{{.+}} : vector<16xi32>
 // CHECK-NOT: math.floor
 // CHECK: vector.reduction <add>
 // CHECK: arith.divf %{{.+}}, %{{.+}} : vector<16xf32>

@@ -52,3 +52,26 @@ func.func @topk(%s: tensor<?x8xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>) {
   %w, %i = moe.topk_renorm %s k(2) : tensor<?x8xf32> -> tensor<?x2xf32>, tensor<?x2xi32>
   return %w, %i : tensor<?x2xf32>, tensor<?x2xi32>
 }
+
+// Top-k over K = 64 on AVX2: ymm signed i32 max/min (vpmaxsd/vpminsd), no i64 compare-and-blend (vpcmpgtq: the
+// i64 candidates of before), no masked store (a whole-vector knockout store would become one), no zmm.
+// ASM-V3-LABEL: topk_wide:
+// ASM-V3-NOT: zmm
+// ASM-V3-NOT: vpcmpgtq
+// ASM-V3-NOT: vpmaskmov
+// ASM-V3-NOT: vmaskmov
+// ASM-V3: vpmaxsd {{.*}}%ymm
+// ASM-V3-NOT: zmm
+// ASM-V3-NOT: vpcmpgtq
+// ASM-V3-NOT: vpmaskmov
+// ASM-V3: vpminsd {{.*}}%ymm
+// ASM-V3-NOT: zmm
+// ASM-V3-NOT: vpcmpgtq
+// ASM-V3: .Lfunc_end
+// ASM-V4-LABEL: topk_wide:
+// ASM-V4: vpmaxsd {{.*}}%zmm
+// ASM-V4: .Lfunc_end
+func.func @topk_wide(%s: tensor<?x64xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  %w, %i = moe.topk_renorm %s k(8) : tensor<?x64xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}

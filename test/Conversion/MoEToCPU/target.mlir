@@ -5,9 +5,9 @@
 
 // The kernels' vectors are one register of the target: 8 f32 lanes (4 i64) for AVX2, 16 (8 i64) for AVX-512,
 // and the strategy is the same on both: no gathers or scatters, no masked stores in read-modify-write loops over
-// whole vectors, small-K top-k one row per lane. A change that brings back an AVX-512-only path (16-lane vectors
-// on an AVX2 target, masked stores in mad_dispersion's token loops) fails here without the hardware;
-// target-pipeline.mlir checks the machine code.
+// whole vectors, small-K top-k one row per lane, larger K on i32 keys (no i64 max, which AVX2 lacks). A change
+// that brings back an AVX-512-only path (16-lane vectors on an AVX2 target, masked stores in mad_dispersion's
+// token loops, i64 top-k candidates) fails here without the hardware; target-pipeline.mlir checks the machine code.
 
 // BAD-BITS: convert-moe-to-cpu: vector-bits must be 128, 256 or 512, got 384
 
@@ -72,18 +72,43 @@ func.func @topk_small(%s: tensor<?x8xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>)
   return %w, %i : tensor<?x2xf32>, tensor<?x2xi32>
 }
 
-// topk_renorm, K = 64: per row, max rounds over i64 candidates, one register wide.
+// topk_renorm, K = 64: per row, knockout rounds over i32 ordered keys, one register wide (AVX2 has no i64 max:
+// the i64 candidates of before ran ~4x the instructions there): the max key, left in every lane by a butterfly of
+// shuffles, the lowest index holding it, the knockout. The keys of 8 rows go through the rounds together (8 x 8
+// vectors on AVX2, 8 x 4 on AVX-512).
 // CHECK-LABEL: func.func @topk_wide
-// AVX2: arith.maxsi %{{.+}}, %{{.+}} : vector<4xi64>
-// AVX2: vector.reduction <maxsi>, %{{.+}} : vector<4xi64> into i64
+// CHECK-NOT: xi64>
+// AVX2: scf.for %{{.+}} = %c0 to %c8 step %c1 iter_args({{.*}}) -> ({{(vector<8xi32>, ){63}vector<8xi32>}})
+// AVX2: arith.maxsi %{{.+}}, %{{.+}} : vector<8xi32>
+// AVX2: vector.shuffle %{{.+}}, %{{.+}} [4, 5, 6, 7, 0, 1, 2, 3] : vector<8xi32>, vector<8xi32>
+// AVX2: arith.cmpi eq, %{{.+}}, %{{.+}} : vector<8xi32>
+// AVX2: arith.minsi %{{.+}}, %{{.+}} : vector<8xi32>
+// AVX2: vector.extract %{{.+}}[0] : i32 from vector<8xi32>
 // AVX2: math.floor %{{.+}} : vector<8xf32>
-// AVX512: arith.maxsi %{{.+}}, %{{.+}} : vector<8xi64>
-// AVX512: vector.reduction <maxsi>, %{{.+}} : vector<8xi64> into i64
+// AVX512: scf.for %{{.+}} = %c0 to %c8 step %c1 iter_args({{.*}}) -> ({{(vector<16xi32>, ){31}vector<16xi32>}})
+// AVX512: arith.maxsi %{{.+}}, %{{.+}} : vector<16xi32>
+// AVX512: vector.shuffle %{{.+}}, %{{.+}} [8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7] : vector<16xi32>, vector<16xi32>
+// AVX512: arith.cmpi eq, %{{.+}}, %{{.+}} : vector<16xi32>
+// AVX512: arith.minsi %{{.+}}, %{{.+}} : vector<16xi32>
+// AVX512: vector.extract %{{.+}}[0] : i32 from vector<16xi32>
 // AVX512: math.floor %{{.+}} : vector<16xf32>
-// CHECK-NOT: vector.shuffle
+// CHECK-NOT: vector.gather
+// CHECK-NOT: xi64>
 // CHECK: return
 func.func @topk_wide(%s: tensor<?x64xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
   %w, %i = moe.topk_renorm %s k(8) : tensor<?x64xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}
+
+// K = 256: 2 rows of 32 vectors on AVX2, 4 rows of 16 on AVX-512.
+// CHECK-LABEL: func.func @topk_256
+// CHECK-NOT: xi64>
+// AVX2: scf.for %{{.+}} = %c0 to %c8 step %c1 iter_args({{.*}}) -> ({{(vector<8xi32>, ){63}vector<8xi32>}})
+// AVX512: scf.for %{{.+}} = %c0 to %c8 step %c1 iter_args({{.*}}) -> ({{(vector<16xi32>, ){63}vector<16xi32>}})
+// CHECK-NOT: xi64>
+// CHECK: return
+func.func @topk_256(%s: tensor<?x256xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  %w, %i = moe.topk_renorm %s k(8) : tensor<?x256xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
   return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
 }
 

@@ -5,9 +5,12 @@
 // RUN: moe-opt %s --convert-moe-to-cpu | FileCheck %s
 
 // CHECK-LABEL: func.func @topk_65536
-// The k rounds.
-// CHECK: scf.for %{{.+}} = %{{.+}} to %c65536{{.*}} step %c1{{.*}} iter_args(%{{.+}} = %{{.+}}) -> (i64)
-// CHECK: vector.reduction <maxsi>
+// The k rounds over the keys in scratch (K = 65536 is too long for registers): the max, the lowest index holding
+// it, a scalar knockout store.
+// CHECK: scf.for %{{.+}} = %{{.+}} to %c65536{{.*}} step %c1{{.*}} {
+// CHECK: vector.reduction <maxsi>, %{{.+}} : vector<16xi32> into i32
+// CHECK: vector.reduction <minsi>, %{{.+}} : vector<16xi32> into i32
+// CHECK: memref.store %{{.+}}, %{{.+}} : memref<?xi32, strided<[1], offset: ?>>
 // The epilogue: Σ exp over the selection, then the weights, each one loop over 4096 chunks of 16 lanes.
 // CHECK: scf.for %{{.+}} = %{{.+}} to %c65536{{.*}} step %c16{{.*}} iter_args(%{{.+}} = %{{.+}}) -> (vector<16xf32>)
 // CHECK: scf.for %{{.+}} = %{{.+}} to %c65536{{.*}} step %c16

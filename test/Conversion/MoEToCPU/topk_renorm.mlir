@@ -1,32 +1,44 @@
 // RUN: moe-opt %s --convert-moe-to-cpu=num-threads=2 | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-cpu=num-threads=2 | FileCheck %s --check-prefix=NO-I64
+// RUN: moe-opt %s --convert-moe-to-cpu="num-threads=2 vector-bits=256" | FileCheck %s --check-prefix=NO-I64
 
-// topk_renorm: blocks of 32 rows go to the workers. Per row, every score becomes an i64 candidate
-// (ordered key << 32 | INT32_MAX - index: the one order of MoE/Kernels/TopK.h, NaN first, ties to the lowest
-// index), stored in per-worker scratch; each of the k rounds (an scf.for, never unrolled) is a vector<8xi64> max
-// over the candidates strictly below the previous pick. The weights are vector<16xf32> epilogues over the
-// selection, unrolled up to k = 64 and a loop beyond (topk_large_k.mlir).
+// topk_renorm: blocks of 32 rows go to the workers. Per row, every score becomes an i32 ordered key (MoE/Kernels/
+// TopK.h: -0 canonicalized by + 0, negative floats' magnitude flipped, NaN on top); each of the k rounds (an
+// scf.for, never unrolled) takes the largest key (maxsi, then a butterfly of shuffles that leaves it in every
+// lane), the lowest index holding it (minsi of the matching lanes' indices) and knocks that entry out
+// (INT32_MIN). No i64 anywhere: AVX2 has no 64-bit max. A static K of few vectors keeps the keys of up to 8 rows
+// in the round loop's iter_args (rows interleaved: a round is one long dependency chain); a dynamic or long row
+// keeps them in per-worker scratch. The weights are vector<16xf32> epilogues over the selection, unrolled up to
+// k = 64 and a loop beyond (topk_large_k.mlir).
 
+// NO-I64-NOT: vector<{{[0-9]+}}xi64>
+
+// K = 64 = 4 vectors: 8 rows together, 32 key vectors through the rounds.
 // CHECK-LABEL: func.func @logits_renormalize
 // CHECK-SAME: %[[S:[^:]+]]: tensor<?x64xf32>
 // CHECK: %[[SB:.+]] = bufferization.to_buffer %[[S]] read_only
 // CHECK: %[[W:.+]] = memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<?x8xf32>
 // CHECK: %[[I:.+]] = memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<?x8xi32>
-// CHECK: memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<2x?xi64>
-// CHECK: memref.alloc() {alignment = 64 : i64} : memref<2x16xf32>
+// CHECK: memref.alloc() {alignment = 64 : i64} : memref<2x8x16xf32>
 // CHECK: scf.parallel
-// The candidates: key (-0 canonicalized by + 0, negative floats' magnitude flipped, NaN on top) and index.
-// CHECK: vector.maskedload %[[SB]]{{.*}} : memref<?x64xf32>, vector<8xi1>, vector<8xf32> into vector<8xf32>
-// CHECK: arith.addf %{{.+}}, %{{.+}} : vector<8xf32>
-// CHECK: arith.bitcast %{{.+}} : vector<8xf32> to vector<8xi32>
-// CHECK: arith.cmpf uno, %{{.+}}, %{{.+}} : vector<8xf32>
-// CHECK: arith.shli %{{.+}}, %{{.+}} : vector<8xi64>
-// CHECK: vector.store %{{.+}}, %{{.+}} : memref<?xi64, strided<[1], offset: ?>>, vector<8xi64>
+// CHECK: scf.for %{{.+}} = %{{.+}} to %{{.+}} step %c8
+// The keys: whole vectors, plain loads.
+// CHECK-NOT: vector.maskedload
+// CHECK: vector.load %[[SB]]{{.*}} : memref<?x64xf32>, vector<16xf32>
+// CHECK: arith.addf %{{.+}}, %{{.+}} : vector<16xf32>
+// CHECK: arith.bitcast %{{.+}} : vector<16xf32> to vector<16xi32>
+// CHECK: arith.cmpf uno, %{{.+}}, %{{.+}} : vector<16xf32>
 // The k rounds.
-// CHECK: scf.for %{{.+}} = %{{.+}} to %{{.+}} step %{{.+}} iter_args(%{{.+}} = %c9223372036854775807_i64) -> (i64)
-// CHECK: arith.cmpi slt, %{{.+}}, %{{.+}} : vector<8xi64>
-// CHECK: arith.maxsi %{{.+}}, %{{.+}} : vector<8xi64>
-// CHECK: vector.reduction <maxsi>, %{{.+}} : vector<8xi64> into i64
-// CHECK: memref.store %{{.+}}, %[[I]]
+// CHECK: scf.for %{{.+}} = %c0 to %c8 step %c1 iter_args({{.*}}) -> ({{(vector<16xi32>, ){31}vector<16xi32>}})
+// CHECK: arith.maxsi %{{.+}}, %{{.+}} : vector<16xi32>
+// CHECK: vector.shuffle %{{.+}}, %{{.+}} [8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7] : vector<16xi32>, vector<16xi32>
+// CHECK: arith.maxsi %{{.+}}, %{{.+}} : vector<16xi32>
+// CHECK: arith.cmpi eq, %{{.+}}, %{{.+}} : vector<16xi32>
+// CHECK: arith.minsi %{{.+}}, %{{.+}} : vector<16xi32>
+// CHECK: %[[IX:.+]] = vector.extract %{{.+}}[0] : i32 from vector<16xi32>
+// CHECK: memref.store %[[IX]], %[[I]]
+// The knockout.
+// CHECK: arith.select %{{.+}}, %cst{{.*}}, %{{.+}} : vector<16xi1>, vector<16xi32>
 // Softmax over the selection (its max is the first pick) with the polynomial exp; a -inf row gives zeros.
 // CHECK-NOT: math.exp
 // CHECK: math.floor %{{.+}} : vector<16xf32>
@@ -44,7 +56,7 @@ func.func @logits_renormalize(%s: tensor<?x64xf32>) -> (tensor<?x8xf32>, tensor<
 
 // renormalize(false): the dense softmax of the row read at the selection (row max, then Σ exp over the row).
 // CHECK-LABEL: func.func @logits_dense
-// CHECK: vector.reduction <maxsi>
+// CHECK: arith.maxsi %{{.+}}, %{{.+}} : vector<16xi32>
 // CHECK: scf.for {{.*}} -> (vector<16xf32>)
 // CHECK: arith.maximumf %{{.+}}, %{{.+}} : vector<16xf32>
 // CHECK: vector.reduction <maximumf>
@@ -60,8 +72,8 @@ func.func @logits_dense(%s: tensor<16x100xf32>) -> (tensor<16x4xf32>, tensor<16x
 // Probabilities, f16 scores widened to f32, rank 3 (rows collapsed): no exp, v / Σ v.
 // CHECK-LABEL: func.func @probs_f16_rank3
 // CHECK: memref.collapse_shape %{{.+}} {{\[}}[0, 1], [2]] : memref<2x8x32xf16> into memref<16x32xf16>
-// CHECK: arith.extf %{{.+}} : vector<8xf16> to vector<8xf32>
-// CHECK: vector.reduction <maxsi>
+// CHECK: arith.extf %{{.+}} : vector<16xf16> to vector<16xf32>
+// CHECK: arith.maxsi %{{.+}}, %{{.+}} : vector<16xi32>
 // CHECK-NOT: math.floor
 // CHECK: vector.reduction <add>
 // CHECK: arith.divf %{{.+}}, %{{.+}} : vector<16xf32>
@@ -73,7 +85,7 @@ func.func @probs_f16_rank3(%s: tensor<2x8x32xf16>) -> (tensor<2x8x2xf32>, tensor
 
 // k = 100 > 64: the epilogue loops over the 7 chunks of 16 lanes instead of unrolling them.
 // CHECK-LABEL: func.func @large_k
-// CHECK: vector.reduction <maxsi>
+// CHECK: arith.maxsi %{{.+}}, %{{.+}} : vector<16xi32>
 // CHECK: scf.for %{{.+}} = %{{.+}} to %c112{{.*}} step %c16{{.*}} iter_args(%{{.+}} = %{{.+}}) -> (vector<16xf32>)
 // CHECK: scf.for %{{.+}} = %{{.+}} to %c112{{.*}} step %c16
 // CHECK: vector.maskedstore
