@@ -20,7 +20,9 @@
 // matmul's A operand is not recomputed for every column tile, a row
 // reduction not for every column tile of its consumer). The exception is an
 // elementwise producer read by several ops of the root's chain: each gets
-// its own copy, which is cheaper than a round trip through memory.
+// its own copy, which is cheaper than a round trip through memory; the
+// copy's own producers are then read from memory, never computed again (a
+// producer kept whole for one slice is not fused for another).
 //
 //===----------------------------------------------------------------------===//
 
