@@ -20,7 +20,9 @@
 // matmul's A operand is not recomputed for every column tile, a row
 // reduction not for every column tile of its consumer). The exception is an
 // elementwise producer read by several ops of the root's chain: each gets
-// its own copy, which is cheaper than a round trip through memory.
+// its own copy, which is cheaper than a round trip through memory; the
+// copy's own producers are then read from memory, never computed again (a
+// producer kept whole for one slice is not fused for another).
 //
 //===----------------------------------------------------------------------===//
 
@@ -382,40 +384,57 @@ LogicalResult DenseTileAndVectorize::tileBlock(
     }
     scf::SCFTileAndFuseOptions options;
     options.setTilingOptions(tiling);
-    llvm::SmallPtrSet<Operation *, 8> fused{root.getOperation()};
+    // The ops this tiling replaces: the root and fused producers whose every
+    // user is one of them or lives in the new loops. A producer fused as a
+    // copy (see below) stays alive and is not one of them.
+    llvm::SmallPtrSet<Operation *, 8> replaced{root.getOperation()};
+    // Producers refused for some slice: they stay computed whole, so fusing
+    // them for another slice would compute them a second time (only a fill
+    // or an elementwise copy is cheap enough for that).
+    llvm::SmallPtrSet<Operation *, 8> keptWhole;
     llvm::SmallPtrSet<Operation *, 16> closure = producerClosure(root, block);
     options.setFusionControlFn(
         [&](tensor::ExtractSliceOp slice, OpResult producer,
             bool isDestination)
             -> std::optional<scf::SCFTileAndFuseOptions::ControlFnResult> {
           auto producerOp = dyn_cast<linalg::LinalgOp>(producer.getOwner());
-          if (!producerOp || leftForBlas(producerOp) ||
-              hasZeroSizedLoop(producerOp))
+          if (!producerOp)
             return std::nullopt;
-          if (reductionLevel && isDestination)
+          if (leftForBlas(producerOp) || hasZeroSizedLoop(producerOp) ||
+              (reductionLevel && isDestination)) {
+            keptWhole.insert(producerOp);
             return std::nullopt;
+          }
           // Other users keep the untiled producer alive: fusing would compute
           // it twice. A fill is cheap enough to duplicate. The users that
-          // go away are the ops fused so far and slices in the new loops.
-          // An elementwise producer whose users all feed the root (softmax's
-          // exp, used by the row sum and the division) is fused into each of
-          // them: recomputing it costs less than a round trip through memory.
+          // go away are the ops this tiling replaces and slices in the new
+          // loops. An elementwise producer whose users all feed the root
+          // (softmax's exp, used by the row sum and the division) is fused
+          // into each of them as a copy: recomputing it costs less than a
+          // round trip through memory. Its own producers then still have a
+          // user (the original), so they are fused only on the same terms:
+          // a copy of a residual add `x + matmul(...)` reads the matmul's
+          // result, it does not compute the matmul again (the ACMoE stack
+          // computed its first layer's experts twice that way).
           Operation *loop = block.findAncestorOpInBlock(*slice);
+          bool dies = llvm::all_of(producer.getUsers(), [&](Operation *user) {
+            return replaced.contains(user) ||
+                   block.findAncestorOpInBlock(*user) == loop;
+          });
           bool feedsRootOnly =
               linalg::isElementwise(producerOp) &&
               llvm::all_of(producer.getUsers(), [&](Operation *user) {
                 Operation *top = block.findAncestorOpInBlock(*user);
                 return top == loop || closure.contains(top);
               });
-          if (!isa<linalg::FillOp>(producerOp) && !feedsRootOnly &&
-              !llvm::all_of(producer.getUsers(), [&](Operation *user) {
-                return fused.contains(user) ||
-                       block.findAncestorOpInBlock(*user) == loop;
-              }))
+          bool cheapCopy = isa<linalg::FillOp>(producerOp) || feedsRootOnly;
+          if ((!cheapCopy && (!dies || keptWhole.contains(producerOp))) ||
+              !fusionIsNotRedundant(slice, stop)) {
+            keptWhole.insert(producerOp);
             return std::nullopt;
-          if (!fusionIsNotRedundant(slice, stop))
-            return std::nullopt;
-          fused.insert(producerOp);
+          }
+          if (dies)
+            replaced.insert(producerOp);
           return scf::SCFTileAndFuseOptions::ControlFnResult{};
         });
     rewriter.setInsertionPoint(root);

@@ -189,3 +189,38 @@ func.func @softmax_heads(%arg0: tensor<1x4x64x512xf32>) -> tensor<1x4x64x512xf32
   } -> tensor<1x4x64x512xf32>
   return %27 : tensor<1x4x64x512xf32>
 }
+
+// -----
+
+// A pre-LN residual: h = x + matmul(a, w) is read by a row op (the next layer's norm, here a scale) and by the
+// final add y = h + g. The copy of h fused into the final add's loop reads the matmul's result from memory:
+// the matmul is computed once (one vector.contract in the whole function), not once more inside the final
+// add's loop (the ACMoE stack computed its first layer's experts twice that way).
+// CHECK-LABEL: func.func @residual_no_recompute
+// CHECK-COUNT-1: vector.contract
+// CHECK-NOT:     vector.contract
+// CHECK:         return
+func.func @residual_no_recompute(%x: tensor<512x64xf32>, %a: tensor<512x64xf32>, %w: tensor<64x64xf32>) -> tensor<512x64xf32> {
+  %c0 = arith.constant 0.0 : f32
+  %c2 = arith.constant 2.0 : f32
+  %e = tensor.empty() : tensor<512x64xf32>
+  %f = linalg.fill ins(%c0 : f32) outs(%e : tensor<512x64xf32>) -> tensor<512x64xf32>
+  %m = linalg.matmul ins(%a, %w : tensor<512x64xf32>, tensor<64x64xf32>) outs(%f : tensor<512x64xf32>) -> tensor<512x64xf32>
+  %h = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d0, d1)>], iterator_types = ["parallel", "parallel"]} ins(%x, %m : tensor<512x64xf32>, tensor<512x64xf32>) outs(%e : tensor<512x64xf32>) {
+  ^bb0(%p: f32, %q: f32, %o: f32):
+    %s = arith.addf %p, %q : f32
+    linalg.yield %s : f32
+  } -> tensor<512x64xf32>
+  %g = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d0, d1)>], iterator_types = ["parallel", "parallel"]} ins(%h : tensor<512x64xf32>) outs(%e : tensor<512x64xf32>) {
+  ^bb0(%p: f32, %o: f32):
+    %s = arith.mulf %p, %c2 : f32
+    %t = math.tanh %s : f32
+    linalg.yield %t : f32
+  } -> tensor<512x64xf32>
+  %y = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d0, d1)>], iterator_types = ["parallel", "parallel"]} ins(%h, %g : tensor<512x64xf32>, tensor<512x64xf32>) outs(%e : tensor<512x64xf32>) {
+  ^bb0(%p: f32, %q: f32, %o: f32):
+    %s = arith.addf %p, %q : f32
+    linalg.yield %s : f32
+  } -> tensor<512x64xf32>
+  return %y : tensor<512x64xf32>
+}
