@@ -1,7 +1,8 @@
 // Issue #15: dynamic dimensions that are zero at run time (the token count of a decode step that routes nothing,
 // an empty batch) give the same defined results as static zeros (test/Integration/CPU/zero_sized.mlir): empty
 // results, W = 1 and counts 0 without tokens, a = beta · a without co-selections, p = 0 and head 0 without keys
-// (head -1 for head_select(all)). The callees take `?` sizes, so moe-legalize-shapes cannot see the zero: the kernels meet it at run time.
+// (head -1 for head_select(all)). The callees take `?` sizes, so moe-legalize-shapes cannot see the zero: the
+// kernels meet it at run time.
 // RUN: moe-opt %s --moe-lower-to-llvm | mlir-runner -e main -entry-point-result=void \
 // RUN:   -shared-libs=%mlir_c_runner_utils,%mlir_runner_utils,%moe_cpu_runtime | FileCheck %s
 // RUN: moe-opt %s --moe-lower-to-llvm=cpu-kernels=false | mlir-runner -e main -entry-point-result=void \
