@@ -128,3 +128,25 @@ def test_hyper_router_empty_embedding():
     emb, w1, b1 = torch.randn(0), torch.randn(5, 0), torch.randn(5, generator=g(31))
     w2, b2 = torch.randn(3 * 4, 5, generator=g(32)), torch.randn(12, generator=g(33))
     check(torch.ops.moe.hyper_router, R.hyper_router, emb, w1, b1, w2, b2, 3, atol=1e-5, rtol=1e-5)
+
+
+# The other end of the sizes: the kernels index with i32, so a tensor of more than 2^31 - 1 elements is rejected
+# (at compile time where the shape is static, moe-legalize-shapes; here the token dimension is dynamic, so at run
+# time) with an error naming the limit, before anything is copied or run. The stride-0 views below have 2^31
+# elements over 32 bytes of storage: a copy (8 GiB) or a kernel run would not return in this test's time.
+@pytest.mark.parametrize("case", ["topk_renorm", "similarity_inform", "mad_dispersion"])
+def test_over_i32_elements_is_rejected_naming_the_limit(case):
+    big = 2**28  # rows of 8 floats: 2^31 elements
+    x = torch.zeros(1, 8).expand(big, 8)
+    with pytest.raises(ValueError, match=r"has 2147483648 elements, more than the compiled kernels support: "
+                                         r"at most 2147483647 per tensor \(2\^31 - 1"):
+        if case == "topk_renorm":
+            torch.ops.moe.topk_renorm(x, 2, "logits", True)
+        elif case == "similarity_inform":
+            torch.ops.moe.similarity_inform(x.unsqueeze(0), torch.zeros(1, 1, 3).expand(1, big, 3), None, None,
+                                            0.5, False)
+        else:
+            torch.ops.moe.mad_dispersion(x, torch.zeros(1, dtype=torch.int64).expand(big), 3, 1e-4, 10.0,
+                                         "feature", "mad", "identity")
+    # The same ops still run on a valid call.
+    check(torch.ops.moe.topk_renorm, R.topk_renorm, torch.rand(3, 8, generator=g(40)), 2, "logits", True)
