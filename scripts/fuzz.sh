@@ -6,16 +6,19 @@
 # (an input over 30 s) or an input over 4 GB; the input is kept under build-san/fuzz/crashes/.
 #   ./scripts/fuzz.sh                          # short run: 120 s (scripts/test.sh runs this)
 #   MOE_FUZZ_SECONDS=3600 MOE_FUZZ_JOBS=2 ./scripts/fuzz.sh   # long run: an hour on two cores
+#   MOE_FUZZ_RUNS=100000 MOE_FUZZ_SECONDS=5400 nice -n 19 ./scripts/fuzz.sh   # stops after 100,000 inputs
+#   MOE_FUZZ_DIR=build-san/fuzz-long ...       # another work folder (log, corpus, crashes), e.g. beside a short run
 #   build-san/bin/moe-fuzz build-san/fuzz/crashes/crash-...    # replays one input
 source "$(dirname "$0")/common.sh"
 
 SAN_BUILD="${MOE_SAN_BUILD_DIR:-$ROOT/build-san}"
 SECONDS_BUDGET="${MOE_FUZZ_SECONDS:-120}"
 FUZZ_JOBS="${MOE_FUZZ_JOBS:-1}"
+FUZZ_RUNS="${MOE_FUZZ_RUNS:-}"
 FUZZER="$SAN_BUILD/bin/moe-fuzz"
 [ -x "$FUZZER" ] || MOE_SAN_STEPS=build "$ROOT/scripts/sanitize.sh"
 
-work="$SAN_BUILD/fuzz"
+work="${MOE_FUZZ_DIR:-$SAN_BUILD/fuzz}"
 seeds="$work/seeds"; corpus="$work/corpus"; crashes="$work/crashes"
 mkdir -p "$seeds" "$corpus" "$crashes"
 # One seed per `// -----` chunk of every test; the leading byte cycles through the pipelines.
@@ -42,10 +45,10 @@ echo "== fuzz: $SECONDS_BUDGET s, $FUZZ_JOBS job(s)"
 status=0
 "$FUZZER" "$corpus" "$seeds" -max_total_time="$SECONDS_BUDGET" -timeout=30 -rss_limit_mb=4096 -max_len=65536 \
   -dict="$ROOT/tools/moe-fuzz/mlir.dict" -keep_seed=1 -artifact_prefix="$crashes/" -print_final_stats=1 \
-  $( [ "$FUZZ_JOBS" -gt 1 ] && echo "-fork=$FUZZ_JOBS -ignore_crashes=0" ) 2>&1 | tee "$work/log.txt" | grep -E \
+  $( [ "$FUZZ_JOBS" -gt 1 ] && echo "-fork=$FUZZ_JOBS -ignore_crashes=0" ) ${FUZZ_RUNS:+-runs=$FUZZ_RUNS} 2>&1 | tee "$work/log.txt" | grep -E \
   "INITED|DONE|ERROR|==[0-9]+==|moe-fuzz:|Test unit written|stat::number_of_executed_units|Done [0-9]+ runs" || true
 grep -qE "ERROR: libFuzzer|ERROR: AddressSanitizer|runtime error|Test unit written|moe-fuzz: verified" "$work/log.txt" &&
   status=1
 runs=$(grep -oE 'stat::number_of_executed_units: [0-9]+' "$work/log.txt" | grep -oE '[0-9]+$' | tail -1 || true)
-echo "fuzz: ${runs:-?} inputs in $SECONDS_BUDGET s, $( [ $status -eq 0 ] && echo "no crash or hang" || echo "FAILED (see $crashes)")"
+echo "fuzz: ${runs:-?} inputs in $SECONDS s (budget $SECONDS_BUDGET s${FUZZ_RUNS:+ or $FUZZ_RUNS inputs}), $( [ $status -eq 0 ] && echo "no crash or hang" || echo "FAILED (see $crashes)")"
 exit $status

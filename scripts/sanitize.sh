@@ -70,7 +70,9 @@ if [[ " $SAN_STEPS " == *" lit "* ]]; then
   echo "== lit (check-moe) under ASan + UBSan"
   # Python (the AOT tool, the GPU harness) would need the runtime preloaded too, and runs no code of ours that
   # the other tests do not: those tests are left to the plain build.
+  start=$SECONDS
   LD_PRELOAD="$ASAN_RT" "$LLVM_PREFIX/bin/lit" -sv "$SAN_BUILD/test" 2>&1 | tee "$log/lit.txt" || status=1
+  echo "sanitize: lit took $((SECONDS - start)) s wall"
   count() { grep -oE "^ *$1 *: *[0-9]+" "$log/lit.txt" | grep -oE '[0-9]+$' || echo 0; }
   passed=$((passed + $(count Passed)))
   failed=$((failed + $(count Failed) + $(count Unresolved) + $(count 'Timed Out')))
@@ -78,8 +80,10 @@ if [[ " $SAN_STEPS " == *" lit "* ]]; then
 fi
 if [[ " $SAN_STEPS " == *" ctest "* ]]; then
   echo "== ctest (unit, reference) under ASan + UBSan"
+  start=$SECONDS
   LD_PRELOAD="$ASAN_RT" ctest --test-dir "$SAN_BUILD" --output-on-failure -j "$JOBS" -L 'unit|reference' 2>&1 |
     tee "$log/ctest.txt" || status=1
+  echo "sanitize: ctest took $((SECONDS - start)) s wall"
   c_failed=$(grep -oE '[0-9]+ tests failed out of' "$log/ctest.txt" | grep -oE '^[0-9]+' || echo 0)
   c_total=$(grep -oE 'tests failed out of [0-9]+' "$log/ctest.txt" | grep -oE '[0-9]+$' || echo 0)
   c_skipped=$(grep -cE '\*\*\*Skipped' "$log/ctest.txt" || true)

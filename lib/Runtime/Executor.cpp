@@ -38,6 +38,7 @@
 #include "llvm/Support/CrashRecoveryContext.h"
 #include "llvm/Support/DynamicLibrary.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MathExtras.h"
 #include "llvm/Support/TargetSelect.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -561,6 +562,18 @@ static Error checkTensor(llvm::StringRef fn, bool isInput, unsigned i,
                                      where, shapeStr(t.shape), d, have, want)
                            .str());
   }
+  // The kernels index with i32 (moe::checkKernelLimits rejects static shapes
+  // past this at compile time; a dynamic size is only known here).
+  constexpr int64_t kMaxElements = 2147483647;
+  int64_t elements = 1;
+  for (int64_t size : t.shape)
+    if (llvm::MulOverflow(elements, size, elements) ||
+        elements > kMaxElements)
+      return makeError(llvm::formatv("{0} has shape {1}: more elements than "
+                                     "the kernels support, at most {2} per "
+                                     "tensor (2^31 - 1: they index with i32)",
+                                     where, shapeStr(t.shape), kMaxElements)
+                           .str());
   if (t.data == nullptr && t.numElements() > 0)
     return makeError(where + ": data pointer is null");
   return Error::success();

@@ -3,8 +3,8 @@
 The compiled kernels keep token-like dimensions dynamic (one kernel serves every token count), so a zero there is
 only seen at run time: the decode step of a batch that routes nothing, an empty sequence batch, a sequence without
 tokens or keys. Every op must return the defined result (empty tensors of the right shape, or the values the
-references give: W = 1 without tokens, a = beta * a without co-selections, p = 0 and head 0 without keys), and the
-same kernel must still be right on the next non-empty call.
+references give: W = 1 without tokens, a = beta * a without co-selections, p = 0 and head 0 without keys, head -1
+always for head_select="all"), and the same kernel must still be right on the next non-empty call.
 """
 
 from __future__ import annotations
@@ -90,14 +90,10 @@ def posterior_inputs(B, H, N, Nk, D=6, Dh=3, K=4, seed=9):
 # (B, N, Nk): no sequences, sequences without queries, queries without keys.
 @pytest.mark.parametrize("B, N, Nk", [(0, 3, 5), (2, 0, 5), (2, 3, 0), (0, 0, 0)])
 @pytest.mark.parametrize("head_select", ["min_entropy", "all"])
-def test_attention_posterior(B, N, Nk, head_select, request):
-    if head_select == "all" and B > 0 and (N == 0 or Nk == 0):
-        # Known bug (issue #15, found by this test): the compiled CPU kernel returns head 0 instead of -1 for
-        # head_select="all" when N or Nk is zero at run time. strict: the test fails once it is fixed.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="head is 0, not -1, for 'all' with N or Nk = 0"))
-    args = posterior_inputs(B, 2, N, Nk)
-    p, head = check(torch.ops.moe.attention_posterior,
-                    lambda *a: R.attention_posterior(*a, 1.0, head_select, None), *args, atol=1e-5, rtol=1e-4)
+def test_attention_posterior(B, N, Nk, head_select):
+    # head_select goes to the op and the reference alike (the op's default is min_entropy).
+    args = (*posterior_inputs(B, 2, N, Nk), 1.0, head_select, None)
+    p, head = check(torch.ops.moe.attention_posterior, R.attention_posterior, *args, atol=1e-5, rtol=1e-4)
     assert p.shape == (B, N, 4) and head.shape == (B,)
     if Nk == 0:
         assert torch.equal(p, torch.zeros_like(p))  # no key: p = 0
@@ -132,3 +128,25 @@ def test_hyper_router_empty_embedding():
     emb, w1, b1 = torch.randn(0), torch.randn(5, 0), torch.randn(5, generator=g(31))
     w2, b2 = torch.randn(3 * 4, 5, generator=g(32)), torch.randn(12, generator=g(33))
     check(torch.ops.moe.hyper_router, R.hyper_router, emb, w1, b1, w2, b2, 3, atol=1e-5, rtol=1e-5)
+
+
+# The other end of the sizes: the kernels index with i32, so a tensor of more than 2^31 - 1 elements is rejected
+# (at compile time where the shape is static, moe-legalize-shapes; here the token dimension is dynamic, so at run
+# time) with an error naming the limit, before anything is copied or run. The stride-0 views below have 2^31
+# elements over 32 bytes of storage: a copy (8 GiB) or a kernel run would not return in this test's time.
+@pytest.mark.parametrize("case", ["topk_renorm", "similarity_inform", "mad_dispersion"])
+def test_over_i32_elements_is_rejected_naming_the_limit(case):
+    big = 2**28  # rows of 8 floats: 2^31 elements
+    x = torch.zeros(1, 8).expand(big, 8)
+    with pytest.raises(ValueError, match=r"has 2147483648 elements, more than the compiled kernels support: "
+                                         r"at most 2147483647 per tensor \(2\^31 - 1"):
+        if case == "topk_renorm":
+            torch.ops.moe.topk_renorm(x, 2, "logits", True)
+        elif case == "similarity_inform":
+            torch.ops.moe.similarity_inform(x.unsqueeze(0), torch.zeros(1, 1, 3).expand(1, big, 3), None, None,
+                                            0.5, False)
+        else:
+            torch.ops.moe.mad_dispersion(x, torch.zeros(1, dtype=torch.int64).expand(big), 3, 1e-4, 10.0,
+                                         "feature", "mad", "identity")
+    # The same ops still run on a valid call.
+    check(torch.ops.moe.topk_renorm, R.topk_renorm, torch.rand(3, 8, generator=g(40)), 2, "logits", True)

@@ -1,7 +1,8 @@
 // Issue #15: dynamic dimensions that are zero at run time (the token count of a decode step that routes nothing,
 // an empty batch) give the same defined results as static zeros (test/Integration/CPU/zero_sized.mlir): empty
-// results, W = 1 and counts 0 without tokens, a = beta · a without co-selections, p = 0 and head 0 without keys.
-// The callees take `?` sizes, so moe-legalize-shapes cannot see the zero: the kernels meet it at run time.
+// results, W = 1 and counts 0 without tokens, a = beta · a without co-selections, p = 0 and head 0 without keys
+// (head -1 for head_select(all)). The callees take `?` sizes, so moe-legalize-shapes cannot see the zero: the
+// kernels meet it at run time.
 // RUN: moe-opt %s --moe-lower-to-llvm | mlir-runner -e main -entry-point-result=void \
 // RUN:   -shared-libs=%mlir_c_runner_utils,%mlir_runner_utils,%moe_cpu_runtime | FileCheck %s
 // RUN: moe-opt %s --moe-lower-to-llvm=cpu-kernels=false | mlir-runner -e main -entry-point-result=void \
@@ -28,6 +29,14 @@ func.func @similarity_topk(%u: tensor<?x?x3xf32>, %e: tensor<?x?x4xf32>) -> (ten
 func.func @posterior(%s: tensor<?x2x?x?xf32>, %u: tensor<?x?x3xf32>, %v: tensor<?x2x?x2xf32>, %wo: tensor<3x4xf32>,
                      %e: tensor<?x?x3xf32>) -> (tensor<?x?x3xf32>, tensor<?xi32>) {
   %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e
+      : tensor<?x2x?x?xf32>, tensor<?x?x3xf32>, tensor<?x2x?x2xf32>, tensor<3x4xf32>, tensor<?x?x3xf32>
+      -> tensor<?x?x3xf32>, tensor<?xi32>
+  return %p, %h : tensor<?x?x3xf32>, tensor<?xi32>
+}
+
+func.func @posterior_all(%s: tensor<?x2x?x?xf32>, %u: tensor<?x?x3xf32>, %v: tensor<?x2x?x2xf32>, %wo: tensor<3x4xf32>,
+                         %e: tensor<?x?x3xf32>) -> (tensor<?x?x3xf32>, tensor<?xi32>) {
+  %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e head_select(all)
       : tensor<?x2x?x?xf32>, tensor<?x?x3xf32>, tensor<?x2x?x2xf32>, tensor<3x4xf32>, tensor<?x?x3xf32>
       -> tensor<?x?x3xf32>, tensor<?xi32>
   return %p, %h : tensor<?x?x3xf32>, tensor<?xi32>
@@ -138,6 +147,20 @@ func.func @main() {
   %h4u = tensor.cast %h4 : tensor<?xi32> to tensor<*xi32>
   call @showF32(%p4u) : (tensor<*xf32>) -> ()
   call @showI32(%h4u) : (tensor<*xi32>) -> ()
+
+  // head_select(all) without keys: p = 0 and head -1 (no single head) for every sequence.
+  // CHECK: rank = 3 offset = {{[0-9]+}} sizes = [1, 2, 3]
+  // CHECK-NEXT: {{^ *\[+}}0, 0, 0]
+  // CHECK-NEXT: {{^ *\[+}}0, 0, 0]
+  // CHECK: rank = 1 offset = {{[0-9]+}} sizes = [1]
+  // CHECK-NEXT: {{^ *\[+}}-1]
+  %p4a, %h4a = call @posterior_all(%sc4d, %u4d, %v4d, %wo4, %e4d)
+      : (tensor<?x2x?x?xf32>, tensor<?x?x3xf32>, tensor<?x2x?x2xf32>, tensor<3x4xf32>, tensor<?x?x3xf32>)
+      -> (tensor<?x?x3xf32>, tensor<?xi32>)
+  %p4au = tensor.cast %p4a : tensor<?x?x3xf32> to tensor<*xf32>
+  %h4au = tensor.cast %h4a : tensor<?xi32> to tensor<*xi32>
+  call @showF32(%p4au) : (tensor<*xf32>) -> ()
+  call @showI32(%h4au) : (tensor<*xi32>) -> ()
 
   // attention_posterior over no sequences (B = 0): empty p and head.
   // CHECK: rank = 3 offset = {{[0-9]+}} sizes = [0, 2, 3]

@@ -185,4 +185,25 @@ TEST_F(ZeroSizedTest, DispatchPlanWithoutTokens) {
   EXPECT_EQ(valuesOf<int32_t>(r[6]), (std::vector<int32_t>{0}));
 }
 
+// The other end of the sizes: a dynamic token count whose tensor has more
+// than 2^31 - 1 elements (the kernels index with i32) is rejected before the
+// call, naming the limit; so is one whose element count overflows int64. The
+// data is never read: the check only looks at the shape.
+TEST_F(ZeroSizedTest, OverI32ElementsIsRejectedNamingTheLimit) {
+  float dummy[4] = {};
+  for (int64_t rows : {int64_t(1) << 29, int64_t(1) << 62}) {
+    auto r = module->call("topk", {HostTensor(DType::F32, {rows, 4}, dummy)});
+    ASSERT_FALSE(static_cast<bool>(r)) << rows;
+    std::string msg = llvm::toString(r.takeError());
+    EXPECT_NE(msg.find("@topk: input #0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("at most 2147483647 per tensor"), std::string::npos)
+        << msg;
+  }
+  // The rejected calls leave the module usable.
+  std::vector<float> s = {0.0f, 1.0f, -1.0f, 2.0f};
+  auto ok = call("topk", {HostTensor(DType::F32, {1, 4}, s.data())});
+  ASSERT_EQ(ok.size(), 2u);
+  EXPECT_EQ(valuesOf<int32_t>(ok[1]), (std::vector<int32_t>{3, 1}));
+}
+
 } // namespace

@@ -63,8 +63,11 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
     // The cluster of token t as an index, or nothing when out of range.
     auto withCluster = [&](Value t, function_ref<void(Value)> body) {
       Value a = k.load(assign, {t});
-      Value ok = k.andI(k.cmpi(arith::CmpIPredicate::sge, a, zeroA),
-                        k.cmpi(arith::CmpIPredicate::slt, a, eA));
+      // Operands that build IR are sequenced into locals here and below: C++
+      // leaves argument evaluation order unspecified (gcc and clang differ).
+      Value nonNegative = k.cmpi(arith::CmpIPredicate::sge, a, zeroA);
+      Value below = k.cmpi(arith::CmpIPredicate::slt, a, eA);
+      Value ok = k.andI(nonNegative, below);
       k.ifThen(ok, [&] { body(k.castInt(a, b.getIndexType())); });
     };
 
@@ -131,7 +134,8 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
         Value nv = k.splat(k.sitofp(n), lanes);
         forVectors([&](Value col, Value count) {
           Value s = load(sums, c, col, count);
-          Value mean = k.select(k.splat(empty, lanes), zeros, k.fdiv(s, nv));
+          Value emptyV = k.splat(empty, lanes);
+          Value mean = k.select(emptyV, zeros, k.fdiv(s, nv));
           store(mean, sums, c, col, count);
         });
       });
@@ -158,7 +162,9 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
       k.splitFull(full, [&](bool isFull) { emitBlock(col0, isFull); });
     });
 
-    lowering::finishMadDispersion(rw, op, k.tensor(counts), k.tensor(dev));
+    Value devT = k.tensor(dev);
+    Value countsT = k.tensor(counts);
+    lowering::finishMadDispersion(rw, op, countsT, devT);
     return success();
   }
 };

@@ -243,15 +243,16 @@ public:
                    Value h = toIndex(gb, gl, a[1]);
                    Value s = extractF32(gb, gl, scores, {bIdx, h, iIdx, j});
                    Value s2 = f32Const(gb, gl, sigma2);
-                   Value logit = arith::SubFOp::create(
-                       gb, gl,
-                       arith::AddFOp::create(
-                           gb, gl, s, arith::DivFOp::create(gb, gl, a[2], s2)),
-                       arith::DivFOp::create(
-                           gb, gl,
-                           arith::MulFOp::create(gb, gl, f32Const(gb, gl, 0.5),
-                                                 a[0]),
-                           s2));
+                   // One op per statement: C++ leaves the order of argument
+                   // evaluation unspecified (gcc and clang build IR in a
+                   // different order otherwise).
+                   Value shifted = arith::AddFOp::create(
+                       gb, gl, s, arith::DivFOp::create(gb, gl, a[2], s2));
+                   Value half = f32Const(gb, gl, 0.5);
+                   Value penalty = arith::DivFOp::create(
+                       gb, gl, arith::MulFOp::create(gb, gl, half, a[0]), s2);
+                   Value logit =
+                       arith::SubFOp::create(gb, gl, shifted, penalty);
                    Value masked = arith::CmpFOp::create(
                        gb, gl, arith::CmpFPredicate::OEQ, s, negInf(gb, gl));
                    return SmallVector<Value>{arith::SelectOp::create(
@@ -319,9 +320,11 @@ public:
                           {kPar, kPar, kPar},
                           [](OpBuilder &gb, Location gl, ValueRange a) {
                             Value ph = arith::DivFOp::create(gb, gl, a[4], a[3]);
-                            Value upd = arith::AddFOp::create(
-                                gb, gl, arith::MulFOp::create(gb, gl, a[5], a[0]),
-                                arith::MulFOp::create(gb, gl, a[1], ph));
+                            Value kept =
+                                arith::MulFOp::create(gb, gl, a[5], a[0]);
+                            Value added = arith::MulFOp::create(gb, gl, a[1], ph);
+                            Value upd =
+                                arith::AddFOp::create(gb, gl, kept, added);
                             return SmallVector<Value>{
                                 arith::SelectOp::create(gb, gl, a[2], upd, a[5])};
                           })
@@ -374,8 +377,8 @@ struct AttentionPosteriorLowering : OpRewritePattern<AttentionPosteriorOp> {
       p = normalizeRows(rw, loc, emitter.posterior(head, m, norm2));
     } else {
       p = emitter.mixAllHeads(prior);
-      head = filled(rw, loc, {tensor::getMixedSize(rw, loc, op.getScores(), 0)},
-                    i32Const(rw, loc, -1));
+      OpFoldResult batch = tensor::getMixedSize(rw, loc, op.getScores(), 0);
+      head = filled(rw, loc, {batch}, i32Const(rw, loc, -1));
     }
     rw.replaceOp(op, {castTo(rw, loc, p, op.getP().getType()),
                       castTo(rw, loc, head, op.getHead().getType())});

@@ -118,12 +118,12 @@ struct DispatchPlanLowering : OpRewritePattern<DispatchPlanOp> {
                                                numExperts);
       Value zero = arith::ConstantOp::create(ib.b, ib.loc,
                                              ib.b.getI64IntegerAttr(0));
-      Value valid = arith::AndIOp::create(
-          ib.b, ib.loc,
-          arith::CmpIOp::create(ib.b, ib.loc, arith::CmpIPredicate::sge, e64,
-                                zero),
-          arith::CmpIOp::create(ib.b, ib.loc, arith::CmpIPredicate::slt, e64,
-                                bound));
+      // Sequenced: argument evaluation order is unspecified in C++.
+      Value nonNegative = arith::CmpIOp::create(
+          ib.b, ib.loc, arith::CmpIPredicate::sge, e64, zero);
+      Value below = arith::CmpIOp::create(ib.b, ib.loc,
+                                          arith::CmpIPredicate::slt, e64, bound);
+      Value valid = arith::AndIOp::create(ib.b, ib.loc, nonNegative, below);
       return {toIndex(ib.b, ib.loc, e), valid};
     };
 

@@ -30,7 +30,8 @@ using namespace mlir::moe::lowering;
 Value mlir::moe::lowering::projectQueries(OpBuilder &b, Location loc, Value u,
                                           Value ws) {
   MLIRContext *ctx = b.getContext();
-  Value init = filled(b, loc, sizesOf(b, loc, u), f32Const(b, loc, 0.0));
+  SmallVector<OpFoldResult> sizes = sizesOf(b, loc, u);
+  Value init = filled(b, loc, sizes, f32Const(b, loc, 0.0));
   return generic(b, loc, ValueRange{u, ws}, init,
                  {dimsMap(ctx, 4, {0, 1, 3}), dimsMap(ctx, 4, {3, 2}),
                   dimsMap(ctx, 4, {0, 1, 2})},

@@ -89,12 +89,12 @@ struct TopkRenormGradLowering : OpRewritePattern<TopkRenormGradOp> {
                 par, [&](OpBuilder &gb, Location gl, ValueRange a) {
                   Value j = toIndex(gb, gl, a[0]);
                   Value c0 = indexConst(gb, gl, 0);
-                  Value ok = arith::AndIOp::create(
-                      gb, gl,
-                      arith::CmpIOp::create(gb, gl, arith::CmpIPredicate::sge,
-                                            j, c0),
-                      arith::CmpIOp::create(gb, gl, arith::CmpIPredicate::slt,
-                                            j, numExperts));
+                  // Sequenced: argument evaluation order is unspecified.
+                  Value nonNegative = arith::CmpIOp::create(
+                      gb, gl, arith::CmpIPredicate::sge, j, c0);
+                  Value below = arith::CmpIOp::create(
+                      gb, gl, arith::CmpIPredicate::slt, j, numExperts);
+                  Value ok = arith::AndIOp::create(gb, gl, nonNegative, below);
                   SmallVector<Value> at;
                   for (unsigned d = 0; d < lead; ++d)
                     at.push_back(loopIndex(gb, gl, d));

@@ -269,9 +269,10 @@ OnlineSoftmaxState mlir::moe::lowering::streamKeys(
             generic(lb, ll, ValueRange{stats[2], stats[3], stats[4], values},
                     it[2], {bi3, bi3, bi3, bc3, bic3}, {par, par, par},
                     [](OpBuilder &gb, Location gl, ValueRange a) {
-                      Value upd = arith::AddFOp::create(
-                          gb, gl, arith::MulFOp::create(gb, gl, a[4], a[0]),
-                          arith::MulFOp::create(gb, gl, a[1], a[3]));
+                      // Sequenced: argument evaluation order is unspecified.
+                      Value kept = arith::MulFOp::create(gb, gl, a[4], a[0]);
+                      Value added = arith::MulFOp::create(gb, gl, a[1], a[3]);
+                      Value upd = arith::AddFOp::create(gb, gl, kept, added);
                       return SmallVector<Value>{
                           arith::SelectOp::create(gb, gl, a[2], upd, a[4])};
                     })

@@ -54,6 +54,11 @@ void callKernel(KernelFn fn, std::vector<MemRef> &args);
 /// The dtype's element name in kernel keys ("f32", "i32", ...).
 const char *dtypeName(at::ScalarType t);
 
+/// At most 2^31 - 1 elements (the kernels index with i32): a token-like
+/// dimension is dynamic in the kernel, so its size is only checked at run time.
+/// `op` null: the message names no op (contig, describe).
+void checkElements(const char *op, const char *name, c10::IntArrayRef sizes);
+
 /// Builds the cache key `op|attr=value|...|in:name:dtype:dims|...`. This is
 /// the per-call path: one string reserved once, numbers written in place
 /// (std::to_chars; doubles in their shortest round-trip form), the inputs'
@@ -105,6 +110,7 @@ public:
   /// The same for an input on `device` viewed with `sizes`.
   Key &in(const char *name, at::ScalarType dtype, c10::IntArrayRef sizes,
           std::initializer_list<int> dynamic, c10::Device on) {
+    checkElements(op, name, sizes);
     if (!hasInput && on.is_cuda()) {
       device = on;
       key += "|device=cuda:";
@@ -199,6 +205,7 @@ void checkDevice(const char *op, std::initializer_list<const Tensor *> ts);
 void similarityChecks(const char *op, const Tensor &u, const Tensor &e,
                       const std::optional<Tensor> &ws,
                       const std::optional<Tensor> &mask);
+/// `t`, contiguous (a copy when it is not), after checkElements.
 Tensor contig(const Tensor &t);
 at::TensorOptions f32(const Tensor &like);
 at::TensorOptions i32(const Tensor &like);

@@ -68,6 +68,7 @@ namespace moe_torch {
 
 /// The descriptor of contiguous `t` viewed with `sizes` (same element count).
 MemRef describe(const Tensor &t, c10::IntArrayRef sizes) {
+  checkElements(nullptr, "a kernel argument", sizes);
   MemRef d{};
   void *data = t.data_ptr();
   d.allocated = data;
@@ -309,7 +310,24 @@ void checkCpu(const char *op, std::initializer_list<const Tensor *> ts) {
                 ": the CPU kernels take CPU tensors, got one on ", t->device());
 }
 
-Tensor contig(const Tensor &t) { return t.is_contiguous() ? t : t.contiguous(); }
+void checkElements(const char *op, const char *name, c10::IntArrayRef sizes) {
+  constexpr int64_t kMaxElements = 2147483647; // moe::checkKernelLimits
+  int64_t n = c10::multiply_integers(sizes);
+  if (n <= kMaxElements)
+    return;
+  const char *q = op ? "'" : "";
+  TORCH_CHECK_VALUE(false, "moe", op ? "." : "", op ? op : "", ": ", q, name,
+                    q, " of shape ", sizes, " has ", n,
+                    " elements, more than the compiled kernels support: at "
+                    "most ",
+                    kMaxElements,
+                    " per tensor (2^31 - 1: the kernels index with i32)");
+}
+
+Tensor contig(const Tensor &t) {
+  checkElements(nullptr, "a tensor", t.sizes()); // before any copy
+  return t.is_contiguous() ? t : t.contiguous();
+}
 
 at::TensorOptions f32(const Tensor &like) {
   return like.options().dtype(at::kFloat);

@@ -3,7 +3,9 @@
 // RUN: moe-opt %s --moe-lower-to-llvm=num-threads=2 > %t.mlir
 // RUN: /usr/bin/time -f "maxrss_kb %%M" -o %t.rss mlir-runner %t.mlir -O3 -e main -entry-point-result=void \
 // RUN:   -shared-libs=%mlir_c_runner_utils,%mlir_runner_utils,%mlir_async_runtime | FileCheck %s
-// RUN: awk '$1 == "maxrss_kb" { found = 1; if ($2 >= 262144) { print "peak RSS " $2 " KiB >= 256 MiB"; exit 1 } } END { if (!found) exit 1 }' %t.rss
+// The footprint check does not apply under AddressSanitizer (its shadow memory and quarantine alone exceed it,
+// scripts/sanitize.sh); the numerics above still run there.
+// RUN: %if !asan %{ awk '$1 == "maxrss_kb" { found = 1; if ($2 >= 262144) { print "peak RSS " $2 " KiB >= 256 MiB"; exit 1 } } END { if (!found) exit 1 }' %t.rss %}
 
 func.func private @printF32(f32)
 func.func private @printNewline()
