@@ -30,13 +30,19 @@ aot "$DIR/bench/bench-cases.mlir" -o "$DIR/bench" --name bench-cases
 # the CUDA tests run here on the CPU kernels record the kernel keys, which are then built for $CHIP.
 # MOE_GPU_CHECK_TORCH_OPS=0 leaves them out (the lit self-test: minutes on two cores); the step then skips.
 if [ "${MOE_GPU_CHECK_TORCH_OPS:-1}" != 0 ]; then
-  echo "gpu-check: recording the kernels of the torch-op CUDA tests (run on the CPU kernels)"
+  echo "gpu-check: recording the kernels of the torch-op CUDA tests and benchmark (run on the CPU kernels)"
   mkdir -p "$DIR/kernels"
   KEYS="$DIR/kernels/keys.txt"
   : > "$KEYS"
   (cd "$ROOT" && MOE_BUILD_DIR="$BUILD" MOE_TEST_DEVICE=cpu MOE_KERNEL_RECORD="$KEYS" \
      "$PY" -m pytest -q -p no:cacheprovider python/tests/test_torch_ops_cuda.py >"$DIR/kernels/record.log" 2>&1) ||
     { tail -30 "$DIR/kernels/record.log" >&2; echo "gpu-check: the torch-op CUDA tests fail on the CPU" >&2; exit 1; }
+  (cd "$ROOT" && MOE_BUILD_DIR="$BUILD" MOE_TEST_DEVICE=cpu MOE_KERNEL_RECORD="$KEYS" \
+     "$PY" -m pytest -q -p no:cacheprovider -k matches_eager python/tests/test_hf_models.py >>"$DIR/kernels/record.log" 2>&1) ||
+    { tail -30 "$DIR/kernels/record.log" >&2; echo "gpu-check: the transformers model tests fail on the CPU" >&2; exit 1; }
+  (cd "$ROOT" && MOE_BUILD_DIR="$BUILD" MOE_KERNEL_RECORD="$KEYS" "$PY" -m bench.gpu.torch_ops_cuda --record \
+     >>"$DIR/kernels/record.log" 2>&1) ||
+    { tail -30 "$DIR/kernels/record.log" >&2; echo "gpu-check: the CUDA torch-op benchmark's calls fail on the CPU" >&2; exit 1; }
   [ -s "$KEYS" ] || { tail -30 "$DIR/kernels/record.log" >&2; echo "gpu-check: no kernel recorded" >&2; exit 1; }
   echo "gpu-check: building them for $CHIP"
   (cd "$ROOT/python" && MOE_BUILD_DIR="$BUILD" MOE_CUDA_TOOLKIT="$TOOLKIT" \

@@ -36,6 +36,8 @@ from moe_mlir.backends.dynamo import capture_graphs  # noqa: E402
 from moe_mlir.models import acmoe, attention_inform, hyper_router, similarity_inform, symphony  # noqa: E402
 
 H, E, K, I = 32, 8, 2, 16
+#: Where the ``*_matches_eager`` tests run the models (the GPU check runs them with ``cuda``).
+DEV = os.environ.get("MOE_TEST_DEVICE", "cpu")
 TOKENS = (5, 1, 12)  # the first compile is static, the second recompiles with a symbolic token count
 
 
@@ -85,10 +87,11 @@ def _compare(model, dense, tokens, make_x, check) -> list:
     """Both entry points at each token count: ``check(entry, t, compiled(x), model(x))``; returns the graphs the
     backend compiled."""
     torch._dynamo.reset()
+    model = model.to(DEV)
     with capture_graphs() as log:
         for entry, c in _entry_points(model, dense).items():
             for t in tokens:
-                x = make_x(t)
+                x = make_x(t).to(DEV)
                 with torch.no_grad():
                     check(entry, t, c(x), model(x))
     return log

@@ -246,6 +246,24 @@ def test_non_contiguous_inputs():
                                                                        1.0, False), atol=1e-5, rtol=1e-4)
 
 
+def _cuda_only_calls(dev):
+    """The op calls of the CUDA-only tests below, with their shapes and dtypes (so their kernels' keys), each
+    checked against the reference: on the CPU they record those kernels for the GPU check to prebuild."""
+    g = gen(13)
+    for K in (64, 32):
+        x = torch.randn(16, K, generator=g)
+        same(torch.ops.moe.topk_renorm(x.to(dev), 4), R.topk_renorm(x, 4, "logits", True), atol=1e-5, rtol=1e-5)
+    a, idx = torch.rand(3, 3, generator=g), torch.tensor([[0, 1], [1, 2]])
+    same(torch.ops.moe.adjacency_update(a.to(dev), idx.to(dev)), R.adjacency_update(a, idx, 0.9, "row", True))
+    t, asg = torch.randn(5, 3, generator=g), torch.tensor([0, 1, 3, 2, 3])
+    same(torch.ops.moe.mad_dispersion(t.to(dev), asg.to(dev), 4),
+         R.mad_dispersion(t, asg, 4, 1e-4, 10.0, "feature", "mad", "identity"), atol=1e-5, rtol=1e-4)
+
+
+def test_kernels_of_the_cuda_only_tests():
+    _cuda_only_calls(DEV)
+
+
 @cuda_only
 def test_side_stream_orders_after_its_producers():
     """Inputs written on a side stream just before the call: the kernel runs on that (current) stream after them."""

@@ -15,6 +15,8 @@
 #include "MoE/IR/MoEDialect.h"
 #include "MoE/IR/MoEOps.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/Transforms/DialectConversion.h"
 #include "llvm/ADT/DenseSet.h"
 
@@ -27,6 +29,36 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 
+namespace {
+/// True for a tensor.empty of host code that a function returns: moe ops with
+/// a zero-sized result are folded to one (moe-legalize-shapes), and bufferized
+/// as is it would be a host allocation, which the caller of a GPU function
+/// frees as device memory (moeGpuFree).
+bool isReturnedHostEmpty(tensor::EmptyOp op) {
+  if (op->getParentOfType<gpu::GPUModuleOp>())
+    return false;
+  return llvm::any_of(op->getUsers(),
+                      [](Operation *user) { return isa<func::ReturnOp>(user); });
+}
+
+/// A returned tensor.empty of host code becomes a device allocation like
+/// every other result of a GPU function.
+struct ReturnedEmptyToGPU final : OpConversionPattern<tensor::EmptyOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(tensor::EmptyOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    if (!isReturnedHostEmpty(op))
+      return failure();
+    HostCode h(rewriter, op);
+    Value buffer = h.allocLike(op.getType(), adaptor.getDynamicSizes());
+    h.finish();
+    h.replace(op, {buffer});
+    return success();
+  }
+};
+} // namespace
+
 void mlir::moe::populateMoEToGPUPatterns(
     RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
   patterns
@@ -34,6 +66,7 @@ void mlir::moe::populateMoEToGPUPatterns(
            AttentionPosteriorToGPU, AttentionPosteriorTopkToGPU,
            MadDispersionToGPU, AdjacencyUpdateToGPU, HyperRouterToGPU>(
           patterns.getContext(), options);
+  patterns.add<ReturnedEmptyToGPU>(patterns.getContext());
 }
 
 namespace {
@@ -72,6 +105,8 @@ struct ConvertMoEToGPUPass
             return std::nullopt;
           return true;
         });
+    target.addDynamicallyLegalOp<tensor::EmptyOp>(
+        [](tensor::EmptyOp op) { return !isReturnedHostEmpty(op); });
     ConversionConfig config;
     config.foldingMode = DialectConversionFoldingMode::Never;
     if (failed(applyPartialConversion(module, target, std::move(patterns),

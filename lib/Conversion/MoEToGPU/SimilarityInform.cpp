@@ -186,10 +186,17 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
         psum = subgroupReduce(k, psum, ReduceKind::Sum, kGroup);
         Value lNew = k.fadd(k.fmul(carried[vpt + 1], alpha), psum);
 
-        // Value tile and probabilities through workgroup memory.
+        // Value tile and probabilities through workgroup memory. An excluded
+        // key (masked, causal, padding: logit -inf) is stored as -1 and adds
+        // nothing below, not 0 · e, so that a NaN in its e row reaches no
+        // row that does not see the key (as the reference and the CPU).
         k.barrier();
-        for (int64_t c = 0; c < kCols / kGroup; ++c)
-          k.store(probs[c], ps, {r, k.add(k.idx(c * kGroup), lane)});
+        Value excludedMark = k.cF32(-1.0);
+        for (int64_t c = 0; c < kCols / kGroup; ++c) {
+          Value excluded = k.cmpf(arith::CmpFPredicate::OEQ, logits[c], negInf);
+          k.store(k.select(excluded, excludedMark, probs[c]), ps,
+                  {r, k.add(k.idx(c * kGroup), lane)});
+        }
         k.forLoop(tid, k.idx(kCols * K), k.idx(kFlashThreads), [&](Value flat) {
           Value jj = k.divu(flat, k.idx(K));
           Value cc = k.remu(flat, k.idx(K));
@@ -208,13 +215,15 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
             c0, k.idx(kCols), c1, acc,
             [&](Value jj, ValueRange s) -> SmallVector<Value> {
               Value p = k.load(ps, {r, jj});
+              Value seen = k.cmpf(arith::CmpFPredicate::OGE, p, zero);
               SmallVector<Value> next;
               for (int64_t m = 0; m < vpt; ++m) {
                 int64_t col = m * kGroup;
                 Value cc = k.add(k.idx(col), lane);
                 if (col + kGroup > K)
                   cc = k.minu(cc, k.idx(K - 1)); // padding lanes: ignored
-                next.push_back(k.fadd(s[m], k.fmul(p, k.load(es, {jj, cc}))));
+                Value sum = k.fadd(s[m], k.fmul(p, k.load(es, {jj, cc})));
+                next.push_back(k.select(seen, sum, s[m]));
               }
               return next;
             });
@@ -224,7 +233,7 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
       });
 
   // Epilogue: normalize; a row without any key gets zeros.
-  Value l = fin[vpt];
+  Value l = fin[vpt + 1]; // the running sum (fin[vpt] is the running max)
   Value empty = k.cmpf(arith::CmpFPredicate::OEQ, l, zero);
   SmallVector<Value> vals;
   for (int64_t m = 0; m < vpt; ++m)

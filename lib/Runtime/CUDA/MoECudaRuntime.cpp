@@ -14,6 +14,7 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -255,7 +256,21 @@ std::string fallbackPtx(const void *data, size_t size, std::string &name) {
 }
 } // namespace
 
+namespace {
+/// Set by an exit handler registered with the first module load. The compiled
+/// libraries unload their modules from global destructors, which run after
+/// exit handlers, when PyTorch may have torn its context down and the driver
+/// answers CUDA_ERROR_UNKNOWN: at exit the modules are left to the driver.
+std::atomic<bool> processExiting{false};
+
+void noteModuleLoaded() {
+  static std::once_flag once;
+  std::call_once(once, [] { std::atexit([] { processExiting = true; }); });
+}
+} // namespace
+
 extern "C" void *mgpuModuleLoad(void *data, size_t gpuBlobSize) {
+  noteModuleLoaded();
   ScopedContext scope;
   static const bool forcePtx = [] {
     const char *env = std::getenv("MOE_CUDA_FORCE_PTX");
@@ -302,12 +317,13 @@ extern "C" void *mgpuModuleLoad(void *data, size_t gpuBlobSize) {
 }
 
 extern "C" void *mgpuModuleLoadJIT(void *data, int optLevel) {
+  noteModuleLoaded();
   ScopedContext scope;
   return loadPtx(data, optLevel);
 }
 
 extern "C" void mgpuModuleUnload(void *module) {
-  if (!module)
+  if (!module || processExiting)
     return;
   ScopedContext scope;
   MOE_CU(cuModuleUnload(static_cast<CUmodule>(module)));
@@ -453,11 +469,44 @@ extern "C" void mgpuEventRecord(void *event, void *stream) {
 // Memory
 //===----------------------------------------------------------------------===//
 
+namespace {
+/// Freed stream-ordered memory the device's default pool keeps for the next
+/// allocations ($MOE_CUDA_POOL_KEEP_BYTES, default 256 MiB). The driver's
+/// default is 0: every synchronization hands the kernels' temporaries back to
+/// the OS and the next call pays a real cuMemAlloc (about 0.1 ms per call on
+/// an H200, measured through torch.ops.moe.* with a sync after each call).
+uint64_t poolKeepBytes() {
+  static const uint64_t bytes = [] {
+    const char *env = std::getenv("MOE_CUDA_POOL_KEEP_BYTES");
+    return env ? std::strtoull(env, nullptr, 10) : uint64_t(256) << 20;
+  }();
+  return bytes;
+}
+
+/// Sets the release threshold of the current device's default pool once per
+/// device. Best effort: a driver without pools keeps its behaviour.
+void keepFreedPoolMemory() {
+  static std::atomic<uint64_t> done{0};
+  CUdevice device;
+  if (cuCtxGetDevice(&device) != CUDA_SUCCESS || device < 0 || device >= 64)
+    return;
+  uint64_t bit = uint64_t(1) << device;
+  if (done.fetch_or(bit) & bit)
+    return;
+  CUmemoryPool pool;
+  if (cuDeviceGetDefaultMemPool(&pool, device) != CUDA_SUCCESS)
+    return;
+  cuuint64_t keep = poolKeepBytes();
+  (void)cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep);
+}
+} // namespace
+
 extern "C" void *mgpuMemAlloc(uint64_t sizeBytes, void *stream,
                               bool isHostShared) {
   if (sizeBytes == 0)
     return nullptr; // empty tensors: never dereferenced
   ScopedContext scope;
+  keepFreedPoolMemory();
   CUdeviceptr ptr = 0;
   if (isHostShared) {
     if (!MOE_CU(cuMemAllocManaged(&ptr, sizeBytes, CU_MEM_ATTACH_GLOBAL)) ||

@@ -571,10 +571,15 @@ def load(key: str, shapes: str, validate_only: int = 0) -> int:
         return addr
 
 
+#: The ops of torch.ops.moe.* with CPU kernels only (lib/Runtime/Torch/{GradOps,RoutingOps}.cpp): on CUDA tensors
+#: they run the eager references, so there is no CUDA kernel to prebuild for them.
+CPU_ONLY_OPS = frozenset({"topk_renorm_backward", "similarity_inform_backward", "route", "dispatch_plan"})
+
+
 def prebuild_cuda(keys: list[str], out_dir: Path, chip: str, jobs: Optional[int] = None) -> int:
     """Builds the CUDA kernels of ``keys`` (any device index) for ``chip`` into ``out_dir`` as ``$MOE_KERNEL_PREBUILT``
     expects them, ``jobs`` at a time (default: the CPU count); returns how many were built (the others were there).
-    Needs moe-opt, LLVM and the CUDA toolkit; no GPU."""
+    Keys of :data:`CPU_ONLY_OPS` are left out. Needs moe-opt, LLVM and the CUDA toolkit; no GPU."""
     from concurrent.futures import ThreadPoolExecutor
 
     from .locate import find_moe_opt, find_runtime_lib as _find_runtime_lib
@@ -586,6 +591,8 @@ def prebuild_cuda(keys: list[str], out_dir: Path, chip: str, jobs: Optional[int]
     todo = []
     for key in dict.fromkeys(keys):
         k = parse_key(key)
+        if k.op in CPU_ONLY_OPS:
+            continue
         k.device = k.device or "cuda:0"
         dest = out_dir / (cuda_kernel_name(key, chip) + ".so")
         if not dest.is_file():

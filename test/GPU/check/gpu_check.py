@@ -19,6 +19,11 @@ Steps, in order (MOE_GPU_CHECK_STEPS=a,b,... picks some; artifacts and build alw
   torch-ops     python/tests/test_torch_ops_cuda.py: torch.ops.moe.* on CUDA tensors (libmoe_torch built here,
                 the kernels prebuilt in kernels/ by scripts/gpu-check.sh), when the
                 checkout around this folder (or $MOE_REPO) has it; skipped with the reason if not
+  hf-models     python/tests/test_hf_models.py -k matches_eager on CUDA: transformers' MoE blocks and routers and the
+                seed blocks through torch.compile(backend="moe") and moe_mlir.compile (inductor's Triton for the
+                dense code), equal to eager at three token counts
+  torch-ops-bench  bench/gpu/torch_ops_cuda.py: torch.ops.moe.* on CUDA tensors vs eager, decode and prefill
+                (the same prebuilt kernels; its results in bench/ of logs.tar.gz)
   memcheck      `checks` under compute-sanitizer --tool memcheck (torch's caching allocator off; API errors
                 are the harness's to report)
   racecheck     `checks` under compute-sanitizer --tool racecheck
@@ -167,6 +172,20 @@ def steps(ctx):
                  os.path.join(ctx.bench, "bench-cases.manifest.json")]
     check_script = os.path.join(ctx.src, "test", "GPU", "check_artifacts.py")
     torch_ops = os.path.join(ctx.repo, "python", "tests", "test_torch_ops_cuda.py") if ctx.repo else None
+    def torch_ops_step(ctx, cmd):
+        """`cmd` (run in the checkout) with libmoe_torch built here and the kernels prebuilt in kernels/."""
+        if not torch_ops or not os.path.exists(torch_ops):
+            return None, "python/tests/test_torch_ops_cuda.py is not in the checkout around this folder (set MOE_REPO)"
+        if not os.path.exists(os.path.join(ctx.build, "lib", "libmoe_torch.so")):
+            return None, "libmoe_torch.so was not built (no torch for this Python at the build step)"
+        return cmd, ctx.env(MOE_TEST_DEVICE="cuda", MOE_GPU_RUNTIME_DIR=ctx.build,
+                            MOE_TORCH_LIB=os.path.join(ctx.build, "lib", "libmoe_torch.so"),
+                            MOE_CUDA_RUNTIME=os.path.join(ctx.build, "libmoe_cuda_runtime.so"),
+                            MOE_KERNEL_PREBUILT=os.path.join(HERE, "kernels"),
+                            MOE_KERNEL_CACHE=os.path.join(ctx.logs, "kernel-cache"),
+                            PYTHONPATH=ctx.repo + os.pathsep + os.path.join(ctx.repo, "python") + os.pathsep +
+                            os.environ.get("PYTHONPATH", ""))
+
     return [
         ("artifacts", False, 60, lambda: (["bash", "-c", " && ".join(
             f"{shlex.quote(ctx.python)} {shlex.quote(check_script)} {shlex.quote(m)} --require-ptx"
@@ -182,19 +201,13 @@ def steps(ctx):
         ("checks", True, 300, lambda: (ctx.harness("checks-cases.json"), ctx.env())),
         ("checks-ptx", True, 300, lambda: (ctx.harness("checks-ptx-cases.json"),
                                            ctx.env(MOE_CUDA_FORCE_PTX="1"))),
-        ("torch-ops", True, 300, lambda: (
-            (None, "python/tests/test_torch_ops_cuda.py is not in the checkout around this folder (set MOE_REPO)")
-            if not torch_ops or not os.path.exists(torch_ops) else
-            (None, "libmoe_torch.so was not built (no torch for this Python at the build step)")
-            if not os.path.exists(os.path.join(ctx.build, "lib", "libmoe_torch.so")) else
-            ([ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", torch_ops],
-             ctx.env(MOE_TEST_DEVICE="cuda", MOE_GPU_RUNTIME_DIR=ctx.build,
-                     MOE_TORCH_LIB=os.path.join(ctx.build, "lib", "libmoe_torch.so"),
-                     MOE_CUDA_RUNTIME=os.path.join(ctx.build, "libmoe_cuda_runtime.so"),
-                     MOE_KERNEL_PREBUILT=os.path.join(HERE, "kernels"),
-                     MOE_KERNEL_CACHE=os.path.join(ctx.logs, "kernel-cache"),
-                     PYTHONPATH=os.path.join(ctx.repo, "python") + os.pathsep +
-                     os.environ.get("PYTHONPATH", ""))))),
+        ("torch-ops", True, 300, lambda: torch_ops_step(
+            ctx, [ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", torch_ops])),
+        ("hf-models", True, 300, lambda: torch_ops_step(ctx, [
+            ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-k", "matches_eager",
+            os.path.join(ctx.repo, "python", "tests", "test_hf_models.py")])),
+        ("torch-ops-bench", True, 300, lambda: torch_ops_step(ctx, [
+            ctx.python, "-m", "bench.gpu.torch_ops_cuda", "--out", os.path.join(ctx.logs, "bench")])),
         # API errors are the harness's to report (moeGpuTakeDriverError), not the sanitizer's.
         ("memcheck", True, 480, lambda: sanitizer(ctx, "memcheck", ["--report-api-errors", "no"])),
         ("racecheck", True, 480, lambda: sanitizer(ctx, "racecheck", ["--racecheck-report", "hazard"])),

@@ -105,6 +105,14 @@ CUresult CUDAAPI cuCtxGetDevice(CUdevice *device) {
   *device = 0;
   return CUDA_SUCCESS;
 }
+CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice) {
+  *pool = nullptr;
+  return note("cuDeviceGetDefaultMemPool");
+}
+CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool, CUmemPool_attribute,
+                                       void *) {
+  return note("cuMemPoolSetAttribute");
+}
 CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
   return alloc(dptr, bytesize, "cuMemAlloc");
 }
