@@ -20,7 +20,9 @@ TOOLKIT="${MOE_CUDA_TOOLKIT:-/usr/local/cuda}"
 
 [ -x "$BUILD/bin/moe-opt" ] || cmake --build "$BUILD" --target moe-opt
 rm -rf "$DIR" && mkdir -p "$DIR/art" "$DIR/bench" "$DIR/src"
+# MOE_GPU_AOT_OPTIONS: more moe-lower-to-nvvm options for the check and bench cases (e.g. topk-rounds=redux).
 aot() { python3 "$ROOT/tools/moe-aot/moe-aot.py" "$@" --moe-opt "$BUILD/bin/moe-opt" --chip "$CHIP" \
+          --pipeline-options "${MOE_GPU_AOT_OPTIONS:-}" \
           --format fatbin --toolkit "$TOOLKIT" --ptx-fallback --drop-intermediates >/dev/null; }
 echo "gpu-check: compiling the check cases and the benchmark cases for $CHIP"
 aot "$ROOT/test/GPU/Inputs/gpu-cases.mlir" -o "$DIR/art" --name gpu-cases
@@ -49,7 +51,7 @@ if [ "${MOE_GPU_CHECK_TORCH_OPS:-1}" != 0 ]; then
      "$PY" -m moe_mlir.runtime.prebuild "$KEYS" "$DIR/kernels" --chip "$CHIP")
 fi
 { echo "chip=$CHIP"; echo "commit=$(git -C "$ROOT" rev-parse HEAD)"; echo "built=$(date -Iseconds)"
-  echo "toolkit=$("$TOOLKIT/bin/ptxas" --version | tail -1)"; } > "$DIR/bench/BUILD_INFO"
+  echo "toolkit=$("$TOOLKIT/bin/ptxas" --version | tail -1)"; echo "aot_options=${MOE_GPU_AOT_OPTIONS:-}"; } > "$DIR/bench/BUILD_INFO"
 
 # The sources the GPU machine builds and runs (tracked files only), in the repository's layout.
 (cd "$ROOT" && git ls-files -z -- include/MoE/Runtime/ErrorReporting.h lib/Runtime/ErrorReporting.cpp \

@@ -117,6 +117,8 @@ def write_ptx_fallback(args, name, base, binaries):
     pipeline = f"chip={args.chip} format=isa toolkit={args.toolkit}"
     if args.features:
         pipeline += f" features={args.features}"
+    if args.pipeline_options:
+        pipeline += f" {args.pipeline_options}"
     isa = base + ".isa"
     run([args.moe_opt, args.input, f"--moe-lower-to-nvvm={pipeline}", "-o", isa + ".llvm.mlir"])
     run([os.path.join(args.llvm_bin, "mlir-translate"), "--mlir-to-llvmir", isa + ".llvm.mlir",
@@ -183,6 +185,8 @@ def main():
     ap.add_argument("--name")
     ap.add_argument("--chip", default="sm_90")
     ap.add_argument("--features", default="")
+    ap.add_argument("--pipeline-options", default="",
+                    help="more moe-lower-to-nvvm options, e.g. 'topk-rounds=redux'")
     ap.add_argument("--format", default="fatbin", choices=["isa", "bin", "fatbin"])
     ap.add_argument("--toolkit", default="/usr/local/cuda")
     ap.add_argument("--moe-opt", default=os.path.join(here, "..", "..", "build", "bin", "moe-opt"))
@@ -202,6 +206,8 @@ def main():
     pipeline = f"chip={args.chip} format={args.format} toolkit={args.toolkit}"
     if args.features:
         pipeline += f" features={args.features}"
+    if args.pipeline_options:
+        pipeline += f" {args.pipeline_options}"
     run([args.moe_opt, args.input, f"--moe-lower-to-nvvm={pipeline}", "-o", base + ".llvm.mlir"])
     run([os.path.join(args.llvm_bin, "mlir-translate"), "--mlir-to-llvmir",
          base + ".llvm.mlir", "-o", base + ".ll"])

@@ -19,6 +19,7 @@ def ConvertMoEToLinalg : Pass<"convert-moe-to-linalg"> {
   }];
   let dependentDialects = [
     "::mlir::arith::ArithDialect",
+    "::mlir::bufferization::BufferizationDialect",
     "::mlir::cf::ControlFlowDialect",
     "::mlir::func::FuncDialect",
     "::mlir::linalg::LinalgDialect",
@@ -101,11 +102,16 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
     Option<"sharedMemoryBytes", "shared-memory-bytes", "int64_t", /*default=*/"49152",
            "shared memory per block the kernels may use (bytes); the default, 48 KiB, is what every CUDA device "
            "gives a block without an opt-in, and the cap of static shared memory">,
+    Option<"topkRounds", "topk-rounds", "std::string", /*default=*/"\"butterfly\"",
+           "rounds of the register top-k of topk_renorm (K <= 1024): `butterfly` (shuffles of packed 64-bit "
+           "candidates, any chip) or `redux` (32-bit keys, redux.sync max/min, sm_80+; 1.5-1.9x faster on an "
+           "H200). moe-lower-to-nvvm picks redux for sm_80 and later">,
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect",
     "::mlir::bufferization::BufferizationDialect",
     "::mlir::func::FuncDialect",
+    "::mlir::NVVM::NVVMDialect",
     "::mlir::gpu::GPUDialect",
     "::mlir::LLVM::LLVMDialect",
     "::mlir::math::MathDialect",

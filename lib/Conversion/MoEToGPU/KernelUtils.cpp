@@ -6,6 +6,7 @@
 
 #include "KernelUtils.h"
 
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/IR/SymbolTable.h"
 
 #include <limits>
@@ -92,10 +93,101 @@ Value mlir::moe::gpu_lowering::blockReduce(KB &k, Value v, ReduceKind kind,
 // Register top-k
 //===----------------------------------------------------------------------===//
 
+/// The epilogue of a register top-k: each lane turns the raw values it stored
+/// (rounds r with r % width == lane) into weights.
+static void rescaleOwnEntries(KB &k, const TopkSpec &spec, Value lane,
+                              int64_t width, Value weights, Value row,
+                              Value active, Value v0, Value selSum,
+                              Value denseMax, Value denseSum) {
+  if (!spec.logits && !spec.renormalize)
+    return; // raw probabilities: the stored values are the weights
+  k.ifThen(active, [&] {
+    k.forLoop(lane, k.idx(spec.k), k.idx(width), [&](Value r) {
+      Value v = k.load(weights, {row, r});
+      k.store(topkWeight(k, spec, v, v0, selSum, denseMax, denseSum), weights,
+              {row, r});
+    });
+  });
+}
+
+/// redux.sync `kind` of an i32 over the lanes of `mask`.
+static Value redux(KB &k, Value v, NVVM::ReduxKind kind, Value mask) {
+  return NVVM::ReduxOp::create(k.b, v.getType(), v, kind, mask).getRes();
+}
+
+/// The lanes of this lane's group of `width` in its warp, as a member mask.
+static Value groupMask(KB &k, int64_t width) {
+  if (width == kWarp)
+    return k.cI32(-1);
+  Value warpLane = k.castInt(k.remu(k.threadId(), k.idx(kWarp)), k.i32());
+  Value first = k.mul(k.divu(warpLane, k.cI32(width)), k.cI32(width));
+  return k.shl(k.cI32((int64_t(1) << width) - 1), first);
+}
+
+/// The k rounds of TopkRounds::Redux: stores round r's value and index by lane
+/// r % width; returns {v0, selSum} as the butterfly rounds do.
+static SmallVector<Value>
+emitReduxRounds(KB &k, ArrayRef<Value> vals, Value lane, int64_t width,
+                int64_t numElements, const TopkSpec &spec, Value weights,
+                Value indices, Value row, Value active) {
+  const int64_t vpt = vals.size();
+  Value gone = k.cI32(std::numeric_limits<int32_t>::min());
+  Value noIndex = k.cI32(std::numeric_limits<int32_t>::max());
+  Value laneI32 = k.castInt(lane, k.i32());
+  SmallVector<Value> index, init;
+  for (auto [m, v] : llvm::enumerate(vals)) {
+    index.push_back(k.add(k.cI32(static_cast<int64_t>(m) * width), laneI32));
+    Value key = orderedKey(k, v);
+    if (static_cast<int64_t>(m + 1) * width > numElements)
+      key = k.select(k.lt(index.back(), k.cI32(numElements)), key, gone);
+    init.push_back(key);
+  }
+  init.push_back(k.cF32(0.0)); // v0
+  init.push_back(k.cF32(0.0)); // selSum
+  Value mask = groupMask(k, width);
+  Value widthIdx = k.idx(width);
+  SmallVector<Value> done = k.forLoop(
+      k.idx(0), k.idx(spec.k), k.idx(1), init,
+      [&](Value r, ValueRange args) -> SmallVector<Value> {
+        ValueRange keys = args.take_front(vpt);
+        Value best = keys[0];
+        for (Value key : keys.drop_front())
+          best = k.maxs(best, key);
+        best = redux(k, best, NVVM::ReduxKind::MAX, mask);
+        // Ties: the lowest index holding the best key.
+        Value mine = noIndex;
+        for (int64_t m = 0; m < vpt; ++m)
+          mine = k.mins(mine, k.select(k.eq(keys[m], best), index[m], noIndex));
+        Value winner = redux(k, mine, NVVM::ReduxKind::MIN, mask);
+        SmallVector<Value> next;
+        for (int64_t m = 0; m < vpt; ++m)
+          next.push_back(k.select(k.eq(index[m], winner), gone, keys[m]));
+        Value v = keyToFloat(k, best);
+        Value v0 = k.select(k.eq(r, k.idx(0)), v, args[vpt]);
+        Value term = spec.logits ? k.exp(k.fsub(v, v0)) : v;
+        Value writer = k.andI(active, k.eq(k.remu(r, widthIdx), lane));
+        k.ifThen(writer, [&] {
+          k.store(v, weights, {row, r});
+          k.store(winner, indices, {row, r});
+        });
+        next.push_back(v0);
+        next.push_back(k.fadd(args[vpt + 1], term));
+        return next;
+      });
+  return {done[vpt], done[vpt + 1]};
+}
+
 void mlir::moe::gpu_lowering::emitRegisterTopk(
     KB &k, ArrayRef<Value> vals, Value lane, int64_t width, int64_t numElements,
     const TopkSpec &spec, Value weights, Value indices, Value row, Value active,
-    Value denseMax, Value denseSum) {
+    Value denseMax, Value denseSum, TopkRounds rounds) {
+  if (rounds == TopkRounds::Redux) {
+    SmallVector<Value> sel = emitReduxRounds(
+        k, vals, lane, width, numElements, spec, weights, indices, row, active);
+    rescaleOwnEntries(k, spec, lane, width, weights, row, active, sel[0],
+                      sel[1], denseMax, denseSum);
+    return;
+  }
   // Candidates are computed once; the rounds only compare and reduce.
   Value laneI32 = k.castInt(lane, k.i32());
   SmallVector<Value> cands;
@@ -138,16 +230,8 @@ void mlir::moe::gpu_lowering::emitRegisterTopk(
                   return {best, v0, selSum};
                 });
 
-  if (!spec.logits && !spec.renormalize)
-    return; // raw probabilities: the stored values are the weights
-  // Each lane rescales the entries it stored itself.
-  k.ifThen(active, [&] {
-    k.forLoop(lane, k.idx(spec.k), widthIdx, [&](Value r) {
-      Value v = k.load(weights, {row, r});
-      k.store(topkWeight(k, spec, v, done[1], done[2], denseMax, denseSum),
-              weights, {row, r});
-    });
-  });
+  rescaleOwnEntries(k, spec, lane, width, weights, row, active, done[1],
+                    done[2], denseMax, denseSum);
 }
 
 //===----------------------------------------------------------------------===//

@@ -76,6 +76,13 @@ Value blockReduce(KB &k, Value v, ReduceKind kind, int64_t threads,
 // shared ones of MoE/Kernels/TopK.h.
 using kernels::TopkSpec;
 
+/// How the rounds of a register top-k find the next element: `Butterfly`, a
+/// butterfly max of packed 64-bit (key, index) candidates below the previous
+/// winner; `Redux` (sm_80+), 32-bit keys carried as loop state, a group max
+/// (redux.sync max), the lowest index holding it (redux.sync min) and a
+/// knock-out of that entry (INT32_MIN, below every key) in its lane.
+enum class TopkRounds { Butterfly, Redux };
+
 /// Top-k of one row held in registers by a group of `width` lanes (a power of
 /// two <= 32, aligned in the warp): lane `lane` holds `vals[m]`, the element of
 /// index m*width + lane (elements of index >= numElements are padding). Every
@@ -89,7 +96,8 @@ using kernels::TopkSpec;
 void emitRegisterTopk(KB &k, ArrayRef<Value> vals, Value lane, int64_t width,
                       int64_t numElements, const TopkSpec &spec, Value weights,
                       Value indices, Value row, Value active, Value denseMax,
-                      Value denseSum);
+                      Value denseSum,
+                      TopkRounds rounds = TopkRounds::Butterfly);
 
 //===----------------------------------------------------------------------===//
 // Kernels and host code

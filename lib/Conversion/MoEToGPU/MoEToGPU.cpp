@@ -16,6 +16,7 @@
 #include "MoE/IR/MoEOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/Transforms/DialectConversion.h"
 #include "llvm/ADT/DenseSet.h"
@@ -37,8 +38,9 @@ namespace {
 bool isReturnedHostEmpty(tensor::EmptyOp op) {
   if (op->getParentOfType<gpu::GPUModuleOp>())
     return false;
-  return llvm::any_of(op->getUsers(),
-                      [](Operation *user) { return isa<func::ReturnOp>(user); });
+  return llvm::any_of(op->getUsers(), [](Operation *user) {
+    return isa<func::ReturnOp>(user);
+  });
 }
 
 /// A returned tensor.empty of host code becomes a device allocation like
@@ -88,8 +90,15 @@ struct ConvertMoEToGPUPass
           << static_cast<int64_t>(sharedMemoryBytes);
       return signalPassFailure();
     }
+    if (topkRounds != "butterfly" && topkRounds != "redux") {
+      module.emitError("convert-moe-to-gpu: topk-rounds must be butterfly or "
+                       "redux, got '")
+          << topkRounds << "'";
+      return signalPassFailure();
+    }
     RewritePatternSet patterns(&getContext());
-    populateMoEToGPUPatterns(patterns, {blockSize, sharedMemoryBytes});
+    populateMoEToGPUPatterns(patterns,
+                             {blockSize, sharedMemoryBytes, topkRounds});
     llvm::SmallDenseSet<OperationName> lowered;
     for (const auto &pattern : patterns.getNativePatterns())
       if (std::optional<OperationName> root = pattern->getRootKind())

@@ -30,6 +30,21 @@
 
 using namespace mlir;
 
+/// topk-rounds=auto: redux where the chip has redux.sync (sm_80 and later;
+/// checked against the butterfly on an H200: 1.5-1.9x faster at 65536 tokens),
+/// else butterfly.
+static std::string
+resolveTopkRounds(const moe::MoELowerToNVVMOptions &options) {
+  if (options.topkRounds != "auto")
+    return options.topkRounds;
+  unsigned sm = 0;
+  StringRef chip(options.chip);
+  if (chip.consume_front("sm_"))
+    chip.take_while([](char c) { return c >= '0' && c <= '9'; })
+        .getAsInteger(10, sm);
+  return sm >= 80 ? "redux" : "butterfly";
+}
+
 void mlir::moe::buildMoELowerToNVVMPipeline(
     OpPassManager &pm, const MoELowerToNVVMOptions &options) {
   // similarity_inform/attention_posterior + their probs-mode gate -> one fused
@@ -40,6 +55,7 @@ void mlir::moe::buildMoELowerToNVVMPipeline(
   // function boundaries (identity layouts: plain device memrefs for callers).
   ConvertMoEToGPUOptions convert;
   convert.sharedMemoryBytes = options.sharedMemoryBytes;
+  convert.topkRounds = resolveTopkRounds(options);
   pm.addPass(createConvertMoEToGPU(convert));
   pm.addPass(createCanonicalizerPass());
   bufferization::OneShotBufferizePassOptions bufferize;
@@ -132,6 +148,12 @@ struct LowerToNVVMPipelineOptions
       *this, "shared-memory-bytes",
       llvm::cl::desc("shared memory per block the kernels may use (bytes)"),
       llvm::cl::init(48 * 1024)};
+  PassOptions::Option<std::string> topkRounds{
+      *this, "topk-rounds",
+      llvm::cl::desc("rounds of topk_renorm's register top-k: butterfly, "
+                     "redux (sm_80+) or auto (redux where the chip has it; "
+                     "convert-moe-to-gpu)"),
+      llvm::cl::init("auto")};
 };
 } // namespace
 
@@ -150,6 +172,7 @@ void mlir::moe::registerMoEGPUPipelines() {
         options.resultsToOutParams = o.resultsToOutParams;
         options.waitAtReturn = o.waitAtReturn;
         options.sharedMemoryBytes = o.sharedMemoryBytes;
+        options.topkRounds = o.topkRounds;
         buildMoELowerToNVVMPipeline(pm, options);
       });
 }

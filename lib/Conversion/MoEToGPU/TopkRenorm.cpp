@@ -11,7 +11,9 @@
 //    (ordered key, index) candidates. Round r takes the butterfly max of the
 //    candidates strictly below round r-1's winner: no state to update, lowest
 //    index on ties, NaN above everything. Weights are formed in an epilogue by
-//    the lane that stored each raw value.
+//    the lane that stored each raw value. topk-rounds=redux instead carries
+//    32-bit keys and takes each round with two redux.sync (max key, then the
+//    lowest index holding it) and a knock-out (sm_80+).
 //  * K > 1024 or dynamic: a block of 256 threads per token; every round
 //    re-reads the row (L1/L2 resident) with a strided scan and a block
 //    reduction through 8 words of workgroup memory. No shared copy of the
@@ -56,7 +58,7 @@ static constexpr int64_t kBlockTopkThreads = 256;
 static void emitWarpTopkKernel(ImplicitLocOpBuilder &kb, Value scores,
                                Value weights, Value indices, int64_t K,
                                int64_t blockSize, const TopkSpec &spec,
-                               int64_t width) {
+                               int64_t width, TopkRounds rounds) {
   KB k(kb);
   int64_t vpt = llvm::divideCeil(K, width);
   int64_t tokensPerBlock = blockSize / width;
@@ -95,7 +97,7 @@ static void emitWarpTopkKernel(ImplicitLocOpBuilder &kb, Value scores,
     denseSum = subgroupReduce(k, s, ReduceKind::Sum, width);
   }
   emitRegisterTopk(k, vals, lane, width, K, spec, weights, indices, row, active,
-                   denseMax, denseSum);
+                   denseMax, denseSum, rounds);
 }
 
 static void emitBlockTopkKernel(ImplicitLocOpBuilder &kb, Value scores,
@@ -202,8 +204,10 @@ TopkRenormToGPU::lower(TopkRenormOp op, OpAdaptor adaptor,
     auto kernel =
         createKernel(h, "topk_renorm_warp", argTypes, {}, {block, 1, 1}, kb);
     Block &entry = kernel.getBody().front();
+    TopkRounds rounds = options.topkRounds == "redux" ? TopkRounds::Redux
+                                                      : TopkRounds::Butterfly;
     emitWarpTopkKernel(kb, entry.getArgument(0), entry.getArgument(1),
-                       entry.getArgument(2), K, block, spec, width);
+                       entry.getArgument(2), K, block, spec, width, rounds);
     Value grid = k.ceilDiv(numTokens, k.idx(block / width));
     h.launch(kernel, {grid, k.idx(1), k.idx(1)}, {block, 1, 1}, {s2, w2, i2});
   } else {

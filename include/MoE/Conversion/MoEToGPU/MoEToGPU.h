@@ -73,6 +73,9 @@ struct MoELowerToNVVMOptions {
   /// Shared memory per block the kernels may use (convert-moe-to-gpu's
   /// shared-memory-bytes): 48 KiB, what every device gives without an opt-in.
   int64_t sharedMemoryBytes = 48 * 1024;
+  /// Rounds of topk_renorm's register top-k (convert-moe-to-gpu's
+  /// topk-rounds): butterfly, redux, or auto (redux on sm_80 and later).
+  std::string topkRounds = "auto";
 };
 
 /// convert-moe-to-gpu, canonicalization, one-shot bufferization of the
