@@ -273,12 +273,12 @@ public:
   Value mixAllHeads(const PriorStats &prior) {
     Type f32 = b.getF32Type(), i32 = b.getI32Type();
     SmallVector<OpFoldResult> rowShape = {batch, queries};
-    Value zm0 = filled(b, loc, rowShape, negInf(b, loc));
-    Value zl0 = filled(b, loc, rowShape, f32Const(b, loc, 0.0));
-    Value acc0 = filled(b, loc, {batch, queries, width}, f32Const(b, loc, 0.0));
-    Value alpha0 = tensor::EmptyOp::create(b, loc, rowShape, f32);
-    Value w0 = tensor::EmptyOp::create(b, loc, rowShape, f32);
-    Value valid0 = tensor::EmptyOp::create(b, loc, rowShape, b.getI1Type());
+    Value zm0 = loopFilled(b, loc, rowShape, negInf(b, loc));
+    Value zl0 = loopFilled(b, loc, rowShape, f32Const(b, loc, 0.0));
+    Value acc0 = loopFilled(b, loc, {batch, queries, width}, f32Const(b, loc, 0.0));
+    Value alpha0 = loopScratch(b, loc, rowShape, f32);
+    Value w0 = loopScratch(b, loc, rowShape, f32);
+    Value valid0 = loopScratch(b, loc, rowShape, b.getI1Type());
     Value numHeads = getValueOrCreateConstantIndexOp(b, loc, heads);
     auto loop = scf::ForOp::create(
         b, loc, indexConst(b, loc, 0), numHeads, indexConst(b, loc, 1),

@@ -99,8 +99,9 @@ struct DispatchPlanLowering : OpRewritePattern<DispatchPlanOp> {
         in.add(n, in.mul(numExperts, in.sub(block, in.idx(1))));
     Value numBlocks = in.div(in.roundUp(paddedSize, block), block);
 
+    // Loop seeds (each updated in place by its loop) stay distinct under CSE.
     auto i32Filled = [&](Value size, Value fill) {
-      return filled(rw, loc, {getAsOpFoldResult(size)}, fill);
+      return loopFilled(rw, loc, {getAsOpFoldResult(size)}, fill);
     };
     Value zero32 = i32Const(rw, loc, 0), minus1 = i32Const(rw, loc, -1);
     Value c0 = in.idx(0);
@@ -155,10 +156,11 @@ struct DispatchPlanLowering : OpRewritePattern<DispatchPlanOp> {
         })[0];
 
     // 2. offsets, padded offsets, block -> expert map.
-    Value offsets0 = i32Filled(in.add(numExperts, in.idx(1)), zero32);
+    Value numOffsets = in.add(numExperts, in.idx(1));
     ValueRange scan = forLoop(
         rw, loc, c0, numExperts,
-        ValueRange{offsets0, offsets0, i32Filled(numBlocks, minus1)},
+        ValueRange{i32Filled(numOffsets, zero32), i32Filled(numOffsets, zero32),
+                   i32Filled(numBlocks, minus1)},
         [&](OpBuilder &b, Location l, Value e, ValueRange iter) {
           Ints ib{b, l};
           Value next = ib.add(e, ib.idx(1));

@@ -16,6 +16,7 @@
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Transforms/Passes.h"
 
+#include "mlir/Dialect/Bufferization/IR/Bufferization.h"
 #include "mlir/IR/PatternMatch.h"
 #include "mlir/Transforms/DialectConversion.h"
 

@@ -101,13 +101,12 @@ struct SimilarityInformGradLowering
             .front();
 
     // 2. The key loop.
-    Value dq0 = filled(rw, loc, {batch, tokens, depth}, zero);
-    Value dk0 = filled(rw, loc, {batch, tokens, depth}, zero);
-    Value de0 = filled(rw, loc, {batch, tokens, width}, zero);
+    Value dq0 = loopFilled(rw, loc, {batch, tokens, depth}, zero);
+    Value dk0 = loopFilled(rw, loc, {batch, tokens, depth}, zero);
+    Value de0 = loopFilled(rw, loc, {batch, tokens, width}, zero);
     SmallVector<Value> scratch;
     for (int n = 0; n < 4; ++n)
-      scratch.push_back(tensor::EmptyOp::create(
-          rw, loc, ArrayRef<OpFoldResult>{batch, tokens}, f32));
+      scratch.push_back(loopScratch(rw, loc, {batch, tokens}, f32));
     AffineMap b3i = dimsMap(ctx, 3, {0, 2}), b3ik = dimsMap(ctx, 3, {0, 2, 1}),
               b3k = dimsMap(ctx, 3, {0, 1});
     auto loop = scf::ForOp::create(

@@ -10,6 +10,7 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Arith/Utils/Utils.h"
+#include "mlir/Dialect/Bufferization/IR/Bufferization.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
@@ -93,6 +94,24 @@ Value mlir::moe::lowering::filled(OpBuilder &b, Location loc,
                                   ArrayRef<OpFoldResult> sizes, Value value) {
   Value empty = tensor::EmptyOp::create(b, loc, sizes, value.getType());
   return linalg::FillOp::create(b, loc, ValueRange{value}, ValueRange{empty})
+      .getResult(0);
+}
+
+Value mlir::moe::lowering::loopScratch(OpBuilder &b, Location loc,
+                                       ArrayRef<OpFoldResult> sizes,
+                                       Type elementType) {
+  SmallVector<Value> dynamic;
+  SmallVector<int64_t> shape;
+  dispatchIndexOpFoldResults(sizes, dynamic, shape);
+  return bufferization::AllocTensorOp::create(
+      b, loc, RankedTensorType::get(shape, elementType), dynamic);
+}
+
+Value mlir::moe::lowering::loopFilled(OpBuilder &b, Location loc,
+                                      ArrayRef<OpFoldResult> sizes,
+                                      Value value) {
+  Value init = loopScratch(b, loc, sizes, value.getType());
+  return linalg::FillOp::create(b, loc, ValueRange{value}, ValueRange{init})
       .getResult(0);
 }
 
@@ -234,14 +253,14 @@ OnlineSoftmaxState mlir::moe::lowering::streamKeys(
   MLIRContext *ctx = b.getContext();
   Type f32 = b.getF32Type();
   SmallVector<OpFoldResult> rowShape = {batch, rows};
-  Value m0 = filled(b, loc, rowShape, negInf(b, loc));
-  Value l0 = filled(b, loc, rowShape, f32Const(b, loc, 0.0));
-  Value acc0 = filled(b, loc, {batch, rows, width}, f32Const(b, loc, 0.0));
+  Value m0 = loopFilled(b, loc, rowShape, negInf(b, loc));
+  Value l0 = loopFilled(b, loc, rowShape, f32Const(b, loc, 0.0));
+  Value acc0 = loopFilled(b, loc, {batch, rows, width}, f32Const(b, loc, 0.0));
   // Per-key scratch rows, rewritten in place every iteration.
-  Value logits0 = tensor::EmptyOp::create(b, loc, rowShape, f32);
-  Value alpha0 = tensor::EmptyOp::create(b, loc, rowShape, f32);
-  Value p0 = tensor::EmptyOp::create(b, loc, rowShape, f32);
-  Value valid0 = tensor::EmptyOp::create(b, loc, rowShape, b.getI1Type());
+  Value logits0 = loopScratch(b, loc, rowShape, f32);
+  Value alpha0 = loopScratch(b, loc, rowShape, f32);
+  Value p0 = loopScratch(b, loc, rowShape, f32);
+  Value valid0 = loopScratch(b, loc, rowShape, b.getI1Type());
 
   using utils::IteratorType;
   constexpr IteratorType par = IteratorType::parallel;

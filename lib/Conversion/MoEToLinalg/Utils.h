@@ -63,6 +63,20 @@ RankedTensorType tensorTypeOf(ArrayRef<OpFoldResult> sizes, Type elementType);
 Value filled(OpBuilder &b, Location loc, ArrayRef<OpFoldResult> sizes,
              Value value);
 
+/// A new tensor of `sizes` for a loop-carried scratch value (an scf.for
+/// iter_arg that every iteration overwrites without reading):
+/// bufferization.alloc_tensor, which CSE never merges. Two such iter_args
+/// seeded by one merged tensor.empty are given one buffer by One-Shot
+/// Bufferize (neither is read, so no conflict is seen), and an op writing both
+/// then overwrites one result with the other.
+Value loopScratch(OpBuilder &b, Location loc, ArrayRef<OpFoldResult> sizes,
+                  Type elementType);
+
+/// A loopScratch filled with `value`: the seed of an iter_arg that the loop
+/// updates in place, distinct from every other seed even after CSE.
+Value loopFilled(OpBuilder &b, Location loc, ArrayRef<OpFoldResult> sizes,
+                 Value value);
+
 /// `tensor` converted to f32 (arith.extf in a linalg.generic); f32 tensors are
 /// returned unchanged. The result must only be read: it may be an operand.
 Value promoteToF32(OpBuilder &b, Location loc, Value tensor);
