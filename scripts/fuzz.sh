@@ -43,12 +43,19 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
 
 echo "== fuzz: $SECONDS_BUDGET s, $FUZZ_JOBS job(s)"
 status=0
-"$FUZZER" "$corpus" "$seeds" -max_total_time="$SECONDS_BUDGET" -timeout=30 -rss_limit_mb=4096 -max_len=65536 \
+# The ASan runtime must come first in the process (the link puts libstdc++ before it): preload it, as sanitize.sh
+# does for the lit suite.
+LD_PRELOAD="$ASAN_RT" "$FUZZER" "$corpus" "$seeds" -max_total_time="$SECONDS_BUDGET" -timeout=30 -rss_limit_mb=4096 -max_len=65536 \
   -dict="$ROOT/tools/moe-fuzz/mlir.dict" -keep_seed=1 -artifact_prefix="$crashes/" -print_final_stats=1 \
   $( [ "$FUZZ_JOBS" -gt 1 ] && echo "-fork=$FUZZ_JOBS -ignore_crashes=0" ) ${FUZZ_RUNS:+-runs=$FUZZ_RUNS} 2>&1 | tee "$work/log.txt" | grep -E \
   "INITED|DONE|ERROR|==[0-9]+==|moe-fuzz:|Test unit written|stat::number_of_executed_units|Done [0-9]+ runs" || true
 grep -qE "ERROR: libFuzzer|ERROR: AddressSanitizer|runtime error|Test unit written|moe-fuzz: verified" "$work/log.txt" &&
   status=1
 runs=$(grep -oE 'stat::number_of_executed_units: [0-9]+' "$work/log.txt" | grep -oE '[0-9]+$' | tail -1 || true)
+# A fuzzer that did not start (or died before its stats) has tested nothing: that is a failure, not a pass.
+if [ -z "$runs" ] || [ "$runs" -eq 0 ]; then
+  echo "fuzz: the fuzzer ran no input; its log ($work/log.txt) ends:"; tail -5 "$work/log.txt"
+  status=1
+fi
 echo "fuzz: ${runs:-?} inputs in $SECONDS s (budget $SECONDS_BUDGET s${FUZZ_RUNS:+ or $FUZZ_RUNS inputs}), $( [ $status -eq 0 ] && echo "no crash or hang" || echo "FAILED (see $crashes)")"
 exit $status
