@@ -16,6 +16,7 @@
 #include "MoE/IR/MoEDialect.h"
 #include "MoE/Pipelines/Pipelines.h"
 #include "MoE/Runtime/ErrorReporting.h"
+#include "MoE/Support/NestingDepth.h"
 
 #include "mlir/Dialect/Bufferization/IR/Bufferization.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -391,6 +392,12 @@ Executor::compile(llvm::StringRef mlirText, const CompileOptions &options) {
   MLIRContext context(registry, MLIRContext::Threading::DISABLED);
   DiagnosticCollector diagnostics(context);
 
+  // The parser would overflow its stack on deeper nesting (NestingDepth.h).
+  if (std::optional<size_t> at = findExcessiveNesting(mlirText))
+    return makeError("moe::Executor: cannot parse the module: brackets nested "
+                     "deeper than " +
+                     std::to_string(kMaxNestingDepth) + " levels at offset " +
+                     std::to_string(*at));
   OwningOpRef<ModuleOp> module =
       parseSourceString<ModuleOp>(mlirText, &context, "input");
   if (!module)

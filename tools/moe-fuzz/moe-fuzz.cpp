@@ -19,6 +19,7 @@
 #include "MoE/Conversion/Passes.h"
 #include "MoE/IR/MoEDialect.h"
 #include "MoE/Pipelines/Pipelines.h"
+#include "MoE/Support/NestingDepth.h"
 #include "MoE/Transforms/Passes.h"
 
 #include "mlir/IR/BuiltinOps.h"
@@ -107,6 +108,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   // Known crashes of the upstream parser (tools/moe-fuzz/upstream/*.mlir
   // reproduce them): not ours to fix, and they would hide ours.
   if (text.find("linalg.reduce") != std::string::npos)
+    return 0;
+  // The parser's recursion per nesting level (upstream, no limit): moe-opt
+  // rejects such input before parsing with the same check.
+  if (moe::findExcessiveNesting(text))
     return 0;
   MLIRContext &ctx = context();
 

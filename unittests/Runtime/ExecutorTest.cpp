@@ -436,6 +436,14 @@ TEST(ExecutorCompileTest, ParseError) {
   EXPECT_NE(msg.find("error:"), std::string::npos) << msg;
 }
 
+TEST(ExecutorCompileTest, DeepNestingIsAnErrorNotAStackOverflow) {
+  std::string text = "func.func private @f(%a: " + std::string(100000, '(') + ")";
+  auto compiled = Executor::compile(text);
+  ASSERT_FALSE(bool(compiled));
+  std::string msg = llvm::toString(compiled.takeError());
+  EXPECT_NE(msg.find("nested deeper than 1024 levels"), std::string::npos) << msg;
+}
+
 TEST(ExecutorCompileTest, VerifierErrorOfAMoEOp) {
   // k > K: the moe verifier rejects it at parse time, with its own message.
   auto compiled = Executor::compile(R"mlir(
