@@ -253,36 +253,20 @@ def run_case(g: GpuLib, case: C.Case, args) -> dict:
         except Exception as exc:  # noqa: BLE001
             rec["torch_kernel"] = {"error": str(exc)[:300]}
         ref = case.eager(*inputs)
-        if outs is not None:
-            try:
-                rec["max_abs_err"] = case.check(inputs, outs, ref)
-                rec["check"] = "ok"
-            except AssertionError as exc:
-                rec["check"] = f"FAIL: {exc}"
-        else:
-            rec["check"] = "not run"
+        C.record_check(rec, case, inputs, outs, ref)
         del ref
 
     # ---- torch.compile
     if args.compile:
-        try:
-            torch._dynamo.reset()
-            fn = torch.compile(case.eager, dynamic=False)
-            with torch.inference_mode():
-                t0 = time.perf_counter()
-                fn(*inputs)
-                torch.cuda.synchronize()
-                rec["torch_compile_compile_s"] = round(time.perf_counter() - t0, 2)
-                cfn = lambda: fn(*inputs)  # noqa: E731
-                rec["torch_compile"] = host_latency(cfn, reps=args.reps)
-                rec["torch_compile_ms"] = rec["torch_compile"]["median_ms"]
-                try:
-                    rec["torch_compile_kernel"] = kernel_time(cfn)
-                except Exception as exc:  # noqa: BLE001
-                    rec["torch_compile_kernel"] = {"error": str(exc)[:300]}
-        except Exception as exc:  # noqa: BLE001
-            rec["torch_compile_ms"] = None
-            rec["torch_compile_error"] = " | ".join(f"{type(exc).__name__}: {exc}".splitlines()[:3])[:600]
+        def time_compiled(fn):
+            rec["torch_compile"] = host_latency(fn, reps=args.reps)
+            rec["torch_compile_ms"] = rec["torch_compile"]["median_ms"]
+            try:
+                rec["torch_compile_kernel"] = kernel_time(fn)
+            except Exception as exc:  # noqa: BLE001
+                rec["torch_compile_kernel"] = {"error": str(exc)[:300]}
+
+        C.record_torch_compile(rec, case, inputs, time_compiled, sync=torch.cuda.synchronize, ndigits=2)
 
     ok = rec.get("check") == "ok"
     if ok:
