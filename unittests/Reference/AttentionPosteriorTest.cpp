@@ -191,6 +191,15 @@ void check(const Inputs &in, const Options &o, double rtol = 1e-4,
   EXPECT_TRUE(allClose(out[0], p, rtol, atol)) << "p";
 }
 
+/// check(in, o) with each head selection (the min-entropy head, all heads).
+void checkEachHeadSelect(const Inputs &in) {
+  for (Select select : {Select::MinEntropy, Select::All}) {
+    Options o;
+    o.select = select;
+    check(in, o);
+  }
+}
+
 void checkAllModes(const Inputs &in) {
   for (Select select : {Select::MinEntropy, Select::All})
     for (double sigma : {1.0, 2.0, 0.7}) {
@@ -237,11 +246,7 @@ TEST_F(AttentionPosterior, HalfPrecisionInputs) {
     in.v = in.v.to(t);
     in.wo = in.wo.to(t);
     in.e = in.e.to(t);
-    for (Select select : {Select::MinEntropy, Select::All}) {
-      Options o;
-      o.select = select;
-      check(in, o);
-    }
+    checkEachHeadSelect(in);
   }
 }
 
@@ -253,11 +258,7 @@ TEST_F(AttentionPosterior, CausalMask) {
   Inputs in = randomInputs(2, 4, 9, 9, 8, 4, 5);
   at::Tensor future = at::ones({9, 9}, at::kBool).triu(1);
   in.scores = in.scores.masked_fill(future, -kInf);
-  for (Select select : {Select::MinEntropy, Select::All}) {
-    Options o;
-    o.select = select;
-    check(in, o);
-  }
+  checkEachHeadSelect(in);
 }
 
 TEST_F(AttentionPosterior, FullyMaskedQueryRows) {
