@@ -113,6 +113,18 @@ at::Tensor selectHeads(const at::Tensor &meanEnt) {
   return heads;
 }
 
+/// The min-entropy selection over the posteriors Ap [B, H, N, Nk]: p[b] =
+/// Ap[b, h*] e[b] with each sequence's head h* (selectHeads), and the heads.
+std::pair<at::Tensor, at::Tensor> minEntropyPosterior(const Inputs &in,
+                                                      const at::Tensor &Ap,
+                                                      const at::Tensor &e) {
+  at::Tensor heads = selectHeads(meanEntropy(in.scores));
+  std::vector<at::Tensor> rows;
+  for (int64_t b = 0; b < in.scores.size(0); ++b)
+    rows.push_back(Ap[b][heads[b].item<int64_t>()].matmul(e[b]));
+  return {at::stack(rows), heads};
+}
+
 /// Posterior rows softmax_j(z) of every head, rows with no valid key zero.
 at::Tensor posteriors(const Inputs &in, const Options &o) {
   at::Tensor s = in.scores.to(at::kDouble);
@@ -128,13 +140,8 @@ std::pair<at::Tensor, at::Tensor> reference(const Inputs &in,
   int64_t B = in.scores.size(0);
   at::Tensor e = in.e.to(at::kDouble);
   at::Tensor Ap = posteriors(in, o);
-  if (o.select == Select::MinEntropy) {
-    at::Tensor heads = selectHeads(meanEntropy(in.scores));
-    std::vector<at::Tensor> rows;
-    for (int64_t b = 0; b < B; ++b)
-      rows.push_back(Ap[b][heads[b].item<int64_t>()].matmul(e[b]));
-    return {at::stack(rows), heads};
-  }
+  if (o.select == Select::MinEntropy)
+    return minEntropyPosterior(in, Ap, e);
   at::Tensor s = in.scores.to(at::kDouble);
   at::Tensor zz = at::log_softmax(s, -1) + logLikelihood(in, o);
   at::Tensor lse = at::logsumexp(zz, -1); // [B, H, N]
@@ -374,13 +381,8 @@ std::pair<at::Tensor, at::Tensor> directDensity(const Inputs &in,
   at::Tensor joint = A * density; // [B,H,N,Nk]
   at::Tensor Ap = joint / joint.sum(-1, /*keepdim=*/true);
   at::Tensor e = in.e.to(at::kDouble);
-  if (o.select == Select::MinEntropy) {
-    at::Tensor heads = selectHeads(meanEntropy(in.scores));
-    std::vector<at::Tensor> rows;
-    for (int64_t b = 0; b < B; ++b)
-      rows.push_back(Ap[b][heads[b].item<int64_t>()].matmul(e[b]));
-    return {at::stack(rows), heads};
-  }
+  if (o.select == Select::MinEntropy)
+    return minEntropyPosterior(in, Ap, e);
   at::Tensor prior = at::full({B, H, in.scores.size(2)}, 1.0 / H,
                               at::kDouble); // H[i,h] = 1/H
   at::Tensor Hp = prior * joint.sum(-1);
