@@ -176,10 +176,7 @@ std::string buildIR(const Inputs &in, const Options &o) {
 
 /// Runs the op: {p, head}, or {} on failure.
 std::vector<at::Tensor> runOp(const Inputs &in, const Options &o) {
-  auto module = compile(buildIR(in, o));
-  if (!module)
-    return {};
-  return run(*module, "f", {in.scores, in.u, in.v, in.wo, in.e});
+  return compileAndRun(buildIR(in, o), {in.scores, in.u, in.v, in.wo, in.e}, 2);
 }
 
 void check(const Inputs &in, const Options &o, double rtol = 1e-4,
