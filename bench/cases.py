@@ -7,6 +7,7 @@ the large generated routers), ``mid`` (the quick smoke-test sizes). The 2x targe
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -29,6 +30,38 @@ class Case:
     check: Callable[[list, list, Any], float]   # check(inputs, ours, eager_out) -> max abs error; raises AssertionError
     note: str = ""
     extra: dict = field(default_factory=dict)
+
+
+def record_check(rec: dict, case: Case, inputs: list, outs: Optional[list], ref: Any) -> None:
+    """rec["check"]: "ok" (with rec["max_abs_err"]) when our outputs match the eager ones, "FAIL: ..." when they do
+    not, "not run" when ours produced none."""
+    if outs is None:
+        rec["check"] = "not run"
+        return
+    try:
+        rec["max_abs_err"] = case.check(inputs, outs, ref)
+        rec["check"] = "ok"
+    except AssertionError as exc:
+        rec["check"] = f"FAIL: {exc}"
+
+
+def record_torch_compile(rec: dict, case: Case, inputs: list, time_it: Callable[[Callable[[], Any]], None],
+                         sync: Callable[[], None] = lambda: None, ndigits: int = 3) -> None:
+    """The torch.compile (inductor, static shapes) baseline of ``case.eager``: the first call's seconds in
+    rec["torch_compile_compile_s"] (``sync`` waits for the device), then ``time_it(call)`` records the timings;
+    rec["torch_compile_error"] (and no time) when inductor fails."""
+    try:
+        torch._dynamo.reset()
+        fn = torch.compile(case.eager, dynamic=False)
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            fn(*inputs)
+            sync()
+            rec["torch_compile_compile_s"] = round(time.perf_counter() - t0, ndigits)
+            time_it(lambda: fn(*inputs))
+    except Exception as exc:  # noqa: BLE001
+        rec["torch_compile_ms"] = None
+        rec["torch_compile_error"] = " | ".join(f"{type(exc).__name__}: {exc}".strip().splitlines()[:3])[:600]
 
 
 def _close(name: str, got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> float:

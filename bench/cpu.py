@@ -156,34 +156,16 @@ def run_case(exe: Executor, case: C.Case, args) -> dict:
         rec["torch"] = m
         rec["torch_ms"] = m["median_ms"]
         ref = case.eager(*inputs)
-
-    # ---- check ours against torch (once per case)
-    if outs is not None:
-        try:
-            rec["max_abs_err"] = case.check(inputs, outs, ref)
-            rec["check"] = "ok"
-        except AssertionError as exc:
-            rec["check"] = f"FAIL: {exc}"
-    else:
-        rec["check"] = "not run"
+    C.record_check(rec, case, inputs, outs, ref)  # once per case
     del ref
 
     # ---- torch.compile (inductor) of the same baseline function
     if args.compile:
-        try:
-            torch._dynamo.reset()
-            fn = torch.compile(case.eager, dynamic=False)
-            with torch.inference_mode():
-                t0 = time.perf_counter()
-                fn(*inputs)
-                rec["torch_compile_compile_s"] = round(time.perf_counter() - t0, 3)
-                m = measure(lambda: fn(*inputs), budget, max_reps, cap_s=args.cap)
-            rec["torch_compile"] = m
-            rec["torch_compile_ms"] = m["median_ms"]
-        except Exception as exc:  # noqa: BLE001
-            msg = f"{type(exc).__name__}: {exc}".strip().splitlines()
-            rec["torch_compile_ms"] = None
-            rec["torch_compile_error"] = " | ".join(msg[:3])[:600]
+        def time_compiled(fn):
+            rec["torch_compile"] = measure(fn, budget, max_reps, cap_s=args.cap)
+            rec["torch_compile_ms"] = rec["torch_compile"]["median_ms"]
+
+        C.record_torch_compile(rec, case, inputs, time_compiled)
     else:
         rec["torch_compile_ms"] = None
         rec["torch_compile_error"] = "not run (--no-compile)"

@@ -34,7 +34,8 @@ import torch  # noqa: E402
 
 from .ours import REPO  # noqa: E402
 from .timing import measure  # noqa: E402
-from .torch_ops import add_speedups, kernels_ready, parse_args, result_stem, run_all  # noqa: E402
+from .torch_ops import (add_speedups, compile_inductor, kernels_ready, parse_args, record_correct,  # noqa: E402
+                        result_stem, run_all)
 
 sys.path.insert(0, str(REPO / "python"))
 import moe_mlir  # noqa: E402,F401
@@ -143,25 +144,14 @@ def run_case(case: Case, args) -> dict:
     rec["first_call_ms"] = (time.perf_counter() - t0) * 1e3
     rec["kernel_compiled"] = kcache.stats.compiles > compiles
     rec["kernel_loaded_from_disk"] = kcache.stats.disk_loads > loads
-    try:
-        rec["max_abs_err"] = case.check(inputs, out, case.eager(*inputs))
-        rec["correct"] = True
-    except AssertionError as err:
-        rec["correct"] = False
-        rec["error"] = str(err)
+    record_correct(rec, lambda: case.check(inputs, out, case.eager(*inputs)))
     reps = 20000 if case.regime == "decode" else 200
     rec["ours"] = measure(lambda: case.ours(*inputs), args.budget, reps)
     rec["eager"] = measure(lambda: case.eager(*inputs), args.budget, reps)
     if not args.no_compile:
-        try:
-            torch._dynamo.reset()
-            fn = torch.compile(case.eager, dynamic=False)
-            t0 = time.perf_counter()
-            fn(*inputs)
-            rec["inductor_compile_s"] = time.perf_counter() - t0
-            rec["inductor"] = measure(lambda: fn(*inputs), args.budget, reps)
-        except Exception as err:  # noqa: BLE001
-            rec["inductor_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        compiled = compile_inductor(rec, case.eager, lambda fn: lambda: fn(*inputs))
+        if compiled is not None:
+            rec["inductor"] = measure(compiled, args.budget, reps)
     add_speedups(rec)
     return rec
 

@@ -166,25 +166,12 @@ def run_case(case: C.Case, args) -> dict:
     rec["kernel_compiled"] = kcache.stats.compiles > compiles
     rec["kernel_loaded_from_disk"] = kcache.stats.disk_loads > loads
     ref = case.eager(*inputs)
-    try:
-        rec["max_abs_err"] = case.check(inputs, out, ref)
-        rec["correct"] = True
-    except AssertionError as err:
-        rec["correct"] = False
-        rec["error"] = str(err)
+    record_correct(rec, lambda: case.check(inputs, out, ref))
     fns: dict[str, Callable[[], object]] = {"ours": lambda: ours(*inputs), "eager": lambda: case.eager(*inputs)}
     if not args.no_compile:
-        try:
-            # The cases of one op share the eager function's code object: without a reset, dynamo's recompile
-            # limit would silently turn later cases' "inductor" into eager.
-            torch._dynamo.reset()
-            fn = torch.compile(case.eager, dynamic=False)
-            t0 = time.perf_counter()
-            fn(*inputs)
-            rec["inductor_compile_s"] = time.perf_counter() - t0
-            fns["inductor"] = lambda: fn(*inputs)
-        except Exception as err:  # noqa: BLE001
-            rec["inductor_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        compiled = compile_inductor(rec, case.eager, lambda fn: lambda: fn(*inputs))
+        if compiled is not None:
+            fns["inductor"] = compiled
     if args.sequential:  # the earlier method: each implementation's calls back to back, one after the other
         reps = 20000 if case.regime == "decode" else 200
         rec.update({n: measure(fn, args.budget, reps) for n, fn in fns.items()})
@@ -192,6 +179,34 @@ def run_case(case: C.Case, args) -> dict:
         rec.update(interleaved(fns, args.budget, 400 if case.regime == "decode" else 50))
     add_speedups(rec)
     return rec
+
+
+def record_correct(rec: dict, check: Callable[[], float], key: str = "max_abs_err") -> None:
+    """rec["correct"], with rec[key] the error ``check()`` returns, or rec["error"] when it raises AssertionError."""
+    try:
+        rec[key] = check()
+        rec["correct"] = True
+    except AssertionError as err:
+        rec["correct"] = False
+        rec["error"] = str(err)
+
+
+def compile_inductor(rec: dict, eager: Callable,
+                     bind: Callable[[Callable], Callable[[], object]]) -> Callable[[], object] | None:
+    """torch.compile(eager) (inductor, static shapes) made a call by ``bind``, after a first call whose seconds go
+    to rec["inductor_compile_s"]; None, with rec["inductor_error"], when inductor fails. Resets dynamo first: the
+    cases of one op share the eager function's code object, and without a reset dynamo's recompile limit would
+    silently turn later cases' "inductor" into eager."""
+    try:
+        torch._dynamo.reset()
+        call = bind(torch.compile(eager, dynamic=False))
+        t0 = time.perf_counter()
+        call()
+        rec["inductor_compile_s"] = time.perf_counter() - t0
+        return call
+    except Exception as err:  # noqa: BLE001
+        rec["inductor_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        return None
 
 
 def add_speedups(rec: dict) -> None:

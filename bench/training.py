@@ -30,8 +30,8 @@ import torch  # noqa: E402
 
 from . import cases as C  # noqa: E402
 from .timing import measure  # noqa: E402
-from .torch_ops import (add_speedups, kernels_ready, ours_call, parse_args, result_stem, run_all,  # noqa: E402
-                        select_cases, table_row)
+from .torch_ops import (add_speedups, compile_inductor, kernels_ready, ours_call, parse_args,  # noqa: E402
+                        record_correct, result_stem, run_all, select_cases, table_row)
 
 DIFFERENTIABLE = ("topk_renorm", "similarity_inform", "similarity_inform_topk", "attention_posterior",
                   "hyper_router")
@@ -75,25 +75,14 @@ def run_case(case: C.Case, args) -> dict:
     t0 = time.perf_counter()
     got = ours()
     rec["first_call_ms"] = (time.perf_counter() - t0) * 1e3
-    try:
-        rec["max_abs_grad_err"] = _grad_error(got, eager())
-        rec["correct"] = True
-    except AssertionError as err:
-        rec["correct"] = False
-        rec["error"] = str(err)
+    record_correct(rec, lambda: _grad_error(got, eager()), key="max_abs_grad_err")
     reps = 20000 if case.regime == "decode" else 100
     rec["ours"] = measure(ours, args.budget, reps)
     rec["eager"] = measure(eager, args.budget, reps)
     if not args.no_compile:
-        try:
-            torch._dynamo.reset()  # see bench/torch_ops.py: one code object per op
-            compiled = fwd_bwd(torch.compile(case.eager, dynamic=False), inputs)
-            t0 = time.perf_counter()
-            compiled()
-            rec["inductor_compile_s"] = time.perf_counter() - t0
+        compiled = compile_inductor(rec, case.eager, lambda fn: fwd_bwd(fn, inputs))
+        if compiled is not None:
             rec["inductor"] = measure(compiled, args.budget, reps)
-        except Exception as err:  # noqa: BLE001
-            rec["inductor_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
     add_speedups(rec)
     return rec
 

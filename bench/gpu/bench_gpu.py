@@ -186,6 +186,17 @@ def kernel_time(fn, after=None, reps=20) -> dict:
             "names": [n[:80] for n in names[:8]]}
 
 
+def time_into(rec: dict, key: str, fn, after=None, reps: int = 50) -> None:
+    """rec[key] and rec[key_ms]: the host latency of ``fn``; rec[key_kernel]: its GPU time (or the profiler's
+    error: CUPTI may be unavailable)."""
+    rec[key] = host_latency(fn, after, reps=reps)
+    rec[f"{key}_ms"] = rec[key]["median_ms"]
+    try:
+        rec[f"{key}_kernel"] = kernel_time(fn, after)
+    except Exception as exc:  # noqa: BLE001
+        rec[f"{key}_kernel"] = {"error": str(exc)[:300]}
+
+
 def copy_bandwidth() -> float:
     """Device-to-device copy of 1 GiB: (read + write bytes) / time, best of 10."""
     x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
@@ -233,12 +244,7 @@ def run_case(g: GpuLib, case: C.Case, args) -> dict:
             raise RuntimeError(f"CUDA driver error: {err}")
         outs = call.fetch()
         call.free()
-        rec["ours"] = host_latency(call, call.free, reps=args.reps)
-        rec["ours_ms"] = rec["ours"]["median_ms"]
-        try:
-            rec["ours_kernel"] = kernel_time(call, call.free)
-        except Exception as exc:  # noqa: BLE001
-            rec["ours_kernel"] = {"error": str(exc)[:300]}
+        time_into(rec, "ours", call, call.free, reps=args.reps)
     except Exception as exc:  # noqa: BLE001
         rec["ours_error"] = f"{type(exc).__name__}: {exc}"[:1000]
         outs = None
@@ -246,43 +252,15 @@ def run_case(g: GpuLib, case: C.Case, args) -> dict:
     # ---- eager
     eager = lambda: case.eager(*inputs)  # noqa: E731
     with torch.inference_mode():
-        rec["torch"] = host_latency(eager, reps=args.reps)
-        rec["torch_ms"] = rec["torch"]["median_ms"]
-        try:
-            rec["torch_kernel"] = kernel_time(eager)
-        except Exception as exc:  # noqa: BLE001
-            rec["torch_kernel"] = {"error": str(exc)[:300]}
+        time_into(rec, "torch", eager, reps=args.reps)
         ref = case.eager(*inputs)
-        if outs is not None:
-            try:
-                rec["max_abs_err"] = case.check(inputs, outs, ref)
-                rec["check"] = "ok"
-            except AssertionError as exc:
-                rec["check"] = f"FAIL: {exc}"
-        else:
-            rec["check"] = "not run"
+        C.record_check(rec, case, inputs, outs, ref)
         del ref
 
     # ---- torch.compile
     if args.compile:
-        try:
-            torch._dynamo.reset()
-            fn = torch.compile(case.eager, dynamic=False)
-            with torch.inference_mode():
-                t0 = time.perf_counter()
-                fn(*inputs)
-                torch.cuda.synchronize()
-                rec["torch_compile_compile_s"] = round(time.perf_counter() - t0, 2)
-                cfn = lambda: fn(*inputs)  # noqa: E731
-                rec["torch_compile"] = host_latency(cfn, reps=args.reps)
-                rec["torch_compile_ms"] = rec["torch_compile"]["median_ms"]
-                try:
-                    rec["torch_compile_kernel"] = kernel_time(cfn)
-                except Exception as exc:  # noqa: BLE001
-                    rec["torch_compile_kernel"] = {"error": str(exc)[:300]}
-        except Exception as exc:  # noqa: BLE001
-            rec["torch_compile_ms"] = None
-            rec["torch_compile_error"] = " | ".join(f"{type(exc).__name__}: {exc}".splitlines()[:3])[:600]
+        C.record_torch_compile(rec, case, inputs, lambda fn: time_into(rec, "torch_compile", fn, reps=args.reps),
+                               sync=torch.cuda.synchronize, ndigits=2)
 
     ok = rec.get("check") == "ok"
     if ok:

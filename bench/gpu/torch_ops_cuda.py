@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "python"))
 
 from bench import cases as C  # noqa: E402
-from bench.torch_ops import decode_cases, ours_call  # noqa: E402
+from bench.torch_ops import decode_cases, ours_call, record_correct  # noqa: E402
 
 
 def cases() -> list[C.Case]:
@@ -81,11 +81,7 @@ def run_case(case: C.Case, args) -> dict:
     out = [o.cpu() for o in (lambda r: r if isinstance(r, (tuple, list)) else [r])(ours(*inputs))]
     ref = case.eager(*[t.cpu() for t in inputs])
     rec = {"case": case.name, "op": case.op, "regime": case.regime, "T": case.params.get("T")}
-    try:
-        rec["max_abs_err"] = case.check([t.cpu() for t in inputs], out, ref)
-        rec["correct"] = True
-    except AssertionError as err:
-        rec["correct"], rec["error"] = False, str(err)
+    record_correct(rec, lambda: case.check([t.cpu() for t in inputs], out, ref))
     fns = {"ours": lambda: ours(*inputs), "eager": lambda: case.eager(*inputs)}
     for fn in fns.values():  # warm-up (the eager path's first CUDA calls load its kernels)
         fn()

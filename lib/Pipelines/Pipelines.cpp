@@ -29,6 +29,7 @@
 #include "MoE/Pipelines/Pipelines.h"
 #include "MoE/Conversion/MoEToCPU/MoEToCPU.h"
 #include "MoE/Conversion/Passes.h"
+#include "MoE/Pipelines/Bufferize.h"
 #include "MoE/Pipelines/Passes.h"
 #include "MoE/Transforms/Passes.h"
 
@@ -231,11 +232,7 @@ void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm,
 
   // Tensors -> buffers, across function boundaries so that the public
   // functions take plain strided memrefs the ExecutionEngine can pass.
-  bufferization::OneShotBufferizePassOptions bufferize;
-  bufferize.bufferizeFunctionBoundaries = true;
-  bufferize.functionBoundaryTypeConversion =
-      bufferization::LayoutMapOption::IdentityLayoutMap;
-  pm.addPass(bufferization::createOneShotBufferizePass(bufferize));
+  moe::addOneShotBufferizeAcrossFunctions(pm);
   if (options.resultsToOutParams) {
     // Destination-passing calls (the torch ops' kernels): the caller's buffers
     // replace the allocations the kernels return, so results are written in

@@ -43,10 +43,11 @@
 #include "llvm/Support/TargetSelect.h"
 #include "llvm/Support/raw_ostream.h"
 
-#include <cstdlib>
-#include <cstring>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
 #include <mutex>
 
 using namespace mlir;
@@ -65,45 +66,32 @@ static_assert(kDynamicSize == ShapedType::kDynamic,
 // DType, HostTensor, Tensor
 //===----------------------------------------------------------------------===//
 
-size_t mlir::moe::dtypeSize(DType dtype) {
-  switch (dtype) {
-  case DType::F64:
-  case DType::I64:
-    return 8;
-  case DType::F32:
-  case DType::I32:
-    return 4;
-  case DType::F16:
-  case DType::BF16:
-    return 2;
-  case DType::I1:
-  case DType::I8:
-    return 1;
-  }
-  llvm_unreachable("unknown dtype");
-}
+namespace {
+/// What the execution API knows of an element type: its MLIR spelling and its
+/// size in bytes (i1 is stored as one byte).
+struct DTypeInfo {
+  DType dtype;
+  const char *name;
+  size_t size;
+};
+constexpr DTypeInfo kDTypes[] = {
+    {DType::F32, "f32", 4}, {DType::F16, "f16", 2}, {DType::BF16, "bf16", 2},
+    {DType::F64, "f64", 8}, {DType::I1, "i1", 1},   {DType::I8, "i8", 1},
+    {DType::I32, "i32", 4}, {DType::I64, "i64", 8}};
+static_assert(std::size(kDTypes) == size_t(DType::I64) + 1,
+              "one row per DType");
 
-llvm::StringRef mlir::moe::dtypeName(DType dtype) {
-  switch (dtype) {
-  case DType::F32:
-    return "f32";
-  case DType::F16:
-    return "f16";
-  case DType::BF16:
-    return "bf16";
-  case DType::F64:
-    return "f64";
-  case DType::I1:
-    return "i1";
-  case DType::I8:
-    return "i8";
-  case DType::I32:
-    return "i32";
-  case DType::I64:
-    return "i64";
-  }
+const DTypeInfo &info(DType dtype) {
+  for (const DTypeInfo &row : kDTypes)
+    if (row.dtype == dtype)
+      return row;
   llvm_unreachable("unknown dtype");
 }
+} // namespace
+
+size_t mlir::moe::dtypeSize(DType dtype) { return info(dtype).size; }
+
+llvm::StringRef mlir::moe::dtypeName(DType dtype) { return info(dtype).name; }
 
 static int64_t product(llvm::ArrayRef<int64_t> shape) {
   int64_t n = 1;

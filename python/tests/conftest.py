@@ -15,6 +15,9 @@ if _PACKAGE_ROOT not in sys.path:
     sys.path.insert(0, _PACKAGE_ROOT)
 
 import pytest  # noqa: E402
+
+# The helpers the torch-op tests share assert too: show the values when they fail.
+pytest.register_assert_rewrite("torch_checks")
 import torch  # noqa: E402
 
 import moe_mlir  # noqa: E402,F401  (registers torch.ops.moe.*)

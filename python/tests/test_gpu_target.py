@@ -278,13 +278,23 @@ def _cuda(x):
     return x.cuda() if isinstance(x, torch.Tensor) else x
 
 
+def _compiled_on_cuda(mod, use_custom_ops: bool):
+    """A seed model's example on the GPU: (model, args, compile(model, args, target="cuda")); the plain-torch
+    model's compile warnings are silenced."""
+    model, args = mod.example(use_custom_ops=use_custom_ops)
+    model = model.cuda().eval()
+    args = tuple(_cuda(a) for a in args)
+    with warnings.catch_warnings():
+        if not use_custom_ops:
+            warnings.simplefilter("ignore")
+        c = compile(model, args, target="cuda")
+    return model, args, c
+
+
 @needs_cuda
 @pytest.mark.parametrize("mod", MODELS, ids=MODEL_IDS)
 def test_cuda_model_matches_eager_cuda(mod, gpu_toolchain):
-    model, args = mod.example(use_custom_ops=True)
-    model = model.cuda().eval()
-    args = tuple(_cuda(a) for a in args)
-    c = compile(model, args, target="cuda")
+    model, args, c = _compiled_on_cuda(mod, use_custom_ops=True)
     with torch.no_grad():
         want = model(*args)
         got = c(*args)
@@ -302,12 +312,7 @@ def test_cuda_model_matches_eager_cuda(mod, gpu_toolchain):
 @needs_cuda
 @pytest.mark.parametrize("mod", MODELS, ids=MODEL_IDS)
 def test_cuda_plain_torch_model_matches_eager_cuda(mod, gpu_toolchain):
-    model, args = mod.example(use_custom_ops=False)
-    model = model.cuda().eval()
-    args = tuple(_cuda(a) for a in args)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        c = compile(model, args, target="cuda")
+    model, args, c = _compiled_on_cuda(mod, use_custom_ops=False)
     with torch.no_grad():
         assert_same(c(*args), model(*args), atol=1e-4, rtol=1e-4)
 

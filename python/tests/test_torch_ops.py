@@ -1,9 +1,14 @@
-"""torch.ops.moe.* on the compiled CPU kernels (lib/Runtime/Torch + moe_mlir.runtime) against moe_mlir.reference.
+"""torch.ops.moe.* on the compiled kernels against moe_mlir.reference: the CPU kernels (lib/Runtime/Torch +
+moe_mlir.runtime) always, the CUDA kernels (lib/Runtime/Torch/TorchCudaOps.cpp) too when a GPU is present or
+MOE_TEST_DEVICE=cuda asks for them.
 
-Covers: numerics on random and adversarial inputs (ties, NaN, -inf rows, masks, N=1, k=K, zero-sized token
-dimensions), several token counts served by one kernel (the compile counter does not move), the on-disk cache across
-processes, non-contiguous inputs, bad inputs, index errors, opcheck, torch.compile(fullgraph=True), autograd through
-the C++ autograd kernel, and the eager fallback when the kernels are disabled.
+The device suite (the tests that take ``dev``) runs on every device: numerics on random and adversarial inputs (ties,
+NaN, -inf rows, masks, N=1, k=K, zero-sized token dimensions, f16/bf16), several token counts served by one kernel
+(the compile counter does not move), non-contiguous inputs, gradients through the kernels. The tests that take
+``cuda`` are CUDA behaviour (a side stream, a call captured in a CUDA graph, index errors read after a
+synchronization, head_select='all' running the reference). test_torch_ops_cuda.py runs both on one device only
+(scripts/gpu-check.sh and test/GPU/check run it by name). The CPU-only tests: the on-disk cache across processes, bad
+inputs, index errors, opcheck, torch.compile(fullgraph=True), the eager fallback when the kernels are disabled.
 """
 
 from __future__ import annotations
@@ -21,53 +26,58 @@ import moe_mlir
 from moe_mlir import ops
 from moe_mlir import reference as R
 from moe_mlir.runtime import cache
+from torch_checks import INF, NAN, cuda_wanted, device_param, gen, needs_cpu_kernels, same, to
 
-NAN, INF = float("nan"), float("inf")
 #: The package under test, for subprocesses.
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
 
-pytestmark = pytest.mark.skipif(
-    not ops.kernels_available(),
-    reason=f"compiled kernels unavailable: {ops._KERNELS_UNAVAILABLE} (build the project: cmake --build build)",
-)
+pytestmark = needs_cpu_kernels
 
 
-def same(ours, ref, atol=2e-6, rtol=2e-5):
-    ours = ours if isinstance(ours, tuple) else (ours,)
-    ref = ref if isinstance(ref, tuple) else (ref,)
-    assert len(ours) == len(ref)
-    for o, r in zip(ours, ref):
-        assert o.shape == r.shape, (o.shape, r.shape)
-        assert o.dtype == r.dtype, (o.dtype, r.dtype)
-        if o.is_floating_point():
-            torch.testing.assert_close(o, r, atol=atol, rtol=rtol, equal_nan=True)
-        else:
-            assert torch.equal(o, r), (o, r)
+@pytest.fixture(params=[device_param("cpu")] + ([device_param("cuda")] if cuda_wanted() else []))
+def dev(request) -> str:
+    """The device the kernels run on (the references on the CPU)."""
+    return request.param
 
 
-def gen(seed=0):
-    return torch.Generator().manual_seed(seed)
+@pytest.fixture(params=[device_param("cuda") if cuda_wanted() else
+                        pytest.param("cuda", marks=pytest.mark.skip(reason="CUDA behaviour: no GPU "
+                                                                    "(MOE_TEST_DEVICE=cuda asks for it)"))])
+def cuda(request) -> str:
+    return request.param
+
+
+def cuda_tol(dev: str, atol: float, rtol: float) -> dict:
+    """Looser tolerances on CUDA only: its warp and block reductions sum in another order than the CPU kernels."""
+    return dict(atol=atol, rtol=rtol) if dev == "cuda" else {}
+
+
+def ran_kernel(op: str, dev: str) -> bool:
+    """Our kernel of ``op`` ran on ``dev`` (the references leave no key)."""
+    on = (lambda k: "|device=cuda:" in k) if dev == "cuda" else (lambda k: "|device=" not in k)
+    return any(k.startswith(op + "|") and on(k) for k in cache.stats.keys)
 
 
 # ================================================================================================================
-# Numerics
+# Numerics (the device suite)
 # ================================================================================================================
 
 
 @pytest.mark.parametrize("mode", ["logits", "probs"])
 @pytest.mark.parametrize("renormalize", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_topk_renorm_random(mode, renormalize, dtype):
-    g = gen()
-    x = torch.randn(3, 5, 16, generator=g)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_topk_renorm_random(dev, mode, renormalize, dtype):
+    x = torch.randn(3, 5, 16, generator=gen())
     if mode == "probs":
         x = torch.softmax(x, -1)
     x = x.to(dtype)
     for k in (1, 3, 16):
-        same(torch.ops.moe.topk_renorm(x, k, mode, renormalize), R.topk_renorm(x, k, mode, renormalize))
+        same(torch.ops.moe.topk_renorm(x.to(dev), k, mode, renormalize), R.topk_renorm(x, k, mode, renormalize),
+             device=dev, **cuda_tol(dev, 1e-5, 1e-5))
+    assert ran_kernel("topk_renorm", dev)
 
 
-def test_topk_renorm_adversarial():
+def test_topk_renorm_adversarial(dev):
     x = torch.tensor([
         [1.0, 1.0, 1.0, 1.0, 1.0, 1.0],           # all tied: lowest indices
         [0.0, NAN, 2.0, NAN, 2.0, -1.0],           # NaN first, then ties to the lowest index
@@ -78,15 +88,20 @@ def test_topk_renorm_adversarial():
     for mode in ("logits", "probs"):
         for renormalize in (True, False):
             for k in (1, 2, 6):
-                same(torch.ops.moe.topk_renorm(x, k, mode, renormalize), R.topk_renorm(x, k, mode, renormalize))
+                same(torch.ops.moe.topk_renorm(x.to(dev), k, mode, renormalize),
+                     R.topk_renorm(x, k, mode, renormalize), device=dev)
     p = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.5, 0.25, 0.25, 0.0]])  # zero sum: zero weights
-    same(torch.ops.moe.topk_renorm(p, 2, "probs", True), R.topk_renorm(p, 2, "probs", True))
+    same(torch.ops.moe.topk_renorm(p.to(dev), 2, "probs", True), R.topk_renorm(p, 2, "probs", True), device=dev)
+    big = torch.randn(2, 1500, generator=gen(1))  # K > 1024: the block-per-token kernel on CUDA
+    big[0, 7] = big[0, 900] = 50.0                 # a tie across the block
+    same(torch.ops.moe.topk_renorm(big.to(dev), 4), R.topk_renorm(big, 4, "logits", True), atol=1e-5, rtol=1e-5,
+         device=dev)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("with_ws", [False, True])
 @pytest.mark.parametrize("with_mask", [False, True])
-def test_similarity_inform(causal, with_ws, with_mask):
+def test_similarity_inform(dev, causal, with_ws, with_mask):
     g = gen(1)
     B, N, D, K = 2, 9, 8, 6
     u = torch.randn(B, N, D, generator=g)
@@ -96,21 +111,25 @@ def test_similarity_inform(causal, with_ws, with_mask):
     if with_mask:
         m = torch.rand(B, N, generator=g) > 0.4
         m[1] = False  # a sequence with every key masked: zero rows
-    same(torch.ops.moe.similarity_inform(u, e, ws, m, 0.7, causal), R.similarity_inform(u, e, ws, m, 0.7, causal))
+    same(torch.ops.moe.similarity_inform(*to(dev, u, e, ws, m), 0.7, causal),
+         R.similarity_inform(u, e, ws, m, 0.7, causal), device=dev, **cuda_tol(dev, 1e-5, 1e-4))
     for k in (1, K):
-        same(torch.ops.moe.similarity_inform_topk(u, e, k, ws, m, 0.7, causal, True),
-             R.similarity_inform_topk(u, e, ws, m, k, True, 0.7, causal), atol=1e-5, rtol=1e-4)
+        same(torch.ops.moe.similarity_inform_topk(*to(dev, u, e), k, *to(dev, ws, m), 0.7, causal, True),
+             R.similarity_inform_topk(u, e, ws, m, k, True, 0.7, causal), atol=1e-5, rtol=1e-4, device=dev)
+    assert ran_kernel("similarity_inform", dev) and ran_kernel("similarity_inform_topk", dev)
 
 
-def test_similarity_inform_nan_and_single_token():
+def test_similarity_inform_nan_and_single_token(dev):
     g = gen(2)
     u = torch.randn(1, 1, 4, generator=g)
     e = torch.softmax(torch.randn(1, 1, 3, generator=g), -1)
-    same(torch.ops.moe.similarity_inform(u, e), R.similarity_inform(u, e, None, None, 1.0, False))
+    same(torch.ops.moe.similarity_inform(*to(dev, u, e)), R.similarity_inform(u, e, None, None, 1.0, False),
+         device=dev)
     u = torch.randn(2, 5, 4, generator=g)
     e = torch.softmax(torch.randn(2, 5, 3, generator=g), -1)
     e[0, 2, 1] = NAN  # propagates to the rows that mix key 2
-    same(torch.ops.moe.similarity_inform(u, e, None, None, 1.0, True), R.similarity_inform(u, e, None, None, 1.0, True))
+    same(torch.ops.moe.similarity_inform(*to(dev, u, e), None, None, 1.0, True),
+         R.similarity_inform(u, e, None, None, 1.0, True), device=dev, **cuda_tol(dev, 1e-5, 1e-4))
 
 
 def _attention_inputs(g, B=2, H=3, N=5, Nk=7, D=8, Dh=4, K=6):
@@ -122,17 +141,36 @@ def _attention_inputs(g, B=2, H=3, N=5, Nk=7, D=8, Dh=4, K=6):
     return s, u, v, wo, e
 
 
-@pytest.mark.parametrize("head_select", ["min_entropy", "all"])
-@pytest.mark.parametrize("head_scale", [None, 1.0])
-def test_attention_posterior(head_select, head_scale):
+def _check_attention_posterior(dev, head_select, head_scale):
     s, u, v, wo, e = _attention_inputs(gen(3))
     s[0, :, 1, :] = -INF  # a fully masked query row in every head
     s[1, 0, :, 2] = -INF  # a key masked in one head
-    same(torch.ops.moe.attention_posterior(s, u, v, wo, e, 0.8, head_select, head_scale),
-         R.attention_posterior(s, u, v, wo, e, 0.8, head_select, head_scale), atol=1e-5, rtol=1e-4)
+    same(torch.ops.moe.attention_posterior(*to(dev, s, u, v, wo, e), 0.8, head_select, head_scale),
+         R.attention_posterior(s, u, v, wo, e, 0.8, head_select, head_scale), atol=1e-5, rtol=1e-4, device=dev)
     for k in (1, e.shape[2]):
-        same(torch.ops.moe.attention_posterior_topk(s, u, v, wo, e, k, 0.8, head_select, head_scale, True),
-             R.attention_posterior_topk(s, u, v, wo, e, k, True, 0.8, head_select, head_scale), atol=1e-5, rtol=1e-4)
+        same(torch.ops.moe.attention_posterior_topk(*to(dev, s, u, v, wo, e), k, 0.8, head_select, head_scale, True),
+             R.attention_posterior_topk(s, u, v, wo, e, k, True, 0.8, head_select, head_scale), atol=1e-5,
+             rtol=1e-4, device=dev)
+
+
+@pytest.mark.parametrize("head_scale", [None, 1.0])
+def test_attention_posterior(dev, head_scale):
+    _check_attention_posterior(dev, "min_entropy", head_scale)
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("head_scale", [None, 1.0])
+def test_attention_posterior_all_heads(head_scale):
+    """head_select='all' on the CPU kernels (CUDA has none: test_attention_posterior_all_heads_runs_the_reference)."""
+    _check_attention_posterior("cpu", "all", head_scale)
+
+
+def test_attention_posterior_all_heads_runs_the_reference(cuda):
+    """head_select='all' has no GPU kernel: the CUDA call runs the eager reference (on the device), no kernel."""
+    keys = len(cache.stats.keys)
+    for head_scale in (None, 1.0):
+        _check_attention_posterior(cuda, "all", head_scale)
+    assert len(cache.stats.keys) == keys
 
 
 @pytest.mark.parametrize("B,H,N,Nk,D,Dh,K", [
@@ -152,48 +190,49 @@ def test_attention_posterior_sizes(B, H, N, Nk, D, Dh, K):
 @pytest.mark.parametrize("normalize", ["feature", "expert", "global"])
 @pytest.mark.parametrize("measure", ["mad", "variance"])
 @pytest.mark.parametrize("empty", ["identity", "raw"])
-def test_mad_dispersion(normalize, measure, empty):
+def test_mad_dispersion(dev, normalize, measure, empty):
     g = gen(4)
     x = torch.randn(40, 12, generator=g)
     a = torch.randint(0, 5, (40,), generator=g)
     a[a == 3] = 0  # an empty cluster
-    a[0] = 4
     a[a == 4] = 2
     a[0] = 4       # a singleton cluster
     for clip in (0.0, 2.0):
-        same(torch.ops.moe.mad_dispersion(x, a, 5, 1e-3, clip, normalize, measure, empty),
-             R.mad_dispersion(x, a, 5, 1e-3, clip, normalize, measure, empty), atol=1e-5, rtol=1e-4)
+        same(torch.ops.moe.mad_dispersion(*to(dev, x, a), 5, 1e-3, clip, normalize, measure, empty),
+             R.mad_dispersion(x, a, 5, 1e-3, clip, normalize, measure, empty), atol=1e-5, rtol=1e-4, device=dev)
 
 
 @pytest.mark.parametrize("norm", ["row", "col", "none"])
 @pytest.mark.parametrize("include_self", [True, False])
-def test_adjacency_update(norm, include_self):
+def test_adjacency_update(dev, norm, include_self):
     g = gen(5)
     a = torch.rand(6, 6, generator=g)
     idx = torch.randint(0, 6, (30, 3), generator=g, dtype=torch.int32)
     idx[0] = torch.tensor([1, 1, 1], dtype=torch.int32)  # repeated index counts once
-    same(torch.ops.moe.adjacency_update(a, idx, 0.8, norm, include_self),
-         R.adjacency_update(a, idx, 0.8, norm, include_self))
+    same(torch.ops.moe.adjacency_update(*to(dev, a, idx), 0.8, norm, include_self),
+         R.adjacency_update(a, idx, 0.8, norm, include_self), device=dev)
 
 
-def test_hyper_router():
+def test_hyper_router(dev):
     g = gen(6)
     emb, w1, b1 = torch.randn(8, generator=g), torch.randn(5, 8, generator=g), torch.randn(5, generator=g)
     w2, b2 = torch.randn(3 * 7, 5, generator=g), torch.randn(21, generator=g)
-    same(torch.ops.moe.hyper_router(emb, w1, b1, w2, b2, 3), R.hyper_router(emb, w1, b1, w2, b2, 3),
-         atol=1e-5, rtol=1e-5)
+    same(torch.ops.moe.hyper_router(*to(dev, emb, w1, b1, w2, b2), 3), R.hyper_router(emb, w1, b1, w2, b2, 3),
+         atol=1e-5, rtol=1e-5, device=dev)
 
 
-def test_zero_sized_token_dims():
-    same(torch.ops.moe.topk_renorm(torch.randn(0, 8), 2), R.topk_renorm(torch.randn(0, 8), 2, "logits", True))
-    same(torch.ops.moe.topk_renorm(torch.randn(3, 0, 8), 2), R.topk_renorm(torch.randn(3, 0, 8), 2, "logits", True))
+def test_zero_sized_token_dims(dev):
+    for shape in ((0, 8), (3, 0, 8)):
+        x = torch.randn(shape)
+        same(torch.ops.moe.topk_renorm(x.to(dev), 2), R.topk_renorm(x, 2, "logits", True), device=dev)
     x, a = torch.randn(0, 4), torch.zeros(0, dtype=torch.int64)
-    same(torch.ops.moe.mad_dispersion(x, a, 3), R.mad_dispersion(x, a, 3, 1e-4, 10.0, "feature", "mad", "identity"))
-    A = torch.rand(4, 4)
-    idx = torch.zeros(0, 2, dtype=torch.int64)
-    same(torch.ops.moe.adjacency_update(A, idx), R.adjacency_update(A, idx, 0.9, "row", True))
+    same(torch.ops.moe.mad_dispersion(*to(dev, x, a), 3),
+         R.mad_dispersion(x, a, 3, 1e-4, 10.0, "feature", "mad", "identity"), device=dev)
+    A, idx = torch.rand(4, 4), torch.zeros(0, 2, dtype=torch.int64)
+    same(torch.ops.moe.adjacency_update(*to(dev, A, idx)), R.adjacency_update(A, idx, 0.9, "row", True), device=dev)
     u, e = torch.randn(0, 4, 8), torch.randn(0, 4, 3)
-    same(torch.ops.moe.similarity_inform(u, e), R.similarity_inform(u, e, None, None, 1.0, False))
+    same(torch.ops.moe.similarity_inform(*to(dev, u, e)), R.similarity_inform(u, e, None, None, 1.0, False),
+         device=dev)
 
 
 # ================================================================================================================
@@ -201,21 +240,116 @@ def test_zero_sized_token_dims():
 # ================================================================================================================
 
 
-def test_token_counts_share_one_kernel():
+def test_token_counts_share_one_kernel(dev):
     g = gen(7)
     x = torch.randn(3, 24, generator=g)
-    torch.ops.moe.topk_renorm(x, 5, "logits", False)  # compiled or loaded once
+    torch.ops.moe.topk_renorm(x.to(dev), 5, "logits", False)  # compiled or loaded once
     u = torch.randn(1, 3, 8, generator=g)
-    torch.ops.moe.similarity_inform(u, torch.rand(1, 3, 4, generator=g), None, None, 0.3, True)
+    torch.ops.moe.similarity_inform(*to(dev, u, torch.rand(1, 3, 4, generator=g)), None, None, 0.3, True)
     before = (cache.stats.compiles, cache.stats.disk_loads)
     for T in (1, 2, 17, 64, 257, 1000):
         x = torch.randn(T, 24, generator=g)
-        same(torch.ops.moe.topk_renorm(x, 5, "logits", False), R.topk_renorm(x, 5, "logits", False))
+        same(torch.ops.moe.topk_renorm(x.to(dev), 5, "logits", False), R.topk_renorm(x, 5, "logits", False),
+             device=dev)
     for B, N in ((1, 1), (2, 7), (3, 40)):
         u, e = torch.randn(B, N, 8, generator=g), torch.rand(B, N, 4, generator=g)
-        same(torch.ops.moe.similarity_inform(u, e, None, None, 0.3, True),
-             R.similarity_inform(u, e, None, None, 0.3, True), atol=1e-5, rtol=1e-4)
+        same(torch.ops.moe.similarity_inform(*to(dev, u, e), None, None, 0.3, True),
+             R.similarity_inform(u, e, None, None, 0.3, True), atol=1e-5, rtol=1e-4, device=dev)
     assert (cache.stats.compiles, cache.stats.disk_loads) == before
+
+
+def test_gradients_through_the_kernels(dev):
+    x = torch.randn(6, 8, generator=gen(11)).to(dev).requires_grad_()
+    w, _ = torch.ops.moe.topk_renorm(x, 3)
+    (w * torch.arange(3.0, device=dev)).sum().backward()
+    x2 = x.detach().cpu().clone().requires_grad_()
+    w2, _ = R.topk_renorm(x2, 3, "logits", True)
+    (w2 * torch.arange(3.0)).sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), x2.grad, **cuda_tol(dev, 1e-5, 1e-5))
+    with torch.no_grad():
+        w, _ = torch.ops.moe.topk_renorm(x, 3)
+    assert w.grad_fn is None and not w.requires_grad
+    # stop-gradient ops: outputs never require grad
+    t = torch.randn(5, 3).to(dev).requires_grad_()
+    w, _ = torch.ops.moe.mad_dispersion(t, torch.tensor([0, 1, 0, 1, 1], device=dev), 2)
+    assert not w.requires_grad
+
+
+# ================================================================================================================
+# CUDA behaviour: streams, CUDA graphs, deferred index errors, the dispatcher
+# ================================================================================================================
+
+
+def _cuda_only_calls(dev):
+    """The op calls of the CUDA tests below, with their shapes and dtypes (so their kernels' keys), each checked
+    against the reference: on the CPU they record those kernels for the GPU check to prebuild."""
+    g = gen(13)
+    for K in (64, 32):
+        x = torch.randn(16, K, generator=g)
+        same(torch.ops.moe.topk_renorm(x.to(dev), 4), R.topk_renorm(x, 4, "logits", True), atol=1e-5, rtol=1e-5,
+             device=dev)
+    a, idx = torch.rand(3, 3, generator=g), torch.tensor([[0, 1], [1, 2]])
+    same(torch.ops.moe.adjacency_update(*to(dev, a, idx)), R.adjacency_update(a, idx, 0.9, "row", True), device=dev)
+    t, asg = torch.randn(5, 3, generator=g), torch.tensor([0, 1, 3, 2, 3])
+    same(torch.ops.moe.mad_dispersion(*to(dev, t, asg), 4),
+         R.mad_dispersion(t, asg, 4, 1e-4, 10.0, "feature", "mad", "identity"), atol=1e-5, rtol=1e-4, device=dev)
+
+
+def test_kernels_of_the_cuda_only_tests(dev):
+    _cuda_only_calls(dev)
+
+
+def test_side_stream_orders_after_its_producers(cuda):
+    """Inputs written on a side stream just before the call: the kernel runs on that (current) stream after them."""
+    x = torch.randn(4096, 64, generator=gen(9))
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        xd = torch.zeros(4096, 64, device=cuda)
+        xd.copy_(x.to(cuda, non_blocking=True) * 2.0)
+        w, i = torch.ops.moe.topk_renorm(xd, 4)
+    side.synchronize()
+    same((w, i), R.topk_renorm(x * 2.0, 4, "logits", True), atol=1e-5, rtol=1e-5, device=cuda)
+
+
+def test_call_is_captured_in_a_cuda_graph(cuda):
+    """No host synchronization and no allocation of the outputs in the kernel: the call can be captured."""
+    x = torch.randn(64, 32, generator=gen(10)).to(cuda)
+    torch.ops.moe.topk_renorm(x, 4)  # loads the kernel before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w, i = torch.ops.moe.topk_renorm(x, 4)
+    fresh = torch.randn(64, 32, generator=gen(11))
+    x.copy_(fresh.to(cuda))
+    graph.replay()
+    same((w, i), R.topk_renorm(fresh, 4, "logits", True), atol=1e-5, rtol=1e-5, device=cuda)
+
+
+def test_index_errors_are_read_after_a_sync(cuda):
+    from moe_mlir.runtime import cuda as moe_cuda
+
+    a, idx = torch.rand(3, 3), torch.tensor([[0, 1], [-1, 2]])
+    out = torch.ops.moe.adjacency_update(*to(cuda, a, idx))  # returns without waiting; the kernel records the error
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=r"moe.adjacency_update: 'idx' holds -1, outside \[0, 3\)"):
+        moe_cuda.check_errors()
+    moe_cuda.check_errors()  # read once: cleared
+    assert out.shape == (3, 3)
+    t, asg = torch.randn(5, 3), torch.tensor([0, 1, 7, 2, 3])
+    torch.ops.moe.mad_dispersion(*to(cuda, t, asg), 4)
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=r"'assign' holds 7, outside \[0, 4\)"):
+        moe_cuda.check_errors()
+
+
+def _assert_every_op_has_a_kernel(key: str) -> None:
+    for name in ops.OP_NAMES + ops.FUSED_OP_NAMES:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"moe::{name}", key), name
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"moe::{name}", "Autograd" + key), name
+
+
+def test_every_op_has_a_cuda_kernel(cuda):
+    _assert_every_op_has_a_kernel("CUDA")
 
 
 def test_disk_cache_across_processes(tmp_path):
@@ -248,16 +382,20 @@ def test_disk_cache_across_processes(tmp_path):
 # ================================================================================================================
 
 
-def test_non_contiguous_inputs():
+def test_non_contiguous_inputs(dev):
     g = gen(8)
-    x = torch.randn(16, 10, generator=g).t()  # [10, 16], transposed
-    same(torch.ops.moe.topk_renorm(x, 2), R.topk_renorm(x, 2, "logits", True))
-    u = torch.randn(2, 8, 12, generator=g)[:, :, ::2]
-    e = torch.softmax(torch.randn(2, 4, 8, generator=g), -1).transpose(1, 2)  # [2, 8, 4]
-    same(torch.ops.moe.similarity_inform(u, e), R.similarity_inform(u, e, None, None, 1.0, False))
-    t = torch.randn(12, 30, generator=g)[:, ::3]
-    a = torch.randint(0, 3, (24,), generator=g)[::2]
-    same(torch.ops.moe.mad_dispersion(t, a, 3), R.mad_dispersion(t, a, 3, 1e-4, 10.0, "feature", "mad", "identity"))
+    x = torch.randn(16, 10, generator=g).t()  # [10, 16], transposed (.to keeps the strides)
+    same(torch.ops.moe.topk_renorm(x.to(dev), 2), R.topk_renorm(x, 2, "logits", True), device=dev)
+    u = torch.randn(2, 8, 12, generator=g)
+    e = torch.softmax(torch.randn(2, 4, 8, generator=g), -1)
+    ud, ed = u.to(dev)[:, :, ::2], e.to(dev).transpose(1, 2)  # [2, 8, 6] strided, [2, 8, 4] transposed
+    same(torch.ops.moe.similarity_inform(ud, ed), R.similarity_inform(u[:, :, ::2], e.transpose(1, 2), None, None,
+                                                                       1.0, False), device=dev,
+         **cuda_tol(dev, 1e-5, 1e-4))
+    t = torch.randn(12, 30, generator=g)
+    a = torch.randint(0, 3, (24,), generator=g)
+    same(torch.ops.moe.mad_dispersion(t.to(dev)[:, ::3], a.to(dev)[::2], 3),
+         R.mad_dispersion(t[:, ::3], a[::2], 3, 1e-4, 10.0, "feature", "mad", "identity"), device=dev)
 
 
 @pytest.mark.parametrize("call, exc, match", [
@@ -328,9 +466,7 @@ def test_opcheck(sample):
 
 
 def test_every_op_has_a_cpu_kernel():
-    for name in ops.OP_NAMES + ops.FUSED_OP_NAMES:
-        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"moe::{name}", "CPU"), name
-        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"moe::{name}", "AutogradCPU"), name
+    _assert_every_op_has_a_kernel("CPU")
 
 
 def test_torch_compile_fullgraph():
@@ -346,24 +482,6 @@ def test_torch_compile_fullgraph():
     same(compiled(u, e, logits), route(u, e, logits))
     u2, e2, l2 = torch.randn(1, 9, 8, generator=g), torch.rand(1, 9, 4, generator=g), torch.randn(1, 9, 4, generator=g)
     same(compiled(u2, e2, l2), route(u2, e2, l2))
-
-
-def test_gradients_through_the_kernels():
-    g = gen(11)
-    x = torch.randn(6, 8, generator=g, requires_grad=True)
-    w, _ = torch.ops.moe.topk_renorm(x, 3)
-    (w * torch.arange(3.0)).sum().backward()
-    x2 = x.detach().clone().requires_grad_()
-    w2, _ = R.topk_renorm(x2, 3, "logits", True)
-    (w2 * torch.arange(3.0)).sum().backward()
-    torch.testing.assert_close(x.grad, x2.grad)
-    with torch.no_grad():
-        w, _ = torch.ops.moe.topk_renorm(x, 3)
-    assert w.grad_fn is None and not w.requires_grad
-    # stop-gradient ops: outputs never require grad
-    t = torch.randn(5, 3, requires_grad=True)
-    w, _ = torch.ops.moe.mad_dispersion(t, torch.tensor([0, 1, 0, 1, 1]), 2)
-    assert not w.requires_grad
 
 
 def test_fallback_to_references_when_disabled(tmp_path):

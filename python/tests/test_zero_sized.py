@@ -14,26 +14,11 @@ import warnings
 import pytest
 import torch
 
-from moe_mlir import ops
 from moe_mlir import reference as R
+from torch_checks import gen as g
+from torch_checks import needs_cpu_kernels, same
 
-pytestmark = pytest.mark.skipif(
-    not ops.kernels_available(),
-    reason=f"compiled kernels unavailable: {ops._KERNELS_UNAVAILABLE} (build the project: cmake --build build)",
-)
-
-
-def same(ours, ref, atol=2e-6, rtol=2e-5):
-    ours = ours if isinstance(ours, tuple) else (ours,)
-    ref = ref if isinstance(ref, tuple) else (ref,)
-    assert len(ours) == len(ref)
-    for o, r in zip(ours, ref):
-        assert o.shape == r.shape, (o.shape, r.shape)
-        assert o.dtype == r.dtype, (o.dtype, r.dtype)
-        if o.is_floating_point():
-            torch.testing.assert_close(o, r, atol=atol, rtol=rtol, equal_nan=True)
-        else:
-            assert torch.equal(o, r), (o, r)
+pytestmark = needs_cpu_kernels
 
 
 def check(op, ref, *args, atol=2e-6, rtol=2e-5):
@@ -43,10 +28,6 @@ def check(op, ref, *args, atol=2e-6, rtol=2e-5):
         out = op(*args)
     same(out, ref(*args), atol=atol, rtol=rtol)
     return out
-
-
-def g(seed=0):
-    return torch.Generator().manual_seed(seed)
 
 
 @pytest.mark.parametrize("shape", [(0, 8), (3, 0, 8), (0, 0, 8)])

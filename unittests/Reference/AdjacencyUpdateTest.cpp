@@ -69,11 +69,9 @@ void check(const at::Tensor &a, const at::Tensor &idx, const Options &o,
                 : o.norm == Norm::Col ? " col"
                                       : " none") +
                (o.includeSelf ? "" : " no-self"));
-  auto module = compile(buildIR(a, idx, o, dynamicTokens));
-  if (!module)
-    return;
-  std::vector<at::Tensor> out = run(*module, "f", {a, idx});
-  if (out.size() != 1)
+  std::vector<at::Tensor> out =
+      compileAndRun(buildIR(a, idx, o, dynamicTokens), {a, idx}, 1);
+  if (out.empty())
     return;
   EXPECT_TRUE(allClose(out[0], reference(a, idx, o), 1e-6, 1e-6));
 }

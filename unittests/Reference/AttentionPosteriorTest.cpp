@@ -113,6 +113,18 @@ at::Tensor selectHeads(const at::Tensor &meanEnt) {
   return heads;
 }
 
+/// The min-entropy selection over the posteriors Ap [B, H, N, Nk]: p[b] =
+/// Ap[b, h*] e[b] with each sequence's head h* (selectHeads), and the heads.
+std::pair<at::Tensor, at::Tensor> minEntropyPosterior(const Inputs &in,
+                                                      const at::Tensor &Ap,
+                                                      const at::Tensor &e) {
+  at::Tensor heads = selectHeads(meanEntropy(in.scores));
+  std::vector<at::Tensor> rows;
+  for (int64_t b = 0; b < in.scores.size(0); ++b)
+    rows.push_back(Ap[b][heads[b].item<int64_t>()].matmul(e[b]));
+  return {at::stack(rows), heads};
+}
+
 /// Posterior rows softmax_j(z) of every head, rows with no valid key zero.
 at::Tensor posteriors(const Inputs &in, const Options &o) {
   at::Tensor s = in.scores.to(at::kDouble);
@@ -128,13 +140,8 @@ std::pair<at::Tensor, at::Tensor> reference(const Inputs &in,
   int64_t B = in.scores.size(0);
   at::Tensor e = in.e.to(at::kDouble);
   at::Tensor Ap = posteriors(in, o);
-  if (o.select == Select::MinEntropy) {
-    at::Tensor heads = selectHeads(meanEntropy(in.scores));
-    std::vector<at::Tensor> rows;
-    for (int64_t b = 0; b < B; ++b)
-      rows.push_back(Ap[b][heads[b].item<int64_t>()].matmul(e[b]));
-    return {at::stack(rows), heads};
-  }
+  if (o.select == Select::MinEntropy)
+    return minEntropyPosterior(in, Ap, e);
   at::Tensor s = in.scores.to(at::kDouble);
   at::Tensor zz = at::log_softmax(s, -1) + logLikelihood(in, o);
   at::Tensor lse = at::logsumexp(zz, -1); // [B, H, N]
@@ -169,10 +176,7 @@ std::string buildIR(const Inputs &in, const Options &o) {
 
 /// Runs the op: {p, head}, or {} on failure.
 std::vector<at::Tensor> runOp(const Inputs &in, const Options &o) {
-  auto module = compile(buildIR(in, o));
-  if (!module)
-    return {};
-  return run(*module, "f", {in.scores, in.u, in.v, in.wo, in.e});
+  return compileAndRun(buildIR(in, o), {in.scores, in.u, in.v, in.wo, in.e}, 2);
 }
 
 void check(const Inputs &in, const Options &o, double rtol = 1e-4,
@@ -189,6 +193,15 @@ void check(const Inputs &in, const Options &o, double rtol = 1e-4,
   auto [p, head] = reference(in, o);
   EXPECT_TRUE(exactlyEqual(out[1], head)) << "head";
   EXPECT_TRUE(allClose(out[0], p, rtol, atol)) << "p";
+}
+
+/// check(in, o) with each head selection (the min-entropy head, all heads).
+void checkEachHeadSelect(const Inputs &in) {
+  for (Select select : {Select::MinEntropy, Select::All}) {
+    Options o;
+    o.select = select;
+    check(in, o);
+  }
 }
 
 void checkAllModes(const Inputs &in) {
@@ -237,11 +250,7 @@ TEST_F(AttentionPosterior, HalfPrecisionInputs) {
     in.v = in.v.to(t);
     in.wo = in.wo.to(t);
     in.e = in.e.to(t);
-    for (Select select : {Select::MinEntropy, Select::All}) {
-      Options o;
-      o.select = select;
-      check(in, o);
-    }
+    checkEachHeadSelect(in);
   }
 }
 
@@ -253,11 +262,7 @@ TEST_F(AttentionPosterior, CausalMask) {
   Inputs in = randomInputs(2, 4, 9, 9, 8, 4, 5);
   at::Tensor future = at::ones({9, 9}, at::kBool).triu(1);
   in.scores = in.scores.masked_fill(future, -kInf);
-  for (Select select : {Select::MinEntropy, Select::All}) {
-    Options o;
-    o.select = select;
-    check(in, o);
-  }
+  checkEachHeadSelect(in);
 }
 
 TEST_F(AttentionPosterior, FullyMaskedQueryRows) {
@@ -373,13 +378,8 @@ std::pair<at::Tensor, at::Tensor> directDensity(const Inputs &in,
   at::Tensor joint = A * density; // [B,H,N,Nk]
   at::Tensor Ap = joint / joint.sum(-1, /*keepdim=*/true);
   at::Tensor e = in.e.to(at::kDouble);
-  if (o.select == Select::MinEntropy) {
-    at::Tensor heads = selectHeads(meanEntropy(in.scores));
-    std::vector<at::Tensor> rows;
-    for (int64_t b = 0; b < B; ++b)
-      rows.push_back(Ap[b][heads[b].item<int64_t>()].matmul(e[b]));
-    return {at::stack(rows), heads};
-  }
+  if (o.select == Select::MinEntropy)
+    return minEntropyPosterior(in, Ap, e);
   at::Tensor prior = at::full({B, H, in.scores.size(2)}, 1.0 / H,
                               at::kDouble); // H[i,h] = 1/H
   at::Tensor Hp = prior * joint.sum(-1);

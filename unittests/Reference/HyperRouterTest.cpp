@@ -115,12 +115,9 @@ std::string buildConstantIR(const Inputs &in) {
 void check(const Inputs &in, double rtol = 1e-4, double atol = 1e-4) {
   SCOPED_TRACE("emb " + tensorType(in.emb) + " w1 " + tensorType(in.w1) +
                " w2 " + tensorType(in.w2) + " E=" + std::to_string(in.E));
-  auto module = compile(buildIR(in));
-  if (!module)
-    return;
   std::vector<at::Tensor> out =
-      run(*module, "f", {in.emb, in.w1, in.b1, in.w2, in.b2});
-  if (out.size() != 2)
+      compileAndRun(buildIR(in), {in.emb, in.w1, in.b1, in.w2, in.b2}, 2);
+  if (out.empty())
     return;
   auto [w, b] = reference(in);
   EXPECT_TRUE(allClose(out[0], w, rtol, atol)) << "w";

@@ -120,11 +120,9 @@ void check(const at::Tensor &tokens, const at::Tensor &assign,
            double atol = 1e-5) {
   SCOPED_TRACE("tokens " + tensorType(tokens) + " assign " +
                tensorType(assign) + " " + describe(o));
-  auto module = compile(buildIR(tokens, assign, o, dynamicTokens));
-  if (!module)
-    return;
-  std::vector<at::Tensor> out = run(*module, "f", {tokens, assign});
-  if (out.size() != 2)
+  std::vector<at::Tensor> out = compileAndRun(
+      buildIR(tokens, assign, o, dynamicTokens), {tokens, assign}, 2);
+  if (out.empty())
     return;
   auto [W, counts] = reference(tokens, assign, o);
   EXPECT_TRUE(exactlyEqual(out[1], counts)) << "counts";

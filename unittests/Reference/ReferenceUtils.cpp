@@ -10,77 +10,45 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <sstream>
+#include <utility>
 
 namespace moe_ref {
 
+/// The element types the reference tests pass: libtorch's and the execution
+/// API's (whose dtypeName is the MLIR spelling).
+static constexpr std::pair<at::ScalarType, DType> kElementTypes[] = {
+    {at::kFloat, DType::F32},     {at::kHalf, DType::F16},
+    {at::kBFloat16, DType::BF16}, {at::kDouble, DType::F64},
+    {at::kBool, DType::I1},       {at::kChar, DType::I8},
+    {at::kInt, DType::I32},       {at::kLong, DType::I64}};
+
+static std::optional<DType> findDType(at::ScalarType type) {
+  for (auto [scalar, dtype] : kElementTypes)
+    if (scalar == type)
+      return dtype;
+  return std::nullopt;
+}
+
 std::string mlirElementType(at::ScalarType type) {
-  switch (type) {
-  case at::kFloat:
-    return "f32";
-  case at::kHalf:
-    return "f16";
-  case at::kBFloat16:
-    return "bf16";
-  case at::kDouble:
-    return "f64";
-  case at::kBool:
-    return "i1";
-  case at::kChar:
-    return "i8";
-  case at::kInt:
-    return "i32";
-  case at::kLong:
-    return "i64";
-  default:
-    ADD_FAILURE() << "no MLIR element type for " << type;
-    return "?";
-  }
+  if (std::optional<DType> dtype = findDType(type))
+    return dtypeName(*dtype).str();
+  ADD_FAILURE() << "no MLIR element type for " << type;
+  return "?";
 }
 
 static DType toDType(at::ScalarType type) {
-  switch (type) {
-  case at::kFloat:
-    return DType::F32;
-  case at::kHalf:
-    return DType::F16;
-  case at::kBFloat16:
-    return DType::BF16;
-  case at::kDouble:
-    return DType::F64;
-  case at::kBool:
-    return DType::I1;
-  case at::kChar:
-    return DType::I8;
-  case at::kInt:
-    return DType::I32;
-  case at::kLong:
-    return DType::I64;
-  default:
-    ADD_FAILURE() << "no DType for " << type;
-    return DType::F32;
-  }
+  if (std::optional<DType> dtype = findDType(type))
+    return *dtype;
+  ADD_FAILURE() << "no DType for " << type;
+  return DType::F32;
 }
 
 static at::ScalarType toScalarType(DType dtype) {
-  switch (dtype) {
-  case DType::F32:
-    return at::kFloat;
-  case DType::F16:
-    return at::kHalf;
-  case DType::BF16:
-    return at::kBFloat16;
-  case DType::F64:
-    return at::kDouble;
-  case DType::I1:
-    return at::kBool;
-  case DType::I8:
-    return at::kChar;
-  case DType::I32:
-    return at::kInt;
-  case DType::I64:
-    return at::kLong;
-  }
+  for (auto [scalar, d] : kElementTypes)
+    if (d == dtype)
+      return scalar;
   return at::kFloat;
 }
 
@@ -162,6 +130,23 @@ std::vector<at::Tensor> run(const CompiledModule &module, const std::string &fn,
         << " differs between two runs on the same inputs";
   }
   return runs[0];
+}
+
+std::vector<at::Tensor> compileAndRun(const std::string &ir,
+                                      std::vector<at::Tensor> inputs,
+                                      size_t numResults) {
+  std::unique_ptr<CompiledModule> module = compile(ir);
+  if (!module)
+    return {};
+  std::vector<at::Tensor> out = run(*module, "f", std::move(inputs));
+  if (out.empty() && numResults != 0)
+    return {}; // run recorded the failure
+  if (out.size() != numResults) {
+    ADD_FAILURE() << "@f returned " << out.size() << " results, expected "
+                  << numResults;
+    return {};
+  }
+  return out;
 }
 
 std::string runExpectingError(const CompiledModule &module,

@@ -54,6 +54,13 @@ std::unique_ptr<CompiledModule> compile(const std::string &ir);
 std::vector<at::Tensor> run(const CompiledModule &module, const std::string &fn,
                             std::vector<at::Tensor> inputs);
 
+/// Compiles `ir` and runs its @f on `inputs` (compile, then run): the
+/// results, or {} with a recorded failure when it does not compile, a call
+/// fails, or it returns other than `numResults` results.
+std::vector<at::Tensor> compileAndRun(const std::string &ir,
+                                      std::vector<at::Tensor> inputs,
+                                      size_t numResults);
+
 /// Calls `fn` and expects it to fail; returns the error text ("" and a test
 /// failure when it succeeded).
 std::string runExpectingError(const CompiledModule &module,

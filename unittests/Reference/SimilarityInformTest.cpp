@@ -96,16 +96,14 @@ std::string buildIR(const at::Tensor &u, const at::Tensor &e, const Options &o,
 /// Runs the op; returns p (undefined tensor on failure).
 at::Tensor runOp(const at::Tensor &u, const at::Tensor &e, const Options &o,
                  std::initializer_list<int> dynamicDims = {}) {
-  auto module = compile(buildIR(u, e, o, dynamicDims));
-  if (!module)
-    return {};
   std::vector<at::Tensor> inputs = {u, e};
   if (o.ws)
     inputs.push_back(*o.ws);
   if (o.keyMask)
     inputs.push_back(*o.keyMask);
-  std::vector<at::Tensor> out = run(*module, "f", inputs);
-  return out.size() == 1 ? out[0] : at::Tensor();
+  std::vector<at::Tensor> out =
+      compileAndRun(buildIR(u, e, o, dynamicDims), inputs, 1);
+  return out.empty() ? at::Tensor() : out[0];
 }
 
 void check(const at::Tensor &u, const at::Tensor &e, const Options &o,

@@ -74,11 +74,9 @@ void check(const at::Tensor &scores, int64_t k, Mode mode, bool renormalize,
   SCOPED_TRACE("scores " + tensorType(scores) + " k=" + std::to_string(k) +
                (mode == Mode::Logits ? " logits" : " probs") +
                (renormalize ? " renormalize" : " raw"));
-  auto module = compile(buildIR(scores, k, mode, renormalize, dynamicDims));
-  if (!module)
-    return;
-  std::vector<at::Tensor> out = run(*module, "f", {scores});
-  if (out.size() != 2)
+  std::vector<at::Tensor> out = compileAndRun(
+      buildIR(scores, k, mode, renormalize, dynamicDims), {scores}, 2);
+  if (out.empty())
     return;
   auto [w, idx] = reference(scores, k, mode, renormalize);
   EXPECT_TRUE(exactlyEqual(out[1], idx)) << "indices";

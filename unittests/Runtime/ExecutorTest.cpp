@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "MoE/Runtime/Executor.h"
+#include "CompiledModuleTest.h"
 
 #include "gtest/gtest.h"
 
@@ -25,6 +26,24 @@ std::string errorText(llvm::Error err) {
   if (!err)
     return "";
   return llvm::toString(std::move(err));
+}
+
+/// The error of compiling `source`, which must fail: "" (and a failure) when
+/// it compiles.
+std::string compileErrorText(const char *source) {
+  auto compiled = Executor::compile(source);
+  if (compiled) {
+    ADD_FAILURE() << "compiled, expected an error";
+    return "";
+  }
+  return llvm::toString(compiled.takeError());
+}
+
+/// `msg` (an error's text) holds `part`; the failure shows the whole message.
+::testing::AssertionResult hasText(const std::string &msg, const char *part) {
+  if (msg.find(part) != std::string::npos)
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << part << "' is not in: " << msg;
 }
 
 const char *kModule = R"mlir(
@@ -111,29 +130,10 @@ func.func @takes_scalar(%x: f32) -> tensor<1xf32> {
 func.func private @helper() -> ()
 )mlir";
 
-/// Compiled once for the whole suite (compilation is the slow part).
-class ExecutorTest : public ::testing::Test {
-protected:
-  static void SetUpTestSuite() {
-    auto compiled = Executor::compile(kModule);
-    if (!compiled) {
-      compileError = new std::string(llvm::toString(compiled.takeError()));
-      return;
-    }
-    module = compiled->release();
-  }
-  static void TearDownTestSuite() {
-    delete module;
-    module = nullptr;
-  }
-  void SetUp() override {
-    ASSERT_NE(module, nullptr) << (compileError ? *compileError : "");
-  }
-  static CompiledModule *module;
-  static std::string *compileError;
+class ExecutorTest : public CompiledModuleTest<ExecutorTest> {
+public:
+  static const char *source() { return kModule; }
 };
-CompiledModule *ExecutorTest::module = nullptr;
-std::string *ExecutorTest::compileError = nullptr;
 
 TEST_F(ExecutorTest, ListsCallableFunctions) {
   std::vector<std::string> names;
@@ -309,25 +309,23 @@ TEST_F(ExecutorTest, TwoRunsAreBitIdentical) {
 
 TEST_F(ExecutorTest, UnknownFunction) {
   std::string msg = errorText(module->call("nope", {}, {}));
-  EXPECT_NE(msg.find("no callable function @nope"), std::string::npos) << msg;
+  EXPECT_TRUE(hasText(msg, "no callable function @nope"));
   // A private declaration is not callable either.
   msg = errorText(module->call("helper", {}, {}));
-  EXPECT_NE(msg.find("@helper"), std::string::npos) << msg;
+  EXPECT_TRUE(hasText(msg, "@helper"));
 }
 
 TEST_F(ExecutorTest, WrongNumberOfInputsOrOutputs) {
   std::vector<float> a(12), out(12);
   HostTensor t(DType::F32, {4, 3}, a.data()), o(DType::F32, {4, 3}, out.data());
   std::string msg = errorText(module->call("add", {t}, {o}));
-  EXPECT_NE(msg.find("@add takes 2 input(s), got 1"), std::string::npos) << msg;
+  EXPECT_TRUE(hasText(msg, "@add takes 2 input(s), got 1"));
   msg = errorText(module->call("add", {t, t, t}, {o}));
-  EXPECT_NE(msg.find("got 3"), std::string::npos) << msg;
+  EXPECT_TRUE(hasText(msg, "got 3"));
   msg = errorText(module->call("add", {t, t}, {}));
-  EXPECT_NE(msg.find("@add returns 1 result(s), got 0 output(s)"),
-            std::string::npos)
-      << msg;
+  EXPECT_TRUE(hasText(msg, "@add returns 1 result(s), got 0 output(s)"));
   msg = errorText(module->call("add", {t, t}, {o, o}));
-  EXPECT_NE(msg.find("got 2 output(s)"), std::string::npos) << msg;
+  EXPECT_TRUE(hasText(msg, "got 2 output(s)"));
 }
 
 TEST_F(ExecutorTest, WrongRank) {
@@ -336,14 +334,13 @@ TEST_F(ExecutorTest, WrongRank) {
   HostTensor bad(DType::F32, {4, 3, 1}, a.data());
   std::string msg = errorText(module->call(
       "add", {good, bad}, {HostTensor(DType::F32, {4, 3}, out.data())}));
-  EXPECT_NE(msg.find("@add: input #1 (tensor<4x?xf32>) has rank 3 (shape [4, "
-                     "3, 1]), expected rank 2"),
-            std::string::npos)
-      << msg;
+  EXPECT_TRUE(hasText(msg,
+                      "@add: input #1 (tensor<4x?xf32>) has rank 3 (shape [4, "
+                      "3, 1]), expected rank 2"));
   msg = errorText(module->call("add", {good, good},
                                {HostTensor(DType::F32, {12}, out.data())}));
-  EXPECT_NE(msg.find("output #0"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("expected rank 2"), std::string::npos) << msg;
+  EXPECT_TRUE(hasText(msg, "output #0"));
+  EXPECT_TRUE(hasText(msg, "expected rank 2"));
 }
 
 TEST_F(ExecutorTest, WrongStaticSize) {
@@ -353,22 +350,19 @@ TEST_F(ExecutorTest, WrongStaticSize) {
       {HostTensor(DType::F32, {3, 5}, a.data()),
        HostTensor(DType::F32, {2, 5}, b.data())},
       {HostTensor(DType::F32, {3, 2}, out.data())}));
-  EXPECT_NE(msg.find("@matmul: input #1 (tensor<5x2xf32>) has shape [2, 5]: "
-                     "dimension 0 is 2, expected 5"),
-            std::string::npos)
-      << msg;
+  EXPECT_TRUE(hasText(msg,
+                      "@matmul: input #1 (tensor<5x2xf32>) has shape [2, 5]: "
+                      "dimension 0 is 2, expected 5"));
   msg = errorText(module->call("matmul",
                                {HostTensor(DType::F32, {3, 5}, a.data()),
                                 HostTensor(DType::F32, {5, 2}, b.data())},
                                {HostTensor(DType::F32, {2, 3}, out.data())}));
-  EXPECT_NE(msg.find("output #0 (tensor<3x2xf32>) has shape [2, 3]"),
-            std::string::npos)
-      << msg;
+  EXPECT_TRUE(hasText(msg, "output #0 (tensor<3x2xf32>) has shape [2, 3]"));
   msg = errorText(module->call("matmul",
                                {HostTensor(DType::F32, {3, -5}, a.data()),
                                 HostTensor(DType::F32, {5, 2}, b.data())},
                                {HostTensor(DType::F32, {3, 2}, out.data())}));
-  EXPECT_NE(msg.find("negative"), std::string::npos) << msg;
+  EXPECT_TRUE(hasText(msg, "negative"));
 }
 
 TEST_F(ExecutorTest, WrongDynamicResultSize) {
@@ -377,10 +371,9 @@ TEST_F(ExecutorTest, WrongDynamicResultSize) {
   HostTensor t(DType::F32, {4, 5}, a.data());
   std::string msg = errorText(
       module->call("add", {t, t}, {HostTensor(DType::F32, {4, 6}, out.data())}));
-  EXPECT_NE(msg.find("@add: result #0 has shape [4, 5], but output #0 has "
-                     "shape [4, 6]"),
-            std::string::npos)
-      << msg;
+  EXPECT_TRUE(hasText(msg,
+                      "@add: result #0 has shape [4, 5], but output #0 has "
+                      "shape [4, 6]"));
 }
 
 TEST_F(ExecutorTest, WrongDType) {
@@ -391,17 +384,14 @@ TEST_F(ExecutorTest, WrongDType) {
       {HostTensor(DType::F64, {4, 3}, a.data()),
        HostTensor(DType::F32, {4, 3}, b.data())},
       {HostTensor(DType::F32, {4, 3}, out.data())}));
-  EXPECT_NE(msg.find("@add: input #0 (tensor<4x?xf32>) has dtype f64, "
-                     "expected f32"),
-            std::string::npos)
-      << msg;
+  EXPECT_TRUE(hasText(msg, "@add: input #0 (tensor<4x?xf32>) has dtype f64, "
+                           "expected f32"));
   std::vector<int32_t> x(6);
   msg = errorText(module->call("stats", {HostTensor(DType::I32, {2, 3}, x.data())},
                                {HostTensor(DType::I32, {2}, x.data()),
                                 HostTensor(DType::I8, {2, 3}, x.data())}));
-  EXPECT_NE(msg.find("output #1 (tensor<?x3xi1>) has dtype i8, expected i1"),
-            std::string::npos)
-      << msg;
+  EXPECT_TRUE(
+      hasText(msg, "output #1 (tensor<?x3xi1>) has dtype i8, expected i1"));
 }
 
 TEST_F(ExecutorTest, NullDataAndUnsupportedArgumentTypes) {
@@ -411,17 +401,14 @@ TEST_F(ExecutorTest, NullDataAndUnsupportedArgumentTypes) {
       {HostTensor(DType::F32, {4, 3}, nullptr),
        HostTensor(DType::F32, {4, 3}, out.data())},
       {HostTensor(DType::F32, {4, 3}, out.data())}));
-  EXPECT_NE(msg.find("input #0 (tensor<4x?xf32>): data pointer is null"),
-            std::string::npos)
-      << msg;
+  EXPECT_TRUE(hasText(msg, "input #0 (tensor<4x?xf32>): data pointer is null"));
   float x = 1, r = 0;
   msg = errorText(module->call("takes_scalar",
                                {HostTensor(DType::F32, {}, &x)},
                                {HostTensor(DType::F32, {1}, &r)}));
-  EXPECT_NE(msg.find("@takes_scalar: input #0 (f32): only ranked tensors can "
-                     "be passed"),
-            std::string::npos)
-      << msg;
+  EXPECT_TRUE(hasText(msg,
+                      "@takes_scalar: input #0 (f32): only ranked tensors can "
+                      "be passed"));
 }
 
 //===----------------------------------------------------------------------===//
@@ -429,11 +416,9 @@ TEST_F(ExecutorTest, NullDataAndUnsupportedArgumentTypes) {
 //===----------------------------------------------------------------------===//
 
 TEST(ExecutorCompileTest, ParseError) {
-  auto compiled = Executor::compile("func.func @f( {");
-  ASSERT_FALSE(bool(compiled));
-  std::string msg = llvm::toString(compiled.takeError());
-  EXPECT_NE(msg.find("cannot parse the module"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("error:"), std::string::npos) << msg;
+  std::string msg = compileErrorText("func.func @f( {");
+  EXPECT_TRUE(hasText(msg, "cannot parse the module"));
+  EXPECT_TRUE(hasText(msg, "error:"));
 }
 
 TEST(ExecutorCompileTest, DeepNestingIsAnErrorNotAStackOverflow) {
@@ -446,15 +431,13 @@ TEST(ExecutorCompileTest, DeepNestingIsAnErrorNotAStackOverflow) {
 
 TEST(ExecutorCompileTest, VerifierErrorOfAMoEOp) {
   // k > K: the moe verifier rejects it at parse time, with its own message.
-  auto compiled = Executor::compile(R"mlir(
+  std::string msg = compileErrorText(R"mlir(
 func.func @f(%x: tensor<4x3xf32>) -> (tensor<4x5xf32>, tensor<4x5xi32>) {
   %w, %i = moe.topk_renorm %x k(5) : tensor<4x3xf32> -> tensor<4x5xf32>, tensor<4x5xi32>
   return %w, %i : tensor<4x5xf32>, tensor<4x5xi32>
 })mlir");
-  ASSERT_FALSE(bool(compiled));
-  std::string msg = llvm::toString(compiled.takeError());
-  EXPECT_NE(msg.find("cannot parse the module"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("topk_renorm"), std::string::npos) << msg;
+  EXPECT_TRUE(hasText(msg, "cannot parse the module"));
+  EXPECT_TRUE(hasText(msg, "topk_renorm"));
 }
 
 TEST(ExecutorCompileTest, RuntimeIndexErrorBecomesAnError) {
@@ -493,10 +476,9 @@ func.func @check(%idx: tensor<3xi32>) -> tensor<3xi32> {
   std::string msg = errorText((*compiled)->call(
       "check", {HostTensor(DType::I32, {3}, bad.data())},
       {HostTensor(DType::I32, {3}, out.data())}));
-  EXPECT_NE(msg.find("@check: run-time error: moe.adjacency_update: 'idx' "
-                     "element 1 is 17, outside [0, 16)"),
-            std::string::npos)
-      << msg;
+  EXPECT_TRUE(hasText(msg,
+                      "@check: run-time error: moe.adjacency_update: 'idx' "
+                      "element 1 is 17, outside [0, 16)"));
   // The error was taken: the next call is clean.
   ASSERT_EQ(errorText((*compiled)->call(
                 "check", {HostTensor(DType::I32, {3}, good.data())},
@@ -508,7 +490,7 @@ func.func @check(%idx: tensor<3xi32>) -> tensor<3xi32> {
       (*compiled)->call("check", {HostTensor(DType::I32, {3}, bad.data())});
   ASSERT_FALSE(bool(results));
   msg = llvm::toString(results.takeError());
-  EXPECT_NE(msg.find("run-time error"), std::string::npos) << msg;
+  EXPECT_TRUE(hasText(msg, "run-time error"));
 }
 
 TEST(ExecutorCompileTest, CompileTwiceIndependently) {

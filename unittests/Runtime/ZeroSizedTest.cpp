@@ -10,6 +10,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "CompiledModuleTest.h"
 #include "MoE/Runtime/Executor.h"
 
 #include "gtest/gtest.h"
@@ -59,25 +60,11 @@ func.func @plan(%idx: tensor<?x2xi32>) -> (tensor<3xi32>, tensor<4xi32>, tensor<
 }
 )mlir";
 
-class ZeroSizedTest : public ::testing::Test {
+class ZeroSizedTest : public CompiledModuleTest<ZeroSizedTest> {
+public:
+  static const char *source() { return kModule; }
+
 protected:
-  static void SetUpTestSuite() {
-    auto compiled = Executor::compile(kModule);
-    if (!compiled) {
-      compileError = new std::string(llvm::toString(compiled.takeError()));
-      return;
-    }
-    module = compiled->release();
-  }
-  static void TearDownTestSuite() {
-    delete module;
-    module = nullptr;
-    delete compileError;
-    compileError = nullptr;
-  }
-  void SetUp() override {
-    ASSERT_NE(module, nullptr) << (compileError ? *compileError : "");
-  }
   /// Calls `fn`; fails the test on an error.
   static std::vector<Tensor> call(llvm::StringRef fn,
                                   llvm::ArrayRef<HostTensor> inputs) {
@@ -88,11 +75,7 @@ protected:
     }
     return std::move(*results);
   }
-  static CompiledModule *module;
-  static std::string *compileError;
 };
-CompiledModule *ZeroSizedTest::module = nullptr;
-std::string *ZeroSizedTest::compileError = nullptr;
 
 using Shape = std::vector<int64_t>;
 Shape shapeOf(const Tensor &t) { return Shape(t.shape().begin(), t.shape().end()); }

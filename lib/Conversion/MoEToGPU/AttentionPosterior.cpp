@@ -280,13 +280,8 @@ lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
   }
   SmallVector<Value> args = {u, means, e, bias, scores, head};
   args.append(results.begin(), results.end() - 1);
-  SmallVector<Type> argTypes;
-  for (Value a : args)
-    argTypes.push_back(a.getType());
-  auto mix = createFlashMixKernel(
-      h, fused ? "attention_posterior_topk" : "attention_posterior", spec,
-      argTypes, op->getLoc());
-  launchFlashMix(h, mix, u, args);
+  launchFlashMix(h, fused ? "attention_posterior_topk" : "attention_posterior",
+                 spec, u, args, op->getLoc());
   h.release(means);
   h.release(bias);
   h.finish();

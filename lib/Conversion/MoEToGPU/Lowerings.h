@@ -106,9 +106,10 @@ constexpr int64_t kFlashMaxExperts = 256;
 gpu::GPUFuncOp createFlashMixKernel(class HostCode &h, StringRef name,
                                     const FlashMixSpec &spec,
                                     TypeRange argTypes, Location loc);
-/// Launches it: grid (ceil(N / rows), B), block 128.
-void launchFlashMix(class HostCode &h, gpu::GPUFuncOp kernel, Value q,
-                    ValueRange args);
+/// Creates the kernel for `args` (createFlashMixKernel) and launches it on
+/// them: grid (ceil(N / rows), B) with N the rows of `q`, block 128.
+void launchFlashMix(class HostCode &h, StringRef name, const FlashMixSpec &spec,
+                    Value q, ValueRange args, Location loc);
 
 /// A memref of rank >= 1 viewed as 2-D [rows, last]: rank 1 gets a unit
 /// leading dim, rank > 2 has its leading dims collapsed (identity layouts).

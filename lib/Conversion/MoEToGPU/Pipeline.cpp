@@ -15,10 +15,10 @@
 
 #include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
 #include "MoE/Conversion/Passes.h"
+#include "MoE/Pipelines/Bufferize.h"
 #include "MoE/Transforms/Passes.h"
 
 #include "mlir/Conversion/Passes.h"
-#include "mlir/Dialect/Bufferization/Transforms/Passes.h"
 #include "mlir/Dialect/GPU/Transforms/Passes.h"
 #include "mlir/Dialect/LLVMIR/Transforms/Passes.h"
 #include "mlir/Dialect/LLVMIR/Transforms/RequestCWrappers.h"
@@ -58,11 +58,7 @@ void mlir::moe::buildMoELowerToNVVMPipeline(
   convert.topkRounds = resolveTopkRounds(options);
   pm.addPass(createConvertMoEToGPU(convert));
   pm.addPass(createCanonicalizerPass());
-  bufferization::OneShotBufferizePassOptions bufferize;
-  bufferize.bufferizeFunctionBoundaries = true;
-  bufferize.functionBoundaryTypeConversion =
-      bufferization::LayoutMapOption::IdentityLayoutMap;
-  pm.addPass(bufferization::createOneShotBufferizePass(bufferize));
+  moe::addOneShotBufferizeAcrossFunctions(pm);
   pm.addPass(createCanonicalizerPass());
   if (options.resultsToOutParams)
     pm.addPass(createMoEGPUResultsToOutParams());

@@ -109,31 +109,26 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
             c0, D, k.idx(kChunk), dots,
             [&](Value d0, ValueRange acc) -> SmallVector<Value> {
               k.barrier();
-              // Stage the query and key chunks (zeros outside).
-              for (int64_t n = 0; n < kRows * kChunk / kFlashThreads; ++n) {
-                Value flat = k.add(tid, k.idx(n * kFlashThreads));
-                Value rr = k.divu(flat, k.idx(kChunk));
-                Value cc = k.remu(flat, k.idx(kChunk));
-                Value gi = k.add(rowBase, rr), gd = k.add(d0, cc);
-                Value ok = k.andI(k.lt(gi, N), k.lt(gd, D));
-                Value v = k.select(
-                    ok,
-                    k.loadF(q, {b, k.select(ok, gi, c0), k.select(ok, gd, c0)}),
-                    zero);
-                k.store(v, qs, {rr, cc});
-              }
-              for (int64_t n = 0; n < kCols * kChunk / kFlashThreads; ++n) {
-                Value flat = k.add(tid, k.idx(n * kFlashThreads));
-                Value jj = k.divu(flat, k.idx(kChunk));
-                Value cc = k.remu(flat, k.idx(kChunk));
-                Value gj = k.add(j0, jj), gd = k.add(d0, cc);
-                Value ok = k.andI(k.lt(gj, Nk), k.lt(gd, D));
-                Value v = k.select(ok,
-                                   k.loadF(keys, {b, k.select(ok, gj, c0),
-                                                  k.select(ok, gd, c0)}),
-                                   zero);
-                k.store(v, ks, {jj, cc});
-              }
+              // Stage the query and key chunks: rows [base, base + rows) of
+              // src[b] at features [d0, d0 + kChunk) into `tile`, zeros
+              // outside [0, limit) x [0, D).
+              auto stage = [&](Value src, Value base, Value limit, Value tile,
+                               int64_t rows) {
+                for (int64_t n = 0; n < rows * kChunk / kFlashThreads; ++n) {
+                  Value flat = k.add(tid, k.idx(n * kFlashThreads));
+                  Value rr = k.divu(flat, k.idx(kChunk));
+                  Value cc = k.remu(flat, k.idx(kChunk));
+                  Value gi = k.add(base, rr), gd = k.add(d0, cc);
+                  Value ok = k.andI(k.lt(gi, limit), k.lt(gd, D));
+                  Value v = k.select(ok,
+                                     k.loadF(src, {b, k.select(ok, gi, c0),
+                                                   k.select(ok, gd, c0)}),
+                                     zero);
+                  k.store(v, tile, {rr, cc});
+                }
+              };
+              stage(q, rowBase, N, qs, kRows);
+              stage(keys, j0, Nk, ks, kCols);
               k.barrier();
               return k.forLoop(
                   c0, k.idx(kChunk), c1, acc,
@@ -265,8 +260,11 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
   return kernel;
 }
 
-void mlir::moe::gpu_lowering::launchFlashMix(HostCode &h, gpu::GPUFuncOp kernel,
-                                             Value q, ValueRange args) {
+void mlir::moe::gpu_lowering::launchFlashMix(HostCode &h, StringRef name,
+                                             const FlashMixSpec &spec, Value q,
+                                             ValueRange args, Location loc) {
+  gpu::GPUFuncOp kernel =
+      createFlashMixKernel(h, name, spec, TypeRange(args), loc);
   KB &k = h.k;
   Value grid = k.ceilDiv(k.dim(q, 1), k.idx(kRows));
   h.launch(kernel, {grid, k.dim(q, 0), k.idx(1)}, {kFlashThreads, 1, 1}, args);
@@ -366,13 +364,8 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
     results.push_back(h.allocLike(type, dynamicSizesFrom(k, type, u)));
   }
   args.append(results);
-  SmallVector<Type> argTypes;
-  for (Value v : args)
-    argTypes.push_back(v.getType());
-  auto kernel = createFlashMixKernel(
-      h, fused ? "similarity_inform_topk" : "similarity_inform", spec, argTypes,
-      op->getLoc());
-  launchFlashMix(h, kernel, q, args);
+  launchFlashMix(h, fused ? "similarity_inform_topk" : "similarity_inform",
+                 spec, q, args, op->getLoc());
   if (projected)
     h.release(projected);
   h.finish();

@@ -1,0 +1,73 @@
+"""What the torch.ops.moe.* tests share: comparing an op's outputs with the references, seeded generators, and the
+devices a test runs the kernels on (test_torch_ops.py, test_torch_ops_cuda.py, test_zero_sized.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from moe_mlir import ops
+from moe_mlir.runtime import extension
+
+NAN, INF = float("nan"), float("inf")
+
+#: The CPU tests' f32 tolerances: the kernels and the references sum in another order.
+ATOL, RTOL = 2e-6, 2e-5
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def same(ours, ref, atol: float = ATOL, rtol: float = RTOL, device: str | None = None) -> None:
+    """``ours`` (a tensor or a tuple, on ``device`` when given) equals ``ref`` (on the CPU): as many outputs, the
+    same shapes and dtypes, floats within the tolerances (NaN where the reference has NaN), integers exactly. On
+    CUDA it synchronizes first and reads the index errors the kernels recorded (moe_mlir.runtime.cuda)."""
+    ours = ours if isinstance(ours, tuple) else (ours,)
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    assert len(ours) == len(ref)
+    if device == "cuda":
+        from moe_mlir.runtime import cuda as moe_cuda
+
+        torch.cuda.synchronize()
+        moe_cuda.check_errors()
+    for o, r in zip(ours, ref):
+        if device is not None:
+            assert o.device.type == device, o.device
+        o = o.cpu()
+        assert o.shape == r.shape, (o.shape, r.shape)
+        assert o.dtype == r.dtype, (o.dtype, r.dtype)
+        if o.is_floating_point():
+            torch.testing.assert_close(o, r, atol=atol, rtol=rtol, equal_nan=True)
+        else:
+            assert torch.equal(o, r), (o, r)
+
+
+def to(device: str, *ts):
+    """``ts`` moved to ``device`` (None stays None), as a tuple."""
+    return tuple(None if t is None else t.to(device) for t in ts)
+
+
+#: Without this mark a test needs only what its device needs (test_torch_ops_cuda.py runs on a GPU machine that
+#: has the prebuilt CUDA kernels and no LLVM to compile CPU ones).
+needs_cpu_kernels = pytest.mark.skipif(
+    not ops.kernels_available(),
+    reason=f"compiled kernels unavailable: {ops._KERNELS_UNAVAILABLE} (build the project: cmake --build build)",
+)
+needs_cuda_kernels = pytest.mark.skipif(
+    extension.cuda_unavailable is not None,
+    reason=f"the CUDA kernels of torch.ops.moe.* are unavailable: {extension.cuda_unavailable}",
+)
+
+
+def device_param(device: str):
+    """``device`` as a pytest parameter, skipped with the reason when its kernels are unavailable."""
+    return pytest.param(device, marks=needs_cuda_kernels if device == "cuda" else needs_cpu_kernels, id=device)
+
+
+def cuda_wanted() -> bool:
+    """CUDA joins the CPU: when a GPU is present, or when MOE_TEST_DEVICE=cuda asks for it (then a missing GPU or
+    missing CUDA kernels is a skip with the reason, not a silent absence)."""
+    return torch.cuda.is_available() or os.environ.get("MOE_TEST_DEVICE") == "cuda"
