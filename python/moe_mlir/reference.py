@@ -347,10 +347,11 @@ def _hyper_router_backward_ref(
     ``dout = [grad_w | grad_b]`` flattened row-major (``[E·(D+1)]``), ``d_b2 = dout``, ``d_w2 = dout ⊗ h``,
     ``da = (w2ᵀ·dout) ⊙ 1[h > 0]`` (a NaN ``a`` passes the gradient, as ``threshold_backward``), ``d_b1 = da``,
     ``d_w1 = da ⊗ emb``, ``d_emb = w1ᵀ·da``. Every gradient is returned: a frozen hypernetwork still passes its
-    gradient to ``emb`` (002 §1.10)."""
-    embf, w1f, w2f = emb.float(), w1.float(), w2.float()
-    h = torch.relu(torch.matmul(w1f, embf) + b1.float())
-    dout = torch.cat([grad_w.float().reshape(num_experts, -1), grad_b.float().reshape(num_experts, 1)], 1).reshape(-1)
+    gradient to ``emb`` (002 §1.10). Float64 operands stay float64 (the closed form's own gradcheck)."""
+    acc = torch.float64 if all(t.dtype == torch.float64 for t in (grad_w, grad_b, emb, w1, b1, w2)) else torch.float32
+    embf, w1f, w2f = emb.to(acc), w1.to(acc), w2.to(acc)
+    h = torch.relu(torch.matmul(w1f, embf) + b1.to(acc))
+    dout = torch.cat([grad_w.to(acc).reshape(num_experts, -1), grad_b.to(acc).reshape(num_experts, 1)], 1).reshape(-1)
     da = torch.matmul(dout, w2f)
     da = torch.where(h <= 0, torch.zeros_like(da), da)
     return torch.matmul(da, w1f), torch.outer(da, embf), da, torch.outer(dout, h), dout
