@@ -31,8 +31,11 @@ differentiable (gradients through the selected values only, none through indices
 * ``topk_renorm``: ``torch.ops.moe.topk_renorm_backward`` (``moe.topk_renorm_grad``: the closed form of
   :func:`moe_mlir.reference._topk_renorm_backward_ref` on the saved indices, O(rows·K), no recompute);
 * ``similarity_inform_topk``: both of the above, with ``p`` recomputed by the forward kernel (O(N) memory);
-* ``attention_posterior``, ``attention_posterior_topk``, ``hyper_router``: still recompute the reference formulation
-  under autograd (``_register_recompute_autograd``; O(N·Nk) memory for the posterior).
+* ``hyper_router``: ``torch.ops.moe.hyper_router_backward`` (``moe.hyper_router_grad``: the closed form of
+  :func:`moe_mlir.reference._hyper_router_backward_ref`; every operand's gradient, so a frozen hypernetwork still
+  passes gradient to ``emb``);
+* ``attention_posterior``, ``attention_posterior_topk``: still recompute the reference formulation under autograd
+  (``_register_recompute_autograd``; O(N·Nk) memory).
 
 No backward is differentiable again (no double backward through the kernels).
 """
@@ -51,6 +54,7 @@ from .reference import (
     _adjacency_update_ref,
     _attention_posterior_ref,
     _attention_posterior_topk_ref,
+    _hyper_router_backward_ref,
     _hyper_router_ref,
     _mad_dispersion_ref,
     _similarity_inform_backward_ref,
@@ -71,6 +75,7 @@ __all__ = [
     "attention_posterior_topk",
     "similarity_inform_backward",
     "topk_renorm_backward",
+    "hyper_router_backward",
     "OP_NAMES",
     "FUSED_OP_NAMES",
     "kernels_available",
@@ -691,7 +696,61 @@ def _(emb, w1, b1, w2, b2, num_experts):
     )
 
 
-_register_recompute_autograd(hyper_router, _hyper_router_ref, 5, (0, 1))
+def _validate_hyper_router_backward(grad_w: Tensor, grad_b: Tensor, emb: Tensor, w1: Tensor, b1: Tensor, w2: Tensor,
+                                    b2: Tensor, num_experts: int) -> None:
+    op = "hyper_router_backward"
+    _validate_hyper_router(emb, w1, b1, w2, b2, num_experts)
+    for name, t in (("grad_w", grad_w), ("grad_b", grad_b)):
+        if t.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"moe.{op}: '{name}' must be f32, f16 or bf16, got {t.dtype}")
+    _check_rank(op, "grad_w", grad_w, 2, "[E, D], the shape of w")
+    _check_rank(op, "grad_b", grad_b, 1, "[E], the shape of b")
+    d = w2.shape[0] // num_experts - 1
+    _check_dim(op, "grad_w", grad_w, 0, num_experts, "num_experts (E)")
+    _check_dim(op, "grad_w", grad_w, 1, d, "D = dimension 0 of 'w2' / E - 1")
+    _check_dim(op, "grad_b", grad_b, 0, num_experts, "num_experts (E)")
+
+
+@torch.library.custom_op("moe::hyper_router_backward", mutates_args=())
+def hyper_router_backward(
+    grad_w: Tensor, grad_b: Tensor, emb: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, num_experts: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The backward of ``hyper_router`` (``moe.hyper_router_grad``): the gradients of ``(w, b)`` with respect to
+    ``emb``, ``w1``, ``b1``, ``w2``, ``b2`` given ``grad_w`` (``[E, D]``) and ``grad_b`` (``[E]``), all f32 in the
+    operands' shapes (closed form: :func:`moe_mlir.reference._hyper_router_backward_ref`; the CPU kernel is the
+    dialect op's lowering: two matrix-vector products with the transposed weights and two outer products)."""
+    _validate_hyper_router_backward(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts)
+    _note_fallback(emb)
+    return _hyper_router_backward_ref(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts)
+
+
+@hyper_router_backward.register_fake
+def _(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts):
+    _validate_hyper_router_backward(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts)
+    return tuple(t.new_empty(t.shape, dtype=torch.float32) for t in (emb, w1, b1, w2, b2))
+
+
+def _hyper_router_setup(ctx, inputs, output):
+    emb, w1, b1, w2, b2, num_experts = inputs
+    ctx.save_for_backward(emb, w1, b1, w2, b2)
+    ctx.num_experts = num_experts
+
+
+def _hyper_router_backward(ctx, grad_w, grad_b):
+    operands = ctx.saved_tensors
+    n = _needs(ctx, 6)[:5]
+    if not any(n) or (grad_w is None and grad_b is None):
+        return (None,) * 6
+    emb, w2, E = operands[0], operands[3], ctx.num_experts
+    if grad_w is None:
+        grad_w = emb.new_zeros((E, w2.shape[0] // E - 1), dtype=torch.float32)
+    if grad_b is None:
+        grad_b = emb.new_zeros((E,), dtype=torch.float32)
+    grads = hyper_router_backward(grad_w, grad_b, *operands, E)
+    return tuple(g.to(t.dtype) if need else None for g, t, need in zip(grads, operands, n)) + (None,)
+
+
+hyper_router.register_autograd(_hyper_router_backward, setup_context=_hyper_router_setup)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1009,6 +1068,8 @@ KEY_VALIDATORS: dict[str, Callable[[dict, dict], None]] = {
         t["grad_p"], t["u"], t["e"], t.get("ws"), t.get("key_mask"), _f(a["tau"])),
     "hyper_router": lambda t, a: _validate_hyper_router(
         t["emb"], t["w1"], t["b1"], t["w2"], t["b2"], int(a["num_experts"])),
+    "hyper_router_backward": lambda t, a: _validate_hyper_router_backward(
+        t["grad_w"], t["grad_b"], t["emb"], t["w1"], t["b1"], t["w2"], t["b2"], int(a["num_experts"])),
 }
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "hyper_router",
     "similarity_inform_backward",
     "topk_renorm_backward",
+    "hyper_router_backward",
 ]
 
 _NEG_INF = float("-inf")
@@ -338,6 +339,24 @@ def _topk_renorm_backward_ref(
     return torch.zeros_like(x).scatter(-1, idx, dsel)
 
 
+def _hyper_router_backward_ref(
+    grad_w: Tensor, grad_b: Tensor, emb: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, num_experts: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(d_emb, d_w1, d_b1, d_w2, d_b2)`` in f32 (operand shapes), the closed form of the gradient of
+    :func:`_hyper_router_ref` (``moe.hyper_router_grad``): with ``a = w1·emb + b1``, ``h = relu(a)`` and
+    ``dout = [grad_w | grad_b]`` flattened row-major (``[E·(D+1)]``), ``d_b2 = dout``, ``d_w2 = dout ⊗ h``,
+    ``da = (w2ᵀ·dout) ⊙ 1[h > 0]`` (a NaN ``a`` passes the gradient, as ``threshold_backward``), ``d_b1 = da``,
+    ``d_w1 = da ⊗ emb``, ``d_emb = w1ᵀ·da``. Every gradient is returned: a frozen hypernetwork still passes its
+    gradient to ``emb`` (002 §1.10). Float64 operands stay float64 (the closed form's own gradcheck)."""
+    acc = torch.float64 if all(t.dtype == torch.float64 for t in (grad_w, grad_b, emb, w1, b1, w2)) else torch.float32
+    embf, w1f, w2f = emb.to(acc), w1.to(acc), w2.to(acc)
+    h = torch.relu(torch.matmul(w1f, embf) + b1.to(acc))
+    dout = torch.cat([grad_w.to(acc).reshape(num_experts, -1), grad_b.to(acc).reshape(num_experts, 1)], 1).reshape(-1)
+    da = torch.matmul(dout, w2f)
+    da = torch.where(h <= 0, torch.zeros_like(da), da)
+    return torch.matmul(da, w1f), torch.outer(da, embf), da, torch.outer(dout, h), dout
+
+
 # Public names (the argument order of the torch ops).
 topk_renorm = _topk_renorm_ref
 similarity_inform = _similarity_inform_ref
@@ -349,3 +368,4 @@ adjacency_update = _adjacency_update_ref
 hyper_router = _hyper_router_ref
 similarity_inform_backward = _similarity_inform_backward_ref
 topk_renorm_backward = _topk_renorm_backward_ref
+hyper_router_backward = _hyper_router_backward_ref

@@ -308,6 +308,165 @@ def test_topk_backward_op_direct():
 
 
 # ================================================================================================================
+# hyper_router
+# ================================================================================================================
+#
+# Tolerance: the kernel's two matrix-vector products with the transposed weights sum over E·(D+1) and Dh terms in f32
+# in another order than ATen's; the outer products and d_b2 are exact products. rtol 1e-4 with atol 2e-5 · max(1,
+# length/32) (close() with n_keys = the longest sum, E·(D+1)).
+
+
+def _hyper_case(De, Dh, E, D, seed=0, dtype=torch.float32):
+    g = gen(seed)
+    t = [torch.randn(De, generator=g), torch.randn(Dh, De, generator=g) / max(De, 1) ** 0.5,
+         torch.randn(Dh, generator=g), torch.randn(E * (D + 1), Dh, generator=g) / max(Dh, 1) ** 0.5,
+         torch.randn(E * (D + 1), generator=g)]
+    return [x.to(dtype) for x in t], torch.randn(E, D, generator=g), torch.randn(E, generator=g)
+
+
+def _check_hyper(operands, gw, gb, E, frozen=False):
+    """Gradients of <w, gw> + <b, gb> through the op's autograd (the backward kernel) and through autograd of the
+    eager reference; `frozen`: the hypernetwork's weights are buffers (no requires_grad), emb alone is trained."""
+    def leaves():
+        return [_leaf(t) if i == 0 or not frozen else t.detach().clone() for i, t in enumerate(operands)]
+    ours, ref = leaves(), leaves()
+    w, b = torch.ops.moe.hyper_router(*ours, E)
+    ((w * gw).sum() + (b * gb).sum()).backward()
+    rw, rb = R.hyper_router(*ref, E)
+    ((rw * gw).sum() + (rb * gb).sum()).backward()
+    n = max(gw.numel() + gb.numel(), operands[1].shape[0])
+    for name, o, r in zip(("emb", "w1", "b1", "w2", "b2"), ours, ref):
+        if o.requires_grad:
+            close(o.grad.float(), r.grad.float(), n, name)
+        else:
+            assert o.grad is None
+    return ours
+
+
+@pytest.mark.parametrize("shape", [(8, 16, 4, 6), (32, 24, 16, 32), (5, 3, 1, 1), (64, 64, 8, 48)])
+def test_hyper_backward_random(shape):
+    De, Dh, E, D = shape
+    operands, gw, gb = _hyper_case(De, Dh, E, D, seed=De)
+    _check_hyper(operands, gw, gb, E)
+
+
+def test_hyper_backward_frozen_hypernetwork_passes_gradient_to_emb():
+    """002 §1.10: w1, b1, w2, b2 are buffers; emb still gets its gradient through them (and is not zero)."""
+    operands, gw, gb = _hyper_case(12, 10, 4, 5, seed=2)
+    ours = _check_hyper(operands, gw, gb, 4, frozen=True)
+    assert ours[0].grad.abs().sum() > 0
+
+
+def test_hyper_backward_relu_boundary_and_dead_units():
+    """A hidden unit at exactly a = 0 passes no gradient (PyTorch's relu), a dead unit (a < 0) none, and a
+    cotangent on w or b alone (the other None) works."""
+    operands, gw, gb = _hyper_case(6, 5, 3, 4, seed=4)
+    emb, w1, b1, w2, b2 = operands
+    w1[0] = 0.0
+    b1[0] = 0.0                                   # a_0 = 0 exactly
+    b1[1] = -(w1[1].abs().sum() * emb.abs().max()) - 1.0  # a_1 < 0
+    leaves = _check_hyper([emb, w1, b1, w2, b2], gw, gb, 3)
+    assert torch.equal(leaves[2].grad[:2], torch.zeros(2))
+    assert torch.equal(leaves[1].grad[:2], torch.zeros(2, 6))
+    assert torch.equal(leaves[3].grad[:, :2], torch.zeros(15, 2))  # h_0 = h_1 = 0
+    for which in ("w", "b"):
+        a = [_leaf(t) for t in operands]
+        w, b = torch.ops.moe.hyper_router(*a, 3)
+        ((w * gw).sum() if which == "w" else (b * gb).sum()).backward()
+        r = [_leaf(t) for t in operands]
+        rw, rb = R.hyper_router(*r, 3)
+        ((rw * gw).sum() if which == "w" else (rb * gb).sum()).backward()
+        for o, q in zip(a, r):
+            close(o.grad, q.grad, 12, which)
+
+
+def test_hyper_backward_half_precision_inputs():
+    """bf16/f16 operands: the kernel reads them widened, the gradients come back in the operand dtype."""
+    for dtype in (torch.float16, torch.bfloat16):
+        operands, gw, gb = _hyper_case(16, 8, 4, 8, seed=3, dtype=dtype)
+        a = [_leaf(t) for t in operands]
+        w, b = torch.ops.moe.hyper_router(*a, 4)
+        ((w * gw).sum() + (b * gb).sum()).backward()
+        r = [_leaf(t, torch.float32) for t in operands]
+        rw, rb = R.hyper_router(*r, 4)
+        ((rw * gw).sum() + (rb * gb).sum()).backward()
+        for o, q in zip(a, r):
+            assert o.grad.dtype == dtype
+            torch.testing.assert_close(o.grad.float(), q.grad, atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("shape", [(0, 4, 3, 2), (4, 0, 3, 2), (4, 5, 3, 0)])
+def test_hyper_backward_zero_sized(shape):
+    """An empty De or Dh, or D = 0 (a router of biases only, which the torch op allows): the closed form."""
+    De, Dh, E, D = shape
+    operands, gw, gb = _hyper_case(De, Dh, E, D, seed=1)
+    _check_hyper(operands, gw, gb, E)
+
+
+def test_hyper_backward_op_direct():
+    """The backward op itself: the kernel (one per static signature), f32 gradients in the operands' shapes, the
+    forward's errors and the cotangents' own."""
+    operands, gw, gb = _hyper_case(9, 7, 3, 5, seed=5)
+    ours = torch.ops.moe.hyper_router_backward(gw, gb, *operands, 3)
+    ref = R._hyper_router_backward_ref(gw, gb, *operands, 3)
+    for name, o, r, t in zip(("emb", "w1", "b1", "w2", "b2"), ours, ref, operands):
+        assert o.dtype == torch.float32 and o.shape == t.shape, name
+        close(o, r, 18, name)
+    assert any(k.startswith("hyper_router_backward|") for k in cache.stats.keys)
+    with pytest.raises(ValueError, match="dimension 1 of 'grad_w' \\(4\\) must equal D"):
+        torch.ops.moe.hyper_router_backward(torch.zeros(3, 4), gb, *operands, 3)
+    with pytest.raises(ValueError, match="dimension 0 of 'grad_b' \\(2\\) must equal num_experts"):
+        torch.ops.moe.hyper_router_backward(gw, torch.zeros(2), *operands, 3)
+    with pytest.raises(ValueError, match="dimension 1 of 'w1'"):
+        torch.ops.moe.hyper_router_backward(gw, gb, operands[0], torch.zeros(7, 4), *operands[2:], 3)
+
+
+class _HyperClosedForm(torch.autograd.Function):
+    """The forward formula with the closed-form backward of moe.hyper_router_grad (reference.py), in float64."""
+
+    @staticmethod
+    def forward(ctx, emb, w1, b1, w2, b2, E):
+        ctx.save_for_backward(emb, w1, b1, w2, b2)
+        ctx.E = E
+        out = (w2 @ torch.relu(w1 @ emb + b1) + b2).reshape(E, -1)
+        return out[:, :-1].clone(), out[:, -1].clone()
+
+    @staticmethod
+    def backward(ctx, gw, gb):
+        return (*R._hyper_router_backward_ref(gw, gb, *ctx.saved_tensors, ctx.E), None)
+
+
+def test_hyper_backward_closed_form_gradcheck_float64():
+    """The closed form the kernel is checked against is the exact Jacobian (finite differences in float64, which the
+    torch ops themselves do not accept: see test_autograd.py::test_gradcheck_float64). Pre-activations kept away
+    from 0 by more than eps so that no ReLU flips."""
+    operands, _, _ = _hyper_case(5, 6, 3, 2, seed=9)
+    operands = [t.double() for t in operands]
+    emb, w1, b1 = operands[:3]
+    a = w1 @ emb + b1
+    b1 += torch.where(a.abs() < 0.1, torch.sign(a) * 0.2 + (a == 0) * 0.2, torch.zeros_like(a))
+    inputs = [t.clone().requires_grad_(True) for t in operands]
+    assert torch.autograd.gradcheck(lambda *t: _HyperClosedForm.apply(*t, 3), inputs)
+
+
+def test_hyper_backward_through_aot_autograd():
+    """torch.compile (AOTAutograd traces the backward through the fake kernel, then runs the kernel)."""
+    operands, gw, gb = _hyper_case(10, 6, 4, 3, seed=8)
+
+    def f(*t):
+        w, b = torch.ops.moe.hyper_router(*t, 4)
+        return (w * gw).sum() + (b * gb).sum()
+
+    leaves = [_leaf(t) for t in operands]
+    torch.compile(f, backend="aot_eager", fullgraph=True)(*leaves).backward()
+    ref = [_leaf(t) for t in operands]
+    rw, rb = R.hyper_router(*ref, 4)
+    ((rw * gw).sum() + (rb * gb).sum()).backward()
+    for o, r in zip(leaves, ref):
+        close(o.grad, r.grad, 16, "aot")
+
+
+# ================================================================================================================
 # Memory: forward + backward of similarity_inform in O(N)
 # ================================================================================================================
 

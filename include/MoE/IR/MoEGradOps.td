@@ -15,7 +15,7 @@
 // * attention_posterior (+ the fused forms): to scores, u, v, wo, e; none
 //   through the chosen head h* or the top-k choice.
 // * hyper_router: to emb, w1, b1, w2, b2 (frozen hypernetwork weights still
-//   pass their gradient to emb, 002 §1.10).
+//   pass their gradient to emb, 002 §1.10) (this file).
 // * mad_dispersion and adjacency_update carry no gradient: ACMoE's cluster
 //   statistics are computed under no_grad (003 §5.10) and Symphony's graph A
 //   is a moving average, not a learned parameter (004 §1.2). Gradient flows
@@ -118,6 +118,57 @@ def MoE_TopkRenormGradOp : MoE_InferredOp<"topk_renorm_grad", MoE_PureInferred> 
   let assemblyFormat = [{
     $scores `,` $indices `dw` `(` $dw `:` type($dw) `)` (`mode` `(` custom<EnumKeyword>($mode)^ `)`)?
     (`renormalize` `(` $renormalize^ `)`)? attr-dict `:` type($scores) `,` type($indices) `->` type($dscores)
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_HyperRouterGradOp : MoE_InferredOp<"hyper_router_grad", MoE_PureInferred> {
+  let summary = "the backward of moe.hyper_router: to emb and the hypernetwork";
+  let description = [{
+    The vector-Jacobian product of `moe.hyper_router` (operands `emb` `[De]`, `w1` `[Dh, De]`, `b1` `[Dh]`,
+    `w2` `[E·(D+1), Dh]`, `b2` `[E·(D+1)]` and `num_experts` exactly as the forward op) with the cotangents
+    `dw` (`[E, D]`, f32) of the generated router matrix `w` and `db` (`[E]`, f32) of the generated bias `b`.
+    With `a = w1 · emb + b1`, `h = relu(a)` and `out = w2 · h + b2` (the forward, recomputed: nothing is saved):
+
+    * `dout = [dw | db]` reshaped row-major to `[E·(D+1)]` (the cotangent of `out`, the forward's split undone);
+    * `d_b2 = dout`, `d_w2 = dout ⊗ h` (`d_w2[r, c] = dout[r] · h[c]`);
+    * `dh = w2^T · dout`, `da = dh ⊙ 1[h > 0]` (the ReLU derivative, 0 at `a = 0` as in PyTorch; a NaN `a` passes
+      `dh` through, also as PyTorch's `threshold_backward`);
+    * `d_b1 = da`, `d_w1 = da ⊗ emb`, `d_emb = w1^T · da`.
+
+    Every gradient is computed whether or not its operand is trained: a frozen hypernetwork (buffers, 002 §1.10)
+    still passes its gradient to `emb` through `d_emb`, and a caller that does not use `d_w1`/`d_w2` lets the
+    lowering's outer products be removed as dead code. Results are f32 in the shapes of their operands whatever
+    the operand types (the caller casts). Sums (the two matrix-vector products with the transposes) accumulate in
+    f32; the lowering is two `linalg.vecmat`, two outer products and elementwise generics (no `N`: the op has no
+    token dimension, so it is small next to the router's matmul).
+
+    ```mlir
+    %demb, %dw1, %db1, %dw2, %db2 = moe.hyper_router_grad %emb, %w1, %b1, %w2, %b2
+        dw(%dw : tensor<16x256xf32>) db(%db : tensor<16xf32>) num_experts(16)
+        : tensor<256xf32>, tensor<256x256xf32>, tensor<256xf32>, tensor<4112x256xf32>, tensor<4112xf32>
+        -> tensor<256xf32>, tensor<256x256xf32>, tensor<256xf32>, tensor<4112x256xf32>, tensor<4112xf32>
+    ```
+  }];
+
+  let arguments = (ins
+    MoE_FloatTensor:$emb,
+    MoE_FloatTensor:$w1,
+    MoE_FloatTensor:$b1,
+    MoE_FloatTensor:$w2,
+    MoE_FloatTensor:$b2,
+    MoE_F32Tensor:$dw,
+    MoE_F32Tensor:$db,
+    I64Attr:$num_experts
+  );
+  let results = (outs MoE_F32Tensor:$d_emb, MoE_F32Tensor:$d_w1, MoE_F32Tensor:$d_b1, MoE_F32Tensor:$d_w2,
+                      MoE_F32Tensor:$d_b2);
+
+  let assemblyFormat = [{
+    $emb `,` $w1 `,` $b1 `,` $w2 `,` $b2 `dw` `(` $dw `:` type($dw) `)` `db` `(` $db `:` type($db) `)`
+    `num_experts` `(` $num_experts `)` attr-dict
+    `:` type($emb) `,` type($w1) `,` type($b1) `,` type($w2) `,` type($b2)
+    `->` type($d_emb) `,` type($d_w1) `,` type($d_b1) `,` type($d_w2) `,` type($d_b2)
   }];
   let hasVerifier = 1;
 }

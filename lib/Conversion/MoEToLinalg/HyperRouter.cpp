@@ -20,12 +20,11 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::lowering;
 
-namespace {
 using utils::IteratorType;
 
-/// matrix · vector + bias (then ReLU when `relu`), accumulated in f32.
-Value affine(OpBuilder &b, Location loc, Value matrix, Value vector, Value bias,
-             bool relu) {
+Value mlir::moe::lowering::hyperRouterAffine(OpBuilder &b, Location loc,
+                                             Value matrix, Value vector,
+                                             Value bias, bool relu) {
   OpFoldResult rows = tensor::getMixedSize(b, loc, matrix, 0);
   Value init = filled(b, loc, {rows}, f32Const(b, loc, 0.0));
   Value prod = linalg::MatvecOp::create(b, loc, TypeRange{init.getType()},
@@ -44,6 +43,7 @@ Value affine(OpBuilder &b, Location loc, Value matrix, Value vector, Value bias,
       .front();
 }
 
+namespace {
 struct HyperRouterLowering : OpRewritePattern<HyperRouterOp> {
   using OpRewritePattern::OpRewritePattern;
 
@@ -51,10 +51,10 @@ struct HyperRouterLowering : OpRewritePattern<HyperRouterOp> {
                                 PatternRewriter &rw) const override {
     Location loc = op.getLoc();
     auto f32 = [&](Value v) { return promoteToF32(rw, loc, v); };
-    Value hidden = affine(rw, loc, f32(op.getW1()), f32(op.getEmb()),
-                          f32(op.getB1()), /*relu=*/true);
-    Value out = affine(rw, loc, f32(op.getW2()), hidden, f32(op.getB2()),
-                       /*relu=*/false);
+    Value hidden = hyperRouterAffine(rw, loc, f32(op.getW1()), f32(op.getEmb()),
+                                     f32(op.getB1()), /*relu=*/true);
+    Value out = hyperRouterAffine(rw, loc, f32(op.getW2()), hidden,
+                                  f32(op.getB2()), /*relu=*/false);
 
     finishHyperRouter(rw, op, out);
     return success();

@@ -26,6 +26,7 @@ void populateRoutePattern(RewritePatternSet &patterns);
 void populateDispatchPlanPattern(RewritePatternSet &patterns);
 void populateSimilarityInformGradPattern(RewritePatternSet &patterns);
 void populateTopkRenormGradPattern(RewritePatternSet &patterns);
+void populateHyperRouterGradPattern(RewritePatternSet &patterns);
 
 // Shared by similarity_inform and its backward (SimilarityInform.cpp).
 
@@ -37,6 +38,13 @@ Value projectQueries(OpBuilder &b, Location loc, Value u, Value ws);
 Value similarityKeyLogits(OpBuilder &b, Location loc, Value q, Value u,
                           Value mask, bool causal, float tau, Value j,
                           Value scratch);
+
+// Shared by hyper_router and its backward (HyperRouter.cpp).
+
+/// matrix · vector + bias (then ReLU when `relu`), accumulated in f32 (f32
+/// operands; linalg.matvec and a generic).
+Value hyperRouterAffine(OpBuilder &b, Location loc, Value matrix, Value vector,
+                        Value bias, bool relu);
 
 // The cheap tails of some lowerings (O(E·D) or O(E²) work on tensors), shared
 // with the fast CPU kernels (CPU/), which compute the expensive statistics

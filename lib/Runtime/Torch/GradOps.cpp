@@ -130,9 +130,68 @@ Tensor topkRenormBackward(const Tensor &gradW, const Tensor &scores,
   return out;
 }
 
+using HyperGrads = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
+
+/// HyperRouter backward with a zero-sized dimension (D = 0, which the torch
+/// op allows and the dialect does not, or an empty De, Dh or E·(D+1)): the
+/// closed form of moe.hyper_router_grad with ATen (no token dimension, so
+/// small).
+HyperGrads hyperRouterDegenerate(const Tensor &gradW, const Tensor &gradB,
+                                 const Tensor &emb, const Tensor &w1,
+                                 const Tensor &b1, const Tensor &w2,
+                                 int64_t numExperts) {
+  Tensor embf = emb.to(at::kFloat), w1f = w1.to(at::kFloat);
+  Tensor h = at::relu(at::matmul(w1f, embf) + b1.to(at::kFloat));
+  Tensor dout =
+      at::cat({gradW.to(at::kFloat).reshape({numExperts, -1}),
+               gradB.to(at::kFloat).reshape({numExperts, 1})},
+              1)
+          .reshape({-1});
+  Tensor da = at::matmul(dout, w2.to(at::kFloat)).masked_fill(h <= 0, 0);
+  return {at::matmul(da, w1f), at::outer(da, embf), da, at::outer(dout, h),
+          dout};
+}
+
+HyperGrads hyperRouterBackward(const Tensor &gradW, const Tensor &gradB,
+                               const Tensor &emb, const Tensor &w1,
+                               const Tensor &b1, const Tensor &w2,
+                               const Tensor &b2, int64_t numExperts) {
+  const char *op = "hyper_router_backward";
+  checkCpu(op, {&gradW, &gradB, &emb, &w1, &b1, &w2, &b2});
+  Key key(op);
+  key.attr("num_experts", numExperts);
+  // The cotangents autograd hands over may be of another dtype or strided.
+  std::array<Tensor, 7> keep{contig(gradW.to(at::kFloat)),
+                             contig(gradB.to(at::kFloat)),
+                             contig(emb),
+                             contig(w1),
+                             contig(b1),
+                             contig(w2),
+                             contig(b2)};
+  const char *names[] = {"grad_w", "grad_b", "emb", "w1", "b1", "w2", "b2"};
+  for (size_t n = 0; n < keep.size(); ++n)
+    key.in(names[n], keep[n]);
+  if (gradW.numel() == 0 || emb.numel() == 0 || w1.numel() == 0 ||
+      w2.numel() == 0) {
+    validateOnly(key);
+    return hyperRouterDegenerate(gradW, gradB, emb, w1, b1, w2, numExperts);
+  }
+  std::array<Tensor, 5> grads;
+  std::vector<MemRef> args;
+  for (const Tensor &t : keep)
+    args.push_back(describe(t));
+  for (size_t n = 0; n < grads.size(); ++n) {
+    grads[n] = at::empty(keep[n + 2].sizes(), f32(emb));
+    args.push_back(describe(grads[n]));
+  }
+  run(key, std::move(args));
+  return {grads[0], grads[1], grads[2], grads[3], grads[4]};
+}
+
 } // namespace
 
 TORCH_LIBRARY_IMPL(moe, CPU, m) {
   m.impl("similarity_inform_backward", &similarityInformBackward);
   m.impl("topk_renorm_backward", &topkRenormBackward);
+  m.impl("hyper_router_backward", &hyperRouterBackward);
 }

@@ -48,7 +48,7 @@ MemRef describe(const Tensor &t);
 
 using KernelFn = void *;
 
-/// Calls `_mlir_ciface_kernel` with 2 to 8 memref arguments.
+/// Calls `_mlir_ciface_kernel` with 1 to 12 memref arguments.
 void callKernel(KernelFn fn, std::vector<MemRef> &args);
 
 /// The dtype's element name in kernel keys ("f32", "i32", ...).

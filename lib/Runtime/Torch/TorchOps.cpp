@@ -43,6 +43,7 @@
 #include <dlfcn.h>
 
 #include <array>
+#include <utility>
 #include <charconv>
 #include <cstdio>
 #include <cmath>
@@ -85,34 +86,37 @@ MemRef describe(const Tensor &t, c10::IntArrayRef sizes) {
 MemRef describe(const Tensor &t) { return describe(t, t.sizes()); }
 
 
+namespace {
+constexpr size_t kMaxKernelArgs = 12;
+
+/// fn(p[0], .., p[N-1]): `_mlir_ciface_kernel` takes one descriptor pointer
+/// per memref.
+template <size_t... I>
+void callWith(KernelFn fn, MemRef *const *p, std::index_sequence<I...>) {
+  using M = MemRef *;
+  reinterpret_cast<void (*)(decltype((void)I, M())...)>(fn)(p[I]...);
+}
+
+template <size_t... N>
+constexpr auto makeCallers(std::index_sequence<N...>) {
+  using Caller = void (*)(KernelFn, MemRef *const *);
+  return std::array<Caller, sizeof...(N)>{
+      +[](KernelFn fn, MemRef *const *p) {
+        callWith(fn, p, std::make_index_sequence<N>());
+      }...};
+}
+} // namespace
+
 void callKernel(KernelFn fn, std::vector<MemRef> &args) {
-  std::array<MemRef *, 8> p{};
+  static constexpr auto callers =
+      makeCallers(std::make_index_sequence<kMaxKernelArgs + 1>());
+  TORCH_CHECK(args.size() >= 1 && args.size() <= kMaxKernelArgs,
+              "moe: internal error: a kernel with ", args.size(),
+              " memref arguments");
+  std::array<MemRef *, kMaxKernelArgs> p{};
   for (size_t i = 0; i < args.size(); ++i)
     p[i] = &args[i];
-  using M = MemRef *;
-  switch (args.size()) {
-  case 2:
-    return reinterpret_cast<void (*)(M, M)>(fn)(p[0], p[1]);
-  case 3:
-    return reinterpret_cast<void (*)(M, M, M)>(fn)(p[0], p[1], p[2]);
-  case 4:
-    return reinterpret_cast<void (*)(M, M, M, M)>(fn)(p[0], p[1], p[2], p[3]);
-  case 5:
-    return reinterpret_cast<void (*)(M, M, M, M, M)>(fn)(p[0], p[1], p[2],
-                                                         p[3], p[4]);
-  case 6:
-    return reinterpret_cast<void (*)(M, M, M, M, M, M)>(fn)(
-        p[0], p[1], p[2], p[3], p[4], p[5]);
-  case 7:
-    return reinterpret_cast<void (*)(M, M, M, M, M, M, M)>(fn)(
-        p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
-  case 8:
-    return reinterpret_cast<void (*)(M, M, M, M, M, M, M, M)>(fn)(
-        p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
-  default:
-    TORCH_CHECK(false, "moe: internal error: a kernel with ", args.size(),
-                " memref arguments");
-  }
+  callers[args.size()](fn, p.data());
 }
 
 //===----------------------------------------------------------------------===//

@@ -170,6 +170,10 @@ def _dispatch_plan_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
 _ROUTING_OUTPUTS = {"route": _route_outputs, "dispatch_plan": _dispatch_plan_outputs}
 
 
+#: The operands of moe.hyper_router (and of its backward, after the cotangents), in order.
+_HYPER_OPERANDS = ("emb", "w1", "b1", "w2", "b2")
+
+
 def _outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
     """Result (element type, dims) of the op, in order."""
     a, i = k.attrs, k.inputs
@@ -200,6 +204,8 @@ def _outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
         return [("f32", [n, i["tokens"][1][1]]), ("i32", [n])]
     if op == "adjacency_update":
         return [("f32", list(i["a"][1]))]
+    if op == "hyper_router_backward":
+        return [("f32", list(i[n][1])) for n in _HYPER_OPERANDS]
     if op == "hyper_router":
         n = int(a["num_experts"])
         d = int(i["w2"][1][0]) // n - 1
@@ -251,10 +257,11 @@ def _op_text(k: KernelKey, args: dict[str, str], types: dict[str, str]) -> tuple
     if op == "adjacency_update":
         return (f"moe.adjacency_update {args['a']}, {args['idx']} beta({_float(a['beta'])}) norm({a['norm']}) "
                 f"include_self({_bool(a['include_self'])})", f"{types['a']}, {types['idx']}")
-    if op == "hyper_router":
-        names = ("emb", "w1", "b1", "w2", "b2")
-        return (f"moe.hyper_router " + ", ".join(args[n] for n in names) + f" num_experts({a['num_experts']})",
-                ", ".join(types[n] for n in names))
+    if op in ("hyper_router", "hyper_router_backward"):
+        text = "moe.hyper_router " if op == "hyper_router" else "moe.hyper_router_grad "
+        text += ", ".join(args[n] for n in _HYPER_OPERANDS)
+        text += opt_operand("grad_w", "dw") + opt_operand("grad_b", "db")
+        return text + f" num_experts({a['num_experts']})", ", ".join(types[n] for n in _HYPER_OPERANDS)
     if op == "route":
         return (f"moe.route {args['logits']}" + opt_operand("bias", "bias") + f" k({a['k']}) scoring({a['scoring']}) "
                 f"order({a['order']}) n_group({a['n_group']}) topk_group({a['topk_group']}) "
@@ -573,7 +580,8 @@ def load(key: str, shapes: str, validate_only: int = 0) -> int:
 
 #: The ops of torch.ops.moe.* with CPU kernels only (lib/Runtime/Torch/{GradOps,RoutingOps}.cpp): on CUDA tensors
 #: they run the eager references, so there is no CUDA kernel to prebuild for them.
-CPU_ONLY_OPS = frozenset({"topk_renorm_backward", "similarity_inform_backward", "route", "dispatch_plan"})
+CPU_ONLY_OPS = frozenset({"topk_renorm_backward", "similarity_inform_backward", "hyper_router_backward", "route",
+                          "dispatch_plan"})
 
 
 def prebuild_cuda(keys: list[str], out_dir: Path, chip: str, jobs: Optional[int] = None) -> int:

@@ -150,3 +150,116 @@ func.func @topk_grad_i64_indices(%s: tensor<4x8xf32>, %i: tensor<4x2xi64>, %dw: 
   %ds = "moe.topk_renorm_grad"(%s, %i, %dw) : (tensor<4x8xf32>, tensor<4x2xi64>, tensor<4x2xf32>) -> tensor<4x8xf32>
   return
 }
+
+// -----
+
+// hyper_router_grad: the forward operands follow moe.hyper_router's rules; dw [E, D] and db [E] the results'.
+
+func.func @hyper_grad_w1_columns(%emb: tensor<8xf32>, %w1: tensor<4x6xf32>, %b1: tensor<4xf32>, %w2: tensor<20x4xf32>,
+                                 %b2: tensor<20xf32>, %dw: tensor<4x4xf32>, %db: tensor<4xf32>) {
+  // expected-error @+1 {{dimension 1 of 'w1' (De = 6) must equal dimension 0 of 'emb' (De = 8)}}
+  %a:5 = moe.hyper_router_grad %emb, %w1, %b1, %w2, %b2 dw(%dw : tensor<4x4xf32>) db(%db : tensor<4xf32>) num_experts(4)
+      : tensor<8xf32>, tensor<4x6xf32>, tensor<4xf32>, tensor<20x4xf32>, tensor<20xf32>
+      -> tensor<8xf32>, tensor<4x6xf32>, tensor<4xf32>, tensor<20x4xf32>, tensor<20xf32>
+  return
+}
+
+// -----
+
+func.func @hyper_grad_w2_rows(%emb: tensor<8xf32>, %w1: tensor<4x8xf32>, %b1: tensor<4xf32>, %w2: tensor<24x4xf32>,
+                              %b2: tensor<24xf32>, %dw: tensor<4x4xf32>, %db: tensor<4xf32>) {
+  // expected-error @+1 {{'w2' must have E*(D+1) = 4*(4+1) = 20 rows, but has 24}}
+  %a:5 = moe.hyper_router_grad %emb, %w1, %b1, %w2, %b2 dw(%dw : tensor<4x4xf32>) db(%db : tensor<4xf32>) num_experts(4)
+      : tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<24x4xf32>, tensor<24xf32>
+      -> tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<24x4xf32>, tensor<24xf32>
+  return
+}
+
+// -----
+
+func.func @hyper_grad_num_experts(%emb: tensor<8xf32>, %w1: tensor<4x8xf32>, %b1: tensor<4xf32>, %w2: tensor<20x4xf32>,
+                                  %b2: tensor<20xf32>, %dw: tensor<4x4xf32>, %db: tensor<4xf32>) {
+  // expected-error @+1 {{'num_experts' (0) must be >= 1}}
+  %a:5 = moe.hyper_router_grad %emb, %w1, %b1, %w2, %b2 dw(%dw : tensor<4x4xf32>) db(%db : tensor<4xf32>) num_experts(0)
+      : tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<20x4xf32>, tensor<20xf32>
+      -> tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<20x4xf32>, tensor<20xf32>
+  return
+}
+
+// -----
+
+func.func @hyper_grad_dw_rank(%emb: tensor<8xf32>, %w1: tensor<4x8xf32>, %b1: tensor<4xf32>, %w2: tensor<20x4xf32>,
+                              %b2: tensor<20xf32>, %dw: tensor<16xf32>, %db: tensor<4xf32>) {
+  // expected-error @+1 {{'dw' must have rank 2 ([E, D], the shape of the forward result w), but has type 'tensor<16xf32>'}}
+  %a:5 = moe.hyper_router_grad %emb, %w1, %b1, %w2, %b2 dw(%dw : tensor<16xf32>) db(%db : tensor<4xf32>) num_experts(4)
+      : tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<20x4xf32>, tensor<20xf32>
+      -> tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<20x4xf32>, tensor<20xf32>
+  return
+}
+
+// -----
+
+func.func @hyper_grad_db_rank(%emb: tensor<8xf32>, %w1: tensor<4x8xf32>, %b1: tensor<4xf32>, %w2: tensor<20x4xf32>,
+                              %b2: tensor<20xf32>, %dw: tensor<4x4xf32>, %db: tensor<4x1xf32>) {
+  // expected-error @+1 {{'db' must have rank 1 ([E], the shape of the forward result b), but has type 'tensor<4x1xf32>'}}
+  %a:5 = moe.hyper_router_grad %emb, %w1, %b1, %w2, %b2 dw(%dw : tensor<4x4xf32>) db(%db : tensor<4x1xf32>) num_experts(4)
+      : tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<20x4xf32>, tensor<20xf32>
+      -> tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<20x4xf32>, tensor<20xf32>
+  return
+}
+
+// -----
+
+func.func @hyper_grad_dw_features(%emb: tensor<8xf32>, %w1: tensor<4x8xf32>, %b1: tensor<4xf32>, %w2: tensor<20x4xf32>,
+                                  %b2: tensor<20xf32>, %dw: tensor<4x3xf32>, %db: tensor<4xf32>) {
+  // expected-error @+1 {{'w2' must have E*(D+1) = 4*(3+1) = 16 rows, but has 20}}
+  %a:5 = moe.hyper_router_grad %emb, %w1, %b1, %w2, %b2 dw(%dw : tensor<4x3xf32>) db(%db : tensor<4xf32>) num_experts(4)
+      : tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<20x4xf32>, tensor<20xf32>
+      -> tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<20x4xf32>, tensor<20xf32>
+  return
+}
+
+// -----
+
+func.func @hyper_grad_dw_zero_features(%emb: tensor<8xf32>, %w1: tensor<4x8xf32>, %b1: tensor<4xf32>, %w2: tensor<?x4xf32>,
+                                       %b2: tensor<?xf32>, %dw: tensor<4x0xf32>, %db: tensor<4xf32>) {
+  // expected-error @+1 {{'dw' (the cotangent of w [E, D]) must have at least one feature (D >= 1)}}
+  %a:5 = moe.hyper_router_grad %emb, %w1, %b1, %w2, %b2 dw(%dw : tensor<4x0xf32>) db(%db : tensor<4xf32>) num_experts(4)
+      : tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<?x4xf32>, tensor<?xf32>
+      -> tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<?x4xf32>, tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @hyper_grad_db_experts(%emb: tensor<8xf32>, %w1: tensor<4x8xf32>, %b1: tensor<4xf32>, %w2: tensor<?x4xf32>,
+                                 %b2: tensor<?xf32>, %dw: tensor<4x4xf32>, %db: tensor<5xf32>) {
+  // expected-error @+1 {{dimension 0 of 'db' (5) must equal num_experts (E = 4)}}
+  %a:5 = moe.hyper_router_grad %emb, %w1, %b1, %w2, %b2 dw(%dw : tensor<4x4xf32>) db(%db : tensor<5xf32>) num_experts(4)
+      : tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<?x4xf32>, tensor<?xf32>
+      -> tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<?x4xf32>, tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @hyper_grad_dw_experts(%emb: tensor<8xf32>, %w1: tensor<4x8xf32>, %b1: tensor<4xf32>, %w2: tensor<?x4xf32>,
+                                 %b2: tensor<?xf32>, %dw: tensor<3x4xf32>, %db: tensor<4xf32>) {
+  // expected-error @+1 {{dimension 0 of 'dw' (3) must equal num_experts (E = 4)}}
+  %a:5 = moe.hyper_router_grad %emb, %w1, %b1, %w2, %b2 dw(%dw : tensor<3x4xf32>) db(%db : tensor<4xf32>) num_experts(4)
+      : tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<?x4xf32>, tensor<?xf32>
+      -> tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<?x4xf32>, tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @hyper_grad_result_shape(%emb: tensor<8xf32>, %w1: tensor<4x8xf32>, %b1: tensor<4xf32>, %w2: tensor<20x4xf32>,
+                                   %b2: tensor<20xf32>, %dw: tensor<4x4xf32>, %db: tensor<4xf32>) {
+  // expected-error @+2 {{inferred type(s) 'tensor<8xf32>', 'tensor<4x8xf32>', 'tensor<4xf32>', 'tensor<20x4xf32>', 'tensor<20xf32>' are incompatible with return type(s)}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %a:5 = moe.hyper_router_grad %emb, %w1, %b1, %w2, %b2 dw(%dw : tensor<4x4xf32>) db(%db : tensor<4xf32>) num_experts(4)
+      : tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<20x4xf32>, tensor<20xf32>
+      -> tensor<8xf32>, tensor<8x4xf32>, tensor<4xf32>, tensor<20x4xf32>, tensor<20xf32>
+  return
+}

@@ -54,3 +54,30 @@ func.func @topk_renorm_grad_modes(%s: tensor<?x16xbf16>, %i: tensor<?x16xi32>, %
       : tensor<?x16xbf16>, tensor<?x16xi32> -> tensor<?x16xf32>
   return %a, %b : tensor<?x16xf32>, tensor<?x16xf32>
 }
+
+// CHECK-LABEL: func.func @hyper_router_grad_static
+func.func @hyper_router_grad_static(%emb: tensor<8xf32>, %w1: tensor<6x8xf32>, %b1: tensor<6xf32>,
+                                    %w2: tensor<20x6xf32>, %b2: tensor<20xf32>, %dw: tensor<4x4xf32>,
+                                    %db: tensor<4xf32>)
+    -> (tensor<8xf32>, tensor<6x8xf32>, tensor<6xf32>, tensor<20x6xf32>, tensor<20xf32>) {
+  // CHECK: moe.hyper_router_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} dw(%{{.*}} : tensor<4x4xf32>) db(%{{.*}} : tensor<4xf32>) num_experts(4) : tensor<8xf32>, tensor<6x8xf32>, tensor<6xf32>, tensor<20x6xf32>, tensor<20xf32> -> tensor<8xf32>, tensor<6x8xf32>, tensor<6xf32>, tensor<20x6xf32>, tensor<20xf32>
+  %a, %b, %c, %d, %e = moe.hyper_router_grad %emb, %w1, %b1, %w2, %b2 dw(%dw : tensor<4x4xf32>)
+      db(%db : tensor<4xf32>) num_experts(4)
+      : tensor<8xf32>, tensor<6x8xf32>, tensor<6xf32>, tensor<20x6xf32>, tensor<20xf32>
+      -> tensor<8xf32>, tensor<6x8xf32>, tensor<6xf32>, tensor<20x6xf32>, tensor<20xf32>
+  return %a, %b, %c, %d, %e : tensor<8xf32>, tensor<6x8xf32>, tensor<6xf32>, tensor<20x6xf32>, tensor<20xf32>
+}
+
+// Dynamic sizes and bf16/f16 operands: the gradients are f32 in the operands' shapes.
+// CHECK-LABEL: func.func @hyper_router_grad_dynamic
+func.func @hyper_router_grad_dynamic(%emb: tensor<?xbf16>, %w1: tensor<?x?xbf16>, %b1: tensor<?xf16>,
+                                     %w2: tensor<?x?xf32>, %b2: tensor<?xf32>, %dw: tensor<2x?xf32>,
+                                     %db: tensor<?xf32>)
+    -> (tensor<?xf32>, tensor<?x?xf32>) {
+  // CHECK: moe.hyper_router_grad {{.*}} num_experts(2) : tensor<?xbf16>, tensor<?x?xbf16>, tensor<?xf16>, tensor<?x?xf32>, tensor<?xf32> -> tensor<?xf32>, tensor<?x?xf32>, tensor<?xf32>, tensor<?x?xf32>, tensor<?xf32>
+  %a, %b, %c, %d, %e = moe.hyper_router_grad %emb, %w1, %b1, %w2, %b2 dw(%dw : tensor<2x?xf32>)
+      db(%db : tensor<?xf32>) num_experts(2)
+      : tensor<?xbf16>, tensor<?x?xbf16>, tensor<?xf16>, tensor<?x?xf32>, tensor<?xf32>
+      -> tensor<?xf32>, tensor<?x?xf32>, tensor<?xf32>, tensor<?x?xf32>, tensor<?xf32>
+  return %a, %b : tensor<?xf32>, tensor<?x?xf32>
+}

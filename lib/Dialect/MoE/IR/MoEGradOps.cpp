@@ -114,3 +114,49 @@ LogicalResult TopkRenormGradOp::verify() {
                             "'scores')";
   return success();
 }
+
+//===----------------------------------------------------------------------===//
+// HyperRouterGradOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult HyperRouterGradOp::inferReturnTypes(
+    MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  // Each gradient has the shape of its operand.
+  Type f32 = Float32Type::get(ctx);
+  for (Value v : {adaptor.getEmb(), adaptor.getW1(), adaptor.getB1(),
+                  adaptor.getW2(), adaptor.getB2()}) {
+    auto type = dyn_cast<RankedTensorType>(v.getType());
+    if (!type)
+      return failure();
+    inferred.push_back(RankedTensorType::get(type.getShape(), f32));
+  }
+  return success();
+}
+
+LogicalResult HyperRouterGradOp::verify() {
+  // dw and db are the cotangents of the forward results w [E, D] and b [E].
+  auto dw = cast<RankedTensorType>(getDw().getType());
+  auto db = cast<RankedTensorType>(getDb().getType());
+  if (dw.getRank() != 2)
+    return emitOpError() << "'dw' must have rank 2 ([E, D], the shape of the "
+                            "forward result w), but has type "
+                         << dw;
+  if (db.getRank() != 1)
+    return emitOpError() << "'db' must have rank 1 ([E], the shape of the "
+                            "forward result b), but has type "
+                         << db;
+  if (failed(detail::verifyHyperRouter(*this, getEmb(), getW1(), getB1(),
+                                       getW2(), getB2(), getNumExperts(),
+                                       dw.getDimSize(1),
+                                       "'dw' (the cotangent of w [E, D])")))
+    return failure();
+  int64_t numExperts = getNumExperts();
+  for (auto [name, size] : {std::pair<StringRef, int64_t>{"dw", dw.getDimSize(0)},
+                            {"db", db.getDimSize(0)}})
+    if (!ShapedType::isDynamic(size) && size != numExperts)
+      return emitOpError() << "dimension 0 of '" << name << "' (" << size
+                           << ") must equal num_experts (E = " << numExperts
+                           << ")";
+  return success();
+}

@@ -445,8 +445,17 @@ LogicalResult HyperRouterOp::inferReturnTypes(
 }
 
 LogicalResult HyperRouterOp::verify() {
-  OperandChecker check(*this);
-  Value emb = getEmb(), w1 = getW1(), b1 = getB1(), w2 = getW2(), b2 = getB2();
+  return mlir::moe::detail::verifyHyperRouter(
+      *this, getEmb(), getW1(), getB1(), getW2(), getB2(), getNumExperts(),
+      cast<RankedTensorType>(getW().getType()).getDimSize(1), "result 'w'");
+}
+
+LogicalResult mlir::moe::detail::verifyHyperRouter(Operation *op, Value emb,
+                                                   Value w1, Value b1, Value w2,
+                                                   Value b2, int64_t numExperts,
+                                                   int64_t d,
+                                                   StringRef dName) {
+  OperandChecker check(op);
   if (failed(check.rank(emb, "emb", 1, "[De]")) ||
       failed(check.rank(w1, "w1", 2, "[Dh, De]")) ||
       failed(check.rank(b1, "b1", 1, "[Dh]")) ||
@@ -456,26 +465,25 @@ LogicalResult HyperRouterOp::verify() {
       failed(check.sameDim(b1, "b1", 0, w1, "w1", 0, "Dh")) ||
       failed(check.sameDim(w2, "w2", 1, w1, "w1", 0, "Dh")) ||
       failed(check.sameDim(b2, "b2", 0, w2, "w2", 0, "E*(D+1)")) ||
-      failed(check.expertCount(getNumExperts())))
+      failed(check.expertCount(numExperts)))
     return failure();
 
-  int64_t numExperts = getNumExperts();
   int64_t rows = merge(cast<RankedTensorType>(w2.getType()).getDimSize(0),
                        cast<RankedTensorType>(b2.getType()).getDimSize(0));
-  int64_t d = cast<RankedTensorType>(getW().getType()).getDimSize(1);
   if (!ShapedType::isDynamic(d) && d < 1)
-    return emitOpError() << "result 'w' must have at least one feature (D >= 1)";
+    return op->emitOpError() << dName
+                             << " must have at least one feature (D >= 1)";
   if (ShapedType::isDynamic(rows))
     return success();
   int64_t expected;
   if (!ShapedType::isDynamic(d) &&
       (llvm::AddOverflow(d, int64_t(1), expected) ||
        llvm::MulOverflow(numExperts, expected, expected) || rows != expected))
-    return emitOpError() << "'w2' must have E*(D+1) = " << numExperts << "*("
+    return op->emitOpError() << "'w2' must have E*(D+1) = " << numExperts << "*("
                          << d << "+1) = " << expected
                          << " rows, but has " << rows;
   if (rows % numExperts != 0 || rows / numExperts < 2)
-    return emitOpError() << "'w2' must have E*(D+1) rows with E = "
+    return op->emitOpError() << "'w2' must have E*(D+1) rows with E = "
                          << numExperts << " and D >= 1, but has " << rows
                          << " rows";
   return success();

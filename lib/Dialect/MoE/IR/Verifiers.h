@@ -17,6 +17,11 @@ namespace mlir::moe::detail {
 /// The operands and `tau` of Similarity-Inform mixing.
 LogicalResult verifySimilarityInform(Operation *op, Value u, Value e, Value ws,
                                      Value mask, float tau);
+/// The operands of HyperRouter generation, `d` the router's feature count D
+/// (dynamic when unknown), named `dName` in the diagnostics.
+LogicalResult verifyHyperRouter(Operation *op, Value emb, Value w1, Value b1,
+                                Value w2, Value b2, int64_t numExperts,
+                                int64_t d, StringRef dName);
 /// [B, N] of Similarity-Inform mixing, from `u` [B, N, D] and `e` [B, N, K]
 /// (dynamic where neither is static or an operand has the wrong rank).
 SmallVector<int64_t, 3> similarityRows(Value u, Value e);
