@@ -13,8 +13,8 @@
   silently carries no gradient.
 
 On the default path, HF ``transformers`` experts modules (``@use_experts_implementation``: Qwen3-MoE, Mixtral,
-OLMoE, DeepSeek-V3, gpt-oss...) whose config selects the default ``"eager"`` loop run the dispatch-plan
-implementation ``"moe"`` of :mod:`moe_mlir.experts` during each call of the compiled model (a
+OLMoE, DeepSeek-V3, gpt-oss...) whose config selects one of HF's defaults (``"eager"``, ``"grouped_mm"``) run the
+dispatch-plan implementation ``"moe"`` of :mod:`moe_mlir.experts` during each call of the compiled model (a
 :class:`~moe_mlir.experts.SelectedExperts` wrapping the ``torch.compile``'d model); between calls the model and
 its configs are as the user left them.
 """

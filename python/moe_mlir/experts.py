@@ -30,8 +30,8 @@ Which models use it (see the README, "HF experts through the dispatch plan"):
   ``model.set_experts_implementation("moe")`` select it, in eager and under any ``torch.compile`` backend;
 * :func:`use_moe_experts` selects it for a model within a ``with`` block (and restores the previous choice);
 * ``moe_mlir.compile(model)`` selects it for each call of the compiled model only (the user's model object and its
-  configs are left as they were between calls; a module whose config names another implementation than the
-  default ``"eager"`` keeps it).
+  configs are left as they were between calls; a module whose config names another implementation than HF's
+  defaults, :data:`SWITCHED`, keeps it).
 
 Expert parallelism (``_is_expert_parallel``: sentinel indices) is not handled: such modules run HF's eager code.
 """
@@ -244,8 +244,14 @@ def register() -> bool:
     return True
 
 
+#: The implementations switched to ``"moe"``: HF's defaults (unset on a standalone module, ``"eager"``, and
+#: ``"grouped_mm"``, which ``PreTrainedModel`` picks when nothing was requested). Others (``"batched_mm"``, a
+#: kernel from the hub...) are a user's choice and are kept.
+SWITCHED = (None, "eager", "grouped_mm")
+
+
 def _default(impl: Any) -> bool:
-    return impl in (None, "eager")
+    return impl in SWITCHED
 
 
 def _switch(modules: list[torch.nn.Module]) -> dict[int, tuple[Any, Any]]:
@@ -266,8 +272,8 @@ def _restore(saved: dict[int, tuple[Any, Any]]) -> None:
 
 @contextlib.contextmanager
 def use_moe_experts(model: torch.nn.Module) -> Iterator[list[torch.nn.Module]]:
-    """Within the block, the HF experts modules of ``model`` whose config selects the default (``"eager"``/unset)
-    run :func:`hf_experts_forward`; their configs are restored on exit. Yields the modules switched."""
+    """Within the block, the HF experts modules of ``model`` whose config selects one of HF's defaults
+    (:data:`SWITCHED`) run :func:`hf_experts_forward`; their configs are restored on exit. Yields the modules switched."""
     modules = hf_experts_modules(model)
     if modules:
         register()
