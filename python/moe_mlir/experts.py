@@ -10,9 +10,10 @@ graph at its ``nonzero`` and recompiles per expert). This module adds the implem
    per-expert offsets, the ``(token, slot)`` assignments stably sorted by expert and its inverse permutation;
 2. the token rows are gathered once in that order, and each projection is **one grouped GEMM**
    (:func:`grouped_mm`: ``torch.ops.moe_mlir.grouped_mm``, an opaque op looping over the experts that have rows,
-   one ``mm`` per contiguous slice; ``torch.nn.functional.grouped_mm`` on CUDA in bf16, where torch has it) — on
-   this project's CPU the loop measured faster than ``torch.nn.functional.grouped_mm`` (2 threads, E=128,
-   D=2048, 2I=1536: 1.8 s vs 2.8 s at T=64, 2.3 s vs 3.1 s at T=1024, same results bit for bit);
+   one ``mm`` per contiguous slice; ``torch.nn.functional.grouped_mm`` on CUDA in bf16, where torch has it — that
+   branch has not run on a GPU yet) — on this project's CPU the loop measured faster than torch's CPU
+   ``torch.nn.functional.grouped_mm`` (one run on the loaded 2-core machine, 2 threads, E=128, D=2048, 2I=1536,
+   f32: 1.8 s vs 2.8 s at T=64, 2.3 s vs 3.1 s at T=1024, same results bit for bit);
 3. the module's own gate (``_apply_gate``: SiLU(gate)·up, gpt-oss's clamped GLU...) or activation, its biases
    and its post-expert norm, then the routing weights, row-wise, as HF's eager code applies them;
 4. a deterministic un-permute: each token's k rows are read back through the inverse order, in increasing expert
