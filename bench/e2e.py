@@ -6,7 +6,11 @@ Cases:
   moe_intermediate 768; random weights), at prefill (4096 tokens) and decode (64 tokens) sizes: the whole block
   (the router, then HF's data-dependent expert loop: graph breaks) and its routing step alone
   (``Qwen3MoeTopKRouter``: linear, softmax, top-k, renormalize);
-* the five seed SMoE blocks (python/moe_mlir/models, plain-torch formulation) at 64 and 4096 tokens.
+* the five seed SMoE blocks (python/moe_mlir/models, plain-torch formulation) at 64 and 4096 tokens;
+* the same Qwen3-MoE block's expert dispatch (issue 13 item 3, issue 9 item 7), at 64 and 4096 tokens: HF's eager
+  loop, HF's ``grouped_mm`` experts implementation, the dispatch-plan implementation ``"moe"``
+  (:mod:`moe_mlir.experts`) run eagerly, ``torch.compile(backend="inductor")`` (HF's loop, graph breaks) and
+  ``moe_mlir.compile`` (the dispatch plan + raising + inductor), all in the same rounds.
 
 Each case: eager, ``torch.compile(backend="inductor")`` and ``torch.compile(backend="moe")`` (torch.compile's
 defaults otherwise), in the same process, the same thread count, the same inputs; compile time (the first call)
@@ -17,6 +21,7 @@ backend raised is recorded per case.
     .venv/bin/python -m bench.e2e --threads 2            # writes bench/results/e2e-<date>.{json,md}
     .venv/bin/python -m bench.e2e --threads 2 --quick    # smaller sizes, no files (a smoke test)
     .venv/bin/python -m bench.e2e --threads 2 --only Router seed --tag routing   # a subset: e2e-<date>-routing
+    .venv/bin/python -m bench.e2e --threads 2 --only experts --tag experts       # the expert-dispatch cases
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import sys
 from .cpu import _THREADS  # noqa: F401  (sets OMP/MOE thread variables from --threads before torch starts)
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
@@ -147,6 +153,93 @@ def cases(quick: bool):
             yield f"seed {mod.__name__.split('.')[-1]} T={t}", model, x, True
 
 
+@contextlib.contextmanager
+def _experts_impl(block: torch.nn.Module, impl: str):
+    """HF's experts implementation ``impl`` for the calls inside (``"moe"``: moe_mlir.experts)."""
+    from moe_mlir import experts as X
+
+    if impl == "moe":
+        with X.use_moe_experts(block):
+            yield
+        return
+    cfg = block.experts.config
+    old = cfg._experts_implementation
+    cfg._experts_implementation = impl
+    try:
+        yield
+    finally:
+        cfg._experts_implementation = old
+
+
+def run_experts_case(name: str, block: torch.nn.Module, x: torch.Tensor, budget: float) -> dict:
+    """The Qwen3-MoE block with five expert paths (see the module doc); ratios against HF eager and inductor."""
+    rec: dict[str, Any] = {"case": name, "kind": "experts", "input": list(x.shape),
+                           "loadavg_1min_before": round(os.getloadavg()[0], 2)}
+    with torch.no_grad():
+        want = block(x)
+        torch._dynamo.reset()
+        inductor = torch.compile(block, backend="inductor")
+        moe = moe_mlir.compile(block)
+
+        def under(impl, fn):
+            def call():
+                with _experts_impl(block, impl):
+                    return fn(x)
+            return call
+
+        fns = {"eager": lambda: block(x), "hf_grouped_mm": under("grouped_mm", block),
+               "dispatch_eager": under("moe", block), "inductor": lambda: inductor(x), "moe": lambda: moe(x)}
+        for b, fn in fns.items():
+            t0 = time.perf_counter()
+            with capture_graphs() as log:
+                got = fn()
+            rec[f"{b}_first_s"] = round(time.perf_counter() - t0, 2)
+            rec[f"{b}_check"] = _check(got, want, True)
+            if b == "moe":
+                rec["moe_ops_raised"] = sorted(op for g in log for op in g.moe_ops())
+        for b, m in interleaved(fns, budget).items():
+            rec[f"{b}_ms"] = m["median_ms"]
+            rec[f"{b}_reps"] = m["reps"]
+    best = min(rec["eager_ms"], rec["inductor_ms"], rec["hf_grouped_mm_ms"])
+    rec["moe_vs_eager"] = rec["eager_ms"] / rec["moe_ms"]
+    rec["moe_vs_inductor"] = rec["inductor_ms"] / rec["moe_ms"]
+    rec["dispatch_eager_vs_eager"] = rec["eager_ms"] / rec["dispatch_eager_ms"]
+    rec["moe_vs_best_baseline"] = best / rec["moe_ms"]
+    print(f"{name:48s} " + "  ".join(f"{b} {rec[b + '_ms']:9.3f} ms" for b in fns) +
+          f"  moe/eager {rec['moe_vs_eager']:.2f}x  moe/inductor {rec['moe_vs_inductor']:.2f}x  dispatch(eager)/eager "
+          f"{rec['dispatch_eager_vs_eager']:.2f}x  checks {[rec[b + '_check'] for b in fns]}", flush=True)
+    return rec
+
+
+def experts_cases(quick: bool):
+    hidden, experts, k, inter = (256, 16, 4, 128) if quick else (2048, 128, 8, 768)
+    block = qwen3_moe(hidden, experts, k, inter)
+    g = torch.Generator().manual_seed(2)
+    for t in ((256, 16) if quick else (4096, 64)):
+        yield (f"Qwen3MoeSparseMoeBlock experts hidden={hidden} E={experts} k={k} inter={inter} T={t}", block,
+               torch.randn(1, t, hidden, generator=g))
+
+
+def _experts_table(recs: list[dict]) -> list[str]:
+    impls = ("eager", "hf_grouped_mm", "dispatch_eager", "inductor", "moe")
+    lines = ["", "## Qwen3-MoE expert dispatch", "",
+             "`eager`: HF's loop; `hf_grouped_mm`: HF's `grouped_mm` experts implementation; `dispatch_eager`: "
+             "moe_mlir.experts (`moe.dispatch_plan`, one grouped GEMM per projection) without compiling; "
+             "`inductor`: torch.compile(backend=\"inductor\") of HF's loop; `moe`: moe_mlir.compile (dispatch plan, "
+             "raised router, inductor). Medians in ms; ratios above 1: moe is faster.", "",
+             "| case | " + " | ".join(f"{b} ms" for b in impls) + " | moe vs eager | moe vs inductor | "
+             "moe vs best of eager/inductor/hf_grouped_mm | checks |",
+             "|---|" + "--:|" * (len(impls) + 3) + "---|"]
+    for r in recs:
+        if "error" in r:
+            lines.append(f"| {r['case']} | error: {r['error']} |" + "|" * (len(impls) + 3))
+            continue
+        lines.append(f"| {r['case']} | " + " | ".join(f"{r[b + '_ms']:.4g}" for b in impls) +
+                     f" | {r['moe_vs_eager']:.2f}x | {r['moe_vs_inductor']:.2f}x | {r['moe_vs_best_baseline']:.2f}x | "
+                     + ", ".join(r[b + "_check"] for b in impls) + " |")
+    return lines
+
+
 def write_report(doc: dict, out: Path) -> None:
     m = doc["machine"]
     lines = [f"# End-to-end benchmark {doc['date']}: torch.compile(backend=\"moe\") vs inductor vs eager", "",
@@ -163,7 +256,11 @@ def write_report(doc: dict, out: Path) -> None:
              "| case | eager ms | inductor ms | moe ms | moe vs eager | moe vs inductor | inductor vs eager | "
              "raised | compile s (inductor / moe) | check (inductor / moe) |",
              "|---|--:|--:|--:|--:|--:|--:|---|--:|---|"]
+    if all(r.get("kind") == "experts" for r in doc["cases"]):
+        del lines[-3:]  # only the expert-dispatch cases ran: their table below
     for r in doc["cases"]:
+        if r.get("kind") == "experts":
+            continue
         if "error" in r:
             lines.append(f"| {r['case']} | error: {r['error']} |||||||||")
             continue
@@ -171,6 +268,7 @@ def write_report(doc: dict, out: Path) -> None:
                      f"{r['moe_vs_eager']:.2f}x | {r['moe_vs_inductor']:.2f}x | {r['inductor_vs_eager']:.2f}x | "
                      f"{', '.join(r['moe_ops_raised']) or '-'} | {r['inductor_compile_s']} / {r['moe_compile_s']} | "
                      f"{r['inductor_check']} / {r['moe_check']} |")
+    lines += _experts_table([r for r in doc["cases"] if r.get("kind") == "experts"])
     if doc.get("note"):
         lines += ["", f"**Note:** {doc['note']}"]
     out.write_text("\n".join(lines) + "\n")
@@ -199,13 +297,21 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001 - record and go on
             print(f"{name}: {type(e).__name__}: {e}", flush=True)
             recs.append({"case": name, "error": f"{type(e).__name__}: {e}"})
+    for name, block, x in experts_cases(args.quick):
+        if args.only and not any(s in name for s in args.only):
+            continue
+        try:
+            recs.append(run_experts_case(name, block, x, budget))
+        except Exception as e:  # noqa: BLE001 - record and go on
+            print(f"{name}: {type(e).__name__}: {e}", flush=True)
+            recs.append({"case": name, "kind": "experts", "error": f"{type(e).__name__}: {e}"})
     import transformers
 
     impl = getattr(moe_mlir.ops, "IMPLEMENTATION", None) or "the implementation registered by moe_mlir.ops"
     doc = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": info, "quick": args.quick,
            "transformers": transformers.__version__, "moe_ops_impl": impl, "cases": recs,
            "loadavg_end": list(os.getloadavg()), "run_s": time.perf_counter() - t0, "note": args.note}
-    bad = [r["case"] for r in recs if "error" in r or r.get("moe_check") != "ok" or r.get("inductor_check") != "ok"]
+    bad = [r["case"] for r in recs if "error" in r or any(v != "ok" for key, v in r.items() if key.endswith("_check"))]
     if not args.quick:
         day = datetime.date.today().isoformat() + (f"-{args.tag}" if args.tag else "")
         out = REPO / "bench" / "results"

@@ -11,6 +11,12 @@
   ``example_args``), and only models that ``torch.export`` captures whole. Forward-only: with grad mode on, an
   input that requires grad is refused (``RuntimeError`` naming the training path) rather than given a result that
   silently carries no gradient.
+
+On the default path, HF ``transformers`` experts modules (``@use_experts_implementation``: Qwen3-MoE, Mixtral,
+OLMoE, DeepSeek-V3, gpt-oss...) whose config selects one of HF's defaults (``"eager"``, ``"grouped_mm"``) run the
+dispatch-plan implementation ``"moe"`` of :mod:`moe_mlir.experts` during each call of the compiled model (a
+:class:`~moe_mlir.experts.SelectedExperts` wrapping the ``torch.compile``'d model); between calls the model and
+its configs are as the user left them.
 """
 
 from __future__ import annotations
@@ -58,7 +64,13 @@ def compile(
         if whole_graph:
             raise ValueError(f"{sorted(whole_graph)} apply to the whole-graph path only "
                              f"(backend in {WHOLE_GRAPH_BACKENDS} or target='cuda')")
-        return torch.compile(model, backend="moe", dynamic=dynamic, options={"dense": dense})
+        compiled = torch.compile(model, backend="moe", dynamic=dynamic, options={"dense": dense})
+        if isinstance(model, torch.nn.Module):
+            from .experts import SelectedExperts, hf_experts_modules
+
+            if hf_experts_modules(model):  # HF experts: the dispatch-plan implementation, for each call
+                return SelectedExperts(compiled, model)
+        return compiled
     if backend not in ("dynamo",) + WHOLE_GRAPH_BACKENDS:
         raise ValueError(f"backend must be 'dynamo', 'auto', 'executor' or 'runner', got {backend!r}")
     if target == "cuda" and backend == "dynamo":

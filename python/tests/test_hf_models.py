@@ -216,3 +216,29 @@ def test_seed_block_matches_eager(mod):
                    _check_outputs)
     assert all(g.fallback is None for g in log)
     assert {op for g in log for op in g.moe_ops()} == SEEDS[mod]
+
+
+def test_hf_causal_lm_experts_through_the_dispatch_plan():
+    """A whole tiny ``Qwen3MoeForCausalLM`` (2 layers; HF picks ``"grouped_mm"`` experts for a PreTrainedModel)
+    through ``moe_mlir.compile``: every layer's experts run ``moe.dispatch_plan`` (moe_mlir.experts) during the
+    calls, the logits equal eager's at three token counts, and the model's config is HF's choice again after each
+    call (moe_mlir.experts' tests compare the experts and their gradients against HF's loop in detail)."""
+    from moe_mlir.experts import SelectedExperts, hf_experts_modules
+
+    torch._dynamo.reset()
+    cfg = Qwen3MoeConfig(hidden_size=H, num_experts=E, num_experts_per_tok=K, moe_intermediate_size=I,
+                         intermediate_size=2 * H, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=8, vocab_size=64, norm_topk_prob=True)
+    model = _init(qwen3.Qwen3MoeForCausalLM(cfg), seed=5)
+    assert model.config._experts_implementation == "grouped_mm" and len(hf_experts_modules(model)) == 2
+    c = moe_mlir.compile(model, dense="eager")
+    assert isinstance(c, SelectedExperts)
+    g = torch.Generator().manual_seed(5)
+    with capture_graphs() as log, torch.no_grad():
+        for t in TOKENS:
+            ids = torch.randint(0, 64, (1, t), generator=g)
+            torch.testing.assert_close(c(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-4,
+                                       msg=lambda m: f"T={t}: {m}")
+            assert model.config._experts_implementation == "grouped_mm"
+    assert all(g.fallback is None for g in log)
+    assert sum(g.moe_ops().count("dispatch_plan") for g in log) == 2 * len(TOKENS)  # both layers, each count

@@ -169,6 +169,20 @@ def moe_backend(gm: fx.GraphModule, example_inputs: list[Any], **options: Any) -
     return compiled
 
 
+def _backend_init() -> None:
+    """Fired by Dynamo when ``backend="moe"`` is resolved: makes HF's experts implementation ``"moe"``
+    (:mod:`moe_mlir.experts`) selectable when transformers is in use (it is not imported here)."""
+    import sys
+
+    if "transformers" in sys.modules:
+        from ..experts import register
+
+        register()
+
+
+moe_backend._dynamo_backend_init = _backend_init  # type: ignore[attr-defined]
+
+
 def register_backend() -> None:
     """Registers ``"moe"`` with Dynamo (idempotent)."""
     try:
