@@ -38,7 +38,7 @@ PY
 ASAN_RT="$(clang++-22 -print-file-name=libclang_rt.asan-x86_64.so)"
 export LD_LIBRARY_PATH="$(dirname "$ASAN_RT")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # See scripts/sanitize.sh for why these options (uninstrumented libMLIR).
-export ASAN_OPTIONS="detect_leaks=0:detect_container_overflow=0:${ASAN_OPTIONS:-}"
+export ASAN_OPTIONS="detect_leaks=0:detect_container_overflow=0:allow_user_poisoning=0:${ASAN_OPTIONS:-}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
 
 echo "== fuzz: $SECONDS_BUDGET s, $FUZZ_JOBS job(s)"
