@@ -26,41 +26,96 @@ namespace mlir::moe {
 
 using namespace mlir;
 
+namespace {
+/// The loops of a contraction that is one GEMM per batch element:
+/// C[b, m, n] += A[b?, m, k] * B[b?, k, n]. `m` and `n` are the two innermost
+/// dimensions of C (n the last one); every loop is one of b, m, n, k, or a
+/// unit loop. The batch loop may be missing from A or B (a broadcast
+/// operand: batch stride 0), which covers the importer's expert einsums
+/// (`td,edf->etf`) as well as matmul and batch_matmul in any operand layout.
+struct GemmLoops {
+  std::optional<unsigned> batch;
+  unsigned m, n, k;
+};
+
+std::optional<GemmLoops> gemmLoops(linalg::LinalgOp op) {
+  if (op.getNumDpsInputs() != 2 || op.getNumDpsInits() != 1 ||
+      !linalg::isaContractionOpInterface(op))
+    return std::nullopt;
+  SmallVector<AffineMap> maps = op.getIndexingMapsArray();
+  if (!llvm::all_of(maps, [](AffineMap m) { return m.isProjectedPermutation(); }))
+    return std::nullopt;
+  AffineMap mapC = maps[2];
+  unsigned numLoops = op.getNumLoops();
+  if (mapC.getNumResults() < 2)
+    return std::nullopt;
+  auto has = [](AffineMap m, unsigned d) {
+    return m.isFunctionOfDim(d);
+  };
+  SmallVector<int64_t> ranges = op.getStaticLoopRanges();
+  unsigned rc = mapC.getNumResults();
+  GemmLoops loops{std::nullopt, mapC.getDimPosition(rc - 2),
+                  mapC.getDimPosition(rc - 1), 0};
+  if (!has(maps[0], loops.m) || has(maps[1], loops.m) ||
+      !has(maps[1], loops.n) || has(maps[0], loops.n))
+    return std::nullopt;
+  std::optional<unsigned> k;
+  for (unsigned d = 0; d < numLoops; ++d) {
+    if (d == loops.m || d == loops.n)
+      continue;
+    if (!has(mapC, d)) {
+      // A reduction loop: k when both operands read it, once.
+      if (!has(maps[0], d) || !has(maps[1], d) || k)
+        return std::nullopt;
+      k = d;
+      continue;
+    }
+    // Another output loop: the batch loop (one), or a unit loop.
+    if (ranges[d] == 1)
+      continue;
+    if (loops.batch)
+      return std::nullopt;
+    loops.batch = d;
+  }
+  if (!k)
+    return std::nullopt;
+  loops.k = *k;
+  return loops;
+}
+} // namespace
+
 bool mlir::moe::isBlasCandidate(linalg::LinalgOp op, int64_t minFlops) {
-  if (!isa<linalg::MatmulOp, linalg::BatchMatmulOp>(op.getOperation()))
-    return false;
-  if (isa<linalg::MatmulOp>(op.getOperation()))
-    if (op.getIndexingMapsArray() !=
-        linalg::MatmulOp::getDefaultIndexingMaps(op->getContext()))
-      return false;
-  if (isa<linalg::BatchMatmulOp>(op.getOperation()))
-    if (op.getIndexingMapsArray() !=
-        linalg::BatchMatmulOp::getDefaultIndexingMaps(op->getContext()))
-      return false;
   for (OpOperand &operand : op->getOpOperands())
     if (!getElementTypeOrSelf(operand.get().getType()).isF32())
       return false;
   if (op.hasDynamicShape())
     return false;
+  std::optional<GemmLoops> loops = gemmLoops(op);
+  if (!loops)
+    return false;
   SmallVector<int64_t> ranges = op.getStaticLoopRanges();
-  int64_t n = ranges.size();
-  // (batch,) m, n, k: the last three loops.
-  return ranges[n - 3] * ranges[n - 2] * ranges[n - 1] >= minFlops;
+  return ranges[loops->m] * ranges[loops->n] * ranges[loops->k] >= minFlops;
 }
 
 namespace {
 enum : int32_t { kRowMajor = 101, kNoTrans = 111, kTrans = 112 };
 
 /// How CBLAS sees one (batch of) matrix operand(s): transposed or not, its
-/// leading dimension and its batch stride, from static strides.
+/// leading dimension and its batch stride.
 struct BlasOperand {
   int32_t trans;
   int64_t ld;
   int64_t batchStride;
 };
 
-std::optional<BlasOperand> blasLayout(Value memref) {
-  auto type = dyn_cast<MemRefType>(memref.getType());
+/// The layout of operand `operand` of `op` (a buffer with static strides)
+/// as the `rows` x `cols` matrix of loops (row, col), batched along `batch`:
+/// each loop's stride is the stride of the operand dimension the loop indexes
+/// (0 for a loop the operand does not read: a broadcast).
+std::optional<BlasOperand> blasLayout(linalg::LinalgOp op, OpOperand &operand,
+                                      unsigned row, unsigned col,
+                                      std::optional<unsigned> batch) {
+  auto type = dyn_cast<MemRefType>(operand.get().getType());
   if (!type)
     return std::nullopt;
   SmallVector<int64_t> strides;
@@ -69,22 +124,26 @@ std::optional<BlasOperand> blasLayout(Value memref) {
     return std::nullopt;
   if (llvm::any_of(strides, ShapedType::isDynamic))
     return std::nullopt;
-  int64_t rank = type.getRank();
-  int64_t rows = type.getDimSize(rank - 2), cols = type.getDimSize(rank - 1);
-  int64_t rs = strides[rank - 2], cs = strides[rank - 1];
-  BlasOperand layout{kNoTrans, rs, rank == 3 ? strides[0] : 0};
+  AffineMap map = op.getMatchingIndexingMap(&operand);
+  auto loopStride = [&](unsigned loop) -> int64_t {
+    for (unsigned r = 0; r < map.getNumResults(); ++r)
+      if (map.getDimPosition(r) == loop)
+        return strides[r];
+    return 0;
+  };
+  SmallVector<int64_t> ranges = op.getStaticLoopRanges();
+  int64_t rows = ranges[row], cols = ranges[col];
+  int64_t rs = loopStride(row), cs = loopStride(col);
+  int64_t batchStride = batch ? loopStride(*batch) : 0;
   // A unit dimension's stride is meaningless: use the one that satisfies
   // CBLAS (ld >= the row length).
   if ((cs == 1 || cols == 1) && (rs >= std::max<int64_t>(1, cols) || rows == 1))
-    layout = {kNoTrans, std::max<int64_t>(rs, std::max<int64_t>(1, cols)),
-              layout.batchStride};
-  else if ((rs == 1 || rows == 1) &&
-           (cs >= std::max<int64_t>(1, rows) || cols == 1))
-    layout = {kTrans, std::max<int64_t>(cs, std::max<int64_t>(1, rows)),
-              layout.batchStride};
-  else
-    return std::nullopt;
-  return layout;
+    return BlasOperand{kNoTrans, std::max<int64_t>(rs, std::max<int64_t>(1, cols)),
+                       batchStride};
+  if ((rs == 1 || rows == 1) && (cs >= std::max<int64_t>(1, rows) || cols == 1))
+    return BlasOperand{kTrans, std::max<int64_t>(cs, std::max<int64_t>(1, rows)),
+                       batchStride};
+  return std::nullopt;
 }
 
 class LinalgToBlas : public moe::impl::LinalgToBlasBase<LinalgToBlas> {
@@ -125,14 +184,20 @@ public:
     for (linalg::LinalgOp op : candidates) {
       Value a = op.getDpsInputs()[0], b = op.getDpsInputs()[1],
             c = op.getDpsInits()[0];
-      std::optional<BlasOperand> la = blasLayout(a), lb = blasLayout(b),
-                                 lc = blasLayout(c);
+      std::optional<GemmLoops> loops = gemmLoops(op);
+      if (!loops)
+        continue;
+      std::optional<BlasOperand> la = blasLayout(
+          op, *op.getDpsInputOperand(0), loops->m, loops->k, loops->batch);
+      std::optional<BlasOperand> lb = blasLayout(
+          op, *op.getDpsInputOperand(1), loops->k, loops->n, loops->batch);
+      std::optional<BlasOperand> lc = blasLayout(
+          op, *op.getDpsInitOperand(0), loops->m, loops->n, loops->batch);
       if (!la || !lb || !lc || lc->trans != kNoTrans)
         continue; // Left to the loops.
       SmallVector<int64_t> ranges = op.getStaticLoopRanges();
-      int64_t n = ranges.size();
-      int64_t batch = n == 4 ? ranges[0] : 1;
-      int64_t M = ranges[n - 3], N = ranges[n - 2], K = ranges[n - 1];
+      int64_t batch = loops->batch ? ranges[*loops->batch] : 1;
+      int64_t M = ranges[loops->m], N = ranges[loops->n], K = ranges[loops->k];
       if (std::max({M, N, K, la->ld, lb->ld, lc->ld}) > INT32_MAX)
         continue;
       // linalg accumulates into its output: beta = 1, unless the op right
@@ -168,7 +233,7 @@ public:
       auto pointer = [&](OpBuilder &bld, Value base, Value offset, Value b,
                          int64_t batchStride) -> Value {
         Value elem = offset;
-        if (b) {
+        if (b && batchStride != 0) { // 0: the operand is broadcast
           Value stride = arith::ConstantIndexOp::create(bld, loc, batchStride);
           elem = arith::AddIOp::create(
               bld, loc, elem, arith::MulIOp::create(bld, loc, b, stride));
@@ -193,7 +258,7 @@ public:
                      pointer(bld, baseC, offC, b, lc->batchStride), ldc});
         func::CallOp::create(bld, loc, sgemm, args);
       };
-      if (n == 4) {
+      if (loops->batch) {
         Value zero = arith::ConstantIndexOp::create(rewriter, loc, 0);
         Value one = arith::ConstantIndexOp::create(rewriter, loc, 1);
         Value ub = arith::ConstantIndexOp::create(rewriter, loc, batch);

@@ -224,3 +224,31 @@ func.func @residual_no_recompute(%x: tensor<512x64xf32>, %a: tensor<512x64xf32>,
   } -> tensor<512x64xf32>
   return %y : tensor<512x64xf32>
 }
+
+// -----
+
+// The importer's expert einsum `td,edf->etf` (a contraction generic, the batch loop e not read by the tokens):
+// with blas=true it is one GEMM per expert, split into thread tiles over (e, t) and marked for
+// moe-linalg-to-blas; without BLAS it is vectorized like a matmul.
+// CHECK-LABEL: func.func @expert_einsum
+// CHECK:         vector.contract
+// CHECK-NOT:     linalg.generic
+// BLAS-LABEL: func.func @expert_einsum
+// BLAS:         scf.forall (%{{.*}}, %{{.*}}) = (0, 0) to (4, 256)
+// BLAS:           linalg.generic {{.*}} ins({{.*}} : tensor<128x128xf32>, tensor<1x128x64xf32>) {{.*}} attrs = {moe.blas}
+// BLAS-NOT:       vector.contract
+func.func @expert_einsum(%u: tensor<256x128xf32>, %w: tensor<4x128x64xf32>) -> tensor<4x256x64xf32> {
+  %c0 = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<4x256x64xf32>
+  %f = linalg.fill ins(%c0 : f32) outs(%e : tensor<4x256x64xf32>) -> tensor<4x256x64xf32>
+  %y = linalg.generic {indexing_maps = [affine_map<(e, t, f, d) -> (t, d)>, affine_map<(e, t, f, d) -> (e, d, f)>,
+                                        affine_map<(e, t, f, d) -> (e, t, f)>],
+                       iterator_types = ["parallel", "parallel", "parallel", "reduction"]}
+      ins(%u, %w : tensor<256x128xf32>, tensor<4x128x64xf32>) outs(%f : tensor<4x256x64xf32>) {
+  ^bb0(%x: f32, %v: f32, %acc: f32):
+    %p = arith.mulf %x, %v : f32
+    %s = arith.addf %acc, %p : f32
+    linalg.yield %s : f32
+  } -> tensor<4x256x64xf32>
+  return %y : tensor<4x256x64xf32>
+}

@@ -72,3 +72,95 @@ func.func @marked_tile(%a: memref<8x8xf32>, %c: memref<8x8xf32>) {
   linalg.matmul {moe.blas} ins(%a, %a : memref<8x8xf32>, memref<8x8xf32>) outs(%c : memref<8x8xf32>)
   return
 }
+
+// -----
+
+// The importer's expert einsum `td,edf->etf`: a contraction generic whose batch loop (e) A does not read. One
+// call per expert; A's batch stride is 0 (the same tokens for every expert), B's and C's are one matrix each.
+// CHECK-LABEL: func.func @broadcast_a_generic
+// CHECK-DAG:     %[[NT:.*]] = arith.constant 111 : i32
+// CHECK-DAG:     %[[M:.*]] = arith.constant 64 : i32
+// CHECK-DAG:     %[[N:.*]] = arith.constant 48 : i32
+// CHECK-DAG:     %[[K:.*]] = arith.constant 32 : i32
+// CHECK:         scf.for %[[E:.*]] = %c0 to %c4 step %c1
+// CHECK-NOT:       arith.muli %[[E]], %c0
+// CHECK:           arith.muli %[[E]], %c1536
+// CHECK:           arith.muli %[[E]], %c3072
+// CHECK:           call @cblas_sgemm(%{{.*}}, %[[NT]], %[[NT]], %[[M]], %[[N]], %[[K]], %{{.*}}, %{{.*}}, %[[K]], %{{.*}}, %[[N]], %{{.*}}, %{{.*}}, %[[N]])
+// CHECK-NOT:     linalg.generic
+func.func @broadcast_a_generic(%u: memref<64x32xf32>, %w: memref<4x32x48xf32>, %y: memref<4x64x48xf32>) {
+  linalg.generic {indexing_maps = [affine_map<(e, t, f, d) -> (t, d)>, affine_map<(e, t, f, d) -> (e, d, f)>,
+                                   affine_map<(e, t, f, d) -> (e, t, f)>],
+                  iterator_types = ["parallel", "parallel", "parallel", "reduction"]}
+      ins(%u, %w : memref<64x32xf32>, memref<4x32x48xf32>) outs(%y : memref<4x64x48xf32>) {
+  ^bb0(%x: f32, %v: f32, %acc: f32):
+    %p = arith.mulf %x, %v : f32
+    %s = arith.addf %acc, %p : f32
+    linalg.yield %s : f32
+  }
+  return
+}
+
+// -----
+
+// Attention scores `q · kᵀ` over [1, H, N, Dh]: a unit loop is ignored, the head loop is the batch, and k's
+// transposed layout (unit stride along Dh) is passed as Trans with its row stride as leading dimension.
+// CHECK-LABEL: func.func @attention_scores_generic
+// CHECK-DAG:     %[[T:.*]] = arith.constant 112 : i32
+// CHECK-DAG:     %[[NT:.*]] = arith.constant 111 : i32
+// CHECK-DAG:     %[[N:.*]] = arith.constant 64 : i32
+// CHECK-DAG:     %[[DH:.*]] = arith.constant 16 : i32
+// CHECK:         scf.for %{{.*}} = %c0 to %c2 step %c1
+// CHECK:           call @cblas_sgemm(%{{.*}}, %[[NT]], %[[T]], %[[N]], %[[N]], %[[DH]], %{{.*}}, %{{.*}}, %[[DH]], %{{.*}}, %[[DH]], %{{.*}}, %{{.*}}, %[[N]])
+func.func @attention_scores_generic(%q: memref<1x2x64x16xf32>, %k: memref<1x2x64x16xf32>, %s: memref<1x2x64x64xf32>) {
+  linalg.generic {indexing_maps = [affine_map<(b, h, i, j, d) -> (b, h, i, d)>, affine_map<(b, h, i, j, d) -> (b, h, j, d)>,
+                                   affine_map<(b, h, i, j, d) -> (b, h, i, j)>],
+                  iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]}
+      ins(%q, %k : memref<1x2x64x16xf32>, memref<1x2x64x16xf32>) outs(%s : memref<1x2x64x64xf32>) {
+  ^bb0(%x: f32, %y: f32, %acc: f32):
+    %p = arith.mulf %x, %y : f32
+    %r = arith.addf %acc, %p : f32
+    linalg.yield %r : f32
+  }
+  return
+}
+
+// -----
+
+// Not one GEMM per batch element, left to the loops: the gate combine `te,etd->td` (no m loop: t is read by
+// both operands), two batch loops of size > 1, and a body that is not a multiply-add.
+// CHECK-LABEL: func.func @not_gemms
+// CHECK-NOT:     cblas_sgemm
+// CHECK-COUNT-3: linalg.generic
+func.func @not_gemms(%g: memref<64x4xf32>, %y: memref<4x64x48xf32>, %out: memref<64x48xf32>,
+                     %a: memref<2x3x64x32xf32>, %b: memref<2x3x32x48xf32>, %c: memref<2x3x64x48xf32>,
+                     %u: memref<64x32xf32>, %w: memref<32x48xf32>, %o: memref<64x48xf32>) {
+  linalg.generic {indexing_maps = [affine_map<(t, d, e) -> (t, e)>, affine_map<(t, d, e) -> (e, t, d)>,
+                                   affine_map<(t, d, e) -> (t, d)>],
+                  iterator_types = ["parallel", "parallel", "reduction"]}
+      ins(%g, %y : memref<64x4xf32>, memref<4x64x48xf32>) outs(%out : memref<64x48xf32>) {
+  ^bb0(%x: f32, %v: f32, %acc: f32):
+    %p = arith.mulf %x, %v : f32
+    %s = arith.addf %acc, %p : f32
+    linalg.yield %s : f32
+  }
+  linalg.generic {indexing_maps = [affine_map<(p, q, m, n, k) -> (p, q, m, k)>, affine_map<(p, q, m, n, k) -> (p, q, k, n)>,
+                                   affine_map<(p, q, m, n, k) -> (p, q, m, n)>],
+                  iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]}
+      ins(%a, %b : memref<2x3x64x32xf32>, memref<2x3x32x48xf32>) outs(%c : memref<2x3x64x48xf32>) {
+  ^bb0(%x: f32, %v: f32, %acc: f32):
+    %p = arith.mulf %x, %v : f32
+    %s = arith.addf %acc, %p : f32
+    linalg.yield %s : f32
+  }
+  linalg.generic {indexing_maps = [affine_map<(m, n, k) -> (m, k)>, affine_map<(m, n, k) -> (k, n)>,
+                                   affine_map<(m, n, k) -> (m, n)>],
+                  iterator_types = ["parallel", "parallel", "reduction"]}
+      ins(%u, %w : memref<64x32xf32>, memref<32x48xf32>) outs(%o : memref<64x48xf32>) {
+  ^bb0(%x: f32, %v: f32, %acc: f32):
+    %p = arith.mulf %x, %v : f32
+    %s = arith.maximumf %acc, %p : f32
+    linalg.yield %s : f32
+  }
+  return
+}

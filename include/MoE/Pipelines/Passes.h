@@ -23,8 +23,10 @@ namespace moe {
 #define GEN_PASS_REGISTRATION
 #include "MoE/Pipelines/Passes.h.inc"
 
-/// Whether moe-linalg-to-blas takes `op` (f32 linalg.matmul with the default
-/// maps or linalg.batch_matmul, static sizes, M*N*K >= minFlops per batch);
+/// Whether moe-linalg-to-blas takes `op` (an f32 contraction that is one GEMM
+/// per batch element: matmul, batch_matmul or a generic in any operand
+/// layout, A or B possibly broadcast over the batch; static sizes, M*N*K >=
+/// minFlops per batch);
 /// strides are checked on buffers only. Shared by the tensor-level strategy,
 /// which leaves these ops untiled.
 bool isBlasCandidate(linalg::LinalgOp op, int64_t minFlops);

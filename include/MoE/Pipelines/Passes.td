@@ -74,12 +74,15 @@ def DenseLowerVectors : Pass<"moe-dense-lower-vectors", "::mlir::func::FuncOp"> 
 }
 
 def LinalgToBlas : Pass<"moe-linalg-to-blas", "::mlir::ModuleOp"> {
-  let summary = "Replace large f32 linalg.matmul / linalg.batch_matmul on buffers by cblas_sgemm calls";
+  let summary = "Replace large f32 GEMM-shaped contractions on buffers by cblas_sgemm calls";
   let description = [{
-    A `linalg.matmul` (default indexing maps) or `linalg.batch_matmul` on f32 memrefs with static strides, a unit
-    innermost stride and at least `blas-min-flops` multiply-adds (per batch element) becomes a call to the CBLAS
-    function `cblas_sgemm` (row-major, beta = 1 since linalg accumulates into its output; batches: an `scf.for`
-    of calls). The pointers are the operands' aligned base pointers plus their offsets. The library (OpenBLAS
+    A contraction that is one GEMM per batch element, `C[b, m, n] += A[b?, m, k] · B[b?, k, n]` (`linalg.matmul`,
+    `linalg.batch_matmul`, or a multiply-add `linalg.generic` such as the importer's einsums: `m`, `n` the two
+    innermost dimensions of C, one reduction loop `k` read by both operands, at most one batch loop of size > 1,
+    which A or B may not read: a broadcast, batch stride 0), on f32 memrefs with static strides, a unit stride
+    along one of each operand's two matrix dimensions and at least `blas-min-flops` multiply-adds (per batch
+    element) becomes a call to the CBLAS function `cblas_sgemm` (row-major; an operand with unit stride along its
+    rows is passed transposed; beta = 1 since linalg accumulates into its output; batches: an `scf.for` of calls). The pointers are the operands' aligned base pointers plus their offsets. The library (OpenBLAS
     from Debian: `libopenblas.so`) must be loaded at run time: the execution API does it, `mlir-runner` needs
     `-shared-libs=/usr/lib/x86_64-linux-gnu/libopenblas.so`. Its thread count is OpenBLAS's own
     (`OPENBLAS_NUM_THREADS`, else `OMP_NUM_THREADS`, else all cores).

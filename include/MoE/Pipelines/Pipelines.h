@@ -60,9 +60,10 @@ struct LowerToLLVMOptions : public PassPipelineOptions<LowerToLLVMOptions> {
       llvm::cl::init(true)};
   PassOptions::Option<bool> blas{
       *this, "blas",
-      llvm::cl::desc("call cblas_sgemm (OpenBLAS) for f32 linalg.matmul / "
-                     "linalg.batch_matmul of at least blas-min-flops "
-                     "multiply-adds (moe-linalg-to-blas); needs libopenblas.so "
+      llvm::cl::desc("call cblas_sgemm (OpenBLAS) for f32 GEMM-shaped "
+                     "contractions (matmul, batch_matmul, einsum generics) of "
+                     "at least blas-min-flops multiply-adds per batch element "
+                     "(moe-linalg-to-blas); needs libopenblas.so "
                      "at run time (the execution API loads it)"),
       llvm::cl::init(false)};
   PassOptions::Option<int64_t> blasMinFlops{

@@ -91,6 +91,26 @@ def attention_scores(B, H, N, D):
 }}""", [q, q], s, lambda a, b: a @ np.swapaxes(b, -1, -2))
 
 
+def expert_up(T, E, D, F):
+    """h[e, t, f] = sum_d u[t, d] * w[e, d, f]: the importer's expert einsum `td,edf->etf`, a batch of GEMMs whose
+    left operand is shared by every expert (BLAS-sized: one cblas_sgemm per expert and thread tile)."""
+    u, w, h = (T, D), (E, D, F), (E, T, F)
+    return (f"""func.func @f(%u: {t(u)}, %w: {t(w)}) -> {t(h)} {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {t(h)}
+  %f = linalg.fill ins(%z : f32) outs(%e : {t(h)}) -> {t(h)}
+  %r = linalg.generic {{indexing_maps = [affine_map<(e, t, f, d) -> (t, d)>, affine_map<(e, t, f, d) -> (e, d, f)>,
+      affine_map<(e, t, f, d) -> (e, t, f)>], iterator_types = ["parallel", "parallel", "parallel", "reduction"]}}
+      ins(%u, %w : {t(u)}, {t(w)}) outs(%f : {t(h)}) {{
+  ^bb0(%a: f32, %b: f32, %c: f32):
+    %p = arith.mulf %a, %b : f32
+    %y = arith.addf %c, %p : f32
+    linalg.yield %y : f32
+  }} -> {t(h)}
+  return %r : {t(h)}
+}}""", [u, w], h, lambda a, b: np.einsum("td,edf->etf", a, b))
+
+
 def gate_combine(T, E, D):
     """y[t, d] = sum_e g[t, e] * x[e, t, d]: a contraction with t in all three operands."""
     return (f"""func.func @f(%g: {t((T, E))}, %x: {t((E, T, D))}) -> {t((T, D))} {{
@@ -205,6 +225,8 @@ CASES = {
     "linear_bias_relu_256x96x128": linear_bias_relu(256, 96, 128),
     "batch_matmul_4x64x48x32": batch_matmul(4, 64, 48, 32),
     "attention_scores_2x4x64x16": attention_scores(2, 4, 64, 16),
+    "attention_scores_1x4x128x64": attention_scores(1, 4, 128, 64),  # one batch loop: BLAS-sized
+    "expert_up_130x4x128x96": expert_up(130, 4, 128, 96),            # BLAS-sized, broadcast tokens, tails
     "gate_combine_64x8x32": gate_combine(64, 8, 32),
     "softmax_96x300": softmax(96, 300),
     "softmax_1x64": softmax(1, 64),
