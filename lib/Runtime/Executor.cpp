@@ -409,6 +409,19 @@ Executor::compile(llvm::StringRef mlirText, const CompileOptions &options) {
                         BoolAttr::get(&context, false));
     compiled->functions_.push_back(std::move(sig));
   }
+  // Results with static shapes are computed in the caller's buffers
+  // (results-to-out-params: no copy after the call, no allocation of a result
+  // the compiled code would fill and free); a dynamic result shape is only
+  // known after the call, so such modules return their results.
+  compiled->outParams_ = llvm::all_of(
+      compiled->functions_, [](const FunctionSignature &sig) {
+        return llvm::all_of(sig.results, [](const TensorSignature &r) {
+          return r.unsupported.empty() && r.dtype &&
+                 llvm::none_of(r.shape, [](int64_t s) {
+                   return s == kDynamicSize;
+                 });
+        });
+      });
 
   PassManager pm(&context, ModuleOp::getOperationName());
   // The kernels' token loops run on defaultNumThreads() workers
@@ -453,6 +466,7 @@ Executor::compile(llvm::StringRef mlirText, const CompileOptions &options) {
                      "' needs " + llvm::join(missing, ", ") +
                      ", which this CPU lacks");
   pipelineOptions.targetCpu = targetCpu;
+  pipelineOptions.resultsToOutParams = compiled->outParams_;
   pipelineOptions.blas = envFlag("MOE_BLAS", true) &&
                          loadBlas(1);
   buildLowerToLLVMPipeline(pm, pipelineOptions);
@@ -649,22 +663,38 @@ Error CompiledModule::invoke(const FunctionSignature &sig,
         return err;
   }
 
-  // Argument descriptors: dense row-major views of the caller's buffers.
-  std::vector<std::vector<int64_t>> argWords(inputs.size());
-  llvm::SmallVector<void *> argPtrs(inputs.size());
-  for (auto [i, t] : llvm::enumerate(inputs)) {
-    int64_t rank = t.rank();
-    std::vector<int64_t> &w = argWords[i];
-    w.assign(3 + 2 * rank, 0);
-    w[0] = w[1] = reinterpret_cast<int64_t>(t.data);
+  // Argument descriptors: dense row-major views of the caller's buffers
+  // (the inputs, then the outputs when they are out-params).
+  std::vector<std::vector<int64_t>> argWords;
+  llvm::SmallVector<void *> argPtrs;
+  argWords.reserve(inputs.size() + sig.results.size());
+  auto addArgument = [&](void *data, llvm::ArrayRef<int64_t> shape) {
+    int64_t rank = shape.size();
+    std::vector<int64_t> &w = argWords.emplace_back(3 + 2 * rank, 0);
+    w[0] = w[1] = reinterpret_cast<int64_t>(data);
     w[2] = 0;
     int64_t stride = 1;
     for (int64_t d = rank - 1; d >= 0; --d) {
-      w[3 + d] = t.shape[d];
+      w[3 + d] = shape[d];
       w[3 + rank + d] = stride;
-      stride *= t.shape[d];
+      stride *= shape[d];
     }
-    argPtrs[i] = w.data();
+    argPtrs.push_back(w.data());
+  };
+  for (const HostTensor &t : inputs)
+    addArgument(t.data, t.shape);
+  if (outParams_) {
+    if (owned) {
+      owned->clear();
+      for (const TensorSignature &r : sig.results)
+        owned->emplace_back(*r.dtype, r.shape);
+    }
+    for (auto [i, r] : llvm::enumerate(sig.results)) {
+      if (owned)
+        addArgument((*owned)[i].data(), r.shape);
+      else
+        addArgument((*outputs)[i].data, (*outputs)[i].shape);
+    }
   }
   // Result descriptors, back to back (all fields are 8-byte words).
   llvm::SmallVector<int64_t> resultOffsets;
@@ -677,7 +707,7 @@ Error CompiledModule::invoke(const FunctionSignature &sig,
   void *resultPtr = resultWords.data();
 
   llvm::SmallVector<void *> packed;
-  if (!sig.results.empty())
+  if (!sig.results.empty() && !outParams_)
     packed.push_back(&resultPtr);
   for (void *&p : argPtrs)
     packed.push_back(&p);
@@ -692,6 +722,13 @@ Error CompiledModule::invoke(const FunctionSignature &sig,
   std::string runtimeError;
   if (moeTakeError(message, sizeof(message)))
     runtimeError = message;
+  if (outParams_) {
+    if (runtimeError.empty())
+      return Error::success();
+    if (owned)
+      owned->clear();
+    return makeError("@" + fn + ": run-time error: " + runtimeError);
+  }
 
   // Copy the results out, then free what the compiled code allocated (never a
   // caller's buffer, never twice).

@@ -22,8 +22,10 @@
 // Layout: HostTensor is a view of a dense row-major buffer owned by the
 // caller. `i1` elements are bytes holding 0 or 1. Inputs are never written:
 // their arguments are marked `bufferization.writable = false` before lowering.
-// Results are allocated by the compiled code (malloc), copied into the
-// caller's outputs and freed.
+// When every result of the module's functions has a static shape, they are
+// lowered with results-to-out-params and compute straight into the caller's
+// outputs (no copy). Otherwise results are allocated by the compiled code
+// (malloc), copied into the caller's outputs and freed.
 //
 // Limitations: function arguments and results must be ranked tensors (rank 0
 // included); dynamic sizes that the IR ties across arguments (e.g. the batch
@@ -149,7 +151,7 @@ public:
   /// nullptr when `fn` is not a callable function of the module.
   const FunctionSignature *signature(llvm::StringRef fn) const;
 
-  /// Calls `fn` on `inputs`; its results are copied into `outputs`, whose
+  /// Calls `fn` on `inputs`; its results are written into `outputs`, whose
   /// dtypes and shapes must match the results exactly (a dynamic result size
   /// is checked after the call).
   llvm::Error call(llvm::StringRef fn, llvm::ArrayRef<HostTensor> inputs,
@@ -171,6 +173,10 @@ private:
 
   std::unique_ptr<ExecutionEngine> engine_;
   std::vector<FunctionSignature> functions_;
+  /// Whether the functions take their results as out-params (every result
+  /// has a static shape): the compiled code writes into the caller's
+  /// buffers, no copy.
+  bool outParams_ = false;
   /// Packed `_mlir__mlir_ciface_<fn>` entry points, parallel to functions_.
   std::vector<void (*)(void **)> entries_;
 };
