@@ -1,7 +1,7 @@
 """adjacency_update's CPU kernel strategies (lib/Conversion/MoEToCPU/AdjacencyUpdate.cpp) against the reference.
 
-The kernel counts co-selections with a histogram of token masks (E <= 8), per-token vector row adds of the mask
-(E <= 64 and ceil(E / lanes) <= k) or per-pair scalar counting (the rest); which one runs depends on E, k and the
+The kernel counts co-selections with a histogram of token masks (E <= 8, and E <= 12 from 2^E tokens on), per-token
+vector row adds of the mask (E <= 64, except k = 1 with E > lanes) or per-pair scalar counting (the rest); which one runs depends on E, k and the
 target's vector width, so every case runs compiled for x86-64-v3 (AVX2, 8 lanes) and x86-64-v4 (AVX-512, 16
 lanes), on one worker and on two (several token blocks, so the per-worker counts are summed). Inputs: random
 indices with repeated experts in a token's slots (each counts once), k = E, k = 1, E = 1, no tokens, token counts
@@ -40,9 +40,11 @@ def ran_adjacency_kernel(before: int) -> bool:
     return any(k.startswith("adjacency_update|") for k in cache.stats.keys[before:])
 
 
-# (E, k): histogram (E <= 8), rows (E <= 64, ceil(E/lanes) <= k: on both targets), counting on both (E = 64, k = 2;
-# E = 100), and E = 16, k = 1: rows on AVX-512 (one chunk), counting on AVX2 (two chunks > k).
-SIZES = [(1, 1), (3, 3), (5, 3), (8, 2), (8, 8), (12, 12), (16, 1), (16, 2), (24, 4), (64, 8), (64, 2), (100, 4)]
+# (E, k): histogram (E <= 8; E <= 12 from 2^E tokens on), mask rows (E <= 64, k >= 2), counting (E > 64; k = 1
+# with E > lanes: E = 64, k = 1 on both targets), and E = 16, k = 1: rows on AVX-512 (one vector per row),
+# counting on AVX2 (two).
+SIZES = [(1, 1), (3, 3), (5, 3), (8, 2), (8, 8), (10, 3), (12, 12), (16, 1), (16, 2), (24, 4), (64, 1), (64, 2),
+         (64, 8), (100, 4)]
 
 
 def _indices(g, T: int, E: int, k: int, dtype) -> torch.Tensor:
@@ -57,10 +59,10 @@ def _indices(g, T: int, E: int, k: int, dtype) -> torch.Tensor:
 @pytest.mark.parametrize("E,k", SIZES, ids=[f"E{e}-k{k}" for e, k in SIZES])
 def test_strategies_match_reference(target, E, k):
     """Raw counts (norm none, beta 0: exact integers) for several token counts (no tokens, one, fewer and more than
-    the 512-token blocks of two workers, a ragged last block)."""
+    the 512-token blocks of two workers, a ragged last block, more than 2^12: E <= 12 switches to the histogram)."""
     g = gen(100 * E + k)
     before = len(cache.stats.keys)
-    for T in (0, 1, 700, 3001):
+    for T in (0, 1, 700, 3001, 4500):
         a = torch.rand(E, E, generator=g)
         idx = _indices(g, T, E, k, torch.int32)
         for include_self in (True, False):

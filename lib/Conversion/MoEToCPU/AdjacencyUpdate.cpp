@@ -10,14 +10,16 @@
 // - counting (any E): each token adds one to C[j, m] for each pair of its
 //   distinct in-range experts (T·k² scalar increments); its slots are first
 //   deduplicated (an expert stamped with the token already is skipped);
-// - histogram (E <= 8): a token's distinct in-range experts are one bitmask
-//   (a repeated expert sets its bit once, an out-of-range slot none); the
-//   tokens only count their masks (one increment per token, 2^E bins), and
-//   every bin then adds its count to C[j, m] for each pair of its bits;
-// - mask rows (E <= 64, k large against E / lanes): per token, for each bit j
-//   of its mask, row j of C gets the mask expanded to one i32 lane per expert
-//   (vector adds of the target's width: the sparse form of the one-hot product
-//   Ind^T · Ind, k·E/lanes vector adds per token instead of k² scalar ones).
+// - histogram (E <= 8; E <= 12 from 2^E tokens on): a token's distinct
+//   in-range experts are one bitmask (a repeated expert sets its bit once, an
+//   out-of-range slot none); the tokens only count their masks (one increment
+//   per token, 2^E bins), and every bin then adds its count to C[j, m] for
+//   each pair of its bits;
+// - mask rows (E <= 64, k >= 2 or one vector per row): per token, for each
+//   bit j of its mask, row j of C gets the mask expanded to one i32 lane per
+//   expert (vector adds of the target's width: the sparse form of the one-hot
+//   product Ind^T · Ind, k·ceil(E/lanes) vector adds per token instead of k²
+//   scalar ones; the dense product, T·E² multiply-adds, loses to both).
 //
 // Blocks of tokens go to the workers, each counting into its own buffer; the
 // buffers are summed at the end (integer counts are exact in any order, so
@@ -34,6 +36,7 @@
 #include "MoE/IR/MoEOps.h"
 
 #include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 
 using namespace mlir;
@@ -46,8 +49,11 @@ constexpr int64_t kDyn = ShapedType::kDynamic;
 constexpr int64_t kTokensPerItem = 512;
 /// Largest E counted by several workers (each with its own E x E matrix).
 constexpr int64_t kMaxParallelExperts = 1024;
-/// Largest E whose masks are histogrammed (2^E bins per worker).
+/// Largest E whose masks are always histogrammed (2^E bins per worker).
 constexpr int64_t kMaxHistogramExperts = 8;
+/// Largest E whose masks are histogrammed when there are at least 2^E tokens
+/// (the bins' fixed cost, zeroing and scanning 2^E counts, is then covered).
+constexpr int64_t kMaxLargeHistogramExperts = 12;
 /// Largest E of a token mask (one i64).
 constexpr int64_t kMaxMaskExperts = 64;
 /// Slots of a token read unrolled (more: an scf.for).
@@ -55,25 +61,40 @@ constexpr int64_t kMaxUnrolledSlots = 16;
 
 enum class Strategy { Counting, Histogram, MaskRows };
 
-/// The strategy for E experts, k slots (kDyn: unknown at compile time) and
-/// `lanes` i32 lanes per vector. Measured (AMD EPYC, 2 threads, T = 16384;
-/// bench/cases.py, both targets): see the numbers below.
-/// - E <= 8: the histogram does one increment per token whatever k is, and
-///   its 2^E·E² expansion is negligible (16k adds at E = 8);
-/// - E <= 64: mask rows cost k·ceil(E/lanes) vector adds per token against
-///   k² scalar increments (plus deduplication) for counting: rows when
-///   ceil(E/lanes) <= k (E = 64, k = 8: 8 ymm or 4 zmm adds per row);
-/// - larger or dynamic E: counting (masks no longer fit one i64, and a
-///   per-worker E x E vector matrix stops fitting the caches).
-Strategy chooseAdjacencyStrategy(int64_t e, int64_t k, int64_t lanes) {
+/// The strategy for E experts and k slots (kDyn: unknown at compile time) on
+/// a target with `lanes` i32 lanes per vector, and the token count from which
+/// the histogram replaces it (-1: never). Measured through the execution API
+/// (AMD EPYC, 2 threads, T = 16384, ms, x86-64-v3 / x86-64-v4; the machine was
+/// shared, so the ratios matter more than the times):
+///   E=8  k=2:  counting 0.199/0.194, histogram 0.051/0.042, rows 0.059/0.063
+///   E=8  k=8:  counting 0.709/1.12,  histogram 0.129/0.091, rows 0.162/0.212
+///   E=12 k=2:  counting 0.199/0.202, histogram 0.041/0.039, rows 0.073/0.065
+///              (T = 64: histogram 0.0059/0.0062, rows 0.0034/0.0034)
+///   E=16 k=2:  histogram 0.123/0.071, rows 0.090/0.066
+///   E=64 k=2:  counting 0.190/0.181, rows 0.165/0.140
+///   E=64 k=8:  counting 1.28/1.06,   rows 0.433/0.462
+///   E=64 k=1:  counting 0.037/0.064, rows 0.090/0.079
+///   E=16 k=1:  counting 0.036/0.036, rows 0.038/0.032
+/// So: the histogram (one increment per token whatever k is) up to E = 8, and
+/// up to E = 12 once there are 2^E tokens; mask rows (k·ceil(E/lanes) vector
+/// adds per token) up to E = 64, except for k = 1 with more than one vector
+/// per row (one scalar increment per token beats a row of vector adds);
+/// counting for the rest (masks no longer fit one i64) and dynamic E.
+struct StrategyChoice {
+  Strategy strategy;
+  int64_t histogramMinTokens = -1;
+};
+StrategyChoice chooseAdjacencyStrategy(int64_t e, int64_t k, int64_t lanes) {
   if (e == kDyn || e > kMaxMaskExperts)
-    return Strategy::Counting;
+    return {Strategy::Counting};
   if (e <= kMaxHistogramExperts)
-    return Strategy::Histogram;
+    return {Strategy::Histogram};
   int64_t chunks = (e + lanes - 1) / lanes;
-  if (k != kDyn && chunks > k)
-    return Strategy::Counting;
-  return Strategy::MaskRows;
+  Strategy s =
+      k == 1 && chunks > 1 ? Strategy::Counting : Strategy::MaskRows;
+  if (e <= kMaxLargeHistogramExperts)
+    return {s, int64_t(1) << e};
+  return {s};
 }
 
 /// What the strategies share.
@@ -328,16 +349,31 @@ struct AdjacencyUpdateKernel : KernelPattern<AdjacencyUpdateOp> {
     if (in.e == kDyn)
       dyn = {eVal, eVal};
     Value c = k.alloc(cType, dyn);
-    switch (chooseAdjacencyStrategy(in.e, in.k, k.lanes())) {
-    case Strategy::Counting:
-      emitCounting(k, opts, in, c, cType, dyn);
-      break;
-    case Strategy::Histogram:
-      emitHistogram(k, opts, in, c);
-      break;
-    case Strategy::MaskRows:
-      emitMaskRows(k, opts, in, c);
-      break;
+    StrategyChoice choice = chooseAdjacencyStrategy(in.e, in.k, k.lanes());
+    auto emit = [&](Strategy s) {
+      switch (s) {
+      case Strategy::Counting:
+        emitCounting(k, opts, in, c, cType, dyn);
+        break;
+      case Strategy::Histogram:
+        emitHistogram(k, opts, in, c);
+        break;
+      case Strategy::MaskRows:
+        emitMaskRows(k, opts, in, c);
+        break;
+      }
+    };
+    if (choice.histogramMinTokens < 0) {
+      emit(choice.strategy);
+    } else {
+      Value many = k.cmpi(arith::CmpIPredicate::sge, in.tokens,
+                          k.idx(choice.histogramMinTokens));
+      auto ifOp = scf::IfOp::create(b, many, /*withElseRegion=*/true);
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+      emit(Strategy::Histogram);
+      b.setInsertionPoint(ifOp.elseBlock()->getTerminator());
+      emit(choice.strategy);
     }
     lowering::finishAdjacencyUpdate(rw, op, aT, k.tensor(c), eSize);
     return success();
