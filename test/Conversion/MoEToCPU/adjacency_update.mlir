@@ -132,6 +132,18 @@ func.func @count(%a: tensor<256x256xf32>, %idx: tensor<?x8xi32>) -> tensor<256x2
   return %n : tensor<256x256xf32>
 }
 
+// k unknown at compile time: the mask reads the slots in a loop (histogram for E = 8).
+// CHECK-LABEL: func.func @dyn_k
+// CHECK: memref.alloc() {alignment = 64 : i64} : memref<2x256xi32>
+// CHECK: scf.parallel
+// CHECK: scf.for {{.*}} iter_args(%{{.+}} = %{{.+}}) -> (i64)
+// CHECK: arith.ori %{{.+}}, %{{.+}} : i64
+// CHECK: scf.reduce
+func.func @dyn_k(%a: tensor<8x8xf32>, %idx: tensor<?x?xi32>) -> tensor<8x8xf32> {
+  %n = moe.adjacency_update %a, %idx : tensor<8x8xf32>, tensor<?x?xi32> -> tensor<8x8xf32>
+  return %n : tensor<8x8xf32>
+}
+
 // Dynamic E: counting on one worker.
 // CHECK-LABEL: func.func @dyn
 // CHECK: memref.alloc(%{{.+}}, %{{.+}}) {alignment = 64 : i64} : memref<1x?x?xi32>

@@ -63,8 +63,33 @@ func.func @counting() {
 // CHECK-NEXT: [0,   0,   0]
 // CHECK-NEXT: [0,   0,   2]
 
+// The same tokens with k unknown at compile time (the slots read in a loop): the same counts.
+// CHECK: error: moe.adjacency_update: 'idx' element 4 is -1, outside [0, 10); the element was skipped
+// CHECK: error: moe.adjacency_update: 'idx' element 6 is 12, outside [0, 10); the element was skipped
+// CHECK: sizes = [10, 10]
+// CHECK-NEXT: [3,   0,   1,   0,   0,   1,   0,   0,   0,   2]
+// CHECK-NEXT: [0,   0,   0,   0,   0,   0,   0,   0,   0,   0]
+// CHECK-NEXT: [1,   0,   1,   0,   0,   0,   0,   0,   0,   0]
+// CHECK-NEXT: [0,   0,   0,   1,   0,   0,   0,   0,   0,   0]
+// CHECK-NEXT: [0,   0,   0,   0,   0,   0,   0,   0,   0,   0]
+// CHECK-NEXT: [1,   0,   0,   0,   0,   1,   0,   0,   0,   1]
+// CHECK-NEXT: [0,   0,   0,   0,   0,   0,   0,   0,   0,   0]
+// CHECK-NEXT: [0,   0,   0,   0,   0,   0,   0,   0,   0,   0]
+// CHECK-NEXT: [0,   0,   0,   0,   0,   0,   0,   0,   0,   0]
+// CHECK-NEXT: [2,   0,   0,   0,   0,   1,   0,   0,   0,   2]
+func.func @rows_dynamic_k() {
+  %a = arith.constant dense<0.5> : tensor<10x10xf32>
+  %i = arith.constant dense<[[0, 9, 9], [3, -1, 3], [12, 2, 0], [9, 0, 5]]> : tensor<4x3xi32>
+  %idx = tensor.cast %i : tensor<4x3xi32> to tensor<?x?xi32>
+  %n = moe.adjacency_update %a, %idx beta(0.0) norm(none) : tensor<10x10xf32>, tensor<?x?xi32> -> tensor<10x10xf32>
+  %p = tensor.cast %n : tensor<10x10xf32> to tensor<*xf32>
+  call @printMemrefF32(%p) : (tensor<*xf32>) -> ()
+  return
+}
+
 func.func @main() {
   call @rows() : () -> ()
   call @counting() : () -> ()
+  call @rows_dynamic_k() : () -> ()
   return
 }
