@@ -258,10 +258,11 @@ def full_cases() -> list[Case]:
         # mad_dispersion (E experts from 8 to 256, D from 64 to 1024)
         mad_case("decode", 64, 256, 8),
         mad_case("prefill", 16384, 64, 8), mad_case("prefill", 16384, 1024, 64), mad_case("prefill", 16384, 256, 256),
-        # adjacency_update
+        # adjacency_update: one case per kernel strategy (AdjacencyUpdate.cpp): histogram (E=8), mask rows (E=16 k=2:
+        # one vector per row on AVX-512, two on AVX2; E=64 k=8), counting (E=256)
         adjacency_case("decode", 64, 64, 8),
-        adjacency_case("prefill", 16384, 8, 2), adjacency_case("prefill", 16384, 64, 8),
-        adjacency_case("prefill", 16384, 256, 8),
+        adjacency_case("prefill", 16384, 8, 2), adjacency_case("prefill", 16384, 16, 2),
+        adjacency_case("prefill", 16384, 64, 8), adjacency_case("prefill", 16384, 256, 8),
         # hyper_router: token-independent; "prefill" = the large generated routers
         hyper_case("decode", 256, 256, 64, 8),
         hyper_case("prefill", 256, 256, 1024, 64), hyper_case("prefill", 256, 256, 1024, 256),
