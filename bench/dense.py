@@ -284,6 +284,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="*", default=[], help="run the cases whose name contains one of these")
     ap.add_argument("--budget", type=float, default=1.5, help="seconds of timed calls per configuration")
     ap.add_argument("--out", default=None, help="output stem (default bench/results/dense-<date>)")
+    ap.add_argument("--configs", default="blas,codegen,loops",
+                    help="comma-separated configurations to run (of blas, codegen, loops; loops: the router only)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     date = datetime.date.today().isoformat()
@@ -295,16 +297,17 @@ def main(argv=None) -> int:
     def selected(name):
         return not args.only or any(s in name for s in args.only)
 
+    configs = set(args.configs.split(","))
     records = []
     case = router_case(g, args.quick)
     if selected(case[0]):
-        records.append(run_case(case, ["blas", "codegen", "loops"], args.budget, peak))
+        records.append(run_case(case, [c for c in ["blas", "codegen", "loops"] if c in configs], args.budget, peak))
     for case in block_cases(args.quick):
         if selected(case[0]):
-            records.append(run_case(case, ["blas", "codegen"], args.budget, peak))
+            records.append(run_case(case, [c for c in ["blas", "codegen"] if c in configs], args.budget, peak))
     for case in dense_cases(g, args.quick):
         if selected(case[0]):
-            records.append(run_case(case, ["blas", "codegen"], args.budget, peak))
+            records.append(run_case(case, [c for c in ["blas", "codegen"] if c in configs], args.budget, peak))
     report = {"date": date, "threads": args.threads, "peak_gflops": peak, "machine": machine_info(args.threads),
               "records": records}
     out.parent.mkdir(parents=True, exist_ok=True)
