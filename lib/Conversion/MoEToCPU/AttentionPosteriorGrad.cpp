@@ -50,11 +50,8 @@ struct AttentionPosteriorGradKernel
                                 PatternRewriter &rw) const override {
     if (op.getHeadSelect() != HeadSelect::min_entropy)
       return rw.notifyMatchFailure(op, "head_select = all: portable lowering");
-    // Static zero-sized operands are left to the portable lowering.
-    for (Value v : op->getOperands())
-      if (llvm::is_contained(cast<RankedTensorType>(v.getType()).getShape(),
-                             0))
-        return rw.notifyMatchFailure(op, "a static zero-sized dimension");
+    if (hasStaticZeroSize(op))
+      return rw.notifyMatchFailure(op, "a static zero-sized dimension");
     ImplicitLocOpBuilder b(op.getLoc(), rw);
     CK k(b);
     Type f32 = k.f32();
@@ -307,15 +304,7 @@ struct AttentionPosteriorGradKernel
       });
     });
 
-    SmallVector<Value> replacements;
-    SmallVector<Value> results = {dScores, du, dv, dwo, de};
-    for (auto [buf, res] : llvm::zip(results, op->getResults())) {
-      Value t = k.tensor(buf);
-      if (t.getType() != res.getType())
-        t = tensor::CastOp::create(b, res.getType(), t);
-      replacements.push_back(t);
-    }
-    rw.replaceOp(op, replacements);
+    replaceWithBuffers(k, rw, op, {dScores, du, dv, dwo, de});
     return success();
   }
 };

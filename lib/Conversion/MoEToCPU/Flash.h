@@ -166,6 +166,16 @@ scaledMaskedLogits(Value keyValid, bool causal, float scale);
 std::pair<Value, Value> packValues(CK &k, Value values, Value batch, Value keys,
                                    Value width, Value keysPad, Value widthPad);
 
+/// True when an operand of `op` has a static zero size: the backward kernels
+/// leave such ops to the portable lowering (none needs a special case for
+/// them; the torch ops handle them without a kernel).
+bool hasStaticZeroSize(Operation *op);
+
+/// Replaces `op` by the tensors of the result buffers `buffers` (in order),
+/// cast to the op's result types where those are more static.
+void replaceWithBuffers(CK &k, PatternRewriter &rw, Operation *op,
+                        ArrayRef<Value> buffers);
+
 // Attention-Inform (AttentionPosterior.cpp), shared by the forward and the
 // backward kernel.
 

@@ -40,12 +40,8 @@ struct SimilarityInformGradKernel : KernelPattern<SimilarityInformGradOp> {
 
   LogicalResult matchAndRewrite(SimilarityInformGradOp op,
                                 PatternRewriter &rw) const override {
-    // Static zero-sized operands are left to the caller (no kernel needs a
-    // special case for them; the torch op handles them without one).
-    for (Value v : op->getOperands())
-      if (llvm::is_contained(cast<RankedTensorType>(v.getType()).getShape(),
-                             0))
-        return rw.notifyMatchFailure(op, "a static zero-sized dimension");
+    if (hasStaticZeroSize(op))
+      return rw.notifyMatchFailure(op, "a static zero-sized dimension");
     ImplicitLocOpBuilder b(op.getLoc(), rw);
     CK k(b);
     Type f32 = k.f32();
@@ -225,14 +221,7 @@ struct SimilarityInformGradKernel : KernelPattern<SimilarityInformGradOp> {
       results.push_back(dws);
     }
 
-    SmallVector<Value> replacements;
-    for (auto [buf, res] : llvm::zip(results, op->getResults())) {
-      Value t = k.tensor(buf);
-      if (t.getType() != res.getType())
-        t = tensor::CastOp::create(b, res.getType(), t);
-      replacements.push_back(t);
-    }
-    rw.replaceOp(op, replacements);
+    replaceWithBuffers(k, rw, op, results);
     return success();
   }
 };

@@ -43,6 +43,19 @@ SmallVector<Value> mulAdd(OpBuilder &b, Location l, ValueRange a) {
                                 arith::MulFOp::create(b, l, a[0], a[1]))};
 }
 
+/// acc + x.
+SmallVector<Value> add(OpBuilder &b, Location l, ValueRange a) {
+  return {arith::AddFOp::create(b, l, a[1], a[0])};
+}
+
+/// x where `e` is finite, else 0.
+Value whereFinite(OpBuilder &b, Location l, Value e, Value x) {
+  Value fin = arith::CmpFOp::create(
+      b, l, arith::CmpFPredicate::ONE, math::AbsFOp::create(b, l, e),
+      f32Const(b, l, std::numeric_limits<float>::infinity()));
+  return arith::SelectOp::create(b, l, fin, x, f32Const(b, l, 0.0));
+}
+
 struct AttentionPosteriorGradLowering
     : OpRewritePattern<AttentionPosteriorGradOp> {
   using OpRewritePattern::OpRewritePattern;
@@ -96,6 +109,31 @@ struct AttentionPosteriorGradLowering
                                      p4r = {kPar, kPar, kPar, kPar, kRed},
                                      p3rr = {kPar, kPar, kPar, kRed, kRed},
                                      p2rr = {kPar, kPar, kRed, kRed};
+    // The max of x over the reduced dimensions and Σ exp(x − max) (a softmax's
+    // normalizer): x read through `xMap`, the results of `shape` through
+    // `outMap`.
+    auto maxAndSumExp = [&](Value x, AffineMap xMap,
+                            ArrayRef<OpFoldResult> shape, AffineMap outMap,
+                            ArrayRef<utils::IteratorType> it) {
+      Value mx = generic(rw, loc, x, filled(rw, loc, shape, negInf(rw, loc)),
+                         {xMap, outMap}, it,
+                         [](OpBuilder &gb, Location gl, ValueRange a) {
+                           return SmallVector<Value>{
+                               arith::MaximumFOp::create(gb, gl, a[1], a[0])};
+                         })
+                     .front();
+      Value sum = generic(rw, loc, ValueRange{x, mx}, zeros(shape),
+                          {xMap, outMap, outMap}, it,
+                          [](OpBuilder &gb, Location gl, ValueRange a) {
+                            Value t = math::ExpOp::create(
+                                gb, gl,
+                                arith::SubFOp::create(gb, gl, a[0], a[1]));
+                            return SmallVector<Value>{
+                                arith::AddFOp::create(gb, gl, a[2], t)};
+                          })
+                      .front();
+      return std::pair<Value, Value>{mx, sum};
+    };
 
     // 1. Head means, their norms, the logits.
     Value wo3 = tensor::ExpandShapeOp::create(
@@ -126,24 +164,7 @@ struct AttentionPosteriorGradLowering
     // The log prior's normalizer (all): lse_j scores[b,h,i,:].
     Value priorLse;
     if (!minEntropy) {
-      Value pmax = generic(rw, loc, scores,
-                           filled(rw, loc, {B, H, N}, negInf(rw, loc)),
-                           {all4, row4}, p3r,
-                           [](OpBuilder &gb, Location gl, ValueRange a) {
-                             return SmallVector<Value>{
-                                 arith::MaximumFOp::create(gb, gl, a[1], a[0])};
-                           })
-                       .front();
-      Value psum =
-          generic(rw, loc, ValueRange{scores, pmax}, zeros({B, H, N}),
-                  {all4, row4, row4}, p3r,
-                  [](OpBuilder &gb, Location gl, ValueRange a) {
-                    Value t = math::ExpOp::create(
-                        gb, gl, arith::SubFOp::create(gb, gl, a[0], a[1]));
-                    return SmallVector<Value>{
-                        arith::AddFOp::create(gb, gl, a[2], t)};
-                  })
-              .front();
+      auto [pmax, psum] = maxAndSumExp(scores, all4, {B, H, N}, row4, p3r);
       priorLse = elementwise(
           ValueRange{pmax, psum}, {map(3, {0, 1, 2}), map(3, {0, 1, 2})},
           {B, H, N}, [](OpBuilder &gb, Location gl, ValueRange a) {
@@ -187,23 +208,7 @@ struct AttentionPosteriorGradLowering
 
     // 2. G: one softmax per row over (h, j).
     AffineMap zRow = map(4, {0, 2, 1, 3}), bi4 = map(4, {0, 1});
-    Value rowMax = generic(rw, loc, z, filled(rw, loc, {B, N}, negInf(rw, loc)),
-                           {zRow, bi4}, p2rr,
-                           [](OpBuilder &gb, Location gl, ValueRange a) {
-                             return SmallVector<Value>{
-                                 arith::MaximumFOp::create(gb, gl, a[1], a[0])};
-                           })
-                       .front();
-    Value rowSum =
-        generic(rw, loc, ValueRange{z, rowMax}, zeros({B, N}),
-                {zRow, bi4, bi4}, p2rr,
-                [](OpBuilder &gb, Location gl, ValueRange a) {
-                  Value t = math::ExpOp::create(
-                      gb, gl, arith::SubFOp::create(gb, gl, a[0], a[1]));
-                  return SmallVector<Value>{
-                      arith::AddFOp::create(gb, gl, a[2], t)};
-                })
-            .front();
+    auto [rowMax, rowSum] = maxAndSumExp(z, zRow, {B, N}, bi4, p2rr);
     AffineMap bRow = map(4, {0, 2});
     Value G = elementwise(
         ValueRange{z, rowMax, rowSum}, {all4, bRow, bRow}, {B, H, N, Nk},
@@ -223,11 +228,7 @@ struct AttentionPosteriorGradLowering
     AffineMap all3 = map(3, {0, 1, 2});
     Value finite = elementwise(
         e, {all3}, {B, Nk, K}, [](OpBuilder &gb, Location gl, ValueRange a) {
-          Value fin = arith::CmpFOp::create(
-              gb, gl, arith::CmpFPredicate::ONE, math::AbsFOp::create(gb, gl, a[0]),
-              f32Const(gb, gl, std::numeric_limits<float>::infinity()));
-          return SmallVector<Value>{arith::SelectOp::create(
-              gb, gl, fin, a[0], f32Const(gb, gl, 0.0))};
+          return SmallVector<Value>{whereFinite(gb, gl, a[0], a[0])};
         });
     // g[b,i,j] = <dp_i, e_j> (a non-finite e entry enters as 0)
     Value g = generic(rw, loc, ValueRange{dp, finite}, zeros({B, N, Nk}),
@@ -236,10 +237,7 @@ struct AttentionPosteriorGradLowering
                   .front();
     Value mix = generic(rw, loc, ValueRange{G}, zeros({B, N, Nk}),
                         {map(4, {0, 3, 1, 2}), map(4, {0, 1, 2})}, p3r,
-                        [](OpBuilder &gb, Location gl, ValueRange a) {
-                          return SmallVector<Value>{
-                              arith::AddFOp::create(gb, gl, a[1], a[0])};
-                        })
+                        add)
                     .front();
     Value delta = generic(rw, loc, ValueRange{mix, g}, zeros({B, N}),
                           {all3, all3, map(3, {0, 1})}, {kPar, kPar, kRed},
@@ -258,13 +256,8 @@ struct AttentionPosteriorGradLowering
                    .front();
     de = elementwise(ValueRange{de, e}, {all3, all3}, {B, Nk, K},
                      [](OpBuilder &gb, Location gl, ValueRange a) {
-                       Value fin = arith::CmpFOp::create(
-                           gb, gl, arith::CmpFPredicate::ONE,
-                           math::AbsFOp::create(gb, gl, a[1]),
-                           f32Const(gb, gl,
-                                    std::numeric_limits<float>::infinity()));
-                       return SmallVector<Value>{arith::SelectOp::create(
-                           gb, gl, fin, a[0], f32Const(gb, gl, 0.0))};
+                       return SmallVector<Value>{
+                           whereFinite(gb, gl, a[1], a[0])};
                      });
     Value invS2 = f32Const(rw, loc, 1.0 / sigma2);
     auto scaled = [&](Value x, Value factor, ArrayRef<OpFoldResult> shape) {
@@ -291,10 +284,7 @@ struct AttentionPosteriorGradLowering
                     .front();
     Value r = generic(rw, loc, ValueRange{dz}, zeros({B, H, Nk}),
                       {map(4, {0, 1, 3, 2}), map(4, {0, 1, 2})}, p3r,
-                      [](OpBuilder &gb, Location gl, ValueRange a) {
-                        return SmallVector<Value>{
-                            arith::AddFOp::create(gb, gl, a[1], a[0])};
-                      })
+                      add)
                   .front();
     Value cOverS2 = arith::MulFOp::create(rw, loc, scale, invS2);
     Value dm = elementwise(
@@ -323,10 +313,7 @@ struct AttentionPosteriorGradLowering
     if (!minEntropy) {
       Value rowDz = generic(rw, loc, ValueRange{dz}, zeros({B, H, N}),
                             {all4, row4}, p3r,
-                            [](OpBuilder &gb, Location gl, ValueRange a) {
-                              return SmallVector<Value>{
-                                  arith::AddFOp::create(gb, gl, a[1], a[0])};
-                            })
+                            add)
                         .front();
       ds = elementwise(
           ValueRange{dz, scores, priorLse, rowDz}, {all4, all4, row4, row4},
