@@ -201,8 +201,10 @@ def MoE_AttentionPosteriorGradOp : MoE_InferredOp<"attention_posterior_grad", Mo
     * `d_scores_hij = dz_hij` for `min_entropy` (0 outside `h*`); for `all` the log prior adds
       `− softmax_j(scores_hi:)_j · Σ_j' dz_hij'`.
 
-    Masked keys (`scores = -inf`) and rows without a key get `G = 0` and no gradient; a NaN `e` or `dp` entry
-    propagates as in the forward. Gradients are f32 whatever the operand types (the caller casts).
+    Masked keys (`scores = -inf`) and rows without a key get `G = 0` and no gradient. A non-finite `e` entry gets
+    no gradient and enters `g` as 0 (as autograd of the reference formulation, which keeps it out of the matmul);
+    a NaN in `dp` or in the float operands propagates. Gradients are f32 whatever the operand types (the caller
+    casts).
 
     Forward statistics: the posterior log-sum-exp (per row, and per head for `all`) is recomputed, as
     `moe.similarity_inform_grad` does (one pass over the keys like the forward's; the forward op and its torch op
@@ -211,9 +213,10 @@ def MoE_AttentionPosteriorGradOp : MoE_InferredOp<"attention_posterior_grad", Mo
     the backward differentiate exactly the head the forward used, whichever kernel produced it. The `head` values
     must be in `[0, H)` (the torch op checks it; lowerings assume it).
 
-    Memory: `d_scores` is itself `[B, H, N, Nk]` (the cotangent of `scores`); the lowerings store `dz` there and
-    read it back for the other sums, so beyond the results they need O(B·(N + H·Nk)·(D + K)) (nothing else
-    `N × Nk`).
+    Memory: `d_scores` is itself `[B, H, N, Nk]` (the cotangent of `scores`). The fast CPU kernel (`min_entropy`)
+    writes `dz` into it from flash-style tiles recomputed from the log-sum-exp and otherwise needs
+    O(B·(N + Nk)·(D + K)): nothing else `N × Nk`. The portable lowering (every target, both modes) computes with
+    `[B, H, N, Nk]` temporaries, the size of `d_scores`.
 
     ```mlir
     %ds, %du, %dv, %dwo, %de = moe.attention_posterior_grad %scores, %u, %v, %wo, %e head(%head : tensor<2xi32>)
