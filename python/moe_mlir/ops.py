@@ -34,8 +34,12 @@ differentiable (gradients through the selected values only, none through indices
 * ``hyper_router``: ``torch.ops.moe.hyper_router_backward`` (``moe.hyper_router_grad``: the closed form of
   :func:`moe_mlir.reference._hyper_router_backward_ref`; every operand's gradient, so a frozen hypernetwork still
   passes gradient to ``emb``);
-* ``attention_posterior``, ``attention_posterior_topk``: still recompute the reference formulation under autograd
-  (``_register_recompute_autograd``; O(N·Nk) memory).
+* ``attention_posterior``: ``torch.ops.moe.attention_posterior_backward`` (``moe.attention_posterior_grad``: at the
+  forward's chosen head, the posterior log-sum-exp recomputed, the key tiles streamed; beyond ``d_scores`` itself,
+  O(N) memory; the eager fallback is the dense closed form
+  :func:`moe_mlir.reference._attention_posterior_backward_ref`);
+* ``attention_posterior_topk``: ``p`` recomputed by the forward kernel, then ``topk_renorm_backward`` and
+  ``attention_posterior_backward`` (as ``similarity_inform_topk``).
 
 No backward is differentiable again (no double backward through the kernels).
 """
@@ -52,6 +56,7 @@ from torch import Tensor
 from .reference import (
     _IN_BACKWARD,
     _adjacency_update_ref,
+    _attention_posterior_backward_ref,
     _attention_posterior_ref,
     _attention_posterior_topk_ref,
     _hyper_router_backward_ref,
@@ -76,6 +81,7 @@ __all__ = [
     "similarity_inform_backward",
     "topk_renorm_backward",
     "hyper_router_backward",
+    "attention_posterior_backward",
     "OP_NAMES",
     "FUSED_OP_NAMES",
     "kernels_available",
@@ -529,7 +535,92 @@ def _(scores, u, v, wo, e, sigma=1.0, head_select="min_entropy", head_scale=None
     )
 
 
-_register_recompute_autograd(attention_posterior, _attention_posterior_ref, 5, (0,))
+def _validate_attention_posterior_backward(
+    grad_p: Tensor, scores: Tensor, u: Tensor, v: Tensor, wo: Tensor, e: Tensor, head: Optional[Tensor],
+    sigma: float, head_select: str, head_scale: Optional[float],
+) -> None:
+    op = "attention_posterior_backward"
+    _validate_attention_posterior(scores, u, v, wo, e, sigma, head_select, head_scale, op=op)
+    if grad_p.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"moe.{op}: 'grad_p' must be f32, f16 or bf16, got {grad_p.dtype}")
+    _check_rank(op, "grad_p", grad_p, 3, "[B, N, K], the shape of p")
+    B, _, N, _ = scores.shape
+    for d, (size, what) in enumerate(((B, "B"), (N, "N"), (e.shape[2], "K"))):
+        _check_dim(op, "grad_p", grad_p, d, size, what)
+    if head_select == "min_entropy":
+        if head is None:
+            _fail(op, "head_select = min_entropy needs 'head' (the forward's chosen head h*, [B])")
+        _check_index(op, "head", head)
+        _check_rank(op, "head", head, 1, "[B], the forward's chosen head")
+        _check_dim(op, "head", head, 0, B, "dimension 0 of 'scores' (B)")
+    elif head is not None:
+        _fail(op, "'head' must be None for head_select = all (the gradient mixes every head)")
+
+
+def _check_head_range(op: str, head: Optional[Tensor], heads: int) -> None:
+    """h* in [0, H) (a data-dependent check: eager kernels only)."""
+    if head is None or head.numel() == 0:
+        return
+    lo, hi = int(head.min()), int(head.max())
+    if lo < 0 or hi >= heads:
+        _fail(op, f"'head' holds {lo if lo < 0 else hi}, outside [0, {heads}): it indexes no head")
+
+
+@torch.library.custom_op("moe::attention_posterior_backward", mutates_args=())
+def attention_posterior_backward(
+    grad_p: Tensor,
+    scores: Tensor,
+    u: Tensor,
+    v: Tensor,
+    wo: Tensor,
+    e: Tensor,
+    head: Optional[Tensor] = None,
+    sigma: float = 1.0,
+    head_select: str = "min_entropy",
+    head_scale: Optional[float] = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The backward of ``attention_posterior`` (``moe.attention_posterior_grad``): the gradients of ``p`` with respect
+    to ``scores``, ``u``, ``v``, ``wo``, ``e`` given ``grad_p`` (``[B, N, K]``), all f32 in the operands' shapes.
+
+    ``head``: the forward's chosen head (``[B]``) for ``"min_entropy"`` (no gradient flows through it), ``None`` for
+    ``"all"``. The CPU kernel recomputes the posterior log-sum-exp and streams the key tiles (flash-style: beyond the
+    results, which include ``d_scores`` ``[B, H, N, Nk]``, O(B·(N + H·Nk)·(D + K)) memory). Elsewhere (CUDA for now,
+    or without the kernels) it runs the dense closed form :func:`moe_mlir.reference._attention_posterior_backward_ref`.
+    """
+    _validate_attention_posterior_backward(grad_p, scores, u, v, wo, e, head, sigma, head_select, head_scale)
+    _check_head_range("attention_posterior_backward", head, scores.shape[1])
+    _note_fallback(scores)
+    return _attention_posterior_backward_ref(grad_p, scores, u, v, wo, e, head, sigma, head_select, head_scale)
+
+
+@attention_posterior_backward.register_fake
+def _(grad_p, scores, u, v, wo, e, head=None, sigma=1.0, head_select="min_entropy", head_scale=None):
+    _validate_attention_posterior_backward(grad_p, scores, u, v, wo, e, head, sigma, head_select, head_scale)
+    return tuple(t.new_empty(t.shape, dtype=torch.float32) for t in (scores, u, v, wo, e))
+
+
+def _posterior_grads(ctx, grad_p: Tensor, operands: Sequence[Tensor], head: Tensor, needs: Sequence[bool]):
+    """(d_scores, d_u, d_v, d_wo, d_e) cast to the operands' dtypes, None where not needed."""
+    head = head if ctx.head_select == "min_entropy" else None
+    grads = attention_posterior_backward(grad_p, *operands, head, ctx.sigma, ctx.head_select, ctx.head_scale)
+    return tuple(g.to(t.dtype) if need else None for g, t, need in zip(grads, operands, needs))
+
+
+def _attention_posterior_setup(ctx, inputs, output):
+    scores, u, v, wo, e, sigma, head_select, head_scale = inputs
+    ctx.save_for_backward(scores, u, v, wo, e, output[1])
+    ctx.sigma, ctx.head_select, ctx.head_scale = sigma, head_select, head_scale
+
+
+def _attention_posterior_backward(ctx, grad_p, grad_head):
+    *operands, head = ctx.saved_tensors
+    n = _needs(ctx, 8)
+    if grad_p is None or not any(n[:5]):
+        return (None,) * 8
+    return (*_posterior_grads(ctx, grad_p, operands, head, n[:5]), None, None, None)
+
+
+attention_posterior.register_autograd(_attention_posterior_backward, setup_context=_attention_posterior_setup)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -849,10 +940,6 @@ def _(scores, u, v, wo, e, k, sigma=1.0, head_select="min_entropy", head_scale=N
     )
 
 
-def _attention_posterior_topk_grad_ref(scores, u, v, wo, e, k, sigma, head_select, head_scale, renormalize):
-    return _attention_posterior_topk_ref(scores, u, v, wo, e, k, renormalize, sigma, head_select, head_scale)
-
-
 def _similarity_inform_topk_setup(ctx, inputs, output):
     u, e, k, ws, key_mask, tau, causal, renormalize = inputs
     ctx.save_for_backward(u, e, ws, key_mask, output[1])
@@ -873,7 +960,28 @@ def _similarity_inform_topk_backward(ctx, grad_w, grad_idx):
 
 
 similarity_inform_topk.register_autograd(_similarity_inform_topk_backward, setup_context=_similarity_inform_topk_setup)
-_register_recompute_autograd(attention_posterior_topk, _attention_posterior_topk_grad_ref, 5, (0,))
+
+
+def _attention_posterior_topk_setup(ctx, inputs, output):
+    scores, u, v, wo, e, k, sigma, head_select, head_scale, renormalize = inputs
+    ctx.save_for_backward(scores, u, v, wo, e, output[1], output[2])
+    ctx.sigma, ctx.head_select, ctx.head_scale, ctx.renormalize = sigma, head_select, head_scale, renormalize
+
+
+def _attention_posterior_topk_backward(ctx, grad_w, grad_idx, grad_head):
+    scores, u, v, wo, e, idx, head = ctx.saved_tensors
+    n = _needs(ctx, 10)
+    if grad_w is None or not any(n[:5]):
+        return (None,) * 10
+    # p recomputed by the forward kernel (O(N) memory), the gate's closed-form backward on the saved choice, then the
+    # posterior's backward at the saved head.
+    p, _ = attention_posterior(scores, u, v, wo, e, ctx.sigma, ctx.head_select, ctx.head_scale)
+    grad_p = topk_renorm_backward(grad_w, p, idx, "probs", ctx.renormalize)
+    return (*_posterior_grads(ctx, grad_p, (scores, u, v, wo, e), head, n[:5]),) + (None,) * 5
+
+
+attention_posterior_topk.register_autograd(_attention_posterior_topk_backward,
+                                           setup_context=_attention_posterior_topk_setup)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1070,6 +1178,9 @@ KEY_VALIDATORS: dict[str, Callable[[dict, dict], None]] = {
         t["emb"], t["w1"], t["b1"], t["w2"], t["b2"], int(a["num_experts"])),
     "hyper_router_backward": lambda t, a: _validate_hyper_router_backward(
         t["grad_w"], t["grad_b"], t["emb"], t["w1"], t["b1"], t["w2"], t["b2"], int(a["num_experts"])),
+    "attention_posterior_backward": lambda t, a: _validate_attention_posterior_backward(
+        t["grad_p"], t["scores"], t["u"], t["v"], t["wo"], t["e"], t.get("head"), _f(a["sigma"]), a["head_select"],
+        _of(a["head_scale"])),
 }
 
 

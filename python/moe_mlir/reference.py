@@ -30,6 +30,7 @@ __all__ = [
     "similarity_inform_backward",
     "topk_renorm_backward",
     "hyper_router_backward",
+    "attention_posterior_backward",
 ]
 
 _NEG_INF = float("-inf")
@@ -357,6 +358,59 @@ def _hyper_router_backward_ref(
     return torch.matmul(da, w1f), torch.outer(da, embf), da, torch.outer(dout, h), dout
 
 
+
+def _attention_posterior_backward_ref(
+    grad_p: Tensor, scores: Tensor, u: Tensor, v: Tensor, wo: Tensor, e: Tensor, head: Optional[Tensor],
+    sigma: float, head_select: str, head_scale: Optional[float],
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(d_scores, d_u, d_v, d_wo, d_e)`` in f32 (operand shapes), the closed form of the gradient of ``p`` of
+    :func:`_attention_posterior_ref` (``moe.attention_posterior_grad``; dense, O(H·N·Nk) memory: the eager fallback
+    of ``torch.ops.moe.attention_posterior_backward``). ``head`` is the forward's h* (``[B]``) for min_entropy and
+    ``None`` for all; nothing flows through it.
+
+    With the head means ``m_hj``, the logits ``z_hij`` (``scores`` + Gaussian term; the log prior for ``all``) and
+    ``G_hij`` the mixing weights (the softmax over ``j`` of head h* for min_entropy, the joint softmax over the pairs
+    ``(h, j)`` for all: ``H'_hi A'_hij``): ``g = dp eᵀ``, ``δ = <dp, p>``, ``dz = G (g − δ)``; ``d_e = Σ_h Gᵀ dp``,
+    ``d_u = Σ_h dz m / σ²``, ``dm = (dzᵀ u − (Σ_i dz) m) / σ²``, ``d_v = c dm W_h``, ``d_wo = c Σ dmᵀ v``,
+    ``d_scores = dz`` (all: ``dz − softmax(scores) Σ_j dz``). Like autograd of the reference, a non-finite ``e``
+    entry gets no gradient and enters ``g`` as 0. Float64 operands stay float64 (the closed form's gradcheck)."""
+    ts = (grad_p, scores, u, v, wo, e)
+    acc = torch.float64 if all(t.dtype == torch.float64 for t in ts) else torch.float32
+    sc, uf, vf, wof, ef, gp = (t.to(acc) for t in (scores, u, v, wo, e, grad_p))
+    B, H, N, Nk = scores.shape
+    Dh, D = v.shape[3], wo.shape[0]
+    c = float(H) if head_scale is None else head_scale
+    w3 = wof.reshape(D, H, Dh)
+    m = c * torch.einsum("bhjc,dhc->bhjd", vf, w3)  # [B,H,Nk,D]
+    s2 = sigma * sigma
+    ll = (torch.einsum("bid,bhjd->bhij", uf, m) - 0.5 * (m * m).sum(-1)[:, :, None, :]) / s2
+    key_valid = sc != _NEG_INF
+    if head_select == "min_entropy":
+        chosen = torch.arange(H, device=sc.device)[None, :] == head.long()[:, None]  # [B,H]
+        z = (sc + ll).masked_fill(~key_valid | ~chosen[:, :, None, None], _NEG_INF)
+    else:
+        dead = (~key_valid).all(-1, keepdim=True)
+        log_a = torch.log_softmax(sc.masked_fill(dead, 0.0), -1).masked_fill(dead, _NEG_INF)
+        z = (log_a + ll).masked_fill(~key_valid, _NEG_INF)
+    # One softmax over the pairs (h, j) per row (min_entropy: only h* is finite).
+    G = _masked_softmax(z.transpose(1, 2).reshape(B, N, H * Nk)).reshape(B, N, H, Nk).transpose(1, 2)
+    finite = torch.isfinite(ef)
+    g = torch.einsum("bik,bjk->bij", gp, torch.where(finite, ef, torch.zeros_like(ef)))  # [B,N,Nk]
+    mix = G.sum(1)  # [B,N,Nk]
+    delta = (mix * g).sum(-1)  # [B,N]
+    dz = G * (g[:, None] - delta[:, None, :, None])
+    d_e = torch.where(finite, torch.einsum("bij,bik->bjk", mix, gp), torch.zeros_like(ef))
+    d_u = torch.einsum("bhij,bhjd->bid", dz, m) / s2
+    dm = (torch.einsum("bhij,bid->bhjd", dz, uf) - dz.sum(2)[..., None] * m) / s2
+    d_v = c * torch.einsum("bhjd,dhc->bhjc", dm, w3)
+    d_wo = c * torch.einsum("bhjd,bhjc->dhc", dm, vf).reshape(D, H * Dh)
+    if head_select == "min_entropy":
+        d_scores = dz
+    else:
+        d_scores = dz - _masked_softmax(sc) * dz.sum(-1, keepdim=True)
+    return d_scores, d_u, d_v, d_wo, d_e
+
+
 # Public names (the argument order of the torch ops).
 topk_renorm = _topk_renorm_ref
 similarity_inform = _similarity_inform_ref
@@ -369,3 +423,4 @@ hyper_router = _hyper_router_ref
 similarity_inform_backward = _similarity_inform_backward_ref
 topk_renorm_backward = _topk_renorm_backward_ref
 hyper_router_backward = _hyper_router_backward_ref
+attention_posterior_backward = _attention_posterior_backward_ref

@@ -1,6 +1,6 @@
 """Autograd of ``torch.ops.moe.*``: ``loss.backward()`` through every differentiable op equals the gradients of
-the seed authors' maths, whatever implements the backward (today a recompute of ``moe_mlir.reference``, later
-backward kernels).
+the seed authors' maths, whatever implements the backward (the backward ops' kernels: similarity_inform_grad,
+topk_renorm_grad, attention_posterior_grad, hyper_router_grad).
 
 For each op and mode the gradients of ``loss = Σ_i <out_i, c_i>`` (random cotangents ``c_i`` on the float
 outputs) are compared with

@@ -13,7 +13,8 @@
 //   indices carry none.
 // * similarity_inform: to u, e and ws (this file).
 // * attention_posterior (+ the fused forms): to scores, u, v, wo, e; none
-//   through the chosen head h* or the top-k choice.
+//   through the chosen head h* or the top-k choice (this file; the fused form
+//   chains topk_renorm_grad and attention_posterior_grad).
 // * hyper_router: to emb, w1, b1, w2, b2 (frozen hypernetwork weights still
 //   pass their gradient to emb, 002 §1.10) (this file).
 // * mad_dispersion and adjacency_update carry no gradient: ACMoE's cluster
@@ -171,6 +172,90 @@ def MoE_HyperRouterGradOp : MoE_InferredOp<"hyper_router_grad", MoE_PureInferred
     `->` type($d_emb) `,` type($d_w1) `,` type($d_b1) `,` type($d_w2) `,` type($d_b2)
   }];
   let hasVerifier = 1;
+}
+
+def MoE_AttentionPosteriorGradOp : MoE_InferredOp<"attention_posterior_grad", MoE_PureInferred> {
+  let summary = "the backward of moe.attention_posterior (recomputes the posterior log-sum-exp)";
+  let description = [{
+    The vector-Jacobian product of the mixed probabilities `p` of `moe.attention_posterior` (operands `scores`,
+    `u`, `v`, `wo`, `e` and attributes `sigma`, `head_select`, `head_scale` exactly as the forward op) with their
+    cotangent `dp` (`[B, N, K]`, f32). Results: `d_scores` `[B, H, N, Nk]`, `d_u` `[B, N, D]`, `d_v`
+    `[B, H, Nk, Dh]`, `d_wo` `[D, H·Dh]`, `d_e` `[B, Nk, K]`, all f32. Nothing flows through the chosen head `h*`
+    or the entropies that chose it: `head` (`[B]` i32, the forward's second result) is an operand, required for
+    `head_select = min_entropy` and absent for `all`.
+
+    Derivation. Per batch element and head `h`, with `c = head_scale` (default `H`), `W_h = wo[:, h·Dh:(h+1)·Dh]`
+    (`[D, Dh]`) and `m_hj = c · W_h v_hj` (`[D]`, the head means):
+
+    * logits `z_hij = t_hij + (<u_i, m_hj> − ‖m_hj‖²/2) / sigma²`, `-inf` where `scores_hij = -inf`, with
+      `t = scores` for `min_entropy` and `t_hij = scores_hij − lse_j(scores_hi:)` (the log prior) for `all`;
+    * weights `G_hij`: for `min_entropy` `G = softmax_j(z_{h*})` on `h = h*` and 0 on the other heads; for `all`
+      `G_hij = H'_hi · A'_hij = exp(z_hij − L_i)` with `L_i = logsumexp_{h,j} z_hij` (the head posterior times the
+      per-head posterior is one softmax over the pairs `(h, j)`), so `p_i = Σ_{h,j} G_hij e_j` in both modes;
+    * softmax backward: `g_ij = <dp_i, e_j>`, `δ_i = Σ_{h,j} G_hij g_ij = <dp_i, p_i>`,
+      `dz_hij = G_hij (g_ij − δ_i)`;
+    * `d_e_j = Σ_{h,i} G_hij dp_i`; `d_u_i = Σ_{h,j} dz_hij m_hj / sigma²`;
+    * `dm_hj = (Σ_i dz_hij u_i − (Σ_i dz_hij) m_hj) / sigma²`, then through `m = c W_h v`:
+      `d_v_hj = c · W_h^T dm_hj` and `d_wo[:, h·Dh:(h+1)·Dh] = c · Σ_{b,j} dm_hj ⊗ v_hj` (summed over the batch:
+      `wo` is shared);
+    * `d_scores_hij = dz_hij` for `min_entropy` (0 outside `h*`); for `all` the log prior adds
+      `− softmax_j(scores_hi:)_j · Σ_j' dz_hij'`.
+
+    Masked keys (`scores = -inf`) and rows without a key get `G = 0` and no gradient. A non-finite `e` entry gets
+    no gradient and enters `g` as 0 (as autograd of the reference formulation, which keeps it out of the matmul);
+    a NaN in `dp` or in the float operands propagates. Gradients are f32 whatever the operand types (the caller
+    casts).
+
+    Forward statistics: the posterior log-sum-exp (per row, and per head for `all`) is recomputed, as
+    `moe.similarity_inform_grad` does (one pass over the keys like the forward's; the forward op and its torch op
+    stay unchanged), but `h*` is an operand: recomputing it would read every head's `scores` for the row
+    entropies (`H·N·Nk`) while the backward otherwise reads one head, and taking the forward's own choice makes
+    the backward differentiate exactly the head the forward used, whichever kernel produced it. The `head` values
+    must be in `[0, H)` (the torch op checks it; lowerings assume it).
+
+    Memory: `d_scores` is itself `[B, H, N, Nk]` (the cotangent of `scores`). The fast CPU kernel (`min_entropy`)
+    writes `dz` into it from flash-style tiles recomputed from the log-sum-exp and otherwise needs
+    O(B·(N + Nk)·(D + K)): nothing else `N × Nk`. The portable lowering (every target, both modes) computes with
+    `[B, H, N, Nk]` temporaries, the size of `d_scores`.
+
+    ```mlir
+    %ds, %du, %dv, %dwo, %de = moe.attention_posterior_grad %scores, %u, %v, %wo, %e head(%head : tensor<2xi32>)
+        dp(%dp : tensor<2x128x16xf32>) sigma(2.000000e+00)
+        : tensor<2x8x128x128xf32>, tensor<2x128x512xf32>, tensor<2x8x128x64xf32>, tensor<512x512xf32>,
+          tensor<2x128x16xf32>
+        -> tensor<2x8x128x128xf32>, tensor<2x128x512xf32>, tensor<2x8x128x64xf32>, tensor<512x512xf32>,
+           tensor<2x128x16xf32>
+    ```
+  }];
+
+  let arguments = (ins
+    MoE_FloatTensor:$scores,
+    MoE_FloatTensor:$u,
+    MoE_FloatTensor:$v,
+    MoE_FloatTensor:$wo,
+    MoE_FloatTensor:$e,
+    Optional<MoE_I32Tensor>:$head,
+    MoE_F32Tensor:$dp,
+    DefaultValuedAttr<F32Attr, "1.0">:$sigma,
+    DefaultValuedAttr<MoE_HeadSelectAttr, "::mlir::moe::HeadSelect::min_entropy">:$head_select,
+    OptionalAttr<F32Attr>:$head_scale
+  );
+  let results = (outs MoE_F32Tensor:$d_scores, MoE_F32Tensor:$d_u, MoE_F32Tensor:$d_v, MoE_F32Tensor:$d_wo,
+                      MoE_F32Tensor:$d_e);
+
+  let assemblyFormat = [{
+    $scores `,` $u `,` $v `,` $wo `,` $e (`head` `(` $head^ `:` type($head) `)`)? `dp` `(` $dp `:` type($dp) `)`
+    (`sigma` `(` $sigma^ `)`)? (`head_select` `(` custom<EnumKeyword>($head_select)^ `)`)?
+    (`head_scale` `(` $head_scale^ `)`)? attr-dict
+    `:` type($scores) `,` type($u) `,` type($v) `,` type($wo) `,` type($e)
+    `->` type($d_scores) `,` type($d_u) `,` type($d_v) `,` type($d_wo) `,` type($d_e)
+  }];
+  let hasVerifier = 1;
+
+  let extraClassDeclaration = [{
+    /// The factor of the head means: `head_scale` when set, else H (std::nullopt when H is dynamic).
+    std::optional<double> getEffectiveHeadScale();
+  }];
 }
 
 #endif // MOE_IR_MOEGRADOPS_TD

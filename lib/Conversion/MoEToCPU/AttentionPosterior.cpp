@@ -9,7 +9,7 @@
 //     keys (the only pass over all H heads of `scores`).
 //  2. h*[b]: the mean row entropy per head and its argmin (ties to the lowest
 //     head, NaN first), sequential and in the portable lowering's order.
-//  3. Head means of h* only, m[b,j,:] = head_scale · v[b,h*,j,:] · wo_h*^T
+//  3. Head means of h* only (packHeadMeans, shared with the backward kernel), m[b,j,:] = head_scale · v[b,h*,j,:] · wo_h*^T
 //     (dots along wo's rows: wo is read in place, never transposed),
 //     written straight into the tiled transposed key layout of the flash
 //     kernel, and ‖m_j‖².
@@ -61,6 +61,102 @@ Value sumLanes(CK &k, ArrayRef<Value> v) {
   }
   return level.front();
 }
+
+} // namespace
+
+Value mlir::moe::cpu::headScaleValue(CK &k, std::optional<double> scale,
+                                     Value heads) {
+  if (scale)
+    return k.cF32(*scale);
+  return k.sitofp(k.castInt(heads, k.i64()));
+}
+
+HeadMeans mlir::moe::cpu::packHeadMeans(CK &k, const KernelOptions &opts,
+                                        Value v, Value wo, Value head,
+                                        Value scale, Value batch, Value keys,
+                                        Value model, Value headDim) {
+  // m[b,j,:] = head_scale · v[b,h,j,:] · wo_h^T, h = head[b], in blocks of 16
+  // model columns: the dot over c runs along wo's rows (contiguous, no
+  // transposed copy of wo: that copy alone is D·Dh scalar moves, the cost of
+  // ~16 keys) and the block's 16 partial vectors are summed by a shuffle
+  // tree. Padding keys are zeros.
+  Type f32 = k.f32();
+  Value c0 = k.idx(0), c1 = k.idx(1);
+  Value zeros = k.constLike(k.vf32(), 0.0);
+  Value keysPad = roundUp(k, keys, kKeyTile);
+  Value keysT = k.alloc(MemRefType::get({kDyn, kDyn, kDyn, kKeyTile}, f32),
+                        {batch, k.divu(keysPad, k.idx(kKeyTile)), model});
+  Value norm2 = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, keysPad});
+  Value modelPad = roundUp(k, model, kLanes);
+  Value modelChunks = k.divu(modelPad, k.idx(kLanes));
+  Value headChunks = k.ceilDiv(headDim, k.idx(kLanes));
+  Value lastCol = k.sub(model, c1);
+  Value rowAll = k.scratch(opts, MemRefType::get({kDyn}, f32), {modelPad});
+  Value meanWork = k.mul(k.mul(k.mul(batch, keys), model), headDim);
+  workersIfLarge(k, opts, k.mul(batch, keysPad), meanWork,
+                 [&](Value item, Value worker) {
+    Value row = k.workerSlice(rowAll, worker);
+    Value bi = k.divu(item, keysPad), j = k.remu(item, keysPad);
+    Value inRange = k.cmpi(arith::CmpIPredicate::ult, j, keys);
+    k.ifThen(inRange, [&] {
+      Value h = k.castInt(k.load(head, {bi}), k.b.getIndexType());
+      Value col0 = k.mul(h, headDim);
+      k.forLoop(c0, modelChunks, c1, [&](Value dc) {
+        Value d0 = k.mul(dc, k.idx(kLanes));
+        SmallVector<Value> init(kLanes, zeros);
+        SmallVector<Value> part = k.forLoop(
+            c0, headChunks, c1, init,
+            [&](Value cc, ValueRange acc) -> SmallVector<Value> {
+              Value cb = k.mul(cc, k.idx(kLanes));
+              Value count = k.sub(headDim, cb);
+              Value x = k.vloadMasked(v, {bi, h, j, cb}, count, 0.0);
+              Value col = k.add(col0, cb);
+              SmallVector<Value> next;
+              for (int64_t r = 0; r < kLanes; ++r) {
+                // Columns past D repeat the last one (never stored).
+                Value d = k.mins(k.add(d0, k.idx(r)), lastCol);
+                Value w = k.vloadMasked(wo, {d, col}, count, 0.0);
+                next.push_back(k.fma(x, w, acc[r]));
+              }
+              return next;
+            });
+        k.vstore(k.fmul(k.splat(scale, kLanes), sumLanes(k, part)), row,
+                 {d0});
+      });
+    });
+    Value n2 = k.forLoop(c0, model, c1, ValueRange{k.cF32(0.0)},
+                         [&](Value d, ValueRange a) -> SmallVector<Value> {
+                           Value m = k.select(inRange, k.load(row, {d}),
+                                              k.cF32(0.0));
+                           k.store(m, keysT,
+                                   {bi, k.divu(j, k.idx(kKeyTile)), d,
+                                    k.remu(j, k.idx(kKeyTile))});
+                           return {k.fadd(a[0], k.fmul(m, m))};
+                         })[0];
+    k.store(n2, norm2, {bi, j});
+  });
+  return {keysT, norm2, keysPad};
+}
+
+std::function<Value(CK &, Value, Value, Value, Value)>
+mlir::moe::cpu::posteriorLogits(Value scores, Value head, Value norm2,
+                                Value keys, float sigma2) {
+  return [=](CK &kk, Value dot, Value bi, Value i, Value j0) {
+    double negInf = -std::numeric_limits<double>::infinity();
+    Value h = kk.castInt(kk.load(head, {bi}), kk.b.getIndexType());
+    Value s = kk.vloadMasked(scores, {bi, h, i, j0}, kk.sub(keys, j0), negInf);
+    Value n = kk.vload(norm2, {bi, j0});
+    Value s2 = kk.constLike(kk.vf32(), sigma2);
+    Value logit =
+        kk.fsub(kk.fadd(s, kk.fdiv(dot, s2)),
+                kk.fdiv(kk.fmul(kk.constLike(kk.vf32(), 0.5), n), s2));
+    Value masked =
+        kk.cmpf(arith::CmpFPredicate::OEQ, s, kk.negInfLike(kk.vf32()));
+    return kk.select(masked, kk.negInfLike(kk.vf32()), logit);
+  };
+}
+
+namespace {
 
 struct AttentionPosteriorKernel : KernelPattern<AttentionPosteriorOp> {
   using KernelPattern::KernelPattern;
@@ -155,72 +251,13 @@ struct AttentionPosteriorKernel : KernelPattern<AttentionPosteriorOp> {
           });
       k.store(best[1], head, {bi});
     });
-    auto headOf = [&](CK &kk, Value bi) {
-      return kk.castInt(kk.load(head, {bi}), b.getIndexType());
-    };
 
-    // 3. Head means of h*, m[b,j,:] = head_scale · v[b,h*,j,:] · wo_h*^T, in
-    //    blocks of 16 model columns: the dot over c runs along wo's rows
-    //    (contiguous, no transposed copy of wo: that copy alone is D·Dh
-    //    scalar moves, the cost of ~16 keys) and the block's 16 partial
-    //    vectors are summed by a shuffle tree. Padding keys are zeros.
-    Value keysPad = roundUp(k, keys, kKeyTile);
-    Value keysT = k.alloc(MemRefType::get({kDyn, kDyn, kDyn, kKeyTile}, f32),
-                          {batch, k.divu(keysPad, k.idx(kKeyTile)), model});
-    Value norm2 = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, keysPad});
-    Value scale;
-    if (std::optional<double> s = op.getEffectiveHeadScale())
-      scale = k.cF32(*s);
-    else
-      scale = k.sitofp(k.castInt(heads, k.i64()));
-    Value modelPad = roundUp(k, model, kLanes);
-    Value modelChunks = k.divu(modelPad, k.idx(kLanes));
-    Value headChunks = k.ceilDiv(headDim, k.idx(kLanes));
-    Value lastCol = k.sub(model, c1);
-    Value rowAll = k.scratch(opts, MemRefType::get({kDyn}, f32), {modelPad});
-    Value meanWork = k.mul(k.mul(k.mul(batch, keys), model), headDim);
-    workersIfLarge(k, opts, k.mul(batch, keysPad), meanWork,
-                   [&](Value item, Value worker) {
-      Value row = k.workerSlice(rowAll, worker);
-      Value bi = k.divu(item, keysPad), j = k.remu(item, keysPad);
-      Value inRange = k.cmpi(arith::CmpIPredicate::ult, j, keys);
-      k.ifThen(inRange, [&] {
-        Value h = headOf(k, bi);
-        Value col0 = k.mul(h, headDim);
-        k.forLoop(c0, modelChunks, c1, [&](Value dc) {
-          Value d0 = k.mul(dc, k.idx(kLanes));
-          SmallVector<Value> init(kLanes, zeros);
-          SmallVector<Value> part = k.forLoop(
-              c0, headChunks, c1, init,
-              [&](Value cc, ValueRange acc) -> SmallVector<Value> {
-                Value cb = k.mul(cc, k.idx(kLanes));
-                Value count = k.sub(headDim, cb);
-                Value x = k.vloadMasked(v, {bi, h, j, cb}, count, 0.0);
-                Value col = k.add(col0, cb);
-                SmallVector<Value> next;
-                for (int64_t r = 0; r < kLanes; ++r) {
-                  // Columns past D repeat the last one (never stored).
-                  Value d = k.mins(k.add(d0, k.idx(r)), lastCol);
-                  Value w = k.vloadMasked(wo, {d, col}, count, 0.0);
-                  next.push_back(k.fma(x, w, acc[r]));
-                }
-                return next;
-              });
-          k.vstore(k.fmul(k.splat(scale, kLanes), sumLanes(k, part)), row,
-                   {d0});
-        });
-      });
-      Value n2 = k.forLoop(c0, model, c1, ValueRange{k.cF32(0.0)},
-                           [&](Value d, ValueRange a) -> SmallVector<Value> {
-                             Value m = k.select(inRange, k.load(row, {d}),
-                                                k.cF32(0.0));
-                             k.store(m, keysT,
-                                     {bi, k.divu(j, k.idx(kKeyTile)), d,
-                                      k.remu(j, k.idx(kKeyTile))});
-                             return {k.fadd(a[0], k.fmul(m, m))};
-                           })[0];
-      k.store(n2, norm2, {bi, j});
-    });
+    // 3. Head means of h*, written straight into the flash kernel's tiled
+    //    transposed key layout.
+    Value scale = headScaleValue(k, op.getEffectiveHeadScale(), heads);
+    HeadMeans means =
+        packHeadMeans(k, opts, v, wo, head, scale, batch, keys, model, headDim);
+    Value keysPad = means.keysPad, keysT = means.keysT, norm2 = means.norm2;
 
     // 4. The posterior mix.
     Value widthPad = roundUp(k, width, kLanes);
@@ -239,18 +276,7 @@ struct AttentionPosteriorKernel : KernelPattern<AttentionPosteriorOp> {
     spec.width = width;
     spec.widthPad = widthPad;
     spec.valuesNonFinite = nonFinite;
-    spec.logits = [&](CK &kk, Value dot, Value bi, Value i, Value j0) {
-      Value s = kk.vloadMasked(scores, {bi, headOf(kk, bi), i, j0},
-                               kk.sub(keys, j0), negInf);
-      Value n = kk.vload(norm2, {bi, j0});
-      Value s2 = kk.constLike(kk.vf32(), sigma2);
-      Value logit =
-          kk.fsub(kk.fadd(s, kk.fdiv(dot, s2)),
-                  kk.fdiv(kk.fmul(kk.constLike(kk.vf32(), 0.5), n), s2));
-      Value masked =
-          kk.cmpf(arith::CmpFPredicate::OEQ, s, kk.negInfLike(kk.vf32()));
-      return kk.select(masked, kk.negInfLike(kk.vf32()), logit);
-    };
+    spec.logits = posteriorLogits(scores, head, norm2, keys, sigma2);
     emitFlashMix(k, opts, spec);
 
     Value p = k.tensor(out), h = k.tensor(head);

@@ -29,6 +29,7 @@
 #include "KernelBuilder.h"
 
 #include <functional>
+#include <optional>
 
 namespace mlir::moe::cpu {
 
@@ -116,6 +117,19 @@ struct FlashGradSpec {
 /// tiles).
 void emitFlashGrad(CK &k, const KernelOptions &opts, const FlashGradSpec &spec);
 
+/// The per-row inputs of a FlashGradSpec's weights, [B, rowsPad] f32 each
+/// (padded for the vector loads of the column-major pass): lse' = the row's
+/// log-sum-exp `lse` ([B, rows], from FlashSpec::lse), +inf for a row
+/// without keys and for padding rows (so that exp(x - lse') = 0), and
+/// delta_i = <dp_i, p_i> (0 for padding), from the forward's result `p` and
+/// its cotangent `dp` ([B, rows, width]).
+struct GradRowStats {
+  Value lse, delta;
+};
+GradRowStats gradRowStats(CK &k, Value lse, Value p, Value dp, Value batch,
+                          Value rows, Value width, Value widthPad,
+                          Value rowsPad);
+
 // Building blocks shared by the forward and backward kernels.
 
 /// The kQueryTile x kKeyTile dot products of the rows `rowIdx` of `q`
@@ -151,6 +165,39 @@ scaledMaskedLogits(Value keyValid, bool causal, float scale);
 /// padding; returns {packed, an f32 that is NaN iff some value is non-finite}.
 std::pair<Value, Value> packValues(CK &k, Value values, Value batch, Value keys,
                                    Value width, Value keysPad, Value widthPad);
+
+/// True when an operand of `op` has a static zero size: the backward kernels
+/// leave such ops to the portable lowering (none needs a special case for
+/// them; the torch ops handle them without a kernel).
+bool hasStaticZeroSize(Operation *op);
+
+/// Replaces `op` by the tensors of the result buffers `buffers` (in order),
+/// cast to the op's result types where those are more static.
+void replaceWithBuffers(CK &k, PatternRewriter &rw, Operation *op,
+                        ArrayRef<Value> buffers);
+
+// Attention-Inform (AttentionPosterior.cpp), shared by the forward and the
+// backward kernel.
+
+/// head_scale when set (`scale`), else the number of heads H (an index).
+Value headScaleValue(CK &k, std::optional<double> scale, Value heads);
+struct HeadMeans {
+  /// m[b,j,:] = scale · v[b,h,j,:] · wo[:, h·Dh:(h+1)·Dh]^T of the head
+  /// h = head[b] (i32 [B]) in the keysT layout of FlashSpec (zero padding).
+  Value keysT;
+  /// [B, keysPad] f32: ‖m_j‖² (0 for padding keys).
+  Value norm2;
+  Value keysPad; // roundUp(Nk, kKeyTile)
+};
+HeadMeans packHeadMeans(CK &k, const KernelOptions &opts, Value v, Value wo,
+                        Value head, Value scale, Value batch, Value keys,
+                        Value model, Value headDim);
+/// The posterior logit epilogue of FlashSpec (q = u, keys m):
+/// (s + <u_i,m_j>/σ²) − ‖m_j‖²/(2σ²) with s = scores[b, head[b], i, j],
+/// -inf where s = -inf and for the padding keys j >= keys.
+std::function<Value(CK &, Value, Value, Value, Value)>
+posteriorLogits(Value scores, Value head, Value norm2, Value keys,
+                float sigma2);
 
 } // namespace mlir::moe::cpu
 

@@ -17,6 +17,10 @@
 
 #include "Flash.h"
 
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
+
+#include <limits>
+
 using namespace mlir;
 using namespace mlir::moe::cpu;
 
@@ -91,5 +95,59 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
           });
       });
     }
+  });
+}
+
+mlir::moe::cpu::GradRowStats
+mlir::moe::cpu::gradRowStats(CK &k, Value lse, Value p, Value dp,
+                                          Value batch, Value rows, Value width,
+                                          Value widthPad, Value rowsPad) {
+  constexpr int64_t kDyn = ShapedType::kDynamic;
+  Type f32 = k.f32();
+  Value c0 = k.idx(0), c1 = k.idx(1);
+  Value lseRow = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, rowsPad});
+  Value delta = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, rowsPad});
+  Value posInf = k.cF32(std::numeric_limits<float>::infinity());
+  Value widthChunks = k.divu(widthPad, k.idx(kLanes));
+  k.forLoop(c0, batch, c1, [&](Value bi) {
+    k.forLoop(c0, rowsPad, c1, [&](Value i) {
+      Value in = k.cmpi(arith::CmpIPredicate::ult, i, rows);
+      Value ic = k.mins(i, k.sub(rows, c1));
+      Value l = k.load(lse, {bi, ic});
+      Value none = k.cmpf(arith::CmpFPredicate::OEQ, l, k.negInfLike(f32));
+      k.store(k.select(k.andI(in, k.notI1(none)), l, posInf), lseRow,
+              {bi, i});
+      Value dot = k.forLoop(
+          c0, widthChunks, c1, ValueRange{k.constLike(k.vf32(), 0.0)},
+          [&](Value c, ValueRange acc) -> SmallVector<Value> {
+            Value col = k.mul(c, k.idx(kLanes));
+            Value count = k.sub(width, col);
+            Value g = k.vloadMasked(dp, {bi, ic, col}, count, 0.0);
+            Value pv = k.vloadMasked(p, {bi, ic, col}, count, 0.0);
+            return {k.fma(g, pv, acc[0])};
+          })[0];
+      k.store(k.select(in, k.sum(dot), k.cF32(0.0)), delta, {bi, i});
+    });
+  });
+  return {lseRow, delta};
+}
+
+void mlir::moe::cpu::replaceWithBuffers(CK &k, PatternRewriter &rw,
+                                        Operation *op,
+                                        ArrayRef<Value> buffers) {
+  SmallVector<Value> replacements;
+  for (auto [buf, res] : llvm::zip(buffers, op->getResults())) {
+    Value t = k.tensor(buf);
+    if (t.getType() != res.getType())
+      t = tensor::CastOp::create(k.b, res.getType(), t);
+    replacements.push_back(t);
+  }
+  rw.replaceOp(op, replacements);
+}
+
+bool mlir::moe::cpu::hasStaticZeroSize(Operation *op) {
+  return llvm::any_of(op->getOperands(), [](Value v) {
+    return llvm::is_contained(cast<RankedTensorType>(v.getType()).getShape(),
+                              0);
   });
 }

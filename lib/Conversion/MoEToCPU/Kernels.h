@@ -40,6 +40,8 @@ void populateRouteDispatchPlanKernel(RewritePatternSet &p,
 void populateSimilarityInformGradKernel(RewritePatternSet &p,
                                         const KernelOptions &o);
 void populateTopkRenormGradKernel(RewritePatternSet &p, const KernelOptions &o);
+void populateAttentionPosteriorGradKernel(RewritePatternSet &p,
+                                          const KernelOptions &o);
 } // namespace moe::cpu
 } // namespace mlir
 

@@ -65,6 +65,7 @@ void mlir::moe::populateMoEToCPUKernelPatterns(RewritePatternSet &patterns,
   cpu::populateRouteDispatchPlanKernel(patterns, opts);
   cpu::populateSimilarityInformGradKernel(patterns, opts);
   cpu::populateTopkRenormGradKernel(patterns, opts);
+  cpu::populateAttentionPosteriorGradKernel(patterns, opts);
   populateSplitFusedRoutingPatterns(patterns);
 }
 

@@ -40,12 +40,8 @@ struct SimilarityInformGradKernel : KernelPattern<SimilarityInformGradOp> {
 
   LogicalResult matchAndRewrite(SimilarityInformGradOp op,
                                 PatternRewriter &rw) const override {
-    // Static zero-sized operands are left to the caller (no kernel needs a
-    // special case for them; the torch op handles them without one).
-    for (Value v : op->getOperands())
-      if (llvm::is_contained(cast<RankedTensorType>(v.getType()).getShape(),
-                             0))
-        return rw.notifyMatchFailure(op, "a static zero-sized dimension");
+    if (hasStaticZeroSize(op))
+      return rw.notifyMatchFailure(op, "a static zero-sized dimension");
     ImplicitLocOpBuilder b(op.getLoc(), rw);
     CK k(b);
     Type f32 = k.f32();
@@ -91,30 +87,8 @@ struct SimilarityInformGradKernel : KernelPattern<SimilarityInformGradOp> {
     emitFlashMix(k, opts, fwd);
 
     // lse' and delta, padded to keysPad (vector loads in the key-major pass).
-    Value lseRow = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, keysPad});
-    Value delta = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, keysPad});
-    Value posInf = k.cF32(std::numeric_limits<float>::infinity());
-    Value widthChunks = k.divu(widthPad, k.idx(kLanes));
-    k.forLoop(c0, batch, c1, [&](Value bi) {
-      k.forLoop(c0, keysPad, c1, [&](Value i) {
-        Value in = k.cmpi(arith::CmpIPredicate::ult, i, rows);
-        Value ic = k.mins(i, k.sub(rows, c1));
-        Value l = k.load(lse, {bi, ic});
-        Value none = k.cmpf(arith::CmpFPredicate::OEQ, l, k.negInfLike(f32));
-        k.store(k.select(k.andI(in, k.notI1(none)), l, posInf), lseRow,
-                {bi, i});
-        Value dot = k.forLoop(
-            c0, widthChunks, c1, ValueRange{k.constLike(k.vf32(), 0.0)},
-            [&](Value c, ValueRange acc) -> SmallVector<Value> {
-              Value col = k.mul(c, k.idx(kLanes));
-              Value count = k.sub(width, col);
-              Value g = k.vloadMasked(dp, {bi, ic, col}, count, 0.0);
-              Value pv = k.vloadMasked(p, {bi, ic, col}, count, 0.0);
-              return {k.fma(g, pv, acc[0])};
-            })[0];
-        k.store(k.select(in, k.sum(dot), k.cF32(0.0)), delta, {bi, i});
-      });
-    });
+    auto [lseRow, delta] =
+        gradRowStats(k, lse, p, dp, batch, rows, width, widthPad, keysPad);
 
     Value invTau = k.constLike(k.vf32(), 1.0 / tau);
     Value zeros = k.constLike(k.vf32(), 0.0);
@@ -247,14 +221,7 @@ struct SimilarityInformGradKernel : KernelPattern<SimilarityInformGradOp> {
       results.push_back(dws);
     }
 
-    SmallVector<Value> replacements;
-    for (auto [buf, res] : llvm::zip(results, op->getResults())) {
-      Value t = k.tensor(buf);
-      if (t.getType() != res.getType())
-        t = tensor::CastOp::create(b, res.getType(), t);
-      replacements.push_back(t);
-    }
-    rw.replaceOp(op, replacements);
+    replaceWithBuffers(k, rw, op, results);
     return success();
   }
 };

@@ -40,6 +40,7 @@ void mlir::moe::populateMoEToLinalgPatterns(RewritePatternSet &patterns) {
   lowering::populateSimilarityInformGradPattern(patterns);
   lowering::populateTopkRenormGradPattern(patterns);
   lowering::populateHyperRouterGradPattern(patterns);
+  lowering::populateAttentionPosteriorGradPattern(patterns);
   // The portable lowering has no fused kernel: a fused routing op becomes its
   // mixing op and top-k gate again, which the patterns above then lower.
   populateSplitFusedRoutingPatterns(patterns);

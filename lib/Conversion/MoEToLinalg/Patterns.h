@@ -27,6 +27,7 @@ void populateDispatchPlanPattern(RewritePatternSet &patterns);
 void populateSimilarityInformGradPattern(RewritePatternSet &patterns);
 void populateTopkRenormGradPattern(RewritePatternSet &patterns);
 void populateHyperRouterGradPattern(RewritePatternSet &patterns);
+void populateAttentionPosteriorGradPattern(RewritePatternSet &patterns);
 
 // Shared by similarity_inform and its backward (SimilarityInform.cpp).
 

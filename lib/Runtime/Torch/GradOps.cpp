@@ -188,10 +188,76 @@ HyperGrads hyperRouterBackward(const Tensor &gradW, const Tensor &gradB,
   return {grads[0], grads[1], grads[2], grads[3], grads[4]};
 }
 
+using PosteriorGrads = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
+
+PosteriorGrads attentionPosteriorBackward(
+    const Tensor &dp, const Tensor &scores, const Tensor &u, const Tensor &v,
+    const Tensor &wo, const Tensor &e, const std::optional<Tensor> &head,
+    double sigma, c10::string_view headSelect,
+    std::optional<double> headScale) {
+  const char *op = "attention_posterior_backward";
+  attentionChecks(op, scores, u, v, wo, e);
+  checkCpu(op, {&dp, &scores});
+  checkRank(op, "grad_p", dp, 3, "[B, N, K], the shape of p");
+  int64_t B = scores.size(0), H = scores.size(1), N = scores.size(2);
+  checkDim(op, "grad_p", dp, 0, B, "B");
+  checkDim(op, "grad_p", dp, 1, N, "N");
+  checkDim(op, "grad_p", dp, 2, e.size(2), "K");
+  bool minEntropy = headSelect == "min_entropy";
+  TORCH_CHECK_VALUE(minEntropy == head.has_value(), "moe.", op, ": ",
+                    minEntropy ? "head_select = min_entropy needs 'head' (the "
+                                 "forward's chosen head h*, [B])"
+                               : "'head' must be None for head_select = all "
+                                 "(the gradient mixes every head)");
+  Key key(op);
+  key.attr("sigma", sigma).attr("head_select", headSelect).attr("head_scale",
+                                                               headScale);
+  std::vector<Tensor> keep;
+  std::vector<MemRef> args = attentionArgs(key, scores, u, v, wo, e, keep);
+  if (head) {
+    checkRank(op, "head", *head, 1, "[B], the forward's chosen head");
+    checkDim(op, "head", *head, 0, B, "dimension 0 of 'scores' (B)");
+    keep.push_back(contig(head->to(at::kInt)));
+    // h* indexes the heads: a value outside [0, H) would read out of bounds.
+    if (B > 0) {
+      int64_t lo = keep.back().min().item<int64_t>();
+      int64_t hi = keep.back().max().item<int64_t>();
+      TORCH_CHECK_VALUE(lo >= 0 && hi < H, "moe.", op, ": 'head' holds ",
+                        lo < 0 ? lo : hi, ", outside [0, ", H,
+                        "): it indexes no head");
+    }
+    key.in("head", keep.back(), {0});
+    args.push_back(describe(keep.back()));
+  }
+  // The cotangent autograd hands over may be of another dtype or strided.
+  keep.push_back(contig(dp.to(at::kFloat)));
+  key.in("grad_p", keep.back(), {0, 1});
+  args.push_back(describe(keep.back()));
+  std::array<Tensor, 5> grads;
+  for (size_t n = 0; n < grads.size(); ++n)
+    grads[n] = at::empty(keep[n].sizes(), f32(scores));
+  if (scores.numel() == 0 || u.numel() == 0 || v.numel() == 0 ||
+      wo.numel() == 0 || e.numel() == 0) {
+    // A zero-sized dimension (no kernel takes a static zero size): the dense
+    // closed form is as small as its operands.
+    validateOnly(key);
+    std::vector<Tensor> r = allHeadsReference(
+        "_attention_posterior_backward_ref",
+        {dp, scores, u, v, wo, e, head ? c10::IValue(*head) : c10::IValue(),
+         sigma, std::string(headSelect), headScale});
+    return {r.at(0), r.at(1), r.at(2), r.at(3), r.at(4)};
+  }
+  for (const Tensor &g : grads)
+    args.push_back(describe(g));
+  run(key, std::move(args));
+  return {grads[0], grads[1], grads[2], grads[3], grads[4]};
+}
+
 } // namespace
 
 TORCH_LIBRARY_IMPL(moe, CPU, m) {
   m.impl("similarity_inform_backward", &similarityInformBackward);
   m.impl("topk_renorm_backward", &topkRenormBackward);
   m.impl("hyper_router_backward", &hyperRouterBackward);
+  m.impl("attention_posterior_backward", &attentionPosteriorBackward);
 }

@@ -205,6 +205,19 @@ void checkDevice(const char *op, std::initializer_list<const Tensor *> ts);
 void similarityChecks(const char *op, const Tensor &u, const Tensor &e,
                       const std::optional<Tensor> &ws,
                       const std::optional<Tensor> &mask);
+/// The operand ranks and shared sizes of Attention-Inform mixing.
+void attentionChecks(const char *op, const Tensor &scores, const Tensor &u,
+                     const Tensor &v, const Tensor &wo, const Tensor &e);
+/// Calls `moe_mlir.reference.<name>(*args)` (holding the GIL) and returns its
+/// tensors: the eager reference where no kernel applies.
+std::vector<Tensor> allHeadsReference(const char *name,
+                                      const std::vector<c10::IValue> &args);
+/// Adds the Attention-Inform operands to `key` (B, N, Nk dynamic) and returns
+/// their descriptors; `keep` holds the contiguous tensors they describe.
+std::vector<MemRef> attentionArgs(Key &key, const Tensor &scores,
+                                  const Tensor &u, const Tensor &v,
+                                  const Tensor &wo, const Tensor &e,
+                                  std::vector<Tensor> &keep);
 /// `t`, contiguous (a copy when it is not), after checkElements.
 Tensor contig(const Tensor &t);
 at::TensorOptions f32(const Tensor &like);

@@ -170,6 +170,9 @@ def _dispatch_plan_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
 _ROUTING_OUTPUTS = {"route": _route_outputs, "dispatch_plan": _dispatch_plan_outputs}
 
 
+#: The operands of moe.attention_posterior (and of its backward), in order.
+_POSTERIOR_OPERANDS = ("scores", "u", "v", "wo", "e")
+
 #: The operands of moe.hyper_router (and of its backward, after the cotangents), in order.
 _HYPER_OPERANDS = ("emb", "w1", "b1", "w2", "b2")
 
@@ -206,6 +209,8 @@ def _outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
         return [("f32", list(i["a"][1]))]
     if op == "hyper_router_backward":
         return [("f32", list(i[n][1])) for n in _HYPER_OPERANDS]
+    if op == "attention_posterior_backward":
+        return [("f32", list(i[n][1])) for n in _POSTERIOR_OPERANDS]
     if op == "hyper_router":
         n = int(a["num_experts"])
         d = int(i["w2"][1][0]) // n - 1
@@ -241,11 +246,14 @@ def _op_text(k: KernelKey, args: dict[str, str], types: dict[str, str]) -> tuple
                 + opt_operand("key_mask", "key_mask") + opt_operand("grad_p", "dp")
                 + f" tau({_float(a['tau'])}) causal({_bool(a['causal'])})")
         return text, f"{types['u']}, {types['e']}"
-    if op in ("attention_posterior", "attention_posterior_topk"):
-        names = ("scores", "u", "v", "wo", "e")
-        text = f"moe.{op} " + ", ".join(args[n] for n in names)
+    if op in ("attention_posterior", "attention_posterior_topk", "attention_posterior_backward"):
+        names = _POSTERIOR_OPERANDS
+        name = "attention_posterior_grad" if op == "attention_posterior_backward" else op
+        text = f"moe.{name} " + ", ".join(args[n] for n in names)
         if op == "attention_posterior_topk":
             text += f" k({a['k']}) renormalize({_bool(a['renormalize'])})"
+        if op == "attention_posterior_backward":
+            text += opt_operand("head", "head") + opt_operand("grad_p", "dp")
         text += f" sigma({_float(a['sigma'])}) head_select({a['head_select']})"
         if a["head_scale"] != "none":
             text += f" head_scale({_float(a['head_scale'])})"
@@ -580,8 +588,8 @@ def load(key: str, shapes: str, validate_only: int = 0) -> int:
 
 #: The ops of torch.ops.moe.* with CPU kernels only (lib/Runtime/Torch/{GradOps,RoutingOps}.cpp): on CUDA tensors
 #: they run the eager references, so there is no CUDA kernel to prebuild for them.
-CPU_ONLY_OPS = frozenset({"topk_renorm_backward", "similarity_inform_backward", "hyper_router_backward", "route",
-                          "dispatch_plan"})
+CPU_ONLY_OPS = frozenset({"topk_renorm_backward", "similarity_inform_backward", "hyper_router_backward",
+                          "attention_posterior_backward", "route", "dispatch_plan"})
 
 
 def prebuild_cuda(keys: list[str], out_dir: Path, chip: str, jobs: Optional[int] = None) -> int:

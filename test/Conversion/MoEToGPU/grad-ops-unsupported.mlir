@@ -30,3 +30,16 @@ func.func @topk_renorm_grad(%s: tensor<4x8xf32>, %i: tensor<4x2xi32>, %dw: tenso
   %ds = moe.topk_renorm_grad %s, %i dw(%dw : tensor<4x2xf32>) : tensor<4x8xf32>, tensor<4x2xi32> -> tensor<4x8xf32>
   return %ds : tensor<4x8xf32>
 }
+
+// -----
+
+func.func @attention_posterior_grad(%s: tensor<1x2x4x4xf32>, %u: tensor<1x4x6xf32>, %v: tensor<1x2x4x3xf32>,
+                                    %wo: tensor<6x6xf32>, %e: tensor<1x4x3xf32>, %h: tensor<1xi32>,
+                                    %dp: tensor<1x4x3xf32>) -> tensor<1x4x6xf32> {
+  // expected-error @+1 {{'moe.attention_posterior_grad' op has no GPU lowering}}
+  %ds, %du, %dv, %dwo, %de = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<1xi32>)
+      dp(%dp : tensor<1x4x3xf32>)
+      : tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+      -> tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+  return %du : tensor<1x4x6xf32>
+}

@@ -263,3 +263,117 @@ func.func @hyper_grad_result_shape(%emb: tensor<8xf32>, %w1: tensor<4x8xf32>, %b
       -> tensor<8xf32>, tensor<8x4xf32>, tensor<4xf32>, tensor<20x4xf32>, tensor<20xf32>
   return
 }
+
+// -----
+
+// attention_posterior_grad: the forward's rules (same messages) ...
+func.func @posterior_grad_wo_cols(%s: tensor<1x2x4x4xf32>, %u: tensor<1x4x6xf32>, %v: tensor<1x2x4x3xf32>,
+                                  %wo: tensor<6x5xf32>, %e: tensor<1x4x3xf32>, %h: tensor<1xi32>,
+                                  %dp: tensor<1x4x3xf32>) {
+  // expected-error @+1 {{dimension 1 of 'wo' (5) must equal H*Dh = 2*3 = 6 (heads and head size of 'v')}}
+  %0:5 = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<1xi32>) dp(%dp : tensor<1x4x3xf32>)
+      : tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x5xf32>, tensor<1x4x3xf32>
+      -> tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x5xf32>, tensor<1x4x3xf32>
+  return
+}
+
+// -----
+
+func.func @posterior_grad_sigma(%s: tensor<1x2x4x4xf32>, %u: tensor<1x4x6xf32>, %v: tensor<1x2x4x3xf32>,
+                                %wo: tensor<6x6xf32>, %e: tensor<1x4x3xf32>, %h: tensor<1xi32>,
+                                %dp: tensor<1x4x3xf32>) {
+  // expected-error @+1 {{'sigma' (0) must be finite and > 0}}
+  %0:5 = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<1xi32>) dp(%dp : tensor<1x4x3xf32>)
+      sigma(0.0)
+      : tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+      -> tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+  return
+}
+
+// -----
+
+// ... then the cotangent against p [B, N, K] ...
+func.func @posterior_grad_dp_rank(%s: tensor<1x2x4x4xf32>, %u: tensor<1x4x6xf32>, %v: tensor<1x2x4x3xf32>,
+                                  %wo: tensor<6x6xf32>, %e: tensor<1x4x3xf32>, %h: tensor<1xi32>,
+                                  %dp: tensor<4x3xf32>) {
+  // expected-error @+1 {{'dp' must have rank 3 ([B, N, K], the shape of the forward result p), but has type 'tensor<4x3xf32>'}}
+  %0:5 = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<1xi32>) dp(%dp : tensor<4x3xf32>)
+      : tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+      -> tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+  return
+}
+
+// -----
+
+func.func @posterior_grad_dp_width(%s: tensor<1x2x4x4xf32>, %u: tensor<1x4x6xf32>, %v: tensor<1x2x4x3xf32>,
+                                   %wo: tensor<6x6xf32>, %e: tensor<1x4x3xf32>, %h: tensor<1xi32>,
+                                   %dp: tensor<1x4x2xf32>) {
+  // expected-error @+1 {{dimension 2 of 'dp' (2) must equal K (3): 'dp' is the cotangent of p [B, N, K]}}
+  %0:5 = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<1xi32>) dp(%dp : tensor<1x4x2xf32>)
+      : tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+      -> tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+  return
+}
+
+// -----
+
+func.func @posterior_grad_dp_tokens(%s: tensor<1x2x4x4xf32>, %u: tensor<1x4x6xf32>, %v: tensor<1x2x4x3xf32>,
+                                    %wo: tensor<6x6xf32>, %e: tensor<1x4x3xf32>, %h: tensor<1xi32>,
+                                    %dp: tensor<1x5x3xf32>) {
+  // expected-error @+1 {{dimension 1 of 'dp' (5) must equal N (4): 'dp' is the cotangent of p [B, N, K]}}
+  %0:5 = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<1xi32>) dp(%dp : tensor<1x5x3xf32>)
+      : tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+      -> tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+  return
+}
+
+// -----
+
+// ... and the head operand: required for min_entropy, ...
+func.func @posterior_grad_no_head(%s: tensor<1x2x4x4xf32>, %u: tensor<1x4x6xf32>, %v: tensor<1x2x4x3xf32>,
+                                  %wo: tensor<6x6xf32>, %e: tensor<1x4x3xf32>, %dp: tensor<1x4x3xf32>) {
+  // expected-error @+1 {{head_select = min_entropy needs the operand 'head' (the forward's chosen head h*, [B])}}
+  %0:5 = moe.attention_posterior_grad %s, %u, %v, %wo, %e dp(%dp : tensor<1x4x3xf32>)
+      : tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+      -> tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+  return
+}
+
+// -----
+
+// ... absent for all, ...
+func.func @posterior_grad_head_with_all(%s: tensor<1x2x4x4xf32>, %u: tensor<1x4x6xf32>, %v: tensor<1x2x4x3xf32>,
+                                        %wo: tensor<6x6xf32>, %e: tensor<1x4x3xf32>, %h: tensor<1xi32>,
+                                        %dp: tensor<1x4x3xf32>) {
+  // expected-error @+1 {{'head' must be absent for head_select = all (the gradient mixes every head)}}
+  %0:5 = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<1xi32>) dp(%dp : tensor<1x4x3xf32>)
+      head_select(all)
+      : tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+      -> tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+  return
+}
+
+// -----
+
+// ... and one per batch element.
+func.func @posterior_grad_head_batch(%s: tensor<1x2x4x4xf32>, %u: tensor<1x4x6xf32>, %v: tensor<1x2x4x3xf32>,
+                                     %wo: tensor<6x6xf32>, %e: tensor<1x4x3xf32>, %h: tensor<2xi32>,
+                                     %dp: tensor<1x4x3xf32>) {
+  // expected-error @+1 {{dimension 0 of 'head' (2) must equal B (1)}}
+  %0:5 = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<2xi32>) dp(%dp : tensor<1x4x3xf32>)
+      : tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+      -> tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+  return
+}
+
+// -----
+
+func.func @posterior_grad_head_rank(%s: tensor<1x2x4x4xf32>, %u: tensor<1x4x6xf32>, %v: tensor<1x2x4x3xf32>,
+                                    %wo: tensor<6x6xf32>, %e: tensor<1x4x3xf32>, %h: tensor<1x1xi32>,
+                                    %dp: tensor<1x4x3xf32>) {
+  // expected-error @+1 {{'head' must have rank 1 ([B], the forward's chosen head), but has type 'tensor<1x1xi32>'}}
+  %0:5 = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<1x1xi32>) dp(%dp : tensor<1x4x3xf32>)
+      : tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+      -> tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+  return
+}

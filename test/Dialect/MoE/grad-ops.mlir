@@ -81,3 +81,31 @@ func.func @hyper_router_grad_dynamic(%emb: tensor<?xbf16>, %w1: tensor<?x?xbf16>
       -> tensor<?xf32>, tensor<?x?xf32>, tensor<?xf32>, tensor<?x?xf32>, tensor<?xf32>
   return %a, %b : tensor<?xf32>, tensor<?x?xf32>
 }
+
+// attention_posterior_grad: min_entropy takes the forward's head; every gradient has its operand's shape, in f32.
+// CHECK-LABEL: func.func @attention_posterior_grad_min_entropy
+func.func @attention_posterior_grad_min_entropy(%s: tensor<2x4x8x6xf32>, %u: tensor<2x8x12xf32>,
+    %v: tensor<2x4x6x3xf32>, %wo: tensor<12x12xf32>, %e: tensor<2x6x5xf32>, %h: tensor<2xi32>,
+    %dp: tensor<2x8x5xf32>)
+    -> (tensor<2x4x8x6xf32>, tensor<2x8x12xf32>, tensor<2x4x6x3xf32>, tensor<12x12xf32>, tensor<2x6x5xf32>) {
+  // CHECK: moe.attention_posterior_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} head(%{{.*}} : tensor<2xi32>) dp(%{{.*}} : tensor<2x8x5xf32>) sigma(2.000000e+00) head_scale(5.000000e-01) : tensor<2x4x8x6xf32>, tensor<2x8x12xf32>, tensor<2x4x6x3xf32>, tensor<12x12xf32>, tensor<2x6x5xf32> -> tensor<2x4x8x6xf32>, tensor<2x8x12xf32>, tensor<2x4x6x3xf32>, tensor<12x12xf32>, tensor<2x6x5xf32>
+  %ds, %du, %dv, %dwo, %de = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<2xi32>)
+      dp(%dp : tensor<2x8x5xf32>) sigma(2.0) head_select(min_entropy) head_scale(0.5)
+      : tensor<2x4x8x6xf32>, tensor<2x8x12xf32>, tensor<2x4x6x3xf32>, tensor<12x12xf32>, tensor<2x6x5xf32>
+      -> tensor<2x4x8x6xf32>, tensor<2x8x12xf32>, tensor<2x4x6x3xf32>, tensor<12x12xf32>, tensor<2x6x5xf32>
+  return %ds, %du, %dv, %dwo, %de
+      : tensor<2x4x8x6xf32>, tensor<2x8x12xf32>, tensor<2x4x6x3xf32>, tensor<12x12xf32>, tensor<2x6x5xf32>
+}
+
+// head_select = all: no head operand; f16/bf16 operands and dynamic sizes give f32 gradients.
+// CHECK-LABEL: func.func @attention_posterior_grad_all
+func.func @attention_posterior_grad_all(%s: tensor<?x4x?x?xf16>, %u: tensor<?x?x12xf32>,
+    %v: tensor<?x4x?x3xbf16>, %wo: tensor<12x12xf32>, %e: tensor<?x?x5xf32>, %dp: tensor<?x?x5xf32>)
+    -> (tensor<?x4x?x?xf32>, tensor<?x4x?x3xf32>) {
+  // CHECK: moe.attention_posterior_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} dp(%{{.*}} : tensor<?x?x5xf32>) head_select(all) : tensor<?x4x?x?xf16>, tensor<?x?x12xf32>, tensor<?x4x?x3xbf16>, tensor<12x12xf32>, tensor<?x?x5xf32> -> tensor<?x4x?x?xf32>, tensor<?x?x12xf32>, tensor<?x4x?x3xf32>, tensor<12x12xf32>, tensor<?x?x5xf32>
+  %ds, %du, %dv, %dwo, %de = moe.attention_posterior_grad %s, %u, %v, %wo, %e dp(%dp : tensor<?x?x5xf32>)
+      head_select(all)
+      : tensor<?x4x?x?xf16>, tensor<?x?x12xf32>, tensor<?x4x?x3xbf16>, tensor<12x12xf32>, tensor<?x?x5xf32>
+      -> tensor<?x4x?x?xf32>, tensor<?x?x12xf32>, tensor<?x4x?x3xf32>, tensor<12x12xf32>, tensor<?x?x5xf32>
+  return %ds, %dv : tensor<?x4x?x?xf32>, tensor<?x4x?x3xf32>
+}

@@ -160,3 +160,75 @@ LogicalResult HyperRouterGradOp::verify() {
                            << ")";
   return success();
 }
+
+//===----------------------------------------------------------------------===//
+// AttentionPosteriorGradOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult AttentionPosteriorGradOp::inferReturnTypes(
+    MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  // Each gradient has the shape of its operand.
+  Type f32 = Float32Type::get(ctx);
+  for (Value v : {adaptor.getScores(), adaptor.getU(), adaptor.getV(),
+                  adaptor.getWo(), adaptor.getE()}) {
+    auto type = dyn_cast<RankedTensorType>(v.getType());
+    if (!type)
+      return failure();
+    inferred.push_back(RankedTensorType::get(type.getShape(), f32));
+  }
+  return success();
+}
+
+std::optional<double> AttentionPosteriorGradOp::getEffectiveHeadScale() {
+  if (std::optional<APFloat> scale = getHeadScale())
+    return scale->convertToDouble();
+  int64_t numHeads =
+      cast<RankedTensorType>(getScores().getType()).getDimSize(1);
+  if (ShapedType::isDynamic(numHeads))
+    return std::nullopt;
+  return static_cast<double>(numHeads);
+}
+
+LogicalResult AttentionPosteriorGradOp::verify() {
+  if (failed(detail::verifyAttentionPosterior(
+          *this, getScores(), getU(), getV(), getWo(), getE(),
+          getSigma().convertToFloat(), getHeadScale())))
+    return failure();
+  // dp is the cotangent of p [B, N, K].
+  auto dp = cast<RankedTensorType>(getDp().getType());
+  if (dp.getRank() != 3)
+    return emitOpError() << "'dp' must have rank 3 ([B, N, K], the shape of "
+                            "the forward result p), but has type "
+                         << dp;
+  SmallVector<int64_t, 3> shape =
+      detail::posteriorRows(getScores(), getU(), getV(), getE());
+  shape.push_back(dimOf(getE(), 3, 2));
+  const char *names[] = {"B", "N", "K"};
+  for (int64_t d = 0; d < 3; ++d) {
+    int64_t a = dp.getDimSize(d), b = shape[d];
+    if (!ShapedType::isDynamic(a) && !ShapedType::isDynamic(b) && a != b)
+      return emitOpError() << "dimension " << d << " of 'dp' (" << a
+                           << ") must equal " << names[d] << " (" << b
+                           << "): 'dp' is the cotangent of p [B, N, K]";
+  }
+  bool minEntropy = getHeadSelect() == HeadSelect::min_entropy;
+  if (!getHead())
+    return minEntropy ? emitOpError()
+                            << "head_select = min_entropy needs the operand "
+                               "'head' (the forward's chosen head h*, [B])"
+                      : success();
+  if (!minEntropy)
+    return emitOpError() << "'head' must be absent for head_select = all (the "
+                            "gradient mixes every head)";
+  auto head = cast<RankedTensorType>(getHead().getType());
+  if (head.getRank() != 1)
+    return emitOpError() << "'head' must have rank 1 ([B], the forward's "
+                            "chosen head), but has type "
+                         << head;
+  int64_t a = head.getDimSize(0), b = shape[0];
+  if (!ShapedType::isDynamic(a) && !ShapedType::isDynamic(b) && a != b)
+    return emitOpError() << "dimension 0 of 'head' (" << a
+                         << ") must equal B (" << b << ")";
+  return success();
+}

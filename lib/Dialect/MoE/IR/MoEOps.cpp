@@ -25,6 +25,8 @@
 using namespace mlir;
 using namespace mlir::moe;
 using mlir::moe::detail::similarityRows;
+using mlir::moe::detail::posteriorRows;
+using mlir::moe::detail::verifyAttentionPosterior;
 using mlir::moe::detail::verifySimilarityInform;
 
 //===----------------------------------------------------------------------===//
@@ -222,8 +224,7 @@ LogicalResult mlir::moe::detail::verifySimilarityInform(Operation *op, Value u,
 }
 
 /// The operands, `sigma` and `head_scale` of Attention-Inform mixing.
-static LogicalResult
-verifyAttentionPosterior(Operation *op, Value scores, Value u, Value v,
+LogicalResult mlir::moe::detail::verifyAttentionPosterior(Operation *op, Value scores, Value u, Value v,
                          Value wo, Value e, float sigma,
                          std::optional<APFloat> headScale) {
   OperandChecker check(op);
@@ -309,8 +310,8 @@ SmallVector<int64_t, 3> mlir::moe::detail::similarityRows(Value u, Value e) {
 }
 
 /// [B, N] of Attention-Inform mixing: from every operand that carries them.
-static SmallVector<int64_t, 3> posteriorRows(Value scores, Value u, Value v,
-                                             Value e) {
+SmallVector<int64_t, 3> mlir::moe::detail::posteriorRows(Value scores, Value u,
+                                                        Value v, Value e) {
   return {merge({dimOf(scores, 4, 0), dimOf(u, 3, 0), dimOf(v, 4, 0),
                  dimOf(e, 3, 0)}),
           merge(dimOf(scores, 4, 2), dimOf(u, 3, 1))};

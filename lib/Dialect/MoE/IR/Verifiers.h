@@ -11,7 +11,10 @@
 #define MOE_LIB_DIALECT_MOE_IR_VERIFIERS_H
 
 #include "mlir/IR/Operation.h"
+#include "llvm/ADT/APFloat.h"
 #include "llvm/ADT/SmallVector.h"
+
+#include <optional>
 
 namespace mlir::moe::detail {
 /// The operands and `tau` of Similarity-Inform mixing.
@@ -22,6 +25,12 @@ LogicalResult verifySimilarityInform(Operation *op, Value u, Value e, Value ws,
 LogicalResult verifyHyperRouter(Operation *op, Value emb, Value w1, Value b1,
                                 Value w2, Value b2, int64_t numExperts,
                                 int64_t d, StringRef dName);
+/// The operands, `sigma` and `head_scale` of Attention-Inform mixing.
+LogicalResult verifyAttentionPosterior(Operation *op, Value scores, Value u,
+                                       Value v, Value wo, Value e, float sigma,
+                                       std::optional<APFloat> headScale);
+/// [B, N] of Attention-Inform mixing, from every operand that carries them.
+SmallVector<int64_t, 3> posteriorRows(Value scores, Value u, Value v, Value e);
 /// [B, N] of Similarity-Inform mixing, from `u` [B, N, D] and `e` [B, N, K]
 /// (dynamic where neither is static or an operand has the wrong rank).
 SmallVector<int64_t, 3> similarityRows(Value u, Value e);

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Generates test/Integration/CPU/grad_ops.mlir: the backward ops (moe.similarity_inform_grad,
-moe.topk_renorm_grad, moe.hyper_router_grad) on small literal inputs, run through the fast kernels and the portable
-lowering, checked against float64 gradients of an independent dense formulation (torch autograd of
-softmax(q uᵀ/tau) e, of the top-k gate and of w2 · relu(w1 · emb + b1) + b2, written here from DIALECT.md; not the
-package's code).
+moe.topk_renorm_grad, moe.hyper_router_grad, moe.attention_posterior_grad) on small literal inputs, run through the
+fast kernels and the portable lowering, checked against float64 gradients of an independent dense formulation (torch
+autograd of softmax(q uᵀ/tau) e, of the top-k gate, of w2 · relu(w1 · emb + b1) + b2 and of the attention
+posterior of 000 Lemma 1 / eq 13-17, written here from DIALECT.md; not the package's code).
 
     .venv/bin/python test/Integration/CPU/Inputs/grad_reference.py > test/Integration/CPU/grad_ops.mlir
 
@@ -109,6 +109,36 @@ def hyper_grads(emb, w1, b1, w2, b2, E, dw, db):
     ts = [t.clone().requires_grad_(True) for t in (emb, w1, b1, w2, b2)]
     out = (ts[3] @ torch.relu(ts[1] @ ts[0] + ts[2]) + ts[4]).reshape(E, -1)
     return torch.autograd.grad([out[:, :-1], out[:, -1]], ts, [dw, db])
+
+
+def masked_softmax(z, dim=-1):
+    dead = (z == -math.inf).all(dim, keepdim=True)
+    return torch.where(dead, torch.zeros_like(z), torch.softmax(z.masked_fill(dead, 0.0), dim))
+
+
+def posterior_grads(scores, u, v, wo, e, head, sigma, hsel, head_scale, dp):
+    """000 Lemma 1, eq 13-17 at the given head (min_entropy; no gradient through the choice) or over all heads."""
+    ts = [t.clone().requires_grad_(True) for t in (scores, u, v, wo, e)]
+    sc, uu, vv, ww, ee = ts
+    B, H, N, Nk = scores.shape
+    Dh = v.shape[3]
+    c = float(H) if head_scale is None else head_scale
+    m = c * torch.einsum("bhjc,dhc->bhjd", vv, ww.reshape(ww.shape[0], H, Dh))
+    ll = (torch.einsum("bid,bhjd->bhij", uu, m) - 0.5 * (m * m).sum(-1)[:, :, None, :]) / sigma ** 2
+    masked = scores == -math.inf
+    if hsel == "min_entropy":
+        b = torch.arange(B)
+        z = (sc[b, head] + ll[b, head]).masked_fill(masked[b, head], -math.inf)
+        p = masked_softmax(z) @ ee
+    else:
+        dead = masked.all(-1, keepdim=True)
+        log_prior = torch.log_softmax(sc.masked_fill(dead, 0.0), -1)
+        z = (log_prior + ll).masked_fill(masked, -math.inf)
+        post = masked_softmax(z)
+        head_post = masked_softmax(torch.logsumexp(z.masked_fill(dead, 0.0), -1).masked_fill(dead[..., 0],
+                                                                                               -math.inf), 1)
+        p = (head_post[..., None] * post).sum(1) @ ee
+    return torch.autograd.grad(p, ts, dp)
 
 
 RUN = """// RUN: moe-opt %s --moe-lower-to-llvm | mlir-runner -e main -entry-point-result=void \\
@@ -235,6 +265,55 @@ def main():
             if t.dim() == 1:
                 lines[0] = f"// CHECK: rank = 1 offset = {{{{[0-9]+}}}} sizes = [{t.shape[0]}]"
             checks_ += lines
+        body += ["  return", "}"]
+        cases.append((fn, checks_, body))
+    # attention_posterior_grad: (B, H, N, Nk, Dh, K, head_select, sigma, head_scale); a masked key in one row, a
+    # query that sees no key in any head, a row masked in one head only.
+    post = [(2, 2, 4, 5, 2, 3, "min_entropy", 0.8, None), (2, 2, 4, 5, 2, 3, "all", 0.8, None),
+            (1, 3, 1, 1, 2, 4, "min_entropy", 1.0, 2.0), (1, 2, 35, 33, 3, 2, "min_entropy", 1.5, None)]
+    for c, (B, H, N, Nk, Dh, K, hsel, sigma, head_scale) in enumerate(post):
+        f32 = lambda *shape: torch.randn(*shape, generator=g).to(torch.float32).double()
+        D = H * Dh
+        scores = f32(B, H, N, Nk)
+        if N > 1:
+            scores[0, 0, 1, 2] = -math.inf
+            scores[0, :, 0, :] = -math.inf
+            scores[B - 1, H - 1, N - 1, :] = -math.inf
+        u, v = f32(B, N, D) * 0.5, f32(B, H, Nk, Dh) * 0.5
+        wo = f32(D, H * Dh) * 0.4
+        e = torch.softmax(f32(B, Nk, K), -1).to(torch.float32).double()
+        dp = f32(B, N, K)
+        head = torch.tensor([(b + 1) % H for b in range(B)])
+        grads = posterior_grads(scores, u, v, wo, e, head, sigma, hsel, head_scale, dp)
+        names = ["ds", "du", "dv", "dwo", "de"]
+        operands = [("s", scores), ("u", u), ("v", v), ("wo", wo), ("e", e)]
+        fn = f"post{c}"
+        marker = 9400 + c
+        body = [f"func.func @{fn}() {{", f"  %marker = arith.constant {marker} : i64",
+                "  call @printI64(%marker) : (i64) -> ()", "  call @printNewline() : () -> ()"]
+        for n, t in operands + [("dp", dp)]:
+            body.append(f"  %{n} = arith.constant {lit(t).replace('-inf', '0xFF800000')} : {ttype(t, 'f32')}")
+        opt = ""
+        if hsel == "min_entropy":
+            body.append(f"  %h = arith.constant dense<{head.tolist()}> : tensor<{B}xi32>")
+            opt = f" head(%h : tensor<{B}xi32>)"
+        attrs = f" sigma({sigma}) head_select({hsel})" + (f" head_scale({head_scale})" if head_scale else "")
+        types = [ttype(t, "f32") for _, t in operands]
+        body.append(f"  {', '.join('%' + n for n in names)} = moe.attention_posterior_grad "
+                    f"{', '.join('%' + n for n, _ in operands)}{opt} dp(%dp : {ttype(dp, 'f32')}){attrs}")
+        body.append(f"      : {', '.join(types)} -> {', '.join(types)}")
+        checks_ = [f"// {fn}: B, H, N, Nk, Dh, K = {B}, {H}, {N}, {Nk}, {Dh}, {K}; {hsel}, sigma {sigma}, "
+                   f"head_scale {head_scale}", f"// CHECK-LABEL: {{{{^}}}}{marker}"]
+        for n, t, ty in zip(names, grads, types):
+            shown, name = t, f"%{n}"
+            if t.dim() == 4:  # printed as [B·H, rows, cols]
+                shown = t.reshape(B * H, t.shape[2], t.shape[3])
+                body.append(f"  %{n}_3 = tensor.collapse_shape %{n} [[0, 1], [2], [3]] : {ty} into "
+                            f"{ttype(shown, 'f32')}")
+                ty, name = ttype(shown, "f32"), f"%{n}_3"
+            body.append(f"  %{n}_u = tensor.cast {name} : {ty} to tensor<*xf32>")
+            body.append(f"  call @printMemrefF32(%{n}_u) : (tensor<*xf32>) -> ()")
+            checks_ += lines_for(n, shown)
         body += ["  return", "}"]
         cases.append((fn, checks_, body))
     for fn, checks_, body in cases:

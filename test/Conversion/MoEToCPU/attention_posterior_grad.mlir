@@ -1,0 +1,60 @@
+// RUN: moe-opt %s --convert-moe-to-cpu=num-threads=2 | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-cpu=num-threads=2 | FileCheck %s --check-prefix=NO-EXP
+
+// attention_posterior_grad, head_select = min_entropy: the flash-style backward at the forward's head h* (an
+// operand). The forward's head means of h* (tiled transposed keys) and the forward kernel recompute p and the row
+// log-sum-exp; d_scores is zeroed, then two tiled passes (FlashGrad.cpp) stream the posterior tiles from the
+// log-sum-exp: query-major (dz written into d_scores[b, h*], d_u) and key-major (d_e, Σ dz u, Σ dz; the scores of
+// 16 queries against one key gathered), then dm, d_v and d_wo per key / per row of wo. The only N x Nk buffer is
+// the result d_scores.
+
+// CHECK-LABEL: func.func @min_entropy
+// The head means of h* in the flash layout [B, tiles, D, 32] and their norms; the recomputed forward writes the
+// log-sum-exp [B, N] ...
+// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<?x?x?x32xf32>
+// CHECK: memref.alloc(%{{[a-z_0-9]+}}, %{{[a-z_0-9]+}}) {alignment = 64 : i64} : memref<?x?xf32>
+// CHECK: scf.parallel
+// CHECK: %[[LSE:[a-z_0-9]+]] = memref.alloc(%{{[a-z_0-9]+}}, %{{[a-z_0-9]+}}) {alignment = 64 : i64} : memref<?x?xf32>
+// CHECK: scf.parallel
+// CHECK: memref.store %{{.+}}, %[[LSE]][
+// ... which becomes lse' (+inf without keys) and delta = <dp_i, p_i>.
+// CHECK: memref.load %[[LSE]][
+// The result d_scores [B, H, N, Nk], zeroed on its own workers ...
+// CHECK: %[[DS:[a-z_0-9]+]] = memref.alloc(%{{[a-z_0-9]+}}, %{{[a-z_0-9]+}}, %{{[a-z_0-9]+}}, %{{[a-z_0-9]+}}) {alignment = 64 : i64} : memref<?x?x?x?xf32>
+// CHECK: scf.parallel
+// ... then the query-major pass: dot tiles, dz stored into d_scores at h*.
+// CHECK: scf.parallel
+// CHECK: vector.fma {{.*}} : vector<16xf32>
+// CHECK: vector.maskedstore %[[DS]][
+// The key-major pass: the scores of 16 queries against one key, gathered.
+// CHECK: scf.parallel
+// CHECK: vector.from_elements {{.*}} : vector<16xf32>
+// CHECK: vector.fma {{.*}} : vector<16xf32>
+// The five results.
+// CHECK: bufferization.to_tensor %[[DS]] restrict writable
+// CHECK-COUNT-4: bufferization.to_tensor %{{.+}} restrict writable
+// CHECK: return %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} : tensor<2x4x40x36xf32>, tensor<2x40x12xf32>, tensor<2x4x36x3xf32>, tensor<12x12xf32>, tensor<2x36x5xf32>
+// NO-EXP-NOT: math.exp
+// NO-EXP-LABEL: func.func @all_heads
+func.func @min_entropy(%s: tensor<2x4x40x36xf32>, %u: tensor<2x40x12xf32>, %v: tensor<2x4x36x3xf32>,
+    %wo: tensor<12x12xf32>, %e: tensor<2x36x5xf32>, %h: tensor<2xi32>, %dp: tensor<2x40x5xf32>)
+    -> (tensor<2x4x40x36xf32>, tensor<2x40x12xf32>, tensor<2x4x36x3xf32>, tensor<12x12xf32>, tensor<2x36x5xf32>) {
+  %ds, %du, %dv, %dwo, %de = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<2xi32>)
+      dp(%dp : tensor<2x40x5xf32>) sigma(2.0)
+      : tensor<2x4x40x36xf32>, tensor<2x40x12xf32>, tensor<2x4x36x3xf32>, tensor<12x12xf32>, tensor<2x36x5xf32>
+      -> tensor<2x4x40x36xf32>, tensor<2x40x12xf32>, tensor<2x4x36x3xf32>, tensor<12x12xf32>, tensor<2x36x5xf32>
+  return %ds, %du, %dv, %dwo, %de
+      : tensor<2x4x40x36xf32>, tensor<2x40x12xf32>, tensor<2x4x36x3xf32>, tensor<12x12xf32>, tensor<2x36x5xf32>
+}
+
+// head_select = all has no fast kernel (nor has its forward): the op is left to the portable lowering.
+// CHECK-LABEL: func.func @all_heads
+// CHECK: moe.attention_posterior_grad {{.*}} head_select(all)
+func.func @all_heads(%s: tensor<2x4x40x36xf32>, %u: tensor<2x40x12xf32>, %v: tensor<2x4x36x3xf32>,
+    %wo: tensor<12x12xf32>, %e: tensor<2x36x5xf32>, %dp: tensor<2x40x5xf32>) -> tensor<2x40x12xf32> {
+  %ds, %du, %dv, %dwo, %de = moe.attention_posterior_grad %s, %u, %v, %wo, %e dp(%dp : tensor<2x40x5xf32>)
+      head_select(all)
+      : tensor<2x4x40x36xf32>, tensor<2x40x12xf32>, tensor<2x4x36x3xf32>, tensor<12x12xf32>, tensor<2x36x5xf32>
+      -> tensor<2x4x40x36xf32>, tensor<2x40x12xf32>, tensor<2x4x36x3xf32>, tensor<12x12xf32>, tensor<2x36x5xf32>
+  return %du : tensor<2x40x12xf32>
+}
