@@ -696,13 +696,15 @@ Error CompiledModule::invoke(const FunctionSignature &sig,
         addArgument((*outputs)[i].data, (*outputs)[i].shape);
     }
   }
-  // Result descriptors, back to back (all fields are 8-byte words).
+  // Returned results: their descriptors, back to back (all fields are 8-byte
+  // words).
   llvm::SmallVector<int64_t> resultOffsets;
   int64_t resultWordCount = 0;
-  for (const TensorSignature &r : sig.results) {
-    resultOffsets.push_back(resultWordCount);
-    resultWordCount += 3 + 2 * static_cast<int64_t>(r.shape.size());
-  }
+  if (!outParams_)
+    for (const TensorSignature &r : sig.results) {
+      resultOffsets.push_back(resultWordCount);
+      resultWordCount += 3 + 2 * static_cast<int64_t>(r.shape.size());
+    }
   std::vector<int64_t> resultWords(resultWordCount, 0);
   void *resultPtr = resultWords.data();
 
@@ -722,47 +724,45 @@ Error CompiledModule::invoke(const FunctionSignature &sig,
   std::string runtimeError;
   if (moeTakeError(message, sizeof(message)))
     runtimeError = message;
-  if (outParams_) {
-    if (runtimeError.empty())
-      return Error::success();
+
+  // Returned results: copy them out, then free what the compiled code
+  // allocated (never a caller's buffer, never twice). Out-params are written
+  // already.
+  Error result = Error::success();
+  if (!outParams_) {
+    llvm::DenseSet<void *> inputBuffers, freed;
+    for (const HostTensor &t : inputs)
+      inputBuffers.insert(t.data);
     if (owned)
       owned->clear();
-    return makeError("@" + fn + ": run-time error: " + runtimeError);
-  }
-
-  // Copy the results out, then free what the compiled code allocated (never a
-  // caller's buffer, never twice).
-  Error result = Error::success();
-  llvm::DenseSet<void *> inputBuffers, freed;
-  for (const HostTensor &t : inputs)
-    inputBuffers.insert(t.data);
-  if (owned)
-    owned->clear();
-  for (auto [i, r] : llvm::enumerate(sig.results)) {
-    Descriptor desc{resultWords.data() + resultOffsets[i],
-                    static_cast<int64_t>(r.shape.size())};
-    if (runtimeError.empty() && !result) {
-      size_t elemSize = dtypeSize(*r.dtype);
-      llvm::SmallVector<int64_t, 4> sizes = desc.sizes();
-      if (owned) {
-        owned->emplace_back(*r.dtype, sizes);
-        copyOut(desc, elemSize, owned->back().data());
-      } else {
-        const HostTensor &out = (*outputs)[i];
-        if (llvm::ArrayRef<int64_t>(sizes) != llvm::ArrayRef<int64_t>(out.shape))
-          result = makeError(llvm::formatv("@{0}: result #{1} has shape {2}, "
-                                           "but output #{1} has shape {3}",
-                                           fn, i, shapeStr(sizes),
-                                           shapeStr(out.shape))
-                                 .str());
-        else
-          copyOut(desc, elemSize, out.data);
+    for (auto [i, r] : llvm::enumerate(sig.results)) {
+      Descriptor desc{resultWords.data() + resultOffsets[i],
+                      static_cast<int64_t>(r.shape.size())};
+      if (runtimeError.empty() && !result) {
+        size_t elemSize = dtypeSize(*r.dtype);
+        llvm::SmallVector<int64_t, 4> sizes = desc.sizes();
+        if (owned) {
+          owned->emplace_back(*r.dtype, sizes);
+          copyOut(desc, elemSize, owned->back().data());
+        } else {
+          const HostTensor &out = (*outputs)[i];
+          if (llvm::ArrayRef<int64_t>(sizes) !=
+              llvm::ArrayRef<int64_t>(out.shape))
+            result = makeError(llvm::formatv("@{0}: result #{1} has shape "
+                                             "{2}, but output #{1} has shape "
+                                             "{3}",
+                                             fn, i, shapeStr(sizes),
+                                             shapeStr(out.shape))
+                                   .str());
+          else
+            copyOut(desc, elemSize, out.data);
+        }
       }
+      void *allocated = desc.allocated();
+      if (allocated && !inputBuffers.contains(allocated) &&
+          freed.insert(allocated).second)
+        std::free(allocated);
     }
-    void *allocated = desc.allocated();
-    if (allocated && !inputBuffers.contains(allocated) &&
-        freed.insert(allocated).second)
-      std::free(allocated);
   }
   if (!runtimeError.empty()) {
     if (owned)

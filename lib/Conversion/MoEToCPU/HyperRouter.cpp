@@ -32,9 +32,8 @@ constexpr int64_t kDyn = ShapedType::kDynamic;
 constexpr int64_t kRowsPerItem = 64;
 constexpr int64_t kRowGroup = 8;
 /// Matrices of at most this many elements (1 MiB of f32) run on the calling
-/// thread (CK::workers inlines at most four items).
+/// thread: as at most CK::kInlineItems items, which CK::workers inlines.
 constexpr int64_t kInlineElements = 1 << 18;
-constexpr int64_t kInlineItems = 4;
 
 struct HyperRouterKernel : KernelPattern<HyperRouterOp> {
   using KernelPattern::KernelPattern;
@@ -55,7 +54,7 @@ struct HyperRouterKernel : KernelPattern<HyperRouterOp> {
                          k.idx(kInlineElements));
     Value rowsPerItem =
         k.select(small,
-                 k.maxs(k.ceilDiv(rows, k.idx(kInlineItems)), c1),
+                 k.maxs(k.ceilDiv(rows, k.idx(CK::kInlineItems)), c1),
                  k.idx(kRowsPerItem));
     k.workers(
         opts, k.ceilDiv(rows, rowsPerItem), [&](Value item, Value) {

@@ -208,7 +208,6 @@ void CK::workers(const KernelOptions &opts, Value numItems,
   };
   // Few items (decode sizes): waking the pool costs more than the work, so
   // they run on the calling thread (the body is emitted twice).
-  constexpr int64_t kInlineItems = 4;
   scf::IfOp::create(
       b, cmpi(arith::CmpIPredicate::ule, numItems, idx(kInlineItems)),
       [&](OpBuilder &nb, Location) {

@@ -125,8 +125,11 @@ public:
   /// by exactly one worker, start to end, so results never depend on N.
   /// `worker` (index, < opts.numThreads) selects the worker's slice of
   /// scratch buffers made by `scratch`.
+  /// At most kInlineItems items (decode sizes) run on the calling thread:
+  /// waking the pool costs more than the work.
   void workers(const KernelOptions &opts, Value numItems,
                function_ref<void(Value item, Value worker)> body);
+  static constexpr int64_t kInlineItems = 4;
   /// A scratch buffer with one `type` slice per worker: [numThreads, ...].
   /// (Heap, freed by the deallocation pipeline: per-worker allocas would
   /// need a memref.alloca_scope around loops, which scf-to-cf cannot lower.)
