@@ -68,53 +68,145 @@ void mlir::moe::cpu::workersIfLarge(CK &k, const KernelOptions &opts, Value numI
   k.workers(opts, numItems, body);
 }
 
-SmallVector<Value> mlir::moe::cpu::dotTile(CK &k, Value q, Value keysT, Value b,
-                                           ArrayRef<Value> rowIdx, Value jt,
-                                           Value depth) {
-  constexpr int64_t KV = kKeyTile / kLanes;
-  int64_t rows = rowIdx.size();
-  Value zeros = k.constLike(k.vf32(), 0.0);
-  SmallVector<Value> init(rows * KV, zeros);
-  return k.forLoop(
-      k.idx(0), depth, k.idx(1), init,
-      [&](Value d, ValueRange acc) -> SmallVector<Value> {
-        SmallVector<Value> kv;
-        for (int64_t v = 0; v < KV; ++v)
-          kv.push_back(k.vload(keysT, {b, jt, d, k.idx(v * kLanes)}));
-        SmallVector<Value> next;
-        for (int64_t r = 0; r < rows; ++r) {
-          Value qv = k.splat(k.loadF(q, {b, rowIdx[r], d}), kLanes);
-          for (int64_t v = 0; v < KV; ++v)
-            next.push_back(k.fma(qv, kv[v], acc[r * KV + v]));
-        }
-        return next;
-      });
+/// Vector registers of a target whose f32 vectors have `lanes` lanes: 32 zmm
+/// on AVX-512, 16 ymm on AVX2 (and 16 on 128-bit targets).
+static int64_t vectorRegisters(int64_t lanes) { return lanes >= 16 ? 32 : 16; }
+
+namespace {
+/// One register block of dotTile: rows [r0, r0 + g) x key vectors
+/// [v0, v0 + w), g·w accumulators, one depth loop.
+struct DotBlock {
+  int64_t r0, g, v0, w;
+};
+} // namespace
+
+/// The register blocks of a rows x vectors tile. A block's accumulators,
+/// its w key vectors and a broadcast query scalar must fit the registers
+/// with one to spare (more accumulators than registers spill on every depth
+/// step: the AVX2 code of the 8 x 32 tile as vector<16> values held 32 ymm
+/// accumulators and ran at half the AVX-512 speed), and every block needs at
+/// least 8 independent accumulators to cover the FMA latency (4 cycles, 2
+/// pipes). Blocks of up to 2 key vectors take as many rows as fit (AVX-512:
+/// all 8 rows x 2 zmm; AVX2: 6 rows x 2 ymm per key half); the rows left over
+/// take the whole tile's width (AVX2: 2 rows x 4 ymm).
+static SmallVector<DotBlock> dotBlocks(int64_t rows, int64_t vectors,
+                                       int64_t regs) {
+  auto fits = [&](int64_t g, int64_t w) { return g * w + w + 2 <= regs; };
+  int64_t w = std::min<int64_t>(vectors, 2);
+  int64_t g = std::max<int64_t>(1, std::min(rows, (regs - 2 - w) / w));
+  SmallVector<DotBlock> blocks;
+  int64_t main = rows - rows % g;
+  for (int64_t v0 = 0; v0 < vectors; v0 += w)
+    for (int64_t r0 = 0; r0 < main; r0 += g)
+      blocks.push_back({r0, g, v0, std::min(w, vectors - v0)});
+  if (main == rows)
+    return blocks;
+  int64_t rest = rows - main, wr = vectors;
+  while (wr > 1 && !fits(rest, wr))
+    --wr;
+  for (int64_t v0 = 0; v0 < vectors; v0 += wr)
+    blocks.push_back({main, rest, v0, std::min(wr, vectors - v0)});
+  return blocks;
 }
 
-void mlir::moe::cpu::accumulateTile(CK &k, Value accBuf, Value pBuf,
-                                    Value values, Value b, Value j0,
-                                    Value widthChunks, ArrayRef<Value> alpha,
-                                    Value logitBuf, Value guarded) {
+mlir::moe::cpu::DotTile mlir::moe::cpu::dotTile(CK &k,
+                                                const KernelOptions &opts,
+                                                Value q, Value keysT, Value b,
+                                                ArrayRef<Value> rowIdx,
+                                                Value jt, Value depth,
+                                                Value dotBuf) {
+  // The micro-kernel computes in the target's registers (L lanes) over blocks
+  // of G rows x W key vectors, one depth loop per block.
+  const int64_t L = std::min<int64_t>(opts.lanes(), kLanes);
+  const int64_t VL = kKeyTile / L;
+  const int64_t rows = rowIdx.size();
+  // The whole tile stays in registers when it fits them with room for the
+  // epilogue (AVX-512: 16 zmm of 32); otherwise (AVX2: 32 ymm of 16) each
+  // block goes to `dotBuf` and the epilogue reloads a row at a time, instead
+  // of the register allocator spilling and reloading it piecemeal.
+  const bool inRegisters = rows * VL + 4 <= vectorRegisters(L);
+  DotTile tile;
+  tile.k = &k;
+  if (!inRegisters) {
+    assert(dotBuf && "dotTile needs a buffer on this target");
+    tile.buf = dotBuf;
+  }
+  Value zeros = k.constLike(k.vf32(L), 0.0);
+  SmallVector<Value> pieces(rows * VL);
+  for (const DotBlock &blk : dotBlocks(rows, VL, vectorRegisters(L))) {
+    {
+      auto [r0, g, v0, w] = blk;
+      SmallVector<Value> init(g * w, zeros);
+      SmallVector<Value> acc = k.forLoop(
+          k.idx(0), depth, k.idx(1), init,
+          [&](Value d, ValueRange a) -> SmallVector<Value> {
+            SmallVector<Value> kv;
+            for (int64_t v = 0; v < w; ++v)
+              kv.push_back(k.vload(keysT, {b, jt, d, k.idx((v0 + v) * L)}, L));
+            SmallVector<Value> next;
+            for (int64_t r = 0; r < g; ++r) {
+              Value qv = k.splat(k.loadF(q, {b, rowIdx[r0 + r], d}), L);
+              for (int64_t v = 0; v < w; ++v)
+                next.push_back(k.fma(qv, kv[v], a[r * w + v]));
+            }
+            return next;
+          });
+      for (int64_t r = 0; r < g; ++r)
+        for (int64_t v = 0; v < w; ++v) {
+          if (inRegisters)
+            pieces[(r0 + r) * VL + v0 + v] = acc[r * w + v];
+          else
+            k.vstore(acc[r * w + v], dotBuf,
+                     {k.idx(r0 + r), k.idx((v0 + v) * L)});
+        }
+    }
+  }
+  if (inRegisters) {
+    // kLanes-wide vectors from the pieces (free after legalization).
+    const int64_t per = kLanes / L, KV = kKeyTile / kLanes;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t v = 0; v < KV; ++v)
+        tile.dots.push_back(
+            k.concat(ArrayRef<Value>(pieces).slice(r * VL + v * per, per)));
+  }
+  return tile;
+}
+
+Value mlir::moe::cpu::DotTile::at(int64_t r, int64_t v) const {
+  constexpr int64_t KV = kKeyTile / kLanes;
+  if (!buf)
+    return dots[r * KV + v];
+  return k->vload(buf, {k->idx(r), k->idx(v * kLanes)});
+}
+
+void mlir::moe::cpu::accumulateTile(CK &k, const KernelOptions &opts,
+                                    Value accBuf, Value pBuf, Value values,
+                                    Value b, Value j0, Value widthChunks,
+                                    ArrayRef<Value> alpha, Value logitBuf,
+                                    Value guarded) {
   Type f32 = k.f32();
   Value c0 = k.idx(0), c1 = k.idx(1);
   int64_t rows = cast<MemRefType>(pBuf.getType()).getDimSize(0);
   int64_t cols = cast<MemRefType>(pBuf.getType()).getDimSize(1);
-  k.forLoop(c0, widthChunks, c1, [&](Value c) {
-    Value col = k.mul(c, k.idx(kLanes));
+  // Chunks of the target's register width: one accumulator register per row
+  // (kQueryTile of them, plus the value and the weight, fit 16 ymm).
+  const int64_t L = std::min<int64_t>(opts.lanes(), kLanes);
+  Value chunks = k.mul(widthChunks, k.idx(kLanes / L));
+  k.forLoop(c0, chunks, c1, [&](Value c) {
+    Value col = k.mul(c, k.idx(L));
     SmallVector<Value> acc;
     for (int64_t r = 0; r < rows; ++r) {
-      Value a = k.vload(accBuf, {k.idx(r), col});
-      acc.push_back(alpha.empty() ? a
-                                  : k.fmul(a, k.splat(alpha[r], kLanes)));
+      Value a = k.vload(accBuf, {k.idx(r), col}, L);
+      acc.push_back(alpha.empty() ? a : k.fmul(a, k.splat(alpha[r], L)));
     }
     auto pvLoop = [&](bool guard) -> SmallVector<Value> {
       return k.forLoop(
           c0, k.idx(cols), c1, acc,
           [&](Value j, ValueRange a) -> SmallVector<Value> {
-            Value v = k.vload(values, {b, k.add(j0, j), col});
+            Value v = k.vload(values, {b, k.add(j0, j), col}, L);
             SmallVector<Value> next;
             for (int64_t r = 0; r < rows; ++r) {
-              Value p = k.splat(k.load(pBuf, {k.idx(r), j}), kLanes);
+              Value p = k.splat(k.load(pBuf, {k.idx(r), j}), L);
               Value upd = k.fma(p, v, a[r]);
               if (guard) {
                 Value logit = k.load(logitBuf, {k.idx(r), j});
@@ -129,7 +221,7 @@ void mlir::moe::cpu::accumulateTile(CK &k, Value accBuf, Value pBuf,
     };
     SmallVector<Value> res;
     if (logitBuf) {
-      SmallVector<Type> types(rows, k.vf32());
+      SmallVector<Type> types(rows, k.vf32(L));
       res = k.ifElse(
           guarded, types, [&] { return pvLoop(true); },
           [&] { return pvLoop(false); });
@@ -278,8 +370,9 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
         [&](Value jt, ValueRange it) -> SmallVector<Value> {
           Value j0 = k.mul(jt, k.idx(TK));
           // QK: TQ x TK dot products over d.
-          SmallVector<Value> dots =
-              dotTile(k, s.q, s.keysT, b, rowIdx, jt, s.depth);
+          // (Logits overwrite the dots a row at a time: sBuf holds both.)
+          DotTile dots =
+              dotTile(k, opts, s.q, s.keysT, b, rowIdx, jt, s.depth, sBuf);
 
           // Online softmax over the tile, per row.
           SmallVector<Value> mNew, lNew, alpha;
@@ -288,7 +381,7 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
           for (int64_t r = 0; r < TQ; ++r) {
             SmallVector<Value> sv;
             for (int64_t v = 0; v < KV; ++v)
-              sv.push_back(s.logits(k, dots[r * KV + v], b, rowIdx[r],
+              sv.push_back(s.logits(k, dots.at(r, v), b, rowIdx[r],
                                     k.add(j0, k.idx(v * kLanes))));
             Value tileMax = sv[0];
             Value excluded = k.cmpf(arith::CmpFPredicate::OEQ, sv[0], negInfV);
@@ -318,7 +411,7 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
           Value guarded = k.andI(anyExcluded, k.isNaN(s.valuesNonFinite));
 
           // PV: acc = acc · alpha + Σ_j p_j v_j, 16 value lanes at a time.
-          accumulateTile(k, accBuf, pBuf, s.values, b, j0, widthChunks, alpha,
+          accumulateTile(k, opts, accBuf, pBuf, s.values, b, j0, widthChunks, alpha,
                          sBuf, guarded);
           SmallVector<Value> next(mNew);
           next.append(lNew);

@@ -6,8 +6,9 @@
 // p[b,i,:] = Σ_j softmax_j(logit(<q_i, k_j>, b, i, j)) · v[b,j,:] without the
 // N x Nk matrix: query tiles of kQueryTile rows are the parallel items; each
 // streams key tiles of kKeyTile keys. Per (query tile, key tile) block:
-//  * QK: a register-blocked micro-kernel, kQueryTile x (kKeyTile / 16) vector
-//    accumulators, one FMA per (row, 16 keys, d), reading the keys transposed
+//  * QK: a register-blocked micro-kernel (blocks of rows x key vectors sized
+//    to the target's registers: 8 x 2 zmm on AVX-512, 6 x 2 and 2 x 4 ymm on
+//    AVX2), one FMA per (row, vector of keys, d), reading the keys transposed
 //    per key tile (packed once) and the query scalars broadcast;
 //  * the op-specific logit epilogue on the 16-lane dot vectors (scale, masks,
 //    additive terms), -inf = excluded key;
@@ -132,17 +133,32 @@ GradRowStats gradRowStats(CK &k, Value lse, Value p, Value dp, Value batch,
 
 // Building blocks shared by the forward and backward kernels.
 
-/// The kQueryTile x kKeyTile dot products of the rows `rowIdx` of `q`
-/// [B, R, D] with key tile `jt` of `keysT` (packKeysT layout), over `depth`:
-/// rowIdx.size() * (kKeyTile / kLanes) vectors, row-major.
-SmallVector<Value> dotTile(CK &k, Value q, Value keysT, Value b,
-                           ArrayRef<Value> rowIdx, Value jt, Value depth);
+/// The kQueryTile x kKeyTile dot products of a tile (dotTile): in registers
+/// when they fit the target's (AVX-512), else in a [kQueryTile, kKeyTile] f32
+/// buffer (AVX2).
+struct DotTile {
+  /// The kLanes-wide vector of dots of row r, keys [v·kLanes, (v+1)·kLanes).
+  Value at(int64_t r, int64_t v) const;
+  CK *k = nullptr;
+  SmallVector<Value> dots; // in registers: row-major, kKeyTile / kLanes a row
+  Value buf;               // else the buffer
+};
+/// The dot products of the rows `rowIdx` of `q` [B, R, D] with key tile `jt`
+/// of `keysT` (packKeysT layout), over `depth`, computed in register blocks
+/// of the target's width (opts.lanes()). `dotBuf` ([kQueryTile, kKeyTile]
+/// f32) receives them when they do not fit the registers; a caller may
+/// overwrite a row of it once it has read that row's dots.
+DotTile dotTile(CK &k, const KernelOptions &opts, Value q, Value keysT,
+                Value b, ArrayRef<Value> rowIdx, Value jt, Value depth,
+                Value dotBuf);
 /// accBuf[r, :] = accBuf[r, :] · alpha[r] + Σ_j pBuf[r, j] · values[b, j0 + j,
-/// :] over the widthChunks 16-lane chunks (alpha empty: 1). With `logitBuf`,
+/// :] over the widthChunks 16-lane chunks (alpha empty: 1), in vectors of the
+/// target's width (opts.lanes()). With `logitBuf`,
 /// when `guarded` is true the entries whose logit is -inf are skipped (a
 /// non-finite value times a zero weight must not reach the sum).
-void accumulateTile(CK &k, Value accBuf, Value pBuf, Value values, Value b,
-                    Value j0, Value widthChunks, ArrayRef<Value> alpha,
+void accumulateTile(CK &k, const KernelOptions &opts, Value accBuf,
+                    Value pBuf, Value values, Value b, Value j0,
+                    Value widthChunks, ArrayRef<Value> alpha,
                     Value logitBuf = {}, Value guarded = {});
 /// x [B, N, D] (any float) packed transposed in key tiles: [B, ceil(N /
 /// kKeyTile), D, kKeyTile] f32, zero padding (the keysT of FlashSpec).

@@ -69,19 +69,21 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
 
     k.forLoop(first, last, c1, [&](Value jt) {
       Value j0 = k.mul(jt, k.idx(TK));
-      SmallVector<Value> sDots =
-          dotTile(k, s.rowA, s.colAT, b, rowIdx, jt, s.depthA);
-      SmallVector<Value> gDots =
-          dotTile(k, s.rowG, s.colGT, b, rowIdx, jt, s.depthG);
+      // (S and dX overwrite the dots a row at a time: sBuf and dBuf hold
+      // both where the dots do not fit the registers.)
+      DotTile sDots =
+          dotTile(k, opts, s.rowA, s.colAT, b, rowIdx, jt, s.depthA, sBuf);
+      DotTile gDots =
+          dotTile(k, opts, s.rowG, s.colGT, b, rowIdx, jt, s.depthG, dBuf);
       for (int64_t r = 0; r < TQ; ++r)
         for (int64_t v = 0; v < KV; ++v) {
-          auto [sv, dv] = s.weights(k, sDots[r * KV + v], gDots[r * KV + v], b,
+          auto [sv, dv] = s.weights(k, sDots.at(r, v), gDots.at(r, v), b,
                                     rowIdx[r], k.add(j0, k.idx(v * kLanes)));
           k.vstore(sv, sBuf, {k.idx(r), k.idx(v * kLanes)});
           k.vstore(dv, dBuf, {k.idx(r), k.idx(v * kLanes)});
         }
       for (auto [buf, n, a] : llvm::zip(accBuf, chunks, s.accumulators))
-        accumulateTile(k, buf, a.useDx ? dBuf : sBuf, a.values, b, j0, n, {});
+        accumulateTile(k, opts, buf, a.useDx ? dBuf : sBuf, a.values, b, j0, n, {});
     });
 
     for (int64_t r = 0; r < TQ; ++r) {

@@ -41,6 +41,20 @@ Value CK::shuffle(Value a, Value c, ArrayRef<int64_t> mask) {
   return vector::ShuffleOp::create(b, a, c, mask);
 }
 
+Value CK::concat(ArrayRef<Value> parts) {
+  assert(llvm::isPowerOf2_64(parts.size()) && "concat of 2^n parts");
+  SmallVector<Value> level(parts);
+  while (level.size() > 1) {
+    int64_t n = cast<VectorType>(level[0].getType()).getNumElements();
+    SmallVector<int64_t> mask = llvm::to_vector(llvm::seq<int64_t>(0, 2 * n));
+    SmallVector<Value> next;
+    for (size_t i = 0; i < level.size(); i += 2)
+      next.push_back(shuffle(level[i], level[i + 1], mask));
+    level = std::move(next);
+  }
+  return level[0];
+}
+
 //===----------------------------------------------------------------------===//
 // Arithmetic
 //===----------------------------------------------------------------------===//

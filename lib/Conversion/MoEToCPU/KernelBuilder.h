@@ -79,6 +79,10 @@ public:
   /// vector.shuffle of two vectors of one type (mask indexes their
   /// concatenation).
   Value shuffle(Value a, Value c, ArrayRef<int64_t> mask);
+  /// The concatenation of `parts` (vectors of one type, a power-of-two
+  /// count): pairwise shuffles, which are free once the wide vector is
+  /// legalized into the parts' registers.
+  Value concat(ArrayRef<Value> parts);
   /// a * b + c, fused.
   Value fma(Value a, Value bv, Value c);
   /// exp(x) for f32 or vector<f32>: Cody-Waite range reduction and the

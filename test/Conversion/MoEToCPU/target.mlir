@@ -124,3 +124,31 @@ func.func @hyper(%emb: tensor<32xf32>, %w1: tensor<64x32xf32>, %b1: tensor<64xf3
       tensor<64xf32>, tensor<520x64xf32>, tensor<520xf32> -> tensor<8x64xf32>, tensor<8xf32>
   return %w, %b : tensor<8x64xf32>, tensor<8xf32>
 }
+
+// similarity_inform (the flash mixing kernel shared by the mixing ops and their backward): the 8 x 32 tile of dot
+// products is computed in register blocks of the target. AVX-512: one depth loop with 8 rows x 2 zmm (16
+// accumulators of 32 registers), the dots stay in registers. With AVX2, 6 rows x 2 ymm per key half, then the 2 rows
+// left x 4 ymm (at most 12 accumulators of 16 registers, at least 8 to cover the FMA latency), each block stored
+// to the tile buffer; vector<16> accumulators there (32 ymm) spilled on every step and ran at half the speed. The
+// P·V accumulation takes one register per row: 8 x vector<8> on AVX2, 8 x vector<16> on AVX-512.
+// CHECK-LABEL: func.func @similarity_blocks
+// AVX2: %{{.+}}:12 = scf.for
+// AVX2-COUNT-12: vector.fma {{.*}} : vector<8xf32>
+// AVX2: vector.store {{.*}} : memref<8x32xf32, strided<[32, 1], offset: ?>>, vector<8xf32>
+// AVX2: %{{.+}}:12 = scf.for
+// AVX2-COUNT-12: vector.fma {{.*}} : vector<8xf32>
+// AVX2: %{{.+}}:8 = scf.for
+// AVX2-COUNT-8: vector.fma {{.*}} : vector<8xf32>
+// AVX2: %{{.+}}:8 = scf.for %{{.+}} = %c0 to %c32
+// AVX2: vector.load {{.*}} : memref<?x?x?xf32>, vector<8xf32>
+// AVX2-COUNT-8: vector.fma {{.*}} : vector<8xf32>
+// AVX512: %{{.+}}:16 = scf.for
+// AVX512-COUNT-16: vector.fma {{.*}} : vector<16xf32>
+// AVX512: %{{.+}}:8 = scf.for %{{.+}} = %c0 to %c32
+// AVX512: vector.load {{.*}} : memref<?x?x?xf32>, vector<16xf32>
+// AVX512-COUNT-8: vector.fma {{.*}} : vector<16xf32>
+// CHECK: return
+func.func @similarity_blocks(%u: tensor<1x?x64xf32>, %e: tensor<1x?x16xf32>) -> tensor<1x?x16xf32> {
+  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x?x64xf32>, tensor<1x?x16xf32> -> tensor<1x?x16xf32>
+  return %p : tensor<1x?x16xf32>
+}
