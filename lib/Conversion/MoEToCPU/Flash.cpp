@@ -134,32 +134,30 @@ mlir::moe::cpu::DotTile mlir::moe::cpu::dotTile(CK &k,
   Value zeros = k.constLike(k.vf32(L), 0.0);
   SmallVector<Value> pieces(rows * VL);
   for (const DotBlock &blk : dotBlocks(rows, VL, vectorRegisters(L))) {
-    {
-      auto [r0, g, v0, w] = blk;
-      SmallVector<Value> init(g * w, zeros);
-      SmallVector<Value> acc = k.forLoop(
-          k.idx(0), depth, k.idx(1), init,
-          [&](Value d, ValueRange a) -> SmallVector<Value> {
-            SmallVector<Value> kv;
+    const int64_t r0 = blk.r0, g = blk.g, v0 = blk.v0, w = blk.w;
+    SmallVector<Value> init(g * w, zeros);
+    SmallVector<Value> acc = k.forLoop(
+        k.idx(0), depth, k.idx(1), init,
+        [&](Value d, ValueRange a) -> SmallVector<Value> {
+          SmallVector<Value> kv;
+          for (int64_t v = 0; v < w; ++v)
+            kv.push_back(k.vload(keysT, {b, jt, d, k.idx((v0 + v) * L)}, L));
+          SmallVector<Value> next;
+          for (int64_t r = 0; r < g; ++r) {
+            Value qv = k.splat(k.loadF(q, {b, rowIdx[r0 + r], d}), L);
             for (int64_t v = 0; v < w; ++v)
-              kv.push_back(k.vload(keysT, {b, jt, d, k.idx((v0 + v) * L)}, L));
-            SmallVector<Value> next;
-            for (int64_t r = 0; r < g; ++r) {
-              Value qv = k.splat(k.loadF(q, {b, rowIdx[r0 + r], d}), L);
-              for (int64_t v = 0; v < w; ++v)
-                next.push_back(k.fma(qv, kv[v], a[r * w + v]));
-            }
-            return next;
-          });
-      for (int64_t r = 0; r < g; ++r)
-        for (int64_t v = 0; v < w; ++v) {
-          if (inRegisters)
-            pieces[(r0 + r) * VL + v0 + v] = acc[r * w + v];
-          else
-            k.vstore(acc[r * w + v], dotBuf,
-                     {k.idx(r0 + r), k.idx((v0 + v) * L)});
-        }
-    }
+              next.push_back(k.fma(qv, kv[v], a[r * w + v]));
+          }
+          return next;
+        });
+    for (int64_t r = 0; r < g; ++r)
+      for (int64_t v = 0; v < w; ++v) {
+        if (inRegisters)
+          pieces[(r0 + r) * VL + v0 + v] = acc[r * w + v];
+        else
+          k.vstore(acc[r * w + v], dotBuf,
+                   {k.idx(r0 + r), k.idx((v0 + v) * L)});
+      }
   }
   if (inRegisters) {
     // kLanes-wide vectors from the pieces (free after legalization).
