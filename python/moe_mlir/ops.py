@@ -41,7 +41,11 @@ differentiable (gradients through the selected values only, none through indices
 * ``attention_posterior_topk``: ``p`` recomputed by the forward kernel, then ``topk_renorm_backward`` and
   ``attention_posterior_backward`` (as ``similarity_inform_topk``).
 
-No backward is differentiable again (no double backward through the kernels).
+The autograd of these six ops is C++ (``lib/Runtime/Torch/Autograd.cpp``, at AutogradCPU/AutogradCUDA: no Python per
+call); the Python ``setup_context``/``backward`` pairs below (``_PYTHON_AUTOGRAD``) are registered only when the
+extension does not load, so that an op has one autograd either way. No backward is differentiable again: double
+backward raises ``moe.<op>: double backward is not supported`` (C++) or PyTorch's "no autograd formula" error
+(Python fallback).
 """
 
 from __future__ import annotations
