@@ -1197,6 +1197,19 @@ _PYTHON_AUTOGRAD = (
     (attention_posterior_topk, _attention_posterior_topk_backward, _attention_posterior_topk_setup),
     (hyper_router, _hyper_router_backward, _hyper_router_setup),
 )
+
+
+def _stop_gradient_setup(ctx, inputs, output):
+    ctx.mark_non_differentiable(*(output if isinstance(output, tuple) else (output,)))
+
+
+def _stop_gradient_backward(ctx, *grads):
+    raise AssertionError("unreachable: the outputs of a stop-gradient op are non-differentiable")
+
+
+#: The stop-gradient ops (003 §5.10, 004 §1.2): without the extension (whose AutogradCPU kernel runs them below
+#: autograd) their outputs are marked non-differentiable here, so they never require grad either way.
+_STOP_GRADIENT = (mad_dispersion, adjacency_update)
 _GRAD_OPS = {route._name: route}
 _AUTOGRAD_IMPLS: dict[str, Callable] = {}
 KEY_VALIDATORS.update(_ROUTING_VALIDATORS)
@@ -1224,6 +1237,8 @@ def _load_kernels() -> None:
     if not _EXTENSION_LOADED:
         for op, backward, setup in _PYTHON_AUTOGRAD:
             op.register_autograd(backward, setup_context=setup)
+        for op in _STOP_GRADIENT:
+            op.register_autograd(_stop_gradient_backward, setup_context=_stop_gradient_setup)
 
 
 _EXTENSION_LOADED = False

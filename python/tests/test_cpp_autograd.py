@@ -319,7 +319,8 @@ def test_opcheck_of_the_fused_forms_with_gradients():
 
 def test_python_autograd_without_the_extension_gives_the_same_gradients(tmp_path):
     """MOE_TORCH_KERNELS=0: the ops run their eager references and ops.py registers its Python autograd (one
-    autograd per op either way); its gradients equal the C++ autograd's on the compiled kernels."""
+    autograd per op either way); its gradients equal the C++ autograd's on the compiled kernels, and mad_dispersion
+    and adjacency_update stay stop-gradient."""
     results = {}
     for case in CASES:
         _, grads = _run(case, case.diff)
@@ -340,6 +341,11 @@ def test_python_autograd_without_the_extension_gives_the_same_gradients(tmp_path
             assert type(outs[0].grad_fn if isinstance(outs, tuple) else outs.grad_fn).__name__ != "CppFunction"
             for i, (g, c) in enumerate(zip([grads[j] for j in case.diff], cpp[case.id])):
                 torch.testing.assert_close(g, c, atol=1e-5, rtol=1e-4, msg=lambda m: f"{{case.id}} input {{i}}: {{m}}")
+        # the stop-gradient ops stay stop-gradient without the extension
+        t = torch.randn(6, 3, requires_grad=True)
+        assert not any(o.requires_grad for o in torch.ops.moe.mad_dispersion(t, torch.tensor([0, 1, 0, 2, 1, 1]), 3))
+        a = torch.rand(3, 3, requires_grad=True)
+        assert not torch.ops.moe.adjacency_update(a, torch.tensor([[0, 1], [1, 2]])).requires_grad
         print("ok")
     """)
     env = dict(os.environ, MOE_TORCH_KERNELS="0", PYTHONPATH=PACKAGE_ROOT)
