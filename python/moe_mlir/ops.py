@@ -41,7 +41,11 @@ differentiable (gradients through the selected values only, none through indices
 * ``attention_posterior_topk``: ``p`` recomputed by the forward kernel, then ``topk_renorm_backward`` and
   ``attention_posterior_backward`` (as ``similarity_inform_topk``).
 
-No backward is differentiable again (no double backward through the kernels).
+The autograd of these six ops is C++ (``lib/Runtime/Torch/Autograd.cpp``, at AutogradCPU/AutogradCUDA: no Python per
+call); the Python ``setup_context``/``backward`` pairs below (``_PYTHON_AUTOGRAD``) are registered only when the
+extension does not load, so that an op has one autograd either way. No backward is differentiable again: double
+backward raises ``moe.<op>: double backward is not supported`` (C++) or PyTorch's "no autograd formula" error
+(Python fallback).
 """
 
 from __future__ import annotations
@@ -325,7 +329,6 @@ def _topk_renorm_backward(ctx, grad_w, grad_idx):
     return g.to(scores.dtype), None, None, None
 
 
-topk_renorm.register_autograd(_topk_renorm_backward, setup_context=_topk_renorm_setup)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -462,7 +465,6 @@ def _similarity_inform_backward(ctx, grad_p):
     return du, de, dws, None, None, None
 
 
-similarity_inform.register_autograd(_similarity_inform_backward, setup_context=_similarity_inform_setup)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -620,7 +622,6 @@ def _attention_posterior_backward(ctx, grad_p, grad_head):
     return (*_posterior_grads(ctx, grad_p, operands, head, n[:5]), None, None, None)
 
 
-attention_posterior.register_autograd(_attention_posterior_backward, setup_context=_attention_posterior_setup)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -841,7 +842,6 @@ def _hyper_router_backward(ctx, grad_w, grad_b):
     return tuple(g.to(t.dtype) if need else None for g, t, need in zip(grads, operands, n)) + (None,)
 
 
-hyper_router.register_autograd(_hyper_router_backward, setup_context=_hyper_router_setup)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -959,7 +959,6 @@ def _similarity_inform_topk_backward(ctx, grad_w, grad_idx):
     return du, de, None, dws, None, None, None, None
 
 
-similarity_inform_topk.register_autograd(_similarity_inform_topk_backward, setup_context=_similarity_inform_topk_setup)
 
 
 def _attention_posterior_topk_setup(ctx, inputs, output):
@@ -980,8 +979,6 @@ def _attention_posterior_topk_backward(ctx, grad_w, grad_idx, grad_head):
     return (*_posterior_grads(ctx, grad_p, (scores, u, v, wo, e), head, n[:5]),) + (None,) * 5
 
 
-attention_posterior_topk.register_autograd(_attention_posterior_topk_backward,
-                                           setup_context=_attention_posterior_topk_setup)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1189,16 +1186,38 @@ def kernels_available() -> bool:
     return _KERNELS_UNAVAILABLE is None and _EXTENSION_LOADED
 
 
-_GRAD_OPS = {op._name: op for op in (topk_renorm, similarity_inform, similarity_inform_topk, attention_posterior,
-                                          attention_posterior_topk, hyper_router)}
+#: The Python autograd of the differentiable dialect ops, (op, backward, setup_context). The extension registers their
+#: autograd in C++ (lib/Runtime/Torch/Autograd.cpp: no Python per call, the same semantics); these are registered
+#: only when it does not load, so that an op has one autograd either way.
+_PYTHON_AUTOGRAD = (
+    (topk_renorm, _topk_renorm_backward, _topk_renorm_setup),
+    (similarity_inform, _similarity_inform_backward, _similarity_inform_setup),
+    (similarity_inform_topk, _similarity_inform_topk_backward, _similarity_inform_topk_setup),
+    (attention_posterior, _attention_posterior_backward, _attention_posterior_setup),
+    (attention_posterior_topk, _attention_posterior_topk_backward, _attention_posterior_topk_setup),
+    (hyper_router, _hyper_router_backward, _hyper_router_setup),
+)
+
+
+def _stop_gradient_setup(ctx, inputs, output):
+    ctx.mark_non_differentiable(*(output if isinstance(output, tuple) else (output,)))
+
+
+def _stop_gradient_backward(ctx, *grads):
+    raise AssertionError("unreachable: the outputs of a stop-gradient op are non-differentiable")
+
+
+#: The stop-gradient ops (003 §5.10, 004 §1.2): without the extension (whose AutogradCPU kernel runs them below
+#: autograd) their outputs are marked non-differentiable here, so they never require grad either way.
+_STOP_GRADIENT = (mad_dispersion, adjacency_update)
+_GRAD_OPS = {route._name: route}
 _AUTOGRAD_IMPLS: dict[str, Callable] = {}
 KEY_VALIDATORS.update(_ROUTING_VALIDATORS)
-_GRAD_OPS[route._name] = route
 
 
 def _autograd_call(name: str, keyset, args: tuple):
-    """The extension's path for a CPU call with an input that requires grad: the custom op's own autograd (the
-    recompute backward registered above), whose forward redispatches to the CPU kernel."""
+    """The extension's path for a CPU call of ``route`` with an input that requires grad: the custom op's own autograd
+    (the recompute backward registered above), whose forward redispatches to the CPU kernel."""
     impl = _AUTOGRAD_IMPLS.get(name)
     if impl is None:
         from torch._library.autograd import make_autograd_impl
@@ -1215,6 +1234,11 @@ def _load_kernels() -> None:
     reason = extension.load(KEY_VALIDATORS, _autograd_call)
     _EXTENSION_LOADED = reason is None
     _KERNELS_UNAVAILABLE = reason
+    if not _EXTENSION_LOADED:
+        for op, backward, setup in _PYTHON_AUTOGRAD:
+            op.register_autograd(backward, setup_context=setup)
+        for op in _STOP_GRADIENT:
+            op.register_autograd(_stop_gradient_backward, setup_context=_stop_gradient_setup)
 
 
 _EXTENSION_LOADED = False

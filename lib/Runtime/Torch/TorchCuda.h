@@ -32,9 +32,14 @@ namespace moe_torch {
 /// The kernels of every op (TorchOps.cpp), for one dispatch key: CPU, and
 /// CUDA from registerCudaKernels.
 void registerKernels(torch::Library &m);
-/// The autograd kernels (C++ when no input requires grad, else the ops'
-/// Python autograd): AutogradCPU, and AutogradCUDA from registerCudaKernels.
+/// The autograd kernels of every op, for AutogradCPU and AutogradCUDA (both
+/// static: the forward calls whatever the device runs): the differentiable
+/// ops' C++ autograd (registerDifferentiable) and the stop-gradient ops'.
 void registerAutograd(torch::Library &m);
+/// The C++ autograd (torch::autograd::Function) of topk_renorm,
+/// similarity_inform(_topk), attention_posterior(_topk) and hyper_router
+/// (Autograd.cpp).
+void registerDifferentiable(torch::Library &m);
 
 /// Runs `call` (the kernel call) with PyTorch's current stream of `device` as
 /// the CUDA runtime's ambient stream and `device` as its default device; a
@@ -45,7 +50,7 @@ void registerAutograd(torch::Library &m);
 void launchOnCurrentStream(c10::Device device,
                            const std::function<void()> &call);
 
-/// Registers the CUDA and AutogradCUDA kernels of the ops (once; called from
+/// Registers the CUDA kernels of the ops (once; called from
 /// Python when the CUDA kernels are usable: the runtime loads and a compiler
 /// or prebuilt kernels are there).
 void registerCudaKernels();

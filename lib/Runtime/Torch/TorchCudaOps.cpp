@@ -17,7 +17,7 @@
 //   consumers of its outputs, and returns without waiting. Stream-ordered
 //   scratch allocations (cuMemAllocAsync) and launches only: a call can be
 //   captured in a CUDA graph once its kernel is loaded.
-// * the registration of the CUDA and AutogradCUDA kernels, done at run time
+// * the registration of the CUDA kernels, done at run time
 //   by moeTorchEnableCuda() when Python finds the CUDA kernels usable (else
 //   CUDA tensors keep the eager references).
 //
@@ -110,16 +110,14 @@ void moe_torch::launchOnCurrentStream(c10::Device device,
 }
 
 void moe_torch::registerCudaKernels() {
-  static std::unique_ptr<torch::Library> kernels, autograd;
+  // The AutogradCUDA kernels are static (TorchOps.cpp): their forward calls
+  // these once registered, the ops' eager references before.
+  static std::unique_ptr<torch::Library> kernels;
   if (kernels)
     return;
   kernels = std::make_unique<torch::Library>(
       torch::Library::IMPL, "moe", c10::DispatchKey::CUDA, __FILE__, __LINE__);
   registerKernels(*kernels);
-  autograd = std::make_unique<torch::Library>(torch::Library::IMPL, "moe",
-                                              c10::DispatchKey::AutogradCUDA,
-                                              __FILE__, __LINE__);
-  registerAutograd(*autograd);
 }
 
 /// Called by python/moe_mlir/runtime/extension.py when the CUDA kernels are

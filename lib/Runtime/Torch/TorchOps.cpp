@@ -5,8 +5,8 @@
 //===----------------------------------------------------------------------===//
 //
 // The CPU (and, with TorchCudaOps.cpp, CUDA) kernels of the torch ops that
-// python/moe_mlir/ops.py defines (the schemas, fake kernels and autograd stay
-// in Python). Each call:
+// python/moe_mlir/ops.py defines (the schemas and fake kernels stay in Python;
+// the autograd of the differentiable ops is Autograd.cpp). Each call:
 //
 // 1. checks what the kernel cache key does not pin down (the relations
 //    between the token-like, dynamic dimensions; same messages as ops.py);
@@ -642,15 +642,16 @@ std::tuple<Tensor, Tensor> hyperRouter(const Tensor &emb, const Tensor &w1,
 using namespace moe_torch;
 
 //===----------------------------------------------------------------------===//
-// Autograd (CPU)
+// Autograd of the stop-gradient ops and moe.route
 //===----------------------------------------------------------------------===//
 //
-// The Python autograd of the custom ops (a Python kernel at the Autograd key)
-// would run on every call, gradients or not. This boxed kernel at AutogradCPU
-// takes the common case in C++: no input requires grad (or grad mode is off,
-// or the op is stop-gradient) -> straight to the CPU kernel. Otherwise it
-// hands the call to Python (ops._autograd_call: the op's registered
-// recompute backward, unchanged).
+// The differentiable dialect ops have their autograd in C++ (Autograd.cpp).
+// For the others the Python autograd of the custom op (a Python kernel at the
+// Autograd key) would run on every call, gradients or not. This boxed kernel
+// at AutogradCPU/AutogradCUDA takes the common case in C++: no input requires
+// grad (or grad mode is off, or the op is stop-gradient) -> straight to the
+// backend kernel. Otherwise (moe.route with gradients) it hands the call to
+// Python (ops._autograd_call: the op's registered recompute backward).
 
 PyObject *gradPath = nullptr; // gradPath(name, keyset, args: tuple) -> outputs
 
@@ -707,6 +708,9 @@ void autogradCpu(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
   at::AutoDispatchBelowAutograd guard;
   op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
 }
+// moe.route's (RoutingOps.cpp).
+template void autogradCpu<true>(const c10::OperatorHandle &,
+                                c10::DispatchKeySet, torch::jit::Stack *);
 
 //===----------------------------------------------------------------------===//
 // Registration
@@ -744,16 +748,11 @@ void moe_torch::registerKernels(torch::Library &m) {
 }
 
 void moe_torch::registerAutograd(torch::Library &m) {
-  auto grad = [] {
-    return torch::CppFunction::makeFromBoxedFunction<&autogradCpu<true>>();
-  };
   auto stop = [] {
     return torch::CppFunction::makeFromBoxedFunction<&autogradCpu<false>>();
   };
-  for (const char *op :
-       {"topk_renorm", "similarity_inform", "similarity_inform_topk",
-        "attention_posterior", "attention_posterior_topk", "hyper_router"})
-    m.impl(op, grad());
+  // The differentiable ops: their C++ autograd (Autograd.cpp).
+  registerDifferentiable(m);
   // Stop-gradient ops (ops.py registers no autograd for them).
   m.impl("mad_dispersion", stop());
   m.impl("adjacency_update", stop());
@@ -761,3 +760,6 @@ void moe_torch::registerAutograd(torch::Library &m) {
 
 TORCH_LIBRARY_IMPL(moe, CPU, m) { moe_torch::registerKernels(m); }
 TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) { moe_torch::registerAutograd(m); }
+// Whether or not the CUDA kernels are registered: the autograd's forward calls
+// what CUDA tensors run (the CUDA kernel, else the op's eager reference).
+TORCH_LIBRARY_IMPL(moe, AutogradCUDA, m) { moe_torch::registerAutograd(m); }
