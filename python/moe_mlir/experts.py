@@ -198,7 +198,7 @@ def _gate_into(out: Tensor, tmp: Tensor, h: Tensor, gate: str, alpha: float, lim
 
 
 def _gate_backward(h: Tensor, grad: Tensor, gate: str, alpha: float, limit: float) -> Tensor:
-    """d gate(h) / d h applied to ``grad`` [n, I]: [n, 2I] (clamp's gradient as torch's: 1 on the closed range)."""
+    """d gate(h) / d h applied to ``grad`` [n, I]: [n, 2I] (clamp's gradient as torch's: 1 inside the open range, 0 at and beyond the bounds)."""
     dh = torch.empty_like(h)
     if gate == "silu_glu":
         i = grad.shape[1]
@@ -210,8 +210,8 @@ def _gate_backward(h: Tensor, grad: Tensor, gate: str, alpha: float, limit: floa
     g, u = h[:, 0::2], h[:, 1::2]
     gc = g.clamp(max=limit)
     s = torch.sigmoid(gc * alpha)
-    dh[:, 1::2] = torch.where((u >= -limit) & (u <= limit), grad * (gc * s), 0)
-    dh[:, 0::2] = torch.where(g <= limit, grad * (u.clamp(-limit, limit) + 1) * (s + gc * alpha * s * (1 - s)), 0)
+    dh[:, 1::2] = torch.where((u > -limit) & (u < limit), grad * (gc * s), 0)
+    dh[:, 0::2] = torch.where(g < limit, grad * (u.clamp(-limit, limit) + 1) * (s + gc * alpha * s * (1 - s)), 0)
     return dh
 
 
