@@ -266,7 +266,8 @@ def router_parts_cases(quick: bool):
     router = Qwen3MoeTopKRouter(Qwen3MoeConfig(hidden_size=hidden, num_experts=experts, num_experts_per_tok=k,
                                                norm_topk_prob=True)).eval()
     with torch.no_grad():
-        router.weight.copy_(torch.randn(router.weight.shape, generator=torch.Generator().manual_seed(0)) * hidden ** -0.5)
+        router.weight.copy_(torch.randn(router.weight.shape, generator=torch.Generator().manual_seed(0)))
+        router.weight.mul_(hidden ** -0.5)
     g = torch.Generator().manual_seed(3)
     for t in ((256,) if quick else (4096, 64)):
         yield (f"Qwen3MoeTopKRouter routing parts hidden={hidden} E={experts} k={k} T={t}", router,

@@ -19,6 +19,14 @@ graph at its ``nonzero`` and recompiles per expert). This module adds the implem
 4. a deterministic un-permute: each token's k rows are read back through the inverse order, in increasing expert
    order (the order in which eager's ``index_add_`` accumulates them), and summed: no scatter, no atomics.
 
+Steps 2-4 stream several ``[T*k, D]``-sized intermediates through memory (270 MB each for Qwen3-MoE at T=4096),
+which cost more than eager's per-expert loop saves. So on CPU, for the gates it can compute itself (:data:`GATES`:
+HF's default SiLU GLU, gpt-oss's clamped GLU; no post-expert norm), the experts run instead as :func:`expert_mlp`
+(``torch.ops.moe_mlir.expert_mlp``): one opaque op looping over the experts with rows, each expert's rows gathered,
+projected with ``F.linear``'s BLAS calls on the weight slices, gated, weighted and ``index_add_``-ed into the output
+(eager's operations and order) in scratch buffers reused across experts, so they stay in cache. Steps 2-4 remain
+for other gates, a post-expert norm and CUDA.
+
 Everything is differentiable w.r.t. the hidden states, the expert weights (and biases) and the routing weights
 (autograd of the torch ops used; ``grouped_mm`` has a registered backward, also an opaque loop); the plan is
 integer-valued. Under ``torch.compile`` the whole expert computation is one graph (no data-dependent control flow
@@ -48,7 +56,8 @@ from torch import Tensor
 
 from . import ops as _ops  # noqa: F401  (registers torch.ops.moe.dispatch_plan)
 
-__all__ = ["grouped_mm", "expert_mlp", "GATES", "dispatch_experts", "hf_experts_forward", "register", "is_hf_experts", "hf_experts_modules",
+__all__ = ["grouped_mm", "expert_mlp", "GATES", "dispatch_experts", "hf_experts_forward", "register", "is_hf_experts",
+           "hf_experts_modules",
            "use_moe_experts", "SelectedExperts", "IMPLEMENTATION"]
 
 #: The name of the HF experts implementation this module registers.
@@ -198,7 +207,8 @@ def _gate_into(out: Tensor, tmp: Tensor, h: Tensor, gate: str, alpha: float, lim
 
 
 def _gate_backward(h: Tensor, grad: Tensor, gate: str, alpha: float, limit: float) -> Tensor:
-    """d gate(h) / d h applied to ``grad`` [n, I]: [n, 2I] (clamp's gradient as torch's: 1 inside the open range, 0 at and beyond the bounds)."""
+    """d gate(h) / d h applied to ``grad`` [n, I]: [n, 2I] (clamp's gradient as torch's: 1 inside the open range,
+    0 at and beyond the bounds)."""
     dh = torch.empty_like(h)
     if gate == "silu_glu":
         i = grad.shape[1]
@@ -307,8 +317,8 @@ _expert_mlp_op.register_autograd(_expert_mlp_backward, setup_context=_expert_mlp
 def expert_mlp(x: Tensor, token: Tensor, offsets: Tensor, row_weight: Tensor, w1: Tensor, w2: Tensor, gate: str, *,
                b1: Optional[Tensor] = None, b2: Optional[Tensor] = None, alpha: float = 1.0,
                limit: float = float("inf")) -> Tensor:
-    """``out[t] = sum over rows r with token[r] = t of row_weight[r] * (gate(x[t] @ w1[e].T + b1[e]) @ w2[e].T + b2[e])``
-    where ``e`` is the expert of row ``r`` (rows ``offsets[e]:offsets[e+1]``), accumulated in increasing expert order.
+    """``out[t] = sum_r row_weight[r] * (gate(x[t] @ w1[e].T + b1[e]) @ w2[e].T + b2[e])`` over the rows ``r`` with
+    ``token[r] = t``, ``e`` the expert of row ``r`` (rows ``offsets[e]:offsets[e+1]``), in increasing expert order.
 
     One opaque op (``torch.ops.moe_mlir.expert_mlp``, CPU, with a registered backward that recomputes each expert's
     forward): per expert, the gather of its rows, both projections (``F.linear``'s BLAS calls on the weight slices,

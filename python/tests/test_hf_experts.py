@@ -4,11 +4,12 @@ nothing downloaded) with the experts implementation ``"moe"`` equal HF's eager l
 the input, every parameter and the routing weights — at several token counts (T = 1 included) and on adversarial
 routings (an expert no token hits, every token on one expert, k = E); and the entry points select it.
 
-Tolerance: the dispatch path computes each row with the same operations as HF's loop, but one ``mm`` per expert
-slice over a different number of rows than eager's ``linear`` on its gathered rows (BLAS blocking depends on the
-row count) and the k-way sum as one reduction rather than successive ``index_add_`` s: f32 rounding differences
-of a few ulps (seen: <= 1e-6 absolute on outputs of magnitude ~1), hence atol 1e-5, rtol 1e-5 (1e-4 for gradients
-summed over many rows).
+Tolerance: both dispatch paths compute each row with the same operations as HF's loop, but the grouped path runs
+one ``mm`` per expert slice over a different number of rows than eager's ``linear`` on its gathered rows (BLAS
+blocking depends on the row count) and the k-way sum as one reduction rather than successive ``index_add_`` s, and
+the fused loop (``expert_mlp``) orders an expert's rows by token rather than by slot: f32 rounding differences of a
+few ulps (seen: <= 1e-6 absolute on outputs of magnitude ~1), hence atol 1e-5, rtol 1e-5 (1e-4 for gradients
+summed over many rows; the backward recomputes the forward and sums in another order).
 """
 
 from __future__ import annotations
