@@ -10,7 +10,11 @@ Cases:
 * the same Qwen3-MoE block's expert dispatch (issue 13 item 3, issue 9 item 7), at 64 and 4096 tokens: HF's eager
   loop, HF's ``grouped_mm`` experts implementation, the dispatch-plan implementation ``"moe"``
   (:mod:`moe_mlir.experts`) run eagerly, ``torch.compile(backend="inductor")`` (HF's loop, graph breaks) and
-  ``moe_mlir.compile`` (the dispatch plan + raising + inductor), all in the same rounds.
+  ``moe_mlir.compile`` (the dispatch plan + raising + inductor), all in the same rounds;
+* the same block's routing step split into its parts (issue 9 item 7: "routing step >= 2x eager's"): eager's
+  ``Qwen3MoeTopKRouter`` whole, its ``linear`` alone and its softmax + top-k + renormalize alone, and the router
+  through ``torch.compile(backend="moe")`` (the linear, then ``moe.topk_renorm``), in the same rounds: the share of
+  the gate GEMM in eager's routing step bounds what any faster top-k can give (Amdahl).
 
 Each case: eager, ``torch.compile(backend="inductor")`` and ``torch.compile(backend="moe")`` (torch.compile's
 defaults otherwise), in the same process, the same thread count, the same inputs; compile time (the first call)
@@ -22,6 +26,7 @@ backend raised is recorded per case.
     .venv/bin/python -m bench.e2e --threads 2 --quick    # smaller sizes, no files (a smoke test)
     .venv/bin/python -m bench.e2e --threads 2 --only Router seed --tag routing   # a subset: e2e-<date>-routing
     .venv/bin/python -m bench.e2e --threads 2 --only experts --tag experts       # the expert-dispatch cases
+    .venv/bin/python -m bench.e2e --threads 2 --only "routing parts" --tag routing-parts   # the routing step's parts
 """
 
 from __future__ import annotations
@@ -220,11 +225,84 @@ def experts_cases(quick: bool):
                torch.randn(1, t, hidden, generator=g))
 
 
+def run_router_parts_case(name: str, router: torch.nn.Module, x: torch.Tensor, budget: float) -> dict:
+    """Eager's routing step and its parts (gate GEMM; softmax + top-k + renormalize) and the moe-compiled router,
+    in the same rounds; ``gemm_share``: the GEMM's median over the whole step's (bounds any top-k speed-up)."""
+    import torch.nn.functional as F
+
+    rec: dict[str, Any] = {"case": name, "kind": "router_parts", "input": list(x.shape),
+                           "loadavg_1min_before": round(os.getloadavg()[0], 2)}
+    with torch.no_grad():
+        logits = F.linear(x, router.weight)
+
+        def select():
+            top, idx = torch.topk(F.softmax(logits, dtype=torch.float, dim=-1), router.top_k, dim=-1)
+            return top / top.sum(dim=-1, keepdim=True), idx
+
+        torch._dynamo.reset()
+        moe = torch.compile(router, backend="moe")
+        with capture_graphs() as log:
+            rec["moe_check"] = _check(moe(x), router(x), True)
+        rec["moe_ops_raised"] = sorted(op for g in log for op in g.moe_ops())
+        fns = {"eager": lambda: router(x), "eager_gemm": lambda: F.linear(x, router.weight),
+               "eager_softmax_topk_renorm": select, "moe": lambda: moe(x)}
+        for b, m in interleaved(fns, budget).items():
+            rec[f"{b}_ms"] = m["median_ms"]
+            rec[f"{b}_min_ms"] = m["min_ms"]
+    rec["gemm_share"] = rec["eager_gemm_ms"] / rec["eager_ms"]
+    rec["moe_vs_eager"] = rec["eager_ms"] / rec["moe_ms"]
+    rec["max_vs_eager_with_eager_gemm"] = 1 / rec["gemm_share"]
+    print(f"{name:48s} " + "  ".join(f"{b} {rec[b + '_ms']:8.3f} ms" for b in fns) +
+          f"  GEMM share {rec['gemm_share']:.0%}  moe/eager {rec['moe_vs_eager']:.2f}x  raised "
+          f"{rec['moe_ops_raised']}  check {rec['moe_check']}", flush=True)
+    return rec
+
+
+def router_parts_cases(quick: bool):
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+
+    hidden, experts, k = (256, 16, 4) if quick else (2048, 128, 8)
+    router = Qwen3MoeTopKRouter(Qwen3MoeConfig(hidden_size=hidden, num_experts=experts, num_experts_per_tok=k,
+                                               norm_topk_prob=True)).eval()
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(router.weight.shape, generator=torch.Generator().manual_seed(0)))
+        router.weight.mul_(hidden ** -0.5)
+    g = torch.Generator().manual_seed(3)
+    for t in ((256,) if quick else (4096, 64)):
+        yield (f"Qwen3MoeTopKRouter routing parts hidden={hidden} E={experts} k={k} T={t}", router,
+               torch.randn(t, hidden, generator=g))
+
+
+def _router_parts_table(recs: list[dict]) -> list[str]:
+    if not recs:
+        return []
+    lines = ["", "## Qwen3-MoE routing step, part by part", "",
+             "`eager`: HF's `Qwen3MoeTopKRouter` (linear, softmax, top-k, renormalize); `eager GEMM`: its "
+             "`F.linear` alone; `eager softmax+topk+renorm`: the rest alone; `moe`: torch.compile(backend=\"moe\") "
+             "of the router (the linear, then the raised `moe.topk_renorm`). GEMM share = eager GEMM / eager: with "
+             "the same GEMM, no routing kernel can make the step faster than 1 / GEMM share times eager's.", "",
+             "| case | eager ms | eager GEMM ms | eager softmax+topk+renorm ms | moe ms | GEMM share | moe vs eager | "
+             "bound (1 / GEMM share) | check |", "|---|--:|--:|--:|--:|--:|--:|--:|---|"]
+    for r in recs:
+        if "error" in r:
+            lines.append(f"| {r['case']} | error: {r['error']} ||||||||")
+            continue
+        lines.append(f"| {r['case']} | {r['eager_ms']:.4g} | {r['eager_gemm_ms']:.4g} | "
+                     f"{r['eager_softmax_topk_renorm_ms']:.4g} | {r['moe_ms']:.4g} | {r['gemm_share']:.0%} | "
+                     f"{r['moe_vs_eager']:.2f}x | {r['max_vs_eager_with_eager_gemm']:.2f}x | {r['moe_check']} |")
+    return lines
+
+
 def _experts_table(recs: list[dict]) -> list[str]:
+    if not recs:
+        return []
     impls = ("eager", "hf_grouped_mm", "dispatch_eager", "inductor", "moe")
     lines = ["", "## Qwen3-MoE expert dispatch", "",
              "`eager`: HF's loop; `hf_grouped_mm`: HF's `grouped_mm` experts implementation; `dispatch_eager`: "
-             "moe_mlir.experts (`moe.dispatch_plan`, one grouped GEMM per projection) without compiling; "
+             "moe_mlir.experts (`moe.dispatch_plan`, then the fused per-expert loop `moe_mlir::expert_mlp`: gather, "
+             "both projections, gate, routing weight and accumulation per expert in reused buffers) without "
+             "compiling; "
              "`inductor`: torch.compile(backend=\"inductor\") of HF's loop; `moe`: moe_mlir.compile (dispatch plan, "
              "raised router, inductor). Medians in ms; ratios above 1: moe is faster.", "",
              "| case | " + " | ".join(f"{b} ms" for b in impls) + " | moe vs eager | moe vs inductor | "
@@ -256,10 +334,10 @@ def write_report(doc: dict, out: Path) -> None:
              "| case | eager ms | inductor ms | moe ms | moe vs eager | moe vs inductor | inductor vs eager | "
              "raised | compile s (inductor / moe) | check (inductor / moe) |",
              "|---|--:|--:|--:|--:|--:|--:|---|--:|---|"]
-    if all(r.get("kind") == "experts" for r in doc["cases"]):
-        del lines[-3:]  # only the expert-dispatch cases ran: their table below
+    if all(r.get("kind") in ("experts", "router_parts") for r in doc["cases"]):
+        del lines[-3:]  # only the expert-dispatch / routing-parts cases ran: their tables below
     for r in doc["cases"]:
-        if r.get("kind") == "experts":
+        if r.get("kind") in ("experts", "router_parts"):
             continue
         if "error" in r:
             lines.append(f"| {r['case']} | error: {r['error']} |||||||||")
@@ -269,6 +347,7 @@ def write_report(doc: dict, out: Path) -> None:
                      f"{', '.join(r['moe_ops_raised']) or '-'} | {r['inductor_compile_s']} / {r['moe_compile_s']} | "
                      f"{r['inductor_check']} / {r['moe_check']} |")
     lines += _experts_table([r for r in doc["cases"] if r.get("kind") == "experts"])
+    lines += _router_parts_table([r for r in doc["cases"] if r.get("kind") == "router_parts"])
     if doc.get("note"):
         lines += ["", f"**Note:** {doc['note']}"]
     out.write_text("\n".join(lines) + "\n")
@@ -288,23 +367,22 @@ def main() -> int:
     info = machine_info(args.threads)
     print(f"machine: {info['cpu_model']} ({info['logical_cpus']} logical CPUs), threads={args.threads}", flush=True)
     t0 = time.perf_counter()
-    recs = []
-    for name, model, x, idx in cases(args.quick):
-        if args.only and not any(s in name for s in args.only):
-            continue
-        try:
-            recs.append(run_case(name, model, x, budget, idx))
-        except Exception as e:  # noqa: BLE001 - record and go on
-            print(f"{name}: {type(e).__name__}: {e}", flush=True)
-            recs.append({"case": name, "error": f"{type(e).__name__}: {e}"})
-    for name, block, x in experts_cases(args.quick):
-        if args.only and not any(s in name for s in args.only):
-            continue
-        try:
-            recs.append(run_experts_case(name, block, x, budget))
-        except Exception as e:  # noqa: BLE001 - record and go on
-            print(f"{name}: {type(e).__name__}: {e}", flush=True)
-            recs.append({"case": name, "kind": "experts", "error": f"{type(e).__name__}: {e}"})
+    recs: list[dict] = []
+
+    def run_all(found, run, kind=None):
+        for name, *case in found:
+            if args.only and not any(s in name for s in args.only):
+                continue
+            try:
+                recs.append(run(name, *case))
+            except Exception as e:  # noqa: BLE001 - record and go on
+                print(f"{name}: {type(e).__name__}: {e}", flush=True)
+                recs.append({"case": name, "error": f"{type(e).__name__}: {e}", **({"kind": kind} if kind else {})})
+
+    run_all(cases(args.quick), lambda name, model, x, idx: run_case(name, model, x, budget, idx))
+    run_all(experts_cases(args.quick), lambda name, block, x: run_experts_case(name, block, x, budget), "experts")
+    run_all(router_parts_cases(args.quick), lambda name, router, x: run_router_parts_case(name, router, x, budget),
+            "router_parts")
     import transformers
 
     impl = getattr(moe_mlir.ops, "IMPLEMENTATION", None) or "the implementation registered by moe_mlir.ops"

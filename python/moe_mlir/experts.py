@@ -19,6 +19,14 @@ graph at its ``nonzero`` and recompiles per expert). This module adds the implem
 4. a deterministic un-permute: each token's k rows are read back through the inverse order, in increasing expert
    order (the order in which eager's ``index_add_`` accumulates them), and summed: no scatter, no atomics.
 
+Steps 2-4 stream several ``[T*k, D]``-sized intermediates through memory (270 MB each for Qwen3-MoE at T=4096),
+which cost more than eager's per-expert loop saves. So on CPU, for the gates it can compute itself (:data:`GATES`:
+HF's default SiLU GLU, gpt-oss's clamped GLU; no post-expert norm), the experts run instead as :func:`expert_mlp`
+(``torch.ops.moe_mlir.expert_mlp``): one opaque op looping over the experts with rows, each expert's rows gathered,
+projected with ``F.linear``'s BLAS calls on the weight slices, gated, weighted and ``index_add_``-ed into the output
+(eager's operations and order) in scratch buffers reused across experts, so they stay in cache. Steps 2-4 remain
+for other gates, a post-expert norm and CUDA.
+
 Everything is differentiable w.r.t. the hidden states, the expert weights (and biases) and the routing weights
 (autograd of the torch ops used; ``grouped_mm`` has a registered backward, also an opaque loop); the plan is
 integer-valued. Under ``torch.compile`` the whole expert computation is one graph (no data-dependent control flow
@@ -40,6 +48,7 @@ Expert parallelism (``_is_expert_parallel``: sentinel indices) is not handled: s
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -47,7 +56,8 @@ from torch import Tensor
 
 from . import ops as _ops  # noqa: F401  (registers torch.ops.moe.dispatch_plan)
 
-__all__ = ["grouped_mm", "dispatch_experts", "hf_experts_forward", "register", "is_hf_experts", "hf_experts_modules",
+__all__ = ["grouped_mm", "expert_mlp", "GATES", "dispatch_experts", "hf_experts_forward", "register", "is_hf_experts",
+           "hf_experts_modules",
            "use_moe_experts", "SelectedExperts", "IMPLEMENTATION"]
 
 #: The name of the HF experts implementation this module registers.
@@ -140,6 +150,189 @@ def grouped_mm(x: Tensor, w: Tensor, offsets: Tensor) -> Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# The fused per-expert MLP (CPU): each expert's rows gathered, both projections, gate and routing weight applied
+# and accumulated while its rows are in cache
+# ----------------------------------------------------------------------------------------------------------------
+
+#: The gates :func:`expert_mlp` computes itself: ``"silu_glu"``: ``silu(h[:, :I]) * h[:, I:]`` (HF's default
+#: ``_apply_gate`` with a SiLU ``act_fn``: Qwen3-MoE, Mixtral, OLMoE, DeepSeek-V3); ``"clamped_glu"``: gpt-oss's
+#: interleaved, clamped GLU, ``(clamp(u, -limit, limit) + 1) * g' * sigmoid(alpha * g')`` with
+#: ``g' = clamp(g, max=limit)``, ``g = h[:, 0::2]``, ``u = h[:, 1::2]``.
+GATES = ("silu_glu", "clamped_glu")
+
+
+def _check_mlp(x: Tensor, token: Tensor, offsets: Tensor, row_weight: Tensor, w1: Tensor, b1: Optional[Tensor],
+               w2: Tensor, b2: Optional[Tensor], gate: str) -> None:
+    if gate not in GATES:
+        raise ValueError(f"expert_mlp: gate must be one of {GATES}, got {gate!r}")
+    if x.dim() != 2 or w1.dim() != 3 or w2.dim() != 3:
+        raise ValueError(f"expert_mlp: x must be [T, D], w1 [E, 2I, D] and w2 [E, N, I], got {list(x.shape)}, "
+                         f"{list(w1.shape)}, {list(w2.shape)}")
+    E, N1, D = w1.shape
+    if D != x.shape[1] or N1 % 2 or w2.shape[0] != E or w2.shape[2] != N1 // 2:
+        raise ValueError(f"expert_mlp: w1 {list(w1.shape)} and w2 {list(w2.shape)} do not fit x {list(x.shape)} "
+                         f"(w1 [E, 2I, D], w2 [E, N, I])")
+    if token.dim() != 1 or row_weight.shape != token.shape:
+        raise ValueError(f"expert_mlp: token and row_weight must be [S], got {list(token.shape)} and "
+                         f"{list(row_weight.shape)}")
+    if offsets.dim() != 1 or offsets.shape[0] != E + 1 or offsets.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"expert_mlp: offsets must be an integer [E+1] = [{E + 1}] tensor, got {offsets.dtype} "
+                         f"{list(offsets.shape)}")
+    for name, b, n in (("b1", b1, N1), ("b2", b2, w2.shape[1])):
+        if b is not None and list(b.shape) != [E, n]:
+            raise ValueError(f"expert_mlp: {name} must be [{E}, {n}], got {list(b.shape)}")
+    if any(t is not None and t.dtype != x.dtype for t in (w1, w2, b1, b2)):
+        raise ValueError(f"expert_mlp: the weights and biases must have the dtype of x ({x.dtype})")
+
+
+def _linear_into(out: Tensor, x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:
+    """``F.linear(x, w, b)`` (the same BLAS call: ``x @ w.T``, ``addmm`` with a bias) written into ``out``."""
+    if b is None:
+        return torch.mm(x, w.t(), out=out)
+    return torch.addmm(b, x, w.t(), out=out)
+
+
+def _gate_into(out: Tensor, tmp: Tensor, h: Tensor, gate: str, alpha: float, limit: float) -> Tensor:
+    """The gate of ``h`` [n, 2I] into ``out`` [n, I] (``tmp``: scratch [n, I]), the operations HF applies."""
+    if gate == "silu_glu":
+        i = out.shape[1]
+        torch.ops.aten.silu.out(h[:, :i], out=out)
+        return out.mul_(h[:, i:])
+    torch.clamp(h[:, 0::2], max=limit, out=out)  # gpt-oss: gate = clamp(g, max=limit)
+    torch.mul(out, alpha, out=tmp)
+    torch.sigmoid(tmp, out=tmp)
+    out.mul_(tmp)  # glu = gate * sigmoid(gate * alpha)
+    torch.clamp(h[:, 1::2], min=-limit, max=limit, out=tmp)
+    return out.mul_(tmp.add_(1))  # (up + 1) * glu
+
+
+def _gate_backward(h: Tensor, grad: Tensor, gate: str, alpha: float, limit: float) -> Tensor:
+    """d gate(h) / d h applied to ``grad`` [n, I]: [n, 2I] (clamp's gradient as torch's: 1 inside the open range,
+    0 at and beyond the bounds)."""
+    dh = torch.empty_like(h)
+    if gate == "silu_glu":
+        i = grad.shape[1]
+        g, u = h[:, :i], h[:, i:]
+        s = torch.sigmoid(g)
+        dh[:, i:] = grad * torch.nn.functional.silu(g)
+        dh[:, :i] = grad * u * s * (1 + g * (1 - s))
+        return dh
+    g, u = h[:, 0::2], h[:, 1::2]
+    gc = g.clamp(max=limit)
+    s = torch.sigmoid(gc * alpha)
+    dh[:, 1::2] = torch.where((u > -limit) & (u < limit), grad * (gc * s), 0)
+    dh[:, 0::2] = torch.where(g < limit, grad * (u.clamp(-limit, limit) + 1) * (s + gc * alpha * s * (1 - s)), 0)
+    return dh
+
+
+@torch.library.custom_op("moe_mlir::expert_mlp", mutates_args=())
+def _expert_mlp_op(x: Tensor, token: Tensor, offsets: Tensor, row_weight: Tensor, w1: Tensor, b1: Optional[Tensor],
+                   w2: Tensor, b2: Optional[Tensor], gate: str, alpha: float, limit: float) -> Tensor:
+    _check_mlp(x, token, offsets, row_weight, w1, b1, w2, b2, gate)
+    out = x.new_zeros((x.shape[0], w2.shape[1]))
+    if token.numel() and int(offsets[-1]) != token.shape[0]:
+        raise ValueError(f"expert_mlp: offsets[-1] = {int(offsets[-1])} must equal the number of rows "
+                         f"{token.shape[0]}")
+    spans = list(_spans(offsets))
+    rows = max((b - a for _, a, b in spans), default=0)
+    i = w2.shape[2]
+    # One set of buffers for all experts (sized for the largest): each expert's rows stay in cache from the
+    # gather to the accumulation, and nothing is allocated per expert.
+    xb, hb = x.new_empty((rows, x.shape[1])), x.new_empty((rows, w1.shape[1]))
+    ab, tb, yb = x.new_empty((rows, i)), x.new_empty((rows, i)), x.new_empty((rows, w2.shape[1]))
+    for e, a, b in spans:
+        n, tok = b - a, token[a:b]
+        xe = torch.index_select(x, 0, tok, out=xb[:n])
+        h = _linear_into(hb[:n], xe, w1[e], None if b1 is None else b1[e])
+        act = _gate_into(ab[:n], tb[:n], h, gate, alpha, limit)
+        y = _linear_into(yb[:n], act, w2[e], None if b2 is None else b2[e])
+        # HF's order: the routing weight on the expert's output, then index_add_ in increasing expert order
+        # (index_add_ on CPU adds the rows one after the other: deterministic).
+        out.index_add_(0, tok, y.mul_(row_weight[a:b, None]))
+    return out
+
+
+@_expert_mlp_op.register_fake
+def _(x, token, offsets, row_weight, w1, b1, w2, b2, gate, alpha, limit):
+    _check_mlp(x, token, offsets, row_weight, w1, b1, w2, b2, gate)
+    return x.new_empty((x.shape[0], w2.shape[1]))
+
+
+@torch.library.custom_op("moe_mlir::expert_mlp_backward", mutates_args=())
+def _expert_mlp_backward_op(grad: Tensor, x: Tensor, token: Tensor, offsets: Tensor, row_weight: Tensor, w1: Tensor,
+                            b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor], gate: str, alpha: float,
+                            limit: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of :func:`expert_mlp` w.r.t. x, row_weight, w1, b1, w2, b2 (each expert's forward recomputed;
+    the bias gradients are empty ``[0]`` tensors where there is no bias)."""
+    grad_x, grad_rw = torch.zeros_like(x), torch.zeros_like(row_weight)
+    grad_w1, grad_w2 = torch.zeros(w1.shape, dtype=w1.dtype), torch.zeros(w2.shape, dtype=w2.dtype)
+    grad_b1 = torch.zeros((w1.shape[0], w1.shape[1]) if b1 is not None else (0,), dtype=x.dtype)
+    grad_b2 = torch.zeros((w2.shape[0], w2.shape[1]) if b2 is not None else (0,), dtype=x.dtype)
+    for e, a, b in _spans(offsets):
+        tok = token[a:b]
+        xe, ge = x[tok], grad[tok]
+        h = torch.nn.functional.linear(xe, w1[e], None if b1 is None else b1[e])
+        act = _gate_into(torch.empty(h.shape[0], w2.shape[2], dtype=h.dtype), torch.empty(h.shape[0], w2.shape[2],
+                         dtype=h.dtype), h, gate, alpha, limit)
+        y = torch.nn.functional.linear(act, w2[e], None if b2 is None else b2[e])
+        grad_rw[a:b] = (ge * y).sum(1).to(grad_rw.dtype)
+        dy = ge * row_weight[a:b, None].to(ge.dtype)
+        torch.mm(dy.t(), act, out=grad_w2[e])
+        if b2 is not None:
+            grad_b2[e] = dy.sum(0)
+        dh = _gate_backward(h, dy @ w2[e], gate, alpha, limit)
+        torch.mm(dh.t(), xe, out=grad_w1[e])
+        if b1 is not None:
+            grad_b1[e] = dh.sum(0)
+        grad_x.index_add_(0, tok, dh @ w1[e])
+    return grad_x, grad_rw, grad_w1, grad_b1, grad_w2, grad_b2
+
+
+@_expert_mlp_backward_op.register_fake
+def _(grad, x, token, offsets, row_weight, w1, b1, w2, b2, gate, alpha, limit):
+    def bias(b, w):
+        return x.new_empty((w.shape[0], w.shape[1]) if b is not None else (0,))
+    return (torch.empty_like(x), torch.empty_like(row_weight), x.new_empty(w1.shape), bias(b1, w1),
+            x.new_empty(w2.shape), bias(b2, w2))
+
+
+def _expert_mlp_setup(ctx, inputs, output):
+    x, token, offsets, row_weight, w1, b1, w2, b2, gate, alpha, limit = inputs
+    ctx.save_for_backward(x, token, offsets, row_weight, w1, b1, w2, b2)
+    ctx.gate = (gate, alpha, limit)
+    ctx.has_bias = (b1 is not None, b2 is not None)
+
+
+def _expert_mlp_backward(ctx, grad):
+    x, token, offsets, row_weight, w1, b1, w2, b2 = ctx.saved_tensors
+    gx, grw, gw1, gb1, gw2, gb2 = _expert_mlp_backward_op(grad.contiguous(), x, token, offsets, row_weight, w1, b1,
+                                                          w2, b2, *ctx.gate)
+    return (gx, None, None, grw, gw1, gb1 if ctx.has_bias[0] else None, gw2, gb2 if ctx.has_bias[1] else None,
+            None, None, None)
+
+
+_expert_mlp_op.register_autograd(_expert_mlp_backward, setup_context=_expert_mlp_setup)
+
+
+def expert_mlp(x: Tensor, token: Tensor, offsets: Tensor, row_weight: Tensor, w1: Tensor, w2: Tensor, gate: str, *,
+               b1: Optional[Tensor] = None, b2: Optional[Tensor] = None, alpha: float = 1.0,
+               limit: float = float("inf")) -> Tensor:
+    """``out[t] = sum_r row_weight[r] * (gate(x[t] @ w1[e].T + b1[e]) @ w2[e].T + b2[e])`` over the rows ``r`` with
+    ``token[r] = t``, ``e`` the expert of row ``r`` (rows ``offsets[e]:offsets[e+1]``), in increasing expert order.
+
+    One opaque op (``torch.ops.moe_mlir.expert_mlp``, CPU, with a registered backward that recomputes each expert's
+    forward): per expert, the gather of its rows, both projections (``F.linear``'s BLAS calls on the weight slices,
+    no copies), the gate (:data:`GATES`) and the routing weight, and ``index_add_`` into the output, all in buffers
+    reused across experts — nothing of size rows x features goes through memory.
+
+    Args:
+        x: ``[T, D]``; token: ``[S]`` the token of each expert-sorted row; offsets: ``[E+1]``; row_weight: ``[S]``;
+        w1: ``[E, 2I, D]``, w2: ``[E, N, I]`` (``nn.Linear`` layout, any strides); b1: ``[E, 2I]``, b2: ``[E, N]``.
+    """
+    return _expert_mlp_op(x, token, offsets, row_weight, w1, b1, w2, b2, gate, float(alpha), float(limit))
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # The whole expert computation
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -156,6 +349,7 @@ def dispatch_experts(
     gate_up_bias: Optional[Tensor] = None,
     down_bias: Optional[Tensor] = None,
     post_norm: Optional[Callable[[Tensor], Tensor]] = None,
+    gate: Optional[tuple[str, float, float]] = None,
 ) -> Tensor:
     """The routed experts of a sparse-MoE block, through ``moe.dispatch_plan`` (see the module doc).
 
@@ -167,6 +361,9 @@ def dispatch_experts(
             activation.
         gate_up_bias, down_bias: ``[E, 2I]``, ``[E, D]`` (optional); post_norm: applied to each expert's output
             row before the routing weight.
+        gate: ``(name, alpha, limit)`` when ``act`` is one of the gates :func:`expert_mlp` computes itself
+            (:data:`GATES`): then, on CPU without a post-norm, the experts run as :func:`expert_mlp` (one fused loop
+            over the experts) instead of grouped GEMMs over all rows; same results up to f32 rounding.
 
     Returns:
         ``[T, D]`` in the dtype of ``hidden_states``: ``sum_j w[t, j] * expert_{idx[t, j]}(x[t])``.
@@ -182,8 +379,15 @@ def dispatch_experts(
     E = gate_up_proj.shape[0]
     _, offsets, order, inverse = torch.ops.moe.dispatch_plan(top_k_index, E, 1)[:4]
     order = order.long()
+    token = torch.div(order, k, rounding_mode="floor")
+    if gate is not None and post_norm is None and hidden_states.device.type == "cpu":
+        out = expert_mlp(hidden_states.to(gate_up_proj.dtype), token, offsets, top_k_weights.reshape(-1)[order],
+                         gate_up_proj.transpose(1, 2) if transposed else gate_up_proj,
+                         down_proj.transpose(1, 2) if transposed else down_proj, gate[0],
+                         b1=gate_up_bias, b2=down_bias, alpha=gate[1], limit=gate[2])
+        return out.to(hidden_states.dtype)
     experts_sorted = top_k_index.reshape(-1)[order]
-    x = hidden_states[torch.div(order, k, rounding_mode="floor")].to(gate_up_proj.dtype)
+    x = hidden_states[token].to(gate_up_proj.dtype)
     w1 = gate_up_proj if transposed else gate_up_proj.transpose(1, 2)
     w2 = down_proj if transposed else down_proj.transpose(1, 2)
     h = grouped_mm(x, w1, offsets)
@@ -216,6 +420,26 @@ def hf_experts_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if is_hf_experts(m)]
 
 
+def _known_gate(module: torch.nn.Module) -> Optional[tuple[str, float, float]]:
+    """The :data:`GATES` entry computing ``module._apply_gate`` (``(name, alpha, limit)``), or None: HF's default
+    gate (concatenated halves) with a SiLU ``act_fn``, or gpt-oss's own clamped GLU, each identified by the function
+    object (a subclass overriding ``_apply_gate`` is not recognised and keeps the generic path)."""
+    if not module.has_gate or module.has_post_expert_norm:
+        return None
+    apply_gate = type(module)._apply_gate
+    hf_moe = sys.modules.get("transformers.integrations.moe")
+    hf_act = sys.modules.get("transformers.activations")
+    silu = (torch.nn.SiLU,) + ((hf_act.SiLUActivation,) if hasattr(hf_act, "SiLUActivation") else ())
+    if (hf_moe is not None and apply_gate is getattr(hf_moe, "_default_apply_gate", None)
+            and getattr(module, "is_concatenated", True) and type(getattr(module, "act_fn", None)) in silu):
+        return ("silu_glu", 1.0, float("inf"))
+    gpt_oss = sys.modules.get("transformers.models.gpt_oss.modeling_gpt_oss")
+    if (gpt_oss is not None and apply_gate is getattr(getattr(gpt_oss, "GptOssExperts", None), "_apply_gate", None)
+            and not getattr(module, "is_concatenated", False)):
+        return ("clamped_glu", float(module.alpha), float(module.limit))
+    return None
+
+
 def hf_experts_forward(self: torch.nn.Module, hidden_states: Tensor, top_k_index: Tensor,
                        top_k_weights: Tensor) -> Tensor:
     """HF's experts implementation ``"moe"`` (the signature of ``ExpertsInterface`` functions)."""
@@ -232,7 +456,8 @@ def hf_experts_forward(self: torch.nn.Module, hidden_states: Tensor, top_k_index
     return dispatch_experts(hidden_states, top_k_index, top_k_weights, w1, self.down_proj, act,
                             transposed=self.is_transposed, gate_up_bias=b1,
                             down_bias=self.down_proj_bias if self.has_bias else None,
-                            post_norm=self.post_expert_norm if self.has_post_expert_norm else None)
+                            post_norm=self.post_expert_norm if self.has_post_expert_norm else None,
+                            gate=_known_gate(self))
 
 
 def register() -> bool:

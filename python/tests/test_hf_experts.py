@@ -4,11 +4,12 @@ nothing downloaded) with the experts implementation ``"moe"`` equal HF's eager l
 the input, every parameter and the routing weights — at several token counts (T = 1 included) and on adversarial
 routings (an expert no token hits, every token on one expert, k = E); and the entry points select it.
 
-Tolerance: the dispatch path computes each row with the same operations as HF's loop, but one ``mm`` per expert
-slice over a different number of rows than eager's ``linear`` on its gathered rows (BLAS blocking depends on the
-row count) and the k-way sum as one reduction rather than successive ``index_add_`` s: f32 rounding differences
-of a few ulps (seen: <= 1e-6 absolute on outputs of magnitude ~1), hence atol 1e-5, rtol 1e-5 (1e-4 for gradients
-summed over many rows).
+Tolerance: both dispatch paths compute each row with the same operations as HF's loop, but the grouped path runs
+one ``mm`` per expert slice over a different number of rows than eager's ``linear`` on its gathered rows (BLAS
+blocking depends on the row count) and the k-way sum as one reduction rather than successive ``index_add_`` s, and
+the fused loop (``expert_mlp``) orders an expert's rows by token rather than by slot: f32 rounding differences of a
+few ulps (seen: <= 1e-6 absolute on outputs of magnitude ~1), hence atol 1e-5, rtol 1e-5 (1e-4 for gradients
+summed over many rows; the backward recomputes the forward and sums in another order).
 """
 
 from __future__ import annotations
@@ -253,6 +254,7 @@ def test_moe_mlir_compile_uses_the_dispatch_plan(name):
             assert _experts(m).config._experts_implementation is None
     assert len(log) == 3 and all(g.fallback is None for g in log)  # T=5 static, T=1 specialized, T=12 dynamic
     assert all("dispatch_plan" in g.moe_ops() for g in log), [g.graph_module.code for g in log]
+    assert all("moe_mlir.expert_mlp" in g.graph_module.code for g in log)  # the fused loop, one opaque op
 
 
 def test_torch_compile_with_use_moe_experts_and_training():
@@ -266,7 +268,192 @@ def test_torch_compile_with_use_moe_experts_and_training():
         out = torch.compile(m, backend="moe")(x)
     out[0].square().sum().backward()
     ref(x)[0].square().sum().backward()
-    assert len(log) == 1 and "dispatch_plan" in log[0].moe_ops()
+    assert len(log) == 1 and "dispatch_plan" in log[0].moe_ops() and "moe_mlir.expert_mlp" in log[0].graph_module.code
     torch.testing.assert_close(out[0], ref(x)[0], atol=ATOL, rtol=RTOL)
     for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
         torch.testing.assert_close(p.grad, q.grad, **GRAD_TOL, msg=lambda s: f"{n}: {s}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# moe_mlir::expert_mlp: the fused per-expert loop behind the known gates
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _gate_ref(h, gate, alpha, limit):
+    if gate == "silu_glu":
+        g, u = h.chunk(2, dim=-1)
+        return torch.nn.functional.silu(g) * u
+    g, u = h[..., 0::2].clamp(max=limit), h[..., 1::2].clamp(min=-limit, max=limit)  # gpt-oss's _apply_gate
+    return (u + 1) * (g * torch.sigmoid(g * alpha))
+
+
+def _mlp_ref(x, token, offsets, rw, w1, w2, gate, b1=None, b2=None, alpha=1.0, limit=float("inf")):
+    """Row by row: out[token[r]] += rw[r] * expert_e(x[token[r]]), in increasing row order."""
+    out = [torch.zeros(w2.shape[1], dtype=x.dtype) for _ in range(x.shape[0])]
+    o = offsets.tolist()
+    for e in range(w1.shape[0]):
+        for r in range(o[e], o[e + 1]):
+            t = int(token[r])
+            h = w1[e] @ x[t] + (0 if b1 is None else b1[e])
+            y = w2[e] @ _gate_ref(h, gate, alpha, limit) + (0 if b2 is None else b2[e])
+            out[t] = out[t] + rw[r] * y
+    return torch.stack(out) if out else torch.zeros(0, w2.shape[1], dtype=x.dtype)
+
+
+def _mlp_inputs(gate, bias, t=6, e=4, d=5, i=3, n=4, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, d, generator=g, dtype=dtype)
+    token = torch.tensor([0, 3, 5, 1, 2, 3, 4, 0, 5], dtype=torch.long)[: min(9, 2 * t)] % max(t, 1)
+    offsets = torch.tensor([0, 3, 3, 7, token.numel()])  # expert 1 gets no rows
+    rw = torch.rand(token.numel(), generator=g, dtype=dtype)
+    w1 = torch.randn(e, 2 * i, d, generator=g, dtype=dtype)
+    w2 = torch.randn(e, n, i, generator=g, dtype=dtype)
+    b1 = torch.randn(e, 2 * i, generator=g, dtype=dtype) if bias else None
+    b2 = torch.randn(e, n, generator=g, dtype=dtype) if bias else None
+    kw = dict(alpha=1.702, limit=0.8) if gate == "clamped_glu" else {}
+    return (x, token, offsets, rw, w1, w2, gate), dict(b1=b1, b2=b2, **kw)
+
+
+@pytest.mark.parametrize("gate", X.GATES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_expert_mlp_equals_the_row_by_row_reference_gradcheck_and_opcheck(gate, bias):
+    args, kw = _mlp_inputs(gate, bias)
+    torch.testing.assert_close(X.expert_mlp(*args, **kw), _mlp_ref(*args, **kw))
+    x, token, offsets, rw, w1, w2, _ = args
+    diff = [x, rw, w1, w2] + [b for b in (kw["b1"], kw["b2"]) if b is not None]
+    for tensor in diff:
+        tensor.requires_grad_(True)
+
+    def f(x, rw, w1, w2, *b):
+        kw2 = dict(kw, b1=b[0] if b else None, b2=b[1] if b else None)
+        return X.expert_mlp(x, token, offsets, rw, w1, w2, gate, **kw2)
+
+    assert torch.autograd.gradcheck(f, tuple(diff))
+    torch.library.opcheck(torch.ops.moe_mlir.expert_mlp.default,
+                          (x, token, offsets, rw, w1, kw["b1"], w2, kw["b2"], gate, kw.get("alpha", 1.0),
+                           kw.get("limit", float("inf"))))
+
+
+def test_expert_mlp_clamped_glu_gradient_at_and_beyond_the_limit_is_torch_clamps():
+    """Pre-activations exactly at +-limit and beyond it: the backward's masks are torch's clamp gradient (0 at the
+    bounds and beyond), compared with autograd of gpt-oss's gate."""
+    limit, alpha = 0.5, 1.702
+    x = torch.eye(4, dtype=torch.float64)
+    w1 = torch.tensor([[[0.5, -0.5, 2.0, -2.0]] * 2 + [[-0.5, 0.5, -3.0, 0.25]] * 2], dtype=torch.float64)  # [1,4,4]
+    w2 = torch.tensor([[[1.0, -2.0]]], dtype=torch.float64)
+    token, offsets, rw = torch.arange(4), torch.tensor([0, 4]), torch.tensor([1.0, 0.5, 2.0, 1.5], dtype=torch.float64)
+    grads = []
+    for fused in (True, False):
+        w1_ = w1.clone().requires_grad_(True)
+        x_ = x.clone().requires_grad_(True)
+        if fused:
+            out = X.expert_mlp(x_, token, offsets, rw, w1_, w2, "clamped_glu", alpha=alpha, limit=limit)
+        else:
+            out = _mlp_ref(x_, token, offsets, rw, w1_, w2, "clamped_glu", alpha=alpha, limit=limit)
+        out.sum().backward()
+        grads.append((out.detach(), x_.grad, w1_.grad))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+    assert (grads[0][2] == 0).any()  # some pre-activations were clamped: their gradient is exactly zero
+
+
+def test_expert_mlp_non_contiguous_weights_equal_contiguous():
+    """Weights as strided views (gpt-oss's transposed storage, every other expert of a larger tensor): no copy
+    needed, same results as their contiguous copies, gradients land in the base tensors."""
+    args, kw = _mlp_inputs("silu_glu", True, dtype=torch.float32)
+    x, token, offsets, rw, w1, w2, gate = args
+    w1_base = torch.randn(2 * w1.shape[0], w1.shape[2], w1.shape[1])  # [2E, D, 2I]: transposed and strided
+    w1_view = w1_base[::2].transpose(1, 2)
+    w2_base = torch.randn(w2.shape[0], w2.shape[2], w2.shape[1]).requires_grad_(True)
+    w2_view = w2_base.transpose(1, 2)
+    assert not w1_view.is_contiguous() and not w2_view.is_contiguous()
+    got = X.expert_mlp(x, token, offsets, rw, w1_view, w2_view, gate, **kw)
+    want = X.expert_mlp(x, token, offsets, rw, w1_view.contiguous(), w2_view.contiguous(), gate, **kw)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(got, _mlp_ref(x, token, offsets, rw, w1_view, w2_view, gate, **kw),
+                               atol=1e-5, rtol=1e-5)
+    got.square().sum().backward()
+    w2_ref = w2_view.detach().clone().requires_grad_(True)
+    _mlp_ref(x, token, offsets, rw, w1_view, w2_ref, gate, **kw).square().sum().backward()
+    torch.testing.assert_close(w2_base.grad.transpose(1, 2), w2_ref.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_expert_mlp_buffers_are_not_shared_between_calls_or_with_autograd():
+    """The per-call scratch buffers: two calls' outputs do not alias, the first is unchanged by the second, and
+    backward through both (interleaved with a third forward) gives each call's own gradients."""
+    args, kw = _mlp_inputs("silu_glu", False, dtype=torch.float64)
+    x, token, offsets, rw, w1, w2, gate = args
+    xa, xb = x.clone().requires_grad_(True), (2 * x).requires_grad_(True)
+    oa = X.expert_mlp(xa, token, offsets, rw, w1, w2, gate)
+    oa_copy = oa.detach().clone()
+    ob = X.expert_mlp(xb, token, offsets, rw, w1, w2, gate)
+    assert oa.untyped_storage().data_ptr() != ob.untyped_storage().data_ptr()
+    torch.testing.assert_close(oa.detach(), oa_copy, atol=0, rtol=0)
+    (oa.sum() + 2 * ob.sum()).backward()
+    X.expert_mlp(x, token, offsets, rw, w1, w2, gate)
+    for xi, scale in ((xa, 1.0), (xb, 2.0)):
+        xr = xi.detach().clone().requires_grad_(True)
+        (scale * _mlp_ref(xr, token, offsets, rw, w1, w2, gate)).sum().backward()
+        torch.testing.assert_close(xi.grad, xr.grad)
+
+
+def test_expert_mlp_nan_stays_in_its_token_and_zero_rows():
+    args, kw = _mlp_inputs("silu_glu", True, dtype=torch.float32)
+    x, token, offsets, rw, w1, w2, gate = args
+    x = x.clone()
+    x[2, 1] = float("nan")  # token 2 is row 4 (expert 2)
+    out = X.expert_mlp(x, token, offsets, rw, w1, w2, gate, **kw)
+    assert out[2].isnan().all() and not out[torch.arange(6) != 2].isnan().any()
+    torch.testing.assert_close(out[torch.arange(6) != 2],
+                               _mlp_ref(x, token, offsets, rw, w1, w2, gate, **kw)[torch.arange(6) != 2])
+    empty = X.expert_mlp(torch.randn(0, 5), torch.zeros(0, dtype=torch.long), torch.zeros(5, dtype=torch.long),
+                         torch.zeros(0), w1.float(), w2.float(), gate)
+    assert empty.shape == (0, w2.shape[1])
+
+
+def test_expert_mlp_bad_inputs_are_errors():
+    args, kw = _mlp_inputs("silu_glu", False)
+    x, token, offsets, rw, w1, w2, gate = args
+    with pytest.raises(ValueError, match="gate must be one of"):
+        X.expert_mlp(x, token, offsets, rw, w1, w2, "gelu")
+    with pytest.raises(ValueError, match="do not fit"):
+        X.expert_mlp(x, token, offsets, rw, w1, w2[:, :, :2], gate)
+    with pytest.raises(ValueError, match="offsets"):
+        X.expert_mlp(x, token, offsets[:-1], rw, w1, w2, gate)
+    with pytest.raises(ValueError, match="number of rows"):
+        X.expert_mlp(x, token, torch.tensor([0, 1, 1, 2, 3]), rw, w1, w2, gate)
+    with pytest.raises(ValueError, match="b1 must be"):
+        X.expert_mlp(x, token, offsets, rw, w1, w2, gate, b1=torch.zeros(4, 5, dtype=x.dtype))
+    with pytest.raises(ValueError, match="dtype"):
+        X.expert_mlp(x.float(), token, offsets, rw, w1, w2, gate)
+
+
+def test_the_gates_taken_by_the_fused_loop_and_the_others():
+    """HF's default gate with SiLU and gpt-oss's gate run the fused loop; another activation, a subclass's own gate
+    or a post-expert norm keep the generic path: all equal HF's own implementations."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    assert X._known_gate(_experts(_block("mixtral", 0))) == ("silu_glu", 1.0, float("inf"))
+    ex = _experts(_block("gpt_oss", 0))
+    assert X._known_gate(ex) == ("clamped_glu", ex.alpha, ex.limit)
+    gelu = MixtralConfig(hidden_size=H, num_experts_per_tok=K, intermediate_size=I, num_local_experts=E,
+                         hidden_act="gelu")
+
+    class OwnGate(mixtral.MixtralExperts):
+        def _apply_gate(self, gate_up):
+            g, u = gate_up.chunk(2, dim=-1)
+            return torch.tanh(g) * u
+
+    for ex in (mixtral.MixtralExperts(gelu), OwnGate(_configs()["mixtral"][1])):
+        with torch.no_grad():
+            for p in ex.parameters():
+                p.normal_(0, 0.3)
+        assert X._known_gate(ex) is None
+        idx, w, x = torch.stack([torch.randperm(E)[:K] for _ in range(9)]), torch.rand(9, K), torch.randn(9, H)
+        # HF's eager loop calls act_fn itself (not _apply_gate): the subclass's gate is HF's batched_mm's business
+        want = (ALL_EXPERTS_FUNCTIONS["batched_mm"](ex, x, idx, w) if isinstance(ex, OwnGate)
+                else _direct(ex, x, idx, w, False))
+        torch.testing.assert_close(_direct(ex, x, idx, w, True), want, atol=ATOL, rtol=RTOL)
+    ex = _experts(_block("qwen3_moe", 0))
+    ex.has_post_expert_norm = True
+    assert X._known_gate(ex) is None
