@@ -20,28 +20,16 @@ import torch
 
 from moe_mlir import reference as R
 from moe_mlir.runtime import cache, extension
-from torch_checks import gen, needs_cpu_kernels
+from torch_checks import gen, needs_cpu_kernels, use_cpu_target
 
 pytestmark = needs_cpu_kernels
 
 NAN = float("nan")
 
 
-def _use_target(monkeypatch, cpu: str, threads: int) -> None:
-    """Kernels compiled for `cpu` with `threads` workers from now on: fresh in-process kernel tables."""
-    monkeypatch.setenv("MOE_TARGET_CPU", cpu)
-    monkeypatch.setenv("MOE_NUM_THREADS", str(threads))
-    try:
-        cache.target_cpu()
-    except cache.CompileError as e:  # the CPU lacks the level's instructions: nothing to run them on
-        pytest.skip(str(e))
-    monkeypatch.setattr(cache, "_loaded", {})
-    extension.clear_kernels()
-
-
 @pytest.fixture(params=[("x86-64-v3", 2), ("x86-64-v4", 2), ("x86-64-v4", 1)], ids=lambda p: f"{p[0]}-t{p[1]}")
 def target(request, monkeypatch):
-    _use_target(monkeypatch, *request.param)
+    use_cpu_target(monkeypatch, *request.param)
     yield request.param
     extension.clear_kernels()
 
@@ -115,7 +103,7 @@ def test_thread_count_does_not_change_bits(monkeypatch):
     operands, gw, gb = _case(300, 72, 64, 80, seed=11)
     results = []
     for threads in (1, 2):
-        _use_target(monkeypatch, "native", threads)
+        use_cpu_target(monkeypatch, "native", threads)
         results.append(_run(operands, gw, gb, 64))
     extension.clear_kernels()
     for name, a, b in zip(("d_emb", "d_w1", "d_b1", "d_w2", "d_b2"), *results):

@@ -7,7 +7,8 @@
 // target's width (vector<16> AVX-512, vector<8> AVX2) over its contiguous
 // columns (four accumulators, masked tail), rows in memory order. The op is
 // memory-bound on w2 ([E·(D+1), Dh]). The split of the output into w and b
-// is the portable one.
+// is the portable one. The GEMV (hyperAffine) is also the backward kernel's
+// recomputation of the hidden layer (HyperRouterGrad.cpp).
 //
 // Measured (AMD EPYC, execution API, Dh = 256, D = 1024, E = 64: 67 MB of
 // w2): eight rows interleaved (eight 1 KiB streams a step, one accumulator
