@@ -15,7 +15,7 @@ import torch
 
 from moe_mlir import reference as R
 from moe_mlir.runtime import cache, extension
-from torch_checks import gen, needs_cpu_kernels, same
+from torch_checks import gen, needs_cpu_kernels, same, use_cpu_target
 
 pytestmark = needs_cpu_kernels
 
@@ -24,14 +24,7 @@ def target(request, monkeypatch):
     """Kernels compiled for this target and worker count: fresh in-process kernel tables (the extension's and the
     cache's) before and after, so that no call of this test or a later one gets a kernel of another target."""
     cpu, threads = request.param
-    monkeypatch.setenv("MOE_TARGET_CPU", cpu)
-    monkeypatch.setenv("MOE_NUM_THREADS", str(threads))
-    try:
-        cache.target_cpu()
-    except cache.CompileError as e:  # the CPU lacks the level's instructions: nothing to run them on
-        pytest.skip(str(e))
-    monkeypatch.setattr(cache, "_loaded", {})
-    extension.clear_kernels()
+    use_cpu_target(monkeypatch, cpu, threads)
     yield cpu
     extension.clear_kernels()
 

@@ -71,3 +71,20 @@ def cuda_wanted() -> bool:
     """CUDA joins the CPU: when a GPU is present, or when MOE_TEST_DEVICE=cuda asks for it (then a missing GPU or
     missing CUDA kernels is a skip with the reason, not a silent absence)."""
     return torch.cuda.is_available() or os.environ.get("MOE_TEST_DEVICE") == "cuda"
+
+
+def use_cpu_target(monkeypatch, cpu: str, threads: int) -> None:
+    """The CPU kernels compiled for `cpu` (an x86-64 level, or ``native``) with `threads` workers from now on: fresh
+    in-process kernel tables (the extension's and the cache's), so that no later call gets a kernel of another
+    target; skips the test when this CPU lacks the level's instructions. Callers clear the tables again at the end
+    (``extension.clear_kernels()``)."""
+    from moe_mlir.runtime import cache
+
+    monkeypatch.setenv("MOE_TARGET_CPU", cpu)
+    monkeypatch.setenv("MOE_NUM_THREADS", str(threads))
+    try:
+        cache.target_cpu()
+    except cache.CompileError as e:  # the CPU lacks the level's instructions: nothing to run them on
+        pytest.skip(str(e))
+    monkeypatch.setattr(cache, "_loaded", {})
+    extension.clear_kernels()

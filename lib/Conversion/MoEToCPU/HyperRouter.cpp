@@ -7,7 +7,8 @@
 // target's width (vector<16> AVX-512, vector<8> AVX2) over its contiguous
 // columns (four accumulators, masked tail), rows in memory order. The op is
 // memory-bound on w2 ([E·(D+1), Dh]). The split of the output into w and b
-// is the portable one.
+// is the portable one. The GEMV (hyperAffine) is also the backward kernel's
+// recomputation of the hidden layer (HyperRouterGrad.cpp).
 //
 // Measured (AMD EPYC, execution API, Dh = 256, D = 1024, E = 64: 67 MB of
 // w2): eight rows interleaved (eight 1 KiB streams a step, one accumulator
@@ -32,86 +33,81 @@ using namespace mlir::moe::cpu;
 namespace {
 constexpr int64_t kDyn = ShapedType::kDynamic;
 constexpr int64_t kRowsPerItem = 64;
-/// Matrices of at most this many elements (1 MiB of f32) run on the calling
-/// thread: as at most CK::kInlineItems items, which CK::workers inlines.
-constexpr int64_t kInlineElements = 1 << 18;
 
 struct HyperRouterKernel : KernelPattern<HyperRouterOp> {
   using KernelPattern::KernelPattern;
-
-  /// y = m · x + bias (ReLU when `relu`): [rows] f32.
-  Value affine(CK &k, Value m, Value x, Value bias, bool relu) const {
-    Value c0 = k.idx(0), c1 = k.idx(1);
-    Value rows = k.dim(m, 0), cols = k.dim(m, 1);
-    int64_t staticRows = cast<MemRefType>(m.getType()).getDimSize(0);
-    Value y = staticRows == kDyn
-                  ? k.alloc(MemRefType::get({kDyn}, k.f32()), {rows})
-                  : k.alloc(MemRefType::get({staticRows}, k.f32()), {});
-    int64_t lanes = k.lanes();
-    Value full = k.divu(cols, k.idx(lanes));
-    Value tail = k.sub(cols, k.mul(full, k.idx(lanes)));
-    Value zeros = k.constLike(k.vf32(), 0.0);
-    Value small = k.cmpi(arith::CmpIPredicate::ule, k.mul(rows, cols),
-                         k.idx(kInlineElements));
-    Value rowsPerItem =
-        k.select(small,
-                 k.maxs(k.ceilDiv(rows, k.idx(CK::kInlineItems)), c1),
-                 k.idx(kRowsPerItem));
-    k.workers(
-        opts, k.ceilDiv(rows, rowsPerItem), [&](Value item, Value) {
-          Value r0 = k.mul(item, rowsPerItem);
-          Value r1 = k.mins(k.add(r0, rowsPerItem), rows);
-          // Row by row, in memory order: the hardware prefetchers see one
-          // sequential stream per worker. U accumulators per row cover the
-          // FMA latency; the x vectors come from L1.
-          constexpr int64_t U = 4;
-          Value full4 = k.mul(k.divu(full, k.idx(U)), k.idx(U));
-          k.forLoop(r0, r1, c1, [&](Value r) {
-            SmallVector<Value> init(U, zeros);
-            SmallVector<Value> acc = k.forLoop(
-                c0, full4, k.idx(U), init,
-                [&](Value c, ValueRange a) -> SmallVector<Value> {
-                  SmallVector<Value> next;
-                  for (int64_t u = 0; u < U; ++u) {
-                    Value col = k.mul(k.add(c, k.idx(u)), k.idx(lanes));
-                    next.push_back(k.fma(k.vload(m, {r, col}),
-                                         k.vload(x, {col}), a[u]));
-                  }
-                  return next;
-                });
-            Value a0 = k.forLoop(
-                full4, full, c1, ValueRange{acc[0]},
-                [&](Value c, ValueRange a) -> SmallVector<Value> {
-                  Value col = k.mul(c, k.idx(lanes));
-                  return {k.fma(k.vload(m, {r, col}), k.vload(x, {col}),
-                                a[0])};
-                })[0];
-            Value col = k.mul(full, k.idx(lanes));
-            a0 = k.fma(k.vloadMasked(m, {r, col}, tail, 0.0),
-                       k.vloadMasked(x, {col}, tail, 0.0), a0);
-            Value t = k.fadd(k.fadd(a0, acc[1]), k.fadd(acc[2], acc[3]));
-            Value v = k.fadd(k.sum(t), k.loadF(bias, {r}));
-            if (relu)
-              v = k.fmax(v, k.cF32(0.0));
-            k.store(v, y, {r});
-          });
-        });
-    return y;
-  }
 
   LogicalResult matchAndRewrite(HyperRouterOp op,
                                 PatternRewriter &rw) const override {
     ImplicitLocOpBuilder b(op.getLoc(), rw);
     CK k(b, opts);
-    Value hidden = affine(k, k.buffer(op.getW1()), k.buffer(op.getEmb()),
-                          k.buffer(op.getB1()), /*relu=*/true);
-    Value out = affine(k, k.buffer(op.getW2()), hidden, k.buffer(op.getB2()),
-                       /*relu=*/false);
+    Value hidden =
+        hyperAffine(k, opts, k.buffer(op.getW1()), k.buffer(op.getEmb()),
+                    k.buffer(op.getB1()), /*relu=*/true);
+    Value out = hyperAffine(k, opts, k.buffer(op.getW2()), hidden,
+                            k.buffer(op.getB2()), /*relu=*/false);
     lowering::finishHyperRouter(rw, op, k.tensor(out));
     return success();
   }
 };
 } // namespace
+
+Value mlir::moe::cpu::hyperAffine(CK &k, const KernelOptions &opts, Value m,
+                                  Value x, Value bias, bool relu) {
+  Value c0 = k.idx(0), c1 = k.idx(1);
+  Value rows = k.dim(m, 0), cols = k.dim(m, 1);
+  int64_t staticRows = cast<MemRefType>(m.getType()).getDimSize(0);
+  Value y = staticRows == kDyn
+                ? k.alloc(MemRefType::get({kDyn}, k.f32()), {rows})
+                : k.alloc(MemRefType::get({staticRows}, k.f32()), {});
+  int64_t lanes = k.lanes();
+  Value full = k.divu(cols, k.idx(lanes));
+  Value tail = k.sub(cols, k.mul(full, k.idx(lanes)));
+  Value zeros = k.constLike(k.vf32(), 0.0);
+  Value small = k.cmpi(arith::CmpIPredicate::ule, k.mul(rows, cols),
+                       k.idx(kHyperInlineElements));
+  Value rowsPerItem =
+      k.select(small, k.maxs(k.ceilDiv(rows, k.idx(CK::kInlineItems)), c1),
+               k.idx(kRowsPerItem));
+  k.workers(opts, k.ceilDiv(rows, rowsPerItem), [&](Value item, Value) {
+    Value r0 = k.mul(item, rowsPerItem);
+    Value r1 = k.mins(k.add(r0, rowsPerItem), rows);
+    // Row by row, in memory order: the hardware prefetchers see one
+    // sequential stream per worker. U accumulators per row cover the
+    // FMA latency; the x vectors come from L1.
+    constexpr int64_t U = 4;
+    Value full4 = k.mul(k.divu(full, k.idx(U)), k.idx(U));
+    k.forLoop(r0, r1, c1, [&](Value r) {
+      SmallVector<Value> init(U, zeros);
+      SmallVector<Value> acc =
+          k.forLoop(c0, full4, k.idx(U), init,
+                    [&](Value c, ValueRange a) -> SmallVector<Value> {
+                      SmallVector<Value> next;
+                      for (int64_t u = 0; u < U; ++u) {
+                        Value col = k.mul(k.add(c, k.idx(u)), k.idx(lanes));
+                        next.push_back(k.fma(k.vload(m, {r, col}),
+                                             k.vload(x, {col}), a[u]));
+                      }
+                      return next;
+                    });
+      Value a0 = k.forLoop(
+          full4, full, c1, ValueRange{acc[0]},
+          [&](Value c, ValueRange a) -> SmallVector<Value> {
+            Value col = k.mul(c, k.idx(lanes));
+            return {k.fma(k.vload(m, {r, col}), k.vload(x, {col}), a[0])};
+          })[0];
+      Value col = k.mul(full, k.idx(lanes));
+      a0 = k.fma(k.vloadMasked(m, {r, col}, tail, 0.0),
+                 k.vloadMasked(x, {col}, tail, 0.0), a0);
+      Value t = k.fadd(k.fadd(a0, acc[1]), k.fadd(acc[2], acc[3]));
+      Value v = k.fadd(k.sum(t), k.loadF(bias, {r}));
+      if (relu)
+        v = k.fmax(v, k.cF32(0.0));
+      k.store(v, y, {r});
+    });
+  });
+  return y;
+}
 
 void mlir::moe::cpu::populateHyperRouterKernel(RewritePatternSet &p,
                                                const KernelOptions &o) {

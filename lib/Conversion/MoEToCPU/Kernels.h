@@ -31,6 +31,14 @@ void populateMadDispersionKernel(RewritePatternSet &p, const KernelOptions &o);
 void populateAdjacencyUpdateKernel(RewritePatternSet &p,
                                    const KernelOptions &o);
 void populateHyperRouterKernel(RewritePatternSet &p, const KernelOptions &o);
+/// moe.hyper_router's GEMV (HyperRouter.cpp), shared with its backward:
+/// y = m · x + bias ([rows] f32, any float operands; ReLU when `relu`), rows
+/// in memory order over row blocks on the workers.
+Value hyperAffine(CK &k, const KernelOptions &opts, Value m, Value x,
+                  Value bias, bool relu);
+/// Matrices of at most this many elements (1 MiB of f32) run on the calling
+/// thread in the hyper_router kernels: as at most CK::kInlineItems items.
+constexpr int64_t kHyperInlineElements = 1 << 18;
 void populateRouteKernel(RewritePatternSet &p, const KernelOptions &o);
 void populateDispatchPlanKernel(RewritePatternSet &p, const KernelOptions &o);
 /// moe.route feeding moe.dispatch_plan: one kernel (benefit 3).
@@ -42,6 +50,8 @@ void populateSimilarityInformGradKernel(RewritePatternSet &p,
 void populateTopkRenormGradKernel(RewritePatternSet &p, const KernelOptions &o);
 void populateAttentionPosteriorGradKernel(RewritePatternSet &p,
                                           const KernelOptions &o);
+void populateHyperRouterGradKernel(RewritePatternSet &p,
+                                   const KernelOptions &o);
 } // namespace moe::cpu
 } // namespace mlir
 

@@ -66,6 +66,7 @@ void mlir::moe::populateMoEToCPUKernelPatterns(RewritePatternSet &patterns,
   cpu::populateSimilarityInformGradKernel(patterns, opts);
   cpu::populateTopkRenormGradKernel(patterns, opts);
   cpu::populateAttentionPosteriorGradKernel(patterns, opts);
+  cpu::populateHyperRouterGradKernel(patterns, opts);
   populateSplitFusedRoutingPatterns(patterns);
 }
 
