@@ -15,6 +15,7 @@ Writes bench/results/training-<date>-t<threads>[-quick].json and .md.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -24,7 +25,7 @@ _THREADS = pin_threads(2)
 
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Callable  # noqa: E402
+from typing import Callable, Optional  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -62,14 +63,25 @@ def fwd_bwd(fn: Callable, inputs: list) -> Callable[[], list]:
     return step
 
 
-def _grad_error(ours: list, eager: list, atol: float = GRAD_ATOL) -> float:
+def _grad_error(ours: list, eager: list, atol: float = GRAD_ATOL,
+                reference64: Optional[Callable[[], list]] = None) -> float:
+    """Max abs difference of our gradients from eager's. Outside the tolerance, both are compared with a float64
+    reference (``reference64``, when given): ours pass when no further from it than eager's own float32 result
+    (with a factor 2 of slack), e.g. hyper_router's E·(D+1) = 262400-term sums, where eager's error is the larger."""
     worst = 0.0
-    for a, b in zip(ours, eager):
+    for n, (a, b) in enumerate(zip(ours, eager)):
         a = torch.zeros_like(b) if a is None else a
         b = torch.zeros_like(a) if b is None else b
         err = (a.float() - b.float()).abs()
         if (err > atol + GRAD_RTOL * b.float().abs()).any():
-            raise AssertionError(f"gradients differ: max abs err {err.max().item():.3g}")
+            msg = f"gradients differ: max abs err {err.max().item():.3g}"
+            if reference64 is None:
+                raise AssertionError(msg)
+            r = reference64()[n]
+            ours64 = float((a.double() - r).abs().max())
+            eager64 = float((b.double() - r).abs().max())
+            if not ours64 <= 2 * eager64 + atol:
+                raise AssertionError(f"{msg}; against float64: ours {ours64:.3g}, eager {eager64:.3g}")
         worst = max(worst, float(err.max()) if err.numel() else 0.0)
     return worst
 
@@ -84,7 +96,10 @@ def run_case(case: C.Case, args) -> dict:
     t0 = time.perf_counter()
     got = ours()
     rec["first_call_ms"] = (time.perf_counter() - t0) * 1e3
-    record_correct(rec, lambda: _grad_error(got, eager(), grad_atol(case.params)), key="max_abs_grad_err")
+    inputs64 = [t.double() if t.is_floating_point() else t for t in inputs]
+    reference64 = functools.lru_cache(maxsize=None)(lambda: fwd_bwd(case.eager, inputs64)())
+    record_correct(rec, lambda: _grad_error(got, eager(), grad_atol(case.params), reference64),
+                   key="max_abs_grad_err")
     reps = 20000 if case.regime == "decode" else 100
     rec["ours"] = measure(ours, args.budget, reps)
     rec["eager"] = measure(eager, args.budget, reps)
