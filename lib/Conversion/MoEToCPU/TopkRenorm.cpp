@@ -56,11 +56,13 @@ constexpr int64_t kLaneRowsPerItem = 64;
 /// The knockout top-k: rows selected together (their rounds interleaved) at
 /// most, and the key vectors of all of them at most. Each round is one long
 /// dependency chain (max, index, knockout: ~40 cycles), so a row alone leaves
-/// the core mostly idle; 8 rows of K = 64 (64 vectors on AVX2) spill part of
-/// their keys to the stack, which costs far less than the idle cycles
-/// (measured on AMD Zen 4, AVX2 and AVX-512: 2-4x faster than one row at a
-/// time).
-constexpr int64_t kMaxGroupRows = 8;
+/// the core mostly idle (measured on AMD Zen 4, AVX2 and AVX-512: 2-4x faster
+/// than one row at a time). Four rows, not eight: at K = 64 eight rows' keys
+/// (64 ymm on AVX2, 32 zmm) spilled enough that two threads ran no faster
+/// than one on AVX2; four rows took T = 16384, 2 threads, from 1.3 to 0.88 ms
+/// on x86-64-v3 and from 0.8-0.9 to 0.73 ms on x86-64-v4 (K = 256 also
+/// faster on both).
+constexpr int64_t kMaxGroupRows = 4;
 constexpr int64_t kKeyVectors = 64;
 
 /// memref [rows, X] -> [rows * X] (identity layout).

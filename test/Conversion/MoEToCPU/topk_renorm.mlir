@@ -6,22 +6,22 @@
 // TopK.h: -0 canonicalized by + 0, negative floats' magnitude flipped, NaN on top); each of the k rounds (an
 // scf.for, never unrolled) takes the largest key (maxsi, then a butterfly of shuffles that leaves it in every
 // lane), the lowest index holding it (minsi of the matching lanes' indices) and knocks that entry out
-// (INT32_MIN). No i64 anywhere: AVX2 has no 64-bit max. A static K of few vectors keeps the keys of up to 8 rows
+// (INT32_MIN). No i64 anywhere: AVX2 has no 64-bit max. A static K of few vectors keeps the keys of up to 4 rows
 // in the round loop's iter_args (rows interleaved: a round is one long dependency chain); a dynamic or long row
 // keeps them in per-worker scratch. The weights are vector<16xf32> epilogues over the selection, unrolled up to
 // k = 64 and a loop beyond (topk_large_k.mlir).
 
 // NO-I64-NOT: vector<{{[0-9]+}}xi64>
 
-// K = 64 = 4 vectors: 8 rows together, 32 key vectors through the rounds.
+// K = 64 = 4 vectors: 4 rows together, 16 key vectors through the rounds.
 // CHECK-LABEL: func.func @logits_renormalize
 // CHECK-SAME: %[[S:[^:]+]]: tensor<?x64xf32>
 // CHECK: %[[SB:.+]] = bufferization.to_buffer %[[S]] read_only
 // CHECK: %[[W:.+]] = memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<?x8xf32>
 // CHECK: %[[I:.+]] = memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<?x8xi32>
-// CHECK: memref.alloc() {alignment = 64 : i64} : memref<2x8x16xf32>
+// CHECK: memref.alloc() {alignment = 64 : i64} : memref<2x4x16xf32>
 // CHECK: scf.parallel
-// CHECK: scf.for %{{.+}} = %{{.+}} to %{{.+}} step %c8
+// CHECK: scf.for %{{.+}} = %{{.+}} to %{{.+}} step %c4
 // The keys: whole vectors, plain loads.
 // CHECK-NOT: vector.maskedload
 // CHECK: vector.load %[[SB]]{{.*}} : memref<?x64xf32>, vector<16xf32>
@@ -29,7 +29,7 @@
 // CHECK: arith.bitcast %{{.+}} : vector<16xf32> to vector<16xi32>
 // CHECK: arith.cmpf uno, %{{.+}}, %{{.+}} : vector<16xf32>
 // The k rounds.
-// CHECK: scf.for %{{.+}} = %c0 to %c8 step %c1 iter_args({{.*}}) -> ({{(vector<16xi32>, ){31}vector<16xi32>}})
+// CHECK: scf.for %{{.+}} = %c0 to %c8 step %c1 iter_args({{.*}}) -> ({{(vector<16xi32>, ){15}vector<16xi32>}})
 // CHECK: arith.maxsi %{{.+}}, %{{.+}} : vector<16xi32>
 // CHECK: vector.shuffle %{{.+}}, %{{.+}} [8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7] : vector<16xi32>, vector<16xi32>
 // CHECK: arith.maxsi %{{.+}}, %{{.+}} : vector<16xi32>
