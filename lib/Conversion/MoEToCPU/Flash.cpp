@@ -408,9 +408,10 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
           }
           Value guarded = k.andI(anyExcluded, k.isNaN(s.valuesNonFinite));
 
-          // PV: acc = acc · alpha + Σ_j p_j v_j, 16 value lanes at a time.
-          accumulateTile(k, opts, accBuf, pBuf, s.values, b, j0, widthChunks, alpha,
-                         sBuf, guarded);
+          // PV: acc = acc · alpha + Σ_j p_j v_j, a register of lanes at a
+          // time.
+          accumulateTile(k, opts, accBuf, pBuf, s.values, b, j0, widthChunks,
+                         alpha, sBuf, guarded);
           SmallVector<Value> next(mNew);
           next.append(lNew);
           return next;

@@ -31,7 +31,6 @@ using namespace mlir::moe;
 using namespace mlir::moe::cpu;
 
 namespace {
-constexpr int64_t kDyn = ShapedType::kDynamic;
 constexpr int64_t kRowsPerItem = 64;
 
 struct HyperRouterKernel : KernelPattern<HyperRouterOp> {
@@ -57,9 +56,8 @@ Value mlir::moe::cpu::hyperAffine(CK &k, const KernelOptions &opts, Value m,
   Value c0 = k.idx(0), c1 = k.idx(1);
   Value rows = k.dim(m, 0), cols = k.dim(m, 1);
   int64_t staticRows = cast<MemRefType>(m.getType()).getDimSize(0);
-  Value y = staticRows == kDyn
-                ? k.alloc(MemRefType::get({kDyn}, k.f32()), {rows})
-                : k.alloc(MemRefType::get({staticRows}, k.f32()), {});
+  Value y = k.alloc(MemRefType::get({staticRows}, k.f32()),
+                    CK::dynamicSizes({staticRows}, {rows}));
   int64_t lanes = k.lanes();
   Value full = k.divu(cols, k.idx(lanes));
   Value tail = k.sub(cols, k.mul(full, k.idx(lanes)));

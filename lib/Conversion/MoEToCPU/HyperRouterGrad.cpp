@@ -112,11 +112,9 @@ Value layerBackward(CK &k, const KernelOptions &opts, Value m, Value dy,
   });
 
   // dx = Σ_blocks partial, in block order.
-  auto xType = cast<MemRefType>(m.getType());
-  int64_t staticCols = xType.getDimSize(1);
-  Value dx = staticCols == kDyn
-                 ? k.alloc(MemRefType::get({kDyn}, k.f32()), {cols})
-                 : k.alloc(MemRefType::get({staticCols}, k.f32()), {});
+  int64_t staticCols = cast<MemRefType>(m.getType()).getDimSize(1);
+  Value dx = k.alloc(MemRefType::get({staticCols}, k.f32()),
+                     CK::dynamicSizes({staticCols}, {cols}));
   auto reduceAt = [&](Value col, bool whole) {
     Value s = k.forLoop(c0, blocks, c1, ValueRange{zeros},
                         [&](Value blk, ValueRange acc) -> SmallVector<Value> {

@@ -60,8 +60,9 @@ constexpr int64_t kLaneRowsPerItem = 64;
 /// than one row at a time). Four rows, not eight: at K = 64 eight rows' keys
 /// (64 ymm on AVX2, 32 zmm) spilled enough that two threads ran no faster
 /// than one on AVX2; four rows took T = 16384, 2 threads, from 1.3 to 0.88 ms
-/// on x86-64-v3 and from 0.8-0.9 to 0.73 ms on x86-64-v4 (K = 256 also
-/// faster on both).
+/// on x86-64-v3 and from 0.8-0.9 to 0.73 ms on x86-64-v4 (K = 256 is not
+/// affected: its key vectors already limit it to 4 rows on AVX-512, 2 on
+/// AVX2).
 constexpr int64_t kMaxGroupRows = 4;
 constexpr int64_t kKeyVectors = 64;
 
