@@ -26,6 +26,7 @@
 #include "Route.h"
 #include "Kernels.h"
 
+#include "MoE/Kernels/Route.h"
 #include "MoE/Kernels/TopK.h"
 
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
@@ -46,7 +47,8 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 class RouteRow {
 public:
   RouteRow(CK &k, RouteOp op, Value x, Value bias, Value w, Value idx)
-      : k(k), op(op), x(x), bias(bias), w(w), idx(idx) {
+      : k(k), op(op), spec(routeSpecOf(op)), x(x), bias(bias), w(w),
+        idx(idx) {
     topk = op.getK();
     groups = op.getNGroup();
     scoreFirst = op.getOrder() == RouteOrder::score_then_topk;
@@ -74,6 +76,7 @@ public:
 private:
   CK &k;
   RouteOp op;
+  RouteSpec spec;
   Value x, bias, w, idx;
   int64_t topk, groups;
   bool scoreFirst, fromLogits;
@@ -97,12 +100,10 @@ private:
 
   /// Step 1: s[0, E) = softmax(x) or sigmoid(x) (pad lanes are scratch).
   void emitScores(Value r, Value s) {
-    Value one = k.constLike(k.vf32(), 1.0), zero = k.constLike(k.vf32(), 0.0);
+    Value zero = k.constLike(k.vf32(), 0.0);
     if (scoring == RouteScoring::sigmoid) {
-      // 1 / (1 + exp(-x)): -inf -> 0, +inf -> 1, NaN -> NaN.
       eachChunk([&](Value base) {
-        Value v = logitChunk(r, base, 0.0);
-        k.vstore(k.fdiv(one, k.fadd(one, k.exp(k.fsub(zero, v)))), s, {base});
+        k.vstore(sigmoid(k, logitChunk(r, base, 0.0)), s, {base});
       });
       return;
     }
@@ -125,11 +126,8 @@ private:
                     return {k.fadd(acc[0], e)};
                   })[0]);
     Value sumV = k.splat(sum, kLanes);
-    Value masked = k.splat(
-        k.cmpf(arith::CmpFPredicate::OEQ, max, k.negInfLike(k.f32())), kLanes);
     eachChunk([&](Value base) {
-      Value p = k.fdiv(k.vload(s, {base}), sumV);
-      k.vstore(k.select(masked, zero, p), s, {base});
+      k.vstore(softmaxScore(k, k.vload(s, {base}), maxV, sumV), s, {base});
     });
   }
 
@@ -249,42 +247,27 @@ private:
     });
   }
 
-  /// Step 5: scoring after the top-k, renormalization, scaling.
+  /// Step 5: scoring after the top-k, renormalization, scaling (the shared
+  /// formulas of MoE/Kernels/Route.h; sums in pick order).
   void emitWeights(Value r, Value sel) {
-    Value zero = k.cF32(0.0), one = k.cF32(1.0);
+    Value selMax, selSum;
     if (!scoreFirst && scoring == RouteScoring::softmax) {
-      // Softmax over the k picks (with a bias the first pick need not be the
-      // largest logit): max, exp, sum; a selection of -inf gives zeros.
-      Value max = k.forLoop(k.idx(0), k.idx(topk), k.idx(1),
-                            ValueRange{k.negInfLike(k.f32())},
-                            [&](Value j, ValueRange acc) -> SmallVector<Value> {
-                              return {k.fmax(acc[0], k.load(sel, {j}))};
-                            })[0];
-      mapSel(sel, [&](Value v) { return k.exp(k.fsub(v, max)); });
-      Value sum = sumSel(sel, [](Value v) { return v; });
-      Value masked =
-          k.cmpf(arith::CmpFPredicate::OEQ, max, k.negInfLike(k.f32()));
-      mapSel(sel, [&](Value v) {
-        return k.select(masked, zero, k.fdiv(v, sum));
-      });
-    } else if (!scoreFirst && scoring == RouteScoring::sigmoid) {
-      mapSel(sel, [&](Value v) {
-        return k.fdiv(one, k.fadd(one, k.exp(k.fsub(zero, v))));
-      });
+      selMax = k.forLoop(k.idx(0), k.idx(topk), k.idx(1),
+                         ValueRange{k.negInfLike(k.f32())},
+                         [&](Value j, ValueRange acc) -> SmallVector<Value> {
+                           return {k.fmax(acc[0], k.load(sel, {j}))};
+                         })[0];
+      selSum = sumSel(sel, [&](Value v) { return k.exp(k.fsub(v, selMax)); });
     }
-    if (op.getRenormalize()) {
-      Value sum = sumSel(sel, [](Value v) { return v; });
-      Value isZero = k.cmpf(arith::CmpFPredicate::OEQ, sum, zero);
+    if (!scoreFirst)
       mapSel(sel, [&](Value v) {
-        return k.select(isZero, zero, k.fdiv(v, sum));
+        return routeSelectedScore(k, spec, v, selMax, selSum);
       });
-    }
-    double scale = op.getRoutedScalingFactor().convertToDouble();
+    Value wSum;
+    if (spec.renormalize)
+      wSum = sumSel(sel, [](Value v) { return v; });
     k.forLoop(k.idx(0), k.idx(topk), k.idx(1), [&](Value j) {
-      Value v = k.load(sel, {j});
-      if (scale != 1.0)
-        v = k.fmul(v, k.cF32(scale));
-      k.store(v, w, {r, j});
+      k.store(routeWeight(k, spec, k.load(sel, {j}), wSum), w, {r, j});
     });
   }
 };

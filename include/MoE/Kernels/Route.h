@@ -1,0 +1,92 @@
+//===- Route.h - moe.route's scoring and weights, once ----------*- C++ -*-===//
+//
+// Part of the MoE-MLIR project.
+//
+// The per-element maths of moe.route (MoERoutingOps.td), shared by the CPU
+// kernel (vector lanes, lib/Conversion/MoEToCPU/Route.cpp) and the GPU kernel
+// (one thread's scalars, lib/Conversion/MoEToGPU/Route.cpp). The reductions
+// around them (a row's max and Σ exp, the selection's sums) are the
+// targets': vector reductions on the CPU, warp butterflies on the GPU. The
+// selection order is TopK.h's.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_KERNELS_ROUTE_H
+#define MOE_KERNELS_ROUTE_H
+
+#include "MoE/Kernels/Builder.h"
+
+namespace mlir::moe::kernels {
+
+/// moe.route's modes, without the dialect (the conversions fill it from the
+/// op's attributes).
+struct RouteSpec {
+  enum class Scoring { Softmax, Sigmoid, None };
+  int64_t k = 1;
+  Scoring scoring = Scoring::Softmax;
+  /// order(score_then_topk); false for topk_then_score.
+  bool scoreFirst = true;
+  int64_t groups = 1;
+  int64_t topkGroup = 1;
+  /// group_score(top2_sum); false for max.
+  bool top2 = true;
+  bool renormalize = false;
+  double scale = 1.0;
+
+  /// The choice scores and the weights' sources are the logits themselves
+  /// (no scoring before the top-k).
+  bool fromLogits() const { return !scoreFirst || scoring == Scoring::None; }
+};
+
+/// The spec of a moe.route op (a template so that this target-neutral library
+/// does not depend on the dialect; `RouteOpT` is mlir::moe::RouteOp).
+template <typename RouteOpT>
+RouteSpec routeSpecOf(RouteOpT op) {
+  using Scoring = decltype(op.getScoring());
+  using Order = decltype(op.getOrder());
+  using Group = decltype(op.getGroupScore());
+  RouteSpec spec;
+  spec.k = op.getK();
+  spec.scoring = op.getScoring() == Scoring::softmax
+                     ? RouteSpec::Scoring::Softmax
+                 : op.getScoring() == Scoring::sigmoid
+                     ? RouteSpec::Scoring::Sigmoid
+                     : RouteSpec::Scoring::None;
+  spec.scoreFirst = op.getOrder() == Order::score_then_topk;
+  spec.groups = op.getNGroup();
+  spec.topkGroup = op.getTopkGroup();
+  spec.top2 = op.getGroupScore() == Group::top2_sum;
+  spec.renormalize = op.getRenormalize();
+  spec.scale = op.getRoutedScalingFactor().convertToDouble();
+  return spec;
+}
+
+/// sigmoid(x) = 1 / (1 + exp(-x)): -inf -> 0, +inf -> 1, NaN -> NaN.
+Value sigmoid(KernelBuilder &k, Value x);
+
+/// A softmax score from e = exp(x - rowMax) and rowSum = Σ_row e: e / rowSum,
+/// and 0 on a row whose max is -inf (every logit -inf: no NaN).
+Value softmaxScore(KernelBuilder &k, Value e, Value rowMax, Value rowSum);
+
+/// The score before the top-k (score_then_topk, scoring != none) of the
+/// logit x given the row's max and Σ exp(x - max) (softmax only; null
+/// otherwise).
+Value routeScore(KernelBuilder &k, const RouteSpec &spec, Value x,
+                 Value rowMax, Value rowSum);
+
+/// The weight of a selected value v before renormalization. topk_then_score:
+/// softmax over the selection (from its max and Σ exp(v - selMax); 0 when
+/// selMax is -inf) or sigmoid; otherwise v itself (already a score).
+/// selMax/selSum are null unless topk_then_score with softmax.
+Value routeSelectedScore(KernelBuilder &k, const RouteSpec &spec, Value v,
+                         Value selMax, Value selSum);
+
+/// The final weight of a selected score w given Σ w over the selection (null
+/// without renormalization): w / Σ (0 for a zero sum), times the routed
+/// scaling factor.
+Value routeWeight(KernelBuilder &k, const RouteSpec &spec, Value w,
+                  Value wSum);
+
+} // namespace mlir::moe::kernels
+
+#endif // MOE_KERNELS_ROUTE_H
