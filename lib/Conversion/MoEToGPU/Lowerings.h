@@ -73,6 +73,8 @@ MOE_GPU_LOWERING_PATTERN(AttentionPosteriorTopkToGPU, AttentionPosteriorTopkOp);
 MOE_GPU_LOWERING_PATTERN(MadDispersionToGPU, MadDispersionOp);
 MOE_GPU_LOWERING_PATTERN(AdjacencyUpdateToGPU, AdjacencyUpdateOp);
 MOE_GPU_LOWERING_PATTERN(HyperRouterToGPU, HyperRouterOp);
+MOE_GPU_LOWERING_PATTERN(RouteToGPU, RouteOp);
+MOE_GPU_LOWERING_PATTERN(DispatchPlanToGPU, DispatchPlanOp);
 #undef MOE_GPU_LOWERING_PATTERN
 
 /// The flash-style mixing kernel shared by similarity_inform and

@@ -66,7 +66,8 @@ void mlir::moe::populateMoEToGPUPatterns(
   patterns
       .add<TopkRenormToGPU, SimilarityInformToGPU, SimilarityInformTopkToGPU,
            AttentionPosteriorToGPU, AttentionPosteriorTopkToGPU,
-           MadDispersionToGPU, AdjacencyUpdateToGPU, HyperRouterToGPU>(
+           MadDispersionToGPU, AdjacencyUpdateToGPU, HyperRouterToGPU,
+           RouteToGPU, DispatchPlanToGPU>(
           patterns.getContext(), options);
   patterns.add<ReturnedEmptyToGPU>(patterns.getContext());
 }

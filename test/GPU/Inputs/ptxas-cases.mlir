@@ -69,3 +69,19 @@ func.func @hyper(%emb: tensor<256xf32>, %w1: tensor<256x256xf32>, %b1: tensor<25
   %w, %b = moe.hyper_router %emb, %w1, %b1, %w2, %b2 num_experts(16) : tensor<256xf32>, tensor<256x256xf32>, tensor<256xf32>, tensor<4112x256xf32>, tensor<4112xf32> -> tensor<16x256xf32>, tensor<16xf32>
   return %w, %b : tensor<16x256xf32>, tensor<16xf32>
 }
+func.func @nospill_route_deepseek_v3(%l: tensor<?x256xbf16>, %b: tensor<256xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  %w, %i = moe.route %l bias(%b : tensor<256xf32>) k(8) scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) routed_scaling_factor(2.500000e+00) : tensor<?x256xbf16> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}
+func.func @nospill_route_kimi_k2(%l: tensor<?x384xf32>, %b: tensor<384xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  %w, %i = moe.route %l bias(%b : tensor<384xf32>) k(8) scoring(sigmoid) renormalize(true) routed_scaling_factor(2.827000e+00) : tensor<?x384xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}
+func.func @route_gpt_oss(%l: tensor<?x128xbf16>) -> (tensor<?x4xf32>, tensor<?x4xi32>) {
+  %w, %i = moe.route %l k(4) order(topk_then_score) : tensor<?x128xbf16> -> tensor<?x4xf32>, tensor<?x4xi32>
+  return %w, %i : tensor<?x4xf32>, tensor<?x4xi32>
+}
+func.func @dispatch_plan(%idx: tensor<?x8xi32>) -> (tensor<256xi32>, tensor<257xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>) {
+  %c, %o, %ord, %inv, %p, %b, %n = moe.dispatch_plan %idx num_experts(256) block_size(64) : tensor<?x8xi32> -> tensor<256xi32>, tensor<257xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
+  return %c, %o, %ord, %inv, %p, %b, %n : tensor<256xi32>, tensor<257xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
+}

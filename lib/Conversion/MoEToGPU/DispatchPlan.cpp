@@ -1,0 +1,310 @@
+//===- DispatchPlan.cpp - moe.dispatch_plan on the GPU --------------------===//
+//
+// Part of the MoE-MLIR project.
+//
+// A stable counting sort of the N = T·k assignments by expert, without
+// atomics, so that the plan is the same on every run (vLLM's
+// moe_align_block_size counts with atomics and orders within an expert by
+// arrival; the dialect's plan is the stable order). Three kernels on the
+// stream:
+//
+//  1. dispatch_counts: one warp per chunk of 1024 assignments, 32 at a time in
+//     assignment order. Lanes holding the same expert find each other with
+//     match.any.sync; the lowest of them adds their number to the chunk's
+//     count of that expert in workgroup memory. Writes counts[chunk][e];
+//     records an index outside [0, E) in the error word.
+//  2. dispatch_scan: one block: per expert the total over the chunks (the
+//     `counts` result), the exclusive scans (`offsets`, the block-padded
+//     offsets, `num_padded`), each chunk's first position per expert (in
+//     place of its count) and the expert of every padded block.
+//  3. dispatch_scatter: the warps of kernel 1 again; an assignment's position
+//     is its chunk's base for its expert plus the number of lower lanes of
+//     the same step holding that expert (a popcount of the match mask), plus
+//     the earlier steps' (the running base in workgroup memory). Writes
+//     `order`, `inverse` and `padded_order`.
+//
+// `order` and `inverse` start as -1 and `padded_order` as N (stream memsets),
+// so invalid assignments and padding read as the op defines.
+//
+//===----------------------------------------------------------------------===//
+
+#include "KernelUtils.h"
+#include "Lowerings.h"
+
+#include "MoE/Runtime/ErrorReporting.h"
+
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::gpu_lowering;
+
+namespace {
+/// Steps of 32 assignments a warp takes per chunk.
+constexpr int64_t kChunkSteps = 32;
+constexpr int64_t kChunk = kWarp * kChunkSteps;
+/// Threads of the scan kernel.
+constexpr int64_t kScanThreads = 256;
+
+/// One step of a chunk warp: this lane's assignment, whether it is valid
+/// (in [0, N) and its expert in [0, E)) and the lanes holding the same
+/// expert.
+struct Step {
+  Value n, inBounds, inRange, expertI32, peers;
+};
+
+class ChunkWarp {
+public:
+  ChunkWarp(KB &k, Value indices, int64_t numExperts)
+      : k(k), indices(indices), numExperts(numExperts) {
+    lane = k.threadId();
+    chunk = k.blockId();
+    kSel = k.dim(indices, 1);
+    total = k.mul(k.dim(indices, 0), kSel);
+  }
+
+  KB &k;
+  Value indices, lane, chunk, kSel, total;
+  int64_t numExperts;
+
+  /// For every expert e this lane owns (e = lane, lane + 32, ...).
+  void eachExpert(function_ref<void(Value e)> body) {
+    k.forLoop(lane, k.idx(numExperts), k.idx(kWarp), body);
+  }
+
+  /// The chunk's steps in order, a barrier after each.
+  void eachStep(function_ref<void(const Step &)> body) {
+    k.forLoop(k.idx(0), k.idx(kChunkSteps), k.idx(1), [&](Value s) {
+      Step st;
+      st.n = k.add(k.add(k.mul(chunk, k.idx(kChunk)), k.mul(s, k.idx(kWarp))),
+                   lane);
+      st.inBounds = k.lt(st.n, total);
+      Value safe = k.select(st.inBounds, st.n, k.idx(0));
+      Value v = k.castInt(
+          k.load(indices, {k.divu(safe, kSel), k.remu(safe, kSel)}), k.i64());
+      st.inRange = k.andI(
+          st.inBounds,
+          k.andI(k.cmpi(arith::CmpIPredicate::sge, v, k.cI64(0)),
+                 k.lt(v, k.cI64(numExperts))));
+      value = v;
+      st.expertI32 = k.select(st.inRange, k.trunc(v, k.i32()), k.cI32(-1));
+      // Every lane takes part (the block is one warp): out-of-range and
+      // past-the-end lanes match each other on -1 and are never used.
+      st.peers = NVVM::MatchSyncOp::create(k.b, k.i32(), k.cI32(-1),
+                                           st.expertI32,
+                                           NVVM::MatchSyncKind::any);
+      body(st);
+      k.barrier();
+    });
+  }
+
+  /// True on the lowest lane of `peers`.
+  Value isLeader(const Step &st) {
+    Value first = math::CountTrailingZerosOp::create(k.b, st.peers);
+    return k.eq(first, k.castInt(lane, k.i32()));
+  }
+  Value popcount(Value mask) { return math::CtPopOp::create(k.b, mask); }
+
+  /// The raw index of the current step (i64), for error reports.
+  Value value;
+};
+
+Value asIndex(KB &k, Value v) { return k.castInt(v, k.index()); }
+} // namespace
+
+LogicalResult
+DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
+                         ConversionPatternRewriter &rewriter) const {
+  const int64_t E = op.getNumExperts(), B = op.getBlockSize();
+  Location loc = op.getLoc();
+  MLIRContext *ctx = op.getContext();
+  HostCode h(rewriter, op);
+  KB &k = h.k;
+  Type i32 = k.i32();
+  Value idx = h.buffer(adaptor.getIndices());
+  Value n = k.mul(k.dim(idx, 0), k.dim(idx, 1));
+  Value padded = k.add(n, k.idx(E * (B - 1)));
+  Value numBlocks = k.ceilDiv(padded, k.idx(B));
+  // Results in the op's order, with the sizes of their dynamic dim.
+  SmallVector<Value> sizes = {k.idx(E), k.idx(E + 1), n,        n,
+                              padded,   numBlocks,    k.idx(1)};
+  SmallVector<Value> results;
+  for (auto [result, size] : llvm::zip(op->getResults(), sizes)) {
+    auto type = cast<RankedTensorType>(result.getType());
+    results.push_back(h.allocLike(
+        type, type.isDynamicDim(0) ? ValueRange{size} : ValueRange{}));
+  }
+  Value counts = results[0], offsets = results[1], order = results[2],
+        inverse = results[3], paddedOrder = results[4],
+        blockExperts = results[5], numPadded = results[6];
+  Value chunks = k.ceilDiv(n, k.idx(kChunk));
+  Value chunkBase = h.alloc(MemRefType::get({ShapedType::kDynamic}, i32),
+                            {k.mul(chunks, k.idx(E))});
+  Value paddedOffsets = h.alloc(MemRefType::get({E + 1}, i32), {});
+  h.fill32(order, k.cI32(-1));
+  h.fill32(inverse, k.cI32(-1));
+  h.fill32(paddedOrder, k.trunc(k.castInt(n, k.i64()), i32));
+  Value word = h.errorWord();
+  MemRefType perExpert = workgroupMemRef({E}, i32);
+
+  // 1. Counts per chunk.
+  {
+    ImplicitLocOpBuilder kb(loc, ctx);
+    auto kernel = createKernel(
+        h, "dispatch_counts",
+        {idx.getType(), chunkBase.getType(), k.b.getI64Type()}, {perExpert},
+        {kWarp, 1, 1}, kb);
+    KB kk(kb);
+    Block &entry = kernel.getBody().front();
+    Value base = entry.getArgument(1), w = entry.getArgument(2);
+    Value local = kernel.getWorkgroupAttributions()[0];
+    ChunkWarp cw(kk, entry.getArgument(0), E);
+    cw.eachExpert([&](Value e) { kk.store(kk.cI32(0), local, {e}); });
+    kk.barrier();
+    cw.eachStep([&](const Step &st) {
+      kk.ifThen(kk.andI(st.inBounds, kk.notI1(st.inRange)), [&] {
+        emitRecordIndexError(kk, w, kMoEErrorDispatchPlanIndices,
+                             kk.castInt(st.n, kk.i64()), cw.value,
+                             kk.cI64(E));
+      });
+      kk.ifThen(kk.andI(st.inRange, cw.isLeader(st)), [&] {
+        Value e = asIndex(kk, st.expertI32);
+        kk.store(kk.add(kk.load(local, {e}), cw.popcount(st.peers)), local,
+                 {e});
+      });
+    });
+    cw.eachExpert([&](Value e) {
+      kk.store(kk.load(local, {e}), base,
+               {kk.add(kk.mul(cw.chunk, kk.idx(E)), e)});
+    });
+    h.launch(kernel, {chunks, k.idx(1), k.idx(1)}, {kWarp, 1, 1},
+             {idx, chunkBase, word});
+  }
+
+  // 2. Totals, scans, chunk bases, block experts.
+  {
+    ImplicitLocOpBuilder kb(loc, ctx);
+    SmallVector<Value> args = {idx,           chunkBase,    counts,
+                               offsets,       paddedOffsets, blockExperts,
+                               numPadded};
+    auto kernel =
+        createKernel(h, "dispatch_scan", ValueRange(args).getTypes(),
+                     {perExpert}, {kScanThreads, 1, 1}, kb);
+    KB kk(kb);
+    Block &entry = kernel.getBody().front();
+    Value ix = entry.getArgument(0), base = entry.getArgument(1),
+          cnt = entry.getArgument(2), off = entry.getArgument(3),
+          poff = entry.getArgument(4), blocks = entry.getArgument(5),
+          num = entry.getArgument(6);
+    Value totals = kernel.getWorkgroupAttributions()[0];
+    Value tid = kk.threadId();
+    Value nk = kk.mul(kk.dim(ix, 0), kk.dim(ix, 1));
+    Value numChunks = kk.ceilDiv(nk, kk.idx(kChunk));
+    auto eachExpert = [&](function_ref<void(Value)> body) {
+      kk.forLoop(tid, kk.idx(E), kk.idx(kScanThreads), body);
+    };
+    auto at = [&](Value c, Value e) {
+      return kk.add(kk.mul(c, kk.idx(E)), e);
+    };
+    eachExpert([&](Value e) {
+      Value sum = kk.forLoop(kk.idx(0), numChunks, kk.idx(1),
+                             ValueRange{kk.cI32(0)},
+                             [&](Value c, ValueRange acc) -> SmallVector<Value> {
+                               return {kk.add(acc[0],
+                                              kk.load(base, {at(c, e)}))};
+                             })[0];
+      kk.store(sum, totals, {e});
+      kk.store(sum, cnt, {e});
+    });
+    kk.barrier();
+    // The scans are E steps of one thread (E is small next to N).
+    kk.ifThen(kk.eq(tid, kk.idx(0)), [&] {
+      SmallVector<Value> end = kk.forLoop(
+          kk.idx(0), kk.idx(E), kk.idx(1), {kk.cI32(0), kk.cI32(0)},
+          [&](Value e, ValueRange acc) -> SmallVector<Value> {
+            kk.store(acc[0], off, {e});
+            kk.store(acc[1], poff, {e});
+            Value c = kk.load(totals, {e});
+            Value rounded =
+                kk.mul(kk.ceilDiv(c, kk.cI32(B)), kk.cI32(B));
+            return {kk.add(acc[0], c), kk.add(acc[1], rounded)};
+          });
+      kk.store(end[0], off, {kk.idx(E)});
+      kk.store(end[1], poff, {kk.idx(E)});
+      kk.store(end[1], num, {kk.idx(0)});
+    });
+    kk.barrier();
+    eachExpert([&](Value e) {
+      kk.forLoop(kk.idx(0), numChunks, kk.idx(1),
+                 ValueRange{kk.load(off, {e})},
+                 [&](Value c, ValueRange run) -> SmallVector<Value> {
+                   Value count = kk.load(base, {at(c, e)});
+                   kk.store(run[0], base, {at(c, e)});
+                   return {kk.add(run[0], count)};
+                 });
+      // Expert e's padded blocks.
+      Value first = kk.divu(asIndex(kk, kk.load(poff, {e})), kk.idx(B));
+      Value last = kk.divu(
+          asIndex(kk, kk.load(poff, {kk.add(e, kk.idx(1))})), kk.idx(B));
+      Value eI32 = kk.castInt(e, kk.i32());
+      kk.forLoop(first, last, kk.idx(1),
+                 [&](Value blk) { kk.store(eI32, blocks, {blk}); });
+    });
+    // The blocks past the last used one.
+    Value used = kk.divu(asIndex(kk, kk.load(poff, {kk.idx(E)})), kk.idx(B));
+    kk.forLoop(kk.add(used, tid), kk.dim(blocks, 0), kk.idx(kScanThreads),
+               [&](Value blk) { kk.store(kk.cI32(-1), blocks, {blk}); });
+    h.launch(kernel, {k.idx(1), k.idx(1), k.idx(1)}, {kScanThreads, 1, 1},
+             args);
+  }
+
+  // 3. Positions.
+  {
+    ImplicitLocOpBuilder kb(loc, ctx);
+    SmallVector<Value> args = {idx,   chunkBase, offsets,    paddedOffsets,
+                               order, inverse,   paddedOrder};
+    auto kernel =
+        createKernel(h, "dispatch_scatter", ValueRange(args).getTypes(),
+                     {perExpert}, {kWarp, 1, 1}, kb);
+    KB kk(kb);
+    Block &entry = kernel.getBody().front();
+    Value base = entry.getArgument(1), off = entry.getArgument(2),
+          poff = entry.getArgument(3), ord = entry.getArgument(4),
+          inv = entry.getArgument(5), pord = entry.getArgument(6);
+    Value running = kernel.getWorkgroupAttributions()[0];
+    ChunkWarp cw(kk, entry.getArgument(0), E);
+    cw.eachExpert([&](Value e) {
+      kk.store(kk.load(base, {kk.add(kk.mul(cw.chunk, kk.idx(E)), e)}),
+               running, {e});
+    });
+    kk.barrier();
+    Value laneI32 = kk.castInt(cw.lane, kk.i32());
+    Value lower = kk.sub(kk.shl(kk.cI32(1), laneI32), kk.cI32(1));
+    cw.eachStep([&](const Step &st) {
+      Value e = asIndex(kk, kk.select(st.inRange, st.expertI32, kk.cI32(0)));
+      kk.ifThen(st.inRange, [&] {
+        Value rank = cw.popcount(kk.andI(st.peers, lower));
+        Value pos = kk.add(kk.load(running, {e}), rank);
+        Value nI32 = kk.castInt(st.n, kk.i32());
+        kk.store(nI32, ord, {asIndex(kk, pos)});
+        kk.store(pos, inv, {st.n});
+        Value within = kk.sub(pos, kk.load(off, {e}));
+        kk.store(nI32, pord, {asIndex(kk, kk.add(kk.load(poff, {e}), within))});
+      });
+      // Everybody has read the base before the leader moves it on.
+      kk.barrier();
+      kk.ifThen(kk.andI(st.inRange, cw.isLeader(st)), [&] {
+        kk.store(kk.add(kk.load(running, {e}), cw.popcount(st.peers)),
+                 running, {e});
+      });
+    });
+    h.launch(kernel, {chunks, k.idx(1), k.idx(1)}, {kWarp, 1, 1}, args);
+  }
+
+  h.release(chunkBase);
+  h.release(paddedOffsets);
+  h.finish(/*checkErrors=*/true);
+  h.replace(op, results);
+  return success();
+}

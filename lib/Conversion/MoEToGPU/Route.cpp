@@ -1,0 +1,309 @@
+//===- Route.cpp - moe.route on the GPU -----------------------------------===//
+//
+// Part of the MoE-MLIR project.
+//
+// One group of W = min(32, pow2ceil(E)) lanes per token (several tokens per
+// warp for small E, as moe.topk_renorm's register kernel); lane `lane` holds
+// the experts m*W + lane, m < ceil(E / W), in registers. Per token:
+//
+// 1. scores: softmax (a butterfly max and Σ exp over the row) or sigmoid,
+//    then the choice values c = s + bias (or the logits + bias for
+//    topk_then_score) packed as (ordered key, index) candidates, TopK.h's
+//    order: NaN first, larger values, lower index;
+// 2. groups (n_group > 1): each group's best one or two candidates by
+//    butterfly maxes, its score (their sum, or the best), then the topk_group
+//    best groups as a bit mask that every lane computes alike from the same
+//    values; candidates of the other groups become "none" (below every
+//    candidate: at least k experts are kept, so none is ever chosen). When a
+//    group spans whole lane columns (E/G a multiple of W, DeepSeek-V3: 32
+//    experts a group, W = 32) its members are known at compile time;
+// 3. k rounds: the butterfly max of the candidates strictly below the
+//    previous pick; lane j % W stores pick j's index and its weight source,
+//    the logit reloaded (L1) and scored again (the same operations on the
+//    same value: the score the choice was made on, bit for bit);
+// 4. each lane turns its own picks into weights with the shared formulas of
+//    MoE/Kernels/Route.h (post-selection score, renormalization, scaling);
+//    the selection's max and sums are butterflies over the group.
+//
+// The SGLang/vLLM fused routers (biased_grouped_topk) use the same layout
+// idea: one warp per token, the group maxima by warp reductions.
+//
+//===----------------------------------------------------------------------===//
+
+#include "KernelUtils.h"
+#include "Lowerings.h"
+
+#include "MoE/Kernels/Route.h"
+
+#include "llvm/Support/MathExtras.h"
+
+#include <limits>
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::gpu_lowering;
+using namespace mlir::moe::kernels;
+
+namespace {
+/// Largest expert count of the register kernel (32 values per lane).
+constexpr int64_t kRouteMaxExperts = 1024;
+/// Largest n_group: the kept groups are the bits of an i64.
+constexpr int64_t kRouteMaxGroups = 64;
+
+/// The kernel of one token per group of `width` lanes (the file header).
+class RouteWarpKernel {
+public:
+  RouteWarpKernel(ImplicitLocOpBuilder &b, const RouteSpec &spec,
+                  int64_t numExperts, int64_t width, int64_t blockSize)
+      : k(b), spec(spec), numExperts(numExperts), width(width),
+        blockSize(blockSize), vpt(llvm::divideCeil(numExperts, width)) {}
+
+  void emit(Value x, Value bias, Value weights, Value indices) {
+    this->x = x;
+    Value tid = k.threadId();
+    lane = k.remu(tid, k.idx(width));
+    Value numTokens = k.dim(x, 0);
+    Value token = k.add(k.mul(k.blockId(), k.idx(blockSize / width)),
+                        k.divu(tid, k.idx(width)));
+    active = k.lt(token, numTokens);
+    // Inactive groups of the last block work on a valid row and store
+    // nothing: every lane must take part in the shuffles.
+    row = k.select(active, token, k.sub(numTokens, k.idx(1)));
+    none = noCandidate(k, k.i64());
+
+    loadCandidates(bias);
+    if (spec.groups > 1)
+      dropGroups();
+    rounds(weights, indices);
+    epilogue(weights);
+  }
+
+private:
+  KB k;
+  const RouteSpec &spec;
+  int64_t numExperts, width, blockSize, vpt;
+  Value x, lane, active, row, none;
+  Value rowMax, rowSum;
+  /// Per value m of this lane: the expert (i32), whether it exists (null when
+  /// it always does), the packed candidate.
+  SmallVector<Value> expert, inRange, cand;
+
+  Value reduce(Value v, ReduceKind kind) {
+    return subgroupReduce(k, v, kind, width);
+  }
+
+  /// Element `col` of `memref` (row `r`, or 1-D when `r` is null) widened to
+  /// f32, or `pad` past the last expert.
+  Value loadOrPad(Value memref, Value r, int64_t m, double pad) {
+    Value col = k.add(k.idx(m * width), lane);
+    auto at = [&](Value c) {
+      return r ? k.loadF(memref, {r, c}) : k.loadF(memref, {c});
+    };
+    if (!inRange[m])
+      return at(col);
+    Value safe = k.select(inRange[m], col, k.idx(numExperts - 1));
+    return k.select(inRange[m], at(safe), k.cF32(pad));
+  }
+
+  /// Step 1: the row's scores and the candidates of the choice values.
+  void loadCandidates(Value bias) {
+    Value laneI32 = k.castInt(lane, k.i32());
+    for (int64_t m = 0; m < vpt; ++m) {
+      expert.push_back(k.add(k.cI32(m * width), laneI32));
+      inRange.push_back((m + 1) * width <= numExperts
+                            ? Value()
+                            : k.lt(expert.back(), k.cI32(numExperts)));
+    }
+    constexpr double kInf = std::numeric_limits<double>::infinity();
+    SmallVector<Value> xs;
+    for (int64_t m = 0; m < vpt; ++m)
+      xs.push_back(loadOrPad(x, row, m, -kInf));
+    if (!spec.fromLogits() && spec.scoring == RouteSpec::Scoring::Softmax) {
+      Value mx = xs[0];
+      for (Value v : ArrayRef<Value>(xs).drop_front())
+        mx = k.fmax(mx, v);
+      rowMax = reduce(mx, ReduceKind::Max);
+      Value sum = k.cF32(0.0);
+      for (Value v : xs)
+        sum = k.fadd(sum, k.exp(k.fsub(v, rowMax)));
+      rowSum = reduce(sum, ReduceKind::Sum);
+    }
+    for (int64_t m = 0; m < vpt; ++m) {
+      Value c = routeScore(k, spec, xs[m], rowMax, rowSum);
+      if (bias)
+        c = k.fadd(c, loadOrPad(bias, Value(), m, 0.0));
+      Value packed = packCandidate(k, orderedKey(k, c), expert[m]);
+      cand.push_back(inRange[m] ? k.select(inRange[m], packed, none)
+                                : packed);
+    }
+  }
+
+  /// Step 2: keep the topk_group best groups.
+  void dropGroups() {
+    int64_t groups = spec.groups, groupSize = numExperts / groups;
+    // A group spans whole lane columns: value m of every lane is in group
+    // m*W / groupSize. Otherwise each value computes its group.
+    bool columns = groupSize % width == 0;
+    SmallVector<Value> groupOf;
+    if (!columns)
+      for (int64_t m = 0; m < vpt; ++m)
+        groupOf.push_back(k.divu(expert[m], k.cI32(groupSize)));
+    auto isStaticMember = [&](int64_t m, int64_t g) {
+      return (m * width) / groupSize == g;
+    };
+
+    SmallVector<Value> groupCand;
+    for (int64_t g = 0; g < groups; ++g) {
+      // Members of g: a compile-time subset of the values, or a compare.
+      auto groupBest = [&](Value below) {
+        Value best = none;
+        for (int64_t m = 0; m < vpt; ++m) {
+          if (columns && !isStaticMember(m, g))
+            continue;
+          Value c = cand[m];
+          if (below)
+            c = k.select(k.lt(c, below), c, none);
+          if (!columns)
+            c = k.select(k.eq(groupOf[m], k.cI32(g)), c, none);
+          best = k.maxs(best, c);
+        }
+        return reduce(best, ReduceKind::MaxI64);
+      };
+      Value first = groupBest(Value());
+      Value score = keyToFloat(k, candidateKey(k, first));
+      if (spec.top2) {
+        Value second = groupBest(first);
+        score = k.fadd(score, keyToFloat(k, candidateKey(k, second)));
+      }
+      groupCand.push_back(packCandidate(k, orderedKey(k, score), k.cI32(g)));
+    }
+
+    // The topk_group best groups (ties to the lower group), as bits.
+    SmallVector<Value> init = {k.cI64(std::numeric_limits<int64_t>::max()),
+                               k.cI64(0)};
+    Value kept =
+        k.forLoop(k.idx(0), k.idx(spec.topkGroup), k.idx(1), init,
+                  [&](Value, ValueRange it) -> SmallVector<Value> {
+                    Value best = none;
+                    for (Value gc : groupCand)
+                      best = k.maxs(best, k.select(k.lt(gc, it[0]), gc, none));
+                    Value g = k.extu(candidateIndex(k, best), k.i64());
+                    return {best, k.orI(it[1], k.shl(k.cI64(1), g))};
+                  })[1];
+    for (int64_t m = 0; m < vpt; ++m) {
+      Value g = columns ? k.cI64((m * width) / groupSize)
+                        : k.extu(groupOf[m], k.i64());
+      Value bit = k.andI(k.shru(kept, g), k.cI64(1));
+      cand[m] = k.select(k.eq(bit, k.cI64(0)), none, cand[m]);
+    }
+  }
+
+  /// Step 3: k rounds; lane j % W stores pick j.
+  void rounds(Value weights, Value indices) {
+    Value widthIdx = k.idx(width);
+    k.forLoop(
+        k.idx(0), k.idx(spec.k), k.idx(1),
+        ValueRange{k.cI64(std::numeric_limits<int64_t>::max())},
+        [&](Value j, ValueRange prev) -> SmallVector<Value> {
+          Value best = none;
+          for (Value c : cand)
+            best = k.maxs(best, k.select(k.lt(c, prev[0]), c, none));
+          best = reduce(best, ReduceKind::MaxI64);
+          Value index = candidateIndex(k, best);
+          Value writer = k.andI(active, k.eq(k.remu(j, widthIdx), lane));
+          k.ifThen(writer, [&] {
+            Value logit = k.loadF(x, {row, k.castInt(index, k.index())});
+            k.store(routeScore(k, spec, logit, rowMax, rowSum), weights,
+                    {row, j});
+            k.store(index, indices, {row, j});
+          });
+          return {best};
+        });
+  }
+
+  /// Σ (or max) of f(v) over this lane's picks, then over the group.
+  Value overPicks(Value weights, ReduceKind kind, Value init,
+                  function_ref<Value(Value)> f) {
+    Value local =
+        k.forLoop(lane, k.idx(spec.k), k.idx(width), ValueRange{init},
+                  [&](Value j, ValueRange acc) -> SmallVector<Value> {
+                    Value v = f(k.load(weights, {row, j}));
+                    return {kind == ReduceKind::Max ? k.fmax(acc[0], v)
+                                                    : k.fadd(acc[0], v)};
+                  })[0];
+    return reduce(local, kind);
+  }
+
+  /// Step 4: the weights of this lane's picks.
+  void epilogue(Value weights) {
+    bool postScore = !spec.scoreFirst &&
+                     spec.scoring != RouteSpec::Scoring::None;
+    if (!postScore && !spec.renormalize && spec.scale == 1.0)
+      return; // the stored scores are the weights
+    Value selMax, selSum;
+    if (!spec.scoreFirst && spec.scoring == RouteSpec::Scoring::Softmax) {
+      selMax = overPicks(weights, ReduceKind::Max, k.negInfLike(k.f32()),
+                         [](Value v) { return v; });
+      selSum = overPicks(weights, ReduceKind::Sum, k.cF32(0.0), [&](Value v) {
+        return k.exp(k.fsub(v, selMax));
+      });
+    }
+    auto score = [&](Value v) {
+      return routeSelectedScore(k, spec, v, selMax, selSum);
+    };
+    Value wSum;
+    if (spec.renormalize)
+      wSum = overPicks(weights, ReduceKind::Sum, k.cF32(0.0), score);
+    k.ifThen(active, [&] {
+      k.forLoop(lane, k.idx(spec.k), k.idx(width), [&](Value j) {
+        Value w = routeWeight(k, spec, score(k.load(weights, {row, j})), wSum);
+        k.store(w, weights, {row, j});
+      });
+    });
+  }
+};
+} // namespace
+
+LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const {
+  auto logitsType = cast<RankedTensorType>(op.getLogits().getType());
+  int64_t numExperts = logitsType.getDimSize(1);
+  if (ShapedType::isDynamic(numExperts) || numExperts > kRouteMaxExperts)
+    return op.emitOpError("GPU lowering needs a static expert count <= ")
+           << kRouteMaxExperts;
+  RouteSpec spec = routeSpecOf(op);
+  if (spec.groups > kRouteMaxGroups)
+    return op.emitOpError("GPU lowering supports n_group <= ")
+           << kRouteMaxGroups;
+
+  HostCode h(rewriter, op);
+  KB &k = h.k;
+  Value x = h.buffer(adaptor.getLogits());
+  Value bias = adaptor.getBias() ? h.buffer(adaptor.getBias()) : Value();
+  auto weightsType = cast<RankedTensorType>(op.getWeights().getType());
+  auto indicesType = cast<RankedTensorType>(op.getIndices().getType());
+  Value weights =
+      h.allocLike(weightsType, dynamicSizesFrom(k, weightsType, x));
+  Value indices =
+      h.allocLike(indicesType, dynamicSizesFrom(k, indicesType, x));
+  SmallVector<Value> args = {x};
+  if (bias)
+    args.push_back(bias);
+  args.append({weights, indices});
+
+  int64_t width = std::min<int64_t>(kWarp, llvm::PowerOf2Ceil(numExperts));
+  int64_t block = options.blockSize;
+  ImplicitLocOpBuilder kb(op.getLoc(), op.getContext());
+  auto kernel = createKernel(h, "route_warp", ValueRange(args).getTypes(), {},
+                             {block, 1, 1}, kb);
+  Block &entry = kernel.getBody().front();
+  RouteWarpKernel(kb, spec, numExperts, width, block)
+      .emit(entry.getArgument(0), bias ? entry.getArgument(1) : Value(),
+            entry.getArgument(args.size() - 2),
+            entry.getArgument(args.size() - 1));
+  Value grid = k.ceilDiv(k.dim(x, 0), k.idx(block / width));
+  h.launch(kernel, {grid, k.idx(1), k.idx(1)}, {block, 1, 1}, args);
+  h.finish();
+  h.replace(op, {weights, indices});
+  return success();
+}

@@ -1,0 +1,45 @@
+// RUN: moe-opt %s --convert-moe-to-gpu | FileCheck %s
+
+// A stable counting sort without atomics: per-chunk counts (one warp a chunk
+// of 1024 assignments; match.any finds the lanes of a step holding the same
+// expert, the lowest of them adds their popcount), one scan block, then the
+// scatter by the same warps (rank = popcount of the lower matching lanes).
+// order/inverse start as -1 and padded_order as N (memsets on the stream);
+// an index outside [0, E) is recorded in the error word and checked at the
+// end.
+
+// CHECK-LABEL: gpu.module @moe_kernels
+// CHECK: gpu.func @dispatch_counts_0(%{{.*}}: memref<?x8xi32>, %{{.*}}: memref<?xi32>, %{{.*}}: i64) workgroup(%{{.*}} : memref<256xi32, #gpu.address_space<workgroup>>) kernel attributes {known_block_size = array<i32: 32, 1, 1>}
+// CHECK: scf.for
+// CHECK: nvvm.match.sync  any %{{.*}}, %{{.*}} : i32 -> i32
+// CHECK: llvm.cmpxchg
+// CHECK: math.cttz
+// CHECK: math.ctpop
+// CHECK: gpu.barrier
+// CHECK-NOT: memref.atomic_rmw
+// CHECK: gpu.return
+// CHECK: gpu.func @dispatch_scan_0(%{{.*}}: memref<?x8xi32>, %{{.*}}: memref<?xi32>, %{{.*}}: memref<256xi32>, %{{.*}}: memref<257xi32>, %{{.*}}: memref<257xi32>, %{{.*}}: memref<?xi32>, %{{.*}}: memref<1xi32>) workgroup({{.*}}) kernel attributes {known_block_size = array<i32: 256, 1, 1>}
+// CHECK: arith.ceildivui %{{.*}}, %c64_i32{{.*}} : i32
+// CHECK: gpu.return
+// CHECK: gpu.func @dispatch_scatter_0(
+// CHECK: nvvm.match.sync  any
+// CHECK: math.ctpop
+// CHECK: gpu.barrier
+// CHECK: math.ctpop
+// CHECK: gpu.barrier
+// CHECK: gpu.return
+// CHECK-LABEL: func.func @plan(
+// CHECK: gpu.memset async [%{{.*}}] %{{.*}}, %c-1_i32
+// CHECK: gpu.memset async [%{{.*}}] %{{.*}}, %c-1_i32
+// CHECK: gpu.memset async
+// CHECK: gpu.launch_func async [%{{.*}}] @moe_kernels::@dispatch_counts_0
+// CHECK: gpu.launch_func async [%{{.*}}] @moe_kernels::@dispatch_scan_0 blocks in (%c1{{.*}}, %c1{{.*}}, %c1{{.*}}) threads in (%c256
+// CHECK: gpu.launch_func async [%{{.*}}] @moe_kernels::@dispatch_scatter_0
+// CHECK: gpu.dealloc async
+// CHECK: gpu.dealloc async
+// CHECK: gpu.wait [%{{.*}}]
+// CHECK: call @moeGpuCheckErrors
+func.func @plan(%idx: tensor<?x8xi32>) -> (tensor<256xi32>, tensor<257xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>) {
+  %c, %o, %ord, %inv, %p, %b, %n = moe.dispatch_plan %idx num_experts(256) block_size(64) : tensor<?x8xi32> -> tensor<256xi32>, tensor<257xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
+  return %c, %o, %ord, %inv, %p, %b, %n : tensor<256xi32>, tensor<257xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
+}
