@@ -19,6 +19,7 @@ import torch  # noqa: E402
 from moe_mlir import ops  # noqa: E402
 from moe_mlir import reference_routing as RR  # noqa: E402
 from moe_mlir.runtime import cache  # noqa: E402
+from torch_checks import cuda_wanted, device_param  # noqa: E402
 
 NAN, INF = float("nan"), float("inf")
 TOKENS = (0, 1, 5, 33, 130)
@@ -45,6 +46,24 @@ CONFIGS = {
 }
 
 
+@pytest.fixture(params=[device_param("cpu")] + ([device_param("cuda")] if cuda_wanted() else []))
+def dev(request) -> str:
+    """The device the kernels run on (the references on the CPU); test_torch_ops_cuda.py collects the tests that
+    take it and runs them on CUDA tensors."""
+    return request.param
+
+
+@pytest.fixture(params=[device_param("cuda") if cuda_wanted() else
+                        pytest.param("cuda", marks=pytest.mark.skip(reason="CUDA behaviour: no GPU "
+                                                                    "(MOE_TEST_DEVICE=cuda asks for it)"))])
+def cuda(request) -> str:
+    return request.param
+
+
+def _on(dev: str, *ts):
+    return [None if t is None else t.to(dev) for t in ts]
+
+
 def _args(E: int, kw: dict, seed: int = 0):
     kw = dict(kw)
     g = torch.Generator().manual_seed(seed)
@@ -59,8 +78,11 @@ def _call(fn, logits, bias, k, kw):
               kw.get("renormalize", False), kw.get("routed_scaling_factor", 1.0))
 
 
-def _same_route(got, want, atol=2e-6, rtol=2e-5):
+def _same_route(got, want, atol=2e-6, rtol=2e-5, dev="cpu"):
     (w, i), (w_r, i_r) = got, want
+    if dev == "cuda":
+        # The GPU sums a selection by warp butterflies, not in pick order.
+        w, i, atol, rtol = w.cpu(), i.cpu(), 1e-5, 1e-4
     assert w.dtype == torch.float32 and i.dtype == torch.int32
     assert w.shape == w_r.shape and i.shape == i_r.shape
     assert torch.equal(i, i_r), (i, i_r)
@@ -152,20 +174,20 @@ def test_dispatch_plan_reference_by_hand():
 
 @needs_kernels
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_route_kernel_matches_reference(name):
+def test_route_kernel_matches_reference(name, dev):
     E, kw = CONFIGS[name]
     bias, k, kw = _args(E, kw)
     before = cache.stats.compiles + cache.stats.disk_loads
     for T in TOKENS:
         x = torch.randn(T, E, generator=torch.Generator().manual_seed(T))
-        _same_route(_call(torch.ops.moe.route, x, bias, k, kw), _call(RR.route, x, bias, k, kw))
+        _same_route(_call(torch.ops.moe.route, *_on(dev, x, bias), k, kw), _call(RR.route, x, bias, k, kw), dev=dev)
     # one kernel for every token count
     assert cache.stats.compiles + cache.stats.disk_loads - before <= 1
 
 
 @needs_kernels
 @pytest.mark.parametrize("name", ["deepseek_v3", "kimi_k2", "deepseek_v2", "mixtral", "gpt_oss", "llama4"])
-def test_route_kernel_adversarial(name):
+def test_route_kernel_adversarial(name, dev):
     """Integer-valued logits (many exact ties, equal group scores), -inf, NaN and fully -inf rows."""
     E, kw = CONFIGS[name]
     bias, k, kw = _args(E, kw)
@@ -177,53 +199,55 @@ def test_route_kernel_adversarial(name):
     x[9] = 0.0
     if bias is not None:
         bias = torch.randint(-1, 2, (E,), generator=g).float() * 0.5
-    _same_route(_call(torch.ops.moe.route, x, bias, k, kw), _call(RR.route, x, bias, k, kw))
+    _same_route(_call(torch.ops.moe.route, *_on(dev, x, bias), k, kw), _call(RR.route, x, bias, k, kw), dev=dev)
 
 
 @needs_kernels
-def test_route_kernel_bias_flips_selection():
-    x = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0, 1.5]] * 3)
-    bias = torch.tensor([0.0, 0.0, 0.9, 0.0, 0.0, -0.5])
+def test_route_kernel_bias_flips_selection(dev):
+    x, bias = _on(dev, torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0, 1.5]] * 3),
+                  torch.tensor([0.0, 0.0, 0.9, 0.0, 0.0, -0.5]))
     w, i = torch.ops.moe.route(x, bias, 2, "sigmoid", renormalize=True, routed_scaling_factor=2.5)
     w0, i0 = torch.ops.moe.route(x, None, 2, "sigmoid", renormalize=True, routed_scaling_factor=2.5)
     assert i[0].tolist() == [2, 0] and i0[0].tolist() == [0, 5]
     s = torch.sigmoid(torch.tensor([0.5, 2.0]))
-    torch.testing.assert_close(w[0], 2.5 * s / s.sum())
+    torch.testing.assert_close(w[0].cpu(), 2.5 * s / s.sum())
 
 
 @needs_kernels
-def test_route_kernel_bf16_and_noncontiguous():
+def test_route_kernel_bf16_and_noncontiguous(dev):
     x = torch.randn(64, 48, generator=torch.Generator().manual_seed(2))
     bias = 0.1 * torch.randn(24, generator=torch.Generator().manual_seed(3))
     xb = x.to(torch.bfloat16)
-    _same_route(torch.ops.moe.route(xb, None, 4, "softmax", renormalize=True), RR.route(xb, None, 4, renormalize=True))
+    _same_route(torch.ops.moe.route(xb.to(dev), None, 4, "softmax", renormalize=True),
+                RR.route(xb, None, 4, renormalize=True), dev=dev)
     xt = torch.randn(24, 70).t()  # [70, 24], not contiguous
-    _same_route(torch.ops.moe.route(xt, bias, 3, "sigmoid", n_group=4, topk_group=2),
-                RR.route(xt, bias, 3, "sigmoid", n_group=4, topk_group=2))
+    _same_route(torch.ops.moe.route(xt.to(dev), bias.to(dev), 3, "sigmoid", n_group=4, topk_group=2),
+                RR.route(xt, bias, 3, "sigmoid", n_group=4, topk_group=2), dev=dev)
 
 
 @needs_kernels
 @pytest.mark.parametrize("E,B", [(8, 1), (160, 16), (384, 64), (5, 4)])
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
-def test_dispatch_plan_kernel_matches_reference(E, B, dtype):
+def test_dispatch_plan_kernel_matches_reference(E, B, dtype, dev):
     k = min(8, E)
     for T in TOKENS + (1000,):
         g = torch.Generator().manual_seed(T + E)
         idx = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]) if T else torch.zeros(0, k)
         idx = idx.to(dtype)
-        got = torch.ops.moe.dispatch_plan(idx, E, B)
+        got = torch.ops.moe.dispatch_plan(idx.to(dev), E, B)
         want = RR.dispatch_plan(idx, E, B)
         for name, a, b in zip(("counts", "offsets", "order", "inverse", "padded", "blocks", "num"), got, want):
-            assert a.dtype == torch.int32 and torch.equal(a, b), (name, T, a, b)
+            assert a.dtype == torch.int32 and a.device.type == dev and torch.equal(a.cpu(), b), (name, T, a, b)
 
 
 @needs_kernels
-def test_dispatch_plan_skewed_and_repeated():
-    """Every token to the same two experts (one expert's run crosses every item: the per-item cursors)."""
-    idx = torch.tensor([[3, 1]] * 200, dtype=torch.int32)
-    got = torch.ops.moe.dispatch_plan(idx, 4, 8)
+def test_dispatch_plan_skewed_and_repeated(dev):
+    """Every token to the same two experts (one expert's run crosses every item and, on the GPU, every chunk of
+    1024 assignments: the per-item cursors and chunk bases)."""
+    idx = torch.tensor([[3, 1]] * 1500, dtype=torch.int32)
+    got = torch.ops.moe.dispatch_plan(idx.to(dev), 4, 8)
     for a, b in zip(got, RR.dispatch_plan(idx, 4, 8)):
-        assert torch.equal(a, b)
+        assert torch.equal(a.cpu(), b)
 
 
 @needs_kernels
@@ -232,6 +256,19 @@ def test_dispatch_plan_out_of_range_is_a_value_error():
         torch.ops.moe.dispatch_plan(torch.tensor([[0, 7], [3, 0]], dtype=torch.int32), 4, 2)
     with pytest.raises(ValueError, match=r"outside \[0, 4\)"):
         torch.ops.moe.dispatch_plan(torch.tensor([[0, -1]]), 4)
+
+
+def test_dispatch_plan_index_error_is_read_after_a_sync(cuda):
+    from moe_mlir.runtime import cuda as moe_cuda
+
+    idx = torch.tensor([[0, 7], [3, 0]], dtype=torch.int32)
+    got = torch.ops.moe.dispatch_plan(idx.to(cuda), 4, 2)  # returns without waiting; the kernel records the error
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=r"moe.dispatch_plan: 'indices' holds 7, outside \[0, 4\)"):
+        moe_cuda.check_errors()
+    # The bad assignment (element 1) is left out of every result.
+    assert got[0].cpu().tolist() == [2, 0, 0, 1]
+    assert got[2].cpu().tolist() == [0, 3, 2, -1] and got[3].cpu().tolist() == [0, -1, 2, 1]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -11,4 +11,6 @@
 // CHECK: PASS: mad_dispersion
 // CHECK: PASS: adjacency_update
 // CHECK: PASS: hyper_router
-// CHECK: 6 passed, 0 failed (CPU dry run)
+// CHECK: PASS: route
+// CHECK: PASS: dispatch_plan
+// CHECK: 8 passed, 0 failed (CPU dry run)

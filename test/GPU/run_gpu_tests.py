@@ -319,6 +319,73 @@ def ref_hyper(emb, w1, b1, w2, b2, E):
     return out[:, :-1].float(), out[:, -1].float()
 
 
+def ref_route(logits, bias, k, scoring="softmax", order="score_then_topk", n_group=1, topk_group=1,
+              group_score="top2_sum", renormalize=False, scale=1.0):
+    """moe.route (MoERoutingOps.td) in float64: (weights, indices, choice values)."""
+    x = logits.double()
+    b = torch.zeros(x.shape[-1], dtype=torch.float64, device=x.device) if bias is None else bias.double()
+
+    def score(v, dim_softmax):
+        if scoring == "sigmoid":
+            return torch.sigmoid(v)
+        if scoring == "softmax":
+            m = v.amax(-1, keepdim=True)
+            p = torch.exp(v - m) / torch.exp(v - m).sum(-1, keepdim=True)
+            return torch.where(m == NEG_INF, torch.zeros_like(p), p)
+        return v
+
+    s = score(x, True) if order == "score_then_topk" else x
+    c = s + b
+    T, E = c.shape
+    kept = torch.ones_like(c, dtype=torch.bool)
+    if n_group > 1:
+        cg = torch.sort(c.view(T, n_group, E // n_group), dim=-1, descending=True, stable=True).values
+        gs = cg[..., 0] + cg[..., 1] if group_score == "top2_sum" else cg[..., 0]
+        top = torch.sort(gs, dim=-1, descending=True, stable=True).indices[:, :topk_group]
+        gk = torch.zeros(T, n_group, dtype=torch.bool, device=c.device).scatter_(1, top, True)
+        kept = gk.repeat_interleave(E // n_group, dim=1)
+    # Choice order: kept experts first, then descending c (NaN first), then the lower index.
+    o = torch.sort(c, dim=-1, descending=True, stable=True).indices
+    o = o.gather(-1, torch.sort(kept.gather(-1, o).int(), dim=-1, descending=True, stable=True).indices)
+    idx = o[:, :k]
+    w = s.gather(-1, idx)
+    if order == "topk_then_score":
+        w = score(w, True)
+    if renormalize:
+        t = w.sum(-1, keepdim=True)
+        w = torch.where(t == 0, torch.zeros_like(w), w / t)
+    return (w * scale).float(), idx.int(), c.gather(-1, idx)
+
+
+def ref_dispatch_plan(indices, E, B=1):
+    """moe.dispatch_plan in plain Python (the op description)."""
+    flat = [int(v) for v in indices.reshape(-1).tolist()]
+    N = len(flat)
+    counts = [0] * E
+    for v in flat:
+        if 0 <= v < E:
+            counts[v] += 1
+    offsets, poff = [0], [0]
+    for e in range(E):
+        offsets.append(offsets[-1] + counts[e])
+        poff.append(poff[-1] + -(-counts[e] // B) * B)
+    order, inverse = [-1] * N, [-1] * N
+    padded = [N] * (N + E * (B - 1))
+    fill = list(offsets[:-1])
+    for n, v in enumerate(flat):
+        if 0 <= v < E:
+            p = fill[v]
+            fill[v] += 1
+            order[p], inverse[n] = n, p
+            padded[poff[v] + p - offsets[v]] = n
+    blocks = [-1] * (-(-(N + E * (B - 1)) // B))
+    for e in range(E):
+        for blk in range(poff[e] // B, poff[e + 1] // B):
+            blocks[blk] = e
+    t = lambda a: torch.tensor(a, dtype=torch.int32)
+    return [t(counts), t(offsets), t(order), t(inverse), t(padded), t(blocks), t([poff[-1]])]
+
+
 #===----------------------------------------------------------------------===#
 # Comparisons and cases
 #===----------------------------------------------------------------------===#
@@ -564,6 +631,109 @@ def case_hyper(lib, g):
     close("hyper_bf16 b", b, rb, rtol=1e-3, atol=1e-4)
 
 
+def check_route(name, lib, fn, logits, bias, k, exact=False, **attrs):
+    args = [logits] + ([bias] if bias is not None else [])
+    T = logits.shape[0]
+    w, i = lib.call(fn, args, [((T, k), torch.float32), ((T, k), torch.int32)])
+    err = lib.take_error()
+    if err:
+        raise AssertionError(f"{name}: the call failed: {err}")
+    rw, ri, rc = ref_route(logits, bias, k, **attrs)
+    if exact:
+        same(f"{name} indices", i, ri)
+    else:
+        # Near-ties of the f32 choice values may order differently from float64: compare the reference's choice
+        # value at our index, then the weights of the reference at our picks.
+        c_ours = ref_route(logits, bias, logits.shape[-1], **dict(attrs, renormalize=False, scale=1.0))
+        full_c = torch.full(logits.shape, float("nan"), dtype=torch.float64)
+        full_c.scatter_(1, c_ours[1].long().cpu(), c_ours[2].cpu())
+        close(f"{name} choice values", full_c.gather(1, i.long().cpu()), rc.cpu(), rtol=1e-5, atol=1e-6)
+    close(f"{name} weights", w, rw, rtol=1e-4, atol=1e-5)
+
+
+def case_route(lib, g):
+    l = torch.randn(300, 256, generator=g).to(DEV)
+    b = (torch.rand(256, generator=g) * 0.1).to(DEV)
+    l[1] = 0.25                                  # all tied: the bias alone chooses
+    l[2, 5] = float("nan")                       # NaN: its group first, ranked first, weights NaN
+    l[3] = NEG_INF                               # sigmoid 0 everywhere: bias chooses, weights 0 (zero sum)
+    l[4, 32:64] = 9.0                            # one dominant group
+    ds = dict(scoring="sigmoid", n_group=8, topk_group=4, renormalize=True, scale=2.5)
+    check_route("route_deepseek_v3", lib, "route_deepseek_v3", l, b, 8, **ds)
+    flip = b.clone()
+    flip[7] = 5.0                                # a bias that flips a selection, never a weight
+    check_route("route_deepseek_v3 (bias flips)", lib, "route_deepseek_v3", l, flip, 8, **ds)
+    tie = torch.zeros(300, 256, device=DEV)      # every score equal: lowest groups, lowest indices
+    check_route("route_deepseek_v3 (ties)", lib, "route_deepseek_v3", tie, torch.zeros(256, device=DEV), 8,
+                exact=True, **ds)
+
+    l = torch.randn(64, 384, generator=g).to(DEV).bfloat16()      # bf16 ties are common
+    b = (torch.rand(384, generator=g) * 0.05).to(DEV)
+    check_route("route_kimi_k2", lib, "route_kimi_k2", l, b, 8, scoring="sigmoid", renormalize=True, scale=2.827)
+
+    l = torch.randn(40, 160, generator=g).to(DEV)
+    l[0, 20:40] = 3.0                            # equal scores inside a group
+    check_route("route_deepseek_v2", lib, "route_deepseek_v2", l, None, 6, n_group=8, topk_group=3,
+                group_score="max", scale=16.0)
+
+    l = torch.randn(77, 128, generator=g).to(DEV).half()
+    l[0] = NEG_INF                               # softmax of a row of -inf: zeros, never NaN
+    check_route("route_qwen3", lib, "route_qwen3", l, None, 8, renormalize=True)
+
+    l = torch.randn(100, 20, generator=g).to(DEV)
+    l[0, :17] = NEG_INF                          # k picks of which one is -inf
+    l[1] = NEG_INF                               # all -inf: zeros
+    check_route("route_gpt_oss", lib, "route_gpt_oss", l, None, 4, order="topk_then_score")
+    l = torch.randn(50, 16, generator=g).to(DEV)
+    check_route("route_llama4", lib, "route_llama4", l, None, 1, scoring="sigmoid", order="topk_then_score")
+    l = torch.randn(9, 6, generator=g).to(DEV)
+    l[0] = 1.0
+    check_route("route_k_eq_e", lib, "route_k_eq_e", l, None, 6, exact=True, renormalize=True)
+    w, i = lib.call("route_no_tokens", [torch.empty(0, 256, device=DEV), torch.zeros(256, device=DEV)],
+                    [((0, 8), torch.float32), ((0, 8), torch.int32)])
+    if w.numel() or i.numel():
+        raise AssertionError("route_no_tokens: results are not empty")
+
+
+def check_plan(name, lib, fn, idx, E, B):
+    N = idx.numel()
+    P = N + E * (B - 1)
+    shapes = [(E,), (E + 1,), (N,), (N,), (P,), (-(-P // B),), (1,)]
+    got = lib.call(fn, [idx], [(s, torch.int32) for s in shapes])
+    err = lib.take_error()
+    if err:
+        raise AssertionError(f"{name}: the call failed: {err}")
+    want = ref_dispatch_plan(idx.cpu(), E, B)
+    for label, a, r in zip(("counts", "offsets", "order", "inverse", "padded_order", "block_experts",
+                            "num_padded"), got, want):
+        same(f"{name} {label}", a, r)
+
+
+def case_dispatch_plan(lib, g):
+    idx = torch.randint(0, 256, (4096, 8), generator=g).int()
+    idx[:300] = 7                                # one hot expert over several chunks: the stable order
+    idx[300:310] = torch.arange(246, 254).int()
+    check_plan("plan_deepseek", lib, "plan_deepseek", idx.to(DEV), 256, 64)
+    check_plan("plan_deepseek (one token)", lib, "plan_deepseek", idx[:1].to(DEV), 256, 64)
+    check_plan("plan_deepseek (no token)", lib, "plan_deepseek", idx[:0].to(DEV), 256, 64)
+    small = torch.randint(0, 7, (333, 3), generator=g)                    # int64, E = 7, expert 6 unused
+    small[small == 6] = 5
+    check_plan("plan_small", lib, "plan_small", small.to(DEV), 7, 1)
+    lib.cpu.moeSetErrorEcho(0)
+    bad = small.clone()
+    bad[10, 2] = 7
+    got = lib.call("plan_small", [bad.to(DEV)], [((7,), torch.int32), ((8,), torch.int32), ((999,), torch.int32),
+                                                 ((999,), torch.int32), ((999,), torch.int32),
+                                                 ((999,), torch.int32), ((1,), torch.int32)])
+    err = lib.take_error()
+    if not err or "element 32 is 7" not in err:
+        raise AssertionError(f"plan_small: expected an index error for element 32, got {err!r}")
+    if lib.results_after_error:
+        want = ref_dispatch_plan(bad, 7, 1)
+        same("plan_small (bad element left out) order", got[2], want[2])
+        same("plan_small (bad element left out) inverse", got[3], want[3])
+
+
 CASES = {
     "topk_renorm": case_topk,
     "similarity_inform": case_similarity,
@@ -571,6 +741,8 @@ CASES = {
     "mad_dispersion": case_mad,
     "adjacency_update": case_adjacency,
     "hyper_router": case_hyper,
+    "route": case_route,
+    "dispatch_plan": case_dispatch_plan,
 }
 
 

@@ -1,10 +1,10 @@
-//===- RoutingOps.cpp - torch.ops.moe.route / dispatch_plan on CPU kernels ===//
+//===- RoutingOps.cpp - torch.ops.moe.route / dispatch_plan on our kernels -===//
 //
 // Part of the MoE-MLIR project.
 //
 //===----------------------------------------------------------------------===//
 //
-// The CPU kernels of the production routing ops (python/moe_mlir/ops.py,
+// The kernels of the production routing ops (python/moe_mlir/ops.py,
 // section "Production routing"), on the machinery of TorchOps.cpp
 // (TorchKernels.h): the token dimension T is dynamic in the kernel, so one
 // compiled kernel serves every token count; the Python kernel cache validates
@@ -14,6 +14,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "TorchCuda.h"
 #include "TorchKernels.h"
 
 #include <torch/library.h>
@@ -30,9 +31,9 @@ route(const Tensor &logits, const std::optional<Tensor> &bias, int64_t k,
       int64_t topkGroup, c10::string_view groupScore, bool renormalize,
       double routedScalingFactor) {
   const char *op = "route";
-  checkCpu(op, {&logits});
+  checkDevice(op, {&logits});
   if (bias)
-    checkCpu(op, {&*bias});
+    checkDevice(op, {&logits, &*bias});
   checkRank(op, "logits", logits, 2, "[T, E]");
   Key key(op);
   key.attr("k", k)
@@ -60,14 +61,14 @@ route(const Tensor &logits, const std::optional<Tensor> &bias, int64_t k,
     args.push_back(describe(t));
   args.push_back(describe(w));
   args.push_back(describe(i));
-  callKernel(fn, args);
+  launch(fn, args, key.device);
   return {w, i};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
 dispatchPlan(const Tensor &indices, int64_t numExperts, int64_t blockSize) {
   const char *op = "dispatch_plan";
-  checkCpu(op, {&indices});
+  checkDevice(op, {&indices});
   checkRank(op, "indices", indices, 2, "[T, k]");
   Key key(op);
   key.attr("num_experts", numExperts).attr("block_size", blockSize);
@@ -88,14 +89,15 @@ dispatchPlan(const Tensor &indices, int64_t numExperts, int64_t blockSize) {
   std::vector<MemRef> args{describe(idx)};
   for (const Tensor &t : out)
     args.push_back(describe(t));
-  callKernel(fn, args);
-  checkReportedError();
+  // On CUDA an index error waits in the device error word
+  // (moe_mlir.runtime.cuda.check_errors), as for mad_dispersion.
+  launch(fn, args, key.device);
   return {out[0], out[1], out[2], out[3], out[4], out[5], out[6]};
 }
 
 } // namespace
 
-TORCH_LIBRARY_IMPL(moe, CPU, m) {
+void moe_torch::registerRoutingKernels(torch::Library &m) {
   m.impl("route", &route);
   m.impl("dispatch_plan", &dispatchPlan);
 }

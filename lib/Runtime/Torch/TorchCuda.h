@@ -32,6 +32,9 @@ namespace moe_torch {
 /// The kernels of every op (TorchOps.cpp), for one dispatch key: CPU, and
 /// CUDA from registerCudaKernels.
 void registerKernels(torch::Library &m);
+/// The kernels of moe.route and moe.dispatch_plan (RoutingOps.cpp); called by
+/// registerKernels.
+void registerRoutingKernels(torch::Library &m);
 /// The autograd kernels of every op, for AutogradCPU and AutogradCUDA (both
 /// static: the forward calls whatever the device runs): the differentiable
 /// ops' C++ autograd (registerDifferentiable) and the stop-gradient ops'.

@@ -745,6 +745,7 @@ void moe_torch::registerKernels(torch::Library &m) {
   m.impl("mad_dispersion", &madDispersion);
   m.impl("adjacency_update", &adjacencyUpdate);
   m.impl("hyper_router", &hyperRouter);
+  registerRoutingKernels(m);
 }
 
 void moe_torch::registerAutograd(torch::Library &m) {

@@ -111,3 +111,45 @@ func.func @hyper_bf16(%emb: tensor<16xbf16>, %w1: tensor<24x16xbf16>, %b1: tenso
   %w, %b = moe.hyper_router %emb, %w1, %b1, %w2, %b2 num_experts(4) : tensor<16xbf16>, tensor<24x16xbf16>, tensor<24xbf16>, tensor<36x24xbf16>, tensor<36xbf16> -> tensor<4x8xf32>, tensor<4xf32>
   return %w, %b : tensor<4x8xf32>, tensor<4xf32>
 }
+
+// Production routing (moe.route, moe.dispatch_plan).
+func.func @route_deepseek_v3(%l: tensor<300x256xf32>, %b: tensor<256xf32>) -> (tensor<300x8xf32>, tensor<300x8xi32>) {
+  %w, %i = moe.route %l bias(%b : tensor<256xf32>) k(8) scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) routed_scaling_factor(2.500000e+00) : tensor<300x256xf32> -> tensor<300x8xf32>, tensor<300x8xi32>
+  return %w, %i : tensor<300x8xf32>, tensor<300x8xi32>
+}
+func.func @route_kimi_k2(%l: tensor<64x384xbf16>, %b: tensor<384xf32>) -> (tensor<64x8xf32>, tensor<64x8xi32>) {
+  %w, %i = moe.route %l bias(%b : tensor<384xf32>) k(8) scoring(sigmoid) renormalize(true) routed_scaling_factor(2.827000e+00) : tensor<64x384xbf16> -> tensor<64x8xf32>, tensor<64x8xi32>
+  return %w, %i : tensor<64x8xf32>, tensor<64x8xi32>
+}
+func.func @route_deepseek_v2(%l: tensor<40x160xf32>) -> (tensor<40x6xf32>, tensor<40x6xi32>) {
+  %w, %i = moe.route %l k(6) n_group(8) topk_group(3) group_score(max) routed_scaling_factor(1.600000e+01) : tensor<40x160xf32> -> tensor<40x6xf32>, tensor<40x6xi32>
+  return %w, %i : tensor<40x6xf32>, tensor<40x6xi32>
+}
+func.func @route_qwen3(%l: tensor<77x128xf16>) -> (tensor<77x8xf32>, tensor<77x8xi32>) {
+  %w, %i = moe.route %l k(8) renormalize(true) : tensor<77x128xf16> -> tensor<77x8xf32>, tensor<77x8xi32>
+  return %w, %i : tensor<77x8xf32>, tensor<77x8xi32>
+}
+func.func @route_gpt_oss(%l: tensor<100x20xf32>) -> (tensor<100x4xf32>, tensor<100x4xi32>) {
+  %w, %i = moe.route %l k(4) order(topk_then_score) : tensor<100x20xf32> -> tensor<100x4xf32>, tensor<100x4xi32>
+  return %w, %i : tensor<100x4xf32>, tensor<100x4xi32>
+}
+func.func @route_llama4(%l: tensor<50x16xf32>) -> (tensor<50x1xf32>, tensor<50x1xi32>) {
+  %w, %i = moe.route %l k(1) scoring(sigmoid) order(topk_then_score) : tensor<50x16xf32> -> tensor<50x1xf32>, tensor<50x1xi32>
+  return %w, %i : tensor<50x1xf32>, tensor<50x1xi32>
+}
+func.func @route_k_eq_e(%l: tensor<9x6xf32>) -> (tensor<9x6xf32>, tensor<9x6xi32>) {
+  %w, %i = moe.route %l k(6) renormalize(true) : tensor<9x6xf32> -> tensor<9x6xf32>, tensor<9x6xi32>
+  return %w, %i : tensor<9x6xf32>, tensor<9x6xi32>
+}
+func.func @route_no_tokens(%l: tensor<?x256xf32>, %b: tensor<256xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  %w, %i = moe.route %l bias(%b : tensor<256xf32>) k(8) scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) : tensor<?x256xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}
+func.func @plan_deepseek(%idx: tensor<?x8xi32>) -> (tensor<256xi32>, tensor<257xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>) {
+  %c, %o, %ord, %inv, %p, %b, %n = moe.dispatch_plan %idx num_experts(256) block_size(64) : tensor<?x8xi32> -> tensor<256xi32>, tensor<257xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
+  return %c, %o, %ord, %inv, %p, %b, %n : tensor<256xi32>, tensor<257xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
+}
+func.func @plan_small(%idx: tensor<?x3xi64>) -> (tensor<7xi32>, tensor<8xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>) {
+  %c, %o, %ord, %inv, %p, %b, %n = moe.dispatch_plan %idx num_experts(7) : tensor<?x3xi64> -> tensor<7xi32>, tensor<8xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
+  return %c, %o, %ord, %inv, %p, %b, %n : tensor<7xi32>, tensor<8xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
+}
