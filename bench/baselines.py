@@ -118,3 +118,22 @@ def adjacency_update(A, idx, beta=0.9):
 def hyper_router(emb, w1, b1, w2, b2, E):
     v = (w2 @ torch.relu(w1 @ emb + b1) + b2).view(E, -1)
     return v[:, :-1], v[:, -1]
+
+
+# Production routing: HF transformers' DeepseekV3TopkRouter.forward from its logits on (bench/routing.py and the
+# GPU benchmark's DeepSeek-V3 router).
+def hf_grouped_router(logits, bias, k: int, n_group: int, topk_group: int, scale: float):
+    """HF transformers' DeepseekV3TopkRouter.forward from its logits on (transformers 5.x, verbatim maths)."""
+    E = logits.shape[-1]
+    scores = logits.sigmoid()
+    scores_for_choice = scores + bias
+    group_scores = scores_for_choice.view(-1, n_group, E // n_group).topk(2, dim=-1)[0].sum(dim=-1)
+    group_idx = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores)
+    group_mask.scatter_(1, group_idx, 1)
+    score_mask = group_mask.unsqueeze(-1).expand(-1, n_group, E // n_group).reshape(-1, E)
+    scores_for_choice = scores_for_choice.masked_fill(~score_mask.bool(), float("-inf"))
+    topk_indices = torch.topk(scores_for_choice, k=k, dim=-1, sorted=False)[1]
+    topk_weights = scores.gather(1, topk_indices)
+    topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return topk_weights * scale, topk_indices

@@ -239,6 +239,28 @@ def hyper_case(regime: str, De: int, Dh: int, D: int, E: int) -> Case:
                 extra={"bytes": 4 * (E * (D + 1) * (Dh + 2) + Dh * (De + 2) + De)})
 
 
+def route_case(regime: str, T: int) -> Case:
+    """DeepSeek-V3's router from its logits on (E = 256, 8 groups, top-4 groups, k = 8), against HF's
+    DeepseekV3TopkRouter maths; issue 13's GPU target: T = 8192 in <= 14 us on an H100/H200."""
+    name = f"route_deepseek_v3_T{T}"
+
+    def make(g):
+        return [torch.randn(T, 256, generator=g), 0.1 * torch.randn(256, generator=g)]
+
+    eager = lambda x, b: bl.hf_grouped_router(x, b, 8, 8, 4, 2.5)
+
+    def check(inp, ours, ref):
+        # HF's top-k is unsorted: compare the chosen sets (sorted by index) and their weights.
+        (w, i), (rw, ri) = ours, ref
+        o, ro = i.long().argsort(-1), ri.long().argsort(-1)
+        if not torch.equal(i.long().gather(-1, o), ri.long().gather(-1, ro)):
+            raise AssertionError("different experts chosen")
+        return _close("weights", w.gather(-1, o), rw.gather(-1, ro), 1e-5, 1e-6)
+
+    return Case(name, "route", regime, dict(T=T, E=256, k=8, n_group=8, topk_group=4), M.route_deepseek_v3(name, T),
+                make, [((T, 8), torch.float32), ((T, 8), torch.int32)], eager, check)
+
+
 def full_cases() -> list[Case]:
     cs = [
         # topk_renorm: decode and prefill, K from 8 to 256
@@ -297,6 +319,7 @@ def gpu_cases() -> list[Case]:
         mad_case("prefill", 65536, 1024, 64), mad_case("prefill", 16384, 256, 256),
         adjacency_case("prefill", 65536, 256, 8),
         hyper_case("prefill", 256, 256, 1024, 256),
+        route_case("decode", 64), route_case("prefill", 8192),
     ]
 
 

@@ -103,5 +103,14 @@ GENERATORS = {
 }
 
 
+def route_deepseek_v3(name: str, T: int, E: int = 256, k: int = 8, n_group: int = 8, topk_group: int = 4,
+                      scale: float = 2.5) -> str:
+    """moe.route with DeepSeek-V3's attributes (sigmoid, correction bias, grouped top-k, renormalize, scaling)."""
+    x, b, o, oi = _t((T, E)), _t((E,)), _t((T, k)), _t((T, k), "i32")
+    body = (f"%w, %i = moe.route %x bias(%b : {b}) k({k}) scoring(sigmoid) n_group({n_group}) "
+            f"topk_group({topk_group}) renormalize(true) routed_scaling_factor({_f(scale)}) : {x} -> {o}, {oi}")
+    return _func(name, [("x", x), ("b", b)], [o, oi], body, ["%w", "%i"])
+
+
 def module(funcs: Sequence[str]) -> str:
     return "\n".join(funcs)

@@ -32,6 +32,7 @@ from typing import Callable  # noqa: E402
 
 import torch  # noqa: E402
 
+from .baselines import hf_grouped_router  # noqa: E402
 from .ours import REPO  # noqa: E402
 from .timing import measure  # noqa: E402
 from .torch_ops import (add_speedups, compile_inductor, kernels_ready, parse_args, record_correct,  # noqa: E402
@@ -44,23 +45,6 @@ from moe_mlir.runtime import cache as kcache  # noqa: E402
 
 DECODE_T = (1, 16, 64)
 PREFILL_T = (4096,)
-
-
-def hf_grouped_router(logits, bias, k: int, n_group: int, topk_group: int, scale: float):
-    """HF transformers' DeepseekV3TopkRouter.forward from its logits on (transformers 5.x, verbatim maths)."""
-    E = logits.shape[-1]
-    scores = logits.sigmoid()
-    scores_for_choice = scores + bias
-    group_scores = scores_for_choice.view(-1, n_group, E // n_group).topk(2, dim=-1)[0].sum(dim=-1)
-    group_idx = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
-    group_mask = torch.zeros_like(group_scores)
-    group_mask.scatter_(1, group_idx, 1)
-    score_mask = group_mask.unsqueeze(-1).expand(-1, n_group, E // n_group).reshape(-1, E)
-    scores_for_choice = scores_for_choice.masked_fill(~score_mask.bool(), float("-inf"))
-    topk_indices = torch.topk(scores_for_choice, k=k, dim=-1, sorted=False)[1]
-    topk_weights = scores.gather(1, topk_indices)
-    topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + 1e-20)
-    return topk_weights * scale, topk_indices
 
 
 def sigmoid_bias_router(logits, bias, k: int, scale: float):
