@@ -106,3 +106,72 @@ Value mlir::moe::kernels::topkWeightGrad(KernelBuilder &k, const TopkSpec &spec,
   Value d = k.fdiv(k.fsub(g, c), selSum);
   return k.select(k.cmpf(arith::CmpFPredicate::OEQ, selSum, zero), zero, d);
 }
+
+void mlir::moe::kernels::emitTopkGradRow(KernelBuilder &k, const TopkSpec &spec,
+                                       Value r, Value s2, Value i2, Value g2,
+                                       Value o2, Value numExperts, Value sel) {
+  Value c0 = k.idx(0), c1 = k.idx(1);
+  Value zero = k.cF32(0.0), negInf = k.negInfLike(k.f32());
+  auto index = [&](Value l) {
+    return k.castInt(k.load(i2, {r, l}), k.index());
+  };
+  auto inRange = [&](Value j) {
+    return k.andI(k.cmpi(arith::CmpIPredicate::sge, j, c0),
+                  k.cmpi(arith::CmpIPredicate::slt, j, numExperts));
+  };
+  auto value = [&](Value l) {
+    Value j = index(l);
+    return k.loadF(s2, {r, k.select(inRange(j), j, c0)});
+  };
+  auto fold = [&](Value n, Value init,
+                  function_ref<Value(Value, Value)> step) {
+    return k.forLoop(c0, n, c1, ValueRange{init},
+                     [&](Value l, ValueRange acc) -> SmallVector<Value> {
+                       return {step(l, acc[0])};
+                     })[0];
+  };
+  Value v0, selSum, denseMax, denseSum;
+  if (spec.logits) {
+    v0 = fold(sel, negInf, [&](Value l, Value m) {
+      return k.fmax(m, value(l));
+    });
+    selSum = fold(sel, zero, [&](Value l, Value a) {
+      return k.fadd(a, k.exp(k.fsub(value(l), v0)));
+    });
+    if (!spec.renormalize) {
+      denseMax = fold(numExperts, negInf, [&](Value j, Value m) {
+        return k.fmax(m, k.loadF(s2, {r, j}));
+      });
+      denseSum = fold(numExperts, zero, [&](Value j, Value a) {
+        return k.fadd(a, k.exp(k.fsub(k.loadF(s2, {r, j}), denseMax)));
+      });
+    }
+  } else {
+    selSum = fold(sel, zero, [&](Value l, Value a) {
+      return k.fadd(a, value(l));
+    });
+  }
+  auto weight = [&](Value v) {
+    return topkWeight(k, spec, v, v0, selSum, denseMax, denseSum);
+  };
+  Value c = fold(sel, zero, [&](Value l, Value a) {
+    return k.fadd(a, k.fmul(k.load(g2, {r, l}), weight(value(l))));
+  });
+  // Every entry: -s_j c (logits without renormalization), else 0.
+  k.forLoop(c0, numExperts, c1, [&](Value j) {
+    Value base = zero;
+    if (spec.logits && !spec.renormalize)
+      base = k.fsub(zero, k.fmul(weight(k.loadF(s2, {r, j})), c));
+    k.store(base, o2, {r, j});
+  });
+  // The selected entries (their -s_j c is part of topkWeightGrad's total).
+  k.forLoop(c0, sel, c1, [&](Value l) {
+    Value j = index(l);
+    k.ifThen(inRange(j), [&] {
+      Value v = value(l);
+      Value d = topkWeightGrad(k, spec, k.load(g2, {r, l}), weight(v), c,
+                               selSum);
+      k.store(d, o2, {r, j});
+    });
+  });
+}

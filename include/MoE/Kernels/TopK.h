@@ -74,6 +74,17 @@ Value topkWeight(KernelBuilder &k, const TopkSpec &spec, Value v, Value v0,
 Value topkWeightGrad(KernelBuilder &k, const TopkSpec &spec, Value g, Value w,
                      Value c, Value selSum);
 
+/// One row `r` of moe.topk_renorm_grad (MoEGradOps.td) on one thread's
+/// scalars: the weights recomputed from the scores (topkWeight), then
+/// out[r, :] = the gradient to every score (0, or -s_j c for logits without
+/// renormalization) and topkWeightGrad at the selected entries. `s2` (scores,
+/// any float type), `i2` (indices, i32), `g2` (dw, f32) and `o2` (f32) are
+/// 2-D [rows, ...] memrefs; `numExperts` and `sel` (k) are index values. An
+/// index outside [0, K) reads element 0 and writes nothing. The CPU kernel
+/// runs it per row on its workers, the GPU kernel on a thread per row.
+void emitTopkGradRow(KernelBuilder &k, const TopkSpec &spec, Value r, Value s2,
+                     Value i2, Value g2, Value o2, Value numExperts, Value sel);
+
 } // namespace mlir::moe::kernels
 
 #endif // MOE_KERNELS_TOPK_H
