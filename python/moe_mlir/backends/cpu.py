@@ -136,12 +136,10 @@ def runner_module(prog: ImportedProgram, inputs: Sequence[torch.Tensor]) -> str:
         iv = b.fresh("i")
         b.emit(f"scf.for {iv} = {c0} to {n} step {c1} {{")
         b.indent += 2
-        x = b.fresh()
-        b.emit(f"{x} = tensor.extract {v.name}[{iv}] : {flat_t}")
+        x = b.assign(f"tensor.extract {v.name}[{iv}] : {flat_t}")
         if is_float(t.elem):
             ib = f"i{FLOAT_BITS[t.elem]}"
-            bits = b.fresh()
-            b.emit(f"{bits} = arith.bitcast {x} : {t.elem} to {ib}")
+            bits = b.assign(f"arith.bitcast {x} : {t.elem} to {ib}")
             x64 = b.cast(bits, ib, "i64") if ib != "i64" else bits
         else:
             x64 = b.cast(x, t.elem, "i64")

@@ -143,9 +143,7 @@ def _binary(imp: FxImporter, node, a: dict) -> Value:
 
 
 def _fpowi(b: Builder, x: str, n: str, elem: str) -> str:
-    name = b.fresh()
-    b.emit(f"{name} = math.fpowi {x}, {n} : {elem}, i32")
-    return name
+    return b.assign(f"math.fpowi {x}, {n} : {elem}, i32")
 
 
 @lowering("aten::rsub.Scalar", "aten::rsub.Tensor")
@@ -947,8 +945,7 @@ def _scatter_like(
         t = b.index_cast(raw, index.type.elem)
         n = b.const_index(out_t.shape[d])
         zero = b.const_index(0)
-        ok = b.fresh()
-        b.emit(f"{ok} = arith.cmpi ult, {t}, {n} : index")  # unsigned: negative indices fail too
+        ok = b.assign(f"arith.cmpi ult, {t}, {n} : index")  # unsigned: negative indices fail too
         if isinstance(src, Value):
             val = b.cast(imp.extract(src, ivs), src.type.elem, e)
         else:
