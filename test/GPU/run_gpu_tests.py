@@ -46,14 +46,28 @@ except Exception as exc:  # noqa: BLE001
 # Memref descriptors and calls
 #===----------------------------------------------------------------------===#
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-from moe_mlir.runtime.abi import describe, memref_struct, result_descriptors  # noqa: E402  (the package's memref descriptors)
+_desc_types = {}
+
+
+def memref_type(rank):
+    if rank not in _desc_types:
+        fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p),
+                  ("offset", ctypes.c_int64)]
+        if rank:
+            fields += [("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
+        _desc_types[rank] = type(f"MemRef{rank}", (ctypes.Structure,), {"_fields_": fields})
+    return _desc_types[rank]
 
 
 def descriptor(t):
-    """A descriptor over a contiguous copy of `t` (or `t` itself), and that tensor, to keep alive."""
     t = t.contiguous()
-    return describe(t), t
+    d = memref_type(t.dim())()
+    d.allocated = d.aligned = t.data_ptr()
+    d.offset = 0
+    for i, (s, st) in enumerate(zip(t.shape, t.stride())):
+        d.sizes[i] = s
+        d.strides[i] = st
+    return d, t
 
 
 class Library:
@@ -103,7 +117,12 @@ class Library:
         stream is synchronized before results are freed and before the error
         word is read."""
         descs = [descriptor(a) for a in args]
-        res, descs_out = result_descriptors([len(shape) for shape, _ in results])
+        types = [memref_type(len(shape)) for shape, _ in results]
+        if len(results) == 1:
+            res = types[0]()
+        else:
+            res = type("Results", (ctypes.Structure,),
+                       {"_fields_": [(f"r{i}", t) for i, t in enumerate(types)]})()
         fn = getattr(self.lib, "_mlir_ciface_" + name)
         fn.restype = None
         stream = self.cuda.current_stream()
@@ -112,6 +131,8 @@ class Library:
         self.rt.moeGpuSetStream(handle)
         try:
             fn(ctypes.byref(res), *[ctypes.byref(d) for d, _ in descs])
+            descs_out = [res if len(results) == 1 else getattr(res, f"r{i}")
+                         for i in range(len(results))]
             for d, (shape, dtype) in zip(descs_out, results):
                 assert list(d.sizes) == list(shape), (name, list(d.sizes), shape)
                 t = torch.empty(shape, dtype=dtype, device=self.device)
@@ -140,6 +161,8 @@ class CpuLibrary:
     errors come back as errors of the call and are kept for take_error."""
 
     def __init__(self, mlir_path):
+        repo = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+        sys.path.insert(0, os.path.join(repo, "python"))
         from moe_mlir.compiler import ExecutorLibrary, MoERuntimeError
         self.error_type = MoERuntimeError
         self.ex = ExecutorLibrary.find()

@@ -521,7 +521,13 @@ class CudaCompiledModel:
         device = args[0].device
         ins = [a.contiguous() for a in args]  # identity layouts; kept alive across the call
         descs = [abi.describe(t) for t in ins]
-        res, res_descs = abi.result_descriptors([t.rank for t in part.result_types])
+        types = [abi.memref_struct(t.rank) for t in part.result_types]
+        if len(types) == 1:
+            res = types[0]()
+            res_descs = [res]
+        else:
+            res = type("Results", (ctypes.Structure,), {"_fields_": [(f"r{i}", t) for i, t in enumerate(types)]})()
+            res_descs = [getattr(res, f"r{i}") for i in range(len(types))]
         stream = torch.cuda.current_stream(device)
         rt.take_index_error()  # a stale error of an earlier call on this thread is not ours
         rt.rt.mgpuSetDefaultDevice(device.index if device.index is not None else 0)

@@ -20,7 +20,6 @@ __all__ = [
     "mlir_elem",
     "memref_struct",
     "describe",
-    "result_descriptors",
     "descriptor_shape",
     "tensor_type",
     "memref_type",
@@ -83,17 +82,6 @@ def describe(t: torch.Tensor, shape: Sequence[int] | None = None) -> ctypes.Stru
         d.sizes[:] = shape
         d.strides[:] = strides
     return d
-
-
-def result_descriptors(ranks: Sequence[int]) -> tuple[ctypes.Structure, list[ctypes.Structure]]:
-    """The result out-parameter of a ``_mlir_ciface_`` function returning memrefs of ``ranks`` (one descriptor, or a
-    struct of them), and the descriptors in it in order (views into it: they read what the call wrote)."""
-    types = [memref_struct(r) for r in ranks]
-    if len(types) == 1:
-        res = types[0]()
-        return res, [res]
-    res = type("Results", (ctypes.Structure,), {"_fields_": [(f"r{i}", t) for i, t in enumerate(types)]})()
-    return res, [getattr(res, f"r{i}") for i in range(len(types))]
 
 
 def descriptor_shape(d: ctypes.Structure) -> tuple[int, ...]:

@@ -128,7 +128,7 @@ def make_library(log, result_source, raise_in_call=False, poll=True):
     def compiled(res_ref, *arg_refs):
         if raise_in_call:
             raise RuntimeError("kernel launch failed")
-        d = ctypes.cast(res_ref, ctypes.POINTER(H.memref_struct(2))).contents
+        d = ctypes.cast(res_ref, ctypes.POINTER(H.memref_type(2))).contents
         d.allocated = d.aligned = result_source.data_ptr()
         d.sizes[0], d.sizes[1] = 2, 3
         d.strides[0], d.strides[1] = 3, 1
