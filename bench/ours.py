@@ -9,6 +9,7 @@ the Python marshalling is not. Torch-free except for the tensor buffers, so benc
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import time
 from pathlib import Path
@@ -16,14 +17,22 @@ from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: mlir::moe::DType order (ExecutorC.h).
-DTYPE_INDEX = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "bool": 4, "int8": 5, "int32": 6,
-               "int64": 7}
+
+def _load_executor_c():
+    """python/moe_mlir/runtime/executor_c.py (the ctypes binding of ExecutorC.h) loaded as a file, not through the
+    package: importing moe_mlir would import torch, and bench/memory.py's worker must not."""
+    path = REPO / "python" / "moe_mlir" / "runtime" / "executor_c.py"
+    spec = importlib.util.spec_from_file_location("moe_executor_c", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class MoeTensorC(ctypes.Structure):
-    _fields_ = [("dtype", ctypes.c_int32), ("rank", ctypes.c_int32), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("data", ctypes.c_void_p)]
+executor_c = _load_executor_c()
+
+#: numpy/torch dtype names in mlir::moe::DType order (executor_c.DTYPES).
+DTYPE_INDEX = {name: i for i, name in enumerate(("float32", "float16", "bfloat16", "float64", "bool", "int8",
+                                                  "int32", "int64"))}
 
 
 def build_dir() -> Path:
@@ -46,16 +55,7 @@ def find_library() -> str:
 class Executor:
     def __init__(self, path: Optional[str] = None) -> None:
         self.path = path or find_library()
-        lib = ctypes.CDLL(self.path)
-        lib.moeExecCompile.restype = ctypes.c_void_p
-        lib.moeExecCompile.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_char_p,
-                                       ctypes.c_int64]
-        lib.moeExecCall.restype = ctypes.c_int32
-        lib.moeExecCall.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(MoeTensorC), ctypes.c_int32,
-                                    ctypes.POINTER(MoeTensorC), ctypes.c_int32, ctypes.c_char_p, ctypes.c_int64]
-        lib.moeExecDestroy.restype = None
-        lib.moeExecDestroy.argtypes = [ctypes.c_void_p]
-        self.lib = lib
+        self.lib = executor_c.load(self.path)
 
     def compile(self, mlir: str, opt_level: int = 3) -> tuple[int, float]:
         """Returns (handle, seconds)."""
@@ -86,12 +86,8 @@ class BoundCall:
         self._call = exe.lib.moeExecCall
 
     def _arr(self, bufs):
-        arr = (MoeTensorC * max(len(bufs), 1))()
-        for i, (shape, dtype_name, ptr) in enumerate(bufs):
-            sh = (ctypes.c_int64 * max(len(shape), 1))(*shape)
-            self._keep.append(sh)
-            arr[i] = MoeTensorC(DTYPE_INDEX[dtype_name], len(shape), sh, ctypes.c_void_p(ptr))
-        return arr
+        return executor_c.tensor_array([(shape, DTYPE_INDEX[dtype_name], ptr) for shape, dtype_name, ptr in bufs],
+                                       self._keep)
 
     def __call__(self) -> None:
         if self._call(self.handle, self.fn, self.ins, self.n_in, self.outs, self.n_out, self.err, len(self.err)):

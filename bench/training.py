@@ -8,13 +8,16 @@ similarity_inform and its fused top-k, attention_posterior, hyper_router; mad_di
 no gradient). One timed call = the op's forward, then ``torch.autograd.grad`` of ``Σ out²`` over its float outputs
 with respect to every float input. Eager = bench/baselines.py (the papers' formulation) under autograd; inductor =
 ``torch.compile`` of that function, differentiated through AOTAutograd (static shapes). Ours = the op as a user
-calls it (its registered backward, whatever implements it). Our gradients are checked against eager's.
+calls it (its registered backward, whatever implements it). Our gradients are checked against eager's. Each
+hyper_router case runs twice: as above, and ``_frozen``: gradients w.r.t. ``emb`` only (HyperRouter's hypernetwork
+w1, b1, w2, b2 is frozen by design, 002 §1.10), where eager's autograd skips the weights' gradients.
 
 Writes bench/results/training-<date>-t<threads>[-quick].json and .md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
@@ -49,9 +52,11 @@ def grad_atol(params: dict) -> float:
     return GRAD_ATOL * max(1.0, n / 32)
 
 
-def fwd_bwd(fn: Callable, inputs: list) -> Callable[[], list]:
-    """A call of ``fn`` then the gradients of ``Σ out²`` (float outputs) w.r.t. the float inputs."""
-    leaves = [t.detach().requires_grad_(True) if t.is_floating_point() else t for t in inputs]
+def fwd_bwd(fn: Callable, inputs: list, trainable: Optional[tuple[int, ...]] = None) -> Callable[[], list]:
+    """A call of ``fn`` then the gradients of ``Σ out²`` (float outputs) w.r.t. the float inputs (those at the
+    positions ``trainable`` when given; the others are constants)."""
+    leaves = [t.detach().requires_grad_(t.is_floating_point() and (trainable is None or i in trainable))
+              for i, t in enumerate(inputs)]
     diff = [t for t in leaves if t.requires_grad]
 
     def step() -> list:
@@ -91,20 +96,21 @@ def run_case(case: C.Case, args) -> dict:
            "T": case.params.get("T"), "loadavg_1min_before": round(os.getloadavg()[0], 2)}
     g = torch.Generator().manual_seed(20260521)
     inputs = [t.contiguous() for t in case.make_inputs(g)]
-    ours = fwd_bwd(ours_call(case), inputs)
-    eager = fwd_bwd(case.eager, inputs)
+    trainable = case.params.get("trainable")
+    ours = fwd_bwd(ours_call(case), inputs, trainable)
+    eager = fwd_bwd(case.eager, inputs, trainable)
     t0 = time.perf_counter()
     got = ours()
     rec["first_call_ms"] = (time.perf_counter() - t0) * 1e3
     inputs64 = [t.double() if t.is_floating_point() else t for t in inputs]
-    reference64 = functools.lru_cache(maxsize=None)(lambda: fwd_bwd(case.eager, inputs64)())
+    reference64 = functools.lru_cache(maxsize=None)(lambda: fwd_bwd(case.eager, inputs64, trainable)())
     record_correct(rec, lambda: _grad_error(got, eager(), grad_atol(case.params), reference64),
                    key="max_abs_grad_err")
     reps = 20000 if case.regime == "decode" else 100
     rec["ours"] = measure(ours, args.budget, reps)
     rec["eager"] = measure(eager, args.budget, reps)
     if not args.no_compile:
-        compiled = compile_inductor(rec, case.eager, lambda fn: fwd_bwd(fn, inputs))
+        compiled = compile_inductor(rec, case.eager, lambda fn: fwd_bwd(fn, inputs, trainable))
         if compiled is not None:
             rec["inductor"] = measure(compiled, args.budget, reps)
     add_speedups(rec)
@@ -130,12 +136,22 @@ def write_markdown(doc: dict, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def with_frozen_hypernetwork(cases: list[C.Case]) -> list[C.Case]:
+    """Each hyper_router case followed by its ``_frozen`` twin: gradients w.r.t. ``emb`` (input 0) only."""
+    out = []
+    for c in cases:
+        out.append(c)
+        if c.op == "hyper_router":
+            out.append(dataclasses.replace(c, name=c.name + "_frozen", params={**c.params, "trainable": (0,)}))
+    return out
+
+
 def main() -> int:
     args = parse_args(__doc__)
     if not kernels_ready():
         return 2
-    results, _ = run_all(select_cases(args, lambda c: c.op in DIFFERENTIABLE), run_case, args,
-                         result_stem("training", args), markdown=write_markdown)
+    todo = with_frozen_hypernetwork(select_cases(args, lambda c: c.op in DIFFERENTIABLE))
+    results, _ = run_all(todo, run_case, args, result_stem("training", args), markdown=write_markdown)
     return 0 if all(r.get("correct", False) for r in results) else 1
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -42,30 +43,19 @@ sys.path.insert(0, str(REPO))
 from bench import cases as C  # noqa: E402
 
 # -------------------------------------------------------------------------------------------------------------------
-# The AOT library (ABI of tools/moe-aot/moe-aot.py; descriptor code as in test/GPU/run_gpu_tests.py)
+# The AOT library (ABI of tools/moe-aot/moe-aot.py; memref descriptors: those of the GPU test harness, which the
+# GPU-check bundle ships next to this file; the moe_mlir package is not in it)
 # -------------------------------------------------------------------------------------------------------------------
 
-_desc_types: dict = {}
+
+def _load_harness():
+    spec = importlib.util.spec_from_file_location("run_gpu_tests", REPO / "test" / "GPU" / "run_gpu_tests.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def memref_type(rank: int):
-    if rank not in _desc_types:
-        fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p), ("offset", ctypes.c_int64)]
-        if rank:
-            fields += [("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
-        _desc_types[rank] = type(f"MemRef{rank}", (ctypes.Structure,), {"_fields_": fields})
-    return _desc_types[rank]
-
-
-def descriptor(t: torch.Tensor):
-    assert t.is_contiguous()
-    d = memref_type(t.dim())()
-    d.allocated = d.aligned = t.data_ptr()
-    d.offset = 0
-    for i, (s, st) in enumerate(zip(t.shape, t.stride())):
-        d.sizes[i] = s
-        d.strides[i] = st
-    return d
+_harness = _load_harness()
 
 
 class GpuLib:
@@ -94,17 +84,11 @@ class OurCall:
     def __init__(self, g: GpuLib, name: str, inputs, out_specs) -> None:
         self.g = g
         self.inputs = inputs
-        self.descs = [descriptor(t) for t in inputs]
+        assert all(t.is_contiguous() for t in inputs)  # described in place: the kernels take identity layouts
+        self.descs = [_harness.descriptor(t)[0] for t in inputs]
         self.refs = [ctypes.byref(d) for d in self.descs]
         self.out_specs = out_specs
-        types = [memref_type(len(shape)) for shape, _ in out_specs]
-        if len(types) == 1:
-            self.res = types[0]()
-            self.res_list = lambda: [self.res]
-        else:
-            self.res = type("Results", (ctypes.Structure,),
-                            {"_fields_": [(f"r{i}", t) for i, t in enumerate(types)]})()
-            self.res_list = lambda: [getattr(self.res, f"r{i}") for i in range(len(types))]
+        self.res, self.res_descs = _harness.result_descriptors([len(shape) for shape, _ in out_specs])
         self.fn = getattr(g.lib, "_mlir_ciface_" + name)
         self.fn.restype = None
         self.res_ref = ctypes.byref(self.res)
@@ -114,7 +98,7 @@ class OurCall:
 
     def free(self) -> None:
         seen = set()
-        for d in self.res_list():
+        for d in self.res_descs:
             if d.allocated and d.allocated not in seen:
                 seen.add(d.allocated)
                 self.g.rt.moeGpuFree(d.allocated)
@@ -125,7 +109,7 @@ class OurCall:
         out = []
         stream = torch.cuda.current_stream()
         handle = ctypes.c_void_p(stream.cuda_stream)
-        for d, (shape, dtype) in zip(self.res_list(), self.out_specs):
+        for d, (shape, dtype) in zip(self.res_descs, self.out_specs):
             assert list(d.sizes) == list(shape), (list(d.sizes), shape)
             t = torch.empty(shape, dtype=dtype, device="cuda")
             n = t.numel() * t.element_size()

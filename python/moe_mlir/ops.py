@@ -73,24 +73,6 @@ from .reference import (
     _topk_renorm_ref,
 )
 
-__all__ = [
-    "topk_renorm",
-    "similarity_inform",
-    "attention_posterior",
-    "mad_dispersion",
-    "adjacency_update",
-    "hyper_router",
-    "similarity_inform_topk",
-    "attention_posterior_topk",
-    "similarity_inform_backward",
-    "topk_renorm_backward",
-    "hyper_router_backward",
-    "attention_posterior_backward",
-    "OP_NAMES",
-    "FUSED_OP_NAMES",
-    "kernels_available",
-]
-
 #: The dialect ops, in DIALECT.md order; ``torch.ops.moe.<name>`` exists for each.
 OP_NAMES: tuple[str, ...] = (
     "topk_renorm",
@@ -103,6 +85,18 @@ OP_NAMES: tuple[str, ...] = (
 
 #: The fused forms (MoEFusedOps.td): a mixing op with the probs-mode top-k gate in its epilogue.
 FUSED_OP_NAMES: tuple[str, ...] = ("similarity_inform_topk", "attention_posterior_topk")
+
+__all__ = [
+    *OP_NAMES,
+    *FUSED_OP_NAMES,
+    "similarity_inform_backward",
+    "topk_renorm_backward",
+    "hyper_router_backward",
+    "attention_posterior_backward",
+    "OP_NAMES",
+    "FUSED_OP_NAMES",
+    "kernels_available",
+]
 
 TOPK_MODES = ("logits", "probs")
 HEAD_SELECTS = ("min_entropy", "all")
@@ -143,6 +137,15 @@ def _check_rank(op: str, name: str, t: Tensor, rank: int, layout: str) -> None:
 def _check_dim(op: str, name: str, t: Tensor, d: int, expected: int, what: str) -> None:
     if t.shape[d] != expected:
         _fail(op, f"dimension {d} of '{name}' ({t.shape[d]}) must equal {what} ({expected})")
+
+
+def _check_operands(op: str, *operands: tuple[Callable, str, Tensor, int, str]) -> None:
+    """``(check, name, tensor, rank, layout)`` per operand: every dtype check (``_check_float``/``_check_index``)
+    first, then every rank, in order (the verifier's order)."""
+    for check, name, t, _, _ in operands:
+        check(op, name, t)
+    for _, name, t, rank, layout in operands:
+        _check_rank(op, name, t, rank, layout)
 
 
 def _check_enum(op: str, attr: str, value: str, allowed: Sequence[str]) -> None:
@@ -283,8 +286,7 @@ def _validate_topk_renorm_backward(grad_w: Tensor, scores: Tensor, indices: Tens
     _check_float(op, "scores", scores)
     if scores.dim() < 1:
         _fail(op, "'scores' must have rank >= 1 ([..., K])")
-    if grad_w.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"moe.{op}: 'grad_w' must be f32, f16 or bf16, got {grad_w.dtype}")
+    _check_float(op, "grad_w", grad_w)
     _check_index(op, "indices", indices)
     _check_rank(op, "indices", indices, scores.dim(), "[..., k], as the weights")
     _check_rank(op, "grad_w", grad_w, scores.dim(), "[..., k], as the weights")
@@ -340,10 +342,7 @@ def _validate_similarity_inform(
     u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float,
     op: str = "similarity_inform",
 ) -> None:
-    _check_float(op, "u", u)
-    _check_float(op, "e", e)
-    _check_rank(op, "u", u, 3, "[B, N, D]")
-    _check_rank(op, "e", e, 3, "[B, N, K]")
+    _check_operands(op, (_check_float, "u", u, 3, "[B, N, D]"), (_check_float, "e", e, 3, "[B, N, K]"))
     _check_dim(op, "e", e, 0, u.shape[0], "dimension 0 of 'u' (B)")
     _check_dim(op, "e", e, 1, u.shape[1], "dimension 1 of 'u' (N)")
     if ws is not None:
@@ -397,9 +396,7 @@ def _validate_similarity_inform_backward(
 ) -> None:
     op = "similarity_inform_backward"
     _validate_similarity_inform(u, e, ws, key_mask, tau, op=op)
-    if grad_p.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"moe.{op}: 'grad_p' must be f32, f16 or bf16, got {grad_p.dtype}")
-    _check_rank(op, "grad_p", grad_p, 3, "[B, N, K], the shape of p")
+    _check_operands(op, (_check_float, "grad_p", grad_p, 3, "[B, N, K], the shape of p"))
     for d in range(3):
         _check_dim(op, "grad_p", grad_p, d, e.shape[d], "the same dimension of 'e'")
 
@@ -476,13 +473,9 @@ def _validate_attention_posterior(
     scores: Tensor, u: Tensor, v: Tensor, wo: Tensor, e: Tensor, sigma: float, head_select: str,
     head_scale: Optional[float], op: str = "attention_posterior",
 ) -> None:
-    for name, t in (("scores", scores), ("u", u), ("v", v), ("wo", wo), ("e", e)):
-        _check_float(op, name, t)
-    _check_rank(op, "scores", scores, 4, "[B, H, N, Nk]")
-    _check_rank(op, "u", u, 3, "[B, N, D]")
-    _check_rank(op, "v", v, 4, "[B, H, Nk, Dh]")
-    _check_rank(op, "wo", wo, 2, "[D, H*Dh]")
-    _check_rank(op, "e", e, 3, "[B, Nk, K]")
+    _check_operands(op, (_check_float, "scores", scores, 4, "[B, H, N, Nk]"), (_check_float, "u", u, 3, "[B, N, D]"),
+                    (_check_float, "v", v, 4, "[B, H, Nk, Dh]"), (_check_float, "wo", wo, 2, "[D, H*Dh]"),
+                    (_check_float, "e", e, 3, "[B, Nk, K]"))
     B, H, N, Nk = scores.shape
     _check_dim(op, "u", u, 0, B, "dimension 0 of 'scores' (B)")
     _check_dim(op, "u", u, 1, N, "dimension 2 of 'scores' (N)")
@@ -543,9 +536,7 @@ def _validate_attention_posterior_backward(
 ) -> None:
     op = "attention_posterior_backward"
     _validate_attention_posterior(scores, u, v, wo, e, sigma, head_select, head_scale, op=op)
-    if grad_p.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"moe.{op}: 'grad_p' must be f32, f16 or bf16, got {grad_p.dtype}")
-    _check_rank(op, "grad_p", grad_p, 3, "[B, N, K], the shape of p")
+    _check_operands(op, (_check_float, "grad_p", grad_p, 3, "[B, N, K], the shape of p"))
     B, _, N, _ = scores.shape
     for d, (size, what) in enumerate(((B, "B"), (N, "N"), (e.shape[2], "K"))):
         _check_dim(op, "grad_p", grad_p, d, size, what)
@@ -634,10 +625,7 @@ def _validate_mad_dispersion(
     empty: str,
 ) -> None:
     op = "mad_dispersion"
-    _check_float(op, "tokens", tokens)
-    _check_index(op, "assign", assign)
-    _check_rank(op, "tokens", tokens, 2, "[T, D]")
-    _check_rank(op, "assign", assign, 1, "[T]")
+    _check_operands(op, (_check_float, "tokens", tokens, 2, "[T, D]"), (_check_index, "assign", assign, 1, "[T]"))
     _check_dim(op, "assign", assign, 0, tokens.shape[0], "dimension 0 of 'tokens' (T)")
     if num_experts < 1:
         _fail(op, f"'num_experts' ({num_experts}) must be >= 1")
@@ -695,10 +683,7 @@ def _(tokens, assign, num_experts, eps=1e-4, clip=10.0, normalize="feature", mea
 
 def _validate_adjacency_update(a: Tensor, idx: Tensor, beta: float, norm: str) -> None:
     op = "adjacency_update"
-    _check_float(op, "a", a)
-    _check_index(op, "idx", idx)
-    _check_rank(op, "a", a, 2, "[E, E]")
-    _check_rank(op, "idx", idx, 2, "[T, k]")
+    _check_operands(op, (_check_float, "a", a, 2, "[E, E]"), (_check_index, "idx", idx, 2, "[T, k]"))
     _check_dim(op, "a", a, 1, a.shape[0], "dimension 0 of 'a' (E; the graph is square)")
     if not (0.0 <= beta <= 1.0):
         _fail(op, f"'beta' ({beta}) must be in [0, 1]")
@@ -741,13 +726,9 @@ def _(a, idx, beta=0.9, norm="row", include_self=True):
 
 def _validate_hyper_router(emb: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, num_experts: int) -> None:
     op = "hyper_router"
-    for name, t in (("emb", emb), ("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2)):
-        _check_float(op, name, t)
-    _check_rank(op, "emb", emb, 1, "[De]")
-    _check_rank(op, "w1", w1, 2, "[Dh, De]")
-    _check_rank(op, "b1", b1, 1, "[Dh]")
-    _check_rank(op, "w2", w2, 2, "[E*(D+1), Dh]")
-    _check_rank(op, "b2", b2, 1, "[E*(D+1)]")
+    _check_operands(op, (_check_float, "emb", emb, 1, "[De]"), (_check_float, "w1", w1, 2, "[Dh, De]"),
+                    (_check_float, "b1", b1, 1, "[Dh]"), (_check_float, "w2", w2, 2, "[E*(D+1), Dh]"),
+                    (_check_float, "b2", b2, 1, "[E*(D+1)]"))
     if num_experts < 1:
         _fail(op, f"'num_experts' ({num_experts}) must be >= 1")
     _check_dim(op, "w1", w1, 1, emb.shape[0], "dimension 0 of 'emb' (De)")
@@ -792,11 +773,8 @@ def _validate_hyper_router_backward(grad_w: Tensor, grad_b: Tensor, emb: Tensor,
                                     b2: Tensor, num_experts: int) -> None:
     op = "hyper_router_backward"
     _validate_hyper_router(emb, w1, b1, w2, b2, num_experts)
-    for name, t in (("grad_w", grad_w), ("grad_b", grad_b)):
-        if t.dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"moe.{op}: '{name}' must be f32, f16 or bf16, got {t.dtype}")
-    _check_rank(op, "grad_w", grad_w, 2, "[E, D], the shape of w")
-    _check_rank(op, "grad_b", grad_b, 1, "[E], the shape of b")
+    _check_operands(op, (_check_float, "grad_w", grad_w, 2, "[E, D], the shape of w"),
+                    (_check_float, "grad_b", grad_b, 1, "[E], the shape of b"))
     d = w2.shape[0] // num_experts - 1
     _check_dim(op, "grad_w", grad_w, 0, num_experts, "num_experts (E)")
     _check_dim(op, "grad_w", grad_w, 1, d, "D = dimension 0 of 'w2' / E - 1")

@@ -70,6 +70,19 @@ def descriptor(t):
     return d, t
 
 
+def result_descriptors(ranks):
+    """The result out-parameter of a _mlir_ciface_ function returning memrefs
+    of `ranks` (one descriptor, or a struct of them), and the descriptors in
+    it, in order (views into it: they read what the call wrote)."""
+    types = [memref_type(r) for r in ranks]
+    if len(types) == 1:
+        res = types[0]()
+        return res, [res]
+    res = type("Results", (ctypes.Structure,),
+               {"_fields_": [(f"r{i}", t) for i, t in enumerate(types)]})()
+    return res, [getattr(res, f"r{i}") for i in range(len(types))]
+
+
 class Library:
     """The compiled cases plus the two runtime libraries.
 
@@ -117,12 +130,7 @@ class Library:
         stream is synchronized before results are freed and before the error
         word is read."""
         descs = [descriptor(a) for a in args]
-        types = [memref_type(len(shape)) for shape, _ in results]
-        if len(results) == 1:
-            res = types[0]()
-        else:
-            res = type("Results", (ctypes.Structure,),
-                       {"_fields_": [(f"r{i}", t) for i, t in enumerate(types)]})()
+        res, descs_out = result_descriptors([len(shape) for shape, _ in results])
         fn = getattr(self.lib, "_mlir_ciface_" + name)
         fn.restype = None
         stream = self.cuda.current_stream()
@@ -131,8 +139,6 @@ class Library:
         self.rt.moeGpuSetStream(handle)
         try:
             fn(ctypes.byref(res), *[ctypes.byref(d) for d, _ in descs])
-            descs_out = [res if len(results) == 1 else getattr(res, f"r{i}")
-                         for i in range(len(results))]
             for d, (shape, dtype) in zip(descs_out, results):
                 assert list(d.sizes) == list(shape), (name, list(d.sizes), shape)
                 t = torch.empty(shape, dtype=dtype, device=self.device)

@@ -131,15 +131,15 @@ void check(const at::Tensor &tokens, const at::Tensor &assign,
 
 void checkAllModes(const at::Tensor &tokens, const at::Tensor &assign,
                    int64_t E, double clip = 10.0) {
+  Options o;
+  o.numExperts = E;
+  o.clip = clip;
   for (Normalize nz : {Normalize::Feature, Normalize::Expert, Normalize::Global})
     for (Measure m : {Measure::Mad, Measure::Variance})
       for (Empty em : {Empty::Identity, Empty::Raw}) {
-        Options o;
-        o.numExperts = E;
         o.normalize = nz;
         o.measure = m;
         o.empty = em;
-        o.clip = clip;
         check(tokens, assign, o);
       }
 }

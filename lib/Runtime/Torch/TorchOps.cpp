@@ -128,24 +128,15 @@ std::mutex cacheMutex;
 std::unordered_map<std::string, KernelFn> kernels;
 
 const char *dtypeName(at::ScalarType t) {
-  switch (t) {
-  case at::kFloat:
-    return "f32";
-  case at::kHalf:
-    return "f16";
-  case at::kBFloat16:
-    return "bf16";
-  case at::kInt:
-    return "i32";
-  case at::kLong:
-    return "i64";
-  case at::kBool:
-    return "i1";
-  case at::kDouble:
-    return "f64";
-  default:
-    return c10::toString(t); // no kernel takes it: the validators say so
-  }
+  // The element types a kernel takes, named as in moe_mlir.runtime.abi.MLIR_ELEM.
+  static constexpr std::pair<at::ScalarType, const char *> kNames[] = {
+      {at::kFloat, "f32"}, {at::kHalf, "f16"}, {at::kBFloat16, "bf16"},
+      {at::kInt, "i32"},   {at::kLong, "i64"}, {at::kBool, "i1"},
+      {at::kDouble, "f64"}};
+  for (const auto &[type, name] : kNames)
+    if (type == t)
+      return name;
+  return c10::toString(t); // no kernel takes it: the validators say so
 }
 
 // Key: lib/Runtime/Torch/TorchKernels.h

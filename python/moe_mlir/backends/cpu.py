@@ -42,6 +42,7 @@ __all__ = [
     "run_with_mlir_runner",
 ]
 
+from ..runtime import executor_c
 from .tools import (LLVM_LIB, MoEOptError, MoERuntimeError, find_mlir_runner, find_runtime_lib, lower_to_llvm,
                     refuse_gradients, verify)
 
@@ -50,47 +51,14 @@ from .tools import (LLVM_LIB, MoEOptError, MoERuntimeError, find_mlir_runner, fi
 # Backend 1: the C++ execution API through a C shim
 # ----------------------------------------------------------------------------------------------------------------
 
-#: DType of Executor.h, in enum order.
-_EXEC_DTYPES = ["f32", "f16", "bf16", "f64", "i1", "i8", "i32", "i64"]
-
-
-class _CTensor(ctypes.Structure):
-    _fields_ = [
-        ("dtype", ctypes.c_int32),
-        ("rank", ctypes.c_int32),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("data", ctypes.c_void_p),
-    ]
-
 
 class ExecutorLibrary:
-    """ctypes binding of the C shim over ``mlir::moe::Executor`` (``libMoEExecutorC.so``).
-
-    Expected ABI (plain C, so that no C++ ABI crosses ctypes; all strings UTF-8, ``err`` NUL-terminated)::
-
-        typedef struct { int32_t dtype; int32_t rank; const int64_t *shape; void *data; } MoeTensorC;
-        //   dtype: the index of mlir::moe::DType (F32=0, F16, BF16, F64, I1, I8, I32, I64); data: row-major.
-        void *moeExecCompile(const char *mlir, int64_t len, int32_t optLevel, char *err, int64_t errCap);
-        //   NULL on failure (parse/verify/lowering diagnostics in err).
-        int32_t moeExecCall(void *module, const char *fn, const MoeTensorC *inputs, int32_t numInputs,
-                            MoeTensorC *outputs, int32_t numOutputs, char *err, int64_t errCap);
-        //   outputs: caller-allocated buffers of the exact result shapes; 0 on success, else err holds the
-        //   llvm::Error of CompiledModule::call (signature mismatch or a run-time error of the compiled code).
-        void moeExecDestroy(void *module);
-    """
+    """ctypes binding of the C shim over ``mlir::moe::Executor`` (``libMoEExecutorC.so``; its ABI:
+    :mod:`moe_mlir.runtime.executor_c`)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        lib = ctypes.CDLL(path)
-        lib.moeExecCompile.restype = ctypes.c_void_p
-        lib.moeExecCompile.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_char_p,
-                                       ctypes.c_int64]
-        lib.moeExecCall.restype = ctypes.c_int32
-        lib.moeExecCall.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(_CTensor), ctypes.c_int32,
-                                    ctypes.POINTER(_CTensor), ctypes.c_int32, ctypes.c_char_p, ctypes.c_int64]
-        lib.moeExecDestroy.restype = None
-        lib.moeExecDestroy.argtypes = [ctypes.c_void_p]
-        self.lib = lib
+        self.lib = executor_c.load(path)
 
     @staticmethod
     def find() -> Optional["ExecutorLibrary"]:
@@ -113,13 +81,11 @@ class ExecutorLibrary:
     def call(self, handle: int, fn: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         keep: list[Any] = []
 
-        def ct(t: torch.Tensor, elem: str) -> _CTensor:
-            shape = (ctypes.c_int64 * max(t.dim(), 1))(*t.shape)
-            keep.append(shape)
-            return _CTensor(_EXEC_DTYPES.index(elem), t.dim(), shape, ctypes.c_void_p(t.data_ptr()))
+        def arr(ts: Sequence[torch.Tensor]) -> ctypes.Array:
+            return executor_c.tensor_array(
+                [(t.shape, executor_c.DTYPES.index(_elem_of(t)), t.data_ptr()) for t in ts], keep)
 
-        ins = (_CTensor * max(len(inputs), 1))(*[ct(t, _elem_of(t)) for t in inputs])
-        outs = (_CTensor * max(len(outputs), 1))(*[ct(t, _elem_of(t)) for t in outputs])
+        ins, outs = arr(inputs), arr(outputs)
         err = ctypes.create_string_buffer(1 << 16)
         rc = self.lib.moeExecCall(handle, fn.encode(), ins, len(inputs), outs, len(outputs), err, len(err))
         if rc != 0:
@@ -170,12 +136,10 @@ def runner_module(prog: ImportedProgram, inputs: Sequence[torch.Tensor]) -> str:
         iv = b.fresh("i")
         b.emit(f"scf.for {iv} = {c0} to {n} step {c1} {{")
         b.indent += 2
-        x = b.fresh()
-        b.emit(f"{x} = tensor.extract {v.name}[{iv}] : {flat_t}")
+        x = b.assign(f"tensor.extract {v.name}[{iv}] : {flat_t}")
         if is_float(t.elem):
             ib = f"i{FLOAT_BITS[t.elem]}"
-            bits = b.fresh()
-            b.emit(f"{bits} = arith.bitcast {x} : {t.elem} to {ib}")
+            bits = b.assign(f"arith.bitcast {x} : {t.elem} to {ib}")
             x64 = b.cast(bits, ib, "i64") if ib != "i64" else bits
         else:
             x64 = b.cast(x, t.elem, "i64")

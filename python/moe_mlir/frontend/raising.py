@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.fx as fx
@@ -190,49 +190,45 @@ def _emit_topk_renorm(
             idx_user.replace_all_uses_with(i64)
 
 
-def _raise_topk(graph: fx.Graph) -> int:
-    count = 0
-    for tk in list(graph.nodes):
-        parts = _topk_parts(tk)
-        if parts is None:
-            continue
-        x, k, vals, idxs = parts
-        sm_dim = _softmax_dim(x)
-        if vals is None:
-            continue
-        div = _renorm_div(vals)
-        s = div.args[1] if div is not None else None
-        # softmax -> topk [-> renormalize]
-        if sm_dim is not None and _last_dim(x, sm_dim):
-            logits = x.args[0]
-            if logits.meta["val"].dtype not in _FLOATS:
-                continue
-            if div is not None:
-                _emit_topk_renorm(graph, tk, logits, k, "logits", True, div, idxs)
-            else:
-                _emit_topk_renorm(graph, tk, logits, k, "logits", False, vals, idxs)
-            _erase_dead(graph, [div, s, vals, idxs, tk, x])
-            count += 1
-            continue
-        # topk -> softmax(values)
-        users = list(vals.users)
-        if len(users) == 1 and _softmax_dim(users[0]) is not None and _last_dim(vals, _softmax_dim(users[0])):
-            _emit_topk_renorm(graph, tk, x, k, "logits", True, users[0], idxs)
-            _erase_dead(graph, [users[0], vals, idxs, tk])
-            count += 1
-            continue
-        # topk(p) -> renormalize
+def _raise_topk(graph: fx.Graph, tk: fx.Node) -> bool:
+    """The ``topk_renorm`` idioms of the table above at the top-k ``tk``."""
+    parts = _topk_parts(tk)
+    if parts is None:
+        return False
+    x, k, vals, idxs = parts
+    sm_dim = _softmax_dim(x)
+    if vals is None:
+        return False
+    div = _renorm_div(vals)
+    s = div.args[1] if div is not None else None
+    # softmax -> topk [-> renormalize]
+    if sm_dim is not None and _last_dim(x, sm_dim):
+        logits = x.args[0]
+        if logits.meta["val"].dtype not in _FLOATS:
+            return False
         if div is not None:
-            _emit_topk_renorm(graph, tk, x, k, "probs", True, div, idxs)
-            _erase_dead(graph, [div, s, vals, idxs, tk])
-            count += 1
-            continue
-        # topk(softmax(l) · A), the values used raw
-        if _is_probability_mix(x):
-            _emit_topk_renorm(graph, tk, x, k, "probs", False, vals, idxs)
-            _erase_dead(graph, [vals, idxs, tk])
-            count += 1
-    return count
+            _emit_topk_renorm(graph, tk, logits, k, "logits", True, div, idxs)
+        else:
+            _emit_topk_renorm(graph, tk, logits, k, "logits", False, vals, idxs)
+        _erase_dead(graph, [div, s, vals, idxs, tk, x])
+        return True
+    # topk -> softmax(values)
+    users = list(vals.users)
+    if len(users) == 1 and _softmax_dim(users[0]) is not None and _last_dim(vals, _softmax_dim(users[0])):
+        _emit_topk_renorm(graph, tk, x, k, "logits", True, users[0], idxs)
+        _erase_dead(graph, [users[0], vals, idxs, tk])
+        return True
+    # topk(p) -> renormalize
+    if div is not None:
+        _emit_topk_renorm(graph, tk, x, k, "probs", True, div, idxs)
+        _erase_dead(graph, [div, s, vals, idxs, tk])
+        return True
+    # topk(softmax(l) · A), the values used raw
+    if _is_probability_mix(x):
+        _emit_topk_renorm(graph, tk, x, k, "probs", False, vals, idxs)
+        _erase_dead(graph, [vals, idxs, tk])
+        return True
+    return False
 
 
 def _is_transpose_of_last_two(n: fx.Node, u: fx.Node) -> bool:
@@ -285,28 +281,26 @@ def _similarity_parts(mm: fx.Node) -> Optional[tuple[fx.Node, fx.Node, float]]:
     return u, e, tau
 
 
-def _raise_similarity(graph: fx.Graph) -> int:
-    count = 0
-    for mm in list(graph.nodes):
-        parts = _similarity_parts(mm)
-        if parts is None:
-            continue
-        u, e, tau = parts
-        with graph.inserting_before(mm):
-            if u.meta["val"].dim() == 2:  # one sequence: [N, D] -> [1, N, D]
-                u3 = _new(graph, aten.unsqueeze.default, (u, 0), like=mm)
-                e3 = _new(graph, aten.unsqueeze.default, (e, 0), like=mm)
-            else:
-                u3, e3 = u, e
-            p = _new(graph, moe.similarity_inform.default, (u3, e3, None, None, tau, False), like=mm)
-            if u.meta["val"].dim() == 2:
-                p = _new(graph, aten.squeeze.dims, (p, [0]), like=mm)
-            want = mm.meta["val"].dtype
-            if want != torch.float32:
-                p = _new(graph, aten._to_copy.default, (p,), {"dtype": want}, like=mm)
-        mm.replace_all_uses_with(p)
-        count += 1
-    return count
+def _raise_similarity(graph: fx.Graph, mm: fx.Node) -> bool:
+    """``softmax(U·Uᵀ/τ, -1) · E`` at the product ``mm`` -> ``moe.similarity_inform``."""
+    parts = _similarity_parts(mm)
+    if parts is None:
+        return False
+    u, e, tau = parts
+    with graph.inserting_before(mm):
+        if u.meta["val"].dim() == 2:  # one sequence: [N, D] -> [1, N, D]
+            u3 = _new(graph, aten.unsqueeze.default, (u, 0), like=mm)
+            e3 = _new(graph, aten.unsqueeze.default, (e, 0), like=mm)
+        else:
+            u3, e3 = u, e
+        p = _new(graph, moe.similarity_inform.default, (u3, e3, None, None, tau, False), like=mm)
+        if u.meta["val"].dim() == 2:
+            p = _new(graph, aten.squeeze.dims, (p, [0]), like=mm)
+        want = mm.meta["val"].dtype
+        if want != torch.float32:
+            p = _new(graph, aten._to_copy.default, (p,), {"dtype": want}, like=mm)
+    mm.replace_all_uses_with(p)
+    return True
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -458,125 +452,125 @@ def _emit_route(graph: fx.Graph, anchor: fx.Node, args: tuple, weights_user: Opt
     return w, i
 
 
-def _raise_scored_topk(graph: fx.Graph) -> int:
+def _raise_scored_topk(graph: fx.Graph, tk: fx.Node) -> bool:
     """``gather(score(x), topk([masked_fill](score(x) [+ bias], group mask, -inf), k).indices)`` [renormalized]
     [scaled] -> ``moe.route`` (DeepSeek-V3/R1, Kimi-K2, GLM-4.5, DeepSeek-V2 gates in HF's form)."""
-    count = 0
-    for tk in list(graph.nodes):
-        parts = _topk_parts(tk)
-        if parts is None or parts[3] is None:
-            continue
-        c2, k, vals, idxs = parts
-        if vals is not None and vals.users:
-            continue
-        gathers = [u for u in idxs.users if _is_call(u, (aten.gather.default,)) and u.args[2] is idxs]
-        if len(gathers) != 1 or not _last_dim(gathers[0], gathers[0].args[1]):
-            continue
-        gather = gathers[0]
-        s = gather.args[0]
-        scored = _scoring_of(s)
-        if scored is None:
-            continue
-        scoring, logits = scored
-        num_experts = int(_val(logits).shape[1])
-        c, mask = c2, None
-        if _is_call(c2, _MASKED_FILL):
-            c, mask = c2.args[0], c2.args[1]
-            if c2.args[2] != float("-inf"):
-                continue
-        bias = None
-        if c is not s:
-            if not (_is_call(c, (aten.add.Tensor,)) and c.args[0] is s and isinstance(c.args[1], fx.Node)):
-                continue
-            bias = c.args[1]
-            bv = _val(bias)
-            if bv is None or bv.dim() != 1 or bv.shape[0] != num_experts or bv.dtype not in _FLOATS:
-                continue
-            if len(c.kwargs) or (len(c.args) > 2 and c.args[2] != 1):
-                continue
-        n_group, topk_group, group_score = 1, 1, "top2_sum"
-        if mask is not None:
-            spec = _group_spec(mask, c, num_experts)
-            if spec is None:
-                continue
-            n_group, topk_group, group_score = spec
-            if n_group == 1:
-                topk_group = 1
-            if k > topk_group * (num_experts // n_group):
-                continue
-        out, renorm, scale, chain = _weights_chain(gather)
-        dead = chain + [gather, idxs, tk, c2, c, s]
-        if mask is not None:
-            dead += _ancestors_until(mask, c) or []
-        _emit_route(graph, tk, (logits, bias, k, scoring, "score_then_topk", n_group, topk_group, group_score,
-                                renorm, scale), out, [idxs])
-        _erase_unused(graph, dead)
-        count += 1
-    return count
+    parts = _topk_parts(tk)
+    if parts is None or parts[3] is None:
+        return False
+    c2, k, vals, idxs = parts
+    if vals is not None and vals.users:
+        return False
+    gathers = [u for u in idxs.users if _is_call(u, (aten.gather.default,)) and u.args[2] is idxs]
+    if len(gathers) != 1 or not _last_dim(gathers[0], gathers[0].args[1]):
+        return False
+    gather = gathers[0]
+    s = gather.args[0]
+    scored = _scoring_of(s)
+    if scored is None:
+        return False
+    scoring, logits = scored
+    num_experts = int(_val(logits).shape[1])
+    c, mask = c2, None
+    if _is_call(c2, _MASKED_FILL):
+        c, mask = c2.args[0], c2.args[1]
+        if c2.args[2] != float("-inf"):
+            return False
+    bias = None
+    if c is not s:
+        if not (_is_call(c, (aten.add.Tensor,)) and c.args[0] is s and isinstance(c.args[1], fx.Node)):
+            return False
+        bias = c.args[1]
+        bv = _val(bias)
+        if bv is None or bv.dim() != 1 or bv.shape[0] != num_experts or bv.dtype not in _FLOATS:
+            return False
+        if len(c.kwargs) or (len(c.args) > 2 and c.args[2] != 1):
+            return False
+    n_group, topk_group, group_score = 1, 1, "top2_sum"
+    if mask is not None:
+        spec = _group_spec(mask, c, num_experts)
+        if spec is None:
+            return False
+        n_group, topk_group, group_score = spec
+        if n_group == 1:
+            topk_group = 1
+        if k > topk_group * (num_experts // n_group):
+            return False
+    out, renorm, scale, chain = _weights_chain(gather)
+    dead = chain + [gather, idxs, tk, c2, c, s]
+    if mask is not None:
+        dead += _ancestors_until(mask, c) or []
+    _emit_route(graph, tk, (logits, bias, k, scoring, "score_then_topk", n_group, topk_group, group_score,
+                            renorm, scale), out, [idxs])
+    _erase_unused(graph, dead)
+    return True
 
 
-def _raise_topk_sigmoid_dense(graph: fx.Graph) -> int:
+def _raise_topk_sigmoid_dense(graph: fx.Graph, tk: fx.Node) -> bool:
     """Llama-4: ``sigmoid(full_like(x, -inf).scatter(1, topk(x, k).indices, topk(x, k).values))`` (the dense [T, E]
     gate, 0 off the selection) -> ``zeros.scatter(1, idx, moe.route(x, k, sigmoid, topk_then_score).weights)``."""
-    count = 0
-    for tk in list(graph.nodes):
-        parts = _topk_parts(tk)
-        if parts is None or parts[2] is None or parts[3] is None:
-            continue
-        x, k, vals, idxs = parts
-        xv = _val(x)
-        if xv is None or xv.dim() != 2:
-            continue
-        sc = [u for u in vals.users]
-        if len(sc) != 1 or not _is_call(sc[0], (aten.scatter.src, aten.scatter_.src)):
-            continue
-        scat = sc[0]
-        full, dim, index, src = scat.args[:4]
-        if index is not idxs or src is not vals or not _last_dim(scat, dim):
-            continue
-        if not (_is_call(full, (aten.full_like.default,)) and full.args[0] is x and full.args[1] == float("-inf")):
-            continue
-        # Optional upcast, the sigmoid, optional cast back.
-        node = scat
+    parts = _topk_parts(tk)
+    if parts is None or parts[2] is None or parts[3] is None:
+        return False
+    x, k, vals, idxs = parts
+    xv = _val(x)
+    if xv is None or xv.dim() != 2:
+        return False
+    sc = [u for u in vals.users]
+    if len(sc) != 1 or not _is_call(sc[0], (aten.scatter.src, aten.scatter_.src)):
+        return False
+    scat = sc[0]
+    full, dim, index, src = scat.args[:4]
+    if index is not idxs or src is not vals or not _last_dim(scat, dim):
+        return False
+    if not (_is_call(full, (aten.full_like.default,)) and full.args[0] is x and full.args[1] == float("-inf")):
+        return False
+    # Optional upcast, the sigmoid, optional cast back.
+    node = scat
+    users = list(node.users)
+    if len(users) == 1 and _is_call(users[0], _TO_COPY) and _val(users[0]).dtype == torch.float32:
+        node = users[0]
         users = list(node.users)
-        if len(users) == 1 and _is_call(users[0], _TO_COPY) and _val(users[0]).dtype == torch.float32:
-            node = users[0]
-            users = list(node.users)
-        if len(users) != 1 or not _is_call(users[0], (aten.sigmoid.default,)):
-            continue
-        sig = users[0]
-        out = sig
-        users = list(sig.users)
-        if len(users) == 1 and _is_call(users[0], _TO_COPY) and set(users[0].kwargs) <= {"dtype"}:
-            out = users[0]
-        other_idx_users = [u for u in idxs.users if u is not scat]
-        with graph.inserting_before(tk):
-            r = _new(graph, moe.route.default, (x, None, k, "sigmoid", "topk_then_score", 1, 1, "top2_sum", False,
-                                                1.0), like=tk)
-            w = _new(graph, operator.getitem, (r, 0), like=tk)
-            i = _new(graph, operator.getitem, (r, 1), like=tk)
-            i64 = _new(graph, aten._to_copy.default, (i,), {"dtype": torch.int64}, like=tk)
-            z = _new(graph, aten.zeros_like.default, (x,), {"dtype": torch.float32}, like=tk)
-            dense = _new(graph, aten.scatter.src, (z, dim, i64, w), like=tk)
-            want = _val(out).dtype
-            if want != torch.float32:
-                dense = _new(graph, aten._to_copy.default, (dense,), {"dtype": want}, like=tk)
-        out.replace_all_uses_with(dense)
-        for u in other_idx_users:
-            u.replace_input_with(idxs, i64)
-        _erase_unused(graph, [out, sig, node, scat, full, vals, idxs, tk])
-        count += 1
-    return count
+    if len(users) != 1 or not _is_call(users[0], (aten.sigmoid.default,)):
+        return False
+    sig = users[0]
+    out = sig
+    users = list(sig.users)
+    if len(users) == 1 and _is_call(users[0], _TO_COPY) and set(users[0].kwargs) <= {"dtype"}:
+        out = users[0]
+    other_idx_users = [u for u in idxs.users if u is not scat]
+    with graph.inserting_before(tk):
+        r = _new(graph, moe.route.default, (x, None, k, "sigmoid", "topk_then_score", 1, 1, "top2_sum", False,
+                                            1.0), like=tk)
+        w = _new(graph, operator.getitem, (r, 0), like=tk)
+        i = _new(graph, operator.getitem, (r, 1), like=tk)
+        i64 = _new(graph, aten._to_copy.default, (i,), {"dtype": torch.int64}, like=tk)
+        z = _new(graph, aten.zeros_like.default, (x,), {"dtype": torch.float32}, like=tk)
+        dense = _new(graph, aten.scatter.src, (z, dim, i64, w), like=tk)
+        want = _val(out).dtype
+        if want != torch.float32:
+            dense = _new(graph, aten._to_copy.default, (dense,), {"dtype": want}, like=tk)
+    out.replace_all_uses_with(dense)
+    for u in other_idx_users:
+        u.replace_input_with(idxs, i64)
+    _erase_unused(graph, [out, sig, node, scat, full, vals, idxs, tk])
+    return True
+
+
+def _rewrite_each(graph: fx.Graph, rewrite: Callable[[fx.Graph, fx.Node], bool]) -> int:
+    """Tries ``rewrite(graph, node)`` (True when it matched and rewrote) at every node the graph had before it
+    started, in order; returns how many it rewrote. Each ``_raise_*`` above is one such pattern."""
+    return sum(1 for node in list(graph.nodes) if rewrite(graph, node))
 
 
 def raise_routing_idioms(gm: fx.GraphModule) -> dict[str, int]:
     """Rewrites the idioms in place; returns how many of each were raised."""
     graph = gm.graph
-    counts = {"similarity_inform": _raise_similarity(graph)}
+    counts = {"similarity_inform": _rewrite_each(graph, _raise_similarity)}
     graph.eliminate_dead_code()
-    counts["route"] = _raise_scored_topk(graph) + _raise_topk_sigmoid_dense(graph)
+    counts["route"] = _rewrite_each(graph, _raise_scored_topk) + _rewrite_each(graph, _raise_topk_sigmoid_dense)
     graph.eliminate_dead_code()
-    counts["topk_renorm"] = _raise_topk(graph)
+    counts["topk_renorm"] = _rewrite_each(graph, _raise_topk)
     graph.eliminate_dead_code()
     graph.lint()
     gm.recompile()

@@ -176,25 +176,24 @@ class Builder:
     def _loc(self) -> str:
         return f" {self.loc}" if self.loc else ""
 
-    # -- scalars (usable at function level and inside generic bodies) ---------------------------------------------
-    def const(self, value: Union[bool, int, float], elem: str) -> str:
-        name = self.fresh("c")
-        if elem == "i1":  # the BoolAttr form carries its type
-            self.emit(f"{name} = arith.constant {format_scalar(value, elem)}")
-        else:
-            self.emit(f"{name} = arith.constant {format_scalar(value, elem)} : {elem}")
+    def assign(self, rhs: str, hint: str = "") -> str:
+        """Emits ``%r = <rhs>`` with a fresh name ``%r`` (prefixed by ``hint``) and returns ``%r``."""
+        name = self.fresh(hint)
+        self.emit(f"{name} = {rhs}")
         return name
 
+    # -- scalars (usable at function level and inside generic bodies) ---------------------------------------------
+    def const(self, value: Union[bool, int, float], elem: str) -> str:
+        if elem == "i1":  # the BoolAttr form carries its type
+            return self.assign(f"arith.constant {format_scalar(value, elem)}", "c")
+        return self.assign(f"arith.constant {format_scalar(value, elem)} : {elem}", "c")
+
     def const_index(self, value: int) -> str:
-        name = self.fresh("c")
-        self.emit(f"{name} = arith.constant {int(value)} : index")
-        return name
+        return self.assign(f"arith.constant {int(value)} : index", "c")
 
     def op(self, text: str, elem: str) -> str:
         """Emits ``%r = <text> : elem`` and returns ``%r``."""
-        name = self.fresh()
-        self.emit(f"{name} = {text} : {elem}")
-        return name
+        return self.assign(f"{text} : {elem}")
 
     def binary(self, kind: str, a: str, b: str, elem: str) -> str:
         f = is_float(elem)
@@ -252,21 +251,16 @@ class Builder:
 
     def cmp(self, pred: str, a: str, b: str, elem: str) -> str:
         """``pred`` in eq, ne, lt, le, gt, ge (torch semantics: ordered except ne, which is true on NaN)."""
-        name = self.fresh()
         if is_float(elem):
             p = {"eq": "oeq", "ne": "une", "lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge"}[pred]
-            self.emit(f"{name} = arith.cmpf {p}, {a}, {b} : {elem}")
-        else:
-            p = {"eq": "eq", "ne": "ne", "lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge"}[pred]
-            if elem == "i1":
-                p = {"slt": "ult", "sle": "ule", "sgt": "ugt", "sge": "uge"}.get(p, p)
-            self.emit(f"{name} = arith.cmpi {p}, {a}, {b} : {elem}")
-        return name
+            return self.assign(f"arith.cmpf {p}, {a}, {b} : {elem}")
+        p = {"eq": "eq", "ne": "ne", "lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge"}[pred]
+        if elem == "i1":
+            p = {"slt": "ult", "sle": "ule", "sgt": "ugt", "sge": "uge"}.get(p, p)
+        return self.assign(f"arith.cmpi {p}, {a}, {b} : {elem}")
 
     def isnan(self, a: str, elem: str) -> str:
-        name = self.fresh()
-        self.emit(f"{name} = arith.cmpf uno, {a}, {a} : {elem}")
-        return name
+        return self.assign(f"arith.cmpf uno, {a}, {a} : {elem}")
 
     def select(self, c: str, a: str, b: str, elem: str) -> str:
         return self.op(f"arith.select {c}, {a}, {b}", elem)
@@ -275,7 +269,6 @@ class Builder:
         """Scalar conversion with torch semantics (float->int truncates, int/float->bool is `!= 0`)."""
         if src == dst:
             return a
-        name = self.fresh()
         if dst == "i1":
             zero = self.const(0.0 if is_float(src) else 0, src)
             return self.cmp("ne", a, zero, src)
@@ -285,50 +278,35 @@ class Builder:
                 mid = self.cast(a, src, "f32")
                 return self.cast(mid, "f32", dst)
             op = "arith.extf" if wider else "arith.truncf"
-            self.emit(f"{name} = {op} {a} : {src} to {dst}")
         elif is_float(src):
-            self.emit(f"{name} = arith.fptosi {a} : {src} to {dst}")
+            op = "arith.fptosi"
         elif is_float(dst):
             op = "arith.uitofp" if src == "i1" else "arith.sitofp"
-            self.emit(f"{name} = {op} {a} : {src} to {dst}")
         else:
             sb, db = INT_BITS[src], INT_BITS[dst]
             op = ("arith.extui" if src == "i1" else "arith.extsi") if db > sb else "arith.trunci"
-            self.emit(f"{name} = {op} {a} : {src} to {dst}")
-        return name
+        return self.assign(f"{op} {a} : {src} to {dst}")
 
     def index_cast(self, a: str, src: str) -> str:
-        name = self.fresh()
-        self.emit(f"{name} = arith.index_cast {a} : {src} to index")
-        return name
+        return self.assign(f"arith.index_cast {a} : {src} to index")
 
     def to_int(self, a: str, dst: str) -> str:
-        name = self.fresh()
-        self.emit(f"{name} = arith.index_cast {a} : index to {dst}")
-        return name
+        return self.assign(f"arith.index_cast {a} : index to {dst}")
 
     def linalg_index(self, dim: int) -> str:
-        name = self.fresh()
-        self.emit(f"{name} = linalg.index {dim} : index")
-        return name
+        return self.assign(f"linalg.index {dim} : index")
 
     # -- tensors --------------------------------------------------------------------------------------------------
     def empty(self, t: TensorType) -> Value:
-        name = self.fresh()
-        self.emit(f"{name} = tensor.empty() : {t}")
-        return Value(name, t)
+        return Value(self.assign(f"tensor.empty() : {t}"), t)
 
     def filled(self, value: Union[bool, int, float], t: TensorType) -> Value:
         c = self.const(value, t.elem)
         e = self.empty(t)
-        name = self.fresh()
-        self.emit(f"{name} = linalg.fill ins({c} : {t.elem}) outs({e.name} : {t}) -> {t}{self._loc()}")
-        return Value(name, t)
+        return Value(self.assign(f"linalg.fill ins({c} : {t.elem}) outs({e.name} : {t}) -> {t}{self._loc()}"), t)
 
     def dense_constant(self, tensor: torch.Tensor, t: TensorType) -> Value:
-        name = self.fresh("cst")
-        self.emit(f"{name} = arith.constant {dense_literal(tensor, t.elem)} : {t}")
-        return Value(name, t)
+        return Value(self.assign(f"arith.constant {dense_literal(tensor, t.elem)} : {t}", "cst"), t)
 
     def generic(
         self,

@@ -26,6 +26,7 @@ Shapes are static (the example inputs fix them). An op with no entry in :data:`L
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import re
@@ -97,17 +98,13 @@ class ImportedProgram:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def export_program(
-    model: torch.nn.Module,
-    example_args: Sequence[Any],
-    example_kwargs: Optional[dict[str, Any]] = None,
-    *,
-    decompose: bool = True,
-    eval_mode: bool = True,
-) -> ExportedProgram:
-    """:func:`moe_mlir.frontend.export.export_program`, keeping whole every op the importer lowers itself."""
-    return _export(model, example_args, example_kwargs, decompose=decompose, eval_mode=eval_mode,
-                   keep=lambda op: op_key(op) in LOWERINGS)
+def _lowered_whole(op: Any) -> bool:
+    """The ops the importer lowers itself: the export keeps them whole (no decomposition)."""
+    return op_key(op) in LOWERINGS
+
+
+#: :func:`moe_mlir.frontend.export.export_program`, keeping whole every op the importer lowers itself.
+export_program = functools.partial(_export, keep=_lowered_whole)
 
 
 def import_program(
@@ -120,21 +117,7 @@ def import_program(
     raise_idioms: bool = True,
     eval_mode: bool = True,
 ) -> ImportedProgram:
-    """Exports ``model`` on ``example_args`` and prints it as ``func.func @<func_name>`` (see the module doc)."""
-    ep = export_program(model, example_args, example_kwargs, eval_mode=eval_mode)
-    return import_exported_program(ep, func_name=func_name, params=params, raise_idioms=raise_idioms)
-
-
-def import_model(
-    model: torch.nn.Module,
-    example_args: Sequence[Any],
-    example_kwargs: Optional[dict[str, Any]] = None,
-    *,
-    func_name: str = "forward",
-    params: str = "constant",
-    raise_idioms: bool = True,
-) -> str:
-    """The MLIR text of ``model`` (eval mode) traced on ``example_args``: a module with ``func.func @forward``.
+    """Exports ``model`` on ``example_args`` and prints it as ``func.func @<func_name>`` (see the module doc).
 
     Args:
         model: any ``torch.nn.Module`` whose ops the importer lowers (see :data:`LOWERINGS`).
@@ -142,14 +125,22 @@ def import_model(
         params: ``"constant"`` (weights as ``arith.constant`` literals; folds at compile time) or ``"argument"``
             (weights as leading function arguments).
         raise_idioms: rewrite the routing idioms into ``moe`` ops before printing (:mod:`moe_mlir.frontend.raising`).
+        eval_mode: export the model in eval mode (its training flag is restored afterwards).
 
     Raises:
         MoEImportError: an op, dtype or dynamic shape the importer cannot lower; the message names the op and the
             source line of the model that produced it.
     """
-    return import_program(
-        model, example_args, example_kwargs, func_name=func_name, params=params, raise_idioms=raise_idioms
-    ).text
+    ep = export_program(model, example_args, example_kwargs, eval_mode=eval_mode)
+    return import_exported_program(ep, func_name=func_name, params=params, raise_idioms=raise_idioms)
+
+
+def import_model(model: torch.nn.Module, example_args: Sequence[Any], example_kwargs: Optional[dict[str, Any]] = None,
+                 **options: Any) -> str:
+    """The MLIR text of ``model`` (in eval mode by default) traced on ``example_args``: a module with
+    ``func.func @forward``. ``options``: the keyword arguments of :func:`import_program` (``func_name``, ``params``, ``raise_idioms``,
+    ``eval_mode``), documented there."""
+    return import_program(model, example_args, example_kwargs, **options).text
 
 
 def import_exported_program(
@@ -487,12 +478,10 @@ class FxImporter:
         if x.type.rank != 1:
             ft = x.type.with_shape((x.type.numel,) if shape else ())
             if x.type.rank == 0:
-                name = self.b.fresh()
-                self.b.emit(f"{name} = tensor.expand_shape {x.name} [] output_shape [1] : {x.type} into {ft}")
+                name = self.b.assign(f"tensor.expand_shape {x.name} [] output_shape [1] : {x.type} into {ft}")
             else:
                 reassoc = "[" + ", ".join(str(i) for i in range(x.type.rank)) + "]" if ft.rank else ""
-                name = self.b.fresh()
-                self.b.emit(f"{name} = tensor.collapse_shape {x.name} [{reassoc}] : {x.type} into {ft}")
+                name = self.b.assign(f"tensor.collapse_shape {x.name} [{reassoc}] : {x.type} into {ft}")
             flat = Value(name, ft)
         if flat.type.shape == shape:
             return flat
@@ -682,33 +671,24 @@ class FxImporter:
         return [Value(o, v.type) for o, v in zip(outs, carried)]
 
     def extract(self, t: Value, coords: Sequence[str]) -> str:
-        name = self.b.fresh()
-        self.b.emit(f"{name} = tensor.extract {t.name}[{', '.join(coords)}] : {t.type}")
-        return name
+        return self.b.assign(f"tensor.extract {t.name}[{', '.join(coords)}] : {t.type}")
 
     def insert(self, scalar: str, t: str, tt: TensorType, coords: Sequence[str]) -> str:
-        name = self.b.fresh()
-        self.b.emit(f"{name} = tensor.insert {scalar} into {t}[{', '.join(coords)}] : {tt}")
-        return name
+        return self.b.assign(f"tensor.insert {scalar} into {t}[{', '.join(coords)}] : {tt}")
 
     def clamp_index(self, b: Builder, idx_index: str, size: int, wrap_negative: bool = False) -> str:
         """Index clamped to ``[0, size)`` so that compiled code never reads or writes out of bounds (torch raises
         there; compiled code cannot, so an out-of-range index reads the nearest element)."""
         if wrap_negative:
             zero = b.const_index(0)
-            neg = b.fresh()
-            b.emit(f"{neg} = arith.cmpi slt, {idx_index}, {zero} : index")
+            neg = b.assign(f"arith.cmpi slt, {idx_index}, {zero} : index")
             n = b.const_index(size)
-            added = b.fresh()
-            b.emit(f"{added} = arith.addi {idx_index}, {n} : index")
-            sel = b.fresh()
-            b.emit(f"{sel} = arith.select {neg}, {added}, {idx_index} : index")
+            added = b.assign(f"arith.addi {idx_index}, {n} : index")
+            sel = b.assign(f"arith.select {neg}, {added}, {idx_index} : index")
             idx_index = sel
         lo, hi = b.const_index(0), b.const_index(max(size - 1, 0))
-        m1 = b.fresh()
-        b.emit(f"{m1} = arith.maxsi {idx_index}, {lo} : index")
-        m2 = b.fresh()
-        b.emit(f"{m2} = arith.minsi {m1}, {hi} : index")
+        m1 = b.assign(f"arith.maxsi {idx_index}, {lo} : index")
+        m2 = b.assign(f"arith.minsi {m1}, {hi} : index")
         return m2
 
     def moe_op(self, name: str, operands: Sequence[Value], attrs: dict[str, str],

@@ -143,9 +143,7 @@ def _binary(imp: FxImporter, node, a: dict) -> Value:
 
 
 def _fpowi(b: Builder, x: str, n: str, elem: str) -> str:
-    name = b.fresh()
-    b.emit(f"{name} = math.fpowi {x}, {n} : {elem}, i32")
-    return name
+    return b.assign(f"math.fpowi {x}, {n} : {elem}, i32")
 
 
 @lowering("aten::rsub.Scalar", "aten::rsub.Tensor")
@@ -521,6 +519,20 @@ def _arg_reduce(imp: FxImporter, node, a: dict) -> Union[Value, tuple[Value, Val
     return (v, ix)
 
 
+def _centered_moments(imp: FxImporter, x: Value, dims: Sequence[int], n: int, keep: bool):
+    """``(acc, xf, mean, ss)``: the accumulator type, ``x`` cast to it, its mean over ``dims`` (``n`` elements; dims
+    kept) and the sum over ``dims`` of the squared deviations from it (dims kept when ``keep``): the two-pass
+    moments of var/std and layer_norm."""
+    acc = imp.acc_elem(x.type.elem)
+    xf = imp.cast(x, acc)
+    s = imp.reduce(xf, dims, True, 0.0, lambda b, p, v: b.binary("add", p, v, acc), acc)
+    mean = imp.elementwise(s.type, [s], acc, lambda b, v: b.binary("div", v[0], b.const(float(n), acc), acc))
+    sq = imp.elementwise(xf.type, [xf, mean], acc,
+                         lambda b, v: (lambda d: b.binary("mul", d, d, acc))(b.binary("sub", v[0], v[1], acc)))
+    ss = imp.reduce(sq, dims, keep, 0.0, lambda b, p, v: b.binary("add", p, v, acc), acc)
+    return acc, xf, mean, ss
+
+
 @lowering("aten::var.correction", "aten::var.dim", "aten::std.correction", "aten::std.dim", "aten::var_mean.correction")
 def _var(imp: FxImporter, node, a: dict) -> Any:
     name = node.target._schema.name.split("::")[1]
@@ -531,13 +543,7 @@ def _var(imp: FxImporter, node, a: dict) -> Any:
     if corr is None:
         corr = 1 if a.get("unbiased", True) else 0
     n = math.prod(x.type.shape[d] for d in dims)
-    acc = imp.acc_elem(x.type.elem)
-    xf = imp.cast(x, acc)
-    s = imp.reduce(xf, dims, True, 0, lambda b, p, v: b.binary("add", p, v, acc), acc)
-    mean = imp.elementwise(s.type, [s], acc, lambda b, v: b.binary("div", v[0], b.const(float(n), acc), acc))
-    sq = imp.elementwise(xf.type, [xf, mean], acc,
-                         lambda b, v: (lambda d: b.binary("mul", d, d, acc))(b.binary("sub", v[0], v[1], acc)))
-    ss = imp.reduce(sq, dims, keep, 0, lambda b, p, v: b.binary("add", p, v, acc), acc)
+    acc, xf, mean, ss = _centered_moments(imp, x, dims, n, keep)
     denom = float(max(n - corr, 0))
     var = imp.elementwise(ss.type, [ss], acc, lambda b, v: b.binary("div", v[0], b.const(denom, acc), acc))
     if name == "std":
@@ -597,13 +603,7 @@ def _layer_norm(imp: FxImporter, node, a: dict) -> Any:
     R = x.type.rank
     dims = list(range(R - len(nshape), R))
     n = math.prod(nshape)
-    acc = imp.acc_elem(x.type.elem)
-    xf = imp.cast(x, acc)
-    s = imp.reduce(xf, dims, True, 0.0, lambda b, p, v: b.binary("add", p, v, acc), acc)
-    mean = imp.elementwise(s.type, [s], acc, lambda b, v: b.binary("div", v[0], b.const(float(n), acc), acc))
-    sq = imp.elementwise(xf.type, [xf, mean], acc,
-                         lambda b, v: (lambda d: b.binary("mul", d, d, acc))(b.binary("sub", v[0], v[1], acc)))
-    ss = imp.reduce(sq, dims, True, 0.0, lambda b, p, v: b.binary("add", p, v, acc), acc)
+    acc, xf, mean, ss = _centered_moments(imp, x, dims, n, True)
     rstd = imp.elementwise(
         ss.type, [ss], acc,
         lambda b, v: b.unary("rsqrt", b.binary("add", b.binary("div", v[0], b.const(float(n), acc), acc),
@@ -833,20 +833,26 @@ def _split(imp: FxImporter, node, a: dict) -> tuple:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-@lowering("aten::gather.default")
-def _gather(imp: FxImporter, node, a: dict) -> Value:
-    x, idx = a["self"], a["index"]
+def _gather_along(imp: FxImporter, x: Value, d: int, idx: Value, idx_map: str) -> Value:
+    """``out[c] = x[c with c[d] = clamp(idx[idx_map(c)])]`` over the node's result shape: one linalg.generic reading
+    ``idx`` through ``idx_map`` and ``x`` with tensor.extract (gather, index_select)."""
     R = x.type.rank
-    d = _norm_dim(a["dim"], R)
-    out = imp.out_type()
 
     def body(b: Builder, args: list[str]) -> str:
         coords = [b.linalg_index(i) for i in range(R)]
         coords[d] = imp.clamp_index(b, b.index_cast(args[0], idx.type.elem), x.type.shape[d])
         return imp.extract(x, coords)
 
-    init = imp.b.empty(out)
-    return imp.b.generic([(idx, identity_map(R))], [(init, identity_map(R))], ["parallel"] * R, body)[0]
+    init = imp.b.empty(imp.out_type())
+    return imp.b.generic([(idx, idx_map)], [(init, identity_map(R))], ["parallel"] * R, body)[0]
+
+
+@lowering("aten::gather.default")
+def _gather(imp: FxImporter, node, a: dict) -> Value:
+    x, idx = a["self"], a["index"]
+    R = x.type.rank
+    d = _norm_dim(a["dim"], R)
+    return _gather_along(imp, x, d, idx, identity_map(R))
 
 
 @lowering("aten::index_select.default")
@@ -854,17 +860,9 @@ def _index_select(imp: FxImporter, node, a: dict) -> Value:
     x, idx = a["self"], a["index"]
     R = x.type.rank
     d = _norm_dim(a["dim"], R)
-    out = imp.out_type()
     if idx.type.rank == 0:
         idx = imp.reshape(idx, (1,))
-
-    def body(b: Builder, args: list[str]) -> str:
-        coords = [b.linalg_index(i) for i in range(R)]
-        coords[d] = imp.clamp_index(b, b.index_cast(args[0], idx.type.elem), x.type.shape[d])
-        return imp.extract(x, coords)
-
-    init = imp.b.empty(out)
-    return imp.b.generic([(idx, affine_map(R, [d]))], [(init, identity_map(R))], ["parallel"] * R, body)[0]
+    return _gather_along(imp, x, d, idx, affine_map(R, [d]))
 
 
 @lowering("aten::index.Tensor")
@@ -947,8 +945,7 @@ def _scatter_like(
         t = b.index_cast(raw, index.type.elem)
         n = b.const_index(out_t.shape[d])
         zero = b.const_index(0)
-        ok = b.fresh()
-        b.emit(f"{ok} = arith.cmpi ult, {t}, {n} : index")  # unsigned: negative indices fail too
+        ok = b.assign(f"arith.cmpi ult, {t}, {n} : index")  # unsigned: negative indices fail too
         if isinstance(src, Value):
             val = b.cast(imp.extract(src, ivs), src.type.elem, e)
         else:

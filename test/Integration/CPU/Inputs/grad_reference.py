@@ -75,6 +75,29 @@ def ttype(t, elem):
     return "tensor<" + "x".join(str(s) for s in t.shape) + "x" + elem + ">"
 
 
+def case_head(fn, marker):
+    """The first lines of a case's function: it prints its marker (the case's CHECK-LABEL) and a newline."""
+    return [f"func.func @{fn}() {{", f"  %marker = arith.constant {marker} : i64",
+            "  call @printI64(%marker) : (i64) -> ()", "  call @printNewline() : () -> ()"]
+
+
+def checks_head(fn, marker, what):
+    """The first CHECK lines of a case: a comment naming it, then its marker as the CHECK-LABEL."""
+    return [f"// {fn}: {what}", f"// CHECK-LABEL: {{{{^}}}}{marker}"]
+
+
+def op_lines(results, op, in_types, out_types):
+    """A multi-result op `%r0, %r1, ... = <op>` and its type line."""
+    return [f"  {', '.join('%' + n for n in results)} = {op}",
+            f"      : {', '.join(in_types)} -> {', '.join(out_types)}"]
+
+
+def print_f32(name, value, ty):
+    """The lines that print the f32 tensor `value` of type `ty` (cast to unranked as %<name>_u)."""
+    return [f"  %{name}_u = tensor.cast {value} : {ty} to tensor<*xf32>",
+            f"  call @printMemrefF32(%{name}_u) : (tensor<*xf32>) -> ()"]
+
+
 def similarity_grads(u, e, ws, mask, dp, tau, causal):
     u, e = u.clone().requires_grad_(True), e.clone().requires_grad_(True)
     w = ws.clone().requires_grad_(True) if ws is not None else None
@@ -181,8 +204,7 @@ def main():
         names = ["du", "de"] + (["dws"] if with_ws else [])
         fn = f"sim{c}"
         marker = 9100 + c
-        body = [f"func.func @{fn}() {{", f"  %marker = arith.constant {marker} : i64",
-                "  call @printI64(%marker) : (i64) -> ()", "  call @printNewline() : () -> ()"]
+        body = case_head(fn, marker)
         body.append(f"  %u = arith.constant {lit(u)} : {ttype(u, 'f32')}")
         body.append(f"  %e = arith.constant {lit(e)} : {ttype(e, 'f32')}")
         body.append(f"  %dp = arith.constant {lit(dp)} : {ttype(dp, 'f32')}")
@@ -194,15 +216,13 @@ def main():
             body.append(f"  %m = arith.constant {lit(mask)} : {ttype(mask, 'i1')}")
             opt += f" key_mask(%m : {ttype(mask, 'i1')})"
         res_types = [ttype(t, "f32") for t in grads]
-        results = ", ".join(f"%{n}" for n in names)
-        body.append(f"  {results} = moe.similarity_inform_grad %u, %e{opt} dp(%dp : {ttype(dp, 'f32')}) "
-                    f"tau({tau}) causal({'true' if causal else 'false'})")
-        body.append(f"      : {ttype(u, 'f32')}, {ttype(e, 'f32')} -> {', '.join(res_types)}")
-        checks_ = [f"// {fn}: B, N, D, K = {B}, {N}, {D}, {K}; ws {with_ws}, key_mask {with_mask}, tau {tau}, "
-                   f"causal {causal}", f"// CHECK-LABEL: {{{{^}}}}{marker}"]
+        body += op_lines(names, f"moe.similarity_inform_grad %u, %e{opt} dp(%dp : {ttype(dp, 'f32')}) "
+                         f"tau({tau}) causal({'true' if causal else 'false'})",
+                         [ttype(u, "f32"), ttype(e, "f32")], res_types)
+        checks_ = checks_head(fn, marker, f"B, N, D, K = {B}, {N}, {D}, {K}; ws {with_ws}, key_mask {with_mask}, "
+                                          f"tau {tau}, causal {causal}")
         for n, t, ty in zip(names, grads, res_types):
-            body.append(f"  %{n}_u = tensor.cast %{n} : {ty} to tensor<*xf32>")
-            body.append(f"  call @printMemrefF32(%{n}_u) : (tensor<*xf32>) -> ()")
+            body += print_f32(n, f"%{n}", ty)
             checks_ += lines_for(n, t)
         body += ["  return", "}"]
         cases.append((fn, checks_, body))
@@ -216,19 +236,15 @@ def main():
         idx, ds = topk_grad(s, k, mode, renormalize, dw)
         fn = f"topk{c}"
         marker = 9200 + c
-        body = [f"func.func @{fn}() {{", f"  %marker = arith.constant {marker} : i64",
-                "  call @printI64(%marker) : (i64) -> ()", "  call @printNewline() : () -> ()",
-                f"  %s = arith.constant {lit(s)} : {ttype(s, 'f32')}",
-                f"  %i = arith.constant dense<{idx.tolist()}> : {ttype(idx, 'i32')}",
-                f"  %dw = arith.constant {lit(dw)} : {ttype(dw, 'f32')}",
-                f"  %ds = moe.topk_renorm_grad %s, %i dw(%dw : {ttype(dw, 'f32')}) mode({mode}) "
-                f"renormalize({'true' if renormalize else 'false'}) : {ttype(s, 'f32')}, {ttype(idx, 'i32')} -> "
-                f"{ttype(s, 'f32')}",
-                f"  %ds_u = tensor.cast %ds : {ttype(s, 'f32')} to tensor<*xf32>",
-                "  call @printMemrefF32(%ds_u) : (tensor<*xf32>) -> ()",
-                "  return", "}"]
-        cases.append((fn, [f"// {fn}: {R} rows, K = {K}, k = {k}, mode {mode}, renormalize {renormalize}",
-                           f"// CHECK-LABEL: {{{{^}}}}{marker}"] + lines_for("ds", ds), body))
+        body = case_head(fn, marker) + [
+            f"  %s = arith.constant {lit(s)} : {ttype(s, 'f32')}",
+            f"  %i = arith.constant dense<{idx.tolist()}> : {ttype(idx, 'i32')}",
+            f"  %dw = arith.constant {lit(dw)} : {ttype(dw, 'f32')}",
+            f"  %ds = moe.topk_renorm_grad %s, %i dw(%dw : {ttype(dw, 'f32')}) mode({mode}) "
+            f"renormalize({'true' if renormalize else 'false'}) : {ttype(s, 'f32')}, {ttype(idx, 'i32')} -> "
+            f"{ttype(s, 'f32')}"] + print_f32("ds", "%ds", ttype(s, "f32")) + ["  return", "}"]
+        cases.append((fn, checks_head(fn, marker, f"{R} rows, K = {K}, k = {k}, mode {mode}, renormalize {renormalize}")
+                      + lines_for("ds", ds), body))
     # hyper_router_grad: (De, Dh, E, D); hidden unit 0 has a = 0 exactly (no gradient through the ReLU there, as
     # PyTorch's relu), unit 1 a < 0, unit 2 a > 0, the others random.
     hyper = [(5, 6, 3, 2), (3, 6, 1, 4)]
@@ -246,21 +262,17 @@ def main():
         operands = [("emb", emb), ("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2)]
         fn = f"hyper{c}"
         marker = 9300 + c
-        body = [f"func.func @{fn}() {{", f"  %marker = arith.constant {marker} : i64",
-                "  call @printI64(%marker) : (i64) -> ()", "  call @printNewline() : () -> ()"]
+        body = case_head(fn, marker)
         for n, t in operands + [("dw", dw), ("db", db)]:
             body.append(f"  %{n} = arith.constant {lit(t)} : {ttype(t, 'f32')}")
         types = [ttype(t, "f32") for _, t in operands]
-        body.append(f"  {', '.join('%' + n for n in names)} = moe.hyper_router_grad "
-                    f"{', '.join('%' + n for n, _ in operands)} dw(%dw : {ttype(dw, 'f32')}) "
-                    f"db(%db : {ttype(db, 'f32')}) num_experts({E})")
-        body.append(f"      : {', '.join(types)} -> {', '.join(types)}")
-        checks_ = [f"// {fn}: De, Dh, E, D = {De}, {Dh}, {E}, {D}", f"// CHECK-LABEL: {{{{^}}}}{marker}"]
+        body += op_lines(names, f"moe.hyper_router_grad {', '.join('%' + n for n, _ in operands)} "
+                         f"dw(%dw : {ttype(dw, 'f32')}) db(%db : {ttype(db, 'f32')}) num_experts({E})", types, types)
+        checks_ = checks_head(fn, marker, f"De, Dh, E, D = {De}, {Dh}, {E}, {D}")
         for n, t, ty in zip(names, grads, types):
             # printMemrefF32 prints rank-1 tensors on one line: as rows of [1, n].
             shown = t if t.dim() == 2 else t.reshape(1, -1)
-            body.append(f"  %{n}_u = tensor.cast %{n} : {ty} to tensor<*xf32>")
-            body.append(f"  call @printMemrefF32(%{n}_u) : (tensor<*xf32>) -> ()")
+            body += print_f32(n, f"%{n}", ty)
             lines = lines_for(n, shown)
             if t.dim() == 1:
                 lines[0] = f"// CHECK: rank = 1 offset = {{{{[0-9]+}}}} sizes = [{t.shape[0]}]"
@@ -289,8 +301,7 @@ def main():
         operands = [("s", scores), ("u", u), ("v", v), ("wo", wo), ("e", e)]
         fn = f"post{c}"
         marker = 9400 + c
-        body = [f"func.func @{fn}() {{", f"  %marker = arith.constant {marker} : i64",
-                "  call @printI64(%marker) : (i64) -> ()", "  call @printNewline() : () -> ()"]
+        body = case_head(fn, marker)
         for n, t in operands + [("dp", dp)]:
             body.append(f"  %{n} = arith.constant {lit(t).replace('-inf', '0xFF800000')} : {ttype(t, 'f32')}")
         opt = ""
@@ -299,11 +310,10 @@ def main():
             opt = f" head(%h : tensor<{B}xi32>)"
         attrs = f" sigma({sigma}) head_select({hsel})" + (f" head_scale({head_scale})" if head_scale else "")
         types = [ttype(t, "f32") for _, t in operands]
-        body.append(f"  {', '.join('%' + n for n in names)} = moe.attention_posterior_grad "
-                    f"{', '.join('%' + n for n, _ in operands)}{opt} dp(%dp : {ttype(dp, 'f32')}){attrs}")
-        body.append(f"      : {', '.join(types)} -> {', '.join(types)}")
-        checks_ = [f"// {fn}: B, H, N, Nk, Dh, K = {B}, {H}, {N}, {Nk}, {Dh}, {K}; {hsel}, sigma {sigma}, "
-                   f"head_scale {head_scale}", f"// CHECK-LABEL: {{{{^}}}}{marker}"]
+        body += op_lines(names, f"moe.attention_posterior_grad {', '.join('%' + n for n, _ in operands)}{opt} "
+                         f"dp(%dp : {ttype(dp, 'f32')}){attrs}", types, types)
+        checks_ = checks_head(fn, marker, f"B, H, N, Nk, Dh, K = {B}, {H}, {N}, {Nk}, {Dh}, {K}; {hsel}, "
+                                          f"sigma {sigma}, head_scale {head_scale}")
         for n, t, ty in zip(names, grads, types):
             shown, name = t, f"%{n}"
             if t.dim() == 4:  # printed as [B·H, rows, cols]
@@ -311,8 +321,7 @@ def main():
                 body.append(f"  %{n}_3 = tensor.collapse_shape %{n} [[0, 1], [2], [3]] : {ty} into "
                             f"{ttype(shown, 'f32')}")
                 ty, name = ttype(shown, "f32"), f"%{n}_3"
-            body.append(f"  %{n}_u = tensor.cast {name} : {ty} to tensor<*xf32>")
-            body.append(f"  call @printMemrefF32(%{n}_u) : (tensor<*xf32>) -> ()")
+            body += print_f32(n, name, ty)
             checks_ += lines_for(n, shown)
         body += ["  return", "}"]
         cases.append((fn, checks_, body))

@@ -30,24 +30,61 @@ def t(shape):
     return "tensor<" + "x".join(map(str, shape)) + "xf32>"
 
 
+def generic(res, maps, kinds, ins, out, body):
+    """`%res = linalg.generic` with indexing maps `maps` and iterator kinds `kinds`; `ins`: the (value, type) pairs
+    read, `out`: the (init, type) written; `body`: the block's lines after ^bb0 (its arguments %a0, %a1, ... for
+    `ins`, then %o; the last line's result %y is yielded)."""
+    args = ", ".join(f"%a{i}: f32" for i in range(len(ins))) + ", %o: f32"
+    lines = "\n".join(f"    {line}" for line in body)
+    return f"""  %{res} = linalg.generic {{indexing_maps = [{', '.join(maps)}],
+      iterator_types = [{', '.join(f'"{k}"' for k in kinds)}]}}
+      ins({', '.join(v for v, _ in ins)} : {', '.join(ty for _, ty in ins)}) outs({out[0]} : {out[1]}) {{
+  ^bb0({args}):
+{lines}
+    linalg.yield %y : f32
+  }} -> {out[1]}"""
+
+
+def zero_filled(out):
+    """The importer's accumulator: %f, a zero-filled tensor of shape `out` (and %z, %e)."""
+    return f"""  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {t(out)}
+  %f = linalg.fill ins(%z : f32) outs(%e : {t(out)}) -> {t(out)}"""
+
+
+def named_matmul(op, a, b, out, ref):
+    """`op` (linalg.matmul, linalg.batch_matmul) of %a [a] and %b [b] into a zero-filled [out]."""
+    return (f"""func.func @f(%a: {t(a)}, %b: {t(b)}) -> {t(out)} {{
+{zero_filled(out)}
+  %m = {op} ins(%a, %b : {t(a)}, {t(b)}) outs(%f : {t(out)}) -> {t(out)}
+  return %m : {t(out)}
+}}""", [a, b], out, ref)
+
+
+def contraction(a, b, out, maps, iterators, ref):
+    """out = sum of %lhs [a] times %rhs [b] over the reduction dimensions: a linalg.generic with a mulf/addf body
+    into a zero-filled [out], as the importer writes einsums; `maps`: the three indexing maps' results (lhs, rhs,
+    out) over the loop dimensions `iterators` (name, kind)."""
+    dims = ", ".join(d for d, _ in iterators)
+    return (f"""func.func @f(%lhs: {t(a)}, %rhs: {t(b)}) -> {t(out)} {{
+{zero_filled(out)}
+{generic("r", [f"affine_map<({dims}) -> ({m})>" for m in maps], [k for _, k in iterators],
+         [("%lhs", t(a)), ("%rhs", t(b))], ("%f", t(out)),
+         ["%p = arith.mulf %a0, %a1 : f32", "%y = arith.addf %o, %p : f32"])}
+  return %r : {t(out)}
+}}""", [a, b], out, ref)
+
+
 def matmul(M, N, K):
-    return (f"""func.func @f(%a: {t((M, K))}, %b: {t((K, N))}) -> {t((M, N))} {{
-  %z = arith.constant 0.0 : f32
-  %e = tensor.empty() : {t((M, N))}
-  %f = linalg.fill ins(%z : f32) outs(%e : {t((M, N))}) -> {t((M, N))}
-  %m = linalg.matmul ins(%a, %b : {t((M, K))}, {t((K, N))}) outs(%f : {t((M, N))}) -> {t((M, N))}
-  return %m : {t((M, N))}
-}}""", [(M, K), (K, N)], (M, N), lambda a, b: a @ b)
+    return named_matmul("linalg.matmul", (M, K), (K, N), (M, N), lambda a, b: a @ b)
 
 
 def linear_bias_relu(M, N, K):
     """x @ W^T + b, relu: the importer's linear (a transpose of the weight, a matmul, a broadcast add)."""
     return (f"""func.func @f(%x: {t((M, K))}, %w: {t((N, K))}, %bias: {t((N,))}) -> {t((M, N))} {{
-  %z = arith.constant 0.0 : f32
   %et = tensor.empty() : {t((K, N))}
   %wt = linalg.transpose ins(%w : {t((N, K))}) outs(%et : {t((K, N))}) permutation = [1, 0]
-  %e = tensor.empty() : {t((M, N))}
-  %f = linalg.fill ins(%z : f32) outs(%e : {t((M, N))}) -> {t((M, N))}
+{zero_filled((M, N))}
   %m = linalg.matmul ins(%x, %wt : {t((M, K))}, {t((K, N))}) outs(%f : {t((M, N))}) -> {t((M, N))}
   %r = linalg.generic {{indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d1)>,
       affine_map<(d0, d1) -> (d0, d1)>], iterator_types = ["parallel", "parallel"]}}
@@ -62,71 +99,30 @@ def linear_bias_relu(M, N, K):
 
 
 def batch_matmul(B, M, N, K):
-    return (f"""func.func @f(%a: {t((B, M, K))}, %b: {t((B, K, N))}) -> {t((B, M, N))} {{
-  %z = arith.constant 0.0 : f32
-  %e = tensor.empty() : {t((B, M, N))}
-  %f = linalg.fill ins(%z : f32) outs(%e : {t((B, M, N))}) -> {t((B, M, N))}
-  %m = linalg.batch_matmul ins(%a, %b : {t((B, M, K))}, {t((B, K, N))}) outs(%f : {t((B, M, N))}) -> {t((B, M, N))}
-  return %m : {t((B, M, N))}
-}}""", [(B, M, K), (B, K, N)], (B, M, N), lambda a, b: a @ b)
+    return named_matmul("linalg.batch_matmul", (B, M, K), (B, K, N), (B, M, N), lambda a, b: a @ b)
 
 
 def attention_scores(B, H, N, D):
     """q k^T per head, as a generic contraction (K transposed through the indexing map)."""
     q, s = (B, H, N, D), (B, H, N, N)
-    return (f"""func.func @f(%q: {t(q)}, %k: {t(q)}) -> {t(s)} {{
-  %z = arith.constant 0.0 : f32
-  %e = tensor.empty() : {t(s)}
-  %f = linalg.fill ins(%z : f32) outs(%e : {t(s)}) -> {t(s)}
-  %r = linalg.generic {{indexing_maps = [affine_map<(b, h, m, n, k) -> (b, h, m, k)>,
-      affine_map<(b, h, m, n, k) -> (b, h, n, k)>, affine_map<(b, h, m, n, k) -> (b, h, m, n)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]}}
-      ins(%q, %k : {t(q)}, {t(q)}) outs(%f : {t(s)}) {{
-  ^bb0(%a: f32, %b: f32, %c: f32):
-    %p = arith.mulf %a, %b : f32
-    %y = arith.addf %c, %p : f32
-    linalg.yield %y : f32
-  }} -> {t(s)}
-  return %r : {t(s)}
-}}""", [q, q], s, lambda a, b: a @ np.swapaxes(b, -1, -2))
+    return contraction(q, q, s, ["b, h, m, k", "b, h, n, k", "b, h, m, n"],
+                       [("b", "parallel"), ("h", "parallel"), ("m", "parallel"), ("n", "parallel"),
+                        ("k", "reduction")], lambda a, b: a @ np.swapaxes(b, -1, -2))
 
 
 def expert_up(T, E, D, F):
     """h[e, t, f] = sum_d u[t, d] * w[e, d, f]: the importer's expert einsum `td,edf->etf`, a batch of GEMMs whose
     left operand is shared by every expert (BLAS-sized: one cblas_sgemm per expert and thread tile)."""
-    u, w, h = (T, D), (E, D, F), (E, T, F)
-    return (f"""func.func @f(%u: {t(u)}, %w: {t(w)}) -> {t(h)} {{
-  %z = arith.constant 0.0 : f32
-  %e = tensor.empty() : {t(h)}
-  %f = linalg.fill ins(%z : f32) outs(%e : {t(h)}) -> {t(h)}
-  %r = linalg.generic {{indexing_maps = [affine_map<(e, t, f, d) -> (t, d)>, affine_map<(e, t, f, d) -> (e, d, f)>,
-      affine_map<(e, t, f, d) -> (e, t, f)>], iterator_types = ["parallel", "parallel", "parallel", "reduction"]}}
-      ins(%u, %w : {t(u)}, {t(w)}) outs(%f : {t(h)}) {{
-  ^bb0(%a: f32, %b: f32, %c: f32):
-    %p = arith.mulf %a, %b : f32
-    %y = arith.addf %c, %p : f32
-    linalg.yield %y : f32
-  }} -> {t(h)}
-  return %r : {t(h)}
-}}""", [u, w], h, lambda a, b: np.einsum("td,edf->etf", a, b))
+    return contraction((T, D), (E, D, F), (E, T, F), ["t, d", "e, d, f", "e, t, f"],
+                       [("e", "parallel"), ("t", "parallel"), ("f", "parallel"), ("d", "reduction")],
+                       lambda a, b: np.einsum("td,edf->etf", a, b))
 
 
 def gate_combine(T, E, D):
     """y[t, d] = sum_e g[t, e] * x[e, t, d]: a contraction with t in all three operands."""
-    return (f"""func.func @f(%g: {t((T, E))}, %x: {t((E, T, D))}) -> {t((T, D))} {{
-  %z = arith.constant 0.0 : f32
-  %e = tensor.empty() : {t((T, D))}
-  %f = linalg.fill ins(%z : f32) outs(%e : {t((T, D))}) -> {t((T, D))}
-  %r = linalg.generic {{indexing_maps = [affine_map<(t, d, e) -> (t, e)>, affine_map<(t, d, e) -> (e, t, d)>,
-      affine_map<(t, d, e) -> (t, d)>], iterator_types = ["parallel", "parallel", "reduction"]}}
-      ins(%g, %x : {t((T, E))}, {t((E, T, D))}) outs(%f : {t((T, D))}) {{
-  ^bb0(%a: f32, %b: f32, %c: f32):
-    %p = arith.mulf %a, %b : f32
-    %y = arith.addf %c, %p : f32
-    linalg.yield %y : f32
-  }} -> {t((T, D))}
-  return %r : {t((T, D))}
-}}""", [(T, E), (E, T, D)], (T, D), lambda g, x: np.einsum("te,etd->td", g, x))
+    return contraction((T, E), (E, T, D), (T, D), ["t, e", "e, t, d", "t, d"],
+                       [("t", "parallel"), ("d", "parallel"), ("e", "reduction")],
+                       lambda g, x: np.einsum("te,etd->td", g, x))
 
 
 def softmax(R, C):
@@ -134,39 +130,20 @@ def softmax(R, C):
     x, r = t((R, C)), t((R, 1))
     red = "affine_map<(d0, d1) -> (d0, 0)>"
     idm = "affine_map<(d0, d1) -> (d0, d1)>"
+    rows, cols = ["parallel", "reduction"], ["parallel", "parallel"]
     return (f"""func.func @f(%x: {x}) -> {x} {{
   %ninf = arith.constant 0xFF800000 : f32
   %z = arith.constant 0.0 : f32
   %er = tensor.empty() : {r}
   %fm = linalg.fill ins(%ninf : f32) outs(%er : {r}) -> {r}
-  %m = linalg.generic {{indexing_maps = [{idm}, {red}], iterator_types = ["parallel", "reduction"]}}
-      ins(%x : {x}) outs(%fm : {r}) {{
-  ^bb0(%a: f32, %o: f32):
-    %y = arith.maximumf %a, %o : f32
-    linalg.yield %y : f32
-  }} -> {r}
+{generic("m", [idm, red], rows, [("%x", x)], ("%fm", r), ["%y = arith.maximumf %a0, %o : f32"])}
   %e = tensor.empty() : {x}
-  %ex = linalg.generic {{indexing_maps = [{idm}, {red}, {idm}], iterator_types = ["parallel", "parallel"]}}
-      ins(%x, %m : {x}, {r}) outs(%e : {x}) {{
-  ^bb0(%a: f32, %b: f32, %o: f32):
-    %d = arith.subf %a, %b : f32
-    %y = math.exp %d : f32
-    linalg.yield %y : f32
-  }} -> {x}
+{generic("ex", [idm, red, idm], cols, [("%x", x), ("%m", r)], ("%e", x),
+         ["%d = arith.subf %a0, %a1 : f32", "%y = math.exp %d : f32"])}
   %fs = linalg.fill ins(%z : f32) outs(%er : {r}) -> {r}
-  %s = linalg.generic {{indexing_maps = [{idm}, {red}], iterator_types = ["parallel", "reduction"]}}
-      ins(%ex : {x}) outs(%fs : {r}) {{
-  ^bb0(%a: f32, %o: f32):
-    %y = arith.addf %a, %o : f32
-    linalg.yield %y : f32
-  }} -> {r}
-  %y = linalg.generic {{indexing_maps = [{idm}, {red}, {idm}], iterator_types = ["parallel", "parallel"]}}
-      ins(%ex, %s : {x}, {r}) outs(%e : {x}) {{
-  ^bb0(%a: f32, %b: f32, %o: f32):
-    %q = arith.divf %a, %b : f32
-    linalg.yield %q : f32
-  }} -> {x}
-  return %y : {x}
+{generic("s", [idm, red], rows, [("%ex", x)], ("%fs", r), ["%y = arith.addf %a0, %o : f32"])}
+{generic("q", [idm, red, idm], cols, [("%ex", x), ("%s", r)], ("%e", x), ["%y = arith.divf %a0, %a1 : f32"])}
+  return %q : {x}
 }}""", [(R, C)], (R, C), lambda a: np.exp(a - a.max(-1, keepdims=True)) / np.exp(
         a - a.max(-1, keepdims=True)).sum(-1, keepdims=True))
 
@@ -182,36 +159,16 @@ def layer_norm(R, C):
   %eps = arith.constant 1.0e-05 : f32
   %er = tensor.empty() : {r}
   %f = linalg.fill ins(%z : f32) outs(%er : {r}) -> {r}
-  %s = linalg.generic {{indexing_maps = [{idm}, {row}], iterator_types = ["parallel", "reduction"]}}
-      ins(%x : {x}) outs(%f : {r}) {{
-  ^bb0(%a: f32, %o: f32):
-    %y = arith.addf %a, %o : f32
-    linalg.yield %y : f32
-  }} -> {r}
-  %v2 = linalg.generic {{indexing_maps = [{idm}, {row}, {row}], iterator_types = ["parallel", "reduction"]}}
-      ins(%x, %s : {x}, {r}) outs(%f : {r}) {{
-  ^bb0(%a: f32, %t: f32, %o: f32):
-    %mu = arith.divf %t, %n : f32
-    %d = arith.subf %a, %mu : f32
-    %q = arith.mulf %d, %d : f32
-    %y = arith.addf %q, %o : f32
-    linalg.yield %y : f32
-  }} -> {r}
+{generic("s", [idm, row], ["parallel", "reduction"], [("%x", x)], ("%f", r), ["%y = arith.addf %a0, %o : f32"])}
+{generic("v2", [idm, row, row], ["parallel", "reduction"], [("%x", x), ("%s", r)], ("%f", r),
+         ["%mu = arith.divf %a1, %n : f32", "%d = arith.subf %a0, %mu : f32", "%q = arith.mulf %d, %d : f32",
+          "%y = arith.addf %q, %o : f32"])}
   %e = tensor.empty() : {x}
-  %y = linalg.generic {{indexing_maps = [{idm}, {row}, {row}, {col}, {col}, {idm}],
-      iterator_types = ["parallel", "parallel"]}}
-      ins(%x, %s, %v2, %w, %b : {x}, {r}, {r}, {v}, {v}) outs(%e : {x}) {{
-  ^bb0(%a: f32, %t: f32, %q: f32, %g: f32, %h: f32, %o: f32):
-    %mu = arith.divf %t, %n : f32
-    %var = arith.divf %q, %n : f32
-    %ve = arith.addf %var, %eps : f32
-    %rs = math.rsqrt %ve : f32
-    %d = arith.subf %a, %mu : f32
-    %k = arith.mulf %d, %rs : f32
-    %k2 = arith.mulf %k, %g : f32
-    %k3 = arith.addf %k2, %h : f32
-    linalg.yield %k3 : f32
-  }} -> {x}
+{generic("y", [idm, row, row, col, col, idm], ["parallel", "parallel"],
+         [("%x", x), ("%s", r), ("%v2", r), ("%w", v), ("%b", v)], ("%e", x),
+         ["%mu = arith.divf %a1, %n : f32", "%var = arith.divf %a2, %n : f32", "%ve = arith.addf %var, %eps : f32",
+          "%rs = math.rsqrt %ve : f32", "%d = arith.subf %a0, %mu : f32", "%k = arith.mulf %d, %rs : f32",
+          "%k2 = arith.mulf %k, %a3 : f32", "%y = arith.addf %k2, %a4 : f32"])}
   return %y : {x}
 }}""", [(R, C), (C,), (C,)], (R, C), lambda a, w, b: (a - a.mean(-1, keepdims=True)) / np.sqrt(
         a.var(-1, keepdims=True) + 1e-5) * w + b)
