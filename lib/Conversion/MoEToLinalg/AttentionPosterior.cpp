@@ -362,32 +362,24 @@ private:
   float sigma2;
 };
 
-struct AttentionPosteriorLowering : OpRewritePattern<AttentionPosteriorOp> {
-  using OpRewritePattern::OpRewritePattern;
-
-  LogicalResult matchAndRewrite(AttentionPosteriorOp op,
-                                PatternRewriter &rw) const override {
-    Location loc = op.getLoc();
-    AttentionPosteriorEmitter emitter(rw, loc, op);
-    PriorStats prior = emitter.priorStats();
-    Value p, head;
-    if (op.getHeadSelect() == HeadSelect::min_entropy) {
-      head = emitter.selectMinEntropyHead(prior);
-      auto [m, norm2] = emitter.headMeans(head);
-      p = normalizeRows(rw, loc, emitter.posterior(head, m, norm2));
-    } else {
-      p = emitter.mixAllHeads(prior);
-      OpFoldResult batch = tensor::getMixedSize(rw, loc, op.getScores(), 0);
-      head = filled(rw, loc, {batch}, i32Const(rw, loc, -1));
-    }
-    rw.replaceOp(op, {castTo(rw, loc, p, op.getP().getType()),
-                      castTo(rw, loc, head, op.getHead().getType())});
-    return success();
-  }
-};
 } // namespace
 
-void mlir::moe::lowering::populateAttentionPosteriorPattern(
-    RewritePatternSet &patterns) {
-  patterns.add<AttentionPosteriorLowering>(patterns.getContext());
+
+LogicalResult mlir::moe::lowering::lowerAttentionPosterior(AttentionPosteriorOp op,
+                                             PatternRewriter &rw) {
+  Location loc = op.getLoc();
+  AttentionPosteriorEmitter emitter(rw, loc, op);
+  PriorStats prior = emitter.priorStats();
+  Value p, head;
+  if (op.getHeadSelect() == HeadSelect::min_entropy) {
+    head = emitter.selectMinEntropyHead(prior);
+    auto [m, norm2] = emitter.headMeans(head);
+    p = normalizeRows(rw, loc, emitter.posterior(head, m, norm2));
+  } else {
+    p = emitter.mixAllHeads(prior);
+    OpFoldResult batch = tensor::getMixedSize(rw, loc, op.getScores(), 0);
+    head = filled(rw, loc, {batch}, i32Const(rw, loc, -1));
+  }
+  replaceWithCasts(rw, op, {p, head});
+  return success();
 }

@@ -2,7 +2,7 @@
 //
 // Part of the MoE-MLIR project.
 //
-// One entry point per op, each defined in the file named after the op.
+// One lowering function per op, each defined in the file named after the op.
 //
 //===----------------------------------------------------------------------===//
 
@@ -16,18 +16,19 @@
 namespace mlir {
 class RewritePatternSet;
 namespace moe::lowering {
-void populateTopkRenormPattern(RewritePatternSet &patterns);
-void populateSimilarityInformPattern(RewritePatternSet &patterns);
-void populateAttentionPosteriorPattern(RewritePatternSet &patterns);
-void populateMadDispersionPattern(RewritePatternSet &patterns);
-void populateAdjacencyUpdatePattern(RewritePatternSet &patterns);
-void populateHyperRouterPattern(RewritePatternSet &patterns);
-void populateRoutePattern(RewritePatternSet &patterns);
-void populateDispatchPlanPattern(RewritePatternSet &patterns);
-void populateSimilarityInformGradPattern(RewritePatternSet &patterns);
-void populateTopkRenormGradPattern(RewritePatternSet &patterns);
-void populateHyperRouterGradPattern(RewritePatternSet &patterns);
-void populateAttentionPosteriorGradPattern(RewritePatternSet &patterns);
+/// The ops lowered here, X(Name) each:
+/// `lower<Name>(<Name>Op, PatternRewriter &)`
+/// is defined in <Name>.cpp and registered by populateMoEToLinalgPatterns.
+#define MOE_LINALG_LOWERED_OPS(X)                                              \
+  X(TopkRenorm) X(SimilarityInform) X(AttentionPosterior) X(MadDispersion)     \
+  X(AdjacencyUpdate) X(HyperRouter) X(Route) X(DispatchPlan)                   \
+  X(SimilarityInformGrad) X(TopkRenormGrad) X(HyperRouterGrad)                 \
+  X(AttentionPosteriorGrad)
+
+#define MOE_DECLARE_LOWERING(Name)                                             \
+  LogicalResult lower##Name(Name##Op op, PatternRewriter &rw);
+MOE_LINALG_LOWERED_OPS(MOE_DECLARE_LOWERING)
+#undef MOE_DECLARE_LOWERING
 
 // Shared by similarity_inform and its backward (SimilarityInform.cpp).
 

@@ -77,45 +77,33 @@ Value mlir::moe::lowering::similarityKeyLogits(OpBuilder &b, Location l,
       .front();
 }
 
-namespace {
+LogicalResult mlir::moe::lowering::lowerSimilarityInform(SimilarityInformOp op,
+                                             PatternRewriter &rw) {
+  Location loc = op.getLoc();
+  Value u = promoteToF32(rw, loc, op.getU());
+  Value e = promoteToF32(rw, loc, op.getE());
+  Value q = u;
+  if (Value ws = op.getWs())
+    q = projectQueries(rw, loc, u, promoteToF32(rw, loc, ws));
 
-struct SimilarityInformLowering : OpRewritePattern<SimilarityInformOp> {
-  using OpRewritePattern::OpRewritePattern;
+  Value mask = op.getKeyMask();
+  bool causal = op.getCausal();
+  float tau = op.getTau().convertToFloat();
+  OpFoldResult batch = tensor::getMixedSize(rw, loc, u, 0);
+  OpFoldResult tokens = tensor::getMixedSize(rw, loc, u, 1);
+  OpFoldResult width = tensor::getMixedSize(rw, loc, e, 2);
+  Value numKeys = tensor::DimOp::create(rw, loc, u, 1);
 
-  LogicalResult matchAndRewrite(SimilarityInformOp op,
-                                PatternRewriter &rw) const override {
-    Location loc = op.getLoc();
-    Value u = promoteToF32(rw, loc, op.getU());
-    Value e = promoteToF32(rw, loc, op.getE());
-    Value q = u;
-    if (Value ws = op.getWs())
-      q = projectQueries(rw, loc, u, promoteToF32(rw, loc, ws));
+  auto logitsOfKey = [&](OpBuilder &b, Location l, Value j, Value scratch) {
+    return similarityKeyLogits(b, l, q, u, mask, causal, tau, j, scratch);
+  };
+  auto valuesOfKey = [&](OpBuilder &b, Location l, Value j) {
+    return sliceAlong(b, l, e, 1, j);
+  };
 
-    Value mask = op.getKeyMask();
-    bool causal = op.getCausal();
-    float tau = op.getTau().convertToFloat();
-    OpFoldResult batch = tensor::getMixedSize(rw, loc, u, 0);
-    OpFoldResult tokens = tensor::getMixedSize(rw, loc, u, 1);
-    OpFoldResult width = tensor::getMixedSize(rw, loc, e, 2);
-    Value numKeys = tensor::DimOp::create(rw, loc, u, 1);
-
-    auto logitsOfKey = [&](OpBuilder &b, Location l, Value j, Value scratch) {
-      return similarityKeyLogits(b, l, q, u, mask, causal, tau, j, scratch);
-    };
-    auto valuesOfKey = [&](OpBuilder &b, Location l, Value j) {
-      return sliceAlong(b, l, e, 1, j);
-    };
-
-    OnlineSoftmaxState state = streamKeys(rw, loc, batch, tokens, width,
-                                          numKeys, logitsOfKey, valuesOfKey);
-    Value p = normalizeRows(rw, loc, state);
-    rw.replaceOp(op, castTo(rw, loc, p, op.getP().getType()));
-    return success();
-  }
-};
-} // namespace
-
-void mlir::moe::lowering::populateSimilarityInformPattern(
-    RewritePatternSet &patterns) {
-  patterns.add<SimilarityInformLowering>(patterns.getContext());
+  OnlineSoftmaxState state = streamKeys(rw, loc, batch, tokens, width,
+                                        numKeys, logitsOfKey, valuesOfKey);
+  Value p = normalizeRows(rw, loc, state);
+  replaceWithCasts(rw, op, p);
+  return success();
 }

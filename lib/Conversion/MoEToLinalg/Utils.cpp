@@ -148,6 +148,14 @@ Value mlir::moe::lowering::castTo(OpBuilder &b, Location loc, Value value,
   return tensor::CastOp::create(b, loc, type, value);
 }
 
+void mlir::moe::lowering::replaceWithCasts(RewriterBase &rw, Operation *op,
+                                           ValueRange values) {
+  SmallVector<Value> replacements;
+  for (auto [value, result] : llvm::zip_equal(values, op->getResults()))
+    replacements.push_back(castTo(rw, op->getLoc(), value, result.getType()));
+  rw.replaceOp(op, replacements);
+}
+
 Value mlir::moe::lowering::rowDotKey(OpBuilder &b, Location loc, Value rows,
                                      Value key, Value scratch) {
   MLIRContext *ctx = b.getContext();
@@ -219,6 +227,21 @@ SmallVector<Value> mlir::moe::lowering::generic(
       });
   return SmallVector<Value>(op.getResults());
 }
+
+RowMaps::RowMaps(MLIRContext *ctx, int64_t rank) {
+  SmallVector<unsigned> leadDims;
+  for (unsigned d = 0; d + 1 < rank; ++d)
+    leadDims.push_back(d);
+  all = AffineMap::getMultiDimIdentityMap(rank, ctx);
+  lead = dimsMap(ctx, rank, leadDims);
+  parallel.assign(rank, kPar);
+  reduce = parallel;
+  reduce.back() = kRed;
+}
+
+RowMaps::RowMaps(Value tensor)
+    : RowMaps(tensor.getContext(),
+              cast<RankedTensorType>(tensor.getType()).getRank()) {}
 
 Value mlir::moe::lowering::loopIndex(OpBuilder &b, Location loc, int64_t dim) {
   return linalg::IndexOp::create(b, loc, dim);

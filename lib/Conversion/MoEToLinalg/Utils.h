@@ -87,6 +87,9 @@ Value extractF32(OpBuilder &b, Location loc, Value tensor, ValueRange indices);
 /// A tensor.cast to `type` when the types differ.
 Value castTo(OpBuilder &b, Location loc, Value value, Type type);
 
+/// Replaces `op` by `values`, each cast (castTo) to the type of its result.
+void replaceWithCasts(RewriterBase &rw, Operation *op, ValueRange values);
+
 /// Slice `[:, .., pos, .., :]` of `tensor` along `dim`, with that dimension
 /// dropped (rank-reducing tensor.extract_slice).
 Value sliceAlong(OpBuilder &b, Location loc, Value tensor, int64_t dim,
@@ -117,6 +120,19 @@ SmallVector<Value> generic(OpBuilder &b, Location loc, ValueRange ins,
                            ValueRange outs, ArrayRef<AffineMap> maps,
                            ArrayRef<utils::IteratorType> iterators,
                            GenericBody body);
+
+/// The indexing maps and iterators of generics over a tensor whose last
+/// dimension is the row: `all` the identity, `lead` the leading dimensions
+/// (d0..d{n-1}) -> (d0..d{n-2}); `parallel` every dimension parallel, `reduce`
+/// the last one a reduction.
+struct RowMaps {
+  RowMaps(MLIRContext *ctx, int64_t rank);
+  /// The maps of a ranked tensor's rank.
+  explicit RowMaps(Value tensor);
+
+  AffineMap all, lead;
+  SmallVector<utils::IteratorType> parallel, reduce;
+};
 
 /// `linalg.index dim` inside a generic body.
 Value loopIndex(OpBuilder &b, Location loc, int64_t dim);
