@@ -97,7 +97,7 @@ void mlir::moe::lowering::finishAdjacencyUpdate(PatternRewriter &rw,
 }
 
 LogicalResult mlir::moe::lowering::lowerAdjacencyUpdate(AdjacencyUpdateOp op,
-                                             PatternRewriter &rw) {
+                                                        PatternRewriter &rw) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   Type i32 = rw.getI32Type();

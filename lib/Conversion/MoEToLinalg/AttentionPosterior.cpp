@@ -364,8 +364,8 @@ private:
 
 } // namespace
 
-
-LogicalResult mlir::moe::lowering::lowerAttentionPosterior(AttentionPosteriorOp op,
+LogicalResult
+mlir::moe::lowering::lowerAttentionPosterior(AttentionPosteriorOp op,
                                              PatternRewriter &rw) {
   Location loc = op.getLoc();
   AttentionPosteriorEmitter emitter(rw, loc, op);

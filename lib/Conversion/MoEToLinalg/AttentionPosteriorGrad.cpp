@@ -37,17 +37,6 @@ using namespace mlir::moe::lowering;
 
 namespace {
 
-/// acc + x * y.
-SmallVector<Value> mulAdd(OpBuilder &b, Location l, ValueRange a) {
-  return {arith::AddFOp::create(b, l, a[2],
-                                arith::MulFOp::create(b, l, a[0], a[1]))};
-}
-
-/// acc + x.
-SmallVector<Value> add(OpBuilder &b, Location l, ValueRange a) {
-  return {arith::AddFOp::create(b, l, a[1], a[0])};
-}
-
 /// x where `e` is finite, else 0.
 Value whereFinite(OpBuilder &b, Location l, Value e, Value x) {
   Value fin = arith::CmpFOp::create(
@@ -58,9 +47,9 @@ Value whereFinite(OpBuilder &b, Location l, Value e, Value x) {
 
 } // namespace
 
-
-LogicalResult mlir::moe::lowering::lowerAttentionPosteriorGrad(AttentionPosteriorGradOp op,
-                                             PatternRewriter &rw) {
+LogicalResult
+mlir::moe::lowering::lowerAttentionPosteriorGrad(AttentionPosteriorGradOp op,
+                                                 PatternRewriter &rw) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   Type f32 = rw.getF32Type();
@@ -142,7 +131,7 @@ LogicalResult mlir::moe::lowering::lowerAttentionPosteriorGrad(AttentionPosterio
   Value m = generic(rw, loc, ValueRange{v, wo3}, zeros({B, H, Nk, D}),
                     {map(5, {0, 1, 2, 4}), map(5, {3, 1, 4}),
                      map(5, {0, 1, 2, 3})},
-                    p4r, mulAdd)
+                    p4r, mulAddBody)
                 .front();
   m = elementwise(m, {map(4, {0, 1, 2, 3})}, {B, H, Nk, D},
                   [&](OpBuilder &gb, Location gl, ValueRange a) {
@@ -152,12 +141,12 @@ LogicalResult mlir::moe::lowering::lowerAttentionPosteriorGrad(AttentionPosterio
   Value norm2 =
       generic(rw, loc, ValueRange{m, m}, zeros({B, H, Nk}),
               {map(4, {0, 1, 2, 3}), map(4, {0, 1, 2, 3}), map(4, {0, 1, 2})},
-              p3r, mulAdd)
+              p3r, mulAddBody)
           .front();
   Value dot = generic(rw, loc, ValueRange{u, m}, zeros({B, H, N, Nk}),
                       {map(5, {0, 2, 4}), map(5, {0, 1, 3, 4}),
                        map(5, {0, 1, 2, 3})},
-                      p4r, mulAdd)
+                      p4r, mulAddBody)
                   .front();
   AffineMap all4 = map(4, {0, 1, 2, 3}), row4 = map(4, {0, 1, 2});
   // The log prior's normalizer (all): lse_j scores[b,h,i,:].
@@ -232,15 +221,15 @@ LogicalResult mlir::moe::lowering::lowerAttentionPosteriorGrad(AttentionPosterio
   // g[b,i,j] = <dp_i, e_j> (a non-finite e entry enters as 0)
   Value g = generic(rw, loc, ValueRange{dp, finite}, zeros({B, N, Nk}),
                     {map(4, {0, 1, 3}), map(4, {0, 2, 3}), map(4, {0, 1, 2})},
-                    p3r, mulAdd)
+                    p3r, mulAddBody)
                 .front();
   Value mix = generic(rw, loc, ValueRange{G}, zeros({B, N, Nk}),
                       {map(4, {0, 3, 1, 2}), map(4, {0, 1, 2})}, p3r,
-                      add)
+                      addBody)
                   .front();
   Value delta = generic(rw, loc, ValueRange{mix, g}, zeros({B, N}),
                         {all3, all3, map(3, {0, 1})}, {kPar, kPar, kRed},
-                        mulAdd)
+                        mulAddBody)
                     .front();
   Value dz = elementwise(
       ValueRange{G, g, delta}, {all4, map(4, {0, 2, 3}), bRow}, {B, H, N, Nk},
@@ -251,7 +240,7 @@ LogicalResult mlir::moe::lowering::lowerAttentionPosteriorGrad(AttentionPosterio
   // d_e[b,j,k] = Σ_i mix[b,i,j] dp[b,i,k], 0 at a non-finite e entry.
   Value de = generic(rw, loc, ValueRange{mix, dp}, zeros({B, Nk, K}),
                      {map(4, {0, 3, 1}), map(4, {0, 3, 2}), map(4, {0, 1, 2})},
-                     p3r, mulAdd)
+                     p3r, mulAddBody)
                  .front();
   de = elementwise(ValueRange{de, e}, {all3, all3}, {B, Nk, K},
                    [](OpBuilder &gb, Location gl, ValueRange a) {
@@ -272,18 +261,18 @@ LogicalResult mlir::moe::lowering::lowerAttentionPosteriorGrad(AttentionPosterio
   Value du = generic(rw, loc, ValueRange{dz, m}, zeros({B, N, D}),
                      {map(5, {0, 3, 1, 4}), map(5, {0, 3, 4, 2}),
                       map(5, {0, 1, 2})},
-                     p3rr, mulAdd)
+                     p3rr, mulAddBody)
                  .front();
   du = scaled(du, invS2, {B, N, D});
   // dm = c (Σ_i dz u_i − (Σ_i dz) m) / σ² (c folded in for d_v and d_wo).
   Value dzU = generic(rw, loc, ValueRange{dz, u}, zeros({B, H, Nk, D}),
                       {map(5, {0, 1, 4, 2}), map(5, {0, 4, 3}),
                        map(5, {0, 1, 2, 3})},
-                      p4r, mulAdd)
+                      p4r, mulAddBody)
                   .front();
   Value r = generic(rw, loc, ValueRange{dz}, zeros({B, H, Nk}),
                     {map(4, {0, 1, 3, 2}), map(4, {0, 1, 2})}, p3r,
-                    add)
+                    addBody)
                 .front();
   Value cOverS2 = arith::MulFOp::create(rw, loc, scale, invS2);
   Value dm = elementwise(
@@ -297,13 +286,13 @@ LogicalResult mlir::moe::lowering::lowerAttentionPosteriorGrad(AttentionPosterio
   Value dv = generic(rw, loc, ValueRange{dm, wo3}, zeros({B, H, Nk, Dh}),
                      {map(5, {0, 1, 2, 4}), map(5, {4, 1, 3}),
                       map(5, {0, 1, 2, 3})},
-                     p4r, mulAdd)
+                     p4r, mulAddBody)
                  .front();
   // d_wo[d, h·Dh + c] = Σ_{b,j} dm[b,h,j,d] v[b,h,j,c]
   Value dwo3 = generic(rw, loc, ValueRange{dm, v}, zeros({D, H, Dh}),
                        {map(5, {3, 1, 4, 0}), map(5, {3, 1, 4, 2}),
                         map(5, {0, 1, 2})},
-                       p3rr, mulAdd)
+                       p3rr, mulAddBody)
                    .front();
   Value dwo = tensor::CollapseShapeOp::create(
       rw, loc, dwo3, ArrayRef<ReassociationIndices>{{0}, {1, 2}});
@@ -312,7 +301,7 @@ LogicalResult mlir::moe::lowering::lowerAttentionPosteriorGrad(AttentionPosterio
   if (!minEntropy) {
     Value rowDz = generic(rw, loc, ValueRange{dz}, zeros({B, H, N}),
                           {all4, row4}, p3r,
-                          add)
+                          addBody)
                       .front();
     ds = elementwise(
         ValueRange{dz, scores, priorLse, rowDz}, {all4, all4, row4, row4},

@@ -80,9 +80,8 @@ ValueRange ifThen(OpBuilder &b, Location loc, Value cond, ValueRange iter,
 
 } // namespace
 
-
 LogicalResult mlir::moe::lowering::lowerDispatchPlan(DispatchPlanOp op,
-                                             PatternRewriter &rw) {
+                                                     PatternRewriter &rw) {
   Location loc = op.getLoc();
   Ints in{rw, loc};
   Value indices = op.getIndices();

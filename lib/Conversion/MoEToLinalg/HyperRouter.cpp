@@ -83,7 +83,7 @@ void mlir::moe::lowering::finishHyperRouter(PatternRewriter &rw,
 }
 
 LogicalResult mlir::moe::lowering::lowerHyperRouter(HyperRouterOp op,
-                                             PatternRewriter &rw) {
+                                                    PatternRewriter &rw) {
   Location loc = op.getLoc();
   auto f32 = [&](Value v) { return promoteToF32(rw, loc, v); };
   Value hidden = hyperRouterAffine(rw, loc, f32(op.getW1()), f32(op.getEmb()),

@@ -65,9 +65,8 @@ Value transposedMatvec(OpBuilder &b, Location loc, Value x, Value matrix) {
 
 } // namespace
 
-
 LogicalResult mlir::moe::lowering::lowerHyperRouterGrad(HyperRouterGradOp op,
-                                             PatternRewriter &rw) {
+                                                        PatternRewriter &rw) {
   Location loc = op.getLoc();
   auto f32 = [&](Value v) { return promoteToF32(rw, loc, v); };
   Value emb = f32(op.getEmb()), w1 = f32(op.getW1()), w2 = f32(op.getW2());

@@ -168,7 +168,7 @@ void mlir::moe::lowering::finishMadDispersion(PatternRewriter &rw,
 }
 
 LogicalResult mlir::moe::lowering::lowerMadDispersion(MadDispersionOp op,
-                                             PatternRewriter &rw) {
+                                                      PatternRewriter &rw) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   int64_t numExperts = op.getNumExperts();

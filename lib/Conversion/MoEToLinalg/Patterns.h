@@ -10,6 +10,7 @@
 #define MOE_LIB_CONVERSION_MOETOLINALG_PATTERNS_H
 
 #include "MoE/IR/MoEOps.h"
+#include "Utils.h"
 
 #include "mlir/IR/PatternMatch.h"
 
@@ -40,6 +41,12 @@ Value projectQueries(OpBuilder &b, Location loc, Value u, Value ws);
 Value similarityKeyLogits(OpBuilder &b, Location loc, Value q, Value u,
                           Value mask, bool causal, float tau, Value j,
                           Value scratch);
+
+/// The streaming softmax of similarity_inform over every key (streamKeys):
+/// logits similarityKeyLogits, values the rows of `e` [B, N, K].
+OnlineSoftmaxState streamSimilarity(OpBuilder &b, Location loc, Value q,
+                                    Value u, Value e, Value mask, bool causal,
+                                    float tau);
 
 // Shared by hyper_router and its backward (HyperRouter.cpp).
 

@@ -218,9 +218,7 @@ Value keptExperts(OpBuilder &b, Location loc, RouteOp op, Value c) {
 
 } // namespace
 
-
-LogicalResult mlir::moe::lowering::lowerRoute(RouteOp op,
-                                             PatternRewriter &rw) {
+LogicalResult mlir::moe::lowering::lowerRoute(RouteOp op, PatternRewriter &rw) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   RowMaps rows(ctx, 2);

@@ -32,19 +32,9 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::lowering;
 
-namespace {
-
-/// acc + x * y (the body of every accumulation below).
-SmallVector<Value> fmaBody(OpBuilder &b, Location l, ValueRange a) {
-  return {arith::AddFOp::create(b, l, a[2],
-                                arith::MulFOp::create(b, l, a[0], a[1]))};
-}
-
-} // namespace
-
-
-LogicalResult mlir::moe::lowering::lowerSimilarityInformGrad(SimilarityInformGradOp op,
-                                             PatternRewriter &rw) {
+LogicalResult
+mlir::moe::lowering::lowerSimilarityInformGrad(SimilarityInformGradOp op,
+                                               PatternRewriter &rw) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   Value u = promoteToF32(rw, loc, op.getU());
@@ -63,16 +53,9 @@ LogicalResult mlir::moe::lowering::lowerSimilarityInformGrad(SimilarityInformGra
   Value zero = f32Const(rw, loc, 0.0);
   Type f32 = rw.getF32Type();
 
-  auto logitsOfKey = [&](OpBuilder &b, Location l, Value j, Value scratch) {
-    return similarityKeyLogits(b, l, q, u, mask, causal, tau, j, scratch);
-  };
-  auto valuesOfKey = [&](OpBuilder &b, Location l, Value j) {
-    return sliceAlong(b, l, e, 1, j);
-  };
-
   // 1. p, lse' and delta.
-  OnlineSoftmaxState state = streamKeys(rw, loc, batch, tokens, width,
-                                        numKeys, logitsOfKey, valuesOfKey);
+  OnlineSoftmaxState state =
+      streamSimilarity(rw, loc, q, u, e, mask, causal, tau);
   Value p = normalizeRows(rw, loc, state);
   AffineMap bi = dimsMap(ctx, 2, {0, 1});
   Value rowsInit = tensor::EmptyOp::create(
@@ -96,7 +79,7 @@ LogicalResult mlir::moe::lowering::lowerSimilarityInformGrad(SimilarityInformGra
               filled(rw, loc, {batch, tokens}, zero),
               {dimsMap(ctx, 3, {0, 1, 2}), dimsMap(ctx, 3, {0, 1, 2}),
                dimsMap(ctx, 3, {0, 1})},
-              {kPar, kPar, kRed}, fmaBody)
+              {kPar, kPar, kRed}, mulAddBody)
           .front();
 
   // 2. The key loop.
@@ -113,7 +96,8 @@ LogicalResult mlir::moe::lowering::lowerSimilarityInformGrad(SimilarityInformGra
       ValueRange{dq0, de0, dk0, scratch[0], scratch[1], scratch[2],
                  scratch[3]},
       [&](OpBuilder &lb, Location ll, Value j, ValueRange it) {
-        Value x = logitsOfKey(lb, ll, j, it[3]);
+        Value x =
+            similarityKeyLogits(lb, ll, q, u, mask, causal, tau, j, it[3]);
         Value g = rowDotKey(lb, ll, dp, sliceAlong(lb, ll, e, 1, j), it[4]);
         SmallVector<Value> sdx = generic(
             lb, ll, ValueRange{x, lse, delta, g}, ValueRange{it[5], it[6]},
@@ -133,13 +117,13 @@ LogicalResult mlir::moe::lowering::lowerSimilarityInformGrad(SimilarityInformGra
                            it[0],
                            {dimsMap(ctx, 3, {0, 1}), dimsMap(ctx, 3, {0, 2}),
                             dimsMap(ctx, 3, {0, 1, 2})},
-                           {kPar, kPar, kPar}, fmaBody)
+                           {kPar, kPar, kPar}, mulAddBody)
                        .front();
         // de[b,j,:] = Σ_i S[b,i] dp[b,i,:]; dk[b,j,:] = Σ_i dX[b,i] q[b,i,:]
         auto keyRow = [&](Value w, Value rows, OpFoldResult n) {
           return generic(lb, ll, ValueRange{w, rows},
                          filled(lb, ll, {batch, n}, zero), {b3i, b3ik, b3k},
-                         {kPar, kPar, kRed}, fmaBody)
+                         {kPar, kPar, kRed}, mulAddBody)
               .front();
         };
         Value de = insertAlong(lb, ll, keyRow(sdx[0], dp, width), it[1], 1, j);
@@ -157,7 +141,7 @@ LogicalResult mlir::moe::lowering::lowerSimilarityInformGrad(SimilarityInformGra
     du = generic(rw, loc, ValueRange{dq, ws}, dk,
                  {dimsMap(ctx, 4, {0, 1, 3}), dimsMap(ctx, 4, {2, 3}),
                   dimsMap(ctx, 4, {0, 1, 2})},
-                 {kPar, kPar, kPar, kRed}, fmaBody)
+                 {kPar, kPar, kPar, kRed}, mulAddBody)
              .front();
   } else {
     AffineMap all = dimsMap(ctx, 3, {0, 1, 2});
@@ -175,7 +159,7 @@ LogicalResult mlir::moe::lowering::lowerSimilarityInformGrad(SimilarityInformGra
         generic(rw, loc, ValueRange{u, dq}, filled(rw, loc, {depth, depth}, zero),
                 {dimsMap(ctx, 4, {2, 3, 0}), dimsMap(ctx, 4, {2, 3, 1}),
                  dimsMap(ctx, 4, {0, 1})},
-                {kPar, kPar, kRed, kRed}, fmaBody)
+                {kPar, kPar, kRed, kRed}, mulAddBody)
             .front());
   }
   replaceWithCasts(rw, op, results);

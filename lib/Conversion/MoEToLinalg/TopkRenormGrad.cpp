@@ -30,7 +30,7 @@ using namespace mlir::moe::lowering;
 using utils::IteratorType;
 
 LogicalResult mlir::moe::lowering::lowerTopkRenormGrad(TopkRenormGradOp op,
-                                             PatternRewriter &rw) {
+                                                       PatternRewriter &rw) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   Value scores = promoteToF32(rw, loc, op.getScores());

@@ -167,11 +167,7 @@ Value mlir::moe::lowering::rowDotKey(OpBuilder &b, Location loc, Value rows,
                   dimsMap(ctx, 3, {0, 1})},
                  {utils::IteratorType::parallel, utils::IteratorType::parallel,
                   utils::IteratorType::reduction},
-                 [](OpBuilder &gb, Location gl, ValueRange a) {
-                   Value prod = arith::MulFOp::create(gb, gl, a[0], a[1]);
-                   return SmallVector<Value>{
-                       arith::AddFOp::create(gb, gl, a[2], prod)};
-                 })
+                 mulAddBody)
       .front();
 }
 
@@ -242,6 +238,17 @@ RowMaps::RowMaps(MLIRContext *ctx, int64_t rank) {
 RowMaps::RowMaps(Value tensor)
     : RowMaps(tensor.getContext(),
               cast<RankedTensorType>(tensor.getType()).getRank()) {}
+
+SmallVector<Value> mlir::moe::lowering::mulAddBody(OpBuilder &b, Location loc,
+                                               ValueRange args) {
+  Value prod = arith::MulFOp::create(b, loc, args[0], args[1]);
+  return {arith::AddFOp::create(b, loc, args[2], prod)};
+}
+
+SmallVector<Value> mlir::moe::lowering::addBody(OpBuilder &b, Location loc,
+                                            ValueRange args) {
+  return {arith::AddFOp::create(b, loc, args[1], args[0])};
+}
 
 Value mlir::moe::lowering::loopIndex(OpBuilder &b, Location loc, int64_t dim) {
   return linalg::IndexOp::create(b, loc, dim);

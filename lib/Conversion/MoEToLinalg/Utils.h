@@ -134,6 +134,11 @@ struct RowMaps {
   SmallVector<utils::IteratorType> parallel, reduce;
 };
 
+/// The body acc + x·y of a generic whose block arguments are (x, y, acc).
+SmallVector<Value> mulAddBody(OpBuilder &b, Location loc, ValueRange args);
+/// The body acc + x of a generic whose block arguments are (x, acc).
+SmallVector<Value> addBody(OpBuilder &b, Location loc, ValueRange args);
+
 /// `linalg.index dim` inside a generic body.
 Value loopIndex(OpBuilder &b, Location loc, int64_t dim);
 
