@@ -273,16 +273,15 @@ public:
   Value mixAllHeads(const PriorStats &prior) {
     Type f32 = b.getF32Type(), i32 = b.getI32Type();
     SmallVector<OpFoldResult> rowShape = {batch, queries};
-    Value zm0 = loopFilled(b, loc, rowShape, negInf(b, loc));
-    Value zl0 = loopFilled(b, loc, rowShape, f32Const(b, loc, 0.0));
-    Value acc0 = loopFilled(b, loc, {batch, queries, width}, f32Const(b, loc, 0.0));
+    OnlineSoftmaxState seed =
+        initOnlineSoftmax(b, loc, batch, queries, width);
     Value alpha0 = loopScratch(b, loc, rowShape, f32);
     Value w0 = loopScratch(b, loc, rowShape, f32);
     Value valid0 = loopScratch(b, loc, rowShape, b.getI1Type());
     Value numHeads = getValueOrCreateConstantIndexOp(b, loc, heads);
     auto loop = scf::ForOp::create(
         b, loc, indexConst(b, loc, 0), numHeads, indexConst(b, loc, 1),
-        ValueRange{zm0, zl0, acc0, alpha0, w0, valid0},
+        ValueRange{seed.m, seed.l, seed.acc, alpha0, w0, valid0},
         [&](OpBuilder &lb, Location ll, Value h, ValueRange it) {
           AttentionPosteriorEmitter inner(lb, ll, *this);
           Value head = filled(lb, ll, {batch}, indexTo(lb, ll, h, i32));

@@ -276,6 +276,17 @@ OnlineStep mlir::moe::lowering::onlineSoftmaxStep(OpBuilder &b, Location loc,
   return {mNew, lNew, alpha, p};
 }
 
+OnlineSoftmaxState mlir::moe::lowering::initOnlineSoftmax(OpBuilder &b,
+                                                         Location loc,
+                                                         OpFoldResult batch,
+                                                         OpFoldResult rows,
+                                                         OpFoldResult width) {
+  Value zero = f32Const(b, loc, 0.0);
+  return {loopFilled(b, loc, {batch, rows}, negInf(b, loc)),
+          loopFilled(b, loc, {batch, rows}, zero),
+          loopFilled(b, loc, {batch, rows, width}, zero)};
+}
+
 OnlineSoftmaxState mlir::moe::lowering::streamKeys(
     OpBuilder &b, Location loc, OpFoldResult batch, OpFoldResult rows,
     OpFoldResult width, Value numKeys, KeyLogits logitsOfKey,
@@ -283,9 +294,7 @@ OnlineSoftmaxState mlir::moe::lowering::streamKeys(
   MLIRContext *ctx = b.getContext();
   Type f32 = b.getF32Type();
   SmallVector<OpFoldResult> rowShape = {batch, rows};
-  Value m0 = loopFilled(b, loc, rowShape, negInf(b, loc));
-  Value l0 = loopFilled(b, loc, rowShape, f32Const(b, loc, 0.0));
-  Value acc0 = loopFilled(b, loc, {batch, rows, width}, f32Const(b, loc, 0.0));
+  OnlineSoftmaxState seed = initOnlineSoftmax(b, loc, batch, rows, width);
   // Per-key scratch rows, rewritten in place every iteration.
   Value logits0 = loopScratch(b, loc, rowShape, f32);
   Value alpha0 = loopScratch(b, loc, rowShape, f32);
@@ -300,7 +309,7 @@ OnlineSoftmaxState mlir::moe::lowering::streamKeys(
 
   auto loop = scf::ForOp::create(
       b, loc, indexConst(b, loc, 0), numKeys, indexConst(b, loc, 1),
-      ValueRange{m0, l0, acc0, logits0, alpha0, p0, valid0},
+      ValueRange{seed.m, seed.l, seed.acc, logits0, alpha0, p0, valid0},
       [&](OpBuilder &lb, Location ll, Value j, ValueRange it) {
         Value logits = logitsOfKey(lb, ll, j, it[3]);
         SmallVector<Value> stats = generic(

@@ -163,6 +163,12 @@ struct OnlineSoftmaxState {
   Value m, l, acc;
 };
 
+/// The seed of a streaming softmax for [B, N] rows of width K: m = −inf,
+/// l = 0, acc = 0, each a loopFilled (a distinct iter_arg seed).
+OnlineSoftmaxState initOnlineSoftmax(OpBuilder &b, Location loc,
+                                     OpFoldResult batch, OpFoldResult rows,
+                                     OpFoldResult width);
+
 /// Emits the logits [B, N] of key `j` (−inf = masked), written into `scratch`.
 using KeyLogits = function_ref<Value(OpBuilder &, Location, Value j,
                                      Value scratch)>;
