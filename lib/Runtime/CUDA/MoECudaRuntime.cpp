@@ -20,6 +20,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -415,6 +416,30 @@ extern "C" void mgpuLaunchClusterKernel(void *function, intptr_t clusterX,
 // Streams and events
 //===----------------------------------------------------------------------===//
 
+namespace {
+/// `arg` as the driver takes it: a device pointer as CUdeviceptr, an opaque
+/// handle as CUstream/CUevent, a number as is.
+template <typename Param, typename Arg>
+Param toDriver(Arg arg) {
+  if constexpr (std::is_pointer_v<Arg> && std::is_integral_v<Param>)
+    return reinterpret_cast<Param>(arg);
+  else
+    return static_cast<Param>(arg);
+}
+
+/// The driver call `fn` on `args` (the values of the mgpu ABI, toDriver) in
+/// the primary context; errors reported under `name`.
+template <typename... Params, typename... Args>
+void callInContext(const char *name, CUresult (*fn)(Params...),
+                   Args... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "one value per param");
+  ScopedContext scope;
+  check(fn(toDriver<Params>(args)...), name);
+}
+} // namespace
+
+#define MOE_CU_IN_CONTEXT(fn, ...) callInContext(#fn, fn, __VA_ARGS__)
+
 extern "C" void *mgpuStreamCreate() {
   if (ambientStream)
     return ambientStream;
@@ -427,19 +452,15 @@ extern "C" void *mgpuStreamCreate() {
 extern "C" void mgpuStreamDestroy(void *stream) {
   if (!stream || stream == ambientStream)
     return; // the ambient stream belongs to the caller
-  ScopedContext scope;
-  MOE_CU(cuStreamDestroy(static_cast<CUstream>(stream)));
+  MOE_CU_IN_CONTEXT(cuStreamDestroy, stream);
 }
 
 extern "C" void mgpuStreamSynchronize(void *stream) {
-  ScopedContext scope;
-  MOE_CU(cuStreamSynchronize(static_cast<CUstream>(stream)));
+  MOE_CU_IN_CONTEXT(cuStreamSynchronize, stream);
 }
 
 extern "C" void mgpuStreamWaitEvent(void *stream, void *event) {
-  ScopedContext scope;
-  MOE_CU(cuStreamWaitEvent(static_cast<CUstream>(stream),
-                           static_cast<CUevent>(event), 0));
+  MOE_CU_IN_CONTEXT(cuStreamWaitEvent, stream, event, 0);
 }
 
 extern "C" void *mgpuEventCreate() {
@@ -450,19 +471,15 @@ extern "C" void *mgpuEventCreate() {
 }
 
 extern "C" void mgpuEventDestroy(void *event) {
-  ScopedContext scope;
-  MOE_CU(cuEventDestroy(static_cast<CUevent>(event)));
+  MOE_CU_IN_CONTEXT(cuEventDestroy, event);
 }
 
 extern "C" void mgpuEventSynchronize(void *event) {
-  ScopedContext scope;
-  MOE_CU(cuEventSynchronize(static_cast<CUevent>(event)));
+  MOE_CU_IN_CONTEXT(cuEventSynchronize, event);
 }
 
 extern "C" void mgpuEventRecord(void *event, void *stream) {
-  ScopedContext scope;
-  MOE_CU(cuEventRecord(static_cast<CUevent>(event),
-                       static_cast<CUstream>(stream)));
+  MOE_CU_IN_CONTEXT(cuEventRecord, event, stream);
 }
 
 //===----------------------------------------------------------------------===//
@@ -559,22 +576,28 @@ extern "C" void mgpuMemcpy(void *dst, void *src, size_t sizeBytes,
                        static_cast<CUstream>(stream)));
 }
 
-extern "C" void mgpuMemset32(void *dst, unsigned int value, size_t count,
-                             void *stream) {
+namespace {
+/// Sets `count` elements at `dst` to `value` on `stream` with the driver's
+/// `fn` (cuMemsetD32Async, cuMemsetD16Async); nothing when empty or after a
+/// failed allocation.
+template <typename T>
+void memsetAsync(const char *name,
+                 CUresult (*fn)(CUdeviceptr, T, size_t, CUstream), void *dst,
+                 T value, size_t count, void *stream) {
   if (count == 0 || skipAfterFailedAllocation("memset"))
     return;
-  ScopedContext scope;
-  MOE_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(dst), value, count,
-                          static_cast<CUstream>(stream)));
+  callInContext(name, fn, dst, value, count, stream);
+}
+} // namespace
+
+extern "C" void mgpuMemset32(void *dst, unsigned int value, size_t count,
+                             void *stream) {
+  memsetAsync("cuMemsetD32Async", cuMemsetD32Async, dst, value, count, stream);
 }
 
 extern "C" void mgpuMemset16(void *dst, unsigned short value, size_t count,
                              void *stream) {
-  if (count == 0 || skipAfterFailedAllocation("memset"))
-    return;
-  ScopedContext scope;
-  MOE_CU(cuMemsetD16Async(reinterpret_cast<CUdeviceptr>(dst), value, count,
-                          static_cast<CUstream>(stream)));
+  memsetAsync("cuMemsetD16Async", cuMemsetD16Async, dst, value, count, stream);
 }
 
 namespace {
