@@ -601,10 +601,15 @@ extern "C" void mgpuMemset16(void *dst, unsigned short value, size_t count,
 }
 
 namespace {
-/// The extent in bytes of a ranked memref descriptor {allocated, aligned,
-/// offset, sizes[rank], strides[rank]}, from its aligned pointer.
-void memrefExtent(int64_t rank, void *descriptor, int64_t elementSizeBytes,
-                  void *&begin, size_t &bytes) {
+/// The extent of a ranked memref descriptor {allocated, aligned, offset,
+/// sizes[rank], strides[rank]}: its first element and its size in bytes (0
+/// and null when it has no elements).
+struct MemRefExtent {
+  void *begin = nullptr;
+  size_t bytes = 0;
+};
+MemRefExtent memrefExtent(int64_t rank, void *descriptor,
+                          int64_t elementSizeBytes) {
   auto *words = static_cast<int64_t *>(descriptor);
   char *aligned = reinterpret_cast<char *>(words[1]);
   int64_t offset = words[2];
@@ -612,38 +617,27 @@ void memrefExtent(int64_t rank, void *descriptor, int64_t elementSizeBytes,
   const int64_t *strides = words + 3 + rank;
   int64_t last = 0;
   for (int64_t d = 0; d < rank; ++d) {
-    if (sizes[d] == 0) {
-      begin = nullptr;
-      bytes = 0;
-      return;
-    }
+    if (sizes[d] == 0)
+      return {};
     last += (sizes[d] - 1) * strides[d];
   }
-  begin = aligned + offset * elementSizeBytes;
-  bytes = static_cast<size_t>(last + 1) * elementSizeBytes;
+  return {aligned + offset * elementSizeBytes,
+          static_cast<size_t>(last + 1) * elementSizeBytes};
 }
 } // namespace
 
 extern "C" void mgpuMemHostRegisterMemRef(int64_t rank, void *descriptor,
                                           int64_t elementSizeBytes) {
-  void *begin;
-  size_t bytes;
-  memrefExtent(rank, descriptor, elementSizeBytes, begin, bytes);
-  if (!bytes)
-    return;
-  ScopedContext scope;
-  MOE_CU(cuMemHostRegister(begin, bytes, /*Flags=*/0));
+  MemRefExtent extent = memrefExtent(rank, descriptor, elementSizeBytes);
+  if (extent.bytes)
+    MOE_CU_IN_CONTEXT(cuMemHostRegister, extent.begin, extent.bytes, 0);
 }
 
 extern "C" void mgpuMemHostUnregisterMemRef(int64_t rank, void *descriptor,
                                             int64_t elementSizeBytes) {
-  void *begin;
-  size_t bytes;
-  memrefExtent(rank, descriptor, elementSizeBytes, begin, bytes);
-  if (!bytes)
-    return;
-  ScopedContext scope;
-  MOE_CU(cuMemHostUnregister(begin));
+  MemRefExtent extent = memrefExtent(rank, descriptor, elementSizeBytes);
+  if (extent.bytes)
+    MOE_CU_IN_CONTEXT(cuMemHostUnregister, extent.begin);
 }
 
 extern "C" void mgpuSetDefaultDevice(int32_t device) { defaultDevice = device; }
