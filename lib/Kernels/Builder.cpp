@@ -70,56 +70,11 @@ Value KernelBuilder::negInfLike(Type type) {
 // Integers
 //===----------------------------------------------------------------------===//
 
-Value KernelBuilder::add(Value x, Value y) {
-  return arith::AddIOp::create(b, x, y);
-}
-Value KernelBuilder::sub(Value x, Value y) {
-  return arith::SubIOp::create(b, x, y);
-}
-Value KernelBuilder::mul(Value x, Value y) {
-  return arith::MulIOp::create(b, x, y);
-}
-Value KernelBuilder::divu(Value x, Value y) {
-  return arith::DivUIOp::create(b, x, y);
-}
-Value KernelBuilder::remu(Value x, Value y) {
-  return arith::RemUIOp::create(b, x, y);
-}
-Value KernelBuilder::ceilDiv(Value x, Value y) {
-  return arith::CeilDivUIOp::create(b, x, y);
-}
-Value KernelBuilder::mins(Value x, Value y) {
-  return arith::MinSIOp::create(b, x, y);
-}
-Value KernelBuilder::maxs(Value x, Value y) {
-  return arith::MaxSIOp::create(b, x, y);
-}
-Value KernelBuilder::minu(Value x, Value y) {
-  return arith::MinUIOp::create(b, x, y);
-}
 Value KernelBuilder::cmpi(arith::CmpIPredicate p, Value x, Value y) {
   return arith::CmpIOp::create(b, p, x, y);
 }
-Value KernelBuilder::andI(Value x, Value y) {
-  return arith::AndIOp::create(b, x, y);
-}
-Value KernelBuilder::orI(Value x, Value y) {
-  return arith::OrIOp::create(b, x, y);
-}
-Value KernelBuilder::xorI(Value x, Value y) {
-  return arith::XOrIOp::create(b, x, y);
-}
 Value KernelBuilder::notI1(Value x) {
   return xorI(x, constLike(x.getType(), 1));
-}
-Value KernelBuilder::shl(Value x, Value y) {
-  return arith::ShLIOp::create(b, x, y);
-}
-Value KernelBuilder::shrs(Value x, Value y) {
-  return arith::ShRSIOp::create(b, x, y);
-}
-Value KernelBuilder::shru(Value x, Value y) {
-  return arith::ShRUIOp::create(b, x, y);
 }
 
 Value KernelBuilder::castInt(Value x, Type to) {
@@ -144,24 +99,6 @@ Value KernelBuilder::trunc(Value x, Type to) {
 // Floats
 //===----------------------------------------------------------------------===//
 
-Value KernelBuilder::fadd(Value x, Value y) {
-  return arith::AddFOp::create(b, x, y);
-}
-Value KernelBuilder::fsub(Value x, Value y) {
-  return arith::SubFOp::create(b, x, y);
-}
-Value KernelBuilder::fmul(Value x, Value y) {
-  return arith::MulFOp::create(b, x, y);
-}
-Value KernelBuilder::fdiv(Value x, Value y) {
-  return arith::DivFOp::create(b, x, y);
-}
-Value KernelBuilder::fmax(Value x, Value y) {
-  return arith::MaximumFOp::create(b, x, y);
-}
-Value KernelBuilder::fmin(Value x, Value y) {
-  return arith::MinimumFOp::create(b, x, y);
-}
 Value KernelBuilder::fabs(Value x) { return math::AbsFOp::create(b, x); }
 Value KernelBuilder::cmpf(arith::CmpFPredicate p, Value x, Value y) {
   return arith::CmpFOp::create(b, p, x, y);

@@ -177,27 +177,26 @@ static TensorSignature toSignature(Type type) {
 }
 
 namespace {
+/// "error", "warning", "note" or "remark", as MLIR prints a diagnostic.
+StringRef severityName(DiagnosticSeverity severity) {
+  static constexpr std::pair<DiagnosticSeverity, StringLiteral> kNames[] = {
+      {DiagnosticSeverity::Error, "error"},
+      {DiagnosticSeverity::Warning, "warning"},
+      {DiagnosticSeverity::Note, "note"},
+      {DiagnosticSeverity::Remark, "remark"}};
+  for (auto [s, name] : kNames)
+    if (s == severity)
+      return name;
+  llvm_unreachable("unknown diagnostic severity");
+}
+
 /// Collects the diagnostics of a compilation into one string.
 struct DiagnosticCollector {
   explicit DiagnosticCollector(MLIRContext &ctx)
       : handler(&ctx, [this](Diagnostic &diag) {
           llvm::raw_string_ostream os(messages);
           os << "\n  " << diag.getLocation() << ": ";
-          switch (diag.getSeverity()) {
-          case DiagnosticSeverity::Error:
-            os << "error: ";
-            break;
-          case DiagnosticSeverity::Warning:
-            os << "warning: ";
-            break;
-          case DiagnosticSeverity::Note:
-            os << "note: ";
-            break;
-          case DiagnosticSeverity::Remark:
-            os << "remark: ";
-            break;
-          }
-          os << diag;
+          os << severityName(diag.getSeverity()) << ": " << diag;
           for (Diagnostic &note : diag.getNotes())
             os << "\n    note: " << note;
           return success();

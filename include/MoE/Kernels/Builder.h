@@ -45,39 +45,33 @@ public:
   Value constLike(Type type, double v);
   Value negInfLike(Type type);
 
-  // Integer/index arithmetic (scalars or vectors).
-  Value add(Value x, Value y);
-  Value sub(Value x, Value y);
-  Value mul(Value x, Value y);
-  Value divu(Value x, Value y);
-  Value remu(Value x, Value y);
-  Value ceilDiv(Value x, Value y);
-  Value mins(Value x, Value y);
-  Value maxs(Value x, Value y);
-  Value minu(Value x, Value y);
+  // Two-operand arithmetic (scalars or vectors), one arith op each: integer
+  // and index (add .. shru: unsigned divu/remu/ceilDiv/minu/shru, signed
+  // mins/maxs/shrs), f32 (fadd .. fmin; fmax/fmin NaN-propagating, torch.max
+  // semantics).
+#define MOE_KERNEL_BINARY_OPS(X)                                               \
+  X(add, AddIOp) X(sub, SubIOp) X(mul, MulIOp) X(divu, DivUIOp)                \
+  X(remu, RemUIOp) X(ceilDiv, CeilDivUIOp) X(mins, MinSIOp) X(maxs, MaxSIOp)   \
+  X(minu, MinUIOp) X(andI, AndIOp) X(orI, OrIOp) X(xorI, XOrIOp)               \
+  X(shl, ShLIOp) X(shrs, ShRSIOp) X(shru, ShRUIOp) X(fadd, AddFOp)             \
+  X(fsub, SubFOp) X(fmul, MulFOp) X(fdiv, DivFOp) X(fmax, MaximumFOp)          \
+  X(fmin, MinimumFOp)
+#define MOE_KERNEL_BINARY_OP(name, Op)                                         \
+  Value name(Value x, Value y) { return arith::Op::create(b, x, y); }
+  MOE_KERNEL_BINARY_OPS(MOE_KERNEL_BINARY_OP)
+#undef MOE_KERNEL_BINARY_OP
+
+  // Integer/index comparisons and casts (scalars or vectors).
   Value cmpi(arith::CmpIPredicate p, Value x, Value y);
   Value lt(Value x, Value y) { return cmpi(arith::CmpIPredicate::slt, x, y); }
   Value eq(Value x, Value y) { return cmpi(arith::CmpIPredicate::eq, x, y); }
-  Value andI(Value x, Value y);
-  Value orI(Value x, Value y);
-  Value xorI(Value x, Value y);
   Value notI1(Value x);
-  Value shl(Value x, Value y);
-  Value shrs(Value x, Value y);
-  Value shru(Value x, Value y);
   /// index <-> iN and iN <-> iM, signed.
   Value castInt(Value x, Type to);
   Value extu(Value x, Type to);
   Value trunc(Value x, Type to);
 
-  // Float arithmetic (f32 scalars or vectors).
-  Value fadd(Value x, Value y);
-  Value fsub(Value x, Value y);
-  Value fmul(Value x, Value y);
-  Value fdiv(Value x, Value y);
-  /// NaN-propagating max/min (torch.max semantics).
-  Value fmax(Value x, Value y);
-  Value fmin(Value x, Value y);
+  // Float (f32 scalars or vectors).
   Value fabs(Value x);
   Value cmpf(arith::CmpFPredicate p, Value x, Value y);
   Value isNaN(Value x);

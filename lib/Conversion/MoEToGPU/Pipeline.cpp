@@ -38,7 +38,7 @@ resolveTopkRounds(const moe::MoELowerToNVVMOptions &options) {
   if (options.topkRounds != "auto")
     return options.topkRounds;
   unsigned sm = 0;
-  StringRef chip(options.chip);
+  StringRef chip = options.chip;
   if (chip.consume_front("sm_"))
     chip.take_while([](char c) { return c >= '0' && c <= '9'; })
         .getAsInteger(10, sm);
@@ -78,7 +78,8 @@ void mlir::moe::buildMoELowerToNVVMPipeline(
   pm.addPass(memref::createExpandStridedMetadataPass());
   GpuNVVMAttachTargetOptions target;
   target.chip = options.chip;
-  target.features = options.features.empty() ? "+ptx80" : options.features;
+  target.features =
+      options.features.empty() ? "+ptx80" : options.features.getValue();
   target.optLevel = options.optLevel;
   pm.addPass(createGpuNVVMAttachTarget(target));
   pm.addPass(createLowerAffinePass());
@@ -107,68 +108,10 @@ void mlir::moe::buildMoELowerToNVVMPipeline(
   pm.addPass(createReconcileUnrealizedCastsPass());
 }
 
-namespace {
-struct LowerToNVVMPipelineOptions
-    : public PassPipelineOptions<LowerToNVVMPipelineOptions> {
-  PassOptions::Option<std::string> chip{
-      *this, "chip", llvm::cl::desc("target chip: sm_80, sm_90, sm_90a, ..."),
-      llvm::cl::init("sm_90")};
-  PassOptions::Option<std::string> features{
-      *this, "features",
-      llvm::cl::desc("PTX features (default +ptx80, what sm_90 needs)"),
-      llvm::cl::init("")};
-  PassOptions::Option<std::string> format{
-      *this, "format",
-      llvm::cl::desc("gpu.binary format: isa (PTX), bin (cubin), fatbin"),
-      llvm::cl::init("fatbin")};
-  PassOptions::Option<std::string> toolkit{
-      *this, "toolkit", llvm::cl::desc("CUDA toolkit with ptxas and fatbinary"),
-      llvm::cl::init("/usr/local/cuda")};
-  PassOptions::Option<unsigned> optLevel{
-      *this, "opt-level", llvm::cl::desc("LLVM optimization level of kernels"),
-      llvm::cl::init(3)};
-  PassOptions::Option<bool> resultsToOutParams{
-      *this, "results-to-out-params",
-      llvm::cl::desc("memref results of public functions as out-params "
-                     "appended to the arguments, allocated by the caller "
-                     "(moe-gpu-results-to-out-params)"),
-      llvm::cl::init(false)};
-  PassOptions::Option<bool> waitAtReturn{
-      *this, "wait-at-return",
-      llvm::cl::desc("the host waits for the function's stream before "
-                     "returning; false: the work stays in flight on the "
-                     "ambient stream and index errors are left for "
-                     "moeGpuPollErrors (moe-gpu-host-stream)"),
-      llvm::cl::init(true)};
-  PassOptions::Option<int64_t> sharedMemoryBytes{
-      *this, "shared-memory-bytes",
-      llvm::cl::desc("shared memory per block the kernels may use (bytes)"),
-      llvm::cl::init(48 * 1024)};
-  PassOptions::Option<std::string> topkRounds{
-      *this, "topk-rounds",
-      llvm::cl::desc("rounds of topk_renorm's register top-k: butterfly, "
-                     "redux (sm_80+) or auto (redux where the chip has it; "
-                     "convert-moe-to-gpu)"),
-      llvm::cl::init("auto")};
-};
-} // namespace
-
 void mlir::moe::registerMoEGPUPipelines() {
-  PassPipelineRegistration<LowerToNVVMPipelineOptions>(
+  PassPipelineRegistration<MoELowerToNVVMOptions>(
       "moe-lower-to-nvvm",
       "Lower tensor functions holding moe ops to host LLVM IR launching fused "
       "CUDA kernels (gpu.binary: PTX, cubin or fatbin)",
-      [](OpPassManager &pm, const LowerToNVVMPipelineOptions &o) {
-        moe::MoELowerToNVVMOptions options;
-        options.chip = o.chip;
-        options.features = o.features;
-        options.format = o.format;
-        options.toolkit = o.toolkit;
-        options.optLevel = o.optLevel;
-        options.resultsToOutParams = o.resultsToOutParams;
-        options.waitAtReturn = o.waitAtReturn;
-        options.sharedMemoryBytes = o.sharedMemoryBytes;
-        options.topkRounds = o.topkRounds;
-        buildMoELowerToNVVMPipeline(pm, options);
-      });
+      buildMoELowerToNVVMPipeline);
 }

@@ -22,63 +22,7 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::lowering;
 
-namespace {
 using utils::IteratorType;
-
-struct AdjacencyUpdateLowering : OpRewritePattern<AdjacencyUpdateOp> {
-  using OpRewritePattern::OpRewritePattern;
-
-  LogicalResult matchAndRewrite(AdjacencyUpdateOp op,
-                                PatternRewriter &rw) const override {
-    Location loc = op.getLoc();
-    MLIRContext *ctx = rw.getContext();
-    Type i32 = rw.getI32Type();
-    Value a = promoteToF32(rw, loc, op.getA());
-    Value idx = op.getIdx();
-    Type idxType = cast<RankedTensorType>(idx.getType()).getElementType();
-
-    auto aType = cast<RankedTensorType>(a.getType());
-    OpFoldResult e = aType.isDynamicDim(0)
-                         ? tensor::getMixedSize(rw, loc, a, 1)
-                         : tensor::getMixedSize(rw, loc, a, 0);
-    OpFoldResult t = tensor::getMixedSize(rw, loc, idx, 0);
-    if (failed(emitIndexCheck(rw, op, idx,
-                              getValueOrCreateConstantIndexOp(rw, loc, e),
-                              IndexErrorOp::AdjacencyIdx)))
-      return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
-                                       "moeReportIndexError");
-
-    // S[t,j] (i32 0/1): dims (t, j, slot).
-    Value zeroI = i32Const(rw, loc, 0);
-    Value s =
-        generic(rw, loc, idx, filled(rw, loc, {t, e}, zeroI),
-                {dimsMap(ctx, 3, {0, 2}), dimsMap(ctx, 3, {0, 1})},
-                {kPar, kPar, kRed},
-                [&](OpBuilder &gb, Location gl, ValueRange args) {
-                  Value j = indexTo(gb, gl, loopIndex(gb, gl, 1), idxType);
-                  Value hit = arith::CmpIOp::create(
-                      gb, gl, arith::CmpIPredicate::eq, args[0], j);
-                  return SmallVector<Value>{arith::SelectOp::create(
-                      gb, gl, hit, i32Const(gb, gl, 1), args[1])};
-                })
-            .front();
-
-    // C = Sᵀ S.
-    Value st = linalg::TransposeOp::create(
-                   rw, loc, s, tensor::EmptyOp::create(rw, loc, {e, t}, i32),
-                   ArrayRef<int64_t>{1, 0})
-                   .getResult()
-                   .front();
-    Value init = filled(rw, loc, {e, e}, zeroI);
-    Value c = linalg::MatmulOp::create(rw, loc, TypeRange{init.getType()},
-                                       ValueRange{st, s}, ValueRange{init})
-                  .getResult(0);
-
-    finishAdjacencyUpdate(rw, op, a, c, e);
-    return success();
-  }
-};
-} // namespace
 
 void mlir::moe::lowering::finishAdjacencyUpdate(PatternRewriter &rw,
                                                 AdjacencyUpdateOp op, Value a,
@@ -149,10 +93,55 @@ void mlir::moe::lowering::finishAdjacencyUpdate(PatternRewriter &rw,
                     arith::AddFOp::create(gb, gl, keep, add)};
               })
           .front();
-  rw.replaceOp(op, castTo(rw, loc, next, op.getANext().getType()));
+  replaceWithCasts(rw, op, next);
 }
 
-void mlir::moe::lowering::populateAdjacencyUpdatePattern(
-    RewritePatternSet &patterns) {
-  patterns.add<AdjacencyUpdateLowering>(patterns.getContext());
+LogicalResult mlir::moe::lowering::lowerAdjacencyUpdate(AdjacencyUpdateOp op,
+                                                        PatternRewriter &rw) {
+  Location loc = op.getLoc();
+  MLIRContext *ctx = rw.getContext();
+  Type i32 = rw.getI32Type();
+  Value a = promoteToF32(rw, loc, op.getA());
+  Value idx = op.getIdx();
+  Type idxType = cast<RankedTensorType>(idx.getType()).getElementType();
+
+  auto aType = cast<RankedTensorType>(a.getType());
+  OpFoldResult e = aType.isDynamicDim(0)
+                       ? tensor::getMixedSize(rw, loc, a, 1)
+                       : tensor::getMixedSize(rw, loc, a, 0);
+  OpFoldResult t = tensor::getMixedSize(rw, loc, idx, 0);
+  if (failed(emitIndexCheck(rw, op, idx,
+                            getValueOrCreateConstantIndexOp(rw, loc, e),
+                            IndexErrorOp::AdjacencyIdx)))
+    return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
+                                     "moeReportIndexError");
+
+  // S[t,j] (i32 0/1): dims (t, j, slot).
+  Value zeroI = i32Const(rw, loc, 0);
+  Value s =
+      generic(rw, loc, idx, filled(rw, loc, {t, e}, zeroI),
+              {dimsMap(ctx, 3, {0, 2}), dimsMap(ctx, 3, {0, 1})},
+              {kPar, kPar, kRed},
+              [&](OpBuilder &gb, Location gl, ValueRange args) {
+                Value j = indexTo(gb, gl, loopIndex(gb, gl, 1), idxType);
+                Value hit = arith::CmpIOp::create(
+                    gb, gl, arith::CmpIPredicate::eq, args[0], j);
+                return SmallVector<Value>{arith::SelectOp::create(
+                    gb, gl, hit, i32Const(gb, gl, 1), args[1])};
+              })
+          .front();
+
+  // C = Sᵀ S.
+  Value st = linalg::TransposeOp::create(
+                 rw, loc, s, tensor::EmptyOp::create(rw, loc, {e, t}, i32),
+                 ArrayRef<int64_t>{1, 0})
+                 .getResult()
+                 .front();
+  Value init = filled(rw, loc, {e, e}, zeroI);
+  Value c = linalg::MatmulOp::create(rw, loc, TypeRange{init.getType()},
+                                     ValueRange{st, s}, ValueRange{init})
+                .getResult(0);
+
+  finishAdjacencyUpdate(rw, op, a, c, e);
+  return success();
 }

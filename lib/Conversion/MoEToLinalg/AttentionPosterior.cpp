@@ -273,16 +273,15 @@ public:
   Value mixAllHeads(const PriorStats &prior) {
     Type f32 = b.getF32Type(), i32 = b.getI32Type();
     SmallVector<OpFoldResult> rowShape = {batch, queries};
-    Value zm0 = loopFilled(b, loc, rowShape, negInf(b, loc));
-    Value zl0 = loopFilled(b, loc, rowShape, f32Const(b, loc, 0.0));
-    Value acc0 = loopFilled(b, loc, {batch, queries, width}, f32Const(b, loc, 0.0));
+    OnlineSoftmaxState seed =
+        initOnlineSoftmax(b, loc, batch, queries, width);
     Value alpha0 = loopScratch(b, loc, rowShape, f32);
     Value w0 = loopScratch(b, loc, rowShape, f32);
     Value valid0 = loopScratch(b, loc, rowShape, b.getI1Type());
     Value numHeads = getValueOrCreateConstantIndexOp(b, loc, heads);
     auto loop = scf::ForOp::create(
         b, loc, indexConst(b, loc, 0), numHeads, indexConst(b, loc, 1),
-        ValueRange{zm0, zl0, acc0, alpha0, w0, valid0},
+        ValueRange{seed.m, seed.l, seed.acc, alpha0, w0, valid0},
         [&](OpBuilder &lb, Location ll, Value h, ValueRange it) {
           AttentionPosteriorEmitter inner(lb, ll, *this);
           Value head = filled(lb, ll, {batch}, indexTo(lb, ll, h, i32));
@@ -362,32 +361,24 @@ private:
   float sigma2;
 };
 
-struct AttentionPosteriorLowering : OpRewritePattern<AttentionPosteriorOp> {
-  using OpRewritePattern::OpRewritePattern;
-
-  LogicalResult matchAndRewrite(AttentionPosteriorOp op,
-                                PatternRewriter &rw) const override {
-    Location loc = op.getLoc();
-    AttentionPosteriorEmitter emitter(rw, loc, op);
-    PriorStats prior = emitter.priorStats();
-    Value p, head;
-    if (op.getHeadSelect() == HeadSelect::min_entropy) {
-      head = emitter.selectMinEntropyHead(prior);
-      auto [m, norm2] = emitter.headMeans(head);
-      p = normalizeRows(rw, loc, emitter.posterior(head, m, norm2));
-    } else {
-      p = emitter.mixAllHeads(prior);
-      OpFoldResult batch = tensor::getMixedSize(rw, loc, op.getScores(), 0);
-      head = filled(rw, loc, {batch}, i32Const(rw, loc, -1));
-    }
-    rw.replaceOp(op, {castTo(rw, loc, p, op.getP().getType()),
-                      castTo(rw, loc, head, op.getHead().getType())});
-    return success();
-  }
-};
 } // namespace
 
-void mlir::moe::lowering::populateAttentionPosteriorPattern(
-    RewritePatternSet &patterns) {
-  patterns.add<AttentionPosteriorLowering>(patterns.getContext());
+LogicalResult
+mlir::moe::lowering::lowerAttentionPosterior(AttentionPosteriorOp op,
+                                             PatternRewriter &rw) {
+  Location loc = op.getLoc();
+  AttentionPosteriorEmitter emitter(rw, loc, op);
+  PriorStats prior = emitter.priorStats();
+  Value p, head;
+  if (op.getHeadSelect() == HeadSelect::min_entropy) {
+    head = emitter.selectMinEntropyHead(prior);
+    auto [m, norm2] = emitter.headMeans(head);
+    p = normalizeRows(rw, loc, emitter.posterior(head, m, norm2));
+  } else {
+    p = emitter.mixAllHeads(prior);
+    OpFoldResult batch = tensor::getMixedSize(rw, loc, op.getScores(), 0);
+    head = filled(rw, loc, {batch}, i32Const(rw, loc, -1));
+  }
+  replaceWithCasts(rw, op, {p, head});
+  return success();
 }

@@ -37,17 +37,6 @@ using namespace mlir::moe::lowering;
 
 namespace {
 
-/// acc + x * y.
-SmallVector<Value> mulAdd(OpBuilder &b, Location l, ValueRange a) {
-  return {arith::AddFOp::create(b, l, a[2],
-                                arith::MulFOp::create(b, l, a[0], a[1]))};
-}
-
-/// acc + x.
-SmallVector<Value> add(OpBuilder &b, Location l, ValueRange a) {
-  return {arith::AddFOp::create(b, l, a[1], a[0])};
-}
-
 /// x where `e` is finite, else 0.
 Value whereFinite(OpBuilder &b, Location l, Value e, Value x) {
   Value fin = arith::CmpFOp::create(
@@ -56,290 +45,279 @@ Value whereFinite(OpBuilder &b, Location l, Value e, Value x) {
   return arith::SelectOp::create(b, l, fin, x, f32Const(b, l, 0.0));
 }
 
-struct AttentionPosteriorGradLowering
-    : OpRewritePattern<AttentionPosteriorGradOp> {
-  using OpRewritePattern::OpRewritePattern;
-
-  LogicalResult matchAndRewrite(AttentionPosteriorGradOp op,
-                                PatternRewriter &rw) const override {
-    Location loc = op.getLoc();
-    MLIRContext *ctx = rw.getContext();
-    Type f32 = rw.getF32Type();
-    Value scores = promoteToF32(rw, loc, op.getScores());
-    Value u = promoteToF32(rw, loc, op.getU());
-    Value v = promoteToF32(rw, loc, op.getV());
-    Value wo = promoteToF32(rw, loc, op.getWo());
-    Value e = promoteToF32(rw, loc, op.getE());
-    Value dp = op.getDp(), head = op.getHead();
-    bool minEntropy = op.getHeadSelect() == HeadSelect::min_entropy;
-    auto size = [&](Value t, int64_t d) {
-      return tensor::getMixedSize(rw, loc, t, d);
-    };
-    OpFoldResult B = size(scores, 0), H = size(scores, 1), N = size(scores, 2),
-                 Nk = size(scores, 3), D = size(u, 2), Dh = size(v, 3),
-                 K = size(e, 2);
-    float sigma = op.getSigma().convertToFloat();
-    float sigma2 = sigma * sigma;
-    Value zero = f32Const(rw, loc, 0.0);
-    Value scale;
-    if (std::optional<double> s = op.getEffectiveHeadScale())
-      scale = f32Const(rw, loc, *s);
-    else
-      scale = arith::SIToFPOp::create(
-          rw, loc, f32,
-          arith::IndexCastOp::create(rw, loc, rw.getI64Type(),
-                                     getValueOrCreateConstantIndexOp(rw, loc, H)));
-    auto map = [&](unsigned n, ArrayRef<unsigned> dims) {
-      return dimsMap(ctx, n, dims);
-    };
-    auto zeros = [&](ArrayRef<OpFoldResult> shape) {
-      return filled(rw, loc, shape, zero);
-    };
-    auto elementwise = [&](ValueRange ins, ArrayRef<AffineMap> inMaps,
-                           ArrayRef<OpFoldResult> shape, GenericBody body) {
-      SmallVector<AffineMap> maps(inMaps);
-      maps.push_back(map(shape.size(), llvm::to_vector(llvm::seq<unsigned>(
-                                           0, shape.size()))));
-      SmallVector<utils::IteratorType> it(shape.size(), kPar);
-      Value init = tensor::EmptyOp::create(rw, loc, shape, f32);
-      return generic(rw, loc, ins, init, maps, it, body)
-          .front();
-    };
-    SmallVector<utils::IteratorType> p3r = {kPar, kPar, kPar, kRed},
-                                     p4r = {kPar, kPar, kPar, kPar, kRed},
-                                     p3rr = {kPar, kPar, kPar, kRed, kRed},
-                                     p2rr = {kPar, kPar, kRed, kRed};
-    // The max of x over the reduced dimensions and Σ exp(x − max) (a softmax's
-    // normalizer): x read through `xMap`, the results of `shape` through
-    // `outMap`.
-    auto maxAndSumExp = [&](Value x, AffineMap xMap,
-                            ArrayRef<OpFoldResult> shape, AffineMap outMap,
-                            ArrayRef<utils::IteratorType> it) {
-      Value mx = generic(rw, loc, x, filled(rw, loc, shape, negInf(rw, loc)),
-                         {xMap, outMap}, it,
-                         [](OpBuilder &gb, Location gl, ValueRange a) {
-                           return SmallVector<Value>{
-                               arith::MaximumFOp::create(gb, gl, a[1], a[0])};
-                         })
-                     .front();
-      Value sum = generic(rw, loc, ValueRange{x, mx}, zeros(shape),
-                          {xMap, outMap, outMap}, it,
-                          [](OpBuilder &gb, Location gl, ValueRange a) {
-                            Value t = math::ExpOp::create(
-                                gb, gl,
-                                arith::SubFOp::create(gb, gl, a[0], a[1]));
-                            return SmallVector<Value>{
-                                arith::AddFOp::create(gb, gl, a[2], t)};
-                          })
-                      .front();
-      return std::pair<Value, Value>{mx, sum};
-    };
-
-    // 1. Head means, their norms, the logits.
-    Value wo3 = tensor::ExpandShapeOp::create(
-        rw, loc, tensorTypeOf({D, H, Dh}, f32), wo,
-        ArrayRef<ReassociationIndices>{{0}, {1, 2}},
-        ArrayRef<OpFoldResult>{D, H, Dh});
-    Value m = generic(rw, loc, ValueRange{v, wo3}, zeros({B, H, Nk, D}),
-                      {map(5, {0, 1, 2, 4}), map(5, {3, 1, 4}),
-                       map(5, {0, 1, 2, 3})},
-                      p4r, mulAdd)
-                  .front();
-    m = elementwise(m, {map(4, {0, 1, 2, 3})}, {B, H, Nk, D},
-                    [&](OpBuilder &gb, Location gl, ValueRange a) {
-                      return SmallVector<Value>{
-                          arith::MulFOp::create(gb, gl, scale, a[0])};
-                    });
-    Value norm2 =
-        generic(rw, loc, ValueRange{m, m}, zeros({B, H, Nk}),
-                {map(4, {0, 1, 2, 3}), map(4, {0, 1, 2, 3}), map(4, {0, 1, 2})},
-                p3r, mulAdd)
-            .front();
-    Value dot = generic(rw, loc, ValueRange{u, m}, zeros({B, H, N, Nk}),
-                        {map(5, {0, 2, 4}), map(5, {0, 1, 3, 4}),
-                         map(5, {0, 1, 2, 3})},
-                        p4r, mulAdd)
-                    .front();
-    AffineMap all4 = map(4, {0, 1, 2, 3}), row4 = map(4, {0, 1, 2});
-    // The log prior's normalizer (all): lse_j scores[b,h,i,:].
-    Value priorLse;
-    if (!minEntropy) {
-      auto [pmax, psum] = maxAndSumExp(scores, all4, {B, H, N}, row4, p3r);
-      priorLse = elementwise(
-          ValueRange{pmax, psum}, {map(3, {0, 1, 2}), map(3, {0, 1, 2})},
-          {B, H, N}, [](OpBuilder &gb, Location gl, ValueRange a) {
-            return SmallVector<Value>{arith::AddFOp::create(
-                gb, gl, a[0], math::LogOp::create(gb, gl, a[1]))};
-          });
-    }
-    SmallVector<Value> zIns = {scores, dot, norm2};
-    SmallVector<AffineMap> zMaps = {all4, all4, map(4, {0, 1, 3})};
-    if (minEntropy) {
-      zIns.push_back(head);
-      zMaps.push_back(map(4, {0}));
-    } else {
-      zIns.push_back(priorLse);
-      zMaps.push_back(row4);
-    }
-    Value z = elementwise(
-        zIns, zMaps, {B, H, N, Nk},
-        [&](OpBuilder &gb, Location gl, ValueRange a) {
-          Value s = a[0];
-          Value s2 = f32Const(gb, gl, sigma2);
-          Value half = arith::MulFOp::create(gb, gl, f32Const(gb, gl, 0.5), a[2]);
-          Value gauss = arith::DivFOp::create(
-              gb, gl, arith::SubFOp::create(gb, gl, a[1], half), s2);
-          Value excluded = arith::CmpFOp::create(
-              gb, gl, arith::CmpFPredicate::OEQ, s, negInf(gb, gl));
-          Value t = s;
-          if (minEntropy) {
-            Value h = indexTo(gb, gl, loopIndex(gb, gl, 1),
-                              a[3].getType());
-            Value other = arith::CmpIOp::create(
-                gb, gl, arith::CmpIPredicate::ne, h, a[3]);
-            excluded = arith::OrIOp::create(gb, gl, excluded, other);
-          } else {
-            t = arith::SubFOp::create(gb, gl, s, a[3]);
-          }
-          Value logit = arith::AddFOp::create(gb, gl, t, gauss);
-          return SmallVector<Value>{
-              arith::SelectOp::create(gb, gl, excluded, negInf(gb, gl), logit)};
-        });
-
-    // 2. G: one softmax per row over (h, j).
-    AffineMap zRow = map(4, {0, 2, 1, 3}), bi4 = map(4, {0, 1});
-    auto [rowMax, rowSum] = maxAndSumExp(z, zRow, {B, N}, bi4, p2rr);
-    AffineMap bRow = map(4, {0, 2});
-    Value G = elementwise(
-        ValueRange{z, rowMax, rowSum}, {all4, bRow, bRow}, {B, H, N, Nk},
-        [](OpBuilder &gb, Location gl, ValueRange a) {
-          Value none = arith::CmpFOp::create(gb, gl, arith::CmpFPredicate::OEQ,
-                                             a[1], negInf(gb, gl));
-          Value w = arith::DivFOp::create(
-              gb, gl,
-              math::ExpOp::create(gb, gl,
-                                  arith::SubFOp::create(gb, gl, a[0], a[1])),
-              a[2]);
-          return SmallVector<Value>{
-              arith::SelectOp::create(gb, gl, none, f32Const(gb, gl, 0.0), w)};
-        });
-
-    // 3. The softmax backward and the contractions.
-    AffineMap all3 = map(3, {0, 1, 2});
-    Value finite = elementwise(
-        e, {all3}, {B, Nk, K}, [](OpBuilder &gb, Location gl, ValueRange a) {
-          return SmallVector<Value>{whereFinite(gb, gl, a[0], a[0])};
-        });
-    // g[b,i,j] = <dp_i, e_j> (a non-finite e entry enters as 0)
-    Value g = generic(rw, loc, ValueRange{dp, finite}, zeros({B, N, Nk}),
-                      {map(4, {0, 1, 3}), map(4, {0, 2, 3}), map(4, {0, 1, 2})},
-                      p3r, mulAdd)
-                  .front();
-    Value mix = generic(rw, loc, ValueRange{G}, zeros({B, N, Nk}),
-                        {map(4, {0, 3, 1, 2}), map(4, {0, 1, 2})}, p3r,
-                        add)
-                    .front();
-    Value delta = generic(rw, loc, ValueRange{mix, g}, zeros({B, N}),
-                          {all3, all3, map(3, {0, 1})}, {kPar, kPar, kRed},
-                          mulAdd)
-                      .front();
-    Value dz = elementwise(
-        ValueRange{G, g, delta}, {all4, map(4, {0, 2, 3}), bRow}, {B, H, N, Nk},
-        [](OpBuilder &gb, Location gl, ValueRange a) {
-          return SmallVector<Value>{arith::MulFOp::create(
-              gb, gl, a[0], arith::SubFOp::create(gb, gl, a[1], a[2]))};
-        });
-    // d_e[b,j,k] = Σ_i mix[b,i,j] dp[b,i,k], 0 at a non-finite e entry.
-    Value de = generic(rw, loc, ValueRange{mix, dp}, zeros({B, Nk, K}),
-                       {map(4, {0, 3, 1}), map(4, {0, 3, 2}), map(4, {0, 1, 2})},
-                       p3r, mulAdd)
-                   .front();
-    de = elementwise(ValueRange{de, e}, {all3, all3}, {B, Nk, K},
-                     [](OpBuilder &gb, Location gl, ValueRange a) {
-                       return SmallVector<Value>{
-                           whereFinite(gb, gl, a[1], a[0])};
-                     });
-    Value invS2 = f32Const(rw, loc, 1.0 / sigma2);
-    auto scaled = [&](Value x, Value factor, ArrayRef<OpFoldResult> shape) {
-      SmallVector<unsigned> dims =
-          llvm::to_vector(llvm::seq<unsigned>(0, shape.size()));
-      return elementwise(x, {map(shape.size(), dims)}, shape,
-                         [&](OpBuilder &gb, Location gl, ValueRange a) {
-                           return SmallVector<Value>{
-                               arith::MulFOp::create(gb, gl, a[0], factor)};
-                         });
-    };
-    // d_u[b,i,d] = Σ_{h,j} dz[b,h,i,j] m[b,h,j,d] / σ²
-    Value du = generic(rw, loc, ValueRange{dz, m}, zeros({B, N, D}),
-                       {map(5, {0, 3, 1, 4}), map(5, {0, 3, 4, 2}),
-                        map(5, {0, 1, 2})},
-                       p3rr, mulAdd)
-                   .front();
-    du = scaled(du, invS2, {B, N, D});
-    // dm = c (Σ_i dz u_i − (Σ_i dz) m) / σ² (c folded in for d_v and d_wo).
-    Value dzU = generic(rw, loc, ValueRange{dz, u}, zeros({B, H, Nk, D}),
-                        {map(5, {0, 1, 4, 2}), map(5, {0, 4, 3}),
-                         map(5, {0, 1, 2, 3})},
-                        p4r, mulAdd)
-                    .front();
-    Value r = generic(rw, loc, ValueRange{dz}, zeros({B, H, Nk}),
-                      {map(4, {0, 1, 3, 2}), map(4, {0, 1, 2})}, p3r,
-                      add)
-                  .front();
-    Value cOverS2 = arith::MulFOp::create(rw, loc, scale, invS2);
-    Value dm = elementwise(
-        ValueRange{dzU, r, m}, {all4, row4, all4}, {B, H, Nk, D},
-        [&](OpBuilder &gb, Location gl, ValueRange a) {
-          Value t = arith::SubFOp::create(
-              gb, gl, a[0], arith::MulFOp::create(gb, gl, a[1], a[2]));
-          return SmallVector<Value>{arith::MulFOp::create(gb, gl, t, cOverS2)};
-        });
-    // d_v[b,h,j,c] = Σ_d dm[b,h,j,d] wo[d, h·Dh + c]
-    Value dv = generic(rw, loc, ValueRange{dm, wo3}, zeros({B, H, Nk, Dh}),
-                       {map(5, {0, 1, 2, 4}), map(5, {4, 1, 3}),
-                        map(5, {0, 1, 2, 3})},
-                       p4r, mulAdd)
-                   .front();
-    // d_wo[d, h·Dh + c] = Σ_{b,j} dm[b,h,j,d] v[b,h,j,c]
-    Value dwo3 = generic(rw, loc, ValueRange{dm, v}, zeros({D, H, Dh}),
-                         {map(5, {3, 1, 4, 0}), map(5, {3, 1, 4, 2}),
-                          map(5, {0, 1, 2})},
-                         p3rr, mulAdd)
-                     .front();
-    Value dwo = tensor::CollapseShapeOp::create(
-        rw, loc, dwo3, ArrayRef<ReassociationIndices>{{0}, {1, 2}});
-    // d_scores = dz; all: − softmax_j(scores) · Σ_j dz (the log prior).
-    Value ds = dz;
-    if (!minEntropy) {
-      Value rowDz = generic(rw, loc, ValueRange{dz}, zeros({B, H, N}),
-                            {all4, row4}, p3r,
-                            add)
-                        .front();
-      ds = elementwise(
-          ValueRange{dz, scores, priorLse, rowDz}, {all4, all4, row4, row4},
-          {B, H, N, Nk}, [](OpBuilder &gb, Location gl, ValueRange a) {
-            Value masked = arith::CmpFOp::create(
-                gb, gl, arith::CmpFPredicate::OEQ, a[1], negInf(gb, gl));
-            Value prior = math::ExpOp::create(
-                gb, gl, arith::SubFOp::create(gb, gl, a[1], a[2]));
-            prior = arith::SelectOp::create(gb, gl, masked,
-                                            f32Const(gb, gl, 0.0), prior);
-            return SmallVector<Value>{arith::SubFOp::create(
-                gb, gl, a[0], arith::MulFOp::create(gb, gl, prior, a[3]))};
-          });
-    }
-
-    SmallVector<Value> results = {ds, du, dv, dwo, de};
-    SmallVector<Value> replacements;
-    for (auto [x, res] : llvm::zip(results, op->getResults()))
-      replacements.push_back(castTo(rw, loc, x, res.getType()));
-    rw.replaceOp(op, replacements);
-    return success();
-  }
-};
 } // namespace
 
-void mlir::moe::lowering::populateAttentionPosteriorGradPattern(
-    RewritePatternSet &patterns) {
-  patterns.add<AttentionPosteriorGradLowering>(patterns.getContext());
+LogicalResult
+mlir::moe::lowering::lowerAttentionPosteriorGrad(AttentionPosteriorGradOp op,
+                                                 PatternRewriter &rw) {
+  Location loc = op.getLoc();
+  MLIRContext *ctx = rw.getContext();
+  Type f32 = rw.getF32Type();
+  Value scores = promoteToF32(rw, loc, op.getScores());
+  Value u = promoteToF32(rw, loc, op.getU());
+  Value v = promoteToF32(rw, loc, op.getV());
+  Value wo = promoteToF32(rw, loc, op.getWo());
+  Value e = promoteToF32(rw, loc, op.getE());
+  Value dp = op.getDp(), head = op.getHead();
+  bool minEntropy = op.getHeadSelect() == HeadSelect::min_entropy;
+  auto size = [&](Value t, int64_t d) {
+    return tensor::getMixedSize(rw, loc, t, d);
+  };
+  OpFoldResult B = size(scores, 0), H = size(scores, 1), N = size(scores, 2),
+               Nk = size(scores, 3), D = size(u, 2), Dh = size(v, 3),
+               K = size(e, 2);
+  float sigma = op.getSigma().convertToFloat();
+  float sigma2 = sigma * sigma;
+  Value zero = f32Const(rw, loc, 0.0);
+  Value scale;
+  if (std::optional<double> s = op.getEffectiveHeadScale())
+    scale = f32Const(rw, loc, *s);
+  else
+    scale = arith::SIToFPOp::create(
+        rw, loc, f32,
+        arith::IndexCastOp::create(rw, loc, rw.getI64Type(),
+                                   getValueOrCreateConstantIndexOp(rw, loc, H)));
+  auto map = [&](unsigned n, ArrayRef<unsigned> dims) {
+    return dimsMap(ctx, n, dims);
+  };
+  auto zeros = [&](ArrayRef<OpFoldResult> shape) {
+    return filled(rw, loc, shape, zero);
+  };
+  auto elementwise = [&](ValueRange ins, ArrayRef<AffineMap> inMaps,
+                         ArrayRef<OpFoldResult> shape, GenericBody body) {
+    SmallVector<AffineMap> maps(inMaps);
+    maps.push_back(map(shape.size(), llvm::to_vector(llvm::seq<unsigned>(
+                                         0, shape.size()))));
+    SmallVector<utils::IteratorType> it(shape.size(), kPar);
+    Value init = tensor::EmptyOp::create(rw, loc, shape, f32);
+    return generic(rw, loc, ins, init, maps, it, body)
+        .front();
+  };
+  SmallVector<utils::IteratorType> p3r = {kPar, kPar, kPar, kRed},
+                                   p4r = {kPar, kPar, kPar, kPar, kRed},
+                                   p3rr = {kPar, kPar, kPar, kRed, kRed},
+                                   p2rr = {kPar, kPar, kRed, kRed};
+  // The max of x over the reduced dimensions and Σ exp(x − max) (a softmax's
+  // normalizer): x read through `xMap`, the results of `shape` through
+  // `outMap`.
+  auto maxAndSumExp = [&](Value x, AffineMap xMap,
+                          ArrayRef<OpFoldResult> shape, AffineMap outMap,
+                          ArrayRef<utils::IteratorType> it) {
+    Value mx = generic(rw, loc, x, filled(rw, loc, shape, negInf(rw, loc)),
+                       {xMap, outMap}, it,
+                       [](OpBuilder &gb, Location gl, ValueRange a) {
+                         return SmallVector<Value>{
+                             arith::MaximumFOp::create(gb, gl, a[1], a[0])};
+                       })
+                   .front();
+    Value sum = generic(rw, loc, ValueRange{x, mx}, zeros(shape),
+                        {xMap, outMap, outMap}, it,
+                        [](OpBuilder &gb, Location gl, ValueRange a) {
+                          Value t = math::ExpOp::create(
+                              gb, gl,
+                              arith::SubFOp::create(gb, gl, a[0], a[1]));
+                          return SmallVector<Value>{
+                              arith::AddFOp::create(gb, gl, a[2], t)};
+                        })
+                    .front();
+    return std::pair<Value, Value>{mx, sum};
+  };
+
+  // 1. Head means, their norms, the logits.
+  Value wo3 = tensor::ExpandShapeOp::create(
+      rw, loc, tensorTypeOf({D, H, Dh}, f32), wo,
+      ArrayRef<ReassociationIndices>{{0}, {1, 2}},
+      ArrayRef<OpFoldResult>{D, H, Dh});
+  Value m = generic(rw, loc, ValueRange{v, wo3}, zeros({B, H, Nk, D}),
+                    {map(5, {0, 1, 2, 4}), map(5, {3, 1, 4}),
+                     map(5, {0, 1, 2, 3})},
+                    p4r, mulAddBody)
+                .front();
+  m = elementwise(m, {map(4, {0, 1, 2, 3})}, {B, H, Nk, D},
+                  [&](OpBuilder &gb, Location gl, ValueRange a) {
+                    return SmallVector<Value>{
+                        arith::MulFOp::create(gb, gl, scale, a[0])};
+                  });
+  Value norm2 =
+      generic(rw, loc, ValueRange{m, m}, zeros({B, H, Nk}),
+              {map(4, {0, 1, 2, 3}), map(4, {0, 1, 2, 3}), map(4, {0, 1, 2})},
+              p3r, mulAddBody)
+          .front();
+  Value dot = generic(rw, loc, ValueRange{u, m}, zeros({B, H, N, Nk}),
+                      {map(5, {0, 2, 4}), map(5, {0, 1, 3, 4}),
+                       map(5, {0, 1, 2, 3})},
+                      p4r, mulAddBody)
+                  .front();
+  AffineMap all4 = map(4, {0, 1, 2, 3}), row4 = map(4, {0, 1, 2});
+  // The log prior's normalizer (all): lse_j scores[b,h,i,:].
+  Value priorLse;
+  if (!minEntropy) {
+    auto [pmax, psum] = maxAndSumExp(scores, all4, {B, H, N}, row4, p3r);
+    priorLse = elementwise(
+        ValueRange{pmax, psum}, {map(3, {0, 1, 2}), map(3, {0, 1, 2})},
+        {B, H, N}, [](OpBuilder &gb, Location gl, ValueRange a) {
+          return SmallVector<Value>{arith::AddFOp::create(
+              gb, gl, a[0], math::LogOp::create(gb, gl, a[1]))};
+        });
+  }
+  SmallVector<Value> zIns = {scores, dot, norm2};
+  SmallVector<AffineMap> zMaps = {all4, all4, map(4, {0, 1, 3})};
+  if (minEntropy) {
+    zIns.push_back(head);
+    zMaps.push_back(map(4, {0}));
+  } else {
+    zIns.push_back(priorLse);
+    zMaps.push_back(row4);
+  }
+  Value z = elementwise(
+      zIns, zMaps, {B, H, N, Nk},
+      [&](OpBuilder &gb, Location gl, ValueRange a) {
+        Value s = a[0];
+        Value s2 = f32Const(gb, gl, sigma2);
+        Value half = arith::MulFOp::create(gb, gl, f32Const(gb, gl, 0.5), a[2]);
+        Value gauss = arith::DivFOp::create(
+            gb, gl, arith::SubFOp::create(gb, gl, a[1], half), s2);
+        Value excluded = arith::CmpFOp::create(
+            gb, gl, arith::CmpFPredicate::OEQ, s, negInf(gb, gl));
+        Value t = s;
+        if (minEntropy) {
+          Value h = indexTo(gb, gl, loopIndex(gb, gl, 1),
+                            a[3].getType());
+          Value other = arith::CmpIOp::create(
+              gb, gl, arith::CmpIPredicate::ne, h, a[3]);
+          excluded = arith::OrIOp::create(gb, gl, excluded, other);
+        } else {
+          t = arith::SubFOp::create(gb, gl, s, a[3]);
+        }
+        Value logit = arith::AddFOp::create(gb, gl, t, gauss);
+        return SmallVector<Value>{
+            arith::SelectOp::create(gb, gl, excluded, negInf(gb, gl), logit)};
+      });
+
+  // 2. G: one softmax per row over (h, j).
+  AffineMap zRow = map(4, {0, 2, 1, 3}), bi4 = map(4, {0, 1});
+  auto [rowMax, rowSum] = maxAndSumExp(z, zRow, {B, N}, bi4, p2rr);
+  AffineMap bRow = map(4, {0, 2});
+  Value G = elementwise(
+      ValueRange{z, rowMax, rowSum}, {all4, bRow, bRow}, {B, H, N, Nk},
+      [](OpBuilder &gb, Location gl, ValueRange a) {
+        Value none = arith::CmpFOp::create(gb, gl, arith::CmpFPredicate::OEQ,
+                                           a[1], negInf(gb, gl));
+        Value w = arith::DivFOp::create(
+            gb, gl,
+            math::ExpOp::create(gb, gl,
+                                arith::SubFOp::create(gb, gl, a[0], a[1])),
+            a[2]);
+        return SmallVector<Value>{
+            arith::SelectOp::create(gb, gl, none, f32Const(gb, gl, 0.0), w)};
+      });
+
+  // 3. The softmax backward and the contractions.
+  AffineMap all3 = map(3, {0, 1, 2});
+  Value finite = elementwise(
+      e, {all3}, {B, Nk, K}, [](OpBuilder &gb, Location gl, ValueRange a) {
+        return SmallVector<Value>{whereFinite(gb, gl, a[0], a[0])};
+      });
+  // g[b,i,j] = <dp_i, e_j> (a non-finite e entry enters as 0)
+  Value g = generic(rw, loc, ValueRange{dp, finite}, zeros({B, N, Nk}),
+                    {map(4, {0, 1, 3}), map(4, {0, 2, 3}), map(4, {0, 1, 2})},
+                    p3r, mulAddBody)
+                .front();
+  Value mix = generic(rw, loc, ValueRange{G}, zeros({B, N, Nk}),
+                      {map(4, {0, 3, 1, 2}), map(4, {0, 1, 2})}, p3r,
+                      addBody)
+                  .front();
+  Value delta = generic(rw, loc, ValueRange{mix, g}, zeros({B, N}),
+                        {all3, all3, map(3, {0, 1})}, {kPar, kPar, kRed},
+                        mulAddBody)
+                    .front();
+  Value dz = elementwise(
+      ValueRange{G, g, delta}, {all4, map(4, {0, 2, 3}), bRow}, {B, H, N, Nk},
+      [](OpBuilder &gb, Location gl, ValueRange a) {
+        return SmallVector<Value>{arith::MulFOp::create(
+            gb, gl, a[0], arith::SubFOp::create(gb, gl, a[1], a[2]))};
+      });
+  // d_e[b,j,k] = Σ_i mix[b,i,j] dp[b,i,k], 0 at a non-finite e entry.
+  Value de = generic(rw, loc, ValueRange{mix, dp}, zeros({B, Nk, K}),
+                     {map(4, {0, 3, 1}), map(4, {0, 3, 2}), map(4, {0, 1, 2})},
+                     p3r, mulAddBody)
+                 .front();
+  de = elementwise(ValueRange{de, e}, {all3, all3}, {B, Nk, K},
+                   [](OpBuilder &gb, Location gl, ValueRange a) {
+                     return SmallVector<Value>{
+                         whereFinite(gb, gl, a[1], a[0])};
+                   });
+  Value invS2 = f32Const(rw, loc, 1.0 / sigma2);
+  auto scaled = [&](Value x, Value factor, ArrayRef<OpFoldResult> shape) {
+    SmallVector<unsigned> dims =
+        llvm::to_vector(llvm::seq<unsigned>(0, shape.size()));
+    return elementwise(x, {map(shape.size(), dims)}, shape,
+                       [&](OpBuilder &gb, Location gl, ValueRange a) {
+                         return SmallVector<Value>{
+                             arith::MulFOp::create(gb, gl, a[0], factor)};
+                       });
+  };
+  // d_u[b,i,d] = Σ_{h,j} dz[b,h,i,j] m[b,h,j,d] / σ²
+  Value du = generic(rw, loc, ValueRange{dz, m}, zeros({B, N, D}),
+                     {map(5, {0, 3, 1, 4}), map(5, {0, 3, 4, 2}),
+                      map(5, {0, 1, 2})},
+                     p3rr, mulAddBody)
+                 .front();
+  du = scaled(du, invS2, {B, N, D});
+  // dm = c (Σ_i dz u_i − (Σ_i dz) m) / σ² (c folded in for d_v and d_wo).
+  Value dzU = generic(rw, loc, ValueRange{dz, u}, zeros({B, H, Nk, D}),
+                      {map(5, {0, 1, 4, 2}), map(5, {0, 4, 3}),
+                       map(5, {0, 1, 2, 3})},
+                      p4r, mulAddBody)
+                  .front();
+  Value r = generic(rw, loc, ValueRange{dz}, zeros({B, H, Nk}),
+                    {map(4, {0, 1, 3, 2}), map(4, {0, 1, 2})}, p3r,
+                    addBody)
+                .front();
+  Value cOverS2 = arith::MulFOp::create(rw, loc, scale, invS2);
+  Value dm = elementwise(
+      ValueRange{dzU, r, m}, {all4, row4, all4}, {B, H, Nk, D},
+      [&](OpBuilder &gb, Location gl, ValueRange a) {
+        Value t = arith::SubFOp::create(
+            gb, gl, a[0], arith::MulFOp::create(gb, gl, a[1], a[2]));
+        return SmallVector<Value>{arith::MulFOp::create(gb, gl, t, cOverS2)};
+      });
+  // d_v[b,h,j,c] = Σ_d dm[b,h,j,d] wo[d, h·Dh + c]
+  Value dv = generic(rw, loc, ValueRange{dm, wo3}, zeros({B, H, Nk, Dh}),
+                     {map(5, {0, 1, 2, 4}), map(5, {4, 1, 3}),
+                      map(5, {0, 1, 2, 3})},
+                     p4r, mulAddBody)
+                 .front();
+  // d_wo[d, h·Dh + c] = Σ_{b,j} dm[b,h,j,d] v[b,h,j,c]
+  Value dwo3 = generic(rw, loc, ValueRange{dm, v}, zeros({D, H, Dh}),
+                       {map(5, {3, 1, 4, 0}), map(5, {3, 1, 4, 2}),
+                        map(5, {0, 1, 2})},
+                       p3rr, mulAddBody)
+                   .front();
+  Value dwo = tensor::CollapseShapeOp::create(
+      rw, loc, dwo3, ArrayRef<ReassociationIndices>{{0}, {1, 2}});
+  // d_scores = dz; all: − softmax_j(scores) · Σ_j dz (the log prior).
+  Value ds = dz;
+  if (!minEntropy) {
+    Value rowDz = generic(rw, loc, ValueRange{dz}, zeros({B, H, N}),
+                          {all4, row4}, p3r,
+                          addBody)
+                      .front();
+    ds = elementwise(
+        ValueRange{dz, scores, priorLse, rowDz}, {all4, all4, row4, row4},
+        {B, H, N, Nk}, [](OpBuilder &gb, Location gl, ValueRange a) {
+          Value masked = arith::CmpFOp::create(
+              gb, gl, arith::CmpFPredicate::OEQ, a[1], negInf(gb, gl));
+          Value prior = math::ExpOp::create(
+              gb, gl, arith::SubFOp::create(gb, gl, a[1], a[2]));
+          prior = arith::SelectOp::create(gb, gl, masked,
+                                          f32Const(gb, gl, 0.0), prior);
+          return SmallVector<Value>{arith::SubFOp::create(
+              gb, gl, a[0], arith::MulFOp::create(gb, gl, prior, a[3]))};
+        });
+  }
+
+  SmallVector<Value> results = {ds, du, dv, dwo, de};
+  replaceWithCasts(rw, op, results);
+  return success();
 }

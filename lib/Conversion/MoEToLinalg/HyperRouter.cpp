@@ -43,25 +43,6 @@ Value mlir::moe::lowering::hyperRouterAffine(OpBuilder &b, Location loc,
       .front();
 }
 
-namespace {
-struct HyperRouterLowering : OpRewritePattern<HyperRouterOp> {
-  using OpRewritePattern::OpRewritePattern;
-
-  LogicalResult matchAndRewrite(HyperRouterOp op,
-                                PatternRewriter &rw) const override {
-    Location loc = op.getLoc();
-    auto f32 = [&](Value v) { return promoteToF32(rw, loc, v); };
-    Value hidden = hyperRouterAffine(rw, loc, f32(op.getW1()), f32(op.getEmb()),
-                                     f32(op.getB1()), /*relu=*/true);
-    Value out = hyperRouterAffine(rw, loc, f32(op.getW2()), hidden,
-                                  f32(op.getB2()), /*relu=*/false);
-
-    finishHyperRouter(rw, op, out);
-    return success();
-  }
-};
-} // namespace
-
 void mlir::moe::lowering::finishHyperRouter(PatternRewriter &rw,
                                             HyperRouterOp op, Value out) {
   Location loc = op.getLoc();
@@ -98,11 +79,18 @@ void mlir::moe::lowering::finishHyperRouter(PatternRewriter &rw,
   Value bias = tensor::ExtractSliceOp::create(
       rw, loc, tensorTypeOf({e}, rw.getF32Type()), table, {zero, d},
       {e, one}, {one, one});
-  rw.replaceOp(op, {castTo(rw, loc, w, op.getW().getType()),
-                    castTo(rw, loc, bias, op.getB().getType())});
+  replaceWithCasts(rw, op, {w, bias});
 }
 
-void mlir::moe::lowering::populateHyperRouterPattern(
-    RewritePatternSet &patterns) {
-  patterns.add<HyperRouterLowering>(patterns.getContext());
+LogicalResult mlir::moe::lowering::lowerHyperRouter(HyperRouterOp op,
+                                                    PatternRewriter &rw) {
+  Location loc = op.getLoc();
+  auto f32 = [&](Value v) { return promoteToF32(rw, loc, v); };
+  Value hidden = hyperRouterAffine(rw, loc, f32(op.getW1()), f32(op.getEmb()),
+                                   f32(op.getB1()), /*relu=*/true);
+  Value out = hyperRouterAffine(rw, loc, f32(op.getW2()), hidden,
+                                f32(op.getB2()), /*relu=*/false);
+
+  finishHyperRouter(rw, op, out);
+  return success();
 }

@@ -63,64 +63,53 @@ Value transposedMatvec(OpBuilder &b, Location loc, Value x, Value matrix) {
       .getResult(0);
 }
 
-struct HyperRouterGradLowering : OpRewritePattern<HyperRouterGradOp> {
-  using OpRewritePattern::OpRewritePattern;
-
-  LogicalResult matchAndRewrite(HyperRouterGradOp op,
-                                PatternRewriter &rw) const override {
-    Location loc = op.getLoc();
-    auto f32 = [&](Value v) { return promoteToF32(rw, loc, v); };
-    Value emb = f32(op.getEmb()), w1 = f32(op.getW1()), w2 = f32(op.getW2());
-    Value hidden = hyperRouterAffine(rw, loc, w1, emb, f32(op.getB1()),
-                                     /*relu=*/true);
-
-    // dout = [dw | db] as [E, D+1], row-major [E·(D+1)]: the cotangent of the
-    // forward's out before its split into w and b.
-    Value dw = op.getDw();
-    OpFoldResult e = tensor::getMixedSize(rw, loc, dw, 0);
-    OpFoldResult d = tensor::getMixedSize(rw, loc, dw, 1);
-    OpFoldResult zero = rw.getIndexAttr(0), one = rw.getIndexAttr(1);
-    Value table = tensor::EmptyOp::create(
-        rw, loc, SmallVector<OpFoldResult>{e, addSize(rw, loc, d, 1)},
-        rw.getF32Type());
-    table = tensor::InsertSliceOp::create(rw, loc, dw, table, {zero, zero},
-                                          {e, d}, {one, one});
-    table = insertAlong(rw, loc, op.getDb(), table, /*dim=*/1, d);
-    Value dout = tensor::CollapseShapeOp::create(
-        rw, loc, table, SmallVector<ReassociationIndices>{{0, 1}});
-
-    // Through the output layer: d_w2 = dout ⊗ h, dh = w2ᵀ · dout.
-    Value dw2 = outer(rw, loc, dout, hidden);
-    Value dh = transposedMatvec(rw, loc, dout, w2);
-    // The ReLU: no gradient where h = relu(a) is 0 (a <= 0); a NaN `a` (h NaN)
-    // passes dh like PyTorch's threshold_backward (unordered compare).
-    AffineMap id = rw.getMultiDimIdentityMap(1);
-    Value da =
-        generic(rw, loc, {dh, hidden}, dh, {id, id, id},
-                {IteratorType::parallel},
-                [](OpBuilder &gb, Location gl, ValueRange a) {
-                  Value open = arith::CmpFOp::create(
-                      gb, gl, arith::CmpFPredicate::UGT, a[1],
-                      f32Const(gb, gl, 0.0));
-                  return SmallVector<Value>{arith::SelectOp::create(
-                      gb, gl, open, a[0], f32Const(gb, gl, 0.0))};
-                })
-            .front();
-    // Through the hidden layer: d_w1 = da ⊗ emb, d_emb = w1ᵀ · da.
-    Value dw1 = outer(rw, loc, da, emb);
-    Value demb = transposedMatvec(rw, loc, da, w1);
-
-    SmallVector<Value> results{demb, dw1, da, dw2, dout};
-    SmallVector<Value> replacements;
-    for (auto [v, r] : llvm::zip_equal(results, op->getResults()))
-      replacements.push_back(castTo(rw, loc, v, r.getType()));
-    rw.replaceOp(op, replacements);
-    return success();
-  }
-};
 } // namespace
 
-void mlir::moe::lowering::populateHyperRouterGradPattern(
-    RewritePatternSet &patterns) {
-  patterns.add<HyperRouterGradLowering>(patterns.getContext());
+LogicalResult mlir::moe::lowering::lowerHyperRouterGrad(HyperRouterGradOp op,
+                                                        PatternRewriter &rw) {
+  Location loc = op.getLoc();
+  auto f32 = [&](Value v) { return promoteToF32(rw, loc, v); };
+  Value emb = f32(op.getEmb()), w1 = f32(op.getW1()), w2 = f32(op.getW2());
+  Value hidden = hyperRouterAffine(rw, loc, w1, emb, f32(op.getB1()),
+                                   /*relu=*/true);
+
+  // dout = [dw | db] as [E, D+1], row-major [E·(D+1)]: the cotangent of the
+  // forward's out before its split into w and b.
+  Value dw = op.getDw();
+  OpFoldResult e = tensor::getMixedSize(rw, loc, dw, 0);
+  OpFoldResult d = tensor::getMixedSize(rw, loc, dw, 1);
+  OpFoldResult zero = rw.getIndexAttr(0), one = rw.getIndexAttr(1);
+  Value table = tensor::EmptyOp::create(
+      rw, loc, SmallVector<OpFoldResult>{e, addSize(rw, loc, d, 1)},
+      rw.getF32Type());
+  table = tensor::InsertSliceOp::create(rw, loc, dw, table, {zero, zero},
+                                        {e, d}, {one, one});
+  table = insertAlong(rw, loc, op.getDb(), table, /*dim=*/1, d);
+  Value dout = tensor::CollapseShapeOp::create(
+      rw, loc, table, SmallVector<ReassociationIndices>{{0, 1}});
+
+  // Through the output layer: d_w2 = dout ⊗ h, dh = w2ᵀ · dout.
+  Value dw2 = outer(rw, loc, dout, hidden);
+  Value dh = transposedMatvec(rw, loc, dout, w2);
+  // The ReLU: no gradient where h = relu(a) is 0 (a <= 0); a NaN `a` (h NaN)
+  // passes dh like PyTorch's threshold_backward (unordered compare).
+  AffineMap id = rw.getMultiDimIdentityMap(1);
+  Value da =
+      generic(rw, loc, {dh, hidden}, dh, {id, id, id},
+              {IteratorType::parallel},
+              [](OpBuilder &gb, Location gl, ValueRange a) {
+                Value open = arith::CmpFOp::create(
+                    gb, gl, arith::CmpFPredicate::UGT, a[1],
+                    f32Const(gb, gl, 0.0));
+                return SmallVector<Value>{arith::SelectOp::create(
+                    gb, gl, open, a[0], f32Const(gb, gl, 0.0))};
+              })
+          .front();
+  // Through the hidden layer: d_w1 = da ⊗ emb, d_emb = w1ᵀ · da.
+  Value dw1 = outer(rw, loc, da, emb);
+  Value demb = transposedMatvec(rw, loc, da, w1);
+
+  SmallVector<Value> results{demb, dw1, da, dw2, dout};
+  replaceWithCasts(rw, op, results);
+  return success();
 }

@@ -58,87 +58,8 @@ Value clusterMean(PatternRewriter &rw, Location loc, Value sums, Value counts,
       .front();
 }
 
-struct MadDispersionLowering : OpRewritePattern<MadDispersionOp> {
-  using OpRewritePattern::OpRewritePattern;
-
-  LogicalResult matchAndRewrite(MadDispersionOp op,
-                                PatternRewriter &rw) const override {
-    Location loc = op.getLoc();
-    MLIRContext *ctx = rw.getContext();
-    int64_t numExperts = op.getNumExperts();
-    Value assign = op.getAssign();
-    Type assignType = cast<RankedTensorType>(assign.getType()).getElementType();
-
-    if (failed(emitIndexCheck(rw, op, assign, indexConst(rw, loc, numExperts),
-                              IndexErrorOp::MadDispersionAssign)))
-      return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
-                                       "moeReportIndexError");
-    Value tokens = promoteToF32(rw, loc, op.getTokens());
-
-    OpFoldResult e = rw.getIndexAttr(numExperts);
-    OpFoldResult d = tensor::getMixedSize(rw, loc, tokens, 1);
-    Value zero = f32Const(rw, loc, 0.0);
-    bool variance = op.getMeasure() == DispersionMeasure::variance;
-
-    // "Token t is in cluster k" inside a generic whose dim 0 is k.
-    auto inCluster = [&](OpBuilder &gb, Location gl, Value a) {
-      Value k = indexTo(gb, gl, loopIndex(gb, gl, 0), assignType);
-      return arith::CmpIOp::create(gb, gl, arith::CmpIPredicate::eq, a, k);
-    };
-
-    // counts[k]
-    Value counts =
-        generic(rw, loc, assign, filled(rw, loc, {e}, i32Const(rw, loc, 0)),
-                {dimsMap(ctx, 2, {1}), dimsMap(ctx, 2, {0})}, {kPar, kRed},
-                [&](OpBuilder &gb, Location gl, ValueRange a) {
-                  Value one = arith::ExtUIOp::create(gb, gl, gb.getI32Type(),
-                                                     inCluster(gb, gl, a[0]));
-                  return SmallVector<Value>{
-                      arith::AddIOp::create(gb, gl, a[1], one)};
-                })
-            .front();
-
-    // Σ over the cluster of f(x[t,q], stat[k,q]) in f32, t ascending.
-    AffineMap kqt_t = dimsMap(ctx, 3, {2}), kqt_tq = dimsMap(ctx, 3, {2, 1}),
-              kqt_kq = dimsMap(ctx, 3, {0, 1});
-    auto clusterSum = [&](Value stat,
-                          function_ref<Value(OpBuilder &, Location, Value, Value)>
-                              term) {
-      SmallVector<Value> ins = {assign, tokens};
-      SmallVector<AffineMap> maps = {kqt_t, kqt_tq};
-      if (stat) {
-        ins.push_back(stat);
-        maps.push_back(kqt_kq);
-      }
-      maps.push_back(kqt_kq);
-      return generic(rw, loc, ins, filled(rw, loc, {e, d}, zero), maps,
-                     {kPar, kPar, kRed},
-                     [&](OpBuilder &gb, Location gl, ValueRange a) {
-                       Value acc = a.back();
-                       Value t = term(gb, gl, a[1], stat ? a[2] : Value());
-                       // select, not a 0/1 product: NaN stays in its cluster.
-                       return SmallVector<Value>{arith::SelectOp::create(
-                           gb, gl, inCluster(gb, gl, a[0]),
-                           arith::AddFOp::create(gb, gl, acc, t), acc)};
-                     })
-          .front();
-    };
-    Value mean = clusterMean(
-        rw, loc,
-        clusterSum(Value(), [](OpBuilder &, Location, Value x, Value) { return x; }),
-        counts);
-    Value deviation = clusterSum(
-        mean, [&](OpBuilder &gb, Location gl, Value x, Value mu) -> Value {
-          Value diff = arith::SubFOp::create(gb, gl, x, mu);
-          if (variance)
-            return arith::MulFOp::create(gb, gl, diff, diff);
-          return math::AbsFOp::create(gb, gl, diff);
-        });
-    finishMadDispersion(rw, op, counts, deviation);
-    return success();
-  }
-};
 } // namespace
+
 
 void mlir::moe::lowering::finishMadDispersion(PatternRewriter &rw,
                                               MadDispersionOp op, Value counts,
@@ -243,11 +164,82 @@ void mlir::moe::lowering::finishMadDispersion(PatternRewriter &rw,
                     })
                 .front();
 
-  rw.replaceOp(op, {castTo(rw, loc, weights, op.getWeights().getType()),
-                    castTo(rw, loc, counts, op.getCounts().getType())});
+  replaceWithCasts(rw, op, {weights, counts});
 }
 
-void mlir::moe::lowering::populateMadDispersionPattern(
-    RewritePatternSet &patterns) {
-  patterns.add<MadDispersionLowering>(patterns.getContext());
+LogicalResult mlir::moe::lowering::lowerMadDispersion(MadDispersionOp op,
+                                                      PatternRewriter &rw) {
+  Location loc = op.getLoc();
+  MLIRContext *ctx = rw.getContext();
+  int64_t numExperts = op.getNumExperts();
+  Value assign = op.getAssign();
+  Type assignType = cast<RankedTensorType>(assign.getType()).getElementType();
+
+  if (failed(emitIndexCheck(rw, op, assign, indexConst(rw, loc, numExperts),
+                            IndexErrorOp::MadDispersionAssign)))
+    return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
+                                     "moeReportIndexError");
+  Value tokens = promoteToF32(rw, loc, op.getTokens());
+
+  OpFoldResult e = rw.getIndexAttr(numExperts);
+  OpFoldResult d = tensor::getMixedSize(rw, loc, tokens, 1);
+  Value zero = f32Const(rw, loc, 0.0);
+  bool variance = op.getMeasure() == DispersionMeasure::variance;
+
+  // "Token t is in cluster k" inside a generic whose dim 0 is k.
+  auto inCluster = [&](OpBuilder &gb, Location gl, Value a) {
+    Value k = indexTo(gb, gl, loopIndex(gb, gl, 0), assignType);
+    return arith::CmpIOp::create(gb, gl, arith::CmpIPredicate::eq, a, k);
+  };
+
+  // counts[k]
+  Value counts =
+      generic(rw, loc, assign, filled(rw, loc, {e}, i32Const(rw, loc, 0)),
+              {dimsMap(ctx, 2, {1}), dimsMap(ctx, 2, {0})}, {kPar, kRed},
+              [&](OpBuilder &gb, Location gl, ValueRange a) {
+                Value one = arith::ExtUIOp::create(gb, gl, gb.getI32Type(),
+                                                   inCluster(gb, gl, a[0]));
+                return SmallVector<Value>{
+                    arith::AddIOp::create(gb, gl, a[1], one)};
+              })
+          .front();
+
+  // Σ over the cluster of f(x[t,q], stat[k,q]) in f32, t ascending.
+  AffineMap kqt_t = dimsMap(ctx, 3, {2}), kqt_tq = dimsMap(ctx, 3, {2, 1}),
+            kqt_kq = dimsMap(ctx, 3, {0, 1});
+  auto clusterSum = [&](Value stat,
+                        function_ref<Value(OpBuilder &, Location, Value, Value)>
+                            term) {
+    SmallVector<Value> ins = {assign, tokens};
+    SmallVector<AffineMap> maps = {kqt_t, kqt_tq};
+    if (stat) {
+      ins.push_back(stat);
+      maps.push_back(kqt_kq);
+    }
+    maps.push_back(kqt_kq);
+    return generic(rw, loc, ins, filled(rw, loc, {e, d}, zero), maps,
+                   {kPar, kPar, kRed},
+                   [&](OpBuilder &gb, Location gl, ValueRange a) {
+                     Value acc = a.back();
+                     Value t = term(gb, gl, a[1], stat ? a[2] : Value());
+                     // select, not a 0/1 product: NaN stays in its cluster.
+                     return SmallVector<Value>{arith::SelectOp::create(
+                         gb, gl, inCluster(gb, gl, a[0]),
+                         arith::AddFOp::create(gb, gl, acc, t), acc)};
+                   })
+        .front();
+  };
+  Value mean = clusterMean(
+      rw, loc,
+      clusterSum(Value(), [](OpBuilder &, Location, Value x, Value) { return x; }),
+      counts);
+  Value deviation = clusterSum(
+      mean, [&](OpBuilder &gb, Location gl, Value x, Value mu) -> Value {
+        Value diff = arith::SubFOp::create(gb, gl, x, mu);
+        if (variance)
+          return arith::MulFOp::create(gb, gl, diff, diff);
+        return math::AbsFOp::create(gb, gl, diff);
+      });
+  finishMadDispersion(rw, op, counts, deviation);
+  return success();
 }

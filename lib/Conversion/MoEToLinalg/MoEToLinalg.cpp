@@ -29,18 +29,9 @@ using namespace mlir;
 using namespace mlir::moe;
 
 void mlir::moe::populateMoEToLinalgPatterns(RewritePatternSet &patterns) {
-  lowering::populateTopkRenormPattern(patterns);
-  lowering::populateSimilarityInformPattern(patterns);
-  lowering::populateAttentionPosteriorPattern(patterns);
-  lowering::populateMadDispersionPattern(patterns);
-  lowering::populateAdjacencyUpdatePattern(patterns);
-  lowering::populateHyperRouterPattern(patterns);
-  lowering::populateRoutePattern(patterns);
-  lowering::populateDispatchPlanPattern(patterns);
-  lowering::populateSimilarityInformGradPattern(patterns);
-  lowering::populateTopkRenormGradPattern(patterns);
-  lowering::populateHyperRouterGradPattern(patterns);
-  lowering::populateAttentionPosteriorGradPattern(patterns);
+#define MOE_ADD_LOWERING(Name) patterns.add(lowering::lower##Name);
+  MOE_LINALG_LOWERED_OPS(MOE_ADD_LOWERING)
+#undef MOE_ADD_LOWERING
   // The portable lowering has no fused kernel: a fused routing op becomes its
   // mixing op and top-k gate again, which the patterns above then lower.
   populateSplitFusedRoutingPatterns(patterns);

@@ -2,7 +2,7 @@
 //
 // Part of the MoE-MLIR project.
 //
-// One entry point per op, each defined in the file named after the op.
+// One lowering function per op, each defined in the file named after the op.
 //
 //===----------------------------------------------------------------------===//
 
@@ -10,24 +10,26 @@
 #define MOE_LIB_CONVERSION_MOETOLINALG_PATTERNS_H
 
 #include "MoE/IR/MoEOps.h"
+#include "Utils.h"
 
 #include "mlir/IR/PatternMatch.h"
 
 namespace mlir {
 class RewritePatternSet;
 namespace moe::lowering {
-void populateTopkRenormPattern(RewritePatternSet &patterns);
-void populateSimilarityInformPattern(RewritePatternSet &patterns);
-void populateAttentionPosteriorPattern(RewritePatternSet &patterns);
-void populateMadDispersionPattern(RewritePatternSet &patterns);
-void populateAdjacencyUpdatePattern(RewritePatternSet &patterns);
-void populateHyperRouterPattern(RewritePatternSet &patterns);
-void populateRoutePattern(RewritePatternSet &patterns);
-void populateDispatchPlanPattern(RewritePatternSet &patterns);
-void populateSimilarityInformGradPattern(RewritePatternSet &patterns);
-void populateTopkRenormGradPattern(RewritePatternSet &patterns);
-void populateHyperRouterGradPattern(RewritePatternSet &patterns);
-void populateAttentionPosteriorGradPattern(RewritePatternSet &patterns);
+/// The ops lowered here, X(Name) each:
+/// `lower<Name>(<Name>Op, PatternRewriter &)`
+/// is defined in <Name>.cpp and registered by populateMoEToLinalgPatterns.
+#define MOE_LINALG_LOWERED_OPS(X)                                              \
+  X(TopkRenorm) X(SimilarityInform) X(AttentionPosterior) X(MadDispersion)     \
+  X(AdjacencyUpdate) X(HyperRouter) X(Route) X(DispatchPlan)                   \
+  X(SimilarityInformGrad) X(TopkRenormGrad) X(HyperRouterGrad)                 \
+  X(AttentionPosteriorGrad)
+
+#define MOE_DECLARE_LOWERING(Name)                                             \
+  LogicalResult lower##Name(Name##Op op, PatternRewriter &rw);
+MOE_LINALG_LOWERED_OPS(MOE_DECLARE_LOWERING)
+#undef MOE_DECLARE_LOWERING
 
 // Shared by similarity_inform and its backward (SimilarityInform.cpp).
 
@@ -39,6 +41,12 @@ Value projectQueries(OpBuilder &b, Location loc, Value u, Value ws);
 Value similarityKeyLogits(OpBuilder &b, Location loc, Value q, Value u,
                           Value mask, bool causal, float tau, Value j,
                           Value scratch);
+
+/// The streaming softmax of similarity_inform over every key (streamKeys):
+/// logits similarityKeyLogits, values the rows of `e` [B, N, K].
+OnlineSoftmaxState streamSimilarity(OpBuilder &b, Location loc, Value q,
+                                    Value u, Value e, Value mask, bool causal,
+                                    float tau);
 
 // Shared by hyper_router and its backward (HyperRouter.cpp).
 

@@ -29,31 +29,13 @@ using namespace mlir::moe::lowering;
 namespace {
 using utils::IteratorType;
 
-/// Indexing maps and iterators of ops over a rank-n tensor whose last
-/// dimension is the row: identity, the leading dims, and the iterators.
-struct Rows {
-  AffineMap full, lead;
-  SmallVector<IteratorType> parallel, reduce;
-
-  Rows(MLIRContext *ctx, int64_t rank) {
-    SmallVector<unsigned> dims;
-    for (unsigned d = 0; d + 1 < rank; ++d)
-      dims.push_back(d);
-    full = AffineMap::getMultiDimIdentityMap(rank, ctx);
-    lead = dimsMap(ctx, rank, dims);
-    parallel.assign(rank, IteratorType::parallel);
-    reduce = parallel;
-    reduce.back() = IteratorType::reduction;
-  }
-};
-
 Value mapRows(OpBuilder &b, Location loc, ValueRange ins,
               ArrayRef<AffineMap> inMaps, Value like, GenericBody body) {
-  Rows rows(b.getContext(), cast<RankedTensorType>(like.getType()).getRank());
+  RowMaps rows(like);
   Value init =
       tensor::EmptyOp::create(b, loc, sizesOf(b, loc, like), b.getF32Type());
   SmallVector<AffineMap> maps(inMaps);
-  maps.push_back(rows.full);
+  maps.push_back(rows.all);
   return generic(b, loc, ins, init, maps, rows.parallel, body).front();
 }
 
@@ -63,8 +45,8 @@ Value reduceRows(OpBuilder &b, Location loc, Value x, Value init,
                      combine) {
   SmallVector<OpFoldResult> lead = sizesOf(b, loc, x);
   lead.pop_back();
-  Rows rows(b.getContext(), cast<RankedTensorType>(x.getType()).getRank());
-  return generic(b, loc, x, filled(b, loc, lead, init), {rows.full, rows.lead},
+  RowMaps rows(x);
+  return generic(b, loc, x, filled(b, loc, lead, init), {rows.all, rows.lead},
                  rows.reduce,
                  [&](OpBuilder &gb, Location gl, ValueRange a) {
                    return SmallVector<Value>{combine(gb, gl, a[1], a[0])};
@@ -82,19 +64,19 @@ Value rowSum(OpBuilder &b, Location loc, Value x) {
 /// softmax over the last dimension: 0 for a row whose max is -inf, NaN rows
 /// stay NaN (the max propagates NaN).
 Value softmaxRows(OpBuilder &b, Location loc, Value x) {
-  Rows rows(b.getContext(), cast<RankedTensorType>(x.getType()).getRank());
+  RowMaps rows(x);
   Value max = reduceRows(b, loc, x, negInf(b, loc),
                          [](OpBuilder &gb, Location gl, Value acc, Value v) {
                            return arith::MaximumFOp::create(gb, gl, acc, v)
                                .getResult();
                          });
-  Value e = mapRows(b, loc, {x, max}, {rows.full, rows.lead}, x,
+  Value e = mapRows(b, loc, {x, max}, {rows.all, rows.lead}, x,
                     [](OpBuilder &gb, Location gl, ValueRange a) {
                       return SmallVector<Value>{math::ExpOp::create(
                           gb, gl, arith::SubFOp::create(gb, gl, a[0], a[1]))};
                     });
   Value sum = rowSum(b, loc, e);
-  return mapRows(b, loc, {e, max, sum}, {rows.full, rows.lead, rows.lead}, x,
+  return mapRows(b, loc, {e, max, sum}, {rows.all, rows.lead, rows.lead}, x,
                  [](OpBuilder &gb, Location gl, ValueRange a) {
                    Value masked = arith::CmpFOp::create(
                        gb, gl, arith::CmpFPredicate::OEQ, a[1], negInf(gb, gl));
@@ -110,8 +92,8 @@ Value score(OpBuilder &b, Location loc, RouteScoring scoring, Value x) {
     return x;
   if (scoring == RouteScoring::softmax)
     return softmaxRows(b, loc, x);
-  Rows rows(b.getContext(), cast<RankedTensorType>(x.getType()).getRank());
-  return mapRows(b, loc, x, rows.full, x,
+  RowMaps rows(x);
+  return mapRows(b, loc, x, rows.all, x,
                  [](OpBuilder &gb, Location gl, ValueRange a) {
                    Value e = math::ExpOp::create(
                        gb, gl, arith::NegFOp::create(gb, gl, a[0]));
@@ -128,7 +110,7 @@ std::pair<Value, Value> maskedTopK(OpBuilder &b, Location loc, Value x,
                                    Value allowed, int64_t k) {
   int64_t rank = cast<RankedTensorType>(x.getType()).getRank();
   int64_t last = rank - 1;
-  Rows rows(b.getContext(), rank);
+  RowMaps rows(b.getContext(), rank);
   SmallVector<OpFoldResult> lead = sizesOf(b, loc, x);
   Value width = indexTo(
       b, loc, getValueOrCreateConstantIndexOp(b, loc, lead.pop_back_val()),
@@ -139,10 +121,10 @@ std::pair<Value, Value> maskedTopK(OpBuilder &b, Location loc, Value x,
   Value idxs0 = tensor::EmptyOp::create(b, loc, outShape, b.getI32Type());
 
   SmallVector<Value> ins = {x};
-  SmallVector<AffineMap> maps = {rows.full};
+  SmallVector<AffineMap> maps = {rows.all};
   if (allowed) {
     ins.push_back(allowed);
-    maps.push_back(rows.full);
+    maps.push_back(rows.all);
   }
   maps.append(4, rows.lead); // previous pick (value, index), best so far
 
@@ -234,65 +216,56 @@ Value keptExperts(OpBuilder &b, Location loc, RouteOp op, Value c) {
       .front();
 }
 
-struct RouteLowering : OpRewritePattern<RouteOp> {
-  using OpRewritePattern::OpRewritePattern;
-
-  LogicalResult matchAndRewrite(RouteOp op,
-                                PatternRewriter &rw) const override {
-    Location loc = op.getLoc();
-    MLIRContext *ctx = rw.getContext();
-    Rows rows(ctx, 2);
-    Value x = promoteToF32(rw, loc, op.getLogits());
-    bool scoreFirst = op.getOrder() == RouteOrder::score_then_topk;
-    Value s = scoreFirst ? score(rw, loc, op.getScoring(), x) : x;
-
-    // Choice scores: s (or x) plus the bias, broadcast over the tokens.
-    Value c = s;
-    if (Value bias = op.getBias())
-      c = mapRows(rw, loc, {s, promoteToF32(rw, loc, bias)},
-                  {rows.full, dimsMap(ctx, 2, {1})}, s,
-                  [](OpBuilder &gb, Location gl, ValueRange a) {
-                    return SmallVector<Value>{
-                        arith::AddFOp::create(gb, gl, a[0], a[1])};
-                  });
-    Value kept = op.getNGroup() > 1 ? keptExperts(rw, loc, op, c) : Value();
-    Value idx = maskedTopK(rw, loc, c, kept, op.getK()).second;
-
-    // Weights: s (or x) read at the selection, then scored (topk_then_score).
-    Value w = mapRows(rw, loc, idx, rows.full, idx,
-                      [&](OpBuilder &gb, Location gl, ValueRange a) {
-                        Value t = loopIndex(gb, gl, 0);
-                        return SmallVector<Value>{tensor::ExtractOp::create(
-                            gb, gl, s, ValueRange{t, toIndex(gb, gl, a[0])})};
-                      });
-    if (!scoreFirst)
-      w = score(rw, loc, op.getScoring(), w);
-    if (op.getRenormalize()) {
-      Value sum = rowSum(rw, loc, w);
-      w = mapRows(rw, loc, {w, sum}, {rows.full, rows.lead}, w,
-                  [](OpBuilder &gb, Location gl, ValueRange a) {
-                    Value zero = f32Const(gb, gl, 0.0);
-                    Value isZero = arith::CmpFOp::create(
-                        gb, gl, arith::CmpFPredicate::OEQ, a[1], zero);
-                    Value q = arith::DivFOp::create(gb, gl, a[0], a[1]);
-                    return SmallVector<Value>{
-                        arith::SelectOp::create(gb, gl, isZero, zero, q)};
-                  });
-    }
-    double scale = op.getRoutedScalingFactor().convertToDouble();
-    if (scale != 1.0)
-      w = mapRows(rw, loc, w, rows.full, w,
-                  [&](OpBuilder &gb, Location gl, ValueRange a) {
-                    return SmallVector<Value>{arith::MulFOp::create(
-                        gb, gl, a[0], f32Const(gb, gl, scale))};
-                  });
-    rw.replaceOp(op, {castTo(rw, loc, w, op.getWeights().getType()),
-                      castTo(rw, loc, idx, op.getIndices().getType())});
-    return success();
-  }
-};
 } // namespace
 
-void mlir::moe::lowering::populateRoutePattern(RewritePatternSet &patterns) {
-  patterns.add<RouteLowering>(patterns.getContext());
+LogicalResult mlir::moe::lowering::lowerRoute(RouteOp op, PatternRewriter &rw) {
+  Location loc = op.getLoc();
+  MLIRContext *ctx = rw.getContext();
+  RowMaps rows(ctx, 2);
+  Value x = promoteToF32(rw, loc, op.getLogits());
+  bool scoreFirst = op.getOrder() == RouteOrder::score_then_topk;
+  Value s = scoreFirst ? score(rw, loc, op.getScoring(), x) : x;
+
+  // Choice scores: s (or x) plus the bias, broadcast over the tokens.
+  Value c = s;
+  if (Value bias = op.getBias())
+    c = mapRows(rw, loc, {s, promoteToF32(rw, loc, bias)},
+                {rows.all, dimsMap(ctx, 2, {1})}, s,
+                [](OpBuilder &gb, Location gl, ValueRange a) {
+                  return SmallVector<Value>{
+                      arith::AddFOp::create(gb, gl, a[0], a[1])};
+                });
+  Value kept = op.getNGroup() > 1 ? keptExperts(rw, loc, op, c) : Value();
+  Value idx = maskedTopK(rw, loc, c, kept, op.getK()).second;
+
+  // Weights: s (or x) read at the selection, then scored (topk_then_score).
+  Value w = mapRows(rw, loc, idx, rows.all, idx,
+                    [&](OpBuilder &gb, Location gl, ValueRange a) {
+                      Value t = loopIndex(gb, gl, 0);
+                      return SmallVector<Value>{tensor::ExtractOp::create(
+                          gb, gl, s, ValueRange{t, toIndex(gb, gl, a[0])})};
+                    });
+  if (!scoreFirst)
+    w = score(rw, loc, op.getScoring(), w);
+  if (op.getRenormalize()) {
+    Value sum = rowSum(rw, loc, w);
+    w = mapRows(rw, loc, {w, sum}, {rows.all, rows.lead}, w,
+                [](OpBuilder &gb, Location gl, ValueRange a) {
+                  Value zero = f32Const(gb, gl, 0.0);
+                  Value isZero = arith::CmpFOp::create(
+                      gb, gl, arith::CmpFPredicate::OEQ, a[1], zero);
+                  Value q = arith::DivFOp::create(gb, gl, a[0], a[1]);
+                  return SmallVector<Value>{
+                      arith::SelectOp::create(gb, gl, isZero, zero, q)};
+                });
+  }
+  double scale = op.getRoutedScalingFactor().convertToDouble();
+  if (scale != 1.0)
+    w = mapRows(rw, loc, w, rows.all, w,
+                [&](OpBuilder &gb, Location gl, ValueRange a) {
+                  return SmallVector<Value>{arith::MulFOp::create(
+                      gb, gl, a[0], f32Const(gb, gl, scale))};
+                });
+  replaceWithCasts(rw, op, {w, idx});
+  return success();
 }

@@ -35,11 +35,7 @@ Value mlir::moe::lowering::projectQueries(OpBuilder &b, Location loc, Value u,
   return generic(b, loc, ValueRange{u, ws}, init,
                  {dimsMap(ctx, 4, {0, 1, 3}), dimsMap(ctx, 4, {3, 2}),
                   dimsMap(ctx, 4, {0, 1, 2})},
-                 {kPar, kPar, kPar, kRed},
-                 [](OpBuilder &gb, Location gl, ValueRange a) {
-                   return SmallVector<Value>{arith::AddFOp::create(
-                       gb, gl, a[2], arith::MulFOp::create(gb, gl, a[0], a[1]))};
-                 })
+                 {kPar, kPar, kPar, kRed}, mulAddBody)
       .front();
 }
 
@@ -77,45 +73,34 @@ Value mlir::moe::lowering::similarityKeyLogits(OpBuilder &b, Location l,
       .front();
 }
 
-namespace {
+OnlineSoftmaxState mlir::moe::lowering::streamSimilarity(
+    OpBuilder &b, Location loc, Value q, Value u, Value e, Value mask,
+    bool causal, float tau) {
+  OpFoldResult batch = tensor::getMixedSize(b, loc, u, 0);
+  OpFoldResult tokens = tensor::getMixedSize(b, loc, u, 1);
+  OpFoldResult width = tensor::getMixedSize(b, loc, e, 2);
+  Value numKeys = tensor::DimOp::create(b, loc, u, 1);
+  auto logitsOfKey = [&](OpBuilder &kb, Location kl, Value j, Value scratch) {
+    return similarityKeyLogits(kb, kl, q, u, mask, causal, tau, j, scratch);
+  };
+  auto valuesOfKey = [&](OpBuilder &kb, Location kl, Value j) {
+    return sliceAlong(kb, kl, e, 1, j);
+  };
+  return streamKeys(b, loc, batch, tokens, width, numKeys, logitsOfKey,
+                    valuesOfKey);
+}
 
-struct SimilarityInformLowering : OpRewritePattern<SimilarityInformOp> {
-  using OpRewritePattern::OpRewritePattern;
-
-  LogicalResult matchAndRewrite(SimilarityInformOp op,
-                                PatternRewriter &rw) const override {
-    Location loc = op.getLoc();
-    Value u = promoteToF32(rw, loc, op.getU());
-    Value e = promoteToF32(rw, loc, op.getE());
-    Value q = u;
-    if (Value ws = op.getWs())
-      q = projectQueries(rw, loc, u, promoteToF32(rw, loc, ws));
-
-    Value mask = op.getKeyMask();
-    bool causal = op.getCausal();
-    float tau = op.getTau().convertToFloat();
-    OpFoldResult batch = tensor::getMixedSize(rw, loc, u, 0);
-    OpFoldResult tokens = tensor::getMixedSize(rw, loc, u, 1);
-    OpFoldResult width = tensor::getMixedSize(rw, loc, e, 2);
-    Value numKeys = tensor::DimOp::create(rw, loc, u, 1);
-
-    auto logitsOfKey = [&](OpBuilder &b, Location l, Value j, Value scratch) {
-      return similarityKeyLogits(b, l, q, u, mask, causal, tau, j, scratch);
-    };
-    auto valuesOfKey = [&](OpBuilder &b, Location l, Value j) {
-      return sliceAlong(b, l, e, 1, j);
-    };
-
-    OnlineSoftmaxState state = streamKeys(rw, loc, batch, tokens, width,
-                                          numKeys, logitsOfKey, valuesOfKey);
-    Value p = normalizeRows(rw, loc, state);
-    rw.replaceOp(op, castTo(rw, loc, p, op.getP().getType()));
-    return success();
-  }
-};
-} // namespace
-
-void mlir::moe::lowering::populateSimilarityInformPattern(
-    RewritePatternSet &patterns) {
-  patterns.add<SimilarityInformLowering>(patterns.getContext());
+LogicalResult mlir::moe::lowering::lowerSimilarityInform(SimilarityInformOp op,
+                                                         PatternRewriter &rw) {
+  Location loc = op.getLoc();
+  Value u = promoteToF32(rw, loc, op.getU());
+  Value e = promoteToF32(rw, loc, op.getE());
+  Value q = u;
+  if (Value ws = op.getWs())
+    q = projectQueries(rw, loc, u, promoteToF32(rw, loc, ws));
+  OnlineSoftmaxState state =
+      streamSimilarity(rw, loc, q, u, e, op.getKeyMask(), op.getCausal(),
+                       op.getTau().convertToFloat());
+  replaceWithCasts(rw, op, normalizeRows(rw, loc, state));
+  return success();
 }

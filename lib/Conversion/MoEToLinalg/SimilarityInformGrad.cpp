@@ -32,163 +32,136 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::lowering;
 
-namespace {
+LogicalResult
+mlir::moe::lowering::lowerSimilarityInformGrad(SimilarityInformGradOp op,
+                                               PatternRewriter &rw) {
+  Location loc = op.getLoc();
+  MLIRContext *ctx = rw.getContext();
+  Value u = promoteToF32(rw, loc, op.getU());
+  Value e = promoteToF32(rw, loc, op.getE());
+  Value dp = op.getDp();
+  Value ws = op.getWs() ? promoteToF32(rw, loc, op.getWs()) : Value();
+  Value q = ws ? projectQueries(rw, loc, u, ws) : u;
+  Value mask = op.getKeyMask();
+  bool causal = op.getCausal();
+  float tau = op.getTau().convertToFloat();
+  OpFoldResult batch = tensor::getMixedSize(rw, loc, u, 0);
+  OpFoldResult tokens = tensor::getMixedSize(rw, loc, u, 1);
+  OpFoldResult depth = tensor::getMixedSize(rw, loc, u, 2);
+  OpFoldResult width = tensor::getMixedSize(rw, loc, e, 2);
+  Value numKeys = tensor::DimOp::create(rw, loc, u, 1);
+  Value zero = f32Const(rw, loc, 0.0);
+  Type f32 = rw.getF32Type();
 
-/// acc + x * y (the body of every accumulation below).
-SmallVector<Value> fmaBody(OpBuilder &b, Location l, ValueRange a) {
-  return {arith::AddFOp::create(b, l, a[2],
-                                arith::MulFOp::create(b, l, a[0], a[1]))};
-}
+  // 1. p, lse' and delta.
+  OnlineSoftmaxState state =
+      streamSimilarity(rw, loc, q, u, e, mask, causal, tau);
+  Value p = normalizeRows(rw, loc, state);
+  AffineMap bi = dimsMap(ctx, 2, {0, 1});
+  Value rowsInit = tensor::EmptyOp::create(
+      rw, loc, ArrayRef<OpFoldResult>{batch, tokens}, f32);
+  Value lse = generic(rw, loc, ValueRange{state.m, state.l}, rowsInit,
+                      {bi, bi, bi}, {kPar, kPar},
+                      [](OpBuilder &gb, Location gl, ValueRange a) {
+                        Value none = arith::CmpFOp::create(
+                            gb, gl, arith::CmpFPredicate::OEQ, a[0],
+                            negInf(gb, gl));
+                        Value lse = arith::AddFOp::create(
+                            gb, gl, a[0], math::LogOp::create(gb, gl, a[1]));
+                        Value inf = f32Const(
+                            gb, gl, std::numeric_limits<float>::infinity());
+                        return SmallVector<Value>{
+                            arith::SelectOp::create(gb, gl, none, inf, lse)};
+                      })
+                  .front();
+  Value delta =
+      generic(rw, loc, ValueRange{dp, p},
+              filled(rw, loc, {batch, tokens}, zero),
+              {dimsMap(ctx, 3, {0, 1, 2}), dimsMap(ctx, 3, {0, 1, 2}),
+               dimsMap(ctx, 3, {0, 1})},
+              {kPar, kPar, kRed}, mulAddBody)
+          .front();
 
-struct SimilarityInformGradLowering
-    : OpRewritePattern<SimilarityInformGradOp> {
-  using OpRewritePattern::OpRewritePattern;
+  // 2. The key loop.
+  Value dq0 = loopFilled(rw, loc, {batch, tokens, depth}, zero);
+  Value dk0 = loopFilled(rw, loc, {batch, tokens, depth}, zero);
+  Value de0 = loopFilled(rw, loc, {batch, tokens, width}, zero);
+  SmallVector<Value> scratch;
+  for (int n = 0; n < 4; ++n)
+    scratch.push_back(loopScratch(rw, loc, {batch, tokens}, f32));
+  AffineMap b3i = dimsMap(ctx, 3, {0, 2}), b3ik = dimsMap(ctx, 3, {0, 2, 1}),
+            b3k = dimsMap(ctx, 3, {0, 1});
+  auto loop = scf::ForOp::create(
+      rw, loc, indexConst(rw, loc, 0), numKeys, indexConst(rw, loc, 1),
+      ValueRange{dq0, de0, dk0, scratch[0], scratch[1], scratch[2],
+                 scratch[3]},
+      [&](OpBuilder &lb, Location ll, Value j, ValueRange it) {
+        Value x =
+            similarityKeyLogits(lb, ll, q, u, mask, causal, tau, j, it[3]);
+        Value g = rowDotKey(lb, ll, dp, sliceAlong(lb, ll, e, 1, j), it[4]);
+        SmallVector<Value> sdx = generic(
+            lb, ll, ValueRange{x, lse, delta, g}, ValueRange{it[5], it[6]},
+            {bi, bi, bi, bi, bi, bi}, {kPar, kPar},
+            [&](OpBuilder &gb, Location gl, ValueRange a) {
+              Value s = math::ExpOp::create(
+                  gb, gl, arith::SubFOp::create(gb, gl, a[0], a[1]));
+              Value dx = arith::DivFOp::create(
+                  gb, gl,
+                  arith::MulFOp::create(
+                      gb, gl, s, arith::SubFOp::create(gb, gl, a[3], a[2])),
+                  f32Const(gb, gl, tau));
+              return SmallVector<Value>{s, dx};
+            });
+        // dq[b,i,:] += dX[b,i] u[b,j,:]
+        Value dq = generic(lb, ll, ValueRange{sdx[1], sliceAlong(lb, ll, u, 1, j)},
+                           it[0],
+                           {dimsMap(ctx, 3, {0, 1}), dimsMap(ctx, 3, {0, 2}),
+                            dimsMap(ctx, 3, {0, 1, 2})},
+                           {kPar, kPar, kPar}, mulAddBody)
+                       .front();
+        // de[b,j,:] = Σ_i S[b,i] dp[b,i,:]; dk[b,j,:] = Σ_i dX[b,i] q[b,i,:]
+        auto keyRow = [&](Value w, Value rows, OpFoldResult n) {
+          return generic(lb, ll, ValueRange{w, rows},
+                         filled(lb, ll, {batch, n}, zero), {b3i, b3ik, b3k},
+                         {kPar, kPar, kRed}, mulAddBody)
+              .front();
+        };
+        Value de = insertAlong(lb, ll, keyRow(sdx[0], dp, width), it[1], 1, j);
+        Value dk = insertAlong(lb, ll, keyRow(sdx[1], q, depth), it[2], 1, j);
+        scf::YieldOp::create(lb, ll,
+                             ValueRange{dq, de, dk, x, g, sdx[0], sdx[1]});
+      });
+  Value dq = loop.getResult(0), de = loop.getResult(1),
+        dk = loop.getResult(2);
 
-  LogicalResult matchAndRewrite(SimilarityInformGradOp op,
-                                PatternRewriter &rw) const override {
-    Location loc = op.getLoc();
-    MLIRContext *ctx = rw.getContext();
-    Value u = promoteToF32(rw, loc, op.getU());
-    Value e = promoteToF32(rw, loc, op.getE());
-    Value dp = op.getDp();
-    Value ws = op.getWs() ? promoteToF32(rw, loc, op.getWs()) : Value();
-    Value q = ws ? projectQueries(rw, loc, u, ws) : u;
-    Value mask = op.getKeyMask();
-    bool causal = op.getCausal();
-    float tau = op.getTau().convertToFloat();
-    OpFoldResult batch = tensor::getMixedSize(rw, loc, u, 0);
-    OpFoldResult tokens = tensor::getMixedSize(rw, loc, u, 1);
-    OpFoldResult depth = tensor::getMixedSize(rw, loc, u, 2);
-    OpFoldResult width = tensor::getMixedSize(rw, loc, e, 2);
-    Value numKeys = tensor::DimOp::create(rw, loc, u, 1);
-    Value zero = f32Const(rw, loc, 0.0);
-    Type f32 = rw.getF32Type();
-
-    auto logitsOfKey = [&](OpBuilder &b, Location l, Value j, Value scratch) {
-      return similarityKeyLogits(b, l, q, u, mask, causal, tau, j, scratch);
-    };
-    auto valuesOfKey = [&](OpBuilder &b, Location l, Value j) {
-      return sliceAlong(b, l, e, 1, j);
-    };
-
-    // 1. p, lse' and delta.
-    OnlineSoftmaxState state = streamKeys(rw, loc, batch, tokens, width,
-                                          numKeys, logitsOfKey, valuesOfKey);
-    Value p = normalizeRows(rw, loc, state);
-    AffineMap bi = dimsMap(ctx, 2, {0, 1});
-    Value rowsInit = tensor::EmptyOp::create(
-        rw, loc, ArrayRef<OpFoldResult>{batch, tokens}, f32);
-    Value lse = generic(rw, loc, ValueRange{state.m, state.l}, rowsInit,
-                        {bi, bi, bi}, {kPar, kPar},
-                        [](OpBuilder &gb, Location gl, ValueRange a) {
-                          Value none = arith::CmpFOp::create(
-                              gb, gl, arith::CmpFPredicate::OEQ, a[0],
-                              negInf(gb, gl));
-                          Value lse = arith::AddFOp::create(
-                              gb, gl, a[0], math::LogOp::create(gb, gl, a[1]));
-                          Value inf = f32Const(
-                              gb, gl, std::numeric_limits<float>::infinity());
-                          return SmallVector<Value>{
-                              arith::SelectOp::create(gb, gl, none, inf, lse)};
-                        })
-                    .front();
-    Value delta =
-        generic(rw, loc, ValueRange{dp, p},
-                filled(rw, loc, {batch, tokens}, zero),
-                {dimsMap(ctx, 3, {0, 1, 2}), dimsMap(ctx, 3, {0, 1, 2}),
-                 dimsMap(ctx, 3, {0, 1})},
-                {kPar, kPar, kRed}, fmaBody)
-            .front();
-
-    // 2. The key loop.
-    Value dq0 = loopFilled(rw, loc, {batch, tokens, depth}, zero);
-    Value dk0 = loopFilled(rw, loc, {batch, tokens, depth}, zero);
-    Value de0 = loopFilled(rw, loc, {batch, tokens, width}, zero);
-    SmallVector<Value> scratch;
-    for (int n = 0; n < 4; ++n)
-      scratch.push_back(loopScratch(rw, loc, {batch, tokens}, f32));
-    AffineMap b3i = dimsMap(ctx, 3, {0, 2}), b3ik = dimsMap(ctx, 3, {0, 2, 1}),
-              b3k = dimsMap(ctx, 3, {0, 1});
-    auto loop = scf::ForOp::create(
-        rw, loc, indexConst(rw, loc, 0), numKeys, indexConst(rw, loc, 1),
-        ValueRange{dq0, de0, dk0, scratch[0], scratch[1], scratch[2],
-                   scratch[3]},
-        [&](OpBuilder &lb, Location ll, Value j, ValueRange it) {
-          Value x = logitsOfKey(lb, ll, j, it[3]);
-          Value g = rowDotKey(lb, ll, dp, sliceAlong(lb, ll, e, 1, j), it[4]);
-          SmallVector<Value> sdx = generic(
-              lb, ll, ValueRange{x, lse, delta, g}, ValueRange{it[5], it[6]},
-              {bi, bi, bi, bi, bi, bi}, {kPar, kPar},
-              [&](OpBuilder &gb, Location gl, ValueRange a) {
-                Value s = math::ExpOp::create(
-                    gb, gl, arith::SubFOp::create(gb, gl, a[0], a[1]));
-                Value dx = arith::DivFOp::create(
-                    gb, gl,
-                    arith::MulFOp::create(
-                        gb, gl, s, arith::SubFOp::create(gb, gl, a[3], a[2])),
-                    f32Const(gb, gl, tau));
-                return SmallVector<Value>{s, dx};
-              });
-          // dq[b,i,:] += dX[b,i] u[b,j,:]
-          Value dq = generic(lb, ll, ValueRange{sdx[1], sliceAlong(lb, ll, u, 1, j)},
-                             it[0],
-                             {dimsMap(ctx, 3, {0, 1}), dimsMap(ctx, 3, {0, 2}),
-                              dimsMap(ctx, 3, {0, 1, 2})},
-                             {kPar, kPar, kPar}, fmaBody)
-                         .front();
-          // de[b,j,:] = Σ_i S[b,i] dp[b,i,:]; dk[b,j,:] = Σ_i dX[b,i] q[b,i,:]
-          auto keyRow = [&](Value w, Value rows, OpFoldResult n) {
-            return generic(lb, ll, ValueRange{w, rows},
-                           filled(lb, ll, {batch, n}, zero), {b3i, b3ik, b3k},
-                           {kPar, kPar, kRed}, fmaBody)
-                .front();
-          };
-          Value de = insertAlong(lb, ll, keyRow(sdx[0], dp, width), it[1], 1, j);
-          Value dk = insertAlong(lb, ll, keyRow(sdx[1], q, depth), it[2], 1, j);
-          scf::YieldOp::create(lb, ll,
-                               ValueRange{dq, de, dk, x, g, sdx[0], sdx[1]});
-        });
-    Value dq = loop.getResult(0), de = loop.getResult(1),
-          dk = loop.getResult(2);
-
-    // 3. du and dws.
-    Value du;
-    if (ws) {
-      // du[b,i,c] = dk[b,i,c] + Σ_d dq[b,i,d] ws[c,d]
-      du = generic(rw, loc, ValueRange{dq, ws}, dk,
-                   {dimsMap(ctx, 4, {0, 1, 3}), dimsMap(ctx, 4, {2, 3}),
-                    dimsMap(ctx, 4, {0, 1, 2})},
-                   {kPar, kPar, kPar, kRed}, fmaBody)
-               .front();
-    } else {
-      AffineMap all = dimsMap(ctx, 3, {0, 1, 2});
-      du = generic(rw, loc, ValueRange{dq}, dk, {all, all}, {kPar, kPar, kPar},
-                   [](OpBuilder &gb, Location gl, ValueRange a) {
-                     return SmallVector<Value>{
-                         arith::AddFOp::create(gb, gl, a[1], a[0])};
-                   })
-               .front();
-    }
-    SmallVector<Value> results{du, de};
-    if (ws) {
-      // dws[d,c] = Σ_{b,i} u[b,i,d] dq[b,i,c]
-      results.push_back(
-          generic(rw, loc, ValueRange{u, dq}, filled(rw, loc, {depth, depth}, zero),
-                  {dimsMap(ctx, 4, {2, 3, 0}), dimsMap(ctx, 4, {2, 3, 1}),
-                   dimsMap(ctx, 4, {0, 1})},
-                  {kPar, kPar, kRed, kRed}, fmaBody)
-              .front());
-    }
-    SmallVector<Value> replacements;
-    for (auto [v, r] : llvm::zip(results, op->getResults()))
-      replacements.push_back(castTo(rw, loc, v, r.getType()));
-    rw.replaceOp(op, replacements);
-    return success();
+  // 3. du and dws.
+  Value du;
+  if (ws) {
+    // du[b,i,c] = dk[b,i,c] + Σ_d dq[b,i,d] ws[c,d]
+    du = generic(rw, loc, ValueRange{dq, ws}, dk,
+                 {dimsMap(ctx, 4, {0, 1, 3}), dimsMap(ctx, 4, {2, 3}),
+                  dimsMap(ctx, 4, {0, 1, 2})},
+                 {kPar, kPar, kPar, kRed}, mulAddBody)
+             .front();
+  } else {
+    AffineMap all = dimsMap(ctx, 3, {0, 1, 2});
+    du = generic(rw, loc, ValueRange{dq}, dk, {all, all}, {kPar, kPar, kPar},
+                 [](OpBuilder &gb, Location gl, ValueRange a) {
+                   return SmallVector<Value>{
+                       arith::AddFOp::create(gb, gl, a[1], a[0])};
+                 })
+             .front();
   }
-};
-} // namespace
-
-void mlir::moe::lowering::populateSimilarityInformGradPattern(
-    RewritePatternSet &patterns) {
-  patterns.add<SimilarityInformGradLowering>(patterns.getContext());
+  SmallVector<Value> results{du, de};
+  if (ws) {
+    // dws[d,c] = Σ_{b,i} u[b,i,d] dq[b,i,c]
+    results.push_back(
+        generic(rw, loc, ValueRange{u, dq}, filled(rw, loc, {depth, depth}, zero),
+                {dimsMap(ctx, 4, {2, 3, 0}), dimsMap(ctx, 4, {2, 3, 1}),
+                 dimsMap(ctx, 4, {0, 1})},
+                {kPar, kPar, kRed, kRed}, mulAddBody)
+            .front());
+  }
+  replaceWithCasts(rw, op, results);
+  return success();
 }

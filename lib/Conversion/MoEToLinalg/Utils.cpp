@@ -148,6 +148,14 @@ Value mlir::moe::lowering::castTo(OpBuilder &b, Location loc, Value value,
   return tensor::CastOp::create(b, loc, type, value);
 }
 
+void mlir::moe::lowering::replaceWithCasts(RewriterBase &rw, Operation *op,
+                                           ValueRange values) {
+  SmallVector<Value> replacements;
+  for (auto [value, result] : llvm::zip_equal(values, op->getResults()))
+    replacements.push_back(castTo(rw, op->getLoc(), value, result.getType()));
+  rw.replaceOp(op, replacements);
+}
+
 Value mlir::moe::lowering::rowDotKey(OpBuilder &b, Location loc, Value rows,
                                      Value key, Value scratch) {
   MLIRContext *ctx = b.getContext();
@@ -159,11 +167,7 @@ Value mlir::moe::lowering::rowDotKey(OpBuilder &b, Location loc, Value rows,
                   dimsMap(ctx, 3, {0, 1})},
                  {utils::IteratorType::parallel, utils::IteratorType::parallel,
                   utils::IteratorType::reduction},
-                 [](OpBuilder &gb, Location gl, ValueRange a) {
-                   Value prod = arith::MulFOp::create(gb, gl, a[0], a[1]);
-                   return SmallVector<Value>{
-                       arith::AddFOp::create(gb, gl, a[2], prod)};
-                 })
+                 mulAddBody)
       .front();
 }
 
@@ -220,6 +224,32 @@ SmallVector<Value> mlir::moe::lowering::generic(
   return SmallVector<Value>(op.getResults());
 }
 
+RowMaps::RowMaps(MLIRContext *ctx, int64_t rank) {
+  SmallVector<unsigned> leadDims;
+  for (unsigned d = 0; d + 1 < rank; ++d)
+    leadDims.push_back(d);
+  all = AffineMap::getMultiDimIdentityMap(rank, ctx);
+  lead = dimsMap(ctx, rank, leadDims);
+  parallel.assign(rank, kPar);
+  reduce = parallel;
+  reduce.back() = kRed;
+}
+
+RowMaps::RowMaps(Value tensor)
+    : RowMaps(tensor.getContext(),
+              cast<RankedTensorType>(tensor.getType()).getRank()) {}
+
+SmallVector<Value> mlir::moe::lowering::mulAddBody(OpBuilder &b, Location loc,
+                                               ValueRange args) {
+  Value prod = arith::MulFOp::create(b, loc, args[0], args[1]);
+  return {arith::AddFOp::create(b, loc, args[2], prod)};
+}
+
+SmallVector<Value> mlir::moe::lowering::addBody(OpBuilder &b, Location loc,
+                                            ValueRange args) {
+  return {arith::AddFOp::create(b, loc, args[1], args[0])};
+}
+
 Value mlir::moe::lowering::loopIndex(OpBuilder &b, Location loc, int64_t dim) {
   return linalg::IndexOp::create(b, loc, dim);
 }
@@ -246,6 +276,17 @@ OnlineStep mlir::moe::lowering::onlineSoftmaxStep(OpBuilder &b, Location loc,
   return {mNew, lNew, alpha, p};
 }
 
+OnlineSoftmaxState mlir::moe::lowering::initOnlineSoftmax(OpBuilder &b,
+                                                         Location loc,
+                                                         OpFoldResult batch,
+                                                         OpFoldResult rows,
+                                                         OpFoldResult width) {
+  Value zero = f32Const(b, loc, 0.0);
+  return {loopFilled(b, loc, {batch, rows}, negInf(b, loc)),
+          loopFilled(b, loc, {batch, rows}, zero),
+          loopFilled(b, loc, {batch, rows, width}, zero)};
+}
+
 OnlineSoftmaxState mlir::moe::lowering::streamKeys(
     OpBuilder &b, Location loc, OpFoldResult batch, OpFoldResult rows,
     OpFoldResult width, Value numKeys, KeyLogits logitsOfKey,
@@ -253,9 +294,7 @@ OnlineSoftmaxState mlir::moe::lowering::streamKeys(
   MLIRContext *ctx = b.getContext();
   Type f32 = b.getF32Type();
   SmallVector<OpFoldResult> rowShape = {batch, rows};
-  Value m0 = loopFilled(b, loc, rowShape, negInf(b, loc));
-  Value l0 = loopFilled(b, loc, rowShape, f32Const(b, loc, 0.0));
-  Value acc0 = loopFilled(b, loc, {batch, rows, width}, f32Const(b, loc, 0.0));
+  OnlineSoftmaxState seed = initOnlineSoftmax(b, loc, batch, rows, width);
   // Per-key scratch rows, rewritten in place every iteration.
   Value logits0 = loopScratch(b, loc, rowShape, f32);
   Value alpha0 = loopScratch(b, loc, rowShape, f32);
@@ -270,7 +309,7 @@ OnlineSoftmaxState mlir::moe::lowering::streamKeys(
 
   auto loop = scf::ForOp::create(
       b, loc, indexConst(b, loc, 0), numKeys, indexConst(b, loc, 1),
-      ValueRange{m0, l0, acc0, logits0, alpha0, p0, valid0},
+      ValueRange{seed.m, seed.l, seed.acc, logits0, alpha0, p0, valid0},
       [&](OpBuilder &lb, Location ll, Value j, ValueRange it) {
         Value logits = logitsOfKey(lb, ll, j, it[3]);
         SmallVector<Value> stats = generic(

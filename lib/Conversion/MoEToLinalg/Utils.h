@@ -87,6 +87,9 @@ Value extractF32(OpBuilder &b, Location loc, Value tensor, ValueRange indices);
 /// A tensor.cast to `type` when the types differ.
 Value castTo(OpBuilder &b, Location loc, Value value, Type type);
 
+/// Replaces `op` by `values`, each cast (castTo) to the type of its result.
+void replaceWithCasts(RewriterBase &rw, Operation *op, ValueRange values);
+
 /// Slice `[:, .., pos, .., :]` of `tensor` along `dim`, with that dimension
 /// dropped (rank-reducing tensor.extract_slice).
 Value sliceAlong(OpBuilder &b, Location loc, Value tensor, int64_t dim,
@@ -118,6 +121,24 @@ SmallVector<Value> generic(OpBuilder &b, Location loc, ValueRange ins,
                            ArrayRef<utils::IteratorType> iterators,
                            GenericBody body);
 
+/// The indexing maps and iterators of generics over a tensor whose last
+/// dimension is the row: `all` the identity, `lead` the leading dimensions
+/// (d0..d{n-1}) -> (d0..d{n-2}); `parallel` every dimension parallel, `reduce`
+/// the last one a reduction.
+struct RowMaps {
+  RowMaps(MLIRContext *ctx, int64_t rank);
+  /// The maps of a ranked tensor's rank.
+  explicit RowMaps(Value tensor);
+
+  AffineMap all, lead;
+  SmallVector<utils::IteratorType> parallel, reduce;
+};
+
+/// The body acc + x·y of a generic whose block arguments are (x, y, acc).
+SmallVector<Value> mulAddBody(OpBuilder &b, Location loc, ValueRange args);
+/// The body acc + x of a generic whose block arguments are (x, acc).
+SmallVector<Value> addBody(OpBuilder &b, Location loc, ValueRange args);
+
 /// `linalg.index dim` inside a generic body.
 Value loopIndex(OpBuilder &b, Location loc, int64_t dim);
 
@@ -141,6 +162,12 @@ OnlineStep onlineSoftmaxStep(OpBuilder &b, Location loc, Value m, Value l,
 struct OnlineSoftmaxState {
   Value m, l, acc;
 };
+
+/// The seed of a streaming softmax for [B, N] rows of width K: m = −inf,
+/// l = 0, acc = 0, each a loopFilled (a distinct iter_arg seed).
+OnlineSoftmaxState initOnlineSoftmax(OpBuilder &b, Location loc,
+                                     OpFoldResult batch, OpFoldResult rows,
+                                     OpFoldResult width);
 
 /// Emits the logits [B, N] of key `j` (−inf = masked), written into `scratch`.
 using KeyLogits = function_ref<Value(OpBuilder &, Location, Value j,

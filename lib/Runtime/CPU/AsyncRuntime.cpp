@@ -314,31 +314,26 @@ bool mlirAsyncRuntimeIsGroupError(void *groupPtr) {
              ->errors.load() > 0;
 }
 
+// A token and a value complete alike (both are a Readiness): the value entry
+// points are the token ones.
 void mlirAsyncRuntimeEmplaceToken(void *t) {
-  static_cast<Token *>(static_cast<Object *>(t))->finish(Readiness::kReady);
+  static_cast<Readiness *>(static_cast<Object *>(t))->finish(Readiness::kReady);
 }
 void mlirAsyncRuntimeSetTokenError(void *t) {
-  static_cast<Token *>(static_cast<Object *>(t))->finish(Readiness::kError);
+  static_cast<Readiness *>(static_cast<Object *>(t))->finish(Readiness::kError);
 }
 bool mlirAsyncRuntimeIsTokenError(void *t) {
-  return static_cast<Token *>(static_cast<Object *>(t))->failed();
+  return static_cast<Readiness *>(static_cast<Object *>(t))->failed();
 }
-void mlirAsyncRuntimeEmplaceValue(void *v) {
-  static_cast<Value *>(static_cast<Object *>(v))->finish(Readiness::kReady);
-}
-void mlirAsyncRuntimeSetValueError(void *v) {
-  static_cast<Value *>(static_cast<Object *>(v))->finish(Readiness::kError);
-}
-bool mlirAsyncRuntimeIsValueError(void *v) {
-  return static_cast<Value *>(static_cast<Object *>(v))->failed();
-}
-
 void mlirAsyncRuntimeAwaitToken(void *t) {
-  static_cast<Token *>(static_cast<Object *>(t))->wait();
+  static_cast<Readiness *>(static_cast<Object *>(t))->wait();
 }
-void mlirAsyncRuntimeAwaitValue(void *v) {
-  static_cast<Value *>(static_cast<Object *>(v))->wait();
+void mlirAsyncRuntimeEmplaceValue(void *v) { mlirAsyncRuntimeEmplaceToken(v); }
+void mlirAsyncRuntimeSetValueError(void *v) { mlirAsyncRuntimeSetTokenError(v); }
+bool mlirAsyncRuntimeIsValueError(void *v) {
+  return mlirAsyncRuntimeIsTokenError(v);
 }
+void mlirAsyncRuntimeAwaitValue(void *v) { mlirAsyncRuntimeAwaitToken(v); }
 void mlirAsyncRuntimeAwaitAllInGroup(void *g) {
   static_cast<Group *>(static_cast<Object *>(g))->wait();
 }

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -415,6 +416,30 @@ extern "C" void mgpuLaunchClusterKernel(void *function, intptr_t clusterX,
 // Streams and events
 //===----------------------------------------------------------------------===//
 
+namespace {
+/// `arg` as the driver takes it: a device pointer as CUdeviceptr, an opaque
+/// handle as CUstream/CUevent, a number as is.
+template <typename Param, typename Arg>
+Param toDriver(Arg arg) {
+  if constexpr (std::is_pointer_v<Arg> && std::is_integral_v<Param>)
+    return reinterpret_cast<Param>(arg);
+  else
+    return static_cast<Param>(arg);
+}
+
+/// The driver call `fn` on `args` (the values of the mgpu ABI, toDriver) in
+/// the primary context; errors reported under `name`.
+template <typename... Params, typename... Args>
+void callInContext(const char *name, CUresult (*fn)(Params...),
+                   Args... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "one value per param");
+  ScopedContext scope;
+  check(fn(toDriver<Params>(args)...), name);
+}
+} // namespace
+
+#define MOE_CU_IN_CONTEXT(fn, ...) callInContext(#fn, fn, __VA_ARGS__)
+
 extern "C" void *mgpuStreamCreate() {
   if (ambientStream)
     return ambientStream;
@@ -427,19 +452,15 @@ extern "C" void *mgpuStreamCreate() {
 extern "C" void mgpuStreamDestroy(void *stream) {
   if (!stream || stream == ambientStream)
     return; // the ambient stream belongs to the caller
-  ScopedContext scope;
-  MOE_CU(cuStreamDestroy(static_cast<CUstream>(stream)));
+  MOE_CU_IN_CONTEXT(cuStreamDestroy, stream);
 }
 
 extern "C" void mgpuStreamSynchronize(void *stream) {
-  ScopedContext scope;
-  MOE_CU(cuStreamSynchronize(static_cast<CUstream>(stream)));
+  MOE_CU_IN_CONTEXT(cuStreamSynchronize, stream);
 }
 
 extern "C" void mgpuStreamWaitEvent(void *stream, void *event) {
-  ScopedContext scope;
-  MOE_CU(cuStreamWaitEvent(static_cast<CUstream>(stream),
-                           static_cast<CUevent>(event), 0));
+  MOE_CU_IN_CONTEXT(cuStreamWaitEvent, stream, event, 0);
 }
 
 extern "C" void *mgpuEventCreate() {
@@ -450,19 +471,15 @@ extern "C" void *mgpuEventCreate() {
 }
 
 extern "C" void mgpuEventDestroy(void *event) {
-  ScopedContext scope;
-  MOE_CU(cuEventDestroy(static_cast<CUevent>(event)));
+  MOE_CU_IN_CONTEXT(cuEventDestroy, event);
 }
 
 extern "C" void mgpuEventSynchronize(void *event) {
-  ScopedContext scope;
-  MOE_CU(cuEventSynchronize(static_cast<CUevent>(event)));
+  MOE_CU_IN_CONTEXT(cuEventSynchronize, event);
 }
 
 extern "C" void mgpuEventRecord(void *event, void *stream) {
-  ScopedContext scope;
-  MOE_CU(cuEventRecord(static_cast<CUevent>(event),
-                       static_cast<CUstream>(stream)));
+  MOE_CU_IN_CONTEXT(cuEventRecord, event, stream);
 }
 
 //===----------------------------------------------------------------------===//
@@ -559,29 +576,40 @@ extern "C" void mgpuMemcpy(void *dst, void *src, size_t sizeBytes,
                        static_cast<CUstream>(stream)));
 }
 
-extern "C" void mgpuMemset32(void *dst, unsigned int value, size_t count,
-                             void *stream) {
+namespace {
+/// Sets `count` elements at `dst` to `value` on `stream` with the driver's
+/// `fn` (cuMemsetD32Async, cuMemsetD16Async); nothing when empty or after a
+/// failed allocation.
+template <typename T>
+void memsetAsync(const char *name,
+                 CUresult (*fn)(CUdeviceptr, T, size_t, CUstream), void *dst,
+                 T value, size_t count, void *stream) {
   if (count == 0 || skipAfterFailedAllocation("memset"))
     return;
-  ScopedContext scope;
-  MOE_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(dst), value, count,
-                          static_cast<CUstream>(stream)));
+  callInContext(name, fn, dst, value, count, stream);
+}
+} // namespace
+
+extern "C" void mgpuMemset32(void *dst, unsigned int value, size_t count,
+                             void *stream) {
+  memsetAsync("cuMemsetD32Async", cuMemsetD32Async, dst, value, count, stream);
 }
 
 extern "C" void mgpuMemset16(void *dst, unsigned short value, size_t count,
                              void *stream) {
-  if (count == 0 || skipAfterFailedAllocation("memset"))
-    return;
-  ScopedContext scope;
-  MOE_CU(cuMemsetD16Async(reinterpret_cast<CUdeviceptr>(dst), value, count,
-                          static_cast<CUstream>(stream)));
+  memsetAsync("cuMemsetD16Async", cuMemsetD16Async, dst, value, count, stream);
 }
 
 namespace {
-/// The extent in bytes of a ranked memref descriptor {allocated, aligned,
-/// offset, sizes[rank], strides[rank]}, from its aligned pointer.
-void memrefExtent(int64_t rank, void *descriptor, int64_t elementSizeBytes,
-                  void *&begin, size_t &bytes) {
+/// The extent of a ranked memref descriptor {allocated, aligned, offset,
+/// sizes[rank], strides[rank]}: its first element and its size in bytes (0
+/// and null when it has no elements).
+struct MemRefExtent {
+  void *begin = nullptr;
+  size_t bytes = 0;
+};
+MemRefExtent memrefExtent(int64_t rank, void *descriptor,
+                          int64_t elementSizeBytes) {
   auto *words = static_cast<int64_t *>(descriptor);
   char *aligned = reinterpret_cast<char *>(words[1]);
   int64_t offset = words[2];
@@ -589,38 +617,27 @@ void memrefExtent(int64_t rank, void *descriptor, int64_t elementSizeBytes,
   const int64_t *strides = words + 3 + rank;
   int64_t last = 0;
   for (int64_t d = 0; d < rank; ++d) {
-    if (sizes[d] == 0) {
-      begin = nullptr;
-      bytes = 0;
-      return;
-    }
+    if (sizes[d] == 0)
+      return {};
     last += (sizes[d] - 1) * strides[d];
   }
-  begin = aligned + offset * elementSizeBytes;
-  bytes = static_cast<size_t>(last + 1) * elementSizeBytes;
+  return {aligned + offset * elementSizeBytes,
+          static_cast<size_t>(last + 1) * elementSizeBytes};
 }
 } // namespace
 
 extern "C" void mgpuMemHostRegisterMemRef(int64_t rank, void *descriptor,
                                           int64_t elementSizeBytes) {
-  void *begin;
-  size_t bytes;
-  memrefExtent(rank, descriptor, elementSizeBytes, begin, bytes);
-  if (!bytes)
-    return;
-  ScopedContext scope;
-  MOE_CU(cuMemHostRegister(begin, bytes, /*Flags=*/0));
+  MemRefExtent extent = memrefExtent(rank, descriptor, elementSizeBytes);
+  if (extent.bytes)
+    MOE_CU_IN_CONTEXT(cuMemHostRegister, extent.begin, extent.bytes, 0);
 }
 
 extern "C" void mgpuMemHostUnregisterMemRef(int64_t rank, void *descriptor,
                                             int64_t elementSizeBytes) {
-  void *begin;
-  size_t bytes;
-  memrefExtent(rank, descriptor, elementSizeBytes, begin, bytes);
-  if (!bytes)
-    return;
-  ScopedContext scope;
-  MOE_CU(cuMemHostUnregister(begin));
+  MemRefExtent extent = memrefExtent(rank, descriptor, elementSizeBytes);
+  if (extent.bytes)
+    MOE_CU_IN_CONTEXT(cuMemHostUnregister, extent.begin);
 }
 
 extern "C" void mgpuSetDefaultDevice(int32_t device) { defaultDevice = device; }

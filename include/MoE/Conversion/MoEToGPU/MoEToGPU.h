@@ -27,6 +27,7 @@
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"
+#include "mlir/Pass/PassOptions.h"
 
 #include <string>
 
@@ -50,32 +51,50 @@ namespace moe {
 void populateMoEToGPUPatterns(RewritePatternSet &patterns,
                               const ConvertMoEToGPUOptions &options);
 
-/// Options of the moe-lower-to-nvvm pipeline.
-struct MoELowerToNVVMOptions {
-  /// Target chip (sm_80, sm_90, sm_90a, ...).
-  std::string chip = "sm_90";
-  /// PTX features; empty picks +ptx80 (the PTX ISA that sm_90 needs; enough
-  /// for every chip the kernels use).
-  std::string features = "";
-  /// gpu.binary format: isa (PTX, JIT'd by the driver), bin (cubin) or fatbin.
-  std::string format = "fatbin";
-  /// CUDA toolkit holding ptxas and fatbinary (bin and fatbin formats).
-  std::string toolkit = "/usr/local/cuda";
-  /// LLVM optimization level of the device code.
-  unsigned optLevel = 3;
-  /// Memref results of the public functions as out-params the caller
-  /// allocates (moe-gpu-results-to-out-params).
-  bool resultsToOutParams = false;
-  /// Wait for the stream before returning (moe-gpu-host-stream
-  /// wait-at-return); false: return with the work in flight on the ambient
-  /// stream, index errors left for moeGpuPollErrors.
-  bool waitAtReturn = true;
-  /// Shared memory per block the kernels may use (convert-moe-to-gpu's
-  /// shared-memory-bytes): 48 KiB, what every device gives without an opt-in.
-  int64_t sharedMemoryBytes = 48 * 1024;
-  /// Rounds of topk_renorm's register top-k (convert-moe-to-gpu's
-  /// topk-rounds): butterfly, redux, or auto (redux on sm_80 and later).
-  std::string topkRounds = "auto";
+/// Options of the moe-lower-to-nvvm pipeline (its command-line options and
+/// the C++ API's).
+struct MoELowerToNVVMOptions
+    : public PassPipelineOptions<MoELowerToNVVMOptions> {
+  PassOptions::Option<std::string> chip{
+      *this, "chip", llvm::cl::desc("target chip: sm_80, sm_90, sm_90a, ..."),
+      llvm::cl::init("sm_90")};
+  PassOptions::Option<std::string> features{
+      *this, "features",
+      llvm::cl::desc("PTX features (default +ptx80, what sm_90 needs)"),
+      llvm::cl::init("")};
+  PassOptions::Option<std::string> format{
+      *this, "format",
+      llvm::cl::desc("gpu.binary format: isa (PTX), bin (cubin), fatbin"),
+      llvm::cl::init("fatbin")};
+  PassOptions::Option<std::string> toolkit{
+      *this, "toolkit", llvm::cl::desc("CUDA toolkit with ptxas and fatbinary"),
+      llvm::cl::init("/usr/local/cuda")};
+  PassOptions::Option<unsigned> optLevel{
+      *this, "opt-level", llvm::cl::desc("LLVM optimization level of kernels"),
+      llvm::cl::init(3)};
+  PassOptions::Option<bool> resultsToOutParams{
+      *this, "results-to-out-params",
+      llvm::cl::desc("memref results of public functions as out-params "
+                     "appended to the arguments, allocated by the caller "
+                     "(moe-gpu-results-to-out-params)"),
+      llvm::cl::init(false)};
+  PassOptions::Option<bool> waitAtReturn{
+      *this, "wait-at-return",
+      llvm::cl::desc("the host waits for the function's stream before "
+                     "returning; false: the work stays in flight on the "
+                     "ambient stream and index errors are left for "
+                     "moeGpuPollErrors (moe-gpu-host-stream)"),
+      llvm::cl::init(true)};
+  PassOptions::Option<int64_t> sharedMemoryBytes{
+      *this, "shared-memory-bytes",
+      llvm::cl::desc("shared memory per block the kernels may use (bytes)"),
+      llvm::cl::init(48 * 1024)};
+  PassOptions::Option<std::string> topkRounds{
+      *this, "topk-rounds",
+      llvm::cl::desc("rounds of topk_renorm's register top-k: butterfly, "
+                     "redux (sm_80+) or auto (redux where the chip has it; "
+                     "convert-moe-to-gpu)"),
+      llvm::cl::init("auto")};
 };
 
 /// convert-moe-to-gpu, canonicalization, one-shot bufferization of the

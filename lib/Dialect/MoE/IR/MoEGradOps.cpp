@@ -19,6 +19,22 @@ using namespace mlir::moe;
 using mlir::moe::detail::dimOf;
 using mlir::moe::detail::similarityRows;
 
+/// The result types of a backward op whose gradients each have the shape of
+/// one operand of `operands` (in result order), in f32; fails on an unranked
+/// operand.
+static LogicalResult inferShapesOfOperands(MLIRContext *ctx,
+                                           ArrayRef<Value> operands,
+                                           SmallVectorImpl<Type> &inferred) {
+  Type f32 = Float32Type::get(ctx);
+  for (Value v : operands) {
+    auto type = dyn_cast<RankedTensorType>(v.getType());
+    if (!type)
+      return failure();
+    inferred.push_back(RankedTensorType::get(type.getShape(), f32));
+  }
+  return success();
+}
+
 //===----------------------------------------------------------------------===//
 // SimilarityInformGradOp
 //===----------------------------------------------------------------------===//
@@ -71,20 +87,14 @@ LogicalResult SimilarityInformGradOp::verify() {
 LogicalResult TopkRenormGradOp::inferReturnTypes(
     MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
     SmallVectorImpl<Type> &inferred) {
-  auto scores = dyn_cast<RankedTensorType>(adaptor.getScores().getType());
-  if (!scores)
-    return failure();
-  inferred.push_back(RankedTensorType::get(scores.getShape(),
-                                           Float32Type::get(ctx)));
-  return success();
+  // dscores has the shape of scores.
+  return inferShapesOfOperands(ctx, {adaptor.getScores()}, inferred);
 }
 
 LogicalResult TopkRenormGradOp::verify() {
+  if (failed(detail::verifyTopkScores(*this, getScores())))
+    return failure();
   auto scores = cast<RankedTensorType>(getScores().getType());
-  if (scores.getRank() == 0)
-    return emitOpError() << "'scores' must have rank >= 1 ([..., K]), but has "
-                            "type "
-                         << scores;
   for (auto [name, v] : {std::pair<StringRef, Value>{"indices", getIndices()},
                          {"dw", getDw()}}) {
     auto type = cast<RankedTensorType>(v.getType());
@@ -123,15 +133,11 @@ LogicalResult HyperRouterGradOp::inferReturnTypes(
     MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
     SmallVectorImpl<Type> &inferred) {
   // Each gradient has the shape of its operand.
-  Type f32 = Float32Type::get(ctx);
-  for (Value v : {adaptor.getEmb(), adaptor.getW1(), adaptor.getB1(),
-                  adaptor.getW2(), adaptor.getB2()}) {
-    auto type = dyn_cast<RankedTensorType>(v.getType());
-    if (!type)
-      return failure();
-    inferred.push_back(RankedTensorType::get(type.getShape(), f32));
-  }
-  return success();
+  return inferShapesOfOperands(ctx,
+                               {adaptor.getEmb(), adaptor.getW1(),
+                                adaptor.getB1(), adaptor.getW2(),
+                                adaptor.getB2()},
+                               inferred);
 }
 
 LogicalResult HyperRouterGradOp::verify() {
@@ -169,15 +175,11 @@ LogicalResult AttentionPosteriorGradOp::inferReturnTypes(
     MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
     SmallVectorImpl<Type> &inferred) {
   // Each gradient has the shape of its operand.
-  Type f32 = Float32Type::get(ctx);
-  for (Value v : {adaptor.getScores(), adaptor.getU(), adaptor.getV(),
-                  adaptor.getWo(), adaptor.getE()}) {
-    auto type = dyn_cast<RankedTensorType>(v.getType());
-    if (!type)
-      return failure();
-    inferred.push_back(RankedTensorType::get(type.getShape(), f32));
-  }
-  return success();
+  return inferShapesOfOperands(ctx,
+                               {adaptor.getScores(), adaptor.getU(),
+                                adaptor.getV(), adaptor.getWo(),
+                                adaptor.getE()},
+                               inferred);
 }
 
 std::optional<double> AttentionPosteriorGradOp::getEffectiveHeadScale() {

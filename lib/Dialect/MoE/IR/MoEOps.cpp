@@ -290,12 +290,19 @@ LogicalResult TopkRenormOp::inferReturnTypes(
   return success();
 }
 
+LogicalResult mlir::moe::detail::verifyTopkScores(Operation *op,
+                                                  Value scores) {
+  auto type = cast<RankedTensorType>(scores.getType());
+  if (type.getRank() == 0)
+    return op->emitOpError()
+           << "'scores' must have rank >= 1 ([..., K]), but has type " << type;
+  return success();
+}
+
 LogicalResult TopkRenormOp::verify() {
+  if (failed(detail::verifyTopkScores(*this, getScores())))
+    return failure();
   auto scores = cast<RankedTensorType>(getScores().getType());
-  if (scores.getRank() == 0)
-    return emitOpError() << "'scores' must have rank >= 1 ([..., K]), but has "
-                            "type "
-                         << scores;
   return verifyTopkK(*this, getK(), scores.getShape().back(), "scores");
 }
 

@@ -17,6 +17,8 @@
 #include <optional>
 
 namespace mlir::moe::detail {
+/// The scores [..., K] of top-k gating: rank >= 1.
+LogicalResult verifyTopkScores(Operation *op, Value scores);
 /// The operands and `tau` of Similarity-Inform mixing.
 LogicalResult verifySimilarityInform(Operation *op, Value u, Value e, Value ws,
                                      Value mask, float tau);
