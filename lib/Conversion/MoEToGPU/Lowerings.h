@@ -75,6 +75,7 @@ MOE_GPU_LOWERING_PATTERN(AdjacencyUpdateToGPU, AdjacencyUpdateOp);
 MOE_GPU_LOWERING_PATTERN(HyperRouterToGPU, HyperRouterOp);
 MOE_GPU_LOWERING_PATTERN(RouteToGPU, RouteOp);
 MOE_GPU_LOWERING_PATTERN(DispatchPlanToGPU, DispatchPlanOp);
+MOE_GPU_LOWERING_PATTERN(TopkRenormGradToGPU, TopkRenormGradOp);
 #undef MOE_GPU_LOWERING_PATTERN
 
 /// The flash-style mixing kernel shared by similarity_inform and

@@ -67,7 +67,7 @@ void mlir::moe::populateMoEToGPUPatterns(
       .add<TopkRenormToGPU, SimilarityInformToGPU, SimilarityInformTopkToGPU,
            AttentionPosteriorToGPU, AttentionPosteriorTopkToGPU,
            MadDispersionToGPU, AdjacencyUpdateToGPU, HyperRouterToGPU,
-           RouteToGPU, DispatchPlanToGPU>(
+           RouteToGPU, DispatchPlanToGPU, TopkRenormGradToGPU>(
           patterns.getContext(), options);
   patterns.add<ReturnedEmptyToGPU>(patterns.getContext());
 }

@@ -85,3 +85,7 @@ func.func @dispatch_plan(%idx: tensor<?x8xi32>) -> (tensor<256xi32>, tensor<257x
   %c, %o, %ord, %inv, %p, %b, %n = moe.dispatch_plan %idx num_experts(256) block_size(64) : tensor<?x8xi32> -> tensor<256xi32>, tensor<257xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
   return %c, %o, %ord, %inv, %p, %b, %n : tensor<256xi32>, tensor<257xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
 }
+func.func @nospill_topk_renorm_grad(%s: tensor<?x256xbf16>, %i: tensor<?x8xi32>, %dw: tensor<?x8xf32>) -> tensor<?x256xf32> {
+  %ds = moe.topk_renorm_grad %s, %i dw(%dw : tensor<?x8xf32>) : tensor<?x256xbf16>, tensor<?x8xi32> -> tensor<?x256xf32>
+  return %ds : tensor<?x256xf32>
+}
