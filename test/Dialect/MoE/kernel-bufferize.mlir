@@ -16,7 +16,7 @@
 // LOCAL-LABEL: func.func @empty_out(
 // LOCAL:         %[[XB:.*]] = bufferization.to_buffer %{{.*}} : tensor<?xf32> to memref<?xf32, strided<[?], offset: ?>>
 // LOCAL:         %[[A:.*]] = memref.alloc(%{{.*}}) {{.*}}: memref<?xf32>
-// LOCAL:         %[[XC:.*]] = memref.alloc(%{{.*}}) : memref<?xf32>
+// LOCAL:         %[[XC:.*]] = memref.alloc(%{{.*}}) {{.*}}: memref<?xf32>
 // LOCAL-NEXT:    memref.copy %[[XB]], %[[XC]]
 // LOCAL-NEXT:    memref.copy %[[XC]], %[[A]] : memref<?xf32> to memref<?xf32>
 // LOCAL-NOT:     moe.kernel
@@ -64,9 +64,10 @@ func.func @out_still_used(%x: tensor<4xf32>, %d: tensor<4xf32>) -> (tensor<4xf32
 // A strided in (a slice) is copied into a contiguous buffer for the kernel.
 // CHECK-LABEL: func.func @strided_in(
 // CHECK:         %[[S:.*]] = memref.subview %{{.*}}[0, 0] [4, 1] [1, 1] : memref<4x8xf32> to memref<4xf32, strided<[8]>>
-// CHECK:         %[[C:.*]] = memref.alloc() : memref<4xf32>
+// CHECK-NEXT:    %[[O:.*]] = memref.alloc() {{.*}}: memref<4xf32>
+// CHECK:         %[[C:.*]] = memref.alloc() {{.*}}: memref<4xf32>
 // CHECK-NEXT:    memref.copy %[[S]], %[[C]]
-// CHECK-NEXT:    memref.copy %[[C]], %{{.*}} : memref<4xf32> to memref<4xf32>
+// CHECK-NEXT:    memref.copy %[[C]], %[[O]] : memref<4xf32> to memref<4xf32>
 func.func @strided_in(%x: tensor<4x8xf32>) -> tensor<4xf32> {
   %s = tensor.extract_slice %x[0, 0] [4, 1] [1, 1] : tensor<4x8xf32> to tensor<4xf32>
   %e = tensor.empty() : tensor<4xf32>

@@ -11,10 +11,9 @@
 // CHECK-NEXT:      memref.copy %[[X]], %[[O]] : memref<?xf32> to memref<?xf32>
 // CHECK-NEXT:    } -> tensor<?xf32>
 // CHECK:         return %[[R]]
-// GENERIC-LABEL: @copy
-// GENERIC:         "moe.kernel"
+// GENERIC-LABEL: sym_name = "copy"
+// GENERIC:         "moe.kernel"(%{{.*}}, %{{.*}}) <{operandSegmentSizes = array<i32: 1, 1>}>
 // GENERIC:         "moe.kernel_end"() : () -> ()
-// GENERIC:         operandSegmentSizes = array<i32: 1, 1>
 func.func @copy(%x: tensor<?xf32>, %n: index) -> tensor<?xf32> {
   %e = tensor.empty(%n) : tensor<?xf32>
   %r = moe.kernel ins(%x : tensor<?xf32>) outs(%e : tensor<?xf32>) {
