@@ -55,11 +55,9 @@ struct AttentionPosteriorGradKernel
     // Each gradient is shaped like its operand: d_scores, d_u, d_v, d_wo, d_e.
     SmallVector<Value> params = {op.getScores(), op.getU(), op.getV(),
                                  op.getWo(), op.getE()};
-    SmallVector<SmallVector<Value>> outSizes;
-    for (Value p : params)
-      outSizes.push_back(k.sizes(p));
+    SmallVector<KernelScope::Out> outs = KernelScope::outsLike(k, op, params);
     llvm::append_range(params, ValueRange{op.getHead(), op.getDp()});
-    KernelScope kernel(k, params, KernelScope::outsOf(op, outSizes));
+    KernelScope kernel(k, params, outs);
     Type f32 = k.f32();
     Value c0 = k.idx(0), c1 = k.idx(1);
     Value scores = k.buffer(op.getScores()), u = k.buffer(op.getU());

@@ -130,11 +130,9 @@ struct HyperRouterGradKernel : KernelPattern<HyperRouterGradOp> {
     // Each gradient is shaped like its parameter.
     SmallVector<Value> params = {op.getEmb(), op.getW1(), op.getB1(),
                                  op.getW2(), op.getB2()};
-    SmallVector<SmallVector<Value>> outSizes;
-    for (Value v : params)
-      outSizes.push_back(k.sizes(v));
+    SmallVector<KernelScope::Out> outs = KernelScope::outsLike(k, op, params);
     llvm::append_range(params, ValueRange{op.getDw(), op.getDb()});
-    KernelScope kernel(k, params, KernelScope::outsOf(op, outSizes));
+    KernelScope kernel(k, params, outs);
     Value c0 = k.idx(0), c1 = k.idx(1);
     int64_t lanes = k.lanes();
     Value emb = k.buffer(op.getEmb()), w1 = k.buffer(op.getW1());

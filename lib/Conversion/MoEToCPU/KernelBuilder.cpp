@@ -328,6 +328,14 @@ KernelScope::outsOf(Operation *op, ArrayRef<SmallVector<Value>> sizes) {
   return outs;
 }
 
+SmallVector<KernelScope::Out>
+KernelScope::outsLike(CK &k, Operation *op, ValueRange like) {
+  SmallVector<SmallVector<Value>> sizes;
+  for (Value v : like)
+    sizes.push_back(k.sizes(v));
+  return outsOf(op, sizes);
+}
+
 Value KernelScope::out(unsigned i) const { return outs()[i]; }
 
 ValueRange KernelScope::outs() const {

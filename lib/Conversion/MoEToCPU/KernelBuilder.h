@@ -184,6 +184,9 @@ public:
   /// per result).
   static SmallVector<Out> outsOf(Operation *op,
                                  ArrayRef<SmallVector<Value>> sizes);
+  /// Outs shaped like the results of `op`, result i with the sizes of
+  /// like[i] (a gradient and its parameter).
+  static SmallVector<Out> outsLike(CK &k, Operation *op, ValueRange like);
   /// The buffer of out `i` inside the body, and all of them.
   Value out(unsigned i) const;
   ValueRange outs() const;
