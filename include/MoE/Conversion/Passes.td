@@ -55,6 +55,11 @@ def ConvertMoEToCPU : Pass<"convert-moe-to-cpu"> {
     are microcoded on AVX2 machines and defeat store-to-load forwarding); no kernel emits gathers or scatters.
     `topk_renorm` over at most 16 experts (a power of two) puts one row per lane (a block of rows transposed in
     registers by shuffles), so that small K fills the vector.
+
+    Buffers: each kernel is a `moe.kernel` (destination style: the operands it reads as `ins`, `tensor.empty`
+    destinations of its results as `outs`) whose body works on their buffers; only the kernel's own scratch is a
+    `memref.alloc`. One-shot bufferization, which `moe-lower-to-llvm` runs after the conversions, inlines the body
+    on the operands' buffers and decides where each result lives (a fresh allocation, or the caller's buffer).
   }];
   let options = [
     Option<"numThreads", "num-threads", "int64_t", /*default=*/"1",

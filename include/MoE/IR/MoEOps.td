@@ -400,5 +400,6 @@ def MoE_HyperRouterOp : MoE_InferredOp<"hyper_router", MoE_PureInferred> {
 include "MoE/IR/MoEFusedOps.td"
 include "MoE/IR/MoERoutingOps.td"
 include "MoE/IR/MoEGradOps.td"
+include "MoE/IR/MoEKernelOp.td"
 
 #endif // MOE_IR_MOEOPS_TD

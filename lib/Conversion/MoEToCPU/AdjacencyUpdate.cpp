@@ -323,8 +323,8 @@ void emitMaskRows(CK &k, const KernelOptions &o, const AdjacencyInputs &in,
 struct AdjacencyUpdateKernel : KernelPattern<AdjacencyUpdateOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult matchAndRewrite(AdjacencyUpdateOp op,
-                                PatternRewriter &rw) const override {
+  LogicalResult emit(AdjacencyUpdateOp op, CK &k,
+                     PatternRewriter &rw) const override {
     Location loc = op.getLoc();
     Value aT = lowering::promoteToF32(rw, loc, op.getA());
     auto aType = cast<RankedTensorType>(aT.getType());
@@ -336,8 +336,12 @@ struct AdjacencyUpdateKernel : KernelPattern<AdjacencyUpdateOp> {
                                         lowering::IndexErrorOp::AdjacencyIdx)))
       return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
                                        "moeReportIndexError");
-    ImplicitLocOpBuilder b(loc, rw);
-    CK k(b, opts);
+    // The co-selection counts c [E, E] i32, which finishAdjacencyUpdate
+    // turns into a_next.
+    int64_t staticE = getConstantIntValue(eSize).value_or(kDyn);
+    KernelScope kernel(
+        k, {op.getIdx()},
+        {{RankedTensorType::get({staticE, staticE}, k.i32()), {eVal, eVal}}});
     AdjacencyInputs in;
     in.idx = k.buffer(op.getIdx());
     in.tokens = k.dim(in.idx, 0);
@@ -353,7 +357,7 @@ struct AdjacencyUpdateKernel : KernelPattern<AdjacencyUpdateOp> {
     SmallVector<Value> dyn;
     if (in.e == kDyn)
       dyn = {eVal, eVal};
-    Value c = k.alloc(cType, dyn);
+    Value c = kernel.out(0);
     StrategyChoice choice = chooseAdjacencyStrategy(in.e, in.k, k.lanes());
     auto emit = [&](Strategy s) {
       switch (s) {
@@ -373,14 +377,14 @@ struct AdjacencyUpdateKernel : KernelPattern<AdjacencyUpdateOp> {
     } else {
       Value many = k.cmpi(arith::CmpIPredicate::sge, in.tokens,
                           k.idx(choice.histogramMinTokens));
-      auto ifOp = scf::IfOp::create(b, many, /*withElseRegion=*/true);
-      OpBuilder::InsertionGuard guard(b);
-      b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+      auto ifOp = scf::IfOp::create(k.b, many, /*withElseRegion=*/true);
+      OpBuilder::InsertionGuard guard(k.b);
+      k.b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
       emit(Strategy::Histogram);
-      b.setInsertionPoint(ifOp.elseBlock()->getTerminator());
+      k.b.setInsertionPoint(ifOp.elseBlock()->getTerminator());
       emit(choice.strategy);
     }
-    lowering::finishAdjacencyUpdate(rw, op, aT, k.tensor(c), eSize);
+    lowering::finishAdjacencyUpdate(rw, op, aT, kernel.finish()[0], eSize);
     return success();
   }
 };

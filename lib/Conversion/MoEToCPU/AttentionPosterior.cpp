@@ -158,15 +158,22 @@ mlir::moe::cpu::posteriorLogits(Value scores, Value head, Value norm2,
 
 namespace {
 
-struct AttentionPosteriorKernel : KernelPattern<AttentionPosteriorOp> {
+struct AttentionPosteriorKernel
+    : KernelPattern<AttentionPosteriorOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult matchAndRewrite(AttentionPosteriorOp op,
-                                PatternRewriter &rw) const override {
+  LogicalResult emit(AttentionPosteriorOp op, CK &k,
+                     PatternRewriter &rw) const override {
     if (op.getHeadSelect() != HeadSelect::min_entropy)
       return rw.notifyMatchFailure(op, "head_select = all: portable lowering");
-    ImplicitLocOpBuilder b(op.getLoc(), rw);
-    CK k(b);
+    // p [B, N, K] and head [B].
+    SmallVector<Value> sSizes = k.sizes(op.getScores());
+    Value widthSize = k.sizes(op.getE())[2];
+    KernelScope kernel(
+        k, {op.getScores(), op.getU(), op.getV(), op.getWo(), op.getE()},
+        KernelScope::outsOf(op, {{sSizes[0], sSizes[2], widthSize},
+                                 {sSizes[0]}}));
+    ImplicitLocOpBuilder &b = k.b;
     Type f32 = k.f32(), i32 = k.i32();
     Value c0 = k.idx(0), c1 = k.idx(1);
     Value scores = k.buffer(op.getScores()), u = k.buffer(op.getU());
@@ -220,7 +227,7 @@ struct AttentionPosteriorKernel : KernelPattern<AttentionPosteriorOp> {
     });
 
     // 2. h* per batch element.
-    Value head = k.alloc(MemRefType::get({kDyn}, i32), {batch});
+    Value head = kernel.out(1);
     Value numHeadsI32 = k.castInt(heads, i32);
     k.forLoop(c0, batch, c1, [&](Value bi) {
       SmallVector<Value> best = k.forLoop(
@@ -263,7 +270,7 @@ struct AttentionPosteriorKernel : KernelPattern<AttentionPosteriorOp> {
     Value widthPad = roundUp(k, width, kLanes);
     auto [values, nonFinite] =
         packValues(k, e, batch, keys, width, keysPad, widthPad);
-    Value out = k.alloc(statType, {batch, rows, width});
+    Value out = kernel.out(0);
     FlashSpec spec;
     spec.q = u;
     spec.keysT = keysT;
@@ -279,12 +286,7 @@ struct AttentionPosteriorKernel : KernelPattern<AttentionPosteriorOp> {
     spec.logits = posteriorLogits(scores, head, norm2, keys, sigma2);
     emitFlashMix(k, opts, spec);
 
-    Value p = k.tensor(out), h = k.tensor(head);
-    if (p.getType() != op.getP().getType())
-      p = tensor::CastOp::create(b, op.getP().getType(), p);
-    if (h.getType() != op.getHead().getType())
-      h = tensor::CastOp::create(b, op.getHead().getType(), h);
-    rw.replaceOp(op, {p, h});
+    kernel.replace(rw, op);
     return success();
   }
 };

@@ -43,17 +43,21 @@ namespace {
 constexpr int64_t kDyn = ShapedType::kDynamic;
 
 struct AttentionPosteriorGradKernel
-    : KernelPattern<AttentionPosteriorGradOp> {
+    : KernelPattern<AttentionPosteriorGradOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult matchAndRewrite(AttentionPosteriorGradOp op,
-                                PatternRewriter &rw) const override {
+  LogicalResult emit(AttentionPosteriorGradOp op, CK &k,
+                     PatternRewriter &rw) const override {
     if (op.getHeadSelect() != HeadSelect::min_entropy)
       return rw.notifyMatchFailure(op, "head_select = all: portable lowering");
     if (hasStaticZeroSize(op))
       return rw.notifyMatchFailure(op, "a static zero-sized dimension");
-    ImplicitLocOpBuilder b(op.getLoc(), rw);
-    CK k(b);
+    // Each gradient is shaped like its operand: d_scores, d_u, d_v, d_wo, d_e.
+    SmallVector<Value> params = {op.getScores(), op.getU(), op.getV(),
+                                 op.getWo(), op.getE()};
+    SmallVector<KernelScope::Out> outs = KernelScope::outsLike(k, op, params);
+    llvm::append_range(params, ValueRange{op.getHead(), op.getDp()});
+    KernelScope kernel(k, params, outs);
     Type f32 = k.f32();
     Value c0 = k.idx(0), c1 = k.idx(1);
     Value scores = k.buffer(op.getScores()), u = k.buffer(op.getU());
@@ -67,7 +71,6 @@ struct AttentionPosteriorGradKernel
     float sigma2 = sigma * sigma;
     Value zeros = k.constLike(k.vf32(), 0.0);
     auto rank3 = MemRefType::get({kDyn, kDyn, kDyn}, f32);
-    auto rank4 = MemRefType::get({kDyn, kDyn, kDyn, kDyn}, f32);
     auto headOf = [&](CK &kk, Value bi) {
       return kk.castInt(kk.load(head, {bi}), kk.b.getIndexType());
     };
@@ -142,7 +145,7 @@ struct AttentionPosteriorGradKernel
     });
 
     // d_scores: zero on every head but h*, whose entries pass 2 writes.
-    Value dScores = k.alloc(rank4, {batch, heads, rows, keys});
+    Value dScores = kernel.out(0);
     k.workers(opts, k.mul(k.mul(batch, heads), rows), [&](Value item, Value) {
       Value i = k.remu(item, rows), bh = k.divu(item, rows);
       Value h = k.remu(bh, heads), bi = k.divu(bh, heads);
@@ -155,7 +158,7 @@ struct AttentionPosteriorGradKernel
 
     // 2. Query-major: dz into d_scores, d_u.
     Value eT = packKeysT(k, opts, e, batch, keys, width);
-    Value du = k.alloc(rank3, {batch, rows, model});
+    Value du = kernel.out(1);
     FlashGradSpec byQuery;
     byQuery.rowA = u;
     byQuery.colAT = means.keysT;
@@ -193,7 +196,7 @@ struct AttentionPosteriorGradKernel
         k.vstore(onesV, ones, {bi, i, c0});
       });
     });
-    Value de = k.alloc(rank3, {batch, keys, width});
+    Value de = kernel.out(4);
     Value dzU = k.alloc(rank3, {batch, keys, model});
     Value dzSum = k.alloc(rank3, {batch, keys, c1});
     Value lastRow = k.sub(rows, c1);
@@ -249,7 +252,7 @@ struct AttentionPosteriorGradKernel
 
     // 4. dm (c/σ² folded in), d_v and d_wo.
     Value dm = k.alloc(rank3, {batch, keys, model});
-    Value dv = k.alloc(rank4, {batch, heads, keys, headDim});
+    Value dv = kernel.out(2);
     Value cOverS2 = k.splat(k.fdiv(scale, k.cF32(sigma2)), kLanes);
     Value meanWork = k.mul(k.mul(k.mul(batch, keys), model), headDim);
     workersIfLarge(k, opts, k.mul(batch, keys), meanWork,
@@ -281,7 +284,7 @@ struct AttentionPosteriorGradKernel
       });
     });
     Value cols = k.mul(heads, headDim);
-    Value dwo = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {model, cols});
+    Value dwo = kernel.out(3);
     workersIfLarge(k, opts, model, meanWork, [&](Value d, Value) {
       widthLoop(cols, [&](Value col, Value count) {
         k.vstoreMasked(zeros, dwo, {d, col}, count);
@@ -304,7 +307,7 @@ struct AttentionPosteriorGradKernel
       });
     });
 
-    replaceWithBuffers(k, rw, op, {dScores, du, dv, dwo, de});
+    kernel.replace(rw, op);
     return success();
   }
 };

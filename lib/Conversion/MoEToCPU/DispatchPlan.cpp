@@ -58,22 +58,16 @@ Value numItems(CK &k, Value numRows) {
   return k.ceilDiv(numRows, k.idx(kRouteRowsPerItem));
 }
 
-/// A buffer of `tensorType`'s shape (the dynamic sizes from `sizes`).
-Value allocLike(CK &k, Type tensorType, ArrayRef<Value> sizes) {
-  auto t = cast<RankedTensorType>(tensorType);
-  return k.alloc(MemRefType::get(t.getShape(), t.getElementType()),
-                 CK::dynamicSizes(t.getShape(), sizes));
-}
-
 void fill(CK &k, Value buffer, Value size, Value v) {
   k.forLoop(k.idx(0), size, k.idx(1), [&](Value i) { k.store(v, buffer, {i}); });
 }
 
-struct DispatchPlanKernel : KernelPattern<DispatchPlanOp> {
+struct DispatchPlanKernel
+    : KernelPattern<DispatchPlanOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult matchAndRewrite(DispatchPlanOp op,
-                                PatternRewriter &rw) const override {
+  LogicalResult emit(DispatchPlanOp op, CK &k,
+                     PatternRewriter &rw) const override {
     Location loc = op.getLoc();
     // Left to the fused kernel of its route (the greedy driver may visit the
     // plan first).
@@ -86,8 +80,10 @@ struct DispatchPlanKernel : KernelPattern<DispatchPlanOp> {
             lowering::IndexErrorOp::DispatchPlanIndices)))
       return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
                                        "moeReportIndexError");
-    ImplicitLocOpBuilder b(loc, rw);
-    CK k(b);
+    SmallVector<Value> sizes = k.sizes(op.getIndices());
+    KernelScope kernel(
+        k, {op.getIndices()},
+        KernelScope::outsOf(op, planResultSizes(k, op, sizes[0], sizes[1])));
     Value indices = k.buffer(op.getIndices());
     Value hist = allocPlanHistogram(k, k.dim(indices, 0), numExperts);
     k.workers(opts, numItems(k, k.dim(indices, 0)), [&](Value item, Value) {
@@ -98,10 +94,8 @@ struct DispatchPlanKernel : KernelPattern<DispatchPlanOp> {
         countPlanRow(k, indices, hist, r, item, numExperts);
       });
     });
-    SmallVector<Value> results;
-    for (Value buf : emitPlanFromHistogram(k, opts, op, indices, hist))
-      results.push_back(k.tensor(buf));
-    rw.replaceOp(op, results);
+    emitPlanFromHistogram(k, opts, op, indices, hist, kernel.outs());
+    kernel.replace(rw, op);
     return success();
   }
 };
@@ -126,23 +120,35 @@ void mlir::moe::cpu::countPlanRow(CK &k, Value indices, Value hist, Value row,
   });
 }
 
-SmallVector<Value>
-mlir::moe::cpu::emitPlanFromHistogram(CK &k, const KernelOptions &opts,
-                                      DispatchPlanOp op, Value indices,
-                                      Value hist) {
+SmallVector<SmallVector<Value>>
+mlir::moe::cpu::planResultSizes(CK &k, DispatchPlanOp op, Value rows,
+                                Value slots) {
+  int64_t numExperts = op.getNumExperts(), block = op.getBlockSize();
+  Value n = k.mul(rows, slots);
+  Value paddedSize = k.add(n, k.idx(numExperts * (block - 1)));
+  // counts [E], offsets [E + 1], order and inverse [n], padded_order
+  // [paddedSize], block_experts [ceil(paddedSize / B)], num_padded [1].
+  return {{k.idx(numExperts)},
+          {k.idx(numExperts + 1)},
+          {n},
+          {n},
+          {paddedSize},
+          {k.ceilDiv(paddedSize, k.idx(block))},
+          {k.idx(1)}};
+}
+
+void mlir::moe::cpu::emitPlanFromHistogram(CK &k, const KernelOptions &opts,
+                                           DispatchPlanOp op, Value indices,
+                                           Value hist, ValueRange results) {
   int64_t numExperts = op.getNumExperts(), block = op.getBlockSize();
   Value e = k.idx(numExperts), blk = k.idx(block);
   Value n = k.mul(k.dim(indices, 0), k.dim(indices, 1));
   Value paddedSize = k.add(n, k.idx(numExperts * (block - 1)));
   Value numBlocks = k.ceilDiv(paddedSize, blk);
   Value items = numItems(k, k.dim(indices, 0));
-  Value counts = allocLike(k, op.getCounts().getType(), {e});
-  Value offsets = allocLike(k, op.getOffsets().getType(), {k.add(e, k.idx(1))});
-  Value order = allocLike(k, op.getOrder().getType(), {n});
-  Value inverse = allocLike(k, op.getInverse().getType(), {n});
-  Value padded = allocLike(k, op.getPaddedOrder().getType(), {paddedSize});
-  Value blocks = allocLike(k, op.getBlockExperts().getType(), {numBlocks});
-  Value numPadded = allocLike(k, op.getNumPadded().getType(), {k.idx(1)});
+  Value counts = results[0], offsets = results[1], order = results[2];
+  Value inverse = results[3], padded = results[4], blocks = results[5];
+  Value numPadded = results[6];
   Value paddedOffsets =
       k.alloc(MemRefType::get({numExperts}, k.i32()), ValueRange{});
   auto i32 = [&](Value v) { return k.castInt(v, k.i32()); };
@@ -196,7 +202,6 @@ mlir::moe::cpu::emitPlanFromHistogram(CK &k, const KernelOptions &opts,
           [&](Value nv) { k.store(k.cI32(-1), inverse, {nv}); });
     });
   });
-  return {counts, offsets, order, inverse, padded, blocks, numPadded};
 }
 
 void mlir::moe::cpu::populateDispatchPlanKernel(RewritePatternSet &p,

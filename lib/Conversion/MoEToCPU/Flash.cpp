@@ -276,11 +276,13 @@ Value mlir::moe::cpu::keyValidity(CK &k, Value mask, Value batch, Value rows,
 
 Value mlir::moe::cpu::projectRows(CK &k, const KernelOptions &opts, Value x,
                                   Value w, Value batch, Value rows,
-                                  Value depth, Value outWidth, Value init) {
+                                  Value depth, Value outWidth, Value init,
+                                  Value out) {
   Value c0 = k.idx(0), c1 = k.idx(1);
   constexpr int64_t kDyn = ShapedType::kDynamic;
-  Value out = k.alloc(MemRefType::get({kDyn, kDyn, kDyn}, k.f32()),
-                      {batch, rows, outWidth});
+  if (!out)
+    out = k.alloc(MemRefType::get({kDyn, kDyn, kDyn}, k.f32()),
+                  {batch, rows, outWidth});
   Value chunks = k.ceilDiv(outWidth, k.idx(kLanes));
   k.workers(opts, k.mul(batch, rows), [&](Value item, Value) {
     Value bi = k.divu(item, rows), i = k.remu(item, rows);

@@ -168,10 +168,11 @@ Value packKeysT(CK &k, const KernelOptions &opts, Value x, Value batch,
 /// optional [B, N] i1), else 0.
 Value keyValidity(CK &k, Value mask, Value batch, Value rows, Value keysPad);
 /// init + x · w for x [B, N, D] (any float), w [D, W] (any float), init an
-/// optional [B, N, W] f32: a new [B, N, W] f32 buffer (vector over W).
+/// optional [B, N, W] f32: written into `out` ([B, N, W] f32; may be init),
+/// or when `out` is null into a new buffer; returns it (vector over W).
 Value projectRows(CK &k, const KernelOptions &opts, Value x, Value w,
                   Value batch, Value rows, Value depth, Value outWidth,
-                  Value init = {});
+                  Value init = {}, Value out = {});
 /// The logit epilogue dot / scale, -inf where keyValid (optional, [B, Npad]
 /// f32) is 0 or, with `causal`, where the key comes after the row.
 std::function<Value(CK &, Value, Value, Value, Value)>
@@ -181,16 +182,6 @@ scaledMaskedLogits(Value keyValid, bool causal, float scale);
 /// padding; returns {packed, an f32 that is NaN iff some value is non-finite}.
 std::pair<Value, Value> packValues(CK &k, Value values, Value batch, Value keys,
                                    Value width, Value keysPad, Value widthPad);
-
-/// True when an operand of `op` has a static zero size: the backward kernels
-/// leave such ops to the portable lowering (none needs a special case for
-/// them; the torch ops handle them without a kernel).
-bool hasStaticZeroSize(Operation *op);
-
-/// Replaces `op` by the tensors of the result buffers `buffers` (in order),
-/// cast to the op's result types where those are more static.
-void replaceWithBuffers(CK &k, PatternRewriter &rw, Operation *op,
-                        ArrayRef<Value> buffers);
 
 // Attention-Inform (AttentionPosterior.cpp), shared by the forward and the
 // backward kernel.

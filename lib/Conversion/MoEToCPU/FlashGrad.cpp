@@ -161,23 +161,3 @@ mlir::moe::cpu::gradRowStats(CK &k, Value lse, Value p, Value dp, Value batch,
   });
   return {lseRow, delta};
 }
-
-void mlir::moe::cpu::replaceWithBuffers(CK &k, PatternRewriter &rw,
-                                        Operation *op,
-                                        ArrayRef<Value> buffers) {
-  SmallVector<Value> replacements;
-  for (auto [buf, res] : llvm::zip(buffers, op->getResults())) {
-    Value t = k.tensor(buf);
-    if (t.getType() != res.getType())
-      t = tensor::CastOp::create(k.b, res.getType(), t);
-    replacements.push_back(t);
-  }
-  rw.replaceOp(op, replacements);
-}
-
-bool mlir::moe::cpu::hasStaticZeroSize(Operation *op) {
-  return llvm::any_of(op->getOperands(), [](Value v) {
-    return llvm::is_contained(cast<RankedTensorType>(v.getType()).getShape(),
-                              0);
-  });
-}

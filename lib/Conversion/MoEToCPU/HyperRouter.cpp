@@ -36,28 +36,35 @@ constexpr int64_t kRowsPerItem = 64;
 struct HyperRouterKernel : KernelPattern<HyperRouterOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult matchAndRewrite(HyperRouterOp op,
-                                PatternRewriter &rw) const override {
-    ImplicitLocOpBuilder b(op.getLoc(), rw);
-    CK k(b, opts);
+  LogicalResult emit(HyperRouterOp op, CK &k,
+                     PatternRewriter &rw) const override {
+    // The kernel computes the flat output vector [rows of w2] f32;
+    // finishHyperRouter shapes it into the op's result.
+    Value w2 = op.getW2();
+    auto w2Type = cast<RankedTensorType>(w2.getType());
+    KernelScope kernel(
+        k, {op.getW1(), op.getEmb(), op.getB1(), w2, op.getB2()},
+        {{RankedTensorType::get({w2Type.getDimSize(0)}, k.f32()),
+          {k.sizes(w2)[0]}}});
     Value hidden =
         hyperAffine(k, opts, k.buffer(op.getW1()), k.buffer(op.getEmb()),
                     k.buffer(op.getB1()), /*relu=*/true);
-    Value out = hyperAffine(k, opts, k.buffer(op.getW2()), hidden,
-                            k.buffer(op.getB2()), /*relu=*/false);
-    lowering::finishHyperRouter(rw, op, k.tensor(out));
+    hyperAffine(k, opts, k.buffer(w2), hidden, k.buffer(op.getB2()),
+                /*relu=*/false, kernel.out(0));
+    lowering::finishHyperRouter(rw, op, kernel.finish()[0]);
     return success();
   }
 };
 } // namespace
 
 Value mlir::moe::cpu::hyperAffine(CK &k, const KernelOptions &opts, Value m,
-                                  Value x, Value bias, bool relu) {
+                                  Value x, Value bias, bool relu, Value y) {
   Value c0 = k.idx(0), c1 = k.idx(1);
   Value rows = k.dim(m, 0), cols = k.dim(m, 1);
   int64_t staticRows = cast<MemRefType>(m.getType()).getDimSize(0);
-  Value y = k.alloc(MemRefType::get({staticRows}, k.f32()),
-                    CK::dynamicSizes({staticRows}, {rows}));
+  if (!y)
+    y = k.alloc(MemRefType::get({staticRows}, k.f32()),
+                CK::dynamicSizes({staticRows}, {rows}));
   int64_t lanes = k.lanes();
   Value full = k.divu(cols, k.idx(lanes));
   Value tail = k.sub(cols, k.mul(full, k.idx(lanes)));

@@ -43,21 +43,12 @@ constexpr int64_t kDyn = ShapedType::kDynamic;
 constexpr int64_t kMinBlockRows = 64;
 constexpr int64_t kMaxBlocks = 64;
 
-/// A new f32 buffer of the shape of `like` (a memref; dynamic sizes from it).
-Value allocLike(CK &k, Value like) {
-  auto type = cast<MemRefType>(like.getType());
-  SmallVector<Value> dyn;
-  for (int64_t d = 0; d < type.getRank(); ++d)
-    if (type.isDynamicDim(d))
-      dyn.push_back(k.dim(like, d));
-  return k.alloc(MemRefType::get(type.getShape(), k.f32()), dyn);
-}
-
 /// The backward of y = m · x through one layer, in one pass over the rows of
 /// m ([R, C], any float) in memory order: dm[r, :] = dy[r] · x when `dm` is
-/// set (dy [R] f32, x [C] any float); returns dx = m^T · dy ([C] f32).
+/// set (dy [R] f32, x [C] any float); returns dx = m^T · dy ([C] f32), in
+/// `dx` when set, else in a new buffer.
 Value layerBackward(CK &k, const KernelOptions &opts, Value m, Value dy,
-                    Value x, Value dm) {
+                    Value x, Value dm, Value dx = {}) {
   Value c0 = k.idx(0), c1 = k.idx(1);
   int64_t lanes = k.lanes();
   Value rows = k.dim(m, 0), cols = k.dim(m, 1);
@@ -113,8 +104,9 @@ Value layerBackward(CK &k, const KernelOptions &opts, Value m, Value dy,
 
   // dx = Σ_blocks partial, in block order.
   int64_t staticCols = cast<MemRefType>(m.getType()).getDimSize(1);
-  Value dx = k.alloc(MemRefType::get({staticCols}, k.f32()),
-                     CK::dynamicSizes({staticCols}, {cols}));
+  if (!dx)
+    dx = k.alloc(MemRefType::get({staticCols}, k.f32()),
+                 CK::dynamicSizes({staticCols}, {cols}));
   auto reduceAt = [&](Value col, bool whole) {
     Value s = k.forLoop(c0, blocks, c1, ValueRange{zeros},
                         [&](Value blk, ValueRange acc) -> SmallVector<Value> {
@@ -131,24 +123,27 @@ Value layerBackward(CK &k, const KernelOptions &opts, Value m, Value dy,
 struct HyperRouterGradKernel : KernelPattern<HyperRouterGradOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult matchAndRewrite(HyperRouterGradOp op,
-                                PatternRewriter &rw) const override {
+  LogicalResult emit(HyperRouterGradOp op, CK &k,
+                     PatternRewriter &rw) const override {
     if (hasStaticZeroSize(op))
       return rw.notifyMatchFailure(op, "a static zero-sized dimension");
-    ImplicitLocOpBuilder b(op.getLoc(), rw);
-    CK k(b, opts);
+    // Each gradient is shaped like its parameter.
+    SmallVector<Value> params = {op.getEmb(), op.getW1(), op.getB1(),
+                                 op.getW2(), op.getB2()};
+    SmallVector<KernelScope::Out> outs = KernelScope::outsLike(k, op, params);
+    llvm::append_range(params, ValueRange{op.getDw(), op.getDb()});
+    KernelScope kernel(k, params, outs);
     Value c0 = k.idx(0), c1 = k.idx(1);
     int64_t lanes = k.lanes();
     Value emb = k.buffer(op.getEmb()), w1 = k.buffer(op.getW1());
     Value b1 = k.buffer(op.getB1()), w2 = k.buffer(op.getW2());
-    Value b2 = k.buffer(op.getB2());
     Value dw = k.buffer(op.getDw()), db = k.buffer(op.getDb());
 
     // 1. The hidden layer.
     Value h = hyperAffine(k, opts, w1, emb, b1, /*relu=*/true);
 
     // 2. d_b2 = dout: row e of dw, then db[e], for each expert.
-    Value dout = allocLike(k, b2);
+    Value dout = kernel.out(4);
     Value experts = k.dim(dw, 0), depth = k.dim(dw, 1);
     Value full = k.divu(depth, k.idx(lanes));
     Value tail = k.sub(depth, k.mul(full, k.idx(lanes)));
@@ -166,12 +161,12 @@ struct HyperRouterGradKernel : KernelPattern<HyperRouterGradOp> {
     });
 
     // 3. Through the output layer.
-    Value dw2 = allocLike(k, w2);
+    Value dw2 = kernel.out(3);
     bool writeW2 = !op.getDW2().use_empty();
     Value dh = layerBackward(k, opts, w2, dout, h, writeW2 ? dw2 : Value());
 
     // 4. Through the ReLU (unordered compare: a NaN passes dh).
-    Value da = allocLike(k, b1);
+    Value da = kernel.out(2);
     k.forLoop(c0, k.dim(b1, 0), c1, [&](Value i) {
       Value open =
           k.cmpf(arith::CmpFPredicate::UGT, k.load(h, {i}), k.cF32(0.0));
@@ -179,11 +174,12 @@ struct HyperRouterGradKernel : KernelPattern<HyperRouterGradOp> {
     });
 
     // 5. Through the hidden layer.
-    Value dw1 = allocLike(k, w1);
+    Value dw1 = kernel.out(1);
     bool writeW1 = !op.getDW1().use_empty();
-    Value demb = layerBackward(k, opts, w1, da, emb, writeW1 ? dw1 : Value());
+    layerBackward(k, opts, w1, da, emb, writeW1 ? dw1 : Value(),
+                  kernel.out(0));
 
-    replaceWithBuffers(k, rw, op, {demb, dw1, da, dw2, dout});
+    kernel.replace(rw, op);
     return success();
   }
 };

@@ -8,13 +8,16 @@
 
 #include "MoE/Kernels/TopK.h"
 
-#include "mlir/Dialect/Bufferization/IR/Bufferization.h"
+#include "MoE/IR/MoEOps.h"
+
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 
 #include <limits>
 
 using namespace mlir;
+using namespace mlir::moe;
 using namespace mlir::moe::cpu;
 
 //===----------------------------------------------------------------------===//
@@ -250,10 +253,9 @@ Value CK::scratch(const KernelOptions &opts, MemRefType type,
 //===----------------------------------------------------------------------===//
 
 Value CK::buffer(Value tensor) {
-  auto type = cast<RankedTensorType>(tensor.getType());
-  auto memref = MemRefType::get(type.getShape(), type.getElementType());
-  return bufferization::ToBufferOp::create(b, memref, tensor,
-                                           /*read_only=*/true);
+  assert(inputs_ && inputs_->contains(tensor) &&
+         "CK::buffer of a tensor that is not an input of the kernel");
+  return inputs_->lookup(tensor);
 }
 
 Value CK::alloc(MemRefType type, ValueRange dynamicSizes) {
@@ -278,13 +280,76 @@ Value CK::workerSlice(Value scratch, Value w) {
                                    offsets, sizes, strides);
 }
 
-Value CK::tensor(Value buffer) {
-  auto type = cast<MemRefType>(buffer.getType());
-  auto tensorType =
-      RankedTensorType::get(type.getShape(), type.getElementType());
-  return bufferization::ToTensorOp::create(b, tensorType, buffer,
-                                           /*restrict=*/b.getUnitAttr(),
-                                           /*writable=*/b.getUnitAttr());
+SmallVector<Value> CK::sizes(Value shaped) {
+  auto type = cast<ShapedType>(shaped.getType());
+  SmallVector<Value> result;
+  for (int64_t d = 0; d < type.getRank(); ++d) {
+    if (!type.isDynamicDim(d))
+      result.push_back(idx(type.getDimSize(d)));
+    else if (isa<MemRefType>(type))
+      result.push_back(dim(shaped, d));
+    else
+      result.push_back(tensor::DimOp::create(b, shaped, d));
+  }
+  return result;
+}
+
+//===----------------------------------------------------------------------===//
+// The kernel op
+//===----------------------------------------------------------------------===//
+
+KernelScope::KernelScope(CK &k, ArrayRef<Value> ins, ArrayRef<Out> outs)
+    : k(k) {
+  SmallVector<Value> uniqueIns;
+  for (Value v : ins)
+    if (v && !llvm::is_contained(uniqueIns, v))
+      uniqueIns.push_back(v);
+  SmallVector<Value> dests;
+  for (const Out &o : outs) {
+    auto type = cast<RankedTensorType>(o.type);
+    dests.push_back(tensor::EmptyOp::create(
+        k.b, type, CK::dynamicSizes(type.getShape(), o.sizes)));
+  }
+  auto op = KernelOp::create(k.b, uniqueIns, dests);
+  kernel = op;
+  for (auto [v, arg] : llvm::zip(uniqueIns, op.getInputBuffers()))
+    inputs.map(v, arg);
+  k.inputs_ = &inputs;
+  after = OpBuilder::InsertPoint(k.b.getInsertionBlock(),
+                                 k.b.getInsertionPoint());
+  k.b.setInsertionPoint(op.getBlock().getTerminator());
+}
+
+SmallVector<KernelScope::Out>
+KernelScope::outsOf(Operation *op, ArrayRef<SmallVector<Value>> sizes) {
+  SmallVector<Out> outs;
+  for (auto [result, s] : llvm::zip_equal(op->getResults(), sizes))
+    outs.push_back({result.getType(), s});
+  return outs;
+}
+
+SmallVector<KernelScope::Out>
+KernelScope::outsLike(CK &k, Operation *op, ValueRange like) {
+  SmallVector<SmallVector<Value>> sizes;
+  for (Value v : like)
+    sizes.push_back(k.sizes(v));
+  return outsOf(op, sizes);
+}
+
+Value KernelScope::out(unsigned i) const { return outs()[i]; }
+
+ValueRange KernelScope::outs() const {
+  return cast<KernelOp>(kernel).getOutputBuffers();
+}
+
+ValueRange KernelScope::finish() {
+  k.inputs_ = nullptr;
+  k.b.restoreInsertionPoint(after);
+  return kernel->getResults();
+}
+
+void KernelScope::replace(RewriterBase &rw, Operation *op) {
+  rw.replaceOp(op, finish());
 }
 
 SmallVector<Value> CK::dynamicSizes(ArrayRef<int64_t> shape,

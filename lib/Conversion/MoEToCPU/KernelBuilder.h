@@ -12,10 +12,12 @@
 // items (rows, row tiles, column blocks) over threads. Algorithms shared with
 // the GPU kernels (the top-k order and weights) live in MoE/Kernels.
 //
-// A kernel reads its operands through `bufferization.to_buffer` (read-only)
-// and writes freshly allocated buffers that become tensors again with
-// `bufferization.to_tensor restrict writable`, so one-shot bufferization
-// sees a plain producer of a new tensor.
+// A kernel is built inside a `moe.kernel` (KernelScope): the op's tensor
+// operands it reads are the kernel's ins, its results are outs with
+// `tensor.empty` destinations, and the body works on the block arguments, the
+// buffers of both. One-shot bufferization, not the kernel, then decides where
+// those buffers come from (an out may be written in place into the caller's
+// buffer). Scratch memory of the kernel itself is memref.alloc.
 //
 //===----------------------------------------------------------------------===//
 
@@ -26,6 +28,7 @@
 
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
+#include "mlir/IR/IRMapping.h"
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 #include "mlir/IR/PatternMatch.h"
 
@@ -143,18 +146,61 @@ public:
   Value workerSlice(Value scratch, Value w);
 
   // Buffers.
-  /// The buffer of an input tensor (read-only, identity layout).
+  /// The buffer of `tensor`, an input of the kernel being built (KernelScope):
+  /// its block argument (identity layout; read-only).
   Value buffer(Value tensor);
   /// A new 64-byte aligned buffer of `type` (dynamic sizes in order).
   Value alloc(MemRefType type, ValueRange dynamicSizes);
-  /// The tensor of a buffer the kernel wrote.
-  Value tensor(Value buffer);
   /// Dynamic sizes of `shape` as values (for alloc) taken from `sizes`.
   static SmallVector<Value> dynamicSizes(ArrayRef<int64_t> shape,
                                          ArrayRef<Value> sizes);
+  /// The sizes of a ranked tensor or memref, one index value per dimension
+  /// (constants for the static ones).
+  SmallVector<Value> sizes(Value shaped);
 
 private:
+  friend class KernelScope;
   int64_t lanes_ = kLanes;
+  /// The inputs of the kernel being built and their buffers.
+  const IRMapping *inputs_ = nullptr;
+};
+
+/// The moe.kernel (MoEKernelOp.td) a pattern builds its kernel in. Opening
+/// one creates `moe.kernel ins(inputs) outs(tensor.empty ...)` at the
+/// builder's insertion point and moves the builder into the body, where
+/// CK::buffer gives the inputs' buffers and out() the results'; replace()
+/// leaves the body and replaces the op by the kernel's results.
+class KernelScope {
+public:
+  /// A result: its tensor type and its sizes (index values made before the
+  /// scope, one per dimension; static dimensions are not read).
+  struct Out {
+    Type type;
+    SmallVector<Value> sizes;
+  };
+  /// `inputs`: the tensors the kernel reads (null ones are left out).
+  KernelScope(CK &k, ArrayRef<Value> inputs, ArrayRef<Out> outs);
+  /// Outs shaped like the results of `op` with the sizes `sizes` (one list
+  /// per result).
+  static SmallVector<Out> outsOf(Operation *op,
+                                 ArrayRef<SmallVector<Value>> sizes);
+  /// Outs shaped like the results of `op`, result i with the sizes of
+  /// like[i] (a gradient and its parameter).
+  static SmallVector<Out> outsLike(CK &k, Operation *op, ValueRange like);
+  /// The buffer of out `i` inside the body, and all of them.
+  Value out(unsigned i) const;
+  ValueRange outs() const;
+  /// Leaves the body (the builder continues after the moe.kernel) and
+  /// returns the kernel's results.
+  ValueRange finish();
+  /// finish() and replace the results of `op` by the kernel's, in order.
+  void replace(RewriterBase &rw, Operation *op);
+
+private:
+  CK &k;
+  Operation *kernel;
+  IRMapping inputs;
+  OpBuilder::InsertPoint after;
 };
 
 /// One round of the top-k kernels: the largest packed i64 candidate (MoE/Kernels/TopK.h) of the vector<8xi64>

@@ -15,43 +15,56 @@ namespace mlir {
 class RewritePatternSet;
 namespace moe::cpu {
 /// The base of the kernel patterns: benefit 2, so that a kernel wins over the
-/// portable pattern of the same op when both are in one set.
-template <typename OpTy> struct KernelPattern : OpRewritePattern<OpTy> {
-  KernelPattern(MLIRContext *ctx, KernelOptions opts)
-      : OpRewritePattern<OpTy>(ctx, /*benefit=*/2), opts(opts) {}
+/// portable pattern of the same op when both are in one set. A pattern
+/// implements emit() on a kernel builder at the op (with the target's lanes,
+/// or kLanes when TargetLanes is false); emit() opens the op's KernelScope.
+template <typename OpTy, bool TargetLanes = true>
+struct KernelPattern : OpRewritePattern<OpTy> {
+  KernelPattern(MLIRContext *ctx, KernelOptions opts,
+                PatternBenefit benefit = 2)
+      : OpRewritePattern<OpTy>(ctx, benefit), opts(opts) {}
   KernelOptions opts;
+
+  virtual LogicalResult emit(OpTy op, CK &k, PatternRewriter &rw) const = 0;
+
+  LogicalResult matchAndRewrite(OpTy op, PatternRewriter &rw) const final {
+    ImplicitLocOpBuilder b(op.getLoc(), rw);
+    if (!TargetLanes) {
+      CK k(b);
+      return emit(op, k, rw);
+    }
+    CK k(b, opts);
+    return emit(op, k, rw);
+  }
 };
 
-void populateTopkRenormKernel(RewritePatternSet &p, const KernelOptions &o);
-void populateSimilarityInformKernel(RewritePatternSet &p,
-                                    const KernelOptions &o);
-void populateAttentionPosteriorKernel(RewritePatternSet &p,
-                                      const KernelOptions &o);
-void populateMadDispersionKernel(RewritePatternSet &p, const KernelOptions &o);
-void populateAdjacencyUpdateKernel(RewritePatternSet &p,
-                                   const KernelOptions &o);
-void populateHyperRouterKernel(RewritePatternSet &p, const KernelOptions &o);
+/// True when an operand of `op` has a static zero size: the backward kernels
+/// leave such ops to the portable lowering (none needs a special case for
+/// them; the torch ops handle them without a kernel).
+bool hasStaticZeroSize(Operation *op);
+
+/// Adds one op's kernel pattern(s); each is defined in the file named after
+/// the op.
+using PopulateKernel = void(RewritePatternSet &, const KernelOptions &);
+PopulateKernel populateTopkRenormKernel, populateSimilarityInformKernel,
+    populateAttentionPosteriorKernel, populateMadDispersionKernel,
+    populateAdjacencyUpdateKernel, populateHyperRouterKernel,
+    populateRouteKernel, populateDispatchPlanKernel,
+    // moe.route feeding moe.dispatch_plan: one kernel (benefit 3).
+    populateRouteDispatchPlanKernel,
+    // Backward ops (MoEGradOps.td).
+    populateSimilarityInformGradKernel, populateTopkRenormGradKernel,
+    populateAttentionPosteriorGradKernel, populateHyperRouterGradKernel;
+
 /// moe.hyper_router's GEMV (HyperRouter.cpp), shared with its backward:
 /// y = m · x + bias ([rows] f32, any float operands; ReLU when `relu`), rows
-/// in memory order over row blocks on the workers.
+/// in memory order over row blocks on the workers; into `y` when set, else a
+/// new buffer. Returns y.
 Value hyperAffine(CK &k, const KernelOptions &opts, Value m, Value x,
-                  Value bias, bool relu);
+                  Value bias, bool relu, Value y = {});
 /// Matrices of at most this many elements (1 MiB of f32) run on the calling
 /// thread in the hyper_router kernels: as at most CK::kInlineItems items.
 constexpr int64_t kHyperInlineElements = 1 << 18;
-void populateRouteKernel(RewritePatternSet &p, const KernelOptions &o);
-void populateDispatchPlanKernel(RewritePatternSet &p, const KernelOptions &o);
-/// moe.route feeding moe.dispatch_plan: one kernel (benefit 3).
-void populateRouteDispatchPlanKernel(RewritePatternSet &p,
-                                     const KernelOptions &o);
-// Backward ops (MoEGradOps.td).
-void populateSimilarityInformGradKernel(RewritePatternSet &p,
-                                        const KernelOptions &o);
-void populateTopkRenormGradKernel(RewritePatternSet &p, const KernelOptions &o);
-void populateAttentionPosteriorGradKernel(RewritePatternSet &p,
-                                          const KernelOptions &o);
-void populateHyperRouterGradKernel(RewritePatternSet &p,
-                                   const KernelOptions &o);
 } // namespace moe::cpu
 } // namespace mlir
 

@@ -39,8 +39,8 @@ constexpr int64_t kBlockVectors = 2;
 struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult matchAndRewrite(MadDispersionOp op,
-                                PatternRewriter &rw) const override {
+  LogicalResult emit(MadDispersionOp op, CK &k,
+                     PatternRewriter &rw) const override {
     Location loc = op.getLoc();
     int64_t numExperts = op.getNumExperts();
     if (failed(lowering::emitIndexCheck(
@@ -48,10 +48,15 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
             lowering::IndexErrorOp::MadDispersionAssign)))
       return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
                                        "moeReportIndexError");
-    ImplicitLocOpBuilder b(loc, rw);
-    CK k(b, opts);
     int64_t lanes = k.lanes();
     Type f32 = k.f32(), i32 = k.i32();
+    // counts [E] i32 and the deviations [E, D] f32, which
+    // finishMadDispersion turns into the op's results.
+    Value depthSize = k.sizes(op.getTokens())[1];
+    KernelScope kernel(
+        k, {op.getTokens(), op.getAssign()},
+        {{RankedTensorType::get({numExperts}, i32), {}},
+         {RankedTensorType::get({numExperts, kDyn}, f32), {k.idx(numExperts), depthSize}}});
     Value c0 = k.idx(0), c1 = k.idx(1);
     Value x = k.buffer(op.getTokens()), assign = k.buffer(op.getAssign());
     Value tokens = k.dim(x, 0), depth = k.dim(x, 1);
@@ -68,10 +73,10 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
       Value nonNegative = k.cmpi(arith::CmpIPredicate::sge, a, zeroA);
       Value below = k.cmpi(arith::CmpIPredicate::slt, a, eA);
       Value ok = k.andI(nonNegative, below);
-      k.ifThen(ok, [&] { body(k.castInt(a, b.getIndexType())); });
+      k.ifThen(ok, [&] { body(k.castInt(a, k.index())); });
     };
 
-    Value counts = k.alloc(MemRefType::get({numExperts}, i32), {});
+    Value counts = kernel.out(0);
     k.forLoop(c0, e, c1, [&](Value c) { k.store(k.cI32(0), counts, {c}); });
     k.forLoop(c0, tokens, c1, [&](Value t) {
       withCluster(t, [&](Value a) {
@@ -81,7 +86,7 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
 
     auto statType = MemRefType::get({numExperts, kDyn}, f32);
     Value sums = k.alloc(statType, {depth});
-    Value dev = k.alloc(statType, {depth});
+    Value dev = kernel.out(1);
     Value zeros = k.constLike(k.vf32(), 0.0);
     int64_t block = kBlockVectors * lanes;
     int64_t staticDepth = cast<MemRefType>(x.getType()).getDimSize(1);
@@ -162,9 +167,8 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
       k.splitFull(full, [&](bool isFull) { emitBlock(col0, isFull); });
     });
 
-    Value devT = k.tensor(dev);
-    Value countsT = k.tensor(counts);
-    lowering::finishMadDispersion(rw, op, countsT, devT);
+    ValueRange results = kernel.finish();
+    lowering::finishMadDispersion(rw, op, results[0], results[1]);
     return success();
   }
 };

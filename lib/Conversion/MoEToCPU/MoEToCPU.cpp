@@ -54,20 +54,25 @@ void mlir::moe::populateMoEToCPUKernelPatterns(RewritePatternSet &patterns,
   cpu::KernelOptions opts;
   opts.numThreads = std::max<int64_t>(numThreads, 1);
   opts.vectorBits = vectorBits;
-  cpu::populateTopkRenormKernel(patterns, opts);
-  cpu::populateSimilarityInformKernel(patterns, opts);
-  cpu::populateAttentionPosteriorKernel(patterns, opts);
-  cpu::populateMadDispersionKernel(patterns, opts);
-  cpu::populateAdjacencyUpdateKernel(patterns, opts);
-  cpu::populateHyperRouterKernel(patterns, opts);
-  cpu::populateRouteKernel(patterns, opts);
-  cpu::populateDispatchPlanKernel(patterns, opts);
-  cpu::populateRouteDispatchPlanKernel(patterns, opts);
-  cpu::populateSimilarityInformGradKernel(patterns, opts);
-  cpu::populateTopkRenormGradKernel(patterns, opts);
-  cpu::populateAttentionPosteriorGradKernel(patterns, opts);
-  cpu::populateHyperRouterGradKernel(patterns, opts);
+  for (cpu::PopulateKernel *populate :
+       {cpu::populateTopkRenormKernel, cpu::populateSimilarityInformKernel,
+        cpu::populateAttentionPosteriorKernel, cpu::populateMadDispersionKernel,
+        cpu::populateAdjacencyUpdateKernel, cpu::populateHyperRouterKernel,
+        cpu::populateRouteKernel, cpu::populateDispatchPlanKernel,
+        cpu::populateRouteDispatchPlanKernel,
+        cpu::populateSimilarityInformGradKernel,
+        cpu::populateTopkRenormGradKernel,
+        cpu::populateAttentionPosteriorGradKernel,
+        cpu::populateHyperRouterGradKernel})
+    populate(patterns, opts);
   populateSplitFusedRoutingPatterns(patterns);
+}
+
+bool mlir::moe::cpu::hasStaticZeroSize(Operation *op) {
+  return llvm::any_of(op->getOperands(), [](Value v) {
+    return llvm::is_contained(cast<RankedTensorType>(v.getType()).getShape(),
+                              0);
+  });
 }
 
 namespace {

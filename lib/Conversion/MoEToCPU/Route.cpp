@@ -272,37 +272,34 @@ private:
   }
 };
 
-struct RouteKernel : KernelPattern<RouteOp> {
+struct RouteKernel : KernelPattern<RouteOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult matchAndRewrite(RouteOp op,
-                                PatternRewriter &rw) const override {
-    ImplicitLocOpBuilder b(op.getLoc(), rw);
-    CK k(b);
-    RouteKernelBuffers out = emitRouteKernel(k, opts, op);
-    rw.replaceOp(op, {castResult(k, k.tensor(out.weights), op.getWeights().getType()),
-                      castResult(k, k.tensor(out.indices),
-                             op.getIndices().getType())});
+  LogicalResult emit(RouteOp op, CK &k, PatternRewriter &rw) const override {
+    KernelScope kernel(k, {op.getLogits(), op.getBias()},
+                       KernelScope::outsOf(op, routeResultSizes(k, op)));
+    emitRouteKernel(k, opts, op, kernel.out(0), kernel.out(1));
+    kernel.replace(rw, op);
     return success();
   }
 };
 } // namespace
 
-RouteKernelBuffers
-mlir::moe::cpu::emitRouteKernel(CK &k, const KernelOptions &opts, RouteOp op,
-                                function_ref<void(Value)> itemBegin,
-                                function_ref<void(Value, Value, Value)> rowEnd) {
+SmallVector<SmallVector<Value>> mlir::moe::cpu::routeResultSizes(CK &k,
+                                                                 RouteOp op) {
+  SmallVector<Value> sizes = {k.sizes(op.getLogits())[0], k.idx(op.getK())};
+  return {sizes, sizes};
+}
+
+void mlir::moe::cpu::emitRouteKernel(
+    CK &k, const KernelOptions &opts, RouteOp op, Value wBuf, Value iBuf,
+    function_ref<void(Value)> itemBegin,
+    function_ref<void(Value, Value, Value)> rowEnd) {
   Type f32 = k.f32(), i32 = k.i32(), i64 = k.i64();
   int64_t topk = op.getK();
   Value x = k.buffer(op.getLogits());
   Value bias = op.getBias() ? k.buffer(op.getBias()) : Value();
   Value numRows = k.dim(x, 0), numExperts = k.dim(x, 1);
-  auto xType = cast<MemRefType>(x.getType());
-  SmallVector<int64_t> outShape = {xType.getDimSize(0), topk};
-  SmallVector<Value> outDyn =
-      CK::dynamicSizes(outShape, {numRows, k.idx(topk)});
-  Value wBuf = k.alloc(MemRefType::get(outShape, f32), outDyn);
-  Value iBuf = k.alloc(MemRefType::get(outShape, i32), outDyn);
 
   // Per-worker scratch: scores (16-lane chunks), candidates (8-lane chunks),
   // the k weight sources, the group candidates and kept flags.
@@ -336,13 +333,6 @@ mlir::moe::cpu::emitRouteKernel(CK &k, const KernelOptions &opts, RouteOp op,
             rowEnd(r, item, iBuf);
         });
       });
-  return {wBuf, iBuf};
-}
-
-Value mlir::moe::cpu::castResult(CK &k, Value v, Type type) {
-  if (v.getType() == type)
-    return v;
-  return tensor::CastOp::create(k.b, type, v);
 }
 
 void mlir::moe::cpu::populateRouteKernel(RewritePatternSet &p,

@@ -22,18 +22,17 @@ namespace mlir::moe::cpu {
 /// indices of the rows it has just routed.
 constexpr int64_t kRouteRowsPerItem = 32;
 
-/// Emits the moe.route kernel: allocates the weights [T, k] f32 and indices
-/// [T, k] i32 buffers and spreads blocks of kRouteRowsPerItem rows over the
-/// workers. `itemBegin(item)` runs when a worker starts an item and
-/// `rowEnd(row, item, indices)` after each of its rows (both may be null):
-/// the fused kernel's hooks.
-struct RouteKernelBuffers {
-  Value weights, indices;
-};
-RouteKernelBuffers emitRouteKernel(
-    CK &k, const KernelOptions &opts, RouteOp op,
+/// Emits the moe.route kernel into the weights [T, k] f32 and indices [T, k]
+/// i32 buffers `weights` and `indices`, spreading blocks of
+/// kRouteRowsPerItem rows over the workers. `itemBegin(item)` runs when a
+/// worker starts an item and `rowEnd(row, item, indices)` after each of its
+/// rows (both may be null): the fused kernel's hooks.
+void emitRouteKernel(
+    CK &k, const KernelOptions &opts, RouteOp op, Value weights, Value indices,
     function_ref<void(Value item)> itemBegin = nullptr,
     function_ref<void(Value row, Value item, Value indices)> rowEnd = nullptr);
+/// The sizes of moe.route's results (weights and indices: [T, k]).
+SmallVector<SmallVector<Value>> routeResultSizes(CK &k, RouteOp op);
 
 /// The first moe.dispatch_plan that reads `route`'s indices over its E
 /// experts in the same block (so that the fused kernel, emitted at the route,
@@ -43,20 +42,18 @@ DispatchPlanOp fusableDispatchPlan(RouteOp route);
 /// The dispatch plan of the i32/i64 indices buffer `indices` [T, K] with E
 /// experts and block size B, built from `hist` [ceil(T / kRouteRowsPerItem),
 /// E] i32 holding each item's per-expert counts of its in-range assignments
-/// (emitPlanCounts, or the fused kernel's hook). Returns the seven result
-/// buffers of moe.dispatch_plan, in order, shaped like `op`'s results.
-SmallVector<Value> emitPlanFromHistogram(CK &k, const KernelOptions &opts,
-                                         DispatchPlanOp op, Value indices,
-                                         Value hist);
+/// (emitPlanCounts, or the fused kernel's hook), written into `results`, the
+/// seven result buffers of moe.dispatch_plan in order.
+void emitPlanFromHistogram(CK &k, const KernelOptions &opts, DispatchPlanOp op,
+                           Value indices, Value hist, ValueRange results);
+/// The sizes of moe.dispatch_plan's seven results for indices [T, K].
+SmallVector<SmallVector<Value>> planResultSizes(CK &k, DispatchPlanOp op,
+                                                Value rows, Value slots);
 /// A fresh [items, E] histogram buffer for `numRows` (T) rows.
 Value allocPlanHistogram(CK &k, Value numRows, int64_t numExperts);
 /// Adds the in-range assignments of row `row` of `indices` to `hist[item]`.
 void countPlanRow(CK &k, Value indices, Value hist, Value row, Value item,
                   int64_t numExperts);
-/// `v` (a kernel's tensor) cast to the op's result type when they differ
-/// (a static result of a dynamic buffer).
-Value castResult(CK &k, Value v, Type type);
-
 /// Zeroes `hist[item]`.
 void clearPlanItem(CK &k, Value hist, Value item, int64_t numExperts);
 

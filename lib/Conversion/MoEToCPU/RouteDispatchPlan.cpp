@@ -16,8 +16,6 @@
 #include "Kernels.h"
 #include "Route.h"
 
-#include "mlir/Dialect/Tensor/IR/Tensor.h"
-
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::cpu;
@@ -38,35 +36,36 @@ DispatchPlanOp mlir::moe::cpu::fusableDispatchPlan(RouteOp route) {
 
 namespace {
 /// Benefit 3: tried before the single-op route kernel (2).
-struct RouteDispatchPlanKernel : OpRewritePattern<RouteOp> {
+struct RouteDispatchPlanKernel : KernelPattern<RouteOp, /*TargetLanes=*/false> {
   RouteDispatchPlanKernel(MLIRContext *ctx, KernelOptions opts)
-      : OpRewritePattern<RouteOp>(ctx, /*benefit=*/3), opts(opts) {}
-  KernelOptions opts;
+      : KernelPattern(ctx, opts, /*benefit=*/3) {}
 
-  LogicalResult matchAndRewrite(RouteOp op,
-                                PatternRewriter &rw) const override {
+  LogicalResult emit(RouteOp op, CK &k, PatternRewriter &rw) const override {
     DispatchPlanOp plan = fusableDispatchPlan(op);
     if (!plan)
       return rw.notifyMatchFailure(op, "no dispatch_plan of its indices");
-    ImplicitLocOpBuilder b(op.getLoc(), rw);
-    CK k(b);
     int64_t numExperts = plan.getNumExperts();
-    Value numRows = tensor::DimOp::create(b, op.getLogits(), 0);
+    // One kernel with the results of both ops: the route's, then the plan's.
+    SmallVector<KernelScope::Out> outs =
+        KernelScope::outsOf(op, routeResultSizes(k, op));
+    SmallVector<Value> indicesSizes = routeResultSizes(k, op)[1];
+    llvm::append_range(
+        outs, KernelScope::outsOf(plan, planResultSizes(k, plan, indicesSizes[0],
+                                                        indicesSizes[1])));
+    KernelScope kernel(k, {op.getLogits(), op.getBias()}, outs);
+    Value numRows = k.dim(k.buffer(op.getLogits()), 0);
     Value hist = allocPlanHistogram(k, numRows, numExperts);
-    RouteKernelBuffers out = emitRouteKernel(
-        k, opts, op,
+    emitRouteKernel(
+        k, opts, op, kernel.out(0), kernel.out(1),
         [&](Value item) { clearPlanItem(k, hist, item, numExperts); },
         [&](Value row, Value item, Value indices) {
           countPlanRow(k, indices, hist, row, item, numExperts);
         });
-    SmallVector<Value> planResults;
-    for (Value buf : emitPlanFromHistogram(k, opts, plan, out.indices, hist))
-      planResults.push_back(k.tensor(buf));
-    Value indices = k.tensor(out.indices);
-    rw.replaceOp(op, {castResult(k, k.tensor(out.weights),
-                             op.getWeights().getType()),
-                      castResult(k, indices, op.getIndices().getType())});
-    rw.replaceOp(plan, planResults);
+    emitPlanFromHistogram(k, opts, plan, kernel.out(1), hist,
+                          kernel.outs().drop_front(2));
+    ValueRange results = kernel.finish();
+    rw.replaceOp(plan, results.drop_front(2));
+    rw.replaceOp(op, results.take_front(2));
     return success();
   }
 };

@@ -15,23 +15,21 @@
 
 #include "MoE/IR/MoEOps.h"
 
-#include "mlir/Dialect/Tensor/IR/Tensor.h"
-
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::cpu;
 
 namespace {
-constexpr int64_t kDyn = ShapedType::kDynamic;
-
-struct SimilarityInformKernel : KernelPattern<SimilarityInformOp> {
+struct SimilarityInformKernel
+    : KernelPattern<SimilarityInformOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult matchAndRewrite(SimilarityInformOp op,
-                                PatternRewriter &rw) const override {
-    ImplicitLocOpBuilder b(op.getLoc(), rw);
-    CK k(b);
-    Type f32 = k.f32();
+  LogicalResult emit(SimilarityInformOp op, CK &k,
+                     PatternRewriter &rw) const override {
+    SmallVector<Value> uSizes = k.sizes(op.getU());
+    KernelScope kernel(k, {op.getU(), op.getE(), op.getKeyMask(), op.getWs()},
+                       KernelScope::outsOf(op, {{uSizes[0], uSizes[1],
+                                                 k.sizes(op.getE())[2]}}));
     Value u = k.buffer(op.getU()), e = k.buffer(op.getE());
     Value mask = op.getKeyMask() ? k.buffer(op.getKeyMask()) : Value();
     Value batch = k.dim(u, 0), rows = k.dim(u, 1), depth = k.dim(u, 2);
@@ -59,8 +57,7 @@ struct SimilarityInformKernel : KernelPattern<SimilarityInformOp> {
 
     auto [values, nonFinite] =
         packValues(k, e, batch, rows, width, keysPad, widthPad);
-    Value out =
-        k.alloc(MemRefType::get({kDyn, kDyn, kDyn}, f32), {batch, rows, width});
+    Value out = kernel.out(0);
 
     FlashSpec spec;
     spec.q = q;
@@ -78,10 +75,7 @@ struct SimilarityInformKernel : KernelPattern<SimilarityInformOp> {
     spec.logits = scaledMaskedLogits(keyValid, causal, tau);
     emitFlashMix(k, opts, spec);
 
-    Value p = k.tensor(out);
-    if (p.getType() != op.getP().getType())
-      p = tensor::CastOp::create(b, op.getP().getType(), p);
-    rw.replaceOp(op, p);
+    kernel.replace(rw, op);
     return success();
   }
 };

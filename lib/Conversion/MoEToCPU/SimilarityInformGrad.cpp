@@ -35,15 +35,24 @@ using namespace mlir::moe::cpu;
 namespace {
 constexpr int64_t kDyn = ShapedType::kDynamic;
 
-struct SimilarityInformGradKernel : KernelPattern<SimilarityInformGradOp> {
+struct SimilarityInformGradKernel
+    : KernelPattern<SimilarityInformGradOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult matchAndRewrite(SimilarityInformGradOp op,
-                                PatternRewriter &rw) const override {
+  LogicalResult emit(SimilarityInformGradOp op, CK &k,
+                     PatternRewriter &rw) const override {
     if (hasStaticZeroSize(op))
       return rw.notifyMatchFailure(op, "a static zero-sized dimension");
-    ImplicitLocOpBuilder b(op.getLoc(), rw);
-    CK k(b);
+    // du [B, N, D], de [B, N, K] and dws [D, D].
+    SmallVector<Value> uSizes = k.sizes(op.getU());
+    SmallVector<SmallVector<Value>> outSizes = {
+        uSizes, {uSizes[0], uSizes[1], k.sizes(op.getE())[2]}};
+    if (op.getWs())
+      outSizes.push_back({uSizes[2], uSizes[2]});
+    KernelScope kernel(k,
+                       {op.getU(), op.getE(), op.getDp(), op.getKeyMask(),
+                        op.getWs()},
+                       KernelScope::outsOf(op, outSizes));
     Type f32 = k.f32();
     Value c0 = k.idx(0), c1 = k.idx(1);
     Value u = k.buffer(op.getU()), e = k.buffer(op.getE());
@@ -130,8 +139,9 @@ struct SimilarityInformGradKernel : KernelPattern<SimilarityInformGradOp> {
     Value qValues = uValues;
     if (ws)
       qValues = packValues(k, q, batch, rows, depth, keysPad, depthPad).first;
-    Value de = k.alloc(rank3, {batch, rows, width});
-    Value dk = k.alloc(rank3, {batch, rows, depth});
+    Value de = kernel.out(1);
+    // dk is du itself without ws.
+    Value dk = ws ? k.alloc(rank3, {batch, rows, depth}) : kernel.out(0);
     FlashGradSpec byKey;
     byKey.rowA = u;
     byKey.colAT = qT;
@@ -169,7 +179,6 @@ struct SimilarityInformGradKernel : KernelPattern<SimilarityInformGradOp> {
 
     // 4. du and dws.
     Value du;
-    SmallVector<Value> results;
     if (ws) {
       // du = dk + dq · ws^T.
       Value wsT = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {depth, depth});
@@ -178,7 +187,8 @@ struct SimilarityInformGradKernel : KernelPattern<SimilarityInformGradOp> {
           k.store(k.loadF(ws, {c, r}), wsT, {r, c});
         });
       });
-      du = projectRows(k, opts, dq, wsT, batch, rows, depth, depth, dk);
+      du = projectRows(k, opts, dq, wsT, batch, rows, depth, depth, dk,
+                       kernel.out(0));
     } else {
       du = dk;
       Value chunks = k.divu(depthPad, k.idx(kLanes));
@@ -193,12 +203,10 @@ struct SimilarityInformGradKernel : KernelPattern<SimilarityInformGradOp> {
         });
       });
     }
-    results.push_back(du);
-    results.push_back(de);
     if (ws) {
       // dws[d, :] = Σ_{b,i} u[b,i,d] dq[b,i,:]: one worker per row d, a fixed
       // order over (b, i).
-      Value dws = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {depth, depth});
+      Value dws = kernel.out(2);
       Value chunks = k.divu(depthPad, k.idx(kLanes));
       k.workers(opts, depth, [&](Value d, Value) {
         k.forLoop(c0, chunks, c1, [&](Value c) {
@@ -218,10 +226,9 @@ struct SimilarityInformGradKernel : KernelPattern<SimilarityInformGradOp> {
           k.vstoreMasked(acc, dws, {d, col}, count);
         });
       });
-      results.push_back(dws);
     }
 
-    replaceWithBuffers(k, rw, op, results);
+    kernel.replace(rw, op);
     return success();
   }
 };

@@ -172,31 +172,23 @@ Value sumSelChunks(CK &k, int64_t selPad, Value init,
 struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult matchAndRewrite(TopkRenormOp op,
-                                PatternRewriter &rw) const override {
+  LogicalResult emit(TopkRenormOp op, CK &k,
+                     PatternRewriter &rw) const override {
     auto scoresType = cast<RankedTensorType>(op.getScores().getType());
     if (scoresType.getRank() < 2)
       return rw.notifyMatchFailure(op, "rank-1 scores: portable lowering");
-    ImplicitLocOpBuilder b(op.getLoc(), rw);
-    CK k(b, opts);
     int64_t topk = op.getK();
     bool logits = op.getMode() == TopkMode::logits;
     bool renormalize = op.getRenormalize();
     Type f32 = k.f32(), i32 = k.i32();
 
-    Value scores = k.buffer(op.getScores());
-    int64_t rank = scoresType.getRank();
-    SmallVector<Value> sizes;
-    for (int64_t d = 0; d < rank; ++d)
-      sizes.push_back(k.dim(scores, d));
-    SmallVector<int64_t> outShape(scoresType.getShape());
-    outShape.back() = topk;
-    SmallVector<Value> outSizes(sizes);
+    // weights and indices: the scores' sizes with k in the last dimension.
+    SmallVector<Value> outSizes = k.sizes(op.getScores());
     outSizes.back() = k.idx(topk);
-    auto wType = MemRefType::get(outShape, f32);
-    auto iType = MemRefType::get(outShape, i32);
-    Value wBuf = k.alloc(wType, CK::dynamicSizes(outShape, outSizes));
-    Value iBuf = k.alloc(iType, CK::dynamicSizes(outShape, outSizes));
+    KernelScope kernel(k, {op.getScores()},
+                       KernelScope::outsOf(op, {outSizes, outSizes}));
+    Value scores = k.buffer(op.getScores());
+    Value wBuf = kernel.out(0), iBuf = kernel.out(1);
 
     Value s2 = collapseRows(k, scores);
     Value w2 = collapseRows(k, wBuf), i2 = collapseRows(k, iBuf);
@@ -269,16 +261,8 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
       rowsFrom(k.idx(0), k.mul(numBlocks, k.idx(lanes)), numRows, group);
     }
 
-    Value w = castTo(k, k.tensor(wBuf), op.getWeights().getType());
-    Value idx = castTo(k, k.tensor(iBuf), op.getIndices().getType());
-    rw.replaceOp(op, {w, idx});
+    kernel.replace(rw, op);
     return success();
-  }
-
-  static Value castTo(CK &k, Value v, Type type) {
-    if (v.getType() == type)
-      return v;
-    return tensor::CastOp::create(k.b, type, v);
   }
 
   /// Rows [r0, r0 + lanes), one per lane, of the flat [rows * numExperts]

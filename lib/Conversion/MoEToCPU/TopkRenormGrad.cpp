@@ -16,8 +16,6 @@
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/TopK.h"
 
-#include "mlir/Dialect/Tensor/IR/Tensor.h"
-
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::cpu;
@@ -26,27 +24,21 @@ using namespace mlir::moe::kernels;
 namespace {
 constexpr int64_t kRowsPerItem = 32;
 
-struct TopkRenormGradKernel : KernelPattern<TopkRenormGradOp> {
+struct TopkRenormGradKernel
+    : KernelPattern<TopkRenormGradOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult matchAndRewrite(TopkRenormGradOp op,
-                                PatternRewriter &rw) const override {
-    auto scoresType = cast<RankedTensorType>(op.getScores().getType());
-    if (scoresType.getRank() < 2)
+  LogicalResult emit(TopkRenormGradOp op, CK &k,
+                     PatternRewriter &rw) const override {
+    if (cast<RankedTensorType>(op.getScores().getType()).getRank() < 2)
       return rw.notifyMatchFailure(op, "rank-1 scores: portable lowering");
-    for (Value v : op->getOperands())
-      if (llvm::is_contained(cast<RankedTensorType>(v.getType()).getShape(),
-                             0))
-        return rw.notifyMatchFailure(op, "a static zero-sized dimension");
-    ImplicitLocOpBuilder b(op.getLoc(), rw);
-    CK k(b);
+    if (hasStaticZeroSize(op))
+      return rw.notifyMatchFailure(op, "a static zero-sized dimension");
+    KernelScope kernel(
+        k, {op.getScores(), op.getIndices(), op.getDw()},
+        KernelScope::outsOf(op, {k.sizes(op.getScores())}));
     Value scores = k.buffer(op.getScores());
-    int64_t rank = scoresType.getRank();
-    SmallVector<Value> sizes;
-    for (int64_t d = 0; d < rank; ++d)
-      sizes.push_back(k.dim(scores, d));
-    auto outType = MemRefType::get(scoresType.getShape(), k.f32());
-    Value out = k.alloc(outType, CK::dynamicSizes(outType.getShape(), sizes));
+    Value out = kernel.out(0);
     Value s2 = collapseRows(k, scores), o2 = collapseRows(k, out);
     Value i2 = collapseRows(k, k.buffer(op.getIndices()));
     Value g2 = collapseRows(k, k.buffer(op.getDw()));
@@ -64,10 +56,7 @@ struct TopkRenormGradKernel : KernelPattern<TopkRenormGradOp> {
         emitTopkGradRow(k, spec, r, s2, i2, g2, o2, numExperts, sel);
       });
     });
-    Value t = k.tensor(out);
-    if (t.getType() != op.getDscores().getType())
-      t = tensor::CastOp::create(b, op.getDscores().getType(), t);
-    rw.replaceOp(op, t);
+    kernel.replace(rw, op);
     return success();
   }
 };

@@ -48,6 +48,8 @@ struct ConvertMoEToLinalgPass
     MLIRContext *ctx = &getContext();
     ConversionTarget target(*ctx);
     target.addIllegalDialect<MoEDialect>();
+    // convert-moe-to-cpu's kernels: already on buffers, for bufferization.
+    target.addLegalOp<KernelOp, KernelEndOp>();
     target.markUnknownOpDynamicallyLegal([](Operation *) { return true; });
     RewritePatternSet patterns(ctx);
     populateMoEToLinalgPatterns(patterns);

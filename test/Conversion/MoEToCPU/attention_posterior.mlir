@@ -11,13 +11,14 @@
 
 // CHECK-LABEL: func.func @min_entropy
 // CHECK-SAME: %[[S:[^:]+]]: tensor<2x8x128x96xf32>
-// CHECK: bufferization.to_buffer %[[S]] read_only
+// One kernel; p and the chosen heads are its outs.
+// CHECK: %[[R:.+]]:2 = moe.kernel ins(%[[S]], {{.*}}) outs(%{{.+}}, %{{.+}} : tensor<2x128x16xf32>, tensor<2xi32>)
+// CHECK-NEXT: ^bb0({{.*}}, %{{[^:]+}}: memref<2x128x16xf32>, %[[HEAD:[^:]+]]: memref<2xi32>):
 // CHECK: scf.parallel
 // CHECK: vector.reduction <maximumf>
 // CHECK-NOT: math.exp
 // CHECK: math.floor %{{.+}} : vector<16xf32>
 // CHECK: vector.reduction <add>
-// CHECK: %[[HEAD:.+]] = memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<?xi32>
 // CHECK: math.log
 // CHECK: arith.xori %{{.+}}, %c-1_i32 : i32
 // CHECK: arith.shli %{{.+}}, %{{.+}} : i64
@@ -37,9 +38,8 @@
 // CHECK: scf.parallel
 // CHECK: vector.fma
 // CHECK: vector.maskedstore
-// CHECK: %[[HT:.+]] = bufferization.to_tensor %[[HEAD]] restrict writable
-// CHECK: %[[HC:.+]] = tensor.cast %[[HT]] : tensor<?xi32> to tensor<2xi32>
-// CHECK: return %{{.+}}, %[[HC]]
+// CHECK: } -> tensor<2x128x16xf32>, tensor<2xi32>
+// CHECK: return %[[R]]#0, %[[R]]#1
 // CHECK-NOT: 128x128
 func.func @min_entropy(%s: tensor<2x8x128x96xf32>, %u: tensor<2x128x512xf32>, %v: tensor<2x8x96x64xf32>,
                        %wo: tensor<512x512xf32>, %e: tensor<2x96x16xf32>) -> (tensor<2x128x16xf32>, tensor<2xi32>) {
@@ -52,12 +52,10 @@ func.func @min_entropy(%s: tensor<2x8x128x96xf32>, %u: tensor<2x128x512xf32>, %v
 // The fused attention_posterior_topk is split: the posterior kernel above, then the top-k kernel on its
 // probabilities (mode = probs: no exp in the epilogue).
 // CHECK-LABEL: func.func @fused_topk
-// CHECK: memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<?xi32>
+// CHECK: %[[P:.+]]:2 = moe.kernel
 // CHECK: arith.cmpi sgt, %{{.+}}, %{{.+}} : i64
 // CHECK: vector.fma
-// CHECK: %[[P:.+]] = bufferization.to_tensor %{{.+}} restrict writable : memref<?x?x?xf32>
-// CHECK: %[[PC:.+]] = tensor.cast %[[P]] : tensor<?x?x?xf32> to tensor<2x128x16xf32>
-// CHECK: bufferization.to_buffer %[[PC]] read_only
+// CHECK: moe.kernel ins(%[[P]]#0 :
 // CHECK: memref.collapse_shape
 // CHECK: arith.maxsi %{{.+}}, %{{.+}} : vector<16xi32>
 // CHECK: arith.minsi %{{.+}}, %{{.+}} : vector<16xi32>

@@ -8,13 +8,14 @@
 
 // CHECK-LABEL: func.func @plan
 // CHECK: func.call @moeReportIndexError
+// One kernel; the seven results are its outs.
+// CHECK: moe.kernel ins(%{{.+}} : tensor<?x8xi32>) outs({{.*}} : tensor<64xi32>, tensor<65xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>)
+// CHECK-NEXT: ^bb0(%{{[^:]+}}: memref<?x8xi32>, %[[CNT:[^:]+]]: memref<64xi32>, %[[OFF:[^:]+]]: memref<65xi32>,
 // CHECK: %[[H:.+]] = memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<?x64xi32>
 // Phase 1.
 // CHECK: scf.parallel
 // CHECK: memref.store %{{.+}}, %[[H]]
 // Phase 2 (sequential).
-// CHECK: %[[CNT:.+]] = memref.alloc() {alignment = 64 : i64} : memref<64xi32>
-// CHECK: %[[OFF:.+]] = memref.alloc() {alignment = 64 : i64} : memref<65xi32>
 // CHECK-NOT: scf.parallel
 // CHECK: scf.for %{{.+}} = %c0 to %c64 step %c1 iter_args
 // CHECK: memref.store %{{.+}}, %[[CNT]]

@@ -9,8 +9,9 @@
 // CHECK-LABEL: func.func @hyper
 // CHECK-SAME: %[[EMB:[^:]+]]: tensor<256xf32>, %[[W1:[^:]+]]: tensor<256x256xf32>, %[[B1:[^:]+]]: tensor<256xf32>, %[[W2:[^:]+]]: tensor<4112x256xf32>, %[[B2:[^:]+]]: tensor<4112xf32>
 // Hidden layer.
-// CHECK-DAG: %[[EB:.+]] = bufferization.to_buffer %[[EMB]] read_only
-// CHECK-DAG: %[[W1B:.+]] = bufferization.to_buffer %[[W1]] read_only
+// One kernel: the output vector [4112] is its out, the hidden vector its scratch.
+// CHECK: moe.kernel ins(%[[W1]], %[[EMB]], %[[B1]], %[[W2]], %[[B2]] : {{.*}}) outs(%{{.+}} : tensor<4112xf32>)
+// CHECK-NEXT: ^bb0(%[[W1B:[^:]+]]: memref<256x256xf32>, %[[EB:[^:]+]]: memref<256xf32>, %{{[^:]+}}: memref<256xf32>, %[[W2B:[^:]+]]: memref<4112x256xf32>, %{{[^:]+}}: memref<4112xf32>, %[[OUT:[^:]+]]: memref<4112xf32>):
 // CHECK: %[[H:.+]] = memref.alloc() {alignment = 64 : i64} : memref<256xf32>
 // CHECK: %[[SMALL:.+]] = arith.cmpi ule, %{{.+}}, %c262144
 // CHECK: %[[ROWS:.+]] = arith.select %[[SMALL]], %{{.+}}, %c64
@@ -24,8 +25,6 @@
 // CHECK: vector.reduction <add>
 // CHECK: arith.maximumf
 // Output layer, from the hidden vector.
-// CHECK: %[[W2B:.+]] = bufferization.to_buffer %[[W2]] read_only
-// CHECK: memref.alloc() {alignment = 64 : i64} : memref<4112xf32>
 // CHECK: scf.parallel
 // CHECK: scf.for {{.*}} step %c4 iter_args({{.*}}) -> (vector<16xf32>, vector<16xf32>, vector<16xf32>, vector<16xf32>)
 // CHECK-COUNT-4: vector.fma {{.*}} : vector<16xf32>

@@ -11,17 +11,17 @@
 // CHECK-LABEL: func.func @live
 // CHECK-SAME: %[[EMB:[^:]+]]: tensor<64xf32>, %[[W1:[^:]+]]: tensor<32x64xf32>, %[[B1:[^:]+]]: tensor<32xf32>, %[[W2:[^:]+]]: tensor<1040x32xf32>
 // CHECK-NOT: moe.hyper_router_grad
-// CHECK: %[[W2B:.+]] = bufferization.to_buffer %[[W2]] read_only
+// One kernel; the five gradients are its outs.
+// CHECK: moe.kernel ins(%[[EMB]], %[[W1]], %[[B1]], %[[W2]], %{{[^ ]+}}, %{{[^ ]+}}, %{{[^ ]+}} :
+// CHECK-NEXT: ^bb0(%{{[^:]+}}: memref<64xf32>, %{{[^:]+}}: memref<32x64xf32>, %{{[^:]+}}: memref<32xf32>, %[[W2B:[^:]+]]: memref<1040x32xf32>, %{{[^:]+}}: memref<1040xf32>, %{{[^:]+}}: memref<{{[^>]+}}>, %{{[^:]+}}: memref<{{[^>]+}}>, %[[DEMB:[^:]+]]: memref<64xf32>, %[[DW1:[^:]+]]: memref<32x64xf32>, %[[DA:[^:]+]]: memref<32xf32>, %[[DW2:[^:]+]]: memref<1040x32xf32>, %[[DOUT:[^:]+]]: memref<1040xf32>):
 // Hidden layer, by the forward's GEMV.
 // CHECK: %[[H:.+]] = memref.alloc() {alignment = 64 : i64} : memref<32xf32>
 // CHECK: arith.maximumf
 // dout = d_b2.
-// CHECK: %[[DOUT:.+]] = memref.alloc() {alignment = 64 : i64} : memref<1040xf32>
 // CHECK: vector.store %{{.+}}, %[[DOUT]][%{{.+}}] : memref<1040xf32>, vector<16xf32>
 // CHECK: vector.maskedstore %[[DOUT]]
 // CHECK: memref.store %{{.+}}, %[[DOUT]]
 // The pass over w2 (the inline branch of the workers; the parallel one repeats it).
-// CHECK: %[[DW2:.+]] = memref.alloc() {alignment = 64 : i64} : memref<1040x32xf32>
 // CHECK: %[[SMALL:.+]] = arith.cmpi ule, %{{.+}}, %c262144
 // CHECK: %[[P:.+]] = memref.alloc(%{{.+}}, %{{.+}}) {alignment = 64 : i64} : memref<?x?xf32>
 // CHECK: scf.for %[[BLK:.+]] = %c0 to
@@ -49,21 +49,14 @@
 // CHECK: vector.load %[[P]]
 // CHECK: vector.store %{{.+}}, %[[DH]]
 // The ReLU.
-// CHECK: %[[DA:.+]] = memref.alloc() {alignment = 64 : i64} : memref<32xf32>
 // CHECK: %[[HI:.+]] = memref.load %[[H]]
 // CHECK-NEXT: %[[OPEN:.+]] = arith.cmpf ugt, %[[HI]], %{{.+}} : f32
 // CHECK-NEXT: %[[DHI:.+]] = memref.load %[[DH]]
 // CHECK-NEXT: arith.select %[[OPEN]], %[[DHI]]
 // The pass over w1.
-// CHECK: %[[DW1:.+]] = memref.alloc() {alignment = 64 : i64} : memref<32x64xf32>
 // CHECK: memref.load %[[DA]]
 // CHECK: vector.store %{{.+}}, %[[DW1]]
-// CHECK: %[[DEMB:.+]] = memref.alloc() {alignment = 64 : i64} : memref<64xf32>
-// CHECK-DAG: bufferization.to_tensor %[[DEMB]]
-// CHECK-DAG: bufferization.to_tensor %[[DW1]]
-// CHECK-DAG: bufferization.to_tensor %[[DA]]
-// CHECK-DAG: bufferization.to_tensor %[[DW2]]
-// CHECK-DAG: bufferization.to_tensor %[[DOUT]]
+// CHECK: } -> tensor<64xf32>, tensor<32x64xf32>, tensor<32xf32>, tensor<1040x32xf32>, tensor<1040xf32>
 // AVX2-LABEL: func.func @live
 // AVX2: vector.fma %{{.+}} : vector<8xf32>
 // AVX2-NOT: vector<16xf32>

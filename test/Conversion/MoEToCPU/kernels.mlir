@@ -13,8 +13,7 @@
 // scratch.
 // CHECK-LABEL: func.func @similarity
 // CHECK-SAME: %[[U:[^:]+]]: tensor<2x128x64xf32>, %[[E:[^:]+]]: tensor<2x128x16xf32>
-// CHECK-DAG: bufferization.to_buffer %[[U]] read_only
-// CHECK-DAG: bufferization.to_buffer %[[E]] read_only
+// CHECK: %[[P:.+]] = moe.kernel ins(%[[U]], %[[E]] : tensor<2x128x64xf32>, tensor<2x128x16xf32>) outs(%{{.+}} : tensor<2x128x16xf32>)
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<?x?x?x32xf32>
 // CHECK: scf.parallel
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<2x8x?xf32>
@@ -24,9 +23,8 @@
 // CHECK: vector.reduction <maximumf>
 // CHECK: scf.if
 // CHECK: vector.maskedstore
-// CHECK: %[[P:.+]] = bufferization.to_tensor {{.*}} restrict writable
-// CHECK: %[[CAST:.+]] = tensor.cast %[[P]] : tensor<?x?x?xf32> to tensor<2x128x16xf32>
-// CHECK: return %[[CAST]]
+// CHECK: } -> tensor<2x128x16xf32>
+// CHECK: return %[[P]]
 // SEQ-LABEL: func.func @similarity
 // SEQ-NOT: scf.parallel
 // SEQ: vector.fma

@@ -8,10 +8,8 @@
 // CHECK-LABEL: func.func @deepseek_v3
 // CHECK-SAME: %[[L:[^:]+]]: tensor<?x256xf32>, %[[B:[^:]+]]: tensor<256xf32>
 // CHECK-DAG: %[[SCALE:.+]] = arith.constant 2.500000e+00 : f32
-// CHECK-DAG: %[[LB:.+]] = bufferization.to_buffer %[[L]] read_only
-// CHECK-DAG: %[[BB:.+]] = bufferization.to_buffer %[[B]] read_only
-// CHECK: %[[W:.+]] = memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<?x8xf32>
-// CHECK: %[[I:.+]] = memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<?x8xi32>
+// CHECK: %[[R:.+]]:2 = moe.kernel ins(%[[L]], %[[B]] : tensor<?x256xf32>, tensor<256xf32>) outs(%{{.+}}, %{{.+}} : tensor<?x8xf32>, tensor<?x8xi32>)
+// CHECK-NEXT: ^bb0(%[[LB:[^:]+]]: memref<?x256xf32>, %[[BB:[^:]+]]: memref<256xf32>, %[[W:[^:]+]]: memref<?x8xf32>, %[[I:[^:]+]]: memref<?x8xi32>):
 // Per-worker scratch: scores, candidates, the k weight sources, the 8 group candidates and kept flags.
 // CHECK: memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<2x?xf32>
 // CHECK: memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<2x?xi64>
@@ -46,8 +44,8 @@
 // CHECK: arith.cmpf oeq
 // CHECK: arith.mulf %{{.+}}, %[[SCALE]] : f32
 // CHECK: memref.store %{{.+}}, %[[W]]
-// CHECK: bufferization.to_tensor %[[W]] restrict writable
-// CHECK: bufferization.to_tensor %[[I]] restrict writable
+// CHECK: } -> tensor<?x8xf32>, tensor<?x8xi32>
+// CHECK: return %[[R]]#0, %[[R]]#1
 // CHECK-NOT: moe.route
 func.func @deepseek_v3(%l: tensor<?x256xf32>, %b: tensor<256xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
   %w, %i = moe.route %l bias(%b : tensor<256xf32>) k(8) scoring(sigmoid) n_group(8) topk_group(4)

@@ -6,8 +6,10 @@
 
 // CHECK-LABEL: func.func @route_then_plan
 // CHECK-NOT: moeReportIndexError
-// CHECK-DAG: %[[H:.+]] = memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<?x256xi32>
-// CHECK-DAG: %[[I:.+]] = memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<?x8xi32>
+// One kernel for both ops: the route's two results, then the plan's seven, are its outs.
+// CHECK: moe.kernel ins({{.*}}) outs({{.*}} : tensor<?x8xf32>, tensor<?x8xi32>, tensor<256xi32>, tensor<257xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>)
+// CHECK-NEXT: ^bb0({{.*}}, %{{[^:]+}}: memref<?x8xf32>, %[[I:[^:]+]]: memref<?x8xi32>, %{{[^:]+}}: memref<256xi32>,
+// CHECK: %[[H:.+]] = memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<?x256xi32>
 // CHECK: scf.parallel
 // The route's rounds store the picks, then the row's picks are counted.
 // CHECK: memref.store %{{.+}}, %[[I]]

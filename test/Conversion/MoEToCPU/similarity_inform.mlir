@@ -7,9 +7,9 @@
 
 // CHECK-LABEL: func.func @ws_and_mask
 // CHECK-SAME: %[[U:[^:]+]]: tensor<2x100x64xf32>, %[[E:[^:]+]]: tensor<2x100x16xf32>, %[[WS:[^:]+]]: tensor<64x64xf32>, %[[M:[^:]+]]: tensor<2x100xi1>
-// CHECK-DAG: bufferization.to_buffer %[[U]] read_only
-// CHECK-DAG: bufferization.to_buffer %[[E]] read_only
-// CHECK-DAG: %[[MB:.+]] = bufferization.to_buffer %[[M]] read_only
+// The kernel reads the operands' buffers and writes p into its out (moe.kernel, bufferized later).
+// CHECK: moe.kernel ins(%[[U]], %[[E]], %[[M]], %[[WS]] : {{.*}}) outs(%{{.+}} : tensor<2x100x16xf32>)
+// CHECK-NEXT: ^bb0(%{{[^:]+}}: memref<2x100x64xf32>, %{{[^:]+}}: memref<2x100x16xf32>, %[[MB:[^:]+]]: memref<2x100xi1>, %[[WSB:[^:]+]]: memref<64x64xf32>, %{{[^:]+}}: memref<2x100x16xf32>)
 // Keys, transposed per tile.
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<?x?x?x32xf32>
 // CHECK: scf.parallel
@@ -17,7 +17,6 @@
 // CHECK: %[[VALID:.+]] = memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<?x?xf32>
 // CHECK: memref.load %[[MB]]
 // The projection q = u · ws: one vector FMA per input feature.
-// CHECK: %[[WSB:.+]] = bufferization.to_buffer %[[WS]] read_only
 // CHECK: %[[Q:.+]] = memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<?x?x?xf32>
 // CHECK: scf.parallel
 // CHECK: vector.maskedload %[[WSB]]
@@ -31,7 +30,7 @@
 // CHECK-NOT: math.exp
 // CHECK: vector.reduction <maximumf>
 // CHECK: vector.maskedstore
-// CHECK: bufferization.to_tensor %{{.+}} restrict writable
+// CHECK: } -> tensor<2x100x16xf32>
 // CHECK-NOT: 100x100
 func.func @ws_and_mask(%u: tensor<2x100x64xf32>, %e: tensor<2x100x16xf32>, %ws: tensor<64x64xf32>, %m: tensor<2x100xi1>)
     -> tensor<2x100x16xf32> {
@@ -43,11 +42,10 @@ func.func @ws_and_mask(%u: tensor<2x100x64xf32>, %e: tensor<2x100x16xf32>, %ws: 
 // The fused similarity_inform_topk is split: the mixing kernel, then the top-k kernel on its probabilities
 // (mode = probs, renormalized: Σ v over the selection, a zero sum gives zero weights).
 // CHECK-LABEL: func.func @fused_topk
+// CHECK: %[[P:.+]] = moe.kernel
 // CHECK: scf.parallel
 // CHECK: vector.fma {{.*}} : vector<16xf32>
-// CHECK: %[[P:.+]] = bufferization.to_tensor %{{.+}} restrict writable
-// CHECK: %[[PC:.+]] = tensor.cast %[[P]]
-// CHECK: bufferization.to_buffer %[[PC]] read_only
+// CHECK: moe.kernel ins(%[[P]] :
 // CHECK: scf.parallel
 // CHECK: arith.maxsi %{{.+}}, %{{.+}} : vector<16xi32>
 // CHECK: arith.minsi %{{.+}}, %{{.+}} : vector<16xi32>

@@ -16,9 +16,11 @@
 // K = 64 = 4 vectors: 4 rows together, 16 key vectors through the rounds.
 // CHECK-LABEL: func.func @logits_renormalize
 // CHECK-SAME: %[[S:[^:]+]]: tensor<?x64xf32>
-// CHECK: %[[SB:.+]] = bufferization.to_buffer %[[S]] read_only
-// CHECK: %[[W:.+]] = memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<?x8xf32>
-// CHECK: %[[I:.+]] = memref.alloc(%{{.+}}) {alignment = 64 : i64} : memref<?x8xi32>
+// The weights and indices are the kernel's outs (tensor.empty destinations; one-shot bufferization allocates them).
+// CHECK-DAG: %[[WE:.+]] = tensor.empty(%{{.+}}) : tensor<?x8xf32>
+// CHECK-DAG: %[[IE:.+]] = tensor.empty(%{{.+}}) : tensor<?x8xi32>
+// CHECK: %[[R:.+]]:2 = moe.kernel ins(%[[S]] : tensor<?x64xf32>) outs(%[[WE]], %[[IE]] : tensor<?x8xf32>, tensor<?x8xi32>)
+// CHECK-NEXT: ^bb0(%[[SB:[^:]+]]: memref<?x64xf32>, %[[W:[^:]+]]: memref<?x8xf32>, %[[I:[^:]+]]: memref<?x8xi32>):
 // CHECK: memref.alloc() {alignment = 64 : i64} : memref<2x4x16xf32>
 // CHECK: scf.parallel
 // CHECK: scf.for %{{.+}} = %{{.+}} to %{{.+}} step %c4
@@ -46,9 +48,8 @@
 // CHECK: arith.divf %{{.+}}, %{{.+}} : vector<16xf32>
 // CHECK: arith.cmpf oeq
 // CHECK: vector.maskedstore %[[W]]
-// CHECK: %[[WT:.+]] = bufferization.to_tensor %[[W]] restrict writable
-// CHECK: %[[IT:.+]] = bufferization.to_tensor %[[I]] restrict writable
-// CHECK: return %[[WT]], %[[IT]]
+// CHECK: } -> tensor<?x8xf32>, tensor<?x8xi32>
+// CHECK: return %[[R]]#0, %[[R]]#1
 func.func @logits_renormalize(%s: tensor<?x64xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
   %w, %i = moe.topk_renorm %s k(8) : tensor<?x64xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
   return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>

@@ -6,14 +6,17 @@
 
 // CHECK-LABEL: func.func @logits_renormalized
 // CHECK-SAME: %[[S:[^:]+]]: tensor<4x128x16xf32>, %[[I:[^:]+]]: tensor<4x128x2xi32>, %[[DW:[^:]+]]: tensor<4x128x2xf32>
-// CHECK: %[[OUT:.+]] = memref.alloc() {alignment = 64 : i64} : memref<4x128x16xf32>
+// CHECK: %[[EMPTY:.+]] = tensor.empty() : tensor<4x128x16xf32>
+// CHECK: %[[R:.+]] = moe.kernel ins(%[[S]], %[[I]], %[[DW]] : {{.*}}) outs(%[[EMPTY]] : tensor<4x128x16xf32>)
+// CHECK-NEXT: ^bb0(%{{[^:]+}}: memref<4x128x16xf32>, %{{[^:]+}}: memref<4x128x2xi32>, %{{[^:]+}}: memref<4x128x2xf32>, %[[OUT:[^:]+]]: memref<4x128x16xf32>):
 // CHECK: memref.collapse_shape %[[OUT]] {{\[\[}}0, 1], [2]]
 // CHECK: scf.parallel
 // CHECK: arith.maximumf
 // CHECK-NOT: math.exp
 // CHECK: scf.if
 // CHECK: memref.store
-// CHECK: bufferization.to_tensor %[[OUT]] restrict writable
+// CHECK: } -> tensor<4x128x16xf32>
+// CHECK: return %[[R]]
 func.func @logits_renormalized(%s: tensor<4x128x16xf32>, %i: tensor<4x128x2xi32>, %dw: tensor<4x128x2xf32>)
     -> tensor<4x128x16xf32> {
   %ds = moe.topk_renorm_grad %s, %i dw(%dw : tensor<4x128x2xf32>)
