@@ -38,6 +38,7 @@
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::cpu;
+using namespace mlir::moe::kernels;
 
 namespace {
 constexpr int64_t kDyn = ShapedType::kDynamic;
@@ -169,8 +170,7 @@ struct AttentionPosteriorGradKernel
     byQuery.weights = [&](CK &kk, Value sDot, Value gDot, Value bi, Value i,
                           Value j0) -> std::pair<Value, Value> {
       Value z = logits(kk, sDot, bi, i, j0);
-      Value g =
-          kk.exp(kk.fsub(z, kk.splat(kk.load(lseRow, {bi, i}), kLanes)));
+      Value g = softmaxFromLogSumExp(kk, z, kk.load(lseRow, {bi, i}));
       Value d = kk.splat(kk.load(delta, {bi, i}), kLanes);
       Value dz = kk.fmul(g, kk.fsub(gDot, d));
       // Rows past the end repeat the last row: the same values again.
@@ -225,7 +225,7 @@ struct AttentionPosteriorGradKernel
                         kk.fdiv(kk.fmul(kk.constLike(kk.vf32(), 0.5), n), s2));
       Value masked =
           kk.cmpf(arith::CmpFPredicate::OEQ, s, kk.negInfLike(kk.vf32()));
-      Value g = kk.exp(kk.fsub(z, kk.vload(lseRow, {bi, i0})));
+      Value g = softmaxFromLogSumExp(kk, z, kk.vload(lseRow, {bi, i0}));
       g = kk.select(masked, zeros, g);
       Value d = kk.vload(delta, {bi, i0});
       return {g, kk.fmul(g, kk.fsub(gDot, d))};

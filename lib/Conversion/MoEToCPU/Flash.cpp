@@ -12,6 +12,7 @@
 
 using namespace mlir;
 using namespace mlir::moe::cpu;
+using namespace mlir::moe::kernels;
 
 std::pair<Value, Value> mlir::moe::cpu::packValues(CK &k, Value values,
                                                    Value batch, Value keys,
@@ -357,11 +358,13 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
       keyTiles = k.ceilDiv(seen, k.idx(TK));
     }
 
-    SmallVector<Value> init;
-    for (int64_t r = 0; r < TQ; ++r)
-      init.push_back(k.negInfLike(f32));
-    for (int64_t r = 0; r < TQ; ++r)
-      init.push_back(k.cF32(0.0));
+    // The online softmax (MoE/Kernels/OnlineSoftmax.h) of each row: the
+    // running max and sum carried by the key-tile loop, TQ of each.
+    SoftmaxState start = softmaxStart(k);
+    SmallVector<Value> init(TQ, start.max);
+    init.append(TQ, start.sum);
+    auto maxOfLanes = [&](Value v) { return k.maxf(v); };
+    auto sumOfLanes = [&](Value v) { return k.sum(v); };
 
     SmallVector<Value> state = k.forLoop(
         c0, keyTiles, c1, init,
@@ -378,32 +381,22 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
           Value negInfV = k.negInfLike(k.vf32());
           for (int64_t r = 0; r < TQ; ++r) {
             SmallVector<Value> sv;
-            for (int64_t v = 0; v < KV; ++v)
+            Value excluded;
+            for (int64_t v = 0; v < KV; ++v) {
               sv.push_back(s.logits(k, dots.at(r, v), b, rowIdx[r],
                                     k.add(j0, k.idx(v * kLanes))));
-            Value tileMax = sv[0];
-            Value excluded = k.cmpf(arith::CmpFPredicate::OEQ, sv[0], negInfV);
-            for (int64_t v = 1; v < KV; ++v) {
-              tileMax = k.fmax(tileMax, sv[v]);
-              excluded = k.orI(
-                  excluded, k.cmpf(arith::CmpFPredicate::OEQ, sv[v], negInfV));
+              Value out = k.cmpf(arith::CmpFPredicate::OEQ, sv[v], negInfV);
+              excluded = v ? k.orI(excluded, out) : out;
             }
-            Value m = it[r], l = it[TQ + r];
-            Value mn = k.fmax(m, k.maxf(tileMax));
-            Value none =
-                k.cmpf(arith::CmpFPredicate::OEQ, mn, k.negInfLike(f32));
-            Value a = k.select(none, k.cF32(1.0), k.exp(k.fsub(m, mn)));
-            Value mv = k.splat(mn, kLanes), noneV = k.splat(none, kLanes);
-            Value psum = zeros;
+            SoftmaxTile tile = onlineSoftmaxStep(k, {it[r], it[TQ + r]}, sv,
+                                                 maxOfLanes, sumOfLanes);
             for (int64_t v = 0; v < KV; ++v) {
-              Value p = k.select(noneV, zeros, k.exp(k.fsub(sv[v], mv)));
-              psum = k.fadd(psum, p);
-              k.vstore(p, pBuf, {k.idx(r), k.idx(v * kLanes)});
+              k.vstore(tile.probs[v], pBuf, {k.idx(r), k.idx(v * kLanes)});
               k.vstore(sv[v], sBuf, {k.idx(r), k.idx(v * kLanes)});
             }
-            mNew.push_back(mn);
-            lNew.push_back(k.fadd(k.fmul(l, a), k.sum(psum)));
-            alpha.push_back(a);
+            mNew.push_back(tile.next.max);
+            lNew.push_back(tile.next.sum);
+            alpha.push_back(tile.rescale);
             anyExcluded = k.orI(anyExcluded, k.anyTrue(excluded));
           }
           Value guarded = k.andI(anyExcluded, k.isNaN(s.valuesNonFinite));
@@ -421,17 +414,14 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
     for (int64_t r = 0; r < TQ; ++r) {
       Value i = k.add(i0, k.idx(r));
       k.ifThen(k.cmpi(arith::CmpIPredicate::ult, i, s.rows), [&] {
-        Value m = state[r], l = state[TQ + r];
-        Value none = k.cmpf(arith::CmpFPredicate::OEQ, m, k.negInfLike(f32));
-        Value noneV = k.splat(none, kLanes), lv = k.splat(l, kLanes);
+        SoftmaxState row = {state[r], state[TQ + r]};
         k.forLoop(c0, widthChunks, c1, [&](Value c) {
           Value col = k.mul(c, k.idx(kLanes));
-          Value a = k.vload(accBuf, {k.idx(r), col});
-          Value p = k.select(noneV, zeros, k.fdiv(a, lv));
+          Value p = softmaxNormalize(k, row, k.vload(accBuf, {k.idx(r), col}));
           k.vstoreMasked(p, s.out, {b, i, col}, k.sub(s.width, col));
         });
         if (s.lse)
-          k.store(k.fadd(m, k.log(l)), s.lse, {b, i});
+          k.store(softmaxLogSumExp(k, row), s.lse, {b, i});
       });
     }
   };

@@ -29,6 +29,8 @@
 
 #include "KernelBuilder.h"
 
+#include "MoE/Kernels/OnlineSoftmax.h"
+
 #include <functional>
 #include <optional>
 

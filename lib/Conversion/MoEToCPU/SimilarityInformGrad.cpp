@@ -31,6 +31,7 @@
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::cpu;
+using namespace mlir::moe::kernels;
 
 namespace {
 constexpr int64_t kDyn = ShapedType::kDynamic;
@@ -114,7 +115,7 @@ struct SimilarityInformGradKernel : KernelPattern<SimilarityInformGradOp> {
     byQuery.weights = [&](CK &kk, Value sDot, Value gDot, Value bi, Value i,
                           Value j0) -> std::pair<Value, Value> {
       Value x = logits(kk, sDot, bi, i, j0);
-      Value s = kk.exp(kk.fsub(x, kk.splat(kk.load(lseRow, {bi, i}), kLanes)));
+      Value s = softmaxFromLogSumExp(kk, x, kk.load(lseRow, {bi, i}));
       Value d = kk.splat(kk.load(delta, {bi, i}), kLanes);
       return {s, kk.fmul(kk.fmul(s, kk.fsub(gDot, d)), invTau)};
     };
@@ -158,7 +159,7 @@ struct SimilarityInformGradKernel : KernelPattern<SimilarityInformGradOp> {
                                        kk.splat(kk.castInt(j, kk.i32()),
                                                 kLanes)));
       }
-      Value s = kk.exp(kk.fsub(x, kk.vload(lseRow, {bi, i0})));
+      Value s = softmaxFromLogSumExp(kk, x, kk.vload(lseRow, {bi, i0}));
       s = kk.select(valid, s, zeros);
       Value d = kk.vload(delta, {bi, i0});
       return {s, kk.fmul(kk.fmul(s, kk.fsub(gDot, d)), invTau)};
