@@ -52,6 +52,28 @@ std::pair<Value, Value> mlir::moe::cpu::packValues(CK &k, Value values,
   return {packed, k.sum(bad)};
 }
 
+FlashSpec mlir::moe::cpu::flashSpec(
+    CK &k, Value q, Value keysT, Value keysPad, Value values, Value out,
+    Value batch, Value rows, Value keys, Value depth,
+    std::function<Value(CK &, Value, Value, Value, Value)> logits,
+    bool causal) {
+  FlashSpec s;
+  s.q = q;
+  s.keysT = keysT;
+  s.out = out;
+  s.batch = batch;
+  s.rows = rows;
+  s.keys = keys;
+  s.depth = depth;
+  s.width = k.dim(values, 2);
+  s.widthPad = roundUp(k, s.width, kLanes);
+  std::tie(s.values, s.valuesNonFinite) =
+      packValues(k, values, batch, keys, s.width, keysPad, s.widthPad);
+  s.causal = causal;
+  s.logits = std::move(logits);
+  return s;
+}
+
 void mlir::moe::cpu::workersIfLarge(CK &k, const KernelOptions &opts, Value numItems,
                     Value work,
                     function_ref<void(Value item, Value worker)> body) {
@@ -67,6 +89,25 @@ void mlir::moe::cpu::workersIfLarge(CK &k, const KernelOptions &opts, Value numI
   k.workers(inlineOpts, numItems, body);
   k.b.setInsertionPoint(op.elseBlock()->getTerminator());
   k.workers(opts, numItems, body);
+}
+
+mlir::moe::cpu::RowTile mlir::moe::cpu::rowTile(CK &k, Value item,
+                                                Value rowTiles, Value rows) {
+  RowTile t;
+  t.b = k.divu(item, rowTiles);
+  t.i0 = k.mul(k.remu(item, rowTiles), k.idx(kQueryTile));
+  Value lastRow = k.sub(rows, k.idx(1));
+  for (int64_t r = 0; r < kQueryTile; ++r)
+    t.rows.push_back(k.mins(k.add(t.i0, k.idx(r)), lastRow));
+  return t;
+}
+
+void mlir::moe::cpu::zeroRows(CK &k, Value buf, Value chunks) {
+  Value zeros = k.constLike(k.vf32(), 0.0);
+  k.forLoop(k.idx(0), chunks, k.idx(1), [&](Value c) {
+    for (int64_t r = 0; r < kQueryTile; ++r)
+      k.vstore(zeros, buf, {k.idx(r), k.mul(c, k.idx(kLanes))});
+  });
 }
 
 /// Vector registers of a target whose f32 vectors have `lanes` lanes: 32 zmm
@@ -275,6 +316,19 @@ Value mlir::moe::cpu::keyValidity(CK &k, Value mask, Value batch, Value rows,
   return valid;
 }
 
+void mlir::moe::cpu::forEachRowChunk(
+    CK &k, const KernelOptions &opts, Value batch, Value rows, Value width,
+    function_ref<void(Value b, Value i, Value col, Value count)> body) {
+  Value chunks = k.ceilDiv(width, k.idx(kLanes));
+  k.workers(opts, k.mul(batch, rows), [&](Value item, Value) {
+    Value bi = k.divu(item, rows), i = k.remu(item, rows);
+    k.forLoop(k.idx(0), chunks, k.idx(1), [&](Value c) {
+      Value col = k.mul(c, k.idx(kLanes));
+      body(bi, i, col, k.sub(width, col));
+    });
+  });
+}
+
 Value mlir::moe::cpu::projectRows(CK &k, const KernelOptions &opts, Value x,
                                   Value w, Value batch, Value rows,
                                   Value depth, Value outWidth, Value init) {
@@ -282,23 +336,20 @@ Value mlir::moe::cpu::projectRows(CK &k, const KernelOptions &opts, Value x,
   constexpr int64_t kDyn = ShapedType::kDynamic;
   Value out = k.alloc(MemRefType::get({kDyn, kDyn, kDyn}, k.f32()),
                       {batch, rows, outWidth});
-  Value chunks = k.ceilDiv(outWidth, k.idx(kLanes));
-  k.workers(opts, k.mul(batch, rows), [&](Value item, Value) {
-    Value bi = k.divu(item, rows), i = k.remu(item, rows);
-    k.forLoop(c0, chunks, c1, [&](Value c) {
-      Value col = k.mul(c, k.idx(kLanes));
-      Value count = k.sub(outWidth, col);
-      Value start = init ? k.vloadMasked(init, {bi, i, col}, count, 0.0)
-                         : k.constLike(k.vf32(), 0.0);
-      Value acc = k.forLoop(c0, depth, c1, ValueRange{start},
-                            [&](Value d, ValueRange a) -> SmallVector<Value> {
-                              Value xv = k.splat(k.loadF(x, {bi, i, d}), kLanes);
-                              Value wv = k.vloadMasked(w, {d, col}, count, 0.0);
-                              return {k.fma(xv, wv, a[0])};
-                            })[0];
-      k.vstoreMasked(acc, out, {bi, i, col}, count);
-    });
-  });
+  forEachRowChunk(
+      k, opts, batch, rows, outWidth,
+      [&](Value bi, Value i, Value col, Value count) {
+        Value start = init ? k.vloadMasked(init, {bi, i, col}, count, 0.0)
+                           : k.constLike(k.vf32(), 0.0);
+        Value acc =
+            k.forLoop(c0, depth, c1, ValueRange{start},
+                      [&](Value d, ValueRange a) -> SmallVector<Value> {
+                        Value xv = k.splat(k.loadF(x, {bi, i, d}), kLanes);
+                        Value wv = k.vloadMasked(w, {d, col}, count, 0.0);
+                        return {k.fma(xv, wv, a[0])};
+                      })[0];
+        k.vstoreMasked(acc, out, {bi, i, col}, count);
+      });
   return out;
 }
 
@@ -330,7 +381,6 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
   Value queryTiles = k.ceilDiv(s.rows, k.idx(TQ));
   Value numItems = k.mul(s.batch, queryTiles);
   Value widthChunks = k.divu(s.widthPad, k.idx(kLanes));
-  Value lastRow = k.sub(s.rows, c1);
 
   Value accAll = k.scratch(
       opts, MemRefType::get({TQ, ShapedType::kDynamic}, f32), {s.widthPad});
@@ -341,17 +391,10 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
     Value accBuf = k.workerSlice(accAll, worker);
     Value pBuf = k.workerSlice(pAll, worker);
     Value sBuf = k.workerSlice(sAll, worker);
-    Value b = k.divu(item, queryTiles);
-    Value i0 = k.mul(k.remu(item, queryTiles), k.idx(TQ));
-    // Rows past the end repeat the last row (computed, never stored).
-    SmallVector<Value> rowIdx;
-    for (int64_t r = 0; r < TQ; ++r)
-      rowIdx.push_back(k.mins(k.add(i0, k.idx(r)), lastRow));
-    Value zeros = k.constLike(k.vf32(), 0.0);
-    k.forLoop(c0, widthChunks, c1, [&](Value c) {
-      for (int64_t r = 0; r < TQ; ++r)
-        k.vstore(zeros, accBuf, {k.idx(r), k.mul(c, k.idx(kLanes))});
-    });
+    RowTile tile = rowTile(k, item, queryTiles, s.rows);
+    Value b = tile.b, i0 = tile.i0;
+    ArrayRef<Value> rowIdx = tile.rows;
+    zeroRows(k, accBuf, widthChunks);
     Value keyTiles = k.ceilDiv(s.keys, k.idx(TK));
     if (s.causal) {
       Value seen = k.add(rowIdx.back(), c1); // keys 0 .. last row

@@ -116,15 +116,23 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
           store(zeros, dev, c, col, count);
         });
       });
-      k.forLoop(c0, tokens, c1, [&](Value t) {
-        withCluster(t, [&](Value a) {
-          forVectors([&](Value col, Value count) {
-            Value xv = load(x, t, col, count);
-            Value s = load(sums, a, col, count);
-            store(k.fadd(s, xv), sums, a, col, count);
+      // Token t adds its row, or its dispersion around its cluster's mean
+      // (in `sums`), into row assign[t] of `stat`, t ascending.
+      auto scatter = [&](Value stat, bool deviation) {
+        k.forLoop(c0, tokens, c1, [&](Value t) {
+          withCluster(t, [&](Value a) {
+            forVectors([&](Value col, Value count) {
+              Value term = load(x, t, col, count);
+              if (deviation)
+                term = dispersionTerm(k, term, load(sums, a, col, count),
+                                      variance);
+              Value s = load(stat, a, col, count);
+              store(k.fadd(s, term), stat, a, col, count);
+            });
           });
         });
-      });
+      };
+      scatter(sums, /*deviation=*/false);
       // mean = sum / count (0 for an empty cluster), in place.
       k.forLoop(c0, e, c1, [&](Value c) {
         Value n = k.load(counts, {c});
@@ -133,17 +141,7 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
           store(mean, sums, c, col, count);
         });
       });
-      k.forLoop(c0, tokens, c1, [&](Value t) {
-        withCluster(t, [&](Value a) {
-          forVectors([&](Value col, Value count) {
-            Value xv = load(x, t, col, count);
-            Value mu = load(sums, a, col, count);
-            Value term = dispersionTerm(k, xv, mu, variance);
-            Value s = load(dev, a, col, count);
-            store(k.fadd(s, term), dev, a, col, count);
-          });
-        });
-      });
+      scatter(dev, /*deviation=*/true);
     };
     k.workers(opts, numBlocks, [&](Value item, Value) {
       Value col0 = k.mul(item, k.idx(block));
