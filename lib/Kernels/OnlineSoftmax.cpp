@@ -13,9 +13,11 @@ SoftmaxState mlir::moe::kernels::softmaxStart(KernelBuilder &k) {
   return {k.negInfLike(k.f32()), k.cF32(0.0)};
 }
 
-SoftmaxTile mlir::moe::kernels::onlineSoftmaxStep(
-    KernelBuilder &k, SoftmaxState state, ArrayRef<Value> logits,
-    function_ref<Value(Value)> reduceMax, function_ref<Value(Value)> reduceSum) {
+SoftmaxTile
+mlir::moe::kernels::onlineSoftmaxStep(KernelBuilder &k, SoftmaxState state,
+                                      ArrayRef<Value> logits,
+                                      function_ref<Value(Value)> reduceMax,
+                                      function_ref<Value(Value)> reduceSum) {
   assert(!logits.empty() && "a tile has logits");
   Type type = logits.front().getType();
   Value tileMax = logits.front();
@@ -35,12 +37,13 @@ SoftmaxTile mlir::moe::kernels::onlineSoftmaxStep(
     tile.probs.push_back(p);
     partial = k.fadd(partial, p);
   }
-  tile.next = {max, k.fadd(k.fmul(state.sum, tile.rescale), reduceSum(partial))};
+  tile.next = {max,
+               k.fadd(k.fmul(state.sum, tile.rescale), reduceSum(partial))};
   return tile;
 }
 
-Value mlir::moe::kernels::softmaxNormalize(KernelBuilder &k,
-                                           SoftmaxState state, Value acc) {
+Value mlir::moe::kernels::softmaxNormalize(KernelBuilder &k, SoftmaxState state,
+                                           Value acc) {
   Type type = acc.getType();
   Value none = k.cmpf(arith::CmpFPredicate::OEQ, state.sum, k.cF32(0.0));
   return k.select(k.broadcastLike(none, type), k.constLike(type, 0.0),

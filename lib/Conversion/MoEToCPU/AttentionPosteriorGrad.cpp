@@ -144,8 +144,8 @@ struct AttentionPosteriorGradKernel
     // 2. Query-major: dz into d_scores, d_u.
     Value eT = packKeysT(k, opts, e, batch, keys, width);
     Value du = k.alloc(rank3, {batch, rows, model});
-    FlashGradSpec byQuery({u, means.keysT, model}, {dp, eT, width}, batch,
-                          rows, keys);
+    FlashGradSpec byQuery({u, means.keysT, model}, {dp, eT, width}, batch, rows,
+                          keys);
     byQuery.weights = [&](CK &kk, Value sDot, Value gDot, Value bi, Value i,
                           Value j0) -> std::pair<Value, Value> {
       Value z = logits(kk, sDot, bi, i, j0);

@@ -57,21 +57,14 @@ FlashSpec mlir::moe::cpu::flashSpec(
     Value batch, Value rows, Value keys, Value depth,
     std::function<Value(CK &, Value, Value, Value, Value)> logits,
     bool causal) {
-  FlashSpec s;
-  s.q = q;
-  s.keysT = keysT;
-  s.out = out;
-  s.batch = batch;
-  s.rows = rows;
-  s.keys = keys;
-  s.depth = depth;
-  s.width = k.dim(values, 2);
-  s.widthPad = roundUp(k, s.width, kLanes);
-  std::tie(s.values, s.valuesNonFinite) =
-      packValues(k, values, batch, keys, s.width, keysPad, s.widthPad);
-  s.causal = causal;
-  s.logits = std::move(logits);
-  return s;
+  Value width = k.dim(values, 2);
+  Value widthPad = roundUp(k, width, kLanes);
+  auto [packed, nonFinite] =
+      packValues(k, values, batch, keys, width, keysPad, widthPad);
+  // (No lse: the caller sets it when it wants one.)
+  return FlashSpec{
+      q,    keysT, packed, out,      Value(),   batch,  rows,
+      keys, depth, width,  widthPad, nonFinite, causal, std::move(logits)};
 }
 
 void mlir::moe::cpu::workersIfLarge(CK &k, const KernelOptions &opts, Value numItems,
@@ -336,20 +329,20 @@ Value mlir::moe::cpu::projectRows(CK &k, const KernelOptions &opts, Value x,
   constexpr int64_t kDyn = ShapedType::kDynamic;
   Value out = k.alloc(MemRefType::get({kDyn, kDyn, kDyn}, k.f32()),
                       {batch, rows, outWidth});
-  forEachRowChunk(
-      k, opts, batch, rows, outWidth,
-      [&](Value bi, Value i, Value col, Value count) {
-        Value start = init ? k.vloadMasked(init, {bi, i, col}, count, 0.0)
-                           : k.constLike(k.vf32(), 0.0);
-        Value acc =
-            k.forLoop(c0, depth, c1, ValueRange{start},
-                      [&](Value d, ValueRange a) -> SmallVector<Value> {
-                        Value xv = k.splat(k.loadF(x, {bi, i, d}), kLanes);
-                        Value wv = k.vloadMasked(w, {d, col}, count, 0.0);
-                        return {k.fma(xv, wv, a[0])};
-                      })[0];
-        k.vstoreMasked(acc, out, {bi, i, col}, count);
-      });
+  forEachRowChunk(k, opts, batch, rows, outWidth,
+                  [&](Value bi, Value i, Value col, Value count) {
+                    Value start =
+                        init ? k.vloadMasked(init, {bi, i, col}, count, 0.0)
+                             : k.constLike(k.vf32(), 0.0);
+                    Value acc = k.forLoop(
+                        c0, depth, c1, ValueRange{start},
+                        [&](Value d, ValueRange a) -> SmallVector<Value> {
+                          Value xv = k.splat(k.loadF(x, {bi, i, d}), kLanes);
+                          Value wv = k.vloadMasked(w, {d, col}, count, 0.0);
+                          return {k.fma(xv, wv, a[0])};
+                        })[0];
+                    k.vstoreMasked(acc, out, {bi, i, col}, count);
+                  });
   return out;
 }
 

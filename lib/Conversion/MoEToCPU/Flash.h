@@ -71,11 +71,11 @@ struct FlashSpec {
 /// [B, N, K] f32, for the queries `q` [B, N, D] against the packed keys
 /// `keysT` (packKeysT layout, keysPad = roundUp(Nk, kKeyTile)) with the logit
 /// epilogue `logits`; `lse` is left unset.
-FlashSpec flashSpec(
-    CK &k, Value q, Value keysT, Value keysPad, Value values, Value out,
-    Value batch, Value rows, Value keys, Value depth,
-    std::function<Value(CK &, Value, Value, Value, Value)> logits,
-    bool causal = false);
+FlashSpec
+flashSpec(CK &k, Value q, Value keysT, Value keysPad, Value values, Value out,
+          Value batch, Value rows, Value keys, Value depth,
+          std::function<Value(CK &, Value, Value, Value, Value)> logits,
+          bool causal = false);
 
 /// Below this many multiply-adds a kernel stage runs on the calling thread:
 /// waking the thread pool costs more than the work (decode sizes).

@@ -83,8 +83,8 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
         // (S and dX overwrite the dots a row at a time: sBuf and dBuf hold
         // both where the dots do not fit the registers.)
         auto tile = [&](const FlashGradSpec::Dot &dot, Value buf) {
-          return dotTile(k, opts, dot.rows, dot.colsT, b, rowIdx, jt,
-                         dot.depth, buf);
+          return dotTile(k, opts, dot.rows, dot.colsT, b, rowIdx, jt, dot.depth,
+                         buf);
         };
         DotTile sDots = tile(s.score, sBuf);
         DotTile gDots = tile(s.cotangent, dBuf);

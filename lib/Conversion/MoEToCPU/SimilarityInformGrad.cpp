@@ -67,8 +67,8 @@ struct SimilarityInformGradKernel : KernelPattern<SimilarityInformGradOp> {
     Value uT = packKeysT(k, opts, u, batch, rows, depth);
     Value p = k.alloc(rank3, {batch, rows, width});
     Value lse = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, rows});
-    FlashSpec fwd = flashSpec(k, q, uT, keysPad, e, p, batch, rows, rows,
-                              depth, logits, causal);
+    FlashSpec fwd = flashSpec(k, q, uT, keysPad, e, p, batch, rows, rows, depth,
+                              logits, causal);
     fwd.lse = lse;
     emitFlashMix(k, opts, fwd);
     Value widthPad = fwd.widthPad;
@@ -86,9 +86,9 @@ struct SimilarityInformGradKernel : KernelPattern<SimilarityInformGradOp> {
         packValues(k, u, batch, rows, depth, keysPad, depthPad);
     (void)uNonFinite;
     Value dq = k.alloc(rank3, {batch, rows, depth});
-    FlashGradSpec byQuery(
-        {q, uT, depth}, {dp, eT, width}, batch, rows, rows,
-        causal ? FlashGradSpec::Band::Lower : FlashGradSpec::Band::All);
+    FlashGradSpec byQuery({q, uT, depth}, {dp, eT, width}, batch, rows, rows,
+                          causal ? FlashGradSpec::Band::Lower
+                                 : FlashGradSpec::Band::All);
     byQuery.weights = [&](CK &kk, Value sDot, Value gDot, Value bi, Value i,
                           Value j0) -> std::pair<Value, Value> {
       Value x = logits(kk, sDot, bi, i, j0);
@@ -110,9 +110,9 @@ struct SimilarityInformGradKernel : KernelPattern<SimilarityInformGradOp> {
       qValues = packValues(k, q, batch, rows, depth, keysPad, depthPad).first;
     Value de = k.alloc(rank3, {batch, rows, width});
     Value dk = k.alloc(rank3, {batch, rows, depth});
-    FlashGradSpec byKey(
-        {u, qT, depth}, {e, dpT, width}, batch, rows, rows,
-        causal ? FlashGradSpec::Band::Upper : FlashGradSpec::Band::All);
+    FlashGradSpec byKey({u, qT, depth}, {e, dpT, width}, batch, rows, rows,
+                        causal ? FlashGradSpec::Band::Upper
+                               : FlashGradSpec::Band::All);
     byKey.weights = [&](CK &kk, Value sDot, Value gDot, Value bi, Value j,
                         Value i0) -> std::pair<Value, Value> {
       // Row j is a key: masked keys and (causal) queries i < j get nothing;
