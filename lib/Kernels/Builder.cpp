@@ -9,6 +9,7 @@
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
 
 #include <limits>
 
@@ -64,6 +65,13 @@ Value KernelBuilder::constLike(Type type, double v) {
 
 Value KernelBuilder::negInfLike(Type type) {
   return constLike(type, -std::numeric_limits<double>::infinity());
+}
+
+Value KernelBuilder::broadcastLike(Value scalar, Type like) {
+  if (!isa<VectorType>(like) || isa<VectorType>(scalar.getType()))
+    return scalar;
+  return vector::BroadcastOp::create(b, shapedLike(like, scalar.getType()),
+                                     scalar);
 }
 
 //===----------------------------------------------------------------------===//

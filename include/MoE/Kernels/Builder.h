@@ -44,6 +44,10 @@ public:
   /// A constant of `type` (scalar or vector of f32/iN/index): splat of `v`.
   Value constLike(Type type, double v);
   Value negInfLike(Type type);
+  /// `scalar` as is when `like` is a scalar type, else broadcast to the
+  /// vector type `like`'s shape (an operand already of that type is returned
+  /// as is).
+  Value broadcastLike(Value scalar, Type like);
 
   // Two-operand arithmetic (scalars or vectors), one arith op each: integer
   // and index (add .. shru: unsigned divu/remu/ceilDiv/minu/shru, signed

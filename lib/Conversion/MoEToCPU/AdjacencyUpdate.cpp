@@ -34,6 +34,7 @@
 #include "../MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
+#include "MoE/Kernels/SegmentedStats.h"
 
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
@@ -44,6 +45,7 @@
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::cpu;
+using namespace mlir::moe::kernels;
 
 namespace {
 constexpr int64_t kDyn = ShapedType::kDynamic;
@@ -104,7 +106,7 @@ StrategyChoice chooseAdjacencyStrategy(int64_t e, int64_t k, int64_t lanes) {
 
 /// What the strategies share.
 struct AdjacencyInputs {
-  Value idx, tokens, slots, eVal, eI, zeroI;
+  Value idx, tokens, slots, eVal, eI;
   int64_t e, k;
 };
 
@@ -115,8 +117,7 @@ Value tokenMask(CK &k, const AdjacencyInputs &in, Value t) {
   Value zero = k.cI64(0), one = k.cI64(1);
   auto addSlot = [&](Value s, Value m) {
     Value v = k.load(in.idx, {t, s});
-    Value ok = k.andI(k.cmpi(arith::CmpIPredicate::sge, v, in.zeroI),
-                      k.cmpi(arith::CmpIPredicate::slt, v, in.eI));
+    Value ok = idInRange(k, v, in.eI);
     // Out of range: shift by 0 (never by >= 64), add nothing.
     Value shift = k.select(ok, k.castInt(v, i64), zero);
     return k.orI(m, k.select(ok, k.shl(one, shift), zero));
@@ -214,8 +215,7 @@ void emitCounting(CK &k, const KernelOptions &opts, const AdjacencyInputs &in,
         c0, in.slots, c1, ValueRange{c0},
         [&](Value s, ValueRange it) -> SmallVector<Value> {
           Value v = k.load(in.idx, {t, s});
-          Value ok = k.andI(k.cmpi(arith::CmpIPredicate::sge, v, in.zeroI),
-                            k.cmpi(arith::CmpIPredicate::slt, v, in.eI));
+          Value ok = idInRange(k, v, in.eI);
           // Out of range: read the stamp of expert 0, add nothing.
           Value vi = k.select(ok, k.castInt(v, indexType), c0);
           Value fresh =
@@ -349,7 +349,6 @@ struct AdjacencyUpdateKernel : KernelPattern<AdjacencyUpdateOp> {
     Type idxType = cast<MemRefType>(in.idx.getType()).getElementType();
     in.eVal = eVal;
     in.eI = k.castInt(eVal, idxType);
-    in.zeroI = k.castInt(k.idx(0), idxType);
     in.e = getConstantIntValue(eSize).value_or(kDyn);
     in.k = cast<MemRefType>(in.idx.getType()).getDimSize(1);
 

@@ -267,24 +267,11 @@ struct AttentionPosteriorKernel
     Value keysPad = means.keysPad, keysT = means.keysT, norm2 = means.norm2;
 
     // 4. The posterior mix.
-    Value widthPad = roundUp(k, width, kLanes);
-    auto [values, nonFinite] =
-        packValues(k, e, batch, keys, width, keysPad, widthPad);
     Value out = kernel.out(0);
-    FlashSpec spec;
-    spec.q = u;
-    spec.keysT = keysT;
-    spec.values = values;
-    spec.out = out;
-    spec.batch = batch;
-    spec.rows = rows;
-    spec.keys = keys;
-    spec.depth = model;
-    spec.width = width;
-    spec.widthPad = widthPad;
-    spec.valuesNonFinite = nonFinite;
-    spec.logits = posteriorLogits(scores, head, norm2, keys, sigma2);
-    emitFlashMix(k, opts, spec);
+    emitFlashMix(k, opts,
+                 flashSpec(k, u, keysT, keysPad, e, out, batch, rows, keys,
+                           model,
+                           posteriorLogits(scores, head, norm2, keys, sigma2)));
 
     kernel.replace(rw, op);
     return success();

@@ -38,6 +38,7 @@
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::cpu;
+using namespace mlir::moe::kernels;
 
 namespace {
 constexpr int64_t kDyn = ShapedType::kDynamic;
@@ -102,29 +103,16 @@ struct AttentionPosteriorGradKernel
     HeadMeans means =
         packHeadMeans(k, opts, v, wo, head, scale, batch, keys, model, headDim);
     Value keysPad = means.keysPad;
-    Value widthPad = roundUp(k, width, kLanes);
     Value modelPad = roundUp(k, model, kLanes);
     Value rowsPad = roundUp(k, rows, kKeyTile);
     auto logits = posteriorLogits(scores, head, means.norm2, keys, sigma2);
-    auto [eValues, nonFinite] =
-        packValues(k, e, batch, keys, width, keysPad, widthPad);
     Value p = k.alloc(rank3, {batch, rows, width});
     Value lse = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, rows});
-    FlashSpec fwd;
-    fwd.q = u;
-    fwd.keysT = means.keysT;
-    fwd.values = eValues;
-    fwd.out = p;
+    FlashSpec fwd = flashSpec(k, u, means.keysT, keysPad, e, p, batch, rows,
+                              keys, model, logits);
     fwd.lse = lse;
-    fwd.batch = batch;
-    fwd.rows = rows;
-    fwd.keys = keys;
-    fwd.depth = model;
-    fwd.width = width;
-    fwd.widthPad = widthPad;
-    fwd.valuesNonFinite = nonFinite;
-    fwd.logits = logits;
     emitFlashMix(k, opts, fwd);
+    Value widthPad = fwd.widthPad;
     auto [lseRow, delta] =
         gradRowStats(k, lse, p, dp, batch, rows, width, widthPad, rowsPad);
 
@@ -159,21 +147,12 @@ struct AttentionPosteriorGradKernel
     // 2. Query-major: dz into d_scores, d_u.
     Value eT = packKeysT(k, opts, e, batch, keys, width);
     Value du = kernel.out(1);
-    FlashGradSpec byQuery;
-    byQuery.rowA = u;
-    byQuery.colAT = means.keysT;
-    byQuery.depthA = model;
-    byQuery.rowG = dp;
-    byQuery.colGT = eT;
-    byQuery.depthG = width;
-    byQuery.batch = batch;
-    byQuery.rows = rows;
-    byQuery.cols = keys;
+    FlashGradSpec byQuery({u, means.keysT, model}, {dp, eT, width}, batch, rows,
+                          keys);
     byQuery.weights = [&](CK &kk, Value sDot, Value gDot, Value bi, Value i,
                           Value j0) -> std::pair<Value, Value> {
       Value z = logits(kk, sDot, bi, i, j0);
-      Value g =
-          kk.exp(kk.fsub(z, kk.splat(kk.load(lseRow, {bi, i}), kLanes)));
+      Value g = softmaxFromLogSumExp(kk, z, kk.load(lseRow, {bi, i}));
       Value d = kk.splat(kk.load(delta, {bi, i}), kLanes);
       Value dz = kk.fmul(g, kk.fsub(gDot, d));
       // Rows past the end repeat the last row: the same values again.
@@ -200,16 +179,8 @@ struct AttentionPosteriorGradKernel
     Value dzU = k.alloc(rank3, {batch, keys, model});
     Value dzSum = k.alloc(rank3, {batch, keys, c1});
     Value lastRow = k.sub(rows, c1);
-    FlashGradSpec byKey;
-    byKey.rowA = mValues;
-    byKey.colAT = uT;
-    byKey.depthA = model;
-    byKey.rowG = e;
-    byKey.colGT = dpT;
-    byKey.depthG = width;
-    byKey.batch = batch;
-    byKey.rows = keys;
-    byKey.cols = rows;
+    FlashGradSpec byKey({mValues, uT, model}, {e, dpT, width}, batch, keys,
+                        rows);
     byKey.weights = [&](CK &kk, Value sDot, Value gDot, Value bi, Value j,
                         Value i0) -> std::pair<Value, Value> {
       // Row j is a key: the scores of queries i0 .. i0 + 15 against it (a
@@ -228,7 +199,7 @@ struct AttentionPosteriorGradKernel
                         kk.fdiv(kk.fmul(kk.constLike(kk.vf32(), 0.5), n), s2));
       Value masked =
           kk.cmpf(arith::CmpFPredicate::OEQ, s, kk.negInfLike(kk.vf32()));
-      Value g = kk.exp(kk.fsub(z, kk.vload(lseRow, {bi, i0})));
+      Value g = softmaxFromLogSumExp(kk, z, kk.vload(lseRow, {bi, i0}));
       g = kk.select(masked, zeros, g);
       Value d = kk.vload(delta, {bi, i0});
       return {g, kk.fmul(g, kk.fsub(gDot, d))};

@@ -12,6 +12,7 @@
 
 using namespace mlir;
 using namespace mlir::moe::cpu;
+using namespace mlir::moe::kernels;
 
 std::pair<Value, Value> mlir::moe::cpu::packValues(CK &k, Value values,
                                                    Value batch, Value keys,
@@ -51,6 +52,21 @@ std::pair<Value, Value> mlir::moe::cpu::packValues(CK &k, Value values,
   return {packed, k.sum(bad)};
 }
 
+FlashSpec mlir::moe::cpu::flashSpec(
+    CK &k, Value q, Value keysT, Value keysPad, Value values, Value out,
+    Value batch, Value rows, Value keys, Value depth,
+    std::function<Value(CK &, Value, Value, Value, Value)> logits,
+    bool causal) {
+  Value width = k.dim(values, 2);
+  Value widthPad = roundUp(k, width, kLanes);
+  auto [packed, nonFinite] =
+      packValues(k, values, batch, keys, width, keysPad, widthPad);
+  // (No lse: the caller sets it when it wants one.)
+  return FlashSpec{
+      q,    keysT, packed, out,      Value(),   batch,  rows,
+      keys, depth, width,  widthPad, nonFinite, causal, std::move(logits)};
+}
+
 void mlir::moe::cpu::workersIfLarge(CK &k, const KernelOptions &opts, Value numItems,
                     Value work,
                     function_ref<void(Value item, Value worker)> body) {
@@ -66,6 +82,25 @@ void mlir::moe::cpu::workersIfLarge(CK &k, const KernelOptions &opts, Value numI
   k.workers(inlineOpts, numItems, body);
   k.b.setInsertionPoint(op.elseBlock()->getTerminator());
   k.workers(opts, numItems, body);
+}
+
+mlir::moe::cpu::RowTile mlir::moe::cpu::rowTile(CK &k, Value item,
+                                                Value rowTiles, Value rows) {
+  RowTile t;
+  t.b = k.divu(item, rowTiles);
+  t.i0 = k.mul(k.remu(item, rowTiles), k.idx(kQueryTile));
+  Value lastRow = k.sub(rows, k.idx(1));
+  for (int64_t r = 0; r < kQueryTile; ++r)
+    t.rows.push_back(k.mins(k.add(t.i0, k.idx(r)), lastRow));
+  return t;
+}
+
+void mlir::moe::cpu::zeroRows(CK &k, Value buf, Value chunks) {
+  Value zeros = k.constLike(k.vf32(), 0.0);
+  k.forLoop(k.idx(0), chunks, k.idx(1), [&](Value c) {
+    for (int64_t r = 0; r < kQueryTile; ++r)
+      k.vstore(zeros, buf, {k.idx(r), k.mul(c, k.idx(kLanes))});
+  });
 }
 
 /// Vector registers of a target whose f32 vectors have `lanes` lanes: 32 zmm
@@ -274,6 +309,19 @@ Value mlir::moe::cpu::keyValidity(CK &k, Value mask, Value batch, Value rows,
   return valid;
 }
 
+void mlir::moe::cpu::forEachRowChunk(
+    CK &k, const KernelOptions &opts, Value batch, Value rows, Value width,
+    function_ref<void(Value b, Value i, Value col, Value count)> body) {
+  Value chunks = k.ceilDiv(width, k.idx(kLanes));
+  k.workers(opts, k.mul(batch, rows), [&](Value item, Value) {
+    Value bi = k.divu(item, rows), i = k.remu(item, rows);
+    k.forLoop(k.idx(0), chunks, k.idx(1), [&](Value c) {
+      Value col = k.mul(c, k.idx(kLanes));
+      body(bi, i, col, k.sub(width, col));
+    });
+  });
+}
+
 Value mlir::moe::cpu::projectRows(CK &k, const KernelOptions &opts, Value x,
                                   Value w, Value batch, Value rows,
                                   Value depth, Value outWidth, Value init,
@@ -283,23 +331,20 @@ Value mlir::moe::cpu::projectRows(CK &k, const KernelOptions &opts, Value x,
   if (!out)
     out = k.alloc(MemRefType::get({kDyn, kDyn, kDyn}, k.f32()),
                   {batch, rows, outWidth});
-  Value chunks = k.ceilDiv(outWidth, k.idx(kLanes));
-  k.workers(opts, k.mul(batch, rows), [&](Value item, Value) {
-    Value bi = k.divu(item, rows), i = k.remu(item, rows);
-    k.forLoop(c0, chunks, c1, [&](Value c) {
-      Value col = k.mul(c, k.idx(kLanes));
-      Value count = k.sub(outWidth, col);
-      Value start = init ? k.vloadMasked(init, {bi, i, col}, count, 0.0)
-                         : k.constLike(k.vf32(), 0.0);
-      Value acc = k.forLoop(c0, depth, c1, ValueRange{start},
-                            [&](Value d, ValueRange a) -> SmallVector<Value> {
-                              Value xv = k.splat(k.loadF(x, {bi, i, d}), kLanes);
-                              Value wv = k.vloadMasked(w, {d, col}, count, 0.0);
-                              return {k.fma(xv, wv, a[0])};
-                            })[0];
-      k.vstoreMasked(acc, out, {bi, i, col}, count);
-    });
-  });
+  forEachRowChunk(k, opts, batch, rows, outWidth,
+                  [&](Value bi, Value i, Value col, Value count) {
+                    Value start =
+                        init ? k.vloadMasked(init, {bi, i, col}, count, 0.0)
+                             : k.constLike(k.vf32(), 0.0);
+                    Value acc = k.forLoop(
+                        c0, depth, c1, ValueRange{start},
+                        [&](Value d, ValueRange a) -> SmallVector<Value> {
+                          Value xv = k.splat(k.loadF(x, {bi, i, d}), kLanes);
+                          Value wv = k.vloadMasked(w, {d, col}, count, 0.0);
+                          return {k.fma(xv, wv, a[0])};
+                        })[0];
+                    k.vstoreMasked(acc, out, {bi, i, col}, count);
+                  });
   return out;
 }
 
@@ -331,7 +376,6 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
   Value queryTiles = k.ceilDiv(s.rows, k.idx(TQ));
   Value numItems = k.mul(s.batch, queryTiles);
   Value widthChunks = k.divu(s.widthPad, k.idx(kLanes));
-  Value lastRow = k.sub(s.rows, c1);
 
   Value accAll = k.scratch(
       opts, MemRefType::get({TQ, ShapedType::kDynamic}, f32), {s.widthPad});
@@ -342,28 +386,23 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
     Value accBuf = k.workerSlice(accAll, worker);
     Value pBuf = k.workerSlice(pAll, worker);
     Value sBuf = k.workerSlice(sAll, worker);
-    Value b = k.divu(item, queryTiles);
-    Value i0 = k.mul(k.remu(item, queryTiles), k.idx(TQ));
-    // Rows past the end repeat the last row (computed, never stored).
-    SmallVector<Value> rowIdx;
-    for (int64_t r = 0; r < TQ; ++r)
-      rowIdx.push_back(k.mins(k.add(i0, k.idx(r)), lastRow));
-    Value zeros = k.constLike(k.vf32(), 0.0);
-    k.forLoop(c0, widthChunks, c1, [&](Value c) {
-      for (int64_t r = 0; r < TQ; ++r)
-        k.vstore(zeros, accBuf, {k.idx(r), k.mul(c, k.idx(kLanes))});
-    });
+    RowTile tile = rowTile(k, item, queryTiles, s.rows);
+    Value b = tile.b, i0 = tile.i0;
+    ArrayRef<Value> rowIdx = tile.rows;
+    zeroRows(k, accBuf, widthChunks);
     Value keyTiles = k.ceilDiv(s.keys, k.idx(TK));
     if (s.causal) {
       Value seen = k.add(rowIdx.back(), c1); // keys 0 .. last row
       keyTiles = k.ceilDiv(seen, k.idx(TK));
     }
 
-    SmallVector<Value> init;
-    for (int64_t r = 0; r < TQ; ++r)
-      init.push_back(k.negInfLike(f32));
-    for (int64_t r = 0; r < TQ; ++r)
-      init.push_back(k.cF32(0.0));
+    // The online softmax (MoE/Kernels/OnlineSoftmax.h) of each row: the
+    // running max and sum carried by the key-tile loop, TQ of each.
+    SoftmaxState start = softmaxStart(k);
+    SmallVector<Value> init(TQ, start.max);
+    init.append(TQ, start.sum);
+    auto maxOfLanes = [&](Value v) { return k.maxf(v); };
+    auto sumOfLanes = [&](Value v) { return k.sum(v); };
 
     SmallVector<Value> state = k.forLoop(
         c0, keyTiles, c1, init,
@@ -380,32 +419,22 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
           Value negInfV = k.negInfLike(k.vf32());
           for (int64_t r = 0; r < TQ; ++r) {
             SmallVector<Value> sv;
-            for (int64_t v = 0; v < KV; ++v)
+            Value excluded;
+            for (int64_t v = 0; v < KV; ++v) {
               sv.push_back(s.logits(k, dots.at(r, v), b, rowIdx[r],
                                     k.add(j0, k.idx(v * kLanes))));
-            Value tileMax = sv[0];
-            Value excluded = k.cmpf(arith::CmpFPredicate::OEQ, sv[0], negInfV);
-            for (int64_t v = 1; v < KV; ++v) {
-              tileMax = k.fmax(tileMax, sv[v]);
-              excluded = k.orI(
-                  excluded, k.cmpf(arith::CmpFPredicate::OEQ, sv[v], negInfV));
+              Value out = k.cmpf(arith::CmpFPredicate::OEQ, sv[v], negInfV);
+              excluded = v ? k.orI(excluded, out) : out;
             }
-            Value m = it[r], l = it[TQ + r];
-            Value mn = k.fmax(m, k.maxf(tileMax));
-            Value none =
-                k.cmpf(arith::CmpFPredicate::OEQ, mn, k.negInfLike(f32));
-            Value a = k.select(none, k.cF32(1.0), k.exp(k.fsub(m, mn)));
-            Value mv = k.splat(mn, kLanes), noneV = k.splat(none, kLanes);
-            Value psum = zeros;
+            SoftmaxTile tile = onlineSoftmaxStep(k, {it[r], it[TQ + r]}, sv,
+                                                 maxOfLanes, sumOfLanes);
             for (int64_t v = 0; v < KV; ++v) {
-              Value p = k.select(noneV, zeros, k.exp(k.fsub(sv[v], mv)));
-              psum = k.fadd(psum, p);
-              k.vstore(p, pBuf, {k.idx(r), k.idx(v * kLanes)});
+              k.vstore(tile.probs[v], pBuf, {k.idx(r), k.idx(v * kLanes)});
               k.vstore(sv[v], sBuf, {k.idx(r), k.idx(v * kLanes)});
             }
-            mNew.push_back(mn);
-            lNew.push_back(k.fadd(k.fmul(l, a), k.sum(psum)));
-            alpha.push_back(a);
+            mNew.push_back(tile.next.max);
+            lNew.push_back(tile.next.sum);
+            alpha.push_back(tile.rescale);
             anyExcluded = k.orI(anyExcluded, k.anyTrue(excluded));
           }
           Value guarded = k.andI(anyExcluded, k.isNaN(s.valuesNonFinite));
@@ -423,17 +452,14 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
     for (int64_t r = 0; r < TQ; ++r) {
       Value i = k.add(i0, k.idx(r));
       k.ifThen(k.cmpi(arith::CmpIPredicate::ult, i, s.rows), [&] {
-        Value m = state[r], l = state[TQ + r];
-        Value none = k.cmpf(arith::CmpFPredicate::OEQ, m, k.negInfLike(f32));
-        Value noneV = k.splat(none, kLanes), lv = k.splat(l, kLanes);
+        SoftmaxState row = {state[r], state[TQ + r]};
         k.forLoop(c0, widthChunks, c1, [&](Value c) {
           Value col = k.mul(c, k.idx(kLanes));
-          Value a = k.vload(accBuf, {k.idx(r), col});
-          Value p = k.select(noneV, zeros, k.fdiv(a, lv));
+          Value p = softmaxNormalize(k, row, k.vload(accBuf, {k.idx(r), col}));
           k.vstoreMasked(p, s.out, {b, i, col}, k.sub(s.width, col));
         });
         if (s.lse)
-          k.store(k.fadd(m, k.log(l)), s.lse, {b, i});
+          k.store(softmaxLogSumExp(k, row), s.lse, {b, i});
       });
     }
   };

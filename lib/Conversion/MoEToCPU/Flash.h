@@ -29,6 +29,8 @@
 
 #include "KernelBuilder.h"
 
+#include "MoE/Kernels/OnlineSoftmax.h"
+
 #include <functional>
 #include <optional>
 
@@ -64,6 +66,17 @@ struct FlashSpec {
   std::function<Value(CK &, Value dot, Value b, Value i, Value j0)> logits;
 };
 
+/// The FlashSpec of the mix of `values` [B, Nk, K] (any float; packed here by
+/// packValues with keysPad keys and roundUp(K, kLanes) lanes) into `out`
+/// [B, N, K] f32, for the queries `q` [B, N, D] against the packed keys
+/// `keysT` (packKeysT layout, keysPad = roundUp(Nk, kKeyTile)) with the logit
+/// epilogue `logits`; `lse` is left unset.
+FlashSpec
+flashSpec(CK &k, Value q, Value keysT, Value keysPad, Value values, Value out,
+          Value batch, Value rows, Value keys, Value depth,
+          std::function<Value(CK &, Value, Value, Value, Value)> logits,
+          bool causal = false);
+
 /// Below this many multiply-adds a kernel stage runs on the calling thread:
 /// waking the thread pool costs more than the work (decode sizes).
 constexpr int64_t kInlineWork = int64_t(1) << 20;
@@ -88,15 +101,23 @@ void emitFlashMix(CK &k, const KernelOptions &opts, const FlashSpec &spec);
 /// where w_a is either S[r, c] or dX[r, c] (from `weights`). Nothing of size
 /// rows x columns is stored; every output row has one writer (no atomics).
 struct FlashGradSpec {
-  /// The score dot <rowA[b, r, :], colA[b, c, :]>: rowA [B, R, Da] (any
-  /// float, read as scalars), colAT packed by packKeysT [B, Ct, Da, kKeyTile].
-  Value rowA, colAT, depthA;
-  /// The cotangent dot <rowG[b, r, :], colG[b, c, :]>, same layouts.
-  Value rowG, colGT, depthG;
-  Value batch, rows, cols; // index values
+  /// The dot <rows[b, r, :], cols[b, c, :]> over `depth`: rows [B, R, depth]
+  /// (any float, read as scalars), colsT packed by packKeysT [B, Ct, depth,
+  /// kKeyTile].
+  struct Dot {
+    Value rows, colsT, depth;
+  };
   /// Which column tiles a row tile visits: all, c <= r, or c >= r (causal
   /// masks, seen from the query or from the key side).
-  enum class Band { All, Lower, Upper } band = Band::All;
+  enum class Band { All, Lower, Upper };
+  FlashGradSpec(Dot score, Dot cotangent, Value batch, Value rows, Value cols,
+                Band band = Band::All)
+      : score(score), cotangent(cotangent), batch(batch), rows(rows),
+        cols(cols), band(band) {}
+  /// The score dot and the cotangent dot.
+  Dot score, cotangent;
+  Value batch, rows, cols; // index values
+  Band band;
   /// {S, dX} of row `r` and the 16 columns [c0, c0 + 16) from the two dot
   /// vectors; both must be 0 for excluded and padding columns.
   std::function<std::pair<Value, Value>(CK &, Value sDot, Value gDot, Value b,
@@ -133,6 +154,17 @@ GradRowStats gradRowStats(CK &k, Value lse, Value p, Value dp, Value batch,
 
 // Building blocks shared by the forward and backward kernels.
 
+/// Row tile `item` of the B x ceil(rows / kQueryTile) tiles: its batch `b`,
+/// first row `i0` and kQueryTile row indices, where rows past the end repeat
+/// the last row (computed, never stored).
+struct RowTile {
+  Value b, i0;
+  SmallVector<Value> rows;
+};
+RowTile rowTile(CK &k, Value item, Value rowTiles, Value rows);
+/// Zeros the kQueryTile rows of `chunks` kLanes-vectors of `buf`.
+void zeroRows(CK &k, Value buf, Value chunks);
+
 /// The kQueryTile x kKeyTile dot products of a tile (dotTile): in registers
 /// when they fit the target's (AVX-512), else in a [kQueryTile, kKeyTile] f32
 /// buffer (AVX2).
@@ -167,6 +199,13 @@ Value packKeysT(CK &k, const KernelOptions &opts, Value x, Value batch,
 /// [B, keysPad] f32: 1 where key j < rows is valid (and mask[b, j], an
 /// optional [B, N] i1), else 0.
 Value keyValidity(CK &k, Value mask, Value batch, Value rows, Value keysPad);
+/// Runs `body(b, i, col, count)` for every row (b, i) of a [batch, rows,
+/// width] array (workers over the rows) and every kLanes-chunk of it: `col`
+/// its first column, `count` = width - col the lanes inside (for masked
+/// loads and stores).
+void forEachRowChunk(
+    CK &k, const KernelOptions &opts, Value batch, Value rows, Value width,
+    function_ref<void(Value b, Value i, Value col, Value count)> body);
 /// init + x · w for x [B, N, D] (any float), w [D, W] (any float), init an
 /// optional [B, N, W] f32: written into `out` ([B, N, W] f32; may be init),
 /// or when `out` is null into a new buffer; returns it (vector over W).

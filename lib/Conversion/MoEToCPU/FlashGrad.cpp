@@ -35,7 +35,6 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
   Value c0 = k.idx(0), c1 = k.idx(1);
   Value rowTiles = k.ceilDiv(s.rows, k.idx(TQ));
   Value numItems = k.mul(s.batch, rowTiles);
-  Value lastRow = k.sub(s.rows, c1);
 
   // Blocked summation: each accumulator sums kFoldTiles column tiles into a
   // partial (accAll) that is then added to its total (totAll). One running
@@ -61,19 +60,12 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
     }
     Value sBuf = k.workerSlice(sAll, worker);
     Value dBuf = k.workerSlice(dAll, worker);
-    Value b = k.divu(item, rowTiles);
-    Value i0 = k.mul(k.remu(item, rowTiles), k.idx(TQ));
-    // Rows past the end repeat the last row (computed, never stored).
-    SmallVector<Value> rowIdx;
-    for (int64_t r = 0; r < TQ; ++r)
-      rowIdx.push_back(k.mins(k.add(i0, k.idx(r)), lastRow));
-    Value zeros = k.constLike(k.vf32(), 0.0);
+    RowTile tile = rowTile(k, item, rowTiles, s.rows);
+    Value b = tile.b, i0 = tile.i0;
+    ArrayRef<Value> rowIdx = tile.rows;
     auto zero = [&](ArrayRef<Value> bufs) {
       for (auto [buf, n] : llvm::zip(bufs, chunks))
-        k.forLoop(c0, n, c1, [&](Value c) {
-          for (int64_t r = 0; r < TQ; ++r)
-            k.vstore(zeros, buf, {k.idx(r), k.mul(c, k.idx(kLanes))});
-        });
+        zeroRows(k, buf, n);
     };
     zero(totBuf);
 
@@ -90,10 +82,12 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
         Value j0 = k.mul(jt, k.idx(TK));
         // (S and dX overwrite the dots a row at a time: sBuf and dBuf hold
         // both where the dots do not fit the registers.)
-        DotTile sDots =
-            dotTile(k, opts, s.rowA, s.colAT, b, rowIdx, jt, s.depthA, sBuf);
-        DotTile gDots =
-            dotTile(k, opts, s.rowG, s.colGT, b, rowIdx, jt, s.depthG, dBuf);
+        auto tile = [&](const FlashGradSpec::Dot &dot, Value buf) {
+          return dotTile(k, opts, dot.rows, dot.colsT, b, rowIdx, jt, dot.depth,
+                         buf);
+        };
+        DotTile sDots = tile(s.score, sBuf);
+        DotTile gDots = tile(s.cotangent, dBuf);
         for (int64_t r = 0; r < TQ; ++r)
           for (int64_t v = 0; v < KV; ++v) {
             auto [sv, dv] = s.weights(k, sDots.at(r, v), gDots.at(r, v), b,

@@ -92,6 +92,18 @@ public:
   /// Cephes degree-6 polynomial (about 1 ulp), 2^n applied in two halves so
   /// that subnormal results and overflow to +inf come out right; exp(-inf) =
   /// 0, exp(+inf) = +inf, exp(NaN) = NaN.
+  ///
+  /// Kept rather than math.exp + upstream's polynomial approximation (which
+  /// moe-approximate-vector-math would apply to vector exps): a sweep of
+  /// every 64th f32 in [-110, 100] (35M inputs, vector<16xf32>, both lowered
+  /// the same way, against f64 exp rounded to f32) gave upstream at most 5
+  /// ulp (x in [88.63, 88.72], where it clamps 2^n to 2^127) against 1 here,
+  /// and 33362 of the 34073 inputs with a subnormal result (x in [-103.97,
+  /// -87.34]) flushed to 0, none here; NaN, +-inf and the clamps agree.
+  /// (Upstream rounds better elsewhere, 0.8% of the inputs off by 1 ulp
+  /// against 2.4% here, and took 1.38 against 1.47 ns per element, single
+  /// thread, median of 7 interleaved runs on a loaded AMD EPYC, spread
+  /// 1.0-1.7 and 1.3-2.5.)
   Value exp(Value x) override;
 
   // Reductions of a vector to a scalar.

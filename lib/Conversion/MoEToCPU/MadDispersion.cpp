@@ -27,10 +27,12 @@
 #include "../MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
+#include "MoE/Kernels/SegmentedStats.h"
 
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::cpu;
+using namespace mlir::moe::kernels;
 
 namespace {
 constexpr int64_t kDyn = ShapedType::kDynamic;
@@ -62,18 +64,13 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
     Value tokens = k.dim(x, 0), depth = k.dim(x, 1);
     Value e = k.idx(numExperts);
     Type assignType = cast<MemRefType>(assign.getType()).getElementType();
-    Value eA = k.castInt(e, assignType), zeroA = k.castInt(c0, assignType);
+    Value eA = k.castInt(e, assignType);
     bool variance = op.getMeasure() == DispersionMeasure::variance;
 
     // The cluster of token t as an index, or nothing when out of range.
     auto withCluster = [&](Value t, function_ref<void(Value)> body) {
       Value a = k.load(assign, {t});
-      // Operands that build IR are sequenced into locals here and below: C++
-      // leaves argument evaluation order unspecified (gcc and clang differ).
-      Value nonNegative = k.cmpi(arith::CmpIPredicate::sge, a, zeroA);
-      Value below = k.cmpi(arith::CmpIPredicate::slt, a, eA);
-      Value ok = k.andI(nonNegative, below);
-      k.ifThen(ok, [&] { body(k.castInt(a, k.index())); });
+      k.ifThen(idInRange(k, a, eA), [&] { body(k.castInt(a, k.index())); });
     };
 
     Value counts = kernel.out(0);
@@ -123,39 +120,32 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
           store(zeros, dev, c, col, count);
         });
       });
-      k.forLoop(c0, tokens, c1, [&](Value t) {
-        withCluster(t, [&](Value a) {
-          forVectors([&](Value col, Value count) {
-            Value xv = load(x, t, col, count);
-            Value s = load(sums, a, col, count);
-            store(k.fadd(s, xv), sums, a, col, count);
+      // Token t adds its row, or its dispersion around its cluster's mean
+      // (in `sums`), into row assign[t] of `stat`, t ascending.
+      auto scatter = [&](Value stat, bool deviation) {
+        k.forLoop(c0, tokens, c1, [&](Value t) {
+          withCluster(t, [&](Value a) {
+            forVectors([&](Value col, Value count) {
+              Value term = load(x, t, col, count);
+              if (deviation)
+                term = dispersionTerm(k, term, load(sums, a, col, count),
+                                      variance);
+              Value s = load(stat, a, col, count);
+              store(k.fadd(s, term), stat, a, col, count);
+            });
           });
         });
-      });
+      };
+      scatter(sums, /*deviation=*/false);
       // mean = sum / count (0 for an empty cluster), in place.
       k.forLoop(c0, e, c1, [&](Value c) {
         Value n = k.load(counts, {c});
-        Value empty = k.cmpi(arith::CmpIPredicate::eq, n, k.cI32(0));
-        Value nv = k.splat(k.sitofp(n), lanes);
         forVectors([&](Value col, Value count) {
-          Value s = load(sums, c, col, count);
-          Value emptyV = k.splat(empty, lanes);
-          Value mean = k.select(emptyV, zeros, k.fdiv(s, nv));
+          Value mean = segmentMean(k, load(sums, c, col, count), n);
           store(mean, sums, c, col, count);
         });
       });
-      k.forLoop(c0, tokens, c1, [&](Value t) {
-        withCluster(t, [&](Value a) {
-          forVectors([&](Value col, Value count) {
-            Value xv = load(x, t, col, count);
-            Value mu = load(sums, a, col, count);
-            Value diff = k.fsub(xv, mu);
-            Value term = variance ? k.fmul(diff, diff) : k.fabs(diff);
-            Value s = load(dev, a, col, count);
-            store(k.fadd(s, term), dev, a, col, count);
-          });
-        });
-      });
+      scatter(dev, /*deviation=*/true);
     };
     k.workers(opts, numBlocks, [&](Value item, Value) {
       Value col0 = k.mul(item, k.idx(block));

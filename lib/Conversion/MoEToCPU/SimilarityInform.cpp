@@ -35,7 +35,6 @@ struct SimilarityInformKernel
     Value batch = k.dim(u, 0), rows = k.dim(u, 1), depth = k.dim(u, 2);
     Value width = k.dim(e, 2);
     Value keysPad = roundUp(k, rows, kKeyTile);
-    Value widthPad = roundUp(k, width, kLanes);
     bool causal = op.getCausal();
     float tau = op.getTau().convertToFloat();
 
@@ -55,25 +54,11 @@ struct SimilarityInformKernel
       q = projectRows(k, opts, u, k.buffer(op.getWs()), batch, rows, depth,
                       depth);
 
-    auto [values, nonFinite] =
-        packValues(k, e, batch, rows, width, keysPad, widthPad);
     Value out = kernel.out(0);
-
-    FlashSpec spec;
-    spec.q = q;
-    spec.keysT = keysT;
-    spec.values = values;
-    spec.out = out;
-    spec.batch = batch;
-    spec.rows = rows;
-    spec.keys = rows;
-    spec.depth = depth;
-    spec.width = width;
-    spec.widthPad = widthPad;
-    spec.valuesNonFinite = nonFinite;
-    spec.causal = causal;
-    spec.logits = scaledMaskedLogits(keyValid, causal, tau);
-    emitFlashMix(k, opts, spec);
+    emitFlashMix(k, opts,
+                 flashSpec(k, q, keysT, keysPad, e, out, batch, rows, rows,
+                           depth, scaledMaskedLogits(keyValid, causal, tau),
+                           causal));
 
     kernel.replace(rw, op);
     return success();

@@ -31,6 +31,7 @@
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::cpu;
+using namespace mlir::moe::kernels;
 
 namespace {
 constexpr int64_t kDyn = ShapedType::kDynamic;
@@ -62,7 +63,6 @@ struct SimilarityInformGradKernel
     Value batch = k.dim(u, 0), rows = k.dim(u, 1), depth = k.dim(u, 2);
     Value width = k.dim(e, 2);
     Value keysPad = roundUp(k, rows, kKeyTile);
-    Value widthPad = roundUp(k, width, kLanes);
     Value depthPad = roundUp(k, depth, kLanes);
     bool causal = op.getCausal();
     float tau = op.getTau().convertToFloat();
@@ -74,26 +74,13 @@ struct SimilarityInformGradKernel
 
     // 1. p and lse, recomputed by the forward kernel.
     Value uT = packKeysT(k, opts, u, batch, rows, depth);
-    auto [eValues, nonFinite] =
-        packValues(k, e, batch, rows, width, keysPad, widthPad);
     Value p = k.alloc(rank3, {batch, rows, width});
     Value lse = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, rows});
-    FlashSpec fwd;
-    fwd.q = q;
-    fwd.keysT = uT;
-    fwd.values = eValues;
-    fwd.out = p;
+    FlashSpec fwd = flashSpec(k, q, uT, keysPad, e, p, batch, rows, rows, depth,
+                              logits, causal);
     fwd.lse = lse;
-    fwd.batch = batch;
-    fwd.rows = rows;
-    fwd.keys = rows;
-    fwd.depth = depth;
-    fwd.width = width;
-    fwd.widthPad = widthPad;
-    fwd.valuesNonFinite = nonFinite;
-    fwd.causal = causal;
-    fwd.logits = logits;
     emitFlashMix(k, opts, fwd);
+    Value widthPad = fwd.widthPad;
 
     // lse' and delta, padded to keysPad (vector loads in the key-major pass).
     auto [lseRow, delta] =
@@ -108,22 +95,13 @@ struct SimilarityInformGradKernel
         packValues(k, u, batch, rows, depth, keysPad, depthPad);
     (void)uNonFinite;
     Value dq = k.alloc(rank3, {batch, rows, depth});
-    FlashGradSpec byQuery;
-    byQuery.rowA = q;
-    byQuery.colAT = uT;
-    byQuery.depthA = depth;
-    byQuery.rowG = dp;
-    byQuery.colGT = eT;
-    byQuery.depthG = width;
-    byQuery.batch = batch;
-    byQuery.rows = rows;
-    byQuery.cols = rows;
-    byQuery.band =
-        causal ? FlashGradSpec::Band::Lower : FlashGradSpec::Band::All;
+    FlashGradSpec byQuery({q, uT, depth}, {dp, eT, width}, batch, rows, rows,
+                          causal ? FlashGradSpec::Band::Lower
+                                 : FlashGradSpec::Band::All);
     byQuery.weights = [&](CK &kk, Value sDot, Value gDot, Value bi, Value i,
                           Value j0) -> std::pair<Value, Value> {
       Value x = logits(kk, sDot, bi, i, j0);
-      Value s = kk.exp(kk.fsub(x, kk.splat(kk.load(lseRow, {bi, i}), kLanes)));
+      Value s = softmaxFromLogSumExp(kk, x, kk.load(lseRow, {bi, i}));
       Value d = kk.splat(kk.load(delta, {bi, i}), kLanes);
       return {s, kk.fmul(kk.fmul(s, kk.fsub(gDot, d)), invTau)};
     };
@@ -142,18 +120,9 @@ struct SimilarityInformGradKernel
     Value de = kernel.out(1);
     // dk is du itself without ws.
     Value dk = ws ? k.alloc(rank3, {batch, rows, depth}) : kernel.out(0);
-    FlashGradSpec byKey;
-    byKey.rowA = u;
-    byKey.colAT = qT;
-    byKey.depthA = depth;
-    byKey.rowG = e;
-    byKey.colGT = dpT;
-    byKey.depthG = width;
-    byKey.batch = batch;
-    byKey.rows = rows;
-    byKey.cols = rows;
-    byKey.band =
-        causal ? FlashGradSpec::Band::Upper : FlashGradSpec::Band::All;
+    FlashGradSpec byKey({u, qT, depth}, {e, dpT, width}, batch, rows, rows,
+                        causal ? FlashGradSpec::Band::Upper
+                               : FlashGradSpec::Band::All);
     byKey.weights = [&](CK &kk, Value sDot, Value gDot, Value bi, Value j,
                         Value i0) -> std::pair<Value, Value> {
       // Row j is a key: masked keys and (causal) queries i < j get nothing;
@@ -168,7 +137,7 @@ struct SimilarityInformGradKernel
                                        kk.splat(kk.castInt(j, kk.i32()),
                                                 kLanes)));
       }
-      Value s = kk.exp(kk.fsub(x, kk.vload(lseRow, {bi, i0})));
+      Value s = softmaxFromLogSumExp(kk, x, kk.vload(lseRow, {bi, i0}));
       s = kk.select(valid, s, zeros);
       Value d = kk.vload(delta, {bi, i0});
       return {s, kk.fmul(kk.fmul(s, kk.fsub(gDot, d)), invTau)};
@@ -191,17 +160,12 @@ struct SimilarityInformGradKernel
                        kernel.out(0));
     } else {
       du = dk;
-      Value chunks = k.divu(depthPad, k.idx(kLanes));
-      k.workers(opts, k.mul(batch, rows), [&](Value item, Value) {
-        Value bi = k.divu(item, rows), i = k.remu(item, rows);
-        k.forLoop(c0, chunks, c1, [&](Value c) {
-          Value col = k.mul(c, k.idx(kLanes));
-          Value count = k.sub(depth, col);
-          Value sum = k.fadd(k.vloadMasked(dk, {bi, i, col}, count, 0.0),
-                             k.vloadMasked(dq, {bi, i, col}, count, 0.0));
-          k.vstoreMasked(sum, du, {bi, i, col}, count);
-        });
-      });
+      forEachRowChunk(k, opts, batch, rows, depth,
+                      [&](Value bi, Value i, Value col, Value count) {
+                        Value x = k.vloadMasked(dk, {bi, i, col}, count, 0.0);
+                        Value y = k.vloadMasked(dq, {bi, i, col}, count, 0.0);
+                        k.vstoreMasked(k.fadd(x, y), du, {bi, i, col}, count);
+                      });
     }
     if (ws) {
       // dws[d, :] = Σ_{b,i} u[b,i,d] dq[b,i,:]: one worker per row d, a fixed

@@ -14,11 +14,14 @@
 
 #include "KernelUtils.h"
 #include "Lowerings.h"
+#include "MoE/Kernels/CoSelection.h"
+#include "MoE/Kernels/SegmentedStats.h"
 #include "MoE/Runtime/ErrorReporting.h"
 
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
+using namespace mlir::moe::kernels;
 
 static constexpr int64_t kThreads = 128;
 
@@ -64,10 +67,7 @@ AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
     auto expert = [&](Value s) {
       return kk.castInt(kk.load(ix, {t, s}), kk.i64());
     };
-    auto inRange = [&](Value v) {
-      return kk.andI(kk.cmpi(arith::CmpIPredicate::sge, v, kk.cI64(0)),
-                     kk.lt(v, kk.cI64(E)));
-    };
+    auto inRange = [&](Value v) { return idInRange(kk, v, kk.cI64(E)); };
     // Valid and the first occurrence in the token's row.
     auto counted = [&](Value s, Value v) -> Value {
       Value dup =
@@ -137,13 +137,9 @@ AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
       sum = blockReduce(kk, part, ReduceKind::Sum, kThreads,
                         kernel.getWorkgroupAttributions()[0]);
     }
-    Value betaV = kk.cF32(beta), rest = kk.cF32(1.0f - beta);
     kk.forLoop(tid, En, step, [&](Value n) {
       Value c = countAt(n);
-      if (sum)
-        c = kk.select(kk.cmpf(arith::CmpFPredicate::OEQ, sum, kk.cF32(0.0)),
-                      kk.cF32(0.0), kk.fdiv(c, sum));
-      Value v = kk.fadd(kk.fmul(betaV, kk.loadF(as, at(n))), kk.fmul(rest, c));
+      Value v = coSelectionNext(kk, kk.loadF(as, at(n)), c, sum, beta);
       kk.store(v, o, at(n));
     });
     h.launch(kernel, {k.idx(E), k.idx(1), k.idx(1)}, {kThreads, 1, 1},

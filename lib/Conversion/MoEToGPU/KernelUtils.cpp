@@ -6,8 +6,10 @@
 
 #include "KernelUtils.h"
 
+#include "mlir/Dialect/GPU/Transforms/Passes.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/IR/SymbolTable.h"
+#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 
 #include <limits>
 
@@ -53,21 +55,53 @@ static Value combine(KB &k, Value x, Value y, ReduceKind kind) {
 
 Value mlir::moe::gpu_lowering::subgroupReduce(KB &k, Value v, ReduceKind kind,
                                               int64_t width) {
+  if (kind != ReduceKind::MaxI64) {
+    // gpu.subgroup_reduce, lowered by upstream's patterns
+    // (lowerSubgroupReductions).
+    auto op = kind == ReduceKind::Sum ? gpu::AllReduceOperation::ADD
+                                      : gpu::AllReduceOperation::MAXIMUMF;
+    std::optional<uint32_t> cluster;
+    if (width < kWarp)
+      cluster = static_cast<uint32_t>(width);
+    return gpu::SubgroupReduceOp::create(k.b, v, op, /*uniform=*/true, cluster);
+  }
+  // The packed i64 candidates of the top-k: upstream's shuffle lowering
+  // takes values no wider than a shuffle (32 bits), so the two halves travel
+  // separately here.
   for (int64_t offset = width / 2; offset >= 1; offset /= 2) {
-    Value other;
-    if (kind == ReduceKind::MaxI64) {
-      // Shuffles move 32 bits: the two halves travel separately.
-      Value lo = k.trunc(v, k.i32());
-      Value hi = k.trunc(k.shru(v, k.cI64(32)), k.i32());
-      Value olo = k.extu(k.shuffleXor(lo, offset), k.i64());
-      Value ohi = k.extu(k.shuffleXor(hi, offset), k.i64());
-      other = k.orI(k.shl(ohi, k.cI64(32)), olo);
-    } else {
-      other = k.shuffleXor(v, offset);
-    }
-    v = combine(k, v, other, kind);
+    Value lo = k.trunc(v, k.i32());
+    Value hi = k.trunc(k.shru(v, k.cI64(32)), k.i32());
+    Value olo = k.extu(k.shuffleXor(lo, offset), k.i64());
+    Value ohi = k.extu(k.shuffleXor(hi, offset), k.i64());
+    v = combine(k, v, k.orI(k.shl(ohi, k.cI64(32)), olo), kind);
   }
   return v;
+}
+
+LogicalResult
+mlir::moe::gpu_lowering::lowerSubgroupReductions(gpu::GPUModuleOp kernels) {
+  SmallVector<Operation *> ops;
+  kernels.walk([&](gpu::SubgroupReduceOp op) { ops.push_back(op); });
+  if (ops.empty())
+    return success();
+  RewritePatternSet patterns(kernels.getContext());
+  populateGpuLowerSubgroupReduceToShufflePatterns(patterns, kWarp);
+  populateGpuLowerClusteredSubgroupReduceToShufflePatterns(patterns, kWarp);
+  // Only these ops, and nothing folded: the rest lowers as written.
+  GreedyRewriteConfig config;
+  config.setStrictness(GreedyRewriteStrictness::ExistingAndNewOps)
+      .enableFolding(false)
+      .enableConstantCSE(false);
+  bool changed = false;
+  if (failed(applyOpPatternsGreedily(ops, std::move(patterns), config,
+                                     &changed)))
+    return failure();
+  // Every reduction must be gone (a pattern that does not apply leaves it).
+  WalkResult left = kernels.walk([](gpu::SubgroupReduceOp op) {
+    op.emitOpError("was not lowered to shuffles");
+    return WalkResult::interrupt();
+  });
+  return failure(left.wasInterrupted());
 }
 
 Value mlir::moe::gpu_lowering::blockReduce(KB &k, Value v, ReduceKind kind,

@@ -57,8 +57,14 @@ enum class ReduceKind { Sum, Max, MaxI64 };
 
 /// Butterfly reduction over aligned groups of `width` lanes (a power of two
 /// <= 32): every lane of the group gets the result. f32 Sum/Max
-/// (NaN-propagating) or i64 signed max (MaxI64).
+/// (NaN-propagating) are gpu.subgroup_reduce ops (cluster_size = width);
+/// i64 signed max (MaxI64) is built here from 32-bit shuffles.
 Value subgroupReduce(KB &k, Value v, ReduceKind kind, int64_t width);
+
+/// Lowers the gpu.subgroup_reduce ops of `kernels` to gpu.shuffle butterflies
+/// (offsets 1, 2, 4, ...) with upstream's patterns: no upstream pass applies
+/// them, and gpu-to-nvvm lowers only i32 reductions (to redux.sync).
+LogicalResult lowerSubgroupReductions(gpu::GPUModuleOp kernels);
 
 /// Block reduction (blockDim.x = `threads`, a multiple of 32): warp butterfly,
 /// one value per warp through `scratch` (a workgroup memref of at least

@@ -23,11 +23,13 @@
 
 #include "KernelUtils.h"
 #include "Lowerings.h"
+#include "MoE/Kernels/SegmentedStats.h"
 #include "MoE/Runtime/ErrorReporting.h"
 
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
+using namespace mlir::moe::kernels;
 
 static constexpr int64_t kThreads = 128;
 static constexpr int64_t kChunkTokens = 256;
@@ -37,8 +39,7 @@ static constexpr int64_t kEpilogueThreads = 256;
 static std::pair<Value, Value> clusterOf(KB &k, Value assign, Value t,
                                          int64_t E) {
   Value a = k.castInt(k.load(assign, {t}), k.i64());
-  Value ok = k.andI(k.cmpi(arith::CmpIPredicate::sge, a, k.cI64(0)),
-                    k.lt(a, k.cI64(E)));
+  Value ok = idInRange(k, a, k.cI64(E));
   Value safe = k.select(ok, a, k.cI64(0));
   return {k.castInt(safe, k.index()), ok};
 }
@@ -128,8 +129,7 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
         kk.ifThen(ok, [&] {
           Value v = kk.loadF(xs, {t, q});
           if (deviation) {
-            Value d = kk.fsub(v, kk.load(mu, {a, q}));
-            v = variance ? kk.fmul(d, d) : kk.fabs(d);
+            v = dispersionTerm(kk, v, kk.load(mu, {a, q}), variance);
           }
           kk.store(kk.fadd(kk.load(part, {c, a, q}), v), part, {c, a, q});
         });
@@ -157,11 +157,9 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
                            [&](Value c, ValueRange acc) -> SmallVector<Value> {
                              return {kk.fadd(acc[0], kk.load(part, {c, e, q}))};
                            })[0];
-      Value n = kk.load(cs, {e});
-      Value mean = kk.select(kk.eq(n, kk.cI32(0)), kk.cF32(0.0),
-                             kk.fdiv(s, kk.sitofp(n)));
+      Value mean = segmentMean(kk, s, kk.load(cs, {e}));
       if (dispersion)
-        mean = kk.fdiv(kk.cF32(1.0), kk.fadd(mean, kk.cF32(eps)));
+        mean = dispersionWeight(kk, mean, eps);
       kk.store(mean, o, {e, q});
     });
     h.launch(

@@ -131,9 +131,12 @@ struct ConvertMoEToGPUPass
       if (!lowered.contains(op->getName()))
         op->emitOpError("has no GPU lowering");
     });
-    if (module.lookupSymbol<gpu::GPUModuleOp>("moe_kernels"))
+    if (auto kernels = module.lookupSymbol<gpu::GPUModuleOp>("moe_kernels")) {
       module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
                       UnitAttr::get(module.getContext()));
+      if (mlir::failed(lowerSubgroupReductions(kernels)))
+        failed = true;
+    }
     if (failed)
       signalPassFailure();
   }

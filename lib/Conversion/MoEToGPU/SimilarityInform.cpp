@@ -30,6 +30,8 @@
 #include "KernelUtils.h"
 #include "Lowerings.h"
 
+#include "MoE/Kernels/OnlineSoftmax.h"
+
 #include "llvm/Support/MathExtras.h"
 
 #include <limits>
@@ -37,6 +39,7 @@
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
+using namespace mlir::moe::kernels;
 
 static constexpr int64_t kRows = 16;
 static constexpr int64_t kGroup = 8;
@@ -97,9 +100,10 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
   if (spec.causal)
     keyEnd = k.minu(Nk, k.add(rowBase, k.idx(kRows)));
 
+  SoftmaxState start = softmaxStart(k);
   SmallVector<Value> init(vpt, zero);
-  init.push_back(negInf); // running max
-  init.push_back(zero);   // running sum
+  init.push_back(start.max);
+  init.push_back(start.sum);
   SmallVector<Value> fin = k.forLoop(
       c0, keyEnd, k.idx(kCols), init,
       [&](Value j0, ValueRange carried) -> SmallVector<Value> {
@@ -146,7 +150,6 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
 
         // Logits with masks, then the online softmax update.
         SmallVector<Value> logits;
-        Value tileMax = negInf;
         for (int64_t c = 0; c < kCols / kGroup; ++c) {
           Value j = k.add(j0, k.add(k.idx(c * kGroup), lane));
           Value inRange = k.lt(j, Nk);
@@ -163,23 +166,19 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
             keep = k.andI(keep, k.cmpi(arith::CmpIPredicate::ule, j, row));
           l = k.select(keep, l, negInf);
           logits.push_back(l);
-          tileMax = k.fmax(tileMax, l);
         }
-        tileMax = subgroupReduce(k, tileMax, ReduceKind::Max, kGroup);
-        Value mOld = carried[vpt];
-        Value mNew = k.fmax(mOld, tileMax);
-        Value safe = k.select(k.cmpf(arith::CmpFPredicate::OEQ, mNew, negInf),
-                              zero, mNew);
-        Value alpha = k.exp(k.fsub(mOld, safe));
-        Value psum = zero;
-        SmallVector<Value> probs;
-        for (Value l : logits) {
-          Value p = k.exp(k.fsub(l, safe));
-          probs.push_back(p);
-          psum = k.fadd(psum, p);
-        }
-        psum = subgroupReduce(k, psum, ReduceKind::Sum, kGroup);
-        Value lNew = k.fadd(k.fmul(carried[vpt + 1], alpha), psum);
+        // The row's online softmax (MoE/Kernels/OnlineSoftmax.h) over the
+        // tile: its kCols logits are spread over the row's kGroup lanes.
+        SoftmaxTile tile = onlineSoftmaxStep(
+            k, {carried[vpt], carried[vpt + 1]}, logits,
+            [&](Value v) {
+              return subgroupReduce(k, v, ReduceKind::Max, kGroup);
+            },
+            [&](Value v) {
+              return subgroupReduce(k, v, ReduceKind::Sum, kGroup);
+            });
+        Value alpha = tile.rescale;
+        ArrayRef<Value> probs = tile.probs;
 
         // Value tile and probabilities through workgroup memory. An excluded
         // key (masked, causal, padding: logit -inf) is stored as -1 and adds
@@ -222,17 +221,16 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
               }
               return next;
             });
-        acc.push_back(mNew);
-        acc.push_back(lNew);
+        acc.push_back(tile.next.max);
+        acc.push_back(tile.next.sum);
         return acc;
       });
 
   // Epilogue: normalize; a row without any key gets zeros.
-  Value l = fin[vpt + 1]; // the running sum (fin[vpt] is the running max)
-  Value empty = k.cmpf(arith::CmpFPredicate::OEQ, l, zero);
+  SoftmaxState rowState = {fin[vpt], fin[vpt + 1]};
   SmallVector<Value> vals;
   for (int64_t m = 0; m < vpt; ++m)
-    vals.push_back(k.select(empty, zero, k.fdiv(fin[m], l)));
+    vals.push_back(softmaxNormalize(k, rowState, fin[m]));
   if (spec.topk) {
     TopkSpec ts;
     ts.k = *spec.topk;

@@ -21,14 +21,16 @@
 // CHECK: gpu.barrier
 // CHECK: memref.load %[[Q]]
 // CHECK: memref.load %[[K]]
-// Online softmax: tile max over the row's 8 lanes, rescale, tile sum.
+// Online softmax: tile max over the row's 8 lanes, rescale, tile sum (the
+// reductions are gpu.subgroup_reduce with cluster_size 8, lowered to
+// butterflies by upstream's patterns).
 // CHECK: arith.cmpi ule
-// CHECK: gpu.shuffle  xor %{{.*}}, %c4_i32{{.*}} : f32
-// CHECK: gpu.shuffle  xor %{{.*}}, %c2_i32{{.*}} : f32
 // CHECK: gpu.shuffle  xor %{{.*}}, %c1_i32{{.*}} : f32
+// CHECK: gpu.shuffle  xor %{{.*}}, %c2_i32{{.*}} : f32
+// CHECK: gpu.shuffle  xor %{{.*}}, %c4_i32{{.*}} : f32
 // CHECK: arith.maximumf
 // CHECK: math.exp
-// CHECK: gpu.shuffle  xor %{{.*}}, %c4_i32{{.*}} : f32
+// CHECK: gpu.shuffle  xor %{{.*}}, %c1_i32{{.*}} : f32
 // CHECK: gpu.barrier
 // CHECK: memref.store %{{.*}}, %[[P]]
 // CHECK: memref.store %{{.*}}, %[[E]]
