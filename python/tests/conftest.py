@@ -22,12 +22,28 @@ import torch  # noqa: E402
 
 import moe_mlir  # noqa: E402,F401  (registers torch.ops.moe.*)
 from moe_mlir.compiler import find_mlir_runner, find_moe_opt  # noqa: E402
+from torch_checks import cuda_wanted, device_param  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.fixture(params=DEVICES)
 def device(request) -> str:
+    return request.param
+
+
+@pytest.fixture(params=[device_param("cpu")] + ([device_param("cuda")] if cuda_wanted() else []))
+def dev(request) -> str:
+    """The device the kernels of torch.ops.moe.* run on (the references on the CPU): the CPU, and CUDA when
+    wanted (torch_checks.cuda_wanted). test_torch_ops_cuda.py overrides it (and `cuda`) to run the tests that take
+    them on one device."""
+    return request.param
+
+
+@pytest.fixture(params=[device_param("cuda") if cuda_wanted() else
+                        pytest.param("cuda", marks=pytest.mark.skip(reason="CUDA behaviour: no GPU "
+                                                                    "(MOE_TEST_DEVICE=cuda asks for it)"))])
+def cuda(request) -> str:
     return request.param
 
 

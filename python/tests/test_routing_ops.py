@@ -19,7 +19,6 @@ import torch  # noqa: E402
 from moe_mlir import ops  # noqa: E402
 from moe_mlir import reference_routing as RR  # noqa: E402
 from moe_mlir.runtime import cache  # noqa: E402
-from torch_checks import cuda_wanted, device_param  # noqa: E402
 
 NAN, INF = float("nan"), float("inf")
 TOKENS = (0, 1, 5, 33, 130)
@@ -44,20 +43,6 @@ CONFIGS = {
     "none_scoring": (12, dict(k=5, scoring="none", routed_scaling_factor=0.5)),
     "sigmoid_topk_then_score_bias": (24, dict(k=3, scoring="sigmoid", order="topk_then_score", bias=True)),
 }
-
-
-@pytest.fixture(params=[device_param("cpu")] + ([device_param("cuda")] if cuda_wanted() else []))
-def dev(request) -> str:
-    """The device the kernels run on (the references on the CPU); test_torch_ops_cuda.py collects the tests that
-    take it and runs them on CUDA tensors."""
-    return request.param
-
-
-@pytest.fixture(params=[device_param("cuda") if cuda_wanted() else
-                        pytest.param("cuda", marks=pytest.mark.skip(reason="CUDA behaviour: no GPU "
-                                                                    "(MOE_TEST_DEVICE=cuda asks for it)"))])
-def cuda(request) -> str:
-    return request.param
 
 
 def _on(dev: str, *ts):

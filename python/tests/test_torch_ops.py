@@ -26,25 +26,12 @@ import moe_mlir
 from moe_mlir import ops
 from moe_mlir import reference as R
 from moe_mlir.runtime import cache
-from torch_checks import INF, NAN, cuda_wanted, device_param, gen, needs_cpu_kernels, same, to
+from torch_checks import INF, NAN, gen, needs_cpu_kernels, same, to
 
 #: The package under test, for subprocesses.
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
 
 pytestmark = needs_cpu_kernels
-
-
-@pytest.fixture(params=[device_param("cpu")] + ([device_param("cuda")] if cuda_wanted() else []))
-def dev(request) -> str:
-    """The device the kernels run on (the references on the CPU)."""
-    return request.param
-
-
-@pytest.fixture(params=[device_param("cuda") if cuda_wanted() else
-                        pytest.param("cuda", marks=pytest.mark.skip(reason="CUDA behaviour: no GPU "
-                                                                    "(MOE_TEST_DEVICE=cuda asks for it)"))])
-def cuda(request) -> str:
-    return request.param
 
 
 def cuda_tol(dev: str, atol: float, rtol: float) -> dict:

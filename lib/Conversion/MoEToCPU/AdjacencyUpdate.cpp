@@ -48,7 +48,6 @@ using namespace mlir::moe::cpu;
 using namespace mlir::moe::kernels;
 
 namespace {
-constexpr int64_t kDyn = ShapedType::kDynamic;
 /// Tokens per worker item.
 constexpr int64_t kTokensPerItem = 512;
 /// Largest E counted by several workers (each with its own E x E matrix).
@@ -389,7 +388,4 @@ struct AdjacencyUpdateKernel : KernelPattern<AdjacencyUpdateOp> {
 };
 } // namespace
 
-void mlir::moe::cpu::populateAdjacencyUpdateKernel(RewritePatternSet &p,
-                                                   const KernelOptions &o) {
-  p.add<AdjacencyUpdateKernel>(p.getContext(), o);
-}
+MOE_CPU_KERNEL_POPULATE(populateAdjacencyUpdateKernel, AdjacencyUpdateKernel)

@@ -36,7 +36,6 @@ using namespace mlir::moe;
 using namespace mlir::moe::cpu;
 
 namespace {
-constexpr int64_t kDyn = ShapedType::kDynamic;
 
 /// r[i] = Σ_l v[i][l] for 16 vector<16xf32>: a tree of lane-half shuffles
 /// (4 levels; the order of the additions is fixed, so deterministic).
@@ -279,7 +278,4 @@ struct AttentionPosteriorKernel
 };
 } // namespace
 
-void mlir::moe::cpu::populateAttentionPosteriorKernel(RewritePatternSet &p,
-                                                      const KernelOptions &o) {
-  p.add<AttentionPosteriorKernel>(p.getContext(), o);
-}
+MOE_CPU_KERNEL_POPULATE(populateAttentionPosteriorKernel, AttentionPosteriorKernel)

@@ -41,7 +41,6 @@ using namespace mlir::moe::cpu;
 using namespace mlir::moe::kernels;
 
 namespace {
-constexpr int64_t kDyn = ShapedType::kDynamic;
 
 struct AttentionPosteriorGradKernel
     : KernelPattern<AttentionPosteriorGradOp, /*TargetLanes=*/false> {
@@ -284,7 +283,4 @@ struct AttentionPosteriorGradKernel
 };
 } // namespace
 
-void mlir::moe::cpu::populateAttentionPosteriorGradKernel(
-    RewritePatternSet &p, const KernelOptions &o) {
-  p.add<AttentionPosteriorGradKernel>(p.getContext(), o);
-}
+MOE_CPU_KERNEL_POPULATE(populateAttentionPosteriorGradKernel, AttentionPosteriorGradKernel)

@@ -204,7 +204,4 @@ void mlir::moe::cpu::emitPlanFromHistogram(CK &k, const KernelOptions &opts,
   });
 }
 
-void mlir::moe::cpu::populateDispatchPlanKernel(RewritePatternSet &p,
-                                                const KernelOptions &o) {
-  p.add<DispatchPlanKernel>(p.getContext(), o);
-}
+MOE_CPU_KERNEL_POPULATE(populateDispatchPlanKernel, DispatchPlanKernel)

@@ -270,7 +270,6 @@ Value mlir::moe::cpu::packKeysT(CK &k, const KernelOptions &opts, Value x,
                                 Value batch, Value rows, Value depth) {
   Value c0 = k.idx(0), c1 = k.idx(1);
   Value keyTiles = k.ceilDiv(rows, k.idx(kKeyTile));
-  constexpr int64_t kDyn = ShapedType::kDynamic;
   Value keysT = k.alloc(MemRefType::get({kDyn, kDyn, kDyn, kKeyTile}, k.f32()),
                         {batch, keyTiles, depth});
   // One item per (b, key tile); rows past the end are zeros.
@@ -293,7 +292,6 @@ Value mlir::moe::cpu::packKeysT(CK &k, const KernelOptions &opts, Value x,
 Value mlir::moe::cpu::keyValidity(CK &k, Value mask, Value batch, Value rows,
                                   Value keysPad) {
   Value c0 = k.idx(0), c1 = k.idx(1);
-  constexpr int64_t kDyn = ShapedType::kDynamic;
   Value valid = k.alloc(MemRefType::get({kDyn, kDyn}, k.f32()),
                         {batch, keysPad});
   k.forLoop(c0, batch, c1, [&](Value bi) {
@@ -327,7 +325,6 @@ Value mlir::moe::cpu::projectRows(CK &k, const KernelOptions &opts, Value x,
                                   Value depth, Value outWidth, Value init,
                                   Value out) {
   Value c0 = k.idx(0), c1 = k.idx(1);
-  constexpr int64_t kDyn = ShapedType::kDynamic;
   if (!out)
     out = k.alloc(MemRefType::get({kDyn, kDyn, kDyn}, k.f32()),
                   {batch, rows, outWidth});

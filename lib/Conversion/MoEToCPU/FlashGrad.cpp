@@ -127,7 +127,6 @@ mlir::moe::cpu::GradRowStats
 mlir::moe::cpu::gradRowStats(CK &k, Value lse, Value p, Value dp, Value batch,
                              Value rows, Value width, Value widthPad,
                              Value rowsPad) {
-  constexpr int64_t kDyn = ShapedType::kDynamic;
   Type f32 = k.f32();
   Value c0 = k.idx(0), c1 = k.idx(1);
   Value lseRow = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, rowsPad});

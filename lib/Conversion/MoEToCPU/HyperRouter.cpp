@@ -114,7 +114,4 @@ Value mlir::moe::cpu::hyperAffine(CK &k, const KernelOptions &opts, Value m,
   return y;
 }
 
-void mlir::moe::cpu::populateHyperRouterKernel(RewritePatternSet &p,
-                                               const KernelOptions &o) {
-  p.add<HyperRouterKernel>(p.getContext(), o);
-}
+MOE_CPU_KERNEL_POPULATE(populateHyperRouterKernel, HyperRouterKernel)

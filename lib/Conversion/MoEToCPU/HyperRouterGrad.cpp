@@ -39,7 +39,6 @@ using namespace mlir::moe;
 using namespace mlir::moe::cpu;
 
 namespace {
-constexpr int64_t kDyn = ShapedType::kDynamic;
 constexpr int64_t kMinBlockRows = 64;
 constexpr int64_t kMaxBlocks = 64;
 
@@ -185,7 +184,4 @@ struct HyperRouterGradKernel : KernelPattern<HyperRouterGradOp> {
 };
 } // namespace
 
-void mlir::moe::cpu::populateHyperRouterGradKernel(RewritePatternSet &p,
-                                                   const KernelOptions &o) {
-  p.add<HyperRouterGradKernel>(p.getContext(), o);
-}
+MOE_CPU_KERNEL_POPULATE(populateHyperRouterGradKernel, HyperRouterGradKernel)

@@ -41,6 +41,8 @@ namespace mlir::moe::cpu {
 /// instead (KernelOptions::lanes: 8 for AVX2); kernels that are not
 /// target-aware yet keep this one (two AVX2 registers after legalization).
 constexpr int64_t kLanes = 16;
+/// A dynamic size in the memref types the kernels build.
+constexpr int64_t kDyn = ShapedType::kDynamic;
 
 /// Options shared by the kernels.
 struct KernelOptions {

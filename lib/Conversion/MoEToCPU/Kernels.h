@@ -60,6 +60,13 @@ PopulateKernel populateTopkRenormKernel, populateSimilarityInformKernel,
 /// y = m · x + bias ([rows] f32, any float operands; ReLU when `relu`), rows
 /// in memory order over row blocks on the workers; into `y` when set, else a
 /// new buffer. Returns y.
+/// Defines the populate function `Name` (declared above) of an op file: it
+/// adds the file's pattern `Pattern` with the conversion's options.
+#define MOE_CPU_KERNEL_POPULATE(Name, Pattern)                                 \
+  void mlir::moe::cpu::Name(RewritePatternSet &p, const KernelOptions &o) {    \
+    p.add<Pattern>(p.getContext(), o);                                         \
+  }
+
 Value hyperAffine(CK &k, const KernelOptions &opts, Value m, Value x,
                   Value bias, bool relu, Value y = {});
 /// Matrices of at most this many elements (1 MiB of f32) run on the calling

@@ -35,7 +35,6 @@ using namespace mlir::moe::cpu;
 using namespace mlir::moe::kernels;
 
 namespace {
-constexpr int64_t kDyn = ShapedType::kDynamic;
 constexpr int64_t kBlockVectors = 2;
 
 struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
@@ -164,7 +163,4 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
 };
 } // namespace
 
-void mlir::moe::cpu::populateMadDispersionKernel(RewritePatternSet &p,
-                                                 const KernelOptions &o) {
-  p.add<MadDispersionKernel>(p.getContext(), o);
-}
+MOE_CPU_KERNEL_POPULATE(populateMadDispersionKernel, MadDispersionKernel)

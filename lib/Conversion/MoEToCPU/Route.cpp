@@ -40,7 +40,6 @@ using namespace mlir::moe::kernels;
 
 namespace {
 constexpr int64_t kCandLanes = 8;
-constexpr int64_t kDyn = ShapedType::kDynamic;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 /// One row's kernel (the steps of the file header).
@@ -335,7 +334,4 @@ void mlir::moe::cpu::emitRouteKernel(
       });
 }
 
-void mlir::moe::cpu::populateRouteKernel(RewritePatternSet &p,
-                                         const KernelOptions &o) {
-  p.add<RouteKernel>(p.getContext(), o);
-}
+MOE_CPU_KERNEL_POPULATE(populateRouteKernel, RouteKernel)

@@ -71,7 +71,4 @@ struct RouteDispatchPlanKernel : KernelPattern<RouteOp, /*TargetLanes=*/false> {
 };
 } // namespace
 
-void mlir::moe::cpu::populateRouteDispatchPlanKernel(RewritePatternSet &p,
-                                                     const KernelOptions &o) {
-  p.add<RouteDispatchPlanKernel>(p.getContext(), o);
-}
+MOE_CPU_KERNEL_POPULATE(populateRouteDispatchPlanKernel, RouteDispatchPlanKernel)

@@ -66,7 +66,4 @@ struct SimilarityInformKernel
 };
 } // namespace
 
-void mlir::moe::cpu::populateSimilarityInformKernel(RewritePatternSet &p,
-                                                    const KernelOptions &o) {
-  p.add<SimilarityInformKernel>(p.getContext(), o);
-}
+MOE_CPU_KERNEL_POPULATE(populateSimilarityInformKernel, SimilarityInformKernel)

@@ -34,7 +34,6 @@ using namespace mlir::moe::cpu;
 using namespace mlir::moe::kernels;
 
 namespace {
-constexpr int64_t kDyn = ShapedType::kDynamic;
 
 struct SimilarityInformGradKernel
     : KernelPattern<SimilarityInformGradOp, /*TargetLanes=*/false> {
@@ -198,7 +197,4 @@ struct SimilarityInformGradKernel
 };
 } // namespace
 
-void mlir::moe::cpu::populateSimilarityInformGradKernel(
-    RewritePatternSet &p, const KernelOptions &o) {
-  p.add<SimilarityInformGradKernel>(p.getContext(), o);
-}
+MOE_CPU_KERNEL_POPULATE(populateSimilarityInformGradKernel, SimilarityInformGradKernel)

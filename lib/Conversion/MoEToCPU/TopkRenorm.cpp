@@ -538,7 +538,4 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
 };
 } // namespace
 
-void mlir::moe::cpu::populateTopkRenormKernel(RewritePatternSet &p,
-                                              const KernelOptions &o) {
-  p.add<TopkRenormKernel>(p.getContext(), o);
-}
+MOE_CPU_KERNEL_POPULATE(populateTopkRenormKernel, TopkRenormKernel)

@@ -62,7 +62,4 @@ struct TopkRenormGradKernel
 };
 } // namespace
 
-void mlir::moe::cpu::populateTopkRenormGradKernel(RewritePatternSet &p,
-                                                  const KernelOptions &o) {
-  p.add<TopkRenormGradKernel>(p.getContext(), o);
-}
+MOE_CPU_KERNEL_POPULATE(populateTopkRenormGradKernel, TopkRenormGradKernel)
