@@ -781,23 +781,37 @@ def _validate_hyper_router_backward(grad_w: Tensor, grad_b: Tensor, emb: Tensor,
     _check_dim(op, "grad_b", grad_b, 0, num_experts, "num_experts (E)")
 
 
+def _without_weight_grads(grads: tuple, weight_grads: bool) -> tuple:
+    """d_w1 and d_w2 as empty ``[0]`` tensors unless ``weight_grads``."""
+    if weight_grads:
+        return tuple(grads)
+    return tuple(g.new_empty((0,)) if i in (1, 3) else g for i, g in enumerate(grads))
+
+
 @torch.library.custom_op("moe::hyper_router_backward", mutates_args=())
 def hyper_router_backward(
-    grad_w: Tensor, grad_b: Tensor, emb: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, num_experts: int
+    grad_w: Tensor, grad_b: Tensor, emb: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, num_experts: int,
+    weight_grads: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The backward of ``hyper_router`` (``moe.hyper_router_grad``): the gradients of ``(w, b)`` with respect to
     ``emb``, ``w1``, ``b1``, ``w2``, ``b2`` given ``grad_w`` (``[E, D]``) and ``grad_b`` (``[E]``), all f32 in the
     operands' shapes (closed form: :func:`moe_mlir.reference._hyper_router_backward_ref`; the CPU kernel is the
-    dialect op's lowering: two matrix-vector products with the transposed weights and two outer products)."""
+    dialect op's lowering: two matrix-vector products with the transposed weights and two outer products).
+
+    ``weight_grads=False`` (a frozen hypernetwork, HyperRouter's default: 002 §1.10) skips the two outer products:
+    ``d_w1`` and ``d_w2`` come back as empty ``[0]`` tensors, and the kernel neither computes nor writes them (the
+    size of the hypernetwork), as eager autograd skips the gradients of parameters that do not require them."""
     _validate_hyper_router_backward(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts)
     _note_fallback(emb)
-    return _hyper_router_backward_ref(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts)
+    return _without_weight_grads(_hyper_router_backward_ref(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts),
+                                 weight_grads)
 
 
 @hyper_router_backward.register_fake
-def _(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts):
+def _(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts, weight_grads=True):
     _validate_hyper_router_backward(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts)
-    return tuple(t.new_empty(t.shape, dtype=torch.float32) for t in (emb, w1, b1, w2, b2))
+    return _without_weight_grads(tuple(t.new_empty(t.shape, dtype=torch.float32) for t in (emb, w1, b1, w2, b2)),
+                                 weight_grads)
 
 
 def _hyper_router_setup(ctx, inputs, output):
@@ -816,7 +830,7 @@ def _hyper_router_backward(ctx, grad_w, grad_b):
         grad_w = emb.new_zeros((E, w2.shape[0] // E - 1), dtype=torch.float32)
     if grad_b is None:
         grad_b = emb.new_zeros((E,), dtype=torch.float32)
-    grads = hyper_router_backward(grad_w, grad_b, *operands, E)
+    grads = hyper_router_backward(grad_w, grad_b, *operands, E, n[1] or n[3])
     return tuple(g.to(t.dtype) if need else None for g, t, need in zip(grads, operands, n)) + (None,)
 
 

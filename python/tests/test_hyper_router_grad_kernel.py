@@ -108,3 +108,34 @@ def test_thread_count_does_not_change_bits(monkeypatch):
     extension.clear_kernels()
     for name, a, b in zip(("d_emb", "d_w1", "d_b1", "d_w2", "d_b2"), *results):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("shape", [(256, 256, 8, 64), (40, 250, 16, 100), (7, 5, 1, 1)], ids=lambda s: "x".join(map(str, s)))
+def test_without_weight_grads(target, shape):
+    """weight_grads=False (a frozen hypernetwork): d_w1 and d_w2 come back empty, the other three are the same bits
+    as with them (the same kernel minus the two outer products, a separate compiled kernel)."""
+    De, Dh, E, D = shape
+    operands, gw, gb = _case(De, Dh, E, D, seed=De + Dh)
+    full = _run(operands, gw, gb, E)
+    before = len(cache.stats.keys)
+    part = torch.ops.moe.hyper_router_backward(gw, gb, *operands, E, False)
+    assert any("|weight_grads=0|" in k for k in cache.stats.keys[before:]), "no weight_grads=0 kernel was loaded"
+    assert part[1].shape == (0,) and part[3].shape == (0,)
+    for i in (0, 2, 4):
+        assert torch.equal(part[i], full[i]), i
+
+
+def test_frozen_hypernetwork_skips_the_weight_gradients():
+    """Through autograd: with w1..b2 frozen, the backward asks for no weight gradients (the weight_grads=0 kernel)
+    and emb's gradient equals eager's."""
+    operands, gw, gb = _case(64, 48, 4, 12, seed=5)
+    emb = operands[0].clone().requires_grad_()
+    before = len(cache.stats.keys)
+    w, b = torch.ops.moe.hyper_router(emb, *operands[1:], 4)
+    ((w * gw).sum() + (b * gb).sum()).backward()
+    assert any(k.startswith("hyper_router_backward|") and "|weight_grads=0|" in k for k in cache.stats.keys[before:])
+    ref = operands[0].clone().requires_grad_()
+    w1, b1, w2, b2 = operands[1:]
+    v = (w2 @ torch.relu(w1 @ ref + b1) + b2).view(4, -1)
+    ((v[:, :-1] * gw).sum() + (v[:, -1] * gb).sum()).backward()
+    torch.testing.assert_close(emb.grad, ref.grad, atol=1e-5, rtol=1e-4)

@@ -84,7 +84,7 @@ using HyperSig = std::tuple<Tensor, Tensor>(const Tensor &, const Tensor &,
                                             const Tensor &, c10::SymInt);
 using HyperBwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(
     const Tensor &, const Tensor &, const Tensor &, const Tensor &,
-    const Tensor &, const Tensor &, const Tensor &, c10::SymInt);
+    const Tensor &, const Tensor &, const Tensor &, c10::SymInt, bool);
 
 /// `moe::<name>` typed as `Sig`, looked up once per op.
 template <typename Sig> struct Op {
@@ -495,8 +495,11 @@ struct HyperRouter : torch::autograd::Function<HyperRouter> {
       if (!gradB.defined())
         gradB = at::zeros_symint({E}, f32);
     }
+    // The weight matrices' gradients (two outer products, the size of the
+    // hypernetwork) only when one of them is trained, as eager autograd.
+    bool weightGrads = n[1] || n[3];
     auto [de, dw1, db1, dw2, db2] = op(gradW, gradB, s[0], s[1], s[2], s[3],
-                                       s[4], std::move(E));
+                                       s[4], std::move(E), weightGrads);
     std::array<Tensor, 5> g{de, dw1, db1, dw2, db2};
     for (size_t i = 0; i < g.size(); ++i)
       out[i] = gradAs(n[i], g[i], s[i]);

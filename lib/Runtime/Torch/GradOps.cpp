@@ -155,11 +155,12 @@ HyperGrads hyperRouterDegenerate(const Tensor &gradW, const Tensor &gradB,
 HyperGrads hyperRouterBackward(const Tensor &gradW, const Tensor &gradB,
                                const Tensor &emb, const Tensor &w1,
                                const Tensor &b1, const Tensor &w2,
-                               const Tensor &b2, int64_t numExperts) {
+                               const Tensor &b2, int64_t numExperts,
+                               bool weightGrads) {
   const char *op = "hyper_router_backward";
   checkCpu(op, {&gradW, &gradB, &emb, &w1, &b1, &w2, &b2});
   Key key(op);
-  key.attr("num_experts", numExperts);
+  key.attr("num_experts", numExperts).attr("weight_grads", weightGrads);
   // The cotangents autograd hands over may be of another dtype or strided.
   std::array<Tensor, 7> keep{contig(gradW.to(at::kFloat)),
                              contig(gradB.to(at::kFloat)),
@@ -171,18 +172,30 @@ HyperGrads hyperRouterBackward(const Tensor &gradW, const Tensor &gradB,
   const char *names[] = {"grad_w", "grad_b", "emb", "w1", "b1", "w2", "b2"};
   for (size_t n = 0; n < keep.size(); ++n)
     key.in(names[n], keep[n]);
+  // d_w1 and d_w2 (results 1 and 3) without weight_grads: empty, and not
+  // results of the kernel, whose lowering then skips the outer products.
+  auto skipped = [&](size_t n) { return !weightGrads && (n == 1 || n == 3); };
   if (gradW.numel() == 0 || emb.numel() == 0 || w1.numel() == 0 ||
       w2.numel() == 0) {
     validateOnly(key);
-    return hyperRouterDegenerate(gradW, gradB, emb, w1, b1, w2, numExperts);
+    auto [de, dw1, db1, dw2, db2] =
+        hyperRouterDegenerate(gradW, gradB, emb, w1, b1, w2, numExperts);
+    std::array<Tensor, 5> g{de, dw1, db1, dw2, db2};
+    for (size_t n = 0; n < g.size(); ++n)
+      if (skipped(n))
+        g[n] = at::empty({0}, f32(emb));
+    return {g[0], g[1], g[2], g[3], g[4]};
   }
   std::array<Tensor, 5> grads;
   std::vector<MemRef> args;
   for (const Tensor &t : keep)
     args.push_back(describe(t));
+  const std::array<int64_t, 1> none{0};
   for (size_t n = 0; n < grads.size(); ++n) {
-    grads[n] = at::empty(keep[n + 2].sizes(), f32(emb));
-    args.push_back(describe(grads[n]));
+    grads[n] = at::empty(skipped(n) ? at::IntArrayRef(none) : keep[n + 2].sizes(),
+                         f32(emb));
+    if (!skipped(n))
+      args.push_back(describe(grads[n]));
   }
   run(key, std::move(args));
   return {grads[0], grads[1], grads[2], grads[3], grads[4]};

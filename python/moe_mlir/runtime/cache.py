@@ -281,6 +281,14 @@ def _op_text(k: KernelKey, args: dict[str, str], types: dict[str, str]) -> tuple
     raise ValueError(f"moe: no kernel for op {op!r}")
 
 
+def _kept_results(k: KernelKey, n: int) -> list[int]:
+    """The op results the kernel returns (the caller's output buffers): all, except hyper_router_backward's d_w1
+    and d_w2 (results 1 and 3) without weight_grads: unused results, whose computation the lowering skips."""
+    if k.op == "hyper_router_backward" and k.attrs.get("weight_grads") == "0":
+        return [0, 2, 4]
+    return list(range(n))
+
+
 def kernel_module(k: KernelKey) -> str:
     """The MLIR module of the kernel: ``@kernel(inputs as tensors...) -> (results as tensors...)``.
 
@@ -290,16 +298,18 @@ def kernel_module(k: KernelKey) -> str:
     """
     args = {name: f"%{name}" for name in k.inputs}
     types = {name: tensor_type(dims, elem) for name, (elem, dims) in k.inputs.items()}
-    out_tensors = [tensor_type(d, e) for e, d in _outputs(k)]
+    op_results = [tensor_type(d, e) for e, d in _outputs(k)]
     params = [f"{args[n]}: {types[n]}" for n in k.inputs]
     op, in_types = _op_text(k, args, types)
-    n = len(out_tensors)
+    n = len(op_results)
+    kept = _kept_results(k, n)
+    out_tensors = [op_results[j] for j in kept]
     res = "%r" if n == 1 else f"%r:{n}"
-    results = ", ".join("%r" if n == 1 else f"%r#{j}" for j in range(n))
+    results = ", ".join("%r" if n == 1 else f"%r#{j}" for j in kept)
     return "\n".join([
         "module {",
         f"  func.func @kernel({', '.join(params)}) -> ({', '.join(out_tensors)}) {{",
-        f"    {res} = {op} : {in_types} -> {', '.join(out_tensors)}",
+        f"    {res} = {op} : {in_types} -> {', '.join(op_results)}",
         f"    return {results} : {', '.join(out_tensors)}",
         "  }",
         "}",
