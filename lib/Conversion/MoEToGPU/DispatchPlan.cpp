@@ -47,11 +47,11 @@ constexpr int64_t kChunk = kWarp * kChunkSteps;
 /// Threads of the scan kernel.
 constexpr int64_t kScanThreads = 256;
 
-/// One step of a chunk warp: this lane's assignment, whether it is valid
-/// (in [0, N) and its expert in [0, E)) and the lanes holding the same
-/// expert.
+/// One step of a chunk warp: this lane's assignment, its raw index (i64, for
+/// error reports), whether it is valid (in [0, N) and its expert in [0, E))
+/// and the lanes holding the same expert.
 struct Step {
-  Value n, inBounds, inRange, expertI32, peers;
+  Value n, raw, inBounds, inRange, expertI32, peers;
 };
 
 class ChunkWarp {
@@ -83,11 +83,11 @@ public:
       Value safe = k.select(st.inBounds, st.n, k.idx(0));
       Value v = k.castInt(
           k.load(indices, {k.divu(safe, kSel), k.remu(safe, kSel)}), k.i64());
+      st.raw = v;
       st.inRange = k.andI(
           st.inBounds,
           k.andI(k.cmpi(arith::CmpIPredicate::sge, v, k.cI64(0)),
                  k.lt(v, k.cI64(numExperts))));
-      value = v;
       st.expertI32 = k.select(st.inRange, k.trunc(v, k.i32()), k.cI32(-1));
       // Every lane takes part (the block is one warp): out-of-range and
       // past-the-end lanes match each other on -1 and are never used.
@@ -105,9 +105,6 @@ public:
     return k.eq(first, k.castInt(lane, k.i32()));
   }
   Value popcount(Value mask) { return math::CtPopOp::create(k.b, mask); }
-
-  /// The raw index of the current step (i64), for error reports.
-  Value value;
 };
 
 Value asIndex(KB &k, Value v) { return k.castInt(v, k.index()); }
@@ -165,7 +162,7 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
     cw.eachStep([&](const Step &st) {
       kk.ifThen(kk.andI(st.inBounds, kk.notI1(st.inRange)), [&] {
         emitRecordIndexError(kk, w, kMoEErrorDispatchPlanIndices,
-                             kk.castInt(st.n, kk.i64()), cw.value,
+                             kk.castInt(st.n, kk.i64()), st.raw,
                              kk.cI64(E));
       });
       kk.ifThen(kk.andI(st.inRange, cw.isLeader(st)), [&] {
