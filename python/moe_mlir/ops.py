@@ -26,11 +26,13 @@ differentiable (gradients through the selected values only, none through indices
 ``mad_dispersion`` and ``adjacency_update`` are stop-gradient (003 §5.10, 004 §1.2). The backward of
 
 * ``similarity_inform``: ``torch.ops.moe.similarity_inform_backward`` (the dialect's ``moe.similarity_inform_grad``:
-  a flash-style kernel that recomputes the log-sum-exp, O(N) memory; the eager fallback is autograd of the
-  reference);
+  a flash-style kernel, O(N) memory, that reads the log-sum-exp the forward saved: on the CPU the autograd's forward
+  is ``torch.ops.moe.similarity_inform_fwd``, which returns ``p`` and ``lse``; elsewhere the backward recomputes
+  them; the eager fallback is the dense closed form of the reference);
 * ``topk_renorm``: ``torch.ops.moe.topk_renorm_backward`` (``moe.topk_renorm_grad``: the closed form of
   :func:`moe_mlir.reference._topk_renorm_backward_ref` on the saved indices, O(rows·K), no recompute);
-* ``similarity_inform_topk``: both of the above, with ``p`` recomputed by the forward kernel (O(N) memory);
+* ``similarity_inform_topk``: both of the above; on the CPU the autograd's forward is ``similarity_inform_fwd`` then
+  ``topk_renorm`` (``p`` and ``lse`` saved, O(N) memory), elsewhere ``p`` is recomputed by the forward kernel;
 * ``hyper_router``: ``torch.ops.moe.hyper_router_backward`` (``moe.hyper_router_grad``: the closed form of
   :func:`moe_mlir.reference._hyper_router_backward_ref`; every operand's gradient, so a frozen hypernetwork still
   passes gradient to ``emb``);
@@ -67,6 +69,7 @@ from .reference import (
     _hyper_router_ref,
     _mad_dispersion_ref,
     _similarity_inform_backward_ref,
+    _similarity_inform_fwd_ref,
     _similarity_inform_ref,
     _similarity_inform_topk_ref,
     _topk_renorm_backward_ref,
@@ -89,6 +92,7 @@ FUSED_OP_NAMES: tuple[str, ...] = ("similarity_inform_topk", "attention_posterio
 __all__ = [
     *OP_NAMES,
     *FUSED_OP_NAMES,
+    "similarity_inform_fwd",
     "similarity_inform_backward",
     "topk_renorm_backward",
     "hyper_router_backward",
@@ -391,14 +395,49 @@ def _(u, e, ws=None, key_mask=None, tau=1.0, causal=False):
     return e.new_empty(e.shape, dtype=torch.float32)
 
 
+@torch.library.custom_op("moe::similarity_inform_fwd", mutates_args=())
+def similarity_inform_fwd(
+    u: Tensor,
+    e: Tensor,
+    ws: Optional[Tensor] = None,
+    key_mask: Optional[Tensor] = None,
+    tau: float = 1.0,
+    causal: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """``similarity_inform`` for training (``moe.similarity_inform_fwd``): ``p`` and the row log-sum-exp ``lse``
+    (``[B, N]`` f32, -inf for a row without keys) of its softmax, which ``similarity_inform_backward(..., p, lse)``
+    reads instead of running the forward again. The autograd of ``similarity_inform`` calls it on the CPU."""
+    _validate_similarity_inform(u, e, ws, key_mask, tau, op="similarity_inform_fwd")
+    _note_fallback(u)
+    return _similarity_inform_fwd_ref(u, e, ws, key_mask, tau, causal)
+
+
+@similarity_inform_fwd.register_fake
+def _(u, e, ws=None, key_mask=None, tau=1.0, causal=False):
+    _validate_similarity_inform(u, e, ws, key_mask, tau, op="similarity_inform_fwd")
+    return e.new_empty(e.shape, dtype=torch.float32), e.new_empty(e.shape[:2], dtype=torch.float32)
+
+
 def _validate_similarity_inform_backward(
-    grad_p: Tensor, u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float
+    grad_p: Tensor, u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float,
+    p: Optional[Tensor] = None, lse: Optional[Tensor] = None,
 ) -> None:
     op = "similarity_inform_backward"
     _validate_similarity_inform(u, e, ws, key_mask, tau, op=op)
     _check_operands(op, (_check_float, "grad_p", grad_p, 3, "[B, N, K], the shape of p"))
     for d in range(3):
         _check_dim(op, "grad_p", grad_p, d, e.shape[d], "the same dimension of 'e'")
+    if (p is None) != (lse is None):
+        _fail(op, "the saved forward statistics come as a pair: pass both 'p' and 'lse' or neither")
+    if p is not None:
+        for name, t, rank, dims in (("p", p, 3, "[B, N, K], the forward's result"),
+                                    ("lse", lse, 2, "[B, N], the forward's row log-sum-exp")):
+            if t.dtype != torch.float32:
+                raise TypeError(f"moe.{op}: '{name}' must be float32 (as similarity_inform_fwd returns it), "
+                                f"got {t.dtype}")
+            _check_rank(op, name, t, rank, dims)
+            for d in range(rank):
+                _check_dim(op, name, t, d, e.shape[d], "the same dimension of 'e'")
 
 
 @torch.library.custom_op("moe::similarity_inform_backward", mutates_args=())
@@ -410,24 +449,28 @@ def similarity_inform_backward(
     key_mask: Optional[Tensor] = None,
     tau: float = 1.0,
     causal: bool = False,
+    p: Optional[Tensor] = None,
+    lse: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The backward of ``similarity_inform`` (``moe.similarity_inform_grad``): the gradients of ``p`` with respect to
     ``u``, ``e`` and ``ws`` given ``grad_p`` (``[B, N, K]``), all f32.
 
-    The CPU kernel recomputes the forward's log-sum-exp and streams the similarity tiles (flash-style): extra memory
-    O(B·N·(D+K)), never N×N. Elsewhere (CUDA for now, or without the kernels) it runs autograd of the reference.
+    The CPU kernel streams the similarity tiles from the forward's log-sum-exp (flash-style): extra memory
+    O(B·N·(D+K)), never N×N. ``p`` and ``lse``, as ``similarity_inform_fwd`` returned them, spare it the forward
+    pass that otherwise recomputes them. Elsewhere (CUDA for now, or without the kernels) it runs the dense closed
+    form of the reference.
 
     Returns:
         ``(du [B, N, D], de [B, N, K], dws)``; ``dws`` is ``[D, D]`` with ``ws``, else an empty ``[0]``.
     """
-    _validate_similarity_inform_backward(grad_p, u, e, ws, key_mask, tau)
+    _validate_similarity_inform_backward(grad_p, u, e, ws, key_mask, tau, p, lse)
     _note_fallback(u)
     return _similarity_inform_backward_ref(grad_p, u, e, ws, key_mask, tau, causal)
 
 
 @similarity_inform_backward.register_fake
-def _(grad_p, u, e, ws=None, key_mask=None, tau=1.0, causal=False):
-    _validate_similarity_inform_backward(grad_p, u, e, ws, key_mask, tau)
+def _(grad_p, u, e, ws=None, key_mask=None, tau=1.0, causal=False, p=None, lse=None):
+    _validate_similarity_inform_backward(grad_p, u, e, ws, key_mask, tau, p, lse)
     D = u.shape[2]
     return (
         u.new_empty(u.shape, dtype=torch.float32),
@@ -1161,8 +1204,10 @@ KEY_VALIDATORS: dict[str, Callable[[dict, dict], None]] = {
     "adjacency_update": lambda t, a: _validate_adjacency_update(t["a"], t["idx"], _f(a["beta"]), a["norm"]),
     "topk_renorm_backward": lambda t, a: _validate_topk_renorm_backward(
         t["grad_w"], t["scores"], t["indices"], a["mode"]),
+    "similarity_inform_fwd": lambda t, a: _validate_similarity_inform(
+        t["u"], t["e"], t.get("ws"), t.get("key_mask"), _f(a["tau"]), op="similarity_inform_fwd"),
     "similarity_inform_backward": lambda t, a: _validate_similarity_inform_backward(
-        t["grad_p"], t["u"], t["e"], t.get("ws"), t.get("key_mask"), _f(a["tau"])),
+        t["grad_p"], t["u"], t["e"], t.get("ws"), t.get("key_mask"), _f(a["tau"]), t.get("p"), t.get("lse")),
     "hyper_router": lambda t, a: _validate_hyper_router(
         t["emb"], t["w1"], t["b1"], t["w2"], t["b2"], int(a["num_experts"])),
     "hyper_router_backward": lambda t, a: _validate_hyper_router_backward(

@@ -27,6 +27,7 @@ __all__ = [
     "mad_dispersion",
     "adjacency_update",
     "hyper_router",
+    "similarity_inform_fwd",
     "similarity_inform_backward",
     "topk_renorm_backward",
     "hyper_router_backward",
@@ -109,11 +110,12 @@ def _topk_renorm_ref(scores: Tensor, k: int, mode: str, renormalize: bool) -> tu
     return w, idx.to(torch.int32)
 
 
-def _similarity_inform_ref(
-    u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float, causal: bool
-) -> Tensor:
+def _similarity_logits(
+    u: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float, causal: bool
+) -> tuple[Tensor, Tensor]:
+    """(the masked logits ``u_i^T W_s u_j / tau`` [B,N,N] in f32, -inf where excluded; the validity mask)."""
     B, N, _ = u.shape
-    uf, ef = u.float(), e.float()
+    uf = u.float()
     q = uf if ws is None else torch.matmul(uf, ws.float())
     logits = torch.matmul(q, uf.transpose(-1, -2)) / tau  # [B,N,N]
     valid = torch.ones(B, N, N, dtype=torch.bool, device=u.device)
@@ -121,9 +123,23 @@ def _similarity_inform_ref(
         valid = valid & torch.ones(N, N, dtype=torch.bool, device=u.device).tril()
     if key_mask is not None:
         valid = valid & key_mask.bool()[:, None, :]
-    logits = logits.masked_fill(~valid, _NEG_INF)
-    s = _masked_softmax(logits)
-    return _mix(s, ef, valid)
+    return logits.masked_fill(~valid, _NEG_INF), valid
+
+
+def _similarity_inform_ref(
+    u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float, causal: bool
+) -> Tensor:
+    logits, valid = _similarity_logits(u, ws, key_mask, tau, causal)
+    return _mix(_masked_softmax(logits), e.float(), valid)
+
+
+def _similarity_inform_fwd_ref(
+    u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float, causal: bool
+) -> tuple[Tensor, Tensor]:
+    """``(p, lse)``: :func:`_similarity_inform_ref` and the row log-sum-exp of its logits ``[B, N]`` (-inf for a
+    row without keys)."""
+    logits, valid = _similarity_logits(u, ws, key_mask, tau, causal)
+    return _mix(_masked_softmax(logits), e.float(), valid), torch.logsumexp(logits, -1)
 
 
 def _head_means(v: Tensor, wo: Tensor, head_scale: float) -> Tensor:
@@ -273,24 +289,19 @@ def _attention_posterior_topk_ref(
 
 
 def _similarity_inform_backward_ref(
-    grad_p: Tensor, u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float, causal: bool
+    grad_p: Tensor, u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float, causal: bool,
+    p: Optional[Tensor] = None, lse: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(du, de, dws)`` in f32, the closed form of the gradient of :func:`_similarity_inform_ref` (dense, N×N
     memory: the eager fallback of ``torch.ops.moe.similarity_inform_backward``); ``dws`` is ``[0]`` without ``ws``.
+    The forward's saved ``p`` and ``lse`` (a kernel's shortcut) are not needed here: ``S`` is rebuilt densely.
 
     ``S`` the mixing weights, ``dS = dp eᵀ``, ``δ = Σ_j S dS``, ``dX = S (dS − δ) / tau``; ``de = Sᵀ dp``,
     ``dq = dX u``, ``du = dXᵀ q + dq wsᵀ``, ``dws = Σ uᵀ dq``. Like autograd of the reference, a non-finite ``e``
     entry gets no gradient and enters ``dS`` as 0."""
-    B, N, _ = u.shape
     uf, ef, gp = u.float(), e.float(), grad_p.float()
     q = uf if ws is None else torch.matmul(uf, ws.float())
-    logits = torch.matmul(q, uf.transpose(-1, -2)) / tau
-    valid = torch.ones(B, N, N, dtype=torch.bool, device=u.device)
-    if causal:
-        valid = valid & torch.ones(N, N, dtype=torch.bool, device=u.device).tril()
-    if key_mask is not None:
-        valid = valid & key_mask.bool()[:, None, :]
-    s = _masked_softmax(logits.masked_fill(~valid, _NEG_INF))
+    s = _masked_softmax(_similarity_logits(u, ws, key_mask, tau, causal)[0])
     finite = torch.isfinite(ef)
     ds = torch.matmul(gp, torch.where(finite, ef, torch.zeros_like(ef)).transpose(-1, -2))
     dx = s * (ds - (s * ds).sum(-1, keepdim=True)) / tau
@@ -420,6 +431,7 @@ attention_posterior_topk = _attention_posterior_topk_ref
 mad_dispersion = _mad_dispersion_ref
 adjacency_update = _adjacency_update_ref
 hyper_router = _hyper_router_ref
+similarity_inform_fwd = _similarity_inform_fwd_ref
 similarity_inform_backward = _similarity_inform_backward_ref
 topk_renorm_backward = _topk_renorm_backward_ref
 hyper_router_backward = _hyper_router_backward_ref

@@ -206,6 +206,94 @@ def test_similarity_backward_through_aot_autograd():
 
 
 # ================================================================================================================
+# similarity_inform_fwd: the training forward saves p and lse, the backward reads them
+# ================================================================================================================
+
+
+def _lse64(u, ws, mask, tau, causal):
+    """The row log-sum-exp of the similarity logits in float64 (-inf for a row without keys)."""
+    uf = u.double()
+    q = uf if ws is None else uf @ ws.double()
+    x = q @ uf.transpose(-1, -2) / tau
+    B, N, _ = u.shape
+    valid = torch.ones(B, N, N, dtype=torch.bool)
+    if causal:
+        valid &= torch.ones(N, N, dtype=torch.bool).tril()
+    if mask is not None:
+        valid &= mask[:, None, :]
+    return torch.logsumexp(x.masked_fill(~valid, -INF), -1)
+
+
+@pytest.mark.parametrize("with_ws", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_similarity_fwd_saves_p_and_lse(with_ws, causal):
+    """p is the forward kernel's (same bits); lse is the row log-sum-exp (float64 reference, -inf for a row without
+    keys: a fully masked sequence, and under causal a row whose only key is masked)."""
+    for B, N, D, K in ((1, 1, 8, 4), (2, 33, 16, 8), (2, 100, 64, 16)):
+        u, e, ws, _, _ = _similarity_case(B, N, D, K, with_ws, False, seed=N)
+        u[0, 1:3] *= 6.0 if N > 3 else 1.0  # saturated rows: lse must not overflow
+        mask = torch.rand(B, N, generator=gen(N)) > 0.3
+        mask[-1, :] = False
+        mask[0, 0] = False
+        for m in (None, mask):
+            p, lse = torch.ops.moe.similarity_inform_fwd(u, e, ws, m, 0.7, causal)
+            assert p.dtype == lse.dtype == torch.float32 and lse.shape == (B, N)
+            assert torch.equal(p, torch.ops.moe.similarity_inform(u, e, ws, m, 0.7, causal))
+            ref = _lse64(u, ws, m, 0.7, causal)
+            none = torch.isneginf(ref)
+            assert torch.equal(torch.isneginf(lse), none)
+            # f32 dots of D terms and one log: a few ulps of |lse| (up to ~60 here).
+            torch.testing.assert_close(lse[~none].double(), ref[~none], atol=1e-5, rtol=2e-6)
+
+
+@pytest.mark.parametrize("with_ws", [False, True])
+@pytest.mark.parametrize("with_mask", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_similarity_backward_from_saved_statistics_same_bits(with_ws, with_mask, causal):
+    """The backward from saved(p, lse) skips the forward pass and gives exactly the gradients of the recompute (the
+    saved values are what the recompute computes), across the tile edges and at N = 1."""
+    for B, N, D, K in ((1, 1, 16, 8), (2, 7, 16, 8), (2, 33, 16, 8), (1, 130, 64, 16)):
+        u, e, ws, mask, gp = _similarity_case(B, N, D, K, with_ws, with_mask, seed=N + 1)
+        p, lse = torch.ops.moe.similarity_inform_fwd(u, e, ws, mask, 0.7, causal)
+        recomputed = torch.ops.moe.similarity_inform_backward(gp, u, e, ws, mask, 0.7, causal)
+        saved = torch.ops.moe.similarity_inform_backward(gp, u, e, ws, mask, 0.7, causal, p, lse)
+        for name, a, b in zip(("du", "de", "dws"), recomputed, saved):
+            assert torch.equal(a, b), (name, (a - b).abs().max())
+
+
+def test_similarity_autograd_saves_the_forward_statistics():
+    """On the CPU the op's autograd runs similarity_inform_fwd once and the backward reads its p and lse: no
+    similarity_inform call (the forward kernel) anywhere in forward + backward, for the plain and the fused form;
+    the fused form's weights and indices under autograd are the fused kernel's, bit for bit."""
+    u, e, ws, mask, gp = _similarity_case(2, 40, 16, 8, True, True, seed=2)
+    calls = []
+    with torch.autograd.profiler.profile() as prof:
+        a, b, c = _leaf(u), _leaf(e), _leaf(ws)
+        (torch.ops.moe.similarity_inform(a, b, c, mask, 0.5, True) * gp).sum().backward()
+        w, i = torch.ops.moe.similarity_inform_topk(a, b, 3, c, mask, 0.5, True, True)
+        w.sum().backward()
+    calls = [evt.name for evt in prof.function_events]
+    assert calls.count("moe::similarity_inform_fwd") == 2
+    assert "moe::similarity_inform" not in calls and "moe::similarity_inform_topk" not in calls
+    w0, i0 = torch.ops.moe.similarity_inform_topk(u, e, 3, ws, mask, 0.5, True, True)
+    assert torch.equal(w.detach(), w0) and torch.equal(i, i0)
+
+
+def test_similarity_backward_saved_statistics_errors():
+    u, e, ws, mask, gp = _similarity_case(2, 10, 8, 4, False, False)
+    p, lse = torch.ops.moe.similarity_inform_fwd(u, e, None, None, 1.0, False)
+    bwd = torch.ops.moe.similarity_inform_backward
+    with pytest.raises(ValueError, match="pass both 'p' and 'lse' or neither"):
+        bwd(gp, u, e, None, None, 1.0, False, p, None)
+    with pytest.raises(TypeError, match="'p' and 'lse' must be float32|'p' must be float32"):
+        bwd(gp, u, e, None, None, 1.0, False, p.half(), lse)
+    with pytest.raises(ValueError, match="'lse'"):
+        bwd(gp, u, e, None, None, 1.0, False, p, lse[:, :9])
+    with pytest.raises(ValueError, match="'tau'"):
+        torch.ops.moe.similarity_inform_fwd(u, e, None, None, 0.0, False)
+
+
+# ================================================================================================================
 # similarity_inform_topk (fused)
 # ================================================================================================================
 

@@ -49,17 +49,23 @@ def MoE_SimilarityInformGradOp : MoE_InferredOp<"similarity_inform_grad",
     Non-finite values: the result is NaN wherever a non-finite `u`, `e` or `dp` enters a sum (the forward's
     `p` is not finite there either).
 
-    Memory (flash-style): nothing `N × N` is built. The lowering recomputes `lse` and `p` with the forward's
-    streaming kernel (O(B·N) extra memory: the log-sum-exp is recomputed, not saved by the forward, so the
-    forward op and its torch op stay unchanged), then streams the `S` tiles twice from `lse`: once
-    query-major (`dq`), once key-major (`de` and the key part of `du`), so every sum has one writer and a fixed
-    order (deterministic, independent of the thread count).
+    Saved statistics: `saved(p, lse)` passes the forward's result `p` (f32) and row log-sum-exp `lse` (`[B, N]`,
+    f32, `-inf` for a row without keys), as `moe.similarity_inform_fwd` returns them for training. Without them
+    the lowering recomputes both with the forward's streaming kernel: one forward pass more (a quarter of the
+    work at D = 64, K = 16), the same bits when the saved values came from the same kernel.
+
+    Memory (flash-style): nothing `N × N` is built (O(B·N) extra memory for `lse`, when recomputed). The lowering
+    streams the `S` tiles twice from `lse`: once query-major (`dq`), once key-major (`de` and the key part of
+    `du`), so every sum has one writer and a fixed order (deterministic, independent of the thread count).
 
     ```mlir
     %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<2x128x16xf32>) tau(5.000000e-01) causal(true)
         : tensor<2x128x64xf32>, tensor<2x128x16xf32> -> tensor<2x128x64xf32>, tensor<2x128x16xf32>
     %du2, %de2, %dws = moe.similarity_inform_grad %u, %e ws(%ws : tensor<64x64xf32>) dp(%dp : tensor<2x128x16xf32>)
         : tensor<2x128x64xf32>, tensor<2x128x16xf32> -> tensor<2x128x64xf32>, tensor<2x128x16xf32>, tensor<64x64xf32>
+    %du3, %de3 = moe.similarity_inform_grad %u, %e dp(%dp : tensor<2x128x16xf32>)
+        saved(%p, %lse : tensor<2x128x16xf32>, tensor<2x128xf32>) causal(true)
+        : tensor<2x128x64xf32>, tensor<2x128x16xf32> -> tensor<2x128x64xf32>, tensor<2x128x16xf32>
     ```
   }];
 
@@ -69,6 +75,8 @@ def MoE_SimilarityInformGradOp : MoE_InferredOp<"similarity_inform_grad",
     Optional<MoE_FloatTensor>:$ws,
     Optional<MoE_MaskTensor>:$key_mask,
     MoE_F32Tensor:$dp,
+    Optional<MoE_F32Tensor>:$p,
+    Optional<MoE_F32Tensor>:$lse,
     DefaultValuedAttr<F32Attr, "1.0">:$tau,
     DefaultValuedAttr<BoolAttr, "false">:$causal
   );
@@ -76,8 +84,43 @@ def MoE_SimilarityInformGradOp : MoE_InferredOp<"similarity_inform_grad",
 
   let assemblyFormat = [{
     $u `,` $e (`ws` `(` $ws^ `:` type($ws) `)`)? (`key_mask` `(` $key_mask^ `:` type($key_mask) `)`)?
-    `dp` `(` $dp `:` type($dp) `)` (`tau` `(` $tau^ `)`)? (`causal` `(` $causal^ `)`)? attr-dict
+    `dp` `(` $dp `:` type($dp) `)` (`saved` `(` $p^ `,` $lse `:` type($p) `,` type($lse) `)`)?
+    (`tau` `(` $tau^ `)`)? (`causal` `(` $causal^ `)`)? attr-dict
     `:` type($u) `,` type($e) `->` type($du) `,` type($de) (`,` type($dws)^)?
+  }];
+  let hasVerifier = 1;
+}
+
+def MoE_SimilarityInformFwdOp : MoE_InferredOp<"similarity_inform_fwd",
+    !listconcat(MoE_PureInferred, [AttrSizedOperandSegments])> {
+  let summary = "moe.similarity_inform for training: p and the row log-sum-exp its backward reads";
+  let description = [{
+    `moe.similarity_inform` (same operands, attributes and result `p`, in f32) that also returns the log-sum-exp
+    of each row's softmax, `lse[b,i] = log Σ_j exp(x_ij)` over the keys the row mixes (`x` and the key rules as in
+    `moe.similarity_inform_grad`), `-inf` for a row without keys. The training forward: the backward
+    (`moe.similarity_inform_grad ... saved(p, lse)`) then rebuilds `S_ij = exp(x_ij − lse_i)` tile by tile instead
+    of running the forward again, as FlashAttention-2 saves its log-sum-exp. `lse` is `[B, N]`: O(N) memory.
+
+    ```mlir
+    %p, %lse = moe.similarity_inform_fwd %u, %e tau(5.000000e-01) causal(true)
+        : tensor<2x128x64xf32>, tensor<2x128x16xf32> -> tensor<2x128x16xf32>, tensor<2x128xf32>
+    ```
+  }];
+
+  let arguments = (ins
+    MoE_FloatTensor:$u,
+    MoE_FloatTensor:$e,
+    Optional<MoE_FloatTensor>:$ws,
+    Optional<MoE_MaskTensor>:$key_mask,
+    DefaultValuedAttr<F32Attr, "1.0">:$tau,
+    DefaultValuedAttr<BoolAttr, "false">:$causal
+  );
+  let results = (outs MoE_F32Tensor:$p, MoE_F32Tensor:$lse);
+
+  let assemblyFormat = [{
+    $u `,` $e (`ws` `(` $ws^ `:` type($ws) `)`)? (`key_mask` `(` $key_mask^ `:` type($key_mask) `)`)?
+    (`tau` `(` $tau^ `)`)? (`causal` `(` $causal^ `)`)? attr-dict
+    `:` type($u) `,` type($e) `->` type($p) `,` type($lse)
   }];
   let hasVerifier = 1;
 }

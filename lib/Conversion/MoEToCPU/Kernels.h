@@ -56,17 +56,18 @@ PopulateKernel populateTopkRenormKernel, populateSimilarityInformKernel,
     populateSimilarityInformGradKernel, populateTopkRenormGradKernel,
     populateAttentionPosteriorGradKernel, populateHyperRouterGradKernel;
 
+/// Defines the populate function `Name` (declared above) of an op file: it
+/// adds the file's patterns (the remaining arguments) with the conversion's
+/// options.
+#define MOE_CPU_KERNEL_POPULATE(Name, ...)                                     \
+  void mlir::moe::cpu::Name(RewritePatternSet &p, const KernelOptions &o) {    \
+    p.add<__VA_ARGS__>(p.getContext(), o);                                     \
+  }
+
 /// moe.hyper_router's GEMV (HyperRouter.cpp), shared with its backward:
 /// y = m · x + bias ([rows] f32, any float operands; ReLU when `relu`), rows
 /// in memory order over row blocks on the workers; into `y` when set, else a
 /// new buffer. Returns y.
-/// Defines the populate function `Name` (declared above) of an op file: it
-/// adds the file's pattern `Pattern` with the conversion's options.
-#define MOE_CPU_KERNEL_POPULATE(Name, Pattern)                                 \
-  void mlir::moe::cpu::Name(RewritePatternSet &p, const KernelOptions &o) {    \
-    p.add<Pattern>(p.getContext(), o);                                         \
-  }
-
 Value hyperAffine(CK &k, const KernelOptions &opts, Value m, Value x,
                   Value bias, bool relu, Value y = {});
 /// Matrices of at most this many elements (1 MiB of f32) run on the calling

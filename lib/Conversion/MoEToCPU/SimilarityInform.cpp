@@ -20,16 +20,22 @@ using namespace mlir::moe;
 using namespace mlir::moe::cpu;
 
 namespace {
-struct SimilarityInformKernel
-    : KernelPattern<SimilarityInformOp, /*TargetLanes=*/false> {
-  using KernelPattern::KernelPattern;
+/// moe.similarity_inform, and moe.similarity_inform_fwd: the same kernel
+/// writing the row log-sum-exp it computes anyway.
+template <typename OpTy>
+struct SimilarityInformKernel : KernelPattern<OpTy, /*TargetLanes=*/false> {
+  using KernelPattern<OpTy, false>::KernelPattern;
+  static constexpr bool kWithLse = std::is_same_v<OpTy, SimilarityInformFwdOp>;
 
-  LogicalResult emit(SimilarityInformOp op, CK &k,
-                     PatternRewriter &rw) const override {
+  LogicalResult emit(OpTy op, CK &k, PatternRewriter &rw) const override {
+    const KernelOptions &opts = this->opts;
     SmallVector<Value> uSizes = k.sizes(op.getU());
+    SmallVector<SmallVector<Value>> outSizes = {
+        {uSizes[0], uSizes[1], k.sizes(op.getE())[2]}};
+    if (kWithLse)
+      outSizes.push_back({uSizes[0], uSizes[1]});
     KernelScope kernel(k, {op.getU(), op.getE(), op.getKeyMask(), op.getWs()},
-                       KernelScope::outsOf(op, {{uSizes[0], uSizes[1],
-                                                 k.sizes(op.getE())[2]}}));
+                       KernelScope::outsOf(op, outSizes));
     Value u = k.buffer(op.getU()), e = k.buffer(op.getE());
     Value mask = op.getKeyMask() ? k.buffer(op.getKeyMask()) : Value();
     Value batch = k.dim(u, 0), rows = k.dim(u, 1), depth = k.dim(u, 2);
@@ -55,10 +61,12 @@ struct SimilarityInformKernel
                       depth);
 
     Value out = kernel.out(0);
-    emitFlashMix(k, opts,
-                 flashSpec(k, q, keysT, keysPad, e, out, batch, rows, rows,
-                           depth, scaledMaskedLogits(keyValid, causal, tau),
-                           causal));
+    FlashSpec spec =
+        flashSpec(k, q, keysT, keysPad, e, out, batch, rows, rows, depth,
+                  scaledMaskedLogits(keyValid, causal, tau), causal);
+    if (kWithLse)
+      spec.lse = kernel.out(1);
+    emitFlashMix(k, opts, spec);
 
     kernel.replace(rw, op);
     return success();
@@ -66,4 +74,6 @@ struct SimilarityInformKernel
 };
 } // namespace
 
-MOE_CPU_KERNEL_POPULATE(populateSimilarityInformKernel, SimilarityInformKernel)
+MOE_CPU_KERNEL_POPULATE(populateSimilarityInformKernel,
+                        SimilarityInformKernel<SimilarityInformOp>,
+                        SimilarityInformKernel<SimilarityInformFwdOp>)

@@ -5,10 +5,10 @@
 // The flash-style backward of Similarity-Inform mixing (the maths is in the
 // op description, MoEGradOps.td), in four streaming passes, none of which
 // stores anything N x N:
-//  1. the forward kernel (emitFlashMix) recomputes p and the row
-//     log-sum-exp lse (O(B·N)); then per row lse' = lse (+inf for a row
-//     without keys, and for padding, so that exp(x - lse') = 0) and
-//     delta_i = <dp_i, p_i>;
+//  1. p and the row log-sum-exp lse saved by the forward (saved(p, lse)),
+//     else recomputed by the forward kernel (emitFlashMix, O(B·N)); then per
+//     row lse' = lse (+inf for a row without keys, and for padding, so that
+//     exp(x - lse') = 0) and delta_i = <dp_i, p_i>;
 //  2. query-major (emitFlashGrad, rows i, columns j): S = exp(x - lse'_i),
 //     dX = S (<dp_i, e_j> - delta_i) / tau, dq_i = Σ_j dX_ij u_j;
 //  3. key-major (rows j, columns i; the same tiles with the roles swapped):
@@ -51,7 +51,7 @@ struct SimilarityInformGradKernel
       outSizes.push_back({uSizes[2], uSizes[2]});
     KernelScope kernel(k,
                        {op.getU(), op.getE(), op.getDp(), op.getKeyMask(),
-                        op.getWs()},
+                        op.getWs(), op.getP(), op.getLse()},
                        KernelScope::outsOf(op, outSizes));
     Type f32 = k.f32();
     Value c0 = k.idx(0), c1 = k.idx(1);
@@ -71,15 +71,22 @@ struct SimilarityInformGradKernel
     auto logits = scaledMaskedLogits(keyValid, causal, tau);
     Value q = ws ? projectRows(k, opts, u, ws, batch, rows, depth, depth) : u;
 
-    // 1. p and lse, recomputed by the forward kernel.
+    // 1. p and lse: saved by the forward (similarity_inform_fwd), else
+    // recomputed by the forward kernel.
     Value uT = packKeysT(k, opts, u, batch, rows, depth);
-    Value p = k.alloc(rank3, {batch, rows, width});
-    Value lse = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, rows});
-    FlashSpec fwd = flashSpec(k, q, uT, keysPad, e, p, batch, rows, rows, depth,
-                              logits, causal);
-    fwd.lse = lse;
-    emitFlashMix(k, opts, fwd);
-    Value widthPad = fwd.widthPad;
+    Value p, lse;
+    if (op.getP()) {
+      p = k.buffer(op.getP());
+      lse = k.buffer(op.getLse());
+    } else {
+      p = k.alloc(rank3, {batch, rows, width});
+      lse = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, rows});
+      FlashSpec fwd = flashSpec(k, q, uT, keysPad, e, p, batch, rows, rows,
+                                depth, logits, causal);
+      fwd.lse = lse;
+      emitFlashMix(k, opts, fwd);
+    }
+    Value widthPad = roundUp(k, width, kLanes);
 
     // lse' and delta, padded to keysPad (vector loads in the key-major pass).
     auto [lseRow, delta] =

@@ -24,7 +24,7 @@ namespace moe::lowering {
   X(TopkRenorm) X(SimilarityInform) X(AttentionPosterior) X(MadDispersion)     \
   X(AdjacencyUpdate) X(HyperRouter) X(Route) X(DispatchPlan)                   \
   X(SimilarityInformGrad) X(TopkRenormGrad) X(HyperRouterGrad)                 \
-  X(AttentionPosteriorGrad)
+  X(AttentionPosteriorGrad) X(SimilarityInformFwd)
 
 #define MOE_DECLARE_LOWERING(Name)                                             \
   LogicalResult lower##Name(Name##Op op, PatternRewriter &rw);
@@ -47,6 +47,13 @@ Value similarityKeyLogits(OpBuilder &b, Location loc, Value q, Value u,
 OnlineSoftmaxState streamSimilarity(OpBuilder &b, Location loc, Value q,
                                     Value u, Value e, Value mask, bool causal,
                                     float tau);
+
+/// The row log-sum-exp [B, N] of a finished streaming softmax: m + log(l),
+/// `none` (a constant f32) for a row without keys (m = -inf).
+Value rowLogSumExp(OpBuilder &b, Location loc, const OnlineSoftmaxState &s,
+                   double none);
+/// `lse` [B, N] with -inf (a row without keys) replaced by `none`.
+Value replaceNegInf(OpBuilder &b, Location loc, Value lse, double none);
 
 // Shared by hyper_router and its backward (HyperRouter.cpp).
 

@@ -16,7 +16,10 @@
 #include "MoE/IR/MoEOps.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
+
+#include <limits>
 
 using namespace mlir;
 using namespace mlir::moe;
@@ -102,5 +105,67 @@ LogicalResult mlir::moe::lowering::lowerSimilarityInform(SimilarityInformOp op,
       streamSimilarity(rw, loc, q, u, e, op.getKeyMask(), op.getCausal(),
                        op.getTau().convertToFloat());
   replaceWithCasts(rw, op, normalizeRows(rw, loc, state));
+  return success();
+}
+
+/// select(lse == -inf, none, lse), elementwise on [B, N].
+static Value selectNone(OpBuilder &b, Location loc, Value lse, Value none) {
+  return arith::SelectOp::create(
+      b, loc,
+      arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OEQ, lse,
+                            negInf(b, loc)),
+      none, lse);
+}
+
+Value mlir::moe::lowering::rowLogSumExp(OpBuilder &b, Location loc,
+                                        const OnlineSoftmaxState &s,
+                                        double none) {
+  MLIRContext *ctx = b.getContext();
+  AffineMap bi = dimsMap(ctx, 2, {0, 1});
+  Value init = tensor::EmptyOp::create(
+      b, loc, tensor::getMixedSizes(b, loc, s.m), b.getF32Type());
+  return generic(b, loc, ValueRange{s.m, s.l}, init, {bi, bi, bi},
+                 {kPar, kPar},
+                 [&](OpBuilder &gb, Location gl, ValueRange a) {
+                   Value lse = arith::AddFOp::create(
+                       gb, gl, a[0], math::LogOp::create(gb, gl, a[1]));
+                   // m = -inf: no key (l = 0), whatever log(0) gives.
+                   Value noKey = arith::CmpFOp::create(
+                       gb, gl, arith::CmpFPredicate::OEQ, a[0], negInf(gb, gl));
+                   return SmallVector<Value>{arith::SelectOp::create(
+                       gb, gl, noKey, f32Const(gb, gl, none), lse)};
+                 })
+      .front();
+}
+
+Value mlir::moe::lowering::replaceNegInf(OpBuilder &b, Location loc, Value lse,
+                                         double none) {
+  MLIRContext *ctx = b.getContext();
+  AffineMap bi = dimsMap(ctx, 2, {0, 1});
+  Value init = tensor::EmptyOp::create(
+      b, loc, tensor::getMixedSizes(b, loc, lse), b.getF32Type());
+  return generic(b, loc, ValueRange{lse}, init, {bi, bi}, {kPar, kPar},
+                 [&](OpBuilder &gb, Location gl, ValueRange a) {
+                   return SmallVector<Value>{
+                       selectNone(gb, gl, a[0], f32Const(gb, gl, none))};
+                 })
+      .front();
+}
+
+LogicalResult
+mlir::moe::lowering::lowerSimilarityInformFwd(SimilarityInformFwdOp op,
+                                              PatternRewriter &rw) {
+  Location loc = op.getLoc();
+  Value u = promoteToF32(rw, loc, op.getU());
+  Value e = promoteToF32(rw, loc, op.getE());
+  Value q = u;
+  if (Value ws = op.getWs())
+    q = projectQueries(rw, loc, u, promoteToF32(rw, loc, ws));
+  OnlineSoftmaxState state =
+      streamSimilarity(rw, loc, q, u, e, op.getKeyMask(), op.getCausal(),
+                       op.getTau().convertToFloat());
+  Value lse = rowLogSumExp(rw, loc, state,
+                           -std::numeric_limits<double>::infinity());
+  replaceWithCasts(rw, op, {normalizeRows(rw, loc, state), lse});
   return success();
 }

@@ -4,9 +4,9 @@
 //
 // The portable backward of Similarity-Inform mixing (maths in MoEGradOps.td),
 // streaming like the forward lowering, never N x N:
-//  1. the forward's key loop (streamKeys) recomputes p and the row max/sum;
-//     lse' = m + log(l), +inf for a row without keys (then exp(x - lse') = 0);
-//     delta[b,i] = <dp_i, p_i>;
+//  1. p and lse saved by the forward (saved(p, lse)), else recomputed by its
+//     key loop (streamKeys: lse = m + log(l)); lse' = lse, +inf for a row
+//     without keys (then exp(x - lse') = 0); delta[b,i] = <dp_i, p_i>;
 //  2. a second scf.for over the keys j: the logits of key j against every row
 //     (similarityKeyLogits, shared with the forward), S = exp(x - lse'),
 //     dX = S (<dp_i, e_j> - delta_i) / tau, then dq += dX ⊗ u_j and the rows
@@ -53,27 +53,20 @@ mlir::moe::lowering::lowerSimilarityInformGrad(SimilarityInformGradOp op,
   Value zero = f32Const(rw, loc, 0.0);
   Type f32 = rw.getF32Type();
 
-  // 1. p, lse' and delta.
-  OnlineSoftmaxState state =
-      streamSimilarity(rw, loc, q, u, e, mask, causal, tau);
-  Value p = normalizeRows(rw, loc, state);
+  // 1. p, lse' (+inf for a row without keys, so that exp(x - lse') = 0) and
+  // delta: saved by the forward, else recomputed by its key loop.
+  constexpr double posInf = std::numeric_limits<double>::infinity();
+  Value p, lse;
+  if (op.getP()) {
+    p = op.getP();
+    lse = replaceNegInf(rw, loc, op.getLse(), posInf);
+  } else {
+    OnlineSoftmaxState state =
+        streamSimilarity(rw, loc, q, u, e, mask, causal, tau);
+    p = normalizeRows(rw, loc, state);
+    lse = rowLogSumExp(rw, loc, state, posInf);
+  }
   AffineMap bi = dimsMap(ctx, 2, {0, 1});
-  Value rowsInit = tensor::EmptyOp::create(
-      rw, loc, ArrayRef<OpFoldResult>{batch, tokens}, f32);
-  Value lse = generic(rw, loc, ValueRange{state.m, state.l}, rowsInit,
-                      {bi, bi, bi}, {kPar, kPar},
-                      [](OpBuilder &gb, Location gl, ValueRange a) {
-                        Value none = arith::CmpFOp::create(
-                            gb, gl, arith::CmpFPredicate::OEQ, a[0],
-                            negInf(gb, gl));
-                        Value lse = arith::AddFOp::create(
-                            gb, gl, a[0], math::LogOp::create(gb, gl, a[1]));
-                        Value inf = f32Const(
-                            gb, gl, std::numeric_limits<float>::infinity());
-                        return SmallVector<Value>{
-                            arith::SelectOp::create(gb, gl, none, inf, lse)};
-                      })
-                  .front();
   Value delta =
       generic(rw, loc, ValueRange{dp, p},
               filled(rw, loc, {batch, tokens}, zero),

@@ -65,9 +65,12 @@ using SimSig = Tensor(const Tensor &, const Tensor &, const OptTensor &,
 using SimTopkSig = std::tuple<Tensor, Tensor>(
     const Tensor &, const Tensor &, c10::SymInt, const OptTensor &,
     const OptTensor &, double, bool, bool);
+using SimFwdSig = std::tuple<Tensor, Tensor>(const Tensor &, const Tensor &,
+                                             const OptTensor &,
+                                             const OptTensor &, double, bool);
 using SimBwdSig = std::tuple<Tensor, Tensor, Tensor>(
     const Tensor &, const Tensor &, const Tensor &, const OptTensor &,
-    const OptTensor &, double, bool);
+    const OptTensor &, double, bool, const OptTensor &, const OptTensor &);
 using PostSig = std::tuple<Tensor, Tensor>(
     const Tensor &, const Tensor &, const Tensor &, const Tensor &,
     const Tensor &, double, c10::string_view, std::optional<double>);
@@ -215,15 +218,31 @@ std::tuple<Tensor, Tensor> topkRenormAutograd(const Tensor &scores,
 //===----------------------------------------------------------------------===//
 
 /// Saves the Similarity-Inform operands and attributes (u, e, ws, key_mask,
-/// then `extra`: the fused form's indices).
+/// then `extra`: the fused form's indices; then the forward's p and lse when
+/// it saved them).
 void saveSimilarity(AutogradContext *ctx, const Tensor &u, const Tensor &e,
                     const OptTensor &ws, const OptTensor &mask, double tau,
-                    bool causal, const Tensor &extra = Tensor()) {
+                    bool causal, const Tensor &extra = Tensor(),
+                    const Tensor &p = Tensor(), const Tensor &lse = Tensor()) {
   ctx->set_materialize_grads(false);
   ctx->save_for_backward(
-      {u, e, orUndefined(ws), orUndefined(mask), extra});
+      {u, e, orUndefined(ws), orUndefined(mask), extra, p, lse});
   ctx->saved_data["tau"] = tau;
   ctx->saved_data["causal"] = causal;
+}
+
+/// Whether the forward saves p and its row log-sum-exp
+/// (similarity_inform_fwd, a kernel on the CPU), so that the backward does
+/// not run the forward again. Elsewhere the backward recomputes them.
+bool savesSimilarityStatistics(const Tensor &u) { return u.is_cpu(); }
+
+/// (p, lse) of the training forward.
+std::tuple<Tensor, Tensor> similarityForward(const Tensor &u, const Tensor &e,
+                                             const OptTensor &ws,
+                                             const OptTensor &mask, double tau,
+                                             bool causal) {
+  MOE_OP(op, SimFwdSig, "similarity_inform_fwd");
+  return op(u, e, ws, mask, tau, causal);
 }
 
 /// (du, de, dws) of `gradP` on the saved operands, as the input list of
@@ -236,7 +255,8 @@ std::array<Tensor, 3> similarityGrads(AutogradContext *ctx,
   const Tensor &u = saved[0], &e = saved[1], &ws = saved[2];
   auto [du, de, dws] =
       op(gradP, u, e, present(ws), present(saved[3]),
-         ctx->saved_data["tau"].toDouble(), ctx->saved_data["causal"].toBool());
+         ctx->saved_data["tau"].toDouble(), ctx->saved_data["causal"].toBool(),
+         present(saved[5]), present(saved[6]));
   return {gradAs(need[0], du, u), gradAs(need[1], de, e),
           gradAs(need[2], dws, ws)};
 }
@@ -245,6 +265,11 @@ struct SimilarityInform : torch::autograd::Function<SimilarityInform> {
   static Tensor forward(AutogradContext *ctx, const Tensor &u, const Tensor &e,
                         const OptTensor &ws, const OptTensor &mask,
                         double tau, bool causal) {
+    if (savesSimilarityStatistics(u)) {
+      auto [p, lse] = similarityForward(u, e, ws, mask, tau, causal);
+      saveSimilarity(ctx, u, e, ws, mask, tau, causal, Tensor(), p, lse);
+      return p;
+    }
     MOE_OP(op, SimSig, "similarity_inform");
     Tensor p = op(u, e, ws, mask, tau, causal);
     saveSimilarity(ctx, u, e, ws, mask, tau, causal);
@@ -278,11 +303,21 @@ struct SimilarityInformTopk : torch::autograd::Function<SimilarityInformTopk> {
                                const Tensor &e, c10::SymInt k,
                                const OptTensor &ws, const OptTensor &mask,
                                double tau, bool causal, bool renormalize) {
+    ctx->saved_data["renormalize"] = renormalize;
+    if (savesSimilarityStatistics(u)) {
+      // The fused kernel's top-k epilogue, unfused: p (and lse) are what the
+      // backward needs, and the gate on p is the same algorithm (TopK.h).
+      MOE_OP(gate, TopkSig, "topk_renorm");
+      auto [p, lse] = similarityForward(u, e, ws, mask, tau, causal);
+      auto [w, idx] = gate(p, std::move(k), "probs", renormalize);
+      ctx->mark_non_differentiable({idx});
+      saveSimilarity(ctx, u, e, ws, mask, tau, causal, idx, p, lse);
+      return {w, idx};
+    }
     MOE_OP(op, SimTopkSig, "similarity_inform_topk");
     auto [w, idx] = op(u, e, std::move(k), ws, mask, tau, causal, renormalize);
     ctx->mark_non_differentiable({idx});
     saveSimilarity(ctx, u, e, ws, mask, tau, causal, idx);
-    ctx->saved_data["renormalize"] = renormalize;
     return {w, idx};
   }
 
@@ -294,12 +329,13 @@ struct SimilarityInformTopk : torch::autograd::Function<SimilarityInformTopk> {
     variable_list out(8);
     if (!grads[0].defined() || !(n[0] || n[1] || n[2]))
       return out;
-    // p recomputed by the forward kernel (O(N) memory), then the gate's
-    // closed-form backward on the saved choice.
-    double tau = ctx->saved_data["tau"].toDouble();
-    bool causal = ctx->saved_data["causal"].toBool();
-    Tensor p = sim(saved[0], saved[1], present(saved[2]), present(saved[3]),
-                   tau, causal);
+    // p as the forward saved it, or recomputed by the forward kernel (O(N)
+    // memory), then the gate's closed-form backward on the saved choice.
+    Tensor p = saved[5];
+    if (!p.defined())
+      p = sim(saved[0], saved[1], present(saved[2]), present(saved[3]),
+              ctx->saved_data["tau"].toDouble(),
+              ctx->saved_data["causal"].toBool());
     Tensor gradP = gate(grads[0], p, saved[4], "probs",
                         ctx->saved_data["renormalize"].toBool());
     auto g = similarityGrads(ctx, saved, gradP, {n[0], n[1], n[2]});

@@ -40,32 +40,68 @@ Tensor similarityDegenerateDe(const Tensor &dp, const Tensor &u,
   return at::bmm(s.transpose(1, 2), dp.to(at::kFloat));
 }
 
+/// similarity_inform for training: p and the row log-sum-exp the backward
+/// reads (moe.similarity_inform_fwd).
+std::tuple<Tensor, Tensor>
+similarityInformFwd(const Tensor &u, const Tensor &e,
+                    const std::optional<Tensor> &ws,
+                    const std::optional<Tensor> &mask, double tau,
+                    bool causal) {
+  const char *op = "similarity_inform_fwd";
+  similarityChecks(op, u, e, ws, mask);
+  checkCpu(op, {&u});
+  Key key(op);
+  key.attr("tau", tau).attr("causal", causal);
+  std::vector<Tensor> keep;
+  std::vector<MemRef> args = similarityArgs(key, u, e, ws, mask, keep);
+  Tensor p = at::empty(e.sizes(), f32(e));
+  Tensor lse = at::empty({u.size(0), u.size(1)}, f32(e));
+  args.push_back(describe(p));
+  args.push_back(describe(lse));
+  run(key, std::move(args));
+  return {p, lse};
+}
+
 std::tuple<Tensor, Tensor, Tensor>
 similarityInformBackward(const Tensor &dp, const Tensor &u, const Tensor &e,
                          const std::optional<Tensor> &ws,
                          const std::optional<Tensor> &mask, double tau,
-                         bool causal) {
+                         bool causal, const std::optional<Tensor> &p,
+                         const std::optional<Tensor> &lse) {
   const char *op = "similarity_inform_backward";
   similarityChecks(op, u, e, ws, mask);
   checkCpu(op, {&dp});
   checkRank(op, "grad_p", dp, 3, "[B, N, K], the shape of p");
   for (int64_t d = 0; d < 3; ++d)
     checkDim(op, "grad_p", dp, d, e.size(d), "the same dimension of 'e'");
+  TORCH_CHECK_VALUE(p.has_value() == lse.has_value(), "moe.", op,
+                    ": the saved forward statistics come as a pair: pass both "
+                    "'p' and 'lse' or neither");
   Key key("similarity_inform_backward");
   key.attr("tau", tau).attr("causal", causal);
-  std::vector<Tensor> keep{contig(u), contig(e)};
-  key.in("u", keep[0], {0, 1}).in("e", keep[1], {0, 1});
-  if (ws) {
-    keep.push_back(contig(*ws));
-    key.in("ws", keep.back());
-  }
-  if (mask) {
-    keep.push_back(contig(*mask));
-    key.in("key_mask", keep.back(), {0, 1});
-  }
+  std::vector<Tensor> keep;
+  similarityArgs(key, u, e, ws, mask, keep);
   // The cotangent autograd hands over may be of another dtype or strided.
   keep.push_back(contig(dp.to(at::kFloat)));
   key.in("grad_p", keep.back(), {0, 1});
+  if (p) {
+    checkCpu(op, {&*p, &*lse});
+    TORCH_CHECK_TYPE(p->scalar_type() == at::kFloat &&
+                         lse->scalar_type() == at::kFloat,
+                     "moe.", op,
+                     ": 'p' and 'lse' must be float32 (as "
+                     "similarity_inform_fwd returns them)");
+    checkRank(op, "p", *p, 3, "[B, N, K], the forward's result");
+    checkRank(op, "lse", *lse, 2, "[B, N], the forward's row log-sum-exp");
+    for (int64_t d = 0; d < 3; ++d)
+      checkDim(op, "p", *p, d, e.size(d), "the same dimension of 'e'");
+    for (int64_t d = 0; d < 2; ++d)
+      checkDim(op, "lse", *lse, d, e.size(d), "the same dimension of 'e'");
+    keep.push_back(contig(*p));
+    key.in("p", keep.back(), {0, 1});
+    keep.push_back(contig(*lse));
+    key.in("lse", keep.back(), {0, 1});
+  }
 
   int64_t B = u.size(0), N = u.size(1), D = u.size(2), K = e.size(2);
   Tensor du = at::empty({B, N, D}, f32(u));
@@ -269,6 +305,7 @@ PosteriorGrads attentionPosteriorBackward(
 } // namespace
 
 TORCH_LIBRARY_IMPL(moe, CPU, m) {
+  m.impl("similarity_inform_fwd", &similarityInformFwd);
   m.impl("similarity_inform_backward", &similarityInformBackward);
   m.impl("topk_renorm_backward", &topkRenormBackward);
   m.impl("hyper_router_backward", &hyperRouterBackward);

@@ -205,6 +205,12 @@ void checkDevice(const char *op, std::initializer_list<const Tensor *> ts);
 void similarityChecks(const char *op, const Tensor &u, const Tensor &e,
                       const std::optional<Tensor> &ws,
                       const std::optional<Tensor> &mask);
+/// Adds the Similarity-Inform operands to `key` (B, N dynamic) and returns
+/// their descriptors; `keep` holds the contiguous tensors they describe.
+std::vector<MemRef> similarityArgs(Key &key, const Tensor &u, const Tensor &e,
+                                   const std::optional<Tensor> &ws,
+                                   const std::optional<Tensor> &mask,
+                                   std::vector<Tensor> &keep);
 /// The operand ranks and shared sizes of Attention-Inform mixing.
 void attentionChecks(const char *op, const Tensor &scores, const Tensor &u,
                      const Tensor &v, const Tensor &wo, const Tensor &e);

@@ -186,6 +186,8 @@ def _outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
         return [("f32", r), ("i32", r)]
     if op == "similarity_inform":
         return [("f32", list(i["e"][1]))]
+    if op == "similarity_inform_fwd":
+        return [("f32", list(i["e"][1])), ("f32", list(i["e"][1][:2]))]
     if op == "topk_renorm_backward":
         return [("f32", list(i["scores"][1]))]
     if op == "similarity_inform_backward":
@@ -231,7 +233,7 @@ def _op_text(k: KernelKey, args: dict[str, str], types: dict[str, str]) -> tuple
     if op == "topk_renorm":
         return (f"moe.topk_renorm {args['scores']} k({a['k']}) mode({a['mode']}) "
                 f"renormalize({_bool(a['renormalize'])})", types["scores"])
-    if op in ("similarity_inform", "similarity_inform_topk"):
+    if op in ("similarity_inform", "similarity_inform_topk", "similarity_inform_fwd"):
         text = f"moe.{op} {args['u']}, {args['e']}" + opt_operand("ws", "ws") + opt_operand("key_mask", "key_mask")
         if op == "similarity_inform_topk":
             text += f" k({a['k']}) renormalize({_bool(a['renormalize'])})"
@@ -243,8 +245,10 @@ def _op_text(k: KernelKey, args: dict[str, str], types: dict[str, str]) -> tuple
                 f"{types['scores']}, {types['indices']}")
     if op == "similarity_inform_backward":
         text = (f"moe.similarity_inform_grad {args['u']}, {args['e']}" + opt_operand("ws", "ws")
-                + opt_operand("key_mask", "key_mask") + opt_operand("grad_p", "dp")
-                + f" tau({_float(a['tau'])}) causal({_bool(a['causal'])})")
+                + opt_operand("key_mask", "key_mask") + opt_operand("grad_p", "dp"))
+        if "p" in args:
+            text += f" saved({args['p']}, {args['lse']} : {types['p']}, {types['lse']})"
+        text += f" tau({_float(a['tau'])}) causal({_bool(a['causal'])})"
         return text, f"{types['u']}, {types['e']}"
     if op in ("attention_posterior", "attention_posterior_topk", "attention_posterior_backward"):
         names = _POSTERIOR_OPERANDS
@@ -599,8 +603,8 @@ def load(key: str, shapes: str, validate_only: int = 0) -> int:
 #: The ops of torch.ops.moe.* with CPU kernels only (lib/Runtime/Torch/GradOps.cpp): on CUDA tensors they run the
 #: eager references, so there is no CUDA kernel to prebuild for them. (route and dispatch_plan have CUDA kernels,
 #: RoutingOps.cpp: the GPU machine has no LLVM to compile them, so they must be prebuilt.)
-CPU_ONLY_OPS = frozenset({"topk_renorm_backward", "similarity_inform_backward", "hyper_router_backward",
-                          "attention_posterior_backward"})
+CPU_ONLY_OPS = frozenset({"topk_renorm_backward", "similarity_inform_fwd", "similarity_inform_backward",
+                          "hyper_router_backward", "attention_posterior_backward"})
 
 
 def prebuild_cuda(keys: list[str], out_dir: Path, chip: str, jobs: Optional[int] = None) -> int:

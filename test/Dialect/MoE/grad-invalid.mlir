@@ -67,7 +67,7 @@ func.func @grad_dp_shape(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tens
 
 func.func @grad_dp_type(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tensor<1x8x3xf16>) {
   // expected-error @+1 {{operand #2 must be ranked tensor of 32-bit float values, but got 'tensor<1x8x3xf16>'}}
-  %du, %de = "moe.similarity_inform_grad"(%u, %e, %dp) {operandSegmentSizes = array<i32: 1, 1, 0, 0, 1>}
+  %du, %de = "moe.similarity_inform_grad"(%u, %e, %dp) {operandSegmentSizes = array<i32: 1, 1, 0, 0, 1, 0, 0>}
       : (tensor<1x8x4xf32>, tensor<1x8x3xf32>, tensor<1x8x3xf16>) -> (tensor<1x8x4xf32>, tensor<1x8x3xf32>)
   return
 }
@@ -77,7 +77,7 @@ func.func @grad_dp_type(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tenso
 // dws without ws.
 func.func @grad_dws_without_ws(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tensor<1x8x3xf32>) {
   // expected-error @+1 {{the result 'dws' needs the operand 'ws'}}
-  %du, %de, %dws = "moe.similarity_inform_grad"(%u, %e, %dp) {operandSegmentSizes = array<i32: 1, 1, 0, 0, 1>}
+  %du, %de, %dws = "moe.similarity_inform_grad"(%u, %e, %dp) {operandSegmentSizes = array<i32: 1, 1, 0, 0, 1, 0, 0>}
       : (tensor<1x8x4xf32>, tensor<1x8x3xf32>, tensor<1x8x3xf32>) -> (tensor<1x8x4xf32>, tensor<1x8x3xf32>, tensor<4x4xf32>)
   return
 }
@@ -87,7 +87,7 @@ func.func @grad_dws_without_ws(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp
 // ws without dws.
 func.func @grad_ws_without_dws(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %ws: tensor<4x4xf32>, %dp: tensor<1x8x3xf32>) {
   // expected-error @+1 {{'ws' is present, so the result 'dws' must be too}}
-  %du, %de = "moe.similarity_inform_grad"(%u, %e, %ws, %dp) {operandSegmentSizes = array<i32: 1, 1, 1, 0, 1>}
+  %du, %de = "moe.similarity_inform_grad"(%u, %e, %ws, %dp) {operandSegmentSizes = array<i32: 1, 1, 1, 0, 1, 0, 0>}
       : (tensor<1x8x4xf32>, tensor<1x8x3xf32>, tensor<4x4xf32>, tensor<1x8x3xf32>) -> (tensor<1x8x4xf32>, tensor<1x8x3xf32>)
   return
 }
@@ -375,5 +375,70 @@ func.func @posterior_grad_head_rank(%s: tensor<1x2x4x4xf32>, %u: tensor<1x4x6xf3
   %0:5 = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<1x1xi32>) dp(%dp : tensor<1x4x3xf32>)
       : tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
       -> tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x3xf32>
+  return
+}
+
+// -----
+
+// saved(p, lse) comes as a pair.
+func.func @grad_saved_p_without_lse(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tensor<1x8x3xf32>,
+                                    %p: tensor<1x8x3xf32>) {
+  // expected-error @+1 {{'saved' takes both the forward's 'p' and 'lse'}}
+  %du, %de = "moe.similarity_inform_grad"(%u, %e, %dp, %p) {operandSegmentSizes = array<i32: 1, 1, 0, 0, 1, 1, 0>}
+      : (tensor<1x8x4xf32>, tensor<1x8x3xf32>, tensor<1x8x3xf32>, tensor<1x8x3xf32>)
+      -> (tensor<1x8x4xf32>, tensor<1x8x3xf32>)
+  return
+}
+
+// -----
+
+func.func @grad_saved_p_shape(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tensor<1x8x3xf32>,
+                              %p: tensor<1x8x5xf32>, %lse: tensor<1x8xf32>) {
+  // expected-error @+1 {{dimension 2 of saved 'p' (5) must equal dimension 2 of 'e' (3)}}
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x8x3xf32>)
+      saved(%p, %lse : tensor<1x8x5xf32>, tensor<1x8xf32>)
+      : tensor<1x8x4xf32>, tensor<1x8x3xf32> -> tensor<1x8x4xf32>, tensor<1x8x3xf32>
+  return
+}
+
+// -----
+
+func.func @grad_saved_lse_rank(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tensor<1x8x3xf32>,
+                               %p: tensor<1x8x3xf32>, %lse: tensor<8xf32>) {
+  // expected-error @+1 {{saved 'p' must have rank 3 ([B, N, K]) and 'lse' rank 2 ([B, N]), but they have types 'tensor<1x8x3xf32>' and 'tensor<8xf32>'}}
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x8x3xf32>)
+      saved(%p, %lse : tensor<1x8x3xf32>, tensor<8xf32>)
+      : tensor<1x8x4xf32>, tensor<1x8x3xf32> -> tensor<1x8x4xf32>, tensor<1x8x3xf32>
+  return
+}
+
+// -----
+
+func.func @grad_saved_lse_rows(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>, %dp: tensor<1x8x3xf32>,
+                               %p: tensor<1x8x3xf32>, %lse: tensor<1x7xf32>) {
+  // expected-error @+1 {{dimension 1 of saved 'lse' (7) must equal dimension 1 of 'e' (8): 'lse' is per row [B, N]}}
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x8x3xf32>)
+      saved(%p, %lse : tensor<1x8x3xf32>, tensor<1x7xf32>)
+      : tensor<1x8x4xf32>, tensor<1x8x3xf32> -> tensor<1x8x4xf32>, tensor<1x8x3xf32>
+  return
+}
+
+// -----
+
+// The training forward checks its operands with similarity_inform's rules.
+func.func @fwd_tau(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>) {
+  // expected-error @+1 {{'tau' (0) must be finite and > 0}}
+  %p, %lse = moe.similarity_inform_fwd %u, %e tau(0.000000e+00)
+      : tensor<1x8x4xf32>, tensor<1x8x3xf32> -> tensor<1x8x3xf32>, tensor<1x8xf32>
+  return
+}
+
+// -----
+
+func.func @fwd_lse_type(%u: tensor<1x8x4xf32>, %e: tensor<1x8x3xf32>) {
+  // expected-error @+2 {{failed to infer returned types}}
+  // expected-error @+1 {{'moe.similarity_inform_fwd' op inferred type(s) 'tensor<1x8x3xf32>', 'tensor<1x8xf32>' are incompatible with return type(s) of operation 'tensor<1x8x3xf32>', 'tensor<1x9xf32>'}}
+  %p, %lse = moe.similarity_inform_fwd %u, %e
+      : tensor<1x8x4xf32>, tensor<1x8x3xf32> -> tensor<1x8x3xf32>, tensor<1x9xf32>
   return
 }

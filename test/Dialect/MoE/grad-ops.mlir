@@ -24,6 +24,20 @@ func.func @similarity_inform_grad_all(%u: tensor<?x?x64xf16>, %e: tensor<?x?x16x
   return %du, %de, %dws : tensor<?x?x64xf32>, tensor<?x?x16xf32>, tensor<64x64xf32>
 }
 
+// The training forward and the backward that reads its saved p and lse.
+// CHECK-LABEL: func.func @similarity_inform_fwd_then_saved_grad
+func.func @similarity_inform_fwd_then_saved_grad(%u: tensor<?x?x64xbf16>, %e: tensor<?x?x16xf32>, %m: tensor<?x?xi1>,
+                                                 %dp: tensor<?x?x16xf32>) -> (tensor<?x?x64xf32>, tensor<?x?xf32>) {
+  // CHECK: %[[P:.+]], %[[LSE:.+]] = moe.similarity_inform_fwd %{{.*}}, %{{.*}} key_mask(%{{.*}} : tensor<?x?xi1>) tau(2.500000e-01) causal(true) : tensor<?x?x64xbf16>, tensor<?x?x16xf32> -> tensor<?x?x16xf32>, tensor<?x?xf32>
+  %p, %lse = moe.similarity_inform_fwd %u, %e key_mask(%m : tensor<?x?xi1>) tau(0.25) causal(true)
+      : tensor<?x?x64xbf16>, tensor<?x?x16xf32> -> tensor<?x?x16xf32>, tensor<?x?xf32>
+  // CHECK: moe.similarity_inform_grad %{{.*}}, %{{.*}} key_mask(%{{.*}} : tensor<?x?xi1>) dp(%{{.*}} : tensor<?x?x16xf32>) saved(%[[P]], %[[LSE]] : tensor<?x?x16xf32>, tensor<?x?xf32>) tau(2.500000e-01) causal(true) : tensor<?x?x64xbf16>, tensor<?x?x16xf32> -> tensor<?x?x64xf32>, tensor<?x?x16xf32>
+  %du, %de = moe.similarity_inform_grad %u, %e key_mask(%m : tensor<?x?xi1>) dp(%dp : tensor<?x?x16xf32>)
+      saved(%p, %lse : tensor<?x?x16xf32>, tensor<?x?xf32>) tau(0.25) causal(true)
+      : tensor<?x?x64xbf16>, tensor<?x?x16xf32> -> tensor<?x?x64xf32>, tensor<?x?x16xf32>
+  return %du, %lse : tensor<?x?x64xf32>, tensor<?x?xf32>
+}
+
 // A written result type may refine a dynamic size.
 // CHECK-LABEL: func.func @similarity_inform_grad_refined
 func.func @similarity_inform_grad_refined(%u: tensor<?x8x4xf32>, %e: tensor<?x8x3xf32>, %dp: tensor<2x8x3xf32>)

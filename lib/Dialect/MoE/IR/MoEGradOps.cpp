@@ -77,7 +77,53 @@ LogicalResult SimilarityInformGradOp::verify() {
                                        "must be too"
                                      : "the result 'dws' needs the operand "
                                        "'ws'");
+  if (static_cast<bool>(getP()) != static_cast<bool>(getLse()))
+    return emitOpError() << "'saved' takes both the forward's 'p' and 'lse'";
+  if (getP()) {
+    // p has the shape of e, lse the [B, N] of its rows.
+    auto p = cast<RankedTensorType>(getP().getType());
+    auto lse = cast<RankedTensorType>(getLse().getType());
+    if (p.getRank() != 3 || lse.getRank() != 2)
+      return emitOpError() << "saved 'p' must have rank 3 ([B, N, K]) and "
+                              "'lse' rank 2 ([B, N]), but they have types "
+                           << p << " and " << lse;
+    for (int64_t d = 0; d < 3; ++d) {
+      int64_t a = p.getDimSize(d), b = e.getDimSize(d);
+      if (!ShapedType::isDynamic(a) && !ShapedType::isDynamic(b) && a != b)
+        return emitOpError() << "dimension " << d << " of saved 'p' (" << a
+                             << ") must equal dimension " << d << " of 'e' ("
+                             << b << ")";
+    }
+    for (int64_t d = 0; d < 2; ++d) {
+      int64_t a = lse.getDimSize(d), b = e.getDimSize(d);
+      if (!ShapedType::isDynamic(a) && !ShapedType::isDynamic(b) && a != b)
+        return emitOpError() << "dimension " << d << " of saved 'lse' (" << a
+                             << ") must equal dimension " << d << " of 'e' ("
+                             << b << "): 'lse' is per row [B, N]";
+    }
+  }
   return success();
+}
+
+//===----------------------------------------------------------------------===//
+// SimilarityInformFwdOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult SimilarityInformFwdOp::inferReturnTypes(
+    MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  Type f32 = Float32Type::get(ctx);
+  SmallVector<int64_t, 3> rows = similarityRows(adaptor.getU(), adaptor.getE());
+  inferred.push_back(RankedTensorType::get(
+      {rows[0], rows[1], dimOf(adaptor.getE(), 3, 2)}, f32));
+  inferred.push_back(RankedTensorType::get({rows[0], rows[1]}, f32));
+  return success();
+}
+
+LogicalResult SimilarityInformFwdOp::verify() {
+  return detail::verifySimilarityInform(*this, getU(), getE(), getWs(),
+                                        getKeyMask(),
+                                        getTau().convertToFloat());
 }
 
 //===----------------------------------------------------------------------===//

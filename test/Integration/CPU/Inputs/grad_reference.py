@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates test/Integration/CPU/grad_ops.mlir: the backward ops (moe.similarity_inform_grad,
+"""Generates test/Integration/CPU/grad_ops.mlir: the backward ops (moe.similarity_inform_grad, also from the saved p and lse of moe.similarity_inform_fwd,
 moe.topk_renorm_grad, moe.hyper_router_grad, moe.attention_posterior_grad) on small literal inputs, run through the
 fast kernels and the portable lowering, checked against float64 gradients of an independent dense formulation (torch
 autograd of softmax(q uᵀ/tau) e, of the top-k gate, of w2 · relu(w1 · emb + b1) + b2 and of the attention
@@ -216,16 +216,33 @@ def main():
             body.append(f"  %m = arith.constant {lit(mask)} : {ttype(mask, 'i1')}")
             opt += f" key_mask(%m : {ttype(mask, 'i1')})"
         res_types = [ttype(t, "f32") for t in grads]
-        body += op_lines(names, f"moe.similarity_inform_grad %u, %e{opt} dp(%dp : {ttype(dp, 'f32')}) "
-                         f"tau({tau}) causal({'true' if causal else 'false'})",
+        attrs = f"tau({tau}) causal({'true' if causal else 'false'})"
+        head = list(body)
+        body += op_lines(names, f"moe.similarity_inform_grad %u, %e{opt} dp(%dp : {ttype(dp, 'f32')}) {attrs}",
                          [ttype(u, "f32"), ttype(e, "f32")], res_types)
-        checks_ = checks_head(fn, marker, f"B, N, D, K = {B}, {N}, {D}, {K}; ws {with_ws}, key_mask {with_mask}, "
-                                          f"tau {tau}, causal {causal}")
+        what = f"B, N, D, K = {B}, {N}, {D}, {K}; ws {with_ws}, key_mask {with_mask}, tau {tau}, causal {causal}"
+        checks_ = checks_head(fn, marker, what)
         for n, t, ty in zip(names, grads, res_types):
             body += print_f32(n, f"%{n}", ty)
             checks_ += lines_for(n, t)
         body += ["  return", "}"]
         cases.append((fn, checks_, body))
+        # The same gradients from the training forward's saved p and lse (moe.similarity_inform_fwd).
+        saved_fn, saved_marker = f"simsaved{c}", 9110 + c
+        p_type, lse_type = ttype(e, "f32"), f"tensor<{B}x{N}xf32>"
+        body = [line.replace(f"@{fn}()", f"@{saved_fn}()").replace(f"constant {marker} :", f"constant {saved_marker} :")
+                for line in head]
+        body += op_lines(["p", "lse"], f"moe.similarity_inform_fwd %u, %e{opt} {attrs}",
+                         [ttype(u, "f32"), ttype(e, "f32")], [p_type, lse_type])
+        body += op_lines(names, f"moe.similarity_inform_grad %u, %e{opt} dp(%dp : {ttype(dp, 'f32')}) "
+                         f"saved(%p, %lse : {p_type}, {lse_type}) {attrs}",
+                         [ttype(u, "f32"), ttype(e, "f32")], res_types)
+        checks_ = checks_head(saved_fn, saved_marker, what + "; saved(p, lse) from similarity_inform_fwd")
+        for n, t, ty in zip(names, grads, res_types):
+            body += print_f32(n, f"%{n}", ty)
+            checks_ += lines_for(n, t)
+        body += ["  return", "}"]
+        cases.append((saved_fn, checks_, body))
     # topk_renorm_grad: (rows, K, k, mode, renormalize)
     top = [(3, 6, 2, "logits", True), (3, 6, 2, "logits", False), (3, 6, 3, "probs", True), (2, 5, 5, "probs", False)]
     for c, (R, K, k, mode, renormalize) in enumerate(top):
