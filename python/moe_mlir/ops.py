@@ -26,10 +26,11 @@ differentiable (gradients through the selected values only, none through indices
 ``mad_dispersion`` and ``adjacency_update`` are stop-gradient (003 §5.10, 004 §1.2). The backward of
 
 * ``similarity_inform``: ``torch.ops.moe.similarity_inform_backward`` (the dialect's ``moe.similarity_inform_grad``:
-  a flash-style kernel that recomputes the log-sum-exp, O(N) memory; the eager fallback is autograd of the
-  reference);
+  a flash-style kernel that recomputes the log-sum-exp, O(N) memory, on the CPU and on CUDA; the eager fallback is
+  the reference's closed form);
 * ``topk_renorm``: ``torch.ops.moe.topk_renorm_backward`` (``moe.topk_renorm_grad``: the closed form of
-  :func:`moe_mlir.reference._topk_renorm_backward_ref` on the saved indices, O(rows·K), no recompute);
+  :func:`moe_mlir.reference._topk_renorm_backward_ref` on the saved indices, O(rows·K), no recompute; CPU and
+  CUDA kernels);
 * ``similarity_inform_topk``: both of the above, with ``p`` recomputed by the forward kernel (O(N) memory);
 * ``hyper_router``: ``torch.ops.moe.hyper_router_backward`` (``moe.hyper_router_grad``: the closed form of
   :func:`moe_mlir.reference._hyper_router_backward_ref`; every operand's gradient, so a frozen hypernetwork still
@@ -414,8 +415,9 @@ def similarity_inform_backward(
     """The backward of ``similarity_inform`` (``moe.similarity_inform_grad``): the gradients of ``p`` with respect to
     ``u``, ``e`` and ``ws`` given ``grad_p`` (``[B, N, K]``), all f32.
 
-    The CPU kernel recomputes the forward's log-sum-exp and streams the similarity tiles (flash-style): extra memory
-    O(B·N·(D+K)), never N×N. Elsewhere (CUDA for now, or without the kernels) it runs autograd of the reference.
+    The CPU and CUDA kernels recompute the forward's log-sum-exp and stream the similarity tiles (flash-style, the
+    GPU one FlashAttention-2-backward style: a query-major and a key-major pass, no atomics): extra memory
+    O(B·N·(D+K)), never N×N. Without the kernels it runs the reference's closed form.
 
     Returns:
         ``(du [B, N, D], de [B, N, K], dws)``; ``dws`` is ``[D, D]`` with ``ws``, else an empty ``[0]``.

@@ -113,7 +113,7 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
       SmallVector<Value> gDots = emitFlashDots(k, t, b, gradRows, rowBase, R,
                                                gradCols, j0, C, G, rs, cs);
       // S and dX of this thread's pairs into the tiles (the previous tile's
-      // readers are past the dots' barriers).
+      // readers are past the barriers of the cotangent dots: G >= 1).
       for (int64_t c = 0; c < kPairs; ++c) {
         Value jj = k.add(k.idx(c * kFlashGroup), t.lane);
         Value col = k.add(j0, jj);

@@ -6,13 +6,16 @@
 //
 // The CPU kernels of torch.ops.moe.<op>_backward (python/moe_mlir/ops.py
 // defines their schemas and fake kernels, and the autograd of the forward ops
-// that calls them). Each lowers the backward op of the dialect
-// (include/MoE/IR/MoEGradOps.td) through the same kernel cache as the forward
-// ops (TorchKernels.h): token-like dimensions dynamic, one kernel per static
-// signature.
+// that calls them), and the CUDA kernels of those with a GPU lowering
+// (registerGradCudaKernels: similarity_inform_backward, topk_renorm_backward;
+// the others run their eager references on CUDA tensors). Each lowers the
+// backward op of the dialect (include/MoE/IR/MoEGradOps.td) through the same
+// kernel cache as the forward ops (TorchKernels.h): token-like dimensions
+// dynamic, one kernel per static signature.
 //
 //===----------------------------------------------------------------------===//
 
+#include "TorchCuda.h"
 #include "TorchKernels.h"
 
 #include <torch/library.h>
@@ -47,7 +50,7 @@ similarityInformBackward(const Tensor &dp, const Tensor &u, const Tensor &e,
                          bool causal) {
   const char *op = "similarity_inform_backward";
   similarityChecks(op, u, e, ws, mask);
-  checkCpu(op, {&dp});
+  checkDevice(op, {&u, &dp});
   checkRank(op, "grad_p", dp, 3, "[B, N, K], the shape of p");
   for (int64_t d = 0; d < 3; ++d)
     checkDim(op, "grad_p", dp, d, e.size(d), "the same dimension of 'e'");
@@ -99,7 +102,7 @@ Tensor topkRenormBackward(const Tensor &gradW, const Tensor &scores,
   const char *op = "topk_renorm_backward";
   TORCH_CHECK_VALUE(scores.dim() >= 1, "moe.", op,
                     ": 'scores' must have rank >= 1 ([..., K])");
-  checkCpu(op, {&gradW, &scores, &indices});
+  checkDevice(op, {&scores, &indices, &gradW});
   checkRank(op, "indices", indices, scores.dim(), "[..., k], as the weights");
   checkRank(op, "grad_w", gradW, scores.dim(), "[..., k], as the weights");
   for (int64_t d = 0; d + 1 < scores.dim(); ++d) {
@@ -267,6 +270,11 @@ PosteriorGrads attentionPosteriorBackward(
 }
 
 } // namespace
+
+void moe_torch::registerGradCudaKernels(torch::Library &m) {
+  m.impl("similarity_inform_backward", &similarityInformBackward);
+  m.impl("topk_renorm_backward", &topkRenormBackward);
+}
 
 TORCH_LIBRARY_IMPL(moe, CPU, m) {
   m.impl("similarity_inform_backward", &similarityInformBackward);
