@@ -26,13 +26,14 @@ differentiable (gradients through the selected values only, none through indices
 ``mad_dispersion`` and ``adjacency_update`` are stop-gradient (003 §5.10, 004 §1.2). The backward of
 
 * ``similarity_inform``: ``torch.ops.moe.similarity_inform_backward`` (the dialect's ``moe.similarity_inform_grad``:
-  a flash-style kernel, O(N) memory, that reads the log-sum-exp the forward saved: on the CPU the autograd's forward
-  is ``torch.ops.moe.similarity_inform_fwd``, which returns ``p`` and ``lse``; elsewhere the backward recomputes
-  them; the eager fallback is the dense closed form of the reference);
+  a flash-style kernel, O(N) memory, on the CPU and on CUDA; the autograd's forward is
+  ``torch.ops.moe.similarity_inform_fwd``, which returns ``p`` and ``lse`` for the backward to read (called
+  directly, without them, the backward recomputes them); the eager fallback is the reference's closed form);
 * ``topk_renorm``: ``torch.ops.moe.topk_renorm_backward`` (``moe.topk_renorm_grad``: the closed form of
-  :func:`moe_mlir.reference._topk_renorm_backward_ref` on the saved indices, O(rows·K), no recompute);
-* ``similarity_inform_topk``: both of the above; on the CPU the autograd's forward is ``similarity_inform_fwd`` then
-  ``topk_renorm`` (``p`` and ``lse`` saved, O(N) memory), elsewhere ``p`` is recomputed by the forward kernel;
+  :func:`moe_mlir.reference._topk_renorm_backward_ref` on the saved indices, O(rows·K), no recompute; CPU and
+  CUDA kernels);
+* ``similarity_inform_topk``: both of the above; the autograd's forward is ``similarity_inform_fwd`` then
+  ``topk_renorm`` (the fused kernel's bits; ``p`` and ``lse`` saved, O(N) memory);
 * ``hyper_router``: ``torch.ops.moe.hyper_router_backward`` (``moe.hyper_router_grad``: the closed form of
   :func:`moe_mlir.reference._hyper_router_backward_ref`; every operand's gradient, so a frozen hypernetwork still
   passes gradient to ``emb``);
@@ -406,7 +407,7 @@ def similarity_inform_fwd(
 ) -> tuple[Tensor, Tensor]:
     """``similarity_inform`` for training (``moe.similarity_inform_fwd``): ``p`` and the row log-sum-exp ``lse``
     (``[B, N]`` f32, -inf for a row without keys) of its softmax, which ``similarity_inform_backward(..., p, lse)``
-    reads instead of running the forward again. The autograd of ``similarity_inform`` calls it on the CPU."""
+    reads instead of running the forward again. The autograd of ``similarity_inform`` calls it."""
     _validate_similarity_inform(u, e, ws, key_mask, tau, op="similarity_inform_fwd")
     _note_fallback(u)
     return _similarity_inform_fwd_ref(u, e, ws, key_mask, tau, causal)
@@ -455,10 +456,10 @@ def similarity_inform_backward(
     """The backward of ``similarity_inform`` (``moe.similarity_inform_grad``): the gradients of ``p`` with respect to
     ``u``, ``e`` and ``ws`` given ``grad_p`` (``[B, N, K]``), all f32.
 
-    The CPU kernel streams the similarity tiles from the forward's log-sum-exp (flash-style): extra memory
-    O(B·N·(D+K)), never N×N. ``p`` and ``lse``, as ``similarity_inform_fwd`` returned them, spare it the forward
-    pass that otherwise recomputes them. Elsewhere (CUDA for now, or without the kernels) it runs the dense closed
-    form of the reference.
+    The CPU and CUDA kernels stream the similarity tiles from the forward's log-sum-exp (flash-style, the GPU one
+    FlashAttention-2-backward style: a query-major and a key-major pass, no atomics): extra memory O(B·N·(D+K)),
+    never N×N. ``p`` and ``lse``, as ``similarity_inform_fwd`` returned them, spare the kernels the forward pass
+    that otherwise recomputes them. Without the kernels it runs the reference's closed form.
 
     Returns:
         ``(du [B, N, D], de [B, N, K], dws)``; ``dws`` is ``[D, D]`` with ``ws``, else an empty ``[0]``.

@@ -7,10 +7,11 @@
 
 // CHECK: PASS: topk_renorm
 // CHECK: PASS: similarity_inform
+// CHECK: PASS: similarity_inform_grad
 // CHECK: PASS: attention_posterior
 // CHECK: PASS: mad_dispersion
 // CHECK: PASS: adjacency_update
 // CHECK: PASS: hyper_router
 // CHECK: PASS: route
 // CHECK: PASS: dispatch_plan
-// CHECK: 8 passed, 0 failed (CPU dry run)
+// CHECK: 9 passed, 0 failed (CPU dry run)

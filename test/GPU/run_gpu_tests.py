@@ -520,6 +520,87 @@ def case_similarity(lib, g):
     close("sim_one", p, e)                        # one token: it mixes only itself
 
 
+def ref_similarity_grads(u, e, dp, tau=1.0, causal=False, ws=None, key_mask=None):
+    """(du, de[, dws]): float64 autograd of ref_similarity's formulation, with the masked-row guards moved out of
+    the graph (the row max detached, a zero sum divided by 1) so that a fully masked row gets 0, not NaN."""
+    u = u.double().requires_grad_()
+    e = e.double().requires_grad_()
+    w = ws.double().requires_grad_() if ws is not None else None
+    q = u @ w if w is not None else u
+    logits = q @ u.transpose(1, 2) / tau
+    n = u.shape[1]
+    if causal:
+        tri = torch.ones(n, n, dtype=torch.bool, device=u.device).tril()
+        logits = logits.masked_fill(~tri, NEG_INF)
+    if key_mask is not None:
+        logits = logits.masked_fill(~key_mask[:, None, :], NEG_INF)
+    m = logits.amax(-1, keepdim=True).detach()
+    p = torch.exp(logits - torch.where(m == NEG_INF, torch.zeros_like(m), m))
+    s = p.sum(-1, keepdim=True)
+    out = (p / torch.where(s == 0, torch.ones_like(s), s)) @ e
+    leaves = [u, e] + ([w] if w is not None else [])
+    return torch.autograd.grad(out, leaves, dp.double())
+
+
+def check_similarity_grad(name, lib, fn, u, e, dp, ws=None, key_mask=None, tau=1.0, causal=False):
+    B, N, D = u.shape
+    args = [u, e] + ([ws] if ws is not None else []) + ([key_mask] if key_mask is not None else []) + [dp]
+    shapes = [((B, N, D), torch.float32), (tuple(e.shape), torch.float32)]
+    if ws is not None:
+        shapes.append(((D, D), torch.float32))
+    got = lib.call(fn, args, shapes)
+    want = ref_similarity_grads(u, e, dp, tau, causal, ws, key_mask)
+    for label, g, w in zip(("du", "de", "dws"), got, want):
+        close(f"{name} {label}", g, w, rtol=1e-3, atol=1e-4)
+    return got
+
+
+def case_similarity_grad(lib, g):
+    # causal, N = 67 (not a multiple of the 16-row or 32-column tiles), D = 40 (two feature chunks)
+    u = (torch.randn(2, 67, 40, generator=g) * 0.3).to(DEV)
+    e = torch.softmax(torch.randn(2, 67, 16, generator=g), -1).to(DEV)
+    dp = torch.randn(2, 67, 16, generator=g).to(DEV)
+    check_similarity_grad("simgrad_causal", lib, "simgrad_causal", u, e, dp, tau=0.5, causal=True)
+
+    # ws and a key mask; a sequence with every key masked passes no gradient; K = 24 is not a multiple of 8
+    u = (torch.randn(2, 70, 40, generator=g) * 0.5).to(torch.bfloat16).to(DEV)
+    e = torch.softmax(torch.randn(2, 70, 24, generator=g), -1).to(DEV)
+    ws = (torch.randn(40, 40, generator=g) * 0.2).to(DEV)
+    m = (torch.rand(2, 70, generator=g) > 0.3).to(DEV)
+    m[1] = False
+    dp = torch.randn(2, 70, 24, generator=g).to(DEV)
+    du, de, _ = check_similarity_grad("simgrad_ws_mask", lib, "simgrad_ws_mask", u, e, dp, ws=ws, key_mask=m,
+                                      tau=4.0)
+    if du[1].abs().max().item() != 0 or de[1].abs().max().item() != 0:
+        raise AssertionError("simgrad_ws_mask: a fully masked sequence got a gradient")
+
+    # causal + mask: query 0 sees only key 0, masked (a fully masked row); the first keys masked
+    u = torch.randn(2, 45, 16, generator=g).to(DEV)
+    e = torch.softmax(torch.randn(2, 45, 8, generator=g), -1).to(DEV)
+    m = (torch.rand(2, 45, generator=g) > 0.5).to(DEV)
+    m[0, 0] = False
+    m[1, :5] = False
+    dp = torch.randn(2, 45, 8, generator=g).to(DEV)
+    du, de = check_similarity_grad("simgrad_causal_mask", lib, "simgrad_causal_mask", u, e, dp, key_mask=m,
+                                   tau=0.25, causal=True)
+    if de[0, 0].abs().max().item() != 0:
+        raise AssertionError("simgrad_causal_mask: a masked key got a value gradient")
+
+    # one token: p = e, so de = dp and du = 0
+    u = torch.randn(1, 1, 8, generator=g).to(DEV)
+    e = torch.softmax(torch.randn(1, 1, 4, generator=g), -1).to(DEV)
+    dp = torch.randn(1, 1, 4, generator=g).to(DEV)
+    du, de = check_similarity_grad("simgrad_one", lib, "simgrad_one", u, e, dp)
+    close("simgrad_one de = dp", de, dp)
+
+    # K = 256 (the kernel's limit), f16 u, ws, causal
+    u = (torch.randn(1, 33, 24, generator=g) * 0.5).half().to(DEV)
+    e = torch.softmax(torch.randn(1, 33, 256, generator=g), -1).to(DEV)
+    ws = (torch.randn(24, 24, generator=g) * 0.3).to(DEV)
+    dp = torch.randn(1, 33, 256, generator=g).to(DEV)
+    check_similarity_grad("simgrad_k256", lib, "simgrad_k256", u, e, dp, ws=ws, causal=True)
+
+
 def attention_inputs(g):
     B, H, N, Nk, D, Dh = 2, 4, 50, 60, 32, 8
     s = torch.randn(B, H, N, Nk, generator=g) * 2
@@ -743,6 +824,7 @@ def case_dispatch_plan(lib, g):
 CASES = {
     "topk_renorm": case_topk,
     "similarity_inform": case_similarity,
+    "similarity_inform_grad": case_similarity_grad,
     "attention_posterior": case_attention,
     "mad_dispersion": case_mad,
     "adjacency_update": case_adjacency,

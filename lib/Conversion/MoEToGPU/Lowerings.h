@@ -68,6 +68,7 @@ MOE_GPU_LOWERING_PATTERN(TopkRenormToGPU, TopkRenormOp);
 // and its fused top-k form (the same operands, one result more).
 MOE_GPU_LOWERING_PATTERN(SimilarityInformToGPU, SimilarityInformOp);
 MOE_GPU_LOWERING_PATTERN(SimilarityInformTopkToGPU, SimilarityInformTopkOp);
+MOE_GPU_LOWERING_PATTERN(SimilarityInformFwdToGPU, SimilarityInformFwdOp);
 MOE_GPU_LOWERING_PATTERN(AttentionPosteriorToGPU, AttentionPosteriorOp);
 MOE_GPU_LOWERING_PATTERN(AttentionPosteriorTopkToGPU, AttentionPosteriorTopkOp);
 MOE_GPU_LOWERING_PATTERN(MadDispersionToGPU, MadDispersionOp);
@@ -76,6 +77,7 @@ MOE_GPU_LOWERING_PATTERN(HyperRouterToGPU, HyperRouterOp);
 MOE_GPU_LOWERING_PATTERN(RouteToGPU, RouteOp);
 MOE_GPU_LOWERING_PATTERN(DispatchPlanToGPU, DispatchPlanOp);
 MOE_GPU_LOWERING_PATTERN(TopkRenormGradToGPU, TopkRenormGradOp);
+MOE_GPU_LOWERING_PATTERN(SimilarityInformGradToGPU, SimilarityInformGradOp);
 #undef MOE_GPU_LOWERING_PATTERN
 
 /// The flash-style mixing kernel shared by similarity_inform and
@@ -96,6 +98,10 @@ struct FlashMixSpec {
   /// Fused top-k (probs mode) in the epilogue.
   std::optional<int64_t> topk;
   bool renormalize = true;
+  /// A last output lse [B,N] (f32): the row's log-sum-exp of the logits
+  /// (-inf for a row without keys), from which the backward recomputes the
+  /// probabilities.
+  bool withLse = false;
 };
 
 /// The largest expert count of the flash kernel (accumulator in registers,
@@ -105,7 +111,8 @@ constexpr int64_t kFlashMaxExperts = 256;
 /// Creates the kernel; its arguments, in order: q [B,N,D], keys [B,Nk,D],
 /// e [B,Nk,K], then key_mask [B,Nk] (i1), bias [B,Nk] (f32), add [B,H,N,Nk]
 /// and head [B] (i32) when present, then the outputs: p [B,N,K], or weights
-/// and indices [B,N,k]. Launch with launchFlashMix.
+/// and indices [B,N,k], then lse [B,N] with `withLse`. Launch with
+/// launchFlashMix.
 gpu::GPUFuncOp createFlashMixKernel(class HostCode &h, StringRef name,
                                     const FlashMixSpec &spec,
                                     TypeRange argTypes, Location loc);
@@ -113,6 +120,82 @@ gpu::GPUFuncOp createFlashMixKernel(class HostCode &h, StringRef name,
 /// them: grid (ceil(N / rows), B) with N the rows of `q`, block 128.
 void launchFlashMix(class HostCode &h, StringRef name, const FlashMixSpec &spec,
                     Value q, ValueRange args, Location loc);
+
+/// The tiles of the flash kernels (SimilarityInform.cpp, FlashGrad.cpp): a
+/// block of kFlashThreads threads owns kFlashRows rows, a group of
+/// kFlashGroup lanes (inside one warp) owns a row, and column tiles of
+/// kFlashCols stream through workgroup memory in feature chunks of
+/// kFlashChunk.
+constexpr int64_t kFlashRows = 16;
+constexpr int64_t kFlashGroup = 8;
+constexpr int64_t kFlashCols = 32;
+constexpr int64_t kFlashChunk = 32;
+constexpr int64_t kFlashThreads = kFlashRows * kFlashGroup; // 128
+
+/// A thread of a flash kernel: its id, the row of the tile it serves
+/// (tid / kFlashGroup) and its lane in that row's group.
+struct FlashLanes {
+  Value tid, row, lane;
+};
+
+/// The kFlashCols / kFlashGroup dot products of a thread in one tile:
+/// <rowsOp[b, rowBase + t.row, :], colsOp[b, colBase + c*kFlashGroup +
+/// t.lane, :]> over `depth` features, both operands staged chunk by chunk in
+/// the workgroup tiles rowTile [kFlashRows x kFlashChunk+1] and colTile
+/// [kFlashCols x kFlashChunk+1] (zeros past numRows, numCols and depth).
+/// Every thread of the block must reach it (barriers).
+SmallVector<Value> emitFlashDots(class KB &k, const FlashLanes &t, Value b,
+                                 Value rowsOp, Value rowBase, Value numRows,
+                                 Value colsOp, Value colBase, Value numCols,
+                                 Value depth, Value rowTile, Value colTile);
+
+/// The backward tiles of the flash mixing (FlashGrad.cpp), FlashAttention-2
+/// style: no N x Nk buffer, every output row written by one block in a fixed
+/// order (no atomics: deterministic). A block owns kFlashRows rows (queries,
+/// or keys with `keyMajor`) of one sequence and streams the columns (the
+/// other side) in tiles; per pair (query i, key j) it recomputes
+///   S = exp(<sq_i, sk_j> / scaleDiv - lse_i)       (0 unless j is a key of i)
+///   dX = S (<gq_i, gk_j> - delta_i) / scaleDiv
+/// and adds Σ_col W · values[b, col, :] to out[b, row, :] for each
+/// accumulator (W = S or dX).
+struct FlashGradSpec {
+  /// Rows are keys and columns queries (the key-major pass).
+  bool keyMajor = false;
+  bool causal = false;
+  bool hasKeyMask = false;
+  double scaleDiv = 1.0;
+  struct Accumulator {
+    /// Weighted by dX (else by S).
+    bool byDx = false;
+    /// `out` already holds a sum to add to (else the first column tile
+    /// stores).
+    bool addToOut = false;
+  };
+  SmallVector<Accumulator> accumulators;
+};
+
+/// Creates the kernel and launches it (grid ceil(rows / kFlashRows) x B,
+/// block kFlashThreads) on `args`: scoreRows [B,R,D], scoreCols [B,C,D],
+/// gradRows [B,R,G], gradCols [B,C,G], lse [B,Nq] (+inf for a row without
+/// keys: every S of it is 0), delta [B,Nq], key_mask [B,Nk] (i1) when
+/// present, then per accumulator values [B,C,W] and out [B,R,W] (f32).
+void launchFlashGrad(class HostCode &h, StringRef name,
+                     const FlashGradSpec &spec, ValueRange args, Location loc);
+
+/// The per-row statistics of the backward from the forward's p and lse:
+/// lse' [B,N] (lse, +inf where it is -inf: a row without keys) into `lseOut`
+/// (default: lse itself, rewritten in place) and delta [B,N] = <dp_i, p_i>
+/// (p, dp [B,N,K], f32).
+void launchFlashGradStats(class HostCode &h, Value lse, Value p, Value dp,
+                          Value delta, Location loc, Value lseOut = {});
+
+/// out[b,i,:] = x[b,i,:] · w (w^T with `transposed`; += with `accumulate`)
+/// for x [B,N,D] (any float type), w [D,D], out [B,N,D] (f32): a thread per
+/// output feature, the B·N rows strided over the blocks along y
+/// (SimilarityInform.cpp).
+void launchRowProjection(class HostCode &h, StringRef name, Value x, Value w,
+                         Value out, bool transposed, bool accumulate,
+                         Location loc);
 
 /// A memref of rank >= 1 viewed as 2-D [rows, last]: rank 1 gets a unit
 /// leading dim, rank > 2 has its leading dims collapsed (identity layouts).

@@ -65,9 +65,11 @@ void mlir::moe::populateMoEToGPUPatterns(
     RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
   patterns
       .add<TopkRenormToGPU, SimilarityInformToGPU, SimilarityInformTopkToGPU,
+           SimilarityInformFwdToGPU,
            AttentionPosteriorToGPU, AttentionPosteriorTopkToGPU,
            MadDispersionToGPU, AdjacencyUpdateToGPU, HyperRouterToGPU,
-           RouteToGPU, DispatchPlanToGPU, TopkRenormGradToGPU>(
+           RouteToGPU, DispatchPlanToGPU, TopkRenormGradToGPU,
+           SimilarityInformGradToGPU>(
           patterns.getContext(), options);
   patterns.add<ReturnedEmptyToGPU>(patterns.getContext());
 }

@@ -41,12 +41,57 @@ using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 using namespace mlir::moe::kernels;
 
-static constexpr int64_t kRows = 16;
-static constexpr int64_t kGroup = 8;
-static constexpr int64_t kCols = 32;
-static constexpr int64_t kChunk = 32;
-static constexpr int64_t kFlashThreads = kRows * kGroup; // 128
+static constexpr int64_t kRows = kFlashRows;
+static constexpr int64_t kGroup = kFlashGroup;
+static constexpr int64_t kCols = kFlashCols;
+static constexpr int64_t kChunk = kFlashChunk;
 static_assert(kFlashThreads % kWarp == 0, "rows must not straddle warps");
+
+SmallVector<Value> mlir::moe::gpu_lowering::emitFlashDots(
+    KB &k, const FlashLanes &t, Value b, Value rowsOp, Value rowBase,
+    Value numRows, Value colsOp, Value colBase, Value numCols, Value depth,
+    Value rowTile, Value colTile) {
+  Value zero = k.cF32(0.0);
+  Value c0 = k.idx(0), c1 = k.idx(1);
+  SmallVector<Value> dots(kCols / kGroup, zero);
+  return k.forLoop(
+      c0, depth, k.idx(kChunk), dots,
+      [&](Value d0, ValueRange acc) -> SmallVector<Value> {
+        k.barrier();
+        // Stage the row and column chunks: rows [base, base + rows) of
+        // src[b] at features [d0, d0 + kChunk) into `tile`, zeros outside
+        // [0, limit) x [0, depth).
+        auto stage = [&](Value src, Value base, Value limit, Value tile,
+                         int64_t rows) {
+          for (int64_t n = 0; n < rows * kChunk / kFlashThreads; ++n) {
+            Value flat = k.add(t.tid, k.idx(n * kFlashThreads));
+            Value rr = k.divu(flat, k.idx(kChunk));
+            Value cc = k.remu(flat, k.idx(kChunk));
+            Value gi = k.add(base, rr), gd = k.add(d0, cc);
+            Value ok = k.andI(k.lt(gi, limit), k.lt(gd, depth));
+            Value v = k.select(
+                ok,
+                k.loadF(src, {b, k.select(ok, gi, c0), k.select(ok, gd, c0)}),
+                zero);
+            k.store(v, tile, {rr, cc});
+          }
+        };
+        stage(rowsOp, rowBase, numRows, rowTile, kRows);
+        stage(colsOp, colBase, numCols, colTile, kCols);
+        k.barrier();
+        return k.forLoop(c0, k.idx(kChunk), c1, acc,
+                         [&](Value dd, ValueRange s) -> SmallVector<Value> {
+                           Value qv = k.load(rowTile, {t.row, dd});
+                           SmallVector<Value> next;
+                           for (int64_t c = 0; c < kCols / kGroup; ++c) {
+                             Value jj = k.add(k.idx(c * kGroup), t.lane);
+                             Value kv = k.load(colTile, {jj, dd});
+                             next.push_back(k.fadd(s[c], k.fmul(qv, kv)));
+                           }
+                           return next;
+                         });
+      });
+}
 
 gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
     HostCode &host, StringRef name, const FlashMixSpec &spec,
@@ -76,6 +121,7 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
   Value head = spec.hasAddScores ? entry.getArgument(a++) : Value();
   Value out = entry.getArgument(a++);
   Value outIdx = spec.topk ? entry.getArgument(a++) : Value();
+  Value lseOut = spec.withLse ? entry.getArgument(a++) : Value();
   auto wg = kernel.getWorkgroupAttributions();
   Value qs = wg[0], ks = wg[1], es = wg[2], ps = wg[3];
 
@@ -108,45 +154,8 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
       c0, keyEnd, k.idx(kCols), init,
       [&](Value j0, ValueRange carried) -> SmallVector<Value> {
         // Dot products of this lane's keys j0 + c*8 + lane, c < 4.
-        SmallVector<Value> dots(kCols / kGroup, zero);
-        dots = k.forLoop(
-            c0, D, k.idx(kChunk), dots,
-            [&](Value d0, ValueRange acc) -> SmallVector<Value> {
-              k.barrier();
-              // Stage the query and key chunks: rows [base, base + rows) of
-              // src[b] at features [d0, d0 + kChunk) into `tile`, zeros
-              // outside [0, limit) x [0, D).
-              auto stage = [&](Value src, Value base, Value limit, Value tile,
-                               int64_t rows) {
-                for (int64_t n = 0; n < rows * kChunk / kFlashThreads; ++n) {
-                  Value flat = k.add(tid, k.idx(n * kFlashThreads));
-                  Value rr = k.divu(flat, k.idx(kChunk));
-                  Value cc = k.remu(flat, k.idx(kChunk));
-                  Value gi = k.add(base, rr), gd = k.add(d0, cc);
-                  Value ok = k.andI(k.lt(gi, limit), k.lt(gd, D));
-                  Value v = k.select(ok,
-                                     k.loadF(src, {b, k.select(ok, gi, c0),
-                                                   k.select(ok, gd, c0)}),
-                                     zero);
-                  k.store(v, tile, {rr, cc});
-                }
-              };
-              stage(q, rowBase, N, qs, kRows);
-              stage(keys, j0, Nk, ks, kCols);
-              k.barrier();
-              return k.forLoop(
-                  c0, k.idx(kChunk), c1, acc,
-                  [&](Value dd, ValueRange s) -> SmallVector<Value> {
-                    Value qv = k.load(qs, {r, dd});
-                    SmallVector<Value> next;
-                    for (int64_t c = 0; c < kCols / kGroup; ++c) {
-                      Value jj = k.add(k.idx(c * kGroup), lane);
-                      Value kv = k.load(ks, {jj, dd});
-                      next.push_back(k.fadd(s[c], k.fmul(qv, kv)));
-                    }
-                    return next;
-                  });
-            });
+        SmallVector<Value> dots = emitFlashDots(
+            k, {tid, r, lane}, b, q, rowBase, N, keys, j0, Nk, D, qs, ks);
 
         // Logits with masks, then the online softmax update.
         SmallVector<Value> logits;
@@ -231,6 +240,10 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
   SmallVector<Value> vals;
   for (int64_t m = 0; m < vpt; ++m)
     vals.push_back(softmaxNormalize(k, rowState, fin[m]));
+  if (lseOut)
+    k.ifThen(k.andI(active, k.eq(lane, c0)), [&] {
+      k.store(softmaxLogSumExp(k, rowState), lseOut, {b, row});
+    });
   if (spec.topk) {
     TopkSpec ts;
     ts.k = *spec.topk;
@@ -271,37 +284,51 @@ void mlir::moe::gpu_lowering::launchFlashMix(HostCode &h, StringRef name,
 /// The most blocks a launch may have along y (and z).
 static constexpr int64_t kMaxGridY = 65535;
 
-/// q = u · ws in f32: one thread per output feature (blocks along x); the B·N
-/// rows of u are strided over the blocks along y (a grid-stride loop: gridDim.y
-/// is capped at 65535, B·N is not).
-static gpu::GPUFuncOp createProjectKernel(HostCode &host, TypeRange argTypes,
-                                          Location loc) {
+/// out = x · w (or w^T, or +=) in f32: one thread per output feature (blocks
+/// along x); the B·N rows of x are strided over the blocks along y (a
+/// grid-stride loop: gridDim.y is capped at 65535, B·N is not). The forward's
+/// q = u · ws and the backward's du += dq · ws^T.
+void mlir::moe::gpu_lowering::launchRowProjection(
+    HostCode &host, StringRef name, Value x, Value w, Value out,
+    bool transposed, bool accumulate, Location loc) {
   ImplicitLocOpBuilder kb(loc, host.b.getContext());
   const int64_t threads = 128;
-  auto kernel = createKernel(host, "similarity_project", argTypes, {},
+  SmallVector<Value> args = {x, w, out};
+  auto kernel = createKernel(host, name, ValueRange(args).getTypes(), {},
                              {threads, 1, 1}, kb);
-  KB k(kb);
-  Block &entry = kernel.getBody().front();
-  Value u = entry.getArgument(0), ws = entry.getArgument(1),
-        q = entry.getArgument(2);
-  Value D = k.dim(u, 2);
-  Value N = k.dim(u, 1);
-  Value rows = k.mul(k.dim(u, 0), N);
-  Value col = k.add(k.mul(k.blockId(), k.idx(threads)), k.threadId());
-  k.ifThen(k.lt(col, D), [&] {
-    k.forLoop(k.blockId(gpu::Dimension::y), rows, k.gridDim(gpu::Dimension::y),
-              [&](Value flatRow) {
-                Value b = k.divu(flatRow, N), i = k.remu(flatRow, N);
-                Value s = k.forLoop(
-                    k.idx(0), D, k.idx(1), {k.cF32(0.0)},
-                    [&](Value d, ValueRange acc) -> SmallVector<Value> {
-                      return {k.fadd(acc[0], k.fmul(k.loadF(u, {b, i, d}),
-                                                    k.loadF(ws, {d, col})))};
-                    })[0];
-                k.store(s, q, {b, i, col});
-              });
-  });
-  return kernel;
+  {
+    KB k(kb);
+    Block &entry = kernel.getBody().front();
+    Value u = entry.getArgument(0), ws = entry.getArgument(1),
+          q = entry.getArgument(2);
+    Value D = k.dim(u, 2);
+    Value N = k.dim(u, 1);
+    Value rows = k.mul(k.dim(u, 0), N);
+    Value col = k.add(k.mul(k.blockId(), k.idx(threads)), k.threadId());
+    k.ifThen(k.lt(col, D), [&] {
+      k.forLoop(
+          k.blockId(gpu::Dimension::y), rows, k.gridDim(gpu::Dimension::y),
+          [&](Value flatRow) {
+            Value b = k.divu(flatRow, N), i = k.remu(flatRow, N);
+            Value s = k.forLoop(
+                k.idx(0), D, k.idx(1), {k.cF32(0.0)},
+                [&](Value d, ValueRange acc) -> SmallVector<Value> {
+                  Value wv = transposed ? k.loadF(ws, {col, d})
+                                        : k.loadF(ws, {d, col});
+                  return {k.fadd(acc[0], k.fmul(k.loadF(u, {b, i, d}), wv))};
+                })[0];
+            if (accumulate)
+              s = k.fadd(k.load(q, {b, i, col}), s);
+            k.store(s, q, {b, i, col});
+          });
+    });
+  }
+  KB &k = host.k;
+  Value rows = k.mul(k.dim(x, 0), k.dim(x, 1));
+  host.launch(kernel,
+              {k.ceilDiv(k.dim(x, 2), k.idx(threads)),
+               k.minu(rows, k.idx(kMaxGridY)), k.idx(1)},
+              {threads, 1, 1}, args);
 }
 
 /// similarity_inform or its fused top-k form (the same operands, one result
@@ -330,6 +357,9 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
     spec.topk = fused.getK();
     spec.renormalize = fused.getRenormalize();
   }
+  // The training forward also writes the row log-sum-exp (its result 1).
+  bool training = isa<SimilarityInformFwdOp>(op.getOperation());
+  spec.withLse = training;
 
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
@@ -344,13 +374,9 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
     auto qType = MemRefType::get(uType.getShape(), b.getF32Type());
     projected = h.alloc(
         qType, dynamicSizesFrom(k, cast<RankedTensorType>(uT.getType()), u));
-    auto project = createProjectKernel(
-        h, {u.getType(), ws.getType(), projected.getType()}, op->getLoc());
-    Value rows = k.mul(k.dim(u, 0), k.dim(u, 1));
-    h.launch(project,
-             {k.ceilDiv(k.dim(u, 2), k.idx(128)),
-              k.minu(rows, k.idx(kMaxGridY)), k.idx(1)},
-             {128, 1, 1}, {u, ws, projected});
+    launchRowProjection(h, "similarity_project", u, ws, projected,
+                        /*transposed=*/false, /*accumulate=*/false,
+                        op->getLoc());
     q = projected;
   }
   SmallVector<Value> args = {q, u, e};
@@ -362,7 +388,10 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
     results.push_back(h.allocLike(type, dynamicSizesFrom(k, type, u)));
   }
   args.append(results);
-  launchFlashMix(h, fused ? "similarity_inform_topk" : "similarity_inform",
+  launchFlashMix(h,
+                 fused      ? "similarity_inform_topk"
+                 : training ? "similarity_inform_fwd"
+                            : "similarity_inform",
                  spec, q, args, op->getLoc());
   if (projected)
     h.release(projected);
@@ -374,6 +403,12 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
 LogicalResult
 SimilarityInformToGPU::lower(SimilarityInformOp op, OpAdaptor adaptor,
                              ConversionPatternRewriter &rewriter) const {
+  return lowerSimilarityInform(op, adaptor, rewriter);
+}
+
+LogicalResult
+SimilarityInformFwdToGPU::lower(SimilarityInformFwdOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const {
   return lowerSimilarityInform(op, adaptor, rewriter);
 }
 

@@ -231,11 +231,6 @@ void saveSimilarity(AutogradContext *ctx, const Tensor &u, const Tensor &e,
   ctx->saved_data["causal"] = causal;
 }
 
-/// Whether the forward saves p and its row log-sum-exp
-/// (similarity_inform_fwd, a kernel on the CPU), so that the backward does
-/// not run the forward again. Elsewhere the backward recomputes them.
-bool savesSimilarityStatistics(const Tensor &u) { return u.is_cpu(); }
-
 /// (p, lse) of the training forward.
 std::tuple<Tensor, Tensor> similarityForward(const Tensor &u, const Tensor &e,
                                              const OptTensor &ws,
@@ -265,14 +260,10 @@ struct SimilarityInform : torch::autograd::Function<SimilarityInform> {
   static Tensor forward(AutogradContext *ctx, const Tensor &u, const Tensor &e,
                         const OptTensor &ws, const OptTensor &mask,
                         double tau, bool causal) {
-    if (savesSimilarityStatistics(u)) {
-      auto [p, lse] = similarityForward(u, e, ws, mask, tau, causal);
-      saveSimilarity(ctx, u, e, ws, mask, tau, causal, Tensor(), p, lse);
-      return p;
-    }
-    MOE_OP(op, SimSig, "similarity_inform");
-    Tensor p = op(u, e, ws, mask, tau, causal);
-    saveSimilarity(ctx, u, e, ws, mask, tau, causal);
+    // p and its row log-sum-exp saved, so that the backward does not run
+    // the forward again.
+    auto [p, lse] = similarityForward(u, e, ws, mask, tau, causal);
+    saveSimilarity(ctx, u, e, ws, mask, tau, causal, Tensor(), p, lse);
     return p;
   }
 
@@ -304,39 +295,26 @@ struct SimilarityInformTopk : torch::autograd::Function<SimilarityInformTopk> {
                                const OptTensor &ws, const OptTensor &mask,
                                double tau, bool causal, bool renormalize) {
     ctx->saved_data["renormalize"] = renormalize;
-    if (savesSimilarityStatistics(u)) {
-      // The fused kernel's top-k epilogue, unfused: p (and lse) are what the
-      // backward needs, and the gate on p is the same algorithm (TopK.h).
-      MOE_OP(gate, TopkSig, "topk_renorm");
-      auto [p, lse] = similarityForward(u, e, ws, mask, tau, causal);
-      auto [w, idx] = gate(p, std::move(k), "probs", renormalize);
-      ctx->mark_non_differentiable({idx});
-      saveSimilarity(ctx, u, e, ws, mask, tau, causal, idx, p, lse);
-      return {w, idx};
-    }
-    MOE_OP(op, SimTopkSig, "similarity_inform_topk");
-    auto [w, idx] = op(u, e, std::move(k), ws, mask, tau, causal, renormalize);
+    // The fused kernel's top-k epilogue, unfused: p (and lse) are what the
+    // backward needs, and the gate on p is the same algorithm (TopK.h), so
+    // the weights and indices are the fused kernel's bits.
+    MOE_OP(gate, TopkSig, "topk_renorm");
+    auto [p, lse] = similarityForward(u, e, ws, mask, tau, causal);
+    auto [w, idx] = gate(p, std::move(k), "probs", renormalize);
     ctx->mark_non_differentiable({idx});
-    saveSimilarity(ctx, u, e, ws, mask, tau, causal, idx);
+    saveSimilarity(ctx, u, e, ws, mask, tau, causal, idx, p, lse);
     return {w, idx};
   }
 
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
-    MOE_OP(sim, SimSig, "similarity_inform");
     MOE_OP(gate, TopkBwdSig, "topk_renorm_backward");
     variable_list saved = ctx->get_saved_variables();
     Needs n(ctx, {true, true, saved[2].defined(), saved[3].defined()});
     variable_list out(8);
     if (!grads[0].defined() || !(n[0] || n[1] || n[2]))
       return out;
-    // p as the forward saved it, or recomputed by the forward kernel (O(N)
-    // memory), then the gate's closed-form backward on the saved choice.
-    Tensor p = saved[5];
-    if (!p.defined())
-      p = sim(saved[0], saved[1], present(saved[2]), present(saved[3]),
-              ctx->saved_data["tau"].toDouble(),
-              ctx->saved_data["causal"].toBool());
-    Tensor gradP = gate(grads[0], p, saved[4], "probs",
+    // The gate's closed-form backward on the saved choice and p.
+    Tensor gradP = gate(grads[0], saved[5], saved[4], "probs",
                         ctx->saved_data["renormalize"].toBool());
     auto g = similarityGrads(ctx, saved, gradP, {n[0], n[1], n[2]});
     out[0] = g[0];

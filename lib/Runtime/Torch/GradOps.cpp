@@ -6,13 +6,17 @@
 //
 // The CPU kernels of torch.ops.moe.<op>_backward (python/moe_mlir/ops.py
 // defines their schemas and fake kernels, and the autograd of the forward ops
-// that calls them). Each lowers the backward op of the dialect
-// (include/MoE/IR/MoEGradOps.td) through the same kernel cache as the forward
-// ops (TorchKernels.h): token-like dimensions dynamic, one kernel per static
-// signature.
+// that calls them), and the CUDA kernels of those with a GPU lowering
+// (registerGradCudaKernels: similarity_inform_fwd and _backward,
+// topk_renorm_backward;
+// the others run their eager references on CUDA tensors). Each lowers the
+// backward op of the dialect (include/MoE/IR/MoEGradOps.td) through the same
+// kernel cache as the forward ops (TorchKernels.h): token-like dimensions
+// dynamic, one kernel per static signature.
 //
 //===----------------------------------------------------------------------===//
 
+#include "TorchCuda.h"
 #include "TorchKernels.h"
 
 #include <torch/library.h>
@@ -49,7 +53,6 @@ similarityInformFwd(const Tensor &u, const Tensor &e,
                     bool causal) {
   const char *op = "similarity_inform_fwd";
   similarityChecks(op, u, e, ws, mask);
-  checkCpu(op, {&u});
   Key key(op);
   key.attr("tau", tau).attr("causal", causal);
   std::vector<Tensor> keep;
@@ -70,7 +73,7 @@ similarityInformBackward(const Tensor &dp, const Tensor &u, const Tensor &e,
                          const std::optional<Tensor> &lse) {
   const char *op = "similarity_inform_backward";
   similarityChecks(op, u, e, ws, mask);
-  checkCpu(op, {&dp});
+  checkDevice(op, {&u, &dp});
   checkRank(op, "grad_p", dp, 3, "[B, N, K], the shape of p");
   for (int64_t d = 0; d < 3; ++d)
     checkDim(op, "grad_p", dp, d, e.size(d), "the same dimension of 'e'");
@@ -85,7 +88,7 @@ similarityInformBackward(const Tensor &dp, const Tensor &u, const Tensor &e,
   keep.push_back(contig(dp.to(at::kFloat)));
   key.in("grad_p", keep.back(), {0, 1});
   if (p) {
-    checkCpu(op, {&*p, &*lse});
+    checkDevice(op, {&u, &*p, &*lse});
     TORCH_CHECK_TYPE(p->scalar_type() == at::kFloat &&
                          lse->scalar_type() == at::kFloat,
                      "moe.", op,
@@ -135,7 +138,7 @@ Tensor topkRenormBackward(const Tensor &gradW, const Tensor &scores,
   const char *op = "topk_renorm_backward";
   TORCH_CHECK_VALUE(scores.dim() >= 1, "moe.", op,
                     ": 'scores' must have rank >= 1 ([..., K])");
-  checkCpu(op, {&gradW, &scores, &indices});
+  checkDevice(op, {&scores, &indices, &gradW});
   checkRank(op, "indices", indices, scores.dim(), "[..., k], as the weights");
   checkRank(op, "grad_w", gradW, scores.dim(), "[..., k], as the weights");
   for (int64_t d = 0; d + 1 < scores.dim(); ++d) {
@@ -303,6 +306,12 @@ PosteriorGrads attentionPosteriorBackward(
 }
 
 } // namespace
+
+void moe_torch::registerGradCudaKernels(torch::Library &m) {
+  m.impl("similarity_inform_fwd", &similarityInformFwd);
+  m.impl("similarity_inform_backward", &similarityInformBackward);
+  m.impl("topk_renorm_backward", &topkRenormBackward);
+}
 
 TORCH_LIBRARY_IMPL(moe, CPU, m) {
   m.impl("similarity_inform_fwd", &similarityInformFwd);

@@ -44,6 +44,10 @@ void registerAutograd(torch::Library &m);
 /// (Autograd.cpp).
 void registerDifferentiable(torch::Library &m);
 
+/// The CUDA kernels of the backward ops that have a GPU lowering
+/// (GradOps.cpp); called by registerCudaKernels.
+void registerGradCudaKernels(torch::Library &m);
+
 /// Runs `call` (the kernel call) with PyTorch's current stream of `device` as
 /// the CUDA runtime's ambient stream and `device` as its default device; a
 /// driver error of the call (e.g. a failed launch) becomes a RuntimeError.

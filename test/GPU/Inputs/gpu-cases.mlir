@@ -153,3 +153,23 @@ func.func @plan_small(%idx: tensor<?x3xi64>) -> (tensor<7xi32>, tensor<8xi32>, t
   %c, %o, %ord, %inv, %p, %b, %n = moe.dispatch_plan %idx num_experts(7) : tensor<?x3xi64> -> tensor<7xi32>, tensor<8xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
   return %c, %o, %ord, %inv, %p, %b, %n : tensor<7xi32>, tensor<8xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
 }
+func.func @simgrad_causal(%u: tensor<2x67x40xf32>, %e: tensor<2x67x16xf32>, %dp: tensor<2x67x16xf32>) -> (tensor<2x67x40xf32>, tensor<2x67x16xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<2x67x16xf32>) tau(5.000000e-01) causal(true) : tensor<2x67x40xf32>, tensor<2x67x16xf32> -> tensor<2x67x40xf32>, tensor<2x67x16xf32>
+  return %du, %de : tensor<2x67x40xf32>, tensor<2x67x16xf32>
+}
+func.func @simgrad_ws_mask(%u: tensor<2x70x40xbf16>, %e: tensor<2x70x24xf32>, %ws: tensor<40x40xf32>, %m: tensor<2x70xi1>, %dp: tensor<2x70x24xf32>) -> (tensor<2x70x40xf32>, tensor<2x70x24xf32>, tensor<40x40xf32>) {
+  %du, %de, %dws = moe.similarity_inform_grad %u, %e ws(%ws : tensor<40x40xf32>) key_mask(%m : tensor<2x70xi1>) dp(%dp : tensor<2x70x24xf32>) tau(4.000000e+00) : tensor<2x70x40xbf16>, tensor<2x70x24xf32> -> tensor<2x70x40xf32>, tensor<2x70x24xf32>, tensor<40x40xf32>
+  return %du, %de, %dws : tensor<2x70x40xf32>, tensor<2x70x24xf32>, tensor<40x40xf32>
+}
+func.func @simgrad_causal_mask(%u: tensor<2x45x16xf32>, %e: tensor<2x45x8xf32>, %m: tensor<2x45xi1>, %dp: tensor<2x45x8xf32>) -> (tensor<2x45x16xf32>, tensor<2x45x8xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e key_mask(%m : tensor<2x45xi1>) dp(%dp : tensor<2x45x8xf32>) tau(2.500000e-01) causal(true) : tensor<2x45x16xf32>, tensor<2x45x8xf32> -> tensor<2x45x16xf32>, tensor<2x45x8xf32>
+  return %du, %de : tensor<2x45x16xf32>, tensor<2x45x8xf32>
+}
+func.func @simgrad_one(%u: tensor<1x1x8xf32>, %e: tensor<1x1x4xf32>, %dp: tensor<1x1x4xf32>) -> (tensor<1x1x8xf32>, tensor<1x1x4xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x1x4xf32>) : tensor<1x1x8xf32>, tensor<1x1x4xf32> -> tensor<1x1x8xf32>, tensor<1x1x4xf32>
+  return %du, %de : tensor<1x1x8xf32>, tensor<1x1x4xf32>
+}
+func.func @simgrad_k256(%u: tensor<1x33x24xf16>, %e: tensor<1x33x256xf32>, %ws: tensor<24x24xf32>, %dp: tensor<1x33x256xf32>) -> (tensor<1x33x24xf32>, tensor<1x33x256xf32>, tensor<24x24xf32>) {
+  %du, %de, %dws = moe.similarity_inform_grad %u, %e ws(%ws : tensor<24x24xf32>) dp(%dp : tensor<1x33x256xf32>) causal(true) : tensor<1x33x24xf16>, tensor<1x33x256xf32> -> tensor<1x33x24xf32>, tensor<1x33x256xf32>, tensor<24x24xf32>
+  return %du, %de, %dws : tensor<1x33x24xf32>, tensor<1x33x256xf32>, tensor<24x24xf32>
+}

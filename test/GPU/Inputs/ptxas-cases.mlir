@@ -89,3 +89,11 @@ func.func @nospill_topk_renorm_grad(%s: tensor<?x256xbf16>, %i: tensor<?x8xi32>,
   %ds = moe.topk_renorm_grad %s, %i dw(%dw : tensor<?x8xf32>) : tensor<?x256xbf16>, tensor<?x8xi32> -> tensor<?x256xf32>
   return %ds : tensor<?x256xf32>
 }
+func.func @nospill_similarity_inform_grad(%u: tensor<?x?x64xbf16>, %e: tensor<?x?x16xf32>, %ws: tensor<64x64xf32>, %m: tensor<?x?xi1>, %dp: tensor<?x?x16xf32>) -> (tensor<?x?x64xf32>, tensor<?x?x16xf32>, tensor<64x64xf32>) {
+  %du, %de, %dws = moe.similarity_inform_grad %u, %e ws(%ws : tensor<64x64xf32>) key_mask(%m : tensor<?x?xi1>) dp(%dp : tensor<?x?x16xf32>) tau(5.000000e-01) causal(true) : tensor<?x?x64xbf16>, tensor<?x?x16xf32> -> tensor<?x?x64xf32>, tensor<?x?x16xf32>, tensor<64x64xf32>
+  return %du, %de, %dws : tensor<?x?x64xf32>, tensor<?x?x16xf32>, tensor<64x64xf32>
+}
+func.func @nospill_similarity_inform_grad_k256(%u: tensor<?x?x?xf32>, %e: tensor<?x?x256xf32>, %dp: tensor<?x?x256xf32>) -> (tensor<?x?x?xf32>, tensor<?x?x256xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<?x?x256xf32>) : tensor<?x?x?xf32>, tensor<?x?x256xf32> -> tensor<?x?x?xf32>, tensor<?x?x256xf32>
+  return %du, %de : tensor<?x?x?xf32>, tensor<?x?x256xf32>
+}

@@ -1,0 +1,204 @@
+//===- SimilarityInformGrad.cpp - moe.similarity_inform_grad on the GPU ---===//
+//
+// Part of the MoE-MLIR project.
+//
+// The flash-style backward of Similarity-Inform mixing (the maths is in the
+// op description, MoEGradOps.td; the CPU kernel, MoEToCPU/
+// SimilarityInformGrad.cpp, has the same passes), none of which stores
+// anything N x N:
+//  0. with ws, q = u · ws (the forward's projection kernel);
+//  1. p and the row log-sum-exp lse saved by the forward (saved(p, lse)), or
+//     recomputed by the forward's flash kernel; flash_grad_stats turns lse
+//     into lse' (+inf for a row without keys, so that all its S are 0) and
+//     forms delta_i = <dp_i, p_i>;
+//  2. query-major (launchFlashGrad, rows i): dq_i = Σ_j dX_ij u_j, written
+//     into du itself without ws;
+//  3. key-major (rows j): de_j = Σ_i S_ij dp_i and dk_j = Σ_i dX_ij q_i,
+//     added to du (dq already there) without ws;
+//  4. with ws: du += dq · ws^T (the projection kernel, transposed and
+//     accumulating) and dws = Σ_{b,i} u_i^T dq_i (a thread per entry, the
+//     rows in a fixed order).
+// Extra memory: p [B,N,K], lse and delta [B,N], with ws q and dq [B,N,D].
+// Every output row has one writer: deterministic, no atomics.
+//
+//===----------------------------------------------------------------------===//
+
+#include "KernelUtils.h"
+#include "Lowerings.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::gpu_lowering;
+
+/// The most blocks a launch may have along y.
+static constexpr int64_t kMaxGridY = 65535;
+
+/// dws[d, c] = Σ_{b,i} u[b,i,d] · dq[b,i,c]: a thread per column c (blocks
+/// along x), the rows d strided over the blocks along y; the sum runs over
+/// (b, i) in order.
+static void launchWeightGrad(HostCode &h, Value u, Value dq, Value dws,
+                             Location loc) {
+  const int64_t threads = 128;
+  SmallVector<Value> args = {u, dq, dws};
+  ImplicitLocOpBuilder kb(loc, h.b.getContext());
+  auto kernel =
+      createKernel(h, "similarity_grad_dws", ValueRange(args).getTypes(), {},
+                   {threads, 1, 1}, kb);
+  {
+    KB k(kb);
+    Block &entry = kernel.getBody().front();
+    Value uu = entry.getArgument(0), g = entry.getArgument(1),
+          out = entry.getArgument(2);
+    Value D = k.dim(uu, 2);
+    Value col = k.add(k.mul(k.blockId(), k.idx(threads)), k.threadId());
+    k.ifThen(k.lt(col, D), [&] {
+      k.forLoop(k.blockId(gpu::Dimension::y), D, k.gridDim(gpu::Dimension::y),
+                [&](Value d) {
+                  Value c0 = k.idx(0), c1 = k.idx(1);
+                  Value s = k.forLoop(
+                      c0, k.dim(uu, 0), c1, {k.cF32(0.0)},
+                      [&](Value b, ValueRange acc) -> SmallVector<Value> {
+                        return k.forLoop(
+                            c0, k.dim(uu, 1), c1, acc,
+                            [&](Value i, ValueRange a) -> SmallVector<Value> {
+                              return {
+                                  k.fadd(a[0], k.fmul(k.loadF(uu, {b, i, d}),
+                                                      k.load(g, {b, i, col})))};
+                            });
+                      })[0];
+                  k.store(s, out, {d, col});
+                });
+    });
+  }
+  KB &k = h.k;
+  Value D = k.dim(u, 2);
+  h.launch(
+      kernel,
+      {k.ceilDiv(D, k.idx(threads)), k.minu(D, k.idx(kMaxGridY)), k.idx(1)},
+      {threads, 1, 1}, args);
+}
+
+LogicalResult
+SimilarityInformGradToGPU::lower(SimilarityInformGradOp op, OpAdaptor adaptor,
+                                 ConversionPatternRewriter &rewriter) const {
+  Value uT = adaptor.getU(), eT = adaptor.getE(), wsT = adaptor.getWs(),
+        maskT = adaptor.getKeyMask(), dpT = adaptor.getDp();
+  int64_t K = cast<RankedTensorType>(eT.getType()).getShape()[2];
+  if (ShapedType::isDynamic(K) || K > kFlashMaxExperts)
+    return op->emitOpError("GPU lowering needs a static expert count <= ")
+           << kFlashMaxExperts << " (got "
+           << (ShapedType::isDynamic(K) ? std::string("?") : std::to_string(K))
+           << ")";
+  Location loc = op.getLoc();
+  double tau = op.getTau().convertToDouble();
+  bool causal = op.getCausal();
+
+  HostCode h(rewriter, op);
+  ImplicitLocOpBuilder &b = h.b;
+  KB &k = h.k;
+  Type f32 = b.getF32Type();
+  Value u = h.buffer(uT), e = h.buffer(eT), dp = h.buffer(dpT);
+  Value ws = wsT ? h.buffer(wsT) : Value();
+  Value mask = maskT ? h.buffer(maskT) : Value();
+  ArrayRef<int64_t> uShape = cast<MemRefType>(u.getType()).getShape();
+  SmallVector<Value> bnd = dynamicSizesFrom(
+      k, cast<RankedTensorType>(uT.getType()), u); // [B, N, D]'s dynamic dims
+  SmallVector<Value> bn;                           // [B, N]'s
+  for (int64_t d = 0; d < 2; ++d)
+    if (ShapedType::isDynamic(uShape[d]))
+      bn.push_back(k.dim(u, d));
+  auto rowsType = MemRefType::get({uShape[0], uShape[1]}, f32);
+  auto featType = MemRefType::get(uShape, f32);
+  auto widthType = MemRefType::get({uShape[0], uShape[1], K}, f32);
+
+  // Results: du [B,N,D], de [B,N,K] (dynamic dims from u), dws [D,D].
+  auto duType = cast<RankedTensorType>(op.getDu().getType());
+  auto deType = cast<RankedTensorType>(op.getDe().getType());
+  Value du = h.allocLike(duType, dynamicSizesFrom(k, duType, u));
+  Value de = h.allocLike(deType, dynamicSizesFrom(k, deType, u));
+  Value dws;
+  if (ws) {
+    auto dwsType = cast<RankedTensorType>(op.getDws().getType());
+    SmallVector<Value> sizes;
+    for (int64_t d = 0; d < 2; ++d)
+      if (dwsType.isDynamicDim(d))
+        sizes.push_back(k.dim(u, 2));
+    dws = h.allocLike(dwsType, sizes);
+  }
+
+  // 0-1. q, then p and lse by the forward kernel, then lse' and delta.
+  Value q = u;
+  if (ws) {
+    q = h.alloc(featType, bnd);
+    launchRowProjection(h, "similarity_project", u, ws, q,
+                        /*transposed=*/false, /*accumulate=*/false, loc);
+  }
+  Value lse = h.alloc(rowsType, bn);
+  Value delta = h.alloc(rowsType, bn);
+  if (adaptor.getP()) {
+    // Saved by the forward (similarity_inform_fwd): no forward pass; lse'
+    // goes to a buffer of its own (the saved lse is an input).
+    launchFlashGradStats(h, h.buffer(adaptor.getLse()),
+                         h.buffer(adaptor.getP()), dp, delta, loc, lse);
+  } else {
+    Value p = h.alloc(widthType, bn);
+    FlashMixSpec fwd;
+    fwd.numExperts = K;
+    fwd.scaleDiv = tau;
+    fwd.causal = causal;
+    fwd.hasKeyMask = static_cast<bool>(mask);
+    fwd.withLse = true;
+    SmallVector<Value> fwdArgs = {q, u, e};
+    if (mask)
+      fwdArgs.push_back(mask);
+    fwdArgs.append({p, lse});
+    launchFlashMix(h, "similarity_inform_grad_mix", fwd, q, fwdArgs, loc);
+    launchFlashGradStats(h, lse, p, dp, delta, loc);
+    h.release(p);
+  }
+
+  auto gradArgs = [&](Value sRows, Value sCols, Value gRows, Value gCols) {
+    SmallVector<Value> args = {sRows, sCols, gRows, gCols, lse, delta};
+    if (mask)
+      args.push_back(mask);
+    return args;
+  };
+  FlashGradSpec spec;
+  spec.causal = causal;
+  spec.hasKeyMask = static_cast<bool>(mask);
+  spec.scaleDiv = tau;
+
+  // 2. Query-major: dq (into du without ws).
+  Value dq = ws ? h.alloc(featType, bnd) : du;
+  FlashGradSpec byQuery = spec;
+  byQuery.accumulators = {{/*byDx=*/true, /*addToOut=*/false}};
+  SmallVector<Value> args = gradArgs(q, u, dp, e);
+  args.append({u, dq});
+  launchFlashGrad(h, "similarity_inform_grad_dq", byQuery, args, loc);
+
+  // 3. Key-major: de and dk (added to dq in du without ws).
+  FlashGradSpec byKey = spec;
+  byKey.keyMajor = true;
+  byKey.accumulators = {{/*byDx=*/false, /*addToOut=*/false},
+                        {/*byDx=*/true, /*addToOut=*/!ws}};
+  args = gradArgs(u, q, e, dp);
+  args.append({dp, de, q, du});
+  launchFlashGrad(h, "similarity_inform_grad_dk", byKey, args, loc);
+  h.release(lse);
+  h.release(delta);
+
+  // 4. du += dq · ws^T and dws = Σ u^T dq.
+  if (ws) {
+    launchRowProjection(h, "similarity_grad_project", dq, ws, du,
+                        /*transposed=*/true, /*accumulate=*/true, loc);
+    launchWeightGrad(h, u, dq, dws, loc);
+    h.release(dq);
+    h.release(q);
+  }
+  h.finish();
+  SmallVector<Value> results = {du, de};
+  if (dws)
+    results.push_back(dws);
+  h.replace(op, results);
+  return success();
+}
