@@ -408,14 +408,14 @@ def similarity_inform_fwd(
     """``similarity_inform`` for training (``moe.similarity_inform_fwd``): ``p`` and the row log-sum-exp ``lse``
     (``[B, N]`` f32, -inf for a row without keys) of its softmax, which ``similarity_inform_backward(..., p, lse)``
     reads instead of running the forward again. The autograd of ``similarity_inform`` calls it."""
-    _validate_similarity_inform(u, e, ws, key_mask, tau, op="similarity_inform_fwd")
+    _validate_similarity_inform(u, e, ws, key_mask, tau)  # errors name similarity_inform, whose training form it is
     _note_fallback(u)
     return _similarity_inform_fwd_ref(u, e, ws, key_mask, tau, causal)
 
 
 @similarity_inform_fwd.register_fake
 def _(u, e, ws=None, key_mask=None, tau=1.0, causal=False):
-    _validate_similarity_inform(u, e, ws, key_mask, tau, op="similarity_inform_fwd")
+    _validate_similarity_inform(u, e, ws, key_mask, tau)
     return e.new_empty(e.shape, dtype=torch.float32), e.new_empty(e.shape[:2], dtype=torch.float32)
 
 
@@ -1205,8 +1205,9 @@ KEY_VALIDATORS: dict[str, Callable[[dict, dict], None]] = {
     "adjacency_update": lambda t, a: _validate_adjacency_update(t["a"], t["idx"], _f(a["beta"]), a["norm"]),
     "topk_renorm_backward": lambda t, a: _validate_topk_renorm_backward(
         t["grad_w"], t["scores"], t["indices"], a["mode"]),
+    # The training form of similarity_inform (its autograd's forward): errors name the op the user called.
     "similarity_inform_fwd": lambda t, a: _validate_similarity_inform(
-        t["u"], t["e"], t.get("ws"), t.get("key_mask"), _f(a["tau"]), op="similarity_inform_fwd"),
+        t["u"], t["e"], t.get("ws"), t.get("key_mask"), _f(a["tau"])),
     "similarity_inform_backward": lambda t, a: _validate_similarity_inform_backward(
         t["grad_p"], t["u"], t["e"], t.get("ws"), t.get("key_mask"), _f(a["tau"]), t.get("p"), t.get("lse")),
     "hyper_router": lambda t, a: _validate_hyper_router(

@@ -51,9 +51,10 @@ similarityInformFwd(const Tensor &u, const Tensor &e,
                     const std::optional<Tensor> &ws,
                     const std::optional<Tensor> &mask, double tau,
                     bool causal) {
-  const char *op = "similarity_inform_fwd";
-  similarityChecks(op, u, e, ws, mask);
-  Key key(op);
+  // Errors name similarity_inform, whose training form (autograd's forward)
+  // this is.
+  similarityChecks("similarity_inform", u, e, ws, mask);
+  Key key("similarity_inform_fwd");
   key.attr("tau", tau).attr("causal", causal);
   std::vector<Tensor> keep;
   std::vector<MemRef> args = similarityArgs(key, u, e, ws, mask, keep);
