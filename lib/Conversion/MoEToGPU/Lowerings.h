@@ -76,6 +76,7 @@ MOE_GPU_LOWERING_PATTERN(HyperRouterToGPU, HyperRouterOp);
 MOE_GPU_LOWERING_PATTERN(RouteToGPU, RouteOp);
 MOE_GPU_LOWERING_PATTERN(DispatchPlanToGPU, DispatchPlanOp);
 MOE_GPU_LOWERING_PATTERN(TopkRenormGradToGPU, TopkRenormGradOp);
+MOE_GPU_LOWERING_PATTERN(HyperRouterGradToGPU, HyperRouterGradOp);
 #undef MOE_GPU_LOWERING_PATTERN
 
 /// The flash-style mixing kernel shared by similarity_inform and

@@ -67,7 +67,8 @@ void mlir::moe::populateMoEToGPUPatterns(
       .add<TopkRenormToGPU, SimilarityInformToGPU, SimilarityInformTopkToGPU,
            AttentionPosteriorToGPU, AttentionPosteriorTopkToGPU,
            MadDispersionToGPU, AdjacencyUpdateToGPU, HyperRouterToGPU,
-           RouteToGPU, DispatchPlanToGPU, TopkRenormGradToGPU>(
+           RouteToGPU, DispatchPlanToGPU, TopkRenormGradToGPU,
+           HyperRouterGradToGPU>(
           patterns.getContext(), options);
   patterns.add<ReturnedEmptyToGPU>(patterns.getContext());
 }
