@@ -42,6 +42,8 @@ constexpr int64_t kThreads = 128;
 /// Rows of m per thread block of the layer kernel: enough blocks to fill
 /// the GPU on w2 (E·(D+1) rows), a scratch of rows / 64 partial rows.
 constexpr int64_t kBlockRows = 64;
+/// Rows of the layer kernel's loop step (loads in flight per thread).
+constexpr int64_t kRowUnroll = 4;
 constexpr int64_t kColumnsPerSumBlock = kThreads / kWarp;
 
 /// A thread per entry r of dout [R]: dw[e, c], or db[e] for c = D.
@@ -85,16 +87,36 @@ gpu::GPUFuncOp createLayerKernel(HostCode &h, TypeRange argTypes, bool writeDm,
   Value r1 = k.mins(k.add(r0, k.idx(kBlockRows)), rows);
   k.forLoop(k.threadId(), cols, k.idx(kThreads), [&](Value c) {
     Value xv = dm ? k.loadF(x, {c}) : Value();
-    Value acc = k.forLoop(r0, r1, k.idx(1), ValueRange{k.cF32(0.0)},
+    // Rows [r, r + n) in order; their loads come first so that n loads of
+    // the memory-bound pass are in flight at once (the order of the sum is
+    // the rows', whatever n).
+    auto rowsFrom = [&](Value r, int64_t n, Value acc) {
+      SmallVector<Value> g, w;
+      for (int64_t i = 0; i < n; ++i) {
+        Value ri = k.add(r, k.idx(i));
+        g.push_back(k.load(dy, {ri}));
+        w.push_back(k.loadF(m, {ri, c}));
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        kernels::LayerGradStep s =
+            kernels::layerGradStep(k, g[i], w[i], xv, acc);
+        if (dm)
+          k.store(s.dm, dm, {k.add(r, k.idx(i)), c});
+        acc = s.partial;
+      }
+      return acc;
+    };
+    Value span = k.sub(r1, r0);
+    Value r4 =
+        k.add(r0, k.mul(k.divu(span, k.idx(kRowUnroll)), k.idx(kRowUnroll)));
+    Value acc = k.forLoop(r0, r4, k.idx(kRowUnroll), ValueRange{k.cF32(0.0)},
                           [&](Value r, ValueRange a) -> SmallVector<Value> {
-                            Value g = k.load(dy, {r});
-                            Value w = k.loadF(m, {r, c});
-                            kernels::LayerGradStep s =
-                                kernels::layerGradStep(k, g, w, xv, a[0]);
-                            if (dm)
-                              k.store(s.dm, dm, {r, c});
-                            return {s.partial};
+                            return {rowsFrom(r, kRowUnroll, a[0])};
                           })[0];
+    acc = k.forLoop(r4, r1, k.idx(1), ValueRange{acc},
+                    [&](Value r, ValueRange a) -> SmallVector<Value> {
+                      return {rowsFrom(r, 1, a[0])};
+                    })[0];
     k.store(acc, partial, {blk, c});
   });
   return kernel;
