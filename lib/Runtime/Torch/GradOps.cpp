@@ -6,13 +6,15 @@
 //
 // The CPU kernels of torch.ops.moe.<op>_backward (python/moe_mlir/ops.py
 // defines their schemas and fake kernels, and the autograd of the forward ops
-// that calls them). Each lowers the backward op of the dialect
+// that calls them), and the CUDA kernel of hyper_router_backward
+// (registerCudaGradKernels: the same function, its key naming the device). Each lowers the backward op of the dialect
 // (include/MoE/IR/MoEGradOps.td) through the same kernel cache as the forward
 // ops (TorchKernels.h): token-like dimensions dynamic, one kernel per static
 // signature.
 //
 //===----------------------------------------------------------------------===//
 
+#include "TorchCuda.h"
 #include "TorchKernels.h"
 
 #include <torch/library.h>
@@ -158,7 +160,8 @@ HyperGrads hyperRouterBackward(const Tensor &gradW, const Tensor &gradB,
                                const Tensor &b2, int64_t numExperts,
                                bool weightGrads) {
   const char *op = "hyper_router_backward";
-  checkCpu(op, {&gradW, &gradB, &emb, &w1, &b1, &w2, &b2});
+  // CPU or CUDA tensors (registerCudaGradKernels): the key carries the device.
+  checkDevice(op, {&gradW, &gradB, &emb, &w1, &b1, &w2, &b2});
   Key key(op);
   key.attr("num_experts", numExperts).attr("weight_grads", weightGrads);
   // The cotangents autograd hands over may be of another dtype or strided.
@@ -267,6 +270,13 @@ PosteriorGrads attentionPosteriorBackward(
 }
 
 } // namespace
+
+/// The backward ops with GPU lowerings (lib/Conversion/MoEToGPU), registered
+/// for CUDA with the forward ops' CUDA kernels; the others keep their eager
+/// references on CUDA tensors.
+void moe_torch::registerCudaGradKernels(torch::Library &m) {
+  m.impl("hyper_router_backward", &hyperRouterBackward);
+}
 
 TORCH_LIBRARY_IMPL(moe, CPU, m) {
   m.impl("similarity_inform_backward", &similarityInformBackward);

@@ -35,6 +35,9 @@ void registerKernels(torch::Library &m);
 /// The kernels of moe.route and moe.dispatch_plan (RoutingOps.cpp); called by
 /// registerKernels.
 void registerRoutingKernels(torch::Library &m);
+/// The kernels of the backward ops that have GPU kernels (GradOps.cpp:
+/// hyper_router_backward); called by registerCudaKernels.
+void registerCudaGradKernels(torch::Library &m);
 /// The autograd kernels of every op, for AutogradCPU and AutogradCUDA (both
 /// static: the forward calls whatever the device runs): the differentiable
 /// ops' C++ autograd (registerDifferentiable) and the stop-gradient ops'.

@@ -598,8 +598,8 @@ def load(key: str, shapes: str, validate_only: int = 0) -> int:
 
 #: The ops of torch.ops.moe.* with CPU kernels only (lib/Runtime/Torch/{GradOps,RoutingOps}.cpp): on CUDA tensors
 #: they run the eager references, so there is no CUDA kernel to prebuild for them.
-CPU_ONLY_OPS = frozenset({"topk_renorm_backward", "similarity_inform_backward", "hyper_router_backward",
-                          "attention_posterior_backward", "route", "dispatch_plan"})
+CPU_ONLY_OPS = frozenset({"topk_renorm_backward", "similarity_inform_backward", "attention_posterior_backward",
+                          "route", "dispatch_plan"})
 
 
 def prebuild_cuda(keys: list[str], out_dir: Path, chip: str, jobs: Optional[int] = None) -> int:
