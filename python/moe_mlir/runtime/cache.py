@@ -596,10 +596,11 @@ def load(key: str, shapes: str, validate_only: int = 0) -> int:
         return addr
 
 
-#: The ops of torch.ops.moe.* with CPU kernels only (lib/Runtime/Torch/{GradOps,RoutingOps}.cpp): on CUDA tensors
-#: they run the eager references, so there is no CUDA kernel to prebuild for them.
-CPU_ONLY_OPS = frozenset({"topk_renorm_backward", "similarity_inform_backward", "attention_posterior_backward",
-                          "route", "dispatch_plan"})
+#: The ops of torch.ops.moe.* with CPU kernels only (lib/Runtime/Torch/GradOps.cpp): on CUDA tensors they run the
+#: eager references, so there is no CUDA kernel to prebuild for them. (route, dispatch_plan and hyper_router_backward
+#: have CUDA kernels, RoutingOps.cpp and GradOps.cpp: the GPU machine has no LLVM to compile them, so they must be
+#: prebuilt.)
+CPU_ONLY_OPS = frozenset({"topk_renorm_backward", "similarity_inform_backward", "attention_posterior_backward"})
 
 
 def prebuild_cuda(keys: list[str], out_dir: Path, chip: str, jobs: Optional[int] = None) -> int:
