@@ -114,6 +114,11 @@ Value KernelBuilder::cmpf(arith::CmpFPredicate p, Value x, Value y) {
 Value KernelBuilder::isNaN(Value x) {
   return cmpf(arith::CmpFPredicate::UNO, x, x);
 }
+Value KernelBuilder::fma(Value a, Value bv, Value c) {
+  if (isa<VectorType>(a.getType()))
+    return vector::FMAOp::create(b, a, bv, c);
+  return math::FmaOp::create(b, a, bv, c);
+}
 Value KernelBuilder::select(Value c, Value x, Value y) {
   return arith::SelectOp::create(b, c, x, y);
 }

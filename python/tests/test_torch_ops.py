@@ -208,6 +208,33 @@ def test_hyper_router(dev):
          atol=1e-5, rtol=1e-5, device=dev)
 
 
+@pytest.mark.parametrize("weight_grads", [True, False])
+def test_hyper_router_backward(dev, weight_grads):
+    """The backward kernel (CUDA: lib/Conversion/MoEToGPU/HyperRouterGrad.cpp) against the closed form in float64:
+    Dh = 40 and E·(D+1) = 84 rows (two row blocks on the GPU, a column tail), a hidden unit at a = 0 exactly, one
+    NaN and one negative; without weight_grads d_w1 and d_w2 come back empty. Then through autograd (frozen
+    hypernetwork: only emb requires grad)."""
+    g = gen(12)
+    E, D, Dh, De = 4, 20, 40, 24
+    emb, w1, b1 = torch.randn(De, generator=g), torch.randn(Dh, De, generator=g) / 5, torch.randn(Dh, generator=g)
+    w1[0], b1[0], b1[1], b1[2] = 0.0, 0.0, NAN, -100.0
+    w2, b2 = torch.randn(E * (D + 1), Dh, generator=g) / 6, torch.randn(E * (D + 1), generator=g)
+    gw, gb = torch.randn(E, D, generator=g), torch.randn(E, generator=g)
+    ins = (gw, gb, emb, w1, b1, w2, b2)
+    got = torch.ops.moe.hyper_router_backward(*to(dev, *ins), E, weight_grads)
+    want = tuple(t.float() for t in R.hyper_router_backward(*(t.double() for t in ins), E))
+    if not weight_grads:
+        assert got[1].numel() == 0 and got[3].numel() == 0
+        got, want = (got[0], got[2], got[4]), (want[0], want[2], want[4])
+    same(got, want, atol=1e-5, rtol=1e-5, device=dev)
+    assert ran_kernel("hyper_router_backward", dev)
+
+    x = emb.to(dev).requires_grad_()
+    w, b = torch.ops.moe.hyper_router(x, *to(dev, w1, b1, w2, b2), E)
+    ((w * gw.to(dev)).sum() + (b * gb.to(dev)).sum()).backward()
+    same(x.grad, want[0], atol=1e-5, rtol=1e-5, device=dev)
+
+
 def test_zero_sized_token_dims(dev):
     for shape in ((0, 8), (3, 0, 8)):
         x = torch.randn(shape)

@@ -12,6 +12,7 @@
 // CHECK: PASS: mad_dispersion
 // CHECK: PASS: adjacency_update
 // CHECK: PASS: hyper_router
+// CHECK: PASS: hyper_router_grad
 // CHECK: PASS: route
 // CHECK: PASS: dispatch_plan
-// CHECK: 9 passed, 0 failed (CPU dry run)
+// CHECK: 10 passed, 0 failed (CPU dry run)

@@ -3,9 +3,9 @@
 // RUN: FileCheck %s --check-prefix=TABLE < %moe_obj_root/test/GPU/ptxas-report.md
 
 // Every kernel of every op assembles with ptxas for sm_80 and sm_90, and the
-// top-k and route kernels for E <= 384 and the similarity_inform backward
-// kernels (the nospill_* functions of the cases) use no local memory: the
-// script fails on spill stores/loads, a stack frame or lmem.
+// top-k and route kernels for E <= 384, the hyper_router(_grad) kernels and the
+// similarity_inform backward kernels (the nospill_* functions of the cases) use
+// no local memory: the script fails on spill stores/loads, a stack frame or lmem.
 // The per-kernel table (registers, smem, stack, spills) is written to
 // build/test/GPU/ptxas-report.md (a copy is kept in bench/results/).
 
@@ -21,4 +21,8 @@
 // TABLE-DAG: | sm_90 | dispatch_plan | dispatch_scatter_{{[0-9]+}} |
 // TABLE-DAG: | sm_90 | nospill_similarity_inform_grad | similarity_inform_grad_dk_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
 // TABLE-DAG: | sm_80 | nospill_similarity_inform_grad_k256 | similarity_inform_grad_mix_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_90 | nospill_hyper_bf16_dynamic | hyper_router_out_{{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 | 0 |
+// TABLE-DAG: | sm_80 | nospill_hyper_router_grad | hyper_router_grad_layer_{{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 | 0 |
+// TABLE-DAG: | sm_90 | nospill_hyper_router_grad | hyper_router_grad_sum_{{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 | 0 |
+// TABLE-DAG: | sm_90 | nospill_hyper_router_grad_frozen_bf16 | hyper_router_grad_layer_{{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 | 0 |
 // TABLE-NOT: Failures

@@ -325,6 +325,16 @@ def ref_hyper(emb, w1, b1, w2, b2, E):
     return out[:, :-1].float(), out[:, -1].float()
 
 
+def ref_hyper_grad(emb, w1, b1, w2, b2, dw, db, E):
+    """moe.hyper_router_grad by float64 autograd of the forward (ref_hyper's formula): the gradients of
+    <w, dw> + <b, db> with respect to emb, w1, b1, w2, b2 (PyTorch's relu backward: 0 at a = 0, a NaN passes)."""
+    ins = [t.double().detach().requires_grad_() for t in (emb, w1, b1, w2, b2)]
+    h = torch.relu(ins[1] @ ins[0] + ins[2])
+    out = (ins[3] @ h + ins[4]).reshape(E, -1)
+    loss = (out[:, :-1] * dw.double()).sum() + (out[:, -1] * db.double()).sum()
+    return torch.autograd.grad(loss, ins)
+
+
 def ref_route(logits, bias, k, scoring="softmax", order="score_then_topk", n_group=1, topk_group=1,
               group_score="top2_sum", renormalize=False, scale=1.0):
     """moe.route (MoERoutingOps.td) in float64: (weights, indices, choice values)."""
@@ -718,6 +728,47 @@ def case_hyper(lib, g):
     close("hyper_bf16 b", b, rb, rtol=1e-3, atol=1e-4)
 
 
+def case_hyper_grad(lib, g):
+    # Dh = 250, De = 40: a tail in every row chunk and two column passes per thread; w2 has 1616 rows (26 blocks
+    # of 64 with a ragged last one); hidden unit 0 at a = 0 exactly (gradient 0), unit 1 NaN (passes dh), unit 2
+    # negative (gradient 0).
+    De, Dh, E, D = 40, 250, 16, 100
+    emb = torch.randn(De, generator=g)
+    w1 = torch.randn(Dh, De, generator=g) / De ** 0.5
+    b1 = torch.randn(Dh, generator=g)
+    w1[0] = 0.0
+    b1[0] = 0.0
+    b1[1] = float("nan")
+    b1[2] = -100.0
+    w2 = torch.randn(E * (D + 1), Dh, generator=g) / Dh ** 0.5
+    b2 = torch.randn(E * (D + 1), generator=g)
+    dw, db = torch.randn(E, D, generator=g), torch.randn(E, generator=g)
+    ins = [t.to(DEV) for t in (emb, w1, b1, w2, b2, dw, db)]
+    shapes = [(De,), (Dh, De), (Dh,), (E * (D + 1), Dh), (E * (D + 1),)]
+    got = lib.call("hyper_grad", ins, [(s, torch.float32) for s in shapes])
+    want = ref_hyper_grad(*ins, E)
+    # dh sums E·(D+1) = 1616 f32 products, d_emb Dh = 250: atol covers sqrt(n)·eps-sized differences of sums
+    # whose terms are O(1); outer products and d_b2 are one rounding.
+    for name, a, b, atol in zip(("d_emb", "d_w1", "d_b1", "d_w2", "d_b2"), got, want, (1e-4, 1e-4, 1e-4, 2e-5, 0)):
+        close(f"hyper_grad {name}", a, b, rtol=2e-4, atol=atol)
+    db1, dw2 = got[2].cpu(), got[3].cpu()
+    if db1[0] != 0 or db1[2] != 0 or not (torch.isfinite(db1[1]) and db1[1] != 0) or not dw2[:, 1].isnan().all():
+        raise AssertionError("hyper_grad: the ReLU's edge (a = 0 and a < 0: no gradient; a NaN unit passes dh "
+                             "and makes its d_w2 column NaN) is wrong")
+
+    # A frozen hypernetwork (d_w1, d_w2 not returned), bf16 operands, dynamic shapes: E = 4, D = 7, Dh = 33.
+    De, Dh, E, D = 16, 33, 4, 7
+    ins = [torch.randn(De, generator=g), torch.randn(Dh, De, generator=g) * 0.3, torch.randn(Dh, generator=g),
+           torch.randn(E * (D + 1), Dh, generator=g) * 0.3, torch.randn(E * (D + 1), generator=g)]
+    ins = [t.bfloat16().to(DEV) for t in ins] + [torch.randn(E, D, generator=g).to(DEV),
+                                                 torch.randn(E, generator=g).to(DEV)]
+    got = lib.call("hyper_grad_frozen_bf16", ins, [((De,), torch.float32), ((Dh,), torch.float32),
+                                                    ((E * (D + 1),), torch.float32)])
+    want = ref_hyper_grad(*ins, E)
+    for name, a, b in zip(("d_emb", "d_b1", "d_b2"), got, (want[0], want[2], want[4])):
+        close(f"hyper_grad_frozen_bf16 {name}", a, b, rtol=2e-4, atol=1e-4)
+
+
 def check_route(name, lib, fn, logits, bias, k, exact=False, **attrs):
     args = [logits] + ([bias] if bias is not None else [])
     T = logits.shape[0]
@@ -829,6 +880,7 @@ CASES = {
     "mad_dispersion": case_mad,
     "adjacency_update": case_adjacency,
     "hyper_router": case_hyper,
+    "hyper_router_grad": case_hyper_grad,
     "route": case_route,
     "dispatch_plan": case_dispatch_plan,
 }

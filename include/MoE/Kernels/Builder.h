@@ -79,6 +79,9 @@ public:
   Value fabs(Value x);
   Value cmpf(arith::CmpFPredicate p, Value x, Value y);
   Value isNaN(Value x);
+  /// a * b + c with one rounding (vector.fma on vectors, math.fma on
+  /// scalars: both become llvm.fma, an FMA instruction on every target).
+  Value fma(Value a, Value bv, Value c);
   Value select(Value c, Value x, Value y);
   /// Signed integer (index, iN, or vectors of them) to f32.
   Value sitofp(Value x);

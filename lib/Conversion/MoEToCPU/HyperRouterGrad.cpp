@@ -11,7 +11,9 @@
 // 2. d_b2 = dout = [dw | db] flattened (the forward's split undone).
 // 3. One pass over the rows r of w2 in memory order (one sequential stream
 //    per worker, as the forward): d_w2[r, :] = dout[r] · h and the partial
-//    dh += dout[r] · w2[r, :] of the row's block (layerBackward).
+//    dh += dout[r] · w2[r, :] of the row's block (layerBackward, with the
+//    step and the ReLU's backward of MoE/Kernels/Gemv.h, shared with the GPU
+//    kernel).
 // 4. da = dh where h > 0 or h is NaN (PyTorch's threshold_backward), else 0;
 //    d_b1 = da.
 // 5. The same pass over w1: d_w1[i, :] = da[i] · emb, d_emb = w1^T · da.
@@ -33,6 +35,7 @@
 #include "Kernels.h"
 
 #include "MoE/IR/MoEOps.h"
+#include "MoE/Kernels/Gemv.h"
 
 using namespace mlir;
 using namespace mlir::moe;
@@ -83,11 +86,11 @@ Value layerBackward(CK &k, const KernelOptions &opts, Value m, Value dy,
       auto step = [&](Value col, bool whole) {
         Value w = k.vloadPart(whole, m, {r, col}, tail, 0.0);
         Value p = k.vload(partial, {blk, col});
-        k.vstore(k.fma(g, w, p), partial, {blk, col});
+        Value xv = dm ? k.vloadPart(whole, x, {col}, tail, 0.0) : Value();
+        kernels::LayerGradStep s = kernels::layerGradStep(k, g, w, xv, p);
+        k.vstore(s.partial, partial, {blk, col});
         if (dm)
-          k.vstorePart(whole,
-                       k.fmul(g, k.vloadPart(whole, x, {col}, tail, 0.0)), dm,
-                       {r, col}, tail);
+          k.vstorePart(whole, s.dm, dm, {r, col}, tail);
       };
       constexpr int64_t U = 4;
       Value fullU = k.mul(k.divu(full, k.idx(U)), k.idx(U));
@@ -167,9 +170,8 @@ struct HyperRouterGradKernel : KernelPattern<HyperRouterGradOp> {
     // 4. Through the ReLU (unordered compare: a NaN passes dh).
     Value da = kernel.out(2);
     k.forLoop(c0, k.dim(b1, 0), c1, [&](Value i) {
-      Value open =
-          k.cmpf(arith::CmpFPredicate::UGT, k.load(h, {i}), k.cF32(0.0));
-      k.store(k.select(open, k.load(dh, {i}), k.cF32(0.0)), da, {i});
+      Value hi = k.load(h, {i});
+      k.store(kernels::reluGrad(k, hi, k.load(dh, {i})), da, {i});
     });
 
     // 5. Through the hidden layer.

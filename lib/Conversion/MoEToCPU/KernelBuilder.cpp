@@ -62,11 +62,6 @@ Value CK::concat(ArrayRef<Value> parts) {
 // Arithmetic
 //===----------------------------------------------------------------------===//
 
-Value CK::fma(Value a, Value bv, Value c) {
-  if (isa<VectorType>(a.getType()))
-    return vector::FMAOp::create(b, a, bv, c);
-  return math::FmaOp::create(b, a, bv, c);
-}
 Value CK::exp(Value x) {
   Type t = x.getType();
   Type intType = b.getI32Type();

@@ -88,8 +88,6 @@ public:
   /// count): pairwise shuffles, which are free once the wide vector is
   /// legalized into the parts' registers.
   Value concat(ArrayRef<Value> parts);
-  /// a * b + c, fused.
-  Value fma(Value a, Value bv, Value c);
   /// exp(x) for f32 or vector<f32>: Cody-Waite range reduction and the
   /// Cephes degree-6 polynomial (about 1 ulp), 2^n applied in two halves so
   /// that subnormal results and overflow to +inf come out right; exp(-inf) =

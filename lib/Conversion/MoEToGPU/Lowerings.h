@@ -78,6 +78,7 @@ MOE_GPU_LOWERING_PATTERN(RouteToGPU, RouteOp);
 MOE_GPU_LOWERING_PATTERN(DispatchPlanToGPU, DispatchPlanOp);
 MOE_GPU_LOWERING_PATTERN(TopkRenormGradToGPU, TopkRenormGradOp);
 MOE_GPU_LOWERING_PATTERN(SimilarityInformGradToGPU, SimilarityInformGradOp);
+MOE_GPU_LOWERING_PATTERN(HyperRouterGradToGPU, HyperRouterGradOp);
 #undef MOE_GPU_LOWERING_PATTERN
 
 /// The flash-style mixing kernel shared by similarity_inform and

@@ -69,7 +69,7 @@ void mlir::moe::populateMoEToGPUPatterns(
            AttentionPosteriorToGPU, AttentionPosteriorTopkToGPU,
            MadDispersionToGPU, AdjacencyUpdateToGPU, HyperRouterToGPU,
            RouteToGPU, DispatchPlanToGPU, TopkRenormGradToGPU,
-           SimilarityInformGradToGPU>(
+           SimilarityInformGradToGPU, HyperRouterGradToGPU>(
           patterns.getContext(), options);
   patterns.add<ReturnedEmptyToGPU>(patterns.getContext());
 }

@@ -7,12 +7,13 @@
 // The CPU kernels of torch.ops.moe.<op>_backward (python/moe_mlir/ops.py
 // defines their schemas and fake kernels, and the autograd of the forward ops
 // that calls them), and the CUDA kernels of those with a GPU lowering
-// (registerGradCudaKernels: similarity_inform_fwd and _backward,
-// topk_renorm_backward;
-// the others run their eager references on CUDA tensors). Each lowers the
-// backward op of the dialect (include/MoE/IR/MoEGradOps.td) through the same
-// kernel cache as the forward ops (TorchKernels.h): token-like dimensions
-// dynamic, one kernel per static signature.
+// (registerGradCudaKernels: the same functions, their keys naming the device:
+// similarity_inform_fwd and _backward, topk_renorm_backward,
+// hyper_router_backward; attention_posterior_backward runs its eager
+// reference on CUDA tensors). Each lowers the backward op of the dialect
+// (include/MoE/IR/MoEGradOps.td) through the same kernel cache as the forward
+// ops (TorchKernels.h): token-like dimensions dynamic, one kernel per static
+// signature.
 //
 //===----------------------------------------------------------------------===//
 
@@ -198,7 +199,8 @@ HyperGrads hyperRouterBackward(const Tensor &gradW, const Tensor &gradB,
                                const Tensor &b2, int64_t numExperts,
                                bool weightGrads) {
   const char *op = "hyper_router_backward";
-  checkCpu(op, {&gradW, &gradB, &emb, &w1, &b1, &w2, &b2});
+  // CPU or CUDA tensors (registerGradCudaKernels): the key carries the device.
+  checkDevice(op, {&gradW, &gradB, &emb, &w1, &b1, &w2, &b2});
   Key key(op);
   key.attr("num_experts", numExperts).attr("weight_grads", weightGrads);
   // The cotangents autograd hands over may be of another dtype or strided.
@@ -308,10 +310,14 @@ PosteriorGrads attentionPosteriorBackward(
 
 } // namespace
 
+/// The training ops with GPU lowerings (lib/Conversion/MoEToGPU), registered
+/// for CUDA with the forward ops' CUDA kernels; the others keep their eager
+/// references on CUDA tensors.
 void moe_torch::registerGradCudaKernels(torch::Library &m) {
   m.impl("similarity_inform_fwd", &similarityInformFwd);
   m.impl("similarity_inform_backward", &similarityInformBackward);
   m.impl("topk_renorm_backward", &topkRenormBackward);
+  m.impl("hyper_router_backward", &hyperRouterBackward);
 }
 
 TORCH_LIBRARY_IMPL(moe, CPU, m) {

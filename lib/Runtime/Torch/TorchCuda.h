@@ -44,8 +44,9 @@ void registerAutograd(torch::Library &m);
 /// (Autograd.cpp).
 void registerDifferentiable(torch::Library &m);
 
-/// The CUDA kernels of the backward ops that have a GPU lowering
-/// (GradOps.cpp); called by registerCudaKernels.
+/// The CUDA kernels of the training ops that have a GPU lowering
+/// (GradOps.cpp: similarity_inform_fwd and _backward, topk_renorm_backward,
+/// hyper_router_backward); called by registerCudaKernels.
 void registerGradCudaKernels(torch::Library &m);
 
 /// Runs `call` (the kernel call) with PyTorch's current stream of `device` as

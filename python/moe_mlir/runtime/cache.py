@@ -602,9 +602,9 @@ def load(key: str, shapes: str, validate_only: int = 0) -> int:
 
 #: The ops of torch.ops.moe.* with CPU kernels only (lib/Runtime/Torch/GradOps.cpp): on CUDA tensors they run the
 #: eager references, so there is no CUDA kernel to prebuild for them. (route, dispatch_plan, topk_renorm_backward,
-#: similarity_inform_fwd and similarity_inform_backward have CUDA kernels, RoutingOps.cpp and GradOps.cpp
-#: registerGradCudaKernels: the GPU machine has no LLVM to compile them, so they must be prebuilt.)
-CPU_ONLY_OPS = frozenset({"hyper_router_backward", "attention_posterior_backward"})
+#: similarity_inform_fwd, similarity_inform_backward and hyper_router_backward have CUDA kernels, RoutingOps.cpp and
+#: GradOps.cpp registerGradCudaKernels: the GPU machine has no LLVM to compile them, so they must be prebuilt.)
+CPU_ONLY_OPS = frozenset({"attention_posterior_backward"})
 
 
 def prebuild_cuda(keys: list[str], out_dir: Path, chip: str, jobs: Optional[int] = None) -> int:

@@ -34,10 +34,10 @@
 // CHECK: scf.for
 // CHECK: %[[WV:.+]] = vector.load %[[W2B]][%[[R]], %[[C:.+]]] : memref<1040x32xf32>, vector<16xf32>
 // CHECK-NEXT: %[[PV:.+]] = vector.load %[[P]][%[[BLK]], %[[C]]]
-// CHECK-NEXT: %[[F:.+]] = vector.fma %[[GV]], %[[WV]], %[[PV]] : vector<16xf32>
-// CHECK-NEXT: vector.store %[[F]], %[[P]][%[[BLK]], %[[C]]]
 // CHECK-NEXT: %[[HV:.+]] = vector.load %[[H]][%[[C]]]
 // CHECK-NEXT: %[[O:.+]] = arith.mulf %[[GV]], %[[HV]] : vector<16xf32>
+// CHECK-NEXT: %[[F:.+]] = vector.fma %[[GV]], %[[WV]], %[[PV]] : vector<16xf32>
+// CHECK-NEXT: vector.store %[[F]], %[[P]][%[[BLK]], %[[C]]]
 // CHECK-NEXT: vector.store %[[O]], %[[DW2]][%[[R]], %[[C]]]
 // CHECK: scf.if
 // CHECK: vector.maskedload %[[W2B]]
@@ -50,8 +50,8 @@
 // CHECK: vector.store %{{.+}}, %[[DH]]
 // The ReLU.
 // CHECK: %[[HI:.+]] = memref.load %[[H]]
-// CHECK-NEXT: %[[OPEN:.+]] = arith.cmpf ugt, %[[HI]], %{{.+}} : f32
 // CHECK-NEXT: %[[DHI:.+]] = memref.load %[[DH]]
+// CHECK-NEXT: %[[OPEN:.+]] = arith.cmpf ugt, %[[HI]], %{{.+}} : f32
 // CHECK-NEXT: arith.select %[[OPEN]], %[[DHI]]
 // The pass over w1.
 // CHECK: memref.load %[[DA]]

@@ -112,6 +112,17 @@ func.func @hyper_bf16(%emb: tensor<16xbf16>, %w1: tensor<24x16xbf16>, %b1: tenso
   return %w, %b : tensor<4x8xf32>, tensor<4xf32>
 }
 
+// The hypernetwork's backward: static f32 with every gradient; a frozen
+// hypernetwork (d_w1, d_w2 unused) in bf16 with dynamic shapes.
+func.func @hyper_grad(%emb: tensor<40xf32>, %w1: tensor<250x40xf32>, %b1: tensor<250xf32>, %w2: tensor<1616x250xf32>, %b2: tensor<1616xf32>, %dw: tensor<16x100xf32>, %db: tensor<16xf32>) -> (tensor<40xf32>, tensor<250x40xf32>, tensor<250xf32>, tensor<1616x250xf32>, tensor<1616xf32>) {
+  %a, %c, %d, %e, %f = moe.hyper_router_grad %emb, %w1, %b1, %w2, %b2 dw(%dw : tensor<16x100xf32>) db(%db : tensor<16xf32>) num_experts(16) : tensor<40xf32>, tensor<250x40xf32>, tensor<250xf32>, tensor<1616x250xf32>, tensor<1616xf32> -> tensor<40xf32>, tensor<250x40xf32>, tensor<250xf32>, tensor<1616x250xf32>, tensor<1616xf32>
+  return %a, %c, %d, %e, %f : tensor<40xf32>, tensor<250x40xf32>, tensor<250xf32>, tensor<1616x250xf32>, tensor<1616xf32>
+}
+func.func @hyper_grad_frozen_bf16(%emb: tensor<?xbf16>, %w1: tensor<?x?xbf16>, %b1: tensor<?xbf16>, %w2: tensor<?x?xbf16>, %b2: tensor<?xbf16>, %dw: tensor<4x?xf32>, %db: tensor<4xf32>) -> (tensor<?xf32>, tensor<?xf32>, tensor<?xf32>) {
+  %a, %c, %d, %e, %f = moe.hyper_router_grad %emb, %w1, %b1, %w2, %b2 dw(%dw : tensor<4x?xf32>) db(%db : tensor<4xf32>) num_experts(4) : tensor<?xbf16>, tensor<?x?xbf16>, tensor<?xbf16>, tensor<?x?xbf16>, tensor<?xbf16> -> tensor<?xf32>, tensor<?x?xf32>, tensor<?xf32>, tensor<?x?xf32>, tensor<?xf32>
+  return %a, %d, %f : tensor<?xf32>, tensor<?xf32>, tensor<?xf32>
+}
+
 // Production routing (moe.route, moe.dispatch_plan).
 func.func @route_deepseek_v3(%l: tensor<300x256xf32>, %b: tensor<256xf32>) -> (tensor<300x8xf32>, tensor<300x8xi32>) {
   %w, %i = moe.route %l bias(%b : tensor<256xf32>) k(8) scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) routed_scaling_factor(2.500000e+00) : tensor<300x256xf32> -> tensor<300x8xf32>, tensor<300x8xi32>

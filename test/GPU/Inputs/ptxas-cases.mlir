@@ -97,3 +97,15 @@ func.func @nospill_similarity_inform_grad_k256(%u: tensor<?x?x?xf32>, %e: tensor
   %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<?x?x256xf32>) : tensor<?x?x?xf32>, tensor<?x?x256xf32> -> tensor<?x?x?xf32>, tensor<?x?x256xf32>
   return %du, %de : tensor<?x?x?xf32>, tensor<?x?x256xf32>
 }
+func.func @nospill_hyper_bf16_dynamic(%emb: tensor<?xbf16>, %w1: tensor<?x?xbf16>, %b1: tensor<?xbf16>, %w2: tensor<?x?xbf16>, %b2: tensor<?xbf16>) -> (tensor<64x?xf32>, tensor<64xf32>) {
+  %w, %b = moe.hyper_router %emb, %w1, %b1, %w2, %b2 num_experts(64) : tensor<?xbf16>, tensor<?x?xbf16>, tensor<?xbf16>, tensor<?x?xbf16>, tensor<?xbf16> -> tensor<64x?xf32>, tensor<64xf32>
+  return %w, %b : tensor<64x?xf32>, tensor<64xf32>
+}
+func.func @nospill_hyper_router_grad(%emb: tensor<256xf32>, %w1: tensor<256x256xf32>, %b1: tensor<256xf32>, %w2: tensor<65600x256xf32>, %b2: tensor<65600xf32>, %dw: tensor<64x1024xf32>, %db: tensor<64xf32>) -> (tensor<256xf32>, tensor<256x256xf32>, tensor<256xf32>, tensor<65600x256xf32>, tensor<65600xf32>) {
+  %a, %c, %d, %e, %f = moe.hyper_router_grad %emb, %w1, %b1, %w2, %b2 dw(%dw : tensor<64x1024xf32>) db(%db : tensor<64xf32>) num_experts(64) : tensor<256xf32>, tensor<256x256xf32>, tensor<256xf32>, tensor<65600x256xf32>, tensor<65600xf32> -> tensor<256xf32>, tensor<256x256xf32>, tensor<256xf32>, tensor<65600x256xf32>, tensor<65600xf32>
+  return %a, %c, %d, %e, %f : tensor<256xf32>, tensor<256x256xf32>, tensor<256xf32>, tensor<65600x256xf32>, tensor<65600xf32>
+}
+func.func @nospill_hyper_router_grad_frozen_bf16(%emb: tensor<?xbf16>, %w1: tensor<?x?xbf16>, %b1: tensor<?xbf16>, %w2: tensor<?x?xbf16>, %b2: tensor<?xbf16>, %dw: tensor<256x?xf32>, %db: tensor<256xf32>) -> (tensor<?xf32>, tensor<?xf32>, tensor<?xf32>) {
+  %a, %c, %d, %e, %f = moe.hyper_router_grad %emb, %w1, %b1, %w2, %b2 dw(%dw : tensor<256x?xf32>) db(%db : tensor<256xf32>) num_experts(256) : tensor<?xbf16>, tensor<?x?xbf16>, tensor<?xbf16>, tensor<?x?xbf16>, tensor<?xbf16> -> tensor<?xf32>, tensor<?x?xf32>, tensor<?xf32>, tensor<?x?xf32>, tensor<?xf32>
+  return %a, %d, %f : tensor<?xf32>, tensor<?xf32>, tensor<?xf32>
+}

@@ -1,0 +1,246 @@
+//===- HyperRouterGrad.cpp - moe.hyper_router_grad on the GPU -------------===//
+//
+// Part of the MoE-MLIR project.
+//
+// The backward of the hypernetwork (MoEGradOps.td) with the maths shared with
+// the CPU kernel (MoE/Kernels/Gemv.h), one stream of kernels:
+//
+// 1. h = relu(w1 · emb + b1): the forward's warp-per-row GEMV (Gemv.h).
+// 2. d_b2 = dout = [dw | db] flattened: a thread per entry
+//    (kernels::hyperSlot, the forward's split undone).
+// 3. Through w2: a thread block per 64 rows, a thread per column (the warp's
+//    loads of a row coalesced): d_w2[r, c] = dout[r] · h[c] and the block's
+//    partial Σ_r dout[r] · w2[r, c] over its rows in order
+//    (kernels::layerGradStep) into its row of a [blocks, Dh] scratch.
+// 4. dh[c] = the blocks' partials summed by a warp per column in a fixed
+//    order (lane l: blocks l, l + 32, ...; then a butterfly), and through the
+//    ReLU (kernels::reluGrad): d_b1 = da.
+// 5. Steps 3 and 4 through w1 with dy = da, x = emb: d_w1 and d_emb.
+//
+// Deterministic: the blocks and both orders of summation are fixed by the
+// shape, no float atomics. The passes over w2 and d_w2 are what the op costs
+// (memory-bound); with a frozen hypernetwork (d_w1, d_w2 unused: the torch
+// op's weight_grads=False) their outer products are not written and their
+// results are not allocated (a dead tensor.empty stands in).
+//
+//===----------------------------------------------------------------------===//
+
+#include "Gemv.h"
+#include "KernelUtils.h"
+#include "Lowerings.h"
+
+#include "MoE/Kernels/Gemv.h"
+
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::gpu_lowering;
+
+namespace {
+constexpr int64_t kThreads = 128;
+/// Rows of m per thread block of the layer kernel: enough blocks to fill
+/// the GPU on w2 (E·(D+1) rows), a scratch of rows / 64 partial rows.
+constexpr int64_t kBlockRows = 64;
+/// Rows of the layer kernel's loop step (loads in flight per thread).
+constexpr int64_t kRowUnroll = 4;
+constexpr int64_t kColumnsPerSumBlock = kThreads / kWarp;
+
+/// A thread per entry r of dout [R]: dw[e, c], or db[e] for c = D.
+gpu::GPUFuncOp createDoutKernel(HostCode &h, TypeRange argTypes, Location loc) {
+  ImplicitLocOpBuilder kb(loc, h.b.getContext());
+  auto kernel = createKernel(h, "hyper_router_grad_dout", argTypes, {},
+                             {kThreads, 1, 1}, kb);
+  KB k(kb);
+  Block &entry = kernel.getBody().front();
+  Value dw = entry.getArgument(0), db = entry.getArgument(1),
+        dout = entry.getArgument(2);
+  Value r = k.add(k.mul(k.blockId(), k.idx(kThreads)), k.threadId());
+  k.ifThen(k.lt(r, k.dim(dout, 0)), [&] {
+    kernels::HyperSlot slot = kernels::hyperSlot(k, r, k.dim(dw, 1));
+    Value v = k.ifElse(
+        slot.isBias, {k.f32()},
+        [&]() -> SmallVector<Value> { return {k.load(db, {slot.expert})}; },
+        [&]() -> SmallVector<Value> {
+          return {k.load(dw, {slot.expert, slot.column})};
+        })[0];
+    k.store(v, dout, {r});
+  });
+  return kernel;
+}
+
+/// Step 3 for m [R, C] (any float): arguments m, dy [R] f32, x [C] (any
+/// float), partial [blocks, C] f32, then dm [R, C] f32 when `writeDm`.
+gpu::GPUFuncOp createLayerKernel(HostCode &h, TypeRange argTypes, bool writeDm,
+                                 Location loc) {
+  ImplicitLocOpBuilder kb(loc, h.b.getContext());
+  auto kernel = createKernel(h, "hyper_router_grad_layer", argTypes, {},
+                             {kThreads, 1, 1}, kb);
+  KB k(kb);
+  Block &entry = kernel.getBody().front();
+  Value m = entry.getArgument(0), dy = entry.getArgument(1),
+        x = entry.getArgument(2), partial = entry.getArgument(3);
+  Value dm = writeDm ? entry.getArgument(4) : Value();
+  Value blk = k.blockId();
+  Value rows = k.dim(m, 0), cols = k.dim(m, 1);
+  Value r0 = k.mul(blk, k.idx(kBlockRows));
+  Value r1 = k.mins(k.add(r0, k.idx(kBlockRows)), rows);
+  k.forLoop(k.threadId(), cols, k.idx(kThreads), [&](Value c) {
+    Value xv = dm ? k.loadF(x, {c}) : Value();
+    // Rows [r, r + n) in order; their loads come first so that n loads of
+    // the memory-bound pass are in flight at once (the order of the sum is
+    // the rows', whatever n).
+    auto rowsFrom = [&](Value r, int64_t n, Value acc) {
+      SmallVector<Value> g, w;
+      for (int64_t i = 0; i < n; ++i) {
+        Value ri = k.add(r, k.idx(i));
+        g.push_back(k.load(dy, {ri}));
+        w.push_back(k.loadF(m, {ri, c}));
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        kernels::LayerGradStep s =
+            kernels::layerGradStep(k, g[i], w[i], xv, acc);
+        if (dm)
+          k.store(s.dm, dm, {k.add(r, k.idx(i)), c});
+        acc = s.partial;
+      }
+      return acc;
+    };
+    Value span = k.sub(r1, r0);
+    Value r4 =
+        k.add(r0, k.mul(k.divu(span, k.idx(kRowUnroll)), k.idx(kRowUnroll)));
+    Value acc = k.forLoop(r0, r4, k.idx(kRowUnroll), ValueRange{k.cF32(0.0)},
+                          [&](Value r, ValueRange a) -> SmallVector<Value> {
+                            return {rowsFrom(r, kRowUnroll, a[0])};
+                          })[0];
+    acc = k.forLoop(r4, r1, k.idx(1), ValueRange{acc},
+                    [&](Value r, ValueRange a) -> SmallVector<Value> {
+                      return {rowsFrom(r, 1, a[0])};
+                    })[0];
+    k.store(acc, partial, {blk, c});
+  });
+  return kernel;
+}
+
+/// Step 4: a warp per column c of partial [blocks, C]: dx[c] = Σ_blocks, then
+/// through the ReLU of h [C] when `gated`. Arguments partial, dx [C] f32,
+/// then h.
+gpu::GPUFuncOp createSumKernel(HostCode &h, TypeRange argTypes, bool gated,
+                               Location loc) {
+  ImplicitLocOpBuilder kb(loc, h.b.getContext());
+  auto kernel = createKernel(h, "hyper_router_grad_sum", argTypes, {},
+                             {kThreads, 1, 1}, kb);
+  KB k(kb);
+  Block &entry = kernel.getBody().front();
+  Value partial = entry.getArgument(0), dx = entry.getArgument(1);
+  Value warp = k.divu(k.threadId(), k.idx(kWarp));
+  Value lane = k.remu(k.threadId(), k.idx(kWarp));
+  Value c = k.add(k.mul(k.blockId(), k.idx(kColumnsPerSumBlock)), warp);
+  Value cols = k.dim(partial, 1);
+  Value active = k.lt(c, cols);
+  // Every lane takes part in the butterfly; a warp past the last column
+  // sums the last one and stores nothing.
+  Value safe = k.select(active, c, k.sub(cols, k.idx(1)));
+  Value part =
+      k.forLoop(lane, k.dim(partial, 0), k.idx(kWarp), ValueRange{k.cF32(0.0)},
+                [&](Value blk, ValueRange a) -> SmallVector<Value> {
+                  return {k.fadd(a[0], k.load(partial, {blk, safe}))};
+                })[0];
+  Value sum = subgroupReduce(k, part, ReduceKind::Sum, kWarp);
+  k.ifThen(k.andI(active, k.eq(lane, k.idx(0))), [&] {
+    Value v = sum;
+    if (gated)
+      v = kernels::reluGrad(k, k.load(entry.getArgument(2), {c}), sum);
+    k.store(v, dx, {c});
+  });
+  return kernel;
+}
+
+/// Steps 3 and 4 for one layer y = m · x: dm (null: not written) and
+/// dx = m^T · dy, gated by the ReLU of `gate` when set.
+void layerBackward(HostCode &h, Value m, Value dy, Value x, Value dm, Value dx,
+                   Value gate, Location loc) {
+  KB &k = h.k;
+  Value rows = k.dim(m, 0), cols = k.dim(m, 1);
+  Value blocks = k.ceilDiv(rows, k.idx(kBlockRows));
+  Value partial = h.alloc(
+      MemRefType::get({ShapedType::kDynamic, ShapedType::kDynamic}, k.f32()),
+      {blocks, cols});
+  SmallVector<Value> args = {m, dy, x, partial};
+  if (dm)
+    args.push_back(dm);
+  auto layer = createLayerKernel(h, ValueRange(args).getTypes(), bool(dm), loc);
+  h.launch(layer, {blocks, k.idx(1), k.idx(1)}, {kThreads, 1, 1}, args);
+  SmallVector<Value> sumArgs = {partial, dx};
+  if (gate)
+    sumArgs.push_back(gate);
+  auto sum =
+      createSumKernel(h, ValueRange(sumArgs).getTypes(), bool(gate), loc);
+  h.launch(sum,
+           {k.ceilDiv(cols, k.idx(kColumnsPerSumBlock)), k.idx(1), k.idx(1)},
+           {kThreads, 1, 1}, sumArgs);
+  h.release(partial);
+}
+} // namespace
+
+LogicalResult
+HyperRouterGradToGPU::lower(HyperRouterGradOp op, OpAdaptor adaptor,
+                            ConversionPatternRewriter &rewriter) const {
+  Location loc = op.getLoc();
+  HostCode h(rewriter, op);
+  KB &k = h.k;
+  Value emb = h.buffer(adaptor.getEmb()), w1 = h.buffer(adaptor.getW1()),
+        b1 = h.buffer(adaptor.getB1()), w2 = h.buffer(adaptor.getW2()),
+        b2 = h.buffer(adaptor.getB2()), dw = h.buffer(adaptor.getDw()),
+        db = h.buffer(adaptor.getDb());
+  // Each gradient is shaped like its parameter; d_w1 and d_w2 only when used.
+  SmallVector<Value> params = {emb, w1, b1, w2, b2};
+  SmallVector<Value> grads;
+  for (auto [n, result, param] : llvm::enumerate(op->getResults(), params)) {
+    auto type = cast<RankedTensorType>(result.getType());
+    bool weight = n == 1 || n == 3;
+    grads.push_back(weight && result.use_empty()
+                        ? Value()
+                        : h.allocLike(type, dynamicSizesFrom(k, type, param)));
+  }
+  Value dEmb = grads[0], dW1 = grads[1], dB1 = grads[2], dW2 = grads[3],
+        dB2 = grads[4];
+
+  // 1. The hidden layer.
+  Value hidden =
+      h.alloc(MemRefType::get({ShapedType::kDynamic}, k.f32()), {k.dim(w1, 0)});
+  SmallVector<Value> hiddenArgs = {w1, emb, b1, hidden};
+  auto first = createGemvKernel(
+      h, "hyper_router_grad_hidden", ValueRange(hiddenArgs).getTypes(), loc,
+      /*relu=*/true, [](KB &k, Block &entry, Value row, Value v) {
+        k.store(v, entry.getArgument(3), {row});
+      });
+  launchGemv(h, first, hiddenArgs);
+
+  // 2. d_b2 = dout.
+  SmallVector<Value> doutArgs = {dw, db, dB2};
+  auto dout = createDoutKernel(h, ValueRange(doutArgs).getTypes(), loc);
+  h.launch(dout,
+           {k.ceilDiv(k.dim(dB2, 0), k.idx(kThreads)), k.idx(1), k.idx(1)},
+           {kThreads, 1, 1}, doutArgs);
+
+  // 3-4. Through w2 and the ReLU: d_w2, d_b1 = da.
+  layerBackward(h, w2, dB2, hidden, dW2, dB1, hidden, loc);
+  // 5. Through w1: d_w1, d_emb.
+  layerBackward(h, w1, dB1, emb, dW1, dEmb, Value(), loc);
+  h.release(hidden);
+  h.finish();
+
+  SmallVector<Value> results;
+  for (auto [result, grad, param] :
+       llvm::zip_equal(op->getResults(), grads, params)) {
+    auto type = cast<RankedTensorType>(result.getType());
+    results.push_back(grad ? h.tensor(grad, type)
+                           : tensor::EmptyOp::create(
+                                 h.b, type.getShape(), type.getElementType(),
+                                 dynamicSizesFrom(k, type, param))
+                                 .getResult());
+  }
+  rewriter.replaceOp(op, results);
+  return success();
+}
