@@ -486,7 +486,8 @@ BlockArgument HostCode::outFor(Value buffer, RankedTensorType type) {
                              "allocLike) is copied into one between finish() "
                              "and the first tensor() or replace()");
   // A temporary, a view or an operand's buffer: copied into a new out at the
-  // end of the stream, before the closing wait.
+  // end of the stream, before the closing wait. (Results allocated with
+  // allocLike are written in place: no copy.)
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPoint(closingWait);
   SmallVector<Value> sizes;
@@ -497,6 +498,9 @@ BlockArgument HostCode::outFor(Value buffer, RankedTensorType type) {
   auto tokenType = b.getType<gpu::AsyncTokenType>();
   token = gpu::MemcpyOp::create(b, tokenType, ValueRange{token}, out, buffer)
               .getAsyncToken();
+  // A temporary of the host code is dead once copied.
+  if (buffer.getDefiningOp<gpu::AllocOp>())
+    release(buffer);
   rewriter.modifyOpInPlace(closingWait,
                            [&] { closingWait->setOperand(0, token); });
   return out;
