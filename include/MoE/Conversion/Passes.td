@@ -84,13 +84,14 @@ def ConvertMoEToCPU : Pass<"convert-moe-to-cpu"> {
 def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
   let summary = "Lower moe ops to hand-designed fused GPU kernels (gpu dialect) launched from host code";
   let description = [{
-    Rewrites every tensor-level `moe` op into `bufferization.to_buffer` of its operands, `gpu.alloc` of its results,
-    one or more `gpu.launch_func` of kernels generated into `gpu.module @moe_kernels`, and
-    `bufferization.to_tensor` of the results; one-shot bufferization then makes the function boundaries device
-    memrefs. Each op runs on one stream (`gpu.wait async` ... `gpu.wait`), which `moe-gpu-host-stream` then joins
-    into one stream per function with one host wait. Kernels: a (sub-)warp per token top-k with
-    butterfly shuffles (`topk_renorm`, a block per token beyond 1024 experts), flash-style mixers that stream key
-    tiles through workgroup memory with an online softmax and a K-wide accumulator (`similarity_inform`,
+    Rewrites every tensor-level `moe` op into a destination-style `moe.kernel` whose `ins` are its operands and whose
+    `outs` are `bufferization.alloc_tensor`s of its results; the kernel's body is the host code on their buffers: one
+    or more `gpu.launch_func` of kernels generated into `gpu.module @moe_kernels`, with `gpu.alloc`/`gpu.dealloc` of
+    temporaries. `moe-gpu-bufferize` (one-shot bufferization) then makes the outs device allocations and the function
+    boundaries device memrefs. Each op runs on one stream (`gpu.wait async` ... `gpu.wait`), which
+    `moe-gpu-host-stream` then joins into one stream per function with one host wait. Kernels: a (sub-)warp per
+    token top-k with butterfly shuffles (`topk_renorm`, a block per token beyond 1024 experts), flash-style mixers
+    that stream key tiles through workgroup memory with an online softmax and a K-wide accumulator (`similarity_inform`,
     `attention_posterior`, their `_topk` forms select the experts in the epilogue), an entropy reduction for the
     min-entropy head, deterministic segmented reductions (`mad_dispersion`), integer co-selection counts
     (`adjacency_update`) and warp GEMVs (`hyper_router`). Out-of-range `assign`/`idx` elements are skipped and
@@ -123,6 +124,23 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
     "::mlir::memref::MemRefDialect",
     "::mlir::scf::SCFDialect",
     "::mlir::tensor::TensorDialect",
+  ];
+}
+
+def MoEGPUBufferize : Pass<"moe-gpu-bufferize", "::mlir::ModuleOp"> {
+  let summary = "One-shot bufferization of GPU host code: every allocation is a device allocation";
+  let description = [{
+    Upstream one-shot bufferization across function boundaries (identity layouts there, so public functions take and
+    return plain memrefs), with the allocation and copy functions of device memory: a buffer one-shot allocates (the
+    `outs` of the `moe.kernel`s of convert-moe-to-gpu, a returned `tensor.empty`, a copy) is `gpu.alloc async` and a
+    copy is `gpu.memcpy async`, each on a stream of its own (`gpu.wait async` ... `gpu.wait`) that
+    `moe-gpu-host-stream` joins with the host code around it. Nothing is deallocated: the results of a function are
+    the caller's, and the host code frees its own temporaries on its stream.
+  }];
+  let dependentDialects = [
+    "::mlir::bufferization::BufferizationDialect",
+    "::mlir::gpu::GPUDialect",
+    "::mlir::memref::MemRefDialect",
   ];
 }
 

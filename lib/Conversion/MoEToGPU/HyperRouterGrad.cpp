@@ -231,15 +231,26 @@ HyperRouterGradToGPU::lower(HyperRouterGradOp op, OpAdaptor adaptor,
   h.release(hidden);
   h.finish();
 
+  // The dead stand-ins live outside the op's moe.kernel: their sizes come
+  // from the tensor operands, not from the kernel's buffers.
+  SmallVector<Value> paramTensors = {adaptor.getEmb(), adaptor.getW1(),
+                                     adaptor.getB1(), adaptor.getW2(),
+                                     adaptor.getB2()};
   SmallVector<Value> results;
   for (auto [result, grad, param] :
-       llvm::zip_equal(op->getResults(), grads, params)) {
+       llvm::zip_equal(op->getResults(), grads, paramTensors)) {
     auto type = cast<RankedTensorType>(result.getType());
-    results.push_back(grad ? h.tensor(grad, type)
-                           : tensor::EmptyOp::create(
-                                 h.b, type.getShape(), type.getElementType(),
-                                 dynamicSizesFrom(k, type, param))
-                                 .getResult());
+    if (grad) {
+      results.push_back(h.tensor(grad, type));
+      continue;
+    }
+    SmallVector<Value> sizes;
+    for (int64_t d = 0; d < type.getRank(); ++d)
+      if (type.isDynamicDim(d))
+        sizes.push_back(tensor::DimOp::create(rewriter, loc, param, d));
+    results.push_back(tensor::EmptyOp::create(rewriter, loc, type.getShape(),
+                                              type.getElementType(), sizes)
+                          .getResult());
   }
   rewriter.replaceOp(op, results);
   return success();

@@ -6,9 +6,12 @@
 
 #include "KernelUtils.h"
 
+#include "MoE/IR/MoEOps.h"
+
 #include "mlir/Dialect/GPU/Transforms/Passes.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/IR/SymbolTable.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 
 #include <limits>
@@ -321,19 +324,35 @@ MemRefType mlir::moe::gpu_lowering::workgroupMemRef(ArrayRef<int64_t> shape,
 // Host code
 //===----------------------------------------------------------------------===//
 
+/// The identity-layout memref of a ranked tensor type: the type of a kernel
+/// block argument (KernelOp's builder).
+static MemRefType bufferTypeOf(RankedTensorType type) {
+  return MemRefType::get(type.getShape(), type.getElementType());
+}
+
+/// The body's block, in the placeholder or in the kernel.
+static Block &blockOf(Operation *op) { return op->getRegion(0).front(); }
+
 HostCode::HostCode(RewriterBase &rewriter, Operation *op)
     : rewriter(rewriter), b(op->getLoc(), rewriter),
       module(op->getParentOfType<ModuleOp>()), k(b) {
   b.setInsertionPoint(op);
+  body = KernelOp::create(b, ValueRange{}, ValueRange{});
+  b.setInsertionPoint(blockOf(body).getTerminator());
   auto tokenType = b.getType<gpu::AsyncTokenType>();
   token = gpu::WaitOp::create(b, tokenType, ValueRange{}).getAsyncToken();
 }
 
 Value HostCode::buffer(Value tensor) {
-  auto type = cast<RankedTensorType>(tensor.getType());
-  auto memref = MemRefType::get(type.getShape(), type.getElementType());
-  return bufferization::ToBufferOp::create(b, memref, tensor,
-                                           /*read_only=*/true);
+  Block &block = blockOf(body);
+  for (auto [i, in] : llvm::enumerate(ins))
+    if (in == tensor)
+      return block.getArgument(i);
+  // Ins come before the outs in the block's arguments.
+  ins.push_back(tensor);
+  return block.insertArgument(
+      ins.size() - 1, bufferTypeOf(cast<RankedTensorType>(tensor.getType())),
+      b.getLoc());
 }
 
 Value HostCode::alloc(MemRefType type, ValueRange dynamicSizes) {
@@ -346,8 +365,66 @@ Value HostCode::alloc(MemRefType type, ValueRange dynamicSizes) {
 }
 
 Value HostCode::allocLike(RankedTensorType type, ValueRange dynamicSizes) {
-  return alloc(MemRefType::get(type.getShape(), type.getElementType()),
-               dynamicSizes);
+  SmallVector<Value> sizes;
+  for (Value size : dynamicSizes)
+    sizes.push_back(hoist(size));
+  OpBuilder::InsertionGuard guard(rewriter);
+  rewriter.setInsertionPoint(body);
+  outs.push_back(
+      bufferization::AllocTensorOp::create(rewriter, b.getLoc(), type, sizes));
+  return blockOf(body).addArgument(bufferTypeOf(type), b.getLoc());
+}
+
+Value HostCode::hoist(Value v) {
+  if (!body->getRegion(0).isAncestor(v.getParentRegion()))
+    return v;
+  if (Value done = hoisted.lookupOrNull(v))
+    return done;
+  Operation *def = v.getDefiningOp();
+  if (!def)
+    llvm::report_fatal_error("HostCode: a size of a result is a block "
+                             "argument of the host code");
+  Value result;
+  if (auto dim = dyn_cast<memref::DimOp>(def)) {
+    Value index = hoist(dim.getIndex());
+    OpBuilder::InsertionGuard guard(rewriter);
+    rewriter.setInsertionPoint(body);
+    Value source = dim.getSource();
+    auto arg = dyn_cast<BlockArgument>(source);
+    if (arg && arg.getOwner() == &blockOf(body)) {
+      // The dim of an in or an out is the dim of its tensor.
+      unsigned i = arg.getArgNumber();
+      Value t = i < ins.size() ? ins[i] : outs[i - ins.size()];
+      result = tensor::DimOp::create(rewriter, dim.getLoc(), t, index);
+    } else if (auto alloc = source.getDefiningOp<gpu::AllocOp>()) {
+      // A temporary's dim: its static size or its dynamic size operand.
+      std::optional<int64_t> d = getConstantIntValue(index);
+      MemRefType type = alloc.getType();
+      if (d && !type.isDynamicDim(*d)) {
+        result = arith::ConstantIndexOp::create(rewriter, dim.getLoc(),
+                                                type.getDimSize(*d));
+      } else if (d) {
+        // hoist() sets its own insertion point.
+        result = hoist(alloc.getDynamicSizes()[type.getDynamicDimIndex(*d)]);
+      }
+    }
+  } else if (def->getNumRegions() == 0 && isMemoryEffectFree(def)) {
+    // Arithmetic on sizes (and its constants).
+    for (Value operand : def->getOperands())
+      hoist(operand);
+    OpBuilder::InsertionGuard guard(rewriter);
+    rewriter.setInsertionPoint(body);
+    Operation *clone = rewriter.clone(*def, hoisted);
+    result = clone->getResult(cast<OpResult>(v).getResultNumber());
+  }
+  if (!result)
+    llvm::report_fatal_error(
+        llvm::Twine("HostCode: a size of a result depends on '") +
+        def->getName().getStringRef() +
+        "', which cannot be computed outside the host code (sizes may use "
+        "dims of buffer()s, outs and gpu.allocs, and arithmetic)");
+  hoisted.map(v, result);
+  return result;
 }
 
 void HostCode::fill32(Value buffer, Value value) {
@@ -392,23 +469,87 @@ Value HostCode::errorWord() {
 }
 
 void HostCode::finish(bool checkErrors) {
-  gpu::WaitOp::create(b, Type(), ValueRange{token});
+  closingWait = gpu::WaitOp::create(b, Type(), ValueRange{token});
   if (!checkErrors)
     return;
   auto f = declareRuntimeFunction(*this, "moeGpuCheckErrors", b.getI32Type());
   LLVM::CallOp::create(b, f, ValueRange{});
 }
 
+BlockArgument HostCode::outFor(Value buffer, RankedTensorType type) {
+  Block &block = blockOf(kernel ? kernel : body);
+  auto arg = dyn_cast<BlockArgument>(buffer);
+  if (arg && arg.getOwner() == &block && arg.getArgNumber() >= ins.size())
+    return arg;
+  if (kernel || !closingWait)
+    llvm::report_fatal_error("HostCode: a result that is not an out (see "
+                             "allocLike) is copied into one between finish() "
+                             "and the first tensor() or replace()");
+  // A temporary, a view or an operand's buffer: copied into a new out at the
+  // end of the stream, before the closing wait. (Results allocated with
+  // allocLike are written in place: no copy.)
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPoint(closingWait);
+  SmallVector<Value> sizes;
+  for (int64_t d = 0; d < type.getRank(); ++d)
+    if (type.isDynamicDim(d))
+      sizes.push_back(k.dim(buffer, d));
+  auto out = cast<BlockArgument>(allocLike(type, sizes));
+  auto tokenType = b.getType<gpu::AsyncTokenType>();
+  token = gpu::MemcpyOp::create(b, tokenType, ValueRange{token}, out, buffer)
+              .getAsyncToken();
+  // A temporary of the host code is dead once copied.
+  if (buffer.getDefiningOp<gpu::AllocOp>())
+    release(buffer);
+  rewriter.modifyOpInPlace(closingWait,
+                           [&] { closingWait->setOperand(0, token); });
+  return out;
+}
+
+void HostCode::makeKernelOp() {
+  if (!closingWait)
+    llvm::report_fatal_error("HostCode: tensor() or replace() before finish()");
+  // The placeholder cannot gain results: a new op takes its region.
+  OperationState state(body->getLoc(), KernelOp::getOperationName());
+  state.addOperands(ins);
+  state.addOperands(outs);
+  state.getOrAddProperties<KernelOp::Properties>().operandSegmentSizes = {
+      static_cast<int32_t>(ins.size()), static_cast<int32_t>(outs.size())};
+  state.addTypes(ValueRange(outs).getTypes());
+  state.addRegion();
+  OpBuilder::InsertionGuard guard(rewriter);
+  rewriter.setInsertionPoint(body);
+  kernel = rewriter.create(state);
+  Region &region = kernel->getRegion(0);
+  rewriter.inlineRegionBefore(body->getRegion(0), region, region.end());
+  rewriter.eraseOp(body);
+  body = nullptr;
+  b.setInsertionPointAfter(kernel);
+}
+
+Value HostCode::resultOf(BlockArgument out, RankedTensorType type) {
+  if (!kernel)
+    makeKernelOp();
+  Value result = kernel->getResult(out.getArgNumber() - ins.size());
+  if (result.getType() != type)
+    result = tensor::CastOp::create(b, type, result);
+  return result;
+}
+
 Value HostCode::tensor(Value buffer, RankedTensorType type) {
-  return bufferization::ToTensorOp::create(b, type, buffer,
-                                           /*restrict=*/b.getUnitAttr(),
-                                           /*writable=*/b.getUnitAttr());
+  return resultOf(outFor(buffer, type), type);
 }
 
 void HostCode::replace(Operation *op, ValueRange buffers) {
+  // Every out first: the kernel's results are fixed once it is made.
+  SmallVector<std::pair<BlockArgument, RankedTensorType>> results;
+  for (auto [result, buffer] : llvm::zip_equal(op->getResults(), buffers)) {
+    auto type = cast<RankedTensorType>(result.getType());
+    results.push_back({outFor(buffer, type), type});
+  }
   SmallVector<Value> tensors;
-  for (auto [result, buffer] : llvm::zip_equal(op->getResults(), buffers))
-    tensors.push_back(tensor(buffer, cast<RankedTensorType>(result.getType())));
+  for (auto [out, type] : results)
+    tensors.push_back(resultOf(out, type));
   rewriter.replaceOp(op, tensors);
 }
 

@@ -17,6 +17,7 @@
 #include "MoE/Kernels/Builder.h"
 #include "MoE/Kernels/TopK.h"
 
+#include "mlir/IR/IRMapping.h"
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 #include "mlir/IR/PatternMatch.h"
 
@@ -128,10 +129,18 @@ gpu::GPUFuncOp createKernel(HostCode &h, StringRef base, TypeRange argTypes,
 /// memref<shape x elt, #gpu.address_space<workgroup>>.
 MemRefType workgroupMemRef(ArrayRef<int64_t> shape, Type elementType);
 
-/// Host code of one op: operand buffers, result allocations and launches in
-/// one stream (an async token chain from gpu.wait async to a final gpu.wait).
-/// Every op goes through the pattern's rewriter (`b` shares its listener):
-/// the host code before `op`, kernels and runtime declarations in its module.
+/// Host code of one op, built inside a destination-style `moe.kernel`
+/// (MoEKernelOp.td): the tensors it reads are the kernel's `ins`, its results
+/// are `outs` whose destinations are `bufferization.alloc_tensor`, and the
+/// body works on the block arguments, the buffers of both. One-shot
+/// bufferization (moe-gpu-bufferize), not this code, turns the outs into
+/// device allocations. The body's work runs on one stream (an async token
+/// chain from gpu.wait async to a final gpu.wait); temporaries are gpu.alloc
+/// on it. Every op goes through the pattern's rewriter (`b` shares its
+/// listener): the kernel before `op`, GPU kernels and runtime declarations
+/// in its module. The ins and outs are collected as the host code asks for
+/// them; the moe.kernel with its results is made by the first tensor() or
+/// replace(), after finish().
 class HostCode {
 public:
   HostCode(RewriterBase &rewriter, Operation *op);
@@ -140,11 +149,16 @@ public:
   ModuleOp module;
   KB k;
 
-  /// The buffer of a tensor operand (identity layout; read only).
+  /// The buffer of a tensor operand (identity layout; read only): an in of
+  /// the kernel.
   Value buffer(Value tensor);
-  /// A device allocation (gpu.alloc) of `type` with dynamic sizes.
+  /// A temporary device allocation (gpu.alloc on the stream) of `type` with
+  /// dynamic sizes; it must be released, or be a result (replace() then
+  /// copies it into an out: use allocLike for results).
   Value alloc(MemRefType type, ValueRange dynamicSizes);
-  /// A device allocation shaped like a tensor result, dynamic sizes given.
+  /// The buffer of a result shaped like a tensor, dynamic sizes given: an
+  /// out of the kernel. The sizes may be computed in the host code from the
+  /// dims of buffer()s and outs (they are recomputed outside the kernel).
   Value allocLike(RankedTensorType type, ValueRange dynamicSizes);
   /// Fills a 32-bit buffer (f32 or i32) with a constant bit pattern.
   void fill32(Value buffer, Value value);
@@ -156,13 +170,37 @@ public:
   Value errorWord();
   /// Waits for the stream; with `checkErrors`, then calls moeGpuCheckErrors().
   void finish(bool checkErrors = false);
-  /// The tensor of a result buffer.
+  /// The tensor of a result buffer (after finish()): the kernel's result of
+  /// an out; any other buffer is first copied into a new out on the stream.
+  /// The first call makes the moe.kernel; `b` then continues after it.
   Value tensor(Value buffer, RankedTensorType type);
   /// Replaces the results of `op` by the tensors of `buffers` (one each).
   void replace(Operation *op, ValueRange buffers);
 
 private:
+  /// The out whose buffer is `buffer`; one holding a copy of it if `buffer`
+  /// is not an out.
+  BlockArgument outFor(Value buffer, RankedTensorType type);
+  /// The kernel's result of `out` as a `type` (making the kernel first).
+  Value resultOf(BlockArgument out, RankedTensorType type);
+  /// `v` (an index computed in the body) recomputed before the kernel.
+  Value hoist(Value v);
+  /// Makes the moe.kernel from the body built so far.
+  void makeKernelOp();
+
   Value token;
+  /// The op the body is built in until makeKernelOp(): a moe.kernel without
+  /// operands whose block arguments are added as ins and outs come.
+  Operation *body;
+  /// The kernel once made.
+  Operation *kernel = nullptr;
+  /// The ins (tensors) and outs (alloc_tensor results), in block argument
+  /// order.
+  SmallVector<Value> ins, outs;
+  /// The closing gpu.wait of finish().
+  Operation *closingWait = nullptr;
+  /// Values of the body recomputed before the kernel (hoist()).
+  IRMapping hoisted;
 };
 
 /// Records, from a kernel, that element `position` of the index operand of op

@@ -30,37 +30,6 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 
-namespace {
-/// True for a tensor.empty of host code that a function returns: moe ops with
-/// a zero-sized result are folded to one (moe-legalize-shapes), and bufferized
-/// as is it would be a host allocation, which the caller of a GPU function
-/// frees as device memory (moeGpuFree).
-bool isReturnedHostEmpty(tensor::EmptyOp op) {
-  if (op->getParentOfType<gpu::GPUModuleOp>())
-    return false;
-  return llvm::any_of(op->getUsers(), [](Operation *user) {
-    return isa<func::ReturnOp>(user);
-  });
-}
-
-/// A returned tensor.empty of host code becomes a device allocation like
-/// every other result of a GPU function.
-struct ReturnedEmptyToGPU final : OpConversionPattern<tensor::EmptyOp> {
-  using OpConversionPattern::OpConversionPattern;
-  LogicalResult
-  matchAndRewrite(tensor::EmptyOp op, OpAdaptor adaptor,
-                  ConversionPatternRewriter &rewriter) const override {
-    if (!isReturnedHostEmpty(op))
-      return failure();
-    HostCode h(rewriter, op);
-    Value buffer = h.allocLike(op.getType(), adaptor.getDynamicSizes());
-    h.finish();
-    h.replace(op, {buffer});
-    return success();
-  }
-};
-} // namespace
-
 void mlir::moe::populateMoEToGPUPatterns(
     RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
   patterns
@@ -71,7 +40,6 @@ void mlir::moe::populateMoEToGPUPatterns(
            RouteToGPU, DispatchPlanToGPU, TopkRenormGradToGPU,
            SimilarityInformGradToGPU, HyperRouterGradToGPU>(
           patterns.getContext(), options);
-  patterns.add<ReturnedEmptyToGPU>(patterns.getContext());
 }
 
 namespace {
@@ -117,8 +85,8 @@ struct ConvertMoEToGPUPass
             return std::nullopt;
           return true;
         });
-    target.addDynamicallyLegalOp<tensor::EmptyOp>(
-        [](tensor::EmptyOp op) { return !isReturnedHostEmpty(op); });
+    // The ops hold their host code (destination style).
+    target.addLegalOp<KernelOp, KernelEndOp>();
     ConversionConfig config;
     config.foldingMode = DialectConversionFoldingMode::Never;
     if (failed(applyPartialConversion(module, target, std::move(patterns),
@@ -127,7 +95,8 @@ struct ConvertMoEToGPUPass
 
     bool failed = false;
     module.walk([&](Operation *op) {
-      if (!isa_and_nonnull<MoEDialect>(op->getDialect()))
+      if (!isa_and_nonnull<MoEDialect>(op->getDialect()) ||
+          isa<KernelOp, KernelEndOp>(op))
         return;
       failed = true;
       if (!lowered.contains(op->getName()))

@@ -3,8 +3,9 @@
 // Part of the MoE-MLIR project.
 //
 // The fusion of mixing ops with their top-k gate (the fused kernels select the
-// experts in their epilogue), our conversion and one-shot bufferization, the
-// host code of each function on one stream (optionally results as out-params
+// experts in their epilogue), our conversion and one-shot bufferization into
+// device memory (moe-gpu-bufferize), the host code of each function on one
+// stream (optionally results as out-params
 // and no wait at the end: the torch ops' CUDA kernels), then
 // the passes of upstream
 // gpu-lower-to-nvvm-pipeline (mlir/lib/Dialect/GPU/Pipelines) with two
@@ -15,7 +16,6 @@
 
 #include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
 #include "MoE/Conversion/Passes.h"
-#include "MoE/Pipelines/Bufferize.h"
 #include "MoE/Transforms/Passes.h"
 
 #include "mlir/Conversion/Passes.h"
@@ -51,14 +51,15 @@ void mlir::moe::buildMoELowerToNVVMPipeline(
   // op, so that p [B, N, K] never goes to device memory.
   pm.addPass(createMoEFuseRouting());
   pm.addPass(createMoELegalizeShapes()); // size limits, zero-sized ops
-  // moe ops -> host code + kernels, on tensors; then buffers across the
-  // function boundaries (identity layouts: plain device memrefs for callers).
+  // moe ops -> moe.kernel ops holding host code + kernels, on tensors; then
+  // device buffers across the function boundaries (identity layouts: plain
+  // device memrefs for callers).
   ConvertMoEToGPUOptions convert;
   convert.sharedMemoryBytes = options.sharedMemoryBytes;
   convert.topkRounds = resolveTopkRounds(options);
   pm.addPass(createConvertMoEToGPU(convert));
   pm.addPass(createCanonicalizerPass());
-  moe::addOneShotBufferizeAcrossFunctions(pm);
+  pm.addPass(createMoEGPUBufferize());
   pm.addPass(createCanonicalizerPass());
   if (options.resultsToOutParams)
     pm.addPass(createMoEGPUResultsToOutParams());

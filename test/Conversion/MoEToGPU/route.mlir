@@ -29,10 +29,11 @@
 // CHECK-NOT: gpu.barrier
 // CHECK: gpu.return
 // CHECK-LABEL: func.func @deepseek_v3(
+// CHECK: bufferization.alloc_tensor(%{{.*}}) : tensor<?x8xf32>
+// CHECK: bufferization.alloc_tensor(%{{.*}}) : tensor<?x8xi32>
+// CHECK: moe.kernel ins(%{{.*}}, %{{.*}} : tensor<?x256xbf16>, tensor<256xf32>) outs(
 // CHECK: %[[T0:.*]] = gpu.wait async
-// CHECK: gpu.alloc async
-// CHECK: gpu.alloc async
-// CHECK: gpu.launch_func async [%{{.*}}] @moe_kernels::@route_warp_0 blocks in
+// CHECK: gpu.launch_func async [%[[T0]]] @moe_kernels::@route_warp_0 blocks in
 // CHECK: gpu.wait [%{{.*}}]
 func.func @deepseek_v3(%l: tensor<?x256xbf16>, %b: tensor<256xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
   %w, %i = moe.route %l bias(%b : tensor<256xf32>) k(8) scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) routed_scaling_factor(2.500000e+00) : tensor<?x256xbf16> -> tensor<?x8xf32>, tensor<?x8xi32>

@@ -70,8 +70,9 @@ func.func @sim(%u: tensor<2x128x64xf32>, %e: tensor<2x128x16xf32>) -> tensor<2x1
 // CHECK: memref.store {{.*}} : memref<256x2xf32>
 // CHECK: memref.store {{.*}} : memref<256x2xi32>
 // CHECK-LABEL: func.func @sim_topk(
-// CHECK: gpu.alloc async {{.*}} : memref<2x128x2xf32>
-// CHECK: gpu.alloc async {{.*}} : memref<2x128x2xi32>
+// CHECK: bufferization.alloc_tensor() : tensor<2x128x2xf32>
+// CHECK: bufferization.alloc_tensor() : tensor<2x128x2xi32>
+// CHECK: moe.kernel
 // CHECK-NOT: gpu.alloc
 // CHECK: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_topk_0
 func.func @sim_topk(%u: tensor<2x128x64xf32>, %e: tensor<2x128x16xf32>) -> (tensor<2x128x2xf32>, tensor<2x128x2xi32>) {

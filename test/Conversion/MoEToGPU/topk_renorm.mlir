@@ -19,15 +19,22 @@
 // CHECK: memref.store {{.*}} : memref<?x2xi32>
 // CHECK-NOT: gpu.barrier
 // CHECK: gpu.return
+// The host code is a destination-style moe.kernel: the operand is an in, the results are outs allocated by
+// one-shot bufferization (alloc_tensor, sized from the operand), the body launches on one stream.
 // CHECK-LABEL: func.func @topk(
-// CHECK: %[[T0:.*]] = gpu.wait async
-// CHECK: bufferization.to_buffer %{{.*}} read_only
-// CHECK: %[[W:.*]], %[[T1:.*]] = gpu.alloc async [%[[T0]]] (%{{.*}}) : memref<?x2xf32>
-// CHECK: %[[I:.*]], %[[T2:.*]] = gpu.alloc async [%[[T1]]] (%{{.*}}) : memref<?x2xi32>
-// CHECK: %[[T3:.*]] = gpu.launch_func async [%[[T2]]] @moe_kernels::@topk_renorm_warp_0 blocks in (%{{.*}}, %{{.*}}, %{{.*}}) threads in (%{{.*}}, %{{.*}}, %{{.*}})
-// CHECK: gpu.wait [%[[T3]]]
-// CHECK: bufferization.to_tensor %[[W]] restrict writable
-// CHECK: bufferization.to_tensor %[[I]] restrict writable
+// CHECK-SAME:      %[[S:.*]]: tensor<?x16xf32>)
+// CHECK: %[[N:.*]] = tensor.dim %[[S]], %{{.*}} : tensor<?x16xf32>
+// CHECK: %[[WD:.*]] = bufferization.alloc_tensor(%[[N]]) : tensor<?x2xf32>
+// CHECK: %[[N2:.*]] = tensor.dim %[[S]], %{{.*}} : tensor<?x16xf32>
+// CHECK: %[[ID:.*]] = bufferization.alloc_tensor(%[[N2]]) : tensor<?x2xi32>
+// CHECK: %[[R:.*]]:2 = moe.kernel ins(%[[S]] : tensor<?x16xf32>) outs(%[[WD]], %[[ID]] : tensor<?x2xf32>, tensor<?x2xi32>) {
+// CHECK-NEXT: ^bb0(%[[SB:.*]]: memref<?x16xf32>, %[[W:.*]]: memref<?x2xf32>, %[[I:.*]]: memref<?x2xi32>):
+// CHECK-NEXT:   %[[T0:.*]] = gpu.wait async
+// CHECK-NOT:    gpu.alloc
+// CHECK:        %[[T1:.*]] = gpu.launch_func async [%[[T0]]] @moe_kernels::@topk_renorm_warp_0 blocks in (%{{.*}}, %{{.*}}, %{{.*}}) threads in (%{{.*}}, %{{.*}}, %{{.*}}) args(%[[SB]] : memref<?x16xf32>, %[[W]] : memref<?x2xf32>, %[[I]] : memref<?x2xi32>)
+// CHECK-NEXT:   gpu.wait [%[[T1]]]
+// CHECK-NEXT: } -> tensor<?x2xf32>, tensor<?x2xi32>
+// CHECK-NEXT: return %[[R]]#0, %[[R]]#1
 func.func @topk(%s: tensor<?x16xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>) {
   %w, %i = moe.topk_renorm %s k(2) : tensor<?x16xf32> -> tensor<?x2xf32>, tensor<?x2xi32>
   return %w, %i : tensor<?x2xf32>, tensor<?x2xi32>

@@ -1,10 +1,11 @@
-// RUN: moe-opt %s --moe-legalize-shapes --convert-moe-to-gpu | FileCheck %s
+// RUN: moe-opt %s --moe-legalize-shapes --convert-moe-to-gpu --canonicalize --moe-gpu-bufferize | FileCheck %s
 // RUN: moe-opt %s --moe-lower-to-nvvm="chip=sm_90 format=isa" | FileCheck %s --check-prefix=LLVM
 
 // A moe op with a zero-sized result folds to tensor.empty (moe-legalize-shapes).
 // Returned from a GPU function it must still be a device allocation: the
 // caller frees every result with moeGpuFree, and a host malloc there was
-// cuMemFree's CUDA_ERROR_INVALID_VALUE on the H200.
+// cuMemFree's CUDA_ERROR_INVALID_VALUE on the H200. moe-gpu-bufferize makes
+// every allocation of one-shot bufferization a gpu.alloc.
 
 // CHECK-LABEL: func.func @no_tokens(
 // CHECK-NOT: tensor.empty
@@ -23,7 +24,7 @@ func.func @no_tokens(%s: tensor<0x16xf32>) -> (tensor<0x2xf32>, tensor<0x2xi32>)
   return %w, %i : tensor<0x2xf32>, tensor<0x2xi32>
 }
 
-// A tensor.empty that is not returned stays as it is.
+// A tensor.empty that is not returned and folds away allocates nothing.
 // CHECK-LABEL: func.func @local_empty(
 // CHECK-NOT: gpu.alloc
 // CHECK: return

@@ -37,17 +37,19 @@ class RewritePatternSet;
 
 namespace moe {
 #define GEN_PASS_DECL_CONVERTMOETOGPU
+#define GEN_PASS_DECL_MOEGPUBUFFERIZE
 #define GEN_PASS_DECL_MOEGPUHOSTSTREAM
 #define GEN_PASS_DECL_MOEGPURESULTSTOOUTPARAMS
 #include "MoE/Conversion/Passes.h.inc"
 
 /// Adds the patterns of convert-moe-to-gpu, one per moe op: each rewrites its
-/// op into host code (operand buffers, gpu.alloc of the results, launches on
-/// one stream) and kernels in gpu.module @moe_kernels of the op's module, and
-/// fails to match, with an error at the op, where the op's form has no kernel
-/// or a kernel would exceed a CUDA limit (`options.sharedMemoryBytes` of
-/// shared memory per block, threads per block, static grid sizes). Apply them
-/// with the dialect conversion driver, which undoes a failed lowering.
+/// op into a moe.kernel (ins: its operands, outs: alloc_tensors of its
+/// results) holding the host code (launches on one stream) and kernels in
+/// gpu.module @moe_kernels of the op's module, and fails to match, with an
+/// error at the op, where the op's form has no kernel or a kernel would exceed
+/// a CUDA limit (`options.sharedMemoryBytes` of shared memory per block,
+/// threads per block, static grid sizes). Apply them with the dialect
+/// conversion driver, which undoes a failed lowering.
 void populateMoEToGPUPatterns(RewritePatternSet &patterns,
                               const ConvertMoEToGPUOptions &options);
 
