@@ -270,10 +270,10 @@ PosteriorGrads attentionPosteriorBackward(
   if (scores.is_cuda() && !minEntropy) {
     // No GPU kernel for every head (convert-moe-to-gpu refuses it, as for
     // the forward): the eager closed form on the CUDA tensors.
-    std::vector<Tensor> r = allHeadsReference(
-        "_attention_posterior_backward_ref",
-        {dp, scores, u, v, wo, e, c10::IValue(), sigma,
-         std::string(headSelect), headScale});
+    std::vector<Tensor> r =
+        allHeadsReference("_attention_posterior_backward_ref",
+                          {dp, scores, u, v, wo, e, c10::IValue(), sigma,
+                           std::string(headSelect), headScale});
     return {r.at(0), r.at(1), r.at(2), r.at(3), r.at(4)};
   }
   Key key(op);
