@@ -326,6 +326,32 @@ def test_similarity_inform_gradients_through_the_kernels(dev, causal, with_ws, w
     assert ran_kernel("topk_renorm_backward", dev)
 
 
+@pytest.mark.parametrize("head_scale", [None, 1.5])
+def test_attention_posterior_gradients_through_the_kernels(dev, head_scale):
+    """The backward kernel of attention_posterior (on CUDA the GPU lowering's query-major and key-major passes at the
+    forward's head h*) against autograd of the reference (float64 leaves): N = 37 and Nk = 41 (not multiples of the
+    tiles), a fully masked query row gets no gradient, a masked key no score gradient, d_scores is 0 off h*."""
+    s, u, v, wo, e = _attention_inputs(gen(14), N=37, Nk=41)
+    s[0, :, 1, :] = -INF  # a fully masked query row in every head
+    s[1, :, :, 2] = -INF  # a key masked in every head
+    dp = torch.randn(2, 37, 6, generator=gen(15))
+    leaves = [s, u, v, wo, e]
+    ours = [t.clone().to(dev).requires_grad_() for t in leaves]
+    ref = [t.double().requires_grad_() for t in leaves]
+    p, head = torch.ops.moe.attention_posterior(*ours, 0.8, "min_entropy", head_scale)
+    p.backward(dp.to(dev))
+    rp, rhead = R.attention_posterior(*ref, 0.8, "min_entropy", head_scale)
+    rp.backward(dp.to(rp.dtype))
+    assert torch.equal(head.cpu().long(), rhead.long())
+    for name, a, b in zip(("d_scores", "du", "dv", "dwo", "de"), ours, ref):
+        torch.testing.assert_close(a.grad.cpu(), b.grad.float(), atol=2e-5, rtol=1e-4, msg=name)
+    ds = ours[0].grad.cpu()
+    assert not ds[0, :, 1].any() and not ds[1, :, :, 2].any() and not ours[1].grad[0, 1].any()
+    for b in range(2):
+        assert not torch.cat([ds[b, :int(head[b])], ds[b, int(head[b]) + 1:]]).any()
+    assert ran_kernel("attention_posterior_backward", dev)
+
+
 # ================================================================================================================
 # CUDA behaviour: streams, CUDA graphs, deferred index errors, the dispatcher
 # ================================================================================================================

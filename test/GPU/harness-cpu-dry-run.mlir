@@ -9,10 +9,11 @@
 // CHECK: PASS: similarity_inform
 // CHECK: PASS: similarity_inform_grad
 // CHECK: PASS: attention_posterior
+// CHECK: PASS: attention_posterior_grad
 // CHECK: PASS: mad_dispersion
 // CHECK: PASS: adjacency_update
 // CHECK: PASS: hyper_router
 // CHECK: PASS: hyper_router_grad
 // CHECK: PASS: route
 // CHECK: PASS: dispatch_plan
-// CHECK: 10 passed, 0 failed (CPU dry run)
+// CHECK: 11 passed, 0 failed (CPU dry run)

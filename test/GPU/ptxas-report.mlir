@@ -25,4 +25,6 @@
 // TABLE-DAG: | sm_80 | nospill_hyper_router_grad | hyper_router_grad_layer_{{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 | 0 |
 // TABLE-DAG: | sm_90 | nospill_hyper_router_grad | hyper_router_grad_sum_{{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 | 0 |
 // TABLE-DAG: | sm_90 | nospill_hyper_router_grad_frozen_bf16 | hyper_router_grad_layer_{{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 | 0 |
+// TABLE-DAG: | sm_90 | attention_posterior_grad | attention_posterior_grad_dq_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_80 | attention_posterior_grad_k256 | attention_posterior_grad_dq_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
 // TABLE-NOT: Failures

@@ -642,6 +642,70 @@ def case_attention(lib, g):
     close("attn_bf16 p", p, rp, rtol=1e-3, atol=1e-4)
 
 
+def ref_attention_grads(scores, u, v, wo, e, dp, head, sigma=1.0, head_scale=None):
+    """(d_scores, du, dv, dwo, de): float64 autograd of ref_attention's posterior at the given heads h* (nothing
+    flows through the choice), with the masked-row guards moved out of the graph as in ref_similarity_grads."""
+    leaves = [t.double().requires_grad_() for t in (scores, u, v, wo, e)]
+    s, uu, vv, w, ee = leaves
+    H, Dh = s.shape[1], vv.shape[-1]
+    hs = float(H) if head_scale is None else head_scale
+    out = []
+    for b in range(s.shape[0]):
+        h = int(head[b])
+        m = hs * vv[b, h] @ w[:, h * Dh:(h + 1) * Dh].t()
+        logits = s[b, h] + uu[b] @ m.t() / sigma ** 2 - (m * m).sum(-1) / (2 * sigma ** 2)
+        mx = logits.amax(-1, keepdim=True).detach()
+        p = torch.exp(logits - torch.where(mx == NEG_INF, torch.zeros_like(mx), mx))
+        z = p.sum(-1, keepdim=True)
+        out.append((p / torch.where(z == 0, torch.ones_like(z), z)) @ ee[b])
+    return torch.autograd.grad(torch.stack(out), leaves, dp.double())
+
+
+def check_attention_grad(name, lib, fn, ins, head, dp, sigma=1.0, head_scale=None, rtol=1e-3, atol=1e-4):
+    shapes = [(tuple(t.shape), torch.float32) for t in ins]
+    got = lib.call(fn, list(ins) + [head, dp], shapes)
+    want = ref_attention_grads(*ins, dp, head.cpu(), sigma, head_scale)
+    for label, a, b in zip(("d_scores", "du", "dv", "dwo", "de"), got, want):
+        close(f"{name} {label}", a, b, rtol=rtol, atol=atol)
+    ds = got[0].cpu()
+    for b in range(ds.shape[0]):                  # d_scores is 0 off the chosen head
+        off = torch.ones(ds.shape[1], dtype=torch.bool)
+        off[int(head[b])] = False
+        if ds[b, off].abs().max().item() != 0:
+            raise AssertionError(f"{name}: d_scores is not 0 off the head h* of sequence {b}")
+    return got
+
+
+def case_attention_grad(lib, g):
+    # attention_inputs: masked keys (-inf scores on head 2 of sequence 1) and a fully masked query row (row 3 of
+    # sequence 1); N = 50, Nk = 60: not multiples of the 16-row / 32-column tiles; h* from the forward reference
+    ins = attention_inputs(g)
+    _, head = ref_attention(*ins, sigma=2.0)
+    dp = torch.randn(2, 50, 16, generator=g).to(DEV)
+    got = check_attention_grad("apgrad", lib, "apgrad", ins, head, dp, sigma=2.0)
+    if got[0][1, :, 3].abs().max().item() != 0 or got[1][1, 3].abs().max().item() != 0:
+        raise AssertionError("apgrad: the fully masked row got a gradient")
+
+    # bf16 operands, head_scale 1; h* = 2 in sequence 1: the head with the masked keys
+    ins = [t.bfloat16() for t in attention_inputs(g)]
+    head = torch.tensor([1, 2], dtype=torch.int32).to(DEV)
+    dp = torch.randn(2, 50, 16, generator=g).to(DEV)
+    got = check_attention_grad("apgrad_bf16", lib, "apgrad_bf16", ins, head, dp, sigma=2.0, head_scale=1.0,
+                               rtol=2e-3, atol=2e-4)
+    if got[0][1, 2, :, 10:].abs().max().item() != 0:
+        raise AssertionError("apgrad_bf16: a masked key got a score gradient")
+
+    # one query, Nk = 33 (one key past a column tile), a masked key, h* = 1
+    s = torch.randn(1, 2, 1, 33, generator=g)
+    s[0, 1, 0, 5] = NEG_INF
+    ins = [t.to(DEV) for t in (s, torch.randn(1, 1, 12, generator=g) * 0.5, torch.randn(1, 2, 33, 4, generator=g) * 0.3,
+                               torch.randn(12, 8, generator=g) * 0.3,
+                               torch.softmax(torch.randn(1, 33, 8, generator=g), -1))]
+    dp = torch.randn(1, 1, 8, generator=g).to(DEV)
+    check_attention_grad("apgrad_one", lib, "apgrad_one", ins, torch.tensor([1], dtype=torch.int32).to(DEV), dp,
+                         sigma=0.5)
+
+
 def case_mad(lib, g):
     x = torch.randn(500, 40, generator=g).to(DEV)
     a = torch.randint(0, 7, (500,), generator=g).int().to(DEV)   # cluster 7 empty
@@ -877,6 +941,7 @@ CASES = {
     "similarity_inform": case_similarity,
     "similarity_inform_grad": case_similarity_grad,
     "attention_posterior": case_attention,
+    "attention_posterior_grad": case_attention_grad,
     "mad_dispersion": case_mad,
     "adjacency_update": case_adjacency,
     "hyper_router": case_hyper,

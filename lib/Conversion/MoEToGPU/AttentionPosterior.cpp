@@ -186,6 +186,21 @@ static gpu::GPUFuncOp createMeansKernel(HostCode &host, TypeRange argTypes,
   return kernel;
 }
 
+void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &h, Value v, Value wo,
+                                              Value head, Value means,
+                                              Value bias,
+                                              std::optional<double> headScale,
+                                              double sigma, Location loc) {
+  auto kernel = createMeansKernel(h,
+                                  {v.getType(), wo.getType(), head.getType(),
+                                   means.getType(), bias.getType()},
+                                  headScale.value_or(0.0),
+                                  !headScale.has_value(), sigma, loc);
+  KB &k = h.k;
+  h.launch(kernel, {k.dim(v, 2), k.dim(v, 0), k.idx(1)}, {kMeansThreads, 1, 1},
+           {v, wo, head, means, bias});
+}
+
 /// attention_posterior or its fused top-k form (the same operands, one result
 /// more).
 template <typename OpTy>
@@ -260,13 +275,7 @@ lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
       MemRefType::get({ShapedType::kDynamic, ShapedType::kDynamic}, f32);
   Value means = h.alloc(meansType, {B, Nk, D});
   Value bias = h.alloc(biasType, {B, Nk});
-  auto meansKernel = createMeansKernel(
-      h,
-      {v.getType(), wo.getType(), head.getType(), means.getType(),
-       bias.getType()},
-      headScale.value_or(0.0), !headScale.has_value(), sigma, op->getLoc());
-  h.launch(meansKernel, {Nk, B, k.idx(1)}, {kMeansThreads, 1, 1},
-           {v, wo, head, means, bias});
+  launchHeadMeans(h, v, wo, head, means, bias, headScale, sigma, op->getLoc());
 
   // 4: the posterior mixing.
   FlashMixSpec spec;

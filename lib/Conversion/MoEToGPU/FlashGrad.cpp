@@ -18,10 +18,17 @@
 //    output rows in global memory: a block is the only writer of its rows and
 //    adds the tiles in column order, so the result is deterministic (no
 //    atomics) and W (the feature width, dynamic) is not bounded by registers;
-//  * an excluded pair (masked key, causal j > i, padding) is marked S = -1 in
-//    the tile and adds nothing (not 0 · v, so that a NaN in the value row of
-//    a key a query does not see stays out of that query's gradient, as in the
-//    forward kernel).
+//  * an excluded pair (masked key, causal j > i, an added score of -inf,
+//    padding) is marked S = -1 in the tile and adds nothing (not 0 · v, so
+//    that a NaN in the value row of a key a query does not see stays out of
+//    that query's gradient, as in the forward kernel);
+//  * attention_posterior's logits (AttentionPosteriorGrad.cpp) add a per-key
+//    bias and the scores of the head h*[b] to the scaled dot, in the forward
+//    kernel's order, and its query-major pass also stores the logit
+//    cotangent dz = S (g - delta) of every pair (0 for an excluded one): the
+//    scores' gradient at h*;
+//  * a `ones` accumulator sums the weights of a row (Σ_col W, values all 1)
+//    without staging anything.
 //
 // The caller runs it twice with the roles swapped (query-major: rows are
 // queries, for the query gradient; key-major: rows are keys, for the value
@@ -68,15 +75,20 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
     Value lse = entry.getArgument(a++);
     Value delta = entry.getArgument(a++);
     Value keyMask = spec.hasKeyMask ? entry.getArgument(a++) : Value();
+    Value bias = spec.hasBias ? entry.getArgument(a++) : Value();
+    Value add = spec.hasAddScores ? entry.getArgument(a++) : Value();
+    Value head = spec.hasAddScores ? entry.getArgument(a++) : Value();
+    Value dzOut = spec.storeDz ? entry.getArgument(a++) : Value();
     SmallVector<std::pair<Value, Value>> accs;
-    for (size_t n = 0; n < spec.accumulators.size(); ++n) {
-      Value values = entry.getArgument(a++);
+    for (const FlashGradSpec::Accumulator &acc : spec.accumulators) {
+      Value values = acc.ones ? Value() : entry.getArgument(a++);
       accs.push_back({values, entry.getArgument(a++)});
     }
     auto wg = kernel.getWorkgroupAttributions();
     Value rs = wg[0], cs = wg[1], ss = wg[2], dxs = wg[3];
 
     Value zero = k.cF32(0.0);
+    Value negInf = k.negInfLike(k.f32());
     Value excludedMark = k.cF32(-1.0);
     Value c0 = k.idx(0), c1 = k.idx(1);
     Value tid = k.threadId();
@@ -89,6 +101,17 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
     Value i = k.add(rowBase, t.row);
     Value active = k.lt(i, R);
     Value row = k.select(active, i, k.sub(R, c1));
+    // The scores (and dz) of head h*[b] as rows [B·H·Nq, Nk]: the row of
+    // query i is (b·H + h*) · Nq + i (one index computation per pair, not a
+    // 4-D one: fewer registers).
+    Value scoreRow0;
+    if (add) {
+      Value h = k.castInt(k.load(head, {b}), k.index());
+      scoreRow0 = k.mul(k.add(k.mul(b, k.dim(add, 1)), h), k.dim(add, 2));
+      add = viewAs2D(kb, add);
+      if (dzOut)
+        dzOut = viewAs2D(kb, dzOut);
+    }
 
     // Columns the tile needs: causal pairs have key <= query, so a
     // query-major tile stops after its last row and a key-major tile starts
@@ -103,8 +126,9 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
     if (!spec.keyMajor) {
       rowLse = k.load(lse, {b, row});
       rowDelta = k.load(delta, {b, row});
-    } else if (keyMask) {
-      rowIsKey = k.load(keyMask, {b, row});
+    } else {
+      if (keyMask)
+        rowIsKey = k.load(keyMask, {b, row});
     }
 
     k.forLoop(colBegin, colEnd, k.idx(kFlashCols), [&](Value j0) {
@@ -129,19 +153,53 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
           keep = k.andI(keep, k.cmpi(arith::CmpIPredicate::ule, key, query));
         Value l = spec.keyMajor ? k.load(lse, {b, cl}) : rowLse;
         Value d = spec.keyMajor ? k.load(delta, {b, cl}) : rowDelta;
+        // The forward kernel's logit, in its order (SimilarityInform.cpp).
         Value x = k.fdiv(sDots[c], k.cF32(spec.scaleDiv));
+        if (bias)
+          x = k.fadd(x, k.load(bias, {b, key}));
+        if (add) {
+          Value score = k.loadF(add, {k.add(scoreRow0, query), key});
+          x = k.fadd(x, score);
+          keep = k.andI(keep, k.cmpf(arith::CmpFPredicate::UNE, score, negInf));
+        }
         Value s = softmaxFromLogSumExp(k, x, l);
-        Value dx =
-            k.fdiv(k.fmul(s, k.fsub(gDots[c], d)), k.cF32(spec.scaleDiv));
+        Value dz = k.fmul(s, k.fsub(gDots[c], d));
+        Value dx = k.fdiv(dz, k.cF32(spec.scaleDiv));
         k.store(k.select(keep, s, excludedMark), ss, {t.row, jj});
         k.store(k.select(keep, dx, zero), dxs, {t.row, jj});
+        if (dzOut)
+          k.ifThen(k.andI(active, inRange), [&] {
+            k.store(k.select(keep, dz, zero), dzOut,
+                    {k.add(scoreRow0, query), key});
+          });
       }
 
       Value first = k.eq(j0, colBegin);
       for (auto [acc, outs] : llvm::zip(spec.accumulators, accs)) {
         auto [values, out] = outs;
-        Value W = k.dim(values, 2);
         Value weights = acc.byDx ? dxs : ss;
+        if (acc.ones) {
+          // Σ_col W of the row: lane 0 of its group sums the tile row in
+          // column order (the barrier publishes the other lanes' entries).
+          k.barrier();
+          Value sum = k.forLoop(
+              c0, k.idx(kFlashCols), c1, {zero},
+              [&](Value jj, ValueRange s) -> SmallVector<Value> {
+                Value sw = k.load(ss, {t.row, jj});
+                Value seen =
+                    k.cmpf(arith::CmpFPredicate::UNE, sw, excludedMark);
+                Value w = acc.byDx ? k.load(weights, {t.row, jj}) : sw;
+                return {k.select(seen, k.fadd(s[0], w), s[0])};
+              })[0];
+          k.ifThen(k.andI(active, k.eq(t.lane, c0)), [&] {
+            Value old = k.load(out, {b, row, c0});
+            if (!acc.addToOut)
+              old = k.select(first, zero, old);
+            k.store(k.fadd(old, sum), out, {b, row, c0});
+          });
+          continue;
+        }
+        Value W = k.dim(values, 2);
         k.forLoop(c0, W, k.idx(kFlashChunk), [&](Value w0) {
           // The value rows of the tile's columns at features [w0, w0 + 32).
           k.barrier();

@@ -79,6 +79,7 @@ MOE_GPU_LOWERING_PATTERN(DispatchPlanToGPU, DispatchPlanOp);
 MOE_GPU_LOWERING_PATTERN(TopkRenormGradToGPU, TopkRenormGradOp);
 MOE_GPU_LOWERING_PATTERN(SimilarityInformGradToGPU, SimilarityInformGradOp);
 MOE_GPU_LOWERING_PATTERN(HyperRouterGradToGPU, HyperRouterGradOp);
+MOE_GPU_LOWERING_PATTERN(AttentionPosteriorGradToGPU, AttentionPosteriorGradOp);
 #undef MOE_GPU_LOWERING_PATTERN
 
 /// The flash-style mixing kernel shared by similarity_inform and
@@ -158,12 +159,24 @@ SmallVector<Value> emitFlashDots(class KB &k, const FlashLanes &t, Value b,
 ///   S = exp(<sq_i, sk_j> / scaleDiv - lse_i)       (0 unless j is a key of i)
 ///   dX = S (<gq_i, gk_j> - delta_i) / scaleDiv
 /// and adds Σ_col W · values[b, col, :] to out[b, row, :] for each
-/// accumulator (W = S or dX).
+/// accumulator (W = S or dX). With a bias and added scores (the posterior of
+/// attention_posterior) the logit is, in the forward kernel's order,
+///   <sq_i, sk_j> / scaleDiv + bias[b,j] + add[b,head[b],i,j]
+/// and a pair whose added score is -inf is excluded.
 struct FlashGradSpec {
   /// Rows are keys and columns queries (the key-major pass).
   bool keyMajor = false;
   bool causal = false;
   bool hasKeyMask = false;
+  /// A per-key bias [B,Nk] (f32) added to the logits.
+  bool hasBias = false;
+  /// Scores add [B,H,Nq,Nk] (any float) of the head head[b] ([B], i32)
+  /// added to the logits.
+  bool hasAddScores = false;
+  /// Query-major with added scores only: stores dz = S (<gq_i, gk_j> -
+  /// delta_i) (dX before the division; 0 for an excluded pair) at
+  /// dz[b, head[b], i, j] for every pair of the block's rows.
+  bool storeDz = false;
   double scaleDiv = 1.0;
   struct Accumulator {
     /// Weighted by dX (else by S).
@@ -171,6 +184,9 @@ struct FlashGradSpec {
     /// `out` already holds a sum to add to (else the first column tile
     /// stores).
     bool addToOut = false;
+    /// The values are all 1 and take no argument: out [B,R,1] gets the row
+    /// sums of the weights.
+    bool ones = false;
   };
   SmallVector<Accumulator> accumulators;
 };
@@ -178,8 +194,10 @@ struct FlashGradSpec {
 /// Creates the kernel and launches it (grid ceil(rows / kFlashRows) x B,
 /// block kFlashThreads) on `args`: scoreRows [B,R,D], scoreCols [B,C,D],
 /// gradRows [B,R,G], gradCols [B,C,G], lse [B,Nq] (+inf for a row without
-/// keys: every S of it is 0), delta [B,Nq], key_mask [B,Nk] (i1) when
-/// present, then per accumulator values [B,C,W] and out [B,R,W] (f32).
+/// keys: every S of it is 0), delta [B,Nq], then when present key_mask
+/// [B,Nk] (i1), bias [B,Nk], add [B,H,Nq,Nk] and head [B], dz [B,H,Nq,Nk]
+/// (f32), then per accumulator values [B,C,W] (none for `ones`) and out
+/// [B,R,W] (f32).
 void launchFlashGrad(class HostCode &h, StringRef name,
                      const FlashGradSpec &spec, ValueRange args, Location loc);
 
@@ -197,6 +215,14 @@ void launchFlashGradStats(class HostCode &h, Value lse, Value p, Value dp,
 void launchRowProjection(class HostCode &h, StringRef name, Value x, Value w,
                          Value out, bool transposed, bool accumulate,
                          Location loc);
+
+/// The head means of attention_posterior (AttentionPosterior.cpp), a block
+/// per key (b, j): means[b,j,:] = c · v[b,h*,j,:] · wo[:, h*·Dh:(h*+1)·Dh]^T
+/// with h* = head[b] read on the device and c = `headScale` (H, the dim 1
+/// of v, when absent), and bias[b,j] = -‖means[b,j,:]‖² / (2 sigma²) (f32).
+void launchHeadMeans(class HostCode &h, Value v, Value wo, Value head,
+                     Value means, Value bias, std::optional<double> headScale,
+                     double sigma, Location loc);
 
 /// A memref of rank >= 1 viewed as 2-D [rows, last]: rank 1 gets a unit
 /// leading dim, rank > 2 has its leading dims collapsed (identity layouts).

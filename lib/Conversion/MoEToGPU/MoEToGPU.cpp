@@ -38,7 +38,8 @@ void mlir::moe::populateMoEToGPUPatterns(
            AttentionPosteriorToGPU, AttentionPosteriorTopkToGPU,
            MadDispersionToGPU, AdjacencyUpdateToGPU, HyperRouterToGPU,
            RouteToGPU, DispatchPlanToGPU, TopkRenormGradToGPU,
-           SimilarityInformGradToGPU, HyperRouterGradToGPU>(
+           SimilarityInformGradToGPU, HyperRouterGradToGPU,
+           AttentionPosteriorGradToGPU>(
           patterns.getContext(), options);
 }
 

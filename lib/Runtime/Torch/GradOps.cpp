@@ -9,8 +9,9 @@
 // that calls them), and the CUDA kernels of those with a GPU lowering
 // (registerGradCudaKernels: the same functions, their keys naming the device:
 // similarity_inform_fwd and _backward, topk_renorm_backward,
-// hyper_router_backward; attention_posterior_backward runs its eager
-// reference on CUDA tensors). Each lowers the backward op of the dialect
+// hyper_router_backward, attention_posterior_backward; the latter's
+// head_select = all runs its eager reference on CUDA tensors, as the forward
+// does). Each lowers the backward op of the dialect
 // (include/MoE/IR/MoEGradOps.td) through the same kernel cache as the forward
 // ops (TorchKernels.h): token-like dimensions dynamic, one kernel per static
 // signature.
@@ -252,7 +253,7 @@ PosteriorGrads attentionPosteriorBackward(
     std::optional<double> headScale) {
   const char *op = "attention_posterior_backward";
   attentionChecks(op, scores, u, v, wo, e);
-  checkCpu(op, {&dp, &scores});
+  checkDevice(op, {&scores, &dp});
   checkRank(op, "grad_p", dp, 3, "[B, N, K], the shape of p");
   int64_t B = scores.size(0), H = scores.size(1), N = scores.size(2);
   checkDim(op, "grad_p", dp, 0, B, "B");
@@ -264,6 +265,17 @@ PosteriorGrads attentionPosteriorBackward(
                                  "forward's chosen head h*, [B])"
                                : "'head' must be None for head_select = all "
                                  "(the gradient mixes every head)");
+  if (head)
+    checkDevice(op, {&scores, &*head});
+  if (scores.is_cuda() && !minEntropy) {
+    // No GPU kernel for every head (convert-moe-to-gpu refuses it, as for
+    // the forward): the eager closed form on the CUDA tensors.
+    std::vector<Tensor> r =
+        allHeadsReference("_attention_posterior_backward_ref",
+                          {dp, scores, u, v, wo, e, c10::IValue(), sigma,
+                           std::string(headSelect), headScale});
+    return {r.at(0), r.at(1), r.at(2), r.at(3), r.at(4)};
+  }
   Key key(op);
   key.attr("sigma", sigma).attr("head_select", headSelect).attr("head_scale",
                                                                headScale);
@@ -318,6 +330,7 @@ void moe_torch::registerGradCudaKernels(torch::Library &m) {
   m.impl("similarity_inform_backward", &similarityInformBackward);
   m.impl("topk_renorm_backward", &topkRenormBackward);
   m.impl("hyper_router_backward", &hyperRouterBackward);
+  m.impl("attention_posterior_backward", &attentionPosteriorBackward);
 }
 
 TORCH_LIBRARY_IMPL(moe, CPU, m) {

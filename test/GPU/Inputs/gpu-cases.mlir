@@ -184,3 +184,15 @@ func.func @simgrad_k256(%u: tensor<1x33x24xf16>, %e: tensor<1x33x256xf32>, %ws: 
   %du, %de, %dws = moe.similarity_inform_grad %u, %e ws(%ws : tensor<24x24xf32>) dp(%dp : tensor<1x33x256xf32>) causal(true) : tensor<1x33x24xf16>, tensor<1x33x256xf32> -> tensor<1x33x24xf32>, tensor<1x33x256xf32>, tensor<24x24xf32>
   return %du, %de, %dws : tensor<1x33x24xf32>, tensor<1x33x256xf32>, tensor<24x24xf32>
 }
+func.func @apgrad(%s: tensor<2x4x50x60xf32>, %u: tensor<2x50x32xf32>, %v: tensor<2x4x60x8xf32>, %wo: tensor<32x32xf32>, %e: tensor<2x60x16xf32>, %h: tensor<2xi32>, %dp: tensor<2x50x16xf32>) -> (tensor<2x4x50x60xf32>, tensor<2x50x32xf32>, tensor<2x4x60x8xf32>, tensor<32x32xf32>, tensor<2x60x16xf32>) {
+  %ds, %du, %dv, %dwo, %de = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<2xi32>) dp(%dp : tensor<2x50x16xf32>) sigma(2.000000e+00) : tensor<2x4x50x60xf32>, tensor<2x50x32xf32>, tensor<2x4x60x8xf32>, tensor<32x32xf32>, tensor<2x60x16xf32> -> tensor<2x4x50x60xf32>, tensor<2x50x32xf32>, tensor<2x4x60x8xf32>, tensor<32x32xf32>, tensor<2x60x16xf32>
+  return %ds, %du, %dv, %dwo, %de : tensor<2x4x50x60xf32>, tensor<2x50x32xf32>, tensor<2x4x60x8xf32>, tensor<32x32xf32>, tensor<2x60x16xf32>
+}
+func.func @apgrad_bf16(%s: tensor<2x4x50x60xbf16>, %u: tensor<2x50x32xbf16>, %v: tensor<2x4x60x8xbf16>, %wo: tensor<32x32xbf16>, %e: tensor<2x60x16xbf16>, %h: tensor<2xi32>, %dp: tensor<2x50x16xf32>) -> (tensor<2x4x50x60xf32>, tensor<2x50x32xf32>, tensor<2x4x60x8xf32>, tensor<32x32xf32>, tensor<2x60x16xf32>) {
+  %ds, %du, %dv, %dwo, %de = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<2xi32>) dp(%dp : tensor<2x50x16xf32>) sigma(2.000000e+00) head_scale(1.000000e+00) : tensor<2x4x50x60xbf16>, tensor<2x50x32xbf16>, tensor<2x4x60x8xbf16>, tensor<32x32xbf16>, tensor<2x60x16xbf16> -> tensor<2x4x50x60xf32>, tensor<2x50x32xf32>, tensor<2x4x60x8xf32>, tensor<32x32xf32>, tensor<2x60x16xf32>
+  return %ds, %du, %dv, %dwo, %de : tensor<2x4x50x60xf32>, tensor<2x50x32xf32>, tensor<2x4x60x8xf32>, tensor<32x32xf32>, tensor<2x60x16xf32>
+}
+func.func @apgrad_one(%s: tensor<1x2x1x33xf32>, %u: tensor<1x1x12xf32>, %v: tensor<1x2x33x4xf32>, %wo: tensor<12x8xf32>, %e: tensor<1x33x8xf32>, %h: tensor<1xi32>, %dp: tensor<1x1x8xf32>) -> (tensor<1x2x1x33xf32>, tensor<1x1x12xf32>, tensor<1x2x33x4xf32>, tensor<12x8xf32>, tensor<1x33x8xf32>) {
+  %ds, %du, %dv, %dwo, %de = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<1xi32>) dp(%dp : tensor<1x1x8xf32>) sigma(5.000000e-01) : tensor<1x2x1x33xf32>, tensor<1x1x12xf32>, tensor<1x2x33x4xf32>, tensor<12x8xf32>, tensor<1x33x8xf32> -> tensor<1x2x1x33xf32>, tensor<1x1x12xf32>, tensor<1x2x33x4xf32>, tensor<12x8xf32>, tensor<1x33x8xf32>
+  return %ds, %du, %dv, %dwo, %de : tensor<1x2x1x33xf32>, tensor<1x1x12xf32>, tensor<1x2x33x4xf32>, tensor<12x8xf32>, tensor<1x33x8xf32>
+}

@@ -1,0 +1,323 @@
+//===- AttentionPosteriorGrad.cpp - attention_posterior_grad on the GPU ---===//
+//
+// Part of the MoE-MLIR project.
+//
+// The flash-style backward of Attention-Inform mixing for head_select =
+// min_entropy (the maths is in the op description, MoEGradOps.td; the CPU
+// kernel, MoEToCPU/AttentionPosteriorGrad.cpp, has the same passes) at the
+// forward's head h* (an operand: nothing flows through its choice), on the
+// kernels of similarity_inform's backward (FlashGrad.cpp), storing nothing
+// N x Nk besides the result d_scores:
+//  0. e with its non-finite entries zeroed (they get no gradient and enter
+//     <dp_i, e_j> as 0, as in autograd of the reference);
+//  1. the forward's head means m of h* and their bias -‖m_j‖²/(2σ²)
+//     (launchHeadMeans), then the forward's flash kernel recomputes p and
+//     the row log-sum-exp; flash_grad_stats turns lse into lse' and forms
+//     delta_i = <dp_i, p_i>;
+//  2. d_scores is zeroed, then query-major (launchFlashGrad, rows i): the
+//     logit z_ij = <u_i, m_j>/σ² + bias_j + scores[b,h*,i,j], G =
+//     exp(z - lse'_i), dz = G (<dp_i, e_j> - delta_i) stored into
+//     d_scores[b, h*] and d_u_i = Σ_j dz_ij m_j / σ²;
+//  3. key-major (rows j): d_e_j = Σ_i G_ij dp_i, Σ_i dz_ij u_i / σ² and
+//     Σ_i dz_ij / σ² (a `ones` accumulator); d_e is then 0 at a non-finite e
+//     entry;
+//  4. dm_j = c (Σ_i dz_ij u_i - (Σ_i dz_ij) m_j) / σ² in place, then
+//     d_v[b,h,j,:] = dm_j W_h* (0 off h*; a thread per (h, c), the rows
+//     (b, j) strided over the blocks) and d_wo[d, h·Dh + c] =
+//     Σ_{b: h*_b = h} Σ_j dm[b,j,d] v[b,h,j,c] (a thread per entry, (b, j)
+//     in order).
+// Extra memory: e (f32), m, p, dm [B,Nk|N,D|K] and [B,N|Nk] row statistics.
+// Every output element has one writer: deterministic, no atomics.
+//
+// head_select = all is not lowered to the GPU (its forward is not either).
+//
+//===----------------------------------------------------------------------===//
+
+#include "KernelUtils.h"
+#include "Lowerings.h"
+
+#include <limits>
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::gpu_lowering;
+
+static constexpr int64_t kThreads = 128;
+/// The most blocks a launch may have along y.
+static constexpr int64_t kMaxGridY = 65535;
+
+/// A thread per element of `out` ([B,Nk,K] like `e`, f32): with `copy`,
+/// out = e where e is finite, else 0; without, out is kept where e is finite
+/// and zeroed elsewhere.
+static void launchFiniteMask(HostCode &h, StringRef name, Value e, Value out,
+                             bool copy, Location loc) {
+  SmallVector<Value> args = {e, out};
+  ImplicitLocOpBuilder kb(loc, h.b.getContext());
+  auto kernel = createKernel(h, name, ValueRange(args).getTypes(), {},
+                             {kThreads, 1, 1}, kb);
+  {
+    KB k(kb);
+    Block &entry = kernel.getBody().front();
+    Value src = entry.getArgument(0), dst = entry.getArgument(1);
+    Value R = k.dim(src, 1), K = k.dim(src, 2);
+    Value total = k.mul(k.mul(k.dim(src, 0), R), K);
+    Value flat = k.add(k.mul(k.blockId(), k.idx(kThreads)), k.threadId());
+    k.ifThen(k.lt(flat, total), [&] {
+      Value c = k.remu(flat, K), rest = k.divu(flat, K);
+      Value j = k.remu(rest, R), b = k.divu(rest, R);
+      Value x = k.loadF(src, {b, j, c});
+      Value finite = k.cmpf(arith::CmpFPredicate::ONE, k.fabs(x),
+                            k.cF32(std::numeric_limits<double>::infinity()));
+      Value kept = copy ? x : k.load(dst, {b, j, c});
+      k.store(k.select(finite, kept, k.cF32(0.0)), dst, {b, j, c});
+    });
+  }
+  KB &k = h.k;
+  Value total = k.mul(k.mul(k.dim(e, 0), k.dim(e, 1)), k.dim(e, 2));
+  h.launch(kernel, {k.ceilDiv(total, k.idx(kThreads)), k.idx(1), k.idx(1)},
+           {kThreads, 1, 1}, args);
+}
+
+/// dm[b,j,d] = c · (dm[b,j,d] - rowSum[b,j,0] · m[b,j,d]) in place (a thread
+/// per element); c = `headScale`, or H (dim 1 of v).
+static void launchMeanGrad(HostCode &h, Value dm, Value rowSum, Value means,
+                           Value v, std::optional<double> headScale,
+                           Location loc) {
+  SmallVector<Value> args = {dm, rowSum, means, v};
+  ImplicitLocOpBuilder kb(loc, h.b.getContext());
+  auto kernel =
+      createKernel(h, "attention_grad_dm", ValueRange(args).getTypes(), {},
+                   {kThreads, 1, 1}, kb);
+  {
+    KB k(kb);
+    Block &entry = kernel.getBody().front();
+    Value g = entry.getArgument(0), r = entry.getArgument(1),
+          m = entry.getArgument(2), vv = entry.getArgument(3);
+    Value Nk = k.dim(g, 1), D = k.dim(g, 2);
+    Value total = k.mul(k.mul(k.dim(g, 0), Nk), D);
+    Value scale = headScale ? k.cF32(*headScale) : k.sitofp(k.dim(vv, 1));
+    Value flat = k.add(k.mul(k.blockId(), k.idx(kThreads)), k.threadId());
+    k.ifThen(k.lt(flat, total), [&] {
+      Value d = k.remu(flat, D), rest = k.divu(flat, D);
+      Value j = k.remu(rest, Nk), b = k.divu(rest, Nk);
+      Value x = k.fsub(k.load(g, {b, j, d}), k.fmul(k.load(r, {b, j, k.idx(0)}),
+                                                    k.load(m, {b, j, d})));
+      k.store(k.fmul(scale, x), g, {b, j, d});
+    });
+  }
+  KB &k = h.k;
+  Value total = k.mul(k.mul(k.dim(dm, 0), k.dim(dm, 1)), k.dim(dm, 2));
+  h.launch(kernel, {k.ceilDiv(total, k.idx(kThreads)), k.idx(1), k.idx(1)},
+           {kThreads, 1, 1}, args);
+}
+
+/// d_v[b,h,j,c] = Σ_d dm[b,j,d] · wo[d, h·Dh + c] for h = h*[b], else 0: a
+/// thread per column h·Dh + c (blocks along x), the B·Nk rows (b, j) strided
+/// over the blocks along y.
+static void launchValueGrad(HostCode &h, Value dm, Value wo, Value head,
+                            Value dv, Location loc) {
+  SmallVector<Value> args = {dm, wo, head, dv};
+  ImplicitLocOpBuilder kb(loc, h.b.getContext());
+  auto kernel =
+      createKernel(h, "attention_grad_dv", ValueRange(args).getTypes(), {},
+                   {kThreads, 1, 1}, kb);
+  {
+    KB k(kb);
+    Block &entry = kernel.getBody().front();
+    Value g = entry.getArgument(0), w = entry.getArgument(1),
+          hs = entry.getArgument(2), out = entry.getArgument(3);
+    Value H = k.dim(out, 1), Nk = k.dim(out, 2), Dh = k.dim(out, 3);
+    Value D = k.dim(g, 2);
+    Value col = k.add(k.mul(k.blockId(), k.idx(kThreads)), k.threadId());
+    Value hh = k.divu(col, Dh), c = k.remu(col, Dh);
+    Value rows = k.mul(k.dim(out, 0), Nk);
+    k.ifThen(k.lt(col, k.mul(H, Dh)), [&] {
+      k.forLoop(k.blockId(gpu::Dimension::y), rows,
+                k.gridDim(gpu::Dimension::y), [&](Value flatRow) {
+                  Value b = k.divu(flatRow, Nk), j = k.remu(flatRow, Nk);
+                  Value chosen =
+                      k.eq(hh, k.castInt(k.load(hs, {b}), k.index()));
+                  // Off h*, the loop is empty: 0.
+                  Value s = k.forLoop(
+                      k.idx(0), k.select(chosen, D, k.idx(0)), k.idx(1),
+                      {k.cF32(0.0)},
+                      [&](Value d, ValueRange acc) -> SmallVector<Value> {
+                        return {k.fadd(acc[0], k.fmul(k.load(g, {b, j, d}),
+                                                      k.loadF(w, {d, col})))};
+                      })[0];
+                  k.store(s, out, {b, hh, j, c});
+                });
+    });
+  }
+  KB &k = h.k;
+  Value cols = k.mul(k.dim(dv, 1), k.dim(dv, 3));
+  Value rows = k.mul(k.dim(dv, 0), k.dim(dv, 2));
+  h.launch(kernel,
+           {k.ceilDiv(cols, k.idx(kThreads)), k.minu(rows, k.idx(kMaxGridY)),
+            k.idx(1)},
+           {kThreads, 1, 1}, args);
+}
+
+/// d_wo[d, h·Dh + c] = Σ_b [h*[b] = h] Σ_j dm[b,j,d] · v[b,h,j,c]: a thread
+/// per column (blocks along x), the rows d strided over the blocks along y;
+/// the sum runs over (b, j) in order.
+static void launchWeightGrad(HostCode &h, Value dm, Value v, Value head,
+                             Value dwo, Location loc) {
+  SmallVector<Value> args = {dm, v, head, dwo};
+  ImplicitLocOpBuilder kb(loc, h.b.getContext());
+  auto kernel =
+      createKernel(h, "attention_grad_dwo", ValueRange(args).getTypes(), {},
+                   {kThreads, 1, 1}, kb);
+  {
+    KB k(kb);
+    Block &entry = kernel.getBody().front();
+    Value g = entry.getArgument(0), vv = entry.getArgument(1),
+          hs = entry.getArgument(2), out = entry.getArgument(3);
+    Value H = k.dim(vv, 1), Nk = k.dim(vv, 2), Dh = k.dim(vv, 3);
+    Value D = k.dim(out, 0);
+    Value col = k.add(k.mul(k.blockId(), k.idx(kThreads)), k.threadId());
+    Value hh = k.divu(col, Dh), c = k.remu(col, Dh);
+    Value c0 = k.idx(0), c1 = k.idx(1);
+    k.ifThen(k.lt(col, k.mul(H, Dh)), [&] {
+      k.forLoop(k.blockId(gpu::Dimension::y), D, k.gridDim(gpu::Dimension::y),
+                [&](Value d) {
+                  Value s = k.forLoop(
+                      c0, k.dim(vv, 0), c1, {k.cF32(0.0)},
+                      [&](Value b, ValueRange acc) -> SmallVector<Value> {
+                        Value chosen =
+                            k.eq(hh, k.castInt(k.load(hs, {b}), k.index()));
+                        return k.forLoop(
+                            c0, k.select(chosen, Nk, c0), c1, acc,
+                            [&](Value j, ValueRange a) -> SmallVector<Value> {
+                              return {k.fadd(
+                                  a[0], k.fmul(k.load(g, {b, j, d}),
+                                               k.loadF(vv, {b, hh, j, c})))};
+                            });
+                      })[0];
+                  k.store(s, out, {d, col});
+                });
+    });
+  }
+  KB &k = h.k;
+  Value cols = k.dim(dwo, 1), D = k.dim(dwo, 0);
+  h.launch(
+      kernel,
+      {k.ceilDiv(cols, k.idx(kThreads)), k.minu(D, k.idx(kMaxGridY)), k.idx(1)},
+      {kThreads, 1, 1}, args);
+}
+
+LogicalResult
+AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
+                                   OpAdaptor adaptor,
+                                   ConversionPatternRewriter &rewriter) const {
+  if (op.getHeadSelect() != HeadSelect::min_entropy)
+    return op->emitOpError(
+        "GPU lowering supports head_select = min_entropy only (use the "
+        "portable lowering for head_select = all)");
+  Value scoresT = adaptor.getScores(), uT = adaptor.getU(), vT = adaptor.getV(),
+        woT = adaptor.getWo(), eT = adaptor.getE(), headT = adaptor.getHead(),
+        dpT = adaptor.getDp();
+  int64_t K = cast<RankedTensorType>(eT.getType()).getShape()[2];
+  if (ShapedType::isDynamic(K) || K > kFlashMaxExperts)
+    return op->emitOpError("GPU lowering needs a static expert count <= ")
+           << kFlashMaxExperts;
+  Location loc = op.getLoc();
+  double sigma = op.getSigma().convertToDouble();
+  double sigma2 = sigma * sigma;
+  std::optional<double> headScale = op.getEffectiveHeadScale();
+
+  HostCode h(rewriter, op);
+  KB &k = h.k;
+  Type f32 = h.b.getF32Type();
+  Value scores = h.buffer(scoresT), u = h.buffer(uT), v = h.buffer(vT),
+        wo = h.buffer(woT), eIn = h.buffer(eT), head = h.buffer(headT),
+        dp = h.buffer(dpT);
+  // An f32 temporary of the given sizes, each the dim d of a buffer (static
+  // where that is) or, without a buffer, the constant d.
+  auto temp = [&](ArrayRef<std::pair<Value, int64_t>> dims) {
+    SmallVector<int64_t> shape;
+    SmallVector<Value> sizes;
+    for (auto [buffer, d] : dims) {
+      int64_t size =
+          buffer ? cast<MemRefType>(buffer.getType()).getDimSize(d) : d;
+      shape.push_back(size);
+      if (ShapedType::isDynamic(size))
+        sizes.push_back(k.dim(buffer, d));
+    }
+    return h.alloc(MemRefType::get(shape, f32), sizes);
+  };
+
+  // Results, each shaped like its operand: d_scores, d_u, d_v, d_wo, d_e.
+  SmallVector<Value> results, operands = {scores, u, v, wo, eIn};
+  for (auto [result, like] : llvm::zip(op->getResults(), operands)) {
+    auto type = cast<RankedTensorType>(result.getType());
+    results.push_back(h.allocLike(type, dynamicSizesFrom(k, type, like)));
+  }
+  Value dScores = results[0], du = results[1], dv = results[2],
+        dwo = results[3], de = results[4];
+
+  // 0-1. e zeroed where non-finite; m and its bias; p and lse by the forward
+  // kernel; lse' and delta.
+  Value e = temp({{eIn, 0}, {eIn, 1}, {eIn, 2}});
+  launchFiniteMask(h, "attention_grad_finite_e", eIn, e, /*copy=*/true, loc);
+  Value means = temp({{v, 0}, {v, 2}, {wo, 0}});
+  Value bias = temp({{v, 0}, {v, 2}});
+  launchHeadMeans(h, v, wo, head, means, bias, headScale, sigma, loc);
+  Value p = temp({{u, 0}, {u, 1}, {eIn, 2}});
+  Value lse = temp({{u, 0}, {u, 1}});
+  Value delta = temp({{u, 0}, {u, 1}});
+  FlashMixSpec fwd;
+  fwd.numExperts = K;
+  fwd.scaleDiv = sigma2;
+  fwd.hasBias = true;
+  fwd.hasAddScores = true;
+  fwd.withLse = true;
+  launchFlashMix(h, "attention_posterior_grad_mix", fwd, u,
+                 {u, means, e, bias, scores, head, p, lse}, loc);
+  launchFlashGradStats(h, lse, p, dp, delta, loc);
+  h.release(p);
+
+  FlashGradSpec spec;
+  spec.hasBias = true;
+  spec.hasAddScores = true;
+  spec.scaleDiv = sigma2;
+
+  // 2. Query-major: dz into d_scores (zero off h*), d_u = Σ_j dz m_j / σ².
+  h.fill32(dScores, k.cF32(0.0));
+  FlashGradSpec byQuery = spec;
+  byQuery.storeDz = true;
+  byQuery.accumulators = {{/*byDx=*/true, /*addToOut=*/false}};
+  launchFlashGrad(
+      h, "attention_posterior_grad_dq", byQuery,
+      {u, means, dp, e, lse, delta, bias, scores, head, dScores, means, du},
+      loc);
+
+  // 3. Key-major: d_e = Σ_i G dp_i, Σ_i dz u_i / σ², Σ_i dz / σ².
+  Value dm = temp({{v, 0}, {v, 2}, {u, 2}});
+  Value dzSum = temp({{v, 0}, {v, 2}, {Value(), 1}});
+  FlashGradSpec byKey = spec;
+  byKey.keyMajor = true;
+  byKey.accumulators = {{/*byDx=*/false, /*addToOut=*/false},
+                        {/*byDx=*/true, /*addToOut=*/false},
+                        {/*byDx=*/true, /*addToOut=*/false, /*ones=*/true}};
+  launchFlashGrad(
+      h, "attention_posterior_grad_dk", byKey,
+      {means, u, e, dp, lse, delta, bias, scores, head, dp, de, u, dm, dzSum},
+      loc);
+  h.release(lse);
+  h.release(delta);
+  h.release(bias);
+  h.release(e);
+  launchFiniteMask(h, "attention_grad_finite_de", eIn, de, /*copy=*/false, loc);
+
+  // 4. dm, then d_v and d_wo.
+  launchMeanGrad(h, dm, dzSum, means, v, headScale, loc);
+  h.release(dzSum);
+  h.release(means);
+  launchValueGrad(h, dm, wo, head, dv, loc);
+  launchWeightGrad(h, dm, v, head, dwo, loc);
+  h.release(dm);
+  h.finish();
+  h.replace(op, results);
+  return success();
+}
