@@ -93,18 +93,24 @@ OnlineSoftmaxState mlir::moe::lowering::streamSimilarity(
                     valuesOfKey);
 }
 
-LogicalResult mlir::moe::lowering::lowerSimilarityInform(SimilarityInformOp op,
-                                                         PatternRewriter &rw) {
+/// The streaming softmax of a similarity_inform op or its training form, on
+/// its f32-promoted operands (q = u · ws with ws).
+template <typename OpTy>
+static OnlineSoftmaxState streamOperands(OpTy op, PatternRewriter &rw) {
   Location loc = op.getLoc();
   Value u = promoteToF32(rw, loc, op.getU());
   Value e = promoteToF32(rw, loc, op.getE());
   Value q = u;
   if (Value ws = op.getWs())
     q = projectQueries(rw, loc, u, promoteToF32(rw, loc, ws));
-  OnlineSoftmaxState state =
-      streamSimilarity(rw, loc, q, u, e, op.getKeyMask(), op.getCausal(),
-                       op.getTau().convertToFloat());
-  replaceWithCasts(rw, op, normalizeRows(rw, loc, state));
+  return streamSimilarity(rw, loc, q, u, e, op.getKeyMask(), op.getCausal(),
+                          op.getTau().convertToFloat());
+}
+
+LogicalResult mlir::moe::lowering::lowerSimilarityInform(SimilarityInformOp op,
+                                                         PatternRewriter &rw) {
+  replaceWithCasts(rw, op,
+                   normalizeRows(rw, op.getLoc(), streamOperands(op, rw)));
   return success();
 }
 
@@ -156,14 +162,7 @@ LogicalResult
 mlir::moe::lowering::lowerSimilarityInformFwd(SimilarityInformFwdOp op,
                                               PatternRewriter &rw) {
   Location loc = op.getLoc();
-  Value u = promoteToF32(rw, loc, op.getU());
-  Value e = promoteToF32(rw, loc, op.getE());
-  Value q = u;
-  if (Value ws = op.getWs())
-    q = projectQueries(rw, loc, u, promoteToF32(rw, loc, ws));
-  OnlineSoftmaxState state =
-      streamSimilarity(rw, loc, q, u, e, op.getKeyMask(), op.getCausal(),
-                       op.getTau().convertToFloat());
+  OnlineSoftmaxState state = streamOperands(op, rw);
   Value lse = rowLogSumExp(rw, loc, state,
                            -std::numeric_limits<double>::infinity());
   replaceWithCasts(rw, op, {normalizeRows(rw, loc, state), lse});

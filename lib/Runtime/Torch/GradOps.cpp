@@ -46,28 +46,6 @@ Tensor similarityDegenerateDe(const Tensor &dp, const Tensor &u,
   return at::bmm(s.transpose(1, 2), dp.to(at::kFloat));
 }
 
-/// similarity_inform for training: p and the row log-sum-exp the backward
-/// reads (moe.similarity_inform_fwd).
-std::tuple<Tensor, Tensor>
-similarityInformFwd(const Tensor &u, const Tensor &e,
-                    const std::optional<Tensor> &ws,
-                    const std::optional<Tensor> &mask, double tau,
-                    bool causal) {
-  // Errors name similarity_inform, whose training form (autograd's forward)
-  // this is.
-  similarityChecks("similarity_inform", u, e, ws, mask);
-  Key key("similarity_inform_fwd");
-  key.attr("tau", tau).attr("causal", causal);
-  std::vector<Tensor> keep;
-  std::vector<MemRef> args = similarityArgs(key, u, e, ws, mask, keep);
-  Tensor p = at::empty(e.sizes(), f32(e));
-  Tensor lse = at::empty({u.size(0), u.size(1)}, f32(e));
-  args.push_back(describe(p));
-  args.push_back(describe(lse));
-  run(key, std::move(args));
-  return {p, lse};
-}
-
 std::tuple<Tensor, Tensor, Tensor>
 similarityInformBackward(const Tensor &dp, const Tensor &u, const Tensor &e,
                          const std::optional<Tensor> &ws,

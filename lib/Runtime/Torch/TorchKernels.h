@@ -211,6 +211,12 @@ std::vector<MemRef> similarityArgs(Key &key, const Tensor &u, const Tensor &e,
                                    const std::optional<Tensor> &ws,
                                    const std::optional<Tensor> &mask,
                                    std::vector<Tensor> &keep);
+/// similarity_inform for training (similarity_inform_fwd, TorchOps.cpp): p
+/// and the row log-sum-exp [B, N] its backward reads.
+std::tuple<Tensor, Tensor>
+similarityInformFwd(const Tensor &u, const Tensor &e,
+                    const std::optional<Tensor> &ws,
+                    const std::optional<Tensor> &mask, double tau, bool causal);
 /// The operand ranks and shared sizes of Attention-Inform mixing.
 void attentionChecks(const char *op, const Tensor &scores, const Tensor &u,
                      const Tensor &v, const Tensor &wo, const Tensor &e);

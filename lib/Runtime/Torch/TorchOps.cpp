@@ -400,19 +400,41 @@ std::vector<MemRef> similarityArgs(Key &key, const Tensor &u, const Tensor &e,
   return args;
 }
 
+/// p of similarity_inform and, for its training form (`withLse`:
+/// similarity_inform_fwd), the row log-sum-exp [B, N]. Errors name
+/// similarity_inform either way: it is the op the user called.
+static std::vector<Tensor>
+similarityMix(bool withLse, const Tensor &u, const Tensor &e,
+              const std::optional<Tensor> &ws,
+              const std::optional<Tensor> &mask, double tau, bool causal) {
+  similarityChecks("similarity_inform", u, e, ws, mask);
+  Key key(withLse ? "similarity_inform_fwd" : "similarity_inform");
+  key.attr("tau", tau).attr("causal", causal);
+  std::vector<Tensor> keep;
+  std::vector<MemRef> args = similarityArgs(key, u, e, ws, mask, keep);
+  std::vector<Tensor> out{at::empty(e.sizes(), f32(e))};
+  if (withLse)
+    out.push_back(at::empty({u.size(0), u.size(1)}, f32(e)));
+  for (const Tensor &t : out)
+    args.push_back(describe(t));
+  run(key, std::move(args));
+  return out;
+}
+
 Tensor similarityInform(const Tensor &u, const Tensor &e,
                         const std::optional<Tensor> &ws,
                         const std::optional<Tensor> &mask, double tau,
                         bool causal) {
-  similarityChecks("similarity_inform", u, e, ws, mask);
-  Key key("similarity_inform");
-  key.attr("tau", tau).attr("causal", causal);
-  std::vector<Tensor> keep;
-  std::vector<MemRef> args = similarityArgs(key, u, e, ws, mask, keep);
-  Tensor p = at::empty(e.sizes(), f32(e));
-  args.push_back(describe(p));
-  run(key, std::move(args));
-  return p;
+  return similarityMix(false, u, e, ws, mask, tau, causal)[0];
+}
+
+std::tuple<Tensor, Tensor>
+similarityInformFwd(const Tensor &u, const Tensor &e,
+                    const std::optional<Tensor> &ws,
+                    const std::optional<Tensor> &mask, double tau,
+                    bool causal) {
+  std::vector<Tensor> r = similarityMix(true, u, e, ws, mask, tau, causal);
+  return {r[0], r[1]};
 }
 
 std::tuple<Tensor, Tensor>
