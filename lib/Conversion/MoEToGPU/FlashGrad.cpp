@@ -169,8 +169,11 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
         k.store(k.select(keep, dx, zero), dxs, {t.row, jj});
         if (dzOut)
           k.ifThen(k.andI(active, inRange), [&] {
-            k.store(k.select(keep, dz, zero), dzOut,
-                    {k.add(scoreRow0, query), key});
+            // Named first: argument evaluation order is unspecified, and the
+            // IR must not depend on the host compiler.
+            Value row = k.add(scoreRow0, query);
+            Value v = k.select(keep, dz, zero);
+            k.store(v, dzOut, {row, key});
           });
       }
 
