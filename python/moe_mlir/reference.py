@@ -111,12 +111,14 @@ def _topk_renorm_ref(scores: Tensor, k: int, mode: str, renormalize: bool) -> tu
 
 
 def _similarity_logits(
-    u: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float, causal: bool
+    u: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float, causal: bool,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[Tensor, Tensor]:
-    """(the masked logits ``u_i^T W_s u_j / tau`` [B,N,N] in f32, -inf where excluded; the validity mask)."""
+    """(the masked logits ``u_i^T W_s u_j / tau`` [B,N,N] in f32 (the tests' float64 references: ``dtype``), -inf
+    where excluded; the validity mask)."""
     B, N, _ = u.shape
-    uf = u.float()
-    q = uf if ws is None else torch.matmul(uf, ws.float())
+    uf = u.to(dtype)
+    q = uf if ws is None else torch.matmul(uf, ws.to(dtype))
     logits = torch.matmul(q, uf.transpose(-1, -2)) / tau  # [B,N,N]
     valid = torch.ones(B, N, N, dtype=torch.bool, device=u.device)
     if causal:

@@ -212,16 +212,8 @@ def test_similarity_backward_through_aot_autograd():
 
 def _lse64(u, ws, mask, tau, causal):
     """The row log-sum-exp of the similarity logits in float64 (-inf for a row without keys)."""
-    uf = u.double()
-    q = uf if ws is None else uf @ ws.double()
-    x = q @ uf.transpose(-1, -2) / tau
-    B, N, _ = u.shape
-    valid = torch.ones(B, N, N, dtype=torch.bool)
-    if causal:
-        valid &= torch.ones(N, N, dtype=torch.bool).tril()
-    if mask is not None:
-        valid &= mask[:, None, :]
-    return torch.logsumexp(x.masked_fill(~valid, -INF), -1)
+    logits, _ = R._similarity_logits(u, ws, mask, tau, causal, dtype=torch.float64)
+    return torch.logsumexp(logits, -1)
 
 
 @pytest.mark.parametrize("with_ws", [False, True])

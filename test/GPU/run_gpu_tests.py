@@ -238,9 +238,9 @@ def masked_softmax_mix(logits, e):
     return a @ e.double()
 
 
-def ref_similarity(u, e, tau=1.0, causal=False, ws=None, key_mask=None):
-    u = u.double()
-    q = u @ ws.double() if ws is not None else u
+def similarity_logits(u, tau, causal, ws, key_mask):
+    """u_i^T W_s u_j / tau [B, N, N] of float64 u (and ws), -inf where the key is masked or in the future."""
+    q = u @ ws if ws is not None else u
     logits = q @ u.transpose(1, 2) / tau
     n = u.shape[1]
     if causal:
@@ -248,7 +248,12 @@ def ref_similarity(u, e, tau=1.0, causal=False, ws=None, key_mask=None):
         logits = logits.masked_fill(~tri, NEG_INF)
     if key_mask is not None:
         logits = logits.masked_fill(~key_mask[:, None, :], NEG_INF)
-    return masked_softmax_mix(logits, e)
+    return logits
+
+
+def ref_similarity(u, e, tau=1.0, causal=False, ws=None, key_mask=None):
+    ws = ws.double() if ws is not None else None
+    return masked_softmax_mix(similarity_logits(u.double(), tau, causal, ws, key_mask), e)
 
 
 def ref_attention(scores, u, v, wo, e, sigma=1.0, head_scale=None):
@@ -536,14 +541,7 @@ def ref_similarity_grads(u, e, dp, tau=1.0, causal=False, ws=None, key_mask=None
     u = u.double().requires_grad_()
     e = e.double().requires_grad_()
     w = ws.double().requires_grad_() if ws is not None else None
-    q = u @ w if w is not None else u
-    logits = q @ u.transpose(1, 2) / tau
-    n = u.shape[1]
-    if causal:
-        tri = torch.ones(n, n, dtype=torch.bool, device=u.device).tril()
-        logits = logits.masked_fill(~tri, NEG_INF)
-    if key_mask is not None:
-        logits = logits.masked_fill(~key_mask[:, None, :], NEG_INF)
+    logits = similarity_logits(u, tau, causal, w, key_mask)
     m = logits.amax(-1, keepdim=True).detach()
     p = torch.exp(logits - torch.where(m == NEG_INF, torch.zeros_like(m), m))
     s = p.sum(-1, keepdim=True)
