@@ -235,14 +235,17 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
         return acc;
       });
 
-  // Epilogue: normalize; a row without any key gets zeros.
+  // Epilogue: normalize; a row without any key gets zeros. The stores are
+  // guarded by `active`, where row = i: they index i, so that the clamped
+  // 64-bit row does not live through the key loop (ptxas spilled its high
+  // word at the register count it picked for sm_80).
   SoftmaxState rowState = {fin[vpt], fin[vpt + 1]};
   SmallVector<Value> vals;
   for (int64_t m = 0; m < vpt; ++m)
     vals.push_back(softmaxNormalize(k, rowState, fin[m]));
   if (lseOut)
     k.ifThen(k.andI(active, k.eq(lane, c0)), [&] {
-      k.store(softmaxLogSumExp(k, rowState), lseOut, {b, row});
+      k.store(softmaxLogSumExp(k, rowState), lseOut, {b, i});
     });
   if (spec.topk) {
     TopkSpec ts;
@@ -259,11 +262,11 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
         int64_t col = m * kGroup;
         Value cc = k.add(k.idx(col), lane);
         if (col + kGroup <= K) {
-          k.store(vals[m], out, {b, row, cc});
+          k.store(vals[m], out, {b, i, cc});
           continue;
         }
         k.ifThen(k.lt(cc, k.idx(K)), [&] {
-          k.store(vals[m], out, {b, row, cc});
+          k.store(vals[m], out, {b, i, cc});
         });
       }
     });
