@@ -59,16 +59,26 @@ SmallVector<Value> mlir::moe::gpu_lowering::emitFlashDots(
       [&](Value d0, ValueRange acc) -> SmallVector<Value> {
         k.barrier();
         // Stage the row and column chunks: rows [base, base + rows) of
-        // src[b] at features [d0, d0 + kChunk) into `tile`, zeros outside
-        // [0, limit) x [0, depth).
+        // src[b] at features [d0, d0 + kChunk) into `tile`, zeros past
+        // `depth`. Columns past `limit` are zeros. Rows past `limit` repeat
+        // the last row instead: only the lanes of those rows read them, whose
+        // `row` is clamped the same way and who store nothing. A guard per
+        // staged row would be a loop-invariant predicate that LLVM keeps
+        // live through the whole column loop (ptxas spilled them).
         auto stage = [&](Value src, Value base, Value limit, Value tile,
-                         int64_t rows) {
+                         int64_t rows, bool clampRows) {
           for (int64_t n = 0; n < rows * kChunk / kFlashThreads; ++n) {
             Value flat = k.add(t.tid, k.idx(n * kFlashThreads));
             Value rr = k.divu(flat, k.idx(kChunk));
             Value cc = k.remu(flat, k.idx(kChunk));
             Value gi = k.add(base, rr), gd = k.add(d0, cc);
-            Value ok = k.andI(k.lt(gi, limit), k.lt(gd, depth));
+            Value ok;
+            if (clampRows) {
+              ok = k.lt(gd, depth);
+              gi = k.minu(gi, k.sub(limit, c1));
+            } else {
+              ok = k.andI(k.lt(gi, limit), k.lt(gd, depth));
+            }
             Value v = k.select(
                 ok,
                 k.loadF(src, {b, k.select(ok, gi, c0), k.select(ok, gd, c0)}),
@@ -76,8 +86,8 @@ SmallVector<Value> mlir::moe::gpu_lowering::emitFlashDots(
             k.store(v, tile, {rr, cc});
           }
         };
-        stage(rowsOp, rowBase, numRows, rowTile, kRows);
-        stage(colsOp, colBase, numCols, colTile, kCols);
+        stage(rowsOp, rowBase, numRows, rowTile, kRows, /*clampRows=*/true);
+        stage(colsOp, colBase, numCols, colTile, kCols, /*clampRows=*/false);
         k.barrier();
         return k.forLoop(c0, k.idx(kChunk), c1, acc,
                          [&](Value dd, ValueRange s) -> SmallVector<Value> {
