@@ -3,9 +3,11 @@
 // RUN: FileCheck %s --check-prefix=TABLE < %moe_obj_root/test/GPU/ptxas-report.md
 
 // Every kernel of every op assembles with ptxas for sm_80 and sm_90, and the
-// top-k and route kernels for E <= 384, the hyper_router(_grad) kernels and the
-// similarity_inform backward kernels (the nospill_* functions of the cases) use
-// no local memory: the script fails on spill stores/loads, a stack frame or lmem.
+// top-k and route kernels for E <= 384, the hyper_router(_grad) kernels, the
+// similarity_inform backward kernels, the masked similarity_inform kernel and
+// the attention_posterior backward kernels (the nospill_* functions of the
+// cases) use no local memory: the script fails on spill stores/loads, a stack
+// frame or lmem.
 // The per-kernel table (registers, smem, stack, spills) is written to
 // build/test/GPU/ptxas-report.md (a copy is kept in bench/results/).
 
@@ -25,6 +27,9 @@
 // TABLE-DAG: | sm_80 | nospill_hyper_router_grad | hyper_router_grad_layer_{{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 | 0 |
 // TABLE-DAG: | sm_90 | nospill_hyper_router_grad | hyper_router_grad_sum_{{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 | 0 |
 // TABLE-DAG: | sm_90 | nospill_hyper_router_grad_frozen_bf16 | hyper_router_grad_layer_{{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 | 0 |
-// TABLE-DAG: | sm_90 | attention_posterior_grad | attention_posterior_grad_dq_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
-// TABLE-DAG: | sm_80 | attention_posterior_grad_k256 | attention_posterior_grad_dq_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_90 | nospill_attention_posterior_grad | attention_posterior_grad_dq_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_80 | nospill_attention_posterior_grad | attention_posterior_grad_mix_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_80 | nospill_attention_posterior_grad_k256 | attention_posterior_grad_dq_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_90 | nospill_attention_posterior_grad_k256 | attention_posterior_grad_dk_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_80 | nospill_similarity_ws_mask | similarity_inform_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
 // TABLE-NOT: Failures

@@ -59,16 +59,26 @@ SmallVector<Value> mlir::moe::gpu_lowering::emitFlashDots(
       [&](Value d0, ValueRange acc) -> SmallVector<Value> {
         k.barrier();
         // Stage the row and column chunks: rows [base, base + rows) of
-        // src[b] at features [d0, d0 + kChunk) into `tile`, zeros outside
-        // [0, limit) x [0, depth).
+        // src[b] at features [d0, d0 + kChunk) into `tile`, zeros past
+        // `depth`. Columns past `limit` are zeros. Rows past `limit` repeat
+        // the last row instead: only the lanes of those rows read them, whose
+        // `row` is clamped the same way and who store nothing. A guard per
+        // staged row would be a loop-invariant predicate that LLVM keeps
+        // live through the whole column loop (ptxas spilled them).
         auto stage = [&](Value src, Value base, Value limit, Value tile,
-                         int64_t rows) {
+                         int64_t rows, bool clampRows) {
           for (int64_t n = 0; n < rows * kChunk / kFlashThreads; ++n) {
             Value flat = k.add(t.tid, k.idx(n * kFlashThreads));
             Value rr = k.divu(flat, k.idx(kChunk));
             Value cc = k.remu(flat, k.idx(kChunk));
             Value gi = k.add(base, rr), gd = k.add(d0, cc);
-            Value ok = k.andI(k.lt(gi, limit), k.lt(gd, depth));
+            Value ok;
+            if (clampRows) {
+              ok = k.lt(gd, depth);
+              gi = k.minu(gi, k.sub(limit, c1));
+            } else {
+              ok = k.andI(k.lt(gi, limit), k.lt(gd, depth));
+            }
             Value v = k.select(
                 ok,
                 k.loadF(src, {b, k.select(ok, gi, c0), k.select(ok, gd, c0)}),
@@ -76,8 +86,8 @@ SmallVector<Value> mlir::moe::gpu_lowering::emitFlashDots(
             k.store(v, tile, {rr, cc});
           }
         };
-        stage(rowsOp, rowBase, numRows, rowTile, kRows);
-        stage(colsOp, colBase, numCols, colTile, kCols);
+        stage(rowsOp, rowBase, numRows, rowTile, kRows, /*clampRows=*/true);
+        stage(colsOp, colBase, numCols, colTile, kCols, /*clampRows=*/false);
         k.barrier();
         return k.forLoop(c0, k.idx(kChunk), c1, acc,
                          [&](Value dd, ValueRange s) -> SmallVector<Value> {
@@ -235,14 +245,17 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
         return acc;
       });
 
-  // Epilogue: normalize; a row without any key gets zeros.
+  // Epilogue: normalize; a row without any key gets zeros. The stores are
+  // guarded by `active`, where row = i: they index i, so that the clamped
+  // 64-bit row does not live through the key loop (ptxas spilled its high
+  // word at the register count it picked for sm_80).
   SoftmaxState rowState = {fin[vpt], fin[vpt + 1]};
   SmallVector<Value> vals;
   for (int64_t m = 0; m < vpt; ++m)
     vals.push_back(softmaxNormalize(k, rowState, fin[m]));
   if (lseOut)
     k.ifThen(k.andI(active, k.eq(lane, c0)), [&] {
-      k.store(softmaxLogSumExp(k, rowState), lseOut, {b, row});
+      k.store(softmaxLogSumExp(k, rowState), lseOut, {b, i});
     });
   if (spec.topk) {
     TopkSpec ts;
@@ -259,11 +272,11 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
         int64_t col = m * kGroup;
         Value cc = k.add(k.idx(col), lane);
         if (col + kGroup <= K) {
-          k.store(vals[m], out, {b, row, cc});
+          k.store(vals[m], out, {b, i, cc});
           continue;
         }
         k.ifThen(k.lt(cc, k.idx(K)), [&] {
-          k.store(vals[m], out, {b, row, cc});
+          k.store(vals[m], out, {b, i, cc});
         });
       }
     });

@@ -97,6 +97,7 @@ func.func @grad(%u: tensor<2x128x64xf32>, %e: tensor<2x128x16xf32>, %dp: tensor<
 // CHECK: gpu.func @similarity_inform_grad_mix_0({{.*}}: memref<?x?xi1>, {{.*}}: memref<?x?x8xf32>, {{.*}}: memref<?x?xf32>)
 // CHECK: gpu.func @similarity_inform_grad_dq_0({{.*}}: memref<?x?xi1>, %{{.*}}: memref<?x?x32xbf16>, %{{.*}}: memref<?x?x32xf32>)
 // CHECK-NOT: arith.minui
+// CHECK: scf.for
 // CHECK: memref.load %{{.*}} : memref<?x?xi1>
 // CHECK: gpu.func @similarity_inform_grad_dk_0
 // CHECK: gpu.func @similarity_grad_project_0(%{{.*}}: memref<?x?x32xf32>, %[[WS:.*]]: memref<32x32xf32>, %[[OUT:.*]]: memref<?x?x32xf32>)

@@ -33,7 +33,7 @@ func.func @similarity(%u: tensor<?x?x512xf32>, %e: tensor<?x?x16xf32>) -> tensor
   %p = moe.similarity_inform %u, %e tau(5.000000e-01) causal(true) : tensor<?x?x512xf32>, tensor<?x?x16xf32> -> tensor<?x?x16xf32>
   return %p : tensor<?x?x16xf32>
 }
-func.func @similarity_ws_mask(%u: tensor<2x128x64xbf16>, %e: tensor<2x128x64xf32>, %ws: tensor<64x64xf32>, %m: tensor<2x128xi1>) -> tensor<2x128x64xf32> {
+func.func @nospill_similarity_ws_mask(%u: tensor<2x128x64xbf16>, %e: tensor<2x128x64xf32>, %ws: tensor<64x64xf32>, %m: tensor<2x128xi1>) -> tensor<2x128x64xf32> {
   %p = moe.similarity_inform %u, %e ws(%ws : tensor<64x64xf32>) key_mask(%m : tensor<2x128xi1>) : tensor<2x128x64xbf16>, tensor<2x128x64xf32> -> tensor<2x128x64xf32>
   return %p : tensor<2x128x64xf32>
 }
@@ -109,11 +109,11 @@ func.func @nospill_hyper_router_grad_frozen_bf16(%emb: tensor<?xbf16>, %w1: tens
   %a, %c, %d, %e, %f = moe.hyper_router_grad %emb, %w1, %b1, %w2, %b2 dw(%dw : tensor<256x?xf32>) db(%db : tensor<256xf32>) num_experts(256) : tensor<?xbf16>, tensor<?x?xbf16>, tensor<?xbf16>, tensor<?x?xbf16>, tensor<?xbf16> -> tensor<?xf32>, tensor<?x?xf32>, tensor<?xf32>, tensor<?x?xf32>, tensor<?xf32>
   return %a, %d, %f : tensor<?xf32>, tensor<?xf32>, tensor<?xf32>
 }
-func.func @attention_posterior_grad(%s: tensor<?x8x?x?xbf16>, %u: tensor<?x?x256xbf16>, %v: tensor<?x8x?x32xbf16>, %wo: tensor<256x256xbf16>, %e: tensor<?x?x16xbf16>, %h: tensor<?xi32>, %dp: tensor<?x?x16xf32>) -> (tensor<?x8x?x?xf32>, tensor<?x?x256xf32>, tensor<?x8x?x32xf32>, tensor<256x256xf32>, tensor<?x?x16xf32>) {
+func.func @nospill_attention_posterior_grad(%s: tensor<?x8x?x?xbf16>, %u: tensor<?x?x256xbf16>, %v: tensor<?x8x?x32xbf16>, %wo: tensor<256x256xbf16>, %e: tensor<?x?x16xbf16>, %h: tensor<?xi32>, %dp: tensor<?x?x16xf32>) -> (tensor<?x8x?x?xf32>, tensor<?x?x256xf32>, tensor<?x8x?x32xf32>, tensor<256x256xf32>, tensor<?x?x16xf32>) {
   %ds, %du, %dv, %dwo, %de = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<?xi32>) dp(%dp : tensor<?x?x16xf32>) sigma(2.000000e+00) : tensor<?x8x?x?xbf16>, tensor<?x?x256xbf16>, tensor<?x8x?x32xbf16>, tensor<256x256xbf16>, tensor<?x?x16xbf16> -> tensor<?x8x?x?xf32>, tensor<?x?x256xf32>, tensor<?x8x?x32xf32>, tensor<256x256xf32>, tensor<?x?x16xf32>
   return %ds, %du, %dv, %dwo, %de : tensor<?x8x?x?xf32>, tensor<?x?x256xf32>, tensor<?x8x?x32xf32>, tensor<256x256xf32>, tensor<?x?x16xf32>
 }
-func.func @attention_posterior_grad_k256(%s: tensor<?x8x?x?xf32>, %u: tensor<?x?x512xf32>, %v: tensor<?x8x?x64xf32>, %wo: tensor<512x512xf32>, %e: tensor<?x?x256xf32>, %h: tensor<?xi32>, %dp: tensor<?x?x256xf32>) -> (tensor<?x8x?x?xf32>, tensor<?x?x512xf32>, tensor<?x8x?x64xf32>, tensor<512x512xf32>, tensor<?x?x256xf32>) {
+func.func @nospill_attention_posterior_grad_k256(%s: tensor<?x8x?x?xf32>, %u: tensor<?x?x512xf32>, %v: tensor<?x8x?x64xf32>, %wo: tensor<512x512xf32>, %e: tensor<?x?x256xf32>, %h: tensor<?xi32>, %dp: tensor<?x?x256xf32>) -> (tensor<?x8x?x?xf32>, tensor<?x?x512xf32>, tensor<?x8x?x64xf32>, tensor<512x512xf32>, tensor<?x?x256xf32>) {
   %ds, %du, %dv, %dwo, %de = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<?xi32>) dp(%dp : tensor<?x?x256xf32>) head_scale(1.000000e+00) : tensor<?x8x?x?xf32>, tensor<?x?x512xf32>, tensor<?x8x?x64xf32>, tensor<512x512xf32>, tensor<?x?x256xf32> -> tensor<?x8x?x?xf32>, tensor<?x?x512xf32>, tensor<?x8x?x64xf32>, tensor<512x512xf32>, tensor<?x?x256xf32>
   return %ds, %du, %dv, %dwo, %de : tensor<?x8x?x?xf32>, tensor<?x?x512xf32>, tensor<?x8x?x64xf32>, tensor<512x512xf32>, tensor<?x?x256xf32>
 }
