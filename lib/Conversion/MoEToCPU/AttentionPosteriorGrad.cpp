@@ -90,11 +90,9 @@ struct AttentionPosteriorGradKernel
             Value x = k.vloadMasked(eIn, {bi, j, col}, count, 0.0);
             Value finite =
                 k.cmpf(arith::CmpFPredicate::ONE, k.fabs(x), posInfV);
-            Value y = from == eIn
-                          ? x
-                          : k.vloadMasked(from, {bi, j, col}, count, 0.0);
-            k.vstoreMasked(k.select(finite, y, zeros), to, {bi, j, col},
-                           count);
+            Value y =
+                from == eIn ? x : k.vloadMasked(from, {bi, j, col}, count, 0.0);
+            k.vstoreMasked(k.select(finite, y, zeros), to, {bi, j, col}, count);
           });
         });
       });

@@ -96,28 +96,25 @@ struct DispatchPlanKernel
 };
 } // namespace
 
-Value allocPlanHistogram(CK &k, Value numRows,
-                                         int64_t numExperts) {
+Value allocPlanHistogram(CK &k, Value numRows, int64_t numExperts) {
   return k.alloc(MemRefType::get({ShapedType::kDynamic, numExperts}, k.i32()),
                  {numItems(k, numRows)});
 }
 
-void clearPlanItem(CK &k, Value hist, Value item,
-                                   int64_t numExperts) {
+void clearPlanItem(CK &k, Value hist, Value item, int64_t numExperts) {
   k.forLoop(k.idx(0), k.idx(numExperts), k.idx(1),
             [&](Value e) { k.store(k.cI32(0), hist, {item, e}); });
 }
 
-void countPlanRow(CK &k, Value indices, Value hist, Value row,
-                                  Value item, int64_t numExperts) {
+void countPlanRow(CK &k, Value indices, Value hist, Value row, Value item,
+                  int64_t numExperts) {
   eachAssignment(k, indices, row, numExperts, [&](Value, Value e) {
     k.store(k.add(k.load(hist, {item, e}), k.cI32(1)), hist, {item, e});
   });
 }
 
-SmallVector<SmallVector<Value>>
-planResultSizes(CK &k, DispatchPlanOp op, Value rows,
-                                Value slots) {
+SmallVector<SmallVector<Value>> planResultSizes(CK &k, DispatchPlanOp op,
+                                                Value rows, Value slots) {
   int64_t numExperts = op.getNumExperts(), block = op.getBlockSize();
   Value n = k.mul(rows, slots);
   Value paddedSize = k.add(n, k.idx(numExperts * (block - 1)));
@@ -132,9 +129,8 @@ planResultSizes(CK &k, DispatchPlanOp op, Value rows,
           {k.idx(1)}};
 }
 
-void emitPlanFromHistogram(CK &k, const KernelOptions &opts,
-                                           DispatchPlanOp op, Value indices,
-                                           Value hist, ValueRange results) {
+void emitPlanFromHistogram(CK &k, const KernelOptions &opts, DispatchPlanOp op,
+                           Value indices, Value hist, ValueRange results) {
   int64_t numExperts = op.getNumExperts(), block = op.getBlockSize();
   Value e = k.idx(numExperts), blk = k.idx(block);
   Value n = k.mul(k.dim(indices, 0), k.dim(indices, 1));

@@ -57,8 +57,8 @@ struct HyperRouterKernel : KernelPattern<HyperRouterOp> {
 };
 } // namespace
 
-Value hyperAffine(CK &k, const KernelOptions &opts, Value m,
-                                  Value x, Value bias, bool relu, Value y) {
+Value hyperAffine(CK &k, const KernelOptions &opts, Value m, Value x,
+                  Value bias, bool relu, Value y) {
   Value c1 = k.idx(1);
   Value rows = k.dim(m, 0), cols = k.dim(m, 1);
   int64_t staticRows = cast<MemRefType>(m.getType()).getDimSize(0);

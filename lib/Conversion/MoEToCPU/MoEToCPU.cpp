@@ -78,9 +78,9 @@ bool mlir::moe::cpu::hasStaticZeroSize(Operation *op) {
 }
 
 LogicalResult mlir::moe::cpu::checkIndexOperand(PatternRewriter &rw,
-                                               Operation *op, Value indices,
-                                               Value bound,
-                                               lowering::IndexErrorOp which) {
+                                                Operation *op, Value indices,
+                                                Value bound,
+                                                lowering::IndexErrorOp which) {
   if (failed(lowering::emitIndexCheck(rw, op, indices, bound, which)))
     return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
                                      "moeReportIndexError");
@@ -88,9 +88,9 @@ LogicalResult mlir::moe::cpu::checkIndexOperand(PatternRewriter &rw,
 }
 
 LogicalResult mlir::moe::cpu::checkIndexOperand(PatternRewriter &rw,
-                                               Operation *op, Value indices,
-                                               int64_t bound,
-                                               lowering::IndexErrorOp which) {
+                                                Operation *op, Value indices,
+                                                int64_t bound,
+                                                lowering::IndexErrorOp which) {
   return checkIndexOperand(
       rw, op, indices, lowering::indexConst(rw, op->getLoc(), bound), which);
 }

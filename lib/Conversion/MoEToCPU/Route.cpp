@@ -282,16 +282,14 @@ struct RouteKernel : KernelPattern<RouteOp, /*TargetLanes=*/false> {
 };
 } // namespace
 
-SmallVector<SmallVector<Value>> routeResultSizes(CK &k,
-                                                                 RouteOp op) {
+SmallVector<SmallVector<Value>> routeResultSizes(CK &k, RouteOp op) {
   SmallVector<Value> sizes = {k.sizes(op.getLogits())[0], k.idx(op.getK())};
   return {sizes, sizes};
 }
 
-void emitRouteKernel(
-    CK &k, const KernelOptions &opts, RouteOp op, Value wBuf, Value iBuf,
-    function_ref<void(Value)> itemBegin,
-    function_ref<void(Value, Value, Value)> rowEnd) {
+void emitRouteKernel(CK &k, const KernelOptions &opts, RouteOp op, Value wBuf,
+                     Value iBuf, function_ref<void(Value)> itemBegin,
+                     function_ref<void(Value, Value, Value)> rowEnd) {
   Type f32 = k.f32(), i32 = k.i32(), i64 = k.i64();
   int64_t topk = op.getK();
   Value x = k.buffer(op.getLogits());
