@@ -110,16 +110,11 @@ struct FlashMixSpec {
 /// value tile in workgroup memory).
 constexpr int64_t kFlashMaxExperts = 256;
 
-/// Creates the kernel; its arguments, in order: q [B,N,D], keys [B,Nk,D],
-/// e [B,Nk,K], then key_mask [B,Nk] (i1), bias [B,Nk] (f32), add [B,H,N,Nk]
-/// and head [B] (i32) when present, then the outputs: p [B,N,K], or weights
-/// and indices [B,N,k], then lse [B,N] with `withLse`. Launch with
-/// launchFlashMix.
-gpu::GPUFuncOp createFlashMixKernel(class HostCode &h, StringRef name,
-                                    const FlashMixSpec &spec,
-                                    TypeRange argTypes, Location loc);
-/// Creates the kernel for `args` (createFlashMixKernel) and launches it on
-/// them: grid (ceil(N / rows), B) with N the rows of `q`, block 128.
+/// Creates the kernel and launches it (grid (ceil(N / kFlashRows), B) with N
+/// the rows of `q`, block kFlashThreads) on `args`, in order: q [B,N,D], keys
+/// [B,Nk,D], e [B,Nk,K], then key_mask [B,Nk] (i1), bias [B,Nk] (f32), add
+/// [B,H,N,Nk] and head [B] (i32) when present, then the outputs: p [B,N,K],
+/// or weights and indices [B,N,k], then lse [B,N] with `withLse`.
 void launchFlashMix(class HostCode &h, StringRef name, const FlashMixSpec &spec,
                     Value q, ValueRange args, Location loc);
 
