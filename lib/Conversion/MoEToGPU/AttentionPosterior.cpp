@@ -184,6 +184,14 @@ void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
   kernel.launch({hk.dim(vBuf, 2), hk.dim(vBuf, 0), hk.idx(1)});
 }
 
+FlashLogitSpec mlir::moe::gpu_lowering::attentionPosteriorLogit(double sigma) {
+  FlashLogitSpec logit;
+  logit.scaleDiv = sigma * sigma;
+  logit.hasBias = true;
+  logit.hasAddScores = true;
+  return logit;
+}
+
 /// attention_posterior or its fused top-k form (the same operands, one result
 /// more).
 template <typename OpTy>
@@ -255,11 +263,8 @@ lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
   launchHeadMeans(h, v, wo, head, means, bias, headScale, sigma, op->getLoc());
 
   // 4: the posterior mixing.
-  FlashMixSpec spec;
+  FlashMixSpec spec{attentionPosteriorLogit(sigma)};
   spec.numExperts = K;
-  spec.scaleDiv = sigma * sigma;
-  spec.hasBias = true;
-  spec.hasAddScores = true;
   if (fused) {
     spec.topk = fused.getK();
     spec.renormalize = fused.getRenormalize();

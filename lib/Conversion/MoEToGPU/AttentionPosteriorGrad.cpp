@@ -184,7 +184,6 @@ AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
            << kFlashMaxExperts;
   Location loc = op.getLoc();
   double sigma = op.getSigma().convertToDouble();
-  double sigma2 = sigma * sigma;
   std::optional<double> headScale = op.getEffectiveHeadScale();
 
   HostCode h(rewriter, op);
@@ -227,21 +226,17 @@ AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
   Value p = temp({{u, 0}, {u, 1}, {eIn, 2}});
   Value lse = temp({{u, 0}, {u, 1}});
   Value delta = temp({{u, 0}, {u, 1}});
-  FlashMixSpec fwd;
+  // Every pass recomputes the forward's logit.
+  FlashLogitSpec logit = attentionPosteriorLogit(sigma);
+  FlashMixSpec fwd{logit};
   fwd.numExperts = K;
-  fwd.scaleDiv = sigma2;
-  fwd.hasBias = true;
-  fwd.hasAddScores = true;
   fwd.withLse = true;
   launchFlashMix(h, "attention_posterior_grad_mix", fwd, u,
                  {u, means, e, bias, scores, head, p, lse}, loc);
   launchFlashGradStats(h, lse, p, dp, delta, loc);
   h.release(p);
 
-  FlashGradSpec spec;
-  spec.hasBias = true;
-  spec.hasAddScores = true;
-  spec.scaleDiv = sigma2;
+  FlashGradSpec spec{logit};
 
   // 2. Query-major: dz into d_scores (zero off h*), d_u = Σ_j dz m_j / σ².
   h.fill32(dScores, k.cF32(0.0));

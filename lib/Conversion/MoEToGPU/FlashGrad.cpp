@@ -71,10 +71,9 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
     Value gradCols = kernel.arg(a++);
     Value lse = kernel.arg(a++);
     Value delta = kernel.arg(a++);
-    Value keyMask = spec.hasKeyMask ? kernel.arg(a++) : Value();
-    Value bias = spec.hasBias ? kernel.arg(a++) : Value();
-    Value add = spec.hasAddScores ? kernel.arg(a++) : Value();
-    Value head = spec.hasAddScores ? kernel.arg(a++) : Value();
+    FlashLogitArgs logit(kernel, spec, a);
+    Value keyMask = logit.keyMask, bias = logit.bias, add = logit.add,
+          head = logit.head;
     Value dzOut = spec.storeDz ? kernel.arg(a++) : Value();
     SmallVector<std::pair<Value, Value>> accs;
     for (const FlashGradSpec::Accumulator &acc : spec.accumulators) {

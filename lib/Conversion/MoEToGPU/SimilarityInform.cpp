@@ -93,6 +93,24 @@ SmallVector<Value> mlir::moe::gpu_lowering::emitFlashDots(
       });
 }
 
+FlashLogitSpec mlir::moe::gpu_lowering::similarityInformLogit(double tau,
+                                                              bool causal,
+                                                              bool hasKeyMask) {
+  FlashLogitSpec logit;
+  logit.scaleDiv = tau;
+  logit.causal = causal;
+  logit.hasKeyMask = hasKeyMask;
+  return logit;
+}
+
+FlashLogitArgs::FlashLogitArgs(GPUKernel &kernel, const FlashLogitSpec &spec,
+                               unsigned &next) {
+  keyMask = spec.hasKeyMask ? kernel.arg(next++) : Value();
+  bias = spec.hasBias ? kernel.arg(next++) : Value();
+  add = spec.hasAddScores ? kernel.arg(next++) : Value();
+  head = spec.hasAddScores ? kernel.arg(next++) : Value();
+}
+
 /// The body of a flash mixing kernel (launchFlashMix).
 static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
   const int64_t K = spec.numExperts;
@@ -102,10 +120,9 @@ static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
   Value q = kernel.arg(a++);
   Value keys = kernel.arg(a++);
   Value e = kernel.arg(a++);
-  Value keyMask = spec.hasKeyMask ? kernel.arg(a++) : Value();
-  Value bias = spec.hasBias ? kernel.arg(a++) : Value();
-  Value add = spec.hasAddScores ? kernel.arg(a++) : Value();
-  Value head = spec.hasAddScores ? kernel.arg(a++) : Value();
+  FlashLogitArgs logit(kernel, spec, a);
+  Value keyMask = logit.keyMask, bias = logit.bias, add = logit.add,
+        head = logit.head;
   Value out = kernel.arg(a++);
   Value outIdx = spec.topk ? kernel.arg(a++) : Value();
   Value lseOut = spec.withLse ? kernel.arg(a++) : Value();
@@ -327,11 +344,9 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
            << (ShapedType::isDynamic(K) ? std::string("?") : std::to_string(K))
            << ")";
 
-  FlashMixSpec spec;
+  FlashMixSpec spec{similarityInformLogit(
+      op.getTau().convertToDouble(), op.getCausal(), static_cast<bool>(maskT))};
   spec.numExperts = K;
-  spec.scaleDiv = op.getTau().convertToDouble();
-  spec.causal = op.getCausal();
-  spec.hasKeyMask = static_cast<bool>(maskT);
   if (fused) {
     spec.topk = fused.getK();
     spec.renormalize = fused.getRenormalize();

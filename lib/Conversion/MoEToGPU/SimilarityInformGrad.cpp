@@ -75,8 +75,9 @@ SimilarityInformGradToGPU::lower(SimilarityInformGradOp op, OpAdaptor adaptor,
            << (ShapedType::isDynamic(K) ? std::string("?") : std::to_string(K))
            << ")";
   Location loc = op.getLoc();
-  double tau = op.getTau().convertToDouble();
-  bool causal = op.getCausal();
+  // Every pass recomputes the forward's logit.
+  FlashLogitSpec logit = similarityInformLogit(
+      op.getTau().convertToDouble(), op.getCausal(), static_cast<bool>(maskT));
 
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
@@ -127,11 +128,8 @@ SimilarityInformGradToGPU::lower(SimilarityInformGradOp op, OpAdaptor adaptor,
                          h.buffer(adaptor.getP()), dp, delta, loc, lse);
   } else {
     Value p = h.alloc(widthType, bn);
-    FlashMixSpec fwd;
+    FlashMixSpec fwd{logit};
     fwd.numExperts = K;
-    fwd.scaleDiv = tau;
-    fwd.causal = causal;
-    fwd.hasKeyMask = static_cast<bool>(mask);
     fwd.withLse = true;
     SmallVector<Value> fwdArgs = {q, u, e};
     if (mask)
@@ -148,10 +146,7 @@ SimilarityInformGradToGPU::lower(SimilarityInformGradOp op, OpAdaptor adaptor,
       args.push_back(mask);
     return args;
   };
-  FlashGradSpec spec;
-  spec.causal = causal;
-  spec.hasKeyMask = static_cast<bool>(mask);
-  spec.scaleDiv = tau;
+  FlashGradSpec spec{logit};
 
   // 2. Query-major: dq (into du without ws).
   Value dq = ws ? h.alloc(featType, bnd) : du;
