@@ -56,23 +56,22 @@ AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
                      {kThreads, 1, 1}, loc);
     KB &kk = kernel.k;
     Value ix = kernel.arg(0), cs = kernel.arg(1), w = kernel.arg(2);
-    Value t = kernel.globalId();
     Value kSel = kk.dim(ix, 1);
-    auto expert = [&](Value s) {
-      return kk.castInt(kk.load(ix, {t, s}), kk.i64());
-    };
-    auto inRange = [&](Value v) { return idInRange(kk, v, kk.cI64(E)); };
-    // Valid and the first occurrence in the token's row.
-    auto counted = [&](Value s, Value v) -> Value {
-      Value dup =
-          kk.forLoop(kk.idx(0), s, kk.idx(1), {kk.cBool(true)},
-                     [&](Value s2, ValueRange acc) -> SmallVector<Value> {
-                       Value same = kk.eq(expert(s2), v);
-                       return {kk.andI(acc[0], kk.notI1(same))};
-                     })[0];
-      return kk.andI(inRange(v), dup);
-    };
-    kk.ifThen(kk.lt(t, kk.dim(ix, 0)), [&] {
+    kernel.forItem(kk.dim(ix, 0), [&](Value t) {
+      auto expert = [&](Value s) {
+        return kk.castInt(kk.load(ix, {t, s}), kk.i64());
+      };
+      auto inRange = [&](Value v) { return idInRange(kk, v, kk.cI64(E)); };
+      // Valid and the first occurrence in the token's row.
+      auto counted = [&](Value s, Value v) -> Value {
+        Value dup =
+            kk.forLoop(kk.idx(0), s, kk.idx(1), {kk.cBool(true)},
+                       [&](Value s2, ValueRange acc) -> SmallVector<Value> {
+                         Value same = kk.eq(expert(s2), v);
+                         return {kk.andI(acc[0], kk.notI1(same))};
+                       })[0];
+        return kk.andI(inRange(v), dup);
+      };
       kk.forLoop(kk.idx(0), kSel, kk.idx(1), [&](Value s1) {
         Value v1 = expert(s1);
         kk.ifThen(kk.notI1(inRange(v1)), [&] {

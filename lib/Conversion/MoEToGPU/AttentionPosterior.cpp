@@ -116,10 +116,9 @@ static void launchHeadSelect(HostCode &h, Value sumsBuf, Value countsBuf,
                    {}, {kWarp, 1, 1}, loc);
   KB &k = kernel.k;
   Value sums = kernel.arg(0), counts = kernel.arg(1), head = kernel.arg(2);
-  Value b = kernel.globalId();
   Value B = k.dim(sums, 0), H = k.dim(sums, 1), C = k.dim(sums, 2);
   Value zero = k.cF32(0.0);
-  k.ifThen(k.lt(b, B), [&] {
+  kernel.forItem(B, [&](Value b) {
     SmallVector<Value> best = k.forLoop(
         k.idx(0), H, k.idx(1), {zero, k.idx(0)},
         [&](Value h, ValueRange acc) -> SmallVector<Value> {

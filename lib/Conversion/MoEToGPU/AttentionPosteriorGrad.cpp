@@ -55,8 +55,7 @@ static void launchFiniteMask(HostCode &h, StringRef name, Value e, Value out,
     Value src = kernel.arg(0), dst = kernel.arg(1);
     Value R = k.dim(src, 1), K = k.dim(src, 2);
     Value total = k.mul(k.mul(k.dim(src, 0), R), K);
-    Value flat = kernel.globalId();
-    k.ifThen(k.lt(flat, total), [&] {
+    kernel.forItem(total, [&](Value flat) {
       Value c = k.remu(flat, K), rest = k.divu(flat, K);
       Value j = k.remu(rest, R), b = k.divu(rest, R);
       Value x = k.loadF(src, {b, j, c});
@@ -84,8 +83,7 @@ static void launchMeanGrad(HostCode &h, Value dm, Value rowSum, Value means,
     Value Nk = k.dim(g, 1), D = k.dim(g, 2);
     Value total = k.mul(k.mul(k.dim(g, 0), Nk), D);
     Value scale = headScale ? k.cF32(*headScale) : k.sitofp(k.dim(vv, 1));
-    Value flat = kernel.globalId();
-    k.ifThen(k.lt(flat, total), [&] {
+    kernel.forItem(total, [&](Value flat) {
       Value d = k.remu(flat, D), rest = k.divu(flat, D);
       Value j = k.remu(rest, Nk), b = k.divu(rest, Nk);
       Value x = k.fsub(k.load(g, {b, j, d}), k.fmul(k.load(r, {b, j, k.idx(0)}),

@@ -53,8 +53,7 @@ void launchDout(HostCode &h, Value dwBuf, Value dbBuf, Value doutBuf,
                    {kThreads, 1, 1}, loc);
   KB &k = kernel.k;
   Value dw = kernel.arg(0), db = kernel.arg(1), dout = kernel.arg(2);
-  Value r = kernel.globalId();
-  k.ifThen(k.lt(r, k.dim(dout, 0)), [&] {
+  kernel.forItem(k.dim(dout, 0), [&](Value r) {
     kernels::HyperSlot slot = kernels::hyperSlot(k, r, k.dim(dw, 1));
     Value v = k.ifElse(
         slot.isBias, {k.f32()},

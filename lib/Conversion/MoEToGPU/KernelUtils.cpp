@@ -5,6 +5,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "KernelUtils.h"
+#include "Limits.h"
 
 #include "MoE/IR/MoEOps.h"
 
@@ -337,6 +338,11 @@ Value GPUKernel::globalId() {
   return k.add(k.mul(k.blockId(), k.idx(blockSize[0])), k.threadId());
 }
 
+void GPUKernel::forItem(Value count, function_ref<void(Value item)> body) {
+  Value item = globalId();
+  k.ifThen(k.lt(item, count), [&] { body(item); });
+}
+
 void GPUKernel::forRowsOfColumn(Value inRange, Value rows,
                                 function_ref<void(Value row)> body) {
   k.ifThen(inRange, [&] {
@@ -357,7 +363,7 @@ void GPUKernel::launchOver(Value count) {
 void GPUKernel::launchColumns(Value cols, Value rows) {
   KB &hk = host.k;
   launch({hk.ceilDiv(cols, hk.idx(blockSize[0])),
-          hk.minu(rows, hk.idx(kMaxGridY)), hk.idx(1)});
+          hk.minu(rows, hk.idx(kMaxGridDim[1])), hk.idx(1)});
 }
 
 MemRefType mlir::moe::gpu_lowering::workgroupMemRef(ArrayRef<int64_t> shape,

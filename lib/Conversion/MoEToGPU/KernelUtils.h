@@ -28,8 +28,6 @@ namespace mlir::moe::gpu_lowering {
 
 /// Threads of a warp.
 constexpr int64_t kWarp = 32;
-/// The most blocks a launch may have along y (and z).
-constexpr int64_t kMaxGridY = 65535;
 
 //===----------------------------------------------------------------------===//
 // Scalar and control-flow helpers
@@ -224,11 +222,15 @@ public:
   Value workgroup(unsigned i);
   /// The thread's index in a 1-D grid: blockIdx.x · blockDim.x + threadIdx.x.
   Value globalId();
+  /// A thread per item of [0, `count`) (launchOver): body(item) with the
+  /// thread's item, globalId(), on the threads that have one.
+  void forItem(Value count, function_ref<void(Value item)> body);
 
   /// A thread per column (globalId(), blocks along x), the rows strided over
-  /// the blocks along y (gridDim.y is capped at kMaxGridY, the row count is
-  /// not): when `inRange` (the column exists), body(row) for the rows of
-  /// [0, rows) that fall to this block. Launch with launchColumns.
+  /// the blocks along y (gridDim.y is capped at 65535, kMaxGridDim of
+  /// Limits.h; the row count is not): when `inRange` (the column exists),
+  /// body(row) for the rows of [0, rows) that fall to this block. Launch with
+  /// launchColumns.
   void forRowsOfColumn(Value inRange, Value rows,
                        function_ref<void(Value row)> body);
 
@@ -238,7 +240,7 @@ public:
   /// item (globalId()), the last block's extra threads idle.
   void launchOver(Value count);
   /// Launches a forRowsOfColumn kernel: ceil(`cols` / blockDim.x) blocks
-  /// along x, min(`rows`, kMaxGridY) along y.
+  /// along x, min(`rows`, 65535) along y.
   void launchColumns(Value cols, Value rows);
 
 private:

@@ -82,8 +82,7 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
                      {kThreads, 1, 1}, loc);
     KB &kk = kernel.k;
     Value as = kernel.arg(0), cs = kernel.arg(1), w = kernel.arg(2);
-    Value t = kernel.globalId();
-    kk.ifThen(kk.lt(t, kk.dim(as, 0)), [&] {
+    kernel.forItem(kk.dim(as, 0), [&](Value t) {
       auto [a, ok] = clusterOf(kk, as, t, E);
       kk.ifThen(ok, [&] {
         memref::AtomicRMWOp::create(kernel.b, arith::AtomicRMWKind::addi,

@@ -47,8 +47,7 @@ TopkRenormGradToGPU::lower(TopkRenormGradOp op, OpAdaptor adaptor,
     KB &kk = kernel.k;
     Value s2 = kernel.arg(0), i2 = kernel.arg(1), g2 = kernel.arg(2),
           o2 = kernel.arg(3);
-    Value row = kernel.globalId();
-    kk.ifThen(kk.lt(row, kk.dim(s2, 0)), [&] {
+    kernel.forItem(kk.dim(s2, 0), [&](Value row) {
       kernels::emitTopkGradRow(kk, spec, row, s2, i2, g2, o2, kk.dim(s2, 1),
                                kk.dim(i2, 1));
     });
