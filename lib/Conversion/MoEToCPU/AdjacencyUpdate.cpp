@@ -42,10 +42,8 @@
 
 #include <functional>
 
-using namespace mlir;
-using namespace mlir::moe;
-using namespace mlir::moe::cpu;
-using namespace mlir::moe::kernels;
+namespace mlir::moe::cpu {
+using namespace kernels;
 
 namespace {
 /// Tokens per worker item.
@@ -331,10 +329,9 @@ struct AdjacencyUpdateKernel : KernelPattern<AdjacencyUpdateOp> {
                              ? tensor::getMixedSize(rw, loc, aT, 1)
                              : tensor::getMixedSize(rw, loc, aT, 0);
     Value eVal = getValueOrCreateConstantIndexOp(rw, loc, eSize);
-    if (failed(lowering::emitIndexCheck(rw, op, op.getIdx(), eVal,
-                                        lowering::IndexErrorOp::AdjacencyIdx)))
-      return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
-                                       "moeReportIndexError");
+    if (failed(checkIndexOperand(rw, op, op.getIdx(), eVal,
+                                 lowering::IndexErrorOp::AdjacencyIdx)))
+      return failure();
     // The co-selection counts c [E, E] i32, which finishAdjacencyUpdate
     // turns into a_next.
     int64_t staticE = getConstantIntValue(eSize).value_or(kDyn);
@@ -389,3 +386,5 @@ struct AdjacencyUpdateKernel : KernelPattern<AdjacencyUpdateOp> {
 } // namespace
 
 MOE_CPU_KERNEL_POPULATE(populateAdjacencyUpdateKernel, AdjacencyUpdateKernel)
+
+} // namespace mlir::moe::cpu

@@ -31,9 +31,7 @@
 
 #include <limits>
 
-using namespace mlir;
-using namespace mlir::moe;
-using namespace mlir::moe::cpu;
+namespace mlir::moe::cpu {
 
 namespace {
 
@@ -63,17 +61,15 @@ Value sumLanes(CK &k, ArrayRef<Value> v) {
 
 } // namespace
 
-Value mlir::moe::cpu::headScaleValue(CK &k, std::optional<double> scale,
-                                     Value heads) {
+Value headScaleValue(CK &k, std::optional<double> scale, Value heads) {
   if (scale)
     return k.cF32(*scale);
   return k.sitofp(k.castInt(heads, k.i64()));
 }
 
-HeadMeans mlir::moe::cpu::packHeadMeans(CK &k, const KernelOptions &opts,
-                                        Value v, Value wo, Value head,
-                                        Value scale, Value batch, Value keys,
-                                        Value model, Value headDim) {
+HeadMeans packHeadMeans(CK &k, const KernelOptions &opts, Value v, Value wo,
+                        Value head, Value scale, Value batch, Value keys,
+                        Value model, Value headDim) {
   // m[b,j,:] = head_scale · v[b,h,j,:] · wo_h^T, h = head[b], in blocks of 16
   // model columns: the dot over c runs along wo's rows (contiguous, no
   // transposed copy of wo: that copy alone is D·Dh scalar moves, the cost of
@@ -138,8 +134,8 @@ HeadMeans mlir::moe::cpu::packHeadMeans(CK &k, const KernelOptions &opts,
 }
 
 std::function<Value(CK &, Value, Value, Value, Value)>
-mlir::moe::cpu::posteriorLogits(Value scores, Value head, Value norm2,
-                                Value keys, float sigma2) {
+posteriorLogits(Value scores, Value head, Value norm2, Value keys,
+                float sigma2) {
   return [=](CK &kk, Value dot, Value bi, Value i, Value j0) {
     double negInf = -std::numeric_limits<double>::infinity();
     Value h = kk.castInt(kk.load(head, {bi}), kk.b.getIndexType());
@@ -279,3 +275,5 @@ struct AttentionPosteriorKernel
 } // namespace
 
 MOE_CPU_KERNEL_POPULATE(populateAttentionPosteriorKernel, AttentionPosteriorKernel)
+
+} // namespace mlir::moe::cpu

@@ -35,10 +35,8 @@
 
 #include <limits>
 
-using namespace mlir;
-using namespace mlir::moe;
-using namespace mlir::moe::cpu;
-using namespace mlir::moe::kernels;
+namespace mlir::moe::cpu {
+using namespace kernels;
 
 namespace {
 
@@ -52,12 +50,10 @@ struct AttentionPosteriorGradKernel
       return rw.notifyMatchFailure(op, "head_select = all: portable lowering");
     if (hasStaticZeroSize(op))
       return rw.notifyMatchFailure(op, "a static zero-sized dimension");
-    // Each gradient is shaped like its operand: d_scores, d_u, d_v, d_wo, d_e.
-    SmallVector<Value> params = {op.getScores(), op.getU(), op.getV(),
-                                 op.getWo(), op.getE()};
-    SmallVector<KernelScope::Out> outs = KernelScope::outsLike(k, op, params);
-    llvm::append_range(params, ValueRange{op.getHead(), op.getDp()});
-    KernelScope kernel(k, params, outs);
+    // d_scores, d_u, d_v, d_wo, d_e.
+    KernelScope kernel = KernelScope::gradientsOf(
+        k, op, {op.getScores(), op.getU(), op.getV(), op.getWo(), op.getE()},
+        {op.getHead(), op.getDp()});
     Type f32 = k.f32();
     Value c0 = k.idx(0), c1 = k.idx(1);
     Value scores = k.buffer(op.getScores()), u = k.buffer(op.getU());
@@ -86,16 +82,22 @@ struct AttentionPosteriorGradKernel
     // <dp_i, e_j> as 0, as in autograd of the reference).
     Value e = k.alloc(rank3, {batch, keys, width});
     Value posInfV = k.constLike(k.vf32(), std::numeric_limits<float>::infinity());
-    k.forLoop(c0, batch, c1, [&](Value bi) {
-      k.forLoop(c0, keys, c1, [&](Value j) {
-        widthLoop(width, [&](Value col, Value count) {
-          Value x = k.vloadMasked(eIn, {bi, j, col}, count, 0.0);
-          Value finite =
-              k.cmpf(arith::CmpFPredicate::ONE, k.fabs(x), posInfV);
-          k.vstoreMasked(k.select(finite, x, zeros), e, {bi, j, col}, count);
+    // to = from ([B, Nk, K] f32, or e itself) where e is finite, else 0.
+    auto zeroWhereENonFinite = [&](Value from, Value to) {
+      k.forLoop(c0, batch, c1, [&](Value bi) {
+        k.forLoop(c0, keys, c1, [&](Value j) {
+          widthLoop(width, [&](Value col, Value count) {
+            Value x = k.vloadMasked(eIn, {bi, j, col}, count, 0.0);
+            Value finite =
+                k.cmpf(arith::CmpFPredicate::ONE, k.fabs(x), posInfV);
+            Value y =
+                from == eIn ? x : k.vloadMasked(from, {bi, j, col}, count, 0.0);
+            k.vstoreMasked(k.select(finite, y, zeros), to, {bi, j, col}, count);
+          });
         });
       });
-    });
+    };
+    zeroWhereENonFinite(eIn, e);
 
     // 1. Head means of h*, p and lse recomputed by the forward kernel.
     Value scale = headScaleValue(k, op.getEffectiveHeadScale(), heads);
@@ -208,17 +210,7 @@ struct AttentionPosteriorGradKernel
     byKey.accumulators.push_back({ones, dzSum, c1, k.idx(kLanes), true});
     emitFlashGrad(k, opts, byKey);
     // d_e is 0 at a non-finite e entry.
-    k.forLoop(c0, batch, c1, [&](Value bi) {
-      k.forLoop(c0, keys, c1, [&](Value j) {
-        widthLoop(width, [&](Value col, Value count) {
-          Value x = k.vloadMasked(eIn, {bi, j, col}, count, 0.0);
-          Value finite =
-              k.cmpf(arith::CmpFPredicate::ONE, k.fabs(x), posInfV);
-          Value g = k.vloadMasked(de, {bi, j, col}, count, 0.0);
-          k.vstoreMasked(k.select(finite, g, zeros), de, {bi, j, col}, count);
-        });
-      });
-    });
+    zeroWhereENonFinite(de, de);
 
     // 4. dm (c/σ² folded in), d_v and d_wo.
     Value dm = k.alloc(rank3, {batch, keys, model});
@@ -284,3 +276,5 @@ struct AttentionPosteriorGradKernel
 } // namespace
 
 MOE_CPU_KERNEL_POPULATE(populateAttentionPosteriorGradKernel, AttentionPosteriorGradKernel)
+
+} // namespace mlir::moe::cpu

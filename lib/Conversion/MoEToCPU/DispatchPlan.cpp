@@ -30,9 +30,7 @@
 
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 
-using namespace mlir;
-using namespace mlir::moe;
-using namespace mlir::moe::cpu;
+namespace mlir::moe::cpu {
 
 namespace {
 /// Runs body(n, e) for the in-range assignments of row `row` (n = row·K + j,
@@ -68,18 +66,15 @@ struct DispatchPlanKernel
 
   LogicalResult emit(DispatchPlanOp op, CK &k,
                      PatternRewriter &rw) const override {
-    Location loc = op.getLoc();
     // Left to the fused kernel of its route (the greedy driver may visit the
     // plan first).
     if (auto route = op.getIndices().getDefiningOp<RouteOp>())
       if (fusableDispatchPlan(route) == op)
         return rw.notifyMatchFailure(op, "fused with its moe.route");
     int64_t numExperts = op.getNumExperts();
-    if (failed(lowering::emitIndexCheck(
-            rw, op, op.getIndices(), lowering::indexConst(rw, loc, numExperts),
-            lowering::IndexErrorOp::DispatchPlanIndices)))
-      return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
-                                       "moeReportIndexError");
+    if (failed(checkIndexOperand(rw, op, op.getIndices(), numExperts,
+                                 lowering::IndexErrorOp::DispatchPlanIndices)))
+      return failure();
     SmallVector<Value> sizes = k.sizes(op.getIndices());
     KernelScope kernel(
         k, {op.getIndices()},
@@ -101,28 +96,25 @@ struct DispatchPlanKernel
 };
 } // namespace
 
-Value mlir::moe::cpu::allocPlanHistogram(CK &k, Value numRows,
-                                         int64_t numExperts) {
+Value allocPlanHistogram(CK &k, Value numRows, int64_t numExperts) {
   return k.alloc(MemRefType::get({ShapedType::kDynamic, numExperts}, k.i32()),
                  {numItems(k, numRows)});
 }
 
-void mlir::moe::cpu::clearPlanItem(CK &k, Value hist, Value item,
-                                   int64_t numExperts) {
+void clearPlanItem(CK &k, Value hist, Value item, int64_t numExperts) {
   k.forLoop(k.idx(0), k.idx(numExperts), k.idx(1),
             [&](Value e) { k.store(k.cI32(0), hist, {item, e}); });
 }
 
-void mlir::moe::cpu::countPlanRow(CK &k, Value indices, Value hist, Value row,
-                                  Value item, int64_t numExperts) {
+void countPlanRow(CK &k, Value indices, Value hist, Value row, Value item,
+                  int64_t numExperts) {
   eachAssignment(k, indices, row, numExperts, [&](Value, Value e) {
     k.store(k.add(k.load(hist, {item, e}), k.cI32(1)), hist, {item, e});
   });
 }
 
-SmallVector<SmallVector<Value>>
-mlir::moe::cpu::planResultSizes(CK &k, DispatchPlanOp op, Value rows,
-                                Value slots) {
+SmallVector<SmallVector<Value>> planResultSizes(CK &k, DispatchPlanOp op,
+                                                Value rows, Value slots) {
   int64_t numExperts = op.getNumExperts(), block = op.getBlockSize();
   Value n = k.mul(rows, slots);
   Value paddedSize = k.add(n, k.idx(numExperts * (block - 1)));
@@ -137,9 +129,8 @@ mlir::moe::cpu::planResultSizes(CK &k, DispatchPlanOp op, Value rows,
           {k.idx(1)}};
 }
 
-void mlir::moe::cpu::emitPlanFromHistogram(CK &k, const KernelOptions &opts,
-                                           DispatchPlanOp op, Value indices,
-                                           Value hist, ValueRange results) {
+void emitPlanFromHistogram(CK &k, const KernelOptions &opts, DispatchPlanOp op,
+                           Value indices, Value hist, ValueRange results) {
   int64_t numExperts = op.getNumExperts(), block = op.getBlockSize();
   Value e = k.idx(numExperts), blk = k.idx(block);
   Value n = k.mul(k.dim(indices, 0), k.dim(indices, 1));
@@ -205,3 +196,5 @@ void mlir::moe::cpu::emitPlanFromHistogram(CK &k, const KernelOptions &opts,
 }
 
 MOE_CPU_KERNEL_POPULATE(populateDispatchPlanKernel, DispatchPlanKernel)
+
+} // namespace mlir::moe::cpu

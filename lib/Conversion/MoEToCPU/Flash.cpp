@@ -84,12 +84,18 @@ void mlir::moe::cpu::workersIfLarge(CK &k, const KernelOptions &opts, Value numI
   k.workers(opts, numItems, body);
 }
 
+mlir::moe::cpu::RowTiles mlir::moe::cpu::rowTiles(CK &k, Value batch,
+                                                  Value rows) {
+  Value perBatch = k.ceilDiv(rows, k.idx(kQueryTile));
+  return {perBatch, k.mul(batch, perBatch), rows};
+}
+
 mlir::moe::cpu::RowTile mlir::moe::cpu::rowTile(CK &k, Value item,
-                                                Value rowTiles, Value rows) {
+                                                const RowTiles &tiles) {
   RowTile t;
-  t.b = k.divu(item, rowTiles);
-  t.i0 = k.mul(k.remu(item, rowTiles), k.idx(kQueryTile));
-  Value lastRow = k.sub(rows, k.idx(1));
+  t.b = k.divu(item, tiles.perBatch);
+  t.i0 = k.mul(k.remu(item, tiles.perBatch), k.idx(kQueryTile));
+  Value lastRow = k.sub(tiles.rows, k.idx(1));
   for (int64_t r = 0; r < kQueryTile; ++r)
     t.rows.push_back(k.mins(k.add(t.i0, k.idx(r)), lastRow));
   return t;
@@ -370,8 +376,7 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
   constexpr int64_t TQ = kQueryTile, TK = kKeyTile, KV = TK / kLanes;
   Type f32 = k.f32();
   Value c0 = k.idx(0), c1 = k.idx(1);
-  Value queryTiles = k.ceilDiv(s.rows, k.idx(TQ));
-  Value numItems = k.mul(s.batch, queryTiles);
+  RowTiles tiles = rowTiles(k, s.batch, s.rows);
   Value widthChunks = k.divu(s.widthPad, k.idx(kLanes));
 
   Value accAll = k.scratch(
@@ -383,7 +388,7 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
     Value accBuf = k.workerSlice(accAll, worker);
     Value pBuf = k.workerSlice(pAll, worker);
     Value sBuf = k.workerSlice(sAll, worker);
-    RowTile tile = rowTile(k, item, queryTiles, s.rows);
+    RowTile tile = rowTile(k, item, tiles);
     Value b = tile.b, i0 = tile.i0;
     ArrayRef<Value> rowIdx = tile.rows;
     zeroRows(k, accBuf, widthChunks);
@@ -463,5 +468,5 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
   // Work: a multiply-add per (row, key, depth or value lane).
   Value work = k.mul(k.mul(k.mul(s.batch, s.rows), s.keys),
                      k.add(s.depth, s.widthPad));
-  workersIfLarge(k, opts, numItems, work, body);
+  workersIfLarge(k, opts, tiles.items, work, body);
 }

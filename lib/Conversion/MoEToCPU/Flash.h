@@ -154,14 +154,20 @@ GradRowStats gradRowStats(CK &k, Value lse, Value p, Value dp, Value batch,
 
 // Building blocks shared by the forward and backward kernels.
 
-/// Row tile `item` of the B x ceil(rows / kQueryTile) tiles: its batch `b`,
-/// first row `i0` and kQueryTile row indices, where rows past the end repeat
-/// the last row (computed, never stored).
+/// The B x ceil(rows / kQueryTile) row tiles, the parallel items of the
+/// forward and backward kernels: `perBatch` tiles per batch, `items` in all.
+struct RowTiles {
+  Value perBatch, items, rows;
+};
+RowTiles rowTiles(CK &k, Value batch, Value rows);
+/// Row tile `item` of `tiles`: its batch `b`, first row `i0` and kQueryTile
+/// row indices, where rows past the end repeat the last row (computed, never
+/// stored).
 struct RowTile {
   Value b, i0;
   SmallVector<Value> rows;
 };
-RowTile rowTile(CK &k, Value item, Value rowTiles, Value rows);
+RowTile rowTile(CK &k, Value item, const RowTiles &tiles);
 /// Zeros the kQueryTile rows of `chunks` kLanes-vectors of `buf`.
 void zeroRows(CK &k, Value buf, Value chunks);
 

@@ -33,8 +33,7 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
   constexpr int64_t TQ = kQueryTile, TK = kKeyTile, KV = TK / kLanes;
   Type f32 = k.f32();
   Value c0 = k.idx(0), c1 = k.idx(1);
-  Value rowTiles = k.ceilDiv(s.rows, k.idx(TQ));
-  Value numItems = k.mul(s.batch, rowTiles);
+  RowTiles tiles = rowTiles(k, s.batch, s.rows);
 
   // Blocked summation: each accumulator sums kFoldTiles column tiles into a
   // partial (accAll) that is then added to its total (totAll). One running
@@ -51,7 +50,7 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
   Value sAll = k.scratch(opts, MemRefType::get({TQ, TK}, f32), {});
   Value dAll = k.scratch(opts, MemRefType::get({TQ, TK}, f32), {});
 
-  k.workers(opts, numItems, [&](Value item, Value worker) {
+  k.workers(opts, tiles.items, [&](Value item, Value worker) {
     SmallVector<Value> accBuf, totBuf, chunks;
     for (auto [buf, tot, a] : llvm::zip(accAll, totAll, s.accumulators)) {
       accBuf.push_back(k.workerSlice(buf, worker));
@@ -60,7 +59,7 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
     }
     Value sBuf = k.workerSlice(sAll, worker);
     Value dBuf = k.workerSlice(dAll, worker);
-    RowTile tile = rowTile(k, item, rowTiles, s.rows);
+    RowTile tile = rowTile(k, item, tiles);
     Value b = tile.b, i0 = tile.i0;
     ArrayRef<Value> rowIdx = tile.rows;
     auto zero = [&](ArrayRef<Value> bufs) {

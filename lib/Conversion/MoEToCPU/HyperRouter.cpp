@@ -28,9 +28,7 @@
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/Gemv.h"
 
-using namespace mlir;
-using namespace mlir::moe;
-using namespace mlir::moe::cpu;
+namespace mlir::moe::cpu {
 
 namespace {
 constexpr int64_t kRowsPerItem = 64;
@@ -59,8 +57,8 @@ struct HyperRouterKernel : KernelPattern<HyperRouterOp> {
 };
 } // namespace
 
-Value mlir::moe::cpu::hyperAffine(CK &k, const KernelOptions &opts, Value m,
-                                  Value x, Value bias, bool relu, Value y) {
+Value hyperAffine(CK &k, const KernelOptions &opts, Value m, Value x,
+                  Value bias, bool relu, Value y) {
   Value c1 = k.idx(1);
   Value rows = k.dim(m, 0), cols = k.dim(m, 1);
   int64_t staticRows = cast<MemRefType>(m.getType()).getDimSize(0);
@@ -96,3 +94,5 @@ Value mlir::moe::cpu::hyperAffine(CK &k, const KernelOptions &opts, Value m,
 }
 
 MOE_CPU_KERNEL_POPULATE(populateHyperRouterKernel, HyperRouterKernel)
+
+} // namespace mlir::moe::cpu

@@ -37,9 +37,7 @@
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/Gemv.h"
 
-using namespace mlir;
-using namespace mlir::moe;
-using namespace mlir::moe::cpu;
+namespace mlir::moe::cpu {
 
 namespace {
 constexpr int64_t kMinBlockRows = 64;
@@ -129,12 +127,9 @@ struct HyperRouterGradKernel : KernelPattern<HyperRouterGradOp> {
                      PatternRewriter &rw) const override {
     if (hasStaticZeroSize(op))
       return rw.notifyMatchFailure(op, "a static zero-sized dimension");
-    // Each gradient is shaped like its parameter.
-    SmallVector<Value> params = {op.getEmb(), op.getW1(), op.getB1(),
-                                 op.getW2(), op.getB2()};
-    SmallVector<KernelScope::Out> outs = KernelScope::outsLike(k, op, params);
-    llvm::append_range(params, ValueRange{op.getDw(), op.getDb()});
-    KernelScope kernel(k, params, outs);
+    KernelScope kernel = KernelScope::gradientsOf(
+        k, op, {op.getEmb(), op.getW1(), op.getB1(), op.getW2(), op.getB2()},
+        {op.getDw(), op.getDb()});
     Value c0 = k.idx(0), c1 = k.idx(1);
     int64_t lanes = k.lanes();
     Value emb = k.buffer(op.getEmb()), w1 = k.buffer(op.getW1());
@@ -187,3 +182,5 @@ struct HyperRouterGradKernel : KernelPattern<HyperRouterGradOp> {
 } // namespace
 
 MOE_CPU_KERNEL_POPULATE(populateHyperRouterGradKernel, HyperRouterGradKernel)
+
+} // namespace mlir::moe::cpu

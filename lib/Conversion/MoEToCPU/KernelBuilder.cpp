@@ -323,12 +323,15 @@ KernelScope::outsOf(Operation *op, ArrayRef<SmallVector<Value>> sizes) {
   return outs;
 }
 
-SmallVector<KernelScope::Out>
-KernelScope::outsLike(CK &k, Operation *op, ValueRange like) {
+KernelScope KernelScope::gradientsOf(CK &k, Operation *op,
+                                     ArrayRef<Value> params,
+                                     ArrayRef<Value> others) {
   SmallVector<SmallVector<Value>> sizes;
-  for (Value v : like)
+  for (Value v : params)
     sizes.push_back(k.sizes(v));
-  return outsOf(op, sizes);
+  SmallVector<Value> ins(params);
+  llvm::append_range(ins, others);
+  return KernelScope(k, ins, outsOf(op, sizes));
 }
 
 Value KernelScope::out(unsigned i) const { return outs()[i]; }

@@ -196,9 +196,14 @@ public:
   /// per result).
   static SmallVector<Out> outsOf(Operation *op,
                                  ArrayRef<SmallVector<Value>> sizes);
-  /// Outs shaped like the results of `op`, result i with the sizes of
-  /// like[i] (a gradient and its parameter).
-  static SmallVector<Out> outsLike(CK &k, Operation *op, ValueRange like);
+  /// The kernel of a backward op whose result i is the gradient of
+  /// params[i] (shaped like it): it reads `params`, then `others` (the
+  /// cotangents and the other operands).
+  static KernelScope gradientsOf(CK &k, Operation *op, ArrayRef<Value> params,
+                                 ArrayRef<Value> others);
+  // Opened once: the builder has been moved into the body.
+  KernelScope(const KernelScope &) = delete;
+  KernelScope &operator=(const KernelScope &) = delete;
   /// The buffer of out `i` inside the body, and all of them.
   Value out(unsigned i) const;
   ValueRange outs() const;

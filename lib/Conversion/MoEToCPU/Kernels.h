@@ -13,6 +13,9 @@
 
 namespace mlir {
 class RewritePatternSet;
+namespace moe::lowering {
+enum class IndexErrorOp : int32_t; // MoEToLinalg/Utils.h
+} // namespace moe::lowering
 namespace moe::cpu {
 /// The base of the kernel patterns: benefit 2, so that a kernel wins over the
 /// portable pattern of the same op when both are in one set. A pattern
@@ -56,13 +59,27 @@ PopulateKernel populateTopkRenormKernel, populateSimilarityInformKernel,
     populateSimilarityInformGradKernel, populateTopkRenormGradKernel,
     populateAttentionPosteriorGradKernel, populateHyperRouterGradKernel;
 
-/// Defines the populate function `Name` (declared above) of an op file: it
-/// adds the file's patterns (the remaining arguments) with the conversion's
-/// options.
+/// Defines the populate function `Name` (declared above) of an op file, inside
+/// its `namespace mlir::moe::cpu`: it adds the file's patterns (the remaining
+/// arguments) with the conversion's options.
 #define MOE_CPU_KERNEL_POPULATE(Name, ...)                                     \
-  void mlir::moe::cpu::Name(RewritePatternSet &p, const KernelOptions &o) {    \
+  void Name(RewritePatternSet &p, const KernelOptions &o) {                    \
     p.add<__VA_ARGS__>(p.getContext(), o);                                     \
   }
+
+/// For the kernels of ops with an index operand: emits the run-time check of
+/// the portable lowering (lowering::emitIndexCheck), which reports each entry
+/// of `indices` outside [0, bound) through moeReportIndexError; the kernels
+/// then skip such entries as the portable lowering does. Fails (a match
+/// failure of `op`) when there is no enclosing module to declare the report
+/// function in.
+LogicalResult checkIndexOperand(PatternRewriter &rw, Operation *op,
+                                Value indices, Value bound,
+                                lowering::IndexErrorOp which);
+/// The same with the constant bound `bound`.
+LogicalResult checkIndexOperand(PatternRewriter &rw, Operation *op,
+                                Value indices, int64_t bound,
+                                lowering::IndexErrorOp which);
 
 /// moe.hyper_router's GEMV (HyperRouter.cpp), shared with its backward:
 /// y = m · x + bias ([rows] f32, any float operands; ReLU when `relu`), rows

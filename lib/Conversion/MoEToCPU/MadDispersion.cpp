@@ -29,10 +29,8 @@
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/SegmentedStats.h"
 
-using namespace mlir;
-using namespace mlir::moe;
-using namespace mlir::moe::cpu;
-using namespace mlir::moe::kernels;
+namespace mlir::moe::cpu {
+using namespace kernels;
 
 namespace {
 constexpr int64_t kBlockVectors = 2;
@@ -42,13 +40,10 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
 
   LogicalResult emit(MadDispersionOp op, CK &k,
                      PatternRewriter &rw) const override {
-    Location loc = op.getLoc();
     int64_t numExperts = op.getNumExperts();
-    if (failed(lowering::emitIndexCheck(
-            rw, op, op.getAssign(), lowering::indexConst(rw, loc, numExperts),
-            lowering::IndexErrorOp::MadDispersionAssign)))
-      return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
-                                       "moeReportIndexError");
+    if (failed(checkIndexOperand(rw, op, op.getAssign(), numExperts,
+                                 lowering::IndexErrorOp::MadDispersionAssign)))
+      return failure();
     int64_t lanes = k.lanes();
     Type f32 = k.f32(), i32 = k.i32();
     // counts [E] i32 and the deviations [E, D] f32, which
@@ -164,3 +159,5 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
 } // namespace
 
 MOE_CPU_KERNEL_POPULATE(populateMadDispersionKernel, MadDispersionKernel)
+
+} // namespace mlir::moe::cpu

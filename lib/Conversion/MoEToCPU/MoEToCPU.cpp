@@ -24,6 +24,8 @@
 #include "MoE/Conversion/MoEToCPU/MoEToCPU.h"
 #include "Kernels.h"
 
+#include "../MoEToLinalg/Utils.h"
+
 #include "MoE/IR/MoEDialect.h"
 #include "MoE/Transforms/Passes.h"
 
@@ -73,6 +75,24 @@ bool mlir::moe::cpu::hasStaticZeroSize(Operation *op) {
     return llvm::is_contained(cast<RankedTensorType>(v.getType()).getShape(),
                               0);
   });
+}
+
+LogicalResult mlir::moe::cpu::checkIndexOperand(PatternRewriter &rw,
+                                                Operation *op, Value indices,
+                                                Value bound,
+                                                lowering::IndexErrorOp which) {
+  if (failed(lowering::emitIndexCheck(rw, op, indices, bound, which)))
+    return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
+                                     "moeReportIndexError");
+  return success();
+}
+
+LogicalResult mlir::moe::cpu::checkIndexOperand(PatternRewriter &rw,
+                                                Operation *op, Value indices,
+                                                int64_t bound,
+                                                lowering::IndexErrorOp which) {
+  return checkIndexOperand(
+      rw, op, indices, lowering::indexConst(rw, op->getLoc(), bound), which);
 }
 
 namespace {

@@ -33,10 +33,8 @@
 
 #include <limits>
 
-using namespace mlir;
-using namespace mlir::moe;
-using namespace mlir::moe::cpu;
-using namespace mlir::moe::kernels;
+namespace mlir::moe::cpu {
+using namespace kernels;
 
 namespace {
 constexpr int64_t kCandLanes = 8;
@@ -284,16 +282,14 @@ struct RouteKernel : KernelPattern<RouteOp, /*TargetLanes=*/false> {
 };
 } // namespace
 
-SmallVector<SmallVector<Value>> mlir::moe::cpu::routeResultSizes(CK &k,
-                                                                 RouteOp op) {
+SmallVector<SmallVector<Value>> routeResultSizes(CK &k, RouteOp op) {
   SmallVector<Value> sizes = {k.sizes(op.getLogits())[0], k.idx(op.getK())};
   return {sizes, sizes};
 }
 
-void mlir::moe::cpu::emitRouteKernel(
-    CK &k, const KernelOptions &opts, RouteOp op, Value wBuf, Value iBuf,
-    function_ref<void(Value)> itemBegin,
-    function_ref<void(Value, Value, Value)> rowEnd) {
+void emitRouteKernel(CK &k, const KernelOptions &opts, RouteOp op, Value wBuf,
+                     Value iBuf, function_ref<void(Value)> itemBegin,
+                     function_ref<void(Value, Value, Value)> rowEnd) {
   Type f32 = k.f32(), i32 = k.i32(), i64 = k.i64();
   int64_t topk = op.getK();
   Value x = k.buffer(op.getLogits());
@@ -335,3 +331,5 @@ void mlir::moe::cpu::emitRouteKernel(
 }
 
 MOE_CPU_KERNEL_POPULATE(populateRouteKernel, RouteKernel)
+
+} // namespace mlir::moe::cpu

@@ -16,11 +16,9 @@
 #include "Kernels.h"
 #include "Route.h"
 
-using namespace mlir;
-using namespace mlir::moe;
-using namespace mlir::moe::cpu;
+namespace mlir::moe::cpu {
 
-DispatchPlanOp mlir::moe::cpu::fusableDispatchPlan(RouteOp route) {
+DispatchPlanOp fusableDispatchPlan(RouteOp route) {
   auto logits = cast<RankedTensorType>(route.getLogits().getType());
   if (logits.isDynamicDim(1))
     return nullptr;
@@ -72,3 +70,5 @@ struct RouteDispatchPlanKernel : KernelPattern<RouteOp, /*TargetLanes=*/false> {
 } // namespace
 
 MOE_CPU_KERNEL_POPULATE(populateRouteDispatchPlanKernel, RouteDispatchPlanKernel)
+
+} // namespace mlir::moe::cpu

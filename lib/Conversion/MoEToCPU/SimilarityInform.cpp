@@ -15,9 +15,7 @@
 
 #include "MoE/IR/MoEOps.h"
 
-using namespace mlir;
-using namespace mlir::moe;
-using namespace mlir::moe::cpu;
+namespace mlir::moe::cpu {
 
 namespace {
 /// moe.similarity_inform, and moe.similarity_inform_fwd: the same kernel
@@ -77,3 +75,5 @@ struct SimilarityInformKernel : KernelPattern<OpTy, /*TargetLanes=*/false> {
 MOE_CPU_KERNEL_POPULATE(populateSimilarityInformKernel,
                         SimilarityInformKernel<SimilarityInformOp>,
                         SimilarityInformKernel<SimilarityInformFwdOp>)
+
+} // namespace mlir::moe::cpu

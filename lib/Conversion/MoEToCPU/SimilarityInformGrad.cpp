@@ -28,10 +28,8 @@
 
 #include <limits>
 
-using namespace mlir;
-using namespace mlir::moe;
-using namespace mlir::moe::cpu;
-using namespace mlir::moe::kernels;
+namespace mlir::moe::cpu {
+using namespace kernels;
 
 namespace {
 
@@ -205,3 +203,5 @@ struct SimilarityInformGradKernel
 } // namespace
 
 MOE_CPU_KERNEL_POPULATE(populateSimilarityInformGradKernel, SimilarityInformGradKernel)
+
+} // namespace mlir::moe::cpu

@@ -36,10 +36,8 @@
 
 #include <limits>
 
-using namespace mlir;
-using namespace mlir::moe;
-using namespace mlir::moe::cpu;
-using namespace mlir::moe::kernels;
+namespace mlir::moe::cpu {
+using namespace kernels;
 
 namespace {
 constexpr int64_t kRowsPerItem = 32;
@@ -539,3 +537,5 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
 } // namespace
 
 MOE_CPU_KERNEL_POPULATE(populateTopkRenormKernel, TopkRenormKernel)
+
+} // namespace mlir::moe::cpu

@@ -16,10 +16,8 @@
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/TopK.h"
 
-using namespace mlir;
-using namespace mlir::moe;
-using namespace mlir::moe::cpu;
-using namespace mlir::moe::kernels;
+namespace mlir::moe::cpu {
+using namespace kernels;
 
 namespace {
 constexpr int64_t kRowsPerItem = 32;
@@ -63,3 +61,5 @@ struct TopkRenormGradKernel
 } // namespace
 
 MOE_CPU_KERNEL_POPULATE(populateTopkRenormGradKernel, TopkRenormGradKernel)
+
+} // namespace mlir::moe::cpu

@@ -39,7 +39,6 @@ AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
   const bool includeSelf = op.getIncludeSelf();
   const AdjacencyNorm norm = op.getNorm();
   Location loc = op.getLoc();
-  MLIRContext *ctx = op.getContext();
 
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
@@ -53,32 +52,26 @@ AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
   Value word = h.errorWord();
 
   {
-    ImplicitLocOpBuilder kb(loc, ctx);
-    auto kernel =
-        createKernel(h, "adjacency_counts",
-                     {idx.getType(), counts.getType(), b.getI64Type()}, {},
-                     {kThreads, 1, 1}, kb);
-    KB kk(kb);
-    Block &entry = kernel.getBody().front();
-    Value ix = entry.getArgument(0), cs = entry.getArgument(1),
-          w = entry.getArgument(2);
-    Value t = kk.add(kk.mul(kk.blockId(), kk.idx(kThreads)), kk.threadId());
+    GPUKernel kernel(h, "adjacency_counts", {idx, counts, word}, {},
+                     {kThreads, 1, 1}, loc);
+    KB &kk = kernel.k;
+    Value ix = kernel.arg(0), cs = kernel.arg(1), w = kernel.arg(2);
     Value kSel = kk.dim(ix, 1);
-    auto expert = [&](Value s) {
-      return kk.castInt(kk.load(ix, {t, s}), kk.i64());
-    };
-    auto inRange = [&](Value v) { return idInRange(kk, v, kk.cI64(E)); };
-    // Valid and the first occurrence in the token's row.
-    auto counted = [&](Value s, Value v) -> Value {
-      Value dup =
-          kk.forLoop(kk.idx(0), s, kk.idx(1), {kk.cBool(true)},
-                     [&](Value s2, ValueRange acc) -> SmallVector<Value> {
-                       Value same = kk.eq(expert(s2), v);
-                       return {kk.andI(acc[0], kk.notI1(same))};
-                     })[0];
-      return kk.andI(inRange(v), dup);
-    };
-    kk.ifThen(kk.lt(t, kk.dim(ix, 0)), [&] {
+    kernel.forItem(kk.dim(ix, 0), [&](Value t) {
+      auto expert = [&](Value s) {
+        return kk.castInt(kk.load(ix, {t, s}), kk.i64());
+      };
+      auto inRange = [&](Value v) { return idInRange(kk, v, kk.cI64(E)); };
+      // Valid and the first occurrence in the token's row.
+      auto counted = [&](Value s, Value v) -> Value {
+        Value dup =
+            kk.forLoop(kk.idx(0), s, kk.idx(1), {kk.cBool(true)},
+                       [&](Value s2, ValueRange acc) -> SmallVector<Value> {
+                         Value same = kk.eq(expert(s2), v);
+                         return {kk.andI(acc[0], kk.notI1(same))};
+                       })[0];
+        return kk.andI(inRange(v), dup);
+      };
       kk.forLoop(kk.idx(0), kSel, kk.idx(1), [&](Value s1) {
         Value v1 = expert(s1);
         kk.ifThen(kk.notI1(inRange(v1)), [&] {
@@ -94,7 +87,7 @@ AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
               ok = kk.andI(ok, kk.notI1(kk.eq(v1, v2)));
             kk.ifThen(ok, [&] {
               memref::AtomicRMWOp::create(
-                  kb, arith::AtomicRMWKind::addi, kk.cI32(1), cs,
+                  kernel.b, arith::AtomicRMWKind::addi, kk.cI32(1), cs,
                   ValueRange{kk.castInt(v1, kk.index()),
                              kk.castInt(v2, kk.index())});
             });
@@ -102,20 +95,15 @@ AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
         });
       });
     });
-    h.launch(kernel, {k.ceilDiv(T, k.idx(kThreads)), k.idx(1), k.idx(1)},
-             {kThreads, 1, 1}, {idx, counts, word});
+    kernel.launchOver(T);
   }
 
   {
-    ImplicitLocOpBuilder kb(loc, ctx);
-    auto kernel = createKernel(
-        h, "adjacency_update", {a.getType(), counts.getType(), out.getType()},
-        {workgroupMemRef({kThreads / kWarp}, b.getF32Type())}, {kThreads, 1, 1},
-        kb);
-    KB kk(kb);
-    Block &entry = kernel.getBody().front();
-    Value as = entry.getArgument(0), cs = entry.getArgument(1),
-          o = entry.getArgument(2);
+    GPUKernel kernel(h, "adjacency_update", {a, counts, out},
+                     {workgroupMemRef({kThreads / kWarp}, b.getF32Type())},
+                     {kThreads, 1, 1}, loc);
+    KB &kk = kernel.k;
+    Value as = kernel.arg(0), cs = kernel.arg(1), o = kernel.arg(2);
     Value line = kk.blockId();
     Value tid = kk.threadId();
     Value step = kk.idx(kThreads);
@@ -134,16 +122,15 @@ AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
                      [&](Value n, ValueRange acc) -> SmallVector<Value> {
                        return {kk.fadd(acc[0], countAt(n))};
                      })[0];
-      sum = blockReduce(kk, part, ReduceKind::Sum, kThreads,
-                        kernel.getWorkgroupAttributions()[0]);
+      sum =
+          blockReduce(kk, part, ReduceKind::Sum, kThreads, kernel.workgroup(0));
     }
     kk.forLoop(tid, En, step, [&](Value n) {
       Value c = countAt(n);
       Value v = coSelectionNext(kk, kk.loadF(as, at(n)), c, sum, beta);
       kk.store(v, o, at(n));
     });
-    h.launch(kernel, {k.idx(E), k.idx(1), k.idx(1)}, {kThreads, 1, 1},
-             {a, counts, out});
+    kernel.launch({k.idx(E), k.idx(1), k.idx(1)});
   }
   h.release(counts);
   h.finish(/*checkErrors=*/true);

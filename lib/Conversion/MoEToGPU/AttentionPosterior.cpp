@@ -37,20 +37,20 @@ static constexpr int64_t kEntropyRowsPerBlock = 16;
 static constexpr int64_t kEntropyThreads = 128;
 static constexpr int64_t kMeansThreads = 128;
 
-/// Kernel 1: partial entropy sums and valid-row counts per (b, h, block).
-static gpu::GPUFuncOp createEntropyKernel(HostCode &host, TypeRange argTypes,
-                                          Location loc) {
-  ImplicitLocOpBuilder kb(loc, host.b.getContext());
+/// Kernel 1: partial entropy sums and valid-row counts per (b, h, block)
+/// into sums and counts [B, H, blocks]; `grid` = (blocks, H, B).
+static void launchEntropy(HostCode &host, Value scoresBuf, Value sumsBuf,
+                          Value countsBuf, std::array<Value, 3> grid,
+                          Location loc) {
   const int64_t warps = kEntropyThreads / kWarp;
-  auto kernel = createKernel(host, "attention_entropy", argTypes,
-                             {workgroupMemRef({warps}, kb.getF32Type()),
-                              workgroupMemRef({warps}, kb.getF32Type())},
-                             {kEntropyThreads, 1, 1}, kb);
-  KB k(kb);
-  Block &entry = kernel.getBody().front();
-  Value scores = entry.getArgument(0), sums = entry.getArgument(1),
-        counts = entry.getArgument(2);
-  auto wg = kernel.getWorkgroupAttributions();
+  Type f32 = host.b.getF32Type();
+  GPUKernel kernel(
+      host, "attention_entropy", {scoresBuf, sumsBuf, countsBuf},
+      {workgroupMemRef({warps}, f32), workgroupMemRef({warps}, f32)},
+      {kEntropyThreads, 1, 1}, loc);
+  KB &k = kernel.k;
+  Value scores = kernel.arg(0), sums = kernel.arg(1), counts = kernel.arg(2);
+  Value wg[] = {kernel.workgroup(0), kernel.workgroup(1)};
   Value zero = k.cF32(0.0), one = k.cF32(1.0);
   Value negInf = k.cF32(-std::numeric_limits<double>::infinity());
   Value tid = k.threadId();
@@ -105,23 +105,20 @@ static gpu::GPUFuncOp createEntropyKernel(HostCode &host, TypeRange argTypes,
     k.store(s, sums, {b, h, chunk});
     k.store(c, counts, {b, h, chunk});
   });
-  return kernel;
+  kernel.launch(grid);
 }
 
-/// Kernel 2: h*[b] = argmin_h mean entropy (thread per sequence).
-static gpu::GPUFuncOp createHeadSelectKernel(HostCode &host, TypeRange argTypes,
-                                             Location loc) {
-  ImplicitLocOpBuilder kb(loc, host.b.getContext());
-  auto kernel = createKernel(host, "attention_head_select", argTypes, {},
-                             {kWarp, 1, 1}, kb);
-  KB k(kb);
-  Block &entry = kernel.getBody().front();
-  Value sums = entry.getArgument(0), counts = entry.getArgument(1),
-        head = entry.getArgument(2);
-  Value b = k.add(k.mul(k.blockId(), k.idx(kWarp)), k.threadId());
+/// Kernel 2: h*[b] = argmin_h mean entropy (a thread per sequence, of
+/// `sequences`).
+static void launchHeadSelect(HostCode &h, Value sumsBuf, Value countsBuf,
+                             Value headBuf, Value sequences, Location loc) {
+  GPUKernel kernel(h, "attention_head_select", {sumsBuf, countsBuf, headBuf},
+                   {}, {kWarp, 1, 1}, loc);
+  KB &k = kernel.k;
+  Value sums = kernel.arg(0), counts = kernel.arg(1), head = kernel.arg(2);
   Value B = k.dim(sums, 0), H = k.dim(sums, 1), C = k.dim(sums, 2);
   Value zero = k.cF32(0.0);
-  k.ifThen(k.lt(b, B), [&] {
+  kernel.forItem(B, [&](Value b) {
     SmallVector<Value> best = k.forLoop(
         k.idx(0), H, k.idx(1), {zero, k.idx(0)},
         [&](Value h, ValueRange acc) -> SmallVector<Value> {
@@ -143,27 +140,26 @@ static gpu::GPUFuncOp createHeadSelectKernel(HostCode &host, TypeRange argTypes,
         });
     k.store(k.castInt(best[1], k.i32()), head, {b});
   });
-  return kernel;
+  kernel.launchOver(sequences);
 }
 
 /// Kernel 3: head means m[b,j,:] and bias[b,j] = -‖m_j‖² / (2σ²).
-static gpu::GPUFuncOp createMeansKernel(HostCode &host, TypeRange argTypes,
-                                        double headScale, bool dynamicScale,
-                                        double sigma, Location loc) {
-  ImplicitLocOpBuilder kb(loc, host.b.getContext());
-  auto kernel =
-      createKernel(host, "attention_head_means", argTypes,
-                   {workgroupMemRef({kMeansThreads / kWarp}, kb.getF32Type())},
-                   {kMeansThreads, 1, 1}, kb);
-  KB k(kb);
-  Block &entry = kernel.getBody().front();
-  Value v = entry.getArgument(0), wo = entry.getArgument(1),
-        head = entry.getArgument(2), m = entry.getArgument(3),
-        bias = entry.getArgument(4);
+void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
+                                              Value woBuf, Value headBuf,
+                                              Value meansBuf, Value biasBuf,
+                                              std::optional<double> headScale,
+                                              double sigma, Location loc) {
+  GPUKernel kernel(
+      host, "attention_head_means", {vBuf, woBuf, headBuf, meansBuf, biasBuf},
+      {workgroupMemRef({kMeansThreads / kWarp}, host.b.getF32Type())},
+      {kMeansThreads, 1, 1}, loc);
+  KB &k = kernel.k;
+  Value v = kernel.arg(0), wo = kernel.arg(1), head = kernel.arg(2),
+        m = kernel.arg(3), bias = kernel.arg(4);
   Value j = k.blockId(), b = k.blockId(gpu::Dimension::y);
   Value h = k.castInt(k.load(head, {b}), k.index());
   Value Dh = k.dim(v, 3), D = k.dim(wo, 0);
-  Value scale = dynamicScale ? k.sitofp(k.dim(v, 1)) : k.cF32(headScale);
+  Value scale = headScale ? k.cF32(*headScale) : k.sitofp(k.dim(v, 1));
   Value colBase = k.mul(h, Dh);
   Value sq = k.forLoop(k.threadId(), D, k.idx(kMeansThreads), {k.cF32(0.0)},
                        [&](Value d, ValueRange acc) -> SmallVector<Value> {
@@ -178,27 +174,21 @@ static gpu::GPUFuncOp createMeansKernel(HostCode &host, TypeRange argTypes,
                          k.store(mean, m, {b, j, d});
                          return {k.fadd(acc[0], k.fmul(mean, mean))};
                        })[0];
-  Value total = blockReduce(k, sq, ReduceKind::Sum, kMeansThreads,
-                            kernel.getWorkgroupAttributions()[0]);
+  Value total =
+      blockReduce(k, sq, ReduceKind::Sum, kMeansThreads, kernel.workgroup(0));
   k.ifThen(k.eq(k.threadId(), k.idx(0)), [&] {
     k.store(k.fdiv(total, k.cF32(-2.0 * sigma * sigma)), bias, {b, j});
   });
-  return kernel;
+  KB &hk = host.k;
+  kernel.launch({hk.dim(vBuf, 2), hk.dim(vBuf, 0), hk.idx(1)});
 }
 
-void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &h, Value v, Value wo,
-                                              Value head, Value means,
-                                              Value bias,
-                                              std::optional<double> headScale,
-                                              double sigma, Location loc) {
-  auto kernel = createMeansKernel(h,
-                                  {v.getType(), wo.getType(), head.getType(),
-                                   means.getType(), bias.getType()},
-                                  headScale.value_or(0.0),
-                                  !headScale.has_value(), sigma, loc);
-  KB &k = h.k;
-  h.launch(kernel, {k.dim(v, 2), k.dim(v, 0), k.idx(1)}, {kMeansThreads, 1, 1},
-           {v, wo, head, means, bias});
+FlashLogitSpec mlir::moe::gpu_lowering::attentionPosteriorLogit(double sigma) {
+  FlashLogitSpec logit;
+  logit.scaleDiv = sigma * sigma;
+  logit.hasBias = true;
+  logit.hasAddScores = true;
+  return logit;
 }
 
 /// attention_posterior or its fused top-k form (the same operands, one result
@@ -257,14 +247,8 @@ lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
       {ShapedType::kDynamic, ShapedType::kDynamic, ShapedType::kDynamic}, f32);
   Value sums = h.alloc(partialType, {B, H, chunks});
   Value counts = h.alloc(partialType, {B, H, chunks});
-  auto entropy = createEntropyKernel(
-      h, {scores.getType(), sums.getType(), counts.getType()}, op->getLoc());
-  h.launch(entropy, {chunks, H, B}, {kEntropyThreads, 1, 1},
-           {scores, sums, counts});
-  auto selectKernel = createHeadSelectKernel(
-      h, {sums.getType(), counts.getType(), head.getType()}, op->getLoc());
-  h.launch(selectKernel, {k.ceilDiv(B, k.idx(kWarp)), k.idx(1), k.idx(1)},
-           {kWarp, 1, 1}, {sums, counts, head});
+  launchEntropy(h, scores, sums, counts, {chunks, H, B}, op->getLoc());
+  launchHeadSelect(h, sums, counts, head, B, op->getLoc());
   h.release(sums);
   h.release(counts);
 
@@ -278,11 +262,8 @@ lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
   launchHeadMeans(h, v, wo, head, means, bias, headScale, sigma, op->getLoc());
 
   // 4: the posterior mixing.
-  FlashMixSpec spec;
+  FlashMixSpec spec{attentionPosteriorLogit(sigma)};
   spec.numExperts = K;
-  spec.scaleDiv = sigma * sigma;
-  spec.hasBias = true;
-  spec.hasAddScores = true;
   if (fused) {
     spec.topk = fused.getK();
     spec.renormalize = fused.getRenormalize();

@@ -43,26 +43,19 @@ using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 
 static constexpr int64_t kThreads = 128;
-/// The most blocks a launch may have along y.
-static constexpr int64_t kMaxGridY = 65535;
 
 /// A thread per element of `out` ([B,Nk,K] like `e`, f32): with `copy`,
 /// out = e where e is finite, else 0; without, out is kept where e is finite
 /// and zeroed elsewhere.
 static void launchFiniteMask(HostCode &h, StringRef name, Value e, Value out,
                              bool copy, Location loc) {
-  SmallVector<Value> args = {e, out};
-  ImplicitLocOpBuilder kb(loc, h.b.getContext());
-  auto kernel = createKernel(h, name, ValueRange(args).getTypes(), {},
-                             {kThreads, 1, 1}, kb);
+  GPUKernel kernel(h, name, {e, out}, {}, {kThreads, 1, 1}, loc);
   {
-    KB k(kb);
-    Block &entry = kernel.getBody().front();
-    Value src = entry.getArgument(0), dst = entry.getArgument(1);
+    KB &k = kernel.k;
+    Value src = kernel.arg(0), dst = kernel.arg(1);
     Value R = k.dim(src, 1), K = k.dim(src, 2);
     Value total = k.mul(k.mul(k.dim(src, 0), R), K);
-    Value flat = k.add(k.mul(k.blockId(), k.idx(kThreads)), k.threadId());
-    k.ifThen(k.lt(flat, total), [&] {
+    kernel.forItem(total, [&](Value flat) {
       Value c = k.remu(flat, K), rest = k.divu(flat, K);
       Value j = k.remu(rest, R), b = k.divu(rest, R);
       Value x = k.loadF(src, {b, j, c});
@@ -73,9 +66,7 @@ static void launchFiniteMask(HostCode &h, StringRef name, Value e, Value out,
     });
   }
   KB &k = h.k;
-  Value total = k.mul(k.mul(k.dim(e, 0), k.dim(e, 1)), k.dim(e, 2));
-  h.launch(kernel, {k.ceilDiv(total, k.idx(kThreads)), k.idx(1), k.idx(1)},
-           {kThreads, 1, 1}, args);
+  kernel.launchOver(k.mul(k.mul(k.dim(e, 0), k.dim(e, 1)), k.dim(e, 2)));
 }
 
 /// dm[b,j,d] = c · (dm[b,j,d] - rowSum[b,j,0] · m[b,j,d]) in place (a thread
@@ -83,21 +74,16 @@ static void launchFiniteMask(HostCode &h, StringRef name, Value e, Value out,
 static void launchMeanGrad(HostCode &h, Value dm, Value rowSum, Value means,
                            Value v, std::optional<double> headScale,
                            Location loc) {
-  SmallVector<Value> args = {dm, rowSum, means, v};
-  ImplicitLocOpBuilder kb(loc, h.b.getContext());
-  auto kernel =
-      createKernel(h, "attention_grad_dm", ValueRange(args).getTypes(), {},
-                   {kThreads, 1, 1}, kb);
+  GPUKernel kernel(h, "attention_grad_dm", {dm, rowSum, means, v}, {},
+                   {kThreads, 1, 1}, loc);
   {
-    KB k(kb);
-    Block &entry = kernel.getBody().front();
-    Value g = entry.getArgument(0), r = entry.getArgument(1),
-          m = entry.getArgument(2), vv = entry.getArgument(3);
+    KB &k = kernel.k;
+    Value g = kernel.arg(0), r = kernel.arg(1), m = kernel.arg(2),
+          vv = kernel.arg(3);
     Value Nk = k.dim(g, 1), D = k.dim(g, 2);
     Value total = k.mul(k.mul(k.dim(g, 0), Nk), D);
     Value scale = headScale ? k.cF32(*headScale) : k.sitofp(k.dim(vv, 1));
-    Value flat = k.add(k.mul(k.blockId(), k.idx(kThreads)), k.threadId());
-    k.ifThen(k.lt(flat, total), [&] {
+    kernel.forItem(total, [&](Value flat) {
       Value d = k.remu(flat, D), rest = k.divu(flat, D);
       Value j = k.remu(rest, Nk), b = k.divu(rest, Nk);
       Value x = k.fsub(k.load(g, {b, j, d}), k.fmul(k.load(r, {b, j, k.idx(0)}),
@@ -106,9 +92,7 @@ static void launchMeanGrad(HostCode &h, Value dm, Value rowSum, Value means,
     });
   }
   KB &k = h.k;
-  Value total = k.mul(k.mul(k.dim(dm, 0), k.dim(dm, 1)), k.dim(dm, 2));
-  h.launch(kernel, {k.ceilDiv(total, k.idx(kThreads)), k.idx(1), k.idx(1)},
-           {kThreads, 1, 1}, args);
+  kernel.launchOver(k.mul(k.mul(k.dim(dm, 0), k.dim(dm, 1)), k.dim(dm, 2)));
 }
 
 /// d_v[b,h,j,c] = Σ_d dm[b,j,d] · wo[d, h·Dh + c] for h = h*[b], else 0: a
@@ -116,46 +100,33 @@ static void launchMeanGrad(HostCode &h, Value dm, Value rowSum, Value means,
 /// over the blocks along y.
 static void launchValueGrad(HostCode &h, Value dm, Value wo, Value head,
                             Value dv, Location loc) {
-  SmallVector<Value> args = {dm, wo, head, dv};
-  ImplicitLocOpBuilder kb(loc, h.b.getContext());
-  auto kernel =
-      createKernel(h, "attention_grad_dv", ValueRange(args).getTypes(), {},
-                   {kThreads, 1, 1}, kb);
+  GPUKernel kernel(h, "attention_grad_dv", {dm, wo, head, dv}, {},
+                   {kThreads, 1, 1}, loc);
   {
-    KB k(kb);
-    Block &entry = kernel.getBody().front();
-    Value g = entry.getArgument(0), w = entry.getArgument(1),
-          hs = entry.getArgument(2), out = entry.getArgument(3);
+    KB &k = kernel.k;
+    Value g = kernel.arg(0), w = kernel.arg(1), hs = kernel.arg(2),
+          out = kernel.arg(3);
     Value H = k.dim(out, 1), Nk = k.dim(out, 2), Dh = k.dim(out, 3);
     Value D = k.dim(g, 2);
-    Value col = k.add(k.mul(k.blockId(), k.idx(kThreads)), k.threadId());
+    Value col = kernel.globalId();
     Value hh = k.divu(col, Dh), c = k.remu(col, Dh);
     Value rows = k.mul(k.dim(out, 0), Nk);
-    k.ifThen(k.lt(col, k.mul(H, Dh)), [&] {
-      k.forLoop(k.blockId(gpu::Dimension::y), rows,
-                k.gridDim(gpu::Dimension::y), [&](Value flatRow) {
-                  Value b = k.divu(flatRow, Nk), j = k.remu(flatRow, Nk);
-                  Value chosen =
-                      k.eq(hh, k.castInt(k.load(hs, {b}), k.index()));
-                  // Off h*, the loop is empty: 0.
-                  Value s = k.forLoop(
-                      k.idx(0), k.select(chosen, D, k.idx(0)), k.idx(1),
-                      {k.cF32(0.0)},
-                      [&](Value d, ValueRange acc) -> SmallVector<Value> {
-                        return {k.fadd(acc[0], k.fmul(k.load(g, {b, j, d}),
-                                                      k.loadF(w, {d, col})))};
-                      })[0];
-                  k.store(s, out, {b, hh, j, c});
-                });
+    kernel.forRowsOfColumn(k.lt(col, k.mul(H, Dh)), rows, [&](Value flatRow) {
+      Value b = k.divu(flatRow, Nk), j = k.remu(flatRow, Nk);
+      Value chosen = k.eq(hh, k.castInt(k.load(hs, {b}), k.index()));
+      // Off h*, the loop is empty: 0.
+      Value s = k.forLoop(
+          k.idx(0), k.select(chosen, D, k.idx(0)), k.idx(1), {k.cF32(0.0)},
+          [&](Value d, ValueRange acc) -> SmallVector<Value> {
+            return {k.fadd(acc[0],
+                           k.fmul(k.load(g, {b, j, d}), k.loadF(w, {d, col})))};
+          })[0];
+      k.store(s, out, {b, hh, j, c});
     });
   }
   KB &k = h.k;
   Value cols = k.mul(k.dim(dv, 1), k.dim(dv, 3));
-  Value rows = k.mul(k.dim(dv, 0), k.dim(dv, 2));
-  h.launch(kernel,
-           {k.ceilDiv(cols, k.idx(kThreads)), k.minu(rows, k.idx(kMaxGridY)),
-            k.idx(1)},
-           {kThreads, 1, 1}, args);
+  kernel.launchColumns(cols, k.mul(k.dim(dv, 0), k.dim(dv, 2)));
 }
 
 /// d_wo[d, h·Dh + c] = Σ_b [h*[b] = h] Σ_j dm[b,j,d] · v[b,h,j,c]: a thread
@@ -163,47 +134,35 @@ static void launchValueGrad(HostCode &h, Value dm, Value wo, Value head,
 /// the sum runs over (b, j) in order.
 static void launchWeightGrad(HostCode &h, Value dm, Value v, Value head,
                              Value dwo, Location loc) {
-  SmallVector<Value> args = {dm, v, head, dwo};
-  ImplicitLocOpBuilder kb(loc, h.b.getContext());
-  auto kernel =
-      createKernel(h, "attention_grad_dwo", ValueRange(args).getTypes(), {},
-                   {kThreads, 1, 1}, kb);
+  GPUKernel kernel(h, "attention_grad_dwo", {dm, v, head, dwo}, {},
+                   {kThreads, 1, 1}, loc);
   {
-    KB k(kb);
-    Block &entry = kernel.getBody().front();
-    Value g = entry.getArgument(0), vv = entry.getArgument(1),
-          hs = entry.getArgument(2), out = entry.getArgument(3);
+    KB &k = kernel.k;
+    Value g = kernel.arg(0), vv = kernel.arg(1), hs = kernel.arg(2),
+          out = kernel.arg(3);
     Value H = k.dim(vv, 1), Nk = k.dim(vv, 2), Dh = k.dim(vv, 3);
     Value D = k.dim(out, 0);
-    Value col = k.add(k.mul(k.blockId(), k.idx(kThreads)), k.threadId());
+    Value col = kernel.globalId();
     Value hh = k.divu(col, Dh), c = k.remu(col, Dh);
     Value c0 = k.idx(0), c1 = k.idx(1);
-    k.ifThen(k.lt(col, k.mul(H, Dh)), [&] {
-      k.forLoop(k.blockId(gpu::Dimension::y), D, k.gridDim(gpu::Dimension::y),
-                [&](Value d) {
-                  Value s = k.forLoop(
-                      c0, k.dim(vv, 0), c1, {k.cF32(0.0)},
-                      [&](Value b, ValueRange acc) -> SmallVector<Value> {
-                        Value chosen =
-                            k.eq(hh, k.castInt(k.load(hs, {b}), k.index()));
-                        return k.forLoop(
-                            c0, k.select(chosen, Nk, c0), c1, acc,
-                            [&](Value j, ValueRange a) -> SmallVector<Value> {
-                              return {k.fadd(
-                                  a[0], k.fmul(k.load(g, {b, j, d}),
-                                               k.loadF(vv, {b, hh, j, c})))};
-                            });
-                      })[0];
-                  k.store(s, out, {d, col});
+    kernel.forRowsOfColumn(k.lt(col, k.mul(H, Dh)), D, [&](Value d) {
+      Value s = k.forLoop(
+          c0, k.dim(vv, 0), c1, {k.cF32(0.0)},
+          [&](Value b, ValueRange acc) -> SmallVector<Value> {
+            Value chosen = k.eq(hh, k.castInt(k.load(hs, {b}), k.index()));
+            return k.forLoop(
+                c0, k.select(chosen, Nk, c0), c1, acc,
+                [&](Value j, ValueRange a) -> SmallVector<Value> {
+                  return {k.fadd(a[0], k.fmul(k.load(g, {b, j, d}),
+                                              k.loadF(vv, {b, hh, j, c})))};
                 });
+          })[0];
+      k.store(s, out, {d, col});
     });
   }
   KB &k = h.k;
-  Value cols = k.dim(dwo, 1), D = k.dim(dwo, 0);
-  h.launch(
-      kernel,
-      {k.ceilDiv(cols, k.idx(kThreads)), k.minu(D, k.idx(kMaxGridY)), k.idx(1)},
-      {kThreads, 1, 1}, args);
+  Value cols = k.dim(dwo, 1);
+  kernel.launchColumns(cols, k.dim(dwo, 0));
 }
 
 LogicalResult
@@ -223,7 +182,6 @@ AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
            << kFlashMaxExperts;
   Location loc = op.getLoc();
   double sigma = op.getSigma().convertToDouble();
-  double sigma2 = sigma * sigma;
   std::optional<double> headScale = op.getEffectiveHeadScale();
 
   HostCode h(rewriter, op);
@@ -266,21 +224,17 @@ AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
   Value p = temp({{u, 0}, {u, 1}, {eIn, 2}});
   Value lse = temp({{u, 0}, {u, 1}});
   Value delta = temp({{u, 0}, {u, 1}});
-  FlashMixSpec fwd;
+  // Every pass recomputes the forward's logit.
+  FlashLogitSpec logit = attentionPosteriorLogit(sigma);
+  FlashMixSpec fwd{logit};
   fwd.numExperts = K;
-  fwd.scaleDiv = sigma2;
-  fwd.hasBias = true;
-  fwd.hasAddScores = true;
   fwd.withLse = true;
   launchFlashMix(h, "attention_posterior_grad_mix", fwd, u,
                  {u, means, e, bias, scores, head, p, lse}, loc);
   launchFlashGradStats(h, lse, p, dp, delta, loc);
   h.release(p);
 
-  FlashGradSpec spec;
-  spec.hasBias = true;
-  spec.hasAddScores = true;
-  spec.scaleDiv = sigma2;
+  FlashGradSpec spec{logit};
 
   // 2. Query-major: dz into d_scores (zero off h*), d_u = Σ_j dz m_j / σ².
   h.fill32(dScores, k.cF32(0.0));

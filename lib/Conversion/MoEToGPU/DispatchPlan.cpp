@@ -115,7 +115,6 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
                          ConversionPatternRewriter &rewriter) const {
   const int64_t E = op.getNumExperts(), B = op.getBlockSize();
   Location loc = op.getLoc();
-  MLIRContext *ctx = op.getContext();
   HostCode h(rewriter, op);
   KB &k = h.k;
   Type i32 = k.i32();
@@ -147,16 +146,12 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
 
   // 1. Counts per chunk.
   {
-    ImplicitLocOpBuilder kb(loc, ctx);
-    auto kernel = createKernel(
-        h, "dispatch_counts",
-        {idx.getType(), chunkBase.getType(), k.b.getI64Type()}, {perExpert},
-        {kWarp, 1, 1}, kb);
-    KB kk(kb);
-    Block &entry = kernel.getBody().front();
-    Value base = entry.getArgument(1), w = entry.getArgument(2);
-    Value local = kernel.getWorkgroupAttributions()[0];
-    ChunkWarp cw(kk, entry.getArgument(0), E);
+    GPUKernel kernel(h, "dispatch_counts", {idx, chunkBase, word}, {perExpert},
+                     {kWarp, 1, 1}, loc);
+    KB &kk = kernel.k;
+    Value base = kernel.arg(1), w = kernel.arg(2);
+    Value local = kernel.workgroup(0);
+    ChunkWarp cw(kk, kernel.arg(0), E);
     cw.eachExpert([&](Value e) { kk.store(kk.cI32(0), local, {e}); });
     kk.barrier();
     cw.eachStep([&](const Step &st) {
@@ -175,26 +170,20 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
       kk.store(kk.load(local, {e}), base,
                {kk.add(kk.mul(cw.chunk, kk.idx(E)), e)});
     });
-    h.launch(kernel, {chunks, k.idx(1), k.idx(1)}, {kWarp, 1, 1},
-             {idx, chunkBase, word});
+    kernel.launch({chunks, k.idx(1), k.idx(1)});
   }
 
   // 2. Totals, scans, chunk bases, block experts.
   {
-    ImplicitLocOpBuilder kb(loc, ctx);
-    SmallVector<Value> args = {idx,           chunkBase,    counts,
-                               offsets,       paddedOffsets, blockExperts,
-                               numPadded};
-    auto kernel =
-        createKernel(h, "dispatch_scan", ValueRange(args).getTypes(),
-                     {perExpert}, {kScanThreads, 1, 1}, kb);
-    KB kk(kb);
-    Block &entry = kernel.getBody().front();
-    Value ix = entry.getArgument(0), base = entry.getArgument(1),
-          cnt = entry.getArgument(2), off = entry.getArgument(3),
-          poff = entry.getArgument(4), blocks = entry.getArgument(5),
-          num = entry.getArgument(6);
-    Value totals = kernel.getWorkgroupAttributions()[0];
+    GPUKernel kernel(h, "dispatch_scan",
+                     {idx, chunkBase, counts, offsets, paddedOffsets,
+                      blockExperts, numPadded},
+                     {perExpert}, {kScanThreads, 1, 1}, loc);
+    KB &kk = kernel.k;
+    Value ix = kernel.arg(0), base = kernel.arg(1), cnt = kernel.arg(2),
+          off = kernel.arg(3), poff = kernel.arg(4), blocks = kernel.arg(5),
+          num = kernel.arg(6);
+    Value totals = kernel.workgroup(0);
     Value tid = kk.threadId();
     Value nk = kk.mul(kk.dim(ix, 0), kk.dim(ix, 1));
     Value numChunks = kk.ceilDiv(nk, kk.idx(kChunk));
@@ -252,25 +241,20 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
     Value used = kk.divu(asIndex(kk, kk.load(poff, {kk.idx(E)})), kk.idx(B));
     kk.forLoop(kk.add(used, tid), kk.dim(blocks, 0), kk.idx(kScanThreads),
                [&](Value blk) { kk.store(kk.cI32(-1), blocks, {blk}); });
-    h.launch(kernel, {k.idx(1), k.idx(1), k.idx(1)}, {kScanThreads, 1, 1},
-             args);
+    kernel.launch({k.idx(1), k.idx(1), k.idx(1)});
   }
 
   // 3. Positions.
   {
-    ImplicitLocOpBuilder kb(loc, ctx);
-    SmallVector<Value> args = {idx,   chunkBase, offsets,    paddedOffsets,
-                               order, inverse,   paddedOrder};
-    auto kernel =
-        createKernel(h, "dispatch_scatter", ValueRange(args).getTypes(),
-                     {perExpert}, {kWarp, 1, 1}, kb);
-    KB kk(kb);
-    Block &entry = kernel.getBody().front();
-    Value base = entry.getArgument(1), off = entry.getArgument(2),
-          poff = entry.getArgument(3), ord = entry.getArgument(4),
-          inv = entry.getArgument(5), pord = entry.getArgument(6);
-    Value running = kernel.getWorkgroupAttributions()[0];
-    ChunkWarp cw(kk, entry.getArgument(0), E);
+    GPUKernel kernel(
+        h, "dispatch_scatter",
+        {idx, chunkBase, offsets, paddedOffsets, order, inverse, paddedOrder},
+        {perExpert}, {kWarp, 1, 1}, loc);
+    KB &kk = kernel.k;
+    Value base = kernel.arg(1), off = kernel.arg(2), poff = kernel.arg(3),
+          ord = kernel.arg(4), inv = kernel.arg(5), pord = kernel.arg(6);
+    Value running = kernel.workgroup(0);
+    ChunkWarp cw(kk, kernel.arg(0), E);
     cw.eachExpert([&](Value e) {
       kk.store(kk.load(base, {kk.add(kk.mul(cw.chunk, kk.idx(E)), e)}),
                running, {e});
@@ -296,7 +280,7 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
                  running, {e});
       });
     });
-    h.launch(kernel, {chunks, k.idx(1), k.idx(1)}, {kWarp, 1, 1}, args);
+    kernel.launch({chunks, k.idx(1), k.idx(1)});
   }
 
   h.release(chunkBase);

@@ -78,33 +78,29 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
       workgroupMemRef({kFlashRows, kFlashCols + 1}, f32),  // S
       workgroupMemRef({kFlashRows, kFlashCols + 1}, f32),  // dX
   };
-  ImplicitLocOpBuilder kb(loc, ctx);
-  auto kernel = createKernel(host, name, TypeRange(args), workgroup,
-                             {kFlashThreads, 1, 1}, kb);
-  kernel->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
-                  kb.getI32IntegerAttr(kFlashGradBlocksPerSM));
+  GPUKernel kernel(host, name, args, workgroup, {kFlashThreads, 1, 1}, loc);
+  kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
+                       kernel.b.getI32IntegerAttr(kFlashGradBlocksPerSM));
   {
-    KB k(kb);
-    Block &entry = kernel.getBody().front();
+    KB &k = kernel.k;
     unsigned a = 0;
-    Value scoreRows = entry.getArgument(a++);
-    Value scoreCols = entry.getArgument(a++);
-    Value gradRows = entry.getArgument(a++);
-    Value gradCols = entry.getArgument(a++);
-    Value lse = entry.getArgument(a++);
-    Value delta = entry.getArgument(a++);
-    Value keyMask = spec.hasKeyMask ? entry.getArgument(a++) : Value();
-    Value bias = spec.hasBias ? entry.getArgument(a++) : Value();
-    Value add = spec.hasAddScores ? entry.getArgument(a++) : Value();
-    Value head = spec.hasAddScores ? entry.getArgument(a++) : Value();
-    Value dzOut = spec.storeDz ? entry.getArgument(a++) : Value();
+    Value scoreRows = kernel.arg(a++);
+    Value scoreCols = kernel.arg(a++);
+    Value gradRows = kernel.arg(a++);
+    Value gradCols = kernel.arg(a++);
+    Value lse = kernel.arg(a++);
+    Value delta = kernel.arg(a++);
+    FlashLogitArgs logit(kernel, spec, a);
+    Value keyMask = logit.keyMask, bias = logit.bias, add = logit.add,
+          head = logit.head;
+    Value dzOut = spec.storeDz ? kernel.arg(a++) : Value();
     SmallVector<std::pair<Value, Value>> accs;
     for (const FlashGradSpec::Accumulator &acc : spec.accumulators) {
-      Value values = acc.ones ? Value() : entry.getArgument(a++);
-      accs.push_back({values, entry.getArgument(a++)});
+      Value values = acc.ones ? Value() : kernel.arg(a++);
+      accs.push_back({values, kernel.arg(a++)});
     }
-    auto wg = kernel.getWorkgroupAttributions();
-    Value rs = wg[0], cs = wg[1], ss = wg[2], dxs = wg[3];
+    Value rs = kernel.workgroup(0), cs = kernel.workgroup(1),
+          ss = kernel.workgroup(2), dxs = kernel.workgroup(3);
 
     Value zero = k.cF32(0.0);
     Value negInf = k.negInfLike(k.f32());
@@ -127,9 +123,9 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
     if (add) {
       Value h = k.castInt(k.load(head, {b}), k.index());
       scoreRow0 = k.mul(k.add(k.mul(b, k.dim(add, 1)), h), k.dim(add, 2));
-      add = viewAs2D(kb, add);
+      add = viewAs2D(kernel.b, add);
       if (dzOut)
-        dzOut = viewAs2D(kb, dzOut);
+        dzOut = viewAs2D(kernel.b, dzOut);
     }
 
     // Columns the tile needs: causal pairs have key <= query, so a
@@ -270,9 +266,8 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
   }
   KB &k = host.k;
   Value rows = k.dim(args[0], 1);
-  host.launch(kernel,
-              {k.ceilDiv(rows, k.idx(kFlashRows)), k.dim(args[0], 0), k.idx(1)},
-              {kFlashThreads, 1, 1}, args);
+  kernel.launch(
+      {k.ceilDiv(rows, k.idx(kFlashRows)), k.dim(args[0], 0), k.idx(1)});
 }
 
 void mlir::moe::gpu_lowering::launchFlashGradStats(HostCode &host, Value lse,
@@ -280,19 +275,15 @@ void mlir::moe::gpu_lowering::launchFlashGradStats(HostCode &host, Value lse,
                                                    Value delta, Location loc,
                                                    Value lseOut) {
   const int64_t threads = 128;
-  SmallVector<Value> args = {lse, p, dp, delta, lseOut ? lseOut : lse};
-  ImplicitLocOpBuilder kb(loc, host.b.getContext());
-  auto kernel =
-      createKernel(host, "flash_grad_stats", ValueRange(args).getTypes(), {},
-                   {threads, 1, 1}, kb);
+  GPUKernel kernel(host, "flash_grad_stats",
+                   {lse, p, dp, delta, lseOut ? lseOut : lse}, {},
+                   {threads, 1, 1}, loc);
   {
-    KB k(kb);
-    Block &entry = kernel.getBody().front();
-    Value l = entry.getArgument(0), pv = entry.getArgument(1),
-          g = entry.getArgument(2), dl = entry.getArgument(3),
-          lOut = entry.getArgument(4);
+    KB &k = kernel.k;
+    Value l = kernel.arg(0), pv = kernel.arg(1), g = kernel.arg(2),
+          dl = kernel.arg(3), lOut = kernel.arg(4);
     Value N = k.dim(pv, 1);
-    Value i = k.add(k.mul(k.blockId(), k.idx(threads)), k.threadId());
+    Value i = kernel.globalId();
     Value b = k.blockId(gpu::Dimension::y);
     k.ifThen(k.lt(i, N), [&] {
       Value x = k.load(l, {b, i});
@@ -310,7 +301,6 @@ void mlir::moe::gpu_lowering::launchFlashGradStats(HostCode &host, Value lse,
     });
   }
   KB &k = host.k;
-  host.launch(kernel,
-              {k.ceilDiv(k.dim(p, 1), k.idx(threads)), k.dim(p, 0), k.idx(1)},
-              {threads, 1, 1}, args);
+  kernel.launch(
+      {k.ceilDiv(k.dim(p, 1), k.idx(threads)), k.dim(p, 0), k.idx(1)});
 }

@@ -15,16 +15,12 @@ using namespace mlir::moe::gpu_lowering;
 static constexpr int64_t kThreads = 128;
 static constexpr int64_t kRowsPerBlock = kThreads / kWarp;
 
-gpu::GPUFuncOp
-mlir::moe::gpu_lowering::createGemvKernel(HostCode &host, StringRef name,
-                                          TypeRange argTypes, Location loc,
-                                          bool relu, GemvStore store) {
-  ImplicitLocOpBuilder kb(loc, host.b.getContext());
-  auto kernel = createKernel(host, name, argTypes, {}, {kThreads, 1, 1}, kb);
-  KB k(kb);
-  Block &entry = kernel.getBody().front();
-  Value m = entry.getArgument(0), x = entry.getArgument(1),
-        bias = entry.getArgument(2);
+void mlir::moe::gpu_lowering::launchGemv(HostCode &host, StringRef name,
+                                         ValueRange args, Location loc,
+                                         bool relu, GemvStore store) {
+  GPUKernel kernel(host, name, args, {}, {kThreads, 1, 1}, loc);
+  KB &k = kernel.k;
+  Value m = kernel.arg(0), x = kernel.arg(1), bias = kernel.arg(2);
   Value warp = k.divu(k.threadId(), k.idx(kWarp));
   Value lane = k.remu(k.threadId(), k.idx(kWarp));
   Value row = k.add(k.mul(k.blockId(), k.idx(kRowsPerBlock)), warp);
@@ -57,16 +53,10 @@ mlir::moe::gpu_lowering::createGemvKernel(HostCode &host, StringRef name,
   Value dot = kernels::gemvRowDot(k, layout, m, safe, x, cols);
   k.ifThen(k.andI(active, k.eq(lane, k.idx(0))), [&] {
     Value v = kernels::gemvEpilogue(k, dot, k.loadF(bias, {row}), relu);
-    store(k, entry, row, v);
+    store(kernel, row, v);
   });
-  return kernel;
-}
-
-void mlir::moe::gpu_lowering::launchGemv(HostCode &host, gpu::GPUFuncOp kernel,
-                                         ValueRange args) {
-  KB &k = host.k;
-  Value rows = k.dim(args[0], 0);
-  host.launch(kernel,
-              {k.ceilDiv(rows, k.idx(kRowsPerBlock)), k.idx(1), k.idx(1)},
-              {kThreads, 1, 1}, args);
+  KB &hk = host.k;
+  Value numRows = hk.dim(args[0], 0);
+  kernel.launch(
+      {hk.ceilDiv(numRows, hk.idx(kRowsPerBlock)), hk.idx(1), hk.idx(1)});
 }

@@ -19,20 +19,15 @@
 
 namespace mlir::moe::gpu_lowering {
 
-/// Called by lane 0 of the warp of row `row` with the row's value; `entry`
-/// is the kernel's block (its arguments after m, x and bias are the
-/// caller's).
-using GemvStore = function_ref<void(KB &, Block &entry, Value row, Value v)>;
+/// Called by lane 0 of the warp of row `row` with the row's value, in the
+/// kernel's body (its arguments after m, x and bias are the caller's).
+using GemvStore = function_ref<void(GPUKernel &, Value row, Value v)>;
 
-/// A kernel `name` with the arguments `argTypes` = (m [R, C], x [C],
-/// bias [R], any float, then the caller's) computing row r of
-/// relu?(m · x + bias) (kernels::gemvRow) and handing it to `store`.
-gpu::GPUFuncOp createGemvKernel(HostCode &host, StringRef name,
-                                TypeRange argTypes, Location loc, bool relu,
-                                GemvStore store);
-
-/// Launches a createGemvKernel kernel over the rows of `args[0]`.
-void launchGemv(HostCode &host, gpu::GPUFuncOp kernel, ValueRange args);
+/// A kernel `name` on `args` = (m [R, C], x [C], bias [R], any float, then
+/// the caller's) computing row r of relu?(m · x + bias) (kernels::gemvRow)
+/// and handing it to `store`, launched over the rows of m.
+void launchGemv(HostCode &host, StringRef name, ValueRange args, Location loc,
+                bool relu, GemvStore store);
 
 } // namespace mlir::moe::gpu_lowering
 

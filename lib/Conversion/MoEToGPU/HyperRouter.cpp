@@ -42,25 +42,21 @@ HyperRouterToGPU::lower(HyperRouterOp op, OpAdaptor adaptor,
   Value hidden =
       h.alloc(MemRefType::get({ShapedType::kDynamic}, h.b.getF32Type()), {Dh});
 
-  SmallVector<Value> firstArgs = {w1, emb, b1, hidden};
-  auto first = createGemvKernel(
-      h, "hyper_router_hidden", ValueRange(firstArgs).getTypes(), op.getLoc(),
-      /*relu=*/true, [](KB &k, Block &entry, Value row, Value v) {
-        k.store(v, entry.getArgument(3), {row});
-      });
-  launchGemv(h, first, firstArgs);
-  SmallVector<Value> secondArgs = {w2, hidden, b2, w, bias};
-  auto second = createGemvKernel(
-      h, "hyper_router_out", ValueRange(secondArgs).getTypes(), op.getLoc(),
-      /*relu=*/false, [](KB &k, Block &entry, Value row, Value v) {
-        Value wOut = entry.getArgument(3), bOut = entry.getArgument(4);
-        kernels::HyperSlot slot = kernels::hyperSlot(k, row, k.dim(wOut, 1));
-        k.ifThen(slot.isBias, [&] { k.store(v, bOut, {slot.expert}); });
-        k.ifThen(k.notI1(slot.isBias), [&] {
-          k.store(v, wOut, {slot.expert, slot.column});
-        });
-      });
-  launchGemv(h, second, secondArgs);
+  launchGemv(h, "hyper_router_hidden", {w1, emb, b1, hidden}, op.getLoc(),
+             /*relu=*/true, [](GPUKernel &kernel, Value row, Value v) {
+               kernel.k.store(v, kernel.arg(3), {row});
+             });
+  launchGemv(h, "hyper_router_out", {w2, hidden, b2, w, bias}, op.getLoc(),
+             /*relu=*/false, [](GPUKernel &kernel, Value row, Value v) {
+               KB &k = kernel.k;
+               Value wOut = kernel.arg(3), bOut = kernel.arg(4);
+               kernels::HyperSlot slot =
+                   kernels::hyperSlot(k, row, k.dim(wOut, 1));
+               k.ifThen(slot.isBias, [&] { k.store(v, bOut, {slot.expert}); });
+               k.ifThen(k.notI1(slot.isBias), [&] {
+                 k.store(v, wOut, {slot.expert, slot.column});
+               });
+             });
   h.release(hidden);
   h.finish();
   h.replace(op, {w, bias});

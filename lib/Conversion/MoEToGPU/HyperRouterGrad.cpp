@@ -47,16 +47,13 @@ constexpr int64_t kRowUnroll = 4;
 constexpr int64_t kColumnsPerSumBlock = kThreads / kWarp;
 
 /// A thread per entry r of dout [R]: dw[e, c], or db[e] for c = D.
-gpu::GPUFuncOp createDoutKernel(HostCode &h, TypeRange argTypes, Location loc) {
-  ImplicitLocOpBuilder kb(loc, h.b.getContext());
-  auto kernel = createKernel(h, "hyper_router_grad_dout", argTypes, {},
-                             {kThreads, 1, 1}, kb);
-  KB k(kb);
-  Block &entry = kernel.getBody().front();
-  Value dw = entry.getArgument(0), db = entry.getArgument(1),
-        dout = entry.getArgument(2);
-  Value r = k.add(k.mul(k.blockId(), k.idx(kThreads)), k.threadId());
-  k.ifThen(k.lt(r, k.dim(dout, 0)), [&] {
+void launchDout(HostCode &h, Value dwBuf, Value dbBuf, Value doutBuf,
+                Location loc) {
+  GPUKernel kernel(h, "hyper_router_grad_dout", {dwBuf, dbBuf, doutBuf}, {},
+                   {kThreads, 1, 1}, loc);
+  KB &k = kernel.k;
+  Value dw = kernel.arg(0), db = kernel.arg(1), dout = kernel.arg(2);
+  kernel.forItem(k.dim(dout, 0), [&](Value r) {
     kernels::HyperSlot slot = kernels::hyperSlot(k, r, k.dim(dw, 1));
     Value v = k.ifElse(
         slot.isBias, {k.f32()},
@@ -66,21 +63,20 @@ gpu::GPUFuncOp createDoutKernel(HostCode &h, TypeRange argTypes, Location loc) {
         })[0];
     k.store(v, dout, {r});
   });
-  return kernel;
+  kernel.launchOver(h.k.dim(doutBuf, 0));
 }
 
 /// Step 3 for m [R, C] (any float): arguments m, dy [R] f32, x [C] (any
-/// float), partial [blocks, C] f32, then dm [R, C] f32 when `writeDm`.
-gpu::GPUFuncOp createLayerKernel(HostCode &h, TypeRange argTypes, bool writeDm,
-                                 Location loc) {
-  ImplicitLocOpBuilder kb(loc, h.b.getContext());
-  auto kernel = createKernel(h, "hyper_router_grad_layer", argTypes, {},
-                             {kThreads, 1, 1}, kb);
-  KB k(kb);
-  Block &entry = kernel.getBody().front();
-  Value m = entry.getArgument(0), dy = entry.getArgument(1),
-        x = entry.getArgument(2), partial = entry.getArgument(3);
-  Value dm = writeDm ? entry.getArgument(4) : Value();
+/// float), partial [blocks, C] f32, then dm [R, C] f32 when `writeDm`; a
+/// block per kBlockRows rows.
+void launchLayer(HostCode &h, ValueRange args, bool writeDm, Value blocks,
+                 Location loc) {
+  GPUKernel kernel(h, "hyper_router_grad_layer", args, {}, {kThreads, 1, 1},
+                   loc);
+  KB &k = kernel.k;
+  Value m = kernel.arg(0), dy = kernel.arg(1), x = kernel.arg(2),
+        partial = kernel.arg(3);
+  Value dm = writeDm ? kernel.arg(4) : Value();
   Value blk = k.blockId();
   Value rows = k.dim(m, 0), cols = k.dim(m, 1);
   Value r0 = k.mul(blk, k.idx(kBlockRows));
@@ -119,20 +115,17 @@ gpu::GPUFuncOp createLayerKernel(HostCode &h, TypeRange argTypes, bool writeDm,
                     })[0];
     k.store(acc, partial, {blk, c});
   });
-  return kernel;
+  kernel.launch({blocks, h.k.idx(1), h.k.idx(1)});
 }
 
 /// Step 4: a warp per column c of partial [blocks, C]: dx[c] = Σ_blocks, then
 /// through the ReLU of h [C] when `gated`. Arguments partial, dx [C] f32,
 /// then h.
-gpu::GPUFuncOp createSumKernel(HostCode &h, TypeRange argTypes, bool gated,
-                               Location loc) {
-  ImplicitLocOpBuilder kb(loc, h.b.getContext());
-  auto kernel = createKernel(h, "hyper_router_grad_sum", argTypes, {},
-                             {kThreads, 1, 1}, kb);
-  KB k(kb);
-  Block &entry = kernel.getBody().front();
-  Value partial = entry.getArgument(0), dx = entry.getArgument(1);
+void launchSum(HostCode &h, ValueRange args, bool gated, Value columns,
+               Location loc) {
+  GPUKernel kernel(h, "hyper_router_grad_sum", args, {}, {kThreads, 1, 1}, loc);
+  KB &k = kernel.k;
+  Value partial = kernel.arg(0), dx = kernel.arg(1);
   Value warp = k.divu(k.threadId(), k.idx(kWarp));
   Value lane = k.remu(k.threadId(), k.idx(kWarp));
   Value c = k.add(k.mul(k.blockId(), k.idx(kColumnsPerSumBlock)), warp);
@@ -150,10 +143,12 @@ gpu::GPUFuncOp createSumKernel(HostCode &h, TypeRange argTypes, bool gated,
   k.ifThen(k.andI(active, k.eq(lane, k.idx(0))), [&] {
     Value v = sum;
     if (gated)
-      v = kernels::reluGrad(k, k.load(entry.getArgument(2), {c}), sum);
+      v = kernels::reluGrad(k, k.load(kernel.arg(2), {c}), sum);
     k.store(v, dx, {c});
   });
-  return kernel;
+  KB &hk = h.k;
+  kernel.launch(
+      {hk.ceilDiv(columns, hk.idx(kColumnsPerSumBlock)), hk.idx(1), hk.idx(1)});
 }
 
 /// Steps 3 and 4 for one layer y = m · x: dm (null: not written) and
@@ -169,16 +164,11 @@ void layerBackward(HostCode &h, Value m, Value dy, Value x, Value dm, Value dx,
   SmallVector<Value> args = {m, dy, x, partial};
   if (dm)
     args.push_back(dm);
-  auto layer = createLayerKernel(h, ValueRange(args).getTypes(), bool(dm), loc);
-  h.launch(layer, {blocks, k.idx(1), k.idx(1)}, {kThreads, 1, 1}, args);
+  launchLayer(h, args, bool(dm), blocks, loc);
   SmallVector<Value> sumArgs = {partial, dx};
   if (gate)
     sumArgs.push_back(gate);
-  auto sum =
-      createSumKernel(h, ValueRange(sumArgs).getTypes(), bool(gate), loc);
-  h.launch(sum,
-           {k.ceilDiv(cols, k.idx(kColumnsPerSumBlock)), k.idx(1), k.idx(1)},
-           {kThreads, 1, 1}, sumArgs);
+  launchSum(h, sumArgs, bool(gate), cols, loc);
   h.release(partial);
 }
 } // namespace
@@ -209,20 +199,13 @@ HyperRouterGradToGPU::lower(HyperRouterGradOp op, OpAdaptor adaptor,
   // 1. The hidden layer.
   Value hidden =
       h.alloc(MemRefType::get({ShapedType::kDynamic}, k.f32()), {k.dim(w1, 0)});
-  SmallVector<Value> hiddenArgs = {w1, emb, b1, hidden};
-  auto first = createGemvKernel(
-      h, "hyper_router_grad_hidden", ValueRange(hiddenArgs).getTypes(), loc,
-      /*relu=*/true, [](KB &k, Block &entry, Value row, Value v) {
-        k.store(v, entry.getArgument(3), {row});
-      });
-  launchGemv(h, first, hiddenArgs);
+  launchGemv(h, "hyper_router_grad_hidden", {w1, emb, b1, hidden}, loc,
+             /*relu=*/true, [](GPUKernel &kernel, Value row, Value v) {
+               kernel.k.store(v, kernel.arg(3), {row});
+             });
 
   // 2. d_b2 = dout.
-  SmallVector<Value> doutArgs = {dw, db, dB2};
-  auto dout = createDoutKernel(h, ValueRange(doutArgs).getTypes(), loc);
-  h.launch(dout,
-           {k.ceilDiv(k.dim(dB2, 0), k.idx(kThreads)), k.idx(1), k.idx(1)},
-           {kThreads, 1, 1}, doutArgs);
+  launchDout(h, dw, db, dB2, loc);
 
   // 3-4. Through w2 and the ReLU: d_w2, d_b1 = da.
   layerBackward(h, w2, dB2, hidden, dW2, dB1, hidden, loc);

@@ -5,6 +5,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "KernelUtils.h"
+#include "Limits.h"
 
 #include "MoE/IR/MoEOps.h"
 
@@ -286,9 +287,14 @@ mlir::moe::gpu_lowering::getOrCreateKernelModule(ModuleOp module,
   return gpu::GPUModuleOp::create(b, module.getLoc(), name);
 }
 
-gpu::GPUFuncOp mlir::moe::gpu_lowering::createKernel(
-    HostCode &h, StringRef base, TypeRange argTypes, TypeRange workgroupTypes,
-    std::array<int64_t, 3> blockSize, ImplicitLocOpBuilder &kb) {
+/// A new kernel `<base>_<n>` in @moe_kernels of `h`'s module with the given
+/// argument types, workgroup buffers and known block size; `kb` gets the
+/// listener of `h`'s rewriter and is left at the start of the kernel's body
+/// (a gpu.return is already there).
+static gpu::GPUFuncOp createKernel(HostCode &h, StringRef base,
+                                   TypeRange argTypes, TypeRange workgroupTypes,
+                                   std::array<int64_t, 3> blockSize,
+                                   ImplicitLocOpBuilder &kb) {
   kb.setListener(h.b.getListener());
   gpu::GPUModuleOp kernels = getOrCreateKernelModule(h.module, kb);
   SymbolTable symbols(kernels);
@@ -310,6 +316,54 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createKernel(
   auto ret = gpu::ReturnOp::create(kb);
   kb.setInsertionPoint(ret);
   return func;
+}
+
+GPUKernel::GPUKernel(HostCode &h, StringRef name, ValueRange operands,
+                     TypeRange workgroupTypes, std::array<int64_t, 3> blockSize,
+                     Location loc)
+    : b(loc, h.b.getContext()), k(b),
+      func(createKernel(h, name, operands.getTypes(), workgroupTypes, blockSize,
+                        b)),
+      host(h), operands(operands), blockSize(blockSize) {}
+
+Value GPUKernel::arg(unsigned i) {
+  return func.getBody().front().getArgument(i);
+}
+
+Value GPUKernel::workgroup(unsigned i) {
+  return func.getWorkgroupAttributions()[i];
+}
+
+Value GPUKernel::globalId() {
+  return k.add(k.mul(k.blockId(), k.idx(blockSize[0])), k.threadId());
+}
+
+void GPUKernel::forItem(Value count, function_ref<void(Value item)> body) {
+  Value item = globalId();
+  k.ifThen(k.lt(item, count), [&] { body(item); });
+}
+
+void GPUKernel::forRowsOfColumn(Value inRange, Value rows,
+                                function_ref<void(Value row)> body) {
+  k.ifThen(inRange, [&] {
+    k.forLoop(k.blockId(gpu::Dimension::y), rows, k.gridDim(gpu::Dimension::y),
+              body);
+  });
+}
+
+void GPUKernel::launch(std::array<Value, 3> grid) {
+  host.launch(func, grid, blockSize, operands);
+}
+
+void GPUKernel::launchOver(Value count) {
+  KB &hk = host.k;
+  launch({hk.ceilDiv(count, hk.idx(blockSize[0])), hk.idx(1), hk.idx(1)});
+}
+
+void GPUKernel::launchColumns(Value cols, Value rows) {
+  KB &hk = host.k;
+  launch({hk.ceilDiv(cols, hk.idx(blockSize[0])),
+          hk.minu(rows, hk.idx(kMaxGridDim[1])), hk.idx(1)});
 }
 
 MemRefType mlir::moe::gpu_lowering::workgroupMemRef(ArrayRef<int64_t> shape,

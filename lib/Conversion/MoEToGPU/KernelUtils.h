@@ -117,15 +117,6 @@ class HostCode;
 /// gpu.container_module once it has one.
 gpu::GPUModuleOp getOrCreateKernelModule(ModuleOp module, OpBuilder &b);
 
-/// A new kernel `<base>_<n>` in @moe_kernels of `h`'s module with the given
-/// argument types, workgroup buffers and known block size, built through
-/// `h`'s rewriter; `kb` gets that rewriter's listener and is left at the
-/// start of the kernel's body (a gpu.return is already there).
-gpu::GPUFuncOp createKernel(HostCode &h, StringRef base, TypeRange argTypes,
-                            TypeRange workgroupTypes,
-                            std::array<int64_t, 3> blockSize,
-                            ImplicitLocOpBuilder &kb);
-
 /// memref<shape x elt, #gpu.address_space<workgroup>>.
 MemRefType workgroupMemRef(ArrayRef<int64_t> shape, Type elementType);
 
@@ -162,8 +153,6 @@ public:
   Value allocLike(RankedTensorType type, ValueRange dynamicSizes);
   /// Fills a 32-bit buffer (f32 or i32) with a constant bit pattern.
   void fill32(Value buffer, Value value);
-  void launch(gpu::GPUFuncOp kernel, std::array<Value, 3> grid,
-              std::array<int64_t, 3> block, ValueRange args);
   /// Frees a temporary allocation once the stream reaches this point.
   void release(Value buffer);
   /// The device address of the runtime's error word (moeGpuErrorWord()).
@@ -178,6 +167,10 @@ public:
   void replace(Operation *op, ValueRange buffers);
 
 private:
+  friend class GPUKernel;
+  /// Launches `kernel` on `args` on the stream (GPUKernel::launch).
+  void launch(gpu::GPUFuncOp kernel, std::array<Value, 3> grid,
+              std::array<int64_t, 3> block, ValueRange args);
   /// The out whose buffer is `buffer`; one holding a copy of it if `buffer`
   /// is not an out.
   BlockArgument outFor(Value buffer, RankedTensorType type);
@@ -201,6 +194,59 @@ private:
   Operation *closingWait = nullptr;
   /// Values of the body recomputed before the kernel (hoist()).
   IRMapping hoisted;
+};
+
+/// One kernel of an op's host code, defined and launched in one place: a new
+/// gpu.func `<name>_<n>` in @moe_kernels of `h`'s module (built through `h`'s
+/// rewriter) whose arguments take the types of `operands`, with the
+/// workgroup buffers `workgroupTypes` and the known block size `blockSize`.
+/// `b` (and `k` on it) builds the body, from its start (a gpu.return is
+/// already there); launch() runs the kernel on `operands` on `h`'s stream.
+/// The body and the host code are separate blocks: either may come first.
+class GPUKernel {
+public:
+  GPUKernel(HostCode &h, StringRef name, ValueRange operands,
+            TypeRange workgroupTypes, std::array<int64_t, 3> blockSize,
+            Location loc);
+  GPUKernel(const GPUKernel &) = delete;
+  GPUKernel &operator=(const GPUKernel &) = delete;
+
+  /// The builder of the body and the kernel builder on it.
+  ImplicitLocOpBuilder b;
+  KB k;
+  gpu::GPUFuncOp func;
+
+  /// Argument `i`: operand `i` on the device.
+  Value arg(unsigned i);
+  /// Workgroup buffer `i`.
+  Value workgroup(unsigned i);
+  /// The thread's index in a 1-D grid: blockIdx.x · blockDim.x + threadIdx.x.
+  Value globalId();
+  /// A thread per item of [0, `count`) (launchOver): body(item) with the
+  /// thread's item, globalId(), on the threads that have one.
+  void forItem(Value count, function_ref<void(Value item)> body);
+
+  /// A thread per column (globalId(), blocks along x), the rows strided over
+  /// the blocks along y (gridDim.y is capped at 65535, kMaxGridDim of
+  /// Limits.h; the row count is not): when `inRange` (the column exists),
+  /// body(row) for the rows of [0, rows) that fall to this block. Launch with
+  /// launchColumns.
+  void forRowsOfColumn(Value inRange, Value rows,
+                       function_ref<void(Value row)> body);
+
+  /// Launches the kernel on its operands over `grid` blocks.
+  void launch(std::array<Value, 3> grid);
+  /// Launches it over ceil(`count` / blockDim.x) blocks along x: a thread per
+  /// item (globalId()), the last block's extra threads idle.
+  void launchOver(Value count);
+  /// Launches a forRowsOfColumn kernel: ceil(`cols` / blockDim.x) blocks
+  /// along x, min(`rows`, 65535) along y.
+  void launchColumns(Value cols, Value rows);
+
+private:
+  HostCode &host;
+  SmallVector<Value> operands;
+  std::array<int64_t, 3> blockSize;
 };
 
 /// Records, from a kernel, that element `position` of the index operand of op

@@ -82,21 +82,46 @@ MOE_GPU_LOWERING_PATTERN(HyperRouterGradToGPU, HyperRouterGradOp);
 MOE_GPU_LOWERING_PATTERN(AttentionPosteriorGradToGPU, AttentionPosteriorGradOp);
 #undef MOE_GPU_LOWERING_PATTERN
 
-/// The flash-style mixing kernel shared by similarity_inform and
-/// attention_posterior (SimilarityInform.cpp):
+/// The logit of the flash kernels (the mixing and its backward) for query i
+/// and key j of sequence b:
 ///   logit[i,j] = <q_i, key_j> / scaleDiv (+ bias[b,j]) (+ add[b,head[b],i,j]),
-///   -inf where j is masked (key_mask false, causal j > i, j >= Nk);
-///   out[b,i,:] = Σ_j softmax_j(logit[i,:]) · e[b,j,:]   (0 for a masked row)
-/// and, with a top-k, TopM_Renormalize(out) in the epilogue.
-struct FlashMixSpec {
-  /// Experts (static, <= kFlashMaxExperts).
-  int64_t numExperts = 0;
+///   excluded (-inf) where j is masked (key_mask false, causal j > i,
+///   j >= Nk).
+/// The backward kernels recompute the forward's: their lowerings take it from
+/// the forward's (similarityInformLogit, attentionPosteriorLogit).
+struct FlashLogitSpec {
   /// Divisor of the dot products (tau, or sigma^2).
   double scaleDiv = 1.0;
   bool causal = false;
   bool hasKeyMask = false;
+  /// A per-key bias [B,Nk] (f32) added to the logits.
   bool hasBias = false;
+  /// Scores add [B,H,Nq,Nk] (any float) of the head head[b] ([B], i32)
+  /// added to the logits.
   bool hasAddScores = false;
+};
+
+/// similarity_inform's logit (SimilarityInform.cpp).
+FlashLogitSpec similarityInformLogit(double tau, bool causal, bool hasKeyMask);
+/// attention_posterior's logit (AttentionPosterior.cpp).
+FlashLogitSpec attentionPosteriorLogit(double sigma);
+
+/// The logit's optional operands of a flash kernel: key_mask, bias, add and
+/// head (FlashLogitSpec), each null unless the spec has it; taken in that
+/// order from the kernel's arguments from `next` on (`next` moves past them).
+struct FlashLogitArgs {
+  FlashLogitArgs(class GPUKernel &kernel, const FlashLogitSpec &spec,
+                 unsigned &next);
+  Value keyMask, bias, add, head;
+};
+
+/// The flash-style mixing kernel shared by similarity_inform and
+/// attention_posterior (SimilarityInform.cpp), on the logit of FlashLogitSpec:
+///   out[b,i,:] = Σ_j softmax_j(logit[i,:]) · e[b,j,:]   (0 for a masked row)
+/// and, with a top-k, TopM_Renormalize(out) in the epilogue.
+struct FlashMixSpec : FlashLogitSpec {
+  /// Experts (static, <= kFlashMaxExperts).
+  int64_t numExperts = 0;
   /// Fused top-k (probs mode) in the epilogue.
   std::optional<int64_t> topk;
   bool renormalize = true;
@@ -110,16 +135,11 @@ struct FlashMixSpec {
 /// value tile in workgroup memory).
 constexpr int64_t kFlashMaxExperts = 256;
 
-/// Creates the kernel; its arguments, in order: q [B,N,D], keys [B,Nk,D],
-/// e [B,Nk,K], then key_mask [B,Nk] (i1), bias [B,Nk] (f32), add [B,H,N,Nk]
-/// and head [B] (i32) when present, then the outputs: p [B,N,K], or weights
-/// and indices [B,N,k], then lse [B,N] with `withLse`. Launch with
-/// launchFlashMix.
-gpu::GPUFuncOp createFlashMixKernel(class HostCode &h, StringRef name,
-                                    const FlashMixSpec &spec,
-                                    TypeRange argTypes, Location loc);
-/// Creates the kernel for `args` (createFlashMixKernel) and launches it on
-/// them: grid (ceil(N / rows), B) with N the rows of `q`, block 128.
+/// Creates the kernel and launches it (grid (ceil(N / kFlashRows), B) with N
+/// the rows of `q`, block kFlashThreads) on `args`, in order: q [B,N,D], keys
+/// [B,Nk,D], e [B,Nk,K], then key_mask [B,Nk] (i1), bias [B,Nk] (f32), add
+/// [B,H,N,Nk] and head [B] (i32) when present, then the outputs: p [B,N,K],
+/// or weights and indices [B,N,k], then lse [B,N] with `withLse`.
 void launchFlashMix(class HostCode &h, StringRef name, const FlashMixSpec &spec,
                     Value q, ValueRange args, Location loc);
 
@@ -163,21 +183,13 @@ SmallVector<Value> emitFlashDots(class KB &k, const FlashLanes &t, Value b,
 /// attention_posterior) the logit is, in the forward kernel's order,
 ///   <sq_i, sk_j> / scaleDiv + bias[b,j] + add[b,head[b],i,j]
 /// and a pair whose added score is -inf is excluded.
-struct FlashGradSpec {
+struct FlashGradSpec : FlashLogitSpec {
   /// Rows are keys and columns queries (the key-major pass).
   bool keyMajor = false;
-  bool causal = false;
-  bool hasKeyMask = false;
-  /// A per-key bias [B,Nk] (f32) added to the logits.
-  bool hasBias = false;
-  /// Scores add [B,H,Nq,Nk] (any float) of the head head[b] ([B], i32)
-  /// added to the logits.
-  bool hasAddScores = false;
   /// Query-major with added scores only: stores dz = S (<gq_i, gk_j> -
   /// delta_i) (dX before the division; 0 for an excluded pair) at
   /// dz[b, head[b], i, j] for every pair of the block's rows.
   bool storeDz = false;
-  double scaleDiv = 1.0;
   struct Accumulator {
     /// Weighted by dX (else by S).
     bool byDx = false;

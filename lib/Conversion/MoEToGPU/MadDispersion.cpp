@@ -54,7 +54,6 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
   const bool variance = op.getMeasure() == DispersionMeasure::variance;
   const DispersionNormalize normalize = op.getNormalize();
   Location loc = op.getLoc();
-  MLIRContext *ctx = op.getContext();
 
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
@@ -79,20 +78,15 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
 
   // 1. Counts and range checks.
   {
-    ImplicitLocOpBuilder kb(loc, ctx);
-    auto kernel = createKernel(
-        h, "mad_count", {assign.getType(), counts.getType(), b.getI64Type()},
-        {}, {kThreads, 1, 1}, kb);
-    KB kk(kb);
-    Block &entry = kernel.getBody().front();
-    Value as = entry.getArgument(0), cs = entry.getArgument(1),
-          w = entry.getArgument(2);
-    Value t = kk.add(kk.mul(kk.blockId(), kk.idx(kThreads)), kk.threadId());
-    kk.ifThen(kk.lt(t, kk.dim(as, 0)), [&] {
+    GPUKernel kernel(h, "mad_count", {assign, counts, word}, {},
+                     {kThreads, 1, 1}, loc);
+    KB &kk = kernel.k;
+    Value as = kernel.arg(0), cs = kernel.arg(1), w = kernel.arg(2);
+    kernel.forItem(kk.dim(as, 0), [&](Value t) {
       auto [a, ok] = clusterOf(kk, as, t, E);
       kk.ifThen(ok, [&] {
-        memref::AtomicRMWOp::create(kb, arith::AtomicRMWKind::addi, kk.cI32(1),
-                                    cs, ValueRange{a});
+        memref::AtomicRMWOp::create(kernel.b, arith::AtomicRMWKind::addi,
+                                    kk.cI32(1), cs, ValueRange{a});
       });
       kk.ifThen(kk.notI1(ok), [&] {
         emitRecordIndexError(
@@ -100,22 +94,17 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
             kk.castInt(kk.load(as, {t}), kk.i64()), kk.cI64(E));
       });
     });
-    h.launch(kernel, {k.ceilDiv(T, k.idx(kThreads)), k.idx(1), k.idx(1)},
-             {kThreads, 1, 1}, {assign, counts, word});
+    kernel.launchOver(T);
   }
 
   // 2-3. The two passes.
   auto chunkSums = [&](bool deviation) {
-    ImplicitLocOpBuilder kb(loc, ctx);
-    auto kernel = createKernel(
-        h, deviation ? "mad_chunk_deviations" : "mad_chunk_sums",
-        {x.getType(), assign.getType(), means.getType(), partial.getType()}, {},
-        {kThreads, 1, 1}, kb);
-    KB kk(kb);
-    Block &entry = kernel.getBody().front();
-    Value xs = entry.getArgument(0), as = entry.getArgument(1),
-          mu = entry.getArgument(2), part = entry.getArgument(3);
-    Value q = kk.add(kk.mul(kk.blockId(), kk.idx(kThreads)), kk.threadId());
+    GPUKernel kernel(h, deviation ? "mad_chunk_deviations" : "mad_chunk_sums",
+                     {x, assign, means, partial}, {}, {kThreads, 1, 1}, loc);
+    KB &kk = kernel.k;
+    Value xs = kernel.arg(0), as = kernel.arg(1), mu = kernel.arg(2),
+          part = kernel.arg(3);
+    Value q = kernel.globalId();
     Value c = kk.blockId(gpu::Dimension::y);
     Value Tk = kk.dim(xs, 0), Dk = kk.dim(xs, 1);
     kk.ifThen(kk.lt(q, Dk), [&] {
@@ -135,22 +124,17 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
         });
       });
     });
-    h.launch(kernel, {k.ceilDiv(D, k.idx(kThreads)), chunks, k.idx(1)},
-             {kThreads, 1, 1}, {x, assign, means, partial});
+    kernel.launch({k.ceilDiv(D, k.idx(kThreads)), chunks, k.idx(1)});
   };
   auto finish = [&](bool dispersion) {
-    ImplicitLocOpBuilder kb(loc, ctx);
-    Value out = dispersion ? weights : means;
-    auto kernel = createKernel(
-        h, dispersion ? "mad_finish_dispersion" : "mad_finish_mean",
-        {partial.getType(), counts.getType(), out.getType()}, {},
-        {kThreads, 1, 1}, kb);
-    KB kk(kb);
-    Block &entry = kernel.getBody().front();
-    Value part = entry.getArgument(0), cs = entry.getArgument(1),
-          o = entry.getArgument(2);
+    GPUKernel kernel(h,
+                     dispersion ? "mad_finish_dispersion" : "mad_finish_mean",
+                     {partial, counts, dispersion ? weights : means}, {},
+                     {kThreads, 1, 1}, loc);
+    KB &kk = kernel.k;
+    Value part = kernel.arg(0), cs = kernel.arg(1), o = kernel.arg(2);
     Value Dk = kk.dim(part, 2), C = kk.dim(part, 0);
-    Value flat = kk.add(kk.mul(kk.blockId(), kk.idx(kThreads)), kk.threadId());
+    Value flat = kernel.globalId();
     kk.ifThen(kk.lt(flat, kk.mul(kk.idx(E), Dk)), [&] {
       Value e = kk.divu(flat, Dk), q = kk.remu(flat, Dk);
       Value s = kk.forLoop(kk.idx(0), C, kk.idx(1), {kk.cF32(0.0)},
@@ -162,10 +146,7 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
         mean = dispersionWeight(kk, mean, eps);
       kk.store(mean, o, {e, q});
     });
-    h.launch(
-        kernel,
-        {k.ceilDiv(k.mul(k.idx(E), D), k.idx(kThreads)), k.idx(1), k.idx(1)},
-        {kThreads, 1, 1}, {partial, counts, out});
+    kernel.launchOver(k.mul(k.idx(E), D));
   };
   chunkSums(false);
   finish(false);
@@ -174,15 +155,13 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
 
   // 4. Clip and normalization.
   {
-    ImplicitLocOpBuilder kb(loc, ctx);
     const int64_t warps = kEpilogueThreads / kWarp;
-    auto kernel = createKernel(
-        h, "mad_epilogue", {weights.getType(), counts.getType()},
-        {workgroupMemRef({warps}, f32)}, {kEpilogueThreads, 1, 1}, kb);
-    KB kk(kb);
-    Block &entry = kernel.getBody().front();
-    Value w = entry.getArgument(0), cs = entry.getArgument(1);
-    Value scratch = kernel.getWorkgroupAttributions()[0];
+    GPUKernel kernel(h, "mad_epilogue", {weights, counts},
+                     {workgroupMemRef({warps}, f32)}, {kEpilogueThreads, 1, 1},
+                     loc);
+    KB &kk = kernel.k;
+    Value w = kernel.arg(0), cs = kernel.arg(1);
+    Value scratch = kernel.workgroup(0);
     Value tid = kk.threadId();
     Value Dk = kk.dim(w, 1);
     Value step = kk.idx(kEpilogueThreads);
@@ -257,8 +236,7 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
       break;
     }
     }
-    h.launch(kernel, {k.idx(1), k.idx(1), k.idx(1)}, {kEpilogueThreads, 1, 1},
-             {weights, counts});
+    kernel.launch({k.idx(1), k.idx(1), k.idx(1)});
   }
 
   h.release(partial);

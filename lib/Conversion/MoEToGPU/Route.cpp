@@ -53,9 +53,9 @@ constexpr int64_t kRouteMaxGroups = 64;
 /// The kernel of one token per group of `width` lanes (the file header).
 class RouteWarpKernel {
 public:
-  RouteWarpKernel(ImplicitLocOpBuilder &b, const RouteSpec &spec,
-                  int64_t numExperts, int64_t width, int64_t blockSize)
-      : k(b), spec(spec), numExperts(numExperts), width(width),
+  RouteWarpKernel(KB &k, const RouteSpec &spec, int64_t numExperts,
+                  int64_t width, int64_t blockSize)
+      : k(k), spec(spec), numExperts(numExperts), width(width),
         blockSize(blockSize), vpt(llvm::divideCeil(numExperts, width)) {}
 
   void emit(Value x, Value bias, Value weights, Value indices) {
@@ -79,7 +79,7 @@ public:
   }
 
 private:
-  KB k;
+  KB &k;
   const RouteSpec &spec;
   int64_t numExperts, width, blockSize, vpt;
   Value x, lane, active, row, none;
@@ -293,16 +293,12 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
 
   int64_t width = std::min<int64_t>(kWarp, llvm::PowerOf2Ceil(numExperts));
   int64_t block = options.blockSize;
-  ImplicitLocOpBuilder kb(op.getLoc(), op.getContext());
-  auto kernel = createKernel(h, "route_warp", ValueRange(args).getTypes(), {},
-                             {block, 1, 1}, kb);
-  Block &entry = kernel.getBody().front();
-  RouteWarpKernel(kb, spec, numExperts, width, block)
-      .emit(entry.getArgument(0), bias ? entry.getArgument(1) : Value(),
-            entry.getArgument(args.size() - 2),
-            entry.getArgument(args.size() - 1));
+  GPUKernel kernel(h, "route_warp", args, {}, {block, 1, 1}, op.getLoc());
+  RouteWarpKernel(kernel.k, spec, numExperts, width, block)
+      .emit(kernel.arg(0), bias ? kernel.arg(1) : Value(),
+            kernel.arg(args.size() - 2), kernel.arg(args.size() - 1));
   Value grid = k.ceilDiv(k.dim(x, 0), k.idx(block / width));
-  h.launch(kernel, {grid, k.idx(1), k.idx(1)}, {block, 1, 1}, args);
+  kernel.launch({grid, k.idx(1), k.idx(1)});
   h.finish();
   h.replace(op, {weights, indices});
   return success();

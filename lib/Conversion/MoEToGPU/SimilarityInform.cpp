@@ -103,37 +103,41 @@ SmallVector<Value> mlir::moe::gpu_lowering::emitFlashDots(
       });
 }
 
-gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
-    HostCode &host, StringRef name, const FlashMixSpec &spec,
-    TypeRange argTypes, Location loc) {
+FlashLogitSpec mlir::moe::gpu_lowering::similarityInformLogit(double tau,
+                                                              bool causal,
+                                                              bool hasKeyMask) {
+  FlashLogitSpec logit;
+  logit.scaleDiv = tau;
+  logit.causal = causal;
+  logit.hasKeyMask = hasKeyMask;
+  return logit;
+}
+
+FlashLogitArgs::FlashLogitArgs(GPUKernel &kernel, const FlashLogitSpec &spec,
+                               unsigned &next) {
+  keyMask = spec.hasKeyMask ? kernel.arg(next++) : Value();
+  bias = spec.hasBias ? kernel.arg(next++) : Value();
+  add = spec.hasAddScores ? kernel.arg(next++) : Value();
+  head = spec.hasAddScores ? kernel.arg(next++) : Value();
+}
+
+/// The body of a flash mixing kernel (launchFlashMix).
+static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
   const int64_t K = spec.numExperts;
   const int64_t vpt = llvm::divideCeil(K, kGroup);
-  MLIRContext *ctx = host.b.getContext();
-  Type f32 = Float32Type::get(ctx);
-  SmallVector<Type> workgroup = {
-      workgroupMemRef({kRows, kChunk + 1}, f32), // query chunk
-      workgroupMemRef({kCols, kChunk + 1}, f32), // key chunk
-      workgroupMemRef({kCols, K}, f32),          // value tile
-      workgroupMemRef({kRows, kCols + 1}, f32),  // probabilities
-  };
-  ImplicitLocOpBuilder kb(loc, ctx);
-  auto kernel =
-      createKernel(host, name, argTypes, workgroup, {kFlashThreads, 1, 1}, kb);
-  KB k(kb);
-  Block &entry = kernel.getBody().front();
+  KB &k = kernel.k;
   unsigned a = 0;
-  Value q = entry.getArgument(a++);
-  Value keys = entry.getArgument(a++);
-  Value e = entry.getArgument(a++);
-  Value keyMask = spec.hasKeyMask ? entry.getArgument(a++) : Value();
-  Value bias = spec.hasBias ? entry.getArgument(a++) : Value();
-  Value add = spec.hasAddScores ? entry.getArgument(a++) : Value();
-  Value head = spec.hasAddScores ? entry.getArgument(a++) : Value();
-  Value out = entry.getArgument(a++);
-  Value outIdx = spec.topk ? entry.getArgument(a++) : Value();
-  Value lseOut = spec.withLse ? entry.getArgument(a++) : Value();
-  auto wg = kernel.getWorkgroupAttributions();
-  Value qs = wg[0], ks = wg[1], es = wg[2], ps = wg[3];
+  Value q = kernel.arg(a++);
+  Value keys = kernel.arg(a++);
+  Value e = kernel.arg(a++);
+  FlashLogitArgs logit(kernel, spec, a);
+  Value keyMask = logit.keyMask, bias = logit.bias, add = logit.add,
+        head = logit.head;
+  Value out = kernel.arg(a++);
+  Value outIdx = spec.topk ? kernel.arg(a++) : Value();
+  Value lseOut = spec.withLse ? kernel.arg(a++) : Value();
+  Value qs = kernel.workgroup(0), ks = kernel.workgroup(1),
+        es = kernel.workgroup(2), ps = kernel.workgroup(3);
 
   Value zero = k.cF32(0.0);
   Value negInf = k.cF32(-std::numeric_limits<double>::infinity());
@@ -262,7 +266,8 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
     ts.k = *spec.topk;
     ts.logits = false;
     ts.renormalize = spec.renormalize;
-    Value outRows = viewAs2D(kb, out), idxRows = viewAs2D(kb, outIdx);
+    Value outRows = viewAs2D(kernel.b, out),
+          idxRows = viewAs2D(kernel.b, outIdx);
     Value flatRow = k.add(k.mul(b, N), row);
     emitRegisterTopk(k, vals, lane, kGroup, K, ts, outRows, idxRows, flatRow,
                      active, Value(), Value());
@@ -281,21 +286,24 @@ gpu::GPUFuncOp mlir::moe::gpu_lowering::createFlashMixKernel(
       }
     });
   }
-  return kernel;
 }
 
 void mlir::moe::gpu_lowering::launchFlashMix(HostCode &h, StringRef name,
                                              const FlashMixSpec &spec, Value q,
                                              ValueRange args, Location loc) {
-  gpu::GPUFuncOp kernel =
-      createFlashMixKernel(h, name, spec, TypeRange(args), loc);
+  Type f32 = h.b.getF32Type();
+  SmallVector<Type> workgroup = {
+      workgroupMemRef({kRows, kChunk + 1}, f32),      // query chunk
+      workgroupMemRef({kCols, kChunk + 1}, f32),      // key chunk
+      workgroupMemRef({kCols, spec.numExperts}, f32), // value tile
+      workgroupMemRef({kRows, kCols + 1}, f32),       // probabilities
+  };
+  GPUKernel kernel(h, name, args, workgroup, {kFlashThreads, 1, 1}, loc);
+  emitFlashMix(kernel, spec);
   KB &k = h.k;
   Value grid = k.ceilDiv(k.dim(q, 1), k.idx(kRows));
-  h.launch(kernel, {grid, k.dim(q, 0), k.idx(1)}, {kFlashThreads, 1, 1}, args);
+  kernel.launch({grid, k.dim(q, 0), k.idx(1)});
 }
-
-/// The most blocks a launch may have along y (and z).
-static constexpr int64_t kMaxGridY = 65535;
 
 /// out = x · w (or w^T, or +=) in f32: one thread per output feature (blocks
 /// along x); the B·N rows of x are strided over the blocks along y (a
@@ -304,44 +312,32 @@ static constexpr int64_t kMaxGridY = 65535;
 void mlir::moe::gpu_lowering::launchRowProjection(
     HostCode &host, StringRef name, Value x, Value w, Value out,
     bool transposed, bool accumulate, Location loc) {
-  ImplicitLocOpBuilder kb(loc, host.b.getContext());
   const int64_t threads = 128;
-  SmallVector<Value> args = {x, w, out};
-  auto kernel = createKernel(host, name, ValueRange(args).getTypes(), {},
-                             {threads, 1, 1}, kb);
+  GPUKernel kernel(host, name, {x, w, out}, {}, {threads, 1, 1}, loc);
   {
-    KB k(kb);
-    Block &entry = kernel.getBody().front();
-    Value u = entry.getArgument(0), ws = entry.getArgument(1),
-          q = entry.getArgument(2);
+    KB &k = kernel.k;
+    Value u = kernel.arg(0), ws = kernel.arg(1), q = kernel.arg(2);
     Value D = k.dim(u, 2);
     Value N = k.dim(u, 1);
     Value rows = k.mul(k.dim(u, 0), N);
-    Value col = k.add(k.mul(k.blockId(), k.idx(threads)), k.threadId());
-    k.ifThen(k.lt(col, D), [&] {
-      k.forLoop(
-          k.blockId(gpu::Dimension::y), rows, k.gridDim(gpu::Dimension::y),
-          [&](Value flatRow) {
-            Value b = k.divu(flatRow, N), i = k.remu(flatRow, N);
-            Value s = k.forLoop(
-                k.idx(0), D, k.idx(1), {k.cF32(0.0)},
-                [&](Value d, ValueRange acc) -> SmallVector<Value> {
-                  Value wv = transposed ? k.loadF(ws, {col, d})
-                                        : k.loadF(ws, {d, col});
-                  return {k.fadd(acc[0], k.fmul(k.loadF(u, {b, i, d}), wv))};
-                })[0];
-            if (accumulate)
-              s = k.fadd(k.load(q, {b, i, col}), s);
-            k.store(s, q, {b, i, col});
-          });
+    Value col = kernel.globalId();
+    kernel.forRowsOfColumn(k.lt(col, D), rows, [&](Value flatRow) {
+      Value b = k.divu(flatRow, N), i = k.remu(flatRow, N);
+      Value s = k.forLoop(
+          k.idx(0), D, k.idx(1), {k.cF32(0.0)},
+          [&](Value d, ValueRange acc) -> SmallVector<Value> {
+            Value wv =
+                transposed ? k.loadF(ws, {col, d}) : k.loadF(ws, {d, col});
+            return {k.fadd(acc[0], k.fmul(k.loadF(u, {b, i, d}), wv))};
+          })[0];
+      if (accumulate)
+        s = k.fadd(k.load(q, {b, i, col}), s);
+      k.store(s, q, {b, i, col});
     });
   }
   KB &k = host.k;
   Value rows = k.mul(k.dim(x, 0), k.dim(x, 1));
-  host.launch(kernel,
-              {k.ceilDiv(k.dim(x, 2), k.idx(threads)),
-               k.minu(rows, k.idx(kMaxGridY)), k.idx(1)},
-              {threads, 1, 1}, args);
+  kernel.launchColumns(k.dim(x, 2), rows);
 }
 
 /// similarity_inform or its fused top-k form (the same operands, one result
@@ -361,11 +357,9 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
            << (ShapedType::isDynamic(K) ? std::string("?") : std::to_string(K))
            << ")";
 
-  FlashMixSpec spec;
+  FlashMixSpec spec{similarityInformLogit(
+      op.getTau().convertToDouble(), op.getCausal(), static_cast<bool>(maskT))};
   spec.numExperts = K;
-  spec.scaleDiv = op.getTau().convertToDouble();
-  spec.causal = op.getCausal();
-  spec.hasKeyMask = static_cast<bool>(maskT);
   if (fused) {
     spec.topk = fused.getK();
     spec.renormalize = fused.getRenormalize();

@@ -30,52 +30,37 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 
-/// The most blocks a launch may have along y.
-static constexpr int64_t kMaxGridY = 65535;
-
 /// dws[d, c] = Σ_{b,i} u[b,i,d] · dq[b,i,c]: a thread per column c (blocks
 /// along x), the rows d strided over the blocks along y; the sum runs over
 /// (b, i) in order.
 static void launchWeightGrad(HostCode &h, Value u, Value dq, Value dws,
                              Location loc) {
   const int64_t threads = 128;
-  SmallVector<Value> args = {u, dq, dws};
-  ImplicitLocOpBuilder kb(loc, h.b.getContext());
-  auto kernel =
-      createKernel(h, "similarity_grad_dws", ValueRange(args).getTypes(), {},
-                   {threads, 1, 1}, kb);
+  GPUKernel kernel(h, "similarity_grad_dws", {u, dq, dws}, {}, {threads, 1, 1},
+                   loc);
   {
-    KB k(kb);
-    Block &entry = kernel.getBody().front();
-    Value uu = entry.getArgument(0), g = entry.getArgument(1),
-          out = entry.getArgument(2);
+    KB &k = kernel.k;
+    Value uu = kernel.arg(0), g = kernel.arg(1), out = kernel.arg(2);
     Value D = k.dim(uu, 2);
-    Value col = k.add(k.mul(k.blockId(), k.idx(threads)), k.threadId());
-    k.ifThen(k.lt(col, D), [&] {
-      k.forLoop(k.blockId(gpu::Dimension::y), D, k.gridDim(gpu::Dimension::y),
-                [&](Value d) {
-                  Value c0 = k.idx(0), c1 = k.idx(1);
-                  Value s = k.forLoop(
-                      c0, k.dim(uu, 0), c1, {k.cF32(0.0)},
-                      [&](Value b, ValueRange acc) -> SmallVector<Value> {
-                        return k.forLoop(
-                            c0, k.dim(uu, 1), c1, acc,
-                            [&](Value i, ValueRange a) -> SmallVector<Value> {
-                              return {
-                                  k.fadd(a[0], k.fmul(k.loadF(uu, {b, i, d}),
-                                                      k.load(g, {b, i, col})))};
-                            });
-                      })[0];
-                  k.store(s, out, {d, col});
+    Value col = kernel.globalId();
+    kernel.forRowsOfColumn(k.lt(col, D), D, [&](Value d) {
+      Value c0 = k.idx(0), c1 = k.idx(1);
+      Value s = k.forLoop(
+          c0, k.dim(uu, 0), c1, {k.cF32(0.0)},
+          [&](Value b, ValueRange acc) -> SmallVector<Value> {
+            return k.forLoop(
+                c0, k.dim(uu, 1), c1, acc,
+                [&](Value i, ValueRange a) -> SmallVector<Value> {
+                  return {k.fadd(a[0], k.fmul(k.loadF(uu, {b, i, d}),
+                                              k.load(g, {b, i, col})))};
                 });
+          })[0];
+      k.store(s, out, {d, col});
     });
   }
   KB &k = h.k;
   Value D = k.dim(u, 2);
-  h.launch(
-      kernel,
-      {k.ceilDiv(D, k.idx(threads)), k.minu(D, k.idx(kMaxGridY)), k.idx(1)},
-      {threads, 1, 1}, args);
+  kernel.launchColumns(D, D);
 }
 
 LogicalResult
@@ -90,8 +75,9 @@ SimilarityInformGradToGPU::lower(SimilarityInformGradOp op, OpAdaptor adaptor,
            << (ShapedType::isDynamic(K) ? std::string("?") : std::to_string(K))
            << ")";
   Location loc = op.getLoc();
-  double tau = op.getTau().convertToDouble();
-  bool causal = op.getCausal();
+  // Every pass recomputes the forward's logit.
+  FlashLogitSpec logit = similarityInformLogit(
+      op.getTau().convertToDouble(), op.getCausal(), static_cast<bool>(maskT));
 
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
@@ -142,11 +128,8 @@ SimilarityInformGradToGPU::lower(SimilarityInformGradOp op, OpAdaptor adaptor,
                          h.buffer(adaptor.getP()), dp, delta, loc, lse);
   } else {
     Value p = h.alloc(widthType, bn);
-    FlashMixSpec fwd;
+    FlashMixSpec fwd{logit};
     fwd.numExperts = K;
-    fwd.scaleDiv = tau;
-    fwd.causal = causal;
-    fwd.hasKeyMask = static_cast<bool>(mask);
     fwd.withLse = true;
     SmallVector<Value> fwdArgs = {q, u, e};
     if (mask)
@@ -163,10 +146,7 @@ SimilarityInformGradToGPU::lower(SimilarityInformGradOp op, OpAdaptor adaptor,
       args.push_back(mask);
     return args;
   };
-  FlashGradSpec spec;
-  spec.causal = causal;
-  spec.hasKeyMask = static_cast<bool>(mask);
-  spec.scaleDiv = tau;
+  FlashGradSpec spec{logit};
 
   // 2. Query-major: dq (into du without ws).
   Value dq = ws ? h.alloc(featType, bnd) : du;

@@ -55,11 +55,10 @@ static constexpr int64_t kRegisterTopkMaxK = 1024;
 /// Threads of the block-per-token kernel.
 static constexpr int64_t kBlockTopkThreads = 256;
 
-static void emitWarpTopkKernel(ImplicitLocOpBuilder &kb, Value scores,
-                               Value weights, Value indices, int64_t K,
-                               int64_t blockSize, const TopkSpec &spec,
-                               int64_t width, TopkRounds rounds) {
-  KB k(kb);
+static void emitWarpTopkKernel(KB &k, Value scores, Value weights,
+                               Value indices, int64_t K, int64_t blockSize,
+                               const TopkSpec &spec, int64_t width,
+                               TopkRounds rounds) {
   int64_t vpt = llvm::divideCeil(K, width);
   int64_t tokensPerBlock = blockSize / width;
   Value tid = k.threadId();
@@ -100,11 +99,9 @@ static void emitWarpTopkKernel(ImplicitLocOpBuilder &kb, Value scores,
                    denseMax, denseSum, rounds);
 }
 
-static void emitBlockTopkKernel(ImplicitLocOpBuilder &kb, Value scores,
-                                Value weights, Value indices,
-                                const TopkSpec &spec, Value scratchI64,
-                                Value scratchF32) {
-  KB k(kb);
+static void emitBlockTopkKernel(KB &k, Value scores, Value weights,
+                                Value indices, const TopkSpec &spec,
+                                Value scratchI64, Value scratchF32) {
   const int64_t threads = kBlockTopkThreads;
   Value tid = k.threadId();
   Value row = k.blockId();
@@ -195,34 +192,28 @@ TopkRenormToGPU::lower(TopkRenormOp op, OpAdaptor adaptor,
   Value w2 = viewAs2D(b, weights);
   Value i2 = viewAs2D(b, indices);
   Value numTokens = k.dim(s2, 0);
-  SmallVector<Type> argTypes = {s2.getType(), w2.getType(), i2.getType()};
+  SmallVector<Value> args = {s2, w2, i2};
 
-  ImplicitLocOpBuilder kb(op.getLoc(), op.getContext());
   if (registerPath) {
     int64_t width = std::min<int64_t>(kWarp, llvm::PowerOf2Ceil(K));
     int64_t block = options.blockSize;
-    auto kernel =
-        createKernel(h, "topk_renorm_warp", argTypes, {}, {block, 1, 1}, kb);
-    Block &entry = kernel.getBody().front();
+    GPUKernel kernel(h, "topk_renorm_warp", args, {}, {block, 1, 1},
+                     op.getLoc());
     TopkRounds rounds = options.topkRounds == "redux" ? TopkRounds::Redux
                                                       : TopkRounds::Butterfly;
-    emitWarpTopkKernel(kb, entry.getArgument(0), entry.getArgument(1),
-                       entry.getArgument(2), K, block, spec, width, rounds);
+    emitWarpTopkKernel(kernel.k, kernel.arg(0), kernel.arg(1), kernel.arg(2), K,
+                       block, spec, width, rounds);
     Value grid = k.ceilDiv(numTokens, k.idx(block / width));
-    h.launch(kernel, {grid, k.idx(1), k.idx(1)}, {block, 1, 1}, {s2, w2, i2});
+    kernel.launch({grid, k.idx(1), k.idx(1)});
   } else {
     int64_t warps = kBlockTopkThreads / kWarp;
-    auto kernel = createKernel(h, "topk_renorm_block", argTypes,
-                               {workgroupMemRef({warps}, b.getI64Type()),
-                                workgroupMemRef({warps}, b.getF32Type())},
-                               {kBlockTopkThreads, 1, 1}, kb);
-    Block &entry = kernel.getBody().front();
-    emitBlockTopkKernel(kb, entry.getArgument(0), entry.getArgument(1),
-                        entry.getArgument(2), spec,
-                        kernel.getWorkgroupAttributions()[0],
-                        kernel.getWorkgroupAttributions()[1]);
-    h.launch(kernel, {numTokens, k.idx(1), k.idx(1)}, {kBlockTopkThreads, 1, 1},
-             {s2, w2, i2});
+    GPUKernel kernel(h, "topk_renorm_block", args,
+                     {workgroupMemRef({warps}, b.getI64Type()),
+                      workgroupMemRef({warps}, b.getF32Type())},
+                     {kBlockTopkThreads, 1, 1}, op.getLoc());
+    emitBlockTopkKernel(kernel.k, kernel.arg(0), kernel.arg(1), kernel.arg(2),
+                        spec, kernel.workgroup(0), kernel.workgroup(1));
+    kernel.launch({numTokens, k.idx(1), k.idx(1)});
   }
   h.finish();
   h.replace(op, {weights, indices});

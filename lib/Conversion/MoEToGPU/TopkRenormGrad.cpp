@@ -41,23 +41,18 @@ TopkRenormGradToGPU::lower(TopkRenormGradOp op, OpAdaptor adaptor,
   spec.logits = op.getMode() == TopkMode::logits;
   spec.renormalize = op.getRenormalize();
 
-  ImplicitLocOpBuilder kb(op.getLoc(), op.getContext());
-  auto kernel = createKernel(h, "topk_renorm_grad", ValueRange(args).getTypes(),
-                             {}, {kThreads, 1, 1}, kb);
+  GPUKernel kernel(h, "topk_renorm_grad", args, {}, {kThreads, 1, 1},
+                   op.getLoc());
   {
-    KB kk(kb);
-    Block &entry = kernel.getBody().front();
-    Value s2 = entry.getArgument(0), i2 = entry.getArgument(1),
-          g2 = entry.getArgument(2), o2 = entry.getArgument(3);
-    Value row = kk.add(kk.mul(kk.blockId(), kk.idx(kThreads)), kk.threadId());
-    kk.ifThen(kk.lt(row, kk.dim(s2, 0)), [&] {
+    KB &kk = kernel.k;
+    Value s2 = kernel.arg(0), i2 = kernel.arg(1), g2 = kernel.arg(2),
+          o2 = kernel.arg(3);
+    kernel.forItem(kk.dim(s2, 0), [&](Value row) {
       kernels::emitTopkGradRow(kk, spec, row, s2, i2, g2, o2, kk.dim(s2, 1),
                                kk.dim(i2, 1));
     });
   }
-  Value rows = k.dim(args[0], 0);
-  h.launch(kernel, {k.ceilDiv(rows, k.idx(kThreads)), k.idx(1), k.idx(1)},
-           {kThreads, 1, 1}, args);
+  kernel.launchOver(k.dim(args[0], 0));
   h.finish();
   h.replace(op, {out});
   return success();
