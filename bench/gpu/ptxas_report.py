@@ -11,6 +11,19 @@ for the chip. Kernels launched from a function whose name starts with
 `nospill_` must use no local memory: no spill stores or loads and a zero stack
 frame; the script exits 1 (after writing the report) when one does, or when a
 step fails. Runs without a GPU.
+
+  --split-input-file  splits each file at `// -----` lines like moe-opt and
+                      lowers every chunk on its own (chunks that expect a
+                      diagnostic are skipped): the sweep over the lowering
+                      tests' inputs,
+  --all-nospill       holds every kernel, not only the nospill_* ones, to no
+                      local memory.
+
+The sweep over every GPU test input (what issue #10 asks: no kernel spills):
+
+  ptxas_report.py --moe-opt build/bin/moe-opt --out /tmp/sweep.md \
+      --split-input-file --all-nospill \
+      test/Conversion/MoEToGPU/*.mlir test/GPU/Inputs/*.mlir
 """
 
 import argparse
@@ -100,6 +113,19 @@ def parse_ptxas(report):
     return kernels
 
 
+def case_chunks(path, split):
+    """[(name, text)] of a case file: the whole file, or with split its
+    `// -----` chunks that expect no diagnostic, named file.N."""
+    name = os.path.splitext(os.path.basename(path))[0]
+    with open(path) as f:
+        text = f.read()
+    if not split:
+        return [(name, text)]
+    chunks = re.split(r"^// -----.*$", text, flags=re.M)
+    return [(f"{name}.{n}" if len(chunks) > 1 else name, chunk)
+            for n, chunk in enumerate(chunks) if "expected-" not in chunk]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -108,6 +134,10 @@ def main():
     ap.add_argument("--chips", default="sm_80,sm_90")
     ap.add_argument("--out", required=True, help="markdown report to write")
     ap.add_argument("--keep-ptx", help="directory to keep the PTX files in")
+    ap.add_argument("--split-input-file", action="store_true",
+                    help="lower each `// -----` chunk of a file on its own")
+    ap.add_argument("--all-nospill", action="store_true",
+                    help="every kernel must use no local memory")
     ap.add_argument("cases", nargs="+")
     args = ap.parse_args()
 
@@ -116,13 +146,13 @@ def main():
     tmp = args.keep_ptx or tempfile.mkdtemp(prefix="moe-ptxas-")
     os.makedirs(tmp, exist_ok=True)
     for chip in args.chips.split(","):
-        for case in args.cases:
-            name = os.path.splitext(os.path.basename(case))[0]
+        for case, (name, text) in ((c, chunk) for c in args.cases
+                                   for chunk in case_chunks(c, args.split_input_file)):
             proc = subprocess.run(
-                [args.moe_opt, case, f"--moe-lower-to-nvvm=chip={chip} format=isa"],
-                capture_output=True, text=True)
+                [args.moe_opt, "-", f"--moe-lower-to-nvvm=chip={chip} format=isa"],
+                input=text, capture_output=True, text=True)
             if proc.returncode != 0:
-                failures.append(f"{case} ({chip}): moe-opt failed:\n{proc.stderr}")
+                failures.append(f"{name} ({chip}): moe-opt failed:\n{proc.stderr}")
                 continue
             lowered = proc.stdout
             owners = {}
@@ -142,7 +172,7 @@ def main():
                     fn = owners.get(kernel, "?")
                     rows.append((chip, name, fn, kernel, info))
                     local = info["spill_st"] + info["spill_ld"] + info["stack"] + info["lmem"]
-                    if fn.startswith("nospill_") and local > 0:
+                    if (args.all_nospill or fn.startswith("nospill_")) and local > 0:
                         failures.append(
                             f"{chip} {fn}/{kernel}: local memory "
                             f"(stack {info['stack']} B, spill stores {info['spill_st']} B, "

@@ -40,6 +40,7 @@
 #include "Lowerings.h"
 
 #include "MoE/Kernels/OnlineSoftmax.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 
 #include <limits>
 
@@ -49,6 +50,22 @@ using namespace mlir::moe::gpu_lowering;
 using namespace mlir::moe::kernels;
 
 static constexpr int64_t kPairs = kFlashCols / kFlashGroup; // 4 per thread
+
+// Blocks per multiprocessor the backward kernels ask of ptxas (PTX
+// .minnctapersm; 65536 / (3 · 128) caps a thread at 168 registers). Given
+// only .maxntid, ptxas -O3 picks its own register target for occupancy and,
+// for these kernels, sometimes below what they keep live across the column
+// loop (4 pairs' S and dX, two sets of 4 dots, 4 output sums, the tile's
+// addresses): 72 registers and an 8 B spill in the key-major kernel of a
+// causal similarity grad on sm_90, 128 and 20 B with saved statistics. With
+// the floor stated, ptxas allocates what the kernel needs: 83-168 registers
+// over every configuration of the tests (up to 202 uncapped), none spills
+// (bench/results/ptxas-sm_*.md). Three blocks are 12 warps of 4 per
+// multiprocessor, enough to overlap one block's barriers with another's
+// loads; four (128 registers) spill the large configurations. The price:
+// kernels ptxas had squeezed to 64-80 registers (6-8 blocks) now take
+// 96-141; not yet timed on a GPU.
+static constexpr int64_t kFlashGradBlocksPerSM = 3;
 
 void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
                                               const FlashGradSpec &spec,
@@ -62,6 +79,8 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
       workgroupMemRef({kFlashRows, kFlashCols + 1}, f32),  // dX
   };
   GPUKernel kernel(host, name, args, workgroup, {kFlashThreads, 1, 1}, loc);
+  kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
+                       kernel.b.getI32IntegerAttr(kFlashGradBlocksPerSM));
   {
     KB &k = kernel.k;
     unsigned a = 0;

@@ -59,8 +59,10 @@
 // CHECK: gpu.return
 // Key-major: rows are keys; causal column tiles start at the tile of the
 // block's first row; two accumulators: de = Σ S dp, then dk = Σ dX q added
-// to dq (already in du).
+// to dq (already in du). Three blocks per multiprocessor stated for ptxas
+// (.minnctapersm: its own occupancy target spilled here on sm_90).
 // CHECK: gpu.func @similarity_inform_grad_dk_0({{.*}}, %[[DE:.*]]: memref<2x128x16xf32>, %{{.*}}: memref<2x128x64xf32>, %[[DU:.*]]: memref<2x128x64xf32>)
+// CHECK-SAME: kernel attributes {known_block_size = array<i32: 128, 1, 1>, nvvm.minctasm = 3 : i32}
 // CHECK: %[[FIRST:.*]] = arith.divui %{{.*}}, %c32
 // CHECK: %[[BEGIN:.*]] = arith.muli %[[FIRST]], %c32
 // CHECK: scf.for %{{.*}} = %[[BEGIN]] to
