@@ -8,6 +8,8 @@
 #define MOE_TRANSFORMS_PASSES_H
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/IR/BuiltinOps.h"
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/Pass/Pass.h"
 
@@ -30,6 +32,10 @@ void populateSplitFusedRoutingPatterns(RewritePatternSet &patterns);
 /// into their defined results. Fails, with a diagnostic, on a size beyond a
 /// limit. Conversion passes that can run alone call it first.
 LogicalResult legalizeShapes(Operation *root);
+
+/// What moe-order-constant-globals does to `module`: bufferization's constant
+/// globals moved and renamed in the order of their first use.
+void orderConstantGlobals(ModuleOp module);
 
 #define GEN_PASS_REGISTRATION
 #include "MoE/Transforms/Passes.h.inc"

@@ -45,4 +45,19 @@ def MoELegalizeShapes : Pass<"moe-legalize-shapes"> {
   let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::tensor::TensorDialect"];
 }
 
+def MoEOrderConstantGlobals : Pass<"moe-order-constant-globals", "::mlir::ModuleOp"> {
+  let summary = "Order and name the constant globals of bufferization by their first use";
+  let description = [{
+    One-shot bufferization across functions turns each tensor constant into a private `memref.global constant`
+    named `__constant_<shape>` (`_0`, `_1`, ... on a clash) at the top of the module, in the order it bufferizes the
+    functions. Upstream picks the next function without calls from a map keyed by the operation's address, so that
+    order, and with it the globals' order and suffixes, changes from run to run. This pass moves those globals
+    (private constants named `__constant_*` that a `memref.get_global` of the module uses) to the top of the module
+    in the order of their first use in the IR and renames them `__constant_<shape>`, `__constant_<shape>_0`, ... in
+    that order, so that the same input always lowers to the same text. Both pipelines run it right after their
+    bufferization.
+  }];
+  let dependentDialects = ["::mlir::memref::MemRefDialect"];
+}
+
 #endif // MOE_TRANSFORMS_PASSES_TD

@@ -12,6 +12,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
+#include "MoE/Transforms/Passes.h"
 
 #include "mlir/Dialect/Bufferization/IR/BufferizableOpInterface.h"
 #include "mlir/Dialect/Bufferization/Transforms/OneShotAnalysis.h"
@@ -82,7 +83,9 @@ struct MoEGPUBufferize
     options.memCpyFn = copyOnDevice;
     BufferizationState state;
     if (failed(runOneShotModuleBufferize(getOperation(), options, state)))
-      signalPassFailure();
+      return signalPassFailure();
+    // Constant globals in an order that does not depend on addresses.
+    moe::orderConstantGlobals(getOperation());
   }
 };
 
