@@ -14,6 +14,7 @@
 
 #include "mlir/IR/SymbolTable.h"
 
+#include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringMap.h"
 
 namespace mlir::moe {
@@ -39,13 +40,13 @@ static std::string baseName(memref::GlobalOp global) {
 
 void moe::orderConstantGlobals(ModuleOp module) {
   SymbolTable table(module);
-  SmallVector<memref::GlobalOp> order;
-  llvm::SmallPtrSet<Operation *, 8> seen;
+  // Bufferization's constant globals, in the order of their first use.
+  llvm::SetVector<memref::GlobalOp> order;
   module.walk([&](memref::GetGlobalOp get) {
     auto global = table.lookup<memref::GlobalOp>(get.getName());
     if (global && global.getConstant() && global.isPrivate() &&
-        global.getSymName().starts_with(kPrefix) && seen.insert(global).second)
-      order.push_back(global);
+        global.getSymName().starts_with(kPrefix))
+      order.insert(global);
   });
   if (order.empty())
     return;
@@ -58,7 +59,7 @@ void moe::orderConstantGlobals(ModuleOp module) {
   Operation *previous = nullptr;
   for (memref::GlobalOp global : order) {
     std::string base = baseName(global);
-    std::string name = base;
+    std::string name;
     // The n-th global of a shape is base_{n-2} after the unsuffixed first
     // (bufferization's scheme); skip names some other symbol holds.
     while (true) {
