@@ -117,16 +117,22 @@ def topk_case(regime: str, T: int, K: int, k: int, mode: str = "logits") -> Case
 
 
 def similarity_case(regime: str, B: int, N: int, D: int, K: int, tau: float = 1.0, causal: bool = False,
-                    k: Optional[int] = None) -> Case:
+                    k: Optional[int] = None, peaky: bool = False) -> Case:
+    """``peaky``: unnormalised u (u_i.u_j ~ N(0, D), the diagonal ~D), so that most softmax weights of a row are far
+    below the smallest normal f32 (the subnormal-operand cost of x86 FMAs, CK::softmaxWeight); else
+    u_i.u_j ~ N(0, 1)."""
     fused = k is not None
-    name = f"sim{'_topk' if fused else ''}_B{B}_N{N}_D{D}_K{K}{f'_k{k}' if fused else ''}{'_causal' if causal else ''}"
+    name = (f"sim{'_topk' if fused else ''}_B{B}_N{N}_D{D}_K{K}{f'_k{k}' if fused else ''}{'_causal' if causal else ''}"
+            f"{'_peaky' if peaky else ''}")
 
     def make(g):
-        u = torch.randn(B, N, D, generator=g) / D ** 0.25     # u_i.u_j ~ N(0, 1)
+        u = torch.randn(B, N, D, generator=g) / (1.0 if peaky else D ** 0.25)
         e = torch.softmax(torch.randn(B, N, K, generator=g), -1)
         return [u, e]
 
     params = dict(B=B, N=N, D=D, K=K, tau=tau, causal=causal, T=B * N)
+    if peaky:
+        params["peaky"] = True
     if fused:
         params["k"] = k
         eager = lambda u, e: bl.similarity_mix_topk(u, e, k, tau, causal)
@@ -271,6 +277,7 @@ def full_cases() -> list[Case]:
         similarity_case("decode", 1, 64, 64, 16), similarity_case("decode", 1, 64, 1024, 64),
         similarity_case("prefill", 1, 16384, 64, 16),
         similarity_case("prefill", 4, 4096, 256, 64, causal=True),
+        similarity_case("prefill", 4, 4096, 256, 64, causal=True, peaky=True),
         # the fused similarity_inform_topk
         similarity_case("decode", 1, 64, 64, 16, k=2),
         similarity_case("prefill", 1, 16384, 64, 16, k=2),

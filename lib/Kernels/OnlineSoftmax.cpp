@@ -29,11 +29,11 @@ mlir::moe::kernels::onlineSoftmaxStep(KernelBuilder &k, SoftmaxState state,
   Value none = k.cmpf(arith::CmpFPredicate::OEQ, max, k.negInfLike(k.f32()));
   Value shift = k.select(none, k.cF32(0.0), max);
   SoftmaxTile tile;
-  tile.rescale = k.exp(k.fsub(state.max, shift));
+  tile.rescale = k.softmaxWeight(k.fsub(state.max, shift));
   Value shiftV = k.broadcastLike(shift, type);
   Value partial = k.constLike(type, 0.0);
   for (Value x : logits) {
-    Value p = k.exp(k.fsub(x, shiftV));
+    Value p = k.softmaxWeight(k.fsub(x, shiftV));
     tile.probs.push_back(p);
     partial = k.fadd(partial, p);
   }
@@ -57,5 +57,5 @@ Value mlir::moe::kernels::softmaxLogSumExp(KernelBuilder &k,
 
 Value mlir::moe::kernels::softmaxFromLogSumExp(KernelBuilder &k, Value x,
                                                Value lse) {
-  return k.exp(k.fsub(x, k.broadcastLike(lse, x.getType())));
+  return k.softmaxWeight(k.fsub(x, k.broadcastLike(lse, x.getType())));
 }

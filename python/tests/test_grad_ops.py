@@ -142,6 +142,28 @@ def test_similarity_backward_adversarial():
                 assert torch.equal(leaves[1].grad[2, 0], torch.zeros(K))
 
 
+def test_similarity_subnormal_weights_are_flushed():
+    """A softmax weight below the smallest normal f32 is 0 in the CPU kernels (CK::softmaxWeight: a subnormal
+    operand costs the x86 FMA units a microcode assist): at a logit gap of 90 the key's share is 0 where the float64
+    reference has exp(-90) ~ 8e-40; at a gap of 86 (exp(-86) ~ 4.4e-38, normal) it is kept to f32 precision. The
+    gradients stay those of the reference and finite."""
+    # D = 1: the logits of row 0 are u0·u0 = 100 and u0·u1 = 100 - gap; e one-hot per key, so p[0, 0, 0] is the
+    # weight of key 1 in row 0.
+    for gap, kept in ((86.0, True), (90.0, False)):
+        u = torch.tensor([[[10.0], [(100.0 - gap) / 10.0]]])
+        e = torch.tensor([[[0.0, 1.0], [1.0, 0.0]]])
+        p = torch.ops.moe.similarity_inform(u, e, None, None, 1.0, False)
+        ref = R.similarity_inform(u.double(), e.double(), None, None, 1.0, False)
+        w, w_ref = p[0, 0, 0].item(), ref[0, 0, 0].item()
+        if kept:
+            assert w > 0 and abs(w - w_ref) <= 1e-5 * w_ref, (gap, w, w_ref)
+        else:
+            assert w == 0.0 and 0 < w_ref < 1.2e-38, (gap, w, w_ref)
+        gp = torch.randn(1, 2, 2, generator=gen(int(gap)))
+        leaves = _check_similarity(u, e, None, None, gp, 1.0, False)
+        assert all(torch.isfinite(t.grad).all() for t in leaves)
+
+
 def test_similarity_backward_half_precision_inputs():
     """f16/bf16 operands: the kernel reads them widened, the gradients come back in the operand dtype."""
     for dtype in (torch.float16, torch.bfloat16):

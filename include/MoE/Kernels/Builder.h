@@ -88,6 +88,11 @@ public:
   Value bitcast(Value x, Type to);
   /// exp(x): the target's hook (default math.exp).
   virtual Value exp(Value x);
+  /// exp(d) as a softmax weight (d = x - max or x - lse <= 0): the target's
+  /// hook, exp(d) by default. A target whose arithmetic slows down on
+  /// subnormal operands may return 0 where exp(d) is subnormal: such a weight
+  /// changes no sum it enters, next to the row's largest weight, 1.
+  virtual Value softmaxWeight(Value d) { return exp(d); }
   Value log(Value x);
 
   // Memory.

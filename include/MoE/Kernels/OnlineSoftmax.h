@@ -19,6 +19,9 @@
 // the log-sum-exp m + log(l) (-inf without keys), from which it recomputes
 // p = exp(x - lse).
 //
+// Every weight exp(d) is the target's KernelBuilder::softmaxWeight (the CPU
+// kernels flush the subnormal ones to 0).
+//
 // Every function takes scalars or vectors (a CPU lane group holds a tile row
 // in vectors; a GPU thread holds a few scalars of it): the tile's partial max
 // and sum are finished by `reduceMax`/`reduceSum` over what the row's other

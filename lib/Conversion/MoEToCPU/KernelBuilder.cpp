@@ -95,6 +95,15 @@ Value CK::exp(Value x) {
   return select(isNaN(x), x, result);
 }
 
+Value CK::softmaxWeight(Value d) {
+  Type type = d.getType();
+  Value floor = constLike(type, -87.0);
+  Value tiny = cmpf(arith::CmpFPredicate::OLT, d, floor);
+  // exp of the clamped value: exp's own last multiply would otherwise form
+  // the subnormal (and take the assist) before the select drops it.
+  return select(tiny, constLike(type, 0.0), exp(select(tiny, floor, d)));
+}
+
 //===----------------------------------------------------------------------===//
 // Reductions
 //===----------------------------------------------------------------------===//

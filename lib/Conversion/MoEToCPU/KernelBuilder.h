@@ -105,6 +105,13 @@ public:
   /// thread, median of 7 interleaved runs on a loaded AMD EPYC, spread
   /// 1.0-1.7 and 1.3-2.5.)
   Value exp(Value x) override;
+  /// exp(d), 0 where d < -87, i.e. where exp(d) would be below the smallest
+  /// normal f32 (exp(-87.34)): a subnormal operand costs the x86 FMA units a
+  /// microcode assist per instruction, and peaky logits (a spread of more
+  /// than 87 within a row, e.g. u_i . u_j of unnormalised router inputs,
+  /// whose diagonal dominates) made the similarity mix 1.5x slower through
+  /// them (its backward 1.25x). NaN passes.
+  Value softmaxWeight(Value d) override;
 
   // Reductions of a vector to a scalar.
   Value sum(Value v);
