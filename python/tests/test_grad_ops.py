@@ -358,6 +358,13 @@ def test_topk_backward_random(mode, renormalize):
             x = torch.softmax(x, -1)
         for k in sorted({1, min(3, shape[-1]), shape[-1]}):
             _check_topk(x, k, mode, renormalize, torch.randn(*shape[:-1], k, generator=g))
+    # Both CPU kernel paths (TopkRenormGrad.cpp): k <= 16 in the lanes of one vector (k = 16 fills it), k > 16 in
+    # scalar loops; K not a multiple of 16 (the row's last vector is partial); rows past one 32-row work item.
+    x = torch.randn(70, 40, generator=g)
+    if mode == "probs":
+        x = torch.softmax(x, -1)
+    for k in (5, 16, 17, 40):
+        _check_topk(x, k, mode, renormalize, torch.randn(70, k, generator=g))
 
 
 @pytest.mark.parametrize("mode", ["logits", "probs"])

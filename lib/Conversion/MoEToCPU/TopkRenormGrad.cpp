@@ -9,6 +9,12 @@
 // without renormalization), then kernels::topkWeightGrad at the selected
 // entries. An index outside [0, K) is read clamped and never written.
 //
+// With k <= 16 selections (a static k: every router's), the row keeps its k
+// selections in the lanes of one vector instead (the same formulas, on
+// vectors), and writes the row in vectors: about 10x fewer instructions per
+// row than the k-long scalar loops with their scalar exps (T=16384 K=64 k=8:
+// 0.98 -> 0.1 ms, 2 threads, Intel Xeon).
+//
 //===----------------------------------------------------------------------===//
 
 #include "Kernels.h"
@@ -16,11 +22,111 @@
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/TopK.h"
 
+#include <limits>
+#include <optional>
+
 namespace mlir::moe::cpu {
 using namespace kernels;
 
 namespace {
 constexpr int64_t kRowsPerItem = 32;
+
+/// kernels::emitTopkGradRow with the `sel` (<= kLanes, static) selections of
+/// row `r` in the lanes of one vector: lanes >= sel are padding, kept out of
+/// every reduction.
+void emitTopkGradRowInLanes(CK &k, const TopkSpec &spec, Value r, Value s2,
+                            Value i2, Value g2, Value o2, Value numExperts,
+                            int64_t sel) {
+  constexpr int64_t n = kLanes;
+  VectorType vt = k.vf32(n);
+  Value c0 = k.idx(0), c1 = k.idx(1);
+  Value zeroV = k.constLike(vt, 0.0), negInfV = k.negInfLike(vt);
+  // The selected indices and values (an index outside [0, K) reads entry 0
+  // and is never written, as in the scalar row).
+  SmallVector<Value> index, inRange;
+  Value vals = negInfV;
+  for (int64_t l = 0; l < sel; ++l) {
+    Value j = k.castInt(k.load(i2, {r, k.idx(l)}), k.index());
+    Value ok = k.andI(k.cmpi(arith::CmpIPredicate::sge, j, c0),
+                      k.cmpi(arith::CmpIPredicate::slt, j, numExperts));
+    index.push_back(j);
+    inRange.push_back(ok);
+    Value v = k.loadF(s2, {r, k.select(ok, j, c0)});
+    vals = vector::InsertOp::create(k.b, v, vals, l);
+  }
+  Value live = k.cmpi(arith::CmpIPredicate::slt,
+                      k.iota(k.castInt(c0, k.i32()), n),
+                      k.splat(k.castInt(k.idx(sel), k.i32()), n));
+  auto sumLive = [&](Value v) { return k.sum(k.select(live, v, zeroV)); };
+  // The padding lanes take exp(0), not exp(-inf): exp's last multiply would
+  // form a subnormal there, and its microcode assist cost more than the
+  // whole row (41% of the kernel's time).
+  auto expLive = [&](Value x) { return k.exp(k.select(live, x, zeroV)); };
+  Value v0, selSum, denseMax, denseSum;
+  if (spec.logits) {
+    v0 = k.maxf(vals); // the padding lanes are -inf
+    selSum = sumLive(expLive(k.fsub(vals, k.splat(v0, n))));
+    if (!spec.renormalize) {
+      // Over the row's K entries, in vectors (-inf padding: exp gives 0).
+      // (The padding lanes of the last chunk: -inf for the max, 0 for the
+      // exp, whose lanes are then dropped.)
+      Value chunks = k.ceilDiv(numExperts, k.idx(n));
+      auto chunk = [&](Value c, double pad) {
+        Value col = k.mul(c, k.idx(n));
+        return k.vloadMasked(s2, {r, col}, k.sub(numExperts, col), pad, n);
+      };
+      denseMax = k.maxf(
+          k.forLoop(c0, chunks, c1, ValueRange{negInfV},
+                    [&](Value c, ValueRange a) -> SmallVector<Value> {
+                      return {k.fmax(
+                          a[0],
+                          chunk(c, -std::numeric_limits<double>::infinity()))};
+                    })[0]);
+      Value dm = k.splat(denseMax, n);
+      denseSum = k.sum(
+          k.forLoop(c0, chunks, c1, ValueRange{zeroV},
+                    [&](Value c, ValueRange a) -> SmallVector<Value> {
+                      Value in = k.cmpi(
+                          arith::CmpIPredicate::slt,
+                          k.iota(k.castInt(k.mul(c, k.idx(n)), k.i32()), n),
+                          k.splat(k.castInt(numExperts, k.i32()), n));
+                      Value e = k.exp(k.select(in, k.fsub(chunk(c, 0.0), dm),
+                                               zeroV));
+                      return {k.fadd(a[0], k.select(in, e, zeroV))};
+                    })[0]);
+    }
+  } else {
+    selSum = sumLive(vals);
+  }
+  auto splat = [&](Value x) { return x ? k.splat(x, n) : Value(); };
+  auto weight = [&](Value v) {
+    return topkWeight(k, spec, v, splat(v0), splat(selSum), splat(denseMax),
+                      splat(denseSum));
+  };
+  // (The padding lanes read v0: exp(0) again.)
+  Value w = weight(k.select(live, vals, v0 ? k.splat(v0, n) : zeroV));
+  Value g = k.vloadMasked(g2, {r, c0}, k.idx(sel), 0.0, n);
+  Value c = sumLive(k.fmul(g, w));
+  // Every entry: -w_j c (logits without renormalization), else 0.
+  Value chunks = k.ceilDiv(numExperts, k.idx(n));
+  k.forLoop(c0, chunks, c1, [&](Value ch) {
+    Value col = k.mul(ch, k.idx(n));
+    Value count = k.sub(numExperts, col);
+    Value base = zeroV;
+    if (spec.logits && !spec.renormalize)
+      base = k.fsub(zeroV, k.fmul(weight(k.vloadMasked(s2, {r, col}, count,
+                                                       0.0, n)),
+                                  k.splat(c, n)));
+    k.vstoreMasked(base, o2, {r, col}, count);
+  });
+  // The selected entries, in the scalar row's order (a repeated index: the
+  // last one wins).
+  Value d = topkWeightGrad(k, spec, g, w, k.splat(c, n), splat(selSum));
+  for (int64_t l = 0; l < sel; ++l)
+    k.ifThen(inRange[l], [&] {
+      k.store(vector::ExtractOp::create(k.b, d, l), o2, {r, index[l]});
+    });
+}
 
 struct TopkRenormGradKernel
     : KernelPattern<TopkRenormGradOp, /*TargetLanes=*/false> {
@@ -45,13 +151,23 @@ struct TopkRenormGradKernel
     TopkSpec spec;
     spec.logits = op.getMode() == TopkMode::logits;
     spec.renormalize = op.getRenormalize();
+    // A static k of at most kLanes: the selections fit one vector.
+    std::optional<int64_t> selLanes;
+    int64_t staticSel = cast<MemRefType>(i2.getType()).getDimSize(1);
+    if (!ShapedType::isDynamic(staticSel) && staticSel >= 1 &&
+        staticSel <= kLanes)
+      selLanes = staticSel;
     Value c1 = k.idx(1);
     Value items = k.ceilDiv(rows, k.idx(kRowsPerItem));
     k.workers(opts, items, [&](Value item, Value) {
       Value r0 = k.mul(item, k.idx(kRowsPerItem));
       Value r1 = k.mins(k.add(r0, k.idx(kRowsPerItem)), rows);
       k.forLoop(r0, r1, c1, [&](Value r) {
-        emitTopkGradRow(k, spec, r, s2, i2, g2, o2, numExperts, sel);
+        if (selLanes)
+          emitTopkGradRowInLanes(k, spec, r, s2, i2, g2, o2, numExperts,
+                                 *selLanes);
+        else
+          emitTopkGradRow(k, spec, r, s2, i2, g2, o2, numExperts, sel);
       });
     });
     kernel.replace(rw, op);
