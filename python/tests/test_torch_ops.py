@@ -85,6 +85,24 @@ def test_topk_renorm_adversarial(dev):
          device=dev)
 
 
+def test_topk_renorm_weights_underflow():
+    """The top-k weights at logit gaps where exp underflows (the CPU kernels' exp, CK::exp): subnormal weights
+    (gaps 87.4-103.9) come out as torch's to within two subnormal steps, a gap of 104 or more (and -inf) gives 0, and
+    a normal weight keeps f32 precision."""
+    gaps = torch.tensor([10.0, 87.0, 88.0, 95.0, 100.0, 103.5, 104.5, 150.0, INF])
+    x = torch.stack([torch.zeros_like(gaps), -gaps], -1)          # rows [0, -gap]: w1 = exp(-gap) / (1 + exp(-gap))
+    w, i = torch.ops.moe.topk_renorm(x, 2, "logits", True)
+    ref = torch.softmax(x.double(), -1).float()
+    assert torch.equal(i, torch.tensor([[0, 1]] * len(gaps), dtype=torch.int32))
+    tiny = 1.401298464324817e-45                                   # the smallest subnormal f32
+    for g, ours, r in zip(gaps.tolist(), w[:, 1].tolist(), ref[:, 1].tolist()):
+        if r >= 1.1754943508222875e-38:
+            assert abs(ours - r) <= 1e-6 * r, (g, ours, r)
+        else:
+            assert abs(ours - r) <= 2 * tiny, (g, ours, r)
+    assert w[-3:, 1].eq(0).all() and w[1:, 0].eq(1).all()
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("with_ws", [False, True])
 @pytest.mark.parametrize("with_mask", [False, True])

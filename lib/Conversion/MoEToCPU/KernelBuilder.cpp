@@ -71,10 +71,14 @@ Value CK::exp(Value x) {
   auto ci = [&](int64_t v) {
     return constLike(intType, static_cast<double>(v));
   };
-  // Clamp (NaN passes through the ordered compares and is restored below):
-  // below -104 the result rounds to 0, above 89 it overflows to +inf.
-  Value xc =
-      select(cmpf(arith::CmpFPredicate::OLT, x, c(-104.0)), c(-104.0), x);
+  // Below -104 the result rounds to 0: those lanes compute exp(0) and take 0
+  // at the end (clamped to -104, the last multiply formed a subnormal, and
+  // its microcode assist per instruction on x86 made the -inf padding lanes
+  // of the top-k weights a third of topk_renorm's time). Above 89 it
+  // overflows to +inf (clamp). NaN passes through the ordered compares and
+  // is restored below.
+  Value under = cmpf(arith::CmpFPredicate::OLT, x, c(-104.0));
+  Value xc = select(under, c(0.0), x);
   xc = select(cmpf(arith::CmpFPredicate::OGT, xc, c(89.0)), c(89.0), xc);
   // n = round(x / ln2), r = x - n ln2 (ln2 split in two for exactness).
   Value fx = math::FloorOp::create(b, fma(xc, c(1.44269504088896341), c(0.5)));
@@ -92,6 +96,7 @@ Value CK::exp(Value x) {
   Value n2 = sub(n, n1);
   auto pow2 = [&](Value e) { return bitcast(shl(add(e, ci(127)), ci(23)), t); };
   Value result = fmul(fmul(y, pow2(n1)), pow2(n2));
+  result = select(under, c(0.0), result);
   return select(isNaN(x), x, result);
 }
 
