@@ -254,7 +254,9 @@ def MoE_AttentionPosteriorGradOp : MoE_InferredOp<"attention_posterior_grad", Mo
     stay unchanged), but `h*` is an operand: recomputing it would read every head's `scores` for the row
     entropies (`H·N·Nk`) while the backward otherwise reads one head, and taking the forward's own choice makes
     the backward differentiate exactly the head the forward used, whichever kernel produced it. The `head` values
-    must be in `[0, H)` (the torch op checks it; lowerings assume it).
+    must be in `[0, H)`: every lowering checks them at run time (no host synchronization) and reports a value
+    outside through the run-time index errors (`moeReportIndexError`, include/MoE/Runtime/ErrorReporting.h); that
+    batch element is skipped (all its gradients are 0, and it adds nothing to `d_wo`).
 
     Memory: `d_scores` is itself `[B, H, N, Nk]` (the cotangent of `scores`). The fast CPU kernel (`min_entropy`)
     writes `dz` into it from flash-style tiles recomputed from the log-sum-exp and otherwise needs

@@ -132,6 +132,10 @@ def check_errors() -> None:
         m = _INDEX_ERROR.match(msg)
         if m:
             op, operand, pos, value, bound = m.groups()
+            if operand == "head":
+                # moe.attention_posterior_grad's h* (the only 'head' operand): the torch op attention_posterior_backward.
+                raise ValueError(f"moe.attention_posterior_backward: 'head' holds {value}, outside [0, {bound}): it "
+                                 "indexes no head")
             raise ValueError(f"moe.{op}: '{operand}' holds {value}, outside [0, {bound}): the value indexes no "
                              f"expert (element {pos})")
         raise ValueError(msg)
