@@ -59,7 +59,8 @@ struct AttentionPosteriorGradKernel
     if (hasStaticZeroSize(op))
       return rw.notifyMatchFailure(op, "a static zero-sized dimension");
     Value headCount = getValueOrCreateConstantIndexOp(
-        rw, op.getLoc(), tensor::getMixedSize(rw, op.getLoc(), op.getScores(), 1));
+        rw, op.getLoc(),
+        tensor::getMixedSize(rw, op.getLoc(), op.getScores(), 1));
     if (failed(checkIndexOperand(rw, op, op.getHead(), headCount,
                                  lowering::IndexErrorOp::AttentionHead)))
       return failure();
@@ -145,8 +146,9 @@ struct AttentionPosteriorGradKernel
     Value posInf = k.cF32(std::numeric_limits<float>::infinity());
     k.forLoop(c0, batch, c1, [&](Value bi) {
       k.ifThen(k.notI1(headInRange(bi)), [&] {
-        k.forLoop(c0, rowsPad, c1,
-                  [&](Value i) { k.store(posInf, lseRow, {bi, i}); });
+        k.forLoop(c0, rowsPad, c1, [&](Value i) {
+          k.store(posInf, lseRow, {bi, i});
+        });
       });
     });
 

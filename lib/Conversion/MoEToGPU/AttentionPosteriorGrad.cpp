@@ -55,8 +55,7 @@ static constexpr int64_t kThreads = 128;
 
 /// out = e where e is finite, else 0, for the element `flat` of [B,R,K]
 /// buffers (`copy`), or out kept where e is finite and zeroed elsewhere.
-static void emitFiniteMask(KB &k, Value src, Value dst, bool copy,
-                           Value flat) {
+static void emitFiniteMask(KB &k, Value src, Value dst, bool copy, Value flat) {
   Value R = k.dim(src, 1), K = k.dim(src, 2);
   Value c = k.remu(flat, K), rest = k.divu(flat, K);
   Value j = k.remu(rest, R), b = k.divu(rest, R);
@@ -119,8 +118,7 @@ static void launchFiniteEAndHeadCheck(HostCode &h, Value e, Value out,
   }
   KB &k = h.k;
   Value B = k.dim(e, 0);
-  kernel.launchOver(
-      k.maxs(B, k.mul(k.mul(B, k.dim(e, 1)), k.dim(e, 2))));
+  kernel.launchOver(k.maxs(B, k.mul(k.mul(B, k.dim(e, 1)), k.dim(e, 2))));
 }
 
 /// dm[b,j,d] = c · (dm[b,j,d] - rowSum[b,j,0] · m[b,j,d]) in place (a thread

@@ -245,8 +245,9 @@ void checkReportedError() {
     // moe.attention_posterior_grad's h* (the only 'head' operand), checked
     // by the kernels of the torch op attention_posterior_backward.
     if (std::string_view(operand) == "head")
-      TORCH_CHECK_VALUE(false, "moe.attention_posterior_backward: 'head' holds ",
-                        value, ", outside [0, ", bound, "): it indexes no head");
+      TORCH_CHECK_VALUE(
+          false, "moe.attention_posterior_backward: 'head' holds ", value,
+          ", outside [0, ", bound, "): it indexes no head");
     TORCH_CHECK_VALUE(false, "moe.", op, ": '", operand, "' holds ", value,
                       ", outside [0, ", bound,
                       "): the value indexes no expert (element ", pos, ")");
