@@ -16,16 +16,27 @@ namespace {
 thread_local std::string firstError;
 bool echoErrors = true;
 
-const char *describe(int32_t op) {
+/// The op and operand of an error, and what the kernel did instead.
+struct Description {
+  const char *operand;
+  const char *consequence;
+};
+
+Description describe(int32_t op) {
   switch (op) {
   case kMoEErrorMadDispersionAssign:
-    return "moe.mad_dispersion: 'assign'";
+    return {"moe.mad_dispersion: 'assign'", "the element was skipped"};
   case kMoEErrorAdjacencyUpdateIdx:
-    return "moe.adjacency_update: 'idx'";
+    return {"moe.adjacency_update: 'idx'", "the element was skipped"};
   case kMoEErrorDispatchPlanIndices:
-    return "moe.dispatch_plan: 'indices'";
+    return {"moe.dispatch_plan: 'indices'", "the element was skipped"};
+  case kMoEErrorAttentionHead:
+    // h* selects the head of a whole batch element: that element is what
+    // the kernels skip.
+    return {"moe.attention_posterior_grad: 'head'",
+            "the batch element was skipped (its gradients are 0)"};
   default:
-    return "moe: index operand";
+    return {"moe: index operand", "the element was skipped"};
   }
 }
 } // namespace
@@ -33,11 +44,11 @@ const char *describe(int32_t op) {
 extern "C" void moeReportIndexError(int32_t op, int64_t position,
                                     int64_t value, int64_t bound) {
   char buffer[256];
+  Description d = describe(op);
   std::snprintf(buffer, sizeof(buffer),
-                "%s element %lld is %lld, outside [0, %lld); the element was "
-                "skipped",
-                describe(op), static_cast<long long>(position),
-                static_cast<long long>(value), static_cast<long long>(bound));
+                "%s element %lld is %lld, outside [0, %lld); %s", d.operand,
+                static_cast<long long>(position), static_cast<long long>(value),
+                static_cast<long long>(bound), d.consequence);
   if (echoErrors)
     std::fprintf(stderr, "error: %s\n", buffer);
   if (firstError.empty())

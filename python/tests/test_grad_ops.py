@@ -722,12 +722,56 @@ def test_posterior_backward_op_direct():
         bk(gp, *tensors, None, 1.0, "min_entropy", None)
     with pytest.raises(ValueError, match="'head' must be None for head_select = all"):
         bk(gp, *tensors, head, 1.0, "all", None)
-    with pytest.raises(ValueError, match="outside \\[0, 3\\)"):
+    with pytest.raises(ValueError, match="'head' holds 3, outside \\[0, 3\\): it indexes no head"):
         bk(gp, *tensors, torch.tensor([0, 3], dtype=torch.int32), 1.0, "min_entropy", None)
     with pytest.raises(ValueError, match="dimension 2 of 'grad_p'"):
         bk(torch.zeros(2, 6, 3), *tensors, head, 1.0, "min_entropy", None)
     with pytest.raises(ValueError, match="'sigma'"):
         bk(gp, *tensors, head, 0.0, "min_entropy", None)
+
+
+@pytest.mark.parametrize("case", [(2, [0, -1], -1), (2, [3, 1], 3), (1, [-1], -1), (1, [3], 3), (2, [7, -2], 7),
+                                  (2, [1, 9], 9)],
+                         ids=["B=2,h=-1", "B=2,h=H", "B=1,h=-1", "B=1,h=H", "both-bad", "int64-far"])
+def test_posterior_backward_head_out_of_range(case):
+    """An h* outside [0, H) is checked by the kernel itself (no .item() in the op: on CUDA that would sync the
+    stream per call) and raised by the call with the eager op's wording; the first bad element in batch order is
+    the one reported. The next call with valid heads is not affected (the error was taken)."""
+    B, bad, shown = case
+    tensors, gp = _posterior_case(B, 3, 6, 5, 2, 4, seed=10)
+    bk = torch.ops.moe.attention_posterior_backward
+    head = torch.tensor(bad, dtype=torch.int64 if max(bad) > 8 else torch.int32)
+    with pytest.raises(ValueError, match=rf"^moe.attention_posterior_backward: 'head' holds {shown}, outside "
+                                         rf"\[0, 3\): it indexes no head$"):
+        bk(gp, *tensors, head, 1.0, "min_entropy", None)
+    # The kernel raised it: the op compiled and ran the backward kernel for this key.
+    assert any(k.startswith("attention_posterior_backward|sigma=1|head_select=min_entropy|")
+               for k in cache.stats.keys), cache.stats.keys
+    good = head.clamp(0, 2)
+    ours = bk(gp, *tensors, good, 1.0, "min_entropy", None)
+    ref = R._attention_posterior_backward_ref(gp, *tensors, good, 1.0, "min_entropy", None)
+    for o, r in zip(ours, ref):
+        close(o, r, 5, "after the error")
+
+
+def test_posterior_backward_head_error_cuda_wording():
+    """The CUDA kernels' deferred report of a bad h* (the runtime's message, read by check_errors) gets the wording
+    the CPU call raises (no GPU needed: the decoding alone); the other index errors keep theirs."""
+    from moe_mlir.runtime import cuda as moe_cuda
+
+    err = moe_cuda.index_error("moe.attention_posterior_grad: 'head' element 1 is -1, outside [0, 3); the batch "
+                               "element was skipped (its gradients are 0)")
+    assert str(err) == "moe.attention_posterior_backward: 'head' holds -1, outside [0, 3): it indexes no head"
+    err = moe_cuda.index_error("moe.mad_dispersion: 'assign' element 2 is 7, outside [0, 4); the element was skipped")
+    assert str(err) == "moe.mad_dispersion: 'assign' holds 7, outside [0, 4): the value indexes no expert (element 2)"
+
+
+def test_posterior_backward_head_out_of_range_zero_sized():
+    """The zero-sized path (the closed form, no kernel) checks h* on the host."""
+    tensors, gp = _posterior_case(2, 3, 0, 5, 2, 4, seed=11)
+    with pytest.raises(ValueError, match=r"'head' holds 3, outside \[0, 3\): it indexes no head"):
+        torch.ops.moe.attention_posterior_backward(gp, *tensors, torch.tensor([0, 3], dtype=torch.int32), 1.0,
+                                                   "min_entropy", None)
 
 
 def _posterior64(scores, u, v, wo, e, head, sigma, hsel):

@@ -435,6 +435,29 @@ def test_index_errors_are_read_after_a_sync(cuda):
     torch.cuda.synchronize()
     with pytest.raises(ValueError, match=r"'assign' holds 7, outside \[0, 4\)"):
         moe_cuda.check_errors()
+    # attention_posterior_backward's h* (the kernel of test_attention_posterior_gradients_through_the_kernels: same
+    # shapes and attributes) is checked by the kernel, not by a .item() on the host: the call must not synchronize
+    # (torch's sync debug mode turns a synchronizing call into an error; the first call loads the kernel).
+    s, u, v, wo, e = _attention_inputs(gen(14), N=37, Nk=41)
+    dp = torch.randn(2, 37, 6, generator=gen(15))
+    args = to(cuda, dp, s, u, v, wo, e)
+    bk = torch.ops.moe.attention_posterior_backward
+    bk(*args, torch.tensor([2, 0], dtype=torch.int32, device=cuda), 0.8, "min_entropy", None)
+    torch.cuda.synchronize()
+    moe_cuda.check_errors()
+    bad = torch.tensor([2, 3], dtype=torch.int32, device=cuda)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        grads = bk(*args, bad, 0.8, "min_entropy", None)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=r"^moe.attention_posterior_backward: 'head' holds 3, outside \[0, 3\): it "
+                                         r"indexes no head$"):
+        moe_cuda.check_errors()
+    # The skipped batch element gets no gradient.
+    for g in (grads[0], grads[1], grads[2], grads[4]):
+        assert not g[1].any()
 
 
 def _assert_every_op_has_a_kernel(key: str) -> None:

@@ -702,6 +702,38 @@ def case_attention_grad(lib, g):
     dp = torch.randn(1, 1, 8, generator=g).to(DEV)
     check_attention_grad("apgrad_one", lib, "apgrad_one", ins, torch.tensor([1], dtype=torch.int32).to(DEV), dp,
                          sigma=0.5)
+    case_attention_grad_bad_head(lib, g)
+
+
+def case_attention_grad_bad_head(lib, g):
+    # h* outside [0, H = 4) (H in sequence 1, -1 in sequence 0): checked by the kernels (no host sync), reported
+    # through moeTakeError (op code 4) and the sequence skipped: its gradients are 0 and it adds nothing to d_wo,
+    # so the other sequence's are those of a batch without it.
+    lib.cpu.moeSetErrorEcho(0)
+    ins = attention_inputs(g)
+    dp = torch.randn(2, 50, 16, generator=g).to(DEV)
+    shapes = [(tuple(t.shape), torch.float32) for t in ins]
+    for bad_b, bad in ((1, 4), (0, -1)):
+        head = torch.tensor([2, 1], dtype=torch.int32)
+        head[bad_b] = bad
+        got = lib.call("apgrad", list(ins) + [head.to(DEV), dp], shapes)
+        err = lib.take_error()
+        want_err = f"moe.attention_posterior_grad: 'head' element {bad_b} is {bad}, outside [0, 4)"
+        if not err or want_err not in err:
+            raise AssertionError(f"apgrad: expected the index error {want_err!r}, got {err!r}")
+        if not lib.results_after_error:
+            continue
+        k = 1 - bad_b
+        s, u, v, wo, e = ins
+        want = ref_attention_grads(s[k:k + 1], u[k:k + 1], v[k:k + 1], wo, e[k:k + 1], dp[k:k + 1],
+                                   head[k:k + 1], 2.0)
+        for i, label in enumerate(("d_scores", "du", "dv", "dwo", "de")):
+            if label == "dwo":
+                close(f"apgrad h*={bad} dwo (sequence {bad_b} skipped)", got[i], want[i], rtol=1e-3, atol=1e-4)
+                continue
+            close(f"apgrad h*={bad} {label} of sequence {k}", got[i][k], want[i][0], rtol=1e-3, atol=1e-4)
+            if got[i][bad_b].abs().max().item() != 0:
+                raise AssertionError(f"apgrad h*={bad}: {label} of the skipped sequence {bad_b} is not 0")
 
 
 def case_mad(lib, g):

@@ -217,7 +217,7 @@ def MoE_HyperRouterGradOp : MoE_InferredOp<"hyper_router_grad", MoE_PureInferred
   let hasVerifier = 1;
 }
 
-def MoE_AttentionPosteriorGradOp : MoE_InferredOp<"attention_posterior_grad", MoE_PureInferred> {
+def MoE_AttentionPosteriorGradOp : MoE_InferredOp<"attention_posterior_grad", MoE_NoEffectInferred> {
   let summary = "the backward of moe.attention_posterior (recomputes the posterior log-sum-exp)";
   let description = [{
     The vector-Jacobian product of the mixed probabilities `p` of `moe.attention_posterior` (operands `scores`,
@@ -254,7 +254,10 @@ def MoE_AttentionPosteriorGradOp : MoE_InferredOp<"attention_posterior_grad", Mo
     stay unchanged), but `h*` is an operand: recomputing it would read every head's `scores` for the row
     entropies (`H·N·Nk`) while the backward otherwise reads one head, and taking the forward's own choice makes
     the backward differentiate exactly the head the forward used, whichever kernel produced it. The `head` values
-    must be in `[0, H)` (the torch op checks it; lowerings assume it).
+    must be in `[0, H)`: every lowering checks them at run time (no host synchronization) and reports a value
+    outside through the run-time index errors (`moeReportIndexError`, include/MoE/Runtime/ErrorReporting.h); that
+    batch element is skipped (all its gradients are 0, and it adds nothing to `d_wo`). Hence with `head` the op,
+    free of memory effects, is not speculatable (like `mad_dispersion`).
 
     Memory: `d_scores` is itself `[B, H, N, Nk]` (the cotangent of `scores`). The fast CPU kernel (`min_entropy`)
     writes `dz` into it from flash-style tiles recomputed from the log-sum-exp and otherwise needs
@@ -298,6 +301,11 @@ def MoE_AttentionPosteriorGradOp : MoE_InferredOp<"attention_posterior_grad", Mo
   let extraClassDeclaration = [{
     /// The factor of the head means: `head_scale` when set, else H (std::nullopt when H is dynamic).
     std::optional<double> getEffectiveHeadScale();
+    /// An h* outside [0, H) is a run-time error: with a `head`, not hoisted past the control flow that guards it
+    /// (as the ops that read run-time indices); `all` reads no index.
+    ::mlir::Speculation::Speculatability getSpeculatability() {
+      return getHead() ? ::mlir::Speculation::NotSpeculatable : ::mlir::Speculation::Speculatable;
+    }
   }];
 }
 

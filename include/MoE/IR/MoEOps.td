@@ -44,7 +44,8 @@ class MoE_InferredOp<string mnemonic, list<Trait> traits>
   }];
 }
 
-// Ops that read run-time indices (`assign`, `idx`) abort on out-of-range values;
+// Ops that read run-time indices (`assign`, `idx`, `indices`, the `head` of
+// attention_posterior_grad) report out-of-range values;
 // like `arith.divsi`, they have no memory effect but must not be hoisted past the
 // control flow that guards them.
 defvar MoE_NoEffectInferred = [NoMemoryEffect, ConditionallySpeculatable,

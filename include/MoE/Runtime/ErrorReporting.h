@@ -4,7 +4,8 @@
 //
 // Lowered code never aborts the host and never writes out of bounds: when a
 // run-time value breaks a rule the verifier could not check (an `assign` or
-// `idx` value outside [0, E)), the kernel skips that element and calls
+// `idx` value outside [0, E), a chosen head outside [0, H)), the kernel skips
+// that element and calls
 // moeReportIndexError. The execution API reads the error back after the call
 // and turns it into an error for its caller; under mlir-runner the message is
 // printed to stderr.
@@ -22,6 +23,9 @@ enum MoEErrorOp : int32_t {
   kMoEErrorMadDispersionAssign = 1,
   kMoEErrorAdjacencyUpdateIdx = 2,
   kMoEErrorDispatchPlanIndices = 3,
+  /// moe.attention_posterior_grad's `head` (h* per batch element): the
+  /// batch element is skipped (its gradients are 0).
+  kMoEErrorAttentionHead = 4,
 };
 
 /// Records that element `position` of the index operand of `op` holds `value`,

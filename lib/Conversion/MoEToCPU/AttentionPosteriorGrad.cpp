@@ -20,6 +20,11 @@
 //  4. per key dm_j = c (Σ_i dz_ij u_i − (Σ_i dz_ij) m_j) / σ², then
 //     d_v[b, h*, j] = dm_j W_h* and d_wo[:, h* block] = Σ_{b,j} dm_j ⊗ v_j
 //     (one worker per row of wo, a fixed order over (b, j)).
+// An h* outside [0, H) is reported first (the portable lowering's check,
+// lowering::emitIndexCheck) and its batch element skipped: the passes read
+// head 0 in its place (in bounds) and its rows get lse' = +inf, so that
+// every weight G, and with it every gradient of the element, is 0 (the
+// portable lowering's result, where no head matches h*).
 // Extra memory: packed copies of u, m, e, dp (O(B·(N + Nk)·(D + K))) and
 // per-worker tiles. Every sum has one writer: deterministic whatever the
 // thread count.
@@ -29,7 +34,10 @@
 #include "Flash.h"
 #include "Kernels.h"
 
+#include "../MoEToLinalg/Utils.h"
+
 #include "MoE/IR/MoEOps.h"
+#include "MoE/Kernels/SegmentedStats.h"
 
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 
@@ -50,6 +58,12 @@ struct AttentionPosteriorGradKernel
       return rw.notifyMatchFailure(op, "head_select = all: portable lowering");
     if (hasStaticZeroSize(op))
       return rw.notifyMatchFailure(op, "a static zero-sized dimension");
+    Value headCount = getValueOrCreateConstantIndexOp(
+        rw, op.getLoc(),
+        tensor::getMixedSize(rw, op.getLoc(), op.getScores(), 1));
+    if (failed(checkIndexOperand(rw, op, op.getHead(), headCount,
+                                 lowering::IndexErrorOp::AttentionHead)))
+      return failure();
     // d_scores, d_u, d_v, d_wo, d_e.
     KernelScope kernel = KernelScope::gradientsOf(
         k, op, {op.getScores(), op.getU(), op.getV(), op.getWo(), op.getE()},
@@ -58,9 +72,21 @@ struct AttentionPosteriorGradKernel
     Value c0 = k.idx(0), c1 = k.idx(1);
     Value scores = k.buffer(op.getScores()), u = k.buffer(op.getU());
     Value v = k.buffer(op.getV()), wo = k.buffer(op.getWo());
-    Value eIn = k.buffer(op.getE()), head = k.buffer(op.getHead());
+    Value eIn = k.buffer(op.getE()), headIn = k.buffer(op.getHead());
     Value dp = k.buffer(op.getDp());
     Value batch = k.dim(scores, 0), heads = k.dim(scores, 1);
+    // h*[b] in [0, H) (reported above when not).
+    Value headsI32 = k.castInt(heads, k.i32());
+    auto headInRange = [&](Value bi) {
+      return idInRange(k, k.load(headIn, {bi}), headsI32);
+    };
+    // The heads the passes read: 0 for a skipped batch element.
+    Value head = k.alloc(MemRefType::get({kDyn}, k.i32()), {batch});
+    k.forLoop(c0, batch, c1, [&](Value bi) {
+      Value h = k.load(headIn, {bi});
+      Value ok = idInRange(k, h, headsI32);
+      k.store(k.select(ok, h, k.cI32(0)), head, {bi});
+    });
     Value rows = k.dim(scores, 2), keys = k.dim(scores, 3);
     Value model = k.dim(u, 2), headDim = k.dim(v, 3), width = k.dim(eIn, 2);
     float sigma = op.getSigma().convertToFloat();
@@ -116,6 +142,15 @@ struct AttentionPosteriorGradKernel
     Value widthPad = fwd.widthPad;
     auto [lseRow, delta] =
         gradRowStats(k, lse, p, dp, batch, rows, width, widthPad, rowsPad);
+    // A skipped batch element: lse' = +inf on its rows, so G = 0.
+    Value posInf = k.cF32(std::numeric_limits<float>::infinity());
+    k.forLoop(c0, batch, c1, [&](Value bi) {
+      k.ifThen(k.notI1(headInRange(bi)), [&] {
+        k.forLoop(c0, rowsPad, c1, [&](Value i) {
+          k.store(posInf, lseRow, {bi, i});
+        });
+      });
+    });
 
     // m as rows [B, keysPad, modelPad] (zero padding): the values of the
     // query-major pass and the rows of the key-major pass.

@@ -26,6 +26,12 @@
 //     (b, j) strided over the blocks) and d_wo[d, h·Dh + c] =
 //     Σ_{b: h*_b = h} Σ_j dm[b,j,d] v[b,h,j,c] (a thread per entry, (b, j)
 //     in order).
+// An h* outside [0, H) is checked by the first kernel (its threads b < B, no
+// launch of its own) and reported through the error word
+// (kMoEErrorAttentionHead); its batch element is skipped: the passes read
+// head 0 in its place (in bounds) and flash_grad_stats gives its rows
+// lse' = +inf, so that every weight G and gradient of the element is 0 (the
+// portable lowering's result, where no head matches).
 // Extra memory: e (f32), m, p, dm [B,Nk|N,D|K] and [B,N|Nk] row statistics.
 // Every output element has one writer: deterministic, no atomics.
 //
@@ -36,6 +42,9 @@
 #include "KernelUtils.h"
 #include "Lowerings.h"
 
+#include "MoE/Kernels/SegmentedStats.h"
+#include "MoE/Runtime/ErrorReporting.h"
+
 #include <limits>
 
 using namespace mlir;
@@ -44,29 +53,72 @@ using namespace mlir::moe::gpu_lowering;
 
 static constexpr int64_t kThreads = 128;
 
-/// A thread per element of `out` ([B,Nk,K] like `e`, f32): with `copy`,
-/// out = e where e is finite, else 0; without, out is kept where e is finite
-/// and zeroed elsewhere.
-static void launchFiniteMask(HostCode &h, StringRef name, Value e, Value out,
-                             bool copy, Location loc) {
-  GPUKernel kernel(h, name, {e, out}, {}, {kThreads, 1, 1}, loc);
+/// out = e where e is finite, else 0, for the element `flat` of [B,R,K]
+/// buffers (`copy`), or out kept where e is finite and zeroed elsewhere.
+static void emitFiniteMask(KB &k, Value src, Value dst, bool copy, Value flat) {
+  Value R = k.dim(src, 1), K = k.dim(src, 2);
+  Value c = k.remu(flat, K), rest = k.divu(flat, K);
+  Value j = k.remu(rest, R), b = k.divu(rest, R);
+  Value x = k.loadF(src, {b, j, c});
+  Value finite = k.cmpf(arith::CmpFPredicate::ONE, k.fabs(x),
+                        k.cF32(std::numeric_limits<double>::infinity()));
+  Value kept = copy ? x : k.load(dst, {b, j, c});
+  k.store(k.select(finite, kept, k.cF32(0.0)), dst, {b, j, c});
+}
+
+/// A thread per element of d_e ([B,Nk,K] f32): zeroed where e is not finite.
+static void launchFiniteMaskOfGrad(HostCode &h, Value e, Value de,
+                                   Location loc) {
+  GPUKernel kernel(h, "attention_grad_finite_de", {e, de}, {}, {kThreads, 1, 1},
+                   loc);
   {
     KB &k = kernel.k;
     Value src = kernel.arg(0), dst = kernel.arg(1);
-    Value R = k.dim(src, 1), K = k.dim(src, 2);
-    Value total = k.mul(k.mul(k.dim(src, 0), R), K);
+    Value total = k.mul(k.mul(k.dim(src, 0), k.dim(src, 1)), k.dim(src, 2));
     kernel.forItem(total, [&](Value flat) {
-      Value c = k.remu(flat, K), rest = k.divu(flat, K);
-      Value j = k.remu(rest, R), b = k.divu(rest, R);
-      Value x = k.loadF(src, {b, j, c});
-      Value finite = k.cmpf(arith::CmpFPredicate::ONE, k.fabs(x),
-                            k.cF32(std::numeric_limits<double>::infinity()));
-      Value kept = copy ? x : k.load(dst, {b, j, c});
-      k.store(k.select(finite, kept, k.cF32(0.0)), dst, {b, j, c});
+      emitFiniteMask(k, src, dst, /*copy=*/false, flat);
     });
   }
   KB &k = h.k;
   kernel.launchOver(k.mul(k.mul(k.dim(e, 0), k.dim(e, 1)), k.dim(e, 2)));
+}
+
+/// The first kernel: out ([B,Nk,K] f32) = e where finite, else 0, a thread
+/// per element; and the check of h* on threads b < B (at least B threads):
+/// safe[b] = head[b] and skip[b] = 0 when it lies in [0, `heads`), else
+/// safe[b] = 0 (in bounds for the passes), skip[b] = 1 and the error is
+/// recorded in `word`.
+static void launchFiniteEAndHeadCheck(HostCode &h, Value e, Value out,
+                                      Value head, Value heads, Value safe,
+                                      Value skip, Value word, Location loc) {
+  GPUKernel kernel(h, "attention_grad_finite_e",
+                   {e, out, head, heads, safe, skip, word}, {},
+                   {kThreads, 1, 1}, loc);
+  {
+    KB &k = kernel.k;
+    Value src = kernel.arg(0), dst = kernel.arg(1), hs = kernel.arg(2),
+          H = kernel.arg(3), hsSafe = kernel.arg(4), skipped = kernel.arg(5),
+          w = kernel.arg(6);
+    Value B = k.dim(src, 0);
+    Value total = k.mul(k.mul(B, k.dim(src, 1)), k.dim(src, 2));
+    Value flat = kernel.globalId();
+    k.ifThen(k.lt(flat, total),
+             [&] { emitFiniteMask(k, src, dst, /*copy=*/true, flat); });
+    k.ifThen(k.lt(flat, B), [&] {
+      Value hv = k.load(hs, {flat});
+      Value ok = idInRange(k, hv, k.castInt(H, hv.getType()));
+      k.store(k.select(ok, hv, k.cI32(0)), hsSafe, {flat});
+      k.store(k.select(ok, k.cI32(0), k.cI32(1)), skipped, {flat});
+      k.ifThen(k.notI1(ok), [&] {
+        emitRecordIndexError(k, w, kMoEErrorAttentionHead,
+                             k.castInt(flat, k.i64()), k.castInt(hv, k.i64()),
+                             k.castInt(H, k.i64()));
+      });
+    });
+  }
+  KB &k = h.k;
+  Value B = k.dim(e, 0);
+  kernel.launchOver(k.maxs(B, k.mul(k.mul(B, k.dim(e, 1)), k.dim(e, 2))));
 }
 
 /// dm[b,j,d] = c · (dm[b,j,d] - rowSum[b,j,0] · m[b,j,d]) in place (a thread
@@ -188,7 +240,7 @@ AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
   KB &k = h.k;
   Type f32 = h.b.getF32Type();
   Value scores = h.buffer(scoresT), u = h.buffer(uT), v = h.buffer(vT),
-        wo = h.buffer(woT), eIn = h.buffer(eT), head = h.buffer(headT),
+        wo = h.buffer(woT), eIn = h.buffer(eT), headIn = h.buffer(headT),
         dp = h.buffer(dpT);
   // An f32 temporary of the given sizes, each the dim d of a buffer (static
   // where that is) or, without a buffer, the constant d.
@@ -217,7 +269,16 @@ AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
   // 0-1. e zeroed where non-finite; m and its bias; p and lse by the forward
   // kernel; lse' and delta.
   Value e = temp({{eIn, 0}, {eIn, 1}, {eIn, 2}});
-  launchFiniteMask(h, "attention_grad_finite_e", eIn, e, /*copy=*/true, loc);
+  // The heads the passes read (h*, or 0 for a skipped batch element) and
+  // the skip flags, [B] i32.
+  auto headType = cast<MemRefType>(headIn.getType());
+  SmallVector<Value> headSizes;
+  if (headType.isDynamicDim(0))
+    headSizes.push_back(k.dim(headIn, 0));
+  Value head = h.alloc(headType, headSizes);
+  Value skip = h.alloc(headType, headSizes);
+  launchFiniteEAndHeadCheck(h, eIn, e, headIn, k.dim(scores, 1), head, skip,
+                            h.errorWord(), loc);
   Value means = temp({{v, 0}, {v, 2}, {wo, 0}});
   Value bias = temp({{v, 0}, {v, 2}});
   launchHeadMeans(h, v, wo, head, means, bias, headScale, sigma, loc);
@@ -231,8 +292,9 @@ AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
   fwd.withLse = true;
   launchFlashMix(h, "attention_posterior_grad_mix", fwd, u,
                  {u, means, e, bias, scores, head, p, lse}, loc);
-  launchFlashGradStats(h, lse, p, dp, delta, loc);
+  launchFlashGradStats(h, lse, p, dp, delta, loc, /*lseOut=*/{}, skip);
   h.release(p);
+  h.release(skip);
 
   FlashGradSpec spec{logit};
 
@@ -262,7 +324,7 @@ AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
   h.release(delta);
   h.release(bias);
   h.release(e);
-  launchFiniteMask(h, "attention_grad_finite_de", eIn, de, /*copy=*/false, loc);
+  launchFiniteMaskOfGrad(h, eIn, de, loc);
 
   // 4. dm, then d_v and d_wo.
   launchMeanGrad(h, dm, dzSum, means, v, headScale, loc);
@@ -271,6 +333,7 @@ AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
   launchValueGrad(h, dm, wo, head, dv, loc);
   launchWeightGrad(h, dm, v, head, dwo, loc);
   h.release(dm);
+  h.release(head);
   h.finish();
   h.replace(op, results);
   return success();

@@ -273,11 +273,13 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
 void mlir::moe::gpu_lowering::launchFlashGradStats(HostCode &host, Value lse,
                                                    Value p, Value dp,
                                                    Value delta, Location loc,
-                                                   Value lseOut) {
+                                                   Value lseOut, Value skip) {
   const int64_t threads = 128;
-  GPUKernel kernel(host, "flash_grad_stats",
-                   {lse, p, dp, delta, lseOut ? lseOut : lse}, {},
-                   {threads, 1, 1}, loc);
+  SmallVector<Value> operands = {lse, p, dp, delta, lseOut ? lseOut : lse};
+  if (skip)
+    operands.push_back(skip);
+  GPUKernel kernel(host, "flash_grad_stats", operands, {}, {threads, 1, 1},
+                   loc);
   {
     KB &k = kernel.k;
     Value l = kernel.arg(0), pv = kernel.arg(1), g = kernel.arg(2),
@@ -288,6 +290,9 @@ void mlir::moe::gpu_lowering::launchFlashGradStats(HostCode &host, Value lse,
     k.ifThen(k.lt(i, N), [&] {
       Value x = k.load(l, {b, i});
       Value none = k.cmpf(arith::CmpFPredicate::OEQ, x, k.negInfLike(k.f32()));
+      if (skip)
+        none = k.orI(none, k.cmpi(arith::CmpIPredicate::ne,
+                                  k.load(kernel.arg(5), {b}), k.cI32(0)));
       k.store(
           k.select(none, k.cF32(std::numeric_limits<double>::infinity()), x),
           lOut, {b, i});

@@ -216,9 +216,12 @@ void launchFlashGrad(class HostCode &h, StringRef name,
 /// The per-row statistics of the backward from the forward's p and lse:
 /// lse' [B,N] (lse, +inf where it is -inf: a row without keys) into `lseOut`
 /// (default: lse itself, rewritten in place) and delta [B,N] = <dp_i, p_i>
-/// (p, dp [B,N,K], f32).
+/// (p, dp [B,N,K], f32). With `skip` ([B] i32), the rows of a batch element
+/// whose entry is nonzero get lse' = +inf too: every weight exp(x - lse') of
+/// the element, and so its gradients, are 0.
 void launchFlashGradStats(class HostCode &h, Value lse, Value p, Value dp,
-                          Value delta, Location loc, Value lseOut = {});
+                          Value delta, Location loc, Value lseOut = {},
+                          Value skip = {});
 
 /// out[b,i,:] = x[b,i,:] · w (w^T with `transposed`; += with `accumulate`)
 /// for x [B,N,D] (any float type), w [D,D], out [B,N,D] (f32): a thread per

@@ -17,6 +17,8 @@
 // this stores [B, H, N, Nk] temporaries, the size of the result d_scores: it
 // is the reference lowering for every target and mode (head_select = all has
 // no fast kernel yet). Every sum runs in a fixed order (deterministic).
+// An h* outside [0, H) is reported (emitIndexCheck); no head matches it, so
+// its batch element's logits are all -inf, G = 0 and its gradients 0.
 //
 //===----------------------------------------------------------------------===//
 
@@ -60,6 +62,14 @@ mlir::moe::lowering::lowerAttentionPosteriorGrad(AttentionPosteriorGradOp op,
   Value e = promoteToF32(rw, loc, op.getE());
   Value dp = op.getDp(), head = op.getHead();
   bool minEntropy = op.getHeadSelect() == HeadSelect::min_entropy;
+  if (minEntropy &&
+      failed(emitIndexCheck(
+          rw, op, head,
+          getValueOrCreateConstantIndexOp(
+              rw, loc, tensor::getMixedSize(rw, loc, op.getScores(), 1)),
+          IndexErrorOp::AttentionHead)))
+    return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
+                                     "moeReportIndexError");
   auto size = [&](Value t, int64_t d) {
     return tensor::getMixedSize(rw, loc, t, d);
   };

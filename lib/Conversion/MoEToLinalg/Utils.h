@@ -195,7 +195,8 @@ Value normalizeRows(OpBuilder &b, Location loc, const OnlineSoftmaxState &s);
 enum class IndexErrorOp : int32_t {
   MadDispersionAssign = 1,
   AdjacencyIdx = 2,
-  DispatchPlanIndices = 3
+  DispatchPlanIndices = 3,
+  AttentionHead = 4
 };
 
 /// Emits loops over every element of the integer tensor `indices` (rank 1 or

@@ -262,15 +262,11 @@ PosteriorGrads attentionPosteriorBackward(
   if (head) {
     checkRank(op, "head", *head, 1, "[B], the forward's chosen head");
     checkDim(op, "head", *head, 0, B, "dimension 0 of 'scores' (B)");
+    // h* indexes the heads: the kernels check that it lies in [0, H) (no
+    // host sync on CUDA) and report a value outside as an index error, which
+    // run() raises on the CPU (checkReportedError) and the CUDA runtime's
+    // deferred check raises later (moe_mlir.runtime.cuda.check_errors).
     keep.push_back(contig(head->to(at::kInt)));
-    // h* indexes the heads: a value outside [0, H) would read out of bounds.
-    if (B > 0) {
-      int64_t lo = keep.back().min().item<int64_t>();
-      int64_t hi = keep.back().max().item<int64_t>();
-      TORCH_CHECK_VALUE(lo >= 0 && hi < H, "moe.", op, ": 'head' holds ",
-                        lo < 0 ? lo : hi, ", outside [0, ", H,
-                        "): it indexes no head");
-    }
     key.in("head", keep.back(), {0});
     args.push_back(describe(keep.back()));
   }
@@ -284,8 +280,16 @@ PosteriorGrads attentionPosteriorBackward(
   if (scores.numel() == 0 || u.numel() == 0 || v.numel() == 0 ||
       wo.numel() == 0 || e.numel() == 0) {
     // A zero-sized dimension (no kernel takes a static zero size): the dense
-    // closed form is as small as its operands.
+    // closed form is as small as its operands. It gathers by h*, so h* is
+    // checked here (on the host: the operands are empty or nearly).
     validateOnly(key);
+    if (head && B > 0) {
+      const Tensor &h = keep.at(5);
+      int64_t lo = h.min().item<int64_t>(), hi = h.max().item<int64_t>();
+      TORCH_CHECK_VALUE(lo >= 0 && hi < H, "moe.", op, ": 'head' holds ",
+                        lo < 0 ? lo : hi, ", outside [0, ", H,
+                        "): it indexes no head");
+    }
     std::vector<Tensor> r = allHeadsReference(
         "_attention_posterior_backward_ref",
         {dp, scores, u, v, wo, e, head ? c10::IValue(*head) : c10::IValue(),

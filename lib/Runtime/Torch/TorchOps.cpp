@@ -50,6 +50,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -240,10 +241,17 @@ void checkReportedError() {
   char op[128], operand[64];
   long long pos, value, bound;
   if (std::sscanf(msg, "moe.%127[^:]: '%63[^']' element %lld is %lld, outside [0, %lld)",
-                  op, operand, &pos, &value, &bound) == 5)
+                  op, operand, &pos, &value, &bound) == 5) {
+    // moe.attention_posterior_grad's h* (the only 'head' operand), checked
+    // by the kernels of the torch op attention_posterior_backward.
+    if (std::string_view(operand) == "head")
+      TORCH_CHECK_VALUE(
+          false, "moe.attention_posterior_backward: 'head' holds ", value,
+          ", outside [0, ", bound, "): it indexes no head");
     TORCH_CHECK_VALUE(false, "moe.", op, ": '", operand, "' holds ", value,
                       ", outside [0, ", bound,
                       "): the value indexes no expert (element ", pos, ")");
+  }
   TORCH_CHECK_VALUE(false, msg);
 }
 

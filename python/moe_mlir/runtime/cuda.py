@@ -129,9 +129,20 @@ def check_errors() -> None:
     rt.rt.moeGpuPollErrors()
     msg = rt.take_index_error()
     if msg:
-        m = _INDEX_ERROR.match(msg)
-        if m:
-            op, operand, pos, value, bound = m.groups()
-            raise ValueError(f"moe.{op}: '{operand}' holds {value}, outside [0, {bound}): the value indexes no "
-                             f"expert (element {pos})")
-        raise ValueError(msg)
+        raise index_error(msg)
+
+
+def index_error(msg: str) -> ValueError:
+    """The runtime's index error ``msg`` (ErrorReporting.cpp) worded as the torch op's CPU kernels word it
+    (checkReportedError of lib/Runtime/Torch/TorchOps.cpp)."""
+    m = _INDEX_ERROR.match(msg)
+    if not m:
+        return ValueError(msg)
+    op, operand, pos, value, bound = m.groups()
+    if operand == "head":
+        # moe.attention_posterior_grad's h* (the only 'head' operand), checked by the kernels of the torch op
+        # attention_posterior_backward.
+        return ValueError(f"moe.attention_posterior_backward: 'head' holds {value}, outside [0, {bound}): it indexes "
+                          "no head")
+    return ValueError(f"moe.{op}: '{operand}' holds {value}, outside [0, {bound}): the value indexes no expert "
+                      f"(element {pos})")

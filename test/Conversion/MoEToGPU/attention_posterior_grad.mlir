@@ -13,13 +13,40 @@
 // score of h* (read through a [B·H·N, Nk] view), a -inf score excludes the
 // pair; dz = S (g - delta) is stored at d_scores[b, h*] (0 when excluded),
 // dX = dz / sigma² goes into the tile.
+// The first kernel also checks h* on its threads b < B (no host sync, no
+// launch of its own): an h* outside [0, H) is recorded in the error word (op
+// code 4, kMoEErrorAttentionHead), replaced by head 0 in the heads the later
+// kernels read, and flagged so that flash_grad_stats gives the rows of its
+// batch element lse' = +inf (G = 0: the element is skipped).
 // CHECK-LABEL: gpu.module @moe_kernels
-// CHECK: gpu.func @attention_grad_finite_e_0(%{{.*}}: memref<2x96x16xf32>, %{{.*}}: memref<2x96x16xf32>)
+// CHECK: gpu.func @attention_grad_finite_e_0(%{{.*}}: memref<2x96x16xf32>, %{{.*}}: memref<2x96x16xf32>, %[[HIN:.*]]: memref<2xi32>, %[[H:.*]]: index, %[[HSAFE:.*]]: memref<2xi32>, %[[SKIP:.*]]: memref<2xi32>, %[[WORD:.*]]: i64)
 // CHECK: math.absf
 // CHECK: arith.cmpf one
+// CHECK: %[[HV:.*]] = memref.load %[[HIN]][%[[BI:.*]]] : memref<2xi32>
+// CHECK-NEXT: %[[HI32:.*]] = arith.index_cast %[[H]] : index to i32
+// CHECK: %[[GE0:.*]] = arith.cmpi sge, %[[HV]], %{{.*}} : i32
+// CHECK-NEXT: %[[LTH:.*]] = arith.cmpi slt, %[[HV]], %[[HI32]] : i32
+// CHECK-NEXT: %[[OK:.*]] = arith.andi %[[GE0]], %[[LTH]] : i1
+// CHECK: %[[SAFE:.*]] = arith.select %[[OK]], %[[HV]], %c0_i32{{.*}} : i32
+// CHECK-NEXT: memref.store %[[SAFE]], %[[HSAFE]][%[[BI]]]
+// CHECK: %[[FLAG:.*]] = arith.select %[[OK]], %c0_i32{{.*}}, %c1_i32 : i32
+// CHECK-NEXT: memref.store %[[FLAG]], %[[SKIP]][%[[BI]]]
+// CHECK: %[[BAD:.*]] = arith.xori %[[OK]], %true : i1
+// CHECK-NEXT: scf.if %[[BAD]] {
+// CHECK: llvm.inttoptr %[[WORD]]
+// CHECK: llvm.cmpxchg
+// CHECK: arith.constant 4 : i64
+// CHECK: gpu.return
 // CHECK: gpu.func @attention_head_means_0(%{{.*}}: memref<2x4x96x16xf32>, %{{.*}}: memref<64x64xf32>, %{{.*}}: memref<2xi32>, %{{.*}}: memref<2x96x64xf32>, %{{.*}}: memref<2x96xf32>)
 // CHECK: gpu.func @attention_posterior_grad_mix_0(%{{.*}}: memref<2x128x64xf32>, %{{.*}}: memref<2x96x64xf32>, %{{.*}}: memref<2x96x16xf32>, %{{.*}}: memref<2x96xf32>, %{{.*}}: memref<2x4x128x96xf32>, %{{.*}}: memref<2xi32>, %{{.*}}: memref<2x128x16xf32>, %{{.*}}: memref<2x128xf32>)
-// CHECK: gpu.func @flash_grad_stats_0(
+// CHECK: gpu.func @flash_grad_stats_0(%[[LSE:.*]]: memref<2x128xf32>, %{{.*}}: memref<2x128x16xf32>, %{{.*}}: memref<2x128x16xf32>, %{{.*}}: memref<2x128xf32>, %[[LSEOUT:.*]]: memref<2x128xf32>, %[[SKIPS:.*]]: memref<2xi32>)
+// CHECK: %[[NOKEY:.*]] = arith.cmpf oeq, %{{.*}}, %cst : f32
+// CHECK: %[[SK:.*]] = memref.load %[[SKIPS]][%block_id_y] : memref<2xi32>
+// CHECK-NEXT: %[[SKIPPED:.*]] = arith.cmpi ne, %[[SK]], %{{.*}} : i32
+// CHECK-NEXT: %[[INF:.*]] = arith.ori %[[NOKEY]], %[[SKIPPED]] : i1
+// CHECK-NEXT: %[[PINF:.*]] = arith.constant 0x7F800000 : f32
+// CHECK-NEXT: %[[L:.*]] = arith.select %[[INF]], %[[PINF]], %{{.*}} : f32
+// CHECK-NEXT: memref.store %[[L]], %[[LSEOUT]]
 // CHECK: gpu.func @attention_posterior_grad_dq_0(%{{.*}}: memref<2x128x64xf32>, %{{.*}}: memref<2x96x64xf32>, %{{.*}}: memref<2x128x16xf32>, %{{.*}}: memref<2x96x16xf32>, %{{.*}}: memref<2x128xf32>, %{{.*}}: memref<2x128xf32>, %[[BIAS:.*]]: memref<2x96xf32>, %[[S:.*]]: memref<2x4x128x96xf32>, %[[HEAD:.*]]: memref<2xi32>, %[[DS:.*]]: memref<2x4x128x96xf32>, %{{.*}}: memref<2x96x64xf32>, %[[DU:.*]]: memref<2x128x64xf32>)
 // CHECK-SAME: workgroup(%{{.*}} : memref<16x33xf32, #gpu.address_space<workgroup>>, %{{.*}} : memref<32x33xf32, #gpu.address_space<workgroup>>, %[[SS:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>>, %[[DXS:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>>)
 // CHECK: memref.load %[[HEAD]]
@@ -83,17 +110,24 @@
 // CHECK-NEXT: ^bb0(%{{[^)]*}}, %[[DSB:[^:]+]]: memref<2x4x128x96xf32>
 // CHECK-NOT: memref<{{.*}}128x96x
 // CHECK-NOT: gpu.alloc async {{.*}} : memref<2x4x128x96xf32>
-// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_grad_finite_e_0
-// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_head_means_0
-// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_posterior_grad_mix_0
-// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@flash_grad_stats_0
+// The checked heads and the skip flags are [B] temporaries; every later
+// kernel reads the checked heads, never the operand (%[[HEADB]]). The first
+// kernel runs on at least B threads.
+// CHECK: %[[SAFEH:.*]], %{{.*}} = gpu.alloc async {{.*}} : memref<2xi32>
+// CHECK-NEXT: %[[SKIPF:.*]], %{{.*}} = gpu.alloc async {{.*}} : memref<2xi32>
+// CHECK-NEXT: %[[WORDH:.*]] = llvm.call @moeGpuErrorWord()
+// CHECK: arith.maxsi
+// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_grad_finite_e_0 {{.*}} args({{.*}}, %[[HEADB:[^ ]+]] : memref<2xi32>, %{{.*}} : index, %[[SAFEH]] : memref<2xi32>, %[[SKIPF]] : memref<2xi32>, %[[WORDH]] : i64)
+// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_head_means_0 {{.*}}, %[[SAFEH]] : memref<2xi32>
+// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_posterior_grad_mix_0 {{.*}}, %[[SAFEH]] : memref<2xi32>
+// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@flash_grad_stats_0 {{.*}}, %[[SKIPF]] : memref<2xi32>)
 // CHECK: gpu.memset async {{.*}} %[[DSB]], %{{.*}} : memref<2x4x128x96xf32>, f32
-// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_posterior_grad_dq_0
-// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_posterior_grad_dk_0
+// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_posterior_grad_dq_0 {{.*}}, %[[SAFEH]] : memref<2xi32>
+// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_posterior_grad_dk_0 {{.*}}, %[[SAFEH]] : memref<2xi32>
 // CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_grad_finite_de_0
 // CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_grad_dm_0
-// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_grad_dv_0
-// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_grad_dwo_0
+// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_grad_dv_0 {{.*}}, %[[SAFEH]] : memref<2xi32>
+// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_grad_dwo_0 {{.*}}, %[[SAFEH]] : memref<2xi32>
 // CHECK-NOT: gpu.alloc async {{.*}} : memref<2x4x128x96xf32>
 // CHECK: return
 func.func @grad(%s: tensor<2x4x128x96xf32>, %u: tensor<2x128x64xf32>, %v: tensor<2x4x96x16xf32>,

@@ -43,3 +43,32 @@ func.func @unused_index_readers_are_erased(%x: tensor<16x4xf32>, %as: tensor<16x
   %g = moe.adjacency_update %a, %idx : tensor<4x4xf32>, tensor<16x2xi32> -> tensor<4x4xf32>
   return
 }
+
+// attention_posterior_grad reads h* (`head`), a run-time index: not speculated; without it (head_select = all) the
+// op is speculatable.
+// CHECK-LABEL: func.func @posterior_grad_head
+// CHECK:         moe.attention_posterior_grad {{.*}} head_select(all)
+// CHECK:         scf.for
+// CHECK:           moe.attention_posterior_grad {{.*}} head(
+func.func @posterior_grad_head(%s: tensor<2x3x4x5xf32>, %u: tensor<2x4x6xf32>, %v: tensor<2x3x5x2xf32>,
+    %wo: tensor<6x6xf32>, %e: tensor<2x5x3xf32>, %h: tensor<2xi32>, %dp: tensor<2x4x3xf32>, %n: index)
+    -> (tensor<2x4x6xf32>, tensor<2x4x6xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %init = arith.constant dense<0.0> : tensor<2x4x6xf32>
+  %r:2 = scf.for %i = %c0 to %n step %c1 iter_args(%acc = %init, %acc2 = %init)
+      -> (tensor<2x4x6xf32>, tensor<2x4x6xf32>) {
+    %ds, %du, %dv, %dwo, %de = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<2xi32>)
+        dp(%dp : tensor<2x4x3xf32>)
+        : tensor<2x3x4x5xf32>, tensor<2x4x6xf32>, tensor<2x3x5x2xf32>, tensor<6x6xf32>, tensor<2x5x3xf32>
+        -> tensor<2x3x4x5xf32>, tensor<2x4x6xf32>, tensor<2x3x5x2xf32>, tensor<6x6xf32>, tensor<2x5x3xf32>
+    %as, %au, %av, %awo, %ae = moe.attention_posterior_grad %s, %u, %v, %wo, %e dp(%dp : tensor<2x4x3xf32>)
+        head_select(all)
+        : tensor<2x3x4x5xf32>, tensor<2x4x6xf32>, tensor<2x3x5x2xf32>, tensor<6x6xf32>, tensor<2x5x3xf32>
+        -> tensor<2x3x4x5xf32>, tensor<2x4x6xf32>, tensor<2x3x5x2xf32>, tensor<6x6xf32>, tensor<2x5x3xf32>
+    %sum = arith.addf %acc, %du : tensor<2x4x6xf32>
+    %sum2 = arith.addf %acc2, %au : tensor<2x4x6xf32>
+    scf.yield %sum, %sum2 : tensor<2x4x6xf32>, tensor<2x4x6xf32>
+  }
+  return %r#0, %r#1 : tensor<2x4x6xf32>, tensor<2x4x6xf32>
+}
