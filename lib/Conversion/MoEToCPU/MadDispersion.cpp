@@ -5,12 +5,15 @@
 // The portable lowering reduces over the tokens once per cluster (E times the
 // work of a scatter). Here the two statistics passes are scatters: token t
 // adds its row into the row assign[t] of the [E, D] sums, t ascending. The
-// workers own disjoint column blocks of two vectors (32 features with
-// AVX-512's 16 lanes, 16 with AVX2's 8), so every sum is accumulated by one
-// thread in the same order (t ascending) as the portable lowering: the result
-// is bit-identical to it. An `assign` value outside [0, E) adds nothing (and
-// is reported, as there). The cheap O(E·D) tail (1/(s+eps), clip, rescale) is
-// the portable one.
+// workers own disjoint column blocks of 32 features (two AVX-512 vectors,
+// four AVX2 ones), so every sum is accumulated by one thread in the same order
+// (t ascending) as the portable lowering: the result is bit-identical to it.
+// The block is 128 bytes on every target, not a number of vectors: a token's
+// step (load assign[t], range check, address) costs the same whatever the
+// width, so two AVX2 vectors a step (16 features) ran twice as many steps as
+// AVX-512 and took 1.55-1.6x its time (issue #16); four take 1.1-1.3x. An
+// `assign` value outside [0, E) adds nothing (and is reported, as there). The
+// cheap O(E·D) tail (1/(s+eps), clip, rescale) is the portable one.
 //
 // A block is emitted twice: whole blocks (every block when D is a multiple of
 // the block) use plain vector loads and stores, the last, ragged one masked
@@ -33,7 +36,8 @@ namespace mlir::moe::cpu {
 using namespace kernels;
 
 namespace {
-constexpr int64_t kBlockVectors = 2;
+/// Features of a column block (128 bytes of f32).
+constexpr int64_t kBlockFeatures = 32;
 
 struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
   using KernelPattern::KernelPattern;
@@ -79,7 +83,8 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
     Value sums = k.alloc(statType, {depth});
     Value dev = kernel.out(1);
     Value zeros = k.constLike(k.vf32(), 0.0);
-    int64_t block = kBlockVectors * lanes;
+    int64_t blockVectors = std::max<int64_t>(kBlockFeatures / lanes, 1);
+    int64_t block = blockVectors * lanes;
     int64_t staticDepth = cast<MemRefType>(x.getType()).getDimSize(1);
     Value numBlocks = k.ceilDiv(depth, k.idx(block));
 
@@ -87,13 +92,13 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
     // `full`: every lane of the block is inside D (plain loads and stores).
     auto emitBlock = [&](Value col0, bool full) {
       SmallVector<Value> cols, counts_;
-      for (int64_t v = 0; v < kBlockVectors; ++v) {
+      for (int64_t v = 0; v < blockVectors; ++v) {
         cols.push_back(k.add(col0, k.idx(v * lanes)));
         counts_.push_back(k.sub(depth, cols.back()));
       }
       // Lanes past D are neither read nor written (masked, ragged block).
       auto forVectors = [&](function_ref<void(Value col, Value count)> f) {
-        for (int64_t v = 0; v < kBlockVectors; ++v) {
+        for (int64_t v = 0; v < blockVectors; ++v) {
           if (full) {
             f(cols[v], counts_[v]);
             continue;

@@ -8,10 +8,13 @@
 // knockout rounds each take the largest key, the lowest index holding it, and
 // knock it out. i32 keys use a whole register on AVX2 (8 lanes) and AVX-512
 // (16) alike, with one-instruction max/min/compare on both. A round is a
-// long dependency chain, so up to 8 rows of a static K run their rounds
-// interleaved (kKeyVectors). The weights are vector<16xf32> (AVX2:
-// vector<8xf32>) epilogues over the k selected values (kernels::topkWeight),
-// unrolled for k <= 4 vectors and a loop beyond.
+// long dependency chain, so up to 4 rows of a static K run their rounds
+// interleaved (kKeyVectors). A round is compares, maxes and selects; on AVX2,
+// whose vector select (VBLENDVPS) is 2-3 uops, the selects are written as
+// and/xor/min of the compare's lanes (CK::cheapSelect), which took T = 16384,
+// K = 64 from 1.59x to about 1.45x the AVX-512 time (issue #16). The weights
+// are vector<16xf32> (AVX2: vector<8xf32>) epilogues over the k selected values
+// (kernels::topkWeight), unrolled for k <= 4 vectors and a loop beyond.
 //
 // Few experts (K a power of two <= 16, k <= 8): one row per lane instead. A
 // block of `lanes` rows (K·lanes contiguous scores) is loaded as K vectors and
@@ -393,6 +396,16 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
       // chain (max, then the index, then the knockout), so independent rows
       // fill the pipeline.
       int64_t nc = (staticExperts + lanes - 1) / lanes, nr = rows.size();
+      Value zero = k.cheapSelect() ? Value() : k.constLike(vi32, 0.0);
+      // INT32_MAX - the experts of chunk c.
+      auto flippedExperts = [&](int64_t c) {
+        SmallVector<int32_t> ids;
+        for (int64_t l = 0; l < lanes; ++l)
+          ids.push_back(std::numeric_limits<int32_t>::max() -
+                        int32_t(c * lanes + l));
+        return Value(arith::ConstantOp::create(
+            k.b, DenseElementsAttr::get(vi32, ArrayRef<int32_t>(ids))));
+      };
       SmallVector<Value> init;
       for (Value r : rows)
         for (int64_t c = 0; c < nc; ++c)
@@ -407,16 +420,37 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
               for (int64_t c = 1; c < nc; ++c)
                 top = k.maxs(top, key[c]);
               Value topV = butterfly(k, top, /*max=*/true);
-              Value at = last;
-              for (int64_t c = 0; c < nc; ++c)
-                at = k.mins(at, k.select(k.eq(key[c], topV),
-                                         experts(k.idx(c * lanes)), last));
-              Value indexV = butterfly(k, at, /*max=*/false);
+              Value indexV;
+              if (k.cheapSelect()) {
+                // The lowest index holding the top key: a min over selects.
+                Value at = last;
+                for (int64_t c = 0; c < nc; ++c)
+                  at = k.mins(at, k.select(k.eq(key[c], topV),
+                                           experts(k.idx(c * lanes)), last));
+                indexV = butterfly(k, at, /*max=*/false);
+              } else {
+                // The same as a max of INT32_MAX - index over the lanes
+                // holding the top key, 0 elsewhere: an and of the compare's
+                // all-ones lanes instead of a select.
+                Value best = zero;
+                for (int64_t c = 0; c < nc; ++c) {
+                  Value hit = k.castInt(k.eq(key[c], topV), vi32);
+                  best = k.maxs(best, k.andI(hit, flippedExperts(c)));
+                }
+                indexV = k.sub(last, butterfly(k, best, /*max=*/true));
+              }
               emitPick(rows[q], sels[q], j,
                        vector::ExtractOp::create(k.b, indexV, 0));
-              for (int64_t c = 0; c < nc; ++c)
-                next.push_back(k.select(
-                    k.eq(experts(k.idx(c * lanes)), indexV), gone, key[c]));
+              // Knock the pick out: INT32_MIN at its index. Without cheap
+              // selects, a min with INT32_MIN there and INT32_MAX elsewhere
+              // (the compare's lanes xor INT32_MAX).
+              for (int64_t c = 0; c < nc; ++c) {
+                Value at = k.eq(experts(k.idx(c * lanes)), indexV);
+                next.push_back(
+                    k.cheapSelect()
+                        ? k.select(at, gone, key[c])
+                        : k.mins(key[c], k.xorI(k.castInt(at, vi32), last)));
+              }
             }
             return next;
           });
