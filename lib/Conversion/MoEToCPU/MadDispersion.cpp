@@ -38,6 +38,14 @@ using namespace kernels;
 namespace {
 /// Features of a column block (128 bytes of f32).
 constexpr int64_t kBlockFeatures = 32;
+/// A scatter pass reads a block of every token's row: with rows a page or
+/// more apart (D >= 1024 f32) each step starts a new page, which no hardware
+/// prefetcher crosses, and the steps in flight are bounded by the store
+/// buffer (a step stores its block of the statistic row). The passes then
+/// prefetch the block of the token this many steps ahead: T = 16384,
+/// D = 1024, E = 64 took 0.78x (AVX2) and 0.8-0.9x (AVX-512) the time.
+constexpr int64_t kPrefetchTokens = 16;
+constexpr int64_t kPrefetchMinRowBytes = 4096;
 
 struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
   using KernelPattern::KernelPattern;
@@ -88,6 +96,24 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
     int64_t staticDepth = cast<MemRefType>(x.getType()).getDimSize(1);
     Value numBlocks = k.ceilDiv(depth, k.idx(block));
 
+    // Rows at least a page apart: token t + kPrefetchTokens's part of the
+    // block is prefetched (each of its 64-byte lines) while token t is added.
+    int64_t elemBytes =
+        cast<MemRefType>(x.getType()).getElementTypeBitWidth() / 8;
+    bool prefetch = staticDepth != kDyn &&
+                    staticDepth * elemBytes >= kPrefetchMinRowBytes;
+    auto prefetchBlock = [&](Value t, Value col0, bool full) {
+      Value ahead = k.mins(k.add(t, k.idx(kPrefetchTokens)), k.sub(tokens, c1));
+      for (int64_t off = 0; off < block; off += 64 / elemBytes) {
+        Value col = k.add(col0, k.idx(off));
+        if (!full)
+          col = k.mins(col, k.sub(depth, c1));
+        memref::PrefetchOp::create(k.b, x, ValueRange{ahead, col},
+                                   /*isWrite=*/false, /*localityHint=*/3,
+                                   /*isDataCache=*/true);
+      }
+    };
+
     // One column block: zero both statistics, Σ x, the mean, Σ |x - mean|.
     // `full`: every lane of the block is inside D (plain loads and stores).
     auto emitBlock = [&](Value col0, bool full) {
@@ -123,6 +149,8 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
       // (in `sums`), into row assign[t] of `stat`, t ascending.
       auto scatter = [&](Value stat, bool deviation) {
         k.forLoop(c0, tokens, c1, [&](Value t) {
+          if (prefetch)
+            prefetchBlock(t, col0, full);
           withCluster(t, [&](Value a) {
             forVectors([&](Value col, Value count) {
               Value term = load(x, t, col, count);
