@@ -100,8 +100,8 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
     // block is prefetched (each of its 64-byte lines) while token t is added.
     int64_t elemBytes =
         cast<MemRefType>(x.getType()).getElementTypeBitWidth() / 8;
-    bool prefetch = staticDepth != kDyn &&
-                    staticDepth * elemBytes >= kPrefetchMinRowBytes;
+    bool prefetch =
+        staticDepth != kDyn && staticDepth * elemBytes >= kPrefetchMinRowBytes;
     auto prefetchBlock = [&](Value t, Value col0, bool full) {
       Value ahead = k.mins(k.add(t, k.idx(kPrefetchTokens)), k.sub(tokens, c1));
       for (int64_t off = 0; off < block; off += 64 / elemBytes) {
