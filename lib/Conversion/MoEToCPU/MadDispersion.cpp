@@ -11,7 +11,7 @@
 // The block is 128 bytes on every target, not a number of vectors: a token's
 // step (load assign[t], range check, address) costs the same whatever the
 // width, so two AVX2 vectors a step (16 features) ran twice as many steps as
-// AVX-512 and took 1.55-1.6x its time (issue #16); four take 1.1-1.3x. An
+// AVX-512 and took 1.55-1.6x its time (issue #16); four take 1.0-1.1x. An
 // `assign` value outside [0, E) adds nothing (and is reported, as there). The
 // cheap O(E·D) tail (1/(s+eps), clip, rescale) is the portable one.
 //
