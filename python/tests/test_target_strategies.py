@@ -1,8 +1,8 @@
 """The CPU kernels whose strategy follows the target (issue #16), on x86-64-v3 (AVX2) and x86-64-v4 (AVX-512).
 
-- topk_renorm's knockout rounds (TopkRenorm.cpp) pick the lowest index holding the top key with selects on AVX-512
-  and with and/xor/min of the compare lanes on AVX2 (CK::cheapSelect); rows of a static K run four at a time, then
-  one by one. Inputs with ties (zeros, repeated values across chunks), NaN, +-inf and fully masked rows, K not a
+- topk_renorm's knockout rounds (TopkRenorm.cpp): up to 8 rows of a static K at a time (2 at K = 256 on AVX2),
+  then one by one, their keys in scratch; the lowest index holding the top key as a max of and-ed lanes, a scalar
+  store knocks it out. Inputs with ties (zeros, repeated values across chunks), NaN, +-inf and fully masked rows, K not a
   multiple of the lanes (a ragged chunk), row counts not a multiple of four.
 - mad_dispersion's column blocks are 32 features on both targets (two AVX-512 vectors, four AVX2 ones), with a
   ragged last block when D is not a multiple of 32: the result is bit-identical to the portable lowering's on both
@@ -57,7 +57,7 @@ def _scores(g, T: int, K: int, kind: str) -> torch.Tensor:
 @pytest.mark.parametrize("kind", ["random", "ties", "special", "probs"])
 def test_topk_renorm_knockout(monkeypatch, cpu, threads, K, k, kind):
     g = gen(K * 100 + k)
-    x = _scores(g, 203, K, kind)  # 203 rows: 50 groups of four and three single rows
+    x = _scores(g, 203, K, kind)  # 203 rows: whole groups, then single rows
     modes = [("probs", True), ("probs", False)] if kind == "probs" else [("logits", True), ("logits", False)]
 
     def run():

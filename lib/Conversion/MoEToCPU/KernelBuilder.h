@@ -55,11 +55,6 @@ struct KernelOptions {
   int64_t vectorBits = 512;
   /// f32 lanes of one register of the target.
   int64_t lanes() const { return std::max<int64_t>(vectorBits / 32, 4); }
-  /// AVX-512's mask registers make a vector select one instruction of one
-  /// uop (VPBLENDMD); without them it is VBLENDVPS/VPBLENDVB, 2-3 uops on
-  /// current x86 cores, against 1 for an and, xor or min. Kernels whose inner
-  /// loop is mostly selects choose their formulation by this.
-  bool cheapSelect() const { return vectorBits >= 512; }
 };
 
 /// The CPU instance of the kernel builder: kernels compute on vector lanes
@@ -72,15 +67,11 @@ public:
   /// A builder with the lanes of the target of `opts` (8 on AVX2, 16 on
   /// AVX-512).
   CK(ImplicitLocOpBuilder &b, const KernelOptions &opts)
-      : kernels::KernelBuilder(b), lanes_(opts.lanes()),
-        cheapSelect_(opts.cheapSelect()) {}
+      : kernels::KernelBuilder(b), lanes_(opts.lanes()) {}
 
   /// f32 lanes of this builder's vectors: the default `n` of vf32, vload and
   /// vloadMasked (n = 0).
   int64_t lanes() const { return lanes_; }
-  /// KernelOptions::cheapSelect of the target (true for the default
-  /// AVX-512 builder).
-  bool cheapSelect() const { return cheapSelect_; }
 
   VectorType vf32(int64_t n = 0) {
     return VectorType::get({n ? n : lanes_}, f32());
@@ -182,7 +173,6 @@ public:
 private:
   friend class KernelScope;
   int64_t lanes_ = kLanes;
-  bool cheapSelect_ = true;
   /// The inputs of the kernel being built and their buffers.
   const IRMapping *inputs_ = nullptr;
 };
