@@ -12,37 +12,64 @@ using namespace mlir::moe::kernels;
 /// Accumulators of a holder (Gemv.h).
 static constexpr int64_t kAccumulators = 4;
 
-Value mlir::moe::kernels::gemvRowDot(KernelBuilder &k, const GemvLayout &layout,
-                                     Value m, Value row, Value x, Value cols) {
+SmallVector<Value> mlir::moe::kernels::gemvRowsDot(KernelBuilder &k,
+                                                   const GemvLayout &layout,
+                                                   Value m,
+                                                   ArrayRef<Value> rows,
+                                                   Value x, Value cols) {
   Value c0 = k.idx(0), c1 = k.idx(1), span = k.idx(layout.span);
+  int64_t n = rows.size();
   Value full = k.divu(cols, span);
   Value tail = k.sub(cols, k.mul(full, span));
   Value zeros = k.constLike(layout.share, 0.0);
-  // The holder's share of m[row, chunk] · x[chunk] added to `acc`.
-  auto chunk = [&](Value col, Value count, Value acc) {
-    Value mv = layout.load(m, {row, col}, count);
+  // Each row's share of m[row, chunk] · x[chunk] added to its accumulator in
+  // `acc` (row-major: row q's are acc[q*U, (q+1)*U)); x's chunk is loaded
+  // once for all rows.
+  auto chunk = [&](Value col, Value count, ArrayRef<Value> acc, int64_t u,
+                   int64_t stride, SmallVector<Value> &next) {
+    SmallVector<Value> mv;
+    for (Value row : rows)
+      mv.push_back(layout.load(m, {row, col}, count));
     Value xv = layout.load(x, {col}, count);
-    return k.fma(mv, xv, acc);
+    for (int64_t q = 0; q < n; ++q)
+      next[q * stride + u] = k.fma(mv[q], xv, acc[q * stride + u]);
   };
   constexpr int64_t U = kAccumulators;
   Value fullU = k.mul(k.divu(full, k.idx(U)), k.idx(U));
-  SmallVector<Value> init(U, zeros);
+  SmallVector<Value> init(n * U, zeros);
   SmallVector<Value> acc = k.forLoop(
       c0, fullU, k.idx(U), init,
       [&](Value c, ValueRange a) -> SmallVector<Value> {
-        SmallVector<Value> next;
+        SmallVector<Value> next(a.begin(), a.end()), prev(next);
         for (int64_t u = 0; u < U; ++u)
-          next.push_back(chunk(k.mul(k.add(c, k.idx(u)), span), Value(), a[u]));
+          chunk(k.mul(k.add(c, k.idx(u)), span), Value(), prev, u, U, next);
         return next;
       });
-  Value a0 = k.forLoop(fullU, full, c1, ValueRange{acc[0]},
-                       [&](Value c, ValueRange a) -> SmallVector<Value> {
-                         return {chunk(k.mul(c, span), Value(), a[0])};
-                       })[0];
+  // The remaining whole chunks and the tail into accumulator 0 of each row.
+  SmallVector<Value> first;
+  for (int64_t q = 0; q < n; ++q)
+    first.push_back(acc[q * U]);
+  first = k.forLoop(fullU, full, c1, first,
+                    [&](Value c, ValueRange a) -> SmallVector<Value> {
+                      SmallVector<Value> next(a.begin(), a.end()), prev(next);
+                      chunk(k.mul(c, span), Value(), prev, 0, 1, next);
+                      return next;
+                    });
   // The tail chunk always runs (an empty one adds 0 · 0): no branch.
-  a0 = chunk(k.mul(full, span), tail, a0);
-  Value share = k.fadd(k.fadd(a0, acc[1]), k.fadd(acc[2], acc[3]));
-  return layout.reduce(share);
+  SmallVector<Value> last(first);
+  chunk(k.mul(full, span), tail, first, 0, 1, last);
+  SmallVector<Value> dots;
+  for (int64_t q = 0; q < n; ++q) {
+    Value share = k.fadd(k.fadd(last[q], acc[q * U + 1]),
+                         k.fadd(acc[q * U + 2], acc[q * U + 3]));
+    dots.push_back(layout.reduce(share));
+  }
+  return dots;
+}
+
+Value mlir::moe::kernels::gemvRowDot(KernelBuilder &k, const GemvLayout &layout,
+                                     Value m, Value row, Value x, Value cols) {
+  return gemvRowsDot(k, layout, m, row, x, cols)[0];
 }
 
 Value mlir::moe::kernels::gemvEpilogue(KernelBuilder &k, Value dot, Value bias,
@@ -51,11 +78,15 @@ Value mlir::moe::kernels::gemvEpilogue(KernelBuilder &k, Value dot, Value bias,
   return relu ? k.fmax(v, k.cF32(0.0)) : v;
 }
 
-Value mlir::moe::kernels::gemvRow(KernelBuilder &k, const GemvLayout &layout,
-                                  Value m, Value row, Value x, Value cols,
-                                  Value biasVec, bool relu) {
-  Value dot = gemvRowDot(k, layout, m, row, x, cols);
-  return gemvEpilogue(k, dot, k.loadF(biasVec, {row}), relu);
+SmallVector<Value> mlir::moe::kernels::gemvRows(KernelBuilder &k,
+                                                const GemvLayout &layout,
+                                                Value m, ArrayRef<Value> rows,
+                                                Value x, Value cols,
+                                                Value biasVec, bool relu) {
+  SmallVector<Value> out = gemvRowsDot(k, layout, m, rows, x, cols);
+  for (auto [v, row] : llvm::zip(out, rows))
+    v = gemvEpilogue(k, v, k.loadF(biasVec, {row}), relu);
+  return out;
 }
 
 HyperSlot mlir::moe::kernels::hyperSlot(KernelBuilder &k, Value row,

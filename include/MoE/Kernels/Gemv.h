@@ -11,7 +11,8 @@
 // workers) and the GPU kernels (lib/Conversion/MoEToGPU/HyperRouter*.cpp: a
 // row's chunk is one element per lane of a warp).
 //
-// Forward, one row r of m [R, C] against x [C] (gemvRow):
+// Forward, one row r of m [R, C] against x [C] (gemvRowDot; gemvRowsDot
+// runs several rows in one pass, each in this order):
 //   the row is cut into chunks of `span` consecutive columns, C / span whole
 //   ones and a ragged tail of C mod span (possibly empty); whole chunk j adds
 //   m[r, chunk] · x[chunk] into accumulator j mod 4 of its holder while four
@@ -65,15 +66,23 @@ struct GemvLayout {
 /// any float) with the order above; `cols` is C.
 Value gemvRowDot(KernelBuilder &k, const GemvLayout &layout, Value m, Value row,
                  Value x, Value cols);
+/// The dots of several rows in one pass over the chunks: each row with its own
+/// accumulators and the order above (its bits are gemvRowDot's), each chunk
+/// of x loaded once for all of them. A target whose loop over one row leaves
+/// memory bandwidth unused (AVX2: HyperRouter.cpp) reads two rows a step.
+SmallVector<Value> gemvRowsDot(KernelBuilder &k, const GemvLayout &layout,
+                               Value m, ArrayRef<Value> rows, Value x,
+                               Value cols);
 
 /// The affine layer's output from a row's dot: dot + bias, then
 /// max(., 0) when `relu` (NaN-propagating, as torch.relu).
 Value gemvEpilogue(KernelBuilder &k, Value dot, Value bias, bool relu);
 
-/// One row of y = relu?(m · x + bias): gemvRowDot then gemvEpilogue with
-/// bias[row] (any float).
-Value gemvRow(KernelBuilder &k, const GemvLayout &layout, Value m, Value row,
-              Value x, Value cols, Value biasVec, bool relu);
+/// Rows of y = relu?(m · x + bias): gemvRowsDot then gemvEpilogue with
+/// bias[row] (any float), one value per row of `rows`.
+SmallVector<Value> gemvRows(KernelBuilder &k, const GemvLayout &layout, Value m,
+                            ArrayRef<Value> rows, Value x, Value cols,
+                            Value biasVec, bool relu);
 
 /// Where row `row` of out [E·(D+1)] goes in the op's results: expert
 /// row / (D+1), column row mod (D+1), the bias b[e] when that column is D.

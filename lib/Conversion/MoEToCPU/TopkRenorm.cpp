@@ -9,9 +9,13 @@
 // knock it out. i32 keys use a whole register on AVX2 (8 lanes) and AVX-512
 // (16) alike, with one-instruction max/min/compare on both. A round is a
 // long dependency chain, so up to 8 rows of a static K run their rounds
-// interleaved (kKeyVectors). The weights are vector<16xf32> (AVX2:
-// vector<8xf32>) epilogues over the k selected values (kernels::topkWeight),
-// unrolled for k <= 4 vectors and a loop beyond.
+// interleaved (kMaxGroupRows, kKeyVectors), their keys in L1 (a knockout is
+// one scalar store). Issue #16: with 4 rows' keys in registers (32 ymm at
+// K = 64 on AVX2's 16) and selects (VBLENDVPS, 2-3 uops on AVX2) the AVX2
+// code took 1.55-1.6x the AVX-512 time; now about 1.2x, and AVX-512 itself
+// is faster. The weights are vector<16xf32> (AVX2: vector<8xf32>) epilogues
+// over the k selected values (kernels::topkWeight), unrolled for k <= 4
+// vectors and a loop beyond.
 //
 // Few experts (K a power of two <= 16, k <= 8): one row per lane instead. A
 // block of `lanes` rows (K·lanes contiguous scores) is loaded as K vectors and
@@ -52,16 +56,18 @@ constexpr int64_t kMaxLaneExperts = 16;
 constexpr int64_t kMaxLaneK = 8;
 constexpr int64_t kLaneRowsPerItem = 64;
 /// The knockout top-k: rows selected together (their rounds interleaved) at
-/// most, and the key vectors of all of them at most. Each round is one long
-/// dependency chain (max, index, knockout: ~40 cycles), so a row alone leaves
-/// the core mostly idle (measured on AMD Zen 4, AVX2 and AVX-512: 2-4x faster
-/// than one row at a time). Four rows, not eight: at K = 64 eight rows' keys
-/// (64 ymm on AVX2, 32 zmm) spilled enough that two threads ran no faster
-/// than one on AVX2; four rows took T = 16384, 2 threads, from 1.3 to 0.88 ms
-/// on x86-64-v3 and from 0.8-0.9 to 0.73 ms on x86-64-v4 (K = 256 is not
-/// affected: its key vectors already limit it to 4 rows on AVX-512, 2 on
-/// AVX2).
-constexpr int64_t kMaxGroupRows = 4;
+/// most, and the key vectors of all of them at most (a row of more runs the
+/// dynamic path). Each round is one long dependency chain (max, index,
+/// knockout: ~40 cycles), so a row alone leaves the core mostly idle
+/// (measured on AMD Zen 4, AVX2 and AVX-512: 2-4x faster than one row at a
+/// time). The keys live in the worker's scratch (L1), not in registers, so
+/// the group is not bound by the register file: eight rows at K = 64 took
+/// T = 16384 from 1.1-1.2 ms (four rows) to 0.9-1.0 on x86-64-v3 and from
+/// 0.94 to 0.78 on x86-64-v4 (2 threads, loaded Xeon); four rows run slower
+/// than that with keys in memory (a row's next round loads its knocked-out
+/// chunk too soon after the scalar store: no store-to-load forwarding into a
+/// wider load). K = 256: two rows (AVX2) or four (AVX-512).
+constexpr int64_t kMaxGroupRows = 8;
 constexpr int64_t kKeyVectors = 64;
 
 /// memref [rows, X] -> [rows * X] (identity layout).
@@ -196,16 +202,16 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
     double selFill = logits ? -std::numeric_limits<double>::infinity() : 0.0;
     int64_t staticExperts = scoresType.getShape().back();
 
-    Value keysAll =
-        k.scratch(opts, MemRefType::get({ShapedType::kDynamic}, i32),
-                  {roundUp(k, numExperts, lanes)});
-    // Rows selected together: as many as fit in registers.
+    // Rows selected together (static K of at most kKeyVectors vectors).
     int64_t group = 1;
     if (!ShapedType::isDynamic(staticExperts)) {
       int64_t nc = (staticExperts + lanes - 1) / lanes;
-      group = std::clamp<int64_t>(kKeyVectors / nc, 1,
-                                  kMaxGroupRows);
+      group = std::clamp<int64_t>(kKeyVectors / nc, 1, kMaxGroupRows);
     }
+    // The keys of the group's rows, each rounded up to whole vectors.
+    Value keysAll =
+        k.scratch(opts, MemRefType::get({ShapedType::kDynamic}, i32),
+                  {k.mul(roundUp(k, numExperts, lanes), k.idx(group))});
     Value selAll =
         k.scratch(opts, MemRefType::get({group, selPad}, f32), {});
     auto rowsFrom = [&](Value worker, Value r0, Value r1, int64_t n) {
@@ -337,12 +343,12 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
   /// becomes INT32_MIN, below the key of every number, -inf included). i32
   /// keys fill the register (8 lanes on AVX2, 16 on AVX-512) and max, min and
   /// compare are one instruction on both, unlike the i64 of packed candidates
-  /// (AVX2 has no 64-bit max or min). A static row of at most kKeyVectors
-  /// vectors keeps its keys in SSA values (the chunk loops unrolled), the
-  /// rows of `rows` interleaved; a longer or dynamic one keeps them in `keys`
-  /// (the row rounded up to whole vectors), row after row, and knocks an
-  /// entry out with a scalar store (a select-and-store of the whole vector
-  /// would become a masked store, microcoded on AVX2). Writes the indices to
+  /// (AVX2 has no 64-bit max or min). The keys are in `keys` (each row
+  /// rounded up to whole vectors) and an entry is knocked out with a scalar
+  /// store (a select-and-store of the whole vector would become a masked
+  /// store, microcoded on AVX2). A static row of at most kKeyVectors vectors
+  /// has its chunk loops unrolled, the rows of `rows` interleaved; a longer
+  /// or dynamic one runs chunk loops, row after row. Writes the indices to
   /// i2[r, j] and the selected values (exact, read back from s2) to
   /// sels[q][j].
   static void selectByKnockout(CK &k, ArrayRef<Value> rows, Value s2,
@@ -387,39 +393,53 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
     };
 
     if (!ShapedType::isDynamic(staticExperts) &&
-        (staticExperts + lanes - 1) / lanes * int64_t(rows.size()) <=
-            kKeyVectors) {
+        (staticExperts + lanes - 1) / lanes <= kKeyVectors) {
       // The rows' rounds interleaved: each round is one long dependency
       // chain (max, then the index, then the knockout), so independent rows
-      // fill the pipeline.
+      // fill the pipeline. Row q's keys are at q * nc * lanes in `keys`
+      // (L1); a round loads them (the chunk loops unrolled), finds the lowest
+      // index holding the top key as a max of (compare lanes and INT32_MAX -
+      // index), an and instead of a select (VBLENDVPS: 2-3 uops on AVX2), and
+      // knocks the pick out with a scalar store. Keeping 4 rows' keys in
+      // registers instead (SSA values: 32 ymm at K = 64, on 16) spilled them
+      // every round on AVX2 and took 1.2-1.5x the time on both targets.
       int64_t nc = (staticExperts + lanes - 1) / lanes, nr = rows.size();
-      SmallVector<Value> init;
-      for (Value r : rows)
+      auto flippedExperts = [&](int64_t c) {
+        SmallVector<int32_t> ids;
+        for (int64_t l = 0; l < lanes; ++l)
+          ids.push_back(std::numeric_limits<int32_t>::max() -
+                        int32_t(c * lanes + l));
+        return Value(arith::ConstantOp::create(
+            k.b, DenseElementsAttr::get(vi32, ArrayRef<int32_t>(ids))));
+      };
+      auto at = [&](int64_t q, int64_t c) {
+        return k.idx((q * nc + c) * lanes);
+      };
+      for (int64_t q = 0; q < nr; ++q)
         for (int64_t c = 0; c < nc; ++c)
-          init.push_back(chunkKey(r, k.idx(c * lanes)));
-      k.forLoop(
-          k.idx(0), k.idx(topk), k.idx(1), init,
-          [&](Value j, ValueRange keyAll) -> SmallVector<Value> {
-            SmallVector<Value> next;
-            for (int64_t q = 0; q < nr; ++q) {
-              ValueRange key = keyAll.slice(q * nc, nc);
-              Value top = key[0];
-              for (int64_t c = 1; c < nc; ++c)
-                top = k.maxs(top, key[c]);
-              Value topV = butterfly(k, top, /*max=*/true);
-              Value at = last;
-              for (int64_t c = 0; c < nc; ++c)
-                at = k.mins(at, k.select(k.eq(key[c], topV),
-                                         experts(k.idx(c * lanes)), last));
-              Value indexV = butterfly(k, at, /*max=*/false);
-              emitPick(rows[q], sels[q], j,
-                       vector::ExtractOp::create(k.b, indexV, 0));
-              for (int64_t c = 0; c < nc; ++c)
-                next.push_back(k.select(
-                    k.eq(experts(k.idx(c * lanes)), indexV), gone, key[c]));
-            }
-            return next;
-          });
+          k.vstore(chunkKey(rows[q], k.idx(c * lanes)), keys, {at(q, c)});
+      Value zero = k.constLike(vi32, 0.0);
+      k.forLoop(k.idx(0), k.idx(topk), k.idx(1), [&](Value j) {
+        for (int64_t q = 0; q < nr; ++q) {
+          SmallVector<Value> key;
+          Value top;
+          for (int64_t c = 0; c < nc; ++c) {
+            key.push_back(k.vload(keys, {at(q, c)}, lanes));
+            top = c ? k.maxs(top, key[c]) : key[c];
+          }
+          Value topV = butterfly(k, top, /*max=*/true);
+          Value best = zero;
+          for (int64_t c = 0; c < nc; ++c) {
+            Value hit = k.castInt(k.eq(key[c], topV), vi32);
+            best = k.maxs(best, k.andI(hit, flippedExperts(c)));
+          }
+          Value indexV = k.sub(last, butterfly(k, best, /*max=*/true));
+          Value index = vector::ExtractOp::create(k.b, indexV, 0);
+          emitPick(rows[q], sels[q], j, index);
+          k.store(k.cI32(std::numeric_limits<int32_t>::min()), keys,
+                  {k.add(at(q, 0), k.castInt(index, k.b.getIndexType()))});
+        }
+      });
       return;
     }
 

@@ -58,7 +58,8 @@ func.func @min_entropy(%s: tensor<2x8x128x96xf32>, %u: tensor<2x128x512xf32>, %v
 // CHECK: moe.kernel ins(%[[P]]#0 :
 // CHECK: memref.collapse_shape
 // CHECK: arith.maxsi %{{.+}}, %{{.+}} : vector<16xi32>
-// CHECK: arith.minsi %{{.+}}, %{{.+}} : vector<16xi32>
+// CHECK: arith.andi %{{.+}}, %{{.+}} : vector<16xi32>
+// CHECK: memref.store %c-2147483648_i32
 // CHECK: arith.divf %{{.+}}, %{{.+}} : vector<16xf32>
 // CHECK: vector.maskedstore
 // CHECK-NOT: moe.

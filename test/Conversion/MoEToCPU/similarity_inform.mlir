@@ -48,7 +48,8 @@ func.func @ws_and_mask(%u: tensor<2x100x64xf32>, %e: tensor<2x100x16xf32>, %ws: 
 // CHECK: moe.kernel ins(%[[P]] :
 // CHECK: scf.parallel
 // CHECK: arith.maxsi %{{.+}}, %{{.+}} : vector<16xi32>
-// CHECK: arith.minsi %{{.+}}, %{{.+}} : vector<16xi32>
+// CHECK: arith.andi %{{.+}}, %{{.+}} : vector<16xi32>
+// CHECK: memref.store %c-2147483648_i32
 // CHECK-NOT: math.floor
 // CHECK: vector.reduction <add>
 // CHECK: arith.divf %{{.+}}, %{{.+}} : vector<16xf32>

@@ -53,8 +53,9 @@ func.func @topk(%s: tensor<?x8xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>) {
   return %w, %i : tensor<?x2xf32>, tensor<?x2xi32>
 }
 
-// Top-k over K = 64 on AVX2: ymm signed i32 max/min (vpmaxsd/vpminsd), no i64 compare-and-blend (vpcmpgtq: the
-// i64 candidates of before), no masked store (a whole-vector knockout store would become one), no zmm.
+// Top-k over K = 64 on AVX2: ymm signed i32 max (vpmaxsd) and compare (vpcmpeqd), no i64 compare-and-blend
+// (vpcmpgtq: the i64 candidates of before), no masked store (a whole-vector knockout store would become one), no
+// zmm.
 // ASM-V3-LABEL: topk_wide:
 // ASM-V3-NOT: zmm
 // ASM-V3-NOT: vpcmpgtq
@@ -64,7 +65,7 @@ func.func @topk(%s: tensor<?x8xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>) {
 // ASM-V3-NOT: zmm
 // ASM-V3-NOT: vpcmpgtq
 // ASM-V3-NOT: vpmaskmov
-// ASM-V3: vpminsd {{.*}}%ymm
+// ASM-V3: vpcmpeqd {{.*}}%ymm
 // ASM-V3-NOT: zmm
 // ASM-V3-NOT: vpcmpgtq
 // ASM-V3: .Lfunc_end

@@ -11,15 +11,21 @@
 
 // BAD-BITS: convert-moe-to-cpu: vector-bits must be 128, 256 or 512, got 384
 
-// mad_dispersion, D a multiple of the block (2 vectors): plain loads and stores only, also when zeroing.
+// mad_dispersion, D a multiple of the block: plain loads and stores only, also when zeroing. The block is 32
+// features (128 bytes) on both targets, so a token's step adds 4 vectors on AVX2 and 2 on AVX-512: with 2 AVX2
+// vectors (16 features) AVX2 ran twice the steps and took 1.6x the AVX-512 time (issue #16). Rows 256 bytes
+// apart: no prefetch.
 // CHECK-LABEL: func.func @mad_static
 // CHECK: scf.parallel
-// AVX2: vector.load {{.*}} : memref<?x64xf32>, vector<8xf32>
-// AVX2: arith.addf %{{.+}}, %{{.+}} : vector<8xf32>
-// AVX2: vector.store {{.*}} : memref<8x?xf32>, vector<8xf32>
-// AVX512: vector.load {{.*}} : memref<?x64xf32>, vector<16xf32>
-// AVX512: arith.addf %{{.+}}, %{{.+}} : vector<16xf32>
-// AVX512: vector.store {{.*}} : memref<8x?xf32>, vector<16xf32>
+// CHECK: arith.muli %{{.+}}, %c32 : index
+// CHECK-NOT: memref.prefetch
+// AVX2-COUNT-4: arith.addf %{{.+}}, %{{.+}} : vector<8xf32>
+// AVX2-NOT: arith.addf
+// AVX2: arith.divf
+// AVX512-COUNT-2: arith.addf %{{.+}}, %{{.+}} : vector<16xf32>
+// AVX512-NOT: arith.addf
+// AVX512: arith.divf
+// CHECK-NOT: memref.prefetch
 // CHECK: math.absf
 // CHECK-NOT: vector.maskedstore
 // CHECK-NOT: vector.maskedload
@@ -29,6 +35,28 @@
 func.func @mad_static(%x: tensor<?x64xf32>, %a: tensor<?xi32>) -> (tensor<8x64xf32>, tensor<8xi32>) {
   %w, %c = moe.mad_dispersion %x, %a num_experts(8) : tensor<?x64xf32>, tensor<?xi32> -> tensor<8x64xf32>, tensor<8xi32>
   return %w, %c : tensor<8x64xf32>, tensor<8xi32>
+}
+
+// Rows a page apart (D = 1024): each scatter pass prefetches the block (its two 64-byte lines) of the token 16
+// steps ahead (a new page every step, which no hardware prefetcher crosses).
+// CHECK-LABEL: func.func @mad_wide
+// CHECK: scf.parallel
+// CHECK: scf.for %[[T:.+]] = %c0 to %{{.+}} step %c1 {
+// CHECK: %[[AHEAD:.+]] = arith.addi %[[T]], %c16 : index
+// CHECK: %[[CLAMP:.+]] = arith.minsi %[[AHEAD]], %{{.+}} : index
+// CHECK: memref.prefetch %{{.+}}[%[[CLAMP]], %{{.+}}], read, locality<3>, data : memref<?x1024xf32>
+// CHECK: memref.prefetch %{{.+}}[%[[CLAMP]], %{{.+}}], read, locality<3>, data : memref<?x1024xf32>
+// CHECK-NOT: memref.prefetch
+// CHECK: scf.if
+// CHECK: arith.divf
+// CHECK: memref.prefetch
+// CHECK: memref.prefetch
+// CHECK-NOT: memref.prefetch
+// CHECK: math.absf
+// CHECK: return
+func.func @mad_wide(%x: tensor<?x1024xf32>, %a: tensor<?xi32>) -> (tensor<8x1024xf32>, tensor<8xi32>) {
+  %w, %c = moe.mad_dispersion %x, %a num_experts(8) : tensor<?x1024xf32>, tensor<?xi32> -> tensor<8x1024xf32>, tensor<8xi32>
+  return %w, %c : tensor<8x1024xf32>, tensor<8xi32>
 }
 
 // A dynamic D: whole blocks take the branch of plain loads and stores, the ragged block the masked one.
@@ -74,23 +102,36 @@ func.func @topk_small(%s: tensor<?x8xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>)
 
 // topk_renorm, K = 64: per row, knockout rounds over i32 ordered keys, one register wide (AVX2 has no i64 max:
 // the i64 candidates of before ran ~4x the instructions there): the max key, left in every lane by a butterfly of
-// shuffles, the lowest index holding it, the knockout. The keys of 4 rows go through the rounds together (4 x 8
-// vectors on AVX2, 4 x 4 on AVX-512).
+// shuffles, the lowest index holding it, the knockout. 8 rows go through the rounds together (the sel scratch is
+// [workers, 8, lanes]), their keys in the worker's scratch: a round loads them, finds the index as a max of
+// (compare lanes and INT32_MAX - index), no select (VBLENDVPS on AVX2), and knocks the pick out with one scalar
+// store per row. (4 rows' keys in registers, 32 ymm at K = 64, spilled every round on AVX2, which ran 1.55-1.6x
+// the AVX-512 time, issue #16.)
 // CHECK-LABEL: func.func @topk_wide
 // CHECK-NOT: xi64>
-// AVX2: scf.for %{{.+}} = %c0 to %c8 step %c1 iter_args({{.*}}) -> ({{(vector<8xi32>, ){31}vector<8xi32>}})
+// AVX2: memref.alloc() {alignment = 64 : i64} : memref<2x8x8xf32>
+// AVX512: memref.alloc() {alignment = 64 : i64} : memref<2x8x16xf32>
+// CHECK: scf.for %[[J:.+]] = %c0 to %c8 step %c1 {
+// CHECK-NOT: arith.select
+// AVX2: vector.load {{.*}} : memref<?xi32, strided<[1], offset: ?>>, vector<8xi32>
 // AVX2: arith.maxsi %{{.+}}, %{{.+}} : vector<8xi32>
 // AVX2: vector.shuffle %{{.+}}, %{{.+}} [4, 5, 6, 7, 0, 1, 2, 3] : vector<8xi32>, vector<8xi32>
-// AVX2: arith.cmpi eq, %{{.+}}, %{{.+}} : vector<8xi32>
-// AVX2: arith.minsi %{{.+}}, %{{.+}} : vector<8xi32>
-// AVX2: vector.extract %{{.+}}[0] : i32 from vector<8xi32>
-// AVX2: math.floor %{{.+}} : vector<8xf32>
-// AVX512: scf.for %{{.+}} = %c0 to %c8 step %c1 iter_args({{.*}}) -> ({{(vector<16xi32>, ){15}vector<16xi32>}})
+// AVX2: %[[HIT:.+]] = arith.cmpi eq, %{{.+}}, %{{.+}} : vector<8xi32>
+// AVX2: %[[HITI:.+]] = arith.extsi %[[HIT]] : vector<8xi1> to vector<8xi32>
+// AVX2: arith.andi %[[HITI]], %{{.+}} : vector<8xi32>
+// AVX512: vector.load {{.*}} : memref<?xi32, strided<[1], offset: ?>>, vector<16xi32>
 // AVX512: arith.maxsi %{{.+}}, %{{.+}} : vector<16xi32>
 // AVX512: vector.shuffle %{{.+}}, %{{.+}} [8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7] : vector<16xi32>, vector<16xi32>
-// AVX512: arith.cmpi eq, %{{.+}}, %{{.+}} : vector<16xi32>
-// AVX512: arith.minsi %{{.+}}, %{{.+}} : vector<16xi32>
-// AVX512: vector.extract %{{.+}}[0] : i32 from vector<16xi32>
+// AVX512: %[[HIT:.+]] = arith.cmpi eq, %{{.+}}, %{{.+}} : vector<16xi32>
+// AVX512: %[[HITI:.+]] = arith.extsi %[[HIT]] : vector<16xi1> to vector<16xi32>
+// AVX512: arith.andi %[[HITI]], %{{.+}} : vector<16xi32>
+// CHECK-NOT: arith.select
+// CHECK: vector.extract %{{.+}}[0] : i32 from vector<
+// CHECK: memref.store %{{.+}}, %{{.+}}[%{{.+}}, %[[J]]] : memref<?x8xi32>
+// CHECK-NOT: arith.select
+// CHECK-COUNT-8: memref.store %c-2147483648_i32, %{{.+}}[%{{.+}}] : memref<?xi32, strided<[1], offset: ?>>
+// CHECK-NOT: memref.store %c-2147483648_i32
+// AVX2: math.floor %{{.+}} : vector<8xf32>
 // AVX512: math.floor %{{.+}} : vector<16xf32>
 // CHECK-NOT: vector.gather
 // CHECK-NOT: xi64>
@@ -100,11 +141,16 @@ func.func @topk_wide(%s: tensor<?x64xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>)
   return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
 }
 
-// K = 256: 2 rows of 32 vectors on AVX2, 4 rows of 16 on AVX-512.
+// K = 256: 2 rows of 32 vectors on AVX2, 4 rows of 16 on AVX-512 (64 key vectors at most).
 // CHECK-LABEL: func.func @topk_256
 // CHECK-NOT: xi64>
-// AVX2: scf.for %{{.+}} = %c0 to %c8 step %c1 iter_args({{.*}}) -> ({{(vector<8xi32>, ){31}vector<8xi32>}})
-// AVX512: scf.for %{{.+}} = %c0 to %c8 step %c1 iter_args({{.*}}) -> ({{(vector<16xi32>, ){63}vector<16xi32>}})
+// AVX2: memref.alloc() {alignment = 64 : i64} : memref<2x2x8xf32>
+// AVX512: memref.alloc() {alignment = 64 : i64} : memref<2x4x16xf32>
+// CHECK: scf.for %{{.+}} = %c0 to %c8 step %c1 {
+// AVX2-COUNT-2: memref.store %c-2147483648_i32
+// AVX512-COUNT-4: memref.store %c-2147483648_i32
+// CHECK-NOT: memref.store %c-2147483648_i32
+// CHECK: math.floor
 // CHECK-NOT: xi64>
 // CHECK: return
 func.func @topk_256(%s: tensor<?x256xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
@@ -112,10 +158,23 @@ func.func @topk_256(%s: tensor<?x256xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>)
   return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
 }
 
-// hyper_router: GEMV rows as FMA chains on one register each.
+// hyper_router: GEMV rows as FMA chains on one register each, four accumulators a row. AVX-512 reads one row a
+// step; AVX2 two (eight accumulators, each x chunk loaded once for both rows; one row a step read w2 at 80% of
+// the STREAM triad against AVX-512's 93%), then the odd row alone.
 // CHECK-LABEL: func.func @hyper
-// AVX2: vector.fma %{{.+}}, %{{.+}}, %{{.+}} : vector<8xf32>
+// AVX2: scf.for %{{.+}} = %{{.+}} to %{{.+}} step %c2 {
+// AVX2: scf.for {{.*}} step %c4 iter_args({{.*}}) -> ({{(vector<8xf32>, ){7}vector<8xf32>}})
+// AVX2: %[[M0:.+]] = vector.load %{{.+}} : memref<64x32xf32>, vector<8xf32>
+// AVX2: %[[M1:.+]] = vector.load %{{.+}} : memref<64x32xf32>, vector<8xf32>
+// AVX2: %[[X:.+]] = vector.load %{{.+}} : memref<32xf32>, vector<8xf32>
+// AVX2: vector.fma %[[M0]], %[[X]], %{{.+}} : vector<8xf32>
+// AVX2: vector.fma %[[M1]], %[[X]], %{{.+}} : vector<8xf32>
+// AVX2: scf.for %{{.+}} = %{{.+}} to %{{.+}} step %c1 {
+// AVX2: scf.for {{.*}} step %c4 iter_args({{.*}}) -> ({{(vector<8xf32>, ){3}vector<8xf32>}})
+// AVX512: scf.for %{{.+}} = %{{.+}} to %{{.+}} step %c1 {
+// AVX512: scf.for {{.*}} step %c4 iter_args({{.*}}) -> ({{(vector<16xf32>, ){3}vector<16xf32>}})
 // AVX512: vector.fma %{{.+}}, %{{.+}}, %{{.+}} : vector<16xf32>
+// AVX512-NOT: step %c2
 // CHECK-NOT: vector.gather
 // CHECK: return
 func.func @hyper(%emb: tensor<32xf32>, %w1: tensor<64x32xf32>, %b1: tensor<64xf32>, %w2: tensor<520x64xf32>,
