@@ -40,6 +40,13 @@ def pin_target(default: str = "native") -> str:
     os.environ["MOE_TARGET_CPU"] = target
     for var, value in _LIBRARY_ISA.get(target, {}).items():
         os.environ.setdefault(var, value)
+    if target in _LIBRARY_ISA and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        # inductor's compiled baselines per target: a kernel cached by a run at another level (or by a run with other
+        # library variables) crashed the x86-64-v3 suite (segfault in the attention baseline's fused C++ kernel,
+        # gone with a fresh cache).
+        import tempfile
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor-moe-bench-{target}")
     return target
 
 
