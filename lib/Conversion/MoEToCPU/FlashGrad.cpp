@@ -28,8 +28,6 @@ using namespace mlir::moe::cpu;
 /// columns).
 static constexpr int64_t kFoldTiles = 16;
 
-/// The smallest normal f32 (FLT_MIN).
-static constexpr double kMinNormal = 1.17549435e-38;
 
 void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
                                    const FlashGradSpec &s) {
@@ -98,9 +96,7 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
             // once here, instead of a microcode assist in each of the
             // accumulators' FMAs that broadcast it (-19% backward time on
             // peaky logits). S itself is never subnormal (OnlineSoftmax.h).
-            Value tiny = k.cmpf(arith::CmpFPredicate::OLT, k.fabs(dv),
-                                k.constLike(dv.getType(), kMinNormal));
-            dv = k.select(tiny, k.constLike(dv.getType(), 0.0), dv);
+            dv = k.flushSubnormal(dv);
             k.vstore(sv, sBuf, {k.idx(r), k.idx(v * kLanes)});
             k.vstore(dv, dBuf, {k.idx(r), k.idx(v * kLanes)});
           }

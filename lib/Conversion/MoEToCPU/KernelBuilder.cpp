@@ -109,6 +109,13 @@ Value CK::softmaxWeight(Value d) {
   return select(tiny, constLike(type, 0.0), exp(select(tiny, floor, d)));
 }
 
+Value CK::flushSubnormal(Value x) {
+  Type type = x.getType();
+  Value tiny = cmpf(arith::CmpFPredicate::OLT, fabs(x),
+                    constLike(type, std::numeric_limits<float>::min()));
+  return select(tiny, constLike(type, 0.0), x);
+}
+
 //===----------------------------------------------------------------------===//
 // Reductions
 //===----------------------------------------------------------------------===//

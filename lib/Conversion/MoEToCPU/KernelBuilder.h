@@ -112,6 +112,8 @@ public:
   /// whose diagonal dominates) made the similarity mix 1.5x slower through
   /// them (its backward 1.25x). NaN passes.
   Value softmaxWeight(Value d) override;
+  /// x, 0 where |x| is below the smallest normal f32 (FLT_MIN).
+  Value flushSubnormal(Value x);
 
   // Reductions of a vector to a scalar.
   Value sum(Value v);

@@ -100,6 +100,16 @@ def print_f32(name, value, ty):
             f"  call @printMemrefF32(%{name}_u) : (tensor<*xf32>) -> ()"]
 
 
+def print_module(out, cases):
+    """Prints the RUN lines `out`, then each case's CHECK lines and function, then @main calling every case."""
+    for fn, checks_, body in cases:
+        out.append("\n".join(checks_))
+        out.append("\n".join(body) + "\n")
+    out.append("func.func @main() {\n" + "\n".join(f"  call @{fn}() : () -> ()" for fn, _, _ in cases) +
+               "\n  return\n}")
+    print("\n".join(out))
+
+
 def similarity_grads(u, e, ws, mask, dp, tau, causal):
     u, e = u.clone().requires_grad_(True), e.clone().requires_grad_(True)
     w = ws.clone().requires_grad_(True) if ws is not None else None
@@ -344,12 +354,7 @@ def main():
             checks_ += lines_for(n, shown)
         body += ["  return", "}"]
         cases.append((fn, checks_, body))
-    for fn, checks_, body in cases:
-        out.append("\n".join(checks_))
-        out.append("\n".join(body) + "\n")
-    out.append("func.func @main() {\n" + "\n".join(f"  call @{fn}() : () -> ()" for fn, _, _ in cases) +
-               "\n  return\n}")
-    print("\n".join(out))
+    print_module(out, cases)
 
 
 BAD_HEAD_RUN = """// RUN: moe-opt %s --moe-lower-to-llvm | mlir-runner -e main -entry-point-result=void \\
@@ -450,12 +455,7 @@ def main_bad_head():
             checks_ += lines_for_skipped(n, shown, skipped)
         body += ["  return", "}"]
         cases.append((fn, checks_, body))
-    for fn, checks_, body in cases:
-        out.append("\n".join(checks_))
-        out.append("\n".join(body) + "\n")
-    out.append("func.func @main() {\n" + "\n".join(f"  call @{fn}() : () -> ()" for fn, _, _ in cases) +
-               "\n  return\n}")
-    print("\n".join(out))
+    print_module(out, cases)
 
 
 if __name__ == "__main__":
