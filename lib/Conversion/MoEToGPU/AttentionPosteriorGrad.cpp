@@ -277,8 +277,11 @@ AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
     headSizes.push_back(k.dim(headIn, 0));
   Value head = h.alloc(headType, headSizes);
   Value skip = h.alloc(headType, headSizes);
-  launchFiniteEAndHeadCheck(h, eIn, e, headIn, k.dim(scores, 1), head, skip,
-                            h.errorWord(), loc);
+  // (Operands named first: argument evaluation order differs between
+  // compilers.)
+  Value word = h.errorWord();
+  Value heads = k.dim(scores, 1);
+  launchFiniteEAndHeadCheck(h, eIn, e, headIn, heads, head, skip, word, loc);
   Value means = temp({{v, 0}, {v, 2}, {wo, 0}});
   Value bias = temp({{v, 0}, {v, 2}});
   launchHeadMeans(h, v, wo, head, means, bias, headScale, sigma, loc);

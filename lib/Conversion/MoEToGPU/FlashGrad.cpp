@@ -290,9 +290,13 @@ void mlir::moe::gpu_lowering::launchFlashGradStats(HostCode &host, Value lse,
     k.ifThen(k.lt(i, N), [&] {
       Value x = k.load(l, {b, i});
       Value none = k.cmpf(arith::CmpFPredicate::OEQ, x, k.negInfLike(k.f32()));
-      if (skip)
-        none = k.orI(none, k.cmpi(arith::CmpIPredicate::ne,
-                                  k.load(kernel.arg(5), {b}), k.cI32(0)));
+      if (skip) {
+        // (Operands named first: the order of a call's arguments differs
+        // between compilers, and with it the order of the emitted ops.)
+        Value flag = k.load(kernel.arg(5), {b});
+        Value zero = k.cI32(0);
+        none = k.orI(none, k.cmpi(arith::CmpIPredicate::ne, flag, zero));
+      }
       k.store(
           k.select(none, k.cF32(std::numeric_limits<double>::infinity()), x),
           lOut, {b, i});

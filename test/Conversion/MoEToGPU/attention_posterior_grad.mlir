@@ -42,7 +42,8 @@
 // CHECK: gpu.func @flash_grad_stats_0(%[[LSE:.*]]: memref<2x128xf32>, %{{.*}}: memref<2x128x16xf32>, %{{.*}}: memref<2x128x16xf32>, %{{.*}}: memref<2x128xf32>, %[[LSEOUT:.*]]: memref<2x128xf32>, %[[SKIPS:.*]]: memref<2xi32>)
 // CHECK: %[[NOKEY:.*]] = arith.cmpf oeq, %{{.*}}, %cst : f32
 // CHECK: %[[SK:.*]] = memref.load %[[SKIPS]][%block_id_y] : memref<2xi32>
-// CHECK-NEXT: %[[SKIPPED:.*]] = arith.cmpi ne, %[[SK]], %{{.*}} : i32
+// CHECK-NEXT: %[[ZERO:.*]] = arith.constant 0 : i32
+// CHECK-NEXT: %[[SKIPPED:.*]] = arith.cmpi ne, %[[SK]], %[[ZERO]] : i32
 // CHECK-NEXT: %[[INF:.*]] = arith.ori %[[NOKEY]], %[[SKIPPED]] : i1
 // CHECK-NEXT: %[[PINF:.*]] = arith.constant 0x7F800000 : f32
 // CHECK-NEXT: %[[L:.*]] = arith.select %[[INF]], %[[PINF]], %{{.*}} : f32
