@@ -28,7 +28,6 @@ using namespace mlir::moe::cpu;
 /// columns).
 static constexpr int64_t kFoldTiles = 16;
 
-
 void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
                                    const FlashGradSpec &s) {
   constexpr int64_t TQ = kQueryTile, TK = kKeyTile, KV = TK / kLanes;

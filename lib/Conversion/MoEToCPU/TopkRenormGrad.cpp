@@ -35,8 +35,9 @@ constexpr int64_t kRowsPerItem = 32;
 constexpr int64_t kMinLaneSel = 4;
 
 /// kernels::emitTopkGradRow with the `sel` (<= kLanes, static) selections of
-/// row `r` in the lanes of one vector: lanes >= sel are padding, kept out of
-/// every reduction.
+/// row `r` in the lanes of one vector: lanes >= sel are -inf padding (exp
+/// gives 0 there, without forming a subnormal: CK::exp), kept out of the
+/// sums.
 void emitTopkGradRowInLanes(CK &k, const TopkSpec &spec, Value r, Value s2,
                             Value i2, Value g2, Value o2, Value numExperts,
                             int64_t sel) {
@@ -62,41 +63,28 @@ void emitTopkGradRowInLanes(CK &k, const TopkSpec &spec, Value r, Value s2,
                       k.iota(k.castInt(c0, k.i32()), n),
                       k.splat(k.castInt(k.idx(sel), k.i32()), n));
   auto sumLive = [&](Value v) { return k.sum(k.select(live, v, zeroV)); };
-  // The padding lanes take exp(0), not exp(-inf): exp's last multiply would
-  // form a subnormal there, and its microcode assist cost more than the
-  // whole row (41% of the kernel's time).
-  auto expLive = [&](Value x) { return k.exp(k.select(live, x, zeroV)); };
   Value v0, selSum, denseMax, denseSum;
   if (spec.logits) {
-    v0 = k.maxf(vals); // the padding lanes are -inf
-    selSum = sumLive(expLive(k.fsub(vals, k.splat(v0, n))));
+    v0 = k.maxf(vals);
+    selSum = sumLive(k.exp(k.fsub(vals, k.splat(v0, n))));
     if (!spec.renormalize) {
       // Over the row's K entries, in vectors (-inf padding: exp gives 0).
-      // (The padding lanes of the last chunk: -inf for the max, 0 for the
-      // exp, whose lanes are then dropped.)
       Value chunks = k.ceilDiv(numExperts, k.idx(n));
-      auto chunk = [&](Value c, double pad) {
+      auto chunk = [&](Value c) {
         Value col = k.mul(c, k.idx(n));
-        return k.vloadMasked(s2, {r, col}, k.sub(numExperts, col), pad, n);
+        return k.vloadMasked(s2, {r, col}, k.sub(numExperts, col),
+                             -std::numeric_limits<double>::infinity(), n);
       };
       denseMax = k.maxf(
           k.forLoop(c0, chunks, c1, ValueRange{negInfV},
                     [&](Value c, ValueRange a) -> SmallVector<Value> {
-                      return {k.fmax(
-                          a[0],
-                          chunk(c, -std::numeric_limits<double>::infinity()))};
+                      return {k.fmax(a[0], chunk(c))};
                     })[0]);
       Value dm = k.splat(denseMax, n);
       denseSum = k.sum(
           k.forLoop(c0, chunks, c1, ValueRange{zeroV},
                     [&](Value c, ValueRange a) -> SmallVector<Value> {
-                      Value in = k.cmpi(
-                          arith::CmpIPredicate::slt,
-                          k.iota(k.castInt(k.mul(c, k.idx(n)), k.i32()), n),
-                          k.splat(k.castInt(numExperts, k.i32()), n));
-                      Value e = k.exp(k.select(in, k.fsub(chunk(c, 0.0), dm),
-                                               zeroV));
-                      return {k.fadd(a[0], k.select(in, e, zeroV))};
+                      return {k.fadd(a[0], k.exp(k.fsub(chunk(c), dm)))};
                     })[0]);
     }
   } else {
@@ -107,8 +95,7 @@ void emitTopkGradRowInLanes(CK &k, const TopkSpec &spec, Value r, Value s2,
     return topkWeight(k, spec, v, splat(v0), splat(selSum), splat(denseMax),
                       splat(denseSum));
   };
-  // (The padding lanes read v0: exp(0) again.)
-  Value w = weight(k.select(live, vals, v0 ? k.splat(v0, n) : zeroV));
+  Value w = weight(vals);
   Value g = k.vloadMasked(g2, {r, c0}, k.idx(sel), 0.0, n);
   Value c = sumLive(k.fmul(g, w));
   // Every entry: -w_j c (logits without renormalization), else 0.
