@@ -110,6 +110,31 @@ def print_module(out, cases):
     print("\n".join(out))
 
 
+POSTERIOR_GRADS = ["ds", "du", "dv", "dwo", "de"]
+
+
+def posterior_case_start(fn, marker, scores, u, v, wo, e, dp):
+    """The head of a moe.attention_posterior_grad case and its operand constants (-inf written as 0xFF800000);
+    returns (operands, their tensor types, body)."""
+    operands = [("s", scores), ("u", u), ("v", v), ("wo", wo), ("e", e)]
+    body = case_head(fn, marker)
+    for n, t in operands + [("dp", dp)]:
+        body.append(f"  %{n} = arith.constant {lit(t).replace('-inf', '0xFF800000')} : {ttype(t, 'f32')}")
+    return operands, [ttype(t, "f32") for _, t in operands], body
+
+
+def print_posterior_grad(body, n, t, ty):
+    """Prints gradient %n (type ty) into body, a rank-4 one [B, H, rows, cols] as [B·H, rows, cols]; returns the
+    tensor as printed."""
+    shown, name = t, f"%{n}"
+    if t.dim() == 4:
+        shown = t.reshape(t.shape[0] * t.shape[1], t.shape[2], t.shape[3])
+        body.append(f"  %{n}_3 = tensor.collapse_shape %{n} [[0, 1], [2], [3]] : {ty} into {ttype(shown, 'f32')}")
+        ty, name = ttype(shown, "f32"), f"%{n}_3"
+    body += print_f32(n, name, ty)
+    return shown
+
+
 def similarity_grads(u, e, ws, mask, dp, tau, causal):
     u, e = u.clone().requires_grad_(True), e.clone().requires_grad_(True)
     w = ws.clone().requires_grad_(True) if ws is not None else None
@@ -326,31 +351,21 @@ def main():
         dp = f32(B, N, K)
         head = torch.tensor([(b + 1) % H for b in range(B)])
         grads = posterior_grads(scores, u, v, wo, e, head, sigma, hsel, head_scale, dp)
-        names = ["ds", "du", "dv", "dwo", "de"]
-        operands = [("s", scores), ("u", u), ("v", v), ("wo", wo), ("e", e)]
+        names = POSTERIOR_GRADS
         fn = f"post{c}"
         marker = 9400 + c
-        body = case_head(fn, marker)
-        for n, t in operands + [("dp", dp)]:
-            body.append(f"  %{n} = arith.constant {lit(t).replace('-inf', '0xFF800000')} : {ttype(t, 'f32')}")
+        operands, types, body = posterior_case_start(fn, marker, scores, u, v, wo, e, dp)
         opt = ""
         if hsel == "min_entropy":
             body.append(f"  %h = arith.constant dense<{head.tolist()}> : tensor<{B}xi32>")
             opt = f" head(%h : tensor<{B}xi32>)"
         attrs = f" sigma({sigma}) head_select({hsel})" + (f" head_scale({head_scale})" if head_scale else "")
-        types = [ttype(t, "f32") for _, t in operands]
         body += op_lines(names, f"moe.attention_posterior_grad {', '.join('%' + n for n, _ in operands)}{opt} "
                          f"dp(%dp : {ttype(dp, 'f32')}){attrs}", types, types)
         checks_ = checks_head(fn, marker, f"B, H, N, Nk, Dh, K = {B}, {H}, {N}, {Nk}, {Dh}, {K}; {hsel}, "
                                           f"sigma {sigma}, head_scale {head_scale}")
         for n, t, ty in zip(names, grads, types):
-            shown, name = t, f"%{n}"
-            if t.dim() == 4:  # printed as [B·H, rows, cols]
-                shown = t.reshape(B * H, t.shape[2], t.shape[3])
-                body.append(f"  %{n}_3 = tensor.collapse_shape %{n} [[0, 1], [2], [3]] : {ty} into "
-                            f"{ttype(shown, 'f32')}")
-                ty, name = ttype(shown, "f32"), f"%{n}_3"
-            body += print_f32(n, name, ty)
+            shown = print_posterior_grad(body, n, t, ty)
             checks_ += lines_for(n, shown)
         body += ["  return", "}"]
         cases.append((fn, checks_, body))
@@ -424,15 +439,11 @@ def main_bad_head():
             full = torch.zeros(like.shape, dtype=t.dtype)
             full[keep] = t
             grads.append(full)
-        names = ["ds", "du", "dv", "dwo", "de"]
-        operands = [("s", scores), ("u", u), ("v", v), ("wo", wo), ("e", e)]
+        names = POSTERIOR_GRADS
         fn = f"bad_head{c}"
         marker = 9700 + c
-        body = case_head(fn, marker)
-        for n, t in operands + [("dp", dp)]:
-            body.append(f"  %{n} = arith.constant {lit(t).replace('-inf', '0xFF800000')} : {ttype(t, 'f32')}")
+        operands, types, body = posterior_case_start(fn, marker, scores, u, v, wo, e, dp)
         body.append(f"  %h = arith.constant dense<{head.tolist()}> : tensor<{B}xi32>")
-        types = [ttype(t, "f32") for _, t in operands]
         body += op_lines(names, f"moe.attention_posterior_grad {', '.join('%' + n for n, _ in operands)} "
                          f"head(%h : tensor<{B}xi32>) dp(%dp : {ttype(dp, 'f32')}) sigma({sigma})", types, types)
         checks_ = checks_head(fn, marker, f"B, H, N, Nk, Dh, K = {B}, {H}, {N}, {Nk}, {Dh}, {K}; sigma {sigma}; "
@@ -444,15 +455,8 @@ def main_bad_head():
             skipped = torch.zeros(t.shape, dtype=torch.bool)
             if n != "dwo":
                 skipped[~keep] = True
-            shown, name = t, f"%{n}"
-            if t.dim() == 4:  # printed as [B·H, rows, cols]
-                shown = t.reshape(B * H, t.shape[2], t.shape[3])
-                skipped = skipped.reshape(B * H, t.shape[2], t.shape[3])
-                body.append(f"  %{n}_3 = tensor.collapse_shape %{n} [[0, 1], [2], [3]] : {ty} into "
-                            f"{ttype(shown, 'f32')}")
-                ty, name = ttype(shown, "f32"), f"%{n}_3"
-            body += print_f32(n, name, ty)
-            checks_ += lines_for_skipped(n, shown, skipped)
+            shown = print_posterior_grad(body, n, t, ty)
+            checks_ += lines_for_skipped(n, shown, skipped.reshape(shown.shape))
         body += ["  return", "}"]
         cases.append((fn, checks_, body))
     print_module(out, cases)
