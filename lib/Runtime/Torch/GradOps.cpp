@@ -286,9 +286,8 @@ PosteriorGrads attentionPosteriorBackward(
     if (head && B > 0) {
       const Tensor &h = keep.at(5);
       int64_t lo = h.min().item<int64_t>(), hi = h.max().item<int64_t>();
-      TORCH_CHECK_VALUE(lo >= 0 && hi < H, "moe.", op, ": 'head' holds ",
-                        lo < 0 ? lo : hi, ", outside [0, ", H,
-                        "): it indexes no head");
+      if (lo < 0 || hi >= H)
+        failHeadOutOfRange(lo < 0 ? lo : hi, H);
     }
     std::vector<Tensor> r = allHeadsReference(
         "_attention_posterior_backward_ref",

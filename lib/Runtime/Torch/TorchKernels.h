@@ -188,6 +188,9 @@ void validateOnly(const Key &k);
 KernelFn lookup(const Key &k);
 /// After a kernel call: a reported index error becomes a ValueError.
 void checkReportedError();
+/// The ValueError of attention_posterior_backward's h* = `value` outside
+/// [0, `heads`) (the wording of python/moe_mlir/ops.py).
+[[noreturn]] void failHeadOutOfRange(int64_t value, int64_t heads);
 /// Calls kernel `fn` of a call on `device`: on the CPU, then raises a
 /// reported index error; on CUDA, on torch's current stream, no wait.
 void launch(KernelFn fn, std::vector<MemRef> &args, c10::Device device);

@@ -231,6 +231,14 @@ int32_t takeKernelError(char *message, int64_t capacity) {
   return take(message, capacity);
 }
 
+// One wording for a bad h*, whether the kernel reported it or the zero-size
+// path (which runs no kernel) found it.
+void failHeadOutOfRange(int64_t value, int64_t heads) {
+  TORCH_CHECK_VALUE(false, "moe.attention_posterior_backward: 'head' holds ",
+                    value, ", outside [0, ", heads, "): it indexes no head");
+  __builtin_unreachable();
+}
+
 /// After a kernel call: a reported index error becomes a ValueError, worded
 /// as the eager ops word it. The runtime's message is
 /// "moe.<op>: '<operand>' element <i> is <v>, outside [0, <n>); ...".
@@ -245,9 +253,7 @@ void checkReportedError() {
     // moe.attention_posterior_grad's h* (the only 'head' operand), checked
     // by the kernels of the torch op attention_posterior_backward.
     if (std::string_view(operand) == "head")
-      TORCH_CHECK_VALUE(
-          false, "moe.attention_posterior_backward: 'head' holds ", value,
-          ", outside [0, ", bound, "): it indexes no head");
+      failHeadOutOfRange(value, bound);
     TORCH_CHECK_VALUE(false, "moe.", op, ": '", operand, "' holds ", value,
                       ", outside [0, ", bound,
                       "): the value indexes no expert (element ", pos, ")");
