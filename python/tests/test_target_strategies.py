@@ -1,9 +1,12 @@
 """The CPU kernels whose strategy follows the target (issue #16), on x86-64-v3 (AVX2) and x86-64-v4 (AVX-512).
 
-- topk_renorm's knockout rounds (TopkRenorm.cpp): up to 8 rows of a static K at a time (2 at K = 256 on AVX2),
-  then one by one, their keys in scratch; the lowest index holding the top key as a max of and-ed lanes, a scalar
-  store knocks it out. Inputs with ties (zeros, repeated values across chunks), NaN, +-inf and fully masked rows, K not a
-  multiple of the lanes (a ragged chunk), row counts not a multiple of four.
+- topk_renorm's knockout rounds (TopkRenorm.cpp): up to 8 rows of a static K at a time, then one by one, their keys
+  in scratch; the lowest index holding the top key as a max of and-ed lanes. A row of fewer than 8 key vectors scans
+  them all every round and knocks the pick out with a scalar store (AVX-512 at K <= 112); a longer one (AVX2 from
+  K = 57 on, both at K = 200 and 256) goes over two levels, its chunk maxima first, then the one chunk holding the top
+  key, knocked out by a vector store. Inputs with ties (zeros, repeated values across chunks: the lowest chunk
+  holding the top key must win), NaN, +-inf and fully masked rows, K not a multiple of the lanes (a ragged chunk, and
+  a ragged vector of chunk maxima at K = 200), k = K (every entry knocked out), row counts not a multiple of four.
 - mad_dispersion's column blocks are 32 features on both targets (two AVX-512 vectors, four AVX2 ones), with a
   ragged last block when D is not a multiple of 32: the result is bit-identical to the portable lowering's on both
   targets, so the targets agree bit for bit.
@@ -53,7 +56,7 @@ def _scores(g, T: int, K: int, kind: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("cpu,threads", TARGETS, ids=lambda p: str(p))
-@pytest.mark.parametrize("K,k", [(64, 8), (24, 5), (256, 8), (40, 1)])
+@pytest.mark.parametrize("K,k", [(64, 8), (24, 5), (256, 8), (40, 1), (200, 8), (72, 72)])
 @pytest.mark.parametrize("kind", ["random", "ties", "special", "probs"])
 def test_topk_renorm_knockout(monkeypatch, cpu, threads, K, k, kind):
     g = gen(K * 100 + k)

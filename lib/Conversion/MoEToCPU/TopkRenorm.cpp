@@ -13,7 +13,11 @@
 // one scalar store). Issue #16: with 4 rows' keys in registers (32 ymm at
 // K = 64 on AVX2's 16) and selects (VBLENDVPS, 2-3 uops on AVX2) the AVX2
 // code took 1.55-1.6x the AVX-512 time; now about 1.2x, and AVX-512 itself
-// is faster. The weights are vector<16xf32> (AVX2: vector<8xf32>) epilogues
+// is faster. A row of 8 key vectors or more (K = 256: 32 on AVX2, 16 on
+// AVX-512) selects over two levels instead: the chunks' maxima, then the one
+// chunk holding the top key (selectByChunkMaxima); K = 256 went from 1.96 to
+// 1.1-1.2 ms on x86-64-v3 and 1.36 to 0.89 on x86-64-v4 (T = 16384, 2
+// threads). The weights are vector<16xf32> (AVX2: vector<8xf32>) epilogues
 // over the k selected values (kernels::topkWeight), unrolled for k <= 4
 // vectors and a loop beyond.
 //
@@ -66,9 +70,17 @@ constexpr int64_t kLaneRowsPerItem = 64;
 /// 0.94 to 0.78 on x86-64-v4 (2 threads, loaded Xeon); four rows run slower
 /// than that with keys in memory (a row's next round loads its knocked-out
 /// chunk too soon after the scalar store: no store-to-load forwarding into a
-/// wider load). K = 256: two rows (AVX2) or four (AVX-512).
+/// wider load).
 constexpr int64_t kMaxGroupRows = 8;
 constexpr int64_t kKeyVectors = 64;
+/// Rows of at least this many key vectors select over two levels (chunk
+/// maxima, then one chunk): selectByChunkMaxima.
+constexpr int64_t kTwoLevelChunks = 8;
+/// Their rounds no longer scan the row, so the group need not shrink as the
+/// row grows: at least 4 rows (K = 256, T = 16384, 2 threads: 2 rows 1.24-1.35
+/// ms on x86-64-v3, 4 rows 1.09, 8 rows 1.16; x86-64-v4 0.88-0.90 for 4 or
+/// 8, 1.15 for 2).
+constexpr int64_t kTwoLevelMinRows = 4;
 
 /// memref [rows, X] -> [rows * X] (identity layout).
 Value flatten(CK &k, Value buffer) {
@@ -146,6 +158,20 @@ Value butterfly(CK &k, Value v, bool max) {
   return v;
 }
 
+/// The signed max of the vectors `v` as a balanced tree: log2(n) maxes deep,
+/// not n - 1 (a top-k round's critical path: 31 at K = 256 on AVX2).
+Value maxTree(CK &k, SmallVector<Value> v) {
+  while (v.size() > 1) {
+    SmallVector<Value> next;
+    for (size_t i = 0; i + 1 < v.size(); i += 2)
+      next.push_back(k.maxs(v[i], v[i + 1]));
+    if (v.size() % 2)
+      next.push_back(v.back());
+    v = std::move(next);
+  }
+  return v[0];
+}
+
 /// Runs `body(offset)` for the offsets 0, 16, ... < selPad of the selection.
 void eachSelChunk(CK &k, int64_t selPad, function_ref<void(Value)> body) {
   int64_t lanes = k.lanes();
@@ -206,7 +232,10 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
     int64_t group = 1;
     if (!ShapedType::isDynamic(staticExperts)) {
       int64_t nc = (staticExperts + lanes - 1) / lanes;
-      group = std::clamp<int64_t>(kKeyVectors / nc, 1, kMaxGroupRows);
+      bool twoLevel = nc >= kTwoLevelChunks && nc <= kKeyVectors;
+      group = std::clamp<int64_t>(kKeyVectors / nc,
+                                  twoLevel ? kTwoLevelMinRows : 1,
+                                  kMaxGroupRows);
     }
     // The keys of the group's rows, each rounded up to whole vectors.
     Value keysAll =
@@ -384,9 +413,7 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
       return k.select(inRow, orderedKey(k, x), gone);
     };
     auto emitPick = [&](Value r, Value sel, Value j, Value index) {
-      Value value = k.loadF(s2, {r, k.castInt(index, k.b.getIndexType())});
-      k.store(index, i2, {r, j});
-      k.store(value, sel, {j});
+      TopkRenormKernel::emitPick(k, r, s2, i2, sel, j, index);
     };
     auto minIndex = [&](Value v) -> Value {
       return vector::ReductionOp::create(k.b, vector::CombiningKind::MINSI, v);
@@ -415,25 +442,27 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
       auto at = [&](int64_t q, int64_t c) {
         return k.idx((q * nc + c) * lanes);
       };
+      SmallVector<SmallVector<Value>> rowKeys(nr);
       for (int64_t q = 0; q < nr; ++q)
-        for (int64_t c = 0; c < nc; ++c)
-          k.vstore(chunkKey(rows[q], k.idx(c * lanes)), keys, {at(q, c)});
-      Value zero = k.constLike(vi32, 0.0);
+        for (int64_t c = 0; c < nc; ++c) {
+          rowKeys[q].push_back(chunkKey(rows[q], k.idx(c * lanes)));
+          k.vstore(rowKeys[q].back(), keys, {at(q, c)});
+        }
+      if (nc >= kTwoLevelChunks) {
+        selectByChunkMaxima(k, rows, rowKeys, s2, i2, keys, sels, topk);
+        return;
+      }
       k.forLoop(k.idx(0), k.idx(topk), k.idx(1), [&](Value j) {
         for (int64_t q = 0; q < nr; ++q) {
-          SmallVector<Value> key;
-          Value top;
-          for (int64_t c = 0; c < nc; ++c) {
+          SmallVector<Value> key, hits;
+          for (int64_t c = 0; c < nc; ++c)
             key.push_back(k.vload(keys, {at(q, c)}, lanes));
-            top = c ? k.maxs(top, key[c]) : key[c];
-          }
-          Value topV = butterfly(k, top, /*max=*/true);
-          Value best = zero;
+          Value topV = butterfly(k, maxTree(k, key), /*max=*/true);
           for (int64_t c = 0; c < nc; ++c) {
             Value hit = k.castInt(k.eq(key[c], topV), vi32);
-            best = k.maxs(best, k.andI(hit, flippedExperts(c)));
+            hits.push_back(k.andI(hit, flippedExperts(c)));
           }
-          Value indexV = k.sub(last, butterfly(k, best, /*max=*/true));
+          Value indexV = k.sub(last, butterfly(k, maxTree(k, hits), /*max=*/true));
           Value index = vector::ExtractOp::create(k.b, indexV, 0);
           emitPick(rows[q], sels[q], j, index);
           k.store(k.cI32(std::numeric_limits<int32_t>::min()), keys,
@@ -469,6 +498,112 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
               {k.castInt(index, k.b.getIndexType())});
     });
     }
+  }
+
+  /// Pick j of row r: entry `index` (i32) of s2's row r.
+  static void emitPick(CK &k, Value r, Value s2, Value i2, Value sel, Value j,
+                       Value index) {
+    Value value = k.loadF(s2, {r, k.castInt(index, k.b.getIndexType())});
+    k.store(index, i2, {r, j});
+    k.store(value, sel, {j});
+  }
+
+  /// The knockout rounds of selectByKnockout over two levels, for rows of
+  /// many chunks: lane l of the row's chunk-maxima vector m holds the largest
+  /// key of chunk m * lanes + l. A round finds the top key in the maxima, the
+  /// lowest chunk holding it (the lowest index holding the top key lies in
+  /// it: every chunk before has only smaller keys), and the lowest lane of
+  /// that chunk; it knocks the entry out with a whole-vector store (the next
+  /// round's load of the chunk is forwarded from it) and replaces the chunk's
+  /// maximum. A round touches one chunk instead of all nc twice: at K = 256
+  /// it is ~40 vector ops for any nc, where the one-level round took ~5 nc
+  /// (160 on AVX2, 80 on AVX-512). The maxima are loop-carried (registers).
+  /// `rowKeys[q][c]` is chunk c of row q's keys, also stored in `keys`.
+  static void selectByChunkMaxima(CK &k, ArrayRef<Value> rows,
+                                  ArrayRef<SmallVector<Value>> rowKeys,
+                                  Value s2, Value i2, Value keys,
+                                  ArrayRef<Value> sels, int64_t topk) {
+    int64_t lanes = k.lanes(), nr = rows.size(), nc = rowKeys[0].size();
+    int64_t nm = (nc + lanes - 1) / lanes;
+    auto vi32 = VectorType::get({lanes}, k.i32());
+    Value gone = k.constLike(vi32, double(std::numeric_limits<int32_t>::min()));
+    Value last = k.constLike(vi32, double(std::numeric_limits<int32_t>::max()));
+    // Lane l: `base` + l, and INT32_MAX - (base + l) (a max of it is the
+    // lowest of the lanes kept by an and).
+    auto ids = [&](int64_t base, bool flipped) {
+      SmallVector<int32_t> v;
+      for (int64_t l = 0; l < lanes; ++l)
+        v.push_back(flipped ? std::numeric_limits<int32_t>::max() -
+                                  int32_t(base + l)
+                            : int32_t(base + l));
+      return Value(arith::ConstantOp::create(
+          k.b, DenseElementsAttr::get(vi32, ArrayRef<int32_t>(v))));
+    };
+    // The lowest lane id of `v`'s lanes equal to `top` (in every lane).
+    auto lowestEqual = [&](ArrayRef<Value> v, Value top) {
+      SmallVector<Value> hits;
+      for (auto [m, x] : llvm::enumerate(v)) {
+        Value hit = k.castInt(k.eq(x, top), vi32);
+        Value flipped = ids(m * lanes, /*flipped=*/true);
+        hits.push_back(k.andI(hit, flipped));
+      }
+      Value best = butterfly(k, maxTree(k, hits), /*max=*/true);
+      return k.sub(last, best);
+    };
+    // Chunk maxima: log2(lanes) rounds of max(evens, odds) of adjacent
+    // pairs transpose-reduce `lanes` chunks into one vector, in chunk order.
+    SmallVector<int64_t> evens, odds;
+    for (int64_t i = 0; i < lanes; ++i) {
+      evens.push_back(2 * i);
+      odds.push_back(2 * i + 1);
+    }
+    SmallVector<Value> maxima;
+    for (int64_t q = 0; q < nr; ++q)
+      for (int64_t m = 0; m < nm; ++m) {
+        SmallVector<Value> v;
+        for (int64_t c = m * lanes; c < (m + 1) * lanes; ++c)
+          v.push_back(c < nc ? rowKeys[q][c] : gone);
+        while (v.size() > 1) {
+          SmallVector<Value> next;
+          for (size_t i = 0; i < v.size(); i += 2) {
+            Value e = k.shuffle(v[i], v[i + 1], evens);
+            Value o = k.shuffle(v[i], v[i + 1], odds);
+            next.push_back(k.maxs(e, o));
+          }
+          v = std::move(next);
+        }
+        maxima.push_back(v[0]);
+      }
+    Value laneIds = ids(0, /*flipped=*/false);
+    Value lanesI32 = k.cI32(lanes);
+    k.forLoop(k.idx(0), k.idx(topk), k.idx(1), ValueRange(maxima),
+              [&](Value j, ValueRange acc) -> SmallVector<Value> {
+      SmallVector<Value> next;
+      for (int64_t q = 0; q < nr; ++q) {
+        SmallVector<Value> m(acc.slice(q * nm, nm));
+        Value top = butterfly(k, maxTree(k, m), /*max=*/true);
+        Value chunkV = lowestEqual(m, top);
+        Value chunk = vector::ExtractOp::create(k.b, chunkV, 0);
+        Value first = k.mul(chunk, lanesI32);
+        Value offset = k.add(k.idx(q * nc * lanes),
+                             k.castInt(first, k.b.getIndexType()));
+        Value keysOfChunk = k.vload(keys, {offset}, lanes);
+        Value laneV = lowestEqual({keysOfChunk}, top);
+        Value lane = vector::ExtractOp::create(k.b, laneV, 0);
+        Value index = k.add(first, lane);
+        emitPick(k, rows[q], s2, i2, sels[q], j, index);
+        Value picked = k.eq(laneIds, laneV);
+        Value knocked = k.select(picked, gone, keysOfChunk);
+        k.vstore(knocked, keys, {offset});
+        Value newMax = butterfly(k, knocked, /*max=*/true);
+        for (int64_t mm = 0; mm < nm; ++mm) {
+          Value chunkIds = ids(mm * lanes, /*flipped=*/false);
+          Value isChunk = k.eq(chunkIds, chunkV);
+          next.push_back(k.select(isChunk, newMax, m[mm]));
+        }
+      }
+      return next;
+    });
   }
 
   /// Rows `rows` (their selections in `sels`, one per row), selected

@@ -101,35 +101,46 @@ func.func @topk_small(%s: tensor<?x8xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>)
 }
 
 // topk_renorm, K = 64: per row, knockout rounds over i32 ordered keys, one register wide (AVX2 has no i64 max:
-// the i64 candidates of before ran ~4x the instructions there): the max key, left in every lane by a butterfly of
-// shuffles, the lowest index holding it, the knockout. 8 rows go through the rounds together (the sel scratch is
-// [workers, 8, lanes]), their keys in the worker's scratch: a round loads them, finds the index as a max of
-// (compare lanes and INT32_MAX - index), no select (VBLENDVPS on AVX2), and knocks the pick out with one scalar
-// store per row. (4 rows' keys in registers, 32 ymm at K = 64, spilled every round on AVX2, which ran 1.55-1.6x
-// the AVX-512 time, issue #16.)
+// the i64 candidates of before ran ~4x the instructions there), 8 rows through the rounds together (the sel
+// scratch is [workers, 8, lanes]), their keys in the worker's scratch. AVX-512 (4 key vectors a row) scans the
+// row: a round loads the keys, the max key is left in every lane by a butterfly of shuffles, the index is a max
+// of (compare lanes and INT32_MAX - index), no select (VBLENDVPS on AVX2), and the pick is knocked out with one
+// scalar store. AVX2 (8 key vectors a row, 32 at K = 256 on either target) goes over two levels: the chunk
+// maxima, transposed into one vector by max(evens, odds) shuffle rounds, are loop-carried; a round finds the top
+// key and the lowest chunk holding it there, loads that chunk alone, and knocks the pick out with a vector store
+// (4 rows' keys in registers, 32 ymm at K = 64, spilled every round on AVX2, which ran 1.55-1.6x the AVX-512
+// time; scanning all 32 chunks of K = 256 twice a round made AVX2 1.6x slower than AVX-512, issue #16).
 // CHECK-LABEL: func.func @topk_wide
 // CHECK-NOT: xi64>
 // AVX2: memref.alloc() {alignment = 64 : i64} : memref<2x8x8xf32>
 // AVX512: memref.alloc() {alignment = 64 : i64} : memref<2x8x16xf32>
-// CHECK: scf.for %[[J:.+]] = %c0 to %c8 step %c1 {
-// CHECK-NOT: arith.select
-// AVX2: vector.load {{.*}} : memref<?xi32, strided<[1], offset: ?>>, vector<8xi32>
-// AVX2: arith.maxsi %{{.+}}, %{{.+}} : vector<8xi32>
+// AVX2: vector.shuffle %{{.+}}, %{{.+}} [0, 2, 4, 6, 8, 10, 12, 14] : vector<8xi32>, vector<8xi32>
+// AVX2: vector.shuffle %{{.+}}, %{{.+}} [1, 3, 5, 7, 9, 11, 13, 15] : vector<8xi32>, vector<8xi32>
+// AVX2: scf.for %[[J:.+]] = %c0 to %c8 step %c1 iter_args({{.*}}) -> ({{(vector<8xi32>, ){7}vector<8xi32>}}) {
 // AVX2: vector.shuffle %{{.+}}, %{{.+}} [4, 5, 6, 7, 0, 1, 2, 3] : vector<8xi32>, vector<8xi32>
-// AVX2: %[[HIT:.+]] = arith.cmpi eq, %{{.+}}, %{{.+}} : vector<8xi32>
-// AVX2: %[[HITI:.+]] = arith.extsi %[[HIT]] : vector<8xi1> to vector<8xi32>
-// AVX2: arith.andi %[[HITI]], %{{.+}} : vector<8xi32>
+// AVX2: %[[CHUNKV:.+]] = arith.subi %{{.+}}, %{{.+}} : vector<8xi32>
+// AVX2: %[[CHUNK:.+]] = vector.extract %[[CHUNKV]][0] : i32 from vector<8xi32>
+// AVX2: %[[FIRST:.+]] = arith.muli %[[CHUNK]], %c8_i32 : i32
+// AVX2: %[[KEYS:.+]] = vector.load %[[SCRATCH:.+]][%[[AT:.+]]] : memref<?xi32, strided<[1], offset: ?>>, vector<8xi32>
+// AVX2-NOT: vector.load
+// AVX2: %[[LANE:.+]] = vector.extract %{{.+}}[0] : i32 from vector<8xi32>
+// AVX2: %[[INDEX:.+]] = arith.addi %[[FIRST]], %[[LANE]] : i32
+// AVX2: memref.store %[[INDEX]], %{{.+}}[%{{.+}}, %[[J]]] : memref<?x8xi32>
+// AVX2: %[[KNOCKED:.+]] = arith.select %{{.+}}, %{{.+}}, %[[KEYS]] : vector<8xi1>, vector<8xi32>
+// AVX2: vector.store %[[KNOCKED]], %[[SCRATCH]][%[[AT]]]
+// AVX512: scf.for %[[J:.+]] = %c0 to %c8 step %c1 {
+// AVX512-NOT: arith.select
 // AVX512: vector.load {{.*}} : memref<?xi32, strided<[1], offset: ?>>, vector<16xi32>
 // AVX512: arith.maxsi %{{.+}}, %{{.+}} : vector<16xi32>
 // AVX512: vector.shuffle %{{.+}}, %{{.+}} [8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7] : vector<16xi32>, vector<16xi32>
 // AVX512: %[[HIT:.+]] = arith.cmpi eq, %{{.+}}, %{{.+}} : vector<16xi32>
 // AVX512: %[[HITI:.+]] = arith.extsi %[[HIT]] : vector<16xi1> to vector<16xi32>
 // AVX512: arith.andi %[[HITI]], %{{.+}} : vector<16xi32>
-// CHECK-NOT: arith.select
-// CHECK: vector.extract %{{.+}}[0] : i32 from vector<
-// CHECK: memref.store %{{.+}}, %{{.+}}[%{{.+}}, %[[J]]] : memref<?x8xi32>
-// CHECK-NOT: arith.select
-// CHECK-COUNT-8: memref.store %c-2147483648_i32, %{{.+}}[%{{.+}}] : memref<?xi32, strided<[1], offset: ?>>
+// AVX512-NOT: arith.select
+// AVX512: vector.extract %{{.+}}[0] : i32 from vector<
+// AVX512: memref.store %{{.+}}, %{{.+}}[%{{.+}}, %[[J]]] : memref<?x8xi32>
+// AVX512-NOT: arith.select
+// AVX512-COUNT-8: memref.store %c-2147483648_i32, %{{.+}}[%{{.+}}] : memref<?xi32, strided<[1], offset: ?>>
 // CHECK-NOT: memref.store %c-2147483648_i32
 // AVX2: math.floor %{{.+}} : vector<8xf32>
 // AVX512: math.floor %{{.+}} : vector<16xf32>
@@ -141,14 +152,14 @@ func.func @topk_wide(%s: tensor<?x64xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>)
   return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
 }
 
-// K = 256: 2 rows of 32 vectors on AVX2, 4 rows of 16 on AVX-512 (64 key vectors at most).
+// K = 256: two levels on both targets, 4 rows together (their chunk maxima loop-carried: 4 vectors a row on
+// AVX2, one on AVX-512); no scalar knockout store.
 // CHECK-LABEL: func.func @topk_256
 // CHECK-NOT: xi64>
-// AVX2: memref.alloc() {alignment = 64 : i64} : memref<2x2x8xf32>
+// AVX2: memref.alloc() {alignment = 64 : i64} : memref<2x4x8xf32>
 // AVX512: memref.alloc() {alignment = 64 : i64} : memref<2x4x16xf32>
-// CHECK: scf.for %{{.+}} = %c0 to %c8 step %c1 {
-// AVX2-COUNT-2: memref.store %c-2147483648_i32
-// AVX512-COUNT-4: memref.store %c-2147483648_i32
+// AVX2: scf.for %{{.+}} = %c0 to %c8 step %c1 iter_args({{.*}}) -> ({{(vector<8xi32>, ){15}vector<8xi32>}}) {
+// AVX512: scf.for %{{.+}} = %c0 to %c8 step %c1 iter_args({{.*}}) -> ({{(vector<16xi32>, ){3}vector<16xi32>}}) {
 // CHECK-NOT: memref.store %c-2147483648_i32
 // CHECK: math.floor
 // CHECK-NOT: xi64>
