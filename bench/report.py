@@ -114,10 +114,14 @@ def write_markdown(doc: dict, path: Path, png_name: str) -> str:
             ops_ok[r["op"]] &= (r.get("speedup") or 0) >= TARGET
     mb = [r for r in doc["records"] if r.get("bytes_read") and r.get("speedup")]
     if mb:
-        lines += ["", f"Memory-bound cases (bytes read once / median time; tensor copy on this machine: "
+        lines += ["", f"Memory-bound cases (bytes read once / median time; the fraction of the triad, a best of 5, "
+                      f"from the best call, the median call's after it; tensor copy on this machine: "
                       f"{m.get('copy_bandwidth_GBps', '?')} GB/s):"]
         for r in mb:
-            frac = (f" ({100 * r['ours_frac_triad']:.0f}% of the triad; eager {100 * r.get('torch_frac_triad', 0):.0f}%)"
+            pct = lambda key: (f"{100 * r[key + '_frac_triad']:.0f}%"
+                               + (f" [median {100 * r[key + '_median_frac_triad']:.0f}%]"
+                                  if r.get(key + "_median_frac_triad") else ""))
+            frac = (f" ({pct('ours')} of the triad; eager {pct('torch') if r.get('torch_frac_triad') else '-'})"
                     if r.get("ours_frac_triad") else "")
             lines.append(f"- {r['op']} {_shape(r)}: ours {r.get('ours_GBps', 0):.1f} GB/s, eager "
                          f"{r.get('torch_GBps', 0):.1f} GB/s{frac}")
