@@ -176,7 +176,7 @@ struct AttentionPosteriorKernel
     Value e = k.buffer(op.getE());
     Value batch = k.dim(scores, 0), heads = k.dim(scores, 1);
     Value rows = k.dim(scores, 2), keys = k.dim(scores, 3);
-    Value model = k.dim(u, 2), headDim = k.dim(v, 3), width = k.dim(e, 2);
+    Value model = k.dim(u, 2), headDim = k.dim(v, 3);
     float sigma = op.getSigma().convertToFloat();
     float sigma2 = sigma * sigma;
     double negInf = -std::numeric_limits<double>::infinity();

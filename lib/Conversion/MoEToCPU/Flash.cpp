@@ -70,18 +70,8 @@ FlashSpec mlir::moe::cpu::flashSpec(
 void mlir::moe::cpu::workersIfLarge(CK &k, const KernelOptions &opts, Value numItems,
                     Value work,
                     function_ref<void(Value item, Value worker)> body) {
-  if (opts.numThreads <= 1)
-    return k.workers(opts, numItems, body);
-  KernelOptions inlineOpts = opts;
-  inlineOpts.numThreads = 1;
-  auto op = scf::IfOp::create(
-      k.b, k.cmpi(arith::CmpIPredicate::ult, work, k.idx(kInlineWork)),
-      /*withElseRegion=*/true);
-  OpBuilder::InsertionGuard guard(k.b);
-  k.b.setInsertionPoint(op.thenBlock()->getTerminator());
-  k.workers(inlineOpts, numItems, body);
-  k.b.setInsertionPoint(op.elseBlock()->getTerminator());
-  k.workers(opts, numItems, body);
+  Value small = k.cmpi(arith::CmpIPredicate::ult, work, k.idx(kInlineWork));
+  k.workers(opts, numItems, body, small);
 }
 
 mlir::moe::cpu::RowTiles mlir::moe::cpu::rowTiles(CK &k, Value batch,

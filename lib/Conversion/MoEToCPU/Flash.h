@@ -82,8 +82,9 @@ flashSpec(CK &k, Value q, Value keysT, Value keysPad, Value values, Value out,
 constexpr int64_t kInlineWork = int64_t(1) << 20;
 
 /// CK::workers over `numItems`, on the calling thread when `work` (an index:
-/// about the multiply-adds of all items) is below kInlineWork (CK::workers
-/// itself decides on the item count only).
+/// about the multiply-adds of all items) is below kInlineWork, and on the
+/// workers otherwise, however few the items (CK::workers by itself decides on
+/// the item count).
 void workersIfLarge(CK &k, const KernelOptions &opts, Value numItems,
                     Value work,
                     function_ref<void(Value item, Value worker)> body);

@@ -215,7 +215,8 @@ void CK::splitFull(Value full, function_ref<void(bool)> body) {
 //===----------------------------------------------------------------------===//
 
 void CK::workers(const KernelOptions &opts, Value numItems,
-                 function_ref<void(Value item, Value worker)> body) {
+                 function_ref<void(Value item, Value worker)> body,
+                 Value runInline) {
   auto inline_ = [&] {
     Value w = idx(0);
     forLoop(idx(0), numItems, idx(1), [&](Value item) { body(item, w); });
@@ -241,8 +242,10 @@ void CK::workers(const KernelOptions &opts, Value numItems,
   };
   // Few items (decode sizes): waking the pool costs more than the work, so
   // they run on the calling thread (the body is emitted twice).
+  if (!runInline)
+    runInline = cmpi(arith::CmpIPredicate::ule, numItems, idx(kInlineItems));
   scf::IfOp::create(
-      b, cmpi(arith::CmpIPredicate::ule, numItems, idx(kInlineItems)),
+      b, runInline,
       [&](OpBuilder &nb, Location) {
         OpBuilder::InsertionGuard g(b);
         b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());

@@ -154,9 +154,12 @@ public:
   /// `worker` (index, < opts.numThreads) selects the worker's slice of
   /// scratch buffers made by `scratch`.
   /// At most kInlineItems items (decode sizes) run on the calling thread:
-  /// waking the pool costs more than the work.
+  /// waking the pool costs more than the work. A kernel whose items are few
+  /// but large (mad_dispersion's column blocks span every token) passes its
+  /// own test instead: `runInline` (i1), true where the work is small.
   void workers(const KernelOptions &opts, Value numItems,
-               function_ref<void(Value item, Value worker)> body);
+               function_ref<void(Value item, Value worker)> body,
+               Value runInline = {});
   static constexpr int64_t kInlineItems = 4;
   /// A scratch buffer with one `type` slice per worker: [numThreads, ...].
   /// (Heap, freed by the deallocation pipeline: per-worker allocas would

@@ -37,7 +37,6 @@ struct SimilarityInformKernel : KernelPattern<OpTy, /*TargetLanes=*/false> {
     Value u = k.buffer(op.getU()), e = k.buffer(op.getE());
     Value mask = op.getKeyMask() ? k.buffer(op.getKeyMask()) : Value();
     Value batch = k.dim(u, 0), rows = k.dim(u, 1), depth = k.dim(u, 2);
-    Value width = k.dim(e, 2);
     Value keysPad = roundUp(k, rows, kKeyTile);
     bool causal = op.getCausal();
     float tau = op.getTau().convertToFloat();
