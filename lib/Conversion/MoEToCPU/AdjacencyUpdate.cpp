@@ -48,6 +48,11 @@ using namespace kernels;
 namespace {
 /// Tokens per worker item.
 constexpr int64_t kTokensPerItem = 512;
+/// Up to this many (token, slot) pairs the calling thread counts alone: the
+/// work is a few cycles a pair, less than starting the workers and summing
+/// their buffers (T = 16384, k = 2, Intel Xeon, 2 threads: E = 8 0.02 ms on
+/// one thread against 0.04-0.09 ms on two; E = 16 0.044 against 0.092).
+constexpr int64_t kInlineSlots = int64_t(1) << 16;
 /// Largest E counted by several workers (each with its own E x E matrix).
 constexpr int64_t kMaxParallelExperts = 1024;
 /// Largest E whose masks are always histogrammed (2^E bins per worker).
@@ -132,15 +137,20 @@ Value tokenMask(CK &k, const AdjacencyInputs &in, Value t) {
 }
 
 /// Runs `body(t, worker)` for every token, blocks of kTokensPerItem tokens
-/// per worker item.
-void forEachToken(CK &k, const KernelOptions &o, Value tokens,
+/// per worker item; on the calling thread alone when there are at most
+/// kInlineSlots (token, slot) pairs.
+void forEachToken(CK &k, const KernelOptions &o, const AdjacencyInputs &in,
                   function_ref<void(Value t, Value w)> body) {
+  Value tokens = in.tokens;
   Value numItems = k.ceilDiv(tokens, k.idx(kTokensPerItem));
+  Value pairs = k.mul(tokens, in.slots);
+  Value small =
+      k.cmpi(arith::CmpIPredicate::ule, pairs, k.idx(kInlineSlots));
   k.workers(o, numItems, [&](Value item, Value w) {
     Value t0 = k.mul(item, k.idx(kTokensPerItem));
     Value t1 = k.mins(k.add(t0, k.idx(kTokensPerItem)), tokens);
     k.forLoop(t0, t1, k.idx(1), [&](Value t) { body(t, w); });
-  });
+  }, small);
 }
 
 /// Stores 0 into every element of `buf` (static shape, i32).
@@ -202,7 +212,7 @@ void emitCounting(CK &k, const KernelOptions &opts, const AdjacencyInputs &in,
       });
     });
   });
-  forEachToken(k, o, in.tokens, [&](Value t, Value w) {
+  forEachToken(k, o, in, [&](Value t, Value w) {
     Value cw = k.workerSlice(counts, w);
     Value seen = k.workerSlice(stamps, w);
     Value list = k.workerSlice(lists, w);
@@ -245,7 +255,7 @@ void emitHistogram(CK &k, const KernelOptions &o, const AdjacencyInputs &in,
   Value hist = k.scratch(o, MemRefType::get({bins}, k.i32()), {});
   Value numWorkers = k.idx(std::max<int64_t>(o.numThreads, 1));
   zeroFill(k, hist);
-  forEachToken(k, o, in.tokens, [&](Value t, Value w) {
+  forEachToken(k, o, in, [&](Value t, Value w) {
     Value bin = k.castInt(tokenMask(k, in, t), k.index());
     k.store(k.add(k.load(hist, {w, bin}), k.cI32(1)), hist, {w, bin});
   });
@@ -289,7 +299,7 @@ void emitMaskRows(CK &k, const KernelOptions &o, const AdjacencyInputs &in,
   zeroFill(k, counts);
   Value laneShift = k.iota(k.cI32(0), lanes);
   Value laneOne = k.splat(k.cI32(1), lanes);
-  forEachToken(k, o, in.tokens, [&](Value t, Value w) {
+  forEachToken(k, o, in, [&](Value t, Value w) {
     Value cw = k.workerSlice(counts, w);
     Value mask = tokenMask(k, in, t);
     // The mask as i32 lanes, one vector per chunk of `lanes` experts:
