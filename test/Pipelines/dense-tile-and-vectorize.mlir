@@ -252,3 +252,27 @@ func.func @expert_einsum(%u: tensor<256x128xf32>, %w: tensor<4x128x64xf32>) -> t
   } -> tensor<4x256x64xf32>
   return %y : tensor<4x256x64xf32>
 }
+
+// -----
+
+// A chain of fewer than 2^17 iterations (a 256 x 256 elementwise op) stays on the calling thread: a parallel
+// region costs tens of microseconds, more than its work (mad_dispersion's O(E·D) tail at E = D = 256 took 0.3 ms
+// more on two threads). The matmul above, 2^23 iterations, keeps its thread loop with its small consumer fused.
+// CHECK-LABEL: func.func @small_elementwise
+// CHECK-NOT:     scf.forall
+// CHECK:         scf.for
+// CHECK:           arith.divf {{.*}} : vector<8x32xf32>
+// CHECK-NOT:     scf.forall
+// CHECK:         return
+func.func @small_elementwise(%x: tensor<256x256xf32>, %y: tensor<256x256xf32>) -> tensor<256x256xf32> {
+  %e = tensor.empty() : tensor<256x256xf32>
+  %0 = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d0, d1)>,
+                                        affine_map<(d0, d1) -> (d0, d1)>],
+                       iterator_types = ["parallel", "parallel"]}
+      ins(%x, %y : tensor<256x256xf32>, tensor<256x256xf32>) outs(%e : tensor<256x256xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %s = arith.divf %a, %b : f32
+    linalg.yield %s : f32
+  } -> tensor<256x256xf32>
+  return %0 : tensor<256x256xf32>
+}
