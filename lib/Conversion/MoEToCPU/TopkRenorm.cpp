@@ -172,6 +172,45 @@ Value maxTree(CK &k, SmallVector<Value> v) {
   return v[0];
 }
 
+/// A constant vector of the target's i32 lanes: lane l holds base + l, or
+/// INT32_MAX - (base + l) when `flipped` (whose signed max over and-ed lanes
+/// is the lowest id kept).
+Value laneIds(CK &k, int64_t base, bool flipped) {
+  int64_t lanes = k.lanes();
+  SmallVector<int32_t> ids;
+  for (int64_t l = 0; l < lanes; ++l)
+    ids.push_back(flipped ? std::numeric_limits<int32_t>::max() -
+                                int32_t(base + l)
+                          : int32_t(base + l));
+  auto type = VectorType::get({lanes}, k.i32());
+  return arith::ConstantOp::create(
+      k.b, DenseElementsAttr::get(type, ArrayRef<int32_t>(ids)));
+}
+
+/// In every lane, the lowest id (lane l of vector m: m * lanes + l) among
+/// the lanes of `chunks` equal to `top` (i32 keys, `top` in every lane): a
+/// max of (compare lanes and INT32_MAX - id), an and instead of a select
+/// (VBLENDVPS: 2-3 uops on AVX2).
+Value lowestEqual(CK &k, ArrayRef<Value> chunks, Value top) {
+  int64_t lanes = k.lanes();
+  auto vi32 = VectorType::get({lanes}, k.i32());
+  SmallVector<Value> hits;
+  for (auto [m, x] : llvm::enumerate(chunks)) {
+    Value hit = k.castInt(k.eq(x, top), vi32);
+    Value flipped = laneIds(k, m * lanes, /*flipped=*/true);
+    hits.push_back(k.andI(hit, flipped));
+  }
+  Value best = butterfly(k, maxTree(k, hits), /*max=*/true);
+  Value last = k.constLike(vi32, double(std::numeric_limits<int32_t>::max()));
+  return k.sub(last, best);
+}
+
+/// Whether a static row of `nc` key vectors selects over two levels
+/// (selectByChunkMaxima): at least kTwoLevelChunks, at most kKeyVectors.
+bool selectsOverTwoLevels(int64_t nc) {
+  return nc >= kTwoLevelChunks && nc <= kKeyVectors;
+}
+
 /// Runs `body(offset)` for the offsets 0, 16, ... < selPad of the selection.
 void eachSelChunk(CK &k, int64_t selPad, function_ref<void(Value)> body) {
   int64_t lanes = k.lanes();
@@ -232,9 +271,9 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
     int64_t group = 1;
     if (!ShapedType::isDynamic(staticExperts)) {
       int64_t nc = (staticExperts + lanes - 1) / lanes;
-      bool twoLevel = nc >= kTwoLevelChunks && nc <= kKeyVectors;
       group = std::clamp<int64_t>(kKeyVectors / nc,
-                                  twoLevel ? kTwoLevelMinRows : 1,
+                                  selectsOverTwoLevels(nc) ? kTwoLevelMinRows
+                                                           : 1,
                                   kMaxGroupRows);
     }
     // The keys of the group's rows, each rounded up to whole vectors.
@@ -393,13 +432,8 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
     bool whole = !ShapedType::isDynamic(staticExperts) &&
                  staticExperts % lanes == 0;
     auto experts = [&](Value base) {
-      if (std::optional<int64_t> cst = getConstantIntValue(base)) {
-        SmallVector<int32_t> ids;
-        for (int64_t l = 0; l < lanes; ++l)
-          ids.push_back(int32_t(*cst + l));
-        return Value(arith::ConstantOp::create(
-            k.b, DenseElementsAttr::get(vi32, ArrayRef<int32_t>(ids))));
-      }
+      if (std::optional<int64_t> cst = getConstantIntValue(base))
+        return laneIds(k, *cst, /*flipped=*/false);
       return k.iota(k.castInt(base, i32), lanes);
     };
     auto chunkKey = [&](Value r, Value base) {
@@ -431,14 +465,6 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
       // registers instead (SSA values: 32 ymm at K = 64, on 16) spilled them
       // every round on AVX2 and took 1.2-1.5x the time on both targets.
       int64_t nc = (staticExperts + lanes - 1) / lanes, nr = rows.size();
-      auto flippedExperts = [&](int64_t c) {
-        SmallVector<int32_t> ids;
-        for (int64_t l = 0; l < lanes; ++l)
-          ids.push_back(std::numeric_limits<int32_t>::max() -
-                        int32_t(c * lanes + l));
-        return Value(arith::ConstantOp::create(
-            k.b, DenseElementsAttr::get(vi32, ArrayRef<int32_t>(ids))));
-      };
       auto at = [&](int64_t q, int64_t c) {
         return k.idx((q * nc + c) * lanes);
       };
@@ -448,21 +474,17 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
           rowKeys[q].push_back(chunkKey(rows[q], k.idx(c * lanes)));
           k.vstore(rowKeys[q].back(), keys, {at(q, c)});
         }
-      if (nc >= kTwoLevelChunks) {
+      if (selectsOverTwoLevels(nc)) {
         selectByChunkMaxima(k, rows, rowKeys, s2, i2, keys, sels, topk);
         return;
       }
       k.forLoop(k.idx(0), k.idx(topk), k.idx(1), [&](Value j) {
         for (int64_t q = 0; q < nr; ++q) {
-          SmallVector<Value> key, hits;
+          SmallVector<Value> key;
           for (int64_t c = 0; c < nc; ++c)
             key.push_back(k.vload(keys, {at(q, c)}, lanes));
           Value topV = butterfly(k, maxTree(k, key), /*max=*/true);
-          for (int64_t c = 0; c < nc; ++c) {
-            Value hit = k.castInt(k.eq(key[c], topV), vi32);
-            hits.push_back(k.andI(hit, flippedExperts(c)));
-          }
-          Value indexV = k.sub(last, butterfly(k, maxTree(k, hits), /*max=*/true));
+          Value indexV = lowestEqual(k, key, topV);
           Value index = vector::ExtractOp::create(k.b, indexV, 0);
           emitPick(rows[q], sels[q], j, index);
           k.store(k.cI32(std::numeric_limits<int32_t>::min()), keys,
@@ -527,36 +549,9 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
     int64_t nm = (nc + lanes - 1) / lanes;
     auto vi32 = VectorType::get({lanes}, k.i32());
     Value gone = k.constLike(vi32, double(std::numeric_limits<int32_t>::min()));
-    Value last = k.constLike(vi32, double(std::numeric_limits<int32_t>::max()));
-    // Lane l: `base` + l, and INT32_MAX - (base + l) (a max of it is the
-    // lowest of the lanes kept by an and).
-    auto ids = [&](int64_t base, bool flipped) {
-      SmallVector<int32_t> v;
-      for (int64_t l = 0; l < lanes; ++l)
-        v.push_back(flipped ? std::numeric_limits<int32_t>::max() -
-                                  int32_t(base + l)
-                            : int32_t(base + l));
-      return Value(arith::ConstantOp::create(
-          k.b, DenseElementsAttr::get(vi32, ArrayRef<int32_t>(v))));
-    };
-    // The lowest lane id of `v`'s lanes equal to `top` (in every lane).
-    auto lowestEqual = [&](ArrayRef<Value> v, Value top) {
-      SmallVector<Value> hits;
-      for (auto [m, x] : llvm::enumerate(v)) {
-        Value hit = k.castInt(k.eq(x, top), vi32);
-        Value flipped = ids(m * lanes, /*flipped=*/true);
-        hits.push_back(k.andI(hit, flipped));
-      }
-      Value best = butterfly(k, maxTree(k, hits), /*max=*/true);
-      return k.sub(last, best);
-    };
-    // Chunk maxima: log2(lanes) rounds of max(evens, odds) of adjacent
-    // pairs transpose-reduce `lanes` chunks into one vector, in chunk order.
-    SmallVector<int64_t> evens, odds;
-    for (int64_t i = 0; i < lanes; ++i) {
-      evens.push_back(2 * i);
-      odds.push_back(2 * i + 1);
-    }
+    // Chunk maxima: log2(lanes) unzip rounds, each followed by the max of
+    // the evens and the odds of every pair, transpose-reduce `lanes` chunks
+    // into one vector, in chunk order.
     SmallVector<Value> maxima;
     for (int64_t q = 0; q < nr; ++q)
       for (int64_t m = 0; m < nm; ++m) {
@@ -564,17 +559,15 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
         for (int64_t c = m * lanes; c < (m + 1) * lanes; ++c)
           v.push_back(c < nc ? rowKeys[q][c] : gone);
         while (v.size() > 1) {
-          SmallVector<Value> next;
-          for (size_t i = 0; i < v.size(); i += 2) {
-            Value e = k.shuffle(v[i], v[i + 1], evens);
-            Value o = k.shuffle(v[i], v[i + 1], odds);
-            next.push_back(k.maxs(e, o));
-          }
-          v = std::move(next);
+          SmallVector<Value> halves = unzipRound(k, v);
+          int64_t n = v.size() / 2;
+          v.clear();
+          for (int64_t i = 0; i < n; ++i)
+            v.push_back(k.maxs(halves[i], halves[i + n]));
         }
         maxima.push_back(v[0]);
       }
-    Value laneIds = ids(0, /*flipped=*/false);
+    Value lane0 = laneIds(k, 0, /*flipped=*/false);
     Value lanesI32 = k.cI32(lanes);
     k.forLoop(k.idx(0), k.idx(topk), k.idx(1), ValueRange(maxima),
               [&](Value j, ValueRange acc) -> SmallVector<Value> {
@@ -582,22 +575,22 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
       for (int64_t q = 0; q < nr; ++q) {
         SmallVector<Value> m(acc.slice(q * nm, nm));
         Value top = butterfly(k, maxTree(k, m), /*max=*/true);
-        Value chunkV = lowestEqual(m, top);
+        Value chunkV = lowestEqual(k, m, top);
         Value chunk = vector::ExtractOp::create(k.b, chunkV, 0);
         Value first = k.mul(chunk, lanesI32);
         Value offset = k.add(k.idx(q * nc * lanes),
                              k.castInt(first, k.b.getIndexType()));
         Value keysOfChunk = k.vload(keys, {offset}, lanes);
-        Value laneV = lowestEqual({keysOfChunk}, top);
+        Value laneV = lowestEqual(k, {keysOfChunk}, top);
         Value lane = vector::ExtractOp::create(k.b, laneV, 0);
         Value index = k.add(first, lane);
         emitPick(k, rows[q], s2, i2, sels[q], j, index);
-        Value picked = k.eq(laneIds, laneV);
+        Value picked = k.eq(lane0, laneV);
         Value knocked = k.select(picked, gone, keysOfChunk);
         k.vstore(knocked, keys, {offset});
         Value newMax = butterfly(k, knocked, /*max=*/true);
         for (int64_t mm = 0; mm < nm; ++mm) {
-          Value chunkIds = ids(mm * lanes, /*flipped=*/false);
+          Value chunkIds = laneIds(k, mm * lanes, /*flipped=*/false);
           Value isChunk = k.eq(chunkIds, chunkV);
           next.push_back(k.select(isChunk, newMax, m[mm]));
         }
