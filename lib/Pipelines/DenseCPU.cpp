@@ -46,6 +46,7 @@
 #include "mlir/Transforms/LoopInvariantCodeMotionUtils.h"
 
 #include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/SmallPtrSet.h"
 
 namespace mlir::moe {
 #define GEN_PASS_DEF_DENSETILEANDVECTORIZE
@@ -146,20 +147,31 @@ SmallVector<int64_t> outputLoops(linalg::LinalgOp op) {
 /// workers, the caller's wait: 30-50 us per region measured on a 2-vCPU
 /// Intel Xeon VM), a 2^16-element elementwise op about 10 on one thread:
 /// mad_dispersion's O(E·D) tail at E = D = 256 (five such ops) took 0.3 ms
-/// more on two threads than on one. Below 2^17 iterations an op stays on
-/// the calling thread.
+/// more on two threads than on one. A chain (chainIterations) of fewer than
+/// 2^17 iterations stays on the calling thread.
 constexpr int64_t kMinThreadedIterations = int64_t(1) << 17;
 
-/// The most iterations of `op` and of the linalg ops it reads, transitively
-/// (its chain, which tile-and-fuse may pull into its thread tiles): a small
-/// elementwise consumer of a large matmul is a large chain.
-int64_t chainIterations(linalg::LinalgOp op, int depth = 0) {
-  int64_t n = iterationCount(op);
-  if (depth >= 16)
-    return n;
-  for (Value v : op->getOperands())
-    if (auto producer = v.getDefiningOp<linalg::LinalgOp>())
-      n = std::max(n, chainIterations(producer, depth + 1));
+/// The most iterations of `root` and of the linalg ops it reads, transitively
+/// up to 16 steps back (its chain, which tile-and-fuse may pull into its
+/// thread tiles): a small elementwise consumer of a large matmul is a large
+/// chain. Breadth-first, each op once: a producer read by several ops of the
+/// chain is not walked again for each path to it.
+int64_t chainIterations(linalg::LinalgOp root) {
+  constexpr int kMaxDepth = 16;
+  int64_t n = iterationCount(root);
+  llvm::SmallPtrSet<Operation *, 16> seen = {root};
+  SmallVector<linalg::LinalgOp> level = {root};
+  for (int depth = 0; depth < kMaxDepth && !level.empty(); ++depth) {
+    SmallVector<linalg::LinalgOp> next;
+    for (linalg::LinalgOp op : level)
+      for (Value v : op->getOperands())
+        if (auto producer = v.getDefiningOp<linalg::LinalgOp>())
+          if (seen.insert(producer).second) {
+            n = std::max(n, iterationCount(producer));
+            next.push_back(producer);
+          }
+    level = std::move(next);
+  }
   return n;
 }
 
