@@ -273,14 +273,15 @@ Value mlir::moe::cpu::packKeysT(CK &k, const KernelOptions &opts, Value x,
   k.workers(opts, k.mul(batch, keyTiles), [&](Value item, Value) {
     Value bi = k.divu(item, keyTiles), jt = k.remu(item, keyTiles);
     Value last = k.sub(rows, c1);
-    // Columns [from, to) of every key of the tile; key jj's row, clamped to
-    // the last row (its values then replaced by zeros past the end), and
-    // whether it is inside.
+    // Key jj of the tile: its row, clamped to the last row (its values are
+    // replaced by zeros past the end), and whether it is inside.
     auto keyRow = [&](Value jj) {
       Value j = k.add(k.mul(jt, k.idx(kKeyTile)), jj);
       Value in = k.cmpi(arith::CmpIPredicate::ult, j, rows);
       return std::pair{k.mins(j, last), in};
     };
+    // Columns [from, D) of every key of the tile, an element at a time (the
+    // rows of f16/bf16 inputs, and the ragged tail of f32 ones).
     auto scalarCols = [&](Value from) {
       k.forLoop(c0, k.idx(kKeyTile), c1, [&](Value jj) {
         auto [jc, in] = keyRow(jj);
