@@ -578,8 +578,11 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
         Value chunkV = lowestEqual(k, m, top);
         Value chunk = vector::ExtractOp::create(k.b, chunkV, 0);
         Value first = k.mul(chunk, lanesI32);
-        Value offset = k.add(k.idx(q * nc * lanes),
-                             k.castInt(first, k.b.getIndexType()));
+        // (Operands named first: gcc and clang evaluate a call's arguments
+        // in different orders, and with them the order of the emitted ops.)
+        Value rowStart = k.idx(q * nc * lanes);
+        Value firstIndex = k.castInt(first, k.b.getIndexType());
+        Value offset = k.add(rowStart, firstIndex);
         Value keysOfChunk = k.vload(keys, {offset}, lanes);
         Value laneV = lowestEqual(k, {keysOfChunk}, top);
         Value lane = vector::ExtractOp::create(k.b, laneV, 0);
