@@ -185,8 +185,8 @@ struct AttentionPosteriorGradKernel
     Value du = kernel.out(1);
     FlashGradSpec byQuery({u, means.keysT, model}, {dp, eT, width}, batch, rows,
                           keys);
-    byQuery.weights = [&](CK &kk, Value sDot, Value gDot, Value bi, Value i,
-                          Value j0) -> std::pair<Value, Value> {
+    byQuery.weights = [&](CK &kk, Value sDot, Value gDot, Value, Value bi,
+                          Value i, Value j0) -> std::pair<Value, Value> {
       Value z = logits(kk, sDot, bi, i, j0);
       Value g = softmaxFromLogSumExp(kk, z, kk.load(lseRow, {bi, i}));
       Value d = kk.splat(kk.load(delta, {bi, i}), kLanes);
@@ -217,8 +217,8 @@ struct AttentionPosteriorGradKernel
     Value lastRow = k.sub(rows, c1);
     FlashGradSpec byKey({mValues, uT, model}, {e, dpT, width}, batch, keys,
                         rows);
-    byKey.weights = [&](CK &kk, Value sDot, Value gDot, Value bi, Value j,
-                        Value i0) -> std::pair<Value, Value> {
+    byKey.weights = [&](CK &kk, Value sDot, Value gDot, Value, Value bi,
+                        Value j, Value i0) -> std::pair<Value, Value> {
       // Row j is a key: the scores of queries i0 .. i0 + 15 against it (a
       // strided gather; padding queries read the last row and get lse' =
       // +inf, so G = 0).

@@ -145,7 +145,7 @@ mlir::moe::cpu::DotTile mlir::moe::cpu::dotTile(CK &k,
                                                 Value q, Value keysT, Value b,
                                                 ArrayRef<Value> rowIdx,
                                                 Value jt, Value depth,
-                                                Value dotBuf) {
+                                                Value dotBuf, bool inBuffer) {
   // The micro-kernel computes in the target's registers (L lanes) over blocks
   // of G rows x W key vectors, one depth loop per block.
   const int64_t L = std::min<int64_t>(opts.lanes(), kLanes);
@@ -155,7 +155,8 @@ mlir::moe::cpu::DotTile mlir::moe::cpu::dotTile(CK &k,
   // epilogue (AVX-512: 16 zmm of 32); otherwise (AVX2: 32 ymm of 16) each
   // block goes to `dotBuf` and the epilogue reloads a row at a time, instead
   // of the register allocator spilling and reloading it piecemeal.
-  const bool inRegisters = rows * VL + 4 <= vectorRegisters(L);
+  const bool inRegisters =
+      !inBuffer && rows * VL + 4 <= vectorRegisters(L);
   DotTile tile;
   tile.k = &k;
   if (!inRegisters) {

@@ -117,12 +117,18 @@ struct FlashGradSpec {
         cols(cols), band(band) {}
   /// The score dot and the cotangent dot.
   Dot score, cotangent;
+  /// Optional: a second cotangent dot, for symmetric scores (x_rc = x_cr),
+  /// where one pass over the pairs (r, c) serves both the row's gradient and
+  /// the gradient it gets as a column (SimilarityInformGrad).
+  std::optional<Dot> cotangentT;
   Value batch, rows, cols; // index values
   Band band;
-  /// {S, dX} of row `r` and the 16 columns [c0, c0 + 16) from the two dot
-  /// vectors; both must be 0 for excluded and padding columns.
-  std::function<std::pair<Value, Value>(CK &, Value sDot, Value gDot, Value b,
-                                        Value r, Value c0)>
+  /// {S, dX} of row `r` and the 16 columns [c0, c0 + 16) from the dot vectors
+  /// (gDotT null without cotangentT); both must be 0 for excluded and padding
+  /// columns.
+  std::function<std::pair<Value, Value>(CK &, Value sDot, Value gDot,
+                                        Value gDotT, Value b, Value r,
+                                        Value c0)>
       weights;
   struct Accumulator {
     /// [B, Cpad, Wp] f32 from packValues (Cpad = roundUp(cols, kKeyTile)).
@@ -185,11 +191,12 @@ struct DotTile {
 /// The dot products of the rows `rowIdx` of `q` [B, R, D] with key tile `jt`
 /// of `keysT` (packKeysT layout), over `depth`, computed in register blocks
 /// of the target's width (opts.lanes()). `dotBuf` ([kQueryTile, kKeyTile]
-/// f32) receives them when they do not fit the registers; a caller may
+/// f32) receives them when they do not fit the registers, or always with
+/// `inBuffer` (a tile read while two others hold the registers); a caller may
 /// overwrite a row of it once it has read that row's dots.
 DotTile dotTile(CK &k, const KernelOptions &opts, Value q, Value keysT,
                 Value b, ArrayRef<Value> rowIdx, Value jt, Value depth,
-                Value dotBuf);
+                Value dotBuf, bool inBuffer = false);
 /// accBuf[r, :] = accBuf[r, :] · alpha[r] + Σ_j pBuf[r, j] · values[b, j0 + j,
 /// :] over the widthChunks 16-lane chunks (alpha empty: 1), in vectors of the
 /// target's width (opts.lanes()). With `logitBuf`,

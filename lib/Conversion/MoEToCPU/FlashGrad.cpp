@@ -11,7 +11,9 @@
 // its weighted packed column vectors with the forward's PV loop
 // (accumulateTile). The caller runs it twice with the roles swapped
 // (query-major for the query gradient, key-major for the key and value
-// gradients), so that every output row has one writer.
+// gradients), so that every output row has one writer; with symmetric scores
+// a third dot tile (the transposed pair's cotangent) lets one query-major
+// pass do both (FlashGradSpec::cotangentT).
 //
 //===----------------------------------------------------------------------===//
 
@@ -49,6 +51,9 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
   }
   Value sAll = k.scratch(opts, MemRefType::get({TQ, TK}, f32), {});
   Value dAll = k.scratch(opts, MemRefType::get({TQ, TK}, f32), {});
+  Value tAll = s.cotangentT
+                   ? k.scratch(opts, MemRefType::get({TQ, TK}, f32), {})
+                   : Value();
 
   k.workers(opts, tiles.items, [&](Value item, Value worker) {
     SmallVector<Value> accBuf, totBuf, chunks;
@@ -59,6 +64,7 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
     }
     Value sBuf = k.workerSlice(sAll, worker);
     Value dBuf = k.workerSlice(dAll, worker);
+    Value tBuf = tAll ? k.workerSlice(tAll, worker) : Value();
     RowTile tile = rowTile(k, item, tiles);
     Value b = tile.b, i0 = tile.i0;
     ArrayRef<Value> rowIdx = tile.rows;
@@ -81,16 +87,24 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
         Value j0 = k.mul(jt, k.idx(TK));
         // (S and dX overwrite the dots a row at a time: sBuf and dBuf hold
         // both where the dots do not fit the registers.)
-        auto tile = [&](const FlashGradSpec::Dot &dot, Value buf) {
+        auto tile = [&](const FlashGradSpec::Dot &dot, Value buf,
+                        bool inBuffer = false) {
           return dotTile(k, opts, dot.rows, dot.colsT, b, rowIdx, jt, dot.depth,
-                         buf);
+                         buf, inBuffer);
         };
+        // The transposed pair's cotangents first, to memory: the other two
+        // tiles fill the registers.
+        std::optional<DotTile> tDots;
+        if (s.cotangentT)
+          tDots = tile(*s.cotangentT, tBuf, /*inBuffer=*/true);
         DotTile sDots = tile(s.score, sBuf);
         DotTile gDots = tile(s.cotangent, dBuf);
         for (int64_t r = 0; r < TQ; ++r)
           for (int64_t v = 0; v < KV; ++v) {
-            auto [sv, dv] = s.weights(k, sDots.at(r, v), gDots.at(r, v), b,
-                                      rowIdx[r], k.add(j0, k.idx(v * kLanes)));
+            Value tv = tDots ? tDots->at(r, v) : Value();
+            auto [sv, dv] =
+                s.weights(k, sDots.at(r, v), gDots.at(r, v), tv, b, rowIdx[r],
+                          k.add(j0, k.idx(v * kLanes)));
             // dX = S (g - delta) / tau is subnormal for small S: flushed
             // once here, instead of a microcode assist in each of the
             // accumulators' FMAs that broadcast it (-19% backward time on

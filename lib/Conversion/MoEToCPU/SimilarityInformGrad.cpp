@@ -3,8 +3,9 @@
 // Part of the MoE-MLIR project.
 //
 // The flash-style backward of Similarity-Inform mixing (the maths is in the
-// op description, MoEGradOps.td), in four streaming passes, none of which
-// stores anything N x N:
+// op description, MoEGradOps.td), in streaming passes none of which stores
+// anything N x N. Symmetric scores (no ws, not causal) take pass 1 and one
+// pass 2' that does 2-4 at once (below); otherwise:
 //  1. p and the row log-sum-exp lse saved by the forward (saved(p, lse)),
 //     else recomputed by the forward kernel (emitFlashMix, O(B·N)); then per
 //     row lse' = lse (+inf for a row without keys, and for padding, so that
@@ -93,17 +94,59 @@ struct SimilarityInformGradKernel
     Value invTau = k.constLike(k.vf32(), 1.0 / tau);
     Value zeros = k.constLike(k.vf32(), 0.0);
 
-    // 2. Query-major: dq.
     Value eT = packKeysT(k, opts, e, batch, rows, width);
     auto [uValues, uNonFinite] =
         packValues(k, u, batch, rows, depth, keysPad, depthPad);
     (void)uNonFinite;
+    Value dpT = packKeysT(k, opts, dp, batch, rows, width);
+    auto [dpValues, dpNonFinite] =
+        packValues(k, dp, batch, rows, width, keysPad, widthPad);
+    (void)dpNonFinite;
+
+    // 2'. Symmetric scores (no ws, not causal): x_ij = x_ji, so one
+    // query-major pass serves both roles of a pair. From the score dot x_ij
+    // and the cotangent dots g_ij = <dp_i, e_j> and g_ji = <e_i, dp_j>:
+    //   S_ij = exp(x_ij - lse'_i) (key j valid),
+    //   S_ji = exp(x_ij - lse'_j) (key i valid),
+    //   du_i = Σ_j (dX_ij + dX_ji) u_j,  de_i = Σ_j S_ji dp_j,
+    // with dX_ij = S_ij (g_ij - delta_i) / tau. One score dot per pair
+    // instead of two, and no dq/dk to add: D + 2K multiply-adds of dots and
+    // D + K of accumulation per pair, against 2D + 2K and 2D + K.
+    if (!ws && !causal) {
+      FlashGradSpec pass({u, uT, depth}, {dp, eT, width}, batch, rows, rows);
+      pass.cotangentT = FlashGradSpec::Dot{e, dpT, width};
+      pass.weights = [&](CK &kk, Value sDot, Value gDot, Value tDot, Value bi,
+                         Value i, Value j0) -> std::pair<Value, Value> {
+        Value sIJ = softmaxFromLogSumExp(kk, logits(kk, sDot, bi, i, j0),
+                                         kk.load(lseRow, {bi, i}));
+        Value dIJ = kk.fmul(
+            sIJ, kk.fsub(gDot, kk.splat(kk.load(delta, {bi, i}), kLanes)));
+        // Row j's softmax over its keys, at key i (padding rows j have
+        // lse' = +inf: 0).
+        Value x = kk.fdiv(sDot, kk.constLike(kk.vf32(), tau));
+        Value sJI = softmaxFromLogSumExp(kk, x, kk.vload(lseRow, {bi, j0}));
+        Value iValid = kk.cmpf(arith::CmpFPredicate::ONE,
+                               kk.load(keyValid, {bi, i}), kk.cF32(0.0));
+        sJI = kk.select(iValid, sJI, zeros);
+        Value dJI = kk.fmul(sJI, kk.fsub(tDot, kk.vload(delta, {bi, j0})));
+        return {sJI, kk.fmul(kk.fadd(dIJ, dJI), invTau)};
+      };
+      pass.accumulators.push_back({dpValues, kernel.out(1), width, widthPad,
+                                   false});
+      pass.accumulators.push_back({uValues, kernel.out(0), depth, depthPad,
+                                   true});
+      emitFlashGrad(k, opts, pass);
+      kernel.replace(rw, op);
+      return success();
+    }
+
+    // 2. Query-major: dq.
     Value dq = k.alloc(rank3, {batch, rows, depth});
     FlashGradSpec byQuery({q, uT, depth}, {dp, eT, width}, batch, rows, rows,
                           causal ? FlashGradSpec::Band::Lower
                                  : FlashGradSpec::Band::All);
-    byQuery.weights = [&](CK &kk, Value sDot, Value gDot, Value bi, Value i,
-                          Value j0) -> std::pair<Value, Value> {
+    byQuery.weights = [&](CK &kk, Value sDot, Value gDot, Value, Value bi,
+                          Value i, Value j0) -> std::pair<Value, Value> {
       Value x = logits(kk, sDot, bi, i, j0);
       Value s = softmaxFromLogSumExp(kk, x, kk.load(lseRow, {bi, i}));
       Value d = kk.splat(kk.load(delta, {bi, i}), kLanes);
@@ -114,10 +157,6 @@ struct SimilarityInformGradKernel
 
     // 3. Key-major: de and dk.
     Value qT = ws ? packKeysT(k, opts, q, batch, rows, depth) : uT;
-    Value dpT = packKeysT(k, opts, dp, batch, rows, width);
-    auto [dpValues, dpNonFinite] =
-        packValues(k, dp, batch, rows, width, keysPad, widthPad);
-    (void)dpNonFinite;
     Value qValues = uValues;
     if (ws)
       qValues = packValues(k, q, batch, rows, depth, keysPad, depthPad).first;
@@ -127,8 +166,8 @@ struct SimilarityInformGradKernel
     FlashGradSpec byKey({u, qT, depth}, {e, dpT, width}, batch, rows, rows,
                         causal ? FlashGradSpec::Band::Upper
                                : FlashGradSpec::Band::All);
-    byKey.weights = [&](CK &kk, Value sDot, Value gDot, Value bi, Value j,
-                        Value i0) -> std::pair<Value, Value> {
+    byKey.weights = [&](CK &kk, Value sDot, Value gDot, Value, Value bi,
+                        Value j, Value i0) -> std::pair<Value, Value> {
       // Row j is a key: masked keys and (causal) queries i < j get nothing;
       // padding queries have lse' = +inf, so S = 0.
       Value x = kk.fdiv(sDot, kk.constLike(kk.vf32(), tau));

@@ -40,7 +40,8 @@ func.func @ws_mask_causal(%u: tensor<2x100x64xf32>, %e: tensor<2x100x16xf32>, %w
   return %du, %de, %dws : tensor<2x100x64xf32>, tensor<2x100x16xf32>, tensor<64x64xf32>
 }
 
-// Dynamic tokens (the torch ops' kernels), no ws: du = dq + dk, no dws.
+// Dynamic tokens (the torch ops' kernels), no ws, not causal: the one symmetric pass
+// (similarity_inform_grad_symmetric.mlir), no dws.
 // CHECK-LABEL: func.func @dynamic_tokens
 // CHECK-NOT: moe.similarity_inform_grad
 // CHECK: return %{{.+}}, %{{.+}} : tensor<?x?x8xf32>, tensor<?x?x4xf32>
