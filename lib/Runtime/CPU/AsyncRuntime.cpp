@@ -20,11 +20,18 @@
 // The pool: a fixed set of worker threads taking tasks from one FIFO. A
 // worker that finds the queue empty spins briefly (kernels are short and
 // come in bursts) and then parks on a condition variable, so idle workers
-// cost nothing.
+// cost nothing. The thread that waits for a token or a group (the kernel's
+// caller, which ran a share of the loop itself) runs queued tasks while it
+// waits and spins a while before it sleeps: the other shares of a balanced
+// loop end within microseconds of its own, and a futex sleep and wake-up
+// cost 30-50 us on a virtual machine, more than a decode-size kernel. With
+// that, the pool has one thread per core less (the caller is a worker), and
+// a task that waits for others cannot deadlock a small pool.
 //
 //===----------------------------------------------------------------------===//
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -66,6 +73,15 @@ public:
       cv.notify_one();
   }
   int64_t size() const { return static_cast<int64_t>(threads.size()); }
+
+  /// Runs one queued task on the calling thread; false when there is none.
+  bool runOne() {
+    std::function<void()> task;
+    if (pending.load(std::memory_order_acquire) <= 0 || !tryPop(task))
+      return false;
+    task();
+    return true;
+  }
 
 private:
   bool tryPop(std::function<void()> &task) {
@@ -117,15 +133,19 @@ private:
   std::vector<std::thread> threads;
 };
 
+/// The threads besides the caller: one per core (or per requested thread)
+/// but the caller's, at least one.
 unsigned poolSize() {
+  unsigned n = std::thread::hardware_concurrency();
   for (const char *var : {"MOE_NUM_THREADS", "OMP_NUM_THREADS"})
     if (const char *v = std::getenv(var)) {
-      long n = std::strtol(v, nullptr, 10);
-      if (n >= 1)
-        return static_cast<unsigned>(n);
+      long requested = std::strtol(v, nullptr, 10);
+      if (requested >= 1) {
+        n = static_cast<unsigned>(requested);
+        break;
+      }
     }
-  unsigned hw = std::thread::hardware_concurrency();
-  return hw ? hw : 1;
+  return n > 1 ? n - 1 : 1;
 }
 
 std::atomic<Pool *> thePool{nullptr};
@@ -153,6 +173,29 @@ Pool &pool() {
     (void)registered;
   }
   return *p;
+}
+
+/// Waits until `done()`: runs queued tasks meanwhile, spins up to
+/// kWaitSpin, then sleeps in `block()` (which rechecks `done` under its lock).
+constexpr auto kWaitSpin = std::chrono::microseconds(100);
+
+template <typename Done, typename Block>
+void helpSpinThenBlock(Done done, Block block) {
+  auto start = std::chrono::steady_clock::now();
+  for (unsigned spin = 0; !done(); ++spin) {
+    if (pool().runOne()) {
+      start = std::chrono::steady_clock::now();
+      continue;
+    }
+    if (spin % 64 == 63 &&
+        std::chrono::steady_clock::now() - start > kWaitSpin) {
+      block();
+      return;
+    }
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
 }
 
 //===----------------------------------------------------------------------===//
@@ -193,10 +236,11 @@ struct Readiness : Object {
     dropRef(1); // the task's reference
   }
   void wait() {
-    if (done())
-      return;
-    std::unique_lock<std::mutex> l(mu);
-    cv.wait(l, [this] { return done(); });
+    helpSpinThenBlock([this] { return done(); },
+                      [this] {
+                        std::unique_lock<std::mutex> l(mu);
+                        cv.wait(l, [this] { return done(); });
+                      });
   }
   /// Runs `f` now when ready, else when it becomes ready.
   void then(std::function<void()> f) {
@@ -250,10 +294,13 @@ struct Group : Object {
       f();
   }
   void wait() {
-    if (pending.load(std::memory_order_acquire) == 0)
-      return;
-    std::unique_lock<std::mutex> l(mu);
-    cv.wait(l, [this] { return pending.load(std::memory_order_acquire) == 0; });
+    auto done = [this] {
+      return pending.load(std::memory_order_acquire) == 0;
+    };
+    helpSpinThenBlock(done, [&] {
+      std::unique_lock<std::mutex> l(mu);
+      cv.wait(l, done);
+    });
   }
   void then(std::function<void()> f) {
     {

@@ -1,0 +1,128 @@
+//===- KernelAsyncRuntimeTest.cpp - libmoe_kernel_runtime's async ABI -----===//
+//
+// Part of the MoE-MLIR project.
+//
+// The mlirAsyncRuntime* entry points of lib/Runtime/CPU/AsyncRuntime.cpp as
+// async-parallel-for uses them: tasks on the pool complete tokens of a group
+// the caller waits for. The waits run queued tasks themselves, so a task that
+// waits for tasks queued behind it completes on a pool of one thread
+// (MOE_NUM_THREADS=2: the caller and one pool thread), where a wait that only
+// slept would deadlock.
+//
+//===----------------------------------------------------------------------===//
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <thread>
+#include <vector>
+
+extern "C" {
+void *mlirAsyncRuntimeCreateToken();
+void *mlirAsyncRuntimeCreateGroup(int64_t);
+int64_t mlirAsyncRuntimeAddTokenToGroup(void *, void *);
+void mlirAsyncRuntimeEmplaceToken(void *);
+void mlirAsyncRuntimeAwaitAllInGroup(void *);
+void mlirAsyncRuntimeAwaitToken(void *);
+void mlirAsyncRuntimeDropRef(void *, int64_t);
+void mlirAsyncRuntimeExecute(void *, void (*)(void *));
+int64_t mlirAsyncRuntimGetNumWorkerThreads();
+}
+
+namespace {
+
+struct Task {
+  std::atomic<int64_t> *sum;
+  int64_t value;
+  void *token;
+  int depth; // > 0: spawns two children and waits for them first
+};
+
+void runTask(void *p);
+
+/// Spawns `n` tasks adding `1 << i` (each with `depth`) into `sum` and waits
+/// for all of them.
+void spawnAndWait(std::atomic<int64_t> &sum, int n, int depth) {
+  void *group = mlirAsyncRuntimeCreateGroup(n);
+  std::vector<Task> tasks(n);
+  for (int i = 0; i < n; ++i) {
+    tasks[i] = {&sum, int64_t{1} << i, mlirAsyncRuntimeCreateToken(), depth};
+    mlirAsyncRuntimeAddTokenToGroup(tasks[i].token, group);
+    mlirAsyncRuntimeExecute(&tasks[i], runTask);
+  }
+  mlirAsyncRuntimeAwaitAllInGroup(group);
+  for (Task &t : tasks)
+    mlirAsyncRuntimeDropRef(t.token, 1); // the caller's reference
+  mlirAsyncRuntimeDropRef(group, 1);
+}
+
+void runTask(void *p) {
+  auto *t = static_cast<Task *>(p);
+  if (t->depth > 0) {
+    std::atomic<int64_t> inner{0};
+    spawnAndWait(inner, 2, t->depth - 1);
+    EXPECT_EQ(inner.load(), 3);
+  }
+  t->sum->fetch_add(t->value);
+  mlirAsyncRuntimeEmplaceToken(t->token); // drops the task's reference
+}
+
+/// Runs `f` on another thread; false when it has not returned within 60 s
+/// (the thread is left behind: a deadlock fails the test, not the suite).
+template <typename F> bool finishes(F f) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> ready = done->get_future();
+  std::thread([f, done] {
+    f();
+    done->set_value();
+  }).detach();
+  return ready.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+}
+
+TEST(KernelAsyncRuntime, PoolLeavesOneCoreToTheCaller) {
+  // Set before the pool's first use (this binary's first test).
+  EXPECT_EQ(mlirAsyncRuntimGetNumWorkerThreads(), 1);
+}
+
+TEST(KernelAsyncRuntime, GroupOfTasksCompletes) {
+  for (int round = 0; round < 200; ++round) {
+    std::atomic<int64_t> sum{0};
+    spawnAndWait(sum, 16, 0);
+    ASSERT_EQ(sum.load(), (int64_t{1} << 16) - 1);
+  }
+}
+
+TEST(KernelAsyncRuntime, TasksWaitingForTasksDoNotDeadlockOnePoolThread) {
+  // Every task waits for two children, three levels deep: the one pool
+  // thread and the caller must run the queued children inside their waits.
+  EXPECT_TRUE(finishes([] {
+    for (int round = 0; round < 20; ++round) {
+      std::atomic<int64_t> sum{0};
+      spawnAndWait(sum, 4, 3);
+      EXPECT_EQ(sum.load(), 15);
+    }
+  }));
+}
+
+TEST(KernelAsyncRuntime, AwaitTokenCompletedLater) {
+  EXPECT_TRUE(finishes([] {
+    std::atomic<int64_t> sum{0};
+    Task t{&sum, 7, mlirAsyncRuntimeCreateToken(), 0};
+    mlirAsyncRuntimeExecute(&t, runTask);
+    mlirAsyncRuntimeAwaitToken(t.token);
+    EXPECT_EQ(sum.load(), 7);
+    mlirAsyncRuntimeDropRef(t.token, 1);
+  }));
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  setenv("MOE_NUM_THREADS", "2", /*overwrite=*/1);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
