@@ -217,41 +217,54 @@ void mlir::moe::cpu::accumulateTile(CK &k, const KernelOptions &opts,
   Type f32 = k.f32();
   Value c0 = k.idx(0), c1 = k.idx(1);
   int64_t rows = cast<MemRefType>(pBuf.getType()).getDimSize(0);
-  int64_t cols = cast<MemRefType>(pBuf.getType()).getDimSize(1);
-  // Chunks of the target's register width: one accumulator register per row
-  // (kQueryTile of them, plus the value and the weight, fit 16 ymm).
+  int64_t keyCols = cast<MemRefType>(pBuf.getType()).getDimSize(1);
+  // Chunks of the target's register width, `w` adjacent ones a step: w
+  // accumulator registers per row. A step loads w value vectors and `rows`
+  // weights (broadcast operands of the FMAs) for rows * w FMAs: with one
+  // chunk (8 rows) that is 9 loads per 8 FMAs, load-bound (the causal
+  // similarity backward spent a quarter of its time on it); AVX-512 fits
+  // three chunks (24 accumulators, 11 loads per 24 FMAs), AVX2's 16 ymm one.
   const int64_t L = std::min<int64_t>(opts.lanes(), kLanes);
+  const int64_t W =
+      std::max<int64_t>(1, (vectorRegisters(L) - 4) / std::max<int64_t>(rows, 1));
   Value chunks = k.mul(widthChunks, k.idx(kLanes / L));
-  k.forLoop(c0, chunks, c1, [&](Value c) {
-    Value col = k.mul(c, k.idx(L));
-    SmallVector<Value> acc;
-    for (int64_t r = 0; r < rows; ++r) {
-      Value a = k.vload(accBuf, {k.idx(r), col}, L);
-      acc.push_back(alpha.empty() ? a : k.fmul(a, k.splat(alpha[r], L)));
-    }
+  auto step = [&](Value c, int64_t w) {
+    SmallVector<Value> cols, acc; // acc[r * w + q]
+    for (int64_t q = 0; q < w; ++q)
+      cols.push_back(k.mul(q ? k.add(c, k.idx(q)) : c, k.idx(L)));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t q = 0; q < w; ++q) {
+        Value a = k.vload(accBuf, {k.idx(r), cols[q]}, L);
+        acc.push_back(alpha.empty() ? a : k.fmul(a, k.splat(alpha[r], L)));
+      }
     auto pvLoop = [&](bool guard) -> SmallVector<Value> {
       return k.forLoop(
-          c0, k.idx(cols), c1, acc,
+          c0, k.idx(keyCols), c1, acc,
           [&](Value j, ValueRange a) -> SmallVector<Value> {
-            Value v = k.vload(values, {b, k.add(j0, j), col}, L);
+            SmallVector<Value> v;
+            for (int64_t q = 0; q < w; ++q)
+              v.push_back(k.vload(values, {b, k.add(j0, j), cols[q]}, L));
             SmallVector<Value> next;
             for (int64_t r = 0; r < rows; ++r) {
               Value p = k.splat(k.load(pBuf, {k.idx(r), j}), L);
-              Value upd = k.fma(p, v, a[r]);
+              Value valid;
               if (guard) {
                 Value logit = k.load(logitBuf, {k.idx(r), j});
-                Value valid = k.cmpf(arith::CmpFPredicate::UNE, logit,
-                                     k.negInfLike(f32));
-                upd = k.select(valid, upd, a[r]);
+                valid = k.cmpf(arith::CmpFPredicate::UNE, logit,
+                               k.negInfLike(f32));
               }
-              next.push_back(upd);
+              for (int64_t q = 0; q < w; ++q) {
+                Value upd = k.fma(p, v[q], a[r * w + q]);
+                next.push_back(guard ? k.select(valid, upd, a[r * w + q])
+                                     : upd);
+              }
             }
             return next;
           });
     };
     SmallVector<Value> res;
     if (logitBuf) {
-      SmallVector<Type> types(rows, k.vf32(L));
+      SmallVector<Type> types(rows * w, k.vf32(L));
       res = k.ifElse(
           guarded, types, [&] { return pvLoop(true); },
           [&] { return pvLoop(false); });
@@ -259,8 +272,26 @@ void mlir::moe::cpu::accumulateTile(CK &k, const KernelOptions &opts,
       res = pvLoop(false);
     }
     for (int64_t r = 0; r < rows; ++r)
-      k.vstore(res[r], accBuf, {k.idx(r), col});
-  });
+      for (int64_t q = 0; q < w; ++q)
+        k.vstore(res[r * w + q], accBuf, {k.idx(r), cols[q]});
+  };
+  // Steps of W, then of 2, then one of 1 when the count is odd: the tail
+  // after the steps of W is chunks % W, or 4 (two steps of 2) where a step of
+  // 1 would be left (W = 3: 4 chunks as 2 + 2, 16 as 3·4 + 2 + 2).
+  Value tail = k.remu(chunks, k.idx(W));
+  if (W == 3)
+    tail = k.select(k.andI(k.cmpi(arith::CmpIPredicate::eq, tail, c1),
+                           k.cmpi(arith::CmpIPredicate::uge, chunks,
+                                  k.idx(4))),
+                    k.idx(4), tail);
+  Value whole = k.sub(chunks, tail);
+  k.forLoop(c0, whole, k.idx(W), [&](Value c) { step(c, W); });
+  if (W == 1)
+    return;
+  Value pairsEnd = k.sub(chunks, k.remu(tail, k.idx(2)));
+  if (W > 2)
+    k.forLoop(whole, pairsEnd, k.idx(2), [&](Value c) { step(c, 2); });
+  k.forLoop(pairsEnd, chunks, c1, [&](Value c) { step(c, 1); });
 }
 
 Value mlir::moe::cpu::packKeysT(CK &k, const KernelOptions &opts, Value x,
@@ -398,49 +429,77 @@ mlir::moe::cpu::scaledMaskedLogits(Value keyValid, bool causal, float scale) {
 void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
                                   const FlashSpec &s) {
   constexpr int64_t TQ = kQueryTile, TK = kKeyTile, KV = TK / kLanes;
+  constexpr int64_t QB = kQueryTilesPerBlock;
   Type f32 = k.f32();
   Value c0 = k.idx(0), c1 = k.idx(1);
   RowTiles tiles = rowTiles(k, s.batch, s.rows);
   Value widthChunks = k.divu(s.widthPad, k.idx(kLanes));
+  // A parallel item is a block of up to QB query tiles of one batch element
+  // that take each key tile in turn (as emitFlashGrad's): a key tile is read
+  // from memory once for QB tiles. Each tile's online-softmax state lives in
+  // `stateAll` between its key tiles.
+  Value blocksPerBatch = k.ceilDiv(tiles.perBatch, k.idx(QB));
+  Value items = k.mul(s.batch, blocksPerBatch);
 
   Value accAll = k.scratch(
-      opts, MemRefType::get({TQ, ShapedType::kDynamic}, f32), {s.widthPad});
+      opts, MemRefType::get({QB, TQ, ShapedType::kDynamic}, f32),
+      {s.widthPad});
+  Value stateAll = k.scratch(opts, MemRefType::get({QB, 2 * TQ}, f32), {});
   Value pAll = k.scratch(opts, MemRefType::get({TQ, TK}, f32), {});
   Value sAll = k.scratch(opts, MemRefType::get({TQ, TK}, f32), {});
 
   auto body = [&](Value item, Value worker) {
-    Value accBuf = k.workerSlice(accAll, worker);
+    Value accBlk = k.workerSlice(accAll, worker);
+    Value stateBlk = k.workerSlice(stateAll, worker);
     Value pBuf = k.workerSlice(pAll, worker);
     Value sBuf = k.workerSlice(sAll, worker);
-    RowTile tile = rowTile(k, item, tiles);
-    Value b = tile.b, i0 = tile.i0;
-    ArrayRef<Value> rowIdx = tile.rows;
-    zeroRows(k, accBuf, widthChunks);
+    Value b = k.divu(item, blocksPerBatch);
+    Value t0 = k.mul(k.remu(item, blocksPerBatch), k.idx(QB));
+    Value nt = k.mins(k.idx(QB), k.sub(tiles.perBatch, t0));
+    auto tileOf = [&](Value qt) {
+      return rowTile(k, k.add(k.mul(b, tiles.perBatch), k.add(t0, qt)), tiles);
+    };
+    // The online softmax (MoE/Kernels/OnlineSoftmax.h) of each row: the
+    // running max and sum, TQ of each per tile.
+    SoftmaxState start = softmaxStart(k);
+    auto loadState = [&](Value qt) {
+      SmallVector<Value> st;
+      for (int64_t x = 0; x < 2 * TQ; ++x)
+        st.push_back(k.load(stateBlk, {qt, k.idx(x)}));
+      return st;
+    };
+    k.forLoop(c0, nt, c1, [&](Value qt) {
+      zeroRows(k, k.workerSlice(accBlk, qt), widthChunks);
+      for (int64_t r = 0; r < TQ; ++r) {
+        k.store(start.max, stateBlk, {qt, k.idx(r)});
+        k.store(start.sum, stateBlk, {qt, k.idx(TQ + r)});
+      }
+    });
     Value keyTiles = k.ceilDiv(s.keys, k.idx(TK));
     if (s.causal) {
-      Value seen = k.add(rowIdx.back(), c1); // keys 0 .. last row
-      keyTiles = k.ceilDiv(seen, k.idx(TK));
+      // Keys 0 .. the block's last row; a tile stops at its own last row.
+      Value blockLast = k.mins(k.sub(k.mul(k.add(t0, nt), k.idx(TQ)), c1),
+                               k.sub(s.rows, c1));
+      keyTiles = k.ceilDiv(k.add(blockLast, c1), k.idx(TK));
     }
-
-    // The online softmax (MoE/Kernels/OnlineSoftmax.h) of each row: the
-    // running max and sum carried by the key-tile loop, TQ of each.
-    SoftmaxState start = softmaxStart(k);
-    SmallVector<Value> init(TQ, start.max);
-    init.append(TQ, start.sum);
     auto maxOfLanes = [&](Value v) { return k.maxf(v); };
     auto sumOfLanes = [&](Value v) { return k.sum(v); };
 
-    SmallVector<Value> state = k.forLoop(
-        c0, keyTiles, c1, init,
-        [&](Value jt, ValueRange it) -> SmallVector<Value> {
-          Value j0 = k.mul(jt, k.idx(TK));
+    k.forLoop(c0, keyTiles, c1, [&](Value jt) {
+      Value j0 = k.mul(jt, k.idx(TK));
+      k.forLoop(c0, nt, c1, [&](Value qt) {
+        RowTile tile = tileOf(qt);
+        ArrayRef<Value> rowIdx = tile.rows;
+        Value accBuf = k.workerSlice(accBlk, qt);
+        auto step = [&] {
+          SmallVector<Value> it = loadState(qt);
           // QK: TQ x TK dot products over d.
           // (Logits overwrite the dots a row at a time: sBuf holds both.)
           DotTile dots =
               dotTile(k, opts, s.q, s.keysT, b, rowIdx, jt, s.depth, sBuf);
 
           // Online softmax over the tile, per row.
-          SmallVector<Value> mNew, lNew, alpha;
+          SmallVector<Value> alpha;
           Value anyExcluded = k.cBool(false);
           Value negInfV = k.negInfLike(k.vf32());
           for (int64_t r = 0; r < TQ; ++r) {
@@ -452,15 +511,15 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
               Value out = k.cmpf(arith::CmpFPredicate::OEQ, sv[v], negInfV);
               excluded = v ? k.orI(excluded, out) : out;
             }
-            SoftmaxTile tile = onlineSoftmaxStep(k, {it[r], it[TQ + r]}, sv,
-                                                 maxOfLanes, sumOfLanes);
+            SoftmaxTile st = onlineSoftmaxStep(k, {it[r], it[TQ + r]}, sv,
+                                               maxOfLanes, sumOfLanes);
             for (int64_t v = 0; v < KV; ++v) {
-              k.vstore(tile.probs[v], pBuf, {k.idx(r), k.idx(v * kLanes)});
+              k.vstore(st.probs[v], pBuf, {k.idx(r), k.idx(v * kLanes)});
               k.vstore(sv[v], sBuf, {k.idx(r), k.idx(v * kLanes)});
             }
-            mNew.push_back(tile.next.max);
-            lNew.push_back(tile.next.sum);
-            alpha.push_back(tile.rescale);
+            k.store(st.next.max, stateBlk, {qt, k.idx(r)});
+            k.store(st.next.sum, stateBlk, {qt, k.idx(TQ + r)});
+            alpha.push_back(st.rescale);
             anyExcluded = k.orI(anyExcluded, k.anyTrue(excluded));
           }
           Value guarded = k.andI(anyExcluded, k.isNaN(s.valuesNonFinite));
@@ -469,28 +528,37 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
           // time.
           accumulateTile(k, opts, accBuf, pBuf, s.values, b, j0, widthChunks,
                          alpha, sBuf, guarded);
-          SmallVector<Value> next(mNew);
-          next.append(lNew);
-          return next;
-        });
+        };
+        if (s.causal) // key tiles up to the tile's last row
+          k.ifThen(k.cmpi(arith::CmpIPredicate::ule, j0, rowIdx.back()), step);
+        else
+          step();
+      });
+    });
 
     // Epilogue: acc / l, zeros for a row that saw no key.
-    for (int64_t r = 0; r < TQ; ++r) {
-      Value i = k.add(i0, k.idx(r));
-      k.ifThen(k.cmpi(arith::CmpIPredicate::ult, i, s.rows), [&] {
-        SoftmaxState row = {state[r], state[TQ + r]};
-        k.forLoop(c0, widthChunks, c1, [&](Value c) {
-          Value col = k.mul(c, k.idx(kLanes));
-          Value p = softmaxNormalize(k, row, k.vload(accBuf, {k.idx(r), col}));
-          k.vstoreMasked(p, s.out, {b, i, col}, k.sub(s.width, col));
+    k.forLoop(c0, nt, c1, [&](Value qt) {
+      Value i0 = k.mul(k.add(t0, qt), k.idx(TQ));
+      Value accBuf = k.workerSlice(accBlk, qt);
+      SmallVector<Value> state = loadState(qt);
+      for (int64_t r = 0; r < TQ; ++r) {
+        Value i = k.add(i0, k.idx(r));
+        k.ifThen(k.cmpi(arith::CmpIPredicate::ult, i, s.rows), [&] {
+          SoftmaxState row = {state[r], state[TQ + r]};
+          k.forLoop(c0, widthChunks, c1, [&](Value c) {
+            Value col = k.mul(c, k.idx(kLanes));
+            Value p =
+                softmaxNormalize(k, row, k.vload(accBuf, {k.idx(r), col}));
+            k.vstoreMasked(p, s.out, {b, i, col}, k.sub(s.width, col));
+          });
+          if (s.lse)
+            k.store(softmaxLogSumExp(k, row), s.lse, {b, i});
         });
-        if (s.lse)
-          k.store(softmaxLogSumExp(k, row), s.lse, {b, i});
-      });
-    }
+      }
+    });
   };
   // Work: a multiply-add per (row, key, depth or value lane).
   Value work = k.mul(k.mul(k.mul(s.batch, s.rows), s.keys),
                      k.add(s.depth, s.widthPad));
-  workersIfLarge(k, opts, tiles.items, work, body);
+  workersIfLarge(k, opts, items, work, body);
 }

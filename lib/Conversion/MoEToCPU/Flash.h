@@ -38,6 +38,9 @@ namespace mlir::moe::cpu {
 
 constexpr int64_t kQueryTile = 8;
 constexpr int64_t kKeyTile = 32;
+/// Row tiles that take each column tile in turn in the backward passes
+/// (emitFlashGrad): one parallel item.
+constexpr int64_t kQueryTilesPerBlock = 4;
 
 struct FlashSpec {
   /// Queries [B, N, D] (any float type; read as f32 scalars).

@@ -33,9 +33,18 @@ static constexpr int64_t kFoldTiles = 16;
 void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
                                    const FlashGradSpec &s) {
   constexpr int64_t TQ = kQueryTile, TK = kKeyTile, KV = TK / kLanes;
+  constexpr int64_t QB = kQueryTilesPerBlock;
   Type f32 = k.f32();
   Value c0 = k.idx(0), c1 = k.idx(1);
   RowTiles tiles = rowTiles(k, s.batch, s.rows);
+  // A parallel item is a block of up to QB row tiles of one batch element,
+  // which take each column tile in turn: its packed columns and values are
+  // read from memory once for the QB tiles (from L1/L2 for all but the
+  // first), where one row tile an item streamed every column from L3 for 8
+  // rows (bandwidth-bound at D = 64: 11 MB of packed data per 8 rows at
+  // N = 16384).
+  Value blocksPerBatch = k.ceilDiv(tiles.perBatch, k.idx(QB));
+  Value items = k.mul(s.batch, blocksPerBatch);
 
   // Blocked summation: each accumulator sums kFoldTiles column tiles into a
   // partial (accAll) that is then added to its total (totAll). One running
@@ -45,7 +54,7 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
   // per block.
   SmallVector<Value> accAll, totAll;
   for (const auto &a : s.accumulators) {
-    auto type = MemRefType::get({TQ, ShapedType::kDynamic}, f32);
+    auto type = MemRefType::get({QB, TQ, ShapedType::kDynamic}, f32);
     accAll.push_back(k.scratch(opts, type, {a.widthPad}));
     totAll.push_back(k.scratch(opts, type, {a.widthPad}));
   }
@@ -55,89 +64,139 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
                    ? k.scratch(opts, MemRefType::get({TQ, TK}, f32), {})
                    : Value();
 
-  k.workers(opts, tiles.items, [&](Value item, Value worker) {
-    SmallVector<Value> accBuf, totBuf, chunks;
+  // Work: a multiply-add per (row, column, depth of each dot and lane of each
+  // accumulator).
+  Value perPair = k.add(s.score.depth, s.cotangent.depth);
+  if (s.cotangentT)
+    perPair = k.add(perPair, s.cotangentT->depth);
+  for (const auto &a : s.accumulators)
+    perPair = k.add(perPair, a.widthPad);
+  Value work = k.mul(k.mul(k.mul(s.batch, s.rows), s.cols), perPair);
+  workersIfLarge(k, opts, items, work, [&](Value item, Value worker) {
+    SmallVector<Value> accBlk, totBlk, chunks;
     for (auto [buf, tot, a] : llvm::zip(accAll, totAll, s.accumulators)) {
-      accBuf.push_back(k.workerSlice(buf, worker));
-      totBuf.push_back(k.workerSlice(tot, worker));
+      accBlk.push_back(k.workerSlice(buf, worker));
+      totBlk.push_back(k.workerSlice(tot, worker));
       chunks.push_back(k.divu(a.widthPad, k.idx(kLanes)));
     }
     Value sBuf = k.workerSlice(sAll, worker);
     Value dBuf = k.workerSlice(dAll, worker);
     Value tBuf = tAll ? k.workerSlice(tAll, worker) : Value();
-    RowTile tile = rowTile(k, item, tiles);
-    Value b = tile.b, i0 = tile.i0;
-    ArrayRef<Value> rowIdx = tile.rows;
-    auto zero = [&](ArrayRef<Value> bufs) {
-      for (auto [buf, n] : llvm::zip(bufs, chunks))
-        zeroRows(k, buf, n);
+    Value b = k.divu(item, blocksPerBatch);
+    Value t0 = k.mul(k.remu(item, blocksPerBatch), k.idx(QB));
+    Value nt = k.mins(k.idx(QB), k.sub(tiles.perBatch, t0));
+    // Row tile qt of the block: its rows (the last row repeated past the
+    // end) and its accumulators' [TQ, W] slices.
+    auto tileOf = [&](Value qt) {
+      return rowTile(k, k.add(k.mul(b, tiles.perBatch), k.add(t0, qt)), tiles);
     };
-    zero(totBuf);
+    auto slices = [&](ArrayRef<Value> blk, Value qt) {
+      SmallVector<Value> out;
+      for (Value buf : blk)
+        out.push_back(k.workerSlice(buf, qt)); // row-tile qt's [TQ, W]
+      return out;
+    };
+    auto zero = [&](ArrayRef<Value> blk) {
+      k.forLoop(c0, nt, c1, [&](Value qt) {
+        for (auto [buf, n] : llvm::zip(slices(blk, qt), chunks))
+          zeroRows(k, buf, n);
+      });
+    };
+    zero(totBlk);
 
+    // Column tiles of the block; a row tile skips those outside its band.
+    Value blockI0 = k.mul(t0, k.idx(TQ));
+    Value blockLast = k.mins(k.sub(k.mul(k.add(t0, nt), k.idx(TQ)), c1),
+                             k.sub(s.rows, c1));
     Value first = c0, last = k.ceilDiv(s.cols, k.idx(TK));
     if (s.band == FlashGradSpec::Band::Lower) // columns c <= the last row
-      last = k.ceilDiv(k.add(rowIdx.back(), c1), k.idx(TK));
+      last = k.ceilDiv(k.add(blockLast, c1), k.idx(TK));
     else if (s.band == FlashGradSpec::Band::Upper) // columns c >= the first
-      first = k.divu(i0, k.idx(TK));
+      first = k.divu(blockI0, k.idx(TK));
 
     Value fold = k.idx(kFoldTiles);
     k.forLoop(first, last, fold, [&](Value jf) {
-      zero(accBuf);
+      zero(accBlk);
       k.forLoop(jf, k.mins(k.add(jf, fold), last), c1, [&](Value jt) {
         Value j0 = k.mul(jt, k.idx(TK));
-        // (S and dX overwrite the dots a row at a time: sBuf and dBuf hold
-        // both where the dots do not fit the registers.)
-        auto tile = [&](const FlashGradSpec::Dot &dot, Value buf,
-                        bool inBuffer = false) {
-          return dotTile(k, opts, dot.rows, dot.colsT, b, rowIdx, jt, dot.depth,
-                         buf, inBuffer);
-        };
-        // The transposed pair's cotangents first, to memory: the other two
-        // tiles fill the registers.
-        std::optional<DotTile> tDots;
-        if (s.cotangentT)
-          tDots = tile(*s.cotangentT, tBuf, /*inBuffer=*/true);
-        DotTile sDots = tile(s.score, sBuf);
-        DotTile gDots = tile(s.cotangent, dBuf);
-        for (int64_t r = 0; r < TQ; ++r)
-          for (int64_t v = 0; v < KV; ++v) {
-            Value tv = tDots ? tDots->at(r, v) : Value();
-            auto [sv, dv] =
-                s.weights(k, sDots.at(r, v), gDots.at(r, v), tv, b, rowIdx[r],
-                          k.add(j0, k.idx(v * kLanes)));
-            // dX = S (g - delta) / tau is subnormal for small S: flushed
-            // once here, instead of a microcode assist in each of the
-            // accumulators' FMAs that broadcast it (-19% backward time on
-            // peaky logits). S itself is never subnormal (OnlineSoftmax.h).
-            dv = k.flushSubnormal(dv);
-            k.vstore(sv, sBuf, {k.idx(r), k.idx(v * kLanes)});
-            k.vstore(dv, dBuf, {k.idx(r), k.idx(v * kLanes)});
-          }
-        for (auto [buf, n, a] : llvm::zip(accBuf, chunks, s.accumulators))
-          accumulateTile(k, opts, buf, a.useDx ? dBuf : sBuf, a.values, b, j0,
-                         n, {});
-      });
-      for (auto [buf, tot, n] : llvm::zip(accBuf, totBuf, chunks))
-        k.forLoop(c0, n, c1, [&](Value c) {
-          Value col = k.mul(c, k.idx(kLanes));
-          for (int64_t r = 0; r < TQ; ++r)
-            k.vstore(k.fadd(k.vload(tot, {k.idx(r), col}),
-                            k.vload(buf, {k.idx(r), col})),
-                     tot, {k.idx(r), col});
+        k.forLoop(c0, nt, c1, [&](Value qt) {
+          RowTile tile = tileOf(qt);
+          ArrayRef<Value> rowIdx = tile.rows;
+          Value inBand = Value();
+          if (s.band == FlashGradSpec::Band::Lower)
+            inBand = k.cmpi(arith::CmpIPredicate::ule, j0, rowIdx.back());
+          else if (s.band == FlashGradSpec::Band::Upper)
+            inBand = k.cmpi(arith::CmpIPredicate::uge, jt,
+                            k.divu(tile.i0, k.idx(TK)));
+          auto body = [&] {
+            // (S and dX overwrite the dots a row at a time: sBuf and dBuf
+            // hold both where the dots do not fit the registers.)
+            auto dots = [&](const FlashGradSpec::Dot &dot, Value buf,
+                            bool inBuffer = false) {
+              return dotTile(k, opts, dot.rows, dot.colsT, b, rowIdx, jt,
+                             dot.depth, buf, inBuffer);
+            };
+            // The transposed pair's cotangents first, to memory: the other
+            // two tiles fill the registers.
+            std::optional<DotTile> tDots;
+            if (s.cotangentT)
+              tDots = dots(*s.cotangentT, tBuf, /*inBuffer=*/true);
+            DotTile sDots = dots(s.score, sBuf);
+            DotTile gDots = dots(s.cotangent, dBuf);
+            for (int64_t r = 0; r < TQ; ++r)
+              for (int64_t v = 0; v < KV; ++v) {
+                Value tv = tDots ? tDots->at(r, v) : Value();
+                auto [sv, dv] =
+                    s.weights(k, sDots.at(r, v), gDots.at(r, v), tv, b,
+                              rowIdx[r], k.add(j0, k.idx(v * kLanes)));
+                // dX = S (g - delta) / tau is subnormal for small S: flushed
+                // once here, instead of a microcode assist in each of the
+                // accumulators' FMAs that broadcast it (-19% backward time
+                // on peaky logits). S itself is never subnormal
+                // (OnlineSoftmax.h).
+                dv = k.flushSubnormal(dv);
+                k.vstore(sv, sBuf, {k.idx(r), k.idx(v * kLanes)});
+                k.vstore(dv, dBuf, {k.idx(r), k.idx(v * kLanes)});
+              }
+            for (auto [buf, n, a] :
+                 llvm::zip(slices(accBlk, qt), chunks, s.accumulators))
+              accumulateTile(k, opts, buf, a.useDx ? dBuf : sBuf, a.values,
+                             b, j0, n, {});
+          };
+          if (inBand)
+            k.ifThen(inBand, body);
+          else
+            body();
         });
-    });
-
-    for (int64_t r = 0; r < TQ; ++r) {
-      Value i = k.add(i0, k.idx(r));
-      k.ifThen(k.cmpi(arith::CmpIPredicate::ult, i, s.rows), [&] {
-        for (auto [buf, n, a] : llvm::zip(totBuf, chunks, s.accumulators))
+      });
+      k.forLoop(c0, nt, c1, [&](Value qt) {
+        for (auto [buf, tot, n] :
+             llvm::zip(slices(accBlk, qt), slices(totBlk, qt), chunks))
           k.forLoop(c0, n, c1, [&](Value c) {
             Value col = k.mul(c, k.idx(kLanes));
-            k.vstoreMasked(k.vload(buf, {k.idx(r), col}), a.out, {b, i, col},
-                           k.sub(a.width, col));
+            for (int64_t r = 0; r < TQ; ++r)
+              k.vstore(k.fadd(k.vload(tot, {k.idx(r), col}),
+                              k.vload(buf, {k.idx(r), col})),
+                       tot, {k.idx(r), col});
           });
       });
-    }
+    });
+
+    k.forLoop(c0, nt, c1, [&](Value qt) {
+      Value i0 = k.mul(k.add(t0, qt), k.idx(TQ));
+      SmallVector<Value> tot = slices(totBlk, qt);
+      for (int64_t r = 0; r < TQ; ++r) {
+        Value i = k.add(i0, k.idx(r));
+        k.ifThen(k.cmpi(arith::CmpIPredicate::ult, i, s.rows), [&] {
+          for (auto [buf, n, a] : llvm::zip(tot, chunks, s.accumulators))
+            k.forLoop(c0, n, c1, [&](Value c) {
+              Value col = k.mul(c, k.idx(kLanes));
+              k.vstoreMasked(k.vload(buf, {k.idx(r), col}), a.out,
+                             {b, i, col}, k.sub(a.width, col));
+            });
+        });
+      }
+    });
   });
 }
 

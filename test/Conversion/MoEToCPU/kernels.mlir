@@ -9,14 +9,14 @@
 // NO-NXN-NOT: 128x128
 
 // Flash-style similarity_inform: keys packed per 32-key tile, the QK micro-kernel is vector FMAs on 8 rows x 2
-// vectors, the online softmax uses the vector exp (no math.exp) and the K-wide accumulator lives in per-worker
-// scratch.
+// vectors, the online softmax uses the vector exp (no math.exp) and the K-wide accumulators of a block of 4 query
+// tiles live in per-worker scratch.
 // CHECK-LABEL: func.func @similarity
 // CHECK-SAME: %[[U:[^:]+]]: tensor<2x128x64xf32>, %[[E:[^:]+]]: tensor<2x128x16xf32>
 // CHECK: %[[P:.+]] = moe.kernel ins(%[[U]], %[[E]] : tensor<2x128x64xf32>, tensor<2x128x16xf32>) outs(%{{.+}} : tensor<2x128x16xf32>)
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<?x?x?x32xf32>
 // CHECK: scf.parallel
-// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<2x8x?xf32>
+// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<2x4x8x?xf32>
 // CHECK: scf.parallel
 // CHECK-COUNT-16: vector.fma {{.*}} : vector<16xf32>
 // CHECK-NOT: math.exp
