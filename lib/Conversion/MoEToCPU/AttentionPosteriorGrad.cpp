@@ -103,6 +103,32 @@ struct AttentionPosteriorGradKernel
         body(col, k.sub(n, col));
       });
     };
+    // kChains chunks of kLanes columns a step (counts <= 0 past the end:
+    // masked to nothing), for the sums below that run over a long index:
+    // one accumulator a chunk would wait on the FMA latency each step; four
+    // independent ones do not, and each element's sum keeps its order.
+    constexpr int64_t kChains = 4;
+    auto chunkGroups =
+        [&](Value n,
+            function_ref<void(ArrayRef<Value> cols, ArrayRef<Value> counts)>
+                body) {
+          k.forLoop(c0, k.ceilDiv(n, k.idx(kChains * kLanes)), c1,
+                    [&](Value g) {
+                      SmallVector<Value> cols, counts;
+                      for (int64_t q = 0; q < kChains; ++q) {
+                        Value col = k.idx(q * kLanes);
+                        col = k.add(k.mul(g, k.idx(kChains * kLanes)), col);
+                        Value count = k.sub(n, col);
+                        // (A chunk past the end reads and writes nothing;
+                        // its index is 0 to stay inside the memref.)
+                        cols.push_back(k.select(
+                            k.cmpi(arith::CmpIPredicate::sgt, count, c0), col,
+                            c0));
+                        counts.push_back(count);
+                      }
+                      body(cols, counts);
+                    });
+        };
 
     // e with its non-finite entries zeroed (they get no gradient and enter
     // <dp_i, e_j> as 0, as in autograd of the reference).
@@ -266,17 +292,23 @@ struct AttentionPosteriorGradKernel
       k.forLoop(c0, heads, c1, [&](Value hh) {
         Value chosen = k.cmpi(arith::CmpIPredicate::eq, hh, h);
         Value col0 = k.mul(hh, headDim);
-        widthLoop(headDim, [&](Value col, Value count) {
+        chunkGroups(headDim, [&](ArrayRef<Value> cols, ArrayRef<Value> counts) {
           // d_v[b,h,j,c] = Σ_d dm[b,j,d] wo[d, h·Dh + c] (0 off h*)
-          Value acc = k.forLoop(
-              c0, k.select(chosen, model, c0), c1, ValueRange{zeros},
+          SmallVector<Value> init(kChains, zeros);
+          SmallVector<Value> acc = k.forLoop(
+              c0, k.select(chosen, model, c0), c1, init,
               [&](Value d, ValueRange a) -> SmallVector<Value> {
-                Value w =
-                    k.vloadMasked(wo, {d, k.add(col0, col)}, count, 0.0);
-                return {k.fma(k.splat(k.load(dm, {bi, j, d}), kLanes), w,
-                              a[0])};
-              })[0];
-          k.vstoreMasked(acc, dv, {bi, hh, j, col}, count);
+                Value m = k.splat(k.load(dm, {bi, j, d}), kLanes);
+                SmallVector<Value> next;
+                for (int64_t q = 0; q < kChains; ++q) {
+                  Value at = k.add(col0, cols[q]);
+                  Value w = k.vloadMasked(wo, {d, at}, counts[q], 0.0);
+                  next.push_back(k.fma(m, w, a[q]));
+                }
+                return next;
+              });
+          for (int64_t q = 0; q < kChains; ++q)
+            k.vstoreMasked(acc[q], dv, {bi, hh, j, cols[q]}, counts[q]);
         });
       });
     });
@@ -289,17 +321,26 @@ struct AttentionPosteriorGradKernel
       k.forLoop(c0, batch, c1, [&](Value bi) {
         Value h = headOf(k, bi);
         Value col0 = k.mul(h, headDim);
-        widthLoop(headDim, [&](Value col, Value count) {
-          Value at = k.add(col0, col);
-          Value acc = k.forLoop(
-              c0, keys, c1,
-              ValueRange{k.vloadMasked(dwo, {d, at}, count, 0.0)},
+        chunkGroups(headDim, [&](ArrayRef<Value> cols, ArrayRef<Value> counts) {
+          SmallVector<Value> at, init;
+          for (int64_t q = 0; q < kChains; ++q) {
+            at.push_back(k.add(col0, cols[q]));
+            init.push_back(k.vloadMasked(dwo, {d, at[q]}, counts[q], 0.0));
+          }
+          SmallVector<Value> acc = k.forLoop(
+              c0, keys, c1, init,
               [&](Value j, ValueRange a) -> SmallVector<Value> {
-                Value x = k.vloadMasked(v, {bi, h, j, col}, count, 0.0);
-                return {k.fma(k.splat(k.load(dm, {bi, j, d}), kLanes), x,
-                              a[0])};
-              })[0];
-          k.vstoreMasked(acc, dwo, {d, at}, count);
+                Value m = k.splat(k.load(dm, {bi, j, d}), kLanes);
+                SmallVector<Value> next;
+                for (int64_t q = 0; q < kChains; ++q) {
+                  Value x =
+                      k.vloadMasked(v, {bi, h, j, cols[q]}, counts[q], 0.0);
+                  next.push_back(k.fma(m, x, a[q]));
+                }
+                return next;
+              });
+          for (int64_t q = 0; q < kChains; ++q)
+            k.vstoreMasked(acc[q], dwo, {d, at[q]}, counts[q]);
         });
       });
     });
