@@ -91,6 +91,34 @@ mlir::moe::cpu::RowTile mlir::moe::cpu::rowTile(CK &k, Value item,
   return t;
 }
 
+mlir::moe::cpu::RowBlocks mlir::moe::cpu::rowBlocks(CK &k, Value batch,
+                                                    Value rows) {
+  RowTiles tiles = rowTiles(k, batch, rows);
+  Value perBatch = k.ceilDiv(tiles.perBatch, k.idx(kQueryTilesPerBlock));
+  return {tiles, perBatch, k.mul(batch, perBatch)};
+}
+
+mlir::moe::cpu::RowBlock mlir::moe::cpu::rowBlock(CK &k, Value item,
+                                                  const RowBlocks &blocks) {
+  constexpr int64_t QB = kQueryTilesPerBlock;
+  const RowTiles &tiles = blocks.tiles;
+  RowBlock blk;
+  blk.tiles = &tiles;
+  blk.b = k.divu(item, blocks.perBatch);
+  blk.t0 = k.mul(k.remu(item, blocks.perBatch), k.idx(QB));
+  blk.count = k.mins(k.idx(QB), k.sub(tiles.perBatch, blk.t0));
+  Value c1 = k.idx(1);
+  blk.lastRow =
+      k.mins(k.sub(k.mul(k.add(blk.t0, blk.count), k.idx(kQueryTile)), c1),
+             k.sub(tiles.rows, c1));
+  return blk;
+}
+
+mlir::moe::cpu::RowTile mlir::moe::cpu::RowBlock::tile(CK &k,
+                                                       Value qt) const {
+  return rowTile(k, k.add(k.mul(b, tiles->perBatch), k.add(t0, qt)), *tiles);
+}
+
 void mlir::moe::cpu::zeroRows(CK &k, Value buf, Value chunks) {
   Value zeros = k.constLike(k.vf32(), 0.0);
   k.forLoop(k.idx(0), chunks, k.idx(1), [&](Value c) {
@@ -432,14 +460,10 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
   constexpr int64_t QB = kQueryTilesPerBlock;
   Type f32 = k.f32();
   Value c0 = k.idx(0), c1 = k.idx(1);
-  RowTiles tiles = rowTiles(k, s.batch, s.rows);
   Value widthChunks = k.divu(s.widthPad, k.idx(kLanes));
-  // A parallel item is a block of up to QB query tiles of one batch element
-  // that take each key tile in turn (as emitFlashGrad's): a key tile is read
-  // from memory once for QB tiles. Each tile's online-softmax state lives in
-  // `stateAll` between its key tiles.
-  Value blocksPerBatch = k.ceilDiv(tiles.perBatch, k.idx(QB));
-  Value items = k.mul(s.batch, blocksPerBatch);
+  // A parallel item is a block of query tiles (rowBlocks); each tile's
+  // online-softmax state lives in `stateAll` between its key tiles.
+  RowBlocks blocks = rowBlocks(k, s.batch, s.rows);
 
   Value accAll = k.scratch(
       opts, MemRefType::get({QB, TQ, ShapedType::kDynamic}, f32),
@@ -453,12 +477,8 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
     Value stateBlk = k.workerSlice(stateAll, worker);
     Value pBuf = k.workerSlice(pAll, worker);
     Value sBuf = k.workerSlice(sAll, worker);
-    Value b = k.divu(item, blocksPerBatch);
-    Value t0 = k.mul(k.remu(item, blocksPerBatch), k.idx(QB));
-    Value nt = k.mins(k.idx(QB), k.sub(tiles.perBatch, t0));
-    auto tileOf = [&](Value qt) {
-      return rowTile(k, k.add(k.mul(b, tiles.perBatch), k.add(t0, qt)), tiles);
-    };
+    RowBlock blk = rowBlock(k, item, blocks);
+    Value b = blk.b, nt = blk.count;
     // The online softmax (MoE/Kernels/OnlineSoftmax.h) of each row: the
     // running max and sum, TQ of each per tile.
     SoftmaxState start = softmaxStart(k);
@@ -478,9 +498,7 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
     Value keyTiles = k.ceilDiv(s.keys, k.idx(TK));
     if (s.causal) {
       // Keys 0 .. the block's last row; a tile stops at its own last row.
-      Value blockLast = k.mins(k.sub(k.mul(k.add(t0, nt), k.idx(TQ)), c1),
-                               k.sub(s.rows, c1));
-      keyTiles = k.ceilDiv(k.add(blockLast, c1), k.idx(TK));
+      keyTiles = k.ceilDiv(k.add(blk.lastRow, c1), k.idx(TK));
     }
     auto maxOfLanes = [&](Value v) { return k.maxf(v); };
     auto sumOfLanes = [&](Value v) { return k.sum(v); };
@@ -488,7 +506,7 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
     k.forLoop(c0, keyTiles, c1, [&](Value jt) {
       Value j0 = k.mul(jt, k.idx(TK));
       k.forLoop(c0, nt, c1, [&](Value qt) {
-        RowTile tile = tileOf(qt);
+        RowTile tile = blk.tile(k, qt);
         ArrayRef<Value> rowIdx = tile.rows;
         Value accBuf = k.workerSlice(accBlk, qt);
         auto step = [&] {
@@ -538,7 +556,7 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
 
     // Epilogue: acc / l, zeros for a row that saw no key.
     k.forLoop(c0, nt, c1, [&](Value qt) {
-      Value i0 = k.mul(k.add(t0, qt), k.idx(TQ));
+      Value i0 = blk.tile(k, qt).i0;
       Value accBuf = k.workerSlice(accBlk, qt);
       SmallVector<Value> state = loadState(qt);
       for (int64_t r = 0; r < TQ; ++r) {
@@ -560,5 +578,5 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
   // Work: a multiply-add per (row, key, depth or value lane).
   Value work = k.mul(k.mul(k.mul(s.batch, s.rows), s.keys),
                      k.add(s.depth, s.widthPad));
-  workersIfLarge(k, opts, items, work, body);
+  workersIfLarge(k, opts, blocks.items, work, body);
 }

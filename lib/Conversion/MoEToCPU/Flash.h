@@ -178,6 +178,23 @@ struct RowTile {
   SmallVector<Value> rows;
 };
 RowTile rowTile(CK &k, Value item, const RowTiles &tiles);
+/// The row tiles in blocks of kQueryTilesPerBlock, a parallel item each
+/// (emitFlashMix, emitFlashGrad): a block takes each column tile in turn, so
+/// that the column tile's packed data is read from memory once per block.
+struct RowBlocks {
+  RowTiles tiles;
+  Value perBatch, items;
+};
+RowBlocks rowBlocks(CK &k, Value batch, Value rows);
+/// Block `item`: its batch element, first tile, tile count (<=
+/// kQueryTilesPerBlock) and last row (< rows).
+struct RowBlock {
+  Value b, t0, count, lastRow;
+  const RowTiles *tiles;
+  /// Tile qt (< count) of the block.
+  RowTile tile(CK &k, Value qt) const;
+};
+RowBlock rowBlock(CK &k, Value item, const RowBlocks &blocks);
 /// Zeros the kQueryTile rows of `chunks` kLanes-vectors of `buf`.
 void zeroRows(CK &k, Value buf, Value chunks);
 

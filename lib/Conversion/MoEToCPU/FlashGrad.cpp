@@ -36,15 +36,12 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
   constexpr int64_t QB = kQueryTilesPerBlock;
   Type f32 = k.f32();
   Value c0 = k.idx(0), c1 = k.idx(1);
-  RowTiles tiles = rowTiles(k, s.batch, s.rows);
-  // A parallel item is a block of up to QB row tiles of one batch element,
-  // which take each column tile in turn: its packed columns and values are
-  // read from memory once for the QB tiles (from L1/L2 for all but the
-  // first), where one row tile an item streamed every column from L3 for 8
-  // rows (bandwidth-bound at D = 64: 11 MB of packed data per 8 rows at
-  // N = 16384).
-  Value blocksPerBatch = k.ceilDiv(tiles.perBatch, k.idx(QB));
-  Value items = k.mul(s.batch, blocksPerBatch);
+  // A parallel item is a block of row tiles (rowBlocks): a column tile's
+  // packed columns and values are read from memory once for the block's
+  // tiles (from L1/L2 for all but the first), where one row tile an item
+  // streamed every column from L3 for 8 rows (bandwidth-bound at D = 64: 11 MB
+  // of packed data per 8 rows at N = 16384).
+  RowBlocks blocks = rowBlocks(k, s.batch, s.rows);
 
   // Blocked summation: each accumulator sums kFoldTiles column tiles into a
   // partial (accAll) that is then added to its total (totAll). One running
@@ -72,7 +69,7 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
   for (const auto &a : s.accumulators)
     perPair = k.add(perPair, a.widthPad);
   Value work = k.mul(k.mul(k.mul(s.batch, s.rows), s.cols), perPair);
-  workersIfLarge(k, opts, items, work, [&](Value item, Value worker) {
+  workersIfLarge(k, opts, blocks.items, work, [&](Value item, Value worker) {
     SmallVector<Value> accBlk, totBlk, chunks;
     for (auto [buf, tot, a] : llvm::zip(accAll, totAll, s.accumulators)) {
       accBlk.push_back(k.workerSlice(buf, worker));
@@ -82,14 +79,9 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
     Value sBuf = k.workerSlice(sAll, worker);
     Value dBuf = k.workerSlice(dAll, worker);
     Value tBuf = tAll ? k.workerSlice(tAll, worker) : Value();
-    Value b = k.divu(item, blocksPerBatch);
-    Value t0 = k.mul(k.remu(item, blocksPerBatch), k.idx(QB));
-    Value nt = k.mins(k.idx(QB), k.sub(tiles.perBatch, t0));
-    // Row tile qt of the block: its rows (the last row repeated past the
-    // end) and its accumulators' [TQ, W] slices.
-    auto tileOf = [&](Value qt) {
-      return rowTile(k, k.add(k.mul(b, tiles.perBatch), k.add(t0, qt)), tiles);
-    };
+    RowBlock blk = rowBlock(k, item, blocks);
+    Value b = blk.b, nt = blk.count;
+    // Row tile qt's [TQ, W] slices of the block's accumulators.
     auto slices = [&](ArrayRef<Value> blk, Value qt) {
       SmallVector<Value> out;
       for (Value buf : blk)
@@ -105,14 +97,11 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
     zero(totBlk);
 
     // Column tiles of the block; a row tile skips those outside its band.
-    Value blockI0 = k.mul(t0, k.idx(TQ));
-    Value blockLast = k.mins(k.sub(k.mul(k.add(t0, nt), k.idx(TQ)), c1),
-                             k.sub(s.rows, c1));
     Value first = c0, last = k.ceilDiv(s.cols, k.idx(TK));
     if (s.band == FlashGradSpec::Band::Lower) // columns c <= the last row
-      last = k.ceilDiv(k.add(blockLast, c1), k.idx(TK));
+      last = k.ceilDiv(k.add(blk.lastRow, c1), k.idx(TK));
     else if (s.band == FlashGradSpec::Band::Upper) // columns c >= the first
-      first = k.divu(blockI0, k.idx(TK));
+      first = k.divu(k.mul(blk.t0, k.idx(TQ)), k.idx(TK));
 
     Value fold = k.idx(kFoldTiles);
     k.forLoop(first, last, fold, [&](Value jf) {
@@ -120,7 +109,7 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
       k.forLoop(jf, k.mins(k.add(jf, fold), last), c1, [&](Value jt) {
         Value j0 = k.mul(jt, k.idx(TK));
         k.forLoop(c0, nt, c1, [&](Value qt) {
-          RowTile tile = tileOf(qt);
+          RowTile tile = blk.tile(k, qt);
           ArrayRef<Value> rowIdx = tile.rows;
           Value inBand = Value();
           if (s.band == FlashGradSpec::Band::Lower)
@@ -183,7 +172,7 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
     });
 
     k.forLoop(c0, nt, c1, [&](Value qt) {
-      Value i0 = k.mul(k.add(t0, qt), k.idx(TQ));
+      Value i0 = blk.tile(k, qt).i0;
       SmallVector<Value> tot = slices(totBlk, qt);
       for (int64_t r = 0; r < TQ; ++r) {
         Value i = k.add(i0, k.idx(r));
