@@ -263,10 +263,11 @@ struct AttentionPosteriorKernel
 
     // 4. The posterior mix.
     Value out = kernel.out(0);
-    emitFlashMix(k, opts,
-                 flashSpec(k, u, keysT, keysPad, e, out, batch, rows, keys,
-                           model,
-                           posteriorLogits(scores, head, norm2, keys, sigma2)));
+    FlashSpec mix =
+        flashSpec(k, u, keysT, keysPad, e, out, batch, rows, keys, model,
+                  posteriorLogits(scores, head, norm2, keys, sigma2));
+    mix.tilesPerBlock = 1; // the logits stream the scores rows
+    emitFlashMix(k, opts, mix);
 
     kernel.replace(rw, op);
     return success();

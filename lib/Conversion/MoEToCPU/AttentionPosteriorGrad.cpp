@@ -164,6 +164,7 @@ struct AttentionPosteriorGradKernel
     FlashSpec fwd = flashSpec(k, u, means.keysT, keysPad, e, p, batch, rows,
                               keys, model, logits);
     fwd.lse = lse;
+    fwd.tilesPerBlock = 1; // as the forward's (AttentionPosterior.cpp)
     emitFlashMix(k, opts, fwd);
     Value widthPad = fwd.widthPad;
     auto [lseRow, delta] =

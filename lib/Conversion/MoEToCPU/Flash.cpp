@@ -62,9 +62,10 @@ FlashSpec mlir::moe::cpu::flashSpec(
   auto [packed, nonFinite] =
       packValues(k, values, batch, keys, width, keysPad, widthPad);
   // (No lse: the caller sets it when it wants one.)
-  return FlashSpec{
-      q,    keysT, packed, out,      Value(),   batch,  rows,
-      keys, depth, width,  widthPad, nonFinite, causal, std::move(logits)};
+  return FlashSpec{q,         keysT, packed, out,
+                   Value(),   batch, rows,   keys,
+                   depth,     width, widthPad, nonFinite,
+                   causal,    kQueryTilesPerBlock, std::move(logits)};
 }
 
 void mlir::moe::cpu::workersIfLarge(CK &k, const KernelOptions &opts, Value numItems,
@@ -92,15 +93,16 @@ mlir::moe::cpu::RowTile mlir::moe::cpu::rowTile(CK &k, Value item,
 }
 
 mlir::moe::cpu::RowBlocks mlir::moe::cpu::rowBlocks(CK &k, Value batch,
-                                                    Value rows) {
+                                                    Value rows,
+                                                    int64_t tilesPerBlock) {
   RowTiles tiles = rowTiles(k, batch, rows);
-  Value perBatch = k.ceilDiv(tiles.perBatch, k.idx(kQueryTilesPerBlock));
-  return {tiles, perBatch, k.mul(batch, perBatch)};
+  Value perBatch = k.ceilDiv(tiles.perBatch, k.idx(tilesPerBlock));
+  return {tiles, perBatch, k.mul(batch, perBatch), tilesPerBlock};
 }
 
 mlir::moe::cpu::RowBlock mlir::moe::cpu::rowBlock(CK &k, Value item,
                                                   const RowBlocks &blocks) {
-  constexpr int64_t QB = kQueryTilesPerBlock;
+  const int64_t QB = blocks.tilesPerBlock;
   const RowTiles &tiles = blocks.tiles;
   RowBlock blk;
   blk.tiles = &tiles;
@@ -457,13 +459,13 @@ mlir::moe::cpu::scaledMaskedLogits(Value keyValid, bool causal, float scale) {
 void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
                                   const FlashSpec &s) {
   constexpr int64_t TQ = kQueryTile, TK = kKeyTile, KV = TK / kLanes;
-  constexpr int64_t QB = kQueryTilesPerBlock;
+  const int64_t QB = s.tilesPerBlock;
   Type f32 = k.f32();
   Value c0 = k.idx(0), c1 = k.idx(1);
   Value widthChunks = k.divu(s.widthPad, k.idx(kLanes));
   // A parallel item is a block of query tiles (rowBlocks); each tile's
   // online-softmax state lives in `stateAll` between its key tiles.
-  RowBlocks blocks = rowBlocks(k, s.batch, s.rows);
+  RowBlocks blocks = rowBlocks(k, s.batch, s.rows, QB);
 
   Value accAll = k.scratch(
       opts, MemRefType::get({QB, TQ, ShapedType::kDynamic}, f32),
