@@ -75,50 +75,41 @@ void mlir::moe::cpu::workersIfLarge(CK &k, const KernelOptions &opts, Value numI
   k.workers(opts, numItems, body, small);
 }
 
-mlir::moe::cpu::RowTiles mlir::moe::cpu::rowTiles(CK &k, Value batch,
-                                                  Value rows) {
-  Value perBatch = k.ceilDiv(rows, k.idx(kQueryTile));
-  return {perBatch, k.mul(batch, perBatch), rows};
-}
-
-mlir::moe::cpu::RowTile mlir::moe::cpu::rowTile(CK &k, Value item,
-                                                const RowTiles &tiles) {
-  RowTile t;
-  t.b = k.divu(item, tiles.perBatch);
-  t.i0 = k.mul(k.remu(item, tiles.perBatch), k.idx(kQueryTile));
-  Value lastRow = k.sub(tiles.rows, k.idx(1));
-  for (int64_t r = 0; r < kQueryTile; ++r)
-    t.rows.push_back(k.mins(k.add(t.i0, k.idx(r)), lastRow));
-  return t;
-}
-
 mlir::moe::cpu::RowBlocks mlir::moe::cpu::rowBlocks(CK &k, Value batch,
                                                     Value rows,
                                                     int64_t tilesPerBlock) {
-  RowTiles tiles = rowTiles(k, batch, rows);
-  Value perBatch = k.ceilDiv(tiles.perBatch, k.idx(tilesPerBlock));
-  return {tiles, perBatch, k.mul(batch, perBatch), tilesPerBlock};
+  Value tiles = k.ceilDiv(rows, k.idx(kQueryTile));
+  Value blocks = k.ceilDiv(tiles, k.idx(tilesPerBlock));
+  return {rows, tiles, blocks, k.mul(batch, blocks), tilesPerBlock};
 }
 
 mlir::moe::cpu::RowBlock mlir::moe::cpu::rowBlock(CK &k, Value item,
                                                   const RowBlocks &blocks) {
   const int64_t QB = blocks.tilesPerBlock;
-  const RowTiles &tiles = blocks.tiles;
-  RowBlock blk;
-  blk.tiles = &tiles;
-  blk.b = k.divu(item, blocks.perBatch);
-  blk.t0 = k.mul(k.remu(item, blocks.perBatch), k.idx(QB));
-  blk.count = k.mins(k.idx(QB), k.sub(tiles.perBatch, blk.t0));
   Value c1 = k.idx(1);
+  RowBlock blk;
+  blk.rows = blocks.rows;
+  blk.b = k.divu(item, blocks.blocksPerBatch);
+  blk.t0 = k.mul(k.remu(item, blocks.blocksPerBatch), k.idx(QB));
+  blk.count = k.mins(k.idx(QB), k.sub(blocks.tilesPerBatch, blk.t0));
   blk.lastRow =
       k.mins(k.sub(k.mul(k.add(blk.t0, blk.count), k.idx(kQueryTile)), c1),
-             k.sub(tiles.rows, c1));
+             k.sub(blocks.rows, c1));
   return blk;
+}
+
+Value mlir::moe::cpu::RowBlock::firstRow(CK &k, Value qt) const {
+  return k.mul(k.add(t0, qt), k.idx(kQueryTile));
 }
 
 mlir::moe::cpu::RowTile mlir::moe::cpu::RowBlock::tile(CK &k,
                                                        Value qt) const {
-  return rowTile(k, k.add(k.mul(b, tiles->perBatch), k.add(t0, qt)), *tiles);
+  RowTile t;
+  t.i0 = firstRow(k, qt);
+  Value last = k.sub(rows, k.idx(1));
+  for (int64_t r = 0; r < kQueryTile; ++r)
+    t.rows.push_back(k.mins(k.add(t.i0, k.idx(r)), last));
+  return t;
 }
 
 void mlir::moe::cpu::zeroRows(CK &k, Value buf, Value chunks) {
@@ -305,23 +296,12 @@ void mlir::moe::cpu::accumulateTile(CK &k, const KernelOptions &opts,
       for (int64_t q = 0; q < w; ++q)
         k.vstore(res[r * w + q], accBuf, {k.idx(r), cols[q]});
   };
-  // Steps of W, then of 2, then one of 1 when the count is odd: the tail
-  // after the steps of W is chunks % W, or 4 (two steps of 2) where a step of
-  // 1 would be left (W = 3: 4 chunks as 2 + 2, 16 as 3·4 + 2 + 2).
-  Value tail = k.remu(chunks, k.idx(W));
-  if (W == 3)
-    tail = k.select(k.andI(k.cmpi(arith::CmpIPredicate::eq, tail, c1),
-                           k.cmpi(arith::CmpIPredicate::uge, chunks,
-                                  k.idx(4))),
-                    k.idx(4), tail);
-  Value whole = k.sub(chunks, tail);
+  // Steps of W, then single chunks. (Splitting a tail of one, e.g. 4 chunks
+  // as 2 + 2 instead of 3 + 1, measured the same: D = 64 and D = 256.)
+  Value whole = k.mul(k.divu(chunks, k.idx(W)), k.idx(W));
   k.forLoop(c0, whole, k.idx(W), [&](Value c) { step(c, W); });
-  if (W == 1)
-    return;
-  Value pairsEnd = k.sub(chunks, k.remu(tail, k.idx(2)));
-  if (W > 2)
-    k.forLoop(whole, pairsEnd, k.idx(2), [&](Value c) { step(c, 2); });
-  k.forLoop(pairsEnd, chunks, c1, [&](Value c) { step(c, 1); });
+  if (W > 1)
+    k.forLoop(whole, chunks, c1, [&](Value c) { step(c, 1); });
 }
 
 Value mlir::moe::cpu::packKeysT(CK &k, const KernelOptions &opts, Value x,
@@ -558,7 +538,7 @@ void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
 
     // Epilogue: acc / l, zeros for a row that saw no key.
     k.forLoop(c0, nt, c1, [&](Value qt) {
-      Value i0 = blk.tile(k, qt).i0;
+      Value i0 = blk.firstRow(k, qt);
       Value accBuf = k.workerSlice(accBlk, qt);
       SmallVector<Value> state = loadState(qt);
       for (int64_t r = 0; r < TQ; ++r) {

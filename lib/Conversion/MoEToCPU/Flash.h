@@ -4,8 +4,9 @@
 // Part of the MoE-MLIR project.
 //
 // p[b,i,:] = Σ_j softmax_j(logit(<q_i, k_j>, b, i, j)) · v[b,j,:] without the
-// N x Nk matrix: query tiles of kQueryTile rows are the parallel items; each
-// streams key tiles of kKeyTile keys. Per (query tile, key tile) block:
+// N x Nk matrix: blocks of query tiles of kQueryTile rows are the parallel
+// items (rowBlocks); each streams key tiles of kKeyTile keys, every query
+// tile of the block in turn. Per (query tile, key tile) pair:
 //  * QK: a register-blocked micro-kernel (blocks of rows x key vectors sized
 //    to the target's registers: 8 x 2 zmm on AVX-512, 6 x 2 and 2 x 4 ymm on
 //    AVX2), one FMA per (row, vector of keys, d), reading the keys transposed
@@ -38,8 +39,8 @@ namespace mlir::moe::cpu {
 
 constexpr int64_t kQueryTile = 8;
 constexpr int64_t kKeyTile = 32;
-/// Row tiles that take each column tile in turn in the backward passes
-/// (emitFlashGrad): one parallel item.
+/// Row tiles that take each column tile in turn, one parallel item
+/// (rowBlocks): the backward passes' and, by default, the forward's.
 constexpr int64_t kQueryTilesPerBlock = 4;
 
 struct FlashSpec {
@@ -169,35 +170,30 @@ GradRowStats gradRowStats(CK &k, Value lse, Value p, Value dp, Value batch,
 
 // Building blocks shared by the forward and backward kernels.
 
-/// The B x ceil(rows / kQueryTile) row tiles, the parallel items of the
-/// forward and backward kernels: `perBatch` tiles per batch, `items` in all.
-struct RowTiles {
-  Value perBatch, items, rows;
-};
-RowTiles rowTiles(CK &k, Value batch, Value rows);
-/// Row tile `item` of `tiles`: its batch `b`, first row `i0` and kQueryTile
-/// row indices, where rows past the end repeat the last row (computed, never
-/// stored).
-struct RowTile {
-  Value b, i0;
-  SmallVector<Value> rows;
-};
-RowTile rowTile(CK &k, Value item, const RowTiles &tiles);
-/// The row tiles in blocks of kQueryTilesPerBlock, a parallel item each
-/// (emitFlashMix, emitFlashGrad): a block takes each column tile in turn, so
-/// that the column tile's packed data is read from memory once per block.
+/// The rows of each batch element in tiles of kQueryTile, the tiles in
+/// blocks of `tilesPerBlock`: a block is a parallel item of the forward and
+/// backward kernels (emitFlashMix, emitFlashGrad) and takes each column tile
+/// in turn, so that the column tile's packed data is read from memory once
+/// per block. `items` = B x blocksPerBatch.
 struct RowBlocks {
-  RowTiles tiles;
-  Value perBatch, items;
+  Value rows, tilesPerBatch, blocksPerBatch, items;
   int64_t tilesPerBlock;
 };
 RowBlocks rowBlocks(CK &k, Value batch, Value rows,
                     int64_t tilesPerBlock = kQueryTilesPerBlock);
+/// A row tile: its first row `i0` and kQueryTile row indices, where rows past
+/// the end repeat the last row (computed, never stored).
+struct RowTile {
+  Value i0;
+  SmallVector<Value> rows;
+};
 /// Block `item`: its batch element, first tile, tile count (<=
 /// tilesPerBlock) and last row (< rows).
 struct RowBlock {
   Value b, t0, count, lastRow;
-  const RowTiles *tiles;
+  Value rows; // of the batch element
+  /// The first row of tile qt (< count) of the block.
+  Value firstRow(CK &k, Value qt) const;
   /// Tile qt (< count) of the block.
   RowTile tile(CK &k, Value qt) const;
 };

@@ -101,7 +101,7 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
     if (s.band == FlashGradSpec::Band::Lower) // columns c <= the last row
       last = k.ceilDiv(k.add(blk.lastRow, c1), k.idx(TK));
     else if (s.band == FlashGradSpec::Band::Upper) // columns c >= the first
-      first = k.divu(k.mul(blk.t0, k.idx(TQ)), k.idx(TK));
+      first = k.divu(blk.firstRow(k, c0), k.idx(TK));
 
     Value fold = k.idx(kFoldTiles);
     k.forLoop(first, last, fold, [&](Value jf) {
@@ -172,7 +172,7 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
     });
 
     k.forLoop(c0, nt, c1, [&](Value qt) {
-      Value i0 = blk.tile(k, qt).i0;
+      Value i0 = blk.firstRow(k, qt);
       SmallVector<Value> tot = slices(totBlk, qt);
       for (int64_t r = 0; r < TQ; ++r) {
         Value i = k.add(i0, k.idx(r));
