@@ -100,11 +100,8 @@ private:
       // Spin a little before parking: the next kernel's tasks usually come
       // within microseconds.
       for (int spin = 0; spin < 4000; ++spin) {
-        if (pending.load(std::memory_order_acquire) > 0 && tryPop(task)) {
-          task();
-          task = nullptr;
+        if (runOne())
           spin = 0;
-        }
 #if defined(__x86_64__)
         __builtin_ia32_pause();
 #endif
@@ -176,11 +173,12 @@ Pool &pool() {
 }
 
 /// Waits until `done()`: runs queued tasks meanwhile, spins up to
-/// kWaitSpin, then sleeps in `block()` (which rechecks `done` under its lock).
+/// kWaitSpin, then sleeps on `cv` (whose notifier changes `done` under `mu`).
 constexpr auto kWaitSpin = std::chrono::microseconds(100);
 
-template <typename Done, typename Block>
-void helpSpinThenBlock(Done done, Block block) {
+template <typename Done>
+void helpSpinThenBlock(Done done, std::mutex &mu,
+                       std::condition_variable &cv) {
   auto start = std::chrono::steady_clock::now();
   for (unsigned spin = 0; !done(); ++spin) {
     if (pool().runOne()) {
@@ -189,7 +187,8 @@ void helpSpinThenBlock(Done done, Block block) {
     }
     if (spin % 64 == 63 &&
         std::chrono::steady_clock::now() - start > kWaitSpin) {
-      block();
+      std::unique_lock<std::mutex> l(mu);
+      cv.wait(l, done);
       return;
     }
 #if defined(__x86_64__)
@@ -236,11 +235,7 @@ struct Readiness : Object {
     dropRef(1); // the task's reference
   }
   void wait() {
-    helpSpinThenBlock([this] { return done(); },
-                      [this] {
-                        std::unique_lock<std::mutex> l(mu);
-                        cv.wait(l, [this] { return done(); });
-                      });
+    helpSpinThenBlock([this] { return done(); }, mu, cv);
   }
   /// Runs `f` now when ready, else when it becomes ready.
   void then(std::function<void()> f) {
@@ -294,13 +289,9 @@ struct Group : Object {
       f();
   }
   void wait() {
-    auto done = [this] {
-      return pending.load(std::memory_order_acquire) == 0;
-    };
-    helpSpinThenBlock(done, [&] {
-      std::unique_lock<std::mutex> l(mu);
-      cv.wait(l, done);
-    });
+    helpSpinThenBlock(
+        [this] { return pending.load(std::memory_order_acquire) == 0; }, mu,
+        cv);
   }
   void then(std::function<void()> f) {
     {
