@@ -620,8 +620,9 @@ def _check_posterior(tensors, gp, sigma, hsel, head_scale=None, what=""):
 
 
 @pytest.mark.parametrize("hsel", ["min_entropy", "all"])
-@pytest.mark.parametrize("shape", [(2, 3, 7, 9, 2, 4), (1, 4, 33, 40, 4, 8), (2, 2, 100, 65, 8, 16)],
-                         ids=["small", "N=33", "N=100"])
+@pytest.mark.parametrize("shape", [(2, 3, 7, 9, 2, 4), (1, 4, 33, 40, 4, 8), (2, 2, 100, 65, 8, 16),
+                                   (1, 2, 1100, 70, 37, 5)],
+                         ids=["small", "N=33", "N=100", "N=1100-D=74"])
 @pytest.mark.parametrize("masked", [False, True])
 def test_posterior_backward_random(hsel, shape, masked):
     tensors, gp = _posterior_case(*shape, masked=masked)

@@ -48,6 +48,230 @@ using namespace kernels;
 
 namespace {
 
+/// Rows summed into one partial before it joins the total (the blocked
+/// summation of FlashGrad.cpp: one running f32 sum over thousands of rows
+/// loses accuracy against eager's blocked GEMM sums).
+constexpr int64_t kFoldRows = 512;
+/// Rows ahead whose G the key-major pass prefetches.
+constexpr int64_t kPrefetchRows = 16;
+
+struct KeyMajorBuffers {
+  /// [B, H, N, Nk] f32: G_ij = exp(z_ij − lse'_i) at [b, head[b]] on entry,
+  /// dz_ij on exit.
+  Value dScores;
+  Value head;  // i32 [B], in [0, H)
+  Value eT;    // e (non-finite entries zeroed) packed by packKeysT
+  Value dp;    // [B, N, K] f32
+  Value delta; // [B, Npad] f32: <dp_i, p_i>
+  Value u;     // [B, N, D], any float
+  /// Results: d_e [B, Nk, K], Σ_i dz_ij u_i [B, Nk, D], Σ_i dz_ij [B, Nk].
+  Value de, dzU, dzSum;
+};
+
+/// The key-indexed sums of the backward from the G of the query-major pass:
+/// one parallel item per (b, key tile of kKeyTile keys), two 16-lane vectors
+/// of keys.
+///  A. Rows i in order: dz = G (<dp_i, e_j> − delta_i) (the dots vectorized
+///     over the tile's keys, e's packed tile from L1) back into d_scores,
+///     d_e_j += G_ij dp_i and Σ_i dz_ij; dz, subnormals flushed, also into a
+///     per-worker [N, kKeyTile] scratch.
+///  B. Σ_i dz_ij u_i from that scratch in register blocks of kSumKeys keys x
+///     kSumChunks 16-lane column chunks (a u chunk loaded once for the
+///     block's keys).
+/// Where the two-pass form recomputed each logit (a D-deep dot and an exp
+/// per pair) and streamed D + K + 1 accumulator lanes per pair through the
+/// tiles, this costs about D / 16 + 2 vector FMAs per 16 pairs. Every sum
+/// has one writer and a fixed order (kFoldRows blocks).
+void keyMajorSums(CK &k, const KernelOptions &opts, const KeyMajorBuffers &x,
+                  Value batch, Value rows, Value keys, Value model,
+                  Value width) {
+  constexpr int64_t TK = kKeyTile, KV = TK / kLanes;
+  // AVX-512: 4 x 4 accumulators and 4 u chunks of 32 zmm; AVX2 (two ymm a
+  // 16-lane vector): 2 x 2 and 2 chunks of 16 ymm.
+  const int64_t kSumKeys = opts.vectorBits >= 512 ? 4 : 2;
+  const int64_t kSumChunks = kSumKeys;
+  Type f32 = k.f32();
+  Value c0 = k.idx(0), c1 = k.idx(1);
+  Value zeros = k.constLike(k.vf32(), 0.0);
+  Value keyTiles = k.ceilDiv(keys, k.idx(TK));
+  Value fold = k.idx(kFoldRows);
+  Value ahead = k.idx(kPrefetchRows), lastRow = k.sub(rows, c1);
+  auto perWorker = [&](ArrayRef<int64_t> shape, ValueRange dyn) {
+    return k.scratch(opts, MemRefType::get(shape, f32), dyn);
+  };
+  Value dePartAll = perWorker({kDyn, TK}, {width});
+  Value deTotAll = perWorker({kDyn, TK}, {width});
+  Value dzAll = perWorker({kDyn, TK}, {rows});
+  Value work = k.mul(k.mul(k.mul(batch, rows), keys),
+                     k.add(model, k.add(width, width)));
+  workersIfLarge(k, opts, k.mul(batch, keyTiles), work, [&](Value item,
+                                                            Value worker) {
+    Value bi = k.divu(item, keyTiles), jt = k.remu(item, keyTiles);
+    Value j0 = k.mul(jt, k.idx(TK));
+    Value h = k.castInt(k.load(x.head, {bi}), k.b.getIndexType());
+    Value dePart = k.workerSlice(dePartAll, worker);
+    Value deTot = k.workerSlice(deTotAll, worker);
+    Value dzBuf = k.workerSlice(dzAll, worker);
+    auto zeroDe = [&](Value buf) {
+      k.forLoop(c0, width, c1, [&](Value c) {
+        for (int64_t v = 0; v < KV; ++v)
+          k.vstore(zeros, buf, {c, k.idx(v * kLanes)});
+      });
+    };
+    // Key vector v: its first key and the lanes inside [0, keys) (a vector
+    // past the end reads and writes nothing; its index is 0, inside).
+    SmallVector<Value> counts, keyAt;
+    for (int64_t v = 0; v < KV; ++v) {
+      Value j = k.add(j0, k.idx(v * kLanes));
+      counts.push_back(k.sub(keys, j));
+      keyAt.push_back(k.select(
+          k.cmpi(arith::CmpIPredicate::sgt, counts.back(), c0), j, c0));
+    }
+
+    // A. dz, d_e, Σ dz.
+    zeroDe(deTot);
+    Value full = k.cmpi(arith::CmpIPredicate::ule, k.add(j0, k.idx(TK)), keys);
+    SmallVector<Value> sumInit(KV, zeros);
+    SmallVector<Value> dzSum = k.forLoop(
+        c0, rows, fold, sumInit,
+        [&](Value i0, ValueRange tot) -> SmallVector<Value> {
+          zeroDe(dePart);
+          Value i1 = k.mins(k.add(i0, fold), rows);
+          SmallVector<Value> part = k.forLoop(
+              i0, i1, c1, sumInit,
+              [&](Value i, ValueRange acc) -> SmallVector<Value> {
+                // Whole key vectors or the ragged last tile (masked).
+                SmallVector<Value> g(KV);
+                for (int64_t v = 0; v < KV; ++v) {
+                  // Rows are Nk·4 bytes apart (a page at Nk = 1024), which
+                  // no hardware prefetcher follows: the tile of the row
+                  // kPrefetchRows ahead is fetched now (it is also written).
+                  memref::PrefetchOp::create(
+                      k.b, x.dScores, ValueRange{bi, h, k.mins(k.add(i, ahead), lastRow), keyAt[v]},
+                      /*isWrite=*/true, /*localityHint=*/3,
+                      /*isDataCache=*/true);
+                  g[v] = k.vloadMasked(x.dScores, {bi, h, i, keyAt[v]},
+                                       counts[v], 0.0);
+                }
+                // <dp_i, e_j> for the tile's keys and d_e_j += G_ij dp_i.
+                SmallVector<Value> dot = k.forLoop(
+                    c0, width, c1, sumInit,
+                    [&](Value c, ValueRange d) -> SmallVector<Value> {
+                      Value dpc = k.splat(k.loadF(x.dp, {bi, i, c}), kLanes);
+                      SmallVector<Value> next;
+                      for (int64_t v = 0; v < KV; ++v) {
+                        Value col = k.idx(v * kLanes);
+                        next.push_back(
+                            k.fma(dpc, k.vload(x.eT, {bi, jt, c, col}), d[v]));
+                        k.vstore(k.fma(dpc, g[v], k.vload(dePart, {c, col})),
+                                 dePart, {c, col});
+                      }
+                      return next;
+                    });
+                Value d = k.splat(k.load(x.delta, {bi, i}), kLanes);
+                SmallVector<Value> next;
+                for (int64_t v = 0; v < KV; ++v) {
+                  Value dz = k.fmul(g[v], k.fsub(dot[v], d));
+                  k.splitFull(full, [&](bool whole) {
+                    k.vstorePart(whole, dz, x.dScores, {bi, h, i, keyAt[v]},
+                                 counts[v]);
+                  });
+                  // Pass B broadcasts dz into FMAs: a subnormal would cost a
+                  // microcode assist in each (FlashGrad.cpp).
+                  dz = k.flushSubnormal(dz);
+                  k.vstore(dz, dzBuf, {i, k.idx(v * kLanes)});
+                  next.push_back(k.fadd(acc[v], dz));
+                }
+                return next;
+              });
+          k.forLoop(c0, width, c1, [&](Value c) {
+            for (int64_t v = 0; v < KV; ++v) {
+              Value col = k.idx(v * kLanes);
+              k.vstore(k.fadd(k.vload(deTot, {c, col}),
+                              k.vload(dePart, {c, col})),
+                       deTot, {c, col});
+            }
+          });
+          SmallVector<Value> next;
+          for (int64_t v = 0; v < KV; ++v)
+            next.push_back(k.fadd(tot[v], part[v]));
+          return next;
+        });
+    for (int64_t v = 0; v < KV; ++v)
+      k.vstoreMasked(dzSum[v], x.dzSum, {bi, keyAt[v]}, counts[v]);
+    // d_e[b, j, c] = deTot[c, j - j0] for the tile's keys.
+    Value tileKeys = k.mins(k.sub(keys, j0), k.idx(TK));
+    k.forLoop(c0, tileKeys, c1, [&](Value l) {
+      k.forLoop(c0, width, c1, [&](Value c) {
+        k.store(k.load(deTot, {c, l}), x.de, {bi, k.add(j0, l), c});
+      });
+    });
+
+    // B. Σ_i dz_ij u_i: blocks of kSumKeys keys x kSumChunks column chunks.
+    Value chunkCols = k.idx(kSumChunks * kLanes);
+    k.forLoop(c0, k.ceilDiv(tileKeys, k.idx(kSumKeys)), c1, [&](Value kg) {
+      Value l0 = k.mul(kg, k.idx(kSumKeys));
+      // Keys past the end read the tile's last key (in the scratch) and are
+      // not stored.
+      SmallVector<Value> ls;
+      for (int64_t r = 0; r < kSumKeys; ++r)
+        ls.push_back(k.mins(k.add(l0, k.idx(r)), k.sub(tileKeys, c1)));
+      k.forLoop(c0, k.ceilDiv(model, chunkCols), c1, [&](Value cg) {
+        SmallVector<Value> cols, colCounts;
+        for (int64_t q = 0; q < kSumChunks; ++q) {
+          Value col = k.add(k.mul(cg, chunkCols), k.idx(q * kLanes));
+          Value count = k.sub(model, col);
+          // (A chunk past the end reads nothing; index 0 stays inside.)
+          cols.push_back(
+              k.select(k.cmpi(arith::CmpIPredicate::sgt, count, c0), col, c0));
+          colCounts.push_back(count);
+        }
+        auto store = [&](ValueRange acc, bool first) {
+          for (int64_t r = 0; r < kSumKeys; ++r) {
+            Value j = k.add(j0, k.add(l0, k.idx(r)));
+            k.ifThen(k.cmpi(arith::CmpIPredicate::ult, k.add(l0, k.idx(r)),
+                            tileKeys),
+                     [&] {
+                       for (int64_t q = 0; q < kSumChunks; ++q) {
+                         Value a = acc[r * kSumChunks + q];
+                         if (!first)
+                           a = k.fadd(k.vloadMasked(x.dzU, {bi, j, cols[q]},
+                                                    colCounts[q], 0.0),
+                                      a);
+                         k.vstoreMasked(a, x.dzU, {bi, j, cols[q]},
+                                        colCounts[q]);
+                       }
+                     });
+          }
+        };
+        SmallVector<Value> init(kSumKeys * kSumChunks, zeros);
+        k.forLoop(c0, rows, fold, [&](Value i0) {
+          Value i1 = k.mins(k.add(i0, fold), rows);
+          SmallVector<Value> acc = k.forLoop(
+              i0, i1, c1, init,
+              [&](Value i, ValueRange a) -> SmallVector<Value> {
+                SmallVector<Value> uc;
+                for (int64_t q = 0; q < kSumChunks; ++q)
+                  uc.push_back(k.vloadMasked(x.u, {bi, i, cols[q]},
+                                             colCounts[q], 0.0));
+                SmallVector<Value> next;
+                for (int64_t r = 0; r < kSumKeys; ++r) {
+                  Value w = k.splat(k.load(dzBuf, {i, ls[r]}), kLanes);
+                  for (int64_t q = 0; q < kSumChunks; ++q)
+                    next.push_back(
+                        k.fma(w, uc[q], a[r * kSumChunks + q]));
+                }
+                return next;
+              });
+          Value first = k.cmpi(arith::CmpIPredicate::eq, i0, c0);
+          k.ifThen(first, [&] { store(acc, true); });
+          k.ifThen(k.notI1(first), [&] { store(acc, false); });
+        });
+      });
+    });
+  });
+}
+
 struct AttentionPosteriorGradKernel
     : KernelPattern<AttentionPosteriorGradOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
@@ -207,7 +431,7 @@ struct AttentionPosteriorGradKernel
 
     Value invS2 = k.constLike(k.vf32(), 1.0 / sigma2);
 
-    // 2. Query-major: dz into d_scores, d_u.
+    // 2. Query-major: d_u, and G into d_scores.
     Value eT = packKeysT(k, opts, e, batch, keys, width);
     Value du = kernel.out(1);
     FlashGradSpec byQuery({u, means.keysT, model}, {dp, eT, width}, batch, rows,
@@ -218,59 +442,22 @@ struct AttentionPosteriorGradKernel
       Value g = softmaxFromLogSumExp(kk, z, kk.load(lseRow, {bi, i}));
       Value d = kk.splat(kk.load(delta, {bi, i}), kLanes);
       Value dz = kk.fmul(g, kk.fsub(gDot, d));
-      // Rows past the end repeat the last row: the same values again.
-      kk.vstoreMasked(dz, dScores, {bi, headOf(kk, bi), i, j0},
+      // G for pass 3, which turns it into dz. Rows past the end repeat the
+      // last row: the same values again.
+      kk.vstoreMasked(g, dScores, {bi, headOf(kk, bi), i, j0},
                       kk.sub(keys, j0));
       return {g, kk.fmul(dz, invS2)};
     };
     byQuery.accumulators.push_back({mValues, du, model, modelPad, true});
     emitFlashGrad(k, opts, byQuery);
 
-    // 3. Key-major: d_e, Σ_i dz u_i and Σ_i dz.
-    Value uT = packKeysT(k, opts, u, batch, rows, model);
-    Value dpT = packKeysT(k, opts, dp, batch, rows, width);
-    Value dpValues = packValues(k, dp, batch, rows, width, rowsPad, widthPad).first;
-    Value uValues = packValues(k, u, batch, rows, model, rowsPad, modelPad).first;
-    Value ones = k.alloc(rank3, {batch, rowsPad, k.idx(kLanes)});
-    Value onesV = k.constLike(k.vf32(), 1.0);
-    k.forLoop(c0, batch, c1, [&](Value bi) {
-      k.forLoop(c0, rowsPad, c1, [&](Value i) {
-        k.vstore(onesV, ones, {bi, i, c0});
-      });
-    });
+    // 3. Key-major, over the G that pass 2 left in d_scores[b, h*]: no
+    //    logit is recomputed (keyMajorSums).
     Value de = kernel.out(4);
     Value dzU = k.alloc(rank3, {batch, keys, model});
-    Value dzSum = k.alloc(rank3, {batch, keys, c1});
-    Value lastRow = k.sub(rows, c1);
-    FlashGradSpec byKey({mValues, uT, model}, {e, dpT, width}, batch, keys,
-                        rows);
-    byKey.weights = [&](CK &kk, Value sDot, Value gDot, Value, Value bi,
-                        Value j, Value i0) -> std::pair<Value, Value> {
-      // Row j is a key: the scores of queries i0 .. i0 + 15 against it (a
-      // strided gather; padding queries read the last row and get lse' =
-      // +inf, so G = 0).
-      Value h = headOf(kk, bi);
-      SmallVector<Value> lanes;
-      for (int64_t l = 0; l < kLanes; ++l) {
-        Value i = kk.mins(kk.add(i0, kk.idx(l)), lastRow);
-        lanes.push_back(kk.loadF(scores, {bi, h, i, j}));
-      }
-      Value s = vector::FromElementsOp::create(kk.b, kk.vf32(), lanes);
-      Value s2 = kk.constLike(kk.vf32(), sigma2);
-      Value n = kk.splat(kk.load(means.norm2, {bi, j}), kLanes);
-      Value z = kk.fsub(kk.fadd(s, kk.fdiv(sDot, s2)),
-                        kk.fdiv(kk.fmul(kk.constLike(kk.vf32(), 0.5), n), s2));
-      Value masked =
-          kk.cmpf(arith::CmpFPredicate::OEQ, s, kk.negInfLike(kk.vf32()));
-      Value g = softmaxFromLogSumExp(kk, z, kk.vload(lseRow, {bi, i0}));
-      g = kk.select(masked, zeros, g);
-      Value d = kk.vload(delta, {bi, i0});
-      return {g, kk.fmul(g, kk.fsub(gDot, d))};
-    };
-    byKey.accumulators.push_back({dpValues, de, width, widthPad, false});
-    byKey.accumulators.push_back({uValues, dzU, model, modelPad, true});
-    byKey.accumulators.push_back({ones, dzSum, c1, k.idx(kLanes), true});
-    emitFlashGrad(k, opts, byKey);
+    Value dzSum = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, keys});
+    keyMajorSums(k, opts, {dScores, head, eT, dp, delta, u, de, dzU, dzSum},
+                 batch, rows, keys, model, width);
     // d_e is 0 at a non-finite e entry.
     zeroWhereENonFinite(de, de);
 
@@ -283,7 +470,7 @@ struct AttentionPosteriorGradKernel
                    [&](Value item, Value) {
       Value bi = k.divu(item, keys), j = k.remu(item, keys);
       Value h = headOf(k, bi);
-      Value r = k.splat(k.load(dzSum, {bi, j, c0}), kLanes);
+      Value r = k.splat(k.load(dzSum, {bi, j}), kLanes);
       widthLoop(model, [&](Value col, Value count) {
         Value a = k.vloadMasked(dzU, {bi, j, col}, count, 0.0);
         Value mj = k.vloadMasked(mValues, {bi, j, col}, count, 0.0);
@@ -313,35 +500,68 @@ struct AttentionPosteriorGradKernel
         });
       });
     });
+    // d_wo[d, h*·Dh + c] = Σ_{b,j} dm[b,j,d] v[b,h*,j,c]: an item is
+    // kWoRows rows d, so that each v chunk read (v[b, h*] is 4 MB at the
+    // prefill size, streamed from L3 per item) serves kWoRows rows; one row an
+    // item read all of v again per row (~5% of the backward).
+    const int64_t kWoRows = opts.vectorBits >= 512 ? 6 : 2;
+    const int64_t kWoChains = opts.vectorBits >= 512 ? kChains : 2;
     Value cols = k.mul(heads, headDim);
     Value dwo = kernel.out(3);
-    workersIfLarge(k, opts, model, meanWork, [&](Value d, Value) {
-      widthLoop(cols, [&](Value col, Value count) {
-        k.vstoreMasked(zeros, dwo, {d, col}, count);
+    Value woRows = k.idx(kWoRows);
+    workersIfLarge(k, opts, k.ceilDiv(model, woRows), meanWork,
+                   [&](Value item, Value) {
+      Value d0 = k.mul(item, woRows);
+      Value n = k.mins(k.sub(model, d0), woRows);
+      // Rows past the end read the last row and are not stored.
+      SmallVector<Value> ds;
+      for (int64_t r = 0; r < kWoRows; ++r)
+        ds.push_back(k.add(d0, k.mins(k.idx(r), k.sub(n, c1))));
+      k.forLoop(d0, k.add(d0, n), c1, [&](Value d) {
+        widthLoop(cols, [&](Value col, Value count) {
+          k.vstoreMasked(zeros, dwo, {d, col}, count);
+        });
       });
+      Value groupCols = k.idx(kWoChains * kLanes);
       k.forLoop(c0, batch, c1, [&](Value bi) {
         Value h = headOf(k, bi);
         Value col0 = k.mul(h, headDim);
-        chunkGroups(headDim, [&](ArrayRef<Value> cols, ArrayRef<Value> counts) {
-          SmallVector<Value> at, init;
-          for (int64_t q = 0; q < kChains; ++q) {
-            at.push_back(k.add(col0, cols[q]));
-            init.push_back(k.vloadMasked(dwo, {d, at[q]}, counts[q], 0.0));
+        k.forLoop(c0, k.ceilDiv(headDim, groupCols), c1, [&](Value g) {
+          SmallVector<Value> at, counts, init;
+          for (int64_t q = 0; q < kWoChains; ++q) {
+            Value col = k.add(k.mul(g, groupCols), k.idx(q * kLanes));
+            Value count = k.sub(headDim, col);
+            // (A chunk past the end reads and writes nothing.)
+            col = k.select(k.cmpi(arith::CmpIPredicate::sgt, count, c0), col,
+                           c0);
+            at.push_back(col);
+            counts.push_back(count);
           }
+          for (int64_t r = 0; r < kWoRows; ++r)
+            for (int64_t q = 0; q < kWoChains; ++q)
+              init.push_back(k.vloadMasked(dwo, {ds[r], k.add(col0, at[q])},
+                                           counts[q], 0.0));
           SmallVector<Value> acc = k.forLoop(
               c0, keys, c1, init,
               [&](Value j, ValueRange a) -> SmallVector<Value> {
-                Value m = k.splat(k.load(dm, {bi, j, d}), kLanes);
+                SmallVector<Value> x;
+                for (int64_t q = 0; q < kWoChains; ++q)
+                  x.push_back(
+                      k.vloadMasked(v, {bi, h, j, at[q]}, counts[q], 0.0));
                 SmallVector<Value> next;
-                for (int64_t q = 0; q < kChains; ++q) {
-                  Value x =
-                      k.vloadMasked(v, {bi, h, j, cols[q]}, counts[q], 0.0);
-                  next.push_back(k.fma(m, x, a[q]));
+                for (int64_t r = 0; r < kWoRows; ++r) {
+                  Value m = k.splat(k.load(dm, {bi, j, ds[r]}), kLanes);
+                  for (int64_t q = 0; q < kWoChains; ++q)
+                    next.push_back(k.fma(m, x[q], a[r * kWoChains + q]));
                 }
                 return next;
               });
-          for (int64_t q = 0; q < kChains; ++q)
-            k.vstoreMasked(acc[q], dwo, {d, at[q]}, counts[q]);
+          for (int64_t r = 0; r < kWoRows; ++r)
+            k.ifThen(k.cmpi(arith::CmpIPredicate::ult, k.idx(r), n), [&] {
+              for (int64_t q = 0; q < kWoChains; ++q)
+                k.vstoreMasked(acc[r * kWoChains + q], dwo,
+                               {ds[r], k.add(col0, at[q])}, counts[q]);
+            });
         });
       });
     });

@@ -4,9 +4,9 @@
 // attention_posterior_grad, head_select = min_entropy: the flash-style backward at the forward's head h* (an
 // operand). The forward's head means of h* (tiled transposed keys) and the forward kernel recompute p and the row
 // log-sum-exp; d_scores is zeroed, then two tiled passes (FlashGrad.cpp) stream the posterior tiles from the
-// log-sum-exp: query-major (dz written into d_scores[b, h*], d_u) and key-major (d_e, Σ dz u, Σ dz; the scores of
-// 16 queries against one key gathered), then dm, d_v and d_wo per key / per row of wo. The only N x Nk buffer is
-// the result d_scores. An h* outside [0, H) is reported first (moeReportIndexError, op code 4), read as head 0 by
+// log-sum-exp, query-major (d_u; the posterior weights G written into d_scores[b, h*]); then key-major over that G
+// (keyMajorSums: dz = G (<dp_i, e_j> - delta_i) over G, d_e, Σ dz u, Σ dz, no logit recomputed), then dm, d_v
+// and d_wo per key / per block of rows of wo. The only N x Nk buffer is the result d_scores. An h* outside [0, H) is reported first (moeReportIndexError, op code 4), read as head 0 by
 // the passes and its batch element skipped (lse' = +inf on its rows: every G, so every gradient of it, is 0).
 
 // CHECK-LABEL: func.func @min_entropy
@@ -49,14 +49,20 @@
 // CHECK-NEXT: memref.store %[[PINF]], %[[LSEP]]
 // The result d_scores [B, H, N, Nk], zeroed on its own workers ...
 // CHECK: scf.parallel
-// ... then the query-major pass: dot tiles, dz stored into d_scores at h*.
+// ... then the query-major pass: dot tiles, G stored into d_scores at h*.
 // CHECK: scf.parallel
 // CHECK: vector.fma {{.*}} : vector<16xf32>
+// CHECK: math.floor
 // CHECK: vector.maskedstore %[[DS]][
-// The key-major pass: the scores of 16 queries against one key, gathered.
-// CHECK: scf.parallel
-// CHECK: vector.from_elements {{.*}} : vector<16xf32>
+// The key-major pass reads G back from d_scores (the rows ahead prefetched, for writing), dots <dp_i, e_j> for
+// the tile's keys and writes dz over G, whole vectors or the ragged last tile; it recomputes no logit: no exp
+// (its range reduction, math.floor, marks one) from there to the results.
+// CHECK: memref.prefetch %[[DS]][{{.*}}], write, locality<3>, data
+// CHECK: vector.maskedload %[[DS]][
 // CHECK: vector.fma {{.*}} : vector<16xf32>
+// CHECK: vector.store %{{.+}}, %[[DS]][
+// CHECK: vector.maskedstore %[[DS]][
+// CHECK-NOT: math.floor
 // The five results.
 // CHECK: } -> tensor<2x4x40x36xf32>, tensor<2x40x12xf32>, tensor<2x4x36x3xf32>,
 // CHECK-NOT: memref.load %[[HB]]
