@@ -727,15 +727,19 @@ def test_abi_descriptors():
 
 
 def test_parallel_kernels_after_fork():
-    """A forked child runs the parallel (pool) path of a kernel: its pool is its own, nothing hangs."""
+    """A forked child runs the parallel (pool) path of a kernel: its pool is its own, nothing hangs. In the parent
+    the kernels run on torch's OpenMP team, which does not survive fork (libgomp): the child's kernels keep to the
+    kernel runtime's pool; torch's own parallel ops would wait forever there, as after any torch op in the parent,
+    so the child computes the reference on one thread (as DataLoader workers run)."""
     script = textwrap.dedent("""
         import os, torch
         import moe_mlir, moe_mlir.reference as R
         x = torch.randn(4096, 64)
-        torch.ops.moe.topk_renorm(x, 4)           # the pool starts in the parent
+        torch.ops.moe.topk_renorm(x, 4)           # the pool and the OpenMP team start in the parent
         pid = os.fork()
         if pid == 0:
-            w, i = torch.ops.moe.topk_renorm(x, 4)  # 128 items: the parallel branch
+            w, i = torch.ops.moe.topk_renorm(x, 4)  # 128 items: the parallel branch, 2 threads
+            torch.set_num_threads(1)
             os._exit(0 if torch.equal(i, R.topk_renorm(x, 4, "logits", True)[1]) else 3)
         _, status = os.waitpid(pid, 0)
         print(os.waitstatus_to_exitcode(status))

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <future>
@@ -31,6 +32,9 @@ void mlirAsyncRuntimeAwaitToken(void *);
 void mlirAsyncRuntimeDropRef(void *, int64_t);
 void mlirAsyncRuntimeExecute(void *, void (*)(void *));
 int64_t mlirAsyncRuntimGetNumWorkerThreads();
+void moeKernelRuntimeHelpersBegin();
+void moeKernelRuntimeHelpersEnd();
+void moeKernelRuntimeServe(const int32_t *done);
 }
 
 namespace {
@@ -116,6 +120,54 @@ TEST(KernelAsyncRuntime, AwaitTokenCompletedLater) {
     mlirAsyncRuntimeAwaitToken(t.token);
     EXPECT_EQ(sum.load(), 7);
     mlirAsyncRuntimeDropRef(t.token, 1);
+  }));
+}
+
+struct Recorded {
+  std::thread::id *ranOn;
+  void *token;
+};
+
+void recordThread(void *p) {
+  auto *t = static_cast<Recorded *>(p);
+  *t->ranOn = std::this_thread::get_id();
+  mlirAsyncRuntimeEmplaceToken(t->token);
+}
+
+TEST(KernelAsyncRuntime, HelpersRunTheTasksAndThePoolStaysAsleep) {
+  // What the torch extension does around a kernel (KernelThreads.h): another
+  // pool's thread serves the queue; the runtime's parked thread is not woken.
+  EXPECT_TRUE(finishes([] {
+    for (int round = 0; round < 20; ++round) {
+      // Long enough for the pool thread's spin to end: it parks.
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      int32_t done = 0;
+      moeKernelRuntimeHelpersBegin();
+      std::thread helper([&] { moeKernelRuntimeServe(&done); });
+      constexpr int n = 16;
+      std::vector<std::thread::id> ranOn(n);
+      std::vector<Recorded> tasks(n);
+      void *group = mlirAsyncRuntimeCreateGroup(n);
+      for (int i = 0; i < n; ++i) {
+        tasks[i] = {&ranOn[i], mlirAsyncRuntimeCreateToken()};
+        mlirAsyncRuntimeAddTokenToGroup(tasks[i].token, group);
+        mlirAsyncRuntimeExecute(&tasks[i], recordThread);
+      }
+      mlirAsyncRuntimeAwaitAllInGroup(group);
+      __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+      const std::thread::id helperId = helper.get_id();
+      helper.join();
+      moeKernelRuntimeHelpersEnd();
+      for (Recorded &t : tasks)
+        mlirAsyncRuntimeDropRef(t.token, 1);
+      mlirAsyncRuntimeDropRef(group, 1);
+      for (std::thread::id id : ranOn)
+        EXPECT_TRUE(id == helperId || id == std::this_thread::get_id());
+    }
+    // Without helpers the pool runs tasks again.
+    std::atomic<int64_t> sum{0};
+    spawnAndWait(sum, 16, 0);
+    EXPECT_EQ(sum.load(), (int64_t{1} << 16) - 1);
   }));
 }
 

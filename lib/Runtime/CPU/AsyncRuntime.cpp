@@ -30,6 +30,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "MoE/Runtime/KernelThreads.h"
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -69,8 +71,23 @@ public:
       queue.push_back(std::move(task));
       pending.fetch_add(1, std::memory_order_release);
     }
-    if (parked.load(std::memory_order_acquire) > 0)
+    if (helpers.load(std::memory_order_acquire) == 0 &&
+        parked.load(std::memory_order_acquire) > 0)
       cv.notify_one();
+  }
+  /// Threads of another pool run the tasks meanwhile (KernelThreads.h).
+  void helpersBegin() { helpers.fetch_add(1, std::memory_order_acq_rel); }
+  void helpersEnd() {
+    if (helpers.fetch_sub(1, std::memory_order_acq_rel) != 1)
+      return;
+    // Tasks of another caller's kernel submitted meanwhile woke nobody.
+    bool queued;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      queued = !queue.empty();
+    }
+    if (queued)
+      cv.notify_all();
   }
   int64_t size() const { return static_cast<int64_t>(threads.size()); }
 
@@ -126,6 +143,7 @@ private:
   std::deque<std::function<void()>> queue;
   std::atomic<int64_t> pending{0};
   std::atomic<int> parked{0};
+  std::atomic<int> helpers{0};
   bool stopping = false;
   std::vector<std::thread> threads;
 };
@@ -314,6 +332,18 @@ using Resume = void (*)(void *);
 //===----------------------------------------------------------------------===//
 
 extern "C" {
+
+void moeKernelRuntimeHelpersBegin() { pool().helpersBegin(); }
+void moeKernelRuntimeHelpersEnd() { pool().helpersEnd(); }
+void moeKernelRuntimeServe(const int32_t *done) {
+  Pool &p = pool();
+  while (!__atomic_load_n(done, __ATOMIC_ACQUIRE))
+    if (!p.runOne()) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+}
 
 void mlirAsyncRuntimeAddRef(void *obj, int64_t count) {
   static_cast<Object *>(obj)->addRef(count);

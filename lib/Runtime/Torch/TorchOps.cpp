@@ -29,11 +29,13 @@
 //===----------------------------------------------------------------------===//
 
 #include "MoE/Runtime/ErrorReporting.h"
+#include "MoE/Runtime/KernelThreads.h"
 
 #include "TorchKernels.h"
 #include "TorchCuda.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
@@ -51,6 +53,9 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
+
+#include <pthread.h>
 #include <unordered_map>
 #include <vector>
 
@@ -108,6 +113,21 @@ constexpr auto makeCallers(std::index_sequence<N...>) {
 }
 } // namespace
 
+#if AT_PARALLEL_OPENMP && defined(_OPENMP)
+namespace {
+// libgomp's team does not survive fork(): a parallel region in a forked child
+// waits for the parent's threads forever (torch's own ops too), so a child
+// keeps to the kernel runtime's pool, which starts afresh there. Registered
+// when the extension loads, before any fork it must see.
+std::atomic<bool> forkedChild{false};
+const bool forkHandlerRegistered = [] {
+  pthread_atfork(nullptr, nullptr,
+                 [] { forkedChild.store(true, std::memory_order_relaxed); });
+  return true;
+}();
+} // namespace
+#endif
+
 void callKernel(KernelFn fn, std::vector<MemRef> &args) {
   static constexpr auto callers =
       makeCallers(std::make_index_sequence<kMaxKernelArgs + 1>());
@@ -117,7 +137,30 @@ void callKernel(KernelFn fn, std::vector<MemRef> &args) {
   std::array<MemRef *, kMaxKernelArgs> p{};
   for (size_t i = 0; i < args.size(); ++i)
     p[i] = &args[i];
-  callers[args.size()](fn, p.data());
+  auto run = [&] { callers[args.size()](fn, p.data()); };
+#if AT_PARALLEL_OPENMP && defined(_OPENMP)
+  // The kernel's tasks run on torch's OpenMP team (KernelThreads.h): the
+  // caller (the team's master) runs the kernel and its error reports stay
+  // on its thread; the other members serve the runtime's queue until done.
+  int threads = at::get_num_threads();
+  if (threads > 1 && !at::in_parallel_region() &&
+      !forkedChild.load(std::memory_order_relaxed)) {
+    int32_t done = 0;
+    const std::thread::id caller = std::this_thread::get_id();
+    struct Helpers {
+      Helpers() { moeKernelRuntimeHelpersBegin(); }
+      ~Helpers() { moeKernelRuntimeHelpersEnd(); }
+    } helpers;
+    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+      if (std::this_thread::get_id() != caller)
+        return moeKernelRuntimeServe(&done);
+      run();
+      __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+    });
+    return;
+  }
+#endif
+  run();
 }
 
 //===----------------------------------------------------------------------===//

@@ -1,0 +1,32 @@
+//===- KernelThreads.h - Lend another pool's threads to the kernels -*- C++ -*-===//
+//
+// Part of the MoE-MLIR project.
+//
+// The kernels' parallel loops run on libmoe_kernel_runtime's pool
+// (lib/Runtime/CPU/AsyncRuntime.cpp). Inside a process that already has a
+// pool of its own, torch's OpenMP team, two pools share the cores: after an
+// eager op torch's threads spin for a while, and a kernel's task then waits
+// for a core behind them (a 1.4 ms GEMV took 1.3-2.9 ms, median 2.3, on a
+// 2-core machine). The torch extension therefore runs each kernel inside an
+// OpenMP region: the caller runs the kernel, the team's other threads run
+// its tasks (moeKernelRuntimeServe), and the runtime's own threads are not
+// woken meanwhile.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_RUNTIME_KERNELTHREADS_H
+#define MOE_RUNTIME_KERNELTHREADS_H
+
+#include <cstdint>
+
+extern "C" {
+/// From now until the matching moeKernelRuntimeHelpersEnd, threads that call
+/// moeKernelRuntimeServe run the tasks: submitting one wakes none of the
+/// runtime's parked threads (those already awake still take tasks).
+void moeKernelRuntimeHelpersBegin();
+void moeKernelRuntimeHelpersEnd();
+/// Runs queued tasks until `*done` (read with acquire ordering) is nonzero.
+void moeKernelRuntimeServe(const int32_t *done);
+}
+
+#endif // MOE_RUNTIME_KERNELTHREADS_H
