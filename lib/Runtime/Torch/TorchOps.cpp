@@ -137,11 +137,18 @@ void callKernel(KernelFn fn, std::vector<MemRef> &args) {
   std::array<MemRef *, kMaxKernelArgs> p{};
   for (size_t i = 0; i < args.size(); ++i)
     p[i] = &args[i];
-  auto run = [&] { callers[args.size()](fn, p.data()); };
+  callers[args.size()](fn, p.data());
+}
+
+namespace {
+/// callKernel for a CPU kernel: its tasks run on torch's OpenMP team
+/// (KernelThreads.h). The caller (the team's master) runs the kernel, so its
+/// error reports stay on its thread; the other members serve the runtime's
+/// queue until it is done. (A CUDA kernel's host code has no tasks: it is
+/// called plainly, without a team spinning meanwhile.)
+void callCpuKernel(KernelFn fn, std::vector<MemRef> &args) {
+  auto run = [&] { callKernel(fn, args); };
 #if AT_PARALLEL_OPENMP && defined(_OPENMP)
-  // The kernel's tasks run on torch's OpenMP team (KernelThreads.h): the
-  // caller (the team's master) runs the kernel and its error reports stay
-  // on its thread; the other members serve the runtime's queue until done.
   int threads = at::get_num_threads();
   if (threads > 1 && !at::in_parallel_region() &&
       !forkedChild.load(std::memory_order_relaxed)) {
@@ -154,14 +161,19 @@ void callKernel(KernelFn fn, std::vector<MemRef> &args) {
     at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
       if (std::this_thread::get_id() != caller)
         return moeKernelRuntimeServe(&done);
+      // Released even when the call throws: the team waits for its members.
+      struct Release {
+        int32_t *flag;
+        ~Release() { __atomic_store_n(flag, 1, __ATOMIC_RELEASE); }
+      } release{&done};
       run();
-      __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     });
     return;
   }
 #endif
   run();
 }
+} // namespace
 
 //===----------------------------------------------------------------------===//
 // The kernel cache (C++ side) and the Python loader
@@ -315,7 +327,7 @@ void launch(KernelFn fn, std::vector<MemRef> &args, c10::Device device) {
     TORCH_CHECK(false, "moe: this build of libmoe_torch has no CUDA kernels");
 #endif
   }
-  callKernel(fn, args);
+  callCpuKernel(fn, args);
   checkReportedError();
 }
 
