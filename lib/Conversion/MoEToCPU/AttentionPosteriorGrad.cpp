@@ -29,8 +29,8 @@
 // every weight G, and with it every gradient of the element, is 0 (the
 // portable lowering's result, where no head matches h*).
 // Extra memory: packed copies of u, m, e (O(B·(N + Nk)·(D + K))) and
-// per-worker tiles ([N, 32] f32 of dz in pass 3). Every sum has one writer: deterministic whatever the
-// thread count.
+// per-worker tiles ([N, 32] f32 of dz in pass 3). Every sum has one writer:
+// deterministic whatever the thread count.
 //
 //===----------------------------------------------------------------------===//
 
@@ -57,6 +57,27 @@ namespace {
 constexpr int64_t kFoldRows = 512;
 /// Rows ahead whose G the key-major pass prefetches.
 constexpr int64_t kPrefetchRows = 16;
+
+/// Runs `body(cols, counts)` over n columns, `chains` chunks of kLanes
+/// columns a step: `cols` their first columns, `counts` = n - col the lanes
+/// inside (<= 0 past the end: masked to nothing; such a chunk's column is 0,
+/// inside the memref).
+void forEachChunkGroup(
+    CK &k, Value n, int64_t chains,
+    function_ref<void(ArrayRef<Value> cols, ArrayRef<Value> counts)> body) {
+  Value c0 = k.idx(0), step = k.idx(chains * kLanes);
+  k.forLoop(c0, k.ceilDiv(n, step), k.idx(1), [&](Value g) {
+    SmallVector<Value> cols, counts;
+    for (int64_t q = 0; q < chains; ++q) {
+      Value col = k.add(k.mul(g, step), k.idx(q * kLanes));
+      Value count = k.sub(n, col);
+      cols.push_back(
+          k.select(k.cmpi(arith::CmpIPredicate::sgt, count, c0), col, c0));
+      counts.push_back(count);
+    }
+    body(cols, counts);
+  });
+}
 
 struct KeyMajorBuffers {
   /// [B, H, N, Nk] f32: G_ij = exp(z_ij − lse'_i) at [b, head[b]] on entry,
@@ -149,8 +170,9 @@ void keyMajorSums(CK &k, const KernelOptions &opts, const KeyMajorBuffers &x,
                   // Rows are Nk·4 bytes apart (a page at Nk = 1024), which
                   // no hardware prefetcher follows: the tile of the row
                   // kPrefetchRows ahead is fetched now (it is also written).
+                  Value next = k.mins(k.add(i, ahead), lastRow);
                   memref::PrefetchOp::create(
-                      k.b, x.dScores, ValueRange{bi, h, k.mins(k.add(i, ahead), lastRow), keyAt[v]},
+                      k.b, x.dScores, ValueRange{bi, h, next, keyAt[v]},
                       /*isWrite=*/true, /*localityHint=*/3,
                       /*isDataCache=*/true);
                   g[v] = k.vloadMasked(x.dScores, {bi, h, i, keyAt[v]},
@@ -211,7 +233,6 @@ void keyMajorSums(CK &k, const KernelOptions &opts, const KeyMajorBuffers &x,
     });
 
     // B. Σ_i dz_ij u_i: blocks of kSumKeys keys x kSumChunks column chunks.
-    Value chunkCols = k.idx(kSumChunks * kLanes);
     k.forLoop(c0, k.ceilDiv(tileKeys, k.idx(kSumKeys)), c1, [&](Value kg) {
       Value l0 = k.mul(kg, k.idx(kSumKeys));
       // Keys past the end read the tile's last key (in the scratch) and are
@@ -219,16 +240,8 @@ void keyMajorSums(CK &k, const KernelOptions &opts, const KeyMajorBuffers &x,
       SmallVector<Value> ls;
       for (int64_t r = 0; r < kSumKeys; ++r)
         ls.push_back(k.mins(k.add(l0, k.idx(r)), k.sub(tileKeys, c1)));
-      k.forLoop(c0, k.ceilDiv(model, chunkCols), c1, [&](Value cg) {
-        SmallVector<Value> cols, colCounts;
-        for (int64_t q = 0; q < kSumChunks; ++q) {
-          Value col = k.add(k.mul(cg, chunkCols), k.idx(q * kLanes));
-          Value count = k.sub(model, col);
-          // (A chunk past the end reads nothing; index 0 stays inside.)
-          cols.push_back(
-              k.select(k.cmpi(arith::CmpIPredicate::sgt, count, c0), col, c0));
-          colCounts.push_back(count);
-        }
+      forEachChunkGroup(k, model, kSumChunks, [&](ArrayRef<Value> cols,
+                                                  ArrayRef<Value> colCounts) {
         auto store = [&](ValueRange acc, bool first) {
           for (int64_t r = 0; r < kSumKeys; ++r) {
             Value j = k.add(j0, k.add(l0, k.idx(r)));
@@ -330,32 +343,10 @@ struct AttentionPosteriorGradKernel
         body(col, k.sub(n, col));
       });
     };
-    // kChains chunks of kLanes columns a step (counts <= 0 past the end:
-    // masked to nothing), for the sums below that run over a long index:
+    // kChains chunks a step for the sums below that run over a long index:
     // one accumulator a chunk would wait on the FMA latency each step; four
     // independent ones do not, and each element's sum keeps its order.
     constexpr int64_t kChains = 4;
-    auto chunkGroups =
-        [&](Value n,
-            function_ref<void(ArrayRef<Value> cols, ArrayRef<Value> counts)>
-                body) {
-          k.forLoop(c0, k.ceilDiv(n, k.idx(kChains * kLanes)), c1,
-                    [&](Value g) {
-                      SmallVector<Value> cols, counts;
-                      for (int64_t q = 0; q < kChains; ++q) {
-                        Value col = k.idx(q * kLanes);
-                        col = k.add(k.mul(g, k.idx(kChains * kLanes)), col);
-                        Value count = k.sub(n, col);
-                        // (A chunk past the end reads and writes nothing;
-                        // its index is 0 to stay inside the memref.)
-                        cols.push_back(k.select(
-                            k.cmpi(arith::CmpIPredicate::sgt, count, c0), col,
-                            c0));
-                        counts.push_back(count);
-                      }
-                      body(cols, counts);
-                    });
-        };
 
     // e with its non-finite entries zeroed (they get no gradient and enter
     // <dp_i, e_j> as 0, as in autograd of the reference).
@@ -483,7 +474,8 @@ struct AttentionPosteriorGradKernel
       k.forLoop(c0, heads, c1, [&](Value hh) {
         Value chosen = k.cmpi(arith::CmpIPredicate::eq, hh, h);
         Value col0 = k.mul(hh, headDim);
-        chunkGroups(headDim, [&](ArrayRef<Value> cols, ArrayRef<Value> counts) {
+        forEachChunkGroup(k, headDim, kChains, [&](ArrayRef<Value> cols,
+                                                    ArrayRef<Value> counts) {
           // d_v[b,h,j,c] = Σ_d dm[b,j,d] wo[d, h·Dh + c] (0 off h*)
           SmallVector<Value> init(kChains, zeros);
           SmallVector<Value> acc = k.forLoop(
@@ -525,21 +517,12 @@ struct AttentionPosteriorGradKernel
           k.vstoreMasked(zeros, dwo, {d, col}, count);
         });
       });
-      Value groupCols = k.idx(kWoChains * kLanes);
       k.forLoop(c0, batch, c1, [&](Value bi) {
         Value h = headOf(k, bi);
         Value col0 = k.mul(h, headDim);
-        k.forLoop(c0, k.ceilDiv(headDim, groupCols), c1, [&](Value g) {
-          SmallVector<Value> at, counts, init;
-          for (int64_t q = 0; q < kWoChains; ++q) {
-            Value col = k.add(k.mul(g, groupCols), k.idx(q * kLanes));
-            Value count = k.sub(headDim, col);
-            // (A chunk past the end reads and writes nothing.)
-            col = k.select(k.cmpi(arith::CmpIPredicate::sgt, count, c0), col,
-                           c0);
-            at.push_back(col);
-            counts.push_back(count);
-          }
+        forEachChunkGroup(k, headDim, kWoChains, [&](ArrayRef<Value> at,
+                                                     ArrayRef<Value> counts) {
+          SmallVector<Value> init;
           for (int64_t r = 0; r < kWoRows; ++r)
             for (int64_t q = 0; q < kWoChains; ++q)
               init.push_back(k.vloadMasked(dwo, {ds[r], k.add(col0, at[q])},
