@@ -1,4 +1,4 @@
-//===- KernelThreads.h - Lend another pool's threads to the kernels -*- C++ -*-===//
+//===- KernelThreads.h - Lend another pool's threads to kernels -*- C++ -*-===//
 //
 // Part of the MoE-MLIR project.
 //

@@ -46,6 +46,14 @@
 
 namespace {
 
+/// One step of a spin-wait: a pause on x86 (frees the core's other
+/// hyperthread and avoids a memory-order flush on exit).
+inline void cpuRelax() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
+
 //===----------------------------------------------------------------------===//
 // Thread pool
 //===----------------------------------------------------------------------===//
@@ -119,9 +127,7 @@ private:
       for (int spin = 0; spin < 4000; ++spin) {
         if (runOne())
           spin = 0;
-#if defined(__x86_64__)
-        __builtin_ia32_pause();
-#endif
+        cpuRelax();
       }
       std::unique_lock<std::mutex> l(mu);
       parked.fetch_add(1, std::memory_order_release);
@@ -209,9 +215,7 @@ void helpSpinThenBlock(Done done, std::mutex &mu,
       cv.wait(l, done);
       return;
     }
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
+    cpuRelax();
   }
 }
 
@@ -338,11 +342,8 @@ void moeKernelRuntimeHelpersEnd() { pool().helpersEnd(); }
 void moeKernelRuntimeServe(const int32_t *done) {
   Pool &p = pool();
   while (!__atomic_load_n(done, __ATOMIC_ACQUIRE))
-    if (!p.runOne()) {
-#if defined(__x86_64__)
-      __builtin_ia32_pause();
-#endif
-    }
+    if (!p.runOne())
+      cpuRelax();
 }
 
 void mlirAsyncRuntimeAddRef(void *obj, int64_t count) {

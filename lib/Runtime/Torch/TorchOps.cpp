@@ -54,10 +54,10 @@
 #include <string>
 #include <string_view>
 #include <thread>
-
-#include <pthread.h>
 #include <unordered_map>
 #include <vector>
+
+#include <pthread.h>
 
 using at::Tensor;
 
@@ -113,21 +113,6 @@ constexpr auto makeCallers(std::index_sequence<N...>) {
 }
 } // namespace
 
-#if AT_PARALLEL_OPENMP && defined(_OPENMP)
-namespace {
-// libgomp's team does not survive fork(): a parallel region in a forked child
-// waits for the parent's threads forever (torch's own ops too), so a child
-// keeps to the kernel runtime's pool, which starts afresh there. Registered
-// when the extension loads, before any fork it must see.
-std::atomic<bool> forkedChild{false};
-const bool forkHandlerRegistered = [] {
-  pthread_atfork(nullptr, nullptr,
-                 [] { forkedChild.store(true, std::memory_order_relaxed); });
-  return true;
-}();
-} // namespace
-#endif
-
 void callKernel(KernelFn fn, std::vector<MemRef> &args) {
   static constexpr auto callers =
       makeCallers(std::make_index_sequence<kMaxKernelArgs + 1>());
@@ -141,6 +126,19 @@ void callKernel(KernelFn fn, std::vector<MemRef> &args) {
 }
 
 namespace {
+#if AT_PARALLEL_OPENMP && defined(_OPENMP)
+// libgomp's team does not survive fork(): a parallel region in a forked child
+// waits for the parent's threads forever (torch's own ops too), so a child
+// keeps to the kernel runtime's pool, which starts afresh there. Registered
+// when the extension loads, before any fork it must see.
+std::atomic<bool> forkedChild{false};
+const bool forkHandlerRegistered = [] {
+  pthread_atfork(nullptr, nullptr,
+                 [] { forkedChild.store(true, std::memory_order_relaxed); });
+  return true;
+}();
+#endif
+
 /// callKernel for a CPU kernel: its tasks run on torch's OpenMP team
 /// (KernelThreads.h). The caller (the team's master) runs the kernel, so its
 /// error reports stay on its thread; the other members serve the runtime's
