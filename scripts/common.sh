@@ -8,7 +8,7 @@ LLVM_PREFIX=/usr/lib/llvm-22
 JOBS="${MOE_JOBS:-$(nproc)}"
 
 SYSTEM_PACKAGES=(llvm-22-dev libmlir-22-dev mlir-22-tools clang-22 libclang-rt-22-dev cmake ninja-build g++ python3 python3-venv
-                 libgtest-dev time libopenblas-dev)
+                 libgtest-dev time libopenblas-dev patchelf)
 
 as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
@@ -55,4 +55,9 @@ configure_and_build() {
   fi
   echo "== building"
   cmake --build "$BUILD" -j "$JOBS"
+}
+
+# The installable wheel dist/moe_mlir-*.whl from the build (scripts/build-wheel.sh; docs/Install.md).
+build_wheel() {
+  "$ROOT/scripts/build-wheel.sh"
 }

@@ -14,6 +14,7 @@ Layers (imports go down only; ``tests/test_layering.py`` checks there is no cycl
 Importing the package loads no MLIR/LLVM library: only the whole-graph executor does, when used.
 """
 
+from ._version import __version__  # noqa: F401
 from . import ops  # noqa: F401  (registers torch.ops.moe.*)
 from . import metrics  # noqa: F401
 from .api import compile  # noqa: F401
@@ -33,6 +34,7 @@ def __getattr__(name: str):
 _register_backend()
 
 __all__ = [
+    "__version__",
     "ops",
     "metrics",
     "import_model",

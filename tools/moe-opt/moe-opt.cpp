@@ -24,6 +24,7 @@
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Target/LLVMIR/Dialect/All.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
+#include "llvm/Support/CommandLine.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/SourceMgr.h"
@@ -46,6 +47,11 @@ int main(int argc, char **argv) {
   // MlirOptMain(argc, argv, ...) split in its parts (upstream's documented
   // way to act between option parsing and processing) for the depth check.
   llvm::InitLLVM init(argc, argv);
+  // --version names this project's release after LLVM's: the one of
+  // python/moe_mlir/_version.py, as the Python package does.
+  llvm::cl::AddExtraVersionPrinter([](llvm::raw_ostream &os) {
+    os << "MoE-MLIR version " MOE_MLIR_VERSION "\n";
+  });
   auto [inputFilename, outputFilename] = mlir::registerAndParseCLIOptions(
       argc, argv, "MoE-MLIR optimizer driver\n", registry);
   mlir::MlirOptMainConfig config =

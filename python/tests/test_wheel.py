@@ -1,0 +1,221 @@
+"""The installable wheel (scripts/build-wheel.sh, docs/Install.md) in a fresh venv outside the source tree.
+
+The wheel is built from the build tree when ``dist/`` has none newer than its inputs (CI runs scripts/test.sh on a
+clean clone, never the set-up that builds it). The venv is new, made without the project venv's site-packages, and
+the wheel is installed with ``--no-deps``; torch and transformers come from the project venv through a ``.pth``
+line naming its site-packages directory: a plain path entry, so that the ``.pth`` files there (the editable
+install's finder, which maps ``moe_mlir`` to the source tree) are not run. The smoke test runs there, from a
+temporary directory, without ``PYTHONPATH`` or any ``MOE_*`` variable, and with an empty kernel cache, and asserts
+that everything comes from the installed package: ``moe_mlir`` itself, moe-opt, the extension and the kernel runtime
+the compiled kernels link (``/proc/self/maps``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+DIST = ROOT / "dist"
+
+
+def _build_dir() -> Path:
+    d = Path(os.environ.get("MOE_BUILD_DIR") or "build")
+    return d if d.is_absolute() else ROOT / d
+
+
+def _wheel_inputs(build: Path) -> list[Path]:
+    """What the wheel is made of: a newer one of these makes dist/'s wheel stale."""
+    py = ROOT / "python"
+    files = [build / "bin" / "moe-opt", *(build / "lib").glob("*.so"), py / "pyproject.toml", py / "setup.py",
+             py / "_moe_mlir_cli.py", ROOT / "scripts" / "build-wheel.sh", ROOT / "scripts" / "wheel_system_deps.py"]
+    return files + sorted((py / "moe_mlir").rglob("*.py"))
+
+
+@pytest.fixture(scope="module")
+def wheel(moe_opt) -> Path:
+    """dist/'s wheel, built now unless one is newer than every input (under a lock: xdist workers, other runs)."""
+    build = _build_dir()
+    DIST.mkdir(exist_ok=True)
+    with open(DIST / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        wheels = sorted(DIST.glob("moe_mlir-*.whl"))
+        newest_input = max(p.stat().st_mtime for p in _wheel_inputs(build) if p.exists())
+        if len(wheels) != 1 or wheels[0].stat().st_mtime < newest_input:
+            proc = subprocess.run([str(ROOT / "scripts" / "build-wheel.sh")], capture_output=True, text=True,
+                                  env={**os.environ, "MOE_BUILD_DIR": str(build)}, timeout=600)
+            assert proc.returncode == 0, f"scripts/build-wheel.sh failed:\n{proc.stdout}\n{proc.stderr}"
+            wheels = sorted(DIST.glob("moe_mlir-*.whl"))
+    assert len(wheels) == 1, wheels
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert re.fullmatch(rf"moe_mlir-[^-]+-{tag}-{tag}-linux_x86_64\.whl", wheels[0].name), wheels[0].name
+    return wheels[0]
+
+
+@pytest.fixture(scope="module")
+def venv(wheel, tmp_path_factory) -> Path:
+    """A new venv with the wheel installed and the project venv's torch and transformers reachable."""
+    v = tmp_path_factory.mktemp("wheel") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(v)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "--python", str(v / "bin" / "python"),
+                    "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True, timeout=300)
+    import transformers
+
+    deps = {str(Path(m.__file__).resolve().parents[1]) for m in (torch, transformers)}
+    purelib = _run(v, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
+    assert Path(purelib).resolve().is_relative_to(v.resolve())
+    (Path(purelib) / "project_venv_deps.pth").write_text("".join(f"{d}\n" for d in sorted(deps)))
+    return v
+
+
+def _version() -> str:
+    """The release written in moe_mlir/_version.py (the one place: pyproject and moe-opt read it)."""
+    text = (ROOT / "python" / "moe_mlir" / "_version.py").read_text()
+    return re.search(r'^__version__ = "([^"]+)"', text, re.M).group(1)
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOE_") and k not in ("PYTHONPATH", "PYTHONHOME")}
+    return {**env, "MOE_KERNEL_CACHE": str(tmp / "kernels"), "HF_HUB_OFFLINE": "1"}
+
+
+def _run(v: Path, *args: str, exe: str = "python", cwd: Path | None = None,
+         env: dict | None = None) -> subprocess.CompletedProcess:
+    cwd = cwd or v.parent
+    return subprocess.run([str(v / "bin" / exe), *args], cwd=cwd, env=env or _env(cwd), capture_output=True,
+                          text=True, timeout=600)
+
+
+SMOKE = r'''
+import re
+import sys
+from pathlib import Path
+
+venv, root = Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve()
+import torch
+import moe_mlir
+from moe_mlir.runtime import cache, extension, locate
+
+inside = lambda p, d: Path(p).resolve().is_relative_to(d)
+assert inside(moe_mlir.__file__, venv), moe_mlir.__file__
+# The source tree's package is not reachable (the project venv, torch's home, may lie inside the checkout).
+assert not [p for p in sys.path if inside(p or ".", root / "python") or Path(p or ".").resolve() == root], sys.path
+bundle = locate.bundle_dir()
+assert bundle is not None and inside(bundle, venv), bundle
+assert inside(locate.find_moe_opt(), bundle), locate.find_moe_opt()
+assert extension.library_path and inside(extension.library_path, bundle), extension.library_path
+
+# torch.ops.moe.topk_renorm: a kernel compiled now (the cache is empty) by the bundled moe-opt, against torch.
+x = torch.randn(37, 16, generator=torch.Generator().manual_seed(0))
+w, i = torch.ops.moe.topk_renorm(x, 4)
+ref_w, ref_i = torch.softmax(x, -1).topk(4, dim=-1)
+assert torch.equal(i.long(), ref_i), (i, ref_i)
+torch.testing.assert_close(w, ref_w / ref_w.sum(-1, keepdim=True))
+assert cache.stats.compiles == 1, cache.stats
+
+# torch.compile(backend="moe") of HF's Qwen3-MoE block: the router raised to moe.topk_renorm, equal to eager.
+from transformers import Qwen3MoeConfig
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+from moe_mlir.backends.dynamo import capture_graphs
+
+cfg = Qwen3MoeConfig(hidden_size=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+                     norm_topk_prob=True)
+block = Qwen3MoeSparseMoeBlock(cfg).eval()
+g = torch.Generator().manual_seed(1)
+with torch.no_grad():
+    for p in block.parameters():
+        p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+compiled = torch.compile(block, backend="moe")
+with capture_graphs() as log, torch.no_grad():
+    for t in (5, 12):
+        x = torch.randn(2, t, 32, generator=g)
+        got, want = compiled(x), block(x)
+        got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+assert sum(gr.counts.get("topk_renorm", 0) for gr in log) >= 1, [gr.counts for gr in log]
+assert cache.stats.compiles >= 2, cache.stats
+
+# Every library of ours in the process (the extension, the kernel runtime the kernels link) is the bundle's.
+ours = {line.split()[-1] for line in open("/proc/self/maps") if re.search(r"libmoe_|libMoE", line)}
+assert ours and all(inside(p, bundle) for p in ours), ours
+print("smoke ok", moe_mlir.__version__)
+'''
+
+
+def test_wheel_smoke_in_fresh_venv(venv: Path, tmp_path: Path):
+    proc = _run(venv, "-c", SMOKE, str(venv), str(ROOT), cwd=tmp_path)  # an empty kernel cache in tmp_path
+    assert proc.returncode == 0, f"smoke test failed in {venv}:\n{proc.stdout}\n{proc.stderr[-6000:]}"
+    version = _version()
+    assert f"smoke ok {version}" in proc.stdout
+    # No warning the user did not cause (the eager-fallback RuntimeWarning, a missing-kernel warning...).
+    assert "Warning" not in proc.stderr, proc.stderr[-4000:]
+
+
+def test_moe_opt_console_script(venv: Path):
+    version = _version()
+    meta = _run(venv, "-c", "import importlib.metadata as m; print(m.version('moe_mlir'))")
+    assert meta.stdout.strip() == version, meta
+    proc = _run(venv, "--version", exe="moe-opt")
+    assert proc.returncode == 0, proc.stderr
+    assert f"MoE-MLIR version {version}" in proc.stdout and "LLVM version 22" in proc.stdout, proc.stdout
+    # It is moe-opt with the dialect and its passes: the portable lowering leaves no moe op.
+    text = """
+func.func @f(%x: tensor<3x5xf32>) -> tensor<3x2xf32> {
+  %w, %i = moe.topk_renorm %x k(2) : tensor<3x5xf32> -> tensor<3x2xf32>, tensor<3x2xi32>
+  return %w : tensor<3x2xf32>
+}
+"""
+    lowered = subprocess.run([str(venv / "bin" / "moe-opt"), "--convert-moe-to-linalg", "-"], input=text,
+                             capture_output=True, text=True, env=_env(venv.parent), cwd=venv.parent, timeout=120)
+    assert lowered.returncode == 0, lowered.stderr
+    assert "moe." not in lowered.stdout and "linalg.generic" in lowered.stdout, lowered.stdout
+    # The console script starts moe-opt without importing the package (and torch).
+    probe = _run(venv, "-c", "import sys, _moe_mlir_cli; loc = _moe_mlir_cli._locate(); "
+                 "print(loc.find_moe_opt(search_path=False)); "
+                 "assert 'torch' not in sys.modules and 'moe_mlir' not in sys.modules, sorted(sys.modules)")
+    assert probe.returncode == 0, probe.stderr
+    assert Path(probe.stdout.strip()).resolve().is_relative_to(venv.resolve()), probe.stdout
+
+
+def _system_json(venv: Path) -> Path:
+    (path,) = venv.glob("lib/python*/site-packages/moe_mlir/_bundle/system.json")
+    return path
+
+
+def test_system_requirements_name_debian_packages(venv: Path):
+    """What the bundle needs from the system names Debian's packages: LLVM/MLIR 22's libraries and tools."""
+    entries = {e["what"]: e for e in json.loads(_system_json(venv).read_text())}
+    assert entries["libMLIR.so.22.1"]["package"] == "libmlir-22"
+    assert "moe-opt" in entries["libMLIR.so.22.1"]["needed_by"]
+    assert entries["libLLVM.so.22.1"]["package"] == "libllvm22"
+    assert entries["/usr/lib/llvm-22/bin/clang"]["package"] == "clang-22"
+    assert entries["/usr/lib/llvm-22/bin/mlir-translate"]["package"] == "mlir-22-tools"
+    # Torch's libraries come with torch, ours with the bundle: neither is asked of the system.
+    assert not [w for w in entries if re.match(r"lib(torch|c10|moe_|MoE|gomp)", w)], sorted(entries)
+
+
+def test_missing_system_package_is_named_at_import(venv: Path):
+    """A machine without a library the bundle needs: `import moe_mlir` and `moe-opt` fail naming the package."""
+    path = _system_json(venv)
+    original = path.read_text()
+    gone = {"what": "libMLIR.so.22.1", "package": "libmlir-22", "needed_by": ["moe-opt"],
+            "paths": [str(venv.parent / "no-such-dir" / "libMLIR.so.22.1")]}
+    path.write_text(json.dumps([gone]))
+    try:
+        imp = _run(venv, "-c", "import moe_mlir")
+        assert imp.returncode != 0
+        assert "MissingSystemPackages: moe_mlir needs libmlir-22" in imp.stderr, imp.stderr[-3000:]
+        assert "apt install libmlir-22" in imp.stderr, imp.stderr[-3000:]
+        tool = _run(venv, "--version", exe="moe-opt")
+        assert tool.returncode == 1 and "moe_mlir needs libmlir-22" in tool.stderr, tool
+    finally:
+        path.write_text(original)

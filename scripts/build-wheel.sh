@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Builds the installable wheel dist/moe_mlir-<version>-cp3XX-cp3XX-linux_x86_64.whl from the build tree (run by
+# scripts/setup.sh after the build; python/tests/test_wheel.py runs it when dist/ has no current wheel). See
+# docs/Install.md.
+#
+# The wheel is the python package plus its compiled pieces in moe_mlir/_bundle: bin/moe-opt, lib/ (the torch
+# extension libmoe_torch.so, the kernel runtime libmoe_kernel_runtime.so, libmoe_cpu_runtime.so, the execution API
+# libMoEExecutorC.so, libmoe_cuda_runtime.so when built), their run paths set to $ORIGIN (patchelf) so that they load
+# each other from the package, never from the build tree; system.json (what they need from Debian, checked at
+# import: scripts/wheel_system_deps.py) and build.json (the torch it was built against, which the wheel requires).
+# The package is staged in $BUILD/wheel-stage: the source tree is left as it is (the editable install uses it).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${MOE_BUILD_DIR:-$ROOT/build}"
+VENV="${MOE_VENV:-$ROOT/.venv}"
+PY="$VENV/bin/python"
+DIST="${MOE_DIST_DIR:-$ROOT/dist}"
+STAGE="$BUILD/wheel-stage"
+
+for f in bin/moe-opt lib/libmoe_torch.so lib/libmoe_kernel_runtime.so lib/libmoe_cpu_runtime.so; do
+  [ -f "$BUILD/$f" ] || { echo "build-wheel: $BUILD/$f is missing: build the project first (scripts/setup.sh)" >&2; exit 1; }
+done
+command -v patchelf >/dev/null || { echo "build-wheel: needs patchelf (apt install patchelf)" >&2; exit 1; }
+start=$(date +%s)
+
+rm -rf "$STAGE"
+mkdir -p "$STAGE"
+tar -C "$ROOT/python" --exclude=__pycache__ --exclude='*.pyc' --exclude=_bundle \
+  -cf - pyproject.toml setup.py _moe_mlir_cli.py moe_mlir | tar -C "$STAGE" -xf -
+B="$STAGE/moe_mlir/_bundle"
+mkdir -p "$B/bin" "$B/lib"
+cp "$BUILD/bin/moe-opt" "$B/bin/"
+for lib in libmoe_torch.so libmoe_kernel_runtime.so libmoe_cpu_runtime.so libMoEExecutorC.so libmoe_cuda_runtime.so; do
+  [ ! -f "$BUILD/lib/$lib" ] || cp "$BUILD/lib/$lib" "$B/lib/"
+done
+
+# Run paths: the bundle's own libraries next to each other ($ORIGIN), Debian's LLVM/MLIR 22 where they live, and
+# torch's libraries in the same site-packages (the extension's libtorch*: in practice `import torch` has loaded
+# them already, and the loader reuses a loaded soname).
+patchelf --set-rpath '$ORIGIN/../lib:/usr/lib/llvm-22/lib' "$B/bin/moe-opt"
+for f in "$B"/lib/*.so; do
+  case "$(basename "$f")" in
+    libmoe_torch.so) patchelf --set-rpath '$ORIGIN:$ORIGIN/../../../torch/lib' "$f" ;;
+    libMoEExecutorC.so) patchelf --set-rpath '$ORIGIN:/usr/lib/llvm-22/lib' "$f" ;;
+    *) patchelf --set-rpath '$ORIGIN' "$f" ;;
+  esac
+done
+
+TORCH_LIB=$("$PY" -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))")
+"$PY" - "$B/build.json" <<'EOF'
+import json, sys, sysconfig, torch
+info = {"torch": torch.__version__.split("+")[0], "python": sysconfig.get_python_version()}
+open(sys.argv[1], "w").write(json.dumps(info) + "\n")
+EOF
+echo "== wheel: what the compiled pieces need from the system"
+"$PY" "$ROOT/scripts/wheel_system_deps.py" "$B" "$TORCH_LIB"
+
+mkdir -p "$DIST"
+rm -f "$DIST"/moe_mlir-*.whl
+"$PY" -m pip --disable-pip-version-check wheel -q --no-deps --no-build-isolation -w "$DIST" "$STAGE"
+rm -rf "$STAGE"
+echo "== wheel: $(ls "$DIST"/moe_mlir-*.whl) ($(du -h "$DIST"/moe_mlir-*.whl | cut -f1), $(( $(date +%s) - start )) s)"
