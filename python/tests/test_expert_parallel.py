@@ -80,6 +80,25 @@ def test_rank_plan_sends_each_token_once_per_rank(experts_per_rank, k):
         assert all(start + int(e) in ids[int(t)].tolist() for t, e in zip(toks, lp.expert))
 
 
+def test_reduce_paths_give_the_same_bits():
+    """The CPU reduce (one index_add_ pass) adds each row's sources in the order of the gathers (CUDA's path)."""
+    from moe_mlir.expert_parallel.exchange import _reduce_by_gathers
+    layout = ExpertLayout(E, (3, 0, 4, 1))
+    g = torch.Generator().manual_seed(0)
+    ids = torch.stack([torch.randperm(E, generator=g)[:5] for _ in range(40)])
+    plan = rank_plan(ids, layout)
+    src = torch.randn(int(plan.send_counts.sum()), 33, generator=g) * 1e3
+    a = ep.exchange.reduce(src, plan.gather, plan.send_token)
+    b = _reduce_by_gathers(src, plan.gather)
+    assert torch.equal(a, b)
+    # and reduce is the adjoint of expand: <expand(x), y> == <x, reduce(y)>
+    x = torch.randn(40, 33, generator=g, dtype=torch.float64)
+    y = torch.randn(src.shape, generator=g, dtype=torch.float64)
+    lhs = (ep.exchange.expand(x, plan.send_token, plan.gather) * y).sum()
+    rhs = (x * ep.exchange.reduce(y, plan.gather, plan.send_token)).sum()
+    torch.testing.assert_close(lhs, rhs)
+
+
 def test_layout_errors():
     with pytest.raises(ValueError, match="sums to 7, not num_experts = 8"):
         ExpertLayout(8, (4, 3))

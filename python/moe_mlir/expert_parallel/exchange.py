@@ -1,9 +1,10 @@
 """The moves of expert parallelism, each with its adjoint as backward.
 
 * :func:`expand` (``out[n] = src[index[n]]``) and :func:`reduce` (``out[m] = Σ_c src[gather[m, c]]``, the columns
-  added one after the other, left to right; a past-the-end position adds nothing) are adjoint when ``index`` and
-  ``gather`` describe the same map: the backward of one is the other. The sums are written as a fixed sequence of
-  row additions (no ``index_add_``/atomics), so they give the same bits on every run, on CPU and CUDA alike.
+  added one after the other, left to right; a past-the-end position adds nothing; on CPU one ``index_add_`` pass,
+  which adds in the same order) are adjoint when ``index`` and
+  ``gather`` describe the same map: the backward of one is the other. The sums are a fixed sequence of row
+  additions (on CUDA gathers, no atomics), so they give the same bits on every run.
 * :func:`all_to_all` rows: ``torch.distributed.all_to_all_single`` on the given group; its backward is the
   all-to-all with the splits swapped.
 
@@ -53,17 +54,26 @@ class _Expand(torch.autograd.Function):
         return _Reduce.apply(grad, gather, index), None, None
 
 
+def _reduce_by_gathers(src: Tensor, gather: Tensor) -> Tensor:
+    """``Σ_c src[gather[:, c]]`` column after column (past-the-end: a zero row): no atomics (CUDA)."""
+    padded = torch.cat([src, src.new_zeros((1, *src.shape[1:]))])
+    out = padded.index_select(0, gather[:, 0])
+    for c in range(1, gather.shape[1]):
+        out += padded.index_select(0, gather[:, c])
+    return out
+
+
 class _Reduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, src: Tensor, gather: Tensor, index: Tensor) -> Tensor:
         ctx.save_for_backward(index, gather)
         if gather.shape[1] == 0:
             return src.new_zeros((gather.shape[0], *src.shape[1:]))
-        padded = torch.cat([src, src.new_zeros((1, *src.shape[1:]))])
-        out = padded.index_select(0, gather[:, 0])
-        for c in range(1, gather.shape[1]):
-            out += padded.index_select(0, gather[:, c])
-        return out
+        if src.device.type == "cpu":
+            # One pass: CPU index_add_ adds the source rows in their order (deterministic), which is the order of
+            # ``gather``'s columns (positions sorted per row), and 0 + a == a: the same bits as the gathers.
+            return src.new_zeros((gather.shape[0], *src.shape[1:])).index_add_(0, index, src)
+        return _reduce_by_gathers(src, gather)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
