@@ -6,8 +6,8 @@ the wheel is installed with ``--no-deps``; torch and transformers come from the 
 line naming its site-packages directory: a plain path entry, so that the ``.pth`` files there (the editable
 install's finder, which maps ``moe_mlir`` to the source tree) are not run. The smoke test runs there, from a
 temporary directory, without ``PYTHONPATH`` or any ``MOE_*`` variable, and with an empty kernel cache, and asserts
-that everything comes from the installed package: ``moe_mlir`` itself, moe-opt, the extension and the kernel runtime
-the compiled kernels link (``/proc/self/maps``).
+that everything comes from the installed package: ``moe_mlir`` itself, moe-opt, the extension, the kernel runtime
+the compiled kernels link and the execution API of the whole-graph path (``/proc/self/maps``).
 """
 
 from __future__ import annotations
@@ -144,9 +144,21 @@ with capture_graphs() as log, torch.no_grad():
 assert sum(gr.counts.get("topk_renorm", 0) for gr in log) >= 1, [gr.counts for gr in log]
 assert cache.stats.compiles >= 2, cache.stats
 
+# The whole-graph path (moe-opt, then the execution API, libMoEExecutorC.so) on a seed block, equal to eager.
+from moe_mlir.models import similarity_inform
+
+model, (x,) = similarity_inform.example(batch=2, seq=8)
+whole = moe_mlir.compile(model, (x,), backend="executor")
+with torch.no_grad():
+    want = model(x)
+got = whole(x)
+first = lambda out: out[0] if isinstance(out, (tuple, list)) else out
+torch.testing.assert_close(first(got), first(want), rtol=1e-4, atol=1e-5)
+
 # Every library of ours in the process (the extension, the kernel runtime the kernels link) is the bundle's.
 ours = {line.split()[-1] for line in open("/proc/self/maps") if re.search(r"libmoe_|libMoE", line)}
-assert ours and all(inside(p, bundle) for p in ours), ours
+assert {Path(p).name for p in ours} >= {"libmoe_torch.so", "libmoe_kernel_runtime.so", "libMoEExecutorC.so"}, ours
+assert all(inside(p, bundle) for p in ours), ours
 print("smoke ok", moe_mlir.__version__)
 '''
 
