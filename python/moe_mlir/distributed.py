@@ -24,6 +24,9 @@ group of a model that is also tensor-parallel); they use the tensors' device, so
 tensors and NCCL on CUDA tensors. The collectives are excluded from ``torch.compile`` graphs
 (:func:`torch.compiler.disable`: a graph break where they run, in training under ``torch.distributed`` only).
 :func:`local_router_state` turns the synchronisation off (per-rank statistics, the authors' code).
+
+Expert parallelism (experts sharded over ranks, tokens exchanged by all-to-all, driven by ``moe.dispatch_plan``)
+is :mod:`moe_mlir.expert_parallel` (docs/ExpertParallel.md).
 """
 
 from __future__ import annotations
