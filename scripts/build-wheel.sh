@@ -3,11 +3,12 @@
 # scripts/setup.sh after the build; python/tests/test_wheel.py runs it when dist/ has no current wheel). See
 # docs/Install.md.
 #
-# The wheel is the python package plus its compiled pieces in moe_mlir/_bundle: bin/moe-opt, lib/ (the torch
-# extension libmoe_torch.so, the kernel runtime libmoe_kernel_runtime.so, libmoe_cpu_runtime.so, the execution API
-# libMoEExecutorC.so, libmoe_cuda_runtime.so when built), their run paths set to $ORIGIN (patchelf) so that they load
-# each other from the package, never from the build tree; system.json (what they need from Debian, checked at
-# import: scripts/wheel_system_deps.py) and build.json (the torch it was built against, which the wheel requires).
+# The wheel is the python package plus its compiled pieces in moe_mlir/_bundle: bin/moe-opt (and bin/moe-aot.py, the
+# GPU whole-graph build, stdlib-only Python), lib/ (the torch extension libmoe_torch.so, the kernel runtime
+# libmoe_kernel_runtime.so, libmoe_cpu_runtime.so, the execution API libMoEExecutorC.so, libmoe_cuda_runtime.so when
+# built), their run paths set to $ORIGIN (patchelf) so that they load each other from the package, never from the
+# build tree; system.json (what they need from Debian, checked at import: scripts/wheel_system_deps.py) and
+# build.json (the torch it was built against, which the wheel requires).
 # The package is staged in $BUILD/wheel-stage: the source tree is left as it is (the editable install uses it).
 set -euo pipefail
 
@@ -30,7 +31,7 @@ tar -C "$ROOT/python" --exclude=__pycache__ --exclude='*.pyc' --exclude=_bundle 
   -cf - pyproject.toml setup.py _moe_mlir_cli.py moe_mlir | tar -C "$STAGE" -xf -
 B="$STAGE/moe_mlir/_bundle"
 mkdir -p "$B/bin" "$B/lib"
-cp "$BUILD/bin/moe-opt" "$B/bin/"
+cp "$BUILD/bin/moe-opt" "$ROOT/tools/moe-aot/moe-aot.py" "$B/bin/"
 for lib in libmoe_torch.so libmoe_kernel_runtime.so libmoe_cpu_runtime.so libMoEExecutorC.so libmoe_cuda_runtime.so; do
   [ ! -f "$BUILD/lib/$lib" ] || cp "$BUILD/lib/$lib" "$B/lib/"
 done

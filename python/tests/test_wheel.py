@@ -36,7 +36,8 @@ def _wheel_inputs(build: Path) -> list[Path]:
     """What the wheel is made of: a newer one of these makes dist/'s wheel stale."""
     py = ROOT / "python"
     files = [build / "bin" / "moe-opt", *(build / "lib").glob("*.so"), py / "pyproject.toml", py / "setup.py",
-             py / "_moe_mlir_cli.py", ROOT / "scripts" / "build-wheel.sh", ROOT / "scripts" / "wheel_system_deps.py"]
+             py / "_moe_mlir_cli.py", ROOT / "scripts" / "build-wheel.sh", ROOT / "scripts" / "wheel_system_deps.py",
+             ROOT / "tools" / "moe-aot" / "moe-aot.py"]
     return files + sorted((py / "moe_mlir").rglob("*.py"))
 
 
@@ -112,6 +113,7 @@ bundle = locate.bundle_dir()
 assert bundle is not None and inside(bundle, venv), bundle
 assert inside(locate.find_moe_opt(), bundle), locate.find_moe_opt()
 assert extension.library_path and inside(extension.library_path, bundle), extension.library_path
+assert inside(locate.find_moe_aot(), bundle), locate.find_moe_aot()  # the GPU whole-graph build's script
 
 # torch.ops.moe.topk_renorm: a kernel compiled now (the cache is empty) by the bundled moe-opt, against torch.
 x = torch.randn(37, 16, generator=torch.Generator().manual_seed(0))

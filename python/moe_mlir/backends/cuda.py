@@ -116,15 +116,16 @@ class GpuToolchain:
 
 def find_gpu_toolchain() -> GpuToolchain:
     """Every tool of the GPU build, or :class:`GpuToolchainError` naming all that are missing."""
+    from ..runtime.locate import find_moe_aot
     from .tools import LLVM_BIN, find_moe_opt, find_runtime_lib as _find_runtime_lib
 
     missing: list[str] = []
     moe_opt = find_moe_opt()
     if moe_opt is None:
         missing.append("moe-opt (build it: ninja -C <build> moe-opt, or set MOE_OPT)")
-    aot = os.environ.get("MOE_AOT") or str(REPO_ROOT / "tools" / "moe-aot" / "moe-aot.py")
-    if not os.path.isfile(aot):
-        missing.append(f"moe-aot.py (not at {aot}; set MOE_AOT)")
+    aot = find_moe_aot()
+    if aot is None:
+        missing.append(f"moe-aot.py (not at {os.environ.get('MOE_AOT') or 'tools/moe-aot/moe-aot.py'}; set MOE_AOT)")
     llvm_bin = str(LLVM_BIN)
     for tool in ("mlir-translate", "llc"):
         if not os.access(os.path.join(llvm_bin, tool), os.X_OK):

@@ -11,6 +11,7 @@ Two layouts:
   ``<repo>/build``, ``<repo>/build-py``.
 
 Tool discovery: ``$MOE_OPT``, else the bundle's moe-opt, else ``<build>/bin/moe-opt``, else ``moe-opt`` on PATH;
+``$MOE_AOT``, else the bundle's ``moe-aot.py``, else ``<repo>/tools/moe-aot/moe-aot.py``;
 ``$MLIR_RUNNER`` or ``/usr/lib/llvm-22/bin/mlir-runner``; runtime libraries next to moe-opt (``../lib``), else in the
 bundle or the build directories.
 
@@ -26,7 +27,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["find_moe_opt", "find_mlir_runner", "find_runtime_lib", "bundle_dir", "missing_system_packages",
+__all__ = ["find_moe_opt", "find_moe_aot", "find_mlir_runner", "find_runtime_lib", "bundle_dir", "missing_system_packages",
            "system_packages_message", "check_system", "MissingSystemPackages", "LLVM_BIN", "LLVM_LIB", "REPO_ROOT"]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -70,6 +71,15 @@ def _is_script(path: str) -> bool:
     here), not the tool."""
     with open(path, "rb") as f:
         return f.read(2) == b"#!"
+
+
+def find_moe_aot() -> Optional[str]:
+    """Path of ``moe-aot.py`` (the GPU whole-graph build, stdlib-only Python): ``$MOE_AOT``, the bundle's copy, else
+    the source tree's ``tools/moe-aot/moe-aot.py``; None when none exists."""
+    env = os.environ.get("MOE_AOT")
+    bundle = bundle_dir()
+    p = Path(env) if env else (bundle / "bin" if bundle else REPO_ROOT / "tools" / "moe-aot") / "moe-aot.py"
+    return str(p) if p.is_file() else None
 
 
 def find_mlir_runner() -> Optional[str]:
