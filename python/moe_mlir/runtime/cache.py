@@ -16,9 +16,9 @@ and, on an in-memory miss, calls :func:`load` (registered once by :mod:`.extensi
    and returns the results, lowered by ``moe-opt --moe-lower-to-llvm="results-to-out-params=true"`` (the results
    become out-params appended to the arguments and the kernel computes them in the caller's buffers: no copy;
    a subprocess: MLIR/LLVM are never loaded into the torch process), translated
-   with ``mlir-translate --mlir-to-llvmir``, optimized and compiled with ``clang -O3`` (the ``opt -O3`` pipeline is
-   needed anyway: the parallel kernels hold coroutines that only the middle end lowers) and linked with ``c++
-   -shared`` against ``libmoe_kernel_runtime.so`` (no libLLVM/libMLIR dependency). The file is written under a
+   with ``mlir-translate --mlir-to-llvmir``, optimized, compiled and linked by one ``clang -O3 -shared`` (the ``opt
+   -O3`` pipeline is needed anyway: the parallel kernels hold coroutines that only the middle end lowers) against
+   ``libmoe_kernel_runtime.so`` (no libLLVM/libMLIR dependency). The file is written under a
    temporary name and renamed, so concurrent processes never see a partial one.
 
 ``<hash>`` covers the key, the thread setting, the target (``$MOE_TARGET_CPU``: ``native``, the default, or an x86-64
@@ -43,6 +43,7 @@ ahead of time on a machine with LLVM but no GPU (``python -m moe_mlir.runtime.pr
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -421,15 +422,16 @@ def _llvm_tool(name: str) -> str:
     return found
 
 
-def _builtins() -> list[str]:
+@functools.lru_cache(maxsize=None)
+def _builtins() -> tuple[str, ...]:
     """LLVM's compiler-rt builtins archive, linked in statically when present: code for a CPU without a native
     instruction for some conversion calls a helper instead (``__truncsfbf2`` for f32 -> bf16 below AVX-512 BF16),
-    which Debian 12's libgcc (GCC 12) does not have."""
+    which Debian 12's libgcc (GCC 12) does not have. Asked once per process (a clang process: 50-80 ms)."""
     try:
         path = _run([_llvm_tool("clang"), "--rtlib=compiler-rt", "-print-libgcc-file-name"], "clang").strip()
     except CompileError:
-        return []
-    return [path] if path and Path(path).is_file() else []
+        return ()
+    return (path,) if path and Path(path).is_file() else ()
 
 
 def build(k: KernelKey, key: str, dest: Path, moe_opt: str, rt_dir: str, threads: int,
@@ -445,12 +447,12 @@ def build(k: KernelKey, key: str, dest: Path, moe_opt: str, rt_dir: str, threads
               "-o", str(t / "kernel.llvm.mlir")], "moe-opt")
         _run([_llvm_tool("mlir-translate"), "--mlir-to-llvmir", str(t / "kernel.llvm.mlir"), "-o",
               str(t / "kernel.ll")], "mlir-translate")
-        _run([_llvm_tool("clang"), "-O3", f"-march={target}", "-fPIC", "-c", "-Wno-override-module",
-              str(t / "kernel.ll"), "-o", str(t / "kernel.o")], "clang")
         dest.parent.mkdir(parents=True, exist_ok=True)
         part = dest.with_name(f"{dest.name}.{os.getpid()}.{threading.get_ident()}.part")
-        _run([os.environ.get("CXX", "c++"), "-shared", "-o", str(part), str(t / "kernel.o"), *_builtins(),
-              f"-L{rt_dir}", "-lmoe_kernel_runtime", f"-Wl,-rpath,{rt_dir}"], "link")
+        # Optimized, compiled and linked by one clang process (a separate link process cost 60-150 ms a kernel).
+        _run([_llvm_tool("clang"), "-O3", f"-march={target}", "-fPIC", "-shared", "-Wno-override-module",
+              str(t / "kernel.ll"), *_builtins(), f"-L{rt_dir}", "-lmoe_kernel_runtime", f"-Wl,-rpath,{rt_dir}",
+              "-o", str(part)], "clang")
         os.replace(part, dest)
 
 
