@@ -31,7 +31,23 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'moe_mlir' has no attribute {name!r}")
 
 
-_register_backend()
+def _backend_found_by_entry_point() -> bool:
+    """Whether Dynamo will find ``"moe"`` through this package's ``torch_dynamo_backends`` entry point (an installed
+    or editable package: pyproject.toml), so that ``import moe_mlir`` need not register it. Registering imports
+    ``torch._dynamo``: 2-3 s of every ``import moe_mlir`` (bench/compile.py), and with it torch's import-time log
+    lines, for users of ``torch.ops.moe.*`` who never compile."""
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        eps = distribution("moe_mlir").entry_points
+    except (ImportError, PackageNotFoundError):
+        return False
+    return any(e.group == "torch_dynamo_backends" and e.name == "moe"
+               and e.value == "moe_mlir.backends.dynamo:moe_backend" for e in eps)
+
+
+if "torch._dynamo" in __import__("sys").modules or not _backend_found_by_entry_point():
+    _register_backend()
 
 __all__ = [
     "__version__",
