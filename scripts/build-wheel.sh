@@ -24,6 +24,9 @@ for f in bin/moe-opt lib/libmoe_torch.so lib/libmoe_kernel_runtime.so lib/libmoe
 done
 command -v patchelf >/dev/null || { echo "build-wheel: needs patchelf (apt install patchelf)" >&2; exit 1; }
 start=$(date +%s)
+# One build at a time per build tree (the stage is shared).
+exec 9>"$BUILD/.wheel.lock"
+flock 9
 
 rm -rf "$STAGE"
 mkdir -p "$STAGE"

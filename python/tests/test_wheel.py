@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,8 +43,9 @@ def _wheel_inputs(build: Path) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def wheel(moe_opt) -> Path:
-    """dist/'s wheel, built now unless one is newer than every input (under a lock: xdist workers, other runs)."""
+def wheel(moe_opt, tmp_path_factory) -> Path:
+    """A copy of dist/'s wheel, built now unless one is newer than every input (under a lock: xdist workers, other
+    runs; the copy, so that another run's rebuild cannot remove it while it is installed)."""
     build = _build_dir()
     DIST.mkdir(exist_ok=True)
     with open(DIST / ".build.lock", "w") as lock:
@@ -55,10 +57,12 @@ def wheel(moe_opt) -> Path:
                                   env={**os.environ, "MOE_BUILD_DIR": str(build)}, timeout=600)
             assert proc.returncode == 0, f"scripts/build-wheel.sh failed:\n{proc.stdout}\n{proc.stderr}"
             wheels = sorted(DIST.glob("moe_mlir-*.whl"))
-    assert len(wheels) == 1, wheels
+        assert len(wheels) == 1, wheels
+        copy = tmp_path_factory.mktemp("dist") / wheels[0].name
+        shutil.copyfile(wheels[0], copy)
     tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    assert re.fullmatch(rf"moe_mlir-[^-]+-{tag}-{tag}-linux_x86_64\.whl", wheels[0].name), wheels[0].name
-    return wheels[0]
+    assert re.fullmatch(rf"moe_mlir-[^-]+-{tag}-{tag}-linux_x86_64\.whl", copy.name), copy.name
+    return copy
 
 
 @pytest.fixture(scope="module")
