@@ -30,21 +30,33 @@ aot "$ROOT/test/GPU/Inputs/gpu-cases.mlir" -o "$DIR/art" --name gpu-cases
 aot "$DIR/bench/bench-cases.mlir" -o "$DIR/bench" --name bench-cases
 # The CUDA kernels of torch.ops.moe.* that the torch-op step needs (the GPU machine has no LLVM to compile them):
 # the CUDA tests run here on the CPU kernels record the kernel keys, which are then built for $CHIP.
-# MOE_GPU_CHECK_TORCH_OPS=0 leaves them out (the lit self-test: minutes on two cores); the step then skips.
-if [ "${MOE_GPU_CHECK_TORCH_OPS:-1}" != 0 ]; then
+#   MOE_GPU_CHECK_TORCH_OPS=1 (default)  every kernel the torch-op tests, the model tests and the benchmark call
+#   MOE_GPU_CHECK_TORCH_OPS=sample       the kernels of a few torch-op tests (MOE_GPU_CHECK_TORCH_SAMPLE, a pytest
+#                                        -k expression): the lit self-test, which must build and load the torch
+#                                        extension as the GPU machine does, in seconds rather than ~10 minutes
+#   MOE_GPU_CHECK_TORCH_OPS=0            none, and no torch extension (its steps then skip)
+TORCH_OPS="${MOE_GPU_CHECK_TORCH_OPS:-1}"
+case "$TORCH_OPS" in 0|1|sample) ;; *) echo "gpu-check: MOE_GPU_CHECK_TORCH_OPS must be 0, 1 or sample" >&2; exit 2 ;; esac
+record() {   # record WHAT CMD...: run CMD (in the checkout, on the CPU kernels) recording the kernel keys
+  local what="$1"; shift
+  (cd "$ROOT" && MOE_BUILD_DIR="$BUILD" MOE_TEST_DEVICE=cpu MOE_KERNEL_RECORD="$KEYS" "$@" \
+     >>"$DIR/kernels/record.log" 2>&1) ||
+    { tail -30 "$DIR/kernels/record.log" >&2; echo "gpu-check: $what fail on the CPU" >&2; exit 1; }
+}
+if [ "$TORCH_OPS" != 0 ]; then
   echo "gpu-check: recording the kernels of the torch-op CUDA tests and benchmark (run on the CPU kernels)"
   mkdir -p "$DIR/kernels"
   KEYS="$DIR/kernels/keys.txt"
   : > "$KEYS"
-  (cd "$ROOT" && MOE_BUILD_DIR="$BUILD" MOE_TEST_DEVICE=cpu MOE_KERNEL_RECORD="$KEYS" \
-     "$PY" -m pytest -q -p no:cacheprovider python/tests/test_torch_ops_cuda.py >"$DIR/kernels/record.log" 2>&1) ||
-    { tail -30 "$DIR/kernels/record.log" >&2; echo "gpu-check: the torch-op CUDA tests fail on the CPU" >&2; exit 1; }
-  (cd "$ROOT" && MOE_BUILD_DIR="$BUILD" MOE_TEST_DEVICE=cpu MOE_KERNEL_RECORD="$KEYS" \
-     "$PY" -m pytest -q -p no:cacheprovider -k matches_eager python/tests/test_hf_models.py >>"$DIR/kernels/record.log" 2>&1) ||
-    { tail -30 "$DIR/kernels/record.log" >&2; echo "gpu-check: the transformers model tests fail on the CPU" >&2; exit 1; }
-  (cd "$ROOT" && MOE_BUILD_DIR="$BUILD" MOE_KERNEL_RECORD="$KEYS" "$PY" -m bench.gpu.torch_ops_cuda --record \
-     >>"$DIR/kernels/record.log" 2>&1) ||
-    { tail -30 "$DIR/kernels/record.log" >&2; echo "gpu-check: the CUDA torch-op benchmark's calls fail on the CPU" >&2; exit 1; }
+  if [ "$TORCH_OPS" = sample ]; then
+    record "the sampled torch-op CUDA tests" "$PY" -m pytest -q -p no:cacheprovider \
+      -k "${MOE_GPU_CHECK_TORCH_SAMPLE:-test_token_counts_share_one_kernel}" python/tests/test_torch_ops_cuda.py
+  else
+    record "the torch-op CUDA tests" "$PY" -m pytest -q -p no:cacheprovider python/tests/test_torch_ops_cuda.py
+    record "the transformers model tests" "$PY" -m pytest -q -p no:cacheprovider -k matches_eager \
+      python/tests/test_hf_models.py
+    record "the CUDA torch-op benchmark's calls" "$PY" -m bench.gpu.torch_ops_cuda --record
+  fi
   [ -s "$KEYS" ] || { tail -30 "$DIR/kernels/record.log" >&2; echo "gpu-check: no kernel recorded" >&2; exit 1; }
   echo "gpu-check: building them for $CHIP"
   (cd "$ROOT/python" && MOE_BUILD_DIR="$BUILD" MOE_CUDA_TOOLKIT="$TOOLKIT" \
@@ -53,11 +65,13 @@ fi
 { echo "chip=$CHIP"; echo "commit=$(git -C "$ROOT" rev-parse HEAD)"; echo "built=$(date -Iseconds)"
   echo "toolkit=$("$TOOLKIT/bin/ptxas" --version | tail -1)"; echo "aot_options=${MOE_GPU_AOT_OPTIONS:-}"; } > "$DIR/bench/BUILD_INFO"
 
-# The sources the GPU machine builds and runs (tracked files only), in the repository's layout.
-(cd "$ROOT" && git ls-files -z -- include/MoE/Runtime/ErrorReporting.h lib/Runtime/ErrorReporting.cpp \
-    lib/Runtime/CUDA lib/Runtime/CPU lib/Runtime/Torch cmake/MoELibtorch.cmake cmake/MoEDeviceRuntimes.cmake tools/moe-aot test/GPU/run_gpu_tests.py \
-    test/GPU/check_artifacts.py test/GPU/unit test/GPU/runtime test/GPU/check 'bench/*.py' 'bench/gpu/*.py' |
-  xargs -0 cp --parents -t "$DIR/src")
+# The sources the GPU machine builds and runs (tracked files only), in the repository's layout: these seeds and
+# what they need, followed through their #includes and the CMake files' paths (copy_sources.py), so that a header
+# a runtime source starts to include travels with it.
+python3 "$ROOT/test/GPU/check/copy_sources.py" "$ROOT" "$DIR/src" --cmake "$ROOT/test/GPU/check/CMakeLists.txt" \
+    lib/Runtime/CUDA lib/Runtime/CPU lib/Runtime/Torch cmake/MoELibtorch.cmake cmake/MoEDeviceRuntimes.cmake \
+    tools/moe-aot test/GPU/run_gpu_tests.py test/GPU/check_artifacts.py test/GPU/unit test/GPU/runtime \
+    test/GPU/check 'bench/*.py' 'bench/gpu/*.py' >/dev/null
 cp "$ROOT/test/GPU/check/run.sh" "$ROOT/test/GPU/check/gpu_check.py" "$ROOT/test/GPU/check/CMakeLists.txt" "$DIR/"
 cp "$ROOT/test/GPU/README.md" "$DIR/README.md"
 COMMIT="$(git -C "$ROOT" rev-parse HEAD)"
@@ -80,7 +94,7 @@ echo "gpu-check: $DIR ($((SIZE_KB / 1024)) MiB)"
 [ -n "${MOE_GPU_CHECK_NO_SELFTEST:-}" ] && exit 0
 # Self-test here: GPU steps skipped (exit 77), every other step must pass.
 rc=0
-MOE_PYTHON="$PY" MOE_GPU_CHECK_BUILD="${MOE_GPU_CHECK_BUILD:-$BUILD/gpu-check-selftest-build}" \
+MOE_PYTHON="$PY" MOE_REPO="${MOE_REPO:-$ROOT}" MOE_GPU_CHECK_BUILD="${MOE_GPU_CHECK_BUILD:-$BUILD/gpu-check-selftest-build}" \
   bash "$DIR/run.sh" "${MOE_GPU_CHECK_SELFTEST_OUT:-$BUILD/gpu-check-selftest}" || rc=$?
 if [ "$rc" = 77 ] || [ "$rc" = 0 ]; then exit 0; fi
 exit "$rc"

@@ -14,6 +14,9 @@ Steps, in order (MOE_GPU_CHECK_STEPS=a,b,... picks some; artifacts and build alw
                 moe-cuda-runtime-fake-test
   runtime-unit  the runtime against a fake driver (no GPU needed)
   harness-unit  the harness's own unit tests (no GPU needed)
+  torch-ext     torch_ext_check.py: libmoe_torch.so (built by the build step against this machine's torch) loads
+                through the checkout's moe_mlir, has its CUDA kernels and registers them for every prebuilt op
+                (no GPU needed; skipped with MOE_GPU_CHECK_TORCH_OPS=0)
   checks        test/GPU/run_gpu_tests.py: every op, mode, dtype and edge case vs PyTorch CUDA
   checks-ptx    the same with MOE_CUDA_FORCE_PTX=1: the PTX fallback JIT-compiled by the driver
   torch-ops     python/tests/test_torch_ops_cuda.py: torch.ops.moe.* on CUDA tensors (libmoe_torch built here,
@@ -147,6 +150,14 @@ def torch_args(ctx):
     return f"-DMOE_TORCH_DIR={shlex.quote(d)} -DMOE_TORCH_PYTHON={shlex.quote(ctx.python)}"
 
 
+def compiler_launcher():
+    """ccache for the host build where there is one (the self-test here rebuilds the same sources in the same
+    place on every run; the GPU machine has none)."""
+    if os.environ.get("MOE_GPU_CHECK_CCACHE", "1") != "0" and shutil.which("ccache"):
+        return "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache"
+    return ""
+
+
 def toolkit_root():
     """-DCUDAToolkit_ROOT=... when nvcc is not on PATH but a toolkit is where it usually is."""
     if shutil.which("nvcc"):
@@ -177,7 +188,11 @@ def steps(ctx):
         if not torch_ops or not os.path.exists(torch_ops):
             return None, "python/tests/test_torch_ops_cuda.py is not in the checkout around this folder (set MOE_REPO)"
         if not os.path.exists(os.path.join(ctx.build, "lib", "libmoe_torch.so")):
-            return None, "libmoe_torch.so was not built (no torch for this Python at the build step)"
+            if not torch_args(ctx):
+                return None, ("libmoe_torch.so was not built (MOE_GPU_CHECK_TORCH_OPS=0, no kernels/, or no torch "
+                              "for this Python)")
+            why = "libmoe_torch.so is missing although the build step configured it"
+            return ["sh", "-c", f"echo {shlex.quote(why)}; exit 1"], ctx.env()
         return cmd, ctx.env(MOE_TEST_DEVICE="cuda", MOE_GPU_RUNTIME_DIR=ctx.build,
                             MOE_TORCH_LIB=os.path.join(ctx.build, "lib", "libmoe_torch.so"),
                             MOE_CUDA_RUNTIME=os.path.join(ctx.build, "libmoe_cuda_runtime.so"),
@@ -192,12 +207,14 @@ def steps(ctx):
             for m in manifests)], ctx.env())),
         ("build", False, 300, lambda: (["bash", "-c",
             f"cmake -S {shlex.quote(HERE)} -B {shlex.quote(ctx.build)} -DCMAKE_BUILD_TYPE=Release "
-            f"-DMOE_SOURCE_DIR={shlex.quote(ctx.src)} {toolkit_root()} {torch_args(ctx)} && "
+            f"-DMOE_SOURCE_DIR={shlex.quote(ctx.src)} {toolkit_root()} {compiler_launcher()} {torch_args(ctx)} && "
             f"cmake --build {shlex.quote(ctx.build)} -j {os.cpu_count() or 2}"], ctx.env())),
         ("runtime-unit", False, 60, lambda: ([os.path.join(ctx.build, "moe-cuda-runtime-fake-test")],
                                               ctx.env())),
         ("harness-unit", False, 120, lambda: ([ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                                os.path.join(ctx.src, "test", "GPU", "unit")], ctx.env())),
+        ("torch-ext", False, 180, lambda: torch_ops_step(ctx, [
+            ctx.python, os.path.join(ctx.src, "test", "GPU", "check", "torch_ext_check.py")])),
         ("checks", True, 300, lambda: (ctx.harness("checks-cases.json"), ctx.env())),
         ("checks-ptx", True, 300, lambda: (ctx.harness("checks-ptx-cases.json"),
                                            ctx.env(MOE_CUDA_FORCE_PTX="1"))),
