@@ -6,8 +6,10 @@ runs it after setting the pieces' run paths.
 * every shared library an ELF file of ``BUNDLE/{bin,lib}`` names (DT_NEEDED), except those the bundle has and those
   torch ships (``TORCH_LIB``: loaded by ``import torch`` before the extension), with the paths the dynamic loader
   would try (the file's run path, then the system directories) and the Debian package of the file it finds here;
-* the tools the torch ops' kernel compiler runs (moe_mlir/runtime/cache.py): LLVM 22's ``mlir-translate`` and
-  ``clang`` and the C++ linker driver ``c++`` (``$CXX``).
+* the tools the torch ops' CPU kernel compiler runs (moe_mlir/runtime/cache.py): LLVM 22's ``mlir-translate`` and
+  ``clang`` (which also links; clang-22 depends on binutils and GCC's run-time files).
+
+What only the CUDA path uses (the CUDA toolkit, ``c++`` for its links, ``llc``) is checked where it is used.
 
 A library that does not resolve here (``libcuda.so.1``: the GPU driver, only loaded with a GPU) is left out.
 """
@@ -77,8 +79,6 @@ def main() -> int:
         path = f"{LLVM_BIN}/{tool}"
         entries[tool] = {"what": path, "package": debian_package(path), "needed_by": [compiler], "paths": [path],
                          "commands": [f"{tool}-22"]}
-    entries["c++"] = {"what": "c++ (the linker driver; $CXX)", "package": "g++", "needed_by": [compiler],
-                      "commands": ["c++"], "env": "CXX"}
     (bundle / "system.json").write_text(json.dumps(list(entries.values()), indent=1) + "\n")
     for e in entries.values():
         print(f"  needs {e['package']:16} {e['what']} (for {', '.join(e['needed_by'])})")

@@ -115,19 +115,16 @@ class MissingSystemPackages(ImportError):
 
 
 def _present(entry: dict) -> bool:
-    env = os.environ.get(entry.get("env") or "")
-    if env:
-        return shutil.which(env) is not None
     return (any(os.path.exists(p) for p in entry.get("paths", ()))
             or any(shutil.which(c) is not None for c in entry.get("commands", ())))
 
 
 def missing_system_packages(needed_by: Optional[str] = None) -> list[dict]:
     """The entries of ``_bundle/system.json`` this machine lacks (empty in the source tree). An entry is a shared
-    library or a tool, ``{"what", "package", "needed_by", "paths", "commands", "env"}``: present when one of
-    ``paths`` exists (where the dynamic loader would find the library: the run path, then the system directories;
-    the wheel is built for Debian's ``/usr/lib/llvm-22``) or one of ``commands`` is on PATH, or ``$<env>`` names a
-    command on PATH. ``needed_by``: only the entries of that piece (e.g. ``"moe-opt"``)."""
+    library or a tool, ``{"what", "package", "needed_by", "paths", "commands"}``: present when one of ``paths``
+    exists (where the dynamic loader would find the library: the run path, then the system directories; the wheel
+    is built for Debian's ``/usr/lib/llvm-22``) or one of ``commands`` is on PATH. ``needed_by``: only the entries
+    of that piece (e.g. ``"moe-opt"``)."""
     bundle = bundle_dir()
     if bundle is None or not (bundle / "system.json").is_file():
         return []
