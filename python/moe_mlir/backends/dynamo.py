@@ -5,7 +5,9 @@ expert loops (Dynamo hands the backend one FX graph per region; each is compiled
 
 1. :func:`to_aten_graph`: the Dynamo (torch-level) graph traced to a *pre-dispatch* aten graph with ``make_fx`` on
    the graph's own fake inputs (so SymInt shapes stay symbolic, ``no_grad`` regions stay in the graph as
-   ``_set_grad_enabled`` and nothing is decomposed yet);
+   ``_set_grad_enabled`` and nothing is decomposed yet). Data-dependent pieces are traced as Dynamo traced them:
+   a dynamic Python float (a 0-d tensor input read by ``.item()``) keeps its backed SymFloat, and ``nonzero`` /
+   ``.item()`` in a graph (Dynamo's ``capture_*`` options) become unbacked symbols in the same ShapeEnv;
 2. :func:`moe_mlir.frontend.raising.raise_routing_idioms` rewrites softmax→topk→renorm, topk→softmax and
    softmax(UUᵀ/τ)E into ``torch.ops.moe.*``;
 3. inductor (``torch._inductor.compile_fx.compile_fx``) compiles the raised graph: dense code is inductor's, the moe
@@ -113,8 +115,24 @@ def to_aten_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> fx.GraphModu
     from torch.fx.experimental.proxy_tensor import make_fx
 
     fakes = _fake_inputs(gm, example_inputs)
-    mode = "fake" if detect_fake_mode(fakes) is not None else "real"
-    return make_fx(gm, pre_dispatch=True, tracing_mode=mode)(*fakes)
+    if detect_fake_mode(fakes) is None:
+        return make_fx(gm, pre_dispatch=True, tracing_mode="real")(*fakes)
+    memos = [getattr(f, "item_memo", None) if isinstance(f, torch.Tensor) else None for f in fakes]
+    if not any(m is not None for m in memos):
+        return make_fx(gm, pre_dispatch=True, tracing_mode="fake")(*fakes)
+
+    # A Python float Dynamo keeps dynamic (``dynamic=True``, or automatic dynamic after a change: RMSNorm's eps,
+    # a router's scaling factor...) is a 0-d tensor input read by ``.item()``; its fake carries the backed SymFloat
+    # in ``item_memo``. make_fx re-fakes the inputs (same ShapeEnv) and the copies lose the memo, so ``.item()``
+    # would be data-dependent and abort the trace: the copies get the originals' memos back (as AOTAutograd's
+    # ``_detach_and_copy_item_memo`` does for the same graph).
+    def with_memos(*args: Any) -> Any:
+        for a, m in zip(args, memos):
+            if m is not None and isinstance(a, torch.Tensor) and a.item_memo is None:
+                a.item_memo = m
+        return gm(*args)
+
+    return make_fx(with_memos, pre_dispatch=True, tracing_mode="fake")(*fakes)
 
 
 def _raise(gm: fx.GraphModule, example_inputs: list[Any]) -> CompiledGraph:
@@ -128,6 +146,17 @@ def _raise(gm: fx.GraphModule, example_inputs: list[Any]) -> CompiledGraph:
     if not any(counts.values()):
         return CompiledGraph(gm, counts)
     return CompiledGraph(aten_gm, counts)
+
+
+def _dynamo_restart() -> tuple[type[BaseException], ...]:
+    """Dynamo's ``RestartAnalysis`` signals (AOTAutograd raises ``TensorifyScalarRestartAnalysis`` when a dynamic
+    float cannot stay a tensor): they ask Dynamo to trace the frame again and must reach it, not be taken for a
+    compile failure (the original graph would raise the same, after a spurious warning)."""
+    try:
+        from torch._dynamo.exc import RestartAnalysis
+    except ImportError:  # pragma: no cover - torch without dynamo
+        return ()
+    return (RestartAnalysis,)
 
 
 def _dense_compiler(dense: str) -> Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]:
@@ -159,6 +188,8 @@ def moe_backend(gm: fx.GraphModule, example_inputs: list[Any], **options: Any) -
         return compiler(gm, example_inputs)
     try:
         compiled = compiler(entry.graph_module, example_inputs)
+    except _dynamo_restart():
+        raise  # not a failure: Dynamo's request to trace the frame again (e.g. with a float specialized)
     except Exception as e:  # noqa: BLE001
         warnings.warn(f"moe backend: the raised graph did not compile ({type(e).__name__}: {e}); compiling the "
                       "graph without raising", MoERaisingWarning, stacklevel=2)
