@@ -11,6 +11,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "MoE/Runtime/KernelThreads.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -32,9 +34,6 @@ void mlirAsyncRuntimeAwaitToken(void *);
 void mlirAsyncRuntimeDropRef(void *, int64_t);
 void mlirAsyncRuntimeExecute(void *, void (*)(void *));
 int64_t mlirAsyncRuntimGetNumWorkerThreads();
-void moeKernelRuntimeHelpersBegin();
-void moeKernelRuntimeHelpersEnd();
-void moeKernelRuntimeServe(const int32_t *done);
 }
 
 namespace {
@@ -134,13 +133,24 @@ void recordThread(void *p) {
   mlirAsyncRuntimeEmplaceToken(t->token);
 }
 
+/// Returns once every pool thread is parked. Nothing else submits tasks
+/// meanwhile, so each one ends its spin and parks: this waits for that state,
+/// not for a duration (how long it takes depends on the machine's load).
+void waitUntilThePoolIsParked() {
+  while (moeKernelRuntimeParkedThreads() != mlirAsyncRuntimGetNumWorkerThreads())
+    std::this_thread::yield();
+}
+
 TEST(KernelAsyncRuntime, HelpersRunTheTasksAndThePoolStaysAsleep) {
   // What the torch extension does around a kernel (KernelThreads.h): another
-  // pool's thread serves the queue; the runtime's parked thread is not woken.
+  // pool's thread serves the queue; the runtime's parked thread is not woken,
+  // so every task runs on the helper or on the caller (in its wait). A pool
+  // thread still spinning would take tasks too (the contract allows it), so
+  // each round starts once the pool is parked.
   EXPECT_TRUE(finishes([] {
+    const int64_t poolThreads = mlirAsyncRuntimGetNumWorkerThreads();
     for (int round = 0; round < 20; ++round) {
-      // Long enough for the pool thread's spin to end: it parks.
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      waitUntilThePoolIsParked();
       int32_t done = 0;
       moeKernelRuntimeHelpersBegin();
       std::thread helper([&] { moeKernelRuntimeServe(&done); });
@@ -158,16 +168,36 @@ TEST(KernelAsyncRuntime, HelpersRunTheTasksAndThePoolStaysAsleep) {
       const std::thread::id helperId = helper.get_id();
       helper.join();
       moeKernelRuntimeHelpersEnd();
+      // Still parked: it was not woken while the helpers were registered,
+      // and helpersEnd found no task left to wake it for.
+      EXPECT_EQ(moeKernelRuntimeParkedThreads(), poolThreads);
       for (Recorded &t : tasks)
         mlirAsyncRuntimeDropRef(t.token, 1);
       mlirAsyncRuntimeDropRef(group, 1);
       for (std::thread::id id : ranOn)
         EXPECT_TRUE(id == helperId || id == std::this_thread::get_id());
     }
-    // Without helpers the pool runs tasks again.
-    std::atomic<int64_t> sum{0};
-    spawnAndWait(sum, 16, 0);
-    EXPECT_EQ(sum.load(), (int64_t{1} << 16) - 1);
+  }));
+}
+
+TEST(KernelAsyncRuntime, WithoutHelpersATaskWakesTheParkedPool) {
+  // The caller waits on a future, not in the runtime (where it would run the
+  // task itself): only a pool thread can run the task, and every one of them
+  // is parked when it is submitted, so the submit must wake one.
+  EXPECT_TRUE(finishes([] {
+    constexpr int rounds = 20;
+    // Destroyed once the pool has parked again, after the last set_value
+    // has returned (get() may return while set_value is still running).
+    std::vector<std::promise<std::thread::id>> ranOn(rounds);
+    for (int round = 0; round < rounds; ++round) {
+      waitUntilThePoolIsParked();
+      mlirAsyncRuntimeExecute(&ranOn[round], [](void *p) {
+        static_cast<std::promise<std::thread::id> *>(p)->set_value(
+            std::this_thread::get_id());
+      });
+      EXPECT_NE(ranOn[round].get_future().get(), std::this_thread::get_id());
+    }
+    waitUntilThePoolIsParked();
   }));
 }
 

@@ -21,12 +21,17 @@
 
 extern "C" {
 /// From now until the matching moeKernelRuntimeHelpersEnd, threads that call
-/// moeKernelRuntimeServe run the tasks: submitting one wakes none of the
-/// runtime's parked threads (those already awake still take tasks).
+/// moeKernelRuntimeServe run the tasks: the runtime's parked threads stay
+/// parked (submitting a task wakes none of them, and one whose wait returns
+/// anyway goes back to sleep); those still spinning before they park take
+/// tasks too. The last helpersEnd wakes them for tasks left in the queue.
 void moeKernelRuntimeHelpersBegin();
 void moeKernelRuntimeHelpersEnd();
 /// Runs queued tasks until `*done` (read with acquire ordering) is nonzero.
 void moeKernelRuntimeServe(const int32_t *done);
+/// How many of the runtime's threads are parked now (tests: a thread counted
+/// here takes no task while helpers are registered).
+int64_t moeKernelRuntimeParkedThreads();
 }
 
 #endif // MOE_RUNTIME_KERNELTHREADS_H

@@ -98,6 +98,9 @@ public:
       cv.notify_all();
   }
   int64_t size() const { return static_cast<int64_t>(threads.size()); }
+  int64_t parkedThreads() const {
+    return parked.load(std::memory_order_acquire);
+  }
 
   /// Runs one queued task on the calling thread; false when there is none.
   bool runOne() {
@@ -131,7 +134,14 @@ private:
       }
       std::unique_lock<std::mutex> l(mu);
       parked.fetch_add(1, std::memory_order_release);
-      cv.wait(l, [this] { return stopping || !queue.empty(); });
+      // While helpers serve the queue a parked worker stays parked, even when
+      // its wait returns without a notify (a spurious wake-up) or a
+      // helpersEnd's notify_all meets the next caller's helpersBegin: the
+      // last helpersEnd wakes it for what is left (KernelThreads.h).
+      cv.wait(l, [this] {
+        return stopping || (!queue.empty() &&
+                            helpers.load(std::memory_order_acquire) == 0);
+      });
       parked.fetch_sub(1, std::memory_order_relaxed);
       if (stopping && queue.empty())
         return;
@@ -339,6 +349,7 @@ extern "C" {
 
 void moeKernelRuntimeHelpersBegin() { pool().helpersBegin(); }
 void moeKernelRuntimeHelpersEnd() { pool().helpersEnd(); }
+int64_t moeKernelRuntimeParkedThreads() { return pool().parkedThreads(); }
 void moeKernelRuntimeServe(const int32_t *done) {
   Pool &p = pool();
   while (!__atomic_load_n(done, __ATOMIC_ACQUIRE))
