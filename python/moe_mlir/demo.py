@@ -249,6 +249,7 @@ def whole_graph_demo(batch: int = 2, seq: int = 64, calls: int = 20) -> None:
 def main() -> int:
     with quiet_torch_noise():
         import moe_mlir  # noqa: F401  (registers torch.ops.moe.* and the "moe" backend)
+        import torch._inductor.compile_fx  # noqa: F401  (both backends compile with it: imported before either is timed)
 
         print(f"MoE-MLIR demo: PyTorch {torch.__version__}, {torch.get_num_threads()} threads; every ratio below is "
               "measured in this run (x eager = eager time / ours)")
