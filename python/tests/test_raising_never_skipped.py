@@ -15,7 +15,7 @@ Checked here, on transformers' own classes (tiny configs, random weights, nothin
 * MixtralForCausalLM, Qwen3MoeForCausalLM and OlmoeForCausalLM with ``output_router_logits=True`` (so the graph also
   holds the load-balancing loss), under ``dynamic=True`` and under torch.compile's default (automatic dynamic, two
   sequence lengths): every layer's router is raised to ``moe.topk_renorm``, no MoERaisingWarning, and the logits,
-  router logits and aux loss equal eager's;
+  router logits and aux loss equal eager's; DeepseekV3ForCausalLM under ``dynamic=True``: both routers ``moe.route``;
 * graphs that do hold data-dependent ops (Dynamo's ``capture_scalar_outputs`` / ``capture_dynamic_output_shape_ops``
   with HF's eager expert loop: ``nonzero``, ``.item()`` in the graph) are traced through, the routers raised.
 
@@ -148,6 +148,29 @@ def test_causal_lm_with_router_logits_under_automatic_dynamic_is_raised(name):
     log = _check_lm(_causal_lm(name), None, (9, 5, 12))
     # A static graph for the first length, a symbolic one for the others: both layers raised in each.
     assert [g.moe_ops() for g in log if g.moe_ops()] == [["topk_renorm", "topk_renorm"]] * 2
+
+
+def test_deepseek_v3_causal_lm_under_dynamic_true_is_raised():
+    """A whole DeepseekV3ForCausalLM (every layer MoE): its routed_scaling_factor and norms' eps are dynamic floats
+    in the one graph; both layers' routers are raised to ``moe.route`` and the logits equal eager's."""
+    from transformers import DeepseekV3ForCausalLM
+
+    cfg = DeepseekV3Config(hidden_size=H, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                           vocab_size=64, moe_intermediate_size=16, intermediate_size=64, n_routed_experts=16,
+                           num_experts_per_tok=4, n_group=4, topk_group=2, n_shared_experts=1,
+                           first_k_dense_replace=0, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8,
+                           qk_nope_head_dim=8, v_head_dim=16)
+    model = _init(DeepseekV3ForCausalLM(cfg), seed=3)
+    torch._dynamo.reset()
+    c = torch.compile(model, backend="moe", dynamic=True, options={"dense": "eager"})
+    g = torch.Generator().manual_seed(4)
+    with warnings.catch_warnings(record=True) as record, capture_graphs() as log, torch.no_grad():
+        warnings.simplefilter("always")
+        for t in (9, 5):
+            ids = torch.randint(0, 64, (2, t), generator=g)
+            torch.testing.assert_close(c(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-5, rtol=1e-4)
+    _no_raising_warning(record)
+    assert [(g.moe_ops(), g.fallback) for g in log] == [(["route", "route"], None)]
 
 
 class _RouterThenDataDependent(torch.nn.Module):
