@@ -3,61 +3,118 @@
 # the ctest suites (unit, reference; gpu reports skipped without a GPU), the Python tests (pytest), then the lit and
 # ctest suites under ASan + UBSan and a 2-minute fuzz run (MOE_SANITIZE=0 leaves those two out). Ends with
 # "N passed, N failed, N skipped".
+#   ./scripts/test.sh               # everything (CI): ~25 min on a fresh 2-core machine, see docs/Testing.md
+#   MOE_QUICK=1 ./scripts/test.sh   # quick local run: no sanitizer build, no fuzz run (the same lit, ctest, pytest)
+#
+# After the build the stages are independent, and on two cores each one alone leaves a core idle much of the time
+# (pytest is one process whose kernel compiles are serial subprocesses; lit and ctest end on a few long tests), so
+# they run side by side: pytest in the foreground, lit then ctest beside it, and the sanitizer chain (build-san,
+# ASan lit + ctest, fuzz) beside both at a lower priority. Each writes its log under $BUILD/test-summary/, printed
+# when the stage ends; the counts are read from those logs.
 source "$(dirname "$0")/common.sh"
 
+QUICK="${MOE_QUICK:-0}"
+SANITIZE="${MOE_SANITIZE:-1}"
+[ "$QUICK" = 0 ] || SANITIZE=0
+
+t0=$SECONDS
 install_system_packages
 install_python
 configure_and_build
+build_s=$((SECONDS - t0))
 
 log="$BUILD/test-summary"
+rm -rf "$log"
 mkdir -p "$log"
 status=0
 
-echo "== lit (check-moe)"
-cmake --build "$BUILD" --target check-moe 2>&1 | tee "$log/lit.txt" || status=1
+# A stage in the background: `stage NAME CMD...` runs CMD with its output in $log/NAME.txt, its exit status in
+# $log/NAME.rc and its wall time in $log/NAME.s.
+stage() {
+  local name=$1; shift
+  local start=$SECONDS rc=0
+  "$@" > "$log/$name.txt" 2>&1 || rc=$?
+  echo "$rc" > "$log/$name.rc"
+  echo $((SECONDS - start)) > "$log/$name.s"
+}
+show() {  # prints a finished stage's log and whether it failed
+  echo "== ${2:-$1}: $(cat "$log/$1.s") s"
+  cat "$log/$1.txt"
+  [ "$(cat "$log/$1.rc")" = 0 ] || status=1
+}
 
+# The sanitizer chain (scripts/sanitize.sh, scripts/fuzz.sh): the lit and ctest suites again under ASan + UBSan
+# (build-san/), then a 120 s libFuzzer run over the parser, verifier and pipelines that fails on any crash or hang.
+# On by default (CI runs them); MOE_SANITIZE=0 or MOE_QUICK=1 leaves them out. nice: the plain suites come first
+# when both want a core; the chain has the idle one.
+san_pid=""
+if [ "$SANITIZE" != 0 ]; then
+  echo "== sanitizers (build-san: ASan + UBSan) and fuzz (moe-fuzz, ${MOE_FUZZ_SECONDS:-120} s): in the background"
+  ( stage sanitize nice -n 10 "$ROOT/scripts/sanitize.sh"
+    stage fuzz nice -n 10 "$ROOT/scripts/fuzz.sh" ) &
+  san_pid=$!
+fi
+
+echo "== lit (check-moe) then ctest: in the background"
+# check-moe's one dependency outside `all` (the generated op docs docs-up-to-date.mlir compares), built here: lit
+# then runs directly, so that no second ninja runs in $BUILD beside a test that builds there.
+cmake --build "$BUILD" --target mlir-doc > /dev/null
+(
+  stage lit "$LLVM_PREFIX/bin/lit" -sv "$BUILD/test"
+  if [ -f "$BUILD/CTestTestfile.cmake" ]; then
+    stage ctest ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS"
+  fi
+) &
+plain_pid=$!
+
+echo "== pytest (python/tests)"
+start=$SECONDS
+MOE_BUILD_DIR="$BUILD" "$VENV/bin/python" -m pytest "$ROOT/python/tests" -q -p no:cacheprovider --durations=20 2>&1 |
+  tee "$log/pytest.txt" || status=1
+pytest_s=$((SECONDS - start))
+pycount() { grep -E '^[0-9]+ (passed|failed|skipped|error)|in [0-9.]+s' "$log/pytest.txt" | tail -1 |
+            grep -oE "[0-9]+ $1" | grep -oE '^[0-9]+' || echo 0; }
+py_passed=$(pycount passed); py_failed=$(( $(pycount failed) + $(pycount error) )); py_skipped=$(pycount skipped)
+
+wait "$plain_pid" || status=1
+show lit "lit (check-moe)"
 ctest_passed=0; ctest_failed=0; ctest_skipped=0
-if [ -f "$BUILD/CTestTestfile.cmake" ]; then
-  echo "== ctest"
-  ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS" 2>&1 | tee "$log/ctest.txt" || status=1
+if [ -f "$log/ctest.txt" ]; then
+  show ctest
   # ctest's own summary: "N% tests passed, F tests failed out of T"; skipped tests are among the T.
   ctest_failed=$(grep -oE '[0-9]+ tests failed out of' "$log/ctest.txt" | grep -oE '^[0-9]+' || echo 0)
   ctest_total=$(grep -oE 'tests failed out of [0-9]+' "$log/ctest.txt" | grep -oE '[0-9]+$' || echo 0)
   ctest_skipped=$(grep -cE '\*\*\*Skipped' "$log/ctest.txt" || true)
   ctest_passed=$((ctest_total - ctest_failed - ctest_skipped))
+  # No summary line at all (ctest did not run): a failure, not zero tests.
+  grep -qE 'tests failed out of' "$log/ctest.txt" || ctest_failed=1
 fi
 
-py_passed=0; py_failed=0; py_skipped=0
-echo "== pytest (python/tests)"
-MOE_BUILD_DIR="$BUILD" "$VENV/bin/python" -m pytest "$ROOT/python/tests" -q -p no:cacheprovider 2>&1 |
-  tee "$log/pytest.txt" || status=1
-pycount() { grep -E '^[0-9]+ (passed|failed|skipped|error)|in [0-9.]+s' "$log/pytest.txt" | tail -1 |
-            grep -oE "[0-9]+ $1" | grep -oE '^[0-9]+' || echo 0; }
-py_passed=$(pycount passed); py_failed=$(( $(pycount failed) + $(pycount error) )); py_skipped=$(pycount skipped)
-
-# Reliability (scripts/sanitize.sh, scripts/fuzz.sh): the lit and ctest suites again under ASan + UBSan (build-san/),
-# then a 120 s libFuzzer run over the parser, verifier and pipelines that fails on any crash or hang. On by default
-# (CI runs them: about 10 minutes on two cores with a cold ccache); MOE_SANITIZE=0 skips them for a quick local run.
 san_passed=0; san_failed=0; san_skipped=0; fuzz_passed=0; fuzz_failed=0
-if [ "${MOE_SANITIZE:-1}" != 0 ]; then
-  echo "== sanitizers (build-san: ASan + UBSan)"
-  "$ROOT/scripts/sanitize.sh" 2>&1 | tee "$log/sanitize.txt" || status=1
+times="build $build_s s, pytest $pytest_s s, lit $(cat "$log/lit.s") s, ctest $(cat "$log/ctest.s" 2>/dev/null || echo -) s"
+if [ -n "$san_pid" ]; then
+  [ -f "$log/fuzz.rc" ] || echo "== waiting for the sanitizer chain"
+  wait "$san_pid" || status=1
+  show sanitize "sanitizers (build-san: ASan + UBSan)"
   read -r san_passed san_failed san_skipped < <(grep -oE 'sanitize: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' \
     "$log/sanitize.txt" | grep -oE '[0-9]+' | tr '\n' ' '; echo) || true
   [ -n "$san_passed" ] || { san_passed=0; san_failed=1; san_skipped=0; }
-  echo "== fuzz (moe-fuzz, ${MOE_FUZZ_SECONDS:-120} s)"
-  if "$ROOT/scripts/fuzz.sh" 2>&1 | tee "$log/fuzz.txt"; then fuzz_passed=1; else status=1; fuzz_failed=1; fi
+  show fuzz "fuzz (moe-fuzz, ${MOE_FUZZ_SECONDS:-120} s)"
+  if [ "$(cat "$log/fuzz.rc")" = 0 ]; then fuzz_passed=1; else fuzz_failed=1; fi
+  times="$times, sanitizers $(cat "$log/sanitize.s") s, fuzz $(cat "$log/fuzz.s") s"
 fi
 
 count() { grep -oE "^ *$1 *: *[0-9]+" "$log/lit.txt" | grep -oE '[0-9]+$' || echo 0; }
 lit_passed=$(( $(count Passed) + $(count 'Expectedly Failed') ))
 lit_failed=$(( $(count Failed) + $(count 'Unexpectedly Passed') + $(count Unresolved) + $(count 'Timed Out') ))
 lit_skipped=$(( $(count Unsupported) + $(count Skipped) ))
+[ "$(cat "$log/lit.rc")" = 0 ] || [ "$lit_failed" -gt 0 ] || lit_failed=1  # lit (or the build before it) failed
 
 passed=$((lit_passed + ctest_passed + py_passed + san_passed + fuzz_passed))
 failed=$((lit_failed + ctest_failed + py_failed + san_failed + fuzz_failed))
 skipped=$((lit_skipped + ctest_skipped + py_skipped + san_skipped))
 [ "$failed" -eq 0 ] || status=1
+echo "== times (wall, side by side after the build): $times; total $((SECONDS - t0)) s$( [ "$QUICK" = 0 ] || echo " (quick mode)")"
 echo "== summary: lit $lit_passed passed, $lit_failed failed, $lit_skipped skipped;" \
      "ctest $ctest_passed passed, $ctest_failed failed, $ctest_skipped skipped;" \
      "pytest $py_passed passed, $py_failed failed, $py_skipped skipped;" \
