@@ -3,7 +3,7 @@
 # the ctest suites (unit, reference; gpu reports skipped without a GPU), the Python tests (pytest), then the lit and
 # ctest suites under ASan + UBSan and a 2-minute fuzz run (MOE_SANITIZE=0 leaves those two out). Ends with
 # "N passed, N failed, N skipped".
-#   ./scripts/test.sh               # everything (CI): ~25 min on a fresh 2-core machine, see docs/Testing.md
+#   ./scripts/test.sh               # everything (CI); times: docs/Testing.md
 #   MOE_QUICK=1 ./scripts/test.sh   # quick local run: no sanitizer build, no fuzz run (the same lit, ctest, pytest)
 #
 # After the build the stages are independent, and on two cores each one alone leaves a core idle much of the time
