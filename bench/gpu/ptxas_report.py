@@ -134,6 +134,8 @@ def main():
     ap.add_argument("--chips", default="sm_80,sm_90")
     ap.add_argument("--out", required=True, help="markdown report to write")
     ap.add_argument("--keep-ptx", help="directory to keep the PTX files in")
+    ap.add_argument("--pipeline-options", default="",
+                    help="more moe-lower-to-nvvm options (e.g. flash-mma=true: the tensor-core kernels)")
     ap.add_argument("--split-input-file", action="store_true",
                     help="lower each `// -----` chunk of a file on its own")
     ap.add_argument("--all-nospill", action="store_true",
@@ -149,7 +151,7 @@ def main():
         for case, (name, text) in ((c, chunk) for c in args.cases
                                    for chunk in case_chunks(c, args.split_input_file)):
             proc = subprocess.run(
-                [args.moe_opt, "-", f"--moe-lower-to-nvvm=chip={chip} format=isa"],
+                [args.moe_opt, "-", f"--moe-lower-to-nvvm=chip={chip} format=isa {args.pipeline_options}".strip()],
                 input=text, capture_output=True, text=True)
             if proc.returncode != 0:
                 failures.append(f"{name} ({chip}): moe-opt failed:\n{proc.stderr}")

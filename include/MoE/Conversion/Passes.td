@@ -112,12 +112,18 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "rounds of the register top-k of topk_renorm (K <= 1024): `butterfly` (shuffles of packed 64-bit "
            "candidates, any chip) or `redux` (32-bit keys, redux.sync max/min, sm_80+; 1.5-1.9x faster on an "
            "H200). moe-lower-to-nvvm picks redux for sm_80 and later">,
+    Option<"flashMma", "flash-mma", "bool", /*default=*/"false",
+           "similarity_inform (and its training forward) with f16/bf16 operands on tensor cores: mma.sync "
+           "m16n8k16 with f32 sums, nvgpu.ldmatrix operands (sm_80+; FlashMma.cpp). Off until a GPU run has "
+           "checked it">,
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect",
     "::mlir::bufferization::BufferizationDialect",
     "::mlir::func::FuncDialect",
     "::mlir::NVVM::NVVMDialect",
+    "::mlir::nvgpu::NVGPUDialect",
+    "::mlir::vector::VectorDialect",
     "::mlir::gpu::GPUDialect",
     "::mlir::LLVM::LLVMDialect",
     "::mlir::math::MathDialect",

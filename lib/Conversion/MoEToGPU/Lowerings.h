@@ -143,6 +143,37 @@ constexpr int64_t kFlashMaxExperts = 256;
 void launchFlashMix(class HostCode &h, StringRef name, const FlashMixSpec &spec,
                     Value q, ValueRange args, Location loc);
 
+/// The tensor-core form of the flash mixing kernel (FlashMma.cpp): f16/bf16
+/// operands on mma.sync m16n8k16 with f32 sums, a block of 4 warps per 64
+/// query rows, key tiles of `cols` keys. Its tile sizes: the feature and
+/// expert counts rounded up to 16 and 8 (zeros past them) and the key tile.
+struct FlashMmaTile {
+  int64_t depth = 0, experts = 0, cols = 0;
+  /// Blocks per multiprocessor stated to ptxas (nvvm.minctasm): 4 (at most
+  /// 128 registers a thread) when the fragments fit, else 2. Without it
+  /// ptxas aimed at more blocks for the D = 64 kernel on sm_90 and spilled.
+  int64_t blocksPerSM = 2;
+};
+
+/// The largest feature count of the tensor-core kernel (its query fragments
+/// stay in registers).
+constexpr int64_t kFlashMmaMaxDepth = 256;
+
+/// The tiles of the tensor-core kernel for `spec` on q/keys/e elements
+/// `qElt`/`keyElt`/`eElt` and `depth` features, or none where it does not
+/// apply (a fused top-k, a bias or added scores, operands that are not all f16
+/// or all bf16, a dynamic depth or one over kFlashMmaMaxDepth, tiles over
+/// `sharedMemoryBytes`): the scalar kernel then runs.
+std::optional<FlashMmaTile> flashMmaTile(const FlashMixSpec &spec, Type qElt,
+                                         Type keyElt, Type eElt, int64_t depth,
+                                         int64_t sharedMemoryBytes);
+
+/// launchFlashMix on tensor cores (the same arguments; grid ceil(N / 64) x B,
+/// block 128) with the tiles of flashMmaTile.
+void launchFlashMixMma(class HostCode &h, StringRef name,
+                       const FlashMixSpec &spec, const FlashMmaTile &tile,
+                       Value q, ValueRange args, Location loc);
+
 /// The tiles of the flash kernels (SimilarityInform.cpp, FlashGrad.cpp): a
 /// block of kFlashThreads threads owns kFlashRows rows, a group of
 /// kFlashGroup lanes (inside one warp) owns a row, and column tiles of

@@ -17,6 +17,8 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/Transforms/DialectConversion.h"
 #include "llvm/ADT/DenseSet.h"
@@ -70,7 +72,8 @@ struct ConvertMoEToGPUPass
     }
     RewritePatternSet patterns(&getContext());
     populateMoEToGPUPatterns(patterns,
-                             {blockSize, sharedMemoryBytes, topkRounds});
+                             {blockSize, sharedMemoryBytes, topkRounds,
+                              flashMma});
     llvm::SmallDenseSet<OperationName> lowered;
     for (const auto &pattern : patterns.getNativePatterns())
       if (std::optional<OperationName> root = pattern->getRootKind())

@@ -57,6 +57,7 @@ void mlir::moe::buildMoELowerToNVVMPipeline(
   ConvertMoEToGPUOptions convert;
   convert.sharedMemoryBytes = options.sharedMemoryBytes;
   convert.topkRounds = resolveTopkRounds(options);
+  convert.flashMma = options.flashMma;
   pm.addPass(createConvertMoEToGPU(convert));
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createMoEGPUBufferize());

@@ -345,7 +345,8 @@ void mlir::moe::gpu_lowering::launchRowProjection(
 template <typename OpTy>
 static LogicalResult
 lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
-                      ConversionPatternRewriter &rewriter) {
+                      ConversionPatternRewriter &rewriter,
+                      const ConvertMoEToGPUOptions &options) {
   auto fused = dyn_cast<SimilarityInformTopkOp>(op.getOperation());
   Value uT = adaptor.getU(), eT = adaptor.getE(), wsT = adaptor.getWs(),
         maskT = adaptor.getKeyMask();
@@ -395,11 +396,27 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
     results.push_back(h.allocLike(type, dynamicSizesFrom(k, type, u)));
   }
   args.append(results);
-  launchFlashMix(h,
-                 fused      ? "similarity_inform_topk"
-                 : training ? "similarity_inform_fwd"
-                            : "similarity_inform",
-                 spec, q, args, op->getLoc());
+  // Tensor cores (flash-mma) for f16/bf16 operands without ws (q = u · ws is
+  // f32); the scalar kernel otherwise.
+  auto elementOf = [](Value v) {
+    return cast<MemRefType>(v.getType()).getElementType();
+  };
+  std::optional<FlashMmaTile> mma;
+  if (options.flashMma && !projected)
+    mma = flashMmaTile(spec, elementOf(q), elementOf(u), elementOf(e),
+                       cast<MemRefType>(u.getType()).getShape()[2],
+                       options.sharedMemoryBytes);
+  if (mma)
+    launchFlashMixMma(h,
+                      training ? "similarity_inform_fwd_mma"
+                               : "similarity_inform_mma",
+                      spec, *mma, q, args, op->getLoc());
+  else
+    launchFlashMix(h,
+                   fused      ? "similarity_inform_topk"
+                   : training ? "similarity_inform_fwd"
+                              : "similarity_inform",
+                   spec, q, args, op->getLoc());
   if (projected)
     h.release(projected);
   h.finish();
@@ -410,17 +427,17 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
 LogicalResult
 SimilarityInformToGPU::lower(SimilarityInformOp op, OpAdaptor adaptor,
                              ConversionPatternRewriter &rewriter) const {
-  return lowerSimilarityInform(op, adaptor, rewriter);
+  return lowerSimilarityInform(op, adaptor, rewriter, options);
 }
 
 LogicalResult
 SimilarityInformFwdToGPU::lower(SimilarityInformFwdOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const {
-  return lowerSimilarityInform(op, adaptor, rewriter);
+  return lowerSimilarityInform(op, adaptor, rewriter, options);
 }
 
 LogicalResult
 SimilarityInformTopkToGPU::lower(SimilarityInformTopkOp op, OpAdaptor adaptor,
                                  ConversionPatternRewriter &rewriter) const {
-  return lowerSimilarityInform(op, adaptor, rewriter);
+  return lowerSimilarityInform(op, adaptor, rewriter, options);
 }

@@ -97,6 +97,12 @@ struct MoELowerToNVVMOptions
                      "redux (sm_80+) or auto (redux where the chip has it; "
                      "convert-moe-to-gpu)"),
       llvm::cl::init("auto")};
+  PassOptions::Option<bool> flashMma{
+      *this, "flash-mma",
+      llvm::cl::desc("similarity_inform with f16/bf16 operands on tensor "
+                     "cores (mma.sync, sm_80+; convert-moe-to-gpu flash-mma); "
+                     "off until a GPU run has checked it"),
+      llvm::cl::init(false)};
 };
 
 /// convert-moe-to-gpu, canonicalization, one-shot bufferization of the

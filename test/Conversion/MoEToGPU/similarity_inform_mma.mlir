@@ -1,0 +1,98 @@
+// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma=true" -split-input-file | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s --check-prefix=OFF
+
+// flash-mma: similarity_inform on f16/bf16 operands runs the tensor-core
+// kernel (FlashMma.cpp): a block of 4 warps per 64 query rows, key tiles of
+// 64 keys staged with their values in padded workgroup tiles, the query
+// fragments loaded once, and per tile ldmatrix + mma.sync m16n8k16 for the
+// logits and for the mixing, with the online softmax over the quads (4-lane
+// reductions) in between. Without the option the scalar kernel runs.
+
+// CHECK-LABEL: gpu.module @moe_kernels
+// CHECK: gpu.func @similarity_inform_mma_0(%{{.*}}: memref<2x128x64xf16>, %{{.*}}: memref<2x128x64xf16>, %{{.*}}: memref<2x128x16xf16>, %{{.*}}: memref<2x128x16xf32>)
+// CHECK-SAME: workgroup(%[[K:.*]] : memref<64x72xf16, #gpu.address_space<workgroup>>, %[[V:.*]] : memref<64x24xf16, #gpu.address_space<workgroup>>)
+// CHECK-SAME: known_block_size = array<i32: 128, 1, 1>
+// CHECK-SAME: nvvm.minctasm = 4
+// The query fragments, once, before the key loop.
+// CHECK: vector.from_elements {{.*}} : vector<4x2xf16>
+// CHECK: scf.for
+// CHECK: gpu.barrier
+// CHECK: memref.store %{{.*}}, %[[K]]
+// CHECK: memref.store %{{.*}}, %[[V]]
+// CHECK: gpu.barrier
+// Logits: two 8-key blocks per ldmatrix x4, an MMA each.
+// CHECK: nvgpu.ldmatrix %[[K]][{{.*}}] {numTiles = 4 : i32, transpose = false} : memref<64x72xf16, #gpu.address_space<workgroup>> -> vector<4x2xf16>
+// CHECK: nvgpu.mma.sync({{.*}}) {mmaShape = [16, 8, 16]} : (vector<4x2xf16>, vector<2x2xf16>, vector<2x2xf32>) -> vector<2x2xf32>
+// Causal: keys past the row are -inf; the row max over the quad.
+// CHECK: arith.cmpi ule
+// CHECK: gpu.shuffle  xor %{{.*}}, %c1_i32{{.*}} : f32
+// CHECK: gpu.shuffle  xor %{{.*}}, %c2_i32{{.*}} : f32
+// CHECK-NOT: gpu.shuffle  xor %{{.*}}, %c4_i32
+// CHECK: math.exp
+// Mixing: P rounded to f16 in registers, the values through ldmatrix.trans.
+// CHECK: arith.truncf %{{.*}} : f32 to f16
+// CHECK: nvgpu.ldmatrix %[[V]][{{.*}}] {numTiles = 4 : i32, transpose = true} : memref<64x24xf16, #gpu.address_space<workgroup>> -> vector<4x2xf16>
+// CHECK: nvgpu.mma.sync
+// CHECK: scf.yield
+// CHECK: memref.store %{{.*}} : memref<2x128x16xf32>
+// CHECK-LABEL: func.func @sim_f16(
+// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_mma_0
+// OFF-LABEL: func.func @sim_f16(
+// OFF: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_0
+func.func @sim_f16(%u: tensor<2x128x64xf16>, %e: tensor<2x128x16xf16>) -> tensor<2x128x16xf32> {
+  %p = moe.similarity_inform %u, %e causal(true) : tensor<2x128x64xf16>, tensor<2x128x16xf16> -> tensor<2x128x16xf32>
+  return %p : tensor<2x128x16xf32>
+}
+
+// -----
+
+// bf16: nvvm.mma.sync on the fragments' 32-bit registers (MLIR 22's
+// nvgpu.mma.sync has no bf16 mapping). D = 256, K = 256: 32-key tiles fit
+// the 48 KiB of shared memory, 2 blocks per multiprocessor; the training
+// forward also writes the log-sum-exp.
+
+// CHECK: gpu.func @similarity_inform_fwd_mma_0
+// CHECK-SAME: workgroup(%[[K:.*]] : memref<32x264xbf16, #gpu.address_space<workgroup>>, %[[V:.*]] : memref<32x264xbf16, #gpu.address_space<workgroup>>)
+// CHECK-SAME: nvvm.minctasm = 2
+// CHECK: nvgpu.ldmatrix %[[K]]
+// CHECK: vector.bitcast %{{.*}} : vector<2xbf16> to vector<1xi32>
+// CHECK: nvvm.mma.sync A[{{.*}}] B[{{.*}}] C[{{.*}}] {layoutA = #nvvm.mma_layout<row>, layoutB = #nvvm.mma_layout<col>, multiplicandAPtxType = #nvvm.mma_type<bf16>, multiplicandBPtxType = #nvvm.mma_type<bf16>, shape = #nvvm.shape<m = 16, n = 8, k = 16>} : (i32, i32, f32) -> !llvm.struct<(f32, f32, f32, f32)>
+// CHECK: nvgpu.ldmatrix %[[V]][{{.*}}] {numTiles = 4 : i32, transpose = true}
+// CHECK: memref.store %{{.*}} : memref<?x?xf32>
+// OFF: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_fwd_0
+func.func @fwd_bf16(%u: tensor<?x?x256xbf16>, %e: tensor<?x?x256xbf16>) -> (tensor<?x?x256xf32>, tensor<?x?xf32>) {
+  %p, %lse = moe.similarity_inform_fwd %u, %e : tensor<?x?x256xbf16>, tensor<?x?x256xbf16> -> tensor<?x?x256xf32>, tensor<?x?xf32>
+  return %p, %lse : tensor<?x?x256xf32>, tensor<?x?xf32>
+}
+
+// -----
+
+// Where the tensor-core kernel does not apply, the scalar one runs: f32
+// operands (exact by default), mixed types, ws (q = u · ws is f32), the fused
+// top-k.
+
+// CHECK-LABEL: func.func @f32_exact(
+// CHECK: @moe_kernels::@similarity_inform_{{[0-9]+}}
+// CHECK-LABEL: func.func @mixed(
+// CHECK: @moe_kernels::@similarity_inform_{{[0-9]+}}
+// CHECK-LABEL: func.func @with_ws(
+// CHECK: @moe_kernels::@similarity_inform_{{[0-9]+}}
+// CHECK-LABEL: func.func @fused_topk(
+// CHECK: @moe_kernels::@similarity_inform_topk_{{[0-9]+}}
+// CHECK-NOT: _mma_
+func.func @f32_exact(%u: tensor<2x128x64xf32>, %e: tensor<2x128x16xf32>) -> tensor<2x128x16xf32> {
+  %p = moe.similarity_inform %u, %e : tensor<2x128x64xf32>, tensor<2x128x16xf32> -> tensor<2x128x16xf32>
+  return %p : tensor<2x128x16xf32>
+}
+func.func @mixed(%u: tensor<2x128x64xbf16>, %e: tensor<2x128x16xf32>) -> tensor<2x128x16xf32> {
+  %p = moe.similarity_inform %u, %e : tensor<2x128x64xbf16>, tensor<2x128x16xf32> -> tensor<2x128x16xf32>
+  return %p : tensor<2x128x16xf32>
+}
+func.func @with_ws(%u: tensor<2x128x64xf16>, %e: tensor<2x128x16xf16>, %ws: tensor<64x64xf32>) -> tensor<2x128x16xf32> {
+  %p = moe.similarity_inform %u, %e ws(%ws : tensor<64x64xf32>) : tensor<2x128x64xf16>, tensor<2x128x16xf16> -> tensor<2x128x16xf32>
+  return %p : tensor<2x128x16xf32>
+}
+func.func @fused_topk(%u: tensor<2x128x64xf16>, %e: tensor<2x128x16xf16>) -> (tensor<2x128x2xf32>, tensor<2x128x2xi32>) {
+  %w, %i = moe.similarity_inform_topk %u, %e k(2) : tensor<2x128x64xf16>, tensor<2x128x16xf16> -> tensor<2x128x2xf32>, tensor<2x128x2xi32>
+  return %w, %i : tensor<2x128x2xf32>, tensor<2x128x2xi32>
+}

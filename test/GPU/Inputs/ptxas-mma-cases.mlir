@@ -1,0 +1,30 @@
+// Cases of the tensor-core flash kernels (moe-lower-to-nvvm flash-mma=true;
+// FlashMma.cpp), for bench/gpu/ptxas_report.py: every function is a nospill_
+// one. The shapes of the issue's benchmark (D = 64, K = 16; D = 256, K = 64
+// causal), the largest tiles (D = K = 256: 32-key tiles), a key mask, odd
+// sizes (features and experts padded), and the training forward (lse).
+
+func.func @nospill_mma_f16_d64_k16(%u: tensor<?x?x64xf16>, %e: tensor<?x?x16xf16>) -> tensor<?x?x16xf32> {
+  %p = moe.similarity_inform %u, %e : tensor<?x?x64xf16>, tensor<?x?x16xf16> -> tensor<?x?x16xf32>
+  return %p : tensor<?x?x16xf32>
+}
+func.func @nospill_mma_bf16_d64_k16(%u: tensor<?x?x64xbf16>, %e: tensor<?x?x16xbf16>) -> tensor<?x?x16xf32> {
+  %p = moe.similarity_inform %u, %e : tensor<?x?x64xbf16>, tensor<?x?x16xbf16> -> tensor<?x?x16xf32>
+  return %p : tensor<?x?x16xf32>
+}
+func.func @nospill_mma_bf16_d256_k64_causal(%u: tensor<?x?x256xbf16>, %e: tensor<?x?x64xbf16>) -> tensor<?x?x64xf32> {
+  %p = moe.similarity_inform %u, %e causal(true) : tensor<?x?x256xbf16>, tensor<?x?x64xbf16> -> tensor<?x?x64xf32>
+  return %p : tensor<?x?x64xf32>
+}
+func.func @nospill_mma_f16_d256_k256(%u: tensor<?x?x256xf16>, %e: tensor<?x?x256xf16>) -> tensor<?x?x256xf32> {
+  %p = moe.similarity_inform %u, %e : tensor<?x?x256xf16>, tensor<?x?x256xf16> -> tensor<?x?x256xf32>
+  return %p : tensor<?x?x256xf32>
+}
+func.func @nospill_mma_bf16_mask_odd(%u: tensor<?x?x40xbf16>, %e: tensor<?x?x12xbf16>, %m: tensor<?x?xi1>) -> tensor<?x?x12xf32> {
+  %p = moe.similarity_inform %u, %e key_mask(%m : tensor<?x?xi1>) causal(true) : tensor<?x?x40xbf16>, tensor<?x?x12xbf16> -> tensor<?x?x12xf32>
+  return %p : tensor<?x?x12xf32>
+}
+func.func @nospill_mma_fwd_lse_f16(%u: tensor<?x?x128xf16>, %e: tensor<?x?x32xf16>) -> (tensor<?x?x32xf32>, tensor<?x?xf32>) {
+  %p, %lse = moe.similarity_inform_fwd %u, %e tau(5.000000e-01) causal(true) : tensor<?x?x128xf16>, tensor<?x?x32xf16> -> tensor<?x?x32xf32>, tensor<?x?xf32>
+  return %p, %lse : tensor<?x?x32xf32>, tensor<?x?xf32>
+}

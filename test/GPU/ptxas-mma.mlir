@@ -1,0 +1,26 @@
+// REQUIRES: ptxas
+// RUN: rm -rf %t && mkdir -p %t
+// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --pipeline-options flash-mma=true --keep-ptx %t --out %t/report.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s
+// RUN: FileCheck %s --check-prefix=TABLE < %t/report.md
+// RUN: FileCheck %s --check-prefix=PTX < %t/ptxas-mma-cases.sm_80.0.ptx
+// RUN: FileCheck %s --check-prefix=PTX < %t/ptxas-mma-cases.sm_90.0.ptx
+
+// The tensor-core flash kernels (moe-lower-to-nvvm flash-mma=true,
+// FlashMma.cpp) assemble with ptxas for sm_80 and sm_90 without local memory
+// (every case is a nospill_ one), and their PTX holds the warp-level MMA:
+// mma.sync m16n8k16 on f16 and on bf16 operands with f32 sums, fed by
+// ldmatrix (x4; .trans for the values).
+
+// CHECK: ptxas report: 12 kernels, 0 failures
+
+// TABLE-DAG: | sm_80 | nospill_mma_f16_d64_k16 | similarity_inform_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_90 | nospill_mma_bf16_d64_k16 | similarity_inform_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_90 | nospill_mma_bf16_d256_k64_causal | similarity_inform_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_80 | nospill_mma_f16_d256_k256 | similarity_inform_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_90 | nospill_mma_fwd_lse_f16 | similarity_inform_fwd_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-NOT: Failures
+
+// PTX-DAG: ldmatrix.sync.aligned.m8n8.x4.shared.b16
+// PTX-DAG: ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16
+// PTX-DAG: mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32
+// PTX-DAG: mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
