@@ -113,6 +113,8 @@ ADJ_NORMS = ("row", "col", "none")
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _NEG_INF = float("-inf")
+#: The most elements a tensor of the kernels may have (they index with i32; moe::checkKernelLimits).
+_I32_MAX = 2**31 - 1
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -151,6 +153,16 @@ def _check_operands(op: str, *operands: tuple[Callable, str, Tensor, int, str]) 
         check(op, name, t)
     for _, name, t, rank, layout in operands:
         _check_rank(op, name, t, rank, layout)
+
+
+def _check_result_elements(op: str, name: str, shape: Sequence) -> None:
+    """A result whose size the operands do not bound (a size argument, or sizes of two operands multiplied) holds
+    at most 2^31 - 1 elements: checked before anything is allocated, in the words of the C++ extension's
+    ``checkResultElements``. A symbolic size (torch.compile's dynamic shapes) is left to the run-time check."""
+    n = math.prod(shape)
+    if isinstance(n, int) and n > _I32_MAX:
+        _fail(op, f"the result '{name}' of shape {list(shape)} would have {n} elements, more than the kernels "
+                  f"support: at most {_I32_MAX} per tensor (2^31 - 1: the kernels index with i32)")
 
 
 def _check_enum(op: str, attr: str, value: str, allowed: Sequence[str]) -> None:
@@ -534,6 +546,8 @@ def _validate_attention_posterior(
     _check_enum(op, "head_select", head_select, HEAD_SELECTS)
     if head_scale is not None and not math.isfinite(head_scale):
         _fail(op, f"'head_scale' ({head_scale}) must be finite")
+    if op == "attention_posterior":  # p [B, N, K]: N from the scores, K from e
+        _check_result_elements(op, "p", (B, N, e.shape[2]))
 
 
 @torch.library.custom_op("moe::attention_posterior", mutates_args=())
@@ -673,6 +687,8 @@ def _validate_mad_dispersion(
     _check_dim(op, "assign", assign, 0, tokens.shape[0], "dimension 0 of 'tokens' (T)")
     if num_experts < 1:
         _fail(op, f"'num_experts' ({num_experts}) must be >= 1")
+    _check_result_elements(op, "counts", (num_experts,))
+    _check_result_elements(op, "weights", (num_experts, tokens.shape[1]))
     _check_positive_finite(op, "eps", eps)
     if not (math.isfinite(clip) and clip >= 0):
         _fail(op, f"'clip' ({clip}) must be >= 0 and finite (0 disables clipping)")
@@ -768,8 +784,8 @@ def _(a, idx, beta=0.9, norm="row", include_self=True):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _validate_hyper_router(emb: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, num_experts: int) -> None:
-    op = "hyper_router"
+def _validate_hyper_router(emb: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, num_experts: int,
+                           op: str = "hyper_router") -> None:
     _check_operands(op, (_check_float, "emb", emb, 1, "[De]"), (_check_float, "w1", w1, 2, "[Dh, De]"),
                     (_check_float, "b1", b1, 1, "[Dh]"), (_check_float, "w2", w2, 2, "[E*(D+1), Dh]"),
                     (_check_float, "b2", b2, 1, "[E*(D+1)]"))
@@ -816,7 +832,7 @@ def _(emb, w1, b1, w2, b2, num_experts):
 def _validate_hyper_router_backward(grad_w: Tensor, grad_b: Tensor, emb: Tensor, w1: Tensor, b1: Tensor, w2: Tensor,
                                     b2: Tensor, num_experts: int) -> None:
     op = "hyper_router_backward"
-    _validate_hyper_router(emb, w1, b1, w2, b2, num_experts)
+    _validate_hyper_router(emb, w1, b1, w2, b2, num_experts, op=op)
     _check_operands(op, (_check_float, "grad_w", grad_w, 2, "[E, D], the shape of w"),
                     (_check_float, "grad_b", grad_b, 1, "[E], the shape of b"))
     d = w2.shape[0] // num_experts - 1
@@ -938,6 +954,8 @@ def _validate_attention_posterior_topk(
 ) -> None:
     _validate_attention_posterior(scores, u, v, wo, e, sigma, head_select, head_scale, op="attention_posterior_topk")
     _check_k_of_e("attention_posterior_topk", k, e)
+    # [B, N, k]: N from the scores, k <= K from e.
+    _check_result_elements("attention_posterior_topk", "weights", (scores.shape[0], scores.shape[2], k))
 
 
 @torch.library.custom_op("moe::attention_posterior_topk", mutates_args=())
@@ -1038,7 +1056,6 @@ ROUTING_OP_NAMES: tuple[str, ...] = ("route", "dispatch_plan")
 ROUTE_SCORINGS = ("softmax", "sigmoid", "none")
 ROUTE_ORDERS = ("score_then_topk", "topk_then_score")
 GROUP_SCORES = ("top2_sum", "max")
-_I32_MAX = 2**31 - 1
 
 
 def _validate_route(logits: Tensor, bias: Optional[Tensor], k: int, scoring: str, order: str, n_group: int,
@@ -1130,6 +1147,7 @@ def _validate_dispatch_plan(indices: Tensor, num_experts: int, block_size: int) 
     padded = _dispatch_plan_sizes(indices.shape[0], indices.shape[1], num_experts, block_size)[4]
     if isinstance(padded, int) and padded > _I32_MAX:
         _fail(op, f"the padded plan (T*k + num_experts*(block_size-1) = {padded}) must fit in i32")
+    _check_result_elements(op, "offsets", (num_experts + 1,))
 
 
 @torch.library.custom_op("moe::dispatch_plan", mutates_args=())

@@ -61,13 +61,6 @@ similarityInformBackward(const Tensor &dp, const Tensor &u, const Tensor &e,
   TORCH_CHECK_VALUE(p.has_value() == lse.has_value(), "moe.", op,
                     ": the saved forward statistics come as a pair: pass both "
                     "'p' and 'lse' or neither");
-  Key key("similarity_inform_backward");
-  key.attr("tau", tau).attr("causal", causal);
-  std::vector<Tensor> keep;
-  similarityArgs(key, u, e, ws, mask, keep);
-  // The cotangent autograd hands over may be of another dtype or strided.
-  keep.push_back(contig(dp.to(at::kFloat)));
-  key.in("grad_p", keep.back(), {0, 1});
   if (p) {
     checkDevice(op, {&u, &*p, &*lse});
     TORCH_CHECK_TYPE(p->scalar_type() == at::kFloat &&
@@ -81,18 +74,25 @@ similarityInformBackward(const Tensor &dp, const Tensor &u, const Tensor &e,
       checkDim(op, "p", *p, d, e.size(d), "the same dimension of 'e'");
     for (int64_t d = 0; d < 2; ++d)
       checkDim(op, "lse", *lse, d, e.size(d), "the same dimension of 'e'");
-    keep.push_back(contig(*p));
-    key.in("p", keep.back(), {0, 1});
-    keep.push_back(contig(*lse));
-    key.in("lse", keep.back(), {0, 1});
   }
+  Key key("similarity_inform_backward");
+  key.attr("tau", tau).attr("causal", causal);
+  similarityKey(key, u, e, ws, mask);
+  // The cotangent autograd hands over may be of another dtype or strided:
+  // the kernel reads it as f32.
+  key.in("grad_p", at::kFloat, dp.sizes(), {0, 1}, dp.device());
+  if (p)
+    key.in("p", *p, {0, 1}).in("lse", *lse, {0, 1});
 
   int64_t B = u.size(0), N = u.size(1), D = u.size(2), K = e.size(2);
-  Tensor du = at::empty({B, N, D}, f32(u));
-  Tensor de = at::empty({B, N, K}, f32(e));
-  Tensor dws = ws ? at::empty({D, D}, f32(u)) : at::empty({0}, f32(u));
+  auto results = [&] {
+    return std::array<Tensor, 3>{
+        at::empty({B, N, D}, f32(u)), at::empty({B, N, K}, f32(e)),
+        ws ? at::empty({D, D}, f32(u)) : at::empty({0}, f32(u))};
+  };
   if (B == 0 || N == 0 || D == 0 || K == 0) {
     validateOnly(key);
+    auto [du, de, dws] = results();
     du.zero_();
     dws.zero_();
     // K = 0: no cotangent, no gradient. D = 0: uniform S, de = S^T dp.
@@ -102,14 +102,22 @@ similarityInformBackward(const Tensor &dp, const Tensor &u, const Tensor &e,
       de.zero_();
     return {du, de, dws};
   }
-  std::vector<MemRef> args;
-  for (const Tensor &t : keep)
-    args.push_back(describe(t));
+  KernelFn fn = lookup(key);
+  std::vector<Tensor> keep;
+  std::vector<MemRef> args = similarityArgs(u, e, ws, mask, keep);
+  keep.push_back(contig(dp.to(at::kFloat)));
+  if (p) {
+    keep.push_back(contig(*p));
+    keep.push_back(contig(*lse));
+  }
+  for (size_t n = args.size(); n < keep.size(); ++n)
+    args.push_back(describe(keep[n]));
+  auto [du, de, dws] = results();
   args.push_back(describe(du));
   args.push_back(describe(de));
   if (ws)
     args.push_back(describe(dws));
-  run(key, std::move(args));
+  launch(fn, args, key.device);
   return {du, de, dws};
 }
 
@@ -130,23 +138,29 @@ Tensor topkRenormBackward(const Tensor &gradW, const Tensor &scores,
   }
   checkDim(op, "grad_w", gradW, gradW.dim() - 1, indices.size(-1),
            "the last dimension of 'indices' (k)");
-  // [..., K] as [rows, K]: one kernel for every leading shape.
-  Tensor s = contig(scores);
-  int64_t K = s.size(-1), k = indices.size(-1);
-  int64_t rows = K == 0 ? 0 : s.numel() / K;
-  Tensor s2 = s.view({rows, K});
-  Tensor i2 = contig(indices.to(at::kInt)).view({rows, k});
-  Tensor g2 = contig(gradW.to(at::kFloat)).view({rows, k});
+  // [..., K] as [rows, K]: one kernel for every leading shape; the kernel
+  // reads the indices as i32 and the cotangent as f32.
+  int64_t K = scores.size(-1), k = indices.size(-1);
+  int64_t rows = K == 0 ? 0 : scores.numel() / K;
+  std::array<int64_t, 2> shape{rows, K}, kShape{rows, k};
   Key key(op);
   key.attr("mode", mode).attr("renormalize", renormalize);
-  key.in("scores", s2, {0}).in("indices", i2, {0}).in("grad_w", g2, {0});
-  Tensor out = at::empty(scores.sizes(), f32(scores));
+  c10::Device on = scores.device();
+  key.in("scores", scores.scalar_type(), shape, {0}, on)
+      .in("indices", at::kInt, kShape, {0}, on)
+      .in("grad_w", at::kFloat, kShape, {0}, on);
   if (rows == 0) {
     validateOnly(key);
-    return out;
+    return at::empty(scores.sizes(), f32(scores));
   }
-  std::array<int64_t, 2> shape{rows, K};
-  run(key, {describe(s2), describe(i2), describe(g2), describe(out, shape)});
+  KernelFn fn = lookup(key);
+  Tensor s2 = contig(scores).view(shape);
+  Tensor i2 = contig(indices.to(at::kInt)).view(kShape);
+  Tensor g2 = contig(gradW.to(at::kFloat)).view(kShape);
+  Tensor out = at::empty(scores.sizes(), f32(scores));
+  std::vector<MemRef> args{describe(s2), describe(i2), describe(g2),
+                           describe(out, shape)};
+  launch(fn, args, key.device);
   return out;
 }
 
@@ -182,17 +196,15 @@ HyperGrads hyperRouterBackward(const Tensor &gradW, const Tensor &gradB,
   checkDevice(op, {&gradW, &gradB, &emb, &w1, &b1, &w2, &b2});
   Key key(op);
   key.attr("num_experts", numExperts).attr("weight_grads", weightGrads);
-  // The cotangents autograd hands over may be of another dtype or strided.
-  std::array<Tensor, 7> keep{contig(gradW.to(at::kFloat)),
-                             contig(gradB.to(at::kFloat)),
-                             contig(emb),
-                             contig(w1),
-                             contig(b1),
-                             contig(w2),
-                             contig(b2)};
-  const char *names[] = {"grad_w", "grad_b", "emb", "w1", "b1", "w2", "b2"};
-  for (size_t n = 0; n < keep.size(); ++n)
-    key.in(names[n], keep[n]);
+  // The cotangents autograd hands over may be of another dtype or strided:
+  // the kernel reads them as f32.
+  key.in("grad_w", at::kFloat, gradW.sizes(), {}, gradW.device())
+      .in("grad_b", at::kFloat, gradB.sizes(), {}, gradB.device())
+      .in("emb", emb)
+      .in("w1", w1)
+      .in("b1", b1)
+      .in("w2", w2)
+      .in("b2", b2);
   // d_w1 and d_w2 (results 1 and 3) without weight_grads: empty, and not
   // results of the kernel, whose lowering then skips the outer products.
   auto skipped = [&](size_t n) { return !weightGrads && (n == 1 || n == 3); };
@@ -207,6 +219,14 @@ HyperGrads hyperRouterBackward(const Tensor &gradW, const Tensor &gradB,
         g[n] = at::empty({0}, f32(emb));
     return {g[0], g[1], g[2], g[3], g[4]};
   }
+  KernelFn fn = lookup(key);
+  std::array<Tensor, 7> keep{contig(gradW.to(at::kFloat)),
+                             contig(gradB.to(at::kFloat)),
+                             contig(emb),
+                             contig(w1),
+                             contig(b1),
+                             contig(w2),
+                             contig(b2)};
   std::array<Tensor, 5> grads;
   std::vector<MemRef> args;
   for (const Tensor &t : keep)
@@ -218,7 +238,7 @@ HyperGrads hyperRouterBackward(const Tensor &gradW, const Tensor &gradB,
     if (!skipped(n))
       args.push_back(describe(grads[n]));
   }
-  run(key, std::move(args));
+  launch(fn, args, key.device);
   return {grads[0], grads[1], grads[2], grads[3], grads[4]};
 }
 
@@ -243,40 +263,34 @@ PosteriorGrads attentionPosteriorBackward(
                                  "forward's chosen head h*, [B])"
                                : "'head' must be None for head_select = all "
                                  "(the gradient mixes every head)");
-  if (head)
+  if (head) {
     checkDevice(op, {&scores, &*head});
+    checkRank(op, "head", *head, 1, "[B], the forward's chosen head");
+    checkDim(op, "head", *head, 0, B, "dimension 0 of 'scores' (B)");
+  }
+  Key key(op);
+  key.attr("sigma", sigma).attr("head_select", headSelect).attr("head_scale",
+                                                               headScale);
+  attentionKey(key, scores, u, v, wo, e);
+  // h* indexes the heads: the kernels check that it lies in [0, H) (no host
+  // sync on CUDA) and report a value outside as an index error, which
+  // launch() raises on the CPU (checkReportedError) and the CUDA runtime's
+  // deferred check raises later (moe_mlir.runtime.cuda.check_errors). The
+  // kernel reads h* as i32 and the cotangent (which autograd may hand over
+  // in another dtype, or strided) as f32.
+  if (head)
+    key.in("head", at::kInt, head->sizes(), {0}, head->device());
+  key.in("grad_p", at::kFloat, dp.sizes(), {0, 1}, dp.device());
   if (scores.is_cuda() && !minEntropy) {
     // No GPU kernel for every head (convert-moe-to-gpu refuses it, as for
     // the forward): the eager closed form on the CUDA tensors.
+    validateOnly(key);
     std::vector<Tensor> r =
         allHeadsReference("_attention_posterior_backward_ref",
                           {dp, scores, u, v, wo, e, c10::IValue(), sigma,
                            std::string(headSelect), headScale});
     return {r.at(0), r.at(1), r.at(2), r.at(3), r.at(4)};
   }
-  Key key(op);
-  key.attr("sigma", sigma).attr("head_select", headSelect).attr("head_scale",
-                                                               headScale);
-  std::vector<Tensor> keep;
-  std::vector<MemRef> args = attentionArgs(key, scores, u, v, wo, e, keep);
-  if (head) {
-    checkRank(op, "head", *head, 1, "[B], the forward's chosen head");
-    checkDim(op, "head", *head, 0, B, "dimension 0 of 'scores' (B)");
-    // h* indexes the heads: the kernels check that it lies in [0, H) (no
-    // host sync on CUDA) and report a value outside as an index error, which
-    // run() raises on the CPU (checkReportedError) and the CUDA runtime's
-    // deferred check raises later (moe_mlir.runtime.cuda.check_errors).
-    keep.push_back(contig(head->to(at::kInt)));
-    key.in("head", keep.back(), {0});
-    args.push_back(describe(keep.back()));
-  }
-  // The cotangent autograd hands over may be of another dtype or strided.
-  keep.push_back(contig(dp.to(at::kFloat)));
-  key.in("grad_p", keep.back(), {0, 1});
-  args.push_back(describe(keep.back()));
-  std::array<Tensor, 5> grads;
-  for (size_t n = 0; n < grads.size(); ++n)
-    grads[n] = at::empty(keep[n].sizes(), f32(scores));
   if (scores.numel() == 0 || u.numel() == 0 || v.numel() == 0 ||
       wo.numel() == 0 || e.numel() == 0) {
     // A zero-sized dimension (no kernel takes a static zero size): the dense
@@ -284,7 +298,7 @@ PosteriorGrads attentionPosteriorBackward(
     // checked here (on the host: the operands are empty or nearly).
     validateOnly(key);
     if (head && B > 0) {
-      const Tensor &h = keep.at(5);
+      Tensor h = head->to(at::kLong);
       int64_t lo = h.min().item<int64_t>(), hi = h.max().item<int64_t>();
       if (lo < 0 || hi >= H)
         failHeadOutOfRange(lo < 0 ? lo : hi, H);
@@ -295,9 +309,20 @@ PosteriorGrads attentionPosteriorBackward(
          sigma, std::string(headSelect), headScale});
     return {r.at(0), r.at(1), r.at(2), r.at(3), r.at(4)};
   }
+  KernelFn fn = lookup(key);
+  std::vector<Tensor> keep;
+  std::vector<MemRef> args = attentionArgs(scores, u, v, wo, e, keep);
+  if (head)
+    keep.push_back(contig(head->to(at::kInt)));
+  keep.push_back(contig(dp.to(at::kFloat)));
+  for (size_t n = 5; n < keep.size(); ++n)
+    args.push_back(describe(keep[n]));
+  std::array<Tensor, 5> grads;
+  for (size_t n = 0; n < grads.size(); ++n)
+    grads[n] = at::empty(keep[n].sizes(), f32(scores));
   for (const Tensor &g : grads)
     args.push_back(describe(g));
-  run(key, std::move(args));
+  launch(fn, args, key.device);
   return {grads[0], grads[1], grads[2], grads[3], grads[4]};
 }
 

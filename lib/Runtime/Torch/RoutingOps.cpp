@@ -20,6 +20,8 @@
 #include <torch/library.h>
 
 #include <array>
+#include <cstdint>
+#include <limits>
 
 using namespace moe_torch;
 
@@ -44,13 +46,13 @@ route(const Tensor &logits, const std::optional<Tensor> &bias, int64_t k,
       .attr("group_score", groupScore)
       .attr("renormalize", renormalize)
       .attr("routed_scaling_factor", routedScalingFactor);
-  std::vector<Tensor> keep{contig(logits)};
-  key.in("logits", keep[0], {0});
-  if (bias) {
-    keep.push_back(contig(*bias));
-    key.in("bias", keep.back());
-  }
+  key.in("logits", logits, {0});
+  if (bias)
+    key.in("bias", *bias);
   KernelFn fn = lookup(key); // validates k, groups and the bias first
+  std::vector<Tensor> keep{contig(logits)};
+  if (bias)
+    keep.push_back(contig(*bias));
   int64_t rows = logits.size(0);
   Tensor w = at::empty({rows, k}, f32(logits));
   Tensor i = at::empty({rows, k}, i32(logits));
@@ -72,12 +74,19 @@ dispatchPlan(const Tensor &indices, int64_t numExperts, int64_t blockSize) {
   checkRank(op, "indices", indices, 2, "[T, k]");
   Key key(op);
   key.attr("num_experts", numExperts).attr("block_size", blockSize);
-  Tensor idx = contig(indices);
-  key.in("indices", idx, {0});
+  key.in("indices", indices, {0});
   KernelFn fn = lookup(key); // validates num_experts and block_size first
-  int64_t n = idx.numel();
+  // T is dynamic in the key: the padded size is checked on every call (the
+  // validators check it too, for the T of the call that compiled the key).
+  // No overflow: n < 2^31 (checkElements) and the validated key has
+  // num_experts * (block_size - 1) < 2^31.
+  int64_t n = indices.numel();
   int64_t padded = n + numExperts * (blockSize - 1);
+  TORCH_CHECK_VALUE(padded <= std::numeric_limits<int32_t>::max(), "moe.",
+                    op, ": the padded plan (T*k + num_experts*(block_size-1) = ",
+                    padded, ") must fit in i32");
   int64_t blocks = (padded + blockSize - 1) / blockSize;
+  Tensor idx = contig(indices);
   auto o = i32(indices);
   std::array<Tensor, 7> out{at::empty({numExperts}, o),
                             at::empty({numExperts + 1}, o),

@@ -58,6 +58,12 @@ const char *dtypeName(at::ScalarType t);
 /// dimension is dynamic in the kernel, so its size is only checked at run time.
 /// `op` null: the message names no op (contig, describe).
 void checkElements(const char *op, const char *name, c10::IntArrayRef sizes);
+/// The same limit for a result the call is about to allocate (worded as
+/// ops.py's _check_result_elements): checked before any allocation, for the
+/// results whose size the operands do not bound (a size argument, or sizes of
+/// two operands multiplied).
+void checkResultElements(const char *op, const char *name,
+                         c10::IntArrayRef sizes);
 
 /// Builds the cache key `op|attr=value|...|in:name:dtype:dims|...`. This is
 /// the per-call path: one string reserved once, numbers written in place
@@ -181,6 +187,13 @@ private:
   }
 };
 
+// Validation before allocation: every op builds its Key from the operands as
+// they are (the sizes and dtypes its kernel will see; no copy made yet), calls
+// lookup (or validateOnly where no kernel runs), and only then makes operands
+// contiguous and allocates its results. A key in memory passed the validators
+// once; what they check that the key does not pin down (relations of the
+// dynamic token-like sizes) is checked in C++ on every call.
+
 /// Runs the Python validators on the call (no kernel).
 void validateOnly(const Key &k);
 /// The kernel of `k`: from memory, else from the Python kernel cache (which
@@ -194,8 +207,6 @@ void checkReportedError();
 /// Calls kernel `fn` of a call on `device`: on the CPU, then raises a
 /// reported index error; on CUDA, on torch's current stream, no wait.
 void launch(KernelFn fn, std::vector<MemRef> &args, c10::Device device);
-/// lookup + launch.
-void run(const Key &k, std::vector<MemRef> args);
 
 void checkDim(const char *op, const char *name, const Tensor &t, int64_t d,
               int64_t expected, const char *what);
@@ -208,9 +219,13 @@ void checkDevice(const char *op, std::initializer_list<const Tensor *> ts);
 void similarityChecks(const char *op, const Tensor &u, const Tensor &e,
                       const std::optional<Tensor> &ws,
                       const std::optional<Tensor> &mask);
-/// Adds the Similarity-Inform operands to `key` (B, N dynamic) and returns
-/// their descriptors; `keep` holds the contiguous tensors they describe.
-std::vector<MemRef> similarityArgs(Key &key, const Tensor &u, const Tensor &e,
+/// Adds the Similarity-Inform operands to `key` (B, N dynamic).
+void similarityKey(Key &key, const Tensor &u, const Tensor &e,
+                   const std::optional<Tensor> &ws,
+                   const std::optional<Tensor> &mask);
+/// The descriptors of those operands (after lookup); `keep` holds the
+/// contiguous tensors they describe.
+std::vector<MemRef> similarityArgs(const Tensor &u, const Tensor &e,
                                    const std::optional<Tensor> &ws,
                                    const std::optional<Tensor> &mask,
                                    std::vector<Tensor> &keep);
@@ -227,12 +242,14 @@ void attentionChecks(const char *op, const Tensor &scores, const Tensor &u,
 /// tensors: the eager reference where no kernel applies.
 std::vector<Tensor> allHeadsReference(const char *name,
                                       const std::vector<c10::IValue> &args);
-/// Adds the Attention-Inform operands to `key` (B, N, Nk dynamic) and returns
-/// their descriptors; `keep` holds the contiguous tensors they describe.
-std::vector<MemRef> attentionArgs(Key &key, const Tensor &scores,
-                                  const Tensor &u, const Tensor &v,
-                                  const Tensor &wo, const Tensor &e,
-                                  std::vector<Tensor> &keep);
+/// Adds the Attention-Inform operands to `key` (B, N, Nk dynamic).
+void attentionKey(Key &key, const Tensor &scores, const Tensor &u,
+                  const Tensor &v, const Tensor &wo, const Tensor &e);
+/// The descriptors of those operands (after lookup); `keep` holds the
+/// contiguous tensors they describe.
+std::vector<MemRef> attentionArgs(const Tensor &scores, const Tensor &u,
+                                  const Tensor &v, const Tensor &wo,
+                                  const Tensor &e, std::vector<Tensor> &keep);
 /// `t`, contiguous (a copy when it is not), after checkElements.
 Tensor contig(const Tensor &t);
 at::TensorOptions f32(const Tensor &like);

@@ -16,7 +16,9 @@
 // 3. finds the kernel in an in-memory map; on a miss asks the Python kernel
 //    cache (python/moe_mlir/runtime/cache.py, registered once through
 //    moeTorchSetLoader) to validate the call with the Python validators and
-//    to compile or load the kernel, and keeps its address;
+//    to compile or load the kernel, and keeps its address; nothing is copied
+//    or allocated before this (a size argument such as k = -1 or 2^40 gets
+//    the op's message, not torch's allocation error);
 // 4. allocates the outputs with torch and passes them, with the (contiguous)
 //    inputs, as memref descriptors to `_mlir_ciface_kernel(inputs...,
 //    outputs...)`: the kernels are lowered with results-to-out-params, so they
@@ -329,11 +331,6 @@ void launch(KernelFn fn, std::vector<MemRef> &args, c10::Device device) {
   checkReportedError();
 }
 
-void run(const Key &k, std::vector<MemRef> args) {
-  KernelFn fn = lookup(k);
-  launch(fn, args, k.device);
-}
-
 //===----------------------------------------------------------------------===//
 // Checks (the messages of python/moe_mlir/ops.py)
 //===----------------------------------------------------------------------===//
@@ -386,6 +383,23 @@ void checkElements(const char *op, const char *name, c10::IntArrayRef sizes) {
                     " per tensor (2^31 - 1: the kernels index with i32)");
 }
 
+void checkResultElements(const char *op, const char *name,
+                         c10::IntArrayRef sizes) {
+  constexpr int64_t kMaxElements = 2147483647; // as checkElements
+  int64_t n = 1;
+  bool overflow = false;
+  for (int64_t size : sizes)
+    overflow |= __builtin_mul_overflow(n, size, &n);
+  if (!overflow && n <= kMaxElements)
+    return;
+  std::string count = overflow ? "more than 2^63" : std::to_string(n);
+  TORCH_CHECK_VALUE(false, "moe.", op, ": the result '", name, "' of shape ",
+                    sizes, " would have ", count,
+                    " elements, more than the kernels support: at most ",
+                    kMaxElements,
+                    " per tensor (2^31 - 1: the kernels index with i32)");
+}
+
 Tensor contig(const Tensor &t) {
   checkElements(nullptr, "a tensor", t.sizes()); // before any copy
   return t.is_contiguous() ? t : t.contiguous();
@@ -407,19 +421,19 @@ std::tuple<Tensor, Tensor> topkRenorm(const Tensor &scores, int64_t k,
   TORCH_CHECK_VALUE(scores.dim() >= 1,
                     "moe.topk_renorm: 'scores' must have rank >= 1 ([..., K])");
   checkDevice("topk_renorm", {&scores});
-  Tensor s = contig(scores);
-  int64_t K = s.size(-1);
+  int64_t K = scores.size(-1);
   Key key("topk_renorm");
   key.attr("k", k).attr("mode", mode).attr("renormalize", renormalize);
   // [..., K] as [rows, K]: one kernel for every leading shape.
-  int64_t rows = K == 0 ? 0 : s.numel() / K;
+  int64_t rows = K == 0 ? 0 : scores.numel() / K;
   std::array<int64_t, 2> flatShape{rows, K};
-  key.in("scores", s.scalar_type(), flatShape, {0}, s.device());
+  key.in("scores", scores.scalar_type(), flatShape, {0}, scores.device());
+  KernelFn fn = lookup(key); // validates k against K before any allocation
+  Tensor s = contig(scores);
   c10::DimVector shape(s.sizes());
   shape.back() = k;
   Tensor w = at::empty(shape, f32(s)), i = at::empty(shape, i32(s));
   std::array<int64_t, 2> outShape{rows, k};
-  KernelFn fn = lookup(key); // validates k against K first
   if (rows == 0)
     return {w, i};
   std::vector<MemRef> args{describe(s, flatShape), describe(w, outShape),
@@ -447,23 +461,28 @@ void similarityChecks(const char *op, const Tensor &u, const Tensor &e,
   }
 }
 
-std::vector<MemRef> similarityArgs(Key &key, const Tensor &u, const Tensor &e,
+void similarityKey(Key &key, const Tensor &u, const Tensor &e,
+                   const std::optional<Tensor> &ws,
+                   const std::optional<Tensor> &mask) {
+  key.in("u", u, {0, 1}).in("e", e, {0, 1});
+  if (ws)
+    key.in("ws", *ws);
+  if (mask)
+    key.in("key_mask", *mask, {0, 1});
+}
+
+std::vector<MemRef> similarityArgs(const Tensor &u, const Tensor &e,
                                    const std::optional<Tensor> &ws,
                                    const std::optional<Tensor> &mask,
                                    std::vector<Tensor> &keep) {
   keep = {contig(u), contig(e)};
-  key.in("u", keep[0], {0, 1}).in("e", keep[1], {0, 1});
-  std::vector<MemRef> args{describe(keep[0]), describe(keep[1])};
-  if (ws) {
+  if (ws)
     keep.push_back(contig(*ws));
-    key.in("ws", keep.back());
-    args.push_back(describe(keep.back()));
-  }
-  if (mask) {
+  if (mask)
     keep.push_back(contig(*mask));
-    key.in("key_mask", keep.back(), {0, 1});
-    args.push_back(describe(keep.back()));
-  }
+  std::vector<MemRef> args;
+  for (const Tensor &t : keep)
+    args.push_back(describe(t));
   return args;
 }
 
@@ -477,14 +496,19 @@ similarityMix(bool withLse, const Tensor &u, const Tensor &e,
   similarityChecks("similarity_inform", u, e, ws, mask);
   Key key(withLse ? "similarity_inform_fwd" : "similarity_inform");
   key.attr("tau", tau).attr("causal", causal);
+  similarityKey(key, u, e, ws, mask);
+  KernelFn fn = lookup(key);
+  std::array<int64_t, 2> lseShape{u.size(0), u.size(1)};
+  if (withLse) // [B, N]: bounded by u's size only where D > 0
+    checkResultElements("similarity_inform", "lse", lseShape);
   std::vector<Tensor> keep;
-  std::vector<MemRef> args = similarityArgs(key, u, e, ws, mask, keep);
+  std::vector<MemRef> args = similarityArgs(u, e, ws, mask, keep);
   std::vector<Tensor> out{at::empty(e.sizes(), f32(e))};
   if (withLse)
-    out.push_back(at::empty({u.size(0), u.size(1)}, f32(e)));
+    out.push_back(at::empty(lseShape, f32(e)));
   for (const Tensor &t : out)
     args.push_back(describe(t));
-  run(key, std::move(args));
+  launch(fn, args, key.device);
   return out;
 }
 
@@ -513,13 +537,15 @@ similarityInformTopk(const Tensor &u, const Tensor &e, int64_t k,
   Key key("similarity_inform_topk");
   key.attr("k", k).attr("renormalize", renormalize).attr("tau", tau).attr(
       "causal", causal);
+  similarityKey(key, u, e, ws, mask);
+  KernelFn fn = lookup(key); // validates k against K before any allocation
   std::vector<Tensor> keep;
-  std::vector<MemRef> args = similarityArgs(key, u, e, ws, mask, keep);
+  std::vector<MemRef> args = similarityArgs(u, e, ws, mask, keep);
   std::array<int64_t, 3> shape{u.size(0), u.size(1), k};
   Tensor w = at::empty(shape, f32(e)), i = at::empty(shape, i32(e));
   args.push_back(describe(w));
   args.push_back(describe(i));
-  run(key, std::move(args));
+  launch(fn, args, key.device);
   return {w, i};
 }
 
@@ -568,16 +594,19 @@ std::vector<Tensor> allHeadsReference(const char *name,
   return out;
 }
 
-std::vector<MemRef> attentionArgs(Key &key, const Tensor &scores,
-                                  const Tensor &u, const Tensor &v,
-                                  const Tensor &wo, const Tensor &e,
-                                  std::vector<Tensor> &keep) {
+void attentionKey(Key &key, const Tensor &scores, const Tensor &u,
+                  const Tensor &v, const Tensor &wo, const Tensor &e) {
+  key.in("scores", scores, {0, 2, 3})
+      .in("u", u, {0, 1})
+      .in("v", v, {0, 2})
+      .in("wo", wo)
+      .in("e", e, {0, 1});
+}
+
+std::vector<MemRef> attentionArgs(const Tensor &scores, const Tensor &u,
+                                  const Tensor &v, const Tensor &wo,
+                                  const Tensor &e, std::vector<Tensor> &keep) {
   keep = {contig(scores), contig(u), contig(v), contig(wo), contig(e)};
-  key.in("scores", keep[0], {0, 2, 3})
-      .in("u", keep[1], {0, 1})
-      .in("v", keep[2], {0, 2})
-      .in("wo", keep[3])
-      .in("e", keep[4], {0, 1});
   std::vector<MemRef> args;
   for (const Tensor &t : keep)
     args.push_back(describe(t));
@@ -589,23 +618,30 @@ attentionPosterior(const Tensor &scores, const Tensor &u, const Tensor &v,
                    const Tensor &wo, const Tensor &e, double sigma,
                    c10::string_view headSelect,
                    std::optional<double> headScale) {
-  attentionChecks("attention_posterior", scores, u, v, wo, e);
-  if (scores.is_cuda() && headSelect == "all") {
-    std::vector<Tensor> r = allHeadsReference(
-        "attention_posterior", {scores, u, v, wo, e, sigma,
-                                std::string(headSelect), headScale});
-    return {r.at(0), r.at(1)};
-  }
-  Key key("attention_posterior");
+  const char *op = "attention_posterior";
+  attentionChecks(op, scores, u, v, wo, e);
+  Key key(op);
   key.attr("sigma", sigma).attr("head_select", headSelect).attr("head_scale",
                                                                headScale);
+  attentionKey(key, scores, u, v, wo, e);
+  if (scores.is_cuda() && headSelect == "all") {
+    validateOnly(key); // the reference does not validate
+    std::vector<Tensor> r = allHeadsReference(
+        op, {scores, u, v, wo, e, sigma, std::string(headSelect), headScale});
+    return {r.at(0), r.at(1)};
+  }
+  KernelFn fn = lookup(key);
+  // [B, N, K]: N from the scores, K from e, so neither bounds it (ops.py
+  // checks it too, but a key in memory skips that for other B and N).
+  std::array<int64_t, 3> pShape{scores.size(0), scores.size(2), e.size(2)};
+  checkResultElements(op, "p", pShape);
   std::vector<Tensor> keep;
-  std::vector<MemRef> args = attentionArgs(key, scores, u, v, wo, e, keep);
-  Tensor p = at::empty({scores.size(0), scores.size(2), e.size(2)}, f32(e));
+  std::vector<MemRef> args = attentionArgs(scores, u, v, wo, e, keep);
+  Tensor p = at::empty(pShape, f32(e));
   Tensor head = at::empty({scores.size(0)}, i32(e));
   args.push_back(describe(p));
   args.push_back(describe(head));
-  run(key, std::move(args));
+  launch(fn, args, key.device);
   return {p, head};
 }
 
@@ -614,29 +650,34 @@ attentionPosteriorTopk(const Tensor &scores, const Tensor &u, const Tensor &v,
                        const Tensor &wo, const Tensor &e, int64_t k,
                        double sigma, c10::string_view headSelect,
                        std::optional<double> headScale, bool renormalize) {
-  attentionChecks("attention_posterior_topk", scores, u, v, wo, e);
-  if (scores.is_cuda() && headSelect == "all") {
-    std::vector<Tensor> r = allHeadsReference(
-        "attention_posterior_topk", {scores, u, v, wo, e, k, renormalize,
-                                     sigma, std::string(headSelect),
-                                     headScale});
-    return {r.at(0), r.at(1), r.at(2)};
-  }
-  Key key("attention_posterior_topk");
+  const char *op = "attention_posterior_topk";
+  attentionChecks(op, scores, u, v, wo, e);
+  Key key(op);
   key.attr("k", k)
       .attr("renormalize", renormalize)
       .attr("sigma", sigma)
       .attr("head_select", headSelect)
       .attr("head_scale", headScale);
-  std::vector<Tensor> keep;
-  std::vector<MemRef> args = attentionArgs(key, scores, u, v, wo, e, keep);
+  attentionKey(key, scores, u, v, wo, e);
   std::array<int64_t, 3> shape{scores.size(0), scores.size(2), k};
+  if (scores.is_cuda() && headSelect == "all") {
+    validateOnly(key); // the reference does not validate
+    std::vector<Tensor> r = allHeadsReference(
+        op, {scores, u, v, wo, e, k, renormalize, sigma,
+             std::string(headSelect), headScale});
+    return {r.at(0), r.at(1), r.at(2)};
+  }
+  KernelFn fn = lookup(key); // validates k against K before any allocation
+  // [B, N, k]: N from the scores, k <= K from e, so neither bounds it.
+  checkResultElements(op, "weights", shape);
+  std::vector<Tensor> keep;
+  std::vector<MemRef> args = attentionArgs(scores, u, v, wo, e, keep);
   Tensor w = at::empty(shape, f32(e)), i = at::empty(shape, i32(e));
   Tensor head = at::empty({scores.size(0)}, i32(e));
   args.push_back(describe(w));
   args.push_back(describe(i));
   args.push_back(describe(head));
-  run(key, std::move(args));
+  launch(fn, args, key.device);
   return {w, i, head};
 }
 
@@ -659,9 +700,10 @@ std::tuple<Tensor, Tensor> madDispersion(const Tensor &tokens,
       .attr("normalize", normalize)
       .attr("measure", measure)
       .attr("empty", empty);
+  key.in("tokens", tokens, {0}).in("assign", assign, {0});
+  // Validates num_experts (and the size of the [E, D] result) first.
+  KernelFn fn = lookup(key);
   Tensor x = contig(tokens), a = contig(assign);
-  key.in("tokens", x, {0}).in("assign", a, {0});
-  KernelFn fn = lookup(key); // validates num_experts first
   Tensor w = at::empty({numExperts, tokens.size(1)}, f32(tokens));
   Tensor counts = at::empty({numExperts}, i32(tokens));
   std::vector<MemRef> args{describe(x), describe(a), describe(w),
@@ -676,10 +718,12 @@ Tensor adjacencyUpdate(const Tensor &a, const Tensor &idx, double beta,
   checkDevice(op, {&a, &idx});
   Key key(op);
   key.attr("beta", beta).attr("norm", norm).attr("include_self", includeSelf);
+  key.in("a", a).in("idx", idx, {0});
+  KernelFn fn = lookup(key);
   Tensor ac = contig(a), ic = contig(idx);
-  key.in("a", ac).in("idx", ic, {0});
   Tensor out = at::empty(a.sizes(), f32(a));
-  run(key, {describe(ac), describe(ic), describe(out)});
+  std::vector<MemRef> args{describe(ac), describe(ic), describe(out)};
+  launch(fn, args, key.device);
   return out;
 }
 
@@ -690,14 +734,7 @@ std::tuple<Tensor, Tensor> hyperRouter(const Tensor &emb, const Tensor &w1,
   checkDevice(op, {&emb, &w1, &b1, &w2, &b2});
   Key key(op);
   key.attr("num_experts", numExperts);
-  std::vector<Tensor> keep{contig(emb), contig(w1), contig(b1), contig(w2),
-                           contig(b2)};
-  const char *names[] = {"emb", "w1", "b1", "w2", "b2"};
-  std::vector<MemRef> args;
-  for (size_t n = 0; n < keep.size(); ++n) {
-    key.in(names[n], keep[n]);
-    args.push_back(describe(keep[n]));
-  }
+  key.in("emb", emb).in("w1", w1).in("b1", b1).in("w2", w2).in("b2", b2);
   // The torch op allows D = 0 (a router of biases only), the dialect does
   // not: validate, then compute that degenerate case with ATen.
   if (numExperts >= 1 && w2.dim() == 2 && w2.size(0) == numExperts) {
@@ -708,6 +745,11 @@ std::tuple<Tensor, Tensor> hyperRouter(const Tensor &emb, const Tensor &w1,
     return {at::empty({numExperts, 0}, f32(emb)), b};
   }
   KernelFn fn = lookup(key); // validates the shapes first
+  std::vector<MemRef> args;
+  std::vector<Tensor> keep{contig(emb), contig(w1), contig(b1), contig(w2),
+                           contig(b2)};
+  for (const Tensor &t : keep)
+    args.push_back(describe(t));
   int64_t d = w2.size(0) / numExperts - 1;
   Tensor w = at::empty({numExperts, d}, f32(emb));
   Tensor b = at::empty({numExperts}, f32(emb));

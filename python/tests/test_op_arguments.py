@@ -1,0 +1,365 @@
+"""Size-like arguments of torch.ops.moe.* are validated before anything is allocated (issue #36).
+
+A negative, zero or huge ``k``, ``num_experts``, group count or block size gets the op's own ValueError, in the
+same words on the compiled kernels (the C++ extension asks the kernel cache's validators before it copies an
+operand or allocates a result: before, ``topk_renorm(x, -1)`` gave torch's "Trying to create tensor with negative
+dimension -1" and ``topk_renorm(x, 2**40)`` tried to allocate 16 TB) and in the fake kernels, which torch.compile and
+torch.export trace with. A result whose size no operand bounds (``mad_dispersion``'s ``[E, D]``, ``dispatch_plan``'s
+``[E + 1]``, ``attention_posterior``'s ``[B, N, K]``) is checked against the kernels' 2^31 - 1 elements before it
+is allocated. Valid edge values still work: ``k = K``, zero tokens.
+
+Every op of torch.ops.moe has a case here (test_every_op_has_a_case); the ops without a size argument are covered
+by their tensor-shaped sizes (``k`` from the indices of topk_renorm_backward, results of multiplied operand sizes)
+and zero tokens.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from moe_mlir import ops
+from moe_mlir import reference as R
+from moe_mlir import reference_routing as RR
+from torch_checks import gen as g
+from torch_checks import needs_cpu_kernels, same
+
+M = torch.ops.moe
+HUGE = 2**40
+LIMIT = "more than the kernels support: at most 2147483647 per tensor (2^31 - 1: the kernels index with i32)"
+
+
+def rejects(call, args: tuple, message: str) -> None:
+    """``call(*args)`` raises the op's ValueError ``message`` on real CPU tensors (the compiled kernels, or the
+    eager op where they are unavailable) and on fake tensors (what torch.compile traces with)."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call(*args)
+    with FakeTensorMode() as mode:
+        fake = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            call(*fake)
+
+
+def kernel(call, *args):
+    """``call(*args)`` on the compiled kernels: the eager fallback would warn."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        return call(*args)
+
+
+def k_range(op: str, k: int, K: int, what: str) -> str:
+    return f"moe.{op}: 'k' ({k}) must be in [1, {K}] ({what})"
+
+
+def over_limit(op: str, name: str, shape: list[int]) -> str:
+    n = 1
+    for s in shape:
+        n *= s
+    return f"moe.{op}: the result '{name}' of shape {shape} would have {n} elements, {LIMIT}"
+
+
+# ================================================================================================================
+# topk_renorm, topk_renorm_backward
+# ================================================================================================================
+
+LAST_DIM = "the size of the last dimension of 'scores'"
+
+
+@pytest.mark.parametrize("k", [-1, 0, 17, HUGE, -HUGE])
+def test_topk_renorm_k(k):
+    rejects(M.topk_renorm, (torch.randn(4, 16), k), k_range("topk_renorm", k, 16, LAST_DIM))
+
+
+def test_topk_renorm_k_on_empty_rows():
+    # No row to select from, and still the op's message (the kernel key is validated, not the data).
+    rejects(M.topk_renorm, (torch.randn(0, 16), -1), k_range("topk_renorm", -1, 16, LAST_DIM))
+    rejects(M.topk_renorm, (torch.randn(3, 0), 1), k_range("topk_renorm", 1, 0, LAST_DIM))
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("shape", [(5, 16), (0, 16), (2, 0, 16)])
+def test_topk_renorm_k_equal_to_K(shape):
+    x = torch.randn(shape, generator=g(1))
+    out = kernel(M.topk_renorm, x, 16, "logits", True)
+    same(out, R.topk_renorm(x, 16, "logits", True))
+
+
+@pytest.mark.parametrize("k", [0, 17])
+def test_topk_renorm_backward_k_from_the_indices(k):
+    scores = torch.randn(4, 16)
+    rejects(M.topk_renorm_backward, (torch.randn(4, k), scores, torch.zeros(4, k, dtype=torch.int32)),
+            f"moe.topk_renorm_backward: the last dimension of 'indices' (k = {k}) must be in [1, 16] (K, the "
+            "experts of 'scores')")
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("rows", [5, 0])
+def test_topk_renorm_backward_k_equal_to_K(rows):
+    x = torch.randn(rows, 16, generator=g(2))
+    _, idx = R.topk_renorm(x, 16, "logits", True)
+    gw = torch.randn(rows, 16, generator=g(3))
+    same(kernel(M.topk_renorm_backward, gw, x, idx, "logits", True),
+         R._topk_renorm_backward_ref(gw, x, idx, "logits", True))
+
+
+# ================================================================================================================
+# similarity_inform and its fused top-k form; similarity_inform_fwd and _backward
+# ================================================================================================================
+
+
+def similarity_operands(B=2, N=5, D=8, K=6, seed=4):
+    return torch.randn(B, N, D, generator=g(seed)), torch.softmax(torch.randn(B, N, K, generator=g(seed + 1)), -1)
+
+
+@pytest.mark.parametrize("k", [-1, 0, 7, HUGE])
+def test_similarity_inform_topk_k(k):
+    u, e = similarity_operands()
+    rejects(M.similarity_inform_topk, (u, e, k), k_range("similarity_inform_topk", k, 6, "dimension 2 of 'e', K"))
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("B,N", [(2, 5), (2, 0), (0, 5)])
+def test_similarity_inform_topk_k_equal_to_K(B, N):
+    u, e = similarity_operands(B, N)
+    same(kernel(M.similarity_inform_topk, u, e, 6), R.similarity_inform_topk(u, e, None, None, 6, True, 1.0, False))
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("B,N", [(2, 0), (0, 5)])
+def test_similarity_inform_zero_tokens(B, N):
+    u, e = similarity_operands(B, N)
+    same(kernel(M.similarity_inform, u, e), R.similarity_inform(u, e, None, None, 1.0, False))
+    p, lse = kernel(M.similarity_inform_fwd, u, e)
+    same(p, R.similarity_inform(u, e, None, None, 1.0, False))
+    assert lse.shape == (B, N)
+    gp = torch.randn(B, N, 6)
+    du, de, _ = kernel(M.similarity_inform_backward, gp, u, e)
+    assert du.shape == u.shape and de.shape == e.shape
+
+
+# ================================================================================================================
+# attention_posterior, its fused top-k form and its backward
+# ================================================================================================================
+
+
+def attention_operands(B=2, H=3, N=5, Nk=5, D=8, Dh=4, K=6, seed=6):
+    r = lambda *s: torch.randn(*s, generator=g(seed + len(s)))  # noqa: E731
+    return r(B, H, N, Nk), r(B, N, D), r(B, H, Nk, Dh), torch.randn(D, H * Dh, generator=g(seed)), \
+        torch.softmax(torch.randn(B, Nk, K, generator=g(seed + 9)), -1)
+
+
+@pytest.mark.parametrize("k", [-1, 0, 7, HUGE])
+def test_attention_posterior_topk_k(k):
+    rejects(M.attention_posterior_topk, (*attention_operands(), k),
+            k_range("attention_posterior_topk", k, 6, "dimension 2 of 'e', K"))
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("N", [5, 0])
+def test_attention_posterior_topk_k_equal_to_K(N):
+    a = attention_operands(N=N)
+    same(kernel(M.attention_posterior_topk, *a, 6),
+         R.attention_posterior_topk(*a, 6, True, 1.0, "min_entropy", None))
+
+
+def huge_mixing(N: int):
+    """Operands of a few MB whose result p [1, N, 4096] has N * 4096 elements: N from the scores, K from e, so no
+    operand bounds it."""
+    return (torch.zeros(1, 1, N, 1), torch.zeros(1, N, 1), torch.zeros(1, 1, 1, 1), torch.zeros(1, 1),
+            torch.full((1, 1, 4096), 1 / 4096))
+
+
+def test_attention_posterior_result_over_the_limit():
+    N = 2**20  # p: 2^32 elements (16 GB): rejected before anything is allocated
+    rejects(M.attention_posterior, huge_mixing(N), over_limit("attention_posterior", "p", [1, N, 4096]))
+    rejects(M.attention_posterior_topk, (*huge_mixing(N), 4096),
+            over_limit("attention_posterior_topk", "weights", [1, N, 4096]))
+
+
+@needs_cpu_kernels
+def test_attention_posterior_result_over_the_limit_with_the_kernel_in_memory():
+    # B and N are dynamic in the kernel: the key of a small call serves the huge one, whose result size the C++
+    # extension checks itself (the validators only ran for the first call).
+    p, head = kernel(M.attention_posterior, *huge_mixing(3))
+    assert p.shape == (1, 3, 4096) and torch.allclose(p, torch.full_like(p, 1 / 4096))
+    N = 2**20
+    with pytest.raises(ValueError, match=re.escape(over_limit("attention_posterior", "p", [1, N, 4096]))):
+        M.attention_posterior(*huge_mixing(N))
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("N", [5, 0])
+def test_attention_posterior_backward_tokens(N):
+    a = attention_operands(N=N)
+    _, head = R.attention_posterior(*a, 1.0, "min_entropy", None)
+    gp = torch.randn(2, N, 6, generator=g(11))
+    same(kernel(M.attention_posterior_backward, gp, *a, head),
+         R._attention_posterior_backward_ref(gp, *a, head, 1.0, "min_entropy", None), atol=2e-5, rtol=2e-4)
+
+
+# ================================================================================================================
+# mad_dispersion, adjacency_update
+# ================================================================================================================
+
+
+@pytest.mark.parametrize("E", [-1, 0, -HUGE])
+def test_mad_dispersion_num_experts_below_one(E):
+    rejects(M.mad_dispersion, (torch.randn(10, 8), torch.zeros(10, dtype=torch.int64), E),
+            f"moe.mad_dispersion: 'num_experts' ({E}) must be >= 1")
+
+
+@pytest.mark.parametrize("E,name,shape", [(HUGE, "counts", [HUGE]), (2**28, "weights", [2**28, 8])])
+def test_mad_dispersion_num_experts_huge(E, name, shape):
+    rejects(M.mad_dispersion, (torch.randn(10, 8), torch.zeros(10, dtype=torch.int64), E),
+            over_limit("mad_dispersion", name, shape))
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("T", [10, 0])
+def test_mad_dispersion_one_expert(T):
+    x, a = torch.randn(T, 8, generator=g(12)), torch.zeros(T, dtype=torch.int64)
+    same(kernel(M.mad_dispersion, x, a, 1), R.mad_dispersion(x, a, 1, 1e-4, 10.0, "feature", "mad", "identity"))
+
+
+@needs_cpu_kernels
+def test_adjacency_update_zero_tokens():
+    a = torch.softmax(torch.randn(4, 4, generator=g(13)), -1)
+    idx = torch.zeros(0, 2, dtype=torch.int64)
+    same(kernel(M.adjacency_update, a, idx), R.adjacency_update(a, idx, 0.9, "row", True))
+
+
+# ================================================================================================================
+# hyper_router and its backward
+# ================================================================================================================
+
+
+def hyper_operands(E=3, D=4, De=4, Dh=6, seed=14):
+    r = lambda *s: torch.randn(*s, generator=g(seed + len(s) + sum(s)))  # noqa: E731
+    return r(De), r(Dh, De), r(Dh), r(E * (D + 1), Dh), r(E * (D + 1))
+
+
+@pytest.mark.parametrize("E", [-1, 0])
+def test_hyper_router_num_experts_below_one(E):
+    rejects(M.hyper_router, (*hyper_operands(), E), f"moe.hyper_router: 'num_experts' ({E}) must be >= 1")
+    rejects(M.hyper_router_backward, (torch.randn(3, 4), torch.randn(3), *hyper_operands(), E),
+            f"moe.hyper_router_backward: 'num_experts' ({E}) must be >= 1")
+
+
+@pytest.mark.parametrize("E", [HUGE, 16])
+def test_hyper_router_num_experts_huge(E):
+    message = (f"dimension 0 of 'w2' (15) must be num_experts * (D+1) = {E} * (D+1) with D >= 0")
+    rejects(M.hyper_router, (*hyper_operands(), E), f"moe.hyper_router: {message}")
+    rejects(M.hyper_router_backward, (torch.randn(3, 4), torch.randn(3), *hyper_operands(), E),
+            f"moe.hyper_router_backward: {message}")
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("E,D", [(3, 4), (15, 0), (1, 14)])
+def test_hyper_router_num_experts_edges(E, D):
+    # E = rows: D = 0 (a router of biases only); E = 1: one expert.
+    h = hyper_operands()
+    same(kernel(M.hyper_router, *h, E), R.hyper_router(*h, E), atol=2e-5, rtol=2e-4)
+    gw, gb = torch.randn(E, D, generator=g(20)), torch.randn(E, generator=g(21))
+    same(kernel(M.hyper_router_backward, gw, gb, *h, E), R._hyper_router_backward_ref(gw, gb, *h, E),
+         atol=2e-5, rtol=2e-4)
+
+
+# ================================================================================================================
+# route, dispatch_plan
+# ================================================================================================================
+
+LOGITS_DIM = "the size of the last dimension of 'logits'"
+
+
+@pytest.mark.parametrize("k", [-1, 0, 9, HUGE])
+def test_route_k(k):
+    rejects(M.route, (torch.randn(10, 8), None, k), k_range("route", k, 8, LOGITS_DIM))
+
+
+@pytest.mark.parametrize("n_group,message", [
+    (-1, "'n_group' (-1) must be >= 1"), (0, "'n_group' (0) must be >= 1"),
+    (HUGE, f"'n_group' ({HUGE}) must divide the number of experts E = 8")])
+def test_route_n_group(n_group, message):
+    rejects(M.route, (torch.randn(10, 8), None, 2, "softmax", "score_then_topk", n_group), f"moe.route: {message}")
+
+
+@pytest.mark.parametrize("topk_group", [-1, 0, 3, HUGE])
+def test_route_topk_group(topk_group):
+    rejects(M.route, (torch.randn(10, 8), None, 2, "softmax", "score_then_topk", 2, topk_group),
+            f"moe.route: 'topk_group' ({topk_group}) must be in [1, n_group = 2]")
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("T", [10, 0])
+def test_route_k_equal_to_E(T):
+    x = torch.randn(T, 8, generator=g(22))
+    same(kernel(M.route, x, None, 8), RR.route(x, None, 8))
+    # Groups at their bounds: every group kept, k = E.
+    same(kernel(M.route, x, None, 8, "sigmoid", "score_then_topk", 4, 4, "top2_sum"),
+         RR.route(x, None, 8, "sigmoid", "score_then_topk", 4, 4, "top2_sum"))
+
+
+def indices(T=10, k=2, E=4):
+    return torch.randint(0, E, (T, k), generator=g(23))
+
+
+@pytest.mark.parametrize("E", [-1, 0, -HUGE])
+def test_dispatch_plan_num_experts_below_one(E):
+    rejects(M.dispatch_plan, (indices(), E), f"moe.dispatch_plan: 'num_experts' ({E}) must be >= 1")
+
+
+def test_dispatch_plan_num_experts_huge():
+    # block_size 1: no padding, so only the [E + 1] offsets grow with E.
+    rejects(M.dispatch_plan, (indices(), HUGE, 1), over_limit("dispatch_plan", "offsets", [HUGE + 1]))
+
+
+@pytest.mark.parametrize("B", [-1, 0, -HUGE])
+def test_dispatch_plan_block_size_below_one(B):
+    rejects(M.dispatch_plan, (indices(), 4, B), f"moe.dispatch_plan: 'block_size' ({B}) must be >= 1")
+
+
+def test_dispatch_plan_block_size_huge():
+    padded = 20 + 4 * (HUGE - 1)
+    rejects(M.dispatch_plan, (indices(), 4, HUGE),
+            f"moe.dispatch_plan: the padded plan (T*k + num_experts*(block_size-1) = {padded}) must fit in i32")
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("T", [10, 0])
+def test_dispatch_plan_edges(T):
+    idx = indices(T)
+    same(kernel(M.dispatch_plan, idx, 4, 1), RR.dispatch_plan(idx, 4, 1))
+    same(kernel(M.dispatch_plan, idx, 1 if T == 0 else 4, 16), RR.dispatch_plan(idx, 1 if T == 0 else 4, 16))
+
+
+# ================================================================================================================
+# torch.compile sees the fake kernels' messages; every op has a case
+# ================================================================================================================
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda x: M.topk_renorm(x, -1), k_range("topk_renorm", -1, 16, LAST_DIM)),
+    (lambda x: M.mad_dispersion(x, torch.zeros(4, dtype=torch.int64), HUGE),
+     over_limit("mad_dispersion", "counts", [HUGE])),
+], ids=["topk_renorm", "mad_dispersion"])
+def test_torch_compile_traces_the_message(call, message):
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as info:
+        torch.compile(call, backend="eager", fullgraph=True)(torch.randn(4, 16))
+    assert message in str(info.value)
+
+
+def test_every_op_has_a_case():
+    names = {*ops.OP_NAMES, *ops.FUSED_OP_NAMES, *ops.ROUTING_OP_NAMES, "similarity_inform_fwd",
+             "similarity_inform_backward", "topk_renorm_backward", "hyper_router_backward",
+             "attention_posterior_backward"}
+    registered = {n for n in dir(M) if not n.startswith("_") and isinstance(getattr(M, n),
+                                                                           torch._ops.OpOverloadPacket)}
+    assert registered == names, f"ops without a case here: {sorted(registered - names)}"
+    source = open(__file__).read()
+    for name in names:
+        assert f"M.{name}," in source or f"M.{name}(" in source, name
