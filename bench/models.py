@@ -327,10 +327,11 @@ def markdown(result: dict) -> str:
     m = result["machine"]
     lines = [f"# Whole MoE causal LMs: eager vs inductor vs moe ({result['date']})", "",
              f"{m.get('cpu_model')}, {result['threads']} threads, torch {m.get('torch')}, commit "
-             f"{str(m.get('git_commit'))[:10]}; {len(result['rounds'])} interleaved round(s), each backend in its own process"
-             f"; load average before/after: {result['loadavg_before']} / {result['loadavg_after']}.", "",
+             f"{str(m.get('git_commit'))[:10]}; {len(result['rounds'])} interleaved round(s), each backend in its own "
+             f"process; load average before/after: {result['loadavg_before']} / {result['loadavg_after']}.", "",
              "Speed-ups are per-round ratios of medians (> 1: moe faster), median over rounds [min, max]. decode: "
-             "ms per generated token; prefill: ms per 512-token forward; train: ms per step (fwd + bwd + SGD).", "",
+             "ms per generated token; prefill: ms per forward over the prompt (512 tokens; 64 with --quick); train: "
+             "ms per step (fwd + bwd + SGD).", "",
              "| model | phase | eager ms | inductor ms | moe ms | moe vs inductor | moe vs eager | compile s "
              "(inductor / moe) |", "|---|---|---|---|---|---|---|---|"]
     for r in result["summary"]:
