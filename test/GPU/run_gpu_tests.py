@@ -412,6 +412,12 @@ def ref_dispatch_plan(indices, E, B=1):
 #===----------------------------------------------------------------------===#
 
 
+#: The tolerance of the similarity cases whose operands are f16/bf16 of one type: built with flash-mma
+#: (MOE_GPU_AOT_OPTIONS=flash-mma=true scripts/gpu-check.sh) they run the tensor-core kernel, whose probabilities
+#: enter the mixing product rounded to the operand type (bf16: 8 bits), as in FlashAttention.
+MMA_TOL = dict(rtol=1e-2, atol=2e-3)
+
+
 def close(name, got, want, rtol=2e-4, atol=2e-5):
     got, want = got.float().cpu(), want.float().cpu()
     nan_ok = torch.equal(torch.isnan(got), torch.isnan(want))
@@ -519,7 +525,19 @@ def case_similarity(lib, g):
     u = (torch.randn(3, 33, 24, generator=g) * 0.4).half().to(DEV)
     e = torch.softmax(torch.randn(3, 33, 8, generator=g), -1).half().to(DEV)
     (p,) = lib.call("sim_plain_f16", [u, e], [((3, 33, 8), torch.float32)])
-    close("sim_plain_f16", p, ref_similarity(u, e))
+    close("sim_plain_f16", p, ref_similarity(u, e), **MMA_TOL)
+
+    u = (torch.randn(2, 100, 64, generator=g) * 0.3).to(torch.bfloat16).to(DEV)
+    e = torch.softmax(torch.randn(2, 100, 16, generator=g), -1).to(torch.bfloat16).to(DEV)
+    (p,) = lib.call("sim_mma_bf16_causal", [u, e], [((2, 100, 16), torch.float32)])
+    close("sim_mma_bf16_causal", p, ref_similarity(u, e, tau=0.5, causal=True), **MMA_TOL)
+
+    u = (torch.randn(2, 70, 40, generator=g) * 0.4).half().to(DEV)
+    e = torch.softmax(torch.randn(2, 70, 12, generator=g), -1).half().to(DEV)
+    m = (torch.rand(2, 70, generator=g) > 0.3).to(DEV)
+    m[1] = False                                  # every key masked: p = 0
+    (p,) = lib.call("sim_mma_f16_mask", [u, e, m], [((2, 70, 12), torch.float32)])
+    close("sim_mma_f16_mask", p, ref_similarity(u, e, key_mask=m), **MMA_TOL)
 
     u = torch.randn(2, 45, 16, generator=g).to(DEV)
     e = torch.softmax(torch.randn(2, 45, 8, generator=g), -1).to(DEV)

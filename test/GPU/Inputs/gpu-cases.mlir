@@ -87,6 +87,17 @@ func.func @sim_plain_f16(%u: tensor<3x33x24xf16>, %e: tensor<3x33x8xf16>) -> ten
   %p = moe.similarity_inform %u, %e : tensor<3x33x24xf16>, tensor<3x33x8xf16> -> tensor<3x33x8xf32>
   return %p : tensor<3x33x8xf32>
 }
+// f16/bf16 operands of one type: the tensor-core kernel under flash-mma
+// (FlashMma.cpp; row and feature tails, a key mask, a fully masked element),
+// the scalar one otherwise.
+func.func @sim_mma_bf16_causal(%u: tensor<2x100x64xbf16>, %e: tensor<2x100x16xbf16>) -> tensor<2x100x16xf32> {
+  %p = moe.similarity_inform %u, %e tau(5.000000e-01) causal(true) : tensor<2x100x64xbf16>, tensor<2x100x16xbf16> -> tensor<2x100x16xf32>
+  return %p : tensor<2x100x16xf32>
+}
+func.func @sim_mma_f16_mask(%u: tensor<2x70x40xf16>, %e: tensor<2x70x12xf16>, %m: tensor<2x70xi1>) -> tensor<2x70x12xf32> {
+  %p = moe.similarity_inform %u, %e key_mask(%m : tensor<2x70xi1>) : tensor<2x70x40xf16>, tensor<2x70x12xf16> -> tensor<2x70x12xf32>
+  return %p : tensor<2x70x12xf32>
+}
 func.func @sim_causal_mask(%u: tensor<2x45x16xf32>, %e: tensor<2x45x8xf32>, %m: tensor<2x45xi1>) -> tensor<2x45x8xf32> {
   %p = moe.similarity_inform %u, %e key_mask(%m : tensor<2x45xi1>) tau(2.500000e-01) causal(true) : tensor<2x45x16xf32>, tensor<2x45x8xf32> -> tensor<2x45x8xf32>
   return %p : tensor<2x45x8xf32>
