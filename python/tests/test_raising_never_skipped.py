@@ -16,6 +16,7 @@ Checked here, on transformers' own classes (tiny configs, random weights, nothin
   holds the load-balancing loss), under ``dynamic=True`` and under torch.compile's default (automatic dynamic, two
   sequence lengths): every layer's router is raised to ``moe.topk_renorm``, no MoERaisingWarning, and the logits,
   router logits and aux loss equal eager's; DeepseekV3ForCausalLM under ``dynamic=True``: both routers ``moe.route``;
+  a training step of Qwen3MoeForCausalLM under ``dynamic=True``: routers raised, loss and gradients equal eager's;
 * graphs that do hold data-dependent ops (Dynamo's ``capture_scalar_outputs`` / ``capture_dynamic_output_shape_ops``
   with HF's eager expert loop: ``nonzero``, ``.item()`` in the graph) are traced through, the routers raised.
 
@@ -148,6 +149,33 @@ def test_causal_lm_with_router_logits_under_automatic_dynamic_is_raised(name):
     log = _check_lm(_causal_lm(name), None, (9, 5, 12))
     # A static graph for the first length, a symbolic one for the others: both layers raised in each.
     assert [g.moe_ops() for g in log if g.moe_ops()] == [["topk_renorm", "topk_renorm"]] * 2
+
+
+def test_training_step_with_router_logits_under_dynamic_true_is_raised():
+    """A training step (labels, the aux loss, backward) of Qwen3MoeForCausalLM under ``dynamic=True``: both routers
+    raised in the forward graph AOTAutograd differentiates, the loss and every parameter's gradient equal eager's."""
+    import copy
+
+    model = _causal_lm("qwen3_moe").train()
+    model.config._experts_implementation = "grouped_mm"
+    ref = copy.deepcopy(model)
+    torch._dynamo.reset()
+    c = torch.compile(model, backend="moe", dynamic=True, options={"dense": "eager"})
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(5))
+    with warnings.catch_warnings(record=True) as record, capture_graphs() as log:
+        warnings.simplefilter("always")
+        loss = c(input_ids=ids, labels=ids).loss
+        loss.backward()
+    loss_e = ref(input_ids=ids, labels=ids).loss
+    loss_e.backward()
+    _no_raising_warning(record)
+    assert all(g.fallback is None for g in log) and [g.moe_ops() for g in log if g.moe_ops()] == [
+        ["topk_renorm", "topk_renorm"]], [(g.moe_ops(), g.fallback) for g in log]
+    torch.testing.assert_close(loss, loss_e, atol=1e-5, rtol=1e-4)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
 
 
 def test_deepseek_v3_causal_lm_under_dynamic_true_is_raised():
