@@ -218,20 +218,20 @@ class _RouterThenDataDependent(torch.nn.Module):
         return logits, w * busiest, idx, hit
 
 
-def test_graphs_with_data_dependent_ops_are_traced_through(monkeypatch):
+def test_graphs_with_data_dependent_ops_are_traced_through():
     """With Dynamo's ``capture_scalar_outputs`` / ``capture_dynamic_output_shape_ops``, a graph holds ``nonzero``
     and ``.item()`` beside the router: they are traced (unbacked symbols), the router raised, the outputs equal."""
     import torch._dynamo.config as dynamo_config
     from transformers.models.mixtral import modeling_mixtral as mixtral
 
-    monkeypatch.setattr(dynamo_config, "capture_scalar_outputs", True)
-    monkeypatch.setattr(dynamo_config, "capture_dynamic_output_shape_ops", True)
     cfg = MixtralConfig(hidden_size=H, intermediate_size=16, num_local_experts=8, num_experts_per_tok=2)
     model = _RouterThenDataDependent(_init(mixtral.MixtralTopKRouter(cfg), seed=3), 8)
     torch._dynamo.reset()
     c = torch.compile(model, backend="moe", options={"dense": "eager"})
     g = torch.Generator().manual_seed(2)
-    with warnings.catch_warnings(record=True) as record, capture_graphs() as log, torch.no_grad():
+    # (config.patch, not monkeypatch: the config module's own way to set and restore its options)
+    with dynamo_config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True), \
+            warnings.catch_warnings(record=True) as record, capture_graphs() as log, torch.no_grad():
         warnings.simplefilter("always")
         for t in (6, 11, 3):
             x = torch.randn(t, H, generator=g)
