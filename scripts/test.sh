@@ -47,6 +47,11 @@ show() {  # prints a finished stage's log and whether it failed
 # (build-san/), then a 120 s libFuzzer run over the parser, verifier and pipelines that fails on any crash or hang.
 # On by default (CI runs them); MOE_SANITIZE=0 or MOE_QUICK=1 leaves them out. nice: the plain suites come first
 # when both want a core; the chain has the idle one.
+# check-moe's one dependency outside `all` (the generated op docs docs-up-to-date.mlir compares), built here: lit
+# then runs directly, so that no second ninja runs in $BUILD beside a test that builds there. Before any stage
+# starts: a failure here ends the script (set -e) with nothing left running in the background.
+cmake --build "$BUILD" --target mlir-doc > /dev/null
+
 san_pid=""
 if [ "$SANITIZE" != 0 ]; then
   echo "== sanitizers (build-san: ASan + UBSan) and fuzz (moe-fuzz, ${MOE_FUZZ_SECONDS:-120} s): in the background"
@@ -56,9 +61,6 @@ if [ "$SANITIZE" != 0 ]; then
 fi
 
 echo "== lit (check-moe) then ctest: in the background"
-# check-moe's one dependency outside `all` (the generated op docs docs-up-to-date.mlir compares), built here: lit
-# then runs directly, so that no second ninja runs in $BUILD beside a test that builds there.
-cmake --build "$BUILD" --target mlir-doc > /dev/null
 (
   stage lit "$LLVM_PREFIX/bin/lit" -sv "$BUILD/test"
   if [ -f "$BUILD/CTestTestfile.cmake" ]; then
@@ -69,12 +71,16 @@ plain_pid=$!
 
 echo "== pytest (python/tests)"
 start=$SECONDS
+py_rc=0
 MOE_BUILD_DIR="$BUILD" "$VENV/bin/python" -m pytest "$ROOT/python/tests" -q -p no:cacheprovider --durations=20 2>&1 |
-  tee "$log/pytest.txt" || status=1
+  tee "$log/pytest.txt" || py_rc=$?
+[ "$py_rc" = 0 ] || status=1
 pytest_s=$((SECONDS - start))
 pycount() { grep -E '^[0-9]+ (passed|failed|skipped|error)|in [0-9.]+s' "$log/pytest.txt" | tail -1 |
             grep -oE "[0-9]+ $1" | grep -oE '^[0-9]+' || echo 0; }
 py_passed=$(pycount passed); py_failed=$(( $(pycount failed) + $(pycount error) )); py_skipped=$(pycount skipped)
+# pytest killed or crashed (no summary line, or an exit status its counts do not explain): a failure, not 0 failed.
+[ "$py_rc" = 0 ] || [ "$py_failed" -gt 0 ] || py_failed=1
 
 wait "$plain_pid" || status=1
 show lit "lit (check-moe)"
@@ -99,6 +105,8 @@ if [ -n "$san_pid" ]; then
   read -r san_passed san_failed san_skipped < <(grep -oE 'sanitize: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' \
     "$log/sanitize.txt" | grep -oE '[0-9]+' | tr '\n' ' '; echo) || true
   [ -n "$san_passed" ] || { san_passed=0; san_failed=1; san_skipped=0; }
+  # sanitize.sh failed with no failure in its counts (its lit or ctest killed: no summary to count from).
+  [ "$(cat "$log/sanitize.rc")" = 0 ] || [ "$san_failed" -gt 0 ] || san_failed=1
   show fuzz "fuzz (moe-fuzz, ${MOE_FUZZ_SECONDS:-120} s)"
   if [ "$(cat "$log/fuzz.rc")" = 0 ]; then fuzz_passed=1; else fuzz_failed=1; fi
   times="$times, sanitizers $(cat "$log/sanitize.s") s, fuzz $(cat "$log/fuzz.s") s"
