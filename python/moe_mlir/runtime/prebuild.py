@@ -146,8 +146,8 @@ def prebuild_cpu(jobs: int) -> None:
             procs.append(subprocess.Popen([sys.executable, "-m", "moe_mlir.runtime.prebuild", "--cpu-calls", *share],
                                           stdout=subprocess.PIPE, text=True))
     compiled = cached = 0
-    for p in procs:
-        out, _ = p.communicate()
+    outs = [p.communicate()[0] for p in procs]  # every worker finished before a failure is raised: none left behind
+    for p, out in zip(procs, outs):
         if p.returncode != 0:
             raise SystemExit(f"prebuild: a worker failed (exit {p.returncode})")
         c, d = (int(v) for v in out.split()[-2:])
