@@ -130,7 +130,7 @@ def _worker(rank, world, port, reps, q):
                    titan_style_ms_all=[1e3 * t for t in times["titan_style"]],
                    bytes_min=2 * minimum_rows * row,
                    bytes_ours_rows=traffic["dispatch_rows"] + traffic["combine_rows"],
-                   bytes_ours_meta=traffic["dispatch_meta"] + 8 * 38 * (world - 1),
+                   bytes_ours_meta=traffic["dispatch_meta"] + 8 * 39 * (world - 1),
                    bytes_titan_rows=2 * int(other.sum()) * row,
                    bytes_titan_meta=8 * (E // world) * (world - 1),
                    combine_rows_back=back_rows)
@@ -199,7 +199,7 @@ def main() -> int:
              "Time: the slowest rank's dispatch + combine (forward, identity experts), median of the repetitions. "
              "Bytes: sent between different ranks in one dispatch + combine, summed over ranks; minimum = each token "
              "row once per other rank owning one of its experts, each way. Ours also sends 2k x 4 bytes of gate "
-             "weights and ids per row and a 304-byte header per peer (column meta).", "",
+             "weights and ids per row and a 312-byte header per peer (column meta).", "",
              "| ranks | T/rank | D | E | k | ours ms | titan-style ms | speed-up | tok/s/rank ours | rows MiB ours |"
              " min MiB | titan-style MiB | ours meta KiB |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -11,7 +11,7 @@ by float rounding only (single rank: the order of HF's eager ``index_add_`` loop
 
 The exchange (on the given process group, default: the default group; gloo with CPU tensors, NCCL with CUDA tensors):
 
-1. a header all-to-all (int64, 38 per peer): the row counts for each rank — "counts first, as torch does" — plus
+1. a header all-to-all (int64, 39 per peer): the row counts for each rank — "counts first, as torch does" — plus
    each rank's status, hidden size, k, dtype, E and layout fingerprint, and its error message if its inputs are
    bad. Every rank checks every rank's header, so a bad expert id or mismatched shapes on one rank raise the same
    ``ValueError`` on all of them (never a hang in the next collective);
