@@ -3,14 +3,13 @@ cluster statistics are synchronised by the models themselves (:mod:`moe_mlir.dis
 ranks hold bit-identical router state, equal to one process training on the concatenated batch. A control run with
 :func:`moe_mlir.distributed.local_router_state` shows the replicas drift apart without it.
 
-The processes are spawned on a free port with a deadline (and a 60 s collective timeout), so a broken collective
-fails the test instead of hanging it.
+The processes meet through a rendezvous file (no port to race for) and run with a deadline and a collective timeout
+(hang guards far above a working run), so a broken collective fails the test instead of hanging it.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -26,13 +25,12 @@ from moe_mlir import distributed
 from moe_mlir.models import acmoe, symphony
 
 WORLD, STEPS, BATCH, SEQ, D = 2, 3, 4, 6, 16
-DEADLINE_S = 240
+DEADLINE_S = 1200  # a hang guard, far above a working run
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rendezvous_file(out_dir: Path) -> str:
+    """init_method="file://...": no port to pick, so no other process can take it before the ranks bind it."""
+    return str(out_dir / "rendezvous")
 
 
 def _setup(router: str):
@@ -83,10 +81,11 @@ def _train(model, data, shard=slice(None), wrap=lambda m: m) -> list[dict]:
     return states
 
 
-def _worker(rank: int, port: int, router: str, sync: bool, out_dir: str) -> None:
+def _worker(rank: int, rdzv: str, router: str, sync: bool, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=60))
+    # The timeout is a hang guard: generous, since the test runs beside the other stages of the test command.
+    dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=300))
     try:
         model, data = _setup(router)
         per_rank = BATCH // WORLD
@@ -105,7 +104,7 @@ def _worker(rank: int, port: int, router: str, sync: bool, out_dir: str) -> None
 
 
 def _run_ranks(router: str, sync: bool, out_dir: Path) -> list[list[dict]]:
-    ctx = mp.start_processes(_worker, args=(_free_port(), router, sync, str(out_dir)), nprocs=WORLD, join=False,
+    ctx = mp.start_processes(_worker, args=(_rendezvous_file(out_dir), router, sync, str(out_dir)), nprocs=WORLD, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + DEADLINE_S
     try:

@@ -10,15 +10,16 @@ Tolerance: the sharded computation adds a token's weighted expert outputs in inc
 number of rows: f32 rounding differences (seen: <= 5e-7 on outputs ~1), hence atol/rtol 1e-5 (1e-4 for gradients
 summed over many rows).
 
-The processes are spawned on a free port with a deadline and a 30 s collective timeout, so a broken collective fails
-the test instead of hanging it. No assertion depends on timing.
+The processes meet through a rendezvous file (no port to race for) and run with a deadline and a collective timeout
+(hang guards, far above a working job's time), so a broken collective fails the test instead of hanging it. A dead
+peer is seen by gloo as a closed connection, not by the timeout. No assertion depends on timing.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-import socket
+import tempfile
 import time
 import traceback
 from datetime import timedelta
@@ -35,8 +36,10 @@ from moe_mlir.expert_parallel.layout import ExpertLayout  # noqa: E402
 from moe_mlir.expert_parallel.plan import local_plan, rank_plan  # noqa: E402
 
 H, I, E = 16, 8, 8
-DEADLINE_S = 300
-COLLECTIVE_TIMEOUT_S = 30
+# Hang guards only, never reached by a working job: generous, since the job runs beside the other test stages (and
+# one rank may compile a kernel or a graph while its peer already waits in a collective).
+DEADLINE_S = 1200
+COLLECTIVE_TIMEOUT_S = 300
 ATOL, RTOL = 1e-5, 1e-5
 GRAD_TOL = dict(atol=1e-4, rtol=1e-4)
 # Tokens per rank: uneven, and one rank with none.
@@ -113,10 +116,13 @@ def test_layout_errors():
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rendezvous_file() -> str:
+    """A fresh file for init_method="file://...": no port to pick, so no other process can take it between the
+    choice and the ranks' bind (a free-port probe can lose that race on a busy machine)."""
+    fd, path = tempfile.mkstemp(prefix="moe-ep-rdzv-")
+    os.close(fd)
+    os.unlink(path)  # the file store creates it; a stale one from an earlier job must not exist
+    return path
 
 
 def _diff(a, b) -> float:
@@ -339,10 +345,10 @@ def _case_dead_rank(rank, world, q):
     return r + (time.monotonic() - t0,)
 
 
-def _worker(rank, world, port, q):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank, world, rdzv, q):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     cases = {
         "qwen3_moe block": lambda: _case_block(rank, world, "qwen3_moe"),
         "gpt_oss block (transposed, biases)": lambda: _case_block(rank, world, "gpt_oss"),
@@ -378,8 +384,8 @@ def _job(world: int) -> dict:
         return _JOBS[world]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, q), daemon=True) for r in range(world)]
+    rdzv = _rendezvous_file()
+    procs = [ctx.Process(target=_worker, args=(r, world, rdzv, q), daemon=True) for r in range(world)]
     for p in procs:
         p.start()
     results: dict = {}
@@ -401,6 +407,8 @@ def _job(world: int) -> dict:
         p.join(timeout=5)
         if p.is_alive():
             p.kill()
+    if os.path.exists(rdzv):
+        os.unlink(rdzv)
     _JOBS[world] = results
     return results
 
