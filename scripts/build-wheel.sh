@@ -9,7 +9,7 @@
 # built), their run paths set to $ORIGIN (patchelf) so that they load each other from the package, never from the
 # build tree; system.json (what they need from Debian, checked at import: scripts/wheel_system_deps.py) and
 # build.json (the torch it was built against, which the wheel requires).
-# The package is staged in $BUILD/wheel-stage: the source tree is left as it is (the editable install uses it).
+# The package is staged in $BUILD/wheel-stage.XXXXXX: the source tree is left as it is (the editable install uses it).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,19 +17,20 @@ BUILD="${MOE_BUILD_DIR:-$ROOT/build}"
 VENV="${MOE_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 DIST="${MOE_DIST_DIR:-$ROOT/dist}"
-STAGE="$BUILD/wheel-stage"
 
 for f in bin/moe-opt lib/libmoe_torch.so lib/libmoe_kernel_runtime.so lib/libmoe_cpu_runtime.so; do
   [ -f "$BUILD/$f" ] || { echo "build-wheel: $BUILD/$f is missing: build the project first (scripts/setup.sh)" >&2; exit 1; }
 done
 command -v patchelf >/dev/null || { echo "build-wheel: needs patchelf (apt install patchelf)" >&2; exit 1; }
 start=$(date +%s)
-# One build at a time per build tree (the stage is shared).
-exec 9>"$BUILD/.wheel.lock"
+# dist/ is shared by every build tree and by python/tests/test_wheel.py, which copies the wheel under the same lock:
+# nobody reads a wheel that is being replaced. The stage is this run's own.
+mkdir -p "$DIST"
+exec 9>"$DIST/.build.lock"
 flock 9
-
-rm -rf "$STAGE"
-mkdir -p "$STAGE"
+mkdir -p "$BUILD"
+STAGE="$(mktemp -d "$BUILD/wheel-stage.XXXXXX")"
+trap 'rm -rf "$STAGE"' EXIT
 tar -C "$ROOT/python" --exclude=__pycache__ --exclude='*.pyc' --exclude=_bundle \
   -cf - pyproject.toml setup.py _moe_mlir_cli.py moe_mlir | tar -C "$STAGE" -xf -
 B="$STAGE/moe_mlir/_bundle"
@@ -60,7 +61,6 @@ EOF
 echo "== wheel: what the compiled pieces need from the system"
 "$PY" "$ROOT/scripts/wheel_system_deps.py" "$B" "$TORCH_LIB"
 
-mkdir -p "$DIST"
 rm -f "$DIST"/moe_mlir-*.whl
 "$PY" -m pip --disable-pip-version-check wheel -q --no-deps --no-build-isolation -w "$DIST" "$STAGE"
 rm -rf "$STAGE"

@@ -52,7 +52,15 @@ show() {  # prints a finished stage's log and whether it failed
 # starts: a failure here ends the script (set -e) with nothing left running in the background.
 cmake --build "$BUILD" --target mlir-doc > /dev/null
 
-san_pid=""
+# The background stages die with the script: a CI timeout, Ctrl-C or a failing step must not leave lit, ctest,
+# ninja or the fuzzer running as orphans (non-interactive bash starts background jobs ignoring SIGINT, and killing
+# a subshell alone would not reach its children).
+san_pid=""; plain_pid=""
+kill_tree() { local c; for c in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$c"; done; kill -TERM "$1" 2>/dev/null || true; }
+stop_stages() { local p; for p in $san_pid $plain_pid; do kill_tree "$p"; done; }
+trap stop_stages EXIT
+trap 'stop_stages; exit 130' INT TERM
+
 if [ "$SANITIZE" != 0 ]; then
   echo "== sanitizers (build-san: ASan + UBSan) and fuzz (moe-fuzz, ${MOE_FUZZ_SECONDS:-120} s): in the background"
   ( stage sanitize nice -n 10 "$ROOT/scripts/sanitize.sh"
@@ -83,6 +91,7 @@ py_passed=$(pycount passed); py_failed=$(( $(pycount failed) + $(pycount error) 
 [ "$py_rc" = 0 ] || [ "$py_failed" -gt 0 ] || py_failed=1
 
 wait "$plain_pid" || status=1
+plain_pid=""  # finished: nothing left for stop_stages
 show lit "lit (check-moe)"
 ctest_passed=0; ctest_failed=0; ctest_skipped=0
 if [ -f "$log/ctest.txt" ]; then
@@ -101,6 +110,7 @@ times="build $build_s s, pytest $pytest_s s, lit $(cat "$log/lit.s") s, ctest $(
 if [ -n "$san_pid" ]; then
   [ -f "$log/fuzz.rc" ] || echo "== waiting for the sanitizer chain"
   wait "$san_pid" || status=1
+  san_pid=""
   show sanitize "sanitizers (build-san: ASan + UBSan)"
   read -r san_passed san_failed san_skipped < <(grep -oE 'sanitize: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' \
     "$log/sanitize.txt" | grep -oE '[0-9]+' | tr '\n' ' '; echo) || true

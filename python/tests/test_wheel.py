@@ -44,19 +44,20 @@ def _wheel_inputs(build: Path) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def wheel(moe_opt, tmp_path_factory) -> Path:
-    """A copy of dist/'s wheel, built now unless one is newer than every input (under a lock: xdist workers, other
-    runs; the copy, so that another run's rebuild cannot remove it while it is installed)."""
+    """A copy of dist/'s wheel, built now unless one is newer than every input. scripts/build-wheel.sh replaces the
+    wheel under dist/.build.lock, and the copy is taken under the same lock: another run's (or the set-up's) rebuild
+    cannot remove it while it is read or installed."""
     build = _build_dir()
     DIST.mkdir(exist_ok=True)
+    newest_input = max(p.stat().st_mtime for p in _wheel_inputs(build) if p.exists())
+    current = sorted(DIST.glob("moe_mlir-*.whl"))
+    if len(current) != 1 or current[0].stat().st_mtime < newest_input:
+        proc = subprocess.run([str(ROOT / "scripts" / "build-wheel.sh")], capture_output=True, text=True,
+                              env={**os.environ, "MOE_BUILD_DIR": str(build)}, timeout=600)
+        assert proc.returncode == 0, f"scripts/build-wheel.sh failed:\n{proc.stdout}\n{proc.stderr}"
     with open(DIST / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         wheels = sorted(DIST.glob("moe_mlir-*.whl"))
-        newest_input = max(p.stat().st_mtime for p in _wheel_inputs(build) if p.exists())
-        if len(wheels) != 1 or wheels[0].stat().st_mtime < newest_input:
-            proc = subprocess.run([str(ROOT / "scripts" / "build-wheel.sh")], capture_output=True, text=True,
-                                  env={**os.environ, "MOE_BUILD_DIR": str(build)}, timeout=600)
-            assert proc.returncode == 0, f"scripts/build-wheel.sh failed:\n{proc.stdout}\n{proc.stderr}"
-            wheels = sorted(DIST.glob("moe_mlir-*.whl"))
         assert len(wheels) == 1, wheels
         copy = tmp_path_factory.mktemp("dist") / wheels[0].name
         shutil.copyfile(wheels[0], copy)
