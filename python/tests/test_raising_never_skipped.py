@@ -38,19 +38,12 @@ from transformers import (DeepseekV3Config, MixtralConfig, MixtralForCausalLM, O
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek  # noqa: E402
 
 from moe_mlir.backends.dynamo import MoERaisingWarning, capture_graphs  # noqa: E402
+from torch_checks import init_hf_module  # noqa: E402
 
 H = 32
 
 
-def _init(m: torch.nn.Module, seed: int) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-        for name, b in m.named_buffers():
-            if "e_score_correction_bias" in name:
-                b.copy_(torch.randn(b.shape, generator=g) * 0.1)
-    return m.eval()
+_init = init_hf_module
 
 
 def _by_index(w: torch.Tensor, i: torch.Tensor):

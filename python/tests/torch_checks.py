@@ -88,3 +88,15 @@ def use_cpu_target(monkeypatch, cpu: str, threads: int) -> None:
         pytest.skip(str(e))
     monkeypatch.setattr(cache, "_loaded", {})
     extension.clear_kernels()
+
+
+def init_hf_module(m: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Seeded random weights (and DeepSeek's selection bias) for an HF module built from a tiny config; eval mode."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        for name, b in m.named_buffers():
+            if "e_score_correction_bias" in name:
+                b.copy_(torch.randn(b.shape, generator=g) * 0.1)
+    return m.eval()
