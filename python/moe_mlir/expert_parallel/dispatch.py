@@ -179,12 +179,15 @@ def dispatch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, layout: ExpertLa
         ExpertParallelError: a collective failed (a rank died, or the group's timeout passed).
     """
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    status = _local_error(x, topk_ids, topk_weights, layout, world)
+    try:
+        status = _local_error(x, topk_ids, topk_weights, layout, world)
+        plan = None if status else rank_plan(topk_ids, layout)
+    except Exception as e:  # noqa: BLE001  (an unforeseen local failure still reaches every rank, as a ValueError)
+        status, plan = f"{type(e).__name__}: {e}", None
     dev = x.device
     if status:
         counts = torch.zeros(world, dtype=torch.int64, device=dev)
     else:
-        plan = rank_plan(topk_ids, layout)
         counts = plan.send_counts
     recv_splits = _exchange_headers(counts, status, x, topk_ids, layout, group, rank, world)
     send_splits = counts.tolist()

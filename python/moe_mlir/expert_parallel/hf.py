@@ -138,5 +138,10 @@ def allreduce_replicated_grads(model: torch.nn.Module, group: Optional["dist.Pro
     sharded = {id(p) for m in _X.hf_experts_modules(model) if getattr(m, "ep_layout", None) is not None
                for name in EXPERT_PARAMS if isinstance(p := getattr(m, name, None), torch.nn.Parameter)}
     for p in model.parameters():
-        if id(p) not in sharded and p.grad is not None:
-            dist.all_reduce(p.grad, group=group)
+        if id(p) in sharded or not p.requires_grad:
+            continue
+        # A parameter unused on this rank still joins the sum (with zeros): every rank must issue the same
+        # collectives in the same order, or they pair the wrong tensors (or hang).
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, group=group)
