@@ -52,6 +52,8 @@ LD_PRELOAD="$ASAN_RT" "$FUZZER" "$corpus" "$seeds" -max_total_time="$SECONDS_BUD
 grep -qE "ERROR: libFuzzer|ERROR: AddressSanitizer|runtime error|Test unit written|moe-fuzz: verified" "$work/log.txt" &&
   status=1
 runs=$(grep -oE 'stat::number_of_executed_units: [0-9]+' "$work/log.txt" | grep -oE '[0-9]+$' | tail -1 || true)
+# Fork mode (-fork=N) prints no final stats: its last status line "#N: cov: ..." counts the inputs of all jobs.
+[ -n "$runs" ] || runs=$(grep -oE '^#[0-9]+: cov:' "$work/log.txt" | grep -oE '[0-9]+' | tail -1 || true)
 # A fuzzer that did not start (or died before its stats) has tested nothing: that is a failure, not a pass.
 if [ -z "$runs" ] || [ "$runs" -eq 0 ]; then
   echo "fuzz: the fuzzer ran no input; its log ($work/log.txt) ends:"; tail -5 "$work/log.txt"
