@@ -38,17 +38,12 @@ from transformers import (DeepseekV3Config, MixtralConfig, MixtralForCausalLM, O
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek  # noqa: E402
 
 from moe_mlir.backends.dynamo import MoERaisingWarning, capture_graphs  # noqa: E402
-from torch_checks import init_hf_module  # noqa: E402
+from torch_checks import init_hf_module, same_expert_sets  # noqa: E402
 
 H = 32
 
 
 _init = init_hf_module
-
-
-def _by_index(w: torch.Tensor, i: torch.Tensor):
-    o = i.argsort(-1)
-    return w.gather(-1, o), i.gather(-1, o)
 
 
 def _no_raising_warning(record) -> None:
@@ -77,10 +72,7 @@ def test_deepseek_v3_router_with_dynamic_floats_is_raised(E, n_group, topk_group
             (logits, w, i), (logits_e, w_e, i_e) = c(x), router(x)
             torch.testing.assert_close(logits, logits_e)
             assert i.dtype == i_e.dtype == torch.int64 and w.dtype == w_e.dtype
-            w, i = _by_index(w, i)  # HF's topk(sorted=False): compare as sets
-            w_e, i_e = _by_index(w_e, i_e)
-            assert torch.equal(i, i_e)
-            torch.testing.assert_close(w, w_e, atol=1e-6, rtol=1e-5)
+            same_expert_sets(w, i, w_e, i_e)
     _no_raising_warning(record)
     # dynamic=True: one graph for both token counts, its routed_scaling_factor a graph input
     assert len(log) == 1 and log[0].fallback is None, [g.fallback for g in log]

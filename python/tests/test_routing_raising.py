@@ -20,7 +20,7 @@ from transformers import DeepseekV3Config  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek  # noqa: E402
 
 from moe_mlir.backends.dynamo import capture_graphs  # noqa: E402
-from torch_checks import init_hf_module  # noqa: E402
+from torch_checks import init_hf_module, same_expert_sets  # noqa: E402
 
 H = 32
 TOKENS = (5, 1, 12)
@@ -33,11 +33,6 @@ def _deepseek_config(E: int, n_group: int, topk_group: int, k: int) -> DeepseekV
     return DeepseekV3Config(hidden_size=H, moe_intermediate_size=16, n_routed_experts=E, num_experts_per_tok=k,
                             n_group=n_group, topk_group=topk_group, n_shared_experts=1, norm_topk_prob=True,
                             routed_scaling_factor=2.5)
-
-
-def _by_index(w: torch.Tensor, i: torch.Tensor):
-    o = i.argsort(-1)
-    return w.gather(-1, o), i.gather(-1, o)
 
 
 def _run(model, make_x, dense="eager"):
@@ -63,10 +58,7 @@ def test_deepseek_v3_router_is_raised_to_route(E, n_group, topk_group, k):
     for (logits, w, i), (logits_e, w_e, i_e) in outs:
         torch.testing.assert_close(logits, logits_e)
         assert i.dtype == i_e.dtype == torch.int64 and w.dtype == w_e.dtype
-        w, i = _by_index(w, i)  # HF's topk(sorted=False): compare as sets
-        w_e, i_e = _by_index(w_e, i_e)
-        assert torch.equal(i, i_e)
-        torch.testing.assert_close(w, w_e, atol=1e-6, rtol=1e-5)
+        same_expert_sets(w, i, w_e, i_e)
 
 
 def test_deepseek_v3_moe_block_is_raised_and_matches_eager():
@@ -82,10 +74,7 @@ def test_deepseek_v3_router_through_inductor():
     log, outs = _run(router, lambda t: torch.randn(t, H), dense="inductor")
     assert log and all(g.moe_ops() == ["route"] for g in log)
     for (_, w, i), (_, w_e, i_e) in outs:
-        w, i = _by_index(w, i)
-        w_e, i_e = _by_index(w_e, i_e)
-        assert torch.equal(i, i_e)
-        torch.testing.assert_close(w, w_e, atol=1e-6, rtol=1e-5)
+        same_expert_sets(w, i, w_e, i_e)
 
 
 def test_deepseek_v3_router_training_gradient():

@@ -100,3 +100,15 @@ def init_hf_module(m: torch.nn.Module, seed: int) -> torch.nn.Module:
             if "e_score_correction_bias" in name:
                 b.copy_(torch.randn(b.shape, generator=g) * 0.1)
     return m.eval()
+
+
+def same_expert_sets(w: torch.Tensor, i: torch.Tensor, w_ref: torch.Tensor, i_ref: torch.Tensor) -> None:
+    """Top-k weights and indices equal a reference's as sets per row (HF's routers use topk(sorted=False), so the
+    slot order is not part of the contract): both sorted by expert index, then indices equal, weights close."""
+    def by_index(w, i):
+        o = i.argsort(-1)
+        return w.gather(-1, o), i.gather(-1, o)
+
+    (w, i), (w_ref, i_ref) = by_index(w, i), by_index(w_ref, i_ref)
+    assert torch.equal(i, i_ref)
+    torch.testing.assert_close(w, w_ref, atol=1e-6, rtol=1e-5)
