@@ -98,7 +98,9 @@ rc=0
 # self-test gives it and the run more time than the GPU machine's limits (300 s, 540 s).
 MOE_GPU_CHECK_BUILD_TIMEOUT_S="${MOE_GPU_CHECK_BUILD_TIMEOUT_S:-1200}" \
 MOE_GPU_CHECK_BUDGET_S="${MOE_GPU_CHECK_BUDGET_S:-1800}" \
-MOE_PYTHON="$PY" MOE_REPO="${MOE_REPO:-$ROOT}" MOE_GPU_CHECK_BUILD="${MOE_GPU_CHECK_BUILD:-$BUILD/gpu-check-selftest-build}" \
+# The host build's folder is the check folder's own sibling (build/gpu-check-selftest-build for the default): a
+# CMake build folder is bound to its source folder, so one shared by two check folders fails to configure.
+MOE_PYTHON="$PY" MOE_REPO="${MOE_REPO:-$ROOT}" MOE_GPU_CHECK_BUILD="${MOE_GPU_CHECK_BUILD:-$DIR-selftest-build}" \
   bash "$DIR/run.sh" "${MOE_GPU_CHECK_SELFTEST_OUT:-$BUILD/gpu-check-selftest}" || rc=$?
 if [ "$rc" = 77 ] || [ "$rc" = 0 ]; then exit 0; fi
 exit "$rc"
