@@ -460,14 +460,20 @@ def hf_experts_forward(self: torch.nn.Module, hidden_states: Tensor, top_k_index
                             gate=_known_gate(self))
 
 
-def register() -> bool:
-    """Adds ``"moe"`` to HF's ``ExpertsInterface`` (idempotent). False when transformers (5.x) is not installed."""
+def register_implementation(name: str, forward) -> bool:
+    """Adds ``forward`` to HF's ``ExpertsInterface`` as ``name`` (idempotent). False when transformers (5.x) is not
+    installed."""
     try:
         from transformers.integrations.moe import ExpertsInterface
     except ImportError:
         return False
-    ExpertsInterface.register(IMPLEMENTATION, hf_experts_forward)
+    ExpertsInterface.register(name, forward)
     return True
+
+
+def register() -> bool:
+    """Adds ``"moe"`` to HF's ``ExpertsInterface`` (idempotent). False when transformers (5.x) is not installed."""
+    return register_implementation(IMPLEMENTATION, hf_experts_forward)
 
 
 #: The implementations switched to ``"moe"``: HF's defaults (unset on a standalone module, ``"eager"``, and

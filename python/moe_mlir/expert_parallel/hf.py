@@ -44,12 +44,7 @@ EXPERT_PARAMS = ("gate_up_proj", "up_proj", "down_proj", "gate_up_proj_bias", "u
 
 def register() -> bool:
     """Adds ``"moe_ep"`` to HF's ``ExpertsInterface`` (idempotent). False without transformers 5.x."""
-    try:
-        from transformers.integrations.moe import ExpertsInterface
-    except ImportError:
-        return False
-    ExpertsInterface.register(IMPLEMENTATION, hf_ep_experts_forward)
-    return True
+    return _X.register_implementation(IMPLEMENTATION, hf_ep_experts_forward)
 
 
 def shard_experts(model: torch.nn.Module, group: Optional["dist.ProcessGroup"] = None,
