@@ -1,0 +1,78 @@
+"""The compiled kernels of ``torch.ops.moe.*`` (lib/Runtime/Torch + :mod:`moe_mlir.runtime`): the tables the op
+modules fill (their kernel-cache validators, their Python autograd), loading the extension, and the eager fallback's
+one-time warning.
+
+The op modules import this one and fill :data:`KEY_VALIDATORS`, ``_PYTHON_AUTOGRAD``, ``_STOP_GRADIENT`` and
+``_GRAD_OPS`` as they define their ops; :mod:`moe_mlir.ops` calls :func:`_load_kernels` once, after every op module.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable, Optional
+
+from torch import Tensor
+
+from ._autograd import _stop_gradient_backward, _stop_gradient_setup
+
+_FALLBACK_WARNED = False
+_KERNELS_UNAVAILABLE: Optional[str] = None
+_EXTENSION_LOADED = False
+
+
+def _note_fallback(t: Tensor) -> None:
+    """Called by the eager kernels: on a CPU tensor they run only when the compiled kernels are unavailable."""
+    global _FALLBACK_WARNED
+    if t.device.type == "cpu" and not _FALLBACK_WARNED:
+        _FALLBACK_WARNED = True
+        warnings.warn(f"moe: the compiled CPU kernels are unavailable ({_KERNELS_UNAVAILABLE or 'not loaded'}); "
+                      "torch.ops.moe.* run the eager references", RuntimeWarning, stacklevel=3)
+
+
+#: Per op: validate(inputs by name (meta tensors of the call's shapes), attributes as strings). The kernel cache
+#: calls these on a cache-key miss, so that a call the key does not pin down yet gets the Python messages.
+KEY_VALIDATORS: dict[str, Callable[[dict, dict], None]] = {}
+
+#: The Python autograd of the differentiable dialect ops, (op, backward, setup_context). The extension registers their
+#: autograd in C++ (lib/Runtime/Torch/Autograd.cpp: no Python per call, the same semantics); these are registered
+#: only when it does not load, so that an op has one autograd either way.
+_PYTHON_AUTOGRAD: list[tuple] = []
+
+#: The stop-gradient ops (003 §5.10, 004 §1.2): without the extension (whose AutogradCPU kernel runs them below
+#: autograd) their outputs are marked non-differentiable here, so they never require grad either way.
+_STOP_GRADIENT: list = []
+
+#: The ops with a Python (recompute) autograd that the extension calls back into (:func:`_autograd_call`), by name.
+_GRAD_OPS: dict[str, object] = {}
+_AUTOGRAD_IMPLS: dict[str, Callable] = {}
+
+
+def kernels_available() -> bool:
+    """True when ``torch.ops.moe.*`` run the compiled kernels on CPU tensors (else the eager references)."""
+    return _KERNELS_UNAVAILABLE is None and _EXTENSION_LOADED
+
+
+def _autograd_call(name: str, keyset, args: tuple):
+    """The extension's path for a CPU call of ``route`` with an input that requires grad: the custom op's own autograd
+    (the recompute backward registered above), whose forward redispatches to the CPU kernel."""
+    impl = _AUTOGRAD_IMPLS.get(name)
+    if impl is None:
+        from torch._library.autograd import make_autograd_impl
+
+        op = _GRAD_OPS[name]
+        impl = _AUTOGRAD_IMPLS[name] = make_autograd_impl(op._opoverload, op)
+    return impl(keyset, *args)
+
+
+def _load_kernels() -> None:
+    global _KERNELS_UNAVAILABLE, _EXTENSION_LOADED
+    from ..runtime import extension
+
+    reason = extension.load(KEY_VALIDATORS, _autograd_call)
+    _EXTENSION_LOADED = reason is None
+    _KERNELS_UNAVAILABLE = reason
+    if not _EXTENSION_LOADED:
+        for op, backward, setup in _PYTHON_AUTOGRAD:
+            op.register_autograd(backward, setup_context=setup)
+        for op in _STOP_GRADIENT:
+            op.register_autograd(_stop_gradient_backward, setup_context=_stop_gradient_setup)

@@ -1,0 +1,369 @@
+"""The mixing ops of Mutual-Inform: ``moe.similarity_inform`` (with its training form ``similarity_inform_fwd`` and
+its backward) and ``moe.attention_posterior`` (with its backward)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from ..reference import (
+    _attention_posterior_backward_ref,
+    _attention_posterior_ref,
+    _similarity_inform_backward_ref,
+    _similarity_inform_fwd_ref,
+    _similarity_inform_ref,
+)
+from ._autograd import _needs
+from ._checks import (
+    _check_dim,
+    _check_enum,
+    _check_float,
+    _check_index,
+    _check_operands,
+    _check_positive_finite,
+    _check_rank,
+    _check_result_elements,
+    _f,
+    _fail,
+    _of,
+)
+from .loading import KEY_VALIDATORS, _PYTHON_AUTOGRAD, _note_fallback
+
+HEAD_SELECTS = ("min_entropy", "all")
+
+
+def _validate_similarity_inform(
+    u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float,
+    op: str = "similarity_inform",
+) -> None:
+    _check_operands(op, (_check_float, "u", u, 3, "[B, N, D]"), (_check_float, "e", e, 3, "[B, N, K]"))
+    _check_dim(op, "e", e, 0, u.shape[0], "dimension 0 of 'u' (B)")
+    _check_dim(op, "e", e, 1, u.shape[1], "dimension 1 of 'u' (N)")
+    if ws is not None:
+        _check_float(op, "ws", ws)
+        _check_rank(op, "ws", ws, 2, "[D, D]")
+        _check_dim(op, "ws", ws, 0, u.shape[2], "dimension 2 of 'u' (D)")
+        _check_dim(op, "ws", ws, 1, u.shape[2], "dimension 2 of 'u' (D)")
+    if key_mask is not None:
+        if key_mask.dtype != torch.bool:
+            raise TypeError(f"moe.{op}: 'key_mask' must be bool (i1), got {key_mask.dtype}")
+        _check_rank(op, "key_mask", key_mask, 2, "[B, N]")
+        _check_dim(op, "key_mask", key_mask, 0, u.shape[0], "dimension 0 of 'u' (B)")
+        _check_dim(op, "key_mask", key_mask, 1, u.shape[1], "dimension 1 of 'u' (N)")
+    _check_positive_finite(op, "tau", tau)
+
+
+@torch.library.custom_op("moe::similarity_inform", mutates_args=())
+def similarity_inform(
+    u: Tensor,
+    e: Tensor,
+    ws: Optional[Tensor] = None,
+    key_mask: Optional[Tensor] = None,
+    tau: float = 1.0,
+    causal: bool = False,
+) -> Tensor:
+    """Similarity-Inform mixing (``moe.similarity_inform``, Mutual-Inform eq 5, 8).
+
+    ``p[b,i,:] = Σ_j S[b,i,j] e[b,j,:]`` with ``S[b,i,:] = softmax_j(u_i^T W_s u_j / tau)`` over the tokens of
+    sequence ``b`` (``j = i`` included; ``W_s`` = identity when ``ws`` is None).
+
+    Args:
+        u: ``[B, N, D]`` MoE inputs. e: ``[B, N, K]`` router probabilities. ws: optional ``[D, D]``.
+        key_mask: optional ``[B, N]`` bool, False keys are excluded. tau: > 0, finite. causal: only ``j <= i``.
+
+    Returns:
+        ``p`` ``[B, N, K]`` f32; a row with every key excluded gives zeros; NaN propagates to the rows mixing it.
+    """
+    _validate_similarity_inform(u, e, ws, key_mask, tau)
+    _note_fallback(u)
+    return _similarity_inform_ref(u, e, ws, key_mask, tau, causal)
+
+
+@similarity_inform.register_fake
+def _(u, e, ws=None, key_mask=None, tau=1.0, causal=False):
+    _validate_similarity_inform(u, e, ws, key_mask, tau)
+    return e.new_empty(e.shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("moe::similarity_inform_fwd", mutates_args=())
+def similarity_inform_fwd(
+    u: Tensor,
+    e: Tensor,
+    ws: Optional[Tensor] = None,
+    key_mask: Optional[Tensor] = None,
+    tau: float = 1.0,
+    causal: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """``similarity_inform`` for training (``moe.similarity_inform_fwd``): ``p`` and the row log-sum-exp ``lse``
+    (``[B, N]`` f32, -inf for a row without keys) of its softmax, which ``similarity_inform_backward(..., p, lse)``
+    reads instead of running the forward again. The autograd of ``similarity_inform`` calls it."""
+    _validate_similarity_inform(u, e, ws, key_mask, tau)  # errors name similarity_inform, whose training form it is
+    _note_fallback(u)
+    return _similarity_inform_fwd_ref(u, e, ws, key_mask, tau, causal)
+
+
+@similarity_inform_fwd.register_fake
+def _(u, e, ws=None, key_mask=None, tau=1.0, causal=False):
+    _validate_similarity_inform(u, e, ws, key_mask, tau)
+    return e.new_empty(e.shape, dtype=torch.float32), e.new_empty(e.shape[:2], dtype=torch.float32)
+
+
+def _validate_similarity_inform_backward(
+    grad_p: Tensor, u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float,
+    p: Optional[Tensor] = None, lse: Optional[Tensor] = None,
+) -> None:
+    op = "similarity_inform_backward"
+    _validate_similarity_inform(u, e, ws, key_mask, tau, op=op)
+    _check_operands(op, (_check_float, "grad_p", grad_p, 3, "[B, N, K], the shape of p"))
+    for d in range(3):
+        _check_dim(op, "grad_p", grad_p, d, e.shape[d], "the same dimension of 'e'")
+    if (p is None) != (lse is None):
+        _fail(op, "the saved forward statistics come as a pair: pass both 'p' and 'lse' or neither")
+    if p is not None:
+        for name, t, rank, dims in (("p", p, 3, "[B, N, K], the forward's result"),
+                                    ("lse", lse, 2, "[B, N], the forward's row log-sum-exp")):
+            if t.dtype != torch.float32:
+                raise TypeError(f"moe.{op}: '{name}' must be float32 (as similarity_inform_fwd returns it), "
+                                f"got {t.dtype}")
+            _check_rank(op, name, t, rank, dims)
+            for d in range(rank):
+                _check_dim(op, name, t, d, e.shape[d], "the same dimension of 'e'")
+
+
+@torch.library.custom_op("moe::similarity_inform_backward", mutates_args=())
+def similarity_inform_backward(
+    grad_p: Tensor,
+    u: Tensor,
+    e: Tensor,
+    ws: Optional[Tensor] = None,
+    key_mask: Optional[Tensor] = None,
+    tau: float = 1.0,
+    causal: bool = False,
+    p: Optional[Tensor] = None,
+    lse: Optional[Tensor] = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward of ``similarity_inform`` (``moe.similarity_inform_grad``): the gradients of ``p`` with respect to
+    ``u``, ``e`` and ``ws`` given ``grad_p`` (``[B, N, K]``), all f32.
+
+    The CPU and CUDA kernels stream the similarity tiles from the forward's log-sum-exp (flash-style, the GPU one
+    FlashAttention-2-backward style: a query-major and a key-major pass, no atomics): extra memory O(B·N·(D+K)),
+    never N×N. ``p`` and ``lse``, as ``similarity_inform_fwd`` returned them, spare the kernels the forward pass
+    that otherwise recomputes them. Without the kernels it runs the reference's closed form.
+
+    Returns:
+        ``(du [B, N, D], de [B, N, K], dws)``; ``dws`` is ``[D, D]`` with ``ws``, else an empty ``[0]``.
+    """
+    _validate_similarity_inform_backward(grad_p, u, e, ws, key_mask, tau, p, lse)
+    _note_fallback(u)
+    return _similarity_inform_backward_ref(grad_p, u, e, ws, key_mask, tau, causal)
+
+
+@similarity_inform_backward.register_fake
+def _(grad_p, u, e, ws=None, key_mask=None, tau=1.0, causal=False, p=None, lse=None):
+    _validate_similarity_inform_backward(grad_p, u, e, ws, key_mask, tau, p, lse)
+    D = u.shape[2]
+    return (
+        u.new_empty(u.shape, dtype=torch.float32),
+        e.new_empty(e.shape, dtype=torch.float32),
+        u.new_empty((D, D) if ws is not None else (0,), dtype=torch.float32),
+    )
+
+
+def _similarity_grads(ctx, grad_p: Tensor, u: Tensor, e: Tensor, ws: Optional[Tensor],
+                      key_mask: Optional[Tensor], tau: float, causal: bool, needs: Sequence[bool]):
+    """(du, de, dws) cast to the operands' dtypes, None where no gradient is needed (needs: u, e, ws)."""
+    du, de, dws = similarity_inform_backward(grad_p, u, e, ws, key_mask, tau, causal)
+    return (
+        du.to(u.dtype) if needs[0] else None,
+        de.to(e.dtype) if needs[1] else None,
+        dws.to(ws.dtype) if ws is not None and needs[2] else None,
+    )
+
+
+def _similarity_inform_setup(ctx, inputs, output):
+    u, e, ws, key_mask, tau, causal = inputs
+    ctx.save_for_backward(u, e, ws, key_mask)
+    ctx.tau, ctx.causal = tau, causal
+
+
+def _similarity_inform_backward(ctx, grad_p):
+    u, e, ws, key_mask = ctx.saved_tensors
+    n = _needs(ctx, 6)
+    if grad_p is None or not (n[0] or n[1] or n[2]):
+        return None, None, None, None, None, None
+    du, de, dws = _similarity_grads(ctx, grad_p, u, e, ws, key_mask, ctx.tau, ctx.causal, n[:3])
+    return du, de, dws, None, None, None
+
+
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 3. attention_posterior
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _validate_attention_posterior(
+    scores: Tensor, u: Tensor, v: Tensor, wo: Tensor, e: Tensor, sigma: float, head_select: str,
+    head_scale: Optional[float], op: str = "attention_posterior",
+) -> None:
+    _check_operands(op, (_check_float, "scores", scores, 4, "[B, H, N, Nk]"), (_check_float, "u", u, 3, "[B, N, D]"),
+                    (_check_float, "v", v, 4, "[B, H, Nk, Dh]"), (_check_float, "wo", wo, 2, "[D, H*Dh]"),
+                    (_check_float, "e", e, 3, "[B, Nk, K]"))
+    B, H, N, Nk = scores.shape
+    _check_dim(op, "u", u, 0, B, "dimension 0 of 'scores' (B)")
+    _check_dim(op, "u", u, 1, N, "dimension 2 of 'scores' (N)")
+    _check_dim(op, "v", v, 0, B, "dimension 0 of 'scores' (B)")
+    _check_dim(op, "v", v, 1, H, "dimension 1 of 'scores' (H)")
+    _check_dim(op, "v", v, 2, Nk, "dimension 3 of 'scores' (Nk)")
+    _check_dim(op, "wo", wo, 0, u.shape[2], "dimension 2 of 'u' (D)")
+    _check_dim(op, "wo", wo, 1, H * v.shape[3], "H * Dh")
+    _check_dim(op, "e", e, 0, B, "dimension 0 of 'scores' (B)")
+    _check_dim(op, "e", e, 1, Nk, "dimension 3 of 'scores' (Nk)")
+    _check_positive_finite(op, "sigma", sigma)
+    _check_enum(op, "head_select", head_select, HEAD_SELECTS)
+    if head_scale is not None and not math.isfinite(head_scale):
+        _fail(op, f"'head_scale' ({head_scale}) must be finite")
+    if op == "attention_posterior":  # p [B, N, K]: N from the scores, K from e
+        _check_result_elements(op, "p", (B, N, e.shape[2]))
+
+
+@torch.library.custom_op("moe::attention_posterior", mutates_args=())
+def attention_posterior(
+    scores: Tensor,
+    u: Tensor,
+    v: Tensor,
+    wo: Tensor,
+    e: Tensor,
+    sigma: float = 1.0,
+    head_select: str = "min_entropy",
+    head_scale: Optional[float] = None,
+) -> tuple[Tensor, Tensor]:
+    """Attention-Inform mixing through the attention posterior (``moe.attention_posterior``, Lemma 1, eq 13-17).
+
+    Args:
+        scores: ``[B, H, N, Nk]`` pre-softmax attention logits (``-inf`` = masked). u: ``[B, N, D]``.
+        v: ``[B, H, Nk, Dh]`` per-head values. wo: ``[D, H*Dh]`` out-projection (nn.Linear layout).
+        e: ``[B, Nk, K]`` router probabilities of the keys. sigma: > 0, finite.
+        head_select: ``"min_entropy"`` (eq 15, the head of lowest mean prior entropy) or ``"all"`` (eq 13).
+        head_scale: factor of the head means (default H).
+
+    Returns:
+        ``(p [B, N, K] f32, head [B] i32)``; ``head`` is ``-1`` for ``"all"``.
+    """
+    _validate_attention_posterior(scores, u, v, wo, e, sigma, head_select, head_scale)
+    _note_fallback(scores)
+    return _attention_posterior_ref(scores, u, v, wo, e, sigma, head_select, head_scale)
+
+
+@attention_posterior.register_fake
+def _(scores, u, v, wo, e, sigma=1.0, head_select="min_entropy", head_scale=None):
+    _validate_attention_posterior(scores, u, v, wo, e, sigma, head_select, head_scale)
+    B, _, N, _ = scores.shape
+    return (
+        e.new_empty((B, N, e.shape[2]), dtype=torch.float32),
+        e.new_empty((B,), dtype=torch.int32),
+    )
+
+
+def _validate_attention_posterior_backward(
+    grad_p: Tensor, scores: Tensor, u: Tensor, v: Tensor, wo: Tensor, e: Tensor, head: Optional[Tensor],
+    sigma: float, head_select: str, head_scale: Optional[float],
+) -> None:
+    op = "attention_posterior_backward"
+    _validate_attention_posterior(scores, u, v, wo, e, sigma, head_select, head_scale, op=op)
+    _check_operands(op, (_check_float, "grad_p", grad_p, 3, "[B, N, K], the shape of p"))
+    B, _, N, _ = scores.shape
+    for d, (size, what) in enumerate(((B, "B"), (N, "N"), (e.shape[2], "K"))):
+        _check_dim(op, "grad_p", grad_p, d, size, what)
+    if head_select == "min_entropy":
+        if head is None:
+            _fail(op, "head_select = min_entropy needs 'head' (the forward's chosen head h*, [B])")
+        _check_index(op, "head", head)
+        _check_rank(op, "head", head, 1, "[B], the forward's chosen head")
+        _check_dim(op, "head", head, 0, B, "dimension 0 of 'scores' (B)")
+    elif head is not None:
+        _fail(op, "'head' must be None for head_select = all (the gradient mixes every head)")
+
+
+def _check_head_range(op: str, head: Optional[Tensor], heads: int) -> None:
+    """h* in [0, H) (a data-dependent check: eager kernels only)."""
+    if head is None or head.numel() == 0:
+        return
+    lo, hi = int(head.min()), int(head.max())
+    if lo < 0 or hi >= heads:
+        _fail(op, f"'head' holds {lo if lo < 0 else hi}, outside [0, {heads}): it indexes no head")
+
+
+@torch.library.custom_op("moe::attention_posterior_backward", mutates_args=())
+def attention_posterior_backward(
+    grad_p: Tensor,
+    scores: Tensor,
+    u: Tensor,
+    v: Tensor,
+    wo: Tensor,
+    e: Tensor,
+    head: Optional[Tensor] = None,
+    sigma: float = 1.0,
+    head_select: str = "min_entropy",
+    head_scale: Optional[float] = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The backward of ``attention_posterior`` (``moe.attention_posterior_grad``): the gradients of ``p`` with respect
+    to ``scores``, ``u``, ``v``, ``wo``, ``e`` given ``grad_p`` (``[B, N, K]``), all f32 in the operands' shapes.
+
+    ``head``: the forward's chosen head (``[B]``) for ``"min_entropy"`` (no gradient flows through it), ``None`` for
+    ``"all"``. The CPU kernel recomputes the posterior log-sum-exp and streams the key tiles (flash-style: beyond the
+    results, which include ``d_scores`` ``[B, H, N, Nk]``, O(B·(N + H·Nk)·(D + K)) memory). Elsewhere (CUDA for now,
+    or without the kernels) it runs the dense closed form :func:`moe_mlir.reference._attention_posterior_backward_ref`.
+    """
+    _validate_attention_posterior_backward(grad_p, scores, u, v, wo, e, head, sigma, head_select, head_scale)
+    _check_head_range("attention_posterior_backward", head, scores.shape[1])
+    _note_fallback(scores)
+    return _attention_posterior_backward_ref(grad_p, scores, u, v, wo, e, head, sigma, head_select, head_scale)
+
+
+@attention_posterior_backward.register_fake
+def _(grad_p, scores, u, v, wo, e, head=None, sigma=1.0, head_select="min_entropy", head_scale=None):
+    _validate_attention_posterior_backward(grad_p, scores, u, v, wo, e, head, sigma, head_select, head_scale)
+    return tuple(t.new_empty(t.shape, dtype=torch.float32) for t in (scores, u, v, wo, e))
+
+
+def _posterior_grads(ctx, grad_p: Tensor, operands: Sequence[Tensor], head: Tensor, needs: Sequence[bool]):
+    """(d_scores, d_u, d_v, d_wo, d_e) cast to the operands' dtypes, None where not needed."""
+    head = head if ctx.head_select == "min_entropy" else None
+    grads = attention_posterior_backward(grad_p, *operands, head, ctx.sigma, ctx.head_select, ctx.head_scale)
+    return tuple(g.to(t.dtype) if need else None for g, t, need in zip(grads, operands, needs))
+
+
+def _attention_posterior_setup(ctx, inputs, output):
+    scores, u, v, wo, e, sigma, head_select, head_scale = inputs
+    ctx.save_for_backward(scores, u, v, wo, e, output[1])
+    ctx.sigma, ctx.head_select, ctx.head_scale = sigma, head_select, head_scale
+
+
+def _attention_posterior_backward(ctx, grad_p, grad_head):
+    *operands, head = ctx.saved_tensors
+    n = _needs(ctx, 8)
+    if grad_p is None or not any(n[:5]):
+        return (None,) * 8
+    return (*_posterior_grads(ctx, grad_p, operands, head, n[:5]), None, None, None)
+
+
+KEY_VALIDATORS.update({
+    "similarity_inform": lambda t, a: _validate_similarity_inform(
+        t["u"], t["e"], t.get("ws"), t.get("key_mask"), _f(a["tau"])),
+    "attention_posterior": lambda t, a: _validate_attention_posterior(
+        t["scores"], t["u"], t["v"], t["wo"], t["e"], _f(a["sigma"]), a["head_select"], _of(a["head_scale"])),
+    # The training form of similarity_inform (its autograd's forward): errors name the op the user called.
+    "similarity_inform_fwd": lambda t, a: _validate_similarity_inform(
+        t["u"], t["e"], t.get("ws"), t.get("key_mask"), _f(a["tau"])),
+    "similarity_inform_backward": lambda t, a: _validate_similarity_inform_backward(
+        t["grad_p"], t["u"], t["e"], t.get("ws"), t.get("key_mask"), _f(a["tau"]), t.get("p"), t.get("lse")),
+    "attention_posterior_backward": lambda t, a: _validate_attention_posterior_backward(
+        t["grad_p"], t["scores"], t["u"], t["v"], t["wo"], t["e"], t.get("head"), _f(a["sigma"]), a["head_select"],
+        _of(a["head_scale"])),
+})
+_PYTHON_AUTOGRAD.append((similarity_inform, _similarity_inform_backward, _similarity_inform_setup))
+_PYTHON_AUTOGRAD.append((attention_posterior, _attention_posterior_backward, _attention_posterior_setup))

@@ -1,0 +1,170 @@
+"""Production routing: ``moe.route`` and ``moe.dispatch_plan`` (MoERoutingOps.td).
+
+The gates of DeepSeek-V3/R1, Kimi-K2, GLM-4.5, DeepSeek-V2, Mixtral, Qwen3-MoE, gpt-oss and Llama-4 (one op, its
+modes as strings) and the expert-sorted dispatch plan of grouped-GEMM kernels. References (which define the
+semantics and are what the backward recomputes): moe_mlir/reference_routing.py. CPU kernels:
+lib/Runtime/Torch/RoutingOps.cpp. ``route``'s weights are differentiable w.r.t. the logits (through the scores;
+the choice and the selection bias get no gradient); ``dispatch_plan`` is integer-valued.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from ..reference_routing import dispatch_plan as _dispatch_plan_ref
+from ..reference_routing import dispatch_plan_sizes as _dispatch_plan_sizes
+from ..reference_routing import route as _route_ref
+from ._autograd import _register_recompute_autograd
+from ._checks import (
+    _I32_MAX,
+    _check_enum,
+    _check_float,
+    _check_index,
+    _check_index_range,
+    _check_result_elements,
+    _fail,
+)
+from .loading import _GRAD_OPS, KEY_VALIDATORS, _note_fallback
+
+#: The production routing ops (MoERoutingOps.td); ``torch.ops.moe.<name>`` exists for each.
+ROUTING_OP_NAMES: tuple[str, ...] = ("route", "dispatch_plan")
+ROUTE_SCORINGS = ("softmax", "sigmoid", "none")
+ROUTE_ORDERS = ("score_then_topk", "topk_then_score")
+GROUP_SCORES = ("top2_sum", "max")
+
+
+def _validate_route(logits: Tensor, bias: Optional[Tensor], k: int, scoring: str, order: str, n_group: int,
+                    topk_group: int, group_score: str, routed_scaling_factor: float) -> None:
+    op = "route"
+    _check_float(op, "logits", logits)
+    if logits.dim() != 2:
+        _fail(op, f"'logits' must have rank 2 ([T, E]), got shape {list(logits.shape)}")
+    E = logits.shape[1]
+    if bias is not None:
+        _check_float(op, "bias", bias)
+        if bias.dim() != 1:
+            _fail(op, f"'bias' must have rank 1 ([E]), got shape {list(bias.shape)}")
+        if bias.shape[0] != E:
+            _fail(op, f"dimension 0 of 'bias' (E = {bias.shape[0]}) must equal dimension 1 of 'logits' (E = {E})")
+    if not 1 <= k <= E:
+        _fail(op, f"'k' ({k}) must be in [1, {E}] (the size of the last dimension of 'logits')")
+    _check_enum(op, "scoring", scoring, ROUTE_SCORINGS)
+    _check_enum(op, "order", order, ROUTE_ORDERS)
+    _check_enum(op, "group_score", group_score, GROUP_SCORES)
+    if n_group < 1:
+        _fail(op, f"'n_group' ({n_group}) must be >= 1")
+    if E % n_group:
+        _fail(op, f"'n_group' ({n_group}) must divide the number of experts E = {E}")
+    if not 1 <= topk_group <= n_group:
+        _fail(op, f"'topk_group' ({topk_group}) must be in [1, n_group = {n_group}]")
+    if n_group > 1:
+        size = E // n_group
+        if k > topk_group * size:
+            _fail(op, f"'k' ({k}) must be <= topk_group * E / n_group = {topk_group} * {size} = {topk_group * size} "
+                      "(the experts of the kept groups)")
+        if group_score == "top2_sum" and size < 2:
+            _fail(op, f"'group_score' top2_sum needs groups of at least 2 experts, but E / n_group = {size}")
+    if not (math.isfinite(routed_scaling_factor) and routed_scaling_factor > 0):
+        _fail(op, f"'routed_scaling_factor' ({routed_scaling_factor}) must be finite and > 0")
+
+
+@torch.library.custom_op("moe::route", mutates_args=())
+def route(logits: Tensor, bias: Optional[Tensor], k: int, scoring: str = "softmax", order: str = "score_then_topk",
+          n_group: int = 1, topk_group: int = 1, group_score: str = "top2_sum", renormalize: bool = False,
+          routed_scaling_factor: float = 1.0) -> tuple[Tensor, Tensor]:
+    """A production MoE gate (``moe.route``).
+
+    Args:
+        logits: ``[T, E]`` router logits, f32/f16/bf16.
+        bias: ``[E]`` selection bias (DeepSeek-V3's ``e_score_correction_bias``) or None: added to choose, never
+            to weigh.
+        k: experts per token, ``1 <= k <= E`` (and ``<= topk_group * E / n_group`` with groups).
+        scoring: ``"softmax"``, ``"sigmoid"`` or ``"none"``.
+        order: ``"score_then_topk"`` (choose on scores + bias, weigh with the scores) or ``"topk_then_score"``
+            (choose on logits + bias, score only the k chosen logits: gpt-oss, Llama-4).
+        n_group, topk_group, group_score: group-limited selection (the ``topk_group`` best of ``n_group``
+            contiguous groups, a group scored by the sum of its top two (``"top2_sum"``) or its max).
+        renormalize: divide the k weights by their sum (a zero sum gives zeros).
+        routed_scaling_factor: multiplies the weights (> 0).
+
+    Returns:
+        ``(weights [T, k] f32, indices [T, k] i32)`` sorted by descending choice score; ties -> lowest index; NaN
+        first.
+    """
+    _validate_route(logits, bias, k, scoring, order, n_group, topk_group, group_score, routed_scaling_factor)
+    _note_fallback(logits)
+    return _route_ref(logits, bias, k, scoring, order, n_group, topk_group, group_score, renormalize,
+                      routed_scaling_factor)
+
+
+@route.register_fake
+def _(logits, bias, k, scoring="softmax", order="score_then_topk", n_group=1, topk_group=1, group_score="top2_sum",
+      renormalize=False, routed_scaling_factor=1.0):
+    _validate_route(logits, bias, k, scoring, order, n_group, topk_group, group_score, routed_scaling_factor)
+    shape = (logits.shape[0], k)
+    return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int32)
+
+
+# Recompute backward: the reference re-run under autograd; gradients flow to the logits through the scores (the
+# bias is detached inside the reference: it only chooses).
+_register_recompute_autograd(route, _route_ref, (0, 1), (0,))
+
+
+def _validate_dispatch_plan(indices: Tensor, num_experts: int, block_size: int) -> None:
+    op = "dispatch_plan"
+    _check_index(op, "indices", indices)
+    if indices.dim() != 2:
+        _fail(op, f"'indices' must have rank 2 ([T, k]), got shape {list(indices.shape)}")
+    if num_experts < 1:
+        _fail(op, f"'num_experts' ({num_experts}) must be >= 1")
+    if block_size < 1:
+        _fail(op, f"'block_size' ({block_size}) must be >= 1")
+    padded = _dispatch_plan_sizes(indices.shape[0], indices.shape[1], num_experts, block_size)[4]
+    if isinstance(padded, int) and padded > _I32_MAX:
+        _fail(op, f"the padded plan (T*k + num_experts*(block_size-1) = {padded}) must fit in i32")
+    _check_result_elements(op, "offsets", (num_experts + 1,))
+
+
+@torch.library.custom_op("moe::dispatch_plan", mutates_args=())
+def dispatch_plan(indices: Tensor, num_experts: int, block_size: int = 1
+                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The expert-sorted dispatch plan of a top-k routing (``moe.dispatch_plan``, vLLM's moe_align_block_size).
+
+    Args:
+        indices: ``[T, k]`` expert indices (i32/i64), each in ``[0, num_experts)`` (else ValueError).
+        num_experts: E >= 1.
+        block_size: B >= 1 (1: no padding).
+
+    Returns:
+        i32 ``(counts [E], offsets [E+1], order [T·k], inverse [T·k], padded_order [T·k + E·(B−1)],
+        block_experts [⌈(T·k + E·(B−1))/B⌉], num_padded [1])``; ``order`` lists the assignments ``n = t·k + j``
+        stably sorted by expert, ``inverse`` is its inverse permutation.
+    """
+    _validate_dispatch_plan(indices, num_experts, block_size)
+    _check_index_range("dispatch_plan", "indices", indices, num_experts)
+    _note_fallback(indices)
+    return _dispatch_plan_ref(indices, num_experts, block_size)
+
+
+@dispatch_plan.register_fake
+def _(indices, num_experts, block_size=1):
+    _validate_dispatch_plan(indices, num_experts, block_size)
+    return tuple(indices.new_empty((n,), dtype=torch.int32)
+                 for n in _dispatch_plan_sizes(indices.shape[0], indices.shape[1], num_experts, block_size))
+
+
+_ROUTING_VALIDATORS: dict[str, Callable[[dict, dict], None]] = {
+    "route": lambda t, a: _validate_route(
+        t["logits"], t.get("bias"), int(a["k"]), a["scoring"], a["order"], int(a["n_group"]), int(a["topk_group"]),
+        a["group_score"], float(a["routed_scaling_factor"])),
+    "dispatch_plan": lambda t, a: _validate_dispatch_plan(t["indices"], int(a["num_experts"]),
+                                                          int(a["block_size"])),
+}
+
+
+KEY_VALIDATORS.update(_ROUTING_VALIDATORS)
+_GRAD_OPS[route._name] = route
