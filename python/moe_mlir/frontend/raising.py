@@ -23,6 +23,9 @@ idiom (FX, after export)                                 becomes
 (``mask``: HF's group mask, optional; softmax too)       GLM-4.5, DeepSeek-V2 in HF's form)
 ``sigmoid(full(-inf).scatter(topk(x, k)))``               ``zeros.scatter(moe.route(x, k, sigmoid,
 (Llama-4's dense gate)                                    topk_then_score))``
+transformers' ``load_balancing_loss_func`` (both forms,   ``moe.load_balancing_loss(cat(logits), k, mask)``
+with and without ``attention_mask``)                      (:mod:`.raising_losses`)
+``mean(logsumexp(x, -1) ** 2)`` (ST-MoE's z-loss)          ``moe.router_z_loss(x)`` (:mod:`.raising_losses`)
 =====================================================  ===========================================================
 
 The group mask is recognised from the ops it is built of (a view of the choice scores as ``[T, G, E/G]``, its top-2
@@ -47,6 +50,7 @@ import torch
 import torch.fx as fx
 
 from .. import ops as _ops  # noqa: F401
+from .raising_losses import raise_load_balancing_loss, raise_router_z_loss
 
 aten = torch.ops.aten
 moe = torch.ops.moe
@@ -566,7 +570,11 @@ def _rewrite_each(graph: fx.Graph, rewrite: Callable[[fx.Graph, fx.Node], bool])
 def raise_routing_idioms(gm: fx.GraphModule) -> dict[str, int]:
     """Rewrites the idioms in place; returns how many of each were raised."""
     graph = gm.graph
-    counts = {"similarity_inform": _rewrite_each(graph, _raise_similarity)}
+    # The losses first: their softmax -> top-k chains must not be taken for routers.
+    counts = {"load_balancing_loss": _rewrite_each(graph, raise_load_balancing_loss),
+              "router_z_loss": _rewrite_each(graph, raise_router_z_loss)}
+    graph.eliminate_dead_code()
+    counts["similarity_inform"] = _rewrite_each(graph, _raise_similarity)
     graph.eliminate_dead_code()
     counts["route"] = _rewrite_each(graph, _raise_scored_topk) + _rewrite_each(graph, _raise_topk_sigmoid_dense)
     graph.eliminate_dead_code()
