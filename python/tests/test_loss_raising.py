@@ -128,7 +128,7 @@ def test_balancing_loss_adversarial_logits():
     m[1] = 0
     _run(lambda x, mask: per_layer_form((x,), E, K, mask), [(a, m)], False, ["load_balancing_loss"])
     _run(lambda x: per_layer_form((x,), E, K), [(a,)], False, ["load_balancing_loss"])
-    tied = torch.full((6, E), 0.25, requires_grad=True)
+    tied = torch.full((6, E), 0.25)  # (no gradient check: dL/dP = E·f depends on which tied experts were chosen)
     _run(lambda x: concatenated_form((x,), E, K), [(tied,)], False, ["load_balancing_loss"])
 
 

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .. import distributed
 from ..reference import _mad_dispersion_ref
-from .common import AttentionOutput, SMoEBlock, gate_topk
+from .common import AttentionOutput, SMoEBlock
 
 __all__ = ["StandardSMoEBlock", "ACMoEBlock", "ACMoEStack", "example"]
 
@@ -31,13 +31,15 @@ class StandardSMoEBlock(SMoEBlock):
     """Switch/GLaM-style SMoE: linear router and TopK-then-softmax gate."""
 
     def __init__(self, d_model: int = 32, n_heads: int = 4, num_experts: int = 8, k: int = 2, d_ff: int = 64,
-                 causal: bool = False, use_custom_ops: bool = True, return_routing: bool = False) -> None:
-        super().__init__(d_model, n_heads, num_experts, k, d_ff, causal=causal, return_routing=return_routing)
+                 causal: bool = False, use_custom_ops: bool = True, return_routing: bool = False,
+                 balance_loss_coef: float = 0.0, z_loss_coef: float = 0.0) -> None:
+        super().__init__(d_model, n_heads, num_experts, k, d_ff, causal=causal, return_routing=return_routing,
+                         balance_loss_coef=balance_loss_coef, z_loss_coef=z_loss_coef)
         self.use_custom_ops = use_custom_ops
         self.gate = nn.Linear(d_model, num_experts)
 
     def route(self, u: Tensor, attn: AttentionOutput) -> tuple[Tensor, Tensor]:
-        return gate_topk(self.gate(u), self.k, self.use_custom_ops)
+        return self.gate_logits(self.gate(u))
 
 
 class ACMoEBlock(SMoEBlock):
@@ -46,8 +48,9 @@ class ACMoEBlock(SMoEBlock):
     def __init__(self, d_model: int = 32, n_heads: int = 4, num_experts: int = 8, k: int = 2, d_ff: int = 64,
                  eps: float = 1e-4, clip: float = 10.0, normalize: str = "feature", measure: str = "mad",
                  empty: str = "identity", causal: bool = False, use_custom_ops: bool = True,
-                 return_routing: bool = False) -> None:
-        super().__init__(d_model, n_heads, num_experts, k, d_ff, causal=causal, return_routing=return_routing)
+                 return_routing: bool = False, balance_loss_coef: float = 0.0, z_loss_coef: float = 0.0) -> None:
+        super().__init__(d_model, n_heads, num_experts, k, d_ff, causal=causal, return_routing=return_routing,
+                         balance_loss_coef=balance_loss_coef, z_loss_coef=z_loss_coef)
         self.use_custom_ops = use_custom_ops
         self.attrs = dict(eps=eps, clip=clip, normalize=normalize, measure=measure, empty=empty)
         self.expert_emb = nn.Parameter(torch.randn(num_experts, d_model) * 0.02)
@@ -75,7 +78,7 @@ class ACMoEBlock(SMoEBlock):
         scaled = uf * torch.index_select(w, 0, assign)
         emb = F.normalize(self.expert_emb, dim=1, eps=1e-4)
         logits = torch.matmul(scaled, emb.t()).reshape(B, N, self.num_experts)
-        return gate_topk(logits, self.k, self.use_custom_ops)
+        return self.gate_logits(logits)
 
     def forward(self, x: Tensor, assign: Tensor):  # type: ignore[override]
         self._assign = assign
@@ -87,17 +90,26 @@ class ACMoEBlock(SMoEBlock):
 
 class ACMoEStack(nn.Module):
     """Layer 1 (standard SMoE) then layer 2 (ACMoE on layer 1's top-1 clusters). ``forward(x) -> y`` ``[B,N,D]``
-    (or ``(y, (w1, idx1), (w2, idx2))`` with ``return_routing``)."""
+    (or ``(y, (w1, idx1), (w2, idx2))`` with ``return_routing``). ``balance_loss_coef`` (the paper's recipe: 0.01
+    for pre-training, 0.1 for fine-tuning, 003 App. C) and ``z_loss_coef`` apply to both layers' routers;
+    :attr:`aux_loss` is their sum after a forward."""
 
     def __init__(self, d_model: int = 32, n_heads: int = 4, num_experts: int = 8, k: int = 2, d_ff: int = 64,
-                 causal: bool = False, use_custom_ops: bool = True, return_routing: bool = False, **ac) -> None:
+                 causal: bool = False, use_custom_ops: bool = True, return_routing: bool = False,
+                 balance_loss_coef: float = 0.0, z_loss_coef: float = 0.0, **ac) -> None:
         super().__init__()
         self.d_model = d_model
         self.return_routing = return_routing
+        losses = dict(balance_loss_coef=balance_loss_coef, z_loss_coef=z_loss_coef)
         self.layer1 = StandardSMoEBlock(d_model, n_heads, num_experts, k, d_ff, causal=causal,
-                                        use_custom_ops=use_custom_ops, return_routing=True)
+                                        use_custom_ops=use_custom_ops, return_routing=True, **losses)
         self.layer2 = ACMoEBlock(d_model, n_heads, num_experts, k, d_ff, causal=causal,
-                                 use_custom_ops=use_custom_ops, return_routing=True, **ac)
+                                 use_custom_ops=use_custom_ops, return_routing=True, **losses, **ac)
+
+    @property
+    def aux_loss(self) -> Tensor:
+        """Both layers' auxiliary losses (see :class:`~moe_mlir.models.common.SMoEBlock`)."""
+        return self.layer1.aux_loss + self.layer2.aux_loss
 
     def forward(self, x: Tensor):
         y1, w1, idx1 = self.layer1(x)

@@ -22,7 +22,8 @@ from torch import Tensor
 
 from .. import ops as _ops  # noqa: F401  (torch.ops.moe.*)
 
-__all__ = ["MultiHeadAttention", "AttentionOutput", "Experts", "gate_topk", "gate_topk_probs", "SMoEBlock"]
+__all__ = ["MultiHeadAttention", "AttentionOutput", "Experts", "gate_topk", "gate_topk_probs", "router_aux_loss",
+           "SMoEBlock"]
 
 
 class AttentionOutput:
@@ -110,20 +111,56 @@ def gate_topk_probs(p: Tensor, k: int, renormalize: bool, use_custom_ops: bool) 
     return val, idx
 
 
+def router_aux_loss(logits: Tensor, k: int, balance_loss_coef: float, z_loss_coef: float,
+                    use_custom_ops: bool) -> Tensor:
+    """``balance_loss_coef · L_balance + z_loss_coef · L_z`` of router logits ``[..., E]`` (an f32 scalar).
+
+    ``L_balance`` is Switch's load-balancing loss ``E · Σ_e f_e · P_e`` (``f_e`` the fraction of tokens whose top-k
+    holds e, ``P_e`` the mean softmax probability; transformers' ``load_balancing_loss_func``; ``moe.load_balancing_loss``),
+    ``L_z`` ST-MoE's router z-loss ``mean_t logsumexp(logits_t)²`` (``moe.router_z_loss``). ``use_custom_ops=False``
+    writes both in the idioms :mod:`moe_mlir.frontend.raising_losses` raises to those ops.
+    """
+    flat = logits.reshape(-1, logits.shape[-1])
+    E = flat.shape[-1]
+    loss = flat.new_zeros((), dtype=torch.float32)
+    if balance_loss_coef:
+        if use_custom_ops:
+            balance = torch.ops.moe.load_balancing_loss(flat, k)
+        else:
+            p = torch.softmax(flat.float(), dim=-1)
+            f = F.one_hot(torch.topk(p, k, dim=-1).indices, E).float().mean(0)  # [k, E]: Σ over k is f
+            balance = torch.sum(f * p.mean(0).unsqueeze(0)) * E
+        loss = loss + balance_loss_coef * balance
+    if z_loss_coef:
+        z = torch.ops.moe.router_z_loss(flat) if use_custom_ops else torch.logsumexp(flat.float(), -1).pow(2).mean()
+        loss = loss + z_loss_coef * z
+    return loss
+
+
 class SMoEBlock(nn.Module):
     """A pre-LN transformer block whose FFN is an SMoE; subclasses implement :meth:`route`.
 
     ``forward(x)`` with x ``[B, N, D]`` returns ``y`` ``[B, N, D]``, or ``(y, weights, indices)`` (``[B, N, k]``)
     when ``return_routing`` is set.
+
+    Auxiliary losses (the papers' training recipes: ACMoE 0.01 for its Switch/GLaM backbones, 0.1 for fine-tuning;
+    ST-MoE's z-loss 1e-3): with ``balance_loss_coef`` or ``z_loss_coef`` non-zero, a router with logits (the
+    standard, ACMoE and HyperRouter gates) leaves ``aux_loss`` = :func:`router_aux_loss` of the batch's logits after
+    each forward, to be added to the training loss; it is a zero scalar otherwise.
     """
 
     def __init__(self, d_model: int, n_heads: int, num_experts: int, k: int, d_ff: int, causal: bool = False,
-                 return_routing: bool = False) -> None:
+                 return_routing: bool = False, balance_loss_coef: float = 0.0, z_loss_coef: float = 0.0) -> None:
         super().__init__()
         if not 1 <= k <= num_experts:
             raise ValueError(f"k ({k}) must be in [1, {num_experts}]")
+        for name, c in (("balance_loss_coef", balance_loss_coef), ("z_loss_coef", z_loss_coef)):
+            if not (c >= 0 and math.isfinite(c)):
+                raise ValueError(f"{name} ({c}) must be a finite number >= 0")
         self.d_model, self.num_experts, self.k = d_model, num_experts, k
         self.return_routing = return_routing
+        self.balance_loss_coef, self.z_loss_coef = float(balance_loss_coef), float(z_loss_coef)
+        self.aux_loss: Tensor = torch.zeros(())
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = MultiHeadAttention(d_model, n_heads, causal=causal)
         self.ln2 = nn.LayerNorm(d_model)
@@ -132,6 +169,13 @@ class SMoEBlock(nn.Module):
     def route(self, u: Tensor, attn: AttentionOutput) -> tuple[Tensor, Tensor]:
         """u: ``[B, N, D]`` -> (weights ``[B, N, k]``, indices ``[B, N, k]``)."""
         raise NotImplementedError
+
+    def gate_logits(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        """The TopK-then-softmax gate on the router's ``logits``; records :attr:`aux_loss` from them."""
+        if self.balance_loss_coef or self.z_loss_coef:
+            self.aux_loss = router_aux_loss(logits, self.k, self.balance_loss_coef, self.z_loss_coef,
+                                            getattr(self, "use_custom_ops", True))
+        return gate_topk(logits, self.k, getattr(self, "use_custom_ops", True))
 
     def forward(self, x: Tensor):
         B, N, D = x.shape

@@ -13,19 +13,21 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from .common import AttentionOutput, SMoEBlock, gate_topk
+from .common import AttentionOutput, SMoEBlock
 
 __all__ = ["HyperRouterBlock", "example"]
 
 
 class HyperRouterBlock(SMoEBlock):
     """Args: d_model (D), n_heads, num_experts (E), k, d_ff, d_emb (De), d_hyper (Dh), init_std (0.02, the code's
-    init), use_custom_ops, return_routing."""
+    init), use_custom_ops, return_routing, balance_loss_coef, z_loss_coef (see SMoEBlock)."""
 
     def __init__(self, d_model: int = 32, n_heads: int = 4, num_experts: int = 8, k: int = 2, d_ff: int = 64,
                  d_emb: int = 16, d_hyper: int = 16, init_std: float = 0.02, causal: bool = False,
-                 use_custom_ops: bool = True, return_routing: bool = False) -> None:
-        super().__init__(d_model, n_heads, num_experts, k, d_ff, causal=causal, return_routing=return_routing)
+                 use_custom_ops: bool = True, return_routing: bool = False, balance_loss_coef: float = 0.0,
+                 z_loss_coef: float = 0.0) -> None:
+        super().__init__(d_model, n_heads, num_experts, k, d_ff, causal=causal, return_routing=return_routing,
+                         balance_loss_coef=balance_loss_coef, z_loss_coef=z_loss_coef)
         self.use_custom_ops = use_custom_ops
         E, D = num_experts, d_model
         self.emb = nn.Parameter(torch.randn(d_emb))  # trainable
@@ -46,7 +48,7 @@ class HyperRouterBlock(SMoEBlock):
     def route(self, u: Tensor, attn: AttentionOutput) -> tuple[Tensor, Tensor]:
         w, b = self.router_weights()
         logits = torch.matmul(u, w.t()) + b
-        return gate_topk(logits, self.k, self.use_custom_ops)
+        return self.gate_logits(logits)
 
 
 def example(batch: int = 2, seq: int = 8, **kw) -> tuple[HyperRouterBlock, tuple[Tensor]]:
