@@ -1,4 +1,5 @@
-"""``moe_mlir.compile(..., target="cuda")`` and ``torch.compile(backend="moe")`` on CUDA inputs (moe_mlir.gpu).
+"""``moe_mlir.compile(..., target="cuda")`` and ``torch.compile(backend="moe")`` on CUDA inputs
+(moe_mlir.backends.cuda).
 
 Without a GPU (every machine of CI) this checks all that needs none:
 
@@ -26,11 +27,14 @@ import torch
 import torch.nn as nn
 
 import moe_mlir
-from moe_mlir import gpu
-from moe_mlir.compiler import MoEOptError, MoERuntimeError, backend_target, compile, moe_backend
-from moe_mlir.importer import export_program
+from moe_mlir.api import compile
+from moe_mlir.backends import cuda as gpu
+from moe_mlir.backends.dynamo import moe_backend
+from moe_mlir.backends.tools import MoEOptError, MoERuntimeError
+from moe_mlir.backends.whole_graph import backend_target
+from moe_mlir.frontend.raising import raise_routing_idioms
+from moe_mlir.mlir.importer import export_program
 from moe_mlir.models import acmoe, attention_inform, hyper_router, similarity_inform, symphony
-from moe_mlir.raising import raise_routing_idioms
 
 from test_e2e import OneOp, assert_same
 

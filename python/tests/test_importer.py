@@ -11,10 +11,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import moe_mlir
-from moe_mlir.importer import (LOWERINGS, MoEImportError, export_program, import_exported_program, import_model,
-                               import_program)
+from moe_mlir.frontend.raising import raise_routing_idioms
+from moe_mlir.mlir.importer import (LOWERINGS, MoEImportError, export_program, import_exported_program,
+                                    import_model, import_program)
 from moe_mlir.models import acmoe, attention_inform, hyper_router, similarity_inform, symphony
-from moe_mlir.raising import raise_routing_idioms
 
 from conftest import assert_verifies, filecheck
 

@@ -169,7 +169,8 @@ class CpuLibrary:
     def __init__(self, mlir_path):
         repo = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
         sys.path.insert(0, os.path.join(repo, "python"))
-        from moe_mlir.compiler import ExecutorLibrary, MoERuntimeError
+        from moe_mlir.backends.cpu import ExecutorLibrary
+        from moe_mlir.backends.tools import MoERuntimeError
         self.error_type = MoERuntimeError
         self.ex = ExecutorLibrary.find()
         if self.ex is None:

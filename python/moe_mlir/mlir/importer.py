@@ -9,7 +9,7 @@ distro has no MLIR Python bindings) and lowers ATen straight to upstream dialect
 2. :mod:`moe_mlir.frontend.raising`: pattern rewrites on the FX graph (softmax->topk->renormalize and topk->softmax become
    ``moe.topk_renorm``; ``softmax(U Uᵀ/τ) E`` becomes ``moe.similarity_inform``).
 3. :class:`FxImporter`: the *signature walk* (``graph_signature.input_specs``: user inputs, parameters, buffers,
-   lifted constants; ``output_specs``), the *dtype table* (:data:`moe_mlir._mlir.DTYPE_TO_MLIR`) and the *dispatch
+   lifted constants; ``output_specs``), the *dtype table* (:data:`moe_mlir.runtime.abi.MLIR_ELEM`) and the *dispatch
    table* :data:`LOWERINGS`, keyed ``"aten::name.overload"`` (``"moe::topk_renorm.default"``...), each entry printing
    ``linalg``/``tensor``/``arith``/``math``/``scf`` (or a ``moe`` op in the generic form).
 
@@ -52,6 +52,7 @@ __all__ = [
     "import_program",
     "import_model",
     "import_exported_program",
+    "eliminate_dead_code",
     "LOWERINGS",
     "op_key",
 ]
@@ -151,7 +152,44 @@ def import_exported_program(
         raise ValueError(f"params must be 'constant' or 'argument', got {params!r}")
     if raise_idioms:
         raise_routing_idioms(ep.graph_module)
+    eliminate_dead_code(ep.graph_module.graph)
     return FxImporter(ep, func_name=func_name, params=params).run()
+
+
+#: The ops the importer prints nothing for: checks of facts of the trace (a dtype, a size range).
+_CHECKS = frozenset(("aten::_assert_tensor_metadata.default", "aten::_assert_scalar.default",
+                     "aten::sym_constrain_range_for_size.default", "aten::_assert_async.msg"))
+
+
+def _is_check(node: fx.Node) -> bool:
+    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and \
+        op_key(node.target) in _CHECKS
+
+
+def eliminate_dead_code(graph: fx.Graph) -> int:
+    """Erases the nodes no output (or side effect) needs, so that the imported IR is what runs; returns how many.
+
+    ``fx.Graph.eliminate_dead_code`` keeps impure nodes, and the export's checks (``_assert_tensor_metadata`` of a
+    dtype cast) are impure: a check of a value nothing else reads kept its whole chain alive (the group mask of a
+    DeepSeek-V3 router after raising replaced its top-k with ``moe.route``: 50 dead ops). Here a check lives only
+    while what it checks does."""
+    live: set[fx.Node] = set()
+    stack = [n for n in graph.nodes
+             if n.op == "output" or (n.op == "call_function" and not _is_check(n) and n.is_impure())]
+    while stack:
+        n = stack.pop()
+        if n not in live:
+            live.add(n)
+            stack.extend(n.all_input_nodes)
+    erased = 0
+    for n in reversed(list(graph.nodes)):
+        if n.op in ("placeholder", "output") or n in live:
+            continue
+        if _is_check(n) and all(i in live for i in n.all_input_nodes):
+            continue
+        graph.erase_node(n)
+        erased += 1
+    return erased
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -292,7 +330,8 @@ class FxImporter:
                 i = by_name[ph.name]
                 self.env[ph] = Value(f"%arg{i}", args[i].type)
         for ph, tensor in literal_inputs:
-            self.env[ph] = self.b.dense_constant(tensor, TensorType.of(tensor.shape, tensor.dtype))
+            if ph.users:  # a weight only dead code read prints nothing
+                self.env[ph] = self.b.dense_constant(tensor, TensorType.of(tensor.shape, tensor.dtype))
 
         results: list[Value] = []
         kinds: list[str] = []

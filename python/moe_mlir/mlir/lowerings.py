@@ -1,8 +1,8 @@
 """The entries of :data:`moe_mlir.mlir.table.LOWERINGS`: one function per ATen (or ``moe``) op family.
 
 Each lowering receives the importer, the FX node and its arguments bound by schema name (FX nodes replaced by
-:class:`~moe_mlir._mlir.Value` s) and returns the Value (or tuple of Values) of the node. Result types always come
-from the node's ``meta["val"]`` (torch's own shape and dtype inference), so the lowerings only compute.
+:class:`~moe_mlir.mlir.builder.Value` s) and returns the Value (or tuple of Values) of the node. Result types always
+come from the node's ``meta["val"]`` (torch's own shape and dtype inference), so the lowerings only compute.
 """
 
 from __future__ import annotations
