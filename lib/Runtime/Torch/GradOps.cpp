@@ -117,7 +117,7 @@ similarityInformBackward(const Tensor &dp, const Tensor &u, const Tensor &e,
   args.push_back(describe(de));
   if (ws)
     args.push_back(describe(dws));
-  launch(fn, args, key.device);
+  launch(fn, args, key.device, similarityWork(u, e));
   return {du, de, dws};
 }
 

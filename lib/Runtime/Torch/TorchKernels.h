@@ -40,6 +40,9 @@ struct MemRef {
   void *aligned;
   int64_t offset;
   int64_t sizesStrides[2 * kMaxRank];
+  /// The element count (not part of the descriptor the kernel reads, which
+  /// ends in `sizesStrides`): a call's work is counted from it (launch).
+  int64_t elements = 0;
 };
 
 /// The descriptor of contiguous `t` viewed with `sizes` (same element count).
@@ -206,7 +209,13 @@ void checkReportedError();
 [[noreturn]] void failHeadOutOfRange(int64_t value, int64_t heads);
 /// Calls kernel `fn` of a call on `device`: on the CPU, then raises a
 /// reported index error; on CUDA, on torch's current stream, no wait.
-void launch(KernelFn fn, std::vector<MemRef> &args, c10::Device device);
+/// `work`: the call's work in elements an elementwise op would touch, where
+/// it is not linear in the arguments (similarity_inform: N x N pairs); by
+/// default (-1) the elements of `args`. On the CPU a call of no more than
+/// ATen's grain (at::internal::GRAIN_SIZE) of work runs on the calling thread
+/// alone, as ATen's own ops do (callCpuKernel).
+void launch(KernelFn fn, std::vector<MemRef> &args, c10::Device device,
+            int64_t work = -1);
 
 void checkDim(const char *op, const char *name, const Tensor &t, int64_t d,
               int64_t expected, const char *what);
@@ -229,6 +238,8 @@ std::vector<MemRef> similarityArgs(const Tensor &u, const Tensor &e,
                                    const std::optional<Tensor> &ws,
                                    const std::optional<Tensor> &mask,
                                    std::vector<Tensor> &keep);
+/// Their kernels' work (launch): quadratic in N, unlike their operands.
+int64_t similarityWork(const Tensor &u, const Tensor &e);
 /// similarity_inform for training (similarity_inform_fwd, TorchOps.cpp): p
 /// and the row log-sum-exp [B, N] its backward reads.
 std::tuple<Tensor, Tensor>

@@ -82,6 +82,7 @@ MemRef describe(const Tensor &t, c10::IntArrayRef sizes) {
   void *data = t.data_ptr();
   d.allocated = data;
   d.aligned = data;
+  d.elements = c10::multiply_integers(sizes);
   int64_t rank = static_cast<int64_t>(sizes.size());
   int64_t stride = 1;
   for (int64_t i = rank - 1; i >= 0; --i) {
@@ -146,7 +147,16 @@ const bool forkHandlerRegistered = [] {
 /// error reports stay on its thread; the other members serve the runtime's
 /// queue until it is done. (A CUDA kernel's host code has no tasks: it is
 /// called plainly, without a team spinning meanwhile.)
-void callCpuKernel(KernelFn fn, std::vector<MemRef> &args) {
+///
+/// A region costs its master the wait for every member at its end, and on a
+/// loaded machine a member waits for a core first: ~24 ms for a one-token
+/// call that takes 0.4-0.8 ms alone. So the team is asked for as ATen asks
+/// for it (at::parallel_for over the call's `work` with ATen's grain): a call
+/// of no more than GRAIN_SIZE runs on the caller alone, which then runs every
+/// task of the kernel itself (helpers registered: no runtime thread is
+/// woken). The kernels give each worker fixed items (MoEToCPU.cpp), so the
+/// results are the same bits whichever thread runs a worker.
+void callCpuKernel(KernelFn fn, std::vector<MemRef> &args, int64_t work) {
   auto run = [&] { callKernel(fn, args); };
 #if AT_PARALLEL_OPENMP && defined(_OPENMP)
   int threads = at::get_num_threads();
@@ -158,7 +168,9 @@ void callCpuKernel(KernelFn fn, std::vector<MemRef> &args) {
       Helpers() { moeKernelRuntimeHelpersBegin(); }
       ~Helpers() { moeKernelRuntimeHelpersEnd(); }
     } helpers;
-    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    // ATen's rule: a team when work > GRAIN_SIZE, else f(0, work) here.
+    at::parallel_for(0, std::max<int64_t>(work, 1), at::internal::GRAIN_SIZE,
+                     [&](int64_t, int64_t) {
       if (std::this_thread::get_id() != caller)
         return moeKernelRuntimeServe(&done);
       // Released even when the call throws: the team waits for its members.
@@ -318,7 +330,8 @@ void checkReportedError() {
 
 /// Calls kernel `fn` of a call on `device`: on the CPU, then raises a
 /// reported index error; on CUDA, on torch's current stream, no wait.
-void launch(KernelFn fn, std::vector<MemRef> &args, c10::Device device) {
+void launch(KernelFn fn, std::vector<MemRef> &args, c10::Device device,
+            int64_t work) {
   if (device.is_cuda()) {
 #ifdef MOE_TORCH_CUDA
     moe_torch::launchOnCurrentStream(device, [&] { callKernel(fn, args); });
@@ -327,7 +340,12 @@ void launch(KernelFn fn, std::vector<MemRef> &args, c10::Device device) {
     TORCH_CHECK(false, "moe: this build of libmoe_torch has no CUDA kernels");
 #endif
   }
-  callCpuKernel(fn, args);
+  if (work < 0) {
+    work = 0;
+    for (const MemRef &a : args)
+      work += a.elements;
+  }
+  callCpuKernel(fn, args, work);
   checkReportedError();
 }
 
@@ -486,6 +504,12 @@ std::vector<MemRef> similarityArgs(const Tensor &u, const Tensor &e,
   return args;
 }
 
+int64_t similarityWork(const Tensor &u, const Tensor &e) {
+  // Every (query, key) pair: a D-long dot product and a K-long mix.
+  int64_t B = u.size(0), N = u.size(1);
+  return B * N * N * std::max<int64_t>(u.size(2) + e.size(2), 1);
+}
+
 /// p of similarity_inform and, for its training form (`withLse`:
 /// similarity_inform_fwd), the row log-sum-exp [B, N]. Errors name
 /// similarity_inform either way: it is the op the user called.
@@ -508,7 +532,7 @@ similarityMix(bool withLse, const Tensor &u, const Tensor &e,
     out.push_back(at::empty(lseShape, f32(e)));
   for (const Tensor &t : out)
     args.push_back(describe(t));
-  launch(fn, args, key.device);
+  launch(fn, args, key.device, similarityWork(u, e));
   return out;
 }
 
@@ -545,7 +569,7 @@ similarityInformTopk(const Tensor &u, const Tensor &e, int64_t k,
   Tensor w = at::empty(shape, f32(e)), i = at::empty(shape, i32(e));
   args.push_back(describe(w));
   args.push_back(describe(i));
-  launch(fn, args, key.device);
+  launch(fn, args, key.device, similarityWork(u, e));
   return {w, i};
 }
 
