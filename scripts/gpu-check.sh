@@ -70,7 +70,8 @@ fi
 # a runtime source starts to include travels with it.
 python3 "$ROOT/test/GPU/check/copy_sources.py" "$ROOT" "$DIR/src" --cmake "$ROOT/test/GPU/check/CMakeLists.txt" \
     lib/Runtime/CUDA lib/Runtime/CPU lib/Runtime/Torch cmake/MoELibtorch.cmake cmake/MoEDeviceRuntimes.cmake \
-    tools/moe-aot test/GPU/run_gpu_tests.py test/GPU/check_artifacts.py test/GPU/unit test/GPU/runtime \
+    tools/moe-aot test/GPU/run_gpu_tests.py python/moe_mlir/runtime/abi.py test/GPU/check_artifacts.py test/GPU/unit \
+    test/GPU/runtime \
     test/GPU/check 'bench/*.py' 'bench/gpu/*.py' >/dev/null
 cp "$ROOT/test/GPU/check/run.sh" "$ROOT/test/GPU/check/gpu_check.py" "$ROOT/test/GPU/check/CMakeLists.txt" "$DIR/"
 cp "$ROOT/test/GPU/README.md" "$DIR/README.md"

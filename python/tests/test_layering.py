@@ -129,3 +129,19 @@ def test_the_ops_package_is_split_by_concern():
     assert OPS_HELPERS <= set(graph)
     for family in ("topk", "mixing", "seed_routers", "fused", "routing"):
         assert f"moe_mlir.ops.{family}" in graph["moe_mlir.ops"], family
+
+
+def test_one_compiler_driver():
+    """The build tools run through moe_mlir.runtime.driver only (prebuild starts Python worker processes, not tools):
+    one place that runs moe-opt, mlir-translate, clang, moe-aot.py, and one disk cache."""
+    allowed = {"moe_mlir.runtime.driver", "moe_mlir.runtime.prebuild"}
+    users = set()
+    for name, path in _modules().items():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if "subprocess" in names:
+                users.add(name)
+    assert users <= allowed, f"run the tools through moe_mlir.runtime.driver: {sorted(users - allowed)}"
+    assert "moe_mlir.runtime.driver" in users

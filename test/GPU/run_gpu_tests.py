@@ -24,6 +24,7 @@ printed.
 
 import argparse
 import ctypes
+import importlib.util
 import math
 import os
 import sys
@@ -46,41 +47,28 @@ except Exception as exc:  # noqa: BLE001
 # Memref descriptors and calls
 #===----------------------------------------------------------------------===#
 
-_desc_types = {}
+def _load_abi():
+    """python/moe_mlir/runtime/abi.py, the package's one marshalling module,
+    loaded by its path: the harness runs from a copy of the sources without
+    the package installed (scripts/gpu-check.sh copies that file too)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(here, "..", "..", "python", "moe_mlir", "runtime", "abi.py")
+    spec = importlib.util.spec_from_file_location("moe_mlir_abi", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def memref_type(rank):
-    if rank not in _desc_types:
-        fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p),
-                  ("offset", ctypes.c_int64)]
-        if rank:
-            fields += [("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
-        _desc_types[rank] = type(f"MemRef{rank}", (ctypes.Structure,), {"_fields_": fields})
-    return _desc_types[rank]
+abi = _load_abi()
+memref_type = abi.memref_struct
+result_descriptors = abi.result_descriptors
 
 
 def descriptor(t):
+    """A descriptor over a contiguous copy of `t` (or `t` itself), and that
+    tensor, which must stay alive while the descriptor is used."""
     t = t.contiguous()
-    d = memref_type(t.dim())()
-    d.allocated = d.aligned = t.data_ptr()
-    d.offset = 0
-    for i, (s, st) in enumerate(zip(t.shape, t.stride())):
-        d.sizes[i] = s
-        d.strides[i] = st
-    return d, t
-
-
-def result_descriptors(ranks):
-    """The result out-parameter of a _mlir_ciface_ function returning memrefs
-    of `ranks` (one descriptor, or a struct of them), and the descriptors in
-    it, in order (views into it: they read what the call wrote)."""
-    types = [memref_type(r) for r in ranks]
-    if len(types) == 1:
-        res = types[0]()
-        return res, [res]
-    res = type("Results", (ctypes.Structure,),
-               {"_fields_": [(f"r{i}", t) for i, t in enumerate(types)]})()
-    return res, [getattr(res, f"r{i}") for i in range(len(types))]
+    return abi.describe(t), t
 
 
 class Library:

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-import subprocess
 import tempfile
 from typing import Any, Optional, Sequence
 
 import torch
 
-from ..mlir.builder import FLOAT_BITS, INT_BITS, MLIR_TO_DTYPE, Builder, TensorType, Value, is_float
+from ..mlir.builder import FLOAT_BITS, Builder, TensorType, Value, is_float
 from ..mlir.importer import ImportedProgram, export_program, import_exported_program
 
 
@@ -42,7 +41,8 @@ __all__ = [
     "run_with_mlir_runner",
 ]
 
-from ..runtime import executor_c
+from ..runtime import driver, executor_c
+from ..runtime.abi import DTYPE_OF_ELEM
 from .tools import (LLVM_LIB, MoEOptError, MoERuntimeError, find_mlir_runner, find_runtime_lib, lower_to_llvm,
                     refuse_gradients, verify)
 
@@ -169,11 +169,11 @@ def _decode(lines: list[str], types: Sequence[TensorType]) -> list[torch.Tensor]
             mask = (1 << bits) - 1
             ints = torch.tensor([(r & mask) - ((r & mask) >> (bits - 1) << bits) for r in raw],
                                 dtype={16: torch.int16, 32: torch.int32, 64: torch.int64}[bits])
-            vals = ints.view(MLIR_TO_DTYPE[t.elem])
+            vals = ints.view(DTYPE_OF_ELEM[t.elem])
         elif t.elem == "i1":
             vals = torch.tensor([r != 0 for r in raw], dtype=torch.bool)
         else:
-            vals = torch.tensor(raw, dtype=MLIR_TO_DTYPE[t.elem])
+            vals = torch.tensor(raw, dtype=DTYPE_OF_ELEM[t.elem])
         out.append(vals.reshape(t.shape))
     return out
 
@@ -192,10 +192,9 @@ def run_with_mlir_runner(prog: ImportedProgram, inputs: Sequence[torch.Tensor], 
         f.write(llvm)
         path = f.name
     try:
-        proc = subprocess.run(
+        proc = driver.run_process(
             [runner, path, "-e", "main", "-entry-point-result=void", f"-shared-libs={','.join(libs)}"],
-            capture_output=True, text=True, timeout=timeout,
-        )
+            timeout=timeout)
     finally:
         os.unlink(path)
     if proc.returncode != 0:
@@ -264,7 +263,7 @@ class CompiledModel:
         inputs = self._inputs(args)
         if self.backend == "runner":
             return run_with_mlir_runner(self.program, inputs)
-        outs = [torch.empty(t.shape, dtype=MLIR_TO_DTYPE[t.elem]) for t in self.program.results]
+        outs = [torch.empty(t.shape, dtype=DTYPE_OF_ELEM[t.elem]) for t in self.program.results]
         assert self._executor is not None and self._handle is not None
         self._executor.call(self._handle, self.program.func_name, inputs, outs)
         return outs

@@ -44,7 +44,8 @@ device retargeting that needs no GPU.
 
 Environment: ``$MOE_GPU_CHIP`` (default chip when no device is visible; else the device's ``sm_XY``),
 ``$MOE_CUDA_TOOLKIT`` (default ``/usr/local/cuda``), ``$MOE_AOT`` (path of moe-aot.py), ``$MOE_GPU_CACHE_DIR``
-(where built libraries are kept, keyed by a hash of the module, the chip and the tools).
+(where built libraries are kept, keyed by a hash of the module, the chip and the tools; default ``gpu-libraries`` in
+the compiler driver's cache, :func:`moe_mlir.runtime.driver.cache_dir`).
 """
 
 from __future__ import annotations
@@ -52,13 +53,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
-import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,8 +66,8 @@ import torch
 import torch.fx as fx
 from torch.export.graph_signature import InputKind, OutputKind
 
-from ..mlir.builder import MLIR_TO_DTYPE, TensorType
-from ..runtime import abi
+from ..mlir.builder import TensorType
+from ..runtime import abi, driver
 from ..runtime import cuda as moe_cuda
 from ..frontend.partitioning import _is_moe_op, is_gpu_node, split_routing  # noqa: F401
 from ..mlir.importer import ImportedProgram, export_program, import_exported_program
@@ -191,18 +189,9 @@ def _retarget(gm: fx.GraphModule, device: torch.device) -> fx.GraphModule:
 
 
 def _cache_root() -> Path:
+    """``$MOE_GPU_CACHE_DIR``, else ``gpu-libraries`` in the compiler driver's cache (:func:`driver.cache_dir`)."""
     env = os.environ.get("MOE_GPU_CACHE_DIR")
-    if env:
-        return Path(env)
-    return Path(tempfile.gettempdir()) / f"moe_mlir_gpu_cache_{os.getuid()}"
-
-
-def _tool_stamp(path: str) -> str:
-    try:
-        st = os.stat(path)
-        return f"{path}:{st.st_size}:{st.st_mtime_ns}"
-    except OSError:
-        return path
+    return Path(env) if env else driver.cache_dir() / "gpu-libraries"
 
 
 @dataclass
@@ -241,10 +230,8 @@ def build_gpu_library(mlir_text: str, *, name: str = "moe_gpu", chip: Optional[s
         raise MoEOptError(f"the routing subgraph cannot be lowered to GPU kernels (convert-moe-to-gpu); compile "
                           f"with target='cpu' instead.\n{e}") from None
     if out_dir is None:
-        key = hashlib.sha256("\n".join([
-            fused, name, chip, fmt, tc.toolkit, _tool_stamp(tc.moe_opt), _tool_stamp(tc.moe_aot),
-            _tool_stamp(os.path.join(tc.runtime_dir, "libmoe_cuda_runtime.so")),
-        ]).encode()).hexdigest()[:24]
+        key = driver.digest(fused, name, chip, fmt, tc.toolkit, driver.stamp(tc.moe_opt), driver.stamp(tc.moe_aot),
+                            driver.stamp(os.path.join(tc.runtime_dir, "libmoe_cuda_runtime.so")), length=24)
         out = _cache_root() / key
         lib = out / f"lib{name}.so"
         if lib.is_file() and (out / f"{name}.llvm.mlir").is_file():
@@ -259,18 +246,15 @@ def build_gpu_library(mlir_text: str, *, name: str = "moe_gpu", chip: Optional[s
     cmd = [sys.executable, tc.moe_aot, str(src), "-o", str(work), "--name", name, "--chip", chip, "--format", fmt,
            "--moe-opt", tc.moe_opt, "--llvm-bin", tc.llvm_bin, "--toolkit", tc.toolkit, "--cxx", tc.cxx,
            "--link", "--runtime-dir", tc.runtime_dir]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = driver.run_process(cmd, timeout=timeout)
     lib = work / f"lib{name}.so"
     if proc.returncode != 0 or not lib.is_file():
         log = proc.stderr.strip()
         if "--moe-lower-to-nvvm" in log.split("moe-aot: step failed")[-1].split("\n")[0]:
             raise MoEOptError(f"moe-opt --moe-lower-to-nvvm failed (chip {chip}):\n{log}")
         raise RuntimeError(f"the GPU build (moe-aot.py) failed (exit {proc.returncode}):\n{log}")
-    if work != out:  # publish atomically into the cache
-        try:
-            os.rename(work, out)
-        except OSError:  # another process published it first
-            shutil.rmtree(work, ignore_errors=True)
+    if work != out:  # publish atomically into the cache (another process may have published it first)
+        driver.publish(work, out)
         lib = out / f"lib{name}.so"
     return GpuBuild(str(lib), str(out), name, chip, str(out / f"{name}.mlir"))
 
@@ -522,13 +506,7 @@ class CudaCompiledModel:
         device = args[0].device
         ins = [a.contiguous() for a in args]  # identity layouts; kept alive across the call
         descs = [abi.describe(t) for t in ins]
-        types = [abi.memref_struct(t.rank) for t in part.result_types]
-        if len(types) == 1:
-            res = types[0]()
-            res_descs = [res]
-        else:
-            res = type("Results", (ctypes.Structure,), {"_fields_": [(f"r{i}", t) for i, t in enumerate(types)]})()
-            res_descs = [getattr(res, f"r{i}") for i in range(len(types))]
+        res, res_descs = abi.result_descriptors([t.rank for t in part.result_types])
         stream = torch.cuda.current_stream(device)
         rt.take_index_error()  # a stale error of an earlier call on this thread is not ours
         rt.rt.mgpuSetDefaultDevice(device.index if device.index is not None else 0)
@@ -546,7 +524,7 @@ class CudaCompiledModel:
             rt.rt.moeGpuSetStream(None)
         outs = []
         for d, t in zip(res_descs, part.result_types):
-            dtype = MLIR_TO_DTYPE[t.elem]
+            dtype = abi.DTYPE_OF_ELEM[t.elem]
             out = torch.empty(t.shape, dtype=dtype, device=device)
             if t.rank and list(d.sizes) != list(t.shape):
                 raise MoERuntimeError(f"{part.fn}: a result has shape {list(d.sizes)}, expected {list(t.shape)}")

@@ -1,19 +1,16 @@
-"""The MLIR tools of the whole-graph path: running ``moe-opt`` (verify, lower) and its errors. Where the tools and
-the build's libraries are is :mod:`moe_mlir.runtime.locate` (re-exported here)."""
+"""The MLIR tools of the whole-graph path: running ``moe-opt`` (verify, lower) and its errors. The tools run through
+the compiler driver :mod:`moe_mlir.runtime.driver`; where they and the build's libraries are is
+:mod:`moe_mlir.runtime.locate` (both re-exported here)."""
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
 from typing import Optional, Sequence
 
+from ..runtime.driver import MoEOptError, run_moe_opt
 from ..runtime.locate import LLVM_BIN, LLVM_LIB, REPO_ROOT, _build_dirs, find_mlir_runner, find_moe_opt, find_runtime_lib  # noqa: F401
 
 __all__ = ["MoEOptError", "MoERuntimeError", "refuse_gradients", "find_moe_opt", "find_mlir_runner",
            "find_runtime_lib", "run_moe_opt", "verify", "lower_to_llvm", "LLVM_BIN", "LLVM_LIB", "REPO_ROOT"]
-
-class MoEOptError(RuntimeError):
-    """``moe-opt`` rejected the module (parse, verifier or pass failure); carries its stderr."""
 
 
 class MoERuntimeError(RuntimeError):
@@ -31,22 +28,6 @@ def refuse_gradients(args: Sequence[object]) -> None:
             "torch.compile options={'whole_graph': True}) is forward-only: call it under torch.no_grad() or on "
             "inputs that do not require grad; to train, use moe_mlir.compile(model) (the default path) or "
             "torch.compile(model, backend='moe')")
-
-
-def run_moe_opt(mlir_text: str, args: Sequence[str] = (), *, moe_opt: Optional[str] = None,
-                timeout: float = 600) -> str:
-    """Runs ``moe-opt <args>`` on ``mlir_text`` and returns its stdout.
-
-    Raises:
-        FileNotFoundError: no moe-opt. MoEOptError: a non-zero exit (the message holds moe-opt's diagnostics).
-    """
-    tool = moe_opt or find_moe_opt()
-    if tool is None:
-        raise FileNotFoundError("moe-opt not found: build it (cmake --build build) or set MOE_OPT")
-    proc = subprocess.run([tool, *args, "-"], input=mlir_text, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise MoEOptError(f"moe-opt {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
-    return proc.stdout
 
 
 def verify(mlir_text: str, *, moe_opt: Optional[str] = None) -> None:

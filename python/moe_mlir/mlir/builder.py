@@ -16,19 +16,9 @@ from typing import Callable, Iterable, Optional, Sequence, Union
 
 import torch
 
-#: torch dtype -> MLIR element type (signless integers: torch-mlir's `si64` becomes `i64` once lowered).
-DTYPE_TO_MLIR: dict[torch.dtype, str] = {
-    torch.float32: "f32",
-    torch.float16: "f16",
-    torch.bfloat16: "bf16",
-    torch.float64: "f64",
-    torch.int64: "i64",
-    torch.int32: "i32",
-    torch.int16: "i16",
-    torch.int8: "i8",
-    torch.bool: "i1",
-}
-MLIR_TO_DTYPE = {v: k for k, v in DTYPE_TO_MLIR.items()}
+from ..runtime import abi
+from ..runtime.abi import DTYPE_OF_ELEM
+
 FLOAT_TYPES = ("f16", "bf16", "f32", "f64")
 INT_BITS = {"i1": 1, "i8": 8, "i16": 16, "i32": 32, "i64": 64}
 FLOAT_BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64}
@@ -39,9 +29,11 @@ def is_float(elem: str) -> bool:
 
 
 def mlir_elem(dtype: torch.dtype) -> str:
+    """:func:`moe_mlir.runtime.abi.mlir_elem` (the one dtype table), failing as a lowering does
+    (``NotImplementedError``: the importer's error then names the op)."""
     try:
-        return DTYPE_TO_MLIR[dtype]
-    except KeyError:
+        return abi.mlir_elem(dtype)
+    except TypeError:
         raise NotImplementedError(f"dtype {dtype} has no MLIR element type in this importer") from None
 
 
@@ -93,7 +85,7 @@ class Value:
 
 def float_bits(value: float, elem: str) -> int:
     """The IEEE bit pattern of ``value`` rounded to ``elem`` (round-to-nearest-even, as torch does)."""
-    dt = MLIR_TO_DTYPE[elem]
+    dt = DTYPE_OF_ELEM[elem]
     t = torch.tensor([value], dtype=torch.float64).to(dt)
     raw = t.view({16: torch.int16, 32: torch.int32, 64: torch.int64}[FLOAT_BITS[elem]]).item()
     return raw & ((1 << FLOAT_BITS[elem]) - 1)

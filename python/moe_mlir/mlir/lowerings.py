@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import torch
 
+from ..runtime.abi import DTYPE_OF_ELEM
 from .builder import Builder, TensorType, Value, affine_map, format_float, identity_map, is_float, mlir_elem
 from .table import lowering, op_key
 
@@ -50,9 +51,7 @@ def _compute_elem(imp: FxImporter, *operands: Any) -> str:
 
 
 def _dtype(elem: str) -> torch.dtype:
-    from .builder import MLIR_TO_DTYPE
-
-    return MLIR_TO_DTYPE[elem]
+    return DTYPE_OF_ELEM[elem]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ __all__ = [
     "DTYPE_OF_ELEM",
     "mlir_elem",
     "memref_struct",
+    "result_descriptors",
     "describe",
     "descriptor_shape",
     "tensor_type",
@@ -26,7 +27,8 @@ __all__ = [
     "pointers",
 ]
 
-#: torch dtype -> MLIR element type.
+#: torch dtype -> MLIR element type: the package's one dtype table (the importer prints with it, the runtime
+#: marshals with it). Signless integers: torch-mlir's ``si64`` is ``i64`` once lowered.
 MLIR_ELEM: dict[torch.dtype, str] = {
     torch.float32: "f32",
     torch.float16: "f16",
@@ -34,6 +36,7 @@ MLIR_ELEM: dict[torch.dtype, str] = {
     torch.float64: "f64",
     torch.bool: "i1",
     torch.int8: "i8",
+    torch.int16: "i16",
     torch.int32: "i32",
     torch.int64: "i64",
 }
@@ -55,6 +58,23 @@ def memref_struct(rank: int) -> type[ctypes.Structure]:
     if rank:
         fields += [("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
     return type(f"MemRef{rank}D", (ctypes.Structure,), {"_fields_": fields})
+
+
+@functools.lru_cache(maxsize=None)
+def _results_struct(ranks: tuple[int, ...]) -> type[ctypes.Structure]:
+    fields = [(f"r{i}", memref_struct(r)) for i, r in enumerate(ranks)]
+    return type("Results", (ctypes.Structure,), {"_fields_": fields})
+
+
+def result_descriptors(ranks: Sequence[int]) -> tuple[ctypes.Structure, list[ctypes.Structure]]:
+    """The result out-parameter of a ``_mlir_ciface_`` function returning memrefs of ``ranks`` (one descriptor, or a
+    struct of them; passed by pointer as the first argument), and the descriptors in it, in order (views into it:
+    they read what the call wrote)."""
+    if len(ranks) == 1:
+        res = memref_struct(ranks[0])()
+        return res, [res]
+    res = _results_struct(tuple(ranks))()
+    return res, [getattr(res, f"r{i}") for i in range(len(ranks))]
 
 
 def describe(t: torch.Tensor, shape: Sequence[int] | None = None) -> ctypes.Structure:

@@ -12,7 +12,7 @@ and, on an in-memory miss, calls :func:`load` (registered once by :mod:`.extensi
    the eager ops);
 2. returns the kernel already loaded in this process, or
 3. loads ``<cache>/<hash>.so`` when an earlier process built it, or
-4. builds it: an MLIR module whose ``@kernel`` takes the inputs as tensors with the token-like dimensions dynamic
+4. builds it (the tools run by :mod:`.driver`): an MLIR module whose ``@kernel`` takes the inputs as tensors with the token-like dimensions dynamic
    and returns the results, lowered by ``moe-opt --moe-lower-to-llvm="results-to-out-params=true"`` (the results
    become out-params appended to the arguments and the kernel computes them in the caller's buffers: no copy;
    a subprocess: MLIR/LLVM are never loaded into the torch process), translated
@@ -43,13 +43,9 @@ ahead of time on a machine with LLVM but no GPU (``python -m moe_mlir.runtime.pr
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
 import os
 import platform
 import shutil
-import subprocess
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,17 +54,13 @@ from typing import Callable, Optional
 import torch
 
 from .abi import DTYPE_OF_ELEM, tensor_type
+from .driver import CompileError, build_cpu_kernel, build_cuda_kernel, cache_dir, digest, stamp
 
 __all__ = ["KernelKey", "parse_key", "kernel_module", "load", "cache_dir", "num_threads", "target_cpu", "stats",
            "CompileError"]
 
 #: Bump when the generated module or the build changes meaning.
 FORMAT_VERSION = "2"
-LLVM_BIN = Path("/usr/lib/llvm-22/bin")
-
-
-class CompileError(RuntimeError):
-    """Building a kernel failed (moe-opt, mlir-translate, clang or the link); carries the tool's diagnostics."""
 
 
 @dataclass
@@ -327,11 +319,6 @@ def kernel_module(k: KernelKey) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def cache_dir() -> Path:
-    env = os.environ.get("MOE_KERNEL_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "moe_mlir" / "kernels"
-
-
 def num_threads() -> int:
     """The kernels' worker count: ``$MOE_NUM_THREADS``, ``$OMP_NUM_THREADS``, else the CPU count."""
     for var in ("MOE_NUM_THREADS", "OMP_NUM_THREADS"):
@@ -381,11 +368,6 @@ def _tools() -> tuple[str, str]:
     return moe_opt, str(Path(rt).resolve().parent)
 
 
-def _stamp(path: str) -> str:
-    st = os.stat(path)
-    return f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}"
-
-
 def _cpu_id() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -397,100 +379,25 @@ def _cpu_id() -> str:
 
 
 def _digest(key: str, moe_opt: str, rt_dir: str, threads: int, target: str = "native") -> str:
-    h = hashlib.sha256()
-    for part in (FORMAT_VERSION, key, str(threads), target, _cpu_id(), _stamp(moe_opt),
-                 _stamp(str(Path(rt_dir) / "libmoe_kernel_runtime.so"))):
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()[:40]
-
-
-def _run(cmd: list[str], what: str, stdin: Optional[str] = None) -> str:
-    proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise CompileError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{proc.stderr.strip()}")
-    return proc.stdout
-
-
-def _llvm_tool(name: str) -> str:
-    p = LLVM_BIN / name
-    if p.is_file():
-        return str(p)
-    found = shutil.which(f"{name}-22") or shutil.which(name)
-    if found is None:
-        raise CompileError(f"{name} (LLVM 22) not found")
-    return found
-
-
-@functools.lru_cache(maxsize=None)
-def _builtins() -> tuple[str, ...]:
-    """LLVM's compiler-rt builtins archive, linked in statically when present: code for a CPU without a native
-    instruction for some conversion calls a helper instead (``__truncsfbf2`` for f32 -> bf16 below AVX-512 BF16),
-    which Debian 12's libgcc (GCC 12) does not have. Asked once per process (a clang process: 50-80 ms)."""
-    try:
-        path = _run([_llvm_tool("clang"), "--rtlib=compiler-rt", "-print-libgcc-file-name"], "clang").strip()
-    except CompileError:
-        return ()
-    return (path,) if path and Path(path).is_file() else ()
+    return digest(FORMAT_VERSION, key, str(threads), target, _cpu_id(), stamp(moe_opt),
+                  stamp(str(Path(rt_dir) / "libmoe_kernel_runtime.so")))
 
 
 def build(k: KernelKey, key: str, dest: Path, moe_opt: str, rt_dir: str, threads: int,
           target: str = "native") -> None:
-    """Compiles the kernel of ``k`` for the CPU ``target`` into ``dest`` (atomically)."""
-    mlir = kernel_module(k)
-    with tempfile.TemporaryDirectory(prefix="moe-kernel-") as tmp:
-        t = Path(tmp)
-        (t / "kernel.mlir").write_text(f"// {key}\n" + mlir)
-        _run([moe_opt, "--canonicalize",
-              f"--moe-lower-to-llvm=num-threads={threads} target-cpu={target} results-to-out-params=true",
-              str(t / "kernel.mlir"),
-              "-o", str(t / "kernel.llvm.mlir")], "moe-opt")
-        _run([_llvm_tool("mlir-translate"), "--mlir-to-llvmir", str(t / "kernel.llvm.mlir"), "-o",
-              str(t / "kernel.ll")], "mlir-translate")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        part = dest.with_name(f"{dest.name}.{os.getpid()}.{threading.get_ident()}.part")
-        # Optimized, compiled and linked by one clang process (a separate link process cost 60-150 ms a kernel).
-        _run([_llvm_tool("clang"), "-O3", f"-march={target}", "-fPIC", "-shared", "-Wno-override-module",
-              str(t / "kernel.ll"), *_builtins(), f"-L{rt_dir}", "-lmoe_kernel_runtime", f"-Wl,-rpath,{rt_dir}",
-              "-o", str(part)], "clang")
-        os.replace(part, dest)
+    """Compiles the kernel of ``k`` for the CPU ``target`` into ``dest`` (atomically; :mod:`.driver`)."""
+    build_cpu_kernel(kernel_module(k), dest, moe_opt, rt_dir, threads, target, header=f"// {key}\n")
 
 
 def cuda_kernel_name(key: str, chip: str) -> str:
     """File name (without ``.so``) of the CUDA kernel of ``key`` for ``chip``: the same on every machine."""
-    h = hashlib.sha256()
-    for part in (FORMAT_VERSION, "cuda", _without_device(key), chip):
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()[:40]
-
-
-def _cuda_toolkit() -> str:
-    return os.environ.get("MOE_CUDA_TOOLKIT", "/usr/local/cuda")
+    return digest(FORMAT_VERSION, "cuda", _without_device(key), chip)
 
 
 def build_cuda(k: KernelKey, key: str, dest: Path, moe_opt: str, rt_dir: str, chip: str) -> None:
-    """Compiles the CUDA kernel of ``k`` for ``chip`` into ``dest`` (atomically). Needs LLVM and the CUDA toolkit's
-    ptxas/fatbinary, not a GPU."""
-    mlir = kernel_module(k)
-    with tempfile.TemporaryDirectory(prefix="moe-cuda-kernel-") as tmp:
-        t = Path(tmp)
-        (t / "kernel.mlir").write_text(f"// {key} ({chip})\n" + mlir)
-        _run([moe_opt, "--canonicalize",
-              f"--moe-lower-to-nvvm=chip={chip} format=fatbin toolkit={_cuda_toolkit()} "
-              "results-to-out-params=true wait-at-return=false",
-              str(t / "kernel.mlir"), "-o", str(t / "kernel.llvm.mlir")], "moe-opt")
-        _run([_llvm_tool("mlir-translate"), "--mlir-to-llvmir", str(t / "kernel.llvm.mlir"), "-o",
-              str(t / "kernel.ll")], "mlir-translate")
-        _run([_llvm_tool("clang"), "-O2", "-fPIC", "-c", "-Wno-override-module", str(t / "kernel.ll"), "-o",
-              str(t / "kernel.o")], "clang")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        part = dest.with_name(f"{dest.name}.{os.getpid()}.{threading.get_ident()}.part")
-        # The runtime is found by name when the kernel is loaded: the process has loaded it already
-        # (moe_mlir.runtime.cuda), so a prebuilt kernel works on a machine with the runtime elsewhere.
-        _run([os.environ.get("CXX", "c++"), "-shared", "-o", str(part), str(t / "kernel.o"), f"-L{rt_dir}",
-              "-lmoe_cuda_runtime", f"-Wl,-rpath,{rt_dir}"], "link")
-        os.replace(part, dest)
+    """Compiles the CUDA kernel of ``k`` for ``chip`` into ``dest`` (atomically; :mod:`.driver`). Needs LLVM and the
+    CUDA toolkit's ptxas/fatbinary, not a GPU."""
+    build_cuda_kernel(kernel_module(k), dest, moe_opt, rt_dir, chip, header=f"// {key} ({chip})\n")
 
 
 def _prebuilt_dirs() -> list[Path]:
@@ -515,7 +422,7 @@ def _cuda_kernel_file(k: KernelKey, key: str) -> Path:
         raise CompileError(f"moe-opt not found and no prebuilt CUDA kernel {name} for {chip} ({where}): build the "
                            "project (cmake --build build) or prebuild the kernels (moe_mlir.runtime.prebuild)")
     rt = Path(cuda.runtime().path).resolve()
-    toolchain = hashlib.sha256(_stamp(moe_opt).encode()).hexdigest()[:12]
+    toolchain = digest(stamp(moe_opt), length=12)
     path = cache_dir() / f"cuda-{toolchain}" / name
     if path.is_file():
         stats.disk_loads += 1

@@ -1,0 +1,201 @@
+"""The compiler driver: every run of the build tools (``moe-opt``, ``mlir-translate``, ``clang``, the C++ linker,
+``moe-aot.py``, ``mlir-runner``) and the one disk cache their products are kept in.
+
+Products:
+
+* a CPU kernel of ``torch.ops.moe.*`` (:func:`build_cpu_kernel`, for :mod:`.cache`);
+* a CUDA kernel of ``torch.ops.moe.*`` (:func:`build_cuda_kernel`, for :mod:`.cache` and :mod:`.prebuild`);
+* a GPU library of the whole-graph CUDA split (``moe-aot.py --link``, run by
+  :func:`moe_mlir.backends.cuda.build_gpu_library` through :func:`run_process`);
+* MLIR text through ``moe-opt`` passes (:func:`run_moe_opt`, for the whole-graph path).
+
+The disk cache is one directory, :func:`cache_dir` (``$MOE_KERNEL_CACHE`` or ``~/.cache/moe_mlir/kernels``): a
+product's name is the :func:`digest` of what it depends on (its input, the options, the :func:`stamp` of each tool
+and runtime library), and it is written under a temporary name and renamed (:func:`publish`), so that concurrent
+processes never see a partial one and every process finds what another built.
+
+Subprocesses only: MLIR/LLVM are never loaded into the torch process. Imports nothing of the package.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .locate import LLVM_BIN, find_moe_opt
+
+__all__ = ["CompileError", "MoEOptError", "cache_dir", "digest", "stamp", "publish", "llvm_tool", "run_process",
+           "run_tool", "run_moe_opt", "build_cpu_kernel", "build_cuda_kernel", "cuda_toolkit"]
+
+
+class CompileError(RuntimeError):
+    """Building a kernel failed (moe-opt, mlir-translate, clang or the link); carries the tool's diagnostics."""
+
+
+class MoEOptError(RuntimeError):
+    """``moe-opt`` rejected the module (parse, verifier or pass failure); carries its stderr."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The disk cache
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    """The directory of every compiled product: ``$MOE_KERNEL_CACHE``, else ``~/.cache/moe_mlir/kernels``."""
+    env = os.environ.get("MOE_KERNEL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "moe_mlir" / "kernels"
+
+
+def digest(*parts: str, length: int = 40) -> str:
+    """The name of a product: a hash of what it depends on (each part NUL-terminated)."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:length]
+
+
+def stamp(path: str) -> str:
+    """Identifies a tool or library binary (its real path, size and mtime): a rebuilt one names new products."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return path
+    return f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def publish(part: Path, dest: Path) -> None:
+    """Moves a finished file or directory ``part`` to ``dest`` atomically. A directory another process published
+    first wins (``part`` is removed); a file replaces (both are the same product)."""
+    if part.is_dir():
+        try:
+            os.rename(part, dest)
+        except OSError:
+            shutil.rmtree(part, ignore_errors=True)
+    else:
+        os.replace(part, dest)
+
+
+def _part(dest: Path) -> Path:
+    """A temporary name beside ``dest``, unique to this process and thread."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return dest.with_name(f"{dest.name}.{os.getpid()}.{threading.get_ident()}.part")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tools
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def llvm_tool(name: str) -> str:
+    """An LLVM 22 tool: ``/usr/lib/llvm-22/bin/<name>``, else ``<name>-22`` or ``<name>`` on PATH."""
+    p = LLVM_BIN / name
+    if p.is_file():
+        return str(p)
+    found = shutil.which(f"{name}-22") or shutil.which(name)
+    if found is None:
+        raise CompileError(f"{name} (LLVM 22) not found")
+    return found
+
+
+def cuda_toolkit() -> str:
+    return os.environ.get("MOE_CUDA_TOOLKIT", "/usr/local/cuda")
+
+
+def run_process(cmd: Sequence[str], stdin: Optional[str] = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Runs ``cmd`` (text in and out, captured); the caller reads the exit status."""
+    return subprocess.run(list(cmd), input=stdin, capture_output=True, text=True, timeout=timeout)
+
+
+def run_tool(cmd: Sequence[str], what: str, stdin: Optional[str] = None, timeout: float = 900) -> str:
+    """Runs a build step; its stdout, or :class:`CompileError` with its diagnostics."""
+    proc = run_process(cmd, stdin, timeout)
+    if proc.returncode != 0:
+        raise CompileError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{proc.stderr.strip()}")
+    return proc.stdout
+
+
+def run_moe_opt(mlir_text: str, args: Sequence[str] = (), *, moe_opt: Optional[str] = None,
+                timeout: float = 600) -> str:
+    """Runs ``moe-opt <args>`` on ``mlir_text`` and returns its stdout.
+
+    Raises:
+        FileNotFoundError: no moe-opt. MoEOptError: a non-zero exit (the message holds moe-opt's diagnostics).
+    """
+    tool = moe_opt or find_moe_opt()
+    if tool is None:
+        raise FileNotFoundError("moe-opt not found: build it (cmake --build build) or set MOE_OPT")
+    proc = run_process([tool, *args, "-"], mlir_text, timeout)
+    if proc.returncode != 0:
+        raise MoEOptError(f"moe-opt {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
+    return proc.stdout
+
+
+@functools.lru_cache(maxsize=None)
+def _builtins() -> tuple[str, ...]:
+    """LLVM's compiler-rt builtins archive, linked in statically when present: code for a CPU without a native
+    instruction for some conversion calls a helper instead (``__truncsfbf2`` for f32 -> bf16 below AVX-512 BF16),
+    which Debian 12's libgcc (GCC 12) does not have. Asked once per process (a clang process: 50-80 ms)."""
+    try:
+        path = run_tool([llvm_tool("clang"), "--rtlib=compiler-rt", "-print-libgcc-file-name"], "clang").strip()
+    except CompileError:
+        return ()
+    return (path,) if path and Path(path).is_file() else ()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Kernels of torch.ops.moe.*
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def build_cpu_kernel(mlir: str, dest: Path, moe_opt: str, rt_dir: str, threads: int, target: str = "native",
+                     header: str = "") -> None:
+    """Compiles a kernel module (:func:`moe_mlir.runtime.cache.kernel_module`) for the CPU ``target`` into the
+    shared object ``dest`` (atomically): ``moe-opt --moe-lower-to-llvm`` (results as out-params), ``mlir-translate``,
+    then one ``clang -O3 -shared`` against ``libmoe_kernel_runtime.so`` in ``rt_dir``."""
+    with tempfile.TemporaryDirectory(prefix="moe-kernel-") as tmp:
+        t = Path(tmp)
+        (t / "kernel.mlir").write_text(header + mlir)
+        run_tool([moe_opt, "--canonicalize",
+                  f"--moe-lower-to-llvm=num-threads={threads} target-cpu={target} results-to-out-params=true",
+                  str(t / "kernel.mlir"),
+                  "-o", str(t / "kernel.llvm.mlir")], "moe-opt")
+        run_tool([llvm_tool("mlir-translate"), "--mlir-to-llvmir", str(t / "kernel.llvm.mlir"), "-o",
+                  str(t / "kernel.ll")], "mlir-translate")
+        part = _part(dest)
+        # Optimized, compiled and linked by one clang process (a separate link process cost 60-150 ms a kernel).
+        run_tool([llvm_tool("clang"), "-O3", f"-march={target}", "-fPIC", "-shared", "-Wno-override-module",
+                  str(t / "kernel.ll"), *_builtins(), f"-L{rt_dir}", "-lmoe_kernel_runtime", f"-Wl,-rpath,{rt_dir}",
+                  "-o", str(part)], "clang")
+        publish(part, dest)
+
+
+def build_cuda_kernel(mlir: str, dest: Path, moe_opt: str, rt_dir: str, chip: str, header: str = "") -> None:
+    """Compiles a kernel module for ``chip`` into ``dest`` (atomically): ``moe-opt --moe-lower-to-nvvm`` (a fatbin,
+    results as out-params, no wait at return), ``mlir-translate``, ``clang -O2 -c``, ``c++ -shared`` against
+    ``libmoe_cuda_runtime.so`` in ``rt_dir``. Needs LLVM and the CUDA toolkit's ptxas/fatbinary, not a GPU."""
+    with tempfile.TemporaryDirectory(prefix="moe-cuda-kernel-") as tmp:
+        t = Path(tmp)
+        (t / "kernel.mlir").write_text(header + mlir)
+        run_tool([moe_opt, "--canonicalize",
+                  f"--moe-lower-to-nvvm=chip={chip} format=fatbin toolkit={cuda_toolkit()} "
+                  "results-to-out-params=true wait-at-return=false",
+                  str(t / "kernel.mlir"), "-o", str(t / "kernel.llvm.mlir")], "moe-opt")
+        run_tool([llvm_tool("mlir-translate"), "--mlir-to-llvmir", str(t / "kernel.llvm.mlir"), "-o",
+                  str(t / "kernel.ll")], "mlir-translate")
+        run_tool([llvm_tool("clang"), "-O2", "-fPIC", "-c", "-Wno-override-module", str(t / "kernel.ll"), "-o",
+                  str(t / "kernel.o")], "clang")
+        part = _part(dest)
+        # The runtime is found by name when the kernel is loaded: the process has loaded it already
+        # (moe_mlir.runtime.cuda), so a prebuilt kernel works on a machine with the runtime elsewhere.
+        run_tool([os.environ.get("CXX", "c++"), "-shared", "-o", str(part), str(t / "kernel.o"), f"-L{rt_dir}",
+                  "-lmoe_cuda_runtime", f"-Wl,-rpath,{rt_dir}"], "link")
+        publish(part, dest)
