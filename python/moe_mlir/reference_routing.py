@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .reference import _masked_softmax, _select_desc
 
-__all__ = ["route", "dispatch_plan", "dispatch_plan_sizes"]
+__all__ = ["route", "route_weights", "dispatch_plan", "dispatch_plan_sizes"]
 
 
 def _score(x: Tensor, scoring: str) -> Tensor:
@@ -60,6 +60,13 @@ def route(
         idx = _first_where(_select_desc(c, E), keep, k)
     else:
         idx = _select_desc(c, k)
+    return _weigh(s, idx, scoring, score_first, renormalize, routed_scaling_factor), idx.to(torch.int32)
+
+
+def _weigh(s: Tensor, idx: Tensor, scoring: str, score_first: bool, renormalize: bool,
+           routed_scaling_factor: float) -> Tensor:
+    """The weights of the chosen experts ``idx`` (i64) from ``s`` (the scores, or the logits when the order scores
+    after choosing)."""
     w = torch.gather(s, -1, idx)
     if not score_first:
         w = _score(w, scoring)
@@ -69,7 +76,18 @@ def route(
         w = torch.where(zero, torch.zeros_like(w), w / torch.where(zero, torch.ones_like(den), den))
     if routed_scaling_factor != 1.0:
         w = w * torch.tensor(routed_scaling_factor, dtype=torch.float32)
-    return w, idx.to(torch.int32)
+    return w
+
+
+def route_weights(logits: Tensor, indices: Tensor, scoring: str = "softmax", order: str = "score_then_topk",
+                  renormalize: bool = False, routed_scaling_factor: float = 1.0) -> Tensor:
+    """The weights [T, k] f32 ``route`` gives the experts ``indices`` [T, k] (its own choice): differentiable with
+    respect to the logits. ``route``'s backward differentiates this with the forward's indices instead of choosing
+    again (the choice, group scores and top-k of the bias-shifted scores, has no gradient)."""
+    x = logits.float()
+    score_first = order == "score_then_topk"
+    s = _score(x, scoring) if score_first else x
+    return _weigh(s, indices.long(), scoring, score_first, renormalize, routed_scaling_factor)
 
 
 def dispatch_plan_sizes(T, k, num_experts: int, block_size: int):

@@ -2,7 +2,7 @@
 
 The gates of DeepSeek-V3/R1, Kimi-K2, GLM-4.5, DeepSeek-V2, Mixtral, Qwen3-MoE, gpt-oss and Llama-4 (one op, its
 modes as strings) and the expert-sorted dispatch plan of grouped-GEMM kernels. References (which define the
-semantics and are what the backward recomputes): moe_mlir/reference_routing.py. CPU kernels:
+semantics; ``route``'s backward re-weighs the forward's choice with them): moe_mlir/reference_routing.py. CPU kernels:
 lib/Runtime/Torch/RoutingOps.cpp. ``route``'s weights are differentiable w.r.t. the logits (through the scores;
 the choice and the selection bias get no gradient); ``dispatch_plan`` is integer-valued.
 """
@@ -18,7 +18,8 @@ from torch import Tensor
 from ..reference_routing import dispatch_plan as _dispatch_plan_ref
 from ..reference_routing import dispatch_plan_sizes as _dispatch_plan_sizes
 from ..reference_routing import route as _route_ref
-from ._autograd import _register_recompute_autograd
+from ..reference_routing import route_weights as _route_weights
+from ._autograd import _needs
 from ._checks import (
     _I32_MAX,
     _check_enum,
@@ -109,9 +110,27 @@ def _(logits, bias, k, scoring="softmax", order="score_then_topk", n_group=1, to
     return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int32)
 
 
-# Recompute backward: the reference re-run under autograd; gradients flow to the logits through the scores (the
-# bias is detached inside the reference: it only chooses).
-_register_recompute_autograd(route, _route_ref, (0, 1), (0,))
+# Backward: the weights of the forward's own choice (its indices, saved) re-computed from the logits under autograd
+# (reference_routing.route_weights); the choice itself (group scores, top-k of the bias-shifted scores: sorts and
+# top-ks over [T, E]) has no gradient and is not run again. The bias only chooses: no gradient.
+def _route_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], output[1])
+    ctx.weigh = (inputs[3], inputs[4], inputs[8], inputs[9])  # scoring, order, renormalize, routed_scaling_factor
+
+
+def _route_backward(ctx, grad_w, grad_idx):
+    logits, idx = ctx.saved_tensors
+    result = [None] * 10
+    if grad_w is None or not _needs(ctx, 10)[0]:
+        return tuple(result)
+    with torch.enable_grad():
+        x = logits.detach().requires_grad_(True)
+        (g,) = torch.autograd.grad(_route_weights(x, idx, *ctx.weigh), x, grad_w)
+    result[0] = g.to(logits.dtype)
+    return tuple(result)
+
+
+route.register_autograd(_route_backward, setup_context=_route_setup)
 
 
 def _validate_dispatch_plan(indices: Tensor, num_experts: int, block_size: int) -> None:
