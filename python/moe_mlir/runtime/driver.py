@@ -14,7 +14,8 @@ product's name is the :func:`digest` of what it depends on (its input, the optio
 and runtime library), and it is written under a temporary name and renamed (:func:`publish`), so that concurrent
 processes never see a partial one and every process finds what another built.
 
-Subprocesses only: MLIR/LLVM are never loaded into the torch process. Imports nothing of the package.
+Subprocesses only: MLIR/LLVM are never loaded into the torch process. Imports nothing of the package but
+:mod:`.locate` (where the tools are).
 """
 
 from __future__ import annotations
