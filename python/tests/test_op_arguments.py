@@ -353,10 +353,54 @@ def test_torch_compile_traces_the_message(call, message):
     assert message in str(info.value)
 
 
+# ================================================================================================================
+# load-balancing losses and statistics (ops/balance.py)
+# ================================================================================================================
+
+TOP_K_LOGITS = "the size of the last dimension of 'logits'"
+
+
+@pytest.mark.parametrize("k", [-1, 0, 9, HUGE])
+def test_balance_top_k(k):
+    x = torch.randn(6, 8)
+    msg = f"'top_k' ({k}) must be in [1, 8] ({TOP_K_LOGITS})"
+    rejects(M.load_balancing_loss, (x, k), f"moe.load_balancing_loss: {msg}")
+    rejects(M.router_stats, (x, k), f"moe.router_stats: {msg}")
+    rejects(M.router_stats_fwd, (x, k), f"moe.router_stats_fwd: {msg}")
+    # Zero tokens: still the op's message.
+    rejects(M.load_balancing_loss, (torch.randn(0, 8), k), f"moe.load_balancing_loss: {msg}")
+
+
+def test_balance_edges():
+    # k = E, E = 1, T = 0, T = 1 on the kernels.
+    x = torch.randn(5, 8)
+    kernel(M.load_balancing_loss, x, 8)
+    assert kernel(M.load_balancing_loss, torch.randn(4, 1), 1).item() == pytest.approx(1.0)
+    assert torch.isnan(kernel(M.router_z_loss, torch.randn(0, 8)))
+    c, p = kernel(M.router_stats, torch.randn(1, 8), 2)
+    assert c.sum().item() == 2
+    rejects(M.router_z_loss_backward, (torch.ones(2), x), "moe.router_z_loss_backward: 'grad' must hold one value")
+    rejects(M.router_stats_backward, (torch.ones(7), x, None, torch.tensor(5.0)),
+            "moe.router_stats_backward: dimension 0 of 'grad_mean_probs' (7) must equal the expert count E of "
+            "'logits' (8)")
+
+
+@pytest.mark.parametrize("k", [0, 3, HUGE])
+def test_sequence_balance_top_k(k):
+    s, idx = torch.rand(2, 3, 8), torch.zeros(2, 3, 2, dtype=torch.long)
+    msg = f"dimension 2 of 'indices' (2) must equal 'top_k' ({k})"
+    rejects(M.sequence_balance_loss, (s, idx, k), f"moe.sequence_balance_loss: {msg}")
+    rejects(M.sequence_balance_loss_backward, (torch.ones(()), s, idx, k), f"moe.sequence_balance_loss_backward: {msg}")
+    # indices wider than E.
+    rejects(M.sequence_balance_loss, (torch.rand(2, 3, 2), torch.zeros(2, 3, 3, dtype=torch.long), 3),
+            "moe.sequence_balance_loss: 'top_k' (3) must be in [1, 2] (the size of the last dimension of 'scores')")
+
+
 def test_every_op_has_a_case():
     names = {*ops.OP_NAMES, *ops.FUSED_OP_NAMES, *ops.ROUTING_OP_NAMES, "similarity_inform_fwd",
              "similarity_inform_backward", "topk_renorm_backward", "hyper_router_backward",
-             "attention_posterior_backward"}
+             "attention_posterior_backward", *ops.BALANCE_OP_NAMES, "router_stats_fwd", "router_stats_backward",
+             "router_z_loss_backward", "sequence_balance_loss_backward"}
     registered = {n for n in dir(M) if not n.startswith("_") and isinstance(getattr(M, n),
                                                                            torch._ops.OpOverloadPacket)}
     assert registered == names, f"ops without a case here: {sorted(registered - names)}"

@@ -400,6 +400,7 @@ def MoE_HyperRouterOp : MoE_InferredOp<"hyper_router", MoE_PureInferred> {
 
 include "MoE/IR/MoEFusedOps.td"
 include "MoE/IR/MoERoutingOps.td"
+include "MoE/IR/MoEBalanceOps.td"
 include "MoE/IR/MoEGradOps.td"
 include "MoE/IR/MoEKernelOp.td"
 

@@ -57,7 +57,11 @@ PopulateKernel populateTopkRenormKernel, populateSimilarityInformKernel,
     populateRouteDispatchPlanKernel,
     // Backward ops (MoEGradOps.td).
     populateSimilarityInformGradKernel, populateTopkRenormGradKernel,
-    populateAttentionPosteriorGradKernel, populateHyperRouterGradKernel;
+    populateAttentionPosteriorGradKernel, populateHyperRouterGradKernel,
+    // Load-balancing statistics and losses (MoEBalanceOps.td).
+    populateRouterStatsKernel, populateRouterStatsGradKernel,
+    populateRouterZLossKernel, populateRouterZLossGradKernel,
+    populateSequenceBalanceLossKernel;
 
 /// Defines the populate function `Name` (declared above) of an op file, inside
 /// its `namespace mlir::moe::cpu`: it adds the file's patterns (the remaining

@@ -65,7 +65,10 @@ void mlir::moe::populateMoEToCPUKernelPatterns(RewritePatternSet &patterns,
         cpu::populateSimilarityInformGradKernel,
         cpu::populateTopkRenormGradKernel,
         cpu::populateAttentionPosteriorGradKernel,
-        cpu::populateHyperRouterGradKernel})
+        cpu::populateHyperRouterGradKernel, cpu::populateRouterStatsKernel,
+        cpu::populateRouterStatsGradKernel, cpu::populateRouterZLossKernel,
+        cpu::populateRouterZLossGradKernel,
+        cpu::populateSequenceBalanceLossKernel})
     populate(patterns, opts);
   populateSplitFusedRoutingPatterns(patterns);
 }

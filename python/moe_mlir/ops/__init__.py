@@ -102,6 +102,17 @@ from .routing import (  # noqa: E402, F401
     dispatch_plan,
     route,
 )
+from .balance import (  # noqa: E402, F401
+    BALANCE_OP_NAMES,
+    load_balancing_loss,
+    router_stats,
+    router_stats_backward,
+    router_stats_fwd,
+    router_z_loss,
+    router_z_loss_backward,
+    sequence_balance_loss,
+    sequence_balance_loss_backward,
+)
 from . import loading as _loading  # noqa: E402
 from .loading import KEY_VALIDATORS, _autograd_call, kernels_available  # noqa: E402, F401
 

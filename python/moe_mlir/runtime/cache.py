@@ -163,6 +163,45 @@ def _dispatch_plan_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
 _ROUTING_OUTPUTS = {"route": _route_outputs, "dispatch_plan": _dispatch_plan_outputs}
 
 
+def _balance_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
+    """The load-balancing ops (MoEBalanceOps.td; torch ops in moe_mlir/ops/balance.py)."""
+    i = k.inputs
+    if k.op == "router_stats_fwd":
+        e = i["logits"][1][1]
+        return [("f32", [e]), ("f32", [e]), ("f32", [])]
+    if k.op in ("router_stats_backward", "router_z_loss_backward"):
+        return [("f32", list(i["logits"][1]))]
+    if k.op == "sequence_balance_loss_backward":
+        return [("f32", list(i["scores"][1]))]
+    return [("f32", [])]  # router_z_loss, sequence_balance_loss
+
+
+def _balance_op_text(k: KernelKey, args: dict[str, str], types: dict[str, str]) -> tuple[str, str]:
+    def opt(name: str, kw: str) -> str:
+        return f" {kw}({args[name]} : {types[name]})" if name in args else ""
+
+    op = k.op
+    if op == "router_stats_fwd":
+        return (f"moe.router_stats {args['logits']}" + opt("token_mask", "token_mask") + f" k({k.attrs['top_k']})",
+                types["logits"])
+    if op == "router_stats_backward":
+        return (f"moe.router_stats_grad {args['logits']}" + opt("token_mask", "token_mask")
+                + opt("weight_sum", "weight_sum") + opt("grad_mean_probs", "dmean_probs"), types["logits"])
+    if op == "router_z_loss":
+        return f"moe.router_z_loss {args['logits']}", types["logits"]
+    if op == "router_z_loss_backward":
+        return f"moe.router_z_loss_grad {args['logits']}" + opt("grad", "dloss"), types["logits"]
+    if op == "sequence_balance_loss":
+        return (f"moe.sequence_balance_loss {args['scores']}, {args['indices']}",
+                f"{types['scores']}, {types['indices']}")
+    return (f"moe.sequence_balance_loss_grad {args['scores']}, {args['indices']}" + opt("grad", "dloss"),
+            f"{types['scores']}, {types['indices']}")
+
+
+_BALANCE_OPS = ("router_stats_fwd", "router_stats_backward", "router_z_loss", "router_z_loss_backward",
+                "sequence_balance_loss", "sequence_balance_loss_backward")
+
+
 #: The operands of moe.attention_posterior (and of its backward), in order.
 _POSTERIOR_OPERANDS = ("scores", "u", "v", "wo", "e")
 
@@ -212,6 +251,8 @@ def _outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
         return [("f32", [str(n), str(d)]), ("f32", [str(n)])]
     if op in _ROUTING_OUTPUTS:
         return _ROUTING_OUTPUTS[op](k)
+    if op in _BALANCE_OPS:
+        return _balance_outputs(k)
     raise ValueError(f"moe: no kernel for op {op!r}")
 
 
@@ -275,6 +316,8 @@ def _op_text(k: KernelKey, args: dict[str, str], types: dict[str, str]) -> tuple
     if op == "dispatch_plan":
         return (f"moe.dispatch_plan {args['indices']} num_experts({a['num_experts']}) "
                 f"block_size({a['block_size']})", types["indices"])
+    if op in _BALANCE_OPS:
+        return _balance_op_text(k, args, types)
     raise ValueError(f"moe: no kernel for op {op!r}")
 
 

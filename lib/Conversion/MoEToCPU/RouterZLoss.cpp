@@ -1,0 +1,60 @@
+//===- RouterZLoss.cpp - moe.router_z_loss -> CPU kernel ------------------===//
+//
+// Part of the MoE-MLIR project.
+//
+// The row log-sum-exps (online softmax, log space) squared and summed in
+// blocks of kBalanceRowsPerBlock rows on the workers, each block into its own
+// partial; the calling thread sums the partials in block order and divides by
+// T: the same bits for any thread count.
+//
+//===----------------------------------------------------------------------===//
+
+#include "BalanceRows.h"
+#include "Kernels.h"
+
+#include "MoE/IR/MoEOps.h"
+#include "MoE/Kernels/Balance.h"
+
+namespace mlir::moe::cpu {
+using namespace kernels;
+
+namespace {
+struct RouterZLossKernel : KernelPattern<RouterZLossOp> {
+  using KernelPattern::KernelPattern;
+
+  LogicalResult emit(RouterZLossOp op, CK &k,
+                     PatternRewriter &rw) const override {
+    Value logits = op.getLogits();
+    SmallVector<Value> sz = k.sizes(logits);
+    Value rows = sz[0], numExperts = sz[1];
+    KernelScope kernel(k, {logits}, KernelScope::outsOf(op, {{}}));
+    Value x2 = k.buffer(logits);
+    Value blocks = balanceBlocks(k, rows);
+    Value partial = k.alloc(MemRefType::get({kDyn}, k.f32()), {blocks});
+    k.workers(opts, blocks, [&](Value block, Value) {
+      auto [r0, r1] = balanceBlockRows(k, block, rows);
+      Value sum = k.forLoop(
+          r0, r1, k.idx(1), ValueRange{k.cF32(0.0)},
+          [&](Value r, ValueRange acc) -> SmallVector<Value> {
+            Value lse = softmaxLogSumExp(
+                k, balanceRowSoftmax(k, x2, r, numExperts));
+            return {k.fadd(acc[0], k.fmul(lse, lse))};
+          })[0];
+      k.store(sum, partial, {block});
+    });
+    Value total = k.forLoop(k.idx(0), blocks, k.idx(1),
+                            ValueRange{k.cF32(0.0)},
+                            [&](Value b, ValueRange acc) -> SmallVector<Value> {
+                              return {k.fadd(acc[0], k.load(partial, {b}))};
+                            })[0];
+    k.store(k.fdiv(total, k.sitofp(k.castInt(rows, k.i64()))), kernel.out(0),
+            {});
+    kernel.replace(rw, op);
+    return success();
+  }
+};
+} // namespace
+
+MOE_CPU_KERNEL_POPULATE(populateRouterZLossKernel, RouterZLossKernel)
+
+} // namespace mlir::moe::cpu

@@ -1,0 +1,519 @@
+//===- BalanceOps.cpp - torch.ops.moe load-balancing losses on our kernels -===//
+//
+// Part of the MoE-MLIR project.
+//
+//===----------------------------------------------------------------------===//
+//
+// The CPU kernels and the C++ autograd of the load-balancing ops
+// (python/moe_mlir/ops/balance.py; the dialect ops of MoEBalanceOps.td):
+//
+// * router_stats_fwd (moe.router_stats: counts, mean_probs, weight_sum), and
+//   on it router_stats and load_balancing_loss (the E-long reduction
+//   E · Σ (counts / W) · P in torch, as transformers writes it);
+// * router_z_loss, sequence_balance_loss;
+// * the backward ops router_stats_backward, router_z_loss_backward and
+//   sequence_balance_loss_backward (the *_grad ops).
+//
+// The token dimension T (B and S for the sequence loss) is dynamic in the
+// kernel key: one compiled kernel per (E, k, dtypes). f64 inputs run in f32
+// (the kernels' dtypes; the results are f32 and the gradients are cast back).
+// Autograd (AutogradCPU): the forward saves what the backward reads (the
+// logits and the statistics counts and W, so the backward is one pass over
+// the logits, not a recompute of the forward), the backward calls the
+// backward ops through the dispatcher.
+//
+//===----------------------------------------------------------------------===//
+
+#include "TorchKernels.h"
+
+#include <torch/autograd.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
+#include <torch/library.h>
+
+#include <limits>
+#include <optional>
+#include <tuple>
+
+using namespace moe_torch;
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using OptTensor = std::optional<Tensor>;
+
+/// f64 operands run in f32 (the kernels take f32/f16/bf16).
+Tensor kernelFloat(const Tensor &t) {
+  return t.scalar_type() == at::kDouble ? t.to(at::kFloat) : t;
+}
+
+/// The token weights as f32 (any dtype multiplies, as transformers' mask).
+Tensor maskF32(const Tensor &m) {
+  return m.scalar_type() == at::kFloat ? m : m.to(at::kFloat);
+}
+
+void checkLogitDtype(const char *op, const char *name, const Tensor &t) {
+  at::ScalarType d = t.scalar_type();
+  TORCH_CHECK_TYPE(d == at::kFloat || d == at::kHalf || d == at::kBFloat16 ||
+                       d == at::kDouble,
+                   "moe.", op, ": '", name,
+                   "' must be f32, f16, bf16 or f64, got ", d);
+}
+
+void checkRouterOperands(const char *op, const Tensor &logits,
+                         const OptTensor &mask) {
+  checkDevice(op, {&logits});
+  checkLogitDtype(op, "logits", logits);
+  checkRank(op, "logits", logits, 2, "[T, E]");
+  if (mask) {
+    checkDevice(op, {&logits, &*mask});
+    checkRank(op, "token_mask", *mask, 1, "[T]");
+    checkDim(op, "token_mask", *mask, 0, logits.size(0),
+             "the token count T of 'logits'");
+  }
+}
+
+void checkTopK(const char *op, int64_t k, int64_t experts) {
+  TORCH_CHECK_VALUE(k >= 1 && k <= experts, "moe.", op, ": 'top_k' (", k,
+                    ") must be in [1, ", experts,
+                    "] (the size of the last dimension of 'logits')");
+}
+
+/// A scalar cotangent or saved scalar as the kernels read it: f32, rank 0.
+Tensor scalarF32(const Tensor &t) {
+  return contig(t.to(at::kFloat).reshape({}));
+}
+
+/// The statistics kernel (moe.router_stats); `op` names the torch op in the
+/// messages.
+std::tuple<Tensor, Tensor, Tensor> statsFwd(const char *op,
+                                            const Tensor &logits, int64_t topK,
+                                            const OptTensor &mask) {
+  checkRouterOperands(op, logits, mask);
+  int64_t T = logits.size(0), E = logits.size(1);
+  checkTopK(op, topK, E);
+  Tensor x = kernelFloat(logits);
+  OptTensor m = mask ? OptTensor(maskF32(*mask)) : std::nullopt;
+  Key key("router_stats_fwd");
+  key.attr("top_k", topK);
+  key.in("logits", x, {0});
+  if (m)
+    key.in("token_mask", *m, {0});
+  Tensor counts = at::zeros({E}, f32(x));
+  Tensor weightSum = at::zeros({}, f32(x));
+  if (T == 0) {
+    validateOnly(key);
+    // No token: W = 0 and P = 0/0, as transformers' mean of nothing.
+    return {counts, at::full({E}, std::numeric_limits<float>::quiet_NaN(),
+                             f32(x)),
+            weightSum};
+  }
+  KernelFn fn = lookup(key);
+  Tensor probs = at::empty({E}, f32(x));
+  std::vector<Tensor> keep{contig(x)};
+  if (m)
+    keep.push_back(contig(*m));
+  std::vector<MemRef> args;
+  for (const Tensor &t : keep)
+    args.push_back(describe(t));
+  args.push_back(describe(counts));
+  args.push_back(describe(probs));
+  args.push_back(describe(weightSum));
+  launch(fn, args, key.device);
+  return {counts, probs, weightSum};
+}
+
+std::tuple<Tensor, Tensor, Tensor>
+routerStatsFwd(const Tensor &logits, int64_t topK, const OptTensor &mask) {
+  return statsFwd("router_stats_fwd", logits, topK, mask);
+}
+
+/// transformers' E · Σ_e (counts_e / W) · P_e from the statistics.
+Tensor switchLoss(const Tensor &counts, const Tensor &probs,
+                  const Tensor &weightSum) {
+  return ((counts / weightSum) * probs).sum() * counts.size(0);
+}
+
+std::tuple<Tensor, Tensor> routerStats(const Tensor &logits, int64_t topK,
+                                       const OptTensor &mask) {
+  auto [counts, probs, w] = statsFwd("router_stats", logits, topK, mask);
+  return {counts, probs};
+}
+
+Tensor loadBalancingLoss(const Tensor &logits, int64_t topK,
+                         const OptTensor &mask) {
+  auto [counts, probs, w] = statsFwd("load_balancing_loss", logits, topK, mask);
+  return switchLoss(counts, probs, w);
+}
+
+Tensor routerStatsBackward(const Tensor &gradProbs, const Tensor &logits,
+                           const OptTensor &mask, const Tensor &weightSum) {
+  const char *op = "router_stats_backward";
+  checkRouterOperands(op, logits, mask);
+  checkDevice(op, {&logits, &gradProbs, &weightSum});
+  checkRank(op, "grad_mean_probs", gradProbs, 1, "[E]");
+  checkDim(op, "grad_mean_probs", gradProbs, 0, logits.size(1),
+           "the expert count E of 'logits'");
+  TORCH_CHECK_VALUE(weightSum.numel() == 1, "moe.", op,
+                    ": 'weight_sum' must hold one value, got shape ",
+                    weightSum.sizes());
+  Tensor x = kernelFloat(logits);
+  OptTensor m = mask ? OptTensor(maskF32(*mask)) : std::nullopt;
+  Key key(op);
+  key.in("logits", x, {0});
+  if (m)
+    key.in("token_mask", *m, {0});
+  key.in("weight_sum", at::kFloat, {}, {}, x.device())
+      .in("grad_mean_probs", at::kFloat, gradProbs.sizes(), {}, x.device());
+  if (x.size(0) == 0) {
+    validateOnly(key);
+    return at::zeros(x.sizes(), f32(x));
+  }
+  KernelFn fn = lookup(key);
+  std::vector<Tensor> keep{contig(x)};
+  if (m)
+    keep.push_back(contig(*m));
+  keep.push_back(scalarF32(weightSum));
+  keep.push_back(contig(gradProbs.to(at::kFloat)));
+  Tensor out = at::empty(x.sizes(), f32(x));
+  std::vector<MemRef> args;
+  for (const Tensor &t : keep)
+    args.push_back(describe(t));
+  args.push_back(describe(out));
+  launch(fn, args, key.device);
+  return out;
+}
+
+Tensor routerZLoss(const Tensor &logits) {
+  const char *op = "router_z_loss";
+  checkDevice(op, {&logits});
+  checkRank(op, "logits", logits, 2, "[T, E]");
+  Tensor x = kernelFloat(logits);
+  Key key(op);
+  key.in("logits", x, {0});
+  if (x.size(0) == 0) {
+    validateOnly(key);
+    return at::full({}, std::numeric_limits<float>::quiet_NaN(), f32(x));
+  }
+  KernelFn fn = lookup(key);
+  Tensor xc = contig(x);
+  Tensor out = at::empty({}, f32(x));
+  std::vector<MemRef> args{describe(xc), describe(out)};
+  launch(fn, args, key.device);
+  return out;
+}
+
+Tensor routerZLossBackward(const Tensor &grad, const Tensor &logits) {
+  const char *op = "router_z_loss_backward";
+  checkDevice(op, {&logits, &grad});
+  checkRank(op, "logits", logits, 2, "[T, E]");
+  TORCH_CHECK_VALUE(grad.numel() == 1, "moe.", op,
+                    ": 'grad' must hold one value, got shape ", grad.sizes());
+  Tensor x = kernelFloat(logits);
+  Key key(op);
+  key.in("logits", x, {0}).in("grad", at::kFloat, {}, {}, x.device());
+  if (x.size(0) == 0) {
+    validateOnly(key);
+    return at::zeros(x.sizes(), f32(x));
+  }
+  KernelFn fn = lookup(key);
+  Tensor xc = contig(x), g = scalarF32(grad);
+  Tensor out = at::empty(x.sizes(), f32(x));
+  std::vector<MemRef> args{describe(xc), describe(g), describe(out)};
+  launch(fn, args, key.device);
+  return out;
+}
+
+void checkSequenceOperands(const char *op, const Tensor &scores,
+                           const Tensor &indices, int64_t topK) {
+  checkDevice(op, {&scores, &indices});
+  checkRank(op, "scores", scores, 3, "[B, S, E]");
+  checkRank(op, "indices", indices, 3, "[B, S, k]");
+  checkDim(op, "indices", indices, 0, scores.size(0),
+           "the batch size B of 'scores'");
+  checkDim(op, "indices", indices, 1, scores.size(1),
+           "the sequence length S of 'scores'");
+  checkDim(op, "indices", indices, 2, topK, "'top_k'");
+  int64_t E = scores.size(2);
+  TORCH_CHECK_VALUE(topK >= 1 && topK <= E, "moe.", op, ": 'top_k' (", topK,
+                    ") must be in [1, ", E,
+                    "] (the size of the last dimension of 'scores')");
+  TORCH_CHECK_TYPE(indices.scalar_type() == at::kInt ||
+                       indices.scalar_type() == at::kLong,
+                   "moe.", op, ": 'indices' must be i32 or i64, got ",
+                   indices.scalar_type());
+  if (indices.numel() == 0)
+    return;
+  // Data-dependent: an index outside [0, E) selects no expert (the kernel
+  // would skip it); the op rejects it, as the eager reference does.
+  auto [lo, hi] = at::aminmax(indices);
+  int64_t l = lo.item<int64_t>(), h = hi.item<int64_t>();
+  TORCH_CHECK_VALUE(l >= 0 && h < E, "moe.", op, ": 'indices' holds ",
+                    l < 0 ? l : h, ", outside [0, ", E,
+                    "): the value indexes no expert");
+}
+
+Tensor sequenceBalanceLoss(const Tensor &scores, const Tensor &indices,
+                           int64_t topK) {
+  const char *op = "sequence_balance_loss";
+  checkSequenceOperands(op, scores, indices, topK);
+  Tensor s = kernelFloat(scores);
+  Key key(op);
+  key.in("scores", s, {0, 1}).in("indices", indices, {0, 1});
+  if (s.size(0) == 0 || s.size(1) == 0) {
+    validateOnly(key);
+    return at::full({}, std::numeric_limits<float>::quiet_NaN(), f32(s));
+  }
+  KernelFn fn = lookup(key);
+  Tensor sc = contig(s), ic = contig(indices);
+  Tensor out = at::empty({}, f32(s));
+  std::vector<MemRef> args{describe(sc), describe(ic), describe(out)};
+  launch(fn, args, key.device);
+  return out;
+}
+
+Tensor sequenceBalanceLossBackward(const Tensor &grad, const Tensor &scores,
+                                   const Tensor &indices, int64_t topK) {
+  const char *op = "sequence_balance_loss_backward";
+  checkSequenceOperands(op, scores, indices, topK);
+  checkDevice(op, {&scores, &grad});
+  TORCH_CHECK_VALUE(grad.numel() == 1, "moe.", op,
+                    ": 'grad' must hold one value, got shape ", grad.sizes());
+  Tensor s = kernelFloat(scores);
+  Key key(op);
+  key.in("scores", s, {0, 1})
+      .in("indices", indices, {0, 1})
+      .in("grad", at::kFloat, {}, {}, s.device());
+  if (s.numel() == 0) {
+    validateOnly(key);
+    return at::zeros(s.sizes(), f32(s));
+  }
+  KernelFn fn = lookup(key);
+  Tensor sc = contig(s), ic = contig(indices), g = scalarF32(grad);
+  Tensor out = at::empty(s.sizes(), f32(s));
+  std::vector<MemRef> args{describe(sc), describe(ic), describe(g),
+                           describe(out)};
+  launch(fn, args, key.device);
+  return out;
+}
+
+//===----------------------------------------------------------------------===//
+// Autograd
+//===----------------------------------------------------------------------===//
+
+/// `moe::<name>` typed as `Sig`, called below autograd.
+template <typename Sig> struct Op {
+  explicit Op(const char *name)
+      : handle(c10::Dispatcher::singleton()
+                   .findSchemaOrThrow(name, "")
+                   .template typed<Sig>()) {}
+  template <typename... Args> auto operator()(Args &&...args) const {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return handle.call(std::forward<Args>(args)...);
+  }
+  c10::TypedOperatorHandle<Sig> handle;
+};
+
+// The schemas of python/moe_mlir/ops/balance.py (`int` is SymInt there).
+using StatsFwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor &,
+                                                       c10::SymInt,
+                                                       const OptTensor &);
+using LbSig = Tensor(const Tensor &, c10::SymInt, const OptTensor &);
+using StatsSig = std::tuple<Tensor, Tensor>(const Tensor &, c10::SymInt,
+                                            const OptTensor &);
+using StatsBwdSig = Tensor(const Tensor &, const Tensor &, const OptTensor &,
+                           const Tensor &);
+using ZSig = Tensor(const Tensor &);
+using ZBwdSig = Tensor(const Tensor &, const Tensor &);
+using SeqSig = Tensor(const Tensor &, const Tensor &, c10::SymInt);
+using SeqBwdSig = Tensor(const Tensor &, const Tensor &, const Tensor &,
+                         c10::SymInt);
+
+const Op<StatsFwdSig> &statsFwdOp() {
+  static const Op<StatsFwdSig> op("moe::router_stats_fwd");
+  return op;
+}
+const Op<StatsBwdSig> &statsBwdOp() {
+  static const Op<StatsBwdSig> op("moe::router_stats_backward");
+  return op;
+}
+
+bool needsGraph(const Tensor &t) {
+  return at::GradMode::is_enabled() && t.requires_grad();
+}
+
+/// The gradient `g` cast to the dtype of `like`; under create_graph, the
+/// output of an error node (the backward ops are differentiable once).
+Tensor gradFor(const Tensor &g, const Tensor &like, const char *op) {
+  Tensor out;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    out = g.scalar_type() == like.scalar_type() ? g : g.to(like.scalar_type());
+  }
+  if (!at::GradMode::is_enabled())
+    return out;
+  auto error = std::make_shared<torch::autograd::DelayedError>(
+      std::string("moe.") + op +
+          ": double backward is not supported (the op is differentiable once)",
+      1);
+  return error->apply({out.detach().requires_grad_(true)})[0];
+}
+
+/// The saved token mask (an undefined tensor when there is none).
+OptTensor savedMask(const Tensor &m) {
+  return m.defined() ? OptTensor(m) : std::nullopt;
+}
+
+/// Saves the logits, the mask and the statistics the backward reads.
+void saveStats(AutogradContext *ctx, const Tensor &logits,
+               const OptTensor &mask, const Tensor &counts,
+               const Tensor &weightSum) {
+  ctx->save_for_backward(
+      {logits, mask ? *mask : Tensor(), counts, weightSum});
+}
+
+struct LoadBalancingLossFn : torch::autograd::Function<LoadBalancingLossFn> {
+  static Tensor forward(AutogradContext *ctx, const Tensor &logits,
+                        int64_t topK, const OptTensor &mask) {
+    auto [counts, probs, w] = statsFwdOp()(logits, c10::SymInt(topK), mask);
+    saveStats(ctx, logits, mask, counts, w);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return switchLoss(counts, probs, w);
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    variable_list s = ctx->get_saved_variables();
+    variable_list out(3);
+    if (!grads[0].defined() || !ctx->needs_input_grad(0))
+      return out;
+    Tensor g;
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      // d loss / d P_e = dloss · E · counts_e / W.
+      g = grads[0].to(at::kFloat) * (s[2] * s[2].size(0) / s[3]);
+    }
+    out[0] = gradFor(statsBwdOp()(g, s[0], savedMask(s[1]), s[3]), s[0],
+                     "load_balancing_loss");
+    return out;
+  }
+};
+
+struct RouterStatsFn : torch::autograd::Function<RouterStatsFn> {
+  static variable_list forward(AutogradContext *ctx, const Tensor &logits,
+                               int64_t topK, const OptTensor &mask) {
+    auto [counts, probs, w] = statsFwdOp()(logits, c10::SymInt(topK), mask);
+    ctx->mark_non_differentiable({counts});
+    ctx->set_materialize_grads(false);
+    saveStats(ctx, logits, mask, counts, w);
+    return {counts, probs};
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    variable_list s = ctx->get_saved_variables();
+    variable_list out(3);
+    if (!grads[1].defined() || !ctx->needs_input_grad(0))
+      return out;
+    out[0] = gradFor(statsBwdOp()(grads[1], s[0], savedMask(s[1]), s[3]),
+                     s[0], "router_stats");
+    return out;
+  }
+};
+
+struct RouterZLossFn : torch::autograd::Function<RouterZLossFn> {
+  static Tensor forward(AutogradContext *ctx, const Tensor &logits) {
+    static const Op<ZSig> op("moe::router_z_loss");
+    ctx->save_for_backward({logits});
+    return op(logits);
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    static const Op<ZBwdSig> op("moe::router_z_loss_backward");
+    variable_list s = ctx->get_saved_variables();
+    if (!grads[0].defined() || !ctx->needs_input_grad(0))
+      return {Tensor()};
+    return {gradFor(op(grads[0], s[0]), s[0], "router_z_loss")};
+  }
+};
+
+struct SequenceBalanceLossFn
+    : torch::autograd::Function<SequenceBalanceLossFn> {
+  static Tensor forward(AutogradContext *ctx, const Tensor &scores,
+                        const Tensor &indices, int64_t topK) {
+    static const Op<SeqSig> op("moe::sequence_balance_loss");
+    ctx->save_for_backward({scores, indices});
+    ctx->saved_data["top_k"] = topK;
+    return op(scores, indices, c10::SymInt(topK));
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    static const Op<SeqBwdSig> op("moe::sequence_balance_loss_backward");
+    variable_list s = ctx->get_saved_variables();
+    variable_list out(3);
+    if (!grads[0].defined() || !ctx->needs_input_grad(0))
+      return out;
+    out[0] = gradFor(op(grads[0], s[0], s[1],
+                        c10::SymInt(ctx->saved_data["top_k"].toInt())),
+                     s[0], "sequence_balance_loss");
+    return out;
+  }
+};
+
+Tensor loadBalancingLossAutograd(const Tensor &logits, c10::SymInt symK,
+                                 const OptTensor &mask) {
+  int64_t topK = symK.expect_int();
+  if (!needsGraph(logits)) {
+    static const Op<LbSig> op("moe::load_balancing_loss");
+    return op(logits, c10::SymInt(topK), mask);
+  }
+  checkRouterOperands("load_balancing_loss", logits, mask);
+  checkTopK("load_balancing_loss", topK, logits.size(1));
+  return LoadBalancingLossFn::apply(logits, topK, mask);
+}
+
+std::tuple<Tensor, Tensor> routerStatsAutograd(const Tensor &logits,
+                                               c10::SymInt symK,
+                                               const OptTensor &mask) {
+  int64_t topK = symK.expect_int();
+  if (!needsGraph(logits)) {
+    static const Op<StatsSig> op("moe::router_stats");
+    return op(logits, c10::SymInt(topK), mask);
+  }
+  checkRouterOperands("router_stats", logits, mask);
+  checkTopK("router_stats", topK, logits.size(1));
+  variable_list r = RouterStatsFn::apply(logits, topK, mask);
+  return {r[0], r[1]};
+}
+
+Tensor routerZLossAutograd(const Tensor &logits) {
+  if (!needsGraph(logits)) {
+    static const Op<ZSig> op("moe::router_z_loss");
+    return op(logits);
+  }
+  return RouterZLossFn::apply(logits);
+}
+
+Tensor sequenceBalanceLossAutograd(const Tensor &scores, const Tensor &indices,
+                                   c10::SymInt symK) {
+  int64_t topK = symK.expect_int();
+  if (!needsGraph(scores)) {
+    static const Op<SeqSig> op("moe::sequence_balance_loss");
+    return op(scores, indices, c10::SymInt(topK));
+  }
+  return SequenceBalanceLossFn::apply(scores, indices, topK);
+}
+
+} // namespace
+
+TORCH_LIBRARY_IMPL(moe, CPU, m) {
+  m.impl("router_stats_fwd", &routerStatsFwd);
+  m.impl("router_stats", &routerStats);
+  m.impl("load_balancing_loss", &loadBalancingLoss);
+  m.impl("router_stats_backward", &routerStatsBackward);
+  m.impl("router_z_loss", &routerZLoss);
+  m.impl("router_z_loss_backward", &routerZLossBackward);
+  m.impl("sequence_balance_loss", &sequenceBalanceLoss);
+  m.impl("sequence_balance_loss_backward", &sequenceBalanceLossBackward);
+}
+
+TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) {
+  m.impl("load_balancing_loss", TORCH_FN(loadBalancingLossAutograd));
+  m.impl("router_stats", TORCH_FN(routerStatsAutograd));
+  m.impl("router_z_loss", TORCH_FN(routerZLossAutograd));
+  m.impl("sequence_balance_loss", TORCH_FN(sequenceBalanceLossAutograd));
+}
