@@ -368,6 +368,7 @@ def main() -> int:
     ap.add_argument("--cold", action="store_true", help="fresh inductor and moe kernel caches for every process")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per worker process")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--results-dir", type=Path, default=None, help="where the files go (default: bench/results)")
     ap.add_argument("--worker", nargs=2, metavar=("MODEL", "BACKEND"), help=argparse.SUPPRESS)
     ap.add_argument("--out-dir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -411,16 +412,17 @@ def main() -> int:
                 checks[m] = _checks(rnd[m], out_dir)
         result["rounds"].append(rnd)
         result["checks"].append(checks)
-    result["loadavg_after"] = round(os.getloadavg()[0], 2)
-    result["summary"] = summarize(result["rounds"], args.phases)
-    md = markdown(result)
+        # Written after every round: a run cut short keeps the rounds it finished (the file says how many).
+        result["loadavg_after"] = round(os.getloadavg()[0], 2)
+        result["summary"] = summarize(result["rounds"], args.phases)
+        md = markdown(result)
+        if not args.quick:
+            out = args.results_dir or REPO / "bench" / "results"
+            stem = f"models-{datetime.date.today().isoformat()}-t{_THREADS}" + (f"-{args.tag}" if args.tag else "")
+            (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+            (out / f"{stem}.md").write_text(md)
+            print(f"round {i + 1} of {n_rounds}: wrote {out / stem}.json and .md", flush=True)
     print(md)
-    if not args.quick:
-        out = REPO / "bench" / "results"
-        stem = f"models-{datetime.date.today().isoformat()}-t{_THREADS}" + (f"-{args.tag}" if args.tag else "")
-        (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-        (out / f"{stem}.md").write_text(md)
-        print(f"wrote {out / stem}.json and .md")
     bad = any(c != "ok" for rnd in result["checks"] for per in rnd.values() for cs in per.values()
               for c in cs.values())
     errors = any("error" in r for rnd in result["rounds"] for per in rnd.values() for r in per.values())
