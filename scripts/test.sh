@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set-up command (b): installs what is missing, builds, and runs the whole test suite: the lit suite (check-moe)
 # the ctest suites (unit, reference; gpu reports skipped without a GPU), the Python tests (pytest), then the lit and
-# ctest suites under ASan + UBSan and a fuzz run (2 processes x 60 s) (MOE_SANITIZE=0 leaves those two out). Ends with
+# unit tests under ASan + UBSan and a fuzz run (2 processes x 60 s) (MOE_SANITIZE=0 leaves those two out). Ends with
 # "N passed, N failed, N skipped".
 #   ./scripts/test.sh               # everything (CI); times: docs/Testing.md
 #   MOE_QUICK=1 ./scripts/test.sh   # quick local run: no sanitizer build, no fuzz run (the same lit, ctest, pytest)
