@@ -2,9 +2,9 @@
 //
 // Part of the MoE-MLIR project.
 //
-// The typed mode attributes of moe.route (MoERoutingOps.td). Included from
-// MoEAttrs.td, so that the enum and attribute definitions are generated with
-// the others.
+// The typed mode attributes of moe.route and moe.dispatch_plan
+// (MoERoutingOps.td). Included from MoEAttrs.td, so that the enum and
+// attribute definitions are generated with the others.
 //
 //===----------------------------------------------------------------------===//
 
@@ -33,8 +33,17 @@ def MoE_GroupScore : I32EnumAttr<"GroupScore", "how moe.route ranks a group of e
   let genSpecializedAttr = 0;
 }
 
+def MoE_CapacityDrop : I32EnumAttr<"CapacityDrop",
+    "the order in which moe.dispatch_plan's assignments claim an expert's capacity", [
+    I32EnumAttrCase<"position", 0>,
+    I32EnumAttrCase<"probability", 1>]> {
+  let cppNamespace = "::mlir::moe";
+  let genSpecializedAttr = 0;
+}
+
 def MoE_RouteScoringAttr : MoE_EnumAttr<MoE_RouteScoring, "scoring">;
 def MoE_RouteOrderAttr : MoE_EnumAttr<MoE_RouteOrder, "order">;
 def MoE_GroupScoreAttr : MoE_EnumAttr<MoE_GroupScore, "group_score">;
+def MoE_CapacityDropAttr : MoE_EnumAttr<MoE_CapacityDrop, "drop">;
 
 #endif // MOE_IR_MOEROUTINGATTRS_TD

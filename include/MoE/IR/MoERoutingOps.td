@@ -7,7 +7,10 @@
 // scoring function, an optional selection bias, group-limited selection, the
 // order of scoring and top-k, renormalization and a routed scaling factor.
 // moe.dispatch_plan: the expert-sorted token order that serving kernels build
-// from the top-k indices (vLLM's moe_align_block_size).
+// from the top-k indices (vLLM's moe_align_block_size), with an optional expert
+// capacity (GShard/Switch token dropping).
+// moe.bias_update: DeepSeek-V3's auxiliary-loss-free balancing step on the
+// selection bias that moe.route reads.
 //
 // Not part of the DIALECT.md contract of the seed ops; moe.topk_renorm is left
 // unchanged (moe.route with scoring(softmax) and no bias selects the same
@@ -131,29 +134,66 @@ def MoE_DispatchPlanOp : MoE_InferredOp<"dispatch_plan", MoE_NoEffectInferred> {
     under `mlir-runner` it is printed), the assignment is left out of every result (its `order`/`inverse` entries
     are `-1`), and nothing is written out of bounds.
 
-    Attributes: `num_experts` ≥ 1; `block_size` ≥ 1 (default 1: no padding).
+    **Expert capacity** (`capacity` C, absent by default: no limit; GShard's and Switch Transformer's token
+    dropping). Every expert keeps at most `C` of the in-range assignments routed to it; the others are *dropped*.
+    The assignments claim places in one priority order, and an assignment is kept when fewer than `C` assignments
+    to its expert come before it:
+
+    * `drop(position)` (default): slot-major, then token order: the key of assignment `(t, j)` is `(j, t)`, so every
+      token's first choice comes before any second choice (GShard, Switch Transformer's `cumsum` over tokens, per
+      choice);
+    * `drop(probability)`: by gate weight, largest first, ties (and equal weights such as `-0.0` and `0.0`) in the
+      position order (V-MoE's batch-prioritized routing, with the weight of each assignment as its priority).
+      The weights come from the operand `weights` (`[T, k]`, f32, f16 or bf16, read as f32), which only this mode
+      reads and requires; a NaN weight ranks first (the dialect's top-k order).
+
+    With a capacity, every result above describes the **kept assignments only**: it is the plan of `indices` with
+    the dropped assignments left out, exactly like out-of-range ones (`counts[e] = min(C, demand[e])`, where
+    `demand[e]` counts the in-range assignments to `e`; `order` keeps the increasing-`n` order within an expert,
+    not the priority order; a dropped assignment's `inverse` entry is `-1`, so a combine that gathers gate weights
+    through the plan gives it weight 0; the entries of `order` past `offsets[E]` are `-1`). One more result,
+    `dropped` (`[E]`, i32), reports `demand[e] - counts[e]` per expert. The kept gate weights are
+    `weights[n]` where `inverse[n] ≥ 0` and 0 elsewhere. `C ≥ T·k` keeps everything; `C = 0` drops every
+    in-range assignment. Switch Transformer's capacity is `C = ⌈capacity_factor · T · k / E⌉`.
+
+    Attributes: `num_experts` ≥ 1; `block_size` ≥ 1 (default 1: no padding); `capacity` ≥ 0 (optional);
+    `drop` needs `capacity`.
 
     ```mlir
     %counts, %offsets, %order, %inverse, %padded, %blocks, %num = moe.dispatch_plan %idx num_experts(256)
         block_size(64)
         : tensor<4x8xi32> -> tensor<256xi32>, tensor<257xi32>, tensor<32xi32>, tensor<32xi32>, tensor<16160xi32>,
           tensor<253xi32>, tensor<1xi32>
+    // Switch Transformer, capacity factor 1.25 at T = 1024, k = 1, E = 64: C = 20, drop by position.
+    %c, %o, %ord, %inv, %p, %b, %np, %dropped = moe.dispatch_plan %i1 num_experts(64) capacity(20)
+        : tensor<1024x1xi32> -> tensor<64xi32>, tensor<65xi32>, tensor<1024xi32>, tensor<1024xi32>,
+          tensor<1024xi32>, tensor<1024xi32>, tensor<1xi32>, tensor<64xi32>
+    // V-MoE's batch-prioritized routing: the largest gate weights keep their place.
+    %c2, %o2, %ord2, %inv2, %p2, %b2, %np2, %dropped2 = moe.dispatch_plan %i2 num_experts(8) capacity(3)
+        drop(probability) weights(%w2 : tensor<?x2xf32>)
+        : tensor<?x2xi32> -> tensor<8xi32>, tensor<9xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>,
+          tensor<?xi32>, tensor<1xi32>, tensor<8xi32>
     ```
   }];
 
   let arguments = (ins
     MoE_IndexTensor:$indices,
+    Optional<MoE_FloatTensor>:$weights,
     I64Attr:$num_experts,
-    DefaultValuedAttr<I64Attr, "1">:$block_size
+    DefaultValuedAttr<I64Attr, "1">:$block_size,
+    OptionalAttr<I64Attr>:$capacity,
+    DefaultValuedAttr<MoE_CapacityDropAttr, "::mlir::moe::CapacityDrop::position">:$drop
   );
   let results = (outs MoE_I32Tensor:$counts, MoE_I32Tensor:$offsets, MoE_I32Tensor:$order,
                       MoE_I32Tensor:$inverse, MoE_I32Tensor:$padded_order, MoE_I32Tensor:$block_experts,
-                      MoE_I32Tensor:$num_padded);
+                      MoE_I32Tensor:$num_padded, Optional<MoE_I32Tensor>:$dropped);
 
   let assemblyFormat = [{
-    $indices `num_experts` `(` $num_experts `)` (`block_size` `(` $block_size^ `)`)? attr-dict
+    $indices `num_experts` `(` $num_experts `)` (`block_size` `(` $block_size^ `)`)?
+    (`capacity` `(` $capacity^ `)`)? (`drop` `(` custom<EnumKeyword>($drop)^ `)`)?
+    (`weights` `(` $weights^ `:` type($weights) `)`)? attr-dict
     `:` type($indices) `->` type($counts) `,` type($offsets) `,` type($order) `,` type($inverse) `,`
-    type($padded_order) `,` type($block_experts) `,` type($num_padded)
+    type($padded_order) `,` type($block_experts) `,` type($num_padded) (`,` type($dropped)^)?
   }];
   let hasVerifier = 1;
 
@@ -161,7 +201,51 @@ def MoE_DispatchPlanOp : MoE_InferredOp<"dispatch_plan", MoE_NoEffectInferred> {
     ::mlir::Speculation::Speculatability getSpeculatability() {
       return ::mlir::Speculation::NotSpeculatable;
     }
+    /// The rules of the capacity option (`capacity`, `drop`, `weights`).
+    ::llvm::LogicalResult verifyCapacity();
   }];
+}
+
+// Expert loads: exact counts (i32, i64) or weighted ones (f32).
+def MoE_CountTensor : RankedTensorOf<[I32, I64, F32]>;
+
+def MoE_BiasUpdateOp : MoE_InferredOp<"bias_update", MoE_PureInferred> {
+  let summary = "DeepSeek-V3's auxiliary-loss-free bias update: b_e + u · sign(mean(counts) − counts_e)";
+  let description = [{
+    One balancing step of DeepSeek-V3's auxiliary-loss-free load balancing (DeepSeek-V3 technical report,
+    §2.1.2): after each training step, the selection bias `b` of every expert (`bias`, `[E]`, the `bias` operand of
+    `moe.route`) moves by the bias update speed `u` (`rate`) towards balance, down for an overloaded expert and up
+    for an underloaded one:
+
+        new_bias[e] = b[e] + u · sign(mean(counts) − counts[e]),   mean(counts) = Σ_e' counts[e'] / E
+
+    with `sign(0) = 0`. `counts` (`[E]`) are the expert loads of the step: the `counts` result of
+    `moe.dispatch_plan` (i32), or token counts as floats (weighted counts of a masked batch). The op is out of
+    place: it returns the new bias (f32) and the training loop stores it, after its optimizer step (the bias has no
+    gradient).
+
+    Exactness: the sign is that of `Σ_e' counts[e'] − E · counts[e]`, computed in f64, which is exact for integer
+    counts (so an expert exactly at the mean never moves, and none moves by rounding); `u · sign` is exact and the
+    sum is one f32 addition, so the result is bit-for-bit `b + u * torch.sign(counts.mean() - counts)` in f32
+    whenever that mean is not rounded across a count. A NaN count gives a NaN difference, whose sign is 0, as
+    `torch.sign`'s (`(0 < d) − (d < 0)`): a NaN mean leaves the whole bias unchanged, as in that PyTorch expression.
+    `bias` is read as f32.
+
+    Verifier rules: `bias` and `counts` have rank 1 and the same size; `rate` is finite and ≥ 0 (DeepSeek-V3 uses
+    0.001, then 0 for the last 500B tokens).
+
+    ```mlir
+    %new = moe.bias_update %b, %counts rate(1.000000e-03) : tensor<256xf32>, tensor<256xi32> -> tensor<256xf32>
+    ```
+  }];
+
+  let arguments = (ins MoE_FloatTensor:$bias, MoE_CountTensor:$counts, F32Attr:$rate);
+  let results = (outs MoE_F32Tensor:$new_bias);
+
+  let assemblyFormat = [{
+    $bias `,` $counts `rate` `(` $rate `)` attr-dict `:` type($bias) `,` type($counts) `->` type($new_bias)
+  }];
+  let hasVerifier = 1;
 }
 
 #endif // MOE_IR_MOEROUTINGOPS_TD

@@ -43,17 +43,22 @@ DispatchPlanOp fusableDispatchPlan(RouteOp route);
 /// experts and block size B, built from `hist` [ceil(T / kRouteRowsPerItem),
 /// E] i32 holding each item's per-expert counts of its in-range assignments
 /// (emitPlanCounts, or the fused kernel's hook), written into `results`, the
-/// seven result buffers of moe.dispatch_plan in order.
+/// seven result buffers of moe.dispatch_plan in order. With a capacity mask
+/// `keep` [N] (i32, 0 = dropped), the dropped assignments are left out like
+/// out-of-range ones (`hist` must count the kept ones only).
 void emitPlanFromHistogram(CK &k, const KernelOptions &opts, DispatchPlanOp op,
-                           Value indices, Value hist, ValueRange results);
-/// The sizes of moe.dispatch_plan's seven results for indices [T, K].
+                           Value indices, Value hist, ValueRange results,
+                           Value keep = nullptr);
+/// The sizes of moe.dispatch_plan's results for indices [T, K] (seven, and
+/// `dropped` with a capacity).
 SmallVector<SmallVector<Value>> planResultSizes(CK &k, DispatchPlanOp op,
                                                 Value rows, Value slots);
 /// A fresh [items, E] histogram buffer for `numRows` (T) rows.
 Value allocPlanHistogram(CK &k, Value numRows, int64_t numExperts);
-/// Adds the in-range assignments of row `row` of `indices` to `hist[item]`.
+/// Adds the in-range (and, with `keep`, kept) assignments of row `row` of
+/// `indices` to `hist[item]`.
 void countPlanRow(CK &k, Value indices, Value hist, Value row, Value item,
-                  int64_t numExperts);
+                  int64_t numExperts, Value keep = nullptr);
 /// Zeroes `hist[item]`.
 void clearPlanItem(CK &k, Value hist, Value item, int64_t numExperts);
 

@@ -24,7 +24,8 @@ DispatchPlanOp fusableDispatchPlan(RouteOp route) {
     return nullptr;
   for (Operation *user : route.getIndices().getUsers()) {
     auto plan = dyn_cast<DispatchPlanOp>(user);
-    if (plan &&
+    // A capacity decides the plan after every row is routed: not fused.
+    if (plan && !plan.getCapacity() &&
         static_cast<int64_t>(plan.getNumExperts()) == logits.getDimSize(1) &&
         plan->getBlock() == route->getBlock())
       return plan;

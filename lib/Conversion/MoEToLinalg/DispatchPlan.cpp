@@ -9,6 +9,13 @@
 // order stable. O(T·k + E + blocks) work, deterministic by construction.
 // Out-of-range indices are reported through moeReportIndexError and skipped.
 //
+// With a capacity, a first loop decides which assignments are kept (keepMask)
+// and the counting sort then skips the dropped ones exactly like out-of-range
+// ones: by position, one pass in the priority order (slot j, then token t)
+// with a cursor per expert, O(T·k); by probability, each assignment's rank
+// among its expert's assignments is counted directly, O((T·k)²): the obvious
+// reference for the CPU kernel, not a fast path.
+//
 //===----------------------------------------------------------------------===//
 
 #include "Patterns.h"
@@ -19,6 +26,10 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
+
+#include <array>
+#include <functional>
+#include <tuple>
 
 using namespace mlir;
 using namespace mlir::moe;
@@ -78,6 +89,156 @@ ValueRange ifThen(OpBuilder &b, Location loc, Value cond, ValueRange iter,
       .getResults();
 }
 
+/// `then()` when `cond`, else `otherwise()`, as one scf.if.
+ValueRange ifElse(
+    OpBuilder &b, Location loc, Value cond,
+    function_ref<SmallVector<Value>(OpBuilder &, Location)> then,
+    function_ref<SmallVector<Value>(OpBuilder &, Location)> otherwise) {
+  return scf::IfOp::create(
+             b, loc, cond,
+             [&](OpBuilder &tb, Location tl) {
+               scf::YieldOp::create(tb, tl, then(tb, tl));
+             },
+             [&](OpBuilder &eb, Location el) {
+               scf::YieldOp::create(eb, el, otherwise(eb, el));
+             })
+      .getResults();
+}
+
+/// The expert of assignment i (an index) and whether it is planned (i1).
+using ExpertOf = std::function<std::pair<Value, Value>(Ints &, Value i)>;
+
+/// Whether the assignment of priority (wa, ja, ta) claims a place before the
+/// one of (wb, jb, tb) under drop(probability): the larger weight first, NaN
+/// before any number, equal weights (-0.0 = 0.0, NaN = NaN) in the position
+/// order (slot j, then token t).
+Value claimsBefore(Ints &in, Value wa, Value ja, Value ta, Value wb, Value jb,
+                   Value tb) {
+  OpBuilder &b = in.b;
+  Location loc = in.loc;
+  auto cmpf = [&](arith::CmpFPredicate p, Value x, Value y) -> Value {
+    return arith::CmpFOp::create(b, loc, p, x, y);
+  };
+  auto cmpi = [&](arith::CmpIPredicate p, Value x, Value y) -> Value {
+    return arith::CmpIOp::create(b, loc, p, x, y);
+  };
+  auto andI = [&](Value x, Value y) -> Value {
+    return arith::AndIOp::create(b, loc, x, y);
+  };
+  auto orI = [&](Value x, Value y) -> Value {
+    return arith::OrIOp::create(b, loc, x, y);
+  };
+  Value nanA = isNaN(b, loc, wa), nanB = isNaN(b, loc, wb);
+  Value notNanB = cmpf(arith::CmpFPredicate::ORD, wb, wb);
+  Value larger = orI(andI(nanA, notNanB), cmpf(arith::CmpFPredicate::OGT, wa, wb));
+  Value equal = orI(andI(nanA, nanB), cmpf(arith::CmpFPredicate::OEQ, wa, wb));
+  Value earlier =
+      orI(cmpi(arith::CmpIPredicate::ult, ja, jb),
+          andI(cmpi(arith::CmpIPredicate::eq, ja, jb),
+               cmpi(arith::CmpIPredicate::ult, ta, tb)));
+  return orI(larger, andI(equal, earlier));
+}
+
+/// Which in-range assignments keep their place under op's capacity C: keep
+/// [N] (i32, 1 = kept, 0 = dropped or out of range) and dropped [E] (i32).
+std::pair<Value, Value> keepMask(PatternRewriter &rw, DispatchPlanOp op,
+                                 Value n, Value k, const ExpertOf &expertOf) {
+  Location loc = op.getLoc();
+  Ints in{rw, loc};
+  Value numExperts = in.idx(op.getNumExperts());
+  Value capacity = in.idx(static_cast<int64_t>(*op.getCapacity()));
+  Value zero32 = i32Const(rw, loc, 0), one32 = i32Const(rw, loc, 1);
+  Value c0 = in.idx(0);
+  Value keep0 = loopFilled(rw, loc, {getAsOpFoldResult(n)}, zero32);
+  Value dropped0 = loopFilled(rw, loc, {getAsOpFoldResult(numExperts)}, zero32);
+  Value rowsT = tensor::DimOp::create(rw, loc, op.getIndices(), 0);
+
+  // Marks assignment i of expert e kept when `kept`, else counts it dropped.
+  auto decide = [&](Ints &t, Value i, Value e, Value kept, Value keep,
+                    Value dropped) -> SmallVector<Value> {
+    return SmallVector<Value>(ifElse(
+        t.b, t.loc, kept,
+        [&](OpBuilder &kb, Location kl) -> SmallVector<Value> {
+          return {tensor::InsertOp::create(kb, kl, one32, keep, i), dropped};
+        },
+        [&](OpBuilder &db, Location dl) -> SmallVector<Value> {
+          Ints d{db, dl};
+          return {keep, d.put(dropped, e, d.add(d.at(dropped, e), d.idx(1)))};
+        }));
+  };
+
+  if (op.getDrop() == CapacityDrop::position) {
+    // One pass in the priority order with a cursor per expert.
+    Value claimed0 =
+        loopFilled(rw, loc, {getAsOpFoldResult(numExperts)}, zero32);
+    ValueRange slots = forLoop(
+        rw, loc, c0, k, ValueRange{keep0, dropped0, claimed0},
+        [&](OpBuilder &b, Location l, Value j, ValueRange it) {
+          return SmallVector<Value>(forLoop(
+              b, l, c0, rowsT, it,
+              [&](OpBuilder &tb, Location tl, Value t, ValueRange iter) {
+                Ints ti{tb, tl};
+                Value i = ti.add(ti.mul(t, k), j);
+                auto [e, valid] = expertOf(ti, i);
+                return SmallVector<Value>(ifThen(
+                    tb, tl, valid, iter,
+                    [&](OpBuilder &vb, Location vl) -> SmallVector<Value> {
+                      Ints v{vb, vl};
+                      Value place = v.at(iter[2], e);
+                      Value kept = arith::CmpIOp::create(
+                          vb, vl, arith::CmpIPredicate::ult, place, capacity);
+                      SmallVector<Value> next =
+                          decide(v, i, e, kept, iter[0], iter[1]);
+                      next.push_back(
+                          v.put(iter[2], e, v.add(place, v.idx(1))));
+                      return next;
+                    }));
+              }));
+        });
+    return {slots[0], slots[1]};
+  }
+
+  // By probability: the rank of i among its expert's assignments.
+  Value weights = op.getWeights();
+  auto priority = [&](Ints &t, Value i) -> std::array<Value, 3> {
+    Value row = t.div(i, k), slot = t.sub(i, t.mul(row, k));
+    return {extractF32(t.b, t.loc, weights, ValueRange{row, slot}), slot, row};
+  };
+  ValueRange decided = forLoop(
+      rw, loc, c0, n, ValueRange{keep0, dropped0},
+      [&](OpBuilder &b, Location l, Value i, ValueRange iter) {
+        Ints ib{b, l};
+        auto [e, valid] = expertOf(ib, i);
+        return SmallVector<Value>(ifThen(
+            b, l, valid, iter,
+            [&](OpBuilder &vb, Location vl) -> SmallVector<Value> {
+              Ints v{vb, vl};
+              auto [w, j, t] = priority(v, i);
+              Value rank = forLoop(
+                  vb, vl, c0, n, ValueRange{c0},
+                  [&](OpBuilder &mb, Location ml, Value m, ValueRange r) {
+                    Ints mi{mb, ml};
+                    auto [em, validM] = expertOf(mi, m);
+                    auto [wm, jm, tm] = priority(mi, m);
+                    Value ahead = arith::AndIOp::create(
+                        mb, ml,
+                        arith::AndIOp::create(
+                            mb, ml, validM,
+                            arith::CmpIOp::create(
+                                mb, ml, arith::CmpIPredicate::eq, em, e)),
+                        claimsBefore(mi, wm, jm, tm, w, j, t));
+                    Value step = arith::SelectOp::create(mb, ml, ahead,
+                                                         mi.idx(1), mi.idx(0));
+                    return SmallVector<Value>{mi.add(r[0], step)};
+                  })[0];
+              Value kept = arith::CmpIOp::create(
+                  vb, vl, arith::CmpIPredicate::ult, rank, capacity);
+              return decide(v, i, e, kept, iter[0], iter[1]);
+            }));
+      });
+  return {decided[0], decided[1]};
+}
+
 } // namespace
 
 LogicalResult mlir::moe::lowering::lowerDispatchPlan(DispatchPlanOp op,
@@ -106,7 +267,8 @@ LogicalResult mlir::moe::lowering::lowerDispatchPlan(DispatchPlanOp op,
   Value c0 = in.idx(0);
 
   // The expert of assignment i = t·k + j, and whether it is in range.
-  auto expertOf = [&](Ints &ib, Value i) -> std::pair<Value, Value> {
+  ExpertOf expertOf = [indices, k, numExperts](Ints &ib,
+                                               Value i) -> std::pair<Value, Value> {
     Value t = ib.div(i, k), j = ib.sub(i, ib.mul(t, k));
     Value e = tensor::ExtractOp::create(ib.b, ib.loc, indices,
                                         ValueRange{t, j});
@@ -127,8 +289,24 @@ LogicalResult mlir::moe::lowering::lowerDispatchPlan(DispatchPlanOp op,
     return {toIndex(ib.b, ib.loc, e), valid};
   };
 
+  // With a capacity: keep [N] (i32 1 = kept) and dropped [E].
+  Value keep, dropped;
+  if (op.getCapacity()) {
+    std::tie(keep, dropped) = keepMask(rw, op, n, k, expertOf);
+    // Only kept assignments are planned: a dropped one counts as out of range.
+    auto inRange = expertOf;
+    expertOf = [inRange, keep](Ints &ib, Value i) -> std::pair<Value, Value> {
+      auto [e, valid] = inRange(ib, i);
+      Value kept = arith::CmpIOp::create(
+          ib.b, ib.loc, arith::CmpIPredicate::ne,
+          tensor::ExtractOp::create(ib.b, ib.loc, keep, i),
+          i32Const(ib.b, ib.loc, 0));
+      return {e, arith::AndIOp::create(ib.b, ib.loc, valid, kept)};
+    };
+  }
+
   // A loop over the assignments i in increasing order that runs `update` on
-  // the in-range ones (with their expert e) and carries `init`.
+  // the planned ones (with their expert e) and carries `init`.
   auto forInRange = [&](ValueRange init,
                         function_ref<SmallVector<Value>(Ints &, Value i,
                                                         Value e, ValueRange)>
@@ -201,6 +379,8 @@ LogicalResult mlir::moe::lowering::lowerDispatchPlan(DispatchPlanOp op,
   SmallVector<Value> results = {counts,    offsets,      placed[1],
                                 placed[2], placed[3],    blockExperts,
                                 numPadded};
+  if (dropped)
+    results.push_back(dropped);
   replaceWithCasts(rw, op, results);
   return success();
 }

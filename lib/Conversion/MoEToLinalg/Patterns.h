@@ -24,7 +24,7 @@ namespace moe::lowering {
   X(TopkRenorm) X(SimilarityInform) X(AttentionPosterior) X(MadDispersion)     \
   X(AdjacencyUpdate) X(HyperRouter) X(Route) X(DispatchPlan)                   \
   X(SimilarityInformGrad) X(TopkRenormGrad) X(HyperRouterGrad)                 \
-  X(AttentionPosteriorGrad) X(SimilarityInformFwd)                           \
+  X(AttentionPosteriorGrad) X(SimilarityInformFwd) X(BiasUpdate)             \
   X(RouterStats) X(RouterStatsGrad) X(LoadBalancingLoss) X(RouterZLoss)        \
   X(RouterZLossGrad) X(SequenceBalanceLoss) X(SequenceBalanceLossGrad)
 

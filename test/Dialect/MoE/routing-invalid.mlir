@@ -1,5 +1,5 @@
-// Every verifier rule of moe.route and moe.dispatch_plan, one rule per case; each message names the operand or
-// attribute and the rule.
+// Every verifier rule of moe.route, moe.dispatch_plan (with its capacity option) and moe.bias_update, one rule per
+// case; each message names the operand or attribute and the rule.
 // RUN: moe-opt %s -split-input-file -verify-diagnostics
 
 func.func @route_logits_rank(%l: tensor<2x4x8xf32>) {
@@ -179,5 +179,137 @@ func.func @plan_result_size(%idx: tensor<4x2xi32>) {
   %c, %o, %ord, %inv, %p, %b, %n = moe.dispatch_plan %idx num_experts(4)
       : tensor<4x2xi32> -> tensor<4xi32>, tensor<4xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>,
         tensor<1xi32>
+  return
+}
+
+// -----
+
+func.func @plan_capacity_negative(%idx: tensor<4x2xi32>) {
+  // expected-error @+1 {{'capacity' (-1) must be >= 0}}
+  %c, %o, %ord, %inv, %p, %b, %n, %d = moe.dispatch_plan %idx num_experts(4) capacity(-1)
+      : tensor<4x2xi32> -> tensor<4xi32>, tensor<5xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>,
+        tensor<1xi32>, tensor<4xi32>
+  return
+}
+
+// -----
+
+func.func @plan_drop_without_capacity(%idx: tensor<4x2xi32>, %w: tensor<4x2xf32>) {
+  // expected-error @+1 {{'drop' (probability) needs a 'capacity'}}
+  %c, %o, %ord, %inv, %p, %b, %n = moe.dispatch_plan %idx num_experts(4) drop(probability)
+      weights(%w : tensor<4x2xf32>)
+      : tensor<4x2xi32> -> tensor<4xi32>, tensor<5xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>,
+        tensor<1xi32>
+  return
+}
+
+// -----
+
+func.func @plan_weights_without_capacity(%idx: tensor<4x2xi32>, %w: tensor<4x2xf32>) {
+  // expected-error @+1 {{'weights' are only read by drop(probability) with a 'capacity'}}
+  %c, %o, %ord, %inv, %p, %b, %n = moe.dispatch_plan %idx num_experts(4) weights(%w : tensor<4x2xf32>)
+      : tensor<4x2xi32> -> tensor<4xi32>, tensor<5xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>,
+        tensor<1xi32>
+  return
+}
+
+// -----
+
+func.func @plan_weights_by_position(%idx: tensor<4x2xi32>, %w: tensor<4x2xf32>) {
+  // expected-error @+1 {{'weights' are only read by drop(probability), not drop(position)}}
+  %c, %o, %ord, %inv, %p, %b, %n, %d = moe.dispatch_plan %idx num_experts(4) capacity(2) weights(%w : tensor<4x2xf32>)
+      : tensor<4x2xi32> -> tensor<4xi32>, tensor<5xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>,
+        tensor<1xi32>, tensor<4xi32>
+  return
+}
+
+// -----
+
+func.func @plan_probability_without_weights(%idx: tensor<4x2xi32>) {
+  // expected-error @+1 {{drop(probability) needs the gate 'weights' ([T, k], the priorities)}}
+  %c, %o, %ord, %inv, %p, %b, %n, %d = moe.dispatch_plan %idx num_experts(4) capacity(2) drop(probability)
+      : tensor<4x2xi32> -> tensor<4xi32>, tensor<5xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>,
+        tensor<1xi32>, tensor<4xi32>
+  return
+}
+
+// -----
+
+func.func @plan_weights_rank(%idx: tensor<4x2xi32>, %w: tensor<8xf32>) {
+  // expected-error @+1 {{'weights' must have rank 2 ([T, k]), but has type 'tensor<8xf32>'}}
+  %c, %o, %ord, %inv, %p, %b, %n, %d = moe.dispatch_plan %idx num_experts(4) capacity(2) drop(probability)
+      weights(%w : tensor<8xf32>)
+      : tensor<4x2xi32> -> tensor<4xi32>, tensor<5xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>,
+        tensor<1xi32>, tensor<4xi32>
+  return
+}
+
+// -----
+
+func.func @plan_weights_shape(%idx: tensor<4x2xi32>, %w: tensor<4x3xf32>) {
+  // expected-error @+1 {{dimension 1 of 'weights' (3) must equal dimension 1 of 'indices' (2)}}
+  %c, %o, %ord, %inv, %p, %b, %n, %d = moe.dispatch_plan %idx num_experts(4) capacity(2) drop(probability)
+      weights(%w : tensor<4x3xf32>)
+      : tensor<4x2xi32> -> tensor<4xi32>, tensor<5xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>,
+        tensor<1xi32>, tensor<4xi32>
+  return
+}
+
+// -----
+
+func.func @plan_capacity_needs_dropped(%idx: tensor<4x2xi32>) {
+  // expected-error @+2 {{failed to infer returned types}}
+  // expected-error @+1 {{'moe.dispatch_plan' op inferred type(s)}}
+  %c, %o, %ord, %inv, %p, %b, %n = moe.dispatch_plan %idx num_experts(4) capacity(2)
+      : tensor<4x2xi32> -> tensor<4xi32>, tensor<5xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>,
+        tensor<1xi32>
+  return
+}
+
+// -----
+
+func.func @bias_update_bias_rank(%b: tensor<2x4xf32>, %c: tensor<4xi32>) {
+  // expected-error @+1 {{'bias' must have rank 1 ([E]), but has type 'tensor<2x4xf32>'}}
+  %n = moe.bias_update %b, %c rate(1.0e-3) : tensor<2x4xf32>, tensor<4xi32> -> tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @bias_update_counts_rank(%b: tensor<4xf32>, %c: tensor<1x4xi32>) {
+  // expected-error @+1 {{'counts' must have rank 1 ([E]), but has type 'tensor<1x4xi32>'}}
+  %n = moe.bias_update %b, %c rate(1.0e-3) : tensor<4xf32>, tensor<1x4xi32> -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @bias_update_size(%b: tensor<4xf32>, %c: tensor<5xi32>) {
+  // expected-error @+1 {{dimension 0 of 'counts' (E = 5) must equal dimension 0 of 'bias' (E = 4)}}
+  %n = moe.bias_update %b, %c rate(1.0e-3) : tensor<4xf32>, tensor<5xi32> -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @bias_update_counts_type(%b: tensor<4xf32>, %c: tensor<4xi8>) {
+  // expected-error @+1 {{operand #1 must be ranked tensor of 32-bit signless integer or 64-bit signless integer or 32-bit float}}
+  %n = moe.bias_update %b, %c rate(1.0e-3) : tensor<4xf32>, tensor<4xi8> -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @bias_update_negative_rate(%b: tensor<4xf32>, %c: tensor<4xi32>) {
+  // expected-error @+1 {{'rate' (-0.5) must be finite and >= 0}}
+  %n = moe.bias_update %b, %c rate(-0.5) : tensor<4xf32>, tensor<4xi32> -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @bias_update_infinite_rate(%b: tensor<4xf32>, %c: tensor<4xi32>) {
+  // expected-error @+1 {{'rate' (inf) must be finite and >= 0}}
+  %n = moe.bias_update %b, %c rate(0x7F800000) : tensor<4xf32>, tensor<4xi32> -> tensor<4xf32>
   return
 }

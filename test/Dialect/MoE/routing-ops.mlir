@@ -1,5 +1,5 @@
-// Round trip of moe.route and moe.dispatch_plan in every attribute mode: print, parse and print again must agree,
-// in the custom form and through the generic form; the result types are inferred.
+// Round trip of moe.route, moe.dispatch_plan and moe.bias_update in every attribute mode: print, parse and print
+// again must agree, in the custom form and through the generic form; the result types are inferred.
 // RUN: moe-opt %s | moe-opt | FileCheck %s
 // RUN: moe-opt %s --mlir-print-op-generic | moe-opt | FileCheck %s
 // RUN: moe-opt %s --mlir-print-op-generic | FileCheck %s --check-prefix=GENERIC
@@ -81,7 +81,7 @@ func.func @dispatch_plan_defaults(%idx: tensor<4x2xi32>) -> tensor<8xi32> {
 
 // Block padding: N + E(B-1) = 32 + 256*63 = 16160 padded rows, ceil(16160/64) = 253 blocks; i64 indices; dynamic T.
 // GENERIC-LABEL: sym_name = "dispatch_plan_blocks"
-// GENERIC: "moe.dispatch_plan"(%{{.*}}) <{block_size = 64 : i64, num_experts = 256 : i64}>
+// GENERIC: "moe.dispatch_plan"(%{{.*}}) <{block_size = 64 : i64, drop = #moe<drop position>, num_experts = 256 : i64}>
 // CHECK-LABEL: func.func @dispatch_plan_blocks
 func.func @dispatch_plan_blocks(%idx: tensor<4x8xi64>, %dyn: tensor<?x8xi32>) -> (tensor<253xi32>, tensor<?xi32>) {
   // CHECK: moe.dispatch_plan %{{.*}} num_experts(256) block_size(64) : tensor<4x8xi64> -> tensor<256xi32>,
@@ -95,4 +95,55 @@ func.func @dispatch_plan_blocks(%idx: tensor<4x8xi64>, %dyn: tensor<?x8xi32>) ->
       : tensor<?x8xi32> -> tensor<3xi32>, tensor<4xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>,
         tensor<1xi32>
   return %b, %p2 : tensor<253xi32>, tensor<?xi32>
+}
+
+// The generic form written before the capacity option (no `drop`, no `capacity`) still parses, as the plain plan.
+// CHECK-LABEL: func.func @dispatch_plan_generic_without_capacity
+func.func @dispatch_plan_generic_without_capacity(%idx: tensor<4x2xi32>) -> tensor<8xi32> {
+  // CHECK: moe.dispatch_plan %{{.*}} num_experts(5) : tensor<4x2xi32> -> tensor<5xi32>, tensor<6xi32>, tensor<8xi32>,
+  // CHECK-SAME: tensor<8xi32>, tensor<8xi32>, tensor<8xi32>, tensor<1xi32>{{$}}
+  %r:7 = "moe.dispatch_plan"(%idx) <{block_size = 1 : i64, num_experts = 5 : i64}>
+      : (tensor<4x2xi32>) -> (tensor<5xi32>, tensor<6xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>,
+          tensor<1xi32>)
+  return %r#2 : tensor<8xi32>
+}
+
+// Capacity by position: one more result, `dropped` [E].
+// GENERIC-LABEL: sym_name = "dispatch_plan_capacity"
+// GENERIC: "moe.dispatch_plan"(%{{.*}}) <{block_size = 1 : i64, capacity = 3 : i64, drop = #moe<drop position>,
+// GENERIC-SAME: num_experts = 4 : i64}>
+// CHECK-LABEL: func.func @dispatch_plan_capacity
+func.func @dispatch_plan_capacity(%idx: tensor<?x2xi32>) -> tensor<4xi32> {
+  // CHECK: moe.dispatch_plan %{{.*}} num_experts(4) capacity(3) : tensor<?x2xi32> -> tensor<4xi32>, tensor<5xi32>,
+  // CHECK-SAME: tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>, tensor<4xi32>
+  %c, %o, %ord, %inv, %p, %b, %n, %d = moe.dispatch_plan %idx num_experts(4) capacity(3)
+      : tensor<?x2xi32> -> tensor<4xi32>, tensor<5xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>,
+        tensor<1xi32>, tensor<4xi32>
+  return %d : tensor<4xi32>
+}
+
+// Capacity by probability reads the gate weights; capacity 0 is valid (everything is dropped).
+// GENERIC-LABEL: sym_name = "dispatch_plan_capacity_probability"
+// GENERIC: "moe.dispatch_plan"(%{{.*}}, %{{.*}}) <{block_size = 2 : i64, capacity = 0 : i64,
+// GENERIC-SAME: drop = #moe<drop probability>, num_experts = 8 : i64}>
+// CHECK-LABEL: func.func @dispatch_plan_capacity_probability
+func.func @dispatch_plan_capacity_probability(%idx: tensor<3x2xi64>, %w: tensor<3x2xbf16>) -> tensor<8xi32> {
+  // CHECK: moe.dispatch_plan %{{.*}} num_experts(8) block_size(2) capacity(0) drop(probability)
+  // CHECK-SAME: weights(%{{.*}} : tensor<3x2xbf16>) : tensor<3x2xi64> -> tensor<8xi32>, tensor<9xi32>, tensor<6xi32>,
+  // CHECK-SAME: tensor<6xi32>, tensor<14xi32>, tensor<7xi32>, tensor<1xi32>, tensor<8xi32>
+  %c, %o, %ord, %inv, %p, %b, %n, %d = moe.dispatch_plan %idx num_experts(8) block_size(2) capacity(0)
+      drop(probability) weights(%w : tensor<3x2xbf16>)
+      : tensor<3x2xi64> -> tensor<8xi32>, tensor<9xi32>, tensor<6xi32>, tensor<6xi32>, tensor<14xi32>, tensor<7xi32>,
+        tensor<1xi32>, tensor<8xi32>
+  return %d : tensor<8xi32>
+}
+
+// CHECK-LABEL: func.func @bias_update
+func.func @bias_update(%b: tensor<256xf32>, %c: tensor<256xi32>, %h: tensor<?xbf16>, %f: tensor<?xf32>)
+    -> (tensor<256xf32>, tensor<?xf32>) {
+  // CHECK: moe.bias_update %{{.*}}, %{{.*}} rate(1.000000e-03) : tensor<256xf32>, tensor<256xi32> -> tensor<256xf32>
+  %n = moe.bias_update %b, %c rate(1.000000e-03) : tensor<256xf32>, tensor<256xi32> -> tensor<256xf32>
+  // CHECK: moe.bias_update %{{.*}}, %{{.*}} rate(0.000000e+00) : tensor<?xbf16>, tensor<?xf32> -> tensor<?xf32>
+  %m = moe.bias_update %h, %f rate(0.0) : tensor<?xbf16>, tensor<?xf32> -> tensor<?xf32>
+  return %n, %m : tensor<256xf32>, tensor<?xf32>
 }

@@ -2,7 +2,7 @@
 //
 // Part of the MoE-MLIR project.
 //
-// moe.route and moe.dispatch_plan (MoERoutingOps.td). As for the other ops,
+// moe.route, moe.dispatch_plan and moe.bias_update (MoERoutingOps.td). As for the other ops,
 // type inference never fails on a malformed op (it answers dynamic sizes) and
 // leaves the diagnostics, which name the operand and the rule, to the
 // verifiers.
@@ -142,10 +142,13 @@ LogicalResult DispatchPlanOp::inferReturnTypes(
     MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
     SmallVectorImpl<Type> &inferred) {
   Type i32 = IntegerType::get(ctx, 32);
-  for (int64_t size : dispatchPlanSizes(adaptor.getIndices(),
-                                        adaptor.getNumExperts(),
-                                        adaptor.getBlockSize()))
+  SmallVector<int64_t, 7> sizes = dispatchPlanSizes(
+      adaptor.getIndices(), adaptor.getNumExperts(), adaptor.getBlockSize());
+  for (int64_t size : sizes)
     inferred.push_back(tensorOf(i32, {size}));
+  // With a capacity, `dropped` [E] follows the seven plan results.
+  if (adaptor.getCapacity())
+    inferred.push_back(tensorOf(i32, {sizes[0]}));
   return success();
 }
 
@@ -167,5 +170,79 @@ LogicalResult DispatchPlanOp::verify() {
     return emitOpError() << "the padded plan (T*k + num_experts*(block_size-1)"
                             " = "
                          << padded << ") must fit in i32";
+  return verifyCapacity();
+}
+
+LogicalResult DispatchPlanOp::verifyCapacity() {
+  std::optional<uint64_t> capacity = getCapacity();
+  bool byProbability = getDrop() == CapacityDrop::probability;
+  if (!capacity) {
+    if (byProbability)
+      return emitOpError() << "'drop' (probability) needs a 'capacity'";
+    if (getWeights())
+      return emitOpError()
+             << "'weights' are only read by drop(probability) with a 'capacity'";
+    return success();
+  }
+  if (static_cast<int64_t>(*capacity) < 0)
+    return emitOpError() << "'capacity' (" << static_cast<int64_t>(*capacity)
+                         << ") must be >= 0";
+  Value weights = getWeights();
+  if (!byProbability)
+    return weights ? emitOpError() << "'weights' are only read by "
+                                      "drop(probability), not drop(position)"
+                   : success();
+  if (!weights)
+    return emitOpError() << "drop(probability) needs the gate 'weights' "
+                            "([T, k], the priorities)";
+  auto indices = cast<RankedTensorType>(getIndices().getType());
+  auto type = cast<RankedTensorType>(weights.getType());
+  if (type.getRank() != 2)
+    return emitOpError() << "'weights' must have rank 2 ([T, k]), but has type "
+                         << type;
+  for (int64_t d = 0; d < 2; ++d)
+    if (!indices.isDynamicDim(d) && !type.isDynamicDim(d) &&
+        indices.getDimSize(d) != type.getDimSize(d))
+      return emitOpError() << "dimension " << d << " of 'weights' ("
+                           << type.getDimSize(d)
+                           << ") must equal dimension " << d
+                           << " of 'indices' (" << indices.getDimSize(d) << ")";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// BiasUpdateOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult BiasUpdateOp::inferReturnTypes(MLIRContext *ctx,
+                                             std::optional<Location>,
+                                             Adaptor adaptor,
+                                             SmallVectorImpl<Type> &inferred) {
+  inferred.push_back(
+      tensorOf(Float32Type::get(ctx), {sizeOf(adaptor.getBias(), 1, 0)}));
+  return success();
+}
+
+LogicalResult BiasUpdateOp::verify() {
+  auto bias = cast<RankedTensorType>(getBias().getType());
+  auto counts = cast<RankedTensorType>(getCounts().getType());
+  if (bias.getRank() != 1)
+    return emitOpError() << "'bias' must have rank 1 ([E]), but has type "
+                         << bias;
+  if (counts.getRank() != 1)
+    return emitOpError() << "'counts' must have rank 1 ([E]), but has type "
+                         << counts;
+  if (!bias.isDynamicDim(0) && !counts.isDynamicDim(0) &&
+      bias.getDimSize(0) != counts.getDimSize(0))
+    return emitOpError() << "dimension 0 of 'counts' (E = "
+                         << counts.getDimSize(0)
+                         << ") must equal dimension 0 of 'bias' (E = "
+                         << bias.getDimSize(0) << ")";
+  double rate = getRate().convertToDouble();
+  if (!std::isfinite(rate) || rate < 0.0) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%g", rate);
+    return emitOpError() << "'rate' (" << text << ") must be finite and >= 0";
+  }
   return success();
 }
