@@ -1,4 +1,5 @@
-"""Eager references of the production routing ops ``moe.route`` and ``moe.dispatch_plan`` (MoERoutingOps.td).
+"""Eager references of the production routing ops ``moe.route``, ``moe.dispatch_plan`` (and its capacity option) and
+``moe.bias_update`` (MoERoutingOps.td).
 
 Plain torch, device-agnostic, the dialect's rules (those of :mod:`moe_mlir.reference`): logits upcast to f32, ties to
 the lowest index and NaN first in every top-k (:func:`moe_mlir.reference._select_desc`), a softmax over a row of
@@ -126,3 +127,49 @@ def dispatch_plan(indices: Tensor, num_experts: int, block_size: int = 1) -> tup
     i32 = torch.int32
     return (counts.to(i32), offsets.to(i32), order.to(i32), inverse.to(i32), padded.to(i32), blocks.to(i32),
             torch.tensor([num_padded], dtype=i32, device=dev))
+
+
+def capacity_keep(indices: Tensor, weights: Optional[Tensor], num_experts: int, capacity: int,
+                  drop: str = "position") -> Tensor:
+    """Which assignments of ``indices`` ``[T, k]`` keep their place under an expert capacity (``moe.dispatch_plan``'s
+    capacity option): a bool ``[T, k]``. The assignments claim places in the priority order (``drop="position"``:
+    slot-major, then token; ``"probability"``: weight descending, NaN first, equal weights (``-0.0 = 0.0``) in the
+    position order); an expert keeps the first ``capacity`` assignments routed to it."""
+    T, k = indices.shape
+    dev = indices.device
+    flat = indices.t().reshape(-1).long()  # the position order: (slot j, token t)
+    n = flat.numel()
+    if drop == "probability":
+        w = weights.detach().float().t().reshape(-1)
+        # torch.sort puts NaN first when descending and keeps -0.0 and 0.0 in their order (stable).
+        order = torch.sort(w, descending=True, stable=True).indices
+    else:
+        order = torch.arange(n, device=dev)
+    experts = flat[order]
+    by_expert = torch.sort(experts, stable=True).indices  # each expert's assignments in the priority order
+    counts = torch.bincount(experts, minlength=num_experts)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.empty(n, dtype=torch.long, device=dev)
+    rank[by_expert] = torch.arange(n, device=dev) - starts[experts[by_expert]]
+    keep = torch.empty(n, dtype=torch.bool, device=dev)
+    keep[order] = rank < capacity
+    return keep.reshape(k, T).t()
+
+
+def apply_capacity(indices: Tensor, weights: Tensor, num_experts: int, capacity: int,
+                   drop: str = "position") -> tuple[Tensor, Tensor]:
+    """``(kept_weights, dropped)``: ``weights`` with the dropped assignments set to 0 (differentiable w.r.t.
+    ``weights``: the gradient is masked the same way) and the i64 ``[E]`` per-expert count of dropped
+    assignments."""
+    keep = capacity_keep(indices, weights, num_experts, capacity, drop)
+    kept = torch.where(keep, weights, torch.zeros((), dtype=weights.dtype, device=weights.device))
+    dropped = torch.bincount(indices[~keep].reshape(-1).long(), minlength=num_experts)
+    return kept, dropped
+
+
+def bias_update(bias: Tensor, counts: Tensor, rate: float) -> Tensor:
+    """``moe.bias_update``: ``bias + rate · sign(mean(counts) − counts)`` in f32, the sign taken exactly as that of
+    ``Σ counts − E · counts_e`` in f64 (``torch.sign``: 0 for NaN)."""
+    c = counts.double()
+    d = c.sum() - c.numel() * c
+    return bias.float() + rate * torch.sign(d).float()

@@ -337,6 +337,82 @@ def test_dispatch_plan_edges(T):
 
 
 # ================================================================================================================
+# apply_capacity, bias_update (ops/capacity.py)
+# ================================================================================================================
+
+
+def capacity_args(T=10, k=2, E=4):
+    return indices(T, k, E), torch.rand(T, k, generator=g(24))
+
+
+@pytest.mark.parametrize("E", [-1, 0, -HUGE])
+def test_apply_capacity_num_experts_below_one(E):
+    rejects(M.apply_capacity, (*capacity_args(), E, 2), f"moe.apply_capacity: 'num_experts' ({E}) must be >= 1")
+
+
+def test_apply_capacity_num_experts_huge():
+    rejects(M.apply_capacity, (*capacity_args(), HUGE, 2), over_limit("apply_capacity", "dropped", [HUGE]))
+
+
+@pytest.mark.parametrize("C", [-1, -HUGE])
+def test_apply_capacity_negative_capacity(C):
+    rejects(M.apply_capacity, (*capacity_args(), 4, C), f"moe.apply_capacity: 'capacity' ({C}) must be >= 0")
+    # Zero tokens: still the op's message.
+    rejects(M.apply_capacity, (*capacity_args(T=0), 4, C), f"moe.apply_capacity: 'capacity' ({C}) must be >= 0")
+
+
+def test_apply_capacity_operands():
+    idx, w = capacity_args()
+    rejects(M.apply_capacity, (idx, w, 4, 2, "random"),
+            "moe.apply_capacity: 'drop' must be one of 'position', 'probability', got 'random'")
+    rejects(M.apply_capacity, (idx, w[:7], 4, 2),
+            "moe.apply_capacity: dimension 0 of 'weights' (7) must equal dimension 0 of 'indices' (T) (10)")
+    rejects(M.apply_capacity, (idx, w[:, :1], 4, 2),
+            "moe.apply_capacity: dimension 1 of 'weights' (1) must equal dimension 1 of 'indices' (k) (2)")
+    rejects(M.apply_capacity, (idx.reshape(-1), w, 4, 2),
+            "moe.apply_capacity: 'indices' must have rank 2 ([T, k]), got shape [20]")
+
+
+@needs_cpu_kernels
+def test_apply_capacity_edges():
+    # Capacity 0 (all dropped), a huge capacity (nothing dropped), E = 1, zero tokens.
+    idx, w = capacity_args()
+    same(kernel(M.apply_capacity, idx, w, 4, 0), RR.apply_capacity(idx, w, 4, 0))
+    same(kernel(M.apply_capacity, idx, w, 4, HUGE, "probability"), (w, torch.zeros(4, dtype=torch.int64)))
+    one = torch.zeros(10, 1, dtype=torch.int32)
+    same(kernel(M.apply_capacity, one, w[:, :1], 1, 3), RR.apply_capacity(one, w[:, :1], 1, 3))
+    same(kernel(M.apply_capacity, *capacity_args(T=0), 4, 3), (torch.zeros(0, 2), torch.zeros(4, dtype=torch.int64)))
+    # An index out of range is the op's ValueError, before any result is used.
+    bad = idx.clone()
+    bad[3, 1] = 4
+    with pytest.raises(ValueError, match="outside"):
+        kernel(M.apply_capacity, bad, w, 4, 2)
+
+
+@pytest.mark.parametrize("rate", [-1.0, float("inf"), float("nan"), 1e300])
+def test_bias_update_rate(rate):
+    rejects(M.bias_update, (torch.zeros(4), torch.zeros(4, dtype=torch.int32), rate),
+            f"moe.bias_update: 'rate' ({rate}) must be finite and >= 0")
+
+
+def test_bias_update_operands():
+    b, c = torch.zeros(4), torch.zeros(4, dtype=torch.int32)
+    rejects(M.bias_update, (b, c[:3], 1e-3),
+            "moe.bias_update: dimension 0 of 'counts' (E = 3) must equal dimension 0 of 'bias' (E = 4)")
+    rejects(M.bias_update, (b.reshape(2, 2), c, 1e-3),
+            "moe.bias_update: 'bias' must have rank 1 ([E]), got shape [2, 2]")
+    with pytest.raises(TypeError, match="'counts' must be i32, i64 or f32"):
+        M.bias_update(b, c.to(torch.int8), 1e-3)
+
+
+@needs_cpu_kernels
+def test_bias_update_edges():
+    # E = 1 never moves; zero experts.
+    same(kernel(M.bias_update, torch.ones(1), torch.tensor([5]), 0.5), torch.ones(1))
+    same(kernel(M.bias_update, torch.zeros(0), torch.zeros(0), 0.5), torch.zeros(0))
+
+
+# ================================================================================================================
 # torch.compile sees the fake kernels' messages; every op has a case
 # ================================================================================================================
 
@@ -400,7 +476,7 @@ def test_every_op_has_a_case():
     names = {*ops.OP_NAMES, *ops.FUSED_OP_NAMES, *ops.ROUTING_OP_NAMES, "similarity_inform_fwd",
              "similarity_inform_backward", "topk_renorm_backward", "hyper_router_backward",
              "attention_posterior_backward", *ops.BALANCE_OP_NAMES, "router_stats_fwd", "router_stats_backward",
-             "router_z_loss_backward", "sequence_balance_loss_backward"}
+             "router_z_loss_backward", "sequence_balance_loss_backward", *ops.CAPACITY_OP_NAMES}
     registered = {n for n in dir(M) if not n.startswith("_") and isinstance(getattr(M, n),
                                                                            torch._ops.OpOverloadPacket)}
     assert registered == names, f"ops without a case here: {sorted(registered - names)}"

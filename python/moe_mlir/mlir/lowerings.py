@@ -1110,6 +1110,12 @@ def _moe_dispatch_plan(imp: FxImporter, node, a: dict) -> tuple[Value, ...]:
     return tuple(imp.moe_op("moe.dispatch_plan", [a["indices"]], attrs, [imp.out_type(j) for j in range(7)]))
 
 
+@lowering("moe::bias_update.default")
+def _moe_bias_update(imp: FxImporter, node, a: dict) -> Value:
+    """``moe.bias_update`` (DeepSeek-V3's balancing step): the rate is the op's f32 attribute."""
+    return imp.moe_op("moe.bias_update", [a["bias"], a["counts"]], {"rate": _f32(a["rate"])}, [imp.out_type(0)])[0]
+
+
 @lowering("moe::similarity_inform.default")
 def _moe_similarity_inform(imp: FxImporter, node, a: dict) -> Value:
     operands = [a["u"], a["e"]]

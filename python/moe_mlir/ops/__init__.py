@@ -113,6 +113,7 @@ from .balance import (  # noqa: E402, F401
     sequence_balance_loss,
     sequence_balance_loss_backward,
 )
+from .capacity import CAPACITY_DROPS, CAPACITY_OP_NAMES, apply_capacity, bias_update, capacity_of  # noqa: E402, F401
 from . import loading as _loading  # noqa: E402
 from .loading import KEY_VALIDATORS, _autograd_call, kernels_available  # noqa: E402, F401
 

@@ -160,7 +160,18 @@ def _dispatch_plan_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
             ("i32", ["?"]), ("i32", ["1"])]
 
 
-_ROUTING_OUTPUTS = {"route": _route_outputs, "dispatch_plan": _dispatch_plan_outputs}
+def _apply_capacity_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
+    """moe.dispatch_plan with a capacity: the seven plan results and dropped [E] (the kernel returns inverse and
+    dropped: _kept_results)."""
+    return _dispatch_plan_outputs(k) + [("i32", [k.attrs["num_experts"]])]
+
+
+def _bias_update_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
+    return [("f32", list(k.inputs["bias"][1]))]
+
+
+_ROUTING_OUTPUTS = {"route": _route_outputs, "dispatch_plan": _dispatch_plan_outputs,
+                    "apply_capacity": _apply_capacity_outputs, "bias_update": _bias_update_outputs}
 
 
 def _balance_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
@@ -316,6 +327,16 @@ def _op_text(k: KernelKey, args: dict[str, str], types: dict[str, str]) -> tuple
     if op == "dispatch_plan":
         return (f"moe.dispatch_plan {args['indices']} num_experts({a['num_experts']}) "
                 f"block_size({a['block_size']})", types["indices"])
+    if op == "apply_capacity":
+        # The weights are an operand only where they order the slots (the kernel takes them either way).
+        by_weight = a["drop"] == "probability"
+        return (f"moe.dispatch_plan {args['indices']} num_experts({a['num_experts']}) capacity({a['capacity']})"
+                + (f" drop(probability) weights({args['weights']} : {types['weights']})" if by_weight else ""),
+                types["indices"])
+    if op == "bias_update":
+        # The key holds the rate rounded to f32 (CapacityOps.cpp); 18 digits parse back to exactly that f32.
+        return (f"moe.bias_update {args['bias']}, {args['counts']} rate({float(a['rate']):.17e})",
+                f"{types['bias']}, {types['counts']}")
     if op in _BALANCE_OPS:
         return _balance_op_text(k, args, types)
     raise ValueError(f"moe: no kernel for op {op!r}")
@@ -326,6 +347,8 @@ def _kept_results(k: KernelKey, n: int) -> list[int]:
     and d_w2 (results 1 and 3) without weight_grads: unused results, whose computation the lowering skips."""
     if k.op == "hyper_router_backward" and k.attrs.get("weight_grads") == "0":
         return [0, 2, 4]
+    if k.op == "apply_capacity":
+        return [3, 7]  # inverse (kept: >= 0) and dropped
     return list(range(n))
 
 

@@ -1,0 +1,106 @@
+//===- CapacityOps.cpp - torch.ops.moe.apply_capacity / bias_update --------===//
+//
+// Part of the MoE-MLIR project.
+//
+//===----------------------------------------------------------------------===//
+//
+// The CPU kernels of the capacity and bias-balancing ops
+// (python/moe_mlir/ops/capacity.py), on the machinery of TorchOps.cpp
+// (TorchKernels.h):
+//
+// * apply_capacity runs moe.dispatch_plan with its capacity option (the kernel
+//   returns only `inverse` and `dropped`: cache.py's _kept_results) and keeps
+//   the weights whose assignment kept its place (inverse >= 0). T is dynamic
+//   in the kernel. Its gradient (a mask on the weights) is the Python
+//   recompute autograd's.
+// * bias_update lowers moe.bias_update; `rate` enters the key rounded to f32,
+//   the precision of the op's attribute, so that the kernel adds exactly the
+//   u of PyTorch's f32 arithmetic.
+//
+//===----------------------------------------------------------------------===//
+
+#include "TorchKernels.h"
+
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+
+using namespace moe_torch;
+
+namespace {
+
+std::tuple<Tensor, Tensor> applyCapacity(const Tensor &indices,
+                                         const Tensor &weights,
+                                         int64_t numExperts, int64_t capacity,
+                                         c10::string_view drop) {
+  const char *op = "apply_capacity";
+  checkDevice(op, {&indices, &weights});
+  checkCpu(op, {&indices, &weights});
+  checkRank(op, "indices", indices, 2, "[T, k]");
+  checkRank(op, "weights", weights, 2, "[T, k]");
+  // T is dynamic in the key: the validators saw the T of the compiling call.
+  checkDim(op, "weights", weights, 0, indices.size(0),
+           "dimension 0 of 'indices' (T)");
+  checkDim(op, "weights", weights, 1, indices.size(1),
+           "dimension 1 of 'indices' (k)");
+  Key key(op);
+  key.attr("num_experts", numExperts)
+      .attr("capacity", capacity)
+      .attr("drop", drop);
+  key.in("indices", indices, {0}).in("weights", weights, {0});
+  int64_t n = indices.numel();
+  if (n == 0) {
+    validateOnly(key);
+    return {weights.clone(), at::zeros({numExperts}, indices.options().dtype(at::kLong))};
+  }
+  KernelFn fn = lookup(key); // validates num_experts, capacity, drop first
+  Tensor idx = contig(indices), w = contig(weights);
+  Tensor inverse = at::empty({n}, i32(indices));
+  Tensor dropped = at::empty({numExperts}, i32(indices));
+  std::vector<MemRef> args{describe(idx), describe(w), describe(inverse),
+                           describe(dropped)};
+  launch(fn, args, key.device);
+  Tensor kept = inverse.view(indices.sizes()).ge(0);
+  return {at::where(kept, weights, at::zeros({}, weights.options())),
+          dropped.to(at::kLong)};
+}
+
+Tensor biasUpdate(const Tensor &bias, const Tensor &counts, double rate) {
+  const char *op = "bias_update";
+  checkDevice(op, {&bias, &counts});
+  checkCpu(op, {&bias, &counts});
+  Key key(op);
+  // The f32 attribute's value; a rate beyond f32 stays as given, for the
+  // validator's message.
+  double rate32 = static_cast<double>(static_cast<float>(rate));
+  key.attr("rate", std::isfinite(rate32) ? rate32 : rate);
+  key.in("bias", bias).in("counts", counts);
+  if (bias.dim() == 1 && bias.size(0) == 0 && counts.dim() == 1 &&
+      counts.size(0) == 0) {
+    validateOnly(key);
+    return at::empty({0}, f32(bias));
+  }
+  KernelFn fn = lookup(key); // validates ranks, sizes, dtypes and rate
+  Tensor b = contig(bias), c = contig(counts);
+  Tensor out = at::empty({bias.size(0)}, f32(bias));
+  std::vector<MemRef> args{describe(b), describe(c), describe(out)};
+  launch(fn, args, key.device);
+  return out;
+}
+
+} // namespace
+
+TORCH_LIBRARY_IMPL(moe, CPU, m) {
+  m.impl("apply_capacity", &applyCapacity);
+  m.impl("bias_update", &biasUpdate);
+}
+
+TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) {
+  // kept_weights is differentiable w.r.t. weights (the Python autograd);
+  // bias_update has no gradient.
+  m.impl("apply_capacity",
+         torch::CppFunction::makeFromBoxedFunction<&autogradCpu<true>>());
+  m.impl("bias_update",
+         torch::CppFunction::makeFromBoxedFunction<&autogradCpu<false>>());
+}

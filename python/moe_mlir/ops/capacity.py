@@ -1,0 +1,166 @@
+"""Expert capacity and auxiliary-loss-free bias balancing: ``apply_capacity`` (``moe.dispatch_plan``'s capacity
+option) and ``bias_update`` (``moe.bias_update``), MoERoutingOps.td.
+
+* ``apply_capacity``: GShard/Switch Transformer token dropping. Each expert keeps at most ``capacity`` of the
+  ``[T, k]`` assignments routed to it, claimed in the position order (``drop="position"``: every token's first
+  choice in token order, then the second choices...) or by gate weight (``drop="probability"``: V-MoE's
+  batch-prioritized routing, the weight of each assignment as its priority, ties in the position order). Dropped
+  assignments get weight 0 and are counted per expert. Differentiable w.r.t. ``weights`` (the same mask on the
+  gradient). :func:`capacity_of` is Switch Transformer's capacity for a capacity factor.
+* ``bias_update``: DeepSeek-V3's balancing step ``b + u · sign(mean(counts) − counts)``, out of place, applied by the
+  training loop after its optimizer step (no gradient).
+
+References (the semantics; the eager fallback and what ``apply_capacity``'s backward recomputes):
+moe_mlir/reference_routing.py. CPU kernels: lib/Runtime/Torch/CapacityOps.cpp.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from ..reference_routing import apply_capacity as _apply_capacity_ref
+from ..reference_routing import bias_update as _bias_update_ref
+from ._autograd import _register_recompute_autograd, _stop_gradient_backward, _stop_gradient_setup
+from ._checks import (
+    _check_dim,
+    _check_enum,
+    _check_float,
+    _check_index,
+    _check_index_range,
+    _check_rank,
+    _check_result_elements,
+    _fail,
+)
+from .loading import _GRAD_OPS, KEY_VALIDATORS, _note_fallback
+
+#: The capacity and bias-balancing ops; ``torch.ops.moe.<name>`` exists for each.
+CAPACITY_OP_NAMES: tuple[str, ...] = ("apply_capacity", "bias_update")
+CAPACITY_DROPS = ("position", "probability")
+_COUNT_DTYPES = (torch.int32, torch.int64, torch.float32)
+
+
+def capacity_of(tokens: int, top_k: int, num_experts: int, factor: float) -> int:
+    """Switch Transformer's expert capacity ``⌈factor · tokens · top_k / num_experts⌉`` (GShard's with ``top_k = 2``):
+    the ``capacity`` of :func:`apply_capacity` for a capacity factor (1.0: exactly the balanced load; Switch trains
+    with 1.25, evaluates with 2.0). Computed in exact rational arithmetic on the float ``factor``, so that a load
+    that divides evenly is not rounded up by floating-point error."""
+    if tokens < 0:
+        raise ValueError(f"capacity_of: 'tokens' ({tokens}) must be >= 0")
+    if top_k < 1:
+        raise ValueError(f"capacity_of: 'top_k' ({top_k}) must be >= 1")
+    if num_experts < 1:
+        raise ValueError(f"capacity_of: 'num_experts' ({num_experts}) must be >= 1")
+    if not (math.isfinite(factor) and factor >= 0):
+        raise ValueError(f"capacity_of: 'factor' ({factor}) must be finite and >= 0")
+    from fractions import Fraction
+
+    return math.ceil(Fraction(factor) * tokens * top_k / num_experts)
+
+
+def _validate_apply_capacity(indices: Tensor, weights: Tensor, num_experts: int, capacity: int, drop: str) -> None:
+    op = "apply_capacity"
+    _check_index(op, "indices", indices)
+    _check_float(op, "weights", weights)
+    _check_rank(op, "indices", indices, 2, "[T, k]")
+    _check_rank(op, "weights", weights, 2, "[T, k]")
+    _check_dim(op, "weights", weights, 0, indices.shape[0], "dimension 0 of 'indices' (T)")
+    _check_dim(op, "weights", weights, 1, indices.shape[1], "dimension 1 of 'indices' (k)")
+    if num_experts < 1:
+        _fail(op, f"'num_experts' ({num_experts}) must be >= 1")
+    if capacity < 0:
+        _fail(op, f"'capacity' ({capacity}) must be >= 0")
+    _check_enum(op, "drop", drop, CAPACITY_DROPS)
+    _check_result_elements(op, "dropped", (num_experts,))
+
+
+@torch.library.custom_op("moe::apply_capacity", mutates_args=())
+def apply_capacity(indices: Tensor, weights: Tensor, num_experts: int, capacity: int, drop: str = "position"
+                   ) -> tuple[Tensor, Tensor]:
+    """Expert capacity with token dropping (``moe.dispatch_plan``'s capacity option).
+
+    Args:
+        indices: ``[T, k]`` expert indices (i32/i64), each in ``[0, num_experts)`` (else ValueError).
+        weights: ``[T, k]`` gate weights (f32/f16/bf16).
+        num_experts: E >= 1.
+        capacity: C >= 0, the most assignments an expert keeps (:func:`capacity_of` for a capacity factor).
+        drop: ``"position"`` (slot-major then token order: GShard, Switch Transformer) or ``"probability"`` (by
+            weight, largest first, NaN first, ties in the position order: V-MoE's batch-prioritized routing).
+
+    Returns:
+        ``(kept_weights [T, k]`` in the dtype of ``weights``, the dropped assignments set to 0;
+        ``dropped [E]`` i64, the dropped assignments per expert``)``.
+    """
+    _validate_apply_capacity(indices, weights, num_experts, capacity, drop)
+    _check_index_range("apply_capacity", "indices", indices, num_experts)
+    _note_fallback(indices)
+    return _apply_capacity_ref(indices, weights, num_experts, capacity, drop)
+
+
+@apply_capacity.register_fake
+def _(indices, weights, num_experts, capacity, drop="position"):
+    _validate_apply_capacity(indices, weights, num_experts, capacity, drop)
+    return torch.empty_like(weights), indices.new_empty((num_experts,), dtype=torch.int64)
+
+
+# Recompute backward: the reference's mask re-run under autograd (kept weights pass their gradient, dropped ones 0).
+_register_recompute_autograd(apply_capacity, _apply_capacity_ref, (1,), (0,))
+_GRAD_OPS[apply_capacity._name] = apply_capacity  # the extension's AutogradCPU kernel calls back into it
+
+
+def _validate_bias_update(bias: Tensor, counts: Tensor, rate: float) -> None:
+    op = "bias_update"
+    _check_float(op, "bias", bias)
+    if counts.dtype not in _COUNT_DTYPES:
+        raise TypeError(f"moe.{op}: 'counts' must be i32, i64 or f32, got {counts.dtype}")
+    _check_rank(op, "bias", bias, 1, "[E]")
+    _check_rank(op, "counts", counts, 1, "[E]")
+    if counts.shape[0] != bias.shape[0]:
+        _fail(op, f"dimension 0 of 'counts' (E = {counts.shape[0]}) must equal dimension 0 of 'bias' "
+                  f"(E = {bias.shape[0]})")
+    # The rate is an f32 attribute: one beyond f32's range is not finite there.
+    if not (math.isfinite(rate) and abs(rate) <= torch.finfo(torch.float32).max and rate >= 0):
+        _fail(op, f"'rate' ({rate}) must be finite and >= 0")
+
+
+@torch.library.custom_op("moe::bias_update", mutates_args=())
+def bias_update(bias: Tensor, counts: Tensor, rate: float) -> Tensor:
+    """DeepSeek-V3's auxiliary-loss-free balancing step (``moe.bias_update``), out of place.
+
+    Args:
+        bias: ``[E]`` selection bias (``moe.route``'s ``bias``), f32/f16/bf16.
+        counts: ``[E]`` expert loads of the step (i32/i64: ``dispatch_plan``'s counts; f32: ``router_stats``'
+            counts).
+        rate: the bias update speed u >= 0 (DeepSeek-V3: 0.001), rounded to f32.
+
+    Returns:
+        f32 ``[E]``: ``bias + rate · sign(mean(counts) − counts)`` (``sign(0) = 0``; the sign is exact for integer
+        counts; a NaN count leaves the bias unchanged, as ``torch.sign(nan) = 0``). Assign it to the bias after
+        the optimizer step.
+    """
+    _validate_bias_update(bias, counts, rate)
+    _note_fallback(bias)
+    return _bias_update_ref(bias, counts, rate)
+
+
+@bias_update.register_fake
+def _(bias, counts, rate):
+    _validate_bias_update(bias, counts, rate)
+    return bias.new_empty(bias.shape, dtype=torch.float32)
+
+
+# No gradient: the bias only chooses experts, and the training loop assigns the result.
+bias_update.register_autograd(_stop_gradient_backward, setup_context=_stop_gradient_setup)
+
+
+_CAPACITY_VALIDATORS: dict[str, Callable[[dict, dict], None]] = {
+    "apply_capacity": lambda t, a: _validate_apply_capacity(t["indices"], t["weights"], int(a["num_experts"]),
+                                                            int(a["capacity"]), a["drop"]),
+    "bias_update": lambda t, a: _validate_bias_update(t["bias"], t["counts"], float(a["rate"])),
+}
+
+
+KEY_VALIDATORS.update(_CAPACITY_VALIDATORS)
