@@ -65,6 +65,21 @@ Value mlir::moe::kernels::noCandidate(KernelBuilder &k, Type type) {
                      static_cast<double>(std::numeric_limits<int64_t>::min()));
 }
 
+Value mlir::moe::kernels::candidateBelow(KernelBuilder &k, Value cand,
+                                         Value prev, Value none,
+                                         function_ref<Value()> laneMask) {
+  Value ok = k.lt(cand, prev);
+  if (laneMask)
+    ok = k.andI(ok, laneMask());
+  return k.select(ok, cand, none);
+}
+
+Value mlir::moe::kernels::bestBelow(KernelBuilder &k, Value best, Value cand,
+                                    Value prev, Value none,
+                                    function_ref<Value()> laneMask) {
+  return k.maxs(best, candidateBelow(k, cand, prev, none, laneMask));
+}
+
 Value mlir::moe::kernels::ranksBefore(KernelBuilder &k, Value a, Value ai,
                                       Value c, Value ci, bool descending) {
   Value pa = packCandidate(k, orderedKey(k, a, descending), ai);

@@ -2,15 +2,20 @@
 //
 // Part of the MoE-MLIR project.
 //
-// moe.adjacency_update's maths, shared by its CPU kernel (per-worker counts
-// by counting, a mask histogram or mask rows) and its GPU kernels (a thread
-// per token with i32 atomics, a block per line): a slot of idx counts when
-// its expert id is in [0, E) (idInRange of SegmentedStats.h) and it is the
-// token's first slot holding that expert; C[j, m] counts the tokens that
-// chose both j and m; the next matrix is
+// moe.adjacency_update's maths: a slot of idx counts when its expert id is in
+// [0, E) (idInRange of SegmentedStats.h) and it is the token's first slot
+// holding that expert; C[j, m] counts the tokens that chose both j and m; the
+// next matrix is
 //
 //   a_next = beta · a + (1 - beta) · N(C),  N(C) = C / Σ_line C (0 for an
 //   all-zero line) with norm = row or col, C itself with norm = none.
+//
+// The GPU kernels (a thread per token with i32 atomics, a block per line)
+// compute a_next with coSelectionNext. The CPU kernel counts C itself
+// (per-worker counts, a mask histogram or mask rows) and finishes with the
+// portable lowering's tensor tail (lowering::finishAdjacencyUpdate,
+// MoE/Conversion/MoEToLinalg), not with this function: the two a_next
+// formulas are still written twice.
 //
 //===----------------------------------------------------------------------===//
 

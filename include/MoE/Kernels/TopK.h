@@ -26,6 +26,11 @@
 
 #include "MoE/Kernels/Builder.h"
 
+#include "mlir/IR/BuiltinTypes.h"
+
+#include <type_traits>
+#include <utility>
+
 namespace mlir::moe::kernels {
 
 /// Monotone i32 key of an f32 (every NaN maps to INT32_MAX, above every
@@ -48,6 +53,19 @@ Value noCandidate(KernelBuilder &k, Type type);
 Value ranksBefore(KernelBuilder &k, Value a, Value ai, Value c, Value ci,
                   bool descending = true);
 
+/// One step of a top-k round, on every target: `cand` when it ranks strictly
+/// below the previous pick `prev` (and, with `laneMask`, the lane takes part),
+/// else `none` (noCandidate of cand's type). The best of these over a row
+/// (bestBelow, then the target's reduction: a vector max on the CPU, a warp
+/// butterfly on the GPU) is the round's pick; rounds never revisit an element.
+/// Lane-wise; `laneMask` is called after the comparison is built.
+Value candidateBelow(KernelBuilder &k, Value cand, Value prev, Value none,
+                     function_ref<Value()> laneMask = nullptr);
+/// max(best, candidateBelow(cand, prev)): one candidate folded into a round's
+/// running best.
+Value bestBelow(KernelBuilder &k, Value best, Value cand, Value prev,
+                Value none, function_ref<Value()> laneMask = nullptr);
+
 /// How the k selected values become weights (moe.topk_renorm's mode and
 /// renormalize attributes).
 struct TopkSpec {
@@ -55,6 +73,38 @@ struct TopkSpec {
   bool logits = true;
   bool renormalize = true;
 };
+
+namespace detail {
+template <typename OpT, typename = void> struct HasGetK : std::false_type {};
+template <typename OpT>
+struct HasGetK<OpT, std::void_t<decltype(std::declval<OpT>().getK())>>
+    : std::true_type {};
+template <typename OpT, typename = void> struct HasGetMode : std::false_type {};
+template <typename OpT>
+struct HasGetMode<OpT, std::void_t<decltype(std::declval<OpT>().getMode())>>
+    : std::true_type {};
+} // namespace detail
+
+/// The spec of an op that selects the top k of its rows (a template, as
+/// routeSpecOf, so that this library does not depend on the dialect):
+/// moe.topk_renorm (k, mode, renormalize), moe.topk_renorm_grad (k: the last
+/// dimension of its indices, possibly dynamic) and the fused
+/// similarity_inform_topk / attention_posterior_topk (k, renormalize; they
+/// select probabilities).
+template <typename OpT> TopkSpec topkSpecOf(OpT op) {
+  TopkSpec spec;
+  if constexpr (detail::HasGetK<OpT>::value)
+    spec.k = op.getK();
+  else
+    spec.k =
+        llvm::cast<ShapedType>(op.getIndices().getType()).getShape().back();
+  if constexpr (detail::HasGetMode<OpT>::value)
+    spec.logits = op.getMode() == decltype(op.getMode())::logits;
+  else
+    spec.logits = false;
+  spec.renormalize = op.getRenormalize();
+  return spec;
+}
 
 /// The weight of selected value `v` given the first (largest) selected value
 /// `v0`, the sum over the selection `selSum` (Σ exp(v - v0) for logits, Σ v

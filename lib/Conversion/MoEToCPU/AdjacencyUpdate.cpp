@@ -31,7 +31,7 @@
 #include "Kernels.h"
 
 #include "../MoEToLinalg/Patterns.h"
-#include "../MoEToLinalg/Utils.h"
+#include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/SegmentedStats.h"
@@ -114,7 +114,7 @@ struct AdjacencyInputs {
 
 /// The bitmask (i64) of token t's in-range experts: bit v for each slot
 /// holding v in [0, E) (E <= 64); a repeated expert sets its bit once.
-Value tokenMask(CK &k, const AdjacencyInputs &in, Value t) {
+Value tokenMask(CpuKernelBuilder &k, const AdjacencyInputs &in, Value t) {
   Type i64 = k.i64();
   Value zero = k.cI64(0), one = k.cI64(1);
   auto addSlot = [&](Value s, Value m) {
@@ -139,7 +139,8 @@ Value tokenMask(CK &k, const AdjacencyInputs &in, Value t) {
 /// Runs `body(t, worker)` for every token, blocks of kTokensPerItem tokens
 /// per worker item; on the calling thread alone when there are at most
 /// kInlineSlots (token, slot) pairs.
-void forEachToken(CK &k, const KernelOptions &o, const AdjacencyInputs &in,
+void forEachToken(CpuKernelBuilder &k, const KernelOptions &o,
+                  const AdjacencyInputs &in,
                   function_ref<void(Value t, Value w)> body) {
   Value tokens = in.tokens;
   Value numItems = k.ceilDiv(tokens, k.idx(kTokensPerItem));
@@ -154,7 +155,7 @@ void forEachToken(CK &k, const KernelOptions &o, const AdjacencyInputs &in,
 }
 
 /// Stores 0 into every element of `buf` (static shape, i32).
-void zeroFill(CK &k, Value buf) {
+void zeroFill(CpuKernelBuilder &k, Value buf) {
   auto type = cast<MemRefType>(buf.getType());
   SmallVector<Value> ivs;
   std::function<void(int64_t)> nest = [&](int64_t d) {
@@ -172,7 +173,8 @@ void zeroFill(CK &k, Value buf) {
 }
 
 /// C[r, col] = Σ_w counts[w, r, col] for r, col < E.
-void sumWorkers(CK &k, Value counts, Value numWorkers, Value eVal, Value c) {
+void sumWorkers(CpuKernelBuilder &k, Value counts, Value numWorkers, Value eVal,
+                Value c) {
   Value c0 = k.idx(0), c1 = k.idx(1);
   k.forLoop(c0, eVal, c1, [&](Value r) {
     k.forLoop(c0, eVal, c1, [&](Value col) {
@@ -187,8 +189,9 @@ void sumWorkers(CK &k, Value counts, Value numWorkers, Value eVal, Value c) {
 }
 
 /// Counting: T·k² scalar increments after deduplicating each token's slots.
-void emitCounting(CK &k, const KernelOptions &opts, const AdjacencyInputs &in,
-                  Value c, MemRefType cType, ValueRange dyn) {
+void emitCounting(CpuKernelBuilder &k, const KernelOptions &opts,
+                  const AdjacencyInputs &in, Value c, MemRefType cType,
+                  ValueRange dyn) {
   Value c0 = k.idx(0), c1 = k.idx(1);
   Type indexType = k.index();
   // Per worker: its own counts, the token that last saw each expert, and the
@@ -247,8 +250,8 @@ void emitCounting(CK &k, const KernelOptions &opts, const AdjacencyInputs &in,
 
 /// Histogram (E <= 8): one increment of the token's mask bin per token, then
 /// every bin adds its count to C[j, m] for each pair of its bits.
-void emitHistogram(CK &k, const KernelOptions &o, const AdjacencyInputs &in,
-                   Value c) {
+void emitHistogram(CpuKernelBuilder &k, const KernelOptions &o,
+                   const AdjacencyInputs &in, Value c) {
   Value c0 = k.idx(0), c1 = k.idx(1);
   // At least 16 bins (64 bytes): workers never share a cache line.
   int64_t bins = std::max<int64_t>(int64_t(1) << in.e, 16);
@@ -288,8 +291,8 @@ void emitHistogram(CK &k, const KernelOptions &o, const AdjacencyInputs &in,
 /// Mask rows (E <= 64): per token, row j of the worker's counts gets the
 /// token's mask as 0/1 i32 lanes, for each bit j of the mask; rows padded to
 /// whole vectors of the target's width.
-void emitMaskRows(CK &k, const KernelOptions &o, const AdjacencyInputs &in,
-                  Value c) {
+void emitMaskRows(CpuKernelBuilder &k, const KernelOptions &o,
+                  const AdjacencyInputs &in, Value c) {
   Value c0 = k.idx(0), c1 = k.idx(1);
   int64_t lanes = k.lanes();
   int64_t chunks = (in.e + lanes - 1) / lanes;
@@ -330,7 +333,7 @@ void emitMaskRows(CK &k, const KernelOptions &o, const AdjacencyInputs &in,
 struct AdjacencyUpdateKernel : KernelPattern<AdjacencyUpdateOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(AdjacencyUpdateOp op, CK &k,
+  LogicalResult emit(AdjacencyUpdateOp op, CpuKernelBuilder &k,
                      PatternRewriter &rw) const override {
     Location loc = op.getLoc();
     Value aT = lowering::promoteToF32(rw, loc, op.getA());

@@ -23,7 +23,7 @@
 #include "Flash.h"
 #include "Kernels.h"
 
-#include "../MoEToLinalg/Utils.h"
+#include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
 
@@ -33,15 +33,16 @@
 
 namespace mlir::moe::cpu {
 
-Value headScaleValue(CK &k, std::optional<double> scale, Value heads) {
+Value headScaleValue(CpuKernelBuilder &k, std::optional<double> scale,
+                     Value heads) {
   if (scale)
     return k.cF32(*scale);
   return k.sitofp(k.castInt(heads, k.i64()));
 }
 
-HeadMeans packHeadMeans(CK &k, const KernelOptions &opts, Value v, Value wo,
-                        Value head, Value scale, Value batch, Value keys,
-                        Value model, Value headDim) {
+HeadMeans packHeadMeans(CpuKernelBuilder &k, const KernelOptions &opts, Value v,
+                        Value wo, Value head, Value scale, Value batch,
+                        Value keys, Value model, Value headDim) {
   // m[b,j,:] = head_scale · v[b,h,j,:] · wo_h^T, h = head[b], one key tile
   // an item, computed in its keysT layout: the tile's values transposed into
   // vT [Dh, kKeyTile] (zeros for padding keys), then for kMeanRows model
@@ -147,10 +148,10 @@ HeadMeans packHeadMeans(CK &k, const KernelOptions &opts, Value v, Value wo,
   return {keysT, norm2, keysPad};
 }
 
-std::function<Value(CK &, Value, Value, Value, Value)>
+std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)>
 posteriorLogits(Value scores, Value head, Value norm2, Value keys,
                 float sigma2) {
-  return [=](CK &kk, Value dot, Value bi, Value i, Value j0) {
+  return [=](CpuKernelBuilder &kk, Value dot, Value bi, Value i, Value j0) {
     double negInf = -std::numeric_limits<double>::infinity();
     Value h = kk.castInt(kk.load(head, {bi}), kk.b.getIndexType());
     Value s = kk.vloadMasked(scores, {bi, h, i, j0}, kk.sub(keys, j0), negInf);
@@ -171,7 +172,7 @@ struct AttentionPosteriorKernel
     : KernelPattern<AttentionPosteriorOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(AttentionPosteriorOp op, CK &k,
+  LogicalResult emit(AttentionPosteriorOp op, CpuKernelBuilder &k,
                      PatternRewriter &rw) const override {
     if (op.getHeadSelect() != HeadSelect::min_entropy)
       return rw.notifyMatchFailure(op, "head_select = all: portable lowering");

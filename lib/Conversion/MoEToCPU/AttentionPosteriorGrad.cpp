@@ -37,7 +37,7 @@
 #include "Flash.h"
 #include "Kernels.h"
 
-#include "../MoEToLinalg/Utils.h"
+#include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/SegmentedStats.h"
@@ -63,7 +63,7 @@ constexpr int64_t kPrefetchRows = 16;
 /// inside (<= 0 past the end: masked to nothing; such a chunk's column is 0,
 /// inside the memref).
 void forEachChunkGroup(
-    CK &k, Value n, int64_t chains,
+    CpuKernelBuilder &k, Value n, int64_t chains,
     function_ref<void(ArrayRef<Value> cols, ArrayRef<Value> counts)> body) {
   Value c0 = k.idx(0), step = k.idx(chains * kLanes);
   k.forLoop(c0, k.ceilDiv(n, step), k.idx(1), [&](Value g) {
@@ -106,9 +106,9 @@ struct KeyMajorBuffers {
 /// per pair) and streamed D + K + 1 accumulator lanes per pair through the
 /// tiles, this costs about D / 16 + 2 vector FMAs per 16 pairs. Every sum
 /// has one writer and a fixed order (kFoldRows blocks).
-void keyMajorSums(CK &k, const KernelOptions &opts, const KeyMajorBuffers &x,
-                  Value batch, Value rows, Value keys, Value model,
-                  Value width) {
+void keyMajorSums(CpuKernelBuilder &k, const KernelOptions &opts,
+                  const KeyMajorBuffers &x, Value batch, Value rows, Value keys,
+                  Value model, Value width) {
   constexpr int64_t TK = kKeyTile, KV = TK / kLanes;
   // AVX-512: 4 x 4 accumulators and 4 u chunks of 32 zmm; AVX2 (two ymm a
   // 16-lane vector): 2 x 2 and 2 chunks of 16 ymm.
@@ -292,7 +292,7 @@ struct AttentionPosteriorGradKernel
     : KernelPattern<AttentionPosteriorGradOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(AttentionPosteriorGradOp op, CK &k,
+  LogicalResult emit(AttentionPosteriorGradOp op, CpuKernelBuilder &k,
                      PatternRewriter &rw) const override {
     if (op.getHeadSelect() != HeadSelect::min_entropy)
       return rw.notifyMatchFailure(op, "head_select = all: portable lowering");
@@ -333,7 +333,7 @@ struct AttentionPosteriorGradKernel
     float sigma2 = sigma * sigma;
     Value zeros = k.constLike(k.vf32(), 0.0);
     auto rank3 = MemRefType::get({kDyn, kDyn, kDyn}, f32);
-    auto headOf = [&](CK &kk, Value bi) {
+    auto headOf = [&](CpuKernelBuilder &kk, Value bi) {
       return kk.castInt(kk.load(head, {bi}), kk.b.getIndexType());
     };
     auto widthLoop = [&](Value n, function_ref<void(Value col, Value count)>
@@ -430,8 +430,9 @@ struct AttentionPosteriorGradKernel
     Value du = kernel.out(1);
     FlashGradSpec byQuery({u, means.keysT, model}, {dp, eT, width}, batch, rows,
                           keys);
-    byQuery.weights = [&](CK &kk, Value sDot, Value gDot, Value, Value bi,
-                          Value i, Value j0) -> std::pair<Value, Value> {
+    byQuery.weights = [&](CpuKernelBuilder &kk, Value sDot, Value gDot, Value,
+                          Value bi, Value i,
+                          Value j0) -> std::pair<Value, Value> {
       Value z = logits(kk, sDot, bi, i, j0);
       Value g = softmaxFromLogSumExp(kk, z, kk.load(lseRow, {bi, i}));
       Value d = kk.splat(kk.load(delta, {bi, i}), kLanes);

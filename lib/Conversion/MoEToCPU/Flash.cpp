@@ -14,9 +14,10 @@ using namespace mlir;
 using namespace mlir::moe::cpu;
 using namespace mlir::moe::kernels;
 
-std::pair<Value, Value> mlir::moe::cpu::packValues(CK &k, Value values,
-                                                   Value batch, Value keys,
-                                                   Value width, Value keysPad,
+std::pair<Value, Value> mlir::moe::cpu::packValues(CpuKernelBuilder &k,
+                                                   Value values, Value batch,
+                                                   Value keys, Value width,
+                                                   Value keysPad,
                                                    Value widthPad) {
   auto type = MemRefType::get(
       {ShapedType::kDynamic, ShapedType::kDynamic, ShapedType::kDynamic},
@@ -53,9 +54,9 @@ std::pair<Value, Value> mlir::moe::cpu::packValues(CK &k, Value values,
 }
 
 FlashSpec mlir::moe::cpu::flashSpec(
-    CK &k, Value q, Value keysT, Value keysPad, Value values, Value out,
-    Value batch, Value rows, Value keys, Value depth,
-    std::function<Value(CK &, Value, Value, Value, Value)> logits,
+    CpuKernelBuilder &k, Value q, Value keysT, Value keysPad, Value values,
+    Value out, Value batch, Value rows, Value keys, Value depth,
+    std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)> logits,
     bool causal) {
   Value width = k.dim(values, 2);
   Value widthPad = roundUp(k, width, kLanes);
@@ -68,22 +69,23 @@ FlashSpec mlir::moe::cpu::flashSpec(
                    causal,    kQueryTilesPerBlock, std::move(logits)};
 }
 
-void mlir::moe::cpu::workersIfLarge(CK &k, const KernelOptions &opts, Value numItems,
-                    Value work,
-                    function_ref<void(Value item, Value worker)> body) {
+void mlir::moe::cpu::workersIfLarge(
+    CpuKernelBuilder &k, const KernelOptions &opts, Value numItems, Value work,
+    function_ref<void(Value item, Value worker)> body) {
   Value small = k.cmpi(arith::CmpIPredicate::ult, work, k.idx(kInlineWork));
   k.workers(opts, numItems, body, small);
 }
 
-mlir::moe::cpu::RowBlocks mlir::moe::cpu::rowBlocks(CK &k, Value batch,
-                                                    Value rows,
+mlir::moe::cpu::RowBlocks mlir::moe::cpu::rowBlocks(CpuKernelBuilder &k,
+                                                    Value batch, Value rows,
                                                     int64_t tilesPerBlock) {
   Value tiles = k.ceilDiv(rows, k.idx(kQueryTile));
   Value blocks = k.ceilDiv(tiles, k.idx(tilesPerBlock));
   return {rows, tiles, blocks, k.mul(batch, blocks), tilesPerBlock};
 }
 
-mlir::moe::cpu::RowBlock mlir::moe::cpu::rowBlock(CK &k, Value item,
+mlir::moe::cpu::RowBlock mlir::moe::cpu::rowBlock(CpuKernelBuilder &k,
+                                                  Value item,
                                                   const RowBlocks &blocks) {
   const int64_t QB = blocks.tilesPerBlock;
   Value c1 = k.idx(1);
@@ -98,11 +100,11 @@ mlir::moe::cpu::RowBlock mlir::moe::cpu::rowBlock(CK &k, Value item,
   return blk;
 }
 
-Value mlir::moe::cpu::RowBlock::firstRow(CK &k, Value qt) const {
+Value mlir::moe::cpu::RowBlock::firstRow(CpuKernelBuilder &k, Value qt) const {
   return k.mul(k.add(t0, qt), k.idx(kQueryTile));
 }
 
-mlir::moe::cpu::RowTile mlir::moe::cpu::RowBlock::tile(CK &k,
+mlir::moe::cpu::RowTile mlir::moe::cpu::RowBlock::tile(CpuKernelBuilder &k,
                                                        Value qt) const {
   RowTile t;
   t.i0 = firstRow(k, qt);
@@ -112,7 +114,7 @@ mlir::moe::cpu::RowTile mlir::moe::cpu::RowBlock::tile(CK &k,
   return t;
 }
 
-void mlir::moe::cpu::zeroRows(CK &k, Value buf, Value chunks) {
+void mlir::moe::cpu::zeroRows(CpuKernelBuilder &k, Value buf, Value chunks) {
   Value zeros = k.constLike(k.vf32(), 0.0);
   k.forLoop(k.idx(0), chunks, k.idx(1), [&](Value c) {
     for (int64_t r = 0; r < kQueryTile; ++r)
@@ -161,12 +163,10 @@ static SmallVector<DotBlock> dotBlocks(int64_t rows, int64_t vectors,
   return blocks;
 }
 
-mlir::moe::cpu::DotTile mlir::moe::cpu::dotTile(CK &k,
-                                                const KernelOptions &opts,
-                                                Value q, Value keysT, Value b,
-                                                ArrayRef<Value> rowIdx,
-                                                Value jt, Value depth,
-                                                Value dotBuf, bool inBuffer) {
+mlir::moe::cpu::DotTile
+mlir::moe::cpu::dotTile(CpuKernelBuilder &k, const KernelOptions &opts, Value q,
+                        Value keysT, Value b, ArrayRef<Value> rowIdx, Value jt,
+                        Value depth, Value dotBuf, bool inBuffer) {
   // The micro-kernel computes in the target's registers (L lanes) over blocks
   // of G rows x W key vectors, one depth loop per block.
   const int64_t L = std::min<int64_t>(opts.lanes(), kLanes);
@@ -230,11 +230,11 @@ Value mlir::moe::cpu::DotTile::at(int64_t r, int64_t v) const {
   return k->vload(buf, {k->idx(r), k->idx(v * kLanes)});
 }
 
-void mlir::moe::cpu::accumulateTile(CK &k, const KernelOptions &opts,
-                                    Value accBuf, Value pBuf, Value values,
-                                    Value b, Value j0, Value widthChunks,
-                                    ArrayRef<Value> alpha, Value logitBuf,
-                                    Value guarded) {
+void mlir::moe::cpu::accumulateTile(CpuKernelBuilder &k,
+                                    const KernelOptions &opts, Value accBuf,
+                                    Value pBuf, Value values, Value b, Value j0,
+                                    Value widthChunks, ArrayRef<Value> alpha,
+                                    Value logitBuf, Value guarded) {
   Type f32 = k.f32();
   Value c0 = k.idx(0), c1 = k.idx(1);
   int64_t rows = cast<MemRefType>(pBuf.getType()).getDimSize(0);
@@ -304,8 +304,8 @@ void mlir::moe::cpu::accumulateTile(CK &k, const KernelOptions &opts,
     k.forLoop(whole, chunks, c1, [&](Value c) { step(c, 1); });
 }
 
-Value mlir::moe::cpu::packKeysT(CK &k, const KernelOptions &opts, Value x,
-                                Value batch, Value rows, Value depth) {
+Value mlir::moe::cpu::packKeysT(CpuKernelBuilder &k, const KernelOptions &opts,
+                                Value x, Value batch, Value rows, Value depth) {
   Value c0 = k.idx(0), c1 = k.idx(1);
   Value keyTiles = k.ceilDiv(rows, k.idx(kKeyTile));
   Value keysT = k.alloc(MemRefType::get({kDyn, kDyn, kDyn, kKeyTile}, k.f32()),
@@ -360,8 +360,8 @@ Value mlir::moe::cpu::packKeysT(CK &k, const KernelOptions &opts, Value x,
   return keysT;
 }
 
-Value mlir::moe::cpu::keyValidity(CK &k, Value mask, Value batch, Value rows,
-                                  Value keysPad) {
+Value mlir::moe::cpu::keyValidity(CpuKernelBuilder &k, Value mask, Value batch,
+                                  Value rows, Value keysPad) {
   Value c0 = k.idx(0), c1 = k.idx(1);
   Value valid = k.alloc(MemRefType::get({kDyn, kDyn}, k.f32()),
                         {batch, keysPad});
@@ -379,7 +379,8 @@ Value mlir::moe::cpu::keyValidity(CK &k, Value mask, Value batch, Value rows,
 }
 
 void mlir::moe::cpu::forEachRowChunk(
-    CK &k, const KernelOptions &opts, Value batch, Value rows, Value width,
+    CpuKernelBuilder &k, const KernelOptions &opts, Value batch, Value rows,
+    Value width,
     function_ref<void(Value b, Value i, Value col, Value count)> body) {
   Value chunks = k.ceilDiv(width, k.idx(kLanes));
   k.workers(opts, k.mul(batch, rows), [&](Value item, Value) {
@@ -391,10 +392,10 @@ void mlir::moe::cpu::forEachRowChunk(
   });
 }
 
-Value mlir::moe::cpu::projectRows(CK &k, const KernelOptions &opts, Value x,
-                                  Value w, Value batch, Value rows,
-                                  Value depth, Value outWidth, Value init,
-                                  Value out) {
+Value mlir::moe::cpu::projectRows(CpuKernelBuilder &k,
+                                  const KernelOptions &opts, Value x, Value w,
+                                  Value batch, Value rows, Value depth,
+                                  Value outWidth, Value init, Value out) {
   Value c0 = k.idx(0), c1 = k.idx(1);
   if (!out)
     out = k.alloc(MemRefType::get({kDyn, kDyn, kDyn}, k.f32()),
@@ -416,9 +417,9 @@ Value mlir::moe::cpu::projectRows(CK &k, const KernelOptions &opts, Value x,
   return out;
 }
 
-std::function<Value(CK &, Value, Value, Value, Value)>
+std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)>
 mlir::moe::cpu::scaledMaskedLogits(Value keyValid, bool causal, float scale) {
-  return [=](CK &kk, Value dot, Value bi, Value i, Value j0) {
+  return [=](CpuKernelBuilder &kk, Value dot, Value bi, Value i, Value j0) {
     Value x = kk.fdiv(dot, kk.constLike(kk.vf32(), scale));
     Value valid;
     if (keyValid)
@@ -436,7 +437,8 @@ mlir::moe::cpu::scaledMaskedLogits(Value keyValid, bool causal, float scale) {
   };
 }
 
-void mlir::moe::cpu::emitFlashMix(CK &k, const KernelOptions &opts,
+void mlir::moe::cpu::emitFlashMix(CpuKernelBuilder &k,
+                                  const KernelOptions &opts,
                                   const FlashSpec &s) {
   constexpr int64_t TQ = kQueryTile, TK = kKeyTile, KV = TK / kLanes;
   const int64_t QB = s.tilesPerBlock;

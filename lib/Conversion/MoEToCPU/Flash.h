@@ -17,7 +17,7 @@
 //    K-wide accumulator per tile, vectorized exp);
 //  * PV: acc[r, :] += p[r, j] · v[j, :], vector<16> over the value width K.
 // Extra memory: the packed keys and values (O(Nk·(D+K))) and per-worker
-// scratch of a few KB, never O(N·Nk).
+// scratch of a few GpuKernelBuilder, never O(N·Nk).
 //
 // Excluded keys never reach the accumulator: when some value is non-finite
 // (0 · inf = NaN) the blocks that hold an excluded key take a guarded PV loop
@@ -72,7 +72,9 @@ struct FlashSpec {
   /// The logits of 16 keys [j0, j0 + 16) of query row `i` from their dot
   /// products (vector<16xf32>); -inf for an excluded key. Must exclude the
   /// padding keys j >= Nk.
-  std::function<Value(CK &, Value dot, Value b, Value i, Value j0)> logits;
+  std::function<Value(CpuKernelBuilder &, Value dot, Value b, Value i,
+                      Value j0)>
+      logits;
 };
 
 /// The FlashSpec of the mix of `values` [B, Nk, K] (any float; packed here by
@@ -80,27 +82,28 @@ struct FlashSpec {
 /// [B, N, K] f32, for the queries `q` [B, N, D] against the packed keys
 /// `keysT` (packKeysT layout, keysPad = roundUp(Nk, kKeyTile)) with the logit
 /// epilogue `logits`; `lse` is left unset.
-FlashSpec
-flashSpec(CK &k, Value q, Value keysT, Value keysPad, Value values, Value out,
-          Value batch, Value rows, Value keys, Value depth,
-          std::function<Value(CK &, Value, Value, Value, Value)> logits,
-          bool causal = false);
+FlashSpec flashSpec(
+    CpuKernelBuilder &k, Value q, Value keysT, Value keysPad, Value values,
+    Value out, Value batch, Value rows, Value keys, Value depth,
+    std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)> logits,
+    bool causal = false);
 
 /// Below this many multiply-adds a kernel stage runs on the calling thread:
 /// waking the thread pool costs more than the work (decode sizes).
 constexpr int64_t kInlineWork = int64_t(1) << 20;
 
-/// CK::workers over `numItems`, on the calling thread when `work` (an index:
-/// about the multiply-adds of all items) is below kInlineWork, and on the
-/// workers otherwise, however few the items (CK::workers by itself decides on
-/// the item count).
-void workersIfLarge(CK &k, const KernelOptions &opts, Value numItems,
-                    Value work,
+/// CpuKernelBuilder::workers over `numItems`, on the calling thread when `work`
+/// (an index: about the multiply-adds of all items) is below kInlineWork, and
+/// on the workers otherwise, however few the items (CpuKernelBuilder::workers
+/// by itself decides on the item count).
+void workersIfLarge(CpuKernelBuilder &k, const KernelOptions &opts,
+                    Value numItems, Value work,
                     function_ref<void(Value item, Value worker)> body);
 
 /// Emits the kernel (workers over the B x ceil(N / kQueryTile) query tiles,
 /// on the calling thread when the whole mix is small).
-void emitFlashMix(CK &k, const KernelOptions &opts, const FlashSpec &spec);
+void emitFlashMix(CpuKernelBuilder &k, const KernelOptions &opts,
+                  const FlashSpec &spec);
 
 /// The tiles of the mixing backward (FlashGrad.cpp), the transposed
 /// counterpart of emitFlashMix: rows (kQueryTile per parallel item) against
@@ -135,9 +138,9 @@ struct FlashGradSpec {
   /// {S, dX} of row `r` and the 16 columns [c0, c0 + 16) from the dot vectors
   /// (gDotT null without cotangentT); both must be 0 for excluded and padding
   /// columns.
-  std::function<std::pair<Value, Value>(CK &, Value sDot, Value gDot,
-                                        Value gDotT, Value b, Value r,
-                                        Value c0)>
+  std::function<std::pair<Value, Value>(CpuKernelBuilder &, Value sDot,
+                                        Value gDot, Value gDotT, Value b,
+                                        Value r, Value c0)>
       weights;
   struct Accumulator {
     /// [B, Cpad, Wp] f32 from packValues (Cpad = roundUp(cols, kKeyTile)).
@@ -153,7 +156,8 @@ struct FlashGradSpec {
 
 /// Emits the backward tiles (workers over the B x ceil(R / kQueryTile) row
 /// tiles).
-void emitFlashGrad(CK &k, const KernelOptions &opts, const FlashGradSpec &spec);
+void emitFlashGrad(CpuKernelBuilder &k, const KernelOptions &opts,
+                   const FlashGradSpec &spec);
 
 /// The per-row inputs of a FlashGradSpec's weights, [B, rowsPad] f32 each
 /// (padded for the vector loads of the column-major pass): lse' = the row's
@@ -164,8 +168,8 @@ void emitFlashGrad(CK &k, const KernelOptions &opts, const FlashGradSpec &spec);
 struct GradRowStats {
   Value lse, delta;
 };
-GradRowStats gradRowStats(CK &k, Value lse, Value p, Value dp, Value batch,
-                          Value rows, Value width, Value widthPad,
+GradRowStats gradRowStats(CpuKernelBuilder &k, Value lse, Value p, Value dp,
+                          Value batch, Value rows, Value width, Value widthPad,
                           Value rowsPad);
 
 // Building blocks shared by the forward and backward kernels.
@@ -179,7 +183,7 @@ struct RowBlocks {
   Value rows, tilesPerBatch, blocksPerBatch, items;
   int64_t tilesPerBlock;
 };
-RowBlocks rowBlocks(CK &k, Value batch, Value rows,
+RowBlocks rowBlocks(CpuKernelBuilder &k, Value batch, Value rows,
                     int64_t tilesPerBlock = kQueryTilesPerBlock);
 /// A row tile: its first row `i0` and kQueryTile row indices, where rows past
 /// the end repeat the last row (computed, never stored).
@@ -193,13 +197,13 @@ struct RowBlock {
   Value b, t0, count, lastRow;
   Value rows; // of the batch element
   /// The first row of tile qt (< count) of the block.
-  Value firstRow(CK &k, Value qt) const;
+  Value firstRow(CpuKernelBuilder &k, Value qt) const;
   /// Tile qt (< count) of the block.
-  RowTile tile(CK &k, Value qt) const;
+  RowTile tile(CpuKernelBuilder &k, Value qt) const;
 };
-RowBlock rowBlock(CK &k, Value item, const RowBlocks &blocks);
+RowBlock rowBlock(CpuKernelBuilder &k, Value item, const RowBlocks &blocks);
 /// Zeros the kQueryTile rows of `chunks` kLanes-vectors of `buf`.
-void zeroRows(CK &k, Value buf, Value chunks);
+void zeroRows(CpuKernelBuilder &k, Value buf, Value chunks);
 
 /// The kQueryTile x kKeyTile dot products of a tile (dotTile): in registers
 /// when they fit the target's (AVX-512), else in a [kQueryTile, kKeyTile] f32
@@ -207,7 +211,7 @@ void zeroRows(CK &k, Value buf, Value chunks);
 struct DotTile {
   /// The kLanes-wide vector of dots of row r, keys [v·kLanes, (v+1)·kLanes).
   Value at(int64_t r, int64_t v) const;
-  CK *k = nullptr;
+  CpuKernelBuilder *k = nullptr;
   SmallVector<Value> dots; // in registers: row-major, kKeyTile / kLanes a row
   Value buf;               // else the buffer
 };
@@ -217,53 +221,57 @@ struct DotTile {
 /// f32) receives them when they do not fit the registers, or always with
 /// `inBuffer` (a tile read while two others hold the registers); a caller may
 /// overwrite a row of it once it has read that row's dots.
-DotTile dotTile(CK &k, const KernelOptions &opts, Value q, Value keysT,
-                Value b, ArrayRef<Value> rowIdx, Value jt, Value depth,
-                Value dotBuf, bool inBuffer = false);
+DotTile dotTile(CpuKernelBuilder &k, const KernelOptions &opts, Value q,
+                Value keysT, Value b, ArrayRef<Value> rowIdx, Value jt,
+                Value depth, Value dotBuf, bool inBuffer = false);
 /// accBuf[r, :] = accBuf[r, :] · alpha[r] + Σ_j pBuf[r, j] · values[b, j0 + j,
 /// :] over the widthChunks 16-lane chunks (alpha empty: 1), in vectors of the
 /// target's width (opts.lanes()). With `logitBuf`,
 /// when `guarded` is true the entries whose logit is -inf are skipped (a
 /// non-finite value times a zero weight must not reach the sum).
-void accumulateTile(CK &k, const KernelOptions &opts, Value accBuf,
-                    Value pBuf, Value values, Value b, Value j0,
+void accumulateTile(CpuKernelBuilder &k, const KernelOptions &opts,
+                    Value accBuf, Value pBuf, Value values, Value b, Value j0,
                     Value widthChunks, ArrayRef<Value> alpha,
                     Value logitBuf = {}, Value guarded = {});
 /// x [B, N, D] (any float) packed transposed in key tiles: [B, ceil(N /
 /// kKeyTile), D, kKeyTile] f32, zero padding (the keysT of FlashSpec).
-Value packKeysT(CK &k, const KernelOptions &opts, Value x, Value batch,
-                Value rows, Value depth);
+Value packKeysT(CpuKernelBuilder &k, const KernelOptions &opts, Value x,
+                Value batch, Value rows, Value depth);
 /// [B, keysPad] f32: 1 where key j < rows is valid (and mask[b, j], an
 /// optional [B, N] i1), else 0.
-Value keyValidity(CK &k, Value mask, Value batch, Value rows, Value keysPad);
+Value keyValidity(CpuKernelBuilder &k, Value mask, Value batch, Value rows,
+                  Value keysPad);
 /// Runs `body(b, i, col, count)` for every row (b, i) of a [batch, rows,
 /// width] array (workers over the rows) and every kLanes-chunk of it: `col`
 /// its first column, `count` = width - col the lanes inside (for masked
 /// loads and stores).
 void forEachRowChunk(
-    CK &k, const KernelOptions &opts, Value batch, Value rows, Value width,
+    CpuKernelBuilder &k, const KernelOptions &opts, Value batch, Value rows,
+    Value width,
     function_ref<void(Value b, Value i, Value col, Value count)> body);
 /// init + x · w for x [B, N, D] (any float), w [D, W] (any float), init an
 /// optional [B, N, W] f32: written into `out` ([B, N, W] f32; may be init),
 /// or when `out` is null into a new buffer; returns it (vector over W).
-Value projectRows(CK &k, const KernelOptions &opts, Value x, Value w,
-                  Value batch, Value rows, Value depth, Value outWidth,
+Value projectRows(CpuKernelBuilder &k, const KernelOptions &opts, Value x,
+                  Value w, Value batch, Value rows, Value depth, Value outWidth,
                   Value init = {}, Value out = {});
 /// The logit epilogue dot / scale, -inf where keyValid (optional, [B, Npad]
 /// f32) is 0 or, with `causal`, where the key comes after the row.
-std::function<Value(CK &, Value, Value, Value, Value)>
+std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)>
 scaledMaskedLogits(Value keyValid, bool causal, float scale);
 
 /// Packs values [B, Nk, K] (any float) into [B, Npad, Kp] f32 with zero
 /// padding; returns {packed, an f32 that is NaN iff some value is non-finite}.
-std::pair<Value, Value> packValues(CK &k, Value values, Value batch, Value keys,
-                                   Value width, Value keysPad, Value widthPad);
+std::pair<Value, Value> packValues(CpuKernelBuilder &k, Value values,
+                                   Value batch, Value keys, Value width,
+                                   Value keysPad, Value widthPad);
 
 // Attention-Inform (AttentionPosterior.cpp), shared by the forward and the
 // backward kernel.
 
 /// head_scale when set (`scale`), else the number of heads H (an index).
-Value headScaleValue(CK &k, std::optional<double> scale, Value heads);
+Value headScaleValue(CpuKernelBuilder &k, std::optional<double> scale,
+                     Value heads);
 struct HeadMeans {
   /// m[b,j,:] = scale · v[b,h,j,:] · wo[:, h·Dh:(h+1)·Dh]^T of the head
   /// h = head[b] (i32 [B]) in the keysT layout of FlashSpec (zero padding).
@@ -272,13 +280,13 @@ struct HeadMeans {
   Value norm2;
   Value keysPad; // roundUp(Nk, kKeyTile)
 };
-HeadMeans packHeadMeans(CK &k, const KernelOptions &opts, Value v, Value wo,
-                        Value head, Value scale, Value batch, Value keys,
-                        Value model, Value headDim);
+HeadMeans packHeadMeans(CpuKernelBuilder &k, const KernelOptions &opts, Value v,
+                        Value wo, Value head, Value scale, Value batch,
+                        Value keys, Value model, Value headDim);
 /// The posterior logit epilogue of FlashSpec (q = u, keys m):
 /// (s + <u_i,m_j>/σ²) − ‖m_j‖²/(2σ²) with s = scores[b, head[b], i, j],
 /// -inf where s = -inf and for the padding keys j >= keys.
-std::function<Value(CK &, Value, Value, Value, Value)>
+std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)>
 posteriorLogits(Value scores, Value head, Value norm2, Value keys,
                 float sigma2);
 

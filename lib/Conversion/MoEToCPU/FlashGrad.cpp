@@ -30,7 +30,8 @@ using namespace mlir::moe::cpu;
 /// columns).
 static constexpr int64_t kFoldTiles = 16;
 
-void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
+void mlir::moe::cpu::emitFlashGrad(CpuKernelBuilder &k,
+                                   const KernelOptions &opts,
                                    const FlashGradSpec &s) {
   constexpr int64_t TQ = kQueryTile, TK = kKeyTile, KV = TK / kLanes;
   constexpr int64_t QB = kQueryTilesPerBlock;
@@ -190,9 +191,9 @@ void mlir::moe::cpu::emitFlashGrad(CK &k, const KernelOptions &opts,
 }
 
 mlir::moe::cpu::GradRowStats
-mlir::moe::cpu::gradRowStats(CK &k, Value lse, Value p, Value dp, Value batch,
-                             Value rows, Value width, Value widthPad,
-                             Value rowsPad) {
+mlir::moe::cpu::gradRowStats(CpuKernelBuilder &k, Value lse, Value p, Value dp,
+                             Value batch, Value rows, Value width,
+                             Value widthPad, Value rowsPad) {
   Type f32 = k.f32();
   Value c0 = k.idx(0), c1 = k.idx(1);
   Value lseRow = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, rowsPad});

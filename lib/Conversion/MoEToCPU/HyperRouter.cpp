@@ -12,13 +12,11 @@
 // is the portable one. The GEMV (hyperAffine) is also the backward kernel's
 // recomputation of the hidden layer (HyperRouterGrad.cpp).
 //
-// Measured (AMD EPYC, execution API, Dh = 256, D = 1024, E = 64: 67 MB of
-// w2): eight rows interleaved (eight 1 KiB streams a step, one accumulator
-// each) read 10.8 GB/s on one thread, 11-12 with software prefetch; row by
-// row (one sequential stream) 28.7 GB/s, above torch's own x.sum() (24.5).
-// A matrix of at most 1 MiB (the decode case D = 64, E = 8: 0.5 MiB) runs as
-// at most four blocks, which the workers run on the calling thread (it is in
-// cache; waking the pool cost more than the product).
+// Rows in memory order (one sequential stream) because interleaved rows read
+// w2 at less than half the bandwidth (docs/CPU.md, "Measurements"). A matrix
+// of at most 1 MiB (the decode case D = 64, E = 8: 0.5 MiB) runs as at most
+// four blocks, which the workers run on the calling thread (it is in cache;
+// waking the pool cost more than the product).
 //
 //===----------------------------------------------------------------------===//
 
@@ -49,7 +47,7 @@ int64_t rowsPerStep(const KernelOptions &opts) {
 struct HyperRouterKernel : KernelPattern<HyperRouterOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(HyperRouterOp op, CK &k,
+  LogicalResult emit(HyperRouterOp op, CpuKernelBuilder &k,
                      PatternRewriter &rw) const override {
     // The kernel computes the flat output vector [rows of w2] f32;
     // finishHyperRouter shapes it into the op's result.
@@ -70,19 +68,19 @@ struct HyperRouterKernel : KernelPattern<HyperRouterOp> {
 };
 } // namespace
 
-Value hyperAffine(CK &k, const KernelOptions &opts, Value m, Value x,
-                  Value bias, bool relu, Value y) {
+Value hyperAffine(CpuKernelBuilder &k, const KernelOptions &opts, Value m,
+                  Value x, Value bias, bool relu, Value y) {
   Value c1 = k.idx(1);
   Value rows = k.dim(m, 0), cols = k.dim(m, 1);
   int64_t staticRows = cast<MemRefType>(m.getType()).getDimSize(0);
   if (!y)
     y = k.alloc(MemRefType::get({staticRows}, k.f32()),
-                CK::dynamicSizes({staticRows}, {rows}));
+                CpuKernelBuilder::dynamicSizes({staticRows}, {rows}));
   Value small = k.cmpi(arith::CmpIPredicate::ule, k.mul(rows, cols),
                        k.idx(kHyperInlineElements));
-  Value rowsPerItem =
-      k.select(small, k.maxs(k.ceilDiv(rows, k.idx(CK::kInlineItems)), c1),
-               k.idx(kRowsPerItem));
+  Value rowsPerItem = k.select(
+      small, k.maxs(k.ceilDiv(rows, k.idx(CpuKernelBuilder::kInlineItems)), c1),
+      k.idx(kRowsPerItem));
   // A chunk of a row is one vector: loaded whole, or masked for the tail.
   kernels::GemvLayout layout;
   layout.span = k.lanes();

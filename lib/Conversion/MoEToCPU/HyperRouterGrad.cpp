@@ -47,8 +47,8 @@ constexpr int64_t kMaxBlocks = 64;
 /// m ([R, C], any float) in memory order: dm[r, :] = dy[r] · x when `dm` is
 /// set (dy [R] f32, x [C] any float); returns dx = m^T · dy ([C] f32), in
 /// `dx` when set, else in a new buffer.
-Value layerBackward(CK &k, const KernelOptions &opts, Value m, Value dy,
-                    Value x, Value dm, Value dx = {}) {
+Value layerBackward(CpuKernelBuilder &k, const KernelOptions &opts, Value m,
+                    Value dy, Value x, Value dm, Value dx = {}) {
   Value c0 = k.idx(0), c1 = k.idx(1);
   int64_t lanes = k.lanes();
   Value rows = k.dim(m, 0), cols = k.dim(m, 1);
@@ -63,7 +63,7 @@ Value layerBackward(CK &k, const KernelOptions &opts, Value m, Value dy,
   Value small = k.cmpi(arith::CmpIPredicate::ule, k.mul(rows, cols),
                        k.idx(kHyperInlineElements));
   Value blocks = k.select(
-      small, k.mins(rows, k.idx(CK::kInlineItems)),
+      small, k.mins(rows, k.idx(CpuKernelBuilder::kInlineItems)),
       k.mins(k.ceilDiv(rows, k.idx(kMinBlockRows)), k.idx(kMaxBlocks)));
   Value blockRows = k.ceilDiv(rows, k.maxs(blocks, c1));
   // One partial m^T · dy per block, padded to whole vectors.
@@ -106,7 +106,7 @@ Value layerBackward(CK &k, const KernelOptions &opts, Value m, Value dy,
   int64_t staticCols = cast<MemRefType>(m.getType()).getDimSize(1);
   if (!dx)
     dx = k.alloc(MemRefType::get({staticCols}, k.f32()),
-                 CK::dynamicSizes({staticCols}, {cols}));
+                 CpuKernelBuilder::dynamicSizes({staticCols}, {cols}));
   auto reduceAt = [&](Value col, bool whole) {
     Value s = k.forLoop(c0, blocks, c1, ValueRange{zeros},
                         [&](Value blk, ValueRange acc) -> SmallVector<Value> {
@@ -123,7 +123,7 @@ Value layerBackward(CK &k, const KernelOptions &opts, Value m, Value dy,
 struct HyperRouterGradKernel : KernelPattern<HyperRouterGradOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(HyperRouterGradOp op, CK &k,
+  LogicalResult emit(HyperRouterGradOp op, CpuKernelBuilder &k,
                      PatternRewriter &rw) const override {
     if (hasStaticZeroSize(op))
       return rw.notifyMatchFailure(op, "a static zero-sized dimension");

@@ -24,12 +24,12 @@ using namespace mlir::moe::cpu;
 // Constants
 //===----------------------------------------------------------------------===//
 
-Value CK::splat(Value scalar, int64_t n) {
+Value CpuKernelBuilder::splat(Value scalar, int64_t n) {
   return vector::BroadcastOp::create(b, VectorType::get({n}, scalar.getType()),
                                      scalar);
 }
 
-Value CK::iota(Value base, int64_t n) {
+Value CpuKernelBuilder::iota(Value base, int64_t n) {
   Type elt = base.getType();
   auto vt = VectorType::get({n}, elt);
   SmallVector<Attribute> lanes;
@@ -40,11 +40,11 @@ Value CK::iota(Value base, int64_t n) {
   return add(splat(base, n), steps);
 }
 
-Value CK::shuffle(Value a, Value c, ArrayRef<int64_t> mask) {
+Value CpuKernelBuilder::shuffle(Value a, Value c, ArrayRef<int64_t> mask) {
   return vector::ShuffleOp::create(b, a, c, mask);
 }
 
-Value CK::concat(ArrayRef<Value> parts) {
+Value CpuKernelBuilder::concat(ArrayRef<Value> parts) {
   assert(llvm::isPowerOf2_64(parts.size()) && "concat of 2^n parts");
   SmallVector<Value> level(parts);
   while (level.size() > 1) {
@@ -62,7 +62,7 @@ Value CK::concat(ArrayRef<Value> parts) {
 // Arithmetic
 //===----------------------------------------------------------------------===//
 
-Value CK::exp(Value x) {
+Value CpuKernelBuilder::exp(Value x) {
   Type t = x.getType();
   Type intType = b.getI32Type();
   if (auto vt = dyn_cast<VectorType>(t))
@@ -100,7 +100,7 @@ Value CK::exp(Value x) {
   return select(isNaN(x), x, result);
 }
 
-Value CK::softmaxWeight(Value d) {
+Value CpuKernelBuilder::softmaxWeight(Value d) {
   Type type = d.getType();
   Value floor = constLike(type, -87.0);
   Value tiny = cmpf(arith::CmpFPredicate::OLT, d, floor);
@@ -109,7 +109,7 @@ Value CK::softmaxWeight(Value d) {
   return select(tiny, constLike(type, 0.0), exp(select(tiny, floor, d)));
 }
 
-Value CK::flushSubnormal(Value x) {
+Value CpuKernelBuilder::flushSubnormal(Value x) {
   Type type = x.getType();
   Value tiny = cmpf(arith::CmpFPredicate::OLT, fabs(x),
                     constLike(type, std::numeric_limits<float>::min()));
@@ -120,19 +120,19 @@ Value CK::flushSubnormal(Value x) {
 // Reductions
 //===----------------------------------------------------------------------===//
 
-Value CK::sum(Value v) {
+Value CpuKernelBuilder::sum(Value v) {
   // Reassociation lets LLVM reduce as a tree; the tree is fixed at compile
   // time, so the result is still deterministic.
   return vector::ReductionOp::create(b, vector::CombiningKind::ADD, v,
                                      arith::FastMathFlags::reassoc);
 }
-Value CK::maxf(Value v) {
+Value CpuKernelBuilder::maxf(Value v) {
   return vector::ReductionOp::create(b, vector::CombiningKind::MAXIMUMF, v);
 }
-Value CK::maxsi(Value v) {
+Value CpuKernelBuilder::maxsi(Value v) {
   return vector::ReductionOp::create(b, vector::CombiningKind::MAXSI, v);
 }
-Value CK::anyTrue(Value v) {
+Value CpuKernelBuilder::anyTrue(Value v) {
   return vector::ReductionOp::create(b, vector::CombiningKind::OR, v);
 }
 
@@ -144,7 +144,7 @@ static Type memrefElement(Value memref) {
   return cast<MemRefType>(memref.getType()).getElementType();
 }
 
-Value CK::vload(Value memref, ValueRange indices, int64_t n) {
+Value CpuKernelBuilder::vload(Value memref, ValueRange indices, int64_t n) {
   n = n ? n : lanes_;
   Type elt = memrefElement(memref);
   Value v =
@@ -154,8 +154,8 @@ Value CK::vload(Value memref, ValueRange indices, int64_t n) {
   return v;
 }
 
-Value CK::vloadMasked(Value memref, ValueRange indices, Value count, double pad,
-                      int64_t n) {
+Value CpuKernelBuilder::vloadMasked(Value memref, ValueRange indices,
+                                    Value count, double pad, int64_t n) {
   n = n ? n : lanes_;
   Type elt = memrefElement(memref);
   auto vt = VectorType::get({n}, elt);
@@ -168,32 +168,33 @@ Value CK::vloadMasked(Value memref, ValueRange indices, Value count, double pad,
   return v;
 }
 
-void CK::vstore(Value v, Value memref, ValueRange indices) {
+void CpuKernelBuilder::vstore(Value v, Value memref, ValueRange indices) {
   vector::StoreOp::create(b, v, memref, indices);
 }
 
-void CK::vstoreMasked(Value v, Value memref, ValueRange indices, Value count) {
+void CpuKernelBuilder::vstoreMasked(Value v, Value memref, ValueRange indices,
+                                    Value count) {
   int64_t n = cast<VectorType>(v.getType()).getNumElements();
   Value mask = vector::CreateMaskOp::create(
       b, VectorType::get({n}, b.getI1Type()), ValueRange{count});
   vector::MaskedStoreOp::create(b, memref, indices, mask, v);
 }
 
-Value CK::vloadPart(bool full, Value memref, ValueRange indices, Value count,
-                    double pad, int64_t n) {
+Value CpuKernelBuilder::vloadPart(bool full, Value memref, ValueRange indices,
+                                  Value count, double pad, int64_t n) {
   return full ? vload(memref, indices, n)
               : vloadMasked(memref, indices, count, pad, n);
 }
 
-void CK::vstorePart(bool full, Value v, Value memref, ValueRange indices,
-                    Value count) {
+void CpuKernelBuilder::vstorePart(bool full, Value v, Value memref,
+                                  ValueRange indices, Value count) {
   if (full)
     vstore(v, memref, indices);
   else
     vstoreMasked(v, memref, indices, count);
 }
 
-void CK::splitFull(Value full, function_ref<void(bool)> body) {
+void CpuKernelBuilder::splitFull(Value full, function_ref<void(bool)> body) {
   scf::IfOp::create(
       b, full,
       [&](OpBuilder &nb, Location) {
@@ -214,9 +215,9 @@ void CK::splitFull(Value full, function_ref<void(bool)> body) {
 // Workers
 //===----------------------------------------------------------------------===//
 
-void CK::workers(const KernelOptions &opts, Value numItems,
-                 function_ref<void(Value item, Value worker)> body,
-                 Value runInline) {
+void CpuKernelBuilder::workers(
+    const KernelOptions &opts, Value numItems,
+    function_ref<void(Value item, Value worker)> body, Value runInline) {
   auto inline_ = [&] {
     Value w = idx(0);
     forLoop(idx(0), numItems, idx(1), [&](Value item) { body(item, w); });
@@ -260,8 +261,8 @@ void CK::workers(const KernelOptions &opts, Value numItems,
       });
 }
 
-Value CK::scratch(const KernelOptions &opts, MemRefType type,
-                  ValueRange dynamicSizes) {
+Value CpuKernelBuilder::scratch(const KernelOptions &opts, MemRefType type,
+                                ValueRange dynamicSizes) {
   SmallVector<int64_t> shape = {std::max<int64_t>(opts.numThreads, 1)};
   llvm::append_range(shape, type.getShape());
   return alloc(MemRefType::get(shape, type.getElementType()), dynamicSizes);
@@ -271,18 +272,19 @@ Value CK::scratch(const KernelOptions &opts, MemRefType type,
 // Buffers
 //===----------------------------------------------------------------------===//
 
-Value CK::buffer(Value tensor) {
+Value CpuKernelBuilder::buffer(Value tensor) {
   assert(inputs_ && inputs_->contains(tensor) &&
-         "CK::buffer of a tensor that is not an input of the kernel");
+         "CpuKernelBuilder::buffer of a tensor that is not an input of the "
+         "kernel");
   return inputs_->lookup(tensor);
 }
 
-Value CK::alloc(MemRefType type, ValueRange dynamicSizes) {
+Value CpuKernelBuilder::alloc(MemRefType type, ValueRange dynamicSizes) {
   return memref::AllocOp::create(b, type, dynamicSizes,
                                  b.getI64IntegerAttr(64));
 }
 
-Value CK::workerSlice(Value scratch, Value w) {
+Value CpuKernelBuilder::workerSlice(Value scratch, Value w) {
   auto type = cast<MemRefType>(scratch.getType());
   int64_t rank = type.getRank();
   SmallVector<OpFoldResult> offsets(rank, b.getIndexAttr(0));
@@ -299,7 +301,7 @@ Value CK::workerSlice(Value scratch, Value w) {
                                    offsets, sizes, strides);
 }
 
-SmallVector<Value> CK::sizes(Value shaped) {
+SmallVector<Value> CpuKernelBuilder::sizes(Value shaped) {
   auto type = cast<ShapedType>(shaped.getType());
   SmallVector<Value> result;
   for (int64_t d = 0; d < type.getRank(); ++d) {
@@ -317,7 +319,8 @@ SmallVector<Value> CK::sizes(Value shaped) {
 // The kernel op
 //===----------------------------------------------------------------------===//
 
-KernelScope::KernelScope(CK &k, ArrayRef<Value> ins, ArrayRef<Out> outs)
+KernelScope::KernelScope(CpuKernelBuilder &k, ArrayRef<Value> ins,
+                         ArrayRef<Out> outs)
     : k(k) {
   SmallVector<Value> uniqueIns;
   for (Value v : ins)
@@ -327,7 +330,7 @@ KernelScope::KernelScope(CK &k, ArrayRef<Value> ins, ArrayRef<Out> outs)
   for (const Out &o : outs) {
     auto type = cast<RankedTensorType>(o.type);
     dests.push_back(tensor::EmptyOp::create(
-        k.b, type, CK::dynamicSizes(type.getShape(), o.sizes)));
+        k.b, type, CpuKernelBuilder::dynamicSizes(type.getShape(), o.sizes)));
   }
   auto op = KernelOp::create(k.b, uniqueIns, dests);
   kernel = op;
@@ -347,7 +350,7 @@ KernelScope::outsOf(Operation *op, ArrayRef<SmallVector<Value>> sizes) {
   return outs;
 }
 
-KernelScope KernelScope::gradientsOf(CK &k, Operation *op,
+KernelScope KernelScope::gradientsOf(CpuKernelBuilder &k, Operation *op,
                                      ArrayRef<Value> params,
                                      ArrayRef<Value> others) {
   SmallVector<SmallVector<Value>> sizes;
@@ -374,8 +377,8 @@ void KernelScope::replace(RewriterBase &rw, Operation *op) {
   rw.replaceOp(op, finish());
 }
 
-SmallVector<Value> CK::dynamicSizes(ArrayRef<int64_t> shape,
-                                    ArrayRef<Value> sizes) {
+SmallVector<Value> CpuKernelBuilder::dynamicSizes(ArrayRef<int64_t> shape,
+                                                  ArrayRef<Value> sizes) {
   SmallVector<Value> dyn;
   for (auto [s, v] : llvm::zip(shape, sizes))
     if (ShapedType::isDynamic(s))
@@ -383,11 +386,10 @@ SmallVector<Value> CK::dynamicSizes(ArrayRef<int64_t> shape,
   return dyn;
 }
 
-Value mlir::moe::cpu::bestCandidateBelow(CK &k, Value cand, Value c0, Value c1,
-                                         Value prev,
+Value mlir::moe::cpu::bestCandidateBelow(CpuKernelBuilder &k, Value cand,
+                                         Value c0, Value c1, Value prev,
                                          function_ref<Value(Value)> laneMask) {
-  // (ordered key, index) candidates: i64, half as many lanes as f32.
-  const int64_t kCand = k.lanes() / 2;
+  const int64_t kCand = k.candidateLanes();
   Value none = kernels::noCandidate(k, VectorType::get({kCand}, k.i64()));
   Value prevV = k.splat(prev, kCand);
   Value best =
@@ -395,19 +397,19 @@ Value mlir::moe::cpu::bestCandidateBelow(CK &k, Value cand, Value c0, Value c1,
                 [&](Value c, ValueRange acc) -> SmallVector<Value> {
                   Value base = k.mul(c, k.idx(kCand));
                   Value v = k.vload(cand, {base}, kCand);
-                  Value ok = k.cmpi(arith::CmpIPredicate::slt, v, prevV);
-                  if (laneMask)
-                    ok = k.andI(ok, laneMask(base));
-                  return {k.maxs(acc[0], k.select(ok, v, none))};
+                  auto mask = [&] { return laneMask(base); };
+                  return {kernels::bestBelow(
+                      k, acc[0], v, prevV, none,
+                      laneMask ? function_ref<Value()>(mask) : nullptr)};
                 })[0];
   return k.maxsi(best);
 }
 
-Value mlir::moe::cpu::roundUp(CK &k, Value x, int64_t m) {
+Value mlir::moe::cpu::roundUp(CpuKernelBuilder &k, Value x, int64_t m) {
   return k.mul(k.ceilDiv(x, k.idx(m)), k.idx(m));
 }
 
-Value mlir::moe::cpu::collapseRows(CK &k, Value buffer) {
+Value mlir::moe::cpu::collapseRows(CpuKernelBuilder &k, Value buffer) {
   auto type = cast<MemRefType>(buffer.getType());
   int64_t rank = type.getRank();
   if (rank == 2)

@@ -3,14 +3,15 @@
 //
 // Part of the MoE-MLIR project.
 //
-// The kernels of convert-moe-to-cpu are written on memrefs with CK, the CPU
-// instance of the project's one kernel builder (MoE/Kernels/Builder.h: the
-// scalar-or-vector arithmetic, loads/stores and structured loops every target
-// shares) plus what is CPU-only: vector loads that widen f16/bf16 to f32, a
-// polynomial exp that vectorizes (math.exp on vectors becomes one libm call
-// per lane), vector reductions, and the worker loop that spreads independent
-// items (rows, row tiles, column blocks) over threads. Algorithms shared with
-// the GPU kernels (the top-k order and weights) live in MoE/Kernels.
+// The kernels of convert-moe-to-cpu are written on memrefs with
+// CpuKernelBuilder, the CPU instance of the project's one kernel builder
+// (MoE/Kernels/Builder.h: the scalar-or-vector arithmetic, loads/stores and
+// structured loops every target shares) plus what is CPU-only: vector loads
+// that widen f16/bf16 to f32, a polynomial exp that vectorizes (math.exp on
+// vectors becomes one libm call per lane), vector reductions, and the worker
+// loop that spreads independent items (rows, row tiles, column blocks) over
+// threads. Algorithms shared with the GPU kernels (the top-k order and weights)
+// live in MoE/Kernels.
 //
 // A kernel is built inside a `moe.kernel` (KernelScope): the op's tensor
 // operands it reads are the kernel's ins, its results are outs with
@@ -60,18 +61,24 @@ struct KernelOptions {
 /// The CPU instance of the kernel builder: kernels compute on vector lanes
 /// (vector<16xf32>, vector<8xi64>) over memrefs, and spread independent items
 /// over workers.
-class CK : public kernels::KernelBuilder {
+class CpuKernelBuilder : public kernels::KernelBuilder {
 public:
   /// A builder with kLanes lanes.
-  explicit CK(ImplicitLocOpBuilder &b) : kernels::KernelBuilder(b) {}
+  explicit CpuKernelBuilder(ImplicitLocOpBuilder &b)
+      : kernels::KernelBuilder(b) {}
   /// A builder with the lanes of the target of `opts` (8 on AVX2, 16 on
   /// AVX-512).
-  CK(ImplicitLocOpBuilder &b, const KernelOptions &opts)
+  CpuKernelBuilder(ImplicitLocOpBuilder &b, const KernelOptions &opts)
       : kernels::KernelBuilder(b), lanes_(opts.lanes()) {}
 
   /// f32 lanes of this builder's vectors: the default `n` of vf32, vload and
   /// vloadMasked (n = 0).
   int64_t lanes() const { return lanes_; }
+  /// Lanes of the packed (key, index) i64 candidates of the top-k kernels
+  /// (MoE/Kernels/TopK.h): half as many as f32, one register of them. The
+  /// candidate buffers a kernel lays out and bestCandidateBelow's chunks are
+  /// both this size.
+  int64_t candidateLanes() const { return lanes_ / 2; }
 
   VectorType vf32(int64_t n = 0) {
     return VectorType::get({n ? n : lanes_}, f32());
@@ -189,11 +196,15 @@ private:
   const IRMapping *inputs_ = nullptr;
 };
 
+/// The builder's former name, kept only while files of work in flight still
+/// spell it (remove once no file says `CK`).
+using CK = CpuKernelBuilder;
+
 /// The moe.kernel (MoEKernelOp.td) a pattern builds its kernel in. Opening
 /// one creates `moe.kernel ins(inputs) outs(tensor.empty ...)` at the
 /// builder's insertion point and moves the builder into the body, where
-/// CK::buffer gives the inputs' buffers and out() the results'; replace()
-/// leaves the body and replaces the op by the kernel's results.
+/// CpuKernelBuilder::buffer gives the inputs' buffers and out() the results';
+/// replace() leaves the body and replaces the op by the kernel's results.
 class KernelScope {
 public:
   /// A result: its tensor type and its sizes (index values made before the
@@ -203,7 +214,7 @@ public:
     SmallVector<Value> sizes;
   };
   /// `inputs`: the tensors the kernel reads (null ones are left out).
-  KernelScope(CK &k, ArrayRef<Value> inputs, ArrayRef<Out> outs);
+  KernelScope(CpuKernelBuilder &k, ArrayRef<Value> inputs, ArrayRef<Out> outs);
   /// Outs shaped like the results of `op` with the sizes `sizes` (one list
   /// per result).
   static SmallVector<Out> outsOf(Operation *op,
@@ -211,7 +222,8 @@ public:
   /// The kernel of a backward op whose result i is the gradient of
   /// params[i] (shaped like it): it reads `params`, then `others` (the
   /// cotangents and the other operands).
-  static KernelScope gradientsOf(CK &k, Operation *op, ArrayRef<Value> params,
+  static KernelScope gradientsOf(CpuKernelBuilder &k, Operation *op,
+                                 ArrayRef<Value> params,
                                  ArrayRef<Value> others);
   // Opened once: the builder has been moved into the body.
   KernelScope(const KernelScope &) = delete;
@@ -226,23 +238,27 @@ public:
   void replace(RewriterBase &rw, Operation *op);
 
 private:
-  CK &k;
+  CpuKernelBuilder &k;
   Operation *kernel;
   IRMapping inputs;
   OpBuilder::InsertPoint after;
 };
 
-/// One round of the top-k kernels: the largest packed i64 candidate (MoE/Kernels/TopK.h) of the vector<8xi64>
-/// chunks [c0, c1) of `cand` that ranks strictly below `prev` (i64), among the lanes `laneMask(base)` (an
-/// i1 vector of lanes()/2 for the chunk at element `base`; null: all lanes); noCandidate when there is none.
-Value bestCandidateBelow(CK &k, Value cand, Value c0, Value c1, Value prev,
+/// One round of the top-k kernels: the largest packed i64 candidate
+/// (MoE/Kernels/TopK.h: bestBelow) of the vector<candidateLanes() x i64> chunks
+/// [c0, c1) of `cand` that ranks strictly below `prev` (i64), among the lanes
+/// `laneMask(base)` (an i1 vector of candidateLanes() for the chunk at element
+/// `base`; null: all lanes); noCandidate when there is none. `cand` is laid out
+/// in chunks of k.candidateLanes().
+Value bestCandidateBelow(CpuKernelBuilder &k, Value cand, Value c0, Value c1,
+                         Value prev,
                          function_ref<Value(Value base)> laneMask = nullptr);
 
 /// Rounds `x` (index) up to a multiple of `m`.
-Value roundUp(CK &k, Value x, int64_t m);
+Value roundUp(CpuKernelBuilder &k, Value x, int64_t m);
 
 /// memref [d0, ..., d{n-2}, X] -> [d0 * ... * d{n-2}, X] (no-op for rank 2).
-Value collapseRows(CK &k, Value buffer);
+Value collapseRows(CpuKernelBuilder &k, Value buffer);
 
 } // namespace mlir::moe::cpu
 

@@ -27,7 +27,7 @@
 #include "Kernels.h"
 
 #include "../MoEToLinalg/Patterns.h"
-#include "../MoEToLinalg/Utils.h"
+#include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/SegmentedStats.h"
@@ -53,7 +53,7 @@ constexpr int64_t kInlineElements = 1 << 14;
 struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(MadDispersionOp op, CK &k,
+  LogicalResult emit(MadDispersionOp op, CpuKernelBuilder &k,
                      PatternRewriter &rw) const override {
     int64_t numExperts = op.getNumExperts();
     if (failed(checkIndexOperand(rw, op, op.getAssign(), numExperts,

@@ -37,22 +37,18 @@ namespace mlir::moe::cpu {
 using namespace kernels;
 
 namespace {
-constexpr int64_t kCandLanes = 8;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 /// One row's kernel (the steps of the file header).
 class RouteRow {
 public:
-  RouteRow(CK &k, RouteOp op, Value x, Value bias, Value w, Value idx)
-      : k(k), op(op), spec(routeSpecOf(op)), x(x), bias(bias), w(w),
-        idx(idx) {
-    topk = op.getK();
-    groups = op.getNGroup();
-    scoreFirst = op.getOrder() == RouteOrder::score_then_topk;
-    scoring = op.getScoring();
+  RouteRow(CpuKernelBuilder &k, const RouteSpec &spec, Value x, Value bias,
+           Value w, Value idx)
+      : k(k), spec(spec), x(x), bias(bias), w(w), idx(idx),
+        kCandLanes(k.candidateLanes()) {
     // Where the choice scores and the weights come from: the logits
     // themselves, or the scores computed in step 1.
-    fromLogits = !scoreFirst || scoring == RouteScoring::none;
+    fromLogits = spec.fromLogits();
     numExperts = k.dim(x, 1);
     numExpertsI32 = k.castInt(numExperts, k.i32());
     candType = VectorType::get({kCandLanes}, k.i64());
@@ -64,20 +60,19 @@ public:
     if (!fromLogits)
       emitScores(r, s);
     emitCandidates(r, s, cand);
-    if (groups > 1)
+    if (spec.groups > 1)
       emitGroups(cand, groupCand, groupKept);
     emitRounds(r, s, cand, sel);
     emitWeights(r, sel);
   }
 
 private:
-  CK &k;
-  RouteOp op;
-  RouteSpec spec;
+  CpuKernelBuilder &k;
+  const RouteSpec &spec;
   Value x, bias, w, idx;
-  int64_t topk, groups;
-  bool scoreFirst, fromLogits;
-  RouteScoring scoring;
+  /// Lanes of the candidate chunks (bestCandidateBelow's).
+  const int64_t kCandLanes;
+  bool fromLogits;
   Value numExperts, numExpertsI32, none;
   VectorType candType;
 
@@ -98,7 +93,7 @@ private:
   /// Step 1: s[0, E) = softmax(x) or sigmoid(x) (pad lanes are scratch).
   void emitScores(Value r, Value s) {
     Value zero = k.constLike(k.vf32(), 0.0);
-    if (scoring == RouteScoring::sigmoid) {
+    if (spec.scoring == RouteSpec::Scoring::Sigmoid) {
       eachChunk([&](Value base) {
         k.vstore(sigmoid(k, logitChunk(r, base, 0.0)), s, {base});
       });
@@ -147,7 +142,7 @@ private:
   }
 
   /// The best candidate of [lo, hi) ranking strictly below `prev` (i64).
-  Value bestBelow(Value cand, Value lo, Value hi, Value prev) {
+  Value bestInRange(Value cand, Value lo, Value hi, Value prev) {
     Value lo32 = k.splat(k.castInt(lo, k.i32()), kCandLanes);
     Value hi32 = k.splat(k.castInt(hi, k.i32()), kCandLanes);
     return bestCandidateBelow(
@@ -161,15 +156,15 @@ private:
 
   /// Step 3: keep the topk_group best groups.
   void emitGroups(Value cand, Value groupCand, Value groupKept) {
+    int64_t groups = spec.groups;
     Value groupSize = k.divu(numExperts, k.idx(groups));
     Value top = k.cI64(std::numeric_limits<int64_t>::max());
-    bool top2 = op.getGroupScore() == GroupScore::top2_sum;
     k.forLoop(k.idx(0), k.idx(groups), k.idx(1), [&](Value g) {
       Value lo = k.mul(g, groupSize), hi = k.add(lo, groupSize);
-      Value first = bestBelow(cand, lo, hi, top);
+      Value first = bestInRange(cand, lo, hi, top);
       Value score = keyToFloat(k, candidateKey(k, first));
-      if (top2) {
-        Value second = bestBelow(cand, lo, hi, first);
+      if (spec.top2) {
+        Value second = bestInRange(cand, lo, hi, first);
         score = k.fadd(score, keyToFloat(k, candidateKey(k, second)));
       }
       k.store(packCandidate(k, orderedKey(k, score), g), groupCand, {g});
@@ -177,14 +172,13 @@ private:
     });
     Value noneScalar = noCandidate(k, k.i64());
     k.forLoop(
-        k.idx(0), k.idx(op.getTopkGroup()), k.idx(1), ValueRange{top},
+        k.idx(0), k.idx(spec.topkGroup), k.idx(1), ValueRange{top},
         [&](Value, ValueRange prev) -> SmallVector<Value> {
           Value best = k.forLoop(
               k.idx(0), k.idx(groups), k.idx(1), ValueRange{noneScalar},
               [&](Value g, ValueRange acc) -> SmallVector<Value> {
                 Value v = k.load(groupCand, {g});
-                return {k.maxs(acc[0], k.select(k.lt(v, prev[0]), v,
-                                                noneScalar))};
+                return {kernels::bestBelow(k, acc[0], v, prev[0], noneScalar)};
               })[0];
           Value g = k.castInt(candidateIndex(k, best), k.index());
           k.store(k.cI32(1), groupKept, {g});
@@ -214,24 +208,23 @@ private:
   /// Step 4: k rounds; sel[j] = the weight source of pick j.
   void emitRounds(Value r, Value s, Value cand, Value sel) {
     Value numChunks = k.ceilDiv(numExperts, k.idx(kCandLanes));
-    k.forLoop(
-        k.idx(0), k.idx(topk), k.idx(1),
-        ValueRange{k.cI64(std::numeric_limits<int64_t>::max())},
-        [&](Value j, ValueRange it) -> SmallVector<Value> {
-          Value pick = bestCandidateBelow(k, cand, k.idx(0), numChunks, it[0]);
-          Value index = candidateIndex(k, pick);
-          Value e = k.castInt(index, k.index());
-          Value value = fromLogits ? k.loadF(x, {r, e}) : k.load(s, {e});
-          k.store(index, idx, {r, j});
-          k.store(value, sel, {j});
-          return {pick};
-        });
+    k.forLoop(k.idx(0), k.idx(spec.k), k.idx(1),
+              ValueRange{k.cI64(std::numeric_limits<int64_t>::max())},
+              [&](Value j, ValueRange it) -> SmallVector<Value> {
+                Value pick =
+                    bestCandidateBelow(k, cand, k.idx(0), numChunks, it[0]);
+                Value index = candidateIndex(k, pick);
+                Value e = k.castInt(index, k.index());
+                Value value = fromLogits ? k.loadF(x, {r, e}) : k.load(s, {e});
+                k.store(index, idx, {r, j});
+                k.store(value, sel, {j});
+                return {pick};
+              });
   }
 
   /// Σ_j f(sel[j]) in pick order.
   Value sumSel(Value sel, function_ref<Value(Value)> f) {
-    return k.forLoop(k.idx(0), k.idx(topk), k.idx(1),
-                     ValueRange{k.cF32(0.0)},
+    return k.forLoop(k.idx(0), k.idx(spec.k), k.idx(1), ValueRange{k.cF32(0.0)},
                      [&](Value j, ValueRange acc) -> SmallVector<Value> {
                        return {k.fadd(acc[0], f(k.load(sel, {j})))};
                      })[0];
@@ -239,31 +232,30 @@ private:
 
   /// Rewrites sel[j] = f(sel[j]).
   void mapSel(Value sel, function_ref<Value(Value)> f) {
-    k.forLoop(k.idx(0), k.idx(topk), k.idx(1), [&](Value j) {
-      k.store(f(k.load(sel, {j})), sel, {j});
-    });
+    k.forLoop(k.idx(0), k.idx(spec.k), k.idx(1),
+              [&](Value j) { k.store(f(k.load(sel, {j})), sel, {j}); });
   }
 
   /// Step 5: scoring after the top-k, renormalization, scaling (the shared
   /// formulas of MoE/Kernels/Route.h; sums in pick order).
   void emitWeights(Value r, Value sel) {
     Value selMax, selSum;
-    if (!scoreFirst && scoring == RouteScoring::softmax) {
-      selMax = k.forLoop(k.idx(0), k.idx(topk), k.idx(1),
+    if (!spec.scoreFirst && spec.scoring == RouteSpec::Scoring::Softmax) {
+      selMax = k.forLoop(k.idx(0), k.idx(spec.k), k.idx(1),
                          ValueRange{k.negInfLike(k.f32())},
                          [&](Value j, ValueRange acc) -> SmallVector<Value> {
                            return {k.fmax(acc[0], k.load(sel, {j}))};
                          })[0];
       selSum = sumSel(sel, [&](Value v) { return k.exp(k.fsub(v, selMax)); });
     }
-    if (!scoreFirst)
+    if (!spec.scoreFirst)
       mapSel(sel, [&](Value v) {
         return routeSelectedScore(k, spec, v, selMax, selSum);
       });
     Value wSum;
     if (spec.renormalize)
       wSum = sumSel(sel, [](Value v) { return v; });
-    k.forLoop(k.idx(0), k.idx(topk), k.idx(1), [&](Value j) {
+    k.forLoop(k.idx(0), k.idx(spec.k), k.idx(1), [&](Value j) {
       k.store(routeWeight(k, spec, k.load(sel, {j}), wSum), w, {r, j});
     });
   }
@@ -272,7 +264,8 @@ private:
 struct RouteKernel : KernelPattern<RouteOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(RouteOp op, CK &k, PatternRewriter &rw) const override {
+  LogicalResult emit(RouteOp op, CpuKernelBuilder &k,
+                     PatternRewriter &rw) const override {
     KernelScope kernel(k, {op.getLogits(), op.getBias()},
                        KernelScope::outsOf(op, routeResultSizes(k, op)));
     emitRouteKernel(k, opts, op, kernel.out(0), kernel.out(1));
@@ -282,16 +275,18 @@ struct RouteKernel : KernelPattern<RouteOp, /*TargetLanes=*/false> {
 };
 } // namespace
 
-SmallVector<SmallVector<Value>> routeResultSizes(CK &k, RouteOp op) {
+SmallVector<SmallVector<Value>> routeResultSizes(CpuKernelBuilder &k,
+                                                 RouteOp op) {
   SmallVector<Value> sizes = {k.sizes(op.getLogits())[0], k.idx(op.getK())};
   return {sizes, sizes};
 }
 
-void emitRouteKernel(CK &k, const KernelOptions &opts, RouteOp op, Value wBuf,
-                     Value iBuf, function_ref<void(Value)> itemBegin,
+void emitRouteKernel(CpuKernelBuilder &k, const KernelOptions &opts, RouteOp op,
+                     Value wBuf, Value iBuf,
+                     function_ref<void(Value)> itemBegin,
                      function_ref<void(Value, Value, Value)> rowEnd) {
   Type f32 = k.f32(), i32 = k.i32(), i64 = k.i64();
-  int64_t topk = op.getK();
+  RouteSpec spec = routeSpecOf(op);
   Value x = k.buffer(op.getLogits());
   Value bias = op.getBias() ? k.buffer(op.getBias()) : Value();
   Value numRows = k.dim(x, 0), numExperts = k.dim(x, 1);
@@ -301,15 +296,15 @@ void emitRouteKernel(CK &k, const KernelOptions &opts, RouteOp op, Value wBuf,
   Value sAll = k.scratch(opts, MemRefType::get({kDyn}, f32),
                          {roundUp(k, numExperts, kLanes)});
   Value candAll = k.scratch(opts, MemRefType::get({kDyn}, i64),
-                            {roundUp(k, numExperts, kCandLanes)});
-  Value selAll = k.scratch(opts, MemRefType::get({topk}, f32), {});
-  int64_t groups = op.getNGroup();
+                            {roundUp(k, numExperts, k.candidateLanes())});
+  Value selAll = k.scratch(opts, MemRefType::get({spec.k}, f32), {});
+  int64_t groups = spec.groups;
   Value gCandAll, gKeptAll;
   if (groups > 1) {
     gCandAll = k.scratch(opts, MemRefType::get({groups}, i64), {});
     gKeptAll = k.scratch(opts, MemRefType::get({groups}, i32), {});
   }
-  RouteRow row(k, op, x, bias, wBuf, iBuf);
+  RouteRow row(k, spec, x, bias, wBuf, iBuf);
   k.workers(
       opts, k.ceilDiv(numRows, k.idx(kRouteRowsPerItem)),
       [&](Value item, Value worker) {

@@ -25,7 +25,8 @@ struct SimilarityInformKernel : KernelPattern<OpTy, /*TargetLanes=*/false> {
   using KernelPattern<OpTy, false>::KernelPattern;
   static constexpr bool kWithLse = std::is_same_v<OpTy, SimilarityInformFwdOp>;
 
-  LogicalResult emit(OpTy op, CK &k, PatternRewriter &rw) const override {
+  LogicalResult emit(OpTy op, CpuKernelBuilder &k,
+                     PatternRewriter &rw) const override {
     const KernelOptions &opts = this->opts;
     SmallVector<Value> uSizes = k.sizes(op.getU());
     SmallVector<SmallVector<Value>> outSizes = {

@@ -38,7 +38,7 @@ struct SimilarityInformGradKernel
     : KernelPattern<SimilarityInformGradOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(SimilarityInformGradOp op, CK &k,
+  LogicalResult emit(SimilarityInformGradOp op, CpuKernelBuilder &k,
                      PatternRewriter &rw) const override {
     if (hasStaticZeroSize(op))
       return rw.notifyMatchFailure(op, "a static zero-sized dimension");
@@ -115,8 +115,9 @@ struct SimilarityInformGradKernel
     if (!ws && !causal) {
       FlashGradSpec pass({u, uT, depth}, {dp, eT, width}, batch, rows, rows);
       pass.cotangentT = FlashGradSpec::Dot{e, dpT, width};
-      pass.weights = [&](CK &kk, Value sDot, Value gDot, Value tDot, Value bi,
-                         Value i, Value j0) -> std::pair<Value, Value> {
+      pass.weights = [&](CpuKernelBuilder &kk, Value sDot, Value gDot,
+                         Value tDot, Value bi, Value i,
+                         Value j0) -> std::pair<Value, Value> {
         Value sIJ = softmaxFromLogSumExp(kk, logits(kk, sDot, bi, i, j0),
                                          kk.load(lseRow, {bi, i}));
         Value dIJ = kk.fmul(
@@ -145,8 +146,9 @@ struct SimilarityInformGradKernel
     FlashGradSpec byQuery({q, uT, depth}, {dp, eT, width}, batch, rows, rows,
                           causal ? FlashGradSpec::Band::Lower
                                  : FlashGradSpec::Band::All);
-    byQuery.weights = [&](CK &kk, Value sDot, Value gDot, Value, Value bi,
-                          Value i, Value j0) -> std::pair<Value, Value> {
+    byQuery.weights = [&](CpuKernelBuilder &kk, Value sDot, Value gDot, Value,
+                          Value bi, Value i,
+                          Value j0) -> std::pair<Value, Value> {
       Value x = logits(kk, sDot, bi, i, j0);
       Value s = softmaxFromLogSumExp(kk, x, kk.load(lseRow, {bi, i}));
       Value d = kk.splat(kk.load(delta, {bi, i}), kLanes);
@@ -166,8 +168,9 @@ struct SimilarityInformGradKernel
     FlashGradSpec byKey({u, qT, depth}, {e, dpT, width}, batch, rows, rows,
                         causal ? FlashGradSpec::Band::Upper
                                : FlashGradSpec::Band::All);
-    byKey.weights = [&](CK &kk, Value sDot, Value gDot, Value, Value bi,
-                        Value j, Value i0) -> std::pair<Value, Value> {
+    byKey.weights = [&](CpuKernelBuilder &kk, Value sDot, Value gDot, Value,
+                        Value bi, Value j,
+                        Value i0) -> std::pair<Value, Value> {
       // Row j is a key: masked keys and (causal) queries i < j get nothing;
       // padding queries have lse' = +inf, so S = 0.
       Value x = kk.fdiv(sDot, kk.constLike(kk.vf32(), tau));

@@ -10,14 +10,12 @@
 // (16) alike, with one-instruction max/min/compare on both. A round is a
 // long dependency chain, so up to 8 rows of a static K run their rounds
 // interleaved (kMaxGroupRows, kKeyVectors), their keys in L1 (a knockout is
-// one scalar store). Issue #16: with 4 rows' keys in registers (32 ymm at
-// K = 64 on AVX2's 16) and selects (VBLENDVPS, 2-3 uops on AVX2) the AVX2
-// code took 1.55-1.6x the AVX-512 time; now about 1.2x, and AVX-512 itself
-// is faster. A row of 8 key vectors or more (K = 256: 32 on AVX2, 16 on
-// AVX-512) selects over two levels instead: the chunks' maxima, then the one
-// chunk holding the top key (selectByChunkMaxima); K = 256 went from 1.96 to
-// 1.1-1.2 ms on x86-64-v3 and 1.36 to 0.89 on x86-64-v4 (T = 16384, 2
-// threads). The weights are vector<16xf32> (AVX2: vector<8xf32>) epilogues
+// one scalar store), not in registers: 4 rows' keys (32 ymm at K = 64) spill
+// AVX2's 16, and selects are 2-3 uops there (VBLENDVPS). A row of 8 key
+// vectors or more (K = 256: 32 on AVX2, 16 on AVX-512) selects over two
+// levels instead: the chunks' maxima, then the one chunk holding the top key
+// (selectByChunkMaxima). The timings behind both are in docs/CPU.md
+// ("Measurements"). The weights are vector<16xf32> (AVX2: vector<8xf32>) epilogues
 // over the k selected values (kernels::topkWeight), unrolled for k <= 4
 // vectors and a loop beyond.
 //
@@ -83,7 +81,7 @@ constexpr int64_t kTwoLevelChunks = 8;
 constexpr int64_t kTwoLevelMinRows = 4;
 
 /// memref [rows, X] -> [rows * X] (identity layout).
-Value flatten(CK &k, Value buffer) {
+Value flatten(CpuKernelBuilder &k, Value buffer) {
   return memref::CollapseShapeOp::create(
       k.b, buffer, ArrayRef<ReassociationIndices>{{0, 1}});
 }
@@ -92,7 +90,7 @@ Value flatten(CK &k, Value buffer) {
 /// n/2 takes the even elements of vectors 2q, 2q+1, vector q + n/2 the odd
 /// ones. log2(n) rounds turn n vectors of a [lanes, n] row-major block into
 /// its n columns.
-SmallVector<Value> unzipRound(CK &k, ArrayRef<Value> v) {
+SmallVector<Value> unzipRound(CpuKernelBuilder &k, ArrayRef<Value> v) {
   int64_t n = v.size(), lanes = k.lanes();
   SmallVector<int64_t> evens, odds;
   for (int64_t i = 0; i < lanes; ++i) {
@@ -108,7 +106,7 @@ SmallVector<Value> unzipRound(CK &k, ArrayRef<Value> v) {
 }
 
 /// The inverse of unzipRound: vectors 2q, 2q+1 interleave vectors q and q + n/2.
-SmallVector<Value> zipRound(CK &k, ArrayRef<Value> v) {
+SmallVector<Value> zipRound(CpuKernelBuilder &k, ArrayRef<Value> v) {
   int64_t n = v.size(), lanes = k.lanes();
   SmallVector<int64_t> low, high;
   for (int64_t i = 0; i < lanes / 2; ++i) {
@@ -125,7 +123,8 @@ SmallVector<Value> zipRound(CK &k, ArrayRef<Value> v) {
 
 /// Stores `cols[s]` (lane l = row r0 + l, column s) into the flat row-major
 /// [rows * n] buffer `flat`.
-void storeColumns(CK &k, ArrayRef<Value> cols, Value flat, Value r0) {
+void storeColumns(CpuKernelBuilder &k, ArrayRef<Value> cols, Value flat,
+                  Value r0) {
   int64_t n = cols.size(), lanes = k.lanes();
   Value base = k.mul(r0, k.idx(n));
   if (llvm::isPowerOf2_64(n) && n <= lanes) {
@@ -146,7 +145,7 @@ void storeColumns(CK &k, ArrayRef<Value> cols, Value flat, Value r0) {
 /// rounds of op(v, v with lanes i and i ^ s swapped). Stays in vector
 /// registers (no round trip through a scalar and a broadcast), which keeps
 /// the dependency chain of a top-k round short.
-Value butterfly(CK &k, Value v, bool max) {
+Value butterfly(CpuKernelBuilder &k, Value v, bool max) {
   int64_t n = cast<VectorType>(v.getType()).getNumElements();
   for (int64_t s = n / 2; s >= 1; s /= 2) {
     SmallVector<int64_t> mask;
@@ -160,7 +159,7 @@ Value butterfly(CK &k, Value v, bool max) {
 
 /// The signed max of the vectors `v` as a balanced tree: log2(n) maxes deep,
 /// not n - 1 (a top-k round's critical path: 31 at K = 256 on AVX2).
-Value maxTree(CK &k, SmallVector<Value> v) {
+Value maxTree(CpuKernelBuilder &k, SmallVector<Value> v) {
   while (v.size() > 1) {
     SmallVector<Value> next;
     for (size_t i = 0; i + 1 < v.size(); i += 2)
@@ -175,7 +174,7 @@ Value maxTree(CK &k, SmallVector<Value> v) {
 /// A constant vector of the target's i32 lanes: lane l holds base + l, or
 /// INT32_MAX - (base + l) when `flipped` (whose signed max over and-ed lanes
 /// is the lowest id kept).
-Value laneIds(CK &k, int64_t base, bool flipped) {
+Value laneIds(CpuKernelBuilder &k, int64_t base, bool flipped) {
   int64_t lanes = k.lanes();
   SmallVector<int32_t> ids;
   for (int64_t l = 0; l < lanes; ++l)
@@ -191,7 +190,7 @@ Value laneIds(CK &k, int64_t base, bool flipped) {
 /// the lanes of `chunks` equal to `top` (i32 keys, `top` in every lane): a
 /// max of (compare lanes and INT32_MAX - id), an and instead of a select
 /// (VBLENDVPS: 2-3 uops on AVX2).
-Value lowestEqual(CK &k, ArrayRef<Value> chunks, Value top) {
+Value lowestEqual(CpuKernelBuilder &k, ArrayRef<Value> chunks, Value top) {
   int64_t lanes = k.lanes();
   auto vi32 = VectorType::get({lanes}, k.i32());
   SmallVector<Value> hits;
@@ -212,7 +211,8 @@ bool selectsOverTwoLevels(int64_t nc) {
 }
 
 /// Runs `body(offset)` for the offsets 0, 16, ... < selPad of the selection.
-void eachSelChunk(CK &k, int64_t selPad, function_ref<void(Value)> body) {
+void eachSelChunk(CpuKernelBuilder &k, int64_t selPad,
+                  function_ref<void(Value)> body) {
   int64_t lanes = k.lanes();
   if (selPad / lanes <= kUnrolledSelChunks) {
     for (int64_t c = 0; c < selPad; c += lanes)
@@ -223,7 +223,7 @@ void eachSelChunk(CK &k, int64_t selPad, function_ref<void(Value)> body) {
 }
 
 /// init + Σ term(offset) over the chunks of the selection, in chunk order.
-Value sumSelChunks(CK &k, int64_t selPad, Value init,
+Value sumSelChunks(CpuKernelBuilder &k, int64_t selPad, Value init,
                    function_ref<Value(Value)> term) {
   int64_t lanes = k.lanes();
   if (selPad / lanes <= kUnrolledSelChunks) {
@@ -238,17 +238,32 @@ Value sumSelChunks(CK &k, int64_t selPad, Value init,
                    })[0];
 }
 
+/// What every row of one topk_renorm kernel shares: the spec, the 2-D
+/// [rows, ...] scores, weights and indices buffers, the expert count, and the
+/// padded selection buffer's length and fill.
+struct TopkRows {
+  TopkSpec spec;
+  Value s2, w2, i2;
+  /// E (index) and, when static, its value (else ShapedType::kDynamic).
+  Value numExperts;
+  int64_t staticExperts;
+  /// k rounded up to whole vectors: the length of a row's selection buffer.
+  int64_t selPad;
+  /// What the selection buffer's pad lanes hold (-inf for logits, else 0),
+  /// neutral in the weights' sums.
+  double selFill;
+};
+
 struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(TopkRenormOp op, CK &k,
+  LogicalResult emit(TopkRenormOp op, CpuKernelBuilder &k,
                      PatternRewriter &rw) const override {
     auto scoresType = cast<RankedTensorType>(op.getScores().getType());
     if (scoresType.getRank() < 2)
       return rw.notifyMatchFailure(op, "rank-1 scores: portable lowering");
-    int64_t topk = op.getK();
-    bool logits = op.getMode() == TopkMode::logits;
-    bool renormalize = op.getRenormalize();
+    const TopkSpec spec = topkSpecOf(op);
+    int64_t topk = spec.k;
     Type f32 = k.f32(), i32 = k.i32();
 
     // weights and indices: the scores' sizes with k in the last dimension.
@@ -263,9 +278,17 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
     Value w2 = collapseRows(k, wBuf), i2 = collapseRows(k, iBuf);
     Value numRows = k.dim(s2, 0), numExperts = k.dim(s2, 1);
     int64_t lanes = k.lanes();
-    int64_t selPad = (topk + lanes - 1) / lanes * lanes;
-    double selFill = logits ? -std::numeric_limits<double>::infinity() : 0.0;
     int64_t staticExperts = scoresType.getShape().back();
+    const TopkRows t{spec,
+                     s2,
+                     w2,
+                     i2,
+                     numExperts,
+                     staticExperts,
+                     /*selPad=*/(topk + lanes - 1) / lanes * lanes,
+                     /*selFill=*/spec.logits
+                         ? -std::numeric_limits<double>::infinity()
+                         : 0.0};
 
     // Rows selected together (static K of at most kKeyVectors vectors).
     int64_t group = 1;
@@ -280,8 +303,7 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
     Value keysAll =
         k.scratch(opts, MemRefType::get({ShapedType::kDynamic}, i32),
                   {k.mul(roundUp(k, numExperts, lanes), k.idx(group))});
-    Value selAll =
-        k.scratch(opts, MemRefType::get({group, selPad}, f32), {});
+    Value selAll = k.scratch(opts, MemRefType::get({group, t.selPad}, f32), {});
     auto rowsFrom = [&](Value worker, Value r0, Value r1, int64_t n) {
       // Rows [r0, r1) in groups of n, then one by one.
       Value sels = k.workerSlice(selAll, worker);
@@ -294,8 +316,7 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
           rows.push_back(k.add(r, k.idx(q)));
           sel.push_back(k.workerSlice(sels, k.idx(q)));
         }
-        emitRows(k, rows, s2, w2, i2, keys, sel, numExperts, topk, selPad,
-                 selFill, logits, renormalize, staticExperts);
+        emitRows(k, t, rows, keys, sel);
       };
       k.forLoop(r0, whole, k.idx(n), [&](Value r) { emit(r, n); });
       if (n > 1)
@@ -312,10 +333,6 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
     if (!rowPerLane) {
       k.workers(opts, k.ceilDiv(numRows, k.idx(kRowsPerItem)), body);
     } else {
-      TopkSpec spec;
-      spec.k = topk;
-      spec.logits = logits;
-      spec.renormalize = renormalize;
       Value s1 = flatten(k, s2), w1 = flatten(k, w2), i1 = flatten(k, i2);
       Value numBlocks = k.divu(numRows, k.idx(lanes));
       int64_t blocksPerItem = std::max<int64_t>(kLaneRowsPerItem / lanes, 1);
@@ -339,8 +356,8 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
 
   /// Rows [r0, r0 + lanes), one per lane, of the flat [rows * numExperts]
   /// scores `s1`; writes the flat [rows * k] weights `w1` and indices `i1`.
-  static void emitLaneBlock(CK &k, const TopkSpec &spec, Value r0, Value s1,
-                            Value w1, Value i1, int64_t numExperts) {
+  static void emitLaneBlock(CpuKernelBuilder &k, const TopkSpec &spec, Value r0,
+                            Value s1, Value w1, Value i1, int64_t numExperts) {
     int64_t lanes = k.lanes(), topk = spec.k;
     // The block's columns: numExperts row-major vectors, transposed.
     Value base = k.mul(r0, k.idx(numExperts));
@@ -419,10 +436,10 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
   /// or dynamic one runs chunk loops, row after row. Writes the indices to
   /// i2[r, j] and the selected values (exact, read back from s2) to
   /// sels[q][j].
-  static void selectByKnockout(CK &k, ArrayRef<Value> rows, Value s2,
-                               Value i2, Value keys, ArrayRef<Value> sels,
-                               Value numExperts, int64_t topk,
-                               int64_t staticExperts) {
+  static void selectByKnockout(CpuKernelBuilder &k, ArrayRef<Value> rows,
+                               Value s2, Value i2, Value keys,
+                               ArrayRef<Value> sels, Value numExperts,
+                               int64_t topk, int64_t staticExperts) {
     int64_t lanes = k.lanes();
     Type i32 = k.i32();
     auto vi32 = VectorType::get({lanes}, i32);
@@ -523,8 +540,8 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
   }
 
   /// Pick j of row r: entry `index` (i32) of s2's row r.
-  static void emitPick(CK &k, Value r, Value s2, Value i2, Value sel, Value j,
-                       Value index) {
+  static void emitPick(CpuKernelBuilder &k, Value r, Value s2, Value i2,
+                       Value sel, Value j, Value index) {
     Value value = k.loadF(s2, {r, k.castInt(index, k.b.getIndexType())});
     k.store(index, i2, {r, j});
     k.store(value, sel, {j});
@@ -541,7 +558,7 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
   /// it is ~40 vector ops for any nc, where the one-level round took ~5 nc
   /// (160 on AVX2, 80 on AVX-512). The maxima are loop-carried (registers).
   /// `rowKeys[q][c]` is chunk c of row q's keys, also stored in `keys`.
-  static void selectByChunkMaxima(CK &k, ArrayRef<Value> rows,
+  static void selectByChunkMaxima(CpuKernelBuilder &k, ArrayRef<Value> rows,
                                   ArrayRef<SmallVector<Value>> rowKeys,
                                   Value s2, Value i2, Value keys,
                                   ArrayRef<Value> sels, int64_t topk) {
@@ -602,29 +619,28 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
     });
   }
 
-  /// Rows `rows` (their selections in `sels`, one per row), selected
-  /// together.
-  static void emitRows(CK &k, ArrayRef<Value> rows, Value s2, Value w2,
-                       Value i2, Value keys, ArrayRef<Value> sels,
-                       Value numExperts, int64_t topk, int64_t selPad,
-                       double selFill, bool logits, bool renormalize,
-                       int64_t staticExperts) {
+  /// Rows `rows` (their selections in `sels`, one per row; `keys` the
+  /// group's key scratch), selected together.
+  static void emitRows(CpuKernelBuilder &k, const TopkRows &t,
+                       ArrayRef<Value> rows, Value keys, ArrayRef<Value> sels) {
     for (Value sel : sels)
-      eachSelChunk(k, selPad, [&](Value c) {
-        k.vstore(k.constLike(k.vf32(), selFill), sel, {c});
+      eachSelChunk(k, t.selPad, [&](Value c) {
+        k.vstore(k.constLike(k.vf32(), t.selFill), sel, {c});
       });
-    selectByKnockout(k, rows, s2, i2, keys, sels, numExperts, topk,
-                     staticExperts);
+    selectByKnockout(k, rows, t.s2, t.i2, keys, sels, t.numExperts, t.spec.k,
+                     t.staticExperts);
     for (auto [r, sel] : llvm::zip(rows, sels))
-      emitWeights(k, r, s2, w2, sel, numExperts, topk, selPad, logits,
-                  renormalize);
+      emitWeights(k, t, r, sel);
   }
 
   /// Row r's weights from its selection `sel` (kernels::topkWeight).
-  static void emitWeights(CK &k, Value r, Value s2, Value w2, Value sel,
-                          Value numExperts, int64_t topk, int64_t selPad,
-                          bool logits, bool renormalize) {
+  static void emitWeights(CpuKernelBuilder &k, const TopkRows &t, Value r,
+                          Value sel) {
     int64_t lanes = k.lanes();
+    const TopkSpec &spec = t.spec;
+    int64_t topk = spec.k, selPad = t.selPad;
+    bool logits = spec.logits, renormalize = spec.renormalize;
+    Value s2 = t.s2, w2 = t.w2, numExperts = t.numExperts;
 
     // Weights (kernels::topkWeight, the GPU's epilogue, on vector lanes).
     auto left = [&](Value c) { // selected entries from chunk offset c on
@@ -632,10 +648,6 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
         return k.idx(topk - *cst);
       return k.sub(k.idx(topk), c);
     };
-    TopkSpec spec;
-    spec.k = topk;
-    spec.logits = logits;
-    spec.renormalize = renormalize;
     if (!logits && !renormalize) {
       eachSelChunk(k, selPad, [&](Value c) {
         k.vstoreMasked(k.vload(sel, {c}), w2, {r, c}, left(c));

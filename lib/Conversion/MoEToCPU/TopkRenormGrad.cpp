@@ -36,11 +36,11 @@ constexpr int64_t kMinLaneSel = 4;
 
 /// kernels::emitTopkGradRow with the `sel` (<= kLanes, static) selections of
 /// row `r` in the lanes of one vector: lanes >= sel are -inf padding (exp
-/// gives 0 there, without forming a subnormal: CK::exp), kept out of the
-/// sums.
-void emitTopkGradRowInLanes(CK &k, const TopkSpec &spec, Value r, Value s2,
-                            Value i2, Value g2, Value o2, Value numExperts,
-                            int64_t sel) {
+/// gives 0 there, without forming a subnormal: CpuKernelBuilder::exp), kept out
+/// of the sums.
+void emitTopkGradRowInLanes(CpuKernelBuilder &k, const TopkSpec &spec, Value r,
+                            Value s2, Value i2, Value g2, Value o2,
+                            Value numExperts, int64_t sel) {
   // 8 lanes when they hold the selection (one ymm: cheaper reductions).
   const int64_t n = sel <= 8 ? 8 : kLanes;
   VectorType vt = k.vf32(n);
@@ -123,7 +123,7 @@ struct TopkRenormGradKernel
     : KernelPattern<TopkRenormGradOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(TopkRenormGradOp op, CK &k,
+  LogicalResult emit(TopkRenormGradOp op, CpuKernelBuilder &k,
                      PatternRewriter &rw) const override {
     if (cast<RankedTensorType>(op.getScores().getType()).getRank() < 2)
       return rw.notifyMatchFailure(op, "rank-1 scores: portable lowering");
@@ -139,9 +139,7 @@ struct TopkRenormGradKernel
     Value g2 = collapseRows(k, k.buffer(op.getDw()));
     Value rows = k.dim(s2, 0), numExperts = k.dim(s2, 1), sel = k.dim(i2, 1);
 
-    TopkSpec spec;
-    spec.logits = op.getMode() == TopkMode::logits;
-    spec.renormalize = op.getRenormalize();
+    TopkSpec spec = topkSpecOf(op);
     // A static k in [kMinLaneSel, kLanes]: the selections fit one vector.
     std::optional<int64_t> selLanes;
     int64_t staticSel = cast<MemRefType>(i2.getType()).getDimSize(1);

@@ -42,7 +42,7 @@ AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
 
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
-  KB &k = h.k;
+  GpuKernelBuilder &k = h.k;
   Value a = h.buffer(adaptor.getA());
   Value idx = h.buffer(adaptor.getIdx());
   Value T = k.dim(idx, 0);
@@ -54,7 +54,7 @@ AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
   {
     GPUKernel kernel(h, "adjacency_counts", {idx, counts, word}, {},
                      {kThreads, 1, 1}, loc);
-    KB &kk = kernel.k;
+    GpuKernelBuilder &kk = kernel.k;
     Value ix = kernel.arg(0), cs = kernel.arg(1), w = kernel.arg(2);
     Value kSel = kk.dim(ix, 1);
     kernel.forItem(kk.dim(ix, 0), [&](Value t) {
@@ -102,7 +102,7 @@ AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
     GPUKernel kernel(h, "adjacency_update", {a, counts, out},
                      {workgroupMemRef({kThreads / kWarp}, b.getF32Type())},
                      {kThreads, 1, 1}, loc);
-    KB &kk = kernel.k;
+    GpuKernelBuilder &kk = kernel.k;
     Value as = kernel.arg(0), cs = kernel.arg(1), o = kernel.arg(2);
     Value line = kk.blockId();
     Value tid = kk.threadId();

@@ -16,7 +16,7 @@
 //  3. attention_head_means: a block per key (b, j) forms
 //     m_j = head_scale · v[b,h*,j,:] · wo[:, h*·Dh:(h*+1)·Dh]^T and the bias
 //     -‖m_j‖² / (2σ²) (block reduction), reading h* from device memory.
-//  4. the flash mixing kernel (SimilarityInform.cpp) with q = u, keys = m,
+//  4. the flash mixing kernel (FlashMix.cpp) with q = u, keys = m,
 //     divisor σ², the bias and the scores of head h* added to the logits,
 //     and for attention_posterior_topk the top-k in its epilogue.
 //
@@ -48,7 +48,7 @@ static void launchEntropy(HostCode &host, Value scoresBuf, Value sumsBuf,
       host, "attention_entropy", {scoresBuf, sumsBuf, countsBuf},
       {workgroupMemRef({warps}, f32), workgroupMemRef({warps}, f32)},
       {kEntropyThreads, 1, 1}, loc);
-  KB &k = kernel.k;
+  GpuKernelBuilder &k = kernel.k;
   Value scores = kernel.arg(0), sums = kernel.arg(1), counts = kernel.arg(2);
   Value wg[] = {kernel.workgroup(0), kernel.workgroup(1)};
   Value zero = k.cF32(0.0), one = k.cF32(1.0);
@@ -114,7 +114,7 @@ static void launchHeadSelect(HostCode &h, Value sumsBuf, Value countsBuf,
                              Value headBuf, Value sequences, Location loc) {
   GPUKernel kernel(h, "attention_head_select", {sumsBuf, countsBuf, headBuf},
                    {}, {kWarp, 1, 1}, loc);
-  KB &k = kernel.k;
+  GpuKernelBuilder &k = kernel.k;
   Value sums = kernel.arg(0), counts = kernel.arg(1), head = kernel.arg(2);
   Value B = k.dim(sums, 0), H = k.dim(sums, 1), C = k.dim(sums, 2);
   Value zero = k.cF32(0.0);
@@ -153,7 +153,7 @@ void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
       host, "attention_head_means", {vBuf, woBuf, headBuf, meansBuf, biasBuf},
       {workgroupMemRef({kMeansThreads / kWarp}, host.b.getF32Type())},
       {kMeansThreads, 1, 1}, loc);
-  KB &k = kernel.k;
+  GpuKernelBuilder &k = kernel.k;
   Value v = kernel.arg(0), wo = kernel.arg(1), head = kernel.arg(2),
         m = kernel.arg(3), bias = kernel.arg(4);
   Value j = k.blockId(), b = k.blockId(gpu::Dimension::y);
@@ -179,7 +179,7 @@ void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
   k.ifThen(k.eq(k.threadId(), k.idx(0)), [&] {
     k.store(k.fdiv(total, k.cF32(-2.0 * sigma * sigma)), bias, {b, j});
   });
-  KB &hk = host.k;
+  GpuKernelBuilder &hk = host.k;
   kernel.launch({hk.dim(vBuf, 2), hk.dim(vBuf, 0), hk.idx(1)});
 }
 
@@ -226,7 +226,7 @@ lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
 
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
-  KB &k = h.k;
+  GpuKernelBuilder &k = h.k;
   Type f32 = b.getF32Type();
   Value scores = h.buffer(scoresT), u = h.buffer(uT), v = h.buffer(vT),
         wo = h.buffer(woT), e = h.buffer(eT);
@@ -265,8 +265,7 @@ lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
   FlashMixSpec spec{attentionPosteriorLogit(sigma)};
   spec.numExperts = K;
   if (fused) {
-    spec.topk = fused.getK();
-    spec.renormalize = fused.getRenormalize();
+    spec.topk = kernels::topkSpecOf(fused);
   }
   SmallVector<Value> args = {u, means, e, bias, scores, head};
   args.append(results.begin(), results.end() - 1);

@@ -55,7 +55,8 @@ static constexpr int64_t kThreads = 128;
 
 /// out = e where e is finite, else 0, for the element `flat` of [B,R,K]
 /// buffers (`copy`), or out kept where e is finite and zeroed elsewhere.
-static void emitFiniteMask(KB &k, Value src, Value dst, bool copy, Value flat) {
+static void emitFiniteMask(GpuKernelBuilder &k, Value src, Value dst, bool copy,
+                           Value flat) {
   Value R = k.dim(src, 1), K = k.dim(src, 2);
   Value c = k.remu(flat, K), rest = k.divu(flat, K);
   Value j = k.remu(rest, R), b = k.divu(rest, R);
@@ -72,14 +73,14 @@ static void launchFiniteMaskOfGrad(HostCode &h, Value e, Value de,
   GPUKernel kernel(h, "attention_grad_finite_de", {e, de}, {}, {kThreads, 1, 1},
                    loc);
   {
-    KB &k = kernel.k;
+    GpuKernelBuilder &k = kernel.k;
     Value src = kernel.arg(0), dst = kernel.arg(1);
     Value total = k.mul(k.mul(k.dim(src, 0), k.dim(src, 1)), k.dim(src, 2));
     kernel.forItem(total, [&](Value flat) {
       emitFiniteMask(k, src, dst, /*copy=*/false, flat);
     });
   }
-  KB &k = h.k;
+  GpuKernelBuilder &k = h.k;
   kernel.launchOver(k.mul(k.mul(k.dim(e, 0), k.dim(e, 1)), k.dim(e, 2)));
 }
 
@@ -95,7 +96,7 @@ static void launchFiniteEAndHeadCheck(HostCode &h, Value e, Value out,
                    {e, out, head, heads, safe, skip, word}, {},
                    {kThreads, 1, 1}, loc);
   {
-    KB &k = kernel.k;
+    GpuKernelBuilder &k = kernel.k;
     Value src = kernel.arg(0), dst = kernel.arg(1), hs = kernel.arg(2),
           H = kernel.arg(3), hsSafe = kernel.arg(4), skipped = kernel.arg(5),
           w = kernel.arg(6);
@@ -116,7 +117,7 @@ static void launchFiniteEAndHeadCheck(HostCode &h, Value e, Value out,
       });
     });
   }
-  KB &k = h.k;
+  GpuKernelBuilder &k = h.k;
   Value B = k.dim(e, 0);
   kernel.launchOver(k.maxs(B, k.mul(k.mul(B, k.dim(e, 1)), k.dim(e, 2))));
 }
@@ -129,7 +130,7 @@ static void launchMeanGrad(HostCode &h, Value dm, Value rowSum, Value means,
   GPUKernel kernel(h, "attention_grad_dm", {dm, rowSum, means, v}, {},
                    {kThreads, 1, 1}, loc);
   {
-    KB &k = kernel.k;
+    GpuKernelBuilder &k = kernel.k;
     Value g = kernel.arg(0), r = kernel.arg(1), m = kernel.arg(2),
           vv = kernel.arg(3);
     Value Nk = k.dim(g, 1), D = k.dim(g, 2);
@@ -143,7 +144,7 @@ static void launchMeanGrad(HostCode &h, Value dm, Value rowSum, Value means,
       k.store(k.fmul(scale, x), g, {b, j, d});
     });
   }
-  KB &k = h.k;
+  GpuKernelBuilder &k = h.k;
   kernel.launchOver(k.mul(k.mul(k.dim(dm, 0), k.dim(dm, 1)), k.dim(dm, 2)));
 }
 
@@ -155,7 +156,7 @@ static void launchValueGrad(HostCode &h, Value dm, Value wo, Value head,
   GPUKernel kernel(h, "attention_grad_dv", {dm, wo, head, dv}, {},
                    {kThreads, 1, 1}, loc);
   {
-    KB &k = kernel.k;
+    GpuKernelBuilder &k = kernel.k;
     Value g = kernel.arg(0), w = kernel.arg(1), hs = kernel.arg(2),
           out = kernel.arg(3);
     Value H = k.dim(out, 1), Nk = k.dim(out, 2), Dh = k.dim(out, 3);
@@ -176,7 +177,7 @@ static void launchValueGrad(HostCode &h, Value dm, Value wo, Value head,
       k.store(s, out, {b, hh, j, c});
     });
   }
-  KB &k = h.k;
+  GpuKernelBuilder &k = h.k;
   Value cols = k.mul(k.dim(dv, 1), k.dim(dv, 3));
   kernel.launchColumns(cols, k.mul(k.dim(dv, 0), k.dim(dv, 2)));
 }
@@ -189,7 +190,7 @@ static void launchWeightGrad(HostCode &h, Value dm, Value v, Value head,
   GPUKernel kernel(h, "attention_grad_dwo", {dm, v, head, dwo}, {},
                    {kThreads, 1, 1}, loc);
   {
-    KB &k = kernel.k;
+    GpuKernelBuilder &k = kernel.k;
     Value g = kernel.arg(0), vv = kernel.arg(1), hs = kernel.arg(2),
           out = kernel.arg(3);
     Value H = k.dim(vv, 1), Nk = k.dim(vv, 2), Dh = k.dim(vv, 3);
@@ -212,7 +213,7 @@ static void launchWeightGrad(HostCode &h, Value dm, Value v, Value head,
       k.store(s, out, {d, col});
     });
   }
-  KB &k = h.k;
+  GpuKernelBuilder &k = h.k;
   Value cols = k.dim(dwo, 1);
   kernel.launchColumns(cols, k.dim(dwo, 0));
 }
@@ -237,7 +238,7 @@ AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
   std::optional<double> headScale = op.getEffectiveHeadScale();
 
   HostCode h(rewriter, op);
-  KB &k = h.k;
+  GpuKernelBuilder &k = h.k;
   Type f32 = h.b.getF32Type();
   Value scores = h.buffer(scoresT), u = h.buffer(uT), v = h.buffer(vT),
         wo = h.buffer(woT), eIn = h.buffer(eT), headIn = h.buffer(headT),

@@ -82,7 +82,7 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
   kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
                        kernel.b.getI32IntegerAttr(kFlashGradBlocksPerSM));
   {
-    KB &k = kernel.k;
+    GpuKernelBuilder &k = kernel.k;
     unsigned a = 0;
     Value scoreRows = kernel.arg(a++);
     Value scoreCols = kernel.arg(a++);
@@ -168,7 +168,7 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
           keep = k.andI(keep, k.cmpi(arith::CmpIPredicate::ule, key, query));
         Value l = spec.keyMajor ? k.load(lse, {b, cl}) : rowLse;
         Value d = spec.keyMajor ? k.load(delta, {b, cl}) : rowDelta;
-        // The forward kernel's logit, in its order (SimilarityInform.cpp).
+        // The forward kernel's logit, in its order (FlashMix.cpp).
         Value x = k.fdiv(sDots[c], k.cF32(spec.scaleDiv));
         if (bias)
           x = k.fadd(x, k.load(bias, {b, key}));
@@ -264,7 +264,7 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
       }
     });
   }
-  KB &k = host.k;
+  GpuKernelBuilder &k = host.k;
   Value rows = k.dim(args[0], 1);
   kernel.launch(
       {k.ceilDiv(rows, k.idx(kFlashRows)), k.dim(args[0], 0), k.idx(1)});
@@ -281,7 +281,7 @@ void mlir::moe::gpu_lowering::launchFlashGradStats(HostCode &host, Value lse,
   GPUKernel kernel(host, "flash_grad_stats", operands, {}, {threads, 1, 1},
                    loc);
   {
-    KB &k = kernel.k;
+    GpuKernelBuilder &k = kernel.k;
     Value l = kernel.arg(0), pv = kernel.arg(1), g = kernel.arg(2),
           dl = kernel.arg(3), lOut = kernel.arg(4);
     Value N = k.dim(pv, 1);
@@ -309,7 +309,7 @@ void mlir::moe::gpu_lowering::launchFlashGradStats(HostCode &host, Value lse,
       k.store(dot, dl, {b, i});
     });
   }
-  KB &k = host.k;
+  GpuKernelBuilder &k = host.k;
   kernel.launch(
       {k.ceilDiv(k.dim(p, 1), k.idx(threads)), k.dim(p, 0), k.idx(1)});
 }

@@ -3,7 +3,7 @@
 // Part of the MoE-MLIR project.
 //
 // The tensor-core form of the flash mixing kernel (launchFlashMix,
-// SimilarityInform.cpp) for f16 and bf16 operands: the two products of each
+// FlashMix.cpp) for f16 and bf16 operands: the two products of each
 // key tile, the logits Q·Kᵀ and the mixing P·E, run on warp-level MMA
 // (mma.sync m16n8k16, f32 accumulation), FlashAttention-2 style:
 //
@@ -93,7 +93,7 @@ namespace {
 /// The MMA helpers of one kernel on operands of `elt` (f16 or bf16).
 struct Mma {
   ImplicitLocOpBuilder &b;
-  KB &k;
+  GpuKernelBuilder &k;
   Type elt;
 
   VectorType vec(ArrayRef<int64_t> shape, Type t) {
@@ -172,7 +172,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   const int64_t keyBlocks = cols / 8;      // n-blocks of the logits
   const int64_t chunks = tile.depth / 16;  // k-steps of the logits
   const int64_t expertBlocks = tile.experts / 8;
-  KB &k = kernel.k;
+  GpuKernelBuilder &k = kernel.k;
   ImplicitLocOpBuilder &b = kernel.b;
   Mma m{b, k, elt};
   unsigned a = 0;
@@ -380,7 +380,7 @@ void mlir::moe::gpu_lowering::launchFlashMixMma(HostCode &h, StringRef name,
   kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
                        kernel.b.getI32IntegerAttr(tile.blocksPerSM));
   emitFlashMixMma(kernel, spec, tile, elt);
-  KB &k = h.k;
+  GpuKernelBuilder &k = h.k;
   Value grid = k.ceilDiv(k.dim(q, 1), k.idx(kRows));
   kernel.launch({grid, k.dim(q, 0), k.idx(1)});
 }

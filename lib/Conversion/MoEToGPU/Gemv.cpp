@@ -19,7 +19,7 @@ void mlir::moe::gpu_lowering::launchGemv(HostCode &host, StringRef name,
                                          ValueRange args, Location loc,
                                          bool relu, GemvStore store) {
   GPUKernel kernel(host, name, args, {}, {kThreads, 1, 1}, loc);
-  KB &k = kernel.k;
+  GpuKernelBuilder &k = kernel.k;
   Value m = kernel.arg(0), x = kernel.arg(1), bias = kernel.arg(2);
   Value warp = k.divu(k.threadId(), k.idx(kWarp));
   Value lane = k.remu(k.threadId(), k.idx(kWarp));
@@ -55,7 +55,7 @@ void mlir::moe::gpu_lowering::launchGemv(HostCode &host, StringRef name,
     Value v = kernels::gemvEpilogue(k, dot, k.loadF(bias, {row}), relu);
     store(kernel, row, v);
   });
-  KB &hk = host.k;
+  GpuKernelBuilder &hk = host.k;
   Value numRows = hk.dim(args[0], 0);
   kernel.launch(
       {hk.ceilDiv(numRows, hk.idx(kRowsPerBlock)), hk.idx(1), hk.idx(1)});

@@ -25,7 +25,7 @@ HyperRouterToGPU::lower(HyperRouterOp op, OpAdaptor adaptor,
                         ConversionPatternRewriter &rewriter) const {
   const int64_t E = op.getNumExperts();
   HostCode h(rewriter, op);
-  KB &k = h.k;
+  GpuKernelBuilder &k = h.k;
   Value emb = h.buffer(adaptor.getEmb()), w1 = h.buffer(adaptor.getW1()),
         b1 = h.buffer(adaptor.getB1()), w2 = h.buffer(adaptor.getW2()),
         b2 = h.buffer(adaptor.getB2());
@@ -48,7 +48,7 @@ HyperRouterToGPU::lower(HyperRouterOp op, OpAdaptor adaptor,
              });
   launchGemv(h, "hyper_router_out", {w2, hidden, b2, w, bias}, op.getLoc(),
              /*relu=*/false, [](GPUKernel &kernel, Value row, Value v) {
-               KB &k = kernel.k;
+               GpuKernelBuilder &k = kernel.k;
                Value wOut = kernel.arg(3), bOut = kernel.arg(4);
                kernels::HyperSlot slot =
                    kernels::hyperSlot(k, row, k.dim(wOut, 1));

@@ -51,7 +51,7 @@ void launchDout(HostCode &h, Value dwBuf, Value dbBuf, Value doutBuf,
                 Location loc) {
   GPUKernel kernel(h, "hyper_router_grad_dout", {dwBuf, dbBuf, doutBuf}, {},
                    {kThreads, 1, 1}, loc);
-  KB &k = kernel.k;
+  GpuKernelBuilder &k = kernel.k;
   Value dw = kernel.arg(0), db = kernel.arg(1), dout = kernel.arg(2);
   kernel.forItem(k.dim(dout, 0), [&](Value r) {
     kernels::HyperSlot slot = kernels::hyperSlot(k, r, k.dim(dw, 1));
@@ -73,7 +73,7 @@ void launchLayer(HostCode &h, ValueRange args, bool writeDm, Value blocks,
                  Location loc) {
   GPUKernel kernel(h, "hyper_router_grad_layer", args, {}, {kThreads, 1, 1},
                    loc);
-  KB &k = kernel.k;
+  GpuKernelBuilder &k = kernel.k;
   Value m = kernel.arg(0), dy = kernel.arg(1), x = kernel.arg(2),
         partial = kernel.arg(3);
   Value dm = writeDm ? kernel.arg(4) : Value();
@@ -124,7 +124,7 @@ void launchLayer(HostCode &h, ValueRange args, bool writeDm, Value blocks,
 void launchSum(HostCode &h, ValueRange args, bool gated, Value columns,
                Location loc) {
   GPUKernel kernel(h, "hyper_router_grad_sum", args, {}, {kThreads, 1, 1}, loc);
-  KB &k = kernel.k;
+  GpuKernelBuilder &k = kernel.k;
   Value partial = kernel.arg(0), dx = kernel.arg(1);
   Value warp = k.divu(k.threadId(), k.idx(kWarp));
   Value lane = k.remu(k.threadId(), k.idx(kWarp));
@@ -146,7 +146,7 @@ void launchSum(HostCode &h, ValueRange args, bool gated, Value columns,
       v = kernels::reluGrad(k, k.load(kernel.arg(2), {c}), sum);
     k.store(v, dx, {c});
   });
-  KB &hk = h.k;
+  GpuKernelBuilder &hk = h.k;
   kernel.launch(
       {hk.ceilDiv(columns, hk.idx(kColumnsPerSumBlock)), hk.idx(1), hk.idx(1)});
 }
@@ -155,7 +155,7 @@ void launchSum(HostCode &h, ValueRange args, bool gated, Value columns,
 /// dx = m^T · dy, gated by the ReLU of `gate` when set.
 void layerBackward(HostCode &h, Value m, Value dy, Value x, Value dm, Value dx,
                    Value gate, Location loc) {
-  KB &k = h.k;
+  GpuKernelBuilder &k = h.k;
   Value rows = k.dim(m, 0), cols = k.dim(m, 1);
   Value blocks = k.ceilDiv(rows, k.idx(kBlockRows));
   Value partial = h.alloc(
@@ -178,7 +178,7 @@ HyperRouterGradToGPU::lower(HyperRouterGradOp op, OpAdaptor adaptor,
                             ConversionPatternRewriter &rewriter) const {
   Location loc = op.getLoc();
   HostCode h(rewriter, op);
-  KB &k = h.k;
+  GpuKernelBuilder &k = h.k;
   Value emb = h.buffer(adaptor.getEmb()), w1 = h.buffer(adaptor.getW1()),
         b1 = h.buffer(adaptor.getB1()), w2 = h.buffer(adaptor.getW2()),
         b2 = h.buffer(adaptor.getB2()), dw = h.buffer(adaptor.getDw()),

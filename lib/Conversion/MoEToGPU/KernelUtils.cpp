@@ -23,19 +23,25 @@ using namespace mlir::moe::gpu_lowering;
 using namespace mlir::moe::kernels;
 
 //===----------------------------------------------------------------------===//
-// KB
+// GpuKernelBuilder
 //===----------------------------------------------------------------------===//
 
-Value KB::threadId(gpu::Dimension d) { return gpu::ThreadIdOp::create(b, d); }
-Value KB::blockId(gpu::Dimension d) { return gpu::BlockIdOp::create(b, d); }
-Value KB::gridDim(gpu::Dimension d) { return gpu::GridDimOp::create(b, d); }
-void KB::barrier() { gpu::BarrierOp::create(b); }
-Value KB::shuffleXor(Value v, int64_t offset) {
+Value GpuKernelBuilder::threadId(gpu::Dimension d) {
+  return gpu::ThreadIdOp::create(b, d);
+}
+Value GpuKernelBuilder::blockId(gpu::Dimension d) {
+  return gpu::BlockIdOp::create(b, d);
+}
+Value GpuKernelBuilder::gridDim(gpu::Dimension d) {
+  return gpu::GridDimOp::create(b, d);
+}
+void GpuKernelBuilder::barrier() { gpu::BarrierOp::create(b); }
+Value GpuKernelBuilder::shuffleXor(Value v, int64_t offset) {
   return gpu::ShuffleOp::create(b, v, cI32(offset), cI32(kWarp),
                                 gpu::ShuffleMode::XOR)
       .getShuffleResult();
 }
-Value KB::shuffleIdx(Value v, Value srcLane) {
+Value GpuKernelBuilder::shuffleIdx(Value v, Value srcLane) {
   return gpu::ShuffleOp::create(b, v, srcLane, cI32(kWarp),
                                 gpu::ShuffleMode::IDX)
       .getShuffleResult();
@@ -45,7 +51,7 @@ Value KB::shuffleIdx(Value v, Value srcLane) {
 // Reductions
 //===----------------------------------------------------------------------===//
 
-static Value combine(KB &k, Value x, Value y, ReduceKind kind) {
+static Value combine(GpuKernelBuilder &k, Value x, Value y, ReduceKind kind) {
   switch (kind) {
   case ReduceKind::Sum:
     return k.fadd(x, y);
@@ -57,8 +63,8 @@ static Value combine(KB &k, Value x, Value y, ReduceKind kind) {
   llvm_unreachable("reduce kind");
 }
 
-Value mlir::moe::gpu_lowering::subgroupReduce(KB &k, Value v, ReduceKind kind,
-                                              int64_t width) {
+Value mlir::moe::gpu_lowering::subgroupReduce(GpuKernelBuilder &k, Value v,
+                                              ReduceKind kind, int64_t width) {
   if (kind != ReduceKind::MaxI64) {
     // gpu.subgroup_reduce, lowered by upstream's patterns
     // (lowerSubgroupReductions).
@@ -108,8 +114,9 @@ mlir::moe::gpu_lowering::lowerSubgroupReductions(gpu::GPUModuleOp kernels) {
   return failure(left.wasInterrupted());
 }
 
-Value mlir::moe::gpu_lowering::blockReduce(KB &k, Value v, ReduceKind kind,
-                                           int64_t threads, Value scratch) {
+Value mlir::moe::gpu_lowering::blockReduce(GpuKernelBuilder &k, Value v,
+                                           ReduceKind kind, int64_t threads,
+                                           Value scratch) {
   int64_t warps = threads / kWarp;
   v = subgroupReduce(k, v, kind, kWarp);
   if (warps == 1)
@@ -133,9 +140,9 @@ Value mlir::moe::gpu_lowering::blockReduce(KB &k, Value v, ReduceKind kind,
 
 /// The epilogue of a register top-k: each lane turns the raw values it stored
 /// (rounds r with r % width == lane) into weights.
-static void rescaleOwnEntries(KB &k, const TopkSpec &spec, Value lane,
-                              int64_t width, Value weights, Value row,
-                              Value active, Value v0, Value selSum,
+static void rescaleOwnEntries(GpuKernelBuilder &k, const TopkSpec &spec,
+                              Value lane, int64_t width, Value weights,
+                              Value row, Value active, Value v0, Value selSum,
                               Value denseMax, Value denseSum) {
   if (!spec.logits && !spec.renormalize)
     return; // raw probabilities: the stored values are the weights
@@ -149,12 +156,13 @@ static void rescaleOwnEntries(KB &k, const TopkSpec &spec, Value lane,
 }
 
 /// redux.sync `kind` of an i32 over the lanes of `mask`.
-static Value redux(KB &k, Value v, NVVM::ReduxKind kind, Value mask) {
+static Value redux(GpuKernelBuilder &k, Value v, NVVM::ReduxKind kind,
+                   Value mask) {
   return NVVM::ReduxOp::create(k.b, v.getType(), v, kind, mask).getRes();
 }
 
 /// The lanes of this lane's group of `width` in its warp, as a member mask.
-static Value groupMask(KB &k, int64_t width) {
+static Value groupMask(GpuKernelBuilder &k, int64_t width) {
   if (width == kWarp)
     return k.cI32(-1);
   Value warpLane = k.castInt(k.remu(k.threadId(), k.idx(kWarp)), k.i32());
@@ -165,9 +173,9 @@ static Value groupMask(KB &k, int64_t width) {
 /// The k rounds of TopkRounds::Redux: stores round r's value and index by lane
 /// r % width; returns {v0, selSum} as the butterfly rounds do.
 static SmallVector<Value>
-emitReduxRounds(KB &k, ArrayRef<Value> vals, Value lane, int64_t width,
-                int64_t numElements, const TopkSpec &spec, Value weights,
-                Value indices, Value row, Value active) {
+emitReduxRounds(GpuKernelBuilder &k, ArrayRef<Value> vals, Value lane,
+                int64_t width, int64_t numElements, const TopkSpec &spec,
+                Value weights, Value indices, Value row, Value active) {
   const int64_t vpt = vals.size();
   Value gone = k.cI32(std::numeric_limits<int32_t>::min());
   Value noIndex = k.cI32(std::numeric_limits<int32_t>::max());
@@ -216,9 +224,10 @@ emitReduxRounds(KB &k, ArrayRef<Value> vals, Value lane, int64_t width,
 }
 
 void mlir::moe::gpu_lowering::emitRegisterTopk(
-    KB &k, ArrayRef<Value> vals, Value lane, int64_t width, int64_t numElements,
-    const TopkSpec &spec, Value weights, Value indices, Value row, Value active,
-    Value denseMax, Value denseSum, TopkRounds rounds) {
+    GpuKernelBuilder &k, ArrayRef<Value> vals, Value lane, int64_t width,
+    int64_t numElements, const TopkSpec &spec, Value weights, Value indices,
+    Value row, Value active, Value denseMax, Value denseSum,
+    TopkRounds rounds) {
   if (rounds == TopkRounds::Redux) {
     SmallVector<Value> sel = emitReduxRounds(
         k, vals, lane, width, numElements, spec, weights, indices, row, active);
@@ -250,7 +259,7 @@ void mlir::moe::gpu_lowering::emitRegisterTopk(
                   // winner.
                   Value best = none;
                   for (Value cand : cands)
-                    best = k.maxs(best, k.select(k.lt(cand, prev), cand, none));
+                    best = bestBelow(k, best, cand, prev, none);
                   best = subgroupReduce(k, best, ReduceKind::MaxI64, width);
                   Value key = candidateKey(k, best);
                   Value index = candidateIndex(k, best);
@@ -356,12 +365,12 @@ void GPUKernel::launch(std::array<Value, 3> grid) {
 }
 
 void GPUKernel::launchOver(Value count) {
-  KB &hk = host.k;
+  GpuKernelBuilder &hk = host.k;
   launch({hk.ceilDiv(count, hk.idx(blockSize[0])), hk.idx(1), hk.idx(1)});
 }
 
 void GPUKernel::launchColumns(Value cols, Value rows) {
-  KB &hk = host.k;
+  GpuKernelBuilder &hk = host.k;
   launch({hk.ceilDiv(cols, hk.idx(blockSize[0])),
           hk.minu(rows, hk.idx(kMaxGridDim[1])), hk.idx(1)});
 }
@@ -607,8 +616,8 @@ void HostCode::replace(Operation *op, ValueRange buffers) {
   rewriter.replaceOp(op, tensors);
 }
 
-void mlir::moe::gpu_lowering::emitRecordIndexError(KB &k, Value word,
-                                                   int64_t opCode,
+void mlir::moe::gpu_lowering::emitRecordIndexError(GpuKernelBuilder &k,
+                                                   Value word, int64_t opCode,
                                                    Value position, Value value,
                                                    Value bound) {
   ImplicitLocOpBuilder &b = k.b;
@@ -632,8 +641,8 @@ void mlir::moe::gpu_lowering::emitRecordIndexError(KB &k, Value word,
 }
 
 SmallVector<Value>
-mlir::moe::gpu_lowering::dynamicSizesFrom(KB &k, RankedTensorType type,
-                                          Value like) {
+mlir::moe::gpu_lowering::dynamicSizesFrom(GpuKernelBuilder &k,
+                                          RankedTensorType type, Value like) {
   SmallVector<Value> sizes;
   for (int64_t d = 0; d < type.getRank(); ++d)
     if (type.isDynamicDim(d))

@@ -35,9 +35,10 @@ constexpr int64_t kWarp = 32;
 
 /// The GPU instance of the kernel builder (MoE/Kernels/Builder.h): one
 /// thread's scalars, plus thread/block ids, barriers and warp shuffles.
-class KB : public kernels::KernelBuilder {
+class GpuKernelBuilder : public kernels::KernelBuilder {
 public:
-  explicit KB(ImplicitLocOpBuilder &b) : kernels::KernelBuilder(b) {}
+  explicit GpuKernelBuilder(ImplicitLocOpBuilder &b)
+      : kernels::KernelBuilder(b) {}
 
   // GPU ids (index).
   Value threadId(gpu::Dimension d = gpu::Dimension::x);
@@ -50,6 +51,10 @@ public:
   Value shuffleIdx(Value v, Value srcLane);
 };
 
+/// The builder's former name, kept only while files of work in flight still
+/// spell it (remove once no file says `KB`).
+using KB = GpuKernelBuilder;
+
 //===----------------------------------------------------------------------===//
 // Reductions
 //===----------------------------------------------------------------------===//
@@ -60,7 +65,8 @@ enum class ReduceKind { Sum, Max, MaxI64 };
 /// <= 32): every lane of the group gets the result. f32 Sum/Max
 /// (NaN-propagating) are gpu.subgroup_reduce ops (cluster_size = width);
 /// i64 signed max (MaxI64) is built here from 32-bit shuffles.
-Value subgroupReduce(KB &k, Value v, ReduceKind kind, int64_t width);
+Value subgroupReduce(GpuKernelBuilder &k, Value v, ReduceKind kind,
+                     int64_t width);
 
 /// Lowers the gpu.subgroup_reduce ops of `kernels` to gpu.shuffle butterflies
 /// (offsets 1, 2, 4, ...) with upstream's patterns: no upstream pass applies
@@ -72,8 +78,8 @@ LogicalResult lowerSubgroupReductions(gpu::GPUModuleOp kernels);
 /// threads/32 elements of v's type), then every thread combines the warp
 /// values in warp order, so the result is deterministic. Contains two
 /// barriers; every thread of the block must reach it.
-Value blockReduce(KB &k, Value v, ReduceKind kind, int64_t threads,
-                  Value scratch);
+Value blockReduce(GpuKernelBuilder &k, Value v, ReduceKind kind,
+                  int64_t threads, Value scratch);
 
 //===----------------------------------------------------------------------===//
 // Top-k keys
@@ -100,10 +106,10 @@ enum class TopkRounds { Butterfly, Redux };
 /// own entries in the epilogue (no cross-lane memory traffic).
 /// `denseMax`/`denseSum` (logits without renormalization) are the row's max
 /// and sum of exp(x - max); pass null otherwise.
-void emitRegisterTopk(KB &k, ArrayRef<Value> vals, Value lane, int64_t width,
-                      int64_t numElements, const TopkSpec &spec, Value weights,
-                      Value indices, Value row, Value active, Value denseMax,
-                      Value denseSum,
+void emitRegisterTopk(GpuKernelBuilder &k, ArrayRef<Value> vals, Value lane,
+                      int64_t width, int64_t numElements, const TopkSpec &spec,
+                      Value weights, Value indices, Value row, Value active,
+                      Value denseMax, Value denseSum,
                       TopkRounds rounds = TopkRounds::Butterfly);
 
 //===----------------------------------------------------------------------===//
@@ -138,7 +144,7 @@ public:
   RewriterBase &rewriter;
   ImplicitLocOpBuilder b;
   ModuleOp module;
-  KB k;
+  GpuKernelBuilder k;
 
   /// The buffer of a tensor operand (identity layout; read only): an in of
   /// the kernel.
@@ -213,7 +219,7 @@ public:
 
   /// The builder of the body and the kernel builder on it.
   ImplicitLocOpBuilder b;
-  KB k;
+  GpuKernelBuilder k;
   gpu::GPUFuncOp func;
 
   /// Argument `i`: operand `i` on the device.
@@ -253,12 +259,13 @@ private:
 /// `opCode` (ErrorReporting.h) holds `value`, outside [0, bound): the first
 /// error wins the flag (cmpxchg) and writes the details. `word` is the i64
 /// device address from HostCode::errorWord().
-void emitRecordIndexError(KB &k, Value word, int64_t opCode, Value position,
-                          Value value, Value bound);
+void emitRecordIndexError(GpuKernelBuilder &k, Value word, int64_t opCode,
+                          Value position, Value value, Value bound);
 
 /// Dynamic sizes of `type` taken from the dims of `like` at the same
 /// positions (both of the same rank).
-SmallVector<Value> dynamicSizesFrom(KB &k, RankedTensorType type, Value like);
+SmallVector<Value> dynamicSizesFrom(GpuKernelBuilder &k, RankedTensorType type,
+                                    Value like);
 
 } // namespace mlir::moe::gpu_lowering
 

@@ -15,6 +15,7 @@
 #include "Limits.h"
 #include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
 #include "MoE/IR/MoEOps.h"
+#include "MoE/Kernels/TopK.h"
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -116,15 +117,14 @@ struct FlashLogitArgs {
 };
 
 /// The flash-style mixing kernel shared by similarity_inform and
-/// attention_posterior (SimilarityInform.cpp), on the logit of FlashLogitSpec:
+/// attention_posterior (FlashMix.cpp), on the logit of FlashLogitSpec:
 ///   out[b,i,:] = Σ_j softmax_j(logit[i,:]) · e[b,j,:]   (0 for a masked row)
 /// and, with a top-k, TopM_Renormalize(out) in the epilogue.
 struct FlashMixSpec : FlashLogitSpec {
   /// Experts (static, <= kFlashMaxExperts).
   int64_t numExperts = 0;
-  /// Fused top-k (probs mode) in the epilogue.
-  std::optional<int64_t> topk;
-  bool renormalize = true;
+  /// Fused top-k (probs mode) in the epilogue: topkSpecOf the *_topk op.
+  std::optional<kernels::TopkSpec> topk;
   /// A last output lse [B,N] (f32): the row's log-sum-exp of the logits
   /// (-inf for a row without keys), from which the backward recomputes the
   /// probabilities.
@@ -174,7 +174,7 @@ void launchFlashMixMma(class HostCode &h, StringRef name,
                        const FlashMixSpec &spec, const FlashMmaTile &tile,
                        Value q, ValueRange args, Location loc);
 
-/// The tiles of the flash kernels (SimilarityInform.cpp, FlashGrad.cpp): a
+/// The tiles of the flash kernels (FlashMix.cpp, FlashGrad.cpp): a
 /// block of kFlashThreads threads owns kFlashRows rows, a group of
 /// kFlashGroup lanes (inside one warp) owns a row, and column tiles of
 /// kFlashCols stream through workgroup memory in feature chunks of
@@ -197,10 +197,11 @@ struct FlashLanes {
 /// the workgroup tiles rowTile [kFlashRows x kFlashChunk+1] and colTile
 /// [kFlashCols x kFlashChunk+1] (zeros past numRows, numCols and depth).
 /// Every thread of the block must reach it (barriers).
-SmallVector<Value> emitFlashDots(class KB &k, const FlashLanes &t, Value b,
-                                 Value rowsOp, Value rowBase, Value numRows,
-                                 Value colsOp, Value colBase, Value numCols,
-                                 Value depth, Value rowTile, Value colTile);
+SmallVector<Value> emitFlashDots(class GpuKernelBuilder &k, const FlashLanes &t,
+                                 Value b, Value rowsOp, Value rowBase,
+                                 Value numRows, Value colsOp, Value colBase,
+                                 Value numCols, Value depth, Value rowTile,
+                                 Value colTile);
 
 /// The backward tiles of the flash mixing (FlashGrad.cpp), FlashAttention-2
 /// style: no N x Nk buffer, every output row written by one block in a fixed
@@ -257,7 +258,7 @@ void launchFlashGradStats(class HostCode &h, Value lse, Value p, Value dp,
 /// out[b,i,:] = x[b,i,:] · w (w^T with `transposed`; += with `accumulate`)
 /// for x [B,N,D] (any float type), w [D,D], out [B,N,D] (f32): a thread per
 /// output feature, the B·N rows strided over the blocks along y
-/// (SimilarityInform.cpp).
+/// (FlashMix.cpp).
 void launchRowProjection(class HostCode &h, StringRef name, Value x, Value w,
                          Value out, bool transposed, bool accumulate,
                          Location loc);

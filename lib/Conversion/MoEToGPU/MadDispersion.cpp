@@ -36,8 +36,8 @@ static constexpr int64_t kChunkTokens = 256;
 static constexpr int64_t kEpilogueThreads = 256;
 
 /// Cluster of token t as index, and whether it is in [0, E).
-static std::pair<Value, Value> clusterOf(KB &k, Value assign, Value t,
-                                         int64_t E) {
+static std::pair<Value, Value> clusterOf(GpuKernelBuilder &k, Value assign,
+                                         Value t, int64_t E) {
   Value a = k.castInt(k.load(assign, {t}), k.i64());
   Value ok = idInRange(k, a, k.cI64(E));
   Value safe = k.select(ok, a, k.cI64(0));
@@ -57,7 +57,7 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
 
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
-  KB &k = h.k;
+  GpuKernelBuilder &k = h.k;
   Type f32 = b.getF32Type();
   Value x = h.buffer(adaptor.getTokens());
   Value assign = h.buffer(adaptor.getAssign());
@@ -80,7 +80,7 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
   {
     GPUKernel kernel(h, "mad_count", {assign, counts, word}, {},
                      {kThreads, 1, 1}, loc);
-    KB &kk = kernel.k;
+    GpuKernelBuilder &kk = kernel.k;
     Value as = kernel.arg(0), cs = kernel.arg(1), w = kernel.arg(2);
     kernel.forItem(kk.dim(as, 0), [&](Value t) {
       auto [a, ok] = clusterOf(kk, as, t, E);
@@ -101,7 +101,7 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
   auto chunkSums = [&](bool deviation) {
     GPUKernel kernel(h, deviation ? "mad_chunk_deviations" : "mad_chunk_sums",
                      {x, assign, means, partial}, {}, {kThreads, 1, 1}, loc);
-    KB &kk = kernel.k;
+    GpuKernelBuilder &kk = kernel.k;
     Value xs = kernel.arg(0), as = kernel.arg(1), mu = kernel.arg(2),
           part = kernel.arg(3);
     Value q = kernel.globalId();
@@ -131,7 +131,7 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
                      dispersion ? "mad_finish_dispersion" : "mad_finish_mean",
                      {partial, counts, dispersion ? weights : means}, {},
                      {kThreads, 1, 1}, loc);
-    KB &kk = kernel.k;
+    GpuKernelBuilder &kk = kernel.k;
     Value part = kernel.arg(0), cs = kernel.arg(1), o = kernel.arg(2);
     Value Dk = kk.dim(part, 2), C = kk.dim(part, 0);
     Value flat = kernel.globalId();
@@ -159,7 +159,7 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
     GPUKernel kernel(h, "mad_epilogue", {weights, counts},
                      {workgroupMemRef({warps}, f32)}, {kEpilogueThreads, 1, 1},
                      loc);
-    KB &kk = kernel.k;
+    GpuKernelBuilder &kk = kernel.k;
     Value w = kernel.arg(0), cs = kernel.arg(1);
     Value scratch = kernel.workgroup(0);
     Value tid = kk.threadId();

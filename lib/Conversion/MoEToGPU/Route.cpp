@@ -53,8 +53,8 @@ constexpr int64_t kRouteMaxGroups = 64;
 /// The kernel of one token per group of `width` lanes (the file header).
 class RouteWarpKernel {
 public:
-  RouteWarpKernel(KB &k, const RouteSpec &spec, int64_t numExperts,
-                  int64_t width, int64_t blockSize)
+  RouteWarpKernel(GpuKernelBuilder &k, const RouteSpec &spec,
+                  int64_t numExperts, int64_t width, int64_t blockSize)
       : k(k), spec(spec), numExperts(numExperts), width(width),
         blockSize(blockSize), vpt(llvm::divideCeil(numExperts, width)) {}
 
@@ -79,7 +79,7 @@ public:
   }
 
 private:
-  KB &k;
+  GpuKernelBuilder &k;
   const RouteSpec &spec;
   int64_t numExperts, width, blockSize, vpt;
   Value x, lane, active, row, none;
@@ -162,7 +162,7 @@ private:
             continue;
           Value c = cand[m];
           if (below)
-            c = k.select(k.lt(c, below), c, none);
+            c = candidateBelow(k, c, below, none);
           if (!columns)
             c = k.select(k.eq(groupOf[m], k.cI32(g)), c, none);
           best = k.maxs(best, c);
@@ -186,7 +186,7 @@ private:
                   [&](Value, ValueRange it) -> SmallVector<Value> {
                     Value best = none;
                     for (Value gc : groupCand)
-                      best = k.maxs(best, k.select(k.lt(gc, it[0]), gc, none));
+                      best = bestBelow(k, best, gc, it[0], none);
                     Value g = k.extu(candidateIndex(k, best), k.i64());
                     return {best, k.orI(it[1], k.shl(k.cI64(1), g))};
                   })[1];
@@ -207,7 +207,7 @@ private:
         [&](Value j, ValueRange prev) -> SmallVector<Value> {
           Value best = none;
           for (Value c : cand)
-            best = k.maxs(best, k.select(k.lt(c, prev[0]), c, none));
+            best = bestBelow(k, best, c, prev[0], none);
           best = reduce(best, ReduceKind::MaxI64);
           Value index = candidateIndex(k, best);
           Value writer = k.andI(active, k.eq(k.remu(j, widthIdx), lane));
@@ -277,7 +277,7 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
            << kRouteMaxGroups;
 
   HostCode h(rewriter, op);
-  KB &k = h.k;
+  GpuKernelBuilder &k = h.k;
   Value x = h.buffer(adaptor.getLogits());
   Value bias = adaptor.getBias() ? h.buffer(adaptor.getBias()) : Value();
   auto weightsType = cast<RankedTensorType>(op.getWeights().getType());

@@ -39,7 +39,7 @@ static void launchWeightGrad(HostCode &h, Value u, Value dq, Value dws,
   GPUKernel kernel(h, "similarity_grad_dws", {u, dq, dws}, {}, {threads, 1, 1},
                    loc);
   {
-    KB &k = kernel.k;
+    GpuKernelBuilder &k = kernel.k;
     Value uu = kernel.arg(0), g = kernel.arg(1), out = kernel.arg(2);
     Value D = k.dim(uu, 2);
     Value col = kernel.globalId();
@@ -58,7 +58,7 @@ static void launchWeightGrad(HostCode &h, Value u, Value dq, Value dws,
       k.store(s, out, {d, col});
     });
   }
-  KB &k = h.k;
+  GpuKernelBuilder &k = h.k;
   Value D = k.dim(u, 2);
   kernel.launchColumns(D, D);
 }
@@ -81,7 +81,7 @@ SimilarityInformGradToGPU::lower(SimilarityInformGradOp op, OpAdaptor adaptor,
 
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
-  KB &k = h.k;
+  GpuKernelBuilder &k = h.k;
   Type f32 = b.getF32Type();
   Value u = h.buffer(uT), e = h.buffer(eT), dp = h.buffer(dpT);
   Value ws = wsT ? h.buffer(wsT) : Value();

@@ -55,7 +55,7 @@ static constexpr int64_t kRegisterTopkMaxK = 1024;
 /// Threads of the block-per-token kernel.
 static constexpr int64_t kBlockTopkThreads = 256;
 
-static void emitWarpTopkKernel(KB &k, Value scores, Value weights,
+static void emitWarpTopkKernel(GpuKernelBuilder &k, Value scores, Value weights,
                                Value indices, int64_t K, int64_t blockSize,
                                const TopkSpec &spec, int64_t width,
                                TopkRounds rounds) {
@@ -99,9 +99,10 @@ static void emitWarpTopkKernel(KB &k, Value scores, Value weights,
                    denseMax, denseSum, rounds);
 }
 
-static void emitBlockTopkKernel(KB &k, Value scores, Value weights,
-                                Value indices, const TopkSpec &spec,
-                                Value scratchI64, Value scratchF32) {
+static void emitBlockTopkKernel(GpuKernelBuilder &k, Value scores,
+                                Value weights, Value indices,
+                                const TopkSpec &spec, Value scratchI64,
+                                Value scratchF32) {
   const int64_t threads = kBlockTopkThreads;
   Value tid = k.threadId();
   Value row = k.blockId();
@@ -138,8 +139,7 @@ static void emitBlockTopkKernel(KB &k, Value scores, Value weights,
                         Value v = k.loadF(scores, {row, i});
                         Value cand = packCandidate(k, orderedKey(k, v),
                                                    k.castInt(i, k.i32()));
-                        Value ok = k.lt(cand, prev);
-                        return {k.maxs(acc[0], k.select(ok, cand, none))};
+                        return {bestBelow(k, acc[0], cand, prev, none)};
                       })[0];
         Value best =
             blockReduce(k, local, ReduceKind::MaxI64, threads, scratchI64);
@@ -173,16 +173,13 @@ TopkRenormToGPU::lower(TopkRenormOp op, OpAdaptor adaptor,
   if (!weightsType.hasStaticShape() &&
       weightsType.isDynamicDim(weightsType.getRank() - 1))
     return op.emitOpError("GPU lowering needs a static k");
-  TopkSpec spec;
-  spec.k = op.getK();
-  spec.logits = op.getMode() == TopkMode::logits;
-  spec.renormalize = op.getRenormalize();
+  TopkSpec spec = kernels::topkSpecOf(op);
   int64_t K = scoresType.getShape().back();
   bool registerPath = !ShapedType::isDynamic(K) && K <= kRegisterTopkMaxK;
 
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
-  KB &k = h.k;
+  GpuKernelBuilder &k = h.k;
   Value scores = h.buffer(adaptor.getScores());
   Value weights =
       h.allocLike(weightsType, dynamicSizesFrom(k, weightsType, scores));

@@ -29,22 +29,19 @@ TopkRenormGradToGPU::lower(TopkRenormGradOp op, OpAdaptor adaptor,
   auto outType = cast<RankedTensorType>(op.getDscores().getType());
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
-  KB &k = h.k;
+  GpuKernelBuilder &k = h.k;
   Value scores = h.buffer(adaptor.getScores());
   Value out = h.allocLike(outType, dynamicSizesFrom(k, outType, scores));
   SmallVector<Value> args = {viewAs2D(b, scores),
                              viewAs2D(b, h.buffer(adaptor.getIndices())),
                              viewAs2D(b, h.buffer(adaptor.getDw())),
                              viewAs2D(b, out)};
-  kernels::TopkSpec spec;
-  spec.k = cast<RankedTensorType>(op.getIndices().getType()).getShape().back();
-  spec.logits = op.getMode() == TopkMode::logits;
-  spec.renormalize = op.getRenormalize();
+  kernels::TopkSpec spec = kernels::topkSpecOf(op);
 
   GPUKernel kernel(h, "topk_renorm_grad", args, {}, {kThreads, 1, 1},
                    op.getLoc());
   {
-    KB &kk = kernel.k;
+    GpuKernelBuilder &kk = kernel.k;
     Value s2 = kernel.arg(0), i2 = kernel.arg(1), g2 = kernel.arg(2),
           o2 = kernel.arg(3);
     kernel.forItem(kk.dim(s2, 0), [&](Value row) {

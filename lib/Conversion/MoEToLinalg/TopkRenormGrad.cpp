@@ -13,8 +13,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "MoE/Conversion/MoEToLinalg/Utils.h"
 #include "Patterns.h"
-#include "Utils.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/TopK.h"
@@ -37,9 +37,7 @@ LogicalResult mlir::moe::lowering::lowerTopkRenormGrad(TopkRenormGradOp op,
   Value indices = op.getIndices(), dw = op.getDw();
   unsigned rank = cast<RankedTensorType>(scores.getType()).getRank();
   unsigned lead = rank - 1;
-  kernels::TopkSpec spec;
-  spec.logits = op.getMode() == TopkMode::logits;
-  spec.renormalize = op.getRenormalize();
+  kernels::TopkSpec spec = kernels::topkSpecOf(op);
 
   SmallVector<OpFoldResult> rowSizes = sizesOf(rw, loc, scores);
   SmallVector<OpFoldResult> selSizes = sizesOf(rw, loc, indices);

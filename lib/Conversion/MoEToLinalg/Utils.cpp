@@ -4,7 +4,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Utils.h"
+#include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/Kernels/TopK.h"
 

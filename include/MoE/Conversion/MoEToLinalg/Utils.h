@@ -1,16 +1,17 @@
-//===- Utils.h - Helpers shared by the moe -> linalg patterns ---*- C++ -*-===//
+//===- Utils.h - Builders shared by the moe -> linalg patterns --*- C++ -*-===//
 //
 // Part of the MoE-MLIR project.
 //
 // Small builders the per-op lowerings share: f32 promotion, filled init
 // tensors, linalg.generic with a lambda body, the orderings used by every
 // top-k/argmin, the online-softmax step, and the run-time index check that
-// calls moeReportIndexError.
+// calls moeReportIndexError. Public: the fast CPU kernels (MoEToCPU) finish
+// some ops with these tensor-level builders too.
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef MOE_LIB_CONVERSION_MOETOLINALG_UTILS_H
-#define MOE_LIB_CONVERSION_MOETOLINALG_UTILS_H
+#ifndef MOE_CONVERSION_MOETOLINALG_UTILS_H
+#define MOE_CONVERSION_MOETOLINALG_UTILS_H
 
 #include "mlir/Dialect/Arith/Utils/Utils.h"
 #include "mlir/Dialect/Linalg/IR/Linalg.h"
@@ -208,4 +209,4 @@ LogicalResult emitIndexCheck(RewriterBase &rewriter, Operation *anchor,
 
 } // namespace mlir::moe::lowering
 
-#endif // MOE_LIB_CONVERSION_MOETOLINALG_UTILS_H
+#endif // MOE_CONVERSION_MOETOLINALG_UTILS_H
