@@ -282,3 +282,22 @@ def test_deepseek_v3_bias_balancing_over_50_steps():
     # The aux-loss-free update does its job: expert 0's load falls from most of the tokens to about its share.
     loads = torch.stack([c.float() for _, c in runs[0]])
     assert loads[0, 0] >= 0.75 * T and loads[-10:, 0].mean() <= 0.5 * T
+
+
+@needs_cpu_kernels
+def test_capacity_ops_trace_under_torch_compile():
+    # The fake kernels and the autograd trace (aot_eager: no code generation): same values and gradient as eager.
+    def step(idx, w, b, c):
+        kept, dropped = M.apply_capacity(idx, w, 8, 5, "probability")
+        return kept * 2, dropped, M.bias_update(b, c, 1e-3)
+
+    torch._dynamo.reset()
+    idx, w0 = _random_case(20, 2, 8, 13)
+    b, c = torch.zeros(8), torch.randint(0, 9, (8,), generator=g(14), dtype=torch.int32)
+    w, w_ref = w0.clone().requires_grad_(True), w0.clone().requires_grad_(True)
+    out = torch.compile(step, backend="aot_eager", fullgraph=True)(idx, w, b, c)
+    ref = step(idx, w_ref, b, c)
+    assert all(torch.equal(o, r) for o, r in zip(out, ref))
+    out[0].sum().backward()
+    ref[0].sum().backward()
+    assert torch.equal(w.grad, w_ref.grad)
