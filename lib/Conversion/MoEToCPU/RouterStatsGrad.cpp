@@ -3,9 +3,10 @@
 // Part of the MoE-MLIR project.
 //
 // Rows are independent: blocks of kBalanceRowsPerBlock rows go to the
-// workers. Per row: the online softmax (log space), c = Σ p·g, then
-// dlogits = (w/W) · p · (g - c) (MoE/Kernels/Balance.h), p recomputed from
-// the row's log-sum-exp in each pass (the row stays in L1).
+// workers. Per row: the online softmax (log space), p = exp(x - lse) into the
+// worker's row buffer while c = Σ p·g accumulates, then
+// dlogits = (w/W) · p · (g - c) (MoE/Kernels/Balance.h) from the buffer: one
+// exp per logit beyond the softmax's.
 //
 //===----------------------------------------------------------------------===//
 
@@ -40,7 +41,10 @@ struct RouterStatsGradKernel : KernelPattern<RouterStatsGradOp> {
     auto gChunk = [&](Value base) {
       return k.vloadMasked(g, {base}, k.sub(numExperts, base), 0.0);
     };
-    k.workers(opts, balanceBlocks(k, rows), [&](Value block, Value) {
+    Value rowBufs = k.scratch(opts, MemRefType::get({kDyn}, k.f32()),
+                              {roundUp(k, numExperts, k.lanes())});
+    k.workers(opts, balanceBlocks(k, rows), [&](Value block, Value worker) {
+      Value probs = k.workerSlice(rowBufs, worker);
       auto [r0, r1] = balanceBlockRows(k, block, rows);
       k.forLoop(r0, r1, k.idx(1), [&](Value r) {
         Value w = m ? k.loadF(m, {r}) : k.cF32(1.0);
@@ -52,10 +56,13 @@ struct RouterStatsGradKernel : KernelPattern<RouterStatsGradOp> {
               k, balanceChunk(k, x2, r, base, numExperts, negInf), shift);
         };
         Value c = balanceRowSum(k, numExperts, [&](Value base) {
-          return k.fmul(prob(base), gChunk(base));
+          Value p = prob(base);
+          k.vstore(p, probs, {base});
+          return k.fmul(p, gChunk(base));
         });
         balanceEachChunk(k, numExperts, [&](Value base) {
-          Value d = routerStatsGradEntry(k, prob(base), gChunk(base), c, scale);
+          Value d = routerStatsGradEntry(k, k.vload(probs, {base}),
+                                         gChunk(base), c, scale);
           k.vstoreMasked(d, out, {r, base}, k.sub(numExperts, base));
         });
       });
