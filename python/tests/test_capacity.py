@@ -301,3 +301,33 @@ def test_capacity_ops_trace_under_torch_compile():
     out[0].sum().backward()
     ref[0].sum().backward()
     assert torch.equal(w.grad, w_ref.grad)
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("drop", ["position", "probability"])
+def test_switch_block_capacity_factor(drop):
+    """The seed models' Switch-style block with a capacity factor: the gate weights of the over-capacity
+    assignments become 0 exactly as the papers' rule says, with custom ops or plain PyTorch, and training still
+    gets gradients (through the kept weights)."""
+    from moe_mlir.models.acmoe import StandardSMoEBlock
+
+    torch.manual_seed(3)
+    block = StandardSMoEBlock(num_experts=4, k=2, capacity_factor=0.5, capacity_drop=drop, return_routing=True)
+    uncapped, plain = copy.deepcopy(block), copy.deepcopy(block)
+    uncapped.capacity_factor = None
+    plain.use_custom_ops = False
+    x = torch.randn(2, 6, 32, generator=g(15))
+    y, w, idx = block(x)
+    _, w_all, idx_all = uncapped(x)
+    assert torch.equal(idx, idx_all)
+    # C = ceil(0.5 * 12 tokens * 2 / 4) = 3 of the 24 assignments per expert.
+    ref_kept, ref_dropped = papers(idx.reshape(12, 2), w_all.detach().reshape(12, 2), 4, 3, drop)
+    assert torch.equal(w.detach().reshape(12, 2), ref_kept) and torch.equal(block.dropped, ref_dropped)
+    assert int(ref_dropped.sum()) >= 12
+    y_plain, w_plain, _ = plain(x)
+    torch.testing.assert_close(w_plain, w, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(y_plain, y, atol=1e-5, rtol=1e-4)
+    y.sum().backward()
+    assert block.gate.weight.grad is not None and torch.isfinite(block.gate.weight.grad).all()
+    with pytest.raises(ValueError, match="capacity_factor"):
+        StandardSMoEBlock(capacity_factor=-1.0)

@@ -15,6 +15,8 @@ op); it imports as generic linalg.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -28,13 +30,16 @@ __all__ = ["StandardSMoEBlock", "ACMoEBlock", "ACMoEStack", "example"]
 
 
 class StandardSMoEBlock(SMoEBlock):
-    """Switch/GLaM-style SMoE: linear router and TopK-then-softmax gate."""
+    """Switch/GLaM-style SMoE: linear router and TopK-then-softmax gate; optionally Switch's expert capacity
+    (``capacity_factor``, ``capacity_drop``: :class:`SMoEBlock`)."""
 
     def __init__(self, d_model: int = 32, n_heads: int = 4, num_experts: int = 8, k: int = 2, d_ff: int = 64,
                  causal: bool = False, use_custom_ops: bool = True, return_routing: bool = False,
-                 balance_loss_coef: float = 0.0, z_loss_coef: float = 0.0) -> None:
+                 balance_loss_coef: float = 0.0, z_loss_coef: float = 0.0, capacity_factor: Optional[float] = None,
+                 capacity_drop: str = "position") -> None:
         super().__init__(d_model, n_heads, num_experts, k, d_ff, causal=causal, return_routing=return_routing,
-                         balance_loss_coef=balance_loss_coef, z_loss_coef=z_loss_coef)
+                         balance_loss_coef=balance_loss_coef, z_loss_coef=z_loss_coef,
+                         capacity_factor=capacity_factor, capacity_drop=capacity_drop)
         self.use_custom_ops = use_custom_ops
         self.gate = nn.Linear(d_model, num_experts)
 

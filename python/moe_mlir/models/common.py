@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import ops as _ops  # noqa: F401  (torch.ops.moe.*)
+from ..reference_routing import apply_capacity as _reference_capacity
 
 __all__ = ["MultiHeadAttention", "AttentionOutput", "Experts", "gate_topk", "gate_topk_probs", "router_aux_loss",
            "SMoEBlock"]
@@ -147,16 +148,28 @@ class SMoEBlock(nn.Module):
     ST-MoE's z-loss 1e-3): with ``balance_loss_coef`` or ``z_loss_coef`` non-zero, a router with logits (the
     standard, ACMoE and HyperRouter gates) leaves ``aux_loss`` = :func:`router_aux_loss` of the batch's logits after
     each forward, to be added to the training loss; it is a zero scalar otherwise.
+
+    Expert capacity (Switch Transformer, GShard): with ``capacity_factor`` set, each expert keeps at most
+    ``capacity_of(B·N, k, E, capacity_factor)`` of the batch's assignments, claimed in the ``capacity_drop`` order
+    (``"position"`` or ``"probability"``, :func:`moe_mlir.ops.apply_capacity`); a dropped assignment gets weight 0
+    (the token passes through the residual only), and :attr:`dropped` holds the per-expert counts of the last forward.
     """
 
     def __init__(self, d_model: int, n_heads: int, num_experts: int, k: int, d_ff: int, causal: bool = False,
-                 return_routing: bool = False, balance_loss_coef: float = 0.0, z_loss_coef: float = 0.0) -> None:
+                 return_routing: bool = False, balance_loss_coef: float = 0.0, z_loss_coef: float = 0.0,
+                 capacity_factor: Optional[float] = None, capacity_drop: str = "position") -> None:
         super().__init__()
         if not 1 <= k <= num_experts:
             raise ValueError(f"k ({k}) must be in [1, {num_experts}]")
         for name, c in (("balance_loss_coef", balance_loss_coef), ("z_loss_coef", z_loss_coef)):
             if not (c >= 0 and math.isfinite(c)):
                 raise ValueError(f"{name} ({c}) must be a finite number >= 0")
+        if capacity_factor is not None and not (capacity_factor >= 0 and math.isfinite(capacity_factor)):
+            raise ValueError(f"capacity_factor ({capacity_factor}) must be a finite number >= 0")
+        if capacity_drop not in ("position", "probability"):
+            raise ValueError(f"capacity_drop must be 'position' or 'probability', got {capacity_drop!r}")
+        self.capacity_factor, self.capacity_drop = capacity_factor, capacity_drop
+        self.dropped: Optional[Tensor] = None
         self.d_model, self.num_experts, self.k = d_model, num_experts, k
         self.return_routing = return_routing
         self.balance_loss_coef, self.z_loss_coef = float(balance_loss_coef), float(z_loss_coef)
@@ -177,12 +190,27 @@ class SMoEBlock(nn.Module):
                                             getattr(self, "use_custom_ops", True))
         return gate_topk(logits, self.k, getattr(self, "use_custom_ops", True))
 
+    def apply_capacity(self, w: Tensor, idx: Tensor) -> Tensor:
+        """The gate weights ``[B, N, k]`` with the assignments over the experts' capacity set to 0 (unchanged
+        without ``capacity_factor``); records :attr:`dropped`."""
+        if self.capacity_factor is None:
+            return w
+        T = w.shape[0] * w.shape[1]
+        capacity = _ops.capacity_of(T, self.k, self.num_experts, self.capacity_factor)
+        args = (idx.reshape(T, -1), w.reshape(T, -1), self.num_experts, capacity, self.capacity_drop)
+        if getattr(self, "use_custom_ops", True):
+            kept, self.dropped = torch.ops.moe.apply_capacity(*args)
+        else:
+            kept, self.dropped = _reference_capacity(*args)
+        return kept.reshape(w.shape)
+
     def forward(self, x: Tensor):
         B, N, D = x.shape
         attn = self.attn(self.ln1(x))
         h = x + attn.out
         u = self.ln2(h)
         w, idx = self.route(u, attn)
+        w = self.apply_capacity(w, idx)
         y = h + self.experts(u.reshape(B * N, D), w.reshape(B * N, -1), idx.reshape(B * N, -1)).reshape(B, N, D)
         if self.return_routing:
             return y, w, idx
