@@ -311,3 +311,24 @@ def test_invalid_arguments():
         torch.ops.moe.sequence_balance_loss(s, torch.full((1, 4, 2), 8), 2)
     with pytest.raises(ValueError, match=r"dimension 2 of 'indices' \(2\) must equal 'top_k' \(3\)"):
         torch.ops.moe.sequence_balance_loss(s, torch.zeros(1, 4, 2, dtype=torch.long), 3)
+
+
+def test_whole_graph_import_and_run():
+    """The importer maps the ops to the dialect (load_balancing_loss = router_stats + load_balancing_loss, an int
+    mask cast to f32) and the whole-graph CPU path computes the eager values (one small module compiled)."""
+    from moe_mlir.backends.whole_graph import compile_whole_graph
+    from moe_mlir.mlir.importer import import_model
+
+    class Losses(torch.nn.Module):
+        def forward(self, x, m, s, i):
+            return (torch.ops.moe.load_balancing_loss(x, 2, m) + torch.ops.moe.router_z_loss(x),
+                    torch.ops.moe.router_stats(x, 2)[1], torch.ops.moe.sequence_balance_loss(s, i, 2))
+
+    g = torch.Generator().manual_seed(4)
+    x, s = torch.randn(6, 8, generator=g), torch.rand(2, 3, 8, generator=g)
+    args = (x, torch.tensor([1, 1, 0, 1, 1, 1]), s, torch.topk(s, 2, -1).indices)
+    text = import_model(Losses(), args)
+    for op in ("router_stats", "load_balancing_loss", "router_z_loss", "sequence_balance_loss"):
+        assert f'"moe.{op}"' in text
+    for a, b in zip(compile_whole_graph(Losses(), args)(*args), Losses()(*args)):
+        _close(a, b)

@@ -1116,6 +1116,45 @@ def _moe_bias_update(imp: FxImporter, node, a: dict) -> Value:
     return imp.moe_op("moe.bias_update", [a["bias"], a["counts"]], {"rate": _f32(a["rate"])}, [imp.out_type(0)])[0]
 
 
+# The load-balancing losses (MoEBalanceOps.td): the Switch loss is moe.router_stats (one fused pass) and the
+# E-long moe.load_balancing_loss on its results; a token mask of another dtype is cast to f32 (it multiplies).
+
+
+def _balance_float(imp: FxImporter, v: Value) -> Value:
+    return v if v.type.elem in ("f32", "f16", "bf16") else imp.cast(v, "f32")
+
+
+def _router_stats(imp: FxImporter, a: dict) -> list[Value]:
+    x = _balance_float(imp, a["logits"])
+    operands = [x]
+    if a.get("token_mask") is not None:
+        operands.append(_balance_float(imp, a["token_mask"]))
+    e = TensorType((x.type.shape[1],), "f32")
+    return imp.moe_op("moe.router_stats", operands, {"k": f"{int(a['top_k'])} : i64"}, [e, e, TensorType((), "f32")])
+
+
+@lowering("moe::router_stats.default")
+def _moe_router_stats(imp: FxImporter, node, a: dict) -> tuple[Value, Value]:
+    counts, probs, _ = _router_stats(imp, a)
+    return counts, probs
+
+
+@lowering("moe::load_balancing_loss.default")
+def _moe_load_balancing_loss(imp: FxImporter, node, a: dict) -> Value:
+    return imp.moe_op("moe.load_balancing_loss", _router_stats(imp, a), {}, [imp.out_type()])[0]
+
+
+@lowering("moe::router_z_loss.default")
+def _moe_router_z_loss(imp: FxImporter, node, a: dict) -> Value:
+    return imp.moe_op("moe.router_z_loss", [_balance_float(imp, a["logits"])], {}, [imp.out_type()])[0]
+
+
+@lowering("moe::sequence_balance_loss.default")
+def _moe_sequence_balance_loss(imp: FxImporter, node, a: dict) -> Value:
+    return imp.moe_op("moe.sequence_balance_loss", [_balance_float(imp, a["scores"]), a["indices"]], {},
+                      [imp.out_type()])[0]
+
+
 @lowering("moe::similarity_inform.default")
 def _moe_similarity_inform(imp: FxImporter, node, a: dict) -> Value:
     operands = [a["u"], a["e"]]
