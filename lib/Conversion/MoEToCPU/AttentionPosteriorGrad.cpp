@@ -288,6 +288,152 @@ void keyMajorSums(CpuKernelBuilder &k, const KernelOptions &opts,
   });
 }
 
+/// kChains chunks a step for the sums that run over a long index: one
+/// accumulator a chunk would wait on the FMA latency each step; four
+/// independent ones do not, and each element's sum keeps its order.
+constexpr int64_t kChains = 4;
+
+/// What the passes of the attention_posterior_grad kernel share: the index
+/// constants 0 and 1, a zero vector, the sizes and the heads h*[b] it reads
+/// (i32 [B]; 0 for a skipped batch element).
+struct PosteriorGradShape {
+  Value c0, c1, zeros;
+  Value batch, heads, keys, model, headDim;
+  Value head;
+
+  /// h*[b] as an index.
+  Value headOf(CpuKernelBuilder &k, Value bi) const {
+    return k.castInt(k.load(head, {bi}), k.b.getIndexType());
+  }
+  /// body(col, count) over the kLanes-wide chunks of [0, n).
+  void widthLoop(CpuKernelBuilder &k, Value n,
+                 function_ref<void(Value col, Value count)> body) const {
+    k.forLoop(c0, k.ceilDiv(n, k.idx(kLanes)), c1, [&](Value c) {
+      Value col = k.mul(c, k.idx(kLanes));
+      body(col, k.sub(n, col));
+    });
+  }
+};
+
+/// The buffers of pass 4a (emitDmAndDv).
+struct ValueGradBuffers {
+  Value dzU, dzSum, mValues, wo;
+  /// Written: dm [B, Nk, D] and d_v [B, H, Nk, Dh].
+  Value dm, dv;
+};
+
+/// Pass 4a: dm[b,j,:] = (Σ_i dz_ij u_i - (Σ_i dz_ij) m_j) · c/σ² (`cOverS2`,
+/// splat) and d_v[b,h,j,c] = Σ_d dm[b,j,d] wo[d, h·Dh + c] (0 off h*), a
+/// worker item per (b, key) when the work (`meanWork`) is large.
+void emitDmAndDv(CpuKernelBuilder &k, const KernelOptions &opts,
+                 const PosteriorGradShape &s, const ValueGradBuffers &x,
+                 Value cOverS2, Value meanWork) {
+  Value c0 = s.c0, c1 = s.c1, zeros = s.zeros, keys = s.keys;
+  Value dzU = x.dzU, dzSum = x.dzSum, mValues = x.mValues, wo = x.wo, dm = x.dm,
+        dv = x.dv;
+  workersIfLarge(
+      k, opts, k.mul(s.batch, keys), meanWork, [&](Value item, Value) {
+        Value bi = k.divu(item, keys), j = k.remu(item, keys);
+        Value h = s.headOf(k, bi);
+        Value r = k.splat(k.load(dzSum, {bi, j}), kLanes);
+        s.widthLoop(k, s.model, [&](Value col, Value count) {
+          Value a = k.vloadMasked(dzU, {bi, j, col}, count, 0.0);
+          Value mj = k.vloadMasked(mValues, {bi, j, col}, count, 0.0);
+          k.vstoreMasked(k.fmul(k.fsub(a, k.fmul(r, mj)), cOverS2), dm,
+                         {bi, j, col}, count);
+        });
+        k.forLoop(c0, s.heads, c1, [&](Value hh) {
+          Value chosen = k.cmpi(arith::CmpIPredicate::eq, hh, h);
+          Value col0 = k.mul(hh, s.headDim);
+          forEachChunkGroup(
+              k, s.headDim, kChains,
+              [&](ArrayRef<Value> cols, ArrayRef<Value> counts) {
+                // d_v[b,h,j,c] = Σ_d dm[b,j,d] wo[d, h·Dh + c] (0 off h*)
+                SmallVector<Value> init(kChains, zeros);
+                SmallVector<Value> acc = k.forLoop(
+                    c0, k.select(chosen, s.model, c0), c1, init,
+                    [&](Value d, ValueRange a) -> SmallVector<Value> {
+                      Value m = k.splat(k.load(dm, {bi, j, d}), kLanes);
+                      SmallVector<Value> next;
+                      for (int64_t q = 0; q < kChains; ++q) {
+                        Value at = k.add(col0, cols[q]);
+                        Value w = k.vloadMasked(wo, {d, at}, counts[q], 0.0);
+                        next.push_back(k.fma(m, w, a[q]));
+                      }
+                      return next;
+                    });
+                for (int64_t q = 0; q < kChains; ++q)
+                  k.vstoreMasked(acc[q], dv, {bi, hh, j, cols[q]}, counts[q]);
+              });
+        });
+      });
+}
+
+/// Pass 4b: d_wo[d, h*·Dh + c] = Σ_{b,j} dm[b,j,d] v[b,h*,j,c], zero in the
+/// columns of the other heads, into `dwo` [D, H·Dh].
+void emitDwo(CpuKernelBuilder &k, const KernelOptions &opts,
+             const PosteriorGradShape &s, Value dm, Value v, Value meanWork,
+             Value dwo) {
+  Value c0 = s.c0, c1 = s.c1, zeros = s.zeros, batch = s.batch, keys = s.keys,
+        model = s.model, headDim = s.headDim;
+  // d_wo[d, h*·Dh + c] = Σ_{b,j} dm[b,j,d] v[b,h*,j,c]: an item is
+  // kWoRows rows d, so that each v chunk read (v[b, h*] is 4 MB at the
+  // prefill size, streamed from L3 per item) serves kWoRows rows; one row an
+  // item read all of v again per row (~5% of the backward).
+  const int64_t kWoRows = opts.vectorBits >= 512 ? 6 : 2;
+  const int64_t kWoChains = opts.vectorBits >= 512 ? kChains : 2;
+  Value cols = k.mul(s.heads, headDim);
+  Value woRows = k.idx(kWoRows);
+  workersIfLarge(
+      k, opts, k.ceilDiv(model, woRows), meanWork, [&](Value item, Value) {
+        Value d0 = k.mul(item, woRows);
+        Value n = k.mins(k.sub(model, d0), woRows);
+        // Rows past the end read the last row and are not stored.
+        SmallVector<Value> ds;
+        for (int64_t r = 0; r < kWoRows; ++r)
+          ds.push_back(k.add(d0, k.mins(k.idx(r), k.sub(n, c1))));
+        k.forLoop(d0, k.add(d0, n), c1, [&](Value d) {
+          s.widthLoop(k, cols, [&](Value col, Value count) {
+            k.vstoreMasked(zeros, dwo, {d, col}, count);
+          });
+        });
+        k.forLoop(c0, batch, c1, [&](Value bi) {
+          Value h = s.headOf(k, bi);
+          Value col0 = k.mul(h, headDim);
+          forEachChunkGroup(
+              k, headDim, kWoChains,
+              [&](ArrayRef<Value> at, ArrayRef<Value> counts) {
+                SmallVector<Value> init;
+                for (int64_t r = 0; r < kWoRows; ++r)
+                  for (int64_t q = 0; q < kWoChains; ++q)
+                    init.push_back(k.vloadMasked(
+                        dwo, {ds[r], k.add(col0, at[q])}, counts[q], 0.0));
+                SmallVector<Value> acc = k.forLoop(
+                    c0, keys, c1, init,
+                    [&](Value j, ValueRange a) -> SmallVector<Value> {
+                      SmallVector<Value> x;
+                      for (int64_t q = 0; q < kWoChains; ++q)
+                        x.push_back(k.vloadMasked(v, {bi, h, j, at[q]},
+                                                  counts[q], 0.0));
+                      SmallVector<Value> next;
+                      for (int64_t r = 0; r < kWoRows; ++r) {
+                        Value m = k.splat(k.load(dm, {bi, j, ds[r]}), kLanes);
+                        for (int64_t q = 0; q < kWoChains; ++q)
+                          next.push_back(k.fma(m, x[q], a[r * kWoChains + q]));
+                      }
+                      return next;
+                    });
+                for (int64_t r = 0; r < kWoRows; ++r)
+                  k.ifThen(k.cmpi(arith::CmpIPredicate::ult, k.idx(r), n), [&] {
+                    for (int64_t q = 0; q < kWoChains; ++q)
+                      k.vstoreMasked(acc[r * kWoChains + q], dwo,
+                                     {ds[r], k.add(col0, at[q])}, counts[q]);
+                  });
+              });
+        });
+      });
+}
+
 struct AttentionPosteriorGradKernel
     : KernelPattern<AttentionPosteriorGradOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
@@ -333,20 +479,15 @@ struct AttentionPosteriorGradKernel
     float sigma2 = sigma * sigma;
     Value zeros = k.constLike(k.vf32(), 0.0);
     auto rank3 = MemRefType::get({kDyn, kDyn, kDyn}, f32);
+    const PosteriorGradShape shape{c0,   c1,    zeros,   batch, heads,
+                                   keys, model, headDim, head};
     auto headOf = [&](CpuKernelBuilder &kk, Value bi) {
-      return kk.castInt(kk.load(head, {bi}), kk.b.getIndexType());
+      return shape.headOf(kk, bi);
     };
-    auto widthLoop = [&](Value n, function_ref<void(Value col, Value count)>
-                                      body) {
-      k.forLoop(c0, k.ceilDiv(n, k.idx(kLanes)), c1, [&](Value c) {
-        Value col = k.mul(c, k.idx(kLanes));
-        body(col, k.sub(n, col));
-      });
+    auto widthLoop = [&](Value n,
+                         function_ref<void(Value col, Value count)> body) {
+      shape.widthLoop(k, n, body);
     };
-    // kChains chunks a step for the sums below that run over a long index:
-    // one accumulator a chunk would wait on the FMA latency each step; four
-    // independent ones do not, and each element's sum keeps its order.
-    constexpr int64_t kChains = 4;
 
     // e with its non-finite entries zeroed (they get no gradient and enter
     // <dp_i, e_j> as 0, as in autograd of the reference).
@@ -461,97 +602,9 @@ struct AttentionPosteriorGradKernel
     Value dv = kernel.out(2);
     Value cOverS2 = k.splat(k.fdiv(scale, k.cF32(sigma2)), kLanes);
     Value meanWork = k.mul(k.mul(k.mul(batch, keys), model), headDim);
-    workersIfLarge(k, opts, k.mul(batch, keys), meanWork,
-                   [&](Value item, Value) {
-      Value bi = k.divu(item, keys), j = k.remu(item, keys);
-      Value h = headOf(k, bi);
-      Value r = k.splat(k.load(dzSum, {bi, j}), kLanes);
-      widthLoop(model, [&](Value col, Value count) {
-        Value a = k.vloadMasked(dzU, {bi, j, col}, count, 0.0);
-        Value mj = k.vloadMasked(mValues, {bi, j, col}, count, 0.0);
-        k.vstoreMasked(k.fmul(k.fsub(a, k.fmul(r, mj)), cOverS2), dm,
-                       {bi, j, col}, count);
-      });
-      k.forLoop(c0, heads, c1, [&](Value hh) {
-        Value chosen = k.cmpi(arith::CmpIPredicate::eq, hh, h);
-        Value col0 = k.mul(hh, headDim);
-        forEachChunkGroup(k, headDim, kChains, [&](ArrayRef<Value> cols,
-                                                    ArrayRef<Value> counts) {
-          // d_v[b,h,j,c] = Σ_d dm[b,j,d] wo[d, h·Dh + c] (0 off h*)
-          SmallVector<Value> init(kChains, zeros);
-          SmallVector<Value> acc = k.forLoop(
-              c0, k.select(chosen, model, c0), c1, init,
-              [&](Value d, ValueRange a) -> SmallVector<Value> {
-                Value m = k.splat(k.load(dm, {bi, j, d}), kLanes);
-                SmallVector<Value> next;
-                for (int64_t q = 0; q < kChains; ++q) {
-                  Value at = k.add(col0, cols[q]);
-                  Value w = k.vloadMasked(wo, {d, at}, counts[q], 0.0);
-                  next.push_back(k.fma(m, w, a[q]));
-                }
-                return next;
-              });
-          for (int64_t q = 0; q < kChains; ++q)
-            k.vstoreMasked(acc[q], dv, {bi, hh, j, cols[q]}, counts[q]);
-        });
-      });
-    });
-    // d_wo[d, h*·Dh + c] = Σ_{b,j} dm[b,j,d] v[b,h*,j,c]: an item is
-    // kWoRows rows d, so that each v chunk read (v[b, h*] is 4 MB at the
-    // prefill size, streamed from L3 per item) serves kWoRows rows; one row an
-    // item read all of v again per row (~5% of the backward).
-    const int64_t kWoRows = opts.vectorBits >= 512 ? 6 : 2;
-    const int64_t kWoChains = opts.vectorBits >= 512 ? kChains : 2;
-    Value cols = k.mul(heads, headDim);
-    Value dwo = kernel.out(3);
-    Value woRows = k.idx(kWoRows);
-    workersIfLarge(k, opts, k.ceilDiv(model, woRows), meanWork,
-                   [&](Value item, Value) {
-      Value d0 = k.mul(item, woRows);
-      Value n = k.mins(k.sub(model, d0), woRows);
-      // Rows past the end read the last row and are not stored.
-      SmallVector<Value> ds;
-      for (int64_t r = 0; r < kWoRows; ++r)
-        ds.push_back(k.add(d0, k.mins(k.idx(r), k.sub(n, c1))));
-      k.forLoop(d0, k.add(d0, n), c1, [&](Value d) {
-        widthLoop(cols, [&](Value col, Value count) {
-          k.vstoreMasked(zeros, dwo, {d, col}, count);
-        });
-      });
-      k.forLoop(c0, batch, c1, [&](Value bi) {
-        Value h = headOf(k, bi);
-        Value col0 = k.mul(h, headDim);
-        forEachChunkGroup(k, headDim, kWoChains, [&](ArrayRef<Value> at,
-                                                     ArrayRef<Value> counts) {
-          SmallVector<Value> init;
-          for (int64_t r = 0; r < kWoRows; ++r)
-            for (int64_t q = 0; q < kWoChains; ++q)
-              init.push_back(k.vloadMasked(dwo, {ds[r], k.add(col0, at[q])},
-                                           counts[q], 0.0));
-          SmallVector<Value> acc = k.forLoop(
-              c0, keys, c1, init,
-              [&](Value j, ValueRange a) -> SmallVector<Value> {
-                SmallVector<Value> x;
-                for (int64_t q = 0; q < kWoChains; ++q)
-                  x.push_back(
-                      k.vloadMasked(v, {bi, h, j, at[q]}, counts[q], 0.0));
-                SmallVector<Value> next;
-                for (int64_t r = 0; r < kWoRows; ++r) {
-                  Value m = k.splat(k.load(dm, {bi, j, ds[r]}), kLanes);
-                  for (int64_t q = 0; q < kWoChains; ++q)
-                    next.push_back(k.fma(m, x[q], a[r * kWoChains + q]));
-                }
-                return next;
-              });
-          for (int64_t r = 0; r < kWoRows; ++r)
-            k.ifThen(k.cmpi(arith::CmpIPredicate::ult, k.idx(r), n), [&] {
-              for (int64_t q = 0; q < kWoChains; ++q)
-                k.vstoreMasked(acc[r * kWoChains + q], dwo,
-                               {ds[r], k.add(col0, at[q])}, counts[q]);
-            });
-        });
-      });
-    });
+    emitDmAndDv(k, opts, shape, {dzU, dzSum, mValues, wo, dm, dv}, cOverS2,
+                meanWork);
+    emitDwo(k, opts, shape, dm, v, meanWork, kernel.out(3));
 
     kernel.replace(rw, op);
     return success();
