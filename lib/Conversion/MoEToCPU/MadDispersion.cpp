@@ -10,17 +10,15 @@
 // (t ascending) as the portable lowering: the result is bit-identical to it.
 // The block is 128 bytes on every target, not a number of vectors: a token's
 // step (load assign[t], range check, address) costs the same whatever the
-// width, so two AVX2 vectors a step (16 features) ran twice as many steps as
-// AVX-512 and took 1.55-1.6x its time (issue #16); four take 1.0-1.1x. An
-// `assign` value outside [0, E) adds nothing (and is reported, as there). The
+// width, so a block of fewer features runs more steps (docs/CPU.md,
+// "Measurements"). An `assign` value outside [0, E) adds nothing (and is reported, as there). The
 // cheap O(E·D) tail (1/(s+eps), clip, rescale) is the portable one.
 //
 // A block is emitted twice: whole blocks (every block when D is a multiple of
 // the block) use plain vector loads and stores, the last, ragged one masked
 // ones. The passes read back what the previous token stored to the same row:
 // with masked stores that is a microcoded VMASKMOVPS per vector on AVX2
-// machines and no store-to-load forwarding, which made this kernel 5-15x
-// slower there than on AVX-512 (issue #16).
+// machines and no store-to-load forwarding.
 //
 //===----------------------------------------------------------------------===//
 
