@@ -39,7 +39,7 @@ Value mlir::moe::kernels::sequenceBalanceGradEntry(KernelBuilder &k, Value f,
                                                    Value c, Value z,
                                                    Value scale) {
   Type t = f.getType();
-  return k.fdiv(k.fmul(k.broadcastLike(scale, t),
-                       k.fsub(f, k.broadcastLike(c, t))),
-                k.broadcastLike(z, t));
+  return k.fdiv(
+      k.fmul(k.broadcastLike(scale, t), k.fsub(f, k.broadcastLike(c, t))),
+      k.broadcastLike(z, t));
 }

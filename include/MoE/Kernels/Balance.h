@@ -1,4 +1,5 @@
-//===- Balance.h - The load-balancing statistics and losses, once -*- C++ -*-===//
+//===- Balance.h - The load-balancing statistics and losses, once -*- C++
+//-*-===//
 //
 // Part of the MoE-MLIR project.
 //

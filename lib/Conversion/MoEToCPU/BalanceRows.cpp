@@ -41,8 +41,7 @@ SoftmaxState balanceRowSoftmax(CK &k, Value x2, Value r, Value numExperts) {
   SmallVector<Value> end = k.forLoop(
       k.idx(0), chunks, k.idx(1), ValueRange{start.max, start.sum},
       [&](Value c, ValueRange s) -> SmallVector<Value> {
-        Value x = balanceChunk(k, x2, r, k.mul(c, k.idx(k.lanes())),
-                               numExperts,
+        Value x = balanceChunk(k, x2, r, k.mul(c, k.idx(k.lanes())), numExperts,
                                -std::numeric_limits<double>::infinity());
         SoftmaxTile tile = onlineSoftmaxStep(
             k, {s[0], s[1]}, {x}, [&](Value v) { return k.maxf(v); },

@@ -36,8 +36,9 @@ struct RouterStatsKernel : KernelPattern<RouterStatsOp> {
     Value logits = op.getLogits(), mask = op.getTokenMask();
     SmallVector<Value> sz = k.sizes(logits);
     Value rows = sz[0], numExperts = sz[1];
-    KernelScope kernel(k, {logits, mask},
-                       KernelScope::outsOf(op, {{numExperts}, {numExperts}, {}}));
+    KernelScope kernel(
+        k, {logits, mask},
+        KernelScope::outsOf(op, {{numExperts}, {numExperts}, {}}));
     Value x2 = k.buffer(logits);
     Value m = mask ? k.buffer(mask) : Value();
     const int64_t lanes = k.lanes(), cand = lanes / 2;
@@ -110,12 +111,12 @@ struct RouterStatsKernel : KernelPattern<RouterStatsOp> {
                         })[0];
     Value wV = k.splat(w, lanes);
     balanceEachChunk(k, numExperts, [&](Value base) {
-      SmallVector<Value> sums = k.forLoop(
-          c0, blocks, c1, ValueRange{zeroV, zeroV},
-          [&](Value b, ValueRange acc) -> SmallVector<Value> {
-            return {k.fadd(acc[0], k.vload(countSum, {b, base})),
-                    k.fadd(acc[1], k.vload(probSum, {b, base}))};
-          });
+      SmallVector<Value> sums =
+          k.forLoop(c0, blocks, c1, ValueRange{zeroV, zeroV},
+                    [&](Value b, ValueRange acc) -> SmallVector<Value> {
+                      return {k.fadd(acc[0], k.vload(countSum, {b, base})),
+                              k.fadd(acc[1], k.vload(probSum, {b, base}))};
+                    });
       Value count = k.sub(numExperts, base);
       k.vstoreMasked(sums[0], kernel.out(0), {base}, count);
       k.vstoreMasked(k.fdiv(sums[1], wV), kernel.out(1), {base}, count);

@@ -30,9 +30,8 @@ struct RouterStatsGradKernel : KernelPattern<RouterStatsGradOp> {
     Value logits = op.getLogits(), mask = op.getTokenMask();
     SmallVector<Value> sz = k.sizes(logits);
     Value rows = sz[0], numExperts = sz[1];
-    KernelScope kernel(
-        k, {logits, mask, op.getWeightSum(), op.getDmeanProbs()},
-        KernelScope::outsOf(op, {sz}));
+    KernelScope kernel(k, {logits, mask, op.getWeightSum(), op.getDmeanProbs()},
+                       KernelScope::outsOf(op, {sz}));
     Value x2 = k.buffer(logits), out = kernel.out(0);
     Value m = mask ? k.buffer(mask) : Value();
     Value g = k.buffer(op.getDmeanProbs());

@@ -33,17 +33,15 @@ struct RouterZLossKernel : KernelPattern<RouterZLossOp> {
     Value partial = k.alloc(MemRefType::get({kDyn}, k.f32()), {blocks});
     k.workers(opts, blocks, [&](Value block, Value) {
       auto [r0, r1] = balanceBlockRows(k, block, rows);
-      Value sum = k.forLoop(
-          r0, r1, k.idx(1), ValueRange{k.cF32(0.0)},
-          [&](Value r, ValueRange acc) -> SmallVector<Value> {
-            Value lse = softmaxLogSumExp(
-                k, balanceRowSoftmax(k, x2, r, numExperts));
-            return {k.fadd(acc[0], k.fmul(lse, lse))};
-          })[0];
+      Value sum = k.forLoop(r0, r1, k.idx(1), ValueRange{k.cF32(0.0)},
+                            [&](Value r, ValueRange acc) -> SmallVector<Value> {
+                              Value lse = softmaxLogSumExp(
+                                  k, balanceRowSoftmax(k, x2, r, numExperts));
+                              return {k.fadd(acc[0], k.fmul(lse, lse))};
+                            })[0];
       k.store(sum, partial, {block});
     });
-    Value total = k.forLoop(k.idx(0), blocks, k.idx(1),
-                            ValueRange{k.cF32(0.0)},
+    Value total = k.forLoop(k.idx(0), blocks, k.idx(1), ValueRange{k.cF32(0.0)},
                             [&](Value b, ValueRange acc) -> SmallVector<Value> {
                               return {k.fadd(acc[0], k.load(partial, {b}))};
                             })[0];

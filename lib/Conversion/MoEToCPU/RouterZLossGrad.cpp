@@ -32,8 +32,8 @@ struct RouterZLossGradKernel : KernelPattern<RouterZLossGradOp> {
                        KernelScope::outsOf(op, {sz}));
     Value x2 = k.buffer(logits), out = kernel.out(0);
     Value dloss = k.load(k.buffer(op.getDloss()), {});
-    Value scale = k.fdiv(k.fmul(k.cF32(2.0), dloss),
-                         k.sitofp(k.castInt(rows, k.i64())));
+    Value scale =
+        k.fdiv(k.fmul(k.cF32(2.0), dloss), k.sitofp(k.castInt(rows, k.i64())));
     const double negInf = -std::numeric_limits<double>::infinity();
     k.workers(opts, balanceBlocks(k, rows), [&](Value block, Value) {
       auto [r0, r1] = balanceBlockRows(k, block, rows);

@@ -1,4 +1,5 @@
-//===- SequenceBalanceLoss.cpp - moe.sequence_balance_loss (+ grad) -> CPU -===//
+//===- SequenceBalanceLoss.cpp - moe.sequence_balance_loss (+ grad) -> CPU
+//-===//
 //
 // Part of the MoE-MLIR project.
 //
@@ -48,12 +49,11 @@ struct SequenceRows {
   }
   Value rowSum(function_ref<Value(Value base)> f) {
     Value chunks = k.divu(padded, k.idx(k.lanes()));
-    return k.sum(k.forLoop(k.idx(0), chunks, k.idx(1),
-                           ValueRange{k.constLike(k.vf32(), 0.0)},
-                           [&](Value c, ValueRange a) -> SmallVector<Value> {
-                             return {k.fadd(a[0],
-                                            f(k.mul(c, k.idx(k.lanes()))))};
-                           })[0]);
+    return k.sum(k.forLoop(
+        k.idx(0), chunks, k.idx(1), ValueRange{k.constLike(k.vf32(), 0.0)},
+        [&](Value c, ValueRange a) -> SmallVector<Value> {
+          return {k.fadd(a[0], f(k.mul(c, k.idx(k.lanes()))))};
+        })[0]);
   }
   /// Row t of sequence b (0 past E).
   Value scores(Value b, Value t, Value base) {
@@ -105,8 +105,8 @@ struct SequenceBalanceLossKernel : KernelPattern<SequenceBalanceLossOp> {
         Value z = q.rowSum([&](Value base) { return q.scores(b, t, base); });
         Value zV = k.splat(z, k.lanes());
         q.eachChunk([&](Value base) {
-          Value p = k.fadd(k.vload(prob, {base}),
-                           k.fdiv(q.scores(b, t, base), zV));
+          Value p =
+              k.fadd(k.vload(prob, {base}), k.fdiv(q.scores(b, t, base), zV));
           k.vstore(p, prob, {base});
         });
       });
@@ -117,11 +117,11 @@ struct SequenceBalanceLossKernel : KernelPattern<SequenceBalanceLossOp> {
       });
       k.store(loss, partial, {b});
     });
-    Value total = k.forLoop(k.idx(0), q.batch, k.idx(1),
-                            ValueRange{k.cF32(0.0)},
-                            [&](Value b, ValueRange acc) -> SmallVector<Value> {
-                              return {k.fadd(acc[0], k.load(partial, {b}))};
-                            })[0];
+    Value total =
+        k.forLoop(k.idx(0), q.batch, k.idx(1), ValueRange{k.cF32(0.0)},
+                  [&](Value b, ValueRange acc) -> SmallVector<Value> {
+                    return {k.fadd(acc[0], k.load(partial, {b}))};
+                  })[0];
     k.store(k.fdiv(total, q.f32(q.batch)), kernel.out(0), {});
     kernel.replace(rw, op);
     return success();
@@ -140,23 +140,20 @@ struct SequenceBalanceLossGradKernel
     Value out = kernel.out(0);
     Value dloss = k.load(k.buffer(op.getDloss()), {});
     Value scale = k.fdiv(dloss, k.fmul(q.f32(q.batch), q.f32(q.seq)));
-    Value fracs =
-        k.scratch(opts, MemRefType::get({kDyn}, k.f32()), {q.padded});
+    Value fracs = k.scratch(opts, MemRefType::get({kDyn}, k.f32()), {q.padded});
     k.workers(opts, q.batch, [&](Value b, Value worker) {
       Value frac = k.workerSlice(fracs, worker);
       q.fractions(b, frac);
       k.forLoop(k.idx(0), q.seq, k.idx(1), [&](Value t) {
         Value z = q.rowSum([&](Value base) { return q.scores(b, t, base); });
         Value c = k.fdiv(q.rowSum([&](Value base) {
-                           return k.fmul(q.scores(b, t, base),
-                                         k.vload(frac, {base}));
-                         }),
+          return k.fmul(q.scores(b, t, base), k.vload(frac, {base}));
+        }),
                          z);
         q.eachChunk([&](Value base) {
-          Value d = sequenceBalanceGradEntry(k, k.vload(frac, {base}), c, z,
-                                             scale);
-          k.vstoreMasked(d, out, {b, t, base},
-                         k.sub(q.numExperts, base));
+          Value d =
+              sequenceBalanceGradEntry(k, k.vload(frac, {base}), c, z, scale);
+          k.vstoreMasked(d, out, {b, t, base}, k.sub(q.numExperts, base));
         });
       });
     });

@@ -39,10 +39,9 @@ RowSoftmax mlir::moe::lowering::rowSoftmax(PatternRewriter &rw, Location loc,
   BalanceGenerics g2(rw, loc, 2), g1(rw, loc, 1);
   AffineMap te = g2.map({0, 1}), t = g2.map({0});
   RowSoftmax r;
-  r.max = g2.run({x}, g2.fill({sizes[0]}, -kInf), {te, t}, {1},
-                 [](KernelBuilder &k, ValueRange a) {
-                   return k.fmax(a[1], a[0]);
-                 });
+  r.max =
+      g2.run({x}, g2.fill({sizes[0]}, -kInf), {te, t}, {1},
+             [](KernelBuilder &k, ValueRange a) { return k.fmax(a[1], a[0]); });
   r.sum = g2.run({x, r.max}, g2.fill({sizes[0]}, 0.0), {te, t, t}, {1},
                  [](KernelBuilder &k, ValueRange a) {
                    Value none = k.cmpf(arith::CmpFPredicate::OEQ, a[1],
@@ -51,12 +50,13 @@ RowSoftmax mlir::moe::lowering::rowSoftmax(PatternRewriter &rw, Location loc,
                    return k.fadd(a[2], k.exp(k.fsub(a[0], shift)));
                  });
   AffineMap id = g1.map({0});
-  r.shift = g1.run({r.max, r.sum},
-                   tensor::EmptyOp::create(rw, loc, ArrayRef<OpFoldResult>{sizes[0]},
-                                           rw.getF32Type()),
-                   {id, id, id}, {}, [](KernelBuilder &k, ValueRange a) {
-                     return kernels::balanceProbShift(k, {a[0], a[1]});
-                   });
+  r.shift =
+      g1.run({r.max, r.sum},
+             tensor::EmptyOp::create(rw, loc, ArrayRef<OpFoldResult>{sizes[0]},
+                                     rw.getF32Type()),
+             {id, id, id}, {}, [](KernelBuilder &k, ValueRange a) {
+               return kernels::balanceProbShift(k, {a[0], a[1]});
+             });
   return r;
 }
 
@@ -72,10 +72,9 @@ Value tokenWeights(PatternRewriter &rw, Location loc, Value mask,
 /// Σ_t w_t (rank 0).
 Value weightSum(PatternRewriter &rw, Location loc, Value w) {
   BalanceGenerics g1(rw, loc, 1);
-  return g1.run({w}, g1.fill({}, 0.0), {g1.map({0}), g1.map({})}, {0},
-                [](KernelBuilder &k, ValueRange a) {
-                  return k.fadd(a[1], a[0]);
-                });
+  return g1.run(
+      {w}, g1.fill({}, 0.0), {g1.map({0}), g1.map({})}, {0},
+      [](KernelBuilder &k, ValueRange a) { return k.fadd(a[1], a[0]); });
 }
 } // namespace
 
@@ -89,37 +88,37 @@ LogicalResult mlir::moe::lowering::lowerRouterStats(RouterStatsOp op,
   BalanceGenerics g2(rw, loc, 2), g1(rw, loc, 1), g3(rw, loc, 3);
   AffineMap te = g2.map({0, 1}), t = g2.map({0}), e = g2.map({1});
   // Σ_t w_t p_te, tokens in order.
-  Value probSum = g2.run({x, row.shift, w}, g2.fill({sizes[1]}, 0.0),
-                         {te, t, t, e}, {0},
-                         [](KernelBuilder &k, ValueRange a) {
-                           Value p = kernels::softmaxFromLogSumExp(k, a[0], a[1]);
-                           return k.fadd(a[3], k.fmul(a[2], p));
-                         });
+  Value probSum =
+      g2.run({x, row.shift, w}, g2.fill({sizes[1]}, 0.0), {te, t, t, e}, {0},
+             [](KernelBuilder &k, ValueRange a) {
+               Value p = kernels::softmaxFromLogSumExp(k, a[0], a[1]);
+               return k.fadd(a[3], k.fmul(a[2], p));
+             });
   Value total = weightSum(rw, loc, w);
   // counts_e = Σ_t w_t [e ∈ sel_t], over [T, k, E].
   Value indices =
       TopkRenormOp::create(rw, loc, op.getLogits(), op.getK()).getIndices();
-  Value counts = g3.run(
-      {indices, w}, g3.fill({sizes[1]}, 0.0),
-      {g3.map({0, 1}), g3.map({0}), g3.map({2})}, {0, 1},
-      [](KernelBuilder &k, ValueRange a) {
-        Value expert = k.castInt(loopIndex(k.b, k.b.getLoc(), 2), k.i32());
-        return k.select(k.eq(a[0], expert), k.fadd(a[2], a[1]), a[2]);
-      });
+  Value counts =
+      g3.run({indices, w}, g3.fill({sizes[1]}, 0.0),
+             {g3.map({0, 1}), g3.map({0}), g3.map({2})}, {0, 1},
+             [](KernelBuilder &k, ValueRange a) {
+               Value expert =
+                   k.castInt(loopIndex(k.b, k.b.getLoc(), 2), k.i32());
+               return k.select(k.eq(a[0], expert), k.fadd(a[2], a[1]), a[2]);
+             });
   AffineMap id = g1.map({0}), scalar = g1.map({});
-  Value meanProbs = g1.run(
-      {probSum, total},
-      tensor::EmptyOp::create(rw, loc, ArrayRef<OpFoldResult>{sizes[1]},
-                              rw.getF32Type()),
-      {id, scalar, id}, {},
-      [](KernelBuilder &k, ValueRange a) { return k.fdiv(a[0], a[1]); });
+  Value meanProbs =
+      g1.run({probSum, total},
+             tensor::EmptyOp::create(rw, loc, ArrayRef<OpFoldResult>{sizes[1]},
+                                     rw.getF32Type()),
+             {id, scalar, id}, {},
+             [](KernelBuilder &k, ValueRange a) { return k.fdiv(a[0], a[1]); });
   replaceWithCasts(rw, op, {counts, meanProbs, total});
   return success();
 }
 
-LogicalResult
-mlir::moe::lowering::lowerRouterStatsGrad(RouterStatsGradOp op,
-                                          PatternRewriter &rw) {
+LogicalResult mlir::moe::lowering::lowerRouterStatsGrad(RouterStatsGradOp op,
+                                                        PatternRewriter &rw) {
   Location loc = op.getLoc();
   Value x = promoteToF32(rw, loc, op.getLogits());
   SmallVector<OpFoldResult> sizes = sizesOf(rw, loc, x);
@@ -130,19 +129,19 @@ mlir::moe::lowering::lowerRouterStatsGrad(RouterStatsGradOp op,
   AffineMap te = g2.map({0, 1}), t = g2.map({0}), e = g2.map({1}),
             scalar = g2.map({});
   // c_t = Σ_e p_te g_e.
-  Value c = g2.run({x, row.shift, g}, g2.fill({sizes[0]}, 0.0),
-                   {te, t, e, t}, {1}, [](KernelBuilder &k, ValueRange a) {
+  Value c = g2.run({x, row.shift, g}, g2.fill({sizes[0]}, 0.0), {te, t, e, t},
+                   {1}, [](KernelBuilder &k, ValueRange a) {
                      Value p = kernels::softmaxFromLogSumExp(k, a[0], a[1]);
                      return k.fadd(a[3], k.fmul(p, a[2]));
                    });
-  Value out = g2.run(
-      {x, row.shift, g, c, w, op.getWeightSum()},
-      tensor::EmptyOp::create(rw, loc, sizes, rw.getF32Type()),
-      {te, t, e, t, t, scalar, te}, {}, [](KernelBuilder &k, ValueRange a) {
-        Value p = kernels::softmaxFromLogSumExp(k, a[0], a[1]);
-        return kernels::routerStatsGradEntry(k, p, a[2], a[3],
-                                             k.fdiv(a[4], a[5]));
-      });
+  Value out = g2.run({x, row.shift, g, c, w, op.getWeightSum()},
+                     tensor::EmptyOp::create(rw, loc, sizes, rw.getF32Type()),
+                     {te, t, e, t, t, scalar, te}, {},
+                     [](KernelBuilder &k, ValueRange a) {
+                       Value p = kernels::softmaxFromLogSumExp(k, a[0], a[1]);
+                       return kernels::routerStatsGradEntry(k, p, a[2], a[3],
+                                                            k.fdiv(a[4], a[5]));
+                     });
   replaceWithCasts(rw, op, out);
   return success();
 }
@@ -155,9 +154,9 @@ mlir::moe::lowering::lowerLoadBalancingLoss(LoadBalancingLossOp op,
   AffineMap id = g1.map({0}), scalar = g1.map({});
   Value experts = arith::SIToFPOp::create(
       rw, loc, rw.getF32Type(),
-      arith::IndexCastOp::create(rw, loc, rw.getI64Type(),
-                                 tensor::DimOp::create(rw, loc,
-                                                       op.getCounts(), 0)));
+      arith::IndexCastOp::create(
+          rw, loc, rw.getI64Type(),
+          tensor::DimOp::create(rw, loc, op.getCounts(), 0)));
   // Σ_e (counts_e / W) · P_e in expert order, then · E (transformers' order).
   Value sum = g1.run({op.getCounts(), op.getMeanProbs(), op.getWeightSum()},
                      g1.fill({}, 0.0), {id, id, scalar, scalar}, {0},
@@ -165,10 +164,9 @@ mlir::moe::lowering::lowerLoadBalancingLoss(LoadBalancingLossOp op,
                        return k.fadd(a[3], k.fmul(k.fdiv(a[0], a[2]), a[1]));
                      });
   BalanceGenerics g0(rw, loc, 0);
-  Value loss = g0.run({sum}, g0.fill({}, 0.0), {g0.map({}), g0.map({})}, {},
-                      [&](KernelBuilder &k, ValueRange a) {
-                        return k.fmul(a[0], experts);
-                      });
+  Value loss = g0.run(
+      {sum}, g0.fill({}, 0.0), {g0.map({}), g0.map({})}, {},
+      [&](KernelBuilder &k, ValueRange a) { return k.fmul(a[0], experts); });
   replaceWithCasts(rw, op, loss);
   return success();
 }

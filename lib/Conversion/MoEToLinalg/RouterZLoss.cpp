@@ -30,10 +30,9 @@ Value rowLse(PatternRewriter &rw, Location loc, Value x) {
   BalanceGenerics g1(rw, loc, 1);
   AffineMap id = g1.map({0});
   return g1.run({row.max, row.sum},
-                tensor::EmptyOp::create(rw, loc,
-                                        ArrayRef<OpFoldResult>{
-                                            sizesOf(rw, loc, x)[0]},
-                                        rw.getF32Type()),
+                tensor::EmptyOp::create(
+                    rw, loc, ArrayRef<OpFoldResult>{sizesOf(rw, loc, x)[0]},
+                    rw.getF32Type()),
                 {id, id, id}, {}, [](KernelBuilder &k, ValueRange a) {
                   return kernels::softmaxLogSumExp(k, {a[0], a[1]});
                 });
@@ -59,10 +58,9 @@ LogicalResult mlir::moe::lowering::lowerRouterZLoss(RouterZLossOp op,
                        return k.fadd(a[1], k.fmul(a[0], a[0]));
                      });
   Value tokens = tokensF32(rw, loc, x);
-  Value loss = g0.run({sum}, g0.fill({}, 0.0), {g0.map({}), g0.map({})}, {},
-                      [&](KernelBuilder &k, ValueRange a) {
-                        return k.fdiv(a[0], tokens);
-                      });
+  Value loss = g0.run(
+      {sum}, g0.fill({}, 0.0), {g0.map({}), g0.map({})}, {},
+      [&](KernelBuilder &k, ValueRange a) { return k.fdiv(a[0], tokens); });
   replaceWithCasts(rw, op, loss);
   return success();
 }

@@ -28,10 +28,10 @@ using kernels::KernelBuilder;
 namespace {
 /// What both lowerings compute first.
 struct SequenceStats {
-  Value s;                 // scores in f32 [B, S, E]
-  Value z;                 // Σ_e s [B, S]
-  Value f;                 // the fractions f [B, E]
-  Value batch, seq;        // B and S as f32
+  Value s;          // scores in f32 [B, S, E]
+  Value z;          // Σ_e s [B, S]
+  Value f;          // the fractions f [B, E]
+  Value batch, seq; // B and S as f32
   SmallVector<OpFoldResult> sizes;
 };
 
@@ -54,20 +54,19 @@ SequenceStats sequenceStats(PatternRewriter &rw, Location loc, Value scores,
   Value factor = arith::DivFOp::create(
       rw, loc, experts, arith::MulFOp::create(rw, loc, sel, q.seq));
   BalanceGenerics g3(rw, loc, 3), g4(rw, loc, 4), g2(rw, loc, 2);
-  q.z = g3.run({q.s}, g3.fill({q.sizes[0], q.sizes[1]}, 0.0),
-               {g3.map({0, 1, 2}), g3.map({0, 1})}, {2},
-               [](KernelBuilder &k, ValueRange a) {
-                 return k.fadd(a[1], a[0]);
-               });
+  q.z =
+      g3.run({q.s}, g3.fill({q.sizes[0], q.sizes[1]}, 0.0),
+             {g3.map({0, 1, 2}), g3.map({0, 1})}, {2},
+             [](KernelBuilder &k, ValueRange a) { return k.fadd(a[1], a[0]); });
   // counts[b, e] = Σ_{t, j} [indices[b, t, j] = e], over [B, S, k, E].
-  Value counts = g4.run(
-      {indices}, g4.fill({q.sizes[0], q.sizes[2]}, 0.0),
-      {g4.map({0, 1, 2}), g4.map({0, 3})}, {1, 2},
-      [](KernelBuilder &k, ValueRange a) {
-        Value e = k.castInt(loopIndex(k.b, k.b.getLoc(), 3),
-                            a[0].getType());
-        return k.select(k.eq(a[0], e), k.fadd(a[1], k.cF32(1.0)), a[1]);
-      });
+  Value counts =
+      g4.run({indices}, g4.fill({q.sizes[0], q.sizes[2]}, 0.0),
+             {g4.map({0, 1, 2}), g4.map({0, 3})}, {1, 2},
+             [](KernelBuilder &k, ValueRange a) {
+               Value e =
+                   k.castInt(loopIndex(k.b, k.b.getLoc(), 3), a[0].getType());
+               return k.select(k.eq(a[0], e), k.fadd(a[1], k.cF32(1.0)), a[1]);
+             });
   AffineMap be = g2.map({0, 1});
   q.f = g2.run({counts},
                tensor::EmptyOp::create(
@@ -99,16 +98,16 @@ mlir::moe::lowering::lowerSequenceBalanceLoss(SequenceBalanceLossOp op,
                        return k.fadd(a[2], k.fmul(a[0], k.fdiv(a[1], seq)));
                      });
   Value batch = q.batch;
-  Value loss = g0.run({sum}, g0.fill({}, 0.0), {g0.map({}), g0.map({})}, {},
-                      [&](KernelBuilder &k, ValueRange a) {
-                        return k.fdiv(a[0], batch);
-                      });
+  Value loss = g0.run(
+      {sum}, g0.fill({}, 0.0), {g0.map({}), g0.map({})}, {},
+      [&](KernelBuilder &k, ValueRange a) { return k.fdiv(a[0], batch); });
   replaceWithCasts(rw, op, loss);
   return success();
 }
 
-LogicalResult mlir::moe::lowering::lowerSequenceBalanceLossGrad(
-    SequenceBalanceLossGradOp op, PatternRewriter &rw) {
+LogicalResult
+mlir::moe::lowering::lowerSequenceBalanceLossGrad(SequenceBalanceLossGradOp op,
+                                                  PatternRewriter &rw) {
   Location loc = op.getLoc();
   SequenceStats q = sequenceStats(rw, loc, op.getScores(), op.getIndices());
   BalanceGenerics g3(rw, loc, 3);
@@ -120,14 +119,14 @@ LogicalResult mlir::moe::lowering::lowerSequenceBalanceLossGrad(
                       return k.fadd(a[2], k.fmul(a[0], a[1]));
                     });
   Value batch = q.batch, seq = q.seq;
-  Value out = g3.run(
-      {q.f, sf, q.z, op.getDloss()},
-      tensor::EmptyOp::create(rw, loc, q.sizes, rw.getF32Type()),
-      {be, bt, bt, scalar, bte}, {}, [&](KernelBuilder &k, ValueRange a) {
-        Value scale = k.fdiv(a[3], k.fmul(batch, seq));
-        return kernels::sequenceBalanceGradEntry(k, a[0], k.fdiv(a[1], a[2]),
-                                                 a[2], scale);
-      });
+  Value out = g3.run({q.f, sf, q.z, op.getDloss()},
+                     tensor::EmptyOp::create(rw, loc, q.sizes, rw.getF32Type()),
+                     {be, bt, bt, scalar, bte}, {},
+                     [&](KernelBuilder &k, ValueRange a) {
+                       Value scale = k.fdiv(a[3], k.fmul(batch, seq));
+                       return kernels::sequenceBalanceGradEntry(
+                           k, a[0], k.fdiv(a[1], a[2]), a[2], scale);
+                     });
   replaceWithCasts(rw, op, out);
   return success();
 }

@@ -1,4 +1,5 @@
-//===- BalanceOps.cpp - torch.ops.moe load-balancing losses on our kernels -===//
+//===- BalanceOps.cpp - torch.ops.moe load-balancing losses on our kernels
+//-===//
 //
 // Part of the MoE-MLIR project.
 //
@@ -104,8 +105,8 @@ std::tuple<Tensor, Tensor, Tensor> statsFwd(const char *op,
   if (T == 0) {
     validateOnly(key);
     // No token: W = 0 and P = 0/0, as transformers' mean of nothing.
-    return {counts, at::full({E}, std::numeric_limits<float>::quiet_NaN(),
-                             f32(x)),
+    return {counts,
+            at::full({E}, std::numeric_limits<float>::quiet_NaN(), f32(x)),
             weightSum};
   }
   KernelFn fn = lookup(key);
@@ -368,8 +369,7 @@ OptTensor savedMask(const Tensor &m) {
 void saveStats(AutogradContext *ctx, const Tensor &logits,
                const OptTensor &mask, const Tensor &counts,
                const Tensor &weightSum) {
-  ctx->save_for_backward(
-      {logits, mask ? *mask : Tensor(), counts, weightSum});
+  ctx->save_for_backward({logits, mask ? *mask : Tensor(), counts, weightSum});
 }
 
 struct LoadBalancingLossFn : torch::autograd::Function<LoadBalancingLossFn> {
@@ -411,8 +411,8 @@ struct RouterStatsFn : torch::autograd::Function<RouterStatsFn> {
     variable_list out(3);
     if (!grads[1].defined() || !ctx->needs_input_grad(0))
       return out;
-    out[0] = gradFor(statsBwdOp()(grads[1], s[0], savedMask(s[1]), s[3]),
-                     s[0], "router_stats");
+    out[0] = gradFor(statsBwdOp()(grads[1], s[0], savedMask(s[1]), s[3]), s[0],
+                     "router_stats");
     return out;
   }
 };
@@ -447,9 +447,9 @@ struct SequenceBalanceLossFn
     variable_list out(3);
     if (!grads[0].defined() || !ctx->needs_input_grad(0))
       return out;
-    out[0] = gradFor(op(grads[0], s[0], s[1],
-                        c10::SymInt(ctx->saved_data["top_k"].toInt())),
-                     s[0], "sequence_balance_loss");
+    out[0] = gradFor(
+        op(grads[0], s[0], s[1], c10::SymInt(ctx->saved_data["top_k"].toInt())),
+        s[0], "sequence_balance_loss");
     return out;
   }
 };

@@ -30,8 +30,8 @@ LogicalResult verifyRank(Operation *op, Value v, StringRef name, int64_t rank,
   auto type = cast<RankedTensorType>(v.getType());
   if (type.getRank() == rank)
     return success();
-  return op->emitOpError() << "'" << name << "' must have rank " << rank
-                           << " (" << layout << "), but has type " << type;
+  return op->emitOpError() << "'" << name << "' must have rank " << rank << " ("
+                           << layout << "), but has type " << type;
 }
 
 /// Dimension `d` of `v` equals `expected` (when both are static).
@@ -117,9 +117,10 @@ LogicalResult RouterStatsOp::verify() {
 // router_stats_grad
 //===----------------------------------------------------------------------===//
 
-LogicalResult RouterStatsGradOp::inferReturnTypes(
-    MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
-    SmallVectorImpl<Type> &inferred) {
+LogicalResult
+RouterStatsGradOp::inferReturnTypes(MLIRContext *ctx, std::optional<Location>,
+                                    Adaptor adaptor,
+                                    SmallVectorImpl<Type> &inferred) {
   inferred.push_back(f32Tensor(ctx, {dimOf(adaptor.getLogits(), 2, 0),
                                      dimOf(adaptor.getLogits(), 2, 1)}));
   return success();
@@ -138,9 +139,10 @@ LogicalResult RouterStatsGradOp::verify() {
 // load_balancing_loss
 //===----------------------------------------------------------------------===//
 
-LogicalResult LoadBalancingLossOp::inferReturnTypes(
-    MLIRContext *ctx, std::optional<Location>, Adaptor,
-    SmallVectorImpl<Type> &inferred) {
+LogicalResult
+LoadBalancingLossOp::inferReturnTypes(MLIRContext *ctx, std::optional<Location>,
+                                      Adaptor,
+                                      SmallVectorImpl<Type> &inferred) {
   inferred.push_back(f32Tensor(ctx, {}));
   return success();
 }
@@ -159,8 +161,7 @@ LogicalResult LoadBalancingLossOp::verify() {
 //===----------------------------------------------------------------------===//
 
 LogicalResult RouterZLossOp::inferReturnTypes(MLIRContext *ctx,
-                                              std::optional<Location>,
-                                              Adaptor,
+                                              std::optional<Location>, Adaptor,
                                               SmallVectorImpl<Type> &inferred) {
   inferred.push_back(f32Tensor(ctx, {}));
   return success();
@@ -170,9 +171,10 @@ LogicalResult RouterZLossOp::verify() {
   return verifyRank(*this, getLogits(), "logits", 2, "[T, E]");
 }
 
-LogicalResult RouterZLossGradOp::inferReturnTypes(
-    MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
-    SmallVectorImpl<Type> &inferred) {
+LogicalResult
+RouterZLossGradOp::inferReturnTypes(MLIRContext *ctx, std::optional<Location>,
+                                    Adaptor adaptor,
+                                    SmallVectorImpl<Type> &inferred) {
   inferred.push_back(f32Tensor(ctx, {dimOf(adaptor.getLogits(), 2, 0),
                                      dimOf(adaptor.getLogits(), 2, 1)}));
   return success();
@@ -188,9 +190,10 @@ LogicalResult RouterZLossGradOp::verify() {
 // sequence_balance_loss, sequence_balance_loss_grad
 //===----------------------------------------------------------------------===//
 
-LogicalResult SequenceBalanceLossOp::inferReturnTypes(
-    MLIRContext *ctx, std::optional<Location>, Adaptor,
-    SmallVectorImpl<Type> &inferred) {
+LogicalResult
+SequenceBalanceLossOp::inferReturnTypes(MLIRContext *ctx,
+                                        std::optional<Location>, Adaptor,
+                                        SmallVectorImpl<Type> &inferred) {
   inferred.push_back(f32Tensor(ctx, {}));
   return success();
 }
