@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import sympy
 import torch
 import torch.fx as fx
+
+if TYPE_CHECKING:
+    import sympy
 
 aten = torch.ops.aten
 
@@ -85,7 +87,9 @@ def _strip_to(n: Any) -> Any:
 
 def _expr(v: Any) -> Optional[sympy.Expr]:
     """A number or a (symbolic) size as a sympy expression; int/float conversions dropped (a row count is an
-    integer whichever type carries it)."""
+    integer whichever type carries it). sympy is imported here, not with the module: `import moe_mlir` imports
+    this module and must stay light (sympy alone is ~0.3 s; python/tests/test_import_cost.py)."""
+    import sympy
     from torch.utils._sympy.functions import ToFloat
 
     if isinstance(v, bool):
@@ -99,7 +103,11 @@ def _expr(v: Any) -> Optional[sympy.Expr]:
 
 def _same_number(a: Any, b: Any) -> bool:
     ea, eb = _expr(a), _expr(b)
-    return ea is not None and eb is not None and sympy.simplify(ea - eb) == 0
+    if ea is None or eb is None:
+        return False
+    import sympy
+
+    return sympy.simplify(ea - eb) == 0
 
 
 def _equal_sizes(a: Any, b: Any) -> bool:
