@@ -4,8 +4,8 @@
 //
 // What the CPU kernels of the balance ops (RouterStats.cpp, RouterZLoss.cpp,
 // SequenceBalanceLoss.cpp and their backward files) share: the log-space row
-// softmax on vector lanes (the online step of MoE/Kernels/OnlineSoftmax.h, one
-// tile per vector of the row) and the fixed row blocks of their token
+// softmax on vector lanes (two lane-wise passes, max then Σ exp, giving the
+// state of MoE/Kernels/OnlineSoftmax.h) and the fixed row blocks of their token
 // reductions (MoE/Kernels/Balance.h).
 //
 //===----------------------------------------------------------------------===//
@@ -24,7 +24,7 @@ namespace mlir::moe::cpu {
 Value balanceChunk(CK &k, Value x2, Value r, Value base, Value numExperts,
                    double pad);
 
-/// The online softmax state ({max, Σ exp(x - max)}) of row `r` of `x2`.
+/// The softmax state ({max, Σ exp(x - max)}) of row `r` of `x2`.
 kernels::SoftmaxState balanceRowSoftmax(CK &k, Value x2, Value r,
                                         Value numExperts);
 

@@ -5,7 +5,7 @@
 // One pass over the logits. The tokens are cut into blocks of
 // kBalanceRowsPerBlock rows (MoE/Kernels/Balance.h), spread over the workers;
 // each block owns a row of the partial buffers (Σ w·p and Σ w·[selected] per
-// expert, Σ w). Per row: the online softmax over its lane chunks (log space),
+// expert, Σ w). Per row: the softmax state over its lane chunks (log space),
 // then p = exp(x - lse) added into the block's partial, and the row's packed
 // candidates (MoE/Kernels/TopK.h) of which k rounds of a vector max pick the
 // selection (moe.topk_renorm's order), each adding w to its expert's count.

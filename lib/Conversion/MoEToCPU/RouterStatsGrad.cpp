@@ -3,7 +3,7 @@
 // Part of the MoE-MLIR project.
 //
 // Rows are independent: blocks of kBalanceRowsPerBlock rows go to the
-// workers. Per row: the online softmax (log space), p = exp(x - lse) into the
+// workers. Per row: the softmax state (log space), p = exp(x - lse) into the
 // worker's row buffer while c = Σ p·g accumulates, then
 // dlogits = (w/W) · p · (g - c) (MoE/Kernels/Balance.h) from the buffer: one
 // exp per logit beyond the softmax's.

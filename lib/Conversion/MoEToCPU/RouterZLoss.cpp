@@ -2,7 +2,7 @@
 //
 // Part of the MoE-MLIR project.
 //
-// The row log-sum-exps (online softmax, log space) squared and summed in
+// The row log-sum-exps (softmax state, log space) squared and summed in
 // blocks of kBalanceRowsPerBlock rows on the workers, each block into its own
 // partial; the calling thread sums the partials in block order and divides by
 // T: the same bits for any thread count.

@@ -3,7 +3,7 @@
 // Part of the MoE-MLIR project.
 //
 // Rows are independent: blocks of kBalanceRowsPerBlock rows on the workers.
-// Per row: lse (online softmax), then dlogits = (2 dloss / T) · lse · p with
+// Per row: lse (softmax state), then dlogits = (2 dloss / T) · lse · p with
 // p = exp(x - lse) (MoE/Kernels/Balance.h).
 //
 //===----------------------------------------------------------------------===//
