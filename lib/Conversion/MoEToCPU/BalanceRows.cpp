@@ -40,7 +40,8 @@ Value balanceRowSum(CK &k, Value numExperts, function_ref<Value(Value)> f) {
   return k.sum(acc);
 }
 
-SoftmaxState balanceRowSoftmax(CK &k, Value x2, Value r, Value numExperts) {
+SoftmaxState balanceRowSoftmax(CK &k, Value x2, Value r, Value numExperts,
+                               Value exps) {
   // Two passes over the row (it stays in L1), each a lane-wise vector
   // accumulation reduced once at the end: the max, then Σ exp(x - max). The
   // online step (kernels::onlineSoftmaxStep) would reduce every vector to a
@@ -62,11 +63,13 @@ SoftmaxState balanceRowSoftmax(CK &k, Value x2, Value r, Value numExperts) {
   Value max = k.maxf(maxV);
   Value none = k.cmpf(arith::CmpFPredicate::OEQ, max, k.negInfLike(k.f32()));
   Value shift = k.splat(k.select(none, k.cF32(0.0), max), k.lanes());
-  Value sumV = k.forLoop(
-      c0, chunks, c1, ValueRange{k.constLike(k.vf32(), 0.0)},
-      [&](Value c, ValueRange a) -> SmallVector<Value> {
-        return {k.fadd(a[0], k.softmaxWeight(k.fsub(chunk(c), shift)))};
-      })[0];
+  Value sumV = k.forLoop(c0, chunks, c1, ValueRange{k.constLike(k.vf32(), 0.0)},
+                         [&](Value c, ValueRange a) -> SmallVector<Value> {
+                           Value e = k.softmaxWeight(k.fsub(chunk(c), shift));
+                           if (exps)
+                             k.vstore(e, exps, {k.mul(c, k.idx(k.lanes()))});
+                           return {k.fadd(a[0], e)};
+                         })[0];
   return {max, k.sum(sumV)};
 }
 

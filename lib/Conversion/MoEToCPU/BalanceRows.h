@@ -25,8 +25,10 @@ Value balanceChunk(CK &k, Value x2, Value r, Value base, Value numExperts,
                    double pad);
 
 /// The softmax state ({max, Σ exp(x - max)}) of row `r` of `x2`.
+/// With `exps` (an f32 buffer of the row's lane chunks), exp(x - max) is
+/// also stored there (-inf padding gives 0), so p = exps / Σ needs no exp.
 kernels::SoftmaxState balanceRowSoftmax(CK &k, Value x2, Value r,
-                                        Value numExperts);
+                                        Value numExperts, Value exps = {});
 
 /// Runs body(chunk base) for every lane chunk of a row of `numExperts`.
 void balanceEachChunk(CK &k, Value numExperts,

@@ -5,8 +5,9 @@
 // One pass over the logits. The tokens are cut into blocks of
 // kBalanceRowsPerBlock rows (MoE/Kernels/Balance.h), spread over the workers;
 // each block owns a row of the partial buffers (Σ w·p and Σ w·[selected] per
-// expert, Σ w). Per row: the softmax state over its lane chunks (log space),
-// then p = exp(x - lse) added into the block's partial, and the row's packed
+// expert, Σ w). Per row: the softmax state over its lane chunks (max, then
+// exp(x - max) kept in the worker's row buffer and summed), then
+// p = exp(x - max) / Σ added into the block's partial, and the row's packed
 // candidates (MoE/Kernels/TopK.h) of which k rounds of a vector max pick the
 // selection (moe.topk_renorm's order), each adding w to its expert's count.
 // Then the calling thread sums the block partials in block order and divides
@@ -54,9 +55,14 @@ struct RouterStatsKernel : KernelPattern<RouterStatsOp> {
     Value zeroV = k.constLike(k.vf32(), 0.0);
     Value noneV = noCandidate(k, VectorType::get({cand}, k.i64()));
     int64_t topk = op.getK();
+    // A static E that is a multiple of the candidate lanes: plain loads.
+    int64_t staticE = cast<RankedTensorType>(logits.getType()).getDimSize(1);
+    bool fullCands = !ShapedType::isDynamic(staticE) && staticE % cand == 0;
 
+    Value expRows = k.scratch(opts, MemRefType::get({kDyn}, k.f32()), {padded});
     k.workers(opts, blocks, [&](Value block, Value worker) {
       Value cands = k.workerSlice(candidates, worker);
+      Value exps = k.workerSlice(expRows, worker);
       balanceEachChunk(k, padded, [&](Value base) {
         k.vstore(zeroV, probSum, {block, base});
         k.vstore(zeroV, countSum, {block, base});
@@ -66,13 +72,17 @@ struct RouterStatsKernel : KernelPattern<RouterStatsOp> {
           r0, r1, k.idx(1), ValueRange{k.cF32(0.0)},
           [&](Value r, ValueRange acc) -> SmallVector<Value> {
             Value w = m ? k.loadF(m, {r}) : k.cF32(1.0);
-            Value shift =
-                balanceProbShift(k, balanceRowSoftmax(k, x2, r, numExperts));
+            // p = exp(x - max) / Σ from the row buffer (1/Σ read as 0 for a
+            // row of -inf, whose exps are 0: p = 0; NaN stays NaN).
+            SoftmaxState row = balanceRowSoftmax(k, x2, r, numExperts, exps);
+            Value none =
+                k.cmpf(arith::CmpFPredicate::OEQ, row.sum, k.cF32(0.0));
+            Value inv = k.splat(
+                k.select(none, k.cF32(0.0), k.fdiv(k.cF32(1.0), row.sum)),
+                lanes);
             Value wV = k.splat(w, lanes);
             balanceEachChunk(k, numExperts, [&](Value base) {
-              Value x = balanceChunk(k, x2, r, base, numExperts,
-                                     -std::numeric_limits<double>::infinity());
-              Value p = softmaxFromLogSumExp(k, x, shift);
+              Value p = k.fmul(k.vload(exps, {base}), inv);
               Value sum = k.vload(probSum, {block, base});
               // w · p rounded, then added: PyTorch's (w * p).sum order.
               k.vstore(k.fadd(sum, k.fmul(wV, p)), probSum, {block, base});
@@ -81,8 +91,10 @@ struct RouterStatsKernel : KernelPattern<RouterStatsOp> {
             Value candChunks = k.ceilDiv(numExperts, k.idx(cand));
             k.forLoop(k.idx(0), candChunks, k.idx(1), [&](Value c) {
               Value base = k.mul(c, k.idx(cand));
-              Value x = k.vloadMasked(x2, {r, base}, k.sub(numExperts, base),
-                                      0.0, cand);
+              Value x = fullCands
+                            ? k.vload(x2, {r, base}, cand)
+                            : k.vloadMasked(x2, {r, base},
+                                            k.sub(numExperts, base), 0.0, cand);
               Value lane = k.iota(k.castInt(base, k.i32()), cand);
               Value packed = packCandidate(k, orderedKey(k, x), lane);
               Value in = k.lt(lane, k.splat(numExpertsI32, cand));
