@@ -41,8 +41,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from .ours import REPO  # noqa: E402
-from .torch_ops import (_fmt_ms, interleaved, kernels_ready, parse_args, record_correct,  # noqa: E402
-                        result_stem, run_all)
+from .torch_ops import (_fmt_ms, bench_main, interleaved, machine_line, named_cases,  # noqa: E402
+                        record_correct)
 
 sys.path.insert(0, str(REPO / "python"))
 import moe_mlir  # noqa: E402,F401
@@ -172,12 +172,9 @@ def _spread(m: dict) -> str:
 
 
 def write_markdown(doc: dict, path: Path) -> None:
-    m = doc["machine"]
     lines = [
         f"# Router forward + backward with the balancing loss and the z-loss ({doc['date']})", "",
-        f"Machine: {m['cpu_model']} ({m['logical_cpus']} logical CPUs; SIMD {', '.join(m['simd'])}), "
-        f"{m['threads']} threads, torch {m['torch']}, commit {m['git_commit'][:10]}. Load average at start "
-        f"{m['loadavg_start']}, at end {doc['loadavg_end']}" + (f". {doc['note']}" if doc.get("note") else "")
+        machine_line(doc) + (f". {doc['note']}" if doc.get("note") else "")
         + " (ratios within one run are what counts).", "",
         "One call = logits [T, E] -> softmax/top-8/renormalized weights + Switch balancing loss + z-loss -> gradient "
         "into the logits (bench/router_losses.py). Ours = torch.ops.moe.topk_renorm + load_balancing_loss + "
@@ -205,14 +202,8 @@ def write_markdown(doc: dict, path: Path) -> None:
 
 
 def main() -> int:
-    args = parse_args(__doc__)
-    if not kernels_ready():
-        return 2
-    todo = cases(DECODE_T + (() if args.quick else PREFILL_T))
-    if args.only:
-        todo = [c for c in todo if any(s in c.name for s in args.only)]
-    results, _ = run_all(todo, run_case, args, result_stem("router-losses", args), markdown=write_markdown)
-    return 0 if all(r.get("correct", False) for r in results) else 1
+    return bench_main(__doc__, "router-losses", lambda args: named_cases(args, cases(
+        DECODE_T + (() if args.quick else PREFILL_T))), run_case, markdown=write_markdown)
 
 
 if __name__ == "__main__":

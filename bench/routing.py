@@ -28,6 +28,7 @@ _THREADS = pin_threads(2)
 
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Callable  # noqa: E402
 
 import torch  # noqa: E402
@@ -35,8 +36,8 @@ import torch  # noqa: E402
 from .baselines import hf_grouped_router  # noqa: E402
 from .ours import REPO  # noqa: E402
 from .timing import measure  # noqa: E402
-from .torch_ops import (add_speedups, compile_inductor, kernels_ready, parse_args, record_correct,  # noqa: E402
-                        result_stem, run_all)
+from . import torch_ops  # noqa: E402
+from .torch_ops import (add_speedups, bench_main, compile_inductor, named_cases, record_correct)  # noqa: E402
 
 sys.path.insert(0, str(REPO / "python"))
 import moe_mlir  # noqa: E402,F401
@@ -140,20 +141,18 @@ def run_case(case: Case, args) -> dict:
     return rec
 
 
+def write_markdown(doc: dict, path: Path) -> None:
+    """The shared table; its text names bench/baselines.py, here eager is the models' routing code (this module's
+    doc)."""
+    torch_ops.write_markdown(doc, path)
+    path.write_text(path.read_text().replace("Eager = bench/baselines.py", "Eager = the models' routing code "
+                                             "(bench/routing.py: HF DeepseekV3TopkRouter after its linear; Kimi-K2 "
+                                             "without groups; a stable-argsort dispatch plan)"))
+
+
 def main() -> int:
-    args = parse_args(__doc__)
-    if not kernels_ready():
-        return 2
-    todo = cases(DECODE_T + (() if args.quick else PREFILL_T))
-    if args.only:
-        todo = [c for c in todo if any(s in c.name for s in args.only)]
-    stem = result_stem("routing", args)
-    results, md = run_all(todo, run_case, args, stem)
-    # The shared writer names bench/baselines.py; here eager is the models' routing code (see this module's doc).
-    md.write_text(md.read_text().replace("Eager = bench/baselines.py", "Eager = the models' routing code "
-                                         "(bench/routing.py: HF DeepseekV3TopkRouter after its linear; Kimi-K2 without "
-                                         "groups; a stable-argsort dispatch plan)"))
-    return 0 if all(r.get("correct", False) for r in results) else 1
+    return bench_main(__doc__, "routing", lambda args: named_cases(args, cases(
+        DECODE_T + (() if args.quick else PREFILL_T))), run_case, markdown=write_markdown)
 
 
 if __name__ == "__main__":

@@ -240,15 +240,19 @@ def table_row(r: dict, last: str) -> str:
             f"{_fmt_ms(r['eager']['median_ms'])} | {ind} | {r['speedup_vs_eager']:.2f} | {xi} | {last} |")
 
 
-def write_markdown(doc: dict, path: Path) -> None:
+def machine_line(doc: dict) -> str:
+    """The report's machine sentence: CPU, memory, SIMD, threads (torch and our kernels), torch, commit, load."""
     m = doc["machine"]
+    return (f"Machine: {m['cpu_model']} ({m['logical_cpus']} logical CPUs, {m['memory_gib']} GiB; SIMD "
+            f"{', '.join(m['simd'])}), {m['threads']} threads (torch and our kernels), torch {m['torch']}, "
+            f"commit {m['git_commit'][:10]}. Load average at start {m['loadavg_start']}, at end {doc['loadavg_end']}")
+
+
+def write_markdown(doc: dict, path: Path) -> None:
     lines = [
         f"# torch.ops.moe.* vs eager and inductor ({doc['date']})",
         "",
-        f"Machine: {m['cpu_model']} ({m['logical_cpus']} logical CPUs, {m['memory_gib']} GiB; SIMD "
-        f"{', '.join(m['simd'])}), {m['threads']} threads (torch and our kernels), torch {m['torch']}, commit "
-        f"{m['git_commit'][:10]}. Load average at start {m['loadavg_start']}, at end {doc['loadavg_end']} "
-        "(a shared machine: ratios within one run are what counts).",
+        machine_line(doc) + " (a shared machine: ratios within one run are what counts).",
         "",
         "Ours = `torch.ops.moe.<op>(...)` called from Python (dispatcher -> C++ extension -> compiled kernel; outputs "
         "allocated by torch). Eager = bench/baselines.py; inductor = `torch.compile` of that function (static "
@@ -293,12 +297,14 @@ def parse_args(doc: str) -> argparse.Namespace:
     return args
 
 
+def named_cases(args: argparse.Namespace, cases: list) -> list:
+    """The cases whose name contains one of --only's strings (all of them without --only)."""
+    return [c for c in cases if not args.only or any(s in c.name for s in args.only)]
+
+
 def select_cases(args: argparse.Namespace, keep: Callable[[C.Case], bool] = lambda c: True) -> list[C.Case]:
     """The decode (and unless --quick, prefill) cases that ``keep`` accepts and --only names."""
-    cases = [c for c in decode_cases() + ([] if args.quick else prefill_cases()) if keep(c)]
-    if args.only:
-        cases = [c for c in cases if any(s in c.name for s in args.only)]
-    return cases
+    return named_cases(args, [c for c in decode_cases() + ([] if args.quick else prefill_cases()) if keep(c)])
 
 
 def result_stem(prefix: str, args: argparse.Namespace) -> str:
@@ -342,12 +348,19 @@ def run_all(todo: list, run_one: Callable, args, stem: str,
     return results, out / f"{stem}.md"
 
 
-def main() -> int:
-    args = parse_args(__doc__)
+def bench_main(doc: str, prefix: str, todo: Callable[[argparse.Namespace], list], run_one: Callable,
+               markdown: Callable[[dict, Path], None] | None = None) -> int:
+    """The main of an op benchmark: its command line (``doc``), the kernels' check, ``run_one`` over ``todo(args)``
+    into ``<prefix>-...`` result files; exits 0 when every result is correct, 1 otherwise, 2 without the kernels."""
+    args = parse_args(doc)
     if not kernels_ready():
         return 2
-    results, _ = run_all(select_cases(args), run_case, args, result_stem("torch-ops", args))
+    results, _ = run_all(todo(args), run_one, args, result_stem(prefix, args), markdown=markdown)
     return 0 if all(r.get("correct", False) for r in results) else 1
+
+
+def main() -> int:
+    return bench_main(__doc__, "torch-ops", select_cases, run_case)
 
 
 if __name__ == "__main__":

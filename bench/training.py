@@ -34,8 +34,8 @@ import torch  # noqa: E402
 
 from . import cases as C  # noqa: E402
 from .timing import measure  # noqa: E402
-from .torch_ops import (add_speedups, compile_inductor, kernels_ready, ours_call, parse_args,  # noqa: E402
-                        record_correct, result_stem, run_all, select_cases, table_row)
+from .torch_ops import (add_speedups, bench_main, compile_inductor, machine_line, ours_call,  # noqa: E402
+                        record_correct, select_cases, table_row)
 
 DIFFERENTIABLE = ("topk_renorm", "similarity_inform", "similarity_inform_topk", "attention_posterior",
                   "hyper_router")
@@ -118,12 +118,9 @@ def run_case(case: C.Case, args) -> dict:
 
 
 def write_markdown(doc: dict, path: Path) -> None:
-    m = doc["machine"]
     lines = [
         f"# Forward + backward: torch.ops.moe.* vs eager and inductor ({doc['date']})", "",
-        f"Machine: {m['cpu_model']} ({m['logical_cpus']} logical CPUs), {m['threads']} threads, torch {m['torch']}, "
-        f"commit {m['git_commit'][:10]}. Load average at start {m['loadavg_start']}, at end {doc['loadavg_end']}"
-        " (ratios within one run are what counts; a loaded machine's numbers need a quiet rerun).", "",
+        machine_line(doc) + " (ratios within one run are what counts; a loaded machine's numbers need a quiet rerun).", "",
         "One call = forward, then the gradients of sum(out^2) w.r.t. every float input. Ours = the op with its "
         "registered backward; eager = bench/baselines.py under autograd; inductor = torch.compile of it (AOTAutograd)."
         " x = eager (inductor) time / ours.", "",
@@ -147,12 +144,8 @@ def with_frozen_hypernetwork(cases: list[C.Case]) -> list[C.Case]:
 
 
 def main() -> int:
-    args = parse_args(__doc__)
-    if not kernels_ready():
-        return 2
-    todo = with_frozen_hypernetwork(select_cases(args, lambda c: c.op in DIFFERENTIABLE))
-    results, _ = run_all(todo, run_case, args, result_stem("training", args), markdown=write_markdown)
-    return 0 if all(r.get("correct", False) for r in results) else 1
+    return bench_main(__doc__, "training", lambda args: with_frozen_hypernetwork(
+        select_cases(args, lambda c: c.op in DIFFERENTIABLE)), run_case, markdown=write_markdown)
 
 
 if __name__ == "__main__":
