@@ -33,12 +33,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import (DeepseekV3Config, MixtralConfig, MixtralForCausalLM, OlmoeConfig,  # noqa: E402
-                          OlmoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from transformers import DeepseekV3Config, MixtralConfig  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek  # noqa: E402
 
 from moe_mlir.backends.dynamo import MoERaisingWarning, capture_graphs  # noqa: E402
-from torch_checks import init_hf_module, same_expert_sets  # noqa: E402
+from torch_checks import init_hf_module, same_expert_sets, tiny_moe_causal_lm  # noqa: E402
 
 H = 32
 #: The moe ops of a causal LM's graphs (in order, across the graphs: Dynamo may put the loss in a graph of its
@@ -91,16 +90,7 @@ def test_deepseek_v3_router_with_dynamic_floats_is_raised(E, n_group, topk_group
 
 
 def _causal_lm(name: str) -> torch.nn.Module:
-    common = dict(hidden_size=H, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
-                  num_experts_per_tok=2, output_router_logits=True)
-    if name == "mixtral":
-        model = MixtralForCausalLM(MixtralConfig(intermediate_size=16, num_local_experts=8, **common))
-    elif name == "qwen3_moe":
-        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(moe_intermediate_size=16, intermediate_size=64, num_experts=8,
-                                                   head_dim=8, norm_topk_prob=True, **common))
-    else:
-        model = OlmoeForCausalLM(OlmoeConfig(intermediate_size=16, num_experts=8, norm_topk_prob=False, **common))
-    return _init(model, seed=len(name))
+    return tiny_moe_causal_lm(name, H, vocab_size=64)
 
 
 def _check_lm(model: torch.nn.Module, dynamic, lengths, experts: str = "grouped_mm") -> list:

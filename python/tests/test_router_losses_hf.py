@@ -19,11 +19,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import (MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM,  # noqa: E402
-                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 from moe_mlir.backends.dynamo import MoERaisingWarning, capture_graphs  # noqa: E402
-from torch_checks import init_hf_module  # noqa: E402
+from torch_checks import tiny_moe_causal_lm  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not hasattr(torch.ops.moe, "load_balancing_loss"),
@@ -37,16 +35,7 @@ AUX_COEF = 0.1
 
 
 def _model(name: str) -> torch.nn.Module:
-    common = dict(hidden_size=H, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=V,
-                  num_experts_per_tok=2, output_router_logits=True, router_aux_loss_coef=AUX_COEF)
-    if name == "mixtral":
-        model = MixtralForCausalLM(MixtralConfig(intermediate_size=16, num_local_experts=8, **common))
-    elif name == "qwen3_moe":
-        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(moe_intermediate_size=16, intermediate_size=64, num_experts=8,
-                                                   head_dim=8, norm_topk_prob=True, **common))
-    else:
-        model = OlmoeForCausalLM(OlmoeConfig(intermediate_size=16, num_experts=8, norm_topk_prob=False, **common))
-    model = init_hf_module(model, seed=len(name)).train()
+    model = tiny_moe_causal_lm(name, H, vocab_size=V, router_aux_loss_coef=AUX_COEF).train()
     model.config._experts_implementation = "grouped_mm"
     return model
 

@@ -102,6 +102,25 @@ def init_hf_module(m: torch.nn.Module, seed: int) -> torch.nn.Module:
     return m.eval()
 
 
+def tiny_moe_causal_lm(name: str, hidden: int, **config) -> torch.nn.Module:
+    """A two-layer ``mixtral``, ``qwen3_moe`` or ``olmoe`` causal LM from transformers (4 heads, 2 KV heads, 8 experts
+    of width 16, top-2, ``output_router_logits=True``; ``config`` adds vocab_size, router_aux_loss_coef, ...) with
+    seeded random weights (``init_hf_module``, seed ``len(name)``); eval mode."""
+    from transformers import (MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen3MoeConfig,
+                              Qwen3MoeForCausalLM)
+
+    common = dict(hidden_size=hidden, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  num_experts_per_tok=2, output_router_logits=True, **config)
+    if name == "mixtral":
+        model = MixtralForCausalLM(MixtralConfig(intermediate_size=16, num_local_experts=8, **common))
+    elif name == "qwen3_moe":
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(moe_intermediate_size=16, intermediate_size=64, num_experts=8,
+                                                   head_dim=8, norm_topk_prob=True, **common))
+    else:
+        model = OlmoeForCausalLM(OlmoeConfig(intermediate_size=16, num_experts=8, norm_topk_prob=False, **common))
+    return init_hf_module(model, seed=len(name))
+
+
 def same_expert_sets(w: torch.Tensor, i: torch.Tensor, w_ref: torch.Tensor, i_ref: torch.Tensor) -> None:
     """Top-k weights and indices equal a reference's as sets per row (HF's routers use topk(sorted=False), so the
     slot order is not part of the contract): both sorted by expert index, then indices equal, weights close."""
