@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 import torch.fx as fx
@@ -386,6 +386,21 @@ def _mutates(n: fx.Node) -> bool:
     return schema is not None and schema.is_mutable
 
 
+def _matched_loss(name: str, match: Callable[[fx.Node], Any], n: fx.Node) -> Optional[tuple[Any, Any]]:
+    """(``moe.<name>``, what ``match`` finds ending at ``n``), or None while the op is not registered, when an earlier
+    raising erased ``n`` or when nothing matches."""
+    op = _op(name)
+    found = match(n) if op is not None and not getattr(n, "_erased", False) else None
+    return None if found is None else (op, found)
+
+
+def _replace_loss(graph: fx.Graph, n: fx.Node, loss: fx.Node) -> bool:
+    """``n``'s uses read ``loss``; ``n`` and what only it used are erased. True (the raising happened)."""
+    n.replace_all_uses_with(loss)
+    _erase_replaced(graph, n)
+    return True
+
+
 def _erase_replaced(graph: fx.Graph, n: fx.Node) -> None:
     """Erases ``n`` (its uses already replaced) and what only it used. ``eliminate_dead_code`` keeps in-place ops:
     the per-layer loss's ``zeros(E).scatter_add_(...)`` would keep every layer's softmax and top-k alive. Other
@@ -425,11 +440,10 @@ def _final_loss(n: fx.Node) -> Optional[tuple[Any, Any, int]]:
 
 def raise_load_balancing_loss(graph: fx.Graph, n: fx.Node) -> bool:
     """The balancing loss ending at ``n`` (see the module doc) -> ``moe.load_balancing_loss``."""
-    op = _op("load_balancing_loss")
-    parts = _final_loss(n) if op is not None and not getattr(n, "_erased", False) else None
-    if parts is None:
+    matched = _matched_loss("load_balancing_loss", _final_loss, n)
+    if matched is None:
         return False
-    F, P, E = parts
+    op, (F, P, E) = matched
     found = _per_layer(F, P, E)
     if found is not None:
         ps, k, mask = found
@@ -459,9 +473,7 @@ def raise_load_balancing_loss(graph: fx.Graph, n: fx.Node) -> bool:
     if want != torch.float32:
         with graph.inserting_before(n):
             loss = _new(graph, aten._to_copy.default, (loss,), n, {"dtype": want})
-    n.replace_all_uses_with(loss)
-    _erase_replaced(graph, n)
-    return True
+    return _replace_loss(graph, n, loss)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -517,16 +529,14 @@ def _z_loss_input(n: fx.Node) -> Optional[fx.Node]:
 
 def raise_router_z_loss(graph: fx.Graph, n: fx.Node) -> bool:
     """``mean(logsumexp(x, -1)²)`` (ST-MoE's z-loss; transformers' ``router_z_loss_func``) -> ``moe.router_z_loss``."""
-    op = _op("router_z_loss")
-    x = _z_loss_input(n) if op is not None and not getattr(n, "_erased", False) else None
-    if x is None:
+    matched = _matched_loss("router_z_loss", _z_loss_input, n)
+    if matched is None:
         return False
+    op, x = matched
     with graph.inserting_before(n):
         xv = _tensor(x)
         if xv.dim() != 2:  # [G, S, E] -> [G·S, E] (flatten: no size in the graph, E may be symbolic)
             x = _new(graph, aten.flatten.using_ints, (x, 0, -2), n) if xv.dim() > 2 else \
                 _new(graph, aten.unsqueeze.default, (x, 0), n)
         loss = _new(graph, op, (x,), n)
-    n.replace_all_uses_with(loss)
-    _erase_replaced(graph, n)
-    return True
+    return _replace_loss(graph, n, loss)
