@@ -70,16 +70,22 @@ def lse_row(x):
     return m + math.log(np.exp(x - m).sum())
 
 
+def logits_operand(b, logits, dyn=True, elem="f32"):
+    """``logits`` [T, E] as a constant of ``b``, cast to a dynamic T unless ``dyn`` is False: (the float64 array, the
+    value, its type)."""
+    x = np.asarray(logits, np.float64)
+    v, ty = b.const(x, elem)
+    dty = ttype([None if dyn else x.shape[0], x.shape[1]], elem)
+    return x, b.cast(v, ty, dty), dty
+
+
 def gen():
     f = TestFile(RUN)
 
     def stats_case(title, logits, k, mask=None, dyn=True, elem="f32"):
-        x = np.asarray(logits, np.float64)
-        T, E = x.shape
         b = Body()
-        v, ty = b.const(x, elem)
-        dty = ttype([None if dyn else T, E], elem)
-        v = b.cast(v, ty, dty)
+        x, v, dty = logits_operand(b, logits, dyn, elem)
+        T, E = x.shape
         mtext = ""
         if mask is not None:
             mv, mty = b.const(np.asarray(mask, np.float64), "f32")
@@ -107,12 +113,9 @@ def gen():
     stats_case("a NaN row: NaN probabilities, its NaN selected first", [[1, NAN, 0], [0, 1, 2]], 1)
 
     def z_case(title, logits, dloss=0.5):
-        x = np.asarray(logits, np.float64)
-        T, E = x.shape
         b = Body()
-        v, ty = b.const(x, "f32")
-        dty = ttype([None, E], "f32")
-        v = b.cast(v, ty, dty)
+        x, v, dty = logits_operand(b, logits)
+        T, E = x.shape
         d, dt = b.const(np.asarray(dloss), "f32", shape=[])
         b.line("%%z = moe.router_z_loss %s : %s -> tensor<f32>" % (v, dty))
         b.line("%%g = moe.router_z_loss_grad %s dloss(%s : tensor<f32>) : %s -> %s" % (v, d, dty, dty))
@@ -128,12 +131,9 @@ def gen():
     z_case("router_z_loss and its gradient", [[1, 2, 3], [0, 0, 0], [-2, 5, 0.5], [10, -10, 0]])
 
     def grad_case(title, logits, dmean, W, mask=None):
-        x = np.asarray(logits, np.float64)
-        T, E = x.shape
         b = Body()
-        v, ty = b.const(x, "f32")
-        dty = ttype([None, E], "f32")
-        v = b.cast(v, ty, dty)
+        x, v, dty = logits_operand(b, logits)
+        T, E = x.shape
         mtext = ""
         if mask is not None:
             mv, mty = b.const(np.asarray(mask, np.float64), "f32")
