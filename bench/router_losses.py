@@ -41,7 +41,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from .ours import REPO  # noqa: E402
-from .torch_ops import (_fmt_ms, bench_main, interleaved, machine_line, named_cases,  # noqa: E402
+from .torch_ops import (SizedCase, _fmt_ms, bench_main, interleaved, machine_line, named_cases,  # noqa: E402
                         record_correct)
 
 sys.path.insert(0, str(REPO / "python"))
@@ -81,11 +81,7 @@ def ours_step(logits: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class Case:
-    name: str
-    op: str
-    regime: str
-    T: int
+class Case(SizedCase):
     E: int
 
 

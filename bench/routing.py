@@ -37,7 +37,8 @@ from .baselines import hf_grouped_router  # noqa: E402
 from .ours import REPO  # noqa: E402
 from .timing import measure  # noqa: E402
 from . import torch_ops  # noqa: E402
-from .torch_ops import (add_speedups, bench_main, compile_inductor, named_cases, record_correct)  # noqa: E402
+from .torch_ops import (SizedCase, add_speedups, bench_main, compile_inductor, named_cases,  # noqa: E402
+                        record_correct)
 
 sys.path.insert(0, str(REPO / "python"))
 import moe_mlir  # noqa: E402,F401
@@ -58,11 +59,7 @@ def sigmoid_bias_router(logits, bias, k: int, scale: float):
 
 
 @dataclass
-class Case:
-    name: str
-    op: str
-    regime: str
-    T: int
+class Case(SizedCase):
     make_inputs: Callable[[torch.Generator], list]
     ours: Callable[..., object]
     eager: Callable[..., object]

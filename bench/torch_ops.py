@@ -35,6 +35,7 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from typing import Callable  # noqa: E402
 
 import torch  # noqa: E402
@@ -215,6 +216,16 @@ def add_speedups(rec: dict) -> None:
     rec["speedup_vs_eager"] = rec["eager"]["median_ms"] / ours_ms
     if "inductor" in rec:
         rec["speedup_vs_inductor"] = rec["inductor"]["median_ms"] / ours_ms
+
+
+@dataclass
+class SizedCase:
+    """What run_all reads of a benchmark's own case type (bench/routing.py, bench/router_losses.py): its name, op,
+    regime (decode | prefill) and token count T."""
+    name: str
+    op: str
+    regime: str
+    T: int
 
 
 def kernels_ready() -> bool:
