@@ -23,21 +23,27 @@ Value balanceChunk(CK &k, Value x2, Value r, Value base, Value numExperts,
   return k.vloadMasked(x2, {r, base}, k.sub(numExperts, base), pad);
 }
 
-void balanceEachChunk(CK &k, Value numExperts,
-                      function_ref<void(Value base)> body) {
-  Value chunks = k.ceilDiv(numExperts, k.idx(k.lanes()));
+void eachLaneChunk(CK &k, Value chunks, function_ref<void(Value base)> body) {
   k.forLoop(k.idx(0), chunks, k.idx(1),
             [&](Value c) { body(k.mul(c, k.idx(k.lanes()))); });
 }
 
-Value balanceRowSum(CK &k, Value numExperts, function_ref<Value(Value)> f) {
-  Value chunks = k.ceilDiv(numExperts, k.idx(k.lanes()));
+Value laneChunkSum(CK &k, Value chunks, function_ref<Value(Value)> f) {
   Value acc = k.forLoop(k.idx(0), chunks, k.idx(1),
                         ValueRange{k.constLike(k.vf32(), 0.0)},
                         [&](Value c, ValueRange a) -> SmallVector<Value> {
                           return {k.fadd(a[0], f(k.mul(c, k.idx(k.lanes()))))};
                         })[0];
   return k.sum(acc);
+}
+
+void balanceEachChunk(CK &k, Value numExperts,
+                      function_ref<void(Value base)> body) {
+  eachLaneChunk(k, k.ceilDiv(numExperts, k.idx(k.lanes())), body);
+}
+
+Value balanceRowSum(CK &k, Value numExperts, function_ref<Value(Value)> f) {
+  return laneChunkSum(k, k.ceilDiv(numExperts, k.idx(k.lanes())), f);
 }
 
 SoftmaxState balanceRowSoftmax(CK &k, Value x2, Value r, Value numExperts,
@@ -79,8 +85,34 @@ std::pair<Value, Value> balanceBlockRows(CK &k, Value block, Value rows) {
   return {r0, r1};
 }
 
+void balanceEachBlockRow(CK &k, Value block, Value rows,
+                         function_ref<void(Value r)> body) {
+  auto [r0, r1] = balanceBlockRows(k, block, rows);
+  k.forLoop(r0, r1, k.idx(1), body);
+}
+
+Value balanceBlockRowSum(CK &k, Value block, Value rows,
+                         function_ref<Value(Value r)> f) {
+  auto [r0, r1] = balanceBlockRows(k, block, rows);
+  return k.forLoop(r0, r1, k.idx(1), ValueRange{k.cF32(0.0)},
+                   [&](Value r, ValueRange acc) -> SmallVector<Value> {
+                     return {k.fadd(acc[0], f(r))};
+                   })[0];
+}
+
 Value balanceBlocks(CK &k, Value rows) {
   return k.ceilDiv(rows, k.idx(kBalanceRowsPerBlock));
+}
+
+Value sumInOrder(CK &k, Value buf, Value n) {
+  return k.forLoop(k.idx(0), n, k.idx(1), ValueRange{k.cF32(0.0)},
+                   [&](Value i, ValueRange acc) -> SmallVector<Value> {
+                     return {k.fadd(acc[0], k.load(buf, {i}))};
+                   })[0];
+}
+
+Value indexToF32(CK &k, Value index) {
+  return k.sitofp(k.castInt(index, k.i64()));
 }
 
 } // namespace mlir::moe::cpu

@@ -5,8 +5,9 @@
 // What the CPU kernels of the balance ops (RouterStats.cpp, RouterZLoss.cpp,
 // SequenceBalanceLoss.cpp and their backward files) share: the log-space row
 // softmax on vector lanes (two lane-wise passes, max then Σ exp, giving the
-// state of MoE/Kernels/OnlineSoftmax.h) and the fixed row blocks of their token
-// reductions (MoE/Kernels/Balance.h).
+// state of MoE/Kernels/OnlineSoftmax.h), the loops over a row's lane chunks,
+// and the fixed row blocks of their token reductions (MoE/Kernels/Balance.h)
+// whose partials are summed in block order.
 //
 //===----------------------------------------------------------------------===//
 
@@ -30,19 +31,40 @@ Value balanceChunk(CK &k, Value x2, Value r, Value base, Value numExperts,
 kernels::SoftmaxState balanceRowSoftmax(CK &k, Value x2, Value r,
                                         Value numExperts, Value exps = {});
 
-/// Runs body(chunk base) for every lane chunk of a row of `numExperts`.
+/// Runs body(chunk base) for each of `chunks` lane chunks (index).
+void eachLaneChunk(CK &k, Value chunks, function_ref<void(Value base)> body);
+
+/// A vector accumulation over `chunks` lane chunks: Σ_chunks f(base),
+/// reduced to a scalar.
+Value laneChunkSum(CK &k, Value chunks, function_ref<Value(Value)> f);
+
+/// eachLaneChunk over the lane chunks of a row of `numExperts`.
 void balanceEachChunk(CK &k, Value numExperts,
                       function_ref<void(Value base)> body);
 
-/// A vector accumulation over the lane chunks of a row: Σ_chunks f(base),
-/// reduced to a scalar.
+/// laneChunkSum over the lane chunks of a row of `numExperts`.
 Value balanceRowSum(CK &k, Value numExperts, function_ref<Value(Value)> f);
 
 /// The row range [r0, r1) of block `block` of kBalanceRowsPerBlock rows.
 std::pair<Value, Value> balanceBlockRows(CK &k, Value block, Value rows);
 
+/// Runs body(r) for the rows of block `block`, in order.
+void balanceEachBlockRow(CK &k, Value block, Value rows,
+                         function_ref<void(Value r)> body);
+
+/// Σ f(r) (f32 scalars) over the rows of block `block`, in row order.
+Value balanceBlockRowSum(CK &k, Value block, Value rows,
+                         function_ref<Value(Value r)> f);
+
 /// The blocks of kBalanceRowsPerBlock rows covering `rows`.
 Value balanceBlocks(CK &k, Value rows);
+
+/// Σ_{i < n} buf[i] (f32 partials, one per row block or sequence) in index
+/// order, on the calling thread: the same bits for any thread count.
+Value sumInOrder(CK &k, Value buf, Value n);
+
+/// `index` (a count) as f32.
+Value indexToF32(CK &k, Value index);
 
 } // namespace mlir::moe::cpu
 

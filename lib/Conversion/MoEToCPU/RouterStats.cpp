@@ -67,60 +67,52 @@ struct RouterStatsKernel : KernelPattern<RouterStatsOp> {
         k.vstore(zeroV, probSum, {block, base});
         k.vstore(zeroV, countSum, {block, base});
       });
-      auto [r0, r1] = balanceBlockRows(k, block, rows);
-      Value total = k.forLoop(
-          r0, r1, k.idx(1), ValueRange{k.cF32(0.0)},
-          [&](Value r, ValueRange acc) -> SmallVector<Value> {
-            Value w = m ? k.loadF(m, {r}) : k.cF32(1.0);
-            // p = exp(x - max) / Σ from the row buffer (1/Σ read as 0 for a
-            // row of -inf, whose exps are 0: p = 0; NaN stays NaN).
-            SoftmaxState row = balanceRowSoftmax(k, x2, r, numExperts, exps);
-            Value none =
-                k.cmpf(arith::CmpFPredicate::OEQ, row.sum, k.cF32(0.0));
-            Value inv = k.splat(
-                k.select(none, k.cF32(0.0), k.fdiv(k.cF32(1.0), row.sum)),
-                lanes);
-            Value wV = k.splat(w, lanes);
-            balanceEachChunk(k, numExperts, [&](Value base) {
-              Value p = k.fmul(k.vload(exps, {base}), inv);
-              Value sum = k.vload(probSum, {block, base});
-              // w · p rounded, then added: PyTorch's (w * p).sum order.
-              k.vstore(k.fadd(sum, k.fmul(wV, p)), probSum, {block, base});
-            });
-            // The candidates (key, index) of the row; past E: none.
-            Value candChunks = k.ceilDiv(numExperts, k.idx(cand));
-            k.forLoop(k.idx(0), candChunks, k.idx(1), [&](Value c) {
-              Value base = k.mul(c, k.idx(cand));
-              Value x = fullCands
-                            ? k.vload(x2, {r, base}, cand)
-                            : k.vloadMasked(x2, {r, base},
-                                            k.sub(numExperts, base), 0.0, cand);
-              Value lane = k.iota(k.castInt(base, k.i32()), cand);
-              Value packed = packCandidate(k, orderedKey(k, x), lane);
-              Value in = k.lt(lane, k.splat(numExpertsI32, cand));
-              k.vstore(k.select(in, packed, noneV), cands, {base});
-            });
-            k.forLoop(k.idx(0), k.idx(topk), k.idx(1),
-                      ValueRange{k.cI64(std::numeric_limits<int64_t>::max())},
-                      [&](Value, ValueRange prev) -> SmallVector<Value> {
-                        Value pick = bestCandidateBelow(k, cands, k.idx(0),
-                                                        candChunks, prev[0]);
-                        Value e = k.castInt(candidateIndex(k, pick), k.index());
-                        Value c = k.load(countSum, {block, e});
-                        k.store(k.fadd(c, w), countSum, {block, e});
-                        return {pick};
-                      });
-            return {k.fadd(acc[0], w)};
-          })[0];
+      Value total = balanceBlockRowSum(k, block, rows, [&](Value r) {
+        Value w = m ? k.loadF(m, {r}) : k.cF32(1.0);
+        // p = exp(x - max) / Σ from the row buffer (1/Σ read as 0 for a
+        // row of -inf, whose exps are 0: p = 0; NaN stays NaN).
+        SoftmaxState row = balanceRowSoftmax(k, x2, r, numExperts, exps);
+        Value none = k.cmpf(arith::CmpFPredicate::OEQ, row.sum, k.cF32(0.0));
+        Value inv = k.splat(
+            k.select(none, k.cF32(0.0), k.fdiv(k.cF32(1.0), row.sum)), lanes);
+        Value wV = k.splat(w, lanes);
+        balanceEachChunk(k, numExperts, [&](Value base) {
+          Value p = k.fmul(k.vload(exps, {base}), inv);
+          Value sum = k.vload(probSum, {block, base});
+          // w · p rounded, then added: PyTorch's (w * p).sum order.
+          k.vstore(k.fadd(sum, k.fmul(wV, p)), probSum, {block, base});
+        });
+        // The candidates (key, index) of the row; past E: none.
+        Value candChunks = k.ceilDiv(numExperts, k.idx(cand));
+        k.forLoop(k.idx(0), candChunks, k.idx(1), [&](Value c) {
+          Value base = k.mul(c, k.idx(cand));
+          Value x = fullCands
+                        ? k.vload(x2, {r, base}, cand)
+                        : k.vloadMasked(x2, {r, base}, k.sub(numExperts, base),
+                                        0.0, cand);
+          Value lane = k.iota(k.castInt(base, k.i32()), cand);
+          Value packed = packCandidate(k, orderedKey(k, x), lane);
+          Value in = k.lt(lane, k.splat(numExpertsI32, cand));
+          k.vstore(k.select(in, packed, noneV), cands, {base});
+        });
+        k.forLoop(k.idx(0), k.idx(topk), k.idx(1),
+                  ValueRange{k.cI64(std::numeric_limits<int64_t>::max())},
+                  [&](Value, ValueRange prev) -> SmallVector<Value> {
+                    Value pick = bestCandidateBelow(k, cands, k.idx(0),
+                                                    candChunks, prev[0]);
+                    Value e = k.castInt(candidateIndex(k, pick), k.index());
+                    Value c = k.load(countSum, {block, e});
+                    k.store(k.fadd(c, w), countSum, {block, e});
+                    return {pick};
+                  });
+        return w;
+      });
       k.store(total, weightSum, {block});
     });
 
     // The block partials in block order.
+    Value w = sumInOrder(k, weightSum, blocks);
     Value c0 = k.idx(0), c1 = k.idx(1);
-    Value w = k.forLoop(c0, blocks, c1, ValueRange{k.cF32(0.0)},
-                        [&](Value b, ValueRange acc) -> SmallVector<Value> {
-                          return {k.fadd(acc[0], k.load(weightSum, {b}))};
-                        })[0];
     Value wV = k.splat(w, lanes);
     balanceEachChunk(k, numExperts, [&](Value base) {
       SmallVector<Value> sums =

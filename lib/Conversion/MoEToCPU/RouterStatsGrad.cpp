@@ -44,8 +44,7 @@ struct RouterStatsGradKernel : KernelPattern<RouterStatsGradOp> {
                               {roundUp(k, numExperts, k.lanes())});
     k.workers(opts, balanceBlocks(k, rows), [&](Value block, Value worker) {
       Value probs = k.workerSlice(rowBufs, worker);
-      auto [r0, r1] = balanceBlockRows(k, block, rows);
-      k.forLoop(r0, r1, k.idx(1), [&](Value r) {
+      balanceEachBlockRow(k, block, rows, [&](Value r) {
         Value w = m ? k.loadF(m, {r}) : k.cF32(1.0);
         Value scale = k.fmul(w, invW);
         Value shift =

@@ -32,21 +32,15 @@ struct RouterZLossKernel : KernelPattern<RouterZLossOp> {
     Value blocks = balanceBlocks(k, rows);
     Value partial = k.alloc(MemRefType::get({kDyn}, k.f32()), {blocks});
     k.workers(opts, blocks, [&](Value block, Value) {
-      auto [r0, r1] = balanceBlockRows(k, block, rows);
-      Value sum = k.forLoop(r0, r1, k.idx(1), ValueRange{k.cF32(0.0)},
-                            [&](Value r, ValueRange acc) -> SmallVector<Value> {
-                              Value lse = softmaxLogSumExp(
-                                  k, balanceRowSoftmax(k, x2, r, numExperts));
-                              return {k.fadd(acc[0], k.fmul(lse, lse))};
-                            })[0];
+      Value sum = balanceBlockRowSum(k, block, rows, [&](Value r) {
+        Value lse =
+            softmaxLogSumExp(k, balanceRowSoftmax(k, x2, r, numExperts));
+        return k.fmul(lse, lse);
+      });
       k.store(sum, partial, {block});
     });
-    Value total = k.forLoop(k.idx(0), blocks, k.idx(1), ValueRange{k.cF32(0.0)},
-                            [&](Value b, ValueRange acc) -> SmallVector<Value> {
-                              return {k.fadd(acc[0], k.load(partial, {b}))};
-                            })[0];
-    k.store(k.fdiv(total, k.sitofp(k.castInt(rows, k.i64()))), kernel.out(0),
-            {});
+    Value total = sumInOrder(k, partial, blocks);
+    k.store(k.fdiv(total, indexToF32(k, rows)), kernel.out(0), {});
     kernel.replace(rw, op);
     return success();
   }

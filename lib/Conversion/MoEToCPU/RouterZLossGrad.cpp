@@ -32,12 +32,10 @@ struct RouterZLossGradKernel : KernelPattern<RouterZLossGradOp> {
                        KernelScope::outsOf(op, {sz}));
     Value x2 = k.buffer(logits), out = kernel.out(0);
     Value dloss = k.load(k.buffer(op.getDloss()), {});
-    Value scale =
-        k.fdiv(k.fmul(k.cF32(2.0), dloss), k.sitofp(k.castInt(rows, k.i64())));
+    Value scale = k.fdiv(k.fmul(k.cF32(2.0), dloss), indexToF32(k, rows));
     const double negInf = -std::numeric_limits<double>::infinity();
     k.workers(opts, balanceBlocks(k, rows), [&](Value block, Value) {
-      auto [r0, r1] = balanceBlockRows(k, block, rows);
-      k.forLoop(r0, r1, k.idx(1), [&](Value r) {
+      balanceEachBlockRow(k, block, rows, [&](Value r) {
         Value lse =
             softmaxLogSumExp(k, balanceRowSoftmax(k, x2, r, numExperts));
         balanceEachChunk(k, numExperts, [&](Value base) {

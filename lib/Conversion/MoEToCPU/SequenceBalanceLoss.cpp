@@ -15,6 +15,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "BalanceRows.h"
 #include "Kernels.h"
 
 #include "MoE/IR/MoEOps.h"
@@ -40,20 +41,14 @@ struct SequenceRows {
     padded = roundUp(k, numExperts, k.lanes());
   }
 
-  Value f32(Value index) { return k.sitofp(k.castInt(index, k.i64())); }
+  Value f32(Value index) { return indexToF32(k, index); }
 
+  Value chunks() { return k.divu(padded, k.idx(k.lanes())); }
   void eachChunk(function_ref<void(Value base)> body) {
-    Value chunks = k.divu(padded, k.idx(k.lanes()));
-    k.forLoop(k.idx(0), chunks, k.idx(1),
-              [&](Value c) { body(k.mul(c, k.idx(k.lanes()))); });
+    eachLaneChunk(k, chunks(), body);
   }
   Value rowSum(function_ref<Value(Value base)> f) {
-    Value chunks = k.divu(padded, k.idx(k.lanes()));
-    return k.sum(k.forLoop(
-        k.idx(0), chunks, k.idx(1), ValueRange{k.constLike(k.vf32(), 0.0)},
-        [&](Value c, ValueRange a) -> SmallVector<Value> {
-          return {k.fadd(a[0], f(k.mul(c, k.idx(k.lanes()))))};
-        })[0]);
+    return laneChunkSum(k, chunks(), f);
   }
   /// Row t of sequence b (0 past E).
   Value scores(Value b, Value t, Value base) {
@@ -117,11 +112,7 @@ struct SequenceBalanceLossKernel : KernelPattern<SequenceBalanceLossOp> {
       });
       k.store(loss, partial, {b});
     });
-    Value total =
-        k.forLoop(k.idx(0), q.batch, k.idx(1), ValueRange{k.cF32(0.0)},
-                  [&](Value b, ValueRange acc) -> SmallVector<Value> {
-                    return {k.fadd(acc[0], k.load(partial, {b}))};
-                  })[0];
+    Value total = sumInOrder(k, partial, q.batch);
     k.store(k.fdiv(total, q.f32(q.batch)), kernel.out(0), {});
     kernel.replace(rw, op);
     return success();
