@@ -17,6 +17,7 @@
 
 #include "MoE/Kernels/Builder.h"
 
+#include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 
@@ -69,6 +70,24 @@ struct RowSoftmax {
   Value max, sum, shift;
 };
 RowSoftmax rowSoftmax(PatternRewriter &rw, Location loc, Value x);
+
+/// f(x) of the f32 scalar `x` (rank 0), as a rank-0 generic.
+inline Value
+scalarGeneric(PatternRewriter &rw, Location loc, Value x,
+              function_ref<Value(kernels::KernelBuilder &, Value)> f) {
+  BalanceGenerics g0(rw, loc, 0);
+  return g0.run(
+      {x}, g0.fill({}, 0.0), {g0.map({}), g0.map({})}, {},
+      [&](kernels::KernelBuilder &k, ValueRange a) { return f(k, a[0]); });
+}
+
+/// Dimension `d` of tensor `t` (a count: T, E, B, S or k) as an f32 scalar.
+inline Value dimF32(PatternRewriter &rw, Location loc, Value t, int64_t d) {
+  return arith::SIToFPOp::create(
+      rw, loc, rw.getF32Type(),
+      arith::IndexCastOp::create(rw, loc, rw.getI64Type(),
+                                 tensor::DimOp::create(rw, loc, t, d)));
+}
 
 } // namespace mlir::moe::lowering
 

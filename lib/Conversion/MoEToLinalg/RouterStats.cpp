@@ -69,6 +69,25 @@ Value tokenWeights(PatternRewriter &rw, Location loc, Value mask,
   return filled(rw, loc, {tokens}, f32Const(rw, loc, 1.0));
 }
 
+/// What both router_stats lowerings compute first: the logits in f32, their
+/// sizes [T, E], the row softmax and the token weights.
+struct RouterRows {
+  Value x;
+  SmallVector<OpFoldResult> sizes;
+  RowSoftmax row;
+  Value w;
+};
+
+RouterRows routerRows(PatternRewriter &rw, Location loc, Value logits,
+                      Value mask) {
+  RouterRows q;
+  q.x = promoteToF32(rw, loc, logits);
+  q.sizes = sizesOf(rw, loc, q.x);
+  q.row = rowSoftmax(rw, loc, q.x);
+  q.w = tokenWeights(rw, loc, mask, q.sizes[0]);
+  return q;
+}
+
 /// Σ_t w_t (rank 0).
 Value weightSum(PatternRewriter &rw, Location loc, Value w) {
   BalanceGenerics g1(rw, loc, 1);
@@ -81,10 +100,8 @@ Value weightSum(PatternRewriter &rw, Location loc, Value w) {
 LogicalResult mlir::moe::lowering::lowerRouterStats(RouterStatsOp op,
                                                     PatternRewriter &rw) {
   Location loc = op.getLoc();
-  Value x = promoteToF32(rw, loc, op.getLogits());
-  SmallVector<OpFoldResult> sizes = sizesOf(rw, loc, x);
-  RowSoftmax row = rowSoftmax(rw, loc, x);
-  Value w = tokenWeights(rw, loc, op.getTokenMask(), sizes[0]);
+  auto [x, sizes, row, w] =
+      routerRows(rw, loc, op.getLogits(), op.getTokenMask());
   BalanceGenerics g2(rw, loc, 2), g1(rw, loc, 1), g3(rw, loc, 3);
   AffineMap te = g2.map({0, 1}), t = g2.map({0}), e = g2.map({1});
   // Σ_t w_t p_te, tokens in order.
@@ -120,10 +137,8 @@ LogicalResult mlir::moe::lowering::lowerRouterStats(RouterStatsOp op,
 LogicalResult mlir::moe::lowering::lowerRouterStatsGrad(RouterStatsGradOp op,
                                                         PatternRewriter &rw) {
   Location loc = op.getLoc();
-  Value x = promoteToF32(rw, loc, op.getLogits());
-  SmallVector<OpFoldResult> sizes = sizesOf(rw, loc, x);
-  RowSoftmax row = rowSoftmax(rw, loc, x);
-  Value w = tokenWeights(rw, loc, op.getTokenMask(), sizes[0]);
+  auto [x, sizes, row, w] =
+      routerRows(rw, loc, op.getLogits(), op.getTokenMask());
   Value g = op.getDmeanProbs();
   BalanceGenerics g2(rw, loc, 2);
   AffineMap te = g2.map({0, 1}), t = g2.map({0}), e = g2.map({1}),
@@ -152,21 +167,16 @@ mlir::moe::lowering::lowerLoadBalancingLoss(LoadBalancingLossOp op,
   Location loc = op.getLoc();
   BalanceGenerics g1(rw, loc, 1);
   AffineMap id = g1.map({0}), scalar = g1.map({});
-  Value experts = arith::SIToFPOp::create(
-      rw, loc, rw.getF32Type(),
-      arith::IndexCastOp::create(
-          rw, loc, rw.getI64Type(),
-          tensor::DimOp::create(rw, loc, op.getCounts(), 0)));
+  Value experts = dimF32(rw, loc, op.getCounts(), 0);
   // Σ_e (counts_e / W) · P_e in expert order, then · E (transformers' order).
   Value sum = g1.run({op.getCounts(), op.getMeanProbs(), op.getWeightSum()},
                      g1.fill({}, 0.0), {id, id, scalar, scalar}, {0},
                      [](KernelBuilder &k, ValueRange a) {
                        return k.fadd(a[3], k.fmul(k.fdiv(a[0], a[2]), a[1]));
                      });
-  BalanceGenerics g0(rw, loc, 0);
-  Value loss = g0.run(
-      {sum}, g0.fill({}, 0.0), {g0.map({}), g0.map({})}, {},
-      [&](KernelBuilder &k, ValueRange a) { return k.fmul(a[0], experts); });
+  Value loss = scalarGeneric(rw, loc, sum, [&](KernelBuilder &k, Value s) {
+    return k.fmul(s, experts);
+  });
   replaceWithCasts(rw, op, loss);
   return success();
 }

@@ -37,14 +37,6 @@ Value rowLse(PatternRewriter &rw, Location loc, Value x) {
                   return kernels::softmaxLogSumExp(k, {a[0], a[1]});
                 });
 }
-
-/// The token count T of `x` as an f32 scalar.
-Value tokensF32(PatternRewriter &rw, Location loc, Value x) {
-  return arith::SIToFPOp::create(
-      rw, loc, rw.getF32Type(),
-      arith::IndexCastOp::create(rw, loc, rw.getI64Type(),
-                                 tensor::DimOp::create(rw, loc, x, 0)));
-}
 } // namespace
 
 LogicalResult mlir::moe::lowering::lowerRouterZLoss(RouterZLossOp op,
@@ -52,15 +44,15 @@ LogicalResult mlir::moe::lowering::lowerRouterZLoss(RouterZLossOp op,
   Location loc = op.getLoc();
   Value x = promoteToF32(rw, loc, op.getLogits());
   Value lse = rowLse(rw, loc, x);
-  BalanceGenerics g1(rw, loc, 1), g0(rw, loc, 0);
+  BalanceGenerics g1(rw, loc, 1);
   Value sum = g1.run({lse}, g1.fill({}, 0.0), {g1.map({0}), g1.map({})}, {0},
                      [](KernelBuilder &k, ValueRange a) {
                        return k.fadd(a[1], k.fmul(a[0], a[0]));
                      });
-  Value tokens = tokensF32(rw, loc, x);
-  Value loss = g0.run(
-      {sum}, g0.fill({}, 0.0), {g0.map({}), g0.map({})}, {},
-      [&](KernelBuilder &k, ValueRange a) { return k.fdiv(a[0], tokens); });
+  Value tokens = dimF32(rw, loc, x, 0);
+  Value loss = scalarGeneric(rw, loc, sum, [&](KernelBuilder &k, Value s) {
+    return k.fdiv(s, tokens);
+  });
   replaceWithCasts(rw, op, loss);
   return success();
 }
@@ -70,7 +62,7 @@ LogicalResult mlir::moe::lowering::lowerRouterZLossGrad(RouterZLossGradOp op,
   Location loc = op.getLoc();
   Value x = promoteToF32(rw, loc, op.getLogits());
   Value lse = rowLse(rw, loc, x);
-  Value tokens = tokensF32(rw, loc, x);
+  Value tokens = dimF32(rw, loc, x, 0);
   BalanceGenerics g2(rw, loc, 2);
   AffineMap te = g2.map({0, 1}), t = g2.map({0}), scalar = g2.map({});
   Value out = g2.run(

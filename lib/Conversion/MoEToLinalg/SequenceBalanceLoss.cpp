@@ -35,13 +35,6 @@ struct SequenceStats {
   SmallVector<OpFoldResult> sizes;
 };
 
-Value dimF32(PatternRewriter &rw, Location loc, Value t, int64_t d) {
-  return arith::SIToFPOp::create(
-      rw, loc, rw.getF32Type(),
-      arith::IndexCastOp::create(rw, loc, rw.getI64Type(),
-                                 tensor::DimOp::create(rw, loc, t, d)));
-}
-
 SequenceStats sequenceStats(PatternRewriter &rw, Location loc, Value scores,
                             Value indices) {
   SequenceStats q;
@@ -84,7 +77,7 @@ mlir::moe::lowering::lowerSequenceBalanceLoss(SequenceBalanceLossOp op,
                                               PatternRewriter &rw) {
   Location loc = op.getLoc();
   SequenceStats q = sequenceStats(rw, loc, op.getScores(), op.getIndices());
-  BalanceGenerics g3(rw, loc, 3), g2(rw, loc, 2), g0(rw, loc, 0);
+  BalanceGenerics g3(rw, loc, 3), g2(rw, loc, 2);
   // Σ_t s / z per sequence and expert, tokens in order.
   Value probSum = g3.run({q.s, q.z}, g3.fill({q.sizes[0], q.sizes[2]}, 0.0),
                          {g3.map({0, 1, 2}), g3.map({0, 1}), g3.map({0, 2})},
@@ -97,10 +90,9 @@ mlir::moe::lowering::lowerSequenceBalanceLoss(SequenceBalanceLossOp op,
                      [&](KernelBuilder &k, ValueRange a) {
                        return k.fadd(a[2], k.fmul(a[0], k.fdiv(a[1], seq)));
                      });
-  Value batch = q.batch;
-  Value loss = g0.run(
-      {sum}, g0.fill({}, 0.0), {g0.map({}), g0.map({})}, {},
-      [&](KernelBuilder &k, ValueRange a) { return k.fdiv(a[0], batch); });
+  Value loss = scalarGeneric(rw, loc, sum, [&](KernelBuilder &k, Value s) {
+    return k.fdiv(s, q.batch);
+  });
   replaceWithCasts(rw, op, loss);
   return success();
 }
