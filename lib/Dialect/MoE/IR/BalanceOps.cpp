@@ -22,6 +22,12 @@ RankedTensorType f32Tensor(MLIRContext *ctx, ArrayRef<int64_t> shape) {
   return RankedTensorType::get(shape, Float32Type::get(ctx));
 }
 
+/// The gradient of `logits` ([T, E]): f32 of its shape (dynamic sizes where
+/// it is not of rank 2).
+RankedTensorType logitsGradType(MLIRContext *ctx, Value logits) {
+  return f32Tensor(ctx, {dimOf(logits, 2, 0), dimOf(logits, 2, 1)});
+}
+
 bool known(int64_t s) { return !ShapedType::isDynamic(s); }
 
 /// `v` has rank `rank`; `layout` names its dimensions in the message.
@@ -121,8 +127,7 @@ LogicalResult
 RouterStatsGradOp::inferReturnTypes(MLIRContext *ctx, std::optional<Location>,
                                     Adaptor adaptor,
                                     SmallVectorImpl<Type> &inferred) {
-  inferred.push_back(f32Tensor(ctx, {dimOf(adaptor.getLogits(), 2, 0),
-                                     dimOf(adaptor.getLogits(), 2, 1)}));
+  inferred.push_back(logitsGradType(ctx, adaptor.getLogits()));
   return success();
 }
 
@@ -175,8 +180,7 @@ LogicalResult
 RouterZLossGradOp::inferReturnTypes(MLIRContext *ctx, std::optional<Location>,
                                     Adaptor adaptor,
                                     SmallVectorImpl<Type> &inferred) {
-  inferred.push_back(f32Tensor(ctx, {dimOf(adaptor.getLogits(), 2, 0),
-                                     dimOf(adaptor.getLogits(), 2, 1)}));
+  inferred.push_back(logitsGradType(ctx, adaptor.getLogits()));
   return success();
 }
 
