@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .. import reference_balance as _ref
 from ._autograd import _register_recompute_autograd
-from ._checks import _check_index, _check_index_range, _check_rank, _check_dim, _fail
+from ._checks import _check_dim, _check_index, _check_index_range, _check_operands, _check_rank, _fail
 from .loading import KEY_VALIDATORS, _note_fallback
 
 #: The user-facing load-balancing ops; ``torch.ops.moe.<name>`` exists for each.
@@ -49,10 +49,8 @@ def _validate_router(op: str, logits: Tensor, top_k: Optional[int], token_mask: 
 
 
 def _validate_sequence(op: str, scores: Tensor, indices: Tensor, top_k: int) -> None:
-    _check_logit_dtype(op, "scores", scores)
-    _check_index(op, "indices", indices)
-    _check_rank(op, "scores", scores, 3, "[B, S, E]")
-    _check_rank(op, "indices", indices, 3, "[B, S, k]")
+    _check_operands(op, (_check_logit_dtype, "scores", scores, 3, "[B, S, E]"),
+                    (_check_index, "indices", indices, 3, "[B, S, k]"))
     _check_dim(op, "indices", indices, 0, scores.shape[0], "the batch size B of 'scores'")
     _check_dim(op, "indices", indices, 1, scores.shape[1], "the sequence length S of 'scores'")
     _check_dim(op, "indices", indices, 2, top_k, "'top_k'")

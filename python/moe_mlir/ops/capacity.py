@@ -25,16 +25,8 @@ from torch import Tensor
 from ..reference_routing import apply_capacity as _apply_capacity_ref
 from ..reference_routing import bias_update as _bias_update_ref
 from ._autograd import _register_recompute_autograd, _stop_gradient_backward, _stop_gradient_setup
-from ._checks import (
-    _check_dim,
-    _check_enum,
-    _check_float,
-    _check_index,
-    _check_index_range,
-    _check_rank,
-    _check_result_elements,
-    _fail,
-)
+from ._checks import (_check_dim, _check_enum, _check_float, _check_index, _check_index_range, _check_operands,
+                      _check_rank, _check_result_elements, _fail)
 from .loading import _GRAD_OPS, KEY_VALIDATORS, _note_fallback
 
 #: The capacity and bias-balancing ops; ``torch.ops.moe.<name>`` exists for each.
@@ -63,10 +55,7 @@ def capacity_of(tokens: int, top_k: int, num_experts: int, factor: float) -> int
 
 def _validate_apply_capacity(indices: Tensor, weights: Tensor, num_experts: int, capacity: int, drop: str) -> None:
     op = "apply_capacity"
-    _check_index(op, "indices", indices)
-    _check_float(op, "weights", weights)
-    _check_rank(op, "indices", indices, 2, "[T, k]")
-    _check_rank(op, "weights", weights, 2, "[T, k]")
+    _check_operands(op, (_check_index, "indices", indices, 2, "[T, k]"), (_check_float, "weights", weights, 2, "[T, k]"))
     _check_dim(op, "weights", weights, 0, indices.shape[0], "dimension 0 of 'indices' (T)")
     _check_dim(op, "weights", weights, 1, indices.shape[1], "dimension 1 of 'indices' (k)")
     if num_experts < 1:
