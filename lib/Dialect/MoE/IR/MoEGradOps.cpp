@@ -17,6 +17,7 @@
 using namespace mlir;
 using namespace mlir::moe;
 using mlir::moe::detail::dimOf;
+using mlir::moe::detail::OperandChecker;
 using mlir::moe::detail::similarityRows;
 
 /// The result types of a backward op whose gradients each have the shape of
@@ -59,19 +60,16 @@ LogicalResult SimilarityInformGradOp::verify() {
                                             getTau().convertToFloat())))
     return failure();
   // dp is the cotangent of p: p's shape [B, N, K], which is e's.
-  auto dp = cast<RankedTensorType>(getDp().getType());
+  OperandChecker check(*this);
   auto e = cast<RankedTensorType>(getE().getType());
-  if (dp.getRank() != 3)
-    return emitOpError() << "'dp' must have rank 3 ([B, N, K], the shape of "
-                            "the forward result p), but has type "
-                         << dp;
-  for (int64_t d = 0; d < 3; ++d) {
-    int64_t a = dp.getDimSize(d), b = e.getDimSize(d);
-    if (!ShapedType::isDynamic(a) && !ShapedType::isDynamic(b) && a != b)
-      return emitOpError() << "dimension " << d << " of 'dp' (" << a
-                           << ") must equal dimension " << d << " of 'e' ("
-                           << b << "): 'dp' is the cotangent of p [B, N, K]";
-  }
+  if (failed(check.rank(getDp(), "dp", 3,
+                        "[B, N, K], the shape of the forward result p")))
+    return failure();
+  for (int64_t d = 0; d < 3; ++d)
+    if (failed(check.dimEquals(getDp(), "'dp'", d, e.getDimSize(d),
+                               "dimension " + Twine(d) + " of 'e'",
+                               ": 'dp' is the cotangent of p [B, N, K]")))
+      return failure();
   if (static_cast<bool>(getDws()) != static_cast<bool>(getWs()))
     return emitOpError() << (getWs() ? "'ws' is present, so the result 'dws' "
                                        "must be too"
@@ -87,20 +85,15 @@ LogicalResult SimilarityInformGradOp::verify() {
       return emitOpError() << "saved 'p' must have rank 3 ([B, N, K]) and "
                               "'lse' rank 2 ([B, N]), but they have types "
                            << p << " and " << lse;
-    for (int64_t d = 0; d < 3; ++d) {
-      int64_t a = p.getDimSize(d), b = e.getDimSize(d);
-      if (!ShapedType::isDynamic(a) && !ShapedType::isDynamic(b) && a != b)
-        return emitOpError() << "dimension " << d << " of saved 'p' (" << a
-                             << ") must equal dimension " << d << " of 'e' ("
-                             << b << ")";
-    }
-    for (int64_t d = 0; d < 2; ++d) {
-      int64_t a = lse.getDimSize(d), b = e.getDimSize(d);
-      if (!ShapedType::isDynamic(a) && !ShapedType::isDynamic(b) && a != b)
-        return emitOpError() << "dimension " << d << " of saved 'lse' (" << a
-                             << ") must equal dimension " << d << " of 'e' ("
-                             << b << "): 'lse' is per row [B, N]";
-    }
+    for (int64_t d = 0; d < 3; ++d)
+      if (failed(check.dimEquals(getP(), "saved 'p'", d, e.getDimSize(d),
+                                 "dimension " + Twine(d) + " of 'e'")))
+        return failure();
+    for (int64_t d = 0; d < 2; ++d)
+      if (failed(check.dimEquals(getLse(), "saved 'lse'", d, e.getDimSize(d),
+                                 "dimension " + Twine(d) + " of 'e'",
+                                 ": 'lse' is per row [B, N]")))
+        return failure();
   }
   return success();
 }
@@ -140,6 +133,7 @@ LogicalResult TopkRenormGradOp::inferReturnTypes(
 LogicalResult TopkRenormGradOp::verify() {
   if (failed(detail::verifyTopkScores(*this, getScores())))
     return failure();
+  OperandChecker check(*this);
   auto scores = cast<RankedTensorType>(getScores().getType());
   for (auto [name, v] : {std::pair<StringRef, Value>{"indices", getIndices()},
                          {"dw", getDw()}}) {
@@ -148,13 +142,10 @@ LogicalResult TopkRenormGradOp::verify() {
       return emitOpError() << "'" << name << "' must have the rank of 'scores' ("
                            << scores.getRank() << ": [..., k]), but has type "
                            << type;
-    for (int64_t d = 0; d + 1 < scores.getRank(); ++d) {
-      int64_t a = type.getDimSize(d), b = scores.getDimSize(d);
-      if (!ShapedType::isDynamic(a) && !ShapedType::isDynamic(b) && a != b)
-        return emitOpError() << "dimension " << d << " of '" << name << "' ("
-                             << a << ") must equal dimension " << d
-                             << " of 'scores' (" << b << ")";
-    }
+    for (int64_t d = 0; d + 1 < scores.getRank(); ++d)
+      if (failed(check.dimEquals(v, "'" + name + "'", d, scores.getDimSize(d),
+                                 "dimension " + Twine(d) + " of 'scores'")))
+        return failure();
   }
   auto idx = cast<RankedTensorType>(getIndices().getType());
   auto dw = cast<RankedTensorType>(getDw().getType());
@@ -188,16 +179,14 @@ LogicalResult HyperRouterGradOp::inferReturnTypes(
 
 LogicalResult HyperRouterGradOp::verify() {
   // dw and db are the cotangents of the forward results w [E, D] and b [E].
+  OperandChecker check(*this);
+  if (failed(check.rank(getDw(), "dw", 2,
+                        "[E, D], the shape of the forward result w")) ||
+      failed(check.rank(getDb(), "db", 1,
+                        "[E], the shape of the forward result b")))
+    return failure();
   auto dw = cast<RankedTensorType>(getDw().getType());
   auto db = cast<RankedTensorType>(getDb().getType());
-  if (dw.getRank() != 2)
-    return emitOpError() << "'dw' must have rank 2 ([E, D], the shape of the "
-                            "forward result w), but has type "
-                         << dw;
-  if (db.getRank() != 1)
-    return emitOpError() << "'db' must have rank 1 ([E], the shape of the "
-                            "forward result b), but has type "
-                         << db;
   if (failed(detail::verifyHyperRouter(*this, getEmb(), getW1(), getB1(),
                                        getW2(), getB2(), getNumExperts(),
                                        dw.getDimSize(1),
@@ -244,22 +233,18 @@ LogicalResult AttentionPosteriorGradOp::verify() {
           getSigma().convertToFloat(), getHeadScale())))
     return failure();
   // dp is the cotangent of p [B, N, K].
-  auto dp = cast<RankedTensorType>(getDp().getType());
-  if (dp.getRank() != 3)
-    return emitOpError() << "'dp' must have rank 3 ([B, N, K], the shape of "
-                            "the forward result p), but has type "
-                         << dp;
+  OperandChecker check(*this);
+  if (failed(check.rank(getDp(), "dp", 3,
+                        "[B, N, K], the shape of the forward result p")))
+    return failure();
   SmallVector<int64_t, 3> shape =
       detail::posteriorRows(getScores(), getU(), getV(), getE());
   shape.push_back(dimOf(getE(), 3, 2));
   const char *names[] = {"B", "N", "K"};
-  for (int64_t d = 0; d < 3; ++d) {
-    int64_t a = dp.getDimSize(d), b = shape[d];
-    if (!ShapedType::isDynamic(a) && !ShapedType::isDynamic(b) && a != b)
-      return emitOpError() << "dimension " << d << " of 'dp' (" << a
-                           << ") must equal " << names[d] << " (" << b
-                           << "): 'dp' is the cotangent of p [B, N, K]";
-  }
+  for (int64_t d = 0; d < 3; ++d)
+    if (failed(check.dimEquals(getDp(), "'dp'", d, shape[d], names[d],
+                               ": 'dp' is the cotangent of p [B, N, K]")))
+      return failure();
   bool minEntropy = getHeadSelect() == HeadSelect::min_entropy;
   if (!getHead())
     return minEntropy ? emitOpError()
@@ -269,14 +254,8 @@ LogicalResult AttentionPosteriorGradOp::verify() {
   if (!minEntropy)
     return emitOpError() << "'head' must be absent for head_select = all (the "
                             "gradient mixes every head)";
-  auto head = cast<RankedTensorType>(getHead().getType());
-  if (head.getRank() != 1)
-    return emitOpError() << "'head' must have rank 1 ([B], the forward's "
-                            "chosen head), but has type "
-                         << head;
-  int64_t a = head.getDimSize(0), b = shape[0];
-  if (!ShapedType::isDynamic(a) && !ShapedType::isDynamic(b) && a != b)
-    return emitOpError() << "dimension 0 of 'head' (" << a
-                         << ") must equal B (" << b << ")";
-  return success();
+  return failure(
+      failed(
+          check.rank(getHead(), "head", 1, "[B], the forward's chosen head")) ||
+      failed(check.dimEquals(getHead(), "'head'", 0, shape[0], "B")));
 }

@@ -69,80 +69,82 @@ RankedTensorType i32Tensor(MLIRContext *ctx, ArrayRef<int64_t> shape) {
   return RankedTensorType::get(shape, IntegerType::get(ctx, 32));
 }
 
-/// A float attribute as a user wrote it: `0.5`, `-1`, `inf`, `nan`.
-std::string formatFloat(double value) {
+} // namespace
+
+std::string mlir::moe::detail::formatFloat(double value) {
   char buffer[32];
   std::snprintf(buffer, sizeof(buffer), "%g", value);
   return buffer;
 }
 
-/// Verification helpers bound to one op, so that each rule is one line in the
-/// op verifiers and every message names the operand and the rule.
-class OperandChecker {
-public:
-  explicit OperandChecker(Operation *op) : op(op) {}
+using mlir::moe::detail::formatFloat;
+using mlir::moe::detail::OperandChecker;
 
-  /// `name` must be a tensor of rank `rank`, laid out as `layout`.
-  LogicalResult rank(Value v, StringRef name, int64_t rank, StringRef layout) {
-    auto type = cast<RankedTensorType>(v.getType());
-    if (type.getRank() == rank)
-      return success();
-    return op->emitOpError() << "'" << name << "' must have rank " << rank
-                             << " (" << layout << "), but has type "
-                             << type;
-  }
+LogicalResult OperandChecker::rank(Value v, StringRef name, int64_t rank,
+                                   StringRef layout) {
+  auto type = cast<RankedTensorType>(v.getType());
+  if (type.getRank() == rank)
+    return success();
+  return op->emitOpError() << "'" << name << "' must have rank " << rank << " ("
+                           << layout << "), but has type " << type;
+}
 
-  /// Dimension `ai` of `a` and dimension `bi` of `b` are the same size `sym`.
-  LogicalResult sameDim(Value a, StringRef aName, int64_t ai, Value b,
-                        StringRef bName, int64_t bi, StringRef sym) {
-    int64_t da = cast<RankedTensorType>(a.getType()).getDimSize(ai);
-    int64_t db = cast<RankedTensorType>(b.getType()).getDimSize(bi);
-    if (ShapedType::isDynamic(da) || ShapedType::isDynamic(db) || da == db)
-      return success();
-    return op->emitOpError()
-           << "dimension " << ai << " of '" << aName << "' (" << sym << " = "
-           << da << ") must equal dimension " << bi << " of '" << bName
-           << "' (" << sym << " = " << db << ")";
-  }
+LogicalResult OperandChecker::sameDim(Value a, StringRef aName, int64_t ai,
+                                      Value b, StringRef bName, int64_t bi,
+                                      StringRef sym) {
+  int64_t da = cast<RankedTensorType>(a.getType()).getDimSize(ai);
+  int64_t db = cast<RankedTensorType>(b.getType()).getDimSize(bi);
+  if (ShapedType::isDynamic(da) || ShapedType::isDynamic(db) || da == db)
+    return success();
+  return op->emitOpError() << "dimension " << ai << " of '" << aName << "' ("
+                           << sym << " = " << da << ") must equal dimension "
+                           << bi << " of '" << bName << "' (" << sym << " = "
+                           << db << ")";
+}
 
-  /// A float attribute that must be finite and strictly positive.
-  LogicalResult positive(StringRef name, float value) {
-    if (std::isfinite(value) && value > 0.0f)
-      return success();
-    return op->emitOpError() << "'" << name << "' (" << formatFloat(value)
-                             << ") must be finite and > 0";
-  }
+LogicalResult OperandChecker::dimEquals(Value v, const Twine &noun, int64_t d,
+                                        int64_t expected, const Twine &what,
+                                        StringRef why) {
+  int64_t size = cast<RankedTensorType>(v.getType()).getDimSize(d);
+  if (ShapedType::isDynamic(size) || ShapedType::isDynamic(expected) ||
+      size == expected)
+    return success();
+  return op->emitOpError() << "dimension " << d << " of " << noun << " ("
+                           << size << ") must equal " << what << " ("
+                           << expected << ")" << why;
+}
 
-  /// A float attribute that must be finite and in [lo, hi].
-  LogicalResult inRange(StringRef name, float value, float lo, float hi) {
-    if (std::isfinite(value) && value >= lo && value <= hi)
-      return success();
-    return op->emitOpError() << "'" << name << "' (" << formatFloat(value)
-                             << ") must be in [" << formatFloat(lo) << ", "
-                             << formatFloat(hi) << "]";
-  }
+LogicalResult OperandChecker::positive(StringRef name, float value) {
+  if (std::isfinite(value) && value > 0.0f)
+    return success();
+  return op->emitOpError() << "'" << name << "' (" << formatFloat(value)
+                           << ") must be finite and > 0";
+}
 
-  /// An integer attribute that must be at least `lo`.
-  LogicalResult atLeast(StringRef name, int64_t value, int64_t lo) {
-    if (value >= lo)
-      return success();
-    return op->emitOpError() << "'" << name << "' (" << value
-                             << ") must be >= " << lo;
-  }
+LogicalResult OperandChecker::inRange(StringRef name, float value, float lo,
+                                      float hi) {
+  if (std::isfinite(value) && value >= lo && value <= hi)
+    return success();
+  return op->emitOpError() << "'" << name << "' (" << formatFloat(value)
+                           << ") must be in [" << formatFloat(lo) << ", "
+                           << formatFloat(hi) << "]";
+}
 
-  /// `num_experts` in [1, 2^31 - 1]: expert indices and counts are i32.
-  LogicalResult expertCount(int64_t value) {
-    if (failed(atLeast("num_experts", value, 1)) || value <= kMaxKernelElements)
-      return success(value >= 1);
-    return op->emitOpError() << "'num_experts' (" << value << ") must be <= "
-                             << kMaxKernelElements
-                             << " (expert indices and counts are i32)";
-  }
+LogicalResult OperandChecker::atLeast(StringRef name, int64_t value,
+                                      int64_t lo) {
+  if (value >= lo)
+    return success();
+  return op->emitOpError() << "'" << name << "' (" << value
+                           << ") must be >= " << lo;
+}
 
-private:
-  Operation *op;
-};
-} // namespace
+LogicalResult OperandChecker::expertCount(int64_t value) {
+  if (failed(atLeast("num_experts", value, 1)) || value <= kMaxKernelElements)
+    return success(value >= 1);
+  return op->emitOpError() << "'num_experts' (" << value
+                           << ") must be <= " << kMaxKernelElements
+                           << " (expert indices and counts are i32)";
+}
 
 bool mlir::moe::compatibleResultTypes(TypeRange inferred, TypeRange written) {
   if (inferred.size() != written.size())

@@ -10,23 +10,18 @@
 //===----------------------------------------------------------------------===//
 
 #include "MoE/IR/MoEOps.h"
+#include "Verifiers.h"
 
 #include <cmath>
-#include <cstdio>
 
 using namespace mlir;
 using namespace mlir::moe;
+using mlir::moe::detail::dimOf;
+using mlir::moe::detail::formatFloat;
+using mlir::moe::detail::OperandChecker;
 
 namespace {
 constexpr int64_t kDynamic = ShapedType::kDynamic;
-
-/// Size `i` of `v` when it is a ranked tensor of rank `rank`, else dynamic.
-int64_t sizeOf(Value v, int64_t rank, int64_t i) {
-  auto type = dyn_cast_if_present<RankedTensorType>(v ? v.getType() : Type());
-  if (!type || type.getRank() != rank)
-    return kDynamic;
-  return type.getDimSize(i);
-}
 
 RankedTensorType tensorOf(Type element, ArrayRef<int64_t> shape) {
   return RankedTensorType::get(shape, element);
@@ -52,29 +47,23 @@ LogicalResult RouteOp::inferReturnTypes(MLIRContext *ctx,
                                         Adaptor adaptor,
                                         SmallVectorImpl<Type> &inferred) {
   int64_t k = adaptor.getK() >= 1 ? adaptor.getK() : kDynamic;
-  SmallVector<int64_t, 2> shape = {sizeOf(adaptor.getLogits(), 2, 0), k};
+  SmallVector<int64_t, 2> shape = {dimOf(adaptor.getLogits(), 2, 0), k};
   inferred.push_back(tensorOf(Float32Type::get(ctx), shape));
   inferred.push_back(tensorOf(IntegerType::get(ctx, 32), shape));
   return success();
 }
 
 LogicalResult RouteOp::verify() {
-  auto logits = cast<RankedTensorType>(getLogits().getType());
-  if (logits.getRank() != 2)
-    return emitOpError() << "'logits' must have rank 2 ([T, E]), but has type "
-                         << logits;
-  int64_t numExperts = logits.getDimSize(1);
+  OperandChecker check(*this);
+  Value bias = getBias();
+  if (failed(check.rank(getLogits(), "logits", 2, "[T, E]")) ||
+      (bias &&
+       (failed(check.rank(bias, "bias", 1, "[E]")) ||
+        failed(check.sameDim(bias, "bias", 0, getLogits(), "logits", 1, "E")))))
+    return failure();
+  int64_t numExperts =
+      cast<RankedTensorType>(getLogits().getType()).getDimSize(1);
   bool staticE = !ShapedType::isDynamic(numExperts);
-  if (Value bias = getBias()) {
-    auto type = cast<RankedTensorType>(bias.getType());
-    if (type.getRank() != 1)
-      return emitOpError() << "'bias' must have rank 1 ([E]), but has type "
-                           << type;
-    if (staticE && !type.isDynamicDim(0) && type.getDimSize(0) != numExperts)
-      return emitOpError() << "dimension 0 of 'bias' (E = " << type.getDimSize(0)
-                           << ") must equal dimension 1 of 'logits' (E = "
-                           << numExperts << ")";
-  }
   int64_t k = getK(), groups = getNGroup(), keptGroups = getTopkGroup();
   if (k < 1 || (staticE && k > numExperts)) {
     InFlightDiagnostic diag = emitOpError() << "'k' (" << k << ") must be in [1, ";
@@ -108,12 +97,9 @@ LogicalResult RouteOp::verify() {
                            << groupSize;
   }
   double scale = getRoutedScalingFactor().convertToDouble();
-  if (!std::isfinite(scale) || scale <= 0.0) {
-    char text[32];
-    std::snprintf(text, sizeof(text), "%g", scale);
-    return emitOpError() << "'routed_scaling_factor' (" << text
+  if (!std::isfinite(scale) || scale <= 0.0)
+    return emitOpError() << "'routed_scaling_factor' (" << formatFloat(scale)
                          << ") must be finite and > 0";
-  }
   return success();
 }
 
@@ -130,7 +116,7 @@ static SmallVector<int64_t, 7> dispatchPlanSizes(Value indices,
                                                  int64_t blockSize) {
   int64_t e = numExperts >= 1 ? numExperts : kDynamic;
   int64_t b = blockSize >= 1 ? blockSize : kDynamic;
-  int64_t n = mulSize(sizeOf(indices, 2, 0), sizeOf(indices, 2, 1));
+  int64_t n = mulSize(dimOf(indices, 2, 0), dimOf(indices, 2, 1));
   int64_t padded = addSize(n, mulSize(e, addSize(b, -1)));
   int64_t blocks = ShapedType::isDynamic(padded) || ShapedType::isDynamic(b)
                        ? kDynamic
@@ -153,10 +139,9 @@ LogicalResult DispatchPlanOp::inferReturnTypes(
 }
 
 LogicalResult DispatchPlanOp::verify() {
-  auto indices = cast<RankedTensorType>(getIndices().getType());
-  if (indices.getRank() != 2)
-    return emitOpError()
-           << "'indices' must have rank 2 ([T, k]), but has type " << indices;
+  OperandChecker check(*this);
+  if (failed(check.rank(getIndices(), "indices", 2, "[T, k]")))
+    return failure();
   if (getNumExperts() < 1)
     return emitOpError() << "'num_experts' (" << getNumExperts()
                          << ") must be >= 1";
@@ -195,18 +180,14 @@ LogicalResult DispatchPlanOp::verifyCapacity() {
   if (!weights)
     return emitOpError() << "drop(probability) needs the gate 'weights' "
                             "([T, k], the priorities)";
+  OperandChecker check(*this);
+  if (failed(check.rank(weights, "weights", 2, "[T, k]")))
+    return failure();
   auto indices = cast<RankedTensorType>(getIndices().getType());
-  auto type = cast<RankedTensorType>(weights.getType());
-  if (type.getRank() != 2)
-    return emitOpError() << "'weights' must have rank 2 ([T, k]), but has type "
-                         << type;
   for (int64_t d = 0; d < 2; ++d)
-    if (!indices.isDynamicDim(d) && !type.isDynamicDim(d) &&
-        indices.getDimSize(d) != type.getDimSize(d))
-      return emitOpError() << "dimension " << d << " of 'weights' ("
-                           << type.getDimSize(d)
-                           << ") must equal dimension " << d
-                           << " of 'indices' (" << indices.getDimSize(d) << ")";
+    if (failed(check.dimEquals(weights, "'weights'", d, indices.getDimSize(d),
+                               "dimension " + Twine(d) + " of 'indices'")))
+      return failure();
   return success();
 }
 
@@ -219,30 +200,20 @@ LogicalResult BiasUpdateOp::inferReturnTypes(MLIRContext *ctx,
                                              Adaptor adaptor,
                                              SmallVectorImpl<Type> &inferred) {
   inferred.push_back(
-      tensorOf(Float32Type::get(ctx), {sizeOf(adaptor.getBias(), 1, 0)}));
+      tensorOf(Float32Type::get(ctx), {dimOf(adaptor.getBias(), 1, 0)}));
   return success();
 }
 
 LogicalResult BiasUpdateOp::verify() {
-  auto bias = cast<RankedTensorType>(getBias().getType());
-  auto counts = cast<RankedTensorType>(getCounts().getType());
-  if (bias.getRank() != 1)
-    return emitOpError() << "'bias' must have rank 1 ([E]), but has type "
-                         << bias;
-  if (counts.getRank() != 1)
-    return emitOpError() << "'counts' must have rank 1 ([E]), but has type "
-                         << counts;
-  if (!bias.isDynamicDim(0) && !counts.isDynamicDim(0) &&
-      bias.getDimSize(0) != counts.getDimSize(0))
-    return emitOpError() << "dimension 0 of 'counts' (E = "
-                         << counts.getDimSize(0)
-                         << ") must equal dimension 0 of 'bias' (E = "
-                         << bias.getDimSize(0) << ")";
+  OperandChecker check(*this);
+  if (failed(check.rank(getBias(), "bias", 1, "[E]")) ||
+      failed(check.rank(getCounts(), "counts", 1, "[E]")) ||
+      failed(
+          check.sameDim(getCounts(), "counts", 0, getBias(), "bias", 0, "E")))
+    return failure();
   double rate = getRate().convertToDouble();
-  if (!std::isfinite(rate) || rate < 0.0) {
-    char text[32];
-    std::snprintf(text, sizeof(text), "%g", rate);
-    return emitOpError() << "'rate' (" << text << ") must be finite and >= 0";
-  }
+  if (!std::isfinite(rate) || rate < 0.0)
+    return emitOpError() << "'rate' (" << formatFloat(rate)
+                         << ") must be finite and >= 0";
   return success();
 }

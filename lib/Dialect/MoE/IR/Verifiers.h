@@ -15,6 +15,7 @@
 #include "llvm/ADT/SmallVector.h"
 
 #include <optional>
+#include <string>
 
 namespace mlir::moe::detail {
 /// The scores [..., K] of top-k gating: rank >= 1.
@@ -38,6 +39,38 @@ SmallVector<int64_t, 3> posteriorRows(Value scores, Value u, Value v, Value e);
 SmallVector<int64_t, 3> similarityRows(Value u, Value e);
 /// Size `i` of `v` when `v` is a ranked tensor of rank `rank`, else dynamic.
 int64_t dimOf(Value v, int64_t rank, int64_t i);
+/// A float attribute as a user wrote it: `0.5`, `-1`, `inf`, `nan`.
+std::string formatFloat(double value);
+
+/// Verification helpers bound to one op, so that each rule is one line in the
+/// op verifiers and every op words the same rule the same way.
+class OperandChecker {
+public:
+  explicit OperandChecker(Operation *op) : op(op) {}
+
+  /// `name` must be a tensor of rank `rank`, laid out as `layout`.
+  LogicalResult rank(Value v, StringRef name, int64_t rank, StringRef layout);
+  /// Dimension `ai` of `a` and dimension `bi` of `b` are the same size `sym`.
+  LogicalResult sameDim(Value a, StringRef aName, int64_t ai, Value b,
+                        StringRef bName, int64_t bi, StringRef sym);
+  /// Dimension `d` of `v` is `expected` unless either is dynamic: "dimension
+  /// d of `noun` (size) must equal `what` (expected)`why`", `noun` as
+  /// written ("'dp'", "saved 'p'").
+  LogicalResult dimEquals(Value v, const Twine &noun, int64_t d,
+                          int64_t expected, const Twine &what,
+                          StringRef why = "");
+  /// A float attribute that must be finite and strictly positive.
+  LogicalResult positive(StringRef name, float value);
+  /// A float attribute that must be finite and in [lo, hi].
+  LogicalResult inRange(StringRef name, float value, float lo, float hi);
+  /// An integer attribute that must be at least `lo`.
+  LogicalResult atLeast(StringRef name, int64_t value, int64_t lo);
+  /// `num_experts` in [1, 2^31 - 1]: expert indices and counts are i32.
+  LogicalResult expertCount(int64_t value);
+
+private:
+  Operation *op;
+};
 } // namespace mlir::moe::detail
 
 #endif // MOE_LIB_DIALECT_MOE_IR_VERIFIERS_H
