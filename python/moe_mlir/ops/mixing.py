@@ -356,14 +356,14 @@ KEY_VALIDATORS.update({
         t["u"], t["e"], t.get("ws"), t.get("key_mask"), _f(a["tau"])),
     "attention_posterior": lambda t, a: _validate_attention_posterior(
         t["scores"], t["u"], t["v"], t["wo"], t["e"], _f(a["sigma"]), a["head_select"], _of(a["head_scale"])),
-    # The training form of similarity_inform (its autograd's forward): errors name the op the user called.
-    "similarity_inform_fwd": lambda t, a: _validate_similarity_inform(
-        t["u"], t["e"], t.get("ws"), t.get("key_mask"), _f(a["tau"])),
     "similarity_inform_backward": lambda t, a: _validate_similarity_inform_backward(
         t["grad_p"], t["u"], t["e"], t.get("ws"), t.get("key_mask"), _f(a["tau"]), t.get("p"), t.get("lse")),
     "attention_posterior_backward": lambda t, a: _validate_attention_posterior_backward(
         t["grad_p"], t["scores"], t["u"], t["v"], t["wo"], t["e"], t.get("head"), _f(a["sigma"]), a["head_select"],
         _of(a["head_scale"])),
 })
+# The training form of similarity_inform (its autograd's forward): its rules, and errors that name the op the user
+# called.
+KEY_VALIDATORS["similarity_inform_fwd"] = KEY_VALIDATORS["similarity_inform"]
 _PYTHON_AUTOGRAD.append((similarity_inform, _similarity_inform_backward, _similarity_inform_setup))
 _PYTHON_AUTOGRAD.append((attention_posterior, _attention_posterior_backward, _attention_posterior_setup))
