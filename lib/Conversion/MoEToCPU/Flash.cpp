@@ -418,22 +418,26 @@ Value mlir::moe::cpu::projectRows(CpuKernelBuilder &k,
 }
 
 std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)>
-mlir::moe::cpu::scaledMaskedLogits(Value keyValid, bool causal, float scale) {
+mlir::moe::cpu::scaledMaskedLogits(Value keyValid,
+                                   const kernels::FlashLogitSpec &logit) {
   return [=](CpuKernelBuilder &kk, Value dot, Value bi, Value i, Value j0) {
-    Value x = kk.fdiv(dot, kk.constLike(kk.vf32(), scale));
-    Value valid;
-    if (keyValid)
-      valid = kk.cmpf(arith::CmpFPredicate::ONE, kk.vload(keyValid, {bi, j0}),
-                      kk.constLike(kk.vf32(), 0.0));
-    if (causal) {
-      Value js = kk.iota(kk.castInt(j0, kk.i32()), kLanes);
-      Value before = kk.cmpi(arith::CmpIPredicate::sle, js,
-                             kk.splat(kk.castInt(i, kk.i32()), kLanes));
-      valid = valid ? kk.andI(valid, before) : before;
-    }
-    if (!valid)
-      return x;
-    return kk.select(valid, x, kk.negInfLike(kk.vf32()));
+    // The keys of a lane group: j0 + lane.
+    return kernels::flashLogit(kk, logit, dot, nullptr, nullptr, [&] {
+      return kernels::flashKeyKept(
+          kk, logit, /*inRange=*/Value(),
+          [&] {
+            if (!keyValid)
+              return Value();
+            return kk.cmpf(arith::CmpFPredicate::ONE,
+                           kk.vload(keyValid, {bi, j0}),
+                           kk.constLike(kk.vf32(), 0.0));
+          },
+          [&] {
+            Value js = kk.iota(kk.castInt(j0, kk.i32()), kLanes);
+            return kk.cmpi(arith::CmpIPredicate::sle, js,
+                           kk.splat(kk.castInt(i, kk.i32()), kLanes));
+          });
+    });
   };
 }
 

@@ -30,6 +30,7 @@
 
 #include "KernelBuilder.h"
 
+#include "MoE/Kernels/FlashLogit.h"
 #include "MoE/Kernels/OnlineSoftmax.h"
 
 #include <functional>
@@ -255,10 +256,12 @@ void forEachRowChunk(
 Value projectRows(CpuKernelBuilder &k, const KernelOptions &opts, Value x,
                   Value w, Value batch, Value rows, Value depth, Value outWidth,
                   Value init = {}, Value out = {});
-/// The logit epilogue dot / scale, -inf where keyValid (optional, [B, Npad]
-/// f32) is 0 or, with `causal`, where the key comes after the row.
+/// The logit epilogue of `logit` (MoE/Kernels/FlashLogit.h: dot / scaleDiv,
+/// no bias or added scores), -inf where keyValid (optional, [B, Npad] f32,
+/// padding and key_mask) is 0 or, when causal, where the key comes after the
+/// row.
 std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)>
-scaledMaskedLogits(Value keyValid, bool causal, float scale);
+scaledMaskedLogits(Value keyValid, const kernels::FlashLogitSpec &logit);
 
 /// Packs values [B, Nk, K] (any float) into [B, Npad, Kp] f32 with zero
 /// padding; returns {packed, an f32 that is NaN iff some value is non-finite}.

@@ -59,9 +59,11 @@ struct SimilarityInformKernel : KernelPattern<OpTy, /*TargetLanes=*/false> {
                       depth);
 
     Value out = kernel.out(0);
-    FlashSpec spec =
-        flashSpec(k, q, keysT, keysPad, e, out, batch, rows, rows, depth,
-                  scaledMaskedLogits(keyValid, causal, tau), causal);
+    FlashSpec spec = flashSpec(
+        k, q, keysT, keysPad, e, out, batch, rows, rows, depth,
+        scaledMaskedLogits(keyValid, kernels::similarityInformLogit(
+                                         tau, causal, static_cast<bool>(mask))),
+        causal);
     if (kWithLse)
       spec.lse = kernel.out(1);
     emitFlashMix(k, opts, spec);

@@ -67,7 +67,9 @@ struct SimilarityInformGradKernel
     auto rank3 = MemRefType::get({kDyn, kDyn, kDyn}, f32);
 
     Value keyValid = keyValidity(k, mask, batch, rows, keysPad);
-    auto logits = scaledMaskedLogits(keyValid, causal, tau);
+    auto logits = scaledMaskedLogits(
+        keyValid,
+        kernels::similarityInformLogit(tau, causal, static_cast<bool>(mask)));
     Value q = ws ? projectRows(k, opts, u, ws, batch, rows, depth, depth) : u;
 
     // 1. p and lse: saved by the forward (similarity_inform_fwd), else

@@ -183,14 +183,6 @@ void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
   kernel.launch({hk.dim(vBuf, 2), hk.dim(vBuf, 0), hk.idx(1)});
 }
 
-FlashLogitSpec mlir::moe::gpu_lowering::attentionPosteriorLogit(double sigma) {
-  FlashLogitSpec logit;
-  logit.scaleDiv = sigma * sigma;
-  logit.hasBias = true;
-  logit.hasAddScores = true;
-  return logit;
-}
-
 /// attention_posterior or its fused top-k form (the same operands, one result
 /// more).
 template <typename OpTy>

@@ -39,6 +39,7 @@
 #include "KernelUtils.h"
 #include "Lowerings.h"
 
+#include "MoE/Kernels/FlashLogit.h"
 #include "MoE/Kernels/OnlineSoftmax.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 
@@ -160,23 +161,30 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
         Value cl = k.select(inRange, col, c0);
         Value query = spec.keyMajor ? cl : row;
         Value key = spec.keyMajor ? row : cl;
-        Value keep = inRange;
-        if (keyMask)
-          keep =
-              k.andI(keep, spec.keyMajor ? rowIsKey : k.load(keyMask, {b, cl}));
-        if (spec.causal)
-          keep = k.andI(keep, k.cmpi(arith::CmpIPredicate::ule, key, query));
+        Value keep = flashKeyKept(
+            k, spec, inRange,
+            [&] {
+              if (!keyMask)
+                return Value();
+              return spec.keyMajor ? rowIsKey : k.load(keyMask, {b, cl});
+            },
+            [&] { return k.cmpi(arith::CmpIPredicate::ule, key, query); });
         Value l = spec.keyMajor ? k.load(lse, {b, cl}) : rowLse;
         Value d = spec.keyMajor ? k.load(delta, {b, cl}) : rowDelta;
-        // The forward kernel's logit, in its order (FlashMix.cpp).
-        Value x = k.fdiv(sDots[c], k.cF32(spec.scaleDiv));
-        if (bias)
-          x = k.fadd(x, k.load(bias, {b, key}));
-        if (add) {
-          Value score = k.loadF(add, {k.add(scoreRow0, query), key});
-          x = k.fadd(x, score);
+        // The forward kernel's logit (MoE/Kernels/FlashLogit.h); a pair whose
+        // added score is -inf is excluded.
+        Value score;
+        Value x = flashScaledLogit(
+            k, spec, sDots[c],
+            [&] {
+              return k.load(bias, {b, key});
+            },
+            [&] {
+              score = k.loadF(add, {k.add(scoreRow0, query), key});
+              return score;
+            });
+        if (score)
           keep = k.andI(keep, k.cmpf(arith::CmpFPredicate::UNE, score, negInf));
-        }
         Value s = softmaxFromLogSumExp(k, x, l);
         Value dz = k.fmul(s, k.fsub(gDots[c], d));
         Value dx = k.fdiv(dz, k.cF32(spec.scaleDiv));

@@ -30,6 +30,7 @@
 #include "KernelUtils.h"
 #include "Lowerings.h"
 
+#include "MoE/Kernels/FlashLogit.h"
 #include "MoE/Kernels/OnlineSoftmax.h"
 
 #include "llvm/Support/MathExtras.h"
@@ -167,18 +168,22 @@ static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
           Value j = k.add(j0, k.add(k.idx(c * kGroup), lane));
           Value inRange = k.lt(j, Nk);
           Value js = k.select(inRange, j, c0);
-          Value l = k.fdiv(dots[c], k.cF32(spec.scaleDiv));
-          if (bias)
-            l = k.fadd(l, k.load(bias, {b, js}));
-          if (add)
-            l = k.fadd(l, k.loadF(add, {b, h, row, js}));
-          Value keep = inRange;
-          if (keyMask)
-            keep = k.andI(keep, k.load(keyMask, {b, js}));
-          if (spec.causal)
-            keep = k.andI(keep, k.cmpi(arith::CmpIPredicate::ule, j, row));
-          l = k.select(keep, l, negInf);
-          logits.push_back(l);
+          logits.push_back(flashLogit(
+              k, spec, dots[c],
+              [&] {
+                return k.load(bias, {b, js});
+              },
+              [&] {
+                return k.loadF(add, {b, h, row, js});
+              },
+              [&] {
+                return flashKeyKept(
+                    k, spec, inRange,
+                    [&] {
+                      return keyMask ? k.load(keyMask, {b, js}) : Value();
+                    },
+                    [&] { return k.cmpi(arith::CmpIPredicate::ule, j, row); });
+              }));
         }
         // The row's online softmax (MoE/Kernels/OnlineSoftmax.h) over the
         // tile: its kCols logits are spread over the row's kGroup lanes.

@@ -40,6 +40,7 @@
 #include "KernelUtils.h"
 #include "Lowerings.h"
 
+#include "MoE/Kernels/FlashLogit.h"
 #include "MoE/Kernels/OnlineSoftmax.h"
 
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
@@ -185,7 +186,6 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   Value lseOut = spec.withLse ? kernel.arg(a++) : Value();
   Value ks = kernel.workgroup(0), vs = kernel.workgroup(1);
 
-  Value negInf = k.cF32(-std::numeric_limits<double>::infinity());
   Value c0 = k.idx(0), c1 = k.idx(1);
   Value tid = k.threadId();
   Value warp = k.divu(tid, k.idx(kWarp));
@@ -288,15 +288,22 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
             for (int64_t x = 0; x < 2; ++x) {
               Value j = k.add(j0, k.add(k.mul(tig, k.idx(2)),
                                         k.idx(nb * 8 + x)));
-              Value l = k.fdiv(s[nb][2 * r + x], k.cF32(spec.scaleDiv));
-              Value keep = k.lt(j, Nk);
-              if (keyMask)
-                keep = k.andI(keep, k.load(keyMask,
-                                           {bi, k.select(keep, j, c0)}));
-              if (spec.causal)
-                keep = k.andI(keep,
-                              k.cmpi(arith::CmpIPredicate::ule, j, rowsOf[r]));
-              logits.push_back(k.select(keep, l, negInf));
+              logits.push_back(
+                  flashLogit(k, spec, s[nb][2 * r + x], nullptr, nullptr, [&] {
+                    Value inRange = k.lt(j, Nk);
+                    return flashKeyKept(
+                        k, spec, inRange,
+                        [&] {
+                          return keyMask
+                                     ? k.load(keyMask,
+                                              {bi, k.select(inRange, j, c0)})
+                                     : Value();
+                        },
+                        [&] {
+                          return k.cmpi(arith::CmpIPredicate::ule, j,
+                                        rowsOf[r]);
+                        });
+                  }));
             }
           SoftmaxTile st = onlineSoftmaxStep(
               k, {carried[accCount + 2 * r], carried[accCount + 2 * r + 1]},

@@ -15,6 +15,7 @@
 #include "Limits.h"
 #include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
 #include "MoE/IR/MoEOps.h"
+#include "MoE/Kernels/FlashLogit.h"
 #include "MoE/Kernels/TopK.h"
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
@@ -83,29 +84,12 @@ MOE_GPU_LOWERING_PATTERN(HyperRouterGradToGPU, HyperRouterGradOp);
 MOE_GPU_LOWERING_PATTERN(AttentionPosteriorGradToGPU, AttentionPosteriorGradOp);
 #undef MOE_GPU_LOWERING_PATTERN
 
-/// The logit of the flash kernels (the mixing and its backward) for query i
-/// and key j of sequence b:
-///   logit[i,j] = <q_i, key_j> / scaleDiv (+ bias[b,j]) (+ add[b,head[b],i,j]),
-///   excluded (-inf) where j is masked (key_mask false, causal j > i,
-///   j >= Nk).
-/// The backward kernels recompute the forward's: their lowerings take it from
-/// the forward's (similarityInformLogit, attentionPosteriorLogit).
-struct FlashLogitSpec {
-  /// Divisor of the dot products (tau, or sigma^2).
-  double scaleDiv = 1.0;
-  bool causal = false;
-  bool hasKeyMask = false;
-  /// A per-key bias [B,Nk] (f32) added to the logits.
-  bool hasBias = false;
-  /// Scores add [B,H,Nq,Nk] (any float) of the head head[b] ([B], i32)
-  /// added to the logits.
-  bool hasAddScores = false;
-};
-
-/// similarity_inform's logit (SimilarityInform.cpp).
-FlashLogitSpec similarityInformLogit(double tau, bool causal, bool hasKeyMask);
-/// attention_posterior's logit (AttentionPosterior.cpp).
-FlashLogitSpec attentionPosteriorLogit(double sigma);
+/// The logit of the flash kernels (the mixing and its backward), the same on
+/// the CPU: MoE/Kernels/FlashLogit.h. The backward kernels recompute the
+/// forward's: their lowerings take it from the forward's.
+using kernels::attentionPosteriorLogit;
+using kernels::FlashLogitSpec;
+using kernels::similarityInformLogit;
 
 /// The logit's optional operands of a flash kernel: key_mask, bias, add and
 /// head (FlashLogitSpec), each null unless the spec has it; taken in that

@@ -23,16 +23,6 @@ using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 using namespace mlir::moe::kernels;
 
-FlashLogitSpec mlir::moe::gpu_lowering::similarityInformLogit(double tau,
-                                                              bool causal,
-                                                              bool hasKeyMask) {
-  FlashLogitSpec logit;
-  logit.scaleDiv = tau;
-  logit.causal = causal;
-  logit.hasKeyMask = hasKeyMask;
-  return logit;
-}
-
 /// similarity_inform or its fused top-k form (the same operands, one result
 /// more).
 template <typename OpTy>

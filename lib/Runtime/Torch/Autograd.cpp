@@ -33,6 +33,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "AutogradOps.h"
 #include "TorchCuda.h"
 
 #include <ATen/ATen.h>
@@ -50,6 +51,9 @@
 namespace {
 
 using at::Tensor;
+using moe_torch::castLike;
+using moe_torch::needsGraph;
+using moe_torch::Op;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using OptTensor = std::optional<Tensor>;
@@ -89,28 +93,8 @@ using HyperBwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(
     const Tensor &, const Tensor &, const Tensor &, const Tensor &,
     const Tensor &, const Tensor &, const Tensor &, c10::SymInt, bool);
 
-/// `moe::<name>` typed as `Sig`, looked up once per op.
-template <typename Sig> struct Op {
-  explicit Op(const char *name)
-      : handle(c10::Dispatcher::singleton()
-                   .findSchemaOrThrow(name, "")
-                   .template typed<Sig>()) {}
-  /// The call below autograd (the backend kernel; no graph).
-  template <typename... Args> auto operator()(Args &&...args) const {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return handle.call(std::forward<Args>(args)...);
-  }
-  c10::TypedOperatorHandle<Sig> handle;
-};
-
 #define MOE_OP(var, Sig, name)                                                 \
   static const Op<Sig> var { "moe::" name }
-
-bool requiresGrad(const Tensor &t) { return t.requires_grad(); }
-bool requiresGrad(const OptTensor &t) { return t && t->requires_grad(); }
-template <typename... Ts> bool needsGraph(const Ts &...ts) {
-  return at::GradMode::is_enabled() && (requiresGrad(ts) || ...);
-}
 
 Tensor orUndefined(const OptTensor &t) { return t ? *t : Tensor(); }
 OptTensor present(const Tensor &t) {
@@ -121,8 +105,7 @@ OptTensor present(const Tensor &t) {
 Tensor gradAs(bool need, const Tensor &g, const Tensor &like) {
   if (!need || !like.defined())
     return Tensor();
-  at::AutoDispatchBelowADInplaceOrView guard;
-  return g.scalar_type() == like.scalar_type() ? g : g.to(like.scalar_type());
+  return castLike(g, like);
 }
 
 /// The backward's result. Under create_graph (grad mode on in the backward)

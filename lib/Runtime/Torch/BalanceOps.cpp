@@ -25,6 +25,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "AutogradOps.h"
 #include "TorchKernels.h"
 
 #include <torch/autograd.h>
@@ -74,7 +75,11 @@ void checkRouterOperands(const char *op, const Tensor &logits,
   }
 }
 
-void checkTopK(const char *op, int64_t k, int64_t experts) {
+/// checkRouterOperands, then 'top_k' in [1, E].
+void checkRouterTopK(const char *op, const Tensor &logits,
+                     const OptTensor &mask, int64_t k) {
+  checkRouterOperands(op, logits, mask);
+  int64_t experts = logits.size(1);
   TORCH_CHECK_VALUE(k >= 1 && k <= experts, "moe.", op, ": 'top_k' (", k,
                     ") must be in [1, ", experts,
                     "] (the size of the last dimension of 'logits')");
@@ -90,9 +95,8 @@ Tensor scalarF32(const Tensor &t) {
 std::tuple<Tensor, Tensor, Tensor> statsFwd(const char *op,
                                             const Tensor &logits, int64_t topK,
                                             const OptTensor &mask) {
-  checkRouterOperands(op, logits, mask);
+  checkRouterTopK(op, logits, mask, topK);
   int64_t T = logits.size(0), E = logits.size(1);
-  checkTopK(op, topK, E);
   Tensor x = kernelFloat(logits);
   OptTensor m = mask ? OptTensor(maskF32(*mask)) : std::nullopt;
   Key key("router_stats_fwd");
@@ -302,19 +306,6 @@ Tensor sequenceBalanceLossBackward(const Tensor &grad, const Tensor &scores,
 // Autograd
 //===----------------------------------------------------------------------===//
 
-/// `moe::<name>` typed as `Sig`, called below autograd.
-template <typename Sig> struct Op {
-  explicit Op(const char *name)
-      : handle(c10::Dispatcher::singleton()
-                   .findSchemaOrThrow(name, "")
-                   .template typed<Sig>()) {}
-  template <typename... Args> auto operator()(Args &&...args) const {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return handle.call(std::forward<Args>(args)...);
-  }
-  c10::TypedOperatorHandle<Sig> handle;
-};
-
 // The schemas of python/moe_mlir/ops/balance.py (`int` is SymInt there).
 using StatsFwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor &,
                                                        c10::SymInt,
@@ -339,18 +330,10 @@ const Op<StatsBwdSig> &statsBwdOp() {
   return op;
 }
 
-bool needsGraph(const Tensor &t) {
-  return at::GradMode::is_enabled() && t.requires_grad();
-}
-
 /// The gradient `g` cast to the dtype of `like`; under create_graph, the
 /// output of an error node (the backward ops are differentiable once).
 Tensor gradFor(const Tensor &g, const Tensor &like, const char *op) {
-  Tensor out;
-  {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    out = g.scalar_type() == like.scalar_type() ? g : g.to(like.scalar_type());
-  }
+  Tensor out = castLike(g, like);
   if (!at::GradMode::is_enabled())
     return out;
   auto error = std::make_shared<torch::autograd::DelayedError>(
@@ -461,8 +444,7 @@ Tensor loadBalancingLossAutograd(const Tensor &logits, c10::SymInt symK,
     static const Op<LbSig> op("moe::load_balancing_loss");
     return op(logits, c10::SymInt(topK), mask);
   }
-  checkRouterOperands("load_balancing_loss", logits, mask);
-  checkTopK("load_balancing_loss", topK, logits.size(1));
+  checkRouterTopK("load_balancing_loss", logits, mask, topK);
   return LoadBalancingLossFn::apply(logits, topK, mask);
 }
 
@@ -474,8 +456,7 @@ std::tuple<Tensor, Tensor> routerStatsAutograd(const Tensor &logits,
     static const Op<StatsSig> op("moe::router_stats");
     return op(logits, c10::SymInt(topK), mask);
   }
-  checkRouterOperands("router_stats", logits, mask);
-  checkTopK("router_stats", topK, logits.size(1));
+  checkRouterTopK("router_stats", logits, mask, topK);
   variable_list r = RouterStatsFn::apply(logits, topK, mask);
   return {r[0], r[1]};
 }
