@@ -121,6 +121,14 @@ LogicalResult OperandChecker::positive(StringRef name, float value) {
                            << ") must be finite and > 0";
 }
 
+LogicalResult OperandChecker::nonNegative(StringRef name, double value,
+                                          StringRef why) {
+  if (std::isfinite(value) && value >= 0.0)
+    return success();
+  return op->emitOpError() << "'" << name << "' (" << formatFloat(value)
+                           << ") must be finite and >= 0" << why;
+}
+
 LogicalResult OperandChecker::inRange(StringRef name, float value, float lo,
                                       float hi) {
   if (std::isfinite(value) && value >= lo && value <= hi)
@@ -392,12 +400,10 @@ LogicalResult MadDispersionOp::verify() {
       failed(check.rank(assign, "assign", 1, "[T]")) ||
       failed(check.sameDim(assign, "assign", 0, tokens, "tokens", 0, "T")) ||
       failed(check.expertCount(getNumExperts())) ||
-      failed(check.positive("eps", getEps().convertToFloat())))
+      failed(check.positive("eps", getEps().convertToFloat())) ||
+      failed(check.nonNegative("clip", getClip().convertToFloat(),
+                               " (0 disables clipping)")))
     return failure();
-  float clip = getClip().convertToFloat();
-  if (!std::isfinite(clip) || clip < 0.0f)
-    return emitOpError() << "'clip' (" << formatFloat(clip)
-                         << ") must be finite and >= 0 (0 disables clipping)";
   return success();
 }
 

@@ -209,11 +209,8 @@ LogicalResult BiasUpdateOp::verify() {
   if (failed(check.rank(getBias(), "bias", 1, "[E]")) ||
       failed(check.rank(getCounts(), "counts", 1, "[E]")) ||
       failed(
-          check.sameDim(getCounts(), "counts", 0, getBias(), "bias", 0, "E")))
+          check.sameDim(getCounts(), "counts", 0, getBias(), "bias", 0, "E")) ||
+      failed(check.nonNegative("rate", getRate().convertToDouble())))
     return failure();
-  double rate = getRate().convertToDouble();
-  if (!std::isfinite(rate) || rate < 0.0)
-    return emitOpError() << "'rate' (" << formatFloat(rate)
-                         << ") must be finite and >= 0";
   return success();
 }

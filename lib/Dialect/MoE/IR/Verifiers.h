@@ -61,6 +61,8 @@ public:
                           StringRef why = "");
   /// A float attribute that must be finite and strictly positive.
   LogicalResult positive(StringRef name, float value);
+  /// A float attribute that must be finite and >= 0; `why` ends the message.
+  LogicalResult nonNegative(StringRef name, double value, StringRef why = "");
   /// A float attribute that must be finite and in [lo, hi].
   LogicalResult inRange(StringRef name, float value, float lo, float hi);
   /// An integer attribute that must be at least `lo`.
