@@ -14,6 +14,7 @@
 using namespace mlir;
 using namespace mlir::moe;
 using mlir::moe::detail::dimOf;
+using mlir::moe::detail::OperandChecker;
 
 namespace {
 constexpr int64_t kDynamic = ShapedType::kDynamic;
@@ -30,48 +31,29 @@ RankedTensorType logitsGradType(MLIRContext *ctx, Value logits) {
 
 bool known(int64_t s) { return !ShapedType::isDynamic(s); }
 
-/// `v` has rank `rank`; `layout` names its dimensions in the message.
-LogicalResult verifyRank(Operation *op, Value v, StringRef name, int64_t rank,
-                         StringRef layout) {
-  auto type = cast<RankedTensorType>(v.getType());
-  if (type.getRank() == rank)
-    return success();
-  return op->emitOpError() << "'" << name << "' must have rank " << rank << " ("
-                           << layout << "), but has type " << type;
-}
-
-/// Dimension `d` of `v` equals `expected` (when both are static).
-LogicalResult verifyDim(Operation *op, Value v, StringRef name, int64_t d,
-                        int64_t expected, StringRef what) {
-  int64_t size = cast<RankedTensorType>(v.getType()).getDimSize(d);
-  if (!known(size) || !known(expected) || size == expected)
-    return success();
-  return op->emitOpError() << "dimension " << d << " of '" << name << "' ("
-                           << size << ") must equal " << what << " ("
-                           << expected << ")";
-}
-
 /// logits [T, E] and the optional token_mask [T] of the router statistics.
 LogicalResult verifyRouterLogits(Operation *op, Value logits, Value mask) {
-  if (failed(verifyRank(op, logits, "logits", 2, "[T, E]")))
+  OperandChecker check(op);
+  if (failed(check.rank(logits, "logits", 2, "[T, E]")))
     return failure();
   if (!mask)
     return success();
-  if (failed(verifyRank(op, mask, "token_mask", 1, "[T]")))
+  if (failed(check.rank(mask, "token_mask", 1, "[T]")))
     return failure();
-  return verifyDim(op, mask, "token_mask", 0, dimOf(logits, 2, 0),
-                   "the token count T of 'logits'");
+  return check.dimEquals(mask, "'token_mask'", 0, dimOf(logits, 2, 0),
+                         "the token count T of 'logits'");
 }
 
 /// scores [B, S, E] and indices [B, S, k] of the sequence-wise loss.
 LogicalResult verifySequenceOperands(Operation *op, Value scores,
                                      Value indices) {
-  if (failed(verifyRank(op, scores, "scores", 3, "[B, S, E]")) ||
-      failed(verifyRank(op, indices, "indices", 3, "[B, S, k]")) ||
-      failed(verifyDim(op, indices, "indices", 0, dimOf(scores, 3, 0),
-                       "the batch size B of 'scores'")) ||
-      failed(verifyDim(op, indices, "indices", 1, dimOf(scores, 3, 1),
-                       "the sequence length S of 'scores'")))
+  OperandChecker check(op);
+  if (failed(check.rank(scores, "scores", 3, "[B, S, E]")) ||
+      failed(check.rank(indices, "indices", 3, "[B, S, k]")) ||
+      failed(check.dimEquals(indices, "'indices'", 0, dimOf(scores, 3, 0),
+                             "the batch size B of 'scores'")) ||
+      failed(check.dimEquals(indices, "'indices'", 1, dimOf(scores, 3, 1),
+                             "the sequence length S of 'scores'")))
     return failure();
   int64_t k = dimOf(indices, 3, 2), e = dimOf(scores, 3, 2);
   if (k == 0 || (known(k) && known(e) && k > e))
@@ -84,7 +66,7 @@ LogicalResult verifySequenceOperands(Operation *op, Value scores,
 
 /// A rank-0 f32 operand (a saved scalar or a cotangent).
 LogicalResult verifyScalar(Operation *op, Value v, StringRef name) {
-  return verifyRank(op, v, name, 0, "a scalar");
+  return OperandChecker(op).rank(v, name, 0, "a scalar");
 }
 } // namespace
 
@@ -132,12 +114,14 @@ RouterStatsGradOp::inferReturnTypes(MLIRContext *ctx, std::optional<Location>,
 }
 
 LogicalResult RouterStatsGradOp::verify() {
+  OperandChecker check(*this);
   if (failed(verifyRouterLogits(*this, getLogits(), getTokenMask())) ||
       failed(verifyScalar(*this, getWeightSum(), "weight_sum")) ||
-      failed(verifyRank(*this, getDmeanProbs(), "dmean_probs", 1, "[E]")))
+      failed(check.rank(getDmeanProbs(), "dmean_probs", 1, "[E]")))
     return failure();
-  return verifyDim(*this, getDmeanProbs(), "dmean_probs", 0,
-                   dimOf(getLogits(), 2, 1), "the expert count E of 'logits'");
+  return check.dimEquals(getDmeanProbs(), "'dmean_probs'", 0,
+                         dimOf(getLogits(), 2, 1),
+                         "the expert count E of 'logits'");
 }
 
 //===----------------------------------------------------------------------===//
@@ -153,12 +137,14 @@ LoadBalancingLossOp::inferReturnTypes(MLIRContext *ctx, std::optional<Location>,
 }
 
 LogicalResult LoadBalancingLossOp::verify() {
-  if (failed(verifyRank(*this, getCounts(), "counts", 1, "[E]")) ||
-      failed(verifyRank(*this, getMeanProbs(), "mean_probs", 1, "[E]")) ||
+  OperandChecker check(*this);
+  if (failed(check.rank(getCounts(), "counts", 1, "[E]")) ||
+      failed(check.rank(getMeanProbs(), "mean_probs", 1, "[E]")) ||
       failed(verifyScalar(*this, getWeightSum(), "weight_sum")))
     return failure();
-  return verifyDim(*this, getMeanProbs(), "mean_probs", 0,
-                   dimOf(getCounts(), 1, 0), "the expert count E of 'counts'");
+  return check.dimEquals(getMeanProbs(), "'mean_probs'", 0,
+                         dimOf(getCounts(), 1, 0),
+                         "the expert count E of 'counts'");
 }
 
 //===----------------------------------------------------------------------===//
@@ -173,7 +159,7 @@ LogicalResult RouterZLossOp::inferReturnTypes(MLIRContext *ctx,
 }
 
 LogicalResult RouterZLossOp::verify() {
-  return verifyRank(*this, getLogits(), "logits", 2, "[T, E]");
+  return OperandChecker(*this).rank(getLogits(), "logits", 2, "[T, E]");
 }
 
 LogicalResult
@@ -185,7 +171,7 @@ RouterZLossGradOp::inferReturnTypes(MLIRContext *ctx, std::optional<Location>,
 }
 
 LogicalResult RouterZLossGradOp::verify() {
-  if (failed(verifyRank(*this, getLogits(), "logits", 2, "[T, E]")))
+  if (failed(OperandChecker(*this).rank(getLogits(), "logits", 2, "[T, E]")))
     return failure();
   return verifyScalar(*this, getDloss(), "dloss");
 }
