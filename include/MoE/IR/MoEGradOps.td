@@ -5,7 +5,7 @@
 // Not part of the DIALECT.md contract: the backward of the differentiable
 // routing ops, one op per forward op, taking the forward operands and the
 // cotangent of the forward result and returning the cotangents of the
-// float operands. torch.ops.moe.<op>_backward (python/moe_mlir/ops.py) calls
+// float operands. torch.ops.moe.<op>_backward (python/moe_mlir/ops/) calls
 // them from the autograd of torch.ops.moe.<op>.
 //
 // Which ops carry a gradient (DIALECT.md, the paper specs):

@@ -7,7 +7,7 @@
 // The AutogradCPU and AutogradCUDA kernels of topk_renorm, similarity_inform,
 // similarity_inform_topk, attention_posterior, attention_posterior_topk and
 // hyper_router: one torch::autograd::Function per op, in C++, so that a
-// training step pays no Python per call (python/moe_mlir/ops.py keeps its
+// training step pays no Python per call (python/moe_mlir/ops/ keeps its
 // Python autograd only for when this extension is not loaded).
 //
 // * No input requires grad (or grad mode is off): the op's kernel below
@@ -58,8 +58,9 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using OptTensor = std::optional<Tensor>;
 
-// The ops' schemas (ops.py) as C++ signatures: `SymInt` -> c10::SymInt,
-// `str` -> c10::string_view, `Tensor?` -> const std::optional<Tensor> &.
+// The ops' schemas (python/moe_mlir/ops/) as C++ signatures: `SymInt` ->
+// c10::SymInt, `str` -> c10::string_view, `Tensor?` -> const
+// std::optional<Tensor> &.
 using TopkSig = std::tuple<Tensor, Tensor>(const Tensor &, c10::SymInt,
                                            c10::string_view, bool);
 using TopkBwdSig = Tensor(const Tensor &, const Tensor &, const Tensor &,

@@ -4,7 +4,7 @@
 //
 //===----------------------------------------------------------------------===//
 //
-// The CPU kernels of torch.ops.moe.<op>_backward (python/moe_mlir/ops.py
+// The CPU kernels of torch.ops.moe.<op>_backward (python/moe_mlir/ops/
 // defines their schemas and fake kernels, and the autograd of the forward ops
 // that calls them), and the CUDA kernels of those with a GPU lowering
 // (registerGradCudaKernels: the same functions, their keys naming the device:

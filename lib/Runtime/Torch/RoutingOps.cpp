@@ -4,7 +4,7 @@
 //
 //===----------------------------------------------------------------------===//
 //
-// The kernels of the production routing ops (python/moe_mlir/ops.py,
+// The kernels of the production routing ops (python/moe_mlir/ops/,
 // section "Production routing"), on the machinery of TorchOps.cpp
 // (TorchKernels.h): the token dimension T is dynamic in the kernel, so one
 // compiled kernel serves every token count; the Python kernel cache validates

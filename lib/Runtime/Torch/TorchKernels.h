@@ -7,7 +7,7 @@
 // What the files of the torch extension share (TorchOps.cpp defines it; the
 // routing ops of RoutingOps.cpp and the backward ops of GradOps.cpp use it):
 // memref descriptors of torch tensors, the kernel cache key and lookup, the
-// kernel call, the checks worded as python/moe_mlir/ops.py words them, and the
+// kernel call, the checks worded as python/moe_mlir/ops/ words them, and the
 // AutogradCPU kernel.
 //
 //===----------------------------------------------------------------------===//
@@ -62,8 +62,8 @@ const char *dtypeName(at::ScalarType t);
 /// `op` null: the message names no op (contig, describe).
 void checkElements(const char *op, const char *name, c10::IntArrayRef sizes);
 /// The same limit for a result the call is about to allocate (worded as
-/// ops.py's _check_result_elements): checked before any allocation, for the
-/// results whose size the operands do not bound (a size argument, or sizes of
+/// ops/_checks.py's _check_result_elements): checked before any allocation,
+/// for the results whose size the operands do not bound (a size argument, or sizes of
 /// two operands multiplied).
 void checkResultElements(const char *op, const char *name,
                          c10::IntArrayRef sizes);
@@ -205,7 +205,7 @@ KernelFn lookup(const Key &k);
 /// After a kernel call: a reported index error becomes a ValueError.
 void checkReportedError();
 /// The ValueError of attention_posterior_backward's h* = `value` outside
-/// [0, `heads`) (the wording of python/moe_mlir/ops.py).
+/// [0, `heads`) (the wording of python/moe_mlir/ops/).
 [[noreturn]] void failHeadOutOfRange(int64_t value, int64_t heads);
 /// Calls kernel `fn` of a call on `device`: on the CPU, then raises a
 /// reported index error; on CUDA, on torch's current stream, no wait.

@@ -5,11 +5,12 @@
 //===----------------------------------------------------------------------===//
 //
 // The CPU (and, with TorchCudaOps.cpp, CUDA) kernels of the torch ops that
-// python/moe_mlir/ops.py defines (the schemas and fake kernels stay in Python;
+// python/moe_mlir/ops/ defines (the schemas and fake kernels stay in Python;
 // the autograd of the differentiable ops is Autograd.cpp). Each call:
 //
 // 1. checks what the kernel cache key does not pin down (the relations
-//    between the token-like, dynamic dimensions; same messages as ops.py);
+//    between the token-like, dynamic dimensions; the messages of the Python
+//    validators);
 // 2. builds the key: op, attributes, the device (CUDA only: `device=cuda:N`),
 //    input dtypes and shapes with the token-like dimensions as `?` (they are
 //    dynamic in the kernel);
@@ -350,7 +351,7 @@ void launch(KernelFn fn, std::vector<MemRef> &args, c10::Device device,
 }
 
 //===----------------------------------------------------------------------===//
-// Checks (the messages of python/moe_mlir/ops.py)
+// Checks (the messages of python/moe_mlir/ops/)
 //===----------------------------------------------------------------------===//
 
 void checkDim(const char *op, const char *name, const Tensor &t, int64_t d,
@@ -655,7 +656,7 @@ attentionPosterior(const Tensor &scores, const Tensor &u, const Tensor &v,
     return {r.at(0), r.at(1)};
   }
   KernelFn fn = lookup(key);
-  // [B, N, K]: N from the scores, K from e, so neither bounds it (ops.py
+  // [B, N, K]: N from the scores, K from e, so neither bounds it (ops/mixing.py
   // checks it too, but a key in memory skips that for other B and N).
   std::array<int64_t, 3> pShape{scores.size(0), scores.size(2), e.size(2)};
   checkResultElements(op, "p", pShape);
@@ -900,7 +901,7 @@ void moe_torch::registerAutograd(torch::Library &m) {
   };
   // The differentiable ops: their C++ autograd (Autograd.cpp).
   registerDifferentiable(m);
-  // Stop-gradient ops (ops.py registers no autograd for them).
+  // Stop-gradient ops (ops/_autograd.py registers no autograd for them).
   m.impl("mad_dispersion", stop());
   m.impl("adjacency_update", stop());
 }
