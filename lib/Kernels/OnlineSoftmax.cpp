@@ -59,3 +59,12 @@ Value mlir::moe::kernels::softmaxFromLogSumExp(KernelBuilder &k, Value x,
                                                Value lse) {
   return k.softmaxWeight(k.fsub(x, k.broadcastLike(lse, x.getType())));
 }
+
+SoftmaxGrad
+mlir::moe::kernels::softmaxGradFromLogSumExp(KernelBuilder &k, Value x,
+                                             Value lse, Value g,
+                                             function_ref<Value()> delta) {
+  Value p = softmaxFromLogSumExp(k, x, lse);
+  Value d = delta();
+  return {p, k.fmul(p, k.fsub(g, d))};
+}

@@ -76,6 +76,17 @@ Value softmaxLogSumExp(KernelBuilder &k, SoftmaxState state);
 /// every key of a row whose lse the caller set to +inf.
 Value softmaxFromLogSumExp(KernelBuilder &k, Value x, Value lse);
 
+/// The backward of a softmax row at one logit `x`, from the row's
+/// log-sum-exp `lse` (softmaxFromLogSumExp), the cotangent `g` of the logit's
+/// output weight and the row's delta = Σ_j p_j g_j (read by `delta()` after p
+/// is built, broadcast to x's shape by the caller):
+///   p = exp(x - lse),   dz = p (g - delta)   (dz: the gradient to x).
+struct SoftmaxGrad {
+  Value prob, dlogit;
+};
+SoftmaxGrad softmaxGradFromLogSumExp(KernelBuilder &k, Value x, Value lse,
+                                     Value g, function_ref<Value()> delta);
+
 } // namespace mlir::moe::kernels
 
 #endif // MOE_KERNELS_ONLINESOFTMAX_H

@@ -575,9 +575,11 @@ struct AttentionPosteriorGradKernel
                           Value bi, Value i,
                           Value j0) -> std::pair<Value, Value> {
       Value z = logits(kk, sDot, bi, i, j0);
-      Value g = softmaxFromLogSumExp(kk, z, kk.load(lseRow, {bi, i}));
-      Value d = kk.splat(kk.load(delta, {bi, i}), kLanes);
-      Value dz = kk.fmul(g, kk.fsub(gDot, d));
+      SoftmaxGrad sg =
+          softmaxGradFromLogSumExp(kk, z, kk.load(lseRow, {bi, i}), gDot, [&] {
+            return kk.splat(kk.load(delta, {bi, i}), kLanes);
+          });
+      Value g = sg.prob, dz = sg.dlogit;
       // G for pass 3, which turns it into dz. Rows past the end repeat the
       // last row: the same values again.
       kk.vstoreMasked(g, dScores, {bi, headOf(kk, bi), i, j0},

@@ -67,9 +67,9 @@ struct SimilarityInformGradKernel
     auto rank3 = MemRefType::get({kDyn, kDyn, kDyn}, f32);
 
     Value keyValid = keyValidity(k, mask, batch, rows, keysPad);
-    auto logits = scaledMaskedLogits(
-        keyValid,
-        kernels::similarityInformLogit(tau, causal, static_cast<bool>(mask)));
+    FlashLogitSpec logitSpec =
+        similarityInformLogit(tau, causal, static_cast<bool>(mask));
+    auto logits = scaledMaskedLogits(keyValid, logitSpec);
     Value q = ws ? projectRows(k, opts, u, ws, batch, rows, depth, depth) : u;
 
     // 1. p and lse: saved by the forward (similarity_inform_fwd), else
@@ -152,9 +152,11 @@ struct SimilarityInformGradKernel
                           Value bi, Value i,
                           Value j0) -> std::pair<Value, Value> {
       Value x = logits(kk, sDot, bi, i, j0);
-      Value s = softmaxFromLogSumExp(kk, x, kk.load(lseRow, {bi, i}));
-      Value d = kk.splat(kk.load(delta, {bi, i}), kLanes);
-      return {s, kk.fmul(kk.fmul(s, kk.fsub(gDot, d)), invTau)};
+      SoftmaxGrad sg =
+          softmaxGradFromLogSumExp(kk, x, kk.load(lseRow, {bi, i}), gDot, [&] {
+            return kk.splat(kk.load(delta, {bi, i}), kLanes);
+          });
+      return {sg.prob, kk.fmul(sg.dlogit, invTau)};
     };
     byQuery.accumulators.push_back({uValues, dq, depth, depthPad, true});
     emitFlashGrad(k, opts, byQuery);
@@ -175,16 +177,20 @@ struct SimilarityInformGradKernel
                         Value i0) -> std::pair<Value, Value> {
       // Row j is a key: masked keys and (causal) queries i < j get nothing;
       // padding queries have lse' = +inf, so S = 0.
-      Value x = kk.fdiv(sDot, kk.constLike(kk.vf32(), tau));
-      Value valid = kk.cmpf(arith::CmpFPredicate::ONE,
-                            kk.splat(kk.load(keyValid, {bi, j}), kLanes),
-                            zeros);
-      if (causal) {
-        Value is = kk.iota(kk.castInt(i0, kk.i32()), kLanes);
-        valid = kk.andI(valid, kk.cmpi(arith::CmpIPredicate::sge, is,
-                                       kk.splat(kk.castInt(j, kk.i32()),
-                                                kLanes)));
-      }
+      // The forward's logit (MoE/Kernels/FlashLogit.h) with the roles of
+      // row and lanes swapped.
+      Value x = flashScaledLogit(kk, logitSpec, sDot);
+      Value valid = flashKeyKept(
+          kk, logitSpec, /*inRange=*/Value(),
+          [&] {
+            return kk.cmpf(arith::CmpFPredicate::ONE,
+                           kk.splat(kk.load(keyValid, {bi, j}), kLanes), zeros);
+          },
+          [&] {
+            Value is = kk.iota(kk.castInt(i0, kk.i32()), kLanes);
+            return kk.cmpi(arith::CmpIPredicate::sge, is,
+                           kk.splat(kk.castInt(j, kk.i32()), kLanes));
+          });
       Value s = softmaxFromLogSumExp(kk, x, kk.vload(lseRow, {bi, i0}));
       s = kk.select(valid, s, zeros);
       Value d = kk.vload(delta, {bi, i0});

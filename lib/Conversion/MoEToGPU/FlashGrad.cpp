@@ -185,8 +185,9 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
             });
         if (score)
           keep = k.andI(keep, k.cmpf(arith::CmpFPredicate::UNE, score, negInf));
-        Value s = softmaxFromLogSumExp(k, x, l);
-        Value dz = k.fmul(s, k.fsub(gDots[c], d));
+        SoftmaxGrad sg =
+            softmaxGradFromLogSumExp(k, x, l, gDots[c], [&] { return d; });
+        Value s = sg.prob, dz = sg.dlogit;
         Value dx = k.fdiv(dz, k.cF32(spec.scaleDiv));
         k.store(k.select(keep, s, excludedMark), ss, {t.row, jj});
         k.store(k.select(keep, dx, zero), dxs, {t.row, jj});
