@@ -574,11 +574,8 @@ struct AttentionPosteriorGradKernel
     byQuery.weights = [&](CpuKernelBuilder &kk, Value sDot, Value gDot, Value,
                           Value bi, Value i,
                           Value j0) -> std::pair<Value, Value> {
-      Value z = logits(kk, sDot, bi, i, j0);
       SoftmaxGrad sg =
-          softmaxGradFromLogSumExp(kk, z, kk.load(lseRow, {bi, i}), gDot, [&] {
-            return kk.splat(kk.load(delta, {bi, i}), kLanes);
-          });
+          queryRowGrad(kk, logits, lseRow, delta, sDot, gDot, bi, i, j0);
       Value g = sg.prob, dz = sg.dlogit;
       // G for pass 3, which turns it into dz. Rows past the end repeat the
       // last row: the same values again.

@@ -441,6 +441,19 @@ mlir::moe::cpu::scaledMaskedLogits(Value keyValid,
   };
 }
 
+moe::kernels::SoftmaxGrad mlir::moe::cpu::queryRowGrad(
+    CpuKernelBuilder &k,
+    const std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)>
+        &logits,
+    Value lse, Value delta, Value sDot, Value gDot, Value b, Value i,
+    Value j0) {
+  Value x = logits(k, sDot, b, i, j0);
+  return moe::kernels::softmaxGradFromLogSumExp(
+      k, x, k.load(lse, {b, i}), gDot, [&] {
+        return k.splat(k.load(delta, {b, i}), kLanes);
+      });
+}
+
 void mlir::moe::cpu::emitFlashMix(CpuKernelBuilder &k,
                                   const KernelOptions &opts,
                                   const FlashSpec &s) {

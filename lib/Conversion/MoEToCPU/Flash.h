@@ -155,6 +155,16 @@ struct FlashGradSpec {
   SmallVector<Accumulator, 2> accumulators;
 };
 
+/// The query-major S and dZ = S (g - delta_i) of row (b, i) and the keys
+/// [j0, j0 + 16) (before any 1/scale): the row's logits recomputed by
+/// `logits` (the forward's epilogue) from the score dot, then
+/// softmaxGradFromLogSumExp with lse[b, i] and delta[b, i] ([B, N] f32).
+kernels::SoftmaxGrad queryRowGrad(
+    CpuKernelBuilder &k,
+    const std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)>
+        &logits,
+    Value lse, Value delta, Value sDot, Value gDot, Value b, Value i, Value j0);
+
 /// Emits the backward tiles (workers over the B x ceil(R / kQueryTile) row
 /// tiles).
 void emitFlashGrad(CpuKernelBuilder &k, const KernelOptions &opts,

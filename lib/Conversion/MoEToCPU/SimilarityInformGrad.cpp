@@ -151,11 +151,8 @@ struct SimilarityInformGradKernel
     byQuery.weights = [&](CpuKernelBuilder &kk, Value sDot, Value gDot, Value,
                           Value bi, Value i,
                           Value j0) -> std::pair<Value, Value> {
-      Value x = logits(kk, sDot, bi, i, j0);
       SoftmaxGrad sg =
-          softmaxGradFromLogSumExp(kk, x, kk.load(lseRow, {bi, i}), gDot, [&] {
-            return kk.splat(kk.load(delta, {bi, i}), kLanes);
-          });
+          queryRowGrad(kk, logits, lseRow, delta, sDot, gDot, bi, i, j0);
       return {sg.prob, kk.fmul(sg.dlogit, invTau)};
     };
     byQuery.accumulators.push_back({uValues, dq, depth, depthPad, true});
