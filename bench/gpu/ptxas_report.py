@@ -19,6 +19,10 @@ step fails. Runs without a GPU.
   --all-nospill       holds every kernel, not only the nospill_* ones, to no
                       local memory.
 
+A case file may name moe-lower-to-nvvm options its ops need (kernels behind an
+off-by-default option) on a line `// ptxas-options: OPTIONS`; they are added
+to --pipeline-options for every chunk of that file.
+
 The sweep over every GPU test input (what issue #10 asks: no kernel spills):
 
   ptxas_report.py --moe-opt build/bin/moe-opt --out /tmp/sweep.md \
@@ -114,15 +118,18 @@ def parse_ptxas(report):
 
 
 def case_chunks(path, split):
-    """[(name, text)] of a case file: the whole file, or with split its
-    `// -----` chunks that expect no diagnostic, named file.N."""
+    """[(name, text, options)] of a case file: the whole file, or with split
+    its `// -----` chunks that expect no diagnostic, named file.N; options are
+    those of the file's `// ptxas-options:` line (empty without one)."""
     name = os.path.splitext(os.path.basename(path))[0]
     with open(path) as f:
         text = f.read()
+    marker = re.search(r"^// ptxas-options:(.*)$", text, flags=re.M)
+    options = marker.group(1).strip() if marker else ""
     if not split:
-        return [(name, text)]
+        return [(name, text, options)]
     chunks = re.split(r"^// -----.*$", text, flags=re.M)
-    return [(f"{name}.{n}" if len(chunks) > 1 else name, chunk)
+    return [(f"{name}.{n}" if len(chunks) > 1 else name, chunk, options)
             for n, chunk in enumerate(chunks) if "expected-" not in chunk]
 
 
@@ -148,10 +155,11 @@ def main():
     tmp = args.keep_ptx or tempfile.mkdtemp(prefix="moe-ptxas-")
     os.makedirs(tmp, exist_ok=True)
     for chip in args.chips.split(","):
-        for case, (name, text) in ((c, chunk) for c in args.cases
-                                   for chunk in case_chunks(c, args.split_input_file)):
+        for case, (name, text, file_options) in ((c, chunk) for c in args.cases
+                                                 for chunk in case_chunks(c, args.split_input_file)):
+            options = f"{args.pipeline_options} {file_options}".strip()
             proc = subprocess.run(
-                [args.moe_opt, "-", f"--moe-lower-to-nvvm=chip={chip} format=isa {args.pipeline_options}".strip()],
+                [args.moe_opt, "-", f"--moe-lower-to-nvvm=chip={chip} format=isa {options}".strip()],
                 input=text, capture_output=True, text=True)
             if proc.returncode != 0:
                 failures.append(f"{name} ({chip}): moe-opt failed:\n{proc.stderr}")

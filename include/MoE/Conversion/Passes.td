@@ -116,6 +116,10 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "similarity_inform (and its training forward) with f16/bf16 operands on tensor cores: mma.sync "
            "m16n8k16 with f32 sums, nvgpu.ldmatrix operands (sm_80+; FlashMma.cpp). Off until a GPU run has "
            "checked it">,
+    Option<"balanceKernels", "balance-kernels", "bool", /*default=*/"false",
+           "lower the load-balancing ops router_z_loss and router_z_loss_grad (a warp per row, per-block "
+           "partials summed in a fixed order; RouterZLoss.cpp). Off until a GPU run has checked them: without "
+           "it these ops have no GPU lowering">,
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect",

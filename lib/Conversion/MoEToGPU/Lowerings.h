@@ -82,6 +82,9 @@ MOE_GPU_LOWERING_PATTERN(TopkRenormGradToGPU, TopkRenormGradOp);
 MOE_GPU_LOWERING_PATTERN(SimilarityInformGradToGPU, SimilarityInformGradOp);
 MOE_GPU_LOWERING_PATTERN(HyperRouterGradToGPU, HyperRouterGradOp);
 MOE_GPU_LOWERING_PATTERN(AttentionPosteriorGradToGPU, AttentionPosteriorGradOp);
+// RouterZLoss.cpp: added only with the balance-kernels option.
+MOE_GPU_LOWERING_PATTERN(RouterZLossToGPU, RouterZLossOp);
+MOE_GPU_LOWERING_PATTERN(RouterZLossGradToGPU, RouterZLossGradOp);
 #undef MOE_GPU_LOWERING_PATTERN
 
 /// The logit of the flash kernels (the mixing and its backward), the same on

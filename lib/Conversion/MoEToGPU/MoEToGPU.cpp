@@ -43,6 +43,12 @@ void mlir::moe::populateMoEToGPUPatterns(
            SimilarityInformGradToGPU, HyperRouterGradToGPU,
            AttentionPosteriorGradToGPU>(
           patterns.getContext(), options);
+  // The load-balancing kernels are written without a GPU: only on request
+  // until a GPU run has checked them (without it the ops keep the "has no GPU
+  // lowering" error).
+  if (options.balanceKernels)
+    patterns.add<RouterZLossToGPU, RouterZLossGradToGPU>(patterns.getContext(),
+                                                         options);
 }
 
 namespace {
@@ -73,7 +79,7 @@ struct ConvertMoEToGPUPass
     RewritePatternSet patterns(&getContext());
     populateMoEToGPUPatterns(patterns,
                              {blockSize, sharedMemoryBytes, topkRounds,
-                              flashMma});
+                              flashMma, balanceKernels});
     llvm::SmallDenseSet<OperationName> lowered;
     for (const auto &pattern : patterns.getNativePatterns())
       if (std::optional<OperationName> root = pattern->getRootKind())

@@ -58,6 +58,7 @@ void mlir::moe::buildMoELowerToNVVMPipeline(
   convert.sharedMemoryBytes = options.sharedMemoryBytes;
   convert.topkRounds = resolveTopkRounds(options);
   convert.flashMma = options.flashMma;
+  convert.balanceKernels = options.balanceKernels;
   pm.addPass(createConvertMoEToGPU(convert));
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createMoEGPUBufferize());

@@ -103,6 +103,13 @@ struct MoELowerToNVVMOptions
                      "cores (mma.sync, sm_80+; convert-moe-to-gpu flash-mma); "
                      "off until a GPU run has checked it"),
       llvm::cl::init(false)};
+  PassOptions::Option<bool> balanceKernels{
+      *this, "balance-kernels",
+      llvm::cl::desc("GPU kernels of the load-balancing ops router_z_loss "
+                     "and router_z_loss_grad (convert-moe-to-gpu "
+                     "balance-kernels); off until a GPU run has checked "
+                     "them"),
+      llvm::cl::init(false)};
 };
 
 /// convert-moe-to-gpu, canonicalization, one-shot bufferization of the
