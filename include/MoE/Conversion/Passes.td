@@ -117,9 +117,10 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "m16n8k16 with f32 sums, nvgpu.ldmatrix operands (sm_80+; FlashMma.cpp). Off until a GPU run has "
            "checked it">,
     Option<"balanceKernels", "balance-kernels", "bool", /*default=*/"false",
-           "lower the load-balancing ops router_z_loss and router_z_loss_grad (a warp per row, per-block "
-           "partials summed in a fixed order; RouterZLoss.cpp). Off until a GPU run has checked them: without "
-           "it these ops have no GPU lowering">,
+           "lower the load-balancing ops router_stats, router_stats_grad, load_balancing_loss, router_z_loss "
+           "and router_z_loss_grad (a warp per row, per-block partials summed in a fixed order, no atomics; "
+           "RouterStats.cpp, RouterZLoss.cpp). Off until a GPU run has checked them: without it these ops have "
+           "no GPU lowering">,
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect",

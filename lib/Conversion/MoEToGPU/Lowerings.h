@@ -16,6 +16,7 @@
 #include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/FlashLogit.h"
+#include "MoE/Kernels/OnlineSoftmax.h"
 #include "MoE/Kernels/TopK.h"
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
@@ -85,6 +86,10 @@ MOE_GPU_LOWERING_PATTERN(AttentionPosteriorGradToGPU, AttentionPosteriorGradOp);
 // RouterZLoss.cpp: added only with the balance-kernels option.
 MOE_GPU_LOWERING_PATTERN(RouterZLossToGPU, RouterZLossOp);
 MOE_GPU_LOWERING_PATTERN(RouterZLossGradToGPU, RouterZLossGradOp);
+// RouterStats.cpp: likewise.
+MOE_GPU_LOWERING_PATTERN(RouterStatsToGPU, RouterStatsOp);
+MOE_GPU_LOWERING_PATTERN(RouterStatsGradToGPU, RouterStatsGradOp);
+MOE_GPU_LOWERING_PATTERN(LoadBalancingLossToGPU, LoadBalancingLossOp);
 #undef MOE_GPU_LOWERING_PATTERN
 
 /// The logit of the flash kernels (the mixing and its backward), the same on
@@ -257,6 +262,14 @@ void launchRowProjection(class HostCode &h, StringRef name, Value x, Value w,
 void launchHeadMeans(class HostCode &h, Value v, Value wo, Value head,
                      Value means, Value bias, std::optional<double> headScale,
                      double sigma, Location loc);
+
+/// The softmax state (max, Σ exp(x - max)) of row `row` of `x` [T, E] taken
+/// by one warp (RouterZLoss.cpp): lane `lane` strides over the experts 32 at
+/// a time, one online-softmax step per chunk with butterfly max and sum.
+/// Every lane of the warp must reach it with the same row; every lane gets
+/// the row's state.
+kernels::SoftmaxState warpRowSoftmax(class GpuKernelBuilder &k, Value x,
+                                     Value row, Value lane);
 
 /// A memref of rank >= 1 viewed as 2-D [rows, last]: rank 1 gets a unit
 /// leading dim, rank > 2 has its leading dims collapsed (identity layouts).

@@ -47,8 +47,9 @@ void mlir::moe::populateMoEToGPUPatterns(
   // until a GPU run has checked them (without it the ops keep the "has no GPU
   // lowering" error).
   if (options.balanceKernels)
-    patterns.add<RouterZLossToGPU, RouterZLossGradToGPU>(patterns.getContext(),
-                                                         options);
+    patterns.add<RouterZLossToGPU, RouterZLossGradToGPU, RouterStatsToGPU,
+                 RouterStatsGradToGPU, LoadBalancingLossToGPU>(
+        patterns.getContext(), options);
 }
 
 namespace {

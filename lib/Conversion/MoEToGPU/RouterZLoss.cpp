@@ -37,11 +37,9 @@ using namespace mlir::moe::kernels;
 /// kBalanceRowsPerBlock rows of a block.
 static constexpr int64_t kZLossThreads = 128;
 
-/// The log-sum-exp of row `row` of `x` [T, E] by the warp whose lane is
-/// `lane` (every lane of the warp must reach it, with the same row; every
-/// lane gets the result): -inf for a row of -inf, NaN for a row holding NaN.
-static Value warpRowLogSumExp(GpuKernelBuilder &k, Value x, Value row,
-                              Value lane) {
+SoftmaxState mlir::moe::gpu_lowering::warpRowSoftmax(GpuKernelBuilder &k,
+                                                     Value x, Value row,
+                                                     Value lane) {
   Value numExperts = k.dim(x, 1);
   Value negInf = k.cF32(-std::numeric_limits<double>::infinity());
   SoftmaxState start = softmaxStart(k);
@@ -63,7 +61,13 @@ static Value warpRowLogSumExp(GpuKernelBuilder &k, Value x, Value row,
                                              reduceMax, reduceSum);
         return {tile.next.max, tile.next.sum};
       });
-  return softmaxLogSumExp(k, {state[0], state[1]});
+  return {state[0], state[1]};
+}
+
+/// The row's log-sum-exp: -inf for a row of -inf, NaN for a row holding NaN.
+static Value warpRowLogSumExp(GpuKernelBuilder &k, Value x, Value row,
+                              Value lane) {
+  return softmaxLogSumExp(k, warpRowSoftmax(k, x, row, lane));
 }
 
 LogicalResult

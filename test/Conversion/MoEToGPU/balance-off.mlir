@@ -25,3 +25,19 @@ func.func @stats(%x: tensor<?x64xf32>) -> tensor<64xf32> {
   %c, %p, %w = moe.router_stats %x k(2) : tensor<?x64xf32> -> tensor<64xf32>, tensor<64xf32>, tensor<f32>
   return %c : tensor<64xf32>
 }
+
+// -----
+
+func.func @stats_grad(%x: tensor<?x8xf32>, %w: tensor<f32>, %g: tensor<8xf32>) -> tensor<?x8xf32> {
+  // expected-error @+1 {{'moe.router_stats_grad' op has no GPU lowering}}
+  %d = moe.router_stats_grad %x weight_sum(%w : tensor<f32>) dmean_probs(%g : tensor<8xf32>) : tensor<?x8xf32> -> tensor<?x8xf32>
+  return %d : tensor<?x8xf32>
+}
+
+// -----
+
+func.func @lbl(%c: tensor<8xf32>, %p: tensor<8xf32>, %w: tensor<f32>) -> tensor<f32> {
+  // expected-error @+1 {{'moe.load_balancing_loss' op has no GPU lowering}}
+  %l = moe.load_balancing_loss %c, %p, %w : tensor<8xf32>, tensor<8xf32>, tensor<f32> -> tensor<f32>
+  return %l : tensor<f32>
+}

@@ -81,3 +81,100 @@ func.func @z_loss_grad(%x: tensor<?x100xf32>, %d: tensor<f32>) -> tensor<?x100xf
   %g = moe.router_z_loss_grad %x dloss(%d : tensor<f32>) : tensor<?x100xf32> -> tensor<?x100xf32>
   return %g : tensor<?x100xf32>
 }
+
+// -----
+
+// router_stats: a block of 4 warps per 64-row block. A warp per row leaves
+// the row's probability shift and its k-th pick (k rounds of the shared
+// top-k step below the previous pick, a warp max of packed i64 candidates)
+// in workgroup memory; then a thread per expert walks the block's rows in
+// order: selected iff its candidate ranks at or above the k-th pick (count
+// += w), probability sum += w · exp(x - shift), into the block's partial
+// rows; thread 0 sums the weights. A thread per expert then sums the partial
+// rows in block order and divides by W.
+// CHECK-LABEL: gpu.module @moe_kernels
+// CHECK: gpu.func @router_stats_rows_0(%[[X:.*]]: memref<?x64xbf16>, %[[M:.*]]: memref<?xf32>, %[[PC:.*]]: memref<?x?xf32>, %[[PP:.*]]: memref<?x?xf32>, %[[PW:.*]]: memref<?xf32>) workgroup(%[[SH:.*]] : memref<64xf32, #gpu.address_space<workgroup>>, %[[KTH:.*]] : memref<64xi64, #gpu.address_space<workgroup>>)
+// CHECK-SAME: known_block_size = array<i32: 128, 1, 1>
+// CHECK: scf.for %[[R:.*]] = %{{.*}} to %{{.*}} step %c4 {
+// CHECK: math.log
+// The k = 2 rounds.
+// CHECK: scf.for %{{.*}} = %c0{{.*}} to %c2{{.*}} step %c1{{.*}} iter_args(%[[PREV:.*]] = %c9223372036854775807_i64) -> (i64)
+// CHECK: arith.cmpi slt, %{{.*}}, %[[PREV]] : i64
+// CHECK: arith.maxsi
+// CHECK: gpu.shuffle  xor %{{.*}}, %c16_i32
+// CHECK: arith.maxsi
+// CHECK: memref.store %{{.*}}, %[[SH]][%[[R]]]
+// CHECK: memref.store %{{.*}}, %[[KTH]][%[[R]]]
+// CHECK: gpu.barrier
+// CHECK: scf.for %[[E:.*]] = %thread_id_x to %{{.*}} step %c128
+// CHECK: %[[W:.*]] = memref.load %[[M]]
+// CHECK: %[[PICK:.*]] = memref.load %[[KTH]]
+// CHECK: %[[SEL:.*]] = arith.cmpi sge, %{{.*}}, %[[PICK]] : i64
+// CHECK: %[[INC:.*]] = arith.addf %{{.*}}, %[[W]]
+// CHECK: arith.select %[[SEL]], %[[INC]]
+// CHECK: memref.load %[[SH]]
+// CHECK: math.exp
+// CHECK: memref.store %{{.*}}, %[[PC]][%{{.*}}, %[[E]]]
+// CHECK: memref.store %{{.*}}, %[[PP]][%{{.*}}, %[[E]]]
+// CHECK: memref.store %{{.*}}, %[[PW]][%{{.*}}]
+// CHECK-NOT: memref.atomic_rmw
+// CHECK: gpu.func @router_stats_sum_0(%{{.*}}: memref<?x?xf32>, %{{.*}}: memref<?x?xf32>, %{{.*}}: memref<?xf32>, %[[C:.*]]: memref<64xf32>, %[[P:.*]]: memref<64xf32>, %[[WS:.*]]: memref<f32>)
+// CHECK: scf.for %{{.*}} iter_args({{.*}}) -> (f32, f32, f32)
+// CHECK: memref.store %{{.*}}, %[[C]]
+// CHECK: arith.divf
+// CHECK: memref.store %{{.*}}, %[[P]]
+// CHECK: memref.store %{{.*}}, %[[WS]][]
+// CHECK-NOT: memref.atomic_rmw
+// CHECK-LABEL: func.func @stats
+// CHECK: gpu.alloc async
+// CHECK: gpu.alloc async
+// CHECK: gpu.alloc async
+// CHECK: gpu.launch_func async [%{{.*}}] @moe_kernels::@router_stats_rows_0
+// CHECK: gpu.launch_func async [%{{.*}}] @moe_kernels::@router_stats_sum_0
+// CHECK-COUNT-3: gpu.dealloc async
+func.func @stats(%x: tensor<?x64xbf16>, %m: tensor<?xf32>) -> (tensor<64xf32>, tensor<64xf32>, tensor<f32>) {
+  %c, %p, %w = moe.router_stats %x token_mask(%m : tensor<?xf32>) k(2) : tensor<?x64xbf16> -> tensor<64xf32>, tensor<64xf32>, tensor<f32>
+  return %c, %p, %w : tensor<64xf32>, tensor<64xf32>, tensor<f32>
+}
+
+// -----
+
+// router_stats_grad: a warp per row: c = Σ_j p_j g_j (warp sum), then
+// (w / W) · p · (g - c).
+// CHECK-LABEL: gpu.module @moe_kernels
+// CHECK: gpu.func @router_stats_grad_0(%[[X:.*]]: memref<?x?xf32>, %[[W:.*]]: memref<f32>, %[[G:.*]]: memref<?xf32>, %[[OUT:.*]]: memref<?x?xf32>)
+// CHECK: scf.if
+// CHECK: math.log
+// CHECK: scf.for %{{.*}} step %c32{{.*}} iter_args
+// CHECK: memref.load %[[G]]
+// CHECK: scf.yield
+// CHECK: gpu.shuffle  xor %{{.*}}, %c16_i32
+// CHECK: memref.load %[[W]][]
+// CHECK: arith.divf
+// CHECK: scf.for %[[E:.*]] = %{{.*}} step %c32
+// CHECK: arith.subf
+// CHECK: memref.store %{{.*}}, %[[OUT]][%{{.*}}, %[[E]]]
+func.func @stats_grad(%x: tensor<?x?xf32>, %w: tensor<f32>, %g: tensor<?xf32>) -> tensor<?x?xf32> {
+  %d = moe.router_stats_grad %x weight_sum(%w : tensor<f32>) dmean_probs(%g : tensor<?xf32>) : tensor<?x?xf32> -> tensor<?x?xf32>
+  return %d : tensor<?x?xf32>
+}
+
+// -----
+
+// load_balancing_loss: one thread, Σ_e (counts_e / W) · P_e in expert order,
+// then · E.
+// CHECK-LABEL: gpu.module @moe_kernels
+// CHECK: gpu.func @load_balancing_loss_0(%[[C:.*]]: memref<8xf32>, %[[P:.*]]: memref<8xf32>, %[[W:.*]]: memref<f32>, %[[L:.*]]: memref<f32>)
+// CHECK-SAME: known_block_size = array<i32: 1, 1, 1>
+// CHECK: %[[WV:.*]] = memref.load %[[W]][]
+// CHECK: scf.for
+// CHECK: %[[F:.*]] = arith.divf %{{.*}}, %[[WV]]
+// CHECK: arith.mulf %[[F]]
+// CHECK: arith.addf
+// CHECK: arith.sitofp
+// CHECK: arith.mulf
+// CHECK: memref.store %{{.*}}, %[[L]][]
+func.func @lbl(%c: tensor<8xf32>, %p: tensor<8xf32>, %w: tensor<f32>) -> tensor<f32> {
+  %l = moe.load_balancing_loss %c, %p, %w : tensor<8xf32>, tensor<8xf32>, tensor<f32> -> tensor<f32>
+  return %l : tensor<f32>
+}

@@ -105,7 +105,8 @@ struct MoELowerToNVVMOptions
       llvm::cl::init(false)};
   PassOptions::Option<bool> balanceKernels{
       *this, "balance-kernels",
-      llvm::cl::desc("GPU kernels of the load-balancing ops router_z_loss "
+      llvm::cl::desc("GPU kernels of the load-balancing ops router_stats, "
+                     "router_stats_grad, load_balancing_loss, router_z_loss "
                      "and router_z_loss_grad (convert-moe-to-gpu "
                      "balance-kernels); off until a GPU run has checked "
                      "them"),

@@ -1,0 +1,286 @@
+//===- RouterStats.cpp - moe.router_stats(_grad), load_balancing_loss -----===//
+//
+// Part of the MoE-MLIR project.
+//
+// Behind the balance-kernels option (off until a GPU run has checked them).
+// The maths are those of the CPU kernels (MoE/Kernels/Balance.h, the softmax
+// of OnlineSoftmax.h, the selection order of TopK.h); only the layout is the
+// GPU's:
+//
+//  * router_stats, deterministic without atomics: a block of 4 warps owns the
+//    kBalanceRowsPerBlock rows of one row block (the CPU kernel's blocks).
+//    A warp per row takes the row's softmax state (warpRowSoftmax) and its
+//    k-th pick by k top-k rounds (the shared bestBelow step, a warp max of
+//    the packed candidates) and leaves the row's probability shift and k-th
+//    candidate in workgroup memory. Then a thread per expert walks the
+//    block's rows in row order: expert e of row t is selected iff its packed
+//    candidate ranks at or above the row's k-th pick (candidates are
+//    distinct: the index is part of them), and it adds w_t and w_t · p_te
+//    to the block's partial rows; thread 0 sums the block's weights. A
+//    second kernel (a thread per expert) sums the partial rows in block
+//    order, and divides the probability sums by W.
+//  * router_stats_grad: a warp per row (rows independent): the row's shift,
+//    c = Σ_j p_j g_j (warp sum), then (w/W) · p · (g - c) per expert.
+//  * load_balancing_loss: one thread, Σ_e (counts_e / W) · P_e in expert
+//    order, then · E (the linalg lowering's order).
+//
+//===----------------------------------------------------------------------===//
+
+#include "KernelUtils.h"
+#include "Lowerings.h"
+
+#include "MoE/Kernels/Balance.h"
+
+#include <limits>
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::gpu_lowering;
+using namespace mlir::moe::kernels;
+
+/// Threads of the row-block kernel of router_stats: 4 warps share the
+/// kBalanceRowsPerBlock rows of a block.
+static constexpr int64_t kStatsThreads = 128;
+
+/// The dynamic sizes of an [E] result from logits `x` [T, E].
+static SmallVector<Value> expertSizes(GpuKernelBuilder &k,
+                                      RankedTensorType type, Value x) {
+  if (type.hasStaticShape())
+    return {};
+  return {k.dim(x, 1)};
+}
+
+/// Token t's weight: mask[t] (widened to f32), or 1 without a mask.
+static Value tokenWeight(GpuKernelBuilder &k, Value mask, Value row) {
+  return mask ? k.loadF(mask, {row}) : k.cF32(1.0);
+}
+
+/// The packed top-k candidate of logit `v` of expert `e` (index).
+static Value candidateOf(GpuKernelBuilder &k, Value v, Value e) {
+  return packCandidate(k, orderedKey(k, v), k.castInt(e, k.i32()));
+}
+
+LogicalResult
+RouterStatsToGPU::lower(RouterStatsOp op, OpAdaptor adaptor,
+                        ConversionPatternRewriter &rewriter) const {
+  auto countsType = cast<RankedTensorType>(op.getCounts().getType());
+  auto probsType = cast<RankedTensorType>(op.getMeanProbs().getType());
+  auto weightType = cast<RankedTensorType>(op.getWeightSum().getType());
+  int64_t topk = op.getK();
+  HostCode h(rewriter, op);
+  ImplicitLocOpBuilder &b = h.b;
+  GpuKernelBuilder &k = h.k;
+  Value x = h.buffer(adaptor.getLogits());
+  Value mask = adaptor.getTokenMask() ? h.buffer(adaptor.getTokenMask())
+                                      : Value();
+  Value counts = h.allocLike(countsType, expertSizes(k, countsType, x));
+  Value probs = h.allocLike(probsType, expertSizes(k, probsType, x));
+  Value weightSum = h.allocLike(weightType, {});
+  Value blocks = k.ceilDiv(k.dim(x, 0), k.idx(kBalanceRowsPerBlock));
+  Value experts = k.dim(x, 1);
+  const int64_t dyn = ShapedType::kDynamic;
+  Value partCounts =
+      h.alloc(MemRefType::get({dyn, dyn}, k.f32()), {blocks, experts});
+  Value partProbs =
+      h.alloc(MemRefType::get({dyn, dyn}, k.f32()), {blocks, experts});
+  Value partWeights = h.alloc(MemRefType::get({dyn}, k.f32()), {blocks});
+
+  {
+    SmallVector<Value> args = {x};
+    if (mask)
+      args.push_back(mask);
+    args.append({partCounts, partProbs, partWeights});
+    GPUKernel kernel(
+        h, "router_stats_rows", args,
+        {workgroupMemRef({kBalanceRowsPerBlock}, b.getF32Type()),
+         workgroupMemRef({kBalanceRowsPerBlock}, b.getI64Type())},
+        {kStatsThreads, 1, 1}, op.getLoc());
+    GpuKernelBuilder &g = kernel.k;
+    unsigned next = 0;
+    Value xs = kernel.arg(next++);
+    Value ms = mask ? kernel.arg(next++) : Value();
+    Value outCounts = kernel.arg(next++), outProbs = kernel.arg(next++),
+          outWeights = kernel.arg(next++);
+    Value shifts = kernel.workgroup(0), kth = kernel.workgroup(1);
+    Value tid = g.threadId();
+    Value warp = g.divu(tid, g.idx(kWarp));
+    Value lane = g.remu(tid, g.idx(kWarp));
+    Value rows = g.dim(xs, 0), numExperts = g.dim(xs, 1);
+    Value block = g.blockId();
+    Value first = g.mul(block, g.idx(kBalanceRowsPerBlock));
+    Value n = g.minu(g.sub(rows, first), g.idx(kBalanceRowsPerBlock));
+    Value none = noCandidate(g, g.i64());
+
+    // A warp per row (uniform per warp: shuffles).
+    g.forLoop(warp, n, g.idx(kStatsThreads / kWarp), [&](Value r) {
+      Value row = g.add(first, r);
+      Value shift = balanceProbShift(g, warpRowSoftmax(g, xs, row, lane));
+      Value pick =
+          g.forLoop(
+              g.idx(0), g.idx(topk), g.idx(1),
+              {g.cI64(std::numeric_limits<int64_t>::max())},
+              [&](Value, ValueRange prev) -> SmallVector<Value> {
+                Value local =
+                    g.forLoop(lane, numExperts, g.idx(kWarp), {none},
+                              [&](Value e, ValueRange acc)
+                                  -> SmallVector<Value> {
+                                Value v = g.loadF(xs, {row, e});
+                                return {bestBelow(g, acc[0],
+                                                  candidateOf(g, v, e),
+                                                  prev[0], none)};
+                              })[0];
+                return {subgroupReduce(g, local, ReduceKind::MaxI64, kWarp)};
+              })[0];
+      g.ifThen(g.eq(lane, g.idx(0)), [&] {
+        g.store(shift, shifts, {r});
+        g.store(pick, kth, {r});
+      });
+    });
+    g.barrier();
+
+    // A thread per expert, the block's rows in row order.
+    g.forLoop(tid, numExperts, g.idx(kStatsThreads), [&](Value e) {
+      SmallVector<Value> sums = g.forLoop(
+          g.idx(0), n, g.idx(1), {g.cF32(0.0), g.cF32(0.0)},
+          [&](Value r, ValueRange acc) -> SmallVector<Value> {
+            Value row = g.add(first, r);
+            Value w = tokenWeight(g, ms, row);
+            Value v = g.loadF(xs, {row, e});
+            Value selected = g.cmpi(arith::CmpIPredicate::sge,
+                                    candidateOf(g, v, e), g.load(kth, {r}));
+            Value count = g.select(selected, g.fadd(acc[0], w), acc[0]);
+            Value p = softmaxFromLogSumExp(g, v, g.load(shifts, {r}));
+            return {count, g.fadd(acc[1], g.fmul(w, p))};
+          });
+      g.store(sums[0], outCounts, {block, e});
+      g.store(sums[1], outProbs, {block, e});
+    });
+    g.ifThen(g.eq(tid, g.idx(0)), [&] {
+      Value total =
+          g.forLoop(g.idx(0), n, g.idx(1), {g.cF32(0.0)},
+                    [&](Value r, ValueRange acc) -> SmallVector<Value> {
+                      return {g.fadd(acc[0],
+                                     tokenWeight(g, ms, g.add(first, r)))};
+                    })[0];
+      g.store(total, outWeights, {block});
+    });
+    kernel.launch({blocks, k.idx(1), k.idx(1)});
+  }
+  {
+    // A thread per expert: the partial rows in block order.
+    GPUKernel kernel(h, "router_stats_sum",
+                     {partCounts, partProbs, partWeights, counts, probs,
+                      weightSum},
+                     {}, {options.blockSize, 1, 1}, op.getLoc());
+    GpuKernelBuilder &g = kernel.k;
+    Value pc = kernel.arg(0), pp = kernel.arg(1), pw = kernel.arg(2);
+    Value numBlocks = g.dim(pc, 0);
+    kernel.forItem(g.dim(pc, 1), [&](Value e) {
+      SmallVector<Value> sums = g.forLoop(
+          g.idx(0), numBlocks, g.idx(1),
+          {g.cF32(0.0), g.cF32(0.0), g.cF32(0.0)},
+          [&](Value blk, ValueRange acc) -> SmallVector<Value> {
+            return {g.fadd(acc[0], g.load(pc, {blk, e})),
+                    g.fadd(acc[1], g.load(pp, {blk, e})),
+                    g.fadd(acc[2], g.load(pw, {blk}))};
+          });
+      g.store(sums[0], kernel.arg(3), {e});
+      // W = 0: NaN (0 / 0), as transformers.
+      g.store(g.fdiv(sums[1], sums[2]), kernel.arg(4), {e});
+      g.ifThen(g.eq(e, g.idx(0)),
+               [&] { g.store(sums[2], kernel.arg(5), {}); });
+    });
+    kernel.launchOver(experts);
+  }
+  h.release(partCounts);
+  h.release(partProbs);
+  h.release(partWeights);
+  h.finish();
+  h.replace(op, {counts, probs, weightSum});
+  return success();
+}
+
+LogicalResult
+RouterStatsGradToGPU::lower(RouterStatsGradOp op, OpAdaptor adaptor,
+                            ConversionPatternRewriter &rewriter) const {
+  auto gradType = cast<RankedTensorType>(op.getDlogits().getType());
+  HostCode h(rewriter, op);
+  GpuKernelBuilder &k = h.k;
+  Value x = h.buffer(adaptor.getLogits());
+  Value mask = adaptor.getTokenMask() ? h.buffer(adaptor.getTokenMask())
+                                      : Value();
+  Value weightSum = h.buffer(adaptor.getWeightSum());
+  Value dprobs = h.buffer(adaptor.getDmeanProbs());
+  Value grad = h.allocLike(gradType, dynamicSizesFrom(k, gradType, x));
+  int64_t block = options.blockSize;
+  int64_t rowsPerBlock = block / kWarp;
+
+  SmallVector<Value> args = {x};
+  if (mask)
+    args.push_back(mask);
+  args.append({weightSum, dprobs, grad});
+  GPUKernel kernel(h, "router_stats_grad", args, {}, {block, 1, 1},
+                   op.getLoc());
+  GpuKernelBuilder &g = kernel.k;
+  unsigned next = 0;
+  Value xs = kernel.arg(next++);
+  Value ms = mask ? kernel.arg(next++) : Value();
+  Value ws = kernel.arg(next++), gs = kernel.arg(next++),
+        out = kernel.arg(next++);
+  Value tid = g.threadId();
+  Value lane = g.remu(tid, g.idx(kWarp));
+  Value row = g.add(g.mul(g.blockId(), g.idx(rowsPerBlock)),
+                    g.divu(tid, g.idx(kWarp)));
+  Value rows = g.dim(xs, 0), numExperts = g.dim(xs, 1);
+  g.ifThen(g.lt(row, rows), [&] {
+    Value shift = balanceProbShift(g, warpRowSoftmax(g, xs, row, lane));
+    Value partial =
+        g.forLoop(lane, numExperts, g.idx(kWarp), {g.cF32(0.0)},
+                  [&](Value e, ValueRange acc) -> SmallVector<Value> {
+                    Value p =
+                        softmaxFromLogSumExp(g, g.loadF(xs, {row, e}), shift);
+                    return {g.fadd(acc[0], g.fmul(p, g.load(gs, {e})))};
+                  })[0];
+    Value c = subgroupReduce(g, partial, ReduceKind::Sum, kWarp);
+    Value scale = g.fdiv(tokenWeight(g, ms, row), g.load(ws, {}));
+    g.forLoop(lane, numExperts, g.idx(kWarp), [&](Value e) {
+      Value p = softmaxFromLogSumExp(g, g.loadF(xs, {row, e}), shift);
+      g.store(routerStatsGradEntry(g, p, g.load(gs, {e}), c, scale), out,
+              {row, e});
+    });
+  });
+  kernel.launch(
+      {k.ceilDiv(k.dim(x, 0), k.idx(rowsPerBlock)), k.idx(1), k.idx(1)});
+  h.finish();
+  h.replace(op, {grad});
+  return success();
+}
+
+LogicalResult
+LoadBalancingLossToGPU::lower(LoadBalancingLossOp op, OpAdaptor adaptor,
+                              ConversionPatternRewriter &rewriter) const {
+  auto lossType = cast<RankedTensorType>(op.getLoss().getType());
+  HostCode h(rewriter, op);
+  Value counts = h.buffer(adaptor.getCounts());
+  Value probs = h.buffer(adaptor.getMeanProbs());
+  Value weightSum = h.buffer(adaptor.getWeightSum());
+  Value loss = h.allocLike(lossType, {});
+  GPUKernel kernel(h, "load_balancing_loss",
+                   {counts, probs, weightSum, loss}, {}, {1, 1, 1},
+                   op.getLoc());
+  GpuKernelBuilder &g = kernel.k;
+  Value cs = kernel.arg(0), ps = kernel.arg(1);
+  Value w = g.load(kernel.arg(2), {});
+  Value numExperts = g.dim(cs, 0);
+  Value sum = g.forLoop(g.idx(0), numExperts, g.idx(1), {g.cF32(0.0)},
+                        [&](Value e, ValueRange acc) -> SmallVector<Value> {
+                          return {g.fadd(acc[0],
+                                         g.fmul(g.fdiv(g.load(cs, {e}), w),
+                                                g.load(ps, {e})))};
+                        })[0];
+  g.store(g.fmul(sum, g.sitofp(numExperts)), kernel.arg(3), {});
+  kernel.launch({h.k.idx(1), h.k.idx(1), h.k.idx(1)});
+  h.finish();
+  h.replace(op, {loss});
+  return success();
+}
