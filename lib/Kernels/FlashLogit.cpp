@@ -20,20 +20,20 @@ FlashLogitSpec mlir::moe::kernels::attentionPosteriorLogit(double sigma) {
           /*hasBias=*/true, /*hasAddScores=*/true};
 }
 
-Value mlir::moe::kernels::flashScaledLogit(KernelBuilder &k,
+Value mlir::moe::kernels::flashScaledLogit(KernelBuilder &kb,
                                            const FlashLogitSpec &spec,
                                            Value dot,
                                            function_ref<Value()> bias,
                                            function_ref<Value()> addScore) {
-  Value x = k.fdiv(dot, k.constLike(dot.getType(), spec.scaleDiv));
+  Value x = kb.fdiv(dot, kb.constLike(dot.getType(), spec.scaleDiv));
   if (spec.hasBias)
-    x = k.fadd(x, bias());
+    x = kb.fadd(x, bias());
   if (spec.hasAddScores)
-    x = k.fadd(x, addScore());
+    x = kb.fadd(x, addScore());
   return x;
 }
 
-Value mlir::moe::kernels::flashKeyKept(KernelBuilder &k,
+Value mlir::moe::kernels::flashKeyKept(KernelBuilder &kb,
                                        const FlashLogitSpec &spec,
                                        Value inRange,
                                        function_ref<Value()> keyValid,
@@ -41,7 +41,7 @@ Value mlir::moe::kernels::flashKeyKept(KernelBuilder &k,
   Value keep = inRange;
   auto join = [&](function_ref<Value()> term) {
     if (Value t = term())
-      keep = keep ? k.andI(keep, t) : t;
+      keep = keep ? kb.andI(keep, t) : t;
   };
   if (keyValid)
     join(keyValid);
@@ -50,14 +50,14 @@ Value mlir::moe::kernels::flashKeyKept(KernelBuilder &k,
   return keep;
 }
 
-Value mlir::moe::kernels::flashLogit(KernelBuilder &k,
+Value mlir::moe::kernels::flashLogit(KernelBuilder &kb,
                                      const FlashLogitSpec &spec, Value dot,
                                      function_ref<Value()> bias,
                                      function_ref<Value()> addScore,
                                      function_ref<Value()> kept) {
-  Value x = flashScaledLogit(k, spec, dot, bias, addScore);
+  Value x = flashScaledLogit(kb, spec, dot, bias, addScore);
   Value keep = kept ? kept() : Value();
   if (!keep)
     return x;
-  return k.select(keep, x, k.negInfLike(x.getType()));
+  return kb.select(keep, x, kb.negInfLike(x.getType()));
 }

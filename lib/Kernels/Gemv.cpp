@@ -12,16 +12,16 @@ using namespace mlir::moe::kernels;
 /// Accumulators of a holder (Gemv.h).
 static constexpr int64_t kAccumulators = 4;
 
-SmallVector<Value> mlir::moe::kernels::gemvRowsDot(KernelBuilder &k,
+SmallVector<Value> mlir::moe::kernels::gemvRowsDot(KernelBuilder &kb,
                                                    const GemvLayout &layout,
                                                    Value m,
                                                    ArrayRef<Value> rows,
                                                    Value x, Value cols) {
-  Value c0 = k.idx(0), c1 = k.idx(1), span = k.idx(layout.span);
+  Value c0 = kb.idx(0), c1 = kb.idx(1), span = kb.idx(layout.span);
   int64_t n = rows.size();
-  Value full = k.divu(cols, span);
-  Value tail = k.sub(cols, k.mul(full, span));
-  Value zeros = k.constLike(layout.share, 0.0);
+  Value full = kb.divu(cols, span);
+  Value tail = kb.sub(cols, kb.mul(full, span));
+  Value zeros = kb.constLike(layout.share, 0.0);
   // Each row's share of m[row, chunk] · x[chunk] added to its accumulator in
   // `acc` (row-major: row q's are acc[q*U, (q+1)*U)); x's chunk is loaded
   // once for all rows.
@@ -32,80 +32,80 @@ SmallVector<Value> mlir::moe::kernels::gemvRowsDot(KernelBuilder &k,
       mv.push_back(layout.load(m, {row, col}, count));
     Value xv = layout.load(x, {col}, count);
     for (int64_t q = 0; q < n; ++q)
-      next[q * stride + u] = k.fma(mv[q], xv, acc[q * stride + u]);
+      next[q * stride + u] = kb.fma(mv[q], xv, acc[q * stride + u]);
   };
   constexpr int64_t U = kAccumulators;
-  Value fullU = k.mul(k.divu(full, k.idx(U)), k.idx(U));
+  Value fullU = kb.mul(kb.divu(full, kb.idx(U)), kb.idx(U));
   SmallVector<Value> init(n * U, zeros);
-  SmallVector<Value> acc = k.forLoop(
-      c0, fullU, k.idx(U), init,
+  SmallVector<Value> acc = kb.forLoop(
+      c0, fullU, kb.idx(U), init,
       [&](Value c, ValueRange a) -> SmallVector<Value> {
         SmallVector<Value> next(a.begin(), a.end()), prev(next);
         for (int64_t u = 0; u < U; ++u)
-          chunk(k.mul(k.add(c, k.idx(u)), span), Value(), prev, u, U, next);
+          chunk(kb.mul(kb.add(c, kb.idx(u)), span), Value(), prev, u, U, next);
         return next;
       });
   // The remaining whole chunks and the tail into accumulator 0 of each row.
   SmallVector<Value> first;
   for (int64_t q = 0; q < n; ++q)
     first.push_back(acc[q * U]);
-  first = k.forLoop(fullU, full, c1, first,
+  first = kb.forLoop(fullU, full, c1, first,
                     [&](Value c, ValueRange a) -> SmallVector<Value> {
                       SmallVector<Value> next(a.begin(), a.end()), prev(next);
-                      chunk(k.mul(c, span), Value(), prev, 0, 1, next);
+                      chunk(kb.mul(c, span), Value(), prev, 0, 1, next);
                       return next;
                     });
   // The tail chunk always runs (an empty one adds 0 · 0): no branch.
   SmallVector<Value> last(first);
-  chunk(k.mul(full, span), tail, first, 0, 1, last);
+  chunk(kb.mul(full, span), tail, first, 0, 1, last);
   SmallVector<Value> dots;
   for (int64_t q = 0; q < n; ++q) {
-    Value share = k.fadd(k.fadd(last[q], acc[q * U + 1]),
-                         k.fadd(acc[q * U + 2], acc[q * U + 3]));
+    Value share = kb.fadd(kb.fadd(last[q], acc[q * U + 1]),
+                         kb.fadd(acc[q * U + 2], acc[q * U + 3]));
     dots.push_back(layout.reduce(share));
   }
   return dots;
 }
 
-Value mlir::moe::kernels::gemvRowDot(KernelBuilder &k, const GemvLayout &layout,
+Value mlir::moe::kernels::gemvRowDot(KernelBuilder &kb, const GemvLayout &layout,
                                      Value m, Value row, Value x, Value cols) {
-  return gemvRowsDot(k, layout, m, row, x, cols)[0];
+  return gemvRowsDot(kb, layout, m, row, x, cols)[0];
 }
 
-Value mlir::moe::kernels::gemvEpilogue(KernelBuilder &k, Value dot, Value bias,
+Value mlir::moe::kernels::gemvEpilogue(KernelBuilder &kb, Value dot, Value bias,
                                        bool relu) {
-  Value v = k.fadd(dot, bias);
-  return relu ? k.fmax(v, k.cF32(0.0)) : v;
+  Value v = kb.fadd(dot, bias);
+  return relu ? kb.fmax(v, kb.cF32(0.0)) : v;
 }
 
-SmallVector<Value> mlir::moe::kernels::gemvRows(KernelBuilder &k,
+SmallVector<Value> mlir::moe::kernels::gemvRows(KernelBuilder &kb,
                                                 const GemvLayout &layout,
                                                 Value m, ArrayRef<Value> rows,
                                                 Value x, Value cols,
                                                 Value biasVec, bool relu) {
-  SmallVector<Value> out = gemvRowsDot(k, layout, m, rows, x, cols);
+  SmallVector<Value> out = gemvRowsDot(kb, layout, m, rows, x, cols);
   for (auto [v, row] : llvm::zip(out, rows))
-    v = gemvEpilogue(k, v, k.loadF(biasVec, {row}), relu);
+    v = gemvEpilogue(kb, v, kb.loadF(biasVec, {row}), relu);
   return out;
 }
 
-HyperSlot mlir::moe::kernels::hyperSlot(KernelBuilder &k, Value row,
+HyperSlot mlir::moe::kernels::hyperSlot(KernelBuilder &kb, Value row,
                                         Value depth) {
-  Value width = k.add(depth, k.idx(1));
-  Value expert = k.divu(row, width);
-  Value column = k.remu(row, width);
-  return {expert, column, k.eq(column, depth)};
+  Value width = kb.add(depth, kb.idx(1));
+  Value expert = kb.divu(row, width);
+  Value column = kb.remu(row, width);
+  return {expert, column, kb.eq(column, depth)};
 }
 
-LayerGradStep mlir::moe::kernels::layerGradStep(KernelBuilder &k, Value g,
+LayerGradStep mlir::moe::kernels::layerGradStep(KernelBuilder &kb, Value g,
                                                 Value w, Value x,
                                                 Value partial) {
-  Value dm = x ? k.fmul(g, x) : Value();
-  return {dm, k.fma(g, w, partial)};
+  Value dm = x ? kb.fmul(g, x) : Value();
+  return {dm, kb.fma(g, w, partial)};
 }
 
-Value mlir::moe::kernels::reluGrad(KernelBuilder &k, Value h, Value dh) {
+Value mlir::moe::kernels::reluGrad(KernelBuilder &kb, Value h, Value dh) {
   Value open =
-      k.cmpf(arith::CmpFPredicate::UGT, h, k.constLike(h.getType(), 0.0));
-  return k.select(open, dh, k.constLike(dh.getType(), 0.0));
+      kb.cmpf(arith::CmpFPredicate::UGT, h, kb.constLike(h.getType(), 0.0));
+  return kb.select(open, dh, kb.constLike(dh.getType(), 0.0));
 }

@@ -9,12 +9,12 @@
 using namespace mlir;
 using namespace mlir::moe::kernels;
 
-SoftmaxState mlir::moe::kernels::softmaxStart(KernelBuilder &k) {
-  return {k.negInfLike(k.f32()), k.cF32(0.0)};
+SoftmaxState mlir::moe::kernels::softmaxStart(KernelBuilder &kb) {
+  return {kb.negInfLike(kb.f32()), kb.cF32(0.0)};
 }
 
 SoftmaxTile
-mlir::moe::kernels::onlineSoftmaxStep(KernelBuilder &k, SoftmaxState state,
+mlir::moe::kernels::onlineSoftmaxStep(KernelBuilder &kb, SoftmaxState state,
                                       ArrayRef<Value> logits,
                                       function_ref<Value(Value)> reduceMax,
                                       function_ref<Value(Value)> reduceSum) {
@@ -22,49 +22,49 @@ mlir::moe::kernels::onlineSoftmaxStep(KernelBuilder &k, SoftmaxState state,
   Type type = logits.front().getType();
   Value tileMax = logits.front();
   for (Value x : logits.drop_front())
-    tileMax = k.fmax(tileMax, x);
-  Value max = k.fmax(state.max, reduceMax(tileMax));
+    tileMax = kb.fmax(tileMax, x);
+  Value max = kb.fmax(state.max, reduceMax(tileMax));
   // No key yet (max = -inf): subtract 0 instead, so that exp(-inf - 0) = 0
   // gives alpha = 0 and p = 0 rather than exp(-inf + inf) = NaN.
-  Value none = k.cmpf(arith::CmpFPredicate::OEQ, max, k.negInfLike(k.f32()));
-  Value shift = k.select(none, k.cF32(0.0), max);
+  Value none = kb.cmpf(arith::CmpFPredicate::OEQ, max, kb.negInfLike(kb.f32()));
+  Value shift = kb.select(none, kb.cF32(0.0), max);
   SoftmaxTile tile;
-  tile.rescale = k.softmaxWeight(k.fsub(state.max, shift));
-  Value shiftV = k.broadcastLike(shift, type);
-  Value partial = k.constLike(type, 0.0);
+  tile.rescale = kb.softmaxWeight(kb.fsub(state.max, shift));
+  Value shiftV = kb.broadcastLike(shift, type);
+  Value partial = kb.constLike(type, 0.0);
   for (Value x : logits) {
-    Value p = k.softmaxWeight(k.fsub(x, shiftV));
+    Value p = kb.softmaxWeight(kb.fsub(x, shiftV));
     tile.probs.push_back(p);
-    partial = k.fadd(partial, p);
+    partial = kb.fadd(partial, p);
   }
   tile.next = {max,
-               k.fadd(k.fmul(state.sum, tile.rescale), reduceSum(partial))};
+               kb.fadd(kb.fmul(state.sum, tile.rescale), reduceSum(partial))};
   return tile;
 }
 
-Value mlir::moe::kernels::softmaxNormalize(KernelBuilder &k, SoftmaxState state,
+Value mlir::moe::kernels::softmaxNormalize(KernelBuilder &kb, SoftmaxState state,
                                            Value acc) {
   Type type = acc.getType();
-  Value none = k.cmpf(arith::CmpFPredicate::OEQ, state.sum, k.cF32(0.0));
-  return k.select(k.broadcastLike(none, type), k.constLike(type, 0.0),
-                  k.fdiv(acc, k.broadcastLike(state.sum, type)));
+  Value none = kb.cmpf(arith::CmpFPredicate::OEQ, state.sum, kb.cF32(0.0));
+  return kb.select(kb.broadcastLike(none, type), kb.constLike(type, 0.0),
+                  kb.fdiv(acc, kb.broadcastLike(state.sum, type)));
 }
 
-Value mlir::moe::kernels::softmaxLogSumExp(KernelBuilder &k,
+Value mlir::moe::kernels::softmaxLogSumExp(KernelBuilder &kb,
                                            SoftmaxState state) {
-  return k.fadd(state.max, k.log(state.sum));
+  return kb.fadd(state.max, kb.log(state.sum));
 }
 
-Value mlir::moe::kernels::softmaxFromLogSumExp(KernelBuilder &k, Value x,
+Value mlir::moe::kernels::softmaxFromLogSumExp(KernelBuilder &kb, Value x,
                                                Value lse) {
-  return k.softmaxWeight(k.fsub(x, k.broadcastLike(lse, x.getType())));
+  return kb.softmaxWeight(kb.fsub(x, kb.broadcastLike(lse, x.getType())));
 }
 
 SoftmaxGrad
-mlir::moe::kernels::softmaxGradFromLogSumExp(KernelBuilder &k, Value x,
+mlir::moe::kernels::softmaxGradFromLogSumExp(KernelBuilder &kb, Value x,
                                              Value lse, Value g,
                                              function_ref<Value()> delta) {
-  Value p = softmaxFromLogSumExp(k, x, lse);
+  Value p = softmaxFromLogSumExp(kb, x, lse);
   Value d = delta();
-  return {p, k.fmul(p, k.fsub(g, d))};
+  return {p, kb.fmul(p, kb.fsub(g, d))};
 }

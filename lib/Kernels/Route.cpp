@@ -9,29 +9,29 @@
 using namespace mlir;
 using namespace mlir::moe::kernels;
 
-Value mlir::moe::kernels::sigmoid(KernelBuilder &k, Value x) {
+Value mlir::moe::kernels::sigmoid(KernelBuilder &kb, Value x) {
   Type t = x.getType();
-  Value one = k.constLike(t, 1.0);
-  return k.fdiv(one, k.fadd(one, k.exp(k.fsub(k.constLike(t, 0.0), x))));
+  Value one = kb.constLike(t, 1.0);
+  return kb.fdiv(one, kb.fadd(one, kb.exp(kb.fsub(kb.constLike(t, 0.0), x))));
 }
 
-Value mlir::moe::kernels::softmaxScore(KernelBuilder &k, Value e, Value rowMax,
+Value mlir::moe::kernels::softmaxScore(KernelBuilder &kb, Value e, Value rowMax,
                                        Value rowSum) {
-  Value masked = k.cmpf(arith::CmpFPredicate::OEQ, rowMax,
-                        k.negInfLike(rowMax.getType()));
-  return k.select(masked, k.constLike(e.getType(), 0.0), k.fdiv(e, rowSum));
+  Value masked = kb.cmpf(arith::CmpFPredicate::OEQ, rowMax,
+                        kb.negInfLike(rowMax.getType()));
+  return kb.select(masked, kb.constLike(e.getType(), 0.0), kb.fdiv(e, rowSum));
 }
 
-Value mlir::moe::kernels::routeScore(KernelBuilder &k, const RouteSpec &spec,
+Value mlir::moe::kernels::routeScore(KernelBuilder &kb, const RouteSpec &spec,
                                      Value x, Value rowMax, Value rowSum) {
   if (spec.fromLogits())
     return x;
   if (spec.scoring == RouteSpec::Scoring::Sigmoid)
-    return sigmoid(k, x);
-  return softmaxScore(k, k.exp(k.fsub(x, rowMax)), rowMax, rowSum);
+    return sigmoid(kb, x);
+  return softmaxScore(kb, kb.exp(kb.fsub(x, rowMax)), rowMax, rowSum);
 }
 
-Value mlir::moe::kernels::routeSelectedScore(KernelBuilder &k,
+Value mlir::moe::kernels::routeSelectedScore(KernelBuilder &kb,
                                              const RouteSpec &spec, Value v,
                                              Value selMax, Value selSum) {
   if (spec.scoreFirst)
@@ -40,24 +40,24 @@ Value mlir::moe::kernels::routeSelectedScore(KernelBuilder &k,
   case RouteSpec::Scoring::Softmax:
     // With a bias the first pick need not hold the largest logit: selMax is
     // the selection's own max.
-    return softmaxScore(k, k.exp(k.fsub(v, selMax)), selMax, selSum);
+    return softmaxScore(kb, kb.exp(kb.fsub(v, selMax)), selMax, selSum);
   case RouteSpec::Scoring::Sigmoid:
-    return sigmoid(k, v);
+    return sigmoid(kb, v);
   case RouteSpec::Scoring::None:
     return v;
   }
   llvm_unreachable("route scoring");
 }
 
-Value mlir::moe::kernels::routeWeight(KernelBuilder &k, const RouteSpec &spec,
+Value mlir::moe::kernels::routeWeight(KernelBuilder &kb, const RouteSpec &spec,
                                       Value w, Value wSum) {
   Type t = w.getType();
   if (spec.renormalize) {
-    Value zero = k.constLike(t, 0.0);
-    Value isZero = k.cmpf(arith::CmpFPredicate::OEQ, wSum, zero);
-    w = k.select(isZero, zero, k.fdiv(w, wSum));
+    Value zero = kb.constLike(t, 0.0);
+    Value isZero = kb.cmpf(arith::CmpFPredicate::OEQ, wSum, zero);
+    w = kb.select(isZero, zero, kb.fdiv(w, wSum));
   }
   if (spec.scale != 1.0)
-    w = k.fmul(w, k.constLike(t, spec.scale));
+    w = kb.fmul(w, kb.constLike(t, spec.scale));
   return w;
 }

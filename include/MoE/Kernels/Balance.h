@@ -35,24 +35,24 @@ constexpr int64_t kBalanceRowsPerBlock = 64;
 /// the log-sum-exp, or +inf for a row without a finite logit (every logit
 /// -inf: l = 0), whose probabilities are then 0, never NaN (moe.topk_renorm's
 /// rule). NaN rows keep a NaN shift (p = NaN).
-Value balanceProbShift(KernelBuilder &k, SoftmaxState row);
+Value balanceProbShift(KernelBuilder &kb, SoftmaxState row);
 
 /// router_stats_grad at one entry: scale · p · (g - c), with scale = w_t / W
 /// and c = Σ_j p_j g_j of the row (scalars broadcast to p's shape).
-Value routerStatsGradEntry(KernelBuilder &k, Value p, Value g, Value c,
+Value routerStatsGradEntry(KernelBuilder &kb, Value p, Value g, Value c,
                            Value scale);
 
 /// router_z_loss_grad at one entry: scale · lse · p, with scale = 2 dloss / T
 /// (p = exp(x - lse): NaN for a row of -inf, as PyTorch's autograd).
-Value zLossGradEntry(KernelBuilder &k, Value p, Value lse, Value scale);
+Value zLossGradEntry(KernelBuilder &kb, Value p, Value lse, Value scale);
 
 /// The per-sequence expert fraction of sequence_balance_loss from its slot
 /// count: f = count · E / (k · S) (`factor` = E / (k · S)).
-Value sequenceFraction(KernelBuilder &k, Value count, Value factor);
+Value sequenceFraction(KernelBuilder &kb, Value count, Value factor);
 
 /// sequence_balance_loss_grad at one entry: scale · (f - c) / z, with
 /// scale = dloss / (B · S), z = Σ_e s_e and c = Σ_e s_e f_e / z of the row.
-Value sequenceBalanceGradEntry(KernelBuilder &k, Value f, Value c, Value z,
+Value sequenceBalanceGradEntry(KernelBuilder &kb, Value f, Value c, Value z,
                                Value scale);
 
 } // namespace mlir::moe::kernels

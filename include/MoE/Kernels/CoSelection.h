@@ -28,7 +28,7 @@ namespace mlir::moe::kernels {
 
 /// One entry of a_next from the entry `a` (f32), its count `count` (f32) and,
 /// for norm = row/col, its line's total `total` (f32; null for norm = none).
-Value coSelectionNext(KernelBuilder &k, Value a, Value count, Value total,
+Value coSelectionNext(KernelBuilder &kb, Value a, Value count, Value total,
                       float beta);
 
 } // namespace mlir::moe::kernels

@@ -48,7 +48,7 @@ FlashLogitSpec attentionPosteriorLogit(double sigma);
 
 /// dot / scaleDiv, then + bias() when spec.hasBias, then + addScore() when
 /// spec.hasAddScores (each read when its term is added). Scalar or vector.
-Value flashScaledLogit(KernelBuilder &k, const FlashLogitSpec &spec, Value dot,
+Value flashScaledLogit(KernelBuilder &kb, const FlashLogitSpec &spec, Value dot,
                        function_ref<Value()> bias = nullptr,
                        function_ref<Value()> addScore = nullptr);
 
@@ -56,13 +56,13 @@ Value flashScaledLogit(KernelBuilder &k, const FlashLogitSpec &spec, Value dot,
 /// and keyValid() (when given; a null result is no term) and, with
 /// spec.causal, notAfter() (j <= i), each built when its term is joined, in
 /// this order. Null when nothing excludes a key.
-Value flashKeyKept(KernelBuilder &k, const FlashLogitSpec &spec, Value inRange,
+Value flashKeyKept(KernelBuilder &kb, const FlashLogitSpec &spec, Value inRange,
                    function_ref<Value()> keyValid,
                    function_ref<Value()> notAfter);
 
 /// The logit of the forward kernels: flashScaledLogit, then -inf where
 /// kept() (built after it; null: every key counts) is false.
-Value flashLogit(KernelBuilder &k, const FlashLogitSpec &spec, Value dot,
+Value flashLogit(KernelBuilder &kb, const FlashLogitSpec &spec, Value dot,
                  function_ref<Value()> bias, function_ref<Value()> addScore,
                  function_ref<Value()> kept);
 

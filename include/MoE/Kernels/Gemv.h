@@ -64,23 +64,23 @@ struct GemvLayout {
 
 /// Σ_c m[r, c] · x[c] for the row `row` of m ([R, C], any float) and x ([C],
 /// any float) with the order above; `cols` is C.
-Value gemvRowDot(KernelBuilder &k, const GemvLayout &layout, Value m, Value row,
+Value gemvRowDot(KernelBuilder &kb, const GemvLayout &layout, Value m, Value row,
                  Value x, Value cols);
 /// The dots of several rows in one pass over the chunks: each row with its own
 /// accumulators and the order above (its bits are gemvRowDot's), each chunk
 /// of x loaded once for all of them. A target whose loop over one row leaves
 /// memory bandwidth unused (AVX2: HyperRouter.cpp) reads two rows a step.
-SmallVector<Value> gemvRowsDot(KernelBuilder &k, const GemvLayout &layout,
+SmallVector<Value> gemvRowsDot(KernelBuilder &kb, const GemvLayout &layout,
                                Value m, ArrayRef<Value> rows, Value x,
                                Value cols);
 
 /// The affine layer's output from a row's dot: dot + bias, then
 /// max(., 0) when `relu` (NaN-propagating, as torch.relu).
-Value gemvEpilogue(KernelBuilder &k, Value dot, Value bias, bool relu);
+Value gemvEpilogue(KernelBuilder &kb, Value dot, Value bias, bool relu);
 
 /// Rows of y = relu?(m · x + bias): gemvRowsDot then gemvEpilogue with
 /// bias[row] (any float), one value per row of `rows`.
-SmallVector<Value> gemvRows(KernelBuilder &k, const GemvLayout &layout, Value m,
+SmallVector<Value> gemvRows(KernelBuilder &kb, const GemvLayout &layout, Value m,
                             ArrayRef<Value> rows, Value x, Value cols,
                             Value biasVec, bool relu);
 
@@ -89,7 +89,7 @@ SmallVector<Value> gemvRows(KernelBuilder &k, const GemvLayout &layout, Value m,
 struct HyperSlot {
   Value expert, column, isBias;
 };
-HyperSlot hyperSlot(KernelBuilder &k, Value row, Value depth);
+HyperSlot hyperSlot(KernelBuilder &kb, Value row, Value depth);
 
 /// One entry w = m[r, c] of the backward of a layer: the gradient of the
 /// entry, g · x (`g` = dy[r]; null when `x` is null: the caller writes no
@@ -98,12 +98,12 @@ HyperSlot hyperSlot(KernelBuilder &k, Value row, Value depth);
 struct LayerGradStep {
   Value dm, partial;
 };
-LayerGradStep layerGradStep(KernelBuilder &k, Value g, Value w, Value x,
+LayerGradStep layerGradStep(KernelBuilder &kb, Value g, Value w, Value x,
                             Value partial);
 
 /// Through the ReLU: dh where h > 0 or h is NaN (PyTorch's
 /// threshold_backward passes a NaN), else 0 (0 at h = 0, as PyTorch).
-Value reluGrad(KernelBuilder &k, Value h, Value dh);
+Value reluGrad(KernelBuilder &kb, Value h, Value dh);
 
 } // namespace mlir::moe::kernels
 

@@ -43,7 +43,7 @@ struct SoftmaxState {
 };
 
 /// The state before any key: {-inf, 0}.
-SoftmaxState softmaxStart(KernelBuilder &k);
+SoftmaxState softmaxStart(KernelBuilder &kb);
 
 /// One tile's update.
 struct SoftmaxTile {
@@ -57,7 +57,7 @@ struct SoftmaxTile {
 /// The update of `state` by a tile of logits (scalars or vectors of one type,
 /// -inf for excluded keys). `reduceMax`/`reduceSum` turn this holder's partial
 /// (shaped like the logits) into the row's f32.
-SoftmaxTile onlineSoftmaxStep(KernelBuilder &k, SoftmaxState state,
+SoftmaxTile onlineSoftmaxStep(KernelBuilder &kb, SoftmaxState state,
                               ArrayRef<Value> logits,
                               function_ref<Value(Value)> reduceMax,
                               function_ref<Value(Value)> reduceSum);
@@ -66,15 +66,15 @@ SoftmaxTile onlineSoftmaxStep(KernelBuilder &k, SoftmaxState state,
 /// zeros for a row that saw no key. (That row is told by l = 0, not by
 /// m = -inf: the same rows, since a row that saw a key has l >= exp(0) = 1 or
 /// NaN, but the test on m gave a wrong p in the first GPU run on an H200.)
-Value softmaxNormalize(KernelBuilder &k, SoftmaxState state, Value acc);
+Value softmaxNormalize(KernelBuilder &kb, SoftmaxState state, Value acc);
 
 /// The row's log-sum-exp m + log(l) (-inf for a row that saw no key).
-Value softmaxLogSumExp(KernelBuilder &k, SoftmaxState state);
+Value softmaxLogSumExp(KernelBuilder &kb, SoftmaxState state);
 
 /// The probability of logit `x` recomputed from the row's log-sum-exp `lse`
 /// (a scalar is broadcast to x's shape): exp(x - lse), 0 for x = -inf; 0 for
 /// every key of a row whose lse the caller set to +inf.
-Value softmaxFromLogSumExp(KernelBuilder &k, Value x, Value lse);
+Value softmaxFromLogSumExp(KernelBuilder &kb, Value x, Value lse);
 
 /// The backward of a softmax row at one logit `x`, from the row's
 /// log-sum-exp `lse` (softmaxFromLogSumExp), the cotangent `g` of the logit's
@@ -84,7 +84,7 @@ Value softmaxFromLogSumExp(KernelBuilder &k, Value x, Value lse);
 struct SoftmaxGrad {
   Value prob, dlogit;
 };
-SoftmaxGrad softmaxGradFromLogSumExp(KernelBuilder &k, Value x, Value lse,
+SoftmaxGrad softmaxGradFromLogSumExp(KernelBuilder &kb, Value x, Value lse,
                                      Value g, function_ref<Value()> delta);
 
 } // namespace mlir::moe::kernels

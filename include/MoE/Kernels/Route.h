@@ -62,29 +62,29 @@ RouteSpec routeSpecOf(RouteOpT op) {
 }
 
 /// sigmoid(x) = 1 / (1 + exp(-x)): -inf -> 0, +inf -> 1, NaN -> NaN.
-Value sigmoid(KernelBuilder &k, Value x);
+Value sigmoid(KernelBuilder &kb, Value x);
 
 /// A softmax score from e = exp(x - rowMax) and rowSum = Σ_row e: e / rowSum,
 /// and 0 on a row whose max is -inf (every logit -inf: no NaN).
-Value softmaxScore(KernelBuilder &k, Value e, Value rowMax, Value rowSum);
+Value softmaxScore(KernelBuilder &kb, Value e, Value rowMax, Value rowSum);
 
 /// The score before the top-k (score_then_topk, scoring != none) of the
 /// logit x given the row's max and Σ exp(x - max) (softmax only; null
 /// otherwise).
-Value routeScore(KernelBuilder &k, const RouteSpec &spec, Value x,
+Value routeScore(KernelBuilder &kb, const RouteSpec &spec, Value x,
                  Value rowMax, Value rowSum);
 
 /// The weight of a selected value v before renormalization. topk_then_score:
 /// softmax over the selection (from its max and Σ exp(v - selMax); 0 when
 /// selMax is -inf) or sigmoid; otherwise v itself (already a score).
 /// selMax/selSum are null unless topk_then_score with softmax.
-Value routeSelectedScore(KernelBuilder &k, const RouteSpec &spec, Value v,
+Value routeSelectedScore(KernelBuilder &kb, const RouteSpec &spec, Value v,
                          Value selMax, Value selSum);
 
 /// The final weight of a selected score w given Σ w over the selection (null
 /// without renormalization): w / Σ (0 for a zero sum), times the routed
 /// scaling factor.
-Value routeWeight(KernelBuilder &k, const RouteSpec &spec, Value w,
+Value routeWeight(KernelBuilder &kb, const RouteSpec &spec, Value w,
                   Value wSum);
 
 } // namespace mlir::moe::kernels

@@ -21,18 +21,18 @@
 namespace mlir::moe::kernels {
 
 /// True when the integer id `v` lies in [0, bound); `bound` has v's type.
-Value idInRange(KernelBuilder &k, Value v, Value bound);
+Value idInRange(KernelBuilder &kb, Value v, Value bound);
 
 /// sum / count, 0 when count (an i32 scalar) is 0; `sum` is f32 or a vector
 /// of it.
-Value segmentMean(KernelBuilder &k, Value sum, Value count);
+Value segmentMean(KernelBuilder &kb, Value sum, Value count);
 
 /// The dispersion term of x around its cluster's mean: (x - mean)² when
 /// `variance`, else |x - mean|.
-Value dispersionTerm(KernelBuilder &k, Value x, Value mean, bool variance);
+Value dispersionTerm(KernelBuilder &kb, Value x, Value mean, bool variance);
 
 /// The weight of a mean dispersion s: 1 / (s + eps).
-Value dispersionWeight(KernelBuilder &k, Value s, float eps);
+Value dispersionWeight(KernelBuilder &kb, Value s, float eps);
 
 } // namespace mlir::moe::kernels
 

@@ -36,21 +36,21 @@ namespace mlir::moe::kernels {
 /// Monotone i32 key of an f32 (every NaN maps to INT32_MAX, above every
 /// number). With `descending = false` smaller numbers get larger keys (argmin),
 /// NaN still on top.
-Value orderedKey(KernelBuilder &k, Value f, bool descending = true);
+Value orderedKey(KernelBuilder &kb, Value f, bool descending = true);
 /// The f32 of a descending key (a NaN for INT32_MAX).
-Value keyToFloat(KernelBuilder &k, Value key);
+Value keyToFloat(KernelBuilder &kb, Value key);
 /// (key, index) packed so that a larger i64 is the better candidate: a larger
 /// key, then a *smaller* index. `index` is i32 (or index), in [0, 2^31).
-Value packCandidate(KernelBuilder &k, Value key, Value index);
-Value candidateKey(KernelBuilder &k, Value packed);
+Value packCandidate(KernelBuilder &kb, Value key, Value index);
+Value candidateKey(KernelBuilder &kb, Value packed);
 /// The index (i32) of a packed candidate.
-Value candidateIndex(KernelBuilder &k, Value packed);
+Value candidateIndex(KernelBuilder &kb, Value packed);
 /// The packed value below every candidate ("none"), of `type` (i64 or a
 /// vector of i64).
-Value noCandidate(KernelBuilder &k, Type type);
+Value noCandidate(KernelBuilder &kb, Type type);
 /// True when (a, ai) ranks strictly before (c, ci) in the dialect's order
 /// (indices i32).
-Value ranksBefore(KernelBuilder &k, Value a, Value ai, Value c, Value ci,
+Value ranksBefore(KernelBuilder &kb, Value a, Value ai, Value c, Value ci,
                   bool descending = true);
 
 /// One step of a top-k round, on every target: `cand` when it ranks strictly
@@ -59,11 +59,11 @@ Value ranksBefore(KernelBuilder &k, Value a, Value ai, Value c, Value ci,
 /// (bestBelow, then the target's reduction: a vector max on the CPU, a warp
 /// butterfly on the GPU) is the round's pick; rounds never revisit an element.
 /// Lane-wise; `laneMask` is called after the comparison is built.
-Value candidateBelow(KernelBuilder &k, Value cand, Value prev, Value none,
+Value candidateBelow(KernelBuilder &kb, Value cand, Value prev, Value none,
                      function_ref<Value()> laneMask = nullptr);
 /// max(best, candidateBelow(cand, prev)): one candidate folded into a round's
 /// running best.
-Value bestBelow(KernelBuilder &k, Value best, Value cand, Value prev,
+Value bestBelow(KernelBuilder &kb, Value best, Value cand, Value prev,
                 Value none, function_ref<Value()> laneMask = nullptr);
 
 /// How the k selected values become weights (moe.topk_renorm's mode and
@@ -112,7 +112,7 @@ template <typename OpT> TopkSpec topkSpecOf(OpT op) {
 /// and Σ exp(x - max) (`denseMax`, `denseSum`; null otherwise). A row whose
 /// max is -inf (fully masked) and a zero probability sum give zero weights.
 /// All operands have v's type.
-Value topkWeight(KernelBuilder &k, const TopkSpec &spec, Value v, Value v0,
+Value topkWeight(KernelBuilder &kb, const TopkSpec &spec, Value v, Value v0,
                  Value selSum, Value denseMax, Value denseSum);
 
 /// The backward of topkWeight (moe.topk_renorm_grad): the gradient to a
@@ -121,7 +121,7 @@ Value topkWeight(KernelBuilder &k, const TopkSpec &spec, Value v, Value v0,
 /// logits: w (g - c); probs renormalized: (g - c) / selSum, 0 for a zero sum;
 /// probs raw: g. (Logits without renormalization: every entry j of the row
 /// also gets -s_j c, s the dense softmax; this is the selected entries' total.)
-Value topkWeightGrad(KernelBuilder &k, const TopkSpec &spec, Value g, Value w,
+Value topkWeightGrad(KernelBuilder &kb, const TopkSpec &spec, Value g, Value w,
                      Value c, Value selSum);
 
 /// One row `r` of moe.topk_renorm_grad (MoEGradOps.td) on one thread's
@@ -132,7 +132,7 @@ Value topkWeightGrad(KernelBuilder &k, const TopkSpec &spec, Value g, Value w,
 /// 2-D [rows, ...] memrefs; `numExperts` and `sel` (k) are index values. An
 /// index outside [0, K) reads element 0 and writes nothing. The CPU kernel
 /// runs it per row on its workers, the GPU kernel on a thread per row.
-void emitTopkGradRow(KernelBuilder &k, const TopkSpec &spec, Value r, Value s2,
+void emitTopkGradRow(KernelBuilder &kb, const TopkSpec &spec, Value r, Value s2,
                      Value i2, Value g2, Value o2, Value numExperts, Value sel);
 
 } // namespace mlir::moe::kernels

@@ -30,7 +30,6 @@
 
 #include "Kernels.h"
 
-#include "../MoEToLinalg/Patterns.h"
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
@@ -114,23 +113,23 @@ struct AdjacencyInputs {
 
 /// The bitmask (i64) of token t's in-range experts: bit v for each slot
 /// holding v in [0, E) (E <= 64); a repeated expert sets its bit once.
-Value tokenMask(CpuKernelBuilder &k, const AdjacencyInputs &in, Value t) {
-  Type i64 = k.i64();
-  Value zero = k.cI64(0), one = k.cI64(1);
+Value tokenMask(CpuKernelBuilder &kb, const AdjacencyInputs &in, Value t) {
+  Type i64 = kb.i64();
+  Value zero = kb.cI64(0), one = kb.cI64(1);
   auto addSlot = [&](Value s, Value m) {
-    Value v = k.load(in.idx, {t, s});
-    Value ok = idInRange(k, v, in.eI);
+    Value v = kb.load(in.idx, {t, s});
+    Value ok = idInRange(kb, v, in.eI);
     // Out of range: shift by 0 (never by >= 64), add nothing.
-    Value shift = k.select(ok, k.castInt(v, i64), zero);
-    return k.orI(m, k.select(ok, k.shl(one, shift), zero));
+    Value shift = kb.select(ok, kb.castInt(v, i64), zero);
+    return kb.orI(m, kb.select(ok, kb.shl(one, shift), zero));
   };
   if (in.k != kDyn && in.k <= kMaxUnrolledSlots) {
     Value m = zero;
     for (int64_t s = 0; s < in.k; ++s)
-      m = addSlot(k.idx(s), m);
+      m = addSlot(kb.idx(s), m);
     return m;
   }
-  return k.forLoop(k.idx(0), in.slots, k.idx(1), ValueRange{zero},
+  return kb.forLoop(kb.idx(0), in.slots, kb.idx(1), ValueRange{zero},
                    [&](Value s, ValueRange it) -> SmallVector<Value> {
                      return {addSlot(s, it[0])};
                    })[0];
@@ -139,31 +138,31 @@ Value tokenMask(CpuKernelBuilder &k, const AdjacencyInputs &in, Value t) {
 /// Runs `body(t, worker)` for every token, blocks of kTokensPerItem tokens
 /// per worker item; on the calling thread alone when there are at most
 /// kInlineSlots (token, slot) pairs.
-void forEachToken(CpuKernelBuilder &k, const KernelOptions &o,
+void forEachToken(CpuKernelBuilder &kb, const KernelOptions &o,
                   const AdjacencyInputs &in,
                   function_ref<void(Value t, Value w)> body) {
   Value tokens = in.tokens;
-  Value numItems = k.ceilDiv(tokens, k.idx(kTokensPerItem));
-  Value pairs = k.mul(tokens, in.slots);
+  Value numItems = kb.ceilDiv(tokens, kb.idx(kTokensPerItem));
+  Value pairs = kb.mul(tokens, in.slots);
   Value small =
-      k.cmpi(arith::CmpIPredicate::ule, pairs, k.idx(kInlineSlots));
-  k.workers(o, numItems, [&](Value item, Value w) {
-    Value t0 = k.mul(item, k.idx(kTokensPerItem));
-    Value t1 = k.mins(k.add(t0, k.idx(kTokensPerItem)), tokens);
-    k.forLoop(t0, t1, k.idx(1), [&](Value t) { body(t, w); });
+      kb.cmpi(arith::CmpIPredicate::ule, pairs, kb.idx(kInlineSlots));
+  kb.workers(o, numItems, [&](Value item, Value w) {
+    Value t0 = kb.mul(item, kb.idx(kTokensPerItem));
+    Value t1 = kb.mins(kb.add(t0, kb.idx(kTokensPerItem)), tokens);
+    kb.forLoop(t0, t1, kb.idx(1), [&](Value t) { body(t, w); });
   }, small);
 }
 
 /// Stores 0 into every element of `buf` (static shape, i32).
-void zeroFill(CpuKernelBuilder &k, Value buf) {
+void zeroFill(CpuKernelBuilder &kb, Value buf) {
   auto type = cast<MemRefType>(buf.getType());
   SmallVector<Value> ivs;
   std::function<void(int64_t)> nest = [&](int64_t d) {
     if (d == type.getRank()) {
-      k.store(k.cI32(0), buf, ivs);
+      kb.store(kb.cI32(0), buf, ivs);
       return;
     }
-    k.forLoop(k.idx(0), k.dim(buf, d), k.idx(1), [&](Value iv) {
+    kb.forLoop(kb.idx(0), kb.dim(buf, d), kb.idx(1), [&](Value iv) {
       ivs.push_back(iv);
       nest(d + 1);
       ivs.pop_back();
@@ -173,114 +172,114 @@ void zeroFill(CpuKernelBuilder &k, Value buf) {
 }
 
 /// C[r, col] = Σ_w counts[w, r, col] for r, col < E.
-void sumWorkers(CpuKernelBuilder &k, Value counts, Value numWorkers, Value eVal,
+void sumWorkers(CpuKernelBuilder &kb, Value counts, Value numWorkers, Value eVal,
                 Value c) {
-  Value c0 = k.idx(0), c1 = k.idx(1);
-  k.forLoop(c0, eVal, c1, [&](Value r) {
-    k.forLoop(c0, eVal, c1, [&](Value col) {
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
+  kb.forLoop(c0, eVal, c1, [&](Value r) {
+    kb.forLoop(c0, eVal, c1, [&](Value col) {
       Value sum =
-          k.forLoop(c0, numWorkers, c1, ValueRange{k.cI32(0)},
+          kb.forLoop(c0, numWorkers, c1, ValueRange{kb.cI32(0)},
                     [&](Value w, ValueRange acc) -> SmallVector<Value> {
-                      return {k.add(acc[0], k.load(counts, {w, r, col}))};
+                      return {kb.add(acc[0], kb.load(counts, {w, r, col}))};
                     })[0];
-      k.store(sum, c, {r, col});
+      kb.store(sum, c, {r, col});
     });
   });
 }
 
 /// Counting: T·k² scalar increments after deduplicating each token's slots.
-void emitCounting(CpuKernelBuilder &k, const KernelOptions &opts,
+void emitCounting(CpuKernelBuilder &kb, const KernelOptions &opts,
                   const AdjacencyInputs &in, Value c, MemRefType cType,
                   ValueRange dyn) {
-  Value c0 = k.idx(0), c1 = k.idx(1);
-  Type indexType = k.index();
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
+  Type indexType = kb.index();
   // Per worker: its own counts, the token that last saw each expert, and the
   // token's list of distinct experts. Per-worker matrices only while they are
   // small (E <= 1024: 4 MiB each).
   KernelOptions o = opts;
   if (in.e == kDyn || in.e > kMaxParallelExperts)
     o.numThreads = 1;
-  Value counts = k.scratch(o, cType, dyn);
-  Value stamps = k.scratch(o, MemRefType::get({in.e}, indexType),
+  Value counts = kb.scratch(o, cType, dyn);
+  Value stamps = kb.scratch(o, MemRefType::get({in.e}, indexType),
                            in.e == kDyn ? SmallVector<Value>{in.eVal}
                                         : SmallVector<Value>{});
-  Value lists = k.scratch(o, MemRefType::get({kDyn}, indexType), {in.slots});
-  Value numWorkers = k.idx(std::max<int64_t>(o.numThreads, 1));
-  Value none = k.idx(-1);
-  k.forLoop(c0, numWorkers, c1, [&](Value w) {
-    k.forLoop(c0, in.eVal, c1, [&](Value r) {
-      k.store(none, stamps, {w, r});
-      k.forLoop(c0, in.eVal, c1, [&](Value col) {
-        k.store(k.cI32(0), counts, {w, r, col});
+  Value lists = kb.scratch(o, MemRefType::get({kDyn}, indexType), {in.slots});
+  Value numWorkers = kb.idx(std::max<int64_t>(o.numThreads, 1));
+  Value none = kb.idx(-1);
+  kb.forLoop(c0, numWorkers, c1, [&](Value w) {
+    kb.forLoop(c0, in.eVal, c1, [&](Value r) {
+      kb.store(none, stamps, {w, r});
+      kb.forLoop(c0, in.eVal, c1, [&](Value col) {
+        kb.store(kb.cI32(0), counts, {w, r, col});
       });
     });
   });
-  forEachToken(k, o, in, [&](Value t, Value w) {
-    Value cw = k.workerSlice(counts, w);
-    Value seen = k.workerSlice(stamps, w);
-    Value list = k.workerSlice(lists, w);
+  forEachToken(kb, o, in, [&](Value t, Value w) {
+    Value cw = kb.workerSlice(counts, w);
+    Value seen = kb.workerSlice(stamps, w);
+    Value list = kb.workerSlice(lists, w);
     // The distinct in-range experts of token t, in slot order: an expert
     // whose stamp is already t was listed by an earlier slot.
-    Value n = k.forLoop(
+    Value n = kb.forLoop(
         c0, in.slots, c1, ValueRange{c0},
         [&](Value s, ValueRange it) -> SmallVector<Value> {
-          Value v = k.load(in.idx, {t, s});
-          Value ok = idInRange(k, v, in.eI);
+          Value v = kb.load(in.idx, {t, s});
+          Value ok = idInRange(kb, v, in.eI);
           // Out of range: read the stamp of expert 0, add nothing.
-          Value vi = k.select(ok, k.castInt(v, indexType), c0);
+          Value vi = kb.select(ok, kb.castInt(v, indexType), c0);
           Value fresh =
-              k.cmpi(arith::CmpIPredicate::ne, k.load(seen, {vi}), t);
-          Value add = k.andI(ok, fresh);
-          k.ifThen(add, [&] {
-            k.store(t, seen, {vi});
-            k.store(vi, list, {it[0]});
+              kb.cmpi(arith::CmpIPredicate::ne, kb.load(seen, {vi}), t);
+          Value add = kb.andI(ok, fresh);
+          kb.ifThen(add, [&] {
+            kb.store(t, seen, {vi});
+            kb.store(vi, list, {it[0]});
           });
-          return {k.select(add, k.add(it[0], c1), it[0])};
+          return {kb.select(add, kb.add(it[0], c1), it[0])};
         })[0];
-    k.forLoop(c0, n, c1, [&](Value p) {
-      Value j = k.load(list, {p});
-      k.forLoop(c0, n, c1, [&](Value q) {
-        Value m = k.load(list, {q});
-        k.store(k.add(k.load(cw, {j, m}), k.cI32(1)), cw, {j, m});
+    kb.forLoop(c0, n, c1, [&](Value p) {
+      Value j = kb.load(list, {p});
+      kb.forLoop(c0, n, c1, [&](Value q) {
+        Value m = kb.load(list, {q});
+        kb.store(kb.add(kb.load(cw, {j, m}), kb.cI32(1)), cw, {j, m});
       });
     });
   });
-  sumWorkers(k, counts, numWorkers, in.eVal, c);
+  sumWorkers(kb, counts, numWorkers, in.eVal, c);
 }
 
 /// Histogram (E <= 8): one increment of the token's mask bin per token, then
 /// every bin adds its count to C[j, m] for each pair of its bits.
-void emitHistogram(CpuKernelBuilder &k, const KernelOptions &o,
+void emitHistogram(CpuKernelBuilder &kb, const KernelOptions &o,
                    const AdjacencyInputs &in, Value c) {
-  Value c0 = k.idx(0), c1 = k.idx(1);
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
   // At least 16 bins (64 bytes): workers never share a cache line.
   int64_t bins = std::max<int64_t>(int64_t(1) << in.e, 16);
-  Value hist = k.scratch(o, MemRefType::get({bins}, k.i32()), {});
-  Value numWorkers = k.idx(std::max<int64_t>(o.numThreads, 1));
-  zeroFill(k, hist);
-  forEachToken(k, o, in, [&](Value t, Value w) {
-    Value bin = k.castInt(tokenMask(k, in, t), k.index());
-    k.store(k.add(k.load(hist, {w, bin}), k.cI32(1)), hist, {w, bin});
+  Value hist = kb.scratch(o, MemRefType::get({bins}, kb.i32()), {});
+  Value numWorkers = kb.idx(std::max<int64_t>(o.numThreads, 1));
+  zeroFill(kb, hist);
+  forEachToken(kb, o, in, [&](Value t, Value w) {
+    Value bin = kb.castInt(tokenMask(kb, in, t), kb.index());
+    kb.store(kb.add(kb.load(hist, {w, bin}), kb.cI32(1)), hist, {w, bin});
   });
-  zeroFill(k, c);
-  Value one = k.cI32(1);
-  k.forLoop(c0, k.idx(int64_t(1) << in.e), c1, [&](Value bin) {
-    Value cnt = k.forLoop(c0, numWorkers, c1, ValueRange{k.cI32(0)},
+  zeroFill(kb, c);
+  Value one = kb.cI32(1);
+  kb.forLoop(c0, kb.idx(int64_t(1) << in.e), c1, [&](Value bin) {
+    Value cnt = kb.forLoop(c0, numWorkers, c1, ValueRange{kb.cI32(0)},
                           [&](Value w, ValueRange acc) -> SmallVector<Value> {
-                            return {k.add(acc[0], k.load(hist, {w, bin}))};
+                            return {kb.add(acc[0], kb.load(hist, {w, bin}))};
                           })[0];
-    Value bits = k.castInt(bin, k.i32());
-    k.ifThen(k.cmpi(arith::CmpIPredicate::ne, cnt, k.cI32(0)), [&] {
-      k.forLoop(c0, in.eVal, c1, [&](Value j) {
-        Value jI = k.castInt(j, k.i32());
-        Value hasJ = k.cmpi(arith::CmpIPredicate::ne,
-                            k.andI(k.shru(bits, jI), one), k.cI32(0));
-        k.ifThen(hasJ, [&] {
-          k.forLoop(c0, in.eVal, c1, [&](Value m) {
-            Value mI = k.castInt(m, k.i32());
+    Value bits = kb.castInt(bin, kb.i32());
+    kb.ifThen(kb.cmpi(arith::CmpIPredicate::ne, cnt, kb.cI32(0)), [&] {
+      kb.forLoop(c0, in.eVal, c1, [&](Value j) {
+        Value jI = kb.castInt(j, kb.i32());
+        Value hasJ = kb.cmpi(arith::CmpIPredicate::ne,
+                            kb.andI(kb.shru(bits, jI), one), kb.cI32(0));
+        kb.ifThen(hasJ, [&] {
+          kb.forLoop(c0, in.eVal, c1, [&](Value m) {
+            Value mI = kb.castInt(m, kb.i32());
             // cnt where bit m is set, else 0.
-            Value add = k.mul(cnt, k.andI(k.shru(bits, mI), one));
-            k.store(k.add(k.load(c, {j, m}), add), c, {j, m});
+            Value add = kb.mul(cnt, kb.andI(kb.shru(bits, mI), one));
+            kb.store(kb.add(kb.load(c, {j, m}), add), c, {j, m});
           });
         });
       });
@@ -291,49 +290,49 @@ void emitHistogram(CpuKernelBuilder &k, const KernelOptions &o,
 /// Mask rows (E <= 64): per token, row j of the worker's counts gets the
 /// token's mask as 0/1 i32 lanes, for each bit j of the mask; rows padded to
 /// whole vectors of the target's width.
-void emitMaskRows(CpuKernelBuilder &k, const KernelOptions &o,
+void emitMaskRows(CpuKernelBuilder &kb, const KernelOptions &o,
                   const AdjacencyInputs &in, Value c) {
-  Value c0 = k.idx(0), c1 = k.idx(1);
-  int64_t lanes = k.lanes();
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
+  int64_t lanes = kb.lanes();
   int64_t chunks = (in.e + lanes - 1) / lanes;
   int64_t width = chunks * lanes;
-  Value counts = k.scratch(o, MemRefType::get({in.e, width}, k.i32()), {});
-  Value numWorkers = k.idx(std::max<int64_t>(o.numThreads, 1));
-  zeroFill(k, counts);
-  Value laneShift = k.iota(k.cI32(0), lanes);
-  Value laneOne = k.splat(k.cI32(1), lanes);
-  forEachToken(k, o, in, [&](Value t, Value w) {
-    Value cw = k.workerSlice(counts, w);
-    Value mask = tokenMask(k, in, t);
+  Value counts = kb.scratch(o, MemRefType::get({in.e, width}, kb.i32()), {});
+  Value numWorkers = kb.idx(std::max<int64_t>(o.numThreads, 1));
+  zeroFill(kb, counts);
+  Value laneShift = kb.iota(kb.cI32(0), lanes);
+  Value laneOne = kb.splat(kb.cI32(1), lanes);
+  forEachToken(kb, o, in, [&](Value t, Value w) {
+    Value cw = kb.workerSlice(counts, w);
+    Value mask = tokenMask(kb, in, t);
     // The mask as i32 lanes, one vector per chunk of `lanes` experts:
     // lane l of chunk q is bit q·lanes + l.
     SmallVector<Value> rows;
     for (int64_t q = 0; q < chunks; ++q) {
-      Value bits = k.trunc(k.shru(mask, k.cI64(q * lanes)), k.i32());
-      rows.push_back(k.andI(k.shru(k.splat(bits, lanes), laneShift), laneOne));
+      Value bits = kb.trunc(kb.shru(mask, kb.cI64(q * lanes)), kb.i32());
+      rows.push_back(kb.andI(kb.shru(kb.splat(bits, lanes), laneShift), laneOne));
     }
     // One row add per set bit j (lowest first; m & (m - 1) clears it).
-    Value n = k.castInt(math::CtPopOp::create(k.b, mask), k.index());
-    k.forLoop(c0, n, c1, ValueRange{mask},
+    Value n = kb.castInt(math::CtPopOp::create(kb.b, mask), kb.index());
+    kb.forLoop(c0, n, c1, ValueRange{mask},
               [&](Value, ValueRange it) -> SmallVector<Value> {
                 Value m = it[0];
-                Value j = k.castInt(math::CountTrailingZerosOp::create(k.b, m),
-                                    k.index());
+                Value j = kb.castInt(math::CountTrailingZerosOp::create(kb.b, m),
+                                    kb.index());
                 for (int64_t q = 0; q < chunks; ++q) {
-                  Value col = k.idx(q * lanes);
-                  k.vstore(k.add(k.vload(cw, {j, col}, lanes), rows[q]), cw,
+                  Value col = kb.idx(q * lanes);
+                  kb.vstore(kb.add(kb.vload(cw, {j, col}, lanes), rows[q]), cw,
                            {j, col});
                 }
-                return {k.andI(m, k.sub(m, k.cI64(1)))};
+                return {kb.andI(m, kb.sub(m, kb.cI64(1)))};
               });
   });
-  sumWorkers(k, counts, numWorkers, in.eVal, c);
+  sumWorkers(kb, counts, numWorkers, in.eVal, c);
 }
 
 struct AdjacencyUpdateKernel : KernelPattern<AdjacencyUpdateOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(AdjacencyUpdateOp op, CpuKernelBuilder &k,
+  LogicalResult emit(AdjacencyUpdateOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
     Location loc = op.getLoc();
     Value aT = lowering::promoteToF32(rw, loc, op.getA());
@@ -349,47 +348,47 @@ struct AdjacencyUpdateKernel : KernelPattern<AdjacencyUpdateOp> {
     // turns into a_next.
     int64_t staticE = getConstantIntValue(eSize).value_or(kDyn);
     KernelScope kernel(
-        k, {op.getIdx()},
-        {{RankedTensorType::get({staticE, staticE}, k.i32()), {eVal, eVal}}});
+        kb, {op.getIdx()},
+        {{RankedTensorType::get({staticE, staticE}, kb.i32()), {eVal, eVal}}});
     AdjacencyInputs in;
-    in.idx = k.buffer(op.getIdx());
-    in.tokens = k.dim(in.idx, 0);
-    in.slots = k.dim(in.idx, 1);
+    in.idx = kb.buffer(op.getIdx());
+    in.tokens = kb.dim(in.idx, 0);
+    in.slots = kb.dim(in.idx, 1);
     Type idxType = cast<MemRefType>(in.idx.getType()).getElementType();
     in.eVal = eVal;
-    in.eI = k.castInt(eVal, idxType);
+    in.eI = kb.castInt(eVal, idxType);
     in.e = getConstantIntValue(eSize).value_or(kDyn);
     in.k = cast<MemRefType>(in.idx.getType()).getDimSize(1);
 
-    auto cType = MemRefType::get({in.e, in.e}, k.i32());
+    auto cType = MemRefType::get({in.e, in.e}, kb.i32());
     SmallVector<Value> dyn;
     if (in.e == kDyn)
       dyn = {eVal, eVal};
     Value c = kernel.out(0);
-    StrategyChoice choice = chooseAdjacencyStrategy(in.e, in.k, k.lanes());
+    StrategyChoice choice = chooseAdjacencyStrategy(in.e, in.k, kb.lanes());
     auto emit = [&](Strategy s) {
       switch (s) {
       case Strategy::Counting:
-        emitCounting(k, opts, in, c, cType, dyn);
+        emitCounting(kb, opts, in, c, cType, dyn);
         break;
       case Strategy::Histogram:
-        emitHistogram(k, opts, in, c);
+        emitHistogram(kb, opts, in, c);
         break;
       case Strategy::MaskRows:
-        emitMaskRows(k, opts, in, c);
+        emitMaskRows(kb, opts, in, c);
         break;
       }
     };
     if (choice.histogramMinTokens < 0) {
       emit(choice.strategy);
     } else {
-      Value many = k.cmpi(arith::CmpIPredicate::sge, in.tokens,
-                          k.idx(choice.histogramMinTokens));
-      auto ifOp = scf::IfOp::create(k.b, many, /*withElseRegion=*/true);
-      OpBuilder::InsertionGuard guard(k.b);
-      k.b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+      Value many = kb.cmpi(arith::CmpIPredicate::sge, in.tokens,
+                          kb.idx(choice.histogramMinTokens));
+      auto ifOp = scf::IfOp::create(kb.b, many, /*withElseRegion=*/true);
+      OpBuilder::InsertionGuard guard(kb.b);
+      kb.b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
       emit(Strategy::Histogram);
-      k.b.setInsertionPoint(ifOp.elseBlock()->getTerminator());
+      kb.b.setInsertionPoint(ifOp.elseBlock()->getTerminator());
       emit(choice.strategy);
     }
     lowering::finishAdjacencyUpdate(rw, op, aT, kernel.finish()[0], eSize);

@@ -33,14 +33,14 @@
 
 namespace mlir::moe::cpu {
 
-Value headScaleValue(CpuKernelBuilder &k, std::optional<double> scale,
+Value headScaleValue(CpuKernelBuilder &kb, std::optional<double> scale,
                      Value heads) {
   if (scale)
-    return k.cF32(*scale);
-  return k.sitofp(k.castInt(heads, k.i64()));
+    return kb.cF32(*scale);
+  return kb.sitofp(kb.castInt(heads, kb.i64()));
 }
 
-HeadMeans packHeadMeans(CpuKernelBuilder &k, const KernelOptions &opts, Value v,
+HeadMeans packHeadMeans(CpuKernelBuilder &kb, const KernelOptions &opts, Value v,
                         Value wo, Value head, Value scale, Value batch,
                         Value keys, Value model, Value headDim) {
   // m[b,j,:] = head_scale · v[b,h,j,:] · wo_h^T, h = head[b], one key tile
@@ -53,32 +53,32 @@ HeadMeans packHeadMeans(CpuKernelBuilder &k, const KernelOptions &opts, Value v,
   // a scatter) took half the decode-size forward (D = 512, Nk = 64).
   constexpr int64_t TK = kKeyTile, KV = TK / kLanes;
   const int64_t kMeanRows = opts.vectorBits >= 512 ? 4 : 2;
-  Type f32 = k.f32();
-  Value c0 = k.idx(0), c1 = k.idx(1);
-  Value zeros = k.constLike(k.vf32(), 0.0);
-  Value keysPad = roundUp(k, keys, kKeyTile);
-  Value keyTiles = k.divu(keysPad, k.idx(TK));
-  Value keysT = k.alloc(MemRefType::get({kDyn, kDyn, kDyn, kKeyTile}, f32),
+  Type f32 = kb.f32();
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
+  Value zeros = kb.constLike(kb.vf32(), 0.0);
+  Value keysPad = roundUp(kb, keys, kKeyTile);
+  Value keyTiles = kb.divu(keysPad, kb.idx(TK));
+  Value keysT = kb.alloc(MemRefType::get({kDyn, kDyn, kDyn, kKeyTile}, f32),
                         {batch, keyTiles, model});
-  Value norm2 = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, keysPad});
-  Value vtAll = k.scratch(opts, MemRefType::get({kDyn, TK}, f32), {headDim});
-  Value meanWork = k.mul(k.mul(k.mul(batch, keys), model), headDim);
-  Value scaleV = k.splat(scale, kLanes);
-  Value rowsStep = k.idx(kMeanRows);
-  workersIfLarge(k, opts, k.mul(batch, keyTiles), meanWork,
+  Value norm2 = kb.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, keysPad});
+  Value vtAll = kb.scratch(opts, MemRefType::get({kDyn, TK}, f32), {headDim});
+  Value meanWork = kb.mul(kb.mul(kb.mul(batch, keys), model), headDim);
+  Value scaleV = kb.splat(scale, kLanes);
+  Value rowsStep = kb.idx(kMeanRows);
+  workersIfLarge(kb, opts, kb.mul(batch, keyTiles), meanWork,
                  [&](Value item, Value worker) {
-    Value vT = k.workerSlice(vtAll, worker);
-    Value bi = k.divu(item, keyTiles), jt = k.remu(item, keyTiles);
-    Value j0 = k.mul(jt, k.idx(TK));
-    Value h = k.castInt(k.load(head, {bi}), k.b.getIndexType());
-    Value col0 = k.mul(h, headDim);
+    Value vT = kb.workerSlice(vtAll, worker);
+    Value bi = kb.divu(item, keyTiles), jt = kb.remu(item, keyTiles);
+    Value j0 = kb.mul(jt, kb.idx(TK));
+    Value h = kb.castInt(kb.load(head, {bi}), kb.b.getIndexType());
+    Value col0 = kb.mul(h, headDim);
     // vT[c, l] = v[b, h, j0 + l, c], 0 past the keys.
-    k.forLoop(c0, k.idx(TK), c1, [&](Value l) {
-      Value j = k.add(j0, l);
-      Value in = k.cmpi(arith::CmpIPredicate::ult, j, keys);
-      Value jc = k.mins(j, k.sub(keys, c1));
-      k.forLoop(c0, headDim, c1, [&](Value c) {
-        k.store(k.select(in, k.loadF(v, {bi, h, jc, c}), k.cF32(0.0)), vT,
+    kb.forLoop(c0, kb.idx(TK), c1, [&](Value l) {
+      Value j = kb.add(j0, l);
+      Value in = kb.cmpi(arith::CmpIPredicate::ult, j, keys);
+      Value jc = kb.mins(j, kb.sub(keys, c1));
+      kb.forLoop(c0, headDim, c1, [&](Value c) {
+        kb.store(kb.select(in, kb.loadF(v, {bi, h, jc, c}), kb.cF32(0.0)), vT,
                 {c, l});
       });
     });
@@ -87,20 +87,20 @@ HeadMeans packHeadMeans(CpuKernelBuilder &k, const KernelOptions &opts, Value v,
     auto rowBlock = [&](Value d0, ValueRange n2, bool whole) {
       SmallVector<Value> ds;
       for (int64_t r = 0; r < kMeanRows; ++r)
-        ds.push_back(whole ? k.add(d0, k.idx(r))
-                           : k.mins(k.add(d0, k.idx(r)), k.sub(model, c1)));
+        ds.push_back(whole ? kb.add(d0, kb.idx(r))
+                           : kb.mins(kb.add(d0, kb.idx(r)), kb.sub(model, c1)));
       SmallVector<Value> init(kMeanRows * KV, zeros);
-      SmallVector<Value> acc = k.forLoop(
+      SmallVector<Value> acc = kb.forLoop(
           c0, headDim, c1, init,
           [&](Value c, ValueRange a) -> SmallVector<Value> {
             SmallVector<Value> x;
             for (int64_t q = 0; q < KV; ++q)
-              x.push_back(k.vload(vT, {c, k.idx(q * kLanes)}));
+              x.push_back(kb.vload(vT, {c, kb.idx(q * kLanes)}));
             SmallVector<Value> next;
             for (int64_t r = 0; r < kMeanRows; ++r) {
-              Value w = k.splat(k.loadF(wo, {ds[r], k.add(col0, c)}), kLanes);
+              Value w = kb.splat(kb.loadF(wo, {ds[r], kb.add(col0, c)}), kLanes);
               for (int64_t q = 0; q < KV; ++q)
-                next.push_back(k.fma(w, x[q], a[r * KV + q]));
+                next.push_back(kb.fma(w, x[q], a[r * KV + q]));
             }
             return next;
           });
@@ -108,42 +108,42 @@ HeadMeans packHeadMeans(CpuKernelBuilder &k, const KernelOptions &opts, Value v,
       for (int64_t r = 0; r < kMeanRows; ++r) {
         auto store = [&] {
           for (int64_t q = 0; q < KV; ++q) {
-            Value m = k.fmul(scaleV, acc[r * KV + q]);
-            k.vstore(m, keysT, {bi, jt, ds[r], k.idx(q * kLanes)});
+            Value m = kb.fmul(scaleV, acc[r * KV + q]);
+            kb.vstore(m, keysT, {bi, jt, ds[r], kb.idx(q * kLanes)});
           }
         };
         if (whole) {
           store();
         } else {
-          k.ifThen(k.cmpi(arith::CmpIPredicate::ult, k.add(d0, k.idx(r)),
+          kb.ifThen(kb.cmpi(arith::CmpIPredicate::ult, kb.add(d0, kb.idx(r)),
                           model),
                    store);
         }
         // (Rows past D only repeat the last one: they add nothing.)
         Value keep = whole ? Value()
-                           : k.cmpi(arith::CmpIPredicate::ult,
-                                    k.add(d0, k.idx(r)), model);
+                           : kb.cmpi(arith::CmpIPredicate::ult,
+                                    kb.add(d0, kb.idx(r)), model);
         for (int64_t q = 0; q < KV; ++q) {
-          Value m = k.fmul(scaleV, acc[r * KV + q]);
-          Value sq = k.fma(m, m, out[q]);
-          out[q] = keep ? k.select(keep, sq, out[q]) : sq;
+          Value m = kb.fmul(scaleV, acc[r * KV + q]);
+          Value sq = kb.fma(m, m, out[q]);
+          out[q] = keep ? kb.select(keep, sq, out[q]) : sq;
         }
       }
       return out;
     };
-    Value whole = k.mul(k.divu(model, rowsStep), rowsStep);
+    Value whole = kb.mul(kb.divu(model, rowsStep), rowsStep);
     SmallVector<Value> n2Init(KV, zeros);
-    SmallVector<Value> n2 = k.forLoop(
+    SmallVector<Value> n2 = kb.forLoop(
         c0, whole, rowsStep, n2Init,
         [&](Value d0, ValueRange a) -> SmallVector<Value> {
           return rowBlock(d0, a, true);
         });
-    n2 = k.forLoop(whole, model, rowsStep, n2,
+    n2 = kb.forLoop(whole, model, rowsStep, n2,
                    [&](Value d0, ValueRange a) -> SmallVector<Value> {
                      return rowBlock(d0, a, false);
                    });
     for (int64_t q = 0; q < KV; ++q)
-      k.vstore(n2[q], norm2, {bi, k.add(j0, k.idx(q * kLanes))});
+      kb.vstore(n2[q], norm2, {bi, kb.add(j0, kb.idx(q * kLanes))});
   });
   return {keysT, norm2, keysPad};
 }
@@ -172,117 +172,117 @@ struct AttentionPosteriorKernel
     : KernelPattern<AttentionPosteriorOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(AttentionPosteriorOp op, CpuKernelBuilder &k,
+  LogicalResult emit(AttentionPosteriorOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
     if (op.getHeadSelect() != HeadSelect::min_entropy)
       return rw.notifyMatchFailure(op, "head_select = all: portable lowering");
     // p [B, N, K] and head [B].
-    SmallVector<Value> sSizes = k.sizes(op.getScores());
-    Value widthSize = k.sizes(op.getE())[2];
+    SmallVector<Value> sSizes = kb.sizes(op.getScores());
+    Value widthSize = kb.sizes(op.getE())[2];
     KernelScope kernel(
-        k, {op.getScores(), op.getU(), op.getV(), op.getWo(), op.getE()},
+        kb, {op.getScores(), op.getU(), op.getV(), op.getWo(), op.getE()},
         KernelScope::outsOf(op, {{sSizes[0], sSizes[2], widthSize},
                                  {sSizes[0]}}));
-    ImplicitLocOpBuilder &b = k.b;
-    Type f32 = k.f32(), i32 = k.i32();
-    Value c0 = k.idx(0), c1 = k.idx(1);
-    Value scores = k.buffer(op.getScores()), u = k.buffer(op.getU());
-    Value v = k.buffer(op.getV()), wo = k.buffer(op.getWo());
-    Value e = k.buffer(op.getE());
-    Value batch = k.dim(scores, 0), heads = k.dim(scores, 1);
-    Value rows = k.dim(scores, 2), keys = k.dim(scores, 3);
-    Value model = k.dim(u, 2), headDim = k.dim(v, 3);
+    ImplicitLocOpBuilder &b = kb.b;
+    Type f32 = kb.f32(), i32 = kb.i32();
+    Value c0 = kb.idx(0), c1 = kb.idx(1);
+    Value scores = kb.buffer(op.getScores()), u = kb.buffer(op.getU());
+    Value v = kb.buffer(op.getV()), wo = kb.buffer(op.getWo());
+    Value e = kb.buffer(op.getE());
+    Value batch = kb.dim(scores, 0), heads = kb.dim(scores, 1);
+    Value rows = kb.dim(scores, 2), keys = kb.dim(scores, 3);
+    Value model = kb.dim(u, 2), headDim = kb.dim(v, 3);
     float sigma = op.getSigma().convertToFloat();
     float sigma2 = sigma * sigma;
     double negInf = -std::numeric_limits<double>::infinity();
 
     // 1. Prior statistics per attention row.
     auto statType = MemRefType::get({kDyn, kDyn, kDyn}, f32);
-    Value pMax = k.alloc(statType, {batch, heads, rows});
-    Value pSum = k.alloc(statType, {batch, heads, rows});
-    Value pSumS = k.alloc(statType, {batch, heads, rows});
-    Value keyChunks = k.ceilDiv(keys, k.idx(kLanes));
-    Value zeros = k.constLike(k.vf32(), 0.0);
-    Value negInfV = k.negInfLike(k.vf32());
-    Value statWork = k.mul(k.mul(k.mul(batch, heads), rows), keys);
-    workersIfLarge(k, opts, k.mul(k.mul(batch, heads), rows), statWork,
+    Value pMax = kb.alloc(statType, {batch, heads, rows});
+    Value pSum = kb.alloc(statType, {batch, heads, rows});
+    Value pSumS = kb.alloc(statType, {batch, heads, rows});
+    Value keyChunks = kb.ceilDiv(keys, kb.idx(kLanes));
+    Value zeros = kb.constLike(kb.vf32(), 0.0);
+    Value negInfV = kb.negInfLike(kb.vf32());
+    Value statWork = kb.mul(kb.mul(kb.mul(batch, heads), rows), keys);
+    workersIfLarge(kb, opts, kb.mul(kb.mul(batch, heads), rows), statWork,
                    [&](Value item, Value) {
-      Value i = k.remu(item, rows);
-      Value bh = k.divu(item, rows);
-      Value h = k.remu(bh, heads), bi = k.divu(bh, heads);
+      Value i = kb.remu(item, rows);
+      Value bh = kb.divu(item, rows);
+      Value h = kb.remu(bh, heads), bi = kb.divu(bh, heads);
       auto chunk = [&](Value c) {
-        Value j0 = k.mul(c, k.idx(kLanes));
-        return k.vloadMasked(scores, {bi, h, i, j0}, k.sub(keys, j0), negInf);
+        Value j0 = kb.mul(c, kb.idx(kLanes));
+        return kb.vloadMasked(scores, {bi, h, i, j0}, kb.sub(keys, j0), negInf);
       };
       Value mx =
-          k.maxf(k.forLoop(c0, keyChunks, c1, ValueRange{negInfV},
+          kb.maxf(kb.forLoop(c0, keyChunks, c1, ValueRange{negInfV},
                            [&](Value c, ValueRange a) -> SmallVector<Value> {
-                             return {k.fmax(a[0], chunk(c))};
+                             return {kb.fmax(a[0], chunk(c))};
                            })[0]);
-      Value mv = k.splat(mx, kLanes);
+      Value mv = kb.splat(mx, kLanes);
       SmallVector<Value> sums =
-          k.forLoop(c0, keyChunks, c1, ValueRange{zeros, zeros},
+          kb.forLoop(c0, keyChunks, c1, ValueRange{zeros, zeros},
                     [&](Value c, ValueRange a) -> SmallVector<Value> {
                       Value s = chunk(c);
-                      Value t = k.exp(k.fsub(s, mv));
+                      Value t = kb.exp(kb.fsub(s, mv));
                       Value masked =
-                          k.cmpf(arith::CmpFPredicate::OEQ, s, negInfV);
+                          kb.cmpf(arith::CmpFPredicate::OEQ, s, negInfV);
                       // 0 · log 0 = 0: a masked key adds nothing.
-                      Value ts = k.select(masked, zeros, k.fmul(t, s));
-                      return {k.fadd(a[0], t), k.fadd(a[1], ts)};
+                      Value ts = kb.select(masked, zeros, kb.fmul(t, s));
+                      return {kb.fadd(a[0], t), kb.fadd(a[1], ts)};
                     });
-      k.store(mx, pMax, {bi, h, i});
-      k.store(k.sum(sums[0]), pSum, {bi, h, i});
-      k.store(k.sum(sums[1]), pSumS, {bi, h, i});
+      kb.store(mx, pMax, {bi, h, i});
+      kb.store(kb.sum(sums[0]), pSum, {bi, h, i});
+      kb.store(kb.sum(sums[1]), pSumS, {bi, h, i});
     });
 
     // 2. h* per batch element.
     Value head = kernel.out(1);
-    Value numHeadsI32 = k.castInt(heads, i32);
-    k.forLoop(c0, batch, c1, [&](Value bi) {
-      SmallVector<Value> best = k.forLoop(
+    Value numHeadsI32 = kb.castInt(heads, i32);
+    kb.forLoop(c0, batch, c1, [&](Value bi) {
+      SmallVector<Value> best = kb.forLoop(
           c0, heads, c1,
-          ValueRange{k.cF32(std::numeric_limits<double>::infinity()),
+          ValueRange{kb.cF32(std::numeric_limits<double>::infinity()),
                      numHeadsI32},
           [&](Value h, ValueRange it) -> SmallVector<Value> {
-            SmallVector<Value> tot = k.forLoop(
-                c0, rows, c1, ValueRange{k.cF32(0.0), k.cF32(0.0)},
+            SmallVector<Value> tot = kb.forLoop(
+                c0, rows, c1, ValueRange{kb.cF32(0.0), kb.cF32(0.0)},
                 [&](Value i, ValueRange a) -> SmallVector<Value> {
-                  Value mx = k.load(pMax, {bi, h, i});
-                  Value se = k.load(pSum, {bi, h, i});
-                  Value sw = k.load(pSumS, {bi, h, i});
+                  Value mx = kb.load(pMax, {bi, h, i});
+                  Value se = kb.load(pSum, {bi, h, i});
+                  Value sw = kb.load(pSumS, {bi, h, i});
                   Value valid =
-                      k.cmpf(arith::CmpFPredicate::UNE, mx, k.negInfLike(f32));
-                  Value lse = k.fadd(mx, k.log(se));
-                  Value entropy = k.fsub(lse, k.fdiv(sw, se));
+                      kb.cmpf(arith::CmpFPredicate::UNE, mx, kb.negInfLike(f32));
+                  Value lse = kb.fadd(mx, kb.log(se));
+                  Value entropy = kb.fsub(lse, kb.fdiv(sw, se));
                   return {
-                      k.fadd(a[0], k.select(valid, entropy, k.cF32(0.0))),
-                      k.fadd(a[1], k.select(valid, k.cF32(1.0), k.cF32(0.0)))};
+                      kb.fadd(a[0], kb.select(valid, entropy, kb.cF32(0.0))),
+                      kb.fadd(a[1], kb.select(valid, kb.cF32(1.0), kb.cF32(0.0)))};
                 });
-            Value some = k.cmpf(arith::CmpFPredicate::OGT, tot[1], k.cF32(0.0));
-            Value mean = k.select(some, k.fdiv(tot[0], tot[1]), k.cF32(0.0));
-            Value hI = k.castInt(h, i32);
+            Value some = kb.cmpf(arith::CmpFPredicate::OGT, tot[1], kb.cF32(0.0));
+            Value mean = kb.select(some, kb.fdiv(tot[0], tot[1]), kb.cF32(0.0));
+            Value hI = kb.castInt(h, i32);
             Value take = lowering::ranksBefore(b, b.getLoc(), mean, hI, it[0],
                                                it[1], /*descending=*/false);
-            return {k.select(take, mean, it[0]), k.select(take, hI, it[1])};
+            return {kb.select(take, mean, it[0]), kb.select(take, hI, it[1])};
           });
-      k.store(best[1], head, {bi});
+      kb.store(best[1], head, {bi});
     });
 
     // 3. Head means of h*, written straight into the flash kernel's tiled
     //    transposed key layout.
-    Value scale = headScaleValue(k, op.getEffectiveHeadScale(), heads);
+    Value scale = headScaleValue(kb, op.getEffectiveHeadScale(), heads);
     HeadMeans means =
-        packHeadMeans(k, opts, v, wo, head, scale, batch, keys, model, headDim);
+        packHeadMeans(kb, opts, v, wo, head, scale, batch, keys, model, headDim);
     Value keysPad = means.keysPad, keysT = means.keysT, norm2 = means.norm2;
 
     // 4. The posterior mix.
     Value out = kernel.out(0);
     FlashSpec mix =
-        flashSpec(k, u, keysT, keysPad, e, out, batch, rows, keys, model,
+        flashSpec(kb, u, keysT, keysPad, e, out, batch, rows, keys, model,
                   posteriorLogits(scores, head, norm2, keys, sigma2));
     mix.tilesPerBlock = 1; // the logits stream the scores rows
-    emitFlashMix(k, opts, mix);
+    emitFlashMix(kb, opts, mix);
 
     kernel.replace(rw, op);
     return success();

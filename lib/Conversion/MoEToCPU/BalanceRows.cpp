@@ -13,40 +13,40 @@
 namespace mlir::moe::cpu {
 using namespace kernels;
 
-Value balanceChunk(CK &k, Value x2, Value r, Value base, Value numExperts,
+Value balanceChunk(CpuKernelBuilder &kb, Value x2, Value r, Value base, Value numExperts,
                    double pad) {
   // A static E that is a multiple of the lanes needs no mask (plain loads).
   auto type = cast<MemRefType>(x2.getType());
   int64_t e = type.getDimSize(type.getRank() - 1);
-  if (!ShapedType::isDynamic(e) && e % k.lanes() == 0)
-    return k.vload(x2, {r, base});
-  return k.vloadMasked(x2, {r, base}, k.sub(numExperts, base), pad);
+  if (!ShapedType::isDynamic(e) && e % kb.lanes() == 0)
+    return kb.vload(x2, {r, base});
+  return kb.vloadMasked(x2, {r, base}, kb.sub(numExperts, base), pad);
 }
 
-void eachLaneChunk(CK &k, Value chunks, function_ref<void(Value base)> body) {
-  k.forLoop(k.idx(0), chunks, k.idx(1),
-            [&](Value c) { body(k.mul(c, k.idx(k.lanes()))); });
+void eachLaneChunk(CpuKernelBuilder &kb, Value chunks, function_ref<void(Value base)> body) {
+  kb.forLoop(kb.idx(0), chunks, kb.idx(1),
+            [&](Value c) { body(kb.mul(c, kb.idx(kb.lanes()))); });
 }
 
-Value laneChunkSum(CK &k, Value chunks, function_ref<Value(Value)> f) {
-  Value acc = k.forLoop(k.idx(0), chunks, k.idx(1),
-                        ValueRange{k.constLike(k.vf32(), 0.0)},
+Value laneChunkSum(CpuKernelBuilder &kb, Value chunks, function_ref<Value(Value)> f) {
+  Value acc = kb.forLoop(kb.idx(0), chunks, kb.idx(1),
+                        ValueRange{kb.constLike(kb.vf32(), 0.0)},
                         [&](Value c, ValueRange a) -> SmallVector<Value> {
-                          return {k.fadd(a[0], f(k.mul(c, k.idx(k.lanes()))))};
+                          return {kb.fadd(a[0], f(kb.mul(c, kb.idx(kb.lanes()))))};
                         })[0];
-  return k.sum(acc);
+  return kb.sum(acc);
 }
 
-void balanceEachChunk(CK &k, Value numExperts,
+void balanceEachChunk(CpuKernelBuilder &kb, Value numExperts,
                       function_ref<void(Value base)> body) {
-  eachLaneChunk(k, k.ceilDiv(numExperts, k.idx(k.lanes())), body);
+  eachLaneChunk(kb, kb.ceilDiv(numExperts, kb.idx(kb.lanes())), body);
 }
 
-Value balanceRowSum(CK &k, Value numExperts, function_ref<Value(Value)> f) {
-  return laneChunkSum(k, k.ceilDiv(numExperts, k.idx(k.lanes())), f);
+Value balanceRowSum(CpuKernelBuilder &kb, Value numExperts, function_ref<Value(Value)> f) {
+  return laneChunkSum(kb, kb.ceilDiv(numExperts, kb.idx(kb.lanes())), f);
 }
 
-SoftmaxState balanceRowSoftmax(CK &k, Value x2, Value r, Value numExperts,
+SoftmaxState balanceRowSoftmax(CpuKernelBuilder &kb, Value x2, Value r, Value numExperts,
                                Value exps) {
   // Two passes over the row (it stays in L1), each a lane-wise vector
   // accumulation reduced once at the end: the max, then Σ exp(x - max). The
@@ -56,63 +56,63 @@ SoftmaxState balanceRowSoftmax(CK &k, Value x2, Value r, Value numExperts,
   // the online step's: a row of -inf subtracts 0 (Σ = 0, lse = -inf), NaN
   // and +inf propagate to the sum.
   const double negInf = -std::numeric_limits<double>::infinity();
-  Value c0 = k.idx(0), c1 = k.idx(1);
-  Value chunks = k.ceilDiv(numExperts, k.idx(k.lanes()));
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
+  Value chunks = kb.ceilDiv(numExperts, kb.idx(kb.lanes()));
   auto chunk = [&](Value c) {
-    return balanceChunk(k, x2, r, k.mul(c, k.idx(k.lanes())), numExperts,
+    return balanceChunk(kb, x2, r, kb.mul(c, kb.idx(kb.lanes())), numExperts,
                         negInf);
   };
-  Value maxV = k.forLoop(c0, chunks, c1, ValueRange{k.negInfLike(k.vf32())},
+  Value maxV = kb.forLoop(c0, chunks, c1, ValueRange{kb.negInfLike(kb.vf32())},
                          [&](Value c, ValueRange a) -> SmallVector<Value> {
-                           return {k.fmax(a[0], chunk(c))};
+                           return {kb.fmax(a[0], chunk(c))};
                          })[0];
-  Value max = k.maxf(maxV);
-  Value none = k.cmpf(arith::CmpFPredicate::OEQ, max, k.negInfLike(k.f32()));
-  Value shift = k.splat(k.select(none, k.cF32(0.0), max), k.lanes());
-  Value sumV = k.forLoop(c0, chunks, c1, ValueRange{k.constLike(k.vf32(), 0.0)},
+  Value max = kb.maxf(maxV);
+  Value none = kb.cmpf(arith::CmpFPredicate::OEQ, max, kb.negInfLike(kb.f32()));
+  Value shift = kb.splat(kb.select(none, kb.cF32(0.0), max), kb.lanes());
+  Value sumV = kb.forLoop(c0, chunks, c1, ValueRange{kb.constLike(kb.vf32(), 0.0)},
                          [&](Value c, ValueRange a) -> SmallVector<Value> {
-                           Value e = k.softmaxWeight(k.fsub(chunk(c), shift));
+                           Value e = kb.softmaxWeight(kb.fsub(chunk(c), shift));
                            if (exps)
-                             k.vstore(e, exps, {k.mul(c, k.idx(k.lanes()))});
-                           return {k.fadd(a[0], e)};
+                             kb.vstore(e, exps, {kb.mul(c, kb.idx(kb.lanes()))});
+                           return {kb.fadd(a[0], e)};
                          })[0];
-  return {max, k.sum(sumV)};
+  return {max, kb.sum(sumV)};
 }
 
-std::pair<Value, Value> balanceBlockRows(CK &k, Value block, Value rows) {
-  Value r0 = k.mul(block, k.idx(kBalanceRowsPerBlock));
-  Value r1 = k.mins(k.add(r0, k.idx(kBalanceRowsPerBlock)), rows);
+std::pair<Value, Value> balanceBlockRows(CpuKernelBuilder &kb, Value block, Value rows) {
+  Value r0 = kb.mul(block, kb.idx(kBalanceRowsPerBlock));
+  Value r1 = kb.mins(kb.add(r0, kb.idx(kBalanceRowsPerBlock)), rows);
   return {r0, r1};
 }
 
-void balanceEachBlockRow(CK &k, Value block, Value rows,
+void balanceEachBlockRow(CpuKernelBuilder &kb, Value block, Value rows,
                          function_ref<void(Value r)> body) {
-  auto [r0, r1] = balanceBlockRows(k, block, rows);
-  k.forLoop(r0, r1, k.idx(1), body);
+  auto [r0, r1] = balanceBlockRows(kb, block, rows);
+  kb.forLoop(r0, r1, kb.idx(1), body);
 }
 
-Value balanceBlockRowSum(CK &k, Value block, Value rows,
+Value balanceBlockRowSum(CpuKernelBuilder &kb, Value block, Value rows,
                          function_ref<Value(Value r)> f) {
-  auto [r0, r1] = balanceBlockRows(k, block, rows);
-  return k.forLoop(r0, r1, k.idx(1), ValueRange{k.cF32(0.0)},
+  auto [r0, r1] = balanceBlockRows(kb, block, rows);
+  return kb.forLoop(r0, r1, kb.idx(1), ValueRange{kb.cF32(0.0)},
                    [&](Value r, ValueRange acc) -> SmallVector<Value> {
-                     return {k.fadd(acc[0], f(r))};
+                     return {kb.fadd(acc[0], f(r))};
                    })[0];
 }
 
-Value balanceBlocks(CK &k, Value rows) {
-  return k.ceilDiv(rows, k.idx(kBalanceRowsPerBlock));
+Value balanceBlocks(CpuKernelBuilder &kb, Value rows) {
+  return kb.ceilDiv(rows, kb.idx(kBalanceRowsPerBlock));
 }
 
-Value sumInOrder(CK &k, Value buf, Value n) {
-  return k.forLoop(k.idx(0), n, k.idx(1), ValueRange{k.cF32(0.0)},
+Value sumInOrder(CpuKernelBuilder &kb, Value buf, Value n) {
+  return kb.forLoop(kb.idx(0), n, kb.idx(1), ValueRange{kb.cF32(0.0)},
                    [&](Value i, ValueRange acc) -> SmallVector<Value> {
-                     return {k.fadd(acc[0], k.load(buf, {i}))};
+                     return {kb.fadd(acc[0], kb.load(buf, {i}))};
                    })[0];
 }
 
-Value indexToF32(CK &k, Value index) {
-  return k.sitofp(k.castInt(index, k.i64()));
+Value indexToF32(CpuKernelBuilder &kb, Value index) {
+  return kb.sitofp(kb.castInt(index, kb.i64()));
 }
 
 } // namespace mlir::moe::cpu

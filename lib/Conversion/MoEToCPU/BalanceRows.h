@@ -22,49 +22,49 @@ namespace mlir::moe::cpu {
 
 /// Lane chunk `base` (index) of row `r` of `x2` ([rows, E], any float type)
 /// in f32, `pad` past E.
-Value balanceChunk(CK &k, Value x2, Value r, Value base, Value numExperts,
+Value balanceChunk(CpuKernelBuilder &kb, Value x2, Value r, Value base, Value numExperts,
                    double pad);
 
 /// The softmax state ({max, Σ exp(x - max)}) of row `r` of `x2`.
 /// With `exps` (an f32 buffer of the row's lane chunks), exp(x - max) is
 /// also stored there (-inf padding gives 0), so p = exps / Σ needs no exp.
-kernels::SoftmaxState balanceRowSoftmax(CK &k, Value x2, Value r,
+kernels::SoftmaxState balanceRowSoftmax(CpuKernelBuilder &kb, Value x2, Value r,
                                         Value numExperts, Value exps = {});
 
 /// Runs body(chunk base) for each of `chunks` lane chunks (index).
-void eachLaneChunk(CK &k, Value chunks, function_ref<void(Value base)> body);
+void eachLaneChunk(CpuKernelBuilder &kb, Value chunks, function_ref<void(Value base)> body);
 
 /// A vector accumulation over `chunks` lane chunks: Σ_chunks f(base),
 /// reduced to a scalar.
-Value laneChunkSum(CK &k, Value chunks, function_ref<Value(Value)> f);
+Value laneChunkSum(CpuKernelBuilder &kb, Value chunks, function_ref<Value(Value)> f);
 
 /// eachLaneChunk over the lane chunks of a row of `numExperts`.
-void balanceEachChunk(CK &k, Value numExperts,
+void balanceEachChunk(CpuKernelBuilder &kb, Value numExperts,
                       function_ref<void(Value base)> body);
 
 /// laneChunkSum over the lane chunks of a row of `numExperts`.
-Value balanceRowSum(CK &k, Value numExperts, function_ref<Value(Value)> f);
+Value balanceRowSum(CpuKernelBuilder &kb, Value numExperts, function_ref<Value(Value)> f);
 
 /// The row range [r0, r1) of block `block` of kBalanceRowsPerBlock rows.
-std::pair<Value, Value> balanceBlockRows(CK &k, Value block, Value rows);
+std::pair<Value, Value> balanceBlockRows(CpuKernelBuilder &kb, Value block, Value rows);
 
 /// Runs body(r) for the rows of block `block`, in order.
-void balanceEachBlockRow(CK &k, Value block, Value rows,
+void balanceEachBlockRow(CpuKernelBuilder &kb, Value block, Value rows,
                          function_ref<void(Value r)> body);
 
 /// Σ f(r) (f32 scalars) over the rows of block `block`, in row order.
-Value balanceBlockRowSum(CK &k, Value block, Value rows,
+Value balanceBlockRowSum(CpuKernelBuilder &kb, Value block, Value rows,
                          function_ref<Value(Value r)> f);
 
 /// The blocks of kBalanceRowsPerBlock rows covering `rows`.
-Value balanceBlocks(CK &k, Value rows);
+Value balanceBlocks(CpuKernelBuilder &kb, Value rows);
 
 /// Σ_{i < n} buf[i] (f32 partials, one per row block or sequence) in index
 /// order, on the calling thread: the same bits for any thread count.
-Value sumInOrder(CK &k, Value buf, Value n);
+Value sumInOrder(CpuKernelBuilder &kb, Value buf, Value n);
 
 /// `index` (a count) as f32.
-Value indexToF32(CK &k, Value index);
+Value indexToF32(CpuKernelBuilder &kb, Value index);
 
 } // namespace mlir::moe::cpu
 

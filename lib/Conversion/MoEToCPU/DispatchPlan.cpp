@@ -36,7 +36,7 @@
 #include "Kernels.h"
 #include "Route.h"
 
-#include "../MoEToLinalg/Utils.h"
+#include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 
@@ -48,39 +48,39 @@ namespace mlir::moe::cpu {
 
 namespace {
 /// Whether expert value `v` (an element of `indices`) is in [0, E).
-Value inRange(CK &k, Value v, int64_t numExperts) {
+Value inRange(CpuKernelBuilder &kb, Value v, int64_t numExperts) {
   Type elt = v.getType();
-  Value zero = k.castInt(k.idx(0), elt), bound = k.castInt(k.idx(numExperts), elt);
-  return k.andI(k.cmpi(arith::CmpIPredicate::sge, v, zero), k.lt(v, bound));
+  Value zero = kb.castInt(kb.idx(0), elt), bound = kb.castInt(kb.idx(numExperts), elt);
+  return kb.andI(kb.cmpi(arith::CmpIPredicate::sge, v, zero), kb.lt(v, bound));
 }
 
 /// Runs body(n, e) for the planned assignments of row `row` (n = row·K + j,
 /// e the expert as an index): in range and, with a capacity mask `keep` [N]
 /// (i32, 0 = dropped), kept; and otherwise(n) for the others.
-void eachAssignment(CK &k, Value indices, Value row, int64_t numExperts,
+void eachAssignment(CpuKernelBuilder &kb, Value indices, Value row, int64_t numExperts,
                     function_ref<void(Value n, Value e)> body,
                     function_ref<void(Value n)> otherwise = nullptr,
                     Value keep = nullptr) {
-  Value width = k.dim(indices, 1);
-  k.forLoop(k.idx(0), width, k.idx(1), [&](Value j) {
-    Value n = k.add(k.mul(row, width), j);
-    Value v = k.load(indices, {row, j});
-    Value ok = inRange(k, v, numExperts);
+  Value width = kb.dim(indices, 1);
+  kb.forLoop(kb.idx(0), width, kb.idx(1), [&](Value j) {
+    Value n = kb.add(kb.mul(row, width), j);
+    Value v = kb.load(indices, {row, j});
+    Value ok = inRange(kb, v, numExperts);
     if (keep)
-      ok = k.andI(ok, k.cmpi(arith::CmpIPredicate::ne, k.load(keep, {n}),
-                             k.cI32(0)));
-    k.ifThen(ok, [&] { body(n, k.castInt(v, k.index())); });
+      ok = kb.andI(ok, kb.cmpi(arith::CmpIPredicate::ne, kb.load(keep, {n}),
+                             kb.cI32(0)));
+    kb.ifThen(ok, [&] { body(n, kb.castInt(v, kb.index())); });
     if (otherwise)
-      k.ifThen(k.notI1(ok), [&] { otherwise(n); });
+      kb.ifThen(kb.notI1(ok), [&] { otherwise(n); });
   });
 }
 
-Value numItems(CK &k, Value numRows) {
-  return k.ceilDiv(numRows, k.idx(kRouteRowsPerItem));
+Value numItems(CpuKernelBuilder &kb, Value numRows) {
+  return kb.ceilDiv(numRows, kb.idx(kRouteRowsPerItem));
 }
 
-void fill(CK &k, Value buffer, Value size, Value v) {
-  k.forLoop(k.idx(0), size, k.idx(1), [&](Value i) { k.store(v, buffer, {i}); });
+void fill(CpuKernelBuilder &kb, Value buffer, Value size, Value v) {
+  kb.forLoop(kb.idx(0), size, kb.idx(1), [&](Value i) { kb.store(v, buffer, {i}); });
 }
 
 /// The 63-bit priority key of drop(probability) for weight `w` (f32) at
@@ -89,57 +89,57 @@ void fill(CK &k, Value buffer, Value size, Value v) {
 /// floats flipped, positive ones with the sign bit set; -0.0 counted as 0.0;
 /// every NaN above +inf, so NaN ranks first); low 31 bits: 2^31 - 1 - rank,
 /// so equal weights go in the position order. Keys are unique and >= 0.
-Value priorityKey(CK &k, Value w, Value rank) {
-  Value canonical = k.fadd(w, k.cF32(0.0)); // -0.0 + 0.0 = +0.0
-  Value bits = k.bitcast(canonical, k.i32());
+Value priorityKey(CpuKernelBuilder &kb, Value w, Value rank) {
+  Value canonical = kb.fadd(w, kb.cF32(0.0)); // -0.0 + 0.0 = +0.0
+  Value bits = kb.bitcast(canonical, kb.i32());
   Value ordered =
-      k.select(k.lt(bits, k.cI32(0)), k.xorI(bits, k.cI32(-1)),
-               k.orI(bits, k.cI32(std::numeric_limits<int32_t>::min())));
-  ordered = k.select(k.isNaN(w), k.cI32(-1), ordered);
-  Value high = k.shl(k.extu(ordered, k.i64()), k.cI64(31));
-  Value low = k.sub(k.cI64(0x7FFFFFFF), k.castInt(rank, k.i64()));
-  return k.orI(high, low);
+      kb.select(kb.lt(bits, kb.cI32(0)), kb.xorI(bits, kb.cI32(-1)),
+               kb.orI(bits, kb.cI32(std::numeric_limits<int32_t>::min())));
+  ordered = kb.select(kb.isNaN(w), kb.cI32(-1), ordered);
+  Value high = kb.shl(kb.extu(ordered, kb.i64()), kb.cI64(31));
+  Value low = kb.sub(kb.cI64(0x7FFFFFFF), kb.castInt(rank, kb.i64()));
+  return kb.orI(high, low);
 }
 
 /// Phase 0 of a plan with a capacity: `keep` [N] (i32, 1 = kept) and
 /// `dropped` [E] (i32), sequentially (see the file comment).
-void emitCapacityPhase(CK &k, DispatchPlanOp op, Value indices, Value weights,
+void emitCapacityPhase(CpuKernelBuilder &kb, DispatchPlanOp op, Value indices, Value weights,
                        Value keep, Value dropped) {
   int64_t numExperts = op.getNumExperts();
   // At most T·k < 2^31 assignments claim an expert: larger capacities keep
   // everything, as 2^31 - 1 does.
   int64_t capacity = std::min<int64_t>(static_cast<int64_t>(*op.getCapacity()),
                                        std::numeric_limits<int32_t>::max());
-  Value rows = k.dim(indices, 0), width = k.dim(indices, 1);
-  Value n = k.mul(rows, width), e = k.idx(numExperts);
-  Value cap = k.cI32(capacity);
-  fill(k, keep, n, k.cI32(0));
+  Value rows = kb.dim(indices, 0), width = kb.dim(indices, 1);
+  Value n = kb.mul(rows, width), e = kb.idx(numExperts);
+  Value cap = kb.cI32(capacity);
+  fill(kb, keep, n, kb.cI32(0));
   // demand[e]: the in-range assignments of e (by position: so far).
-  Value demand = k.alloc(MemRefType::get({numExperts}, k.i32()), ValueRange{});
-  fill(k, demand, e, k.cI32(0));
+  Value demand = kb.alloc(MemRefType::get({numExperts}, kb.i32()), ValueRange{});
+  fill(kb, demand, e, kb.cI32(0));
   auto eachSlotMajor = [&](function_ref<void(Value n, Value x, Value t,
                                              Value j)> body) {
-    k.forLoop(k.idx(0), width, k.idx(1), [&](Value j) {
-      k.forLoop(k.idx(0), rows, k.idx(1), [&](Value t) {
-        Value v = k.load(indices, {t, j});
-        k.ifThen(inRange(k, v, numExperts), [&] {
-          body(k.add(k.mul(t, width), j), k.castInt(v, k.index()), t, j);
+    kb.forLoop(kb.idx(0), width, kb.idx(1), [&](Value j) {
+      kb.forLoop(kb.idx(0), rows, kb.idx(1), [&](Value t) {
+        Value v = kb.load(indices, {t, j});
+        kb.ifThen(inRange(kb, v, numExperts), [&] {
+          body(kb.add(kb.mul(t, width), j), kb.castInt(v, kb.index()), t, j);
         });
       });
     });
   };
   auto finishDropped = [&] {
-    k.forLoop(k.idx(0), e, k.idx(1), [&](Value x) {
-      Value d = k.load(demand, {x});
-      k.store(k.sub(d, k.select(k.lt(d, cap), d, cap)), dropped, {x});
+    kb.forLoop(kb.idx(0), e, kb.idx(1), [&](Value x) {
+      Value d = kb.load(demand, {x});
+      kb.store(kb.sub(d, kb.select(kb.lt(d, cap), d, cap)), dropped, {x});
     });
   };
 
   if (op.getDrop() == CapacityDrop::position) {
     eachSlotMajor([&](Value nv, Value x, Value, Value) {
-      Value place = k.load(demand, {x});
-      k.ifThen(k.lt(place, cap), [&] { k.store(k.cI32(1), keep, {nv}); });
-      k.store(k.add(place, k.cI32(1)), demand, {x});
+      Value place = kb.load(demand, {x});
+      kb.ifThen(kb.lt(place, cap), [&] { kb.store(kb.cI32(1), keep, {nv}); });
+      kb.store(kb.add(place, kb.cI32(1)), demand, {x});
     });
     finishDropped();
     return;
@@ -147,53 +147,53 @@ void emitCapacityPhase(CK &k, DispatchPlanOp op, Value indices, Value weights,
 
   // drop(probability): the keys, then the bisection of every overloaded
   // expert's C-th largest key (lo: count(key >= lo) >= C; hi + 1: < C).
-  Value keys = k.alloc(MemRefType::get({ShapedType::kDynamic}, k.i64()), {n});
+  Value keys = kb.alloc(MemRefType::get({ShapedType::kDynamic}, kb.i64()), {n});
   eachSlotMajor([&](Value nv, Value x, Value t, Value j) {
-    Value w = k.loadF(weights, {t, j});
-    k.store(priorityKey(k, w, k.add(k.mul(j, rows), t)), keys, {nv});
-    k.store(k.add(k.load(demand, {x}), k.cI32(1)), demand, {x});
+    Value w = kb.loadF(weights, {t, j});
+    kb.store(priorityKey(kb, w, kb.add(kb.mul(j, rows), t)), keys, {nv});
+    kb.store(kb.add(kb.load(demand, {x}), kb.cI32(1)), demand, {x});
   });
   finishDropped();
   if (capacity == 0)
     return; // everything dropped: keep stays 0
   auto i64Buffer = [&] {
-    return k.alloc(MemRefType::get({numExperts}, k.i64()), ValueRange{});
+    return kb.alloc(MemRefType::get({numExperts}, kb.i64()), ValueRange{});
   };
   Value lo = i64Buffer(), hi = i64Buffer(), mid = i64Buffer();
-  Value above = k.alloc(MemRefType::get({numExperts}, k.i32()), ValueRange{});
-  fill(k, lo, e, k.cI64(0));
-  fill(k, hi, e, k.cI64(std::numeric_limits<int64_t>::max()));
+  Value above = kb.alloc(MemRefType::get({numExperts}, kb.i32()), ValueRange{});
+  fill(kb, lo, e, kb.cI64(0));
+  fill(kb, hi, e, kb.cI64(std::numeric_limits<int64_t>::max()));
   auto eachKey = [&](function_ref<void(Value nv, Value x)> body) {
-    k.forLoop(k.idx(0), rows, k.idx(1), [&](Value t) {
-      eachAssignment(k, indices, t, numExperts, body);
+    kb.forLoop(kb.idx(0), rows, kb.idx(1), [&](Value t) {
+      eachAssignment(kb, indices, t, numExperts, body);
     });
   };
-  k.forLoop(k.idx(0), k.idx(63), k.idx(1), [&](Value) {
-    k.forLoop(k.idx(0), e, k.idx(1), [&](Value x) {
-      Value l = k.load(lo, {x}), span = k.sub(k.load(hi, {x}), l);
+  kb.forLoop(kb.idx(0), kb.idx(63), kb.idx(1), [&](Value) {
+    kb.forLoop(kb.idx(0), e, kb.idx(1), [&](Value x) {
+      Value l = kb.load(lo, {x}), span = kb.sub(kb.load(hi, {x}), l);
       // lo + ceil(span / 2), no overflow: span < 2^63.
-      k.store(k.add(l, k.add(k.shru(span, k.cI64(1)), k.andI(span, k.cI64(1)))),
+      kb.store(kb.add(l, kb.add(kb.shru(span, kb.cI64(1)), kb.andI(span, kb.cI64(1)))),
               mid, {x});
-      k.store(k.cI32(0), above, {x});
+      kb.store(kb.cI32(0), above, {x});
     });
     eachKey([&](Value nv, Value x) {
-      k.ifThen(k.cmpi(arith::CmpIPredicate::sge, k.load(keys, {nv}),
-                      k.load(mid, {x})),
-               [&] { k.store(k.add(k.load(above, {x}), k.cI32(1)), above, {x}); });
+      kb.ifThen(kb.cmpi(arith::CmpIPredicate::sge, kb.load(keys, {nv}),
+                      kb.load(mid, {x})),
+               [&] { kb.store(kb.add(kb.load(above, {x}), kb.cI32(1)), above, {x}); });
     });
-    k.forLoop(k.idx(0), e, k.idx(1), [&](Value x) {
-      Value m = k.load(mid, {x});
-      Value enough = k.cmpi(arith::CmpIPredicate::sge, k.load(above, {x}), cap);
-      k.store(k.select(enough, m, k.load(lo, {x})), lo, {x});
-      k.store(k.select(enough, k.load(hi, {x}), k.sub(m, k.cI64(1))), hi, {x});
+    kb.forLoop(kb.idx(0), e, kb.idx(1), [&](Value x) {
+      Value m = kb.load(mid, {x});
+      Value enough = kb.cmpi(arith::CmpIPredicate::sge, kb.load(above, {x}), cap);
+      kb.store(kb.select(enough, m, kb.load(lo, {x})), lo, {x});
+      kb.store(kb.select(enough, kb.load(hi, {x}), kb.sub(m, kb.cI64(1))), hi, {x});
     });
   });
   // An expert within its capacity keeps everything (its bisection found 0).
   eachKey([&](Value nv, Value x) {
-    Value within = k.cmpi(arith::CmpIPredicate::sle, k.load(demand, {x}), cap);
-    Value high = k.cmpi(arith::CmpIPredicate::sge, k.load(keys, {nv}),
-                        k.load(lo, {x}));
-    k.ifThen(k.orI(within, high), [&] { k.store(k.cI32(1), keep, {nv}); });
+    Value within = kb.cmpi(arith::CmpIPredicate::sle, kb.load(demand, {x}), cap);
+    Value high = kb.cmpi(arith::CmpIPredicate::sge, kb.load(keys, {nv}),
+                        kb.load(lo, {x}));
+    kb.ifThen(kb.orI(within, high), [&] { kb.store(kb.cI32(1), keep, {nv}); });
   });
 }
 
@@ -201,7 +201,7 @@ struct DispatchPlanKernel
     : KernelPattern<DispatchPlanOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(DispatchPlanOp op, CK &k,
+  LogicalResult emit(DispatchPlanOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
     // Left to the fused kernel of its route (the greedy driver may visit the
     // plan first).
@@ -212,138 +212,138 @@ struct DispatchPlanKernel
     if (failed(checkIndexOperand(rw, op, op.getIndices(), numExperts,
                                  lowering::IndexErrorOp::DispatchPlanIndices)))
       return failure();
-    SmallVector<Value> sizes = k.sizes(op.getIndices());
+    SmallVector<Value> sizes = kb.sizes(op.getIndices());
     KernelScope kernel(
-        k, {op.getIndices(), op.getWeights()},
-        KernelScope::outsOf(op, planResultSizes(k, op, sizes[0], sizes[1])));
-    Value indices = k.buffer(op.getIndices());
+        kb, {op.getIndices(), op.getWeights()},
+        KernelScope::outsOf(op, planResultSizes(kb, op, sizes[0], sizes[1])));
+    Value indices = kb.buffer(op.getIndices());
     Value keep;
     if (op.getCapacity()) {
-      keep = k.alloc(MemRefType::get({ShapedType::kDynamic}, k.i32()),
-                     {k.mul(sizes[0], sizes[1])});
-      emitCapacityPhase(k, op, indices,
-                        op.getWeights() ? k.buffer(op.getWeights()) : Value(),
+      keep = kb.alloc(MemRefType::get({ShapedType::kDynamic}, kb.i32()),
+                     {kb.mul(sizes[0], sizes[1])});
+      emitCapacityPhase(kb, op, indices,
+                        op.getWeights() ? kb.buffer(op.getWeights()) : Value(),
                         keep, kernel.out(7));
     }
-    Value hist = allocPlanHistogram(k, k.dim(indices, 0), numExperts);
-    k.workers(opts, numItems(k, k.dim(indices, 0)), [&](Value item, Value) {
-      clearPlanItem(k, hist, item, numExperts);
-      Value r0 = k.mul(item, k.idx(kRouteRowsPerItem));
-      Value r1 = k.mins(k.add(r0, k.idx(kRouteRowsPerItem)), k.dim(indices, 0));
-      k.forLoop(r0, r1, k.idx(1), [&](Value r) {
-        countPlanRow(k, indices, hist, r, item, numExperts, keep);
+    Value hist = allocPlanHistogram(kb, kb.dim(indices, 0), numExperts);
+    kb.workers(opts, numItems(kb, kb.dim(indices, 0)), [&](Value item, Value) {
+      clearPlanItem(kb, hist, item, numExperts);
+      Value r0 = kb.mul(item, kb.idx(kRouteRowsPerItem));
+      Value r1 = kb.mins(kb.add(r0, kb.idx(kRouteRowsPerItem)), kb.dim(indices, 0));
+      kb.forLoop(r0, r1, kb.idx(1), [&](Value r) {
+        countPlanRow(kb, indices, hist, r, item, numExperts, keep);
       });
     });
-    emitPlanFromHistogram(k, opts, op, indices, hist, kernel.outs(), keep);
+    emitPlanFromHistogram(kb, opts, op, indices, hist, kernel.outs(), keep);
     kernel.replace(rw, op);
     return success();
   }
 };
 } // namespace
 
-Value allocPlanHistogram(CK &k, Value numRows, int64_t numExperts) {
-  return k.alloc(MemRefType::get({ShapedType::kDynamic, numExperts}, k.i32()),
-                 {numItems(k, numRows)});
+Value allocPlanHistogram(CpuKernelBuilder &kb, Value numRows, int64_t numExperts) {
+  return kb.alloc(MemRefType::get({ShapedType::kDynamic, numExperts}, kb.i32()),
+                 {numItems(kb, numRows)});
 }
 
-void clearPlanItem(CK &k, Value hist, Value item, int64_t numExperts) {
-  k.forLoop(k.idx(0), k.idx(numExperts), k.idx(1),
-            [&](Value e) { k.store(k.cI32(0), hist, {item, e}); });
+void clearPlanItem(CpuKernelBuilder &kb, Value hist, Value item, int64_t numExperts) {
+  kb.forLoop(kb.idx(0), kb.idx(numExperts), kb.idx(1),
+            [&](Value e) { kb.store(kb.cI32(0), hist, {item, e}); });
 }
 
-void countPlanRow(CK &k, Value indices, Value hist, Value row, Value item,
+void countPlanRow(CpuKernelBuilder &kb, Value indices, Value hist, Value row, Value item,
                   int64_t numExperts, Value keep) {
   eachAssignment(
-      k, indices, row, numExperts,
+      kb, indices, row, numExperts,
       [&](Value, Value e) {
-        k.store(k.add(k.load(hist, {item, e}), k.cI32(1)), hist, {item, e});
+        kb.store(kb.add(kb.load(hist, {item, e}), kb.cI32(1)), hist, {item, e});
       },
       nullptr, keep);
 }
 
-SmallVector<SmallVector<Value>> planResultSizes(CK &k, DispatchPlanOp op,
+SmallVector<SmallVector<Value>> planResultSizes(CpuKernelBuilder &kb, DispatchPlanOp op,
                                                 Value rows, Value slots) {
   int64_t numExperts = op.getNumExperts(), block = op.getBlockSize();
-  Value n = k.mul(rows, slots);
-  Value paddedSize = k.add(n, k.idx(numExperts * (block - 1)));
+  Value n = kb.mul(rows, slots);
+  Value paddedSize = kb.add(n, kb.idx(numExperts * (block - 1)));
   // counts [E], offsets [E + 1], order and inverse [n], padded_order
   // [paddedSize], block_experts [ceil(paddedSize / B)], num_padded [1];
   // with a capacity, dropped [E].
-  SmallVector<SmallVector<Value>> sizes = {{k.idx(numExperts)},
-                                           {k.idx(numExperts + 1)},
+  SmallVector<SmallVector<Value>> sizes = {{kb.idx(numExperts)},
+                                           {kb.idx(numExperts + 1)},
                                            {n},
                                            {n},
                                            {paddedSize},
-                                           {k.ceilDiv(paddedSize, k.idx(block))},
-                                           {k.idx(1)}};
+                                           {kb.ceilDiv(paddedSize, kb.idx(block))},
+                                           {kb.idx(1)}};
   if (op.getCapacity())
-    sizes.push_back({k.idx(numExperts)});
+    sizes.push_back({kb.idx(numExperts)});
   return sizes;
 }
 
-void emitPlanFromHistogram(CK &k, const KernelOptions &opts, DispatchPlanOp op,
+void emitPlanFromHistogram(CpuKernelBuilder &kb, const KernelOptions &opts, DispatchPlanOp op,
                            Value indices, Value hist, ValueRange results,
                            Value keep) {
   int64_t numExperts = op.getNumExperts(), block = op.getBlockSize();
-  Value e = k.idx(numExperts), blk = k.idx(block);
-  Value n = k.mul(k.dim(indices, 0), k.dim(indices, 1));
-  Value paddedSize = k.add(n, k.idx(numExperts * (block - 1)));
-  Value numBlocks = k.ceilDiv(paddedSize, blk);
-  Value items = numItems(k, k.dim(indices, 0));
+  Value e = kb.idx(numExperts), blk = kb.idx(block);
+  Value n = kb.mul(kb.dim(indices, 0), kb.dim(indices, 1));
+  Value paddedSize = kb.add(n, kb.idx(numExperts * (block - 1)));
+  Value numBlocks = kb.ceilDiv(paddedSize, blk);
+  Value items = numItems(kb, kb.dim(indices, 0));
   Value counts = results[0], offsets = results[1], order = results[2];
   Value inverse = results[3], padded = results[4], blocks = results[5];
   Value numPadded = results[6];
   Value paddedOffsets =
-      k.alloc(MemRefType::get({numExperts}, k.i32()), ValueRange{});
-  auto i32 = [&](Value v) { return k.castInt(v, k.i32()); };
-  auto asIndex = [&](Value v) { return k.castInt(v, k.index()); };
+      kb.alloc(MemRefType::get({numExperts}, kb.i32()), ValueRange{});
+  auto i32 = [&](Value v) { return kb.castInt(v, kb.i32()); };
+  auto asIndex = [&](Value v) { return kb.castInt(v, kb.index()); };
 
   // Phase 2: the scan over experts (and, per expert, over the items).
-  fill(k, blocks, numBlocks, k.cI32(-1));
-  fill(k, padded, paddedSize, i32(n));
-  k.store(k.cI32(0), offsets, {k.idx(0)});
-  SmallVector<Value> ends = k.forLoop(
-      k.idx(0), e, k.idx(1), ValueRange{k.idx(0), k.idx(0)},
+  fill(kb, blocks, numBlocks, kb.cI32(-1));
+  fill(kb, padded, paddedSize, i32(n));
+  kb.store(kb.cI32(0), offsets, {kb.idx(0)});
+  SmallVector<Value> ends = kb.forLoop(
+      kb.idx(0), e, kb.idx(1), ValueRange{kb.idx(0), kb.idx(0)},
       [&](Value x, ValueRange it) -> SmallVector<Value> {
         Value start = it[0], pStart = it[1];
-        Value end = k.forLoop(
-            k.idx(0), items, k.idx(1), ValueRange{start},
+        Value end = kb.forLoop(
+            kb.idx(0), items, kb.idx(1), ValueRange{start},
             [&](Value item, ValueRange at) -> SmallVector<Value> {
-              Value c = asIndex(k.load(hist, {item, x}));
-              k.store(i32(at[0]), hist, {item, x});
-              return {k.add(at[0], c)};
+              Value c = asIndex(kb.load(hist, {item, x}));
+              kb.store(i32(at[0]), hist, {item, x});
+              return {kb.add(at[0], c)};
             })[0];
-        Value count = k.sub(end, start);
-        Value pEnd = k.add(pStart, k.mul(k.ceilDiv(count, blk), blk));
-        k.store(i32(count), counts, {x});
-        k.store(i32(end), offsets, {k.add(x, k.idx(1))});
-        k.store(i32(pStart), paddedOffsets, {x});
-        k.forLoop(k.divu(pStart, blk), k.divu(pEnd, blk), k.idx(1),
-                  [&](Value bi) { k.store(i32(x), blocks, {bi}); });
+        Value count = kb.sub(end, start);
+        Value pEnd = kb.add(pStart, kb.mul(kb.ceilDiv(count, blk), blk));
+        kb.store(i32(count), counts, {x});
+        kb.store(i32(end), offsets, {kb.add(x, kb.idx(1))});
+        kb.store(i32(pStart), paddedOffsets, {x});
+        kb.forLoop(kb.divu(pStart, blk), kb.divu(pEnd, blk), kb.idx(1),
+                  [&](Value bi) { kb.store(i32(x), blocks, {bi}); });
         return {end, pEnd};
       });
-  k.store(i32(ends[1]), numPadded, {k.idx(0)});
+  kb.store(i32(ends[1]), numPadded, {kb.idx(0)});
   // Positions past the in-range assignments (left out) hold -1.
-  k.forLoop(ends[0], n, k.idx(1),
-            [&](Value p) { k.store(k.cI32(-1), order, {p}); });
+  kb.forLoop(ends[0], n, kb.idx(1),
+            [&](Value p) { kb.store(kb.cI32(-1), order, {p}); });
 
   // Phase 3: placement at the item's cursors, n ascending.
-  k.workers(opts, items, [&](Value item, Value) {
-    Value r0 = k.mul(item, k.idx(kRouteRowsPerItem));
-    Value r1 = k.mins(k.add(r0, k.idx(kRouteRowsPerItem)), k.dim(indices, 0));
-    k.forLoop(r0, r1, k.idx(1), [&](Value r) {
+  kb.workers(opts, items, [&](Value item, Value) {
+    Value r0 = kb.mul(item, kb.idx(kRouteRowsPerItem));
+    Value r1 = kb.mins(kb.add(r0, kb.idx(kRouteRowsPerItem)), kb.dim(indices, 0));
+    kb.forLoop(r0, r1, kb.idx(1), [&](Value r) {
       eachAssignment(
-          k, indices, r, numExperts,
+          kb, indices, r, numExperts,
           [&](Value nv, Value x) {
-            Value p = asIndex(k.load(hist, {item, x}));
-            k.store(i32(k.add(p, k.idx(1))), hist, {item, x});
-            k.store(i32(nv), order, {p});
-            k.store(i32(p), inverse, {nv});
-            Value q = k.add(asIndex(k.load(paddedOffsets, {x})),
-                            k.sub(p, asIndex(k.load(offsets, {x}))));
-            k.store(i32(nv), padded, {q});
+            Value p = asIndex(kb.load(hist, {item, x}));
+            kb.store(i32(kb.add(p, kb.idx(1))), hist, {item, x});
+            kb.store(i32(nv), order, {p});
+            kb.store(i32(p), inverse, {nv});
+            Value q = kb.add(asIndex(kb.load(paddedOffsets, {x})),
+                            kb.sub(p, asIndex(kb.load(offsets, {x}))));
+            kb.store(i32(nv), padded, {q});
           },
-          [&](Value nv) { k.store(k.cI32(-1), inverse, {nv}); }, keep);
+          [&](Value nv) { kb.store(kb.cI32(-1), inverse, {nv}); }, keep);
     });
   });
 }

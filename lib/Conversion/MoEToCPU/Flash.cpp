@@ -14,54 +14,54 @@ using namespace mlir;
 using namespace mlir::moe::cpu;
 using namespace mlir::moe::kernels;
 
-std::pair<Value, Value> mlir::moe::cpu::packValues(CpuKernelBuilder &k,
+std::pair<Value, Value> mlir::moe::cpu::packValues(CpuKernelBuilder &kb,
                                                    Value values, Value batch,
                                                    Value keys, Value width,
                                                    Value keysPad,
                                                    Value widthPad) {
   auto type = MemRefType::get(
       {ShapedType::kDynamic, ShapedType::kDynamic, ShapedType::kDynamic},
-      k.f32());
-  Value packed = k.alloc(type, {batch, keysPad, widthPad});
-  Value chunks = k.divu(widthPad, k.idx(kLanes));
-  Value zeros = k.constLike(k.vf32(), 0.0);
+      kb.f32());
+  Value packed = kb.alloc(type, {batch, keysPad, widthPad});
+  Value chunks = kb.divu(widthPad, kb.idx(kLanes));
+  Value zeros = kb.constLike(kb.vf32(), 0.0);
   // Sequential (O(Nk·K), small next to the mixing). The non-finite flag is
   // carried as Σ (v - v), NaN iff some v is ±inf or NaN (no i1 vectors live
   // across loop iterations).
-  Value bad = k.forLoop(
-      k.idx(0), batch, k.idx(1), ValueRange{zeros},
+  Value bad = kb.forLoop(
+      kb.idx(0), batch, kb.idx(1), ValueRange{zeros},
       [&](Value b, ValueRange outer) -> SmallVector<Value> {
-        return k.forLoop(
-            k.idx(0), keysPad, k.idx(1), outer,
+        return kb.forLoop(
+            kb.idx(0), keysPad, kb.idx(1), outer,
             [&](Value j, ValueRange mid) -> SmallVector<Value> {
-              return k.forLoop(
-                  k.idx(0), chunks, k.idx(1), mid,
+              return kb.forLoop(
+                  kb.idx(0), chunks, kb.idx(1), mid,
                   [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                    Value base = k.mul(c, k.idx(kLanes));
-                    Value inRow = k.cmpi(arith::CmpIPredicate::ult, j, keys);
+                    Value base = kb.mul(c, kb.idx(kLanes));
+                    Value inRow = kb.cmpi(arith::CmpIPredicate::ult, j, keys);
                     // Past the last key: nothing to read.
-                    Value count = k.select(inRow, k.sub(width, base), k.idx(0));
-                    Value v = k.vloadMasked(values, {b, j, base}, count, 0.0);
-                    k.vstore(v, packed, {b, j, base});
-                    return {k.fadd(acc[0], k.fsub(v, v))};
+                    Value count = kb.select(inRow, kb.sub(width, base), kb.idx(0));
+                    Value v = kb.vloadMasked(values, {b, j, base}, count, 0.0);
+                    kb.vstore(v, packed, {b, j, base});
+                    return {kb.fadd(acc[0], kb.fsub(v, v))};
                   });
             });
       })[0];
   // An f32 (NaN = some value is not finite), not an i1: an i1 captured by
   // the async runtime's outlined coroutines trips an LLVM 22 x86 codegen
   // error when mlir-runner runs without -O.
-  return {packed, k.sum(bad)};
+  return {packed, kb.sum(bad)};
 }
 
 FlashSpec mlir::moe::cpu::flashSpec(
-    CpuKernelBuilder &k, Value q, Value keysT, Value keysPad, Value values,
+    CpuKernelBuilder &kb, Value q, Value keysT, Value keysPad, Value values,
     Value out, Value batch, Value rows, Value keys, Value depth,
     std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)> logits,
     bool causal) {
-  Value width = k.dim(values, 2);
-  Value widthPad = roundUp(k, width, kLanes);
+  Value width = kb.dim(values, 2);
+  Value widthPad = roundUp(kb, width, kLanes);
   auto [packed, nonFinite] =
-      packValues(k, values, batch, keys, width, keysPad, widthPad);
+      packValues(kb, values, batch, keys, width, keysPad, widthPad);
   // (No lse: the caller sets it when it wants one.)
   return FlashSpec{q,         keysT, packed, out,
                    Value(),   batch, rows,   keys,
@@ -70,55 +70,55 @@ FlashSpec mlir::moe::cpu::flashSpec(
 }
 
 void mlir::moe::cpu::workersIfLarge(
-    CpuKernelBuilder &k, const KernelOptions &opts, Value numItems, Value work,
+    CpuKernelBuilder &kb, const KernelOptions &opts, Value numItems, Value work,
     function_ref<void(Value item, Value worker)> body) {
-  Value small = k.cmpi(arith::CmpIPredicate::ult, work, k.idx(kInlineWork));
-  k.workers(opts, numItems, body, small);
+  Value small = kb.cmpi(arith::CmpIPredicate::ult, work, kb.idx(kInlineWork));
+  kb.workers(opts, numItems, body, small);
 }
 
-mlir::moe::cpu::RowBlocks mlir::moe::cpu::rowBlocks(CpuKernelBuilder &k,
+mlir::moe::cpu::RowBlocks mlir::moe::cpu::rowBlocks(CpuKernelBuilder &kb,
                                                     Value batch, Value rows,
                                                     int64_t tilesPerBlock) {
-  Value tiles = k.ceilDiv(rows, k.idx(kQueryTile));
-  Value blocks = k.ceilDiv(tiles, k.idx(tilesPerBlock));
-  return {rows, tiles, blocks, k.mul(batch, blocks), tilesPerBlock};
+  Value tiles = kb.ceilDiv(rows, kb.idx(kQueryTile));
+  Value blocks = kb.ceilDiv(tiles, kb.idx(tilesPerBlock));
+  return {rows, tiles, blocks, kb.mul(batch, blocks), tilesPerBlock};
 }
 
-mlir::moe::cpu::RowBlock mlir::moe::cpu::rowBlock(CpuKernelBuilder &k,
+mlir::moe::cpu::RowBlock mlir::moe::cpu::rowBlock(CpuKernelBuilder &kb,
                                                   Value item,
                                                   const RowBlocks &blocks) {
   const int64_t QB = blocks.tilesPerBlock;
-  Value c1 = k.idx(1);
+  Value c1 = kb.idx(1);
   RowBlock blk;
   blk.rows = blocks.rows;
-  blk.b = k.divu(item, blocks.blocksPerBatch);
-  blk.t0 = k.mul(k.remu(item, blocks.blocksPerBatch), k.idx(QB));
-  blk.count = k.mins(k.idx(QB), k.sub(blocks.tilesPerBatch, blk.t0));
+  blk.b = kb.divu(item, blocks.blocksPerBatch);
+  blk.t0 = kb.mul(kb.remu(item, blocks.blocksPerBatch), kb.idx(QB));
+  blk.count = kb.mins(kb.idx(QB), kb.sub(blocks.tilesPerBatch, blk.t0));
   blk.lastRow =
-      k.mins(k.sub(k.mul(k.add(blk.t0, blk.count), k.idx(kQueryTile)), c1),
-             k.sub(blocks.rows, c1));
+      kb.mins(kb.sub(kb.mul(kb.add(blk.t0, blk.count), kb.idx(kQueryTile)), c1),
+             kb.sub(blocks.rows, c1));
   return blk;
 }
 
-Value mlir::moe::cpu::RowBlock::firstRow(CpuKernelBuilder &k, Value qt) const {
-  return k.mul(k.add(t0, qt), k.idx(kQueryTile));
+Value mlir::moe::cpu::RowBlock::firstRow(CpuKernelBuilder &kb, Value qt) const {
+  return kb.mul(kb.add(t0, qt), kb.idx(kQueryTile));
 }
 
-mlir::moe::cpu::RowTile mlir::moe::cpu::RowBlock::tile(CpuKernelBuilder &k,
+mlir::moe::cpu::RowTile mlir::moe::cpu::RowBlock::tile(CpuKernelBuilder &kb,
                                                        Value qt) const {
   RowTile t;
-  t.i0 = firstRow(k, qt);
-  Value last = k.sub(rows, k.idx(1));
+  t.i0 = firstRow(kb, qt);
+  Value last = kb.sub(rows, kb.idx(1));
   for (int64_t r = 0; r < kQueryTile; ++r)
-    t.rows.push_back(k.mins(k.add(t.i0, k.idx(r)), last));
+    t.rows.push_back(kb.mins(kb.add(t.i0, kb.idx(r)), last));
   return t;
 }
 
-void mlir::moe::cpu::zeroRows(CpuKernelBuilder &k, Value buf, Value chunks) {
-  Value zeros = k.constLike(k.vf32(), 0.0);
-  k.forLoop(k.idx(0), chunks, k.idx(1), [&](Value c) {
+void mlir::moe::cpu::zeroRows(CpuKernelBuilder &kb, Value buf, Value chunks) {
+  Value zeros = kb.constLike(kb.vf32(), 0.0);
+  kb.forLoop(kb.idx(0), chunks, kb.idx(1), [&](Value c) {
     for (int64_t r = 0; r < kQueryTile; ++r)
-      k.vstore(zeros, buf, {k.idx(r), k.mul(c, k.idx(kLanes))});
+      kb.vstore(zeros, buf, {kb.idx(r), kb.mul(c, kb.idx(kLanes))});
   });
 }
 
@@ -164,7 +164,7 @@ static SmallVector<DotBlock> dotBlocks(int64_t rows, int64_t vectors,
 }
 
 mlir::moe::cpu::DotTile
-mlir::moe::cpu::dotTile(CpuKernelBuilder &k, const KernelOptions &opts, Value q,
+mlir::moe::cpu::dotTile(CpuKernelBuilder &kb, const KernelOptions &opts, Value q,
                         Value keysT, Value b, ArrayRef<Value> rowIdx, Value jt,
                         Value depth, Value dotBuf, bool inBuffer) {
   // The micro-kernel computes in the target's registers (L lanes) over blocks
@@ -179,27 +179,27 @@ mlir::moe::cpu::dotTile(CpuKernelBuilder &k, const KernelOptions &opts, Value q,
   const bool inRegisters =
       !inBuffer && rows * VL + 4 <= vectorRegisters(L);
   DotTile tile;
-  tile.k = &k;
+  tile.kb = &kb;
   if (!inRegisters) {
     assert(dotBuf && "dotTile needs a buffer on this target");
     tile.buf = dotBuf;
   }
-  Value zeros = k.constLike(k.vf32(L), 0.0);
+  Value zeros = kb.constLike(kb.vf32(L), 0.0);
   SmallVector<Value> pieces(rows * VL);
   for (const DotBlock &blk : dotBlocks(rows, VL, vectorRegisters(L))) {
     const int64_t r0 = blk.r0, g = blk.g, v0 = blk.v0, w = blk.w;
     SmallVector<Value> init(g * w, zeros);
-    SmallVector<Value> acc = k.forLoop(
-        k.idx(0), depth, k.idx(1), init,
+    SmallVector<Value> acc = kb.forLoop(
+        kb.idx(0), depth, kb.idx(1), init,
         [&](Value d, ValueRange a) -> SmallVector<Value> {
           SmallVector<Value> kv;
           for (int64_t v = 0; v < w; ++v)
-            kv.push_back(k.vload(keysT, {b, jt, d, k.idx((v0 + v) * L)}, L));
+            kv.push_back(kb.vload(keysT, {b, jt, d, kb.idx((v0 + v) * L)}, L));
           SmallVector<Value> next;
           for (int64_t r = 0; r < g; ++r) {
-            Value qv = k.splat(k.loadF(q, {b, rowIdx[r0 + r], d}), L);
+            Value qv = kb.splat(kb.loadF(q, {b, rowIdx[r0 + r], d}), L);
             for (int64_t v = 0; v < w; ++v)
-              next.push_back(k.fma(qv, kv[v], a[r * w + v]));
+              next.push_back(kb.fma(qv, kv[v], a[r * w + v]));
           }
           return next;
         });
@@ -208,8 +208,8 @@ mlir::moe::cpu::dotTile(CpuKernelBuilder &k, const KernelOptions &opts, Value q,
         if (inRegisters)
           pieces[(r0 + r) * VL + v0 + v] = acc[r * w + v];
         else
-          k.vstore(acc[r * w + v], dotBuf,
-                   {k.idx(r0 + r), k.idx((v0 + v) * L)});
+          kb.vstore(acc[r * w + v], dotBuf,
+                   {kb.idx(r0 + r), kb.idx((v0 + v) * L)});
       }
   }
   if (inRegisters) {
@@ -218,7 +218,7 @@ mlir::moe::cpu::dotTile(CpuKernelBuilder &k, const KernelOptions &opts, Value q,
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t v = 0; v < KV; ++v)
         tile.dots.push_back(
-            k.concat(ArrayRef<Value>(pieces).slice(r * VL + v * per, per)));
+            kb.concat(ArrayRef<Value>(pieces).slice(r * VL + v * per, per)));
   }
   return tile;
 }
@@ -227,16 +227,16 @@ Value mlir::moe::cpu::DotTile::at(int64_t r, int64_t v) const {
   constexpr int64_t KV = kKeyTile / kLanes;
   if (!buf)
     return dots[r * KV + v];
-  return k->vload(buf, {k->idx(r), k->idx(v * kLanes)});
+  return kb->vload(buf, {kb->idx(r), kb->idx(v * kLanes)});
 }
 
-void mlir::moe::cpu::accumulateTile(CpuKernelBuilder &k,
+void mlir::moe::cpu::accumulateTile(CpuKernelBuilder &kb,
                                     const KernelOptions &opts, Value accBuf,
                                     Value pBuf, Value values, Value b, Value j0,
                                     Value widthChunks, ArrayRef<Value> alpha,
                                     Value logitBuf, Value guarded) {
-  Type f32 = k.f32();
-  Value c0 = k.idx(0), c1 = k.idx(1);
+  Type f32 = kb.f32();
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
   int64_t rows = cast<MemRefType>(pBuf.getType()).getDimSize(0);
   int64_t keyCols = cast<MemRefType>(pBuf.getType()).getDimSize(1);
   // Chunks of the target's register width, `w` adjacent ones a step: w
@@ -248,35 +248,35 @@ void mlir::moe::cpu::accumulateTile(CpuKernelBuilder &k,
   const int64_t L = std::min<int64_t>(opts.lanes(), kLanes);
   const int64_t W =
       std::max<int64_t>(1, (vectorRegisters(L) - 4) / std::max<int64_t>(rows, 1));
-  Value chunks = k.mul(widthChunks, k.idx(kLanes / L));
+  Value chunks = kb.mul(widthChunks, kb.idx(kLanes / L));
   auto step = [&](Value c, int64_t w) {
     SmallVector<Value> cols, acc; // acc[r * w + q]
     for (int64_t q = 0; q < w; ++q)
-      cols.push_back(k.mul(q ? k.add(c, k.idx(q)) : c, k.idx(L)));
+      cols.push_back(kb.mul(q ? kb.add(c, kb.idx(q)) : c, kb.idx(L)));
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t q = 0; q < w; ++q) {
-        Value a = k.vload(accBuf, {k.idx(r), cols[q]}, L);
-        acc.push_back(alpha.empty() ? a : k.fmul(a, k.splat(alpha[r], L)));
+        Value a = kb.vload(accBuf, {kb.idx(r), cols[q]}, L);
+        acc.push_back(alpha.empty() ? a : kb.fmul(a, kb.splat(alpha[r], L)));
       }
     auto pvLoop = [&](bool guard) -> SmallVector<Value> {
-      return k.forLoop(
-          c0, k.idx(keyCols), c1, acc,
+      return kb.forLoop(
+          c0, kb.idx(keyCols), c1, acc,
           [&](Value j, ValueRange a) -> SmallVector<Value> {
             SmallVector<Value> v;
             for (int64_t q = 0; q < w; ++q)
-              v.push_back(k.vload(values, {b, k.add(j0, j), cols[q]}, L));
+              v.push_back(kb.vload(values, {b, kb.add(j0, j), cols[q]}, L));
             SmallVector<Value> next;
             for (int64_t r = 0; r < rows; ++r) {
-              Value p = k.splat(k.load(pBuf, {k.idx(r), j}), L);
+              Value p = kb.splat(kb.load(pBuf, {kb.idx(r), j}), L);
               Value valid;
               if (guard) {
-                Value logit = k.load(logitBuf, {k.idx(r), j});
-                valid = k.cmpf(arith::CmpFPredicate::UNE, logit,
-                               k.negInfLike(f32));
+                Value logit = kb.load(logitBuf, {kb.idx(r), j});
+                valid = kb.cmpf(arith::CmpFPredicate::UNE, logit,
+                               kb.negInfLike(f32));
               }
               for (int64_t q = 0; q < w; ++q) {
-                Value upd = k.fma(p, v[q], a[r * w + q]);
-                next.push_back(guard ? k.select(valid, upd, a[r * w + q])
+                Value upd = kb.fma(p, v[q], a[r * w + q]);
+                next.push_back(guard ? kb.select(valid, upd, a[r * w + q])
                                      : upd);
               }
             }
@@ -285,8 +285,8 @@ void mlir::moe::cpu::accumulateTile(CpuKernelBuilder &k,
     };
     SmallVector<Value> res;
     if (logitBuf) {
-      SmallVector<Type> types(rows * w, k.vf32(L));
-      res = k.ifElse(
+      SmallVector<Type> types(rows * w, kb.vf32(L));
+      res = kb.ifElse(
           guarded, types, [&] { return pvLoop(true); },
           [&] { return pvLoop(false); });
     } else {
@@ -294,42 +294,42 @@ void mlir::moe::cpu::accumulateTile(CpuKernelBuilder &k,
     }
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t q = 0; q < w; ++q)
-        k.vstore(res[r * w + q], accBuf, {k.idx(r), cols[q]});
+        kb.vstore(res[r * w + q], accBuf, {kb.idx(r), cols[q]});
   };
   // Steps of W, then single chunks. (Splitting a tail of one, e.g. 4 chunks
   // as 2 + 2 instead of 3 + 1, measured the same: D = 64 and D = 256.)
-  Value whole = k.mul(k.divu(chunks, k.idx(W)), k.idx(W));
-  k.forLoop(c0, whole, k.idx(W), [&](Value c) { step(c, W); });
+  Value whole = kb.mul(kb.divu(chunks, kb.idx(W)), kb.idx(W));
+  kb.forLoop(c0, whole, kb.idx(W), [&](Value c) { step(c, W); });
   if (W > 1)
-    k.forLoop(whole, chunks, c1, [&](Value c) { step(c, 1); });
+    kb.forLoop(whole, chunks, c1, [&](Value c) { step(c, 1); });
 }
 
-Value mlir::moe::cpu::packKeysT(CpuKernelBuilder &k, const KernelOptions &opts,
+Value mlir::moe::cpu::packKeysT(CpuKernelBuilder &kb, const KernelOptions &opts,
                                 Value x, Value batch, Value rows, Value depth) {
-  Value c0 = k.idx(0), c1 = k.idx(1);
-  Value keyTiles = k.ceilDiv(rows, k.idx(kKeyTile));
-  Value keysT = k.alloc(MemRefType::get({kDyn, kDyn, kDyn, kKeyTile}, k.f32()),
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
+  Value keyTiles = kb.ceilDiv(rows, kb.idx(kKeyTile));
+  Value keysT = kb.alloc(MemRefType::get({kDyn, kDyn, kDyn, kKeyTile}, kb.f32()),
                         {batch, keyTiles, depth});
   bool f32Rows = cast<MemRefType>(x.getType()).getElementType().isF32();
   // One item per (b, key tile); rows past the end are zeros.
-  k.workers(opts, k.mul(batch, keyTiles), [&](Value item, Value) {
-    Value bi = k.divu(item, keyTiles), jt = k.remu(item, keyTiles);
-    Value last = k.sub(rows, c1);
+  kb.workers(opts, kb.mul(batch, keyTiles), [&](Value item, Value) {
+    Value bi = kb.divu(item, keyTiles), jt = kb.remu(item, keyTiles);
+    Value last = kb.sub(rows, c1);
     // Key jj of the tile: its row, clamped to the last row (its values are
     // replaced by zeros past the end), and whether it is inside.
     auto keyRow = [&](Value jj) {
-      Value j = k.add(k.mul(jt, k.idx(kKeyTile)), jj);
-      Value in = k.cmpi(arith::CmpIPredicate::ult, j, rows);
-      return std::pair{k.mins(j, last), in};
+      Value j = kb.add(kb.mul(jt, kb.idx(kKeyTile)), jj);
+      Value in = kb.cmpi(arith::CmpIPredicate::ult, j, rows);
+      return std::pair{kb.mins(j, last), in};
     };
     // Columns [from, D) of every key of the tile, an element at a time (the
     // rows of f16/bf16 inputs, and the ragged tail of f32 ones).
     auto scalarCols = [&](Value from) {
-      k.forLoop(c0, k.idx(kKeyTile), c1, [&](Value jj) {
+      kb.forLoop(c0, kb.idx(kKeyTile), c1, [&](Value jj) {
         auto [jc, in] = keyRow(jj);
-        k.forLoop(from, depth, c1, [&](Value d) {
-          Value v = k.loadF(x, {bi, jc, d});
-          k.store(k.select(in, v, k.cF32(0.0)), keysT, {bi, jt, d, jj});
+        kb.forLoop(from, depth, c1, [&](Value d) {
+          Value v = kb.loadF(x, {bi, jc, d});
+          kb.store(kb.select(in, v, kb.cF32(0.0)), keysT, {bi, jt, d, jj});
         });
       });
     };
@@ -341,18 +341,18 @@ Value mlir::moe::cpu::packKeysT(CpuKernelBuilder &k, const KernelOptions &opts,
     // scalar stores 128 bytes apart) made LLVM emit AVX-512 scatters
     // (VSCATTERQPS) into lines that left L1 between keys: a fifth of the
     // N = 64, D = 1024 decode mix.
-    int64_t lanes = k.lanes();
-    Value whole = k.mul(k.divu(depth, k.idx(lanes)), k.idx(lanes));
-    Value zeros = k.constLike(k.vf32(), 0.0);
-    k.forLoop(c0, whole, k.idx(lanes), [&](Value d0) {
-      k.forLoop(c0, k.idx(kKeyTile), c1, [&](Value jj) {
+    int64_t lanes = kb.lanes();
+    Value whole = kb.mul(kb.divu(depth, kb.idx(lanes)), kb.idx(lanes));
+    Value zeros = kb.constLike(kb.vf32(), 0.0);
+    kb.forLoop(c0, whole, kb.idx(lanes), [&](Value d0) {
+      kb.forLoop(c0, kb.idx(kKeyTile), c1, [&](Value jj) {
         auto [jc, in] = keyRow(jj);
-        Value inV = k.splat(in, lanes);
-        Value row = k.vload(x, {bi, jc, d0});
-        Value v = k.select(inV, row, zeros);
+        Value inV = kb.splat(in, lanes);
+        Value row = kb.vload(x, {bi, jc, d0});
+        Value v = kb.select(inV, row, zeros);
         for (int64_t l = 0; l < lanes; ++l)
-          k.store(vector::ExtractOp::create(k.b, v, l), keysT,
-                  {bi, jt, k.add(d0, k.idx(l)), jj});
+          kb.store(vector::ExtractOp::create(kb.b, v, l), keysT,
+                  {bi, jt, kb.add(d0, kb.idx(l)), jj});
       });
     });
     scalarCols(whole);
@@ -360,59 +360,59 @@ Value mlir::moe::cpu::packKeysT(CpuKernelBuilder &k, const KernelOptions &opts,
   return keysT;
 }
 
-Value mlir::moe::cpu::keyValidity(CpuKernelBuilder &k, Value mask, Value batch,
+Value mlir::moe::cpu::keyValidity(CpuKernelBuilder &kb, Value mask, Value batch,
                                   Value rows, Value keysPad) {
-  Value c0 = k.idx(0), c1 = k.idx(1);
-  Value valid = k.alloc(MemRefType::get({kDyn, kDyn}, k.f32()),
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
+  Value valid = kb.alloc(MemRefType::get({kDyn, kDyn}, kb.f32()),
                         {batch, keysPad});
-  k.forLoop(c0, batch, c1, [&](Value bi) {
-    k.forLoop(c0, keysPad, c1, [&](Value j) {
-      Value in = k.cmpi(arith::CmpIPredicate::ult, j, rows);
+  kb.forLoop(c0, batch, c1, [&](Value bi) {
+    kb.forLoop(c0, keysPad, c1, [&](Value j) {
+      Value in = kb.cmpi(arith::CmpIPredicate::ult, j, rows);
       if (mask) {
-        Value m = k.load(mask, {bi, k.mins(j, k.sub(rows, c1))});
-        in = k.andI(in, m);
+        Value m = kb.load(mask, {bi, kb.mins(j, kb.sub(rows, c1))});
+        in = kb.andI(in, m);
       }
-      k.store(k.select(in, k.cF32(1.0), k.cF32(0.0)), valid, {bi, j});
+      kb.store(kb.select(in, kb.cF32(1.0), kb.cF32(0.0)), valid, {bi, j});
     });
   });
   return valid;
 }
 
 void mlir::moe::cpu::forEachRowChunk(
-    CpuKernelBuilder &k, const KernelOptions &opts, Value batch, Value rows,
+    CpuKernelBuilder &kb, const KernelOptions &opts, Value batch, Value rows,
     Value width,
     function_ref<void(Value b, Value i, Value col, Value count)> body) {
-  Value chunks = k.ceilDiv(width, k.idx(kLanes));
-  k.workers(opts, k.mul(batch, rows), [&](Value item, Value) {
-    Value bi = k.divu(item, rows), i = k.remu(item, rows);
-    k.forLoop(k.idx(0), chunks, k.idx(1), [&](Value c) {
-      Value col = k.mul(c, k.idx(kLanes));
-      body(bi, i, col, k.sub(width, col));
+  Value chunks = kb.ceilDiv(width, kb.idx(kLanes));
+  kb.workers(opts, kb.mul(batch, rows), [&](Value item, Value) {
+    Value bi = kb.divu(item, rows), i = kb.remu(item, rows);
+    kb.forLoop(kb.idx(0), chunks, kb.idx(1), [&](Value c) {
+      Value col = kb.mul(c, kb.idx(kLanes));
+      body(bi, i, col, kb.sub(width, col));
     });
   });
 }
 
-Value mlir::moe::cpu::projectRows(CpuKernelBuilder &k,
+Value mlir::moe::cpu::projectRows(CpuKernelBuilder &kb,
                                   const KernelOptions &opts, Value x, Value w,
                                   Value batch, Value rows, Value depth,
                                   Value outWidth, Value init, Value out) {
-  Value c0 = k.idx(0), c1 = k.idx(1);
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
   if (!out)
-    out = k.alloc(MemRefType::get({kDyn, kDyn, kDyn}, k.f32()),
+    out = kb.alloc(MemRefType::get({kDyn, kDyn, kDyn}, kb.f32()),
                   {batch, rows, outWidth});
-  forEachRowChunk(k, opts, batch, rows, outWidth,
+  forEachRowChunk(kb, opts, batch, rows, outWidth,
                   [&](Value bi, Value i, Value col, Value count) {
                     Value start =
-                        init ? k.vloadMasked(init, {bi, i, col}, count, 0.0)
-                             : k.constLike(k.vf32(), 0.0);
-                    Value acc = k.forLoop(
+                        init ? kb.vloadMasked(init, {bi, i, col}, count, 0.0)
+                             : kb.constLike(kb.vf32(), 0.0);
+                    Value acc = kb.forLoop(
                         c0, depth, c1, ValueRange{start},
                         [&](Value d, ValueRange a) -> SmallVector<Value> {
-                          Value xv = k.splat(k.loadF(x, {bi, i, d}), kLanes);
-                          Value wv = k.vloadMasked(w, {d, col}, count, 0.0);
-                          return {k.fma(xv, wv, a[0])};
+                          Value xv = kb.splat(kb.loadF(x, {bi, i, d}), kLanes);
+                          Value wv = kb.vloadMasked(w, {d, col}, count, 0.0);
+                          return {kb.fma(xv, wv, a[0])};
                         })[0];
-                    k.vstoreMasked(acc, out, {bi, i, col}, count);
+                    kb.vstoreMasked(acc, out, {bi, i, col}, count);
                   });
   return out;
 }
@@ -442,142 +442,142 @@ mlir::moe::cpu::scaledMaskedLogits(Value keyValid,
 }
 
 moe::kernels::SoftmaxGrad mlir::moe::cpu::queryRowGrad(
-    CpuKernelBuilder &k,
+    CpuKernelBuilder &kb,
     const std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)>
         &logits,
     Value lse, Value delta, Value sDot, Value gDot, Value b, Value i,
     Value j0) {
-  Value x = logits(k, sDot, b, i, j0);
+  Value x = logits(kb, sDot, b, i, j0);
   return moe::kernels::softmaxGradFromLogSumExp(
-      k, x, k.load(lse, {b, i}), gDot, [&] {
-        return k.splat(k.load(delta, {b, i}), kLanes);
+      kb, x, kb.load(lse, {b, i}), gDot, [&] {
+        return kb.splat(kb.load(delta, {b, i}), kLanes);
       });
 }
 
-void mlir::moe::cpu::emitFlashMix(CpuKernelBuilder &k,
+void mlir::moe::cpu::emitFlashMix(CpuKernelBuilder &kb,
                                   const KernelOptions &opts,
                                   const FlashSpec &s) {
   constexpr int64_t TQ = kQueryTile, TK = kKeyTile, KV = TK / kLanes;
   const int64_t QB = s.tilesPerBlock;
-  Type f32 = k.f32();
-  Value c0 = k.idx(0), c1 = k.idx(1);
-  Value widthChunks = k.divu(s.widthPad, k.idx(kLanes));
+  Type f32 = kb.f32();
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
+  Value widthChunks = kb.divu(s.widthPad, kb.idx(kLanes));
   // A parallel item is a block of query tiles (rowBlocks); each tile's
   // online-softmax state lives in `stateAll` between its key tiles.
-  RowBlocks blocks = rowBlocks(k, s.batch, s.rows, QB);
+  RowBlocks blocks = rowBlocks(kb, s.batch, s.rows, QB);
 
-  Value accAll = k.scratch(
+  Value accAll = kb.scratch(
       opts, MemRefType::get({QB, TQ, ShapedType::kDynamic}, f32),
       {s.widthPad});
-  Value stateAll = k.scratch(opts, MemRefType::get({QB, 2 * TQ}, f32), {});
-  Value pAll = k.scratch(opts, MemRefType::get({TQ, TK}, f32), {});
-  Value sAll = k.scratch(opts, MemRefType::get({TQ, TK}, f32), {});
+  Value stateAll = kb.scratch(opts, MemRefType::get({QB, 2 * TQ}, f32), {});
+  Value pAll = kb.scratch(opts, MemRefType::get({TQ, TK}, f32), {});
+  Value sAll = kb.scratch(opts, MemRefType::get({TQ, TK}, f32), {});
 
   auto body = [&](Value item, Value worker) {
-    Value accBlk = k.workerSlice(accAll, worker);
-    Value stateBlk = k.workerSlice(stateAll, worker);
-    Value pBuf = k.workerSlice(pAll, worker);
-    Value sBuf = k.workerSlice(sAll, worker);
-    RowBlock blk = rowBlock(k, item, blocks);
+    Value accBlk = kb.workerSlice(accAll, worker);
+    Value stateBlk = kb.workerSlice(stateAll, worker);
+    Value pBuf = kb.workerSlice(pAll, worker);
+    Value sBuf = kb.workerSlice(sAll, worker);
+    RowBlock blk = rowBlock(kb, item, blocks);
     Value b = blk.b, nt = blk.count;
     // The online softmax (MoE/Kernels/OnlineSoftmax.h) of each row: the
     // running max and sum, TQ of each per tile.
-    SoftmaxState start = softmaxStart(k);
+    SoftmaxState start = softmaxStart(kb);
     auto loadState = [&](Value qt) {
       SmallVector<Value> st;
       for (int64_t x = 0; x < 2 * TQ; ++x)
-        st.push_back(k.load(stateBlk, {qt, k.idx(x)}));
+        st.push_back(kb.load(stateBlk, {qt, kb.idx(x)}));
       return st;
     };
-    k.forLoop(c0, nt, c1, [&](Value qt) {
-      zeroRows(k, k.workerSlice(accBlk, qt), widthChunks);
+    kb.forLoop(c0, nt, c1, [&](Value qt) {
+      zeroRows(kb, kb.workerSlice(accBlk, qt), widthChunks);
       for (int64_t r = 0; r < TQ; ++r) {
-        k.store(start.max, stateBlk, {qt, k.idx(r)});
-        k.store(start.sum, stateBlk, {qt, k.idx(TQ + r)});
+        kb.store(start.max, stateBlk, {qt, kb.idx(r)});
+        kb.store(start.sum, stateBlk, {qt, kb.idx(TQ + r)});
       }
     });
-    Value keyTiles = k.ceilDiv(s.keys, k.idx(TK));
+    Value keyTiles = kb.ceilDiv(s.keys, kb.idx(TK));
     if (s.causal) {
       // Keys 0 .. the block's last row; a tile stops at its own last row.
-      keyTiles = k.ceilDiv(k.add(blk.lastRow, c1), k.idx(TK));
+      keyTiles = kb.ceilDiv(kb.add(blk.lastRow, c1), kb.idx(TK));
     }
-    auto maxOfLanes = [&](Value v) { return k.maxf(v); };
-    auto sumOfLanes = [&](Value v) { return k.sum(v); };
+    auto maxOfLanes = [&](Value v) { return kb.maxf(v); };
+    auto sumOfLanes = [&](Value v) { return kb.sum(v); };
 
-    k.forLoop(c0, keyTiles, c1, [&](Value jt) {
-      Value j0 = k.mul(jt, k.idx(TK));
-      k.forLoop(c0, nt, c1, [&](Value qt) {
-        RowTile tile = blk.tile(k, qt);
+    kb.forLoop(c0, keyTiles, c1, [&](Value jt) {
+      Value j0 = kb.mul(jt, kb.idx(TK));
+      kb.forLoop(c0, nt, c1, [&](Value qt) {
+        RowTile tile = blk.tile(kb, qt);
         ArrayRef<Value> rowIdx = tile.rows;
-        Value accBuf = k.workerSlice(accBlk, qt);
+        Value accBuf = kb.workerSlice(accBlk, qt);
         auto step = [&] {
           SmallVector<Value> it = loadState(qt);
           // QK: TQ x TK dot products over d.
           // (Logits overwrite the dots a row at a time: sBuf holds both.)
           DotTile dots =
-              dotTile(k, opts, s.q, s.keysT, b, rowIdx, jt, s.depth, sBuf);
+              dotTile(kb, opts, s.q, s.keysT, b, rowIdx, jt, s.depth, sBuf);
 
           // Online softmax over the tile, per row.
           SmallVector<Value> alpha;
-          Value anyExcluded = k.cBool(false);
-          Value negInfV = k.negInfLike(k.vf32());
+          Value anyExcluded = kb.cBool(false);
+          Value negInfV = kb.negInfLike(kb.vf32());
           for (int64_t r = 0; r < TQ; ++r) {
             SmallVector<Value> sv;
             Value excluded;
             for (int64_t v = 0; v < KV; ++v) {
-              sv.push_back(s.logits(k, dots.at(r, v), b, rowIdx[r],
-                                    k.add(j0, k.idx(v * kLanes))));
-              Value out = k.cmpf(arith::CmpFPredicate::OEQ, sv[v], negInfV);
-              excluded = v ? k.orI(excluded, out) : out;
+              sv.push_back(s.logits(kb, dots.at(r, v), b, rowIdx[r],
+                                    kb.add(j0, kb.idx(v * kLanes))));
+              Value out = kb.cmpf(arith::CmpFPredicate::OEQ, sv[v], negInfV);
+              excluded = v ? kb.orI(excluded, out) : out;
             }
-            SoftmaxTile st = onlineSoftmaxStep(k, {it[r], it[TQ + r]}, sv,
+            SoftmaxTile st = onlineSoftmaxStep(kb, {it[r], it[TQ + r]}, sv,
                                                maxOfLanes, sumOfLanes);
             for (int64_t v = 0; v < KV; ++v) {
-              k.vstore(st.probs[v], pBuf, {k.idx(r), k.idx(v * kLanes)});
-              k.vstore(sv[v], sBuf, {k.idx(r), k.idx(v * kLanes)});
+              kb.vstore(st.probs[v], pBuf, {kb.idx(r), kb.idx(v * kLanes)});
+              kb.vstore(sv[v], sBuf, {kb.idx(r), kb.idx(v * kLanes)});
             }
-            k.store(st.next.max, stateBlk, {qt, k.idx(r)});
-            k.store(st.next.sum, stateBlk, {qt, k.idx(TQ + r)});
+            kb.store(st.next.max, stateBlk, {qt, kb.idx(r)});
+            kb.store(st.next.sum, stateBlk, {qt, kb.idx(TQ + r)});
             alpha.push_back(st.rescale);
-            anyExcluded = k.orI(anyExcluded, k.anyTrue(excluded));
+            anyExcluded = kb.orI(anyExcluded, kb.anyTrue(excluded));
           }
-          Value guarded = k.andI(anyExcluded, k.isNaN(s.valuesNonFinite));
+          Value guarded = kb.andI(anyExcluded, kb.isNaN(s.valuesNonFinite));
 
           // PV: acc = acc · alpha + Σ_j p_j v_j, a register of lanes at a
           // time.
-          accumulateTile(k, opts, accBuf, pBuf, s.values, b, j0, widthChunks,
+          accumulateTile(kb, opts, accBuf, pBuf, s.values, b, j0, widthChunks,
                          alpha, sBuf, guarded);
         };
         if (s.causal) // key tiles up to the tile's last row
-          k.ifThen(k.cmpi(arith::CmpIPredicate::ule, j0, rowIdx.back()), step);
+          kb.ifThen(kb.cmpi(arith::CmpIPredicate::ule, j0, rowIdx.back()), step);
         else
           step();
       });
     });
 
     // Epilogue: acc / l, zeros for a row that saw no key.
-    k.forLoop(c0, nt, c1, [&](Value qt) {
-      Value i0 = blk.firstRow(k, qt);
-      Value accBuf = k.workerSlice(accBlk, qt);
+    kb.forLoop(c0, nt, c1, [&](Value qt) {
+      Value i0 = blk.firstRow(kb, qt);
+      Value accBuf = kb.workerSlice(accBlk, qt);
       SmallVector<Value> state = loadState(qt);
       for (int64_t r = 0; r < TQ; ++r) {
-        Value i = k.add(i0, k.idx(r));
-        k.ifThen(k.cmpi(arith::CmpIPredicate::ult, i, s.rows), [&] {
+        Value i = kb.add(i0, kb.idx(r));
+        kb.ifThen(kb.cmpi(arith::CmpIPredicate::ult, i, s.rows), [&] {
           SoftmaxState row = {state[r], state[TQ + r]};
-          k.forLoop(c0, widthChunks, c1, [&](Value c) {
-            Value col = k.mul(c, k.idx(kLanes));
+          kb.forLoop(c0, widthChunks, c1, [&](Value c) {
+            Value col = kb.mul(c, kb.idx(kLanes));
             Value p =
-                softmaxNormalize(k, row, k.vload(accBuf, {k.idx(r), col}));
-            k.vstoreMasked(p, s.out, {b, i, col}, k.sub(s.width, col));
+                softmaxNormalize(kb, row, kb.vload(accBuf, {kb.idx(r), col}));
+            kb.vstoreMasked(p, s.out, {b, i, col}, kb.sub(s.width, col));
           });
           if (s.lse)
-            k.store(softmaxLogSumExp(k, row), s.lse, {b, i});
+            kb.store(softmaxLogSumExp(kb, row), s.lse, {b, i});
         });
       }
     });
   };
   // Work: a multiply-add per (row, key, depth or value lane).
-  Value work = k.mul(k.mul(k.mul(s.batch, s.rows), s.keys),
-                     k.add(s.depth, s.widthPad));
-  workersIfLarge(k, opts, blocks.items, work, body);
+  Value work = kb.mul(kb.mul(kb.mul(s.batch, s.rows), s.keys),
+                     kb.add(s.depth, s.widthPad));
+  workersIfLarge(kb, opts, blocks.items, work, body);
 }

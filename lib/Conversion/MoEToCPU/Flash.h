@@ -84,7 +84,7 @@ struct FlashSpec {
 /// `keysT` (packKeysT layout, keysPad = roundUp(Nk, kKeyTile)) with the logit
 /// epilogue `logits`; `lse` is left unset.
 FlashSpec flashSpec(
-    CpuKernelBuilder &k, Value q, Value keysT, Value keysPad, Value values,
+    CpuKernelBuilder &kb, Value q, Value keysT, Value keysPad, Value values,
     Value out, Value batch, Value rows, Value keys, Value depth,
     std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)> logits,
     bool causal = false);
@@ -97,13 +97,13 @@ constexpr int64_t kInlineWork = int64_t(1) << 20;
 /// (an index: about the multiply-adds of all items) is below kInlineWork, and
 /// on the workers otherwise, however few the items (CpuKernelBuilder::workers
 /// by itself decides on the item count).
-void workersIfLarge(CpuKernelBuilder &k, const KernelOptions &opts,
+void workersIfLarge(CpuKernelBuilder &kb, const KernelOptions &opts,
                     Value numItems, Value work,
                     function_ref<void(Value item, Value worker)> body);
 
 /// Emits the kernel (workers over the B x ceil(N / kQueryTile) query tiles,
 /// on the calling thread when the whole mix is small).
-void emitFlashMix(CpuKernelBuilder &k, const KernelOptions &opts,
+void emitFlashMix(CpuKernelBuilder &kb, const KernelOptions &opts,
                   const FlashSpec &spec);
 
 /// The tiles of the mixing backward (FlashGrad.cpp), the transposed
@@ -160,14 +160,14 @@ struct FlashGradSpec {
 /// `logits` (the forward's epilogue) from the score dot, then
 /// softmaxGradFromLogSumExp with lse[b, i] and delta[b, i] ([B, N] f32).
 kernels::SoftmaxGrad queryRowGrad(
-    CpuKernelBuilder &k,
+    CpuKernelBuilder &kb,
     const std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)>
         &logits,
     Value lse, Value delta, Value sDot, Value gDot, Value b, Value i, Value j0);
 
 /// Emits the backward tiles (workers over the B x ceil(R / kQueryTile) row
 /// tiles).
-void emitFlashGrad(CpuKernelBuilder &k, const KernelOptions &opts,
+void emitFlashGrad(CpuKernelBuilder &kb, const KernelOptions &opts,
                    const FlashGradSpec &spec);
 
 /// The per-row inputs of a FlashGradSpec's weights, [B, rowsPad] f32 each
@@ -179,7 +179,7 @@ void emitFlashGrad(CpuKernelBuilder &k, const KernelOptions &opts,
 struct GradRowStats {
   Value lse, delta;
 };
-GradRowStats gradRowStats(CpuKernelBuilder &k, Value lse, Value p, Value dp,
+GradRowStats gradRowStats(CpuKernelBuilder &kb, Value lse, Value p, Value dp,
                           Value batch, Value rows, Value width, Value widthPad,
                           Value rowsPad);
 
@@ -194,7 +194,7 @@ struct RowBlocks {
   Value rows, tilesPerBatch, blocksPerBatch, items;
   int64_t tilesPerBlock;
 };
-RowBlocks rowBlocks(CpuKernelBuilder &k, Value batch, Value rows,
+RowBlocks rowBlocks(CpuKernelBuilder &kb, Value batch, Value rows,
                     int64_t tilesPerBlock = kQueryTilesPerBlock);
 /// A row tile: its first row `i0` and kQueryTile row indices, where rows past
 /// the end repeat the last row (computed, never stored).
@@ -208,13 +208,13 @@ struct RowBlock {
   Value b, t0, count, lastRow;
   Value rows; // of the batch element
   /// The first row of tile qt (< count) of the block.
-  Value firstRow(CpuKernelBuilder &k, Value qt) const;
+  Value firstRow(CpuKernelBuilder &kb, Value qt) const;
   /// Tile qt (< count) of the block.
-  RowTile tile(CpuKernelBuilder &k, Value qt) const;
+  RowTile tile(CpuKernelBuilder &kb, Value qt) const;
 };
-RowBlock rowBlock(CpuKernelBuilder &k, Value item, const RowBlocks &blocks);
+RowBlock rowBlock(CpuKernelBuilder &kb, Value item, const RowBlocks &blocks);
 /// Zeros the kQueryTile rows of `chunks` kLanes-vectors of `buf`.
-void zeroRows(CpuKernelBuilder &k, Value buf, Value chunks);
+void zeroRows(CpuKernelBuilder &kb, Value buf, Value chunks);
 
 /// The kQueryTile x kKeyTile dot products of a tile (dotTile): in registers
 /// when they fit the target's (AVX-512), else in a [kQueryTile, kKeyTile] f32
@@ -222,7 +222,7 @@ void zeroRows(CpuKernelBuilder &k, Value buf, Value chunks);
 struct DotTile {
   /// The kLanes-wide vector of dots of row r, keys [v·kLanes, (v+1)·kLanes).
   Value at(int64_t r, int64_t v) const;
-  CpuKernelBuilder *k = nullptr;
+  CpuKernelBuilder *kb = nullptr;
   SmallVector<Value> dots; // in registers: row-major, kKeyTile / kLanes a row
   Value buf;               // else the buffer
 };
@@ -232,7 +232,7 @@ struct DotTile {
 /// f32) receives them when they do not fit the registers, or always with
 /// `inBuffer` (a tile read while two others hold the registers); a caller may
 /// overwrite a row of it once it has read that row's dots.
-DotTile dotTile(CpuKernelBuilder &k, const KernelOptions &opts, Value q,
+DotTile dotTile(CpuKernelBuilder &kb, const KernelOptions &opts, Value q,
                 Value keysT, Value b, ArrayRef<Value> rowIdx, Value jt,
                 Value depth, Value dotBuf, bool inBuffer = false);
 /// accBuf[r, :] = accBuf[r, :] · alpha[r] + Σ_j pBuf[r, j] · values[b, j0 + j,
@@ -240,30 +240,30 @@ DotTile dotTile(CpuKernelBuilder &k, const KernelOptions &opts, Value q,
 /// target's width (opts.lanes()). With `logitBuf`,
 /// when `guarded` is true the entries whose logit is -inf are skipped (a
 /// non-finite value times a zero weight must not reach the sum).
-void accumulateTile(CpuKernelBuilder &k, const KernelOptions &opts,
+void accumulateTile(CpuKernelBuilder &kb, const KernelOptions &opts,
                     Value accBuf, Value pBuf, Value values, Value b, Value j0,
                     Value widthChunks, ArrayRef<Value> alpha,
                     Value logitBuf = {}, Value guarded = {});
 /// x [B, N, D] (any float) packed transposed in key tiles: [B, ceil(N /
 /// kKeyTile), D, kKeyTile] f32, zero padding (the keysT of FlashSpec).
-Value packKeysT(CpuKernelBuilder &k, const KernelOptions &opts, Value x,
+Value packKeysT(CpuKernelBuilder &kb, const KernelOptions &opts, Value x,
                 Value batch, Value rows, Value depth);
 /// [B, keysPad] f32: 1 where key j < rows is valid (and mask[b, j], an
 /// optional [B, N] i1), else 0.
-Value keyValidity(CpuKernelBuilder &k, Value mask, Value batch, Value rows,
+Value keyValidity(CpuKernelBuilder &kb, Value mask, Value batch, Value rows,
                   Value keysPad);
 /// Runs `body(b, i, col, count)` for every row (b, i) of a [batch, rows,
 /// width] array (workers over the rows) and every kLanes-chunk of it: `col`
 /// its first column, `count` = width - col the lanes inside (for masked
 /// loads and stores).
 void forEachRowChunk(
-    CpuKernelBuilder &k, const KernelOptions &opts, Value batch, Value rows,
+    CpuKernelBuilder &kb, const KernelOptions &opts, Value batch, Value rows,
     Value width,
     function_ref<void(Value b, Value i, Value col, Value count)> body);
 /// init + x · w for x [B, N, D] (any float), w [D, W] (any float), init an
 /// optional [B, N, W] f32: written into `out` ([B, N, W] f32; may be init),
 /// or when `out` is null into a new buffer; returns it (vector over W).
-Value projectRows(CpuKernelBuilder &k, const KernelOptions &opts, Value x,
+Value projectRows(CpuKernelBuilder &kb, const KernelOptions &opts, Value x,
                   Value w, Value batch, Value rows, Value depth, Value outWidth,
                   Value init = {}, Value out = {});
 /// The logit epilogue of `logit` (MoE/Kernels/FlashLogit.h: dot / scaleDiv,
@@ -275,7 +275,7 @@ scaledMaskedLogits(Value keyValid, const kernels::FlashLogitSpec &logit);
 
 /// Packs values [B, Nk, K] (any float) into [B, Npad, Kp] f32 with zero
 /// padding; returns {packed, an f32 that is NaN iff some value is non-finite}.
-std::pair<Value, Value> packValues(CpuKernelBuilder &k, Value values,
+std::pair<Value, Value> packValues(CpuKernelBuilder &kb, Value values,
                                    Value batch, Value keys, Value width,
                                    Value keysPad, Value widthPad);
 
@@ -283,7 +283,7 @@ std::pair<Value, Value> packValues(CpuKernelBuilder &k, Value values,
 // backward kernel.
 
 /// head_scale when set (`scale`), else the number of heads H (an index).
-Value headScaleValue(CpuKernelBuilder &k, std::optional<double> scale,
+Value headScaleValue(CpuKernelBuilder &kb, std::optional<double> scale,
                      Value heads);
 struct HeadMeans {
   /// m[b,j,:] = scale · v[b,h,j,:] · wo[:, h·Dh:(h+1)·Dh]^T of the head
@@ -293,7 +293,7 @@ struct HeadMeans {
   Value norm2;
   Value keysPad; // roundUp(Nk, kKeyTile)
 };
-HeadMeans packHeadMeans(CpuKernelBuilder &k, const KernelOptions &opts, Value v,
+HeadMeans packHeadMeans(CpuKernelBuilder &kb, const KernelOptions &opts, Value v,
                         Value wo, Value head, Value scale, Value batch,
                         Value keys, Value model, Value headDim);
 /// The posterior logit epilogue of FlashSpec (q = u, keys m):

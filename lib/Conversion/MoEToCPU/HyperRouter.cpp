@@ -22,7 +22,7 @@
 
 #include "Kernels.h"
 
-#include "../MoEToLinalg/Patterns.h"
+#include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/Gemv.h"
@@ -47,20 +47,20 @@ int64_t rowsPerStep(const KernelOptions &opts) {
 struct HyperRouterKernel : KernelPattern<HyperRouterOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(HyperRouterOp op, CpuKernelBuilder &k,
+  LogicalResult emit(HyperRouterOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
     // The kernel computes the flat output vector [rows of w2] f32;
     // finishHyperRouter shapes it into the op's result.
     Value w2 = op.getW2();
     auto w2Type = cast<RankedTensorType>(w2.getType());
     KernelScope kernel(
-        k, {op.getW1(), op.getEmb(), op.getB1(), w2, op.getB2()},
-        {{RankedTensorType::get({w2Type.getDimSize(0)}, k.f32()),
-          {k.sizes(w2)[0]}}});
+        kb, {op.getW1(), op.getEmb(), op.getB1(), w2, op.getB2()},
+        {{RankedTensorType::get({w2Type.getDimSize(0)}, kb.f32()),
+          {kb.sizes(w2)[0]}}});
     Value hidden =
-        hyperAffine(k, opts, k.buffer(op.getW1()), k.buffer(op.getEmb()),
-                    k.buffer(op.getB1()), /*relu=*/true);
-    hyperAffine(k, opts, k.buffer(w2), hidden, k.buffer(op.getB2()),
+        hyperAffine(kb, opts, kb.buffer(op.getW1()), kb.buffer(op.getEmb()),
+                    kb.buffer(op.getB1()), /*relu=*/true);
+    hyperAffine(kb, opts, kb.buffer(w2), hidden, kb.buffer(op.getB2()),
                 /*relu=*/false, kernel.out(0));
     lowering::finishHyperRouter(rw, op, kernel.finish()[0]);
     return success();
@@ -68,28 +68,28 @@ struct HyperRouterKernel : KernelPattern<HyperRouterOp> {
 };
 } // namespace
 
-Value hyperAffine(CpuKernelBuilder &k, const KernelOptions &opts, Value m,
+Value hyperAffine(CpuKernelBuilder &kb, const KernelOptions &opts, Value m,
                   Value x, Value bias, bool relu, Value y) {
-  Value c1 = k.idx(1);
-  Value rows = k.dim(m, 0), cols = k.dim(m, 1);
+  Value c1 = kb.idx(1);
+  Value rows = kb.dim(m, 0), cols = kb.dim(m, 1);
   int64_t staticRows = cast<MemRefType>(m.getType()).getDimSize(0);
   if (!y)
-    y = k.alloc(MemRefType::get({staticRows}, k.f32()),
+    y = kb.alloc(MemRefType::get({staticRows}, kb.f32()),
                 CpuKernelBuilder::dynamicSizes({staticRows}, {rows}));
-  Value small = k.cmpi(arith::CmpIPredicate::ule, k.mul(rows, cols),
-                       k.idx(kHyperInlineElements));
-  Value rowsPerItem = k.select(
-      small, k.maxs(k.ceilDiv(rows, k.idx(CpuKernelBuilder::kInlineItems)), c1),
-      k.idx(kRowsPerItem));
+  Value small = kb.cmpi(arith::CmpIPredicate::ule, kb.mul(rows, cols),
+                       kb.idx(kHyperInlineElements));
+  Value rowsPerItem = kb.select(
+      small, kb.maxs(kb.ceilDiv(rows, kb.idx(CpuKernelBuilder::kInlineItems)), c1),
+      kb.idx(kRowsPerItem));
   // A chunk of a row is one vector: loaded whole, or masked for the tail.
   kernels::GemvLayout layout;
-  layout.span = k.lanes();
-  layout.share = k.vf32();
+  layout.span = kb.lanes();
+  layout.share = kb.vf32();
   auto load = [&](Value memref, ValueRange indices, Value count) {
-    return count ? k.vloadMasked(memref, indices, count, 0.0)
-                 : k.vload(memref, indices);
+    return count ? kb.vloadMasked(memref, indices, count, 0.0)
+                 : kb.vload(memref, indices);
   };
-  auto reduce = [&](Value share) { return k.sum(share); };
+  auto reduce = [&](Value share) { return kb.sum(share); };
   layout.load = load;
   layout.reduce = reduce;
   int64_t step = rowsPerStep(opts);
@@ -97,25 +97,25 @@ Value hyperAffine(CpuKernelBuilder &k, const KernelOptions &opts, Value m,
   auto emitRows = [&](Value r, int64_t n) {
     SmallVector<Value> at;
     for (int64_t q = 0; q < n; ++q)
-      at.push_back(q ? k.add(r, k.idx(q)) : r);
+      at.push_back(q ? kb.add(r, kb.idx(q)) : r);
     SmallVector<Value> out =
-        kernels::gemvRows(k, layout, m, at, x, cols, bias, relu);
+        kernels::gemvRows(kb, layout, m, at, x, cols, bias, relu);
     for (auto [v, row] : llvm::zip(out, at))
-      k.store(v, y, {row});
+      kb.store(v, y, {row});
   };
-  k.workers(opts, k.ceilDiv(rows, rowsPerItem), [&](Value item, Value) {
-    Value r0 = k.mul(item, rowsPerItem);
-    Value r1 = k.mins(k.add(r0, rowsPerItem), rows);
+  kb.workers(opts, kb.ceilDiv(rows, rowsPerItem), [&](Value item, Value) {
+    Value r0 = kb.mul(item, rowsPerItem);
+    Value r1 = kb.mins(kb.add(r0, rowsPerItem), rows);
     // In memory order, `step` rows at a time: the hardware prefetchers see
     // `step` sequential streams per worker; the x vectors come from L1.
     if (step == 1) {
-      k.forLoop(r0, r1, c1, [&](Value r) { emitRows(r, 1); });
+      kb.forLoop(r0, r1, c1, [&](Value r) { emitRows(r, 1); });
       return;
     }
     Value whole =
-        k.add(r0, k.mul(k.divu(k.sub(r1, r0), k.idx(step)), k.idx(step)));
-    k.forLoop(r0, whole, k.idx(step), [&](Value r) { emitRows(r, step); });
-    k.forLoop(whole, r1, c1, [&](Value r) { emitRows(r, 1); });
+        kb.add(r0, kb.mul(kb.divu(kb.sub(r1, r0), kb.idx(step)), kb.idx(step)));
+    kb.forLoop(r0, whole, kb.idx(step), [&](Value r) { emitRows(r, step); });
+    kb.forLoop(whole, r1, c1, [&](Value r) { emitRows(r, 1); });
   });
   return y;
 }

@@ -47,132 +47,132 @@ constexpr int64_t kMaxBlocks = 64;
 /// m ([R, C], any float) in memory order: dm[r, :] = dy[r] · x when `dm` is
 /// set (dy [R] f32, x [C] any float); returns dx = m^T · dy ([C] f32), in
 /// `dx` when set, else in a new buffer.
-Value layerBackward(CpuKernelBuilder &k, const KernelOptions &opts, Value m,
+Value layerBackward(CpuKernelBuilder &kb, const KernelOptions &opts, Value m,
                     Value dy, Value x, Value dm, Value dx = {}) {
-  Value c0 = k.idx(0), c1 = k.idx(1);
-  int64_t lanes = k.lanes();
-  Value rows = k.dim(m, 0), cols = k.dim(m, 1);
-  Value full = k.divu(cols, k.idx(lanes));
-  Value tail = k.sub(cols, k.mul(full, k.idx(lanes)));
-  Value hasTail = k.cmpi(arith::CmpIPredicate::ne, tail, c0);
-  Value vecs = k.ceilDiv(cols, k.idx(lanes));
-  Value colsPad = k.mul(vecs, k.idx(lanes));
-  Value zeros = k.constLike(k.vf32(), 0.0);
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
+  int64_t lanes = kb.lanes();
+  Value rows = kb.dim(m, 0), cols = kb.dim(m, 1);
+  Value full = kb.divu(cols, kb.idx(lanes));
+  Value tail = kb.sub(cols, kb.mul(full, kb.idx(lanes)));
+  Value hasTail = kb.cmpi(arith::CmpIPredicate::ne, tail, c0);
+  Value vecs = kb.ceilDiv(cols, kb.idx(lanes));
+  Value colsPad = kb.mul(vecs, kb.idx(lanes));
+  Value zeros = kb.constLike(kb.vf32(), 0.0);
 
   // Row blocks, from the shape alone.
-  Value small = k.cmpi(arith::CmpIPredicate::ule, k.mul(rows, cols),
-                       k.idx(kHyperInlineElements));
-  Value blocks = k.select(
-      small, k.mins(rows, k.idx(CpuKernelBuilder::kInlineItems)),
-      k.mins(k.ceilDiv(rows, k.idx(kMinBlockRows)), k.idx(kMaxBlocks)));
-  Value blockRows = k.ceilDiv(rows, k.maxs(blocks, c1));
+  Value small = kb.cmpi(arith::CmpIPredicate::ule, kb.mul(rows, cols),
+                       kb.idx(kHyperInlineElements));
+  Value blocks = kb.select(
+      small, kb.mins(rows, kb.idx(CpuKernelBuilder::kInlineItems)),
+      kb.mins(kb.ceilDiv(rows, kb.idx(kMinBlockRows)), kb.idx(kMaxBlocks)));
+  Value blockRows = kb.ceilDiv(rows, kb.maxs(blocks, c1));
   // One partial m^T · dy per block, padded to whole vectors.
   Value partial =
-      k.alloc(MemRefType::get({kDyn, kDyn}, k.f32()), {blocks, colsPad});
+      kb.alloc(MemRefType::get({kDyn, kDyn}, kb.f32()), {blocks, colsPad});
 
-  k.workers(opts, blocks, [&](Value blk, Value) {
-    Value r0 = k.mul(blk, blockRows);
-    Value r1 = k.mins(k.add(r0, blockRows), rows);
-    k.forLoop(c0, vecs, c1, [&](Value v) {
-      k.vstore(zeros, partial, {blk, k.mul(v, k.idx(lanes))});
+  kb.workers(opts, blocks, [&](Value blk, Value) {
+    Value r0 = kb.mul(blk, blockRows);
+    Value r1 = kb.mins(kb.add(r0, blockRows), rows);
+    kb.forLoop(c0, vecs, c1, [&](Value v) {
+      kb.vstore(zeros, partial, {blk, kb.mul(v, kb.idx(lanes))});
     });
-    k.forLoop(r0, r1, c1, [&](Value r) {
-      Value g = k.splat(k.load(dy, {r}), lanes);
+    kb.forLoop(r0, r1, c1, [&](Value r) {
+      Value g = kb.splat(kb.load(dy, {r}), lanes);
       // Columns [col, col + lanes): whole vectors, or the tail (`full`
       // false: masked loads and a masked d_m store; the partial's padding
       // lanes take g · 0).
       auto step = [&](Value col, bool whole) {
-        Value w = k.vloadPart(whole, m, {r, col}, tail, 0.0);
-        Value p = k.vload(partial, {blk, col});
-        Value xv = dm ? k.vloadPart(whole, x, {col}, tail, 0.0) : Value();
-        kernels::LayerGradStep s = kernels::layerGradStep(k, g, w, xv, p);
-        k.vstore(s.partial, partial, {blk, col});
+        Value w = kb.vloadPart(whole, m, {r, col}, tail, 0.0);
+        Value p = kb.vload(partial, {blk, col});
+        Value xv = dm ? kb.vloadPart(whole, x, {col}, tail, 0.0) : Value();
+        kernels::LayerGradStep s = kernels::layerGradStep(kb, g, w, xv, p);
+        kb.vstore(s.partial, partial, {blk, col});
         if (dm)
-          k.vstorePart(whole, s.dm, dm, {r, col}, tail);
+          kb.vstorePart(whole, s.dm, dm, {r, col}, tail);
       };
       constexpr int64_t U = 4;
-      Value fullU = k.mul(k.divu(full, k.idx(U)), k.idx(U));
-      k.forLoop(c0, fullU, k.idx(U), [&](Value c) {
+      Value fullU = kb.mul(kb.divu(full, kb.idx(U)), kb.idx(U));
+      kb.forLoop(c0, fullU, kb.idx(U), [&](Value c) {
         for (int64_t u = 0; u < U; ++u)
-          step(k.mul(k.add(c, k.idx(u)), k.idx(lanes)), true);
+          step(kb.mul(kb.add(c, kb.idx(u)), kb.idx(lanes)), true);
       });
-      k.forLoop(fullU, full, c1,
-                [&](Value c) { step(k.mul(c, k.idx(lanes)), true); });
-      k.ifThen(hasTail, [&] { step(k.mul(full, k.idx(lanes)), false); });
+      kb.forLoop(fullU, full, c1,
+                [&](Value c) { step(kb.mul(c, kb.idx(lanes)), true); });
+      kb.ifThen(hasTail, [&] { step(kb.mul(full, kb.idx(lanes)), false); });
     });
   });
 
   // dx = Σ_blocks partial, in block order.
   int64_t staticCols = cast<MemRefType>(m.getType()).getDimSize(1);
   if (!dx)
-    dx = k.alloc(MemRefType::get({staticCols}, k.f32()),
+    dx = kb.alloc(MemRefType::get({staticCols}, kb.f32()),
                  CpuKernelBuilder::dynamicSizes({staticCols}, {cols}));
   auto reduceAt = [&](Value col, bool whole) {
-    Value s = k.forLoop(c0, blocks, c1, ValueRange{zeros},
+    Value s = kb.forLoop(c0, blocks, c1, ValueRange{zeros},
                         [&](Value blk, ValueRange acc) -> SmallVector<Value> {
-                          return {k.fadd(acc[0], k.vload(partial, {blk, col}))};
+                          return {kb.fadd(acc[0], kb.vload(partial, {blk, col}))};
                         })[0];
-    k.vstorePart(whole, s, dx, {col}, tail);
+    kb.vstorePart(whole, s, dx, {col}, tail);
   };
-  k.forLoop(c0, full, c1,
-            [&](Value c) { reduceAt(k.mul(c, k.idx(lanes)), true); });
-  k.ifThen(hasTail, [&] { reduceAt(k.mul(full, k.idx(lanes)), false); });
+  kb.forLoop(c0, full, c1,
+            [&](Value c) { reduceAt(kb.mul(c, kb.idx(lanes)), true); });
+  kb.ifThen(hasTail, [&] { reduceAt(kb.mul(full, kb.idx(lanes)), false); });
   return dx;
 }
 
 struct HyperRouterGradKernel : KernelPattern<HyperRouterGradOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(HyperRouterGradOp op, CpuKernelBuilder &k,
+  LogicalResult emit(HyperRouterGradOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
     if (hasStaticZeroSize(op))
       return rw.notifyMatchFailure(op, "a static zero-sized dimension");
     KernelScope kernel = KernelScope::gradientsOf(
-        k, op, {op.getEmb(), op.getW1(), op.getB1(), op.getW2(), op.getB2()},
+        kb, op, {op.getEmb(), op.getW1(), op.getB1(), op.getW2(), op.getB2()},
         {op.getDw(), op.getDb()});
-    Value c0 = k.idx(0), c1 = k.idx(1);
-    int64_t lanes = k.lanes();
-    Value emb = k.buffer(op.getEmb()), w1 = k.buffer(op.getW1());
-    Value b1 = k.buffer(op.getB1()), w2 = k.buffer(op.getW2());
-    Value dw = k.buffer(op.getDw()), db = k.buffer(op.getDb());
+    Value c0 = kb.idx(0), c1 = kb.idx(1);
+    int64_t lanes = kb.lanes();
+    Value emb = kb.buffer(op.getEmb()), w1 = kb.buffer(op.getW1());
+    Value b1 = kb.buffer(op.getB1()), w2 = kb.buffer(op.getW2());
+    Value dw = kb.buffer(op.getDw()), db = kb.buffer(op.getDb());
 
     // 1. The hidden layer.
-    Value h = hyperAffine(k, opts, w1, emb, b1, /*relu=*/true);
+    Value h = hyperAffine(kb, opts, w1, emb, b1, /*relu=*/true);
 
     // 2. d_b2 = dout: row e of dw, then db[e], for each expert.
     Value dout = kernel.out(4);
-    Value experts = k.dim(dw, 0), depth = k.dim(dw, 1);
-    Value full = k.divu(depth, k.idx(lanes));
-    Value tail = k.sub(depth, k.mul(full, k.idx(lanes)));
-    k.forLoop(c0, experts, c1, [&](Value e) {
-      Value base = k.mul(e, k.add(depth, c1));
+    Value experts = kb.dim(dw, 0), depth = kb.dim(dw, 1);
+    Value full = kb.divu(depth, kb.idx(lanes));
+    Value tail = kb.sub(depth, kb.mul(full, kb.idx(lanes)));
+    kb.forLoop(c0, experts, c1, [&](Value e) {
+      Value base = kb.mul(e, kb.add(depth, c1));
       auto copy = [&](Value col, bool whole) {
-        k.vstorePart(whole, k.vloadPart(whole, dw, {e, col}, tail, 0.0), dout,
-                     {k.add(base, col)}, tail);
+        kb.vstorePart(whole, kb.vloadPart(whole, dw, {e, col}, tail, 0.0), dout,
+                     {kb.add(base, col)}, tail);
       };
-      k.forLoop(c0, full, c1,
-                [&](Value c) { copy(k.mul(c, k.idx(lanes)), true); });
-      k.ifThen(k.cmpi(arith::CmpIPredicate::ne, tail, c0),
-               [&] { copy(k.mul(full, k.idx(lanes)), false); });
-      k.store(k.load(db, {e}), dout, {k.add(base, depth)});
+      kb.forLoop(c0, full, c1,
+                [&](Value c) { copy(kb.mul(c, kb.idx(lanes)), true); });
+      kb.ifThen(kb.cmpi(arith::CmpIPredicate::ne, tail, c0),
+               [&] { copy(kb.mul(full, kb.idx(lanes)), false); });
+      kb.store(kb.load(db, {e}), dout, {kb.add(base, depth)});
     });
 
     // 3. Through the output layer.
     Value dw2 = kernel.out(3);
     bool writeW2 = !op.getDW2().use_empty();
-    Value dh = layerBackward(k, opts, w2, dout, h, writeW2 ? dw2 : Value());
+    Value dh = layerBackward(kb, opts, w2, dout, h, writeW2 ? dw2 : Value());
 
     // 4. Through the ReLU (unordered compare: a NaN passes dh).
     Value da = kernel.out(2);
-    k.forLoop(c0, k.dim(b1, 0), c1, [&](Value i) {
-      Value hi = k.load(h, {i});
-      k.store(kernels::reluGrad(k, hi, k.load(dh, {i})), da, {i});
+    kb.forLoop(c0, kb.dim(b1, 0), c1, [&](Value i) {
+      Value hi = kb.load(h, {i});
+      kb.store(kernels::reluGrad(kb, hi, kb.load(dh, {i})), da, {i});
     });
 
     // 5. Through the hidden layer.
     Value dw1 = kernel.out(1);
     bool writeW1 = !op.getDW1().use_empty();
-    layerBackward(k, opts, w1, da, emb, writeW1 ? dw1 : Value(),
+    layerBackward(kb, opts, w1, da, emb, writeW1 ? dw1 : Value(),
                   kernel.out(0));
 
     kernel.replace(rw, op);

@@ -319,9 +319,9 @@ SmallVector<Value> CpuKernelBuilder::sizes(Value shaped) {
 // The kernel op
 //===----------------------------------------------------------------------===//
 
-KernelScope::KernelScope(CpuKernelBuilder &k, ArrayRef<Value> ins,
+KernelScope::KernelScope(CpuKernelBuilder &kb, ArrayRef<Value> ins,
                          ArrayRef<Out> outs)
-    : k(k) {
+    : kb(kb) {
   SmallVector<Value> uniqueIns;
   for (Value v : ins)
     if (v && !llvm::is_contained(uniqueIns, v))
@@ -330,16 +330,16 @@ KernelScope::KernelScope(CpuKernelBuilder &k, ArrayRef<Value> ins,
   for (const Out &o : outs) {
     auto type = cast<RankedTensorType>(o.type);
     dests.push_back(tensor::EmptyOp::create(
-        k.b, type, CpuKernelBuilder::dynamicSizes(type.getShape(), o.sizes)));
+        kb.b, type, CpuKernelBuilder::dynamicSizes(type.getShape(), o.sizes)));
   }
-  auto op = KernelOp::create(k.b, uniqueIns, dests);
+  auto op = KernelOp::create(kb.b, uniqueIns, dests);
   kernel = op;
   for (auto [v, arg] : llvm::zip(uniqueIns, op.getInputBuffers()))
     inputs.map(v, arg);
-  k.inputs_ = &inputs;
-  after = OpBuilder::InsertPoint(k.b.getInsertionBlock(),
-                                 k.b.getInsertionPoint());
-  k.b.setInsertionPoint(op.getBlock().getTerminator());
+  kb.inputs_ = &inputs;
+  after = OpBuilder::InsertPoint(kb.b.getInsertionBlock(),
+                                 kb.b.getInsertionPoint());
+  kb.b.setInsertionPoint(op.getBlock().getTerminator());
 }
 
 SmallVector<KernelScope::Out>
@@ -350,15 +350,15 @@ KernelScope::outsOf(Operation *op, ArrayRef<SmallVector<Value>> sizes) {
   return outs;
 }
 
-KernelScope KernelScope::gradientsOf(CpuKernelBuilder &k, Operation *op,
+KernelScope KernelScope::gradientsOf(CpuKernelBuilder &kb, Operation *op,
                                      ArrayRef<Value> params,
                                      ArrayRef<Value> others) {
   SmallVector<SmallVector<Value>> sizes;
   for (Value v : params)
-    sizes.push_back(k.sizes(v));
+    sizes.push_back(kb.sizes(v));
   SmallVector<Value> ins(params);
   llvm::append_range(ins, others);
-  return KernelScope(k, ins, outsOf(op, sizes));
+  return KernelScope(kb, ins, outsOf(op, sizes));
 }
 
 Value KernelScope::out(unsigned i) const { return outs()[i]; }
@@ -368,8 +368,8 @@ ValueRange KernelScope::outs() const {
 }
 
 ValueRange KernelScope::finish() {
-  k.inputs_ = nullptr;
-  k.b.restoreInsertionPoint(after);
+  kb.inputs_ = nullptr;
+  kb.b.restoreInsertionPoint(after);
   return kernel->getResults();
 }
 
@@ -386,30 +386,30 @@ SmallVector<Value> CpuKernelBuilder::dynamicSizes(ArrayRef<int64_t> shape,
   return dyn;
 }
 
-Value mlir::moe::cpu::bestCandidateBelow(CpuKernelBuilder &k, Value cand,
+Value mlir::moe::cpu::bestCandidateBelow(CpuKernelBuilder &kb, Value cand,
                                          Value c0, Value c1, Value prev,
                                          function_ref<Value(Value)> laneMask) {
-  const int64_t kCand = k.candidateLanes();
-  Value none = kernels::noCandidate(k, VectorType::get({kCand}, k.i64()));
-  Value prevV = k.splat(prev, kCand);
+  const int64_t kCand = kb.candidateLanes();
+  Value none = kernels::noCandidate(kb, VectorType::get({kCand}, kb.i64()));
+  Value prevV = kb.splat(prev, kCand);
   Value best =
-      k.forLoop(c0, c1, k.idx(1), ValueRange{none},
+      kb.forLoop(c0, c1, kb.idx(1), ValueRange{none},
                 [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                  Value base = k.mul(c, k.idx(kCand));
-                  Value v = k.vload(cand, {base}, kCand);
+                  Value base = kb.mul(c, kb.idx(kCand));
+                  Value v = kb.vload(cand, {base}, kCand);
                   auto mask = [&] { return laneMask(base); };
                   return {kernels::bestBelow(
-                      k, acc[0], v, prevV, none,
+                      kb, acc[0], v, prevV, none,
                       laneMask ? function_ref<Value()>(mask) : nullptr)};
                 })[0];
-  return k.maxsi(best);
+  return kb.maxsi(best);
 }
 
-Value mlir::moe::cpu::roundUp(CpuKernelBuilder &k, Value x, int64_t m) {
-  return k.mul(k.ceilDiv(x, k.idx(m)), k.idx(m));
+Value mlir::moe::cpu::roundUp(CpuKernelBuilder &kb, Value x, int64_t m) {
+  return kb.mul(kb.ceilDiv(x, kb.idx(m)), kb.idx(m));
 }
 
-Value mlir::moe::cpu::collapseRows(CpuKernelBuilder &k, Value buffer) {
+Value mlir::moe::cpu::collapseRows(CpuKernelBuilder &kb, Value buffer) {
   auto type = cast<MemRefType>(buffer.getType());
   int64_t rank = type.getRank();
   if (rank == 2)
@@ -418,5 +418,5 @@ Value mlir::moe::cpu::collapseRows(CpuKernelBuilder &k, Value buffer) {
   for (int64_t d = 0; d + 1 < rank; ++d)
     lead.push_back(d);
   return memref::CollapseShapeOp::create(
-      k.b, buffer, ArrayRef<ReassociationIndices>{lead, last});
+      kb.b, buffer, ArrayRef<ReassociationIndices>{lead, last});
 }

@@ -196,10 +196,6 @@ private:
   const IRMapping *inputs_ = nullptr;
 };
 
-/// The builder's former name, kept only while files of work in flight still
-/// spell it (remove once no file says `CK`).
-using CK = CpuKernelBuilder;
-
 /// The moe.kernel (MoEKernelOp.td) a pattern builds its kernel in. Opening
 /// one creates `moe.kernel ins(inputs) outs(tensor.empty ...)` at the
 /// builder's insertion point and moves the builder into the body, where
@@ -214,7 +210,7 @@ public:
     SmallVector<Value> sizes;
   };
   /// `inputs`: the tensors the kernel reads (null ones are left out).
-  KernelScope(CpuKernelBuilder &k, ArrayRef<Value> inputs, ArrayRef<Out> outs);
+  KernelScope(CpuKernelBuilder &kb, ArrayRef<Value> inputs, ArrayRef<Out> outs);
   /// Outs shaped like the results of `op` with the sizes `sizes` (one list
   /// per result).
   static SmallVector<Out> outsOf(Operation *op,
@@ -222,7 +218,7 @@ public:
   /// The kernel of a backward op whose result i is the gradient of
   /// params[i] (shaped like it): it reads `params`, then `others` (the
   /// cotangents and the other operands).
-  static KernelScope gradientsOf(CpuKernelBuilder &k, Operation *op,
+  static KernelScope gradientsOf(CpuKernelBuilder &kb, Operation *op,
                                  ArrayRef<Value> params,
                                  ArrayRef<Value> others);
   // Opened once: the builder has been moved into the body.
@@ -238,7 +234,7 @@ public:
   void replace(RewriterBase &rw, Operation *op);
 
 private:
-  CpuKernelBuilder &k;
+  CpuKernelBuilder &kb;
   Operation *kernel;
   IRMapping inputs;
   OpBuilder::InsertPoint after;
@@ -250,15 +246,15 @@ private:
 /// `laneMask(base)` (an i1 vector of candidateLanes() for the chunk at element
 /// `base`; null: all lanes); noCandidate when there is none. `cand` is laid out
 /// in chunks of k.candidateLanes().
-Value bestCandidateBelow(CpuKernelBuilder &k, Value cand, Value c0, Value c1,
+Value bestCandidateBelow(CpuKernelBuilder &kb, Value cand, Value c0, Value c1,
                          Value prev,
                          function_ref<Value(Value base)> laneMask = nullptr);
 
 /// Rounds `x` (index) up to a multiple of `m`.
-Value roundUp(CpuKernelBuilder &k, Value x, int64_t m);
+Value roundUp(CpuKernelBuilder &kb, Value x, int64_t m);
 
 /// memref [d0, ..., d{n-2}, X] -> [d0 * ... * d{n-2}, X] (no-op for rank 2).
-Value collapseRows(CpuKernelBuilder &k, Value buffer);
+Value collapseRows(CpuKernelBuilder &kb, Value buffer);
 
 } // namespace mlir::moe::cpu
 

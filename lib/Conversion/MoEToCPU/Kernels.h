@@ -28,16 +28,16 @@ struct KernelPattern : OpRewritePattern<OpTy> {
       : OpRewritePattern<OpTy>(ctx, benefit), opts(opts) {}
   KernelOptions opts;
 
-  virtual LogicalResult emit(OpTy op, CK &k, PatternRewriter &rw) const = 0;
+  virtual LogicalResult emit(OpTy op, CpuKernelBuilder &kb, PatternRewriter &rw) const = 0;
 
   LogicalResult matchAndRewrite(OpTy op, PatternRewriter &rw) const final {
     ImplicitLocOpBuilder b(op.getLoc(), rw);
     if (!TargetLanes) {
-      CK k(b);
-      return emit(op, k, rw);
+      CpuKernelBuilder kb(b);
+      return emit(op, kb, rw);
     }
-    CK k(b, opts);
-    return emit(op, k, rw);
+    CpuKernelBuilder kb(b, opts);
+    return emit(op, kb, rw);
   }
 };
 
@@ -89,10 +89,10 @@ LogicalResult checkIndexOperand(PatternRewriter &rw, Operation *op,
 /// y = m · x + bias ([rows] f32, any float operands; ReLU when `relu`), rows
 /// in memory order over row blocks on the workers; into `y` when set, else a
 /// new buffer. Returns y.
-Value hyperAffine(CK &k, const KernelOptions &opts, Value m, Value x,
+Value hyperAffine(CpuKernelBuilder &kb, const KernelOptions &opts, Value m, Value x,
                   Value bias, bool relu, Value y = {});
 /// Matrices of at most this many elements (1 MiB of f32) run on the calling
-/// thread in the hyper_router kernels: as at most CK::kInlineItems items.
+/// thread in the hyper_router kernels: as at most CpuKernelBuilder::kInlineItems items.
 constexpr int64_t kHyperInlineElements = 1 << 18;
 } // namespace moe::cpu
 } // namespace mlir

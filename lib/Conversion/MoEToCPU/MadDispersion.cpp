@@ -24,7 +24,6 @@
 
 #include "Kernels.h"
 
-#include "../MoEToLinalg/Patterns.h"
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
@@ -51,51 +50,51 @@ constexpr int64_t kInlineElements = 1 << 14;
 struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(MadDispersionOp op, CpuKernelBuilder &k,
+  LogicalResult emit(MadDispersionOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
     int64_t numExperts = op.getNumExperts();
     if (failed(checkIndexOperand(rw, op, op.getAssign(), numExperts,
                                  lowering::IndexErrorOp::MadDispersionAssign)))
       return failure();
-    int64_t lanes = k.lanes();
-    Type f32 = k.f32(), i32 = k.i32();
+    int64_t lanes = kb.lanes();
+    Type f32 = kb.f32(), i32 = kb.i32();
     // counts [E] i32 and the deviations [E, D] f32, which
     // finishMadDispersion turns into the op's results.
-    Value depthSize = k.sizes(op.getTokens())[1];
+    Value depthSize = kb.sizes(op.getTokens())[1];
     KernelScope kernel(
-        k, {op.getTokens(), op.getAssign()},
+        kb, {op.getTokens(), op.getAssign()},
         {{RankedTensorType::get({numExperts}, i32), {}},
-         {RankedTensorType::get({numExperts, kDyn}, f32), {k.idx(numExperts), depthSize}}});
-    Value c0 = k.idx(0), c1 = k.idx(1);
-    Value x = k.buffer(op.getTokens()), assign = k.buffer(op.getAssign());
-    Value tokens = k.dim(x, 0), depth = k.dim(x, 1);
-    Value e = k.idx(numExperts);
+         {RankedTensorType::get({numExperts, kDyn}, f32), {kb.idx(numExperts), depthSize}}});
+    Value c0 = kb.idx(0), c1 = kb.idx(1);
+    Value x = kb.buffer(op.getTokens()), assign = kb.buffer(op.getAssign());
+    Value tokens = kb.dim(x, 0), depth = kb.dim(x, 1);
+    Value e = kb.idx(numExperts);
     Type assignType = cast<MemRefType>(assign.getType()).getElementType();
-    Value eA = k.castInt(e, assignType);
+    Value eA = kb.castInt(e, assignType);
     bool variance = op.getMeasure() == DispersionMeasure::variance;
 
     // The cluster of token t as an index, or nothing when out of range.
     auto withCluster = [&](Value t, function_ref<void(Value)> body) {
-      Value a = k.load(assign, {t});
-      k.ifThen(idInRange(k, a, eA), [&] { body(k.castInt(a, k.index())); });
+      Value a = kb.load(assign, {t});
+      kb.ifThen(idInRange(kb, a, eA), [&] { body(kb.castInt(a, kb.index())); });
     };
 
     Value counts = kernel.out(0);
-    k.forLoop(c0, e, c1, [&](Value c) { k.store(k.cI32(0), counts, {c}); });
-    k.forLoop(c0, tokens, c1, [&](Value t) {
+    kb.forLoop(c0, e, c1, [&](Value c) { kb.store(kb.cI32(0), counts, {c}); });
+    kb.forLoop(c0, tokens, c1, [&](Value t) {
       withCluster(t, [&](Value a) {
-        k.store(k.add(k.load(counts, {a}), k.cI32(1)), counts, {a});
+        kb.store(kb.add(kb.load(counts, {a}), kb.cI32(1)), counts, {a});
       });
     });
 
     auto statType = MemRefType::get({numExperts, kDyn}, f32);
-    Value sums = k.alloc(statType, {depth});
+    Value sums = kb.alloc(statType, {depth});
     Value dev = kernel.out(1);
-    Value zeros = k.constLike(k.vf32(), 0.0);
+    Value zeros = kb.constLike(kb.vf32(), 0.0);
     int64_t blockVectors = std::max<int64_t>(kBlockFeatures / lanes, 1);
     int64_t block = blockVectors * lanes;
     int64_t staticDepth = cast<MemRefType>(x.getType()).getDimSize(1);
-    Value numBlocks = k.ceilDiv(depth, k.idx(block));
+    Value numBlocks = kb.ceilDiv(depth, kb.idx(block));
 
     // Rows at least a page apart: token t + kPrefetchTokens's part of the
     // block is prefetched (each of its 64-byte lines) while token t is added.
@@ -104,12 +103,12 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
     bool prefetch =
         staticDepth != kDyn && staticDepth * elemBytes >= kPrefetchMinRowBytes;
     auto prefetchBlock = [&](Value t, Value col0, bool full) {
-      Value ahead = k.mins(k.add(t, k.idx(kPrefetchTokens)), k.sub(tokens, c1));
+      Value ahead = kb.mins(kb.add(t, kb.idx(kPrefetchTokens)), kb.sub(tokens, c1));
       for (int64_t off = 0; off < block; off += 64 / elemBytes) {
-        Value col = k.add(col0, k.idx(off));
+        Value col = kb.add(col0, kb.idx(off));
         if (!full)
-          col = k.mins(col, k.sub(depth, c1));
-        memref::PrefetchOp::create(k.b, x, ValueRange{ahead, col},
+          col = kb.mins(col, kb.sub(depth, c1));
+        memref::PrefetchOp::create(kb.b, x, ValueRange{ahead, col},
                                    /*isWrite=*/false, /*localityHint=*/3,
                                    /*isDataCache=*/true);
       }
@@ -120,8 +119,8 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
     auto emitBlock = [&](Value col0, bool full) {
       SmallVector<Value> cols, counts_;
       for (int64_t v = 0; v < blockVectors; ++v) {
-        cols.push_back(k.add(col0, k.idx(v * lanes)));
-        counts_.push_back(k.sub(depth, cols.back()));
+        cols.push_back(kb.add(col0, kb.idx(v * lanes)));
+        counts_.push_back(kb.sub(depth, cols.back()));
       }
       // Lanes past D are neither read nor written (masked, ragged block).
       auto forVectors = [&](function_ref<void(Value col, Value count)> f) {
@@ -130,17 +129,17 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
             f(cols[v], counts_[v]);
             continue;
           }
-          k.ifThen(k.cmpi(arith::CmpIPredicate::slt, cols[v], depth),
+          kb.ifThen(kb.cmpi(arith::CmpIPredicate::slt, cols[v], depth),
                    [&] { f(cols[v], counts_[v]); });
         }
       };
       auto load = [&](Value m, Value row, Value col, Value count) {
-        return k.vloadPart(full, m, {row, col}, count, 0.0);
+        return kb.vloadPart(full, m, {row, col}, count, 0.0);
       };
       auto store = [&](Value v, Value m, Value row, Value col, Value count) {
-        k.vstorePart(full, v, m, {row, col}, count);
+        kb.vstorePart(full, v, m, {row, col}, count);
       };
-      k.forLoop(c0, e, c1, [&](Value c) {
+      kb.forLoop(c0, e, c1, [&](Value c) {
         forVectors([&](Value col, Value count) {
           store(zeros, sums, c, col, count);
           store(zeros, dev, c, col, count);
@@ -149,27 +148,27 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
       // Token t adds its row, or its dispersion around its cluster's mean
       // (in `sums`), into row assign[t] of `stat`, t ascending.
       auto scatter = [&](Value stat, bool deviation) {
-        k.forLoop(c0, tokens, c1, [&](Value t) {
+        kb.forLoop(c0, tokens, c1, [&](Value t) {
           if (prefetch)
             prefetchBlock(t, col0, full);
           withCluster(t, [&](Value a) {
             forVectors([&](Value col, Value count) {
               Value term = load(x, t, col, count);
               if (deviation)
-                term = dispersionTerm(k, term, load(sums, a, col, count),
+                term = dispersionTerm(kb, term, load(sums, a, col, count),
                                       variance);
               Value s = load(stat, a, col, count);
-              store(k.fadd(s, term), stat, a, col, count);
+              store(kb.fadd(s, term), stat, a, col, count);
             });
           });
         });
       };
       scatter(sums, /*deviation=*/false);
       // mean = sum / count (0 for an empty cluster), in place.
-      k.forLoop(c0, e, c1, [&](Value c) {
-        Value n = k.load(counts, {c});
+      kb.forLoop(c0, e, c1, [&](Value c) {
+        Value n = kb.load(counts, {c});
         forVectors([&](Value col, Value count) {
-          Value mean = segmentMean(k, load(sums, c, col, count), n);
+          Value mean = segmentMean(kb, load(sums, c, col, count), n);
           store(mean, sums, c, col, count);
         });
       });
@@ -178,16 +177,16 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
     // The blocks are few (D / 32) but each spans every token: the calling
     // thread runs them alone only when the whole input is small (D = 64 has
     // two blocks, which ran on one thread at T = 16384: 1.6-1.9x the time).
-    Value small = k.cmpi(arith::CmpIPredicate::ule, k.mul(tokens, depth),
-                         k.idx(kInlineElements));
-    k.workers(opts, numBlocks, [&](Value item, Value) {
-      Value col0 = k.mul(item, k.idx(block));
+    Value small = kb.cmpi(arith::CmpIPredicate::ule, kb.mul(tokens, depth),
+                         kb.idx(kInlineElements));
+    kb.workers(opts, numBlocks, [&](Value item, Value) {
+      Value col0 = kb.mul(item, kb.idx(block));
       // A static D that is a multiple of the block has no ragged block.
       if (staticDepth != kDyn && staticDepth % block == 0)
         return emitBlock(col0, /*full=*/true);
       Value full =
-          k.cmpi(arith::CmpIPredicate::sle, k.add(col0, k.idx(block)), depth);
-      k.splitFull(full, [&](bool isFull) { emitBlock(col0, isFull); });
+          kb.cmpi(arith::CmpIPredicate::sle, kb.add(col0, kb.idx(block)), depth);
+      kb.splitFull(full, [&](bool isFull) { emitBlock(col0, isFull); });
     }, small);
 
     ValueRange results = kernel.finish();

@@ -24,7 +24,7 @@
 #include "MoE/Conversion/MoEToCPU/MoEToCPU.h"
 #include "Kernels.h"
 
-#include "../MoEToLinalg/Utils.h"
+#include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEDialect.h"
 #include "MoE/Transforms/Passes.h"

@@ -42,17 +42,17 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 /// One row's kernel (the steps of the file header).
 class RouteRow {
 public:
-  RouteRow(CpuKernelBuilder &k, const RouteSpec &spec, Value x, Value bias,
+  RouteRow(CpuKernelBuilder &kb, const RouteSpec &spec, Value x, Value bias,
            Value w, Value idx)
-      : k(k), spec(spec), x(x), bias(bias), w(w), idx(idx),
-        kCandLanes(k.candidateLanes()) {
+      : kb(kb), spec(spec), x(x), bias(bias), w(w), idx(idx),
+        kCandLanes(kb.candidateLanes()) {
     // Where the choice scores and the weights come from: the logits
     // themselves, or the scores computed in step 1.
     fromLogits = spec.fromLogits();
-    numExperts = k.dim(x, 1);
-    numExpertsI32 = k.castInt(numExperts, k.i32());
-    candType = VectorType::get({kCandLanes}, k.i64());
-    none = noCandidate(k, candType);
+    numExperts = kb.dim(x, 1);
+    numExpertsI32 = kb.castInt(numExperts, kb.i32());
+    candType = VectorType::get({kCandLanes}, kb.i64());
+    none = noCandidate(kb, candType);
   }
 
   void emit(Value r, Value s, Value cand, Value sel, Value groupCand,
@@ -67,7 +67,7 @@ public:
   }
 
 private:
-  CpuKernelBuilder &k;
+  CpuKernelBuilder &kb;
   const RouteSpec &spec;
   Value x, bias, w, idx;
   /// Lanes of the candidate chunks (bestCandidateBelow's).
@@ -76,130 +76,130 @@ private:
   Value numExperts, numExpertsI32, none;
   VectorType candType;
 
-  Value negInf() { return k.negInfLike(k.vf32()); }
+  Value negInf() { return kb.negInfLike(kb.vf32()); }
 
   /// Lanes [base, base + n) of the logits row r, `pad` past E.
   Value logitChunk(Value r, Value base, double pad, int64_t n = kLanes) {
-    return k.vloadMasked(x, {r, base}, k.sub(numExperts, base), pad, n);
+    return kb.vloadMasked(x, {r, base}, kb.sub(numExperts, base), pad, n);
   }
 
   /// Runs body(c, base) over the 16-lane chunks of the row.
   void eachChunk(function_ref<void(Value base)> body) {
-    Value n = k.ceilDiv(numExperts, k.idx(kLanes));
-    k.forLoop(k.idx(0), n, k.idx(1),
-              [&](Value c) { body(k.mul(c, k.idx(kLanes))); });
+    Value n = kb.ceilDiv(numExperts, kb.idx(kLanes));
+    kb.forLoop(kb.idx(0), n, kb.idx(1),
+              [&](Value c) { body(kb.mul(c, kb.idx(kLanes))); });
   }
 
   /// Step 1: s[0, E) = softmax(x) or sigmoid(x) (pad lanes are scratch).
   void emitScores(Value r, Value s) {
-    Value zero = k.constLike(k.vf32(), 0.0);
+    Value zero = kb.constLike(kb.vf32(), 0.0);
     if (spec.scoring == RouteSpec::Scoring::Sigmoid) {
       eachChunk([&](Value base) {
-        k.vstore(sigmoid(k, logitChunk(r, base, 0.0)), s, {base});
+        kb.vstore(sigmoid(kb, logitChunk(r, base, 0.0)), s, {base});
       });
       return;
     }
     // Softmax: the max propagates NaN (a NaN row scores NaN everywhere); a
     // row of -inf (max = -inf) scores 0, never NaN.
-    Value n = k.ceilDiv(numExperts, k.idx(kLanes));
-    Value max = k.maxf(
-        k.forLoop(k.idx(0), n, k.idx(1), ValueRange{negInf()},
+    Value n = kb.ceilDiv(numExperts, kb.idx(kLanes));
+    Value max = kb.maxf(
+        kb.forLoop(kb.idx(0), n, kb.idx(1), ValueRange{negInf()},
                   [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                    Value base = k.mul(c, k.idx(kLanes));
-                    return {k.fmax(acc[0], logitChunk(r, base, -kInf))};
+                    Value base = kb.mul(c, kb.idx(kLanes));
+                    return {kb.fmax(acc[0], logitChunk(r, base, -kInf))};
                   })[0]);
-    Value maxV = k.splat(max, kLanes);
-    Value sum = k.sum(
-        k.forLoop(k.idx(0), n, k.idx(1), ValueRange{zero},
+    Value maxV = kb.splat(max, kLanes);
+    Value sum = kb.sum(
+        kb.forLoop(kb.idx(0), n, kb.idx(1), ValueRange{zero},
                   [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                    Value base = k.mul(c, k.idx(kLanes));
-                    Value e = k.exp(k.fsub(logitChunk(r, base, -kInf), maxV));
-                    k.vstore(e, s, {base});
-                    return {k.fadd(acc[0], e)};
+                    Value base = kb.mul(c, kb.idx(kLanes));
+                    Value e = kb.exp(kb.fsub(logitChunk(r, base, -kInf), maxV));
+                    kb.vstore(e, s, {base});
+                    return {kb.fadd(acc[0], e)};
                   })[0]);
-    Value sumV = k.splat(sum, kLanes);
+    Value sumV = kb.splat(sum, kLanes);
     eachChunk([&](Value base) {
-      k.vstore(softmaxScore(k, k.vload(s, {base}), maxV, sumV), s, {base});
+      kb.vstore(softmaxScore(kb, kb.vload(s, {base}), maxV, sumV), s, {base});
     });
   }
 
   /// Step 2: the packed candidates of c = (s or x) + bias; lanes past E are
   /// "none".
   void emitCandidates(Value r, Value s, Value cand) {
-    Value n = k.ceilDiv(numExperts, k.idx(kCandLanes));
-    k.forLoop(k.idx(0), n, k.idx(1), [&](Value c) {
-      Value base = k.mul(c, k.idx(kCandLanes));
-      Value count = k.sub(numExperts, base);
+    Value n = kb.ceilDiv(numExperts, kb.idx(kCandLanes));
+    kb.forLoop(kb.idx(0), n, kb.idx(1), [&](Value c) {
+      Value base = kb.mul(c, kb.idx(kCandLanes));
+      Value count = kb.sub(numExperts, base);
       Value v = fromLogits ? logitChunk(r, base, 0.0, kCandLanes)
-                           : k.vloadMasked(s, {base}, count, 0.0, kCandLanes);
+                           : kb.vloadMasked(s, {base}, count, 0.0, kCandLanes);
       if (bias)
-        v = k.fadd(v, k.vloadMasked(bias, {base}, count, 0.0, kCandLanes));
-      Value lanes = k.iota(k.castInt(base, k.i32()), kCandLanes);
-      Value packed = packCandidate(k, orderedKey(k, v), lanes);
-      Value inRow = k.lt(lanes, k.splat(numExpertsI32, kCandLanes));
-      k.vstore(k.select(inRow, packed, none), cand, {base});
+        v = kb.fadd(v, kb.vloadMasked(bias, {base}, count, 0.0, kCandLanes));
+      Value lanes = kb.iota(kb.castInt(base, kb.i32()), kCandLanes);
+      Value packed = packCandidate(kb, orderedKey(kb, v), lanes);
+      Value inRow = kb.lt(lanes, kb.splat(numExpertsI32, kCandLanes));
+      kb.vstore(kb.select(inRow, packed, none), cand, {base});
     });
   }
 
   /// The best candidate of [lo, hi) ranking strictly below `prev` (i64).
   Value bestInRange(Value cand, Value lo, Value hi, Value prev) {
-    Value lo32 = k.splat(k.castInt(lo, k.i32()), kCandLanes);
-    Value hi32 = k.splat(k.castInt(hi, k.i32()), kCandLanes);
+    Value lo32 = kb.splat(kb.castInt(lo, kb.i32()), kCandLanes);
+    Value hi32 = kb.splat(kb.castInt(hi, kb.i32()), kCandLanes);
     return bestCandidateBelow(
-        k, cand, k.divu(lo, k.idx(kCandLanes)),
-        k.ceilDiv(hi, k.idx(kCandLanes)), prev, [&](Value base) {
-          Value lanes = k.iota(k.castInt(base, k.i32()), kCandLanes);
-          return k.andI(k.cmpi(arith::CmpIPredicate::sge, lanes, lo32),
-                        k.lt(lanes, hi32));
+        kb, cand, kb.divu(lo, kb.idx(kCandLanes)),
+        kb.ceilDiv(hi, kb.idx(kCandLanes)), prev, [&](Value base) {
+          Value lanes = kb.iota(kb.castInt(base, kb.i32()), kCandLanes);
+          return kb.andI(kb.cmpi(arith::CmpIPredicate::sge, lanes, lo32),
+                        kb.lt(lanes, hi32));
         });
   }
 
   /// Step 3: keep the topk_group best groups.
   void emitGroups(Value cand, Value groupCand, Value groupKept) {
     int64_t groups = spec.groups;
-    Value groupSize = k.divu(numExperts, k.idx(groups));
-    Value top = k.cI64(std::numeric_limits<int64_t>::max());
-    k.forLoop(k.idx(0), k.idx(groups), k.idx(1), [&](Value g) {
-      Value lo = k.mul(g, groupSize), hi = k.add(lo, groupSize);
+    Value groupSize = kb.divu(numExperts, kb.idx(groups));
+    Value top = kb.cI64(std::numeric_limits<int64_t>::max());
+    kb.forLoop(kb.idx(0), kb.idx(groups), kb.idx(1), [&](Value g) {
+      Value lo = kb.mul(g, groupSize), hi = kb.add(lo, groupSize);
       Value first = bestInRange(cand, lo, hi, top);
-      Value score = keyToFloat(k, candidateKey(k, first));
+      Value score = keyToFloat(kb, candidateKey(kb, first));
       if (spec.top2) {
         Value second = bestInRange(cand, lo, hi, first);
-        score = k.fadd(score, keyToFloat(k, candidateKey(k, second)));
+        score = kb.fadd(score, keyToFloat(kb, candidateKey(kb, second)));
       }
-      k.store(packCandidate(k, orderedKey(k, score), g), groupCand, {g});
-      k.store(k.cI32(0), groupKept, {g});
+      kb.store(packCandidate(kb, orderedKey(kb, score), g), groupCand, {g});
+      kb.store(kb.cI32(0), groupKept, {g});
     });
-    Value noneScalar = noCandidate(k, k.i64());
-    k.forLoop(
-        k.idx(0), k.idx(spec.topkGroup), k.idx(1), ValueRange{top},
+    Value noneScalar = noCandidate(kb, kb.i64());
+    kb.forLoop(
+        kb.idx(0), kb.idx(spec.topkGroup), kb.idx(1), ValueRange{top},
         [&](Value, ValueRange prev) -> SmallVector<Value> {
-          Value best = k.forLoop(
-              k.idx(0), k.idx(groups), k.idx(1), ValueRange{noneScalar},
+          Value best = kb.forLoop(
+              kb.idx(0), kb.idx(groups), kb.idx(1), ValueRange{noneScalar},
               [&](Value g, ValueRange acc) -> SmallVector<Value> {
-                Value v = k.load(groupCand, {g});
-                return {kernels::bestBelow(k, acc[0], v, prev[0], noneScalar)};
+                Value v = kb.load(groupCand, {g});
+                return {kernels::bestBelow(kb, acc[0], v, prev[0], noneScalar)};
               })[0];
-          Value g = k.castInt(candidateIndex(k, best), k.index());
-          k.store(k.cI32(1), groupKept, {g});
+          Value g = kb.castInt(candidateIndex(kb, best), kb.index());
+          kb.store(kb.cI32(1), groupKept, {g});
           return {best};
         });
-    k.forLoop(k.idx(0), k.idx(groups), k.idx(1), [&](Value g) {
-      Value dropped = k.eq(k.load(groupKept, {g}), k.cI32(0));
-      k.ifThen(dropped, [&] {
-        Value lo = k.mul(g, groupSize), hi = k.add(lo, groupSize);
-        Value lo32 = k.splat(k.castInt(lo, k.i32()), kCandLanes);
-        Value hi32 = k.splat(k.castInt(hi, k.i32()), kCandLanes);
-        k.forLoop(k.divu(lo, k.idx(kCandLanes)),
-                  k.ceilDiv(hi, k.idx(kCandLanes)), k.idx(1), [&](Value c) {
-                    Value base = k.mul(c, k.idx(kCandLanes));
+    kb.forLoop(kb.idx(0), kb.idx(groups), kb.idx(1), [&](Value g) {
+      Value dropped = kb.eq(kb.load(groupKept, {g}), kb.cI32(0));
+      kb.ifThen(dropped, [&] {
+        Value lo = kb.mul(g, groupSize), hi = kb.add(lo, groupSize);
+        Value lo32 = kb.splat(kb.castInt(lo, kb.i32()), kCandLanes);
+        Value hi32 = kb.splat(kb.castInt(hi, kb.i32()), kCandLanes);
+        kb.forLoop(kb.divu(lo, kb.idx(kCandLanes)),
+                  kb.ceilDiv(hi, kb.idx(kCandLanes)), kb.idx(1), [&](Value c) {
+                    Value base = kb.mul(c, kb.idx(kCandLanes));
                     Value lanes =
-                        k.iota(k.castInt(base, k.i32()), kCandLanes);
-                    Value in = k.andI(
-                        k.cmpi(arith::CmpIPredicate::sge, lanes, lo32),
-                        k.lt(lanes, hi32));
-                    Value v = k.vload(cand, {base}, kCandLanes);
-                    k.vstore(k.select(in, none, v), cand, {base});
+                        kb.iota(kb.castInt(base, kb.i32()), kCandLanes);
+                    Value in = kb.andI(
+                        kb.cmpi(arith::CmpIPredicate::sge, lanes, lo32),
+                        kb.lt(lanes, hi32));
+                    Value v = kb.vload(cand, {base}, kCandLanes);
+                    kb.vstore(kb.select(in, none, v), cand, {base});
                   });
       });
     });
@@ -207,33 +207,33 @@ private:
 
   /// Step 4: k rounds; sel[j] = the weight source of pick j.
   void emitRounds(Value r, Value s, Value cand, Value sel) {
-    Value numChunks = k.ceilDiv(numExperts, k.idx(kCandLanes));
-    k.forLoop(k.idx(0), k.idx(spec.k), k.idx(1),
-              ValueRange{k.cI64(std::numeric_limits<int64_t>::max())},
+    Value numChunks = kb.ceilDiv(numExperts, kb.idx(kCandLanes));
+    kb.forLoop(kb.idx(0), kb.idx(spec.k), kb.idx(1),
+              ValueRange{kb.cI64(std::numeric_limits<int64_t>::max())},
               [&](Value j, ValueRange it) -> SmallVector<Value> {
                 Value pick =
-                    bestCandidateBelow(k, cand, k.idx(0), numChunks, it[0]);
-                Value index = candidateIndex(k, pick);
-                Value e = k.castInt(index, k.index());
-                Value value = fromLogits ? k.loadF(x, {r, e}) : k.load(s, {e});
-                k.store(index, idx, {r, j});
-                k.store(value, sel, {j});
+                    bestCandidateBelow(kb, cand, kb.idx(0), numChunks, it[0]);
+                Value index = candidateIndex(kb, pick);
+                Value e = kb.castInt(index, kb.index());
+                Value value = fromLogits ? kb.loadF(x, {r, e}) : kb.load(s, {e});
+                kb.store(index, idx, {r, j});
+                kb.store(value, sel, {j});
                 return {pick};
               });
   }
 
   /// Σ_j f(sel[j]) in pick order.
   Value sumSel(Value sel, function_ref<Value(Value)> f) {
-    return k.forLoop(k.idx(0), k.idx(spec.k), k.idx(1), ValueRange{k.cF32(0.0)},
+    return kb.forLoop(kb.idx(0), kb.idx(spec.k), kb.idx(1), ValueRange{kb.cF32(0.0)},
                      [&](Value j, ValueRange acc) -> SmallVector<Value> {
-                       return {k.fadd(acc[0], f(k.load(sel, {j})))};
+                       return {kb.fadd(acc[0], f(kb.load(sel, {j})))};
                      })[0];
   }
 
   /// Rewrites sel[j] = f(sel[j]).
   void mapSel(Value sel, function_ref<Value(Value)> f) {
-    k.forLoop(k.idx(0), k.idx(spec.k), k.idx(1),
-              [&](Value j) { k.store(f(k.load(sel, {j})), sel, {j}); });
+    kb.forLoop(kb.idx(0), kb.idx(spec.k), kb.idx(1),
+              [&](Value j) { kb.store(f(kb.load(sel, {j})), sel, {j}); });
   }
 
   /// Step 5: scoring after the top-k, renormalization, scaling (the shared
@@ -241,22 +241,22 @@ private:
   void emitWeights(Value r, Value sel) {
     Value selMax, selSum;
     if (!spec.scoreFirst && spec.scoring == RouteSpec::Scoring::Softmax) {
-      selMax = k.forLoop(k.idx(0), k.idx(spec.k), k.idx(1),
-                         ValueRange{k.negInfLike(k.f32())},
+      selMax = kb.forLoop(kb.idx(0), kb.idx(spec.k), kb.idx(1),
+                         ValueRange{kb.negInfLike(kb.f32())},
                          [&](Value j, ValueRange acc) -> SmallVector<Value> {
-                           return {k.fmax(acc[0], k.load(sel, {j}))};
+                           return {kb.fmax(acc[0], kb.load(sel, {j}))};
                          })[0];
-      selSum = sumSel(sel, [&](Value v) { return k.exp(k.fsub(v, selMax)); });
+      selSum = sumSel(sel, [&](Value v) { return kb.exp(kb.fsub(v, selMax)); });
     }
     if (!spec.scoreFirst)
       mapSel(sel, [&](Value v) {
-        return routeSelectedScore(k, spec, v, selMax, selSum);
+        return routeSelectedScore(kb, spec, v, selMax, selSum);
       });
     Value wSum;
     if (spec.renormalize)
       wSum = sumSel(sel, [](Value v) { return v; });
-    k.forLoop(k.idx(0), k.idx(spec.k), k.idx(1), [&](Value j) {
-      k.store(routeWeight(k, spec, k.load(sel, {j}), wSum), w, {r, j});
+    kb.forLoop(kb.idx(0), kb.idx(spec.k), kb.idx(1), [&](Value j) {
+      kb.store(routeWeight(kb, spec, kb.load(sel, {j}), wSum), w, {r, j});
     });
   }
 };
@@ -264,60 +264,60 @@ private:
 struct RouteKernel : KernelPattern<RouteOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(RouteOp op, CpuKernelBuilder &k,
+  LogicalResult emit(RouteOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
-    KernelScope kernel(k, {op.getLogits(), op.getBias()},
-                       KernelScope::outsOf(op, routeResultSizes(k, op)));
-    emitRouteKernel(k, opts, op, kernel.out(0), kernel.out(1));
+    KernelScope kernel(kb, {op.getLogits(), op.getBias()},
+                       KernelScope::outsOf(op, routeResultSizes(kb, op)));
+    emitRouteKernel(kb, opts, op, kernel.out(0), kernel.out(1));
     kernel.replace(rw, op);
     return success();
   }
 };
 } // namespace
 
-SmallVector<SmallVector<Value>> routeResultSizes(CpuKernelBuilder &k,
+SmallVector<SmallVector<Value>> routeResultSizes(CpuKernelBuilder &kb,
                                                  RouteOp op) {
-  SmallVector<Value> sizes = {k.sizes(op.getLogits())[0], k.idx(op.getK())};
+  SmallVector<Value> sizes = {kb.sizes(op.getLogits())[0], kb.idx(op.getK())};
   return {sizes, sizes};
 }
 
-void emitRouteKernel(CpuKernelBuilder &k, const KernelOptions &opts, RouteOp op,
+void emitRouteKernel(CpuKernelBuilder &kb, const KernelOptions &opts, RouteOp op,
                      Value wBuf, Value iBuf,
                      function_ref<void(Value)> itemBegin,
                      function_ref<void(Value, Value, Value)> rowEnd) {
-  Type f32 = k.f32(), i32 = k.i32(), i64 = k.i64();
+  Type f32 = kb.f32(), i32 = kb.i32(), i64 = kb.i64();
   RouteSpec spec = routeSpecOf(op);
-  Value x = k.buffer(op.getLogits());
-  Value bias = op.getBias() ? k.buffer(op.getBias()) : Value();
-  Value numRows = k.dim(x, 0), numExperts = k.dim(x, 1);
+  Value x = kb.buffer(op.getLogits());
+  Value bias = op.getBias() ? kb.buffer(op.getBias()) : Value();
+  Value numRows = kb.dim(x, 0), numExperts = kb.dim(x, 1);
 
   // Per-worker scratch: scores (16-lane chunks), candidates (8-lane chunks),
   // the k weight sources, the group candidates and kept flags.
-  Value sAll = k.scratch(opts, MemRefType::get({kDyn}, f32),
-                         {roundUp(k, numExperts, kLanes)});
-  Value candAll = k.scratch(opts, MemRefType::get({kDyn}, i64),
-                            {roundUp(k, numExperts, k.candidateLanes())});
-  Value selAll = k.scratch(opts, MemRefType::get({spec.k}, f32), {});
+  Value sAll = kb.scratch(opts, MemRefType::get({kDyn}, f32),
+                         {roundUp(kb, numExperts, kLanes)});
+  Value candAll = kb.scratch(opts, MemRefType::get({kDyn}, i64),
+                            {roundUp(kb, numExperts, kb.candidateLanes())});
+  Value selAll = kb.scratch(opts, MemRefType::get({spec.k}, f32), {});
   int64_t groups = spec.groups;
   Value gCandAll, gKeptAll;
   if (groups > 1) {
-    gCandAll = k.scratch(opts, MemRefType::get({groups}, i64), {});
-    gKeptAll = k.scratch(opts, MemRefType::get({groups}, i32), {});
+    gCandAll = kb.scratch(opts, MemRefType::get({groups}, i64), {});
+    gKeptAll = kb.scratch(opts, MemRefType::get({groups}, i32), {});
   }
-  RouteRow row(k, spec, x, bias, wBuf, iBuf);
-  k.workers(
-      opts, k.ceilDiv(numRows, k.idx(kRouteRowsPerItem)),
+  RouteRow row(kb, spec, x, bias, wBuf, iBuf);
+  kb.workers(
+      opts, kb.ceilDiv(numRows, kb.idx(kRouteRowsPerItem)),
       [&](Value item, Value worker) {
-        Value s = k.workerSlice(sAll, worker);
-        Value cand = k.workerSlice(candAll, worker);
-        Value sel = k.workerSlice(selAll, worker);
-        Value gCand = gCandAll ? k.workerSlice(gCandAll, worker) : Value();
-        Value gKept = gKeptAll ? k.workerSlice(gKeptAll, worker) : Value();
+        Value s = kb.workerSlice(sAll, worker);
+        Value cand = kb.workerSlice(candAll, worker);
+        Value sel = kb.workerSlice(selAll, worker);
+        Value gCand = gCandAll ? kb.workerSlice(gCandAll, worker) : Value();
+        Value gKept = gKeptAll ? kb.workerSlice(gKeptAll, worker) : Value();
         if (itemBegin)
           itemBegin(item);
-        Value r0 = k.mul(item, k.idx(kRouteRowsPerItem));
-        Value r1 = k.mins(k.add(r0, k.idx(kRouteRowsPerItem)), numRows);
-        k.forLoop(r0, r1, k.idx(1), [&](Value r) {
+        Value r0 = kb.mul(item, kb.idx(kRouteRowsPerItem));
+        Value r1 = kb.mins(kb.add(r0, kb.idx(kRouteRowsPerItem)), numRows);
+        kb.forLoop(r0, r1, kb.idx(1), [&](Value r) {
           row.emit(r, s, cand, sel, gCand, gKept);
           if (rowEnd)
             rowEnd(r, item, iBuf);

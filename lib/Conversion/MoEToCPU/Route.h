@@ -28,11 +28,11 @@ constexpr int64_t kRouteRowsPerItem = 32;
 /// worker starts an item and `rowEnd(row, item, indices)` after each of its
 /// rows (both may be null): the fused kernel's hooks.
 void emitRouteKernel(
-    CK &k, const KernelOptions &opts, RouteOp op, Value weights, Value indices,
+    CpuKernelBuilder &kb, const KernelOptions &opts, RouteOp op, Value weights, Value indices,
     function_ref<void(Value item)> itemBegin = nullptr,
     function_ref<void(Value row, Value item, Value indices)> rowEnd = nullptr);
 /// The sizes of moe.route's results (weights and indices: [T, k]).
-SmallVector<SmallVector<Value>> routeResultSizes(CK &k, RouteOp op);
+SmallVector<SmallVector<Value>> routeResultSizes(CpuKernelBuilder &kb, RouteOp op);
 
 /// The first moe.dispatch_plan that reads `route`'s indices over its E
 /// experts in the same block (so that the fused kernel, emitted at the route,
@@ -46,21 +46,21 @@ DispatchPlanOp fusableDispatchPlan(RouteOp route);
 /// seven result buffers of moe.dispatch_plan in order. With a capacity mask
 /// `keep` [N] (i32, 0 = dropped), the dropped assignments are left out like
 /// out-of-range ones (`hist` must count the kept ones only).
-void emitPlanFromHistogram(CK &k, const KernelOptions &opts, DispatchPlanOp op,
+void emitPlanFromHistogram(CpuKernelBuilder &kb, const KernelOptions &opts, DispatchPlanOp op,
                            Value indices, Value hist, ValueRange results,
                            Value keep = nullptr);
 /// The sizes of moe.dispatch_plan's results for indices [T, K] (seven, and
 /// `dropped` with a capacity).
-SmallVector<SmallVector<Value>> planResultSizes(CK &k, DispatchPlanOp op,
+SmallVector<SmallVector<Value>> planResultSizes(CpuKernelBuilder &kb, DispatchPlanOp op,
                                                 Value rows, Value slots);
 /// A fresh [items, E] histogram buffer for `numRows` (T) rows.
-Value allocPlanHistogram(CK &k, Value numRows, int64_t numExperts);
+Value allocPlanHistogram(CpuKernelBuilder &kb, Value numRows, int64_t numExperts);
 /// Adds the in-range (and, with `keep`, kept) assignments of row `row` of
 /// `indices` to `hist[item]`.
-void countPlanRow(CK &k, Value indices, Value hist, Value row, Value item,
+void countPlanRow(CpuKernelBuilder &kb, Value indices, Value hist, Value row, Value item,
                   int64_t numExperts, Value keep = nullptr);
 /// Zeroes `hist[item]`.
-void clearPlanItem(CK &k, Value hist, Value item, int64_t numExperts);
+void clearPlanItem(CpuKernelBuilder &kb, Value hist, Value item, int64_t numExperts);
 
 } // namespace mlir::moe::cpu
 

@@ -39,28 +39,28 @@ struct RouteDispatchPlanKernel : KernelPattern<RouteOp, /*TargetLanes=*/false> {
   RouteDispatchPlanKernel(MLIRContext *ctx, KernelOptions opts)
       : KernelPattern(ctx, opts, /*benefit=*/3) {}
 
-  LogicalResult emit(RouteOp op, CK &k, PatternRewriter &rw) const override {
+  LogicalResult emit(RouteOp op, CpuKernelBuilder &kb, PatternRewriter &rw) const override {
     DispatchPlanOp plan = fusableDispatchPlan(op);
     if (!plan)
       return rw.notifyMatchFailure(op, "no dispatch_plan of its indices");
     int64_t numExperts = plan.getNumExperts();
     // One kernel with the results of both ops: the route's, then the plan's.
     SmallVector<KernelScope::Out> outs =
-        KernelScope::outsOf(op, routeResultSizes(k, op));
-    SmallVector<Value> indicesSizes = routeResultSizes(k, op)[1];
+        KernelScope::outsOf(op, routeResultSizes(kb, op));
+    SmallVector<Value> indicesSizes = routeResultSizes(kb, op)[1];
     llvm::append_range(
-        outs, KernelScope::outsOf(plan, planResultSizes(k, plan, indicesSizes[0],
+        outs, KernelScope::outsOf(plan, planResultSizes(kb, plan, indicesSizes[0],
                                                         indicesSizes[1])));
-    KernelScope kernel(k, {op.getLogits(), op.getBias()}, outs);
-    Value numRows = k.dim(k.buffer(op.getLogits()), 0);
-    Value hist = allocPlanHistogram(k, numRows, numExperts);
+    KernelScope kernel(kb, {op.getLogits(), op.getBias()}, outs);
+    Value numRows = kb.dim(kb.buffer(op.getLogits()), 0);
+    Value hist = allocPlanHistogram(kb, numRows, numExperts);
     emitRouteKernel(
-        k, opts, op, kernel.out(0), kernel.out(1),
-        [&](Value item) { clearPlanItem(k, hist, item, numExperts); },
+        kb, opts, op, kernel.out(0), kernel.out(1),
+        [&](Value item) { clearPlanItem(kb, hist, item, numExperts); },
         [&](Value row, Value item, Value indices) {
-          countPlanRow(k, indices, hist, row, item, numExperts);
+          countPlanRow(kb, indices, hist, row, item, numExperts);
         });
-    emitPlanFromHistogram(k, opts, plan, kernel.out(1), hist,
+    emitPlanFromHistogram(kb, opts, plan, kernel.out(1), hist,
                           kernel.outs().drop_front(2));
     ValueRange results = kernel.finish();
     rw.replaceOp(plan, results.drop_front(2));

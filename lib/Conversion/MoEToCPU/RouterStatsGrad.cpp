@@ -25,43 +25,43 @@ namespace {
 struct RouterStatsGradKernel : KernelPattern<RouterStatsGradOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(RouterStatsGradOp op, CK &k,
+  LogicalResult emit(RouterStatsGradOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
     Value logits = op.getLogits(), mask = op.getTokenMask();
-    SmallVector<Value> sz = k.sizes(logits);
+    SmallVector<Value> sz = kb.sizes(logits);
     Value rows = sz[0], numExperts = sz[1];
-    KernelScope kernel(k, {logits, mask, op.getWeightSum(), op.getDmeanProbs()},
+    KernelScope kernel(kb, {logits, mask, op.getWeightSum(), op.getDmeanProbs()},
                        KernelScope::outsOf(op, {sz}));
-    Value x2 = k.buffer(logits), out = kernel.out(0);
-    Value m = mask ? k.buffer(mask) : Value();
-    Value g = k.buffer(op.getDmeanProbs());
-    Value invW = k.fdiv(k.cF32(1.0), k.load(k.buffer(op.getWeightSum()), {}));
+    Value x2 = kb.buffer(logits), out = kernel.out(0);
+    Value m = mask ? kb.buffer(mask) : Value();
+    Value g = kb.buffer(op.getDmeanProbs());
+    Value invW = kb.fdiv(kb.cF32(1.0), kb.load(kb.buffer(op.getWeightSum()), {}));
     const double negInf = -std::numeric_limits<double>::infinity();
     auto gChunk = [&](Value base) {
-      return k.vloadMasked(g, {base}, k.sub(numExperts, base), 0.0);
+      return kb.vloadMasked(g, {base}, kb.sub(numExperts, base), 0.0);
     };
-    Value rowBufs = k.scratch(opts, MemRefType::get({kDyn}, k.f32()),
-                              {roundUp(k, numExperts, k.lanes())});
-    k.workers(opts, balanceBlocks(k, rows), [&](Value block, Value worker) {
-      Value probs = k.workerSlice(rowBufs, worker);
-      balanceEachBlockRow(k, block, rows, [&](Value r) {
-        Value w = m ? k.loadF(m, {r}) : k.cF32(1.0);
-        Value scale = k.fmul(w, invW);
+    Value rowBufs = kb.scratch(opts, MemRefType::get({kDyn}, kb.f32()),
+                              {roundUp(kb, numExperts, kb.lanes())});
+    kb.workers(opts, balanceBlocks(kb, rows), [&](Value block, Value worker) {
+      Value probs = kb.workerSlice(rowBufs, worker);
+      balanceEachBlockRow(kb, block, rows, [&](Value r) {
+        Value w = m ? kb.loadF(m, {r}) : kb.cF32(1.0);
+        Value scale = kb.fmul(w, invW);
         Value shift =
-            balanceProbShift(k, balanceRowSoftmax(k, x2, r, numExperts));
+            balanceProbShift(kb, balanceRowSoftmax(kb, x2, r, numExperts));
         auto prob = [&](Value base) {
           return softmaxFromLogSumExp(
-              k, balanceChunk(k, x2, r, base, numExperts, negInf), shift);
+              kb, balanceChunk(kb, x2, r, base, numExperts, negInf), shift);
         };
-        Value c = balanceRowSum(k, numExperts, [&](Value base) {
+        Value c = balanceRowSum(kb, numExperts, [&](Value base) {
           Value p = prob(base);
-          k.vstore(p, probs, {base});
-          return k.fmul(p, gChunk(base));
+          kb.vstore(p, probs, {base});
+          return kb.fmul(p, gChunk(base));
         });
-        balanceEachChunk(k, numExperts, [&](Value base) {
-          Value d = routerStatsGradEntry(k, k.vload(probs, {base}),
+        balanceEachChunk(kb, numExperts, [&](Value base) {
+          Value d = routerStatsGradEntry(kb, kb.vload(probs, {base}),
                                          gChunk(base), c, scale);
-          k.vstoreMasked(d, out, {r, base}, k.sub(numExperts, base));
+          kb.vstoreMasked(d, out, {r, base}, kb.sub(numExperts, base));
         });
       });
     });

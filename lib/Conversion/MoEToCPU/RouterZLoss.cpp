@@ -22,25 +22,25 @@ namespace {
 struct RouterZLossKernel : KernelPattern<RouterZLossOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(RouterZLossOp op, CK &k,
+  LogicalResult emit(RouterZLossOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
     Value logits = op.getLogits();
-    SmallVector<Value> sz = k.sizes(logits);
+    SmallVector<Value> sz = kb.sizes(logits);
     Value rows = sz[0], numExperts = sz[1];
-    KernelScope kernel(k, {logits}, KernelScope::outsOf(op, {{}}));
-    Value x2 = k.buffer(logits);
-    Value blocks = balanceBlocks(k, rows);
-    Value partial = k.alloc(MemRefType::get({kDyn}, k.f32()), {blocks});
-    k.workers(opts, blocks, [&](Value block, Value) {
-      Value sum = balanceBlockRowSum(k, block, rows, [&](Value r) {
+    KernelScope kernel(kb, {logits}, KernelScope::outsOf(op, {{}}));
+    Value x2 = kb.buffer(logits);
+    Value blocks = balanceBlocks(kb, rows);
+    Value partial = kb.alloc(MemRefType::get({kDyn}, kb.f32()), {blocks});
+    kb.workers(opts, blocks, [&](Value block, Value) {
+      Value sum = balanceBlockRowSum(kb, block, rows, [&](Value r) {
         Value lse =
-            softmaxLogSumExp(k, balanceRowSoftmax(k, x2, r, numExperts));
-        return k.fmul(lse, lse);
+            softmaxLogSumExp(kb, balanceRowSoftmax(kb, x2, r, numExperts));
+        return kb.fmul(lse, lse);
       });
-      k.store(sum, partial, {block});
+      kb.store(sum, partial, {block});
     });
-    Value total = sumInOrder(k, partial, blocks);
-    k.store(k.fdiv(total, indexToF32(k, rows)), kernel.out(0), {});
+    Value total = sumInOrder(kb, partial, blocks);
+    kb.store(kb.fdiv(total, indexToF32(kb, rows)), kernel.out(0), {});
     kernel.replace(rw, op);
     return success();
   }

@@ -23,26 +23,26 @@ namespace {
 struct RouterZLossGradKernel : KernelPattern<RouterZLossGradOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(RouterZLossGradOp op, CK &k,
+  LogicalResult emit(RouterZLossGradOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
     Value logits = op.getLogits();
-    SmallVector<Value> sz = k.sizes(logits);
+    SmallVector<Value> sz = kb.sizes(logits);
     Value rows = sz[0], numExperts = sz[1];
-    KernelScope kernel(k, {logits, op.getDloss()},
+    KernelScope kernel(kb, {logits, op.getDloss()},
                        KernelScope::outsOf(op, {sz}));
-    Value x2 = k.buffer(logits), out = kernel.out(0);
-    Value dloss = k.load(k.buffer(op.getDloss()), {});
-    Value scale = k.fdiv(k.fmul(k.cF32(2.0), dloss), indexToF32(k, rows));
+    Value x2 = kb.buffer(logits), out = kernel.out(0);
+    Value dloss = kb.load(kb.buffer(op.getDloss()), {});
+    Value scale = kb.fdiv(kb.fmul(kb.cF32(2.0), dloss), indexToF32(kb, rows));
     const double negInf = -std::numeric_limits<double>::infinity();
-    k.workers(opts, balanceBlocks(k, rows), [&](Value block, Value) {
-      balanceEachBlockRow(k, block, rows, [&](Value r) {
+    kb.workers(opts, balanceBlocks(kb, rows), [&](Value block, Value) {
+      balanceEachBlockRow(kb, block, rows, [&](Value r) {
         Value lse =
-            softmaxLogSumExp(k, balanceRowSoftmax(k, x2, r, numExperts));
-        balanceEachChunk(k, numExperts, [&](Value base) {
+            softmaxLogSumExp(kb, balanceRowSoftmax(kb, x2, r, numExperts));
+        balanceEachChunk(kb, numExperts, [&](Value base) {
           Value p = softmaxFromLogSumExp(
-              k, balanceChunk(k, x2, r, base, numExperts, negInf), lse);
-          k.vstoreMasked(zLossGradEntry(k, p, lse, scale), out, {r, base},
-                         k.sub(numExperts, base));
+              kb, balanceChunk(kb, x2, r, base, numExperts, negInf), lse);
+          kb.vstoreMasked(zLossGradEntry(kb, p, lse, scale), out, {r, base},
+                         kb.sub(numExperts, base));
         });
       });
     });

@@ -27,52 +27,52 @@ using namespace kernels;
 namespace {
 /// The operands of both ops, as buffers, and the per-worker scratch rows.
 struct SequenceRows {
-  CK &k;
+  CpuKernelBuilder &kb;
   Value s3, i3, batch, seq, numExperts, numSel, padded;
 
-  SequenceRows(CK &k, Value scores, Value indices) : k(k) {
-    s3 = k.buffer(scores);
-    i3 = k.buffer(indices);
-    SmallVector<Value> ss = k.sizes(s3), is = k.sizes(i3);
+  SequenceRows(CpuKernelBuilder &kb, Value scores, Value indices) : kb(kb) {
+    s3 = kb.buffer(scores);
+    i3 = kb.buffer(indices);
+    SmallVector<Value> ss = kb.sizes(s3), is = kb.sizes(i3);
     batch = ss[0];
     seq = ss[1];
     numExperts = ss[2];
     numSel = is[2];
-    padded = roundUp(k, numExperts, k.lanes());
+    padded = roundUp(kb, numExperts, kb.lanes());
   }
 
-  Value f32(Value index) { return indexToF32(k, index); }
+  Value f32(Value index) { return indexToF32(kb, index); }
 
-  Value chunks() { return k.divu(padded, k.idx(k.lanes())); }
+  Value chunks() { return kb.divu(padded, kb.idx(kb.lanes())); }
   void eachChunk(function_ref<void(Value base)> body) {
-    eachLaneChunk(k, chunks(), body);
+    eachLaneChunk(kb, chunks(), body);
   }
   Value rowSum(function_ref<Value(Value base)> f) {
-    return laneChunkSum(k, chunks(), f);
+    return laneChunkSum(kb, chunks(), f);
   }
   /// Row t of sequence b (0 past E).
   Value scores(Value b, Value t, Value base) {
-    return k.vloadMasked(s3, {b, t, base}, k.sub(numExperts, base), 0.0);
+    return kb.vloadMasked(s3, {b, t, base}, kb.sub(numExperts, base), 0.0);
   }
 
   /// f of sequence b into `frac` ([padded] f32, 0 past E).
   void fractions(Value b, Value frac) {
-    Value zero = k.constLike(k.vf32(), 0.0);
-    eachChunk([&](Value base) { k.vstore(zero, frac, {base}); });
-    Value c0 = k.idx(0), c1 = k.idx(1);
-    k.forLoop(c0, seq, c1, [&](Value t) {
-      k.forLoop(c0, numSel, c1, [&](Value j) {
-        Value e = k.castInt(k.load(i3, {b, t, j}), k.index());
-        Value in = k.andI(k.cmpi(arith::CmpIPredicate::sge, e, c0),
-                          k.lt(e, numExperts));
-        k.ifThen(in, [&] {
-          k.store(k.fadd(k.load(frac, {e}), k.cF32(1.0)), frac, {e});
+    Value zero = kb.constLike(kb.vf32(), 0.0);
+    eachChunk([&](Value base) { kb.vstore(zero, frac, {base}); });
+    Value c0 = kb.idx(0), c1 = kb.idx(1);
+    kb.forLoop(c0, seq, c1, [&](Value t) {
+      kb.forLoop(c0, numSel, c1, [&](Value j) {
+        Value e = kb.castInt(kb.load(i3, {b, t, j}), kb.index());
+        Value in = kb.andI(kb.cmpi(arith::CmpIPredicate::sge, e, c0),
+                          kb.lt(e, numExperts));
+        kb.ifThen(in, [&] {
+          kb.store(kb.fadd(kb.load(frac, {e}), kb.cF32(1.0)), frac, {e});
         });
       });
     });
-    Value factor = k.fdiv(f32(numExperts), k.fmul(f32(numSel), f32(seq)));
+    Value factor = kb.fdiv(f32(numExperts), kb.fmul(f32(numSel), f32(seq)));
     eachChunk([&](Value base) {
-      k.vstore(sequenceFraction(k, k.vload(frac, {base}), factor), frac,
+      kb.vstore(sequenceFraction(kb, kb.vload(frac, {base}), factor), frac,
                {base});
     });
   }
@@ -81,39 +81,39 @@ struct SequenceRows {
 struct SequenceBalanceLossKernel : KernelPattern<SequenceBalanceLossOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(SequenceBalanceLossOp op, CK &k,
+  LogicalResult emit(SequenceBalanceLossOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
-    KernelScope kernel(k, {op.getScores(), op.getIndices()},
+    KernelScope kernel(kb, {op.getScores(), op.getIndices()},
                        KernelScope::outsOf(op, {{}}));
-    SequenceRows q(k, op.getScores(), op.getIndices());
-    auto rowType = MemRefType::get({kDyn}, k.f32());
-    Value fracs = k.scratch(opts, rowType, {q.padded});
-    Value probs = k.scratch(opts, rowType, {q.padded});
-    Value partial = k.alloc(rowType, {q.batch});
-    Value zero = k.constLike(k.vf32(), 0.0);
-    k.workers(opts, q.batch, [&](Value b, Value worker) {
-      Value frac = k.workerSlice(fracs, worker);
-      Value prob = k.workerSlice(probs, worker);
+    SequenceRows q(kb, op.getScores(), op.getIndices());
+    auto rowType = MemRefType::get({kDyn}, kb.f32());
+    Value fracs = kb.scratch(opts, rowType, {q.padded});
+    Value probs = kb.scratch(opts, rowType, {q.padded});
+    Value partial = kb.alloc(rowType, {q.batch});
+    Value zero = kb.constLike(kb.vf32(), 0.0);
+    kb.workers(opts, q.batch, [&](Value b, Value worker) {
+      Value frac = kb.workerSlice(fracs, worker);
+      Value prob = kb.workerSlice(probs, worker);
       q.fractions(b, frac);
-      q.eachChunk([&](Value base) { k.vstore(zero, prob, {base}); });
-      k.forLoop(k.idx(0), q.seq, k.idx(1), [&](Value t) {
+      q.eachChunk([&](Value base) { kb.vstore(zero, prob, {base}); });
+      kb.forLoop(kb.idx(0), q.seq, kb.idx(1), [&](Value t) {
         Value z = q.rowSum([&](Value base) { return q.scores(b, t, base); });
-        Value zV = k.splat(z, k.lanes());
+        Value zV = kb.splat(z, kb.lanes());
         q.eachChunk([&](Value base) {
           Value p =
-              k.fadd(k.vload(prob, {base}), k.fdiv(q.scores(b, t, base), zV));
-          k.vstore(p, prob, {base});
+              kb.fadd(kb.vload(prob, {base}), kb.fdiv(q.scores(b, t, base), zV));
+          kb.vstore(p, prob, {base});
         });
       });
-      Value seqV = k.splat(q.f32(q.seq), k.lanes());
+      Value seqV = kb.splat(q.f32(q.seq), kb.lanes());
       Value loss = q.rowSum([&](Value base) {
-        return k.fmul(k.vload(frac, {base}),
-                      k.fdiv(k.vload(prob, {base}), seqV));
+        return kb.fmul(kb.vload(frac, {base}),
+                      kb.fdiv(kb.vload(prob, {base}), seqV));
       });
-      k.store(loss, partial, {b});
+      kb.store(loss, partial, {b});
     });
-    Value total = sumInOrder(k, partial, q.batch);
-    k.store(k.fdiv(total, q.f32(q.batch)), kernel.out(0), {});
+    Value total = sumInOrder(kb, partial, q.batch);
+    kb.store(kb.fdiv(total, q.f32(q.batch)), kernel.out(0), {});
     kernel.replace(rw, op);
     return success();
   }
@@ -123,28 +123,28 @@ struct SequenceBalanceLossGradKernel
     : KernelPattern<SequenceBalanceLossGradOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(SequenceBalanceLossGradOp op, CK &k,
+  LogicalResult emit(SequenceBalanceLossGradOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
-    KernelScope kernel(k, {op.getScores(), op.getIndices(), op.getDloss()},
-                       KernelScope::outsOf(op, {k.sizes(op.getScores())}));
-    SequenceRows q(k, op.getScores(), op.getIndices());
+    KernelScope kernel(kb, {op.getScores(), op.getIndices(), op.getDloss()},
+                       KernelScope::outsOf(op, {kb.sizes(op.getScores())}));
+    SequenceRows q(kb, op.getScores(), op.getIndices());
     Value out = kernel.out(0);
-    Value dloss = k.load(k.buffer(op.getDloss()), {});
-    Value scale = k.fdiv(dloss, k.fmul(q.f32(q.batch), q.f32(q.seq)));
-    Value fracs = k.scratch(opts, MemRefType::get({kDyn}, k.f32()), {q.padded});
-    k.workers(opts, q.batch, [&](Value b, Value worker) {
-      Value frac = k.workerSlice(fracs, worker);
+    Value dloss = kb.load(kb.buffer(op.getDloss()), {});
+    Value scale = kb.fdiv(dloss, kb.fmul(q.f32(q.batch), q.f32(q.seq)));
+    Value fracs = kb.scratch(opts, MemRefType::get({kDyn}, kb.f32()), {q.padded});
+    kb.workers(opts, q.batch, [&](Value b, Value worker) {
+      Value frac = kb.workerSlice(fracs, worker);
       q.fractions(b, frac);
-      k.forLoop(k.idx(0), q.seq, k.idx(1), [&](Value t) {
+      kb.forLoop(kb.idx(0), q.seq, kb.idx(1), [&](Value t) {
         Value z = q.rowSum([&](Value base) { return q.scores(b, t, base); });
-        Value c = k.fdiv(q.rowSum([&](Value base) {
-          return k.fmul(q.scores(b, t, base), k.vload(frac, {base}));
+        Value c = kb.fdiv(q.rowSum([&](Value base) {
+          return kb.fmul(q.scores(b, t, base), kb.vload(frac, {base}));
         }),
                          z);
         q.eachChunk([&](Value base) {
           Value d =
-              sequenceBalanceGradEntry(k, k.vload(frac, {base}), c, z, scale);
-          k.vstoreMasked(d, out, {b, t, base}, k.sub(q.numExperts, base));
+              sequenceBalanceGradEntry(kb, kb.vload(frac, {base}), c, z, scale);
+          kb.vstoreMasked(d, out, {b, t, base}, kb.sub(q.numExperts, base));
         });
       });
     });

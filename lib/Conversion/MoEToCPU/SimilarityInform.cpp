@@ -25,48 +25,48 @@ struct SimilarityInformKernel : KernelPattern<OpTy, /*TargetLanes=*/false> {
   using KernelPattern<OpTy, false>::KernelPattern;
   static constexpr bool kWithLse = std::is_same_v<OpTy, SimilarityInformFwdOp>;
 
-  LogicalResult emit(OpTy op, CpuKernelBuilder &k,
+  LogicalResult emit(OpTy op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
     const KernelOptions &opts = this->opts;
-    SmallVector<Value> uSizes = k.sizes(op.getU());
+    SmallVector<Value> uSizes = kb.sizes(op.getU());
     SmallVector<SmallVector<Value>> outSizes = {
-        {uSizes[0], uSizes[1], k.sizes(op.getE())[2]}};
+        {uSizes[0], uSizes[1], kb.sizes(op.getE())[2]}};
     if (kWithLse)
       outSizes.push_back({uSizes[0], uSizes[1]});
-    KernelScope kernel(k, {op.getU(), op.getE(), op.getKeyMask(), op.getWs()},
+    KernelScope kernel(kb, {op.getU(), op.getE(), op.getKeyMask(), op.getWs()},
                        KernelScope::outsOf(op, outSizes));
-    Value u = k.buffer(op.getU()), e = k.buffer(op.getE());
-    Value mask = op.getKeyMask() ? k.buffer(op.getKeyMask()) : Value();
-    Value batch = k.dim(u, 0), rows = k.dim(u, 1), depth = k.dim(u, 2);
-    Value keysPad = roundUp(k, rows, kKeyTile);
+    Value u = kb.buffer(op.getU()), e = kb.buffer(op.getE());
+    Value mask = op.getKeyMask() ? kb.buffer(op.getKeyMask()) : Value();
+    Value batch = kb.dim(u, 0), rows = kb.dim(u, 1), depth = kb.dim(u, 2);
+    Value keysPad = roundUp(kb, rows, kKeyTile);
     bool causal = op.getCausal();
     float tau = op.getTau().convertToFloat();
 
     // Keys transposed per key tile: kT[b, j / TK, d, j % TK] = u[b, j, d].
-    Value keysT = packKeysT(k, opts, u, batch, rows, depth);
+    Value keysT = packKeysT(kb, opts, u, batch, rows, depth);
 
     // Key validity (padding and key_mask) as 1.0 / 0.0, when needed.
     auto uType = cast<RankedTensorType>(op.getU().getType());
     bool padded = uType.isDynamicDim(1) || uType.getDimSize(1) % kKeyTile != 0;
     Value keyValid;
     if (mask || padded)
-      keyValid = keyValidity(k, mask, batch, rows, keysPad);
+      keyValid = keyValidity(kb, mask, batch, rows, keysPad);
 
     // Queries: u, or q = u · ws (vector over the output features).
     Value q = u;
     if (op.getWs())
-      q = projectRows(k, opts, u, k.buffer(op.getWs()), batch, rows, depth,
+      q = projectRows(kb, opts, u, kb.buffer(op.getWs()), batch, rows, depth,
                       depth);
 
     Value out = kernel.out(0);
     FlashSpec spec = flashSpec(
-        k, q, keysT, keysPad, e, out, batch, rows, rows, depth,
+        kb, q, keysT, keysPad, e, out, batch, rows, rows, depth,
         scaledMaskedLogits(keyValid, kernels::similarityInformLogit(
                                          tau, causal, static_cast<bool>(mask))),
         causal);
     if (kWithLse)
       spec.lse = kernel.out(1);
-    emitFlashMix(k, opts, spec);
+    emitFlashMix(kb, opts, spec);
 
     kernel.replace(rw, op);
     return success();

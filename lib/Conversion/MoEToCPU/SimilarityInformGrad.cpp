@@ -38,71 +38,71 @@ struct SimilarityInformGradKernel
     : KernelPattern<SimilarityInformGradOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(SimilarityInformGradOp op, CpuKernelBuilder &k,
+  LogicalResult emit(SimilarityInformGradOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
     if (hasStaticZeroSize(op))
       return rw.notifyMatchFailure(op, "a static zero-sized dimension");
     // du [B, N, D], de [B, N, K] and dws [D, D].
-    SmallVector<Value> uSizes = k.sizes(op.getU());
+    SmallVector<Value> uSizes = kb.sizes(op.getU());
     SmallVector<SmallVector<Value>> outSizes = {
-        uSizes, {uSizes[0], uSizes[1], k.sizes(op.getE())[2]}};
+        uSizes, {uSizes[0], uSizes[1], kb.sizes(op.getE())[2]}};
     if (op.getWs())
       outSizes.push_back({uSizes[2], uSizes[2]});
-    KernelScope kernel(k,
+    KernelScope kernel(kb,
                        {op.getU(), op.getE(), op.getDp(), op.getKeyMask(),
                         op.getWs(), op.getP(), op.getLse()},
                        KernelScope::outsOf(op, outSizes));
-    Type f32 = k.f32();
-    Value c0 = k.idx(0), c1 = k.idx(1);
-    Value u = k.buffer(op.getU()), e = k.buffer(op.getE());
-    Value dp = k.buffer(op.getDp());
-    Value mask = op.getKeyMask() ? k.buffer(op.getKeyMask()) : Value();
-    Value ws = op.getWs() ? k.buffer(op.getWs()) : Value();
-    Value batch = k.dim(u, 0), rows = k.dim(u, 1), depth = k.dim(u, 2);
-    Value width = k.dim(e, 2);
-    Value keysPad = roundUp(k, rows, kKeyTile);
-    Value depthPad = roundUp(k, depth, kLanes);
+    Type f32 = kb.f32();
+    Value c0 = kb.idx(0), c1 = kb.idx(1);
+    Value u = kb.buffer(op.getU()), e = kb.buffer(op.getE());
+    Value dp = kb.buffer(op.getDp());
+    Value mask = op.getKeyMask() ? kb.buffer(op.getKeyMask()) : Value();
+    Value ws = op.getWs() ? kb.buffer(op.getWs()) : Value();
+    Value batch = kb.dim(u, 0), rows = kb.dim(u, 1), depth = kb.dim(u, 2);
+    Value width = kb.dim(e, 2);
+    Value keysPad = roundUp(kb, rows, kKeyTile);
+    Value depthPad = roundUp(kb, depth, kLanes);
     bool causal = op.getCausal();
     float tau = op.getTau().convertToFloat();
     auto rank3 = MemRefType::get({kDyn, kDyn, kDyn}, f32);
 
-    Value keyValid = keyValidity(k, mask, batch, rows, keysPad);
+    Value keyValid = keyValidity(kb, mask, batch, rows, keysPad);
     FlashLogitSpec logitSpec =
         similarityInformLogit(tau, causal, static_cast<bool>(mask));
     auto logits = scaledMaskedLogits(keyValid, logitSpec);
-    Value q = ws ? projectRows(k, opts, u, ws, batch, rows, depth, depth) : u;
+    Value q = ws ? projectRows(kb, opts, u, ws, batch, rows, depth, depth) : u;
 
     // 1. p and lse: saved by the forward (similarity_inform_fwd), else
     // recomputed by the forward kernel.
-    Value uT = packKeysT(k, opts, u, batch, rows, depth);
+    Value uT = packKeysT(kb, opts, u, batch, rows, depth);
     Value p, lse;
     if (op.getP()) {
-      p = k.buffer(op.getP());
-      lse = k.buffer(op.getLse());
+      p = kb.buffer(op.getP());
+      lse = kb.buffer(op.getLse());
     } else {
-      p = k.alloc(rank3, {batch, rows, width});
-      lse = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, rows});
-      FlashSpec fwd = flashSpec(k, q, uT, keysPad, e, p, batch, rows, rows,
+      p = kb.alloc(rank3, {batch, rows, width});
+      lse = kb.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, rows});
+      FlashSpec fwd = flashSpec(kb, q, uT, keysPad, e, p, batch, rows, rows,
                                 depth, logits, causal);
       fwd.lse = lse;
-      emitFlashMix(k, opts, fwd);
+      emitFlashMix(kb, opts, fwd);
     }
-    Value widthPad = roundUp(k, width, kLanes);
+    Value widthPad = roundUp(kb, width, kLanes);
 
     // lse' and delta, padded to keysPad (vector loads in the key-major pass).
     auto [lseRow, delta] =
-        gradRowStats(k, lse, p, dp, batch, rows, width, widthPad, keysPad);
+        gradRowStats(kb, lse, p, dp, batch, rows, width, widthPad, keysPad);
 
-    Value invTau = k.constLike(k.vf32(), 1.0 / tau);
-    Value zeros = k.constLike(k.vf32(), 0.0);
+    Value invTau = kb.constLike(kb.vf32(), 1.0 / tau);
+    Value zeros = kb.constLike(kb.vf32(), 0.0);
 
-    Value eT = packKeysT(k, opts, e, batch, rows, width);
+    Value eT = packKeysT(kb, opts, e, batch, rows, width);
     auto [uValues, uNonFinite] =
-        packValues(k, u, batch, rows, depth, keysPad, depthPad);
+        packValues(kb, u, batch, rows, depth, keysPad, depthPad);
     (void)uNonFinite;
-    Value dpT = packKeysT(k, opts, dp, batch, rows, width);
+    Value dpT = packKeysT(kb, opts, dp, batch, rows, width);
     auto [dpValues, dpNonFinite] =
-        packValues(k, dp, batch, rows, width, keysPad, widthPad);
+        packValues(kb, dp, batch, rows, width, keysPad, widthPad);
     (void)dpNonFinite;
 
     // 2'. Symmetric scores (no ws, not causal): x_ij = x_ji, so one
@@ -138,13 +138,13 @@ struct SimilarityInformGradKernel
                                    false});
       pass.accumulators.push_back({uValues, kernel.out(0), depth, depthPad,
                                    true});
-      emitFlashGrad(k, opts, pass);
+      emitFlashGrad(kb, opts, pass);
       kernel.replace(rw, op);
       return success();
     }
 
     // 2. Query-major: dq.
-    Value dq = k.alloc(rank3, {batch, rows, depth});
+    Value dq = kb.alloc(rank3, {batch, rows, depth});
     FlashGradSpec byQuery({q, uT, depth}, {dp, eT, width}, batch, rows, rows,
                           causal ? FlashGradSpec::Band::Lower
                                  : FlashGradSpec::Band::All);
@@ -156,16 +156,16 @@ struct SimilarityInformGradKernel
       return {sg.prob, kk.fmul(sg.dlogit, invTau)};
     };
     byQuery.accumulators.push_back({uValues, dq, depth, depthPad, true});
-    emitFlashGrad(k, opts, byQuery);
+    emitFlashGrad(kb, opts, byQuery);
 
     // 3. Key-major: de and dk.
-    Value qT = ws ? packKeysT(k, opts, q, batch, rows, depth) : uT;
+    Value qT = ws ? packKeysT(kb, opts, q, batch, rows, depth) : uT;
     Value qValues = uValues;
     if (ws)
-      qValues = packValues(k, q, batch, rows, depth, keysPad, depthPad).first;
+      qValues = packValues(kb, q, batch, rows, depth, keysPad, depthPad).first;
     Value de = kernel.out(1);
     // dk is du itself without ws.
-    Value dk = ws ? k.alloc(rank3, {batch, rows, depth}) : kernel.out(0);
+    Value dk = ws ? kb.alloc(rank3, {batch, rows, depth}) : kernel.out(0);
     FlashGradSpec byKey({u, qT, depth}, {e, dpT, width}, batch, rows, rows,
                         causal ? FlashGradSpec::Band::Upper
                                : FlashGradSpec::Band::All);
@@ -195,50 +195,50 @@ struct SimilarityInformGradKernel
     };
     byKey.accumulators.push_back({dpValues, de, width, widthPad, false});
     byKey.accumulators.push_back({qValues, dk, depth, depthPad, true});
-    emitFlashGrad(k, opts, byKey);
+    emitFlashGrad(kb, opts, byKey);
 
     // 4. du and dws.
     Value du;
     if (ws) {
       // du = dk + dq · ws^T.
-      Value wsT = k.alloc(MemRefType::get({kDyn, kDyn}, f32), {depth, depth});
-      k.forLoop(c0, depth, c1, [&](Value r) {
-        k.forLoop(c0, depth, c1, [&](Value c) {
-          k.store(k.loadF(ws, {c, r}), wsT, {r, c});
+      Value wsT = kb.alloc(MemRefType::get({kDyn, kDyn}, f32), {depth, depth});
+      kb.forLoop(c0, depth, c1, [&](Value r) {
+        kb.forLoop(c0, depth, c1, [&](Value c) {
+          kb.store(kb.loadF(ws, {c, r}), wsT, {r, c});
         });
       });
-      du = projectRows(k, opts, dq, wsT, batch, rows, depth, depth, dk,
+      du = projectRows(kb, opts, dq, wsT, batch, rows, depth, depth, dk,
                        kernel.out(0));
     } else {
       du = dk;
-      forEachRowChunk(k, opts, batch, rows, depth,
+      forEachRowChunk(kb, opts, batch, rows, depth,
                       [&](Value bi, Value i, Value col, Value count) {
-                        Value x = k.vloadMasked(dk, {bi, i, col}, count, 0.0);
-                        Value y = k.vloadMasked(dq, {bi, i, col}, count, 0.0);
-                        k.vstoreMasked(k.fadd(x, y), du, {bi, i, col}, count);
+                        Value x = kb.vloadMasked(dk, {bi, i, col}, count, 0.0);
+                        Value y = kb.vloadMasked(dq, {bi, i, col}, count, 0.0);
+                        kb.vstoreMasked(kb.fadd(x, y), du, {bi, i, col}, count);
                       });
     }
     if (ws) {
       // dws[d, :] = Σ_{b,i} u[b,i,d] dq[b,i,:]: one worker per row d, a fixed
       // order over (b, i).
       Value dws = kernel.out(2);
-      Value chunks = k.divu(depthPad, k.idx(kLanes));
-      k.workers(opts, depth, [&](Value d, Value) {
-        k.forLoop(c0, chunks, c1, [&](Value c) {
-          Value col = k.mul(c, k.idx(kLanes));
-          Value count = k.sub(depth, col);
-          Value acc = k.forLoop(
+      Value chunks = kb.divu(depthPad, kb.idx(kLanes));
+      kb.workers(opts, depth, [&](Value d, Value) {
+        kb.forLoop(c0, chunks, c1, [&](Value c) {
+          Value col = kb.mul(c, kb.idx(kLanes));
+          Value count = kb.sub(depth, col);
+          Value acc = kb.forLoop(
               c0, batch, c1, ValueRange{zeros},
               [&](Value bi, ValueRange a) -> SmallVector<Value> {
-                return k.forLoop(
+                return kb.forLoop(
                     c0, rows, c1, a,
                     [&](Value i, ValueRange a2) -> SmallVector<Value> {
-                      Value x = k.splat(k.loadF(u, {bi, i, d}), kLanes);
-                      Value g = k.vloadMasked(dq, {bi, i, col}, count, 0.0);
-                      return {k.fma(x, g, a2[0])};
+                      Value x = kb.splat(kb.loadF(u, {bi, i, d}), kLanes);
+                      Value g = kb.vloadMasked(dq, {bi, i, col}, count, 0.0);
+                      return {kb.fma(x, g, a2[0])};
                     });
               })[0];
-          k.vstoreMasked(acc, dws, {d, col}, count);
+          kb.vstoreMasked(acc, dws, {d, col}, count);
         });
       });
     }

@@ -81,17 +81,17 @@ constexpr int64_t kTwoLevelChunks = 8;
 constexpr int64_t kTwoLevelMinRows = 4;
 
 /// memref [rows, X] -> [rows * X] (identity layout).
-Value flatten(CpuKernelBuilder &k, Value buffer) {
+Value flatten(CpuKernelBuilder &kb, Value buffer) {
   return memref::CollapseShapeOp::create(
-      k.b, buffer, ArrayRef<ReassociationIndices>{{0, 1}});
+      kb.b, buffer, ArrayRef<ReassociationIndices>{{0, 1}});
 }
 
 /// One unzip round over vectors holding a row-major sequence: vector q <
 /// n/2 takes the even elements of vectors 2q, 2q+1, vector q + n/2 the odd
 /// ones. log2(n) rounds turn n vectors of a [lanes, n] row-major block into
 /// its n columns.
-SmallVector<Value> unzipRound(CpuKernelBuilder &k, ArrayRef<Value> v) {
-  int64_t n = v.size(), lanes = k.lanes();
+SmallVector<Value> unzipRound(CpuKernelBuilder &kb, ArrayRef<Value> v) {
+  int64_t n = v.size(), lanes = kb.lanes();
   SmallVector<int64_t> evens, odds;
   for (int64_t i = 0; i < lanes; ++i) {
     evens.push_back(2 * i);
@@ -99,15 +99,15 @@ SmallVector<Value> unzipRound(CpuKernelBuilder &k, ArrayRef<Value> v) {
   }
   SmallVector<Value> out(n);
   for (int64_t q = 0; q < n / 2; ++q) {
-    out[q] = k.shuffle(v[2 * q], v[2 * q + 1], evens);
-    out[q + n / 2] = k.shuffle(v[2 * q], v[2 * q + 1], odds);
+    out[q] = kb.shuffle(v[2 * q], v[2 * q + 1], evens);
+    out[q + n / 2] = kb.shuffle(v[2 * q], v[2 * q + 1], odds);
   }
   return out;
 }
 
 /// The inverse of unzipRound: vectors 2q, 2q+1 interleave vectors q and q + n/2.
-SmallVector<Value> zipRound(CpuKernelBuilder &k, ArrayRef<Value> v) {
-  int64_t n = v.size(), lanes = k.lanes();
+SmallVector<Value> zipRound(CpuKernelBuilder &kb, ArrayRef<Value> v) {
+  int64_t n = v.size(), lanes = kb.lanes();
   SmallVector<int64_t> low, high;
   for (int64_t i = 0; i < lanes / 2; ++i) {
     low.append({i, lanes + i});
@@ -115,55 +115,55 @@ SmallVector<Value> zipRound(CpuKernelBuilder &k, ArrayRef<Value> v) {
   }
   SmallVector<Value> out(n);
   for (int64_t q = 0; q < n / 2; ++q) {
-    out[2 * q] = k.shuffle(v[q], v[q + n / 2], low);
-    out[2 * q + 1] = k.shuffle(v[q], v[q + n / 2], high);
+    out[2 * q] = kb.shuffle(v[q], v[q + n / 2], low);
+    out[2 * q + 1] = kb.shuffle(v[q], v[q + n / 2], high);
   }
   return out;
 }
 
 /// Stores `cols[s]` (lane l = row r0 + l, column s) into the flat row-major
 /// [rows * n] buffer `flat`.
-void storeColumns(CpuKernelBuilder &k, ArrayRef<Value> cols, Value flat,
+void storeColumns(CpuKernelBuilder &kb, ArrayRef<Value> cols, Value flat,
                   Value r0) {
-  int64_t n = cols.size(), lanes = k.lanes();
-  Value base = k.mul(r0, k.idx(n));
+  int64_t n = cols.size(), lanes = kb.lanes();
+  Value base = kb.mul(r0, kb.idx(n));
   if (llvm::isPowerOf2_64(n) && n <= lanes) {
     SmallVector<Value> rows(cols);
     for (int64_t m = n; m > 1; m /= 2)
-      rows = zipRound(k, rows);
+      rows = zipRound(kb, rows);
     for (int64_t q = 0; q < n; ++q)
-      k.vstore(rows[q], flat, {k.add(base, k.idx(q * lanes))});
+      kb.vstore(rows[q], flat, {kb.add(base, kb.idx(q * lanes))});
     return;
   }
   for (int64_t l = 0; l < lanes; ++l)
     for (int64_t s = 0; s < n; ++s)
-      k.store(vector::ExtractOp::create(k.b, cols[s], l), flat,
-              {k.add(base, k.idx(l * n + s))});
+      kb.store(vector::ExtractOp::create(kb.b, cols[s], l), flat,
+              {kb.add(base, kb.idx(l * n + s))});
 }
 
 /// The signed max (or min) of the lanes of `v`, in every lane: log2(lanes)
 /// rounds of op(v, v with lanes i and i ^ s swapped). Stays in vector
 /// registers (no round trip through a scalar and a broadcast), which keeps
 /// the dependency chain of a top-k round short.
-Value butterfly(CpuKernelBuilder &k, Value v, bool max) {
+Value butterfly(CpuKernelBuilder &kb, Value v, bool max) {
   int64_t n = cast<VectorType>(v.getType()).getNumElements();
   for (int64_t s = n / 2; s >= 1; s /= 2) {
     SmallVector<int64_t> mask;
     for (int64_t i = 0; i < n; ++i)
       mask.push_back(i ^ s);
-    Value w = k.shuffle(v, v, mask);
-    v = max ? k.maxs(v, w) : k.mins(v, w);
+    Value w = kb.shuffle(v, v, mask);
+    v = max ? kb.maxs(v, w) : kb.mins(v, w);
   }
   return v;
 }
 
 /// The signed max of the vectors `v` as a balanced tree: log2(n) maxes deep,
 /// not n - 1 (a top-k round's critical path: 31 at K = 256 on AVX2).
-Value maxTree(CpuKernelBuilder &k, SmallVector<Value> v) {
+Value maxTree(CpuKernelBuilder &kb, SmallVector<Value> v) {
   while (v.size() > 1) {
     SmallVector<Value> next;
     for (size_t i = 0; i + 1 < v.size(); i += 2)
-      next.push_back(k.maxs(v[i], v[i + 1]));
+      next.push_back(kb.maxs(v[i], v[i + 1]));
     if (v.size() % 2)
       next.push_back(v.back());
     v = std::move(next);
@@ -174,34 +174,34 @@ Value maxTree(CpuKernelBuilder &k, SmallVector<Value> v) {
 /// A constant vector of the target's i32 lanes: lane l holds base + l, or
 /// INT32_MAX - (base + l) when `flipped` (whose signed max over and-ed lanes
 /// is the lowest id kept).
-Value laneIds(CpuKernelBuilder &k, int64_t base, bool flipped) {
-  int64_t lanes = k.lanes();
+Value laneIds(CpuKernelBuilder &kb, int64_t base, bool flipped) {
+  int64_t lanes = kb.lanes();
   SmallVector<int32_t> ids;
   for (int64_t l = 0; l < lanes; ++l)
     ids.push_back(flipped ? std::numeric_limits<int32_t>::max() -
                                 int32_t(base + l)
                           : int32_t(base + l));
-  auto type = VectorType::get({lanes}, k.i32());
+  auto type = VectorType::get({lanes}, kb.i32());
   return arith::ConstantOp::create(
-      k.b, DenseElementsAttr::get(type, ArrayRef<int32_t>(ids)));
+      kb.b, DenseElementsAttr::get(type, ArrayRef<int32_t>(ids)));
 }
 
 /// In every lane, the lowest id (lane l of vector m: m * lanes + l) among
 /// the lanes of `chunks` equal to `top` (i32 keys, `top` in every lane): a
 /// max of (compare lanes and INT32_MAX - id), an and instead of a select
 /// (VBLENDVPS: 2-3 uops on AVX2).
-Value lowestEqual(CpuKernelBuilder &k, ArrayRef<Value> chunks, Value top) {
-  int64_t lanes = k.lanes();
-  auto vi32 = VectorType::get({lanes}, k.i32());
+Value lowestEqual(CpuKernelBuilder &kb, ArrayRef<Value> chunks, Value top) {
+  int64_t lanes = kb.lanes();
+  auto vi32 = VectorType::get({lanes}, kb.i32());
   SmallVector<Value> hits;
   for (auto [m, x] : llvm::enumerate(chunks)) {
-    Value hit = k.castInt(k.eq(x, top), vi32);
-    Value flipped = laneIds(k, m * lanes, /*flipped=*/true);
-    hits.push_back(k.andI(hit, flipped));
+    Value hit = kb.castInt(kb.eq(x, top), vi32);
+    Value flipped = laneIds(kb, m * lanes, /*flipped=*/true);
+    hits.push_back(kb.andI(hit, flipped));
   }
-  Value best = butterfly(k, maxTree(k, hits), /*max=*/true);
-  Value last = k.constLike(vi32, double(std::numeric_limits<int32_t>::max()));
-  return k.sub(last, best);
+  Value best = butterfly(kb, maxTree(kb, hits), /*max=*/true);
+  Value last = kb.constLike(vi32, double(std::numeric_limits<int32_t>::max()));
+  return kb.sub(last, best);
 }
 
 /// Whether a static row of `nc` key vectors selects over two levels
@@ -211,30 +211,30 @@ bool selectsOverTwoLevels(int64_t nc) {
 }
 
 /// Runs `body(offset)` for the offsets 0, 16, ... < selPad of the selection.
-void eachSelChunk(CpuKernelBuilder &k, int64_t selPad,
+void eachSelChunk(CpuKernelBuilder &kb, int64_t selPad,
                   function_ref<void(Value)> body) {
-  int64_t lanes = k.lanes();
+  int64_t lanes = kb.lanes();
   if (selPad / lanes <= kUnrolledSelChunks) {
     for (int64_t c = 0; c < selPad; c += lanes)
-      body(k.idx(c));
+      body(kb.idx(c));
     return;
   }
-  k.forLoop(k.idx(0), k.idx(selPad), k.idx(lanes), body);
+  kb.forLoop(kb.idx(0), kb.idx(selPad), kb.idx(lanes), body);
 }
 
 /// init + Σ term(offset) over the chunks of the selection, in chunk order.
-Value sumSelChunks(CpuKernelBuilder &k, int64_t selPad, Value init,
+Value sumSelChunks(CpuKernelBuilder &kb, int64_t selPad, Value init,
                    function_ref<Value(Value)> term) {
-  int64_t lanes = k.lanes();
+  int64_t lanes = kb.lanes();
   if (selPad / lanes <= kUnrolledSelChunks) {
     Value acc = init;
     for (int64_t c = 0; c < selPad; c += lanes)
-      acc = k.fadd(acc, term(k.idx(c)));
+      acc = kb.fadd(acc, term(kb.idx(c)));
     return acc;
   }
-  return k.forLoop(k.idx(0), k.idx(selPad), k.idx(lanes), ValueRange{init},
+  return kb.forLoop(kb.idx(0), kb.idx(selPad), kb.idx(lanes), ValueRange{init},
                    [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                     return {k.fadd(acc[0], term(c))};
+                     return {kb.fadd(acc[0], term(c))};
                    })[0];
 }
 
@@ -257,27 +257,27 @@ struct TopkRows {
 struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(TopkRenormOp op, CpuKernelBuilder &k,
+  LogicalResult emit(TopkRenormOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
     auto scoresType = cast<RankedTensorType>(op.getScores().getType());
     if (scoresType.getRank() < 2)
       return rw.notifyMatchFailure(op, "rank-1 scores: portable lowering");
     const TopkSpec spec = topkSpecOf(op);
     int64_t topk = spec.k;
-    Type f32 = k.f32(), i32 = k.i32();
+    Type f32 = kb.f32(), i32 = kb.i32();
 
     // weights and indices: the scores' sizes with k in the last dimension.
-    SmallVector<Value> outSizes = k.sizes(op.getScores());
-    outSizes.back() = k.idx(topk);
-    KernelScope kernel(k, {op.getScores()},
+    SmallVector<Value> outSizes = kb.sizes(op.getScores());
+    outSizes.back() = kb.idx(topk);
+    KernelScope kernel(kb, {op.getScores()},
                        KernelScope::outsOf(op, {outSizes, outSizes}));
-    Value scores = k.buffer(op.getScores());
+    Value scores = kb.buffer(op.getScores());
     Value wBuf = kernel.out(0), iBuf = kernel.out(1);
 
-    Value s2 = collapseRows(k, scores);
-    Value w2 = collapseRows(k, wBuf), i2 = collapseRows(k, iBuf);
-    Value numRows = k.dim(s2, 0), numExperts = k.dim(s2, 1);
-    int64_t lanes = k.lanes();
+    Value s2 = collapseRows(kb, scores);
+    Value w2 = collapseRows(kb, wBuf), i2 = collapseRows(kb, iBuf);
+    Value numRows = kb.dim(s2, 0), numExperts = kb.dim(s2, 1);
+    int64_t lanes = kb.lanes();
     int64_t staticExperts = scoresType.getShape().back();
     const TopkRows t{spec,
                      s2,
@@ -301,53 +301,53 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
     }
     // The keys of the group's rows, each rounded up to whole vectors.
     Value keysAll =
-        k.scratch(opts, MemRefType::get({ShapedType::kDynamic}, i32),
-                  {k.mul(roundUp(k, numExperts, lanes), k.idx(group))});
-    Value selAll = k.scratch(opts, MemRefType::get({group, t.selPad}, f32), {});
+        kb.scratch(opts, MemRefType::get({ShapedType::kDynamic}, i32),
+                  {kb.mul(roundUp(kb, numExperts, lanes), kb.idx(group))});
+    Value selAll = kb.scratch(opts, MemRefType::get({group, t.selPad}, f32), {});
     auto rowsFrom = [&](Value worker, Value r0, Value r1, int64_t n) {
       // Rows [r0, r1) in groups of n, then one by one.
-      Value sels = k.workerSlice(selAll, worker);
-      Value keys = k.workerSlice(keysAll, worker);
-      Value whole = k.add(r0, k.mul(k.divu(k.sub(r1, r0), k.idx(n)),
-                                    k.idx(n)));
+      Value sels = kb.workerSlice(selAll, worker);
+      Value keys = kb.workerSlice(keysAll, worker);
+      Value whole = kb.add(r0, kb.mul(kb.divu(kb.sub(r1, r0), kb.idx(n)),
+                                    kb.idx(n)));
       auto emit = [&](Value r, int64_t m) {
         SmallVector<Value> rows, sel;
         for (int64_t q = 0; q < m; ++q) {
-          rows.push_back(k.add(r, k.idx(q)));
-          sel.push_back(k.workerSlice(sels, k.idx(q)));
+          rows.push_back(kb.add(r, kb.idx(q)));
+          sel.push_back(kb.workerSlice(sels, kb.idx(q)));
         }
-        emitRows(k, t, rows, keys, sel);
+        emitRows(kb, t, rows, keys, sel);
       };
-      k.forLoop(r0, whole, k.idx(n), [&](Value r) { emit(r, n); });
+      kb.forLoop(r0, whole, kb.idx(n), [&](Value r) { emit(r, n); });
       if (n > 1)
-        k.forLoop(whole, r1, k.idx(1), [&](Value r) { emit(r, 1); });
+        kb.forLoop(whole, r1, kb.idx(1), [&](Value r) { emit(r, 1); });
     };
     auto body = [&](Value item, Value worker) {
-      Value r0 = k.mul(item, k.idx(kRowsPerItem));
-      Value r1 = k.mins(k.add(r0, k.idx(kRowsPerItem)), numRows);
+      Value r0 = kb.mul(item, kb.idx(kRowsPerItem));
+      Value r1 = kb.mins(kb.add(r0, kb.idx(kRowsPerItem)), numRows);
       rowsFrom(worker, r0, r1, group);
     };
     bool rowPerLane = !ShapedType::isDynamic(staticExperts) &&
                       staticExperts >= 2 && staticExperts <= kMaxLaneExperts &&
                       llvm::isPowerOf2_64(staticExperts) && topk <= kMaxLaneK;
     if (!rowPerLane) {
-      k.workers(opts, k.ceilDiv(numRows, k.idx(kRowsPerItem)), body);
+      kb.workers(opts, kb.ceilDiv(numRows, kb.idx(kRowsPerItem)), body);
     } else {
-      Value s1 = flatten(k, s2), w1 = flatten(k, w2), i1 = flatten(k, i2);
-      Value numBlocks = k.divu(numRows, k.idx(lanes));
+      Value s1 = flatten(kb, s2), w1 = flatten(kb, w2), i1 = flatten(kb, i2);
+      Value numBlocks = kb.divu(numRows, kb.idx(lanes));
       int64_t blocksPerItem = std::max<int64_t>(kLaneRowsPerItem / lanes, 1);
-      k.workers(opts, k.ceilDiv(numBlocks, k.idx(blocksPerItem)),
+      kb.workers(opts, kb.ceilDiv(numBlocks, kb.idx(blocksPerItem)),
                 [&](Value item, Value) {
-                  Value b0 = k.mul(item, k.idx(blocksPerItem));
+                  Value b0 = kb.mul(item, kb.idx(blocksPerItem));
                   Value b1 =
-                      k.mins(k.add(b0, k.idx(blocksPerItem)), numBlocks);
-                  k.forLoop(b0, b1, k.idx(1), [&](Value blk) {
-                    emitLaneBlock(k, spec, k.mul(blk, k.idx(lanes)), s1, w1,
+                      kb.mins(kb.add(b0, kb.idx(blocksPerItem)), numBlocks);
+                  kb.forLoop(b0, b1, kb.idx(1), [&](Value blk) {
+                    emitLaneBlock(kb, spec, kb.mul(blk, kb.idx(lanes)), s1, w1,
                                   i1, staticExperts);
                   });
                 });
       // The rows past the last full block, on this thread.
-      rowsFrom(k.idx(0), k.mul(numBlocks, k.idx(lanes)), numRows, group);
+      rowsFrom(kb.idx(0), kb.mul(numBlocks, kb.idx(lanes)), numRows, group);
     }
 
     kernel.replace(rw, op);
@@ -356,38 +356,38 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
 
   /// Rows [r0, r0 + lanes), one per lane, of the flat [rows * numExperts]
   /// scores `s1`; writes the flat [rows * k] weights `w1` and indices `i1`.
-  static void emitLaneBlock(CpuKernelBuilder &k, const TopkSpec &spec, Value r0,
+  static void emitLaneBlock(CpuKernelBuilder &kb, const TopkSpec &spec, Value r0,
                             Value s1, Value w1, Value i1, int64_t numExperts) {
-    int64_t lanes = k.lanes(), topk = spec.k;
+    int64_t lanes = kb.lanes(), topk = spec.k;
     // The block's columns: numExperts row-major vectors, transposed.
-    Value base = k.mul(r0, k.idx(numExperts));
+    Value base = kb.mul(r0, kb.idx(numExperts));
     SmallVector<Value> cols;
     for (int64_t q = 0; q < numExperts; ++q)
-      cols.push_back(k.vload(s1, {k.add(base, k.idx(q * lanes))}));
+      cols.push_back(kb.vload(s1, {kb.add(base, kb.idx(q * lanes))}));
     for (int64_t m = numExperts; m > 1; m /= 2)
-      cols = unzipRound(k, cols);
+      cols = unzipRound(kb, cols);
 
     // The k best per lane, best first: experts in ascending order, inserted
     // only above a strictly smaller ordered key (equal keys keep the lower
     // index first; NaN has the largest key).
-    auto vi32 = VectorType::get({lanes}, k.i32());
+    auto vi32 = VectorType::get({lanes}, kb.i32());
     SmallVector<Value> keys(
-        topk, k.constLike(vi32, double(std::numeric_limits<int32_t>::min())));
-    SmallVector<Value> vals(topk, k.constLike(k.vf32(), 0.0));
-    SmallVector<Value> idxs(topk, k.constLike(vi32, 0.0));
+        topk, kb.constLike(vi32, double(std::numeric_limits<int32_t>::min())));
+    SmallVector<Value> vals(topk, kb.constLike(kb.vf32(), 0.0));
+    SmallVector<Value> idxs(topk, kb.constLike(vi32, 0.0));
     for (int64_t j = 0; j < numExperts; ++j) {
-      Value x = cols[j], key = orderedKey(k, x);
-      Value expert = k.constLike(vi32, double(j));
+      Value x = cols[j], key = orderedKey(kb, x);
+      Value expert = kb.constLike(vi32, double(j));
       SmallVector<Value> above;
       for (int64_t s = 0; s < topk; ++s)
-        above.push_back(k.cmpi(arith::CmpIPredicate::sgt, key, keys[s]));
+        above.push_back(kb.cmpi(arith::CmpIPredicate::sgt, key, keys[s]));
       for (int64_t s = topk - 1; s >= 0; --s) {
         // Slot s takes slot s-1 when x beats that too, else x when x beats
         // slot s.
         auto next = [&](SmallVector<Value> &slot, Value mine) {
-          Value v = k.select(above[s], mine, slot[s]);
+          Value v = kb.select(above[s], mine, slot[s]);
           if (s > 0)
-            v = k.select(above[s - 1], slot[s - 1], v);
+            v = kb.select(above[s - 1], slot[s - 1], v);
           return v;
         };
         keys[s] = next(keys, key);
@@ -398,27 +398,27 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
 
     Value v0 = vals[0], sum, denseMax, denseSum;
     if (spec.logits && spec.renormalize) {
-      sum = k.exp(k.fsub(vals[0], v0));
+      sum = kb.exp(kb.fsub(vals[0], v0));
       for (int64_t s = 1; s < topk; ++s)
-        sum = k.fadd(sum, k.exp(k.fsub(vals[s], v0)));
+        sum = kb.fadd(sum, kb.exp(kb.fsub(vals[s], v0)));
     } else if (spec.renormalize) {
       sum = vals[0];
       for (int64_t s = 1; s < topk; ++s)
-        sum = k.fadd(sum, vals[s]);
+        sum = kb.fadd(sum, vals[s]);
     } else if (spec.logits) {
       denseMax = cols[0];
       for (int64_t j = 1; j < numExperts; ++j)
-        denseMax = k.fmax(denseMax, cols[j]);
-      denseSum = k.exp(k.fsub(cols[0], denseMax));
+        denseMax = kb.fmax(denseMax, cols[j]);
+      denseSum = kb.exp(kb.fsub(cols[0], denseMax));
       for (int64_t j = 1; j < numExperts; ++j)
-        denseSum = k.fadd(denseSum, k.exp(k.fsub(cols[j], denseMax)));
+        denseSum = kb.fadd(denseSum, kb.exp(kb.fsub(cols[j], denseMax)));
     }
     SmallVector<Value> weights;
     for (int64_t s = 0; s < topk; ++s)
       weights.push_back(
-          topkWeight(k, spec, vals[s], v0, sum, denseMax, denseSum));
-    storeColumns(k, weights, w1, r0);
-    storeColumns(k, idxs, i1, r0);
+          topkWeight(kb, spec, vals[s], v0, sum, denseMax, denseSum));
+    storeColumns(kb, weights, w1, r0);
+    storeColumns(kb, idxs, i1, r0);
   }
 
   /// The k best entries of each row of `rows` (the dialect's order) by k
@@ -436,38 +436,38 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
   /// or dynamic one runs chunk loops, row after row. Writes the indices to
   /// i2[r, j] and the selected values (exact, read back from s2) to
   /// sels[q][j].
-  static void selectByKnockout(CpuKernelBuilder &k, ArrayRef<Value> rows,
+  static void selectByKnockout(CpuKernelBuilder &kb, ArrayRef<Value> rows,
                                Value s2, Value i2, Value keys,
                                ArrayRef<Value> sels, Value numExperts,
                                int64_t topk, int64_t staticExperts) {
-    int64_t lanes = k.lanes();
-    Type i32 = k.i32();
+    int64_t lanes = kb.lanes();
+    Type i32 = kb.i32();
     auto vi32 = VectorType::get({lanes}, i32);
-    Value numChunks = k.ceilDiv(numExperts, k.idx(lanes));
-    Value gone = k.constLike(vi32, double(std::numeric_limits<int32_t>::min()));
-    Value last = k.constLike(vi32, double(std::numeric_limits<int32_t>::max()));
+    Value numChunks = kb.ceilDiv(numExperts, kb.idx(lanes));
+    Value gone = kb.constLike(vi32, double(std::numeric_limits<int32_t>::min()));
+    Value last = kb.constLike(vi32, double(std::numeric_limits<int32_t>::max()));
     bool whole = !ShapedType::isDynamic(staticExperts) &&
                  staticExperts % lanes == 0;
     auto experts = [&](Value base) {
       if (std::optional<int64_t> cst = getConstantIntValue(base))
-        return laneIds(k, *cst, /*flipped=*/false);
-      return k.iota(k.castInt(base, i32), lanes);
+        return laneIds(kb, *cst, /*flipped=*/false);
+      return kb.iota(kb.castInt(base, i32), lanes);
     };
     auto chunkKey = [&](Value r, Value base) {
       std::optional<int64_t> cst = getConstantIntValue(base);
       if (whole || (cst && !ShapedType::isDynamic(staticExperts) &&
                     *cst + lanes <= staticExperts))
-        return orderedKey(k, k.vload(s2, {r, base}));
-      Value x = k.vloadMasked(s2, {r, base}, k.sub(numExperts, base), 0.0);
+        return orderedKey(kb, kb.vload(s2, {r, base}));
+      Value x = kb.vloadMasked(s2, {r, base}, kb.sub(numExperts, base), 0.0);
       Value inRow =
-          k.lt(experts(base), k.splat(k.castInt(numExperts, i32), lanes));
-      return k.select(inRow, orderedKey(k, x), gone);
+          kb.lt(experts(base), kb.splat(kb.castInt(numExperts, i32), lanes));
+      return kb.select(inRow, orderedKey(kb, x), gone);
     };
     auto emitPick = [&](Value r, Value sel, Value j, Value index) {
-      TopkRenormKernel::emitPick(k, r, s2, i2, sel, j, index);
+      TopkRenormKernel::emitPick(kb, r, s2, i2, sel, j, index);
     };
     auto minIndex = [&](Value v) -> Value {
-      return vector::ReductionOp::create(k.b, vector::CombiningKind::MINSI, v);
+      return vector::ReductionOp::create(kb.b, vector::CombiningKind::MINSI, v);
     };
 
     if (!ShapedType::isDynamic(staticExperts) &&
@@ -483,68 +483,68 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
       // every round on AVX2 and took 1.2-1.5x the time on both targets.
       int64_t nc = (staticExperts + lanes - 1) / lanes, nr = rows.size();
       auto at = [&](int64_t q, int64_t c) {
-        return k.idx((q * nc + c) * lanes);
+        return kb.idx((q * nc + c) * lanes);
       };
       SmallVector<SmallVector<Value>> rowKeys(nr);
       for (int64_t q = 0; q < nr; ++q)
         for (int64_t c = 0; c < nc; ++c) {
-          rowKeys[q].push_back(chunkKey(rows[q], k.idx(c * lanes)));
-          k.vstore(rowKeys[q].back(), keys, {at(q, c)});
+          rowKeys[q].push_back(chunkKey(rows[q], kb.idx(c * lanes)));
+          kb.vstore(rowKeys[q].back(), keys, {at(q, c)});
         }
       if (selectsOverTwoLevels(nc)) {
-        selectByChunkMaxima(k, rows, rowKeys, s2, i2, keys, sels, topk);
+        selectByChunkMaxima(kb, rows, rowKeys, s2, i2, keys, sels, topk);
         return;
       }
-      k.forLoop(k.idx(0), k.idx(topk), k.idx(1), [&](Value j) {
+      kb.forLoop(kb.idx(0), kb.idx(topk), kb.idx(1), [&](Value j) {
         for (int64_t q = 0; q < nr; ++q) {
           SmallVector<Value> key;
           for (int64_t c = 0; c < nc; ++c)
-            key.push_back(k.vload(keys, {at(q, c)}, lanes));
-          Value topV = butterfly(k, maxTree(k, key), /*max=*/true);
-          Value indexV = lowestEqual(k, key, topV);
-          Value index = vector::ExtractOp::create(k.b, indexV, 0);
+            key.push_back(kb.vload(keys, {at(q, c)}, lanes));
+          Value topV = butterfly(kb, maxTree(kb, key), /*max=*/true);
+          Value indexV = lowestEqual(kb, key, topV);
+          Value index = vector::ExtractOp::create(kb.b, indexV, 0);
           emitPick(rows[q], sels[q], j, index);
-          k.store(k.cI32(std::numeric_limits<int32_t>::min()), keys,
-                  {k.add(at(q, 0), k.castInt(index, k.b.getIndexType()))});
+          kb.store(kb.cI32(std::numeric_limits<int32_t>::min()), keys,
+                  {kb.add(at(q, 0), kb.castInt(index, kb.b.getIndexType()))});
         }
       });
       return;
     }
 
     for (auto [r, sel] : llvm::zip(rows, sels)) {
-    k.forLoop(k.idx(0), numChunks, k.idx(1), [&](Value c) {
-      Value base = k.mul(c, k.idx(lanes));
-      k.vstore(chunkKey(r, base), keys, {base});
+    kb.forLoop(kb.idx(0), numChunks, kb.idx(1), [&](Value c) {
+      Value base = kb.mul(c, kb.idx(lanes));
+      kb.vstore(chunkKey(r, base), keys, {base});
     });
-    k.forLoop(k.idx(0), k.idx(topk), k.idx(1), [&](Value j) {
-      Value top = k.maxsi(
-          k.forLoop(k.idx(0), numChunks, k.idx(1), ValueRange{gone},
+    kb.forLoop(kb.idx(0), kb.idx(topk), kb.idx(1), [&](Value j) {
+      Value top = kb.maxsi(
+          kb.forLoop(kb.idx(0), numChunks, kb.idx(1), ValueRange{gone},
                     [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                      Value base = k.mul(c, k.idx(lanes));
-                      return {k.maxs(acc[0], k.vload(keys, {base}, lanes))};
+                      Value base = kb.mul(c, kb.idx(lanes));
+                      return {kb.maxs(acc[0], kb.vload(keys, {base}, lanes))};
                     })[0]);
-      Value topV = k.splat(top, lanes);
+      Value topV = kb.splat(top, lanes);
       Value index = minIndex(
-          k.forLoop(k.idx(0), numChunks, k.idx(1), ValueRange{last},
+          kb.forLoop(kb.idx(0), numChunks, kb.idx(1), ValueRange{last},
                     [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                      Value base = k.mul(c, k.idx(lanes));
-                      Value key = k.vload(keys, {base}, lanes);
-                      return {k.mins(acc[0], k.select(k.eq(key, topV),
+                      Value base = kb.mul(c, kb.idx(lanes));
+                      Value key = kb.vload(keys, {base}, lanes);
+                      return {kb.mins(acc[0], kb.select(kb.eq(key, topV),
                                                       experts(base), last))};
                     })[0]);
       emitPick(r, sel, j, index);
-      k.store(k.cI32(std::numeric_limits<int32_t>::min()), keys,
-              {k.castInt(index, k.b.getIndexType())});
+      kb.store(kb.cI32(std::numeric_limits<int32_t>::min()), keys,
+              {kb.castInt(index, kb.b.getIndexType())});
     });
     }
   }
 
   /// Pick j of row r: entry `index` (i32) of s2's row r.
-  static void emitPick(CpuKernelBuilder &k, Value r, Value s2, Value i2,
+  static void emitPick(CpuKernelBuilder &kb, Value r, Value s2, Value i2,
                        Value sel, Value j, Value index) {
-    Value value = k.loadF(s2, {r, k.castInt(index, k.b.getIndexType())});
-    k.store(index, i2, {r, j});
-    k.store(value, sel, {j});
+    Value value = kb.loadF(s2, {r, kb.castInt(index, kb.b.getIndexType())});
+    kb.store(index, i2, {r, j});
+    kb.store(value, sel, {j});
   }
 
   /// The knockout rounds of selectByKnockout over two levels, for rows of
@@ -558,14 +558,14 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
   /// it is ~40 vector ops for any nc, where the one-level round took ~5 nc
   /// (160 on AVX2, 80 on AVX-512). The maxima are loop-carried (registers).
   /// `rowKeys[q][c]` is chunk c of row q's keys, also stored in `keys`.
-  static void selectByChunkMaxima(CpuKernelBuilder &k, ArrayRef<Value> rows,
+  static void selectByChunkMaxima(CpuKernelBuilder &kb, ArrayRef<Value> rows,
                                   ArrayRef<SmallVector<Value>> rowKeys,
                                   Value s2, Value i2, Value keys,
                                   ArrayRef<Value> sels, int64_t topk) {
-    int64_t lanes = k.lanes(), nr = rows.size(), nc = rowKeys[0].size();
+    int64_t lanes = kb.lanes(), nr = rows.size(), nc = rowKeys[0].size();
     int64_t nm = (nc + lanes - 1) / lanes;
-    auto vi32 = VectorType::get({lanes}, k.i32());
-    Value gone = k.constLike(vi32, double(std::numeric_limits<int32_t>::min()));
+    auto vi32 = VectorType::get({lanes}, kb.i32());
+    Value gone = kb.constLike(vi32, double(std::numeric_limits<int32_t>::min()));
     // Chunk maxima: log2(lanes) unzip rounds, each followed by the max of
     // the evens and the odds of every pair, transpose-reduce `lanes` chunks
     // into one vector, in chunk order.
@@ -576,43 +576,43 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
         for (int64_t c = m * lanes; c < (m + 1) * lanes; ++c)
           v.push_back(c < nc ? rowKeys[q][c] : gone);
         while (v.size() > 1) {
-          SmallVector<Value> halves = unzipRound(k, v);
+          SmallVector<Value> halves = unzipRound(kb, v);
           int64_t n = v.size() / 2;
           v.clear();
           for (int64_t i = 0; i < n; ++i)
-            v.push_back(k.maxs(halves[i], halves[i + n]));
+            v.push_back(kb.maxs(halves[i], halves[i + n]));
         }
         maxima.push_back(v[0]);
       }
-    Value lane0 = laneIds(k, 0, /*flipped=*/false);
-    Value lanesI32 = k.cI32(lanes);
-    k.forLoop(k.idx(0), k.idx(topk), k.idx(1), ValueRange(maxima),
+    Value lane0 = laneIds(kb, 0, /*flipped=*/false);
+    Value lanesI32 = kb.cI32(lanes);
+    kb.forLoop(kb.idx(0), kb.idx(topk), kb.idx(1), ValueRange(maxima),
               [&](Value j, ValueRange acc) -> SmallVector<Value> {
       SmallVector<Value> next;
       for (int64_t q = 0; q < nr; ++q) {
         SmallVector<Value> m(acc.slice(q * nm, nm));
-        Value top = butterfly(k, maxTree(k, m), /*max=*/true);
-        Value chunkV = lowestEqual(k, m, top);
-        Value chunk = vector::ExtractOp::create(k.b, chunkV, 0);
-        Value first = k.mul(chunk, lanesI32);
+        Value top = butterfly(kb, maxTree(kb, m), /*max=*/true);
+        Value chunkV = lowestEqual(kb, m, top);
+        Value chunk = vector::ExtractOp::create(kb.b, chunkV, 0);
+        Value first = kb.mul(chunk, lanesI32);
         // (Operands named first: gcc and clang evaluate a call's arguments
         // in different orders, and with them the order of the emitted ops.)
-        Value rowStart = k.idx(q * nc * lanes);
-        Value firstIndex = k.castInt(first, k.b.getIndexType());
-        Value offset = k.add(rowStart, firstIndex);
-        Value keysOfChunk = k.vload(keys, {offset}, lanes);
-        Value laneV = lowestEqual(k, {keysOfChunk}, top);
-        Value lane = vector::ExtractOp::create(k.b, laneV, 0);
-        Value index = k.add(first, lane);
-        emitPick(k, rows[q], s2, i2, sels[q], j, index);
-        Value picked = k.eq(lane0, laneV);
-        Value knocked = k.select(picked, gone, keysOfChunk);
-        k.vstore(knocked, keys, {offset});
-        Value newMax = butterfly(k, knocked, /*max=*/true);
+        Value rowStart = kb.idx(q * nc * lanes);
+        Value firstIndex = kb.castInt(first, kb.b.getIndexType());
+        Value offset = kb.add(rowStart, firstIndex);
+        Value keysOfChunk = kb.vload(keys, {offset}, lanes);
+        Value laneV = lowestEqual(kb, {keysOfChunk}, top);
+        Value lane = vector::ExtractOp::create(kb.b, laneV, 0);
+        Value index = kb.add(first, lane);
+        emitPick(kb, rows[q], s2, i2, sels[q], j, index);
+        Value picked = kb.eq(lane0, laneV);
+        Value knocked = kb.select(picked, gone, keysOfChunk);
+        kb.vstore(knocked, keys, {offset});
+        Value newMax = butterfly(kb, knocked, /*max=*/true);
         for (int64_t mm = 0; mm < nm; ++mm) {
-          Value chunkIds = laneIds(k, mm * lanes, /*flipped=*/false);
-          Value isChunk = k.eq(chunkIds, chunkV);
-          next.push_back(k.select(isChunk, newMax, m[mm]));
+          Value chunkIds = laneIds(kb, mm * lanes, /*flipped=*/false);
+          Value isChunk = kb.eq(chunkIds, chunkV);
+          next.push_back(kb.select(isChunk, newMax, m[mm]));
         }
       }
       return next;
@@ -621,22 +621,22 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
 
   /// Rows `rows` (their selections in `sels`, one per row; `keys` the
   /// group's key scratch), selected together.
-  static void emitRows(CpuKernelBuilder &k, const TopkRows &t,
+  static void emitRows(CpuKernelBuilder &kb, const TopkRows &t,
                        ArrayRef<Value> rows, Value keys, ArrayRef<Value> sels) {
     for (Value sel : sels)
-      eachSelChunk(k, t.selPad, [&](Value c) {
-        k.vstore(k.constLike(k.vf32(), t.selFill), sel, {c});
+      eachSelChunk(kb, t.selPad, [&](Value c) {
+        kb.vstore(kb.constLike(kb.vf32(), t.selFill), sel, {c});
       });
-    selectByKnockout(k, rows, t.s2, t.i2, keys, sels, t.numExperts, t.spec.k,
+    selectByKnockout(kb, rows, t.s2, t.i2, keys, sels, t.numExperts, t.spec.k,
                      t.staticExperts);
     for (auto [r, sel] : llvm::zip(rows, sels))
-      emitWeights(k, t, r, sel);
+      emitWeights(kb, t, r, sel);
   }
 
   /// Row r's weights from its selection `sel` (kernels::topkWeight).
-  static void emitWeights(CpuKernelBuilder &k, const TopkRows &t, Value r,
+  static void emitWeights(CpuKernelBuilder &kb, const TopkRows &t, Value r,
                           Value sel) {
-    int64_t lanes = k.lanes();
+    int64_t lanes = kb.lanes();
     const TopkSpec &spec = t.spec;
     int64_t topk = spec.k, selPad = t.selPad;
     bool logits = spec.logits, renormalize = spec.renormalize;
@@ -645,55 +645,55 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
     // Weights (kernels::topkWeight, the GPU's epilogue, on vector lanes).
     auto left = [&](Value c) { // selected entries from chunk offset c on
       if (std::optional<int64_t> cst = getConstantIntValue(c))
-        return k.idx(topk - *cst);
-      return k.sub(k.idx(topk), c);
+        return kb.idx(topk - *cst);
+      return kb.sub(kb.idx(topk), c);
     };
     if (!logits && !renormalize) {
-      eachSelChunk(k, selPad, [&](Value c) {
-        k.vstoreMasked(k.vload(sel, {c}), w2, {r, c}, left(c));
+      eachSelChunk(kb, selPad, [&](Value c) {
+        kb.vstoreMasked(kb.vload(sel, {c}), w2, {r, c}, left(c));
       });
       return;
     }
-    Value zeros = k.constLike(k.vf32(), 0.0);
+    Value zeros = kb.constLike(kb.vf32(), 0.0);
     auto selSum = [&](function_ref<Value(Value)> term) {
-      return k.sum(sumSelChunks(
-          k, selPad, zeros, [&](Value c) { return term(k.vload(sel, {c})); }));
+      return kb.sum(sumSelChunks(
+          kb, selPad, zeros, [&](Value c) { return term(kb.vload(sel, {c})); }));
     };
     Value v0, sum, denseMax, denseSum;
     if (!logits) {
-      sum = k.splat(selSum([](Value v) { return v; }), lanes);
+      sum = kb.splat(selSum([](Value v) { return v; }), lanes);
     } else if (renormalize) {
       // Softmax over the selection: its max is the first pick.
-      v0 = k.splat(k.load(sel, {k.idx(0)}), lanes);
-      sum = k.splat(selSum([&](Value v) { return k.exp(k.fsub(v, v0)); }),
+      v0 = kb.splat(kb.load(sel, {kb.idx(0)}), lanes);
+      sum = kb.splat(selSum([&](Value v) { return kb.exp(kb.fsub(v, v0)); }),
                     lanes);
     } else {
       // Softmax over the whole row, read at the selection.
-      Value negInf = k.negInfLike(k.vf32());
-      Value numRowChunks = k.ceilDiv(numExperts, k.idx(lanes));
+      Value negInf = kb.negInfLike(kb.vf32());
+      Value numRowChunks = kb.ceilDiv(numExperts, kb.idx(lanes));
       auto rowChunk = [&](Value c) {
-        Value base = k.mul(c, k.idx(lanes));
-        return k.vloadMasked(s2, {r, base}, k.sub(numExperts, base),
+        Value base = kb.mul(c, kb.idx(lanes));
+        return kb.vloadMasked(s2, {r, base}, kb.sub(numExperts, base),
                              -std::numeric_limits<double>::infinity());
       };
       Value max =
-          k.maxf(k.forLoop(k.idx(0), numRowChunks, k.idx(1), ValueRange{negInf},
+          kb.maxf(kb.forLoop(kb.idx(0), numRowChunks, kb.idx(1), ValueRange{negInf},
                            [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                             return {k.fmax(acc[0], rowChunk(c))};
+                             return {kb.fmax(acc[0], rowChunk(c))};
                            })[0]);
-      denseMax = k.splat(max, lanes);
-      denseSum = k.splat(
-          k.sum(k.forLoop(k.idx(0), numRowChunks, k.idx(1), ValueRange{zeros},
+      denseMax = kb.splat(max, lanes);
+      denseSum = kb.splat(
+          kb.sum(kb.forLoop(kb.idx(0), numRowChunks, kb.idx(1), ValueRange{zeros},
                           [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                            return {k.fadd(
-                                acc[0], k.exp(k.fsub(rowChunk(c), denseMax)))};
+                            return {kb.fadd(
+                                acc[0], kb.exp(kb.fsub(rowChunk(c), denseMax)))};
                           })[0]),
           lanes);
     }
-    eachSelChunk(k, selPad, [&](Value c) {
+    eachSelChunk(kb, selPad, [&](Value c) {
       Value w =
-          topkWeight(k, spec, k.vload(sel, {c}), v0, sum, denseMax, denseSum);
-      k.vstoreMasked(w, w2, {r, c}, left(c));
+          topkWeight(kb, spec, kb.vload(sel, {c}), v0, sum, denseMax, denseSum);
+      kb.vstoreMasked(w, w2, {r, c}, left(c));
     });
   }
 };

@@ -38,84 +38,84 @@ constexpr int64_t kMinLaneSel = 4;
 /// row `r` in the lanes of one vector: lanes >= sel are -inf padding (exp
 /// gives 0 there, without forming a subnormal: CpuKernelBuilder::exp), kept out
 /// of the sums.
-void emitTopkGradRowInLanes(CpuKernelBuilder &k, const TopkSpec &spec, Value r,
+void emitTopkGradRowInLanes(CpuKernelBuilder &kb, const TopkSpec &spec, Value r,
                             Value s2, Value i2, Value g2, Value o2,
                             Value numExperts, int64_t sel) {
   // 8 lanes when they hold the selection (one ymm: cheaper reductions).
   const int64_t n = sel <= 8 ? 8 : kLanes;
-  VectorType vt = k.vf32(n);
-  Value c0 = k.idx(0), c1 = k.idx(1);
-  Value zeroV = k.constLike(vt, 0.0), negInfV = k.negInfLike(vt);
+  VectorType vt = kb.vf32(n);
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
+  Value zeroV = kb.constLike(vt, 0.0), negInfV = kb.negInfLike(vt);
   // The selected indices and values (an index outside [0, K) reads entry 0
   // and is never written, as in the scalar row).
   SmallVector<Value> index, inRange;
   Value vals = negInfV;
   for (int64_t l = 0; l < sel; ++l) {
-    Value j = k.castInt(k.load(i2, {r, k.idx(l)}), k.index());
-    Value ok = k.andI(k.cmpi(arith::CmpIPredicate::sge, j, c0),
-                      k.cmpi(arith::CmpIPredicate::slt, j, numExperts));
+    Value j = kb.castInt(kb.load(i2, {r, kb.idx(l)}), kb.index());
+    Value ok = kb.andI(kb.cmpi(arith::CmpIPredicate::sge, j, c0),
+                      kb.cmpi(arith::CmpIPredicate::slt, j, numExperts));
     index.push_back(j);
     inRange.push_back(ok);
-    Value v = k.loadF(s2, {r, k.select(ok, j, c0)});
-    vals = vector::InsertOp::create(k.b, v, vals, l);
+    Value v = kb.loadF(s2, {r, kb.select(ok, j, c0)});
+    vals = vector::InsertOp::create(kb.b, v, vals, l);
   }
-  Value live = k.cmpi(arith::CmpIPredicate::slt,
-                      k.iota(k.castInt(c0, k.i32()), n),
-                      k.splat(k.castInt(k.idx(sel), k.i32()), n));
-  auto sumLive = [&](Value v) { return k.sum(k.select(live, v, zeroV)); };
+  Value live = kb.cmpi(arith::CmpIPredicate::slt,
+                      kb.iota(kb.castInt(c0, kb.i32()), n),
+                      kb.splat(kb.castInt(kb.idx(sel), kb.i32()), n));
+  auto sumLive = [&](Value v) { return kb.sum(kb.select(live, v, zeroV)); };
   Value v0, selSum, denseMax, denseSum;
   if (spec.logits) {
-    v0 = k.maxf(vals);
-    selSum = sumLive(k.exp(k.fsub(vals, k.splat(v0, n))));
+    v0 = kb.maxf(vals);
+    selSum = sumLive(kb.exp(kb.fsub(vals, kb.splat(v0, n))));
     if (!spec.renormalize) {
       // Over the row's K entries, in vectors (-inf padding: exp gives 0).
-      Value chunks = k.ceilDiv(numExperts, k.idx(n));
+      Value chunks = kb.ceilDiv(numExperts, kb.idx(n));
       auto chunk = [&](Value c) {
-        Value col = k.mul(c, k.idx(n));
-        return k.vloadMasked(s2, {r, col}, k.sub(numExperts, col),
+        Value col = kb.mul(c, kb.idx(n));
+        return kb.vloadMasked(s2, {r, col}, kb.sub(numExperts, col),
                              -std::numeric_limits<double>::infinity(), n);
       };
-      denseMax = k.maxf(
-          k.forLoop(c0, chunks, c1, ValueRange{negInfV},
+      denseMax = kb.maxf(
+          kb.forLoop(c0, chunks, c1, ValueRange{negInfV},
                     [&](Value c, ValueRange a) -> SmallVector<Value> {
-                      return {k.fmax(a[0], chunk(c))};
+                      return {kb.fmax(a[0], chunk(c))};
                     })[0]);
-      Value dm = k.splat(denseMax, n);
-      denseSum = k.sum(
-          k.forLoop(c0, chunks, c1, ValueRange{zeroV},
+      Value dm = kb.splat(denseMax, n);
+      denseSum = kb.sum(
+          kb.forLoop(c0, chunks, c1, ValueRange{zeroV},
                     [&](Value c, ValueRange a) -> SmallVector<Value> {
-                      return {k.fadd(a[0], k.exp(k.fsub(chunk(c), dm)))};
+                      return {kb.fadd(a[0], kb.exp(kb.fsub(chunk(c), dm)))};
                     })[0]);
     }
   } else {
     selSum = sumLive(vals);
   }
-  auto splat = [&](Value x) { return x ? k.splat(x, n) : Value(); };
+  auto splat = [&](Value x) { return x ? kb.splat(x, n) : Value(); };
   auto weight = [&](Value v) {
-    return topkWeight(k, spec, v, splat(v0), splat(selSum), splat(denseMax),
+    return topkWeight(kb, spec, v, splat(v0), splat(selSum), splat(denseMax),
                       splat(denseSum));
   };
   Value w = weight(vals);
-  Value g = k.vloadMasked(g2, {r, c0}, k.idx(sel), 0.0, n);
-  Value c = sumLive(k.fmul(g, w));
+  Value g = kb.vloadMasked(g2, {r, c0}, kb.idx(sel), 0.0, n);
+  Value c = sumLive(kb.fmul(g, w));
   // Every entry: -w_j c (logits without renormalization), else 0.
-  Value chunks = k.ceilDiv(numExperts, k.idx(n));
-  k.forLoop(c0, chunks, c1, [&](Value ch) {
-    Value col = k.mul(ch, k.idx(n));
-    Value count = k.sub(numExperts, col);
+  Value chunks = kb.ceilDiv(numExperts, kb.idx(n));
+  kb.forLoop(c0, chunks, c1, [&](Value ch) {
+    Value col = kb.mul(ch, kb.idx(n));
+    Value count = kb.sub(numExperts, col);
     Value base = zeroV;
     if (spec.logits && !spec.renormalize)
-      base = k.fsub(zeroV, k.fmul(weight(k.vloadMasked(s2, {r, col}, count,
+      base = kb.fsub(zeroV, kb.fmul(weight(kb.vloadMasked(s2, {r, col}, count,
                                                        0.0, n)),
-                                  k.splat(c, n)));
-    k.vstoreMasked(base, o2, {r, col}, count);
+                                  kb.splat(c, n)));
+    kb.vstoreMasked(base, o2, {r, col}, count);
   });
   // The selected entries, in the scalar row's order (a repeated index: the
   // last one wins).
-  Value d = topkWeightGrad(k, spec, g, w, k.splat(c, n), splat(selSum));
+  Value d = topkWeightGrad(kb, spec, g, w, kb.splat(c, n), splat(selSum));
   for (int64_t l = 0; l < sel; ++l)
-    k.ifThen(inRange[l], [&] {
-      k.store(vector::ExtractOp::create(k.b, d, l), o2, {r, index[l]});
+    kb.ifThen(inRange[l], [&] {
+      kb.store(vector::ExtractOp::create(kb.b, d, l), o2, {r, index[l]});
     });
 }
 
@@ -123,21 +123,21 @@ struct TopkRenormGradKernel
     : KernelPattern<TopkRenormGradOp, /*TargetLanes=*/false> {
   using KernelPattern::KernelPattern;
 
-  LogicalResult emit(TopkRenormGradOp op, CpuKernelBuilder &k,
+  LogicalResult emit(TopkRenormGradOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
     if (cast<RankedTensorType>(op.getScores().getType()).getRank() < 2)
       return rw.notifyMatchFailure(op, "rank-1 scores: portable lowering");
     if (hasStaticZeroSize(op))
       return rw.notifyMatchFailure(op, "a static zero-sized dimension");
     KernelScope kernel(
-        k, {op.getScores(), op.getIndices(), op.getDw()},
-        KernelScope::outsOf(op, {k.sizes(op.getScores())}));
-    Value scores = k.buffer(op.getScores());
+        kb, {op.getScores(), op.getIndices(), op.getDw()},
+        KernelScope::outsOf(op, {kb.sizes(op.getScores())}));
+    Value scores = kb.buffer(op.getScores());
     Value out = kernel.out(0);
-    Value s2 = collapseRows(k, scores), o2 = collapseRows(k, out);
-    Value i2 = collapseRows(k, k.buffer(op.getIndices()));
-    Value g2 = collapseRows(k, k.buffer(op.getDw()));
-    Value rows = k.dim(s2, 0), numExperts = k.dim(s2, 1), sel = k.dim(i2, 1);
+    Value s2 = collapseRows(kb, scores), o2 = collapseRows(kb, out);
+    Value i2 = collapseRows(kb, kb.buffer(op.getIndices()));
+    Value g2 = collapseRows(kb, kb.buffer(op.getDw()));
+    Value rows = kb.dim(s2, 0), numExperts = kb.dim(s2, 1), sel = kb.dim(i2, 1);
 
     TopkSpec spec = topkSpecOf(op);
     // A static k in [kMinLaneSel, kLanes]: the selections fit one vector.
@@ -146,17 +146,17 @@ struct TopkRenormGradKernel
     if (!ShapedType::isDynamic(staticSel) && staticSel >= kMinLaneSel &&
         staticSel <= kLanes)
       selLanes = staticSel;
-    Value c1 = k.idx(1);
-    Value items = k.ceilDiv(rows, k.idx(kRowsPerItem));
-    k.workers(opts, items, [&](Value item, Value) {
-      Value r0 = k.mul(item, k.idx(kRowsPerItem));
-      Value r1 = k.mins(k.add(r0, k.idx(kRowsPerItem)), rows);
-      k.forLoop(r0, r1, c1, [&](Value r) {
+    Value c1 = kb.idx(1);
+    Value items = kb.ceilDiv(rows, kb.idx(kRowsPerItem));
+    kb.workers(opts, items, [&](Value item, Value) {
+      Value r0 = kb.mul(item, kb.idx(kRowsPerItem));
+      Value r1 = kb.mins(kb.add(r0, kb.idx(kRowsPerItem)), rows);
+      kb.forLoop(r0, r1, c1, [&](Value r) {
         if (selLanes)
-          emitTopkGradRowInLanes(k, spec, r, s2, i2, g2, o2, numExperts,
+          emitTopkGradRowInLanes(kb, spec, r, s2, i2, g2, o2, numExperts,
                                  *selLanes);
         else
-          emitTopkGradRow(k, spec, r, s2, i2, g2, o2, numExperts, sel);
+          emitTopkGradRow(kb, spec, r, s2, i2, g2, o2, numExperts, sel);
       });
     });
     kernel.replace(rw, op);

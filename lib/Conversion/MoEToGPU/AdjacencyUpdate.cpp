@@ -42,19 +42,19 @@ AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
 
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
-  GpuKernelBuilder &k = h.k;
+  GpuKernelBuilder &kb = h.kb;
   Value a = h.buffer(adaptor.getA());
   Value idx = h.buffer(adaptor.getIdx());
-  Value T = k.dim(idx, 0);
+  Value T = kb.dim(idx, 0);
   Value counts = h.alloc(MemRefType::get({E, E}, b.getI32Type()), {});
-  h.fill32(counts, k.cI32(0));
+  h.fill32(counts, kb.cI32(0));
   Value out = h.allocLike(outType, {});
   Value word = h.errorWord();
 
   {
     GPUKernel kernel(h, "adjacency_counts", {idx, counts, word}, {},
                      {kThreads, 1, 1}, loc);
-    GpuKernelBuilder &kk = kernel.k;
+    GpuKernelBuilder &kk = kernel.kb;
     Value ix = kernel.arg(0), cs = kernel.arg(1), w = kernel.arg(2);
     Value kSel = kk.dim(ix, 1);
     kernel.forItem(kk.dim(ix, 0), [&](Value t) {
@@ -102,7 +102,7 @@ AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
     GPUKernel kernel(h, "adjacency_update", {a, counts, out},
                      {workgroupMemRef({kThreads / kWarp}, b.getF32Type())},
                      {kThreads, 1, 1}, loc);
-    GpuKernelBuilder &kk = kernel.k;
+    GpuKernelBuilder &kk = kernel.kb;
     Value as = kernel.arg(0), cs = kernel.arg(1), o = kernel.arg(2);
     Value line = kk.blockId();
     Value tid = kk.threadId();
@@ -130,7 +130,7 @@ AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
       Value v = coSelectionNext(kk, kk.loadF(as, at(n)), c, sum, beta);
       kk.store(v, o, at(n));
     });
-    kernel.launch({k.idx(E), k.idx(1), k.idx(1)});
+    kernel.launch({kb.idx(E), kb.idx(1), kb.idx(1)});
   }
   h.release(counts);
   h.finish(/*checkErrors=*/true);

@@ -48,62 +48,62 @@ static void launchEntropy(HostCode &host, Value scoresBuf, Value sumsBuf,
       host, "attention_entropy", {scoresBuf, sumsBuf, countsBuf},
       {workgroupMemRef({warps}, f32), workgroupMemRef({warps}, f32)},
       {kEntropyThreads, 1, 1}, loc);
-  GpuKernelBuilder &k = kernel.k;
+  GpuKernelBuilder &kb = kernel.kb;
   Value scores = kernel.arg(0), sums = kernel.arg(1), counts = kernel.arg(2);
   Value wg[] = {kernel.workgroup(0), kernel.workgroup(1)};
-  Value zero = k.cF32(0.0), one = k.cF32(1.0);
-  Value negInf = k.cF32(-std::numeric_limits<double>::infinity());
-  Value tid = k.threadId();
-  Value warp = k.divu(tid, k.idx(kWarp));
-  Value lane = k.remu(tid, k.idx(kWarp));
-  Value chunk = k.blockId(), h = k.blockId(gpu::Dimension::y),
-        b = k.blockId(gpu::Dimension::z);
-  Value N = k.dim(scores, 2), Nk = k.dim(scores, 3);
-  Value step = k.idx(kWarp);
+  Value zero = kb.cF32(0.0), one = kb.cF32(1.0);
+  Value negInf = kb.cF32(-std::numeric_limits<double>::infinity());
+  Value tid = kb.threadId();
+  Value warp = kb.divu(tid, kb.idx(kWarp));
+  Value lane = kb.remu(tid, kb.idx(kWarp));
+  Value chunk = kb.blockId(), h = kb.blockId(gpu::Dimension::y),
+        b = kb.blockId(gpu::Dimension::z);
+  Value N = kb.dim(scores, 2), Nk = kb.dim(scores, 3);
+  Value step = kb.idx(kWarp);
   const int64_t rowsPerWarp = kEntropyRowsPerBlock / warps;
-  Value first = k.add(k.mul(chunk, k.idx(kEntropyRowsPerBlock)),
-                      k.mul(warp, k.idx(rowsPerWarp)));
-  Value last = k.minu(N, k.add(first, k.idx(rowsPerWarp)));
-  SmallVector<Value> partial = k.forLoop(
-      first, last, k.idx(1), {zero, zero},
+  Value first = kb.add(kb.mul(chunk, kb.idx(kEntropyRowsPerBlock)),
+                      kb.mul(warp, kb.idx(rowsPerWarp)));
+  Value last = kb.minu(N, kb.add(first, kb.idx(rowsPerWarp)));
+  SmallVector<Value> partial = kb.forLoop(
+      first, last, kb.idx(1), {zero, zero},
       [&](Value i, ValueRange acc) -> SmallVector<Value> {
         Value m =
-            k.forLoop(lane, Nk, step, {negInf},
+            kb.forLoop(lane, Nk, step, {negInf},
                       [&](Value j, ValueRange a) -> SmallVector<Value> {
-                        return {k.fmax(a[0], k.loadF(scores, {b, h, i, j}))};
+                        return {kb.fmax(a[0], kb.loadF(scores, {b, h, i, j}))};
                       })[0];
-        m = subgroupReduce(k, m, ReduceKind::Max, kWarp);
+        m = subgroupReduce(kb, m, ReduceKind::Max, kWarp);
         SmallVector<Value> za =
-            k.forLoop(lane, Nk, step, {zero, zero},
+            kb.forLoop(lane, Nk, step, {zero, zero},
                       [&](Value j, ValueRange a) -> SmallVector<Value> {
-                        Value s = k.loadF(scores, {b, h, i, j});
-                        Value d = k.fsub(s, m);
-                        Value p = k.exp(d);
+                        Value s = kb.loadF(scores, {b, h, i, j});
+                        Value d = kb.fsub(s, m);
+                        Value p = kb.exp(d);
                         Value masked =
-                            k.cmpf(arith::CmpFPredicate::OEQ, s, negInf);
-                        Value pd = k.select(masked, zero, k.fmul(p, d));
-                        return {k.fadd(a[0], p), k.fadd(a[1], pd)};
+                            kb.cmpf(arith::CmpFPredicate::OEQ, s, negInf);
+                        Value pd = kb.select(masked, zero, kb.fmul(p, d));
+                        return {kb.fadd(a[0], p), kb.fadd(a[1], pd)};
                       });
-        Value z = subgroupReduce(k, za[0], ReduceKind::Sum, kWarp);
-        Value aa = subgroupReduce(k, za[1], ReduceKind::Sum, kWarp);
-        Value ent = k.fsub(k.log(z), k.fdiv(aa, z));
-        Value valid = k.cmpf(arith::CmpFPredicate::UNE, m, negInf);
-        return {k.fadd(acc[0], k.select(valid, ent, zero)),
-                k.fadd(acc[1], k.select(valid, one, zero))};
+        Value z = subgroupReduce(kb, za[0], ReduceKind::Sum, kWarp);
+        Value aa = subgroupReduce(kb, za[1], ReduceKind::Sum, kWarp);
+        Value ent = kb.fsub(kb.log(z), kb.fdiv(aa, z));
+        Value valid = kb.cmpf(arith::CmpFPredicate::UNE, m, negInf);
+        return {kb.fadd(acc[0], kb.select(valid, ent, zero)),
+                kb.fadd(acc[1], kb.select(valid, one, zero))};
       });
-  k.ifThen(k.eq(lane, k.idx(0)), [&] {
-    k.store(partial[0], wg[0], {warp});
-    k.store(partial[1], wg[1], {warp});
+  kb.ifThen(kb.eq(lane, kb.idx(0)), [&] {
+    kb.store(partial[0], wg[0], {warp});
+    kb.store(partial[1], wg[1], {warp});
   });
-  k.barrier();
-  k.ifThen(k.eq(tid, k.idx(0)), [&] {
-    Value s = k.load(wg[0], {k.idx(0)}), c = k.load(wg[1], {k.idx(0)});
+  kb.barrier();
+  kb.ifThen(kb.eq(tid, kb.idx(0)), [&] {
+    Value s = kb.load(wg[0], {kb.idx(0)}), c = kb.load(wg[1], {kb.idx(0)});
     for (int64_t w = 1; w < warps; ++w) {
-      s = k.fadd(s, k.load(wg[0], {k.idx(w)}));
-      c = k.fadd(c, k.load(wg[1], {k.idx(w)}));
+      s = kb.fadd(s, kb.load(wg[0], {kb.idx(w)}));
+      c = kb.fadd(c, kb.load(wg[1], {kb.idx(w)}));
     }
-    k.store(s, sums, {b, h, chunk});
-    k.store(c, counts, {b, h, chunk});
+    kb.store(s, sums, {b, h, chunk});
+    kb.store(c, counts, {b, h, chunk});
   });
   kernel.launch(grid);
 }
@@ -114,31 +114,31 @@ static void launchHeadSelect(HostCode &h, Value sumsBuf, Value countsBuf,
                              Value headBuf, Value sequences, Location loc) {
   GPUKernel kernel(h, "attention_head_select", {sumsBuf, countsBuf, headBuf},
                    {}, {kWarp, 1, 1}, loc);
-  GpuKernelBuilder &k = kernel.k;
+  GpuKernelBuilder &kb = kernel.kb;
   Value sums = kernel.arg(0), counts = kernel.arg(1), head = kernel.arg(2);
-  Value B = k.dim(sums, 0), H = k.dim(sums, 1), C = k.dim(sums, 2);
-  Value zero = k.cF32(0.0);
+  Value B = kb.dim(sums, 0), H = kb.dim(sums, 1), C = kb.dim(sums, 2);
+  Value zero = kb.cF32(0.0);
   kernel.forItem(B, [&](Value b) {
-    SmallVector<Value> best = k.forLoop(
-        k.idx(0), H, k.idx(1), {zero, k.idx(0)},
+    SmallVector<Value> best = kb.forLoop(
+        kb.idx(0), H, kb.idx(1), {zero, kb.idx(0)},
         [&](Value h, ValueRange acc) -> SmallVector<Value> {
           SmallVector<Value> sc =
-              k.forLoop(k.idx(0), C, k.idx(1), {zero, zero},
+              kb.forLoop(kb.idx(0), C, kb.idx(1), {zero, zero},
                         [&](Value c, ValueRange a) -> SmallVector<Value> {
-                          return {k.fadd(a[0], k.load(sums, {b, h, c})),
-                                  k.fadd(a[1], k.load(counts, {b, h, c}))};
+                          return {kb.fadd(a[0], kb.load(sums, {b, h, c})),
+                                  kb.fadd(a[1], kb.load(counts, {b, h, c}))};
                         });
-          Value mean = k.select(k.cmpf(arith::CmpFPredicate::OEQ, sc[1], zero),
-                                zero, k.fdiv(sc[0], sc[1]));
-          Value isFirst = k.eq(h, k.idx(0));
-          Value bestNan = k.cmpf(arith::CmpFPredicate::UNO, acc[0], acc[0]);
-          Value meanNan = k.cmpf(arith::CmpFPredicate::UNO, mean, mean);
-          Value less = k.cmpf(arith::CmpFPredicate::OLT, mean, acc[0]);
+          Value mean = kb.select(kb.cmpf(arith::CmpFPredicate::OEQ, sc[1], zero),
+                                zero, kb.fdiv(sc[0], sc[1]));
+          Value isFirst = kb.eq(h, kb.idx(0));
+          Value bestNan = kb.cmpf(arith::CmpFPredicate::UNO, acc[0], acc[0]);
+          Value meanNan = kb.cmpf(arith::CmpFPredicate::UNO, mean, mean);
+          Value less = kb.cmpf(arith::CmpFPredicate::OLT, mean, acc[0]);
           Value take =
-              k.orI(isFirst, k.andI(k.notI1(bestNan), k.orI(meanNan, less)));
-          return {k.select(take, mean, acc[0]), k.select(take, h, acc[1])};
+              kb.orI(isFirst, kb.andI(kb.notI1(bestNan), kb.orI(meanNan, less)));
+          return {kb.select(take, mean, acc[0]), kb.select(take, h, acc[1])};
         });
-    k.store(k.castInt(best[1], k.i32()), head, {b});
+    kb.store(kb.castInt(best[1], kb.i32()), head, {b});
   });
   kernel.launchOver(sequences);
 }
@@ -153,33 +153,33 @@ void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
       host, "attention_head_means", {vBuf, woBuf, headBuf, meansBuf, biasBuf},
       {workgroupMemRef({kMeansThreads / kWarp}, host.b.getF32Type())},
       {kMeansThreads, 1, 1}, loc);
-  GpuKernelBuilder &k = kernel.k;
+  GpuKernelBuilder &kb = kernel.kb;
   Value v = kernel.arg(0), wo = kernel.arg(1), head = kernel.arg(2),
         m = kernel.arg(3), bias = kernel.arg(4);
-  Value j = k.blockId(), b = k.blockId(gpu::Dimension::y);
-  Value h = k.castInt(k.load(head, {b}), k.index());
-  Value Dh = k.dim(v, 3), D = k.dim(wo, 0);
-  Value scale = headScale ? k.cF32(*headScale) : k.sitofp(k.dim(v, 1));
-  Value colBase = k.mul(h, Dh);
-  Value sq = k.forLoop(k.threadId(), D, k.idx(kMeansThreads), {k.cF32(0.0)},
+  Value j = kb.blockId(), b = kb.blockId(gpu::Dimension::y);
+  Value h = kb.castInt(kb.load(head, {b}), kb.index());
+  Value Dh = kb.dim(v, 3), D = kb.dim(wo, 0);
+  Value scale = headScale ? kb.cF32(*headScale) : kb.sitofp(kb.dim(v, 1));
+  Value colBase = kb.mul(h, Dh);
+  Value sq = kb.forLoop(kb.threadId(), D, kb.idx(kMeansThreads), {kb.cF32(0.0)},
                        [&](Value d, ValueRange acc) -> SmallVector<Value> {
-                         Value dot = k.forLoop(
-                             k.idx(0), Dh, k.idx(1), {k.cF32(0.0)},
+                         Value dot = kb.forLoop(
+                             kb.idx(0), Dh, kb.idx(1), {kb.cF32(0.0)},
                              [&](Value c, ValueRange a) -> SmallVector<Value> {
-                               Value x = k.loadF(v, {b, h, j, c});
-                               Value w = k.loadF(wo, {d, k.add(colBase, c)});
-                               return {k.fadd(a[0], k.fmul(x, w))};
+                               Value x = kb.loadF(v, {b, h, j, c});
+                               Value w = kb.loadF(wo, {d, kb.add(colBase, c)});
+                               return {kb.fadd(a[0], kb.fmul(x, w))};
                              })[0];
-                         Value mean = k.fmul(scale, dot);
-                         k.store(mean, m, {b, j, d});
-                         return {k.fadd(acc[0], k.fmul(mean, mean))};
+                         Value mean = kb.fmul(scale, dot);
+                         kb.store(mean, m, {b, j, d});
+                         return {kb.fadd(acc[0], kb.fmul(mean, mean))};
                        })[0];
   Value total =
-      blockReduce(k, sq, ReduceKind::Sum, kMeansThreads, kernel.workgroup(0));
-  k.ifThen(k.eq(k.threadId(), k.idx(0)), [&] {
-    k.store(k.fdiv(total, k.cF32(-2.0 * sigma * sigma)), bias, {b, j});
+      blockReduce(kb, sq, ReduceKind::Sum, kMeansThreads, kernel.workgroup(0));
+  kb.ifThen(kb.eq(kb.threadId(), kb.idx(0)), [&] {
+    kb.store(kb.fdiv(total, kb.cF32(-2.0 * sigma * sigma)), bias, {b, j});
   });
-  GpuKernelBuilder &hk = host.k;
+  GpuKernelBuilder &hk = host.kb;
   kernel.launch({hk.dim(vBuf, 2), hk.dim(vBuf, 0), hk.idx(1)});
 }
 
@@ -218,23 +218,23 @@ lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
 
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
-  GpuKernelBuilder &k = h.k;
+  GpuKernelBuilder &kb = h.kb;
   Type f32 = b.getF32Type();
   Value scores = h.buffer(scoresT), u = h.buffer(uT), v = h.buffer(vT),
         wo = h.buffer(woT), e = h.buffer(eT);
-  Value B = k.dim(scores, 0), H = k.dim(scores, 1), N = k.dim(scores, 2),
-        Nk = k.dim(scores, 3), D = k.dim(wo, 0);
+  Value B = kb.dim(scores, 0), H = kb.dim(scores, 1), N = kb.dim(scores, 2),
+        Nk = kb.dim(scores, 3), D = kb.dim(wo, 0);
 
   // Results: p (or weights, indices) and head.
   SmallVector<Value> results;
   for (Value result : op->getResults()) {
     auto type = cast<RankedTensorType>(result.getType());
-    results.push_back(h.allocLike(type, dynamicSizesFrom(k, type, u)));
+    results.push_back(h.allocLike(type, dynamicSizesFrom(kb, type, u)));
   }
   Value head = results.back();
 
   // 1-2: entropy partials and the head.
-  Value chunks = k.ceilDiv(N, k.idx(kEntropyRowsPerBlock));
+  Value chunks = kb.ceilDiv(N, kb.idx(kEntropyRowsPerBlock));
   auto partialType = MemRefType::get(
       {ShapedType::kDynamic, ShapedType::kDynamic, ShapedType::kDynamic}, f32);
   Value sums = h.alloc(partialType, {B, H, chunks});

@@ -55,16 +55,16 @@ static constexpr int64_t kThreads = 128;
 
 /// out = e where e is finite, else 0, for the element `flat` of [B,R,K]
 /// buffers (`copy`), or out kept where e is finite and zeroed elsewhere.
-static void emitFiniteMask(GpuKernelBuilder &k, Value src, Value dst, bool copy,
+static void emitFiniteMask(GpuKernelBuilder &kb, Value src, Value dst, bool copy,
                            Value flat) {
-  Value R = k.dim(src, 1), K = k.dim(src, 2);
-  Value c = k.remu(flat, K), rest = k.divu(flat, K);
-  Value j = k.remu(rest, R), b = k.divu(rest, R);
-  Value x = k.loadF(src, {b, j, c});
-  Value finite = k.cmpf(arith::CmpFPredicate::ONE, k.fabs(x),
-                        k.cF32(std::numeric_limits<double>::infinity()));
-  Value kept = copy ? x : k.load(dst, {b, j, c});
-  k.store(k.select(finite, kept, k.cF32(0.0)), dst, {b, j, c});
+  Value R = kb.dim(src, 1), K = kb.dim(src, 2);
+  Value c = kb.remu(flat, K), rest = kb.divu(flat, K);
+  Value j = kb.remu(rest, R), b = kb.divu(rest, R);
+  Value x = kb.loadF(src, {b, j, c});
+  Value finite = kb.cmpf(arith::CmpFPredicate::ONE, kb.fabs(x),
+                        kb.cF32(std::numeric_limits<double>::infinity()));
+  Value kept = copy ? x : kb.load(dst, {b, j, c});
+  kb.store(kb.select(finite, kept, kb.cF32(0.0)), dst, {b, j, c});
 }
 
 /// A thread per element of d_e ([B,Nk,K] f32): zeroed where e is not finite.
@@ -73,15 +73,15 @@ static void launchFiniteMaskOfGrad(HostCode &h, Value e, Value de,
   GPUKernel kernel(h, "attention_grad_finite_de", {e, de}, {}, {kThreads, 1, 1},
                    loc);
   {
-    GpuKernelBuilder &k = kernel.k;
+    GpuKernelBuilder &kb = kernel.kb;
     Value src = kernel.arg(0), dst = kernel.arg(1);
-    Value total = k.mul(k.mul(k.dim(src, 0), k.dim(src, 1)), k.dim(src, 2));
+    Value total = kb.mul(kb.mul(kb.dim(src, 0), kb.dim(src, 1)), kb.dim(src, 2));
     kernel.forItem(total, [&](Value flat) {
-      emitFiniteMask(k, src, dst, /*copy=*/false, flat);
+      emitFiniteMask(kb, src, dst, /*copy=*/false, flat);
     });
   }
-  GpuKernelBuilder &k = h.k;
-  kernel.launchOver(k.mul(k.mul(k.dim(e, 0), k.dim(e, 1)), k.dim(e, 2)));
+  GpuKernelBuilder &kb = h.kb;
+  kernel.launchOver(kb.mul(kb.mul(kb.dim(e, 0), kb.dim(e, 1)), kb.dim(e, 2)));
 }
 
 /// The first kernel: out ([B,Nk,K] f32) = e where finite, else 0, a thread
@@ -96,30 +96,30 @@ static void launchFiniteEAndHeadCheck(HostCode &h, Value e, Value out,
                    {e, out, head, heads, safe, skip, word}, {},
                    {kThreads, 1, 1}, loc);
   {
-    GpuKernelBuilder &k = kernel.k;
+    GpuKernelBuilder &kb = kernel.kb;
     Value src = kernel.arg(0), dst = kernel.arg(1), hs = kernel.arg(2),
           H = kernel.arg(3), hsSafe = kernel.arg(4), skipped = kernel.arg(5),
           w = kernel.arg(6);
-    Value B = k.dim(src, 0);
-    Value total = k.mul(k.mul(B, k.dim(src, 1)), k.dim(src, 2));
+    Value B = kb.dim(src, 0);
+    Value total = kb.mul(kb.mul(B, kb.dim(src, 1)), kb.dim(src, 2));
     Value flat = kernel.globalId();
-    k.ifThen(k.lt(flat, total),
-             [&] { emitFiniteMask(k, src, dst, /*copy=*/true, flat); });
-    k.ifThen(k.lt(flat, B), [&] {
-      Value hv = k.load(hs, {flat});
-      Value ok = idInRange(k, hv, k.castInt(H, hv.getType()));
-      k.store(k.select(ok, hv, k.cI32(0)), hsSafe, {flat});
-      k.store(k.select(ok, k.cI32(0), k.cI32(1)), skipped, {flat});
-      k.ifThen(k.notI1(ok), [&] {
-        emitRecordIndexError(k, w, kMoEErrorAttentionHead,
-                             k.castInt(flat, k.i64()), k.castInt(hv, k.i64()),
-                             k.castInt(H, k.i64()));
+    kb.ifThen(kb.lt(flat, total),
+             [&] { emitFiniteMask(kb, src, dst, /*copy=*/true, flat); });
+    kb.ifThen(kb.lt(flat, B), [&] {
+      Value hv = kb.load(hs, {flat});
+      Value ok = idInRange(kb, hv, kb.castInt(H, hv.getType()));
+      kb.store(kb.select(ok, hv, kb.cI32(0)), hsSafe, {flat});
+      kb.store(kb.select(ok, kb.cI32(0), kb.cI32(1)), skipped, {flat});
+      kb.ifThen(kb.notI1(ok), [&] {
+        emitRecordIndexError(kb, w, kMoEErrorAttentionHead,
+                             kb.castInt(flat, kb.i64()), kb.castInt(hv, kb.i64()),
+                             kb.castInt(H, kb.i64()));
       });
     });
   }
-  GpuKernelBuilder &k = h.k;
-  Value B = k.dim(e, 0);
-  kernel.launchOver(k.maxs(B, k.mul(k.mul(B, k.dim(e, 1)), k.dim(e, 2))));
+  GpuKernelBuilder &kb = h.kb;
+  Value B = kb.dim(e, 0);
+  kernel.launchOver(kb.maxs(B, kb.mul(kb.mul(B, kb.dim(e, 1)), kb.dim(e, 2))));
 }
 
 /// dm[b,j,d] = c · (dm[b,j,d] - rowSum[b,j,0] · m[b,j,d]) in place (a thread
@@ -130,22 +130,22 @@ static void launchMeanGrad(HostCode &h, Value dm, Value rowSum, Value means,
   GPUKernel kernel(h, "attention_grad_dm", {dm, rowSum, means, v}, {},
                    {kThreads, 1, 1}, loc);
   {
-    GpuKernelBuilder &k = kernel.k;
+    GpuKernelBuilder &kb = kernel.kb;
     Value g = kernel.arg(0), r = kernel.arg(1), m = kernel.arg(2),
           vv = kernel.arg(3);
-    Value Nk = k.dim(g, 1), D = k.dim(g, 2);
-    Value total = k.mul(k.mul(k.dim(g, 0), Nk), D);
-    Value scale = headScale ? k.cF32(*headScale) : k.sitofp(k.dim(vv, 1));
+    Value Nk = kb.dim(g, 1), D = kb.dim(g, 2);
+    Value total = kb.mul(kb.mul(kb.dim(g, 0), Nk), D);
+    Value scale = headScale ? kb.cF32(*headScale) : kb.sitofp(kb.dim(vv, 1));
     kernel.forItem(total, [&](Value flat) {
-      Value d = k.remu(flat, D), rest = k.divu(flat, D);
-      Value j = k.remu(rest, Nk), b = k.divu(rest, Nk);
-      Value x = k.fsub(k.load(g, {b, j, d}), k.fmul(k.load(r, {b, j, k.idx(0)}),
-                                                    k.load(m, {b, j, d})));
-      k.store(k.fmul(scale, x), g, {b, j, d});
+      Value d = kb.remu(flat, D), rest = kb.divu(flat, D);
+      Value j = kb.remu(rest, Nk), b = kb.divu(rest, Nk);
+      Value x = kb.fsub(kb.load(g, {b, j, d}), kb.fmul(kb.load(r, {b, j, kb.idx(0)}),
+                                                    kb.load(m, {b, j, d})));
+      kb.store(kb.fmul(scale, x), g, {b, j, d});
     });
   }
-  GpuKernelBuilder &k = h.k;
-  kernel.launchOver(k.mul(k.mul(k.dim(dm, 0), k.dim(dm, 1)), k.dim(dm, 2)));
+  GpuKernelBuilder &kb = h.kb;
+  kernel.launchOver(kb.mul(kb.mul(kb.dim(dm, 0), kb.dim(dm, 1)), kb.dim(dm, 2)));
 }
 
 /// d_v[b,h,j,c] = Σ_d dm[b,j,d] · wo[d, h·Dh + c] for h = h*[b], else 0: a
@@ -156,30 +156,30 @@ static void launchValueGrad(HostCode &h, Value dm, Value wo, Value head,
   GPUKernel kernel(h, "attention_grad_dv", {dm, wo, head, dv}, {},
                    {kThreads, 1, 1}, loc);
   {
-    GpuKernelBuilder &k = kernel.k;
+    GpuKernelBuilder &kb = kernel.kb;
     Value g = kernel.arg(0), w = kernel.arg(1), hs = kernel.arg(2),
           out = kernel.arg(3);
-    Value H = k.dim(out, 1), Nk = k.dim(out, 2), Dh = k.dim(out, 3);
-    Value D = k.dim(g, 2);
+    Value H = kb.dim(out, 1), Nk = kb.dim(out, 2), Dh = kb.dim(out, 3);
+    Value D = kb.dim(g, 2);
     Value col = kernel.globalId();
-    Value hh = k.divu(col, Dh), c = k.remu(col, Dh);
-    Value rows = k.mul(k.dim(out, 0), Nk);
-    kernel.forRowsOfColumn(k.lt(col, k.mul(H, Dh)), rows, [&](Value flatRow) {
-      Value b = k.divu(flatRow, Nk), j = k.remu(flatRow, Nk);
-      Value chosen = k.eq(hh, k.castInt(k.load(hs, {b}), k.index()));
+    Value hh = kb.divu(col, Dh), c = kb.remu(col, Dh);
+    Value rows = kb.mul(kb.dim(out, 0), Nk);
+    kernel.forRowsOfColumn(kb.lt(col, kb.mul(H, Dh)), rows, [&](Value flatRow) {
+      Value b = kb.divu(flatRow, Nk), j = kb.remu(flatRow, Nk);
+      Value chosen = kb.eq(hh, kb.castInt(kb.load(hs, {b}), kb.index()));
       // Off h*, the loop is empty: 0.
-      Value s = k.forLoop(
-          k.idx(0), k.select(chosen, D, k.idx(0)), k.idx(1), {k.cF32(0.0)},
+      Value s = kb.forLoop(
+          kb.idx(0), kb.select(chosen, D, kb.idx(0)), kb.idx(1), {kb.cF32(0.0)},
           [&](Value d, ValueRange acc) -> SmallVector<Value> {
-            return {k.fadd(acc[0],
-                           k.fmul(k.load(g, {b, j, d}), k.loadF(w, {d, col})))};
+            return {kb.fadd(acc[0],
+                           kb.fmul(kb.load(g, {b, j, d}), kb.loadF(w, {d, col})))};
           })[0];
-      k.store(s, out, {b, hh, j, c});
+      kb.store(s, out, {b, hh, j, c});
     });
   }
-  GpuKernelBuilder &k = h.k;
-  Value cols = k.mul(k.dim(dv, 1), k.dim(dv, 3));
-  kernel.launchColumns(cols, k.mul(k.dim(dv, 0), k.dim(dv, 2)));
+  GpuKernelBuilder &kb = h.kb;
+  Value cols = kb.mul(kb.dim(dv, 1), kb.dim(dv, 3));
+  kernel.launchColumns(cols, kb.mul(kb.dim(dv, 0), kb.dim(dv, 2)));
 }
 
 /// d_wo[d, h·Dh + c] = Σ_b [h*[b] = h] Σ_j dm[b,j,d] · v[b,h,j,c]: a thread
@@ -190,32 +190,32 @@ static void launchWeightGrad(HostCode &h, Value dm, Value v, Value head,
   GPUKernel kernel(h, "attention_grad_dwo", {dm, v, head, dwo}, {},
                    {kThreads, 1, 1}, loc);
   {
-    GpuKernelBuilder &k = kernel.k;
+    GpuKernelBuilder &kb = kernel.kb;
     Value g = kernel.arg(0), vv = kernel.arg(1), hs = kernel.arg(2),
           out = kernel.arg(3);
-    Value H = k.dim(vv, 1), Nk = k.dim(vv, 2), Dh = k.dim(vv, 3);
-    Value D = k.dim(out, 0);
+    Value H = kb.dim(vv, 1), Nk = kb.dim(vv, 2), Dh = kb.dim(vv, 3);
+    Value D = kb.dim(out, 0);
     Value col = kernel.globalId();
-    Value hh = k.divu(col, Dh), c = k.remu(col, Dh);
-    Value c0 = k.idx(0), c1 = k.idx(1);
-    kernel.forRowsOfColumn(k.lt(col, k.mul(H, Dh)), D, [&](Value d) {
-      Value s = k.forLoop(
-          c0, k.dim(vv, 0), c1, {k.cF32(0.0)},
+    Value hh = kb.divu(col, Dh), c = kb.remu(col, Dh);
+    Value c0 = kb.idx(0), c1 = kb.idx(1);
+    kernel.forRowsOfColumn(kb.lt(col, kb.mul(H, Dh)), D, [&](Value d) {
+      Value s = kb.forLoop(
+          c0, kb.dim(vv, 0), c1, {kb.cF32(0.0)},
           [&](Value b, ValueRange acc) -> SmallVector<Value> {
-            Value chosen = k.eq(hh, k.castInt(k.load(hs, {b}), k.index()));
-            return k.forLoop(
-                c0, k.select(chosen, Nk, c0), c1, acc,
+            Value chosen = kb.eq(hh, kb.castInt(kb.load(hs, {b}), kb.index()));
+            return kb.forLoop(
+                c0, kb.select(chosen, Nk, c0), c1, acc,
                 [&](Value j, ValueRange a) -> SmallVector<Value> {
-                  return {k.fadd(a[0], k.fmul(k.load(g, {b, j, d}),
-                                              k.loadF(vv, {b, hh, j, c})))};
+                  return {kb.fadd(a[0], kb.fmul(kb.load(g, {b, j, d}),
+                                              kb.loadF(vv, {b, hh, j, c})))};
                 });
           })[0];
-      k.store(s, out, {d, col});
+      kb.store(s, out, {d, col});
     });
   }
-  GpuKernelBuilder &k = h.k;
-  Value cols = k.dim(dwo, 1);
-  kernel.launchColumns(cols, k.dim(dwo, 0));
+  GpuKernelBuilder &kb = h.kb;
+  Value cols = kb.dim(dwo, 1);
+  kernel.launchColumns(cols, kb.dim(dwo, 0));
 }
 
 LogicalResult
@@ -238,7 +238,7 @@ AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
   std::optional<double> headScale = op.getEffectiveHeadScale();
 
   HostCode h(rewriter, op);
-  GpuKernelBuilder &k = h.k;
+  GpuKernelBuilder &kb = h.kb;
   Type f32 = h.b.getF32Type();
   Value scores = h.buffer(scoresT), u = h.buffer(uT), v = h.buffer(vT),
         wo = h.buffer(woT), eIn = h.buffer(eT), headIn = h.buffer(headT),
@@ -253,7 +253,7 @@ AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
           buffer ? cast<MemRefType>(buffer.getType()).getDimSize(d) : d;
       shape.push_back(size);
       if (ShapedType::isDynamic(size))
-        sizes.push_back(k.dim(buffer, d));
+        sizes.push_back(kb.dim(buffer, d));
     }
     return h.alloc(MemRefType::get(shape, f32), sizes);
   };
@@ -262,7 +262,7 @@ AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
   SmallVector<Value> results, operands = {scores, u, v, wo, eIn};
   for (auto [result, like] : llvm::zip(op->getResults(), operands)) {
     auto type = cast<RankedTensorType>(result.getType());
-    results.push_back(h.allocLike(type, dynamicSizesFrom(k, type, like)));
+    results.push_back(h.allocLike(type, dynamicSizesFrom(kb, type, like)));
   }
   Value dScores = results[0], du = results[1], dv = results[2],
         dwo = results[3], de = results[4];
@@ -275,13 +275,13 @@ AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
   auto headType = cast<MemRefType>(headIn.getType());
   SmallVector<Value> headSizes;
   if (headType.isDynamicDim(0))
-    headSizes.push_back(k.dim(headIn, 0));
+    headSizes.push_back(kb.dim(headIn, 0));
   Value head = h.alloc(headType, headSizes);
   Value skip = h.alloc(headType, headSizes);
   // (Operands named first: argument evaluation order differs between
   // compilers.)
   Value word = h.errorWord();
-  Value heads = k.dim(scores, 1);
+  Value heads = kb.dim(scores, 1);
   launchFiniteEAndHeadCheck(h, eIn, e, headIn, heads, head, skip, word, loc);
   Value means = temp({{v, 0}, {v, 2}, {wo, 0}});
   Value bias = temp({{v, 0}, {v, 2}});
@@ -303,7 +303,7 @@ AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
   FlashGradSpec spec{logit};
 
   // 2. Query-major: dz into d_scores (zero off h*), d_u = Σ_j dz m_j / σ².
-  h.fill32(dScores, k.cF32(0.0));
+  h.fill32(dScores, kb.cF32(0.0));
   FlashGradSpec byQuery = spec;
   byQuery.storeDz = true;
   byQuery.accumulators = {{/*byDx=*/true, /*addToOut=*/false}};

@@ -56,58 +56,58 @@ struct Step {
 
 class ChunkWarp {
 public:
-  ChunkWarp(KB &k, Value indices, int64_t numExperts)
-      : k(k), indices(indices), numExperts(numExperts) {
-    lane = k.threadId();
-    chunk = k.blockId();
-    kSel = k.dim(indices, 1);
-    total = k.mul(k.dim(indices, 0), kSel);
+  ChunkWarp(GpuKernelBuilder &kb, Value indices, int64_t numExperts)
+      : kb(kb), indices(indices), numExperts(numExperts) {
+    lane = kb.threadId();
+    chunk = kb.blockId();
+    kSel = kb.dim(indices, 1);
+    total = kb.mul(kb.dim(indices, 0), kSel);
   }
 
-  KB &k;
+  GpuKernelBuilder &kb;
   Value indices, lane, chunk, kSel, total;
   int64_t numExperts;
 
   /// For every expert e this lane owns (e = lane, lane + 32, ...).
   void eachExpert(function_ref<void(Value e)> body) {
-    k.forLoop(lane, k.idx(numExperts), k.idx(kWarp), body);
+    kb.forLoop(lane, kb.idx(numExperts), kb.idx(kWarp), body);
   }
 
   /// The chunk's steps in order, a barrier after each.
   void eachStep(function_ref<void(const Step &)> body) {
-    k.forLoop(k.idx(0), k.idx(kChunkSteps), k.idx(1), [&](Value s) {
+    kb.forLoop(kb.idx(0), kb.idx(kChunkSteps), kb.idx(1), [&](Value s) {
       Step st;
-      st.n = k.add(k.add(k.mul(chunk, k.idx(kChunk)), k.mul(s, k.idx(kWarp))),
+      st.n = kb.add(kb.add(kb.mul(chunk, kb.idx(kChunk)), kb.mul(s, kb.idx(kWarp))),
                    lane);
-      st.inBounds = k.lt(st.n, total);
-      Value safe = k.select(st.inBounds, st.n, k.idx(0));
-      Value v = k.castInt(
-          k.load(indices, {k.divu(safe, kSel), k.remu(safe, kSel)}), k.i64());
+      st.inBounds = kb.lt(st.n, total);
+      Value safe = kb.select(st.inBounds, st.n, kb.idx(0));
+      Value v = kb.castInt(
+          kb.load(indices, {kb.divu(safe, kSel), kb.remu(safe, kSel)}), kb.i64());
       st.raw = v;
-      st.inRange = k.andI(
+      st.inRange = kb.andI(
           st.inBounds,
-          k.andI(k.cmpi(arith::CmpIPredicate::sge, v, k.cI64(0)),
-                 k.lt(v, k.cI64(numExperts))));
-      st.expertI32 = k.select(st.inRange, k.trunc(v, k.i32()), k.cI32(-1));
+          kb.andI(kb.cmpi(arith::CmpIPredicate::sge, v, kb.cI64(0)),
+                 kb.lt(v, kb.cI64(numExperts))));
+      st.expertI32 = kb.select(st.inRange, kb.trunc(v, kb.i32()), kb.cI32(-1));
       // Every lane takes part (the block is one warp): out-of-range and
       // past-the-end lanes match each other on -1 and are never used.
-      st.peers = NVVM::MatchSyncOp::create(k.b, k.i32(), k.cI32(-1),
+      st.peers = NVVM::MatchSyncOp::create(kb.b, kb.i32(), kb.cI32(-1),
                                            st.expertI32,
                                            NVVM::MatchSyncKind::any);
       body(st);
-      k.barrier();
+      kb.barrier();
     });
   }
 
   /// True on the lowest lane of `peers`.
   Value isLeader(const Step &st) {
-    Value first = math::CountTrailingZerosOp::create(k.b, st.peers);
-    return k.eq(first, k.castInt(lane, k.i32()));
+    Value first = math::CountTrailingZerosOp::create(kb.b, st.peers);
+    return kb.eq(first, kb.castInt(lane, kb.i32()));
   }
-  Value popcount(Value mask) { return math::CtPopOp::create(k.b, mask); }
+  Value popcount(Value mask) { return math::CtPopOp::create(kb.b, mask); }
 };
 
-Value asIndex(KB &k, Value v) { return k.castInt(v, k.index()); }
+Value asIndex(GpuKernelBuilder &kb, Value v) { return kb.castInt(v, kb.index()); }
 } // namespace
 
 LogicalResult
@@ -121,15 +121,15 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
   const int64_t E = op.getNumExperts(), B = op.getBlockSize();
   Location loc = op.getLoc();
   HostCode h(rewriter, op);
-  KB &k = h.k;
-  Type i32 = k.i32();
+  GpuKernelBuilder &kb = h.kb;
+  Type i32 = kb.i32();
   Value idx = h.buffer(adaptor.getIndices());
-  Value n = k.mul(k.dim(idx, 0), k.dim(idx, 1));
-  Value padded = k.add(n, k.idx(E * (B - 1)));
-  Value numBlocks = k.ceilDiv(padded, k.idx(B));
+  Value n = kb.mul(kb.dim(idx, 0), kb.dim(idx, 1));
+  Value padded = kb.add(n, kb.idx(E * (B - 1)));
+  Value numBlocks = kb.ceilDiv(padded, kb.idx(B));
   // Results in the op's order, with the sizes of their dynamic dim.
-  SmallVector<Value> sizes = {k.idx(E), k.idx(E + 1), n,        n,
-                              padded,   numBlocks,    k.idx(1)};
+  SmallVector<Value> sizes = {kb.idx(E), kb.idx(E + 1), n,        n,
+                              padded,   numBlocks,    kb.idx(1)};
   SmallVector<Value> results;
   for (auto [result, size] : llvm::zip(op->getResults(), sizes)) {
     auto type = cast<RankedTensorType>(result.getType());
@@ -139,13 +139,13 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
   Value counts = results[0], offsets = results[1], order = results[2],
         inverse = results[3], paddedOrder = results[4],
         blockExperts = results[5], numPadded = results[6];
-  Value chunks = k.ceilDiv(n, k.idx(kChunk));
+  Value chunks = kb.ceilDiv(n, kb.idx(kChunk));
   Value chunkBase = h.alloc(MemRefType::get({ShapedType::kDynamic}, i32),
-                            {k.mul(chunks, k.idx(E))});
+                            {kb.mul(chunks, kb.idx(E))});
   Value paddedOffsets = h.alloc(MemRefType::get({E + 1}, i32), {});
-  h.fill32(order, k.cI32(-1));
-  h.fill32(inverse, k.cI32(-1));
-  h.fill32(paddedOrder, k.trunc(k.castInt(n, k.i64()), i32));
+  h.fill32(order, kb.cI32(-1));
+  h.fill32(inverse, kb.cI32(-1));
+  h.fill32(paddedOrder, kb.trunc(kb.castInt(n, kb.i64()), i32));
   Value word = h.errorWord();
   MemRefType perExpert = workgroupMemRef({E}, i32);
 
@@ -153,7 +153,7 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
   {
     GPUKernel kernel(h, "dispatch_counts", {idx, chunkBase, word}, {perExpert},
                      {kWarp, 1, 1}, loc);
-    KB &kk = kernel.k;
+    GpuKernelBuilder &kk = kernel.kb;
     Value base = kernel.arg(1), w = kernel.arg(2);
     Value local = kernel.workgroup(0);
     ChunkWarp cw(kk, kernel.arg(0), E);
@@ -175,7 +175,7 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
       kk.store(kk.load(local, {e}), base,
                {kk.add(kk.mul(cw.chunk, kk.idx(E)), e)});
     });
-    kernel.launch({chunks, k.idx(1), k.idx(1)});
+    kernel.launch({chunks, kb.idx(1), kb.idx(1)});
   }
 
   // 2. Totals, scans, chunk bases, block experts.
@@ -184,7 +184,7 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
                      {idx, chunkBase, counts, offsets, paddedOffsets,
                       blockExperts, numPadded},
                      {perExpert}, {kScanThreads, 1, 1}, loc);
-    KB &kk = kernel.k;
+    GpuKernelBuilder &kk = kernel.kb;
     Value ix = kernel.arg(0), base = kernel.arg(1), cnt = kernel.arg(2),
           off = kernel.arg(3), poff = kernel.arg(4), blocks = kernel.arg(5),
           num = kernel.arg(6);
@@ -246,7 +246,7 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
     Value used = kk.divu(asIndex(kk, kk.load(poff, {kk.idx(E)})), kk.idx(B));
     kk.forLoop(kk.add(used, tid), kk.dim(blocks, 0), kk.idx(kScanThreads),
                [&](Value blk) { kk.store(kk.cI32(-1), blocks, {blk}); });
-    kernel.launch({k.idx(1), k.idx(1), k.idx(1)});
+    kernel.launch({kb.idx(1), kb.idx(1), kb.idx(1)});
   }
 
   // 3. Positions.
@@ -255,7 +255,7 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
         h, "dispatch_scatter",
         {idx, chunkBase, offsets, paddedOffsets, order, inverse, paddedOrder},
         {perExpert}, {kWarp, 1, 1}, loc);
-    KB &kk = kernel.k;
+    GpuKernelBuilder &kk = kernel.kb;
     Value base = kernel.arg(1), off = kernel.arg(2), poff = kernel.arg(3),
           ord = kernel.arg(4), inv = kernel.arg(5), pord = kernel.arg(6);
     Value running = kernel.workgroup(0);
@@ -285,7 +285,7 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
                  running, {e});
       });
     });
-    kernel.launch({chunks, k.idx(1), k.idx(1)});
+    kernel.launch({chunks, kb.idx(1), kb.idx(1)});
   }
 
   h.release(chunkBase);

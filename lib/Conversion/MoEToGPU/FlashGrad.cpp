@@ -83,7 +83,7 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
   kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
                        kernel.b.getI32IntegerAttr(kFlashGradBlocksPerSM));
   {
-    GpuKernelBuilder &k = kernel.k;
+    GpuKernelBuilder &kb = kernel.kb;
     unsigned a = 0;
     Value scoreRows = kernel.arg(a++);
     Value scoreCols = kernel.arg(a++);
@@ -103,27 +103,27 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
     Value rs = kernel.workgroup(0), cs = kernel.workgroup(1),
           ss = kernel.workgroup(2), dxs = kernel.workgroup(3);
 
-    Value zero = k.cF32(0.0);
-    Value negInf = k.negInfLike(k.f32());
-    Value excludedMark = k.cF32(-1.0);
-    Value c0 = k.idx(0), c1 = k.idx(1);
-    Value tid = k.threadId();
-    FlashLanes t{tid, k.divu(tid, k.idx(kFlashGroup)),
-                 k.remu(tid, k.idx(kFlashGroup))};
-    Value b = k.blockId(gpu::Dimension::y);
-    Value rowBase = k.mul(k.blockId(), k.idx(kFlashRows));
-    Value R = k.dim(scoreRows, 1), C = k.dim(scoreCols, 1);
-    Value D = k.dim(scoreRows, 2), G = k.dim(gradRows, 2);
-    Value i = k.add(rowBase, t.row);
-    Value active = k.lt(i, R);
-    Value row = k.select(active, i, k.sub(R, c1));
+    Value zero = kb.cF32(0.0);
+    Value negInf = kb.negInfLike(kb.f32());
+    Value excludedMark = kb.cF32(-1.0);
+    Value c0 = kb.idx(0), c1 = kb.idx(1);
+    Value tid = kb.threadId();
+    FlashLanes t{tid, kb.divu(tid, kb.idx(kFlashGroup)),
+                 kb.remu(tid, kb.idx(kFlashGroup))};
+    Value b = kb.blockId(gpu::Dimension::y);
+    Value rowBase = kb.mul(kb.blockId(), kb.idx(kFlashRows));
+    Value R = kb.dim(scoreRows, 1), C = kb.dim(scoreCols, 1);
+    Value D = kb.dim(scoreRows, 2), G = kb.dim(gradRows, 2);
+    Value i = kb.add(rowBase, t.row);
+    Value active = kb.lt(i, R);
+    Value row = kb.select(active, i, kb.sub(R, c1));
     // The scores (and dz) of head h*[b] as rows [B·H·Nq, Nk]: the row of
     // query i is (b·H + h*) · Nq + i (one index computation per pair, not a
     // 4-D one: fewer registers).
     Value scoreRow0;
     if (add) {
-      Value h = k.castInt(k.load(head, {b}), k.index());
-      scoreRow0 = k.mul(k.add(k.mul(b, k.dim(add, 1)), h), k.dim(add, 2));
+      Value h = kb.castInt(kb.load(head, {b}), kb.index());
+      scoreRow0 = kb.mul(kb.add(kb.mul(b, kb.dim(add, 1)), h), kb.dim(add, 2));
       add = viewAs2D(kernel.b, add);
       if (dzOut)
         dzOut = viewAs2D(kernel.b, dzOut);
@@ -134,149 +134,149 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
     // at the column tile of its first row.
     Value colBegin = c0, colEnd = C;
     if (spec.causal && spec.keyMajor)
-      colBegin = k.mul(k.divu(rowBase, k.idx(kFlashCols)), k.idx(kFlashCols));
+      colBegin = kb.mul(kb.divu(rowBase, kb.idx(kFlashCols)), kb.idx(kFlashCols));
     else if (spec.causal)
-      colEnd = k.minu(C, k.add(rowBase, k.idx(kFlashRows)));
+      colEnd = kb.minu(C, kb.add(rowBase, kb.idx(kFlashRows)));
     // The row's own statistics (query-major) or validity as a key.
     Value rowLse, rowDelta, rowIsKey;
     if (!spec.keyMajor) {
-      rowLse = k.load(lse, {b, row});
-      rowDelta = k.load(delta, {b, row});
+      rowLse = kb.load(lse, {b, row});
+      rowDelta = kb.load(delta, {b, row});
     } else {
       if (keyMask)
-        rowIsKey = k.load(keyMask, {b, row});
+        rowIsKey = kb.load(keyMask, {b, row});
     }
 
-    k.forLoop(colBegin, colEnd, k.idx(kFlashCols), [&](Value j0) {
-      SmallVector<Value> sDots = emitFlashDots(k, t, b, scoreRows, rowBase, R,
+    kb.forLoop(colBegin, colEnd, kb.idx(kFlashCols), [&](Value j0) {
+      SmallVector<Value> sDots = emitFlashDots(kb, t, b, scoreRows, rowBase, R,
                                                scoreCols, j0, C, D, rs, cs);
-      SmallVector<Value> gDots = emitFlashDots(k, t, b, gradRows, rowBase, R,
+      SmallVector<Value> gDots = emitFlashDots(kb, t, b, gradRows, rowBase, R,
                                                gradCols, j0, C, G, rs, cs);
       // S and dX of this thread's pairs into the tiles (the previous tile's
       // readers are past the barriers of the cotangent dots: G >= 1).
       for (int64_t c = 0; c < kPairs; ++c) {
-        Value jj = k.add(k.idx(c * kFlashGroup), t.lane);
-        Value col = k.add(j0, jj);
-        Value inRange = k.lt(col, C);
-        Value cl = k.select(inRange, col, c0);
+        Value jj = kb.add(kb.idx(c * kFlashGroup), t.lane);
+        Value col = kb.add(j0, jj);
+        Value inRange = kb.lt(col, C);
+        Value cl = kb.select(inRange, col, c0);
         Value query = spec.keyMajor ? cl : row;
         Value key = spec.keyMajor ? row : cl;
         Value keep = flashKeyKept(
-            k, spec, inRange,
+            kb, spec, inRange,
             [&] {
               if (!keyMask)
                 return Value();
-              return spec.keyMajor ? rowIsKey : k.load(keyMask, {b, cl});
+              return spec.keyMajor ? rowIsKey : kb.load(keyMask, {b, cl});
             },
-            [&] { return k.cmpi(arith::CmpIPredicate::ule, key, query); });
-        Value l = spec.keyMajor ? k.load(lse, {b, cl}) : rowLse;
-        Value d = spec.keyMajor ? k.load(delta, {b, cl}) : rowDelta;
+            [&] { return kb.cmpi(arith::CmpIPredicate::ule, key, query); });
+        Value l = spec.keyMajor ? kb.load(lse, {b, cl}) : rowLse;
+        Value d = spec.keyMajor ? kb.load(delta, {b, cl}) : rowDelta;
         // The forward kernel's logit (MoE/Kernels/FlashLogit.h); a pair whose
         // added score is -inf is excluded.
         Value score;
         Value x = flashScaledLogit(
-            k, spec, sDots[c],
+            kb, spec, sDots[c],
             [&] {
-              return k.load(bias, {b, key});
+              return kb.load(bias, {b, key});
             },
             [&] {
-              score = k.loadF(add, {k.add(scoreRow0, query), key});
+              score = kb.loadF(add, {kb.add(scoreRow0, query), key});
               return score;
             });
         if (score)
-          keep = k.andI(keep, k.cmpf(arith::CmpFPredicate::UNE, score, negInf));
+          keep = kb.andI(keep, kb.cmpf(arith::CmpFPredicate::UNE, score, negInf));
         SoftmaxGrad sg =
-            softmaxGradFromLogSumExp(k, x, l, gDots[c], [&] { return d; });
+            softmaxGradFromLogSumExp(kb, x, l, gDots[c], [&] { return d; });
         Value s = sg.prob, dz = sg.dlogit;
-        Value dx = k.fdiv(dz, k.cF32(spec.scaleDiv));
-        k.store(k.select(keep, s, excludedMark), ss, {t.row, jj});
-        k.store(k.select(keep, dx, zero), dxs, {t.row, jj});
+        Value dx = kb.fdiv(dz, kb.cF32(spec.scaleDiv));
+        kb.store(kb.select(keep, s, excludedMark), ss, {t.row, jj});
+        kb.store(kb.select(keep, dx, zero), dxs, {t.row, jj});
         if (dzOut)
-          k.ifThen(k.andI(active, inRange), [&] {
+          kb.ifThen(kb.andI(active, inRange), [&] {
             // Named first: argument evaluation order is unspecified, and the
             // IR must not depend on the host compiler.
-            Value row = k.add(scoreRow0, query);
-            Value v = k.select(keep, dz, zero);
-            k.store(v, dzOut, {row, key});
+            Value row = kb.add(scoreRow0, query);
+            Value v = kb.select(keep, dz, zero);
+            kb.store(v, dzOut, {row, key});
           });
       }
 
-      Value first = k.eq(j0, colBegin);
+      Value first = kb.eq(j0, colBegin);
       for (auto [acc, outs] : llvm::zip(spec.accumulators, accs)) {
         auto [values, out] = outs;
         Value weights = acc.byDx ? dxs : ss;
         if (acc.ones) {
           // Σ_col W of the row: lane 0 of its group sums the tile row in
           // column order (the barrier publishes the other lanes' entries).
-          k.barrier();
-          Value sum = k.forLoop(
-              c0, k.idx(kFlashCols), c1, {zero},
+          kb.barrier();
+          Value sum = kb.forLoop(
+              c0, kb.idx(kFlashCols), c1, {zero},
               [&](Value jj, ValueRange s) -> SmallVector<Value> {
-                Value sw = k.load(ss, {t.row, jj});
+                Value sw = kb.load(ss, {t.row, jj});
                 Value seen =
-                    k.cmpf(arith::CmpFPredicate::UNE, sw, excludedMark);
-                Value w = acc.byDx ? k.load(weights, {t.row, jj}) : sw;
-                return {k.select(seen, k.fadd(s[0], w), s[0])};
+                    kb.cmpf(arith::CmpFPredicate::UNE, sw, excludedMark);
+                Value w = acc.byDx ? kb.load(weights, {t.row, jj}) : sw;
+                return {kb.select(seen, kb.fadd(s[0], w), s[0])};
               })[0];
-          k.ifThen(k.andI(active, k.eq(t.lane, c0)), [&] {
-            Value old = k.load(out, {b, row, c0});
+          kb.ifThen(kb.andI(active, kb.eq(t.lane, c0)), [&] {
+            Value old = kb.load(out, {b, row, c0});
             if (!acc.addToOut)
-              old = k.select(first, zero, old);
-            k.store(k.fadd(old, sum), out, {b, row, c0});
+              old = kb.select(first, zero, old);
+            kb.store(kb.fadd(old, sum), out, {b, row, c0});
           });
           continue;
         }
-        Value W = k.dim(values, 2);
-        k.forLoop(c0, W, k.idx(kFlashChunk), [&](Value w0) {
+        Value W = kb.dim(values, 2);
+        kb.forLoop(c0, W, kb.idx(kFlashChunk), [&](Value w0) {
           // The value rows of the tile's columns at features [w0, w0 + 32).
-          k.barrier();
+          kb.barrier();
           for (int64_t n = 0; n < kFlashCols * kFlashChunk / kFlashThreads;
                ++n) {
-            Value flat = k.add(tid, k.idx(n * kFlashThreads));
-            Value rr = k.divu(flat, k.idx(kFlashChunk));
-            Value cc = k.remu(flat, k.idx(kFlashChunk));
-            Value gj = k.add(j0, rr), gw = k.add(w0, cc);
-            Value ok = k.andI(k.lt(gj, C), k.lt(gw, W));
-            Value v = k.select(ok,
-                               k.loadF(values, {b, k.select(ok, gj, c0),
-                                                k.select(ok, gw, c0)}),
+            Value flat = kb.add(tid, kb.idx(n * kFlashThreads));
+            Value rr = kb.divu(flat, kb.idx(kFlashChunk));
+            Value cc = kb.remu(flat, kb.idx(kFlashChunk));
+            Value gj = kb.add(j0, rr), gw = kb.add(w0, cc);
+            Value ok = kb.andI(kb.lt(gj, C), kb.lt(gw, W));
+            Value v = kb.select(ok,
+                               kb.loadF(values, {b, kb.select(ok, gj, c0),
+                                                kb.select(ok, gw, c0)}),
                                zero);
-            k.store(v, cs, {rr, cc});
+            kb.store(v, cs, {rr, cc});
           }
-          k.barrier();
-          SmallVector<Value> sums = k.forLoop(
-              c0, k.idx(kFlashCols), c1, SmallVector<Value>(kPairs, zero),
+          kb.barrier();
+          SmallVector<Value> sums = kb.forLoop(
+              c0, kb.idx(kFlashCols), c1, SmallVector<Value>(kPairs, zero),
               [&](Value jj, ValueRange s) -> SmallVector<Value> {
-                Value sw = k.load(ss, {t.row, jj});
+                Value sw = kb.load(ss, {t.row, jj});
                 // NaN weights count: only the mark is skipped.
                 Value seen =
-                    k.cmpf(arith::CmpFPredicate::UNE, sw, excludedMark);
-                Value w = acc.byDx ? k.load(weights, {t.row, jj}) : sw;
+                    kb.cmpf(arith::CmpFPredicate::UNE, sw, excludedMark);
+                Value w = acc.byDx ? kb.load(weights, {t.row, jj}) : sw;
                 SmallVector<Value> next;
                 for (int64_t c = 0; c < kPairs; ++c) {
-                  Value cc = k.add(k.idx(c * kFlashGroup), t.lane);
-                  Value sum = k.fadd(s[c], k.fmul(w, k.load(cs, {jj, cc})));
-                  next.push_back(k.select(seen, sum, s[c]));
+                  Value cc = kb.add(kb.idx(c * kFlashGroup), t.lane);
+                  Value sum = kb.fadd(s[c], kb.fmul(w, kb.load(cs, {jj, cc})));
+                  next.push_back(kb.select(seen, sum, s[c]));
                 }
                 return next;
               });
           for (int64_t c = 0; c < kPairs; ++c) {
-            Value gw = k.add(w0, k.add(k.idx(c * kFlashGroup), t.lane));
-            k.ifThen(k.andI(active, k.lt(gw, W)), [&] {
-              Value old = k.load(out, {b, row, gw});
+            Value gw = kb.add(w0, kb.add(kb.idx(c * kFlashGroup), t.lane));
+            kb.ifThen(kb.andI(active, kb.lt(gw, W)), [&] {
+              Value old = kb.load(out, {b, row, gw});
               if (!acc.addToOut)
-                old = k.select(first, zero, old);
-              k.store(k.fadd(old, sums[c]), out, {b, row, gw});
+                old = kb.select(first, zero, old);
+              kb.store(kb.fadd(old, sums[c]), out, {b, row, gw});
             });
           }
         });
       }
     });
   }
-  GpuKernelBuilder &k = host.k;
-  Value rows = k.dim(args[0], 1);
+  GpuKernelBuilder &kb = host.kb;
+  Value rows = kb.dim(args[0], 1);
   kernel.launch(
-      {k.ceilDiv(rows, k.idx(kFlashRows)), k.dim(args[0], 0), k.idx(1)});
+      {kb.ceilDiv(rows, kb.idx(kFlashRows)), kb.dim(args[0], 0), kb.idx(1)});
 }
 
 void mlir::moe::gpu_lowering::launchFlashGradStats(HostCode &host, Value lse,
@@ -290,35 +290,35 @@ void mlir::moe::gpu_lowering::launchFlashGradStats(HostCode &host, Value lse,
   GPUKernel kernel(host, "flash_grad_stats", operands, {}, {threads, 1, 1},
                    loc);
   {
-    GpuKernelBuilder &k = kernel.k;
+    GpuKernelBuilder &kb = kernel.kb;
     Value l = kernel.arg(0), pv = kernel.arg(1), g = kernel.arg(2),
           dl = kernel.arg(3), lOut = kernel.arg(4);
-    Value N = k.dim(pv, 1);
+    Value N = kb.dim(pv, 1);
     Value i = kernel.globalId();
-    Value b = k.blockId(gpu::Dimension::y);
-    k.ifThen(k.lt(i, N), [&] {
-      Value x = k.load(l, {b, i});
-      Value none = k.cmpf(arith::CmpFPredicate::OEQ, x, k.negInfLike(k.f32()));
+    Value b = kb.blockId(gpu::Dimension::y);
+    kb.ifThen(kb.lt(i, N), [&] {
+      Value x = kb.load(l, {b, i});
+      Value none = kb.cmpf(arith::CmpFPredicate::OEQ, x, kb.negInfLike(kb.f32()));
       if (skip) {
         // (Operands named first: the order of a call's arguments differs
         // between compilers, and with it the order of the emitted ops.)
-        Value flag = k.load(kernel.arg(5), {b});
-        Value zero = k.cI32(0);
-        none = k.orI(none, k.cmpi(arith::CmpIPredicate::ne, flag, zero));
+        Value flag = kb.load(kernel.arg(5), {b});
+        Value zero = kb.cI32(0);
+        none = kb.orI(none, kb.cmpi(arith::CmpIPredicate::ne, flag, zero));
       }
-      k.store(
-          k.select(none, k.cF32(std::numeric_limits<double>::infinity()), x),
+      kb.store(
+          kb.select(none, kb.cF32(std::numeric_limits<double>::infinity()), x),
           lOut, {b, i});
       Value dot =
-          k.forLoop(k.idx(0), k.dim(pv, 2), k.idx(1), {k.cF32(0.0)},
+          kb.forLoop(kb.idx(0), kb.dim(pv, 2), kb.idx(1), {kb.cF32(0.0)},
                     [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                      return {k.fadd(acc[0], k.fmul(k.load(g, {b, i, c}),
-                                                    k.load(pv, {b, i, c})))};
+                      return {kb.fadd(acc[0], kb.fmul(kb.load(g, {b, i, c}),
+                                                    kb.load(pv, {b, i, c})))};
                     })[0];
-      k.store(dot, dl, {b, i});
+      kb.store(dot, dl, {b, i});
     });
   }
-  GpuKernelBuilder &k = host.k;
+  GpuKernelBuilder &kb = host.kb;
   kernel.launch(
-      {k.ceilDiv(k.dim(p, 1), k.idx(threads)), k.dim(p, 0), k.idx(1)});
+      {kb.ceilDiv(kb.dim(p, 1), kb.idx(threads)), kb.dim(p, 0), kb.idx(1)});
 }

@@ -49,16 +49,16 @@ static constexpr int64_t kChunk = kFlashChunk;
 static_assert(kFlashThreads % kWarp == 0, "rows must not straddle warps");
 
 SmallVector<Value> mlir::moe::gpu_lowering::emitFlashDots(
-    GpuKernelBuilder &k, const FlashLanes &t, Value b, Value rowsOp,
+    GpuKernelBuilder &kb, const FlashLanes &t, Value b, Value rowsOp,
     Value rowBase, Value numRows, Value colsOp, Value colBase, Value numCols,
     Value depth, Value rowTile, Value colTile) {
-  Value zero = k.cF32(0.0);
-  Value c0 = k.idx(0), c1 = k.idx(1);
+  Value zero = kb.cF32(0.0);
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
   SmallVector<Value> dots(kCols / kGroup, zero);
-  return k.forLoop(
-      c0, depth, k.idx(kChunk), dots,
+  return kb.forLoop(
+      c0, depth, kb.idx(kChunk), dots,
       [&](Value d0, ValueRange acc) -> SmallVector<Value> {
-        k.barrier();
+        kb.barrier();
         // Stage the row and column chunks: rows [base, base + rows) of
         // src[b] at features [d0, d0 + kChunk) into `tile`, zeros past
         // `depth`. Columns past `limit` are zeros. Rows past `limit` repeat
@@ -69,35 +69,35 @@ SmallVector<Value> mlir::moe::gpu_lowering::emitFlashDots(
         auto stage = [&](Value src, Value base, Value limit, Value tile,
                          int64_t rows, bool clampRows) {
           for (int64_t n = 0; n < rows * kChunk / kFlashThreads; ++n) {
-            Value flat = k.add(t.tid, k.idx(n * kFlashThreads));
-            Value rr = k.divu(flat, k.idx(kChunk));
-            Value cc = k.remu(flat, k.idx(kChunk));
-            Value gi = k.add(base, rr), gd = k.add(d0, cc);
+            Value flat = kb.add(t.tid, kb.idx(n * kFlashThreads));
+            Value rr = kb.divu(flat, kb.idx(kChunk));
+            Value cc = kb.remu(flat, kb.idx(kChunk));
+            Value gi = kb.add(base, rr), gd = kb.add(d0, cc);
             Value ok;
             if (clampRows) {
-              ok = k.lt(gd, depth);
-              gi = k.minu(gi, k.sub(limit, c1));
+              ok = kb.lt(gd, depth);
+              gi = kb.minu(gi, kb.sub(limit, c1));
             } else {
-              ok = k.andI(k.lt(gi, limit), k.lt(gd, depth));
+              ok = kb.andI(kb.lt(gi, limit), kb.lt(gd, depth));
             }
-            Value v = k.select(
+            Value v = kb.select(
                 ok,
-                k.loadF(src, {b, k.select(ok, gi, c0), k.select(ok, gd, c0)}),
+                kb.loadF(src, {b, kb.select(ok, gi, c0), kb.select(ok, gd, c0)}),
                 zero);
-            k.store(v, tile, {rr, cc});
+            kb.store(v, tile, {rr, cc});
           }
         };
         stage(rowsOp, rowBase, numRows, rowTile, kRows, /*clampRows=*/true);
         stage(colsOp, colBase, numCols, colTile, kCols, /*clampRows=*/false);
-        k.barrier();
-        return k.forLoop(c0, k.idx(kChunk), c1, acc,
+        kb.barrier();
+        return kb.forLoop(c0, kb.idx(kChunk), c1, acc,
                          [&](Value dd, ValueRange s) -> SmallVector<Value> {
-                           Value qv = k.load(rowTile, {t.row, dd});
+                           Value qv = kb.load(rowTile, {t.row, dd});
                            SmallVector<Value> next;
                            for (int64_t c = 0; c < kCols / kGroup; ++c) {
-                             Value jj = k.add(k.idx(c * kGroup), t.lane);
-                             Value kv = k.load(colTile, {jj, dd});
-                             next.push_back(k.fadd(s[c], k.fmul(qv, kv)));
+                             Value jj = kb.add(kb.idx(c * kGroup), t.lane);
+                             Value kv = kb.load(colTile, {jj, dd});
+                             next.push_back(kb.fadd(s[c], kb.fmul(qv, kv)));
                            }
                            return next;
                          });
@@ -116,7 +116,7 @@ FlashLogitArgs::FlashLogitArgs(GPUKernel &kernel, const FlashLogitSpec &spec,
 static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
   const int64_t K = spec.numExperts;
   const int64_t vpt = llvm::divideCeil(K, kGroup);
-  GpuKernelBuilder &k = kernel.k;
+  GpuKernelBuilder &kb = kernel.kb;
   unsigned a = 0;
   Value q = kernel.arg(a++);
   Value keys = kernel.arg(a++);
@@ -130,70 +130,70 @@ static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
   Value qs = kernel.workgroup(0), ks = kernel.workgroup(1),
         es = kernel.workgroup(2), ps = kernel.workgroup(3);
 
-  Value zero = k.cF32(0.0);
-  Value negInf = k.cF32(-std::numeric_limits<double>::infinity());
-  Value c0 = k.idx(0), c1 = k.idx(1);
-  Value tid = k.threadId();
-  Value r = k.divu(tid, k.idx(kGroup));
-  Value lane = k.remu(tid, k.idx(kGroup));
-  Value b = k.blockId(gpu::Dimension::y);
-  Value rowBase = k.mul(k.blockId(), k.idx(kRows));
-  Value N = k.dim(q, 1);
-  Value D = k.dim(q, 2);
-  Value Nk = k.dim(keys, 1);
-  Value i = k.add(rowBase, r);
-  Value active = k.lt(i, N);
-  Value row = k.select(active, i, k.sub(N, c1));
-  Value h = head ? k.castInt(k.load(head, {b}), k.index()) : Value();
+  Value zero = kb.cF32(0.0);
+  Value negInf = kb.cF32(-std::numeric_limits<double>::infinity());
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
+  Value tid = kb.threadId();
+  Value r = kb.divu(tid, kb.idx(kGroup));
+  Value lane = kb.remu(tid, kb.idx(kGroup));
+  Value b = kb.blockId(gpu::Dimension::y);
+  Value rowBase = kb.mul(kb.blockId(), kb.idx(kRows));
+  Value N = kb.dim(q, 1);
+  Value D = kb.dim(q, 2);
+  Value Nk = kb.dim(keys, 1);
+  Value i = kb.add(rowBase, r);
+  Value active = kb.lt(i, N);
+  Value row = kb.select(active, i, kb.sub(N, c1));
+  Value h = head ? kb.castInt(kb.load(head, {b}), kb.index()) : Value();
 
   // Keys needed by the tile: all, or up to its last row when causal.
   Value keyEnd = Nk;
   if (spec.causal)
-    keyEnd = k.minu(Nk, k.add(rowBase, k.idx(kRows)));
+    keyEnd = kb.minu(Nk, kb.add(rowBase, kb.idx(kRows)));
 
-  SoftmaxState start = softmaxStart(k);
+  SoftmaxState start = softmaxStart(kb);
   SmallVector<Value> init(vpt, zero);
   init.push_back(start.max);
   init.push_back(start.sum);
-  SmallVector<Value> fin = k.forLoop(
-      c0, keyEnd, k.idx(kCols), init,
+  SmallVector<Value> fin = kb.forLoop(
+      c0, keyEnd, kb.idx(kCols), init,
       [&](Value j0, ValueRange carried) -> SmallVector<Value> {
         // Dot products of this lane's keys j0 + c*8 + lane, c < 4.
         SmallVector<Value> dots = emitFlashDots(
-            k, {tid, r, lane}, b, q, rowBase, N, keys, j0, Nk, D, qs, ks);
+            kb, {tid, r, lane}, b, q, rowBase, N, keys, j0, Nk, D, qs, ks);
 
         // Logits with masks, then the online softmax update.
         SmallVector<Value> logits;
         for (int64_t c = 0; c < kCols / kGroup; ++c) {
-          Value j = k.add(j0, k.add(k.idx(c * kGroup), lane));
-          Value inRange = k.lt(j, Nk);
-          Value js = k.select(inRange, j, c0);
+          Value j = kb.add(j0, kb.add(kb.idx(c * kGroup), lane));
+          Value inRange = kb.lt(j, Nk);
+          Value js = kb.select(inRange, j, c0);
           logits.push_back(flashLogit(
-              k, spec, dots[c],
+              kb, spec, dots[c],
               [&] {
-                return k.load(bias, {b, js});
+                return kb.load(bias, {b, js});
               },
               [&] {
-                return k.loadF(add, {b, h, row, js});
+                return kb.loadF(add, {b, h, row, js});
               },
               [&] {
                 return flashKeyKept(
-                    k, spec, inRange,
+                    kb, spec, inRange,
                     [&] {
-                      return keyMask ? k.load(keyMask, {b, js}) : Value();
+                      return keyMask ? kb.load(keyMask, {b, js}) : Value();
                     },
-                    [&] { return k.cmpi(arith::CmpIPredicate::ule, j, row); });
+                    [&] { return kb.cmpi(arith::CmpIPredicate::ule, j, row); });
               }));
         }
         // The row's online softmax (MoE/Kernels/OnlineSoftmax.h) over the
         // tile: its kCols logits are spread over the row's kGroup lanes.
         SoftmaxTile tile = onlineSoftmaxStep(
-            k, {carried[vpt], carried[vpt + 1]}, logits,
+            kb, {carried[vpt], carried[vpt + 1]}, logits,
             [&](Value v) {
-              return subgroupReduce(k, v, ReduceKind::Max, kGroup);
+              return subgroupReduce(kb, v, ReduceKind::Max, kGroup);
             },
             [&](Value v) {
-              return subgroupReduce(k, v, ReduceKind::Sum, kGroup);
+              return subgroupReduce(kb, v, ReduceKind::Sum, kGroup);
             });
         Value alpha = tile.rescale;
         ArrayRef<Value> probs = tile.probs;
@@ -202,40 +202,40 @@ static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
         // key (masked, causal, padding: logit -inf) is stored as -1 and adds
         // nothing below, not 0 · e, so that a NaN in its e row reaches no
         // row that does not see the key (as the reference and the CPU).
-        k.barrier();
-        Value excludedMark = k.cF32(-1.0);
+        kb.barrier();
+        Value excludedMark = kb.cF32(-1.0);
         for (int64_t c = 0; c < kCols / kGroup; ++c) {
-          Value excluded = k.cmpf(arith::CmpFPredicate::OEQ, logits[c], negInf);
-          k.store(k.select(excluded, excludedMark, probs[c]), ps,
-                  {r, k.add(k.idx(c * kGroup), lane)});
+          Value excluded = kb.cmpf(arith::CmpFPredicate::OEQ, logits[c], negInf);
+          kb.store(kb.select(excluded, excludedMark, probs[c]), ps,
+                  {r, kb.add(kb.idx(c * kGroup), lane)});
         }
-        k.forLoop(tid, k.idx(kCols * K), k.idx(kFlashThreads), [&](Value flat) {
-          Value jj = k.divu(flat, k.idx(K));
-          Value cc = k.remu(flat, k.idx(K));
-          Value gj = k.add(j0, jj);
-          Value ok = k.lt(gj, Nk);
+        kb.forLoop(tid, kb.idx(kCols * K), kb.idx(kFlashThreads), [&](Value flat) {
+          Value jj = kb.divu(flat, kb.idx(K));
+          Value cc = kb.remu(flat, kb.idx(K));
+          Value gj = kb.add(j0, jj);
+          Value ok = kb.lt(gj, Nk);
           Value v =
-              k.select(ok, k.loadF(e, {b, k.select(ok, gj, c0), cc}), zero);
-          k.store(v, es, {jj, cc});
+              kb.select(ok, kb.loadF(e, {b, kb.select(ok, gj, c0), cc}), zero);
+          kb.store(v, es, {jj, cc});
         });
-        k.barrier();
+        kb.barrier();
 
         SmallVector<Value> acc;
         for (int64_t m = 0; m < vpt; ++m)
-          acc.push_back(k.fmul(carried[m], alpha));
-        acc = k.forLoop(
-            c0, k.idx(kCols), c1, acc,
+          acc.push_back(kb.fmul(carried[m], alpha));
+        acc = kb.forLoop(
+            c0, kb.idx(kCols), c1, acc,
             [&](Value jj, ValueRange s) -> SmallVector<Value> {
-              Value p = k.load(ps, {r, jj});
-              Value seen = k.cmpf(arith::CmpFPredicate::OGE, p, zero);
+              Value p = kb.load(ps, {r, jj});
+              Value seen = kb.cmpf(arith::CmpFPredicate::OGE, p, zero);
               SmallVector<Value> next;
               for (int64_t m = 0; m < vpt; ++m) {
                 int64_t col = m * kGroup;
-                Value cc = k.add(k.idx(col), lane);
+                Value cc = kb.add(kb.idx(col), lane);
                 if (col + kGroup > K)
-                  cc = k.minu(cc, k.idx(K - 1)); // padding lanes: ignored
-                Value sum = k.fadd(s[m], k.fmul(p, k.load(es, {jj, cc})));
-                next.push_back(k.select(seen, sum, s[m]));
+                  cc = kb.minu(cc, kb.idx(K - 1)); // padding lanes: ignored
+                Value sum = kb.fadd(s[m], kb.fmul(p, kb.load(es, {jj, cc})));
+                next.push_back(kb.select(seen, sum, s[m]));
               }
               return next;
             });
@@ -251,28 +251,28 @@ static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
   SoftmaxState rowState = {fin[vpt], fin[vpt + 1]};
   SmallVector<Value> vals;
   for (int64_t m = 0; m < vpt; ++m)
-    vals.push_back(softmaxNormalize(k, rowState, fin[m]));
+    vals.push_back(softmaxNormalize(kb, rowState, fin[m]));
   if (lseOut)
-    k.ifThen(k.andI(active, k.eq(lane, c0)), [&] {
-      k.store(softmaxLogSumExp(k, rowState), lseOut, {b, i});
+    kb.ifThen(kb.andI(active, kb.eq(lane, c0)), [&] {
+      kb.store(softmaxLogSumExp(kb, rowState), lseOut, {b, i});
     });
   if (spec.topk) {
     Value outRows = viewAs2D(kernel.b, out),
           idxRows = viewAs2D(kernel.b, outIdx);
-    Value flatRow = k.add(k.mul(b, N), row);
-    emitRegisterTopk(k, vals, lane, kGroup, K, *spec.topk, outRows, idxRows,
+    Value flatRow = kb.add(kb.mul(b, N), row);
+    emitRegisterTopk(kb, vals, lane, kGroup, K, *spec.topk, outRows, idxRows,
                      flatRow, active, Value(), Value());
   } else {
-    k.ifThen(active, [&] {
+    kb.ifThen(active, [&] {
       for (int64_t m = 0; m < vpt; ++m) {
         int64_t col = m * kGroup;
-        Value cc = k.add(k.idx(col), lane);
+        Value cc = kb.add(kb.idx(col), lane);
         if (col + kGroup <= K) {
-          k.store(vals[m], out, {b, i, cc});
+          kb.store(vals[m], out, {b, i, cc});
           continue;
         }
-        k.ifThen(k.lt(cc, k.idx(K)), [&] {
-          k.store(vals[m], out, {b, i, cc});
+        kb.ifThen(kb.lt(cc, kb.idx(K)), [&] {
+          kb.store(vals[m], out, {b, i, cc});
         });
       }
     });
@@ -291,9 +291,9 @@ void mlir::moe::gpu_lowering::launchFlashMix(HostCode &h, StringRef name,
   };
   GPUKernel kernel(h, name, args, workgroup, {kFlashThreads, 1, 1}, loc);
   emitFlashMix(kernel, spec);
-  GpuKernelBuilder &k = h.k;
-  Value grid = k.ceilDiv(k.dim(q, 1), k.idx(kRows));
-  kernel.launch({grid, k.dim(q, 0), k.idx(1)});
+  GpuKernelBuilder &kb = h.kb;
+  Value grid = kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows));
+  kernel.launch({grid, kb.dim(q, 0), kb.idx(1)});
 }
 
 /// out = x · w (or w^T, or +=) in f32: one thread per output feature (blocks
@@ -306,27 +306,27 @@ void mlir::moe::gpu_lowering::launchRowProjection(
   const int64_t threads = 128;
   GPUKernel kernel(host, name, {x, w, out}, {}, {threads, 1, 1}, loc);
   {
-    GpuKernelBuilder &k = kernel.k;
+    GpuKernelBuilder &kb = kernel.kb;
     Value u = kernel.arg(0), ws = kernel.arg(1), q = kernel.arg(2);
-    Value D = k.dim(u, 2);
-    Value N = k.dim(u, 1);
-    Value rows = k.mul(k.dim(u, 0), N);
+    Value D = kb.dim(u, 2);
+    Value N = kb.dim(u, 1);
+    Value rows = kb.mul(kb.dim(u, 0), N);
     Value col = kernel.globalId();
-    kernel.forRowsOfColumn(k.lt(col, D), rows, [&](Value flatRow) {
-      Value b = k.divu(flatRow, N), i = k.remu(flatRow, N);
-      Value s = k.forLoop(
-          k.idx(0), D, k.idx(1), {k.cF32(0.0)},
+    kernel.forRowsOfColumn(kb.lt(col, D), rows, [&](Value flatRow) {
+      Value b = kb.divu(flatRow, N), i = kb.remu(flatRow, N);
+      Value s = kb.forLoop(
+          kb.idx(0), D, kb.idx(1), {kb.cF32(0.0)},
           [&](Value d, ValueRange acc) -> SmallVector<Value> {
             Value wv =
-                transposed ? k.loadF(ws, {col, d}) : k.loadF(ws, {d, col});
-            return {k.fadd(acc[0], k.fmul(k.loadF(u, {b, i, d}), wv))};
+                transposed ? kb.loadF(ws, {col, d}) : kb.loadF(ws, {d, col});
+            return {kb.fadd(acc[0], kb.fmul(kb.loadF(u, {b, i, d}), wv))};
           })[0];
       if (accumulate)
-        s = k.fadd(k.load(q, {b, i, col}), s);
-      k.store(s, q, {b, i, col});
+        s = kb.fadd(kb.load(q, {b, i, col}), s);
+      kb.store(s, q, {b, i, col});
     });
   }
-  GpuKernelBuilder &k = host.k;
-  Value rows = k.mul(k.dim(x, 0), k.dim(x, 1));
-  kernel.launchColumns(k.dim(x, 2), rows);
+  GpuKernelBuilder &kb = host.kb;
+  Value rows = kb.mul(kb.dim(x, 0), kb.dim(x, 1));
+  kernel.launchColumns(kb.dim(x, 2), rows);
 }

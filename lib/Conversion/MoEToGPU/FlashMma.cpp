@@ -94,7 +94,7 @@ namespace {
 /// The MMA helpers of one kernel on operands of `elt` (f16 or bf16).
 struct Mma {
   ImplicitLocOpBuilder &b;
-  GpuKernelBuilder &k;
+  GpuKernelBuilder &kb;
   Type elt;
 
   VectorType vec(ArrayRef<int64_t> shape, Type t) {
@@ -173,9 +173,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   const int64_t keyBlocks = cols / 8;      // n-blocks of the logits
   const int64_t chunks = tile.depth / 16;  // k-steps of the logits
   const int64_t expertBlocks = tile.experts / 8;
-  GpuKernelBuilder &k = kernel.k;
+  GpuKernelBuilder &kb = kernel.kb;
   ImplicitLocOpBuilder &b = kernel.b;
-  Mma m{b, k, elt};
+  Mma m{b, kb, elt};
   unsigned a = 0;
   Value q = kernel.arg(a++);
   Value keys = kernel.arg(a++);
@@ -186,19 +186,19 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   Value lseOut = spec.withLse ? kernel.arg(a++) : Value();
   Value ks = kernel.workgroup(0), vs = kernel.workgroup(1);
 
-  Value c0 = k.idx(0), c1 = k.idx(1);
-  Value tid = k.threadId();
-  Value warp = k.divu(tid, k.idx(kWarp));
-  Value lane = k.remu(tid, k.idx(kWarp));
-  Value g = k.divu(lane, k.idx(4));   // the quad: rows g and g + 8
-  Value tig = k.remu(lane, k.idx(4)); // the lane in the quad: columns
-  Value bi = k.blockId(gpu::Dimension::y);
-  Value rowBase = k.mul(k.blockId(), k.idx(kRows));
-  Value N = k.dim(q, 1);
-  Value D = k.dim(q, 2);
-  Value Nk = k.dim(keys, 1);
-  Value r0 = k.add(k.add(rowBase, k.mul(warp, k.idx(16))), g);
-  std::array<Value, 2> rowsOf = {r0, k.add(r0, k.idx(8))};
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
+  Value tid = kb.threadId();
+  Value warp = kb.divu(tid, kb.idx(kWarp));
+  Value lane = kb.remu(tid, kb.idx(kWarp));
+  Value g = kb.divu(lane, kb.idx(4));   // the quad: rows g and g + 8
+  Value tig = kb.remu(lane, kb.idx(4)); // the lane in the quad: columns
+  Value bi = kb.blockId(gpu::Dimension::y);
+  Value rowBase = kb.mul(kb.blockId(), kb.idx(kRows));
+  Value N = kb.dim(q, 1);
+  Value D = kb.dim(q, 2);
+  Value Nk = kb.dim(keys, 1);
+  Value r0 = kb.add(kb.add(rowBase, kb.mul(warp, kb.idx(16))), g);
+  std::array<Value, 2> rowsOf = {r0, kb.add(r0, kb.idx(8))};
 
   // The query fragments, once: chunk c's A operand holds (row, feature)
   // (g, 16c + 2tig + {0,1}), (g + 8, ...), (g, 16c + 8 + 2tig + {0,1}),
@@ -206,9 +206,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   Value zeroE = m.zeroElt();
   auto loadOrZero = [&](Value src, Value bIdx, Value row, Value rowLimit,
                         Value col, Value colLimit) {
-    Value ok = k.andI(k.lt(row, rowLimit), k.lt(col, colLimit));
-    Value v = k.load(src, {bIdx, k.select(ok, row, c0), k.select(ok, col, c0)});
-    return k.select(ok, v, zeroE);
+    Value ok = kb.andI(kb.lt(row, rowLimit), kb.lt(col, colLimit));
+    Value v = kb.load(src, {bIdx, kb.select(ok, row, c0), kb.select(ok, col, c0)});
+    return kb.select(ok, v, zeroE);
   };
   SmallVector<Value> qFrag;
   for (int64_t c = 0; c < chunks; ++c) {
@@ -216,7 +216,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     for (int64_t half = 0; half < 2; ++half)
       for (Value row : rowsOf)
         for (int64_t x = 0; x < 2; ++x) {
-          Value d = k.add(k.mul(tig, k.idx(2)), k.idx(16 * c + 8 * half + x));
+          Value d = kb.add(kb.mul(tig, kb.idx(2)), kb.idx(16 * c + 8 * half + x));
           elems.push_back(loadOrZero(q, bi, row, N, d, D));
         }
     qFrag.push_back(m.fragment(elems));
@@ -224,54 +224,54 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
 
   Value keyEnd = Nk;
   if (spec.causal)
-    keyEnd = k.minu(Nk, k.add(rowBase, k.idx(kRows)));
+    keyEnd = kb.minu(Nk, kb.add(rowBase, kb.idx(kRows)));
 
   // Carried: the accumulator (expertBlocks x 4 f32), then per row the
   // running max and sum.
-  SoftmaxState start = softmaxStart(k);
-  SmallVector<Value> init(expertBlocks * 4, k.cF32(0.0));
+  SoftmaxState start = softmaxStart(kb);
+  SmallVector<Value> init(expertBlocks * 4, kb.cF32(0.0));
   for (int r = 0; r < 2; ++r) {
     init.push_back(start.max);
     init.push_back(start.sum);
   }
   const int64_t accCount = expertBlocks * 4;
-  SmallVector<Value> fin = k.forLoop(
-      c0, keyEnd, k.idx(cols), init,
+  SmallVector<Value> fin = kb.forLoop(
+      c0, keyEnd, kb.idx(cols), init,
       [&](Value j0, ValueRange carried) -> SmallVector<Value> {
         // Stage the key and value tiles.
-        k.barrier();
-        k.forLoop(tid, k.idx(cols * tile.depth), k.idx(kThreads),
+        kb.barrier();
+        kb.forLoop(tid, kb.idx(cols * tile.depth), kb.idx(kThreads),
                   [&](Value flat) {
-                    Value jj = k.divu(flat, k.idx(tile.depth));
-                    Value dd = k.remu(flat, k.idx(tile.depth));
-                    k.store(loadOrZero(keys, bi, k.add(j0, jj), Nk, dd, D), ks,
+                    Value jj = kb.divu(flat, kb.idx(tile.depth));
+                    Value dd = kb.remu(flat, kb.idx(tile.depth));
+                    kb.store(loadOrZero(keys, bi, kb.add(j0, jj), Nk, dd, D), ks,
                             {jj, dd});
                   });
-        k.forLoop(
-            tid, k.idx(cols * tile.experts), k.idx(kThreads), [&](Value flat) {
-              Value jj = k.divu(flat, k.idx(tile.experts));
-              Value nn = k.remu(flat, k.idx(tile.experts));
-              Value j = k.add(j0, jj);
-              Value v = loadOrZero(e, bi, j, Nk, nn, k.idx(K));
+        kb.forLoop(
+            tid, kb.idx(cols * tile.experts), kb.idx(kThreads), [&](Value flat) {
+              Value jj = kb.divu(flat, kb.idx(tile.experts));
+              Value nn = kb.remu(flat, kb.idx(tile.experts));
+              Value j = kb.add(j0, jj);
+              Value v = loadOrZero(e, bi, j, Nk, nn, kb.idx(K));
               if (keyMask) { // a masked key adds nothing, not 0 · e
-                Value js = k.select(k.lt(j, Nk), j, c0);
-                v = k.select(k.load(keyMask, {bi, js}), v, zeroE);
+                Value js = kb.select(kb.lt(j, Nk), j, c0);
+                v = kb.select(kb.load(keyMask, {bi, js}), v, zeroE);
               }
-              k.store(v, vs, {jj, nn});
+              kb.store(v, vs, {jj, nn});
             });
-        k.barrier();
+        kb.barrier();
 
         // Logits: keyBlocks tiles of 16 rows x 8 keys, over the chunks.
         SmallVector<SmallVector<Value>> s(keyBlocks,
-                                          SmallVector<Value>(4, k.cF32(0.0)));
-        Value ldRow = k.remu(lane, k.idx(8));
-        Value ldSel = k.divu(lane, k.idx(8)); // which 8x8 matrix
+                                          SmallVector<Value>(4, kb.cF32(0.0)));
+        Value ldRow = kb.remu(lane, kb.idx(8));
+        Value ldSel = kb.divu(lane, kb.idx(8)); // which 8x8 matrix
         for (int64_t c = 0; c < chunks; ++c)
           for (int64_t nb = 0; nb < keyBlocks; nb += 2) {
             // Matrices: (keys nb, features lo), (nb, hi), (nb+1, lo),
             // (nb+1, hi).
-            Value row = k.add(k.idx(nb * 8), k.add(ldRow, k.mul(k.divu(ldSel, k.idx(2)), k.idx(8))));
-            Value col = k.add(k.idx(16 * c), k.mul(k.remu(ldSel, k.idx(2)), k.idx(8)));
+            Value row = kb.add(kb.idx(nb * 8), kb.add(ldRow, kb.mul(kb.divu(ldSel, kb.idx(2)), kb.idx(8))));
+            Value col = kb.add(kb.idx(16 * c), kb.mul(kb.remu(ldSel, kb.idx(2)), kb.idx(8)));
             Value kf = m.ldmatrix(ks, row, col, 4, /*transpose=*/false);
             s[nb] = m.mma(qFrag[c], m.rows(kf, 0, 2), s[nb]);
             s[nb + 1] = m.mma(qFrag[c], m.rows(kf, 2, 2), s[nb + 1]);
@@ -286,30 +286,30 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
           SmallVector<Value> logits;
           for (int64_t nb = 0; nb < keyBlocks; ++nb)
             for (int64_t x = 0; x < 2; ++x) {
-              Value j = k.add(j0, k.add(k.mul(tig, k.idx(2)),
-                                        k.idx(nb * 8 + x)));
+              Value j = kb.add(j0, kb.add(kb.mul(tig, kb.idx(2)),
+                                        kb.idx(nb * 8 + x)));
               logits.push_back(
-                  flashLogit(k, spec, s[nb][2 * r + x], nullptr, nullptr, [&] {
-                    Value inRange = k.lt(j, Nk);
+                  flashLogit(kb, spec, s[nb][2 * r + x], nullptr, nullptr, [&] {
+                    Value inRange = kb.lt(j, Nk);
                     return flashKeyKept(
-                        k, spec, inRange,
+                        kb, spec, inRange,
                         [&] {
                           return keyMask
-                                     ? k.load(keyMask,
-                                              {bi, k.select(inRange, j, c0)})
+                                     ? kb.load(keyMask,
+                                              {bi, kb.select(inRange, j, c0)})
                                      : Value();
                         },
                         [&] {
-                          return k.cmpi(arith::CmpIPredicate::ule, j,
+                          return kb.cmpi(arith::CmpIPredicate::ule, j,
                                         rowsOf[r]);
                         });
                   }));
             }
           SoftmaxTile st = onlineSoftmaxStep(
-              k, {carried[accCount + 2 * r], carried[accCount + 2 * r + 1]},
+              kb, {carried[accCount + 2 * r], carried[accCount + 2 * r + 1]},
               logits,
-              [&](Value v) { return subgroupReduce(k, v, ReduceKind::Max, 4); },
-              [&](Value v) { return subgroupReduce(k, v, ReduceKind::Sum, 4); });
+              [&](Value v) { return subgroupReduce(kb, v, ReduceKind::Max, 4); },
+              [&](Value v) { return subgroupReduce(kb, v, ReduceKind::Sum, 4); });
           probs[r] = st.probs;
           rescale[r] = st.rescale;
           next.push_back(st.next.max);
@@ -317,7 +317,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         }
         for (int64_t eb = 0; eb < expertBlocks; ++eb)
           for (int64_t i = 0; i < 4; ++i)
-            acc[eb * 4 + i] = k.fmul(acc[eb * 4 + i], rescale[i / 2]);
+            acc[eb * 4 + i] = kb.fmul(acc[eb * 4 + i], rescale[i / 2]);
 
         // Mixing: per 16 keys, P's A operand from the logits' C fragments
         // of key blocks 2kc and 2kc + 1 (rounded to the operand type), the
@@ -333,10 +333,10 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
           for (int64_t eb = 0; eb < expertBlocks; eb += 2) {
             bool pair = eb + 1 < expertBlocks;
             // Matrices: (keys lo, experts eb), (keys hi, eb), then eb + 1.
-            Value sel = pair ? ldSel : k.remu(ldSel, k.idx(2));
-            Value row = k.add(k.idx(16 * kc),
-                              k.add(ldRow, k.mul(k.remu(sel, k.idx(2)), k.idx(8))));
-            Value col = k.add(k.idx(eb * 8), k.mul(k.divu(sel, k.idx(2)), k.idx(8)));
+            Value sel = pair ? ldSel : kb.remu(ldSel, kb.idx(2));
+            Value row = kb.add(kb.idx(16 * kc),
+                              kb.add(ldRow, kb.mul(kb.remu(sel, kb.idx(2)), kb.idx(8))));
+            Value col = kb.add(kb.idx(eb * 8), kb.mul(kb.divu(sel, kb.idx(2)), kb.idx(8)));
             Value vf = m.ldmatrix(vs, row, col, pair ? 4 : 2, /*transpose=*/true);
             for (int64_t h = 0; h < (pair ? 2 : 1); ++h) {
               ArrayRef<Value> c(acc.data() + (eb + h) * 4, 4);
@@ -353,20 +353,20 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   for (int r = 0; r < 2; ++r) {
     SoftmaxState state = {fin[accCount + 2 * r], fin[accCount + 2 * r + 1]};
     Value row = rowsOf[r];
-    k.ifThen(k.lt(row, N), [&] {
+    kb.ifThen(kb.lt(row, N), [&] {
       for (int64_t eb = 0; eb < expertBlocks; ++eb)
         for (int64_t x = 0; x < 2; ++x) {
-          Value col = k.add(k.mul(tig, k.idx(2)), k.idx(eb * 8 + x));
-          Value v = softmaxNormalize(k, state, fin[eb * 4 + 2 * r + x]);
+          Value col = kb.add(kb.mul(tig, kb.idx(2)), kb.idx(eb * 8 + x));
+          Value v = softmaxNormalize(kb, state, fin[eb * 4 + 2 * r + x]);
           if ((eb + 1) * 8 <= K) {
-            k.store(v, out, {bi, row, col});
+            kb.store(v, out, {bi, row, col});
             continue;
           }
-          k.ifThen(k.lt(col, k.idx(K)), [&] { k.store(v, out, {bi, row, col}); });
+          kb.ifThen(kb.lt(col, kb.idx(K)), [&] { kb.store(v, out, {bi, row, col}); });
         }
       if (lseOut)
-        k.ifThen(k.eq(tig, c0), [&] {
-          k.store(softmaxLogSumExp(k, state), lseOut, {bi, row});
+        kb.ifThen(kb.eq(tig, c0), [&] {
+          kb.store(softmaxLogSumExp(kb, state), lseOut, {bi, row});
         });
     });
   }
@@ -387,7 +387,7 @@ void mlir::moe::gpu_lowering::launchFlashMixMma(HostCode &h, StringRef name,
   kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
                        kernel.b.getI32IntegerAttr(tile.blocksPerSM));
   emitFlashMixMma(kernel, spec, tile, elt);
-  GpuKernelBuilder &k = h.k;
-  Value grid = k.ceilDiv(k.dim(q, 1), k.idx(kRows));
-  kernel.launch({grid, k.dim(q, 0), k.idx(1)});
+  GpuKernelBuilder &kb = h.kb;
+  Value grid = kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows));
+  kernel.launch({grid, kb.dim(q, 0), kb.idx(1)});
 }

@@ -51,19 +51,19 @@ void launchDout(HostCode &h, Value dwBuf, Value dbBuf, Value doutBuf,
                 Location loc) {
   GPUKernel kernel(h, "hyper_router_grad_dout", {dwBuf, dbBuf, doutBuf}, {},
                    {kThreads, 1, 1}, loc);
-  GpuKernelBuilder &k = kernel.k;
+  GpuKernelBuilder &kb = kernel.kb;
   Value dw = kernel.arg(0), db = kernel.arg(1), dout = kernel.arg(2);
-  kernel.forItem(k.dim(dout, 0), [&](Value r) {
-    kernels::HyperSlot slot = kernels::hyperSlot(k, r, k.dim(dw, 1));
-    Value v = k.ifElse(
-        slot.isBias, {k.f32()},
-        [&]() -> SmallVector<Value> { return {k.load(db, {slot.expert})}; },
+  kernel.forItem(kb.dim(dout, 0), [&](Value r) {
+    kernels::HyperSlot slot = kernels::hyperSlot(kb, r, kb.dim(dw, 1));
+    Value v = kb.ifElse(
+        slot.isBias, {kb.f32()},
+        [&]() -> SmallVector<Value> { return {kb.load(db, {slot.expert})}; },
         [&]() -> SmallVector<Value> {
-          return {k.load(dw, {slot.expert, slot.column})};
+          return {kb.load(dw, {slot.expert, slot.column})};
         })[0];
-    k.store(v, dout, {r});
+    kb.store(v, dout, {r});
   });
-  kernel.launchOver(h.k.dim(doutBuf, 0));
+  kernel.launchOver(h.kb.dim(doutBuf, 0));
 }
 
 /// Step 3 for m [R, C] (any float): arguments m, dy [R] f32, x [C] (any
@@ -73,49 +73,49 @@ void launchLayer(HostCode &h, ValueRange args, bool writeDm, Value blocks,
                  Location loc) {
   GPUKernel kernel(h, "hyper_router_grad_layer", args, {}, {kThreads, 1, 1},
                    loc);
-  GpuKernelBuilder &k = kernel.k;
+  GpuKernelBuilder &kb = kernel.kb;
   Value m = kernel.arg(0), dy = kernel.arg(1), x = kernel.arg(2),
         partial = kernel.arg(3);
   Value dm = writeDm ? kernel.arg(4) : Value();
-  Value blk = k.blockId();
-  Value rows = k.dim(m, 0), cols = k.dim(m, 1);
-  Value r0 = k.mul(blk, k.idx(kBlockRows));
-  Value r1 = k.mins(k.add(r0, k.idx(kBlockRows)), rows);
-  k.forLoop(k.threadId(), cols, k.idx(kThreads), [&](Value c) {
-    Value xv = dm ? k.loadF(x, {c}) : Value();
+  Value blk = kb.blockId();
+  Value rows = kb.dim(m, 0), cols = kb.dim(m, 1);
+  Value r0 = kb.mul(blk, kb.idx(kBlockRows));
+  Value r1 = kb.mins(kb.add(r0, kb.idx(kBlockRows)), rows);
+  kb.forLoop(kb.threadId(), cols, kb.idx(kThreads), [&](Value c) {
+    Value xv = dm ? kb.loadF(x, {c}) : Value();
     // Rows [r, r + n) in order; their loads come first so that n loads of
     // the memory-bound pass are in flight at once (the order of the sum is
     // the rows', whatever n).
     auto rowsFrom = [&](Value r, int64_t n, Value acc) {
       SmallVector<Value> g, w;
       for (int64_t i = 0; i < n; ++i) {
-        Value ri = k.add(r, k.idx(i));
-        g.push_back(k.load(dy, {ri}));
-        w.push_back(k.loadF(m, {ri, c}));
+        Value ri = kb.add(r, kb.idx(i));
+        g.push_back(kb.load(dy, {ri}));
+        w.push_back(kb.loadF(m, {ri, c}));
       }
       for (int64_t i = 0; i < n; ++i) {
         kernels::LayerGradStep s =
-            kernels::layerGradStep(k, g[i], w[i], xv, acc);
+            kernels::layerGradStep(kb, g[i], w[i], xv, acc);
         if (dm)
-          k.store(s.dm, dm, {k.add(r, k.idx(i)), c});
+          kb.store(s.dm, dm, {kb.add(r, kb.idx(i)), c});
         acc = s.partial;
       }
       return acc;
     };
-    Value span = k.sub(r1, r0);
+    Value span = kb.sub(r1, r0);
     Value r4 =
-        k.add(r0, k.mul(k.divu(span, k.idx(kRowUnroll)), k.idx(kRowUnroll)));
-    Value acc = k.forLoop(r0, r4, k.idx(kRowUnroll), ValueRange{k.cF32(0.0)},
+        kb.add(r0, kb.mul(kb.divu(span, kb.idx(kRowUnroll)), kb.idx(kRowUnroll)));
+    Value acc = kb.forLoop(r0, r4, kb.idx(kRowUnroll), ValueRange{kb.cF32(0.0)},
                           [&](Value r, ValueRange a) -> SmallVector<Value> {
                             return {rowsFrom(r, kRowUnroll, a[0])};
                           })[0];
-    acc = k.forLoop(r4, r1, k.idx(1), ValueRange{acc},
+    acc = kb.forLoop(r4, r1, kb.idx(1), ValueRange{acc},
                     [&](Value r, ValueRange a) -> SmallVector<Value> {
                       return {rowsFrom(r, 1, a[0])};
                     })[0];
-    k.store(acc, partial, {blk, c});
+    kb.store(acc, partial, {blk, c});
   });
-  kernel.launch({blocks, h.k.idx(1), h.k.idx(1)});
+  kernel.launch({blocks, h.kb.idx(1), h.kb.idx(1)});
 }
 
 /// Step 4: a warp per column c of partial [blocks, C]: dx[c] = Σ_blocks, then
@@ -124,29 +124,29 @@ void launchLayer(HostCode &h, ValueRange args, bool writeDm, Value blocks,
 void launchSum(HostCode &h, ValueRange args, bool gated, Value columns,
                Location loc) {
   GPUKernel kernel(h, "hyper_router_grad_sum", args, {}, {kThreads, 1, 1}, loc);
-  GpuKernelBuilder &k = kernel.k;
+  GpuKernelBuilder &kb = kernel.kb;
   Value partial = kernel.arg(0), dx = kernel.arg(1);
-  Value warp = k.divu(k.threadId(), k.idx(kWarp));
-  Value lane = k.remu(k.threadId(), k.idx(kWarp));
-  Value c = k.add(k.mul(k.blockId(), k.idx(kColumnsPerSumBlock)), warp);
-  Value cols = k.dim(partial, 1);
-  Value active = k.lt(c, cols);
+  Value warp = kb.divu(kb.threadId(), kb.idx(kWarp));
+  Value lane = kb.remu(kb.threadId(), kb.idx(kWarp));
+  Value c = kb.add(kb.mul(kb.blockId(), kb.idx(kColumnsPerSumBlock)), warp);
+  Value cols = kb.dim(partial, 1);
+  Value active = kb.lt(c, cols);
   // Every lane takes part in the butterfly; a warp past the last column
   // sums the last one and stores nothing.
-  Value safe = k.select(active, c, k.sub(cols, k.idx(1)));
+  Value safe = kb.select(active, c, kb.sub(cols, kb.idx(1)));
   Value part =
-      k.forLoop(lane, k.dim(partial, 0), k.idx(kWarp), ValueRange{k.cF32(0.0)},
+      kb.forLoop(lane, kb.dim(partial, 0), kb.idx(kWarp), ValueRange{kb.cF32(0.0)},
                 [&](Value blk, ValueRange a) -> SmallVector<Value> {
-                  return {k.fadd(a[0], k.load(partial, {blk, safe}))};
+                  return {kb.fadd(a[0], kb.load(partial, {blk, safe}))};
                 })[0];
-  Value sum = subgroupReduce(k, part, ReduceKind::Sum, kWarp);
-  k.ifThen(k.andI(active, k.eq(lane, k.idx(0))), [&] {
+  Value sum = subgroupReduce(kb, part, ReduceKind::Sum, kWarp);
+  kb.ifThen(kb.andI(active, kb.eq(lane, kb.idx(0))), [&] {
     Value v = sum;
     if (gated)
-      v = kernels::reluGrad(k, k.load(kernel.arg(2), {c}), sum);
-    k.store(v, dx, {c});
+      v = kernels::reluGrad(kb, kb.load(kernel.arg(2), {c}), sum);
+    kb.store(v, dx, {c});
   });
-  GpuKernelBuilder &hk = h.k;
+  GpuKernelBuilder &hk = h.kb;
   kernel.launch(
       {hk.ceilDiv(columns, hk.idx(kColumnsPerSumBlock)), hk.idx(1), hk.idx(1)});
 }
@@ -155,11 +155,11 @@ void launchSum(HostCode &h, ValueRange args, bool gated, Value columns,
 /// dx = m^T · dy, gated by the ReLU of `gate` when set.
 void layerBackward(HostCode &h, Value m, Value dy, Value x, Value dm, Value dx,
                    Value gate, Location loc) {
-  GpuKernelBuilder &k = h.k;
-  Value rows = k.dim(m, 0), cols = k.dim(m, 1);
-  Value blocks = k.ceilDiv(rows, k.idx(kBlockRows));
+  GpuKernelBuilder &kb = h.kb;
+  Value rows = kb.dim(m, 0), cols = kb.dim(m, 1);
+  Value blocks = kb.ceilDiv(rows, kb.idx(kBlockRows));
   Value partial = h.alloc(
-      MemRefType::get({ShapedType::kDynamic, ShapedType::kDynamic}, k.f32()),
+      MemRefType::get({ShapedType::kDynamic, ShapedType::kDynamic}, kb.f32()),
       {blocks, cols});
   SmallVector<Value> args = {m, dy, x, partial};
   if (dm)
@@ -178,7 +178,7 @@ HyperRouterGradToGPU::lower(HyperRouterGradOp op, OpAdaptor adaptor,
                             ConversionPatternRewriter &rewriter) const {
   Location loc = op.getLoc();
   HostCode h(rewriter, op);
-  GpuKernelBuilder &k = h.k;
+  GpuKernelBuilder &kb = h.kb;
   Value emb = h.buffer(adaptor.getEmb()), w1 = h.buffer(adaptor.getW1()),
         b1 = h.buffer(adaptor.getB1()), w2 = h.buffer(adaptor.getW2()),
         b2 = h.buffer(adaptor.getB2()), dw = h.buffer(adaptor.getDw()),
@@ -191,17 +191,17 @@ HyperRouterGradToGPU::lower(HyperRouterGradOp op, OpAdaptor adaptor,
     bool weight = n == 1 || n == 3;
     grads.push_back(weight && result.use_empty()
                         ? Value()
-                        : h.allocLike(type, dynamicSizesFrom(k, type, param)));
+                        : h.allocLike(type, dynamicSizesFrom(kb, type, param)));
   }
   Value dEmb = grads[0], dW1 = grads[1], dB1 = grads[2], dW2 = grads[3],
         dB2 = grads[4];
 
   // 1. The hidden layer.
   Value hidden =
-      h.alloc(MemRefType::get({ShapedType::kDynamic}, k.f32()), {k.dim(w1, 0)});
+      h.alloc(MemRefType::get({ShapedType::kDynamic}, kb.f32()), {kb.dim(w1, 0)});
   launchGemv(h, "hyper_router_grad_hidden", {w1, emb, b1, hidden}, loc,
              /*relu=*/true, [](GPUKernel &kernel, Value row, Value v) {
-               kernel.k.store(v, kernel.arg(3), {row});
+               kernel.kb.store(v, kernel.arg(3), {row});
              });
 
   // 2. d_b2 = dout.

@@ -51,19 +51,19 @@ Value GpuKernelBuilder::shuffleIdx(Value v, Value srcLane) {
 // Reductions
 //===----------------------------------------------------------------------===//
 
-static Value combine(GpuKernelBuilder &k, Value x, Value y, ReduceKind kind) {
+static Value combine(GpuKernelBuilder &kb, Value x, Value y, ReduceKind kind) {
   switch (kind) {
   case ReduceKind::Sum:
-    return k.fadd(x, y);
+    return kb.fadd(x, y);
   case ReduceKind::Max:
-    return k.fmax(x, y);
+    return kb.fmax(x, y);
   case ReduceKind::MaxI64:
-    return k.maxs(x, y);
+    return kb.maxs(x, y);
   }
   llvm_unreachable("reduce kind");
 }
 
-Value mlir::moe::gpu_lowering::subgroupReduce(GpuKernelBuilder &k, Value v,
+Value mlir::moe::gpu_lowering::subgroupReduce(GpuKernelBuilder &kb, Value v,
                                               ReduceKind kind, int64_t width) {
   if (kind != ReduceKind::MaxI64) {
     // gpu.subgroup_reduce, lowered by upstream's patterns
@@ -73,17 +73,17 @@ Value mlir::moe::gpu_lowering::subgroupReduce(GpuKernelBuilder &k, Value v,
     std::optional<uint32_t> cluster;
     if (width < kWarp)
       cluster = static_cast<uint32_t>(width);
-    return gpu::SubgroupReduceOp::create(k.b, v, op, /*uniform=*/true, cluster);
+    return gpu::SubgroupReduceOp::create(kb.b, v, op, /*uniform=*/true, cluster);
   }
   // The packed i64 candidates of the top-k: upstream's shuffle lowering
   // takes values no wider than a shuffle (32 bits), so the two halves travel
   // separately here.
   for (int64_t offset = width / 2; offset >= 1; offset /= 2) {
-    Value lo = k.trunc(v, k.i32());
-    Value hi = k.trunc(k.shru(v, k.cI64(32)), k.i32());
-    Value olo = k.extu(k.shuffleXor(lo, offset), k.i64());
-    Value ohi = k.extu(k.shuffleXor(hi, offset), k.i64());
-    v = combine(k, v, k.orI(k.shl(ohi, k.cI64(32)), olo), kind);
+    Value lo = kb.trunc(v, kb.i32());
+    Value hi = kb.trunc(kb.shru(v, kb.cI64(32)), kb.i32());
+    Value olo = kb.extu(kb.shuffleXor(lo, offset), kb.i64());
+    Value ohi = kb.extu(kb.shuffleXor(hi, offset), kb.i64());
+    v = combine(kb, v, kb.orI(kb.shl(ohi, kb.cI64(32)), olo), kind);
   }
   return v;
 }
@@ -114,23 +114,23 @@ mlir::moe::gpu_lowering::lowerSubgroupReductions(gpu::GPUModuleOp kernels) {
   return failure(left.wasInterrupted());
 }
 
-Value mlir::moe::gpu_lowering::blockReduce(GpuKernelBuilder &k, Value v,
+Value mlir::moe::gpu_lowering::blockReduce(GpuKernelBuilder &kb, Value v,
                                            ReduceKind kind, int64_t threads,
                                            Value scratch) {
   int64_t warps = threads / kWarp;
-  v = subgroupReduce(k, v, kind, kWarp);
+  v = subgroupReduce(kb, v, kind, kWarp);
   if (warps == 1)
     return v;
-  Value tid = k.threadId();
-  Value warp = k.divu(tid, k.idx(kWarp));
-  Value lane = k.remu(tid, k.idx(kWarp));
-  k.ifThen(k.eq(lane, k.idx(0)), [&] { k.store(v, scratch, {warp}); });
-  k.barrier();
-  Value r = k.load(scratch, {k.idx(0)});
+  Value tid = kb.threadId();
+  Value warp = kb.divu(tid, kb.idx(kWarp));
+  Value lane = kb.remu(tid, kb.idx(kWarp));
+  kb.ifThen(kb.eq(lane, kb.idx(0)), [&] { kb.store(v, scratch, {warp}); });
+  kb.barrier();
+  Value r = kb.load(scratch, {kb.idx(0)});
   for (int64_t w = 1; w < warps; ++w)
-    r = combine(k, r, k.load(scratch, {k.idx(w)}), kind);
+    r = combine(kb, r, kb.load(scratch, {kb.idx(w)}), kind);
   // The scratch may be reused right after: everybody has read it first.
-  k.barrier();
+  kb.barrier();
   return r;
 }
 
@@ -140,144 +140,144 @@ Value mlir::moe::gpu_lowering::blockReduce(GpuKernelBuilder &k, Value v,
 
 /// The epilogue of a register top-k: each lane turns the raw values it stored
 /// (rounds r with r % width == lane) into weights.
-static void rescaleOwnEntries(GpuKernelBuilder &k, const TopkSpec &spec,
+static void rescaleOwnEntries(GpuKernelBuilder &kb, const TopkSpec &spec,
                               Value lane, int64_t width, Value weights,
                               Value row, Value active, Value v0, Value selSum,
                               Value denseMax, Value denseSum) {
   if (!spec.logits && !spec.renormalize)
     return; // raw probabilities: the stored values are the weights
-  k.ifThen(active, [&] {
-    k.forLoop(lane, k.idx(spec.k), k.idx(width), [&](Value r) {
-      Value v = k.load(weights, {row, r});
-      k.store(topkWeight(k, spec, v, v0, selSum, denseMax, denseSum), weights,
+  kb.ifThen(active, [&] {
+    kb.forLoop(lane, kb.idx(spec.k), kb.idx(width), [&](Value r) {
+      Value v = kb.load(weights, {row, r});
+      kb.store(topkWeight(kb, spec, v, v0, selSum, denseMax, denseSum), weights,
               {row, r});
     });
   });
 }
 
 /// redux.sync `kind` of an i32 over the lanes of `mask`.
-static Value redux(GpuKernelBuilder &k, Value v, NVVM::ReduxKind kind,
+static Value redux(GpuKernelBuilder &kb, Value v, NVVM::ReduxKind kind,
                    Value mask) {
-  return NVVM::ReduxOp::create(k.b, v.getType(), v, kind, mask).getRes();
+  return NVVM::ReduxOp::create(kb.b, v.getType(), v, kind, mask).getRes();
 }
 
 /// The lanes of this lane's group of `width` in its warp, as a member mask.
-static Value groupMask(GpuKernelBuilder &k, int64_t width) {
+static Value groupMask(GpuKernelBuilder &kb, int64_t width) {
   if (width == kWarp)
-    return k.cI32(-1);
-  Value warpLane = k.castInt(k.remu(k.threadId(), k.idx(kWarp)), k.i32());
-  Value first = k.mul(k.divu(warpLane, k.cI32(width)), k.cI32(width));
-  return k.shl(k.cI32((int64_t(1) << width) - 1), first);
+    return kb.cI32(-1);
+  Value warpLane = kb.castInt(kb.remu(kb.threadId(), kb.idx(kWarp)), kb.i32());
+  Value first = kb.mul(kb.divu(warpLane, kb.cI32(width)), kb.cI32(width));
+  return kb.shl(kb.cI32((int64_t(1) << width) - 1), first);
 }
 
 /// The k rounds of TopkRounds::Redux: stores round r's value and index by lane
 /// r % width; returns {v0, selSum} as the butterfly rounds do.
 static SmallVector<Value>
-emitReduxRounds(GpuKernelBuilder &k, ArrayRef<Value> vals, Value lane,
+emitReduxRounds(GpuKernelBuilder &kb, ArrayRef<Value> vals, Value lane,
                 int64_t width, int64_t numElements, const TopkSpec &spec,
                 Value weights, Value indices, Value row, Value active) {
   const int64_t vpt = vals.size();
-  Value gone = k.cI32(std::numeric_limits<int32_t>::min());
-  Value noIndex = k.cI32(std::numeric_limits<int32_t>::max());
-  Value laneI32 = k.castInt(lane, k.i32());
+  Value gone = kb.cI32(std::numeric_limits<int32_t>::min());
+  Value noIndex = kb.cI32(std::numeric_limits<int32_t>::max());
+  Value laneI32 = kb.castInt(lane, kb.i32());
   SmallVector<Value> index, init;
   for (auto [m, v] : llvm::enumerate(vals)) {
-    index.push_back(k.add(k.cI32(static_cast<int64_t>(m) * width), laneI32));
-    Value key = orderedKey(k, v);
+    index.push_back(kb.add(kb.cI32(static_cast<int64_t>(m) * width), laneI32));
+    Value key = orderedKey(kb, v);
     if (static_cast<int64_t>(m + 1) * width > numElements)
-      key = k.select(k.lt(index.back(), k.cI32(numElements)), key, gone);
+      key = kb.select(kb.lt(index.back(), kb.cI32(numElements)), key, gone);
     init.push_back(key);
   }
-  init.push_back(k.cF32(0.0)); // v0
-  init.push_back(k.cF32(0.0)); // selSum
-  Value mask = groupMask(k, width);
-  Value widthIdx = k.idx(width);
-  SmallVector<Value> done = k.forLoop(
-      k.idx(0), k.idx(spec.k), k.idx(1), init,
+  init.push_back(kb.cF32(0.0)); // v0
+  init.push_back(kb.cF32(0.0)); // selSum
+  Value mask = groupMask(kb, width);
+  Value widthIdx = kb.idx(width);
+  SmallVector<Value> done = kb.forLoop(
+      kb.idx(0), kb.idx(spec.k), kb.idx(1), init,
       [&](Value r, ValueRange args) -> SmallVector<Value> {
         ValueRange keys = args.take_front(vpt);
         Value best = keys[0];
         for (Value key : keys.drop_front())
-          best = k.maxs(best, key);
-        best = redux(k, best, NVVM::ReduxKind::MAX, mask);
+          best = kb.maxs(best, key);
+        best = redux(kb, best, NVVM::ReduxKind::MAX, mask);
         // Ties: the lowest index holding the best key.
         Value mine = noIndex;
         for (int64_t m = 0; m < vpt; ++m)
-          mine = k.mins(mine, k.select(k.eq(keys[m], best), index[m], noIndex));
-        Value winner = redux(k, mine, NVVM::ReduxKind::MIN, mask);
+          mine = kb.mins(mine, kb.select(kb.eq(keys[m], best), index[m], noIndex));
+        Value winner = redux(kb, mine, NVVM::ReduxKind::MIN, mask);
         SmallVector<Value> next;
         for (int64_t m = 0; m < vpt; ++m)
-          next.push_back(k.select(k.eq(index[m], winner), gone, keys[m]));
-        Value v = keyToFloat(k, best);
-        Value v0 = k.select(k.eq(r, k.idx(0)), v, args[vpt]);
-        Value term = spec.logits ? k.exp(k.fsub(v, v0)) : v;
-        Value writer = k.andI(active, k.eq(k.remu(r, widthIdx), lane));
-        k.ifThen(writer, [&] {
-          k.store(v, weights, {row, r});
-          k.store(winner, indices, {row, r});
+          next.push_back(kb.select(kb.eq(index[m], winner), gone, keys[m]));
+        Value v = keyToFloat(kb, best);
+        Value v0 = kb.select(kb.eq(r, kb.idx(0)), v, args[vpt]);
+        Value term = spec.logits ? kb.exp(kb.fsub(v, v0)) : v;
+        Value writer = kb.andI(active, kb.eq(kb.remu(r, widthIdx), lane));
+        kb.ifThen(writer, [&] {
+          kb.store(v, weights, {row, r});
+          kb.store(winner, indices, {row, r});
         });
         next.push_back(v0);
-        next.push_back(k.fadd(args[vpt + 1], term));
+        next.push_back(kb.fadd(args[vpt + 1], term));
         return next;
       });
   return {done[vpt], done[vpt + 1]};
 }
 
 void mlir::moe::gpu_lowering::emitRegisterTopk(
-    GpuKernelBuilder &k, ArrayRef<Value> vals, Value lane, int64_t width,
+    GpuKernelBuilder &kb, ArrayRef<Value> vals, Value lane, int64_t width,
     int64_t numElements, const TopkSpec &spec, Value weights, Value indices,
     Value row, Value active, Value denseMax, Value denseSum,
     TopkRounds rounds) {
   if (rounds == TopkRounds::Redux) {
     SmallVector<Value> sel = emitReduxRounds(
-        k, vals, lane, width, numElements, spec, weights, indices, row, active);
-    rescaleOwnEntries(k, spec, lane, width, weights, row, active, sel[0],
+        kb, vals, lane, width, numElements, spec, weights, indices, row, active);
+    rescaleOwnEntries(kb, spec, lane, width, weights, row, active, sel[0],
                       sel[1], denseMax, denseSum);
     return;
   }
   // Candidates are computed once; the rounds only compare and reduce.
-  Value laneI32 = k.castInt(lane, k.i32());
+  Value laneI32 = kb.castInt(lane, kb.i32());
   SmallVector<Value> cands;
   for (auto [m, v] : llvm::enumerate(vals)) {
-    Value index = k.add(k.cI32(static_cast<int64_t>(m) * width), laneI32);
-    Value cand = packCandidate(k, orderedKey(k, v), index);
+    Value index = kb.add(kb.cI32(static_cast<int64_t>(m) * width), laneI32);
+    Value cand = packCandidate(kb, orderedKey(kb, v), index);
     if (static_cast<int64_t>(m + 1) * width > numElements)
-      cand = k.select(k.lt(index, k.cI32(numElements)), cand,
-                      noCandidate(k, k.i64()));
+      cand = kb.select(kb.lt(index, kb.cI32(numElements)), cand,
+                      noCandidate(kb, kb.i64()));
     cands.push_back(cand);
   }
 
-  Value none = noCandidate(k, k.i64());
-  Value widthIdx = k.idx(width);
-  SmallVector<Value> init = {k.cI64(std::numeric_limits<int64_t>::max()),
-                             k.cF32(0.0), k.cF32(0.0)};
+  Value none = noCandidate(kb, kb.i64());
+  Value widthIdx = kb.idx(width);
+  SmallVector<Value> init = {kb.cI64(std::numeric_limits<int64_t>::max()),
+                             kb.cF32(0.0), kb.cF32(0.0)};
   SmallVector<Value> done =
-      k.forLoop(k.idx(0), k.idx(spec.k), k.idx(1), init,
+      kb.forLoop(kb.idx(0), kb.idx(spec.k), kb.idx(1), init,
                 [&](Value r, ValueRange args) -> SmallVector<Value> {
                   Value prev = args[0];
                   // Best candidate of this lane strictly below the previous
                   // winner.
                   Value best = none;
                   for (Value cand : cands)
-                    best = bestBelow(k, best, cand, prev, none);
-                  best = subgroupReduce(k, best, ReduceKind::MaxI64, width);
-                  Value key = candidateKey(k, best);
-                  Value index = candidateIndex(k, best);
-                  Value v = keyToFloat(k, key);
-                  Value first = k.eq(r, k.idx(0));
-                  Value v0 = k.select(first, v, args[1]);
-                  Value term = spec.logits ? k.exp(k.fsub(v, v0)) : v;
-                  Value selSum = k.fadd(args[2], term);
+                    best = bestBelow(kb, best, cand, prev, none);
+                  best = subgroupReduce(kb, best, ReduceKind::MaxI64, width);
+                  Value key = candidateKey(kb, best);
+                  Value index = candidateIndex(kb, best);
+                  Value v = keyToFloat(kb, key);
+                  Value first = kb.eq(r, kb.idx(0));
+                  Value v0 = kb.select(first, v, args[1]);
+                  Value term = spec.logits ? kb.exp(kb.fsub(v, v0)) : v;
+                  Value selSum = kb.fadd(args[2], term);
                   Value writer =
-                      k.andI(active, k.eq(k.remu(r, widthIdx), lane));
-                  k.ifThen(writer, [&] {
-                    k.store(v, weights, {row, r});
-                    k.store(index, indices, {row, r});
+                      kb.andI(active, kb.eq(kb.remu(r, widthIdx), lane));
+                  kb.ifThen(writer, [&] {
+                    kb.store(v, weights, {row, r});
+                    kb.store(index, indices, {row, r});
                   });
                   return {best, v0, selSum};
                 });
 
-  rescaleOwnEntries(k, spec, lane, width, weights, row, active, done[1],
+  rescaleOwnEntries(kb, spec, lane, width, weights, row, active, done[1],
                     done[2], denseMax, denseSum);
 }
 
@@ -330,7 +330,7 @@ static gpu::GPUFuncOp createKernel(HostCode &h, StringRef base,
 GPUKernel::GPUKernel(HostCode &h, StringRef name, ValueRange operands,
                      TypeRange workgroupTypes, std::array<int64_t, 3> blockSize,
                      Location loc)
-    : b(loc, h.b.getContext()), k(b),
+    : b(loc, h.b.getContext()), kb(b),
       func(createKernel(h, name, operands.getTypes(), workgroupTypes, blockSize,
                         b)),
       host(h), operands(operands), blockSize(blockSize) {}
@@ -344,18 +344,18 @@ Value GPUKernel::workgroup(unsigned i) {
 }
 
 Value GPUKernel::globalId() {
-  return k.add(k.mul(k.blockId(), k.idx(blockSize[0])), k.threadId());
+  return kb.add(kb.mul(kb.blockId(), kb.idx(blockSize[0])), kb.threadId());
 }
 
 void GPUKernel::forItem(Value count, function_ref<void(Value item)> body) {
   Value item = globalId();
-  k.ifThen(k.lt(item, count), [&] { body(item); });
+  kb.ifThen(kb.lt(item, count), [&] { body(item); });
 }
 
 void GPUKernel::forRowsOfColumn(Value inRange, Value rows,
                                 function_ref<void(Value row)> body) {
-  k.ifThen(inRange, [&] {
-    k.forLoop(k.blockId(gpu::Dimension::y), rows, k.gridDim(gpu::Dimension::y),
+  kb.ifThen(inRange, [&] {
+    kb.forLoop(kb.blockId(gpu::Dimension::y), rows, kb.gridDim(gpu::Dimension::y),
               body);
   });
 }
@@ -365,12 +365,12 @@ void GPUKernel::launch(std::array<Value, 3> grid) {
 }
 
 void GPUKernel::launchOver(Value count) {
-  GpuKernelBuilder &hk = host.k;
+  GpuKernelBuilder &hk = host.kb;
   launch({hk.ceilDiv(count, hk.idx(blockSize[0])), hk.idx(1), hk.idx(1)});
 }
 
 void GPUKernel::launchColumns(Value cols, Value rows) {
-  GpuKernelBuilder &hk = host.k;
+  GpuKernelBuilder &hk = host.kb;
   launch({hk.ceilDiv(cols, hk.idx(blockSize[0])),
           hk.minu(rows, hk.idx(kMaxGridDim[1])), hk.idx(1)});
 }
@@ -398,7 +398,7 @@ static Block &blockOf(Operation *op) { return op->getRegion(0).front(); }
 
 HostCode::HostCode(RewriterBase &rewriter, Operation *op)
     : rewriter(rewriter), b(op->getLoc(), rewriter),
-      module(op->getParentOfType<ModuleOp>()), k(b) {
+      module(op->getParentOfType<ModuleOp>()), kb(b) {
   b.setInsertionPoint(op);
   body = KernelOp::create(b, ValueRange{}, ValueRange{});
   b.setInsertionPoint(blockOf(body).getTerminator());
@@ -500,7 +500,7 @@ void HostCode::launch(gpu::GPUFuncOp kernel, std::array<Value, 3> grid,
                       std::array<int64_t, 3> block, ValueRange args) {
   auto tokenType = b.getType<gpu::AsyncTokenType>();
   gpu::KernelDim3 gridDim{grid[0], grid[1], grid[2]};
-  gpu::KernelDim3 blockDim{k.idx(block[0]), k.idx(block[1]), k.idx(block[2])};
+  gpu::KernelDim3 blockDim{kb.idx(block[0]), kb.idx(block[1]), kb.idx(block[2])};
   auto op = gpu::LaunchFuncOp::create(b, kernel, gridDim, blockDim,
                                       /*dynamicSharedMemorySize=*/Value(), args,
                                       tokenType, ValueRange{token});
@@ -556,7 +556,7 @@ BlockArgument HostCode::outFor(Value buffer, RankedTensorType type) {
   SmallVector<Value> sizes;
   for (int64_t d = 0; d < type.getRank(); ++d)
     if (type.isDynamicDim(d))
-      sizes.push_back(k.dim(buffer, d));
+      sizes.push_back(kb.dim(buffer, d));
   auto out = cast<BlockArgument>(allocLike(type, sizes));
   auto tokenType = b.getType<gpu::AsyncTokenType>();
   token = gpu::MemcpyOp::create(b, tokenType, ValueRange{token}, out, buffer)
@@ -616,24 +616,24 @@ void HostCode::replace(Operation *op, ValueRange buffers) {
   rewriter.replaceOp(op, tensors);
 }
 
-void mlir::moe::gpu_lowering::emitRecordIndexError(GpuKernelBuilder &k,
+void mlir::moe::gpu_lowering::emitRecordIndexError(GpuKernelBuilder &kb,
                                                    Value word, int64_t opCode,
                                                    Value position, Value value,
                                                    Value bound) {
-  ImplicitLocOpBuilder &b = k.b;
+  ImplicitLocOpBuilder &b = kb.b;
   auto ptrType = LLVM::LLVMPointerType::get(b.getContext(), /*addressSpace=*/1);
   Value base = LLVM::IntToPtrOp::create(b, ptrType, word);
-  auto cas = LLVM::AtomicCmpXchgOp::create(b, base, k.cI64(0), k.cI64(1),
+  auto cas = LLVM::AtomicCmpXchgOp::create(b, base, kb.cI64(0), kb.cI64(1),
                                            LLVM::AtomicOrdering::monotonic,
                                            LLVM::AtomicOrdering::monotonic);
   Value won = LLVM::ExtractValueOp::create(b, cas.getResult(), 1);
-  k.ifThen(won, [&] {
+  kb.ifThen(won, [&] {
     auto put = [&](int64_t slot, Value v) {
       Value addr = LLVM::GEPOp::create(b, ptrType, b.getI64Type(), base,
                                        ArrayRef<LLVM::GEPArg>{slot});
-      LLVM::StoreOp::create(b, k.castInt(v, k.i64()), addr);
+      LLVM::StoreOp::create(b, kb.castInt(v, kb.i64()), addr);
     };
-    put(1, k.cI64(opCode));
+    put(1, kb.cI64(opCode));
     put(2, position);
     put(3, value);
     put(4, bound);
@@ -641,11 +641,11 @@ void mlir::moe::gpu_lowering::emitRecordIndexError(GpuKernelBuilder &k,
 }
 
 SmallVector<Value>
-mlir::moe::gpu_lowering::dynamicSizesFrom(GpuKernelBuilder &k,
+mlir::moe::gpu_lowering::dynamicSizesFrom(GpuKernelBuilder &kb,
                                           RankedTensorType type, Value like) {
   SmallVector<Value> sizes;
   for (int64_t d = 0; d < type.getRank(); ++d)
     if (type.isDynamicDim(d))
-      sizes.push_back(k.dim(like, d));
+      sizes.push_back(kb.dim(like, d));
   return sizes;
 }

@@ -51,10 +51,6 @@ public:
   Value shuffleIdx(Value v, Value srcLane);
 };
 
-/// The builder's former name, kept only while files of work in flight still
-/// spell it (remove once no file says `KB`).
-using KB = GpuKernelBuilder;
-
 //===----------------------------------------------------------------------===//
 // Reductions
 //===----------------------------------------------------------------------===//
@@ -65,7 +61,7 @@ enum class ReduceKind { Sum, Max, MaxI64 };
 /// <= 32): every lane of the group gets the result. f32 Sum/Max
 /// (NaN-propagating) are gpu.subgroup_reduce ops (cluster_size = width);
 /// i64 signed max (MaxI64) is built here from 32-bit shuffles.
-Value subgroupReduce(GpuKernelBuilder &k, Value v, ReduceKind kind,
+Value subgroupReduce(GpuKernelBuilder &kb, Value v, ReduceKind kind,
                      int64_t width);
 
 /// Lowers the gpu.subgroup_reduce ops of `kernels` to gpu.shuffle butterflies
@@ -78,7 +74,7 @@ LogicalResult lowerSubgroupReductions(gpu::GPUModuleOp kernels);
 /// threads/32 elements of v's type), then every thread combines the warp
 /// values in warp order, so the result is deterministic. Contains two
 /// barriers; every thread of the block must reach it.
-Value blockReduce(GpuKernelBuilder &k, Value v, ReduceKind kind,
+Value blockReduce(GpuKernelBuilder &kb, Value v, ReduceKind kind,
                   int64_t threads, Value scratch);
 
 //===----------------------------------------------------------------------===//
@@ -106,7 +102,7 @@ enum class TopkRounds { Butterfly, Redux };
 /// own entries in the epilogue (no cross-lane memory traffic).
 /// `denseMax`/`denseSum` (logits without renormalization) are the row's max
 /// and sum of exp(x - max); pass null otherwise.
-void emitRegisterTopk(GpuKernelBuilder &k, ArrayRef<Value> vals, Value lane,
+void emitRegisterTopk(GpuKernelBuilder &kb, ArrayRef<Value> vals, Value lane,
                       int64_t width, int64_t numElements, const TopkSpec &spec,
                       Value weights, Value indices, Value row, Value active,
                       Value denseMax, Value denseSum,
@@ -144,7 +140,7 @@ public:
   RewriterBase &rewriter;
   ImplicitLocOpBuilder b;
   ModuleOp module;
-  GpuKernelBuilder k;
+  GpuKernelBuilder kb;
 
   /// The buffer of a tensor operand (identity layout; read only): an in of
   /// the kernel.
@@ -219,7 +215,7 @@ public:
 
   /// The builder of the body and the kernel builder on it.
   ImplicitLocOpBuilder b;
-  GpuKernelBuilder k;
+  GpuKernelBuilder kb;
   gpu::GPUFuncOp func;
 
   /// Argument `i`: operand `i` on the device.
@@ -259,12 +255,12 @@ private:
 /// `opCode` (ErrorReporting.h) holds `value`, outside [0, bound): the first
 /// error wins the flag (cmpxchg) and writes the details. `word` is the i64
 /// device address from HostCode::errorWord().
-void emitRecordIndexError(GpuKernelBuilder &k, Value word, int64_t opCode,
+void emitRecordIndexError(GpuKernelBuilder &kb, Value word, int64_t opCode,
                           Value position, Value value, Value bound);
 
 /// Dynamic sizes of `type` taken from the dims of `like` at the same
 /// positions (both of the same rank).
-SmallVector<Value> dynamicSizesFrom(GpuKernelBuilder &k, RankedTensorType type,
+SmallVector<Value> dynamicSizesFrom(GpuKernelBuilder &kb, RankedTensorType type,
                                     Value like);
 
 } // namespace mlir::moe::gpu_lowering

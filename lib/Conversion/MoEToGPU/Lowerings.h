@@ -189,7 +189,7 @@ struct FlashLanes {
 /// the workgroup tiles rowTile [kFlashRows x kFlashChunk+1] and colTile
 /// [kFlashCols x kFlashChunk+1] (zeros past numRows, numCols and depth).
 /// Every thread of the block must reach it (barriers).
-SmallVector<Value> emitFlashDots(class GpuKernelBuilder &k, const FlashLanes &t,
+SmallVector<Value> emitFlashDots(class GpuKernelBuilder &kb, const FlashLanes &t,
                                  Value b, Value rowsOp, Value rowBase,
                                  Value numRows, Value colsOp, Value colBase,
                                  Value numCols, Value depth, Value rowTile,
@@ -268,7 +268,7 @@ void launchHeadMeans(class HostCode &h, Value v, Value wo, Value head,
 /// a time, one online-softmax step per chunk with butterfly max and sum.
 /// Every lane of the warp must reach it with the same row; every lane gets
 /// the row's state.
-kernels::SoftmaxState warpRowSoftmax(class GpuKernelBuilder &k, Value x,
+kernels::SoftmaxState warpRowSoftmax(class GpuKernelBuilder &kb, Value x,
                                      Value row, Value lane);
 
 /// A memref of rank >= 1 viewed as 2-D [rows, last]: rank 1 gets a unit

@@ -36,12 +36,12 @@ static constexpr int64_t kChunkTokens = 256;
 static constexpr int64_t kEpilogueThreads = 256;
 
 /// Cluster of token t as index, and whether it is in [0, E).
-static std::pair<Value, Value> clusterOf(GpuKernelBuilder &k, Value assign,
+static std::pair<Value, Value> clusterOf(GpuKernelBuilder &kb, Value assign,
                                          Value t, int64_t E) {
-  Value a = k.castInt(k.load(assign, {t}), k.i64());
-  Value ok = idInRange(k, a, k.cI64(E));
-  Value safe = k.select(ok, a, k.cI64(0));
-  return {k.castInt(safe, k.index()), ok};
+  Value a = kb.castInt(kb.load(assign, {t}), kb.i64());
+  Value ok = idInRange(kb, a, kb.cI64(E));
+  Value safe = kb.select(ok, a, kb.cI64(0));
+  return {kb.castInt(safe, kb.index()), ok};
 }
 
 LogicalResult
@@ -57,21 +57,21 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
 
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
-  GpuKernelBuilder &k = h.k;
+  GpuKernelBuilder &kb = h.kb;
   Type f32 = b.getF32Type();
   Value x = h.buffer(adaptor.getTokens());
   Value assign = h.buffer(adaptor.getAssign());
   auto weightsType = cast<RankedTensorType>(op.getWeights().getType());
   auto countsType = cast<RankedTensorType>(op.getCounts().getType());
-  Value T = k.dim(x, 0), D = k.dim(x, 1);
+  Value T = kb.dim(x, 0), D = kb.dim(x, 1);
   SmallVector<Value> wSizes;
   if (weightsType.isDynamicDim(1))
     wSizes.push_back(D);
   Value weights = h.allocLike(weightsType, wSizes);
   Value counts = h.allocLike(countsType, {});
-  h.fill32(counts, k.cI32(0));
+  h.fill32(counts, kb.cI32(0));
   Value word = h.errorWord();
-  Value chunks = k.ceilDiv(T, k.idx(kChunkTokens));
+  Value chunks = kb.ceilDiv(T, kb.idx(kChunkTokens));
   auto dyn = ShapedType::kDynamic;
   Value partial = h.alloc(MemRefType::get({dyn, E, dyn}, f32), {chunks, D});
   Value means = h.alloc(MemRefType::get({E, dyn}, f32), {D});
@@ -80,7 +80,7 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
   {
     GPUKernel kernel(h, "mad_count", {assign, counts, word}, {},
                      {kThreads, 1, 1}, loc);
-    GpuKernelBuilder &kk = kernel.k;
+    GpuKernelBuilder &kk = kernel.kb;
     Value as = kernel.arg(0), cs = kernel.arg(1), w = kernel.arg(2);
     kernel.forItem(kk.dim(as, 0), [&](Value t) {
       auto [a, ok] = clusterOf(kk, as, t, E);
@@ -101,7 +101,7 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
   auto chunkSums = [&](bool deviation) {
     GPUKernel kernel(h, deviation ? "mad_chunk_deviations" : "mad_chunk_sums",
                      {x, assign, means, partial}, {}, {kThreads, 1, 1}, loc);
-    GpuKernelBuilder &kk = kernel.k;
+    GpuKernelBuilder &kk = kernel.kb;
     Value xs = kernel.arg(0), as = kernel.arg(1), mu = kernel.arg(2),
           part = kernel.arg(3);
     Value q = kernel.globalId();
@@ -124,14 +124,14 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
         });
       });
     });
-    kernel.launch({k.ceilDiv(D, k.idx(kThreads)), chunks, k.idx(1)});
+    kernel.launch({kb.ceilDiv(D, kb.idx(kThreads)), chunks, kb.idx(1)});
   };
   auto finish = [&](bool dispersion) {
     GPUKernel kernel(h,
                      dispersion ? "mad_finish_dispersion" : "mad_finish_mean",
                      {partial, counts, dispersion ? weights : means}, {},
                      {kThreads, 1, 1}, loc);
-    GpuKernelBuilder &kk = kernel.k;
+    GpuKernelBuilder &kk = kernel.kb;
     Value part = kernel.arg(0), cs = kernel.arg(1), o = kernel.arg(2);
     Value Dk = kk.dim(part, 2), C = kk.dim(part, 0);
     Value flat = kernel.globalId();
@@ -146,7 +146,7 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
         mean = dispersionWeight(kk, mean, eps);
       kk.store(mean, o, {e, q});
     });
-    kernel.launchOver(k.mul(k.idx(E), D));
+    kernel.launchOver(kb.mul(kb.idx(E), D));
   };
   chunkSums(false);
   finish(false);
@@ -159,7 +159,7 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
     GPUKernel kernel(h, "mad_epilogue", {weights, counts},
                      {workgroupMemRef({warps}, f32)}, {kEpilogueThreads, 1, 1},
                      loc);
-    GpuKernelBuilder &kk = kernel.k;
+    GpuKernelBuilder &kk = kernel.kb;
     Value w = kernel.arg(0), cs = kernel.arg(1);
     Value scratch = kernel.workgroup(0);
     Value tid = kk.threadId();
@@ -236,7 +236,7 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
       break;
     }
     }
-    kernel.launch({k.idx(1), k.idx(1), k.idx(1)});
+    kernel.launch({kb.idx(1), kb.idx(1), kb.idx(1)});
   }
 
   h.release(partial);

@@ -53,23 +53,23 @@ constexpr int64_t kRouteMaxGroups = 64;
 /// The kernel of one token per group of `width` lanes (the file header).
 class RouteWarpKernel {
 public:
-  RouteWarpKernel(GpuKernelBuilder &k, const RouteSpec &spec,
+  RouteWarpKernel(GpuKernelBuilder &kb, const RouteSpec &spec,
                   int64_t numExperts, int64_t width, int64_t blockSize)
-      : k(k), spec(spec), numExperts(numExperts), width(width),
+      : kb(kb), spec(spec), numExperts(numExperts), width(width),
         blockSize(blockSize), vpt(llvm::divideCeil(numExperts, width)) {}
 
   void emit(Value x, Value bias, Value weights, Value indices) {
     this->x = x;
-    Value tid = k.threadId();
-    lane = k.remu(tid, k.idx(width));
-    Value numTokens = k.dim(x, 0);
-    Value token = k.add(k.mul(k.blockId(), k.idx(blockSize / width)),
-                        k.divu(tid, k.idx(width)));
-    active = k.lt(token, numTokens);
+    Value tid = kb.threadId();
+    lane = kb.remu(tid, kb.idx(width));
+    Value numTokens = kb.dim(x, 0);
+    Value token = kb.add(kb.mul(kb.blockId(), kb.idx(blockSize / width)),
+                        kb.divu(tid, kb.idx(width)));
+    active = kb.lt(token, numTokens);
     // Inactive groups of the last block work on a valid row and store
     // nothing: every lane must take part in the shuffles.
-    row = k.select(active, token, k.sub(numTokens, k.idx(1)));
-    none = noCandidate(k, k.i64());
+    row = kb.select(active, token, kb.sub(numTokens, kb.idx(1)));
+    none = noCandidate(kb, kb.i64());
 
     loadCandidates(bias);
     if (spec.groups > 1)
@@ -79,7 +79,7 @@ public:
   }
 
 private:
-  GpuKernelBuilder &k;
+  GpuKernelBuilder &kb;
   const RouteSpec &spec;
   int64_t numExperts, width, blockSize, vpt;
   Value x, lane, active, row, none;
@@ -89,30 +89,30 @@ private:
   SmallVector<Value> expert, inRange, cand;
 
   Value reduce(Value v, ReduceKind kind) {
-    return subgroupReduce(k, v, kind, width);
+    return subgroupReduce(kb, v, kind, width);
   }
 
   /// Element `col` of `memref` (row `r`, or 1-D when `r` is null) widened to
   /// f32, or `pad` past the last expert.
   Value loadOrPad(Value memref, Value r, int64_t m, double pad) {
-    Value col = k.add(k.idx(m * width), lane);
+    Value col = kb.add(kb.idx(m * width), lane);
     auto at = [&](Value c) {
-      return r ? k.loadF(memref, {r, c}) : k.loadF(memref, {c});
+      return r ? kb.loadF(memref, {r, c}) : kb.loadF(memref, {c});
     };
     if (!inRange[m])
       return at(col);
-    Value safe = k.select(inRange[m], col, k.idx(numExperts - 1));
-    return k.select(inRange[m], at(safe), k.cF32(pad));
+    Value safe = kb.select(inRange[m], col, kb.idx(numExperts - 1));
+    return kb.select(inRange[m], at(safe), kb.cF32(pad));
   }
 
   /// Step 1: the row's scores and the candidates of the choice values.
   void loadCandidates(Value bias) {
-    Value laneI32 = k.castInt(lane, k.i32());
+    Value laneI32 = kb.castInt(lane, kb.i32());
     for (int64_t m = 0; m < vpt; ++m) {
-      expert.push_back(k.add(k.cI32(m * width), laneI32));
+      expert.push_back(kb.add(kb.cI32(m * width), laneI32));
       inRange.push_back((m + 1) * width <= numExperts
                             ? Value()
-                            : k.lt(expert.back(), k.cI32(numExperts)));
+                            : kb.lt(expert.back(), kb.cI32(numExperts)));
     }
     constexpr double kInf = std::numeric_limits<double>::infinity();
     SmallVector<Value> xs;
@@ -121,19 +121,19 @@ private:
     if (!spec.fromLogits() && spec.scoring == RouteSpec::Scoring::Softmax) {
       Value mx = xs[0];
       for (Value v : ArrayRef<Value>(xs).drop_front())
-        mx = k.fmax(mx, v);
+        mx = kb.fmax(mx, v);
       rowMax = reduce(mx, ReduceKind::Max);
-      Value sum = k.cF32(0.0);
+      Value sum = kb.cF32(0.0);
       for (Value v : xs)
-        sum = k.fadd(sum, k.exp(k.fsub(v, rowMax)));
+        sum = kb.fadd(sum, kb.exp(kb.fsub(v, rowMax)));
       rowSum = reduce(sum, ReduceKind::Sum);
     }
     for (int64_t m = 0; m < vpt; ++m) {
-      Value c = routeScore(k, spec, xs[m], rowMax, rowSum);
+      Value c = routeScore(kb, spec, xs[m], rowMax, rowSum);
       if (bias)
-        c = k.fadd(c, loadOrPad(bias, Value(), m, 0.0));
-      Value packed = packCandidate(k, orderedKey(k, c), expert[m]);
-      cand.push_back(inRange[m] ? k.select(inRange[m], packed, none)
+        c = kb.fadd(c, loadOrPad(bias, Value(), m, 0.0));
+      Value packed = packCandidate(kb, orderedKey(kb, c), expert[m]);
+      cand.push_back(inRange[m] ? kb.select(inRange[m], packed, none)
                                 : packed);
     }
   }
@@ -147,7 +147,7 @@ private:
     SmallVector<Value> groupOf;
     if (!columns)
       for (int64_t m = 0; m < vpt; ++m)
-        groupOf.push_back(k.divu(expert[m], k.cI32(groupSize)));
+        groupOf.push_back(kb.divu(expert[m], kb.cI32(groupSize)));
     auto isStaticMember = [&](int64_t m, int64_t g) {
       return (m * width) / groupSize == g;
     };
@@ -162,60 +162,60 @@ private:
             continue;
           Value c = cand[m];
           if (below)
-            c = candidateBelow(k, c, below, none);
+            c = candidateBelow(kb, c, below, none);
           if (!columns)
-            c = k.select(k.eq(groupOf[m], k.cI32(g)), c, none);
-          best = k.maxs(best, c);
+            c = kb.select(kb.eq(groupOf[m], kb.cI32(g)), c, none);
+          best = kb.maxs(best, c);
         }
         return reduce(best, ReduceKind::MaxI64);
       };
       Value first = groupBest(Value());
-      Value score = keyToFloat(k, candidateKey(k, first));
+      Value score = keyToFloat(kb, candidateKey(kb, first));
       if (spec.top2) {
         Value second = groupBest(first);
-        score = k.fadd(score, keyToFloat(k, candidateKey(k, second)));
+        score = kb.fadd(score, keyToFloat(kb, candidateKey(kb, second)));
       }
-      groupCand.push_back(packCandidate(k, orderedKey(k, score), k.cI32(g)));
+      groupCand.push_back(packCandidate(kb, orderedKey(kb, score), kb.cI32(g)));
     }
 
     // The topk_group best groups (ties to the lower group), as bits.
-    SmallVector<Value> init = {k.cI64(std::numeric_limits<int64_t>::max()),
-                               k.cI64(0)};
+    SmallVector<Value> init = {kb.cI64(std::numeric_limits<int64_t>::max()),
+                               kb.cI64(0)};
     Value kept =
-        k.forLoop(k.idx(0), k.idx(spec.topkGroup), k.idx(1), init,
+        kb.forLoop(kb.idx(0), kb.idx(spec.topkGroup), kb.idx(1), init,
                   [&](Value, ValueRange it) -> SmallVector<Value> {
                     Value best = none;
                     for (Value gc : groupCand)
-                      best = bestBelow(k, best, gc, it[0], none);
-                    Value g = k.extu(candidateIndex(k, best), k.i64());
-                    return {best, k.orI(it[1], k.shl(k.cI64(1), g))};
+                      best = bestBelow(kb, best, gc, it[0], none);
+                    Value g = kb.extu(candidateIndex(kb, best), kb.i64());
+                    return {best, kb.orI(it[1], kb.shl(kb.cI64(1), g))};
                   })[1];
     for (int64_t m = 0; m < vpt; ++m) {
-      Value g = columns ? k.cI64((m * width) / groupSize)
-                        : k.extu(groupOf[m], k.i64());
-      Value bit = k.andI(k.shru(kept, g), k.cI64(1));
-      cand[m] = k.select(k.eq(bit, k.cI64(0)), none, cand[m]);
+      Value g = columns ? kb.cI64((m * width) / groupSize)
+                        : kb.extu(groupOf[m], kb.i64());
+      Value bit = kb.andI(kb.shru(kept, g), kb.cI64(1));
+      cand[m] = kb.select(kb.eq(bit, kb.cI64(0)), none, cand[m]);
     }
   }
 
   /// Step 3: k rounds; lane j % W stores pick j.
   void rounds(Value weights, Value indices) {
-    Value widthIdx = k.idx(width);
-    k.forLoop(
-        k.idx(0), k.idx(spec.k), k.idx(1),
-        ValueRange{k.cI64(std::numeric_limits<int64_t>::max())},
+    Value widthIdx = kb.idx(width);
+    kb.forLoop(
+        kb.idx(0), kb.idx(spec.k), kb.idx(1),
+        ValueRange{kb.cI64(std::numeric_limits<int64_t>::max())},
         [&](Value j, ValueRange prev) -> SmallVector<Value> {
           Value best = none;
           for (Value c : cand)
-            best = bestBelow(k, best, c, prev[0], none);
+            best = bestBelow(kb, best, c, prev[0], none);
           best = reduce(best, ReduceKind::MaxI64);
-          Value index = candidateIndex(k, best);
-          Value writer = k.andI(active, k.eq(k.remu(j, widthIdx), lane));
-          k.ifThen(writer, [&] {
-            Value logit = k.loadF(x, {row, k.castInt(index, k.index())});
-            k.store(routeScore(k, spec, logit, rowMax, rowSum), weights,
+          Value index = candidateIndex(kb, best);
+          Value writer = kb.andI(active, kb.eq(kb.remu(j, widthIdx), lane));
+          kb.ifThen(writer, [&] {
+            Value logit = kb.loadF(x, {row, kb.castInt(index, kb.index())});
+            kb.store(routeScore(kb, spec, logit, rowMax, rowSum), weights,
                     {row, j});
-            k.store(index, indices, {row, j});
+            kb.store(index, indices, {row, j});
           });
           return {best};
         });
@@ -225,11 +225,11 @@ private:
   Value overPicks(Value weights, ReduceKind kind, Value init,
                   function_ref<Value(Value)> f) {
     Value local =
-        k.forLoop(lane, k.idx(spec.k), k.idx(width), ValueRange{init},
+        kb.forLoop(lane, kb.idx(spec.k), kb.idx(width), ValueRange{init},
                   [&](Value j, ValueRange acc) -> SmallVector<Value> {
-                    Value v = f(k.load(weights, {row, j}));
-                    return {kind == ReduceKind::Max ? k.fmax(acc[0], v)
-                                                    : k.fadd(acc[0], v)};
+                    Value v = f(kb.load(weights, {row, j}));
+                    return {kind == ReduceKind::Max ? kb.fmax(acc[0], v)
+                                                    : kb.fadd(acc[0], v)};
                   })[0];
     return reduce(local, kind);
   }
@@ -242,22 +242,22 @@ private:
       return; // the stored scores are the weights
     Value selMax, selSum;
     if (!spec.scoreFirst && spec.scoring == RouteSpec::Scoring::Softmax) {
-      selMax = overPicks(weights, ReduceKind::Max, k.negInfLike(k.f32()),
+      selMax = overPicks(weights, ReduceKind::Max, kb.negInfLike(kb.f32()),
                          [](Value v) { return v; });
-      selSum = overPicks(weights, ReduceKind::Sum, k.cF32(0.0), [&](Value v) {
-        return k.exp(k.fsub(v, selMax));
+      selSum = overPicks(weights, ReduceKind::Sum, kb.cF32(0.0), [&](Value v) {
+        return kb.exp(kb.fsub(v, selMax));
       });
     }
     auto score = [&](Value v) {
-      return routeSelectedScore(k, spec, v, selMax, selSum);
+      return routeSelectedScore(kb, spec, v, selMax, selSum);
     };
     Value wSum;
     if (spec.renormalize)
-      wSum = overPicks(weights, ReduceKind::Sum, k.cF32(0.0), score);
-    k.ifThen(active, [&] {
-      k.forLoop(lane, k.idx(spec.k), k.idx(width), [&](Value j) {
-        Value w = routeWeight(k, spec, score(k.load(weights, {row, j})), wSum);
-        k.store(w, weights, {row, j});
+      wSum = overPicks(weights, ReduceKind::Sum, kb.cF32(0.0), score);
+    kb.ifThen(active, [&] {
+      kb.forLoop(lane, kb.idx(spec.k), kb.idx(width), [&](Value j) {
+        Value w = routeWeight(kb, spec, score(kb.load(weights, {row, j})), wSum);
+        kb.store(w, weights, {row, j});
       });
     });
   }
@@ -277,15 +277,15 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
            << kRouteMaxGroups;
 
   HostCode h(rewriter, op);
-  GpuKernelBuilder &k = h.k;
+  GpuKernelBuilder &kb = h.kb;
   Value x = h.buffer(adaptor.getLogits());
   Value bias = adaptor.getBias() ? h.buffer(adaptor.getBias()) : Value();
   auto weightsType = cast<RankedTensorType>(op.getWeights().getType());
   auto indicesType = cast<RankedTensorType>(op.getIndices().getType());
   Value weights =
-      h.allocLike(weightsType, dynamicSizesFrom(k, weightsType, x));
+      h.allocLike(weightsType, dynamicSizesFrom(kb, weightsType, x));
   Value indices =
-      h.allocLike(indicesType, dynamicSizesFrom(k, indicesType, x));
+      h.allocLike(indicesType, dynamicSizesFrom(kb, indicesType, x));
   SmallVector<Value> args = {x};
   if (bias)
     args.push_back(bias);
@@ -294,11 +294,11 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
   int64_t width = std::min<int64_t>(kWarp, llvm::PowerOf2Ceil(numExperts));
   int64_t block = options.blockSize;
   GPUKernel kernel(h, "route_warp", args, {}, {block, 1, 1}, op.getLoc());
-  RouteWarpKernel(kernel.k, spec, numExperts, width, block)
+  RouteWarpKernel(kernel.kb, spec, numExperts, width, block)
       .emit(kernel.arg(0), bias ? kernel.arg(1) : Value(),
             kernel.arg(args.size() - 2), kernel.arg(args.size() - 1));
-  Value grid = k.ceilDiv(k.dim(x, 0), k.idx(block / width));
-  kernel.launch({grid, k.idx(1), k.idx(1)});
+  Value grid = kb.ceilDiv(kb.dim(x, 0), kb.idx(block / width));
+  kernel.launch({grid, kb.idx(1), kb.idx(1)});
   h.finish();
   h.replace(op, {weights, indices});
   return success();

@@ -43,21 +43,21 @@ using namespace mlir::moe::kernels;
 static constexpr int64_t kStatsThreads = 128;
 
 /// The dynamic sizes of an [E] result from logits `x` [T, E].
-static SmallVector<Value> expertSizes(GpuKernelBuilder &k,
+static SmallVector<Value> expertSizes(GpuKernelBuilder &kb,
                                       RankedTensorType type, Value x) {
   if (type.hasStaticShape())
     return {};
-  return {k.dim(x, 1)};
+  return {kb.dim(x, 1)};
 }
 
 /// Token t's weight: mask[t] (widened to f32), or 1 without a mask.
-static Value tokenWeight(GpuKernelBuilder &k, Value mask, Value row) {
-  return mask ? k.loadF(mask, {row}) : k.cF32(1.0);
+static Value tokenWeight(GpuKernelBuilder &kb, Value mask, Value row) {
+  return mask ? kb.loadF(mask, {row}) : kb.cF32(1.0);
 }
 
 /// The packed top-k candidate of logit `v` of expert `e` (index).
-static Value candidateOf(GpuKernelBuilder &k, Value v, Value e) {
-  return packCandidate(k, orderedKey(k, v), k.castInt(e, k.i32()));
+static Value candidateOf(GpuKernelBuilder &kb, Value v, Value e) {
+  return packCandidate(kb, orderedKey(kb, v), kb.castInt(e, kb.i32()));
 }
 
 LogicalResult
@@ -69,21 +69,21 @@ RouterStatsToGPU::lower(RouterStatsOp op, OpAdaptor adaptor,
   int64_t topk = op.getK();
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
-  GpuKernelBuilder &k = h.k;
+  GpuKernelBuilder &kb = h.kb;
   Value x = h.buffer(adaptor.getLogits());
   Value mask = adaptor.getTokenMask() ? h.buffer(adaptor.getTokenMask())
                                       : Value();
-  Value counts = h.allocLike(countsType, expertSizes(k, countsType, x));
-  Value probs = h.allocLike(probsType, expertSizes(k, probsType, x));
+  Value counts = h.allocLike(countsType, expertSizes(kb, countsType, x));
+  Value probs = h.allocLike(probsType, expertSizes(kb, probsType, x));
   Value weightSum = h.allocLike(weightType, {});
-  Value blocks = k.ceilDiv(k.dim(x, 0), k.idx(kBalanceRowsPerBlock));
-  Value experts = k.dim(x, 1);
+  Value blocks = kb.ceilDiv(kb.dim(x, 0), kb.idx(kBalanceRowsPerBlock));
+  Value experts = kb.dim(x, 1);
   const int64_t dyn = ShapedType::kDynamic;
   Value partCounts =
-      h.alloc(MemRefType::get({dyn, dyn}, k.f32()), {blocks, experts});
+      h.alloc(MemRefType::get({dyn, dyn}, kb.f32()), {blocks, experts});
   Value partProbs =
-      h.alloc(MemRefType::get({dyn, dyn}, k.f32()), {blocks, experts});
-  Value partWeights = h.alloc(MemRefType::get({dyn}, k.f32()), {blocks});
+      h.alloc(MemRefType::get({dyn, dyn}, kb.f32()), {blocks, experts});
+  Value partWeights = h.alloc(MemRefType::get({dyn}, kb.f32()), {blocks});
 
   {
     SmallVector<Value> args = {x};
@@ -95,7 +95,7 @@ RouterStatsToGPU::lower(RouterStatsOp op, OpAdaptor adaptor,
         {workgroupMemRef({kBalanceRowsPerBlock}, b.getF32Type()),
          workgroupMemRef({kBalanceRowsPerBlock}, b.getI64Type())},
         {kStatsThreads, 1, 1}, op.getLoc());
-    GpuKernelBuilder &g = kernel.k;
+    GpuKernelBuilder &g = kernel.kb;
     unsigned next = 0;
     Value xs = kernel.arg(next++);
     Value ms = mask ? kernel.arg(next++) : Value();
@@ -164,7 +164,7 @@ RouterStatsToGPU::lower(RouterStatsOp op, OpAdaptor adaptor,
                     })[0];
       g.store(total, outWeights, {block});
     });
-    kernel.launch({blocks, k.idx(1), k.idx(1)});
+    kernel.launch({blocks, kb.idx(1), kb.idx(1)});
   }
   {
     // A thread per expert: the partial rows in block order.
@@ -172,7 +172,7 @@ RouterStatsToGPU::lower(RouterStatsOp op, OpAdaptor adaptor,
                      {partCounts, partProbs, partWeights, counts, probs,
                       weightSum},
                      {}, {options.blockSize, 1, 1}, op.getLoc());
-    GpuKernelBuilder &g = kernel.k;
+    GpuKernelBuilder &g = kernel.kb;
     Value pc = kernel.arg(0), pp = kernel.arg(1), pw = kernel.arg(2);
     Value numBlocks = g.dim(pc, 0);
     kernel.forItem(g.dim(pc, 1), [&](Value e) {
@@ -205,13 +205,13 @@ RouterStatsGradToGPU::lower(RouterStatsGradOp op, OpAdaptor adaptor,
                             ConversionPatternRewriter &rewriter) const {
   auto gradType = cast<RankedTensorType>(op.getDlogits().getType());
   HostCode h(rewriter, op);
-  GpuKernelBuilder &k = h.k;
+  GpuKernelBuilder &kb = h.kb;
   Value x = h.buffer(adaptor.getLogits());
   Value mask = adaptor.getTokenMask() ? h.buffer(adaptor.getTokenMask())
                                       : Value();
   Value weightSum = h.buffer(adaptor.getWeightSum());
   Value dprobs = h.buffer(adaptor.getDmeanProbs());
-  Value grad = h.allocLike(gradType, dynamicSizesFrom(k, gradType, x));
+  Value grad = h.allocLike(gradType, dynamicSizesFrom(kb, gradType, x));
   int64_t block = options.blockSize;
   int64_t rowsPerBlock = block / kWarp;
 
@@ -221,7 +221,7 @@ RouterStatsGradToGPU::lower(RouterStatsGradOp op, OpAdaptor adaptor,
   args.append({weightSum, dprobs, grad});
   GPUKernel kernel(h, "router_stats_grad", args, {}, {block, 1, 1},
                    op.getLoc());
-  GpuKernelBuilder &g = kernel.k;
+  GpuKernelBuilder &g = kernel.kb;
   unsigned next = 0;
   Value xs = kernel.arg(next++);
   Value ms = mask ? kernel.arg(next++) : Value();
@@ -250,7 +250,7 @@ RouterStatsGradToGPU::lower(RouterStatsGradOp op, OpAdaptor adaptor,
     });
   });
   kernel.launch(
-      {k.ceilDiv(k.dim(x, 0), k.idx(rowsPerBlock)), k.idx(1), k.idx(1)});
+      {kb.ceilDiv(kb.dim(x, 0), kb.idx(rowsPerBlock)), kb.idx(1), kb.idx(1)});
   h.finish();
   h.replace(op, {grad});
   return success();
@@ -268,7 +268,7 @@ LoadBalancingLossToGPU::lower(LoadBalancingLossOp op, OpAdaptor adaptor,
   GPUKernel kernel(h, "load_balancing_loss",
                    {counts, probs, weightSum, loss}, {}, {1, 1, 1},
                    op.getLoc());
-  GpuKernelBuilder &g = kernel.k;
+  GpuKernelBuilder &g = kernel.kb;
   Value cs = kernel.arg(0), ps = kernel.arg(1);
   Value w = g.load(kernel.arg(2), {});
   Value numExperts = g.dim(cs, 0);
@@ -279,7 +279,7 @@ LoadBalancingLossToGPU::lower(LoadBalancingLossOp op, OpAdaptor adaptor,
                                                 g.load(ps, {e})))};
                         })[0];
   g.store(g.fmul(sum, g.sitofp(numExperts)), kernel.arg(3), {});
-  kernel.launch({h.k.idx(1), h.k.idx(1), h.k.idx(1)});
+  kernel.launch({h.kb.idx(1), h.kb.idx(1), h.kb.idx(1)});
   h.finish();
   h.replace(op, {loss});
   return success();

@@ -37,27 +37,27 @@ using namespace mlir::moe::kernels;
 /// kBalanceRowsPerBlock rows of a block.
 static constexpr int64_t kZLossThreads = 128;
 
-SoftmaxState mlir::moe::gpu_lowering::warpRowSoftmax(GpuKernelBuilder &k,
+SoftmaxState mlir::moe::gpu_lowering::warpRowSoftmax(GpuKernelBuilder &kb,
                                                      Value x, Value row,
                                                      Value lane) {
-  Value numExperts = k.dim(x, 1);
-  Value negInf = k.cF32(-std::numeric_limits<double>::infinity());
-  SoftmaxState start = softmaxStart(k);
+  Value numExperts = kb.dim(x, 1);
+  Value negInf = kb.cF32(-std::numeric_limits<double>::infinity());
+  SoftmaxState start = softmaxStart(kb);
   auto reduceMax = [&](Value v) {
-    return subgroupReduce(k, v, ReduceKind::Max, kWarp);
+    return subgroupReduce(kb, v, ReduceKind::Max, kWarp);
   };
   auto reduceSum = [&](Value v) {
-    return subgroupReduce(k, v, ReduceKind::Sum, kWarp);
+    return subgroupReduce(kb, v, ReduceKind::Sum, kWarp);
   };
-  SmallVector<Value> state = k.forLoop(
-      k.idx(0), numExperts, k.idx(kWarp), {start.max, start.sum},
+  SmallVector<Value> state = kb.forLoop(
+      kb.idx(0), numExperts, kb.idx(kWarp), {start.max, start.sum},
       [&](Value base, ValueRange acc) -> SmallVector<Value> {
-        Value col = k.add(base, lane);
-        Value inRange = k.lt(col, numExperts);
+        Value col = kb.add(base, lane);
+        Value inRange = kb.lt(col, numExperts);
         // Lanes past E read column 0 (valid) and weigh nothing (-inf).
-        Value safe = k.select(inRange, col, k.idx(0));
-        Value v = k.select(inRange, k.loadF(x, {row, safe}), negInf);
-        SoftmaxTile tile = onlineSoftmaxStep(k, {acc[0], acc[1]}, {v},
+        Value safe = kb.select(inRange, col, kb.idx(0));
+        Value v = kb.select(inRange, kb.loadF(x, {row, safe}), negInf);
+        SoftmaxTile tile = onlineSoftmaxStep(kb, {acc[0], acc[1]}, {v},
                                              reduceMax, reduceSum);
         return {tile.next.max, tile.next.sum};
       });
@@ -65,9 +65,9 @@ SoftmaxState mlir::moe::gpu_lowering::warpRowSoftmax(GpuKernelBuilder &k,
 }
 
 /// The row's log-sum-exp: -inf for a row of -inf, NaN for a row holding NaN.
-static Value warpRowLogSumExp(GpuKernelBuilder &k, Value x, Value row,
+static Value warpRowLogSumExp(GpuKernelBuilder &kb, Value x, Value row,
                               Value lane) {
-  return softmaxLogSumExp(k, warpRowSoftmax(k, x, row, lane));
+  return softmaxLogSumExp(kb, warpRowSoftmax(kb, x, row, lane));
 }
 
 LogicalResult
@@ -76,12 +76,12 @@ RouterZLossToGPU::lower(RouterZLossOp op, OpAdaptor adaptor,
   auto lossType = cast<RankedTensorType>(op.getLoss().getType());
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
-  GpuKernelBuilder &k = h.k;
+  GpuKernelBuilder &kb = h.kb;
   Value x = h.buffer(adaptor.getLogits());
   Value loss = h.allocLike(lossType, {});
-  Value numRows = k.dim(x, 0);
-  Value blocks = k.ceilDiv(numRows, k.idx(kBalanceRowsPerBlock));
-  Value partial = h.alloc(MemRefType::get({ShapedType::kDynamic}, k.f32()),
+  Value numRows = kb.dim(x, 0);
+  Value blocks = kb.ceilDiv(numRows, kb.idx(kBalanceRowsPerBlock));
+  Value partial = h.alloc(MemRefType::get({ShapedType::kDynamic}, kb.f32()),
                           {blocks});
 
   {
@@ -89,7 +89,7 @@ RouterZLossToGPU::lower(RouterZLossOp op, OpAdaptor adaptor,
         h, "router_z_loss_rows", {x, partial},
         {workgroupMemRef({kBalanceRowsPerBlock}, b.getF32Type())},
         {kZLossThreads, 1, 1}, op.getLoc());
-    GpuKernelBuilder &g = kernel.k;
+    GpuKernelBuilder &g = kernel.kb;
     Value xs = kernel.arg(0), out = kernel.arg(1), rowSq = kernel.workgroup(0);
     Value tid = g.threadId();
     Value warp = g.divu(tid, g.idx(kWarp));
@@ -114,14 +114,14 @@ RouterZLossToGPU::lower(RouterZLossOp op, OpAdaptor adaptor,
                             })[0];
       g.store(sum, out, {g.blockId()});
     });
-    kernel.launch({blocks, k.idx(1), k.idx(1)});
+    kernel.launch({blocks, kb.idx(1), kb.idx(1)});
   }
   {
     // The partials in block order: T / 64 loads by one thread (a few
     // microseconds at T = 16384), the CPU kernel's order of additions.
     GPUKernel kernel(h, "router_z_loss_sum", {x, partial, loss}, {}, {1, 1, 1},
                      op.getLoc());
-    GpuKernelBuilder &g = kernel.k;
+    GpuKernelBuilder &g = kernel.kb;
     Value xs = kernel.arg(0), parts = kernel.arg(1), out = kernel.arg(2);
     Value sum =
         g.forLoop(g.idx(0), g.dim(parts, 0), g.idx(1), {g.cF32(0.0)},
@@ -130,7 +130,7 @@ RouterZLossToGPU::lower(RouterZLossOp op, OpAdaptor adaptor,
                   })[0];
     // T = 0: 0 / 0 = NaN, the mean of nothing.
     g.store(g.fdiv(sum, g.sitofp(g.dim(xs, 0))), out, {});
-    kernel.launch({k.idx(1), k.idx(1), k.idx(1)});
+    kernel.launch({kb.idx(1), kb.idx(1), kb.idx(1)});
   }
   h.release(partial);
   h.finish();
@@ -143,16 +143,16 @@ RouterZLossGradToGPU::lower(RouterZLossGradOp op, OpAdaptor adaptor,
                             ConversionPatternRewriter &rewriter) const {
   auto gradType = cast<RankedTensorType>(op.getDlogits().getType());
   HostCode h(rewriter, op);
-  GpuKernelBuilder &k = h.k;
+  GpuKernelBuilder &kb = h.kb;
   Value x = h.buffer(adaptor.getLogits());
   Value dloss = h.buffer(adaptor.getDloss());
-  Value grad = h.allocLike(gradType, dynamicSizesFrom(k, gradType, x));
+  Value grad = h.allocLike(gradType, dynamicSizesFrom(kb, gradType, x));
   int64_t block = options.blockSize;
   int64_t rowsPerBlock = block / kWarp;
 
   GPUKernel kernel(h, "router_z_loss_grad", {x, dloss, grad}, {},
                    {block, 1, 1}, op.getLoc());
-  GpuKernelBuilder &g = kernel.k;
+  GpuKernelBuilder &g = kernel.kb;
   Value xs = kernel.arg(0), out = kernel.arg(2);
   Value tid = g.threadId();
   Value lane = g.remu(tid, g.idx(kWarp));
@@ -169,7 +169,7 @@ RouterZLossGradToGPU::lower(RouterZLossGradOp op, OpAdaptor adaptor,
     });
   });
   kernel.launch(
-      {k.ceilDiv(k.dim(x, 0), k.idx(rowsPerBlock)), k.idx(1), k.idx(1)});
+      {kb.ceilDiv(kb.dim(x, 0), kb.idx(rowsPerBlock)), kb.idx(1), kb.idx(1)});
   h.finish();
   h.replace(op, {grad});
   return success();

@@ -53,7 +53,7 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
 
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
-  GpuKernelBuilder &k = h.k;
+  GpuKernelBuilder &kb = h.kb;
   Value u = h.buffer(uT);
   Value e = h.buffer(eT);
   Value q = u;
@@ -63,7 +63,7 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
     auto uType = cast<MemRefType>(u.getType());
     auto qType = MemRefType::get(uType.getShape(), b.getF32Type());
     projected = h.alloc(
-        qType, dynamicSizesFrom(k, cast<RankedTensorType>(uT.getType()), u));
+        qType, dynamicSizesFrom(kb, cast<RankedTensorType>(uT.getType()), u));
     launchRowProjection(h, "similarity_project", u, ws, projected,
                         /*transposed=*/false, /*accumulate=*/false,
                         op->getLoc());
@@ -75,7 +75,7 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
   SmallVector<Value> results;
   for (Value result : op->getResults()) {
     auto type = cast<RankedTensorType>(result.getType());
-    results.push_back(h.allocLike(type, dynamicSizesFrom(k, type, u)));
+    results.push_back(h.allocLike(type, dynamicSizesFrom(kb, type, u)));
   }
   args.append(results);
   // Tensor cores (flash-mma) for f16/bf16 operands without ws (q = u · ws is

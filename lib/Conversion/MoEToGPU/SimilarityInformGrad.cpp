@@ -39,27 +39,27 @@ static void launchWeightGrad(HostCode &h, Value u, Value dq, Value dws,
   GPUKernel kernel(h, "similarity_grad_dws", {u, dq, dws}, {}, {threads, 1, 1},
                    loc);
   {
-    GpuKernelBuilder &k = kernel.k;
+    GpuKernelBuilder &kb = kernel.kb;
     Value uu = kernel.arg(0), g = kernel.arg(1), out = kernel.arg(2);
-    Value D = k.dim(uu, 2);
+    Value D = kb.dim(uu, 2);
     Value col = kernel.globalId();
-    kernel.forRowsOfColumn(k.lt(col, D), D, [&](Value d) {
-      Value c0 = k.idx(0), c1 = k.idx(1);
-      Value s = k.forLoop(
-          c0, k.dim(uu, 0), c1, {k.cF32(0.0)},
+    kernel.forRowsOfColumn(kb.lt(col, D), D, [&](Value d) {
+      Value c0 = kb.idx(0), c1 = kb.idx(1);
+      Value s = kb.forLoop(
+          c0, kb.dim(uu, 0), c1, {kb.cF32(0.0)},
           [&](Value b, ValueRange acc) -> SmallVector<Value> {
-            return k.forLoop(
-                c0, k.dim(uu, 1), c1, acc,
+            return kb.forLoop(
+                c0, kb.dim(uu, 1), c1, acc,
                 [&](Value i, ValueRange a) -> SmallVector<Value> {
-                  return {k.fadd(a[0], k.fmul(k.loadF(uu, {b, i, d}),
-                                              k.load(g, {b, i, col})))};
+                  return {kb.fadd(a[0], kb.fmul(kb.loadF(uu, {b, i, d}),
+                                              kb.load(g, {b, i, col})))};
                 });
           })[0];
-      k.store(s, out, {d, col});
+      kb.store(s, out, {d, col});
     });
   }
-  GpuKernelBuilder &k = h.k;
-  Value D = k.dim(u, 2);
+  GpuKernelBuilder &kb = h.kb;
+  Value D = kb.dim(u, 2);
   kernel.launchColumns(D, D);
 }
 
@@ -81,18 +81,18 @@ SimilarityInformGradToGPU::lower(SimilarityInformGradOp op, OpAdaptor adaptor,
 
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
-  GpuKernelBuilder &k = h.k;
+  GpuKernelBuilder &kb = h.kb;
   Type f32 = b.getF32Type();
   Value u = h.buffer(uT), e = h.buffer(eT), dp = h.buffer(dpT);
   Value ws = wsT ? h.buffer(wsT) : Value();
   Value mask = maskT ? h.buffer(maskT) : Value();
   ArrayRef<int64_t> uShape = cast<MemRefType>(u.getType()).getShape();
   SmallVector<Value> bnd = dynamicSizesFrom(
-      k, cast<RankedTensorType>(uT.getType()), u); // [B, N, D]'s dynamic dims
+      kb, cast<RankedTensorType>(uT.getType()), u); // [B, N, D]'s dynamic dims
   SmallVector<Value> bn;                           // [B, N]'s
   for (int64_t d = 0; d < 2; ++d)
     if (ShapedType::isDynamic(uShape[d]))
-      bn.push_back(k.dim(u, d));
+      bn.push_back(kb.dim(u, d));
   auto rowsType = MemRefType::get({uShape[0], uShape[1]}, f32);
   auto featType = MemRefType::get(uShape, f32);
   auto widthType = MemRefType::get({uShape[0], uShape[1], K}, f32);
@@ -100,15 +100,15 @@ SimilarityInformGradToGPU::lower(SimilarityInformGradOp op, OpAdaptor adaptor,
   // Results: du [B,N,D], de [B,N,K] (dynamic dims from u), dws [D,D].
   auto duType = cast<RankedTensorType>(op.getDu().getType());
   auto deType = cast<RankedTensorType>(op.getDe().getType());
-  Value du = h.allocLike(duType, dynamicSizesFrom(k, duType, u));
-  Value de = h.allocLike(deType, dynamicSizesFrom(k, deType, u));
+  Value du = h.allocLike(duType, dynamicSizesFrom(kb, duType, u));
+  Value de = h.allocLike(deType, dynamicSizesFrom(kb, deType, u));
   Value dws;
   if (ws) {
     auto dwsType = cast<RankedTensorType>(op.getDws().getType());
     SmallVector<Value> sizes;
     for (int64_t d = 0; d < 2; ++d)
       if (dwsType.isDynamicDim(d))
-        sizes.push_back(k.dim(u, 2));
+        sizes.push_back(kb.dim(u, 2));
     dws = h.allocLike(dwsType, sizes);
   }
 

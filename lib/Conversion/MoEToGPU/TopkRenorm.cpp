@@ -55,110 +55,110 @@ static constexpr int64_t kRegisterTopkMaxK = 1024;
 /// Threads of the block-per-token kernel.
 static constexpr int64_t kBlockTopkThreads = 256;
 
-static void emitWarpTopkKernel(GpuKernelBuilder &k, Value scores, Value weights,
+static void emitWarpTopkKernel(GpuKernelBuilder &kb, Value scores, Value weights,
                                Value indices, int64_t K, int64_t blockSize,
                                const TopkSpec &spec, int64_t width,
                                TopkRounds rounds) {
   int64_t vpt = llvm::divideCeil(K, width);
   int64_t tokensPerBlock = blockSize / width;
-  Value tid = k.threadId();
-  Value group = k.divu(tid, k.idx(width));
-  Value lane = k.remu(tid, k.idx(width));
-  Value numTokens = k.dim(scores, 0);
-  Value token = k.add(k.mul(k.blockId(), k.idx(tokensPerBlock)), group);
-  Value active = k.lt(token, numTokens);
+  Value tid = kb.threadId();
+  Value group = kb.divu(tid, kb.idx(width));
+  Value lane = kb.remu(tid, kb.idx(width));
+  Value numTokens = kb.dim(scores, 0);
+  Value token = kb.add(kb.mul(kb.blockId(), kb.idx(tokensPerBlock)), group);
+  Value active = kb.lt(token, numTokens);
   // Inactive groups of the last block read a valid row and store nothing:
   // every lane must take part in the shuffles.
-  Value row = k.select(active, token, k.sub(numTokens, k.idx(1)));
+  Value row = kb.select(active, token, kb.sub(numTokens, kb.idx(1)));
 
-  Value negInf = k.cF32(-std::numeric_limits<double>::infinity());
+  Value negInf = kb.cF32(-std::numeric_limits<double>::infinity());
   SmallVector<Value> vals;
   for (int64_t m = 0; m < vpt; ++m) {
-    Value col = k.add(k.idx(m * width), lane);
+    Value col = kb.add(kb.idx(m * width), lane);
     if ((m + 1) * width <= K) {
-      vals.push_back(k.loadF(scores, {row, col}));
+      vals.push_back(kb.loadF(scores, {row, col}));
       continue;
     }
-    Value inRange = k.lt(col, k.idx(K));
-    Value safe = k.select(inRange, col, k.idx(K - 1));
-    vals.push_back(k.select(inRange, k.loadF(scores, {row, safe}), negInf));
+    Value inRange = kb.lt(col, kb.idx(K));
+    Value safe = kb.select(inRange, col, kb.idx(K - 1));
+    vals.push_back(kb.select(inRange, kb.loadF(scores, {row, safe}), negInf));
   }
 
   Value denseMax, denseSum;
   if (spec.logits && !spec.renormalize) {
     Value m = vals[0];
     for (Value v : ArrayRef<Value>(vals).drop_front())
-      m = k.fmax(m, v);
-    denseMax = subgroupReduce(k, m, ReduceKind::Max, width);
-    Value s = k.cF32(0.0);
+      m = kb.fmax(m, v);
+    denseMax = subgroupReduce(kb, m, ReduceKind::Max, width);
+    Value s = kb.cF32(0.0);
     for (Value v : vals)
-      s = k.fadd(s, k.exp(k.fsub(v, denseMax)));
-    denseSum = subgroupReduce(k, s, ReduceKind::Sum, width);
+      s = kb.fadd(s, kb.exp(kb.fsub(v, denseMax)));
+    denseSum = subgroupReduce(kb, s, ReduceKind::Sum, width);
   }
-  emitRegisterTopk(k, vals, lane, width, K, spec, weights, indices, row, active,
+  emitRegisterTopk(kb, vals, lane, width, K, spec, weights, indices, row, active,
                    denseMax, denseSum, rounds);
 }
 
-static void emitBlockTopkKernel(GpuKernelBuilder &k, Value scores,
+static void emitBlockTopkKernel(GpuKernelBuilder &kb, Value scores,
                                 Value weights, Value indices,
                                 const TopkSpec &spec, Value scratchI64,
                                 Value scratchF32) {
   const int64_t threads = kBlockTopkThreads;
-  Value tid = k.threadId();
-  Value row = k.blockId();
-  Value K = k.dim(scores, 1);
-  Value step = k.idx(threads);
+  Value tid = kb.threadId();
+  Value row = kb.blockId();
+  Value K = kb.dim(scores, 1);
+  Value step = kb.idx(threads);
 
   Value denseMax, denseSum;
   if (spec.logits && !spec.renormalize) {
-    Value negInf = k.cF32(-std::numeric_limits<double>::infinity());
-    Value m = k.forLoop(tid, K, step, {negInf},
+    Value negInf = kb.cF32(-std::numeric_limits<double>::infinity());
+    Value m = kb.forLoop(tid, K, step, {negInf},
                         [&](Value i, ValueRange acc) -> SmallVector<Value> {
-                          return {k.fmax(acc[0], k.loadF(scores, {row, i}))};
+                          return {kb.fmax(acc[0], kb.loadF(scores, {row, i}))};
                         })[0];
-    denseMax = blockReduce(k, m, ReduceKind::Max, threads, scratchF32);
-    Value s = k.forLoop(tid, K, step, {k.cF32(0.0)},
+    denseMax = blockReduce(kb, m, ReduceKind::Max, threads, scratchF32);
+    Value s = kb.forLoop(tid, K, step, {kb.cF32(0.0)},
                         [&](Value i, ValueRange acc) -> SmallVector<Value> {
-                          Value v = k.loadF(scores, {row, i});
-                          return {k.fadd(acc[0], k.exp(k.fsub(v, denseMax)))};
+                          Value v = kb.loadF(scores, {row, i});
+                          return {kb.fadd(acc[0], kb.exp(kb.fsub(v, denseMax)))};
                         })[0];
-    denseSum = blockReduce(k, s, ReduceKind::Sum, threads, scratchF32);
+    denseSum = blockReduce(kb, s, ReduceKind::Sum, threads, scratchF32);
   }
 
-  Value none = noCandidate(k, k.i64());
-  Value isWriter = k.eq(tid, k.idx(0));
-  SmallVector<Value> init = {k.cI64(std::numeric_limits<int64_t>::max()),
-                             k.cF32(0.0), k.cF32(0.0)};
-  SmallVector<Value> done = k.forLoop(
-      k.idx(0), k.idx(spec.k), k.idx(1), init,
+  Value none = noCandidate(kb, kb.i64());
+  Value isWriter = kb.eq(tid, kb.idx(0));
+  SmallVector<Value> init = {kb.cI64(std::numeric_limits<int64_t>::max()),
+                             kb.cF32(0.0), kb.cF32(0.0)};
+  SmallVector<Value> done = kb.forLoop(
+      kb.idx(0), kb.idx(spec.k), kb.idx(1), init,
       [&](Value r, ValueRange args) -> SmallVector<Value> {
         Value prev = args[0];
         Value local =
-            k.forLoop(tid, K, step, {none},
+            kb.forLoop(tid, K, step, {none},
                       [&](Value i, ValueRange acc) -> SmallVector<Value> {
-                        Value v = k.loadF(scores, {row, i});
-                        Value cand = packCandidate(k, orderedKey(k, v),
-                                                   k.castInt(i, k.i32()));
-                        return {bestBelow(k, acc[0], cand, prev, none)};
+                        Value v = kb.loadF(scores, {row, i});
+                        Value cand = packCandidate(kb, orderedKey(kb, v),
+                                                   kb.castInt(i, kb.i32()));
+                        return {bestBelow(kb, acc[0], cand, prev, none)};
                       })[0];
         Value best =
-            blockReduce(k, local, ReduceKind::MaxI64, threads, scratchI64);
-        Value v = keyToFloat(k, candidateKey(k, best));
-        Value v0 = k.select(k.eq(r, k.idx(0)), v, args[1]);
-        Value term = spec.logits ? k.exp(k.fsub(v, v0)) : v;
-        Value selSum = k.fadd(args[2], term);
-        k.ifThen(isWriter, [&] {
-          k.store(v, weights, {row, r});
-          k.store(candidateIndex(k, best), indices, {row, r});
+            blockReduce(kb, local, ReduceKind::MaxI64, threads, scratchI64);
+        Value v = keyToFloat(kb, candidateKey(kb, best));
+        Value v0 = kb.select(kb.eq(r, kb.idx(0)), v, args[1]);
+        Value term = spec.logits ? kb.exp(kb.fsub(v, v0)) : v;
+        Value selSum = kb.fadd(args[2], term);
+        kb.ifThen(isWriter, [&] {
+          kb.store(v, weights, {row, r});
+          kb.store(candidateIndex(kb, best), indices, {row, r});
         });
         return {best, v0, selSum};
       });
   if (!spec.logits && !spec.renormalize)
     return;
-  k.ifThen(isWriter, [&] {
-    k.forLoop(k.idx(0), k.idx(spec.k), k.idx(1), [&](Value r) {
-      Value v = k.load(weights, {row, r});
-      k.store(topkWeight(k, spec, v, done[1], done[2], denseMax, denseSum),
+  kb.ifThen(isWriter, [&] {
+    kb.forLoop(kb.idx(0), kb.idx(spec.k), kb.idx(1), [&](Value r) {
+      Value v = kb.load(weights, {row, r});
+      kb.store(topkWeight(kb, spec, v, done[1], done[2], denseMax, denseSum),
               weights, {row, r});
     });
   });
@@ -179,16 +179,16 @@ TopkRenormToGPU::lower(TopkRenormOp op, OpAdaptor adaptor,
 
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
-  GpuKernelBuilder &k = h.k;
+  GpuKernelBuilder &kb = h.kb;
   Value scores = h.buffer(adaptor.getScores());
   Value weights =
-      h.allocLike(weightsType, dynamicSizesFrom(k, weightsType, scores));
+      h.allocLike(weightsType, dynamicSizesFrom(kb, weightsType, scores));
   Value indices =
-      h.allocLike(indicesType, dynamicSizesFrom(k, indicesType, scores));
+      h.allocLike(indicesType, dynamicSizesFrom(kb, indicesType, scores));
   Value s2 = viewAs2D(b, scores);
   Value w2 = viewAs2D(b, weights);
   Value i2 = viewAs2D(b, indices);
-  Value numTokens = k.dim(s2, 0);
+  Value numTokens = kb.dim(s2, 0);
   SmallVector<Value> args = {s2, w2, i2};
 
   if (registerPath) {
@@ -198,19 +198,19 @@ TopkRenormToGPU::lower(TopkRenormOp op, OpAdaptor adaptor,
                      op.getLoc());
     TopkRounds rounds = options.topkRounds == "redux" ? TopkRounds::Redux
                                                       : TopkRounds::Butterfly;
-    emitWarpTopkKernel(kernel.k, kernel.arg(0), kernel.arg(1), kernel.arg(2), K,
+    emitWarpTopkKernel(kernel.kb, kernel.arg(0), kernel.arg(1), kernel.arg(2), K,
                        block, spec, width, rounds);
-    Value grid = k.ceilDiv(numTokens, k.idx(block / width));
-    kernel.launch({grid, k.idx(1), k.idx(1)});
+    Value grid = kb.ceilDiv(numTokens, kb.idx(block / width));
+    kernel.launch({grid, kb.idx(1), kb.idx(1)});
   } else {
     int64_t warps = kBlockTopkThreads / kWarp;
     GPUKernel kernel(h, "topk_renorm_block", args,
                      {workgroupMemRef({warps}, b.getI64Type()),
                       workgroupMemRef({warps}, b.getF32Type())},
                      {kBlockTopkThreads, 1, 1}, op.getLoc());
-    emitBlockTopkKernel(kernel.k, kernel.arg(0), kernel.arg(1), kernel.arg(2),
+    emitBlockTopkKernel(kernel.kb, kernel.arg(0), kernel.arg(1), kernel.arg(2),
                         spec, kernel.workgroup(0), kernel.workgroup(1));
-    kernel.launch({numTokens, k.idx(1), k.idx(1)});
+    kernel.launch({numTokens, kb.idx(1), kb.idx(1)});
   }
   h.finish();
   h.replace(op, {weights, indices});

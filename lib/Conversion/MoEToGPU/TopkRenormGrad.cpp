@@ -29,9 +29,9 @@ TopkRenormGradToGPU::lower(TopkRenormGradOp op, OpAdaptor adaptor,
   auto outType = cast<RankedTensorType>(op.getDscores().getType());
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
-  GpuKernelBuilder &k = h.k;
+  GpuKernelBuilder &kb = h.kb;
   Value scores = h.buffer(adaptor.getScores());
-  Value out = h.allocLike(outType, dynamicSizesFrom(k, outType, scores));
+  Value out = h.allocLike(outType, dynamicSizesFrom(kb, outType, scores));
   SmallVector<Value> args = {viewAs2D(b, scores),
                              viewAs2D(b, h.buffer(adaptor.getIndices())),
                              viewAs2D(b, h.buffer(adaptor.getDw())),
@@ -41,7 +41,7 @@ TopkRenormGradToGPU::lower(TopkRenormGradOp op, OpAdaptor adaptor,
   GPUKernel kernel(h, "topk_renorm_grad", args, {}, {kThreads, 1, 1},
                    op.getLoc());
   {
-    GpuKernelBuilder &kk = kernel.k;
+    GpuKernelBuilder &kk = kernel.kb;
     Value s2 = kernel.arg(0), i2 = kernel.arg(1), g2 = kernel.arg(2),
           o2 = kernel.arg(3);
     kernel.forItem(kk.dim(s2, 0), [&](Value row) {
@@ -49,7 +49,7 @@ TopkRenormGradToGPU::lower(TopkRenormGradOp op, OpAdaptor adaptor,
                                kk.dim(i2, 1));
     });
   }
-  kernel.launchOver(k.dim(args[0], 0));
+  kernel.launchOver(kb.dim(args[0], 0));
   h.finish();
   h.replace(op, {out});
   return success();

@@ -13,7 +13,7 @@
 #ifndef MOE_LIB_CONVERSION_MOETOLINALG_BALANCEGENERICS_H
 #define MOE_LIB_CONVERSION_MOETOLINALG_BALANCEGENERICS_H
 
-#include "Utils.h"
+#include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/Kernels/Builder.h"
 
@@ -78,7 +78,7 @@ scalarGeneric(PatternRewriter &rw, Location loc, Value x,
   BalanceGenerics g0(rw, loc, 0);
   return g0.run(
       {x}, g0.fill({}, 0.0), {g0.map({}), g0.map({})}, {},
-      [&](kernels::KernelBuilder &k, ValueRange a) { return f(k, a[0]); });
+      [&](kernels::KernelBuilder &kb, ValueRange a) { return f(kb, a[0]); });
 }
 
 /// Dimension `d` of tensor `t` (a count: T, E, B, S or k) as an f32 scalar.

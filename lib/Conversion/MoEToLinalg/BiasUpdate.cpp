@@ -10,7 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Patterns.h"
-#include "Utils.h"
+#include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
 

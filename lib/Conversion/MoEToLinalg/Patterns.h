@@ -10,7 +10,7 @@
 #define MOE_LIB_CONVERSION_MOETOLINALG_PATTERNS_H
 
 #include "MoE/IR/MoEOps.h"
-#include "Utils.h"
+#include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "mlir/IR/PatternMatch.h"
 
@@ -64,21 +64,6 @@ Value replaceNegInf(OpBuilder &b, Location loc, Value lse, double none);
 Value hyperRouterAffine(OpBuilder &b, Location loc, Value matrix, Value vector,
                         Value bias, bool relu);
 
-// The cheap tails of some lowerings (O(E·D) or O(E²) work on tensors), shared
-// with the fast CPU kernels (CPU/), which compute the expensive statistics
-// themselves and then replace `op` through these.
-
-/// W from the cluster sizes `counts` [E] (i32) and the per-cluster sums of
-/// the deviations from the cluster mean `deviation` [E, D] (f32): W = 1/(s +
-/// eps) with s = deviation / count, clip, mean-1 rescale; replaces `op`.
-void finishMadDispersion(PatternRewriter &rw, MadDispersionOp op, Value counts,
-                         Value deviation);
-/// a_next from `a` [E, E] (f32) and the co-selection counts `c` [E, E] (i32,
-/// diagonal included); replaces `op`.
-void finishAdjacencyUpdate(PatternRewriter &rw, AdjacencyUpdateOp op, Value a,
-                           Value c, OpFoldResult e);
-/// w and b from the hypernetwork output `out` [E·(D+1)] (f32); replaces `op`.
-void finishHyperRouter(PatternRewriter &rw, HyperRouterOp op, Value out);
 } // namespace moe::lowering
 } // namespace mlir
 

@@ -41,21 +41,21 @@ RowSoftmax mlir::moe::lowering::rowSoftmax(PatternRewriter &rw, Location loc,
   RowSoftmax r;
   r.max =
       g2.run({x}, g2.fill({sizes[0]}, -kInf), {te, t}, {1},
-             [](KernelBuilder &k, ValueRange a) { return k.fmax(a[1], a[0]); });
+             [](KernelBuilder &kb, ValueRange a) { return kb.fmax(a[1], a[0]); });
   r.sum = g2.run({x, r.max}, g2.fill({sizes[0]}, 0.0), {te, t, t}, {1},
-                 [](KernelBuilder &k, ValueRange a) {
-                   Value none = k.cmpf(arith::CmpFPredicate::OEQ, a[1],
-                                       k.negInfLike(k.f32()));
-                   Value shift = k.select(none, k.cF32(0.0), a[1]);
-                   return k.fadd(a[2], k.exp(k.fsub(a[0], shift)));
+                 [](KernelBuilder &kb, ValueRange a) {
+                   Value none = kb.cmpf(arith::CmpFPredicate::OEQ, a[1],
+                                       kb.negInfLike(kb.f32()));
+                   Value shift = kb.select(none, kb.cF32(0.0), a[1]);
+                   return kb.fadd(a[2], kb.exp(kb.fsub(a[0], shift)));
                  });
   AffineMap id = g1.map({0});
   r.shift =
       g1.run({r.max, r.sum},
              tensor::EmptyOp::create(rw, loc, ArrayRef<OpFoldResult>{sizes[0]},
                                      rw.getF32Type()),
-             {id, id, id}, {}, [](KernelBuilder &k, ValueRange a) {
-               return kernels::balanceProbShift(k, {a[0], a[1]});
+             {id, id, id}, {}, [](KernelBuilder &kb, ValueRange a) {
+               return kernels::balanceProbShift(kb, {a[0], a[1]});
              });
   return r;
 }
@@ -93,7 +93,7 @@ Value weightSum(PatternRewriter &rw, Location loc, Value w) {
   BalanceGenerics g1(rw, loc, 1);
   return g1.run(
       {w}, g1.fill({}, 0.0), {g1.map({0}), g1.map({})}, {0},
-      [](KernelBuilder &k, ValueRange a) { return k.fadd(a[1], a[0]); });
+      [](KernelBuilder &kb, ValueRange a) { return kb.fadd(a[1], a[0]); });
 }
 } // namespace
 
@@ -107,9 +107,9 @@ LogicalResult mlir::moe::lowering::lowerRouterStats(RouterStatsOp op,
   // Σ_t w_t p_te, tokens in order.
   Value probSum =
       g2.run({x, row.shift, w}, g2.fill({sizes[1]}, 0.0), {te, t, t, e}, {0},
-             [](KernelBuilder &k, ValueRange a) {
-               Value p = kernels::softmaxFromLogSumExp(k, a[0], a[1]);
-               return k.fadd(a[3], k.fmul(a[2], p));
+             [](KernelBuilder &kb, ValueRange a) {
+               Value p = kernels::softmaxFromLogSumExp(kb, a[0], a[1]);
+               return kb.fadd(a[3], kb.fmul(a[2], p));
              });
   Value total = weightSum(rw, loc, w);
   // counts_e = Σ_t w_t [e ∈ sel_t], over [T, k, E].
@@ -118,10 +118,10 @@ LogicalResult mlir::moe::lowering::lowerRouterStats(RouterStatsOp op,
   Value counts =
       g3.run({indices, w}, g3.fill({sizes[1]}, 0.0),
              {g3.map({0, 1}), g3.map({0}), g3.map({2})}, {0, 1},
-             [](KernelBuilder &k, ValueRange a) {
+             [](KernelBuilder &kb, ValueRange a) {
                Value expert =
-                   k.castInt(loopIndex(k.b, k.b.getLoc(), 2), k.i32());
-               return k.select(k.eq(a[0], expert), k.fadd(a[2], a[1]), a[2]);
+                   kb.castInt(loopIndex(kb.b, kb.b.getLoc(), 2), kb.i32());
+               return kb.select(kb.eq(a[0], expert), kb.fadd(a[2], a[1]), a[2]);
              });
   AffineMap id = g1.map({0}), scalar = g1.map({});
   Value meanProbs =
@@ -129,7 +129,7 @@ LogicalResult mlir::moe::lowering::lowerRouterStats(RouterStatsOp op,
              tensor::EmptyOp::create(rw, loc, ArrayRef<OpFoldResult>{sizes[1]},
                                      rw.getF32Type()),
              {id, scalar, id}, {},
-             [](KernelBuilder &k, ValueRange a) { return k.fdiv(a[0], a[1]); });
+             [](KernelBuilder &kb, ValueRange a) { return kb.fdiv(a[0], a[1]); });
   replaceWithCasts(rw, op, {counts, meanProbs, total});
   return success();
 }
@@ -145,17 +145,17 @@ LogicalResult mlir::moe::lowering::lowerRouterStatsGrad(RouterStatsGradOp op,
             scalar = g2.map({});
   // c_t = Σ_e p_te g_e.
   Value c = g2.run({x, row.shift, g}, g2.fill({sizes[0]}, 0.0), {te, t, e, t},
-                   {1}, [](KernelBuilder &k, ValueRange a) {
-                     Value p = kernels::softmaxFromLogSumExp(k, a[0], a[1]);
-                     return k.fadd(a[3], k.fmul(p, a[2]));
+                   {1}, [](KernelBuilder &kb, ValueRange a) {
+                     Value p = kernels::softmaxFromLogSumExp(kb, a[0], a[1]);
+                     return kb.fadd(a[3], kb.fmul(p, a[2]));
                    });
   Value out = g2.run({x, row.shift, g, c, w, op.getWeightSum()},
                      tensor::EmptyOp::create(rw, loc, sizes, rw.getF32Type()),
                      {te, t, e, t, t, scalar, te}, {},
-                     [](KernelBuilder &k, ValueRange a) {
-                       Value p = kernels::softmaxFromLogSumExp(k, a[0], a[1]);
-                       return kernels::routerStatsGradEntry(k, p, a[2], a[3],
-                                                            k.fdiv(a[4], a[5]));
+                     [](KernelBuilder &kb, ValueRange a) {
+                       Value p = kernels::softmaxFromLogSumExp(kb, a[0], a[1]);
+                       return kernels::routerStatsGradEntry(kb, p, a[2], a[3],
+                                                            kb.fdiv(a[4], a[5]));
                      });
   replaceWithCasts(rw, op, out);
   return success();
@@ -171,11 +171,11 @@ mlir::moe::lowering::lowerLoadBalancingLoss(LoadBalancingLossOp op,
   // Σ_e (counts_e / W) · P_e in expert order, then · E (transformers' order).
   Value sum = g1.run({op.getCounts(), op.getMeanProbs(), op.getWeightSum()},
                      g1.fill({}, 0.0), {id, id, scalar, scalar}, {0},
-                     [](KernelBuilder &k, ValueRange a) {
-                       return k.fadd(a[3], k.fmul(k.fdiv(a[0], a[2]), a[1]));
+                     [](KernelBuilder &kb, ValueRange a) {
+                       return kb.fadd(a[3], kb.fmul(kb.fdiv(a[0], a[2]), a[1]));
                      });
-  Value loss = scalarGeneric(rw, loc, sum, [&](KernelBuilder &k, Value s) {
-    return k.fmul(s, experts);
+  Value loss = scalarGeneric(rw, loc, sum, [&](KernelBuilder &kb, Value s) {
+    return kb.fmul(s, experts);
   });
   replaceWithCasts(rw, op, loss);
   return success();

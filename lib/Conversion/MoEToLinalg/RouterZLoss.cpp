@@ -33,8 +33,8 @@ Value rowLse(PatternRewriter &rw, Location loc, Value x) {
                 tensor::EmptyOp::create(
                     rw, loc, ArrayRef<OpFoldResult>{sizesOf(rw, loc, x)[0]},
                     rw.getF32Type()),
-                {id, id, id}, {}, [](KernelBuilder &k, ValueRange a) {
-                  return kernels::softmaxLogSumExp(k, {a[0], a[1]});
+                {id, id, id}, {}, [](KernelBuilder &kb, ValueRange a) {
+                  return kernels::softmaxLogSumExp(kb, {a[0], a[1]});
                 });
 }
 } // namespace
@@ -46,12 +46,12 @@ LogicalResult mlir::moe::lowering::lowerRouterZLoss(RouterZLossOp op,
   Value lse = rowLse(rw, loc, x);
   BalanceGenerics g1(rw, loc, 1);
   Value sum = g1.run({lse}, g1.fill({}, 0.0), {g1.map({0}), g1.map({})}, {0},
-                     [](KernelBuilder &k, ValueRange a) {
-                       return k.fadd(a[1], k.fmul(a[0], a[0]));
+                     [](KernelBuilder &kb, ValueRange a) {
+                       return kb.fadd(a[1], kb.fmul(a[0], a[0]));
                      });
   Value tokens = dimF32(rw, loc, x, 0);
-  Value loss = scalarGeneric(rw, loc, sum, [&](KernelBuilder &k, Value s) {
-    return k.fdiv(s, tokens);
+  Value loss = scalarGeneric(rw, loc, sum, [&](KernelBuilder &kb, Value s) {
+    return kb.fdiv(s, tokens);
   });
   replaceWithCasts(rw, op, loss);
   return success();
@@ -68,10 +68,10 @@ LogicalResult mlir::moe::lowering::lowerRouterZLossGrad(RouterZLossGradOp op,
   Value out = g2.run(
       {x, lse, op.getDloss()},
       tensor::EmptyOp::create(rw, loc, sizesOf(rw, loc, x), rw.getF32Type()),
-      {te, t, scalar, te}, {}, [&](KernelBuilder &k, ValueRange a) {
-        Value scale = k.fdiv(k.fmul(k.cF32(2.0), a[2]), tokens);
-        Value p = kernels::softmaxFromLogSumExp(k, a[0], a[1]);
-        return kernels::zLossGradEntry(k, p, a[1], scale);
+      {te, t, scalar, te}, {}, [&](KernelBuilder &kb, ValueRange a) {
+        Value scale = kb.fdiv(kb.fmul(kb.cF32(2.0), a[2]), tokens);
+        Value p = kernels::softmaxFromLogSumExp(kb, a[0], a[1]);
+        return kernels::zLossGradEntry(kb, p, a[1], scale);
       });
   replaceWithCasts(rw, op, out);
   return success();

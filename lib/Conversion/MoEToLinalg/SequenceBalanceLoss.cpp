@@ -50,23 +50,23 @@ SequenceStats sequenceStats(PatternRewriter &rw, Location loc, Value scores,
   q.z =
       g3.run({q.s}, g3.fill({q.sizes[0], q.sizes[1]}, 0.0),
              {g3.map({0, 1, 2}), g3.map({0, 1})}, {2},
-             [](KernelBuilder &k, ValueRange a) { return k.fadd(a[1], a[0]); });
+             [](KernelBuilder &kb, ValueRange a) { return kb.fadd(a[1], a[0]); });
   // counts[b, e] = Σ_{t, j} [indices[b, t, j] = e], over [B, S, k, E].
   Value counts =
       g4.run({indices}, g4.fill({q.sizes[0], q.sizes[2]}, 0.0),
              {g4.map({0, 1, 2}), g4.map({0, 3})}, {1, 2},
-             [](KernelBuilder &k, ValueRange a) {
+             [](KernelBuilder &kb, ValueRange a) {
                Value e =
-                   k.castInt(loopIndex(k.b, k.b.getLoc(), 3), a[0].getType());
-               return k.select(k.eq(a[0], e), k.fadd(a[1], k.cF32(1.0)), a[1]);
+                   kb.castInt(loopIndex(kb.b, kb.b.getLoc(), 3), a[0].getType());
+               return kb.select(kb.eq(a[0], e), kb.fadd(a[1], kb.cF32(1.0)), a[1]);
              });
   AffineMap be = g2.map({0, 1});
   q.f = g2.run({counts},
                tensor::EmptyOp::create(
                    rw, loc, ArrayRef<OpFoldResult>{q.sizes[0], q.sizes[2]},
                    rw.getF32Type()),
-               {be, be}, {}, [&](KernelBuilder &k, ValueRange a) {
-                 return kernels::sequenceFraction(k, a[0], factor);
+               {be, be}, {}, [&](KernelBuilder &kb, ValueRange a) {
+                 return kernels::sequenceFraction(kb, a[0], factor);
                });
   return q;
 }
@@ -81,17 +81,17 @@ mlir::moe::lowering::lowerSequenceBalanceLoss(SequenceBalanceLossOp op,
   // Σ_t s / z per sequence and expert, tokens in order.
   Value probSum = g3.run({q.s, q.z}, g3.fill({q.sizes[0], q.sizes[2]}, 0.0),
                          {g3.map({0, 1, 2}), g3.map({0, 1}), g3.map({0, 2})},
-                         {1}, [](KernelBuilder &k, ValueRange a) {
-                           return k.fadd(a[2], k.fdiv(a[0], a[1]));
+                         {1}, [](KernelBuilder &kb, ValueRange a) {
+                           return kb.fadd(a[2], kb.fdiv(a[0], a[1]));
                          });
   Value seq = q.seq;
   Value sum = g2.run({q.f, probSum}, g2.fill({}, 0.0),
                      {g2.map({0, 1}), g2.map({0, 1}), g2.map({})}, {0, 1},
-                     [&](KernelBuilder &k, ValueRange a) {
-                       return k.fadd(a[2], k.fmul(a[0], k.fdiv(a[1], seq)));
+                     [&](KernelBuilder &kb, ValueRange a) {
+                       return kb.fadd(a[2], kb.fmul(a[0], kb.fdiv(a[1], seq)));
                      });
-  Value loss = scalarGeneric(rw, loc, sum, [&](KernelBuilder &k, Value s) {
-    return k.fdiv(s, q.batch);
+  Value loss = scalarGeneric(rw, loc, sum, [&](KernelBuilder &kb, Value s) {
+    return kb.fdiv(s, q.batch);
   });
   replaceWithCasts(rw, op, loss);
   return success();
@@ -107,17 +107,17 @@ mlir::moe::lowering::lowerSequenceBalanceLossGrad(SequenceBalanceLossGradOp op,
             scalar = g3.map({});
   // c = Σ_e s · f / z.
   Value sf = g3.run({q.s, q.f}, g3.fill({q.sizes[0], q.sizes[1]}, 0.0),
-                    {bte, be, bt}, {2}, [](KernelBuilder &k, ValueRange a) {
-                      return k.fadd(a[2], k.fmul(a[0], a[1]));
+                    {bte, be, bt}, {2}, [](KernelBuilder &kb, ValueRange a) {
+                      return kb.fadd(a[2], kb.fmul(a[0], a[1]));
                     });
   Value batch = q.batch, seq = q.seq;
   Value out = g3.run({q.f, sf, q.z, op.getDloss()},
                      tensor::EmptyOp::create(rw, loc, q.sizes, rw.getF32Type()),
                      {be, bt, bt, scalar, bte}, {},
-                     [&](KernelBuilder &k, ValueRange a) {
-                       Value scale = k.fdiv(a[3], k.fmul(batch, seq));
+                     [&](KernelBuilder &kb, ValueRange a) {
+                       Value scale = kb.fdiv(a[3], kb.fmul(batch, seq));
                        return kernels::sequenceBalanceGradEntry(
-                           k, a[0], k.fdiv(a[1], a[2]), a[2], scale);
+                           kb, a[0], kb.fdiv(a[1], a[2]), a[2], scale);
                      });
   replaceWithCasts(rw, op, out);
   return success();

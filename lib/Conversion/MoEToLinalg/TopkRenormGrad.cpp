@@ -100,28 +100,28 @@ LogicalResult mlir::moe::lowering::lowerTopkRenormGrad(TopkRenormGradOp op,
   Value v0, selSum, denseMax, denseSum;
   Value negInfV = negInf(rw, loc);
   if (spec.logits) {
-    v0 = reduce(sel, {full}, negInfV, [](kernels::KernelBuilder &k,
+    v0 = reduce(sel, {full}, negInfV, [](kernels::KernelBuilder &kb,
                                          ValueRange a) {
-      return k.fmax(a[1], a[0]);
+      return kb.fmax(a[1], a[0]);
     });
     selSum = reduce(ValueRange{sel, v0}, {full, leadOnly}, zero,
-                    [](kernels::KernelBuilder &k, ValueRange a) {
-                      return k.fadd(a[2], k.exp(k.fsub(a[0], a[1])));
+                    [](kernels::KernelBuilder &kb, ValueRange a) {
+                      return kb.fadd(a[2], kb.exp(kb.fsub(a[0], a[1])));
                     });
     if (!spec.renormalize) {
       denseMax = reduce(scores, {full}, negInfV,
-                        [](kernels::KernelBuilder &k, ValueRange a) {
-                          return k.fmax(a[1], a[0]);
+                        [](kernels::KernelBuilder &kb, ValueRange a) {
+                          return kb.fmax(a[1], a[0]);
                         });
       denseSum = reduce(ValueRange{scores, denseMax}, {full, leadOnly}, zero,
-                        [](kernels::KernelBuilder &k, ValueRange a) {
-                          return k.fadd(a[2], k.exp(k.fsub(a[0], a[1])));
+                        [](kernels::KernelBuilder &kb, ValueRange a) {
+                          return kb.fadd(a[2], kb.exp(kb.fsub(a[0], a[1])));
                         });
     }
   } else {
     selSum = reduce(sel, {full}, zero,
-                    [](kernels::KernelBuilder &k, ValueRange a) {
-                      return k.fadd(a[1], a[0]);
+                    [](kernels::KernelBuilder &kb, ValueRange a) {
+                      return kb.fadd(a[1], a[0]);
                     });
   }
   // The row statistics topkWeight takes, as extra inputs [...] (absent:
@@ -130,9 +130,9 @@ LogicalResult mlir::moe::lowering::lowerTopkRenormGrad(TopkRenormGradOp op,
                            denseMax ? denseMax : selSum,
                            denseSum ? denseSum : selSum};
   auto weightOf = [spec, hasV0 = bool(v0),
-                   dense = bool(denseMax)](kernels::KernelBuilder &k, Value v,
+                   dense = bool(denseMax)](kernels::KernelBuilder &kb, Value v,
                                            ValueRange st) {
-    return kernels::topkWeight(k, spec, v, hasV0 ? st[0] : Value(), st[1],
+    return kernels::topkWeight(kb, spec, v, hasV0 ? st[0] : Value(), st[1],
                                dense ? st[2] : Value(),
                                dense ? st[3] : Value());
   };
@@ -144,9 +144,9 @@ LogicalResult mlir::moe::lowering::lowerTopkRenormGrad(TopkRenormGradOp op,
   SmallVector<AffineMap> cMaps{full, full};
   cMaps.append(statMaps);
   Value c = reduce(cIns, cMaps, zero,
-                   [&](kernels::KernelBuilder &k, ValueRange a) {
-                     Value w = weightOf(k, a[0], a.slice(2, 4));
-                     return k.fadd(a[6], k.fmul(a[1], w));
+                   [&](kernels::KernelBuilder &kb, ValueRange a) {
+                     Value w = weightOf(kb, a[0], a.slice(2, 4));
+                     return kb.fadd(a[6], kb.fmul(a[1], w));
                    });
 
   // dsel_l = topkWeightGrad.
@@ -157,9 +157,9 @@ LogicalResult mlir::moe::lowering::lowerTopkRenormGrad(TopkRenormGradOp op,
   dMaps.push_back(full);
   Value dsel =
       generic(rw, loc, dIns, Value(tensor::EmptyOp::create(rw, loc, selSizes, f32)),
-              dMaps, par, body([&](kernels::KernelBuilder &k, ValueRange a) {
-                Value w = weightOf(k, a[0], a.slice(3, 4));
-                return kernels::topkWeightGrad(k, spec, a[1], w, a[2],
+              dMaps, par, body([&](kernels::KernelBuilder &kb, ValueRange a) {
+                Value w = weightOf(kb, a[0], a.slice(3, 4));
+                return kernels::topkWeightGrad(kb, spec, a[1], w, a[2],
                                                a[4]);
               }))
           .front();
@@ -173,10 +173,10 @@ LogicalResult mlir::moe::lowering::lowerTopkRenormGrad(TopkRenormGradOp op,
     bMaps.append(statMaps);
     bMaps.push_back(full);
     base = generic(rw, loc, bIns, base, bMaps, par,
-                   body([&](kernels::KernelBuilder &k, ValueRange a) {
-                     Value s = weightOf(k, a[0], a.slice(2, 4));
-                     return k.fsub(k.constLike(k.f32(), 0.0),
-                                   k.fmul(s, a[1]));
+                   body([&](kernels::KernelBuilder &kb, ValueRange a) {
+                     Value s = weightOf(kb, a[0], a.slice(2, 4));
+                     return kb.fsub(kb.constLike(kb.f32(), 0.0),
+                                   kb.fmul(s, a[1]));
                    }))
                .front();
   }

@@ -68,8 +68,8 @@ Value mlir::moe::lowering::ranksBefore(OpBuilder &b, Location loc, Value a,
   // and GPU kernels; a comparison of (value, index) pairs, so the result does
   // not depend on the order in which a reduction visits the elements.
   ImplicitLocOpBuilder ib(loc, b);
-  kernels::KernelBuilder k(ib);
-  return kernels::ranksBefore(k, a, ai, c, ci, descending);
+  kernels::KernelBuilder kb(ib);
+  return kernels::ranksBefore(kb, a, ai, c, ci, descending);
 }
 
 //===----------------------------------------------------------------------===//

@@ -13,6 +13,7 @@
 #ifndef MOE_CONVERSION_MOETOLINALG_UTILS_H
 #define MOE_CONVERSION_MOETOLINALG_UTILS_H
 
+#include "MoE/IR/MoEOps.h"
 #include "mlir/Dialect/Arith/Utils/Utils.h"
 #include "mlir/Dialect/Linalg/IR/Linalg.h"
 #include "mlir/Dialect/Utils/StructuredOpsUtils.h"
@@ -206,6 +207,26 @@ enum class IndexErrorOp : int32_t {
 /// function in the enclosing module when needed. Fails without a module.
 LogicalResult emitIndexCheck(RewriterBase &rewriter, Operation *anchor,
                              Value indices, Value bound, IndexErrorOp op);
+
+//===----------------------------------------------------------------------===//
+// Lowering tails shared with MoEToCPU
+//===----------------------------------------------------------------------===//
+
+// The cheap tails of some lowerings (O(E·D) or O(E²) work on tensors), shared
+// with the fast CPU kernels (CPU/), which compute the expensive statistics
+// themselves and then replace `op` through these.
+
+/// W from the cluster sizes `counts` [E] (i32) and the per-cluster sums of
+/// the deviations from the cluster mean `deviation` [E, D] (f32): W = 1/(s +
+/// eps) with s = deviation / count, clip, mean-1 rescale; replaces `op`.
+void finishMadDispersion(PatternRewriter &rw, MadDispersionOp op, Value counts,
+                         Value deviation);
+/// a_next from `a` [E, E] (f32) and the co-selection counts `c` [E, E] (i32,
+/// diagonal included); replaces `op`.
+void finishAdjacencyUpdate(PatternRewriter &rw, AdjacencyUpdateOp op, Value a,
+                           Value c, OpFoldResult e);
+/// w and b from the hypernetwork output `out` [E·(D+1)] (f32); replaces `op`.
+void finishHyperRouter(PatternRewriter &rw, HyperRouterOp op, Value out);
 
 } // namespace mlir::moe::lowering
 
