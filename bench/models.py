@@ -418,6 +418,7 @@ def main() -> int:
         md = markdown(result)
         if not args.quick:
             out = args.results_dir or REPO / "bench" / "results"
+            out.mkdir(parents=True, exist_ok=True)
             stem = f"models-{datetime.date.today().isoformat()}-t{_THREADS}" + (f"-{args.tag}" if args.tag else "")
             (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
             (out / f"{stem}.md").write_text(md)
