@@ -28,6 +28,7 @@
 
 #include "KernelUtils.h"
 #include "Lowerings.h"
+#include "RowKernels.h"
 
 #include "MoE/Kernels/Balance.h"
 
@@ -37,10 +38,6 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 using namespace mlir::moe::kernels;
-
-/// Threads of the row-block kernel of router_stats: 4 warps share the
-/// kBalanceRowsPerBlock rows of a block.
-static constexpr int64_t kStatsThreads = 128;
 
 /// The dynamic sizes of an [E] result from logits `x` [T, E].
 static SmallVector<Value> expertSizes(GpuKernelBuilder &kb,
@@ -76,7 +73,7 @@ RouterStatsToGPU::lower(RouterStatsOp op, OpAdaptor adaptor,
   Value counts = h.allocLike(countsType, expertSizes(kb, countsType, x));
   Value probs = h.allocLike(probsType, expertSizes(kb, probsType, x));
   Value weightSum = h.allocLike(weightType, {});
-  Value blocks = kb.ceilDiv(kb.dim(x, 0), kb.idx(kBalanceRowsPerBlock));
+  Value blocks = rowBlockCount(kb, kb.dim(x, 0));
   Value experts = kb.dim(x, 1);
   const int64_t dyn = ShapedType::kDynamic;
   Value partCounts =
@@ -94,7 +91,7 @@ RouterStatsToGPU::lower(RouterStatsOp op, OpAdaptor adaptor,
         h, "router_stats_rows", args,
         {workgroupMemRef({kBalanceRowsPerBlock}, b.getF32Type()),
          workgroupMemRef({kBalanceRowsPerBlock}, b.getI64Type())},
-        {kStatsThreads, 1, 1}, op.getLoc());
+        {kRowBlockThreads, 1, 1}, op.getLoc());
     GpuKernelBuilder &g = kernel.kb;
     unsigned next = 0;
     Value xs = kernel.arg(next++);
@@ -102,18 +99,13 @@ RouterStatsToGPU::lower(RouterStatsOp op, OpAdaptor adaptor,
     Value outCounts = kernel.arg(next++), outProbs = kernel.arg(next++),
           outWeights = kernel.arg(next++);
     Value shifts = kernel.workgroup(0), kth = kernel.workgroup(1);
-    Value tid = g.threadId();
-    Value warp = g.divu(tid, g.idx(kWarp));
-    Value lane = g.remu(tid, g.idx(kWarp));
-    Value rows = g.dim(xs, 0), numExperts = g.dim(xs, 1);
-    Value block = g.blockId();
-    Value first = g.mul(block, g.idx(kBalanceRowsPerBlock));
-    Value n = g.minu(g.sub(rows, first), g.idx(kBalanceRowsPerBlock));
+    RowBlock rb(g, xs);
+    Value numExperts = g.dim(xs, 1);
+    Value lane = rb.lane;
     Value none = noCandidate(g, g.i64());
 
-    // A warp per row (uniform per warp: shuffles).
-    g.forLoop(warp, n, g.idx(kStatsThreads / kWarp), [&](Value r) {
-      Value row = g.add(first, r);
+    rb.forEachRowOfWarp([&](Value r) {
+      Value row = g.add(rb.first, r);
       Value shift = balanceProbShift(g, warpRowSoftmax(g, xs, row, lane));
       Value pick =
           g.forLoop(
@@ -139,11 +131,11 @@ RouterStatsToGPU::lower(RouterStatsOp op, OpAdaptor adaptor,
     g.barrier();
 
     // A thread per expert, the block's rows in row order.
-    g.forLoop(tid, numExperts, g.idx(kStatsThreads), [&](Value e) {
+    g.forLoop(rb.tid, numExperts, g.idx(kRowBlockThreads), [&](Value e) {
       SmallVector<Value> sums = g.forLoop(
-          g.idx(0), n, g.idx(1), {g.cF32(0.0), g.cF32(0.0)},
+          g.idx(0), rb.count, g.idx(1), {g.cF32(0.0), g.cF32(0.0)},
           [&](Value r, ValueRange acc) -> SmallVector<Value> {
-            Value row = g.add(first, r);
+            Value row = g.add(rb.first, r);
             Value w = tokenWeight(g, ms, row);
             Value v = g.loadF(xs, {row, e});
             Value selected = g.cmpi(arith::CmpIPredicate::sge,
@@ -152,17 +144,14 @@ RouterStatsToGPU::lower(RouterStatsOp op, OpAdaptor adaptor,
             Value p = softmaxFromLogSumExp(g, v, g.load(shifts, {r}));
             return {count, g.fadd(acc[1], g.fmul(w, p))};
           });
-      g.store(sums[0], outCounts, {block, e});
-      g.store(sums[1], outProbs, {block, e});
+      g.store(sums[0], outCounts, {rb.block, e});
+      g.store(sums[1], outProbs, {rb.block, e});
     });
-    g.ifThen(g.eq(tid, g.idx(0)), [&] {
-      Value total =
-          g.forLoop(g.idx(0), n, g.idx(1), {g.cF32(0.0)},
-                    [&](Value r, ValueRange acc) -> SmallVector<Value> {
-                      return {g.fadd(acc[0],
-                                     tokenWeight(g, ms, g.add(first, r)))};
-                    })[0];
-      g.store(total, outWeights, {block});
+    g.ifThen(g.eq(rb.tid, g.idx(0)), [&] {
+      Value total = sumInOrder(g, rb.count, [&](Value r) {
+        return tokenWeight(g, ms, g.add(rb.first, r));
+      });
+      g.store(total, outWeights, {rb.block});
     });
     kernel.launch({blocks, kb.idx(1), kb.idx(1)});
   }
@@ -176,14 +165,11 @@ RouterStatsToGPU::lower(RouterStatsOp op, OpAdaptor adaptor,
     Value pc = kernel.arg(0), pp = kernel.arg(1), pw = kernel.arg(2);
     Value numBlocks = g.dim(pc, 0);
     kernel.forItem(g.dim(pc, 1), [&](Value e) {
-      SmallVector<Value> sums = g.forLoop(
-          g.idx(0), numBlocks, g.idx(1),
-          {g.cF32(0.0), g.cF32(0.0), g.cF32(0.0)},
-          [&](Value blk, ValueRange acc) -> SmallVector<Value> {
-            return {g.fadd(acc[0], g.load(pc, {blk, e})),
-                    g.fadd(acc[1], g.load(pp, {blk, e})),
-                    g.fadd(acc[2], g.load(pw, {blk}))};
-          });
+      SmallVector<Value> sums = sumInOrder(
+          g, numBlocks,
+          {[&](Value blk) { return g.load(pc, {blk, e}); },
+           [&](Value blk) { return g.load(pp, {blk, e}); },
+           [&](Value blk) { return g.load(pw, {blk}); }});
       g.store(sums[0], kernel.arg(3), {e});
       // W = 0: NaN (0 / 0), as transformers.
       g.store(g.fdiv(sums[1], sums[2]), kernel.arg(4), {e});
@@ -211,9 +197,8 @@ RouterStatsGradToGPU::lower(RouterStatsGradOp op, OpAdaptor adaptor,
                                       : Value();
   Value weightSum = h.buffer(adaptor.getWeightSum());
   Value dprobs = h.buffer(adaptor.getDmeanProbs());
-  Value grad = h.allocLike(gradType, dynamicSizesFrom(kb, gradType, x));
+  Value grad = allocResultLike(h, gradType, x);
   int64_t block = options.blockSize;
-  int64_t rowsPerBlock = block / kWarp;
 
   SmallVector<Value> args = {x};
   if (mask)
@@ -227,10 +212,8 @@ RouterStatsGradToGPU::lower(RouterStatsGradOp op, OpAdaptor adaptor,
   Value ms = mask ? kernel.arg(next++) : Value();
   Value ws = kernel.arg(next++), gs = kernel.arg(next++),
         out = kernel.arg(next++);
-  Value tid = g.threadId();
-  Value lane = g.remu(tid, g.idx(kWarp));
-  Value row = g.add(g.mul(g.blockId(), g.idx(rowsPerBlock)),
-                    g.divu(tid, g.idx(kWarp)));
+  WarpRow w(g, block);
+  Value row = w.row, lane = w.lane;
   Value rows = g.dim(xs, 0), numExperts = g.dim(xs, 1);
   g.ifThen(g.lt(row, rows), [&] {
     Value shift = balanceProbShift(g, warpRowSoftmax(g, xs, row, lane));
@@ -249,8 +232,8 @@ RouterStatsGradToGPU::lower(RouterStatsGradOp op, OpAdaptor adaptor,
               {row, e});
     });
   });
-  kernel.launch(
-      {kb.ceilDiv(kb.dim(x, 0), kb.idx(rowsPerBlock)), kb.idx(1), kb.idx(1)});
+  kernel.launch({WarpRow::blocks(kb, kb.dim(x, 0), block), kb.idx(1),
+                 kb.idx(1)});
   h.finish();
   h.replace(op, {grad});
   return success();

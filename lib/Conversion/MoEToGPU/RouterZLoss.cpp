@@ -23,6 +23,7 @@
 
 #include "KernelUtils.h"
 #include "Lowerings.h"
+#include "RowKernels.h"
 
 #include "MoE/Kernels/Balance.h"
 
@@ -32,10 +33,6 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 using namespace mlir::moe::kernels;
-
-/// Threads of the row-block kernel of router_z_loss: 4 warps share the
-/// kBalanceRowsPerBlock rows of a block.
-static constexpr int64_t kZLossThreads = 128;
 
 SoftmaxState mlir::moe::gpu_lowering::warpRowSoftmax(GpuKernelBuilder &kb,
                                                      Value x, Value row,
@@ -79,8 +76,7 @@ RouterZLossToGPU::lower(RouterZLossOp op, OpAdaptor adaptor,
   GpuKernelBuilder &kb = h.kb;
   Value x = h.buffer(adaptor.getLogits());
   Value loss = h.allocLike(lossType, {});
-  Value numRows = kb.dim(x, 0);
-  Value blocks = kb.ceilDiv(numRows, kb.idx(kBalanceRowsPerBlock));
+  Value blocks = rowBlockCount(kb, kb.dim(x, 0));
   Value partial = h.alloc(MemRefType::get({ShapedType::kDynamic}, kb.f32()),
                           {blocks});
 
@@ -88,31 +84,20 @@ RouterZLossToGPU::lower(RouterZLossOp op, OpAdaptor adaptor,
     GPUKernel kernel(
         h, "router_z_loss_rows", {x, partial},
         {workgroupMemRef({kBalanceRowsPerBlock}, b.getF32Type())},
-        {kZLossThreads, 1, 1}, op.getLoc());
+        {kRowBlockThreads, 1, 1}, op.getLoc());
     GpuKernelBuilder &g = kernel.kb;
     Value xs = kernel.arg(0), out = kernel.arg(1), rowSq = kernel.workgroup(0);
-    Value tid = g.threadId();
-    Value warp = g.divu(tid, g.idx(kWarp));
-    Value lane = g.remu(tid, g.idx(kWarp));
-    Value rows = g.dim(xs, 0);
-    Value first = g.mul(g.blockId(), g.idx(kBalanceRowsPerBlock));
-    // The block's rows: [first, first + n), n < kBalanceRowsPerBlock only in
-    // the last block.
-    Value n = g.minu(g.sub(rows, first), g.idx(kBalanceRowsPerBlock));
-    // Warp w takes rows w, w + 4, ... of the block (uniform per warp: the
-    // whole warp enters the shuffles or none of it does).
-    g.forLoop(warp, n, g.idx(kZLossThreads / kWarp), [&](Value r) {
-      Value lse = warpRowLogSumExp(g, xs, g.add(first, r), lane);
-      g.ifThen(g.eq(lane, g.idx(0)),
+    RowBlock rb(g, xs);
+    rb.forEachRowOfWarp([&](Value r) {
+      Value lse = warpRowLogSumExp(g, xs, g.add(rb.first, r), rb.lane);
+      g.ifThen(g.eq(rb.lane, g.idx(0)),
                [&] { g.store(g.fmul(lse, lse), rowSq, {r}); });
     });
     g.barrier();
-    g.ifThen(g.eq(tid, g.idx(0)), [&] {
-      Value sum = g.forLoop(g.idx(0), n, g.idx(1), {g.cF32(0.0)},
-                            [&](Value r, ValueRange acc) -> SmallVector<Value> {
-                              return {g.fadd(acc[0], g.load(rowSq, {r}))};
-                            })[0];
-      g.store(sum, out, {g.blockId()});
+    g.ifThen(g.eq(rb.tid, g.idx(0)), [&] {
+      Value sum =
+          sumInOrder(g, rb.count, [&](Value r) { return g.load(rowSq, {r}); });
+      g.store(sum, out, {rb.block});
     });
     kernel.launch({blocks, kb.idx(1), kb.idx(1)});
   }
@@ -123,11 +108,8 @@ RouterZLossToGPU::lower(RouterZLossOp op, OpAdaptor adaptor,
                      op.getLoc());
     GpuKernelBuilder &g = kernel.kb;
     Value xs = kernel.arg(0), parts = kernel.arg(1), out = kernel.arg(2);
-    Value sum =
-        g.forLoop(g.idx(0), g.dim(parts, 0), g.idx(1), {g.cF32(0.0)},
-                  [&](Value i, ValueRange acc) -> SmallVector<Value> {
-                    return {g.fadd(acc[0], g.load(parts, {i}))};
-                  })[0];
+    Value sum = sumInOrder(g, g.dim(parts, 0),
+                           [&](Value i) { return g.load(parts, {i}); });
     // T = 0: 0 / 0 = NaN, the mean of nothing.
     g.store(g.fdiv(sum, g.sitofp(g.dim(xs, 0))), out, {});
     kernel.launch({kb.idx(1), kb.idx(1), kb.idx(1)});
@@ -146,30 +128,26 @@ RouterZLossGradToGPU::lower(RouterZLossGradOp op, OpAdaptor adaptor,
   GpuKernelBuilder &kb = h.kb;
   Value x = h.buffer(adaptor.getLogits());
   Value dloss = h.buffer(adaptor.getDloss());
-  Value grad = h.allocLike(gradType, dynamicSizesFrom(kb, gradType, x));
+  Value grad = allocResultLike(h, gradType, x);
   int64_t block = options.blockSize;
-  int64_t rowsPerBlock = block / kWarp;
 
   GPUKernel kernel(h, "router_z_loss_grad", {x, dloss, grad}, {},
                    {block, 1, 1}, op.getLoc());
   GpuKernelBuilder &g = kernel.kb;
   Value xs = kernel.arg(0), out = kernel.arg(2);
-  Value tid = g.threadId();
-  Value lane = g.remu(tid, g.idx(kWarp));
-  Value row = g.add(g.mul(g.blockId(), g.idx(rowsPerBlock)),
-                    g.divu(tid, g.idx(kWarp)));
+  WarpRow w(g, block);
   Value rows = g.dim(xs, 0), numExperts = g.dim(xs, 1);
-  g.ifThen(g.lt(row, rows), [&] {
-    Value lse = warpRowLogSumExp(g, xs, row, lane);
+  g.ifThen(g.lt(w.row, rows), [&] {
+    Value lse = warpRowLogSumExp(g, xs, w.row, w.lane);
     Value scale = g.fdiv(g.fmul(g.cF32(2.0), g.load(kernel.arg(1), {})),
                          g.sitofp(rows));
-    g.forLoop(lane, numExperts, g.idx(kWarp), [&](Value col) {
-      Value p = softmaxFromLogSumExp(g, g.loadF(xs, {row, col}), lse);
-      g.store(zLossGradEntry(g, p, lse, scale), out, {row, col});
+    g.forLoop(w.lane, numExperts, g.idx(kWarp), [&](Value col) {
+      Value p = softmaxFromLogSumExp(g, g.loadF(xs, {w.row, col}), lse);
+      g.store(zLossGradEntry(g, p, lse, scale), out, {w.row, col});
     });
   });
-  kernel.launch(
-      {kb.ceilDiv(kb.dim(x, 0), kb.idx(rowsPerBlock)), kb.idx(1), kb.idx(1)});
+  kernel.launch({WarpRow::blocks(kb, kb.dim(x, 0), block), kb.idx(1),
+                 kb.idx(1)});
   h.finish();
   h.replace(op, {grad});
   return success();

@@ -12,6 +12,7 @@
 
 #include "KernelUtils.h"
 #include "Lowerings.h"
+#include "RowKernels.h"
 
 #include "MoE/Kernels/TopK.h"
 
@@ -29,9 +30,8 @@ TopkRenormGradToGPU::lower(TopkRenormGradOp op, OpAdaptor adaptor,
   auto outType = cast<RankedTensorType>(op.getDscores().getType());
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
-  GpuKernelBuilder &kb = h.kb;
   Value scores = h.buffer(adaptor.getScores());
-  Value out = h.allocLike(outType, dynamicSizesFrom(kb, outType, scores));
+  Value out = allocResultLike(h, outType, scores);
   SmallVector<Value> args = {viewAs2D(b, scores),
                              viewAs2D(b, h.buffer(adaptor.getIndices())),
                              viewAs2D(b, h.buffer(adaptor.getDw())),
@@ -49,7 +49,7 @@ TopkRenormGradToGPU::lower(TopkRenormGradOp op, OpAdaptor adaptor,
                                kk.dim(i2, 1));
     });
   }
-  kernel.launchOver(kb.dim(args[0], 0));
+  kernel.launchOver(h.kb.dim(args[0], 0));
   h.finish();
   h.replace(op, {out});
   return success();
