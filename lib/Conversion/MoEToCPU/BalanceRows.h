@@ -14,11 +14,46 @@
 #ifndef MOE_LIB_CONVERSION_MOETOCPU_BALANCEROWS_H
 #define MOE_LIB_CONVERSION_MOETOCPU_BALANCEROWS_H
 
-#include "KernelBuilder.h"
+#include "Kernels.h"
 
 #include "MoE/Kernels/OnlineSoftmax.h"
 
 namespace mlir::moe::cpu {
+
+/// What a logits-row kernel (LogitsRowKernel) works on: the op's kernel,
+/// the conversion's options, the sizes T (`rows`) and E (`numExperts`) of
+/// `logits` [T, E], made before the kernel, and its buffer `x2` inside it.
+struct LogitsRows {
+  const KernelScope &kernel;
+  const KernelOptions &opts;
+  Value rows, numExperts, x2;
+};
+
+/// The kernel pattern of a balance op that walks the rows of its `logits`
+/// operand (router_stats, router_z_loss and their backward ops). It opens
+/// the op's kernel, which reads every operand of the op (logits first, as in
+/// ODS), with each result sized by the trailing dimensions of [T, E] that its
+/// rank takes (dlogits [T, E], per-expert rows [E], scalars); then `Body`
+/// fills the outs, and the kernel replaces the op.
+template <typename OpTy,
+          void (*Body)(OpTy, CpuKernelBuilder &, const LogitsRows &)>
+struct LogitsRowKernel : KernelPattern<OpTy> {
+  using KernelPattern<OpTy>::KernelPattern;
+
+  LogicalResult emit(OpTy op, CpuKernelBuilder &kb, PatternRewriter &rw) const final {
+    Value logits = op.getLogits();
+    SmallVector<Value> sz = kb.sizes(logits);
+    SmallVector<SmallVector<Value>> outSizes;
+    for (Type t : op->getResultTypes())
+      outSizes.push_back(SmallVector<Value>(
+          ArrayRef<Value>(sz).take_back(cast<ShapedType>(t).getRank())));
+    KernelScope kernel(kb, SmallVector<Value>(op->getOperands()),
+                       KernelScope::outsOf(op, outSizes));
+    Body(op, kb, LogitsRows{kernel, this->opts, sz[0], sz[1], kb.buffer(logits)});
+    kernel.replace(rw, op);
+    return success();
+  }
+};
 
 /// Lane chunk `base` (index) of row `r` of `x2` ([rows, E], any float type)
 /// in f32, `pad` past E.

@@ -21,56 +21,45 @@
 namespace mlir::moe::cpu {
 using namespace kernels;
 
-namespace {
-struct RouterStatsGradKernel : KernelPattern<RouterStatsGradOp> {
-  using KernelPattern::KernelPattern;
-
-  LogicalResult emit(RouterStatsGradOp op, CpuKernelBuilder &kb,
-                     PatternRewriter &rw) const override {
-    Value logits = op.getLogits(), mask = op.getTokenMask();
-    SmallVector<Value> sz = kb.sizes(logits);
-    Value rows = sz[0], numExperts = sz[1];
-    KernelScope kernel(kb, {logits, mask, op.getWeightSum(), op.getDmeanProbs()},
-                       KernelScope::outsOf(op, {sz}));
-    Value x2 = kb.buffer(logits), out = kernel.out(0);
-    Value m = mask ? kb.buffer(mask) : Value();
-    Value g = kb.buffer(op.getDmeanProbs());
-    Value invW = kb.fdiv(kb.cF32(1.0), kb.load(kb.buffer(op.getWeightSum()), {}));
-    const double negInf = -std::numeric_limits<double>::infinity();
-    auto gChunk = [&](Value base) {
-      return kb.vloadMasked(g, {base}, kb.sub(numExperts, base), 0.0);
-    };
-    Value rowBufs = kb.scratch(opts, MemRefType::get({kDyn}, kb.f32()),
-                              {roundUp(kb, numExperts, kb.lanes())});
-    kb.workers(opts, balanceBlocks(kb, rows), [&](Value block, Value worker) {
-      Value probs = kb.workerSlice(rowBufs, worker);
-      balanceEachBlockRow(kb, block, rows, [&](Value r) {
-        Value w = m ? kb.loadF(m, {r}) : kb.cF32(1.0);
-        Value scale = kb.fmul(w, invW);
-        Value shift =
-            balanceProbShift(kb, balanceRowSoftmax(kb, x2, r, numExperts));
-        auto prob = [&](Value base) {
-          return softmaxFromLogSumExp(
-              kb, balanceChunk(kb, x2, r, base, numExperts, negInf), shift);
-        };
-        Value c = balanceRowSum(kb, numExperts, [&](Value base) {
-          Value p = prob(base);
-          kb.vstore(p, probs, {base});
-          return kb.fmul(p, gChunk(base));
-        });
-        balanceEachChunk(kb, numExperts, [&](Value base) {
-          Value d = routerStatsGradEntry(kb, kb.vload(probs, {base}),
-                                         gChunk(base), c, scale);
-          kb.vstoreMasked(d, out, {r, base}, kb.sub(numExperts, base));
-        });
+/// dlogits of router_stats_grad, row by row.
+static void emitRouterStatsGrad(RouterStatsGradOp op, CpuKernelBuilder &kb, const LogitsRows &x) {
+  Value rows = x.rows, numExperts = x.numExperts, x2 = x.x2;
+  Value out = x.kernel.out(0), mask = op.getTokenMask();
+  Value m = mask ? kb.buffer(mask) : Value();
+  Value g = kb.buffer(op.getDmeanProbs());
+  Value invW = kb.fdiv(kb.cF32(1.0), kb.load(kb.buffer(op.getWeightSum()), {}));
+  const double negInf = -std::numeric_limits<double>::infinity();
+  auto gChunk = [&](Value base) {
+    return kb.vloadMasked(g, {base}, kb.sub(numExperts, base), 0.0);
+  };
+  Value rowBufs = kb.scratch(x.opts, MemRefType::get({kDyn}, kb.f32()),
+                            {roundUp(kb, numExperts, kb.lanes())});
+  kb.workers(x.opts, balanceBlocks(kb, rows), [&](Value block, Value worker) {
+    Value probs = kb.workerSlice(rowBufs, worker);
+    balanceEachBlockRow(kb, block, rows, [&](Value r) {
+      Value w = m ? kb.loadF(m, {r}) : kb.cF32(1.0);
+      Value scale = kb.fmul(w, invW);
+      Value shift =
+          balanceProbShift(kb, balanceRowSoftmax(kb, x2, r, numExperts));
+      auto prob = [&](Value base) {
+        return softmaxFromLogSumExp(
+            kb, balanceChunk(kb, x2, r, base, numExperts, negInf), shift);
+      };
+      Value c = balanceRowSum(kb, numExperts, [&](Value base) {
+        Value p = prob(base);
+        kb.vstore(p, probs, {base});
+        return kb.fmul(p, gChunk(base));
+      });
+      balanceEachChunk(kb, numExperts, [&](Value base) {
+        Value d = routerStatsGradEntry(kb, kb.vload(probs, {base}),
+                                       gChunk(base), c, scale);
+        kb.vstoreMasked(d, out, {r, base}, kb.sub(numExperts, base));
       });
     });
-    kernel.replace(rw, op);
-    return success();
-  }
-};
-} // namespace
+  });
+}
 
-MOE_CPU_KERNEL_POPULATE(populateRouterStatsGradKernel, RouterStatsGradKernel)
+MOE_CPU_KERNEL_POPULATE(populateRouterStatsGradKernel,
+                        LogitsRowKernel<RouterStatsGradOp, emitRouterStatsGrad>)
 
 } // namespace mlir::moe::cpu

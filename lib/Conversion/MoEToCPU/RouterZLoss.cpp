@@ -18,35 +18,24 @@
 namespace mlir::moe::cpu {
 using namespace kernels;
 
-namespace {
-struct RouterZLossKernel : KernelPattern<RouterZLossOp> {
-  using KernelPattern::KernelPattern;
-
-  LogicalResult emit(RouterZLossOp op, CpuKernelBuilder &kb,
-                     PatternRewriter &rw) const override {
-    Value logits = op.getLogits();
-    SmallVector<Value> sz = kb.sizes(logits);
-    Value rows = sz[0], numExperts = sz[1];
-    KernelScope kernel(kb, {logits}, KernelScope::outsOf(op, {{}}));
-    Value x2 = kb.buffer(logits);
-    Value blocks = balanceBlocks(kb, rows);
-    Value partial = kb.alloc(MemRefType::get({kDyn}, kb.f32()), {blocks});
-    kb.workers(opts, blocks, [&](Value block, Value) {
-      Value sum = balanceBlockRowSum(kb, block, rows, [&](Value r) {
-        Value lse =
-            softmaxLogSumExp(kb, balanceRowSoftmax(kb, x2, r, numExperts));
-        return kb.fmul(lse, lse);
-      });
-      kb.store(sum, partial, {block});
+/// The z-loss: Σ lse² over the rows, / T.
+static void emitRouterZLoss(RouterZLossOp, CpuKernelBuilder &kb, const LogitsRows &x) {
+  Value rows = x.rows, numExperts = x.numExperts, x2 = x.x2;
+  Value blocks = balanceBlocks(kb, rows);
+  Value partial = kb.alloc(MemRefType::get({kDyn}, kb.f32()), {blocks});
+  kb.workers(x.opts, blocks, [&](Value block, Value) {
+    Value sum = balanceBlockRowSum(kb, block, rows, [&](Value r) {
+      Value lse =
+          softmaxLogSumExp(kb, balanceRowSoftmax(kb, x2, r, numExperts));
+      return kb.fmul(lse, lse);
     });
-    Value total = sumInOrder(kb, partial, blocks);
-    kb.store(kb.fdiv(total, indexToF32(kb, rows)), kernel.out(0), {});
-    kernel.replace(rw, op);
-    return success();
-  }
-};
-} // namespace
+    kb.store(sum, partial, {block});
+  });
+  Value total = sumInOrder(kb, partial, blocks);
+  kb.store(kb.fdiv(total, indexToF32(kb, rows)), x.kernel.out(0), {});
+}
 
-MOE_CPU_KERNEL_POPULATE(populateRouterZLossKernel, RouterZLossKernel)
+MOE_CPU_KERNEL_POPULATE(populateRouterZLossKernel,
+                        LogitsRowKernel<RouterZLossOp, emitRouterZLoss>)
 
 } // namespace mlir::moe::cpu

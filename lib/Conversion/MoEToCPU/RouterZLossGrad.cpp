@@ -19,39 +19,28 @@
 namespace mlir::moe::cpu {
 using namespace kernels;
 
-namespace {
-struct RouterZLossGradKernel : KernelPattern<RouterZLossGradOp> {
-  using KernelPattern::KernelPattern;
-
-  LogicalResult emit(RouterZLossGradOp op, CpuKernelBuilder &kb,
-                     PatternRewriter &rw) const override {
-    Value logits = op.getLogits();
-    SmallVector<Value> sz = kb.sizes(logits);
-    Value rows = sz[0], numExperts = sz[1];
-    KernelScope kernel(kb, {logits, op.getDloss()},
-                       KernelScope::outsOf(op, {sz}));
-    Value x2 = kb.buffer(logits), out = kernel.out(0);
-    Value dloss = kb.load(kb.buffer(op.getDloss()), {});
-    Value scale = kb.fdiv(kb.fmul(kb.cF32(2.0), dloss), indexToF32(kb, rows));
-    const double negInf = -std::numeric_limits<double>::infinity();
-    kb.workers(opts, balanceBlocks(kb, rows), [&](Value block, Value) {
-      balanceEachBlockRow(kb, block, rows, [&](Value r) {
-        Value lse =
-            softmaxLogSumExp(kb, balanceRowSoftmax(kb, x2, r, numExperts));
-        balanceEachChunk(kb, numExperts, [&](Value base) {
-          Value p = softmaxFromLogSumExp(
-              kb, balanceChunk(kb, x2, r, base, numExperts, negInf), lse);
-          kb.vstoreMasked(zLossGradEntry(kb, p, lse, scale), out, {r, base},
-                         kb.sub(numExperts, base));
-        });
+/// dlogits of router_z_loss_grad, row by row.
+static void emitRouterZLossGrad(RouterZLossGradOp op, CpuKernelBuilder &kb, const LogitsRows &x) {
+  Value rows = x.rows, numExperts = x.numExperts, x2 = x.x2;
+  Value out = x.kernel.out(0);
+  Value dloss = kb.load(kb.buffer(op.getDloss()), {});
+  Value scale = kb.fdiv(kb.fmul(kb.cF32(2.0), dloss), indexToF32(kb, rows));
+  const double negInf = -std::numeric_limits<double>::infinity();
+  kb.workers(x.opts, balanceBlocks(kb, rows), [&](Value block, Value) {
+    balanceEachBlockRow(kb, block, rows, [&](Value r) {
+      Value lse =
+          softmaxLogSumExp(kb, balanceRowSoftmax(kb, x2, r, numExperts));
+      balanceEachChunk(kb, numExperts, [&](Value base) {
+        Value p = softmaxFromLogSumExp(
+            kb, balanceChunk(kb, x2, r, base, numExperts, negInf), lse);
+        kb.vstoreMasked(zLossGradEntry(kb, p, lse, scale), out, {r, base},
+                       kb.sub(numExperts, base));
       });
     });
-    kernel.replace(rw, op);
-    return success();
-  }
-};
-} // namespace
+  });
+}
 
-MOE_CPU_KERNEL_POPULATE(populateRouterZLossGradKernel, RouterZLossGradKernel)
+MOE_CPU_KERNEL_POPULATE(populateRouterZLossGradKernel,
+                        LogitsRowKernel<RouterZLossGradOp, emitRouterZLossGrad>)
 
 } // namespace mlir::moe::cpu
