@@ -15,7 +15,7 @@
 //  2. query-major (emitFlashGrad, rows i, columns j): G = exp(z - lse'_i),
 //     dz = G (<dp_i, e_j> - delta_i), d_u_i = Σ_j dz_ij m_j / σ², and G
 //     stored into d_scores[b, h*] (its other heads are 0);
-//  3. key-major over that G (keyMajorSums: one item per key tile, no logit
+//  3. key-major over that G (KeyMajorSums: one item per key tile, no logit
 //     recomputed): dz written over G, d_e_j = Σ_i G_ij dp_i, Σ_i dz_ij and
 //     Σ_i dz_ij u_i (register blocks of keys x columns). A second tiled pass
 //     that recomputed z (D-deep dot, exp) cost a quarter more of the backward
@@ -106,187 +106,259 @@ struct KeyMajorBuffers {
 /// per pair) and streamed D + K + 1 accumulator lanes per pair through the
 /// tiles, this costs about D / 16 + 2 vector FMAs per 16 pairs. Every sum
 /// has one writer and a fixed order (kFoldRows blocks).
-void keyMajorSums(CpuKernelBuilder &kb, const KernelOptions &opts,
-                  const KeyMajorBuffers &x, Value batch, Value rows, Value keys,
-                  Value model, Value width) {
-  constexpr int64_t TK = kKeyTile, KV = TK / kLanes;
-  // AVX-512: 4 x 4 accumulators and 4 u chunks of 32 zmm; AVX2 (two ymm a
-  // 16-lane vector): 2 x 2 and 2 chunks of 16 ymm.
-  const int64_t kSumKeys = opts.vectorBits >= 512 ? 4 : 2;
-  const int64_t kSumChunks = kSumKeys;
-  Type f32 = kb.f32();
-  Value c0 = kb.idx(0), c1 = kb.idx(1);
-  Value zeros = kb.constLike(kb.vf32(), 0.0);
-  Value keyTiles = kb.ceilDiv(keys, kb.idx(TK));
-  Value fold = kb.idx(kFoldRows);
-  Value ahead = kb.idx(kPrefetchRows), lastRow = kb.sub(rows, c1);
-  auto perWorker = [&](ArrayRef<int64_t> shape, ValueRange dyn) {
-    return kb.scratch(opts, MemRefType::get(shape, f32), dyn);
-  };
-  Value dePartAll = perWorker({kDyn, TK}, {width});
-  Value deTotAll = perWorker({kDyn, TK}, {width});
-  Value dzAll = perWorker({kDyn, TK}, {rows});
-  Value work = kb.mul(kb.mul(kb.mul(batch, rows), keys),
-                     kb.add(model, kb.add(width, width)));
-  workersIfLarge(kb, opts, kb.mul(batch, keyTiles), work, [&](Value item,
-                                                            Value worker) {
-    Value bi = kb.divu(item, keyTiles), jt = kb.remu(item, keyTiles);
-    Value j0 = kb.mul(jt, kb.idx(TK));
-    Value h = kb.castInt(kb.load(x.head, {bi}), kb.b.getIndexType());
-    Value dePart = kb.workerSlice(dePartAll, worker);
-    Value deTot = kb.workerSlice(deTotAll, worker);
-    Value dzBuf = kb.workerSlice(dzAll, worker);
-    auto zeroDe = [&](Value buf) {
-      kb.forLoop(c0, width, c1, [&](Value c) {
-        for (int64_t v = 0; v < KV; ++v)
-          kb.vstore(zeros, buf, {c, kb.idx(v * kLanes)});
-      });
-    };
-    // Key vector v: its first key and the lanes inside [0, keys) (a vector
-    // past the end reads and writes nothing; its index is 0, inside).
-    SmallVector<Value> counts, keyAt;
-    for (int64_t v = 0; v < KV; ++v) {
-      Value j = kb.add(j0, kb.idx(v * kLanes));
-      counts.push_back(kb.sub(keys, j));
-      keyAt.push_back(kb.select(
-          kb.cmpi(arith::CmpIPredicate::sgt, counts.back(), c0), j, c0));
-    }
+class KeyMajorSums {
+public:
+  static constexpr int64_t TK = kKeyTile, KV = TK / kLanes;
 
-    // A. dz, d_e, Σ dz.
-    zeroDe(deTot);
-    Value full = kb.cmpi(arith::CmpIPredicate::ule, kb.add(j0, kb.idx(TK)), keys);
+  KeyMajorSums(CpuKernelBuilder &kb, const KernelOptions &opts,
+               const KeyMajorBuffers &x, Value batch, Value rows, Value keys,
+               Value model, Value width)
+      : kb(kb), opts(opts), x(x), batch(batch), rows(rows), keys(keys),
+        model(model), width(width),
+        // AVX-512: 4 x 4 accumulators and 4 u chunks of 32 zmm; AVX2 (two
+        // ymm a 16-lane vector): 2 x 2 and 2 chunks of 16 ymm.
+        sumKeys(opts.vectorBits >= 512 ? 4 : 2), sumChunks(sumKeys) {
+    c0 = kb.idx(0);
+    c1 = kb.idx(1);
+    zeros = kb.constLike(kb.vf32(), 0.0);
+    keyTiles = kb.ceilDiv(keys, kb.idx(TK));
+    fold = kb.idx(kFoldRows);
+    ahead = kb.idx(kPrefetchRows);
+    lastRow = kb.sub(rows, c1);
+  }
+
+  /// The passes, one worker item per (b, key tile).
+  void emit() {
+    Value dePartAll = perWorker({kDyn, TK}, {width});
+    Value deTotAll = perWorker({kDyn, TK}, {width});
+    Value dzAll = perWorker({kDyn, TK}, {rows});
+    Value work = kb.mul(kb.mul(kb.mul(batch, rows), keys),
+                        kb.add(model, kb.add(width, width)));
+    workersIfLarge(kb, opts, kb.mul(batch, keyTiles), work,
+                   [&](Value item, Value worker) {
+                     Tile t = openTile(item, worker, dePartAll, deTotAll, dzAll);
+                     SmallVector<Value> dzSum = dzAndDeOfTile(t);
+                     Value tileKeys = storeTileSums(t, dzSum);
+                     sumDzTimesU(t, tileKeys);
+                   });
+  }
+
+private:
+  /// One worker item: key tile jt (keys j0..j0 + TK) of batch element bi at
+  /// its head h, and the worker's scratch.
+  struct Tile {
+    Value bi, jt, j0, h;
+    Value dePart, deTot, dzBuf;
+    /// Key vector v: its first key and the lanes inside [0, keys) (a vector
+    /// past the end reads and writes nothing; its index is 0, inside).
+    SmallVector<Value> counts, keyAt;
+  };
+
+  Value perWorker(ArrayRef<int64_t> shape, ValueRange dyn) {
+    return kb.scratch(opts, MemRefType::get(shape, kb.f32()), dyn);
+  }
+
+  Tile openTile(Value item, Value worker, Value dePartAll, Value deTotAll,
+                Value dzAll) {
+    Tile t;
+    t.bi = kb.divu(item, keyTiles);
+    t.jt = kb.remu(item, keyTiles);
+    t.j0 = kb.mul(t.jt, kb.idx(TK));
+    t.h = kb.castInt(kb.load(x.head, {t.bi}), kb.b.getIndexType());
+    t.dePart = kb.workerSlice(dePartAll, worker);
+    t.deTot = kb.workerSlice(deTotAll, worker);
+    t.dzBuf = kb.workerSlice(dzAll, worker);
+    for (int64_t v = 0; v < KV; ++v) {
+      Value j = kb.add(t.j0, kb.idx(v * kLanes));
+      t.counts.push_back(kb.sub(keys, j));
+      t.keyAt.push_back(kb.select(
+          kb.cmpi(arith::CmpIPredicate::sgt, t.counts.back(), c0), j, c0));
+    }
+    return t;
+  }
+
+  /// Zeroes a [width, TK] scratch of d_e columns.
+  void zeroDeColumns(Value buf) {
+    kb.forLoop(c0, width, c1, [&](Value c) {
+      for (int64_t v = 0; v < KV; ++v)
+        kb.vstore(zeros, buf, {c, kb.idx(v * kLanes)});
+    });
+  }
+
+  /// A: over the rows in kFoldRows blocks, dz into d_scores and the dz
+  /// scratch, d_e of the tile's keys into t.deTot; returns Σ_i dz_ij (one
+  /// vector per key vector).
+  SmallVector<Value> dzAndDeOfTile(const Tile &t) {
+    zeroDeColumns(t.deTot);
+    Value full =
+        kb.cmpi(arith::CmpIPredicate::ule, kb.add(t.j0, kb.idx(TK)), keys);
     SmallVector<Value> sumInit(KV, zeros);
-    SmallVector<Value> dzSum = kb.forLoop(
+    return kb.forLoop(
         c0, rows, fold, sumInit,
         [&](Value i0, ValueRange tot) -> SmallVector<Value> {
-          zeroDe(dePart);
+          zeroDeColumns(t.dePart);
           Value i1 = kb.mins(kb.add(i0, fold), rows);
           SmallVector<Value> part = kb.forLoop(
               i0, i1, c1, sumInit,
               [&](Value i, ValueRange acc) -> SmallVector<Value> {
-                // Whole key vectors or the ragged last tile (masked).
-                SmallVector<Value> g(KV);
-                for (int64_t v = 0; v < KV; ++v) {
-                  // Rows are Nk·4 bytes apart (a page at Nk = 1024), which
-                  // no hardware prefetcher follows: the tile of the row
-                  // kPrefetchRows ahead is fetched now (it is also written).
-                  Value next = kb.mins(kb.add(i, ahead), lastRow);
-                  memref::PrefetchOp::create(
-                      kb.b, x.dScores, ValueRange{bi, h, next, keyAt[v]},
-                      /*isWrite=*/true, /*localityHint=*/3,
-                      /*isDataCache=*/true);
-                  g[v] = kb.vloadMasked(x.dScores, {bi, h, i, keyAt[v]},
-                                       counts[v], 0.0);
-                }
-                // <dp_i, e_j> for the tile's keys and d_e_j += G_ij dp_i.
-                SmallVector<Value> dot = kb.forLoop(
-                    c0, width, c1, sumInit,
-                    [&](Value c, ValueRange d) -> SmallVector<Value> {
-                      Value dpc = kb.splat(kb.loadF(x.dp, {bi, i, c}), kLanes);
-                      SmallVector<Value> next;
-                      for (int64_t v = 0; v < KV; ++v) {
-                        Value col = kb.idx(v * kLanes);
-                        next.push_back(
-                            kb.fma(dpc, kb.vload(x.eT, {bi, jt, c, col}), d[v]));
-                        kb.vstore(kb.fma(dpc, g[v], kb.vload(dePart, {c, col})),
-                                 dePart, {c, col});
-                      }
-                      return next;
-                    });
-                Value d = kb.splat(kb.load(x.delta, {bi, i}), kLanes);
-                SmallVector<Value> next;
-                for (int64_t v = 0; v < KV; ++v) {
-                  Value dz = kb.fmul(g[v], kb.fsub(dot[v], d));
-                  kb.splitFull(full, [&](bool whole) {
-                    kb.vstorePart(whole, dz, x.dScores, {bi, h, i, keyAt[v]},
-                                 counts[v]);
-                  });
-                  // Pass B broadcasts dz into FMAs: a subnormal would cost a
-                  // microcode assist in each (FlashGrad.cpp).
-                  dz = kb.flushSubnormal(dz);
-                  kb.vstore(dz, dzBuf, {i, kb.idx(v * kLanes)});
-                  next.push_back(kb.fadd(acc[v], dz));
-                }
-                return next;
+                return dzOfRow(t, full, i, acc);
               });
-          kb.forLoop(c0, width, c1, [&](Value c) {
-            for (int64_t v = 0; v < KV; ++v) {
-              Value col = kb.idx(v * kLanes);
-              kb.vstore(kb.fadd(kb.vload(deTot, {c, col}),
-                              kb.vload(dePart, {c, col})),
-                       deTot, {c, col});
-            }
-          });
+          addDeBlock(t);
           SmallVector<Value> next;
           for (int64_t v = 0; v < KV; ++v)
             next.push_back(kb.fadd(tot[v], part[v]));
           return next;
         });
+  }
+
+  /// Row i of A: G of the tile's keys, <dp_i, e_j> with d_e_j += G_ij dp_i
+  /// into t.dePart, dz stored; returns `acc` + dz.
+  SmallVector<Value> dzOfRow(const Tile &t, Value full, Value i,
+                             ValueRange acc) {
+    SmallVector<Value> sumInit(KV, zeros);
+    // Whole key vectors or the ragged last tile (masked).
+    SmallVector<Value> g(KV);
+    for (int64_t v = 0; v < KV; ++v) {
+      // Rows are Nk·4 bytes apart (a page at Nk = 1024), which no hardware
+      // prefetcher follows: the tile of the row kPrefetchRows ahead is
+      // fetched now (it is also written).
+      Value next = kb.mins(kb.add(i, ahead), lastRow);
+      memref::PrefetchOp::create(kb.b, x.dScores,
+                                 ValueRange{t.bi, t.h, next, t.keyAt[v]},
+                                 /*isWrite=*/true, /*localityHint=*/3,
+                                 /*isDataCache=*/true);
+      g[v] = kb.vloadMasked(x.dScores, {t.bi, t.h, i, t.keyAt[v]},
+                            t.counts[v], 0.0);
+    }
+    // <dp_i, e_j> for the tile's keys and d_e_j += G_ij dp_i.
+    SmallVector<Value> dot = kb.forLoop(
+        c0, width, c1, sumInit,
+        [&](Value c, ValueRange d) -> SmallVector<Value> {
+          Value dpc = kb.splat(kb.loadF(x.dp, {t.bi, i, c}), kLanes);
+          SmallVector<Value> next;
+          for (int64_t v = 0; v < KV; ++v) {
+            Value col = kb.idx(v * kLanes);
+            next.push_back(
+                kb.fma(dpc, kb.vload(x.eT, {t.bi, t.jt, c, col}), d[v]));
+            kb.vstore(kb.fma(dpc, g[v], kb.vload(t.dePart, {c, col})),
+                      t.dePart, {c, col});
+          }
+          return next;
+        });
+    Value d = kb.splat(kb.load(x.delta, {t.bi, i}), kLanes);
+    SmallVector<Value> next;
+    for (int64_t v = 0; v < KV; ++v) {
+      Value dz = kb.fmul(g[v], kb.fsub(dot[v], d));
+      kb.splitFull(full, [&](bool whole) {
+        kb.vstorePart(whole, dz, x.dScores, {t.bi, t.h, i, t.keyAt[v]},
+                      t.counts[v]);
+      });
+      // Pass B broadcasts dz into FMAs: a subnormal would cost a microcode
+      // assist in each (FlashGrad.cpp).
+      dz = kb.flushSubnormal(dz);
+      kb.vstore(dz, t.dzBuf, {i, kb.idx(v * kLanes)});
+      next.push_back(kb.fadd(acc[v], dz));
+    }
+    return next;
+  }
+
+  /// t.deTot += t.dePart (one kFoldRows block's d_e).
+  void addDeBlock(const Tile &t) {
+    kb.forLoop(c0, width, c1, [&](Value c) {
+      for (int64_t v = 0; v < KV; ++v) {
+        Value col = kb.idx(v * kLanes);
+        kb.vstore(kb.fadd(kb.vload(t.deTot, {c, col}),
+                          kb.vload(t.dePart, {c, col})),
+                  t.deTot, {c, col});
+      }
+    });
+  }
+
+  /// Σ_i dz_ij and d_e[b, j, c] = deTot[c, j - j0] for the tile's keys;
+  /// returns the count of the tile's keys.
+  Value storeTileSums(const Tile &t, ArrayRef<Value> dzSum) {
     for (int64_t v = 0; v < KV; ++v)
-      kb.vstoreMasked(dzSum[v], x.dzSum, {bi, keyAt[v]}, counts[v]);
-    // d_e[b, j, c] = deTot[c, j - j0] for the tile's keys.
-    Value tileKeys = kb.mins(kb.sub(keys, j0), kb.idx(TK));
+      kb.vstoreMasked(dzSum[v], x.dzSum, {t.bi, t.keyAt[v]}, t.counts[v]);
+    Value tileKeys = kb.mins(kb.sub(keys, t.j0), kb.idx(TK));
     kb.forLoop(c0, tileKeys, c1, [&](Value l) {
       kb.forLoop(c0, width, c1, [&](Value c) {
-        kb.store(kb.load(deTot, {c, l}), x.de, {bi, kb.add(j0, l), c});
+        kb.store(kb.load(t.deTot, {c, l}), x.de, {t.bi, kb.add(t.j0, l), c});
       });
     });
+    return tileKeys;
+  }
 
-    // B. Σ_i dz_ij u_i: blocks of kSumKeys keys x kSumChunks column chunks.
-    kb.forLoop(c0, kb.ceilDiv(tileKeys, kb.idx(kSumKeys)), c1, [&](Value kg) {
-      Value l0 = kb.mul(kg, kb.idx(kSumKeys));
+  /// B: Σ_i dz_ij u_i from the dz scratch, blocks of sumKeys keys x
+  /// sumChunks column chunks.
+  void sumDzTimesU(const Tile &t, Value tileKeys) {
+    kb.forLoop(c0, kb.ceilDiv(tileKeys, kb.idx(sumKeys)), c1, [&](Value kg) {
+      Value l0 = kb.mul(kg, kb.idx(sumKeys));
       // Keys past the end read the tile's last key (in the scratch) and are
       // not stored.
       SmallVector<Value> ls;
-      for (int64_t r = 0; r < kSumKeys; ++r)
+      for (int64_t r = 0; r < sumKeys; ++r)
         ls.push_back(kb.mins(kb.add(l0, kb.idx(r)), kb.sub(tileKeys, c1)));
-      forEachChunkGroup(kb, model, kSumChunks, [&](ArrayRef<Value> cols,
+      forEachChunkGroup(kb, model, sumChunks, [&](ArrayRef<Value> cols,
                                                   ArrayRef<Value> colCounts) {
-        auto store = [&](ValueRange acc, bool first) {
-          for (int64_t r = 0; r < kSumKeys; ++r) {
-            Value j = kb.add(j0, kb.add(l0, kb.idx(r)));
-            kb.ifThen(kb.cmpi(arith::CmpIPredicate::ult, kb.add(l0, kb.idx(r)),
-                            tileKeys),
-                     [&] {
-                       for (int64_t q = 0; q < kSumChunks; ++q) {
-                         Value a = acc[r * kSumChunks + q];
-                         if (!first)
-                           a = kb.fadd(kb.vloadMasked(x.dzU, {bi, j, cols[q]},
-                                                    colCounts[q], 0.0),
-                                      a);
-                         kb.vstoreMasked(a, x.dzU, {bi, j, cols[q]},
-                                        colCounts[q]);
-                       }
-                     });
-          }
-        };
-        SmallVector<Value> init(kSumKeys * kSumChunks, zeros);
+        SmallVector<Value> init(sumKeys * sumChunks, zeros);
         kb.forLoop(c0, rows, fold, [&](Value i0) {
           Value i1 = kb.mins(kb.add(i0, fold), rows);
           SmallVector<Value> acc = kb.forLoop(
               i0, i1, c1, init,
               [&](Value i, ValueRange a) -> SmallVector<Value> {
                 SmallVector<Value> uc;
-                for (int64_t q = 0; q < kSumChunks; ++q)
-                  uc.push_back(kb.vloadMasked(x.u, {bi, i, cols[q]},
-                                             colCounts[q], 0.0));
+                for (int64_t q = 0; q < sumChunks; ++q)
+                  uc.push_back(kb.vloadMasked(x.u, {t.bi, i, cols[q]},
+                                              colCounts[q], 0.0));
                 SmallVector<Value> next;
-                for (int64_t r = 0; r < kSumKeys; ++r) {
-                  Value w = kb.splat(kb.load(dzBuf, {i, ls[r]}), kLanes);
-                  for (int64_t q = 0; q < kSumChunks; ++q)
-                    next.push_back(
-                        kb.fma(w, uc[q], a[r * kSumChunks + q]));
+                for (int64_t r = 0; r < sumKeys; ++r) {
+                  Value w = kb.splat(kb.load(t.dzBuf, {i, ls[r]}), kLanes);
+                  for (int64_t q = 0; q < sumChunks; ++q)
+                    next.push_back(kb.fma(w, uc[q], a[r * sumChunks + q]));
                 }
                 return next;
               });
           Value first = kb.cmpi(arith::CmpIPredicate::eq, i0, c0);
-          kb.ifThen(first, [&] { store(acc, true); });
-          kb.ifThen(kb.notI1(first), [&] { store(acc, false); });
+          kb.ifThen(first, [&] {
+            storeDzU(t, tileKeys, l0, cols, colCounts, acc, true);
+          });
+          kb.ifThen(kb.notI1(first), [&] {
+            storeDzU(t, tileKeys, l0, cols, colCounts, acc, false);
+          });
         });
       });
     });
-  });
-}
+  }
+
+  /// A block's Σ_i dz_ij u_i (`acc`, keys l0.. x the chunks `cols`) into
+  /// x.dzU: stored by the first kFoldRows block, added by the others.
+  void storeDzU(const Tile &t, Value tileKeys, Value l0, ArrayRef<Value> cols,
+                ArrayRef<Value> colCounts, ValueRange acc, bool first) {
+    for (int64_t r = 0; r < sumKeys; ++r) {
+      Value j = kb.add(t.j0, kb.add(l0, kb.idx(r)));
+      kb.ifThen(kb.cmpi(arith::CmpIPredicate::ult, kb.add(l0, kb.idx(r)),
+                        tileKeys),
+                [&] {
+                  for (int64_t q = 0; q < sumChunks; ++q) {
+                    Value a = acc[r * sumChunks + q];
+                    if (!first)
+                      a = kb.fadd(kb.vloadMasked(x.dzU, {t.bi, j, cols[q]},
+                                                 colCounts[q], 0.0),
+                                  a);
+                    kb.vstoreMasked(a, x.dzU, {t.bi, j, cols[q]},
+                                    colCounts[q]);
+                  }
+                });
+    }
+  }
+
+  CpuKernelBuilder &kb;
+  const KernelOptions &opts;
+  const KeyMajorBuffers &x;
+  Value batch, rows, keys, model, width;
+  const int64_t sumKeys, sumChunks;
+  Value c0, c1, zeros, keyTiles, fold, ahead, lastRow;
+};
 
 /// kChains chunks a step for the sums that run over a long index: one
 /// accumulator a chunk would wait on the FMA latency each step; four
@@ -587,12 +659,12 @@ struct AttentionPosteriorGradKernel
     emitFlashGrad(kb, opts, byQuery);
 
     // 3. Key-major, over the G that pass 2 left in d_scores[b, h*]: no
-    //    logit is recomputed (keyMajorSums).
+    //    logit is recomputed (KeyMajorSums).
     Value de = kernel.out(4);
     Value dzU = kb.alloc(rank3, {batch, keys, model});
     Value dzSum = kb.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, keys});
-    keyMajorSums(kb, opts, {dScores, head, eT, dp, delta, u, de, dzU, dzSum},
-                 batch, rows, keys, model, width);
+    KeyMajorBuffers keyMajor{dScores, head, eT, dp, delta, u, de, dzU, dzSum};
+    KeyMajorSums(kb, opts, keyMajor, batch, rows, keys, model, width).emit();
     // d_e is 0 at a non-finite e entry.
     zeroWhereENonFinite(de, de);
 
