@@ -75,20 +75,6 @@ ValueRange forLoop(OpBuilder &b, Location loc, Value lb, Value ub,
       .getResults();
 }
 
-/// `then(iter)` when `cond`, else `iter` unchanged, as one scf.if.
-ValueRange ifThen(OpBuilder &b, Location loc, Value cond, ValueRange iter,
-                  function_ref<SmallVector<Value>(OpBuilder &, Location)> then) {
-  return scf::IfOp::create(
-             b, loc, cond,
-             [&](OpBuilder &tb, Location tl) {
-               scf::YieldOp::create(tb, tl, then(tb, tl));
-             },
-             [&](OpBuilder &eb, Location el) {
-               scf::YieldOp::create(eb, el, iter);
-             })
-      .getResults();
-}
-
 /// `then()` when `cond`, else `otherwise()`, as one scf.if.
 ValueRange ifElse(
     OpBuilder &b, Location loc, Value cond,
@@ -103,6 +89,14 @@ ValueRange ifElse(
                scf::YieldOp::create(eb, el, otherwise(eb, el));
              })
       .getResults();
+}
+
+/// `then(iter)` when `cond`, else `iter` unchanged, as one scf.if.
+ValueRange ifThen(OpBuilder &b, Location loc, Value cond, ValueRange iter,
+                  function_ref<SmallVector<Value>(OpBuilder &, Location)> then) {
+  return ifElse(b, loc, cond, then, [&](OpBuilder &, Location) {
+    return SmallVector<Value>(iter);
+  });
 }
 
 /// The expert of assignment i (an index) and whether it is planned (i1).
