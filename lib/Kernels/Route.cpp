@@ -15,20 +15,13 @@ Value mlir::moe::kernels::sigmoid(KernelBuilder &kb, Value x) {
   return kb.fdiv(one, kb.fadd(one, kb.exp(kb.fsub(kb.constLike(t, 0.0), x))));
 }
 
-Value mlir::moe::kernels::softmaxScore(KernelBuilder &kb, Value e, Value rowMax,
-                                       Value rowSum) {
-  Value masked = kb.cmpf(arith::CmpFPredicate::OEQ, rowMax,
-                        kb.negInfLike(rowMax.getType()));
-  return kb.select(masked, kb.constLike(e.getType(), 0.0), kb.fdiv(e, rowSum));
-}
-
 Value mlir::moe::kernels::routeScore(KernelBuilder &kb, const RouteSpec &spec,
                                      Value x, Value rowMax, Value rowSum) {
   if (spec.fromLogits())
     return x;
   if (spec.scoring == RouteSpec::Scoring::Sigmoid)
     return sigmoid(kb, x);
-  return softmaxScore(kb, kb.exp(kb.fsub(x, rowMax)), rowMax, rowSum);
+  return softmaxScore(kb, softmaxTerm(kb, x, rowMax), rowMax, rowSum);
 }
 
 Value mlir::moe::kernels::routeSelectedScore(KernelBuilder &kb,
@@ -40,7 +33,7 @@ Value mlir::moe::kernels::routeSelectedScore(KernelBuilder &kb,
   case RouteSpec::Scoring::Softmax:
     // With a bias the first pick need not hold the largest logit: selMax is
     // the selection's own max.
-    return softmaxScore(kb, kb.exp(kb.fsub(v, selMax)), selMax, selSum);
+    return softmaxScore(kb, softmaxTerm(kb, v, selMax), selMax, selSum);
   case RouteSpec::Scoring::Sigmoid:
     return sigmoid(kb, v);
   case RouteSpec::Scoring::None:

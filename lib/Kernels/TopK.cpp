@@ -87,6 +87,12 @@ Value mlir::moe::kernels::ranksBefore(KernelBuilder &kb, Value a, Value ai,
   return kb.cmpi(arith::CmpIPredicate::sgt, pa, pc);
 }
 
+Value mlir::moe::kernels::topkSelectionTerm(KernelBuilder &kb,
+                                            const TopkSpec &spec, Value v,
+                                            Value v0) {
+  return spec.logits ? softmaxTerm(kb, v, v0) : v;
+}
+
 Value mlir::moe::kernels::topkWeight(KernelBuilder &kb, const TopkSpec &spec,
                                      Value v, Value v0, Value selSum,
                                      Value denseMax, Value denseSum) {
@@ -95,11 +101,11 @@ Value mlir::moe::kernels::topkWeight(KernelBuilder &kb, const TopkSpec &spec,
   Value negInf = kb.negInfLike(t);
   if (spec.logits && spec.renormalize) {
     // Softmax over the selected logits; a row of -inf yields zeros.
-    Value w = kb.fdiv(kb.exp(kb.fsub(v, v0)), selSum);
+    Value w = kb.fdiv(softmaxTerm(kb, v, v0), selSum);
     return kb.select(kb.cmpf(arith::CmpFPredicate::OEQ, v0, negInf), zero, w);
   }
   if (spec.logits) {
-    Value w = kb.fdiv(kb.exp(kb.fsub(v, denseMax)), denseSum);
+    Value w = kb.fdiv(softmaxTerm(kb, v, denseMax), denseSum);
     return kb.select(kb.cmpf(arith::CmpFPredicate::OEQ, denseMax, negInf), zero,
                     w);
   }
@@ -126,7 +132,7 @@ void mlir::moe::kernels::emitTopkGradRow(KernelBuilder &kb, const TopkSpec &spec
                                        Value r, Value s2, Value i2, Value g2,
                                        Value o2, Value numExperts, Value sel) {
   Value c0 = kb.idx(0), c1 = kb.idx(1);
-  Value zero = kb.cF32(0.0), negInf = kb.negInfLike(kb.f32());
+  Value zero = kb.cF32(0.0);
   auto index = [&](Value l) {
     return kb.castInt(kb.load(i2, {r, l}), kb.index());
   };
@@ -147,23 +153,21 @@ void mlir::moe::kernels::emitTopkGradRow(KernelBuilder &kb, const TopkSpec &spec
   };
   Value v0, selSum, denseMax, denseSum;
   if (spec.logits) {
-    v0 = fold(sel, negInf, [&](Value l, Value m) {
-      return kb.fmax(m, value(l));
-    });
-    selSum = fold(sel, zero, [&](Value l, Value a) {
-      return kb.fadd(a, kb.exp(kb.fsub(value(l), v0)));
-    });
+    // The selection's softmax (its max: the indices need not be in order).
+    RowSoftmaxStats selStats =
+        rowSoftmaxStatsLoop(kb, kb.f32(), c0, sel, c1, value);
+    v0 = selStats.max;
+    selSum = selStats.sum;
     if (!spec.renormalize) {
-      denseMax = fold(numExperts, negInf, [&](Value j, Value m) {
-        return kb.fmax(m, kb.loadF(s2, {r, j}));
-      });
-      denseSum = fold(numExperts, zero, [&](Value j, Value a) {
-        return kb.fadd(a, kb.exp(kb.fsub(kb.loadF(s2, {r, j}), denseMax)));
-      });
+      RowSoftmaxStats dense = rowSoftmaxStatsLoop(
+          kb, kb.f32(), c0, numExperts, c1,
+          [&](Value j) { return kb.loadF(s2, {r, j}); });
+      denseMax = dense.max;
+      denseSum = dense.sum;
     }
   } else {
     selSum = fold(sel, zero, [&](Value l, Value a) {
-      return kb.fadd(a, value(l));
+      return kb.fadd(a, topkSelectionTerm(kb, spec, value(l), v0));
     });
   }
   auto weight = [&](Value v) {

@@ -14,7 +14,7 @@
 #ifndef MOE_KERNELS_ROUTE_H
 #define MOE_KERNELS_ROUTE_H
 
-#include "MoE/Kernels/Builder.h"
+#include "MoE/Kernels/RowSoftmax.h"
 
 namespace mlir::moe::kernels {
 
@@ -63,10 +63,6 @@ RouteSpec routeSpecOf(RouteOpT op) {
 
 /// sigmoid(x) = 1 / (1 + exp(-x)): -inf -> 0, +inf -> 1, NaN -> NaN.
 Value sigmoid(KernelBuilder &kb, Value x);
-
-/// A softmax score from e = exp(x - rowMax) and rowSum = Σ_row e: e / rowSum,
-/// and 0 on a row whose max is -inf (every logit -inf: no NaN).
-Value softmaxScore(KernelBuilder &kb, Value e, Value rowMax, Value rowSum);
 
 /// The score before the top-k (score_then_topk, scoring != none) of the
 /// logit x given the row's max and Σ exp(x - max) (softmax only; null

@@ -25,6 +25,7 @@
 #define MOE_KERNELS_TOPK_H
 
 #include "MoE/Kernels/Builder.h"
+#include "MoE/Kernels/RowSoftmax.h"
 
 #include "mlir/IR/BuiltinTypes.h"
 
@@ -105,6 +106,13 @@ template <typename OpT> TopkSpec topkSpecOf(OpT op) {
   spec.renormalize = op.getRenormalize();
   return spec;
 }
+
+/// One term of the selection's sum `selSum` that topkWeight takes, for the
+/// selected value `v` and the first (largest) pick `v0`: exp(v - v0) for
+/// logits (softmaxTerm: the selection's max is its first pick), v for
+/// probabilities (v0 unused, may be null).
+Value topkSelectionTerm(KernelBuilder &kb, const TopkSpec &spec, Value v,
+                        Value v0);
 
 /// The weight of selected value `v` given the first (largest) selected value
 /// `v0`, the sum over the selection `selSum` (Σ exp(v - v0) for logits, Σ v

@@ -76,8 +76,6 @@ private:
   Value numExperts, numExpertsI32, none;
   VectorType candType;
 
-  Value negInf() { return kb.negInfLike(kb.vf32()); }
-
   /// Lanes [base, base + n) of the logits row r, `pad` past E.
   Value logitChunk(Value r, Value base, double pad, int64_t n = kLanes) {
     return kb.vloadMasked(x, {r, base}, kb.sub(numExperts, base), pad, n);
@@ -92,34 +90,25 @@ private:
 
   /// Step 1: s[0, E) = softmax(x) or sigmoid(x) (pad lanes are scratch).
   void emitScores(Value r, Value s) {
-    Value zero = kb.constLike(kb.vf32(), 0.0);
     if (spec.scoring == RouteSpec::Scoring::Sigmoid) {
       eachChunk([&](Value base) {
         kb.vstore(sigmoid(kb, logitChunk(r, base, 0.0)), s, {base});
       });
       return;
     }
-    // Softmax: the max propagates NaN (a NaN row scores NaN everywhere); a
-    // row of -inf (max = -inf) scores 0, never NaN.
+    // Softmax (RowSoftmax.h): the terms exp(x - max) kept in s, then each
+    // divided by the row's sum.
     Value n = kb.ceilDiv(numExperts, kb.idx(kLanes));
-    Value max = kb.maxf(
-        kb.forLoop(kb.idx(0), n, kb.idx(1), ValueRange{negInf()},
-                  [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                    Value base = kb.mul(c, kb.idx(kLanes));
-                    return {kb.fmax(acc[0], logitChunk(r, base, -kInf))};
-                  })[0]);
-    Value maxV = kb.splat(max, kLanes);
-    Value sum = kb.sum(
-        kb.forLoop(kb.idx(0), n, kb.idx(1), ValueRange{zero},
-                  [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                    Value base = kb.mul(c, kb.idx(kLanes));
-                    Value e = kb.exp(kb.fsub(logitChunk(r, base, -kInf), maxV));
-                    kb.vstore(e, s, {base});
-                    return {kb.fadd(acc[0], e)};
-                  })[0]);
-    Value sumV = kb.splat(sum, kLanes);
+    auto chunkBase = [&](Value c) { return kb.mul(c, kb.idx(kLanes)); };
+    RowSoftmaxStats stats = rowSoftmaxStatsLoop(
+        kb, kb.vf32(), kb.idx(0), n, kb.idx(1),
+        [&](Value c) { return logitChunk(r, chunkBase(c), -kInf); },
+        [&](Value v) { return kb.maxf(v); }, [&](Value v) { return kb.sum(v); },
+        [&](Value c, Value e) { kb.vstore(e, s, {chunkBase(c)}); });
+    Value sumV = kb.splat(stats.sum, kLanes);
     eachChunk([&](Value base) {
-      kb.vstore(softmaxScore(kb, kb.vload(s, {base}), maxV, sumV), s, {base});
+      kb.vstore(softmaxScore(kb, kb.vload(s, {base}), stats.maxShaped, sumV), s,
+               {base});
     });
   }
 
@@ -241,12 +230,11 @@ private:
   void emitWeights(Value r, Value sel) {
     Value selMax, selSum;
     if (!spec.scoreFirst && spec.scoring == RouteSpec::Scoring::Softmax) {
-      selMax = kb.forLoop(kb.idx(0), kb.idx(spec.k), kb.idx(1),
-                         ValueRange{kb.negInfLike(kb.f32())},
-                         [&](Value j, ValueRange acc) -> SmallVector<Value> {
-                           return {kb.fmax(acc[0], kb.load(sel, {j}))};
-                         })[0];
-      selSum = sumSel(sel, [&](Value v) { return kb.exp(kb.fsub(v, selMax)); });
+      RowSoftmaxStats stats = rowSoftmaxStatsLoop(
+          kb, kb.f32(), kb.idx(0), kb.idx(spec.k), kb.idx(1),
+          [&](Value j) { return kb.load(sel, {j}); });
+      selMax = stats.max;
+      selSum = stats.sum;
     }
     if (!spec.scoreFirst)
       mapSel(sel, [&](Value v) {

@@ -396,22 +396,17 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
       }
     }
 
+    // Each lane is a row: the sums need no reduction.
     Value v0 = vals[0], sum, denseMax, denseSum;
-    if (spec.logits && spec.renormalize) {
-      sum = kb.exp(kb.fsub(vals[0], v0));
+    if (spec.renormalize) {
+      sum = topkSelectionTerm(kb, spec, vals[0], v0);
       for (int64_t s = 1; s < topk; ++s)
-        sum = kb.fadd(sum, kb.exp(kb.fsub(vals[s], v0)));
-    } else if (spec.renormalize) {
-      sum = vals[0];
-      for (int64_t s = 1; s < topk; ++s)
-        sum = kb.fadd(sum, vals[s]);
+        sum = kb.fadd(sum, topkSelectionTerm(kb, spec, vals[s], v0));
     } else if (spec.logits) {
-      denseMax = cols[0];
-      for (int64_t j = 1; j < numExperts; ++j)
-        denseMax = kb.fmax(denseMax, cols[j]);
-      denseSum = kb.exp(kb.fsub(cols[0], denseMax));
-      for (int64_t j = 1; j < numExperts; ++j)
-        denseSum = kb.fadd(denseSum, kb.exp(kb.fsub(cols[j], denseMax)));
+      RowSoftmaxStats dense = rowSoftmaxStats(kb, cols, nullptr, nullptr,
+                                              /*sumFromFirstTerm=*/true);
+      denseMax = dense.max;
+      denseSum = dense.sum;
     }
     SmallVector<Value> weights;
     for (int64_t s = 0; s < topk; ++s)
@@ -660,35 +655,27 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
           kb, selPad, zeros, [&](Value c) { return term(kb.vload(sel, {c})); }));
     };
     Value v0, sum, denseMax, denseSum;
-    if (!logits) {
-      sum = kb.splat(selSum([](Value v) { return v; }), lanes);
-    } else if (renormalize) {
-      // Softmax over the selection: its max is the first pick.
-      v0 = kb.splat(kb.load(sel, {kb.idx(0)}), lanes);
-      sum = kb.splat(selSum([&](Value v) { return kb.exp(kb.fsub(v, v0)); }),
-                    lanes);
+    if (!logits || renormalize) {
+      // Over the selection; a softmax's max is the first pick.
+      if (logits)
+        v0 = kb.splat(kb.load(sel, {kb.idx(0)}), lanes);
+      sum = kb.splat(
+          selSum([&](Value v) { return topkSelectionTerm(kb, spec, v, v0); }),
+          lanes);
     } else {
       // Softmax over the whole row, read at the selection.
-      Value negInf = kb.negInfLike(kb.vf32());
       Value numRowChunks = kb.ceilDiv(numExperts, kb.idx(lanes));
       auto rowChunk = [&](Value c) {
         Value base = kb.mul(c, kb.idx(lanes));
         return kb.vloadMasked(s2, {r, base}, kb.sub(numExperts, base),
                              -std::numeric_limits<double>::infinity());
       };
-      Value max =
-          kb.maxf(kb.forLoop(kb.idx(0), numRowChunks, kb.idx(1), ValueRange{negInf},
-                           [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                             return {kb.fmax(acc[0], rowChunk(c))};
-                           })[0]);
-      denseMax = kb.splat(max, lanes);
-      denseSum = kb.splat(
-          kb.sum(kb.forLoop(kb.idx(0), numRowChunks, kb.idx(1), ValueRange{zeros},
-                          [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                            return {kb.fadd(
-                                acc[0], kb.exp(kb.fsub(rowChunk(c), denseMax)))};
-                          })[0]),
-          lanes);
+      RowSoftmaxStats dense = rowSoftmaxStatsLoop(
+          kb, kb.vf32(), kb.idx(0), numRowChunks, kb.idx(1), rowChunk,
+          [&](Value v) { return kb.maxf(v); },
+          [&](Value v) { return kb.sum(v); });
+      denseMax = dense.maxShaped;
+      denseSum = kb.splat(dense.sum, lanes);
     }
     eachSelChunk(kb, selPad, [&](Value c) {
       Value w =

@@ -66,7 +66,7 @@ void emitTopkGradRowInLanes(CpuKernelBuilder &kb, const TopkSpec &spec, Value r,
   Value v0, selSum, denseMax, denseSum;
   if (spec.logits) {
     v0 = kb.maxf(vals);
-    selSum = sumLive(kb.exp(kb.fsub(vals, kb.splat(v0, n))));
+    selSum = sumLive(topkSelectionTerm(kb, spec, vals, v0));
     if (!spec.renormalize) {
       // Over the row's K entries, in vectors (-inf padding: exp gives 0).
       Value chunks = kb.ceilDiv(numExperts, kb.idx(n));
@@ -75,20 +75,14 @@ void emitTopkGradRowInLanes(CpuKernelBuilder &kb, const TopkSpec &spec, Value r,
         return kb.vloadMasked(s2, {r, col}, kb.sub(numExperts, col),
                              -std::numeric_limits<double>::infinity(), n);
       };
-      denseMax = kb.maxf(
-          kb.forLoop(c0, chunks, c1, ValueRange{negInfV},
-                    [&](Value c, ValueRange a) -> SmallVector<Value> {
-                      return {kb.fmax(a[0], chunk(c))};
-                    })[0]);
-      Value dm = kb.splat(denseMax, n);
-      denseSum = kb.sum(
-          kb.forLoop(c0, chunks, c1, ValueRange{zeroV},
-                    [&](Value c, ValueRange a) -> SmallVector<Value> {
-                      return {kb.fadd(a[0], kb.exp(kb.fsub(chunk(c), dm)))};
-                    })[0]);
+      RowSoftmaxStats dense = rowSoftmaxStatsLoop(
+          kb, vt, c0, chunks, c1, chunk, [&](Value v) { return kb.maxf(v); },
+          [&](Value v) { return kb.sum(v); });
+      denseMax = dense.max;
+      denseSum = dense.sum;
     }
   } else {
-    selSum = sumLive(vals);
+    selSum = sumLive(topkSelectionTerm(kb, spec, vals, v0));
   }
   auto splat = [&](Value x) { return x ? kb.splat(x, n) : Value(); };
   auto weight = [&](Value v) {

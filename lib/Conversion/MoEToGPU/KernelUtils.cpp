@@ -210,7 +210,7 @@ emitReduxRounds(GpuKernelBuilder &kb, ArrayRef<Value> vals, Value lane,
           next.push_back(kb.select(kb.eq(index[m], winner), gone, keys[m]));
         Value v = keyToFloat(kb, best);
         Value v0 = kb.select(kb.eq(r, kb.idx(0)), v, args[vpt]);
-        Value term = spec.logits ? kb.exp(kb.fsub(v, v0)) : v;
+        Value term = topkSelectionTerm(kb, spec, v, v0);
         Value writer = kb.andI(active, kb.eq(kb.remu(r, widthIdx), lane));
         kb.ifThen(writer, [&] {
           kb.store(v, weights, {row, r});
@@ -266,7 +266,7 @@ void mlir::moe::gpu_lowering::emitRegisterTopk(
                   Value v = keyToFloat(kb, key);
                   Value first = kb.eq(r, kb.idx(0));
                   Value v0 = kb.select(first, v, args[1]);
-                  Value term = spec.logits ? kb.exp(kb.fsub(v, v0)) : v;
+                  Value term = topkSelectionTerm(kb, spec, v, v0);
                   Value selSum = kb.fadd(args[2], term);
                   Value writer =
                       kb.andI(active, kb.eq(kb.remu(r, widthIdx), lane));

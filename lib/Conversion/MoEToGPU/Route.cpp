@@ -119,14 +119,11 @@ private:
     for (int64_t m = 0; m < vpt; ++m)
       xs.push_back(loadOrPad(x, row, m, -kInf));
     if (!spec.fromLogits() && spec.scoring == RouteSpec::Scoring::Softmax) {
-      Value mx = xs[0];
-      for (Value v : ArrayRef<Value>(xs).drop_front())
-        mx = kb.fmax(mx, v);
-      rowMax = reduce(mx, ReduceKind::Max);
-      Value sum = kb.cF32(0.0);
-      for (Value v : xs)
-        sum = kb.fadd(sum, kb.exp(kb.fsub(v, rowMax)));
-      rowSum = reduce(sum, ReduceKind::Sum);
+      RowSoftmaxStats stats = rowSoftmaxStats(
+          kb, xs, [&](Value v) { return reduce(v, ReduceKind::Max); },
+          [&](Value v) { return reduce(v, ReduceKind::Sum); });
+      rowMax = stats.max;
+      rowSum = stats.sum;
     }
     for (int64_t m = 0; m < vpt; ++m) {
       Value c = routeScore(kb, spec, xs[m], rowMax, rowSum);
@@ -221,17 +218,14 @@ private:
         });
   }
 
-  /// Σ (or max) of f(v) over this lane's picks, then over the group.
-  Value overPicks(Value weights, ReduceKind kind, Value init,
-                  function_ref<Value(Value)> f) {
+  /// Σ of f(v) over this lane's picks, then over the group.
+  Value sumOverPicks(Value weights, function_ref<Value(Value)> f) {
     Value local =
-        kb.forLoop(lane, kb.idx(spec.k), kb.idx(width), ValueRange{init},
+        kb.forLoop(lane, kb.idx(spec.k), kb.idx(width), ValueRange{kb.cF32(0.0)},
                   [&](Value j, ValueRange acc) -> SmallVector<Value> {
-                    Value v = f(kb.load(weights, {row, j}));
-                    return {kind == ReduceKind::Max ? kb.fmax(acc[0], v)
-                                                    : kb.fadd(acc[0], v)};
+                    return {kb.fadd(acc[0], f(kb.load(weights, {row, j})))};
                   })[0];
-    return reduce(local, kind);
+    return reduce(local, ReduceKind::Sum);
   }
 
   /// Step 4: the weights of this lane's picks.
@@ -242,18 +236,21 @@ private:
       return; // the stored scores are the weights
     Value selMax, selSum;
     if (!spec.scoreFirst && spec.scoring == RouteSpec::Scoring::Softmax) {
-      selMax = overPicks(weights, ReduceKind::Max, kb.negInfLike(kb.f32()),
-                         [](Value v) { return v; });
-      selSum = overPicks(weights, ReduceKind::Sum, kb.cF32(0.0), [&](Value v) {
-        return kb.exp(kb.fsub(v, selMax));
-      });
+      // The selection's softmax over this lane's picks, then the group's.
+      RowSoftmaxStats stats = rowSoftmaxStatsLoop(
+          kb, kb.f32(), lane, kb.idx(spec.k), kb.idx(width),
+          [&](Value j) { return kb.load(weights, {row, j}); },
+          [&](Value v) { return reduce(v, ReduceKind::Max); },
+          [&](Value v) { return reduce(v, ReduceKind::Sum); });
+      selMax = stats.max;
+      selSum = stats.sum;
     }
     auto score = [&](Value v) {
       return routeSelectedScore(kb, spec, v, selMax, selSum);
     };
     Value wSum;
     if (spec.renormalize)
-      wSum = overPicks(weights, ReduceKind::Sum, kb.cF32(0.0), score);
+      wSum = sumOverPicks(weights, score);
     kb.ifThen(active, [&] {
       kb.forLoop(lane, kb.idx(spec.k), kb.idx(width), [&](Value j) {
         Value w = routeWeight(kb, spec, score(kb.load(weights, {row, j})), wSum);

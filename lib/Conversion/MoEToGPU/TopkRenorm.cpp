@@ -31,6 +31,7 @@
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
+using namespace mlir::moe::kernels;
 
 Value mlir::moe::gpu_lowering::viewAs2D(ImplicitLocOpBuilder &b, Value memref) {
   auto type = cast<MemRefType>(memref.getType());
@@ -86,14 +87,12 @@ static void emitWarpTopkKernel(GpuKernelBuilder &kb, Value scores, Value weights
 
   Value denseMax, denseSum;
   if (spec.logits && !spec.renormalize) {
-    Value m = vals[0];
-    for (Value v : ArrayRef<Value>(vals).drop_front())
-      m = kb.fmax(m, v);
-    denseMax = subgroupReduce(kb, m, ReduceKind::Max, width);
-    Value s = kb.cF32(0.0);
-    for (Value v : vals)
-      s = kb.fadd(s, kb.exp(kb.fsub(v, denseMax)));
-    denseSum = subgroupReduce(kb, s, ReduceKind::Sum, width);
+    RowSoftmaxStats dense = rowSoftmaxStats(
+        kb, vals,
+        [&](Value v) { return subgroupReduce(kb, v, ReduceKind::Max, width); },
+        [&](Value v) { return subgroupReduce(kb, v, ReduceKind::Sum, width); });
+    denseMax = dense.max;
+    denseSum = dense.sum;
   }
   emitRegisterTopk(kb, vals, lane, width, K, spec, weights, indices, row, active,
                    denseMax, denseSum, rounds);
@@ -111,18 +110,17 @@ static void emitBlockTopkKernel(GpuKernelBuilder &kb, Value scores,
 
   Value denseMax, denseSum;
   if (spec.logits && !spec.renormalize) {
-    Value negInf = kb.cF32(-std::numeric_limits<double>::infinity());
-    Value m = kb.forLoop(tid, K, step, {negInf},
-                        [&](Value i, ValueRange acc) -> SmallVector<Value> {
-                          return {kb.fmax(acc[0], kb.loadF(scores, {row, i}))};
-                        })[0];
-    denseMax = blockReduce(kb, m, ReduceKind::Max, threads, scratchF32);
-    Value s = kb.forLoop(tid, K, step, {kb.cF32(0.0)},
-                        [&](Value i, ValueRange acc) -> SmallVector<Value> {
-                          Value v = kb.loadF(scores, {row, i});
-                          return {kb.fadd(acc[0], kb.exp(kb.fsub(v, denseMax)))};
-                        })[0];
-    denseSum = blockReduce(kb, s, ReduceKind::Sum, threads, scratchF32);
+    RowSoftmaxStats dense = rowSoftmaxStatsLoop(
+        kb, kb.f32(), tid, K, step,
+        [&](Value i) { return kb.loadF(scores, {row, i}); },
+        [&](Value v) {
+          return blockReduce(kb, v, ReduceKind::Max, threads, scratchF32);
+        },
+        [&](Value v) {
+          return blockReduce(kb, v, ReduceKind::Sum, threads, scratchF32);
+        });
+    denseMax = dense.max;
+    denseSum = dense.sum;
   }
 
   Value none = noCandidate(kb, kb.i64());
@@ -145,7 +143,7 @@ static void emitBlockTopkKernel(GpuKernelBuilder &kb, Value scores,
             blockReduce(kb, local, ReduceKind::MaxI64, threads, scratchI64);
         Value v = keyToFloat(kb, candidateKey(kb, best));
         Value v0 = kb.select(kb.eq(r, kb.idx(0)), v, args[1]);
-        Value term = spec.logits ? kb.exp(kb.fsub(v, v0)) : v;
+        Value term = topkSelectionTerm(kb, spec, v, v0);
         Value selSum = kb.fadd(args[2], term);
         kb.ifThen(isWriter, [&] {
           kb.store(v, weights, {row, r});

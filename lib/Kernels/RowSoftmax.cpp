@@ -1,0 +1,74 @@
+//===- RowSoftmax.cpp - The softmax of a row held whole, once -------------===//
+//
+// Part of the MoE-MLIR project.
+//
+//===----------------------------------------------------------------------===//
+
+#include "MoE/Kernels/RowSoftmax.h"
+
+using namespace mlir;
+using namespace mlir::moe::kernels;
+
+static Value reduced(function_ref<Value(Value)> reduce, Value v) {
+  return reduce ? reduce(v) : v;
+}
+
+Value mlir::moe::kernels::softmaxTerm(KernelBuilder &kb, Value x, Value max) {
+  return kb.exp(kb.fsub(x, kb.broadcastLike(max, x.getType())));
+}
+
+Value mlir::moe::kernels::softmaxScore(KernelBuilder &kb, Value e, Value rowMax,
+                                       Value rowSum) {
+  Value masked = kb.cmpf(arith::CmpFPredicate::OEQ, rowMax,
+                        kb.negInfLike(rowMax.getType()));
+  return kb.select(masked, kb.constLike(e.getType(), 0.0), kb.fdiv(e, rowSum));
+}
+
+RowSoftmaxStats mlir::moe::kernels::rowSoftmaxStats(
+    KernelBuilder &kb, ArrayRef<Value> xs, function_ref<Value(Value)> reduceMax,
+    function_ref<Value(Value)> reduceSum, bool sumFromFirstTerm) {
+  assert(!xs.empty() && "a row has values");
+  Value partialMax = xs.front();
+  for (Value x : xs.drop_front())
+    partialMax = kb.fmax(partialMax, x);
+  RowSoftmaxStats stats;
+  stats.max = reduced(reduceMax, partialMax);
+  stats.maxShaped = kb.broadcastLike(stats.max, xs.front().getType());
+  Value partialSum;
+  ArrayRef<Value> rest = xs;
+  if (sumFromFirstTerm) {
+    partialSum = softmaxTerm(kb, xs.front(), stats.maxShaped);
+    rest = xs.drop_front();
+  } else {
+    partialSum = kb.constLike(xs.front().getType(), 0.0);
+  }
+  for (Value x : rest)
+    partialSum = kb.fadd(partialSum, softmaxTerm(kb, x, stats.maxShaped));
+  stats.sum = reduced(reduceSum, partialSum);
+  return stats;
+}
+
+RowSoftmaxStats mlir::moe::kernels::rowSoftmaxStatsLoop(
+    KernelBuilder &kb, Type chunkType, Value lb, Value ub, Value step,
+    function_ref<Value(Value iv)> chunk, function_ref<Value(Value)> reduceMax,
+    function_ref<Value(Value)> reduceSum,
+    function_ref<void(Value iv, Value e)> onTerm) {
+  RowSoftmaxStats stats;
+  Value partialMax =
+      kb.forLoop(lb, ub, step, ValueRange{kb.negInfLike(chunkType)},
+                 [&](Value iv, ValueRange acc) -> SmallVector<Value> {
+                   return {kb.fmax(acc[0], chunk(iv))};
+                 })[0];
+  stats.max = reduced(reduceMax, partialMax);
+  stats.maxShaped = kb.broadcastLike(stats.max, chunkType);
+  Value partialSum =
+      kb.forLoop(lb, ub, step, ValueRange{kb.constLike(chunkType, 0.0)},
+                 [&](Value iv, ValueRange acc) -> SmallVector<Value> {
+                   Value e = softmaxTerm(kb, chunk(iv), stats.maxShaped);
+                   if (onTerm)
+                     onTerm(iv, e);
+                   return {kb.fadd(acc[0], e)};
+                 })[0];
+  stats.sum = reduced(reduceSum, partialSum);
+  return stats;
+}
