@@ -53,8 +53,13 @@ static Value tokenWeight(GpuKernelBuilder &kb, Value mask, Value row) {
 }
 
 /// The packed top-k candidate of logit `v` of expert `e` (index).
+// Here and below, the ops that one call takes are built one a statement, in
+// the order the plain (gcc) build has always emitted them: as arguments of
+// one call their order would be the C++ compiler's (gcc and clang differ).
 static Value candidateOf(GpuKernelBuilder &kb, Value v, Value e) {
-  return packCandidate(kb, orderedKey(kb, v), kb.castInt(e, kb.i32()));
+  Value index = kb.castInt(e, kb.i32());
+  Value key = orderedKey(kb, v);
+  return packCandidate(kb, key, index);
 }
 
 LogicalResult
@@ -138,8 +143,9 @@ RouterStatsToGPU::lower(RouterStatsOp op, OpAdaptor adaptor,
             Value row = g.add(rb.first, r);
             Value w = tokenWeight(g, ms, row);
             Value v = g.loadF(xs, {row, e});
+            Value kthPick = g.load(kth, {r});
             Value selected = g.cmpi(arith::CmpIPredicate::sge,
-                                    candidateOf(g, v, e), g.load(kth, {r}));
+                                    candidateOf(g, v, e), kthPick);
             Value count = g.select(selected, g.fadd(acc[0], w), acc[0]);
             Value p = softmaxFromLogSumExp(g, v, g.load(shifts, {r}));
             return {count, g.fadd(acc[1], g.fmul(w, p))};
@@ -225,7 +231,8 @@ RouterStatsGradToGPU::lower(RouterStatsGradOp op, OpAdaptor adaptor,
                     return {g.fadd(acc[0], g.fmul(p, g.load(gs, {e})))};
                   })[0];
     Value c = subgroupReduce(g, partial, ReduceKind::Sum, kWarp);
-    Value scale = g.fdiv(tokenWeight(g, ms, row), g.load(ws, {}));
+    Value weightTotal = g.load(ws, {});
+    Value scale = g.fdiv(tokenWeight(g, ms, row), weightTotal);
     g.forLoop(lane, numExperts, g.idx(kWarp), [&](Value e) {
       Value p = softmaxFromLogSumExp(g, g.loadF(xs, {row, e}), shift);
       g.store(routerStatsGradEntry(g, p, g.load(gs, {e}), c, scale), out,
@@ -255,12 +262,11 @@ LoadBalancingLossToGPU::lower(LoadBalancingLossOp op, OpAdaptor adaptor,
   Value cs = kernel.arg(0), ps = kernel.arg(1);
   Value w = g.load(kernel.arg(2), {});
   Value numExperts = g.dim(cs, 0);
-  Value sum = g.forLoop(g.idx(0), numExperts, g.idx(1), {g.cF32(0.0)},
-                        [&](Value e, ValueRange acc) -> SmallVector<Value> {
-                          return {g.fadd(acc[0],
-                                         g.fmul(g.fdiv(g.load(cs, {e}), w),
-                                                g.load(ps, {e})))};
-                        })[0];
+  Value sum = sumInOrder(g, numExperts, [&](Value e) {
+    Value p = g.load(ps, {e});
+    Value share = g.fdiv(g.load(cs, {e}), w);
+    return g.fmul(share, p);
+  });
   g.store(g.fmul(sum, g.sitofp(numExperts)), kernel.arg(3), {});
   kernel.launch({h.kb.idx(1), h.kb.idx(1), h.kb.idx(1)});
   h.finish();

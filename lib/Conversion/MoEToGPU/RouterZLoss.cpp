@@ -139,8 +139,12 @@ RouterZLossGradToGPU::lower(RouterZLossGradOp op, OpAdaptor adaptor,
   Value rows = g.dim(xs, 0), numExperts = g.dim(xs, 1);
   g.ifThen(g.lt(w.row, rows), [&] {
     Value lse = warpRowLogSumExp(g, xs, w.row, w.lane);
-    Value scale = g.fdiv(g.fmul(g.cF32(2.0), g.load(kernel.arg(1), {})),
-                         g.sitofp(rows));
+    // One op a statement: built as arguments of one call, their order
+    // would be the C++ compiler's (gcc and clang differ). T first, then
+    // dloss: the order the plain (gcc) build has always emitted.
+    Value count = g.sitofp(rows);
+    Value dl = g.load(kernel.arg(1), {});
+    Value scale = g.fdiv(g.fmul(g.cF32(2.0), dl), count);
     g.forLoop(w.lane, numExperts, g.idx(kWarp), [&](Value col) {
       Value p = softmaxFromLogSumExp(g, g.loadF(xs, {w.row, col}), lse);
       g.store(zLossGradEntry(g, p, lse, scale), out, {w.row, col});

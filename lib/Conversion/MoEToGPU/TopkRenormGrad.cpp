@@ -45,8 +45,11 @@ TopkRenormGradToGPU::lower(TopkRenormGradOp op, OpAdaptor adaptor,
     Value s2 = kernel.arg(0), i2 = kernel.arg(1), g2 = kernel.arg(2),
           o2 = kernel.arg(3);
     kernel.forItem(kk.dim(s2, 0), [&](Value row) {
-      kernels::emitTopkGradRow(kk, spec, row, s2, i2, g2, o2, kk.dim(s2, 1),
-                               kk.dim(i2, 1));
+      // k before K: the order the plain (gcc) build has always emitted (as
+      // two arguments of the call, the C++ compiler's order).
+      Value k = kk.dim(i2, 1);
+      Value numExperts = kk.dim(s2, 1);
+      kernels::emitTopkGradRow(kk, spec, row, s2, i2, g2, o2, numExperts, k);
     });
   }
   kernel.launchOver(h.kb.dim(args[0], 0));
