@@ -50,12 +50,11 @@ namespace mlir::moe {
 using namespace mlir;
 using namespace mlir::moe;
 
-void mlir::moe::populateMoEToCPUKernelPatterns(RewritePatternSet &patterns,
-                                               int64_t numThreads,
-                                               int64_t vectorBits) {
+void mlir::moe::populateMoEToCPUPatterns(
+    RewritePatternSet &patterns, const ConvertMoEToCPUOptions &options) {
   cpu::KernelOptions opts;
-  opts.numThreads = std::max<int64_t>(numThreads, 1);
-  opts.vectorBits = vectorBits;
+  opts.numThreads = std::max<int64_t>(options.numThreads, 1);
+  opts.vectorBits = options.vectorBits;
   for (cpu::PopulateKernel *populate :
        {cpu::populateTopkRenormKernel, cpu::populateSimilarityInformKernel,
         cpu::populateAttentionPosteriorKernel, cpu::populateMadDispersionKernel,
@@ -111,7 +110,16 @@ struct ConvertMoEToCPUPass
       return signalPassFailure();
     }
     RewritePatternSet patterns(&getContext());
-    populateMoEToCPUKernelPatterns(patterns, numThreads, bits);
+    populateMoEToCPUPatterns(patterns, {numThreads, bits});
+    // The greedy driver, not the partial conversion of convert-moe-to-linalg
+    // and convert-moe-to-gpu: no op must lower here (a kernel declines the
+    // forms it does not specialise with a match failure, and the op stays for
+    // convert-moe-to-linalg), so there is no legality to state, and the
+    // driver uniques the constants the kernels create at the function's
+    // entry, which keeps this pass's output readable (the kernels' lowering
+    // tests check it: %c0 to %c8 step %c1). A partial conversion with the moe
+    // ops of unknown legality emits the same final code, but leaves every
+    // kernel's constants in place. No folding: the ops lower as written.
     GreedyRewriteConfig config;
     config.enableFolding(false);
     if (failed(

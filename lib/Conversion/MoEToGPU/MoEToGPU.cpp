@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
+#include "MoE/Conversion/Legality.h"
 #include "KernelUtils.h"
 #include "Limits.h"
 #include "Lowerings.h"
@@ -86,18 +87,12 @@ struct ConvertMoEToGPUPass
       if (std::optional<OperationName> root = pattern->getRootKind())
         lowered.insert(*root);
 
-    // The moe ops are left of unknown legality rather than illegal: one whose
-    // pattern fails has said why at the op, and stays in place without a
-    // second "failed to legalize" error. No folding: the ops lower as written.
+    // The moe ops may stay rather than illegal: one whose pattern fails has
+    // said why at the op, and stays in place without a second "failed to
+    // legalize" error; the walk below reports the ops without a pattern. No
+    // folding: the ops lower as written.
     ConversionTarget target(getContext());
-    target.markUnknownOpDynamicallyLegal(
-        [](Operation *op) -> std::optional<bool> {
-          if (isa_and_nonnull<MoEDialect>(op->getDialect()))
-            return std::nullopt;
-          return true;
-        });
-    // The ops hold their host code (destination style).
-    target.addLegalOp<KernelOp, KernelEndOp>();
+    configureMoEConversionTarget(target, MoEOpsAfter::MayStay);
     ConversionConfig config;
     config.foldingMode = DialectConversionFoldingMode::Never;
     if (failed(applyPartialConversion(module, target, std::move(patterns),

@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "MoE/Conversion/MoEToLinalg/MoEToLinalg.h"
+#include "MoE/Conversion/Legality.h"
 #include "Patterns.h"
 #include "MoE/IR/MoEDialect.h"
 #include "MoE/IR/MoEOps.h"
@@ -28,8 +29,24 @@ namespace mlir::moe {
 using namespace mlir;
 using namespace mlir::moe;
 
+namespace {
+/// An op file's `lower<Name>` as the op's conversion pattern. The lowerings
+/// change no types, so they read the op's operands rather than an adaptor's.
+template <typename OpTy, LogicalResult (*Lower)(OpTy, PatternRewriter &)>
+struct LinalgLowering final : OpConversionPattern<OpTy> {
+  using OpConversionPattern<OpTy>::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(OpTy op, typename OpTy::Adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    return Lower(op, rewriter);
+  }
+};
+} // namespace
+
 void mlir::moe::populateMoEToLinalgPatterns(RewritePatternSet &patterns) {
-#define MOE_ADD_LOWERING(Name) patterns.add(lowering::lower##Name);
+#define MOE_ADD_LOWERING(Name)                                                 \
+  patterns.add<LinalgLowering<Name##Op, lowering::lower##Name>>(               \
+      patterns.getContext());
   MOE_LINALG_LOWERED_OPS(MOE_ADD_LOWERING)
 #undef MOE_ADD_LOWERING
   // The portable lowering has no fused kernel: a fused routing op becomes its
@@ -46,13 +63,13 @@ struct ConvertMoEToLinalgPass
     if (failed(legalizeShapes(getOperation())))
       return signalPassFailure();
     MLIRContext *ctx = &getContext();
-    ConversionTarget target(*ctx);
-    target.addIllegalDialect<MoEDialect>();
-    // convert-moe-to-cpu's kernels: already on buffers, for bufferization.
-    target.addLegalOp<KernelOp, KernelEndOp>();
-    target.markUnknownOpDynamicallyLegal([](Operation *) { return true; });
     RewritePatternSet patterns(ctx);
     populateMoEToLinalgPatterns(patterns);
+    // The moe ops are illegal: every op has a portable lowering (it is what
+    // runs when convert-moe-to-cpu has no kernel), so one that stays is an
+    // error of the pass, not a form left for a later one.
+    ConversionTarget target(*ctx);
+    configureMoEConversionTarget(target, MoEOpsAfter::Lowered);
     if (failed(applyPartialConversion(getOperation(), target,
                                       std::move(patterns))))
       signalPassFailure();

@@ -26,12 +26,16 @@ namespace moe {
 #define GEN_PASS_DECL_CONVERTMOETOCPU
 #include "MoE/Conversion/Passes.h.inc"
 
-/// Adds the fast-kernel patterns; `numThreads` workers per parallel loop (1 =
-/// sequential code that needs no runtime library); vectors as wide as the
-/// target's registers (`vectorBits`: 512 for AVX-512, 256 for AVX2).
-void populateMoEToCPUKernelPatterns(RewritePatternSet &patterns,
-                                    int64_t numThreads,
-                                    int64_t vectorBits = 512);
+/// Adds the fast-kernel patterns of convert-moe-to-cpu, one or more per moe
+/// op (a kernel wins over the portable pattern of its op: benefit 2), and the
+/// split of the fused routing ops; `options.numThreads` workers per parallel
+/// loop (1 = sequential code that needs no runtime library); vectors as wide
+/// as the target's registers (`options.vectorBits`: 512 for AVX-512, 256 for
+/// AVX2). A kernel declines the forms it does not specialise with a match
+/// failure and no op must lower: apply them greedily (as convert-moe-to-cpu
+/// does), and lower what stays with populateMoEToLinalgPatterns.
+void populateMoEToCPUPatterns(RewritePatternSet &patterns,
+                              const ConvertMoEToCPUOptions &options);
 
 /// The convert-moe-to-cpu pass (options `num-threads`, default 1, and
 /// `vector-bits`, default 512).

@@ -23,7 +23,10 @@ namespace moe {
 #define GEN_PASS_DECL_CONVERTMOETOLINALG
 #include "MoE/Conversion/Passes.h.inc"
 
-/// Adds the patterns that lower every moe op to linalg/tensor/arith/math/scf.
+/// Adds the conversion patterns that lower every moe op to
+/// linalg/tensor/arith/math/scf (one per op, and the split of the fused
+/// routing ops). Apply them with the dialect conversion driver, the moe ops
+/// illegal: every op and form has a lowering here.
 void populateMoEToLinalgPatterns(RewritePatternSet &patterns);
 } // namespace moe
 } // namespace mlir
