@@ -168,14 +168,11 @@ posteriorLogits(Value scores, Value head, Value norm2, Value keys,
 
 namespace {
 
-struct AttentionPosteriorKernel
-    : KernelPattern<AttentionPosteriorOp, /*TargetLanes=*/false> {
-  using KernelPattern::KernelPattern;
+struct AttentionPosteriorKernel : MinEntropyPosteriorKernel<AttentionPosteriorOp> {
+  using MinEntropyPosteriorKernel::MinEntropyPosteriorKernel;
 
-  LogicalResult emit(AttentionPosteriorOp op, CpuKernelBuilder &kb,
-                     PatternRewriter &rw) const override {
-    if (op.getHeadSelect() != HeadSelect::min_entropy)
-      return rw.notifyMatchFailure(op, "head_select = all: portable lowering");
+  LogicalResult emitMinEntropy(AttentionPosteriorOp op, CpuKernelBuilder &kb,
+                               PatternRewriter &rw) const override {
     // p [B, N, K] and head [B].
     SmallVector<Value> sSizes = kb.sizes(op.getScores());
     Value widthSize = kb.sizes(op.getE())[2];

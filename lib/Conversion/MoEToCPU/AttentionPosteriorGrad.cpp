@@ -506,14 +506,11 @@ void emitDwo(CpuKernelBuilder &kb, const KernelOptions &opts,
       });
 }
 
-struct AttentionPosteriorGradKernel
-    : KernelPattern<AttentionPosteriorGradOp, /*TargetLanes=*/false> {
-  using KernelPattern::KernelPattern;
+struct AttentionPosteriorGradKernel : MinEntropyPosteriorKernel<AttentionPosteriorGradOp> {
+  using MinEntropyPosteriorKernel::MinEntropyPosteriorKernel;
 
-  LogicalResult emit(AttentionPosteriorGradOp op, CpuKernelBuilder &kb,
-                     PatternRewriter &rw) const override {
-    if (op.getHeadSelect() != HeadSelect::min_entropy)
-      return rw.notifyMatchFailure(op, "head_select = all: portable lowering");
+  LogicalResult emitMinEntropy(AttentionPosteriorGradOp op, CpuKernelBuilder &kb,
+                               PatternRewriter &rw) const override {
     if (hasStaticZeroSize(op))
       return rw.notifyMatchFailure(op, "a static zero-sized dimension");
     Value headCount = getValueOrCreateConstantIndexOp(

@@ -28,8 +28,9 @@
 #ifndef MOE_LIB_CONVERSION_MOETOCPU_FLASH_H
 #define MOE_LIB_CONVERSION_MOETOCPU_FLASH_H
 
-#include "KernelBuilder.h"
+#include "Kernels.h"
 
+#include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/FlashLogit.h"
 #include "MoE/Kernels/OnlineSoftmax.h"
 
@@ -302,6 +303,24 @@ HeadMeans packHeadMeans(CpuKernelBuilder &kb, const KernelOptions &opts, Value v
 std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)>
 posteriorLogits(Value scores, Value head, Value norm2, Value keys,
                 float sigma2);
+
+/// The base of the attention_posterior kernels, forward and backward: they
+/// build head_select = min_entropy (emitMinEntropy), one head per batch
+/// element mixed by the flash passes; head_select = all (a softmax over every
+/// head's pairs) stays on the portable lowering.
+template <typename OpTy>
+struct MinEntropyPosteriorKernel : KernelPattern<OpTy, /*TargetLanes=*/false> {
+  using KernelPattern<OpTy, /*TargetLanes=*/false>::KernelPattern;
+
+  virtual LogicalResult emitMinEntropy(OpTy op, CpuKernelBuilder &kb,
+                                       PatternRewriter &rw) const = 0;
+
+  LogicalResult emit(OpTy op, CpuKernelBuilder &kb, PatternRewriter &rw) const final {
+    if (op.getHeadSelect() != HeadSelect::min_entropy)
+      return rw.notifyMatchFailure(op, "head_select = all: portable lowering");
+    return emitMinEntropy(op, kb, rw);
+  }
+};
 
 } // namespace mlir::moe::cpu
 

@@ -63,6 +63,11 @@ struct SimilarityInformGradKernel
     Value keysPad = roundUp(kb, rows, kKeyTile);
     Value depthPad = roundUp(kb, depth, kLanes);
     bool causal = op.getCausal();
+    // The pairs a pass visits: causal keeps j <= i, which is the band below
+    // the diagonal seen from the queries and above it from the keys.
+    auto band = [&](FlashGradSpec::Band causalBand) {
+      return causal ? causalBand : FlashGradSpec::Band::All;
+    };
     float tau = op.getTau().convertToFloat();
     auto rank3 = MemRefType::get({kDyn, kDyn, kDyn}, f32);
 
@@ -146,8 +151,7 @@ struct SimilarityInformGradKernel
     // 2. Query-major: dq.
     Value dq = kb.alloc(rank3, {batch, rows, depth});
     FlashGradSpec byQuery({q, uT, depth}, {dp, eT, width}, batch, rows, rows,
-                          causal ? FlashGradSpec::Band::Lower
-                                 : FlashGradSpec::Band::All);
+                          band(FlashGradSpec::Band::Lower));
     byQuery.weights = [&](CpuKernelBuilder &kk, Value sDot, Value gDot, Value,
                           Value bi, Value i,
                           Value j0) -> std::pair<Value, Value> {
@@ -167,8 +171,7 @@ struct SimilarityInformGradKernel
     // dk is du itself without ws.
     Value dk = ws ? kb.alloc(rank3, {batch, rows, depth}) : kernel.out(0);
     FlashGradSpec byKey({u, qT, depth}, {e, dpT, width}, batch, rows, rows,
-                        causal ? FlashGradSpec::Band::Upper
-                               : FlashGradSpec::Band::All);
+                        band(FlashGradSpec::Band::Upper));
     byKey.weights = [&](CpuKernelBuilder &kk, Value sDot, Value gDot, Value,
                         Value bi, Value j,
                         Value i0) -> std::pair<Value, Value> {
