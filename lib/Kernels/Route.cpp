@@ -5,6 +5,9 @@
 //===----------------------------------------------------------------------===//
 
 #include "MoE/Kernels/Route.h"
+#include "MoE/Kernels/TopK.h"
+
+#include <limits>
 
 using namespace mlir;
 using namespace mlir::moe::kernels;
@@ -22,6 +25,40 @@ Value mlir::moe::kernels::routeScore(KernelBuilder &kb, const RouteSpec &spec,
   if (spec.scoring == RouteSpec::Scoring::Sigmoid)
     return sigmoid(kb, x);
   return softmaxScore(kb, softmaxTerm(kb, x, rowMax), rowMax, rowSum);
+}
+
+Value mlir::moe::kernels::routeChoice(KernelBuilder &kb, Value score,
+                                      Value bias) {
+  return bias ? kb.fadd(score, bias) : score;
+}
+
+Value mlir::moe::kernels::routeGroupCandidate(
+    KernelBuilder &kb, const RouteSpec &spec, Value group,
+    function_ref<Value(Value prev)> bestMemberBelow) {
+  Value first = bestMemberBelow(Value());
+  Value score = keyToFloat(kb, candidateKey(kb, first));
+  if (spec.top2) {
+    Value second = bestMemberBelow(first);
+    score = kb.fadd(score, keyToFloat(kb, candidateKey(kb, second)));
+  }
+  return packCandidate(kb, orderedKey(kb, score), group);
+}
+
+SmallVector<Value> mlir::moe::kernels::routeKeepGroups(
+    KernelBuilder &kb, const RouteSpec &spec, ValueRange state,
+    function_ref<Value(Value prev)> bestGroupBelow,
+    function_ref<SmallVector<Value>(Value best, ValueRange state)> keep) {
+  SmallVector<Value> init = {kb.cI64(std::numeric_limits<int64_t>::max())};
+  llvm::append_range(init, state);
+  SmallVector<Value> done = kb.forLoop(
+      kb.idx(0), kb.idx(spec.topkGroup), kb.idx(1), init,
+      [&](Value, ValueRange it) -> SmallVector<Value> {
+        Value best = bestGroupBelow(it[0]);
+        SmallVector<Value> next = {best};
+        llvm::append_range(next, keep(best, it.drop_front()));
+        return next;
+      });
+  return SmallVector<Value>(ArrayRef<Value>(done).drop_front());
 }
 
 Value mlir::moe::kernels::routeSelectedScore(KernelBuilder &kb,

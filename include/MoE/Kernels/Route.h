@@ -70,6 +70,35 @@ Value sigmoid(KernelBuilder &kb, Value x);
 Value routeScore(KernelBuilder &kb, const RouteSpec &spec, Value x,
                  Value rowMax, Value rowSum);
 
+/// Step 2: the choice value of an expert, its score `score` (routeScore: the
+/// weight's source) plus its bias `bias` (null: none). The bias steers the
+/// selection only (DeepSeek-V3's e_score_correction_bias): the weights are
+/// read from the unbiased score.
+Value routeChoice(KernelBuilder &kb, Value score, Value bias);
+
+/// Step 3: the packed candidate (TopK.h) of group `group` (i32): its score is
+/// the value of its best member, plus its second best's with
+/// group_score(top2_sum); groups rank by TopK.h's order (a higher score, then
+/// the lower group). `bestMemberBelow(prev)` is the group's best member
+/// candidate ranking strictly below the packed `prev` (null: the group's
+/// best), as the target finds it (a vector max over the group's chunks, a
+/// butterfly over the lanes).
+Value routeGroupCandidate(KernelBuilder &kb, const RouteSpec &spec, Value group,
+                          function_ref<Value(Value prev)> bestMemberBelow);
+
+/// Step 3: the topk_group kept groups, one a round: round t keeps the best
+/// group candidate ranking strictly below round t-1's pick (no group is kept
+/// twice; ties go to the lower group). `bestGroupBelow(prev)` is that best
+/// over the target's group candidates (kernels::bestBelow folded from
+/// noCandidate); `keep(best, state)` records candidateIndex(best) in the
+/// loop-carried `state` (may be empty) and returns its next value. Returns
+/// the final state.
+SmallVector<Value>
+routeKeepGroups(KernelBuilder &kb, const RouteSpec &spec, ValueRange state,
+                function_ref<Value(Value prev)> bestGroupBelow,
+                function_ref<SmallVector<Value>(Value best, ValueRange state)>
+                    keep);
+
 /// The weight of a selected value v before renormalization. topk_then_score:
 /// softmax over the selection (from its max and Σ exp(v - selMax); 0 when
 /// selMax is -inf) or sigmoid; otherwise v itself (already a score).

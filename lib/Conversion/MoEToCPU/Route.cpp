@@ -119,10 +119,12 @@ private:
     kb.forLoop(kb.idx(0), n, kb.idx(1), [&](Value c) {
       Value base = kb.mul(c, kb.idx(kCandLanes));
       Value count = kb.sub(numExperts, base);
-      Value v = fromLogits ? logitChunk(r, base, 0.0, kCandLanes)
-                           : kb.vloadMasked(s, {base}, count, 0.0, kCandLanes);
-      if (bias)
-        v = kb.fadd(v, kb.vloadMasked(bias, {base}, count, 0.0, kCandLanes));
+      Value score = fromLogits
+                        ? logitChunk(r, base, 0.0, kCandLanes)
+                        : kb.vloadMasked(s, {base}, count, 0.0, kCandLanes);
+      Value b = bias ? kb.vloadMasked(bias, {base}, count, 0.0, kCandLanes)
+                     : Value();
+      Value v = routeChoice(kb, score, b);
       Value lanes = kb.iota(kb.castInt(base, kb.i32()), kCandLanes);
       Value packed = packCandidate(kb, orderedKey(kb, v), lanes);
       Value inRow = kb.lt(lanes, kb.splat(numExpertsI32, kCandLanes));
@@ -150,28 +152,27 @@ private:
     Value top = kb.cI64(std::numeric_limits<int64_t>::max());
     kb.forLoop(kb.idx(0), kb.idx(groups), kb.idx(1), [&](Value g) {
       Value lo = kb.mul(g, groupSize), hi = kb.add(lo, groupSize);
-      Value first = bestInRange(cand, lo, hi, top);
-      Value score = keyToFloat(kb, candidateKey(kb, first));
-      if (spec.top2) {
-        Value second = bestInRange(cand, lo, hi, first);
-        score = kb.fadd(score, keyToFloat(kb, candidateKey(kb, second)));
-      }
-      kb.store(packCandidate(kb, orderedKey(kb, score), g), groupCand, {g});
+      Value gc = routeGroupCandidate(kb, spec, g, [&](Value prev) {
+        return bestInRange(cand, lo, hi, prev ? prev : top);
+      });
+      kb.store(gc, groupCand, {g});
       kb.store(kb.cI32(0), groupKept, {g});
     });
     Value noneScalar = noCandidate(kb, kb.i64());
-    kb.forLoop(
-        kb.idx(0), kb.idx(spec.topkGroup), kb.idx(1), ValueRange{top},
-        [&](Value, ValueRange prev) -> SmallVector<Value> {
-          Value best = kb.forLoop(
+    routeKeepGroups(
+        kb, spec, {},
+        [&](Value prev) {
+          return kb.forLoop(
               kb.idx(0), kb.idx(groups), kb.idx(1), ValueRange{noneScalar},
               [&](Value g, ValueRange acc) -> SmallVector<Value> {
                 Value v = kb.load(groupCand, {g});
-                return {kernels::bestBelow(kb, acc[0], v, prev[0], noneScalar)};
+                return {kernels::bestBelow(kb, acc[0], v, prev, noneScalar)};
               })[0];
+        },
+        [&](Value best, ValueRange) -> SmallVector<Value> {
           Value g = kb.castInt(candidateIndex(kb, best), kb.index());
           kb.store(kb.cI32(1), groupKept, {g});
-          return {best};
+          return {};
         });
     kb.forLoop(kb.idx(0), kb.idx(groups), kb.idx(1), [&](Value g) {
       Value dropped = kb.eq(kb.load(groupKept, {g}), kb.cI32(0));

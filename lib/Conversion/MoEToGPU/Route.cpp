@@ -126,9 +126,9 @@ private:
       rowSum = stats.sum;
     }
     for (int64_t m = 0; m < vpt; ++m) {
-      Value c = routeScore(kb, spec, xs[m], rowMax, rowSum);
-      if (bias)
-        c = kb.fadd(c, loadOrPad(bias, Value(), m, 0.0));
+      Value score = routeScore(kb, spec, xs[m], rowMax, rowSum);
+      Value b = bias ? loadOrPad(bias, Value(), m, 0.0) : Value();
+      Value c = routeChoice(kb, score, b);
       Value packed = packCandidate(kb, orderedKey(kb, c), expert[m]);
       cand.push_back(inRange[m] ? kb.select(inRange[m], packed, none)
                                 : packed);
@@ -166,27 +166,23 @@ private:
         }
         return reduce(best, ReduceKind::MaxI64);
       };
-      Value first = groupBest(Value());
-      Value score = keyToFloat(kb, candidateKey(kb, first));
-      if (spec.top2) {
-        Value second = groupBest(first);
-        score = kb.fadd(score, keyToFloat(kb, candidateKey(kb, second)));
-      }
-      groupCand.push_back(packCandidate(kb, orderedKey(kb, score), kb.cI32(g)));
+      groupCand.push_back(
+          routeGroupCandidate(kb, spec, kb.cI32(g), groupBest));
     }
 
     // The topk_group best groups (ties to the lower group), as bits.
-    SmallVector<Value> init = {kb.cI64(std::numeric_limits<int64_t>::max()),
-                               kb.cI64(0)};
-    Value kept =
-        kb.forLoop(kb.idx(0), kb.idx(spec.topkGroup), kb.idx(1), init,
-                  [&](Value, ValueRange it) -> SmallVector<Value> {
-                    Value best = none;
-                    for (Value gc : groupCand)
-                      best = bestBelow(kb, best, gc, it[0], none);
-                    Value g = kb.extu(candidateIndex(kb, best), kb.i64());
-                    return {best, kb.orI(it[1], kb.shl(kb.cI64(1), g))};
-                  })[1];
+    Value kept = routeKeepGroups(
+        kb, spec, {kb.cI64(0)},
+        [&](Value prev) {
+          Value best = none;
+          for (Value gc : groupCand)
+            best = bestBelow(kb, best, gc, prev, none);
+          return best;
+        },
+        [&](Value best, ValueRange bits) -> SmallVector<Value> {
+          Value g = kb.extu(candidateIndex(kb, best), kb.i64());
+          return {kb.orI(bits[0], kb.shl(kb.cI64(1), g))};
+        })[0];
     for (int64_t m = 0; m < vpt; ++m) {
       Value g = columns ? kb.cI64((m * width) / groupSize)
                         : kb.extu(groupOf[m], kb.i64());
