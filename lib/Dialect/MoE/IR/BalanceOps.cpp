@@ -13,15 +13,10 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using mlir::moe::detail::dimOf;
-using mlir::moe::detail::OperandChecker;
+using namespace mlir::moe::detail;
 
 namespace {
 constexpr int64_t kDynamic = ShapedType::kDynamic;
-
-RankedTensorType f32Tensor(MLIRContext *ctx, ArrayRef<int64_t> shape) {
-  return RankedTensorType::get(shape, Float32Type::get(ctx));
-}
 
 /// The gradient of `logits` ([T, E]): f32 of its shape (dynamic sizes where
 /// it is not of rank 2).

@@ -16,9 +16,7 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using mlir::moe::detail::dimOf;
-using mlir::moe::detail::OperandChecker;
-using mlir::moe::detail::similarityRows;
+using namespace mlir::moe::detail;
 
 /// The result types of a backward op whose gradients each have the shape of
 /// one operand of `operands` (in result order), in f32; fails on an unranked
@@ -26,12 +24,11 @@ using mlir::moe::detail::similarityRows;
 static LogicalResult inferShapesOfOperands(MLIRContext *ctx,
                                            ArrayRef<Value> operands,
                                            SmallVectorImpl<Type> &inferred) {
-  Type f32 = Float32Type::get(ctx);
   for (Value v : operands) {
     auto type = dyn_cast<RankedTensorType>(v.getType());
     if (!type)
       return failure();
-    inferred.push_back(RankedTensorType::get(type.getShape(), f32));
+    inferred.push_back(f32Tensor(ctx, type.getShape()));
   }
   return success();
 }
@@ -43,14 +40,13 @@ static LogicalResult inferShapesOfOperands(MLIRContext *ctx,
 LogicalResult SimilarityInformGradOp::inferReturnTypes(
     MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
     SmallVectorImpl<Type> &inferred) {
-  Type f32 = Float32Type::get(ctx);
   SmallVector<int64_t, 3> rows = similarityRows(adaptor.getU(), adaptor.getE());
   int64_t depth = dimOf(adaptor.getU(), 3, 2);
-  inferred.push_back(RankedTensorType::get({rows[0], rows[1], depth}, f32));
-  inferred.push_back(RankedTensorType::get(
-      {rows[0], rows[1], dimOf(adaptor.getE(), 3, 2)}, f32));
+  inferred.push_back(f32Tensor(ctx, {rows[0], rows[1], depth}));
+  inferred.push_back(
+      f32Tensor(ctx, {rows[0], rows[1], dimOf(adaptor.getE(), 3, 2)}));
   if (adaptor.getWs())
-    inferred.push_back(RankedTensorType::get({depth, depth}, f32));
+    inferred.push_back(f32Tensor(ctx, {depth, depth}));
   return success();
 }
 
@@ -105,11 +101,10 @@ LogicalResult SimilarityInformGradOp::verify() {
 LogicalResult SimilarityInformFwdOp::inferReturnTypes(
     MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
     SmallVectorImpl<Type> &inferred) {
-  Type f32 = Float32Type::get(ctx);
   SmallVector<int64_t, 3> rows = similarityRows(adaptor.getU(), adaptor.getE());
-  inferred.push_back(RankedTensorType::get(
-      {rows[0], rows[1], dimOf(adaptor.getE(), 3, 2)}, f32));
-  inferred.push_back(RankedTensorType::get({rows[0], rows[1]}, f32));
+  inferred.push_back(
+      f32Tensor(ctx, {rows[0], rows[1], dimOf(adaptor.getE(), 3, 2)}));
+  inferred.push_back(f32Tensor(ctx, {rows[0], rows[1]}));
   return success();
 }
 

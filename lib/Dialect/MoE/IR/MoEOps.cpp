@@ -24,10 +24,7 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using mlir::moe::detail::similarityRows;
-using mlir::moe::detail::posteriorRows;
-using mlir::moe::detail::verifyAttentionPosterior;
-using mlir::moe::detail::verifySimilarityInform;
+using namespace mlir::moe::detail;
 
 //===----------------------------------------------------------------------===//
 // Shared helpers
@@ -35,8 +32,6 @@ using mlir::moe::detail::verifySimilarityInform;
 
 namespace {
 constexpr int64_t kDynamic = ShapedType::kDynamic;
-
-using mlir::moe::detail::dimOf;
 } // namespace
 
 int64_t mlir::moe::detail::dimOf(Value v, int64_t rank, int64_t i) {
@@ -61,15 +56,17 @@ int64_t merge(std::initializer_list<int64_t> sizes) {
 /// The width of a top-k result: `k`, or dynamic while the verifier rejects it.
 int64_t topkWidth(int64_t k) { return k >= 1 ? k : kDynamic; }
 
-RankedTensorType f32Tensor(MLIRContext *ctx, ArrayRef<int64_t> shape) {
+} // namespace
+
+RankedTensorType mlir::moe::detail::f32Tensor(MLIRContext *ctx,
+                                              ArrayRef<int64_t> shape) {
   return RankedTensorType::get(shape, Float32Type::get(ctx));
 }
 
-RankedTensorType i32Tensor(MLIRContext *ctx, ArrayRef<int64_t> shape) {
+RankedTensorType mlir::moe::detail::i32Tensor(MLIRContext *ctx,
+                                              ArrayRef<int64_t> shape) {
   return RankedTensorType::get(shape, IntegerType::get(ctx, 32));
 }
-
-} // namespace
 
 std::string mlir::moe::detail::formatFloat(double value) {
   char buffer[32];
@@ -77,8 +74,6 @@ std::string mlir::moe::detail::formatFloat(double value) {
   return buffer;
 }
 
-using mlir::moe::detail::formatFloat;
-using mlir::moe::detail::OperandChecker;
 
 LogicalResult OperandChecker::rank(Value v, StringRef name, int64_t rank,
                                    StringRef layout) {

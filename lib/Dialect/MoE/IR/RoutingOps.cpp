@@ -16,16 +16,10 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using mlir::moe::detail::dimOf;
-using mlir::moe::detail::formatFloat;
-using mlir::moe::detail::OperandChecker;
+using namespace mlir::moe::detail;
 
 namespace {
 constexpr int64_t kDynamic = ShapedType::kDynamic;
-
-RankedTensorType tensorOf(Type element, ArrayRef<int64_t> shape) {
-  return RankedTensorType::get(shape, element);
-}
 
 /// a·b, a+b, ⌈a/b⌉ on static sizes; dynamic when an operand is.
 int64_t mulSize(int64_t a, int64_t b) {
@@ -48,8 +42,8 @@ LogicalResult RouteOp::inferReturnTypes(MLIRContext *ctx,
                                         SmallVectorImpl<Type> &inferred) {
   int64_t k = adaptor.getK() >= 1 ? adaptor.getK() : kDynamic;
   SmallVector<int64_t, 2> shape = {dimOf(adaptor.getLogits(), 2, 0), k};
-  inferred.push_back(tensorOf(Float32Type::get(ctx), shape));
-  inferred.push_back(tensorOf(IntegerType::get(ctx, 32), shape));
+  inferred.push_back(f32Tensor(ctx, shape));
+  inferred.push_back(i32Tensor(ctx, shape));
   return success();
 }
 
@@ -127,14 +121,13 @@ static SmallVector<int64_t, 7> dispatchPlanSizes(Value indices,
 LogicalResult DispatchPlanOp::inferReturnTypes(
     MLIRContext *ctx, std::optional<Location>, Adaptor adaptor,
     SmallVectorImpl<Type> &inferred) {
-  Type i32 = IntegerType::get(ctx, 32);
   SmallVector<int64_t, 7> sizes = dispatchPlanSizes(
       adaptor.getIndices(), adaptor.getNumExperts(), adaptor.getBlockSize());
   for (int64_t size : sizes)
-    inferred.push_back(tensorOf(i32, {size}));
+    inferred.push_back(i32Tensor(ctx, {size}));
   // With a capacity, `dropped` [E] follows the seven plan results.
   if (adaptor.getCapacity())
-    inferred.push_back(tensorOf(i32, {sizes[0]}));
+    inferred.push_back(i32Tensor(ctx, {sizes[0]}));
   return success();
 }
 
@@ -200,7 +193,7 @@ LogicalResult BiasUpdateOp::inferReturnTypes(MLIRContext *ctx,
                                              Adaptor adaptor,
                                              SmallVectorImpl<Type> &inferred) {
   inferred.push_back(
-      tensorOf(Float32Type::get(ctx), {dimOf(adaptor.getBias(), 1, 0)}));
+      f32Tensor(ctx, {dimOf(adaptor.getBias(), 1, 0)}));
   return success();
 }
 

@@ -10,6 +10,7 @@
 #ifndef MOE_LIB_DIALECT_MOE_IR_VERIFIERS_H
 #define MOE_LIB_DIALECT_MOE_IR_VERIFIERS_H
 
+#include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/Operation.h"
 #include "llvm/ADT/APFloat.h"
 #include "llvm/ADT/SmallVector.h"
@@ -39,6 +40,9 @@ SmallVector<int64_t, 3> posteriorRows(Value scores, Value u, Value v, Value e);
 SmallVector<int64_t, 3> similarityRows(Value u, Value e);
 /// Size `i` of `v` when `v` is a ranked tensor of rank `rank`, else dynamic.
 int64_t dimOf(Value v, int64_t rank, int64_t i);
+/// The result types that type inference answers: f32 and i32 tensors.
+RankedTensorType f32Tensor(MLIRContext *ctx, ArrayRef<int64_t> shape);
+RankedTensorType i32Tensor(MLIRContext *ctx, ArrayRef<int64_t> shape);
 /// A float attribute as a user wrote it: `0.5`, `-1`, `inf`, `nan`.
 std::string formatFloat(double value);
 
