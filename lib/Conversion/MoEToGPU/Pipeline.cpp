@@ -45,6 +45,19 @@ resolveTopkRounds(const moe::MoELowerToNVVMOptions &options) {
   return sm >= 80 ? "redux" : "butterfly";
 }
 
+/// convert-moe-to-gpu's options as the pipeline's (MOE_NVVM_CONVERT_OPTIONS),
+/// topk-rounds resolved for the chip.
+static moe::ConvertMoEToGPUOptions
+convertOptionsOf(const moe::MoELowerToNVVMOptions &options) {
+  moe::ConvertMoEToGPUOptions convert;
+#define MOE_FORWARD_NVVM_OPTION(TYPE, FIELD, NAME, DEFAULT, HELP)              \
+  convert.FIELD = options.FIELD;
+  MOE_NVVM_CONVERT_OPTIONS(MOE_FORWARD_NVVM_OPTION)
+#undef MOE_FORWARD_NVVM_OPTION
+  convert.topkRounds = resolveTopkRounds(options);
+  return convert;
+}
+
 void mlir::moe::buildMoELowerToNVVMPipeline(
     OpPassManager &pm, const MoELowerToNVVMOptions &options) {
   // similarity_inform/attention_posterior + their probs-mode gate -> one fused
@@ -54,12 +67,7 @@ void mlir::moe::buildMoELowerToNVVMPipeline(
   // moe ops -> moe.kernel ops holding host code + kernels, on tensors; then
   // device buffers across the function boundaries (identity layouts: plain
   // device memrefs for callers).
-  ConvertMoEToGPUOptions convert;
-  convert.sharedMemoryBytes = options.sharedMemoryBytes;
-  convert.topkRounds = resolveTopkRounds(options);
-  convert.flashMma = options.flashMma;
-  convert.balanceKernels = options.balanceKernels;
-  pm.addPass(createConvertMoEToGPU(convert));
+  pm.addPass(createConvertMoEToGPU(convertOptionsOf(options)));
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createMoEGPUBufferize());
   pm.addPass(createCanonicalizerPass());

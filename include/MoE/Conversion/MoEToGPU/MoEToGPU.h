@@ -53,6 +53,26 @@ namespace moe {
 void populateMoEToGPUPatterns(RewritePatternSet &patterns,
                               const ConvertMoEToGPUOptions &options);
 
+/// The options of moe-lower-to-nvvm that are convert-moe-to-gpu's, forwarded
+/// to it as they are (buildMoELowerToNVVMPipeline; topk-rounds=auto is first
+/// resolved for the chip): X(type, field, name, default, help) each. A new
+/// option of the conversion that the pipeline should expose is one more row.
+#define MOE_NVVM_CONVERT_OPTIONS(X)                                            \
+  X(int64_t, sharedMemoryBytes, "shared-memory-bytes", 48 * 1024,              \
+    "shared memory per block the kernels may use (bytes)")                     \
+  X(std::string, topkRounds, "topk-rounds", "auto",                            \
+    "rounds of topk_renorm's register top-k: butterfly, redux (sm_80+) or "    \
+    "auto (redux where the chip has it; convert-moe-to-gpu)")                  \
+  X(bool, flashMma, "flash-mma", false,                                        \
+    "similarity_inform with f16/bf16 operands on tensor cores (mma.sync, "     \
+    "sm_80+; convert-moe-to-gpu flash-mma); off until a GPU run has checked "  \
+    "it")                                                                      \
+  X(bool, balanceKernels, "balance-kernels", false,                            \
+    "GPU kernels of the load-balancing ops router_stats, router_stats_grad, "  \
+    "load_balancing_loss, router_z_loss and router_z_loss_grad "               \
+    "(convert-moe-to-gpu balance-kernels); off until a GPU run has checked "   \
+    "them")
+
 /// Options of the moe-lower-to-nvvm pipeline (its command-line options and
 /// the C++ API's).
 struct MoELowerToNVVMOptions
@@ -87,30 +107,12 @@ struct MoELowerToNVVMOptions
                      "ambient stream and index errors are left for "
                      "moeGpuPollErrors (moe-gpu-host-stream)"),
       llvm::cl::init(true)};
-  PassOptions::Option<int64_t> sharedMemoryBytes{
-      *this, "shared-memory-bytes",
-      llvm::cl::desc("shared memory per block the kernels may use (bytes)"),
-      llvm::cl::init(48 * 1024)};
-  PassOptions::Option<std::string> topkRounds{
-      *this, "topk-rounds",
-      llvm::cl::desc("rounds of topk_renorm's register top-k: butterfly, "
-                     "redux (sm_80+) or auto (redux where the chip has it; "
-                     "convert-moe-to-gpu)"),
-      llvm::cl::init("auto")};
-  PassOptions::Option<bool> flashMma{
-      *this, "flash-mma",
-      llvm::cl::desc("similarity_inform with f16/bf16 operands on tensor "
-                     "cores (mma.sync, sm_80+; convert-moe-to-gpu flash-mma); "
-                     "off until a GPU run has checked it"),
-      llvm::cl::init(false)};
-  PassOptions::Option<bool> balanceKernels{
-      *this, "balance-kernels",
-      llvm::cl::desc("GPU kernels of the load-balancing ops router_stats, "
-                     "router_stats_grad, load_balancing_loss, router_z_loss "
-                     "and router_z_loss_grad (convert-moe-to-gpu "
-                     "balance-kernels); off until a GPU run has checked "
-                     "them"),
-      llvm::cl::init(false)};
+  // convert-moe-to-gpu's, a row each in MOE_NVVM_CONVERT_OPTIONS.
+#define MOE_DECLARE_NVVM_OPTION(TYPE, FIELD, NAME, DEFAULT, HELP)              \
+  PassOptions::Option<TYPE> FIELD{*this, NAME, llvm::cl::desc(HELP),           \
+                                  llvm::cl::init(DEFAULT)};
+  MOE_NVVM_CONVERT_OPTIONS(MOE_DECLARE_NVVM_OPTION)
+#undef MOE_DECLARE_NVVM_OPTION
 };
 
 /// convert-moe-to-gpu, canonicalization, one-shot bufferization of the
@@ -123,8 +125,8 @@ void buildMoELowerToNVVMPipeline(OpPassManager &pm,
                                  const MoELowerToNVVMOptions &options);
 
 /// Registers `moe-lower-to-nvvm` (options chip, features, format, toolkit,
-/// opt-level, results-to-out-params, wait-at-return, shared-memory-bytes) with
-/// the pass registry.
+/// opt-level, results-to-out-params, wait-at-return and
+/// MOE_NVVM_CONVERT_OPTIONS) with the pass registry.
 void registerMoEGPUPipelines();
 } // namespace moe
 } // namespace mlir
