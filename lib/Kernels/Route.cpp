@@ -91,3 +91,66 @@ Value mlir::moe::kernels::routeWeight(KernelBuilder &kb, const RouteSpec &spec,
     w = kb.fmul(w, kb.constLike(t, spec.scale));
   return w;
 }
+
+void mlir::moe::kernels::routeRounds(
+    KernelBuilder &kb, const RouteSpec &spec,
+    function_ref<Value(Value prev)> bestCandidateBelow,
+    function_ref<void(Value j, Value pick)> onPick) {
+  kb.forLoop(kb.idx(0), kb.idx(spec.k), kb.idx(1),
+             ValueRange{kb.cI64(std::numeric_limits<int64_t>::max())},
+             [&](Value j, ValueRange prev) -> SmallVector<Value> {
+               Value pick = bestCandidateBelow(prev[0]);
+               onPick(j, pick);
+               return {pick};
+             });
+}
+
+bool mlir::moe::kernels::routeWeightsAreSources(const RouteSpec &spec) {
+  bool postScore =
+      !spec.scoreFirst && spec.scoring != RouteSpec::Scoring::None;
+  return !postScore && !spec.renormalize && spec.scale == 1.0;
+}
+
+void mlir::moe::kernels::routeWeights(KernelBuilder &kb, const RouteSpec &spec,
+                                      const RoutePicks &picks) {
+  auto eachPick = [&](function_ref<void(Value j)> body) {
+    kb.forLoop(picks.first, kb.idx(spec.k), picks.step, body);
+  };
+  Value selMax, selSum;
+  if (!spec.scoreFirst && spec.scoring == RouteSpec::Scoring::Softmax) {
+    RowSoftmaxStats stats = rowSoftmaxStatsLoop(
+        kb, kb.f32(), picks.first, kb.idx(spec.k), picks.step, picks.load,
+        picks.reduceMax, picks.reduceSum);
+    selMax = stats.max;
+    selSum = stats.sum;
+  }
+  auto score = [&](Value v) {
+    return routeSelectedScore(kb, spec, v, selMax, selSum);
+  };
+  auto stored = [](Value v) { return v; };
+  // The picks' scores after the selection: stored once, or recomputed.
+  function_ref<Value(Value)> scored = score;
+  if (picks.storeScore && !spec.scoreFirst) {
+    eachPick([&](Value j) { picks.storeScore(j, score(picks.load(j))); });
+    scored = stored;
+  }
+  Value wSum;
+  if (spec.renormalize) {
+    Value partial =
+        kb.forLoop(picks.first, kb.idx(spec.k), picks.step,
+                   ValueRange{kb.cF32(0.0)},
+                   [&](Value j, ValueRange acc) -> SmallVector<Value> {
+                     return {kb.fadd(acc[0], scored(picks.load(j)))};
+                   })[0];
+    wSum = picks.reduceSum ? picks.reduceSum(partial) : partial;
+  }
+  auto storeWeights = [&] {
+    eachPick([&](Value j) {
+      picks.storeWeight(j, routeWeight(kb, spec, scored(picks.load(j)), wSum));
+    });
+  };
+  if (picks.guardStores)
+    picks.guardStores(storeWeights);
+  else
+    storeWeights();
+}

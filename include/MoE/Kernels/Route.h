@@ -112,6 +112,47 @@ Value routeSelectedScore(KernelBuilder &kb, const RouteSpec &spec, Value v,
 Value routeWeight(KernelBuilder &kb, const RouteSpec &spec, Value w,
                   Value wSum);
 
+/// Step 4: the k rounds. Round j picks the best candidate ranking strictly
+/// below round j - 1's pick (the first: the best; TopK.h's order, so no
+/// expert is picked twice): `bestCandidateBelow(prev)` over the target's
+/// candidates (a vector max over chunks, a warp butterfly); `onPick(j, pick)`
+/// stores pick j's index and weight source.
+void routeRounds(KernelBuilder &kb, const RouteSpec &spec,
+                 function_ref<Value(Value prev)> bestCandidateBelow,
+                 function_ref<void(Value j, Value pick)> onPick);
+
+/// Whether the weights are the picks' weight sources as step 4 stored them
+/// (no scoring after the selection, no renormalization, scale 1): a target
+/// that stores the sources where the weights go has nothing left to do.
+bool routeWeightsAreSources(const RouteSpec &spec);
+
+/// Where a target holds the k picks' weight sources (step 4's values: the
+/// scores, or the logits with topk_then_score) for routeWeights. This holder
+/// has the picks j = first, first + step, ... < k (the CPU: all of them, one
+/// by one; the GPU: those of its lane).
+struct RoutePicks {
+  Value first, step;
+  /// Pick j's weight source.
+  function_ref<Value(Value j)> load;
+  /// Stores pick j's weight.
+  function_ref<void(Value j, Value weight)> storeWeight;
+  /// Overwrites pick j's source with its score after the selection (null:
+  /// the target recomputes that score where it is needed).
+  function_ref<void(Value j, Value score)> storeScore = nullptr;
+  /// The row's max and Σ from this holder's partial (null: the holder has
+  /// every pick).
+  function_ref<Value(Value)> reduceMax = nullptr, reduceSum = nullptr;
+  /// Runs the weight stores (null: as they are; the GPU: in the lanes of an
+  /// active row only, after the reductions that every lane takes part in).
+  function_ref<void(function_ref<void()>)> guardStores = nullptr;
+};
+
+/// Step 5: the weights of the k picks: the scoring after the selection
+/// (routeSelectedScore; its softmax over the picks by RowSoftmax.h), the
+/// renormalization over the picks and the scaling (routeWeight).
+void routeWeights(KernelBuilder &kb, const RouteSpec &spec,
+                  const RoutePicks &picks);
+
 } // namespace mlir::moe::kernels
 
 #endif // MOE_KERNELS_ROUTE_H

@@ -21,6 +21,10 @@
 // 5. the weights over the k picks (scalar: k is small): the post-selection
 //    scoring, renormalization (a zero sum gives zeros) and scaling.
 //
+// The maths of every step is MoE/Kernels/Route.h's (routeScore, routeChoice,
+// routeGroupCandidate, routeKeepGroups, routeRounds, routeWeights), shared
+// with the GPU kernel; this file holds the vector chunks and the scratch.
+//
 //===----------------------------------------------------------------------===//
 
 #include "Route.h"
@@ -198,55 +202,28 @@ private:
   /// Step 4: k rounds; sel[j] = the weight source of pick j.
   void emitRounds(Value r, Value s, Value cand, Value sel) {
     Value numChunks = kb.ceilDiv(numExperts, kb.idx(kCandLanes));
-    kb.forLoop(kb.idx(0), kb.idx(spec.k), kb.idx(1),
-              ValueRange{kb.cI64(std::numeric_limits<int64_t>::max())},
-              [&](Value j, ValueRange it) -> SmallVector<Value> {
-                Value pick =
-                    bestCandidateBelow(kb, cand, kb.idx(0), numChunks, it[0]);
-                Value index = candidateIndex(kb, pick);
-                Value e = kb.castInt(index, kb.index());
-                Value value = fromLogits ? kb.loadF(x, {r, e}) : kb.load(s, {e});
-                kb.store(index, idx, {r, j});
-                kb.store(value, sel, {j});
-                return {pick};
-              });
+    routeRounds(
+        kb, spec,
+        [&](Value prev) {
+          return bestCandidateBelow(kb, cand, kb.idx(0), numChunks, prev);
+        },
+        [&](Value j, Value pick) {
+          Value index = candidateIndex(kb, pick);
+          Value e = kb.castInt(index, kb.index());
+          Value value = fromLogits ? kb.loadF(x, {r, e}) : kb.load(s, {e});
+          kb.store(index, idx, {r, j});
+          kb.store(value, sel, {j});
+        });
   }
 
-  /// Σ_j f(sel[j]) in pick order.
-  Value sumSel(Value sel, function_ref<Value(Value)> f) {
-    return kb.forLoop(kb.idx(0), kb.idx(spec.k), kb.idx(1), ValueRange{kb.cF32(0.0)},
-                     [&](Value j, ValueRange acc) -> SmallVector<Value> {
-                       return {kb.fadd(acc[0], f(kb.load(sel, {j})))};
-                     })[0];
-  }
-
-  /// Rewrites sel[j] = f(sel[j]).
-  void mapSel(Value sel, function_ref<Value(Value)> f) {
-    kb.forLoop(kb.idx(0), kb.idx(spec.k), kb.idx(1),
-              [&](Value j) { kb.store(f(kb.load(sel, {j})), sel, {j}); });
-  }
-
-  /// Step 5: scoring after the top-k, renormalization, scaling (the shared
-  /// formulas of MoE/Kernels/Route.h; sums in pick order).
+  /// Step 5 (routeWeights) over the picks in `sel`, one by one in pick
+  /// order; the scores after the selection overwrite them.
   void emitWeights(Value r, Value sel) {
-    Value selMax, selSum;
-    if (!spec.scoreFirst && spec.scoring == RouteSpec::Scoring::Softmax) {
-      RowSoftmaxStats stats = rowSoftmaxStatsLoop(
-          kb, kb.f32(), kb.idx(0), kb.idx(spec.k), kb.idx(1),
-          [&](Value j) { return kb.load(sel, {j}); });
-      selMax = stats.max;
-      selSum = stats.sum;
-    }
-    if (!spec.scoreFirst)
-      mapSel(sel, [&](Value v) {
-        return routeSelectedScore(kb, spec, v, selMax, selSum);
-      });
-    Value wSum;
-    if (spec.renormalize)
-      wSum = sumSel(sel, [](Value v) { return v; });
-    kb.forLoop(kb.idx(0), kb.idx(spec.k), kb.idx(1), [&](Value j) {
-      kb.store(routeWeight(kb, spec, kb.load(sel, {j}), wSum), w, {r, j});
-    });
+    auto load = [&](Value j) { return kb.load(sel, {j}); };
+    auto storeWeight = [&](Value j, Value v) { kb.store(v, w, {r, j}); };
+    auto storeScore = [&](Value j, Value v) { kb.store(v, sel, {j}); };
+    RoutePicks picks{kb.idx(0), kb.idx(1), load, storeWeight, storeScore};
+    routeWeights(kb, spec, picks);
   }
 };
 

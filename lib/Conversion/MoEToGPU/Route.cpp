@@ -25,6 +25,10 @@
 //    MoE/Kernels/Route.h (post-selection score, renormalization, scaling);
 //    the selection's max and sums are butterflies over the group.
 //
+// The maths of every step is MoE/Kernels/Route.h's (routeScore, routeChoice,
+// routeGroupCandidate, routeKeepGroups, routeRounds, routeWeights), shared
+// with the CPU kernel; this file holds the lane layout and the butterflies.
+//
 // The SGLang/vLLM fused routers (biased_grouped_topk) use the same layout
 // idea: one warp per token, the group maxima by warp reductions.
 //
@@ -194,14 +198,15 @@ private:
   /// Step 3: k rounds; lane j % W stores pick j.
   void rounds(Value weights, Value indices) {
     Value widthIdx = kb.idx(width);
-    kb.forLoop(
-        kb.idx(0), kb.idx(spec.k), kb.idx(1),
-        ValueRange{kb.cI64(std::numeric_limits<int64_t>::max())},
-        [&](Value j, ValueRange prev) -> SmallVector<Value> {
+    routeRounds(
+        kb, spec,
+        [&](Value prev) {
           Value best = none;
           for (Value c : cand)
-            best = bestBelow(kb, best, c, prev[0], none);
-          best = reduce(best, ReduceKind::MaxI64);
+            best = bestBelow(kb, best, c, prev, none);
+          return reduce(best, ReduceKind::MaxI64);
+        },
+        [&](Value j, Value best) {
           Value index = candidateIndex(kb, best);
           Value writer = kb.andI(active, kb.eq(kb.remu(j, widthIdx), lane));
           kb.ifThen(writer, [&] {
@@ -210,49 +215,24 @@ private:
                     {row, j});
             kb.store(index, indices, {row, j});
           });
-          return {best};
         });
   }
 
-  /// Σ of f(v) over this lane's picks, then over the group.
-  Value sumOverPicks(Value weights, function_ref<Value(Value)> f) {
-    Value local =
-        kb.forLoop(lane, kb.idx(spec.k), kb.idx(width), ValueRange{kb.cF32(0.0)},
-                  [&](Value j, ValueRange acc) -> SmallVector<Value> {
-                    return {kb.fadd(acc[0], f(kb.load(weights, {row, j})))};
-                  })[0];
-    return reduce(local, ReduceKind::Sum);
-  }
-
-  /// Step 4: the weights of this lane's picks.
+  /// Step 4 (routeWeights): each lane its own picks, stored in `weights` by
+  /// step 3; the selection's max and sums are butterflies over the group.
   void epilogue(Value weights) {
-    bool postScore = !spec.scoreFirst &&
-                     spec.scoring != RouteSpec::Scoring::None;
-    if (!postScore && !spec.renormalize && spec.scale == 1.0)
+    if (routeWeightsAreSources(spec))
       return; // the stored scores are the weights
-    Value selMax, selSum;
-    if (!spec.scoreFirst && spec.scoring == RouteSpec::Scoring::Softmax) {
-      // The selection's softmax over this lane's picks, then the group's.
-      RowSoftmaxStats stats = rowSoftmaxStatsLoop(
-          kb, kb.f32(), lane, kb.idx(spec.k), kb.idx(width),
-          [&](Value j) { return kb.load(weights, {row, j}); },
-          [&](Value v) { return reduce(v, ReduceKind::Max); },
-          [&](Value v) { return reduce(v, ReduceKind::Sum); });
-      selMax = stats.max;
-      selSum = stats.sum;
-    }
-    auto score = [&](Value v) {
-      return routeSelectedScore(kb, spec, v, selMax, selSum);
+    auto load = [&](Value j) { return kb.load(weights, {row, j}); };
+    auto store = [&](Value j, Value w) { kb.store(w, weights, {row, j}); };
+    auto reduceMax = [&](Value v) { return reduce(v, ReduceKind::Max); };
+    auto reduceSum = [&](Value v) { return reduce(v, ReduceKind::Sum); };
+    auto inActiveRows = [&](function_ref<void()> body) {
+      kb.ifThen(active, body);
     };
-    Value wSum;
-    if (spec.renormalize)
-      wSum = sumOverPicks(weights, score);
-    kb.ifThen(active, [&] {
-      kb.forLoop(lane, kb.idx(spec.k), kb.idx(width), [&](Value j) {
-        Value w = routeWeight(kb, spec, score(kb.load(weights, {row, j})), wSum);
-        kb.store(w, weights, {row, j});
-      });
-    });
+    RoutePicks picks{lane,      kb.idx(width), load,     store,
+                     nullptr,   reduceMax,     reduceSum, inActiveRows};
+    routeWeights(kb, spec, picks);
   }
 };
 } // namespace
