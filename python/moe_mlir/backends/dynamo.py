@@ -12,7 +12,9 @@ expert loops (Dynamo hands the backend one FX graph per region; each is compiled
    softmax(UUᵀ/τ)E into ``torch.ops.moe.*``;
 3. inductor (``torch._inductor.compile_fx.compile_fx``) compiles the raised graph: dense code is inductor's, the moe
    ops are extern (fallback) kernels calling whatever implementation is registered behind ``torch.ops.moe.*``
-   (their fake kernels give the symbolic output shapes; their recompute backward keeps training working).
+   (their fake kernels give the symbolic output shapes; their recompute backward keeps training working), except
+   the backward ops of :data:`.inductor_options.DECOMPOSITIONS`, which inductor fuses from their aten form; the
+   ops' version enters inductor's cache keys (:mod:`.inductor_options`).
 
 Training: raising happens on the forward (pre-dispatch) graph, before autograd; inductor's ``compile_fx`` (or
 ``aot_eager`` with ``dense="eager"``) then runs AOTAutograd on the raised graph when an input or parameter requires
@@ -171,6 +173,16 @@ def _dense_compiler(dense: str) -> Callable[[fx.GraphModule, list[Any]], Callabl
     raise ValueError(f"options['dense'] must be 'inductor' or 'eager', got {dense!r}")
 
 
+def _raised_graph_config(dense: str) -> contextlib.AbstractContextManager:
+    """The inductor config a raised graph compiles under (:func:`.inductor_options.raised_graph_config`: our ops'
+    version in the cache keys; it registers our backward ops' decompositions with inductor too)."""
+    if dense != "inductor":
+        return contextlib.nullcontext()
+    from .inductor_options import raised_graph_config
+
+    return raised_graph_config()
+
+
 def moe_backend(gm: fx.GraphModule, example_inputs: list[Any], **options: Any) -> Callable[..., Any]:
     """The ``torch.compile`` backend ``"moe"`` (see the module doc)."""
     options = dict(options.get("options") or {}, **{k: v for k, v in options.items() if k != "options"})
@@ -187,7 +199,8 @@ def moe_backend(gm: fx.GraphModule, example_inputs: list[Any], **options: Any) -
         _record(entry)
         return compiler(gm, example_inputs)
     try:
-        compiled = compiler(entry.graph_module, example_inputs)
+        with _raised_graph_config(dense):
+            compiled = compiler(entry.graph_module, example_inputs)
     except _dynamo_restart():
         raise  # not a failure: Dynamo's request to trace the frame again (e.g. with a float specialized)
     except Exception as e:  # noqa: BLE001

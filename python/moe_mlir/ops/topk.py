@@ -88,6 +88,18 @@ def _(grad_w, scores, indices, mode="logits", renormalize=True):
     return scores.new_empty(scores.shape, dtype=torch.float32)
 
 
+def topk_renorm_backward_decomposition(grad_w: Tensor, scores: Tensor, indices: Tensor, mode: str = "logits",
+                                       renormalize: bool = True) -> Tensor:
+    """``topk_renorm_backward`` in aten ops (the reference's closed form, the same formulas as the kernel): what
+    inductor compiles in its place inside a backward graph it compiles (``backend="moe"``,
+    :mod:`moe_mlir.backends.inductor_options`). An extern call there ends inductor's fusions around it: the
+    scatter of the weights' gradient, the dense softmax of the raw logits mode and the add into the router's
+    gradient become separate kernels around the call, where inductor's own graph (softmax, topk) fuses them
+    into its neighbours. The op itself, called eagerly, keeps its kernel."""
+    _validate_topk_renorm_backward(grad_w, scores, indices, mode)
+    return _topk_renorm_backward_ref(grad_w, scores, indices, mode, renormalize)
+
+
 def _topk_renorm_setup(ctx, inputs, output):
     scores, k, mode, renormalize = inputs
     ctx.save_for_backward(scores, output[1])

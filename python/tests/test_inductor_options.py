@@ -1,0 +1,129 @@
+"""What ``backend="moe"`` hands inductor with a raised graph (moe_mlir.backends.inductor_options): the backward of
+``topk_renorm`` as aten ops inductor fuses (no extern call splitting the backward graph), equal to the op's kernel;
+and our ops' version in inductor's and AOTAutograd's cache keys (a changed autograd is never served stale)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import moe_mlir  # noqa: F401
+from moe_mlir.backends import inductor_options
+from moe_mlir.backends.dynamo import capture_graphs
+from moe_mlir.ops.topk import topk_renorm_backward_decomposition
+
+
+class RoutedMixture(nn.Module):
+    """A router and k gathered experts; ``idiom`` picks HF's router form: OLMoE's softmax -> topk with the values
+    used raw (``norm_topk_prob=False``), Qwen3-MoE's in-place renormalization, Mixtral/gpt-oss' topk -> softmax.
+    The router logits also feed the loss (as the load-balancing loss reads them): their gradient adds up."""
+
+    def __init__(self, idiom: str, d: int = 32, e: int = 16, k: int = 4) -> None:
+        super().__init__()
+        self.gate = nn.Linear(d, e, bias=False)
+        self.experts = nn.Parameter(torch.randn(e, d, d) * d ** -0.5)
+        self.idiom, self.k = idiom, k
+
+    def forward(self, x):
+        logits = self.gate(x)
+        if self.idiom == "topk_softmax":
+            v, i = torch.topk(logits, self.k, dim=-1)
+            w = F.softmax(v, dim=-1, dtype=torch.float)
+        else:
+            w, i = torch.topk(F.softmax(logits, dim=-1, dtype=torch.float), self.k, dim=-1)
+            if self.idiom == "renorm":
+                w /= w.sum(dim=-1, keepdim=True)
+        y = torch.einsum("td,tkde->tke", x, self.experts[i])
+        return (w.unsqueeze(-1) * y).sum(1), logits
+
+
+def _train_codes(backend: str, idiom: str):
+    """(the generated code of every graph inductor compiled for one training step, the input gradients)."""
+    from torch._inductor.utils import fresh_cache, run_and_get_code
+
+    torch.manual_seed(0)
+    m = RoutedMixture(idiom)
+    x = torch.randn(64, 32, requires_grad=True)
+    c = torch.compile(m, backend=backend)
+
+    def step():
+        y, logits = c(x)
+        (y.square().mean() + 1e-2 * logits.square().mean()).backward()
+
+    with fresh_cache(), capture_graphs() as log:
+        _, codes = run_and_get_code(step)
+    grads = [x.grad] + [p.grad for p in m.parameters()]
+    return codes, grads, log
+
+
+def _kernels(codes) -> int:
+    return sum(len(re.findall(r"= async_compile\.cpp_pybinding\(", c)) for c in codes)
+
+
+@pytest.mark.parametrize("idiom", ["raw", "renorm", "topk_softmax"])
+def test_topk_renorm_backward_is_fused_not_an_extern_call(idiom):
+    """The backward inductor compiles holds no ``topk_renorm_backward`` call (it used to: one extern call per
+    router, and the scatter, softmax and gradient add around it as kernels of their own) and no more kernels than
+    inductor builds for the same step from the model itself; the forward keeps the raised op; gradients as eager."""
+    codes, grads, log = _train_codes("moe", idiom)
+    assert [g.moe_ops() for g in log] == [["topk_renorm"]], log
+    assert any("torch.ops.moe.topk_renorm.default(" in c for c in codes)
+    assert not any("topk_renorm_backward" in c and "torch.ops.moe.topk_renorm_backward" in c for c in codes)
+    ind_codes, ind_grads, _ = _train_codes("inductor", idiom)
+    assert _kernels(codes) <= _kernels(ind_codes), (_kernels(codes), _kernels(ind_codes))
+    for got, want in zip(grads, ind_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode,renormalize", [("logits", True), ("logits", False), ("probs", True),
+                                              ("probs", False)])
+def test_decomposition_equals_the_kernel(mode, renormalize):
+    """Every mode, with the degenerate rows the dialect defines: a fully -inf logit row, a zero probs row."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(37, 24, generator=g)
+    if mode == "probs":
+        x = x.softmax(-1)
+        x[3] = 0.0
+    else:
+        x[3] = float("-inf")
+    w, idx = torch.ops.moe.topk_renorm(x, 5, mode, renormalize)
+    gw = torch.randn(w.shape, generator=g)
+    want = torch.ops.moe.topk_renorm_backward(gw, x, idx, mode, renormalize)
+    got = topk_renorm_backward_decomposition(gw, x, idx, mode, renormalize)
+    assert got.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    if mode == "logits" or renormalize:  # raw probs: w = the selected values, whose gradient is g even at 0
+        assert torch.all(got[3] == 0)
+
+
+def test_ops_version_is_in_the_cache_key(monkeypatch, tmp_path):
+    """A warm cache serves a raised graph again only while our ops' version is unchanged: the version (what
+    AOTAutograd traces for ``torch.ops.moe.*``) is part of inductor's FX-graph and AOTAutograd cache keys."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import config
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    m = RoutedMixture("renorm")
+    x = torch.randn(16, 32, requires_grad=True)
+
+    def compile_once() -> tuple[int, int]:
+        torch._dynamo.reset()
+        counters.clear()
+        with capture_graphs() as log, config.patch(fx_graph_cache=True), \
+                torch._functorch.config.patch(enable_autograd_cache=True):
+            y, _ = torch.compile(m, backend="moe")(x)
+            y.sum().backward()
+        assert log and log[0].moe_ops() == ["topk_renorm"]
+        return counters["aot_autograd"]["autograd_cache_hit"], counters["aot_autograd"]["autograd_cache_miss"]
+
+    compile_once()
+    assert compile_once() == (1, 0)  # warm: the forward/backward pair served from the cache
+    monkeypatch.setattr(inductor_options, "ops_version", lambda: "another version of the ops")
+    # The same graph, another version of the ops: traced afresh (the backward then comes from what their autograd
+    # is now; inductor's FX-graph cache may still serve a compiled graph equal to a former one: it is keyed by it).
+    assert compile_once() == (0, 1)
