@@ -506,13 +506,13 @@ void emitDwo(CpuKernelBuilder &kb, const KernelOptions &opts,
       });
 }
 
-struct AttentionPosteriorGradKernel : MinEntropyPosteriorKernel<AttentionPosteriorGradOp> {
+struct AttentionPosteriorGradKernel
+    : MinEntropyPosteriorKernel<AttentionPosteriorGradOp,
+                                /*LeaveZeroSized=*/true> {
   using MinEntropyPosteriorKernel::MinEntropyPosteriorKernel;
 
   LogicalResult emitMinEntropy(AttentionPosteriorGradOp op, CpuKernelBuilder &kb,
                                PatternRewriter &rw) const override {
-    if (hasStaticZeroSize(op))
-      return rw.notifyMatchFailure(op, "a static zero-sized dimension");
     Value headCount = getValueOrCreateConstantIndexOp(
         rw, op.getLoc(),
         tensor::getMixedSize(rw, op.getLoc(), op.getScores(), 1));

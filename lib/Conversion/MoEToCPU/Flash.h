@@ -307,10 +307,13 @@ posteriorLogits(Value scores, Value head, Value norm2, Value keys,
 /// The base of the attention_posterior kernels, forward and backward: they
 /// build head_select = min_entropy (emitMinEntropy), one head per batch
 /// element mixed by the flash passes; head_select = all (a softmax over every
-/// head's pairs) stays on the portable lowering.
-template <typename OpTy>
-struct MinEntropyPosteriorKernel : KernelPattern<OpTy, /*TargetLanes=*/false> {
-  using KernelPattern<OpTy, /*TargetLanes=*/false>::KernelPattern;
+/// head's pairs) stays on the portable lowering. LeaveZeroSized as for
+/// KernelPattern (the backward kernel).
+template <typename OpTy, bool LeaveZeroSized = false>
+struct MinEntropyPosteriorKernel
+    : KernelPattern<OpTy, /*TargetLanes=*/false, LeaveZeroSized> {
+  using KernelPattern<OpTy, /*TargetLanes=*/false,
+                      LeaveZeroSized>::KernelPattern;
 
   virtual LogicalResult emitMinEntropy(OpTy op, CpuKernelBuilder &kb,
                                        PatternRewriter &rw) const = 0;

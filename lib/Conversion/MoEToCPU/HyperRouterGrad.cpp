@@ -120,13 +120,13 @@ Value layerBackward(CpuKernelBuilder &kb, const KernelOptions &opts, Value m,
   return dx;
 }
 
-struct HyperRouterGradKernel : KernelPattern<HyperRouterGradOp> {
+struct HyperRouterGradKernel
+    : KernelPattern<HyperRouterGradOp, /*TargetLanes=*/true,
+                    /*LeaveZeroSized=*/true> {
   using KernelPattern::KernelPattern;
 
   LogicalResult emit(HyperRouterGradOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
-    if (hasStaticZeroSize(op))
-      return rw.notifyMatchFailure(op, "a static zero-sized dimension");
     KernelScope kernel = KernelScope::gradientsOf(
         kb, op, {op.getEmb(), op.getW1(), op.getB1(), op.getW2(), op.getB2()},
         {op.getDw(), op.getDb()});

@@ -17,11 +17,18 @@ namespace moe::lowering {
 enum class IndexErrorOp : int32_t; // MoEToLinalg/Utils.h
 } // namespace moe::lowering
 namespace moe::cpu {
+/// True when an operand of `op` has a static zero size: the backward kernels
+/// leave such ops to the portable lowering (none needs a special case for
+/// them; the torch ops handle them without a kernel).
+bool hasStaticZeroSize(Operation *op);
+
 /// The base of the kernel patterns: benefit 2, so that a kernel wins over the
 /// portable pattern of the same op when both are in one set. A pattern
 /// implements emit() on a kernel builder at the op (with the target's lanes,
 /// or kLanes when TargetLanes is false); emit() opens the op's KernelScope.
-template <typename OpTy, bool TargetLanes = true>
+/// With LeaveZeroSized (the backward kernels), an op with a static zero-sized
+/// operand is left to the portable lowering (hasStaticZeroSize).
+template <typename OpTy, bool TargetLanes = true, bool LeaveZeroSized = false>
 struct KernelPattern : OpRewritePattern<OpTy> {
   KernelPattern(MLIRContext *ctx, KernelOptions opts,
                 PatternBenefit benefit = 2)
@@ -31,6 +38,8 @@ struct KernelPattern : OpRewritePattern<OpTy> {
   virtual LogicalResult emit(OpTy op, CpuKernelBuilder &kb, PatternRewriter &rw) const = 0;
 
   LogicalResult matchAndRewrite(OpTy op, PatternRewriter &rw) const final {
+    if (LeaveZeroSized && hasStaticZeroSize(op))
+      return rw.notifyMatchFailure(op, "a static zero-sized dimension");
     ImplicitLocOpBuilder b(op.getLoc(), rw);
     if (!TargetLanes) {
       CpuKernelBuilder kb(b);
@@ -40,11 +49,6 @@ struct KernelPattern : OpRewritePattern<OpTy> {
     return emit(op, kb, rw);
   }
 };
-
-/// True when an operand of `op` has a static zero size: the backward kernels
-/// leave such ops to the portable lowering (none needs a special case for
-/// them; the torch ops handle them without a kernel).
-bool hasStaticZeroSize(Operation *op);
 
 /// Adds one op's kernel pattern(s); each is defined in the file named after
 /// the op.

@@ -35,13 +35,12 @@ using namespace kernels;
 namespace {
 
 struct SimilarityInformGradKernel
-    : KernelPattern<SimilarityInformGradOp, /*TargetLanes=*/false> {
+    : KernelPattern<SimilarityInformGradOp, /*TargetLanes=*/false,
+                    /*LeaveZeroSized=*/true> {
   using KernelPattern::KernelPattern;
 
   LogicalResult emit(SimilarityInformGradOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
-    if (hasStaticZeroSize(op))
-      return rw.notifyMatchFailure(op, "a static zero-sized dimension");
     // du [B, N, D], de [B, N, K] and dws [D, D].
     SmallVector<Value> uSizes = kb.sizes(op.getU());
     SmallVector<SmallVector<Value>> outSizes = {
