@@ -19,6 +19,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "TorchCuda.h"
 #include "TorchKernels.h"
 
 #include <torch/library.h>
@@ -99,8 +100,6 @@ TORCH_LIBRARY_IMPL(moe, CPU, m) {
 TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) {
   // kept_weights is differentiable w.r.t. weights (the Python autograd);
   // bias_update has no gradient.
-  m.impl("apply_capacity",
-         torch::CppFunction::makeFromBoxedFunction<&autogradCpu<true>>());
-  m.impl("bias_update",
-         torch::CppFunction::makeFromBoxedFunction<&autogradCpu<false>>());
+  m.impl("apply_capacity", autogradKernel(/*differentiable=*/true));
+  m.impl("bias_update", autogradKernel(/*differentiable=*/false));
 }

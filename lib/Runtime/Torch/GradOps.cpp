@@ -7,7 +7,7 @@
 // The CPU kernels of torch.ops.moe.<op>_backward (python/moe_mlir/ops/
 // defines their schemas and fake kernels, and the autograd of the forward ops
 // that calls them), and the CUDA kernels of those with a GPU lowering
-// (registerGradCudaKernels: the same functions, their keys naming the device:
+// (registerGradKernels: the same functions, their keys naming the device:
 // similarity_inform_fwd and _backward, topk_renorm_backward,
 // hyper_router_backward, attention_posterior_backward; the latter's
 // head_select = all runs its eager reference on CUDA tensors, as the forward
@@ -192,7 +192,7 @@ HyperGrads hyperRouterBackward(const Tensor &gradW, const Tensor &gradB,
                                const Tensor &b2, int64_t numExperts,
                                bool weightGrads) {
   const char *op = "hyper_router_backward";
-  // CPU or CUDA tensors (registerGradCudaKernels): the key carries the device.
+  // CPU or CUDA tensors (registerGradKernels): the key carries the device.
   checkDevice(op, {&gradW, &gradB, &emb, &w1, &b1, &w2, &b2});
   Key key(op);
   key.attr("num_experts", numExperts).attr("weight_grads", weightGrads);
@@ -328,10 +328,10 @@ PosteriorGrads attentionPosteriorBackward(
 
 } // namespace
 
-/// The training ops with GPU lowerings (lib/Conversion/MoEToGPU), registered
-/// for CUDA with the forward ops' CUDA kernels; the others keep their eager
-/// references on CUDA tensors.
-void moe_torch::registerGradCudaKernels(torch::Library &m) {
+/// The training ops with GPU lowerings (lib/Conversion/MoEToGPU): the same
+/// kernels for CPU and, with the forward ops' CUDA kernels, for CUDA; the
+/// other training ops keep their eager references on CUDA tensors.
+void moe_torch::registerGradKernels(torch::Library &m) {
   m.impl("similarity_inform_fwd", &similarityInformFwd);
   m.impl("similarity_inform_backward", &similarityInformBackward);
   m.impl("topk_renorm_backward", &topkRenormBackward);
@@ -339,10 +339,4 @@ void moe_torch::registerGradCudaKernels(torch::Library &m) {
   m.impl("attention_posterior_backward", &attentionPosteriorBackward);
 }
 
-TORCH_LIBRARY_IMPL(moe, CPU, m) {
-  m.impl("similarity_inform_fwd", &similarityInformFwd);
-  m.impl("similarity_inform_backward", &similarityInformBackward);
-  m.impl("topk_renorm_backward", &topkRenormBackward);
-  m.impl("hyper_router_backward", &hyperRouterBackward);
-  m.impl("attention_posterior_backward", &attentionPosteriorBackward);
-}
+TORCH_LIBRARY_IMPL(moe, CPU, m) { moe_torch::registerGradKernels(m); }

@@ -112,8 +112,6 @@ void moe_torch::registerRoutingKernels(torch::Library &m) {
 }
 
 TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) {
-  m.impl("route",
-         torch::CppFunction::makeFromBoxedFunction<&autogradCpu<true>>());
-  m.impl("dispatch_plan",
-         torch::CppFunction::makeFromBoxedFunction<&autogradCpu<false>>());
+  m.impl("route", autogradKernel(/*differentiable=*/true));
+  m.impl("dispatch_plan", autogradKernel(/*differentiable=*/false));
 }

@@ -24,6 +24,7 @@
 #include <functional>
 
 namespace torch {
+class CppFunction;
 class Library;
 } // namespace torch
 
@@ -44,10 +45,17 @@ void registerAutograd(torch::Library &m);
 /// (Autograd.cpp).
 void registerDifferentiable(torch::Library &m);
 
-/// The CUDA kernels of the training ops that have a GPU lowering
-/// (GradOps.cpp: similarity_inform_fwd and _backward, topk_renorm_backward,
-/// hyper_router_backward); called by registerCudaKernels.
-void registerGradCudaKernels(torch::Library &m);
+/// The kernels of the training ops that have a GPU lowering (GradOps.cpp:
+/// similarity_inform_fwd and _backward, topk_renorm_backward,
+/// hyper_router_backward, attention_posterior_backward), for one dispatch
+/// key: CPU (GradOps.cpp), and CUDA from registerCudaKernels.
+void registerGradKernels(torch::Library &m);
+
+/// The boxed Autograd kernel of an op without a C++ autograd (TorchOps.cpp):
+/// straight to the op's backend kernel when no gradient is wanted, else, for
+/// a `differentiable` op, the op's Python autograd; a stop-gradient op
+/// (`differentiable` false) never records one.
+torch::CppFunction autogradKernel(bool differentiable);
 
 /// Runs `call` (the kernel call) with PyTorch's current stream of `device` as
 /// the CUDA runtime's ambient stream and `device` as its default device; a

@@ -118,7 +118,7 @@ void moe_torch::registerCudaKernels() {
   kernels = std::make_unique<torch::Library>(
       torch::Library::IMPL, "moe", c10::DispatchKey::CUDA, __FILE__, __LINE__);
   registerKernels(*kernels);
-  registerGradCudaKernels(*kernels);
+  registerGradKernels(*kernels);
 }
 
 /// Called by python/moe_mlir/runtime/extension.py when the CUDA kernels are

@@ -268,10 +268,4 @@ at::TensorOptions i32(const Tensor &like);
 
 } // namespace moe_torch
 
-/// The boxed AutogradCPU kernel of the ops (TorchOps.cpp): straight to the CPU
-/// kernel without gradients, else the op's Python autograd.
-template <bool Differentiable>
-void autogradCpu(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
-                 torch::jit::Stack *stack);
-
 #endif // MOE_LIB_RUNTIME_TORCH_TORCHKERNELS_H

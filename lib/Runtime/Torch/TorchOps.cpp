@@ -840,6 +840,7 @@ void gradThroughPython(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
   Py_DECREF(result);
 }
 
+namespace {
 template <bool Differentiable>
 void autogradCpu(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
                  torch::jit::Stack *stack) {
@@ -855,9 +856,13 @@ void autogradCpu(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
   at::AutoDispatchBelowAutograd guard;
   op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
 }
-// moe.route's (RoutingOps.cpp).
-template void autogradCpu<true>(const c10::OperatorHandle &,
-                                c10::DispatchKeySet, torch::jit::Stack *);
+} // namespace
+
+torch::CppFunction moe_torch::autogradKernel(bool differentiable) {
+  if (differentiable)
+    return torch::CppFunction::makeFromBoxedFunction<&autogradCpu<true>>();
+  return torch::CppFunction::makeFromBoxedFunction<&autogradCpu<false>>();
+}
 
 //===----------------------------------------------------------------------===//
 // Registration
@@ -896,14 +901,11 @@ void moe_torch::registerKernels(torch::Library &m) {
 }
 
 void moe_torch::registerAutograd(torch::Library &m) {
-  auto stop = [] {
-    return torch::CppFunction::makeFromBoxedFunction<&autogradCpu<false>>();
-  };
   // The differentiable ops: their C++ autograd (Autograd.cpp).
   registerDifferentiable(m);
   // Stop-gradient ops (ops/_autograd.py registers no autograd for them).
-  m.impl("mad_dispersion", stop());
-  m.impl("adjacency_update", stop());
+  m.impl("mad_dispersion", autogradKernel(/*differentiable=*/false));
+  m.impl("adjacency_update", autogradKernel(/*differentiable=*/false));
 }
 
 TORCH_LIBRARY_IMPL(moe, CPU, m) { moe_torch::registerKernels(m); }

@@ -578,7 +578,7 @@ def load(key: str, shapes: str, validate_only: int = 0) -> int:
 #: The ops of torch.ops.moe.* with CPU kernels only (lib/Runtime/Torch/GradOps.cpp): on CUDA tensors they run the
 #: eager references, so there is no CUDA kernel to prebuild for them. (route, dispatch_plan, topk_renorm_backward,
 #: similarity_inform_fwd, similarity_inform_backward, hyper_router_backward and attention_posterior_backward have CUDA
-#: kernels, RoutingOps.cpp and GradOps.cpp registerGradCudaKernels: the GPU machine has no LLVM to compile them, so
+#: kernels, RoutingOps.cpp and GradOps.cpp registerGradKernels: the GPU machine has no LLVM to compile them, so
 #: they must be prebuilt.) None is left: every op has CUDA kernels.
 CPU_ONLY_OPS: frozenset[str] = frozenset()
 
