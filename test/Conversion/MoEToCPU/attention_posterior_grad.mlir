@@ -5,7 +5,7 @@
 // operand). The forward's head means of h* (tiled transposed keys) and the forward kernel recompute p and the row
 // log-sum-exp; d_scores is zeroed, then two tiled passes (FlashGrad.cpp) stream the posterior tiles from the
 // log-sum-exp, query-major (d_u; the posterior weights G written into d_scores[b, h*]); then key-major over that G
-// (keyMajorSums: dz = G (<dp_i, e_j> - delta_i) over G, d_e, Σ dz u, Σ dz, no logit recomputed), then dm, d_v
+// (KeyMajorSums: dz = G (<dp_i, e_j> - delta_i) over G, d_e, Σ dz u, Σ dz, no logit recomputed), then dm, d_v
 // and d_wo per key / per block of rows of wo. The only N x Nk buffer is the result d_scores. An h* outside [0, H) is reported first (moeReportIndexError, op code 4), read as head 0 by
 // the passes and its batch element skipped (lse' = +inf on its rows: every G, so every gradient of it, is 0).
 
