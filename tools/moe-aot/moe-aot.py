@@ -112,17 +112,22 @@ def sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def write_ptx_fallback(args, name, base, binaries):
-    """NAME-ptx/moe-<key>.ptx for every embedded binary; returns module records."""
-    pipeline = f"chip={args.chip} format=isa toolkit={args.toolkit}"
+def lower(args, fmt, base):
+    """Steps 1 and 2 for the gpu.binary format `fmt`: base.llvm.mlir, then base.ll."""
+    pipeline = f"chip={args.chip} format={fmt} toolkit={args.toolkit}"
     if args.features:
         pipeline += f" features={args.features}"
     if args.pipeline_options:
         pipeline += f" {args.pipeline_options}"
+    run([args.moe_opt, args.input, f"--moe-lower-to-nvvm={pipeline}", "-o", base + ".llvm.mlir"])
+    run([os.path.join(args.llvm_bin, "mlir-translate"), "--mlir-to-llvmir", base + ".llvm.mlir",
+         "-o", base + ".ll"])
+
+
+def write_ptx_fallback(args, name, base, binaries):
+    """NAME-ptx/moe-<key>.ptx for every embedded binary; returns module records."""
     isa = base + ".isa"
-    run([args.moe_opt, args.input, f"--moe-lower-to-nvvm={pipeline}", "-o", isa + ".llvm.mlir"])
-    run([os.path.join(args.llvm_bin, "mlir-translate"), "--mlir-to-llvmir", isa + ".llvm.mlir",
-         "-o", isa + ".ll"])
+    lower(args, "isa", isa)
     with open(isa + ".ll") as f:
         ptx = llvm_binaries(f.read())
     os.remove(isa + ".llvm.mlir")
@@ -203,14 +208,7 @@ def main():
     name = args.name or os.path.splitext(os.path.basename(args.input))[0]
     os.makedirs(args.out_dir, exist_ok=True)
     base = os.path.join(args.out_dir, name)
-    pipeline = f"chip={args.chip} format={args.format} toolkit={args.toolkit}"
-    if args.features:
-        pipeline += f" features={args.features}"
-    if args.pipeline_options:
-        pipeline += f" {args.pipeline_options}"
-    run([args.moe_opt, args.input, f"--moe-lower-to-nvvm={pipeline}", "-o", base + ".llvm.mlir"])
-    run([os.path.join(args.llvm_bin, "mlir-translate"), "--mlir-to-llvmir",
-         base + ".llvm.mlir", "-o", base + ".ll"])
+    lower(args, args.format, base)
     run([os.path.join(args.llvm_bin, "llc"), "-O2", "-filetype=obj", "-relocation-model=pic",
          base + ".ll", "-o", base + ".o"])
     with open(base + ".ll") as f:
