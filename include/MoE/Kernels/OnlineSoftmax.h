@@ -19,8 +19,10 @@
 // the log-sum-exp m + log(l) (-inf without keys), from which it recomputes
 // p = exp(x - lse).
 //
-// Every weight exp(d) is the target's KernelBuilder::softmaxWeight (the CPU
-// kernels flush the subnormal ones to 0).
+// (A kernel that holds its row whole takes two passes instead, max then Σ:
+// RowSoftmax.h.) Every weight exp(d) is the target's
+// KernelBuilder::softmaxWeight (the CPU kernels flush the subnormal ones to
+// 0).
 //
 // Every function takes scalars or vectors (a CPU lane group holds a tile row
 // in vectors; a GPU thread holds a few scalars of it): the tile's partial max

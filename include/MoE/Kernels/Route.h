@@ -1,13 +1,25 @@
-//===- Route.h - moe.route's scoring and weights, once ----------*- C++ -*-===//
+//===- Route.h - moe.route's steps, once ------------------------*- C++ -*-===//
 //
 // Part of the MoE-MLIR project.
 //
-// The per-element maths of moe.route (MoERoutingOps.td), shared by the CPU
-// kernel (vector lanes, lib/Conversion/MoEToCPU/Route.cpp) and the GPU kernel
-// (one thread's scalars, lib/Conversion/MoEToGPU/Route.cpp). The reductions
-// around them (a row's max and Σ exp, the selection's sums) are the
-// targets': vector reductions on the CPU, warp butterflies on the GPU. The
-// selection order is TopK.h's.
+// moe.route (MoERoutingOps.td) in five steps, shared by the CPU kernel
+// (vector lanes, lib/Conversion/MoEToCPU/Route.cpp) and the GPU kernel (a
+// group of lanes per token, lib/Conversion/MoEToGPU/Route.cpp):
+//
+//   1. scores: routeScore (softmax with RowSoftmax.h's statistics, sigmoid,
+//      or the logits);
+//   2. candidates of the choice values: routeChoice (score + bias), packed in
+//      TopK.h's order;
+//   3. groups: routeGroupCandidate (a group's score) and routeKeepGroups (the
+//      topk_group rounds);
+//   4. routeRounds: k rounds of the best candidate below the previous pick;
+//   5. routeWeights: scoring after the selection, renormalization, scaling.
+//
+// The steps take the target's part as callbacks: how it finds a best
+// candidate (a vector max over chunks, a warp butterfly), reduces across the
+// row's holders, and where it keeps values (scratch, registers). The order
+// of the emitted operations is the one each kernel had (its code is
+// byte-identical).
 //
 //===----------------------------------------------------------------------===//
 
