@@ -61,8 +61,12 @@ static void launchEntropy(HostCode &host, Value scoresBuf, Value sumsBuf,
   Value N = kb.dim(scores, 2), Nk = kb.dim(scores, 3);
   Value step = kb.idx(kWarp);
   const int64_t rowsPerWarp = kEntropyRowsPerBlock / warps;
-  Value first = kb.add(kb.mul(chunk, kb.idx(kEntropyRowsPerBlock)),
-                      kb.mul(warp, kb.idx(rowsPerWarp)));
+  // (One op a statement here and below where a call takes two: in the order
+  // the plain (gcc) build has always emitted them; as arguments of one call
+  // the order would be the C++ compiler's, and gcc and clang differ.)
+  Value warpFirst = kb.mul(warp, kb.idx(rowsPerWarp));
+  Value first =
+      kb.add(kb.mul(chunk, kb.idx(kEntropyRowsPerBlock)), warpFirst);
   Value last = kb.minu(N, kb.add(first, kb.idx(rowsPerWarp)));
   SmallVector<Value> partial = kb.forLoop(
       first, last, kb.idx(1), {zero, zero},
@@ -86,7 +90,8 @@ static void launchEntropy(HostCode &host, Value scoresBuf, Value sumsBuf,
                       });
         Value z = subgroupReduce(kb, za[0], ReduceKind::Sum, kWarp);
         Value aa = subgroupReduce(kb, za[1], ReduceKind::Sum, kWarp);
-        Value ent = kb.fsub(kb.log(z), kb.fdiv(aa, z));
+        Value mean = kb.fdiv(aa, z);
+        Value ent = kb.fsub(kb.log(z), mean);
         Value valid = kb.cmpf(arith::CmpFPredicate::UNE, m, negInf);
         return {kb.fadd(acc[0], kb.select(valid, ent, zero)),
                 kb.fadd(acc[1], kb.select(valid, one, zero))};
@@ -128,14 +133,15 @@ static void launchHeadSelect(HostCode &h, Value sumsBuf, Value countsBuf,
                           return {kb.fadd(a[0], kb.load(sums, {b, h, c})),
                                   kb.fadd(a[1], kb.load(counts, {b, h, c}))};
                         });
+          Value ratio = kb.fdiv(sc[0], sc[1]);
           Value mean = kb.select(kb.cmpf(arith::CmpFPredicate::OEQ, sc[1], zero),
-                                zero, kb.fdiv(sc[0], sc[1]));
+                                zero, ratio);
           Value isFirst = kb.eq(h, kb.idx(0));
           Value bestNan = kb.cmpf(arith::CmpFPredicate::UNO, acc[0], acc[0]);
           Value meanNan = kb.cmpf(arith::CmpFPredicate::UNO, mean, mean);
           Value less = kb.cmpf(arith::CmpFPredicate::OLT, mean, acc[0]);
-          Value take =
-              kb.orI(isFirst, kb.andI(kb.notI1(bestNan), kb.orI(meanNan, less)));
+          Value better = kb.orI(meanNan, less);
+          Value take = kb.orI(isFirst, kb.andI(kb.notI1(bestNan), better));
           return {kb.select(take, mean, acc[0]), kb.select(take, h, acc[1])};
         });
     kb.store(kb.castInt(best[1], kb.i32()), head, {b});

@@ -53,6 +53,16 @@ using namespace mlir::moe::gpu_lowering;
 
 static constexpr int64_t kThreads = 128;
 
+// The ops one call takes are built one a statement where their order would
+// otherwise be the C++ compiler's order of evaluating arguments (gcc and
+// clang differ): in the order the plain (gcc) build has always emitted them.
+
+/// d0 · d1 · d2 of a 3-D buffer (its dims built from the last).
+static Value elementCount3D(GpuKernelBuilder &kb, Value v) {
+  Value d2 = kb.dim(v, 2), d1 = kb.dim(v, 1), d0 = kb.dim(v, 0);
+  return kb.mul(kb.mul(d0, d1), d2);
+}
+
 /// out = e where e is finite, else 0, for the element `flat` of [B,R,K]
 /// buffers (`copy`), or out kept where e is finite and zeroed elsewhere.
 static void emitFiniteMask(GpuKernelBuilder &kb, Value src, Value dst, bool copy,
@@ -75,13 +85,13 @@ static void launchFiniteMaskOfGrad(HostCode &h, Value e, Value de,
   {
     GpuKernelBuilder &kb = kernel.kb;
     Value src = kernel.arg(0), dst = kernel.arg(1);
-    Value total = kb.mul(kb.mul(kb.dim(src, 0), kb.dim(src, 1)), kb.dim(src, 2));
+    Value total = elementCount3D(kb, src);
     kernel.forItem(total, [&](Value flat) {
       emitFiniteMask(kb, src, dst, /*copy=*/false, flat);
     });
   }
   GpuKernelBuilder &kb = h.kb;
-  kernel.launchOver(kb.mul(kb.mul(kb.dim(e, 0), kb.dim(e, 1)), kb.dim(e, 2)));
+  kernel.launchOver(elementCount3D(kb, e));
 }
 
 /// The first kernel: out ([B,Nk,K] f32) = e where finite, else 0, a thread
@@ -101,7 +111,8 @@ static void launchFiniteEAndHeadCheck(HostCode &h, Value e, Value out,
           H = kernel.arg(3), hsSafe = kernel.arg(4), skipped = kernel.arg(5),
           w = kernel.arg(6);
     Value B = kb.dim(src, 0);
-    Value total = kb.mul(kb.mul(B, kb.dim(src, 1)), kb.dim(src, 2));
+    Value K = kb.dim(src, 2), R = kb.dim(src, 1);
+    Value total = kb.mul(kb.mul(B, R), K);
     Value flat = kernel.globalId();
     kb.ifThen(kb.lt(flat, total),
              [&] { emitFiniteMask(kb, src, dst, /*copy=*/true, flat); });
@@ -111,15 +122,18 @@ static void launchFiniteEAndHeadCheck(HostCode &h, Value e, Value out,
       kb.store(kb.select(ok, hv, kb.cI32(0)), hsSafe, {flat});
       kb.store(kb.select(ok, kb.cI32(0), kb.cI32(1)), skipped, {flat});
       kb.ifThen(kb.notI1(ok), [&] {
-        emitRecordIndexError(kb, w, kMoEErrorAttentionHead,
-                             kb.castInt(flat, kb.i64()), kb.castInt(hv, kb.i64()),
-                             kb.castInt(H, kb.i64()));
+        Value bound = kb.castInt(H, kb.i64());
+        Value value = kb.castInt(hv, kb.i64());
+        Value position = kb.castInt(flat, kb.i64());
+        emitRecordIndexError(kb, w, kMoEErrorAttentionHead, position, value,
+                             bound);
       });
     });
   }
   GpuKernelBuilder &kb = h.kb;
   Value B = kb.dim(e, 0);
-  kernel.launchOver(kb.maxs(B, kb.mul(kb.mul(B, kb.dim(e, 1)), kb.dim(e, 2))));
+  Value K = kb.dim(e, 2), Nk = kb.dim(e, 1);
+  kernel.launchOver(kb.maxs(B, kb.mul(kb.mul(B, Nk), K)));
 }
 
 /// dm[b,j,d] = c · (dm[b,j,d] - rowSum[b,j,0] · m[b,j,d]) in place (a thread
@@ -139,13 +153,14 @@ static void launchMeanGrad(HostCode &h, Value dm, Value rowSum, Value means,
     kernel.forItem(total, [&](Value flat) {
       Value d = kb.remu(flat, D), rest = kb.divu(flat, D);
       Value j = kb.remu(rest, Nk), b = kb.divu(rest, Nk);
-      Value x = kb.fsub(kb.load(g, {b, j, d}), kb.fmul(kb.load(r, {b, j, kb.idx(0)}),
-                                                    kb.load(m, {b, j, d})));
+      Value mj = kb.load(m, {b, j, d});
+      Value rm = kb.fmul(kb.load(r, {b, j, kb.idx(0)}), mj);
+      Value x = kb.fsub(kb.load(g, {b, j, d}), rm);
       kb.store(kb.fmul(scale, x), g, {b, j, d});
     });
   }
   GpuKernelBuilder &kb = h.kb;
-  kernel.launchOver(kb.mul(kb.mul(kb.dim(dm, 0), kb.dim(dm, 1)), kb.dim(dm, 2)));
+  kernel.launchOver(elementCount3D(kb, dm));
 }
 
 /// d_v[b,h,j,c] = Σ_d dm[b,j,d] · wo[d, h·Dh + c] for h = h*[b], else 0: a
@@ -171,15 +186,17 @@ static void launchValueGrad(HostCode &h, Value dm, Value wo, Value head,
       Value s = kb.forLoop(
           kb.idx(0), kb.select(chosen, D, kb.idx(0)), kb.idx(1), {kb.cF32(0.0)},
           [&](Value d, ValueRange acc) -> SmallVector<Value> {
-            return {kb.fadd(acc[0],
-                           kb.fmul(kb.load(g, {b, j, d}), kb.loadF(w, {d, col})))};
+            Value wd = kb.loadF(w, {d, col});
+            return {kb.fadd(acc[0], kb.fmul(kb.load(g, {b, j, d}), wd))};
           })[0];
       kb.store(s, out, {b, hh, j, c});
     });
   }
   GpuKernelBuilder &kb = h.kb;
-  Value cols = kb.mul(kb.dim(dv, 1), kb.dim(dv, 3));
-  kernel.launchColumns(cols, kb.mul(kb.dim(dv, 0), kb.dim(dv, 2)));
+  Value Dh = kb.dim(dv, 3), H = kb.dim(dv, 1);
+  Value cols = kb.mul(H, Dh);
+  Value Nk = kb.dim(dv, 2), B = kb.dim(dv, 0);
+  kernel.launchColumns(cols, kb.mul(B, Nk));
 }
 
 /// d_wo[d, h·Dh + c] = Σ_b [h*[b] = h] Σ_j dm[b,j,d] · v[b,h,j,c]: a thread
@@ -206,8 +223,8 @@ static void launchWeightGrad(HostCode &h, Value dm, Value v, Value head,
             return kb.forLoop(
                 c0, kb.select(chosen, Nk, c0), c1, acc,
                 [&](Value j, ValueRange a) -> SmallVector<Value> {
-                  return {kb.fadd(a[0], kb.fmul(kb.load(g, {b, j, d}),
-                                              kb.loadF(vv, {b, hh, j, c})))};
+                  Value vj = kb.loadF(vv, {b, hh, j, c});
+                  return {kb.fadd(a[0], kb.fmul(kb.load(g, {b, j, d}), vj))};
                 });
           })[0];
       kb.store(s, out, {d, col});

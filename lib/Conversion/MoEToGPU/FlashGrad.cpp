@@ -123,7 +123,10 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
     Value scoreRow0;
     if (add) {
       Value h = kb.castInt(kb.load(head, {b}), kb.index());
-      scoreRow0 = kb.mul(kb.add(kb.mul(b, kb.dim(add, 1)), h), kb.dim(add, 2));
+      // (One op a statement, in the order the plain build has always
+      // emitted: as arguments of one call, the C++ compiler's order.)
+      Value numQueries = kb.dim(add, 2), numHeads = kb.dim(add, 1);
+      scoreRow0 = kb.mul(kb.add(kb.mul(b, numHeads), h), numQueries);
       add = viewAs2D(kernel.b, add);
       if (dzOut)
         dzOut = viewAs2D(kernel.b, dzOut);
@@ -236,7 +239,8 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
             Value rr = kb.divu(flat, kb.idx(kFlashChunk));
             Value cc = kb.remu(flat, kb.idx(kFlashChunk));
             Value gj = kb.add(j0, rr), gw = kb.add(w0, cc);
-            Value ok = kb.andI(kb.lt(gj, C), kb.lt(gw, W));
+            Value inWidth = kb.lt(gw, W);
+            Value ok = kb.andI(kb.lt(gj, C), inWidth);
             Value v = kb.select(ok,
                                kb.loadF(values, {b, kb.select(ok, gj, c0),
                                                 kb.select(ok, gw, c0)}),
@@ -312,8 +316,9 @@ void mlir::moe::gpu_lowering::launchFlashGradStats(HostCode &host, Value lse,
       Value dot =
           kb.forLoop(kb.idx(0), kb.dim(pv, 2), kb.idx(1), {kb.cF32(0.0)},
                     [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                      return {kb.fadd(acc[0], kb.fmul(kb.load(g, {b, i, c}),
-                                                    kb.load(pv, {b, i, c})))};
+                      Value pc = kb.load(pv, {b, i, c});
+                      return {kb.fadd(acc[0],
+                                      kb.fmul(kb.load(g, {b, i, c}), pc))};
                     })[0];
       kb.store(dot, dl, {b, i});
     });

@@ -78,7 +78,10 @@ SmallVector<Value> mlir::moe::gpu_lowering::emitFlashDots(
               ok = kb.lt(gd, depth);
               gi = kb.minu(gi, kb.sub(limit, c1));
             } else {
-              ok = kb.andI(kb.lt(gi, limit), kb.lt(gd, depth));
+              // (One op a statement, in the order the plain build has
+              // always emitted: as arguments, the C++ compiler's order.)
+              Value inDepth = kb.lt(gd, depth);
+              ok = kb.andI(kb.lt(gi, limit), inDepth);
             }
             Value v = kb.select(
                 ok,
@@ -206,8 +209,8 @@ static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
         Value excludedMark = kb.cF32(-1.0);
         for (int64_t c = 0; c < kCols / kGroup; ++c) {
           Value excluded = kb.cmpf(arith::CmpFPredicate::OEQ, logits[c], negInf);
-          kb.store(kb.select(excluded, excludedMark, probs[c]), ps,
-                  {r, kb.add(kb.idx(c * kGroup), lane)});
+          Value col = kb.add(kb.idx(c * kGroup), lane);
+          kb.store(kb.select(excluded, excludedMark, probs[c]), ps, {r, col});
         }
         kb.forLoop(tid, kb.idx(kCols * K), kb.idx(kFlashThreads), [&](Value flat) {
           Value jj = kb.divu(flat, kb.idx(K));
@@ -327,6 +330,7 @@ void mlir::moe::gpu_lowering::launchRowProjection(
     });
   }
   GpuKernelBuilder &kb = host.kb;
-  Value rows = kb.mul(kb.dim(x, 0), kb.dim(x, 1));
+  Value N = kb.dim(x, 1), B = kb.dim(x, 0);
+  Value rows = kb.mul(B, N);
   kernel.launchColumns(kb.dim(x, 2), rows);
 }

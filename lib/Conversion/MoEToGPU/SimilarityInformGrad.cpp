@@ -51,8 +51,11 @@ static void launchWeightGrad(HostCode &h, Value u, Value dq, Value dws,
             return kb.forLoop(
                 c0, kb.dim(uu, 1), c1, acc,
                 [&](Value i, ValueRange a) -> SmallVector<Value> {
-                  return {kb.fadd(a[0], kb.fmul(kb.loadF(uu, {b, i, d}),
-                                              kb.load(g, {b, i, col})))};
+                  // (dq loaded first: the order the plain build has always
+                  // emitted; as two arguments of one call it would be the
+                  // C++ compiler's.)
+                  Value dq = kb.load(g, {b, i, col});
+                  return {kb.fadd(a[0], kb.fmul(kb.loadF(uu, {b, i, d}), dq))};
                 });
           })[0];
       kb.store(s, out, {d, col});
@@ -124,8 +127,11 @@ SimilarityInformGradToGPU::lower(SimilarityInformGradOp op, OpAdaptor adaptor,
   if (adaptor.getP()) {
     // Saved by the forward (similarity_inform_fwd): no forward pass; lse'
     // goes to a buffer of its own (the saved lse is an input).
-    launchFlashGradStats(h, h.buffer(adaptor.getLse()),
-                         h.buffer(adaptor.getP()), dp, delta, loc, lse);
+    // p's buffer first (the kernel's ins in the order the plain build has
+    // always made them; as two arguments, the C++ compiler's order).
+    Value savedP = h.buffer(adaptor.getP());
+    Value savedLse = h.buffer(adaptor.getLse());
+    launchFlashGradStats(h, savedLse, savedP, dp, delta, loc, lse);
   } else {
     Value p = h.alloc(widthType, bn);
     FlashMixSpec fwd{logit};
