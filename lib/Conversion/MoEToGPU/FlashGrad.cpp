@@ -36,6 +36,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "FlashTile.h"
 #include "KernelUtils.h"
 #include "Lowerings.h"
 
@@ -107,16 +108,13 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
     Value negInf = kb.negInfLike(kb.f32());
     Value excludedMark = kb.cF32(-1.0);
     Value c0 = kb.idx(0), c1 = kb.idx(1);
-    Value tid = kb.threadId();
-    FlashLanes t{tid, kb.divu(tid, kb.idx(kFlashGroup)),
-                 kb.remu(tid, kb.idx(kFlashGroup))};
-    Value b = kb.blockId(gpu::Dimension::y);
-    Value rowBase = kb.mul(kb.blockId(), kb.idx(kFlashRows));
+    FlashTile tile(kb);
+    FlashLanes t = tile.t;
+    Value tid = t.tid, b = tile.b, rowBase = tile.rowBase;
     Value R = kb.dim(scoreRows, 1), C = kb.dim(scoreCols, 1);
     Value D = kb.dim(scoreRows, 2), G = kb.dim(gradRows, 2);
-    Value i = kb.add(rowBase, t.row);
-    Value active = kb.lt(i, R);
-    Value row = kb.select(active, i, kb.sub(R, c1));
+    tile.clampRow(kb, R, c1);
+    Value i = tile.i, active = tile.active, row = tile.row;
     // The scores (and dz) of head h*[b] as rows [B·H·Nq, Nk]: the row of
     // query i is (b·H + h*) · Nq + i (one index computation per pair, not a
     // 4-D one: fewer registers).

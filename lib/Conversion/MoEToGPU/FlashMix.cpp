@@ -27,6 +27,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "FlashTile.h"
 #include "KernelUtils.h"
 #include "Lowerings.h"
 
@@ -136,17 +137,14 @@ static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
   Value zero = kb.cF32(0.0);
   Value negInf = kb.cF32(-std::numeric_limits<double>::infinity());
   Value c0 = kb.idx(0), c1 = kb.idx(1);
-  Value tid = kb.threadId();
-  Value r = kb.divu(tid, kb.idx(kGroup));
-  Value lane = kb.remu(tid, kb.idx(kGroup));
-  Value b = kb.blockId(gpu::Dimension::y);
-  Value rowBase = kb.mul(kb.blockId(), kb.idx(kRows));
+  FlashTile tile(kb);
+  Value tid = tile.t.tid, r = tile.t.row, lane = tile.t.lane;
+  Value b = tile.b, rowBase = tile.rowBase;
   Value N = kb.dim(q, 1);
   Value D = kb.dim(q, 2);
   Value Nk = kb.dim(keys, 1);
-  Value i = kb.add(rowBase, r);
-  Value active = kb.lt(i, N);
-  Value row = kb.select(active, i, kb.sub(N, c1));
+  tile.clampRow(kb, N, c1);
+  Value i = tile.i, active = tile.active, row = tile.row;
   Value h = head ? kb.castInt(kb.load(head, {b}), kb.index()) : Value();
 
   // Keys needed by the tile: all, or up to its last row when causal.
