@@ -1,5 +1,6 @@
-"""What ``backend="moe"`` hands inductor with a raised graph (moe_mlir.backends.inductor_options): the backward of
-``topk_renorm`` as aten ops inductor fuses (no extern call splitting the backward graph), equal to the op's kernel;
+"""What ``backend="moe"`` hands inductor with a graph holding moe ops (moe_mlir.backends.inductor_options): the
+backwards of ``topk_renorm`` and of the load-balancing loss as aten ops inductor fuses (no extern call splitting the
+backward graph), equal to the ops' kernels;
 and our ops' version in inductor's and AOTAutograd's cache keys (a changed autograd is never served stale)."""
 
 from __future__ import annotations
@@ -77,6 +78,29 @@ def test_topk_renorm_backward_is_fused_not_an_extern_call(idiom):
     assert _kernels(codes) <= _kernels(ind_codes), (_kernels(codes), _kernels(ind_codes))
     for got, want in zip(grads, ind_grads):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_load_balancing_loss_backward_is_fused_not_an_extern_call():
+    """A model calling ``torch.ops.moe.load_balancing_loss`` itself (nothing to raise): the backward inductor
+    compiles holds no ``router_stats_backward`` call (the loss' gradient, a row softmax times the cotangent, fuses
+    into one kernel); the forward keeps the op's kernel; the gradient as the op's own backward eagerly."""
+    from torch._inductor.utils import fresh_cache, run_and_get_code
+
+    torch.manual_seed(0)
+    gate = nn.Linear(32, 16, bias=False)
+    x = torch.randn(64, 32)
+
+    def loss(h):
+        return torch.ops.moe.load_balancing_loss(gate(h), 4) + 1e-2 * gate(h).square().mean()
+
+    want = torch.autograd.grad(loss(x), gate.weight)[0]
+    torch._dynamo.reset()
+    c = torch.compile(loss, backend="moe")
+    with fresh_cache():
+        (got,), codes = run_and_get_code(lambda: torch.autograd.grad(c(x), gate.weight))
+    assert any("torch.ops.moe.router_stats_fwd" in c or "torch.ops.moe.load_balancing_loss" in c for c in codes)
+    assert not any("torch.ops.moe.router_stats_backward" in c for c in codes)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize("mode,renormalize", [("logits", True), ("logits", False), ("probs", True),

@@ -173,10 +173,19 @@ def _dense_compiler(dense: str) -> Callable[[fx.GraphModule, list[Any]], Callabl
     raise ValueError(f"options['dense'] must be 'inductor' or 'eager', got {dense!r}")
 
 
-def _raised_graph_config(dense: str) -> contextlib.AbstractContextManager:
-    """The inductor config a raised graph compiles under (:func:`.inductor_options.raised_graph_config`: our ops'
-    version in the cache keys; it registers our backward ops' decompositions with inductor too)."""
-    if dense != "inductor":
+def _holds_moe_ops(gm: fx.GraphModule) -> bool:
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and (getattr(n.target, "namespace", None) == "moe" or
+                                        str(getattr(n.target, "_qualified_op_name", "")).startswith("moe::")):
+            return True
+    return False
+
+
+def _raised_graph_config(dense: str, gm: Optional[fx.GraphModule] = None) -> contextlib.AbstractContextManager:
+    """The inductor config a graph holding ``torch.ops.moe.*`` compiles under (a raised graph, or ``gm`` when the
+    model calls them itself): :func:`.inductor_options.raised_graph_config`, our ops' version in the cache keys (it
+    registers our backward ops' decompositions with inductor too). Nothing for a graph without them."""
+    if dense != "inductor" or (gm is not None and not _holds_moe_ops(gm)):
         return contextlib.nullcontext()
     from .inductor_options import raised_graph_config
 
@@ -197,7 +206,8 @@ def moe_backend(gm: fx.GraphModule, example_inputs: list[Any], **options: Any) -
     entry = _raise(gm, example_inputs)
     if entry.graph_module is gm:
         _record(entry)
-        return compiler(gm, example_inputs)
+        with _raised_graph_config(dense, gm):
+            return compiler(gm, example_inputs)
     try:
         with _raised_graph_config(dense):
             compiled = compiler(entry.graph_module, example_inputs)

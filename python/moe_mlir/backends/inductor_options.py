@@ -2,7 +2,8 @@
 decompositions of our backward ops, and our ops' version in inductor's cache keys. A graph with nothing raised gets
 neither: it compiles (and is cached) exactly as under ``backend="inductor"``.
 
-* :data:`DECOMPOSITIONS`: backward ops that inductor compiles from aten ops instead of calling them. Inside a
+* :data:`DECOMPOSITIONS`: backward ops (``topk_renorm_backward``, ``router_stats_backward``) that inductor compiles
+  from aten ops instead of calling them. Inside a
   backward graph an extern call ends inductor's fusions: ``topk_renorm_backward`` there cost the OLMoE and Qwen3
   training steps 3 more kernels per layer (the scatter of the weights' gradient, the dense softmax of the raw-logits
   mode and the add into the router's gradient, each fused into a neighbour in inductor's own graph) and an extern
@@ -31,15 +32,26 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from .. import reference_balance as _balance_ref
+from ..ops.balance import _validate_stats_backward
 from ..ops.topk import topk_renorm_backward_decomposition
 
 __all__ = ["DECOMPOSITIONS", "OpsVersion", "ops_version", "raised_graph_config", "register_decompositions"]
 
 moe = torch.ops.moe
 
+def router_stats_backward_decomposition(grad_mean_probs, logits, token_mask, weight_sum):
+    """``router_stats_backward`` (the load-balancing loss' backward) in aten ops: the reference's closed form
+    ``(w_t / W) · p · (g − <p, g>)``, a row softmax and an elementwise product inductor fuses into one kernel (it was
+    an extern call and a kernel in the OLMoE step's loss backward, against inductor's one kernel)."""
+    _validate_stats_backward(grad_mean_probs, logits, token_mask, weight_sum)
+    return _balance_ref.router_stats_backward(grad_mean_probs, logits, token_mask, weight_sum)
+
+
 #: The moe ops inductor compiles from their aten decomposition (see the module doc).
 DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     moe.topk_renorm_backward.default: topk_renorm_backward_decomposition,
+    moe.router_stats_backward.default: router_stats_backward_decomposition,
 }
 
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -108,7 +120,7 @@ def register_decompositions() -> None:
 
 
 def raised_graph_config() -> contextlib.AbstractContextManager:
-    """The inductor config a raised graph compiles under (a ``torch._inductor.config.patch``): :class:`OpsVersion`
+    """The inductor config a graph holding moe ops (raised, or called by the model) compiles under (a ``torch._inductor.config.patch``): :class:`OpsVersion`
     after the user's post-grad passes. Registers :data:`DECOMPOSITIONS` first. (Not ``compile_fx``'s
     ``config_patches=``, which re-enters ``compile_fx`` by its module name: a wrapper of it would see each graph
     twice.) The AOTAutograd key, the one that served stale backward graphs, is computed inside ``compile_fx``; a
