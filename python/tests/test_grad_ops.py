@@ -658,8 +658,8 @@ def test_posterior_backward_adversarial():
         leaves = _check_posterior(tensors, gp, 0.5, hsel, head_scale=2.0, what="ties/masked")
         assert torch.equal(leaves[0].grad[1], torch.zeros_like(leaves[0].grad[1]))
         assert torch.equal(leaves[4].grad[:, 6], torch.zeros_like(leaves[4].grad[:, 6]))
-        # N = Nk = 1.
-        _check_posterior(*_posterior_case(3, 2, 1, 1, 2, 4, seed=5), 1.0, hsel, what="N=1")
+        # N = Nk = 1 (K = 3, the kernels of the non-finite case below: the sizes T, N, Nk are dynamic).
+        _check_posterior(*_posterior_case(3, 2, 1, 1, 2, 3, seed=5), 1.0, hsel, what="N=1")
         # Non-finite e at a valid key (NaN/inf p rows, as the reference) and at a masked key.
         tensors, gp = _posterior_case(1, 2, 4, 5, 2, 3, seed=6)
         tensors[0][:, :, :, 4] = NEG
