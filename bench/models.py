@@ -27,6 +27,11 @@ the spread [min, max].
     .venv/bin/python -m bench.models --threads 2 --rounds 2          # writes bench/results/models-<date>-t2.{json,md}
     .venv/bin/python -m bench.models --quick                          # tiny sizes, 1 round, no files (a smoke test)
     .venv/bin/python -m bench.models --only mixtral deepseek_v3_e256 --phases decode train
+
+On a GPU (issue 35 item 4; the GPU machine's check bundle runs it as its ``models-bench`` step, scripts/gpu-check.sh):
+``--device cuda`` puts the models and inputs on the GPU and synchronizes after each timed call; the moe backend's
+CUDA kernels come prebuilt (the GPU machine has no LLVM): ``--record`` runs the moe backend's phases once on the CPU
+with ``$MOE_KERNEL_RECORD`` set, which lists the kernels to build (``python -m moe_mlir.runtime.prebuild``).
 """
 
 from __future__ import annotations
@@ -167,7 +172,23 @@ def _first_call(fn: Callable[[], Any], backend: str) -> tuple[Any, float, dict]:
     return out, secs, info
 
 
-def worker(name: str, backend: str, phases: list[str], quick: bool, budget: float, out_dir: Path) -> dict:
+def _synced(fn: Callable[[], Any], device: str) -> Callable[[], Any]:
+    """``fn`` followed by a synchronization on a GPU (a timed call ends when its kernels have run)."""
+    import torch
+
+    if device == "cpu":
+        return fn
+
+    def call():
+        out = fn()
+        torch.cuda.synchronize()
+        return out
+
+    return call
+
+
+def worker(name: str, backend: str, phases: list[str], quick: bool, budget: float, out_dir: Path,
+           device: str = "cpu") -> dict:
     import torch
 
     sys.path.insert(0, str(REPO / "python"))
@@ -175,17 +196,19 @@ def worker(name: str, backend: str, phases: list[str], quick: bool, budget: floa
 
     torch.set_num_threads(_THREADS)
     model, desc = build_model(name, quick)
-    rec: dict[str, Any] = {"model": name, "backend": backend, **desc}
+    model.to(device)
+    rec: dict[str, Any] = {"model": name, "backend": backend, "device": device, **desc}
     g = torch.Generator().manual_seed(2)
     vocab = model.config.vocab_size
     if "decode" in phases:
         n = 6 if quick else 24
-        prompt = torch.randint(0, vocab, (1, 32), generator=g)
+        prompt = torch.randint(0, vocab, (1, 32), generator=g).to(device)
         torch._dynamo.reset()
         forward = model.forward
         model.forward = _compile(forward, backend)
         kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
-        gen = lambda m: (lambda: model.generate(prompt, max_new_tokens=m, min_new_tokens=m, **kw))  # noqa: E731
+        gen = lambda m: _synced(lambda: model.generate(prompt, max_new_tokens=m, min_new_tokens=m, **kw),  # noqa: E731
+                                device)
         with torch.no_grad():
             tokens, secs, info = _first_call(gen(n), backend)
             many = _timed(gen(n), budget)
@@ -195,18 +218,18 @@ def worker(name: str, backend: str, phases: list[str], quick: bool, budget: floa
                          "generate_ms": many, "generate1_ms": one, "new_tokens": n,
                          "tokens": tokens[0, prompt.shape[1]:].tolist(), **info}
     if "prefill" in phases:
-        ids = torch.randint(0, vocab, (1, 64 if quick else 512), generator=g)
+        ids = torch.randint(0, vocab, (1, 64 if quick else 512), generator=g).to(device)
         torch._dynamo.reset()
         c = _compile(model, backend)
-        call = lambda: c(input_ids=ids, use_cache=False).logits  # noqa: E731
+        call = _synced(lambda: c(input_ids=ids, use_cache=False).logits, device)
         with torch.no_grad():
             logits, secs, info = _first_call(call, backend)
             t = _timed(call, budget)
-        torch.save(logits[0, -8:].clone(), out_dir / f"{name}-{backend}-prefill.pt")
+        torch.save(logits[0, -8:].cpu(), out_dir / f"{name}-{backend}-prefill.pt")
         rec["prefill"] = {"compile_s": secs, "ms": t, "tokens": ids.shape[1], **info}
     if "train" in phases:
         b, t_len = (2, 32) if quick else (4, 128)
-        ids = torch.randint(0, vocab, (b, t_len), generator=g)
+        ids = torch.randint(0, vocab, (b, t_len), generator=g).to(device)
         model.train()
         model.config.output_router_logits = True
         torch._dynamo.reset()
@@ -220,6 +243,7 @@ def worker(name: str, backend: str, phases: list[str], quick: bool, budget: floa
             opt.step()
             return loss.detach()
 
+        step = _synced(step, device)
         loss, secs, info = _first_call(step, backend)
         t = _timed(step, budget)
         model.eval()
@@ -235,7 +259,7 @@ def worker(name: str, backend: str, phases: list[str], quick: bool, budget: floa
 def _run_worker(name: str, backend: str, args, out_dir: Path, env: dict) -> dict:
     out = out_dir / f"{name}-{backend}.json"
     cmd = [sys.executable, "-m", "bench.models", "--worker", name, backend, "--threads", str(_THREADS),
-           "--budget", str(args.budget), "--out-dir", str(out_dir), "--phases", *args.phases]
+           "--budget", str(args.budget), "--out-dir", str(out_dir), "--device", args.device, "--phases", *args.phases]
     if args.quick:
         cmd.append("--quick")
     t0 = time.perf_counter()
@@ -325,8 +349,9 @@ def _fmt(v, spec=".2f") -> str:
 
 def markdown(result: dict) -> str:
     m = result["machine"]
+    where = m.get("cpu_model") if result.get("device", "cpu") == "cpu" else f"{m.get('gpu')} (host {m.get('cpu_model')})"
     lines = [f"# Whole MoE causal LMs: eager vs inductor vs moe ({result['date']})", "",
-             f"{m.get('cpu_model')}, {result['threads']} threads, torch {m.get('torch')}, commit "
+             f"{where}, {result['threads']} threads, torch {m.get('torch')}, commit "
              f"{str(m.get('git_commit'))[:10]}; {len(result['rounds'])} interleaved round(s), each backend in its own "
              f"process; load average before/after: {result['loadavg_before']} / {result['loadavg_after']}.", "",
              "Speed-ups are per-round ratios of medians (> 1: moe faster), median over rounds [min, max]. decode: "
@@ -369,13 +394,23 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per worker process")
     ap.add_argument("--tag", default="")
     ap.add_argument("--results-dir", type=Path, default=None, help="where the files go (default: bench/results)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the models run (default: cpu)")
+    ap.add_argument("--record", action="store_true",
+                    help="run the moe backend's phases once on the CPU, in this process (kernel recording for a GPU "
+                         "run: set $MOE_KERNEL_RECORD); no timing, no files")
     ap.add_argument("--worker", nargs=2, metavar=("MODEL", "BACKEND"), help=argparse.SUPPRESS)
     ap.add_argument("--out-dir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         name, backend = args.worker
-        rec = worker(name, backend, args.phases, args.quick, args.budget, args.out_dir)
+        rec = worker(name, backend, args.phases, args.quick, args.budget, args.out_dir, args.device)
         (args.out_dir / f"{name}-{backend}.json").write_text(json.dumps(rec))
+        return 0
+    if args.record:
+        for m in args.only or MODELS:
+            with tempfile.TemporaryDirectory(prefix="moe-models-record-") as tmp:
+                worker(m, "moe", args.phases, args.quick, 0.0, Path(tmp))
+            print(f"record: {m} done", flush=True)
         return 0
 
     from .cpu import machine_info
@@ -388,7 +423,11 @@ def main() -> int:
     result: dict[str, Any] = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "threads": _THREADS,
                               "machine": machine_info(_THREADS), "loadavg_before": round(os.getloadavg()[0], 2),
                               "quick": args.quick, "phases": args.phases, "cold_caches": args.cold, "rounds": [],
-                              "checks": []}
+                              "checks": [], "device": args.device}
+    if args.device == "cuda":
+        import torch
+
+        result["machine"]["gpu"] = torch.cuda.get_device_name()
     for i in range(n_rounds):
         order = BACKENDS[i % 3:] + BACKENDS[:i % 3]
         rnd: dict[str, dict[str, dict]] = {}
@@ -419,7 +458,8 @@ def main() -> int:
         if not args.quick:
             out = args.results_dir or REPO / "bench" / "results"
             out.mkdir(parents=True, exist_ok=True)
-            stem = f"models-{datetime.date.today().isoformat()}-t{_THREADS}" + (f"-{args.tag}" if args.tag else "")
+            where = f"t{_THREADS}" if args.device == "cpu" else "cuda-" + result["machine"]["gpu"].split()[-1].lower()
+            stem = f"models-{datetime.date.today().isoformat()}-{where}" + (f"-{args.tag}" if args.tag else "")
             (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
             (out / f"{stem}.md").write_text(md)
             print(f"round {i + 1} of {n_rounds}: wrote {out / stem}.json and .md", flush=True)

@@ -56,6 +56,7 @@ if [ "$TORCH_OPS" != 0 ]; then
     record "the transformers model tests" "$PY" -m pytest -q -p no:cacheprovider -k matches_eager \
       python/tests/test_hf_models.py
     record "the CUDA torch-op benchmark's calls" "$PY" -m bench.gpu.torch_ops_cuda --record
+    record "the whole-model benchmark's calls" "$PY" -m bench.models --record
   fi
   [ -s "$KEYS" ] || { tail -30 "$DIR/kernels/record.log" >&2; echo "gpu-check: no kernel recorded" >&2; exit 1; }
   echo "gpu-check: building them for $CHIP"

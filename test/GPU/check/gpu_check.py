@@ -31,6 +31,10 @@ Steps, in order (MOE_GPU_CHECK_STEPS=a,b,... picks some; artifacts and build alw
                 are the harness's to report)
   racecheck     `checks` under compute-sanitizer --tool racecheck
   bench         bench/gpu/bench_gpu.py (ours vs eager vs torch.compile; $MOE_GPU_BENCH_ARGS adds options)
+  models-bench  bench/models.py --device cuda: whole transformers MoE causal LMs (Mixtral, Qwen3-MoE, OLMoE, gpt-oss,
+                DeepSeek-V3, DeepSeek-V3 E=256) under eager / inductor / moe: decode, prefill, a training step,
+                compile times (issue 35 item 4; one round: ~10 min, so usually its own call:
+                MOE_GPU_CHECK_STEPS=models-bench MOE_GPU_CHECK_BUDGET_S=580); its models-*.md/json land in OUT
 
 Each step has a time limit, and the whole run a budget (MOE_GPU_CHECK_BUDGET_S, default 540 s, so it fits a
 10-minute call): a step that no longer fits is reported "not run (budget)" with the command that runs it.
@@ -236,6 +240,9 @@ def steps(ctx):
                                        "--out", os.path.join(ctx.logs, "bench")] +
                                       shlex.split(os.environ.get("MOE_GPU_BENCH_ARGS", "")),
                                       ctx.env(PYTHONPATH=ctx.src))),
+        ("models-bench", True, 570, lambda: torch_ops_step(ctx, [
+            ctx.python, "-m", "bench.models", "--device", "cuda", "--rounds", "1", "--budget", "1",
+            "--results-dir", os.path.join(ctx.logs, "bench")])),
     ]
 
 
@@ -382,6 +389,8 @@ def write_results(ctx, info, artifacts, results, gpu, final):
         for fn in sorted(os.listdir(bench_dir)):
             if fn.startswith("gpu-") and fn.endswith((".json", ".md")):
                 shutil.copy(os.path.join(bench_dir, fn), os.path.join(out, "bench" + os.path.splitext(fn)[1]))
+            elif fn.startswith("models-") and fn.endswith((".json", ".md")):
+                shutil.copy(os.path.join(bench_dir, fn), os.path.join(out, fn))
     with tarfile.open(os.path.join(out, "logs.tar.gz"), "w:gz") as tar:
         tar.add(ctx.logs, arcname="logs")
     return md, rc
