@@ -758,3 +758,16 @@ def test_concurrent_processes_share_the_disk_cache(tmp_path):
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err
     assert len(list(tmp_path.glob("*.so"))) == 1 and not list(tmp_path.glob("*.part"))
+
+
+def test_prebuild_cuda_leaves_out_the_cpu_only_ops(tmp_path):
+    """A kernel-key list recorded on the CPU (scripts/gpu-check.sh) holds keys of ops the extension registers for the
+    CPU only (the router losses, capacity): prebuild_cuda builds none of them (their GPU lowering is off by default,
+    so moe-opt would fail on them) and every op named in CPU_ONLY_OPS is one of the ops with a kernel validator."""
+    from moe_mlir.runtime import cache
+
+    keys = ["router_stats_fwd|top_k=2|in:logits:f32:?x32", "router_z_loss|in:logits:f32:?x8",
+            "router_stats_backward|in:grad_mean_probs:f32:8|in:logits:f32:?x8|in:weight_sum:f32:"]
+    assert cache.prebuild_cuda(keys, tmp_path, "sm_90", jobs=1) == 0
+    assert list(tmp_path.iterdir()) == []
+    assert cache.CPU_ONLY_OPS <= set(cache.validators)

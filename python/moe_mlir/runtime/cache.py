@@ -575,12 +575,17 @@ def load(key: str, shapes: str, validate_only: int = 0) -> int:
         return addr
 
 
-#: The ops of torch.ops.moe.* with CPU kernels only (lib/Runtime/Torch/GradOps.cpp): on CUDA tensors they run the
-#: eager references, so there is no CUDA kernel to prebuild for them. (route, dispatch_plan, topk_renorm_backward,
-#: similarity_inform_fwd, similarity_inform_backward, hyper_router_backward and attention_posterior_backward have CUDA
-#: kernels, RoutingOps.cpp and GradOps.cpp registerGradKernels: the GPU machine has no LLVM to compile them, so
-#: they must be prebuilt.) None is left: every op has CUDA kernels.
-CPU_ONLY_OPS: frozenset[str] = frozenset()
+#: The kernel ops of torch.ops.moe.* that the extension registers for the CPU only: the router losses' and the
+#: capacity's (lib/Runtime/Torch/BalanceOps.cpp, CapacityOps.cpp). On CUDA tensors they run their PyTorch references
+#: (ops/balance.py, ops/capacity.py), so there is no CUDA kernel to prebuild for them; their GPU lowerings
+#: (convert-moe-to-gpu balance-kernels) stay off until a GPU run verifies them, and moe-opt reports "has no GPU
+#: lowering" without that option. A CPU run that records kernel keys for a GPU machine (scripts/gpu-check.sh: the
+#: training step of bench.models calls router_stats_fwd) lists them; prebuild_cuda leaves them out. The routing,
+#: mixing and gradient ops (RoutingOps.cpp, TorchOps.cpp, GradOps.cpp registerGradKernels) have CUDA kernels: the GPU
+#: machine has no LLVM to compile them, so they must be prebuilt.
+CPU_ONLY_OPS: frozenset[str] = frozenset({
+    "router_stats_fwd", "router_stats_backward", "router_z_loss", "router_z_loss_backward", "sequence_balance_loss",
+    "sequence_balance_loss_backward", "bias_update", "apply_capacity"})
 
 
 def prebuild_cuda(keys: list[str], out_dir: Path, chip: str, jobs: Optional[int] = None) -> int:

@@ -41,7 +41,11 @@ def main():
         return fail("no moe:: op is registered")
     no_cpu = [n for n in names if not torch._C._dispatch_has_kernel_for_dispatch_key(n, "CPU")]
     keys = os.path.join(os.environ.get("MOE_KERNEL_PREBUILT", ""), "keys.txt")
-    prebuilt = sorted({line.split("|")[0] for line in open(keys) if line.strip()}) if os.path.exists(keys) else []
+    from moe_mlir.runtime.cache import CPU_ONLY_OPS
+
+    # keys.txt is what the CPU run recorded; prebuild_cuda leaves out the ops registered for the CPU only.
+    recorded = {line.split("|")[0] for line in open(keys) if line.strip()} if os.path.exists(keys) else set()
+    prebuilt = sorted(recorded - CPU_ONLY_OPS)
     no_cuda = [op for op in prebuilt if not torch._C._dispatch_has_kernel_for_dispatch_key(f"moe::{op}", "CUDA")]
     print(f"torch-ext: {lib_path} (torch {torch.__version__}): {len(names)} moe ops; prebuilt kernels of "
           f"{', '.join(prebuilt) or 'no op'}")
