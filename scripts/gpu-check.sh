@@ -25,7 +25,11 @@ aot() { python3 "$ROOT/tools/moe-aot/moe-aot.py" "$@" --moe-opt "$BUILD/bin/moe-
           --pipeline-options "${MOE_GPU_AOT_OPTIONS:-}" \
           --format fatbin --toolkit "$TOOLKIT" --ptx-fallback --drop-intermediates >/dev/null; }
 echo "gpu-check: compiling the check cases and the benchmark cases for $CHIP"
-aot "$ROOT/test/GPU/Inputs/gpu-cases.mlir" -o "$DIR/art" --name gpu-cases
+# The check cases always get balance-kernels=true: the load-balancing kernels (router_stats, router_z_loss and their
+# backward ops) are off by default until a GPU has checked them, and this folder is where that check runs (the
+# harness's "balance" case). moe-aot.py appends --pipeline-options to the pipeline's, space-separated; the benchmark
+# keeps the defaults.
+MOE_GPU_AOT_OPTIONS="balance-kernels=true ${MOE_GPU_AOT_OPTIONS:-}" aot "$ROOT/test/GPU/Inputs/gpu-cases.mlir" -o "$DIR/art" --name gpu-cases
 (cd "$ROOT" && "$PY" -m bench.gpu.gen_cases "$DIR/bench" >/dev/null)
 aot "$DIR/bench/bench-cases.mlir" -o "$DIR/bench" --name bench-cases
 # The CUDA kernels of torch.ops.moe.* that the torch-op step needs (the GPU machine has no LLVM to compile them):

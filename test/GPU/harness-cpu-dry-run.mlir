@@ -16,4 +16,5 @@
 // CHECK: PASS: hyper_router_grad
 // CHECK: PASS: route
 // CHECK: PASS: dispatch_plan
-// CHECK: 11 passed, 0 failed (CPU dry run)
+// CHECK: PASS: balance
+// CHECK: 12 passed, 0 failed (CPU dry run)

@@ -128,7 +128,8 @@ class Library:
         try:
             fn(ctypes.byref(res), *[ctypes.byref(d) for d, _ in descs])
             for d, (shape, dtype) in zip(descs_out, results):
-                assert list(d.sizes) == list(shape), (name, list(d.sizes), shape)
+                sizes = list(d.sizes) if len(shape) else []     # a rank-0 descriptor has no sizes
+                assert sizes == list(shape), (name, sizes, shape)
                 t = torch.empty(shape, dtype=dtype, device=self.device)
                 nbytes = t.numel() * t.element_size()
                 if nbytes:
@@ -394,6 +395,57 @@ def ref_dispatch_plan(indices, E, B=1):
             blocks[blk] = e
     t = lambda a: torch.tensor(a, dtype=torch.int32)
     return [t(counts), t(offsets), t(order), t(inverse), t(padded), t(blocks), t([poff[-1]])]
+
+
+def bal_probs(x):
+    """softmax(x) of float64 logits [T, E] as the balance ops take it (p = exp(x - lse)): a row of -inf gives 0,
+    never NaN; NaN propagates."""
+    lse = torch.logsumexp(x, -1, keepdim=True)
+    p = torch.exp(x - lse)
+    return torch.where(lse == NEG_INF, torch.zeros_like(p), p)
+
+
+def bal_weights(logits, mask):
+    return (torch.ones(logits.shape[0], dtype=torch.float64, device=logits.device) if mask is None
+            else mask.double())
+
+
+def ref_router_stats(logits, k, mask=None):
+    """moe.router_stats in float64: counts [E], mean_probs [E], weight_sum []. The selection is moe.topk_renorm's
+    (a stable descending sort: NaN first, ties to the lowest index); W = 0 gives mean_probs NaN (0/0)."""
+    x = logits.double()
+    w = bal_weights(x, mask)
+    sel = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :k]
+    picked = torch.zeros_like(x).scatter_(1, sel, 1.0)
+    W = w.sum()
+    return (picked * w[:, None]).sum(0), (bal_probs(x) * w[:, None]).sum(0) / W, W
+
+
+def ref_load_balancing_loss(counts, probs, W):
+    """Switch / transformers' load_balancing_loss_func from the statistics: E · Σ_e (counts_e / W) · P_e."""
+    return counts.double().shape[0] * (counts.double() / W.double() * probs.double()).sum()
+
+
+def ref_router_stats_grad(logits, mask, W, g):
+    """(w_t / W) · p_te · (g_e - Σ_j p_tj g_j)."""
+    x = logits.double()
+    p = bal_probs(x)
+    g = g.double()
+    c = (p * g).sum(-1, keepdim=True)
+    return (bal_weights(x, mask) / W.double())[:, None] * p * (g - c)
+
+
+def ref_router_z_loss(logits):
+    """mean_t lse_t² (NaN for T = 0, a row of -inf gives +inf)."""
+    lse = torch.logsumexp(logits.double(), -1)
+    return (lse * lse).mean()
+
+
+def ref_router_z_loss_grad(logits, dloss):
+    """dloss · (2 / T) · lse_t · softmax(x_t) (a row of -inf gives NaN, as PyTorch's autograd of logsumexp)."""
+    x = logits.double()
+    lse = torch.logsumexp(x, -1, keepdim=True)
+    return dloss.double() * (2.0 / max(x.shape[0], 1)) * lse * torch.exp(x - lse)
 
 
 #===----------------------------------------------------------------------===#
@@ -973,6 +1025,160 @@ def case_dispatch_plan(lib, g):
         same("plan_small (bad element left out) inverse", got[3], want[3])
 
 
+def close_scaled(name, got, want, rtol=1e-4):
+    """close() with the absolute tolerance scaled to the reference's largest finite magnitude: the gradients of the
+    balance losses are O(1 / T), far below close()'s fixed atol."""
+    finite = torch.nan_to_num(want.double().cpu(), nan=0.0, posinf=0.0, neginf=0.0).abs()
+    scale = finite.max().item() if finite.numel() else 0.0
+    close(name, got, want, rtol=rtol, atol=max(scale, 1e-30) * rtol)
+
+
+def check_stats(name, lib, fn, logits, k, mask=None, exact_counts=False):
+    T, E = logits.shape
+    args = [logits] if mask is None else [logits, mask]
+    c, p, w = lib.call(fn, args, [((E,), torch.float32), ((E,), torch.float32), ((), torch.float32)])
+    rc, rp, rw = ref_router_stats(logits, k, mask)
+    if exact_counts:                             # 0/1 weights: the counts are integers, exactly
+        same(f"{name} counts", c, rc)
+    else:
+        close(f"{name} counts", c, rc)
+    close(f"{name} weight_sum", w, rw)
+    close(f"{name} mean_probs", p, rp, rtol=1e-4, atol=1e-6)
+    return c, p, w
+
+
+def check_stats_grad(name, lib, fn, logits, W, g, mask=None):
+    args = [logits] + ([] if mask is None else [mask]) + [W, g]
+    d, = lib.call(fn, args, [(tuple(logits.shape), torch.float32)])
+    close_scaled(f"{name} dlogits", d, ref_router_stats_grad(logits, mask, W, g))
+
+
+def check_z(name, lib, fn, logits):
+    z, = lib.call(fn, [logits], [((), torch.float32)])
+    close(f"{name} loss", z, ref_router_z_loss(logits), rtol=1e-5, atol=0)
+
+
+def check_zgrad(name, lib, fn, logits, dloss):
+    d, = lib.call(fn, [logits, dloss], [(tuple(logits.shape), torch.float32)])
+    close_scaled(f"{name} dlogits", d, ref_router_z_loss_grad(logits, dloss))
+
+
+def balance_logits(g, T, E, dtype=torch.float32):
+    """Random logits with the adversarial rows: all tied (picks 0..k-1, p = 1/E), all -inf (p = 0, picks 0..k-1),
+    a tie at the top (the lower index first), some -inf, one finite logit."""
+    x = torch.randn(T, E, generator=g) * 2
+    x[1] = 0.75
+    x[2] = NEG_INF
+    x[3, E // 2] = x[3, E - 1] = 9.0
+    x[4, ::2] = NEG_INF
+    x[5] = NEG_INF
+    x[5, E - 1] = 1.0
+    return x.to(dtype).to(DEV)
+
+
+def case_balance(lib, g):
+    f32, bf16 = torch.float32, torch.bfloat16
+    mask300 = torch.rand(300, generator=g)
+    mask300[10:20] = 0.0                         # fully masked rows
+    mask300[7] = 1.0
+
+    x = balance_logits(g, 300, 8)
+    c8, p8, w8 = check_stats("bal_stats_e8", lib, "bal_stats_e8", x, 2, exact_counts=True)
+    check_stats("bal_stats_e8 (one token)", lib, "bal_stats_e8", x[3:4], 2, exact_counts=True)
+    nan = x.clone()
+    nan[6, 5] = float("nan")                     # picked first; its row's probabilities (so every P_e) NaN
+    check_stats("bal_stats_e8 (NaN)", lib, "bal_stats_e8", nan, 2, exact_counts=True)
+    c, p, w = lib.call("bal_stats_e8", [x[:0]], [((8,), f32), ((8,), f32), ((), f32)])
+    if c.abs().sum().item() != 0 or w.item() != 0 or not torch.isnan(p).all():
+        raise AssertionError(f"bal_stats_e8 (no token): want counts 0, W 0, P NaN; got {c}, {w}, {p}")
+    check_stats("bal_stats_e8_kE_mask", lib, "bal_stats_e8_kE_mask", x, 8, mask300.to(DEV))
+    c0, p0, w0 = check_stats("bal_stats_e8_kE_mask (all masked)", lib, "bal_stats_e8_kE_mask", x, 8,
+                             torch.zeros(300, device=DEV), exact_counts=True)
+    if w0.item() != 0 or not torch.isnan(p0).all():
+        raise AssertionError("bal_stats_e8_kE_mask (all masked): want W = 0 and P NaN")
+
+    x64 = balance_logits(g, 300, 64, bf16)       # bf16: many more ties
+    m01 = (torch.rand(300, generator=g) > 0.3).float()
+    c64, p64, w64 = check_stats("bal_stats_e64_bf16_mask", lib, "bal_stats_e64_bf16_mask", x64, 2,
+                                m01.to(DEV), exact_counts=True)
+    check_stats("bal_stats_e64_kE", lib, "bal_stats_e64_kE", balance_logits(g, 130, 64), 64, exact_counts=True)
+    x100 = balance_logits(g, 257, 100)
+    check_stats("bal_stats_e100_k1", lib, "bal_stats_e100_k1", x100, 1, exact_counts=True)
+    x256 = balance_logits(g, 300, 256)
+    check_stats("bal_stats_e256_bf16mask", lib, "bal_stats_e256_bf16mask", x256, 8, mask300.to(DEV).bfloat16())
+    x2048 = balance_logits(g, 70, 2048, bf16)
+    check_stats("bal_stats_e2048_bf16", lib, "bal_stats_e2048_bf16", x2048, 4, exact_counts=True)
+    check_stats("bal_stats_dyn", lib, "bal_stats_dyn", balance_logits(g, 65, 37), 3, mask300[:65].to(DEV))
+    check_stats("bal_stats_dyn (E = 3, k = E)", lib, "bal_stats_dyn", balance_logits(g, 9, 3), 3,
+                torch.ones(9, device=DEV))
+
+    # The Switch loss on hand-made statistics, on the kernel's own (above), and end to end.
+    loss, = lib.call("bal_loss_e8", [c8, p8, w8], [((), f32)])
+    close("bal_loss_e8", loss, ref_load_balancing_loss(c8, p8, w8))
+    loss, = lib.call("bal_loss_e8", [c0, p0, w0], [((), f32)])  # every token masked: NaN, as transformers
+    if not torch.isnan(loss).item():
+        raise AssertionError(f"bal_loss_e8 (W = 0): want NaN, got {loss.item()}")
+    cd, pd = torch.rand(300, generator=g).to(DEV) * 5, torch.rand(300, generator=g).to(DEV)
+    wd = torch.tensor(17.0, device=DEV)
+    loss, = lib.call("bal_loss_dyn", [cd, pd, wd], [((), f32)])
+    close("bal_loss_dyn", loss, ref_load_balancing_loss(cd, pd, wd))
+    loss, = lib.call("bal_switch_e64_bf16_mask", [x64, m01.to(DEV)], [((), f32)])
+    rc, rp, rw = ref_router_stats(x64, 2, m01.to(DEV))
+    close("bal_switch_e64_bf16_mask", loss, ref_load_balancing_loss(rc, rp, rw), rtol=1e-5, atol=0)
+    try:                                         # transformers' own function where it is installed
+        from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+    except Exception:  # noqa: BLE001
+        load_balancing_loss_func = None
+    if load_balancing_loss_func is not None:
+        # Distinct logits (an arange shuffled per row, exact in bf16): no tie for torch.topk to break its own way.
+        r = torch.stack([torch.randperm(64, generator=g) for _ in range(6 * 50)]).float() / 8
+        am = (torch.rand(6, 50, generator=g) > 0.25).long()                    # [batch, sequence]
+        loss, = lib.call("bal_switch_e64_bf16_mask", [r.bfloat16().to(DEV), am.reshape(-1).float().to(DEV)],
+                         [((), f32)])
+        close("bal_switch_e64_bf16_mask (transformers)", loss,
+              load_balancing_loss_func((r.double(),), 64, 2, am), rtol=1e-5, atol=0)
+
+    # The backward through the mean probabilities: Switch's g = E · counts / W, and a random one.
+    check_stats_grad("bal_stats_grad_e8", lib, "bal_stats_grad_e8", x, w8, 8 * c8 / w8)
+    check_stats_grad("bal_stats_grad_e8 (one token)", lib, "bal_stats_grad_e8", x[3:4], torch.tensor(1.0, device=DEV),
+                     torch.randn(8, generator=g).to(DEV))
+    d, = lib.call("bal_stats_grad_e8", [x[:0], w8, c8], [((0, 8), f32)])
+    if d.numel():
+        raise AssertionError("bal_stats_grad_e8 (no token): result is not empty")
+    check_stats_grad("bal_stats_grad_e64_bf16_mask", lib, "bal_stats_grad_e64_bf16_mask", x64, w64,
+                     torch.randn(64, generator=g).to(DEV), m01.to(DEV))
+    m = mask300[:257].to(DEV)
+    check_stats_grad("bal_stats_grad_e100_mask", lib, "bal_stats_grad_e100_mask", x100, m.sum(),
+                     torch.randn(100, generator=g).to(DEV), m)
+    check_stats_grad("bal_stats_grad_e256", lib, "bal_stats_grad_e256", x256, torch.tensor(300.0, device=DEV),
+                     torch.randn(256, generator=g).to(DEV))
+    check_stats_grad("bal_stats_grad_e2048_bf16", lib, "bal_stats_grad_e2048_bf16", x2048,
+                     torch.tensor(70.0, device=DEV), torch.randn(2048, generator=g).to(DEV))
+
+    # The z-loss: rows of -inf give +inf (loss) and NaN (gradient), so they get their own calls.
+    def finite(t):
+        return torch.where(torch.isinf(t), torch.zeros_like(t), t)
+    check_z("bal_z_e8", lib, "bal_z_e8", finite(x))
+    check_z("bal_z_e8 (one token)", lib, "bal_z_e8", x[3:4])
+    check_z("bal_z_e8 (-inf row)", lib, "bal_z_e8", x)
+    z, = lib.call("bal_z_e8", [x[:0]], [((), f32)])
+    if not torch.isnan(z).item():
+        raise AssertionError(f"bal_z_e8 (no token): want NaN, got {z.item()}")
+    check_z("bal_z_e64_bf16", lib, "bal_z_e64_bf16", finite(x64))
+    check_z("bal_z_e256", lib, "bal_z_e256", finite(x256) + 30.0)   # large logits: the shift by the row max
+    check_z("bal_z_e2048_bf16", lib, "bal_z_e2048_bf16", finite(x2048))
+    dl = torch.tensor(0.37, device=DEV)
+    check_zgrad("bal_zgrad_e8", lib, "bal_zgrad_e8", x, dl)        # the -inf row: NaN, as autograd
+    check_zgrad("bal_zgrad_e8 (one token)", lib, "bal_zgrad_e8", x[3:4], dl)
+    d, = lib.call("bal_zgrad_e8", [x[:0], dl], [((0, 8), f32)])
+    if d.numel():
+        raise AssertionError("bal_zgrad_e8 (no token): result is not empty")
+    check_zgrad("bal_zgrad_e64_bf16", lib, "bal_zgrad_e64_bf16", x64, dl)
+    check_zgrad("bal_zgrad_e100", lib, "bal_zgrad_e100", x100, dl)
+    check_zgrad("bal_zgrad_e256", lib, "bal_zgrad_e256", x256, dl)
+    check_zgrad("bal_zgrad_e2048_bf16", lib, "bal_zgrad_e2048_bf16", x2048, dl)
+
+
 CASES = {
     "topk_renorm": case_topk,
     "similarity_inform": case_similarity,
@@ -985,6 +1191,7 @@ CASES = {
     "hyper_router_grad": case_hyper_grad,
     "route": case_route,
     "dispatch_plan": case_dispatch_plan,
+    "balance": case_balance,
 }
 
 

@@ -207,3 +207,117 @@ func.func @apgrad_one(%s: tensor<1x2x1x33xf32>, %u: tensor<1x1x12xf32>, %v: tens
   %ds, %du, %dv, %dwo, %de = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<1xi32>) dp(%dp : tensor<1x1x8xf32>) sigma(5.000000e-01) : tensor<1x2x1x33xf32>, tensor<1x1x12xf32>, tensor<1x2x33x4xf32>, tensor<12x8xf32>, tensor<1x33x8xf32> -> tensor<1x2x1x33xf32>, tensor<1x1x12xf32>, tensor<1x2x33x4xf32>, tensor<12x8xf32>, tensor<1x33x8xf32>
   return %ds, %du, %dv, %dwo, %de : tensor<1x2x1x33xf32>, tensor<1x1x12xf32>, tensor<1x2x33x4xf32>, tensor<12x8xf32>, tensor<1x33x8xf32>
 }
+
+// The load-balancing ops (MoEBalanceOps.td; RouterStats.cpp, RouterZLoss.cpp),
+// whose GPU kernels sit behind moe-lower-to-nvvm balance-kernels=true (off by
+// default until a GPU has run these cases; scripts/gpu-check.sh and the line
+// below turn it on for this file). Every row kernel is a warp per row striding
+// over the experts 32 at a time and router_stats/router_z_loss cut the tokens
+// into row blocks of 64: E = 8 (one partial chunk), 64, 100 (a lane tail), 256
+// and 2048 (many chunks; router_stats_sum over several thread blocks), T past
+// one row block with a short last block, one and zero tokens (the token
+// dimension is dynamic), f32/bf16 logits, f32/bf16 token masks, k = 1 and
+// k = E, a dynamic E.
+// ptxas-options: balance-kernels=true
+func.func @bal_stats_e8(%l: tensor<?x8xf32>) -> (tensor<8xf32>, tensor<8xf32>, tensor<f32>) {
+  %c, %p, %w = moe.router_stats %l k(2) : tensor<?x8xf32> -> tensor<8xf32>, tensor<8xf32>, tensor<f32>
+  return %c, %p, %w : tensor<8xf32>, tensor<8xf32>, tensor<f32>
+}
+func.func @bal_stats_e8_kE_mask(%l: tensor<?x8xf32>, %m: tensor<?xf32>) -> (tensor<8xf32>, tensor<8xf32>, tensor<f32>) {
+  %c, %p, %w = moe.router_stats %l token_mask(%m : tensor<?xf32>) k(8) : tensor<?x8xf32> -> tensor<8xf32>, tensor<8xf32>, tensor<f32>
+  return %c, %p, %w : tensor<8xf32>, tensor<8xf32>, tensor<f32>
+}
+func.func @bal_stats_e64_bf16_mask(%l: tensor<?x64xbf16>, %m: tensor<?xf32>) -> (tensor<64xf32>, tensor<64xf32>, tensor<f32>) {
+  %c, %p, %w = moe.router_stats %l token_mask(%m : tensor<?xf32>) k(2) : tensor<?x64xbf16> -> tensor<64xf32>, tensor<64xf32>, tensor<f32>
+  return %c, %p, %w : tensor<64xf32>, tensor<64xf32>, tensor<f32>
+}
+func.func @bal_stats_e64_kE(%l: tensor<?x64xf32>) -> (tensor<64xf32>, tensor<64xf32>, tensor<f32>) {
+  %c, %p, %w = moe.router_stats %l k(64) : tensor<?x64xf32> -> tensor<64xf32>, tensor<64xf32>, tensor<f32>
+  return %c, %p, %w : tensor<64xf32>, tensor<64xf32>, tensor<f32>
+}
+func.func @bal_stats_e100_k1(%l: tensor<?x100xf32>) -> (tensor<100xf32>, tensor<100xf32>, tensor<f32>) {
+  %c, %p, %w = moe.router_stats %l k(1) : tensor<?x100xf32> -> tensor<100xf32>, tensor<100xf32>, tensor<f32>
+  return %c, %p, %w : tensor<100xf32>, tensor<100xf32>, tensor<f32>
+}
+func.func @bal_stats_e256_bf16mask(%l: tensor<?x256xf32>, %m: tensor<?xbf16>) -> (tensor<256xf32>, tensor<256xf32>, tensor<f32>) {
+  %c, %p, %w = moe.router_stats %l token_mask(%m : tensor<?xbf16>) k(8) : tensor<?x256xf32> -> tensor<256xf32>, tensor<256xf32>, tensor<f32>
+  return %c, %p, %w : tensor<256xf32>, tensor<256xf32>, tensor<f32>
+}
+func.func @bal_stats_e2048_bf16(%l: tensor<?x2048xbf16>) -> (tensor<2048xf32>, tensor<2048xf32>, tensor<f32>) {
+  %c, %p, %w = moe.router_stats %l k(4) : tensor<?x2048xbf16> -> tensor<2048xf32>, tensor<2048xf32>, tensor<f32>
+  return %c, %p, %w : tensor<2048xf32>, tensor<2048xf32>, tensor<f32>
+}
+func.func @bal_stats_dyn(%l: tensor<?x?xf32>, %m: tensor<?xf32>) -> (tensor<?xf32>, tensor<?xf32>, tensor<f32>) {
+  %c, %p, %w = moe.router_stats %l token_mask(%m : tensor<?xf32>) k(3) : tensor<?x?xf32> -> tensor<?xf32>, tensor<?xf32>, tensor<f32>
+  return %c, %p, %w : tensor<?xf32>, tensor<?xf32>, tensor<f32>
+}
+func.func @bal_stats_grad_e8(%l: tensor<?x8xf32>, %w: tensor<f32>, %g: tensor<8xf32>) -> tensor<?x8xf32> {
+  %d = moe.router_stats_grad %l weight_sum(%w : tensor<f32>) dmean_probs(%g : tensor<8xf32>) : tensor<?x8xf32> -> tensor<?x8xf32>
+  return %d : tensor<?x8xf32>
+}
+func.func @bal_stats_grad_e64_bf16_mask(%l: tensor<?x64xbf16>, %m: tensor<?xf32>, %w: tensor<f32>, %g: tensor<64xf32>) -> tensor<?x64xf32> {
+  %d = moe.router_stats_grad %l token_mask(%m : tensor<?xf32>) weight_sum(%w : tensor<f32>) dmean_probs(%g : tensor<64xf32>) : tensor<?x64xbf16> -> tensor<?x64xf32>
+  return %d : tensor<?x64xf32>
+}
+func.func @bal_stats_grad_e100_mask(%l: tensor<?x100xf32>, %m: tensor<?xf32>, %w: tensor<f32>, %g: tensor<100xf32>) -> tensor<?x100xf32> {
+  %d = moe.router_stats_grad %l token_mask(%m : tensor<?xf32>) weight_sum(%w : tensor<f32>) dmean_probs(%g : tensor<100xf32>) : tensor<?x100xf32> -> tensor<?x100xf32>
+  return %d : tensor<?x100xf32>
+}
+func.func @bal_stats_grad_e256(%l: tensor<?x256xf32>, %w: tensor<f32>, %g: tensor<256xf32>) -> tensor<?x256xf32> {
+  %d = moe.router_stats_grad %l weight_sum(%w : tensor<f32>) dmean_probs(%g : tensor<256xf32>) : tensor<?x256xf32> -> tensor<?x256xf32>
+  return %d : tensor<?x256xf32>
+}
+func.func @bal_stats_grad_e2048_bf16(%l: tensor<?x2048xbf16>, %w: tensor<f32>, %g: tensor<2048xf32>) -> tensor<?x2048xf32> {
+  %d = moe.router_stats_grad %l weight_sum(%w : tensor<f32>) dmean_probs(%g : tensor<2048xf32>) : tensor<?x2048xbf16> -> tensor<?x2048xf32>
+  return %d : tensor<?x2048xf32>
+}
+func.func @bal_loss_e8(%c: tensor<8xf32>, %p: tensor<8xf32>, %w: tensor<f32>) -> tensor<f32> {
+  %l = moe.load_balancing_loss %c, %p, %w : tensor<8xf32>, tensor<8xf32>, tensor<f32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+func.func @bal_loss_dyn(%c: tensor<?xf32>, %p: tensor<?xf32>, %w: tensor<f32>) -> tensor<f32> {
+  %l = moe.load_balancing_loss %c, %p, %w : tensor<?xf32>, tensor<?xf32>, tensor<f32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+// transformers' load_balancing_loss_func end to end (its attention-mask form).
+func.func @bal_switch_e64_bf16_mask(%l: tensor<?x64xbf16>, %m: tensor<?xf32>) -> tensor<f32> {
+  %c, %p, %w = moe.router_stats %l token_mask(%m : tensor<?xf32>) k(2) : tensor<?x64xbf16> -> tensor<64xf32>, tensor<64xf32>, tensor<f32>
+  %loss = moe.load_balancing_loss %c, %p, %w : tensor<64xf32>, tensor<64xf32>, tensor<f32> -> tensor<f32>
+  return %loss : tensor<f32>
+}
+func.func @bal_z_e8(%l: tensor<?x8xf32>) -> tensor<f32> {
+  %z = moe.router_z_loss %l : tensor<?x8xf32> -> tensor<f32>
+  return %z : tensor<f32>
+}
+func.func @bal_z_e64_bf16(%l: tensor<?x64xbf16>) -> tensor<f32> {
+  %z = moe.router_z_loss %l : tensor<?x64xbf16> -> tensor<f32>
+  return %z : tensor<f32>
+}
+func.func @bal_z_e256(%l: tensor<?x256xf32>) -> tensor<f32> {
+  %z = moe.router_z_loss %l : tensor<?x256xf32> -> tensor<f32>
+  return %z : tensor<f32>
+}
+func.func @bal_z_e2048_bf16(%l: tensor<?x2048xbf16>) -> tensor<f32> {
+  %z = moe.router_z_loss %l : tensor<?x2048xbf16> -> tensor<f32>
+  return %z : tensor<f32>
+}
+func.func @bal_zgrad_e8(%l: tensor<?x8xf32>, %d: tensor<f32>) -> tensor<?x8xf32> {
+  %g = moe.router_z_loss_grad %l dloss(%d : tensor<f32>) : tensor<?x8xf32> -> tensor<?x8xf32>
+  return %g : tensor<?x8xf32>
+}
+func.func @bal_zgrad_e64_bf16(%l: tensor<?x64xbf16>, %d: tensor<f32>) -> tensor<?x64xf32> {
+  %g = moe.router_z_loss_grad %l dloss(%d : tensor<f32>) : tensor<?x64xbf16> -> tensor<?x64xf32>
+  return %g : tensor<?x64xf32>
+}
+func.func @bal_zgrad_e100(%l: tensor<?x100xf32>, %d: tensor<f32>) -> tensor<?x100xf32> {
+  %g = moe.router_z_loss_grad %l dloss(%d : tensor<f32>) : tensor<?x100xf32> -> tensor<?x100xf32>
+  return %g : tensor<?x100xf32>
+}
+func.func @bal_zgrad_e256(%l: tensor<?x256xf32>, %d: tensor<f32>) -> tensor<?x256xf32> {
+  %g = moe.router_z_loss_grad %l dloss(%d : tensor<f32>) : tensor<?x256xf32> -> tensor<?x256xf32>
+  return %g : tensor<?x256xf32>
+}
+func.func @bal_zgrad_e2048_bf16(%l: tensor<?x2048xbf16>, %d: tensor<f32>) -> tensor<?x2048xf32> {
+  %g = moe.router_z_loss_grad %l dloss(%d : tensor<f32>) : tensor<?x2048xbf16> -> tensor<?x2048xf32>
+  return %g : tensor<?x2048xf32>
+}
