@@ -424,7 +424,7 @@ def _known_gate(module: torch.nn.Module) -> Optional[tuple[str, float, float]]:
     """The :data:`GATES` entry computing ``module._apply_gate`` (``(name, alpha, limit)``), or None: HF's default
     gate (concatenated halves) with a SiLU ``act_fn``, or gpt-oss's own clamped GLU, each identified by the function
     object (a subclass overriding ``_apply_gate`` is not recognised and keeps the generic path)."""
-    if not module.has_gate or module.has_post_expert_norm:
+    if not module.has_gate or _has_post_norm(module):
         return None
     apply_gate = type(module)._apply_gate
     hf_moe = sys.modules.get("transformers.integrations.moe")
@@ -438,6 +438,12 @@ def _known_gate(module: torch.nn.Module) -> Optional[tuple[str, float, float]]:
             and not getattr(module, "is_concatenated", False)):
         return ("clamped_glu", float(module.alpha), float(module.limit))
     return None
+
+
+def _has_post_norm(experts: torch.nn.Module) -> bool:
+    """Whether HF's experts module applies a norm after each expert (``has_post_expert_norm``: transformers 5.2x;
+    older 5.x releases, e.g. 5.17, have no such attribute and no such norm)."""
+    return bool(getattr(experts, "has_post_expert_norm", False))
 
 
 def hf_experts_forward(self: torch.nn.Module, hidden_states: Tensor, top_k_index: Tensor,
@@ -456,7 +462,7 @@ def hf_experts_forward(self: torch.nn.Module, hidden_states: Tensor, top_k_index
     return dispatch_experts(hidden_states, top_k_index, top_k_weights, w1, self.down_proj, act,
                             transposed=self.is_transposed, gate_up_bias=b1,
                             down_bias=self.down_proj_bias if self.has_bias else None,
-                            post_norm=self.post_expert_norm if self.has_post_expert_norm else None,
+                            post_norm=self.post_expert_norm if _has_post_norm(self) else None,
                             gate=_known_gate(self))
 
 

@@ -243,6 +243,16 @@ def test_dispatch_plan_out_of_range_is_a_value_error():
         torch.ops.moe.dispatch_plan(torch.tensor([[0, -1]]), 4)
 
 
+@needs_kernels
+def test_dispatch_plan_two_tokens_blocks_of_two(dev):
+    """The configuration of test_dispatch_plan_index_error_is_read_after_a_sync with every index in range: the
+    same kernel, and a device test, so that scripts/gpu-check.sh (which records kernels by running the device tests
+    on the CPU, where that CUDA-only test is skipped) prebuilds its kernel for the GPU run."""
+    idx = torch.tensor([[0, 1], [3, 0]], dtype=torch.int32)
+    for a, b in zip(torch.ops.moe.dispatch_plan(idx.to(dev), 4, 2), RR.dispatch_plan(idx, 4, 2)):
+        assert torch.equal(a.cpu(), b)
+
+
 def test_dispatch_plan_index_error_is_read_after_a_sync(cuda):
     from moe_mlir.runtime import cuda as moe_cuda
 

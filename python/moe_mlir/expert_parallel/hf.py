@@ -96,7 +96,7 @@ def _local_experts(m: torch.nn.Module, d: Dispatched) -> Tensor:
     if w1.shape[0] == 0:  # a rank owning no experts receives no rows; stays in the graph so that its backward
         return d.x * 0 + 0 * d.weights.sum()  # runs the exchange's collectives like every other rank's
     gate = _X._known_gate(m)
-    post_norm = m.post_expert_norm if m.has_post_expert_norm else None
+    post_norm = m.post_expert_norm if getattr(m, "has_post_expert_norm", False) else None  # absent before transformers 5.2x
     if gate is not None and post_norm is None and x.device.type == "cpu":
         row_weight = d.weights.reshape(-1)[local.slot]
         out = _X.expert_mlp(x, local.row, local.offsets, row_weight,

@@ -182,7 +182,8 @@ def sanitizer(ctx, tool, extra):
 
 
 def steps(ctx):
-    """[(name, needs_gpu, timeout_s, make)] where make() -> (cmd, env) or (None, skip reason)."""
+    """[(name, needs_gpu, timeout_s, make)] where make() -> (cmd, env), (cmd, env, cwd) or (None, skip reason);
+    commands run in the folder's src/ unless they name another cwd."""
     manifests = [os.path.join(ctx.art, "gpu-cases.manifest.json"),
                  os.path.join(ctx.bench, "bench-cases.manifest.json")]
     check_script = os.path.join(ctx.src, "test", "GPU", "check_artifacts.py")
@@ -197,13 +198,15 @@ def steps(ctx):
                               "for this Python)")
             why = "libmoe_torch.so is missing although the build step configured it"
             return ["sh", "-c", f"echo {shlex.quote(why)}; exit 1"], ctx.env()
+        # In the checkout, not in src/: `python -m bench...` must import the checkout's bench package (whose
+        # helpers load python/moe_mlir files by path), not src/'s copy, which holds only what the harness needs.
         return cmd, ctx.env(MOE_TEST_DEVICE="cuda", MOE_GPU_RUNTIME_DIR=ctx.build,
                             MOE_TORCH_LIB=os.path.join(ctx.build, "lib", "libmoe_torch.so"),
                             MOE_CUDA_RUNTIME=os.path.join(ctx.build, "libmoe_cuda_runtime.so"),
                             MOE_KERNEL_PREBUILT=os.path.join(HERE, "kernels"),
                             MOE_KERNEL_CACHE=os.path.join(ctx.logs, "kernel-cache"),
                             PYTHONPATH=ctx.repo + os.pathsep + os.path.join(ctx.repo, "python") + os.pathsep +
-                            os.environ.get("PYTHONPATH", ""))
+                            os.environ.get("PYTHONPATH", "")), ctx.repo
 
     return [
         ("artifacts", False, 60, lambda: (["bash", "-c", " && ".join(
@@ -242,11 +245,13 @@ def steps(ctx):
                                       ctx.env(PYTHONPATH=ctx.src))),
         ("models-bench", True, 570, lambda: torch_ops_step(ctx, [
             ctx.python, "-m", "bench.models", "--device", "cuda", "--rounds", "1", "--budget", "1",
-            "--results-dir", os.path.join(ctx.logs, "bench")])),
+            "--results-dir", os.path.join(ctx.logs, "bench")] +
+            # e.g. "--only deepseek_v3_e256 --phases decode prefill" when a call has less than ~10 minutes
+            shlex.split(os.environ.get("MOE_GPU_MODELS_ARGS", "")))),
     ]
 
 
-def run_step(ctx, name, cmd, env, timeout):
+def run_step(ctx, name, cmd, env, timeout, cwd):
     log = os.path.join(ctx.logs, f"{name}.log")
     t0 = time.monotonic()
     with open(log, "w") as f:
@@ -254,7 +259,7 @@ def run_step(ctx, name, cmd, env, timeout):
         f.flush()
         try:
             p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout,
-                               cwd=ctx.src)
+                               cwd=cwd)
             rc = p.returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
@@ -336,12 +341,14 @@ def main(argv):
             rec.update(status="not run",
                        reason=f"budget (run again with MOE_GPU_CHECK_STEPS={name})")
         else:
-            cmd, env = make()
+            made = make()
+            cmd, env = made[:2]
+            cwd = made[2] if len(made) > 2 else ctx.src
             if cmd is None:
                 rec.update(status="skipped", reason=env)
             else:
                 print(f"gpu-check: {name} ...", flush=True)
-                rec = run_step(ctx, name, cmd, env, min(timeout, left))
+                rec = run_step(ctx, name, cmd, env, min(timeout, left), cwd)
                 if rec["rc"] == "timeout" and timeout > left:
                     # Cut by the budget, not by its own limit: not a failure, but not a pass either.
                     rec.update(status="not run",
