@@ -116,23 +116,41 @@ def topk_case(regime: str, T: int, K: int, k: int, mode: str = "logits") -> Case
     return c
 
 
+#: Operand element types of the similarity cases (bench/mlir.py element names).
+_SIM_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def sdpa_mix(u, e, tau=1.0, causal=False):
+    """Similarity mixing as torch's fused attention (``F.scaled_dot_product_attention`` with q = k = u, v = e, scale
+    1/tau): the strongest PyTorch baseline of the mixing ops on a GPU (flash / memory-efficient / cuDNN kernels, in
+    the operands' own type: tensor cores for f16/bf16)."""
+    p = torch.nn.functional.scaled_dot_product_attention(u[:, None], u[:, None], e[:, None], scale=1.0 / tau,
+                                                         is_causal=causal)
+    return p[:, 0]
+
+
 def similarity_case(regime: str, B: int, N: int, D: int, K: int, tau: float = 1.0, causal: bool = False,
-                    k: Optional[int] = None, peaky: bool = False) -> Case:
+                    k: Optional[int] = None, peaky: bool = False, dtype: str = "f32") -> Case:
     """``peaky``: unnormalised u (u_i.u_j ~ N(0, D), the diagonal ~D), so that most softmax weights of a row are far
     below the smallest normal f32 (the subnormal-operand cost of x86 FMAs, CK::softmaxWeight); else
-    u_i.u_j ~ N(0, 1)."""
+    u_i.u_j ~ N(0, 1). ``dtype``: u and e in f32, f16 or bf16 (p is f32; the eager baseline computes in f32 from
+    the rounded operands, extra["sdpa"] in the operands' type)."""
     fused = k is not None
     name = (f"sim{'_topk' if fused else ''}_B{B}_N{N}_D{D}_K{K}{f'_k{k}' if fused else ''}{'_causal' if causal else ''}"
-            f"{'_peaky' if peaky else ''}")
+            f"{'_peaky' if peaky else ''}{'' if dtype == 'f32' else '_' + dtype}")
+    tdt = _SIM_DTYPES[dtype]
 
     def make(g):
         u = torch.randn(B, N, D, generator=g) / (1.0 if peaky else D ** 0.25)
         e = torch.softmax(torch.randn(B, N, K, generator=g), -1)
-        return [u, e]
+        return [u.to(tdt), e.to(tdt)]
 
     params = dict(B=B, N=N, D=D, K=K, tau=tau, causal=causal, T=B * N)
     if peaky:
         params["peaky"] = True
+    if dtype != "f32":
+        params["dtype"] = dtype
+    extra = {"sdpa": lambda u, e: sdpa_mix(u, e, tau, causal)}
     if fused:
         params["k"] = k
         eager = lambda u, e: bl.similarity_mix_topk(u, e, k, tau, causal)
@@ -145,16 +163,22 @@ def similarity_case(regime: str, B: int, N: int, D: int, K: int, tau: float = 1.
             p = bl.similarity_mix(u, e, tau, causal=causal)
             return _check_topk(p, ours[0], ours[1], ref[0], ref[1], rtol=1e-3, atol=1e-6)
 
-        return Case(name, "similarity_inform_topk", regime, params, mlir, make, outs, eager, check)
+        if dtype != "f32":
+            raise ValueError("similarity_case: the fused top-k case has f32 operands only")
+        return Case(name, "similarity_inform_topk", regime, params, mlir, make, outs, eager, check, extra=extra)
 
     eager = lambda u, e: bl.similarity_mix(u, e, tau, causal=causal)
+    # f16/bf16 operands: the tensor-core kernel rounds the probabilities to the operands' type before S.e (as
+    # flash attention does), so it is held to the harness's MMA_TOL (test/GPU/run_gpu_tests.py)
+    rtol, atol = (1e-3, 1e-5) if dtype == "f32" else (1e-2, 2e-3)
 
     def check(inp, ours, ref):
-        return _close("p", ours[0], ref, 1e-3, 1e-5)
+        return _close("p", ours[0], ref, rtol, atol)
 
-    return Case(name, "similarity_inform", regime, params, M.similarity_inform(name, B, N, D, K, tau, causal),
+    return Case(name, "similarity_inform", regime, params,
+                M.similarity_inform(name, B, N, D, K, tau, causal, elem=dtype),
                 make, [((B, N, K), torch.float32)], eager, check,
-                note="eager materializes S [B,N,N] in f32: %.0f MiB" % (B * N * N * 4 / 2 ** 20))
+                note="eager materializes S [B,N,N] in f32: %.0f MiB" % (B * N * N * 4 / 2 ** 20), extra=extra)
 
 
 def attention_case(regime: str, B: int, H: int, N: int, Nk: int, D: int, Dh: int, K: int,
@@ -322,6 +346,11 @@ def gpu_cases() -> list[Case]:
         similarity_case("prefill", 1, 16384, 64, 16),
         similarity_case("prefill", 4, 4096, 256, 64, causal=True),
         similarity_case("prefill", 1, 16384, 64, 16, k=2),
+        # f16/bf16 operands: the tensor-core kernel when built with flash-mma=true, else the f32 one on rounded data
+        similarity_case("decode", 1, 64, 64, 16, dtype="bf16"),
+        similarity_case("prefill", 1, 16384, 64, 16, dtype="bf16"),
+        similarity_case("prefill", 4, 4096, 256, 64, causal=True, dtype="bf16"),
+        similarity_case("prefill", 1, 16384, 64, 16, dtype="f16"),
         attention_case("prefill", 16, 4, 1024, 1024, 256, 64, 16),
         mad_case("prefill", 65536, 1024, 64), mad_case("prefill", 16384, 256, 256),
         adjacency_case("prefill", 65536, 256, 8),
