@@ -103,7 +103,7 @@ def test_split_isolates_moe_ops(mod):
     model, args = mod.example(use_custom_ops=True)
     ep = export_program(model, args)
     raise_routing_idioms(ep.graph_module)
-    n_moe = sum(1 for n in ep.graph_module.graph.nodes if n.op == "call_function" and gpu._is_moe_op(n.target))
+    n_moe = sum(1 for n in ep.graph_module.graph.nodes if n.op == "call_function" and gpu.is_moe_op(n.target))
     split, names = gpu.split_routing(ep.graph_module)
     assert names, "no GPU partition"
     inside = 0
@@ -111,10 +111,10 @@ def test_split_isolates_moe_ops(mod):
         for node in getattr(split, name).graph.nodes:
             if node.op == "call_function":
                 assert gpu.is_gpu_node(node), f"{node.format_node()} is not a moe op"
-                inside += gpu._is_moe_op(node.target)
+                inside += gpu.is_moe_op(node.target)
     assert inside == n_moe
     # Outside the partitions: no moe op left.
-    assert not any(n.op == "call_function" and gpu._is_moe_op(n.target) for n in split.graph.nodes)
+    assert not any(n.op == "call_function" and gpu.is_moe_op(n.target) for n in split.graph.nodes)
 
 
 # ----------------------------------------------------------------------------------------------------------------

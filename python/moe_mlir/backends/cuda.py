@@ -69,7 +69,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from ..mlir.builder import TensorType
 from ..runtime import abi, driver
 from ..runtime import cuda as moe_cuda
-from ..frontend.partitioning import _is_moe_op, is_gpu_node, split_routing  # noqa: F401
+from ..frontend.partitioning import is_gpu_node, is_moe_op, split_routing  # noqa: F401
 from ..mlir.importer import ImportedProgram, export_program, import_exported_program
 
 __all__ = [

@@ -49,6 +49,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.fx as fx
 
+from ..frontend.partitioning import is_moe_op, moe_op_name
 from ..frontend.raising import raise_routing_idioms
 
 __all__ = ["MoERaisingWarning", "CompiledGraph", "capture_graphs", "to_aten_graph", "moe_backend",
@@ -76,9 +77,8 @@ class CompiledGraph:
 
     def moe_ops(self) -> list[str]:
         """The ``torch.ops.moe.*`` calls in the compiled graph, by name (``"topk_renorm"``...)."""
-        return [n.target._schema.name.split("::")[1] for n in self.graph_module.graph.nodes
-                if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
-                and n.target.namespace == "moe"]
+        return [moe_op_name(n.target) for n in self.graph_module.graph.nodes
+                if n.op == "call_function" and is_moe_op(n.target)]
 
 
 _capture = threading.local()
@@ -174,11 +174,7 @@ def _dense_compiler(dense: str) -> Callable[[fx.GraphModule, list[Any]], Callabl
 
 
 def _holds_moe_ops(gm: fx.GraphModule) -> bool:
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and (getattr(n.target, "namespace", None) == "moe" or
-                                        str(getattr(n.target, "_qualified_op_name", "")).startswith("moe::")):
-            return True
-    return False
+    return any(n.op == "call_function" and is_moe_op(n.target) for n in gm.graph.nodes)
 
 
 def _raised_graph_config(dense: str, gm: Optional[fx.GraphModule] = None) -> contextlib.AbstractContextManager:
