@@ -1,0 +1,265 @@
+"""``moe_mlir::grouped_mm``'s two paths (:mod:`moe_mlir.experts`): the per-expert loop (one ``mm`` per expert with
+rows) and the padded batched GEMM (rows scattered into a zero ``[E, C, K]`` buffer, one ``bmm``: O(1) kernel
+launches, taken on CUDA while ``E * C <= 4 * S``). Both are run here on the CPU by forcing the path
+(``experts._FORCE_PATH``) and compared with each other and with a float64 per-expert reference; the dispatch rule is
+checked on ``torch.device`` objects (no GPU needed).
+
+Tolerances: the two paths compute each output element as the same K-term dot product, but ``bmm`` and ``mm`` may
+block (and so sum) differently: f32 results agree to a few ulps (atol/rtol 1e-5 at K <= 24, magnitudes ~5); f16
+and bf16 to their own rounding (1e-2 / 5e-2 relative, against the float64 reference too).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from moe_mlir import experts as X  # noqa: E402
+
+F32_TOL = dict(atol=1e-5, rtol=1e-5)
+LOW_TOL = {torch.float16: dict(atol=1e-2, rtol=1e-2), torch.bfloat16: dict(atol=5e-2, rtol=5e-2)}
+
+
+@pytest.fixture
+def force(monkeypatch):
+    def set_path(path):
+        monkeypatch.setattr(X, "_FORCE_PATH", path)
+    return set_path
+
+
+def _offsets(counts) -> torch.Tensor:
+    return torch.cat([torch.zeros(1, dtype=torch.long), torch.tensor(counts, dtype=torch.long).cumsum(0)])
+
+
+def _ref(x, w, offsets):
+    """float64 per-expert matmul (rows of experts without rows: none)."""
+    o = offsets.tolist()
+    out = torch.zeros(x.shape[0], w.shape[2], dtype=torch.float64)
+    for e in range(w.shape[0]):
+        out[o[e]:o[e + 1]] = x[o[e]:o[e + 1]].double() @ w[e].double()
+    return out
+
+
+def _inputs(counts, k=7, n=5, dtype=torch.float32, seed=0, transposed=True):
+    g = torch.Generator().manual_seed(seed)
+    offsets = _offsets(counts)
+    x = torch.randn(int(offsets[-1]), k, generator=g).to(dtype)
+    E = len(counts)
+    # HF passes nn.Linear-layout weights transposed: a non-contiguous [E, K, N] view
+    w = (torch.randn(E, n, k, generator=g).to(dtype).transpose(1, 2) if transposed
+         else torch.randn(E, k, n, generator=g).to(dtype))
+    return x, w, offsets
+
+
+def _both(x, w, offsets, force):
+    force("loop")
+    loop = torch.ops.moe_mlir.grouped_mm(x, w, offsets)
+    force("padded")
+    padded = torch.ops.moe_mlir.grouped_mm(x, w, offsets)
+    return loop, padded
+
+
+COUNTS = {
+    "random": None,  # drawn in the test
+    "empty experts": [3, 0, 5, 0, 0, 2, 0],
+    "empty first and last": [0, 4, 1, 0],
+    "one expert holds all rows": [0, 0, 11, 0],
+    "one expert, E = 1": [6],
+    "k = E (every token on every expert)": [9] * 5,
+}
+
+
+@pytest.mark.parametrize("case", list(COUNTS))
+@pytest.mark.parametrize("transposed", [True, False])
+def test_padded_equals_loop_equals_float64(case, transposed, force):
+    counts = COUNTS[case]
+    if counts is None:
+        counts = torch.randint(0, 9, (12,), generator=torch.Generator().manual_seed(1)).tolist()
+    x, w, offsets = _inputs(counts, transposed=transposed)
+    loop, padded = _both(x, w, offsets, force)
+    assert loop.shape == padded.shape == (x.shape[0], w.shape[2]) and padded.is_contiguous()
+    torch.testing.assert_close(padded, loop, **F32_TOL)
+    torch.testing.assert_close(padded.double(), _ref(x, w, offsets), **F32_TOL)
+    torch.testing.assert_close(X._grouped_mm_padded(x, w, offsets), loop, **F32_TOL)  # the function itself
+
+
+def test_int32_offsets_and_the_public_wrapper(force):
+    x, w, offsets = _inputs([2, 0, 4])
+    force("padded")
+    torch.testing.assert_close(X.grouped_mm(x, w, offsets.int()), _ref(x, w, offsets).float(), **F32_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision(dtype, force):
+    """f16 / bf16 through the op (on CUDA bf16 takes ``F.grouped_mm`` where torch has it; f16 always the op)."""
+    x, w, offsets = _inputs([5, 0, 8, 3], k=16, n=6, dtype=dtype)
+    loop, padded = _both(x, w, offsets, force)
+    assert padded.dtype == loop.dtype == dtype
+    torch.testing.assert_close(padded, loop, **LOW_TOL[dtype])
+    torch.testing.assert_close(padded.double(), _ref(x, w, offsets), **LOW_TOL[dtype])
+
+
+def test_zero_rows(force):
+    x, w, offsets = _inputs([0, 0, 0])
+    for path in ("loop", "padded"):
+        force(path)
+        assert torch.ops.moe_mlir.grouped_mm(x, w, offsets).shape == (0, 5)
+        gx, gw = torch.ops.moe_mlir.grouped_mm_backward(torch.zeros(0, 5), x, w, offsets)
+        assert gx.shape == (0, 7) and torch.equal(gw, torch.zeros_like(w))
+    assert X._grouped_mm_padded(x, w, offsets).shape == (0, 5)
+
+
+def test_offsets_must_end_at_the_row_count_on_both_paths(force):
+    x, w, _ = _inputs([2, 2])
+    for path in ("loop", "padded"):
+        force(path)
+        with pytest.raises(ValueError, match="number of rows"):
+            X.grouped_mm(x, w, torch.tensor([0, 1, 3]))
+
+
+def test_the_dispatch_rule(force):
+    """CUDA takes the padded path while E * C <= 4 * S; skew, decode-sized S and the CPU keep the loop."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    balanced = _offsets([64] * 64).tolist()  # S = 4096, E = 64, C = 64
+    assert X._grouped_mm_path(cuda, balanced) == "padded"
+    assert X._grouped_mm_path(cpu, balanced) == "loop"  # measured slower on this project's CPU
+    # random top-8 routing at the H100 benchmark's prefill (512 tokens): C = 82 here, E*C = 1.3 S
+    idx = torch.stack([torch.randperm(64, generator=torch.Generator().manual_seed(t))[:8] for t in range(512)])
+    assert X._grouped_mm_path(cuda, _offsets(torch.bincount(idx.reshape(-1), minlength=64).tolist()).tolist()) \
+        == "padded"
+    # the bound itself: C = 4 S / E is in, one more row is out
+    assert X._grouped_mm_path(cuda, _offsets([16] + [0] * 3).tolist()) == "padded"  # E*C = 64 = 4*16
+    assert X._grouped_mm_path(cuda, _offsets([13, 0, 0, 0, 0]).tolist()) == "loop"  # 5*13 = 65 > 52
+    # one expert holding all rows: E*C = E*S
+    assert X._grouped_mm_path(cuda, _offsets([0] * 10 + [4096] + [0] * 53).tolist()) == "loop"
+    # decode: S = 8 rows over 64 experts would read all 64 experts' weights for 8 rows
+    assert X._grouped_mm_path(cuda, _offsets([1] * 8 + [0] * 56).tolist()) == "loop"
+    # offsets the padded layout cannot express keep the loop even when forced
+    force("padded")
+    assert X._grouped_mm_path(cpu, [1, 3, 4]) == "loop"
+    assert X._grouped_mm_path(cpu, [0, 3, 2]) == "loop"
+    assert X._grouped_mm_path(cpu, [0, 3, 4]) == "padded"
+
+
+def test_the_op_takes_the_path_the_rule_picks(force, monkeypatch):
+    """The op calls the padded function exactly when the rule says so (CUDA simulated by patching the rule)."""
+    calls = []
+    real = X._grouped_mm_padded
+    monkeypatch.setattr(X, "_grouped_mm_padded", lambda *a: calls.append(1) or real(*a))
+    cuda_rule = X._grouped_mm_path
+    monkeypatch.setattr(X, "_grouped_mm_path", lambda device, o: cuda_rule(torch.device("cuda"), o))
+    x, w, offsets = _inputs([3, 4, 2, 3])
+    torch.ops.moe_mlir.grouped_mm(x, w, offsets)
+    assert calls == [1]
+    x, w, offsets = _inputs([0, 12, 0, 0, 0])  # skewed, E*C = 60 > 4*12: the loop
+    torch.ops.moe_mlir.grouped_mm(x, w, offsets)
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("counts", [[3, 0, 5, 2], [0, 7, 0], [4, 4, 4]])
+def test_padded_backward_equals_loop_and_float64(counts, force):
+    x, w, offsets = _inputs(counts, k=6, n=4, seed=3)
+    grad = torch.randn(x.shape[0], 4, generator=torch.Generator().manual_seed(4))
+    force("loop")
+    gx_loop, gw_loop = torch.ops.moe_mlir.grouped_mm_backward(grad, x, w, offsets)
+    force("padded")
+    gx, gw = torch.ops.moe_mlir.grouped_mm_backward(grad, x, w, offsets)
+    # the layouts the fake implementation promises (empty_like): w is a transposed view
+    assert gx.stride() == x.stride() and gw.stride() == w.stride()
+    torch.testing.assert_close(gx, gx_loop, **F32_TOL)
+    torch.testing.assert_close(gw, gw_loop, **F32_TOL)
+    o = offsets.tolist()
+    want_w = torch.zeros(w.shape, dtype=torch.float64)
+    want_x = torch.zeros(x.shape, dtype=torch.float64)
+    for e in range(len(counts)):
+        a, b = o[e], o[e + 1]
+        want_x[a:b] = grad[a:b].double() @ w[e].double().t()
+        want_w[e] = x[a:b].double().t() @ grad[a:b].double()
+    torch.testing.assert_close(gx.double(), want_x, **F32_TOL)
+    torch.testing.assert_close(gw.double(), want_w, **F32_TOL)
+    for e, c in enumerate(counts):
+        if c == 0:
+            assert torch.equal(gw[e], torch.zeros_like(gw[e]))  # exactly zero, as the loop's
+
+
+def test_gradcheck_and_opcheck_through_the_padded_path(force, monkeypatch):
+    calls = []
+    real = X._grouped_mm_padded_backward
+    monkeypatch.setattr(X, "_grouped_mm_padded_backward", lambda *a: calls.append(1) or real(*a))
+    force("padded")
+    x, w, offsets = _inputs([3, 0, 4, 1], k=5, n=3, dtype=torch.float64, seed=5)
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a, b: X.grouped_mm(a, b, offsets), (x, w))
+    assert calls  # the backward did run the padded path
+    torch.library.opcheck(torch.ops.moe_mlir.grouped_mm.default, (x, w, offsets))
+    torch.library.opcheck(torch.ops.moe_mlir.grouped_mm_backward.default,
+                          (torch.randn(8, 3, dtype=torch.float64), x.detach(), w.detach(), offsets))
+
+
+def test_a_compiled_block_through_grouped_mm_equals_eager_on_both_paths(force, monkeypatch):
+    """A Mixtral block with a GELU gate (not one of the fused loop's gates: on CPU it reaches grouped_mm, like
+    Nemotron-H's ungated experts and post-norm experts; on CUDA every model does) compiled with backend="moe",
+    each path forced: output and gradients equal HF's eager loop."""
+    from transformers import MixtralConfig
+    from transformers.models.mixtral import modeling_mixtral as mixtral
+
+    from moe_mlir.backends.dynamo import capture_graphs
+
+    calls = []
+    real = X._grouped_mm_padded
+    monkeypatch.setattr(X, "_grouped_mm_padded", lambda *a: calls.append(1) or real(*a))
+    cfg = MixtralConfig(hidden_size=32, num_experts_per_tok=2, intermediate_size=16, num_local_experts=8,
+                        hidden_act="gelu")
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 9, 32, generator=g)
+
+    def block():
+        m = mixtral.MixtralSparseMoeBlock(cfg)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(7)) * 0.3)
+        return m
+
+    def first(out):  # the block returns (hidden, router logits) or hidden alone, by transformers version
+        return out[0] if isinstance(out, tuple) else out
+
+    ref = block()
+    first(ref(x)).square().sum().backward()
+    for path in ("loop", "padded"):
+        force(path)
+        calls.clear()
+        torch._dynamo.reset()
+        m = block()
+        assert X._known_gate(X.hf_experts_modules(m)[0]) is None
+        with capture_graphs() as log, X.use_moe_experts(m):
+            out = first(torch.compile(m, backend="moe")(x))
+        out.square().sum().backward()
+        assert len(log) == 1 and "moe_mlir.grouped_mm" in log[0].graph_module.code
+        assert bool(calls) == (path == "padded")
+        torch.testing.assert_close(out, first(ref(x)), atol=1e-5, rtol=1e-5)
+        for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
+            torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=lambda s: f"{path} {n}: {s}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_cuda_takes_the_padded_path_and_equals_the_loop(dtype, force, monkeypatch):
+    calls = []
+    real = X._grouped_mm_padded
+    monkeypatch.setattr(X, "_grouped_mm_padded", lambda *a: calls.append(1) or real(*a))
+    counts = torch.bincount(torch.randint(0, 16, (512,), generator=torch.Generator().manual_seed(8)),
+                            minlength=16).tolist()
+    x, w, offsets = (t.cuda() for t in _inputs(counts, k=64, n=32, dtype=dtype))
+    padded = X.grouped_mm(x, w, offsets)
+    assert calls == [1]
+    force("loop")
+    loop = X.grouped_mm(x, w, offsets)
+    tol = F32_TOL if dtype == torch.float32 else LOW_TOL[dtype]
+    # cuBLAS may use TF32 for f32 only when allowed (off by default for matmul)
+    torch.testing.assert_close(padded, loop, **tol)
+    torch.testing.assert_close(padded.double().cpu(), _ref(x.cpu(), w.cpu(), offsets.cpu()), **tol)
