@@ -9,9 +9,11 @@ graph at its ``nonzero`` and recompiles per expert). This module adds the implem
 1. ``torch.ops.moe.dispatch_plan(top_k_index, E)`` (integer-valued, static output sizes: no graph break) gives the
    per-expert offsets, the ``(token, slot)`` assignments stably sorted by expert and its inverse permutation;
 2. the token rows are gathered once in that order, and each projection is **one grouped GEMM**
-   (:func:`grouped_mm`: ``torch.ops.moe_mlir.grouped_mm``, an opaque op looping over the experts that have rows,
-   one ``mm`` per contiguous slice; ``torch.nn.functional.grouped_mm`` on CUDA in bf16, where torch has it — that
-   branch has not run on a GPU yet) — on this project's CPU the loop measured faster than torch's CPU
+   (:func:`grouped_mm`: ``torch.ops.moe_mlir.grouped_mm``, an opaque op: on the CPU a loop over the experts that
+   have rows, one ``mm`` per contiguous slice; on CUDA one padded batched GEMM (``bmm`` over ``[E, max rows, K]``)
+   unless the routing is too skewed for padding, where the loop's 2E launches per layer dominated whole-model
+   prefill on an H100 (bench/results/models-2026-11-24-h100.md); ``torch.nn.functional.grouped_mm`` on CUDA in bf16,
+   where torch has it) — on this project's CPU the loop measured faster than torch's CPU
    ``torch.nn.functional.grouped_mm`` (one run on the loaded 2-core machine, 2 threads, E=128, D=2048, 2I=1536,
    f32: 1.8 s vs 2.8 s at T=64, 2.3 s vs 3.1 s at T=1024, same results bit for bit);
 3. the module's own gate (``_apply_gate``: SiLU(gate)·up, gpt-oss's clamped GLU...) or activation, its biases
@@ -28,8 +30,8 @@ projected with ``F.linear``'s BLAS calls on the weight slices, gated, weighted a
 for other gates, a post-expert norm and CUDA.
 
 Everything is differentiable w.r.t. the hidden states, the expert weights (and biases) and the routing weights
-(autograd of the torch ops used; ``grouped_mm`` has a registered backward, also an opaque loop); the plan is
-integer-valued. Under ``torch.compile`` the whole expert computation is one graph (no data-dependent control flow
+(autograd of the torch ops used; ``grouped_mm`` has a registered backward, an opaque op chosen like its forward);
+the plan is integer-valued. Under ``torch.compile`` the whole expert computation is one graph (no data-dependent control flow
 in Python).
 
 Which models use it (see the README, "HF experts through the dispatch plan"):
