@@ -56,15 +56,41 @@ def _validate_similarity_inform(
     _check_positive_finite(op, "tau", tau)
 
 
-@torch.library.custom_op("moe::similarity_inform", mutates_args=())
-def similarity_inform(
-    u: Tensor,
-    e: Tensor,
-    ws: Optional[Tensor] = None,
-    key_mask: Optional[Tensor] = None,
-    tau: float = 1.0,
-    causal: bool = False,
-) -> Tensor:
+def _similarity_forward_op(name: str, ref, returns: str, fake_results, doc: str):
+    """One of the two forward Similarity-Inform ops: ``similarity_inform`` and its training form
+    ``similarity_inform_fwd`` take the same operands (one schema, one key validator, the same C++ checks), validate
+    them as ``similarity_inform`` (the training form's errors name the op it is the form of) and differ only in the
+    reference they fall back to and their results. ``returns`` is the result annotation the schema is inferred from;
+    ``fake_results(e)`` the results' meta tensors."""
+
+    def op(
+        u: Tensor,
+        e: Tensor,
+        ws: Optional[Tensor] = None,
+        key_mask: Optional[Tensor] = None,
+        tau: float = 1.0,
+        causal: bool = False,
+    ):
+        _validate_similarity_inform(u, e, ws, key_mask, tau)
+        _note_fallback(u)
+        return ref(u, e, ws, key_mask, tau, causal)
+
+    op.__annotations__["return"] = returns
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = doc
+    custom = torch.library.custom_op(f"moe::{name}", op, mutates_args=())
+
+    @custom.register_fake
+    def _(u, e, ws=None, key_mask=None, tau=1.0, causal=False):
+        _validate_similarity_inform(u, e, ws, key_mask, tau)
+        return fake_results(e)
+
+    return custom
+
+
+similarity_inform = _similarity_forward_op(
+    "similarity_inform", _similarity_inform_ref, "Tensor",
+    lambda e: e.new_empty(e.shape, dtype=torch.float32),
     """Similarity-Inform mixing (``moe.similarity_inform``, Mutual-Inform eq 5, 8).
 
     ``p[b,i,:] = Σ_j S[b,i,j] e[b,j,:]`` with ``S[b,i,:] = softmax_j(u_i^T W_s u_j / tau)`` over the tokens of
@@ -76,39 +102,14 @@ def similarity_inform(
 
     Returns:
         ``p`` ``[B, N, K]`` f32; a row with every key excluded gives zeros; NaN propagates to the rows mixing it.
-    """
-    _validate_similarity_inform(u, e, ws, key_mask, tau)
-    _note_fallback(u)
-    return _similarity_inform_ref(u, e, ws, key_mask, tau, causal)
+    """)
 
-
-@similarity_inform.register_fake
-def _(u, e, ws=None, key_mask=None, tau=1.0, causal=False):
-    _validate_similarity_inform(u, e, ws, key_mask, tau)
-    return e.new_empty(e.shape, dtype=torch.float32)
-
-
-@torch.library.custom_op("moe::similarity_inform_fwd", mutates_args=())
-def similarity_inform_fwd(
-    u: Tensor,
-    e: Tensor,
-    ws: Optional[Tensor] = None,
-    key_mask: Optional[Tensor] = None,
-    tau: float = 1.0,
-    causal: bool = False,
-) -> tuple[Tensor, Tensor]:
+similarity_inform_fwd = _similarity_forward_op(
+    "similarity_inform_fwd", _similarity_inform_fwd_ref, "tuple[Tensor, Tensor]",
+    lambda e: (e.new_empty(e.shape, dtype=torch.float32), e.new_empty(e.shape[:2], dtype=torch.float32)),
     """``similarity_inform`` for training (``moe.similarity_inform_fwd``): ``p`` and the row log-sum-exp ``lse``
     (``[B, N]`` f32, -inf for a row without keys) of its softmax, which ``similarity_inform_backward(..., p, lse)``
-    reads instead of running the forward again. The autograd of ``similarity_inform`` calls it."""
-    _validate_similarity_inform(u, e, ws, key_mask, tau)  # errors name similarity_inform, whose training form it is
-    _note_fallback(u)
-    return _similarity_inform_fwd_ref(u, e, ws, key_mask, tau, causal)
-
-
-@similarity_inform_fwd.register_fake
-def _(u, e, ws=None, key_mask=None, tau=1.0, causal=False):
-    _validate_similarity_inform(u, e, ws, key_mask, tau)
-    return e.new_empty(e.shape, dtype=torch.float32), e.new_empty(e.shape[:2], dtype=torch.float32)
+    reads instead of running the forward again. The autograd of ``similarity_inform`` calls it.""")
 
 
 def _validate_similarity_inform_backward(
