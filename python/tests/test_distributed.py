@@ -81,30 +81,43 @@ def _train(model, data, shard=slice(None), wrap=lambda m: m) -> list[dict]:
     return states
 
 
-def _worker(rank: int, rdzv: str, router: str, sync: bool, out_dir: str) -> None:
+#: The runs the tests below read: (router, synchronised). All of them run in one spawn of the ranks, one after the
+#: other on one process group (each with its own model and DDP wrapper, the same seeds as alone): a spawn costs two
+#: interpreters importing torch and a gloo rendezvous, about 2-3 s of CPU each time, and three spawns were most of
+#: this file's time.
+RUNS = [("symphony", True), ("acmoe", True), ("symphony", False)]
+
+
+def _run_file(out_dir: Path, rank: int, router: str, sync: bool) -> Path:
+    return Path(out_dir) / f"rank{rank}-{router}-{'sync' if sync else 'local'}.pt"
+
+
+def _worker(rank: int, rdzv: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     # The timeout is a hang guard: generous, since the test runs beside the other stages of the test command.
     dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=300))
     try:
-        model, data = _setup(router)
-        per_rank = BATCH // WORLD
-        shard = slice(rank * per_rank, (rank + 1) * per_rank)
-        # broadcast_buffers=False: DDP would otherwise copy rank 0's adjacency to every rank at each forward, hiding
-        # whether the ranks computed the same graph.
-        wrap = lambda m: torch.nn.parallel.DistributedDataParallel(m, broadcast_buffers=False)  # noqa: E731
-        if sync:
-            states = _train(model, data, shard, wrap)
-        else:
-            with distributed.local_router_state():
+        for router, sync in RUNS:
+            model, data = _setup(router)
+            per_rank = BATCH // WORLD
+            shard = slice(rank * per_rank, (rank + 1) * per_rank)
+            # broadcast_buffers=False: DDP would otherwise copy rank 0's adjacency to every rank at each forward,
+            # hiding whether the ranks computed the same graph.
+            wrap = lambda m: torch.nn.parallel.DistributedDataParallel(m, broadcast_buffers=False)  # noqa: E731
+            if sync:
                 states = _train(model, data, shard, wrap)
-        torch.save(states, Path(out_dir) / f"rank{rank}.pt")
+            else:
+                with distributed.local_router_state():
+                    states = _train(model, data, shard, wrap)
+            torch.save(states, _run_file(Path(out_dir), rank, router, sync))
     finally:
         dist.destroy_process_group()
 
 
-def _run_ranks(router: str, sync: bool, out_dir: Path) -> list[list[dict]]:
-    ctx = mp.start_processes(_worker, args=(_rendezvous_file(out_dir), router, sync, str(out_dir)), nprocs=WORLD, join=False,
+def _run_ranks(out_dir: Path) -> dict[tuple[str, bool], list[list[dict]]]:
+    """Every run of RUNS on WORLD spawned ranks: {(router, sync): [the states of rank 0, of rank 1]}."""
+    ctx = mp.start_processes(_worker, args=(_rendezvous_file(out_dir), str(out_dir)), nprocs=WORLD, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + DEADLINE_S
     try:
@@ -116,12 +129,18 @@ def _run_ranks(router: str, sync: bool, out_dir: Path) -> list[list[dict]]:
             if p.is_alive():
                 p.terminate()
                 p.join(5)
-    return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
+    return {(router, sync): [torch.load(_run_file(out_dir, r, router, sync)) for r in range(WORLD)]
+            for router, sync in RUNS}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[tuple[str, bool], list[list[dict]]]:
+    return _run_ranks(tmp_path_factory.mktemp("ranks"))
 
 
 @pytest.mark.parametrize("router", ["symphony", "acmoe"])
-def test_router_state_is_bit_identical_across_ranks_and_equals_one_process(router, tmp_path):
-    ranks = _run_ranks(router, True, tmp_path)
+def test_router_state_is_bit_identical_across_ranks_and_equals_one_process(router, runs):
+    ranks = runs[(router, True)]
     model, data = _setup(router)
     single = _train(model, data)
     state_key = "adjacency" if router == "symphony" else "cluster_weights"
@@ -142,9 +161,9 @@ def test_router_state_is_bit_identical_across_ranks_and_equals_one_process(route
                 torch.testing.assert_close(a[k], one[k], atol=1e-5, rtol=1e-5, msg=lambda m: f"{step} {k}: {m}")
 
 
-def test_without_synchronisation_the_replicas_diverge(tmp_path):
+def test_without_synchronisation_the_replicas_diverge(runs):
     """The control: per-rank statistics (the authors' code) give each rank its own graph."""
-    ranks = _run_ranks("symphony", False, tmp_path)
+    ranks = runs[("symphony", False)]
     assert not torch.equal(ranks[0][0]["adjacency"], ranks[1][0]["adjacency"])
 
 

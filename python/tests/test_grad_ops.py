@@ -243,8 +243,16 @@ def _lse64(u, ws, mask, tau, causal):
 def test_similarity_fwd_saves_p_and_lse(with_ws, causal):
     """p is the forward kernel's (same bits); lse is the row log-sum-exp (float64 reference, -inf for a row without
     keys: a fully masked sequence, and under causal a row whose only key is masked)."""
-    for B, N, D, K in ((1, 1, 8, 4), (2, 33, 16, 8), (2, 100, 64, 16)):
-        u, e, ws, _, _ = _similarity_case(B, N, D, K, with_ws, False, seed=N)
+    # One (D, K) for N = 1, the 32-key tile edge and several tiles (its kernels: those of the tests above, so the
+    # cache hits); the paper's size (D = 64, K = 16) without ws, as in test_similarity_backward_random. Each shape
+    # is a static signature, i.e. two more kernels (fwd, plain) per mask mode and parametrization: D = 8 at N = 1
+    # and D = 64 with ws were 24 compiles of this test alone for no other code (the kernel reads D at run time: it
+    # sets trip counts and the lane padding; D = 8's padding runs in the other tests' D = 8 kernels).
+    shapes = [(1, 1, 16, 8), (2, 33, 16, 8), (2, 100, 16, 8)]
+    if not with_ws:
+        shapes.append((2, 100, 64, 16))
+    for B, N, D, K in shapes:
+        u, e, ws, _, _ = _similarity_case(B, N, D, K, with_ws, False, seed=N + D)
         u[0, 1:3] *= 6.0 if N > 3 else 1.0  # saturated rows: lse must not overflow
         mask = torch.rand(B, N, generator=gen(N)) > 0.3
         mask[-1, :] = False
@@ -266,7 +274,11 @@ def test_similarity_fwd_saves_p_and_lse(with_ws, causal):
 def test_similarity_backward_from_saved_statistics_same_bits(with_ws, with_mask, causal):
     """The backward from saved(p, lse) skips the forward pass and gives exactly the gradients of the recompute (the
     saved values are what the recompute computes), across the tile edges and at N = 1."""
-    for B, N, D, K in ((1, 1, 16, 8), (2, 7, 16, 8), (2, 33, 16, 8), (1, 130, 64, 16)):
+    # The paper's size (D = 64, K = 16) only without ws and mask (as in test_similarity_backward_random, whose
+    # kernels it then shares); elsewhere N = 130 (past four key tiles) on the D = 16 kernels: the D = 64 ones were
+    # 12 compiles of this test alone, for the same loops.
+    big = (1, 130, 64, 16) if not with_ws and not with_mask else (1, 130, 16, 8)
+    for B, N, D, K in ((1, 1, 16, 8), (2, 7, 16, 8), (2, 33, 16, 8), big):
         u, e, ws, mask, gp = _similarity_case(B, N, D, K, with_ws, with_mask, seed=N + 1)
         p, lse = torch.ops.moe.similarity_inform_fwd(u, e, ws, mask, 0.7, causal)
         recomputed = torch.ops.moe.similarity_inform_backward(gp, u, e, ws, mask, 0.7, causal)
@@ -352,19 +364,25 @@ def _check_topk(x, k, mode, renormalize, gw):
 @pytest.mark.parametrize("renormalize", [True, False])
 def test_topk_backward_random(mode, renormalize):
     g = gen(2)
-    for shape in ((1, 1), (5, 8), (3, 4, 16)):
+    # Every (K, k) is a static signature: two kernels (forward, backward) per parametrization. K = 1 (k = K = 1) and
+    # K = 8 with k = 1, 3 (scalar loops, k < 4) and k = K = 8 (8 lanes).
+    for shape in ((1, 1), (5, 8)):
         x = torch.randn(*shape, generator=g)
         if mode == "probs":
             x = torch.softmax(x, -1)
         for k in sorted({1, min(3, shape[-1]), shape[-1]}):
             _check_topk(x, k, mode, renormalize, torch.randn(*shape[:-1], k, generator=g))
-    # Both CPU kernel paths (TopkRenormGrad.cpp): k <= 16 in the lanes of one vector (k = 16 fills it), k > 16 in
-    # scalar loops; K not a multiple of 16 (the row's last vector is partial); rows past one 32-row work item.
-    x = torch.randn(70, 40, generator=g)
-    if mode == "probs":
-        x = torch.softmax(x, -1)
-    for k in (5, 16, 17, 40):
-        _check_topk(x, k, mode, renormalize, torch.randn(70, k, generator=g))
+    # Both CPU kernel paths (TopkRenormGrad.cpp): 4 <= k <= 16 in the lanes of one vector (k = 5: 8 lanes, k = 16
+    # fills 16), k > 16 in scalar loops (k = 17, k = K); K not a multiple of 16 (the row's last vector is partial);
+    # rows past one 32-row work item; and a 3-D leading shape on the same kernels (the rows are collapsed: the key
+    # is ?x40 either way). The 3-D shape was [3, 4, 16] with k = 1, 3, 16: 6 more kernels per parametrization (24
+    # compiles) for the scalar and lane paths that K = 8 and K = 40 run.
+    for shape in ((70, 40), (3, 4, 40)):
+        x = torch.randn(*shape, generator=g)
+        if mode == "probs":
+            x = torch.softmax(x, -1)
+        for k in (5, 16, 17, 40):
+            _check_topk(x, k, mode, renormalize, torch.randn(*shape[:-1], k, generator=g))
 
 
 @pytest.mark.parametrize("mode", ["logits", "probs"])
