@@ -63,14 +63,8 @@ def _similarity_forward_op(name: str, ref, returns: str, fake_results, doc: str)
     reference they fall back to and their results. ``returns`` is the result annotation the schema is inferred from;
     ``fake_results(e)`` the results' meta tensors."""
 
-    def op(
-        u: Tensor,
-        e: Tensor,
-        ws: Optional[Tensor] = None,
-        key_mask: Optional[Tensor] = None,
-        tau: float = 1.0,
-        causal: bool = False,
-    ):
+    def op(u: Tensor, e: Tensor, ws: Optional[Tensor] = None, key_mask: Optional[Tensor] = None,
+           tau: float = 1.0, causal: bool = False):
         _validate_similarity_inform(u, e, ws, key_mask, tau)
         _note_fallback(u)
         return ref(u, e, ws, key_mask, tau, causal)
