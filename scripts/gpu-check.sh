@@ -25,10 +25,9 @@ aot() { python3 "$ROOT/tools/moe-aot/moe-aot.py" "$@" --moe-opt "$BUILD/bin/moe-
           --pipeline-options "${MOE_GPU_AOT_OPTIONS:-}" \
           --format fatbin --toolkit "$TOOLKIT" --ptx-fallback --drop-intermediates >/dev/null; }
 echo "gpu-check: compiling the check cases and the benchmark cases for $CHIP"
-# The check cases always get balance-kernels=true: the load-balancing kernels (router_stats, router_z_loss and their
-# backward ops) are off by default until a GPU has checked them, and this folder is where that check runs (the
-# harness's "balance" case). moe-aot.py appends --pipeline-options to the pipeline's, space-separated; the benchmark
-# keeps the defaults.
+# balance-kernels=true is the default since the H100 run of 2026-11-24; it stays named here so the harness's
+# "balance" case keeps its kernels should the default change (moe-aot.py appends --pipeline-options to the
+# pipeline's, space-separated: a balance-kernels=false in MOE_GPU_AOT_OPTIONS would still win).
 MOE_GPU_AOT_OPTIONS="balance-kernels=true ${MOE_GPU_AOT_OPTIONS:-}" aot "$ROOT/test/GPU/Inputs/gpu-cases.mlir" -o "$DIR/art" --name gpu-cases
 (cd "$ROOT" && "$PY" -m bench.gpu.gen_cases "$DIR/bench" >/dev/null)
 aot "$DIR/bench/bench-cases.mlir" -o "$DIR/bench" --name bench-cases

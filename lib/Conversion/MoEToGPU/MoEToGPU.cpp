@@ -44,9 +44,9 @@ void mlir::moe::populateMoEToGPUPatterns(
            SimilarityInformGradToGPU, HyperRouterGradToGPU,
            AttentionPosteriorGradToGPU>(
           patterns.getContext(), options);
-  // The load-balancing kernels are written without a GPU: only on request
-  // until a GPU run has checked them (without it the ops keep the "has no GPU
-  // lowering" error).
+  // The load-balancing kernels stay behind an option (default on since an
+  // H100 run checked them) so balance-kernels=false can restore the "has no
+  // GPU lowering" error of before.
   if (options.balanceKernels)
     patterns.add<RouterZLossToGPU, RouterZLossGradToGPU, RouterStatsToGPU,
                  RouterStatsGradToGPU, LoadBalancingLossToGPU>(

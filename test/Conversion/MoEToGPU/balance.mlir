@@ -1,4 +1,5 @@
 // RUN: moe-opt %s --convert-moe-to-gpu="balance-kernels=true" -split-input-file | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s
 // ptxas-options: balance-kernels=true
 
 // balance-kernels: the router z-loss and its gradient (RouterZLoss.cpp). A

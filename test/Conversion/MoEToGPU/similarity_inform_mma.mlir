@@ -1,12 +1,14 @@
+// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s
 // RUN: moe-opt %s --convert-moe-to-gpu="flash-mma=true" -split-input-file | FileCheck %s
-// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s --check-prefix=OFF
+// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma=false" -split-input-file | FileCheck %s --check-prefix=OFF
 
 // flash-mma: similarity_inform on f16/bf16 operands runs the tensor-core
 // kernel (FlashMma.cpp): a block of 4 warps per 64 query rows, key tiles of
 // 64 keys staged with their values in padded workgroup tiles, the query
 // fragments loaded once, and per tile ldmatrix + mma.sync m16n8k16 for the
 // logits and for the mixing, with the online softmax over the quads (4-lane
-// reductions) in between. Without the option the scalar kernel runs.
+// reductions) in between. The option is on by default (an H100 run checked
+// the kernel); with flash-mma=false the scalar kernel runs.
 
 // CHECK-LABEL: gpu.module @moe_kernels
 // CHECK: gpu.func @similarity_inform_mma_0(%{{.*}}: memref<2x128x64xf16>, %{{.*}}: memref<2x128x64xf16>, %{{.*}}: memref<2x128x16xf16>, %{{.*}}: memref<2x128x16xf32>)

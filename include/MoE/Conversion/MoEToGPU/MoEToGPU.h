@@ -63,15 +63,17 @@ void populateMoEToGPUPatterns(RewritePatternSet &patterns,
   X(std::string, topkRounds, "topk-rounds", "auto",                            \
     "rounds of topk_renorm's register top-k: butterfly, redux (sm_80+) or "    \
     "auto (redux where the chip has it; convert-moe-to-gpu)")                  \
-  X(bool, flashMma, "flash-mma", false,                                        \
+  X(bool, flashMma, "flash-mma", true,                                         \
     "similarity_inform with f16/bf16 operands on tensor cores (mma.sync, "     \
-    "sm_80+; convert-moe-to-gpu flash-mma); off until a GPU run has checked "  \
-    "it")                                                                      \
-  X(bool, balanceKernels, "balance-kernels", false,                            \
+    "sm_80+; convert-moe-to-gpu flash-mma); checked on an H100 against "       \
+    "float64 references (not under memcheck/racecheck); =false selects the "   \
+    "previous f32-path kernel")                                                \
+  X(bool, balanceKernels, "balance-kernels", true,                             \
     "GPU kernels of the load-balancing ops router_stats, router_stats_grad, "  \
     "load_balancing_loss, router_z_loss and router_z_loss_grad "               \
-    "(convert-moe-to-gpu balance-kernels); off until a GPU run has checked "   \
-    "them")
+    "(convert-moe-to-gpu balance-kernels); checked on an H100 against "        \
+    "float64 references, memcheck and racecheck; =false leaves these ops "     \
+    "without a GPU lowering, as before")
 
 /// Options of the moe-lower-to-nvvm pipeline (its command-line options and
 /// the C++ API's).
