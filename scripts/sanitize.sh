@@ -77,13 +77,52 @@ if [[ " $SAN_STEPS " == *" lit "* ]]; then
   echo "== lit (check-moe) under ASan + UBSan"
   # Python (the AOT tool, the GPU harness) would need the runtime preloaded too, and runs no code of ours that
   # the other tests do not: those tests are left to the plain build.
+  # Two tests of the plain run are left out here (issue #36; `--filter-out`, so lit on build-san/ by hand still
+  # has them):
+  # - GPU/harness-unit: pytest of the GPU harness against fakes (Python and git only): no code of ours runs in it;
+  # - GPU/ptxas-sweep: moe-opt's NVVM pipeline on every chunk of Conversion/MoEToGPU and GPU/Inputs/gpu-cases for
+  #   sm_80 and sm_90, each kernel then through ptxas (not instrumented). The two chips run the same code of ours
+  #   (the chip only picks topk-rounds, redux on both), so the gpu-sweep step below lowers every chunk once, for
+  #   sm_90, without ptxas: ~85 s of this lit run on 2 loaded cores for the same coverage of our code.
+  #   GPU/ptxas-report (every op, both chips), ptxas-mma and ptxas-balance still run here.
   start=$SECONDS
-  LD_PRELOAD="$ASAN_RT" "$LLVM_PREFIX/bin/lit" -sv "$SAN_BUILD/test" 2>&1 | tee "$log/lit.txt" || status=1
+  LD_PRELOAD="$ASAN_RT" "$LLVM_PREFIX/bin/lit" -sv --filter-out 'GPU/(ptxas-sweep|harness-unit)\.mlir$' \
+    "$SAN_BUILD/test" 2>&1 | tee "$log/lit.txt" || status=1
   echo "sanitize: lit took $((SECONDS - start)) s wall"
   count() { grep -oE "^ *$1 *: *[0-9]+" "$log/lit.txt" | grep -oE '[0-9]+$' || echo 0; }
   passed=$((passed + $(count Passed)))
   failed=$((failed + $(count Failed) + $(count Unresolved) + $(count 'Timed Out')))
   skipped=$((skipped + $(count Unsupported)))
+fi
+if [[ " $SAN_STEPS " == *" lit "* ]]; then
+  # gpu-sweep: what GPU/ptxas-sweep runs of our code, once: moe-opt --moe-lower-to-nvvm (chip=sm_90, format=isa:
+  # through serialization) on every `// -----` chunk that expects no diagnostic, with the file's
+  # `// ptxas-options:`, as bench/gpu/ptxas_report.py splits them. Any failure or sanitizer report fails it.
+  echo "== gpu-sweep (moe-opt --moe-lower-to-nvvm on every GPU test chunk) under ASan + UBSan"
+  start=$SECONDS
+  if LD_PRELOAD="$ASAN_RT" python3 - "$SAN_BUILD/bin/moe-opt" "$ROOT"/test/Conversion/MoEToGPU/*.mlir \
+       "$ROOT/test/GPU/Inputs/gpu-cases.mlir" > "$log/gpu-sweep.txt" 2>&1 <<'PY'
+import os, re, subprocess, sys
+moe_opt, failed, n = sys.argv[1], [], 0
+for path in sys.argv[2:]:
+    text = open(path).read()
+    marker = re.search(r"^// ptxas-options:(.*)$", text, flags=re.M)
+    options = marker.group(1).strip() if marker else ""
+    for i, chunk in enumerate(re.split(r"^// -----.*$", text, flags=re.M)):
+        if "expected-" in chunk:
+            continue
+        n += 1
+        proc = subprocess.run([moe_opt, "-", f"--moe-lower-to-nvvm=chip=sm_90 format=isa {options}".strip()],
+                              input=chunk, capture_output=True, text=True)
+        if proc.returncode != 0 or "ERROR: AddressSanitizer" in proc.stderr or "runtime error" in proc.stderr:
+            failed.append(f"{os.path.basename(path)} chunk {i}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+print("\n".join(failed))
+print(f"gpu-sweep: {n} chunks lowered, {len(failed)} failed")
+sys.exit(1 if failed or n == 0 else 0)
+PY
+  then passed=$((passed + 1)); else failed=$((failed + 1)); status=1; fi
+  tail -20 "$log/gpu-sweep.txt"
+  echo "sanitize: gpu-sweep took $((SECONDS - start)) s wall"
 fi
 if [[ " $SAN_STEPS " == *" ctest "* ]]; then
   echo "== ctest (unit) under ASan + UBSan"
