@@ -39,14 +39,6 @@ using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 using namespace mlir::moe::kernels;
 
-/// The dynamic sizes of an [E] result from logits `x` [T, E].
-static SmallVector<Value> expertSizes(GpuKernelBuilder &kb,
-                                      RankedTensorType type, Value x) {
-  if (type.hasStaticShape())
-    return {};
-  return {kb.dim(x, 1)};
-}
-
 /// Token t's weight: mask[t] (widened to f32), or 1 without a mask.
 static Value tokenWeight(GpuKernelBuilder &kb, Value mask, Value row) {
   return mask ? kb.loadF(mask, {row}) : kb.cF32(1.0);
@@ -65,19 +57,15 @@ static Value candidateOf(GpuKernelBuilder &kb, Value v, Value e) {
 LogicalResult
 RouterStatsToGPU::lower(RouterStatsOp op, OpAdaptor adaptor,
                         ConversionPatternRewriter &rewriter) const {
-  auto countsType = cast<RankedTensorType>(op.getCounts().getType());
-  auto probsType = cast<RankedTensorType>(op.getMeanProbs().getType());
-  auto weightType = cast<RankedTensorType>(op.getWeightSum().getType());
-  int64_t topk = op.getK();
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
   GpuKernelBuilder &kb = h.kb;
   Value x = h.buffer(adaptor.getLogits());
   Value mask = adaptor.getTokenMask() ? h.buffer(adaptor.getTokenMask())
                                       : Value();
-  Value counts = h.allocLike(countsType, expertSizes(kb, countsType, x));
-  Value probs = h.allocLike(probsType, expertSizes(kb, probsType, x));
-  Value weightSum = h.allocLike(weightType, {});
+  Value counts = allocReduced(h, op.getCounts(), x);
+  Value probs = allocReduced(h, op.getMeanProbs(), x);
+  Value weightSum = allocReduced(h, op.getWeightSum(), x);
   Value blocks = rowBlockCount(kb, kb.dim(x, 0));
   Value experts = kb.dim(x, 1);
   const int64_t dyn = ShapedType::kDynamic;
@@ -114,7 +102,7 @@ RouterStatsToGPU::lower(RouterStatsOp op, OpAdaptor adaptor,
       Value shift = balanceProbShift(g, warpRowSoftmax(g, xs, row, lane));
       Value pick =
           g.forLoop(
-              g.idx(0), g.idx(topk), g.idx(1),
+              g.idx(0), g.idx(op.getK()), g.idx(1),
               {g.cI64(std::numeric_limits<int64_t>::max())},
               [&](Value, ValueRange prev) -> SmallVector<Value> {
                 Value local =
@@ -195,54 +183,33 @@ RouterStatsToGPU::lower(RouterStatsOp op, OpAdaptor adaptor,
 LogicalResult
 RouterStatsGradToGPU::lower(RouterStatsGradOp op, OpAdaptor adaptor,
                             ConversionPatternRewriter &rewriter) const {
-  auto gradType = cast<RankedTensorType>(op.getDlogits().getType());
-  HostCode h(rewriter, op);
-  GpuKernelBuilder &kb = h.kb;
-  Value x = h.buffer(adaptor.getLogits());
-  Value mask = adaptor.getTokenMask() ? h.buffer(adaptor.getTokenMask())
-                                      : Value();
-  Value weightSum = h.buffer(adaptor.getWeightSum());
-  Value dprobs = h.buffer(adaptor.getDmeanProbs());
-  Value grad = allocResultLike(h, gradType, x);
-  int64_t block = options.blockSize;
-
-  SmallVector<Value> args = {x};
-  if (mask)
-    args.push_back(mask);
-  args.append({weightSum, dprobs, grad});
-  GPUKernel kernel(h, "router_stats_grad", args, {}, {block, 1, 1},
-                   op.getLoc());
-  GpuKernelBuilder &g = kernel.kb;
-  unsigned next = 0;
-  Value xs = kernel.arg(next++);
-  Value ms = mask ? kernel.arg(next++) : Value();
-  Value ws = kernel.arg(next++), gs = kernel.arg(next++),
-        out = kernel.arg(next++);
-  WarpRow w(g, block);
-  Value row = w.row, lane = w.lane;
-  Value rows = g.dim(xs, 0), numExperts = g.dim(xs, 1);
-  g.ifThen(g.lt(row, rows), [&] {
-    Value shift = balanceProbShift(g, warpRowSoftmax(g, xs, row, lane));
-    Value partial =
-        g.forLoop(lane, numExperts, g.idx(kWarp), {g.cF32(0.0)},
-                  [&](Value e, ValueRange acc) -> SmallVector<Value> {
-                    Value p =
-                        softmaxFromLogSumExp(g, g.loadF(xs, {row, e}), shift);
-                    return {g.fadd(acc[0], g.fmul(p, g.load(gs, {e})))};
-                  })[0];
-    Value c = subgroupReduce(g, partial, ReduceKind::Sum, kWarp);
-    Value weightTotal = g.load(ws, {});
-    Value scale = g.fdiv(tokenWeight(g, ms, row), weightTotal);
-    g.forLoop(lane, numExperts, g.idx(kWarp), [&](Value e) {
-      Value p = softmaxFromLogSumExp(g, g.loadF(xs, {row, e}), shift);
-      g.store(routerStatsGradEntry(g, p, g.load(gs, {e}), c, scale), out,
-              {row, e});
-    });
-  });
-  kernel.launch({WarpRow::blocks(kb, kb.dim(x, 0), block), kb.idx(1),
-                 kb.idx(1)});
-  h.finish();
-  h.replace(op, {grad});
+  Value mask = adaptor.getTokenMask();
+  lowerWarpRowKernel(
+      rewriter, op, op.getDlogits(), adaptor.getLogits(),
+      {mask, adaptor.getWeightSum(), adaptor.getDmeanProbs()},
+      "router_stats_grad", options.blockSize, [&](WarpRowKernel &k) {
+        GpuKernelBuilder &g = k.g;
+        unsigned next = 1;
+        Value ms = mask ? k.kernel.arg(next++) : Value();
+        Value ws = k.kernel.arg(next++), gs = k.kernel.arg(next++);
+        Value xs = k.x, row = k.w.row, lane = k.w.lane;
+        Value shift = balanceProbShift(g, warpRowSoftmax(g, xs, row, lane));
+        Value partial =
+            g.forLoop(lane, k.numExperts, g.idx(kWarp), {g.cF32(0.0)},
+                      [&](Value e, ValueRange acc) -> SmallVector<Value> {
+                        Value p = softmaxFromLogSumExp(
+                            g, g.loadF(xs, {row, e}), shift);
+                        return {g.fadd(acc[0], g.fmul(p, g.load(gs, {e})))};
+                      })[0];
+        Value c = subgroupReduce(g, partial, ReduceKind::Sum, kWarp);
+        Value weightTotal = g.load(ws, {});
+        Value scale = g.fdiv(tokenWeight(g, ms, row), weightTotal);
+        g.forLoop(lane, k.numExperts, g.idx(kWarp), [&](Value e) {
+          Value p = softmaxFromLogSumExp(g, g.loadF(xs, {row, e}), shift);
+          g.store(routerStatsGradEntry(g, p, g.load(gs, {e}), c, scale), k.out,
+                  {row, e});
+        });
+      });
   return success();
 }
 

@@ -70,12 +70,11 @@ static Value warpRowLogSumExp(GpuKernelBuilder &kb, Value x, Value row,
 LogicalResult
 RouterZLossToGPU::lower(RouterZLossOp op, OpAdaptor adaptor,
                         ConversionPatternRewriter &rewriter) const {
-  auto lossType = cast<RankedTensorType>(op.getLoss().getType());
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
   GpuKernelBuilder &kb = h.kb;
   Value x = h.buffer(adaptor.getLogits());
-  Value loss = h.allocLike(lossType, {});
+  Value loss = allocReduced(h, op.getLoss(), x);
   Value blocks = rowBlockCount(kb, kb.dim(x, 0));
   Value partial = h.alloc(MemRefType::get({ShapedType::kDynamic}, kb.f32()),
                           {blocks});
@@ -123,36 +122,21 @@ RouterZLossToGPU::lower(RouterZLossOp op, OpAdaptor adaptor,
 LogicalResult
 RouterZLossGradToGPU::lower(RouterZLossGradOp op, OpAdaptor adaptor,
                             ConversionPatternRewriter &rewriter) const {
-  auto gradType = cast<RankedTensorType>(op.getDlogits().getType());
-  HostCode h(rewriter, op);
-  GpuKernelBuilder &kb = h.kb;
-  Value x = h.buffer(adaptor.getLogits());
-  Value dloss = h.buffer(adaptor.getDloss());
-  Value grad = allocResultLike(h, gradType, x);
-  int64_t block = options.blockSize;
-
-  GPUKernel kernel(h, "router_z_loss_grad", {x, dloss, grad}, {},
-                   {block, 1, 1}, op.getLoc());
-  GpuKernelBuilder &g = kernel.kb;
-  Value xs = kernel.arg(0), out = kernel.arg(2);
-  WarpRow w(g, block);
-  Value rows = g.dim(xs, 0), numExperts = g.dim(xs, 1);
-  g.ifThen(g.lt(w.row, rows), [&] {
-    Value lse = warpRowLogSumExp(g, xs, w.row, w.lane);
-    // One op a statement: built as arguments of one call, their order
-    // would be the C++ compiler's (gcc and clang differ). T first, then
-    // dloss: the order the plain (gcc) build has always emitted.
-    Value count = g.sitofp(rows);
-    Value dl = g.load(kernel.arg(1), {});
-    Value scale = g.fdiv(g.fmul(g.cF32(2.0), dl), count);
-    g.forLoop(w.lane, numExperts, g.idx(kWarp), [&](Value col) {
-      Value p = softmaxFromLogSumExp(g, g.loadF(xs, {w.row, col}), lse);
-      g.store(zLossGradEntry(g, p, lse, scale), out, {w.row, col});
-    });
-  });
-  kernel.launch({WarpRow::blocks(kb, kb.dim(x, 0), block), kb.idx(1),
-                 kb.idx(1)});
-  h.finish();
-  h.replace(op, {grad});
+  lowerWarpRowKernel(
+      rewriter, op, op.getDlogits(), adaptor.getLogits(), {adaptor.getDloss()},
+      "router_z_loss_grad", options.blockSize, [&](WarpRowKernel &k) {
+        GpuKernelBuilder &g = k.g;
+        Value lse = warpRowLogSumExp(g, k.x, k.w.row, k.w.lane);
+        // One op a statement: built as arguments of one call, their order
+        // would be the C++ compiler's (gcc and clang differ). T first, then
+        // dloss: the order the plain (gcc) build has always emitted.
+        Value count = g.sitofp(k.rows);
+        Value dl = g.load(k.kernel.arg(1), {});
+        Value scale = g.fdiv(g.fmul(g.cF32(2.0), dl), count);
+        g.forLoop(k.w.lane, k.numExperts, g.idx(kWarp), [&](Value col) {
+          Value p = softmaxFromLogSumExp(g, g.loadF(k.x, {k.w.row, col}), lse);
+          g.store(zLossGradEntry(g, p, lse, scale), k.out, {k.w.row, col});
+        });
+      });
   return success();
 }

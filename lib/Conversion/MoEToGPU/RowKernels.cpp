@@ -18,6 +18,41 @@ Value mlir::moe::gpu_lowering::allocResultLike(HostCode &h,
   return h.allocLike(type, dynamicSizesFrom(h.kb, type, like));
 }
 
+void mlir::moe::gpu_lowering::lowerWarpRowKernel(
+    RewriterBase &rewriter, Operation *op, Value result, Value logits,
+    ValueRange inputs, StringRef name, int64_t blockSize,
+    function_ref<void(WarpRowKernel &k)> body) {
+  HostCode h(rewriter, op);
+  Value x = h.buffer(logits);
+  SmallVector<Value> args = {x};
+  for (Value input : inputs)
+    if (input)
+      args.push_back(h.buffer(input));
+  Value out = allocResultLike(h, cast<RankedTensorType>(result.getType()), x);
+  args.push_back(out);
+  GPUKernel kernel(h, name, args, {}, {blockSize, 1, 1}, op->getLoc());
+  GpuKernelBuilder &g = kernel.kb;
+  Value xs = kernel.arg(0), outArg = kernel.arg(args.size() - 1);
+  WarpRow w(g, blockSize);
+  Value rows = g.dim(xs, 0);
+  Value numExperts = g.dim(xs, 1);
+  WarpRowKernel k{g, kernel, w, xs, outArg, rows, numExperts};
+  g.ifThen(g.lt(w.row, rows), [&] { body(k); });
+  GpuKernelBuilder &kb = h.kb;
+  kernel.launch(
+      {WarpRow::blocks(kb, kb.dim(x, 0), blockSize), kb.idx(1), kb.idx(1)});
+  h.finish();
+  h.replace(op, {out});
+}
+
+Value mlir::moe::gpu_lowering::allocReduced(HostCode &h, Value result,
+                                            Value x) {
+  auto type = cast<RankedTensorType>(result.getType());
+  if (type.hasStaticShape())
+    return h.allocLike(type, {});
+  return h.allocLike(type, {h.kb.dim(x, 1)});
+}
+
 WarpRow::WarpRow(GpuKernelBuilder &g, int64_t blockSize) {
   Value tid = g.threadId();
   lane = g.remu(tid, g.idx(kWarp));

@@ -6,7 +6,8 @@
 // operand (RouterStats.cpp, RouterZLoss.cpp, TopkRenormGrad.cpp):
 //
 //  * a result shaped like the rows operand;
-//  * a warp per row (rows independent: the gradients);
+//  * a warp per row (rows independent: the gradients), the whole lowering of
+//    such an op but its per-row body (lowerWarpRowKernel);
 //  * row blocks for the deterministic reductions without atomics: a block of
 //    4 warps owns the kBalanceRowsPerBlock rows of one row block (the CPU
 //    kernels' blocks, MoE/Kernels/Balance.h) and leaves that block's
@@ -44,6 +45,35 @@ struct WarpRow {
   /// The warp's row; past the last row in the spare warps of the last block.
   Value row;
 };
+
+/// The kernel of lowerWarpRowKernel as its body sees it.
+struct WarpRowKernel {
+  GpuKernelBuilder &g;
+  GPUKernel &kernel;
+  /// The thread's lane and its warp's row (< rows).
+  WarpRow w;
+  /// The kernel's rows operand [T, E] (argument 0), the result (the last
+  /// argument), T and E.
+  Value x, out, rows, numExperts;
+};
+
+/// Lowers `op`, whose one result `result` is shaped like its rows operand
+/// `logits` [T, E] and computed with a warp per row (the rows are
+/// independent: the gradients of the logits): the buffers of `logits` and of
+/// `inputs` (in order; a null one, an absent optional operand, is left out),
+/// then the result's, allocated like the logits; kernel `name` on
+/// {logits, inputs..., result} with `blockSize`-thread blocks, in which
+/// body(k) runs on each warp that has a row, launched over the rows; `op`
+/// replaced with the result. The ops come in one order for every such op
+/// (host: the buffers, the result; kernel: the lane and row, then T, then E).
+void lowerWarpRowKernel(RewriterBase &rewriter, Operation *op, Value result,
+                        Value logits, ValueRange inputs, StringRef name,
+                        int64_t blockSize,
+                        function_ref<void(WarpRowKernel &k)> body);
+
+/// The buffer of `result`, a reduction over the rows of `x` [T, E]: [E] (its
+/// dynamic size E from `x`) or a scalar.
+Value allocReduced(HostCode &h, Value result, Value x);
 
 /// Threads of a row-block kernel: 4 warps share the kBalanceRowsPerBlock
 /// rows of a block.
