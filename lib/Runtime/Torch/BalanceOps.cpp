@@ -233,11 +233,9 @@ void checkSequenceOperands(const char *op, const Tensor &scores,
                            const Tensor &indices, int64_t topK) {
   checkDevice(op, {&scores, &indices});
   checkRank(op, "scores", scores, 3, "[B, S, E]");
-  checkRank(op, "indices", indices, 3, "[B, S, k]");
-  checkDim(op, "indices", indices, 0, scores.size(0),
-           "the batch size B of 'scores'");
-  checkDim(op, "indices", indices, 1, scores.size(1),
-           "the sequence length S of 'scores'");
+  checkShapedLike(
+      op, "indices", indices, 3, "[B, S, k]", scores,
+      {"the batch size B of 'scores'", "the sequence length S of 'scores'"});
   checkDim(op, "indices", indices, 2, topK, "'top_k'");
   int64_t E = scores.size(2);
   TORCH_CHECK_VALUE(topK >= 1 && topK <= E, "moe.", op, ": 'top_k' (", topK,

@@ -39,12 +39,10 @@ std::tuple<Tensor, Tensor> applyCapacity(const Tensor &indices,
   checkDevice(op, {&indices, &weights});
   checkCpu(op, {&indices, &weights});
   checkRank(op, "indices", indices, 2, "[T, k]");
-  checkRank(op, "weights", weights, 2, "[T, k]");
   // T is dynamic in the key: the validators saw the T of the compiling call.
-  checkDim(op, "weights", weights, 0, indices.size(0),
-           "dimension 0 of 'indices' (T)");
-  checkDim(op, "weights", weights, 1, indices.size(1),
-           "dimension 1 of 'indices' (k)");
+  checkShapedLike(
+      op, "weights", weights, 2, "[T, k]", indices,
+      {"dimension 0 of 'indices' (T)", "dimension 1 of 'indices' (k)"});
   Key key(op);
   key.attr("num_experts", numExperts)
       .attr("capacity", capacity)

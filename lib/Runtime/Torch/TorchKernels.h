@@ -219,6 +219,17 @@ void launch(KernelFn fn, std::vector<MemRef> &args, c10::Device device,
 
 void checkDim(const char *op, const char *name, const Tensor &t, int64_t d,
               int64_t expected, const char *what);
+/// Dimension d of `t` equals dimension d of `like` for d = 0, 1, ...: as
+/// many dimensions as `whats` has descriptions (checkDim's `what`), such as
+/// the [B, N] of Similarity-Inform's operands or the [T, k] of a routing's.
+void checkLeadingDims(const char *op, const char *name, const Tensor &t,
+                      const Tensor &like,
+                      std::initializer_list<const char *> whats);
+/// checkRank, then checkLeadingDims: an operand laid out after another (the
+/// indices [B, S, k] of scores [B, S, E], e [B, N, K] of u [B, N, D]).
+void checkShapedLike(const char *op, const char *name, const Tensor &t,
+                     int64_t rank, const char *layout, const Tensor &like,
+                     std::initializer_list<const char *> whats);
 void checkRank(const char *op, const char *name, const Tensor &t,
                int64_t rank, const char *layout);
 /// Every tensor on the CPU (the ops with CPU kernels only).

@@ -361,6 +361,23 @@ void checkDim(const char *op, const char *name, const Tensor &t, int64_t d,
                     " (", expected, ")");
 }
 
+void checkLeadingDims(const char *op, const char *name, const Tensor &t,
+                      const Tensor &like,
+                      std::initializer_list<const char *> whats) {
+  int64_t d = 0;
+  for (const char *what : whats) {
+    checkDim(op, name, t, d, like.size(d), what);
+    ++d;
+  }
+}
+
+void checkShapedLike(const char *op, const char *name, const Tensor &t,
+                     int64_t rank, const char *layout, const Tensor &like,
+                     std::initializer_list<const char *> whats) {
+  checkRank(op, name, t, rank, layout);
+  checkLeadingDims(op, name, t, like, whats);
+}
+
 void checkRank(const char *op, const char *name, const Tensor &t,
                int64_t rank, const char *layout) {
   if (t.dim() == rank)
@@ -471,13 +488,10 @@ void similarityChecks(const char *op, const Tensor &u, const Tensor &e,
   if (mask)
     checkDevice(op, {&u, &*mask});
   checkRank(op, "u", u, 3, "[B, N, D]");
-  checkRank(op, "e", e, 3, "[B, N, K]");
-  checkDim(op, "e", e, 0, u.size(0), "dimension 0 of 'u' (B)");
-  checkDim(op, "e", e, 1, u.size(1), "dimension 1 of 'u' (N)");
-  if (mask && mask->dim() == 2) {
-    checkDim(op, "key_mask", *mask, 0, u.size(0), "dimension 0 of 'u' (B)");
-    checkDim(op, "key_mask", *mask, 1, u.size(1), "dimension 1 of 'u' (N)");
-  }
+  const auto bn = {"dimension 0 of 'u' (B)", "dimension 1 of 'u' (N)"};
+  checkShapedLike(op, "e", e, 3, "[B, N, K]", u, bn);
+  if (mask && mask->dim() == 2)
+    checkLeadingDims(op, "key_mask", *mask, u, bn);
 }
 
 void similarityKey(Key &key, const Tensor &u, const Tensor &e,
