@@ -760,6 +760,29 @@ def test_concurrent_processes_share_the_disk_cache(tmp_path):
     assert len(list(tmp_path.glob("*.so"))) == 1 and not list(tmp_path.glob("*.part"))
 
 
+def test_prebuild_cuda_builds_a_kernel_with_the_one_cuda_recipe(tmp_path, monkeypatch):
+    """A torch.ops.moe CUDA kernel is built without a GPU by tools/moe-aot/moe-aot.py (the recipe the whole-graph
+    CUDA split uses): a shared object exporting the op's entry point with the sm_90 fatbin embedded, under the name
+    $MOE_KERNEL_PREBUILT looks up; a second prebuild finds it there and builds nothing."""
+    from moe_mlir.runtime import driver, locate
+
+    toolkit = Path(driver.cuda_toolkit())
+    if not (toolkit / "bin" / "ptxas").is_file() or locate.find_runtime_lib("libmoe_cuda_runtime.so") is None:
+        pytest.skip(f"no CUDA toolkit at {toolkit} or no libmoe_cuda_runtime.so")
+    calls = []
+    real = driver.run_tool
+    monkeypatch.setattr(driver, "run_tool", lambda cmd, *a, **kw: calls.append(cmd) or real(cmd, *a, **kw))
+    key = "topk_renorm|k=2|mode=logits|renormalize=1|in:scores:f32:?x16"
+    assert cache.prebuild_cuda([key], tmp_path, "sm_90", jobs=1) == 1
+    assert [Path(c[1]).name for c in calls] == ["moe-aot.py"]
+    so = tmp_path / (cache.cuda_kernel_name(key, "sm_90") + ".so")
+    assert [p.name for p in tmp_path.iterdir()] == [so.name]
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True, check=True).stdout
+    assert " T _mlir_ciface_" in syms, syms
+    assert b"sm_90" in so.read_bytes()
+    assert cache.prebuild_cuda([key], tmp_path, "sm_90", jobs=1) == 0
+
+
 def test_prebuild_cuda_leaves_out_the_cpu_only_ops(tmp_path):
     """A kernel-key list recorded on the CPU (scripts/gpu-check.sh) holds keys of ops the extension registers for the
     CPU only (the router losses, capacity): prebuild_cuda builds none of them (their GPU lowering is off by default,

@@ -3,10 +3,16 @@
 
   moe-aot.py INPUT.mlir -o OUTDIR [--name NAME] [--chip sm_90] [--format fatbin]
              [--moe-opt PATH] [--llvm-bin DIR] [--toolkit /usr/local/cuda]
-             [--link --runtime-dir DIR]
+             [--canonicalize] [--pipeline-options OPTS] [--link --runtime-dir DIR]
+
+The one recipe of a CUDA object: the whole-graph CUDA split
+(moe_mlir.backends.cuda) and the torch.ops.moe CUDA kernels
+(moe_mlir.runtime.driver.build_cuda_kernel) run this script, and so does the
+GPU check bundle (scripts/gpu-check.sh).
 
 Steps (each output is kept in OUTDIR):
-  1. NAME.llvm.mlir : moe-opt --moe-lower-to-nvvm (host LLVM dialect + gpu.binary)
+  1. NAME.llvm.mlir : moe-opt [--canonicalize] --moe-lower-to-nvvm (host LLVM
+                      dialect + gpu.binary)
   2. NAME.ll        : mlir-translate --mlir-to-llvmir (the binary is embedded;
                       a global constructor loads it through mgpuModuleLoad)
   3. NAME.o         : llc -filetype=obj -relocation-model=pic (--drop-intermediates
@@ -119,7 +125,8 @@ def lower(args, fmt, base):
         pipeline += f" features={args.features}"
     if args.pipeline_options:
         pipeline += f" {args.pipeline_options}"
-    run([args.moe_opt, args.input, f"--moe-lower-to-nvvm={pipeline}", "-o", base + ".llvm.mlir"])
+    pre = ["--canonicalize"] if args.canonicalize else []
+    run([args.moe_opt, args.input, *pre, f"--moe-lower-to-nvvm={pipeline}", "-o", base + ".llvm.mlir"])
     run([os.path.join(args.llvm_bin, "mlir-translate"), "--mlir-to-llvmir", base + ".llvm.mlir",
          "-o", base + ".ll"])
 
@@ -192,6 +199,8 @@ def main():
     ap.add_argument("--features", default="")
     ap.add_argument("--pipeline-options", default="",
                     help="more moe-lower-to-nvvm options, e.g. 'topk-rounds=redux'")
+    ap.add_argument("--canonicalize", action="store_true",
+                    help="run --canonicalize before the pipeline (the torch ops' kernel modules)")
     ap.add_argument("--format", default="fatbin", choices=["isa", "bin", "fatbin"])
     ap.add_argument("--toolkit", default="/usr/local/cuda")
     ap.add_argument("--moe-opt", default=os.path.join(here, "..", "..", "build", "bin", "moe-opt"))

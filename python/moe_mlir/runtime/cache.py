@@ -480,7 +480,7 @@ def _cuda_kernel_file(k: KernelKey, key: str) -> Path:
         if (d / name).is_file():
             stats.disk_loads += 1
             return d / name
-    from .locate import find_moe_opt
+    from .locate import find_moe_aot, find_moe_opt
 
     moe_opt = find_moe_opt()
     if moe_opt is None:
@@ -488,7 +488,7 @@ def _cuda_kernel_file(k: KernelKey, key: str) -> Path:
         raise CompileError(f"moe-opt not found and no prebuilt CUDA kernel {name} for {chip} ({where}): build the "
                            "project (cmake --build build) or prebuild the kernels (moe_mlir.runtime.prebuild)")
     rt = Path(cuda.runtime().path).resolve()
-    toolchain = digest(stamp(moe_opt), length=12)
+    toolchain = digest(stamp(moe_opt), stamp(find_moe_aot() or ""), length=12)
     path = cache_dir() / f"cuda-{toolchain}" / name
     if path.is_file():
         stats.disk_loads += 1

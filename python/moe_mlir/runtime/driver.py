@@ -5,8 +5,12 @@ Products:
 
 * a CPU kernel of ``torch.ops.moe.*`` (:func:`build_cpu_kernel`, for :mod:`.cache`);
 * a CUDA kernel of ``torch.ops.moe.*`` (:func:`build_cuda_kernel`, for :mod:`.cache` and :mod:`.prebuild`);
-* a GPU library of the whole-graph CUDA split (``moe-aot.py --link``, run by
-  :func:`moe_mlir.backends.cuda.build_gpu_library` through :func:`run_process`);
+* a GPU library of the whole-graph CUDA split (run by :func:`moe_mlir.backends.cuda.build_gpu_library` through
+  :func:`run_process`).
+
+Both CUDA products come from one recipe, ``tools/moe-aot/moe-aot.py --link`` (moe-lower-to-nvvm, mlir-translate,
+llc, the link against ``libmoe_cuda_runtime.so``): a stdlib-only script, so that the GPU check bundle builds with
+it on a machine without this package;
 * MLIR text through ``moe-opt`` passes (:func:`run_moe_opt`, for the whole-graph path).
 
 The disk cache is one directory, :func:`cache_dir` (``$MOE_KERNEL_CACHE`` or ``~/.cache/moe_mlir/kernels``): a
@@ -25,12 +29,13 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .locate import LLVM_BIN, find_moe_opt
+from .locate import LLVM_BIN, find_moe_aot, find_moe_opt
 
 __all__ = ["CompileError", "MoEOptError", "cache_dir", "digest", "stamp", "publish", "llvm_tool", "run_process",
            "run_tool", "run_moe_opt", "build_cpu_kernel", "build_cuda_kernel", "cuda_toolkit"]
@@ -180,23 +185,23 @@ def build_cpu_kernel(mlir: str, dest: Path, moe_opt: str, rt_dir: str, threads: 
 
 
 def build_cuda_kernel(mlir: str, dest: Path, moe_opt: str, rt_dir: str, chip: str, header: str = "") -> None:
-    """Compiles a kernel module for ``chip`` into ``dest`` (atomically): ``moe-opt --moe-lower-to-nvvm`` (a fatbin,
-    results as out-params, no wait at return), ``mlir-translate``, ``clang -O2 -c``, ``c++ -shared`` against
-    ``libmoe_cuda_runtime.so`` in ``rt_dir``. Needs LLVM and the CUDA toolkit's ptxas/fatbinary, not a GPU."""
+    """Compiles a kernel module for ``chip`` into ``dest`` (atomically) with the one CUDA recipe,
+    ``moe-aot.py --canonicalize --link`` (:func:`locate.find_moe_aot`): ``moe-lower-to-nvvm`` (a fatbin, results as
+    out-params, no wait at return), ``mlir-translate``, ``llc``, ``c++ -shared`` against ``libmoe_cuda_runtime.so``
+    in ``rt_dir``. Needs LLVM and the CUDA toolkit's ptxas/fatbinary, not a GPU."""
+    aot = find_moe_aot()
+    if aot is None:
+        raise CompileError("moe-aot.py not found (tools/moe-aot/moe-aot.py, the bundle's bin/, or $MOE_AOT)")
     with tempfile.TemporaryDirectory(prefix="moe-cuda-kernel-") as tmp:
         t = Path(tmp)
         (t / "kernel.mlir").write_text(header + mlir)
-        run_tool([moe_opt, "--canonicalize",
-                  f"--moe-lower-to-nvvm=chip={chip} format=fatbin toolkit={cuda_toolkit()} "
-                  "results-to-out-params=true wait-at-return=false",
-                  str(t / "kernel.mlir"), "-o", str(t / "kernel.llvm.mlir")], "moe-opt")
-        run_tool([llvm_tool("mlir-translate"), "--mlir-to-llvmir", str(t / "kernel.llvm.mlir"), "-o",
-                  str(t / "kernel.ll")], "mlir-translate")
-        run_tool([llvm_tool("clang"), "-O2", "-fPIC", "-c", "-Wno-override-module", str(t / "kernel.ll"), "-o",
-                  str(t / "kernel.o")], "clang")
-        part = _part(dest)
         # The runtime is found by name when the kernel is loaded: the process has loaded it already
         # (moe_mlir.runtime.cuda), so a prebuilt kernel works on a machine with the runtime elsewhere.
-        run_tool([os.environ.get("CXX", "c++"), "-shared", "-o", str(part), str(t / "kernel.o"), f"-L{rt_dir}",
-                  "-lmoe_cuda_runtime", f"-Wl,-rpath,{rt_dir}"], "link")
+        run_tool([sys.executable, aot, str(t / "kernel.mlir"), "-o", str(t), "--name", "kernel", "--chip", chip,
+                  "--format", "fatbin", "--toolkit", cuda_toolkit(), "--moe-opt", moe_opt,
+                  "--llvm-bin", str(Path(llvm_tool("llc")).parent), "--canonicalize",
+                  "--pipeline-options", "results-to-out-params=true wait-at-return=false",
+                  "--link", "--runtime-dir", rt_dir, "--cxx", os.environ.get("CXX", "c++")], "moe-aot.py")
+        part = _part(dest)
+        shutil.copy(t / "libkernel.so", part)
         publish(part, dest)
