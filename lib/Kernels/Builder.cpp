@@ -122,6 +122,12 @@ Value KernelBuilder::fma(Value a, Value bv, Value c) {
 Value KernelBuilder::select(Value c, Value x, Value y) {
   return arith::SelectOp::create(b, c, x, y);
 }
+Value KernelBuilder::divOrZero(Value num, Value den) {
+  assert(num.getType() == den.getType() && "divOrZero: one type");
+  Value zero = constLike(den.getType(), 0.0);
+  Value isZero = cmpf(arith::CmpFPredicate::OEQ, den, zero);
+  return select(isZero, zero, fdiv(num, den));
+}
 Value KernelBuilder::sitofp(Value x) {
   if (elementOf(x.getType()).isIndex())
     x = castInt(x, shapedLike(x.getType(), i64()));

@@ -14,11 +14,8 @@ Value mlir::moe::kernels::coSelectionNext(KernelBuilder &kb, Value a,
                                           float beta) {
   Type type = a.getType();
   Value n = count;
-  if (total) {
-    Value zero = kb.constLike(type, 0.0);
-    Value isZero = kb.cmpf(arith::CmpFPredicate::OEQ, total, zero);
-    n = kb.select(isZero, zero, kb.fdiv(count, total));
-  }
+  if (total)
+    n = kb.divOrZero(count, total);
   Value keep = kb.fmul(kb.constLike(type, beta), a);
   return kb.fadd(keep, kb.fmul(kb.constLike(type, 1.0f - beta), n));
 }

@@ -82,11 +82,8 @@ Value mlir::moe::kernels::routeSelectedScore(KernelBuilder &kb,
 Value mlir::moe::kernels::routeWeight(KernelBuilder &kb, const RouteSpec &spec,
                                       Value w, Value wSum) {
   Type t = w.getType();
-  if (spec.renormalize) {
-    Value zero = kb.constLike(t, 0.0);
-    Value isZero = kb.cmpf(arith::CmpFPredicate::OEQ, wSum, zero);
-    w = kb.select(isZero, zero, kb.fdiv(w, wSum));
-  }
+  if (spec.renormalize)
+    w = kb.divOrZero(w, wSum);
   if (spec.scale != 1.0)
     w = kb.fmul(w, kb.constLike(t, spec.scale));
   return w;

@@ -93,26 +93,24 @@ Value mlir::moe::kernels::topkSelectionTerm(KernelBuilder &kb,
   return spec.logits ? softmaxTerm(kb, v, v0) : v;
 }
 
+mlir::moe::kernels::TopkPickState
+mlir::moe::kernels::topkPickState(KernelBuilder &kb, const TopkSpec &spec,
+                                  Value r, Value v, Value v0Before) {
+  Value v0 = kb.select(kb.eq(r, kb.idx(0)), v, v0Before);
+  return {v0, topkSelectionTerm(kb, spec, v, v0)};
+}
+
 Value mlir::moe::kernels::topkWeight(KernelBuilder &kb, const TopkSpec &spec,
                                      Value v, Value v0, Value selSum,
                                      Value denseMax, Value denseSum) {
-  Type t = v.getType();
-  Value zero = kb.constLike(t, 0.0);
-  Value negInf = kb.negInfLike(t);
-  if (spec.logits && spec.renormalize) {
-    // Softmax over the selected logits; a row of -inf yields zeros.
-    Value w = kb.fdiv(softmaxTerm(kb, v, v0), selSum);
-    return kb.select(kb.cmpf(arith::CmpFPredicate::OEQ, v0, negInf), zero, w);
-  }
-  if (spec.logits) {
-    Value w = kb.fdiv(softmaxTerm(kb, v, denseMax), denseSum);
-    return kb.select(kb.cmpf(arith::CmpFPredicate::OEQ, denseMax, negInf), zero,
-                    w);
-  }
-  if (spec.renormalize) {
-    Value w = kb.fdiv(v, selSum);
-    return kb.select(kb.cmpf(arith::CmpFPredicate::OEQ, selSum, zero), zero, w);
-  }
+  // Softmax over the selected logits (max v0) or over the dense row, read at
+  // the selection; a row of -inf yields zeros.
+  if (spec.logits && spec.renormalize)
+    return softmaxScore(kb, softmaxTerm(kb, v, v0), v0, selSum);
+  if (spec.logits)
+    return softmaxScore(kb, softmaxTerm(kb, v, denseMax), denseMax, denseSum);
+  if (spec.renormalize)
+    return kb.divOrZero(v, selSum);
   return v;
 }
 
@@ -123,9 +121,7 @@ Value mlir::moe::kernels::topkWeightGrad(KernelBuilder &kb, const TopkSpec &spec
     return kb.fmul(w, kb.fsub(g, c));
   if (!spec.renormalize)
     return g;
-  Value zero = kb.constLike(g.getType(), 0.0);
-  Value d = kb.fdiv(kb.fsub(g, c), selSum);
-  return kb.select(kb.cmpf(arith::CmpFPredicate::OEQ, selSum, zero), zero, d);
+  return kb.divOrZero(kb.fsub(g, c), selSum);
 }
 
 void mlir::moe::kernels::emitTopkGradRow(KernelBuilder &kb, const TopkSpec &spec,

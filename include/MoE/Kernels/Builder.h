@@ -84,6 +84,9 @@ public:
   /// scalars: both become llvm.fma, an FMA instruction on every target).
   Value fma(Value a, Value bv, Value c);
   Value select(Value c, Value x, Value y);
+  /// num / den, and 0 where den == 0 (a renormalization over a selection of
+  /// zeros or none: no NaN). num and den have one type.
+  Value divOrZero(Value num, Value den);
   /// Signed integer (index, iN, or vectors of them) to f32.
   Value sitofp(Value x);
   Value bitcast(Value x, Type to);

@@ -114,6 +114,17 @@ template <typename OpT> TopkSpec topkSpecOf(OpT op) {
 Value topkSelectionTerm(KernelBuilder &kb, const TopkSpec &spec, Value v,
                         Value v0);
 
+/// A top-k round's pick `v` (round `r`, an index) folded into the selection
+/// state the rounds carry: `v0` (the first pick: v in round 0, else `v0Before`)
+/// and the pick's topkSelectionTerm, which the caller adds to its selSum. The
+/// GPU's round loops (register, redux and block rounds) share it.
+struct TopkPickState {
+  Value v0;
+  Value term;
+};
+TopkPickState topkPickState(KernelBuilder &kb, const TopkSpec &spec, Value r,
+                            Value v, Value v0Before);
+
 /// The weight of selected value `v` given the first (largest) selected value
 /// `v0`, the sum over the selection `selSum` (Σ exp(v - v0) for logits, Σ v
 /// for probabilities) and, for logits without renormalization, the row's max

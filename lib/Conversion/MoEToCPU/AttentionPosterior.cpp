@@ -150,19 +150,24 @@ HeadMeans packHeadMeans(CpuKernelBuilder &kb, const KernelOptions &opts, Value v
 
 std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)>
 posteriorLogits(Value scores, Value head, Value norm2, Value keys,
-                float sigma2) {
+                double sigma) {
+  kernels::FlashLogitSpec spec = kernels::attentionPosteriorLogit(sigma);
   return [=](CpuKernelBuilder &kk, Value dot, Value bi, Value i, Value j0) {
     double negInf = -std::numeric_limits<double>::infinity();
     Value h = kk.castInt(kk.load(head, {bi}), kk.b.getIndexType());
     Value s = kk.vloadMasked(scores, {bi, h, i, j0}, kk.sub(keys, j0), negInf);
-    Value n = kk.vload(norm2, {bi, j0});
-    Value s2 = kk.constLike(kk.vf32(), sigma2);
-    Value logit =
-        kk.fsub(kk.fadd(s, kk.fdiv(dot, s2)),
-                kk.fdiv(kk.fmul(kk.constLike(kk.vf32(), 0.5), n), s2));
-    Value masked =
-        kk.cmpf(arith::CmpFPredicate::OEQ, s, kk.negInfLike(kk.vf32()));
-    return kk.select(masked, kk.negInfLike(kk.vf32()), logit);
+    return kernels::flashLogit(
+        kk, spec, dot,
+        [&] {
+          // The GPU's bias[b, j] (attention_head_means), here per key tile.
+          Value n = kk.vload(norm2, {bi, j0});
+          return kk.fdiv(n, kk.constLike(kk.vf32(), -2.0 * sigma * sigma));
+        },
+        [&] { return s; },
+        [&] {
+          // Padding keys load s = -inf; UNE keeps a NaN score's NaN.
+          return kk.cmpf(arith::CmpFPredicate::UNE, s, kk.negInfLike(kk.vf32()));
+        });
   };
 }
 
@@ -189,8 +194,6 @@ struct AttentionPosteriorKernel : MinEntropyPosteriorKernel<AttentionPosteriorOp
     Value batch = kb.dim(scores, 0), heads = kb.dim(scores, 1);
     Value rows = kb.dim(scores, 2), keys = kb.dim(scores, 3);
     Value model = kb.dim(u, 2), headDim = kb.dim(v, 3);
-    float sigma = op.getSigma().convertToFloat();
-    float sigma2 = sigma * sigma;
     double negInf = -std::numeric_limits<double>::infinity();
 
     // 1. Prior statistics per attention row.
@@ -277,7 +280,8 @@ struct AttentionPosteriorKernel : MinEntropyPosteriorKernel<AttentionPosteriorOp
     Value out = kernel.out(0);
     FlashSpec mix =
         flashSpec(kb, u, keysT, keysPad, e, out, batch, rows, keys, model,
-                  posteriorLogits(scores, head, norm2, keys, sigma2));
+                  posteriorLogits(scores, head, norm2, keys,
+                                  op.getSigma().convertToDouble()));
     mix.tilesPerBlock = 1; // the logits stream the scores rows
     emitFlashMix(kb, opts, mix);
 

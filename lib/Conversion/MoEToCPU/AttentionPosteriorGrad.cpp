@@ -586,7 +586,8 @@ struct AttentionPosteriorGradKernel
     Value keysPad = means.keysPad;
     Value modelPad = roundUp(kb, model, kLanes);
     Value rowsPad = roundUp(kb, rows, kKeyTile);
-    auto logits = posteriorLogits(scores, head, means.norm2, keys, sigma2);
+    auto logits = posteriorLogits(scores, head, means.norm2, keys,
+                                  op.getSigma().convertToDouble());
     Value p = kb.alloc(rank3, {batch, rows, width});
     Value lse = kb.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, rows});
     FlashSpec fwd = flashSpec(kb, u, means.keysT, keysPad, e, p, batch, rows,

@@ -298,11 +298,13 @@ HeadMeans packHeadMeans(CpuKernelBuilder &kb, const KernelOptions &opts, Value v
                         Value wo, Value head, Value scale, Value batch,
                         Value keys, Value model, Value headDim);
 /// The posterior logit epilogue of FlashSpec (q = u, keys m):
-/// (s + <u_i,m_j>/σ²) − ‖m_j‖²/(2σ²) with s = scores[b, head[b], i, j],
-/// -inf where s = -inf and for the padding keys j >= keys.
+/// kernels::flashLogit of attentionPosteriorLogit(σ), the GPU kernels' logit
+/// term for term: <u_i,m_j>/σ² + ‖m_j‖²/(-2σ²) + s with
+/// s = scores[b, head[b], i, j]; -inf where s = -inf and for the padding keys
+/// j >= keys.
 std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)>
 posteriorLogits(Value scores, Value head, Value norm2, Value keys,
-                float sigma2);
+                double sigma);
 
 /// The base of the attention_posterior kernels, forward and backward: they
 /// build head_select = min_entropy (emitMinEntropy), one head per batch

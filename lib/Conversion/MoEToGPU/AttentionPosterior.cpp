@@ -133,9 +133,7 @@ static void launchHeadSelect(HostCode &h, Value sumsBuf, Value countsBuf,
                           return {kb.fadd(a[0], kb.load(sums, {b, h, c})),
                                   kb.fadd(a[1], kb.load(counts, {b, h, c}))};
                         });
-          Value ratio = kb.fdiv(sc[0], sc[1]);
-          Value mean = kb.select(kb.cmpf(arith::CmpFPredicate::OEQ, sc[1], zero),
-                                zero, ratio);
+          Value mean = kb.divOrZero(sc[0], sc[1]);
           Value isFirst = kb.eq(h, kb.idx(0));
           Value bestNan = kb.cmpf(arith::CmpFPredicate::UNO, acc[0], acc[0]);
           Value meanNan = kb.cmpf(arith::CmpFPredicate::UNO, mean, mean);

@@ -209,15 +209,14 @@ emitReduxRounds(GpuKernelBuilder &kb, ArrayRef<Value> vals, Value lane,
         for (int64_t m = 0; m < vpt; ++m)
           next.push_back(kb.select(kb.eq(index[m], winner), gone, keys[m]));
         Value v = keyToFloat(kb, best);
-        Value v0 = kb.select(kb.eq(r, kb.idx(0)), v, args[vpt]);
-        Value term = topkSelectionTerm(kb, spec, v, v0);
+        TopkPickState pick = topkPickState(kb, spec, r, v, args[vpt]);
         Value writer = kb.andI(active, kb.eq(kb.remu(r, widthIdx), lane));
         kb.ifThen(writer, [&] {
           kb.store(v, weights, {row, r});
           kb.store(winner, indices, {row, r});
         });
-        next.push_back(v0);
-        next.push_back(kb.fadd(args[vpt + 1], term));
+        next.push_back(pick.v0);
+        next.push_back(kb.fadd(args[vpt + 1], pick.term));
         return next;
       });
   return {done[vpt], done[vpt + 1]};
@@ -264,17 +263,15 @@ void mlir::moe::gpu_lowering::emitRegisterTopk(
                   Value key = candidateKey(kb, best);
                   Value index = candidateIndex(kb, best);
                   Value v = keyToFloat(kb, key);
-                  Value first = kb.eq(r, kb.idx(0));
-                  Value v0 = kb.select(first, v, args[1]);
-                  Value term = topkSelectionTerm(kb, spec, v, v0);
-                  Value selSum = kb.fadd(args[2], term);
+                  TopkPickState pick = topkPickState(kb, spec, r, v, args[1]);
+                  Value selSum = kb.fadd(args[2], pick.term);
                   Value writer =
                       kb.andI(active, kb.eq(kb.remu(r, widthIdx), lane));
                   kb.ifThen(writer, [&] {
                     kb.store(v, weights, {row, r});
                     kb.store(index, indices, {row, r});
                   });
-                  return {best, v0, selSum};
+                  return {best, pick.v0, selSum};
                 });
 
   rescaleOwnEntries(kb, spec, lane, width, weights, row, active, done[1],

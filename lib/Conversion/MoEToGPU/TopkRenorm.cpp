@@ -142,14 +142,13 @@ static void emitBlockTopkKernel(GpuKernelBuilder &kb, Value scores,
         Value best =
             blockReduce(kb, local, ReduceKind::MaxI64, threads, scratchI64);
         Value v = keyToFloat(kb, candidateKey(kb, best));
-        Value v0 = kb.select(kb.eq(r, kb.idx(0)), v, args[1]);
-        Value term = topkSelectionTerm(kb, spec, v, v0);
-        Value selSum = kb.fadd(args[2], term);
+        TopkPickState pick = topkPickState(kb, spec, r, v, args[1]);
+        Value selSum = kb.fadd(args[2], pick.term);
         kb.ifThen(isWriter, [&] {
           kb.store(v, weights, {row, r});
           kb.store(candidateIndex(kb, best), indices, {row, r});
         });
-        return {best, v0, selSum};
+        return {best, pick.v0, selSum};
       });
   if (!spec.logits && !spec.renormalize)
     return;
