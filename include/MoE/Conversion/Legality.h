@@ -2,10 +2,10 @@
 //
 // Part of the MoE-MLIR project.
 //
-// convert-moe-to-linalg and convert-moe-to-gpu each add their patterns
-// (populate<Family>Patterns) and run one partial conversion on this target;
-// they differ only in whether a moe op may stay. (convert-moe-to-cpu, where
-// every kernel is optional, applies its patterns greedily: MoEToCPU.cpp.)
+// convert-moe-to-linalg, convert-moe-to-cpu and convert-moe-to-gpu each add
+// their patterns (populate<Family>Patterns) and run one partial conversion on
+// this target; they differ only in whether a moe op may stay (it may on the
+// CPU, where every kernel is optional, and on the GPU).
 //
 //===----------------------------------------------------------------------===//
 

@@ -4,8 +4,9 @@
 // Part of the MoE-MLIR project.
 //
 // Gathers the per-op kernel patterns (one file per op in this directory) and
-// applies them greedily: an op without a kernel for its form stays, for
-// convert-moe-to-linalg to lower. Fused routing ops are split first, as in
+// applies them in one partial conversion, the moe ops of unknown legality
+// (MoE/Conversion/Legality.h, as convert-moe-to-gpu): an op without a kernel
+// for its form stays, for convert-moe-to-linalg to lower. Fused routing ops are split first, as in
 // convert-moe-to-linalg, so that their mixing op and gate get kernels.
 //
 // Parallelism. The kernels express their token/row-tile loops as an
@@ -24,6 +25,7 @@
 #include "MoE/Conversion/MoEToCPU/MoEToCPU.h"
 #include "Kernels.h"
 
+#include "MoE/Conversion/Legality.h"
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEDialect.h"
@@ -40,7 +42,8 @@
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 #include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassRegistry.h"
-#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
+#include "mlir/Transforms/DialectConversion.h"
+#include "mlir/Transforms/FoldUtils.h"
 
 namespace mlir::moe {
 #define GEN_PASS_DEF_CONVERTMOETOCPU
@@ -111,20 +114,28 @@ struct ConvertMoEToCPUPass
     }
     RewritePatternSet patterns(&getContext());
     populateMoEToCPUPatterns(patterns, {numThreads, bits});
-    // The greedy driver, not the partial conversion of convert-moe-to-linalg
-    // and convert-moe-to-gpu: no op must lower here (a kernel declines the
-    // forms it does not specialise with a match failure, and the op stays for
-    // convert-moe-to-linalg), so there is no legality to state, and the
-    // driver uniques the constants the kernels create at the function's
-    // entry, which keeps this pass's output readable (the kernels' lowering
-    // tests check it: %c0 to %c8 step %c1). A partial conversion with the moe
-    // ops of unknown legality emits the same final code, but leaves every
-    // kernel's constants in place. No folding: the ops lower as written.
-    GreedyRewriteConfig config;
-    config.enableFolding(false);
-    if (failed(
-            applyPatternsGreedily(getOperation(), std::move(patterns), config)))
-      signalPassFailure();
+    // Every kernel is optional: a moe op whose kernel declines its form (a
+    // match failure) stays for convert-moe-to-linalg. No folding: the ops
+    // lower as written.
+    ConversionTarget target(getContext());
+    configureMoEConversionTarget(target, MoEOpsAfter::MayStay);
+    ConversionConfig config;
+    config.foldingMode = DialectConversionFoldingMode::Never;
+    if (failed(applyPartialConversion(getOperation(), target,
+                                      std::move(patterns), config)))
+      return signalPassFailure();
+    // The kernels create their constants where they use them: unique them at
+    // the entry of each function, as the greedy driver would, so that this
+    // pass's output stays readable (%c0 to %c8 step %c1; the kernels' lowering
+    // tests check it). Nothing else is folded.
+    SmallVector<Operation *> constants;
+    getOperation()->walk([&](Operation *op) {
+      if (op->hasTrait<OpTrait::ConstantLike>())
+        constants.push_back(op);
+    });
+    OperationFolder folder(&getContext());
+    for (Operation *op : constants)
+      folder.insertKnownConstant(op);
   }
 };
 } // namespace
