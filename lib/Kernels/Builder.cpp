@@ -192,6 +192,16 @@ void KernelBuilder::ifThen(Value cond, function_ref<void()> then) {
   then();
 }
 
+void KernelBuilder::ifThenElse(Value cond, function_ref<void()> then,
+                               function_ref<void()> otherwise) {
+  auto op = scf::IfOp::create(b, cond, /*withElseRegion=*/true);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPoint(op.thenBlock()->getTerminator());
+  then();
+  b.setInsertionPoint(op.elseBlock()->getTerminator());
+  otherwise();
+}
+
 SmallVector<Value>
 KernelBuilder::ifElse(Value cond, TypeRange types,
                       function_ref<SmallVector<Value>()> then,

@@ -573,6 +573,12 @@ def case_similarity(lib, g):
     e = torch.softmax(torch.randn(2, 100, 16, generator=g), -1).to(torch.bfloat16).to(DEV)
     (p,) = lib.call("sim_mma_bf16_causal", [u, e], [((2, 100, 16), torch.float32)])
     close("sim_mma_bf16_causal", p, ref_similarity(u, e, tau=0.5, causal=True), **MMA_TOL)
+    # u one element into its buffer (a base not 16-byte aligned): under flash-mma-wide-staging the kernel stages
+    # its keys with the element loop, its values with 16-byte vectors.
+    ua = torch.empty(u.numel() + 1, dtype=u.dtype, device=DEV)[1:].view_as(u)
+    ua.copy_(u)
+    (p,) = lib.call("sim_mma_bf16_causal", [ua, e], [((2, 100, 16), torch.float32)])
+    close("sim_mma_bf16_causal (u misaligned)", p, ref_similarity(u, e, tau=0.5, causal=True), **MMA_TOL)
 
     u = (torch.randn(2, 70, 40, generator=g) * 0.4).half().to(DEV)
     e = torch.softmax(torch.randn(2, 70, 12, generator=g), -1).half().to(DEV)

@@ -123,6 +123,10 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "and router_z_loss_grad (a warp per row, per-block partials summed in a fixed order, no atomics; "
            "RouterStats.cpp, RouterZLoss.cpp). Checked on an H100 (2026-11-24) against float64 references, "
            "memcheck and racecheck. =false restores the previous behaviour: these ops have no GPU lowering">,
+    Option<"flashMmaWideStaging", "flash-mma-wide-staging", "bool", /*default=*/"false",
+           "the tensor-core kernel stages its key and value tiles with 16-byte loads and stores of 8 elements "
+           "(where D / K is a multiple of 8 and the operand's base is 16-byte aligned, checked in the kernel) "
+           "instead of one element per load. Off until a GPU run has checked it">,
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect",

@@ -115,6 +115,8 @@ public:
   forLoop(Value lb, Value ub, Value step, ValueRange init,
           function_ref<SmallVector<Value>(Value iv, ValueRange args)> body);
   void ifThen(Value cond, function_ref<void()> then);
+  void ifThenElse(Value cond, function_ref<void()> then,
+                  function_ref<void()> otherwise);
   SmallVector<Value> ifElse(Value cond, TypeRange types,
                             function_ref<SmallVector<Value>()> then,
                             function_ref<SmallVector<Value>()> otherwise);

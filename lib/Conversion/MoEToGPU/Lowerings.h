@@ -145,6 +145,11 @@ struct FlashMmaTile {
   /// 128 registers a thread) when the fragments fit, else 2. Without it
   /// ptxas aimed at more blocks for the D = 64 kernel on sm_90 and spilled.
   int64_t blocksPerSM = 2;
+  /// Stage the keys / the values with 16-byte loads and stores of 8 elements
+  /// (flash-mma-wide-staging, where D / K is a multiple of 8); the kernel
+  /// still takes the element loop for an operand whose base is not 16-byte
+  /// aligned.
+  bool wideKeys = false, wideValues = false;
 };
 
 /// The largest feature count of the tensor-core kernel (its query fragments
@@ -158,7 +163,8 @@ constexpr int64_t kFlashMmaMaxDepth = 256;
 /// `sharedMemoryBytes`): the scalar kernel then runs.
 std::optional<FlashMmaTile> flashMmaTile(const FlashMixSpec &spec, Type qElt,
                                          Type keyElt, Type eElt, int64_t depth,
-                                         int64_t sharedMemoryBytes);
+                                         int64_t sharedMemoryBytes,
+                                         bool wideStaging = false);
 
 /// launchFlashMix on tensor cores (the same arguments; grid ceil(N / 64) x B,
 /// block 128) with the tiles of flashMmaTile.

@@ -81,7 +81,7 @@ struct ConvertMoEToGPUPass
     RewritePatternSet patterns(&getContext());
     populateMoEToGPUPatterns(patterns,
                              {blockSize, sharedMemoryBytes, topkRounds,
-                              flashMma, balanceKernels});
+                              flashMma, balanceKernels, flashMmaWideStaging});
     llvm::SmallDenseSet<OperationName> lowered;
     for (const auto &pattern : patterns.getNativePatterns())
       if (std::optional<OperationName> root = pattern->getRootKind())

@@ -73,7 +73,11 @@ void populateMoEToGPUPatterns(RewritePatternSet &patterns,
     "load_balancing_loss, router_z_loss and router_z_loss_grad "               \
     "(convert-moe-to-gpu balance-kernels); checked on an H100 against "        \
     "float64 references, memcheck and racecheck; =false leaves these ops "     \
-    "without a GPU lowering, as before")
+    "without a GPU lowering, as before")                                       \
+  X(bool, flashMmaWideStaging, "flash-mma-wide-staging", false,               \
+    "the tensor-core kernel's key and value tiles staged with 16-byte "       \
+    "vectors (convert-moe-to-gpu flash-mma-wide-staging); not yet run on a "  \
+    "GPU")
 
 /// Options of the moe-lower-to-nvvm pipeline (its command-line options and
 /// the C++ API's).
