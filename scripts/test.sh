@@ -72,31 +72,48 @@ if [ "$SANITIZE" != 0 ]; then
   san_pid=$!
 fi
 
-echo "== lit (check-moe) then ctest: in the background"
+# pytest in two processes: the files below (whole-model training, the wheel in a fresh venv, multi-process ranks:
+# about 170 s of the ~1,100 s) run after ctest in the lit/ctest stage, the rest in the foreground. One pytest
+# process alone left a core idle for its last ~240 s, once the sanitizer chain had ended (CI10, docs/Testing.md).
+# Both share the kernels' disk cache (a kernel one process built, the other loads).
+PYTEST_LATE=(test_router_losses_hf.py test_wheel.py test_expert_parallel.py test_distributed.py test_training.py
+             test_hf_models.py)
+pytest_cmd=(env MOE_BUILD_DIR="$BUILD" "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=20)
+
+echo "== lit (check-moe), ctest, then pytest of ${PYTEST_LATE[*]}: in the background"
 (
   stage lit "$LLVM_PREFIX/bin/lit" -sv "$BUILD/test"
   if [ -f "$BUILD/CTestTestfile.cmake" ]; then
     stage ctest ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS"
   fi
+  stage pytest-late "${pytest_cmd[@]}" "${PYTEST_LATE[@]/#/$ROOT/python/tests/}"
 ) &
 plain_pid=$!
 
-echo "== pytest (python/tests)"
+echo "== pytest (python/tests but ${PYTEST_LATE[*]})"
 start=$SECONDS
 py_rc=0
-MOE_BUILD_DIR="$BUILD" "$VENV/bin/python" -m pytest "$ROOT/python/tests" -q -p no:cacheprovider --durations=20 2>&1 |
+"${pytest_cmd[@]}" "$ROOT/python/tests" "${PYTEST_LATE[@]/#/--ignore=$ROOT/python/tests/}" 2>&1 |
   tee "$log/pytest.txt" || py_rc=$?
 [ "$py_rc" = 0 ] || status=1
 pytest_s=$((SECONDS - start))
-pycount() { grep -E '^[0-9]+ (passed|failed|skipped|error)|in [0-9.]+s' "$log/pytest.txt" | tail -1 |
-            grep -oE "[0-9]+ $1" | grep -oE '^[0-9]+' || echo 0; }
-py_passed=$(pycount passed); py_failed=$(( $(pycount failed) + $(pycount error) )); py_skipped=$(pycount skipped)
+# pycount FILE WHAT: the count of WHAT (passed, failed, ...) in a pytest log's summary line.
+pycount() { grep -E '^[0-9]+ (passed|failed|skipped|error)|in [0-9.]+s' "$1" | tail -1 |
+            grep -oE "[0-9]+ $2" | grep -oE '^[0-9]+' || echo 0; }
+py_passed=$(pycount "$log/pytest.txt" passed); py_skipped=$(pycount "$log/pytest.txt" skipped)
+py_failed=$(( $(pycount "$log/pytest.txt" failed) + $(pycount "$log/pytest.txt" error) ))
 # pytest killed or crashed (no summary line, or an exit status its counts do not explain): a failure, not 0 failed.
 [ "$py_rc" = 0 ] || [ "$py_failed" -gt 0 ] || py_failed=1
 
 wait "$plain_pid" || status=1
 plain_pid=""  # finished: nothing left for stop_stages
 show lit "lit (check-moe)"
+show pytest-late "pytest (${PYTEST_LATE[*]})"
+late_failed=$(( $(pycount "$log/pytest-late.txt" failed) + $(pycount "$log/pytest-late.txt" error) ))
+[ "$(cat "$log/pytest-late.rc")" = 0 ] || [ "$late_failed" -gt 0 ] || late_failed=1
+py_passed=$((py_passed + $(pycount "$log/pytest-late.txt" passed)))
+py_skipped=$((py_skipped + $(pycount "$log/pytest-late.txt" skipped)))
+py_failed=$((py_failed + late_failed))
 ctest_passed=0; ctest_failed=0; ctest_skipped=0
 if [ -f "$log/ctest.txt" ]; then
   show ctest
@@ -111,6 +128,7 @@ fi
 
 san_passed=0; san_failed=0; san_skipped=0; fuzz_passed=0; fuzz_failed=0
 times="build $build_s s, pytest $pytest_s s, lit $(cat "$log/lit.s") s, ctest $(cat "$log/ctest.s" 2>/dev/null || echo -) s"
+times="$times, pytest-late $(cat "$log/pytest-late.s") s"
 if [ -n "$san_pid" ]; then
   [ -f "$log/fuzz.rc" ] || echo "== waiting for the sanitizer chain"
   wait "$san_pid" || status=1
