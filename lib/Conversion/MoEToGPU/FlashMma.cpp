@@ -228,7 +228,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // Staging a tile of `cols` rows j0 + jj of `src` [B, Nk, cols] into `dst`
   // [cols, width + kPad]: zeros past `rowLimit` and `colLimit`, then
   // `masked(j, v)` (a key mask) on what was loaded. The element loop, or with
-  // `wideLimit` (the operand's static column count, a multiple of 8) 16-byte
+  // `wide` (colLimit, the operand's column count, a multiple of 8) 16-byte
   // vectors of 8 elements (ld.global.v4 / st.shared.v4: 8x fewer loads and
   // index computations) when `aligned` (the operand's base is 16-byte
   // aligned: then every 8-element group of a row is, and every workgroup row,
@@ -248,7 +248,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     return kb.select(kb.load(keyMask, {bi, js}), v,
                      kb.constLike(v.getType(), 0.0));
   };
-  auto stageTile = [&](Value src, Value dst, int64_t width, Value wideLimit,
+  auto stageTile = [&](Value src, Value dst, int64_t width, bool wide,
                        Value aligned, Value j0, Value rowLimit, Value colLimit,
                        function_ref<Value(Value, Value)> masked) {
     auto elements = [&] {
@@ -262,7 +262,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         kb.store(v, dst, {jj, cc});
       });
     };
-    if (!wideLimit) {
+    if (!wide) {
       elements();
       return;
     }
@@ -272,7 +272,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         Value jj = kb.divu(flat, kb.idx(vecs));
         Value cc = kb.mul(kb.remu(flat, kb.idx(vecs)), kb.idx(8));
         Value j = kb.add(j0, jj);
-        Value ok = kb.andI(kb.lt(j, rowLimit), kb.lt(cc, wideLimit));
+        Value ok = kb.andI(kb.lt(j, rowLimit), kb.lt(cc, colLimit));
         Value v = vector::LoadOp::create(
             b, wideType, src,
             ValueRange{bi, kb.select(ok, j, c0), kb.select(ok, cc, c0)},
@@ -304,10 +304,10 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       [&](Value j0, ValueRange carried) -> SmallVector<Value> {
         // Stage the key and value tiles.
         kb.barrier();
-        stageTile(keys, ks, tile.depth, tile.wideKeys ? D : Value(),
-                  keysAligned, j0, Nk, D, nullptr);
-        stageTile(e, vs, tile.experts, tile.wideValues ? kb.idx(K) : Value(),
-                  valuesAligned, j0, Nk, kb.idx(K),
+        stageTile(keys, ks, tile.depth, tile.wideKeys, keysAligned, j0, Nk, D,
+                  nullptr);
+        stageTile(e, vs, tile.experts, tile.wideValues, valuesAligned, j0, Nk,
+                  kb.idx(K),
                   keyMask ? maskedValue : function_ref<Value(Value, Value)>());
         kb.barrier();
 

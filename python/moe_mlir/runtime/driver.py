@@ -6,12 +6,12 @@ Products:
 * a CPU kernel of ``torch.ops.moe.*`` (:func:`build_cpu_kernel`, for :mod:`.cache`);
 * a CUDA kernel of ``torch.ops.moe.*`` (:func:`build_cuda_kernel`, for :mod:`.cache` and :mod:`.prebuild`);
 * a GPU library of the whole-graph CUDA split (run by :func:`moe_mlir.backends.cuda.build_gpu_library` through
-  :func:`run_process`).
+  :func:`run_process`);
+* MLIR text through ``moe-opt`` passes (:func:`run_moe_opt`, for the whole-graph path).
 
 Both CUDA products come from one recipe, ``tools/moe-aot/moe-aot.py --link`` (moe-lower-to-nvvm, mlir-translate,
 llc, the link against ``libmoe_cuda_runtime.so``): a stdlib-only script, so that the GPU check bundle builds with
-it on a machine without this package;
-* MLIR text through ``moe-opt`` passes (:func:`run_moe_opt`, for the whole-graph path).
+it on a machine without this package.
 
 The disk cache is one directory, :func:`cache_dir` (``$MOE_KERNEL_CACHE`` or ``~/.cache/moe_mlir/kernels``): a
 product's name is the :func:`digest` of what it depends on (its input, the options, the :func:`stamp` of each tool
