@@ -24,10 +24,13 @@ graph at its ``nonzero`` and recompiles per expert). This module adds the implem
 Steps 2-4 stream several ``[T*k, D]``-sized intermediates through memory (270 MB each for Qwen3-MoE at T=4096),
 which cost more than eager's per-expert loop saves. So on CPU, for the gates it can compute itself (:data:`GATES`:
 HF's default SiLU GLU, gpt-oss's clamped GLU; no post-expert norm), the experts run instead as :func:`expert_mlp`
-(``torch.ops.moe_mlir.expert_mlp``): one opaque op looping over the experts with rows, each expert's rows gathered,
-projected with ``F.linear``'s BLAS calls on the weight slices, gated, weighted and ``index_add_``-ed into the output
-(eager's operations and order) in scratch buffers reused across experts, so they stay in cache. Steps 2-4 remain
-for other gates, a post-expert norm and CUDA.
+(``torch.ops.moe_mlir.expert_mlp``): one opaque op over the experts with rows, each expert's rows gathered,
+projected with BLAS on the weight slices, gated, weighted and summed into the output in eager's order, in scratch
+buffers reused across experts, so they stay in cache. On f32/f64 it is the torch extension's kernel
+(lib/Runtime/Torch/ExpertOps.cpp: the experts spread over torch's threads, no per-expert torch call: at E = 256 the
+Python loop's ~7 calls per expert were most of a whole model's decode); its Python loop (``index_add_`` per
+expert) is the reference and the path of other dtypes. Steps 2-4 remain for other gates, a post-expert norm and
+CUDA.
 
 Everything is differentiable w.r.t. the hidden states, the expert weights (and biases) and the routing weights
 (autograd of the torch ops used; ``grouped_mm`` has a registered backward, an opaque op chosen like its forward);
@@ -325,6 +328,20 @@ def _gate_backward(h: Tensor, grad: Tensor, gate: str, alpha: float, limit: floa
     return dh
 
 
+#: Tests only: False keeps :func:`expert_mlp` on its Python loop (the reference of the extension's kernel).
+NATIVE_MLP = True
+
+
+def _native_mlp(x: Tensor) -> bool:
+    """Whether :func:`expert_mlp` runs the extension's kernel (lib/Runtime/Torch/ExpertOps.cpp: the experts spread
+    over torch's threads, BLAS on per-thread scratch, the same sum order): f32/f64 CPU tensors, the extension loaded."""
+    if not NATIVE_MLP or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+        return False
+    from .runtime import extension
+
+    return extension.library_path is not None and hasattr(torch.ops.moe_mlir, "expert_mlp_cpu")
+
+
 @torch.library.custom_op("moe_mlir::expert_mlp", mutates_args=())
 def _expert_mlp_op(x: Tensor, token: Tensor, offsets: Tensor, row_weight: Tensor, w1: Tensor, b1: Optional[Tensor],
                    w2: Tensor, b2: Optional[Tensor], gate: str, alpha: float, limit: float) -> Tensor:
@@ -333,6 +350,8 @@ def _expert_mlp_op(x: Tensor, token: Tensor, offsets: Tensor, row_weight: Tensor
     if token.numel() and int(offsets[-1]) != token.shape[0]:
         raise ValueError(f"expert_mlp: offsets[-1] = {int(offsets[-1])} must equal the number of rows "
                          f"{token.shape[0]}")
+    if _native_mlp(x):
+        return torch.ops.moe_mlir.expert_mlp_cpu(x, token, offsets, row_weight, w1, b1, w2, b2, gate, alpha, limit)
     spans = list(_spans(offsets))
     rows = max((b - a for _, a, b in spans), default=0)
     i = w2.shape[2]
@@ -364,6 +383,9 @@ def _expert_mlp_backward_op(grad: Tensor, x: Tensor, token: Tensor, offsets: Ten
                             limit: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Gradients of :func:`expert_mlp` w.r.t. x, row_weight, w1, b1, w2, b2 (each expert's forward recomputed;
     the bias gradients are empty ``[0]`` tensors where there is no bias)."""
+    if _native_mlp(x) and int(offsets[-1]) == token.shape[0]:
+        return torch.ops.moe_mlir.expert_mlp_backward_cpu(grad, x, token, offsets, row_weight, w1, b1, w2, b2, gate,
+                                                          alpha, limit)
     grad_x, grad_rw = torch.zeros_like(x), torch.zeros_like(row_weight)
     grad_w1, grad_w2 = torch.zeros(w1.shape, dtype=w1.dtype), torch.zeros(w2.shape, dtype=w2.dtype)
     grad_b1 = torch.zeros((w1.shape[0], w1.shape[1]) if b1 is not None else (0,), dtype=x.dtype)
@@ -421,9 +443,10 @@ def expert_mlp(x: Tensor, token: Tensor, offsets: Tensor, row_weight: Tensor, w1
     ``token[r] = t``, ``e`` the expert of row ``r`` (rows ``offsets[e]:offsets[e+1]``), in increasing expert order.
 
     One opaque op (``torch.ops.moe_mlir.expert_mlp``, CPU, with a registered backward that recomputes each expert's
-    forward): per expert, the gather of its rows, both projections (``F.linear``'s BLAS calls on the weight slices,
-    no copies), the gate (:data:`GATES`) and the routing weight, and ``index_add_`` into the output, all in buffers
-    reused across experts — nothing of size rows x features goes through memory.
+    forward): per expert, the gather of its rows, both projections (BLAS on the weight slices, no copies), the gate
+    (:data:`GATES`) and the routing weight, summed into the output in increasing expert order, all in buffers
+    reused across experts — nothing of size rows x features but the weighted outputs goes through memory. f32/f64
+    run the extension's kernel (experts over torch's threads), other dtypes the Python loop.
 
     Args:
         x: ``[T, D]``; token: ``[S]`` the token of each expert-sorted row; offsets: ``[E+1]``; row_weight: ``[S]``;

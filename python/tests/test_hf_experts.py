@@ -428,6 +428,113 @@ def test_expert_mlp_bad_inputs_are_errors():
         X.expert_mlp(x.float(), token, offsets, rw, w1, w2, gate)
 
 
+def _routed_mlp_inputs(t, e, k, gate, bias, seed, d=24, i=8, n=24, transposed=False):
+    """A routing's expert-sorted rows (topk of random logits, several experts without rows when T * k < E)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, d, generator=g)
+    idx = torch.randn(t, e, generator=g).topk(k, dim=-1).indices.flatten()
+    order = torch.sort(idx, stable=True).indices
+    token = order // k
+    offsets = torch.zeros(e + 1, dtype=torch.long)
+    offsets[1:] = torch.bincount(idx, minlength=e).cumsum(0)
+    rw = torch.rand(t * k, generator=g)
+    w1 = torch.randn(e, 2 * i, d, generator=g) / d ** 0.5
+    w2 = torch.randn(e, n, i, generator=g) / i ** 0.5
+    if transposed:  # gpt-oss's storage: [E, D, 2I] and [E, I, N] viewed as [E, 2I, D] and [E, N, I]
+        w1, w2 = w1.transpose(1, 2).contiguous().transpose(1, 2), w2.transpose(1, 2).contiguous().transpose(1, 2)
+    b1 = torch.randn(e, 2 * i, generator=g) if bias else None
+    b2 = torch.randn(e, n, generator=g) if bias else None
+    kw = dict(alpha=1.702, limit=0.8) if gate == "clamped_glu" else {}
+    return (x, token, offsets, rw, w1, w2, gate), dict(b1=b1, b2=b2, **kw)
+
+
+def _mlp_and_grads(args, kw, native):
+    """expert_mlp's output and the gradients of x, row_weight, w1, w2 (and the biases) on its kernel or its loop."""
+    x, token, offsets, rw, w1, w2, gate = args
+    leaves = [t.detach().clone().requires_grad_(True) for t in (x, rw, w1, w2)]
+    biases = {n: (b.detach().clone().requires_grad_(True) if b is not None else None) for n, b in
+              (("b1", kw["b1"]), ("b2", kw["b2"]))}
+    old, X.NATIVE_MLP = X.NATIVE_MLP, native
+    try:
+        assert X._native_mlp(x) == native
+        out = X.expert_mlp(leaves[0], token, offsets, leaves[1], leaves[2], leaves[3], gate,
+                           **dict(kw, **biases))
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    finally:
+        X.NATIVE_MLP = old
+    return [out.detach()] + [t.grad for t in leaves] + [b.grad for b in biases.values() if b is not None]
+
+
+@pytest.mark.skipif(not X._native_mlp(torch.zeros(1)), reason="the torch extension is not built")
+@pytest.mark.parametrize("gate", X.GATES)
+@pytest.mark.parametrize("t,e,k", [(1, 16, 4), (7, 16, 2), (64, 32, 8), (33, 4, 4), (3, 64, 1)])
+def test_expert_mlp_kernel_equals_its_python_loop(gate, t, e, k):
+    """lib/Runtime/Torch/ExpertOps.cpp (f32: the experts over torch's threads, BLAS on scratch) against the op's
+    Python loop on real routings: decode (T = 1), experts without rows, k = E, one row per expert; with biases and
+    transposed weights for gpt-oss's gate. Output and every gradient."""
+    bias = gate == "clamped_glu"
+    args, kw = _routed_mlp_inputs(t, e, k, gate, bias, seed=t * 100 + e, transposed=bias)
+    got, want = _mlp_and_grads(args, kw, native=True), _mlp_and_grads(args, kw, native=False)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **GRAD_TOL)
+
+
+@pytest.mark.skipif(not X._native_mlp(torch.zeros(1)), reason="the torch extension is not built")
+def test_expert_mlp_kernel_sums_in_expert_order_whatever_the_threads():
+    """Each token's rows are summed in increasing expert order from zero (eager's index_add_ order), not in the
+    order threads finish: the same bits with 1 and 2 threads and on every call, at a size that spreads the experts
+    over the threads."""
+    args, kw = _routed_mlp_inputs(256, 64, 8, "silu_glu", False, seed=5, d=64, i=32, n=64)
+    threads = torch.get_num_threads()
+    try:
+        runs = []
+        for n in (1, 2, 2):
+            torch.set_num_threads(n)
+            runs.append(_mlp_and_grads(args, kw, native=True))
+    finally:
+        torch.set_num_threads(threads)
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not X._native_mlp(torch.zeros(1)), reason="the torch extension is not built")
+def test_expert_mlp_kernel_rejects_bad_operands_before_reading_them():
+    """Called directly (torch.ops.moe_mlir.expert_mlp_cpu skips the Python checks): tokens outside [0, T), offsets
+    that decrease or do not end at S, other dtypes and zero-sized dimensions give the kernel's own message."""
+    args, kw = _routed_mlp_inputs(5, 4, 2, "silu_glu", False, seed=1)
+    x, token, offsets, rw, w1, w2, gate = args
+    op = torch.ops.moe_mlir.expert_mlp_cpu
+
+    def call(**over):
+        a = dict(x=x, token=token, offsets=offsets, rw=rw, w1=w1, w2=w2, gate=gate)
+        a.update(over)
+        return op(a["x"], a["token"], a["offsets"], a["rw"], a["w1"], None, a["w2"], None, a["gate"], 1.0,
+                  float("inf"))
+
+    bad = token.clone()
+    bad[3] = 5
+    with pytest.raises(RuntimeError, match=r"token holds 5, outside \[0, 5\)"):
+        call(token=bad)
+    bad[3] = -1
+    with pytest.raises(RuntimeError, match=r"token holds -1"):
+        call(token=bad)
+    with pytest.raises(RuntimeError, match="must not decrease"):
+        call(offsets=torch.tensor([0, 6, 4, 8, 10]))
+    with pytest.raises(RuntimeError, match="from 0 to the number of rows 10"):
+        call(offsets=torch.tensor([0, 2, 4, 8, 9]))
+    with pytest.raises(RuntimeError, match="float32 or float64"):
+        call(x=x.half())
+    with pytest.raises(RuntimeError, match="gate must be one of"):
+        call(gate="relu")
+    with pytest.raises(RuntimeError, match="do not fit"):
+        call(w2=w2[:, :, :3])
+    # zero-sized features: D = 0 (the hidden is the bias-free zero), N = 0
+    out = call(x=x[:, :0], w1=w1[:, :, :0])
+    assert out.shape == (5, w2.shape[1]) and torch.equal(out, torch.zeros_like(out))
+    assert call(w2=w2[:, :0]).shape == (5, 0)
+
+
 def test_the_gates_taken_by_the_fused_loop_and_the_others():
     """HF's default gate with SiLU and gpt-oss's gate run the fused loop; another activation, a subclass's own gate
     or a post-expert norm keep the generic path: all equal HF's own implementations."""

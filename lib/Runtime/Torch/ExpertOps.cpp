@@ -1,0 +1,513 @@
+//===- ExpertOps.cpp - The CPU kernel of moe_mlir::expert_mlp -------------===//
+//
+// Part of the MoE-MLIR project.
+//
+//===----------------------------------------------------------------------===//
+//
+// torch.ops.moe_mlir.expert_mlp_cpu and expert_mlp_backward_cpu: the bodies of
+// moe_mlir::expert_mlp and its backward (python/moe_mlir/experts.py) on f32 and
+// f64 CPU tensors. The Python op's loop issues ~7 torch calls per expert with
+// rows; at E = 256 that per-call overhead (~4 us each) was most of a whole
+// model's prefill and decode, and each call's small GEMM ran on one core.
+// Here the experts are spread over torch's threads (at::parallel_for), each
+// expert's rows go through two BLAS GEMMs (sgemm_/dgemm_ of the BLAS torch
+// links) in per-thread scratch that stays in cache, and the gate, the bias
+// and the routing weight are plain loops over that scratch.
+//
+// The result is HF's eager sum in its order: each expert-sorted row's output
+// lands in its own row of a [S, N] buffer, then every token sums its rows in
+// increasing row (= expert) order from zero, the order of eager's index_add_
+// over the experts: no atomics, the same bits whatever the thread count.
+// The backward recomputes each expert's forward (nothing of size S x 2I is
+// saved) and sums the input gradient the same way.
+//
+// The Python loop stays the op's reference and its path for other dtypes.
+//
+//===----------------------------------------------------------------------===//
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <vector>
+
+// The BLAS that libtorch_cpu links (MKL, OpenBLAS) exports the Fortran GEMMs;
+// weak, so that a torch without them loads the extension and takes at::mm.
+extern "C" {
+void sgemm_(const char *transa, const char *transb, const int *m, const int *n,
+            const int *k, const float *alpha, const float *a, const int *lda,
+            const float *b, const int *ldb, const float *beta, float *c,
+            const int *ldc) __attribute__((weak));
+void dgemm_(const char *transa, const char *transb, const int *m, const int *n,
+            const int *k, const double *alpha, const double *a, const int *lda,
+            const double *b, const int *ldb, const double *beta, double *c,
+            const int *ldc) __attribute__((weak));
+}
+
+namespace {
+
+using at::Tensor;
+
+/// A strided matrix view: element (i, j) at p[i * rs + j * cs]; one of the
+/// strides is 1 (the BLAS layouts).
+template <typename T> struct Mat {
+  const T *p;
+  int64_t rows, cols, rs, cs;
+};
+
+template <typename T> Mat<T> rowMajor(const T *p, int64_t rows, int64_t cols) {
+  return {p, rows, cols, cols, 1};
+}
+
+/// Expert e's matrix of a [E, R, C] weight (any strides with a unit one:
+/// ensureBlasLayout made sure).
+template <typename T> Mat<T> slice(const Tensor &w, int64_t e) {
+  return {w.const_data_ptr<T>() + e * w.stride(0), w.size(1), w.size(2),
+          w.stride(1), w.stride(2)};
+}
+
+/// A weight as BLAS can read its matrices: a unit stride in one of the last
+/// two dimensions and a leading dimension that covers the other.
+Tensor ensureBlasLayout(const Tensor &w) {
+  int64_t r = w.size(1), c = w.size(2);
+  bool rowMajorOk = w.stride(2) == 1 && w.stride(1) >= std::max<int64_t>(c, 1);
+  bool colMajorOk = w.stride(1) == 1 && w.stride(2) >= std::max<int64_t>(r, 1);
+  return rowMajorOk || colMajorOk ? w : w.contiguous();
+}
+
+/// C [m, n] (row-major, ldc) = A [m, k] . B [k, n] + beta * C.
+template <typename T>
+void gemm(const Mat<T> &a, const Mat<T> &b, T beta, T *c, int64_t ldc) {
+  int64_t m = a.rows, n = b.cols, k = a.cols;
+  if (m == 0 || n == 0)
+    return;
+  if (k == 0) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+    return;
+  }
+  // Column-major BLAS computes C^T [n, m] = B^T [n, k] . A^T [k, m]. A
+  // row-major matrix (unit column stride) is its transpose in column-major.
+  auto op = [](const Mat<T> &x, int64_t ldMin, char &trans, int &ld) {
+    if (x.cs == 1 && (x.rs >= ldMin || x.rows == 1)) {
+      trans = 'N';
+      ld = static_cast<int>(std::max<int64_t>(x.rs, ldMin));
+    } else {
+      trans = 'T';
+      ld = static_cast<int>(std::max<int64_t>(x.cs, x.rows));
+    }
+  };
+  char ta, tb;
+  int lda, ldb;
+  op(b, n, ta, lda); // B^T as column-major [n, k]
+  op(a, k, tb, ldb); // A^T as column-major [k, m]
+  int M = static_cast<int>(n), N = static_cast<int>(m), K = static_cast<int>(k);
+  int LDC = static_cast<int>(ldc);
+  T one = 1;
+  if constexpr (std::is_same_v<T, float>) {
+    if (sgemm_) {
+      sgemm_(&ta, &tb, &M, &N, &K, &one, b.p, &lda, a.p, &ldb, &beta, c, &LDC);
+      return;
+    }
+  } else {
+    if (dgemm_) {
+      dgemm_(&ta, &tb, &M, &N, &K, &one, b.p, &lda, a.p, &ldb, &beta, c, &LDC);
+      return;
+    }
+  }
+  // No Fortran BLAS exported: the same product through ATen.
+  auto opts = at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
+  auto view = [&](const Mat<T> &x) {
+    return at::from_blob(const_cast<T *>(x.p), {x.rows, x.cols}, {x.rs, x.cs},
+                         opts);
+  };
+  Tensor out = at::from_blob(c, {m, n}, {ldc, 1}, opts);
+  at::addmm_out(out, out, view(a), view(b), beta, 1);
+}
+
+enum class Gate { SiluGlu, ClampedGlu };
+
+Gate parseGate(c10::string_view gate) {
+  if (gate == "silu_glu")
+    return Gate::SiluGlu;
+  TORCH_CHECK(gate == "clamped_glu",
+              "expert_mlp: gate must be one of ('silu_glu', 'clamped_glu'), "
+              "got '", std::string(gate), "'");
+  return Gate::ClampedGlu;
+}
+
+template <typename T> T sigmoid(T v) { return T(1) / (T(1) + std::exp(-v)); }
+
+/// act [n, I] = gate(h [n, 2I]) as HF computes it: SiLU(g) * u with g, u the
+/// halves of h (silu_glu), or gpt-oss's (clamp(u, -l, l) + 1) * g' *
+/// sigmoid(alpha g'), g' = min(g, l), with g, u interleaved (clamped_glu).
+template <typename T>
+void gateForward(Gate gate, const T *h, int64_t n, int64_t I, T alpha, T limit,
+                 T *act) {
+  for (int64_t r = 0; r < n; ++r) {
+    const T *hr = h + r * 2 * I;
+    T *ar = act + r * I;
+    if (gate == Gate::SiluGlu) {
+      for (int64_t j = 0; j < I; ++j) {
+        T g = hr[j];
+        ar[j] = g / (T(1) + std::exp(-g)) * hr[I + j];
+      }
+    } else {
+      for (int64_t j = 0; j < I; ++j) {
+        T g = std::min(hr[2 * j], limit);
+        T u = std::min(std::max(hr[2 * j + 1], -limit), limit);
+        ar[j] = (u + T(1)) * (g * sigmoid(g * alpha));
+      }
+    }
+  }
+}
+
+/// dh [n, 2I] = d gate(h) / dh applied to da [n, I] (clamp's gradient as
+/// torch's: 1 inside the open range, 0 at and beyond the bounds).
+template <typename T>
+void gateBackward(Gate gate, const T *h, const T *da, int64_t n, int64_t I,
+                  T alpha, T limit, T *dh) {
+  for (int64_t r = 0; r < n; ++r) {
+    const T *hr = h + r * 2 * I, *dr = da + r * I;
+    T *out = dh + r * 2 * I;
+    if (gate == Gate::SiluGlu) {
+      for (int64_t j = 0; j < I; ++j) {
+        T g = hr[j], u = hr[I + j], s = sigmoid(g);
+        out[I + j] = dr[j] * (g * s);
+        out[j] = dr[j] * u * s * (T(1) + g * (T(1) - s));
+      }
+    } else {
+      for (int64_t j = 0; j < I; ++j) {
+        T g = hr[2 * j], u = hr[2 * j + 1];
+        T gc = std::min(g, limit), s = sigmoid(gc * alpha);
+        T uc = std::min(std::max(u, -limit), limit);
+        out[2 * j + 1] = (u > -limit && u < limit) ? dr[j] * (gc * s) : T(0);
+        out[2 * j] = g < limit ? dr[j] * (uc + T(1)) *
+                                     (s + gc * alpha * s * (T(1) - s))
+                               : T(0);
+      }
+    }
+  }
+}
+
+/// The operands of one call, checked.
+struct Problem {
+  Tensor x, token, rw, w1, b1, w2, b2;
+  std::vector<int64_t> offsets;
+  int64_t T = 0, D = 0, E = 0, S = 0, I = 0, N = 0;
+  Gate gate = Gate::SiluGlu;
+  double alpha = 1, limit = 0;
+  int64_t maxRows = 0;
+};
+
+Problem check(const char *op, const Tensor &x, const Tensor &token,
+              const Tensor &offsets, const Tensor &rowWeight, const Tensor &w1,
+              const std::optional<Tensor> &b1, const Tensor &w2,
+              const std::optional<Tensor> &b2, c10::string_view gate,
+              double alpha, double limit) {
+  Problem p;
+  p.gate = parseGate(gate);
+  TORCH_CHECK(x.dim() == 2 && w1.dim() == 3 && w2.dim() == 3, op,
+              ": x must be [T, D], w1 [E, 2I, D] and w2 [E, N, I], got ",
+              x.sizes(), ", ", w1.sizes(), ", ", w2.sizes());
+  for (const Tensor *t : {&x, &w1, &w2})
+    for (int64_t s : t->sizes())
+      TORCH_CHECK(s < std::numeric_limits<int>::max(), op,
+                  ": dimensions of 2^31 or more are not supported (BLAS "
+                  "indices), got ", t->sizes());
+  p.T = x.size(0);
+  p.D = x.size(1);
+  p.E = w1.size(0);
+  TORCH_CHECK(w1.size(2) == p.D && w1.size(1) % 2 == 0 &&
+                  w2.size(0) == p.E && w2.size(2) == w1.size(1) / 2,
+              op, ": w1 ", w1.sizes(), " and w2 ", w2.sizes(),
+              " do not fit x ", x.sizes(), " (w1 [E, 2I, D], w2 [E, N, I])");
+  p.I = w2.size(2);
+  p.N = w2.size(1);
+  auto dt = x.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kDouble, op,
+              ": x must be float32 or float64, got ", dt);
+  for (const Tensor *t : {&x, &token, &offsets, &rowWeight, &w1, &w2})
+    TORCH_CHECK(t->device().is_cpu(), op, ": every tensor must be on the CPU");
+  TORCH_CHECK(w1.scalar_type() == dt && w2.scalar_type() == dt &&
+                  rowWeight.scalar_type() == dt,
+              op, ": w1, w2 and row_weight must have the dtype of x (", dt,
+              ")");
+  TORCH_CHECK(token.dim() == 1 && rowWeight.dim() == 1 &&
+                  rowWeight.size(0) == token.size(0) &&
+                  at::isIntegralType(token.scalar_type(), false),
+              op, ": token (integer) and row_weight must be [S], got ",
+              token.sizes(), " and ", rowWeight.sizes());
+  p.S = token.size(0);
+  TORCH_CHECK(offsets.dim() == 1 && offsets.size(0) == p.E + 1 &&
+                  (offsets.scalar_type() == at::kInt ||
+                   offsets.scalar_type() == at::kLong),
+              op, ": offsets must be an integer [E+1] = [", p.E + 1,
+              "] tensor, got ", offsets.scalar_type(), " ", offsets.sizes());
+  auto bias = [&](const std::optional<Tensor> &b, const char *name,
+                  int64_t n) -> Tensor {
+    if (!b || !b->defined())
+      return Tensor();
+    TORCH_CHECK(b->dim() == 2 && b->size(0) == p.E && b->size(1) == n, op,
+                ": ", name, " must be [", p.E, ", ", n, "], got ", b->sizes());
+    TORCH_CHECK(b->scalar_type() == dt && b->device().is_cpu(), op, ": ",
+                name, " must be a CPU ", dt, " tensor");
+    return b->contiguous();
+  };
+  p.b1 = bias(b1, "b1", 2 * p.I);
+  p.b2 = bias(b2, "b2", p.N);
+  Tensor off = offsets.to(at::kLong).contiguous();
+  p.offsets.assign(off.const_data_ptr<int64_t>(),
+                   off.const_data_ptr<int64_t>() + p.E + 1);
+  TORCH_CHECK(p.offsets[0] == 0 && p.offsets[p.E] == p.S, op,
+              ": offsets must run from 0 to the number of rows ", p.S,
+              ", got ", p.offsets[0], " ... ", p.offsets[p.E]);
+  for (int64_t e = 0; e < p.E; ++e) {
+    int64_t n = p.offsets[e + 1] - p.offsets[e];
+    TORCH_CHECK(n >= 0, op, ": offsets must not decrease (expert ", e, ")");
+    p.maxRows = std::max(p.maxRows, n);
+  }
+  p.token = token.to(at::kLong).contiguous();
+  if (p.S) {
+    const int64_t *tk = p.token.const_data_ptr<int64_t>();
+    auto [lo, hi] = std::minmax_element(tk, tk + p.S);
+    TORCH_CHECK(*lo >= 0 && *hi < p.T, op, ": token holds ", *lo < 0 ? *lo : *hi,
+                ", outside [0, ", p.T, ")");
+  }
+  p.x = x.contiguous();
+  p.rw = rowWeight.contiguous();
+  p.w1 = ensureBlasLayout(w1);
+  p.w2 = ensureBlasLayout(w2);
+  p.alpha = alpha;
+  p.limit = limit;
+  return p;
+}
+
+/// The experts with rows, split over torch's threads by their rows' work
+/// (small calls on the caller alone: a team costs more than it saves).
+template <typename F> void forExperts(const Problem &p, int64_t perRow, F f) {
+  int64_t work = p.S * perRow;
+  int64_t grain = work > (int64_t{1} << 18) ? 1 : p.E;
+  at::parallel_for(0, p.E, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t e = begin; e < end; ++e)
+      if (p.offsets[e + 1] > p.offsets[e])
+        f(e, p.offsets[e], p.offsets[e + 1]);
+  });
+}
+
+/// out [T, C] = for each token, the sum of its rows of `rows` [S, C] in
+/// increasing row order, from zero (eager's index_add_ over the experts).
+template <typename T>
+void sumRowsPerToken(const Problem &p, const T *rows, int64_t C, T *out) {
+  std::vector<int64_t> start(p.T + 1, 0), order(p.S);
+  const int64_t *tk = p.token.const_data_ptr<int64_t>();
+  for (int64_t r = 0; r < p.S; ++r)
+    ++start[tk[r] + 1];
+  for (int64_t t = 0; t < p.T; ++t)
+    start[t + 1] += start[t];
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
+  for (int64_t r = 0; r < p.S; ++r)
+    order[fill[tk[r]]++] = r;
+  at::parallel_for(0, p.T, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)),
+                   [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      T *o = out + t * C;
+      std::fill(o, o + C, T(0));
+      for (int64_t i = start[t]; i < start[t + 1]; ++i) {
+        const T *y = rows + order[i] * C;
+        for (int64_t j = 0; j < C; ++j)
+          o[j] += y[j];
+      }
+    }
+  });
+}
+
+/// Per thread: expert e's rows gathered, h = x_e w1[e]^T + b1[e], act.
+template <typename T> struct Scratch {
+  std::vector<T> xe, h, act;
+  explicit Scratch(const Problem &p)
+      : xe(p.maxRows * p.D), h(p.maxRows * 2 * p.I), act(p.maxRows * p.I) {}
+
+  /// The forward of expert e's rows [a, b) up to act.
+  void hidden(const Problem &p, int64_t e, int64_t a, int64_t b) {
+    int64_t n = b - a;
+    const T *x = p.x.const_data_ptr<T>();
+    const int64_t *tk = p.token.const_data_ptr<int64_t>();
+    for (int64_t r = 0; r < n; ++r)
+      std::copy_n(x + tk[a + r] * p.D, p.D, xe.data() + r * p.D);
+    Mat<T> w1 = slice<T>(p.w1, e);
+    Mat<T> w1t{w1.p, w1.cols, w1.rows, w1.cs, w1.rs}; // [D, 2I]
+    if (p.b1.defined()) {
+      const T *b1 = p.b1.const_data_ptr<T>() + e * 2 * p.I;
+      for (int64_t r = 0; r < n; ++r)
+        std::copy_n(b1, 2 * p.I, h.data() + r * 2 * p.I);
+    }
+    gemm<T>(rowMajor<T>(xe.data(), n, p.D), w1t, p.b1.defined() ? T(1) : T(0),
+            h.data(), 2 * p.I);
+    gateForward<T>(p.gate, h.data(), n, p.I, T(p.alpha), T(p.limit),
+                   act.data());
+  }
+
+  /// y [n, N] (row-major, ldy = N) = act w2[e]^T + b2[e].
+  void output(const Problem &p, int64_t e, int64_t n, T *y) {
+    Mat<T> w2 = slice<T>(p.w2, e);
+    Mat<T> w2t{w2.p, w2.cols, w2.rows, w2.cs, w2.rs}; // [I, N]
+    if (p.b2.defined()) {
+      const T *b2 = p.b2.const_data_ptr<T>() + e * p.N;
+      for (int64_t r = 0; r < n; ++r)
+        std::copy_n(b2, p.N, y + r * p.N);
+    }
+    gemm<T>(rowMajor<T>(act.data(), n, p.I), w2t, p.b2.defined() ? T(1) : T(0),
+            y, p.N);
+  }
+};
+
+template <typename T> Tensor forward(const Problem &p) {
+  Tensor out = at::empty({p.T, p.N}, p.x.options());
+  Tensor rows = at::empty({p.S, p.N}, p.x.options());
+  T *y = rows.data_ptr<T>();
+  const T *rw = p.rw.const_data_ptr<T>();
+  int64_t perRow = 2 * p.I * p.D + p.N * p.I;
+  int64_t threads = at::get_num_threads();
+  std::vector<std::unique_ptr<Scratch<T>>> scratch(threads);
+  forExperts(p, perRow, [&](int64_t e, int64_t a, int64_t b) {
+    auto &s = scratch[at::get_thread_num()];
+    if (!s)
+      s = std::make_unique<Scratch<T>>(p);
+    s->hidden(p, e, a, b);
+    T *ye = y + a * p.N;
+    s->output(p, e, b - a, ye);
+    // HF's order: the routing weight on the expert's output.
+    for (int64_t r = a; r < b; ++r)
+      for (int64_t j = 0; j < p.N; ++j)
+        y[r * p.N + j] *= rw[r];
+  });
+  sumRowsPerToken<T>(p, y, p.N, out.data_ptr<T>());
+  return out;
+}
+
+template <typename T>
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
+backward(const Problem &p, const Tensor &gradIn) {
+  Tensor grad = gradIn.contiguous();
+  auto opts = p.x.options();
+  Tensor gradX = at::empty({p.T, p.D}, opts);
+  Tensor gradRw = at::empty({p.S}, opts);
+  Tensor gradW1 = at::zeros({p.E, 2 * p.I, p.D}, opts);
+  Tensor gradW2 = at::zeros({p.E, p.N, p.I}, opts);
+  Tensor gradB1 = p.b1.defined() ? at::zeros({p.E, 2 * p.I}, opts)
+                                 : at::zeros({0}, opts);
+  Tensor gradB2 = p.b2.defined() ? at::zeros({p.E, p.N}, opts)
+                                 : at::zeros({0}, opts);
+  Tensor dxRows = at::empty({p.S, p.D}, opts);
+  const T *g = grad.const_data_ptr<T>(), *rw = p.rw.const_data_ptr<T>();
+  const int64_t *tk = p.token.const_data_ptr<int64_t>();
+  T *grw = gradRw.data_ptr<T>(), *dx = dxRows.data_ptr<T>();
+  T *gw1 = gradW1.data_ptr<T>(), *gw2 = gradW2.data_ptr<T>();
+  T *gb1 = p.b1.defined() ? gradB1.data_ptr<T>() : nullptr;
+  T *gb2 = p.b2.defined() ? gradB2.data_ptr<T>() : nullptr;
+  int64_t perRow = 3 * (2 * p.I * p.D + p.N * p.I);
+  int64_t threads = at::get_num_threads();
+  struct Grad {
+    Scratch<T> s;
+    std::vector<T> y, dy, da, dh;
+    explicit Grad(const Problem &p)
+        : s(p), y(p.maxRows * p.N), dy(p.maxRows * p.N),
+          da(p.maxRows * p.I), dh(p.maxRows * 2 * p.I) {}
+  };
+  std::vector<std::unique_ptr<Grad>> scratch(threads);
+  forExperts(p, perRow, [&](int64_t e, int64_t a, int64_t b) {
+    auto &w = scratch[at::get_thread_num()];
+    if (!w)
+      w = std::make_unique<Grad>(p);
+    int64_t n = b - a, N = p.N, I = p.I, D = p.D;
+    w->s.hidden(p, e, a, b);
+    w->s.output(p, e, n, w->y.data());
+    for (int64_t r = 0; r < n; ++r) {
+      const T *gr = g + tk[a + r] * N, *yr = w->y.data() + r * N;
+      T *dyr = w->dy.data() + r * N, dot = 0;
+      for (int64_t j = 0; j < N; ++j) {
+        dot += gr[j] * yr[j];
+        dyr[j] = gr[j] * rw[a + r];
+      }
+      grw[a + r] = dot;
+    }
+    Mat<T> dy = rowMajor<T>(w->dy.data(), n, N);
+    Mat<T> dyT{dy.p, N, n, 1, N};
+    // grad_w2[e] [N, I] = dy^T act; grad_b2[e] = sum_r dy.
+    gemm<T>(dyT, rowMajor<T>(w->s.act.data(), n, I), T(0), gw2 + e * N * I, I);
+    if (gb2)
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < N; ++j)
+          gb2[e * N + j] += dy.p[r * N + j];
+    // da [n, I] = dy w2[e]; dh = gate'(h) da.
+    gemm<T>(dy, slice<T>(p.w2, e), T(0), w->da.data(), I);
+    gateBackward<T>(p.gate, w->s.h.data(), w->da.data(), n, I, T(p.alpha),
+                    T(p.limit), w->dh.data());
+    Mat<T> dh = rowMajor<T>(w->dh.data(), n, 2 * I);
+    Mat<T> dhT{dh.p, 2 * I, n, 1, 2 * I};
+    // grad_w1[e] [2I, D] = dh^T x_e; grad_b1[e] = sum_r dh; dx rows = dh w1[e].
+    gemm<T>(dhT, rowMajor<T>(w->s.xe.data(), n, D), T(0), gw1 + e * 2 * I * D,
+            D);
+    if (gb1)
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < 2 * I; ++j)
+          gb1[e * 2 * I + j] += dh.p[r * 2 * I + j];
+    gemm<T>(dh, slice<T>(p.w1, e), T(0), dx + a * D, D);
+  });
+  sumRowsPerToken<T>(p, dx, p.D, gradX.data_ptr<T>());
+  return {gradX, gradRw, gradW1, gradB1, gradW2, gradB2};
+}
+
+Tensor expertMlp(const Tensor &x, const Tensor &token, const Tensor &offsets,
+                 const Tensor &rowWeight, const Tensor &w1,
+                 const std::optional<Tensor> &b1, const Tensor &w2,
+                 const std::optional<Tensor> &b2, c10::string_view gate,
+                 double alpha, double limit) {
+  Problem p = check("expert_mlp", x, token, offsets, rowWeight, w1, b1, w2, b2,
+                    gate, alpha, limit);
+  return x.scalar_type() == at::kFloat ? forward<float>(p) : forward<double>(p);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
+expertMlpBackward(const Tensor &grad, const Tensor &x, const Tensor &token,
+                  const Tensor &offsets, const Tensor &rowWeight,
+                  const Tensor &w1, const std::optional<Tensor> &b1,
+                  const Tensor &w2, const std::optional<Tensor> &b2,
+                  c10::string_view gate, double alpha, double limit) {
+  Problem p = check("expert_mlp_backward", x, token, offsets, rowWeight, w1,
+                    b1, w2, b2, gate, alpha, limit);
+  TORCH_CHECK(grad.dim() == 2 && grad.size(0) == p.T && grad.size(1) == p.N &&
+                  grad.scalar_type() == x.scalar_type() &&
+                  grad.device().is_cpu(),
+              "expert_mlp_backward: grad must be a CPU ", x.scalar_type(),
+              " [", p.T, ", ", p.N, "] tensor, got ", grad.scalar_type(), " ",
+              grad.sizes());
+  return x.scalar_type() == at::kFloat ? backward<float>(p, grad)
+                                       : backward<double>(p, grad);
+}
+
+} // namespace
+
+// moe_mlir::expert_mlp itself is a Python custom op (its checks, its autograd,
+// its Python loop for other dtypes); these are the kernels its body calls.
+TORCH_LIBRARY_FRAGMENT(moe_mlir, m) {
+  m.def("expert_mlp_cpu(Tensor x, Tensor token, Tensor offsets, "
+        "Tensor row_weight, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, "
+        "str gate, float alpha, float limit) -> Tensor");
+  m.def("expert_mlp_backward_cpu(Tensor grad, Tensor x, Tensor token, "
+        "Tensor offsets, Tensor row_weight, Tensor w1, Tensor? b1, Tensor w2, "
+        "Tensor? b2, str gate, float alpha, float limit) -> (Tensor, Tensor, "
+        "Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(moe_mlir, CPU, m) {
+  m.impl("expert_mlp_cpu", &expertMlp);
+  m.impl("expert_mlp_backward_cpu", &expertMlpBackward);
+}
