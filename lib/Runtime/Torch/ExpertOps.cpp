@@ -289,11 +289,14 @@ Problem check(const char *op, const Tensor &x, const Tensor &token,
   return p;
 }
 
-/// The experts with rows, split over torch's threads by their rows' work
-/// (small calls on the caller alone: a team costs more than it saves).
+/// The experts with rows, split over torch's threads. A call of at most
+/// ~4M multiply-adds (decode: T * k rows of a few dozen experts, ~1 ms on one
+/// core and less) runs on the caller alone: a team's wake-up and join cost
+/// more than they save there, and on a loaded machine a member waits for a
+/// core first (TorchOps.cpp's callCpuKernel has the same rule).
 template <typename F> void forExperts(const Problem &p, int64_t perRow, F f) {
   int64_t work = p.S * perRow;
-  int64_t grain = work > (int64_t{1} << 18) ? 1 : p.E;
+  int64_t grain = work > (int64_t{1} << 22) ? 1 : p.E;
   at::parallel_for(0, p.E, grain, [&](int64_t begin, int64_t end) {
     for (int64_t e = begin; e < end; ++e)
       if (p.offsets[e + 1] > p.offsets[e])
