@@ -127,6 +127,12 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "the tensor-core kernel stages its key and value tiles with 16-byte loads and stores of 8 elements "
            "(where D / K is a multiple of 8 and the operand's base is 16-byte aligned, checked in the kernel) "
            "instead of one element per load. Off until a GPU run has checked it">,
+    Option<"flashMmaAsyncStaging", "flash-mma-async-staging", "bool", /*default=*/"false",
+           "the tensor-core kernel double-buffers its key and value tiles: cp.async copies of 16 bytes "
+           "(nvgpu.device_async_copy, zero-filled past the bounds) of the next tile run while the current one is "
+           "computed, one barrier per tile instead of two (where D / K is a multiple of 8 and the operand's base "
+           "is 16-byte aligned, checked in the kernel; the values without a key mask). Twice the shared memory "
+           "per tile. Off until a GPU run has checked it">,
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect",

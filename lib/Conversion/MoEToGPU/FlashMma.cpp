@@ -66,7 +66,7 @@ std::optional<FlashMmaTile>
 mlir::moe::gpu_lowering::flashMmaTile(const FlashMixSpec &spec, Type qElt,
                                       Type keyElt, Type eElt, int64_t depth,
                                       int64_t sharedMemoryBytes,
-                                      bool wideStaging) {
+                                      bool wideStaging, bool asyncStaging) {
   if (spec.topk || spec.hasBias || spec.hasAddScores)
     return std::nullopt;
   if (!(qElt.isF16() || qElt.isBF16()) || keyElt != qElt || eElt != qElt)
@@ -79,8 +79,13 @@ mlir::moe::gpu_lowering::flashMmaTile(const FlashMixSpec &spec, Type qElt,
   tile.experts = llvm::alignTo(spec.numExperts, 8);
   tile.wideKeys = wideStaging && depth % 8 == 0;
   tile.wideValues = wideStaging && spec.numExperts % 8 == 0;
+  tile.asyncKeys = asyncStaging && depth % 8 == 0;
+  tile.asyncValues =
+      asyncStaging && spec.numExperts % 8 == 0 && !spec.hasKeyMask;
+  tile.buffers = tile.asyncKeys || tile.asyncValues ? 2 : 1;
   for (int64_t cols : {64, 32, 16}) {
-    int64_t bytes = cols * (tile.depth + kPad + tile.experts + kPad) * 2;
+    int64_t bytes =
+        tile.buffers * cols * (tile.depth + kPad + tile.experts + kPad) * 2;
     if (bytes <= sharedMemoryBytes) {
       tile.cols = cols;
       // A thread's fragments (4 registers per 16x8 tile: the query's chunks,
@@ -240,17 +245,22 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     Value ptr = memref::ExtractAlignedPointerAsIndexOp::create(b, memref);
     return kb.eq(kb.remu(ptr, kb.idx(16)), c0);
   };
-  Value keysAligned = alignedBase(keys, tile.wideKeys);
-  Value valuesAligned = alignedBase(e, tile.wideValues);
+  Value keysAligned = alignedBase(keys, tile.wideKeys || tile.asyncKeys);
+  Value valuesAligned = alignedBase(e, tile.wideValues || tile.asyncValues);
   auto maskedValue = [&](Value j, Value v) -> Value {
     // A masked key adds nothing, not 0 · e.
     Value js = kb.select(kb.lt(j, Nk), j, c0);
     return kb.select(kb.load(keyMask, {bi, js}), v,
                      kb.constLike(v.getType(), 0.0));
   };
+  // With `async` (the operand's cp.async staging) the aligned path issues
+  // 16-byte cp.async copies (src-size 0 past the bounds: zeros) into rows
+  // `rowOff` + jj, which the caller commits and waits for.
   auto stageTile = [&](Value src, Value dst, int64_t width, bool wide,
                        Value aligned, Value j0, Value rowLimit, Value colLimit,
-                       function_ref<Value(Value, Value)> masked) {
+                       function_ref<Value(Value, Value)> masked,
+                       Value rowOff = Value(), bool async = false) {
+    auto dstRow = [&](Value jj) { return rowOff ? kb.add(rowOff, jj) : jj; };
     auto elements = [&] {
       kb.forLoop(tid, kb.idx(cols * width), kb.idx(kThreads), [&](Value flat) {
         Value jj = kb.divu(flat, kb.idx(width));
@@ -259,7 +269,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         Value v = loadOrZero(src, bi, j, rowLimit, cc, colLimit);
         if (masked)
           v = masked(j, v);
-        kb.store(v, dst, {jj, cc});
+        kb.store(v, dst, {dstRow(jj), cc});
       });
     };
     if (!wide) {
@@ -267,12 +277,22 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       return;
     }
     int64_t vecs = width / 8;
+    assert((!async || !masked) && "cp.async cannot mask what it copies");
     kb.ifThenElse(aligned, [&] {
       kb.forLoop(tid, kb.idx(cols * vecs), kb.idx(kThreads), [&](Value flat) {
         Value jj = kb.divu(flat, kb.idx(vecs));
         Value cc = kb.mul(kb.remu(flat, kb.idx(vecs)), kb.idx(8));
         Value j = kb.add(j0, jj);
         Value ok = kb.andI(kb.lt(j, rowLimit), kb.lt(cc, colLimit));
+        if (async) {
+          nvgpu::DeviceAsyncCopyOp::create(
+              b, nvgpu::DeviceAsyncTokenType::get(b.getContext()), dst,
+              ValueRange{dstRow(jj), cc}, src,
+              ValueRange{bi, kb.select(ok, j, c0), kb.select(ok, cc, c0)},
+              b.getIndexAttr(8), kb.select(ok, kb.idx(8), c0),
+              b.getUnitAttr());
+          return;
+        }
         Value v = vector::LoadOp::create(
             b, wideType, src,
             ValueRange{bi, kb.select(ok, j, c0), kb.select(ok, cc, c0)},
@@ -299,17 +319,48 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     init.push_back(start.sum);
   }
   const int64_t accCount = expertBlocks * 4;
+  auto stageKeysAndValues = [&](Value j0, Value rowOff) {
+    bool wideK = tile.wideKeys || tile.asyncKeys;
+    bool wideV = tile.wideValues || tile.asyncValues;
+    stageTile(keys, ks, tile.depth, wideK, keysAligned, j0, Nk, D, nullptr,
+              rowOff, tile.asyncKeys);
+    stageTile(e, vs, tile.experts, wideV, valuesAligned, j0, Nk, kb.idx(K),
+              keyMask ? maskedValue : function_ref<Value(Value, Value)>(),
+              rowOff, tile.asyncValues);
+  };
+  // Double buffering (cp.async staging): tile 0 is copied before the loop;
+  // each iteration waits for its tile's copies, then (after a barrier: every
+  // warp is done with the buffer it overwrites, and every thread's copies are
+  // visible) starts the next tile's copies into the other buffer and
+  // computes on its own.
+  const bool doubleBuffered = tile.buffers == 2;
+  if (doubleBuffered) {
+    kb.ifThen(kb.lt(c0, keyEnd), [&] { stageKeysAndValues(c0, c0); });
+    NVVM::CpAsyncCommitGroupOp::create(b);
+  }
   SmallVector<Value> fin = kb.forLoop(
       c0, keyEnd, kb.idx(cols), init,
       [&](Value j0, ValueRange carried) -> SmallVector<Value> {
         // Stage the key and value tiles.
-        kb.barrier();
-        stageTile(keys, ks, tile.depth, tile.wideKeys, keysAligned, j0, Nk, D,
-                  nullptr);
-        stageTile(e, vs, tile.experts, tile.wideValues, valuesAligned, j0, Nk,
-                  kb.idx(K),
-                  keyMask ? maskedValue : function_ref<Value(Value, Value)>());
-        kb.barrier();
+        Value bufRow;
+        if (doubleBuffered) {
+          NVVM::CpAsyncWaitGroupOp::create(b, b.getI32IntegerAttr(0));
+          kb.barrier();
+          Value tileIndex = kb.divu(j0, kb.idx(cols));
+          bufRow = kb.mul(kb.remu(tileIndex, kb.idx(2)), kb.idx(cols));
+          Value next = kb.add(j0, kb.idx(cols));
+          kb.ifThen(kb.lt(next, keyEnd), [&] {
+            stageKeysAndValues(next, kb.sub(kb.idx(cols), bufRow));
+          });
+          NVVM::CpAsyncCommitGroupOp::create(b);
+        } else {
+          kb.barrier();
+          stageKeysAndValues(j0, Value());
+          kb.barrier();
+        }
+        auto tileRow = [&](Value row) {
+          return bufRow ? kb.add(bufRow, row) : row;
+        };
 
         // Logits: keyBlocks tiles of 16 rows x 8 keys, over the chunks.
         SmallVector<SmallVector<Value>> s(keyBlocks,
@@ -322,7 +373,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
             // (nb+1, hi).
             Value row = kb.add(kb.idx(nb * 8), kb.add(ldRow, kb.mul(kb.divu(ldSel, kb.idx(2)), kb.idx(8))));
             Value col = kb.add(kb.idx(16 * c), kb.mul(kb.remu(ldSel, kb.idx(2)), kb.idx(8)));
-            Value kf = m.ldmatrix(ks, row, col, 4, /*transpose=*/false);
+            Value kf = m.ldmatrix(ks, tileRow(row), col, 4, /*transpose=*/false);
             s[nb] = m.mma(qFrag[c], m.rows(kf, 0, 2), s[nb]);
             s[nb + 1] = m.mma(qFrag[c], m.rows(kf, 2, 2), s[nb + 1]);
           }
@@ -387,7 +438,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
             Value row = kb.add(kb.idx(16 * kc),
                               kb.add(ldRow, kb.mul(kb.remu(sel, kb.idx(2)), kb.idx(8))));
             Value col = kb.add(kb.idx(eb * 8), kb.mul(kb.divu(sel, kb.idx(2)), kb.idx(8)));
-            Value vf = m.ldmatrix(vs, row, col, pair ? 4 : 2, /*transpose=*/true);
+            Value vf = m.ldmatrix(vs, tileRow(row), col, pair ? 4 : 2, /*transpose=*/true);
             for (int64_t h = 0; h < (pair ? 2 : 1); ++h) {
               ArrayRef<Value> c(acc.data() + (eb + h) * 4, 4);
               SmallVector<Value> d = m.mma(pFrag, m.rows(vf, 2 * h, 2), c);
@@ -430,8 +481,8 @@ void mlir::moe::gpu_lowering::launchFlashMixMma(HostCode &h, StringRef name,
                                                 Location loc) {
   Type elt = cast<MemRefType>(q.getType()).getElementType();
   SmallVector<Type> workgroup = {
-      workgroupMemRef({tile.cols, tile.depth + kPad}, elt),   // keys
-      workgroupMemRef({tile.cols, tile.experts + kPad}, elt), // values
+      workgroupMemRef({tile.buffers * tile.cols, tile.depth + kPad}, elt),
+      workgroupMemRef({tile.buffers * tile.cols, tile.experts + kPad}, elt),
   };
   GPUKernel kernel(h, name, args, workgroup, {kThreads, 1, 1}, loc);
   kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),

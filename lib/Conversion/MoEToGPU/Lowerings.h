@@ -150,6 +150,15 @@ struct FlashMmaTile {
   /// still takes the element loop for an operand whose base is not 16-byte
   /// aligned.
   bool wideKeys = false, wideValues = false;
+  /// Stage the keys / the values with cp.async (nvgpu.device_async_copy of
+  /// 16 bytes, zero-filled past the tile's bounds) into two buffers, the next
+  /// tile's copies in flight while the current tile is computed
+  /// (flash-mma-async-staging, where D / K is a multiple of 8; the values
+  /// only without a key mask, which must zero masked keys' values after the
+  /// load); `buffers` is then 2. An operand whose base is not 16-byte aligned
+  /// is staged element by element into the same buffers.
+  bool asyncKeys = false, asyncValues = false;
+  int64_t buffers = 1;
 };
 
 /// The largest feature count of the tensor-core kernel (its query fragments
@@ -164,7 +173,8 @@ constexpr int64_t kFlashMmaMaxDepth = 256;
 std::optional<FlashMmaTile> flashMmaTile(const FlashMixSpec &spec, Type qElt,
                                          Type keyElt, Type eElt, int64_t depth,
                                          int64_t sharedMemoryBytes,
-                                         bool wideStaging = false);
+                                         bool wideStaging = false,
+                                         bool asyncStaging = false);
 
 /// launchFlashMix on tensor cores (the same arguments; grid ceil(N / 64) x B,
 /// block 128) with the tiles of flashMmaTile.

@@ -81,7 +81,8 @@ struct ConvertMoEToGPUPass
     RewritePatternSet patterns(&getContext());
     populateMoEToGPUPatterns(patterns,
                              {blockSize, sharedMemoryBytes, topkRounds,
-                              flashMma, balanceKernels, flashMmaWideStaging});
+                              flashMma, balanceKernels, flashMmaWideStaging,
+                              flashMmaAsyncStaging});
     llvm::SmallDenseSet<OperationName> lowered;
     for (const auto &pattern : patterns.getNativePatterns())
       if (std::optional<OperationName> root = pattern->getRootKind())

@@ -87,7 +87,8 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
   if (options.flashMma && !projected)
     mma = flashMmaTile(spec, elementOf(q), elementOf(u), elementOf(e),
                        cast<MemRefType>(u.getType()).getShape()[2],
-                       options.sharedMemoryBytes, options.flashMmaWideStaging);
+                       options.sharedMemoryBytes, options.flashMmaWideStaging,
+                       options.flashMmaAsyncStaging);
   if (mma)
     launchFlashMixMma(h,
                       training ? "similarity_inform_fwd_mma"

@@ -77,6 +77,10 @@ void populateMoEToGPUPatterns(RewritePatternSet &patterns,
   X(bool, flashMmaWideStaging, "flash-mma-wide-staging", false,               \
     "the tensor-core kernel's key and value tiles staged with 16-byte "       \
     "vectors (convert-moe-to-gpu flash-mma-wide-staging); not yet run on a "  \
+    "GPU")                                                                     \
+  X(bool, flashMmaAsyncStaging, "flash-mma-async-staging", false,             \
+    "the tensor-core kernel's key and value tiles double-buffered with "      \
+    "cp.async (convert-moe-to-gpu flash-mma-async-staging); not yet run on a " \
     "GPU")
 
 /// Options of the moe-lower-to-nvvm pipeline (its command-line options and
