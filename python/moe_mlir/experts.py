@@ -61,7 +61,7 @@ from torch import Tensor
 
 from . import ops as _ops  # noqa: F401  (registers torch.ops.moe.dispatch_plan)
 
-__all__ = ["grouped_mm", "expert_mlp", "GATES", "dispatch_experts", "hf_experts_forward", "register", "is_hf_experts",
+__all__ = ["grouped_mm", "hf_grouped_mm_target", "expert_mlp", "GATES", "dispatch_experts", "hf_experts_forward", "register", "is_hf_experts",
            "hf_experts_modules",
            "use_moe_experts", "SelectedExperts", "IMPLEMENTATION"]
 
@@ -184,6 +184,14 @@ def _grouped_mm_padded_backward(grad: Tensor, x: Tensor, w: Tensor, offsets: Ten
     return _like(x, grad_x), _like(w, grad_w)
 
 
+def _native_gemm(x: Tensor, w: Tensor, o: list[int]) -> bool:
+    """Whether the CPU loop of ``moe_mlir::grouped_mm`` runs as the extension's kernel (grouped_mm_cpu in
+    lib/Runtime/Torch/ExpertOps.cpp: the experts' GEMMs spread over torch's threads): f32/f64 CPU operands and
+    offsets from 0 that do not decrease (other offsets keep the loop's own semantics)."""
+    return (_native_mlp(x) and w.dtype == x.dtype and bool(o) and o[0] == 0
+            and all(b >= a for a, b in zip(o, o[1:])))
+
+
 @torch.library.custom_op("moe_mlir::grouped_mm", mutates_args=())
 def _grouped_mm_op(x: Tensor, w: Tensor, offsets: Tensor) -> Tensor:
     _check_grouped(x, w, offsets)
@@ -195,6 +203,8 @@ def _grouped_mm_op(x: Tensor, w: Tensor, offsets: Tensor) -> Tensor:
         raise ValueError(f"grouped_mm: offsets[-1] = {o[-1]} must equal the number of rows {x.shape[0]}")
     if _grouped_mm_path(x.device, o) == "padded":
         return _grouped_mm_padded(x, w, offsets, o)
+    if _native_gemm(x, w, o):
+        return torch.ops.moe_mlir.grouped_mm_cpu(x, w, offsets)
     for e, a, b in _spans(o):
         torch.mm(x[a:b], w[e], out=out[a:b])
     return out
@@ -211,6 +221,9 @@ def _grouped_mm_backward_op(grad: Tensor, x: Tensor, w: Tensor, offsets: Tensor)
     o = offsets.tolist()
     if x.shape[0] and o[-1] == x.shape[0] and _grouped_mm_path(x.device, o) == "padded":
         return _grouped_mm_padded_backward(grad, x, w, offsets, o)
+    if _native_gemm(x, w, o):
+        grad_x, grad_w = torch.ops.moe_mlir.grouped_mm_backward_cpu(grad, x, w, offsets)
+        return grad_x, _like(w, grad_w)
     grad_x = torch.zeros_like(x)
     grad_w = torch.zeros_like(w)
     for e, a, b in _spans(o):
@@ -250,6 +263,81 @@ def grouped_mm(x: Tensor, w: Tensor, offsets: Tensor) -> Tensor:
             and torch.cuda.get_device_capability(x.device) >= (8, 0)):
         return torch.nn.functional.grouped_mm(x, w, offs=offsets[1:].to(torch.int32))
     return _grouped_mm_op(x, w, offsets)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# transformers' grouped GEMM (its CPU fallback under torch.compile) on the extension's kernel
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _hf_op(name: str):
+    return getattr(torch.ops.transformers, name)
+
+
+def _check_ends(x: Tensor, w: Tensor, offs: Tensor) -> None:
+    if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"grouped_mm_ends: x must be [S, K] and w [E, K, N], got {list(x.shape)} and "
+                         f"{list(w.shape)}")
+    if offs.dim() != 1 or offs.shape[0] != w.shape[0] or offs.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"grouped_mm_ends: offs must be an integer [E] = [{w.shape[0]}] tensor (the ends), got "
+                         f"{offs.dtype} {list(offs.shape)}")
+
+
+def _native_ends(x: Tensor, w: Tensor) -> bool:
+    return _native_mlp(x) and w.dtype == x.dtype and x.dim() == 2
+
+
+@torch.library.custom_op("moe_mlir::grouped_mm_ends", mutates_args=())
+def _grouped_mm_ends_op(x: Tensor, w: Tensor, offs: Tensor) -> Tensor:
+    """transformers' ``transformers::grouped_mm_fallback`` (``out[start:end] = x[start:end] @ w[e]`` with ``end =
+    offs[e]`` and ``start`` the previous end, 0 first; rows past the last end are zeros): the extension's kernel on
+    f32/f64 CPU tensors, transformers' own op otherwise."""
+    _check_ends(x, w, offs)
+    if _native_ends(x, w):
+        return torch.ops.moe_mlir.grouped_mm_cpu(x, w, offs)
+    return _hf_op("grouped_mm_fallback")(x, w, offs)
+
+
+@_grouped_mm_ends_op.register_fake
+def _(x, w, offs):
+    _check_ends(x, w, offs)
+    return x.new_empty((x.shape[0], w.shape[2]))
+
+
+@torch.library.custom_op("moe_mlir::grouped_mm_ends_backward", mutates_args=())
+def _grouped_mm_ends_backward_op(grad: Tensor, x: Tensor, w: Tensor, offs: Tensor) -> tuple[Tensor, Tensor]:
+    if _native_ends(x, w):
+        return torch.ops.moe_mlir.grouped_mm_backward_cpu(grad, x, w, offs)
+    grad_x, grad_w = _hf_op("grouped_mm_fallback_backward")(x, w, offs, grad)
+    return grad_x.contiguous(), grad_w.contiguous()
+
+
+@_grouped_mm_ends_backward_op.register_fake
+def _(grad, x, w, offs):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(w.shape)
+
+
+def _grouped_mm_ends_setup(ctx, inputs, output):
+    x, w, offs = inputs
+    ctx.save_for_backward(x, w, offs)
+
+
+def _grouped_mm_ends_backward(ctx, grad):
+    x, w, offs = ctx.saved_tensors
+    grad_x, grad_w = _grouped_mm_ends_backward_op(grad.contiguous(), x, w, offs)
+    return grad_x, grad_w, None
+
+
+_grouped_mm_ends_op.register_autograd(_grouped_mm_ends_backward, setup_context=_grouped_mm_ends_setup)
+
+
+def hf_grouped_mm_target() -> Optional[Any]:
+    """``torch.ops.transformers.grouped_mm_fallback.default`` where transformers registered it (the op its
+    ``grouped_mm`` experts call on CPU and for non-bf16 weights under torch.compile), else None."""
+    try:
+        return torch.ops.transformers.grouped_mm_fallback.default
+    except (AttributeError, RuntimeError):
+        return None
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -263,3 +263,133 @@ def test_cuda_takes_the_padded_path_and_equals_the_loop(dtype, force, monkeypatc
     # cuBLAS may use TF32 for f32 only when allowed (off by default for matmul)
     torch.testing.assert_close(padded, loop, **tol)
     torch.testing.assert_close(padded.double().cpu(), _ref(x.cpu(), w.cpu(), offsets.cpu()), **tol)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The extension's kernel (lib/Runtime/Torch/ExpertOps.cpp: grouped_mm_cpu, grouped_mm_backward_cpu)
+# ----------------------------------------------------------------------------------------------------------------
+
+NATIVE = pytest.mark.skipif(not X._native_mlp(torch.zeros(1)), reason="the torch extension is not built")
+
+
+@NATIVE
+@pytest.mark.parametrize("case", [c for c in COUNTS if COUNTS[c] is not None])
+@pytest.mark.parametrize("transposed", [True, False])
+def test_native_loop_equals_the_python_loop(case, transposed, force, monkeypatch):
+    """The CPU loop of moe_mlir::grouped_mm on the extension's kernel (f32: experts over torch's threads, BLAS on
+    the weight slices) equals the op's Python loop: output, grad_x and grad_w (in w's strides, as the fake says)."""
+    force("loop")
+    x, w, offsets = _inputs(COUNTS[case], transposed=transposed)
+    runs = []
+    for native in (True, False):
+        monkeypatch.setattr(X, "NATIVE_MLP", native)
+        xr, wr = x.clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+        out = X.grouped_mm(xr, wr, offsets)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        runs.append((out.detach(), xr.grad, wr.grad))
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, **F32_TOL)
+    assert runs[0][2].stride() == w.stride()
+
+
+def _ends(counts, extra_rows=0, dtype=torch.int32):
+    return torch.tensor(counts, dtype=torch.long).cumsum(0).to(dtype), sum(counts) + extra_rows
+
+
+ENDS = {
+    "empty experts": ([3, 0, 5, 0, 0, 2, 0], 0),
+    "rows past the last end (expert-parallel sentinels)": ([2, 0, 3], 4),
+    "every row past the ends": ([0, 0, 0], 5),
+    "no rows": ([0, 0], 0),
+    "one expert holds all rows": ([0, 12, 0, 0], 0),
+}
+
+
+@NATIVE
+@pytest.mark.parametrize("case", list(ENDS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_grouped_mm_ends_equals_transformers_fallback(case, dtype):
+    """moe_mlir::grouped_mm_ends (what the moe backend puts in place of transformers::grouped_mm_fallback) equals
+    transformers' op, forward and backward, on its adversarial offsets: experts without rows, rows past the last
+    end (zeros out, zero gradients), no rows at all; nn.Linear-layout weights viewed transposed; int32 and int64
+    ends."""
+    pytest.importorskip("transformers.integrations.moe")
+    counts, extra = ENDS[case]
+    g = torch.Generator().manual_seed(len(counts) + extra)
+    for offs_dtype in (torch.int32, torch.int64):
+        offs, S = _ends(counts, extra, offs_dtype)
+        x = torch.randn(S, 6, generator=g, dtype=dtype)
+        w = torch.randn(len(counts), 5, 6, generator=g, dtype=dtype).transpose(1, 2)  # [E, K=6, N=5]
+        grad = torch.randn(S, 5, generator=g, dtype=dtype)
+        got = torch.ops.moe_mlir.grouped_mm_ends(x, w, offs)
+        want = torch.ops.transformers.grouped_mm_fallback(x, w, offs)
+        torch.testing.assert_close(got, want, **F32_TOL)
+        assert torch.equal(got[int(offs[-1]):], torch.zeros_like(got[int(offs[-1]):]))
+        gx, gw = torch.ops.moe_mlir.grouped_mm_ends_backward(grad, x, w, offs)
+        hx, hw = torch.ops.transformers.grouped_mm_fallback_backward(x, w, offs, grad)
+        torch.testing.assert_close(gx, hx, **F32_TOL)
+        torch.testing.assert_close(gw, hw, **F32_TOL)
+    xd = x.double().requires_grad_(True)
+    wd = w.detach().double().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a, b: torch.ops.moe_mlir.grouped_mm_ends(a, b, offs), (xd, wd))
+    torch.library.opcheck(torch.ops.moe_mlir.grouped_mm_ends.default, (x, w, offs))
+
+
+@NATIVE
+def test_grouped_mm_kernel_rejects_bad_offsets():
+    """The kernel's own checks (the op is reachable directly): decreasing ends, ends past the rows, a first
+    boundary other than 0, the wrong length or dtype: a clear error, nothing read out of bounds."""
+    x, w = torch.randn(6, 4), torch.randn(3, 4, 2)
+    op = torch.ops.moe_mlir.grouped_mm_cpu
+    with pytest.raises(RuntimeError, match="must not decrease"):
+        op(x, w, torch.tensor([3, 2, 6], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="within the 6 rows"):
+        op(x, w, torch.tensor([3, 4, 7]))
+    with pytest.raises(RuntimeError, match=r"offsets\[0\] must be 0"):
+        op(x, w, torch.tensor([1, 3, 4, 6]))
+    with pytest.raises(RuntimeError, match=r"\[E\] \(ends\) or \[E\+1\]"):
+        op(x, w, torch.tensor([3, 6]))
+    with pytest.raises(RuntimeError, match="float32 or float64"):
+        op(x.half(), w.half(), torch.tensor([3, 4, 6]))
+    with pytest.raises(ValueError, match="offs must be an integer"):
+        torch.ops.moe_mlir.grouped_mm_ends(x, w, torch.tensor([3.0, 4.0, 6.0]))
+
+
+@NATIVE
+def test_the_backend_runs_transformers_grouped_experts_on_the_kernel():
+    """HF's default experts implementation ("grouped_mm") under torch.compile calls transformers'
+    grouped_mm_fallback for f32 weights: backend "moe" raises each call to moe_mlir::grouped_mm_ends (counted as
+    experts_gemm), with nothing asked of the user; output and every gradient equal eager's."""
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe import modeling_qwen3_moe as qwen3
+
+    from moe_mlir.backends.dynamo import capture_graphs
+
+    cfg = Qwen3MoeConfig(hidden_size=32, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2,
+                         norm_topk_prob=True)
+    cfg._experts_implementation = "grouped_mm"
+
+    def block():
+        m = qwen3.Qwen3MoeSparseMoeBlock(cfg)
+        g = torch.Generator().manual_seed(3)
+        with torch.no_grad():  # HF leaves the experts' weights uninitialized (torch.empty) until post_init
+            for p in m.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        return m
+
+    def first(out):
+        return out[0] if isinstance(out, tuple) else out
+
+    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(4))
+    ref = block()
+    first(ref(x)).square().sum().backward()
+    torch._dynamo.reset()
+    m = block()
+    with capture_graphs() as log:
+        out = first(torch.compile(m, backend="moe")(x))
+    out.square().sum().backward()
+    assert sum(g.counts.get("experts_gemm", 0) for g in log) == 2  # the up and the down projection
+    assert any("moe_mlir.grouped_mm_ends" in g.graph_module.code for g in log)
+    torch.testing.assert_close(out, first(ref(x)), atol=1e-5, rtol=1e-5)
+    for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=lambda s: f"{n}: {s}")

@@ -23,6 +23,14 @@
 //
 // The Python loop stays the op's reference and its path for other dtypes.
 //
+// grouped_mm_cpu and grouped_mm_backward_cpu: one GEMM per expert on its
+// contiguous rows, out[a:b] = x[a:b] . w[e], the experts spread over the
+// threads the same way: the CPU kernel of moe_mlir::grouped_mm (offsets
+// [E+1]) and of moe_mlir::grouped_mm_ends, which the moe backend puts in
+// place of transformers' grouped_mm_fallback (offsets: the [E] ends; rows
+// past the last end are zeros), whose Python loop runs the GEMMs one after
+// the other on one core at the sizes of a decode or a short prefill.
+//
 //===----------------------------------------------------------------------===//
 
 #include <ATen/ATen.h>
@@ -468,6 +476,141 @@ backward(const Problem &p, const Tensor &gradIn) {
   return {gradX, gradRw, gradW1, gradB1, gradW2, gradB2};
 }
 
+/// The row ranges [start[e], end[e]) of a grouped GEMM's experts: offsets
+/// [E+1] (boundaries) or [E] (ends, the first expert's rows from 0).
+struct Groups {
+  std::vector<int64_t> start, end;
+  int64_t last = 0; // rows from `last` on belong to no expert (zeros)
+};
+
+Groups groupsOf(const char *op, const Tensor &offsets, int64_t E, int64_t S) {
+  TORCH_CHECK(offsets.dim() == 1 &&
+                  (offsets.size(0) == E || offsets.size(0) == E + 1) &&
+                  (offsets.scalar_type() == at::kInt ||
+                   offsets.scalar_type() == at::kLong),
+              op, ": offsets must be an integer [E] (ends) or [E+1] tensor, "
+              "E = ", E, ", got ", offsets.scalar_type(), " ", offsets.sizes());
+  Tensor off = offsets.to(at::kLong).contiguous();
+  const int64_t *o = off.const_data_ptr<int64_t>();
+  bool ends = offsets.size(0) == E;
+  Groups g;
+  g.start.resize(E);
+  g.end.resize(E);
+  int64_t prev = ends ? 0 : o[0];
+  TORCH_CHECK(ends || prev == 0, op, ": offsets[0] must be 0, got ", prev);
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t next = o[ends ? e : e + 1];
+    TORCH_CHECK(next >= prev && next <= S, op, ": offsets must not decrease "
+                "and stay within the ", S, " rows, got ", next, " after ", prev,
+                " (expert ", e, ")");
+    g.start[e] = prev;
+    g.end[e] = prev = next;
+  }
+  g.last = prev;
+  return g;
+}
+
+/// The operands of a grouped GEMM x [S, K] . w[e] [K, N], checked.
+struct GroupedProblem {
+  Tensor x, w;
+  Groups groups;
+  int64_t S = 0, K = 0, N = 0, E = 0;
+};
+
+GroupedProblem checkGrouped(const char *op, const Tensor &x, const Tensor &w,
+                            const Tensor &offsets) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 3 && x.size(1) == w.size(1), op,
+              ": x must be [S, K] and w [E, K, N], got ", x.sizes(), " and ",
+              w.sizes());
+  auto dt = x.scalar_type();
+  TORCH_CHECK((dt == at::kFloat || dt == at::kDouble) && w.scalar_type() == dt,
+              op, ": x and w must both be float32 or float64, got ", dt,
+              " and ", w.scalar_type());
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu() &&
+                  offsets.device().is_cpu(),
+              op, ": every tensor must be on the CPU");
+  for (const Tensor *t : {&x, &w})
+    for (int64_t s : t->sizes())
+      TORCH_CHECK(s < std::numeric_limits<int>::max(), op,
+                  ": dimensions of 2^31 or more are not supported (BLAS "
+                  "indices), got ", t->sizes());
+  GroupedProblem p;
+  p.S = x.size(0);
+  p.K = x.size(1);
+  p.E = w.size(0);
+  p.N = w.size(2);
+  p.groups = groupsOf(op, offsets, p.E, p.S);
+  p.x = x.contiguous();
+  p.w = ensureBlasLayout(w);
+  return p;
+}
+
+/// f(e, a, b) for each expert with rows, spread over torch's threads when the
+/// call has more than ~4M multiply-adds (forExperts' rule).
+template <typename F>
+void forGroups(const GroupedProblem &p, int64_t work, F f) {
+  int64_t grain = work > (int64_t{1} << 22) ? 1 : std::max<int64_t>(p.E, 1);
+  at::parallel_for(0, p.E, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t e = begin; e < end; ++e)
+      if (p.groups.end[e] > p.groups.start[e])
+        f(e, p.groups.start[e], p.groups.end[e]);
+  });
+}
+
+template <typename T> Tensor groupedForward(const GroupedProblem &p) {
+  Tensor out = at::empty({p.S, p.N}, p.x.options());
+  T *o = out.data_ptr<T>();
+  const T *x = p.x.const_data_ptr<T>();
+  std::fill(o + p.groups.last * p.N, o + p.S * p.N, T(0));
+  forGroups(p, p.S * p.K * p.N, [&](int64_t e, int64_t a, int64_t b) {
+    gemm<T>(rowMajor<T>(x + a * p.K, b - a, p.K), slice<T>(p.w, e), T(0),
+            o + a * p.N, p.N);
+  });
+  return out;
+}
+
+template <typename T>
+std::tuple<Tensor, Tensor> groupedBackward(const GroupedProblem &p,
+                                           const Tensor &gradIn) {
+  Tensor grad = gradIn.contiguous();
+  Tensor gradX = at::empty({p.S, p.K}, p.x.options());
+  Tensor gradW = at::zeros({p.E, p.K, p.N}, p.x.options());
+  const T *g = grad.const_data_ptr<T>(), *x = p.x.const_data_ptr<T>();
+  T *gx = gradX.data_ptr<T>(), *gw = gradW.data_ptr<T>();
+  std::fill(gx + p.groups.last * p.K, gx + p.S * p.K, T(0));
+  forGroups(p, 2 * p.S * p.K * p.N, [&](int64_t e, int64_t a, int64_t b) {
+    int64_t n = b - a;
+    Mat<T> w = slice<T>(p.w, e);
+    Mat<T> wT{w.p, w.cols, w.rows, w.cs, w.rs}; // [N, K]
+    // grad_x rows = grad rows . w[e]^T; grad_w[e] [K, N] = x rows^T . grad rows.
+    gemm<T>(rowMajor<T>(g + a * p.N, n, p.N), wT, T(0), gx + a * p.K, p.K);
+    Mat<T> xT{x + a * p.K, p.K, n, 1, p.K};
+    gemm<T>(xT, rowMajor<T>(g + a * p.N, n, p.N), T(0), gw + e * p.K * p.N,
+            p.N);
+  });
+  return {gradX, gradW};
+}
+
+Tensor groupedMm(const Tensor &x, const Tensor &w, const Tensor &offsets) {
+  GroupedProblem p = checkGrouped("grouped_mm", x, w, offsets);
+  return x.scalar_type() == at::kFloat ? groupedForward<float>(p)
+                                       : groupedForward<double>(p);
+}
+
+std::tuple<Tensor, Tensor> groupedMmBackward(const Tensor &grad,
+                                             const Tensor &x, const Tensor &w,
+                                             const Tensor &offsets) {
+  GroupedProblem p = checkGrouped("grouped_mm_backward", x, w, offsets);
+  TORCH_CHECK(grad.dim() == 2 && grad.size(0) == p.S && grad.size(1) == p.N &&
+                  grad.scalar_type() == x.scalar_type() &&
+                  grad.device().is_cpu(),
+              "grouped_mm_backward: grad must be a CPU ", x.scalar_type(), " [",
+              p.S, ", ", p.N, "] tensor, got ", grad.scalar_type(), " ",
+              grad.sizes());
+  return x.scalar_type() == at::kFloat ? groupedBackward<float>(p, grad)
+                                       : groupedBackward<double>(p, grad);
+}
+
 Tensor expertMlp(const Tensor &x, const Tensor &token, const Tensor &offsets,
                  const Tensor &rowWeight, const Tensor &w1,
                  const std::optional<Tensor> &b1, const Tensor &w2,
@@ -508,9 +651,14 @@ TORCH_LIBRARY_FRAGMENT(moe_mlir, m) {
         "Tensor offsets, Tensor row_weight, Tensor w1, Tensor? b1, Tensor w2, "
         "Tensor? b2, str gate, float alpha, float limit) -> (Tensor, Tensor, "
         "Tensor, Tensor, Tensor, Tensor)");
+  m.def("grouped_mm_cpu(Tensor x, Tensor w, Tensor offsets) -> Tensor");
+  m.def("grouped_mm_backward_cpu(Tensor grad, Tensor x, Tensor w, "
+        "Tensor offsets) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(moe_mlir, CPU, m) {
   m.impl("expert_mlp_cpu", &expertMlp);
   m.impl("expert_mlp_backward_cpu", &expertMlpBackward);
+  m.impl("grouped_mm_cpu", &groupedMm);
+  m.impl("grouped_mm_backward_cpu", &groupedMmBackward);
 }

@@ -567,6 +567,23 @@ def _rewrite_each(graph: fx.Graph, rewrite: Callable[[fx.Graph, fx.Node], bool])
     return sum(1 for node in list(graph.nodes) if rewrite(graph, node))
 
 
+def _raise_hf_grouped_mm(graph: fx.Graph, node: fx.Node) -> bool:
+    """transformers' grouped GEMM fallback (``transformers::grouped_mm_fallback``: its ``grouped_mm`` experts
+    under torch.compile for weights other than bf16, a Python loop of one ``mm`` per expert) on f32/f64 CPU tensors
+    becomes ``moe_mlir::grouped_mm_ends``, the same product on the extension's kernel (the experts' GEMMs spread
+    over the threads), with its own backward. Elsewhere (CUDA, other dtypes) the node stays transformers'."""
+    from ..experts import _grouped_mm_ends_op, hf_grouped_mm_target
+
+    target = hf_grouped_mm_target()
+    if target is None or node.op != "call_function" or node.target is not target:
+        return False
+    val = _val(node)
+    if val is None or val.device.type != "cpu" or val.dtype not in (torch.float32, torch.float64):
+        return False
+    node.target = _grouped_mm_ends_op._opoverload
+    return True
+
+
 def raise_routing_idioms(gm: fx.GraphModule) -> dict[str, int]:
     """Rewrites the idioms in place; returns how many of each were raised."""
     graph = gm.graph
@@ -580,6 +597,7 @@ def raise_routing_idioms(gm: fx.GraphModule) -> dict[str, int]:
     graph.eliminate_dead_code()
     counts["topk_renorm"] = _rewrite_each(graph, _raise_topk)
     graph.eliminate_dead_code()
+    counts["experts_gemm"] = _rewrite_each(graph, _raise_hf_grouped_mm)
     graph.lint()
     gm.recompile()
     return counts
