@@ -222,7 +222,7 @@ def _grouped_mm_backward_op(grad: Tensor, x: Tensor, w: Tensor, offsets: Tensor)
     if x.shape[0] and o[-1] == x.shape[0] and _grouped_mm_path(x.device, o) == "padded":
         return _grouped_mm_padded_backward(grad, x, w, offsets, o)
     if _native_gemm(x, w, o):
-        grad_x, grad_w = torch.ops.moe_mlir.grouped_mm_backward_cpu(grad, x, w, offsets)
+        grad_x, grad_w = torch.ops.moe_mlir.grouped_mm_backward_cpu(grad, x, w, offsets, grad_w_like_w=True)
         return grad_x, _like(w, grad_w)
     grad_x = torch.zeros_like(x)
     grad_w = torch.zeros_like(w)
@@ -274,10 +274,11 @@ def _hf_op(name: str):
     return getattr(torch.ops.transformers, name)
 
 
-def _check_ends(x: Tensor, w: Tensor, offs: Tensor) -> None:
-    if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[1]:
-        raise ValueError(f"grouped_mm_ends: x must be [S, K] and w [E, K, N], got {list(x.shape)} and "
-                         f"{list(w.shape)}")
+def _check_ends(x: Tensor, w: Tensor, offs: Tensor, transposed: bool) -> None:
+    k = w.shape[2] if transposed and w.dim() == 3 else (w.shape[1] if w.dim() == 3 else None)
+    if x.dim() != 2 or w.dim() != 3 or x.shape[1] != k:
+        raise ValueError(f"grouped_mm_ends: x must be [S, K] and w [E, K, N] ([E, N, K] with transposed), got "
+                         f"{list(x.shape)} and {list(w.shape)}")
     if offs.dim() != 1 or offs.shape[0] != w.shape[0] or offs.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"grouped_mm_ends: offs must be an integer [E] = [{w.shape[0]}] tensor (the ends), got "
                          f"{offs.dtype} {list(offs.shape)}")
@@ -288,44 +289,53 @@ def _native_ends(x: Tensor, w: Tensor) -> bool:
 
 
 @torch.library.custom_op("moe_mlir::grouped_mm_ends", mutates_args=())
-def _grouped_mm_ends_op(x: Tensor, w: Tensor, offs: Tensor) -> Tensor:
+def _grouped_mm_ends_op(x: Tensor, w: Tensor, offs: Tensor, transposed: bool = False) -> Tensor:
     """transformers' ``transformers::grouped_mm_fallback`` (``out[start:end] = x[start:end] @ w[e]`` with ``end =
     offs[e]`` and ``start`` the previous end, 0 first; rows past the last end are zeros): the extension's kernel on
-    f32/f64 CPU tensors, transformers' own op otherwise."""
-    _check_ends(x, w, offs)
+    f32/f64 CPU tensors, transformers' own op otherwise. ``transposed``: ``w`` is ``[E, N, K]`` (an ``nn.Linear``
+    weight, the product is with ``w[e]ᵀ``; its gradient comes in its own layout: no transposing copy when autograd
+    accumulates it into the parameter)."""
+    _check_ends(x, w, offs, transposed)
     if _native_ends(x, w):
-        return torch.ops.moe_mlir.grouped_mm_cpu(x, w, offs)
-    return _hf_op("grouped_mm_fallback")(x, w, offs)
+        return torch.ops.moe_mlir.grouped_mm_cpu(x, w, offs, transposed)
+    return _hf_op("grouped_mm_fallback")(x, w.transpose(1, 2) if transposed else w, offs)
 
 
 @_grouped_mm_ends_op.register_fake
-def _(x, w, offs):
-    _check_ends(x, w, offs)
-    return x.new_empty((x.shape[0], w.shape[2]))
+def _(x, w, offs, transposed=False):
+    _check_ends(x, w, offs, transposed)
+    return x.new_empty((x.shape[0], w.shape[1] if transposed else w.shape[2]))
 
 
 @torch.library.custom_op("moe_mlir::grouped_mm_ends_backward", mutates_args=())
-def _grouped_mm_ends_backward_op(grad: Tensor, x: Tensor, w: Tensor, offs: Tensor) -> tuple[Tensor, Tensor]:
+def _grouped_mm_ends_backward_op(grad: Tensor, x: Tensor, w: Tensor, offs: Tensor,
+                                 transposed: bool = False) -> tuple[Tensor, Tensor]:
+    # Both gradients contiguous, whatever the layout w arrives in: in a compiled backward graph a w that is a view
+    # can arrive with other strides than its fake had, so a layout following w's would not be the fake's.
     if _native_ends(x, w):
-        return torch.ops.moe_mlir.grouped_mm_backward_cpu(grad, x, w, offs)
-    grad_x, grad_w = _hf_op("grouped_mm_fallback_backward")(x, w, offs, grad)
+        grad_x, grad_w = torch.ops.moe_mlir.grouped_mm_backward_cpu(grad, x, w, offs, transposed=transposed)
+    else:
+        grad_x, grad_w = _hf_op("grouped_mm_fallback_backward")(x, w.transpose(1, 2) if transposed else w, offs,
+                                                                  grad)
+        grad_w = grad_w.transpose(1, 2) if transposed else grad_w
     return grad_x.contiguous(), grad_w.contiguous()
 
 
 @_grouped_mm_ends_backward_op.register_fake
-def _(grad, x, w, offs):
+def _(grad, x, w, offs, transposed=False):
     return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(w.shape)
 
 
 def _grouped_mm_ends_setup(ctx, inputs, output):
-    x, w, offs = inputs
+    x, w, offs, transposed = inputs
     ctx.save_for_backward(x, w, offs)
+    ctx.transposed = transposed
 
 
 def _grouped_mm_ends_backward(ctx, grad):
     x, w, offs = ctx.saved_tensors
-    grad_x, grad_w = _grouped_mm_ends_backward_op(grad.contiguous(), x, w, offs)
-    return grad_x, grad_w, None
+    grad_x, grad_w = _grouped_mm_ends_backward_op(grad.contiguous(), x, w, offs, ctx.transposed)
+    return grad_x, grad_w, None, None
 
 
 _grouped_mm_ends_op.register_autograd(_grouped_mm_ends_backward, setup_context=_grouped_mm_ends_setup)
@@ -434,12 +444,12 @@ def _native_mlp(x: Tensor) -> bool:
 def _expert_mlp_op(x: Tensor, token: Tensor, offsets: Tensor, row_weight: Tensor, w1: Tensor, b1: Optional[Tensor],
                    w2: Tensor, b2: Optional[Tensor], gate: str, alpha: float, limit: float) -> Tensor:
     _check_mlp(x, token, offsets, row_weight, w1, b1, w2, b2, gate)
-    out = x.new_zeros((x.shape[0], w2.shape[1]))
     if token.numel() and int(offsets[-1]) != token.shape[0]:
         raise ValueError(f"expert_mlp: offsets[-1] = {int(offsets[-1])} must equal the number of rows "
                          f"{token.shape[0]}")
     if _native_mlp(x):
         return torch.ops.moe_mlir.expert_mlp_cpu(x, token, offsets, row_weight, w1, b1, w2, b2, gate, alpha, limit)
+    out = x.new_zeros((x.shape[0], w2.shape[1]))
     spans = list(_spans(offsets))
     rows = max((b - a for _, a, b in spans), default=0)
     i = w2.shape[2]

@@ -359,7 +359,8 @@ def test_grouped_mm_kernel_rejects_bad_offsets():
 def test_the_backend_runs_transformers_grouped_experts_on_the_kernel():
     """HF's default experts implementation ("grouped_mm") under torch.compile calls transformers'
     grouped_mm_fallback for f32 weights: backend "moe" raises each call to moe_mlir::grouped_mm_ends (counted as
-    experts_gemm), with nothing asked of the user; output and every gradient equal eager's."""
+    experts_gemm), with nothing asked of the user; output and every gradient equal eager's, and the parameters'
+    gradients are contiguous (the parameters' own layout)."""
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe import modeling_qwen3_moe as qwen3
 
@@ -389,7 +390,11 @@ def test_the_backend_runs_transformers_grouped_experts_on_the_kernel():
         out = first(torch.compile(m, backend="moe")(x))
     out.square().sum().backward()
     assert sum(g.counts.get("experts_gemm", 0) for g in log) == 2  # the up and the down projection
-    assert any("moe_mlir.grouped_mm_ends" in g.graph_module.code for g in log)
+    calls = [line for g in log for line in g.graph_module.code.splitlines() if "moe_mlir.grouped_mm_ends" in line]
+    # HF's nn.Linear-layout weights enter as the parameters themselves (transposed=True): their gradients come in
+    # the parameters' layout, no transposing copy in autograd's accumulation
+    assert len(calls) == 2 and all(line.rstrip().split(";")[0].endswith("True)") for line in calls)
     torch.testing.assert_close(out, first(ref(x)), atol=1e-5, rtol=1e-5)
     for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=lambda s: f"{n}: {s}")
+        assert p.grad.is_contiguous(), n

@@ -571,10 +571,22 @@ template <typename T> Tensor groupedForward(const GroupedProblem &p) {
 
 template <typename T>
 std::tuple<Tensor, Tensor> groupedBackward(const GroupedProblem &p,
-                                           const Tensor &gradIn) {
+                                           const Tensor &gradIn,
+                                           bool gradWLikeW) {
   Tensor grad = gradIn.contiguous();
   Tensor gradX = at::empty({p.S, p.K}, p.x.options());
-  Tensor gradW = at::zeros({p.E, p.K, p.N}, p.x.options());
+  // grad_w contiguous, or with `gradWLikeW` in w's layout (zeros_like: the
+  // strides of an nn.Linear weight viewed transposed), so that such a
+  // parameter's gradient needs no transposing copy.
+  Tensor gradW = gradWLikeW ? at::zeros_like(p.w)
+                            : at::zeros({p.E, p.K, p.N}, p.x.options());
+  bool gwRowMajor = gradW.stride(2) == 1 &&
+                    gradW.stride(1) >= std::max<int64_t>(p.N, 1);
+  if (!gwRowMajor && !(gradW.stride(1) == 1 &&
+                       gradW.stride(2) >= std::max<int64_t>(p.K, 1))) {
+    gradW = at::zeros({p.E, p.K, p.N}, p.x.options());
+    gwRowMajor = true;
+  }
   const T *g = grad.const_data_ptr<T>(), *x = p.x.const_data_ptr<T>();
   T *gx = gradX.data_ptr<T>(), *gw = gradW.data_ptr<T>();
   std::fill(gx + p.groups.last * p.K, gx + p.S * p.K, T(0));
@@ -582,33 +594,55 @@ std::tuple<Tensor, Tensor> groupedBackward(const GroupedProblem &p,
     int64_t n = b - a;
     Mat<T> w = slice<T>(p.w, e);
     Mat<T> wT{w.p, w.cols, w.rows, w.cs, w.rs}; // [N, K]
-    // grad_x rows = grad rows . w[e]^T; grad_w[e] [K, N] = x rows^T . grad rows.
-    gemm<T>(rowMajor<T>(g + a * p.N, n, p.N), wT, T(0), gx + a * p.K, p.K);
-    Mat<T> xT{x + a * p.K, p.K, n, 1, p.K};
-    gemm<T>(xT, rowMajor<T>(g + a * p.N, n, p.N), T(0), gw + e * p.K * p.N,
-            p.N);
+    Mat<T> gRows = rowMajor<T>(g + a * p.N, n, p.N);
+    Mat<T> xRows = rowMajor<T>(x + a * p.K, n, p.K);
+    // grad_x rows = grad rows . w[e]^T.
+    gemm<T>(gRows, wT, T(0), gx + a * p.K, p.K);
+    // grad_w[e] [K, N] = x rows^T . grad rows, or its transpose [N, K] =
+    // grad rows^T . x rows where grad_w[e] is column-major.
+    T *gwe = gw + e * gradW.stride(0);
+    if (gwRowMajor)
+      gemm<T>({xRows.p, p.K, n, 1, p.K}, gRows, T(0), gwe, gradW.stride(1));
+    else
+      gemm<T>({gRows.p, p.N, n, 1, p.N}, xRows, T(0), gwe, gradW.stride(2));
   });
   return {gradX, gradW};
 }
 
-Tensor groupedMm(const Tensor &x, const Tensor &w, const Tensor &offsets) {
-  GroupedProblem p = checkGrouped("grouped_mm", x, w, offsets);
+// `transposed`: w is [E, N, K] (an nn.Linear weight, the product is with
+// w[e]^T), and its gradient is returned in that layout, contiguous: a
+// parameter's own, where the gradient of its transposed view would need a
+// transposing copy in autograd's accumulation.
+Tensor groupedMm(const Tensor &x, const Tensor &w, const Tensor &offsets,
+                 bool transposed) {
+  TORCH_CHECK(w.dim() == 3, "grouped_mm: w must be [E, K, N] (or [E, N, K] "
+              "transposed), got ", w.sizes());
+  GroupedProblem p = checkGrouped("grouped_mm", x,
+                                  transposed ? w.transpose(1, 2) : w, offsets);
   return x.scalar_type() == at::kFloat ? groupedForward<float>(p)
                                        : groupedForward<double>(p);
 }
 
 std::tuple<Tensor, Tensor> groupedMmBackward(const Tensor &grad,
                                              const Tensor &x, const Tensor &w,
-                                             const Tensor &offsets) {
-  GroupedProblem p = checkGrouped("grouped_mm_backward", x, w, offsets);
+                                             const Tensor &offsets,
+                                             bool gradWLikeW, bool transposed) {
+  TORCH_CHECK(w.dim() == 3, "grouped_mm_backward: w must be [E, K, N] (or "
+              "[E, N, K] transposed), got ", w.sizes());
+  GroupedProblem p = checkGrouped("grouped_mm_backward", x,
+                                  transposed ? w.transpose(1, 2) : w, offsets);
   TORCH_CHECK(grad.dim() == 2 && grad.size(0) == p.S && grad.size(1) == p.N &&
                   grad.scalar_type() == x.scalar_type() &&
                   grad.device().is_cpu(),
               "grouped_mm_backward: grad must be a CPU ", x.scalar_type(), " [",
               p.S, ", ", p.N, "] tensor, got ", grad.scalar_type(), " ",
               grad.sizes());
-  return x.scalar_type() == at::kFloat ? groupedBackward<float>(p, grad)
-                                       : groupedBackward<double>(p, grad);
+  auto [gradX, gradW] = x.scalar_type() == at::kFloat
+                           ? groupedBackward<float>(p, grad, gradWLikeW || transposed)
+                           : groupedBackward<double>(p, grad, gradWLikeW || transposed);
+  if (transposed)
+    gradW = gradW.transpose(1, 2).contiguous(); // w's layout: no copy when w is
+  return {gradX, gradW};
 }
 
 Tensor expertMlp(const Tensor &x, const Tensor &token, const Tensor &offsets,
@@ -651,9 +685,11 @@ TORCH_LIBRARY_FRAGMENT(moe_mlir, m) {
         "Tensor offsets, Tensor row_weight, Tensor w1, Tensor? b1, Tensor w2, "
         "Tensor? b2, str gate, float alpha, float limit) -> (Tensor, Tensor, "
         "Tensor, Tensor, Tensor, Tensor)");
-  m.def("grouped_mm_cpu(Tensor x, Tensor w, Tensor offsets) -> Tensor");
+  m.def("grouped_mm_cpu(Tensor x, Tensor w, Tensor offsets, "
+        "bool transposed=False) -> Tensor");
   m.def("grouped_mm_backward_cpu(Tensor grad, Tensor x, Tensor w, "
-        "Tensor offsets) -> (Tensor, Tensor)");
+        "Tensor offsets, bool grad_w_like_w=False, bool transposed=False) "
+        "-> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(moe_mlir, CPU, m) {

@@ -581,6 +581,14 @@ def _raise_hf_grouped_mm(graph: fx.Graph, node: fx.Node) -> bool:
     if val is None or val.device.type != "cpu" or val.dtype not in (torch.float32, torch.float64):
         return False
     node.target = _grouped_mm_ends_op._opoverload
+    # An nn.Linear weight [E, N, K] viewed transposed (HF's _grouped_linear without is_transposed): the op takes
+    # the weight itself, so that its gradient comes in the parameter's layout (a transposed view's gradient costs
+    # a transposing copy of every expert's weight gradient when autograd accumulates it).
+    x, w, offs = node.args[:3]
+    if _is_call(w, (aten.transpose.int,)) and sorted(d % 3 for d in w.args[1:3]) == [1, 2]:
+        node.args = (x, w.args[0], offs, True)
+    elif _is_call(w, (aten.permute.default,)) and [d % 3 for d in w.args[1]] == [0, 2, 1]:
+        node.args = (x, w.args[0], offs, True)
     return True
 
 
