@@ -204,10 +204,69 @@ void gateBackward(Gate gate, const T *h, const T *da, int64_t n, int64_t I,
   }
 }
 
+/// The row ranges [start[e], end[e]) of a grouped GEMM's experts: offsets
+/// [E+1] (boundaries) or [E] (ends, the first expert's rows from 0).
+struct Groups {
+  std::vector<int64_t> start, end;
+  int64_t last = 0; // rows from `last` on belong to no expert (zeros)
+};
+
+Groups groupsOf(const char *op, const Tensor &offsets, int64_t E, int64_t S) {
+  TORCH_CHECK(offsets.dim() == 1 &&
+                  (offsets.size(0) == E || offsets.size(0) == E + 1) &&
+                  (offsets.scalar_type() == at::kInt ||
+                   offsets.scalar_type() == at::kLong),
+              op, ": offsets must be an integer [E] (ends) or [E+1] tensor, "
+              "E = ", E, ", got ", offsets.scalar_type(), " ", offsets.sizes());
+  Tensor off = offsets.to(at::kLong).contiguous();
+  const int64_t *o = off.const_data_ptr<int64_t>();
+  bool ends = offsets.size(0) == E;
+  Groups g;
+  g.start.resize(E);
+  g.end.resize(E);
+  int64_t prev = ends ? 0 : o[0];
+  TORCH_CHECK(ends || prev == 0, op, ": offsets[0] must be 0, got ", prev);
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t next = o[ends ? e : e + 1];
+    TORCH_CHECK(next >= prev && next <= S, op, ": offsets must not decrease "
+                "and stay within the ", S, " rows, got ", next, " after ", prev,
+                " (expert ", e, ")");
+    g.start[e] = prev;
+    g.end[e] = prev = next;
+  }
+  g.last = prev;
+  return g;
+}
+
+/// f(e, start, end) for each expert with rows, spread over torch's threads.
+/// A call of at most ~4M multiply-adds (`work`; decode: T * k rows of a few
+/// dozen experts, ~1 ms on one core and less) runs on the caller alone: a
+/// team's wake-up and join cost more than they save there, and on a loaded
+/// machine a member waits for a core first (TorchOps.cpp's callCpuKernel has
+/// the same rule).
+template <typename F> void forEachGroup(const Groups &g, int64_t work, F f) {
+  int64_t E = static_cast<int64_t>(g.start.size());
+  int64_t grain = work > (int64_t{1} << 22) ? 1 : std::max<int64_t>(E, 1);
+  at::parallel_for(0, E, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t e = begin; e < end; ++e)
+      if (g.end[e] > g.start[e])
+        f(e, g.start[e], g.end[e]);
+  });
+}
+
+/// BLAS takes int dimensions.
+void checkBlasDims(const char *op, std::initializer_list<const Tensor *> ts) {
+  for (const Tensor *t : ts)
+    for (int64_t size : t->sizes())
+      TORCH_CHECK(size < std::numeric_limits<int>::max(), op,
+                  ": dimensions of 2^31 or more are not supported (BLAS "
+                  "indices), got ", t->sizes());
+}
+
 /// The operands of one call, checked.
 struct Problem {
   Tensor x, token, rw, w1, b1, w2, b2;
-  std::vector<int64_t> offsets;
+  Groups groups; // the experts' rows
   int64_t T = 0, D = 0, E = 0, S = 0, I = 0, N = 0;
   Gate gate = Gate::SiluGlu;
   double alpha = 1, limit = 0;
@@ -224,11 +283,7 @@ Problem check(const char *op, const Tensor &x, const Tensor &token,
   TORCH_CHECK(x.dim() == 2 && w1.dim() == 3 && w2.dim() == 3, op,
               ": x must be [T, D], w1 [E, 2I, D] and w2 [E, N, I], got ",
               x.sizes(), ", ", w1.sizes(), ", ", w2.sizes());
-  for (const Tensor *t : {&x, &w1, &w2})
-    for (int64_t s : t->sizes())
-      TORCH_CHECK(s < std::numeric_limits<int>::max(), op,
-                  ": dimensions of 2^31 or more are not supported (BLAS "
-                  "indices), got ", t->sizes());
+  checkBlasDims(op, {&x, &w1, &w2});
   p.T = x.size(0);
   p.D = x.size(1);
   p.E = w1.size(0);
@@ -270,23 +325,18 @@ Problem check(const char *op, const Tensor &x, const Tensor &token,
   };
   p.b1 = bias(b1, "b1", 2 * p.I);
   p.b2 = bias(b2, "b2", p.N);
-  Tensor off = offsets.to(at::kLong).contiguous();
-  p.offsets.assign(off.const_data_ptr<int64_t>(),
-                   off.const_data_ptr<int64_t>() + p.E + 1);
-  TORCH_CHECK(p.offsets[0] == 0 && p.offsets[p.E] == p.S, op,
+  p.groups = groupsOf(op, offsets, p.E, p.S);
+  TORCH_CHECK(p.groups.last == p.S, op,
               ": offsets must run from 0 to the number of rows ", p.S,
-              ", got ", p.offsets[0], " ... ", p.offsets[p.E]);
-  for (int64_t e = 0; e < p.E; ++e) {
-    int64_t n = p.offsets[e + 1] - p.offsets[e];
-    TORCH_CHECK(n >= 0, op, ": offsets must not decrease (expert ", e, ")");
-    p.maxRows = std::max(p.maxRows, n);
-  }
+              ", got 0 ... ", p.groups.last);
+  for (int64_t e = 0; e < p.E; ++e)
+    p.maxRows = std::max(p.maxRows, p.groups.end[e] - p.groups.start[e]);
   p.token = token.to(at::kLong).contiguous();
   if (p.S) {
     const int64_t *tk = p.token.const_data_ptr<int64_t>();
     auto [lo, hi] = std::minmax_element(tk, tk + p.S);
-    TORCH_CHECK(*lo >= 0 && *hi < p.T, op, ": token holds ", *lo < 0 ? *lo : *hi,
-                ", outside [0, ", p.T, ")");
+    TORCH_CHECK(*lo >= 0 && *hi < p.T, op, ": token holds ",
+                *lo < 0 ? *lo : *hi, ", outside [0, ", p.T, ")");
   }
   p.x = x.contiguous();
   p.rw = rowWeight.contiguous();
@@ -295,21 +345,6 @@ Problem check(const char *op, const Tensor &x, const Tensor &token,
   p.alpha = alpha;
   p.limit = limit;
   return p;
-}
-
-/// The experts with rows, split over torch's threads. A call of at most
-/// ~4M multiply-adds (decode: T * k rows of a few dozen experts, ~1 ms on one
-/// core and less) runs on the caller alone: a team's wake-up and join cost
-/// more than they save there, and on a loaded machine a member waits for a
-/// core first (TorchOps.cpp's callCpuKernel has the same rule).
-template <typename F> void forExperts(const Problem &p, int64_t perRow, F f) {
-  int64_t work = p.S * perRow;
-  int64_t grain = work > (int64_t{1} << 22) ? 1 : p.E;
-  at::parallel_for(0, p.E, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t e = begin; e < end; ++e)
-      if (p.offsets[e + 1] > p.offsets[e])
-        f(e, p.offsets[e], p.offsets[e + 1]);
-  });
 }
 
 /// out [T, C] = for each token, the sum of its rows of `rows` [S, C] in
@@ -325,8 +360,8 @@ void sumRowsPerToken(const Problem &p, const T *rows, int64_t C, T *out) {
   std::vector<int64_t> fill(start.begin(), start.end() - 1);
   for (int64_t r = 0; r < p.S; ++r)
     order[fill[tk[r]]++] = r;
-  at::parallel_for(0, p.T, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)),
-                   [&](int64_t begin, int64_t end) {
+  int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1));
+  at::parallel_for(0, p.T, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       T *o = out + t * C;
       std::fill(o, o + C, T(0));
@@ -387,7 +422,7 @@ template <typename T> Tensor forward(const Problem &p) {
   int64_t perRow = 2 * p.I * p.D + p.N * p.I;
   int64_t threads = at::get_num_threads();
   std::vector<std::unique_ptr<Scratch<T>>> scratch(threads);
-  forExperts(p, perRow, [&](int64_t e, int64_t a, int64_t b) {
+  forEachGroup(p.groups, p.S * perRow, [&](int64_t e, int64_t a, int64_t b) {
     auto &s = scratch[at::get_thread_num()];
     if (!s)
       s = std::make_unique<Scratch<T>>(p);
@@ -433,7 +468,7 @@ backward(const Problem &p, const Tensor &gradIn) {
           da(p.maxRows * p.I), dh(p.maxRows * 2 * p.I) {}
   };
   std::vector<std::unique_ptr<Grad>> scratch(threads);
-  forExperts(p, perRow, [&](int64_t e, int64_t a, int64_t b) {
+  forEachGroup(p.groups, p.S * perRow, [&](int64_t e, int64_t a, int64_t b) {
     auto &w = scratch[at::get_thread_num()];
     if (!w)
       w = std::make_unique<Grad>(p);
@@ -476,40 +511,6 @@ backward(const Problem &p, const Tensor &gradIn) {
   return {gradX, gradRw, gradW1, gradB1, gradW2, gradB2};
 }
 
-/// The row ranges [start[e], end[e]) of a grouped GEMM's experts: offsets
-/// [E+1] (boundaries) or [E] (ends, the first expert's rows from 0).
-struct Groups {
-  std::vector<int64_t> start, end;
-  int64_t last = 0; // rows from `last` on belong to no expert (zeros)
-};
-
-Groups groupsOf(const char *op, const Tensor &offsets, int64_t E, int64_t S) {
-  TORCH_CHECK(offsets.dim() == 1 &&
-                  (offsets.size(0) == E || offsets.size(0) == E + 1) &&
-                  (offsets.scalar_type() == at::kInt ||
-                   offsets.scalar_type() == at::kLong),
-              op, ": offsets must be an integer [E] (ends) or [E+1] tensor, "
-              "E = ", E, ", got ", offsets.scalar_type(), " ", offsets.sizes());
-  Tensor off = offsets.to(at::kLong).contiguous();
-  const int64_t *o = off.const_data_ptr<int64_t>();
-  bool ends = offsets.size(0) == E;
-  Groups g;
-  g.start.resize(E);
-  g.end.resize(E);
-  int64_t prev = ends ? 0 : o[0];
-  TORCH_CHECK(ends || prev == 0, op, ": offsets[0] must be 0, got ", prev);
-  for (int64_t e = 0; e < E; ++e) {
-    int64_t next = o[ends ? e : e + 1];
-    TORCH_CHECK(next >= prev && next <= S, op, ": offsets must not decrease "
-                "and stay within the ", S, " rows, got ", next, " after ", prev,
-                " (expert ", e, ")");
-    g.start[e] = prev;
-    g.end[e] = prev = next;
-  }
-  g.last = prev;
-  return g;
-}
-
 /// The operands of a grouped GEMM x [S, K] . w[e] [K, N], checked.
 struct GroupedProblem {
   Tensor x, w;
@@ -529,11 +530,7 @@ GroupedProblem checkGrouped(const char *op, const Tensor &x, const Tensor &w,
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu() &&
                   offsets.device().is_cpu(),
               op, ": every tensor must be on the CPU");
-  for (const Tensor *t : {&x, &w})
-    for (int64_t s : t->sizes())
-      TORCH_CHECK(s < std::numeric_limits<int>::max(), op,
-                  ": dimensions of 2^31 or more are not supported (BLAS "
-                  "indices), got ", t->sizes());
+  checkBlasDims(op, {&x, &w});
   GroupedProblem p;
   p.S = x.size(0);
   p.K = x.size(1);
@@ -545,24 +542,12 @@ GroupedProblem checkGrouped(const char *op, const Tensor &x, const Tensor &w,
   return p;
 }
 
-/// f(e, a, b) for each expert with rows, spread over torch's threads when the
-/// call has more than ~4M multiply-adds (forExperts' rule).
-template <typename F>
-void forGroups(const GroupedProblem &p, int64_t work, F f) {
-  int64_t grain = work > (int64_t{1} << 22) ? 1 : std::max<int64_t>(p.E, 1);
-  at::parallel_for(0, p.E, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t e = begin; e < end; ++e)
-      if (p.groups.end[e] > p.groups.start[e])
-        f(e, p.groups.start[e], p.groups.end[e]);
-  });
-}
-
 template <typename T> Tensor groupedForward(const GroupedProblem &p) {
   Tensor out = at::empty({p.S, p.N}, p.x.options());
   T *o = out.data_ptr<T>();
   const T *x = p.x.const_data_ptr<T>();
   std::fill(o + p.groups.last * p.N, o + p.S * p.N, T(0));
-  forGroups(p, p.S * p.K * p.N, [&](int64_t e, int64_t a, int64_t b) {
+  forEachGroup(p.groups, p.S * p.K * p.N, [&](int64_t e, int64_t a, int64_t b) {
     gemm<T>(rowMajor<T>(x + a * p.K, b - a, p.K), slice<T>(p.w, e), T(0),
             o + a * p.N, p.N);
   });
@@ -590,7 +575,8 @@ std::tuple<Tensor, Tensor> groupedBackward(const GroupedProblem &p,
   const T *g = grad.const_data_ptr<T>(), *x = p.x.const_data_ptr<T>();
   T *gx = gradX.data_ptr<T>(), *gw = gradW.data_ptr<T>();
   std::fill(gx + p.groups.last * p.K, gx + p.S * p.K, T(0));
-  forGroups(p, 2 * p.S * p.K * p.N, [&](int64_t e, int64_t a, int64_t b) {
+  int64_t work = 2 * p.S * p.K * p.N;
+  forEachGroup(p.groups, work, [&](int64_t e, int64_t a, int64_t b) {
     int64_t n = b - a;
     Mat<T> w = slice<T>(p.w, e);
     Mat<T> wT{w.p, w.cols, w.rows, w.cs, w.rs}; // [N, K]
@@ -637,11 +623,12 @@ std::tuple<Tensor, Tensor> groupedMmBackward(const Tensor &grad,
               "grouped_mm_backward: grad must be a CPU ", x.scalar_type(), " [",
               p.S, ", ", p.N, "] tensor, got ", grad.scalar_type(), " ",
               grad.sizes());
+  bool likeW = gradWLikeW || transposed;
   auto [gradX, gradW] = x.scalar_type() == at::kFloat
-                           ? groupedBackward<float>(p, grad, gradWLikeW || transposed)
-                           : groupedBackward<double>(p, grad, gradWLikeW || transposed);
-  if (transposed)
-    gradW = gradW.transpose(1, 2).contiguous(); // w's layout: no copy when w is
+                            ? groupedBackward<float>(p, grad, likeW)
+                            : groupedBackward<double>(p, grad, likeW);
+  if (transposed) // back to w's own layout: no copy when w is contiguous
+    gradW = gradW.transpose(1, 2).contiguous();
   return {gradX, gradW};
 }
 
