@@ -61,8 +61,8 @@ from torch import Tensor
 
 from . import ops as _ops  # noqa: F401  (registers torch.ops.moe.dispatch_plan)
 
-__all__ = ["grouped_mm", "hf_grouped_mm_target", "expert_mlp", "GATES", "dispatch_experts", "hf_experts_forward", "register", "is_hf_experts",
-           "hf_experts_modules",
+__all__ = ["grouped_mm", "hf_grouped_mm_target", "expert_mlp", "GATES", "dispatch_experts", "hf_experts_forward",
+           "register", "is_hf_experts", "hf_experts_modules",
            "use_moe_experts", "SelectedExperts", "IMPLEMENTATION"]
 
 #: The name of the HF experts implementation this module registers.
@@ -109,17 +109,23 @@ _PAD_MAX_WASTE = 4
 _FORCE_PATH: Optional[str] = None
 
 
+def _regular(o: list[int]) -> bool:
+    """Offsets of at least one expert, from 0, that do not decrease (the layouts the padded path and the extension's
+    kernel express; other offsets keep the Python loop's own semantics)."""
+    return len(o) > 1 and o[0] == 0 and all(b >= a for a, b in zip(o, o[1:]))
+
+
 def _grouped_mm_path(device: torch.device, o: list[int]) -> str:
     """``"padded"`` or ``"loop"`` for rows on ``device`` with host offsets ``o``: the padded batched GEMM on CUDA
     (O(1) kernel launches instead of the loop's one ``mm`` per expert with rows, the launches dominating at
     prefill sizes) while :data:`_PAD_MAX_WASTE` bounds its waste; the loop elsewhere (slower padded on this
     project's CPU, see :func:`_grouped_mm_padded`) and for offsets the padded layout cannot express
     (``o[0] != 0``, decreasing: the loop's semantics, whatever they are, are kept)."""
-    counts = [b - a for a, b in zip(o, o[1:])]
-    if not counts or o[0] != 0 or min(counts) < 0:
+    if not _regular(o):
         return "loop"
     if _FORCE_PATH is not None:
         return _FORCE_PATH
+    counts = [b - a for a, b in zip(o, o[1:])]
     rows = o[-1]
     return "padded" if device.type == "cuda" and len(counts) * max(counts) <= _PAD_MAX_WASTE * rows else "loop"
 
@@ -188,8 +194,7 @@ def _native_gemm(x: Tensor, w: Tensor, o: list[int]) -> bool:
     """Whether the CPU loop of ``moe_mlir::grouped_mm`` runs as the extension's kernel (grouped_mm_cpu in
     lib/Runtime/Torch/ExpertOps.cpp: the experts' GEMMs spread over torch's threads): f32/f64 CPU operands and
     offsets from 0 that do not decrease (other offsets keep the loop's own semantics)."""
-    return (_native_mlp(x) and w.dtype == x.dtype and bool(o) and o[0] == 0
-            and all(b >= a for a, b in zip(o, o[1:])))
+    return _native_operands(x, w) and _regular(o)
 
 
 @torch.library.custom_op("moe_mlir::grouped_mm", mutates_args=())
@@ -275,8 +280,7 @@ def _hf_op(name: str):
 
 
 def _check_ends(x: Tensor, w: Tensor, offs: Tensor, transposed: bool) -> None:
-    k = w.shape[2] if transposed and w.dim() == 3 else (w.shape[1] if w.dim() == 3 else None)
-    if x.dim() != 2 or w.dim() != 3 or x.shape[1] != k:
+    if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[2 if transposed else 1]:
         raise ValueError(f"grouped_mm_ends: x must be [S, K] and w [E, K, N] ([E, N, K] with transposed), got "
                          f"{list(x.shape)} and {list(w.shape)}")
     if offs.dim() != 1 or offs.shape[0] != w.shape[0] or offs.dtype not in (torch.int32, torch.int64):
@@ -284,8 +288,9 @@ def _check_ends(x: Tensor, w: Tensor, offs: Tensor, transposed: bool) -> None:
                          f"{offs.dtype} {list(offs.shape)}")
 
 
-def _native_ends(x: Tensor, w: Tensor) -> bool:
-    return _native_mlp(x) and w.dtype == x.dtype and x.dim() == 2
+def _native_operands(x: Tensor, w: Tensor) -> bool:
+    """Operands the extension's grouped GEMM takes: x and w of one dtype that :func:`_native_mlp` takes."""
+    return _native_mlp(x) and w.dtype == x.dtype
 
 
 @torch.library.custom_op("moe_mlir::grouped_mm_ends", mutates_args=())
@@ -296,7 +301,7 @@ def _grouped_mm_ends_op(x: Tensor, w: Tensor, offs: Tensor, transposed: bool = F
     weight, the product is with ``w[e]ᵀ``; its gradient comes in its own layout: no transposing copy when autograd
     accumulates it into the parameter)."""
     _check_ends(x, w, offs, transposed)
-    if _native_ends(x, w):
+    if _native_operands(x, w):
         return torch.ops.moe_mlir.grouped_mm_cpu(x, w, offs, transposed)
     return _hf_op("grouped_mm_fallback")(x, w.transpose(1, 2) if transposed else w, offs)
 
@@ -312,7 +317,7 @@ def _grouped_mm_ends_backward_op(grad: Tensor, x: Tensor, w: Tensor, offs: Tenso
                                  transposed: bool = False) -> tuple[Tensor, Tensor]:
     # Both gradients contiguous, whatever the layout w arrives in: in a compiled backward graph a w that is a view
     # can arrive with other strides than its fake had, so a layout following w's would not be the fake's.
-    if _native_ends(x, w):
+    if _native_operands(x, w):
         grad_x, grad_w = torch.ops.moe_mlir.grouped_mm_backward_cpu(grad, x, w, offs, transposed=transposed)
     else:
         grad_x, grad_w = _hf_op("grouped_mm_fallback_backward")(x, w.transpose(1, 2) if transposed else w, offs,

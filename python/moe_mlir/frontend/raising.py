@@ -585,9 +585,9 @@ def _raise_hf_grouped_mm(graph: fx.Graph, node: fx.Node) -> bool:
     # the weight itself, so that its gradient comes in the parameter's layout (a transposed view's gradient costs
     # a transposing copy of every expert's weight gradient when autograd accumulates it).
     x, w, offs = node.args[:3]
-    if _is_call(w, (aten.transpose.int,)) and sorted(d % 3 for d in w.args[1:3]) == [1, 2]:
-        node.args = (x, w.args[0], offs, True)
-    elif _is_call(w, (aten.permute.default,)) and [d % 3 for d in w.args[1]] == [0, 2, 1]:
+    swaps_last_two = ((_is_call(w, (aten.transpose.int,)) and sorted(d % 3 for d in w.args[1:3]) == [1, 2])
+                      or (_is_call(w, (aten.permute.default,)) and [d % 3 for d in w.args[1]] == [0, 2, 1]))
+    if swaps_last_two:
         node.args = (x, w.args[0], offs, True)
     return True
 
