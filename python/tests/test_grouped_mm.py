@@ -336,6 +336,63 @@ def test_grouped_mm_ends_equals_transformers_fallback(case, dtype):
 
 
 @NATIVE
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("transposed", [True, False])
+def test_grouped_mm_ends_other_dtypes_equal_transformers_fallback(dtype, transposed):
+    """On the CPU the op's kernels are C++ (GroupedMmEnds.cpp) for every dtype: dtypes other than f32/f64 take its
+    per-expert at::mm loop, which equals transformers' op (forward, backward op, autograd) on empty experts and rows
+    past the last end; with ``transposed`` the weight gradient comes in the weight's own layout."""
+    pytest.importorskip("transformers.integrations.moe")
+    offs, S = _ends([3, 0, 4, 0, 1], 2)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(S, 6, generator=g).to(dtype)
+    w_own = torch.randn(5, 4, 6, generator=g).to(dtype) if transposed else torch.randn(5, 6, 4, generator=g).to(dtype)
+    w_kn = w_own.transpose(1, 2) if transposed else w_own
+    grad = torch.randn(S, 4, generator=g).to(dtype)
+    got = torch.ops.moe_mlir.grouped_mm_ends(x, w_own, offs, transposed)
+    want = torch.ops.transformers.grouped_mm_fallback(x, w_kn, offs)
+    assert got.dtype == dtype and torch.equal(got, want)
+    gx, gw = torch.ops.moe_mlir.grouped_mm_ends_backward(grad, x, w_own, offs, transposed)
+    hx, hw = torch.ops.transformers.grouped_mm_fallback_backward(x, w_kn, offs, grad)
+    assert torch.equal(gx, hx)
+    assert gw.shape == w_own.shape and gw.is_contiguous()
+    assert torch.equal(gw, hw.transpose(1, 2) if transposed else hw)
+    xr, wr = x.clone().requires_grad_(True), w_own.clone().requires_grad_(True)
+    torch.ops.moe_mlir.grouped_mm_ends(xr, wr, offs, transposed).backward(grad)
+    assert torch.equal(xr.grad, gx) and torch.equal(wr.grad, gw)
+    with pytest.raises(ValueError, match="must not decrease"):
+        torch.ops.moe_mlir.grouped_mm_ends(x, w_own, torch.tensor([3, 2, 4, 6, 8]), transposed)
+
+
+@NATIVE
+def test_grouped_mm_ends_runs_no_python_on_the_cpu(monkeypatch):
+    """A decode step calls the op twice per MoE layer: on the CPU its call reaches the kernel from the dispatcher
+    (CPU and AutogradCPU kernels in C++), not through the Python custom op's wrapper and body (~13 us of a ~17 us
+    call). The Python body failing shows it is not run, with and without a graph; double backward raises the C++
+    autograd's clear error."""
+    for key in ("CPU", "AutogradCPU"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("moe_mlir::grouped_mm_ends", key), key
+
+    def python_body(*args, **kwargs):
+        raise AssertionError("the Python body of grouped_mm_ends ran")
+
+    monkeypatch.setattr(X, "_native_operands", python_body)
+    monkeypatch.setattr(X, "_check_ends", python_body)
+    offs, S = _ends([2, 0, 3], 1)
+    x = torch.randn(S, 6, requires_grad=True)
+    w = torch.randn(3, 5, 6, requires_grad=True)  # nn.Linear layout
+    with torch.no_grad():
+        torch.ops.moe_mlir.grouped_mm_ends(x, w, offs, True)
+    out = torch.ops.moe_mlir.grouped_mm_ends(x, w, offs, True)
+    gx, gw = torch.autograd.grad(out.square().sum(), (x, w), create_graph=True)
+    g2 = 2 * out.detach()
+    want = torch.cat([g2[0:2] @ w[0].detach(), g2[2:5] @ w[2].detach(), torch.zeros(1, 6)])
+    torch.testing.assert_close(gx.detach(), want, **F32_TOL)
+    with pytest.raises(RuntimeError, match=r"moe_mlir\.grouped_mm_ends: double backward is not supported"):
+        gx.sum().backward()
+
+
+@NATIVE
 def test_grouped_mm_kernel_rejects_bad_offsets():
     """The kernel's own checks (the op is reachable directly): decreasing ends, ends past the rows, a first
     boundary other than 0, the wrong length or dtype: a clear error, nothing read out of bounds."""

@@ -52,6 +52,7 @@ namespace {
 
 using at::Tensor;
 using moe_torch::castLike;
+using moe_torch::differentiableOnce;
 using moe_torch::needsGraph;
 using moe_torch::Op;
 using torch::autograd::AutogradContext;
@@ -109,31 +110,6 @@ Tensor gradAs(bool need, const Tensor &g, const Tensor &like) {
   return castLike(g, like);
 }
 
-/// The backward's result. Under create_graph (grad mode on in the backward)
-/// each gradient becomes the output of an error node: the backward kernels
-/// are differentiable once, and differentiating again says so.
-variable_list differentiableOnce(variable_list grads, const char *op) {
-  if (!at::GradMode::is_enabled())
-    return grads;
-  variable_list defined;
-  for (const Tensor &g : grads)
-    if (g.defined())
-      defined.push_back(g.detach().requires_grad_(true));
-  if (defined.empty())
-    return grads;
-  auto error = std::make_shared<torch::autograd::DelayedError>(
-      std::string("moe.") + op +
-          ": double backward is not supported (the gradient of its backward "
-          "op is not implemented; the op is differentiable once)",
-      static_cast<int64_t>(defined.size()));
-  variable_list wrapped = error->apply(std::move(defined));
-  size_t next = 0;
-  for (Tensor &g : grads)
-    if (g.defined())
-      g = wrapped[next++];
-  return grads;
-}
-
 /// ctx->needs_input_grad for the tensor inputs in forward order: the context
 /// numbers the tensors that were passed (an absent optional has no edge).
 class Needs {
@@ -181,7 +157,7 @@ struct TopkRenorm : torch::autograd::Function<TopkRenorm> {
                   ctx->saved_data["mode"].toStringRef(),
                   ctx->saved_data["renormalize"].toBool());
     out[0] = gradAs(true, g, saved[0]);
-    return differentiableOnce(std::move(out), "topk_renorm");
+    return differentiableOnce(std::move(out), "moe.topk_renorm");
   }
 };
 
@@ -259,7 +235,7 @@ struct SimilarityInform : torch::autograd::Function<SimilarityInform> {
       return out;
     auto g = similarityGrads(ctx, saved, grads[0], {n[0], n[1], n[2]});
     std::copy(g.begin(), g.end(), out.begin());
-    return differentiableOnce(std::move(out), "similarity_inform");
+    return differentiableOnce(std::move(out), "moe.similarity_inform");
   }
 };
 
@@ -304,7 +280,7 @@ struct SimilarityInformTopk : torch::autograd::Function<SimilarityInformTopk> {
     out[0] = g[0];
     out[1] = g[1];
     out[3] = g[2];
-    return differentiableOnce(std::move(out), "similarity_inform_topk");
+    return differentiableOnce(std::move(out), "moe.similarity_inform_topk");
   }
 };
 
@@ -379,7 +355,7 @@ struct AttentionPosterior : torch::autograd::Function<AttentionPosterior> {
       return out;
     auto g = posteriorGrads(ctx, saved, saved[5], grads[0], n);
     std::copy(g.begin(), g.end(), out.begin());
-    return differentiableOnce(std::move(out), "attention_posterior");
+    return differentiableOnce(std::move(out), "moe.attention_posterior");
   }
 };
 
@@ -438,7 +414,7 @@ struct AttentionPosteriorTopk
                         ctx->saved_data["renormalize"].toBool());
     auto g = posteriorGrads(ctx, saved, saved[6], gradP, n);
     std::copy(g.begin(), g.end(), out.begin());
-    return differentiableOnce(std::move(out), "attention_posterior_topk");
+    return differentiableOnce(std::move(out), "moe.attention_posterior_topk");
   }
 };
 
@@ -501,7 +477,7 @@ struct HyperRouter : torch::autograd::Function<HyperRouter> {
     std::array<Tensor, 5> g{de, dw1, db1, dw2, db2};
     for (size_t i = 0; i < g.size(); ++i)
       out[i] = gradAs(n[i], g[i], s[i]);
-    return differentiableOnce(std::move(out), "hyper_router");
+    return differentiableOnce(std::move(out), "moe.hyper_router");
   }
 };
 
@@ -521,6 +497,29 @@ std::tuple<Tensor, Tensor> hyperRouterAutograd(const Tensor &emb,
 }
 
 } // namespace
+
+variable_list moe_torch::differentiableOnce(variable_list grads,
+                                            const char *op) {
+  if (!at::GradMode::is_enabled())
+    return grads;
+  variable_list defined;
+  for (const Tensor &g : grads)
+    if (g.defined())
+      defined.push_back(g.detach().requires_grad_(true));
+  if (defined.empty())
+    return grads;
+  auto error = std::make_shared<torch::autograd::DelayedError>(
+      std::string(op) +
+          ": double backward is not supported (the gradient of its backward "
+          "op is not implemented; the op is differentiable once)",
+      static_cast<int64_t>(defined.size()));
+  variable_list wrapped = error->apply(std::move(defined));
+  size_t next = 0;
+  for (Tensor &g : grads)
+    if (g.defined())
+      g = wrapped[next++];
+  return grads;
+}
 
 void moe_torch::registerDifferentiable(torch::Library &m) {
   m.impl("topk_renorm", TORCH_FN(topkRenormAutograd));

@@ -5,9 +5,10 @@
 //===----------------------------------------------------------------------===//
 //
 // What the AutogradCPU/AutogradCUDA kernels of Autograd.cpp (the mixing and
-// routing ops) and BalanceOps.cpp (the load-balancing ops) share: the typed
-// call of an op below autograd, the test for whether a graph is needed, and
-// the cast of a gradient to its input's dtype.
+// routing ops), BalanceOps.cpp (the load-balancing ops) and GroupedMmEnds.cpp
+// share: the typed call of an op below autograd, the test for whether a graph
+// is needed, the cast of a gradient to its input's dtype, and the error node
+// of a differentiable-once backward.
 //
 //===----------------------------------------------------------------------===//
 
@@ -19,6 +20,7 @@
 
 #include <optional>
 #include <utility>
+#include <vector>
 
 namespace moe_torch {
 
@@ -51,6 +53,13 @@ inline at::Tensor castLike(const at::Tensor &g, const at::Tensor &like) {
   at::AutoDispatchBelowADInplaceOrView guard;
   return g.scalar_type() == like.scalar_type() ? g : g.to(like.scalar_type());
 }
+
+/// The gradients a backward returns. Under create_graph (grad mode on in the
+/// backward) each defined one becomes an output of an error node: the backward
+/// kernels are differentiable once, and differentiating again says so, naming
+/// `op` ("moe.topk_renorm"). Defined in Autograd.cpp.
+std::vector<at::Tensor> differentiableOnce(std::vector<at::Tensor> grads,
+                                           const char *op);
 
 } // namespace moe_torch
 

@@ -331,14 +331,8 @@ const Op<StatsBwdSig> &statsBwdOp() {
 /// The gradient `g` cast to the dtype of `like`; under create_graph, the
 /// output of an error node (the backward ops are differentiable once).
 Tensor gradFor(const Tensor &g, const Tensor &like, const char *op) {
-  Tensor out = castLike(g, like);
-  if (!at::GradMode::is_enabled())
-    return out;
-  auto error = std::make_shared<torch::autograd::DelayedError>(
-      std::string("moe.") + op +
-          ": double backward is not supported (the op is differentiable once)",
-      1);
-  return error->apply({out.detach().requires_grad_(true)})[0];
+  std::string name = std::string("moe.") + op;
+  return differentiableOnce({castLike(g, like)}, name.c_str())[0];
 }
 
 /// The saved token mask (an undefined tensor when there is none).

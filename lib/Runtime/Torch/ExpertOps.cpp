@@ -238,19 +238,30 @@ Groups groupsOf(const char *op, const Tensor &offsets, int64_t E, int64_t S) {
   return g;
 }
 
-/// f(e, start, end) for each expert with rows, spread over torch's threads.
-/// A call of at most ~4M multiply-adds (`work`; decode: T * k rows of a few
-/// dozen experts, ~1 ms on one core and less) runs on the caller alone: a
-/// team's wake-up and join cost more than they save there, and on a loaded
-/// machine a member waits for a core first (TorchOps.cpp's callCpuKernel has
-/// the same rule).
-template <typename F> void forEachGroup(const Groups &g, int64_t work, F f) {
-  int64_t E = static_cast<int64_t>(g.start.size());
-  int64_t grain = work > (int64_t{1} << 22) ? 1 : std::max<int64_t>(E, 1);
-  at::parallel_for(0, E, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t e = begin; e < end; ++e)
-      if (g.end[e] > g.start[e])
-        f(e, g.start[e], g.end[e]);
+/// f(e, start, end) for each expert with rows, those experts spread over
+/// torch's threads when the call is worth a team. Its cost is counted in
+/// multiply-adds plus 8 per weight element it reads (`weightsPerExpert` for
+/// each expert with rows): at decode every row is a matrix-vector product
+/// whose expert weights come from memory, ~10x a multiply-add's time on one
+/// core, so a decode call of a few experts (Mixtral: 2 x 512 x 256 weights,
+/// ~50 us alone) halves on two cores although its multiply-adds are few. A
+/// call below ~1M (~25 us) runs on the caller alone: a team's wake-up and
+/// join would cost more than they save. The experts with rows are dealt out,
+/// not the expert indices: two busy experts among 32 go to two threads
+/// wherever they sit. Which thread runs an expert never changes the result.
+template <typename F>
+void forEachGroup(const Groups &g, int64_t macs, int64_t weightsPerExpert,
+                  F f) {
+  std::vector<int64_t> busy;
+  for (int64_t e = 0, E = static_cast<int64_t>(g.start.size()); e < E; ++e)
+    if (g.end[e] > g.start[e])
+      busy.push_back(e);
+  int64_t n = static_cast<int64_t>(busy.size());
+  int64_t cost = macs + 8 * weightsPerExpert * n;
+  int64_t grain = cost > (int64_t{1} << 20) ? 1 : std::max<int64_t>(n, 1);
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      f(busy[i], g.start[busy[i]], g.end[busy[i]]);
   });
 }
 
@@ -419,10 +430,10 @@ template <typename T> Tensor forward(const Problem &p) {
   Tensor rows = at::empty({p.S, p.N}, p.x.options());
   T *y = rows.data_ptr<T>();
   const T *rw = p.rw.const_data_ptr<T>();
-  int64_t perRow = 2 * p.I * p.D + p.N * p.I;
+  int64_t weights = 2 * p.I * p.D + p.N * p.I; // per expert, = MACs per row
   int64_t threads = at::get_num_threads();
   std::vector<std::unique_ptr<Scratch<T>>> scratch(threads);
-  forEachGroup(p.groups, p.S * perRow, [&](int64_t e, int64_t a, int64_t b) {
+  auto body = [&](int64_t e, int64_t a, int64_t b) {
     auto &s = scratch[at::get_thread_num()];
     if (!s)
       s = std::make_unique<Scratch<T>>(p);
@@ -433,7 +444,8 @@ template <typename T> Tensor forward(const Problem &p) {
     for (int64_t r = a; r < b; ++r)
       for (int64_t j = 0; j < p.N; ++j)
         y[r * p.N + j] *= rw[r];
-  });
+  };
+  forEachGroup(p.groups, p.S * weights, weights, body);
   sumRowsPerToken<T>(p, y, p.N, out.data_ptr<T>());
   return out;
 }
@@ -458,7 +470,7 @@ backward(const Problem &p, const Tensor &gradIn) {
   T *gw1 = gradW1.data_ptr<T>(), *gw2 = gradW2.data_ptr<T>();
   T *gb1 = p.b1.defined() ? gradB1.data_ptr<T>() : nullptr;
   T *gb2 = p.b2.defined() ? gradB2.data_ptr<T>() : nullptr;
-  int64_t perRow = 3 * (2 * p.I * p.D + p.N * p.I);
+  int64_t weights = 2 * p.I * p.D + p.N * p.I; // per expert, = MACs per row
   int64_t threads = at::get_num_threads();
   struct Grad {
     Scratch<T> s;
@@ -468,7 +480,8 @@ backward(const Problem &p, const Tensor &gradIn) {
           da(p.maxRows * p.I), dh(p.maxRows * 2 * p.I) {}
   };
   std::vector<std::unique_ptr<Grad>> scratch(threads);
-  forEachGroup(p.groups, p.S * perRow, [&](int64_t e, int64_t a, int64_t b) {
+  // Reads each busy expert's weights and writes their gradients.
+  auto body = [&](int64_t e, int64_t a, int64_t b) {
     auto &w = scratch[at::get_thread_num()];
     if (!w)
       w = std::make_unique<Grad>(p);
@@ -506,7 +519,8 @@ backward(const Problem &p, const Tensor &gradIn) {
         for (int64_t j = 0; j < 2 * I; ++j)
           gb1[e * 2 * I + j] += dh.p[r * 2 * I + j];
     gemm<T>(dh, slice<T>(p.w1, e), T(0), dx + a * D, D);
-  });
+  };
+  forEachGroup(p.groups, 3 * p.S * weights, 2 * weights, body);
   sumRowsPerToken<T>(p, dx, p.D, gradX.data_ptr<T>());
   return {gradX, gradRw, gradW1, gradB1, gradW2, gradB2};
 }
@@ -547,10 +561,12 @@ template <typename T> Tensor groupedForward(const GroupedProblem &p) {
   T *o = out.data_ptr<T>();
   const T *x = p.x.const_data_ptr<T>();
   std::fill(o + p.groups.last * p.N, o + p.S * p.N, T(0));
-  forEachGroup(p.groups, p.S * p.K * p.N, [&](int64_t e, int64_t a, int64_t b) {
+  int64_t weights = p.K * p.N; // per expert
+  auto body = [&](int64_t e, int64_t a, int64_t b) {
     gemm<T>(rowMajor<T>(x + a * p.K, b - a, p.K), slice<T>(p.w, e), T(0),
             o + a * p.N, p.N);
-  });
+  };
+  forEachGroup(p.groups, p.S * weights, weights, body);
   return out;
 }
 
@@ -575,8 +591,9 @@ std::tuple<Tensor, Tensor> groupedBackward(const GroupedProblem &p,
   const T *g = grad.const_data_ptr<T>(), *x = p.x.const_data_ptr<T>();
   T *gx = gradX.data_ptr<T>(), *gw = gradW.data_ptr<T>();
   std::fill(gx + p.groups.last * p.K, gx + p.S * p.K, T(0));
-  int64_t work = 2 * p.S * p.K * p.N;
-  forEachGroup(p.groups, work, [&](int64_t e, int64_t a, int64_t b) {
+  // Reads each busy expert's weights and writes their gradients.
+  int64_t weights = p.K * p.N; // per expert
+  auto body = [&](int64_t e, int64_t a, int64_t b) {
     int64_t n = b - a;
     Mat<T> w = slice<T>(p.w, e);
     Mat<T> wT{w.p, w.cols, w.rows, w.cs, w.rs}; // [N, K]
@@ -591,7 +608,8 @@ std::tuple<Tensor, Tensor> groupedBackward(const GroupedProblem &p,
       gemm<T>({xRows.p, p.K, n, 1, p.K}, gRows, T(0), gwe, gradW.stride(1));
     else
       gemm<T>({gRows.p, p.N, n, 1, p.N}, xRows, T(0), gwe, gradW.stride(2));
-  });
+  };
+  forEachGroup(p.groups, 2 * p.S * weights, 2 * weights, body);
   return {gradX, gradW};
 }
 
