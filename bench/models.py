@@ -27,6 +27,7 @@ the spread [min, max].
     .venv/bin/python -m bench.models --threads 2 --rounds 2          # writes bench/results/models-<date>-t2.{json,md}
     .venv/bin/python -m bench.models --quick                          # tiny sizes, 1 round, no files (a smoke test)
     .venv/bin/python -m bench.models --only mixtral deepseek_v3_e256 --phases decode train
+    .venv/bin/python -m bench.models --only mixtral --phases decode --profile-dir /tmp/prof   # + where the time goes
 
 On a GPU (issue 35 item 4; the GPU machine's check bundle runs it as its ``models-bench`` step, scripts/gpu-check.sh):
 ``--device cuda`` puts the models and inputs on the GPU and synchronizes after each timed call; the moe backend's
@@ -51,7 +52,7 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+from typing import Any, Callable, Optional  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BACKENDS = ("eager", "inductor", "moe")
@@ -187,8 +188,29 @@ def _synced(fn: Callable[[], Any], device: str) -> Callable[[], Any]:
     return call
 
 
+def _profiled(fn: Callable[[], Any], device: str, path: Optional[Path], what: str) -> None:
+    """One more call of ``fn`` under torch.profiler, its op table written to ``path`` (nothing without one): the
+    ops by self CPU time, and on a GPU by self device time, so that a run on a lent GPU brings back where each
+    backend's time goes along with its ratios."""
+    if path is None:
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        fn()
+    ops = prof.key_averages()
+    text = [f"# {what}\n\n## by self CPU time\n",
+            ops.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=90)]
+    if device == "cuda":
+        text += ["\n## by self device time\n",
+                 ops.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=90)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(text))
+
+
 def worker(name: str, backend: str, phases: list[str], quick: bool, budget: float, out_dir: Path,
-           device: str = "cpu") -> dict:
+           device: str = "cpu", profile_dir: Optional[Path] = None) -> dict:
     import torch
 
     sys.path.insert(0, str(REPO / "python"))
@@ -213,6 +235,8 @@ def worker(name: str, backend: str, phases: list[str], quick: bool, budget: floa
             tokens, secs, info = _first_call(gen(n), backend)
             many = _timed(gen(n), budget)
             one = _timed(gen(1), budget / 2)
+            _profiled(gen(n), device, profile_dir and profile_dir / f"{name}-{backend}-decode.txt",
+                      f"{name} under {backend}: generate {n} tokens ({device})")
         model.forward = forward
         rec["decode"] = {"compile_s": secs, "per_token_ms": (many["median_ms"] - one["median_ms"]) / (n - 1),
                          "generate_ms": many, "generate1_ms": one, "new_tokens": n,
@@ -225,6 +249,8 @@ def worker(name: str, backend: str, phases: list[str], quick: bool, budget: floa
         with torch.no_grad():
             logits, secs, info = _first_call(call, backend)
             t = _timed(call, budget)
+            _profiled(call, device, profile_dir and profile_dir / f"{name}-{backend}-prefill.txt",
+                      f"{name} under {backend}: prefill of {ids.shape[1]} tokens ({device})")
         torch.save(logits[0, -8:].cpu(), out_dir / f"{name}-{backend}-prefill.pt")
         rec["prefill"] = {"compile_s": secs, "ms": t, "tokens": ids.shape[1], **info}
     if "train" in phases:
@@ -246,6 +272,8 @@ def worker(name: str, backend: str, phases: list[str], quick: bool, budget: floa
         step = _synced(step, device)
         loss, secs, info = _first_call(step, backend)
         t = _timed(step, budget)
+        _profiled(step, device, profile_dir and profile_dir / f"{name}-{backend}-train.txt",
+                  f"{name} under {backend}: one training step, batch {b}x{t_len} ({device})")
         model.eval()
         rec["train"] = {"compile_s": secs, "ms": t, "batch": [b, t_len], "first_loss": float(loss), **info}
     return rec
@@ -262,6 +290,8 @@ def _run_worker(name: str, backend: str, args, out_dir: Path, env: dict) -> dict
            "--budget", str(args.budget), "--out-dir", str(out_dir), "--device", args.device, "--phases", *args.phases]
     if args.quick:
         cmd.append("--quick")
+    if args.profile_dir:
+        cmd += ["--profile-dir", str(args.profile_dir)]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
     if p.returncode != 0 or not out.is_file():
@@ -398,12 +428,16 @@ def main() -> int:
     ap.add_argument("--record", action="store_true",
                     help="run the moe backend's phases once on the CPU, in this process (kernel recording for a GPU "
                          "run: set $MOE_KERNEL_RECORD); no timing, no files")
+    ap.add_argument("--profile-dir", type=Path, default=None,
+                    help="after each phase's timing, one more call under torch.profiler: its op tables (self CPU time; "
+                         "self device time on a GPU) to DIR/<model>-<backend>-<phase>.txt (the last round's)")
     ap.add_argument("--worker", nargs=2, metavar=("MODEL", "BACKEND"), help=argparse.SUPPRESS)
     ap.add_argument("--out-dir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         name, backend = args.worker
-        rec = worker(name, backend, args.phases, args.quick, args.budget, args.out_dir, args.device)
+        rec = worker(name, backend, args.phases, args.quick, args.budget, args.out_dir, args.device,
+                     args.profile_dir)
         (args.out_dir / f"{name}-{backend}.json").write_text(json.dumps(rec))
         return 0
     if args.record:

@@ -33,7 +33,8 @@ Steps, in order (MOE_GPU_CHECK_STEPS=a,b,... picks some; artifacts and build alw
   bench         bench/gpu/bench_gpu.py (ours vs eager vs torch.compile; $MOE_GPU_BENCH_ARGS adds options)
   models-bench  bench/models.py --device cuda: whole transformers MoE causal LMs (Mixtral, Qwen3-MoE, OLMoE, gpt-oss,
                 DeepSeek-V3, DeepSeek-V3 E=256) under eager / inductor / moe: decode, prefill, a training step,
-                compile times (issue 35 item 4; one round: ~10 min, so usually its own call:
+                compile times, each phase's profiler op tables (logs/bench/models-profiles/ in logs.tar.gz)
+                (issue 35 item 4; one round: ~10 min, so usually its own call:
                 MOE_GPU_CHECK_STEPS=models-bench MOE_GPU_CHECK_BUDGET_S=580); its models-*.md/json land in OUT
 
 Each step has a time limit, and the whole run a budget (MOE_GPU_CHECK_BUDGET_S, default 540 s, so it fits a
@@ -245,7 +246,9 @@ def steps(ctx):
                                       ctx.env(PYTHONPATH=ctx.src))),
         ("models-bench", True, 570, lambda: torch_ops_step(ctx, [
             ctx.python, "-m", "bench.models", "--device", "cuda", "--rounds", "1", "--budget", "1",
-            "--results-dir", os.path.join(ctx.logs, "bench")] +
+            "--results-dir", os.path.join(ctx.logs, "bench"),
+            # each phase's op tables (self CPU and self device time), in logs.tar.gz: where a shortfall comes from
+            "--profile-dir", os.path.join(ctx.logs, "bench", "models-profiles")] +
             # e.g. "--only deepseek_v3_e256 --phases decode prefill" when a call has less than ~10 minutes
             shlex.split(os.environ.get("MOE_GPU_MODELS_ARGS", "")))),
     ]
