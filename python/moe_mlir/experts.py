@@ -53,6 +53,7 @@ Expert parallelism (``_is_expert_parallel``: sentinel indices) is not handled: s
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import Any, Callable, Iterator, Optional
 
@@ -206,10 +207,16 @@ def _grouped_mm_op(x: Tensor, w: Tensor, offsets: Tensor) -> Tensor:
     o = offsets.tolist()  # the one host read: the check, the path and the loop's spans
     if o[-1] != x.shape[0]:
         raise ValueError(f"grouped_mm: offsets[-1] = {o[-1]} must equal the number of rows {x.shape[0]}")
+    if _native_gemm(x, w, o) and _grouped_mm_path(x.device, o) == "loop":
+        return torch.ops.moe_mlir.grouped_mm_cpu(x, w, offsets)
+    return _grouped_rows(x, w, offsets, o, out)
+
+
+def _grouped_rows(x: Tensor, w: Tensor, offsets: Tensor, o: list[int], out: Tensor) -> Tensor:
+    """``out[o[e]:o[e+1]] = x[o[e]:o[e+1]] @ w[e]`` in torch ops, on the path :func:`_grouped_mm_path` picks (the
+    padded batched GEMM, or one ``mm`` per expert with rows into ``out``); ``o`` is ``offsets`` read on the host."""
     if _grouped_mm_path(x.device, o) == "padded":
         return _grouped_mm_padded(x, w, offsets, o)
-    if _native_gemm(x, w, o):
-        return torch.ops.moe_mlir.grouped_mm_cpu(x, w, offsets)
     for e, a, b in _spans(o):
         torch.mm(x[a:b], w[e], out=out[a:b])
     return out
@@ -224,11 +231,17 @@ def _(x, w, offsets):
 @torch.library.custom_op("moe_mlir::grouped_mm_backward", mutates_args=())
 def _grouped_mm_backward_op(grad: Tensor, x: Tensor, w: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
     o = offsets.tolist()
-    if x.shape[0] and o[-1] == x.shape[0] and _grouped_mm_path(x.device, o) == "padded":
-        return _grouped_mm_padded_backward(grad, x, w, offsets, o)
-    if _native_gemm(x, w, o):
+    if _native_gemm(x, w, o) and _grouped_mm_path(x.device, o) == "loop":
         grad_x, grad_w = torch.ops.moe_mlir.grouped_mm_backward_cpu(grad, x, w, offsets, grad_w_like_w=True)
         return grad_x, _like(w, grad_w)
+    return _grouped_rows_backward(grad, x, w, offsets, o)
+
+
+def _grouped_rows_backward(grad: Tensor, x: Tensor, w: Tensor, offsets: Tensor,
+                           o: list[int]) -> tuple[Tensor, Tensor]:
+    """:func:`_grouped_rows`' backward (grad_x and grad_w in x's and w's strides), on the same path."""
+    if x.shape[0] and o[-1] == x.shape[0] and _grouped_mm_path(x.device, o) == "padded":
+        return _grouped_mm_padded_backward(grad, x, w, offsets, o)
     grad_x = torch.zeros_like(x)
     grad_w = torch.zeros_like(w)
     for e, a, b in _spans(o):
@@ -271,12 +284,16 @@ def grouped_mm(x: Tensor, w: Tensor, offsets: Tensor) -> Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# transformers' grouped GEMM (its CPU fallback under torch.compile) on the extension's kernel
+# transformers' grouped GEMM (its fallback under torch.compile) on the extension's kernel or grouped_mm's paths
 # ----------------------------------------------------------------------------------------------------------------
 
-
-def _hf_op(name: str):
-    return getattr(torch.ops.transformers, name)
+#: Whether backend "moe" puts ``moe_mlir::grouped_mm_ends`` in place of transformers' grouped GEMM fallback on CUDA
+#: tensors too (it always does on f32/f64 CPU tensors): there its body takes ``moe_mlir::grouped_mm``'s padded
+#: batched GEMM at prefill and training sizes (a few kernels and transformers' one host read, instead of one ``mm``
+#: launch per expert with rows: 2 x E launches per layer, the cause of the H100 prefill's 0.61-0.80x inductor in
+#: bench/results/models-2026-11-24-h100.md). Off until a GPU run measures it (issue 35 item 4):
+#: ``MOE_CUDA_GROUPED_MM=1`` turns it on (the GPU check's models-bench step sets it).
+CUDA_GROUPED_MM = os.environ.get("MOE_CUDA_GROUPED_MM", "0") == "1"
 
 
 def _check_ends(x: Tensor, w: Tensor, offs: Tensor, transposed: bool) -> None:
@@ -293,11 +310,47 @@ def _native_operands(x: Tensor, w: Tensor) -> bool:
     return _native_mlp(x) and w.dtype == x.dtype
 
 
+def _ends_offsets(offs: Tensor, rows: int) -> tuple[Tensor, list[int]]:
+    """The ``[E+1]`` offsets ``[0, *offs]`` of :func:`_grouped_rows` and their host copy (the one host read, as in
+    transformers' loop), checked: ends that decrease or pass the rows raise ValueError."""
+    offsets = torch.cat([offs.new_zeros(1), offs]).long()
+    o = offsets.tolist()
+    if not _regular(o) or o[-1] > rows:
+        raise ValueError(f"grouped_mm_ends: the ends must not decrease and stay within the {rows} rows, got {o[1:]}")
+    return offsets, o
+
+
+def _ends_in_torch(x: Tensor, w: Tensor, offs: Tensor, transposed: bool) -> Tensor:
+    """grouped_mm_ends in torch ops (CUDA, dtypes the kernel does not take): the rows up to the last end on
+    :func:`_grouped_rows`' path, zeros after them."""
+    wk = w.transpose(1, 2) if transposed else w
+    offsets, o = _ends_offsets(offs, x.shape[0])
+    out = x.new_zeros((x.shape[0], wk.shape[2]))
+    if o[-1]:
+        out[:o[-1]] = _grouped_rows(x[:o[-1]], wk, offsets, o, out[:o[-1]])
+    return out
+
+
+def _ends_in_torch_backward(grad: Tensor, x: Tensor, w: Tensor, offs: Tensor,
+                            transposed: bool) -> tuple[Tensor, Tensor]:
+    """:func:`_ends_in_torch`'s gradients, both contiguous (grad_w in w's own layout: ``[E, N, K]`` with
+    ``transposed``); the rows past the last end get zeros."""
+    wk = w.transpose(1, 2) if transposed else w
+    offsets, o = _ends_offsets(offs, x.shape[0])
+    grad_x = torch.zeros_like(x, memory_format=torch.contiguous_format)
+    grad_w = torch.zeros_like(wk)
+    if o[-1]:
+        grad_x[:o[-1]], grad_w = _grouped_rows_backward(grad[:o[-1]], x[:o[-1]], wk, offsets, o)
+    return grad_x, (grad_w.transpose(1, 2) if transposed else grad_w).contiguous()
+
+
 @torch.library.custom_op("moe_mlir::grouped_mm_ends", mutates_args=())
 def _grouped_mm_ends_op(x: Tensor, w: Tensor, offs: Tensor, transposed: bool = False) -> Tensor:
     """transformers' ``transformers::grouped_mm_fallback`` (``out[start:end] = x[start:end] @ w[e]`` with ``end =
     offs[e]`` and ``start`` the previous end, 0 first; rows past the last end are zeros): the extension's kernel on
-    f32/f64 CPU tensors, transformers' own op otherwise. ``transposed``: ``w`` is ``[E, N, K]`` (an ``nn.Linear``
+    f32/f64 CPU tensors, otherwise :func:`moe_mlir::grouped_mm <grouped_mm>`'s path choice on the rows up to the
+    last end (on CUDA at prefill sizes the padded batched GEMM: a few kernels instead of one ``mm`` per expert;
+    else one ``mm`` per expert with rows, transformers' loop). ``transposed``: ``w`` is ``[E, N, K]`` (an ``nn.Linear``
     weight, the product is with ``w[e]ᵀ``; its gradient comes in its own layout: no transposing copy when autograd
     accumulates it into the parameter).
 
@@ -308,7 +361,7 @@ def _grouped_mm_ends_op(x: Tensor, w: Tensor, offs: Tensor, transposed: bool = F
     _check_ends(x, w, offs, transposed)
     if _native_operands(x, w):
         return torch.ops.moe_mlir.grouped_mm_cpu(x, w, offs, transposed)
-    return _hf_op("grouped_mm_fallback")(x, w.transpose(1, 2) if transposed else w, offs)
+    return _ends_in_torch(x, w, offs, transposed)
 
 
 @_grouped_mm_ends_op.register_fake
@@ -324,11 +377,8 @@ def _grouped_mm_ends_backward_op(grad: Tensor, x: Tensor, w: Tensor, offs: Tenso
     # can arrive with other strides than its fake had, so a layout following w's would not be the fake's.
     if _native_operands(x, w):
         grad_x, grad_w = torch.ops.moe_mlir.grouped_mm_backward_cpu(grad, x, w, offs, transposed=transposed)
-    else:
-        grad_x, grad_w = _hf_op("grouped_mm_fallback_backward")(x, w.transpose(1, 2) if transposed else w, offs,
-                                                                  grad)
-        grad_w = grad_w.transpose(1, 2) if transposed else grad_w
-    return grad_x.contiguous(), grad_w.contiguous()
+        return grad_x.contiguous(), grad_w.contiguous()
+    return _ends_in_torch_backward(grad, x, w, offs, transposed)
 
 
 @_grouped_mm_ends_backward_op.register_fake

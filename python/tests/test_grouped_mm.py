@@ -392,6 +392,65 @@ def test_grouped_mm_ends_runs_no_python_on_the_cpu(monkeypatch):
         gx.sum().backward()
 
 
+@pytest.mark.parametrize("path", ["padded", "loop"])
+@pytest.mark.parametrize("case", list(ENDS))
+@pytest.mark.parametrize("transposed", [True, False])
+def test_grouped_mm_ends_in_torch_equals_transformers_fallback(case, path, transposed, force):
+    """grouped_mm_ends' body in torch ops (what CUDA tensors, and dtypes the kernel does not take, run) on both of
+    grouped_mm's paths, the padded batched GEMM (CUDA's at prefill sizes) and the per-expert loop, equals
+    transformers' op forward and backward: empty experts, rows past the last end (zeros, zero gradients), no rows;
+    the gradients contiguous, grad_w in w's own layout; decreasing ends or ends past the rows raise."""
+    pytest.importorskip("transformers.integrations.moe")
+    force(path)
+    counts, extra = ENDS[case]
+    offs, S = _ends(counts, extra)
+    g = torch.Generator().manual_seed(len(counts) + 3 * extra)
+    E = len(counts)
+    w = torch.randn((E, 5, 6) if transposed else (E, 6, 5), generator=g)  # [E, N, K] with transposed
+    wk = w.transpose(1, 2) if transposed else w
+    x, grad = torch.randn(S, 6, generator=g), torch.randn(S, 5, generator=g)
+    got = X._ends_in_torch(x, w, offs, transposed)
+    torch.testing.assert_close(got, torch.ops.transformers.grouped_mm_fallback(x, wk, offs), **F32_TOL)
+    assert torch.equal(got[int(offs[-1]):], torch.zeros_like(got[int(offs[-1]):]))
+    gx, gw = X._ends_in_torch_backward(grad, x, w, offs, transposed)
+    hx, hw = torch.ops.transformers.grouped_mm_fallback_backward(x, wk, offs, grad)
+    torch.testing.assert_close(gx, hx, **F32_TOL)
+    torch.testing.assert_close(gw, hw.transpose(1, 2) if transposed else hw, **F32_TOL)
+    assert gx.is_contiguous() and gw.is_contiguous() and gw.shape == w.shape
+    past, falling = offs.clone(), offs.clone()
+    past[0], falling[-1] = S + 1, -1
+    for bad in (past, falling):
+        with pytest.raises(ValueError, match="must not decrease and stay within"):
+            X._ends_in_torch(x, w, bad, transposed)
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_cuda_grouped_mm_is_raised_only_when_switched_on(flag, monkeypatch):
+    """On CUDA tensors (fake ones: no GPU needed) transformers' grouped GEMM fallback becomes
+    moe_mlir::grouped_mm_ends only with experts.CUDA_GROUPED_MM (MOE_CUDA_GROUPED_MM=1; off until a GPU run
+    measures it), taking the nn.Linear weight itself; otherwise the node stays transformers'."""
+    pytest.importorskip("transformers.integrations.moe")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from moe_mlir.frontend.raising import raise_routing_idioms
+
+    monkeypatch.setattr(X, "CUDA_GROUPED_MM", flag)
+    with FakeTensorMode():
+        x = torch.empty(6, 4, device="cuda")
+        w = torch.empty(3, 5, 4, device="cuda")  # nn.Linear layout [E, N, K]
+        offs = torch.empty(3, dtype=torch.int32, device="cuda")
+        gm = make_fx(lambda x, w, o: torch.ops.transformers.grouped_mm_fallback(x, w.transpose(1, 2), o),
+                     tracing_mode="fake")(x, w, offs)
+    counts = raise_routing_idioms(gm)
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and "grouped_mm" in str(n.target)]
+    assert counts["experts_gemm"] == int(flag) and len(calls) == 1
+    if flag:
+        assert calls[0].target is torch.ops.moe_mlir.grouped_mm_ends.default and calls[0].args[3] is True
+    else:
+        assert calls[0].target is torch.ops.transformers.grouped_mm_fallback.default
+
+
 @NATIVE
 def test_grouped_mm_kernel_rejects_bad_offsets():
     """The kernel's own checks (the op is reachable directly): decreasing ends, ends past the rows, a first

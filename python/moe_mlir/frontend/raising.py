@@ -571,14 +571,17 @@ def _raise_hf_grouped_mm(graph: fx.Graph, node: fx.Node) -> bool:
     """transformers' grouped GEMM fallback (``transformers::grouped_mm_fallback``: its ``grouped_mm`` experts
     under torch.compile for weights other than bf16, a Python loop of one ``mm`` per expert) on f32/f64 CPU tensors
     becomes ``moe_mlir::grouped_mm_ends``, the same product on the extension's kernel (the experts' GEMMs spread
-    over the threads), with its own backward. Elsewhere (CUDA, other dtypes) the node stays transformers'."""
+    over the threads), with its own backward; on CUDA tensors too where ``experts.CUDA_GROUPED_MM`` (the padded
+    batched GEMM at prefill sizes; off until a GPU run measures it). Elsewhere the node stays transformers'."""
+    from .. import experts
     from ..experts import _grouped_mm_ends_op, hf_grouped_mm_target
 
     target = hf_grouped_mm_target()
     if target is None or node.op != "call_function" or node.target is not target:
         return False
     val = _val(node)
-    if val is None or val.device.type != "cpu" or val.dtype not in (torch.float32, torch.float64):
+    cpu = val is not None and val.device.type == "cpu" and val.dtype in (torch.float32, torch.float64)
+    if not (cpu or (val is not None and val.device.type == "cuda" and experts.CUDA_GROUPED_MM)):
         return False
     node.target = _grouped_mm_ends_op._opoverload
     # An nn.Linear weight [E, N, K] viewed transposed (HF's _grouped_linear without is_transposed): the op takes

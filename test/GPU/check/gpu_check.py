@@ -24,7 +24,9 @@ Steps, in order (MOE_GPU_CHECK_STEPS=a,b,... picks some; artifacts and build alw
                 checkout around this folder (or $MOE_REPO) has it; skipped with the reason if not
   hf-models     python/tests/test_hf_models.py -k matches_eager on CUDA: transformers' MoE blocks and routers and the
                 seed blocks through torch.compile(backend="moe") and moe_mlir.compile (inductor's Triton for the
-                dense code), equal to eager at three token counts
+                dense code), equal to eager at three token counts; test_grouped_mm.py's CUDA tests (the padded
+                batched GEMM). The torch steps run with MOE_CUDA_GROUPED_MM=1 (the experts' GEMMs of transformers'
+                grouped_mm experts on moe_mlir::grouped_mm_ends under backend "moe"; MOE_CUDA_GROUPED_MM=0: not)
   torch-ops-bench  bench/gpu/torch_ops_cuda.py: torch.ops.moe.* on CUDA tensors vs eager, decode and prefill
                 (the same prebuilt kernels; its results in bench/ of logs.tar.gz)
   memcheck      `checks` under compute-sanitizer --tool memcheck (torch's caching allocator off; API errors
@@ -201,7 +203,10 @@ def steps(ctx):
             return ["sh", "-c", f"echo {shlex.quote(why)}; exit 1"], ctx.env()
         # In the checkout, not in src/: `python -m bench...` must import the checkout's bench package (whose
         # helpers load python/moe_mlir files by path), not src/'s copy, which holds only what the harness needs.
+        # MOE_CUDA_GROUPED_MM: backend "moe" also takes transformers' grouped GEMM fallback on CUDA (the padded
+        # batched GEMM; off by default until this check has run it): on here unless the caller says 0.
         return cmd, ctx.env(MOE_TEST_DEVICE="cuda", MOE_GPU_RUNTIME_DIR=ctx.build,
+                            MOE_CUDA_GROUPED_MM=os.environ.get("MOE_CUDA_GROUPED_MM", "1"),
                             MOE_TORCH_LIB=os.path.join(ctx.build, "lib", "libmoe_torch.so"),
                             MOE_CUDA_RUNTIME=os.path.join(ctx.build, "libmoe_cuda_runtime.so"),
                             MOE_KERNEL_PREBUILT=os.path.join(HERE, "kernels"),
@@ -230,8 +235,9 @@ def steps(ctx):
         ("torch-ops", True, 300, lambda: torch_ops_step(
             ctx, [ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", torch_ops])),
         ("hf-models", True, 300, lambda: torch_ops_step(ctx, [
-            ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-k", "matches_eager",
-            os.path.join(ctx.repo, "python", "tests", "test_hf_models.py")])),
+            ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-k", "matches_eager or cuda",
+            os.path.join(ctx.repo, "python", "tests", "test_hf_models.py"),
+            os.path.join(ctx.repo, "python", "tests", "test_grouped_mm.py")])),
         ("torch-ops-bench", True, 300, lambda: torch_ops_step(ctx, [
             ctx.python, "-m", "bench.gpu.torch_ops_cuda", "--out", os.path.join(ctx.logs, "bench")])),
         # API errors are the harness's to report (moeGpuTakeDriverError), not the sanitizer's.
