@@ -231,8 +231,9 @@ TEST_F(SimilarityInform, FullyMaskedRowsGiveZeros) {
     ASSERT_TRUE(p.defined());
     EXPECT_TRUE(allClose(p, reference(u, e, o), 1e-4, 2e-5));
     EXPECT_TRUE(exactlyEqual(p[1], at::zeros({6, 5})));
-    if (causal)
+    if (causal) {
       EXPECT_TRUE(exactlyEqual(p[2][0], at::zeros({5})));
+    }
     EXPECT_FALSE(p.isnan().any().item<bool>());
   }
 }

@@ -114,7 +114,7 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
     Value R = kb.dim(scoreRows, 1), C = kb.dim(scoreCols, 1);
     Value D = kb.dim(scoreRows, 2), G = kb.dim(gradRows, 2);
     tile.clampRow(kb, R, c1);
-    Value i = tile.i, active = tile.active, row = tile.row;
+    Value active = tile.active, row = tile.row;
     // The scores (and dz) of head h*[b] as rows [B·H·Nq, Nk]: the row of
     // query i is (b·H + h*) · Nq + i (one index computation per pair, not a
     // 4-D one: fewer registers).

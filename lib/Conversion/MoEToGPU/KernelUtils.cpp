@@ -626,8 +626,9 @@ void mlir::moe::gpu_lowering::emitRecordIndexError(GpuKernelBuilder &kb,
   Value won = LLVM::ExtractValueOp::create(b, cas.getResult(), 1);
   kb.ifThen(won, [&] {
     auto put = [&](int64_t slot, Value v) {
-      Value addr = LLVM::GEPOp::create(b, ptrType, b.getI64Type(), base,
-                                       ArrayRef<LLVM::GEPArg>{slot});
+      Value addr = LLVM::GEPOp::create(
+          b, ptrType, b.getI64Type(), base,
+          ArrayRef<LLVM::GEPArg>{static_cast<int32_t>(slot)});
       LLVM::StoreOp::create(b, kb.castInt(v, kb.i64()), addr);
     };
     put(1, kb.cI64(opCode));

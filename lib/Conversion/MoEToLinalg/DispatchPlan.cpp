@@ -173,7 +173,10 @@ std::pair<Value, Value> keepMask(PatternRewriter &rw, DispatchPlanOp op,
               [&](OpBuilder &tb, Location tl, Value t, ValueRange iter) {
                 Ints ti{tb, tl};
                 Value i = ti.add(ti.mul(t, k), j);
-                auto [e, valid] = expertOf(ti, i);
+                // Plain variables, not structured bindings: the lambda
+                // below captures them (C++20 only for bindings).
+                Value e, valid;
+                std::tie(e, valid) = expertOf(ti, i);
                 return SmallVector<Value>(ifThen(
                     tb, tl, valid, iter,
                     [&](OpBuilder &vb, Location vl) -> SmallVector<Value> {
@@ -202,12 +205,14 @@ std::pair<Value, Value> keepMask(PatternRewriter &rw, DispatchPlanOp op,
       rw, loc, c0, n, ValueRange{keep0, dropped0},
       [&](OpBuilder &b, Location l, Value i, ValueRange iter) {
         Ints ib{b, l};
-        auto [e, valid] = expertOf(ib, i);
+        Value e, valid; // captured below: not structured bindings (C++20)
+        std::tie(e, valid) = expertOf(ib, i);
         return SmallVector<Value>(ifThen(
             b, l, valid, iter,
             [&](OpBuilder &vb, Location vl) -> SmallVector<Value> {
               Ints v{vb, vl};
-              auto [w, j, t] = priority(v, i);
+              std::array<Value, 3> wjt = priority(v, i);
+              Value w = wjt[0], j = wjt[1], t = wjt[2];
               Value rank = forLoop(
                   vb, vl, c0, n, ValueRange{c0},
                   [&](OpBuilder &mb, Location ml, Value m, ValueRange r) {

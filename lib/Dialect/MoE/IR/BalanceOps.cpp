@@ -16,8 +16,6 @@ using namespace mlir::moe;
 using namespace mlir::moe::detail;
 
 namespace {
-constexpr int64_t kDynamic = ShapedType::kDynamic;
-
 /// The gradient of `logits` ([T, E]): f32 of its shape (dynamic sizes where
 /// it is not of rank 2).
 RankedTensorType logitsGradType(MLIRContext *ctx, Value logits) {
