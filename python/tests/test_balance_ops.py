@@ -19,6 +19,8 @@ import torch
 
 from moe_mlir import ops
 from moe_mlir import reference_balance as RB
+from moe_mlir.runtime import cache
+from torch_checks import ran_kernel
 
 NAN, INF = float("nan"), float("inf")
 PACKAGE_ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -200,6 +202,51 @@ def test_gradients_match_pytorch_autograd_of_the_reference(T, E, k):
     xr = x.clone().requires_grad_(True)
     (gr,) = torch.autograd.grad(RB.router_stats(xr, k)[1], xr, cot)
     _close(gs, gr)
+
+
+# The device suite: test_torch_ops_cuda.py runs the test below on a GPU (scripts/gpu-check.sh, with
+# MOE_CUDA_ROUTER_LOSSES=1: the extension's CUDA kernels of the router losses; without it CUDA tensors run the
+# references and the test skips there).
+@pytest.mark.parametrize("T,E,k", [(1, 8, 2), (0, 8, 2), (130, 64, 8), (517, 256, 8), (40, 5, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_router_losses_on_the_device(dev, T, E, k, dtype):
+    """router_stats_fwd, router_stats, load_balancing_loss and router_z_loss on the device's kernels against the
+    references on the CPU (in f32 of the same values): tied rows (the lowest index), a row half -inf, with and
+    without a token mask, k = E, one and zero tokens, E = 256; the f32 gradients of both losses and of
+    router_stats' mean_probs against autograd of the references."""
+    if dev == "cuda" and not cache.cuda_router_losses():
+        pytest.skip("the router losses' CUDA kernels are off (MOE_CUDA_ROUTER_LOSSES=1 turns them on)")
+    tol = dict(rtol=1e-4, atol=1e-6) if dev == "cuda" else {}
+    x = _logits(T, E, seed=T + E, dtype=dtype)
+    if T >= 3:
+        x[1] = 0.0
+        x[2, :E // 2] = -INF
+    ref_x = x.float()
+    mask = (torch.rand(T, generator=torch.Generator().manual_seed(2)) > 0.3).float()
+    cot = torch.randn(E, generator=torch.Generator().manual_seed(3))
+    for m in (None, mask):
+        xd, md = x.to(dev), None if m is None else m.to(dev)
+        c, p, w = torch.ops.moe.router_stats_fwd(xd, k, md)
+        rc, rp, rw = RB.router_stats_full(ref_x, k, m)
+        assert c.device.type == dev and torch.equal(c.cpu(), rc) and float(w) == float(rw)
+        _close(p.cpu(), rp, **tol)
+        _close(torch.ops.moe.load_balancing_loss(xd, k, md).cpu(), RB.load_balancing_loss(ref_x, k, m), **tol)
+        c2, p2 = torch.ops.moe.router_stats(xd, k, md)
+        assert torch.equal(c2, c) and torch.equal(p2, p) if T else torch.isnan(p2).all()
+        if dtype != torch.float32 or T == 0:
+            continue
+        leaf = lambda t: t.detach().clone().requires_grad_(True)  # noqa: E731
+        xg, xr = leaf(xd), leaf(x)
+        (torch.ops.moe.load_balancing_loss(xg, k, md) + torch.ops.moe.router_z_loss(xg)).backward()
+        (RB.load_balancing_loss(xr, k, m) + RB.router_z_loss(xr)).backward()
+        _close(xg.grad.cpu(), xr.grad, **tol)
+        xg, xr = leaf(xd), leaf(x)
+        (gs,) = torch.autograd.grad(torch.ops.moe.router_stats(xg, k, md)[1], xg, cot.to(dev))
+        (gr,) = torch.autograd.grad(RB.router_stats(xr, k, m)[1], xr, cot)
+        _close(gs.cpu(), gr, **tol)
+    _close(torch.ops.moe.router_z_loss(x.to(dev)).cpu(), RB.router_z_loss(ref_x), **tol)
+    if T:
+        assert ran_kernel("router_stats_fwd", dev) and ran_kernel("router_z_loss", dev)
 
 
 def test_sequence_balance_loss_gradient():

@@ -26,7 +26,7 @@ import moe_mlir
 from moe_mlir import ops
 from moe_mlir import reference as R
 from moe_mlir.runtime import cache
-from torch_checks import INF, NAN, gen, needs_cpu_kernels, same, to
+from torch_checks import INF, NAN, gen, needs_cpu_kernels, ran_kernel, same, to
 
 #: The package under test, for subprocesses.
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
@@ -37,12 +37,6 @@ pytestmark = needs_cpu_kernels
 def cuda_tol(dev: str, atol: float, rtol: float) -> dict:
     """Looser tolerances on CUDA only: its warp and block reductions sum in another order than the CPU kernels."""
     return dict(atol=atol, rtol=rtol) if dev == "cuda" else {}
-
-
-def ran_kernel(op: str, dev: str) -> bool:
-    """Our kernel of ``op`` ran on ``dev`` (the references leave no key)."""
-    on = (lambda k: "|device=cuda:" in k) if dev == "cuda" else (lambda k: "|device=" not in k)
-    return any(k.startswith(op + "|") and on(k) for k in cache.stats.keys)
 
 
 # ================================================================================================================
@@ -783,14 +777,42 @@ def test_prebuild_cuda_builds_a_kernel_with_the_one_cuda_recipe(tmp_path, monkey
     assert cache.prebuild_cuda([key], tmp_path, "sm_90", jobs=1) == 0
 
 
-def test_prebuild_cuda_leaves_out_the_cpu_only_ops(tmp_path):
+def test_prebuild_cuda_leaves_out_the_cpu_only_ops(tmp_path, monkeypatch):
     """A kernel-key list recorded on the CPU (scripts/gpu-check.sh) holds keys of ops the extension registers for the
-    CPU only (the router losses, capacity): prebuild_cuda builds none of them (their GPU lowering is off by default,
-    so moe-opt would fail on them) and every op named in CPU_ONLY_OPS is one of the ops with a kernel validator."""
+    CPU only (the router losses, capacity): prebuild_cuda builds none of them, and every op named in CPU_ONLY_OPS is
+    one of the ops with a kernel validator. With MOE_CUDA_ROUTER_LOSSES=1 the router losses with a GPU lowering
+    (CUDA_SWITCHED_OPS) are CUDA ops too; the sequence loss and capacity's ops never are."""
     from moe_mlir.runtime import cache
 
+    monkeypatch.delenv("MOE_CUDA_ROUTER_LOSSES", raising=False)
     keys = ["router_stats_fwd|top_k=2|in:logits:f32:?x32", "router_z_loss|in:logits:f32:?x8",
             "router_stats_backward|in:grad_mean_probs:f32:8|in:logits:f32:?x8|in:weight_sum:f32:"]
     assert cache.prebuild_cuda(keys, tmp_path, "sm_90", jobs=1) == 0
     assert list(tmp_path.iterdir()) == []
     assert cache.CPU_ONLY_OPS <= set(cache.validators)
+    assert cache.CUDA_SWITCHED_OPS <= cache.CPU_ONLY_OPS
+    assert not any(cache.cuda_kernel_op(op) for op in cache.CPU_ONLY_OPS) and cache.cuda_kernel_op("topk_renorm")
+    monkeypatch.setenv("MOE_CUDA_ROUTER_LOSSES", "1")
+    assert {op for op in cache.CPU_ONLY_OPS if cache.cuda_kernel_op(op)} == cache.CUDA_SWITCHED_OPS
+    assert not cache.cuda_kernel_op("sequence_balance_loss") and not cache.cuda_kernel_op("apply_capacity")
+
+
+def test_prebuild_cuda_builds_the_router_losses_when_switched_on(tmp_path, monkeypatch):
+    """With MOE_CUDA_ROUTER_LOSSES=1 the router losses' keys that a CPU run records (the load-balancing loss's
+    statistics and their backward, the z-loss) build for sm_90 without a GPU: their GPU lowering (balance-kernels)
+    takes the modules the kernel cache writes for them."""
+    from moe_mlir.runtime import driver, locate
+
+    toolkit = Path(driver.cuda_toolkit())
+    if not (toolkit / "bin" / "ptxas").is_file() or locate.find_runtime_lib("libmoe_cuda_runtime.so") is None:
+        pytest.skip(f"no CUDA toolkit at {toolkit} or no libmoe_cuda_runtime.so")
+    monkeypatch.setenv("MOE_CUDA_ROUTER_LOSSES", "1")
+    # As a CPU run of load_balancing_loss(x, 8, mask) + router_z_loss(x.bfloat16()) and its backward records them.
+    keys = ["router_stats_fwd|top_k=8|in:logits:f32:?x64|in:token_mask:f32:?", "router_z_loss|in:logits:bf16:?x64",
+            "router_z_loss_backward|in:logits:bf16:?x64|in:grad:f32:scalar",
+            "router_stats_backward|in:logits:f32:?x64|in:token_mask:f32:?|in:weight_sum:f32:scalar"
+            "|in:grad_mean_probs:f32:64"]
+    assert cache.prebuild_cuda(keys, tmp_path, "sm_90", jobs=2) == 4
+    for key in keys:
+        so = tmp_path / (cache.cuda_kernel_name(key, "sm_90") + ".so")
+        assert so.is_file() and b"sm_90" in so.read_bytes(), key

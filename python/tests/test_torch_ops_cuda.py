@@ -1,5 +1,6 @@
 """torch.ops.moe.* on CUDA tensors: the device suite of test_torch_ops.py (every test there that takes ``dev`` or
-``cuda``, and the same of test_routing_ops.py: moe.route and moe.dispatch_plan) on one device, our GPU kernels (lib/Runtime/Torch/TorchCudaOps.cpp, the CUDA kernels of
+``cuda``, and the same of test_routing_ops.py: moe.route and moe.dispatch_plan, and of test_balance_ops.py: the
+router losses, with MOE_CUDA_ROUTER_LOSSES=1) on one device, our GPU kernels (lib/Runtime/Torch/TorchCudaOps.cpp, the CUDA kernels of
 moe_mlir.runtime.cache) against moe_mlir.reference (computed on CPU copies).
 
 Covers: every op and fused form (random and adversarial inputs: ties, NaN, -inf rows, masks, N = 1, k = K, zero
@@ -22,6 +23,7 @@ import os
 
 import pytest
 
+import test_balance_ops as balance_suite
 import test_routing_ops as routing_suite
 import test_torch_ops as suite
 from torch_checks import device_param
@@ -41,7 +43,7 @@ def cuda(request) -> str:
     return request.param
 
 
-# The device suite, collected here too (this file's `dev` and `cuda` fixtures override test_torch_ops.py's).
-for _suite in (suite, routing_suite):
+# The device suites, collected here too (this file's `dev` and `cuda` fixtures override test_torch_ops.py's).
+for _suite in (suite, routing_suite, balance_suite):
     globals().update({name: test for name, test in vars(_suite).items()
                       if name.startswith("test_") and {"dev", "cuda"} & set(inspect.signature(test).parameters)})

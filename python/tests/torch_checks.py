@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from moe_mlir import ops
-from moe_mlir.runtime import extension
+from moe_mlir.runtime import cache, extension
 
 NAN, INF = float("nan"), float("inf")
 
@@ -43,6 +43,12 @@ def same(ours, ref, atol: float = ATOL, rtol: float = RTOL, device: str | None =
             torch.testing.assert_close(o, r, atol=atol, rtol=rtol, equal_nan=True)
         else:
             assert torch.equal(o, r), (o, r)
+
+
+def ran_kernel(op: str, dev: str) -> bool:
+    """Our kernel of ``op`` ran on ``dev`` (the references leave no key)."""
+    on = (lambda k: "|device=cuda:" in k) if dev == "cuda" else (lambda k: "|device=" not in k)
+    return any(k.startswith(op + "|") and on(k) for k in cache.stats.keys)
 
 
 def to(device: str, *ts):

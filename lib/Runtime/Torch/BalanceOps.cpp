@@ -26,6 +26,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "AutogradOps.h"
+#include "TorchCuda.h"
 #include "TorchKernels.h"
 
 #include <torch/autograd.h>
@@ -473,20 +474,28 @@ Tensor sequenceBalanceLossAutograd(const Tensor &scores, const Tensor &indices,
 
 } // namespace
 
-TORCH_LIBRARY_IMPL(moe, CPU, m) {
+void moe_torch::registerBalanceKernels(torch::Library &m) {
   m.impl("router_stats_fwd", &routerStatsFwd);
   m.impl("router_stats", &routerStats);
   m.impl("load_balancing_loss", &loadBalancingLoss);
   m.impl("router_stats_backward", &routerStatsBackward);
   m.impl("router_z_loss", &routerZLoss);
   m.impl("router_z_loss_backward", &routerZLossBackward);
-  m.impl("sequence_balance_loss", &sequenceBalanceLoss);
-  m.impl("sequence_balance_loss_backward", &sequenceBalanceLossBackward);
 }
 
-TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) {
+void moe_torch::registerBalanceAutograd(torch::Library &m) {
   m.impl("load_balancing_loss", TORCH_FN(loadBalancingLossAutograd));
   m.impl("router_stats", TORCH_FN(routerStatsAutograd));
   m.impl("router_z_loss", TORCH_FN(routerZLossAutograd));
+}
+
+// sequence_balance_loss has no GPU lowering: the CPU only.
+TORCH_LIBRARY_IMPL(moe, CPU, m) {
+  moe_torch::registerBalanceKernels(m);
+  m.impl("sequence_balance_loss", &sequenceBalanceLoss);
+  m.impl("sequence_balance_loss_backward", &sequenceBalanceLossBackward);
+}
+TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) {
+  moe_torch::registerBalanceAutograd(m);
   m.impl("sequence_balance_loss", TORCH_FN(sequenceBalanceLossAutograd));
 }

@@ -51,6 +51,14 @@ void registerDifferentiable(torch::Library &m);
 /// key: CPU (GradOps.cpp), and CUDA from registerCudaKernels.
 void registerGradKernels(torch::Library &m);
 
+/// The kernels of the load-balancing ops with a GPU lowering (BalanceOps.cpp:
+/// router_stats(_fwd, _backward), load_balancing_loss, router_z_loss(
+/// _backward)) for one dispatch key, and their C++ autograd: CPU and
+/// AutogradCPU always; CUDA and AutogradCUDA from registerCudaRouterLosses,
+/// when asked for.
+void registerBalanceKernels(torch::Library &m);
+void registerBalanceAutograd(torch::Library &m);
+
 /// The boxed Autograd kernel of an op without a C++ autograd (TorchOps.cpp):
 /// straight to the op's backend kernel when no gradient is wanted, else, for
 /// a `differentiable` op, the op's Python autograd; a stop-gradient op
@@ -70,6 +78,12 @@ void launchOnCurrentStream(c10::Device device,
 /// Python when the CUDA kernels are usable: the runtime loads and a compiler
 /// or prebuilt kernels are there).
 void registerCudaKernels();
+
+/// Registers the load-balancing ops' CUDA kernels and their AutogradCUDA
+/// kernels (once): until then CUDA tensors take their PyTorch references.
+/// Python asks for it with MOE_CUDA_ROUTER_LOSSES=1 (their GPU lowerings
+/// passed the MLIR harness on an H100; this glue has not run on a GPU yet).
+void registerCudaRouterLosses();
 
 } // namespace moe_torch
 

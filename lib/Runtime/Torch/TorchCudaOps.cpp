@@ -121,6 +121,21 @@ void moe_torch::registerCudaKernels() {
   registerGradKernels(*kernels);
 }
 
+void moe_torch::registerCudaRouterLosses() {
+  static std::unique_ptr<torch::Library> kernels, autograd;
+  if (kernels)
+    return;
+  auto k = std::make_unique<torch::Library>(
+      torch::Library::IMPL, "moe", c10::DispatchKey::CUDA, __FILE__, __LINE__);
+  auto a = std::make_unique<torch::Library>(torch::Library::IMPL, "moe",
+                                            c10::DispatchKey::AutogradCUDA,
+                                            __FILE__, __LINE__);
+  registerBalanceKernels(*k);
+  registerBalanceAutograd(*a);
+  kernels = std::move(k);
+  autograd = std::move(a);
+}
+
 /// Called by python/moe_mlir/runtime/extension.py when the CUDA kernels are
 /// usable: from then on torch.ops.moe.* on CUDA tensors run them.
 /// Returns 0, or 1 after printing why the registration failed.
@@ -130,6 +145,23 @@ extern "C" __attribute__((visibility("default"))) int32_t moeTorchEnableCuda() {
     return 0;
   } catch (const std::exception &e) {
     std::fprintf(stderr, "moe: registering the CUDA kernels failed: %s\n",
+                 e.what());
+    return 1;
+  }
+}
+
+/// Called by python/moe_mlir/runtime/extension.py after moeTorchEnableCuda
+/// when MOE_CUDA_ROUTER_LOSSES=1: the load-balancing ops on CUDA tensors run
+/// their GPU kernels from then on. Returns 0, or 1 after printing why not.
+extern "C" __attribute__((visibility("default"))) int32_t
+moeTorchEnableCudaRouterLosses() {
+  try {
+    moe_torch::registerCudaRouterLosses();
+    return 0;
+  } catch (const std::exception &e) {
+    std::fprintf(stderr,
+                 "moe: registering the router losses' CUDA kernels failed: "
+                 "%s\n",
                  e.what());
     return 1;
   }

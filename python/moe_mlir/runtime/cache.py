@@ -588,11 +588,29 @@ CPU_ONLY_OPS: frozenset[str] = frozenset({
     "router_stats_fwd", "router_stats_backward", "router_z_loss", "router_z_loss_backward", "sequence_balance_loss",
     "sequence_balance_loss_backward", "bias_update", "apply_capacity"})
 
+#: The kernel ops of CPU_ONLY_OPS with a GPU lowering (the router losses': router_stats, load_balancing_loss and
+#: router_z_loss, forward and backward). With ``MOE_CUDA_ROUTER_LOSSES=1`` (:func:`cuda_router_losses`) the
+#: extension registers their CUDA kernels too (extension.py; TorchCudaOps.cpp's registerCudaRouterLosses) and
+#: prebuild_cuda builds them; off until a GPU run has checked that glue (the GPU check turns it on).
+CUDA_SWITCHED_OPS: frozenset[str] = frozenset({
+    "router_stats_fwd", "router_stats_backward", "router_z_loss", "router_z_loss_backward"})
+
+
+def cuda_router_losses() -> bool:
+    """Whether the router losses run their CUDA kernels on CUDA tensors (``MOE_CUDA_ROUTER_LOSSES=1``)."""
+    return os.environ.get("MOE_CUDA_ROUTER_LOSSES", "0") == "1"
+
+
+def cuda_kernel_op(op: str) -> bool:
+    """Whether ``op``'s kernel has a CUDA build (prebuild_cuda builds its keys)."""
+    return op not in CPU_ONLY_OPS or (op in CUDA_SWITCHED_OPS and cuda_router_losses())
+
 
 def prebuild_cuda(keys: list[str], out_dir: Path, chip: str, jobs: Optional[int] = None) -> int:
     """Builds the CUDA kernels of ``keys`` (any device index) for ``chip`` into ``out_dir`` as ``$MOE_KERNEL_PREBUILT``
     expects them, ``jobs`` at a time (default: the CPU count); returns how many were built (the others were there).
-    Keys of :data:`CPU_ONLY_OPS` are left out. Needs moe-opt, LLVM and the CUDA toolkit; no GPU."""
+    Keys of :data:`CPU_ONLY_OPS` are left out (but for :data:`CUDA_SWITCHED_OPS` when
+    :func:`cuda_router_losses`). Needs moe-opt, LLVM and the CUDA toolkit; no GPU."""
     from concurrent.futures import ThreadPoolExecutor
 
     from .locate import find_moe_opt, find_runtime_lib as _find_runtime_lib
@@ -604,7 +622,7 @@ def prebuild_cuda(keys: list[str], out_dir: Path, chip: str, jobs: Optional[int]
     todo = []
     for key in dict.fromkeys(keys):
         k = parse_key(key)
-        if k.op in CPU_ONLY_OPS:
+        if not cuda_kernel_op(k.op):
             continue
         k.device = k.device or "cuda:0"
         dest = out_dir / (cuda_kernel_name(key, chip) + ".so")

@@ -204,9 +204,11 @@ def steps(ctx):
         # In the checkout, not in src/: `python -m bench...` must import the checkout's bench package (whose
         # helpers load python/moe_mlir files by path), not src/'s copy, which holds only what the harness needs.
         # MOE_CUDA_GROUPED_MM: backend "moe" also takes transformers' grouped GEMM fallback on CUDA (the padded
-        # batched GEMM; off by default until this check has run it): on here unless the caller says 0.
+        # batched GEMM); MOE_CUDA_ROUTER_LOSSES: the router losses run their CUDA kernels (scripts/gpu-check.sh
+        # prebuilt them). Both off by default until this check has run them: on here unless the caller says 0.
         return cmd, ctx.env(MOE_TEST_DEVICE="cuda", MOE_GPU_RUNTIME_DIR=ctx.build,
                             MOE_CUDA_GROUPED_MM=os.environ.get("MOE_CUDA_GROUPED_MM", "1"),
+                            MOE_CUDA_ROUTER_LOSSES=os.environ.get("MOE_CUDA_ROUTER_LOSSES", "1"),
                             MOE_TORCH_LIB=os.path.join(ctx.build, "lib", "libmoe_torch.so"),
                             MOE_CUDA_RUNTIME=os.path.join(ctx.build, "libmoe_cuda_runtime.so"),
                             MOE_KERNEL_PREBUILT=os.path.join(HERE, "kernels"),
