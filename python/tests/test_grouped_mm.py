@@ -265,6 +265,34 @@ def test_cuda_takes_the_padded_path_and_equals_the_loop(dtype, force, monkeypatc
     torch.testing.assert_close(padded.double().cpu(), _ref(x.cpu(), w.cpu(), offsets.cpu()), **tol)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("tail", [0, 5])
+def test_cuda_grouped_mm_ends_takes_the_padded_path_and_equals_transformers(tail, monkeypatch):
+    """moe_mlir::grouped_mm_ends on CUDA tensors (what backend "moe" puts in place of transformers' fallback with
+    MOE_CUDA_GROUPED_MM=1) at a prefill size takes the padded batched GEMM and equals transformers' op forward and
+    backward, rows past the last end (expert-parallel sentinels) included; nn.Linear-layout weights."""
+    pytest.importorskip("transformers.integrations.moe")
+    calls = []
+    real = X._grouped_mm_padded
+    monkeypatch.setattr(X, "_grouped_mm_padded", lambda *a: calls.append(1) or real(*a))
+    g = torch.Generator().manual_seed(9)
+    counts = torch.bincount(torch.randint(0, 16, (512,), generator=g), minlength=16)
+    offs, S = counts.cumsum(0).to(torch.int32).cuda(), 512 + tail
+    x = torch.randn(S, 64, generator=g).cuda().requires_grad_(True)
+    w = torch.randn(16, 32, 64, generator=g).cuda().requires_grad_(True)  # [E, N, K]
+    grad = torch.randn(S, 32, generator=g).cuda()
+    out = torch.ops.moe_mlir.grouped_mm_ends(x, w, offs, True)
+    assert calls == [1]
+    out.backward(grad)
+    xr, wr = x.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+    want = torch.ops.transformers.grouped_mm_fallback(xr, wr.transpose(1, 2), offs)
+    want.backward(grad)
+    torch.testing.assert_close(out, want, **F32_TOL)
+    torch.testing.assert_close(x.grad, xr.grad, **F32_TOL)
+    torch.testing.assert_close(w.grad, wr.grad, atol=1e-4, rtol=1e-5)
+    assert torch.equal(out[512:], torch.zeros_like(out[512:]))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The extension's kernel (lib/Runtime/Torch/ExpertOps.cpp: grouped_mm_cpu, grouped_mm_backward_cpu)
 # ----------------------------------------------------------------------------------------------------------------
