@@ -574,16 +574,17 @@ def _raise_hf_grouped_mm(graph: fx.Graph, node: fx.Node) -> bool:
     over the threads), with its own backward; on CUDA tensors too where ``experts.CUDA_GROUPED_MM`` (the padded
     batched GEMM at prefill sizes; off until a GPU run measures it). Elsewhere the node stays transformers'."""
     from .. import experts
-    from ..experts import _grouped_mm_ends_op, hf_grouped_mm_target
 
-    target = hf_grouped_mm_target()
+    target = experts.hf_grouped_mm_target()
     if target is None or node.op != "call_function" or node.target is not target:
         return False
     val = _val(node)
-    cpu = val is not None and val.device.type == "cpu" and val.dtype in (torch.float32, torch.float64)
-    if not (cpu or (val is not None and val.device.type == "cuda" and experts.CUDA_GROUPED_MM)):
+    if val is None:
         return False
-    node.target = _grouped_mm_ends_op._opoverload
+    on_cpu = val.device.type == "cpu" and val.dtype in (torch.float32, torch.float64)
+    if not (on_cpu or (val.device.type == "cuda" and experts.CUDA_GROUPED_MM)):
+        return False
+    node.target = experts._grouped_mm_ends_op._opoverload
     # An nn.Linear weight [E, N, K] viewed transposed (HF's _grouped_linear without is_transposed): the op takes
     # the weight itself, so that its gradient comes in the parameter's layout (a transposed view's gradient costs
     # a transposing copy of every expert's weight gradient when autograd accumulates it).
