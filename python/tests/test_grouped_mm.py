@@ -499,6 +499,49 @@ def test_grouped_mm_kernel_rejects_bad_offsets():
         torch.ops.moe_mlir.grouped_mm_ends(x, w, torch.tensor([3.0, 4.0, 6.0]))
 
 
+def _poison(*shapes):
+    """Allocates NaN tensors of these shapes and frees them: the kernels allocate their weight gradients
+    uninitialised (only experts without rows are zeroed), and the allocator hands such freed memory out again (sizes
+    below malloc's mmap threshold, so not fresh zero pages)."""
+    for t in [torch.full(s, float("nan")) for s in shapes]:
+        del t
+
+
+@NATIVE
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("layout", ["contiguous", "like w", "transposed"])
+def test_idle_experts_weight_gradients_are_zeros_in_reused_memory(layout, threads):
+    """grouped_mm_backward_cpu writes grad_w[e] by GEMM (beta = 0) for the experts with rows and zeros the others'
+    slices: on memory that held NaN, an expert without rows gets exact zeros and the busy ones equal the float64
+    reference, with one thread and with the experts dealt over two (a call big enough for a team)."""
+    counts = [0, 40, 0, 0, 25, 0, 0, 30]
+    x, w, offsets = _inputs(counts, k=64, n=48, transposed=layout != "contiguous", seed=3)
+    g = torch.Generator().manual_seed(4)
+    grad = torch.randn(x.shape[0], 48, generator=g)
+    o = offsets.tolist()
+    want = torch.zeros(len(counts), 64, 48, dtype=torch.float64)
+    for e in range(len(counts)):
+        want[e] = x[o[e]:o[e + 1]].double().T @ grad[o[e]:o[e + 1]].double()
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for _ in range(3):
+            _poison(w.shape, x.shape)
+            if layout == "transposed":  # w given as stored, [E, N, K]; its gradient in that layout
+                _, gw = torch.ops.moe_mlir.grouped_mm_backward_cpu(grad, x, w.transpose(1, 2), offsets, False,
+                                                                   True)
+                gw = gw.transpose(1, 2)
+            else:
+                _, gw = torch.ops.moe_mlir.grouped_mm_backward_cpu(grad, x, w, offsets, layout == "like w")
+            assert not gw.isnan().any()
+            for e, c in enumerate(counts):
+                if c == 0:
+                    assert torch.equal(gw[e], torch.zeros_like(gw[e]))
+            torch.testing.assert_close(gw.double(), want, atol=1e-4, rtol=1e-5)
+    finally:
+        torch.set_num_threads(old)
+
+
 @NATIVE
 def test_the_backend_runs_transformers_grouped_experts_on_the_kernel():
     """HF's default experts implementation ("grouped_mm") under torch.compile calls transformers'

@@ -499,6 +499,37 @@ def test_expert_mlp_kernel_sums_in_expert_order_whatever_the_threads():
 
 
 @pytest.mark.skipif(not X._native_mlp(torch.zeros(1)), reason="the torch extension is not built")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_expert_mlp_idle_experts_weight_gradients_are_zeros_in_reused_memory(threads):
+    """The backward kernel writes w1's and w2's gradients by GEMM for the experts with rows and zeros the idle
+    experts' slices (no zero fill of the whole gradient first): on memory that held NaN, the 3 tokens' 61+ idle
+    experts among 64 get exact zeros and every gradient equals the Python loop's."""
+    args, kw = _routed_mlp_inputs(3, 64, 2, "silu_glu", True, seed=9, d=32, i=16, n=32)
+    x, token, offsets, rw, w1, w2, gate = args
+    grad = torch.randn(3, 32, generator=torch.Generator().manual_seed(1))
+    want = _mlp_and_grads(args, kw, native=False)
+    idle = (offsets[1:] == offsets[:-1]).nonzero().flatten().tolist()
+    assert len(idle) >= 58
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for _ in range(3):
+            for t in [torch.full(s, float("nan")) for s in (w1.shape, w2.shape)]:
+                del t
+            gx, grw, gw1, gb1, gw2, gb2 = torch.ops.moe_mlir.expert_mlp_backward_cpu(
+                grad, x, token, offsets, rw, w1, kw["b1"], w2, kw["b2"], gate, 1.0, float("inf"))
+            for g in (gw1, gw2, gb1, gb2):
+                assert not g.isnan().any()
+                assert torch.equal(g[idle], torch.zeros_like(g[idle]))
+    finally:
+        torch.set_num_threads(old)
+    # the same kernel through the op's autograd against the Python loop (all gradients)
+    got = _mlp_and_grads(args, kw, native=True)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not X._native_mlp(torch.zeros(1)), reason="the torch extension is not built")
 def test_expert_mlp_kernel_rejects_bad_operands_before_reading_them():
     """Called directly (torch.ops.moe_mlir.expert_mlp_cpu skips the Python checks): tokens outside [0, T), offsets
     that decrease or do not end at S, other dtypes and zero-sized dimensions give the kernel's own message."""

@@ -238,7 +238,8 @@ Groups groupsOf(const char *op, const Tensor &offsets, int64_t E, int64_t S) {
   return g;
 }
 
-/// f(e, start, end) for each expert with rows, those experts spread over
+/// f(e, start, end) for each expert with rows, and idle(e) for each expert
+/// without (a backward's gradient slice to zero), those experts spread over
 /// torch's threads when the call is worth a team. Its cost is counted in
 /// multiply-adds plus 8 per weight element it reads (`weightsPerExpert` for
 /// each expert with rows): at decode every row is a matrix-vector product
@@ -248,21 +249,60 @@ Groups groupsOf(const char *op, const Tensor &offsets, int64_t E, int64_t S) {
 /// call below ~1M (~25 us) runs on the caller alone: a team's wake-up and
 /// join would cost more than they save. The experts with rows are dealt out,
 /// not the expert indices: two busy experts among 32 go to two threads
-/// wherever they sit. Which thread runs an expert never changes the result.
+/// wherever they sit; the idle ones come after them. Which thread runs an
+/// expert never changes the result.
+template <typename F, typename Idle>
+void forEachExpert(const Groups &g, int64_t macs, int64_t weightsPerExpert,
+                   F f, Idle idle) {
+  std::vector<int64_t> order;
+  int64_t E = static_cast<int64_t>(g.start.size());
+  for (int64_t e = 0; e < E; ++e)
+    if (g.end[e] > g.start[e])
+      order.push_back(e);
+  int64_t busy = static_cast<int64_t>(order.size());
+  if constexpr (!std::is_same_v<Idle, std::nullptr_t>)
+    for (int64_t e = 0; e < E; ++e)
+      if (g.end[e] <= g.start[e])
+        order.push_back(e);
+  int64_t n = static_cast<int64_t>(order.size());
+  int64_t cost = macs + 8 * weightsPerExpert * busy + weightsPerExpert * (n - busy);
+  int64_t grain = cost > (int64_t{1} << 20) ? 1 : std::max<int64_t>(n, 1);
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      int64_t e = order[i];
+      if (i < busy)
+        f(e, g.start[e], g.end[e]);
+      else if constexpr (!std::is_same_v<Idle, std::nullptr_t>)
+        idle(e);
+    }
+  });
+}
+
 template <typename F>
 void forEachGroup(const Groups &g, int64_t macs, int64_t weightsPerExpert,
                   F f) {
-  std::vector<int64_t> busy;
-  for (int64_t e = 0, E = static_cast<int64_t>(g.start.size()); e < E; ++e)
-    if (g.end[e] > g.start[e])
-      busy.push_back(e);
-  int64_t n = static_cast<int64_t>(busy.size());
-  int64_t cost = macs + 8 * weightsPerExpert * n;
-  int64_t grain = cost > (int64_t{1} << 20) ? 1 : std::max<int64_t>(n, 1);
-  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
-      f(busy[i], g.start[busy[i]], g.end[busy[i]]);
-  });
+  forEachExpert(g, macs, weightsPerExpert, f, nullptr);
+}
+
+/// Zeros matrix `e` of a [E, R, C] gradient (strides as allocated: a unit
+/// one in the last two dimensions). The backward kernels allocate their
+/// weight gradients uninitialised: the GEMMs (beta = 0) write the slices of
+/// experts with rows, so only the idle experts' slices need zeros. A fresh
+/// weight gradient is untouched memory (it becomes the parameter's .grad and
+/// the next step allocates anew); zero-filling it all first had cost a serial
+/// pass of page faults (Mixtral, 16 MB: ~4 ms per call on this machine)
+/// before the parallel GEMMs touched it again.
+template <typename T> void zeroSlice(const Tensor &grad, int64_t e) {
+  T *p = grad.data_ptr<T>() + e * grad.stride(0);
+  int64_t r = grad.size(1), c = grad.size(2);
+  int64_t rs = grad.stride(1), cs = grad.stride(2);
+  if (cs != 1) { // walk along the unit stride
+    std::swap(r, c);
+    std::swap(rs, cs);
+  }
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j)
+      p[i * rs + j * cs] = T(0);
 }
 
 /// BLAS takes int dimensions.
@@ -457,8 +497,9 @@ backward(const Problem &p, const Tensor &gradIn) {
   auto opts = p.x.options();
   Tensor gradX = at::empty({p.T, p.D}, opts);
   Tensor gradRw = at::empty({p.S}, opts);
-  Tensor gradW1 = at::zeros({p.E, 2 * p.I, p.D}, opts);
-  Tensor gradW2 = at::zeros({p.E, p.N, p.I}, opts);
+  // Written by the experts' GEMMs, zeroed for idle experts (zeroSlice).
+  Tensor gradW1 = at::empty({p.E, 2 * p.I, p.D}, opts);
+  Tensor gradW2 = at::empty({p.E, p.N, p.I}, opts);
   Tensor gradB1 = p.b1.defined() ? at::zeros({p.E, 2 * p.I}, opts)
                                  : at::zeros({0}, opts);
   Tensor gradB2 = p.b2.defined() ? at::zeros({p.E, p.N}, opts)
@@ -520,7 +561,11 @@ backward(const Problem &p, const Tensor &gradIn) {
           gb1[e * 2 * I + j] += dh.p[r * 2 * I + j];
     gemm<T>(dh, slice<T>(p.w1, e), T(0), dx + a * D, D);
   };
-  forEachGroup(p.groups, 3 * p.S * weights, 2 * weights, body);
+  auto idle = [&](int64_t e) {
+    zeroSlice<T>(gradW1, e);
+    zeroSlice<T>(gradW2, e);
+  };
+  forEachExpert(p.groups, 3 * p.S * weights, 2 * weights, body, idle);
   sumRowsPerToken<T>(p, dx, p.D, gradX.data_ptr<T>());
   return {gradX, gradRw, gradW1, gradB1, gradW2, gradB2};
 }
@@ -576,16 +621,17 @@ std::tuple<Tensor, Tensor> groupedBackward(const GroupedProblem &p,
                                            bool gradWLikeW) {
   Tensor grad = gradIn.contiguous();
   Tensor gradX = at::empty({p.S, p.K}, p.x.options());
-  // grad_w contiguous, or with `gradWLikeW` in w's layout (zeros_like: the
+  // grad_w contiguous, or with `gradWLikeW` in w's layout (empty_like: the
   // strides of an nn.Linear weight viewed transposed), so that such a
-  // parameter's gradient needs no transposing copy.
-  Tensor gradW = gradWLikeW ? at::zeros_like(p.w)
-                            : at::zeros({p.E, p.K, p.N}, p.x.options());
+  // parameter's gradient needs no transposing copy. Written by the experts'
+  // GEMMs, zeroed for idle experts (zeroSlice).
+  Tensor gradW = gradWLikeW ? at::empty_like(p.w)
+                            : at::empty({p.E, p.K, p.N}, p.x.options());
   bool gwRowMajor = gradW.stride(2) == 1 &&
                     gradW.stride(1) >= std::max<int64_t>(p.N, 1);
   if (!gwRowMajor && !(gradW.stride(1) == 1 &&
                        gradW.stride(2) >= std::max<int64_t>(p.K, 1))) {
-    gradW = at::zeros({p.E, p.K, p.N}, p.x.options());
+    gradW = at::empty({p.E, p.K, p.N}, p.x.options());
     gwRowMajor = true;
   }
   const T *g = grad.const_data_ptr<T>(), *x = p.x.const_data_ptr<T>();
@@ -609,7 +655,8 @@ std::tuple<Tensor, Tensor> groupedBackward(const GroupedProblem &p,
     else
       gemm<T>({gRows.p, p.N, n, 1, p.N}, xRows, T(0), gwe, gradW.stride(2));
   };
-  forEachGroup(p.groups, 2 * p.S * weights, 2 * weights, body);
+  forEachExpert(p.groups, 2 * p.S * weights, 2 * weights, body,
+                [&](int64_t e) { zeroSlice<T>(gradW, e); });
   return {gradX, gradW};
 }
 
