@@ -14,7 +14,8 @@ Per model and backend, three phases:
 * ``train``: one training step (forward with labels and ``output_router_logits=True``, so the load-balancing loss
   is in the graph; backward; SGD) on a 4 x 128 batch; the first step's loss checked against eager's.
 
-The compile time of each phase is its first call (after ``torch._dynamo.reset()``), minus nothing. Caches are the
+The compile time of each phase is its ``torch.compile`` call plus its first call (after ``torch._dynamo.reset()``),
+minus nothing: inductor imports its compiler in the former, moe in the latter. Caches are the
 user's: inductor's FX-graph cache and the moe kernel cache persist across rounds (so round 1 is cold, later rounds
 warm); ``--cold`` gives every process fresh cache directories (both cold every round).
 
@@ -140,10 +141,15 @@ def _experts(cfg) -> int:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _compile(fn: Callable, backend: str) -> Callable:
+def _compile(fn: Callable, backend: str) -> tuple[Callable, float]:
+    """``fn`` compiled, and the seconds the ``torch.compile`` call itself took: part of the compile time, since
+    backend "inductor" imports its compiler there (~1 s on a fresh process) where "moe" imports it in the first
+    call."""
     import torch
 
-    return fn if backend == "eager" else torch.compile(fn, backend=backend)
+    t0 = time.perf_counter()
+    out = fn if backend == "eager" else torch.compile(fn, backend=backend)
+    return out, time.perf_counter() - t0
 
 
 def _timed(fn: Callable[[], Any], budget: float, min_reps: int = 3, max_reps: int = 30) -> dict:
@@ -227,12 +233,13 @@ def worker(name: str, backend: str, phases: list[str], quick: bool, budget: floa
         prompt = torch.randint(0, vocab, (1, 32), generator=g).to(device)
         torch._dynamo.reset()
         forward = model.forward
-        model.forward = _compile(forward, backend)
+        model.forward, wrap_s = _compile(forward, backend)
         kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
         gen = lambda m: _synced(lambda: model.generate(prompt, max_new_tokens=m, min_new_tokens=m, **kw),  # noqa: E731
                                 device)
         with torch.no_grad():
             tokens, secs, info = _first_call(gen(n), backend)
+            secs += wrap_s
             many = _timed(gen(n), budget)
             one = _timed(gen(1), budget / 2)
             _profiled(gen(n), device, profile_dir and profile_dir / f"{name}-{backend}-decode.txt",
@@ -244,10 +251,11 @@ def worker(name: str, backend: str, phases: list[str], quick: bool, budget: floa
     if "prefill" in phases:
         ids = torch.randint(0, vocab, (1, 64 if quick else 512), generator=g).to(device)
         torch._dynamo.reset()
-        c = _compile(model, backend)
+        c, wrap_s = _compile(model, backend)
         call = _synced(lambda: c(input_ids=ids, use_cache=False).logits, device)
         with torch.no_grad():
             logits, secs, info = _first_call(call, backend)
+            secs += wrap_s
             t = _timed(call, budget)
             _profiled(call, device, profile_dir and profile_dir / f"{name}-{backend}-prefill.txt",
                       f"{name} under {backend}: prefill of {ids.shape[1]} tokens ({device})")
@@ -259,7 +267,7 @@ def worker(name: str, backend: str, phases: list[str], quick: bool, budget: floa
         model.train()
         model.config.output_router_logits = True
         torch._dynamo.reset()
-        c = _compile(model, backend)
+        c, wrap_s = _compile(model, backend)
         opt = torch.optim.SGD(model.parameters(), lr=1e-4)
 
         def step():
@@ -271,6 +279,7 @@ def worker(name: str, backend: str, phases: list[str], quick: bool, budget: floa
 
         step = _synced(step, device)
         loss, secs, info = _first_call(step, backend)
+        secs += wrap_s
         t = _timed(step, budget)
         _profiled(step, device, profile_dir and profile_dir / f"{name}-{backend}-train.txt",
                   f"{name} under {backend}: one training step, batch {b}x{t_len} ({device})")
@@ -332,9 +341,11 @@ def _checks(recs: dict[str, dict], out_dir: Path) -> dict[str, dict[str, str]]:
     return res
 
 
-def summarize(rounds: list[dict[str, dict[str, dict]]], phases: list[str]) -> list[dict]:
-    """Per model and phase: medians over rounds of each backend's time and compile time, and the per-round ratios
-    moe/inductor and moe/eager (speed-ups: > 1 means moe is faster) with their spread."""
+def summarize(rounds: list[dict[str, dict[str, dict]]], phases: list[str],
+              cold_every_round: bool = False) -> list[dict]:
+    """Per model and phase: medians over rounds of each backend's time and compile time (also apart: cold, the
+    first round's, and warm, the later rounds'), and the per-round ratios moe/inductor and moe/eager (speed-ups:
+    > 1 means moe is faster) with their spread."""
     rows = []
     models = list(dict.fromkeys(m for r in rounds for m in r))
     for m in models:
@@ -358,7 +369,14 @@ def summarize(rounds: list[dict[str, dict[str, dict]]], phases: list[str]) -> li
             row = {"model": m, "phase": ph}
             for b in BACKENDS:
                 row[f"{b}_ms"] = statistics.median(per[b]) if per[b] else None
-                row[f"{b}_compile_s"] = statistics.median(comp[b]) if comp[b] and b != "eager" else None
+                c = comp[b] if b != "eager" else []
+                row[f"{b}_compile_s"] = statistics.median(c) if c else None
+                # round 1 compiles with empty caches; later rounds find inductor's FX-graph cache and the moe
+                # kernel cache filled (unless --cold: then every round is cold)
+                cold = c if cold_every_round else c[:1]
+                warm = [] if cold_every_round else c[1:]
+                row[f"{b}_compile_cold_s"] = statistics.median(cold) if cold else None
+                row[f"{b}_compile_warm_s"] = statistics.median(warm) if warm else None
             for key, v in (("moe_vs_inductor", vs_ind), ("moe_vs_eager", vs_eager)):
                 row[key] = statistics.median(v) if v else None
                 row[key + "_spread"] = [min(v), max(v)] if v else None
@@ -387,8 +405,11 @@ def markdown(result: dict) -> str:
              "Speed-ups are per-round ratios of medians (> 1: moe faster), median over rounds [min, max]. decode: "
              "ms per generated token; prefill: ms per forward over the prompt (512 tokens; 64 with --quick); train: "
              "ms per step (fwd + bwd + SGD).", "",
-             "| model | phase | eager ms | inductor ms | moe ms | moe vs inductor | moe vs eager | compile s "
-             "(inductor / moe) |", "|---|---|---|---|---|---|---|---|"]
+             "Compile s: the phase's first call, inductor / moe; cold: empty caches (round 1, or every round with "
+             "--cold); warm: inductor's FX-graph cache and the moe kernel cache filled by round 1 (a user's second "
+             "run), median of the later rounds.", "",
+             "| model | phase | eager ms | inductor ms | moe ms | moe vs inductor | moe vs eager | compile s cold "
+             "| compile s warm |", "|---|---|---|---|---|---|---|---|---|"]
     for r in result["summary"]:
         sp = r["moe_vs_inductor_spread"]
         se = r["moe_vs_eager_spread"]
@@ -396,7 +417,8 @@ def markdown(result: dict) -> str:
             f"| {r['model']} | {r['phase']} | {_fmt(r['eager_ms'])} | {_fmt(r['inductor_ms'])} | {_fmt(r['moe_ms'])} "
             f"| {_fmt(r['moe_vs_inductor'])}x [{_fmt(sp and sp[0])}, {_fmt(sp and sp[1])}] "
             f"| {_fmt(r['moe_vs_eager'])}x [{_fmt(se and se[0])}, {_fmt(se and se[1])}] "
-            f"| {_fmt(r['inductor_compile_s'], '.1f')} / {_fmt(r['moe_compile_s'], '.1f')} |")
+            f"| {_fmt(r.get('inductor_compile_cold_s'), '.1f')} / {_fmt(r.get('moe_compile_cold_s'), '.1f')} "
+            f"| {_fmt(r.get('inductor_compile_warm_s'), '.1f')} / {_fmt(r.get('moe_compile_warm_s'), '.1f')} |")
     bad = [(i, m_, b, ph, c) for i, rnd in enumerate(result["checks"]) for m_, per in rnd.items()
            for b, cs in per.items() for ph, c in cs.items() if c != "ok"]
     lines += ["", "Checks against eager (tokens, prefill logits, first training loss): "
@@ -487,7 +509,7 @@ def main() -> int:
         result["checks"].append(checks)
         # Written after every round: a run cut short keeps the rounds it finished (the file says how many).
         result["loadavg_after"] = round(os.getloadavg()[0], 2)
-        result["summary"] = summarize(result["rounds"], args.phases)
+        result["summary"] = summarize(result["rounds"], args.phases, args.cold)
         md = markdown(result)
         if not args.quick:
             out = args.results_dir or REPO / "bench" / "results"
