@@ -11,6 +11,7 @@
 
 // CHECK: PASS: topk_renorm
 // CHECK: PASS: similarity_inform
+// CHECK: PASS: similarity_inform_topk_mma
 // CHECK: PASS: similarity_inform_grad
 // CHECK: PASS: attention_posterior
 // CHECK: PASS: attention_posterior_grad
@@ -21,4 +22,4 @@
 // CHECK: PASS: route
 // CHECK: PASS: dispatch_plan
 // CHECK: PASS: balance
-// CHECK: 12 passed, 0 failed
+// CHECK: 13 passed, 0 failed

@@ -9,15 +9,23 @@
 // FlashMma.cpp) assemble with ptxas for sm_80 and sm_90 without local memory
 // (every case is a nospill_ one), and their PTX holds the warp-level MMA:
 // mma.sync m16n8k16 on f16 and on bf16 operands with f32 sums, fed by
-// ldmatrix (x4; .trans for the values).
+// ldmatrix (x4; .trans for the values). The fused top-k's kernels
+// (flash-mma-topk, the cases file's ptxas-options line) too: their epilogue's
+// candidates live beside the accumulators.
 
-// CHECK: ptxas report: 12 kernels, 0 failures
+// CHECK: ptxas report: 24 kernels, 0 failures
 
 // TABLE-DAG: | sm_80 | nospill_mma_f16_d64_k16 | similarity_inform_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
 // TABLE-DAG: | sm_90 | nospill_mma_bf16_d64_k16 | similarity_inform_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
 // TABLE-DAG: | sm_90 | nospill_mma_bf16_d256_k64_causal | similarity_inform_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
 // TABLE-DAG: | sm_80 | nospill_mma_f16_d256_k256 | similarity_inform_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
 // TABLE-DAG: | sm_90 | nospill_mma_fwd_lse_f16 | similarity_inform_fwd_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_80 | nospill_mma_topk_f16_d64_k16 | similarity_inform_topk_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_90 | nospill_mma_topk_bf16_d64_k16_causal | similarity_inform_topk_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_80 | nospill_mma_topk_bf16_d256_k64 | similarity_inform_topk_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_90 | nospill_mma_topk_f16_d256_k256 | similarity_inform_topk_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_90 | nospill_mma_topk_f16_d16_k256 | similarity_inform_topk_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_80 | nospill_mma_topk_bf16_mask_odd | similarity_inform_topk_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
 // TABLE-NOT: Failures
 
 // PTX-DAG: ldmatrix.sync.aligned.m8n8.x4.shared.b16

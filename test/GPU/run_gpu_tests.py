@@ -629,6 +629,76 @@ def check_similarity_grad(name, lib, fn, u, e, dp, ws=None, key_mask=None, tau=1
     return got
 
 
+def check_mma_topk(name, w, i, p_ref, k, renorm):
+    """The fused top-k of an f16/bf16 similarity case: every index an expert (never one of the padding columns
+    past K) selected once, the reference's values at our indices and our weights within MMA_TOL of the
+    reference's (near-ties may order differently; exact ties are the caller's to check)."""
+    K = p_ref.shape[-1]
+    il = i.long()
+    if ((il < 0) | (il >= K)).any():
+        raise AssertionError(f"{name}: an index outside [0, {K}) (a padded expert)")
+    srt = il.sort(-1).values
+    if (srt[..., 1:] == srt[..., :-1]).any():
+        raise AssertionError(f"{name}: an expert selected twice")
+    rw, ri = ref_topk(p_ref, k, "probs", renorm)
+    close(f"{name} selected values", p_ref.gather(-1, il), p_ref.gather(-1, ri.long()), **MMA_TOL)
+    close(f"{name} weights", w, rw, **MMA_TOL)
+    return rw, ri
+
+
+def case_similarity_topk_mma(lib, g):
+    """similarity_inform_topk on f16/bf16 operands of one type. Built with MOE_GPU_AOT_OPTIONS=flash-mma-topk=true
+    these run on the tensor-core kernel, which selects from the mma.sync accumulators (a row's experts spread over
+    the 4 lanes of a quad); by default on the scalar kernel. Both must follow the op's rules exactly: ties to the
+    lowest index, NaN first, never a padded expert, rows past N (100, 70: not multiples of the 64-row block)
+    stored nowhere (memcheck)."""
+    # f16, k = 3, a key mask. Experts 2 and 5 have equal e columns above every other expert's (so every kernel
+    # computes equal p for them, on top); sequence 1 has a NaN at expert 9 of an unmasked key (every row's p_9 is
+    # NaN: picked first, every weight NaN); sequence 2 has every key masked (p = 0: indices 0, 1, 2, weights 0).
+    B, N, D, K = 3, 100, 64, 16
+    u = (torch.randn(B, N, D, generator=g) * 0.3).half()
+    e = 0.3 * torch.softmax(torch.randn(B, N, K, generator=g) * 0.5, -1)
+    e[..., 2] = 0.25 + 0.1 * torch.rand(B, N, generator=g)
+    e = e.half()
+    e[..., 5] = e[..., 2]
+    e[1, 7, 9] = float("nan")
+    m = torch.rand(B, N, generator=g) > 0.3
+    m[1, 7] = True
+    m[2] = False
+    u, e, m = u.to(DEV), e.to(DEV), m.to(DEV)
+    w, i = lib.call("sim_topk_mma_f16", [u, e, m], [((B, N, 3), torch.float32), ((B, N, 3), torch.int32)])
+    check_mma_topk("sim_topk_mma_f16", w, i, ref_similarity(u, e, key_mask=m), 3, True)
+    i = i.cpu()
+    same("sim_topk_mma_f16 tie (2 before 5)", i[0, :, :2], torch.tensor([2, 5]).expand(N, 2))
+    same("sim_topk_mma_f16 NaN first", i[1], torch.tensor([9, 2, 5]).expand(N, 3))
+    if not torch.isnan(w[1]).all():
+        raise AssertionError("sim_topk_mma_f16: a weight of a row with a NaN probability is not NaN")
+    same("sim_topk_mma_f16 masked element", i[2], torch.tensor([0, 1, 2]).expand(N, 3))
+    close("sim_topk_mma_f16 masked element weights", w[2], torch.zeros(N, 3), rtol=0, atol=0)
+
+    # bf16, causal, k = K = 12 (the tiles pad the experts to 16 with p = 0), raw probabilities. Expert 11 has
+    # e = 0 (p = 0 exactly: last in every row, and the padding's zeros never before it), 2 and 5 tied; row 0 sees
+    # key 0 alone, so p = e_0 exactly in every kernel: with e_0 of a few levels (many ties) its whole order and
+    # its weights must equal the reference's exactly.
+    B, N, D, K = 2, 70, 40, 12
+    u = (torch.randn(B, N, D, generator=g) * 0.4).to(torch.bfloat16)
+    e = torch.softmax(torch.randn(B, N, K, generator=g), -1)
+    e[:, 0] = torch.randint(1, 4, (B, K), generator=g) / 16.0
+    e[..., 11] = 0.0
+    e = e.to(torch.bfloat16)
+    e[..., 5] = e[..., 2]
+    u, e = u.to(DEV), e.to(DEV)
+    w, i = lib.call("sim_topk_mma_bf16_kK", [u, e], [((B, N, K), torch.float32), ((B, N, K), torch.int32)])
+    rw, ri = check_mma_topk("sim_topk_mma_bf16_kK", w, i, ref_similarity(u, e, tau=0.5, causal=True), K, False)
+    i, ri = i.cpu().long(), ri.cpu().long()
+    same("sim_topk_mma_bf16_kK zero expert last", i[..., -1], torch.full((B, N), 11))
+    pos = i.argsort(-1)
+    if not (pos[..., 2] < pos[..., 5]).all():
+        raise AssertionError("sim_topk_mma_bf16_kK: tied experts 2 and 5 not in index order")
+    same("sim_topk_mma_bf16_kK row 0 (exact ties)", i[:, 0], ri[:, 0])
+    close("sim_topk_mma_bf16_kK row 0 weights", w[:, 0], rw[:, 0], rtol=0, atol=0)
+
+
 def case_similarity_grad(lib, g):
     # causal, N = 67 (not a multiple of the 16-row or 32-column tiles), D = 40 (two feature chunks)
     u = (torch.randn(2, 67, 40, generator=g) * 0.3).to(DEV)
@@ -1189,6 +1259,7 @@ def case_balance(lib, g):
 CASES = {
     "topk_renorm": case_topk,
     "similarity_inform": case_similarity,
+    "similarity_inform_topk_mma": case_similarity_topk_mma,
     "similarity_inform_grad": case_similarity_grad,
     "attention_posterior": case_attention,
     "attention_posterior_grad": case_attention_grad,

@@ -133,6 +133,11 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "computed, one barrier per tile instead of two (where D / K is a multiple of 8 and the operand's base "
            "is 16-byte aligned, checked in the kernel; the values without a key mask). Twice the shared memory "
            "per tile. Off until a GPU run has checked it">,
+    Option<"flashMmaTopk", "flash-mma-topk", "bool", /*default=*/"false",
+           "similarity_inform_topk with f16/bf16 operands of one type on the tensor-core kernel too: its epilogue "
+           "selects the top k of each row's mixed probabilities from the mma.sync accumulators (the scalar "
+           "kernel's register top-k on the C-fragment layout: a row's experts over the 4 lanes of a quad, 4-lane "
+           "butterfly rounds). Off until a GPU run has checked it: the scalar kernel runs the fused op">,
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect",

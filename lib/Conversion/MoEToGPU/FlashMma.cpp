@@ -35,6 +35,12 @@
 // kernel with the flash-mma option, on by default since an H100 run passed
 // the float64 checks (flash-mma=false keeps the f32-path kernel).
 //
+// With flash-mma-topk (off until a GPU run has checked it) the kernel also
+// runs similarity_inform_topk: its epilogue selects each row's top k from the
+// normalized accumulators with the scalar kernel's register top-k
+// (emitRegisterTopk, the shared order of MoE/Kernels/TopK.h) on the C-fragment
+// layout, a row's experts over the 4 lanes of its quad.
+//
 //===----------------------------------------------------------------------===//
 
 #include "KernelUtils.h"
@@ -62,12 +68,11 @@ static constexpr int64_t kThreads = kWarp * kWarps;
 /// Elements of padding per workgroup row (16 bytes).
 static constexpr int64_t kPad = 8;
 
-std::optional<FlashMmaTile>
-mlir::moe::gpu_lowering::flashMmaTile(const FlashMixSpec &spec, Type qElt,
-                                      Type keyElt, Type eElt, int64_t depth,
-                                      int64_t sharedMemoryBytes,
-                                      bool wideStaging, bool asyncStaging) {
-  if (spec.topk || spec.hasBias || spec.hasAddScores)
+std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
+    const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt, int64_t depth,
+    int64_t sharedMemoryBytes, bool wideStaging, bool asyncStaging,
+    bool fusedTopk) {
+  if ((spec.topk && !fusedTopk) || spec.hasBias || spec.hasAddScores)
     return std::nullopt;
   if (!(qElt.isF16() || qElt.isBF16()) || keyElt != qElt || eElt != qElt)
     return std::nullopt;
@@ -91,6 +96,10 @@ mlir::moe::gpu_lowering::flashMmaTile(const FlashMixSpec &spec, Type qElt,
       // A thread's fragments (4 registers per 16x8 tile: the query's chunks,
       // the logits, the accumulator) plus about 40 of addresses and state.
       int64_t regs = 4 * (tile.depth / 16 + cols / 8 + tile.experts / 8) + 40;
+      // The fused top-k's epilogue: one row's packed 64-bit candidates (2 per
+      // column of the quad lane) beside the other row's probabilities.
+      if (spec.topk)
+        regs = std::max(regs, 6 * tile.experts / 8 + 40);
       tile.blocksPerSM = regs <= 128 ? 4 : 2;
       return tile;
     }
@@ -173,6 +182,37 @@ struct Mma {
 };
 } // namespace
 
+/// The fused top-k (similarity_inform_topk, flash-mma-topk) of the thread's
+/// two rows, one after the other: the scalar kernel's epilogue
+/// (emitRegisterTopk on the normalized row) on the C-fragment layout. A row's
+/// K values are spread over the 4 lanes of its quad, lane `tig` holding
+/// columns 8n + 2·tig and 8n + 2·tig + 1 of each 8-expert block n (run 2 of
+/// the register layout), so the rounds' reductions are 4-lane butterflies;
+/// the padding columns past K never win (emitRegisterTopk masks indices
+/// >= K). The quad's lanes share their rows, so `active` (row < N) is
+/// uniform over the shuffles; rows past N store nothing.
+static void emitMmaTopkEpilogue(GPUKernel &kernel, const FlashMixSpec &spec,
+                                ArrayRef<Value> fin, int64_t accCount,
+                                ArrayRef<Value> rowsOf, Value bi, Value N,
+                                Value tig, Value out, Value outIdx) {
+  GpuKernelBuilder &kb = kernel.kb;
+  const int64_t expertBlocks = accCount / 4;
+  Value outRows = viewAs2D(kernel.b, out), idxRows = viewAs2D(kernel.b, outIdx);
+  for (int r = 0; r < 2; ++r) {
+    SoftmaxState state = {fin[accCount + 2 * r], fin[accCount + 2 * r + 1]};
+    SmallVector<Value> vals;
+    for (int64_t eb = 0; eb < expertBlocks; ++eb)
+      for (int64_t x = 0; x < 2; ++x)
+        vals.push_back(softmaxNormalize(kb, state, fin[eb * 4 + 2 * r + x]));
+    Value row = rowsOf[r];
+    Value active = kb.lt(row, N);
+    Value flatRow = kb.add(kb.mul(bi, N), row);
+    emitRegisterTopk(kb, vals, tig, /*width=*/4, spec.numExperts, *spec.topk,
+                     outRows, idxRows, flatRow, active, Value(), Value(),
+                     TopkRounds::Butterfly, /*run=*/2);
+  }
+}
+
 /// The body of the kernel (launchFlashMixMma).
 static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
                             const FlashMmaTile &tile, Type elt) {
@@ -191,6 +231,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   FlashLogitArgs logit(kernel, spec, a);
   Value keyMask = logit.keyMask;
   Value out = kernel.arg(a++);
+  Value outIdx = spec.topk ? kernel.arg(a++) : Value();
   Value lseOut = spec.withLse ? kernel.arg(a++) : Value();
   Value ks = kernel.workgroup(0), vs = kernel.workgroup(1);
 
@@ -451,6 +492,11 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       });
 
   // Epilogue: normalize; a row without any key gets zeros.
+  if (spec.topk) {
+    emitMmaTopkEpilogue(kernel, spec, fin, accCount, rowsOf, bi, N, tig, out,
+                        outIdx);
+    return;
+  }
   for (int r = 0; r < 2; ++r) {
     SoftmaxState state = {fin[accCount + 2 * r], fin[accCount + 2 * r + 1]};
     Value row = rowsOf[r];

@@ -170,21 +170,46 @@ static Value groupMask(GpuKernelBuilder &kb, int64_t width) {
   return kb.shl(kb.cI32((int64_t(1) << width) - 1), first);
 }
 
+namespace {
+/// The row layout of a register top-k (emitRegisterTopk): register m of lane
+/// l of a group of `width` holds element (m / run) * width * run + l * run +
+/// m % run.
+struct RegisterRow {
+  int64_t width, run;
+  /// The element index of register m given laneBase() of the lane.
+  Value index(GpuKernelBuilder &kb, int64_t m, Value laneBase) const {
+    return kb.add(kb.cI32(offset(m)), laneBase);
+  }
+  /// lane * run (i32), built once: the lane's part of every index.
+  Value laneBase(GpuKernelBuilder &kb, Value laneI32) const {
+    return run == 1 ? laneI32 : kb.mul(laneI32, kb.cI32(run));
+  }
+  /// Whether register m of some lane holds padding (an index >= count): its
+  /// last lane's index.
+  bool mayPad(int64_t m, int64_t count) const {
+    return offset(m) + (width - 1) * run >= count;
+  }
+  int64_t offset(int64_t m) const { return m / run * width * run + m % run; }
+};
+} // namespace
+
 /// The k rounds of TopkRounds::Redux: stores round r's value and index by lane
 /// r % width; returns {v0, selSum} as the butterfly rounds do.
 static SmallVector<Value>
 emitReduxRounds(GpuKernelBuilder &kb, ArrayRef<Value> vals, Value lane,
-                int64_t width, int64_t numElements, const TopkSpec &spec,
-                Value weights, Value indices, Value row, Value active) {
+                const RegisterRow &layout, int64_t numElements,
+                const TopkSpec &spec, Value weights, Value indices, Value row,
+                Value active) {
   const int64_t vpt = vals.size();
+  const int64_t width = layout.width;
   Value gone = kb.cI32(std::numeric_limits<int32_t>::min());
   Value noIndex = kb.cI32(std::numeric_limits<int32_t>::max());
-  Value laneI32 = kb.castInt(lane, kb.i32());
+  Value laneBase = layout.laneBase(kb, kb.castInt(lane, kb.i32()));
   SmallVector<Value> index, init;
   for (auto [m, v] : llvm::enumerate(vals)) {
-    index.push_back(kb.add(kb.cI32(static_cast<int64_t>(m) * width), laneI32));
+    index.push_back(layout.index(kb, m, laneBase));
     Value key = orderedKey(kb, v);
-    if (static_cast<int64_t>(m + 1) * width > numElements)
+    if (layout.mayPad(m, numElements))
       key = kb.select(kb.lt(index.back(), kb.cI32(numElements)), key, gone);
     init.push_back(key);
   }
@@ -225,22 +250,24 @@ emitReduxRounds(GpuKernelBuilder &kb, ArrayRef<Value> vals, Value lane,
 void mlir::moe::gpu_lowering::emitRegisterTopk(
     GpuKernelBuilder &kb, ArrayRef<Value> vals, Value lane, int64_t width,
     int64_t numElements, const TopkSpec &spec, Value weights, Value indices,
-    Value row, Value active, Value denseMax, Value denseSum,
-    TopkRounds rounds) {
+    Value row, Value active, Value denseMax, Value denseSum, TopkRounds rounds,
+    int64_t run) {
+  RegisterRow layout{width, run};
   if (rounds == TopkRounds::Redux) {
-    SmallVector<Value> sel = emitReduxRounds(
-        kb, vals, lane, width, numElements, spec, weights, indices, row, active);
+    SmallVector<Value> sel =
+        emitReduxRounds(kb, vals, lane, layout, numElements, spec, weights,
+                        indices, row, active);
     rescaleOwnEntries(kb, spec, lane, width, weights, row, active, sel[0],
                       sel[1], denseMax, denseSum);
     return;
   }
   // Candidates are computed once; the rounds only compare and reduce.
-  Value laneI32 = kb.castInt(lane, kb.i32());
+  Value laneBase = layout.laneBase(kb, kb.castInt(lane, kb.i32()));
   SmallVector<Value> cands;
   for (auto [m, v] : llvm::enumerate(vals)) {
-    Value index = kb.add(kb.cI32(static_cast<int64_t>(m) * width), laneI32);
+    Value index = layout.index(kb, m, laneBase);
     Value cand = packCandidate(kb, orderedKey(kb, v), index);
-    if (static_cast<int64_t>(m + 1) * width > numElements)
+    if (layout.mayPad(m, numElements))
       cand = kb.select(kb.lt(index, kb.cI32(numElements)), cand,
                       noCandidate(kb, kb.i64()));
     cands.push_back(cand);

@@ -94,19 +94,24 @@ enum class TopkRounds { Butterfly, Redux };
 
 /// Top-k of one row held in registers by a group of `width` lanes (a power of
 /// two <= 32, aligned in the warp): lane `lane` holds `vals[m]`, the element of
-/// index m*width + lane (elements of index >= numElements are padding). Every
-/// lane of the group must execute it (shuffles); stores happen only when
-/// `active`. The k rounds select, by a butterfly max on packed candidates
-/// below the previous winner, the next (value desc, index asc) element; round
-/// r's raw value and index are stored by lane r % width, which rescales its
-/// own entries in the epilogue (no cross-lane memory traffic).
-/// `denseMax`/`denseSum` (logits without renormalization) are the row's max
-/// and sum of exp(x - max); pass null otherwise.
+/// index (m / run) * width * run + lane * run + m % run, i.e. runs of `run`
+/// adjacent elements, the group's runs side by side (run = 1: m*width + lane,
+/// the warp kernels; run = 2, width = 4: one row of mma.sync's C fragments,
+/// where lane t of a quad holds columns 8n + 2t and 8n + 2t + 1). Elements of
+/// index >= numElements are padding. Every lane of the group must execute it
+/// (shuffles); stores happen only when `active`. The k rounds select, by a
+/// butterfly max on packed candidates below the previous winner, the next
+/// (value desc, index asc) element; round r's raw value and index are stored
+/// by lane r % width, which rescales its own entries in the epilogue (no
+/// cross-lane memory traffic). `denseMax`/`denseSum` (logits without
+/// renormalization) are the row's max and sum of exp(x - max); pass null
+/// otherwise.
 void emitRegisterTopk(GpuKernelBuilder &kb, ArrayRef<Value> vals, Value lane,
                       int64_t width, int64_t numElements, const TopkSpec &spec,
                       Value weights, Value indices, Value row, Value active,
                       Value denseMax, Value denseSum,
-                      TopkRounds rounds = TopkRounds::Butterfly);
+                      TopkRounds rounds = TopkRounds::Butterfly,
+                      int64_t run = 1);
 
 //===----------------------------------------------------------------------===//
 // Kernels and host code

@@ -167,14 +167,15 @@ constexpr int64_t kFlashMmaMaxDepth = 256;
 
 /// The tiles of the tensor-core kernel for `spec` on q/keys/e elements
 /// `qElt`/`keyElt`/`eElt` and `depth` features, or none where it does not
-/// apply (a fused top-k, a bias or added scores, operands that are not all f16
-/// or all bf16, a dynamic depth or one over kFlashMmaMaxDepth, tiles over
-/// `sharedMemoryBytes`): the scalar kernel then runs.
-std::optional<FlashMmaTile> flashMmaTile(const FlashMixSpec &spec, Type qElt,
-                                         Type keyElt, Type eElt, int64_t depth,
-                                         int64_t sharedMemoryBytes,
-                                         bool wideStaging = false,
-                                         bool asyncStaging = false);
+/// apply (a fused top-k without `fusedTopk`, a bias or added scores, operands
+/// that are not all f16 or all bf16, a dynamic depth or one over
+/// kFlashMmaMaxDepth, tiles over `sharedMemoryBytes`): the scalar kernel then
+/// runs. With `fusedTopk` (flash-mma-topk) the kernel's epilogue selects a
+/// fused top-k as the scalar kernel's does.
+std::optional<FlashMmaTile>
+flashMmaTile(const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt,
+             int64_t depth, int64_t sharedMemoryBytes, bool wideStaging = false,
+             bool asyncStaging = false, bool fusedTopk = false);
 
 /// launchFlashMix on tensor cores (the same arguments; grid ceil(N / 64) x B,
 /// block 128) with the tiles of flashMmaTile.

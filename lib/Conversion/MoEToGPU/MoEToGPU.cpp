@@ -82,7 +82,7 @@ struct ConvertMoEToGPUPass
     populateMoEToGPUPatterns(patterns,
                              {blockSize, sharedMemoryBytes, topkRounds,
                               flashMma, balanceKernels, flashMmaWideStaging,
-                              flashMmaAsyncStaging});
+                              flashMmaAsyncStaging, flashMmaTopk});
     llvm::SmallDenseSet<OperationName> lowered;
     for (const auto &pattern : patterns.getNativePatterns())
       if (std::optional<OperationName> root = pattern->getRootKind())

@@ -79,7 +79,8 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
   }
   args.append(results);
   // Tensor cores (flash-mma) for f16/bf16 operands without ws (q = u · ws is
-  // f32); the scalar kernel otherwise.
+  // f32), the fused top-k only with flash-mma-topk; the scalar kernel
+  // otherwise.
   auto elementOf = [](Value v) {
     return cast<MemRefType>(v.getType()).getElementType();
   };
@@ -88,11 +89,12 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
     mma = flashMmaTile(spec, elementOf(q), elementOf(u), elementOf(e),
                        cast<MemRefType>(u.getType()).getShape()[2],
                        options.sharedMemoryBytes, options.flashMmaWideStaging,
-                       options.flashMmaAsyncStaging);
+                       options.flashMmaAsyncStaging, options.flashMmaTopk);
   if (mma)
     launchFlashMixMma(h,
-                      training ? "similarity_inform_fwd_mma"
-                               : "similarity_inform_mma",
+                      fused      ? "similarity_inform_topk_mma"
+                      : training ? "similarity_inform_fwd_mma"
+                                 : "similarity_inform_mma",
                       spec, *mma, q, args, op->getLoc());
   else
     launchFlashMix(h,

@@ -71,7 +71,7 @@ func.func @fwd_bf16(%u: tensor<?x?x256xbf16>, %e: tensor<?x?x256xbf16>) -> (tens
 
 // Where the tensor-core kernel does not apply, the scalar one runs: f32
 // operands (exact by default), mixed types, ws (q = u · ws is f32), the fused
-// top-k.
+// top-k (unless flash-mma-topk: similarity_inform_topk_mma.mlir).
 
 // CHECK-LABEL: func.func @f32_exact(
 // CHECK: @moe_kernels::@similarity_inform_{{[0-9]+}}

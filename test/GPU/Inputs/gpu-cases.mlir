@@ -98,6 +98,19 @@ func.func @sim_mma_f16_mask(%u: tensor<2x70x40xf16>, %e: tensor<2x70x12xf16>, %m
   %p = moe.similarity_inform %u, %e key_mask(%m : tensor<2x70xi1>) : tensor<2x70x40xf16>, tensor<2x70x12xf16> -> tensor<2x70x12xf32>
   return %p : tensor<2x70x12xf32>
 }
+// The fused top-k on f16/bf16 operands of one type: the tensor-core kernel's
+// epilogue under flash-mma-topk (off by default: the scalar kernel otherwise).
+// N = 100 and 70 (rows past N in the last 64-row block), a key mask with a
+// fully masked element, a NaN expert, tied experts, k = K = 12 (experts
+// padded to 16 in the tiles), raw probabilities.
+func.func @sim_topk_mma_f16(%u: tensor<3x100x64xf16>, %e: tensor<3x100x16xf16>, %m: tensor<3x100xi1>) -> (tensor<3x100x3xf32>, tensor<3x100x3xi32>) {
+  %w, %i = moe.similarity_inform_topk %u, %e key_mask(%m : tensor<3x100xi1>) k(3) : tensor<3x100x64xf16>, tensor<3x100x16xf16> -> tensor<3x100x3xf32>, tensor<3x100x3xi32>
+  return %w, %i : tensor<3x100x3xf32>, tensor<3x100x3xi32>
+}
+func.func @sim_topk_mma_bf16_kK(%u: tensor<2x70x40xbf16>, %e: tensor<2x70x12xbf16>) -> (tensor<2x70x12xf32>, tensor<2x70x12xi32>) {
+  %w, %i = moe.similarity_inform_topk %u, %e k(12) renormalize(false) tau(5.000000e-01) causal(true) : tensor<2x70x40xbf16>, tensor<2x70x12xbf16> -> tensor<2x70x12xf32>, tensor<2x70x12xi32>
+  return %w, %i : tensor<2x70x12xf32>, tensor<2x70x12xi32>
+}
 func.func @sim_causal_mask(%u: tensor<2x45x16xf32>, %e: tensor<2x45x8xf32>, %m: tensor<2x45xi1>) -> tensor<2x45x8xf32> {
   %p = moe.similarity_inform %u, %e key_mask(%m : tensor<2x45xi1>) tau(2.500000e-01) causal(true) : tensor<2x45x16xf32>, tensor<2x45x8xf32> -> tensor<2x45x8xf32>
   return %p : tensor<2x45x8xf32>
@@ -217,8 +230,9 @@ func.func @apgrad_one(%s: tensor<1x2x1x33xf32>, %u: tensor<1x1x12xf32>, %v: tens
 // and 2048 (many chunks; router_stats_sum over several thread blocks), T past
 // one row block with a short last block, one and zero tokens (the token
 // dimension is dynamic), f32/bf16 logits, f32/bf16 token masks, k = 1 and
-// k = E, a dynamic E.
-// ptxas-options: balance-kernels=true
+// k = E, a dynamic E. flash-mma-topk=true (off by default, likewise) puts the
+// sim_topk_mma_* cases on the tensor-core kernel in the ptxas sweep.
+// ptxas-options: balance-kernels=true flash-mma-topk=true
 func.func @bal_stats_e8(%l: tensor<?x8xf32>) -> (tensor<8xf32>, tensor<8xf32>, tensor<f32>) {
   %c, %p, %w = moe.router_stats %l k(2) : tensor<?x8xf32> -> tensor<8xf32>, tensor<8xf32>, tensor<f32>
   return %c, %p, %w : tensor<8xf32>, tensor<8xf32>, tensor<f32>

@@ -3,6 +3,11 @@
 // one. The shapes of the issue's benchmark (D = 64, K = 16; D = 256, K = 64
 // causal), the largest tiles (D = K = 256: 32-key tiles), a key mask, odd
 // sizes (features and experts padded), and the training forward (lse).
+// The nospill_mma_topk_* cases: the fused top-k in the kernel's epilogue
+// (similarity_inform_topk, behind flash-mma-topk, the line below): the same
+// shapes, and K = 256 beside D = 16 (64-key tiles: the accumulators and the
+// epilogue's candidates dominate).
+// ptxas-options: flash-mma-topk=true
 
 func.func @nospill_mma_f16_d64_k16(%u: tensor<?x?x64xf16>, %e: tensor<?x?x16xf16>) -> tensor<?x?x16xf32> {
   %p = moe.similarity_inform %u, %e : tensor<?x?x64xf16>, tensor<?x?x16xf16> -> tensor<?x?x16xf32>
@@ -27,4 +32,28 @@ func.func @nospill_mma_bf16_mask_odd(%u: tensor<?x?x40xbf16>, %e: tensor<?x?x12x
 func.func @nospill_mma_fwd_lse_f16(%u: tensor<?x?x128xf16>, %e: tensor<?x?x32xf16>) -> (tensor<?x?x32xf32>, tensor<?x?xf32>) {
   %p, %lse = moe.similarity_inform_fwd %u, %e tau(5.000000e-01) causal(true) : tensor<?x?x128xf16>, tensor<?x?x32xf16> -> tensor<?x?x32xf32>, tensor<?x?xf32>
   return %p, %lse : tensor<?x?x32xf32>, tensor<?x?xf32>
+}
+func.func @nospill_mma_topk_f16_d64_k16(%u: tensor<?x?x64xf16>, %e: tensor<?x?x16xf16>) -> (tensor<?x?x2xf32>, tensor<?x?x2xi32>) {
+  %w, %i = moe.similarity_inform_topk %u, %e k(2) : tensor<?x?x64xf16>, tensor<?x?x16xf16> -> tensor<?x?x2xf32>, tensor<?x?x2xi32>
+  return %w, %i : tensor<?x?x2xf32>, tensor<?x?x2xi32>
+}
+func.func @nospill_mma_topk_bf16_d64_k16_causal(%u: tensor<?x?x64xbf16>, %e: tensor<?x?x16xbf16>) -> (tensor<?x?x2xf32>, tensor<?x?x2xi32>) {
+  %w, %i = moe.similarity_inform_topk %u, %e k(2) causal(true) : tensor<?x?x64xbf16>, tensor<?x?x16xbf16> -> tensor<?x?x2xf32>, tensor<?x?x2xi32>
+  return %w, %i : tensor<?x?x2xf32>, tensor<?x?x2xi32>
+}
+func.func @nospill_mma_topk_bf16_d256_k64(%u: tensor<?x?x256xbf16>, %e: tensor<?x?x64xbf16>) -> (tensor<?x?x8xf32>, tensor<?x?x8xi32>) {
+  %w, %i = moe.similarity_inform_topk %u, %e k(8) causal(true) : tensor<?x?x256xbf16>, tensor<?x?x64xbf16> -> tensor<?x?x8xf32>, tensor<?x?x8xi32>
+  return %w, %i : tensor<?x?x8xf32>, tensor<?x?x8xi32>
+}
+func.func @nospill_mma_topk_f16_d256_k256(%u: tensor<?x?x256xf16>, %e: tensor<?x?x256xf16>) -> (tensor<?x?x8xf32>, tensor<?x?x8xi32>) {
+  %w, %i = moe.similarity_inform_topk %u, %e k(8) renormalize(false) : tensor<?x?x256xf16>, tensor<?x?x256xf16> -> tensor<?x?x8xf32>, tensor<?x?x8xi32>
+  return %w, %i : tensor<?x?x8xf32>, tensor<?x?x8xi32>
+}
+func.func @nospill_mma_topk_f16_d16_k256(%u: tensor<?x?x16xf16>, %e: tensor<?x?x256xf16>) -> (tensor<?x?x2xf32>, tensor<?x?x2xi32>) {
+  %w, %i = moe.similarity_inform_topk %u, %e k(2) : tensor<?x?x16xf16>, tensor<?x?x256xf16> -> tensor<?x?x2xf32>, tensor<?x?x2xi32>
+  return %w, %i : tensor<?x?x2xf32>, tensor<?x?x2xi32>
+}
+func.func @nospill_mma_topk_bf16_mask_odd(%u: tensor<?x?x40xbf16>, %e: tensor<?x?x12xbf16>, %m: tensor<?x?xi1>) -> (tensor<?x?x12xf32>, tensor<?x?x12xi32>) {
+  %w, %i = moe.similarity_inform_topk %u, %e key_mask(%m : tensor<?x?xi1>) k(12) causal(true) : tensor<?x?x40xbf16>, tensor<?x?x12xbf16> -> tensor<?x?x12xf32>, tensor<?x?x12xi32>
+  return %w, %i : tensor<?x?x12xf32>, tensor<?x?x12xi32>
 }

@@ -81,7 +81,11 @@ void populateMoEToGPUPatterns(RewritePatternSet &patterns,
   X(bool, flashMmaAsyncStaging, "flash-mma-async-staging", false,             \
     "the tensor-core kernel's key and value tiles double-buffered with "      \
     "cp.async (convert-moe-to-gpu flash-mma-async-staging); not yet run on a " \
-    "GPU")
+    "GPU")                                                                     \
+  X(bool, flashMmaTopk, "flash-mma-topk", false,                               \
+    "similarity_inform_topk with f16/bf16 operands on the tensor-core "        \
+    "kernel, the top-k in its epilogue (convert-moe-to-gpu flash-mma-topk); "  \
+    "not yet run on a GPU")
 
 /// Options of the moe-lower-to-nvvm pipeline (its command-line options and
 /// the C++ API's).
