@@ -27,6 +27,16 @@ from torch_checks import cuda_wanted, device_param  # noqa: E402
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
+@pytest.fixture(autouse=True)
+def _own_raised_cache(tmp_path, monkeypatch):
+    """Each test starts with an empty cache of raised graphs (moe_mlir.backends.raised_cache): its compiles take the
+    user's cold path (trace, raise, the graph rebuilt from its entry), and no test is served a graph another test
+    raised (with other monkeypatched parts). test_raised_cache.py checks the warm path."""
+    from moe_mlir.backends import raised_cache
+
+    monkeypatch.setattr(raised_cache, "_directory", lambda: tmp_path / "raised")
+
+
 @pytest.fixture(params=DEVICES)
 def device(request) -> str:
     return request.param
