@@ -14,6 +14,7 @@
 // CHECK: PASS: similarity_inform_topk_mma
 // CHECK: PASS: similarity_inform_grad
 // CHECK: PASS: attention_posterior
+// CHECK: PASS: attention_posterior_mma
 // CHECK: PASS: attention_posterior_grad
 // CHECK: PASS: mad_dispersion
 // CHECK: PASS: adjacency_update
@@ -22,4 +23,4 @@
 // CHECK: PASS: route
 // CHECK: PASS: dispatch_plan
 // CHECK: PASS: balance
-// CHECK: 13 passed, 0 failed
+// CHECK: 14 passed, 0 failed

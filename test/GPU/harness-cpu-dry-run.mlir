@@ -10,6 +10,7 @@
 // CHECK: PASS: similarity_inform_topk_mma
 // CHECK: PASS: similarity_inform_grad
 // CHECK: PASS: attention_posterior
+// CHECK: PASS: attention_posterior_mma
 // CHECK: PASS: attention_posterior_grad
 // CHECK: PASS: mad_dispersion
 // CHECK: PASS: adjacency_update
@@ -18,4 +19,4 @@
 // CHECK: PASS: route
 // CHECK: PASS: dispatch_plan
 // CHECK: PASS: balance
-// CHECK: 13 passed, 0 failed (CPU dry run)
+// CHECK: 14 passed, 0 failed (CPU dry run)

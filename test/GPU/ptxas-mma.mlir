@@ -11,9 +11,12 @@
 // mma.sync m16n8k16 on f16 and on bf16 operands with f32 sums, fed by
 // ldmatrix (x4; .trans for the values). The fused top-k's kernels
 // (flash-mma-topk, the cases file's ptxas-options line) too: their epilogue's
-// candidates live beside the accumulators.
+// candidates live beside the accumulators. attention_posterior's mixing and its
+// _topk form (flash-mma-posterior, with flash-mma-topk; 4 kernels a case:
+// entropy, head select, head means, the mixing) too, the bias and the added
+// scores read into the logits' fragments.
 
-// CHECK: ptxas report: 24 kernels, 0 failures
+// CHECK: ptxas report: 72 kernels, 0 failures
 
 // TABLE-DAG: | sm_80 | nospill_mma_f16_d64_k16 | similarity_inform_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
 // TABLE-DAG: | sm_90 | nospill_mma_bf16_d64_k16 | similarity_inform_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
@@ -26,6 +29,14 @@
 // TABLE-DAG: | sm_90 | nospill_mma_topk_f16_d256_k256 | similarity_inform_topk_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
 // TABLE-DAG: | sm_90 | nospill_mma_topk_f16_d16_k256 | similarity_inform_topk_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
 // TABLE-DAG: | sm_80 | nospill_mma_topk_bf16_mask_odd | similarity_inform_topk_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_80 | nospill_mma_post_f16_d64_k16 | attention_posterior_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_90 | nospill_mma_post_f16_d64_k16 | attention_posterior_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_80 | nospill_mma_post_bf16_d64_k64 | attention_posterior_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_90 | nospill_mma_post_bf16_d256_k16 | attention_posterior_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_80 | nospill_mma_post_f16_d256_k64 | attention_posterior_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_90 | nospill_mma_post_f16_d256_k64 | attention_posterior_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_80 | nospill_mma_post_topk_bf16_d64_k16 | attention_posterior_topk_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_90 | nospill_mma_post_topk_f16_d256_k64 | attention_posterior_topk_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
 // TABLE-NOT: Failures
 
 // PTX-DAG: ldmatrix.sync.aligned.m8n8.x4.shared.b16

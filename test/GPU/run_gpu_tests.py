@@ -773,7 +773,71 @@ def case_attention(lib, g):
     p, h = lib.call("attn_bf16", ins, [((2, 50, 16), torch.float32), ((2,), torch.int32)])
     rp, rh = ref_attention(*ins, sigma=2.0, head_scale=1.0)
     same("attn_bf16 head", h, rh)
-    close("attn_bf16 p", p, rp, rtol=1e-3, atol=1e-4)
+    # MMA_TOL: built with flash-mma-posterior=true this runs on the tensor-core kernel (the means and the
+    # probabilities enter the products rounded to bf16).
+    close("attn_bf16 p", p, rp, **MMA_TOL)
+
+
+def attention_mma_inputs(g, B, H, N, Nk, D, Dh, K, dtype, sharp):
+    """attention_posterior inputs in `dtype`: head sharp[b] of sequence b sharper than the others (the min-entropy
+    head, not head 0, so the added scores are read at a head offset), key 7 masked (-inf) in every head and row,
+    keys 30..39 of sequence 1 masked, query row 5 of sequence 1 fully masked (p = 0). |m_j| about 1, so u.m / sigma^2
+    stays O(1): the means' rounding to the operand type moves a logit by about 2^-8 of that."""
+    s = torch.randn(B, H, N, Nk, generator=g) * 2
+    for b, h in enumerate(sharp):
+        s[b, h] *= 4
+    s[..., 7] = NEG_INF
+    s[1, :, :, 30:40] = NEG_INF
+    s[1, :, 5, :] = NEG_INF
+    u = torch.randn(B, N, D, generator=g) * 0.3
+    v = torch.randn(B, H, Nk, Dh, generator=g) * 0.5
+    wo = torch.randn(D, H * Dh, generator=g) / (H * (Dh * D) ** 0.5) * 2
+    e = torch.softmax(torch.randn(B, Nk, K, generator=g), -1)
+    return [t.to(dtype).to(DEV) for t in (s, u, v, wo, e)]
+
+
+def case_attention_mma(lib, g):
+    """attention_posterior(_topk) on f16/bf16 u and e. Built with MOE_GPU_AOT_OPTIONS="flash-mma-posterior=true
+    flash-mma-topk=true" these run on the tensor-core kernel (the per-key bias and the chosen head's scores added to
+    the logits' C fragments; the means rounded to the operand type: MMA_TOL); by default on the scalar kernel.
+    N = 100 / 70 (rows past N in the last 64-row block: stored nowhere, memcheck), Nk = 70 / 45 (a partial last key
+    tile), masked keys, a fully masked row, the head chosen by min entropy (2 and 1, not 0)."""
+    B, H, N, Nk, D, Dh, K = 2, 4, 100, 70, 64, 16, 16
+    ins = attention_mma_inputs(g, B, H, N, Nk, D, Dh, K, torch.float16, (2, 1))
+    p, h = lib.call("attn_mma_f16", ins, [((B, N, K), torch.float32), ((B,), torch.int32)])
+    rp, rh = ref_attention(*ins, sigma=2.0)
+    same("attn_mma_f16 head", h, rh)
+    same("attn_mma_f16 head is (2, 1)", rh, torch.tensor([2, 1]))
+    close("attn_mma_f16 p", p, rp, **MMA_TOL)
+    close("attn_mma_f16 masked row", p[1, 5], torch.zeros(K), rtol=0, atol=0)
+
+    B2, N2, Nk2, D2, Dh2, K2 = 2, 70, 45, 40, 8, 12
+    ins2 = attention_mma_inputs(g, B2, H, N2, Nk2, D2, Dh2, K2, torch.bfloat16, (1, 3))
+    p, h = lib.call("attn_mma_bf16", ins2, [((B2, N2, K2), torch.float32), ((B2,), torch.int32)])
+    rp2, rh2 = ref_attention(*ins2, sigma=1.5, head_scale=1.0)
+    same("attn_mma_bf16 head", h, rh2)
+    same("attn_mma_bf16 head is (1, 3)", rh2, torch.tensor([1, 3]))
+    close("attn_mma_bf16 p", p, rp2, **MMA_TOL)
+
+    # The fused top-k (k = 3) on the f16 inputs with experts 2 and 5 tied above the others (equal e columns above
+    # every other expert's in every key, so every kernel computes equal p for them, on top): 2 before 5 in every
+    # row with keys; the fully masked row: 0, 1, 2 and zero weights.
+    s, u, v, wo, e = ins
+    e = 0.3 * e.float()
+    e[..., 2] = 0.35 + 0.1 * torch.rand(B, Nk, generator=g).to(DEV)
+    e = e.half()
+    e[..., 5] = e[..., 2]
+    w, i, h = lib.call("attn_topk_mma_f16", [s, u, v, wo, e],
+                       [((B, N, 3), torch.float32), ((B, N, 3), torch.int32), ((B,), torch.int32)])
+    rp3, rh3 = ref_attention(s, u, v, wo, e, sigma=2.0)
+    same("attn_topk_mma_f16 head", h, rh3)
+    check_mma_topk("attn_topk_mma_f16", w, i, rp3, 3, True)
+    i = i.cpu()
+    rows = torch.ones(B, N, dtype=torch.bool)
+    rows[1, 5] = False
+    same("attn_topk_mma_f16 tie (2 before 5)", i[rows][:, :2], torch.tensor([2, 5]).expand(int(rows.sum()), 2))
+    same("attn_topk_mma_f16 masked row", i[1, 5], torch.tensor([0, 1, 2]))
+    close("attn_topk_mma_f16 masked row weights", w[1, 5], torch.zeros(3), rtol=0, atol=0)
 
 
 def ref_attention_grads(scores, u, v, wo, e, dp, head, sigma=1.0, head_scale=None):
@@ -1262,6 +1326,7 @@ CASES = {
     "similarity_inform_topk_mma": case_similarity_topk_mma,
     "similarity_inform_grad": case_similarity_grad,
     "attention_posterior": case_attention,
+    "attention_posterior_mma": case_attention_mma,
     "attention_posterior_grad": case_attention_grad,
     "mad_dispersion": case_mad,
     "adjacency_update": case_adjacency,

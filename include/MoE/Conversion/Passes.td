@@ -138,6 +138,12 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "selects the top k of each row's mixed probabilities from the mma.sync accumulators (the scalar "
            "kernel's register top-k on the C-fragment layout: a row's experts over the 4 lanes of a quad, 4-lane "
            "butterfly rounds). Off until a GPU run has checked it: the scalar kernel runs the fused op">,
+    Option<"flashMmaPosterior", "flash-mma-posterior", "bool", /*default=*/"false",
+           "attention_posterior with u and e f16/bf16 of one type on the tensor-core kernel too (and "
+           "attention_posterior_topk where flash-mma-topk is on as well): the head-means kernel writes the means "
+           "in the operand type (the bias stays f32, from the f32 means), and the per-key bias and the selected "
+           "head's scores enter the f32 C fragments of u.m^T in the logit's order (dot / sigma^2, + bias, + "
+           "score). Off until a GPU run has checked it: the scalar kernel runs the mixing">,
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect",

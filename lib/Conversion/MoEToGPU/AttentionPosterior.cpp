@@ -19,6 +19,9 @@
 //  4. the flash mixing kernel (FlashMix.cpp) with q = u, keys = m,
 //     divisor σ², the bias and the scores of head h* added to the logits,
 //     and for attention_posterior_topk the top-k in its epilogue.
+//     With flash-mma-posterior and u, e f16/bf16 of one type, the tensor-core
+//     form of that kernel (FlashMma.cpp; the _topk form with flash-mma-topk
+//     too), on means that kernel 3 writes in the operand type.
 //
 // head_select = all is not lowered to the GPU yet (the op reports it).
 //
@@ -175,7 +178,15 @@ void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
                                return {kb.fadd(a[0], kb.fmul(x, w))};
                              })[0];
                          Value mean = kb.fmul(scale, dot);
-                         kb.store(mean, m, {b, j, d});
+                         // The tensor-core kernel's keys: the f32 mean
+                         // rounded once here (the bias below stays f32).
+                         Type meanElt =
+                             cast<MemRefType>(m.getType()).getElementType();
+                         kb.store(meanElt.isF32()
+                                      ? mean
+                                      : arith::TruncFOp::create(
+                                            kernel.b, meanElt, mean),
+                                  m, {b, j, d});
                          return {kb.fadd(acc[0], kb.fmul(mean, mean))};
                        })[0];
   Value total =
@@ -192,7 +203,8 @@ void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
 template <typename OpTy>
 static LogicalResult
 lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
-                        ConversionPatternRewriter &rewriter) {
+                        ConversionPatternRewriter &rewriter,
+                        const ConvertMoEToGPUOptions &options) {
   auto fused = dyn_cast<AttentionPosteriorTopkOp>(op.getOperation());
   auto plain = dyn_cast<AttentionPosteriorOp>(op.getOperation());
   HeadSelect select = op.getHeadSelect();
@@ -248,25 +260,62 @@ lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
   h.release(sums);
   h.release(counts);
 
-  // 3: head means and their bias.
-  auto meansType = MemRefType::get(
-      {ShapedType::kDynamic, ShapedType::kDynamic, ShapedType::kDynamic}, f32);
-  auto biasType =
-      MemRefType::get({ShapedType::kDynamic, ShapedType::kDynamic}, f32);
-  Value means = h.alloc(meansType, {B, Nk, D});
-  Value bias = h.alloc(biasType, {B, Nk});
-  launchHeadMeans(h, v, wo, head, means, bias, headScale, sigma, op->getLoc());
-
-  // 4: the posterior mixing.
+  // The posterior mixing's spec; with flash-mma-posterior and u, e f16/bf16
+  // of one type, on tensor cores (the fused top-k only with flash-mma-topk
+  // as well).
   FlashMixSpec spec{attentionPosteriorLogit(sigma)};
   spec.numExperts = K;
   if (fused) {
     spec.topk = kernels::topkSpecOf(fused);
   }
+  auto elementOf = [](Value v) {
+    return cast<MemRefType>(v.getType()).getElementType();
+  };
+  std::optional<FlashMmaTile> mma;
+  if (options.flashMma && options.flashMmaPosterior)
+    mma = flashMmaTile(spec, elementOf(u), /*keyElt=*/elementOf(u),
+                       elementOf(e),
+                       cast<MemRefType>(u.getType()).getShape()[2],
+                       options.sharedMemoryBytes, options.flashMmaWideStaging,
+                       options.flashMmaAsyncStaging, options.flashMmaTopk,
+                       /*posterior=*/true);
+
+  // 3: head means and their bias. The tensor-core kernel takes the means in
+  // the operand type, which this kernel writes (rounding each f32 mean once)
+  // instead of f32: converting them while staging instead would read 4 bytes
+  // and convert each mean once per block of 64 query rows (ceil(N / 64)
+  // times a sequence) rather than once, and would take the keys off the
+  // 16-byte vector and cp.async staging paths (they copy the operand type as
+  // it is). The f32 means have no other reader: the bias is computed here
+  // from the f32 values.
+  // (The tensor-core kernel's keys with their static feature count, as its
+  // q's: the staging's row stride is then a constant.)
+  auto meansType =
+      mma ? MemRefType::get({ShapedType::kDynamic, ShapedType::kDynamic,
+                             cast<MemRefType>(u.getType()).getShape()[2]},
+                            elementOf(u))
+          : MemRefType::get({ShapedType::kDynamic, ShapedType::kDynamic,
+                             ShapedType::kDynamic},
+                            f32);
+  auto biasType =
+      MemRefType::get({ShapedType::kDynamic, ShapedType::kDynamic}, f32);
+  Value means =
+      mma ? h.alloc(meansType, {B, Nk}) : h.alloc(meansType, {B, Nk, D});
+  Value bias = h.alloc(biasType, {B, Nk});
+  launchHeadMeans(h, v, wo, head, means, bias, headScale, sigma, op->getLoc());
+
+  // 4: the posterior mixing.
   SmallVector<Value> args = {u, means, e, bias, scores, head};
   args.append(results.begin(), results.end() - 1);
-  launchFlashMix(h, fused ? "attention_posterior_topk" : "attention_posterior",
-                 spec, u, args, op->getLoc());
+  if (mma)
+    launchFlashMixMma(h,
+                      fused ? "attention_posterior_topk_mma"
+                            : "attention_posterior_mma",
+                      spec, *mma, u, args, op->getLoc());
+  else
+    launchFlashMix(h,
+                   fused ? "attention_posterior_topk" : "attention_posterior",
+                   spec, u, args, op->getLoc());
   h.release(means);
   h.release(bias);
   h.finish();
@@ -277,12 +326,12 @@ lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
 LogicalResult
 AttentionPosteriorToGPU::lower(AttentionPosteriorOp op, OpAdaptor adaptor,
                                ConversionPatternRewriter &rewriter) const {
-  return lowerAttentionPosterior(op, adaptor, rewriter);
+  return lowerAttentionPosterior(op, adaptor, rewriter, options);
 }
 
 LogicalResult
 AttentionPosteriorTopkToGPU::lower(AttentionPosteriorTopkOp op,
                                    OpAdaptor adaptor,
                                    ConversionPatternRewriter &rewriter) const {
-  return lowerAttentionPosterior(op, adaptor, rewriter);
+  return lowerAttentionPosterior(op, adaptor, rewriter, options);
 }

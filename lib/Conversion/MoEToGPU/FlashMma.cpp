@@ -41,6 +41,14 @@
 // (emitRegisterTopk, the shared order of MoE/Kernels/TopK.h) on the C-fragment
 // layout, a row's experts over the 4 lanes of its quad.
 //
+// With flash-mma-posterior (off until a GPU run has checked it) it runs
+// attention_posterior's mixing too (and attention_posterior_topk's with
+// flash-mma-topk): q = u, the keys are the head means in the operand type
+// (AttentionPosterior.cpp's head-means kernel rounds them once), and the
+// per-key bias and the added scores of the selected head enter the f32 C
+// fragments of Q·Kᵀ through flashLogit (MoE/Kernels/FlashLogit.h: dot /
+// sigma², + bias, + score), each element at its fragment's key column.
+//
 //===----------------------------------------------------------------------===//
 
 #include "KernelUtils.h"
@@ -71,8 +79,9 @@ static constexpr int64_t kPad = 8;
 std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
     const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt, int64_t depth,
     int64_t sharedMemoryBytes, bool wideStaging, bool asyncStaging,
-    bool fusedTopk) {
-  if ((spec.topk && !fusedTopk) || spec.hasBias || spec.hasAddScores)
+    bool fusedTopk, bool posterior) {
+  if ((spec.topk && !fusedTopk) ||
+      ((spec.hasBias || spec.hasAddScores) && !posterior))
     return std::nullopt;
   if (!(qElt.isF16() || qElt.isBF16()) || keyElt != qElt || eElt != qElt)
     return std::nullopt;
@@ -84,11 +93,26 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
   tile.experts = llvm::alignTo(spec.numExperts, 8);
   tile.wideKeys = wideStaging && depth % 8 == 0;
   tile.wideValues = wideStaging && spec.numExperts % 8 == 0;
+  // attention_posterior past D = 128 stays single-buffered: with the second
+  // buffer's copies in flight beside the per-element bias and score loads
+  // ptxas spilled (sm_90, D = 256).
+  if (spec.hasAddScores && tile.depth > 128)
+    asyncStaging = false;
   tile.asyncKeys = asyncStaging && depth % 8 == 0;
   tile.asyncValues =
       asyncStaging && spec.numExperts % 8 == 0 && !spec.hasKeyMask;
   tile.buffers = tile.asyncKeys || tile.asyncValues ? 2 : 1;
   for (int64_t cols : {64, 32, 16}) {
+    // attention_posterior's logits read the bias and the added scores per
+    // fragment element, with their addresses: at 64 keys a tile these
+    // spilled on sm_80 and sm_90 (ptxas, D = 64 and D = 256), and at 32 keys
+    // for D = 256, K = 64 (the estimate below over 144): smaller tiles, fewer
+    // logit fragments.
+    if (spec.hasAddScores &&
+        (cols > 32 ||
+         (cols > 16 &&
+          4 * (tile.depth / 16 + cols / 8 + tile.experts / 8) + 40 > 144)))
+      continue;
     int64_t bytes =
         tile.buffers * cols * (tile.depth + kPad + tile.experts + kPad) * 2;
     if (bytes <= sharedMemoryBytes) {
@@ -100,7 +124,9 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       // column of the quad lane) beside the other row's probabilities.
       if (spec.topk)
         regs = std::max(regs, 6 * tile.experts / 8 + 40);
-      tile.blocksPerSM = regs <= 128 ? 4 : 2;
+      // attention_posterior's per-element bias and score loads spilled under
+      // the 128-register cap of 4 blocks (ptxas, D = 64, sm_80 and sm_90).
+      tile.blocksPerSM = regs <= 128 && !spec.hasAddScores ? 4 : 2;
       return tile;
     }
   }
@@ -351,6 +377,23 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   if (spec.causal)
     keyEnd = kb.minu(Nk, kb.add(rowBase, kb.idx(kRows)));
 
+  // attention_posterior's added scores add[b, head[b], row, j], read as rows
+  // of add viewed [B·H·N, Nk]: the head read once and each of the thread's
+  // two rows' offsets computed once (a row past N takes row 0: it computes
+  // and stores nothing, but its loads must stay in bounds): fewer live
+  // address terms than a 4-D index per element.
+  Value addRows2D;
+  std::array<Value, 2> addRows;
+  if (logit.add) {
+    Value head = kb.castInt(kb.load(logit.head, {bi}), kb.index());
+    addRows2D = viewAs2D(b, logit.add);
+    Value bh = kb.add(kb.mul(bi, kb.dim(logit.add, 1)), head);
+    for (int r = 0; r < 2; ++r) {
+      Value row = kb.select(kb.lt(rowsOf[r], N), rowsOf[r], c0);
+      addRows[r] = kb.add(kb.mul(bh, N), row);
+    }
+  }
+
   // Carried: the accumulator (expertBlocks x 4 f32), then per row the
   // running max and sum.
   SoftmaxState start = softmaxStart(kb);
@@ -419,6 +462,10 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
             s[nb + 1] = m.mma(qFrag[c], m.rows(kf, 2, 2), s[nb + 1]);
           }
 
+        // attention_posterior's loads of key j: key 0's past Nk (excluded
+        // below).
+        auto keyIndex = [&](Value j) { return kb.select(kb.lt(j, Nk), j, c0); };
+
         // Masks and the online softmax of each of the thread's two rows.
         SmallVector<Value> acc(carried.begin(), carried.begin() + accCount);
         SmallVector<Value> next;
@@ -430,8 +477,25 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
             for (int64_t x = 0; x < 2; ++x) {
               Value j = kb.add(j0, kb.add(kb.mul(tig, kb.idx(2)),
                                         kb.idx(nb * 8 + x)));
-              logits.push_back(
-                  flashLogit(kb, spec, s[nb][2 * r + x], nullptr, nullptr, [&] {
+              // The per-key bias (f32; the thread's two rows read the same
+              // key's) and the added score of (row, key), each read per
+              // element from global memory in the C fragment's layout (a
+              // tile's bias values loaded once for both rows stayed live
+              // across the first row's softmax and spilled more under
+              // ptxas): a quad's 4 lanes on 8 consecutive keys of one row (a
+              // full 32-byte sector of f32 scores, half of one of f16/bf16),
+              // 8 rows a warp. Staging the scores through shared memory
+              // would coalesce them fully but cost a [64 x cols] tile and
+              // its barrier.
+              auto addScore = [&] {
+                return kb.loadF(addRows2D, {addRows[r], keyIndex(j)});
+              };
+              logits.push_back(flashLogit(
+                  kb, spec, s[nb][2 * r + x],
+                  [&] {
+                    return kb.load(logit.bias, {bi, keyIndex(j)});
+                  },
+                  addScore, [&] {
                     Value inRange = kb.lt(j, Nk);
                     return flashKeyKept(
                         kb, spec, inRange,

@@ -167,15 +167,18 @@ constexpr int64_t kFlashMmaMaxDepth = 256;
 
 /// The tiles of the tensor-core kernel for `spec` on q/keys/e elements
 /// `qElt`/`keyElt`/`eElt` and `depth` features, or none where it does not
-/// apply (a fused top-k without `fusedTopk`, a bias or added scores, operands
-/// that are not all f16 or all bf16, a dynamic depth or one over
-/// kFlashMmaMaxDepth, tiles over `sharedMemoryBytes`): the scalar kernel then
-/// runs. With `fusedTopk` (flash-mma-topk) the kernel's epilogue selects a
-/// fused top-k as the scalar kernel's does.
+/// apply (a fused top-k without `fusedTopk`, a bias or added scores without
+/// `posterior`, operands that are not all f16 or all bf16, a dynamic depth or
+/// one over kFlashMmaMaxDepth, tiles over `sharedMemoryBytes`): the scalar
+/// kernel then runs. With `fusedTopk` (flash-mma-topk) the kernel's epilogue
+/// selects a fused top-k as the scalar kernel's does; with `posterior`
+/// (flash-mma-posterior) the per-key bias and the added scores of
+/// attention_posterior's logit enter its C fragments.
 std::optional<FlashMmaTile>
 flashMmaTile(const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt,
              int64_t depth, int64_t sharedMemoryBytes, bool wideStaging = false,
-             bool asyncStaging = false, bool fusedTopk = false);
+             bool asyncStaging = false, bool fusedTopk = false,
+             bool posterior = false);
 
 /// launchFlashMix on tensor cores (the same arguments; grid ceil(N / 64) x B,
 /// block 128) with the tiles of flashMmaTile.
@@ -275,7 +278,9 @@ void launchRowProjection(class HostCode &h, StringRef name, Value x, Value w,
 /// The head means of attention_posterior (AttentionPosterior.cpp), a block
 /// per key (b, j): means[b,j,:] = c · v[b,h*,j,:] · wo[:, h*·Dh:(h*+1)·Dh]^T
 /// with h* = head[b] read on the device and c = `headScale` (H, the dim 1
-/// of v, when absent), and bias[b,j] = -‖means[b,j,:]‖² / (2 sigma²) (f32).
+/// of v, when absent), and bias[b,j] = -‖means[b,j,:]‖² / (2 sigma²) (f32,
+/// from the f32 means). `means` is f32, or the tensor-core kernel's operand
+/// type (f16/bf16): the f32 means rounded once where they are stored.
 void launchHeadMeans(class HostCode &h, Value v, Value wo, Value head,
                      Value means, Value bias, std::optional<double> headScale,
                      double sigma, Location loc);

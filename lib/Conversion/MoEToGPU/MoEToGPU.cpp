@@ -82,7 +82,8 @@ struct ConvertMoEToGPUPass
     populateMoEToGPUPatterns(patterns,
                              {blockSize, sharedMemoryBytes, topkRounds,
                               flashMma, balanceKernels, flashMmaWideStaging,
-                              flashMmaAsyncStaging, flashMmaTopk});
+                              flashMmaAsyncStaging, flashMmaTopk,
+                              flashMmaPosterior});
     llvm::SmallDenseSet<OperationName> lowered;
     for (const auto &pattern : patterns.getNativePatterns())
       if (std::optional<OperationName> root = pattern->getRootKind())

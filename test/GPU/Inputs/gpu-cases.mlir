@@ -119,6 +119,23 @@ func.func @sim_one(%u: tensor<1x1x8xf32>, %e: tensor<1x1x4xf32>) -> tensor<1x1x4
   %p = moe.similarity_inform %u, %e : tensor<1x1x8xf32>, tensor<1x1x4xf32> -> tensor<1x1x4xf32>
   return %p : tensor<1x1x4xf32>
 }
+// attention_posterior on f16/bf16 u and e: the tensor-core kernel under
+// flash-mma-posterior (its _topk form with flash-mma-topk too; off by default:
+// the scalar kernel otherwise). N = 100 and 70 (rows past N in the last 64-row
+// block), Nk = 70 and 45 (not multiples of the key tile), D = 40 (padded to 48),
+// K = 12 (padded to 16).
+func.func @attn_mma_f16(%s: tensor<2x4x100x70xf16>, %u: tensor<2x100x64xf16>, %v: tensor<2x4x70x16xf16>, %wo: tensor<64x64xf16>, %e: tensor<2x70x16xf16>) -> (tensor<2x100x16xf32>, tensor<2xi32>) {
+  %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma(2.000000e+00) : tensor<2x4x100x70xf16>, tensor<2x100x64xf16>, tensor<2x4x70x16xf16>, tensor<64x64xf16>, tensor<2x70x16xf16> -> tensor<2x100x16xf32>, tensor<2xi32>
+  return %p, %h : tensor<2x100x16xf32>, tensor<2xi32>
+}
+func.func @attn_mma_bf16(%s: tensor<2x4x70x45xbf16>, %u: tensor<2x70x40xbf16>, %v: tensor<2x4x45x8xbf16>, %wo: tensor<40x32xbf16>, %e: tensor<2x45x12xbf16>) -> (tensor<2x70x12xf32>, tensor<2xi32>) {
+  %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma(1.500000e+00) head_scale(1.000000e+00) : tensor<2x4x70x45xbf16>, tensor<2x70x40xbf16>, tensor<2x4x45x8xbf16>, tensor<40x32xbf16>, tensor<2x45x12xbf16> -> tensor<2x70x12xf32>, tensor<2xi32>
+  return %p, %h : tensor<2x70x12xf32>, tensor<2xi32>
+}
+func.func @attn_topk_mma_f16(%s: tensor<2x4x100x70xf16>, %u: tensor<2x100x64xf16>, %v: tensor<2x4x70x16xf16>, %wo: tensor<64x64xf16>, %e: tensor<2x70x16xf16>) -> (tensor<2x100x3xf32>, tensor<2x100x3xi32>, tensor<2xi32>) {
+  %w, %i, %h = moe.attention_posterior_topk %s, %u, %v, %wo, %e k(3) sigma(2.000000e+00) : tensor<2x4x100x70xf16>, tensor<2x100x64xf16>, tensor<2x4x70x16xf16>, tensor<64x64xf16>, tensor<2x70x16xf16> -> tensor<2x100x3xf32>, tensor<2x100x3xi32>, tensor<2xi32>
+  return %w, %i, %h : tensor<2x100x3xf32>, tensor<2x100x3xi32>, tensor<2xi32>
+}
 func.func @attn_bf16(%s: tensor<2x4x50x60xbf16>, %u: tensor<2x50x32xbf16>, %v: tensor<2x4x60x8xbf16>, %wo: tensor<32x32xbf16>, %e: tensor<2x60x16xbf16>) -> (tensor<2x50x16xf32>, tensor<2xi32>) {
   %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma(2.000000e+00) head_scale(1.000000e+00) : tensor<2x4x50x60xbf16>, tensor<2x50x32xbf16>, tensor<2x4x60x8xbf16>, tensor<32x32xbf16>, tensor<2x60x16xbf16> -> tensor<2x50x16xf32>, tensor<2xi32>
   return %p, %h : tensor<2x50x16xf32>, tensor<2xi32>
@@ -231,8 +248,9 @@ func.func @apgrad_one(%s: tensor<1x2x1x33xf32>, %u: tensor<1x1x12xf32>, %v: tens
 // one row block with a short last block, one and zero tokens (the token
 // dimension is dynamic), f32/bf16 logits, f32/bf16 token masks, k = 1 and
 // k = E, a dynamic E. flash-mma-topk=true (off by default, likewise) puts the
-// sim_topk_mma_* cases on the tensor-core kernel in the ptxas sweep.
-// ptxas-options: balance-kernels=true flash-mma-topk=true
+// sim_topk_mma_* cases on the tensor-core kernel in the ptxas sweep,
+// flash-mma-posterior=true the attn_*mma_* cases.
+// ptxas-options: balance-kernels=true flash-mma-topk=true flash-mma-posterior=true
 func.func @bal_stats_e8(%l: tensor<?x8xf32>) -> (tensor<8xf32>, tensor<8xf32>, tensor<f32>) {
   %c, %p, %w = moe.router_stats %l k(2) : tensor<?x8xf32> -> tensor<8xf32>, tensor<8xf32>, tensor<f32>
   return %c, %p, %w : tensor<8xf32>, tensor<8xf32>, tensor<f32>

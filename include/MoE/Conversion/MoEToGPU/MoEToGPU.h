@@ -85,7 +85,11 @@ void populateMoEToGPUPatterns(RewritePatternSet &patterns,
   X(bool, flashMmaTopk, "flash-mma-topk", false,                               \
     "similarity_inform_topk with f16/bf16 operands on the tensor-core "        \
     "kernel, the top-k in its epilogue (convert-moe-to-gpu flash-mma-topk); "  \
-    "not yet run on a GPU")
+    "not yet run on a GPU")                                                    \
+  X(bool, flashMmaPosterior, "flash-mma-posterior", false,                     \
+    "attention_posterior (and attention_posterior_topk with flash-mma-topk) "  \
+    "with f16/bf16 u and e on the tensor-core kernel (convert-moe-to-gpu "     \
+    "flash-mma-posterior); not yet run on a GPU")
 
 /// Options of the moe-lower-to-nvvm pipeline (its command-line options and
 /// the C++ API's).

@@ -1,0 +1,123 @@
+// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-posterior=true flash-mma-topk=true" -split-input-file | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s --check-prefix=OFF
+// ptxas-options: flash-mma-topk=true flash-mma-posterior=true
+
+// flash-mma-posterior: attention_posterior with u and e f16/bf16 of one type
+// runs its mixing on the tensor-core kernel (FlashMma.cpp). The head-means
+// kernel writes the means in the operand type (each f32 mean rounded once;
+// the bias stays f32, from the f32 means); the mixing kernel adds, in each
+// logit's C-fragment element, dot / sigma^2, then the key's bias, then the
+// selected head's score (read per element from add viewed [B·H·N, Nk], the
+// row's offset computed once), keys past Nk clamped for the loads and -inf.
+// Off by default (no GPU run has checked it yet): the scalar kernel runs.
+
+// CHECK-LABEL: gpu.func @attention_head_means_0
+// CHECK-SAME: %[[M:[^:]+]]: memref<?x?x64xf16>, %[[BIASOUT:[^:]+]]: memref<?x?xf32>)
+// CHECK: scf.yield
+// CHECK: %[[MEAN:.+]] = arith.mulf
+// CHECK-NEXT: %[[H:.+]] = arith.truncf %[[MEAN]] : f32 to f16
+// CHECK: memref.store %[[H]], %[[M]]
+// CHECK: arith.mulf %[[MEAN]], %[[MEAN]] : f32
+// CHECK: memref.store %{{.+}}, %[[BIASOUT]]
+// CHECK-LABEL: gpu.func @attention_posterior_mma_0
+// CHECK-SAME: (%{{.+}}: memref<2x100x64xf16>, %{{.+}}: memref<?x?x64xf16>, %{{.+}}: memref<2x70x16xf16>, %[[BIAS:.+]]: memref<?x?xf32>, %[[ADD:.+]]: memref<2x4x100x70xf16>, %[[HEAD:.+]]: memref<2xi32>, %{{.+}}: memref<2x100x16xf32>)
+// CHECK-SAME: workgroup(%{{.+}} : memref<32x72xf16, #gpu.address_space<workgroup>>, %{{.+}} : memref<32x24xf16, #gpu.address_space<workgroup>>)
+// CHECK-SAME: nvvm.minctasm = 2
+// CHECK: memref.load %[[HEAD]][%{{.+}}] : memref<2xi32>
+// CHECK: %[[ROWS:.+]] = memref.collapse_shape %[[ADD]] {{\[}}[0, 1, 2], [3]] : memref<2x4x100x70xf16> into memref<800x70xf16>
+// CHECK: scf.for
+// CHECK: nvgpu.ldmatrix
+// CHECK: nvgpu.mma.sync({{.*}}) {mmaShape = [16, 8, 16]} : (vector<4x2xf16>, vector<2x2xf16>, vector<2x2xf32>) -> vector<2x2xf32>
+// The first logit: dot / sigma^2 (4), + bias[b, j], + add[b, h*, row, j], then
+// -inf past Nk.
+// CHECK: %[[COL:.+]] = arith.muli %{{.+}}, %c2{{.*}} : index
+// CHECK: %[[COL0:.+]] = arith.addi %[[COL]], %c0{{.*}} : index
+// CHECK: %[[J:.+]] = arith.addi %{{.+}}, %[[COL0]] : index
+// CHECK: %[[DOT:.+]] = arith.divf %{{.+}}, %cst{{.*}} : f32
+// CHECK: %[[JOK:.+]] = arith.cmpi slt, %[[J]], %[[NK:[^ ]+]] : index
+// CHECK: %[[JS:.+]] = arith.select %[[JOK]], %[[J]], %c0 : index
+// CHECK: %[[B:.+]] = memref.load %[[BIAS]][%{{.+}}, %[[JS]]] : memref<?x?xf32>
+// CHECK: %[[X1:.+]] = arith.addf %[[DOT]], %[[B]] : f32
+// CHECK: %[[A:.+]] = memref.load %[[ROWS]][%{{.+}}, %{{.+}}] : memref<800x70xf16>
+// CHECK: %[[AF:.+]] = arith.extf %[[A]] : f16 to f32
+// CHECK: %[[X2:.+]] = arith.addf %[[X1]], %[[AF]] : f32
+// CHECK: %[[KEEP:.+]] = arith.cmpi slt, %[[J]], %[[NK]] : index
+// CHECK: arith.select %[[KEEP]], %[[X2]], %cst{{.*}} : f32
+// CHECK: gpu.shuffle  xor
+// CHECK: nvgpu.mma.sync
+// CHECK: scf.yield
+// CHECK: gpu.return
+// CHECK-LABEL: func.func @post_f16(
+// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_head_means_0 {{.*}} : memref<?x?x64xf16>, %{{.+}} : memref<?x?xf32>)
+// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_posterior_mma_0
+// OFF-LABEL: gpu.func @attention_head_means_0
+// OFF-SAME: memref<?x?x?xf32>, %{{.+}}: memref<?x?xf32>)
+// OFF-NOT: arith.truncf
+// OFF: gpu.func @attention_posterior_0
+// OFF-LABEL: func.func @post_f16(
+// OFF: gpu.launch_func async {{.*}} @moe_kernels::@attention_posterior_0
+// OFF-NOT: _mma_
+func.func @post_f16(%s: tensor<2x4x100x70xf16>, %u: tensor<2x100x64xf16>, %v: tensor<2x4x70x16xf16>, %wo: tensor<64x64xf16>, %e: tensor<2x70x16xf16>) -> (tensor<2x100x16xf32>, tensor<2xi32>) {
+  %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma(2.000000e+00) : tensor<2x4x100x70xf16>, tensor<2x100x64xf16>, tensor<2x4x70x16xf16>, tensor<64x64xf16>, tensor<2x70x16xf16> -> tensor<2x100x16xf32>, tensor<2xi32>
+  return %p, %h : tensor<2x100x16xf32>, tensor<2xi32>
+}
+
+// -----
+
+// bf16 (nvvm.mma.sync on the packed registers), dynamic B, N, Nk, D = 40
+// padded to 48, f32 scores added to bf16 operands (the score read as is, no
+// extension).
+
+// CHECK-LABEL: gpu.func @attention_head_means_0
+// CHECK-SAME: memref<?x?x40xbf16>, %{{.+}}: memref<?x?xf32>)
+// CHECK: arith.truncf %{{.+}} : f32 to bf16
+// CHECK-LABEL: gpu.func @attention_posterior_mma_0
+// CHECK-SAME: %[[BIAS:[^:]+]]: memref<?x?xf32>, %[[ADD:[^:]+]]: memref<?x4x?x?xf32>, %{{.+}}: memref<?xi32>
+// CHECK-SAME: workgroup(%{{.+}} : memref<32x56xbf16, #gpu.address_space<workgroup>>
+// CHECK: %[[ROWS:.+]] = memref.collapse_shape %[[ADD]] {{\[}}[0, 1, 2], [3]] : memref<?x4x?x?xf32> into memref<?x?xf32>
+// CHECK: nvvm.mma.sync {{.+}}multiplicandAPtxType = #nvvm.mma_type<bf16>
+// CHECK: memref.load %[[BIAS]]
+// CHECK: arith.addf
+// CHECK: %[[A:.+]] = memref.load %[[ROWS]][%{{.+}}, %{{.+}}] : memref<?x?xf32>
+// CHECK-NEXT: arith.addf %{{.+}}, %[[A]] : f32
+// OFF-LABEL: func.func @post_bf16(
+// OFF: gpu.launch_func async {{.*}} @moe_kernels::@attention_posterior_0
+// OFF-NOT: _mma_
+func.func @post_bf16(%s: tensor<?x4x?x?xf32>, %u: tensor<?x?x40xbf16>, %v: tensor<?x4x?x8xbf16>, %wo: tensor<40x32xbf16>, %e: tensor<?x?x12xbf16>) -> (tensor<?x?x12xf32>, tensor<?xi32>) {
+  %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma(1.500000e+00) head_scale(1.000000e+00) : tensor<?x4x?x?xf32>, tensor<?x?x40xbf16>, tensor<?x4x?x8xbf16>, tensor<40x32xbf16>, tensor<?x?x12xbf16> -> tensor<?x?x12xf32>, tensor<?xi32>
+  return %p, %h : tensor<?x?x12xf32>, tensor<?xi32>
+}
+
+// -----
+
+// The _topk form with flash-mma-topk as well: the same logits, the register
+// top-k in the epilogue (4-lane butterflies).
+
+// CHECK-LABEL: gpu.func @attention_posterior_topk_mma_0
+// CHECK: memref.collapse_shape
+// CHECK: nvgpu.mma.sync
+// CHECK: memref.load %{{.+}} : memref<?x?xf32>
+// CHECK: scf.yield
+// CHECK: gpu.shuffle  xor %{{.+}}, %c2_i32{{.*}} : i32
+// CHECK-LABEL: func.func @post_topk_f16(
+// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_posterior_topk_mma_0
+// OFF-LABEL: func.func @post_topk_f16(
+// OFF: gpu.launch_func async {{.*}} @moe_kernels::@attention_posterior_topk_0
+// OFF-NOT: _mma_
+func.func @post_topk_f16(%s: tensor<2x4x100x70xf16>, %u: tensor<2x100x64xf16>, %v: tensor<2x4x70x16xf16>, %wo: tensor<64x64xf16>, %e: tensor<2x70x16xf16>) -> (tensor<2x100x2xf32>, tensor<2x100x2xi32>, tensor<2xi32>) {
+  %w, %i, %h = moe.attention_posterior_topk %s, %u, %v, %wo, %e k(2) sigma(2.000000e+00) : tensor<2x4x100x70xf16>, tensor<2x100x64xf16>, tensor<2x4x70x16xf16>, tensor<64x64xf16>, tensor<2x70x16xf16> -> tensor<2x100x2xf32>, tensor<2x100x2xi32>, tensor<2xi32>
+  return %w, %i, %h : tensor<2x100x2xf32>, tensor<2x100x2xi32>, tensor<2xi32>
+}
+
+// -----
+
+// f32 stays on the scalar kernel with the option on.
+
+// CHECK-LABEL: func.func @post_f32(
+// CHECK: gpu.launch_func async {{.*}} @moe_kernels::@attention_posterior_0
+// CHECK-NOT: _mma_
+// OFF-LABEL: func.func @post_f32(
+func.func @post_f32(%s: tensor<2x4x50x60xf32>, %u: tensor<2x50x32xf32>, %v: tensor<2x4x60x8xf32>, %wo: tensor<32x32xf32>, %e: tensor<2x60x16xf32>) -> (tensor<2x50x16xf32>, tensor<2xi32>) {
+  %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma(2.000000e+00) : tensor<2x4x50x60xf32>, tensor<2x50x32xf32>, tensor<2x4x60x8xf32>, tensor<32x32xf32>, tensor<2x60x16xf32> -> tensor<2x50x16xf32>, tensor<2xi32>
+  return %p, %h : tensor<2x50x16xf32>, tensor<2xi32>
+}
