@@ -138,6 +138,7 @@ class Ctx:
     def harness(self, json_name):
         return [self.python, os.path.join(self.src, "test", "GPU", "run_gpu_tests.py"),
                 "--lib", os.path.join(self.build, "libgpu-cases.so"), "--runtime-dir", self.build,
+                "--manifest", os.path.join(self.art, "gpu-cases.manifest.json"),
                 "--json", os.path.join(self.logs, json_name)] + shlex.split(os.environ.get("MOE_GPU_CHECK_ONLY", ""))
 
 

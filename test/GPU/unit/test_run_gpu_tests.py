@@ -205,3 +205,22 @@ def test_skip_without_cuda_writes_json(tmp_path, monkeypatch):
         H.main(["--lib", "l", "--runtime-dir", "d", "--json", str(out)])
     assert exc.value.code == H.SKIP
     assert "no CUDA device" in json.loads(out.read_text())["skipped"]
+
+
+#===----------------------------------------------------------------------===#
+# --manifest: the kernel variants the library was built with
+#===----------------------------------------------------------------------===#
+
+
+def test_manifest_options_decide_the_variant(tmp_path, monkeypatch):
+    """The pipeline options moe-aot.py records in the manifest tell the harness which kernels its cases run on
+    (attn_bf16's tolerance is MMA_TOL only on the tensor-core kernel); no manifest: the default kernels."""
+    m = tmp_path / "gpu-cases.manifest.json"
+    m.write_text(json.dumps({"name": "gpu-cases", "pipeline_options": "flash-mma-topk=true flash-mma-posterior=true"}))
+    assert H.parse_args(["--lib", "l", "--runtime-dir", "d", "--manifest", str(m)]).manifest == str(m)
+    monkeypatch.setattr(H, "AOT_OPTIONS", H.aot_options_of(str(m)))
+    assert H.built_with("flash-mma-posterior=true") and not H.built_with("flash-mma-posterior")
+    monkeypatch.setattr(H, "AOT_OPTIONS", H.aot_options_of(None))
+    assert not H.built_with("flash-mma-posterior=true")
+    m.write_text(json.dumps({"name": "gpu-cases"}))  # a manifest of an older moe-aot.py
+    assert H.aot_options_of(str(m)) == ""
