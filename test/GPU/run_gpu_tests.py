@@ -606,6 +606,15 @@ def case_similarity(lib, g):
     (p,) = lib.call("sim_mma_f16_mask", [u, e, m], [((2, 70, 12), torch.float32)])
     close("sim_mma_f16_mask", p, ref_similarity(u, e, key_mask=m), **MMA_TOL)
 
+    # Three key tiles of 64 with a key mask and K = 16: the masked values' 16-byte staging into the second buffer
+    # under flash-mma-wide-staging + flash-mma-async-staging (it once wrote the buffer being read).
+    u = (torch.randn(2, 150, 64, generator=g) * 0.2).bfloat16().to(DEV)
+    e = torch.softmax(torch.randn(2, 150, 16, generator=g), -1).bfloat16().to(DEV)
+    m = (torch.rand(2, 150, generator=g) > 0.3).to(DEV)
+    m[1, :64] = False                             # a whole tile masked in one element
+    (p,) = lib.call("sim_mma_bf16_mask_k16", [u, e, m], [((2, 150, 16), torch.float32)])
+    close("sim_mma_bf16_mask_k16", p, ref_similarity(u, e, key_mask=m), **MMA_TOL)
+
     u = torch.randn(2, 45, 16, generator=g).to(DEV)
     e = torch.softmax(torch.randn(2, 45, 8, generator=g), -1).to(DEV)
     m = (torch.rand(2, 45, generator=g) > 0.5).to(DEV)

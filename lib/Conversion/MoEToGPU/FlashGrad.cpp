@@ -83,6 +83,7 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
   GPUKernel kernel(host, name, args, workgroup, {kFlashThreads, 1, 1}, loc);
   kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
                        kernel.b.getI32IntegerAttr(kFlashGradBlocksPerSM));
+  alignWorkgroupBuffers(kernel.func);
   {
     GpuKernelBuilder &kb = kernel.kb;
     unsigned a = 0;

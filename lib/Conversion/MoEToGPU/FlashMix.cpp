@@ -291,6 +291,7 @@ void mlir::moe::gpu_lowering::launchFlashMix(HostCode &h, StringRef name,
       workgroupMemRef({kRows, kCols + 1}, f32),       // probabilities
   };
   GPUKernel kernel(h, name, args, workgroup, {kFlashThreads, 1, 1}, loc);
+  alignWorkgroupBuffers(kernel.func);
   emitFlashMix(kernel, spec);
   GpuKernelBuilder &kb = h.kb;
   Value grid = kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows));

@@ -51,6 +51,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "FlashTile.h"
 #include "KernelUtils.h"
 #include "Lowerings.h"
 
@@ -367,7 +368,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         v = kb.select(ok, v, kb.constLike(wideType, 0.0));
         if (masked)
           v = masked(j, v);
-        vector::StoreOp::create(b, v, dst, ValueRange{jj, cc},
+        vector::StoreOp::create(b, v, dst, ValueRange{dstRow(jj), cc},
                                 /*nontemporal=*/false, llvm::MaybeAlign(16));
       });
     }, elements);
@@ -595,6 +596,8 @@ void mlir::moe::gpu_lowering::launchFlashMixMma(HostCode &h, StringRef name,
       workgroupMemRef({tile.buffers * tile.cols, tile.experts + kPad}, elt),
   };
   GPUKernel kernel(h, name, args, workgroup, {kThreads, 1, 1}, loc);
+  // ldmatrix, cp.async and the 16-byte stores need 16-byte aligned rows.
+  alignWorkgroupBuffers(kernel.func);
   kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
                        kernel.b.getI32IntegerAttr(tile.blocksPerSM));
   emitFlashMixMma(kernel, spec, tile, elt);

@@ -6,6 +6,8 @@
 
 #include "FlashTile.h"
 
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+
 using namespace mlir;
 using namespace mlir::moe::gpu_lowering;
 
@@ -26,4 +28,12 @@ void FlashTile::clampRow(GpuKernelBuilder &kb, Value rows, Value c1) {
   i = kb.add(rowBase, t.row);
   active = kb.lt(i, rows);
   row = kb.select(active, i, kb.sub(rows, c1));
+}
+
+void mlir::moe::gpu_lowering::alignWorkgroupBuffers(gpu::GPUFuncOp func,
+                                                    int64_t bytes) {
+  Builder b(func.getContext());
+  for (unsigned i = 0, e = func.getNumWorkgroupAttributions(); i < e; ++i)
+    func.setWorkgroupAttributionAttr(i, LLVM::LLVMDialect::getAlignAttrName(),
+                                     b.getI64IntegerAttr(bytes));
 }

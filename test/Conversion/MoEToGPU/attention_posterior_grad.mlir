@@ -49,7 +49,7 @@
 // CHECK-NEXT: %[[L:.*]] = arith.select %[[INF]], %[[PINF]], %{{.*}} : f32
 // CHECK-NEXT: memref.store %[[L]], %[[LSEOUT]]
 // CHECK: gpu.func @attention_posterior_grad_dq_0(%{{.*}}: memref<2x128x64xf32>, %{{.*}}: memref<2x96x64xf32>, %{{.*}}: memref<2x128x16xf32>, %{{.*}}: memref<2x96x16xf32>, %{{.*}}: memref<2x128xf32>, %{{.*}}: memref<2x128xf32>, %[[BIAS:.*]]: memref<2x96xf32>, %[[S:.*]]: memref<2x4x128x96xf32>, %[[HEAD:.*]]: memref<2xi32>, %[[DS:.*]]: memref<2x4x128x96xf32>, %{{.*}}: memref<2x96x64xf32>, %[[DU:.*]]: memref<2x128x64xf32>)
-// CHECK-SAME: workgroup(%{{.*}} : memref<16x33xf32, #gpu.address_space<workgroup>>, %{{.*}} : memref<32x33xf32, #gpu.address_space<workgroup>>, %[[SS:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>>, %[[DXS:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>>)
+// CHECK-SAME: workgroup(%{{.*}} : memref<16x33xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %{{.*}} : memref<32x33xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[SS:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[DXS:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // CHECK: memref.load %[[HEAD]]
 // CHECK: %[[SV:.*]] = memref.collapse_shape %[[S]] {{\[\[}}0, 1, 2], [3]] : memref<2x4x128x96xf32> into memref<1024x96xf32>
 // CHECK: %[[DSV:.*]] = memref.collapse_shape %[[DS]] {{\[\[}}0, 1, 2], [3]] : memref<2x4x128x96xf32> into memref<1024x96xf32>
@@ -79,7 +79,7 @@
 // The key-major kernel: three accumulators, the last (Σ dz) with no values
 // argument: a row sum of the dX tile stored by lane 0 at [b, j, 0].
 // CHECK: gpu.func @attention_posterior_grad_dk_0(%{{.*}}: memref<2x96x64xf32>, %{{.*}}: memref<2x128x64xf32>, %{{.*}}: memref<2x96x16xf32>, %{{.*}}: memref<2x128x16xf32>, %{{.*}}: memref<2x128xf32>, %{{.*}}: memref<2x128xf32>, %{{.*}}: memref<2x96xf32>, %{{.*}}: memref<2x4x128x96xf32>, %{{.*}}: memref<2xi32>, %{{.*}}: memref<2x128x16xf32>, %[[DE:.*]]: memref<2x96x16xf32>, %{{.*}}: memref<2x128x64xf32>, %[[DZU:.*]]: memref<2x96x64xf32>, %[[DZSUM:.*]]: memref<2x96x1xf32>)
-// CHECK-SAME: workgroup(%{{.*}} : memref<16x33xf32, #gpu.address_space<workgroup>>, %{{.*}} : memref<32x33xf32, #gpu.address_space<workgroup>>, %[[SS:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>>, %[[DXS:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>>)
+// CHECK-SAME: workgroup(%{{.*}} : memref<16x33xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %{{.*}} : memref<32x33xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[SS:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[DXS:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // CHECK: memref.store %{{.*}}, %[[DE]]
 // CHECK: memref.store %{{.*}}, %[[DZU]]
 // CHECK: gpu.barrier

@@ -21,7 +21,7 @@
 // CHECK: memref.store %{{.+}}, %[[BIASOUT]]
 // CHECK-LABEL: gpu.func @attention_posterior_mma_0
 // CHECK-SAME: (%{{.+}}: memref<2x100x64xf16>, %{{.+}}: memref<?x?x64xf16>, %{{.+}}: memref<2x70x16xf16>, %[[BIAS:.+]]: memref<?x?xf32>, %[[ADD:.+]]: memref<2x4x100x70xf16>, %[[HEAD:.+]]: memref<2xi32>, %{{.+}}: memref<2x100x16xf32>)
-// CHECK-SAME: workgroup(%{{.+}} : memref<32x72xf16, #gpu.address_space<workgroup>>, %{{.+}} : memref<32x24xf16, #gpu.address_space<workgroup>>)
+// CHECK-SAME: workgroup(%{{.+}} : memref<32x72xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %{{.+}} : memref<32x24xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // CHECK-SAME: nvvm.minctasm = 2
 // CHECK: memref.load %[[HEAD]][%{{.+}}] : memref<2xi32>
 // CHECK: %[[ROWS:.+]] = memref.collapse_shape %[[ADD]] {{\[}}[0, 1, 2], [3]] : memref<2x4x100x70xf16> into memref<800x70xf16>
@@ -73,7 +73,7 @@ func.func @post_f16(%s: tensor<2x4x100x70xf16>, %u: tensor<2x100x64xf16>, %v: te
 // CHECK: arith.truncf %{{.+}} : f32 to bf16
 // CHECK-LABEL: gpu.func @attention_posterior_mma_0
 // CHECK-SAME: %[[BIAS:[^:]+]]: memref<?x?xf32>, %[[ADD:[^:]+]]: memref<?x4x?x?xf32>, %{{.+}}: memref<?xi32>
-// CHECK-SAME: workgroup(%{{.+}} : memref<32x56xbf16, #gpu.address_space<workgroup>>
+// CHECK-SAME: workgroup(%{{.+}} : memref<32x56xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}
 // CHECK: %[[ROWS:.+]] = memref.collapse_shape %[[ADD]] {{\[}}[0, 1, 2], [3]] : memref<?x4x?x?xf32> into memref<?x?xf32>
 // CHECK: nvvm.mma.sync {{.+}}multiplicandAPtxType = #nvvm.mma_type<bf16>
 // CHECK: memref.load %[[BIAS]]

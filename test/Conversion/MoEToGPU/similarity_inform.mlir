@@ -7,7 +7,7 @@
 
 // CHECK-LABEL: gpu.module @moe_kernels
 // CHECK: gpu.func @similarity_inform_0(%{{.*}}: memref<2x128x64xf32>, %{{.*}}: memref<2x128x64xf32>, %{{.*}}: memref<2x128x16xf32>, %{{.*}}: memref<2x128x16xf32>)
-// CHECK-SAME: workgroup(%[[Q:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>>, %[[K:.*]] : memref<32x33xf32, #gpu.address_space<workgroup>>, %[[E:.*]] : memref<32x16xf32, #gpu.address_space<workgroup>>, %[[P:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>>)
+// CHECK-SAME: workgroup(%[[Q:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[K:.*]] : memref<32x33xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[E:.*]] : memref<32x16xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[P:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // CHECK-SAME: known_block_size = array<i32: 128, 1, 1>
 // Key tiles (causal: up to the tile's last row), then feature chunks.
 // CHECK: arith.minui

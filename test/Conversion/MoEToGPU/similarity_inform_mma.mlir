@@ -12,7 +12,7 @@
 
 // CHECK-LABEL: gpu.module @moe_kernels
 // CHECK: gpu.func @similarity_inform_mma_0(%{{.*}}: memref<2x128x64xf16>, %{{.*}}: memref<2x128x64xf16>, %{{.*}}: memref<2x128x16xf16>, %{{.*}}: memref<2x128x16xf32>)
-// CHECK-SAME: workgroup(%[[K:.*]] : memref<64x72xf16, #gpu.address_space<workgroup>>, %[[V:.*]] : memref<64x24xf16, #gpu.address_space<workgroup>>)
+// CHECK-SAME: workgroup(%[[K:.*]] : memref<64x72xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[V:.*]] : memref<64x24xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // CHECK-SAME: known_block_size = array<i32: 128, 1, 1>
 // CHECK-SAME: nvvm.minctasm = 4
 // The query fragments, once, before the key loop.
@@ -54,7 +54,7 @@ func.func @sim_f16(%u: tensor<2x128x64xf16>, %e: tensor<2x128x16xf16>) -> tensor
 // forward also writes the log-sum-exp.
 
 // CHECK: gpu.func @similarity_inform_fwd_mma_0
-// CHECK-SAME: workgroup(%[[K:.*]] : memref<32x264xbf16, #gpu.address_space<workgroup>>, %[[V:.*]] : memref<32x264xbf16, #gpu.address_space<workgroup>>)
+// CHECK-SAME: workgroup(%[[K:.*]] : memref<32x264xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[V:.*]] : memref<32x264xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // CHECK-SAME: nvvm.minctasm = 2
 // CHECK: nvgpu.ldmatrix %[[K]]
 // CHECK: vector.bitcast %{{.*}} : vector<2xbf16> to vector<1xi32>

@@ -13,7 +13,7 @@
 
 // CHECK-LABEL: gpu.func @similarity_inform_mma
 // CHECK-SAME: (%{{.+}}: memref<2x128x64xbf16>, %[[KEYS:.+]]: memref<2x128x64xbf16>, %[[E:.+]]: memref<2x128x16xbf16>,
-// CHECK-SAME: workgroup(%[[KS:.+]] : memref<128x72xbf16, #gpu.address_space<workgroup>>, %[[VS:.+]] : memref<128x24xbf16, #gpu.address_space<workgroup>>)
+// CHECK-SAME: workgroup(%[[KS:.+]] : memref<128x72xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[VS:.+]] : memref<128x24xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // CHECK: %[[KP:.+]] = memref.extract_aligned_pointer_as_index %[[KEYS]]
 // CHECK: %[[VP:.+]] = memref.extract_aligned_pointer_as_index %[[E]]
 // CHECK: scf.if
@@ -38,7 +38,7 @@
 // CHECK-NOT: gpu.barrier
 // CHECK: scf.yield
 // OFF-LABEL: gpu.func @similarity_inform_mma
-// OFF-SAME: workgroup(%{{.+}} : memref<64x72xbf16, #gpu.address_space<workgroup>>, %{{.+}} : memref<64x24xbf16, #gpu.address_space<workgroup>>)
+// OFF-SAME: workgroup(%{{.+}} : memref<64x72xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %{{.+}} : memref<64x24xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // OFF-NOT: device_async
 // OFF-NOT: cp.async
 // OFF: nvgpu.ldmatrix
@@ -54,7 +54,7 @@ func.func @sim_bf16(%u: tensor<2x128x64xbf16>, %e: tensor<2x128x16xbf16>) -> ten
 
 // CHECK-LABEL: gpu.func @similarity_inform_mma
 // CHECK-SAME: (%{{.+}}: memref<2x70x40xf16>, %[[KEYS:.+]]: memref<2x70x40xf16>, %[[E:.+]]: memref<2x70x12xf16>,
-// CHECK-SAME: workgroup(%[[KS:.+]] : memref<128x56xf16, #gpu.address_space<workgroup>>, %[[VS:.+]] : memref<128x24xf16, #gpu.address_space<workgroup>>)
+// CHECK-SAME: workgroup(%[[KS:.+]] : memref<128x56xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[VS:.+]] : memref<128x24xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // CHECK: memref.extract_aligned_pointer_as_index %[[KEYS]]
 // CHECK-NOT: memref.extract_aligned_pointer_as_index
 // CHECK: nvgpu.device_async_copy %[[KEYS]]

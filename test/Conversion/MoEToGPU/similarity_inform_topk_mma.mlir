@@ -70,7 +70,7 @@ func.func @topk_f16(%u: tensor<2x128x64xf16>, %e: tensor<2x128x16xf16>) -> (tens
 
 // CHECK-LABEL: gpu.func @similarity_inform_topk_mma_0
 // CHECK-SAME: %[[W:[^:]+]]: memref<?x?x12xf32>, %[[I:[^:]+]]: memref<?x?x12xi32>)
-// CHECK-SAME: workgroup(%{{.+}} : memref<64x56xbf16, #gpu.address_space<workgroup>>, %{{.+}} : memref<64x24xbf16, #gpu.address_space<workgroup>>)
+// CHECK-SAME: workgroup(%{{.+}} : memref<64x56xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %{{.+}} : memref<64x24xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // CHECK: nvvm.mma.sync {{.+}}multiplicandAPtxType = #nvvm.mma_type<bf16>
 // CHECK: scf.yield
 // CHECK: %[[WR:.+]] = memref.collapse_shape %[[W]] {{\[}}[0, 1], [2]] : memref<?x?x12xf32> into memref<?x12xf32>

@@ -98,6 +98,15 @@ func.func @sim_mma_f16_mask(%u: tensor<2x70x40xf16>, %e: tensor<2x70x12xf16>, %m
   %p = moe.similarity_inform %u, %e key_mask(%m : tensor<2x70xi1>) : tensor<2x70x40xf16>, tensor<2x70x12xf16> -> tensor<2x70x12xf32>
   return %p : tensor<2x70x12xf32>
 }
+// A key mask with K a multiple of 8 and three key tiles: under
+// flash-mma-wide-staging with flash-mma-async-staging the keys come by
+// cp.async into the double buffer and the values by the synchronous 16-byte
+// stores of the masked path, which wrote the current buffer's rows instead of
+// the next one's (issue 47).
+func.func @sim_mma_bf16_mask_k16(%u: tensor<2x150x64xbf16>, %e: tensor<2x150x16xbf16>, %m: tensor<2x150xi1>) -> tensor<2x150x16xf32> {
+  %p = moe.similarity_inform %u, %e key_mask(%m : tensor<2x150xi1>) : tensor<2x150x64xbf16>, tensor<2x150x16xbf16> -> tensor<2x150x16xf32>
+  return %p : tensor<2x150x16xf32>
+}
 // The fused top-k on f16/bf16 operands of one type: the tensor-core kernel's
 // epilogue under flash-mma-topk (off by default: the scalar kernel otherwise).
 // N = 100 and 70 (rows past N in the last 64-row block), a key mask with a

@@ -32,6 +32,9 @@ Steps, in order (MOE_GPU_CHECK_STEPS=a,b,... picks some; artifacts and build alw
   memcheck      `checks` under compute-sanitizer --tool memcheck (torch's caching allocator off; API errors
                 are the harness's to report)
   racecheck     `checks` under compute-sanitizer --tool racecheck
+                The sanitizer steps run the cases of MOE_GPU_CHECK_SANITIZE_ONLY (e.g. "--only similarity_inform")
+                when set; else, in a folder built with a flash-mma variant option (FLASH_VARIANT_OPTIONS: the second
+                folder of test/GPU/README.md), the flash kernels' cases (FLASH_CASES); else those of `checks`
   bench         bench/gpu/bench_gpu.py (ours vs eager vs torch.compile; $MOE_GPU_BENCH_ARGS adds options)
   models-bench  bench/models.py --device cuda: whole transformers MoE causal LMs (Mixtral, Qwen3-MoE, OLMoE, gpt-oss,
                 DeepSeek-V3, DeepSeek-V3 E=256) under eager / inductor / moe: decode, prefill, a training step,
@@ -111,6 +114,16 @@ def version_tuple(v):
 # Steps
 #===----------------------------------------------------------------------===#
 
+#: The harness cases that run the flash mixing kernels (FlashMix.cpp, FlashMma.cpp and their fused top-k and
+#: attention_posterior forms), the kernels that the flash-mma options change.
+FLASH_CASES = ("similarity_inform", "similarity_inform_topk_mma", "attention_posterior", "attention_posterior_mma")
+#: The moe-lower-to-nvvm options that build a variant of the tensor-core flash kernel (vector staging, cp.async
+#: double buffering, the fused top-k, attention_posterior): a folder built with one gets the sanitizer steps over
+#: FLASH_CASES, so that each variant is checked by memcheck and racecheck where it runs.
+FLASH_VARIANT_OPTIONS = ("flash-mma-wide-staging=true", "flash-mma-async-staging=true", "flash-mma-topk=true",
+                         "flash-mma-posterior=true")
+
+
 
 class Ctx:
     def __init__(self, out, python):
@@ -135,11 +148,32 @@ class Ctx:
         env.update(extra)
         return env
 
-    def harness(self, json_name):
+    def harness(self, json_name, only=None):
+        """The harness command; `only`: its case arguments (default $MOE_GPU_CHECK_ONLY)."""
+        if only is None:
+            only = os.environ.get("MOE_GPU_CHECK_ONLY", "")
         return [self.python, os.path.join(self.src, "test", "GPU", "run_gpu_tests.py"),
                 "--lib", os.path.join(self.build, "libgpu-cases.so"), "--runtime-dir", self.build,
                 "--manifest", os.path.join(self.art, "gpu-cases.manifest.json"),
-                "--json", os.path.join(self.logs, json_name)] + shlex.split(os.environ.get("MOE_GPU_CHECK_ONLY", ""))
+                "--json", os.path.join(self.logs, json_name)] + shlex.split(only)
+
+    def pipeline_options(self):
+        """The moe-lower-to-nvvm options the check cases were built with (their manifest's pipeline_options)."""
+        try:
+            with open(os.path.join(self.art, "gpu-cases.manifest.json")) as f:
+                return json.load(f).get("pipeline_options", "") or ""
+        except (OSError, ValueError):
+            return ""
+
+    def sanitizer_only(self):
+        """The sanitizer steps' case arguments: $MOE_GPU_CHECK_SANITIZE_ONLY; else the flash kernels' cases in a
+        folder built with a flash-mma variant option; else the checks' ($MOE_GPU_CHECK_ONLY)."""
+        if "MOE_GPU_CHECK_SANITIZE_ONLY" in os.environ:
+            return os.environ["MOE_GPU_CHECK_SANITIZE_ONLY"]
+        options = self.pipeline_options().split()
+        if any(o in options for o in FLASH_VARIANT_OPTIONS):
+            return "--only " + ",".join(FLASH_CASES)
+        return os.environ.get("MOE_GPU_CHECK_ONLY", "")
 
 
 def torch_args(ctx):
@@ -180,7 +214,8 @@ def sanitizer(ctx, tool, extra):
     if not shutil.which("compute-sanitizer"):
         return None, "compute-sanitizer is not on PATH"
     cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "86", "--print-limit", "100",
-           "--log-file", os.path.join(ctx.logs, f"{tool}.txt")] + extra + ctx.harness(f"{tool}-cases.json")
+           "--log-file", os.path.join(ctx.logs, f"{tool}.txt")] + extra + ctx.harness(f"{tool}-cases.json",
+                                                                                       ctx.sanitizer_only())
     # Each tensor its own cudaMalloc, so that memcheck sees an access past a tensor's end.
     return cmd, ctx.env(PYTORCH_NO_CUDA_MEMORY_CACHING="1")
 

@@ -112,3 +112,50 @@ def test_a_step_past_its_own_limit_fails(setup, monkeypatch):
     out = os.path.join(G.HERE, "..", "out2")
     assert G.main(["gpu_check.py", out]) == 1
     assert json.loads(open(os.path.join(out, "summary.json")).read())["steps"][0]["status"] == "fail"
+
+
+def sanitizer_commands(folder, options, monkeypatch, **env):
+    """The memcheck and racecheck commands of a folder whose check cases were built with `options`."""
+    (folder / "art").mkdir(exist_ok=True)
+    (folder / "art" / "gpu-cases.manifest.json").write_text(json.dumps({"pipeline_options": options}))
+    monkeypatch.setattr(G.shutil, "which", lambda name: "/usr/bin/" + name)
+    for k in ("MOE_GPU_CHECK_ONLY", "MOE_GPU_CHECK_SANITIZE_ONLY"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    ctx = G.Ctx(str(folder / "out"), sys.executable)
+    made = {name: make() for name, _, _, make in G.steps(ctx) if name in ("checks", "memcheck", "racecheck")}
+    checks = made["checks"][0]
+    return checks, [made[t][0] for t in ("memcheck", "racecheck")]
+
+
+def test_sanitizers_run_every_check_of_the_default_folder(setup, tmp_path, monkeypatch):
+    checks, sanitized = sanitizer_commands(tmp_path / "folder", "balance-kernels=true", monkeypatch)
+    for cmd in sanitized:
+        assert cmd[0] == "compute-sanitizer" and "--only" not in cmd
+        assert cmd[cmd.index("--lib"):cmd.index("--json")] == checks[checks.index("--lib"):checks.index("--json")]
+
+
+@pytest.mark.parametrize("option", G.FLASH_VARIANT_OPTIONS)
+def test_sanitizers_run_the_flash_cases_of_a_variant_folder(setup, tmp_path, monkeypatch, option):
+    # The second folder of test/GPU/README.md (built with a flash-mma variant option): memcheck and racecheck
+    # over the flash kernels' cases, which every variant runs in; the checks keep every case.
+    checks, sanitized = sanitizer_commands(tmp_path / "folder", "balance-kernels=true " + option, monkeypatch)
+    assert "--only" not in checks
+    for cmd in sanitized:
+        assert cmd[cmd.index("--only") + 1].split(",") == list(G.FLASH_CASES)
+
+
+def test_sanitizer_cases_can_be_named(setup, tmp_path, monkeypatch):
+    _, sanitized = sanitizer_commands(tmp_path / "folder", "flash-mma-topk=true", monkeypatch,
+                                      MOE_GPU_CHECK_SANITIZE_ONLY="--only similarity_inform")
+    assert all(cmd[-2:] == ["--only", "similarity_inform"] for cmd in sanitized)
+    _, sanitized = sanitizer_commands(tmp_path / "folder", "", monkeypatch, MOE_GPU_CHECK_ONLY="--only balance")
+    assert all(cmd[-2:] == ["--only", "balance"] for cmd in sanitized)
+
+
+def test_flash_cases_are_harness_cases():
+    spec = importlib.util.spec_from_file_location("run_gpu_tests", os.path.join(HERE, "..", "run_gpu_tests.py"))
+    text = open(spec.origin).read()
+    for case in G.FLASH_CASES:
+        assert f'    "{case}": case_' in text
