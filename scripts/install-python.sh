@@ -29,7 +29,11 @@ LEAN_CUDA_DEPS=('nvidia-cufile==1.17.1.22.*' 'nvidia-cusparselt-cu13==0.8.1' 'nv
 # Used by the Python tests and reference code. transformers: the acceptance tests compile HF's own sparse-MoE blocks
 # (tiny configs, random weights, nothing downloaded); 5.23.0 is the release tested with torch 2.15.
 TRANSFORMERS_VERSION=5.23.0
-EXTRA=(numpy 'pytest>=7' "transformers==$TRANSFORMERS_VERSION")
+# nvdisasm (and cuobjdump) of the CUDA toolkit, which the machine's toolkit lacks: the lit test GPU/sass-budget.mlir
+# reads the kernels' SASS with it (bench/gpu/sass_budget.py; test/lit.cfg.py finds it in .venv).
+NVDISASM_VERSION=13.5.37
+EXTRA=(numpy 'pytest>=7' "transformers==$TRANSFORMERS_VERSION" "nvidia-cuda-nvdisasm==$NVDISASM_VERSION"
+       "nvidia-cuda-cuobjdump==$NVDISASM_VERSION")
 
 torch_ok() {
   [ -x "$PY" ] || return 1
@@ -50,6 +54,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 import numpy, pytest, transformers
 assert transformers.__version__ == sys.argv[1], transformers.__version__
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+import glob, subprocess, sysconfig
+nvdisasm = glob.glob(os.path.join(sysconfig.get_paths()["purelib"], "nvidia", "cu*", "bin", "nvdisasm"))
+assert nvdisasm and subprocess.run([nvdisasm[0], "--version"], capture_output=True).returncode == 0
 EOF
 }
 

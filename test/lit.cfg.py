@@ -54,6 +54,27 @@ if os.path.exists(moe_ptxas):
     config.available_features.add("ptxas")
 config.substitutions.append(("%ptxas", moe_ptxas))
 config.substitutions.append(("%cuda_toolkit", moe_cuda_toolkit))
+# `nvdisasm` (the kernels' SASS: GPU/sass-budget.mlir): $MOE_NVDISASM, the PyPI wheel nvidia-cuda-nvdisasm that
+# scripts/install-python.sh installs into .venv, the CUDA toolkit's, or PATH's. The test command installs the
+# wheel, so where ptxas is found and nvdisasm is not, the budget would be skipped unnoticed: lit warns, and under
+# CI (CI=true) stops.
+import glob
+def _moe_find_nvdisasm():
+    candidates = [os.environ.get("MOE_NVDISASM", "")]
+    candidates += sorted(glob.glob(os.path.join(config.moe_src_root, ".venv", "lib", "python*", "site-packages",
+                                                "nvidia", "cu*", "bin", "nvdisasm")), reverse=True)
+    candidates += [os.path.join(moe_cuda_toolkit, "bin", "nvdisasm"), shutil.which("nvdisasm") or ""]
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+moe_nvdisasm = _moe_find_nvdisasm()
+if moe_nvdisasm:
+    config.available_features.add("nvdisasm")
+elif os.path.exists(moe_ptxas):
+    msg = ("nvdisasm not found (scripts/install-python.sh installs nvidia-cuda-nvdisasm into .venv): "
+           "GPU/sass-budget.mlir, the kernels' SASS budget, is UNSUPPORTED")
+    if os.environ.get("CI") == "true":
+        lit_config.fatal(msg)
+    lit_config.warning(msg)
+config.substitutions.append(("%nvdisasm", moe_nvdisasm or "nvdisasm"))
 moe_venv_python = os.path.join(config.moe_src_root, ".venv", "bin", "python")
 config.substitutions.append(
     ("%moe_python", moe_venv_python if os.path.exists(moe_venv_python) else config.python_executable))

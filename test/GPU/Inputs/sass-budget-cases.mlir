@@ -1,0 +1,85 @@
+// Cases of the static SASS budget (bench/gpu/sass_budget.py, test/GPU/sass-budget.mlir):
+// the routing kernels at the shapes of the GPU benchmark (bench/cases.py:gpu_cases()), whose
+// kernel times bench/results/gpu-2026-11-24-h100.md holds, plus Kimi-K2's router, the dispatch
+// plan and the seed routers' mixing kernels.
+//
+// A `// sass-budget:` line before a function describes how its selection kernel maps the work,
+// for the per-element and per-token figures (the script's docstring says how each is used):
+//   kernel=PREFIX           the kernel (name up to its numeric suffix) the line is about
+//   elements-per-lane=N     scores a lane holds in registers in each selection round
+//   tokens-per-warp=N       tokens one warp selects for (32 / lanes per token)
+//   rounds=N                selection rounds per token (k)
+//   experts=N               the row length (E or K)
+//   loop-trips=N            times the selection loop's body runs per warp; without it, the
+//                           rounds less those ptxas peeled off before the loop (counted by
+//                           their SHFL/REDUX: right where the rounds' reductions are the
+//                           kernel's only ones; route's group rankings are not, so its lines
+//                           say 8: no round peeled, read from the SASS)
+//   options=A=x,B=y         moe-lower-to-nvvm options the function is lowered with (a kernel
+//                           variant behind an option: its own function, its own budget)
+//   tokens=N, bench=NAME    the case's token count and its name in the GPU benchmark
+//                           (bench/cases.py), for the calibration against measured times
+// When a kernel's mapping changes (lanes per token, elements per lane), its line changes in the
+// same commit.
+
+// sass-budget: kernel=topk_renorm_warp elements-per-lane=2 tokens-per-warp=1 rounds=8 experts=64 tokens=65536 bench=topk_logits_T65536_K64_k8
+func.func @topk_logits_K64(%s: tensor<65536x64xf32>) -> (tensor<65536x8xf32>, tensor<65536x8xi32>) {
+  %w, %i = moe.topk_renorm %s k(8) : tensor<65536x64xf32> -> tensor<65536x8xf32>, tensor<65536x8xi32>
+  return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
+}
+// sass-budget: kernel=topk_renorm_warp elements-per-lane=4 tokens-per-warp=1 rounds=8 experts=128 tokens=65536 bench=topk_logits_T65536_K128_k8
+func.func @topk_logits_K128(%s: tensor<65536x128xf32>) -> (tensor<65536x8xf32>, tensor<65536x8xi32>) {
+  %w, %i = moe.topk_renorm %s k(8) : tensor<65536x128xf32> -> tensor<65536x8xf32>, tensor<65536x8xi32>
+  return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
+}
+// sass-budget: kernel=topk_renorm_warp elements-per-lane=8 tokens-per-warp=1 rounds=8 experts=256 tokens=65536 bench=topk_logits_T65536_K256_k8
+func.func @topk_logits_K256(%s: tensor<65536x256xf32>) -> (tensor<65536x8xf32>, tensor<65536x8xi32>) {
+  %w, %i = moe.topk_renorm %s k(8) : tensor<65536x256xf32> -> tensor<65536x8xf32>, tensor<65536x8xi32>
+  return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
+}
+// sass-budget: kernel=topk_renorm_warp elements-per-lane=2 tokens-per-warp=1 rounds=8 experts=64
+func.func @topk_probs_K64(%s: tensor<65536x64xf32>) -> (tensor<65536x8xf32>, tensor<65536x8xi32>) {
+  %w, %i = moe.topk_renorm %s k(8) mode(probs) : tensor<65536x64xf32> -> tensor<65536x8xf32>, tensor<65536x8xi32>
+  return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
+}
+// sass-budget: kernel=topk_renorm_warp elements-per-lane=4 tokens-per-warp=1 rounds=8 experts=128 tokens=65536 bench=topk_probs_T65536_K128_k8
+func.func @topk_probs_K128(%s: tensor<65536x128xf32>) -> (tensor<65536x8xf32>, tensor<65536x8xi32>) {
+  %w, %i = moe.topk_renorm %s k(8) mode(probs) : tensor<65536x128xf32> -> tensor<65536x8xf32>, tensor<65536x8xi32>
+  return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
+}
+// sass-budget: kernel=topk_renorm_warp elements-per-lane=8 tokens-per-warp=1 rounds=8 experts=256
+func.func @topk_probs_K256(%s: tensor<65536x256xf32>) -> (tensor<65536x8xf32>, tensor<65536x8xi32>) {
+  %w, %i = moe.topk_renorm %s k(8) mode(probs) : tensor<65536x256xf32> -> tensor<65536x8xf32>, tensor<65536x8xi32>
+  return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
+}
+// DeepSeek-V3: E = 256, 8 groups of 32, the best 4 groups, k = 8 (bench: route_deepseek_v3_T8192).
+// sass-budget: kernel=route_warp elements-per-lane=8 tokens-per-warp=1 rounds=8 loop-trips=8 experts=256 tokens=8192 bench=route_deepseek_v3_T8192
+func.func @route_deepseek_v3(%x: tensor<8192x256xf32>, %b: tensor<256xf32>) -> (tensor<8192x8xf32>, tensor<8192x8xi32>) {
+  %w, %i = moe.route %x bias(%b : tensor<256xf32>) k(8) scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) routed_scaling_factor(2.500000e+00) : tensor<8192x256xf32> -> tensor<8192x8xf32>, tensor<8192x8xi32>
+  return %w, %i : tensor<8192x8xf32>, tensor<8192x8xi32>
+}
+// Kimi-K2: E = 384, one group, k = 8.
+// sass-budget: kernel=route_warp elements-per-lane=12 tokens-per-warp=1 rounds=8 loop-trips=8 experts=384 tokens=8192
+func.func @route_kimi_k2(%x: tensor<8192x384xf32>, %b: tensor<384xf32>) -> (tensor<8192x8xf32>, tensor<8192x8xi32>) {
+  %w, %i = moe.route %x bias(%b : tensor<384xf32>) k(8) scoring(sigmoid) renormalize(true) routed_scaling_factor(2.827000e+00) : tensor<8192x384xf32> -> tensor<8192x8xf32>, tensor<8192x8xi32>
+  return %w, %i : tensor<8192x8xf32>, tensor<8192x8xi32>
+}
+// The dispatch plan of DeepSeek-V3's picks (8192 tokens x 8).
+func.func @dispatch_plan(%idx: tensor<8192x8xi32>) -> (tensor<256xi32>, tensor<257xi32>, tensor<65536xi32>, tensor<65536xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>) {
+  %c, %o, %ord, %inv, %p, %b, %n = moe.dispatch_plan %idx num_experts(256) block_size(64) : tensor<8192x8xi32> -> tensor<256xi32>, tensor<257xi32>, tensor<65536xi32>, tensor<65536xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
+  return %c, %o, %ord, %inv, %p, %b, %n : tensor<256xi32>, tensor<257xi32>, tensor<65536xi32>, tensor<65536xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
+}
+// The seed routers' mixing kernels (bench: sim_B1_N16384_D64_K16, its bf16 form on tensor cores,
+// attn_B16_H4_N1024_Nk1024_D256_Dh64_K16).
+func.func @similarity_inform(%u: tensor<1x16384x64xf32>, %e: tensor<1x16384x16xf32>) -> tensor<1x16384x16xf32> {
+  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xf32>, tensor<1x16384x16xf32> -> tensor<1x16384x16xf32>
+  return %p : tensor<1x16384x16xf32>
+}
+func.func @similarity_inform_bf16(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
+  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
+  return %p : tensor<1x16384x16xf32>
+}
+func.func @attention_posterior(%s: tensor<16x4x1024x1024xf32>, %u: tensor<16x1024x256xf32>, %v: tensor<16x4x1024x64xf32>, %wo: tensor<256x256xf32>, %e: tensor<16x1024x16xf32>) -> (tensor<16x1024x16xf32>, tensor<16xi32>) {
+  %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma(2.000000e+00) : tensor<16x4x1024x1024xf32>, tensor<16x1024x256xf32>, tensor<16x4x1024x64xf32>, tensor<256x256xf32>, tensor<16x1024x16xf32> -> tensor<16x1024x16xf32>, tensor<16xi32>
+  return %p, %h : tensor<16x1024x16xf32>, tensor<16xi32>
+}

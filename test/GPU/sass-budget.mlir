@@ -1,0 +1,38 @@
+// REQUIRES: ptxas, nvdisasm
+// RUN: %python %moe_src_root/bench/gpu/sass_budget.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --nvdisasm %nvdisasm --chips sm_80,sm_90 --budgets %moe_src_root/bench/gpu/sass_budgets.json --out %t.md %S/Inputs/sass-budget-cases.mlir | FileCheck %s
+// RUN: FileCheck %s --check-prefix=TABLE < %t.md
+// RUN: %python -c "import json, sys; b = json.load(open(sys.argv[1])); b['ceilings']['sm_90']['topk_logits_K256/topk_renorm_warp']['instr_per_elem_round'] -= 0.5; json.dump(b, open(sys.argv[2], 'w'))" %moe_src_root/bench/gpu/sass_budgets.json %t.tight.json
+// RUN: not %python %moe_src_root/bench/gpu/sass_budget.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --nvdisasm %nvdisasm --chips sm_90 --budgets %t.tight.json --functions topk_logits_K256 --out %t.tight.md %S/Inputs/sass-budget-cases.mlir 2>&1 | FileCheck %s --check-prefix=OVER
+
+// The static SASS budget of the routing kernels (issue #46, item 2), read from
+// ptxas's SASS by nvdisasm, no GPU: every kernel of Inputs/sass-budget-cases.mlir
+// stays within the figures committed in bench/gpu/sass_budgets.json (a ratchet:
+// more instructions per element per round or per token, more SHFL/REDUX/MUFU,
+// narrower loads or fewer warps per SM than committed fail; spills fail
+// always). The issue's targets are printed beside each figure with the gap;
+// bench/results/sass-budget-sm_*.md keeps the table.
+
+// CHECK: sass budget: {{[0-9]+}} kernels, 0 over budget, {{[0-9]+}} of {{[0-9]+}} targets met, 0 failures
+// CHECK-DAG: sm_90 topk_logits_K256/topk_renorm_warp_{{[0-9]+}}: regs {{[0-9]+}} warps/SM {{[0-9]+}} loads {{[0-9]+}}b SHFL {{[0-9]+}} REDUX {{[0-9]+}} MUFU {{[0-9]+}} loop {{[0-9]+}} instr/elem/round {{[0-9.]+}} instr/token {{[0-9.]+}}
+// CHECK-DAG: sm_90 route_deepseek_v3/route_warp_{{[0-9]+}}: {{.*}} SHFL/token {{[0-9.]+}}
+// CHECK-DAG: sm_80 route_kimi_k2/route_warp_{{[0-9]+}}:
+// CHECK-DAG: sm_90 dispatch_plan/dispatch_{{[a-z_]+}}_{{[0-9]+}}:
+// CHECK-DAG: sm_90 similarity_inform/similarity_inform_{{[0-9]+}}:
+// CHECK-DAG: sm_90 attention_posterior/attention_{{[a-z_]+}}_{{[0-9]+}}:
+
+// TABLE: ## Per kernel
+// TABLE-DAG: | sm_90 | topk_logits_K64 | topk_renorm_warp_{{[0-9]+}} | {{[0-9]+}} | 0 | 128 | {{[0-9]+}} | {{[0-9]+}} | 0 |
+// TABLE-DAG: | sm_90 | topk_probs_K128 | topk_renorm_warp_{{[0-9]+}} |
+// TABLE-DAG: | sm_90 | topk_logits_K256 | topk_renorm_warp_{{[0-9]+}} |
+// TABLE-DAG: | sm_90 | route_deepseek_v3 | route_warp_{{[0-9]+}} |
+// TABLE: ## Against the budget and the issue's targets
+// TABLE-DAG: | sm_90 | topk_logits_K256 | topk_renorm_warp_{{[0-9]+}} | instr_per_elem_round | {{[0-9.]+}} | {{[0-9.]+}} | 2 | {{.*}} | ok |
+// TABLE-DAG: | sm_90 | route_deepseek_v3 | route_warp_{{[0-9]+}} | shfl_per_token | {{[0-9.]+}} | {{[0-9.]+}} | 32 | {{.*}} | ok |
+// TABLE-DAG: | sm_90 | topk_logits_K256 | topk_renorm_warp_{{[0-9]+}} | widest_load_bits | {{[0-9]+}} | {{[0-9]+}} | 128 | {{.*}} | ok |
+// TABLE-NOT: OVER
+// TABLE-NOT: Failures
+
+// A kernel over its ceiling fails: the same kernel against a ceiling half an
+// instruction per element below its committed figure.
+// OVER: sass budget: 1 kernels, 1 over budget
+// OVER: FAIL: sm_90 topk_logits_K256/topk_renorm_warp: instr_per_elem_round = {{[0-9.]+}}, budget <= {{[0-9.]+}}
