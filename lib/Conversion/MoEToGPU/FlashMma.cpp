@@ -58,6 +58,7 @@
 #include "MoE/Kernels/FlashLogit.h"
 #include "MoE/Kernels/OnlineSoftmax.h"
 
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
@@ -152,6 +153,18 @@ struct Mma {
     return vector::FromElementsOp::create(
         b, vec({static_cast<int64_t>(elems.size() / 2), 2}, elt), elems);
   }
+  /// A fragment from its rows, each a vector<2 x elt>.
+  Value fragmentOfPairs(ArrayRef<Value> pairs) {
+    Value frag = arith::ConstantOp::create(
+        b, vec({static_cast<int64_t>(pairs.size()), 2}, elt),
+        DenseElementsAttr::get(
+            vec({static_cast<int64_t>(pairs.size()), 2}, elt),
+            b.getFloatAttr(elt, 0.0)));
+    for (auto [r, pair] : llvm::enumerate(pairs))
+      frag = vector::InsertOp::create(b, pair, frag,
+                                      ArrayRef<int64_t>{int64_t(r)});
+    return frag;
+  }
   /// Rows [first, first + count) of a [n x 2] fragment.
   Value rows(Value frag, int64_t first, int64_t count) {
     SmallVector<Value> elems;
@@ -238,6 +251,67 @@ static void emitMmaTopkEpilogue(GPUKernel &kernel, const FlashMixSpec &spec,
                      outRows, idxRows, flatRow, active, Value(), Value(),
                      TopkRounds::Butterfly, /*run=*/2);
   }
+}
+
+/// 2^x on the SFU: ex2.approx.ftz.f32, one MUFU.EX2 (math.exp2 becomes
+/// libdevice's __nv_exp2f, which without FTZ scales subnormal inputs and
+/// results around it: 4 instructions).
+static Value exp2Approx(ImplicitLocOpBuilder &b, Value x) {
+  return LLVM::CallIntrinsicOp::create(b, b.getF32Type(),
+                                       b.getStringAttr("llvm.nvvm.ex2.approx.ftz.f"),
+                                       ValueRange{x})
+      .getResult(0);
+}
+
+namespace {
+/// One key tile of a row's online softmax in base 2 (the tensor-core
+/// kernel's; OnlineSoftmax.h's rules in log2 units).
+struct Exp2Tile {
+  /// The running max in log2 units and this lane's running partial sum.
+  Value max, partialSum;
+  /// 2^(m2_old - m2): the accumulator's factor.
+  Value rescale;
+  /// 2^(x - m2) of each value (0 for -inf).
+  SmallVector<Value> probs;
+};
+} // namespace
+
+/// The update of (max2, partialSum) by this lane's values `v` of a tile of
+/// one row: with `scale`, v are raw dot products whose logits in log2 units
+/// are v . scale (scale > 0: the max of v times scale is the max of the
+/// logits, and each weight is one FFMA and one EX2); without, v are the
+/// logits in log2 units. -inf excludes a key. `reduceMax` gives the row's
+/// max over the lanes that share it; the partial sums are this lane's (the
+/// caller adds the lanes' once at the end). As OnlineSoftmax.h: a row that
+/// has seen no key keeps max -inf and subtracts 0 (alpha = p = 0, not NaN);
+/// a NaN makes the max, and from it every weight, NaN.
+static Exp2Tile exp2SoftmaxStep(GpuKernelBuilder &kb, Value max2,
+                                Value partialSum, ArrayRef<Value> v,
+                                Value scale,
+                                function_ref<Value(Value)> reduceMax) {
+  ImplicitLocOpBuilder &b = kb.b;
+  Value tileMax = v.front();
+  for (Value x : v.drop_front())
+    tileMax = kb.fmax(tileMax, x);
+  tileMax = reduceMax(tileMax);
+  if (scale)
+    tileMax = kb.fmul(tileMax, scale);
+  Exp2Tile tile;
+  tile.max = kb.fmax(max2, tileMax);
+  Value none =
+      kb.cmpf(arith::CmpFPredicate::OEQ, tile.max, kb.negInfLike(kb.f32()));
+  Value shift = kb.select(none, kb.cF32(0.0), tile.max);
+  tile.rescale = exp2Approx(b, kb.fsub(max2, shift));
+  Value negShift = arith::NegFOp::create(b, shift);
+  Value sum = kb.fmul(partialSum, tile.rescale);
+  for (Value x : v) {
+    Value d = scale ? kb.fma(x, scale, negShift) : kb.fadd(x, negShift);
+    Value p = exp2Approx(b, d);
+    tile.probs.push_back(p);
+    sum = kb.fadd(sum, p);
+  }
+  tile.partialSum = sum;
+  return tile;
 }
 
 /// The body of the kernel (launchFlashMixMma).
@@ -396,7 +470,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   }
 
   // Carried: the accumulator (expertBlocks x 4 f32), then per row the
-  // running max and sum.
+  // running max (log2 units) and this lane's part of the running sum.
   SoftmaxState start = softmaxStart(kb);
   SmallVector<Value> init(expertBlocks * 4, kb.cF32(0.0));
   for (int r = 0; r < 2; ++r) {
@@ -423,9 +497,40 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     kb.ifThen(kb.lt(c0, keyEnd), [&] { stageKeysAndValues(c0, c0); });
     NVVM::CpAsyncCommitGroupOp::create(b);
   }
-  SmallVector<Value> fin = kb.forLoop(
-      c0, keyEnd, kb.idx(cols), init,
-      [&](Value j0, ValueRange carried) -> SmallVector<Value> {
+  // The softmax in base 2 (FlashAttention-2's): s = q.k from the MMA,
+  // c = log2(e) / tau, the row's max m2 kept in log2 units (max s . c: c > 0,
+  // the verifier's tau > 0 and sigma > 0), each weight
+  //   p = 2^(s c - m2) = e^(s / tau - m)       one FFMA and one EX2,
+  // the accumulator's factor 2^(m2_old - m2) once a row and tile. EX2 is
+  // ex2.approx.ftz (2 ulp; a weight below 2^-126 of the row's largest, 1,
+  // flushes to 0 and changes no sum: softmaxWeight's rule). The logit's
+  // rounding moves from s / tau to the FFMA's s . c - m2, a relative error of
+  // the weight of about 2^-24 |s c| + 2 ulp: far inside MMA_TOL (1e-2),
+  // behind the operands' own rounding to f16/bf16. attention_posterior's
+  // logit, s / sigma^2 + bias + score, becomes s . c + (bias + score) log2(e)
+  // (one FFMA after the add), and its max the max of those.
+  const double log2e = 1.4426950408889634;
+  Value scale2 = kb.cF32(log2e / spec.scaleDiv);
+  const bool rawDots = !spec.hasBias && !spec.hasAddScores;
+  // Each lane sums its own columns of a row (p with the quad's common max)
+  // and the quad's 4 partial sums are added once after the key loop, not
+  // per tile: 2 shuffles a row instead of 2 a row and tile.
+
+  // Peeling: keys [0, fullEnd) come in whole tiles that no row of the block
+  // excludes (every key < Nk, and when causal every key <= rowBase, the
+  // block's first row): those tiles carry no bounds or causal select; the
+  // tiles from fullEnd to keyEnd (the last, partial tile; the causal
+  // diagonal) are the checked ones. Both loops run the same staging
+  // pipeline, indexed by j0.
+  Value keyLimit = spec.causal ? kb.minu(Nk, kb.add(rowBase, c1)) : Nk;
+  // Not past 128 experts (D = K = 256, 32-key tiles): there the second
+  // copy of the body made ptxas spill (sm_90, 12-28 bytes); every tile is
+  // the checked one.
+  const bool peel = tile.experts <= 128;
+  Value fullEnd =
+      peel ? kb.mul(kb.divu(keyLimit, kb.idx(cols)), kb.idx(cols)) : c0;
+  auto keyTile = [&](bool checked) {
+    return [&, checked](Value j0, ValueRange carried) -> SmallVector<Value> {
         // Stage the key and value tiles.
         Value bufRow;
         if (doubleBuffered) {
@@ -465,7 +570,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
 
         // attention_posterior's loads of key j: key 0's past Nk (excluded
         // below).
-        auto keyIndex = [&](Value j) { return kb.select(kb.lt(j, Nk), j, c0); };
+        auto keyIndex = [&](Value j) {
+          return checked ? kb.select(kb.lt(j, Nk), j, c0) : j;
+        };
 
         // Masks and the online softmax of each of the thread's two rows.
         SmallVector<Value> acc(carried.begin(), carried.begin() + accCount);
@@ -491,36 +598,42 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
               auto addScore = [&] {
                 return kb.loadF(addRows2D, {addRows[r], keyIndex(j)});
               };
-              logits.push_back(flashLogit(
-                  kb, spec, s[nb][2 * r + x],
+              Value dot = s[nb][2 * r + x];
+              // The value the max is taken of: the raw dot (similarity),
+              // or the posterior's logit in log2 units.
+              Value v = dot;
+              if (!rawDots) {
+                Value terms;
+                if (spec.hasBias)
+                  terms = kb.load(logit.bias, {bi, keyIndex(j)});
+                if (spec.hasAddScores)
+                  terms = terms ? kb.fadd(terms, addScore()) : addScore();
+                v = kb.fma(dot, scale2, kb.fmul(terms, kb.cF32(log2e)));
+              }
+              FlashLogitSpec keepSpec = spec;
+              keepSpec.causal = spec.causal && checked;
+              Value inRange = checked ? kb.lt(j, Nk) : Value();
+              Value keep = flashKeyKept(
+                  kb, keepSpec, inRange,
                   [&] {
-                    return kb.load(logit.bias, {bi, keyIndex(j)});
+                    return keyMask ? kb.load(keyMask, {bi, keyIndex(j)})
+                                   : Value();
                   },
-                  addScore, [&] {
-                    Value inRange = kb.lt(j, Nk);
-                    return flashKeyKept(
-                        kb, spec, inRange,
-                        [&] {
-                          return keyMask
-                                     ? kb.load(keyMask,
-                                              {bi, kb.select(inRange, j, c0)})
-                                     : Value();
-                        },
-                        [&] {
-                          return kb.cmpi(arith::CmpIPredicate::ule, j,
-                                        rowsOf[r]);
-                        });
-                  }));
+                  [&] {
+                    return kb.cmpi(arith::CmpIPredicate::ule, j, rowsOf[r]);
+                  });
+              if (keep)
+                v = kb.select(keep, v, kb.negInfLike(v.getType()));
+              logits.push_back(v);
             }
-          SoftmaxTile st = onlineSoftmaxStep(
-              kb, {carried[accCount + 2 * r], carried[accCount + 2 * r + 1]},
-              logits,
-              [&](Value v) { return subgroupReduce(kb, v, ReduceKind::Max, 4); },
-              [&](Value v) { return subgroupReduce(kb, v, ReduceKind::Sum, 4); });
+          Exp2Tile st = exp2SoftmaxStep(
+              kb, carried[accCount + 2 * r], carried[accCount + 2 * r + 1],
+              logits, rawDots ? scale2 : Value(),
+              [&](Value v) { return subgroupReduce(kb, v, ReduceKind::Max, 4); });
           probs[r] = st.probs;
           rescale[r] = st.rescale;
-          next.push_back(st.next.max);
-          next.push_back(st.next.sum);
+          next.push_back(st.max);
+          next.push_back(st.partialSum);
         }
         for (int64_t eb = 0; eb < expertBlocks; ++eb)
           for (int64_t i = 0; i < 4; ++i)
@@ -529,14 +642,20 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         // Mixing: per 16 keys, P's A operand from the logits' C fragments
         // of key blocks 2kc and 2kc + 1 (rounded to the operand type), the
         // values' B operands through ldmatrix.trans.
-        auto toElt = [&](Value p) { return arith::TruncFOp::create(b, elt, p); };
+        // Two probabilities of a row at a time, rounded as one pair
+        // (cvt.rn.{bf16x2,f16x2}.f32: one instruction for two scores).
+        auto toPair = [&](Value lo, Value hi) {
+          Value pair = vector::FromElementsOp::create(
+              b, m.vec({2}, b.getF32Type()), ValueRange{lo, hi});
+          return arith::TruncFOp::create(b, m.vec({2}, elt), pair);
+        };
         for (int64_t kc = 0; kc < keyBlocks / 2; ++kc) {
-          SmallVector<Value> pe;
+          SmallVector<Value> pairs;
           for (int64_t half = 0; half < 2; ++half)
             for (int r = 0; r < 2; ++r)
-              for (int64_t x = 0; x < 2; ++x)
-                pe.push_back(toElt(probs[r][(2 * kc + half) * 2 + x]));
-          Value pFrag = m.fragment(pe);
+              pairs.push_back(toPair(probs[r][(2 * kc + half) * 2],
+                                     probs[r][(2 * kc + half) * 2 + 1]));
+          Value pFrag = m.fragmentOfPairs(pairs);
           for (int64_t eb = 0; eb < expertBlocks; eb += 2) {
             bool pair = eb + 1 < expertBlocks;
             // Matrices: (keys lo, experts eb), (keys hi, eb), then eb + 1.
@@ -554,7 +673,18 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         }
         acc.append(next);
         return acc;
-      });
+    };
+  };
+  SmallVector<Value> full =
+      kb.forLoop(c0, fullEnd, kb.idx(cols), init, keyTile(/*checked=*/false));
+  SmallVector<Value> fin =
+      kb.forLoop(fullEnd, keyEnd, kb.idx(cols), full, keyTile(/*checked=*/true));
+  // The quad's partial sums, once; the state in natural-log terms for the
+  // epilogue (softmaxNormalize reads only the sum) and the lse.
+  for (int r = 0; r < 2; ++r) {
+    Value &sum = fin[accCount + 2 * r + 1];
+    sum = subgroupReduce(kb, sum, ReduceKind::Sum, 4);
+  }
 
   // Epilogue: normalize; a row without any key gets zeros.
   if (spec.topk) {
@@ -578,7 +708,10 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         }
       if (lseOut)
         kb.ifThen(kb.eq(tig, c0), [&] {
-          kb.store(softmaxLogSumExp(kb, state), lseOut, {bi, row});
+          // m2 ln 2 + ln l: the natural lse the backward recomputes
+          // p = exp(s / tau - lse) from (-inf for a row without keys).
+          Value max = kb.fmul(state.max, kb.cF32(0.6931471805599453));
+          kb.store(softmaxLogSumExp(kb, {max, state.sum}), lseOut, {bi, row});
         });
     });
   }

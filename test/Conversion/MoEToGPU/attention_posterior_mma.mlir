@@ -25,24 +25,41 @@
 // CHECK-SAME: nvvm.minctasm = 2
 // CHECK: memref.load %[[HEAD]][%{{.+}}] : memref<2xi32>
 // CHECK: %[[ROWS:.+]] = memref.collapse_shape %[[ADD]] {{\[}}[0, 1, 2], [3]] : memref<2x4x100x70xf16> into memref<800x70xf16>
-// CHECK: scf.for
+// The first logit in log2 units: dot · log2(e)/sigma^2 (4) + (bias[b, j] +
+// add[b, h*, row, j]) · log2(e), one FFMA; in the whole tiles of the first
+// loop no key is past Nk: no bounds select.
+// CHECK: %[[C:.+]] = arith.constant 0.360673755 : f32
+// CHECK: %[[FULL:.+]] = arith.muli %{{.+}}, %c32
+// CHECK: %[[ACC:.+]]:12 = scf.for %{{.+}} = %c0 to %[[FULL]] step %c32
 // CHECK: nvgpu.ldmatrix
 // CHECK: nvgpu.mma.sync({{.*}}) {mmaShape = [16, 8, 16]} : (vector<4x2xf16>, vector<2x2xf16>, vector<2x2xf32>) -> vector<2x2xf32>
-// The first logit: dot / sigma^2 (4), + bias[b, j], + add[b, h*, row, j], then
-// -inf past Nk.
 // CHECK: %[[COL:.+]] = arith.muli %{{.+}}, %c2{{.*}} : index
 // CHECK: %[[COL0:.+]] = arith.addi %[[COL]], %c0{{.*}} : index
 // CHECK: %[[J:.+]] = arith.addi %{{.+}}, %[[COL0]] : index
-// CHECK: %[[DOT:.+]] = arith.divf %{{.+}}, %cst{{.*}} : f32
+// CHECK-NEXT: %[[B:.+]] = memref.load %[[BIAS]][%{{.+}}, %[[J]]] : memref<?x?xf32>
+// CHECK-NEXT: %[[A:.+]] = memref.load %[[ROWS]][%{{.+}}, %[[J]]] : memref<800x70xf16>
+// CHECK-NEXT: %[[AF:.+]] = arith.extf %[[A]] : f16 to f32
+// CHECK-NEXT: %[[T:.+]] = arith.addf %[[B]], %[[AF]] : f32
+// CHECK-NEXT: %[[LOG2E:.+]] = arith.constant 1.44269502 : f32
+// CHECK-NEXT: %[[T2:.+]] = arith.mulf %[[T]], %[[LOG2E]] : f32
+// CHECK-NEXT: %[[X:.+]] = math.fma %{{.+}}, %[[C]], %[[T2]] : f32
+// CHECK-NOT: arith.select
+// CHECK: gpu.shuffle  xor
+// CHECK: llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f"
+// CHECK: nvgpu.mma.sync
+// CHECK: scf.yield
+// The last, partial tile: keys past Nk read key 0 and are -inf.
+// CHECK: scf.for %{{.+}} = %[[FULL]] to %{{.+}} step %c32{{.*}} iter_args(%{{.+}} = %[[ACC]]#0,
+// CHECK: nvgpu.mma.sync({{.*}}) {mmaShape = [16, 8, 16]} : (vector<4x2xf16>, vector<2x2xf16>, vector<2x2xf32>) -> vector<2x2xf32>
+// CHECK: %[[COL:.+]] = arith.muli %{{.+}}, %c2{{.*}} : index
+// CHECK: %[[COL0:.+]] = arith.addi %[[COL]], %c0{{.*}} : index
+// CHECK: %[[J:.+]] = arith.addi %{{.+}}, %[[COL0]] : index
 // CHECK: %[[JOK:.+]] = arith.cmpi slt, %[[J]], %[[NK:[^ ]+]] : index
 // CHECK: %[[JS:.+]] = arith.select %[[JOK]], %[[J]], %c0 : index
-// CHECK: %[[B:.+]] = memref.load %[[BIAS]][%{{.+}}, %[[JS]]] : memref<?x?xf32>
-// CHECK: %[[X1:.+]] = arith.addf %[[DOT]], %[[B]] : f32
-// CHECK: %[[A:.+]] = memref.load %[[ROWS]][%{{.+}}, %{{.+}}] : memref<800x70xf16>
-// CHECK: %[[AF:.+]] = arith.extf %[[A]] : f16 to f32
-// CHECK: %[[X2:.+]] = arith.addf %[[X1]], %[[AF]] : f32
+// CHECK: memref.load %[[BIAS]][%{{.+}}, %[[JS]]] : memref<?x?xf32>
+// CHECK: %[[X:.+]] = math.fma %{{.+}}, %[[C]], %{{.+}} : f32
 // CHECK: %[[KEEP:.+]] = arith.cmpi slt, %[[J]], %[[NK]] : index
-// CHECK: arith.select %[[KEEP]], %[[X2]], %cst{{.*}} : f32
+// CHECK: arith.select %[[KEEP]], %[[X]], %cst{{.*}} : f32
 // CHECK: gpu.shuffle  xor
 // CHECK: nvgpu.mma.sync
 // CHECK: scf.yield
