@@ -251,3 +251,46 @@ def test_training_with_a_buffer_update_through_the_raised_graph():
     torch.testing.assert_close(m.gate.weight.grad, ref.gate.weight.grad)
     torch.testing.assert_close(m.gate.bias.grad, ref.gate.bias.grad)
     assert [g.moe_ops() for g in log] == [["topk_renorm"], ["topk_renorm"]]
+
+
+class VmapScanRouter(nn.Module):
+    """A router after a ``torch.vmap``-ed step (the pattern of Mamba's reference scan in transformers' Jamba,
+    Bamba...): Dynamo keeps the vmap as pre-dispatch batching ops in the graph."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.router = Router(d)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, d))
+
+    def forward(self, x):
+        y = torch.vmap(lambda row: row * self.scale + row.sin())(x)
+        w, i = self.router(y)
+        return w, i
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_graph_with_vmap_is_raised_and_equals_eager(grad):
+    """A pre-dispatch trace of Dynamo's vmap leaves its batched values in the graph as real-tensor constants,
+    which AOTAutograd rejects (the raised graph fell back with a warning: Jamba's routing was never raised). Such
+    graphs are traced below the functorch layer: raised, no warning, equal to eager forward and backward."""
+    torch._dynamo.reset()
+    import copy
+    import warnings
+
+    m = VmapScanRouter()
+    ref = copy.deepcopy(m)
+    c = torch.compile(m, backend="moe", options={"dense": "eager"})
+    x = torch.randn(6, 16)
+    with capture_graphs() as log, warnings.catch_warnings():
+        warnings.simplefilter("error", MoERaisingWarning)
+        with torch.set_grad_enabled(grad):
+            w, i = c(x)
+            w_ref, i_ref = ref(x)
+    assert torch.equal(i, i_ref)
+    torch.testing.assert_close(w, w_ref)
+    assert [g.moe_ops() for g in log] == [["topk_renorm"]] and log[0].fallback is None
+    if grad:
+        w.square().sum().backward()
+        w_ref.square().sum().backward()
+        for p, q in zip(m.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)

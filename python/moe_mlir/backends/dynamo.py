@@ -113,17 +113,30 @@ def _fake_inputs(gm: fx.GraphModule, example_inputs: list[Any]) -> list[Any]:
     return fakes
 
 
+def _pre_dispatch(gm: fx.GraphModule) -> bool:
+    """Whether ``gm`` is traced at the pre-dispatch level (above autograd: grad-mode regions kept), as it is unless
+    it runs ``torch.vmap`` and changes no grad mode. A pre-dispatch trace of Dynamo's vmap (``_add_batch_dim``...:
+    Mamba's reference scan in Jamba, Bamba, ...) leaves the batched tensors' values in the graph as real-tensor
+    constants, which AOTAutograd rejects ("expected FakeTensor for arg"); traced below the functorch layer the
+    vmap becomes its batched aten ops. Without a grad-mode change in the graph the two traces are the same
+    program for autograd (AOTAutograd derives the backward from the aten graph either way)."""
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    vmap = any(getattr(t, "__module__", None) == "torch._functorch.predispatch" for t in targets)
+    return not vmap or any(t is torch._C._set_grad_enabled for t in targets)
+
+
 def to_aten_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> fx.GraphModule:
     """``gm`` traced to a pre-dispatch aten graph (same inputs and outputs, shapes as symbolic as Dynamo's)."""
     from torch._guards import detect_fake_mode
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    pre_dispatch = _pre_dispatch(gm)
     fakes = _fake_inputs(gm, example_inputs)
     if detect_fake_mode(fakes) is None:
-        return make_fx(gm, pre_dispatch=True, tracing_mode="real")(*fakes)
+        return make_fx(gm, pre_dispatch=pre_dispatch, tracing_mode="real")(*fakes)
     memos = [getattr(f, "item_memo", None) if isinstance(f, torch.Tensor) else None for f in fakes]
     if not any(m is not None for m in memos):
-        return make_fx(gm, pre_dispatch=True, tracing_mode="fake")(*fakes)
+        return make_fx(gm, pre_dispatch=pre_dispatch, tracing_mode="fake")(*fakes)
 
     # A Python float Dynamo keeps dynamic (``dynamic=True``, or automatic dynamic after a change: RMSNorm's eps,
     # a router's scaling factor...) is a 0-d tensor input read by ``.item()``; its fake carries the backed SymFloat
@@ -136,7 +149,7 @@ def to_aten_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> fx.GraphModu
                 a.item_memo = m
         return gm(*args)
 
-    return make_fx(with_memos, pre_dispatch=True, tracing_mode="fake")(*fakes)
+    return make_fx(with_memos, pre_dispatch=pre_dispatch, tracing_mode="fake")(*fakes)
 
 
 @contextlib.contextmanager
