@@ -274,7 +274,9 @@ def budget_notes(text):
         d = {}
         for item in m.group(1).split():
             k, v = item.split("=", 1)
-            d[k] = v if k in ("kernel", "bench") else int(v)
+            if k == "options":  # moe-lower-to-nvvm options, comma-separated
+                v = " ".join(v.split(","))
+            d[k] = v if k in ("kernel", "bench", "options", "predicts") else int(v)
         notes[m.group(2)] = d
     return notes
 
@@ -473,7 +475,7 @@ def main():
         # (bench=), lowered for sm_90 with the options its library was built
         # with (a run older than a default names the old default here).
         path, _, options = spec.partition(":")
-        fns = [fn for fn in wanted if "bench" in notes.get(fn, {})]
+        fns = [fn for fn in wanted if "bench" in notes.get(fn, {}) or "predicts" in notes.get(fn, {})]
         crows = []
         for opts, group in options_groups(fns, notes, base=options.replace(",", " ")).items():
             r, f = measure(args, "sm_90", opts, "".join(funcs[fn] for fn in group), notes, tmp)
@@ -621,9 +623,35 @@ def write_calibration(f, path, options, rows, fbytes, notes):
     for case, T, ipt, issue_us, mb, hbm_us, bound, meas in points:
         f.write(f"| {case} | {T} | {fmt(ipt)} | {issue_us:.1f} | {mb:.1f} | "
                 f"{hbm_us:.1f} | {bound:.1f} | {meas:g} | {meas / issue_us:.2f} | {meas / bound:.2f} |\n")
-    if points:
-        ratios = [p[7] / p[6] for p in points]
-        f.write(f"\nmeasured / bound: {min(ratios):.2f}-{max(ratios):.2f} over {len(points)} cases.\n")
+    if not points:
+        return
+    ratios = sorted(p[7] / p[6] for p in points)
+    median = ratios[len(ratios) // 2]
+    f.write(f"\nmeasured / bound: {min(ratios):.2f}-{max(ratios):.2f} over {len(points)} cases (median "
+            f"{median:.2f}).\n")
+    # Variants this run did not measure (`predicts=CASE`): their static bound
+    # times the run's median measured / bound, beside the measured kernel.
+    times, _copy, _device = parse_results(path)
+    pred = []
+    for chip, fn, kernel, fig, note in sorted(rows, key=lambda r: r[1]):
+        case = note.get("predicts")
+        if chip != "sm_90" or case not in times or not fig.get("instr_per_token"):
+            continue
+        T = note["tokens"]
+        issue_us = fig["instr_per_token"] * T / (ISSUE_SMS * ISSUE_SCHEDULERS * ISSUE_GHZ * 1e3)
+        mb = fbytes.get(fn, 0) / 1e6
+        hbm_us = mb * 1e6 / (_copy * 1e3) if _copy else 0.0
+        bound = max(issue_us, hbm_us)
+        pred.append(f"| {fn} ({note.get('options', '')}) | {case} | {fmt(fig['instr_per_token'])} | "
+                    f"{issue_us:.1f} | {hbm_us:.1f} | {bound * median:.1f} | {times[case]:g} | "
+                    f"{times[case] / (bound * median):.2f}x | {hbm_us / (bound * median):.0%} |\n")
+    if pred:
+        f.write("\nVariants not in this run, predicted: bound x the median above; of copy: the HBM time over "
+                "the predicted one (the fraction of the measured copy bandwidth it would reach).\n\n")
+        f.write("| variant | in place of | instr/token | issue (us) | HBM (us) | predicted (us) | measured "
+                "in place (us) | predicted speed-up | of copy |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+        for line in pred:
+            f.write(line)
 
 
 def write_variant_ranking(f, calibrations, fbytes):

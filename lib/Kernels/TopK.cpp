@@ -80,6 +80,38 @@ Value mlir::moe::kernels::bestBelow(KernelBuilder &kb, Value best, Value cand,
   return kb.maxs(best, candidateBelow(kb, cand, prev, none, laneMask));
 }
 
+Value mlir::moe::kernels::emptyListKey(KernelBuilder &kb, Type keyType) {
+  return kb.constLike(keyType,
+                      static_cast<double>(std::numeric_limits<int32_t>::min()));
+}
+
+void mlir::moe::kernels::insertIntoTopList(KernelBuilder &kb, TopList &list,
+                                           Value key, Value position) {
+  const size_t t = list.keys.size();
+  // Strict comparisons against the list before the insertion: an equal key
+  // listed earlier has the lower index and stays ahead.
+  SmallVector<Value> above(t);
+  for (size_t j = 0; j < t; ++j)
+    above[j] = kb.cmpi(arith::CmpIPredicate::sgt, key, list.keys[j]);
+  for (size_t j = t; j-- > 1;) {
+    list.keys[j] = kb.maxs(list.keys[j], kb.mins(key, list.keys[j - 1]));
+    list.positions[j] =
+        kb.select(above[j - 1], list.positions[j - 1],
+                  kb.select(above[j], position, list.positions[j]));
+  }
+  list.keys[0] = kb.maxs(list.keys[0], key);
+  list.positions[0] = kb.select(above[0], position, list.positions[0]);
+}
+
+Value mlir::moe::kernels::ranksAfterPick(KernelBuilder &kb, Value key,
+                                         Value position, Value prevKey,
+                                         Value prevPosition) {
+  Value below = kb.lt(key, prevKey);
+  Value later = kb.andI(kb.eq(key, prevKey),
+                        kb.cmpi(arith::CmpIPredicate::sgt, position, prevPosition));
+  return kb.orI(below, later);
+}
+
 Value mlir::moe::kernels::ranksBefore(KernelBuilder &kb, Value a, Value ai,
                                       Value c, Value ci, bool descending) {
   Value pa = packCandidate(kb, orderedKey(kb, a, descending), ai);

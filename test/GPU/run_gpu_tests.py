@@ -547,6 +547,39 @@ def case_topk(lib, g):
     if w.numel() or i.numel():
         raise AssertionError("topk_no_tokens: results are not empty")
 
+    # topk-rounds=list's paths (its kernel where the library was built with it, else redux's): rows whose
+    # best picks crowd into one lane's runs (a row sorted descending: the lists run out and refill),
+    # ties across lanes (bf16, small integers), -inf and NaN rows, a row base 4 bytes off a 16-byte
+    # boundary (a contiguous view one element into a buffer: the 4-byte-load path).
+    def adversarial(x):
+        x[0] = x[0].sort(descending=True).values
+        x[1] = x[1].sort().values
+        x[2] = NEG_INF
+        x[3, 5] = float("nan")
+        x[4] = torch.randint(-2, 3, x[4].shape, generator=g).to(x.dtype)
+        x[5, ::3] = NEG_INF
+        return x
+
+    def misaligned(x):
+        flat = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
+        view = flat[1:].view(x.shape)
+        view.copy_(x)
+        return view
+
+    shapes = [("topk_shapes_160_bf16", (300, 160), torch.bfloat16, 8, "logits", True),
+              ("topk_shapes_288_k32", (300, 288), torch.float32, 32, "logits", True),
+              ("topk_shapes_384_f16", (300, 384), torch.float16, 8, "probs", True),
+              ("topk_shapes_896_dense", (300, 896), torch.float32, 8, "logits", False),
+              ("topk_shapes_100_raw", (300, 100), torch.float32, 20, "probs", False),
+              ("topk_shapes_62", (300, 62), torch.float32, 5, "logits", True)]
+    for fn, shape, dtype, k, mode, renorm in shapes:
+        x = torch.randn(*shape, generator=g) if mode == "logits" else torch.rand(*shape, generator=g)
+        x = adversarial(x.to(DEV).to(dtype))
+        if mode == "probs":
+            x = torch.nan_to_num(x, nan=float("nan"), neginf=0.0).abs()   # probabilities: >= 0, NaN kept
+        check_topk(fn, lib, fn, x, k, mode, renorm)
+        check_topk(f"{fn} (misaligned)", lib, fn, misaligned(x), k, mode, renorm)
+
     # The ambient stream: the call runs in the caller's (side) stream.
     if DEV == "cpu":
         return                                   # --cpu-dry-run: no streams

@@ -67,6 +67,33 @@ Value candidateBelow(KernelBuilder &kb, Value cand, Value prev, Value none,
 Value bestBelow(KernelBuilder &kb, Value best, Value cand, Value prev,
                 Value none, function_ref<Value()> laneMask = nullptr);
 
+/// The key of an empty entry of a candidate list (INT32_MIN): below the key of
+/// every number (-inf's is INT32_MIN + 0x7fffff), so it never wins a round.
+Value emptyListKey(KernelBuilder &kb, Type keyType);
+
+/// A short candidate list of one thread (the GPU's topk-rounds=list): its best
+/// `keys.size()` elements in the dialect's order, best first; `positions` are
+/// the thread's own ordinals of its elements (any i32 increasing with the
+/// element's index). Empty entries hold emptyListKey.
+struct TopList {
+  SmallVector<Value> keys, positions;
+};
+
+/// Inserts (key, position) into `list`; the insertions must come in increasing
+/// position (index) order, so that an equal key already listed stays ahead
+/// (the lower index first). An emptyListKey is never inserted. Slot j becomes
+/// max(key_j, min(x, key_{j-1})) (the sorted insertion, ties included) and
+/// its position follows the two strict comparisons x > key_{j-1}, x > key_j:
+/// t compares, 2t - 1 min/max and 2t - 1 selects per element.
+void insertIntoTopList(KernelBuilder &kb, TopList &list, Value key,
+                       Value position);
+
+/// True when (key, position) ranks strictly after the pick (prevKey,
+/// prevPosition) of the same thread: a smaller key, or an equal one at a
+/// higher position. (INT32_MAX, -1) is "no pick yet": everything ranks after.
+Value ranksAfterPick(KernelBuilder &kb, Value key, Value position,
+                     Value prevKey, Value prevPosition);
+
 /// How the k selected values become weights (moe.topk_renorm's mode and
 /// renormalize attributes).
 struct TopkSpec {

@@ -92,6 +92,27 @@ using kernels::TopkSpec;
 /// knock-out of that entry (INT32_MIN, below every key) in its lane.
 enum class TopkRounds { Butterfly, Redux };
 
+/// The row layout of a register top-k (emitRegisterTopk): register m of lane
+/// l of a group of `width` holds element (m / run) * width * run + l * run +
+/// m % run.
+struct RegisterRow {
+  int64_t width, run;
+  /// The element index of register m given laneBase() of the lane.
+  Value index(GpuKernelBuilder &kb, int64_t m, Value laneBase) const {
+    return kb.add(kb.cI32(offset(m)), laneBase);
+  }
+  /// lane * run (i32), built once: the lane's part of every index.
+  Value laneBase(GpuKernelBuilder &kb, Value laneI32) const {
+    return run == 1 ? laneI32 : kb.mul(laneI32, kb.cI32(run));
+  }
+  /// Whether register m of some lane holds padding (an index >= count): its
+  /// last lane's index.
+  bool mayPad(int64_t m, int64_t count) const {
+    return offset(m) + (width - 1) * run >= count;
+  }
+  int64_t offset(int64_t m) const { return m / run * width * run + m % run; }
+};
+
 /// Top-k of one row held in registers by a group of `width` lanes (a power of
 /// two <= 32, aligned in the warp): lane `lane` holds `vals[m]`, the element of
 /// index (m / run) * width * run + lane * run + m % run, i.e. runs of `run`
@@ -112,6 +133,26 @@ void emitRegisterTopk(GpuKernelBuilder &kb, ArrayRef<Value> vals, Value lane,
                       Value denseMax, Value denseSum,
                       TopkRounds rounds = TopkRounds::Butterfly,
                       int64_t run = 1);
+
+/// The top-k of topk-rounds=list on one row held by a group of `width` lanes
+/// (a power of two <= 32, aligned in the warp; every lane of the warp must
+/// execute it: shuffles, redux and a warp vote). Lane `lane` holds the
+/// ordered keys `keys[m]` (emptyListKey for padding) of the elements of index
+/// positions[m] + `laneBase` (positions increasing with m). Each lane keeps
+/// its best `listLength` candidates in registers (a TopList); a round takes
+/// the group's best head (max key, then the lowest index holding it:
+/// redux.sync when `width` is 32, else butterflies of 32-bit shuffles) and the
+/// winning lane pops its head. A lane whose list runs out while it still has
+/// elements leaves the round loop with the whole warp and refills it from its
+/// keys (the elements ranking after its last pick). Pick r is kept by lane
+/// r % width, which turns it into a weight after the rounds and stores it with
+/// its index (stores only when `active`). `denseMax`/`denseSum` as for
+/// emitRegisterTopk.
+void emitListTopk(GpuKernelBuilder &kb, ArrayRef<Value> keys,
+                  ArrayRef<int64_t> positions, Value laneBase, Value lane,
+                  int64_t width, int64_t listLength, const TopkSpec &spec,
+                  Value weights, Value indices, Value row, Value active,
+                  Value denseMax, Value denseSum);
 
 //===----------------------------------------------------------------------===//
 // Kernels and host code

@@ -72,9 +72,10 @@ struct ConvertMoEToGPUPass
           << static_cast<int64_t>(sharedMemoryBytes);
       return signalPassFailure();
     }
-    if (topkRounds != "butterfly" && topkRounds != "redux") {
-      module.emitError("convert-moe-to-gpu: topk-rounds must be butterfly or "
-                       "redux, got '")
+    if (topkRounds != "butterfly" && topkRounds != "redux" &&
+        topkRounds != "list") {
+      module.emitError("convert-moe-to-gpu: topk-rounds must be butterfly, "
+                       "redux or list, got '")
           << topkRounds << "'";
       return signalPassFailure();
     }

@@ -14,6 +14,15 @@
 //    the lane that stored each raw value. topk-rounds=redux instead carries
 //    32-bit keys and takes each round with two redux.sync (max key, then the
 //    lowest index holding it) and a knock-out (sm_80+).
+//  * topk-rounds=list (K <= 1024; not yet run on a GPU): the mapping of issue
+//    #46 after vLLM's topk_softmax (16-byte loads, several rows a warp) and
+//    SGLang's gate (8 lanes a token): 4-8 lanes a token (listMappingOf), each
+//    holding runs of 4 (f32) or 8 (f16/bf16) adjacent scores loaded 16 bytes
+//    at a time where the row base is aligned. Each lane sorts its best few
+//    candidates once; a round is then the group's best head and a pop
+//    (emitListTopk), ~37 SASS instructions a round whatever the lane holds,
+//    against ~8 an element a round for redux. Weights are formed after the
+//    rounds, once per pick, by the lane that stores it.
 //  * K > 1024 or dynamic: a block of 256 threads per token; every round
 //    re-reads the row (L1/L2 resident) with a strided scan and a block
 //    reduction through 8 words of workgroup memory. No shared copy of the
@@ -23,6 +32,10 @@
 
 #include "KernelUtils.h"
 #include "Lowerings.h"
+
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
 
 #include "llvm/Support/MathExtras.h"
 
@@ -96,6 +109,192 @@ static void emitWarpTopkKernel(GpuKernelBuilder &kb, Value scores, Value weights
   }
   emitRegisterTopk(kb, vals, lane, width, K, spec, weights, indices, row, active,
                    denseMax, denseSum, rounds);
+}
+
+namespace {
+/// How topk-rounds=list maps a row of K scores of `elt` onto lanes.
+struct ListMapping {
+  /// Elements of one 16-byte vector load (4 f32, 8 f16/bf16).
+  int64_t vec;
+  /// Lanes per token (a power of two <= 32): 32 / width tokens per warp.
+  int64_t width;
+  /// Elements per lane: runs of `vec`, chunk c of lane l starting at index
+  /// (c * width + l) * vec (RegisterRow{width, vec}).
+  int64_t perLane;
+  /// Candidates each lane keeps sorted (emitListTopk's listLength).
+  int64_t listLength;
+  /// 16-byte loads when the row base is aligned (K a multiple of vec).
+  bool vectorLoads;
+};
+} // namespace
+
+/// The mapping of issue #46 (vLLM's topk_softmax loads 16 bytes per lane and
+/// packs several rows per warp; SGLang's gate gives a token 8 lanes): per
+/// token, warp instructions are about K * c_e / 32 for the per-element work
+/// (ordered key, one list insertion) plus k * R(width) * width / 32 for the
+/// rounds, R ~ 4 log2(width) + 2t + 10 the round's body. With t = 3 that is
+/// least near width = 8 (4 tokens a warp), so: 8 lanes, 4 for K <= 64 (16
+/// elements a lane), and more lanes only to hold at most 32 elements a lane
+/// (K > 256 f32); never more lanes than K has vectors. t: a lane wins about
+/// k / width of the k picks, and a lane that pops its last entry refills
+/// (when it may hold more) even if it would not win again. Modelled on
+/// Gaussian rows (k = 8): t = k / width + 2 refilled in 34% of tokens at
+/// K = 128 and 256 (79% of warps), t = k / width + 3 in 3.5% (13% of warps),
+/// for 5 more instructions an element: the refill rescans a lane's elements
+/// (~17 instructions each), so the longer list costs less per token.
+static ListMapping listMappingOf(int64_t K, int64_t k, Type elt) {
+  ListMapping m;
+  m.vec = 16 / (elt.getIntOrFloatBitWidth() / 8);
+  m.vectorLoads = K % m.vec == 0;
+  int64_t p = llvm::PowerOf2Ceil(K);
+  int64_t width = std::max<int64_t>(p / 32, std::min<int64_t>(8, std::max<int64_t>(4, p / 16)));
+  width = std::min<int64_t>(width, static_cast<int64_t>(llvm::bit_floor(static_cast<uint64_t>(std::max<int64_t>(1, K / m.vec)))));
+  m.width = std::min<int64_t>(width, kWarp);
+  m.perLane = llvm::divideCeil(K, m.width * m.vec) * m.vec;
+  m.listLength = std::min<int64_t>(
+      {m.perLane, k, std::max<int64_t>(3, llvm::divideCeil(k, m.width) + 3)});
+  return m;
+}
+
+static Value toF32(GpuKernelBuilder &kb, Value v) {
+  return v.getType().isF32() ? v : arith::ExtFOp::create(kb.b, kb.f32(), v);
+}
+
+/// The 16 bytes at `address` (an index: a generic address of global memory,
+/// 16-byte aligned) as the f32 values of its 16 / sizeof(elt) elements: one
+/// ld.global.nc.v4.b32 (LDG.E.128.CONSTANT; the scores are read-only in the
+/// kernel), written as inline assembly because LLVM splits a <4 x float>
+/// load whose uses are extracts into scalar loads (VectorCombine) and then
+/// merges them with the unaligned path's identical scalar loads, losing the
+/// alignment the 128-bit load needs. Side effects declared so that nothing
+/// hoists it out of the aligned branch.
+static SmallVector<Value> loadGlobal16(GpuKernelBuilder &kb, Value address,
+                                       Type elt) {
+  MLIRContext *ctx = kb.b.getContext();
+  Type i32 = kb.i32();
+  auto words = LLVM::LLVMStructType::getLiteral(ctx, {i32, i32, i32, i32});
+  auto load = LLVM::InlineAsmOp::create(
+      kb.b, TypeRange{words}, ValueRange{kb.castInt(address, kb.i64())},
+      "{ .reg .u64 g; cvta.to.global.u64 g, $4; "
+      "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [g]; }",
+      "=r,=r,=r,=r,l", /*has_side_effects=*/true, /*is_align_stack=*/false,
+      LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
+      ArrayAttr());
+  SmallVector<Value> out;
+  for (int64_t w = 0; w < 4; ++w) {
+    Value word = LLVM::ExtractValueOp::create(kb.b, load.getResult(0), w);
+    if (elt.isF32()) {
+      out.push_back(kb.bitcast(word, kb.f32()));
+      continue;
+    }
+    // Two 16-bit elements, the lower index in the low half (little endian).
+    Type i16 = kb.b.getI16Type();
+    for (Value half : {word, kb.shru(word, kb.cI32(16))})
+      out.push_back(toF32(kb, kb.bitcast(kb.trunc(half, i16), elt)));
+  }
+  return out;
+}
+
+/// topk-rounds=list: `width` lanes per token, each with `perLane` scores in
+/// runs of `vec` (one 16-byte load each when the row base is 16-byte aligned,
+/// else the same elements one by one: a uniform branch on the base pointer,
+/// rows being K * elt bytes apart), their ordered keys, and emitListTopk.
+static void emitListTopkKernel(GpuKernelBuilder &kb, Value scores, Value weights,
+                               Value indices, int64_t K, int64_t blockSize,
+                               const TopkSpec &spec, const ListMapping &map) {
+  const int64_t width = map.width, vec = map.vec;
+  const int64_t chunks = map.perLane / vec;
+  Type elt = cast<MemRefType>(scores.getType()).getElementType();
+  Value tid = kb.threadId();
+  Value group = kb.divu(tid, kb.idx(width));
+  Value lane = kb.remu(tid, kb.idx(width));
+  Value numTokens = kb.dim(scores, 0);
+  Value token = kb.add(kb.mul(kb.blockId(), kb.idx(blockSize / width)), group);
+  Value active = kb.lt(token, numTokens);
+  // Inactive groups of the last block read a valid row and store nothing:
+  // every lane of the warp takes part in the shuffles, redux and votes.
+  Value row = kb.select(active, token, kb.sub(numTokens, kb.idx(1)));
+  RegisterRow layout{width, vec};
+  Value negInf = kb.cF32(-std::numeric_limits<double>::infinity());
+
+  // Chunk c of this lane starts at column (c * width + lane) * vec; with
+  // K % vec == 0 a chunk is wholly inside the row or wholly padding.
+  SmallVector<Value> chunkStart, chunkIn;
+  for (int64_t c = 0; c < chunks; ++c) {
+    Value start = kb.add(kb.idx(c * width * vec), kb.mul(lane, kb.idx(vec)));
+    chunkStart.push_back(start);
+    chunkIn.push_back((c * width + width - 1) * vec + vec <= K
+                          ? Value()
+                          : kb.lt(start, kb.idx(K)));
+  }
+  auto scalarLoads = [&]() {
+    SmallVector<Value> out;
+    for (int64_t c = 0; c < chunks; ++c)
+      for (int64_t j = 0; j < vec; ++j) {
+        Value col = kb.add(chunkStart[c], kb.idx(j));
+        if ((c * width + width - 1) * vec + j < K) {
+          out.push_back(kb.loadF(scores, {row, col}));
+          continue;
+        }
+        Value in = kb.lt(col, kb.idx(K));
+        Value safe = kb.select(in, col, kb.idx(0));
+        out.push_back(kb.select(in, kb.loadF(scores, {row, safe}), negInf));
+      }
+    return out;
+  };
+  SmallVector<Value> vals;
+  if (map.vectorLoads) {
+    Value base = memref::ExtractAlignedPointerAsIndexOp::create(kb.b, scores);
+    Value aligned = kb.eq(kb.andI(base, kb.idx(15)), kb.idx(0));
+    SmallVector<Type> types(map.perLane, kb.f32());
+    int64_t bytes = elt.getIntOrFloatBitWidth() / 8;
+    Value rowBase = kb.add(base, kb.mul(row, kb.idx(K * bytes)));
+    vals = kb.ifElse(
+        aligned, types,
+        [&] {
+          SmallVector<Value> out;
+          for (int64_t c = 0; c < chunks; ++c) {
+            Value col = chunkStart[c];
+            if (chunkIn[c])
+              col = kb.select(chunkIn[c], col, kb.idx(0));
+            Value address = kb.add(rowBase, kb.mul(col, kb.idx(bytes)));
+            for (Value x : loadGlobal16(kb, address, elt))
+              out.push_back(chunkIn[c] ? kb.select(chunkIn[c], x, negInf) : x);
+          }
+          return out;
+        },
+        scalarLoads);
+  } else {
+    vals = scalarLoads();
+  }
+
+  Value laneBase = layout.laneBase(kb, kb.castInt(lane, kb.i32()));
+  SmallVector<Value> keys;
+  SmallVector<int64_t> positions;
+  Value gone = emptyListKey(kb, kb.i32());
+  for (int64_t m = 0; m < map.perLane; ++m) {
+    positions.push_back(layout.offset(m));
+    Value key = orderedKey(kb, vals[m]);
+    if (layout.mayPad(m, K))
+      key = kb.select(kb.lt(layout.index(kb, m, laneBase), kb.cI32(K)), key,
+                      gone);
+    keys.push_back(key);
+  }
+
+  Value denseMax, denseSum;
+  if (spec.logits && !spec.renormalize) {
+    auto reduce = [&](ReduceKind kind) {
+      return [&, kind](Value v) {
+        return width > 1 ? subgroupReduce(kb, v, kind, width) : v;
+      };
+    };
+    RowSoftmaxStats dense =
+        rowSoftmaxStats(kb, vals, reduce(ReduceKind::Max), reduce(ReduceKind::Sum));
+    denseMax = dense.max;
+    denseSum = dense.sum;
+  }
+  emitListTopk(kb, keys, positions, laneBase, lane, width, map.listLength, spec,
+               weights, indices, row, active, denseMax, denseSum);
 }
 
 static void emitBlockTopkKernel(GpuKernelBuilder &kb, Value scores,
@@ -193,10 +392,18 @@ TopkRenormToGPU::lower(TopkRenormOp op, OpAdaptor adaptor,
     int64_t block = options.blockSize;
     GPUKernel kernel(h, "topk_renorm_warp", args, {}, {block, 1, 1},
                      op.getLoc());
-    TopkRounds rounds = options.topkRounds == "redux" ? TopkRounds::Redux
-                                                      : TopkRounds::Butterfly;
-    emitWarpTopkKernel(kernel.kb, kernel.arg(0), kernel.arg(1), kernel.arg(2), K,
-                       block, spec, width, rounds);
+    if (options.topkRounds == "list") {
+      ListMapping map =
+          listMappingOf(K, spec.k, scoresType.getElementType());
+      width = map.width;
+      emitListTopkKernel(kernel.kb, kernel.arg(0), kernel.arg(1),
+                         kernel.arg(2), K, block, spec, map);
+    } else {
+      TopkRounds rounds = options.topkRounds == "redux" ? TopkRounds::Redux
+                                                        : TopkRounds::Butterfly;
+      emitWarpTopkKernel(kernel.kb, kernel.arg(0), kernel.arg(1),
+                         kernel.arg(2), K, block, spec, width, rounds);
+    }
     Value grid = kb.ceilDiv(numTokens, kb.idx(block / width));
     kernel.launch({grid, kb.idx(1), kb.idx(1)});
   } else {

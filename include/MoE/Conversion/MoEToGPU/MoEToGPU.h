@@ -61,8 +61,9 @@ void populateMoEToGPUPatterns(RewritePatternSet &patterns,
   X(int64_t, sharedMemoryBytes, "shared-memory-bytes", 48 * 1024,              \
     "shared memory per block the kernels may use (bytes)")                     \
   X(std::string, topkRounds, "topk-rounds", "auto",                            \
-    "rounds of topk_renorm's register top-k: butterfly, redux (sm_80+) or "    \
-    "auto (redux where the chip has it; convert-moe-to-gpu)")                  \
+    "rounds of topk_renorm's register top-k: butterfly, redux (sm_80+), list " \
+    "(sm_80+, candidate lists; not yet run on a GPU) or auto (redux where "    \
+    "the chip has it; convert-moe-to-gpu)")                                    \
   X(bool, flashMma, "flash-mma", true,                                         \
     "similarity_inform with f16/bf16 operands on tensor cores (mma.sync, "     \
     "sm_80+; convert-moe-to-gpu flash-mma); checked on an H100 against "       \
