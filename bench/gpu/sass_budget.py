@@ -45,7 +45,9 @@ read ptxas -v. Per kernel, from the SASS:
                        instruction outside the selection loop once, those
                        inside it `loop-trips` times (without one on the
                        line: the rounds less those ptxas peeled off before
-                       the loop, counted by their SHFL/REDUX), divided by
+                       the loop, counted by their SHFL/REDUX), those of a loop
+                       around it (outside it) `outer-trips` times (default 1;
+                       a refill only some warps make), divided by
                        `tokens-per-warp` (the case's `// sass-budget:` line;
                        other loops count once, so this is an estimate from
                        below where a kernel has other loops). SHFL, REDUX and
@@ -215,10 +217,21 @@ def kernel_figures(insts, labels, note):
                              "`// sass-budget:` line says loop-trips="
                              f"{trips}: update the line to the kernel's mapping")
 
+        # A loop around the selection loop whose code outside it runs only
+        # now and then (a refill): `outer-trips` times per warp, not once.
+        outer = [sp for sp in spans if hot and sp != hot and sp[0] <= hot[0] and hot[1] <= sp[1]]
+        outer = min(outer, key=lambda sp: sp[1] - sp[0]) if outer else None
+        outer_trips = note.get("outer-trips", 1)
+
+        def weight(a):
+            if inside(a):
+                return trips
+            if outer and outer[0] <= a <= outer[1]:
+                return outer_trips
+            return 1
+
         def per_token(pred):
-            out_ = sum(1 for a, _p, op, _o in body if pred(op) and not inside(a))
-            in_ = sum(1 for a, _p, op, _o in body if pred(op) and inside(a))
-            return round((out_ + in_ * trips) / tpw, 2)
+            return round(sum(weight(a) for a, _p, op, _o in body if pred(op)) / tpw, 2)
 
         rounds = note.get("rounds", 0)
         red = [n for n, (_a, _p, op, _o) in enumerate(body) if is_class(op, "SHFL") or is_class(op, "REDUX")]
@@ -276,7 +289,7 @@ def budget_notes(text):
             k, v = item.split("=", 1)
             if k == "options":  # moe-lower-to-nvvm options, comma-separated
                 v = " ".join(v.split(","))
-            d[k] = v if k in ("kernel", "bench", "options", "predicts") else int(v)
+            d[k] = v if k in ("kernel", "bench", "options", "predicts") else float(v) if "." in v else int(v)
         notes[m.group(2)] = d
     return notes
 

@@ -447,13 +447,13 @@ void mlir::moe::gpu_lowering::emitListTopk(
         });
     done = ListState::unflat(res, t, slots, false);
   } else {
-    // Every lane "needs" the first fill; (INT32_MAX, -1): no pick yet.
-    init.list.keys.assign(t, gone);
-    init.list.positions.assign(t, kb.cI32(0));
-    init.more = kb.cBool(false);
+    // The first fill takes every element (no filter); a list filled to its
+    // end may leave elements behind (`more`).
+    init.list = fill(nullptr, nullptr);
+    init.more = kb.notI1(kb.eq(init.list.keys[t - 1], gone));
     init.lastKey = kb.cI32(std::numeric_limits<int32_t>::max());
     init.lastPosition = kb.cI32(-1);
-    init.need = kb.cBool(true);
+    init.need = kb.cBool(false);
     // The rounds run in an inner loop as long as no lane's list runs out;
     // the refill is outside it, so the hot loop is the round alone. Both
     // loops' conditions are warp-uniform (k, and a vote over the warp), so
@@ -464,21 +464,8 @@ void mlir::moe::gpu_lowering::emitListTopk(
           return {kb.lt(args[0], kb.cI32(spec.k)), SmallVector<Value>(args)};
         },
         [&](ValueRange args) {
-          ListState st = ListState::unflat(args, t, slots, true);
-          // Lanes that need it take the list of their elements ranking after
-          // their last pick (the group's last pick is theirs: they won it).
-          TopList fresh = fill(st.lastKey, st.lastPosition);
-          for (int64_t j = 0; j < t; ++j) {
-            st.list.keys[j] = kb.select(st.need, fresh.keys[j], st.list.keys[j]);
-            st.list.positions[j] =
-                kb.select(st.need, fresh.positions[j], st.list.positions[j]);
-          }
-          // A list filled to its end may leave elements behind.
-          st.more = kb.select(st.need, kb.notI1(kb.eq(fresh.keys[t - 1], gone)),
-                              st.more);
-          st.need = kb.cBool(false);
-          return whileLoop(
-              kb, st.flat(),
+          SmallVector<Value> rounds = whileLoop(
+              kb, args,
               [&](ValueRange a) -> std::pair<Value, SmallVector<Value>> {
                 ListState next = round(ListState::unflat(a, t, slots, true));
                 Value anyNeed = NVVM::VoteSyncOp::create(
@@ -489,6 +476,30 @@ void mlir::moe::gpu_lowering::emitListTopk(
                 return {go, next.flat()};
               },
               [&](ValueRange a) { return SmallVector<Value>(a); });
+          // The rounds stopped before k only for a lane whose list ran out
+          // (rare: the refill is off the hot path, and off the warp's common
+          // path). Lanes that need it take the list of their elements ranking
+          // after their last pick (the group's last pick is theirs: they won
+          // it).
+          Value stopped = kb.lt(rounds[0], kb.cI32(spec.k));
+          SmallVector<Type> types(ValueRange(rounds).getTypes());
+          return kb.ifElse(
+              stopped, types,
+              [&] {
+                ListState st = ListState::unflat(rounds, t, slots, true);
+                TopList fresh = fill(st.lastKey, st.lastPosition);
+                for (int64_t j = 0; j < t; ++j) {
+                  st.list.keys[j] =
+                      kb.select(st.need, fresh.keys[j], st.list.keys[j]);
+                  st.list.positions[j] = kb.select(st.need, fresh.positions[j],
+                                                   st.list.positions[j]);
+                }
+                st.more = kb.select(
+                    st.need, kb.notI1(kb.eq(fresh.keys[t - 1], gone)), st.more);
+                st.need = kb.cBool(false);
+                return st.flat();
+              },
+              [&] { return rounds; });
         });
     done = ListState::unflat(res, t, slots, true);
   }

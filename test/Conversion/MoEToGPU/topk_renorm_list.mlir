@@ -22,12 +22,12 @@
 // CHECK-COUNT-4: llvm.inline_asm has_side_effects "{ .reg .u64 g; cvta.to.global.u64 g, $4; ld.global.nc.v4.b32 {$0, $1, $2, $3}, [g]; }"
 // CHECK: } else {
 // CHECK-COUNT-16: memref.load %arg0
-// CHECK: scf.while ({{.*}}) : (i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i1, i32, i32, i1)
-// The (re)fill: elements ranking after the lane's last pick, inserted in
-// index order (strict compares: an equal key listed earlier stays ahead).
+// The first fill: every element inserted in index order (strict compares: an
+// equal key listed earlier stays ahead).
 // CHECK: arith.cmpi sgt
 // CHECK: arith.minsi
 // CHECK: arith.maxsi
+// CHECK: scf.while ({{.*}}) : (i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i1, i32, i32, i1)
 // CHECK: scf.while
 // A round: butterflies over the 8 lanes (offsets 4, 2, 1) of the max key,
 // then of the lowest index among the lanes whose head holds it.
@@ -48,6 +48,17 @@
 // CHECK: arith.select %[[WON]], %c-2147483648_i32{{[_0-9]*}}, %{{.*}} : i32
 // CHECK: nvvm.vote.sync  any %c-1_i32, %{{.*}} -> i1
 // CHECK: scf.condition
+// The refill, when the rounds stopped before k: the lanes that need it take
+// their elements ranking after their last pick (a smaller key, or an equal
+// one at a higher position).
+// CHECK: %[[STOPPED:.*]] = arith.cmpi slt, %{{.*}}, %c8_i32{{.*}} : i32
+// CHECK: scf.if %[[STOPPED]]
+// CHECK: %[[BELOW:.*]] = arith.cmpi slt, %{{.*}}, %{{.*}} : i32
+// CHECK: %[[LATER:.*]] = arith.cmpi sgt
+// CHECK: %[[SAME:.*]] = arith.cmpi eq
+// CHECK: %[[TIE:.*]] = arith.andi %[[SAME]], %[[LATER]] : i1
+// CHECK: %[[AFTER:.*]] = arith.ori %[[BELOW]], %[[TIE]] : i1
+// CHECK: arith.select %[[AFTER]], %{{.*}}, %c-2147483648_i32{{[_0-9]*}} : i32
 // After the rounds: the first pick from the group's first lane, the selection
 // sum over the group, and lane l stores pick l (coalesced).
 // CHECK: gpu.shuffle  idx

@@ -15,6 +15,8 @@
 //                           their SHFL/REDUX: right where the rounds' reductions are the
 //                           kernel's only ones; route's group rankings are not, so its lines
 //                           say 8: no round peeled, read from the SASS)
+//   outer-trips=X           times per warp the code of a loop around the selection loop runs
+//                           (outside it): a refill that only some warps make (default 1)
 //   options=A=x,B=y         moe-lower-to-nvvm options the function is lowered with (a kernel
 //                           variant behind an option: its own function, its own budget)
 //   tokens=N, bench=NAME    the case's token count and its name in the GPU benchmark
@@ -55,35 +57,36 @@ func.func @topk_probs_K256(%s: tensor<65536x256xf32>) -> (tensor<65536x8xf32>, t
 }
 // topk-rounds=list (off by default; not yet run on a GPU): the same top-k, mapped by
 // TopkRenorm.cpp's listMappingOf (4 lanes a token for K = 64, 8 for 128 and 256; 16 or 32 scores a
-// lane). loop-trips=8: every round runs in the loop (the refill, outside it, counts once: the
-// first fill of each warp's lists; a refill later is extra: 3.5% of Gaussian tokens, 13% of warps). The 4-byte-load
-// fallback for misaligned rows counts as executed too: the per-token figures are from above.
-// sass-budget: kernel=topk_renorm_warp elements-per-lane=16 tokens-per-warp=8 rounds=8 loop-trips=8 experts=64 tokens=65536 predicts=topk_logits_T65536_K64_k8 options=topk-rounds=list
+// lane). loop-trips=8: every round runs in the loop. outer-trips: the refills a warp makes, outside
+// the rounds' loop (test/GPU/unit/test_topk_list_model.py on Gaussian rows, k = 8: 3.7-4.3% of
+// tokens; per warp at most 0.29 / 0.15 / 0.17 at K = 64 / 128 / 256). The 4-byte-load fallback for
+// misaligned rows counts as executed: the per-token figures are from above by ~n / tokens-per-warp.
+// sass-budget: kernel=topk_renorm_warp elements-per-lane=16 tokens-per-warp=8 rounds=8 loop-trips=8 outer-trips=0.29 experts=64 tokens=65536 predicts=topk_logits_T65536_K64_k8 options=topk-rounds=list
 func.func @topk_list_logits_K64(%s: tensor<65536x64xf32>) -> (tensor<65536x8xf32>, tensor<65536x8xi32>) {
   %w, %i = moe.topk_renorm %s k(8) : tensor<65536x64xf32> -> tensor<65536x8xf32>, tensor<65536x8xi32>
   return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
 }
-// sass-budget: kernel=topk_renorm_warp elements-per-lane=16 tokens-per-warp=4 rounds=8 loop-trips=8 experts=128 tokens=65536 predicts=topk_logits_T65536_K128_k8 options=topk-rounds=list
+// sass-budget: kernel=topk_renorm_warp elements-per-lane=16 tokens-per-warp=4 rounds=8 loop-trips=8 outer-trips=0.15 experts=128 tokens=65536 predicts=topk_logits_T65536_K128_k8 options=topk-rounds=list
 func.func @topk_list_logits_K128(%s: tensor<65536x128xf32>) -> (tensor<65536x8xf32>, tensor<65536x8xi32>) {
   %w, %i = moe.topk_renorm %s k(8) : tensor<65536x128xf32> -> tensor<65536x8xf32>, tensor<65536x8xi32>
   return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
 }
-// sass-budget: kernel=topk_renorm_warp elements-per-lane=32 tokens-per-warp=4 rounds=8 loop-trips=8 experts=256 tokens=65536 predicts=topk_logits_T65536_K256_k8 options=topk-rounds=list
+// sass-budget: kernel=topk_renorm_warp elements-per-lane=32 tokens-per-warp=4 rounds=8 loop-trips=8 outer-trips=0.17 experts=256 tokens=65536 predicts=topk_logits_T65536_K256_k8 options=topk-rounds=list
 func.func @topk_list_logits_K256(%s: tensor<65536x256xf32>) -> (tensor<65536x8xf32>, tensor<65536x8xi32>) {
   %w, %i = moe.topk_renorm %s k(8) : tensor<65536x256xf32> -> tensor<65536x8xf32>, tensor<65536x8xi32>
   return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
 }
-// sass-budget: kernel=topk_renorm_warp elements-per-lane=16 tokens-per-warp=8 rounds=8 loop-trips=8 experts=64 options=topk-rounds=list
+// sass-budget: kernel=topk_renorm_warp elements-per-lane=16 tokens-per-warp=8 rounds=8 loop-trips=8 outer-trips=0.29 experts=64 options=topk-rounds=list
 func.func @topk_list_logits_K64_bf16(%s: tensor<65536x64xbf16>) -> (tensor<65536x8xf32>, tensor<65536x8xi32>) {
   %w, %i = moe.topk_renorm %s k(8) : tensor<65536x64xbf16> -> tensor<65536x8xf32>, tensor<65536x8xi32>
   return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
 }
-// sass-budget: kernel=topk_renorm_warp elements-per-lane=16 tokens-per-warp=4 rounds=8 loop-trips=8 experts=128 options=topk-rounds=list
+// sass-budget: kernel=topk_renorm_warp elements-per-lane=16 tokens-per-warp=4 rounds=8 loop-trips=8 outer-trips=0.15 experts=128 options=topk-rounds=list
 func.func @topk_list_logits_K128_bf16(%s: tensor<65536x128xbf16>) -> (tensor<65536x8xf32>, tensor<65536x8xi32>) {
   %w, %i = moe.topk_renorm %s k(8) : tensor<65536x128xbf16> -> tensor<65536x8xf32>, tensor<65536x8xi32>
   return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
 }
-// sass-budget: kernel=topk_renorm_warp elements-per-lane=32 tokens-per-warp=4 rounds=8 loop-trips=8 experts=256 options=topk-rounds=list
+// sass-budget: kernel=topk_renorm_warp elements-per-lane=32 tokens-per-warp=4 rounds=8 loop-trips=8 outer-trips=0.17 experts=256 options=topk-rounds=list
 func.func @topk_list_logits_K256_bf16(%s: tensor<65536x256xbf16>) -> (tensor<65536x8xf32>, tensor<65536x8xi32>) {
   %w, %i = moe.topk_renorm %s k(8) : tensor<65536x256xbf16> -> tensor<65536x8xf32>, tensor<65536x8xi32>
   return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>

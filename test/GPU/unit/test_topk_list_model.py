@@ -47,14 +47,14 @@ def ranks_after_pick(key, pos, prev_key, prev_pos):
 
 
 def list_topk(row, k, vec):
-    """[(key, index)] of the k picks in round order, and the number of refills after the first fill."""
+    """[(key, index)] of the k picks in round order, and the number of refills (the warp leaving the rounds)."""
     K = len(row)
     width, n, t = mapping(K, k, vec)
     offsets = [m // vec * width * vec + m % vec for m in range(n)]        # RegisterRow{width, vec}
     bases = [lane * vec for lane in range(width)]
     keys = [[ordered_key(row[o + b]) if o + b < K else GONE for o in offsets] for b in bases]
     refill = t < min(k, n)
-    lanes = [dict(keys=[GONE] * t, pos=[0] * t, more=False, need=True, last_key=IMAX, last_pos=-1)
+    lanes = [dict(keys=[GONE] * t, pos=[0] * t, more=False, need=False, last_key=IMAX, last_pos=-1)
              for _ in range(width)]
 
     def fill(lane, filtered):
@@ -66,18 +66,11 @@ def list_topk(row, k, vec):
             insert(fk, fp, x, offsets[m])
         return fk, fp
 
-    if not refill:
-        for lane in range(width):
-            lanes[lane]["keys"], lanes[lane]["pos"] = fill(lane, False)
-    picks, fills, r = [], 0, 0
+    for lane, s in enumerate(lanes):                      # the first fill: every element
+        s["keys"], s["pos"] = fill(lane, False)
+        s["more"] = refill and s["keys"][t - 1] != GONE
+    picks, refills, r = [], 0, 0
     while r < k:                                          # the outer loop
-        if refill:
-            for lane, s in enumerate(lanes):
-                if s["need"]:
-                    s["keys"], s["pos"] = fill(lane, True)
-                    s["more"] = s["keys"][t - 1] != GONE
-                s["need"] = False
-            fills += 1
         while True:                                       # the rounds: a do-while
             heads = [(s["keys"][0], s["pos"][0] + bases[lane]) for lane, s in enumerate(lanes)]
             best = max(h[0] for h in heads)
@@ -96,7 +89,14 @@ def list_topk(row, k, vec):
             r += 1
             if not (r < k and not any(s["need"] for s in lanes)):   # vote.sync any
                 break
-    return picks, max(fills - 1, 0)
+        if r < k:                                         # stopped for a refill
+            for lane, s in enumerate(lanes):
+                if s["need"]:
+                    s["keys"], s["pos"] = fill(lane, True)
+                    s["more"] = s["keys"][t - 1] != GONE
+                s["need"] = False
+            refills += 1
+    return picks, refills
 
 
 def reference(row, k):
