@@ -125,3 +125,56 @@ def test_llama4_moe_block_is_raised_and_matches_eager():
     for (out, logits), (out_e, logits_e) in outs:
         torch.testing.assert_close(logits, logits_e)
         torch.testing.assert_close(out, out_e, atol=1e-5, rtol=1e-4)
+
+
+def _kolibri1(norm: bool):
+    from transformers import Kolibri1Config
+    from transformers.models.kolibri1 import modeling_kolibri1 as kolibri1
+
+    cfg = Kolibri1Config(hidden_size=H, num_experts=12, num_experts_per_tok=3, norm_topk_prob=norm)
+    return kolibri1, cfg
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_kolibri1_router_is_raised_to_topk_then_score(norm):
+    """Kolibri-1: ``sigmoid(gather(logits, topk(logits + bias).indices))`` [renormalized]: chosen on the biased raw
+    logits, each selected logit scored alone (``order(topk_then_score)``); equal indices and weights, forward and
+    backward (the router weight's gradient through the selected sigmoids)."""
+    kolibri1, cfg = _kolibri1(norm)
+    router = _init(kolibri1.Kolibri1TopKRouter(cfg), seed=7)
+    with torch.no_grad():
+        router.e_score_correction_bias.copy_(torch.linspace(-0.5, 0.5, 12))  # a bias that moves the choice
+    log, outs = _run(router, lambda t: torch.randn(t, H))
+    assert log and all(g.moe_ops() == ["route"] for g in log), [g.graph_module.code for g in log]
+    for (logits, w, i), (logits_e, w_e, i_e) in outs:
+        torch.testing.assert_close(logits, logits_e)
+        assert torch.equal(i, i_e)
+        torch.testing.assert_close(w, w_e, atol=1e-6, rtol=1e-5)
+    ref = _init(kolibri1.Kolibri1TopKRouter(cfg), seed=7)
+    ref.load_state_dict(router.state_dict())
+    x, cot = torch.randn(9, H), torch.randn(9, 3)
+    _, w, _ = torch.compile(router, backend="moe", options={"dense": "eager"})(x)
+    (w * cot).sum().backward()
+    (ref(x)[1] * cot).sum().backward()
+    torch.testing.assert_close(router.weight.grad, ref.weight.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_longcat_flash_router_is_raised_with_a_broadcast_bias():
+    """LongCat-Flash chooses on ``scores.view(-1, E) + bias.unsqueeze(0)`` (a same-shape view and a [1, E] bias)
+    and weighs the unnormalized softmax scores times its scaling factor: ``moe.route`` (softmax, bias, scale)."""
+    from transformers import LongcatFlashConfig
+    from transformers.models.longcat_flash import modeling_longcat_flash as longcat
+
+    cfg = LongcatFlashConfig(hidden_size=H, n_routed_experts=8, zero_expert_num=2, num_experts_per_tok=3,
+                             routed_scaling_factor=6.0)
+    router = _init(longcat.LongcatFlashTopkRouter(cfg), seed=8)
+    with torch.no_grad():
+        router.e_score_correction_bias.copy_(torch.linspace(0.3, -0.3, router.e_score_correction_bias.numel()))
+    log, outs = _run(router, lambda t: torch.randn(t, H))
+    assert log and all(g.moe_ops() == ["route"] for g in log), [g.graph_module.code for g in log]
+    for (logits, w, i), (logits_e, w_e, i_e) in outs:
+        torch.testing.assert_close(logits, logits_e)
+        w, i = w.gather(-1, i.argsort(-1)), i.sort(-1).values  # topk(sorted=False): compared as sets
+        w_e, i_e = w_e.gather(-1, i_e.argsort(-1)), i_e.sort(-1).values
+        assert torch.equal(i, i_e)
+        torch.testing.assert_close(w, w_e, atol=1e-6, rtol=1e-5)

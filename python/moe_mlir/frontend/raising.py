@@ -460,9 +460,30 @@ def _emit_route(graph: fx.Graph, anchor: fx.Node, args: tuple, weights_user: Opt
     return w, i
 
 
+def _same_rows(n: Any, s: fx.Node) -> bool:
+    """``n`` is ``s`` or a view of it with the same [T, E] shape (LongCat's ``scores.view(-1, E)``)."""
+    while n is not s and _is_call(n, _VIEWS):
+        vn, vs = _val(n), _val(s)
+        if vn is None or vs is None or tuple(vn.shape) != tuple(vs.shape):
+            return False
+        n = n.args[0]
+    return n is s
+
+
+def _as_vector(b: fx.Node) -> fx.Node:
+    """The 1-D tensor behind ``b.unsqueeze(0)`` or ``b.view(1, E)`` (a bias broadcast over the tokens), else
+    ``b``."""
+    inner = b.args[0] if _is_call(b, (aten.unsqueeze.default,) + _VIEWS) else None
+    if inner is not None and _val(inner) is not None and _val(inner).dim() == 1 and _val(b) is not None \
+            and tuple(_val(b).shape) == (1, _val(inner).shape[0]):
+        return inner
+    return b
+
+
 def _raise_scored_topk(graph: fx.Graph, tk: fx.Node) -> bool:
     """``gather(score(x), topk([masked_fill](score(x) [+ bias], group mask, -inf), k).indices)`` [renormalized]
-    [scaled] -> ``moe.route`` (DeepSeek-V3/R1, Kimi-K2, GLM-4.5, DeepSeek-V2 gates in HF's form)."""
+    [scaled] -> ``moe.route`` (DeepSeek-V3/R1, Kimi-K2, GLM-4.5, DeepSeek-V2 gates in HF's form; LongCat-Flash's
+    choice on a same-shape view of the scores plus a ``[1, E]`` bias)."""
     parts = _topk_parts(tk)
     if parts is None or parts[3] is None:
         return False
@@ -486,9 +507,9 @@ def _raise_scored_topk(graph: fx.Graph, tk: fx.Node) -> bool:
             return False
     bias = None
     if c is not s:
-        if not (_is_call(c, (aten.add.Tensor,)) and c.args[0] is s and isinstance(c.args[1], fx.Node)):
+        if not (_is_call(c, (aten.add.Tensor,)) and _same_rows(c.args[0], s) and isinstance(c.args[1], fx.Node)):
             return False
-        bias = c.args[1]
+        bias = _as_vector(c.args[1])
         bv = _val(bias)
         if bv is None or bv.dim() != 1 or bv.shape[0] != num_experts or bv.dtype not in _FLOATS:
             return False
@@ -511,6 +532,44 @@ def _raise_scored_topk(graph: fx.Graph, tk: fx.Node) -> bool:
     _emit_route(graph, tk, (logits, bias, k, scoring, "score_then_topk", n_group, topk_group, group_score,
                             renorm, scale), out, [idxs])
     _erase_unused(graph, dead)
+    return True
+
+
+def _raise_topk_then_sigmoid(graph: fx.Graph, tk: fx.Node) -> bool:
+    """``sigmoid(gather(x, topk(x [+ bias], k).indices))`` [renormalized] [scaled] -> ``moe.route`` with
+    ``order(topk_then_score)``: the experts chosen on the raw (biased) logits, each selected logit scored alone
+    (Kolibri-1's router; the bias only chooses)."""
+    parts = _topk_parts(tk)
+    if parts is None or parts[3] is None:
+        return False
+    c, k, vals, idxs = parts
+    if vals is not None and vals.users:
+        return False
+    gathers = [u for u in idxs.users if _is_call(u, (aten.gather.default,)) and u.args[2] is idxs]
+    if len(gathers) != 1 or not _last_dim(gathers[0], gathers[0].args[1]):
+        return False
+    gather = gathers[0]
+    x = gather.args[0]
+    xv = _val(x)
+    if xv is None or xv.dim() != 2 or xv.dtype != torch.float32:
+        return False
+    bias = None
+    if c is not x:
+        if not (_is_call(c, (aten.add.Tensor,)) and _same_rows(c.args[0], x) and isinstance(c.args[1], fx.Node)
+                and not c.kwargs and (len(c.args) < 3 or c.args[2] == 1)):
+            return False
+        bias = _as_vector(c.args[1])
+        bv = _val(bias)
+        if bv is None or bv.dim() != 1 or bv.shape[0] != xv.shape[1] or bv.dtype not in _FLOATS:
+            return False
+    users = list(gather.users)
+    if len(users) != 1 or not _is_call(users[0], (aten.sigmoid.default,)):
+        return False
+    sig = users[0]
+    out, renorm, scale, chain = _weights_chain(sig)
+    _emit_route(graph, tk, (x, bias, k, "sigmoid", "topk_then_score", 1, 1, "top2_sum", renorm, scale), out,
+                [idxs])
+    _erase_unused(graph, chain + [sig, gather, idxs, tk, c])
     return True
 
 
@@ -651,7 +710,8 @@ def raise_routing_idioms(gm: fx.GraphModule) -> dict[str, int]:
     graph.eliminate_dead_code()
     counts["similarity_inform"] = _rewrite_each(graph, _raise_similarity)
     graph.eliminate_dead_code()
-    counts["route"] = _rewrite_each(graph, _raise_scored_topk) + _rewrite_each(graph, _raise_topk_sigmoid_dense)
+    counts["route"] = (_rewrite_each(graph, _raise_scored_topk) + _rewrite_each(graph, _raise_topk_sigmoid_dense)
+                       + _rewrite_each(graph, _raise_topk_then_sigmoid))
     graph.eliminate_dead_code()
     counts["topk_renorm"] = _rewrite_each(graph, _raise_topk)
     graph.eliminate_dead_code()
