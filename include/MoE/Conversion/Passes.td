@@ -112,9 +112,10 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "rounds of the register top-k of topk_renorm (K <= 1024): `butterfly` (shuffles of packed 64-bit "
            "candidates, any chip) or `redux` (32-bit keys, redux.sync max/min, sm_80+; 1.5-1.9x faster on an "
            "H200). moe-lower-to-nvvm picks redux for sm_80 and later. `list` (sm_80+; not yet run on a GPU): "
-           "8 lanes a token (4 for K <= 64), 16-byte loads where the row is aligned, each lane's best 3 or more "
-           "candidates sorted in registers, a round = the group's best head (two 32-bit butterflies, redux.sync "
-           "for whole warps) and a pop, the lists refilled outside the round loop when one runs out">,
+           "4 lanes a token for K <= 64, 8 up to 256, 16-byte loads where the row is aligned, each lane's best "
+           "ceil(k / lanes) + 3 candidates sorted in registers, a round = the group's best head (two 32-bit "
+           "butterflies, redux.sync for whole warps) and a pop, the lists refilled outside the round loop when one "
+           "runs out">,
     Option<"flashMma", "flash-mma", "bool", /*default=*/"true",
            "similarity_inform (and its training forward) with f16/bf16 operands of one type on tensor cores: "
            "mma.sync m16n8k16 with f32 sums, nvgpu.ldmatrix operands (sm_80+; FlashMma.cpp). Checked on an "
