@@ -178,3 +178,38 @@ def test_longcat_flash_router_is_raised_with_a_broadcast_bias():
         w_e, i_e = w_e.gather(-1, i_e.argsort(-1)), i_e.sort(-1).values
         assert torch.equal(i, i_e)
         torch.testing.assert_close(w, w_e, atol=1e-6, rtol=1e-5)
+
+
+def test_mistral4_router_with_zero_filled_groups_is_raised():
+    """Mistral-4: softmax scores, DeepSeek-style groups whose excluded experts are filled with 0.0 (not -inf), no
+    bias: scores are >= 0, so the 0.0 fill selects as the op's exclusion does (a tie with a kept score of exactly
+    0 names an expert of weight 0). Raised to ``moe.route`` (softmax, groups), equal sets and weights."""
+    from transformers import Mistral4Config
+    from transformers.models.mistral4 import modeling_mistral4 as mistral4
+
+    cfg = Mistral4Config(hidden_size=H, num_local_experts=16, num_experts_per_tok=3, n_group=4, topk_group=2,
+                         norm_topk_prob=True, routed_scaling_factor=1.5)
+    router = _init(mistral4.Mistral4TopkRouter(cfg), seed=9)
+    log, outs = _run(router, lambda t: torch.randn(t, H))
+    assert log and all(g.moe_ops() == ["route"] for g in log), [g.graph_module.code for g in log]
+    for (logits, w, i), (logits_e, w_e, i_e) in outs:
+        torch.testing.assert_close(logits, logits_e)
+        w, i = w.gather(-1, i.argsort(-1)), i.sort(-1).values  # topk(sorted=False): compared as sets
+        w_e, i_e = w_e.gather(-1, i_e.argsort(-1)), i_e.sort(-1).values
+        assert torch.equal(i, i_e)
+        torch.testing.assert_close(w, w_e, atol=1e-6, rtol=1e-5)
+
+
+def test_zero_filled_groups_with_a_bias_are_not_raised():
+    """AXK2: the same 0.0 fill after a selection bias: a kept biased score can be negative and rank after the
+    excluded zeros, which the op's exclusion never does: left to inductor, equal to eager."""
+    from transformers.models.axk2 import modeling_axk2 as axk2
+    from transformers.models.axk2.configuration_axk2 import AXK2Config
+
+    cfg = AXK2Config(hidden_size=H, num_local_experts=16, num_experts_per_tok=3, n_group=4, topk_group=2)
+    router = _init(axk2.AXK2TopkRouter(cfg), seed=10)
+    log, outs = _run(router, lambda t: torch.randn(t, H))
+    assert log and all(g.moe_ops() == [] for g in log)
+    for (logits, w, i), (logits_e, w_e, i_e) in outs:
+        assert torch.equal(i, i_e)
+        torch.testing.assert_close(w, w_e)

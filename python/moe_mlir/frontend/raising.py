@@ -503,7 +503,11 @@ def _raise_scored_topk(graph: fx.Graph, tk: fx.Node) -> bool:
     c, mask = c2, None
     if _is_call(c2, _MASKED_FILL):
         c, mask = c2.args[0], c2.args[1]
-        if c2.args[2] != float("-inf"):
+        # The excluded groups filled with -inf (the op's rule), or with 0.0 where no bias enters the choice
+        # (Mistral-4's softmax groups): scores are then >= 0, so a 0.0 only ties with a kept score of exactly 0,
+        # whose weight is 0 whichever expert the tie names. With a bias (AXK2), a kept choice score can be
+        # negative and rank after the excluded zeros: not the op's rule, left alone.
+        if c2.args[2] != float("-inf") and not (c2.args[2] == 0.0 and c is s):
             return False
     bias = None
     if c is not s:
