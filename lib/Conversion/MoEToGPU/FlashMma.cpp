@@ -281,14 +281,17 @@ struct Exp2Tile {
 /// are v . scale (scale > 0: the max of v times scale is the max of the
 /// logits, and each weight is one FFMA and one EX2); without, v are the
 /// logits in log2 units. -inf excludes a key. `reduceMax` gives the row's
-/// max over the lanes that share it; the partial sums are this lane's (the
-/// caller adds the lanes' once at the end). As OnlineSoftmax.h: a row that
+/// max over the lanes that share it. Without `reduceSum` the sums are this
+/// lane's partial ones (the caller adds the lanes' once after the key loop);
+/// with it, the tile's sum over the lanes is added every tile (the row's
+/// whole sum is carried). As OnlineSoftmax.h: a row that
 /// has seen no key keeps max -inf and subtracts 0 (alpha = p = 0, not NaN);
 /// a NaN makes the max, and from it every weight, NaN.
 static Exp2Tile exp2SoftmaxStep(GpuKernelBuilder &kb, Value max2,
                                 Value partialSum, ArrayRef<Value> v,
                                 Value scale,
-                                function_ref<Value(Value)> reduceMax) {
+                                function_ref<Value(Value)> reduceMax,
+                                function_ref<Value(Value)> reduceSum) {
   ImplicitLocOpBuilder &b = kb.b;
   Value tileMax = v.front();
   for (Value x : v.drop_front())
@@ -303,14 +306,25 @@ static Exp2Tile exp2SoftmaxStep(GpuKernelBuilder &kb, Value max2,
   Value shift = kb.select(none, kb.cF32(0.0), tile.max);
   tile.rescale = exp2Approx(b, kb.fsub(max2, shift));
   Value negShift = arith::NegFOp::create(b, shift);
-  Value sum = kb.fmul(partialSum, tile.rescale);
+  if (!reduceSum) {
+    Value sum = kb.fmul(partialSum, tile.rescale);
+    for (Value x : v) {
+      Value d = scale ? kb.fma(x, scale, negShift) : kb.fadd(x, negShift);
+      Value p = exp2Approx(b, d);
+      tile.probs.push_back(p);
+      sum = kb.fadd(sum, p);
+    }
+    tile.partialSum = sum;
+    return tile;
+  }
+  Value tileSum;
   for (Value x : v) {
     Value d = scale ? kb.fma(x, scale, negShift) : kb.fadd(x, negShift);
     Value p = exp2Approx(b, d);
     tile.probs.push_back(p);
-    sum = kb.fadd(sum, p);
+    tileSum = tileSum ? kb.fadd(tileSum, p) : p;
   }
-  tile.partialSum = sum;
+  tile.partialSum = kb.fma(partialSum, tile.rescale, reduceSum(tileSum));
   return tile;
 }
 
@@ -515,6 +529,20 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // Each lane sums its own columns of a row (p with the quad's common max)
   // and the quad's 4 partial sums are added once after the key loop, not
   // per tile: 2 shuffles a row instead of 2 a row and tile.
+  // Not where the fragments held through the key loop (4 registers a
+  // 16-feature chunk of the query, 4 an 8-expert block of the accumulator)
+  // pass 160 of ptxas's 255 (D = K = 256: 192): there, with the quad's sums
+  // added after the loop, the fused top-k kernel sat at 255 registers on
+  // sm_80 and spilled the quad index g across the key loop to its epilogue
+  // (12 bytes; summing the tile before the rescale did not help); the
+  // tile's sum reduced over the quad in the loop, added with one FFMA, takes
+  // it to 252 and no spill. The 2 shuffles a row and tile cost about half
+  // an instruction a score there, against about 8 HMMA a score.
+  auto quadSum = [&](Value v) {
+    return subgroupReduce(kb, v, ReduceKind::Sum, 4);
+  };
+  const int64_t fragmentRegs = chunks * 4 + accCount;
+  const bool sumsPerTile = fragmentRegs > 160;
 
   // Peeling: keys [0, fullEnd) come in whole tiles that no row of the block
   // excludes (every key < Nk, and when causal every key <= rowBase, the
@@ -629,7 +657,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
           Exp2Tile st = exp2SoftmaxStep(
               kb, carried[accCount + 2 * r], carried[accCount + 2 * r + 1],
               logits, rawDots ? scale2 : Value(),
-              [&](Value v) { return subgroupReduce(kb, v, ReduceKind::Max, 4); });
+              [&](Value v) { return subgroupReduce(kb, v, ReduceKind::Max, 4); },
+              sumsPerTile ? function_ref<Value(Value)>(quadSum)
+                          : function_ref<Value(Value)>());
           probs[r] = st.probs;
           rescale[r] = st.rescale;
           next.push_back(st.max);
@@ -679,12 +709,14 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       kb.forLoop(c0, fullEnd, kb.idx(cols), init, keyTile(/*checked=*/false));
   SmallVector<Value> fin =
       kb.forLoop(fullEnd, keyEnd, kb.idx(cols), full, keyTile(/*checked=*/true));
-  // The quad's partial sums, once; the state in natural-log terms for the
-  // epilogue (softmaxNormalize reads only the sum) and the lse.
-  for (int r = 0; r < 2; ++r) {
-    Value &sum = fin[accCount + 2 * r + 1];
-    sum = subgroupReduce(kb, sum, ReduceKind::Sum, 4);
-  }
+  // The quad's partial sums, once (unless added every tile); the state in
+  // natural-log terms for the epilogue (softmaxNormalize reads only the sum)
+  // and the lse.
+  if (!sumsPerTile)
+    for (int r = 0; r < 2; ++r) {
+      Value &sum = fin[accCount + 2 * r + 1];
+      sum = quadSum(sum);
+    }
 
   // Epilogue: normalize; a row without any key gets zeros.
   if (spec.topk) {
