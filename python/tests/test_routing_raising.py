@@ -213,3 +213,26 @@ def test_zero_filled_groups_with_a_bias_are_not_raised():
     for (logits, w, i), (logits_e, w_e, i_e) in outs:
         assert torch.equal(i, i_e)
         torch.testing.assert_close(w, w_e)
+
+
+def test_longcat_flash_router_gradient_through_a_no_grad_choice():
+    """LongCat-Flash takes its top-k under ``torch.no_grad()`` and gathers the weights outside it: the raised
+    route goes where the weights are gathered (in grad mode), so the classifier weight gets eager's gradient
+    (placed at the top-k, the route's weights had none)."""
+    from transformers import LongcatFlashConfig
+    from transformers.models.longcat_flash import modeling_longcat_flash as longcat
+
+    cfg = LongcatFlashConfig(hidden_size=H, n_routed_experts=8, zero_expert_num=2, num_experts_per_tok=3,
+                             routed_scaling_factor=6.0)
+    router = _init(longcat.LongcatFlashTopkRouter(cfg), seed=11)
+    ref = _init(longcat.LongcatFlashTopkRouter(cfg), seed=11)
+    torch._dynamo.reset()
+    x = torch.randn(9, H)
+    with capture_graphs() as log:
+        _, w, i = torch.compile(router, backend="moe", options={"dense": "eager"})(x)
+    _, w_e, i_e = ref(x)
+    assert any("route" in g.moe_ops() for g in log)
+    cot = torch.randn(10)  # a cotangent per expert, so the comparison does not depend on the pick order
+    (w * cot[i]).sum().backward()
+    (w_e * cot[i_e]).sum().backward()
+    torch.testing.assert_close(router.classifier.weight.grad, ref.classifier.weight.grad, atol=1e-5, rtol=1e-4)

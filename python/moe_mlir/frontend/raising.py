@@ -444,6 +444,28 @@ def _erase_unused(graph: fx.Graph, nodes: list[fx.Node]) -> None:
             graph.erase_node(n)
 
 
+def _grad_mode_at(graph: fx.Graph, node: fx.Node) -> Optional[bool]:
+    """The grad mode a pre-dispatch graph runs ``node`` in: the last ``_set_grad_enabled`` before it (None: the
+    mode the graph is called in)."""
+    mode = None
+    for n in graph.nodes:
+        if n is node:
+            return mode
+        if n.op == "call_function" and n.target is torch._C._set_grad_enabled:
+            mode = bool(n.args[0])
+    return mode
+
+
+def _route_anchor(graph: fx.Graph, gather: fx.Node, idxs: fx.Node) -> Optional[fx.Node]:
+    """Where the raised route goes: before the gather of the weights or the first other use of the indices,
+    whichever comes first, and only where that runs in the gather's grad mode. The top-k itself may run under
+    ``torch.no_grad()`` (LongCat-Flash's ``get_topk_indices``): a route op placed there would return weights
+    without a gradient."""
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    anchor = min([gather] + list(idxs.users), key=lambda n: position[n])
+    return anchor if _grad_mode_at(graph, anchor) == _grad_mode_at(graph, gather) else None
+
+
 def _emit_route(graph: fx.Graph, anchor: fx.Node, args: tuple, weights_user: Optional[fx.Node],
                 idx_users: list[fx.Node]) -> tuple[fx.Node, fx.Node]:
     with graph.inserting_before(anchor):
@@ -529,11 +551,14 @@ def _raise_scored_topk(graph: fx.Graph, tk: fx.Node) -> bool:
             topk_group = 1
         if k > topk_group * (num_experts // n_group):
             return False
+    anchor = _route_anchor(graph, gather, idxs)
+    if anchor is None:
+        return False
     out, renorm, scale, chain = _weights_chain(gather)
     dead = chain + [gather, idxs, tk, c2, c, s]
     if mask is not None:
         dead += _ancestors_until(mask, c) or []
-    _emit_route(graph, tk, (logits, bias, k, scoring, "score_then_topk", n_group, topk_group, group_score,
+    _emit_route(graph, anchor, (logits, bias, k, scoring, "score_then_topk", n_group, topk_group, group_score,
                             renorm, scale), out, [idxs])
     _erase_unused(graph, dead)
     return True
@@ -570,8 +595,11 @@ def _raise_topk_then_sigmoid(graph: fx.Graph, tk: fx.Node) -> bool:
     if len(users) != 1 or not _is_call(users[0], (aten.sigmoid.default,)):
         return False
     sig = users[0]
+    anchor = _route_anchor(graph, gather, idxs)
+    if anchor is None:
+        return False
     out, renorm, scale, chain = _weights_chain(sig)
-    _emit_route(graph, tk, (x, bias, k, "sigmoid", "topk_then_score", 1, 1, "top2_sum", renorm, scale), out,
+    _emit_route(graph, anchor, (x, bias, k, "sigmoid", "topk_then_score", 1, 1, "top2_sum", renorm, scale), out,
                 [idxs])
     _erase_unused(graph, chain + [sig, gather, idxs, tk, c])
     return True
