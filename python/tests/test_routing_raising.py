@@ -159,6 +159,14 @@ def test_kolibri1_router_is_raised_to_topk_then_score(norm):
     torch.testing.assert_close(router.weight.grad, ref.weight.grad, atol=1e-5, rtol=1e-4)
 
 
+def _check_route_sets(log, outs) -> None:
+    """Every graph raised to one route; logits equal, the experts and weights equal as sets (topk(sorted=False))."""
+    assert log and all(g.moe_ops() == ["route"] for g in log), [g.graph_module.code for g in log]
+    for (logits, w, i), (logits_e, w_e, i_e) in outs:
+        torch.testing.assert_close(logits, logits_e)
+        same_expert_sets(w, i, w_e, i_e)
+
+
 def test_longcat_flash_router_is_raised_with_a_broadcast_bias():
     """LongCat-Flash chooses on ``scores.view(-1, E) + bias.unsqueeze(0)`` (a same-shape view and a [1, E] bias)
     and weighs the unnormalized softmax scores times its scaling factor: ``moe.route`` (softmax, bias, scale)."""
@@ -171,13 +179,7 @@ def test_longcat_flash_router_is_raised_with_a_broadcast_bias():
     with torch.no_grad():
         router.e_score_correction_bias.copy_(torch.linspace(0.3, -0.3, router.e_score_correction_bias.numel()))
     log, outs = _run(router, lambda t: torch.randn(t, H))
-    assert log and all(g.moe_ops() == ["route"] for g in log), [g.graph_module.code for g in log]
-    for (logits, w, i), (logits_e, w_e, i_e) in outs:
-        torch.testing.assert_close(logits, logits_e)
-        w, i = w.gather(-1, i.argsort(-1)), i.sort(-1).values  # topk(sorted=False): compared as sets
-        w_e, i_e = w_e.gather(-1, i_e.argsort(-1)), i_e.sort(-1).values
-        assert torch.equal(i, i_e)
-        torch.testing.assert_close(w, w_e, atol=1e-6, rtol=1e-5)
+    _check_route_sets(log, outs)
 
 
 def test_mistral4_router_with_zero_filled_groups_is_raised():
@@ -191,13 +193,7 @@ def test_mistral4_router_with_zero_filled_groups_is_raised():
                          norm_topk_prob=True, routed_scaling_factor=1.5)
     router = _init(mistral4.Mistral4TopkRouter(cfg), seed=9)
     log, outs = _run(router, lambda t: torch.randn(t, H))
-    assert log and all(g.moe_ops() == ["route"] for g in log), [g.graph_module.code for g in log]
-    for (logits, w, i), (logits_e, w_e, i_e) in outs:
-        torch.testing.assert_close(logits, logits_e)
-        w, i = w.gather(-1, i.argsort(-1)), i.sort(-1).values  # topk(sorted=False): compared as sets
-        w_e, i_e = w_e.gather(-1, i_e.argsort(-1)), i_e.sort(-1).values
-        assert torch.equal(i, i_e)
-        torch.testing.assert_close(w, w_e, atol=1e-6, rtol=1e-5)
+    _check_route_sets(log, outs)
 
 
 def test_zero_filled_groups_with_a_bias_are_not_raised():

@@ -502,20 +502,44 @@ def _as_vector(b: fx.Node) -> fx.Node:
     return b
 
 
+def _gathered_topk(tk: fx.Node) -> Optional[tuple[fx.Node, int, fx.Node, fx.Node]]:
+    """(choice scores, k, indices, gather) of a last-dim top-k whose values are unused and whose indices feed one
+    last-dim ``gather``: the weights are gathered from scores other than the ones chosen on."""
+    parts = _topk_parts(tk)
+    if parts is None or parts[3] is None:
+        return None
+    c, k, vals, idxs = parts
+    if vals is not None and vals.users:
+        return None
+    gathers = [u for u in idxs.users if _is_call(u, (aten.gather.default,)) and u.args[2] is idxs]
+    if len(gathers) != 1 or not _last_dim(gathers[0], gathers[0].args[1]):
+        return None
+    return c, k, idxs, gathers[0]
+
+
+def _choice_bias(c: fx.Node, x: fx.Node) -> tuple[bool, Optional[fx.Node]]:
+    """(matched, bias) for choice scores ``c`` over ``x`` [T, E]: ``x`` itself (no bias), or ``x`` (or a same-shape
+    view of it) plus a float ``[E]`` bias (or its ``[1, E]`` view)."""
+    if c is x:
+        return True, None
+    if not (_is_call(c, (aten.add.Tensor,)) and _same_rows(c.args[0], x) and isinstance(c.args[1], fx.Node)
+            and not c.kwargs and (len(c.args) < 3 or c.args[2] == 1)):
+        return False, None
+    bias = _as_vector(c.args[1])
+    bv, xv = _val(bias), _val(x)
+    if bv is None or xv is None or bv.dim() != 1 or bv.shape[0] != xv.shape[-1] or bv.dtype not in _FLOATS:
+        return False, None
+    return True, bias
+
+
 def _raise_scored_topk(graph: fx.Graph, tk: fx.Node) -> bool:
     """``gather(score(x), topk([masked_fill](score(x) [+ bias], group mask, -inf), k).indices)`` [renormalized]
     [scaled] -> ``moe.route`` (DeepSeek-V3/R1, Kimi-K2, GLM-4.5, DeepSeek-V2 gates in HF's form; LongCat-Flash's
     choice on a same-shape view of the scores plus a ``[1, E]`` bias)."""
-    parts = _topk_parts(tk)
-    if parts is None or parts[3] is None:
+    found = _gathered_topk(tk)
+    if found is None:
         return False
-    c2, k, vals, idxs = parts
-    if vals is not None and vals.users:
-        return False
-    gathers = [u for u in idxs.users if _is_call(u, (aten.gather.default,)) and u.args[2] is idxs]
-    if len(gathers) != 1 or not _last_dim(gathers[0], gathers[0].args[1]):
-        return False
-    gather = gathers[0]
+    c2, k, idxs, gather = found
     s = gather.args[0]
     scored = _scoring_of(s)
     if scored is None:
@@ -531,16 +555,9 @@ def _raise_scored_topk(graph: fx.Graph, tk: fx.Node) -> bool:
         # negative and rank after the excluded zeros: not the op's rule, left alone.
         if c2.args[2] != float("-inf") and not (c2.args[2] == 0.0 and c is s):
             return False
-    bias = None
-    if c is not s:
-        if not (_is_call(c, (aten.add.Tensor,)) and _same_rows(c.args[0], s) and isinstance(c.args[1], fx.Node)):
-            return False
-        bias = _as_vector(c.args[1])
-        bv = _val(bias)
-        if bv is None or bv.dim() != 1 or bv.shape[0] != num_experts or bv.dtype not in _FLOATS:
-            return False
-        if len(c.kwargs) or (len(c.args) > 2 and c.args[2] != 1):
-            return False
+    matched, bias = _choice_bias(c, s)
+    if not matched:
+        return False
     n_group, topk_group, group_score = 1, 1, "top2_sum"
     if mask is not None:
         spec = _group_spec(mask, c, num_experts)
@@ -568,29 +585,17 @@ def _raise_topk_then_sigmoid(graph: fx.Graph, tk: fx.Node) -> bool:
     """``sigmoid(gather(x, topk(x [+ bias], k).indices))`` [renormalized] [scaled] -> ``moe.route`` with
     ``order(topk_then_score)``: the experts chosen on the raw (biased) logits, each selected logit scored alone
     (Kolibri-1's router; the bias only chooses)."""
-    parts = _topk_parts(tk)
-    if parts is None or parts[3] is None:
+    found = _gathered_topk(tk)
+    if found is None:
         return False
-    c, k, vals, idxs = parts
-    if vals is not None and vals.users:
-        return False
-    gathers = [u for u in idxs.users if _is_call(u, (aten.gather.default,)) and u.args[2] is idxs]
-    if len(gathers) != 1 or not _last_dim(gathers[0], gathers[0].args[1]):
-        return False
-    gather = gathers[0]
+    c, k, idxs, gather = found
     x = gather.args[0]
     xv = _val(x)
     if xv is None or xv.dim() != 2 or xv.dtype != torch.float32:
         return False
-    bias = None
-    if c is not x:
-        if not (_is_call(c, (aten.add.Tensor,)) and _same_rows(c.args[0], x) and isinstance(c.args[1], fx.Node)
-                and not c.kwargs and (len(c.args) < 3 or c.args[2] == 1)):
-            return False
-        bias = _as_vector(c.args[1])
-        bv = _val(bias)
-        if bv is None or bv.dim() != 1 or bv.shape[0] != xv.shape[1] or bv.dtype not in _FLOATS:
-            return False
+    matched, bias = _choice_bias(c, x)
+    if not matched:
+        return False
     users = list(gather.users)
     if len(users) != 1 or not _is_call(users[0], (aten.sigmoid.default,)):
         return False
