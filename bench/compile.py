@@ -8,11 +8,12 @@
    cold process filled: what every process after the set-up's prebuild sees), ``--repeats`` warm processes, median.
    Also the process's ``import torch`` and ``import moe_mlir`` times. Target (issue 36): warm first call <= 50 ms.
 2. **torch.compile of the demo's blocks** (``moe_mlir.demo``: DeepSeek-V3 routing from the logits, T = 4096; the
-   Similarity-Inform router's training step, forward + backward), ``backend="moe"`` against ``backend="inductor"``,
-   each in its own process with an empty inductor cache (``TORCHINDUCTOR_CACHE_DIR``), then again with that cache
-   (a second run of the user's program); the moe kernels come from the warm kernel cache of part 1 (the set-up
-   prebuilt them). Reported: the first call (tracing, raising, compiling and one run) and a steady call. Target:
-   ``backend="moe"``'s compile <= 1.2x inductor's.
+   Similarity-Inform router's training step, forward + backward), ``backend="moe"`` against ``backend="inductor"``:
+   ``moe_mlir.demo.compare_compiles``, the demo's own measurement. Per backend a fresh process with every cache
+   empty in a directory of its own (``$MOE_KERNEL_CACHE`` with the raised graphs, ``TORCHINDUCTOR_CACHE_DIR``,
+   ``TRITON_CACHE_DIR``): *cold*; then a second fresh process with those caches: *warm* (a second run of the
+   user's program). Reported: the first call (inductor's import, tracing, raising, kernel builds, compiling and one
+   run, with the stages' times) and a steady call. Target: ``backend="moe"``'s compile <= 1.2x inductor's.
 
 Writes bench/results/compile-<date>-t<threads>[-TAG].{json,md}. Timings on a shared machine move with its load (the
 load average is recorded); the cold/warm and moe/inductor comparisons are same-run.
@@ -79,43 +80,6 @@ def child_op(name: str) -> dict:
             "second_call_ms": second * 1e3, "compiles": cache.stats.compiles, "disk_loads": cache.stats.disk_loads}
 
 
-def child_block(block: str, backend: str) -> dict:
-    import torch
-
-    from moe_mlir import demo
-
-    with demo.quiet_torch_noise():
-        # Timed from torch.compile on: resolving the backend is part of the wait (backend="inductor" imports
-        # inductor there; backend="moe" imports it in its first compile).
-        if block == "deepseek_v3_routing":
-            _, from_logits = demo.deepseek_v3_router(hidden=256)
-            logits = torch.randn(4096, 256)
-            start = time.perf_counter()
-            fn = torch.compile(from_logits, backend=backend)
-
-            def call():
-                with torch.no_grad():
-                    return fn(logits)
-        elif block == "similarity_training":
-            u = torch.randn(4, 1024, 128) * 128 ** -0.25
-            e = torch.softmax(torch.randn(4, 1024, 16), -1)
-            start = time.perf_counter()
-            fn = torch.compile(demo.similarity_mixing, backend=backend)
-
-            def call():
-                return demo._step(fn, u, e)
-        else:
-            raise SystemExit(f"unknown block {block}")
-        call()
-        first = time.perf_counter() - start
-        steady = []
-        for _ in range(3):
-            s = time.perf_counter()
-            call()
-            steady.append(time.perf_counter() - s)
-    return {"first_call_s": first, "steady_call_ms": statistics.median(steady) * 1e3}
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Parent
 # ----------------------------------------------------------------------------------------------------------------
@@ -160,31 +124,22 @@ def run_ops(args, cache: Path) -> list[dict]:
     return out
 
 
-BLOCKS = ("deepseek_v3_routing", "similarity_training")
-
-
 def run_blocks(args, cache: Path) -> list[dict]:
-    # The moe kernels of the blocks, built first (as the set-up's prebuild does), so that part 2 compares compilers.
-    subprocess.run([sys.executable, "-m", "moe_mlir.runtime.prebuild", "--cpu"], cwd=REPO, check=True,
-                   env=_env(args.threads, MOE_KERNEL_CACHE=str(cache / "ops")), capture_output=True)
+    # moe_mlir.demo.compare_compiles: the demo's own measurement (one implementation), here at --threads.
+    from moe_mlir import demo
+
     out = []
-    for block in BLOCKS:
+    for block in demo.COMPILE_BLOCKS:
         if args.only and not any(s in block for s in args.only):
             continue
         rec: dict = {"block": block, "loadavg_before": _loadavg()}
-        for backend in ("moe", "inductor"):
-            ind = tempfile.mkdtemp(prefix=f"inductor-{backend}-", dir=cache)
-            env = _env(args.threads, MOE_KERNEL_CACHE=str(cache / "ops"), TORCHINDUCTOR_CACHE_DIR=ind)
-            rec[backend] = {"cold_inductor_cache": _spawn(["--child-block", block, backend], env),
-                            "warm_inductor_cache": _spawn(["--child-block", block, backend], env)}
-        for c in ("cold_inductor_cache", "warm_inductor_cache"):
+        rec.update(demo.compare_compiles(block, _env(args.threads), workdir=cache))
+        for c in ("cold", "warm"):
             rec[f"compile_ratio_{c}"] = rec["moe"][c]["first_call_s"] / rec["inductor"][c]["first_call_s"]
-        print(f"{block:22s} first call: moe {rec['moe']['cold_inductor_cache']['first_call_s']:.2f} s, inductor "
-              f"{rec['inductor']['cold_inductor_cache']['first_call_s']:.2f} s "
-              f"({rec['compile_ratio_cold_inductor_cache']:.2f}x); with inductor's cache: moe "
-              f"{rec['moe']['warm_inductor_cache']['first_call_s']:.2f} s, inductor "
-              f"{rec['inductor']['warm_inductor_cache']['first_call_s']:.2f} s "
-              f"({rec['compile_ratio_warm_inductor_cache']:.2f}x)", flush=True)
+        print(f"{block:22s} cold: moe {rec['moe']['cold']['first_call_s']:.2f} s, inductor "
+              f"{rec['inductor']['cold']['first_call_s']:.2f} s ({rec['compile_ratio_cold']:.2f}x); warm: moe "
+              f"{rec['moe']['warm']['first_call_s']:.2f} s, inductor {rec['inductor']['warm']['first_call_s']:.2f} s "
+              f"({rec['compile_ratio_warm']:.2f}x)", flush=True)
         out.append(rec)
     return out
 
@@ -213,18 +168,20 @@ def _markdown(doc: dict) -> str:
                   f"({'meets' if worst <= 50 else 'MISSES'} the 50 ms target)."]
     if doc["blocks"]:
         lines += ["", "## torch.compile of the demo's blocks: backend=\"moe\" vs backend=\"inductor\" (part 2)", "",
-                  "Each cell is a new process. First call = from the torch.compile call to the first result: "
-                  "resolving the backend, Dynamo's tracing, (raising,) inductor's compile and one run. *cold*: empty inductor cache; *warm*: the second process with that cache. The moe kernels "
-                  "are prebuilt (warm kernel cache). Target: moe <= 1.2x inductor.", "",
+                  "Each cell is a new process (moe_mlir.demo.compare_compiles). First call = from the torch.compile "
+                  "call to the first result, with inductor's import: resolving the backend, Dynamo's tracing, "
+                  "(raising, building the moe kernels,) inductor's compile and one run. *cold*: every cache empty "
+                  "(kernel cache and raised graphs, inductor's, Triton's), a directory per backend; *warm*: the "
+                  "second process with the caches the first filled. Target: moe <= 1.2x inductor.", "",
                   "| block | moe first call (cold) | inductor first call (cold) | ratio | moe (warm) | inductor (warm) "
                   "| ratio | moe steady call | inductor steady call |", "|---|---|---|---|---|---|---|---|---|"]
         for r in doc["blocks"]:
-            mc, ic = r["moe"]["cold_inductor_cache"], r["inductor"]["cold_inductor_cache"]
-            mw, iw = r["moe"]["warm_inductor_cache"], r["inductor"]["warm_inductor_cache"]
+            mc, ic = r["moe"]["cold"], r["inductor"]["cold"]
+            mw, iw = r["moe"]["warm"], r["inductor"]["warm"]
             lines.append(f"| {r['block']} | {mc['first_call_s']:.2f} s | {ic['first_call_s']:.2f} s | "
-                         f"{r['compile_ratio_cold_inductor_cache']:.2f}x | {mw['first_call_s']:.2f} s | "
-                         f"{iw['first_call_s']:.2f} s | {r['compile_ratio_warm_inductor_cache']:.2f}x | "
-                         f"{mc['steady_call_ms']:.2f} ms | {ic['steady_call_ms']:.2f} ms |")
+                         f"{r['compile_ratio_cold']:.2f}x | {mw['first_call_s']:.2f} s | "
+                         f"{iw['first_call_s']:.2f} s | {r['compile_ratio_warm']:.2f}x | "
+                         f"{mw['steady_call_ms']:.2f} ms | {iw['steady_call_ms']:.2f} ms |")
     return "\n".join(lines) + "\n"
 
 
@@ -237,13 +194,9 @@ def main() -> int:
     ap.add_argument("--no-ops", action="store_true", help="part 2 only")
     ap.add_argument("--tag", default="")
     ap.add_argument("--child-op", help=argparse.SUPPRESS)
-    ap.add_argument("--child-block", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_op:
         print(json.dumps(child_op(args.child_op)))
-        return 0
-    if args.child_block:
-        print(json.dumps(child_block(*args.child_block)))
         return 0
 
     sys.path.insert(0, str(REPO / "python"))

@@ -4,7 +4,8 @@
 # kernels of the common configurations are built into the kernel cache (moe_mlir.runtime.prebuild: the first call of
 # those torch.ops.moe.* in any later process loads them instead of compiling); (4) python -m moe_mlir.demo: a
 # DeepSeek-V3 router and a training step of a seed router through torch.compile(backend="moe"), and the whole-graph
-# path, each checked and timed against eager and inductor in the same run.
+# path, each checked and timed against eager and inductor in the same run; the compile times of the first two in
+# fresh processes per backend, cold (empty caches of its own) and warm (moe_mlir.demo.compare_compiles).
 source "$(dirname "$0")/common.sh"
 
 example="$ROOT/examples/hyper_router_step.mlir"
