@@ -148,6 +148,13 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "in the operand type (the bias stays f32, from the f32 means), and the per-key bias and the selected "
            "head's scores enter the f32 C fragments of u.m^T in the logit's order (dot / sigma^2, + bias, + "
            "score). Off until a GPU run has checked it: the scalar kernel runs the mixing">,
+    Option<"flashMmaBase2", "flash-mma-base2", "bool", /*default=*/"false",
+           "the tensor-core kernel's online softmax in base 2: log2(e)/tau (log2(e)/sigma^2) folded into one "
+           "FFMA a score and ex2.approx.ftz instead of a division by tau and __nv_expf, the row max in log2 "
+           "units (the lse written in natural units), the quad's row sums added once after the key loop (every "
+           "tile where the fragments held through the loop pass 160 registers), whole key tiles run without "
+           "bounds or causal selects before the checked last/diagonal ones (up to 128 experts), P rounded two "
+           "scores at a time. Off until a GPU run has checked it">,
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect",

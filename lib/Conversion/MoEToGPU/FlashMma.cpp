@@ -81,7 +81,7 @@ static constexpr int64_t kPad = 8;
 std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
     const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt, int64_t depth,
     int64_t sharedMemoryBytes, bool wideStaging, bool asyncStaging,
-    bool fusedTopk, bool posterior) {
+    bool fusedTopk, bool posterior, bool base2) {
   if ((spec.topk && !fusedTopk) ||
       ((spec.hasBias || spec.hasAddScores) && !posterior))
     return std::nullopt;
@@ -95,6 +95,7 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
   tile.experts = llvm::alignTo(spec.numExperts, 8);
   tile.wideKeys = wideStaging && depth % 8 == 0;
   tile.wideValues = wideStaging && spec.numExperts % 8 == 0;
+  tile.base2 = base2;
   // attention_posterior past D = 128 stays single-buffered: with the second
   // buffer's copies in flight beside the per-element bias and score loads
   // ptxas spilled (sm_90, D = 256).
@@ -484,7 +485,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   }
 
   // Carried: the accumulator (expertBlocks x 4 f32), then per row the
-  // running max (log2 units) and this lane's part of the running sum.
+  // running max and sum (base2: the max in log2 units and, where the quad's
+  // sums wait for the end of the loop, this lane's part of the sum).
   SoftmaxState start = softmaxStart(kb);
   SmallVector<Value> init(expertBlocks * 4, kb.cF32(0.0));
   for (int r = 0; r < 2; ++r) {
@@ -511,6 +513,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     kb.ifThen(kb.lt(c0, keyEnd), [&] { stageKeysAndValues(c0, c0); });
     NVVM::CpAsyncCommitGroupOp::create(b);
   }
+  // flash-mma-base2 (tile.base2; off: the kernel of the last GPU run, every
+  // tile checked, flashLogit's logit, onlineSoftmaxStep with the quad's sums
+  // every tile, __nv_expf, one truncf a score, the lse from the natural max).
   // The softmax in base 2 (FlashAttention-2's): s = q.k from the MMA,
   // c = log2(e) / tau, the row's max m2 kept in log2 units (max s . c: c > 0,
   // the verifier's tau > 0 and sigma > 0), each weight
@@ -524,7 +529,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // logit, s / sigma^2 + bias + score, becomes s . c + (bias + score) log2(e)
   // (one FFMA after the add), and its max the max of those.
   const double log2e = 1.4426950408889634;
-  Value scale2 = kb.cF32(log2e / spec.scaleDiv);
+  const bool base2 = tile.base2;
+  Value scale2 = base2 ? kb.cF32(log2e / spec.scaleDiv) : Value();
   const bool rawDots = !spec.hasBias && !spec.hasAddScores;
   // Each lane sums its own columns of a row (p with the quad's common max)
   // and the quad's 4 partial sums are added once after the key loop, not
@@ -550,13 +556,15 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // tiles from fullEnd to keyEnd (the last, partial tile; the causal
   // diagonal) are the checked ones. Both loops run the same staging
   // pipeline, indexed by j0.
-  Value keyLimit = spec.causal ? kb.minu(Nk, kb.add(rowBase, c1)) : Nk;
   // Not past 128 experts (D = K = 256, 32-key tiles): there the second
   // copy of the body made ptxas spill (sm_90, 12-28 bytes); every tile is
   // the checked one.
-  const bool peel = tile.experts <= 128;
-  Value fullEnd =
-      peel ? kb.mul(kb.divu(keyLimit, kb.idx(cols)), kb.idx(cols)) : c0;
+  Value fullEnd = c0;
+  if (base2) {
+    Value keyLimit = spec.causal ? kb.minu(Nk, kb.add(rowBase, c1)) : Nk;
+    if (tile.experts <= 128)
+      fullEnd = kb.mul(kb.divu(keyLimit, kb.idx(cols)), kb.idx(cols));
+  }
   auto keyTile = [&](bool checked) {
     return [&, checked](Value j0, ValueRange carried) -> SmallVector<Value> {
         // Stage the key and value tiles.
@@ -626,6 +634,27 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
               auto addScore = [&] {
                 return kb.loadF(addRows2D, {addRows[r], keyIndex(j)});
               };
+              if (!base2) {
+                logits.push_back(flashLogit(
+                    kb, spec, s[nb][2 * r + x],
+                    [&] { return kb.load(logit.bias, {bi, keyIndex(j)}); },
+                    addScore, [&] {
+                      Value inRange = kb.lt(j, Nk);
+                      return flashKeyKept(
+                          kb, spec, inRange,
+                          [&] {
+                            return keyMask ? kb.load(keyMask,
+                                                     {bi, kb.select(inRange,
+                                                                    j, c0)})
+                                           : Value();
+                          },
+                          [&] {
+                            return kb.cmpi(arith::CmpIPredicate::ule, j,
+                                           rowsOf[r]);
+                          });
+                    }));
+                continue;
+              }
               Value dot = s[nb][2 * r + x];
               // The value the max is taken of: the raw dot (similarity),
               // or the posterior's logit in log2 units.
@@ -654,6 +683,20 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
                 v = kb.select(keep, v, kb.negInfLike(v.getType()));
               logits.push_back(v);
             }
+          if (!base2) {
+            SoftmaxTile st = onlineSoftmaxStep(
+                kb, {carried[accCount + 2 * r], carried[accCount + 2 * r + 1]},
+                logits,
+                [&](Value v) {
+                  return subgroupReduce(kb, v, ReduceKind::Max, 4);
+                },
+                quadSum);
+            probs[r] = st.probs;
+            rescale[r] = st.rescale;
+            next.push_back(st.next.max);
+            next.push_back(st.next.sum);
+            continue;
+          }
           Exp2Tile st = exp2SoftmaxStep(
               kb, carried[accCount + 2 * r], carried[accCount + 2 * r + 1],
               logits, rawDots ? scale2 : Value(),
@@ -672,20 +715,28 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         // Mixing: per 16 keys, P's A operand from the logits' C fragments
         // of key blocks 2kc and 2kc + 1 (rounded to the operand type), the
         // values' B operands through ldmatrix.trans.
-        // Two probabilities of a row at a time, rounded as one pair
+        // base2: two probabilities of a row at a time, rounded as one pair
         // (cvt.rn.{bf16x2,f16x2}.f32: one instruction for two scores).
+        auto toElt = [&](Value p) { return arith::TruncFOp::create(b, elt, p); };
         auto toPair = [&](Value lo, Value hi) {
           Value pair = vector::FromElementsOp::create(
               b, m.vec({2}, b.getF32Type()), ValueRange{lo, hi});
           return arith::TruncFOp::create(b, m.vec({2}, elt), pair);
         };
         for (int64_t kc = 0; kc < keyBlocks / 2; ++kc) {
-          SmallVector<Value> pairs;
+          SmallVector<Value> pe, pairs;
           for (int64_t half = 0; half < 2; ++half)
-            for (int r = 0; r < 2; ++r)
-              pairs.push_back(toPair(probs[r][(2 * kc + half) * 2],
-                                     probs[r][(2 * kc + half) * 2 + 1]));
-          Value pFrag = m.fragmentOfPairs(pairs);
+            for (int r = 0; r < 2; ++r) {
+              Value lo = probs[r][(2 * kc + half) * 2];
+              Value hi = probs[r][(2 * kc + half) * 2 + 1];
+              if (base2) {
+                pairs.push_back(toPair(lo, hi));
+                continue;
+              }
+              pe.push_back(toElt(lo));
+              pe.push_back(toElt(hi));
+            }
+          Value pFrag = base2 ? m.fragmentOfPairs(pairs) : m.fragment(pe);
           for (int64_t eb = 0; eb < expertBlocks; eb += 2) {
             bool pair = eb + 1 < expertBlocks;
             // Matrices: (keys lo, experts eb), (keys hi, eb), then eb + 1.
@@ -706,13 +757,15 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     };
   };
   SmallVector<Value> full =
-      kb.forLoop(c0, fullEnd, kb.idx(cols), init, keyTile(/*checked=*/false));
+      base2 ? kb.forLoop(c0, fullEnd, kb.idx(cols), init,
+                         keyTile(/*checked=*/false))
+            : init;
   SmallVector<Value> fin =
       kb.forLoop(fullEnd, keyEnd, kb.idx(cols), full, keyTile(/*checked=*/true));
   // The quad's partial sums, once (unless added every tile); the state in
   // natural-log terms for the epilogue (softmaxNormalize reads only the sum)
   // and the lse.
-  if (!sumsPerTile)
+  if (base2 && !sumsPerTile)
     for (int r = 0; r < 2; ++r) {
       Value &sum = fin[accCount + 2 * r + 1];
       sum = quadSum(sum);
@@ -742,7 +795,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         kb.ifThen(kb.eq(tig, c0), [&] {
           // m2 ln 2 + ln l: the natural lse the backward recomputes
           // p = exp(s / tau - lse) from (-inf for a row without keys).
-          Value max = kb.fmul(state.max, kb.cF32(0.6931471805599453));
+          Value max = base2 ? kb.fmul(state.max, kb.cF32(0.6931471805599453))
+                            : state.max;
           kb.store(softmaxLogSumExp(kb, {max, state.sum}), lseOut, {bi, row});
         });
     });

@@ -159,6 +159,14 @@ struct FlashMmaTile {
   /// is staged element by element into the same buffers.
   bool asyncKeys = false, asyncValues = false;
   int64_t buffers = 1;
+  /// The online softmax in base 2 (flash-mma-base2): log2(e)/tau folded into
+  /// one FFMA a score and ex2.approx.ftz, the row max in log2 units, the
+  /// quad's row sums added after the key loop (every tile where the held
+  /// fragments pass 160 registers), whole tiles peeled from the checked
+  /// last/diagonal ones (up to 128 experts), P rounded two scores at a time.
+  /// Off: the kernel of the last GPU run (natural-log softmax, __nv_expf,
+  /// the quad's sums every tile, every tile checked).
+  bool base2 = false;
 };
 
 /// The largest feature count of the tensor-core kernel (its query fragments
@@ -173,12 +181,13 @@ constexpr int64_t kFlashMmaMaxDepth = 256;
 /// kernel then runs. With `fusedTopk` (flash-mma-topk) the kernel's epilogue
 /// selects a fused top-k as the scalar kernel's does; with `posterior`
 /// (flash-mma-posterior) the per-key bias and the added scores of
-/// attention_posterior's logit enter its C fragments.
+/// attention_posterior's logit enter its C fragments; `base2`
+/// (flash-mma-base2) selects the base-2 softmax (FlashMmaTile::base2).
 std::optional<FlashMmaTile>
 flashMmaTile(const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt,
              int64_t depth, int64_t sharedMemoryBytes, bool wideStaging = false,
              bool asyncStaging = false, bool fusedTopk = false,
-             bool posterior = false);
+             bool posterior = false, bool base2 = false);
 
 /// launchFlashMix on tensor cores (the same arguments; grid ceil(N / 64) x B,
 /// block 128) with the tiles of flashMmaTile.

@@ -84,7 +84,7 @@ struct ConvertMoEToGPUPass
                              {blockSize, sharedMemoryBytes, topkRounds,
                               flashMma, balanceKernels, flashMmaWideStaging,
                               flashMmaAsyncStaging, flashMmaTopk,
-                              flashMmaPosterior});
+                              flashMmaPosterior, flashMmaBase2});
     llvm::SmallDenseSet<OperationName> lowered;
     for (const auto &pattern : patterns.getNativePatterns())
       if (std::optional<OperationName> root = pattern->getRootKind())

@@ -89,7 +89,8 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
     mma = flashMmaTile(spec, elementOf(q), elementOf(u), elementOf(e),
                        cast<MemRefType>(u.getType()).getShape()[2],
                        options.sharedMemoryBytes, options.flashMmaWideStaging,
-                       options.flashMmaAsyncStaging, options.flashMmaTopk);
+                       options.flashMmaAsyncStaging, options.flashMmaTopk,
+                       /*posterior=*/false, options.flashMmaBase2);
   if (mma)
     launchFlashMixMma(h,
                       fused      ? "similarity_inform_topk_mma"

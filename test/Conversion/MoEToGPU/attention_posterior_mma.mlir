@@ -1,4 +1,5 @@
-// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-posterior=true flash-mma-topk=true" -split-input-file | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-posterior=true flash-mma-topk=true" -split-input-file | FileCheck %s --check-prefixes=CHECK,NAT
+// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-posterior=true flash-mma-topk=true flash-mma-base2=true" -split-input-file | FileCheck %s --check-prefixes=CHECK,BASE2
 // RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s --check-prefix=OFF
 // ptxas-options: flash-mma-topk=true flash-mma-posterior=true
 
@@ -25,42 +26,54 @@
 // CHECK-SAME: nvvm.minctasm = 2
 // CHECK: memref.load %[[HEAD]][%{{.+}}] : memref<2xi32>
 // CHECK: %[[ROWS:.+]] = memref.collapse_shape %[[ADD]] {{\[}}[0, 1, 2], [3]] : memref<2x4x100x70xf16> into memref<800x70xf16>
-// The first logit in log2 units: dot · log2(e)/sigma^2 (4) + (bias[b, j] +
+// NAT: scf.for
+// flash-mma-base2 (BASE2): the first logit in log2 units: dot · log2(e)/sigma^2 (4) + (bias[b, j] +
 // add[b, h*, row, j]) · log2(e), one FFMA; in the whole tiles of the first
 // loop no key is past Nk: no bounds select.
-// CHECK: %[[C:.+]] = arith.constant 0.360673755 : f32
-// CHECK: %[[FULL:.+]] = arith.muli %{{.+}}, %c32
-// CHECK: %[[ACC:.+]]:12 = scf.for %{{.+}} = %c0 to %[[FULL]] step %c32
+// BASE2: %[[C:.+]] = arith.constant 0.360673755 : f32
+// BASE2: %[[FULL:.+]] = arith.muli %{{.+}}, %c32
+// BASE2: %[[ACC:.+]]:12 = scf.for %{{.+}} = %c0 to %[[FULL]] step %c32
 // CHECK: nvgpu.ldmatrix
 // CHECK: nvgpu.mma.sync({{.*}}) {mmaShape = [16, 8, 16]} : (vector<4x2xf16>, vector<2x2xf16>, vector<2x2xf32>) -> vector<2x2xf32>
+// Default (NAT): the first logit: dot / sigma^2 (4), + bias[b, j], + add[b, h*, row, j], then
+// -inf past Nk.
 // CHECK: %[[COL:.+]] = arith.muli %{{.+}}, %c2{{.*}} : index
 // CHECK: %[[COL0:.+]] = arith.addi %[[COL]], %c0{{.*}} : index
 // CHECK: %[[J:.+]] = arith.addi %{{.+}}, %[[COL0]] : index
-// CHECK-NEXT: %[[B:.+]] = memref.load %[[BIAS]][%{{.+}}, %[[J]]] : memref<?x?xf32>
-// CHECK-NEXT: %[[A:.+]] = memref.load %[[ROWS]][%{{.+}}, %[[J]]] : memref<800x70xf16>
-// CHECK-NEXT: %[[AF:.+]] = arith.extf %[[A]] : f16 to f32
-// CHECK-NEXT: %[[T:.+]] = arith.addf %[[B]], %[[AF]] : f32
-// CHECK-NEXT: %[[LOG2E:.+]] = arith.constant 1.44269502 : f32
-// CHECK-NEXT: %[[T2:.+]] = arith.mulf %[[T]], %[[LOG2E]] : f32
-// CHECK-NEXT: %[[X:.+]] = math.fma %{{.+}}, %[[C]], %[[T2]] : f32
-// CHECK-NOT: arith.select
-// CHECK: gpu.shuffle  xor
-// CHECK: llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f"
-// CHECK: nvgpu.mma.sync
-// CHECK: scf.yield
+// NAT: %[[DOT:.+]] = arith.divf %{{.+}}, %cst{{.*}} : f32
+// BASE2-NEXT: %[[B:.+]] = memref.load %[[BIAS]][%{{.+}}, %[[J]]] : memref<?x?xf32>
+// BASE2-NEXT: %[[A:.+]] = memref.load %[[ROWS]][%{{.+}}, %[[J]]] : memref<800x70xf16>
+// BASE2-NEXT: %[[AF:.+]] = arith.extf %[[A]] : f16 to f32
+// BASE2-NEXT: %[[T:.+]] = arith.addf %[[B]], %[[AF]] : f32
+// BASE2-NEXT: %[[LOG2E:.+]] = arith.constant 1.44269502 : f32
+// BASE2-NEXT: %[[T2:.+]] = arith.mulf %[[T]], %[[LOG2E]] : f32
+// BASE2-NEXT: %[[X:.+]] = math.fma %{{.+}}, %[[C]], %[[T2]] : f32
+// BASE2-NOT: arith.select
+// BASE2: gpu.shuffle  xor
+// BASE2: llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f"
+// BASE2: nvgpu.mma.sync
+// BASE2: scf.yield
 // The last, partial tile: keys past Nk read key 0 and are -inf.
-// CHECK: scf.for %{{.+}} = %[[FULL]] to %{{.+}} step %c32{{.*}} iter_args(%{{.+}} = %[[ACC]]#0,
-// CHECK: nvgpu.mma.sync({{.*}}) {mmaShape = [16, 8, 16]} : (vector<4x2xf16>, vector<2x2xf16>, vector<2x2xf32>) -> vector<2x2xf32>
-// CHECK: %[[COL:.+]] = arith.muli %{{.+}}, %c2{{.*}} : index
-// CHECK: %[[COL0:.+]] = arith.addi %[[COL]], %c0{{.*}} : index
-// CHECK: %[[J:.+]] = arith.addi %{{.+}}, %[[COL0]] : index
+// BASE2: scf.for %{{.+}} = %[[FULL]] to %{{.+}} step %c32{{.*}} iter_args(%{{.+}} = %[[ACC]]#0,
+// BASE2: nvgpu.mma.sync({{.*}}) {mmaShape = [16, 8, 16]} : (vector<4x2xf16>, vector<2x2xf16>, vector<2x2xf32>) -> vector<2x2xf32>
+// BASE2: %[[COL:.+]] = arith.muli %{{.+}}, %c2{{.*}} : index
+// BASE2: %[[COL0:.+]] = arith.addi %[[COL]], %c0{{.*}} : index
+// BASE2: %[[J:.+]] = arith.addi %{{.+}}, %[[COL0]] : index
 // CHECK: %[[JOK:.+]] = arith.cmpi slt, %[[J]], %[[NK:[^ ]+]] : index
 // CHECK: %[[JS:.+]] = arith.select %[[JOK]], %[[J]], %c0 : index
-// CHECK: memref.load %[[BIAS]][%{{.+}}, %[[JS]]] : memref<?x?xf32>
-// CHECK: %[[X:.+]] = math.fma %{{.+}}, %[[C]], %{{.+}} : f32
+// NAT: %[[B:.+]] = memref.load %[[BIAS]][%{{.+}}, %[[JS]]] : memref<?x?xf32>
+// NAT: %[[X1:.+]] = arith.addf %[[DOT]], %[[B]] : f32
+// NAT: %[[A:.+]] = memref.load %[[ROWS]][%{{.+}}, %{{.+}}] : memref<800x70xf16>
+// NAT: %[[AF:.+]] = arith.extf %[[A]] : f16 to f32
+// NAT: %[[X2:.+]] = arith.addf %[[X1]], %[[AF]] : f32
+// BASE2: memref.load %[[BIAS]][%{{.+}}, %[[JS]]] : memref<?x?xf32>
+// BASE2: %[[X:.+]] = math.fma %{{.+}}, %[[C]], %{{.+}} : f32
 // CHECK: %[[KEEP:.+]] = arith.cmpi slt, %[[J]], %[[NK]] : index
-// CHECK: arith.select %[[KEEP]], %[[X]], %cst{{.*}} : f32
+// NAT: arith.select %[[KEEP]], %[[X2]], %cst{{.*}} : f32
+// BASE2: arith.select %[[KEEP]], %[[X]], %cst{{.*}} : f32
 // CHECK: gpu.shuffle  xor
+// NAT: math.exp
+// BASE2: llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f"
 // CHECK: nvgpu.mma.sync
 // CHECK: scf.yield
 // CHECK: gpu.return

@@ -1,5 +1,6 @@
-// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s
-// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma=true" -split-input-file | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s --check-prefixes=CHECK,NAT
+// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-base2=true" -split-input-file | FileCheck %s --check-prefixes=CHECK,BASE2
+// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma=true" -split-input-file | FileCheck %s --check-prefixes=CHECK,NAT
 // RUN: moe-opt %s --convert-moe-to-gpu="flash-mma=false" -split-input-file | FileCheck %s --check-prefix=OFF
 
 // flash-mma: similarity_inform on f16/bf16 operands runs the tensor-core
@@ -17,15 +18,17 @@
 // CHECK-SAME: nvvm.minctasm = 4
 // The query fragments, once, before the key loop.
 // CHECK: vector.from_elements {{.*}} : vector<4x2xf16>
-// The softmax in base 2: c = log2(e)/tau folded into one FFMA a score,
+// Default (NAT): the natural-log softmax of the last GPU run, one key loop.
+// NAT: scf.for
+// flash-mma-base2 (BASE2): the softmax in base 2: c = log2(e)/tau folded into one FFMA a score,
 // 2^x by ex2.approx.ftz (no division by tau, no __nv_expf). Keys [0, fullEnd)
 // are whole tiles below the block's diagonal (fullEnd = min(Nk, rowBase + 1)
 // rounded down to 64): that loop has no bounds or causal select; the
 // diagonal tile runs in the second, checked loop, with the same state.
-// CHECK: %[[KEYEND:.+]] = arith.minui
-// CHECK: %[[C:.+]] = arith.constant 1.44269502 : f32
-// CHECK: %[[FULL:.+]] = arith.muli %{{.+}}, %c64
-// CHECK: %[[ACC:.+]]:12 = scf.for %{{.+}} = %c0 to %[[FULL]] step %c64
+// BASE2: %[[KEYEND:.+]] = arith.minui
+// BASE2: %[[C:.+]] = arith.constant 1.44269502 : f32
+// BASE2: %[[FULL:.+]] = arith.muli %{{.+}}, %c64
+// BASE2: %[[ACC:.+]]:12 = scf.for %{{.+}} = %c0 to %[[FULL]] step %c64
 // CHECK: gpu.barrier
 // CHECK: memref.store %{{.*}}, %[[K]]
 // CHECK: memref.store %{{.*}}, %[[V]]
@@ -33,43 +36,52 @@
 // Logits: two 8-key blocks per ldmatrix x4, an MMA each.
 // CHECK: nvgpu.ldmatrix %[[K]][{{.*}}] {numTiles = 4 : i32, transpose = false} : memref<64x72xf16, #gpu.address_space<workgroup>> -> vector<4x2xf16>
 // CHECK: nvgpu.mma.sync({{.*}}) {mmaShape = [16, 8, 16]} : (vector<4x2xf16>, vector<2x2xf16>, vector<2x2xf32>) -> vector<2x2xf32>
-// CHECK-NOT: arith.cmpi ule
-// CHECK-NOT: arith.divf
+// Causal: keys past the row are -inf; the row max over the quad.
+// NAT: arith.cmpi ule
+// BASE2-NOT: arith.cmpi ule
+// BASE2-NOT: arith.divf
 // The row max of the raw dots over the quad, times c: m2 in log2 units.
-// CHECK: %[[TMAX:.+]] = arith.maximumf
+// BASE2: %[[TMAX:.+]] = arith.maximumf
 // CHECK: gpu.shuffle  xor %{{.*}}, %c1_i32{{.*}} : f32
 // CHECK: gpu.shuffle  xor %{{.*}}, %c2_i32{{.*}} : f32
 // CHECK-NOT: gpu.shuffle  xor %{{.*}}, %c4_i32
-// CHECK: %[[M2T:.+]] = arith.mulf %{{.+}}, %[[C]] : f32
-// CHECK: %[[M2:.+]] = arith.maximumf %{{.+}}, %[[M2T]] : f32
+// NAT-NOT: ex2.approx
+// NAT: math.exp
+// The tile's sum over the quad, every tile (2 shuffles a row and tile).
+// NAT: %[[SH:[^ ,]+]], %{{[^ ]+}} = gpu.shuffle  xor %[[TS:[^ ,]+]], %c1_i32{{.*}} : f32
+// NAT-NEXT: arith.addf %[[TS]], %[[SH]] : f32
+// Mixing: P rounded to f16 in registers, the values through ldmatrix.trans.
+// NAT: arith.truncf %{{.*}} : f32 to f16
+// BASE2: %[[M2T:.+]] = arith.mulf %{{.+}}, %[[C]] : f32
+// BASE2: %[[M2:.+]] = arith.maximumf %{{.+}}, %[[M2T]] : f32
 // No key yet (m2 = -inf): subtract 0.
-// CHECK: %[[NONE:.+]] = arith.cmpf oeq, %[[M2]], %cst{{.*}} : f32
-// CHECK: %[[SHIFT:.+]] = arith.select %[[NONE]], %cst{{.*}}, %[[M2]] : f32
+// BASE2: %[[NONE:.+]] = arith.cmpf oeq, %[[M2]], %cst{{.*}} : f32
+// BASE2: %[[SHIFT:.+]] = arith.select %[[NONE]], %cst{{.*}}, %[[M2]] : f32
 // The accumulator's factor 2^(m2_old - m2), then each weight 2^(s c - m2).
-// CHECK: %[[D:.+]] = arith.subf %{{.+}}, %[[SHIFT]] : f32
-// CHECK: llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f"(%[[D]]) : (f32) -> f32
-// CHECK: %[[NEG:.+]] = arith.negf %[[SHIFT]] : f32
-// CHECK: %[[X:.+]] = math.fma %{{.+}}, %[[C]], %[[NEG]] : f32
-// CHECK: %[[P:.+]] = llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f"(%[[X]]) : (f32) -> f32
+// BASE2: %[[D:.+]] = arith.subf %{{.+}}, %[[SHIFT]] : f32
+// BASE2: llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f"(%[[D]]) : (f32) -> f32
+// BASE2: %[[NEG:.+]] = arith.negf %[[SHIFT]] : f32
+// BASE2: %[[X:.+]] = math.fma %{{.+}}, %[[C]], %[[NEG]] : f32
+// BASE2: %[[P:.+]] = llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f"(%[[X]]) : (f32) -> f32
 // This lane's partial sum: no shuffle of the sums in the loop.
-// CHECK: arith.addf %{{.+}}, %[[P]] : f32
-// CHECK-NOT: math.exp
+// BASE2: arith.addf %{{.+}}, %[[P]] : f32
+// BASE2-NOT: math.exp
 // Mixing: P rounded to f16 two at a time (cvt.rn.f16x2.f32), the values
 // through ldmatrix.trans.
-// CHECK: arith.truncf %{{.*}} : vector<2xf32> to vector<2xf16>
+// BASE2: arith.truncf %{{.*}} : vector<2xf32> to vector<2xf16>
 // CHECK: nvgpu.ldmatrix %[[V]][{{.*}}] {numTiles = 4 : i32, transpose = true} : memref<64x24xf16, #gpu.address_space<workgroup>> -> vector<4x2xf16>
 // CHECK: nvgpu.mma.sync
-// CHECK-NOT: gpu.shuffle
+// BASE2-NOT: gpu.shuffle
 // CHECK: scf.yield
 // The checked tiles: from fullEnd to the block's key end, the same state.
-// CHECK: %[[FIN:.+]]:12 = scf.for %{{.+}} = %[[FULL]] to %[[KEYEND]] step %c64{{.*}} iter_args(%{{.+}} = %[[ACC]]#0,
-// CHECK: arith.cmpi ule
-// CHECK: math.fma
-// CHECK: scf.yield
+// BASE2: %[[FIN:.+]]:12 = scf.for %{{.+}} = %[[FULL]] to %[[KEYEND]] step %c64{{.*}} iter_args(%{{.+}} = %[[ACC]]#0,
+// BASE2: arith.cmpi ule
+// BASE2: math.fma
+// BASE2: scf.yield
 // The quad's four partial sums, once per row after the key loops.
-// CHECK: gpu.shuffle  xor %[[FIN]]#9, %c1_i32{{.*}} : f32
-// CHECK: gpu.shuffle  xor %{{.*}}, %c2_i32{{.*}} : f32
-// CHECK: gpu.shuffle  xor %[[FIN]]#11, %c1_i32{{.*}} : f32
+// BASE2: gpu.shuffle  xor %[[FIN]]#9, %c1_i32{{.*}} : f32
+// BASE2: gpu.shuffle  xor %{{.*}}, %c2_i32{{.*}} : f32
+// BASE2: gpu.shuffle  xor %[[FIN]]#11, %c1_i32{{.*}} : f32
 // CHECK: memref.store %{{.*}} : memref<2x128x16xf32>
 // CHECK-LABEL: func.func @sim_f16(
 // CHECK: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_mma_0

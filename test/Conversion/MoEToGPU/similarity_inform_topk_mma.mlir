@@ -1,4 +1,5 @@
-// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-topk=true" -split-input-file | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-topk=true" -split-input-file | FileCheck %s --check-prefixes=CHECK,NAT
+// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-topk=true flash-mma-base2=true" -split-input-file | FileCheck %s --check-prefixes=CHECK,BASE2
 // RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s --check-prefix=OFF
 // ptxas-options: flash-mma-topk=true
 
@@ -20,15 +21,26 @@
 // CHECK: scf.for
 // CHECK: nvgpu.ldmatrix
 // CHECK: nvgpu.mma.sync({{.*}}) {mmaShape = [16, 8, 16]} : (vector<4x2xf16>, vector<2x2xf16>, vector<2x2xf32>) -> vector<2x2xf32>
+// The softmax's weights: math.exp (__nv_expf) by default, ex2.approx.ftz
+// under flash-mma-base2.
+// NAT-NOT: ex2.approx
+// NAT: math.exp
+// BASE2-NOT: math.exp
+// BASE2: llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f"
 // CHECK: scf.yield
 // CHECK: %[[WR:.+]] = memref.collapse_shape %[[W]] {{\[}}[0, 1], [2]] : memref<2x128x2xf32> into memref<256x2xf32>
 // CHECK: %[[IR:.+]] = memref.collapse_shape %[[I]] {{\[}}[0, 1], [2]] : memref<2x128x2xi32> into memref<256x2xi32>
 // Row g: the lane's columns 2·tig + 0, 1, 8, 9 (K = 16: no padding).
-// CHECK: %[[COL:.+]] = arith.muli %{{.+}}, %c2_i32{{.*}} : i32
-// CHECK: arith.addi %c0_i32{{.*}}, %[[COL]] : i32
-// CHECK: arith.addi %c1_i32{{.*}}, %[[COL]] : i32
-// CHECK: arith.addi %c8_i32{{.*}}, %[[COL]] : i32
-// CHECK: arith.addi %c9_i32{{.*}}, %[[COL]] : i32
+// NAT: %[[COL:.+]] = arith.muli %{{.+}}, %c2_i32 : i32
+// NAT: arith.addi %c0_i32, %[[COL]] : i32
+// NAT: arith.addi %c1_i32, %[[COL]] : i32
+// NAT: arith.addi %c8_i32, %[[COL]] : i32
+// NAT: arith.addi %c9_i32, %[[COL]] : i32
+// BASE2: %[[COL:.+]] = arith.muli %{{.+}}, %c2_i32{{.*}} : i32
+// BASE2: arith.addi %c0_i32{{.*}}, %[[COL]] : i32
+// BASE2: arith.addi %c1_i32{{.*}}, %[[COL]] : i32
+// BASE2: arith.addi %c8_i32{{.*}}, %[[COL]] : i32
+// BASE2: arith.addi %c9_i32{{.*}}, %[[COL]] : i32
 // CHECK-NOT: arith.cmpi slt, %{{.+}}, %c16_i32
 // CHECK: scf.for {{.+}} -> (i64, f32, f32) {
 // CHECK: gpu.shuffle  xor %{{.+}}, %c2_i32{{.*}} : i32
@@ -74,7 +86,8 @@ func.func @topk_f16(%u: tensor<2x128x64xf16>, %e: tensor<2x128x16xf16>) -> (tens
 // CHECK: nvvm.mma.sync {{.+}}multiplicandAPtxType = #nvvm.mma_type<bf16>
 // CHECK: scf.yield
 // CHECK: %[[WR:.+]] = memref.collapse_shape %[[W]] {{\[}}[0, 1], [2]] : memref<?x?x12xf32> into memref<?x12xf32>
-// CHECK: %[[COL:.+]] = arith.muli %{{.+}}, %c2_i32{{.*}} : i32
+// NAT: %[[COL:.+]] = arith.muli %{{.+}}, %c2_i32 : i32
+// BASE2: %[[COL:.+]] = arith.muli %{{.+}}, %c2_i32{{.*}} : i32
 // CHECK-NOT: arith.cmpi slt, %{{.+}}, %c12_i32
 // CHECK: %[[C8:.+]] = arith.addi %c8_i32, %[[COL]] : i32
 // CHECK: %[[PAD8:.+]] = arith.cmpi slt, %[[C8]], %c12_i32 : i32

@@ -121,7 +121,7 @@ FLASH_CASES = ("similarity_inform", "similarity_inform_topk_mma", "attention_pos
 #: double buffering, the fused top-k, attention_posterior): a folder built with one gets the sanitizer steps over
 #: FLASH_CASES, so that each variant is checked by memcheck and racecheck where it runs.
 FLASH_VARIANT_OPTIONS = ("flash-mma-wide-staging=true", "flash-mma-async-staging=true", "flash-mma-topk=true",
-                         "flash-mma-posterior=true")
+                         "flash-mma-posterior=true", "flash-mma-base2=true")
 
 
 

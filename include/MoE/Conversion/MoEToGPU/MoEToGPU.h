@@ -90,7 +90,11 @@ void populateMoEToGPUPatterns(RewritePatternSet &patterns,
   X(bool, flashMmaPosterior, "flash-mma-posterior", false,                     \
     "attention_posterior (and attention_posterior_topk with flash-mma-topk) "  \
     "with f16/bf16 u and e on the tensor-core kernel (convert-moe-to-gpu "     \
-    "flash-mma-posterior); not yet run on a GPU")
+    "flash-mma-posterior); not yet run on a GPU")                              \
+  X(bool, flashMmaBase2, "flash-mma-base2", false,                             \
+    "the tensor-core kernel's online softmax in base 2 (FFMA + ex2.approx, "   \
+    "row sums after the key loop, whole tiles peeled; convert-moe-to-gpu "     \
+    "flash-mma-base2); not yet run on a GPU")
 
 /// Options of the moe-lower-to-nvvm pipeline (its command-line options and
 /// the C++ API's).
