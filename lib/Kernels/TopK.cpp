@@ -106,10 +106,12 @@ void mlir::moe::kernels::insertIntoTopList(KernelBuilder &kb, TopList &list,
 Value mlir::moe::kernels::ranksAfterPick(KernelBuilder &kb, Value key,
                                          Value position, Value prevKey,
                                          Value prevPosition) {
+  // One statement per op: nested calls as arguments would build them in the
+  // compiler's argument order (GCC and clang differ), and the IR with them.
   Value below = kb.lt(key, prevKey);
-  Value later = kb.andI(kb.eq(key, prevKey),
-                        kb.cmpi(arith::CmpIPredicate::sgt, position, prevPosition));
-  return kb.orI(below, later);
+  Value same = kb.eq(key, prevKey);
+  Value higher = kb.cmpi(arith::CmpIPredicate::sgt, position, prevPosition);
+  return kb.orI(below, kb.andI(same, higher));
 }
 
 Value mlir::moe::kernels::ranksBefore(KernelBuilder &kb, Value a, Value ai,

@@ -54,8 +54,8 @@
 // CHECK: %[[STOPPED:.*]] = arith.cmpi slt, %{{.*}}, %c8_i32{{.*}} : i32
 // CHECK: scf.if %[[STOPPED]]
 // CHECK: %[[BELOW:.*]] = arith.cmpi slt, %{{.*}}, %{{.*}} : i32
-// CHECK: %[[LATER:.*]] = arith.cmpi sgt
 // CHECK: %[[SAME:.*]] = arith.cmpi eq
+// CHECK: %[[LATER:.*]] = arith.cmpi sgt
 // CHECK: %[[TIE:.*]] = arith.andi %[[SAME]], %[[LATER]] : i1
 // CHECK: %[[AFTER:.*]] = arith.ori %[[BELOW]], %[[TIE]] : i1
 // CHECK: arith.select %[[AFTER]], %{{.*}}, %c-2147483648_i32{{[_0-9]*}} : i32
