@@ -155,6 +155,15 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "tile where the fragments held through the loop pass 160 registers), whole key tiles run without "
            "bounds or causal selects before the checked last/diagonal ones (up to 128 experts), P rounded two "
            "scores at a time. Off until a GPU run has checked it">,
+    Option<"routeMap", "route-map", "std::string", /*default=*/"\"warp\"",
+           "how route's kernel maps a token onto lanes: `warp` (one warp a token, the experts strided over its "
+           "lanes, butterflies of 64-bit candidates; E <= 1024) or `lanes` (issue #46; not yet run on a GPU): "
+           "4-32 lanes a token sized by E (8 for DeepSeek-V3's 256: one lane a group of 32), each lane holding "
+           "a contiguous run of experts loaded 16 bytes at a time where aligned, scored once (sigmoid with "
+           "ex2.approx/rcp.approx), groups ranked from the lanes' top-2 sums by shuffles, the top-k by "
+           "topk-rounds=list's candidate lists, the picks' scores kept in shared memory and the weights "
+           "stored coalesced; E <= 2048, groups of up to 64 experts whose lanes tile them (otherwise the "
+           "warp kernel)">,
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect",

@@ -356,7 +356,8 @@ void mlir::moe::gpu_lowering::emitListTopk(
     GpuKernelBuilder &kb, ArrayRef<Value> keys, ArrayRef<int64_t> positions,
     Value laneBase, Value lane, int64_t width, int64_t listLength,
     const TopkSpec &spec, Value weights, Value indices, Value row, Value active,
-    Value denseMax, Value denseSum) {
+    Value denseMax, Value denseSum,
+    function_ref<void(const ListPicks &)> epilogue) {
   const int64_t n = keys.size();
   const int64_t t = listLength;
   const int64_t slots = llvm::divideCeil(spec.k, width);
@@ -504,6 +505,17 @@ void mlir::moe::gpu_lowering::emitListTopk(
     done = ListState::unflat(res, t, slots, true);
   }
 
+  if (epilogue) {
+    ListPicks picks;
+    picks.keys = done.slotKeys;
+    picks.indices = done.slotIndices;
+    for (int64_t s = 0; s < slots; ++s)
+      picks.valid.push_back((s + 1) * width <= spec.k
+                                ? kb.cBool(true)
+                                : kb.lt(laneI32, kb.cI32(spec.k - s * width)));
+    epilogue(picks);
+    return;
+  }
   // Weights, once per pick, by the lane that kept it; stores of a group's
   // picks are consecutive (lane l writes pick l + s * width).
   Value v0Key = done.slotKeys[0];
@@ -538,6 +550,46 @@ void mlir::moe::gpu_lowering::emitListTopk(
       kb.store(done.slotIndices[s], indices, {row, r});
     });
   }
+}
+
+static Value toF32(GpuKernelBuilder &kb, Value v) {
+  return v.getType().isF32() ? v : arith::ExtFOp::create(kb.b, kb.f32(), v);
+}
+
+/// The 16 bytes at `address` (an index: a generic address of global memory,
+/// 16-byte aligned) as the f32 values of its 16 / sizeof(elt) elements: one
+/// ld.global.nc.v4.b32 (LDG.E.128.CONSTANT; the scores are read-only in the
+/// kernel), written as inline assembly because LLVM splits a <4 x float>
+/// load whose uses are extracts into scalar loads (VectorCombine) and then
+/// merges them with the unaligned path's identical scalar loads, losing the
+/// alignment the 128-bit load needs. Side effects declared so that nothing
+/// hoists it out of the aligned branch.
+SmallVector<Value>
+mlir::moe::gpu_lowering::loadGlobal16(GpuKernelBuilder &kb, Value address,
+                                      Type elt) {
+  MLIRContext *ctx = kb.b.getContext();
+  Type i32 = kb.i32();
+  auto words = LLVM::LLVMStructType::getLiteral(ctx, {i32, i32, i32, i32});
+  auto load = LLVM::InlineAsmOp::create(
+      kb.b, TypeRange{words}, ValueRange{kb.castInt(address, kb.i64())},
+      "{ .reg .u64 g; cvta.to.global.u64 g, $4; "
+      "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [g]; }",
+      "=r,=r,=r,=r,l", /*has_side_effects=*/true, /*is_align_stack=*/false,
+      LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
+      ArrayAttr());
+  SmallVector<Value> out;
+  for (int64_t w = 0; w < 4; ++w) {
+    Value word = LLVM::ExtractValueOp::create(kb.b, load.getResult(0), w);
+    if (elt.isF32()) {
+      out.push_back(kb.bitcast(word, kb.f32()));
+      continue;
+    }
+    // Two 16-bit elements, the lower index in the low half (little endian).
+    Type i16 = kb.b.getI16Type();
+    for (Value half : {word, kb.shru(word, kb.cI32(16))})
+      out.push_back(toF32(kb, kb.bitcast(kb.trunc(half, i16), elt)));
+  }
+  return out;
 }
 
 //===----------------------------------------------------------------------===//

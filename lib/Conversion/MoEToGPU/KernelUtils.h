@@ -147,12 +147,27 @@ void emitRegisterTopk(GpuKernelBuilder &kb, ArrayRef<Value> vals, Value lane,
 /// keys (the elements ranking after its last pick). Pick r is kept by lane
 /// r % width, which turns it into a weight after the rounds and stores it with
 /// its index (stores only when `active`). `denseMax`/`denseSum` as for
-/// emitRegisterTopk.
+/// emitRegisterTopk. With `epilogue`, the caller forms the weights instead
+/// (moe.route: the picks' scores, not their choice values): it gets the
+/// lane's picks (ListPicks) and stores them itself; `weights`, `indices` and
+/// the weight fields of `spec` (all but k) are then unused.
+struct ListPicks {
+  /// Slot s: pick lane + s * width, its key and index (i32), and whether it
+  /// exists (< k).
+  SmallVector<Value> keys, indices, valid;
+};
 void emitListTopk(GpuKernelBuilder &kb, ArrayRef<Value> keys,
                   ArrayRef<int64_t> positions, Value laneBase, Value lane,
                   int64_t width, int64_t listLength, const TopkSpec &spec,
                   Value weights, Value indices, Value row, Value active,
-                  Value denseMax, Value denseSum);
+                  Value denseMax, Value denseSum,
+                  function_ref<void(const ListPicks &)> epilogue = nullptr);
+
+/// The 16 bytes at `address` (an index: a generic address of global memory,
+/// 16-byte aligned, read-only in the kernel) as the f32 values of its
+/// 16 / sizeof(elt) elements of type `elt` (f32, f16, bf16): one
+/// ld.global.nc.v4.b32.
+SmallVector<Value> loadGlobal16(GpuKernelBuilder &kb, Value address, Type elt);
 
 //===----------------------------------------------------------------------===//
 // Kernels and host code

@@ -17,6 +17,7 @@
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/FlashLogit.h"
 #include "MoE/Kernels/OnlineSoftmax.h"
+#include "MoE/Kernels/Route.h"
 #include "MoE/Kernels/TopK.h"
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
@@ -301,6 +302,30 @@ void launchHeadMeans(class HostCode &h, Value v, Value wo, Value head,
 /// the row's state.
 kernels::SoftmaxState warpRowSoftmax(class GpuKernelBuilder &kb, Value x,
                                      Value row, Value lane);
+
+/// How route-map=lanes (RouteLanes.cpp) maps a token of E experts onto
+/// lanes: `width` lanes a token (a power of two <= 32), lane l holding the
+/// `perLane` experts [l * perLane, (l + 1) * perLane); with groups, a lane
+/// holds `groupsPerLane` whole groups or a group spans `groupLanes` lanes
+/// (one of the two is 1); `listLength` candidates sorted per lane
+/// (emitListTopk); `vec` elements of the logits a 16-byte load.
+struct RouteLanesMap {
+  int64_t width, perLane, groupLanes, groupsPerLane, listLength, vec;
+};
+
+/// The mapping of route-map=lanes for E experts of `elt` logits, or none
+/// where it has none (more than 64 experts a lane, a group over lanes that
+/// do not tile it): the warp kernel then routes.
+std::optional<RouteLanesMap> routeLanesMapOf(int64_t E,
+                                             const kernels::RouteSpec &spec,
+                                             Type elt);
+
+/// Defines and launches the route-map=lanes kernel of moe.route on x [T, E]
+/// (bias [E] or null) into weights/indices [T, k] (RouteLanes.cpp).
+void launchRouteLanes(class HostCode &h, const kernels::RouteSpec &spec,
+                      const RouteLanesMap &map, int64_t numExperts,
+                      int64_t blockSize, Value x, Value bias, Value weights,
+                      Value indices, Location loc);
 
 /// A memref of rank >= 1 viewed as 2-D [rows, last]: rank 1 gets a unit
 /// leading dim, rank > 2 has its leading dims collapsed (identity layouts).

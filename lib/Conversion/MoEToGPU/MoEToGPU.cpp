@@ -79,12 +79,18 @@ struct ConvertMoEToGPUPass
           << topkRounds << "'";
       return signalPassFailure();
     }
+    if (routeMap != "warp" && routeMap != "lanes") {
+      module.emitError("convert-moe-to-gpu: route-map must be warp or lanes, "
+                       "got '")
+          << routeMap << "'";
+      return signalPassFailure();
+    }
     RewritePatternSet patterns(&getContext());
     populateMoEToGPUPatterns(patterns,
                              {blockSize, sharedMemoryBytes, topkRounds,
                               flashMma, balanceKernels, flashMmaWideStaging,
                               flashMmaAsyncStaging, flashMmaTopk,
-                              flashMmaPosterior, flashMmaBase2});
+                              flashMmaPosterior, flashMmaBase2, routeMap});
     llvm::SmallDenseSet<OperationName> lowered;
     for (const auto &pattern : patterns.getNativePatterns())
       if (std::optional<OperationName> root = pattern->getRootKind())

@@ -241,10 +241,18 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const {
   auto logitsType = cast<RankedTensorType>(op.getLogits().getType());
   int64_t numExperts = logitsType.getDimSize(1);
-  if (ShapedType::isDynamic(numExperts) || numExperts > kRouteMaxExperts)
-    return op.emitOpError("GPU lowering needs a static expert count <= ")
-           << kRouteMaxExperts;
   RouteSpec spec = routeSpecOf(op);
+  std::optional<RouteLanesMap> lanes;
+  if (options.routeMap == "lanes" && !ShapedType::isDynamic(numExperts) &&
+      spec.groups <= kRouteMaxGroups)
+    lanes = routeLanesMapOf(numExperts, spec, logitsType.getElementType());
+  if (!lanes &&
+      (ShapedType::isDynamic(numExperts) || numExperts > kRouteMaxExperts))
+    return op.emitOpError("GPU lowering needs a static expert count <= ")
+           << kRouteMaxExperts
+           << (options.routeMap == "lanes"
+                   ? " (route-map=lanes: <= 2048, at most 64 a lane)"
+                   : "");
   if (spec.groups > kRouteMaxGroups)
     return op.emitOpError("GPU lowering supports n_group <= ")
            << kRouteMaxGroups;
@@ -259,6 +267,13 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
       h.allocLike(weightsType, dynamicSizesFrom(kb, weightsType, x));
   Value indices =
       h.allocLike(indicesType, dynamicSizesFrom(kb, indicesType, x));
+  if (lanes) {
+    launchRouteLanes(h, spec, *lanes, numExperts, options.blockSize, x, bias,
+                     weights, indices, op.getLoc());
+    h.finish();
+    h.replace(op, {weights, indices});
+    return success();
+  }
   SmallVector<Value> args = {x};
   if (bias)
     args.push_back(bias);

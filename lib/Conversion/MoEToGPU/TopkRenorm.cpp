@@ -156,45 +156,6 @@ static ListMapping listMappingOf(int64_t K, int64_t k, Type elt) {
   return m;
 }
 
-static Value toF32(GpuKernelBuilder &kb, Value v) {
-  return v.getType().isF32() ? v : arith::ExtFOp::create(kb.b, kb.f32(), v);
-}
-
-/// The 16 bytes at `address` (an index: a generic address of global memory,
-/// 16-byte aligned) as the f32 values of its 16 / sizeof(elt) elements: one
-/// ld.global.nc.v4.b32 (LDG.E.128.CONSTANT; the scores are read-only in the
-/// kernel), written as inline assembly because LLVM splits a <4 x float>
-/// load whose uses are extracts into scalar loads (VectorCombine) and then
-/// merges them with the unaligned path's identical scalar loads, losing the
-/// alignment the 128-bit load needs. Side effects declared so that nothing
-/// hoists it out of the aligned branch.
-static SmallVector<Value> loadGlobal16(GpuKernelBuilder &kb, Value address,
-                                       Type elt) {
-  MLIRContext *ctx = kb.b.getContext();
-  Type i32 = kb.i32();
-  auto words = LLVM::LLVMStructType::getLiteral(ctx, {i32, i32, i32, i32});
-  auto load = LLVM::InlineAsmOp::create(
-      kb.b, TypeRange{words}, ValueRange{kb.castInt(address, kb.i64())},
-      "{ .reg .u64 g; cvta.to.global.u64 g, $4; "
-      "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [g]; }",
-      "=r,=r,=r,=r,l", /*has_side_effects=*/true, /*is_align_stack=*/false,
-      LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
-      ArrayAttr());
-  SmallVector<Value> out;
-  for (int64_t w = 0; w < 4; ++w) {
-    Value word = LLVM::ExtractValueOp::create(kb.b, load.getResult(0), w);
-    if (elt.isF32()) {
-      out.push_back(kb.bitcast(word, kb.f32()));
-      continue;
-    }
-    // Two 16-bit elements, the lower index in the low half (little endian).
-    Type i16 = kb.b.getI16Type();
-    for (Value half : {word, kb.shru(word, kb.cI32(16))})
-      out.push_back(toF32(kb, kb.bitcast(kb.trunc(half, i16), elt)));
-  }
-  return out;
-}
-
 /// topk-rounds=list: `width` lanes per token, each with `perLane` scores in
 /// runs of `vec` (one 16-byte load each when the row base is 16-byte aligned,
 /// else the same elements one by one: a uniform branch on the base pointer,

@@ -94,7 +94,11 @@ void populateMoEToGPUPatterns(RewritePatternSet &patterns,
   X(bool, flashMmaBase2, "flash-mma-base2", false,                             \
     "the tensor-core kernel's online softmax in base 2 (FFMA + ex2.approx, "   \
     "row sums after the key loop, whole tiles peeled; convert-moe-to-gpu "     \
-    "flash-mma-base2); not yet run on a GPU")
+    "flash-mma-base2); not yet run on a GPU")                                \
+  X(std::string, routeMap, "route-map", "warp",                                \
+    "route's kernel: warp (one warp a token) or lanes (lanes a token sized "  \
+    "by E, 16-byte loads, groups and candidate lists in registers; "          \
+    "convert-moe-to-gpu route-map); not yet run on a GPU")
 
 /// Options of the moe-lower-to-nvvm pipeline (its command-line options and
 /// the C++ API's).

@@ -1,0 +1,456 @@
+//===- RouteLanes.cpp - moe.route on the GPU, route-map=lanes -------------===//
+//
+// Part of the MoE-MLIR project.
+//
+// The route kernel of issue #46 (route-map=lanes; not yet run on a GPU). It
+// follows SGLang's fused gate (moe_fused_gate.cu: a thread per group of
+// DeepSeek-V3, 8 threads and 4 tokens a warp, each thread's 32 experts
+// contiguous and loaded 16 bytes at a time) and reuses topk-rounds=list's
+// selection (emitListTopk) for the top-k:
+//
+// 1. W lanes a token (routeLanesMapOf: 8 for E = 256, so 4 tokens a warp;
+//    more for larger E, up to 32), lane l holding the P experts
+//    [l*P, l*P + P), loaded 16 bytes at a time where the rows and the bias
+//    are aligned (4-byte loads otherwise), with the bias;
+// 2. each expert scored once in registers (softmax from butterfly max/sum
+//    over the W lanes; sigmoid as ex2.approx + rcp.approx: 2 MUFU, no IEEE
+//    division), its weight source (the score, or the logit for
+//    topk_then_score) kept in shared memory for the epilogue, its choice
+//    value (score + bias) as an ordered 32-bit key;
+// 3. groups: a lane holds r whole groups, or a group spans q lanes; each
+//    group's top-2 keys (or top-1) in registers, merged over its q lanes by
+//    butterflies, its score packed as a key; every holder then sees every
+//    other group's key with one shuffle each (H - 1 shuffles of r keys, H =
+//    W / q holders: 7 for DeepSeek-V3) and keeps its group when fewer than
+//    topk_group groups rank before it (higher key, or equal and lower
+//    group); the experts of dropped groups become empty keys;
+// 4. the top-k: emitListTopk over the W lanes (each lane's best few keys
+//    sorted once, a round = two 32-bit butterflies and a pop), ties to the
+//    lower index;
+// 5. the weights: pick lane + s*W's weight source read back from shared
+//    memory by the lane that stores it (a warp-synchronous read of its
+//    token's row: never global memory), scored after the selection
+//    (topk_then_score), renormalized over the W lanes, scaled, stored with
+//    the index: consecutive lanes, consecutive picks.
+//
+// How it differs from SGLang's: any E up to 2048 (not only powers of two)
+// and groups of up to 64 experts (q lanes a group), the scores' order and
+// ties of the dialect (NaN first, lowest index: MoE/Kernels/TopK.h), and the
+// top-k by candidate lists rather than k rounds over every element. The
+// maths of each step is MoE/Kernels/Route.h's, as in Route.cpp's warp kernel;
+// only sigmoid differs (the approximate exp2 and reciprocal: a few ulps,
+// scores below 2^-126 flushed to 0).
+//
+//===----------------------------------------------------------------------===//
+
+#include "KernelUtils.h"
+#include "Lowerings.h"
+
+#include "MoE/Kernels/Route.h"
+
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+
+#include "llvm/Support/MathExtras.h"
+
+#include <limits>
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::gpu_lowering;
+using namespace mlir::moe::kernels;
+
+/// Experts a lane holds at most (registers: the keys stay live through the
+/// rounds for the lists' refills).
+static constexpr int64_t kRouteLaneMaxExperts = 64;
+/// Experts a lane is given where the mapping may choose (SGLang's 32).
+static constexpr int64_t kRouteLaneExperts = 32;
+
+std::optional<RouteLanesMap>
+mlir::moe::gpu_lowering::routeLanesMapOf(int64_t E, const RouteSpec &spec,
+                                         Type elt) {
+  RouteLanesMap m;
+  m.vec = 16 / (elt.getIntOrFloatBitWidth() / 8);
+  auto pow2 = [](int64_t v) {
+    return static_cast<int64_t>(llvm::PowerOf2Ceil(std::max<int64_t>(1, v)));
+  };
+  if (spec.groups > 1) {
+    int64_t G = spec.groups, S = E / G;
+    if (S <= kRouteLaneExperts) {
+      // Whole groups a lane: as many as fit 32 experts, then the lanes to
+      // hold them all (at most a warp), then the groups spread evenly.
+      m.groupLanes = 1;
+      int64_t r = std::max<int64_t>(1, kRouteLaneExperts / S);
+      m.width = std::min<int64_t>(kWarp, pow2(llvm::divideCeil(G, r)));
+      m.groupsPerLane = llvm::divideCeil(G, m.width);
+      m.perLane = m.groupsPerLane * S;
+    } else {
+      // A group over q lanes (a power of two) of S / q experts each.
+      m.groupLanes = pow2(llvm::divideCeil(S, kRouteLaneExperts));
+      if (S % m.groupLanes != 0)
+        return std::nullopt;
+      m.groupsPerLane = 1;
+      m.perLane = S / m.groupLanes;
+      m.width = m.groupLanes * pow2(G);
+      if (m.width > kWarp)
+        return std::nullopt;
+    }
+  } else {
+    // 8 lanes a token up to 256 experts (4 tokens a warp), then as many as
+    // keep 32 experts a lane; never more lanes than the row has vectors.
+    m.groupLanes = 1;
+    m.groupsPerLane = 1;
+    int64_t width = std::max<int64_t>(8, pow2(E) / kRouteLaneExperts);
+    width = std::min<int64_t>(
+        width, static_cast<int64_t>(llvm::bit_floor(static_cast<uint64_t>(
+                   std::max<int64_t>(1, E / m.vec)))));
+    m.width = std::min<int64_t>(width, kWarp);
+    m.perLane = llvm::divideCeil(E, m.width);
+    if (E % m.vec == 0)
+      m.perLane = llvm::alignTo(m.perLane, m.vec);
+  }
+  if (m.perLane > kRouteLaneMaxExperts || m.width * m.perLane < E)
+    return std::nullopt;
+  // The lanes that hold the kept groups' experts: at least topk_group / r
+  // holders of q lanes (all W without groups). A lane wins about k / lanes
+  // picks; 3 more entries keep the refills rare (test_route_lanes_model.py).
+  int64_t lanes = spec.groups > 1
+                      ? std::min<int64_t>(
+                            m.width, llvm::divideCeil(spec.topkGroup,
+                                                      m.groupsPerLane) *
+                                         m.groupLanes)
+                      : m.width;
+  m.listLength = std::min<int64_t>(
+      {m.perLane, spec.k,
+       std::max<int64_t>(3, llvm::divideCeil(spec.k, lanes) + 3)});
+  return m;
+}
+
+/// 2^x on the SFU (ex2.approx.ftz.f32: one MUFU.EX2).
+static Value exp2Approx(GpuKernelBuilder &kb, Value x) {
+  return LLVM::CallIntrinsicOp::create(
+             kb.b, kb.f32(), kb.b.getStringAttr("llvm.nvvm.ex2.approx.ftz.f"),
+             ValueRange{x})
+      .getResult(0);
+}
+
+/// 1 / x on the SFU (rcp.approx.ftz.f32: one MUFU.RCP).
+static Value rcpApprox(GpuKernelBuilder &kb, Value x) {
+  return LLVM::CallIntrinsicOp::create(
+             kb.b, kb.f32(), kb.b.getStringAttr("llvm.nvvm.rcp.approx.ftz.f"),
+             ValueRange{x})
+      .getResult(0);
+}
+
+/// sigmoid(x) = 1 / (1 + 2^(-x log2 e)): -inf -> 0 (1 / inf), +inf -> 1,
+/// NaN -> NaN, as kernels::sigmoid, within a few ulps of it (scores below
+/// 2^-126, x < -87.3, flush to 0).
+static Value fastSigmoid(GpuKernelBuilder &kb, Value x) {
+  Value t = kb.fmul(x, kb.cF32(-1.4426950408889634));
+  return rcpApprox(kb, kb.fadd(kb.cF32(1.0), exp2Approx(kb, t)));
+}
+
+namespace {
+/// The kernel of route-map=lanes (the file header).
+class RouteLanesKernel {
+public:
+  RouteLanesKernel(GpuKernelBuilder &kb, const RouteSpec &spec,
+                   const RouteLanesMap &map, int64_t numExperts,
+                   int64_t blockSize)
+      : kb(kb), spec(spec), map(map), E(numExperts), W(map.width),
+        P(map.perLane), blockSize(blockSize) {}
+
+  void emit(Value x, Value bias, Value weights, Value indices, Value smem) {
+    Value tid = kb.threadId();
+    lane = kb.remu(tid, kb.idx(W));
+    Value numTokens = kb.dim(x, 0);
+    Value token = kb.add(kb.mul(kb.blockId(), kb.idx(blockSize / W)),
+                         kb.divu(tid, kb.idx(W)));
+    active = kb.lt(token, numTokens);
+    // Inactive tokens of the last block work on a valid row and store
+    // nothing: every lane of the warp takes part in the shuffles and votes.
+    row = kb.select(active, token, kb.sub(numTokens, kb.idx(1)));
+    laneI32 = kb.castInt(lane, kb.i32());
+    laneBase = kb.mul(laneI32, kb.cI32(P));
+    // This lane's run in its token's shared row: tid * (P + 1) (a lane's
+    // stride P + 1 is odd: the lanes' stores fall in distinct banks).
+    smemBase = kb.mul(tid, kb.idx(P + 1));
+    this->smem = smem;
+
+    SmallVector<Value> xs, bs;
+    loadLane(x, bias, xs, bs);
+    SmallVector<Value> keys = scoreAndKey(xs, bs);
+    if (spec.groups > 1)
+      dropGroups(keys);
+    SmallVector<int64_t> positions;
+    for (int64_t m = 0; m < P; ++m)
+      positions.push_back(m);
+    TopkSpec topk;
+    topk.k = spec.k;
+    emitListTopk(kb, keys, positions, laneBase, lane, W, map.listLength, topk,
+                 weights, indices, row, active, Value(), Value(),
+                 [&](const ListPicks &picks) {
+                   storeWeights(picks, weights, indices);
+                 });
+  }
+
+private:
+  GpuKernelBuilder &kb;
+  const RouteSpec &spec;
+  const RouteLanesMap &map;
+  int64_t E, W, P, blockSize;
+  Value lane, laneI32, laneBase, active, row, smemBase, smem;
+
+  /// Whether value m of some lane lies past the last expert.
+  bool mayPad(int64_t m) const { return (W - 1) * P + m >= E; }
+
+  Value reduce(Value v, ReduceKind kind) {
+    return W > 1 ? subgroupReduce(kb, v, kind, W) : v;
+  }
+
+  /// Step 1: this lane's P logits (and biases), -inf (0) past the last
+  /// expert: 16-byte loads where every operand read so is aligned (a
+  /// uniform branch on the base pointers: rows are E elements apart), else
+  /// one element a load.
+  void loadLane(Value x, Value bias, SmallVector<Value> &xs,
+                SmallVector<Value> &bs) {
+    constexpr double kInf = std::numeric_limits<double>::infinity();
+    Value laneCol = kb.mul(lane, kb.idx(P));
+    auto scalar = [&](Value mem, Value r, double pad) {
+      SmallVector<Value> out;
+      for (int64_t m = 0; m < P; ++m) {
+        Value col = kb.add(laneCol, kb.idx(m));
+        auto at = [&](Value c) {
+          return r ? kb.loadF(mem, {r, c}) : kb.loadF(mem, {c});
+        };
+        if (!mayPad(m)) {
+          out.push_back(at(col));
+          continue;
+        }
+        Value in = kb.lt(col, kb.idx(E));
+        Value safe = kb.select(in, col, kb.idx(0));
+        out.push_back(kb.select(in, at(safe), kb.cF32(pad)));
+      }
+      return out;
+    };
+    auto vectorOK = [&](Value mem) {
+      if (!mem)
+        return false;
+      int64_t vec =
+          16 / (cast<MemRefType>(mem.getType()).getElementTypeBitWidth() / 8);
+      return E % vec == 0 && P % vec == 0;
+    };
+    auto vector = [&](Value mem, Value r, double pad) {
+      Type elt = cast<MemRefType>(mem.getType()).getElementType();
+      int64_t bytes = elt.getIntOrFloatBitWidth() / 8, vec = 16 / bytes;
+      Value base = memref::ExtractAlignedPointerAsIndexOp::create(kb.b, mem);
+      if (r)
+        base = kb.add(base, kb.mul(r, kb.idx(E * bytes)));
+      SmallVector<Value> out;
+      for (int64_t c = 0; c < P / vec; ++c) {
+        Value col = kb.add(laneCol, kb.idx(c * vec));
+        // E % vec == 0: a vector is wholly inside the row or wholly past it.
+        Value in = mayPad(c * vec) ? kb.lt(col, kb.idx(E)) : Value();
+        if (in)
+          col = kb.select(in, col, kb.idx(0));
+        for (Value v : loadGlobal16(kb, kb.add(base, kb.mul(col, kb.idx(bytes))),
+                                    elt))
+          out.push_back(in ? kb.select(in, v, kb.cF32(pad)) : v);
+      }
+      return out;
+    };
+    bool vecX = vectorOK(x), vecB = vectorOK(bias);
+    if (!vecX && !vecB) {
+      xs = scalar(x, row, -kInf);
+      if (bias)
+        bs = scalar(bias, Value(), 0.0);
+      return;
+    }
+    Value aligned = kb.cBool(true);
+    for (Value mem : {vecX ? x : Value(), vecB ? bias : Value()}) {
+      if (!mem)
+        continue;
+      Value base = memref::ExtractAlignedPointerAsIndexOp::create(kb.b, mem);
+      aligned = kb.andI(aligned, kb.eq(kb.andI(base, kb.idx(15)), kb.idx(0)));
+    }
+    int64_t n = bias ? 2 * P : P;
+    SmallVector<Type> types(n, kb.f32());
+    auto both = [&](bool wide) {
+      SmallVector<Value> out = wide && vecX ? vector(x, row, -kInf)
+                                            : scalar(x, row, -kInf);
+      if (bias)
+        llvm::append_range(out, wide && vecB ? vector(bias, Value(), 0.0)
+                                             : scalar(bias, Value(), 0.0));
+      return out;
+    };
+    SmallVector<Value> all = kb.ifElse(
+        aligned, types, [&] { return both(true); },
+        [&] { return both(false); });
+    xs.assign(all.begin(), all.begin() + P);
+    if (bias)
+      bs.assign(all.begin() + P, all.end());
+  }
+
+  /// Step 2: scores (the weight sources to shared memory) and the choice
+  /// values' keys (empty past the last expert).
+  SmallVector<Value> scoreAndKey(ArrayRef<Value> xs, ArrayRef<Value> bs) {
+    Value rowMax, rowSum;
+    if (!spec.fromLogits() && spec.scoring == RouteSpec::Scoring::Softmax) {
+      RowSoftmaxStats stats = rowSoftmaxStats(
+          kb, xs, [&](Value v) { return reduce(v, ReduceKind::Max); },
+          [&](Value v) { return reduce(v, ReduceKind::Sum); });
+      rowMax = stats.max;
+      rowSum = stats.sum;
+    }
+    Value gone = emptyListKey(kb, kb.i32());
+    SmallVector<Value> keys;
+    for (int64_t m = 0; m < P; ++m) {
+      Value score =
+          !spec.fromLogits() && spec.scoring == RouteSpec::Scoring::Sigmoid
+              ? fastSigmoid(kb, xs[m])
+              : routeScore(kb, spec, xs[m], rowMax, rowSum);
+      kb.store(score, smem, {kb.add(smemBase, kb.idx(m))});
+      Value key =
+          orderedKey(kb, routeChoice(kb, score, bs.empty() ? Value() : bs[m]));
+      if (mayPad(m))
+        key = kb.select(kb.lt(kb.add(laneBase, kb.cI32(m)), kb.cI32(E)), key,
+                        gone);
+      keys.push_back(key);
+    }
+    return keys;
+  }
+
+  /// Step 3: keep the topk_group best groups; the others' keys become empty.
+  void dropGroups(SmallVector<Value> &keys) {
+    const int64_t G = spec.groups, S = E / G;
+    const int64_t q = map.groupLanes, r = map.groupsPerLane, H = W / q;
+    Value gone = emptyListKey(kb, kb.i32());
+    // Each of the lane's groups: its best two keys, over its q lanes.
+    SmallVector<Value> groupKey;
+    for (int64_t i = 0; i < r; ++i) {
+      Value t1 = gone, t2 = gone;
+      for (int64_t m = i * S / q; m < std::min(P, (i + 1) * S / q); ++m) {
+        if (spec.top2)
+          t2 = kb.maxs(t2, kb.mins(t1, keys[m]));
+        t1 = kb.maxs(t1, keys[m]);
+      }
+      for (int64_t off = 1; off < q; off *= 2) {
+        Value o1 = kb.shuffleXor(t1, off);
+        if (spec.top2) {
+          Value o2 = kb.shuffleXor(t2, off);
+          t2 = kb.maxs(kb.mins(t1, o1), kb.maxs(t2, o2));
+        }
+        t1 = kb.maxs(t1, o1);
+      }
+      // routeGroupCandidate's score: the best, plus the second best.
+      Value score = keyToFloat(kb, t1);
+      if (spec.top2)
+        score = kb.fadd(score, keyToFloat(kb, t2));
+      groupKey.push_back(orderedKey(kb, score));
+    }
+    // Groups past the last (W * r / q > G): below every group.
+    Value holder = kb.divu(laneI32, kb.cI32(q));
+    if (H * r > G)
+      for (int64_t i = 0; i < r; ++i) {
+        Value g = kb.add(kb.mul(holder, kb.cI32(r)), kb.cI32(i));
+        groupKey[i] = kb.select(kb.lt(g, kb.cI32(G)), groupKey[i], gone);
+      }
+    // Ranks: the groups before each of this lane's (a higher key, or an equal
+    // one of a lower group: routeKeepGroups' order). Holder h ^ j's groups
+    // are lower than h's exactly when h ^ j < h.
+    Value one = kb.cI32(1), zero = kb.cI32(0);
+    SmallVector<Value> before(r, zero);
+    auto count = [&](int64_t i, Value other, Value lowerGroup) {
+      Value mine = groupKey[i];
+      Value beats = kb.cmpi(arith::CmpIPredicate::sgt, other, mine);
+      Value tie = kb.andI(kb.eq(other, mine), lowerGroup);
+      before[i] = kb.add(before[i], kb.select(kb.orI(beats, tie), one, zero));
+    };
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t o = 0; o < r; ++o)
+        if (o != i)
+          count(i, groupKey[o], kb.cBool(o < i));
+    for (int64_t j = 1; j < H; ++j) {
+      Value lower = kb.cmpi(arith::CmpIPredicate::ult,
+                            kb.xorI(holder, kb.cI32(j)), holder);
+      for (int64_t o = 0; o < r; ++o) {
+        Value other = kb.shuffleXor(groupKey[o], j * q);
+        for (int64_t i = 0; i < r; ++i)
+          count(i, other, lower);
+      }
+    }
+    for (int64_t m = 0; m < P; ++m) {
+      Value kept = kb.lt(before[m * q / S], kb.cI32(spec.topkGroup));
+      keys[m] = kb.select(kept, keys[m], gone);
+    }
+  }
+
+  /// Step 5: the picks' weights from their sources in shared memory,
+  /// stored with their indices.
+  void storeWeights(const ListPicks &picks, Value weights, Value indices) {
+    // The sources were stored by the token's other lanes.
+    NVVM::SyncWarpOp::create(kb.b, kb.cI32(-1));
+    Value rowStart = kb.sub(smemBase, kb.mul(lane, kb.idx(P + 1)));
+    const size_t slots = picks.keys.size();
+    SmallVector<Value> src;
+    for (size_t s = 0; s < slots; ++s) {
+      Value e = kb.castInt(picks.indices[s], kb.index());
+      Value at = kb.add(rowStart, kb.add(e, kb.divu(e, kb.idx(P))));
+      src.push_back(kb.load(smem, {at}));
+    }
+    constexpr double kInf = std::numeric_limits<double>::infinity();
+    Value selMax, selSum;
+    if (!spec.scoreFirst && spec.scoring == RouteSpec::Scoring::Softmax) {
+      SmallVector<Value> masked;
+      for (size_t s = 0; s < slots; ++s)
+        masked.push_back(kb.select(picks.valid[s], src[s], kb.cF32(-kInf)));
+      RowSoftmaxStats stats = rowSoftmaxStats(
+          kb, masked, [&](Value v) { return reduce(v, ReduceKind::Max); },
+          [&](Value v) { return reduce(v, ReduceKind::Sum); });
+      selMax = stats.max;
+      selSum = stats.sum;
+    }
+    SmallVector<Value> w;
+    for (size_t s = 0; s < slots; ++s)
+      w.push_back(routeSelectedScore(kb, spec, src[s], selMax, selSum));
+    Value wSum;
+    if (spec.renormalize) {
+      Value zero = kb.cF32(0.0);
+      wSum = zero;
+      for (size_t s = 0; s < slots; ++s)
+        wSum = kb.fadd(wSum, kb.select(picks.valid[s], w[s], zero));
+      wSum = reduce(wSum, ReduceKind::Sum);
+    }
+    for (size_t s = 0; s < slots; ++s) {
+      Value weight = routeWeight(kb, spec, w[s], wSum);
+      kb.ifThen(kb.andI(active, picks.valid[s]), [&] {
+        Value j = kb.add(lane, kb.idx(s * W));
+        kb.store(weight, weights, {row, j});
+        kb.store(picks.indices[s], indices, {row, j});
+      });
+    }
+  }
+};
+} // namespace
+
+void mlir::moe::gpu_lowering::launchRouteLanes(
+    HostCode &h, const RouteSpec &spec, const RouteLanesMap &map,
+    int64_t numExperts, int64_t blockSize, Value x, Value bias, Value weights,
+    Value indices, Location loc) {
+  SmallVector<Value> args = {x};
+  if (bias)
+    args.push_back(bias);
+  args.append({weights, indices});
+  Type f32 = h.b.getF32Type();
+  GPUKernel kernel(h, "route_lanes", args,
+                   {workgroupMemRef({blockSize * (map.perLane + 1)}, f32)},
+                   {blockSize, 1, 1}, loc);
+  RouteLanesKernel(kernel.kb, spec, map, numExperts, blockSize)
+      .emit(kernel.arg(0), bias ? kernel.arg(1) : Value(),
+            kernel.arg(args.size() - 2), kernel.arg(args.size() - 1),
+            kernel.workgroup(0));
+  GpuKernelBuilder &kb = h.kb;
+  Value grid = kb.ceilDiv(kb.dim(x, 0), kb.idx(blockSize / map.width));
+  kernel.launch({grid, kb.idx(1), kb.idx(1)});
+}
