@@ -53,6 +53,13 @@ def list_topk(row, k, vec):
     offsets = [m // vec * width * vec + m % vec for m in range(n)]        # RegisterRow{width, vec}
     bases = [lane * vec for lane in range(width)]
     keys = [[ordered_key(row[o + b]) if o + b < K else GONE for o in offsets] for b in bases]
+    return list_select(keys, offsets, bases, k, t)
+
+
+def list_select(keys, offsets, bases, k, t):
+    """emitListTopk on one group of lanes: lane l holds keys[l][m] (GONE: none) of the element of index
+    offsets[m] + bases[l]; lists of t. [(key, index)] of the k picks in round order, and the refills."""
+    width, n = len(keys), len(offsets)
     refill = t < min(k, n)
     lanes = [dict(keys=[GONE] * t, pos=[0] * t, more=False, need=False, last_key=IMAX, last_pos=-1)
              for _ in range(width)]
