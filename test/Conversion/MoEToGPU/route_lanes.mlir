@@ -1,0 +1,161 @@
+// RUN: moe-opt %s --convert-moe-to-gpu="route-map=lanes" -split-input-file -verify-diagnostics | FileCheck %s
+// ptxas-options: route-map=lanes
+
+// route-map=lanes (RouteLanes.cpp; not yet run on a GPU): W lanes a token
+// sized by E, lane l holding the experts [l*P, l*P + P) loaded 16 bytes at a
+// time where the logits and the bias are aligned, scored once, the weight
+// sources kept in shared memory (a lane's run at tid * (P + 1)), the groups
+// ranked by shuffles of their keys, the top-k by emitListTopk's candidate
+// lists, the weights from shared memory (never a second read of the logits)
+// stored by lane l for picks l + s * W.
+
+// DeepSeek-V3 (E = 256, 8 groups of 32, 4 kept, k = 8): SGLang's 8 lanes a
+// token (16 tokens a block of 128), one group a lane, 32 experts a lane: 8
+// 16-byte loads of logits and 8 of bias, 32 sigmoids of 2 SFU operations (no
+// division), each group's key seen by the 7 other lanes (7 shuffles), then
+// the rounds (two 3-step butterflies of 32-bit keys), the selection's sum
+// (one 3-step f32 butterfly) and the stores.
+// CHECK-LABEL: gpu.func @route_lanes_0
+// CHECK-SAME: workgroup(%[[SMEM:.*]] : memref<4224xf32, #gpu.address_space<workgroup>>)
+// CHECK: %[[LANE:.*]] = arith.remui %{{.*}}, %c8{{.*}} : index
+// CHECK: arith.muli %{{.*}}, %c16{{.*}} : index
+// CHECK: %[[PX:.*]] = memref.extract_aligned_pointer_as_index %arg0
+// CHECK: arith.andi %[[PX]], %c15
+// CHECK: %[[PB:.*]] = memref.extract_aligned_pointer_as_index %arg1
+// CHECK: arith.andi %[[PB]], %c15
+// CHECK: scf.if %{{.*}} -> (f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32)
+// CHECK-COUNT-16: llvm.inline_asm has_side_effects "{ .reg .u64 g; cvta.to.global.u64 g, $4; ld.global.nc.v4.b32 {$0, $1, $2, $3}, [g]; }"
+// CHECK: } else {
+// CHECK-COUNT-32: memref.load %arg0
+// CHECK-COUNT-32: memref.load %arg1
+// CHECK: }
+// CHECK-NOT: arith.divf
+// CHECK: llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f"
+// CHECK: llvm.call_intrinsic "llvm.nvvm.rcp.approx.ftz.f"
+// CHECK: memref.store %{{.*}}, %[[SMEM]]
+// CHECK-COUNT-7: gpu.shuffle  xor %{{.*}} : i32
+// CHECK-NOT: gpu.shuffle
+// CHECK: scf.while
+// CHECK: scf.while
+// CHECK-COUNT-6: gpu.shuffle  xor %{{.*}} : i32
+// CHECK: nvvm.vote.sync  any
+// CHECK-NOT: gpu.shuffle
+// CHECK-NOT: memref.load %arg0
+// CHECK: nvvm.bar.warp.sync
+// CHECK: memref.load %[[SMEM]]
+// CHECK-NOT: memref.load %arg0
+// CHECK-COUNT-3: gpu.shuffle  xor %{{.*}} : f32
+// CHECK-NOT: gpu.shuffle
+// CHECK-NOT: memref.load
+// CHECK: memref.store %{{.*}}, %arg2
+// CHECK: memref.store %{{.*}}, %arg3
+// CHECK: gpu.return
+// CHECK: gpu.launch_func {{.*}}@moe_kernels::@route_lanes_0
+func.func @deepseek_v3(%x: tensor<?x256xf32>, %b: tensor<256xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  %w, %i = moe.route %x bias(%b : tensor<256xf32>) k(8) scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) routed_scaling_factor(2.500000e+00) : tensor<?x256xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}
+
+// -----
+
+// Kimi-K2 in bf16 (E = 384, one group, k = 8): 16 lanes a token, 24 experts a
+// lane: 3 16-byte loads of 8 logits and 6 of 4 biases; no group shuffles.
+// CHECK-LABEL: gpu.func @route_lanes_0
+// CHECK-SAME: workgroup(%{{.*}} : memref<3200xf32, #gpu.address_space<workgroup>>)
+// CHECK: arith.remui %{{.*}}, %c16{{.*}} : index
+// CHECK: scf.if
+// CHECK-COUNT-9: llvm.inline_asm
+// CHECK: } else {
+// CHECK-NOT: gpu.shuffle
+// CHECK: scf.while
+func.func @kimi_k2_bf16(%x: tensor<?x384xbf16>, %b: tensor<384xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  %w, %i = moe.route %x bias(%b : tensor<384xf32>) k(8) scoring(sigmoid) renormalize(true) routed_scaling_factor(2.827000e+00) : tensor<?x384xbf16> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}
+
+// -----
+
+// DeepSeek-V2 (E = 160, 8 groups of 20, 3 kept, group_score(max), softmax):
+// 8 lanes of 20 experts (5 16-byte loads); the row's softmax statistics by
+// two 3-step butterflies (lowered to shuffles by the pass); a group's score is its best key (no second).
+// CHECK-LABEL: gpu.func @route_lanes_0
+// CHECK: arith.remui %{{.*}}, %c8{{.*}} : index
+// CHECK: scf.if
+// CHECK-COUNT-5: llvm.inline_asm
+// CHECK: } else {
+// CHECK-COUNT-20: memref.load %arg0
+// CHECK-COUNT-3: gpu.shuffle  xor %{{.*}} : f32
+// CHECK: math.exp
+// CHECK-COUNT-3: gpu.shuffle  xor %{{.*}} : f32
+// CHECK-COUNT-7: gpu.shuffle  xor %{{.*}} : i32
+// CHECK: scf.while
+func.func @deepseek_v2(%x: tensor<?x160xf32>) -> (tensor<?x6xf32>, tensor<?x6xi32>) {
+  %w, %i = moe.route %x k(6) n_group(8) topk_group(3) group_score(max) routed_scaling_factor(1.600000e+01) : tensor<?x160xf32> -> tensor<?x6xf32>, tensor<?x6xi32>
+  return %w, %i : tensor<?x6xf32>, tensor<?x6xi32>
+}
+
+// -----
+
+// E = 1024 in 8 groups of 128: a group over 4 lanes of 32 (a whole warp a
+// token), its top-2 keys merged by two butterfly steps (4 shuffles), the 7
+// other groups' keys at lane offsets 4, 8, .., 28; the rounds by redux.sync.
+// CHECK-LABEL: gpu.func @route_lanes_0
+// CHECK: arith.remui %{{.*}}, %c32{{.*}} : index
+// CHECK-COUNT-4: gpu.shuffle  xor %{{.*}} : i32
+// CHECK: %c4_i32{{.*}} = arith.constant 4 : i32
+// CHECK: gpu.shuffle  xor %{{.*}}, %c4_i32
+// CHECK-COUNT-6: gpu.shuffle  xor %{{.*}} : i32
+// CHECK-NOT: gpu.shuffle
+// CHECK: scf.while
+// CHECK: nvvm.redux.sync  max
+// CHECK: nvvm.redux.sync  min
+func.func @groups_over_lanes(%x: tensor<?x1024xf32>, %b: tensor<1024xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  %w, %i = moe.route %x bias(%b : tensor<1024xf32>) k(8) scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) : tensor<?x1024xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}
+
+// -----
+
+// E = 2048, k = 32 (the warp kernel stops at 1024): 32 lanes of 64 experts,
+// 16 16-byte loads a lane; a pick a lane (one slot).
+// CHECK-LABEL: gpu.func @route_lanes_0
+// CHECK-SAME: workgroup(%{{.*}} : memref<8320xf32, #gpu.address_space<workgroup>>)
+// CHECK: arith.remui %{{.*}}, %c32{{.*}} : index
+// CHECK: scf.if
+// CHECK-COUNT-16: llvm.inline_asm
+// CHECK: } else {
+func.func @e2048_k32(%x: tensor<?x2048xf32>) -> (tensor<?x32xf32>, tensor<?x32xi32>) {
+  %w, %i = moe.route %x k(32) renormalize(true) : tensor<?x2048xf32> -> tensor<?x32xf32>, tensor<?x32xi32>
+  return %w, %i : tensor<?x32xf32>, tensor<?x32xi32>
+}
+
+// -----
+
+// gpt-oss (E = 128, k = 4, topk_then_score): the choice is the logit itself
+// (no scoring before the selection, the logits kept in shared memory); the
+// softmax over the 4 picks after the rounds: a max and a sum over the 8
+// lanes.
+// CHECK-LABEL: gpu.func @route_lanes_0
+// Lists of k = 4 never run out: the rounds are one scf.for, no refill.
+// CHECK-NOT: llvm.call_intrinsic
+// CHECK-NOT: scf.while
+// CHECK: scf.for
+// CHECK-NOT: scf.while
+// CHECK: nvvm.bar.warp.sync
+// CHECK-COUNT-3: gpu.shuffle  xor %{{.*}} : f32
+// CHECK: math.exp
+// CHECK-COUNT-3: gpu.shuffle  xor %{{.*}} : f32
+func.func @gpt_oss(%x: tensor<?x128xf32>) -> (tensor<?x4xf32>, tensor<?x4xi32>) {
+  %w, %i = moe.route %x k(4) order(topk_then_score) : tensor<?x128xf32> -> tensor<?x4xf32>, tensor<?x4xi32>
+  return %w, %i : tensor<?x4xf32>, tensor<?x4xi32>
+}
+
+// -----
+
+// 32 groups of 64 would take 64 lanes: no lanes mapping, and the warp kernel
+// stops at 1024 experts.
+func.func @no_mapping(%x: tensor<?x2048xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  // expected-error @+1 {{'moe.route' op GPU lowering needs a static expert count <= 1024 (route-map=lanes: <= 2048, at most 64 a lane)}}
+  %w, %i = moe.route %x k(8) n_group(32) topk_group(4) : tensor<?x2048xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}
