@@ -1,6 +1,7 @@
 """torch.ops.moe.* on CUDA tensors: the device suite of test_torch_ops.py (every test there that takes ``dev`` or
 ``cuda``, and the same of test_routing_ops.py: moe.route and moe.dispatch_plan, and of test_balance_ops.py: the
-router losses, with MOE_CUDA_ROUTER_LOSSES=1) on one device, our GPU kernels (lib/Runtime/Torch/TorchCudaOps.cpp, the CUDA kernels of
+router losses, with MOE_CUDA_ROUTER_LOSSES=1, and of test_cuda_graphs.py: every op, forward and backward, and a
+transformers MoE block under backend "moe", captured in a CUDA graph and replayed) on one device, our GPU kernels (lib/Runtime/Torch/TorchCudaOps.cpp, the CUDA kernels of
 moe_mlir.runtime.cache) against moe_mlir.reference (computed on CPU copies).
 
 Covers: every op and fused form (random and adversarial inputs: ties, NaN, -inf rows, masks, N = 1, k = K, zero
@@ -24,6 +25,7 @@ import os
 import pytest
 
 import test_balance_ops as balance_suite
+import test_cuda_graphs as graph_suite
 import test_routing_ops as routing_suite
 import test_torch_ops as suite
 from torch_checks import device_param
@@ -44,6 +46,6 @@ def cuda(request) -> str:
 
 
 # The device suites, collected here too (this file's `dev` and `cuda` fixtures override test_torch_ops.py's).
-for _suite in (suite, routing_suite, balance_suite):
+for _suite in (suite, routing_suite, balance_suite, graph_suite):
     globals().update({name: test for name, test in vars(_suite).items()
                       if name.startswith("test_") and {"dev", "cuda"} & set(inspect.signature(test).parameters)})

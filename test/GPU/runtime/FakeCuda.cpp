@@ -6,9 +6,11 @@
 
 #include "FakeCuda.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace fake_cuda {
 State &state() {
@@ -39,6 +41,11 @@ CUresult alloc(CUdeviceptr *dptr, size_t bytes, const char *name) {
   return CUDA_SUCCESS;
 }
 void *ptr(CUdeviceptr p) { return reinterpret_cast<void *>(p); }
+/// A call that takes a stream: recorded with it.
+CUresult noteOn(const char *name, CUstream stream) {
+  state().streamed.push_back({name, stream});
+  return note(name);
+}
 } // namespace
 
 extern "C" {
@@ -94,12 +101,12 @@ CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx) {
 }
 CUresult CUDAAPI cuCtxPushCurrent(CUcontext) {
   ++pushed;
-  return CUDA_SUCCESS;
+  return note("cuCtxPushCurrent");
 }
 CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx) {
   --pushed;
   *pctx = theContext;
-  return CUDA_SUCCESS;
+  return note("cuCtxPopCurrent");
 }
 CUresult CUDAAPI cuCtxGetDevice(CUdevice *device) {
   *device = 0;
@@ -116,7 +123,9 @@ CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool, CUmemPool_attribute,
 CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
   return alloc(dptr, bytesize, "cuMemAlloc");
 }
-CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream) {
+CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize,
+                                 CUstream hStream) {
+  state().streamed.push_back({"cuMemAllocAsync", hStream});
   return alloc(dptr, bytesize, "cuMemAllocAsync");
 }
 CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize,
@@ -127,15 +136,14 @@ CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
   std::free(ptr(dptr));
   return note("cuMemFree");
 }
-CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream) {
+CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
   std::free(ptr(dptr));
-  return note("cuMemFreeAsync");
+  return noteOn("cuMemFreeAsync", hStream);
 }
 CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src,
                                size_t ByteCount, CUstream hStream) {
   std::memcpy(ptr(dst), ptr(src), ByteCount);
-  state().streamed.push_back({"cuMemcpyAsync", hStream});
-  return note("cuMemcpyAsync");
+  return noteOn("cuMemcpyAsync", hStream);
 }
 CUresult CUDAAPI cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice,
                               size_t ByteCount) {
@@ -153,15 +161,14 @@ CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t N,
   auto *p = static_cast<uint32_t *>(ptr(dst));
   for (size_t i = 0; i < N; ++i)
     p[i] = ui;
-  state().streamed.push_back({"cuMemsetD32Async", hStream});
-  return note("cuMemsetD32Async");
+  return noteOn("cuMemsetD32Async", hStream);
 }
 CUresult CUDAAPI cuMemsetD16Async(CUdeviceptr dst, unsigned short us, size_t N,
-                                  CUstream) {
+                                  CUstream hStream) {
   auto *p = static_cast<uint16_t *>(ptr(dst));
   for (size_t i = 0; i < N; ++i)
     p[i] = us;
-  return note("cuMemsetD16Async");
+  return noteOn("cuMemsetD16Async", hStream);
 }
 CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *) {
   note("cuModuleLoadData");
@@ -185,15 +192,15 @@ CUresult CUDAAPI cuModuleGetFunction(CUfunction *hfunc, CUmodule,
 }
 CUresult CUDAAPI cuLaunchKernel(CUfunction, unsigned int, unsigned int,
                                 unsigned int, unsigned int, unsigned int,
-                                unsigned int, unsigned int, CUstream, void **,
-                                void **) {
+                                unsigned int, unsigned int, CUstream hStream,
+                                void **, void **) {
   ++state().launches;
-  return note("cuLaunchKernel");
+  return noteOn("cuLaunchKernel", hStream);
 }
-CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig *, CUfunction, void **,
-                                  void **) {
+CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction,
+                                  void **, void **) {
   ++state().launches;
-  return note("cuLaunchKernelEx");
+  return noteOn("cuLaunchKernelEx", config ? config->hStream : nullptr);
 }
 CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int) {
   *phStream = reinterpret_cast<CUstream>(0x30);
@@ -204,3 +211,54 @@ CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int) {
   return note("cuEventCreate");
 }
 } // extern "C"
+
+//===----------------------------------------------------------------------===//
+// The fake runtime library's probe (libmoe_cuda_runtime.so in
+// build/lib/fake-cuda/: MoECudaRuntime.cpp over this file), read through
+// ctypes by python/tests/test_cuda_host_calls.py
+//===----------------------------------------------------------------------===//
+
+#define MOE_FAKE_EXPORT extern "C" __attribute__((visibility("default")))
+
+/// The driver calls recorded since the last take, newline-separated, into
+/// `buffer` (truncated to `capacity` - 1 bytes); returns the full length. With
+/// a buffer the record is cleared; without one (a size query) it is kept.
+MOE_FAKE_EXPORT int64_t moeFakeCudaTakeCalls(char *buffer, int64_t capacity) {
+  std::string text;
+  for (const std::string &call : state().calls)
+    text += call + "\n";
+  if (buffer && capacity > 0) {
+    state().calls.clear();
+    size_t n = std::min<size_t>(text.size(), capacity - 1);
+    std::memcpy(buffer, text.data(), n);
+    buffer[n] = '\0';
+  }
+  return static_cast<int64_t>(text.size());
+}
+
+/// The calls that took a stream since the last take, one "name stream" line
+/// each (the stream as a decimal handle), as moeFakeCudaTakeCalls returns them.
+MOE_FAKE_EXPORT int64_t moeFakeCudaTakeStreams(char *buffer, int64_t capacity) {
+  std::string text;
+  for (const auto &[name, stream] : state().streamed)
+    text += name + " " +
+            std::to_string(reinterpret_cast<uintptr_t>(stream)) + "\n";
+  if (buffer && capacity > 0) {
+    state().streamed.clear();
+    size_t n = std::min<size_t>(text.size(), capacity - 1);
+    std::memcpy(buffer, text.data(), n);
+    buffer[n] = '\0';
+  }
+  return static_cast<int64_t>(text.size());
+}
+
+/// Makes the primary context current on the calling thread (`current` != 0)
+/// or not, as PyTorch leaves its own context current on the threads that
+/// call the ops.
+MOE_FAKE_EXPORT void moeFakeCudaSetCurrent(int32_t current) {
+  pushed = current ? 1 : 0;
+}
+
+/// Does nothing: the probe calls it with a kernel's arguments to subtract the
+/// cost of its own (ctypes) calls from the host time it reports.
+MOE_FAKE_EXPORT void moeFakeCudaNoop() {}

@@ -24,14 +24,16 @@ struct State {
   /// The next N calls of cuMemAllocAsync/cuMemAlloc fail with this result.
   int failAllocs = 0;
   CUresult allocFailure = CUDA_ERROR_OUT_OF_MEMORY;
-  /// Every driver call, by name, in order.
+  /// Every driver call, by name, in order (context pushes and pops included;
+  /// cuCtxGetCurrent, asked on every runtime call, is not recorded).
   std::vector<std::string> calls;
   int launches = 0;
   /// cuModuleLoadData fails with this (CUDA_SUCCESS: loads).
   CUresult moduleLoadFailure = CUDA_SUCCESS;
   /// The image given to the last cuModuleLoadDataEx (a JIT of PTX text).
   std::string lastJitImage;
-  /// The stream of each asynchronous copy/memset, by name.
+  /// The stream of each call that takes one (launches, stream-ordered
+  /// allocations, frees, copies and memsets), by name, in order.
   std::vector<std::pair<std::string, CUstream>> streamed;
 };
 State &state();
