@@ -16,6 +16,8 @@
 // CHECK-DAG: sm_90 topk_logits_K256/topk_renorm_warp_{{[0-9]+}}: regs {{[0-9]+}} warps/SM {{[0-9]+}} loads {{[0-9]+}}b SHFL {{[0-9]+}} REDUX {{[0-9]+}} MUFU {{[0-9]+}} loop {{[0-9]+}} instr/elem/round {{[0-9.]+}} instr/token {{[0-9.]+}}
 // CHECK-DAG: sm_90 route_deepseek_v3/route_warp_{{[0-9]+}}: {{.*}} SHFL/token {{[0-9.]+}}
 // CHECK-DAG: sm_80 route_kimi_k2/route_warp_{{[0-9]+}}:
+// CHECK-DAG: sm_90 route_lanes_deepseek_v3/route_lanes_{{[0-9]+}}: {{.*}} loads 128b {{.*}} SHFL/token {{[0-9.]+}}
+// CHECK-DAG: sm_80 route_lanes_e2048/route_lanes_{{[0-9]+}}:
 // CHECK-DAG: sm_90 dispatch_plan/dispatch_{{[a-z_]+}}_{{[0-9]+}}:
 // CHECK-DAG: sm_90 similarity_inform/similarity_inform_{{[0-9]+}}:
 // CHECK-DAG: sm_90 attention_posterior/attention_{{[a-z_]+}}_{{[0-9]+}}:
@@ -28,6 +30,11 @@
 // TABLE: ## Against the budget and the issue's targets
 // TABLE-DAG: | sm_90 | topk_logits_K256 | topk_renorm_warp_{{[0-9]+}} | instr_per_elem_round | {{[0-9.]+}} | {{[0-9.]+}} | 2 | {{.*}} | ok |
 // TABLE-DAG: | sm_90 | route_deepseek_v3 | route_warp_{{[0-9]+}} | shfl_per_token | {{[0-9.]+}} | {{[0-9.]+}} | 32 | {{.*}} | ok |
+// route-map=lanes meets the issue's route target at E = 256, 128-bit loads and 2 instructions per element.
+// TABLE-DAG: | sm_90 | route_lanes_deepseek_v3 | route_lanes_{{[0-9]+}} | shfl_per_token | {{[0-9.]+}} | {{[0-9.]+}} | 32 | met | ok |
+// TABLE-DAG: | sm_80 | route_lanes_deepseek_v3 | route_lanes_{{[0-9]+}} | shfl_per_token | {{[0-9.]+}} | {{[0-9.]+}} | 32 | met | ok |
+// TABLE-DAG: | sm_90 | route_lanes_deepseek_v3 | route_lanes_{{[0-9]+}} | widest_load_bits | 128 | 128 | 128 | met | ok |
+// TABLE-DAG: | sm_90 | route_lanes_deepseek_v3 | route_lanes_{{[0-9]+}} | instr_per_elem_round | {{[0-9.]+}} | {{[0-9.]+}} | 2 | met | ok |
 // TABLE-DAG: | sm_90 | topk_logits_K256 | topk_renorm_warp_{{[0-9]+}} | widest_load_bits | {{[0-9]+}} | {{[0-9]+}} | 128 | {{.*}} | ok |
 // TABLE-NOT: OVER
 // TABLE-NOT: Failures

@@ -103,6 +103,41 @@ func.func @route_kimi_k2(%x: tensor<8192x384xf32>, %b: tensor<384xf32>) -> (tens
   %w, %i = moe.route %x bias(%b : tensor<384xf32>) k(8) scoring(sigmoid) renormalize(true) routed_scaling_factor(2.827000e+00) : tensor<8192x384xf32> -> tensor<8192x8xf32>, tensor<8192x8xi32>
   return %w, %i : tensor<8192x8xf32>, tensor<8192x8xi32>
 }
+// route-map=lanes (off by default; not yet run on a GPU): the route kernel mapped by RouteLanes.cpp's
+// routeLanesMapOf (lanes a token sized by E, a contiguous run of experts a lane, groups ranked by shuffles,
+// emitListTopk's lists). elements-per-lane: the run (P); loop-trips=8: every round in the loop. outer-trips:
+// the refills a warp makes (test/GPU/unit/test_route_lanes_model.py, Gaussian logits: DeepSeek-V3 with sigmoid +
+// a bias in [0, 0.1) 0.02 a warp, E = 160 k = 8 0.16, E = 384 0.01, E = 288 k = 32 1.46, E = 2048 0). The 4-byte
+// load fallback for misaligned rows counts as executed, as for topk-rounds=list.
+// sass-budget: kernel=route_lanes elements-per-lane=32 tokens-per-warp=4 rounds=8 loop-trips=8 outer-trips=0.02 experts=256 tokens=8192 predicts=route_deepseek_v3_T8192 options=route-map=lanes
+func.func @route_lanes_deepseek_v3(%x: tensor<8192x256xf32>, %b: tensor<256xf32>) -> (tensor<8192x8xf32>, tensor<8192x8xi32>) {
+  %w, %i = moe.route %x bias(%b : tensor<256xf32>) k(8) scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) routed_scaling_factor(2.500000e+00) : tensor<8192x256xf32> -> tensor<8192x8xf32>, tensor<8192x8xi32>
+  return %w, %i : tensor<8192x8xf32>, tensor<8192x8xi32>
+}
+// Kimi-K2: 16 lanes of 24 experts.
+// sass-budget: kernel=route_lanes elements-per-lane=24 tokens-per-warp=2 rounds=8 loop-trips=8 outer-trips=0.01 experts=384 tokens=8192 options=route-map=lanes
+func.func @route_lanes_kimi_k2(%x: tensor<8192x384xf32>, %b: tensor<384xf32>) -> (tensor<8192x8xf32>, tensor<8192x8xi32>) {
+  %w, %i = moe.route %x bias(%b : tensor<384xf32>) k(8) scoring(sigmoid) renormalize(true) routed_scaling_factor(2.827000e+00) : tensor<8192x384xf32> -> tensor<8192x8xf32>, tensor<8192x8xi32>
+  return %w, %i : tensor<8192x8xf32>, tensor<8192x8xi32>
+}
+// GLM-4.5: E = 160 (not a power of two), 8 lanes of 20 experts.
+// sass-budget: kernel=route_lanes elements-per-lane=20 tokens-per-warp=4 rounds=8 loop-trips=8 outer-trips=0.16 experts=160 tokens=8192 options=route-map=lanes
+func.func @route_lanes_glm_e160(%x: tensor<8192x160xf32>, %b: tensor<160xf32>) -> (tensor<8192x8xf32>, tensor<8192x8xi32>) {
+  %w, %i = moe.route %x bias(%b : tensor<160xf32>) k(8) scoring(sigmoid) renormalize(true) routed_scaling_factor(2.500000e+00) : tensor<8192x160xf32> -> tensor<8192x8xf32>, tensor<8192x8xi32>
+  return %w, %i : tensor<8192x8xf32>, tensor<8192x8xi32>
+}
+// E = 288, k = 32: 16 lanes of 20 experts, two picks a lane.
+// sass-budget: kernel=route_lanes elements-per-lane=20 tokens-per-warp=2 rounds=32 loop-trips=32 outer-trips=1.46 experts=288 tokens=8192 options=route-map=lanes
+func.func @route_lanes_e288_k32(%x: tensor<8192x288xf32>) -> (tensor<8192x32xf32>, tensor<8192x32xi32>) {
+  %w, %i = moe.route %x k(32) renormalize(true) : tensor<8192x288xf32> -> tensor<8192x32xf32>, tensor<8192x32xi32>
+  return %w, %i : tensor<8192x32xf32>, tensor<8192x32xi32>
+}
+// E = 2048 (past the warp kernel's 1024): a warp of 64 experts a lane, redux rounds.
+// sass-budget: kernel=route_lanes elements-per-lane=64 tokens-per-warp=1 rounds=8 loop-trips=8 outer-trips=0 experts=2048 tokens=8192 options=route-map=lanes
+func.func @route_lanes_e2048(%x: tensor<8192x2048xf32>) -> (tensor<8192x8xf32>, tensor<8192x8xi32>) {
+  %w, %i = moe.route %x k(8) renormalize(true) : tensor<8192x2048xf32> -> tensor<8192x8xf32>, tensor<8192x8xi32>
+  return %w, %i : tensor<8192x8xf32>, tensor<8192x8xi32>
+}
 // The dispatch plan of DeepSeek-V3's picks (8192 tokens x 8).
 func.func @dispatch_plan(%idx: tensor<8192x8xi32>) -> (tensor<256xi32>, tensor<257xi32>, tensor<65536xi32>, tensor<65536xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>) {
   %c, %o, %ord, %inv, %p, %b, %n = moe.dispatch_plan %idx num_experts(256) block_size(64) : tensor<8192x8xi32> -> tensor<256xi32>, tensor<257xi32>, tensor<65536xi32>, tensor<65536xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
