@@ -1182,6 +1182,43 @@ def case_route(lib, g):
     l = torch.randn(9, 6, generator=g).to(DEV)
     l[0] = 1.0
     check_route("route_k_eq_e", lib, "route_k_eq_e", l, None, 6, exact=True, renormalize=True)
+
+    # The shapes of route-map=lanes (a folder built with MOE_GPU_AOT_OPTIONS=route-map=lanes runs its kernel; the
+    # default build the warp kernel): rows of ties, -inf, NaN, sorted rows (the best experts crowd one lane's list:
+    # refills), and the same rows misaligned by one element (4-byte loads instead of 16-byte ones).
+    def adversarial(x):
+        x[0] = x[0].sort(descending=True).values
+        x[1] = x[1].sort().values
+        x[2] = NEG_INF
+        x[3, 5] = float("nan")
+        x[4] = torch.randint(-2, 3, x[4].shape, generator=g).to(x.dtype)
+        x[5, ::3] = NEG_INF
+        x[6] = 0.0
+        return x
+
+    def misaligned(x):
+        flat = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
+        view = flat[1:].view(x.shape)
+        view.copy_(x)
+        return view
+
+    shapes = [("route_shapes_288_k32", (300, 288), torch.float32, 32, False, dict(renormalize=True)),
+              ("route_shapes_896_bf16", (300, 896), torch.bfloat16, 16, True,
+               dict(scoring="sigmoid", renormalize=True, scale=2.5)),
+              ("route_shapes_1024_g8", (200, 1024), torch.float32, 8, True,
+               dict(scoring="sigmoid", n_group=8, topk_group=4, renormalize=True, scale=2.5)),
+              ("route_shapes_256_g4_f16", (300, 256), torch.float16, 8, False,
+               dict(n_group=4, topk_group=2, group_score="max", renormalize=True)),
+              ("route_shapes_192_g6", (300, 192), torch.float32, 6, True,
+               dict(scoring="sigmoid", n_group=6, topk_group=3, renormalize=True)),
+              ("route_shapes_64_g16", (300, 64), torch.float32, 8, False,
+               dict(n_group=16, topk_group=4, renormalize=True))]
+    for fn, shape, dtype, k, has_bias, attrs in shapes:
+        x = adversarial(torch.randn(*shape, generator=g).to(DEV).to(dtype))
+        bias = (torch.rand(shape[1], generator=g) * 0.1).to(DEV) if has_bias else None
+        check_route(fn, lib, fn, x, bias, k, **attrs)
+        check_route(f"{fn} (misaligned)", lib, fn, misaligned(x), bias, k, **attrs)
+
     w, i = lib.call("route_no_tokens", [torch.empty(0, 256, device=DEV), torch.zeros(256, device=DEV)],
                     [((0, 8), torch.float32), ((0, 8), torch.int32)])
     if w.numel() or i.numel():

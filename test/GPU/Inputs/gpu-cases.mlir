@@ -229,6 +229,32 @@ func.func @route_k_eq_e(%l: tensor<9x6xf32>) -> (tensor<9x6xf32>, tensor<9x6xi32
   %w, %i = moe.route %l k(6) renormalize(true) : tensor<9x6xf32> -> tensor<9x6xf32>, tensor<9x6xi32>
   return %w, %i : tensor<9x6xf32>, tensor<9x6xi32>
 }
+// The shapes of route-map=lanes's mappings (RouteLanes.cpp; in the default build, the warp kernel's): E not a
+// power of two, k = 32, groups over 2 and 4 lanes, 8 groups a lane, 6 groups on 8 lanes, f16/bf16.
+func.func @route_shapes_288_k32(%l: tensor<300x288xf32>) -> (tensor<300x32xf32>, tensor<300x32xi32>) {
+  %w, %i = moe.route %l k(32) renormalize(true) : tensor<300x288xf32> -> tensor<300x32xf32>, tensor<300x32xi32>
+  return %w, %i : tensor<300x32xf32>, tensor<300x32xi32>
+}
+func.func @route_shapes_896_bf16(%l: tensor<300x896xbf16>, %b: tensor<896xf32>) -> (tensor<300x16xf32>, tensor<300x16xi32>) {
+  %w, %i = moe.route %l bias(%b : tensor<896xf32>) k(16) scoring(sigmoid) renormalize(true) routed_scaling_factor(2.500000e+00) : tensor<300x896xbf16> -> tensor<300x16xf32>, tensor<300x16xi32>
+  return %w, %i : tensor<300x16xf32>, tensor<300x16xi32>
+}
+func.func @route_shapes_1024_g8(%l: tensor<200x1024xf32>, %b: tensor<1024xf32>) -> (tensor<200x8xf32>, tensor<200x8xi32>) {
+  %w, %i = moe.route %l bias(%b : tensor<1024xf32>) k(8) scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) routed_scaling_factor(2.500000e+00) : tensor<200x1024xf32> -> tensor<200x8xf32>, tensor<200x8xi32>
+  return %w, %i : tensor<200x8xf32>, tensor<200x8xi32>
+}
+func.func @route_shapes_256_g4_f16(%l: tensor<300x256xf16>) -> (tensor<300x8xf32>, tensor<300x8xi32>) {
+  %w, %i = moe.route %l k(8) n_group(4) topk_group(2) group_score(max) renormalize(true) : tensor<300x256xf16> -> tensor<300x8xf32>, tensor<300x8xi32>
+  return %w, %i : tensor<300x8xf32>, tensor<300x8xi32>
+}
+func.func @route_shapes_192_g6(%l: tensor<300x192xf32>, %b: tensor<192xf32>) -> (tensor<300x6xf32>, tensor<300x6xi32>) {
+  %w, %i = moe.route %l bias(%b : tensor<192xf32>) k(6) scoring(sigmoid) n_group(6) topk_group(3) renormalize(true) : tensor<300x192xf32> -> tensor<300x6xf32>, tensor<300x6xi32>
+  return %w, %i : tensor<300x6xf32>, tensor<300x6xi32>
+}
+func.func @route_shapes_64_g16(%l: tensor<300x64xf32>) -> (tensor<300x8xf32>, tensor<300x8xi32>) {
+  %w, %i = moe.route %l k(8) n_group(16) topk_group(4) renormalize(true) : tensor<300x64xf32> -> tensor<300x8xf32>, tensor<300x8xi32>
+  return %w, %i : tensor<300x8xf32>, tensor<300x8xi32>
+}
 func.func @route_no_tokens(%l: tensor<?x256xf32>, %b: tensor<256xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
   %w, %i = moe.route %l bias(%b : tensor<256xf32>) k(8) scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) : tensor<?x256xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
   return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>

@@ -34,7 +34,8 @@ Steps, in order (MOE_GPU_CHECK_STEPS=a,b,... picks some; artifacts and build alw
   racecheck     `checks` under compute-sanitizer --tool racecheck
                 The sanitizer steps run the cases of MOE_GPU_CHECK_SANITIZE_ONLY (e.g. "--only similarity_inform")
                 when set; else, in a folder built with a flash-mma variant option (FLASH_VARIANT_OPTIONS: the second
-                folder of test/GPU/README.md), the flash kernels' cases (FLASH_CASES); else those of `checks`
+                folder of test/GPU/README.md), the flash kernels' cases (FLASH_CASES), and in one built with
+                route-map=lanes or topk-rounds=list their op's cases (VARIANT_CASES); else those of `checks`
   bench         bench/gpu/bench_gpu.py (ours vs eager vs torch.compile; $MOE_GPU_BENCH_ARGS adds options)
   models-bench  bench/models.py --device cuda: whole transformers MoE causal LMs (Mixtral, Qwen3-MoE, OLMoE, gpt-oss,
                 DeepSeek-V3, DeepSeek-V3 E=256) under eager / inductor / moe: decode, prefill, a training step,
@@ -122,6 +123,10 @@ FLASH_CASES = ("similarity_inform", "similarity_inform_topk_mma", "attention_pos
 #: FLASH_CASES, so that each variant is checked by memcheck and racecheck where it runs.
 FLASH_VARIANT_OPTIONS = ("flash-mma-wide-staging=true", "flash-mma-async-staging=true", "flash-mma-topk=true",
                          "flash-mma-posterior=true", "flash-mma-base2=true")
+#: The other kernel variants behind an option (issue #46's remapped routing kernels) and the harness cases that run
+#: them: a variant folder's sanitizer steps run these too (route-map=lanes keeps the picks' scores in shared memory
+#: and reads them back across lanes after a warp barrier: racecheck's business).
+VARIANT_CASES = {"route-map=lanes": ("route",), "topk-rounds=list": ("topk_renorm",)}
 
 
 
@@ -167,12 +172,17 @@ class Ctx:
 
     def sanitizer_only(self):
         """The sanitizer steps' case arguments: $MOE_GPU_CHECK_SANITIZE_ONLY; else the flash kernels' cases in a
-        folder built with a flash-mma variant option; else the checks' ($MOE_GPU_CHECK_ONLY)."""
+        folder built with a flash-mma variant option, plus the cases of the other variant options it was built with
+        (VARIANT_CASES); else the checks' ($MOE_GPU_CHECK_ONLY)."""
         if "MOE_GPU_CHECK_SANITIZE_ONLY" in os.environ:
             return os.environ["MOE_GPU_CHECK_SANITIZE_ONLY"]
         options = self.pipeline_options().split()
-        if any(o in options for o in FLASH_VARIANT_OPTIONS):
-            return "--only " + ",".join(FLASH_CASES)
+        cases = list(FLASH_CASES) if any(o in options for o in FLASH_VARIANT_OPTIONS) else []
+        for option, variant_cases in VARIANT_CASES.items():
+            if option in options:
+                cases += [c for c in variant_cases if c not in cases]
+        if cases:
+            return "--only " + ",".join(cases)
         return os.environ.get("MOE_GPU_CHECK_ONLY", "")
 
 

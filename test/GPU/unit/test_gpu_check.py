@@ -146,6 +146,19 @@ def test_sanitizers_run_the_flash_cases_of_a_variant_folder(setup, tmp_path, mon
         assert cmd[cmd.index("--only") + 1].split(",") == list(G.FLASH_CASES)
 
 
+@pytest.mark.parametrize("options,cases", [
+    ("route-map=lanes", ["route"]),
+    ("topk-rounds=list route-map=lanes", ["route", "topk_renorm"]),
+    ("flash-mma-base2=true route-map=lanes", list(G.FLASH_CASES) + ["route"])])
+def test_sanitizers_run_the_cases_of_the_routing_variants(setup, tmp_path, monkeypatch, options, cases):
+    # A folder built with issue #46's remapped routing kernels: memcheck and racecheck over their ops' cases (with
+    # the flash cases where a flash variant is on too); the checks keep every case.
+    checks, sanitized = sanitizer_commands(tmp_path / "folder", "balance-kernels=true " + options, monkeypatch)
+    assert "--only" not in checks
+    for cmd in sanitized:
+        assert sorted(cmd[cmd.index("--only") + 1].split(",")) == sorted(cases)
+
+
 def test_sanitizer_cases_can_be_named(setup, tmp_path, monkeypatch):
     _, sanitized = sanitizer_commands(tmp_path / "folder", "flash-mma-topk=true", monkeypatch,
                                       MOE_GPU_CHECK_SANITIZE_ONLY="--only similarity_inform")
@@ -157,5 +170,5 @@ def test_sanitizer_cases_can_be_named(setup, tmp_path, monkeypatch):
 def test_flash_cases_are_harness_cases():
     spec = importlib.util.spec_from_file_location("run_gpu_tests", os.path.join(HERE, "..", "run_gpu_tests.py"))
     text = open(spec.origin).read()
-    for case in G.FLASH_CASES:
+    for case in G.FLASH_CASES + tuple(c for cases in G.VARIANT_CASES.values() for c in cases):
         assert f'    "{case}": case_' in text
