@@ -1,0 +1,406 @@
+"""A small SIMT interpreter of convert-moe-to-gpu's kernels, for checking a kernel's code without a GPU: the
+gpu.func of `moe-opt --convert-moe-to-gpu --mlir-print-op-generic` (arith, math, memref, scf, gpu.shuffle, nvvm
+vote/redux/warp barrier, the 16-byte load's inline assembly, the SFU intrinsics) run one warp at a time in lockstep
+on numpy arrays of 32 lanes. Divergent scf.if runs both branches under lane masks; loops must be warp-uniform
+(the kernels' are: every lane reaches every shuffle). Global memory is numpy arrays (f16/bf16 held as their bits),
+shared memory one array per block. ex2.approx and rcp.approx are modelled as exact f32 2^x and 1/x: the interpreter
+checks the kernel's data movement and selection, not the SFU's ulps.
+
+Only what the route and top-k kernels use is implemented; an unknown op raises.
+"""
+import re
+
+import numpy as np
+
+LANES = 32
+
+OP = re.compile(r'^\s*(?:(?P<res>%[^=]+?) = )?"(?P<name>[\w.]+)"\((?P<args>[^)]*)\)(?P<rest>.*)$')
+BLOCK = re.compile(r"^\s*\^bb\d+(?:\((?P<args>.*)\))?:\s*$")
+
+
+class Op:
+    __slots__ = ("name", "results", "args", "props", "types", "regions")
+
+    def __init__(self, name, results, args, props, types):
+        self.name, self.results, self.args, self.props, self.types = name, results, args, props, types
+        self.regions = []
+
+
+def _results(res):
+    if not res:
+        return []
+    out = []
+    for part in res.split(", "):
+        m = re.match(r"(%[\w.$-]+)(?::(\d+))?$", part.strip())
+        name, n = m.group(1), m.group(2)
+        out += [f"{name}#{i}" for i in range(int(n))] if n else [name]
+    return out
+
+
+def _type_list(s):
+    s = s.strip()
+    if s.startswith("(") and s.endswith(")"):
+        s = s[1:-1]
+    out, depth, cur = [], 0, ""
+    for ch in s:
+        if ch in "<([{":
+            depth += 1
+        elif ch in ">)]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+def _signature(rest):
+    """The result types of an op line's trailing `: (operands) -> results`."""
+    i = rest.rfind(" -> ")
+    if i < 0:
+        return []
+    return _type_list(rest[i + 4:])
+
+
+def parse(text, func_name):
+    """The body (a list of blocks: (arg names, ops)) of gpu.func `func_name`."""
+    lines = text.splitlines()
+    pos = [0]
+
+    def parse_regions(first_rest):
+        regions = []
+        blocks = []
+        cur_args, cur_ops = [], []
+        started = False
+        while True:
+            line = lines[pos[0]]
+            pos[0] += 1
+            s = line.strip()
+            m = BLOCK.match(line)
+            if m:
+                if started:
+                    blocks.append((cur_args, cur_ops))
+                cur_args = [a.split(":")[0].strip() for a in _type_list(m.group("args") or "")]
+                cur_ops, started = [], True
+                continue
+            if s.startswith("}"):
+                if started or cur_ops:
+                    blocks.append((cur_args, cur_ops))
+                regions.append(blocks)
+                blocks, cur_args, cur_ops, started = [], [], [], False
+                if s.startswith("}, {"):
+                    continue
+                return regions, s
+            op = parse_op(line)
+            cur_ops.append(op)
+            started = True
+
+    def parse_op(line):
+        m = OP.match(line)
+        if not m:
+            raise ValueError(f"cannot parse: {line}")
+        rest = m.group("rest")
+        args = [a.strip() for a in m.group("args").split(",") if a.strip()]
+        props = rest
+        op = Op(m.group("name"), _results(m.group("res")), args, props, [])
+        if rest.rstrip().endswith("({"):
+            op.regions, closing = parse_regions(rest)
+            op.types = _signature(closing)
+            op.props = rest + " " + closing
+        else:
+            op.types = _signature(rest)
+        return op
+
+    while pos[0] < len(lines):
+        line = lines[pos[0]]
+        pos[0] += 1
+        if '"gpu.func"' in line:
+            regions, closing = parse_regions(line)
+            if f'sym_name = "{func_name}"' in closing:
+                return regions[0]
+    raise KeyError(func_name)
+
+
+def _prop(op, key):
+    m = re.search(key + r" = ([^,}>]+(?:<[^>]*>)?)", op.props)
+    return m.group(1).strip() if m else None
+
+
+def _int_type(t):
+    return {"i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
+            "index": np.int64}.get(t)
+
+
+def _const(op):
+    t = op.types[0]
+    m = re.search(r"value = (.+?) : (\S+)\}>", op.props) or re.search(r"value = (true|false)\}>", op.props)
+    v = m.group(1)
+    if v in ("true", "false"):
+        return np.full(LANES, v == "true")
+    if t == "f32":
+        if v.startswith("0x"):
+            return np.full(LANES, np.uint32(int(v, 16))).view(np.float32)
+        return np.full(LANES, np.float32(float(v)))
+    return np.full(LANES, int(v), dtype=_int_type(t))
+
+
+CMPI = {0: np.equal, 1: np.not_equal, 2: np.less, 3: np.less_equal, 4: np.greater, 5: np.greater_equal}
+
+
+def _unsigned(x):
+    return x.astype({np.dtype(np.int32): np.uint32, np.dtype(np.int64): np.uint64,
+                     np.dtype(np.int16): np.uint16}.get(x.dtype, x.dtype))
+
+
+def _cmpf(pred, a, b):
+    nan = np.isnan(a) | np.isnan(b)
+    ordered = {1: a == b, 2: a > b, 3: a >= b, 4: a < b, 5: a <= b, 6: a != b}
+    if pred in ordered:
+        return ordered[pred] & ~nan
+    if pred == 7:
+        return ~nan
+    if pred == 14:
+        return nan
+    unordered = {8: a == b, 9: a > b, 10: a >= b, 11: a < b, 12: a <= b, 13: a != b}
+    return unordered[pred] | nan
+
+
+def _bits_to_f32(bits, t):
+    bits = bits.astype(np.uint16).astype(np.uint32)
+    if t == "bf16":
+        return (bits << 16).view(np.float32)
+    return bits.astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+class Memory:
+    """Global buffers by argument and a fake address space for the 16-byte loads."""
+
+    def __init__(self):
+        self.buffers = []   # (base address, numpy array, element type name)
+
+    def add(self, array, elt, misalign_bytes=0):
+        base = (len(self.buffers) + 1) << 32 | (misalign_bytes & 15)
+        self.buffers.append((base, array, elt))
+        return len(self.buffers) - 1
+
+    def load16(self, address):
+        for base, array, elt in self.buffers:
+            if base <= address < base + array.nbytes:
+                raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+                off = int(address - base)
+                return np.frombuffer(raw[off:off + 16].tobytes(), dtype=np.int32)
+        raise IndexError(hex(address))
+
+
+def run_kernel(body, args, block_dim, grid, memory, smem_shape=None):
+    """Runs the kernel `body` (parse()) on `args` (numpy arrays for memrefs; the workgroup buffer is made here)
+    over `grid` blocks of `block_dim` threads, one warp at a time."""
+    block_args = body[0][0]
+    for b in range(grid):
+        smem = np.zeros(smem_shape, dtype=np.float32) if smem_shape else None
+        for w in range(block_dim // LANES):
+            env = {}
+            for name, a in zip(block_args, args + ([smem] if smem is not None else [])):
+                env[name] = a
+            Warp(env, memory, b, w).run_block(body[0][1], np.ones(LANES, bool))
+
+
+class Warp:
+    def __init__(self, env, memory, block, warp):
+        self.env, self.mem, self.block, self.warp = env, memory, block, warp
+        self.tid = np.arange(LANES, dtype=np.int64) + warp * LANES
+        self.arrays = {id(a): (i, a) for i, (_, a, _) in enumerate(memory.buffers)}
+
+    def get(self, name):
+        return self.env[name]
+
+    def run_block(self, ops, mask, block_args=None, values=None):
+        if block_args:
+            for n, v in zip(block_args, values):
+                self.env[n] = v
+        for op in ops:
+            out = self.step(op, mask)
+            if op.name in ("scf.yield", "scf.condition", "gpu.return"):
+                return out
+            if out is not None:
+                if not isinstance(out, (list, tuple)):
+                    out = [out]
+                for n, v in zip(op.results, out):
+                    self.env[n] = v
+        return None
+
+    def region(self, op, i, mask, values=()):
+        args, ops = op.regions[i][0]
+        return self.run_block(ops, mask, args, list(values))
+
+    def step(self, op, mask):
+        n = op.name
+        a = [self.get(x) for x in op.args]
+        if n == "arith.constant":
+            return _const(op)
+        if n == "gpu.thread_id":
+            return self.tid.copy()
+        if n == "gpu.block_id":
+            return np.full(LANES, self.block, dtype=np.int64)
+        if n == "memref.dim":
+            return np.full(LANES, a[0].shape[int(a[1][0])], dtype=np.int64)
+        if n in ("arith.addi", "arith.subi", "arith.muli"):
+            f = {"arith.addi": np.add, "arith.subi": np.subtract, "arith.muli": np.multiply}[n]
+            with np.errstate(over="ignore"):
+                return f(a[0], a[1]).astype(a[0].dtype)
+        if n in ("arith.divui", "arith.remui"):
+            d = np.where(a[1] == 0, 1, a[1])
+            ua, ud = _unsigned(a[0]), _unsigned(d)
+            r = ua // ud if n == "arith.divui" else ua % ud
+            return r.astype(a[0].dtype)
+        if n in ("arith.andi", "arith.ori", "arith.xori"):
+            f = {"arith.andi": np.bitwise_and, "arith.ori": np.bitwise_or, "arith.xori": np.bitwise_xor}[n]
+            return f(a[0], a[1])
+        if n == "arith.shli":
+            return np.left_shift(a[0], a[1].astype(a[0].dtype))
+        if n == "arith.shrsi":
+            return np.right_shift(a[0], a[1].astype(a[0].dtype))
+        if n == "arith.shrui":
+            return np.right_shift(_unsigned(a[0]), _unsigned(a[1].astype(a[0].dtype))).astype(a[0].dtype)
+        if n in ("arith.maxsi", "arith.minsi"):
+            return (np.maximum if n == "arith.maxsi" else np.minimum)(a[0], a[1])
+        if n == "arith.minui":
+            return np.minimum(_unsigned(a[0]), _unsigned(a[1])).astype(a[0].dtype)
+        if n == "arith.cmpi":
+            pred = int(_prop(op, "predicate").split(":")[0])
+            if pred >= 6:
+                x, y = _unsigned(a[0]), _unsigned(a[1])
+                return {6: x < y, 7: x <= y, 8: x > y, 9: x >= y}[pred]
+            return CMPI[pred](a[0], a[1])
+        if n == "arith.cmpf":
+            return _cmpf(int(_prop(op, "predicate").split(":")[0]), a[0], a[1])
+        if n == "arith.select":
+            return np.where(a[0], a[1], a[2])
+        if n in ("arith.index_cast", "arith.extsi", "arith.trunci", "arith.extui", "arith.index_castui"):
+            t = _int_type(op.types[0])
+            if n == "arith.extui":
+                src = a[0]
+                if src.dtype == np.bool_:
+                    return src.astype(t)
+                return _unsigned(src).astype(t)
+            with np.errstate(over="ignore"):
+                return a[0].astype(t)
+        if n == "arith.sitofp":
+            return a[0].astype(np.float32)
+        if n == "arith.bitcast":
+            t = op.types[0]
+            if t == "f32":
+                return a[0].astype(np.int32).view(np.float32)
+            if t == "i32":
+                return a[0].astype(np.float32).view(np.int32)
+            if t in ("bf16", "f16"):
+                return a[0]            # 16-bit floats are held as their bits
+            raise NotImplementedError(f"bitcast to {t}")
+        if n == "arith.extf":
+            src_t = re.search(r"\((\w+)\) ->", op.props).group(1)
+            return _bits_to_f32(a[0], src_t) if src_t in ("bf16", "f16") else a[0].astype(np.float32)
+        if n in ("arith.addf", "arith.subf", "arith.mulf", "arith.divf"):
+            f = {"arith.addf": np.add, "arith.subf": np.subtract, "arith.mulf": np.multiply,
+                 "arith.divf": np.divide}[n]
+            with np.errstate(all="ignore"):
+                return f(a[0], a[1]).astype(np.float32)
+        if n in ("arith.maximumf", "arith.minimumf"):
+            f = np.maximum if n == "arith.maximumf" else np.minimum   # NaN-propagating, as arith's
+            return f(a[0], a[1]).astype(np.float32)
+        if n == "arith.negf":
+            return -a[0]
+        if n == "math.exp":
+            with np.errstate(all="ignore"):
+                return np.exp(a[0]).astype(np.float32)
+        if n == "math.fma":
+            return (a[0] * a[1] + a[2]).astype(np.float32)
+        if n == "llvm.call_intrinsic":
+            name = re.search(r'intrin = "([^"]+)"', op.props).group(1)
+            with np.errstate(all="ignore"):
+                if "ex2.approx" in name:
+                    return np.exp2(a[0]).astype(np.float32)
+                if "rcp.approx" in name:
+                    return (np.float32(1.0) / a[0]).astype(np.float32)
+            raise NotImplementedError(name)
+        if n == "memref.extract_aligned_pointer_as_index":
+            i, arr = self.arrays[id(a[0])]
+            return np.full(LANES, self.mem.buffers[i][0], dtype=np.int64)
+        if n == "llvm.inline_asm":
+            assert "ld.global.nc.v4.b32" in op.props
+            words = np.zeros((4, LANES), dtype=np.int32)
+            for l in range(LANES):
+                if mask[l]:
+                    words[:, l] = self.mem.load16(int(a[0][l]))
+            return [tuple(words)]
+        if n == "llvm.extractvalue":
+            pos = int(re.search(r"position = array<i64: (\d+)>", op.props).group(1))
+            return a[0][pos]
+        if n == "memref.load":
+            arr = a[0]
+            idx = [np.where(mask, i, 0) for i in a[1:]]
+            return arr[tuple(idx)] if arr.ndim else np.full(LANES, arr)
+        if n == "memref.store":
+            arr = a[1]
+            for l in range(LANES):
+                if mask[l]:
+                    arr[tuple(int(i[l]) for i in a[2:])] = a[0][l]
+            return None
+        if n == "gpu.shuffle":
+            assert "xor" in op.props, op.props
+            src = np.arange(LANES) ^ a[1]
+            return [a[0][src], np.ones(LANES, bool)]
+        if n == "nvvm.vote.sync":
+            assert "any" in op.props
+            return np.full(LANES, bool(np.any(a[1] & mask)))
+        if n == "nvvm.redux.sync":
+            kind = "max" if "max" in op.props else "min"
+            out = np.empty(LANES, dtype=a[0].dtype)
+            for l in range(LANES):
+                m = int(a[1][l]) & 0xFFFFFFFF
+                lanes = [j for j in range(LANES) if m >> j & 1]
+                out[l] = (max if kind == "max" else min)(a[0][j] for j in lanes)
+            return out
+        if n == "nvvm.bar.warp.sync":
+            return None
+        if n == "scf.if":
+            cond = a[0]
+            take = cond & mask
+            skip = ~cond & mask
+            has_else = len(op.regions) > 1 and op.regions[1] and op.regions[1][0][1]
+            r1 = self.region(op, 0, take) if take.any() or not has_else else None
+            if not op.results:
+                if has_else and skip.any():
+                    self.region(op, 1, skip)
+                return None
+            if not skip.any():
+                return r1
+            r2 = self.region(op, 1, skip)
+            if not take.any():
+                return r2
+            return [np.where(cond, x, y) for x, y in zip(r1, r2)]
+        if n == "scf.for":
+            lb, ub, st = int(a[0][0]), int(a[1][0]), int(a[2][0])
+            assert np.all(a[0] == lb) and np.all(a[1] == ub), "scf.for bounds must be warp-uniform"
+            vals = a[3:]
+            for i in range(lb, ub, st):
+                vals = self.region(op, 0, mask, [np.full(LANES, i, dtype=np.int64)] + list(vals)) or []
+            return list(vals)
+        if n == "scf.while":
+            vals = a
+            while True:
+                cond, passed = self.region(op, 0, mask, vals)
+                live = cond[mask]
+                assert live.all() or not live.any(), "scf.while condition must be warp-uniform"
+                if not live.any():
+                    return passed
+                vals = self.region(op, 1, mask, passed)
+        if n == "scf.yield":
+            return a
+        if n == "scf.condition":
+            return (a[0], a[1:])
+        if n == "gpu.return":
+            return []
+        raise NotImplementedError(n)

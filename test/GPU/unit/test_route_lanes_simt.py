@@ -1,0 +1,135 @@
+"""route-map=lanes's kernel as moe-opt emits it, run without a GPU: each case is lowered with
+`moe-opt --convert-moe-to-gpu="route-map=lanes" --mlir-print-op-generic` and its gpu.func executed warp by warp in
+lockstep by simt.py (shuffles, redux, votes, the 16-byte loads' inline assembly, shared memory, divergent stores),
+then compared with the GPU harness's float64 reference (run_gpu_tests.ref_route) as the harness compares the GPU's
+results: indices equal where no near-tie reorders them (the reference's choice values at our indices), weights
+within rtol 1e-4. Rows: sorted either way (the best experts crowd a lane's list: refills), -inf, NaN, ties, zeros,
+and the same rows misaligned by 4 bytes (the 4-byte-load fallback). ex2.approx/rcp.approx run as exact f32, so the
+SFU's ulps are the GPU run's to check. Needs moe-opt ($MOE_OPT, else build/bin/moe-opt): skipped without it.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, ".."))
+import simt  # noqa: E402
+
+torch = pytest.importorskip("torch")
+MOE_OPT = os.environ.get("MOE_OPT") or os.path.join(HERE, "..", "..", "..", "build", "bin", "moe-opt")
+if not os.path.exists(MOE_OPT):
+    pytest.skip(f"no moe-opt at {MOE_OPT}", allow_module_level=True)
+import run_gpu_tests as R  # noqa: E402
+
+BLOCK = 128
+MLIR_TYPES = {np.float32: "f32", np.float16: "f16", "bf16": "bf16"}
+
+
+def lower(E, k, dtype, bias, attrs):
+    t = MLIR_TYPES[dtype]
+    b = f" bias(%b : tensor<{E}xf32>)" if bias else ""
+    arg = f", %b: tensor<{E}xf32>" if bias else ""
+    text = (f"func.func @f(%x: tensor<?x{E}x{t}>{arg}) -> (tensor<?x{k}xf32>, tensor<?x{k}xi32>) {{\n"
+            f"  %w, %i = moe.route %x{b} k({k}) {attrs} : tensor<?x{E}x{t}> -> tensor<?x{k}xf32>, "
+            f"tensor<?x{k}xi32>\n  return %w, %i : tensor<?x{k}xf32>, tensor<?x{k}xi32>\n}}\n")
+    out = subprocess.run([MOE_OPT, "-", "--convert-moe-to-gpu=route-map=lanes", "--mlir-print-op-generic"],
+                         input=text, capture_output=True, text=True, check=True).stdout
+    assert '"route_lanes_0"' in out, "not the lanes kernel"
+    return out
+
+
+def bf16_bits(x):
+    return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def run(text, x, bias, k, misalign):
+    """The kernel on x [T, E] (f32, f16, or bf16 bits as uint16): (weights, indices)."""
+    body = simt.parse(text, "route_lanes_0")
+    T = x.shape[0]
+    w = np.zeros((T, k), np.float32)
+    i = np.zeros((T, k), np.int32)
+    mem = simt.Memory()
+    args = [x] + ([bias] if bias is not None else []) + [w, i]
+    for a in args:
+        mem.add(a, None, misalign_bytes=4 if (misalign and a is x) else 0)
+    smem = int(re.search(r"memref<(\d+)xf32, #gpu.address_space<workgroup>>", text).group(1))
+    # The token's lanes W: the divisor of the kernel's first remui (tid % W).
+    width = int(re.search(r'value = (\d+) : index\}> : \(\) -> index\n\s*%\d+ = "arith.remui"', text).group(1))
+    simt.run_kernel(body, args, BLOCK, -(-T // (BLOCK // width)), mem, smem_shape=(smem,))
+    return w, i
+
+
+def adversarial(x, rng):
+    x[0] = np.sort(x[0])[::-1]
+    x[1] = np.sort(x[1])
+    x[2] = -np.inf
+    x[3, 5] = np.nan
+    x[4] = rng.integers(-2, 3, x.shape[1])
+    x[5, ::3] = -np.inf
+    x[6] = 0.0
+    return x
+
+
+# (E, k, dtype, bias, attributes, reference keywords): the harness's models and route_shapes_*, plus E = 2048.
+CASES = [
+    (256, 8, np.float32, True, "scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) "
+     "routed_scaling_factor(2.500000e+00)", dict(scoring="sigmoid", n_group=8, topk_group=4, renormalize=True,
+                                                 scale=2.5)),
+    (384, 8, "bf16", True, "scoring(sigmoid) renormalize(true) routed_scaling_factor(2.827000e+00)",
+     dict(scoring="sigmoid", renormalize=True, scale=2.827)),
+    (160, 6, np.float32, False, "n_group(8) topk_group(3) group_score(max) routed_scaling_factor(1.600000e+01)",
+     dict(n_group=8, topk_group=3, group_score="max", scale=16.0)),
+    (128, 8, np.float16, False, "renormalize(true)", dict(renormalize=True)),
+    (20, 4, np.float32, False, "order(topk_then_score)", dict(order="topk_then_score")),
+    (16, 1, np.float32, False, "scoring(sigmoid) order(topk_then_score)",
+     dict(scoring="sigmoid", order="topk_then_score")),
+    (6, 6, np.float32, False, "renormalize(true)", dict(renormalize=True)),
+    (288, 32, np.float32, False, "renormalize(true)", dict(renormalize=True)),
+    (896, 16, "bf16", True, "scoring(sigmoid) renormalize(true)", dict(scoring="sigmoid", renormalize=True)),
+    (1024, 8, np.float32, True, "scoring(sigmoid) n_group(8) topk_group(4) renormalize(true)",
+     dict(scoring="sigmoid", n_group=8, topk_group=4, renormalize=True)),
+    (256, 8, np.float16, False, "n_group(4) topk_group(2) group_score(max) renormalize(true)",
+     dict(n_group=4, topk_group=2, group_score="max", renormalize=True)),
+    (192, 6, np.float32, True, "scoring(sigmoid) n_group(6) topk_group(3) renormalize(true)",
+     dict(scoring="sigmoid", n_group=6, topk_group=3, renormalize=True)),
+    (64, 8, np.float32, False, "n_group(16) topk_group(4) renormalize(true)",
+     dict(n_group=16, topk_group=4, renormalize=True)),
+    (2048, 8, np.float32, False, "renormalize(true)", dict(renormalize=True)),
+]
+
+
+@pytest.mark.parametrize("E,k,dtype,has_bias,attrs,ref", CASES,
+                         ids=[f"E{c[0]}_k{c[1]}_{c[4].split()[0]}" for c in CASES])
+def test_kernel_equals_reference(E, k, dtype, has_bias, attrs, ref):
+    rng = np.random.default_rng(E * 7 + k)
+    T = 21                                       # a partial last block
+    x32 = adversarial(rng.standard_normal((T, E)).astype(np.float32), rng)
+    if dtype == "bf16":
+        x = bf16_bits(x32)
+        xref = torch.from_numpy((x.astype(np.uint32) << 16).view(np.float32))
+    else:
+        x = x32.astype(dtype)
+        xref = torch.from_numpy(x.astype(np.float32))
+        if dtype == np.float16:
+            x = x.view(np.uint16)                # simt.py holds 16-bit floats as their bits
+    bias = (rng.random(E) * 0.1).astype(np.float32) if has_bias else None
+    text = lower(E, k, dtype, has_bias, attrs)
+    for misalign in (False, True):
+        w, i = run(text, x, bias, k, misalign)
+        rw, ri, rc = R.ref_route(xref, None if bias is None else torch.from_numpy(bias), k, **ref)
+        # Near-ties of the f32 choice values may order differently from float64 (check_route's rule).
+        full = R.ref_route(xref, None if bias is None else torch.from_numpy(bias), E,
+                           **dict(ref, renormalize=False, scale=1.0))
+        c = torch.full((T, E), float("nan"), dtype=torch.float64)
+        c.scatter_(1, full[1].long(), full[2])
+        torch.testing.assert_close(c.gather(1, torch.from_numpy(i).long()), rc, rtol=1e-5, atol=1e-6,
+                                   equal_nan=True, msg=lambda m: f"choice values (misaligned={misalign}): {m}")
+        assert ((i >= 0) & (i < E)).all()
+        assert all(len(set(row)) == k for row in i.tolist()), "an expert picked twice"
+        torch.testing.assert_close(torch.from_numpy(w), rw, rtol=1e-4, atol=1e-5, equal_nan=True,
+                                   msg=lambda m: f"weights (misaligned={misalign}): {m}")
