@@ -58,7 +58,8 @@ from typing import Any, Callable, Optional  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 BACKENDS = ("eager", "inductor", "moe")
 PHASES = ("decode", "prefill", "train")
-MODELS = ("mixtral", "qwen3_moe", "olmoe", "gpt_oss", "deepseek_v3", "deepseek_v3_e256")
+MODELS = ("mixtral", "qwen3_moe", "olmoe", "gpt_oss", "deepseek_v3", "deepseek_v3_e256", "qwen3_moe_e128",
+          "deepseek_v3_mla")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -86,10 +87,16 @@ def build_model(name: str, quick: bool):
         cfg = tf.MixtralConfig(intermediate_size=2 * s["inter"], num_local_experts=s["experts"] // 2,
                                num_experts_per_tok=2, **common)
         cls = tf.MixtralForCausalLM
-    elif name == "qwen3_moe":
-        cfg = tf.Qwen3MoeConfig(moe_intermediate_size=s["inter"], intermediate_size=4 * s["inter"],
-                                num_experts=s["experts"], num_experts_per_tok=k, head_dim=s["head_dim"],
-                                norm_topk_prob=True, **common)
+    elif name in ("qwen3_moe", "qwen3_moe_e128"):
+        # qwen3_moe_e128 (issue 51 item 2, a second configuration): Qwen3-MoE's own E = 128, k = 8, narrower
+        # experts (inter / 2), hidden 384 with 6 heads
+        wide = name == "qwen3_moe_e128"
+        cfg = tf.Qwen3MoeConfig(moe_intermediate_size=s["inter"] // 2 if wide else s["inter"],
+                                intermediate_size=4 * s["inter"],
+                                num_experts=2 * s["experts"] if wide else s["experts"], num_experts_per_tok=k,
+                                head_dim=s["head_dim"], norm_topk_prob=True,
+                                **dict(common, **(dict(hidden_size=s["hidden"] * 3 // 2,
+                                                       num_attention_heads=s["heads"] * 3 // 2) if wide else {})))
         cls = tf.Qwen3MoeForCausalLM
     elif name == "olmoe":
         cfg = tf.OlmoeConfig(intermediate_size=s["inter"], num_experts=s["experts"], num_experts_per_tok=k,
@@ -101,14 +108,18 @@ def build_model(name: str, quick: bool):
                               layer_types=["sliding_attention", "full_attention"] * (s["layers"] // 2),
                               **common)
         cls = tf.GptOssForCausalLM
-    elif name in ("deepseek_v3", "deepseek_v3_e256"):
-        experts = s["experts"] if name == "deepseek_v3" else s["big"]
+    elif name in ("deepseek_v3", "deepseek_v3_e256", "deepseek_v3_mla"):
+        # deepseek_v3_mla: issue 51's configuration (E = 64, k = 8, 8 groups, top-4 groups, one shared expert,
+        # MLA with q_lora_rank 64 and kv_lora_rank 32: a low-rank query as well as the latent key/value)
+        experts = s["big"] if name == "deepseek_v3_e256" else s["experts"]
+        mla = name == "deepseek_v3_mla"
         groups = 8 if experts >= 32 else 4  # DeepSeek-V3's 8 groups (4 kept); at least 2 experts per group
-        cfg = tf.DeepseekV3Config(moe_intermediate_size=s["inter"] if name == "deepseek_v3" else s["inter"] // 2,
+        cfg = tf.DeepseekV3Config(moe_intermediate_size=s["inter"] // 2 if name == "deepseek_v3_e256" else s["inter"],
                                   intermediate_size=4 * s["inter"], n_routed_experts=experts, num_experts_per_tok=k,
                                   n_group=groups, topk_group=groups // 2, n_shared_experts=1, first_k_dense_replace=0,
-                                  routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=None,
-                                  kv_lora_rank=s["hidden"] // 4, qk_rope_head_dim=s["head_dim"] // 2,
+                                  routed_scaling_factor=2.5, norm_topk_prob=True,
+                                  q_lora_rank=s["hidden"] // 4 if mla else None,
+                                  kv_lora_rank=s["hidden"] // 8 if mla else s["hidden"] // 4, qk_rope_head_dim=s["head_dim"] // 2,
                                   qk_nope_head_dim=s["head_dim"] // 2, v_head_dim=s["head_dim"],
                                   **dict(common, num_key_value_heads=s["heads"]))  # MLA: no grouped KV heads
         cls = tf.DeepseekV3ForCausalLM
@@ -124,7 +135,7 @@ def build_model(name: str, quick: bool):
         for bname, b in model.named_buffers():
             if "e_score_correction_bias" in bname:
                 b.copy_(torch.randn(b.shape, generator=g) * 0.01)
-    desc = {"hidden": s["hidden"], "layers": s["layers"], "experts": _experts(cfg), "k": cfg.num_experts_per_tok}
+    desc = {"hidden": cfg.hidden_size, "layers": s["layers"], "experts": _experts(cfg), "k": cfg.num_experts_per_tok}
     return model.eval(), desc
 
 
