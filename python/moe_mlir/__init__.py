@@ -19,7 +19,8 @@ from . import ops  # noqa: F401  (registers torch.ops.moe.*)
 from . import metrics  # noqa: F401
 from .api import compile  # noqa: F401
 from .backends.dynamo import register_backend as _register_backend
-from .backends.tools import find_moe_opt, run_moe_opt  # noqa: F401
+from .runtime.driver import run_moe_opt  # noqa: F401
+from .runtime.locate import find_moe_opt  # noqa: F401
 from .mlir.importer import MoEImportError, import_model, import_program  # noqa: F401
 
 

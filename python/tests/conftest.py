@@ -21,7 +21,7 @@ pytest.register_assert_rewrite("torch_checks")
 import torch  # noqa: E402
 
 import moe_mlir  # noqa: E402,F401  (registers torch.ops.moe.*)
-from moe_mlir.backends.tools import find_mlir_runner, find_moe_opt  # noqa: E402
+from moe_mlir.runtime.locate import find_mlir_runner, find_moe_opt  # noqa: E402
 from torch_checks import cuda_wanted, device_param  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

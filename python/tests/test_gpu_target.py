@@ -30,8 +30,10 @@ import moe_mlir
 from moe_mlir.api import compile
 from moe_mlir.backends import cuda as gpu
 from moe_mlir.backends.dynamo import moe_backend
-from moe_mlir.backends.tools import MoEOptError, MoERuntimeError
+from moe_mlir.backends.tools import MoERuntimeError
+from moe_mlir.runtime.driver import MoEOptError
 from moe_mlir.backends.whole_graph import backend_target
+from moe_mlir.frontend.partitioning import is_gpu_node, is_moe_op
 from moe_mlir.frontend.raising import raise_routing_idioms
 from moe_mlir.mlir.importer import export_program
 from moe_mlir.models import acmoe, attention_inform, hyper_router, similarity_inform, symphony
@@ -103,18 +105,18 @@ def test_split_isolates_moe_ops(mod):
     model, args = mod.example(use_custom_ops=True)
     ep = export_program(model, args)
     raise_routing_idioms(ep.graph_module)
-    n_moe = sum(1 for n in ep.graph_module.graph.nodes if n.op == "call_function" and gpu.is_moe_op(n.target))
+    n_moe = sum(1 for n in ep.graph_module.graph.nodes if n.op == "call_function" and is_moe_op(n.target))
     split, names = gpu.split_routing(ep.graph_module)
     assert names, "no GPU partition"
     inside = 0
     for name in names:
         for node in getattr(split, name).graph.nodes:
             if node.op == "call_function":
-                assert gpu.is_gpu_node(node), f"{node.format_node()} is not a moe op"
-                inside += gpu.is_moe_op(node.target)
+                assert is_gpu_node(node), f"{node.format_node()} is not a moe op"
+                inside += is_moe_op(node.target)
     assert inside == n_moe
     # Outside the partitions: no moe op left.
-    assert not any(n.op == "call_function" and gpu.is_moe_op(n.target) for n in split.graph.nodes)
+    assert not any(n.op == "call_function" and is_moe_op(n.target) for n in split.graph.nodes)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -764,8 +764,8 @@ def test_prebuild_cuda_builds_a_kernel_with_the_one_cuda_recipe(tmp_path, monkey
     if not (toolkit / "bin" / "ptxas").is_file() or locate.find_runtime_lib("libmoe_cuda_runtime.so") is None:
         pytest.skip(f"no CUDA toolkit at {toolkit} or no libmoe_cuda_runtime.so")
     calls = []
-    real = driver.run_tool
-    monkeypatch.setattr(driver, "run_tool", lambda cmd, *a, **kw: calls.append(cmd) or real(cmd, *a, **kw))
+    real = driver.run_process
+    monkeypatch.setattr(driver, "run_process", lambda cmd, *a, **kw: calls.append(cmd) or real(cmd, *a, **kw))
     key = "topk_renorm|k=2|mode=logits|renormalize=1|in:scores:f32:?x16"
     assert cache.prebuild_cuda([key], tmp_path, "sm_90", jobs=1) == 1
     assert [Path(c[1]).name for c in calls] == ["moe-aot.py"]

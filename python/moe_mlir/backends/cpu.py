@@ -43,8 +43,9 @@ __all__ = [
 
 from ..runtime import driver, executor_c
 from ..runtime.abi import DTYPE_OF_ELEM
-from .tools import (LLVM_LIB, MoEOptError, MoERuntimeError, find_mlir_runner, find_runtime_lib, lower_to_llvm,
-                    refuse_gradients, verify)
+from ..runtime.driver import MoEOptError
+from ..runtime.locate import LLVM_LIB, find_mlir_runner, find_runtime_lib
+from .tools import MoERuntimeError, lower_to_llvm, refuse_gradients, verify
 
 
 # ----------------------------------------------------------------------------------------------------------------

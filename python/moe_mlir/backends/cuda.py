@@ -36,7 +36,7 @@ mode on, an input that requires grad is refused; train with the default path), o
 were loaded on at the first call. The library is loaded at the first call (or :meth:`CudaCompiledModel.load`): that
 is where a missing driver or device is reported (:class:`CudaUnavailableError`). A CPU tensor passed to the
 compiled model raises :class:`ValueError`; a missing tool of the GPU build raises :class:`GpuToolchainError`; a moe
-op the GPU lowering refuses raises :class:`~moe_mlir.backends.tools.MoEOptError` with moe-opt's diagnostic.
+op the GPU lowering refuses raises :class:`~moe_mlir.runtime.driver.MoEOptError` with moe-opt's diagnostic.
 
 :meth:`CudaCompiledModel.run_split_on_cpu` runs the *same split* on the CPU (the eager part on CPU tensors, each
 partition's MLIR through the CPU execution API): a check of the partitioning, the argument/result plumbing and the
@@ -54,8 +54,6 @@ import contextlib
 import copy
 import ctypes
 import os
-import shutil
-import sys
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -68,8 +66,9 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from ..mlir.builder import TensorType
 from ..runtime import abi, driver
+from ..runtime.driver import GpuToolchain, GpuToolchainError, find_gpu_toolchain
 from ..runtime import cuda as moe_cuda
-from ..frontend.partitioning import is_gpu_node, is_moe_op, split_routing  # noqa: F401
+from ..frontend.partitioning import split_routing
 from ..mlir.importer import ImportedProgram, export_program, import_exported_program
 
 __all__ = [
@@ -87,64 +86,14 @@ __all__ = [
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
-class GpuToolchainError(FileNotFoundError):
-    """A tool or library the GPU build needs is missing (moe-opt, moe-aot.py, mlir-translate, llc, ptxas,
-    fatbinary, a C++ compiler, libmoe_cuda_runtime.so); the message names it and how to provide it."""
-
-
 class CudaUnavailableError(RuntimeError):
     """The model was compiled for CUDA but cannot run here: no CUDA driver, no device, or the kernels could not
     be loaded on this device."""
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Tools
+# Tools (the one CUDA recipe and its toolchain: moe_mlir.runtime.driver)
 # ----------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class GpuToolchain:
-    moe_opt: str
-    moe_aot: str
-    llvm_bin: str
-    toolkit: str
-    cxx: str
-    runtime_dir: str  # holds libmoe_cuda_runtime.so and libmoe_cpu_runtime.so
-
-
-def find_gpu_toolchain() -> GpuToolchain:
-    """Every tool of the GPU build, or :class:`GpuToolchainError` naming all that are missing."""
-    from ..runtime.locate import find_moe_aot
-    from .tools import LLVM_BIN, find_moe_opt, find_runtime_lib as _find_runtime_lib
-
-    missing: list[str] = []
-    moe_opt = find_moe_opt()
-    if moe_opt is None:
-        missing.append("moe-opt (build it: ninja -C <build> moe-opt, or set MOE_OPT)")
-    aot = find_moe_aot()
-    if aot is None:
-        missing.append(f"moe-aot.py (not at {os.environ.get('MOE_AOT') or 'tools/moe-aot/moe-aot.py'}; set MOE_AOT)")
-    llvm_bin = str(LLVM_BIN)
-    for tool in ("mlir-translate", "llc"):
-        if not os.access(os.path.join(llvm_bin, tool), os.X_OK):
-            missing.append(f"{tool} (not in {llvm_bin})")
-    toolkit = os.environ.get("MOE_CUDA_TOOLKIT", "/usr/local/cuda")
-    for tool in ("ptxas", "fatbinary"):
-        if not os.access(os.path.join(toolkit, "bin", tool), os.X_OK):
-            missing.append(f"{tool} of the CUDA toolkit (not in {toolkit}/bin; set MOE_CUDA_TOOLKIT)")
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if not cxx:
-        missing.append("a C++ compiler to link the library (c++/g++, or set CXX)")
-    rt = _find_runtime_lib("libmoe_cuda_runtime.so")
-    if rt is None:
-        missing.append("libmoe_cuda_runtime.so (build it: ninja -C <build> moe_cuda_runtime; it needs the CUDA "
-                       "toolkit's cuda.h and stub libcuda.so at configure time)")
-    elif not os.path.isfile(os.path.join(os.path.dirname(rt), "libmoe_cpu_runtime.so")):
-        missing.append("libmoe_cpu_runtime.so (build it: ninja -C <build> moe_cpu_runtime)")
-    if missing:
-        raise GpuToolchainError("moe_mlir.compile(target='cuda') cannot build the GPU library; missing:\n  - "
-                                + "\n  - ".join(missing))
-    return GpuToolchain(moe_opt, aot, llvm_bin, toolkit, cxx, os.path.dirname(rt))  # type: ignore[arg-type]
 
 
 def default_chip() -> str:
@@ -219,7 +168,7 @@ def build_gpu_library(mlir_text: str, *, name: str = "moe_gpu", chip: Optional[s
         GpuToolchainError: a tool is missing. MoEOptError: moe-opt rejected the module or an op has no GPU
         lowering (the message is moe-opt's diagnostic, naming the op). RuntimeError: a later build step failed.
     """
-    from .tools import MoEOptError, run_moe_opt
+    from ..runtime.driver import MoEOptError, run_moe_opt
 
     tc = toolchain or find_gpu_toolchain()
     chip = chip or default_chip()
@@ -243,10 +192,7 @@ def build_gpu_library(mlir_text: str, *, name: str = "moe_gpu", chip: Optional[s
         work.mkdir(parents=True, exist_ok=True)
     src = work / f"{name}.mlir"
     src.write_text(fused)
-    cmd = [sys.executable, tc.moe_aot, str(src), "-o", str(work), "--name", name, "--chip", chip, "--format", fmt,
-           "--moe-opt", tc.moe_opt, "--llvm-bin", tc.llvm_bin, "--toolkit", tc.toolkit, "--cxx", tc.cxx,
-           "--link", "--runtime-dir", tc.runtime_dir]
-    proc = driver.run_process(cmd, timeout=timeout)
+    proc = driver.run_moe_aot(src, work, name, tc, chip, fmt, timeout=timeout)
     lib = work / f"lib{name}.so"
     if proc.returncode != 0 or not lib.is_file():
         log = proc.stderr.strip()

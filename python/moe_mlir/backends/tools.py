@@ -1,16 +1,14 @@
-"""The MLIR tools of the whole-graph path: running ``moe-opt`` (verify, lower) and its errors. The tools run through
-the compiler driver :mod:`moe_mlir.runtime.driver`; where they and the build's libraries are is
-:mod:`moe_mlir.runtime.locate` (both re-exported here)."""
+"""The whole-graph path's use of ``moe-opt`` (verify, lower) and its run-time errors. The tools run through the
+compiler driver :mod:`moe_mlir.runtime.driver` (``run_moe_opt``, ``MoEOptError``); where they and the build's
+libraries are is :mod:`moe_mlir.runtime.locate`."""
 
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from ..runtime.driver import MoEOptError, run_moe_opt
-from ..runtime.locate import LLVM_BIN, LLVM_LIB, REPO_ROOT, _build_dirs, find_mlir_runner, find_moe_opt, find_runtime_lib  # noqa: F401
+from ..runtime.driver import run_moe_opt
 
-__all__ = ["MoEOptError", "MoERuntimeError", "refuse_gradients", "find_moe_opt", "find_mlir_runner",
-           "find_runtime_lib", "run_moe_opt", "verify", "lower_to_llvm", "LLVM_BIN", "LLVM_LIB", "REPO_ROOT"]
+__all__ = ["MoERuntimeError", "refuse_gradients", "verify", "lower_to_llvm"]
 
 
 class MoERuntimeError(RuntimeError):

@@ -315,7 +315,6 @@ def _raise_similarity(graph: fx.Graph, mm: fx.Node) -> bool:
 # Production routers -> moe.route (DeepSeek-V3 / Kimi-K2 / GLM-4.5 style sigmoid + bias + groups; Llama-4)
 # ----------------------------------------------------------------------------------------------------------------
 
-_SCATTER = (aten.scatter.value, aten.scatter_.value, aten.scatter.src, aten.scatter_.src)
 _MASKED_FILL = (aten.masked_fill.Scalar, aten.masked_fill_.Scalar)
 _TO_COPY = (aten._to_copy.default, aten.to.dtype)
 #: Ops a group mask may be built from (DeepseekV3TopkRouter: view -> topk(2) -> sum -> topk(topk_group) ->

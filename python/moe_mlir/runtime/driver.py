@@ -5,13 +5,13 @@ Products:
 
 * a CPU kernel of ``torch.ops.moe.*`` (:func:`build_cpu_kernel`, for :mod:`.cache`);
 * a CUDA kernel of ``torch.ops.moe.*`` (:func:`build_cuda_kernel`, for :mod:`.cache` and :mod:`.prebuild`);
-* a GPU library of the whole-graph CUDA split (run by :func:`moe_mlir.backends.cuda.build_gpu_library` through
-  :func:`run_process`);
+* a GPU library of the whole-graph CUDA split (:func:`moe_mlir.backends.cuda.build_gpu_library`, through
+  :func:`run_moe_aot`);
 * MLIR text through ``moe-opt`` passes (:func:`run_moe_opt`, for the whole-graph path).
 
-Both CUDA products come from one recipe, ``tools/moe-aot/moe-aot.py --link`` (moe-lower-to-nvvm, mlir-translate,
-llc, the link against ``libmoe_cuda_runtime.so``): a stdlib-only script, so that the GPU check bundle builds with
-it on a machine without this package.
+Both CUDA products come from one recipe, :func:`run_moe_aot` (``tools/moe-aot/moe-aot.py --link``: moe-lower-to-nvvm,
+mlir-translate, llc, the link against ``libmoe_cuda_runtime.so``; a stdlib-only script, so that the GPU check bundle
+builds with it on a machine without this package), with the tools of one finder, :func:`find_gpu_toolchain`.
 
 The disk cache is one directory, :func:`cache_dir` (``$MOE_KERNEL_CACHE`` or ``~/.cache/moe_mlir/kernels``): a
 product's name is the :func:`digest` of what it depends on (its input, the options, the :func:`stamp` of each tool
@@ -32,13 +32,15 @@ import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .locate import LLVM_BIN, find_moe_aot, find_moe_opt
+from .locate import LLVM_BIN, find_moe_aot, find_moe_opt, find_runtime_lib
 
-__all__ = ["CompileError", "MoEOptError", "cache_dir", "digest", "stamp", "publish", "llvm_tool", "run_process",
-           "run_tool", "run_moe_opt", "build_cpu_kernel", "build_cuda_kernel", "cuda_toolkit"]
+__all__ = ["CompileError", "MoEOptError", "GpuToolchain", "GpuToolchainError", "cache_dir", "digest", "stamp",
+           "publish", "llvm_tool", "run_process", "run_tool", "run_moe_opt", "find_gpu_toolchain", "run_moe_aot",
+           "build_cpu_kernel", "build_cuda_kernel", "cuda_toolkit"]
 
 
 class CompileError(RuntimeError):
@@ -47,6 +49,11 @@ class CompileError(RuntimeError):
 
 class MoEOptError(RuntimeError):
     """``moe-opt`` rejected the module (parse, verifier or pass failure); carries its stderr."""
+
+
+class GpuToolchainError(FileNotFoundError):
+    """A tool or library the GPU build needs is missing (moe-opt, moe-aot.py, mlir-translate, llc, ptxas,
+    fatbinary, a C++ compiler, libmoe_cuda_runtime.so); the message names it and how to provide it."""
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -114,6 +121,70 @@ def llvm_tool(name: str) -> str:
 
 def cuda_toolkit() -> str:
     return os.environ.get("MOE_CUDA_TOOLKIT", "/usr/local/cuda")
+
+
+@dataclass(frozen=True)
+class GpuToolchain:
+    """The tools of the CUDA recipe (:func:`run_moe_aot`)."""
+    moe_opt: str
+    moe_aot: str
+    llvm_bin: str
+    toolkit: str
+    cxx: str
+    runtime_dir: str  # holds libmoe_cuda_runtime.so and libmoe_cpu_runtime.so
+
+
+def find_gpu_toolchain(moe_opt: Optional[str] = None, runtime_dir: Optional[str] = None) -> GpuToolchain:
+    """Every tool of the CUDA recipe (``moe_opt`` and ``runtime_dir`` as given, else found), or
+    :class:`GpuToolchainError` naming all that are missing."""
+    missing: list[str] = []
+    moe_opt = moe_opt or find_moe_opt()
+    if moe_opt is None:
+        missing.append("moe-opt (build it: ninja -C <build> moe-opt, or set MOE_OPT)")
+    aot = find_moe_aot()
+    if aot is None:
+        missing.append(f"moe-aot.py (not at {os.environ.get('MOE_AOT') or 'tools/moe-aot/moe-aot.py'}; set MOE_AOT)")
+    llvm_bin = str(LLVM_BIN)
+    for tool in ("mlir-translate", "llc"):
+        if not os.access(os.path.join(llvm_bin, tool), os.X_OK):
+            missing.append(f"{tool} (not in {llvm_bin})")
+    toolkit = cuda_toolkit()
+    for tool in ("ptxas", "fatbinary"):
+        if not os.access(os.path.join(toolkit, "bin", tool), os.X_OK):
+            missing.append(f"{tool} of the CUDA toolkit (not in {toolkit}/bin; set MOE_CUDA_TOOLKIT)")
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        missing.append("a C++ compiler to link the library (c++/g++, or set CXX)")
+    if runtime_dir is None:
+        rt = find_runtime_lib("libmoe_cuda_runtime.so")
+        if rt is None:
+            missing.append("libmoe_cuda_runtime.so (build it: ninja -C <build> moe_cuda_runtime; it needs the CUDA "
+                           "toolkit's cuda.h and stub libcuda.so at configure time)")
+        else:
+            runtime_dir = os.path.dirname(rt)
+    if runtime_dir is not None and not os.path.isfile(os.path.join(runtime_dir, "libmoe_cpu_runtime.so")):
+        missing.append(f"libmoe_cpu_runtime.so beside libmoe_cuda_runtime.so in {runtime_dir} (build it: ninja -C "
+                       "<build> moe_cpu_runtime)")
+    if missing:
+        raise GpuToolchainError("the GPU build cannot run; missing:\n  - " + "\n  - ".join(missing))
+    return GpuToolchain(moe_opt, aot, llvm_bin, toolkit, cxx, runtime_dir)  # type: ignore[arg-type]
+
+
+def run_moe_aot(src: Path, out_dir: Path, name: str, tc: GpuToolchain, chip: str, fmt: str = "fatbin",
+                pipeline_options: str = "", canonicalize: bool = False,
+                timeout: float = 900) -> subprocess.CompletedProcess:
+    """The CUDA recipe: ``moe-aot.py SRC --link`` into ``out_dir/lib<name>.so`` (moe-lower-to-nvvm for ``chip``
+    with ``pipeline_options``, mlir-translate, llc, ``c++ -shared`` against ``tc.runtime_dir``'s
+    libmoe_cuda_runtime.so, which the library names by its soname: a process that loaded the runtime already binds
+    to that copy). The caller reads the exit status and stderr (moe-aot.py names the failed step)."""
+    cmd = [sys.executable, tc.moe_aot, str(src), "-o", str(out_dir), "--name", name, "--chip", chip, "--format", fmt,
+           "--toolkit", tc.toolkit, "--moe-opt", tc.moe_opt, "--llvm-bin", tc.llvm_bin, "--cxx", tc.cxx,
+           "--link", "--runtime-dir", tc.runtime_dir]
+    if canonicalize:
+        cmd.append("--canonicalize")
+    if pipeline_options:
+        cmd += ["--pipeline-options", pipeline_options]
+    return run_process(cmd, timeout=timeout)
 
 
 def run_process(cmd: Sequence[str], stdin: Optional[str] = None, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -189,19 +260,20 @@ def build_cuda_kernel(mlir: str, dest: Path, moe_opt: str, rt_dir: str, chip: st
     ``moe-aot.py --canonicalize --link`` (:func:`locate.find_moe_aot`): ``moe-lower-to-nvvm`` (a fatbin, results as
     out-params, no wait at return), ``mlir-translate``, ``llc``, ``c++ -shared`` against ``libmoe_cuda_runtime.so``
     in ``rt_dir``. Needs LLVM and the CUDA toolkit's ptxas/fatbinary, not a GPU."""
-    aot = find_moe_aot()
-    if aot is None:
-        raise CompileError("moe-aot.py not found (tools/moe-aot/moe-aot.py, the bundle's bin/, or $MOE_AOT)")
+    try:
+        tc = find_gpu_toolchain(moe_opt=moe_opt, runtime_dir=rt_dir)
+    except GpuToolchainError as e:
+        raise CompileError(str(e)) from None
     with tempfile.TemporaryDirectory(prefix="moe-cuda-kernel-") as tmp:
         t = Path(tmp)
         (t / "kernel.mlir").write_text(header + mlir)
         # The runtime is found by name when the kernel is loaded: the process has loaded it already
         # (moe_mlir.runtime.cuda), so a prebuilt kernel works on a machine with the runtime elsewhere.
-        run_tool([sys.executable, aot, str(t / "kernel.mlir"), "-o", str(t), "--name", "kernel", "--chip", chip,
-                  "--format", "fatbin", "--toolkit", cuda_toolkit(), "--moe-opt", moe_opt,
-                  "--llvm-bin", str(Path(llvm_tool("llc")).parent), "--canonicalize",
-                  "--pipeline-options", "results-to-out-params=true wait-at-return=false",
-                  "--link", "--runtime-dir", rt_dir, "--cxx", os.environ.get("CXX", "c++")], "moe-aot.py")
+        proc = run_moe_aot(t / "kernel.mlir", t, "kernel", tc, chip, canonicalize=True,
+                           pipeline_options="results-to-out-params=true wait-at-return=false")
+        if proc.returncode != 0:
+            raise CompileError(f"moe-aot.py failed (exit {proc.returncode}) building the CUDA kernel for {chip}:\n"
+                               f"{proc.stderr.strip()}")
         part = _part(dest)
         shutil.copy(t / "libkernel.so", part)
         publish(part, dest)
