@@ -9,7 +9,7 @@ Cases (from the router logits on; the router matmul is the same dense GEMM for e
   top-8, renormalize, routed scaling 2.5; the eager baseline is HF's DeepseekV3TopkRouter.forward after its linear;
 * Kimi-K2: E = 384, one group (no group step), k = 8, scaling 2.827; eager: the same code without the group mask;
 * dispatch_plan of the DeepSeek-V3 indices (block 64, vLLM's moe_align_block_size layout); eager: a stable
-  argsort, bincount and cumsum (moe_mlir/reference_routing.py).
+  argsort, bincount and cumsum (moe_mlir/reference/routing.py).
 
 at T = 1, 16, 64 (decode) and 4096 (prefill). Targets (issue 13): >= 3x eager at T >= 4096 and >= 1x at T <= 64.
 Records have the shape of bench/torch_ops.py's and are written with its markdown writer:
@@ -42,7 +42,7 @@ from .torch_ops import (SizedCase, add_speedups, bench_main, compile_inductor, n
 
 sys.path.insert(0, str(REPO / "python"))
 import moe_mlir  # noqa: E402,F401
-from moe_mlir import reference_routing as RR  # noqa: E402
+from moe_mlir.reference import routing as RR  # noqa: E402
 from moe_mlir.runtime import cache as kcache  # noqa: E402
 
 DECODE_T = (1, 16, 64)

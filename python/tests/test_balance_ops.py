@@ -1,5 +1,5 @@
 """torch.ops.moe load-balancing ops (load_balancing_loss, router_z_loss, router_stats, sequence_balance_loss): the
-compiled CPU kernels against plain-PyTorch references (moe_mlir/reference_balance.py and, for the Switch loss,
+compiled CPU kernels against plain-PyTorch references (moe_mlir/reference/balance.py and, for the Switch loss,
 transformers' load_balancing_loss_func written out), their autograd against PyTorch's autograd of the reference
 (f32, rtol 1e-5) and against finite differences (f64 reference), and same bits at 1 and 2 threads.
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from moe_mlir import ops
-from moe_mlir import reference_balance as RB
+from moe_mlir.reference import balance as RB
 from moe_mlir.runtime import cache
 from torch_checks import ran_kernel
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from moe_mlir import ops
-from moe_mlir import reference_routing as RR
+from moe_mlir.reference import routing as RR
 from moe_mlir.runtime import extension
 from torch_checks import gen as g
 from torch_checks import needs_cpu_kernels, use_cpu_target

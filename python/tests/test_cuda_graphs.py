@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from moe_mlir import reference as R
-from moe_mlir import reference_routing as RR
+from moe_mlir.reference import routing as RR
 from torch_checks import gen, same
 
 

@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from moe_mlir import ops
 from moe_mlir import reference as R
-from moe_mlir import reference_routing as RR
+from moe_mlir.reference import routing as RR
 from torch_checks import gen as g
 from torch_checks import needs_cpu_kernels, same
 

@@ -1,5 +1,5 @@
 """``moe.route``'s backward (python/moe_mlir/ops/routing.py): the weights of the forward's own choice re-computed from
-the logits (reference_routing.route_weights), never the choice again. The gradient equals the reference's (which
+the logits (reference.routing.route_weights), never the choice again. The gradient equals the reference's (which
 chooses again: the same indices) on random and adversarial logits, and the traced backward of a training step holds
 no sort or top-k (the choice over [T, E] ran once, in the forward)."""
 
@@ -10,7 +10,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import moe_mlir  # noqa: F401  (registers torch.ops.moe)
-from moe_mlir import reference_routing as RR
+from moe_mlir.reference import routing as RR
 from torch_checks import needs_cpu_kernels
 
 pytestmark = needs_cpu_kernels

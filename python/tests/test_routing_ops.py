@@ -1,5 +1,5 @@
 """torch.ops.moe.route and torch.ops.moe.dispatch_plan: the compiled CPU kernels against the references
-(moe_mlir/reference_routing.py), the references against HF's DeepseekV3TopkRouter and plain PyTorch, and the ops'
+(moe_mlir/reference/routing.py), the references against HF's DeepseekV3TopkRouter and plain PyTorch, and the ops'
 validation, autograd, fake kernels and torch.compile.
 
 Adversarial inputs: ties (the lowest index wins), -inf and NaN logits, fully -inf rows, a bias that flips the choice,
@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from moe_mlir import ops  # noqa: E402
-from moe_mlir import reference_routing as RR  # noqa: E402
+from moe_mlir.reference import routing as RR  # noqa: E402
 from moe_mlir.runtime import cache  # noqa: E402
 
 NAN, INF = float("nan"), float("inf")

@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .. import reference_balance as _balance_ref
+from ..reference import balance as _balance_ref
 from ..ops.balance import _validate_stats_backward
 from ..ops.topk import topk_renorm_backward_decomposition
 
@@ -66,8 +66,8 @@ def ops_version() -> str:
     from ..runtime import extension
 
     h = hashlib.sha256()
-    files = sorted((_PACKAGE / "ops").glob("*.py")) + [_PACKAGE / "reference.py", _PACKAGE / "reference_routing.py",
-                                                         _PACKAGE / "reference_balance.py", Path(__file__)]
+    files = (sorted((_PACKAGE / "ops").glob("*.py")) + sorted((_PACKAGE / "reference").glob("*.py"))
+             + [Path(__file__)])
     lib = extension.library_path if loading.kernels_available() else None
     for f in files + ([Path(lib)] if lib else []):
         h.update(f.name.encode())

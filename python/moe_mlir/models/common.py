@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import ops as _ops  # noqa: F401  (torch.ops.moe.*)
-from ..reference_routing import apply_capacity as _reference_capacity
+from ..reference.routing import apply_capacity as _reference_capacity
 
 __all__ = ["MultiHeadAttention", "AttentionOutput", "Experts", "gate_topk", "gate_topk_probs", "router_aux_loss",
            "SMoEBlock"]

@@ -2,7 +2,7 @@
 transformers' ``load_balancing_loss_func``), ``router_z_loss`` (ST-MoE), ``router_stats`` (per-expert counts and
 mean probabilities) and ``sequence_balance_loss`` (DeepSeek-V3's sequence-wise loss).
 
-References (which define the semantics): :mod:`moe_mlir.reference_balance`. CPU kernels and their C++ autograd:
+References (which define the semantics): :mod:`moe_mlir.reference.balance`. CPU kernels and their C++ autograd:
 lib/Runtime/Torch/BalanceOps.cpp (one fused pass over the logits forward, one backward; the forward saves the
 statistics the backward reads). The backward ops (``router_stats_backward``, ``router_z_loss_backward``,
 ``sequence_balance_loss_backward``) and ``router_stats_fwd`` (the statistics and ``W = Σ w``) are ops of their own
@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from .. import reference_balance as _ref
+from ..reference import balance as _ref
 from ._autograd import _register_recompute_autograd
 from ._checks import _check_dim, _check_index, _check_index_range, _check_operands, _check_rank, _fail
 from .loading import KEY_VALIDATORS, _note_fallback

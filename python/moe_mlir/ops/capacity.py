@@ -11,7 +11,7 @@ option) and ``bias_update`` (``moe.bias_update``), MoERoutingOps.td.
   training loop after its optimizer step (no gradient).
 
 References (the semantics; the eager fallback and what ``apply_capacity``'s backward recomputes):
-moe_mlir/reference_routing.py. CPU kernels: lib/Runtime/Torch/CapacityOps.cpp.
+moe_mlir/reference/routing.py. CPU kernels: lib/Runtime/Torch/CapacityOps.cpp.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..reference_routing import apply_capacity as _apply_capacity_ref
-from ..reference_routing import bias_update as _bias_update_ref
+from ..reference.routing import apply_capacity as _apply_capacity_ref
+from ..reference.routing import bias_update as _bias_update_ref
 from ._autograd import _register_recompute_autograd, _stop_gradient_backward, _stop_gradient_setup
 from ._checks import (_check_dim, _check_enum, _check_float, _check_index, _check_index_range, _check_operands,
                       _check_rank, _check_result_elements, _fail)

@@ -2,7 +2,7 @@
 
 The gates of DeepSeek-V3/R1, Kimi-K2, GLM-4.5, DeepSeek-V2, Mixtral, Qwen3-MoE, gpt-oss and Llama-4 (one op, its
 modes as strings) and the expert-sorted dispatch plan of grouped-GEMM kernels. References (which define the
-semantics; ``route``'s backward re-weighs the forward's choice with them): moe_mlir/reference_routing.py. CPU kernels:
+semantics; ``route``'s backward re-weighs the forward's choice with them): moe_mlir/reference/routing.py. CPU kernels:
 lib/Runtime/Torch/RoutingOps.cpp. ``route``'s weights are differentiable w.r.t. the logits (through the scores;
 the choice and the selection bias get no gradient); ``dispatch_plan`` is integer-valued.
 """
@@ -15,10 +15,10 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from ..reference_routing import dispatch_plan as _dispatch_plan_ref
-from ..reference_routing import dispatch_plan_sizes as _dispatch_plan_sizes
-from ..reference_routing import route as _route_ref
-from ..reference_routing import route_weights as _route_weights
+from ..reference.routing import dispatch_plan as _dispatch_plan_ref
+from ..reference.routing import dispatch_plan_sizes as _dispatch_plan_sizes
+from ..reference.routing import route as _route_ref
+from ..reference.routing import route_weights as _route_weights
 from ._autograd import _needs
 from ._checks import (
     _I32_MAX,
@@ -111,7 +111,7 @@ def _(logits, bias, k, scoring="softmax", order="score_then_topk", n_group=1, to
 
 
 # Backward: the weights of the forward's own choice (its indices, saved) re-computed from the logits under autograd
-# (reference_routing.route_weights); the choice itself (group scores, top-k of the bias-shifted scores: sorts and
+# (reference.routing.route_weights); the choice itself (group scores, top-k of the bias-shifted scores: sorts and
 # top-ks over [T, E]) has no gradient and is not run again. The bias only chooses: no gradient.
 def _route_setup(ctx, inputs, output):
     ctx.save_for_backward(inputs[0], output[1])

@@ -3,7 +3,7 @@
 test/Integration/CPU/balance.mlir: `python3 balance_reference.py > ../balance.mlir`.
 
 Written from the op descriptions (transformers' load_balancing_loss_func, ST-MoE's z-loss, DeepSeek-V3 eq 17-20),
-independently of the lowerings and of moe_mlir.reference_balance. The FileCheck helpers are those of reference.py.
+independently of the lowerings and of moe_mlir.reference.balance. The FileCheck helpers are those of reference.py.
 """
 
 import math

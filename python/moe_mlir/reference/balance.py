@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .reference import _masked_softmax, _select_desc
+from . import _masked_softmax, _select_desc
 
 __all__ = ["router_stats", "load_balancing_loss", "router_z_loss", "sequence_balance_loss"]
 

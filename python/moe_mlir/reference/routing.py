@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .reference import _masked_softmax, _select_desc
+from . import _masked_softmax, _select_desc
 
 __all__ = ["route", "route_weights", "dispatch_plan", "dispatch_plan_sizes"]
 
