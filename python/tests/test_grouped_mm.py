@@ -645,3 +645,42 @@ def test_experts_combine_unrolls_only_its_own_pattern(case):
           "last dim": dict(dim=2), "CUDA": dict(device="cuda")}[case]
     gm, _, _ = _combine_graph(**{"k": 8, **kw})
     assert _rewrite_each(gm.graph, _unroll_gathered_sum) == 0 and _sums(gm) == 1
+
+
+@NATIVE
+def test_the_kernels_parallel_loops_run_on_torchs_threads():
+    """ExpertOps.cpp's at::parallel_for (the experts dealt over the threads) is ATen's inline OpenMP loop: built
+    without OpenMP it ran every loop on the caller, so the grouped GEMMs went expert after expert, each BLAS call
+    opening its own team (issue 51). The file's loops now run on torch's threads: as many as torch has."""
+    old = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            assert torch.ops.moe_mlir.expert_ops_team_size() == n
+    finally:
+        torch.set_num_threads(old)
+
+
+@NATIVE
+@pytest.mark.parametrize("rows", [8, 512])
+def test_grouped_mm_kernel_equals_the_reference_with_experts_dealt_over_threads(rows):
+    """Forward and backward of the extension's grouped GEMM at a decode size (8 experts of one row: the call still
+    worth a team, its weights read from memory) and a prefill size, with 1 and 2 threads: the float64 reference,
+    and the same values whichever thread ran an expert."""
+    counts = [1] * 8 + [0] * 56 if rows == 8 else [8] * 64
+    x, w, offsets = _inputs(counts, k=96, n=80, transposed=True, seed=11)
+    grad = torch.randn(x.shape[0], 80, generator=torch.Generator().manual_seed(12))
+    want = _ref(x, w, offsets)
+    old = torch.get_num_threads()
+    got = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            y = torch.ops.moe_mlir.grouped_mm_cpu(x, w.transpose(1, 2), offsets, True)
+            gx, gw = torch.ops.moe_mlir.grouped_mm_backward_cpu(grad, x, w.transpose(1, 2), offsets, False, True)
+            torch.testing.assert_close(y.double(), want, atol=1e-4, rtol=1e-5)
+            got.append((y, gx, gw))
+    finally:
+        torch.set_num_threads(old)
+    for a, b in zip(*got):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

@@ -37,7 +37,18 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+// at::parallel_for is ATen's inline `#pragma omp parallel` on an OpenMP torch:
+// compiled without OpenMP it runs the whole range on the caller, and every
+// "parallel" loop below would be serial (the grouped GEMMs then ran expert
+// after expert, each BLAS call opening its own team: issue 51). The build
+// compiles this file with OpenMP wherever it links torch's libgomp
+// (CMakeLists.txt: MOE_TORCH_OPENMP).
+#if AT_PARALLEL_OPENMP && defined(MOE_TORCH_OPENMP) && !defined(_OPENMP)
+#error "ExpertOps.cpp must be compiled with OpenMP (at::parallel_for would run serially)"
+#endif
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -727,6 +738,21 @@ expertMlpBackward(const Tensor &grad, const Tensor &x, const Tensor &token,
 
 } // namespace
 
+/// How many threads a parallel loop of this file runs on (the largest ATen
+/// thread number seen in a loop of 1024 single-item chunks, plus one): torch's
+/// thread count where the file was compiled with OpenMP, 1 where its
+/// at::parallel_for is the serial fallback. The tests read it
+/// (torch.ops.moe_mlir.expert_ops_team_size).
+int64_t expertOpsTeamSize() {
+  std::atomic<int64_t> most{0};
+  at::parallel_for(0, 1024, 1, [&](int64_t, int64_t) {
+    int64_t t = at::get_thread_num() + 1, m = most.load();
+    while (t > m && !most.compare_exchange_weak(m, t)) {
+    }
+  });
+  return most.load();
+}
+
 // moe_mlir::expert_mlp itself is a Python custom op (its checks, its autograd,
 // its Python loop for other dtypes); these are the kernels its body calls.
 TORCH_LIBRARY_FRAGMENT(moe_mlir, m) {
@@ -742,6 +768,7 @@ TORCH_LIBRARY_FRAGMENT(moe_mlir, m) {
   m.def("grouped_mm_backward_cpu(Tensor grad, Tensor x, Tensor w, "
         "Tensor offsets, bool grad_w_like_w=False, bool transposed=False) "
         "-> (Tensor, Tensor)");
+  m.def("expert_ops_team_size() -> int", &expertOpsTeamSize);
 }
 
 TORCH_LIBRARY_IMPL(moe_mlir, CPU, m) {
