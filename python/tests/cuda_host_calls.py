@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import statistics
 import time
 from dataclasses import dataclass
 
@@ -116,28 +115,26 @@ def probe(case: Case, repeat: int) -> dict:
     fn(*ptrs)
     streams = sorted({int(line.split()[1]) for line in take_lines(fake.moeFakeCudaTakeStreams)})
     steady = take()
-    per_call = []
-    for _ in range(5):
-        t0 = time.perf_counter_ns()
-        for _ in range(repeat):
-            fn(*ptrs)
-        per_call.append((time.perf_counter_ns() - t0) / repeat)
-        take()
-    # The same loop over a ctypes call of a C function that does nothing: what the Python side of this
-    # measurement costs, subtracted from the figure above.
+    def ns_per_call(f) -> float:  # the best of 5 rounds of `repeat` calls (the record cleared after each)
+        rounds = []
+        for _ in range(5):
+            t0 = time.perf_counter_ns()
+            for _ in range(repeat):
+                f(*ptrs)
+            rounds.append((time.perf_counter_ns() - t0) / repeat)
+            take()
+        return min(rounds)
+
+    # Less the same loop over a ctypes call of a C function that does nothing: what the Python side of this
+    # measurement costs.
     noop = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(ptrs))(
         ctypes.cast(fake.moeFakeCudaNoop, ctypes.c_void_p).value)
-    base = []
-    for _ in range(5):
-        t0 = time.perf_counter_ns()
-        for _ in range(repeat):
-            noop(*ptrs)
-        base.append((time.perf_counter_ns() - t0) / repeat)
+    host_ns = ns_per_call(fn) - ns_per_call(noop)
     rt.rt.moeGpuSetStream(None)
     err = rt.take_driver_error()
     return {"case": case.name, "key": case.key, "launches_expected": case.launches, "load": load_calls,
             "first": first, "steady": steady,
-            "streams": streams, "ambient_stream": AMBIENT_STREAM, "host_ns": round(min(per_call) - min(base)),
+            "streams": streams, "ambient_stream": AMBIENT_STREAM, "host_ns": round(host_ns),
             "driver_error": err or ""}
 
 

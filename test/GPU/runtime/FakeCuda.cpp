@@ -220,20 +220,29 @@ CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int) {
 
 #define MOE_FAKE_EXPORT extern "C" __attribute__((visibility("default")))
 
-/// The driver calls recorded since the last take, newline-separated, into
-/// `buffer` (truncated to `capacity` - 1 bytes); returns the full length. With
-/// a buffer the record is cleared; without one (a size query) it is kept.
-MOE_FAKE_EXPORT int64_t moeFakeCudaTakeCalls(char *buffer, int64_t capacity) {
-  std::string text;
-  for (const std::string &call : state().calls)
-    text += call + "\n";
+namespace {
+/// `text` into `buffer` (truncated to `capacity` - 1 bytes), then `clear()`;
+/// without a buffer (a size query) nothing is cleared. Returns the full length.
+template <typename Record>
+int64_t takeText(const std::string &text, char *buffer, int64_t capacity,
+                 Record &record) {
   if (buffer && capacity > 0) {
-    state().calls.clear();
+    record.clear();
     size_t n = std::min<size_t>(text.size(), capacity - 1);
     std::memcpy(buffer, text.data(), n);
     buffer[n] = '\0';
   }
   return static_cast<int64_t>(text.size());
+}
+} // namespace
+
+/// The driver calls recorded since the last take, newline-separated (see
+/// takeText for the buffer).
+MOE_FAKE_EXPORT int64_t moeFakeCudaTakeCalls(char *buffer, int64_t capacity) {
+  std::string text;
+  for (const std::string &call : state().calls)
+    text += call + "\n";
+  return takeText(text, buffer, capacity, state().calls);
 }
 
 /// The calls that took a stream since the last take, one "name stream" line
@@ -243,13 +252,7 @@ MOE_FAKE_EXPORT int64_t moeFakeCudaTakeStreams(char *buffer, int64_t capacity) {
   for (const auto &[name, stream] : state().streamed)
     text += name + " " +
             std::to_string(reinterpret_cast<uintptr_t>(stream)) + "\n";
-  if (buffer && capacity > 0) {
-    state().streamed.clear();
-    size_t n = std::min<size_t>(text.size(), capacity - 1);
-    std::memcpy(buffer, text.data(), n);
-    buffer[n] = '\0';
-  }
-  return static_cast<int64_t>(text.size());
+  return takeText(text, buffer, capacity, state().streamed);
 }
 
 /// Makes the primary context current on the calling thread (`current` != 0)
