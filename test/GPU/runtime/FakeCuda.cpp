@@ -151,23 +151,17 @@ CUresult CUDAAPI cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice,
   return note("cuMemcpyDtoH");
 }
 CUresult CUDAAPI cuMemsetD32(CUdeviceptr dst, unsigned int ui, size_t N) {
-  auto *p = static_cast<uint32_t *>(ptr(dst));
-  for (size_t i = 0; i < N; ++i)
-    p[i] = ui;
+  std::fill_n(static_cast<uint32_t *>(ptr(dst)), N, ui);
   return note("cuMemsetD32");
 }
 CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t N,
                                   CUstream hStream) {
-  auto *p = static_cast<uint32_t *>(ptr(dst));
-  for (size_t i = 0; i < N; ++i)
-    p[i] = ui;
+  std::fill_n(static_cast<uint32_t *>(ptr(dst)), N, ui);
   return noteOn("cuMemsetD32Async", hStream);
 }
 CUresult CUDAAPI cuMemsetD16Async(CUdeviceptr dst, unsigned short us, size_t N,
                                   CUstream hStream) {
-  auto *p = static_cast<uint16_t *>(ptr(dst));
-  for (size_t i = 0; i < N; ++i)
-    p[i] = us;
+  std::fill_n(static_cast<uint16_t *>(ptr(dst)), N, us);
   return noteOn("cuMemsetD16Async", hStream);
 }
 CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *) {
