@@ -335,3 +335,43 @@ def test_compile_dynamic_tokens():
         _same_route(got[:2], want[:2])
         for a, r in zip(got[2], want[2]):
             assert torch.equal(a, r)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Shapes without caps (issue #48 item 4): the serving peers' kernels cap E (power of two, <= 512) and group sizes
+# ----------------------------------------------------------------------------------------------------------------
+
+#: (E, k, n_group, topk_group): up to 4096 experts, not powers of two, k up to 64, groups of any size.
+UNCAPPED = [(4096, 64, 64, 8), (4096, 8, 32, 4), (4095, 64, 1, 1), (3000, 17, 1, 1), (896, 16, 8, 4),
+            (288, 32, 1, 1), (160, 64, 1, 1), (100, 64, 5, 5), (96, 12, 12, 3)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("E,k,n_group,topk_group", UNCAPPED)
+def test_route_shapes_without_caps(E, k, n_group, topk_group):
+    """DeepSeek-style sigmoid routing with a bias at E up to 4096 on the CPU kernels: random rows and integer-valued
+    rows (exact ties within and between groups), equal to the reference; bf16 logits too."""
+    g = torch.Generator().manual_seed(E + k)
+    bias = 0.1 * torch.randn(E, generator=g)
+    kw = dict(k=k, scoring="sigmoid", n_group=n_group, topk_group=topk_group, renormalize=True,
+              routed_scaling_factor=2.5)
+    k = kw.pop("k")
+    x = torch.randn(37, E, generator=g)
+    x[::5] = torch.randint(-2, 3, (8, E), generator=g).float()
+    _same_route(_call(torch.ops.moe.route, x, bias, k, kw), _call(RR.route, x, bias, k, kw))
+    xb = x.to(torch.bfloat16)
+    _same_route(_call(torch.ops.moe.route, xb, bias, k, kw), _call(RR.route, xb, bias, k, kw))
+
+
+@needs_kernels
+@pytest.mark.parametrize("K,k", [(4096, 64), (5000, 64), (4095, 33), (2048, 32)])
+def test_topk_renorm_shapes_without_caps(K, k):
+    from moe_mlir import reference as R
+
+    g = torch.Generator().manual_seed(K + k)
+    x = torch.randn(21, K, generator=g)
+    x[::4] = torch.randint(-3, 4, (6, K), generator=g).float()  # ties
+    w, i = torch.ops.moe.topk_renorm(x, k, "logits", True)
+    w_r, i_r = R.topk_renorm(x, k, "logits", True)
+    assert torch.equal(i, i_r)
+    torch.testing.assert_close(w, w_r, atol=2e-6, rtol=2e-5)
