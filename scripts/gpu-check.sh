@@ -104,10 +104,12 @@ echo "gpu-check: $DIR ($((SIZE_KB / 1024)) MiB)"
 rc=0
 # The host build (the torch extension's five files on a cold ccache) takes minutes on two shared cores: the
 # self-test gives it and the run more time than the GPU machine's limits (300 s, 540 s).
-MOE_GPU_CHECK_BUILD_TIMEOUT_S="${MOE_GPU_CHECK_BUILD_TIMEOUT_S:-1200}" \
-MOE_GPU_CHECK_BUDGET_S="${MOE_GPU_CHECK_BUDGET_S:-1800}" \
 # The host build's folder is the check folder's own sibling (build/gpu-check-selftest-build for the default): a
 # CMake build folder is bound to its source folder, so one shared by two check folders fails to configure.
+# (No comment line between the continued lines below: it would end the command there, and the two limits would
+# stay unexported shell variables, as they did: the self-test's build ran under the GPU machine's 300 s.)
+MOE_GPU_CHECK_BUILD_TIMEOUT_S="${MOE_GPU_CHECK_BUILD_TIMEOUT_S:-1200}" \
+MOE_GPU_CHECK_BUDGET_S="${MOE_GPU_CHECK_BUDGET_S:-1800}" \
 MOE_PYTHON="$PY" MOE_REPO="${MOE_REPO:-$ROOT}" MOE_GPU_CHECK_BUILD="${MOE_GPU_CHECK_BUILD:-$DIR-selftest-build}" \
   bash "$DIR/run.sh" "${MOE_GPU_CHECK_SELFTEST_OUT:-$BUILD/gpu-check-selftest}" || rc=$?
 if [ "$rc" = 77 ] || [ "$rc" = 0 ]; then exit 0; fi
