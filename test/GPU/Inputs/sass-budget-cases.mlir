@@ -107,7 +107,7 @@ func.func @route_kimi_k2(%x: tensor<8192x384xf32>, %b: tensor<384xf32>) -> (tens
 // routeLanesMapOf (lanes a token sized by E, a contiguous run of experts a lane, groups ranked by shuffles,
 // emitListTopk's lists). elements-per-lane: the run (P); loop-trips=8: every round in the loop. outer-trips:
 // the refills a warp makes (test/GPU/unit/test_route_lanes_model.py, Gaussian logits: DeepSeek-V3 with sigmoid +
-// a bias in [0, 0.1) 0.02 a warp, E = 160 k = 8 0.16, E = 384 0.01, E = 288 k = 32 1.46, E = 2048 0). The 4-byte
+// a bias in [0, 0.1) 0.02 a warp, E = 160 k = 8 0.16, E = 384 0.01, E = 288 k = 32 2.4, E = 2048 0). The 4-byte
 // load fallback for misaligned rows counts as executed, as for topk-rounds=list.
 // sass-budget: kernel=route_lanes elements-per-lane=32 tokens-per-warp=4 rounds=8 loop-trips=8 outer-trips=0.02 experts=256 tokens=8192 predicts=route_deepseek_v3_T8192 options=route-map=lanes
 func.func @route_lanes_deepseek_v3(%x: tensor<8192x256xf32>, %b: tensor<256xf32>) -> (tensor<8192x8xf32>, tensor<8192x8xi32>) {
@@ -126,8 +126,8 @@ func.func @route_lanes_glm_e160(%x: tensor<8192x160xf32>, %b: tensor<160xf32>) -
   %w, %i = moe.route %x bias(%b : tensor<160xf32>) k(8) scoring(sigmoid) renormalize(true) routed_scaling_factor(2.500000e+00) : tensor<8192x160xf32> -> tensor<8192x8xf32>, tensor<8192x8xi32>
   return %w, %i : tensor<8192x8xf32>, tensor<8192x8xi32>
 }
-// E = 288, k = 32: 16 lanes of 20 experts, two picks a lane.
-// sass-budget: kernel=route_lanes elements-per-lane=20 tokens-per-warp=2 rounds=32 loop-trips=32 outer-trips=1.46 experts=288 tokens=8192 options=route-map=lanes
+// E = 288, k = 32: 8 lanes of 36 experts, four picks a lane.
+// sass-budget: kernel=route_lanes elements-per-lane=36 tokens-per-warp=4 rounds=32 loop-trips=32 outer-trips=2.4 experts=288 tokens=8192 options=route-map=lanes
 func.func @route_lanes_e288_k32(%x: tensor<8192x288xf32>) -> (tensor<8192x32xf32>, tensor<8192x32xi32>) {
   %w, %i = moe.route %x k(32) renormalize(true) : tensor<8192x288xf32> -> tensor<8192x32xf32>, tensor<8192x32xi32>
   return %w, %i : tensor<8192x32xf32>, tensor<8192x32xi32>

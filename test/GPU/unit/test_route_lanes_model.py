@@ -51,7 +51,7 @@ def lanes_map(E, G, topk_group, k, vec):
                 return None
     else:
         q = r = 1
-        width = max(8, pow2(E) // LANE_EXPERTS)
+        width = max(8, pow2(-(-E // 40)))
         width = min(width, 1 << (max(1, E // vec).bit_length() - 1), WARP)
         P = -(-E // width)
         if E % vec == 0:
