@@ -107,6 +107,30 @@ void workersIfLarge(CpuKernelBuilder &kb, const KernelOptions &opts,
 void emitFlashMix(CpuKernelBuilder &kb, const KernelOptions &opts,
                   const FlashSpec &spec);
 
+/// Similarity mixing over half the pairs (FlashSymmetric.cpp): for
+/// similarity_inform without `ws` and without a causal mask, whose logits
+/// u_i·u_j/τ are symmetric. Runs where its guard holds (finite u and e, the
+/// spread of |u_j|²/(2τ) over each element's valid keys at most
+/// kMaxSymmetricSpread, N >= kMinSymmetricRows) and calls `exact` (the
+/// flash kernel over the same outputs) otherwise, or when a row's sum comes
+/// out below kMinSymmetricSum. Results equal the exact kernel's within f32
+/// rounding and do not depend on the thread count.
+struct SymmetricMixSpec {
+  Value u;     // [B, N, D], any float
+  Value keysT; // packKeysT(u)
+  Value e;     // [B, N, K], any float
+  Value keyValid; // optional [B, Npad] f32 (keyValidity)
+  Value out;      // [B, N, K] f32
+  Value lse;      // optional [B, N] f32: the row's log-sum-exp
+  Value batch, rows, keysPad, depth, width; // index values
+  float tau;
+};
+constexpr int64_t kMinSymmetricRows = 256;
+constexpr double kMaxSymmetricSpread = 60.0;
+constexpr double kMinSymmetricSum = 1e-30;
+void emitSymmetricMix(CpuKernelBuilder &kb, const KernelOptions &opts,
+                      const SymmetricMixSpec &spec, function_ref<void()> exact);
+
 /// The tiles of the mixing backward (FlashGrad.cpp), the transposed
 /// counterpart of emitFlashMix: rows (kQueryTile per parallel item) against
 /// columns streamed kKeyTile at a time, with the softmax probabilities

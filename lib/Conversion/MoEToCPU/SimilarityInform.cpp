@@ -66,7 +66,15 @@ struct SimilarityInformKernel : KernelPattern<OpTy, /*TargetLanes=*/false> {
         causal);
     if (kWithLse)
       spec.lse = kernel.out(1);
-    emitFlashMix(kb, opts, spec);
+    if (causal || op.getWs()) {
+      emitFlashMix(kb, opts, spec);
+    } else {
+      // Symmetric logits: half the pairs where the guard holds, this kernel
+      // where it does not (FlashSymmetric.cpp).
+      SymmetricMixSpec sym{u,     keysT, e,     keyValid, out,   spec.lse,
+                           batch, rows,  keysPad, depth,  kb.dim(e, 2), tau};
+      emitSymmetricMix(kb, opts, sym, [&] { emitFlashMix(kb, opts, spec); });
+    }
 
     kernel.replace(rw, op);
     return success();
