@@ -664,9 +664,9 @@ def test_the_kernels_parallel_loops_run_on_torchs_threads():
 @NATIVE
 @pytest.mark.parametrize("rows", [8, 512])
 def test_grouped_mm_kernel_equals_the_reference_with_experts_dealt_over_threads(rows):
-    """Forward and backward of the extension's grouped GEMM at a decode size (8 experts of one row: the call still
-    worth a team, its weights read from memory) and a prefill size, with 1 and 2 threads: the float64 reference,
-    and the same values whichever thread ran an expert."""
+    """Forward and backward of the extension's grouped GEMM at a decode size (8 experts of one row: run on the
+    caller) and a prefill size (the experts dealt over a team), with 1 and 2 threads: the float64 reference, and
+    the same values whichever thread ran an expert."""
     counts = [1] * 8 + [0] * 56 if rows == 8 else [8] * 64
     x, w, offsets = _inputs(counts, k=96, n=80, transposed=True, seed=11)
     grad = torch.randn(x.shape[0], 80, generator=torch.Generator().manual_seed(12))

@@ -251,14 +251,15 @@ Groups groupsOf(const char *op, const Tensor &offsets, int64_t E, int64_t S) {
 
 /// f(e, start, end) for each expert with rows, and idle(e) for each expert
 /// without (a backward's gradient slice to zero), those experts spread over
-/// torch's threads when the call is worth a team. Its cost is counted in
-/// multiply-adds plus 8 per weight element it reads (`weightsPerExpert` for
-/// each expert with rows): at decode every row is a matrix-vector product
-/// whose expert weights come from memory, ~10x a multiply-add's time on one
-/// core, so a decode call of a few experts (Mixtral: 2 x 512 x 256 weights,
-/// ~50 us alone) halves on two cores although its multiply-adds are few. A
-/// call below ~1M (~25 us) runs on the caller alone: a team's wake-up and
-/// join would cost more than they save. The experts with rows are dealt out,
+/// torch's threads when the call is worth a team: its multiply-adds, plus
+/// the idle slices' elements, above ~1M (~25 us on one core). A decode call
+/// (a few experts of one or two rows: matrix-vector products whose weights
+/// come from memory) stays on the caller: a team would halve it on a quiet
+/// machine (8 experts x 256 x 256: 66 -> 45 us), but on a shared one every
+/// team waits for its second thread to be scheduled, and the 4 teams a
+/// 2-layer decode step opened were what it lost to inductor's serial loop of
+/// mm (Mixtral, load 4-5: 79 against 49 ms a step, issue 51); on the caller
+/// the kernel is still 1.8x that loop. The experts with rows are dealt out,
 /// not the expert indices: two busy experts among 32 go to two threads
 /// wherever they sit; the idle ones come after them. Which thread runs an
 /// expert never changes the result.
@@ -276,7 +277,7 @@ void forEachExpert(const Groups &g, int64_t macs, int64_t weightsPerExpert,
       if (g.end[e] <= g.start[e])
         order.push_back(e);
   int64_t n = static_cast<int64_t>(order.size());
-  int64_t cost = macs + 8 * weightsPerExpert * busy + weightsPerExpert * (n - busy);
+  int64_t cost = macs + weightsPerExpert * (n - busy);
   int64_t grain = cost > (int64_t{1} << 20) ? 1 : std::max<int64_t>(n, 1);
   at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
