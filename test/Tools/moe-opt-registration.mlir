@@ -2,6 +2,7 @@
 // and on to PTX with them, and fails without them ("missing LLVMTranslationDialectInterface registration").
 // RUN: moe-opt %s --nvvm-attach-target="chip=sm_90 features=+ptx80" --gpu-module-to-binary="format=isa" | FileCheck %s
 // RUN: moe-opt --help | FileCheck %s --check-prefix=HELP
+// RUN: moe-opt --help | FileCheck %s --check-prefix=NVVM
 
 // CHECK-LABEL: gpu.binary @kernels
 // CHECK-SAME:    #nvvm.target<chip = "sm_90", features = "+ptx80">
@@ -21,3 +22,11 @@ gpu.module @kernels {
 // HELP-DAG: --moe-fuse-routing
 // HELP-DAG: --moe-split-fused-routing
 // HELP-DAG: --moe-lower-to-llvm
+
+// moe-lower-to-nvvm's options of convert-moe-to-gpu show the pass's help (Passes.td, declared there only); the
+// pipeline's topk-rounds also takes `auto`, its default.
+// NVVM-LABEL: --moe-lower-to-nvvm
+// NVVM: --flash-mma-base2 - the tensor-core kernel's online softmax in base 2: log2(e)/tau
+// NVVM: --route-map=<string> - how route's kernel maps a token onto lanes:
+// NVVM: --shared-memory-bytes=<long> - shared memory per block the kernels may use (bytes)
+// NVVM: --topk-rounds=<string> - rounds of the register top-k of topk_renorm {{.*}}; here also `auto` (the default)

@@ -110,54 +110,50 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "gives a block without an opt-in, and the cap of static shared memory">,
     Option<"topkRounds", "topk-rounds", "std::string", /*default=*/"\"butterfly\"",
            "rounds of the register top-k of topk_renorm (K <= 1024): `butterfly` (shuffles of packed 64-bit "
-           "candidates, any chip) or `redux` (32-bit keys, redux.sync max/min, sm_80+; 1.5-1.9x faster on an "
-           "H200). moe-lower-to-nvvm picks redux for sm_80 and later. `list` (sm_80+; not yet run on a GPU): "
-           "4 lanes a token for K <= 64, 8 up to 256, 16-byte loads where the row is aligned, each lane's best "
-           "ceil(k / lanes) + 3 candidates sorted in registers, a round = the group's best head (two 32-bit "
-           "butterflies, redux.sync for whole warps) and a pop, the lists refilled outside the round loop when one "
-           "runs out">,
+           "candidates, any chip; the default), `redux` (32-bit keys, redux.sync max/min; sm_80+) or `list` "
+           "(sm_80+): 4 lanes a token for K <= 64, 8 up to 256, 16-byte loads where the row is aligned, each "
+           "lane's best ceil(k / lanes) + 3 candidates sorted in registers, a round = the group's best head (two "
+           "32-bit butterflies, redux.sync for whole warps) and a pop, the lists refilled outside the round loop "
+           "when one runs out. moe-lower-to-nvvm picks redux for sm_80 and later">,
     Option<"flashMma", "flash-mma", "bool", /*default=*/"true",
            "similarity_inform (and its training forward) with f16/bf16 operands of one type on tensor cores: "
-           "mma.sync m16n8k16 with f32 sums, nvgpu.ldmatrix operands (sm_80+; FlashMma.cpp). Checked on an "
-           "H100 (2026-11-24) against float64 references within rtol 1e-2 (the probabilities enter S.e rounded "
-           "to the operand type); memcheck/racecheck have not run on it. =false selects the previous f32-path "
-           "kernel">,
+           "mma.sync m16n8k16 with f32 sums, nvgpu.ldmatrix operands (sm_80+; FlashMma.cpp); the probabilities "
+           "enter S.e rounded to the operand type. On by default; false: the f32-path kernel">,
     Option<"balanceKernels", "balance-kernels", "bool", /*default=*/"true",
            "lower the load-balancing ops router_stats, router_stats_grad, load_balancing_loss, router_z_loss "
            "and router_z_loss_grad (a warp per row, per-block partials summed in a fixed order, no atomics; "
-           "RouterStats.cpp, RouterZLoss.cpp). Checked on an H100 (2026-11-24) against float64 references, "
-           "memcheck and racecheck. =false restores the previous behaviour: these ops have no GPU lowering">,
+           "RouterStats.cpp, RouterZLoss.cpp). On by default; false: these ops have no GPU lowering">,
     Option<"flashMmaWideStaging", "flash-mma-wide-staging", "bool", /*default=*/"false",
            "the tensor-core kernel stages its key and value tiles with 16-byte loads and stores of 8 elements "
            "(where D / K is a multiple of 8 and the operand's base is 16-byte aligned, checked in the kernel) "
-           "instead of one element per load. Off until a GPU run has checked it">,
+           "instead of one element per load. Off by default">,
     Option<"flashMmaAsyncStaging", "flash-mma-async-staging", "bool", /*default=*/"false",
            "the tensor-core kernel double-buffers its key and value tiles: cp.async copies of 16 bytes "
            "(nvgpu.device_async_copy, zero-filled past the bounds) of the next tile run while the current one is "
            "computed, one barrier per tile instead of two (where D / K is a multiple of 8 and the operand's base "
            "is 16-byte aligned, checked in the kernel; the values without a key mask). Twice the shared memory "
-           "per tile. Off until a GPU run has checked it">,
+           "per tile. Off by default">,
     Option<"flashMmaTopk", "flash-mma-topk", "bool", /*default=*/"false",
            "similarity_inform_topk with f16/bf16 operands of one type on the tensor-core kernel too: its epilogue "
            "selects the top k of each row's mixed probabilities from the mma.sync accumulators (the scalar "
            "kernel's register top-k on the C-fragment layout: a row's experts over the 4 lanes of a quad, 4-lane "
-           "butterfly rounds). Off until a GPU run has checked it: the scalar kernel runs the fused op">,
+           "butterfly rounds). Off by default: the scalar kernel runs the fused op">,
     Option<"flashMmaPosterior", "flash-mma-posterior", "bool", /*default=*/"false",
            "attention_posterior with u and e f16/bf16 of one type on the tensor-core kernel too (and "
            "attention_posterior_topk where flash-mma-topk is on as well): the head-means kernel writes the means "
            "in the operand type (the bias stays f32, from the f32 means), and the per-key bias and the selected "
            "head's scores enter the f32 C fragments of u.m^T in the logit's order (dot / sigma^2, + bias, + "
-           "score). Off until a GPU run has checked it: the scalar kernel runs the mixing">,
+           "score). Off by default: the scalar kernel runs the mixing">,
     Option<"flashMmaBase2", "flash-mma-base2", "bool", /*default=*/"false",
            "the tensor-core kernel's online softmax in base 2: log2(e)/tau (log2(e)/sigma^2) folded into one "
            "FFMA a score and ex2.approx.ftz instead of a division by tau and __nv_expf, the row max in log2 "
            "units (the lse written in natural units), the quad's row sums added once after the key loop (every "
            "tile where the fragments held through the loop pass 160 registers), whole key tiles run without "
            "bounds or causal selects before the checked last/diagonal ones (up to 128 experts), P rounded two "
-           "scores at a time. Off until a GPU run has checked it">,
+           "scores at a time. Off by default">,
     Option<"routeMap", "route-map", "std::string", /*default=*/"\"warp\"",
            "how route's kernel maps a token onto lanes: `warp` (one warp a token, the experts strided over its "
-           "lanes, butterflies of 64-bit candidates; E <= 1024) or `lanes` (issue #46; not yet run on a GPU): "
+           "lanes, butterflies of 64-bit candidates; E <= 1024; the default) or `lanes`: "
            "4-32 lanes a token sized by E (8 for DeepSeek-V3's 256: one lane a group of 32), each lane holding "
            "a contiguous run of experts loaded 16 bytes at a time where aligned, scored once (sigmoid with "
            "ex2.approx/rcp.approx), groups ranked from the lanes' top-2 sums by shuffles, the top-k by "

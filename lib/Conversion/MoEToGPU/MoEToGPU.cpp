@@ -23,6 +23,11 @@
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/Transforms/DialectConversion.h"
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/ErrorHandling.h"
+#include "llvm/Support/StringSaver.h"
+
+#include <mutex>
 
 namespace mlir::moe {
 #define GEN_PASS_DEF_CONVERTMOETOGPU
@@ -58,6 +63,31 @@ struct ConvertMoEToGPUPass
     : public moe::impl::ConvertMoEToGPUBase<ConvertMoEToGPUPass> {
   using Base::Base;
 
+  /// The options' values as the patterns take them.
+  ConvertMoEToGPUOptions getOptions() const {
+    ConvertMoEToGPUOptions options;
+    options.blockSize = blockSize;
+    options.sharedMemoryBytes = sharedMemoryBytes;
+    options.topkRounds = topkRounds;
+    options.flashMma = flashMma;
+    options.balanceKernels = balanceKernels;
+    options.flashMmaWideStaging = flashMmaWideStaging;
+    options.flashMmaAsyncStaging = flashMmaAsyncStaging;
+    options.flashMmaTopk = flashMmaTopk;
+    options.flashMmaPosterior = flashMmaPosterior;
+    options.flashMmaBase2 = flashMmaBase2;
+    options.routeMap = routeMap;
+    return options;
+  }
+
+  /// The declaration (Passes.td) of this pass's option `arg`, or null: the
+  /// options of a pass are registered in one llvm::cl subcommand of their own.
+  const llvm::cl::Option *findOption(StringRef arg) const {
+    if (blockSize.Subs.empty())
+      return nullptr;
+    return (*blockSize.Subs.begin())->OptionsMap.lookup(arg);
+  }
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
     if (blockSize < kWarp || blockSize % kWarp != 0 || blockSize > 1024) {
@@ -86,11 +116,7 @@ struct ConvertMoEToGPUPass
       return signalPassFailure();
     }
     RewritePatternSet patterns(&getContext());
-    populateMoEToGPUPatterns(patterns,
-                             {blockSize, sharedMemoryBytes, topkRounds,
-                              flashMma, balanceKernels, flashMmaWideStaging,
-                              flashMmaAsyncStaging, flashMmaTopk,
-                              flashMmaPosterior, flashMmaBase2, routeMap});
+    populateMoEToGPUPatterns(patterns, getOptions());
     llvm::SmallDenseSet<OperationName> lowered;
     for (const auto &pattern : patterns.getNativePatterns())
       if (std::optional<OperationName> root = pattern->getRootKind())
@@ -128,3 +154,19 @@ struct ConvertMoEToGPUPass
   }
 };
 } // namespace
+
+StringRef mlir::moe::getConvertMoEToGPUOptionHelp(StringRef arg,
+                                                  StringRef more) {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  // An instance of the pass, for its options' declarations; it and the text
+  // saved live as long as the program (the pipelines' options point to them).
+  static const ConvertMoEToGPUPass *pass = new ConvertMoEToGPUPass();
+  static llvm::BumpPtrAllocator *allocator = new llvm::BumpPtrAllocator();
+  const llvm::cl::Option *option = pass->findOption(arg);
+  if (!option)
+    llvm::report_fatal_error("convert-moe-to-gpu has no option '" + arg + "'");
+  if (more.empty())
+    return option->HelpStr;
+  return llvm::StringSaver(*allocator).save(option->HelpStr + more);
+}

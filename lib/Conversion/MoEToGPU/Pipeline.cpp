@@ -45,15 +45,11 @@ resolveTopkRounds(const moe::MoELowerToNVVMOptions &options) {
   return sm >= 80 ? "redux" : "butterfly";
 }
 
-/// convert-moe-to-gpu's options as the pipeline's (MOE_NVVM_CONVERT_OPTIONS),
-/// topk-rounds resolved for the chip.
+/// convert-moe-to-gpu's options as the pipeline's, topk-rounds resolved for
+/// the chip.
 static moe::ConvertMoEToGPUOptions
 convertOptionsOf(const moe::MoELowerToNVVMOptions &options) {
-  moe::ConvertMoEToGPUOptions convert;
-#define MOE_FORWARD_NVVM_OPTION(TYPE, FIELD, NAME, DEFAULT, HELP)              \
-  convert.FIELD = options.FIELD;
-  MOE_NVVM_CONVERT_OPTIONS(MOE_FORWARD_NVVM_OPTION)
-#undef MOE_FORWARD_NVVM_OPTION
+  moe::ConvertMoEToGPUOptions convert = options.convertMoEToGPUOptions();
   convert.topkRounds = resolveTopkRounds(options);
   return convert;
 }

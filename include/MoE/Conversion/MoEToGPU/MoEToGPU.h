@@ -29,6 +29,9 @@
 #include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassOptions.h"
 
+#include "llvm/ADT/SmallVector.h"
+
+#include <functional>
 #include <string>
 
 namespace mlir {
@@ -53,57 +56,61 @@ namespace moe {
 void populateMoEToGPUPatterns(RewritePatternSet &patterns,
                               const ConvertMoEToGPUOptions &options);
 
-/// The options of moe-lower-to-nvvm that are convert-moe-to-gpu's, forwarded
-/// to it as they are (buildMoELowerToNVVMPipeline; topk-rounds=auto is first
-/// resolved for the chip): X(type, field, name, default, help) each. A new
-/// option of the conversion that the pipeline should expose is one more row.
-#define MOE_NVVM_CONVERT_OPTIONS(X)                                            \
-  X(int64_t, sharedMemoryBytes, "shared-memory-bytes", 48 * 1024,              \
-    "shared memory per block the kernels may use (bytes)")                     \
-  X(std::string, topkRounds, "topk-rounds", "auto",                            \
-    "rounds of topk_renorm's register top-k: butterfly, redux (sm_80+), list " \
-    "(sm_80+, candidate lists; not yet run on a GPU) or auto (redux where "    \
-    "the chip has it; convert-moe-to-gpu)")                                    \
-  X(bool, flashMma, "flash-mma", true,                                         \
-    "similarity_inform with f16/bf16 operands on tensor cores (mma.sync, "     \
-    "sm_80+; convert-moe-to-gpu flash-mma); checked on an H100 against "       \
-    "float64 references (not under memcheck/racecheck); =false selects the "   \
-    "previous f32-path kernel")                                                \
-  X(bool, balanceKernels, "balance-kernels", true,                             \
-    "GPU kernels of the load-balancing ops router_stats, router_stats_grad, "  \
-    "load_balancing_loss, router_z_loss and router_z_loss_grad "               \
-    "(convert-moe-to-gpu balance-kernels); checked on an H100 against "        \
-    "float64 references, memcheck and racecheck; =false leaves these ops "     \
-    "without a GPU lowering, as before")                                       \
-  X(bool, flashMmaWideStaging, "flash-mma-wide-staging", false,               \
-    "the tensor-core kernel's key and value tiles staged with 16-byte "       \
-    "vectors (convert-moe-to-gpu flash-mma-wide-staging); not yet run on a "  \
-    "GPU")                                                                     \
-  X(bool, flashMmaAsyncStaging, "flash-mma-async-staging", false,             \
-    "the tensor-core kernel's key and value tiles double-buffered with "      \
-    "cp.async (convert-moe-to-gpu flash-mma-async-staging); not yet run on a " \
-    "GPU")                                                                     \
-  X(bool, flashMmaTopk, "flash-mma-topk", false,                               \
-    "similarity_inform_topk with f16/bf16 operands on the tensor-core "        \
-    "kernel, the top-k in its epilogue (convert-moe-to-gpu flash-mma-topk); "  \
-    "not yet run on a GPU")                                                    \
-  X(bool, flashMmaPosterior, "flash-mma-posterior", false,                     \
-    "attention_posterior (and attention_posterior_topk with flash-mma-topk) "  \
-    "with f16/bf16 u and e on the tensor-core kernel (convert-moe-to-gpu "     \
-    "flash-mma-posterior); not yet run on a GPU")                              \
-  X(bool, flashMmaBase2, "flash-mma-base2", false,                             \
-    "the tensor-core kernel's online softmax in base 2 (FFMA + ex2.approx, "   \
-    "row sums after the key loop, whole tiles peeled; convert-moe-to-gpu "     \
-    "flash-mma-base2); not yet run on a GPU")                                \
-  X(std::string, routeMap, "route-map", "warp",                                \
-    "route's kernel: warp (one warp a token) or lanes (lanes a token sized "  \
-    "by E, 16-byte loads, groups and candidate lists in registers; "          \
-    "convert-moe-to-gpu route-map); not yet run on a GPU")
+/// The help text Passes.td gives convert-moe-to-gpu's option `arg`, followed
+/// by `more` where it is not empty; fatal where the pass has no such option.
+/// The text lives as long as the program.
+StringRef getConvertMoEToGPUOptionHelp(StringRef arg, StringRef more = "");
+
+/// Options of a pipeline that runs convert-moe-to-gpu and exposes options of
+/// it: each is declared once, in Passes.td; the pipeline shows it under the
+/// pass's name with the pass's help and default (the generated
+/// ConvertMoEToGPUOptions's) and hands its value to the pass
+/// (`convertMoEToGPUOptions`), so that exposing an option of the pass is one
+/// member naming the option and its field.
+template <typename Derived>
+class ConvertMoEToGPUPipelineOptions : public PassPipelineOptions<Derived> {
+public:
+  /// The pass's options: Passes.td's defaults with the values of the
+  /// pipeline's options of the pass put in.
+  ConvertMoEToGPUOptions convertMoEToGPUOptions() const {
+    ConvertMoEToGPUOptions options;
+    for (const auto &forward : forwards)
+      forward(options);
+    return options;
+  }
+
+protected:
+  /// The pass's option `arg`, the field `field` of ConvertMoEToGPUOptions.
+  /// `init` and `moreHelp` are for a pipeline that takes a value the pass
+  /// does not (and resolves it before handing it on).
+  template <typename T>
+  class ConvertOption : public ::mlir::detail::PassOptions::Option<T> {
+  public:
+    ConvertOption(ConvertMoEToGPUPipelineOptions &parent, StringRef arg,
+                  T ConvertMoEToGPUOptions::*field)
+        : ConvertOption(parent, arg, field, ConvertMoEToGPUOptions().*field,
+                        "") {}
+    ConvertOption(ConvertMoEToGPUPipelineOptions &parent, StringRef arg,
+                  T ConvertMoEToGPUOptions::*field, T init, StringRef moreHelp)
+        : ::mlir::detail::PassOptions::Option<T>(
+              parent, arg,
+              llvm::cl::desc(getConvertMoEToGPUOptionHelp(arg, moreHelp)),
+              llvm::cl::init(init)) {
+      parent.forwards.push_back([this, field](ConvertMoEToGPUOptions &options) {
+        options.*field = this->getValue();
+      });
+    }
+    using ::mlir::detail::PassOptions::Option<T>::operator=;
+  };
+
+private:
+  SmallVector<std::function<void(ConvertMoEToGPUOptions &)>> forwards;
+};
 
 /// Options of the moe-lower-to-nvvm pipeline (its command-line options and
 /// the C++ API's).
 struct MoELowerToNVVMOptions
-    : public PassPipelineOptions<MoELowerToNVVMOptions> {
+    : public ConvertMoEToGPUPipelineOptions<MoELowerToNVVMOptions> {
   PassOptions::Option<std::string> chip{
       *this, "chip", llvm::cl::desc("target chip: sm_80, sm_90, sm_90a, ..."),
       llvm::cl::init("sm_90")};
@@ -134,12 +141,33 @@ struct MoELowerToNVVMOptions
                      "ambient stream and index errors are left for "
                      "moeGpuPollErrors (moe-gpu-host-stream)"),
       llvm::cl::init(true)};
-  // convert-moe-to-gpu's, a row each in MOE_NVVM_CONVERT_OPTIONS.
-#define MOE_DECLARE_NVVM_OPTION(TYPE, FIELD, NAME, DEFAULT, HELP)              \
-  PassOptions::Option<TYPE> FIELD{*this, NAME, llvm::cl::desc(HELP),           \
-                                  llvm::cl::init(DEFAULT)};
-  MOE_NVVM_CONVERT_OPTIONS(MOE_DECLARE_NVVM_OPTION)
-#undef MOE_DECLARE_NVVM_OPTION
+  // convert-moe-to-gpu's (Passes.td), handed to it as they are but
+  // topk-rounds=auto, resolved for the chip first
+  // (buildMoELowerToNVVMPipeline).
+  ConvertOption<int64_t> sharedMemoryBytes{
+      *this, "shared-memory-bytes", &ConvertMoEToGPUOptions::sharedMemoryBytes};
+  ConvertOption<std::string> topkRounds{
+      *this, "topk-rounds", &ConvertMoEToGPUOptions::topkRounds, "auto",
+      "; here also `auto` (the default): redux for sm_80 and later, else "
+      "butterfly"};
+  ConvertOption<bool> flashMma{*this, "flash-mma",
+                               &ConvertMoEToGPUOptions::flashMma};
+  ConvertOption<bool> balanceKernels{*this, "balance-kernels",
+                                     &ConvertMoEToGPUOptions::balanceKernels};
+  ConvertOption<bool> flashMmaWideStaging{
+      *this, "flash-mma-wide-staging",
+      &ConvertMoEToGPUOptions::flashMmaWideStaging};
+  ConvertOption<bool> flashMmaAsyncStaging{
+      *this, "flash-mma-async-staging",
+      &ConvertMoEToGPUOptions::flashMmaAsyncStaging};
+  ConvertOption<bool> flashMmaTopk{*this, "flash-mma-topk",
+                                   &ConvertMoEToGPUOptions::flashMmaTopk};
+  ConvertOption<bool> flashMmaPosterior{
+      *this, "flash-mma-posterior", &ConvertMoEToGPUOptions::flashMmaPosterior};
+  ConvertOption<bool> flashMmaBase2{*this, "flash-mma-base2",
+                                    &ConvertMoEToGPUOptions::flashMmaBase2};
+  ConvertOption<std::string> routeMap{*this, "route-map",
+                                      &ConvertMoEToGPUOptions::routeMap};
 };
 
 /// convert-moe-to-gpu, canonicalization, one-shot bufferization of the
@@ -151,9 +179,8 @@ struct MoELowerToNVVMOptions
 void buildMoELowerToNVVMPipeline(OpPassManager &pm,
                                  const MoELowerToNVVMOptions &options);
 
-/// Registers `moe-lower-to-nvvm` (options chip, features, format, toolkit,
-/// opt-level, results-to-out-params, wait-at-return and
-/// MOE_NVVM_CONVERT_OPTIONS) with the pass registry.
+/// Registers `moe-lower-to-nvvm` (MoELowerToNVVMOptions) with the pass
+/// registry.
 void registerMoEGPUPipelines();
 } // namespace moe
 } // namespace mlir
