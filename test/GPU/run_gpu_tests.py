@@ -193,6 +193,19 @@ DEV = "cuda"       # where the cases put their tensors ("cpu" with --cpu-dry-run
 NEG_INF = float("-inf")
 
 
+def adversarial_rows(x, g):
+    """The first six rows of `x` made hard for a register top-k (topk-rounds=list, route-map=lanes): sorted
+    descending (the best picks crowd one lane's list, which runs out and refills) and ascending, all -inf, a NaN,
+    small integers (ties across lanes), -inf every third element."""
+    x[0] = x[0].sort(descending=True).values
+    x[1] = x[1].sort().values
+    x[2] = NEG_INF
+    x[3, 5] = float("nan")
+    x[4] = torch.randint(-2, 3, x[4].shape, generator=g).to(x.dtype)
+    x[5, ::3] = NEG_INF
+    return x
+
+
 def ref_topk(scores, k, mode="logits", renormalize=True):
     x = scores.double()
     # torch.sort puts NaN first in descending order; stable = lowest index on ties.
@@ -552,13 +565,7 @@ def case_topk(lib, g):
     # ties across lanes (bf16, small integers), -inf and NaN rows, a row base 4 bytes off a 16-byte
     # boundary (a contiguous view one element into a buffer: the 4-byte-load path).
     def adversarial(x):
-        x[0] = x[0].sort(descending=True).values
-        x[1] = x[1].sort().values
-        x[2] = NEG_INF
-        x[3, 5] = float("nan")
-        x[4] = torch.randint(-2, 3, x[4].shape, generator=g).to(x.dtype)
-        x[5, ::3] = NEG_INF
-        return x
+        return adversarial_rows(x, g)
 
     def misaligned(x):
         flat = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
@@ -1187,12 +1194,7 @@ def case_route(lib, g):
     # default build the warp kernel): rows of ties, -inf, NaN, sorted rows (the best experts crowd one lane's list:
     # refills), and the same rows misaligned by one element (4-byte loads instead of 16-byte ones).
     def adversarial(x):
-        x[0] = x[0].sort(descending=True).values
-        x[1] = x[1].sort().values
-        x[2] = NEG_INF
-        x[3, 5] = float("nan")
-        x[4] = torch.randint(-2, 3, x[4].shape, generator=g).to(x.dtype)
-        x[5, ::3] = NEG_INF
+        x = adversarial_rows(x, g)
         x[6] = 0.0
         return x
 
