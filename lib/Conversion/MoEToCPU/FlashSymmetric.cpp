@@ -114,13 +114,27 @@ void mlir::moe::cpu::emitSymmetricMix(CpuKernelBuilder &kb,
   Value depthChunks = kb.ceilDiv(s.depth, kb.idx(kLanes));
   Value zeros = kb.constLike(kb.vf32(), 0.0);
   kb.workers(opts, batch, [&](Value b, Value) {
+    // Key j of element b: inside the rows, the row it reads (clamped: the
+    // padding keys read the last row, whose values are then not used) and
+    // valid (inside and, with a key mask, kept).
+    struct Key {
+      Value in, row, valid;
+    };
+    auto keyAt = [&](Value j) {
+      Key k{kb.cmpi(arith::CmpIPredicate::ult, j, rows),
+            kb.mins(j, kb.sub(rows, c1)), Value()};
+      k.valid = s.keyValid ? kb.cmpf(arith::CmpFPredicate::ONE,
+                                     kb.load(s.keyValid, {b, j}), kb.cF32(0.0))
+                           : k.in;
+      return k;
+    };
     // Norms, the extremes of h over the valid keys, the count.
     SmallVector<Value> init = {kb.negInfLike(f32), inf, kb.cF32(0.0),
                                kb.cF32(0.0)};
     SmallVector<Value> st = kb.forLoop(
         c0, keysPad, c1, init, [&](Value j, ValueRange a) -> SmallVector<Value> {
-          Value in = kb.cmpi(arith::CmpIPredicate::ult, j, rows);
-          Value jc = kb.mins(j, kb.sub(rows, c1));
+          Key key = keyAt(j);
+          Value in = key.in, jc = key.row, valid = key.valid;
           Value sq = kb.forLoop(c0, depthChunks, c1, ValueRange{zeros},
                                 [&](Value c, ValueRange acc) -> SmallVector<Value> {
                                   Value col = kb.mul(c, kb.idx(kLanes));
@@ -130,10 +144,6 @@ void mlir::moe::cpu::emitSymmetricMix(CpuKernelBuilder &kb,
                                 })[0];
           Value h = kb.fmul(kb.fmul(kb.sum(sq), invTau), kb.cF32(0.5));
           kb.store(kb.select(in, h, inf), half, {b, j});
-          Value valid = in;
-          if (s.keyValid)
-            valid = kb.cmpf(arith::CmpFPredicate::ONE, kb.load(s.keyValid, {b, j}),
-                            kb.cF32(0.0));
           // Σ (h - h) is NaN iff some norm is not finite.
           Value bad = kb.select(in, kb.fsub(h, h), kb.cF32(0.0));
           return {kb.select(valid, kb.fmax(a[0], h), a[0]),
@@ -147,12 +157,8 @@ void mlir::moe::cpu::emitSymmetricMix(CpuKernelBuilder &kb,
     Value badE = kb.forLoop(
         c0, keysPad, c1, ValueRange{st[3]},
         [&](Value j, ValueRange a) -> SmallVector<Value> {
-          Value in = kb.cmpi(arith::CmpIPredicate::ult, j, rows);
-          Value valid = in;
-          if (s.keyValid)
-            valid = kb.cmpf(arith::CmpFPredicate::ONE, kb.load(s.keyValid, {b, j}),
-                            kb.cF32(0.0));
-          Value jc = kb.mins(j, kb.sub(rows, c1));
+          Key key = keyAt(j);
+          Value in = key.in, jc = key.row, valid = key.valid;
           Value w = kb.select(valid, kb.exp(kb.fsub(kb.load(half, {b, j}), c)),
                               kb.cF32(0.0));
           Value wv = kb.splat(w, kLanes);
