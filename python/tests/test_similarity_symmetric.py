@@ -99,6 +99,38 @@ def test_training_forward_log_sum_exp_and_gradients():
     torch.testing.assert_close(ee.grad.double(), er.grad, atol=2e-5, rtol=1e-4)
 
 
+def test_peaked_rows_keep_their_small_terms():
+    """The demo's training step (u ~ N(0, D^-1/2), D = 128, tau = 0.5: |u|²/τ ~ 14-34, so a row's own key holds
+    all but e^-13 of its softmax). Its small terms must survive the accumulation: added one by one to an
+    accumulator that already held the row's own term, each lost what fell below its ulp, and the forward's p
+    came out at 5x (this kernel) and 2.7x (the exact one, through ws = I) eager's f32 error; the gradient of u,
+    which cancels O(1) terms down to 1e-3, at 16x, and the demo's check against eager failed. Yardstick: eager's
+    own float32 error against float64, on the same input."""
+    g = torch.Generator().manual_seed(0)
+    B, N, D, K, tau = 4, 1024, 128, 16, 0.5
+    u = torch.randn(B, N, D, generator=g) * D ** -0.25
+    e = torch.softmax(torch.randn(B, N, K, generator=g), -1)
+
+    def mix(uu, ee):
+        return torch.softmax(uu @ uu.transpose(1, 2) / tau, -1) @ ee
+
+    p64 = mix(u.double(), e.double())
+    eager_err = (mix(u, e).double() - p64).abs().max()
+    for ws in (None, torch.eye(D)):  # this kernel, then the exact one (a ws makes the logits asymmetric)
+        err = (torch.ops.moe.similarity_inform(u, e, ws, None, tau, False).double() - p64).abs().max()
+        assert err <= 2 * eager_err, (ws is None, float(err), float(eager_err))
+
+    def grad_u(fn, uu, ee):
+        uu = uu.clone().requires_grad_(True)
+        fn(uu, ee).square().sum().backward()
+        return uu.grad.double()
+
+    du64 = grad_u(mix, u.double(), e.double())
+    eager_du_err = (grad_u(mix, u, e) - du64).abs().max()
+    du = grad_u(lambda uu, ee: torch.ops.moe.similarity_inform(uu, ee, None, None, tau, False), u, e)
+    assert (du - du64).abs().max() <= 8 * eager_du_err, (float((du - du64).abs().max()), float(eager_du_err))
+
+
 def test_same_bits_at_one_and_two_threads(tmp_path):
     """The pairs go to slots fixed by B (never by the thread count), summed in slot order."""
     script = textwrap.dedent("""

@@ -249,15 +249,17 @@ void mlir::moe::cpu::accumulateTile(CpuKernelBuilder &kb,
   const int64_t W =
       std::max<int64_t>(1, (vectorRegisters(L) - 4) / std::max<int64_t>(rows, 1));
   Value chunks = kb.mul(widthChunks, kb.idx(kLanes / L));
+  // The tile's keys are summed from zero in registers and the sum added to
+  // the row's accumulator once: a peaked row's accumulator holds its largest
+  // term, and its many small ones (exp(-13) of it in a Similarity-Inform row
+  // at D = 128), each added to it alone, lost what fell below its ulp (the
+  // forward's p was 3-5x eager's error, which the gradient of u, a
+  // cancellation of O(1) terms, grew 16x).
+  Value zerosL = kb.constLike(kb.vf32(L), 0.0);
   auto step = [&](Value c, int64_t w) {
-    SmallVector<Value> cols, acc; // acc[r * w + q]
+    SmallVector<Value> cols, acc(rows * w, zerosL); // acc[r * w + q]
     for (int64_t q = 0; q < w; ++q)
       cols.push_back(kb.mul(q ? kb.add(c, kb.idx(q)) : c, kb.idx(L)));
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t q = 0; q < w; ++q) {
-        Value a = kb.vload(accBuf, {kb.idx(r), cols[q]}, L);
-        acc.push_back(alpha.empty() ? a : kb.fmul(a, kb.splat(alpha[r], L)));
-      }
     auto pvLoop = [&](bool guard) -> SmallVector<Value> {
       return kb.forLoop(
           c0, kb.idx(keyCols), c1, acc,
@@ -293,8 +295,13 @@ void mlir::moe::cpu::accumulateTile(CpuKernelBuilder &kb,
       res = pvLoop(false);
     }
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t q = 0; q < w; ++q)
-        kb.vstore(res[r * w + q], accBuf, {kb.idx(r), cols[q]});
+      for (int64_t q = 0; q < w; ++q) {
+        Value a = kb.vload(accBuf, {kb.idx(r), cols[q]}, L);
+        Value sum = alpha.empty()
+                        ? kb.fadd(a, res[r * w + q])
+                        : kb.fma(a, kb.splat(alpha[r], L), res[r * w + q]);
+        kb.vstore(sum, accBuf, {kb.idx(r), cols[q]});
+      }
   };
   // Steps of W, then single chunks. (Splitting a tail of one, e.g. 4 chunks
   // as 2 + 2 instead of 3 + 1, measured the same: D = 64 and D = 256.)
