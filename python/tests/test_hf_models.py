@@ -242,3 +242,34 @@ def test_hf_causal_lm_experts_through_the_dispatch_plan():
             assert model.config._experts_implementation == "grouped_mm"
     assert all(g.fallback is None for g in log)
     assert sum(g.moe_ops().count("dispatch_plan") for g in log) == 2 * len(TOKENS)  # both layers, each count
+
+
+def test_gemma4_causal_lm_matches_eager():
+    """Issue #48's report, as filed: transformers' ``Gemma4ForCausalLM`` (GELU-tanh experts, a per-expert scale
+    after the renormalization, the MoE block beside a dense MLP, sliding and full attention) under
+    ``torch.compile(backend="moe")`` with the default dense backend (inductor) returned logits 0.046 from eager's.
+    Its routing must be raised (softmax -> top-k -> renormalize to ``moe.topk_renorm`` in both layers), the graphs
+    must compile without a fallback, and the logits equal eager's at the reported [2, 32] and at another length
+    (a second call with a new shape: dynamic shapes), with eager's own f32 noise as the bar (inductor: 1.3e-5)."""
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cfg = Gemma4TextConfig(vocab_size=512, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size_per_layer_input=512,
+                           hidden_size_per_layer_input=64, sliding_window=16,
+                           layer_types=["sliding_attention", "full_attention"], enable_moe_block=True, num_experts=32,
+                           top_k_experts=4, moe_intermediate_size=128)
+    model = Gemma4ForCausalLM(cfg).eval()
+    with torch.no_grad():  # the per-expert scales away from one, so that a scale applied twice or not at all shows
+        for layer in model.model.layers:
+            layer.router.per_expert_scale.uniform_(0.5, 1.5)
+    compiled = torch.compile(model, backend="moe")
+    g = torch.Generator().manual_seed(0)
+    with capture_graphs() as log, torch.no_grad():
+        for shape in ((2, 32), (1, 13)):
+            ids = torch.randint(0, 512, shape, generator=g)
+            torch.testing.assert_close(compiled(ids).logits, model(ids).logits, atol=1e-4, rtol=1e-4,
+                                       msg=lambda m: f"input_ids {list(shape)}: {m}")
+    assert all(gr.fallback is None for gr in log)
+    assert sum(gr.moe_ops().count("topk_renorm") for gr in log) >= 2
