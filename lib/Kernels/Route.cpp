@@ -52,14 +52,17 @@ Value mlir::moe::kernels::routeGradOfLogit(KernelBuilder &kb,
                                            Value cSum) {
   Type t = g.getType();
   Value coef = g;
-  if (spec.renormalize) {
-    Value zero = kb.constLike(t, 0.0);
-    Value q = kb.fdiv(kb.fsub(g, kb.fdiv(cSum, sSum)), sSum);
-    coef = kb.select(kb.cmpf(arith::CmpFPredicate::OEQ, sSum, zero), zero, q);
-  }
+  if (spec.renormalize)
+    coef = kb.fdiv(kb.fsub(g, kb.fdiv(cSum, sSum)), sSum);
   if (spec.scale != 1.0)
     coef = kb.fmul(coef, kb.constLike(t, spec.scale));
-  return kb.fmul(coef, dScore);
+  Value d = kb.fmul(coef, dScore);
+  if (!spec.renormalize)
+    return d;
+  // A zero sum (a fully masked row) has constant zero weights: no gradient,
+  // even where f' is not finite there (sqrt(softplus(x)) at -inf).
+  Value zero = kb.constLike(t, 0.0);
+  return kb.select(kb.cmpf(arith::CmpFPredicate::OEQ, sSum, zero), zero, d);
 }
 
 Value mlir::moe::kernels::routeScore(KernelBuilder &kb, const RouteSpec &spec,

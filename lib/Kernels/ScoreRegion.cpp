@@ -8,7 +8,10 @@
 // choice exists (maximumf/minimumf split the derivative at a tie, as
 // torch.maximum; absf gives sign(x) with sign(0) = 0, as torch.abs), so that
 // the backward kernel agrees with autograd of the torch function the region
-// was traced from.
+// was traced from. One departure: the product and quotient rules treat an
+// exact zero factor as a strong zero (0·inf = 0), so that an expanded
+// torch.sigmoid (1 / (1 + exp(-x))) has derivative 0 at -inf as torch.sigmoid
+// does, where autograd of the expansion would give NaN.
 //
 //===----------------------------------------------------------------------===//
 
@@ -35,8 +38,10 @@ public:
 
   std::pair<Value, Value> run(Block &body, Value x) {
     values.map(body.getArgument(0), x);
-    if (derive)
-      derivs[x] = kb.constLike(type, 1.0);
+    if (derive) {
+      one = kb.constLike(type, 1.0);
+      derivs[x] = one;
+    }
     for (Operation &op : body.without_terminator())
       emit(op);
     Value result = values.lookup(body.getTerminator()->getOperand(0));
@@ -50,13 +55,27 @@ private:
   bool derive;
   IRMapping values;
   DenseMap<Value, Value> derivs;
+  /// dx/dx: multiplying by it is left out.
+  Value one;
 
   Value c(double v) { return kb.constLike(type, v); }
   Value deriv(Value v) { return derivs.lookup(v); }
   Value orZero(Value d) { return d ? d : c(0.0); }
-  /// d·v, with a null (zero) derivative staying null.
-  Value scaled(Value d, Value v) { return d ? kb.fmul(d, v) : Value(); }
+  /// d·v, with a null (zero) derivative staying null. A product-rule term
+  /// with an exact zero factor is zero even when the other factor is
+  /// infinite: 1 / (1 + exp(-x)) at x = -inf has q = 0 and d(1 + exp(-x)) =
+  /// -inf, and its derivative is the limit 0 (torch.sigmoid's), not 0·inf.
+  Value scaled(Value d, Value v) {
+    if (!d || d == one)
+      return d ? v : Value();
+    Value zero = c(0.0);
+    Value either = kb.orI(kb.cmpf(arith::CmpFPredicate::OEQ, d, zero),
+                          kb.cmpf(arith::CmpFPredicate::OEQ, v, zero));
+    return kb.select(either, zero, kb.fmul(d, v));
+  }
   Value sum(Value a, Value b) { return !a ? b : !b ? a : kb.fadd(a, b); }
+  /// The chain rule's d·g for a unary op's local derivative g.
+  Value chain(Value d, Value g) { return d == one ? g : kb.fmul(d, g); }
   Value diff(Value a, Value b) {
     return !b ? a : !a ? kb.fsub(c(0.0), b) : kb.fsub(a, b);
   }
@@ -129,9 +148,9 @@ private:
     if (!d[0] && !isa<math::PowFOp>(op))
       return Value();
     if (isa<math::ExpOp>(op))
-      return kb.fmul(d[0], r);
+      return chain(d[0], r);
     if (isa<math::Exp2Op>(op))
-      return kb.fmul(d[0], kb.fmul(r, c(kLn2)));
+      return chain(d[0], kb.fmul(r, c(kLn2)));
     if (isa<math::LogOp>(op))
       return kb.fdiv(d[0], in[0]);
     if (isa<math::Log1pOp>(op))
@@ -139,19 +158,19 @@ private:
     if (isa<math::SqrtOp>(op))
       return kb.fdiv(d[0], kb.fmul(r, c(2.0)));
     if (isa<math::RsqrtOp>(op)) // -r³/2
-      return kb.fmul(d[0], kb.fmul(kb.fmul(r, kb.fmul(r, r)), c(-0.5)));
+      return chain(d[0], kb.fmul(kb.fmul(r, kb.fmul(r, r)), c(-0.5)));
     if (isa<math::TanhOp>(op))
-      return kb.fmul(d[0], kb.fsub(c(1.0), kb.fmul(r, r)));
+      return chain(d[0], kb.fsub(c(1.0), kb.fmul(r, r)));
     if (isa<math::AbsFOp>(op)) {
       Value sign = kb.select(
           kb.cmpf(arith::CmpFPredicate::OGT, in[0], c(0.0)), c(1.0),
           kb.select(kb.cmpf(arith::CmpFPredicate::OLT, in[0], c(0.0)),
                     c(-1.0), c(0.0)));
-      return kb.fmul(d[0], sign);
+      return chain(d[0], sign);
     }
     if (isa<math::ErfOp>(op)) {
       Value g = kb.exp(kb.fsub(c(0.0), kb.fmul(in[0], in[0])));
-      return kb.fmul(d[0], kb.fmul(g, c(kTwoOverSqrtPi)));
+      return chain(d[0], kb.fmul(g, c(kTwoOverSqrtPi)));
     }
     if (isa<math::PowFOp>(op)) {
       // d(a^b) = b a^(b-1) da + a^b log(a) db (the second term only where
@@ -160,11 +179,11 @@ private:
       if (d[0]) {
         Value lower = math::PowFOp::create(kb.b, in[0],
                                            kb.fsub(in[1], c(1.0)));
-        term = kb.fmul(d[0], kb.fmul(in[1], lower));
+        term = chain(d[0], kb.fmul(in[1], lower));
       }
       if (d[1])
-        term = sum(term, kb.fmul(d[1], kb.fmul(r, math::LogOp::create(
-                                                     kb.b, in[0]))));
+        term = sum(term, chain(d[1], kb.fmul(r, math::LogOp::create(
+                                                   kb.b, in[0]))));
       return term;
     }
     llvm_unreachable("score region: an op the verifier rejects");

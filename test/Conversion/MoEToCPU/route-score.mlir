@@ -35,9 +35,10 @@ func.func @sqrtsoftplus(%l: tensor<?x64xf32>, %b: tensor<64xf32>) -> (tensor<?x8
 // -----
 
 // moe.route_grad with k = 8: the eight picks' logits in the lanes of one vector<8xf32>, the score and its
-// symbolic derivative on that vector (d(x·tanh x) = tanh x + x·(1 − tanh² x)), the row sums S = Σ s and
-// C = Σ dw·s over the live lanes, a·(dw − C/S)/S·f' (0 where S = 0), the row zeroed in 16-lane stores, and each
-// pick's gradient added at its expert when its index is in range.
+// symbolic derivative on that vector (d(x·tanh x) = tanh x + x·(1 − tanh² x); dx/dx = 1 multiplies nothing; a
+// product-rule term with an exact zero factor is 0), the row sums S = Σ s and C = Σ dw·s over the live lanes,
+// a·(dw − C/S)/S·f' (0 where S = 0), the row zeroed in 16-lane stores, and each pick's gradient added at its
+// expert when its index is in range.
 
 // CHECK-LABEL: func.func @route_grad_xtanh
 // CHECK: moe.kernel
@@ -45,17 +46,21 @@ func.func @sqrtsoftplus(%l: tensor<?x64xf32>, %b: tensor<64xf32>) -> (tensor<?x8
 // CHECK-NEXT: %[[T:.+]] = math.tanh %[[V:.+]] : vector<8xf32>
 // CHECK-NEXT: %[[T2:.+]] = arith.mulf %[[T]], %[[T]] : vector<8xf32>
 // CHECK-NEXT: %[[SECH:.+]] = arith.subf %{{.+}}, %[[T2]] : vector<8xf32>
-// CHECK: %[[S:.+]] = arith.mulf %[[V]], %[[T]] : vector<8xf32>
-// CHECK: %[[DS:.+]] = arith.addf %{{.+}}, %{{.+}} : vector<8xf32>
+// CHECK-NEXT: %[[S:.+]] = arith.mulf %[[V]], %[[T]] : vector<8xf32>
+// CHECK: %[[XSECH:.+]] = arith.mulf %[[SECH]], %[[V]] : vector<8xf32>
+// CHECK-NEXT: %[[TERM:.+]] = arith.select %{{.+}}, %{{.+}}, %[[XSECH]] : vector<8xi1>, vector<8xf32>
+// CHECK-NEXT: %[[DS:.+]] = arith.addf %[[T]], %[[TERM]] : vector<8xf32>
 // CHECK: %[[G:.+]] = vector.maskedload %{{.+}} : memref<?x8xf32>, vector<8xi1>, vector<8xf32> into vector<8xf32>
-// CHECK: %[[SUM:.+]] = vector.reduction <add>, %{{.+}} : vector<8xf32> into f32
+// CHECK: vector.reduction <add>, %{{.+}} : vector<8xf32> into f32
 // CHECK: %[[GS:.+]] = arith.mulf %[[G]], %[[S]] : vector<8xf32>
 // CHECK: vector.reduction <add>
-// CHECK: %[[Q:.+]] = arith.divf
-// CHECK: %[[ZERO:.+]] = arith.cmpf oeq
-// CHECK: %[[COEF:.+]] = arith.select %[[ZERO]]
-// CHECK: %[[SCALED:.+]] = arith.mulf %[[COEF]], %{{.+}} : vector<8xf32>
-// CHECK: %[[D:.+]] = arith.mulf %[[SCALED]], %[[DS]] : vector<8xf32>
+// CHECK: arith.divf
+// CHECK-NEXT: arith.subf
+// CHECK-NEXT: %[[Q:.+]] = arith.divf
+// CHECK-NEXT: %[[SCALED:.+]] = arith.mulf %[[Q]], %{{.+}} : vector<8xf32>
+// CHECK-NEXT: %[[D0:.+]] = arith.mulf %[[SCALED]], %[[DS]] : vector<8xf32>
+// CHECK-NEXT: %[[ZERO:.+]] = arith.cmpf oeq
+// CHECK-NEXT: %[[D:.+]] = arith.select %[[ZERO]], %{{.+}}, %[[D0]] : vector<8xi1>, vector<8xf32>
 // CHECK: vector.maskedstore
 // CHECK: vector.extract %[[D]][0] : f32 from vector<8xf32>
 // CHECK-NEXT: scf.if
