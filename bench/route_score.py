@@ -1,0 +1,103 @@
+"""A scoring function written in Python only against the built-in sigmoid (issue #48 item 6): the same router,
+same inputs, same run.
+
+  .venv/bin/python -m bench.route_score [--threads 2] [--budget 2.0] [--no-compile]
+
+T = 4096 tokens, E = 256 experts, k = 8, a selection bias, renormalized and scaled weights (DeepSeek-V3 without
+groups). Rows: ``torch.ops.moe.route`` with ``scoring="sigmoid"`` (the preset) and with
+``custom_scoring(sqrt(softplus(x)))`` (DeepSeek-V4's sqrtsoftplus, a region the dialect has never seen), forward
+and forward + backward (both through the fused moe.route_grad kernel on the CPU), eager; the same PyTorch router under inductor when torch.compile is available. Prints the
+load average before and after: on a shared machine the numbers are indicative.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .threads import pin_threads
+
+_THREADS = pin_threads(2)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from .ours import REPO  # noqa: E402
+from .timing import measure  # noqa: E402
+
+sys.path.insert(0, str(REPO / "python"))
+from moe_mlir import ops  # noqa: E402
+
+T, E, K, SCALE = 4096, 256, 8, 2.5
+
+
+def sqrtsoftplus(x):
+    return torch.sqrt(F.softplus(x))
+
+
+def eager_router(act):
+    """The HF-style router (DeepseekV4TopKRouter after its linear): act, biased top-k, weights over sum + 1e-20."""
+    def run(logits, bias):
+        scores = act(logits)
+        idx = torch.topk(scores + bias, k=K, dim=-1, sorted=False)[1]
+        w = scores.gather(1, idx)
+        return w / (w.sum(dim=-1, keepdim=True) + 1e-20) * SCALE, idx
+    return run
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--threads", type=int, default=_THREADS)
+    p.add_argument("--budget", type=float, default=2.0)
+    p.add_argument("--no-compile", action="store_true")
+    a = p.parse_args()
+    print(f"load average before: {os.getloadavg()}  threads={_THREADS}  T={T} E={E} k={K}")
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(T, E, generator=g)
+    bias = 0.1 * torch.randn(E, generator=g)
+    gw = torch.randn(T, K, generator=g)
+    scorings = {"sigmoid (preset)": "sigmoid", "sqrtsoftplus (custom region)": ops.custom_scoring(sqrtsoftplus)}
+
+    def fwd(scoring):
+        return lambda: torch.ops.moe.route(logits, bias, K, scoring, "score_then_topk", 1, 1, "top2_sum", True, SCALE)
+
+    def fwd_bwd(scoring):
+        x = logits.clone().requires_grad_(True)
+
+        def run():
+            w, _ = torch.ops.moe.route(x, bias, K, scoring, "score_then_topk", 1, 1, "top2_sum", True, SCALE)
+            torch.autograd.grad(w, x, gw)
+        return run
+
+    rows = []
+    for name, scoring in scorings.items():
+        for what, make in (("forward", fwd), ("forward+backward", fwd_bwd)):
+            m = measure(make(scoring), a.budget, 2000)
+            rows.append((f"moe.route {name}", what, m["median_ms"], m["min_ms"]))
+    if not a.no_compile:
+        for name, act in (("sigmoid", torch.sigmoid), ("sqrtsoftplus", sqrtsoftplus)):
+            fn = torch.compile(eager_router(act), backend="inductor")
+            m = measure(lambda: fn(logits, bias), a.budget, 2000)
+            rows.append((f"inductor {name}", "forward", m["median_ms"], m["min_ms"]))
+            x = logits.clone().requires_grad_(True)
+
+            def run(fn=fn, x=x):
+                w, _ = fn(x, bias)
+                torch.autograd.grad(w, x, gw)
+            m = measure(run, a.budget, 2000)
+            rows.append((f"inductor {name}", "forward+backward", m["median_ms"], m["min_ms"]))
+    for name, act in (("sigmoid", torch.sigmoid), ("sqrtsoftplus", sqrtsoftplus)):
+        fn = eager_router(act)
+        m = measure(lambda: fn(logits, bias), a.budget, 2000)
+        rows.append((f"eager torch {name}", "forward", m["median_ms"], m["min_ms"]))
+    # On a loaded machine the minimum is the steadier statistic of the two.
+    print(f"{'implementation':40s} {'pass':18s} {'median ms':>10s} {'min ms':>10s}")
+    for impl, what, ms, low in rows:
+        print(f"{impl:40s} {what:18s} {ms:10.3f} {low:10.3f}")
+    print(f"load average after: {os.getloadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
