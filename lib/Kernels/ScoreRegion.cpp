@@ -131,12 +131,12 @@ private:
       // torch.maximum/minimum's backward).
       bool isMax = isa<arith::MaximumFOp>(op);
       Value da = orZero(d[0]), db = orZero(d[1]);
-      Value first = kb.cmpf(isMax ? arith::CmpFPredicate::OGT
-                                  : arith::CmpFPredicate::OLT,
-                            in[0], in[1]);
-      Value second = kb.cmpf(isMax ? arith::CmpFPredicate::OLT
-                                   : arith::CmpFPredicate::OGT,
-                             in[0], in[1]);
+      Value first =
+          kb.cmpf(isMax ? arith::CmpFPredicate::OGT : arith::CmpFPredicate::OLT,
+                  in[0], in[1]);
+      Value second =
+          kb.cmpf(isMax ? arith::CmpFPredicate::OLT : arith::CmpFPredicate::OGT,
+                  in[0], in[1]);
       Value half = kb.fmul(kb.fadd(da, db), c(0.5));
       return kb.select(first, da, kb.select(second, db, half));
     }
@@ -162,10 +162,10 @@ private:
     if (isa<math::TanhOp>(op))
       return chain(d[0], kb.fsub(c(1.0), kb.fmul(r, r)));
     if (isa<math::AbsFOp>(op)) {
-      Value sign = kb.select(
-          kb.cmpf(arith::CmpFPredicate::OGT, in[0], c(0.0)), c(1.0),
-          kb.select(kb.cmpf(arith::CmpFPredicate::OLT, in[0], c(0.0)),
-                    c(-1.0), c(0.0)));
+      Value sign =
+          kb.select(kb.cmpf(arith::CmpFPredicate::OGT, in[0], c(0.0)), c(1.0),
+                    kb.select(kb.cmpf(arith::CmpFPredicate::OLT, in[0], c(0.0)),
+                              c(-1.0), c(0.0)));
       return chain(d[0], sign);
     }
     if (isa<math::ErfOp>(op)) {
@@ -177,13 +177,12 @@ private:
       // the exponent depends on x: a constant exponent keeps a < 0 finite).
       Value term;
       if (d[0]) {
-        Value lower = math::PowFOp::create(kb.b, in[0],
-                                           kb.fsub(in[1], c(1.0)));
+        Value lower = math::PowFOp::create(kb.b, in[0], kb.fsub(in[1], c(1.0)));
         term = chain(d[0], kb.fmul(in[1], lower));
       }
       if (d[1])
-        term = sum(term, chain(d[1], kb.fmul(r, math::LogOp::create(
-                                                   kb.b, in[0]))));
+        term = sum(term,
+                   chain(d[1], kb.fmul(r, math::LogOp::create(kb.b, in[0]))));
       return term;
     }
     llvm_unreachable("score region: an op the verifier rejects");

@@ -169,9 +169,12 @@ def MoE_RouteGradOp : MoE_InferredOp<"route_grad", !listconcat(MoE_NoEffectInfer
     * `renormalize = true` (`w_l = a s_l / S`, zero weights when `S = 0`):
       `dlogits[t, idx_l] = a · (dw_l − c / S) / S · f'(x_l)` with `c = Σ_m dw_m s_m`, and 0 when `S = 0`;
 
-    0 elsewhere. `f'` is the region's derivative, formed symbolically from its ops (the chain rule over the
-    block; `maximumf`/`minimumf`/`select` pass the derivative of the chosen operand, `absf` gives `sign(x)`,
-    `sqrt` at 0 gives `+inf` as PyTorch's). Step functions (`math.floor`, `ceil`, `round`) are rejected: their
+    0 elsewhere. `f'` is the region's derivative, formed symbolically from its ops (forward mode over the block;
+    `select` passes the derivative of the chosen operand, `maximumf`/`minimumf` that of the larger/smaller one and
+    half of each at a tie, `absf` gives `sign(x)` with `sign(0) = 0`, `sqrt` at 0 gives `+inf`, as PyTorch's
+    autograd formulas). One departure from autograd: a product- or quotient-rule term with an exact zero factor
+    is 0 even when the other factor is infinite, so `1 / (1 + exp(-x))` has derivative 0 at `x = -inf`, as
+    `torch.sigmoid`, where autograd of that expression gives NaN. Step functions (`math.floor`, `ceil`, `round`) are rejected: their
     derivative is zero almost everywhere, which would silently stop training. Both orders of the forward give
     the same weights as a function of the selected logits, so the op has no `order`. A repeated index
     accumulates. Out-of-range indices are read clamped and never written.

@@ -1,4 +1,4 @@
-//===- ScoreRegion.h - The ops a moe.route score region may hold -*- C++ -*-===//
+//===- ScoreRegion.h - The ops of a moe.route score region ------*- C++ -*-===//
 //
 // Part of the MoE-MLIR project.
 //

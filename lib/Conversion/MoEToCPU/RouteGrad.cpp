@@ -57,8 +57,7 @@ void zeroRow(CpuKernelBuilder &kb, Value out, Value r, Value numExperts) {
   kb.forLoop(kb.idx(0), kb.ceilDiv(numExperts, kb.idx(kLanes)), kb.idx(1),
              [&](Value c) {
                Value col = kb.mul(c, kb.idx(kLanes));
-               kb.vstoreMasked(zero, out, {r, col},
-                               kb.sub(numExperts, col));
+               kb.vstoreMasked(zero, out, {r, col}, kb.sub(numExperts, col));
              });
 }
 
@@ -117,9 +116,8 @@ void emitRow(CpuKernelBuilder &kb, const RouteSpec &spec, Value x, Value idx,
   });
 }
 
-struct RouteGradKernel
-    : KernelPattern<RouteGradOp, /*TargetLanes=*/false,
-                    /*LeaveZeroSized=*/true> {
+struct RouteGradKernel : KernelPattern<RouteGradOp, /*TargetLanes=*/false,
+                                       /*LeaveZeroSized=*/true> {
   using KernelPattern::KernelPattern;
 
   LogicalResult emit(RouteGradOp op, CpuKernelBuilder &kb,

@@ -147,7 +147,8 @@ static LogicalResult verifyScoreRegion(Operation *op, Region &region,
              << "' is not allowed in the 'score' region: it holds elementwise "
                 "scalar f32 arith/math ops only (constant, addf, subf, mulf, "
                 "divf, negf, maximumf, minimumf, cmpf, select, exp, exp2, log, "
-                "log1p, sqrt, rsqrt, tanh, absf, powf, erf, floor, ceil, round)";
+                "log1p, sqrt, rsqrt, tanh, absf, powf, erf, floor, ceil, "
+                "round)";
     auto isCondition = [&](Value v, bool result) {
       return result ? isa<arith::CmpFOp>(inner)
                     : isa<arith::SelectOp>(inner) && v == inner.getOperand(0);
@@ -205,8 +206,9 @@ LogicalResult RouteGradOp::verify() {
       failed(check.sameDim(getDw(), "dw", 1, getIndices(), "indices", 1, "k")))
     return failure();
   if (getScoring() == RouteScoring::softmax)
-    return emitOpError() << "scoring(softmax) is not elementwise: moe.route_grad "
-                            "differentiates the sigmoid, none and custom scores";
+    return emitOpError()
+           << "scoring(softmax) is not elementwise: moe.route_grad "
+              "differentiates the sigmoid, none and custom scores";
   double scale = getRoutedScalingFactor().convertToDouble();
   if (!std::isfinite(scale) || scale <= 0.0)
     return emitOpError() << "'routed_scaling_factor' (" << formatFloat(scale)
