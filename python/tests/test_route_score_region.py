@@ -241,3 +241,39 @@ def test_importer_prints_the_score_region(moe_opt):
     assert "#moe<scoring custom>" in text and "math.log1p" in text
     out = assert_verifies(moe_opt, text)
     assert "scoring(custom)" in out and "score {" in out and "math.sqrt" in out and "moe.yield" in out
+
+
+#: One function per differentiation rule the two scores above leave out (each also a tracer expansion).
+RULES = {
+    "cmpf_select": lambda x: torch.where(x > 0, x, 0.1 * x),
+    "clamp_min_max": lambda x: torch.clamp(x, -1.0, 2.0) * x,
+    "exp2": lambda x: torch.exp2(0.5 * x),
+    "log_subf": lambda x: torch.log(1 + x * x) - 0.25 * x,
+    "rsqrt": lambda x: torch.rsqrt(1 + x * x),
+    "powf_constant": lambda x: torch.pow(x * x + 1, 0.75),
+    "erf": lambda x: torch.erf(x) + 1.5,
+    "softsign_divf": lambda x: 3 - x / (1 + x.abs()),
+    "silu": F.silu,
+    "square_reciprocal": lambda x: torch.reciprocal(torch.square(x) + 2),
+}
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_each_differentiation_rule_against_float64_autograd(name):
+    """Forward and backward of a score built around one rule (no renormalization: these scores may be negative,
+    and a sum near 0 is ill-conditioned), against float64 PyTorch."""
+    fn, E, k, kw = RULES[name], 32, 4, dict(routed_scaling_factor=1.5)
+    scoring = ops.custom_scoring(fn)
+    x = 2 * torch.randn(33, E, generator=torch.Generator().manual_seed(11))
+    x.requires_grad_(True)
+    w, idx = _call(x, None, k, scoring, kw)
+    _, idx_ref = RR.route(x.detach(), None, k, scoring, routed_scaling_factor=1.5)
+    assert torch.equal(idx, idx_ref)
+    x64 = x.detach().double().requires_grad_(True)
+    w64 = _weights64(fn, x64, idx, kw)
+    torch.testing.assert_close(w.double(), w64, atol=1e-5, rtol=1e-5)
+    gw = torch.randn(33, k, generator=torch.Generator().manual_seed(12))
+    (g,) = torch.autograd.grad(w, x, gw)
+    (g64,) = torch.autograd.grad(w64, x64, gw.double())
+    torch.testing.assert_close(g.double(), g64, atol=2e-5, rtol=1e-4)

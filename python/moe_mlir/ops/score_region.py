@@ -104,7 +104,8 @@ def score_region(fn: Callable[[Tensor], Tensor]) -> str:
     """The ``score`` region text (one line: ``^bb0(%x: f32): ... moe.yield %r : f32``) of the elementwise ``fn``."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    gm = make_fx(fn, tracing_mode="real")(torch.zeros((), dtype=torch.float32))
+    # Through a one-argument lambda: make_fx traces every parameter of fn (F.silu's `inplace` too).
+    gm = make_fx(lambda x: fn(x), tracing_mode="real")(torch.zeros((), dtype=torch.float32))
     w = _Writer()
     env: dict[object, str] = {}
 
@@ -132,7 +133,7 @@ def score_region(fn: Callable[[Tensor], Tensor]) -> str:
         elif node.op == "output":
             out = node.args[0]
             result = out[0] if isinstance(out, (tuple, list)) else out
-    if not isinstance(result, torch.fx.Node) or result.op == "placeholder" and False:
+    if not isinstance(result, torch.fx.Node):
         raise ValueError("custom_scoring: the function must return one tensor")
     body = " ".join(w.lines + [f"moe.yield {env[result]} : f32"])
     text = f"^bb0(%x: f32): {body}"
