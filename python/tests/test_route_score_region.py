@@ -12,6 +12,8 @@ differentiator are all under test).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -300,3 +302,29 @@ def test_torch_compile_inductor_keeps_the_custom_route():
     # Inductor's fused (w * w).sum() may add in another order: a few ulp.
     torch.testing.assert_close(l_c, l_e, atol=0, rtol=1e-6)
     torch.testing.assert_close(g_c, g_e, atol=1e-7, rtol=1e-6)
+
+
+@pytest.mark.parametrize("body,message", [
+    ("^bb0(%x: f32): %0 = arith.cmpf ogt, %x, %x : f32 moe.yield %0 : f32",
+     "moe.yield takes the f32 score, but %0 is i1"),
+    ("^bb0(%x: f32): %0 = arith.cmpf ogt, %x, %x : f32 %1 = arith.addf %0, %x : f32 moe.yield %1 : f32",
+     "'arith.addf' in the 'score' region has an operand of type i1"),
+    ("^bb0(%x: f32): %0 = arith.select %x, %x, %x : f32 moe.yield %0 : f32",
+     "'arith.select' in the 'score' region has an operand of type f32"),
+    ("^bb0(%x: f32): %0 = math.exp %y : f32 moe.yield %0 : f32", "'math.exp' uses undefined value %y"),
+    ("^bb0(%x: f32): %0 = arith.constant 1 : i32 moe.yield %x : f32", "has type 'i32'"),
+    ("^bb0(%x: f32): %0 = arith.constant one : f32 moe.yield %0 : f32", "cannot read the f32 value 'one'"),
+    ("^bb0(%x: f64): moe.yield %x : f32", "one f32 argument (the logit), but it has type f64"),
+    ("garbage", "must start with one f32 block argument"),
+], ids=["yield_i1", "i1_operand", "f32_condition", "undefined", "i32_constant", "bad_constant", "f64_argument",
+        "garbage"])
+def test_region_text_errors_name_the_rule(body, message):
+    """Region text written by hand is checked before any kernel is built, with the verifier's rules."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        torch.ops.moe.route(torch.randn(4, 8), None, 2, "custom:" + body)
+
+
+@needs_kernels
+def test_region_text_with_a_key_separator_is_refused():
+    with pytest.raises(ValueError, match=re.escape("the 'score' region text must not contain '|'")):
+        torch.ops.moe.route(torch.randn(4, 8), None, 2, "custom:^bb0(%x: f32): moe.yield %x : f32 |")

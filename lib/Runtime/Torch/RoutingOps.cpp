@@ -27,6 +27,14 @@ using namespace moe_torch;
 
 namespace {
 
+/// The kernel key separates its fields with '|': a custom score region
+/// (scoring = "custom:<region>") must not hold one.
+void checkScoring(const char *op, c10::string_view scoring) {
+  TORCH_CHECK_VALUE(scoring.find('|') == c10::string_view::npos, "moe.", op,
+                    ": the 'score' region text must not contain '|' (it "
+                    "is part of the kernel key)");
+}
+
 std::tuple<Tensor, Tensor>
 route(const Tensor &logits, const std::optional<Tensor> &bias, int64_t k,
       c10::string_view scoring, c10::string_view order, int64_t nGroup,
@@ -37,6 +45,7 @@ route(const Tensor &logits, const std::optional<Tensor> &bias, int64_t k,
   if (bias)
     checkDevice(op, {&logits, &*bias});
   checkRank(op, "logits", logits, 2, "[T, E]");
+  checkScoring(op, scoring);
   Key key(op);
   key.attr("k", k)
       .attr("scoring", scoring)
@@ -80,6 +89,7 @@ Tensor routeBackward(const Tensor &gradW, const Tensor &logits,
   checkDim(op, "indices", indices, 0, logits.size(0), "dimension 0 of 'logits'");
   checkDim(op, "grad_w", gradW, 0, logits.size(0), "dimension 0 of 'logits'");
   checkDim(op, "grad_w", gradW, 1, indices.size(1), "dimension 1 of 'indices'");
+  checkScoring(op, scoring);
   int64_t rows = logits.size(0), k = indices.size(1);
   std::array<int64_t, 2> kShape{rows, k};
   Key key(op);

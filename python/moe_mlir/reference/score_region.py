@@ -81,7 +81,7 @@ def parse_score_region(body: str) -> tuple[str, tuple[ScoreOp, ...], str]:
     starts = list(_OP_START.finditer(rest))
     if rest[:starts[0].start()].strip() if starts else rest.strip():
         _fail(f"cannot read the 'score' region at {rest.strip()[:40]!r}")
-    defined = {arg}
+    types = {arg: "f32"}  # the value types: f32, or i1 for a comparison
     ops: list[ScoreOp] = []
     yielded = None
     for m, nxt in zip(starts, starts[1:] + [None]):
@@ -93,8 +93,10 @@ def parse_score_region(body: str) -> tuple[str, tuple[ScoreOp, ...], str]:
             if len(vals) != 1 or not chunk.strip().endswith("f32"):
                 _fail(f"moe.yield takes one f32 value, got {chunk.strip()!r}")
             yielded = vals[0]
-            if yielded not in defined:
+            if yielded not in types:
                 _fail(f"moe.yield uses undefined value {yielded}")
+            if types[yielded] != "f32":
+                _fail(f"moe.yield takes the f32 score, but {yielded} is {types[yielded]}")
             continue
         result, name = m.group(1), m.group(2)
         if name not in SCORE_OPS:
@@ -104,9 +106,12 @@ def parse_score_region(body: str) -> tuple[str, tuple[ScoreOp, ...], str]:
         want = "i1" if name == "arith.cmpf" else "f32"
         if type_text.strip() != "f32":
             _fail(f"'{name}' in the 'score' region has type {type_text.strip()!r}: the region is elementwise on "
-                  f"scalar {want}")
+                  "scalar f32")
         if name == "arith.constant":
-            value = _parse_float(body_text)
+            try:
+                value = _parse_float(body_text)
+            except ValueError:
+                _fail(f"arith.constant: cannot read the f32 value {body_text.strip()!r}")
             ops.append(ScoreOp(result, name, (), value=value))
         else:
             predicate = ""
@@ -117,11 +122,15 @@ def parse_score_region(body: str) -> tuple[str, tuple[ScoreOp, ...], str]:
             operands = tuple(re.findall(_VALUE, body_text))
             if len(operands) != SCORE_OPS[name]:
                 _fail(f"'{name}' takes {SCORE_OPS[name]} operand(s), got {len(operands)}")
-            for o in operands:
-                if o not in defined:
+            for n, o in enumerate(operands):
+                if o not in types:
                     _fail(f"'{name}' uses undefined value {o}")
+                want_operand = "i1" if name == "arith.select" and n == 0 else "f32"
+                if types[o] != want_operand:
+                    _fail(f"'{name}' in the 'score' region has an operand of type {types[o]} ({o}): it takes "
+                          f"{want_operand}")
             ops.append(ScoreOp(result, name, operands, predicate=predicate))
-        defined.add(result)
+        types[result] = want
     if yielded is None:
         _fail("the 'score' region must end in moe.yield of the f32 score")
     return arg, tuple(ops), yielded
