@@ -1,10 +1,9 @@
 // RUN: moe-opt %s --convert-moe-to-gpu -split-input-file -verify-diagnostics
 
 // Every backward op but moe.route_grad (below) has a GPU lowering (its own test
-// file); what their GPU
-// kernels do not take is refused with a diagnostic naming the op, as the
-// forward ops' (the torch ops run their eager references on CUDA tensors
-// there), instead of crashing or leaving the op silently.
+// file); what their GPU kernels do not take is refused with a diagnostic naming
+// the op, as the forward ops' (the torch ops run their eager references on CUDA
+// tensors there), instead of crashing or leaving the op silently.
 
 // similarity_inform_grad has a GPU lowering (similarity_inform_grad.mlir) for
 // a static expert count up to the flash kernel's register accumulator
