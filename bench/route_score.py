@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
+import time
 
 from .threads import pin_threads
 
@@ -24,7 +26,6 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from .ours import REPO  # noqa: E402
-from .timing import measure  # noqa: E402
 
 sys.path.insert(0, str(REPO / "python"))
 from moe_mlir import ops  # noqa: E402
@@ -70,27 +71,39 @@ def main() -> int:
             torch.autograd.grad(w, x, gw)
         return run
 
-    rows = []
+    fns = {}
     for name, scoring in scorings.items():
-        for what, make in (("forward", fwd), ("forward+backward", fwd_bwd)):
-            m = measure(make(scoring), a.budget, 2000)
-            rows.append((f"moe.route {name}", what, m["median_ms"], m["min_ms"]))
+        fns[(f"moe.route {name}", "forward")] = fwd(scoring)
+        fns[(f"moe.route {name}", "forward+backward")] = fwd_bwd(scoring)
+    fns[("moe.route none (no score pass)", "forward")] = fwd("none")
     if not a.no_compile:
         for name, act in (("sigmoid", torch.sigmoid), ("sqrtsoftplus", sqrtsoftplus)):
             fn = torch.compile(eager_router(act), backend="inductor")
-            m = measure(lambda: fn(logits, bias), a.budget, 2000)
-            rows.append((f"inductor {name}", "forward", m["median_ms"], m["min_ms"]))
+            fns[(f"inductor {name}", "forward")] = lambda fn=fn: fn(logits, bias)
             x = logits.clone().requires_grad_(True)
 
             def run(fn=fn, x=x):
                 w, _ = fn(x, bias)
                 torch.autograd.grad(w, x, gw)
-            m = measure(run, a.budget, 2000)
-            rows.append((f"inductor {name}", "forward+backward", m["median_ms"], m["min_ms"]))
+            fns[(f"inductor {name}", "forward+backward")] = run
     for name, act in (("sigmoid", torch.sigmoid), ("sqrtsoftplus", sqrtsoftplus)):
-        fn = eager_router(act)
-        m = measure(lambda: fn(logits, bias), a.budget, 2000)
-        rows.append((f"eager torch {name}", "forward", m["median_ms"], m["min_ms"]))
+        fns[(f"eager torch {name}", "forward")] = lambda fn=eager_router(act): fn(logits, bias)
+    # Interleaved rounds (every implementation once a round, the order rotating) until the budget is spent: on a
+    # shared machine a change of load then hits every row alike.
+    for f in fns.values():
+        f()
+    times = {key: [] for key in fns}
+    keys = list(fns)
+    end = time.perf_counter() + a.budget * len(keys)
+    r = 0
+    while time.perf_counter() < end or r < 5:
+        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+            t0 = time.perf_counter()
+            fns[key]()
+            times[key].append((time.perf_counter() - t0) * 1e3)
+        r += 1
+    rows = [(impl, what, statistics.median(v), min(v)) for (impl, what), v in times.items()]
+    print(f"{r} interleaved rounds")
     # On a loaded machine the minimum is the steadier statistic of the two.
     print(f"{'implementation':40s} {'pass':18s} {'median ms':>10s} {'min ms':>10s}")
     for impl, what, ms, low in rows:
