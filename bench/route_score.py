@@ -6,8 +6,9 @@ same inputs, same run.
 T = 4096 tokens, E = 256 experts, k = 8, a selection bias, renormalized and scaled weights (DeepSeek-V3 without
 groups). Rows: ``torch.ops.moe.route`` with ``scoring="sigmoid"`` (the preset) and with
 ``custom_scoring(sqrt(softplus(x)))`` (DeepSeek-V4's sqrtsoftplus, a region the dialect has never seen), forward
-and forward + backward (both through the fused moe.route_grad kernel on the CPU), eager; the same PyTorch router under inductor when torch.compile is available. Prints the
-load average before and after: on a shared machine the numbers are indicative.
+and forward + backward (both through the fused moe.route_grad kernel on the CPU), and scoring none (the kernel
+without a score pass); the same PyTorch router eager and under inductor (unless --no-compile). Interleaved rounds;
+prints the load average before and after: on a shared machine the numbers are indicative.
 """
 
 from __future__ import annotations
