@@ -1,8 +1,8 @@
 """The custom score of ``moe.route`` (``scoring="custom:<region body>"``) evaluated with torch ops.
 
 The region body is the MLIR text of the ``score`` region of ``moe.route`` (MoERoutingOps.td, "Custom scores"): one
-block ``^bb0(%x: f32):`` of elementwise scalar arith/math ops ending in ``moe.yield %s : f32``. :func:`parse_score_region`
-reads it into a list of :class:`ScoreOp` (the same op list as the dialect's verifier, MoE/IR/ScoreRegion.h, with its
+block ``^bb0(%x: f32):`` of elementwise scalar arith/math ops ending in ``moe.yield %s : f32``.
+:func:`parse_score_region` reads it into a list of :class:`ScoreOp` (the same op list as the dialect's verifier, MoE/IR/ScoreRegion.h, with its
 messages), and :func:`eval_score_region` evaluates it on a tensor elementwise, differentiably, in the tensor's dtype:
 the reference the kernels are tested against, and what ``route``'s fallbacks run.
 """
@@ -35,7 +35,8 @@ _CMPF = {
     "ord": lambda a, b: ~a.isnan() & ~b.isnan(), "ueq": lambda a, b: (a == b) | a.isnan() | b.isnan(),
     "ugt": lambda a, b: ~(a <= b), "uge": lambda a, b: ~(a < b), "ult": lambda a, b: ~(a >= b),
     "ule": lambda a, b: ~(a > b), "une": lambda a, b: a != b, "uno": lambda a, b: a.isnan() | b.isnan(),
-    "true": lambda a, b: torch.ones_like(a, dtype=torch.bool), "false": lambda a, b: torch.zeros_like(a, dtype=torch.bool),
+    "true": lambda a, b: torch.ones_like(a, dtype=torch.bool),
+    "false": lambda a, b: torch.zeros_like(a, dtype=torch.bool),
 }
 
 _VALUE = r"%[A-Za-z0-9_.$\-]+"

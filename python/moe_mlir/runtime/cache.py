@@ -174,7 +174,8 @@ def _route_backward_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
     return [("f32", list(k.inputs["logits"][1]))]
 
 
-_ROUTING_OUTPUTS = {"route": _route_outputs, "route_backward": _route_backward_outputs, "dispatch_plan": _dispatch_plan_outputs,
+_ROUTING_OUTPUTS = {"route": _route_outputs, "route_backward": _route_backward_outputs,
+                    "dispatch_plan": _dispatch_plan_outputs,
                     "apply_capacity": _apply_capacity_outputs, "bias_update": _bias_update_outputs}
 
 
