@@ -5,6 +5,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "MoE/Kernels/Route.h"
+#include "MoE/Kernels/ScoreRegion.h"
 #include "MoE/Kernels/TopK.h"
 
 #include <limits>
@@ -18,12 +19,58 @@ Value mlir::moe::kernels::sigmoid(KernelBuilder &kb, Value x) {
   return kb.fdiv(one, kb.fadd(one, kb.exp(kb.fsub(kb.constLike(t, 0.0), x))));
 }
 
+Value mlir::moe::kernels::routeElementwiseScore(KernelBuilder &kb,
+                                                const RouteSpec &spec,
+                                                Value x) {
+  if (spec.scoring == RouteSpec::Scoring::Custom)
+    return emitScoreBody(kb, *spec.scoreBody, x);
+  return sigmoid(kb, x);
+}
+
+std::pair<Value, Value>
+mlir::moe::kernels::routeScoreAndDerivative(KernelBuilder &kb,
+                                            const RouteSpec &spec, Value x) {
+  Type t = x.getType();
+  switch (spec.scoring) {
+  case RouteSpec::Scoring::Custom:
+    return emitScoreAndDerivative(kb, *spec.scoreBody, x);
+  case RouteSpec::Scoring::Sigmoid: {
+    Value s = sigmoid(kb, x);
+    return {s, kb.fmul(s, kb.fsub(kb.constLike(t, 1.0), s))};
+  }
+  case RouteSpec::Scoring::None:
+    return {x, kb.constLike(t, 1.0)};
+  case RouteSpec::Scoring::Softmax:
+    break;
+  }
+  llvm_unreachable("route_grad: softmax is not elementwise");
+}
+
+Value mlir::moe::kernels::routeGradOfLogit(KernelBuilder &kb,
+                                           const RouteSpec &spec, Value g,
+                                           Value dScore, Value sSum,
+                                           Value cSum) {
+  Type t = g.getType();
+  Value coef = g;
+  if (spec.renormalize)
+    coef = kb.fdiv(kb.fsub(g, kb.fdiv(cSum, sSum)), sSum);
+  if (spec.scale != 1.0)
+    coef = kb.fmul(coef, kb.constLike(t, spec.scale));
+  Value d = kb.fmul(coef, dScore);
+  if (!spec.renormalize)
+    return d;
+  // A zero sum (a fully masked row) has constant zero weights: no gradient,
+  // even where f' is not finite there (sqrt(softplus(x)) at -inf).
+  Value zero = kb.constLike(t, 0.0);
+  return kb.select(kb.cmpf(arith::CmpFPredicate::OEQ, sSum, zero), zero, d);
+}
+
 Value mlir::moe::kernels::routeScore(KernelBuilder &kb, const RouteSpec &spec,
                                      Value x, Value rowMax, Value rowSum) {
   if (spec.fromLogits())
     return x;
-  if (spec.scoring == RouteSpec::Scoring::Sigmoid)
-    return sigmoid(kb, x);
+  if (spec.scoring != RouteSpec::Scoring::Softmax)
+    return routeElementwiseScore(kb, spec, x);
   return softmaxScore(kb, softmaxTerm(kb, x, rowMax), rowMax, rowSum);
 }
 
@@ -72,7 +119,8 @@ Value mlir::moe::kernels::routeSelectedScore(KernelBuilder &kb,
     // the selection's own max.
     return softmaxScore(kb, softmaxTerm(kb, v, selMax), selMax, selSum);
   case RouteSpec::Scoring::Sigmoid:
-    return sigmoid(kb, v);
+  case RouteSpec::Scoring::Custom:
+    return routeElementwiseScore(kb, spec, v);
   case RouteSpec::Scoring::None:
     return v;
   }

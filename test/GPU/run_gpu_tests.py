@@ -352,6 +352,8 @@ def ref_route(logits, bias, k, scoring="softmax", order="score_then_topk", n_gro
     def score(v, dim_softmax):
         if scoring == "sigmoid":
             return torch.sigmoid(v)
+        if scoring == "sqrtsoftplus":  # the custom score region of route_deepseek_v4 (gpu-cases.mlir)
+            return torch.sqrt(torch.nn.functional.softplus(v))
         if scoring == "softmax":
             m = v.amax(-1, keepdim=True)
             p = torch.exp(v - m) / torch.exp(v - m).sum(-1, keepdim=True)
@@ -1166,6 +1168,12 @@ def case_route(lib, g):
     tie = torch.zeros(300, 256, device=DEV)      # every score equal: lowest groups, lowest indices
     check_route("route_deepseek_v3 (ties)", lib, "route_deepseek_v3", tie, torch.zeros(256, device=DEV), 8,
                 exact=True, **ds)
+
+    # A custom score region (DeepSeek-V4's sqrtsoftplus), inlined per lane: the same adversarial rows.
+    v4 = dict(scoring="sqrtsoftplus", renormalize=True, scale=2.5)
+    check_route("route_deepseek_v4", lib, "route_deepseek_v4", l, b, 8, **v4)
+    check_route("route_deepseek_v4 (ties)", lib, "route_deepseek_v4", tie, torch.zeros(256, device=DEV), 8,
+                exact=True, **v4)
 
     l = torch.randn(64, 384, generator=g).to(DEV).bfloat16()      # bf16 ties are common
     b = (torch.rand(384, generator=g) * 0.05).to(DEV)

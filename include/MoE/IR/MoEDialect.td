@@ -47,6 +47,7 @@ def MoE_Dialect : Dialect {
   // arith and tensor: the folds and the zero-size canonicalizations create
   // constants, tensor.empty and tensor.splat.
   let dependentDialects = ["::mlir::arith::ArithDialect",
+                           "::mlir::math::MathDialect",
                            "::mlir::tensor::TensorDialect"];
   let useDefaultAttributePrinterParser = 1;
   let hasConstantMaterializer = 1;

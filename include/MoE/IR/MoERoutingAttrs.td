@@ -14,7 +14,8 @@
 def MoE_RouteScoring : I32EnumAttr<"RouteScoring", "how moe.route turns logits into gate scores", [
     I32EnumAttrCase<"softmax", 0>,
     I32EnumAttrCase<"sigmoid", 1>,
-    I32EnumAttrCase<"none", 2>]> {
+    I32EnumAttrCase<"none", 2>,
+    I32EnumAttrCase<"custom", 3>]> {
   let cppNamespace = "::mlir::moe";
   let genSpecializedAttr = 0;
 }

@@ -21,7 +21,7 @@
 #ifndef MOE_IR_MOEROUTINGOPS_TD
 #define MOE_IR_MOEROUTINGOPS_TD
 
-def MoE_RouteOp : MoE_InferredOp<"route", MoE_PureInferred> {
+def MoE_RouteOp : MoE_InferredOp<"route", !listconcat(MoE_PureInferred, [IsolatedFromAbove])> {
   let summary = "production MoE router: scoring, selection bias, group-limited top-k, renormalization, scaling";
   let description = [{
     Routes every token (row of `logits`, `[T, E]`) to `k` of `E` experts and returns the gate weights
@@ -30,8 +30,9 @@ def MoE_RouteOp : MoE_InferredOp<"route", MoE_PureInferred> {
 
     With `x = logits[t, :]` and the optional selection bias `b` (`bias`, `[E]`, 0 when absent):
 
-    1. **Scoring** (`scoring`): `σ(x) = softmax(x)` over the `E` experts, `sigmoid(x)` elementwise, or `x` itself
-       (`none`, for callers that score before the op).
+    1. **Scoring** (`scoring`): `σ(x) = softmax(x)` over the `E` experts, `sigmoid(x)` elementwise, `x` itself
+       (`none`, for callers that score before the op), or `custom`: the elementwise function `f` of the `score`
+       region, `σ(x)_e = f(x_e)` (see *Custom scores* below).
     2. **Choice scores** (`order`):
        * `score_then_topk` (default): `s = σ(x)` and the experts are chosen on `c = s + b`;
        * `topk_then_score`: the experts are chosen on the raw logits `c = x + b`, and only the `k` selected logits
@@ -51,6 +52,36 @@ def MoE_RouteOp : MoE_InferredOp<"route", MoE_PureInferred> {
     5. **Weights**: `w_j = s[idx_j]` (`score_then_topk`) or the scored selected logits (`topk_then_score`); with
        `renormalize = true` (default false) `w_j /= Σ_l w_l` (a zero sum gives zero weights, never NaN); then
        `w_j *= routed_scaling_factor` (default 1).
+
+    **Custom scores** (`scoring(custom)`, issue #48 item 2). The `score` region holds one block with one `f32`
+    argument, the logit `x_e`, and ends in `moe.yield` of the `f32` score `f(x_e)`; everything in it is scalar
+    `f32` (an `i1` for a comparison) and elementwise, so every lowering inlines the body where it computes a
+    sigmoid today (on vectors on the CPU, per lane on the GPU). Accepted ops: `arith.constant` (f32), `addf`,
+    `subf`, `mulf`, `divf`, `negf`, `maximumf`, `minimumf`, `cmpf`, `select`; `math.exp`, `exp2`, `log`,
+    `log1p`, `sqrt`, `rsqrt`, `tanh`, `absf`, `powf`, `erf`, and the step functions `math.floor`, `ceil`,
+    `round`, which have no useful derivative (`moe.route_grad` rejects them). The region is isolated from above
+    (constants live inside it). `sigmoid` is the preset `f(x) = 1 / (1 + exp(-x))`, `none` the identity;
+    softmax is not elementwise and stays its own mode. `f` replaces the scoring of either order (with
+    `topk_then_score`, `f` of each selected logit); the bias, groups, renormalization and scaling are unchanged.
+    NaN, `±inf` and zero sums follow from `f`'s IEEE arithmetic (DeepSeek-V4's `sqrt(softplus(x))`: `-inf`
+    scores 0, `+inf` scores `+inf`). A region appears if and only if `scoring(custom)`.
+
+    ```mlir
+    // DeepSeek-V4 (sqrtsoftplus): f(x) = sqrt(log1p(exp(-|x|)) + max(x, 0))
+    %w, %idx = moe.route %logits bias(%b : tensor<256xf32>) k(8) scoring(custom) renormalize(true)
+        score {
+        ^bb0(%x: f32):
+          %zero = arith.constant 0.000000e+00 : f32
+          %a = math.absf %x : f32
+          %n = arith.negf %a : f32
+          %e = math.exp %n : f32
+          %l = math.log1p %e : f32
+          %m = arith.maximumf %x, %zero : f32
+          %sp = arith.addf %l, %m : f32
+          %s = math.sqrt %sp : f32
+          moe.yield %s : f32
+        } : tensor<?x256xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+    ```
 
     Edge rules (those of `moe.topk_renorm`): a `-inf` logit gets softmax/sigmoid score 0; a row whose every logit is
     `-inf` has softmax scores 0 (never NaN); a NaN logit makes the row's softmax scores NaN (sigmoid: that expert's
@@ -96,16 +127,90 @@ def MoE_RouteOp : MoE_InferredOp<"route", MoE_PureInferred> {
     DefaultValuedAttr<F32Attr, "1.0">:$routed_scaling_factor
   );
   let results = (outs MoE_F32Tensor:$weights, MoE_I32Tensor:$indices);
+  let regions = (region MaxSizedRegion<1>:$score);
 
   let assemblyFormat = [{
     $logits (`bias` `(` $bias^ `:` type($bias) `)`)? `k` `(` $k `)`
     (`scoring` `(` custom<EnumKeyword>($scoring)^ `)`)? (`order` `(` custom<EnumKeyword>($order)^ `)`)?
     (`n_group` `(` $n_group^ `)`)? (`topk_group` `(` $topk_group^ `)`)?
     (`group_score` `(` custom<EnumKeyword>($group_score)^ `)`)?
-    (`renormalize` `(` $renormalize^ `)`)? (`routed_scaling_factor` `(` $routed_scaling_factor^ `)`)? attr-dict
+    (`renormalize` `(` $renormalize^ `)`)? (`routed_scaling_factor` `(` $routed_scaling_factor^ `)`)?
+    (`score` $score^)? attr-dict
     `:` type($logits) `->` type($weights) `,` type($indices)
   }];
   let hasVerifier = 1;
+  let hasRegionVerifier = 1;
+}
+
+def MoE_YieldOp : MoE_Op<"yield", [Pure, Terminator,
+    ParentOneOf<["RouteOp", "RouteGradOp"]>]> {
+  let summary = "the score of a moe.route / moe.route_grad score region";
+  let description = [{
+    Ends the `score` region of `moe.route` and `moe.route_grad` with the score of the block's logit.
+
+    ```mlir
+    moe.yield %s : f32
+    ```
+  }];
+  let arguments = (ins F32:$value);
+  let assemblyFormat = "$value attr-dict `:` type($value)";
+}
+
+def MoE_RouteGradOp : MoE_InferredOp<"route_grad", !listconcat(MoE_NoEffectInferred, [IsolatedFromAbove])> {
+  let summary = "the backward of moe.route with an elementwise score: to the logits, through the selected scores";
+  let description = [{
+    The vector-Jacobian product of the weights of `moe.route` with an elementwise score (`scoring` `sigmoid`,
+    `none` or `custom` with the forward's `score` region `f`; softmax is not elementwise and is rejected) with
+    their cotangent `dw` (`[T, k]`, f32), given the forward's `logits` (`[T, E]`) and selection `indices`
+    (`[T, k]`, i32, in `[0, E)`). The choice (bias, groups, top-k, `order`) carries no gradient. With
+    `x_l = logits[t, idx_l]`, `s_l = f(x_l)`, `S = Σ_l s_l`, the scale `a` (`routed_scaling_factor`):
+
+    * `renormalize = false` (`w_l = a s_l`): `dlogits[t, idx_l] = a · dw_l · f'(x_l)`;
+    * `renormalize = true` (`w_l = a s_l / S`, zero weights when `S = 0`):
+      `dlogits[t, idx_l] = a · (dw_l − c / S) / S · f'(x_l)` with `c = Σ_m dw_m s_m`, and 0 when `S = 0`;
+
+    0 elsewhere. `f'` is the region's derivative, formed symbolically from its ops (forward mode over the block;
+    `select` passes the derivative of the chosen operand, `maximumf`/`minimumf` that of the larger/smaller one and
+    half of each at a tie, `absf` gives `sign(x)` with `sign(0) = 0`, `sqrt` at 0 gives `+inf`, as PyTorch's
+    autograd formulas). One departure from autograd: a product- or quotient-rule term with an exact zero factor
+    is 0 even when the other factor is infinite, so `1 / (1 + exp(-x))` has derivative 0 at `x = -inf`, as
+    `torch.sigmoid`, where autograd of that expression gives NaN. Step functions (`math.floor`, `ceil`, `round`) are rejected: their
+    derivative is zero almost everywhere, which would silently stop training. Both orders of the forward give
+    the same weights as a function of the selected logits, so the op has no `order`. A repeated index
+    accumulates. Out-of-range indices are read clamped and never written.
+
+    ```mlir
+    %dx = moe.route_grad %logits, %idx dw(%dw : tensor<?x8xf32>) scoring(sigmoid) renormalize(true)
+        routed_scaling_factor(2.500000e+00) : tensor<?x256xf32>, tensor<?x8xi32> -> tensor<?x256xf32>
+    ```
+  }];
+
+  let arguments = (ins
+    MoE_FloatTensor:$logits,
+    MoE_I32Tensor:$indices,
+    MoE_F32Tensor:$dw,
+    DefaultValuedAttr<MoE_RouteScoringAttr, "::mlir::moe::RouteScoring::sigmoid">:$scoring,
+    DefaultValuedAttr<BoolAttr, "false">:$renormalize,
+    DefaultValuedAttr<F32Attr, "1.0">:$routed_scaling_factor
+  );
+  let results = (outs MoE_F32Tensor:$dlogits);
+  let regions = (region MaxSizedRegion<1>:$score);
+
+  let assemblyFormat = [{
+    $logits `,` $indices `dw` `(` $dw `:` type($dw) `)`
+    (`scoring` `(` custom<EnumKeyword>($scoring)^ `)`)?
+    (`renormalize` `(` $renormalize^ `)`)? (`routed_scaling_factor` `(` $routed_scaling_factor^ `)`)?
+    (`score` $score^)? attr-dict
+    `:` type($logits) `,` type($indices) `->` type($dlogits)
+  }];
+  let hasVerifier = 1;
+  let hasRegionVerifier = 1;
+
+  let extraClassDeclaration = [{
+    ::mlir::Speculation::Speculatability getSpeculatability() {
+      return ::mlir::Speculation::NotSpeculatable;
+    }
+  }];
 }
 
 def MoE_DispatchPlanOp : MoE_InferredOp<"dispatch_plan", MoE_NoEffectInferred> {

@@ -7,7 +7,7 @@
 // group of lanes per token, lib/Conversion/MoEToGPU/Route.cpp):
 //
 //   1. scores: routeScore (softmax with RowSoftmax.h's statistics, sigmoid,
-//      or the logits);
+//      a custom score region inlined by ScoreRegion.h, or the logits);
 //   2. candidates of the choice values: routeChoice (score + bias), packed in
 //      TopK.h's order;
 //   3. groups: routeGroupCandidate (a group's score) and routeKeepGroups (the
@@ -33,9 +33,11 @@ namespace mlir::moe::kernels {
 /// moe.route's modes, without the dialect (the conversions fill it from the
 /// op's attributes).
 struct RouteSpec {
-  enum class Scoring { Softmax, Sigmoid, None };
+  enum class Scoring { Softmax, Sigmoid, None, Custom };
   int64_t k = 1;
   Scoring scoring = Scoring::Softmax;
+  /// scoring(custom): the block of the op's score region (ScoreRegion.h).
+  Block *scoreBody = nullptr;
   /// order(score_then_topk); false for topk_then_score.
   bool scoreFirst = true;
   int64_t groups = 1;
@@ -63,7 +65,11 @@ RouteSpec routeSpecOf(RouteOpT op) {
                      ? RouteSpec::Scoring::Softmax
                  : op.getScoring() == Scoring::sigmoid
                      ? RouteSpec::Scoring::Sigmoid
+                 : op.getScoring() == Scoring::custom
+                     ? RouteSpec::Scoring::Custom
                      : RouteSpec::Scoring::None;
+  if (!op.getScore().empty())
+    spec.scoreBody = &op.getScore().front();
   spec.scoreFirst = op.getOrder() == Order::score_then_topk;
   spec.groups = op.getNGroup();
   spec.topkGroup = op.getTopkGroup();
@@ -73,8 +79,43 @@ RouteSpec routeSpecOf(RouteOpT op) {
   return spec;
 }
 
+/// The spec of a moe.route_grad op: its score, renormalization and scale
+/// (the choice is the forward's indices).
+template <typename RouteGradOpT>
+RouteSpec routeGradSpecOf(RouteGradOpT op) {
+  using Scoring = decltype(op.getScoring());
+  RouteSpec spec;
+  spec.scoring = op.getScoring() == Scoring::sigmoid
+                     ? RouteSpec::Scoring::Sigmoid
+                 : op.getScoring() == Scoring::custom
+                     ? RouteSpec::Scoring::Custom
+                     : RouteSpec::Scoring::None;
+  if (!op.getScore().empty())
+    spec.scoreBody = &op.getScore().front();
+  spec.renormalize = op.getRenormalize();
+  spec.scale = op.getRoutedScalingFactor().convertToDouble();
+  return spec;
+}
+
 /// sigmoid(x) = 1 / (1 + exp(-x)): -inf -> 0, +inf -> 1, NaN -> NaN.
 Value sigmoid(KernelBuilder &kb, Value x);
+
+/// The elementwise score of x: sigmoid, or the custom score region's body
+/// inlined (ScoreRegion.h); on scalars or vectors.
+Value routeElementwiseScore(KernelBuilder &kb, const RouteSpec &spec, Value x);
+
+/// The elementwise score f(x) and its derivative f'(x) (moe.route_grad):
+/// sigmoid (f' = f (1 - f)), none (1), or the custom region's symbolic
+/// derivative (ScoreRegion.h).
+std::pair<Value, Value> routeScoreAndDerivative(KernelBuilder &kb,
+                                                const RouteSpec &spec, Value x);
+
+/// The gradient of the selected scores' weights to their logits, given the
+/// cotangent g of a pick's weight, its f'(x), and (renormalize) the sums
+/// S = Σ f(x_l) and C = Σ g_l f(x_l) over the row's picks (splatted like g):
+/// a (g - C/S) / S f'(x), 0 when S = 0; a g f'(x) without renormalization.
+Value routeGradOfLogit(KernelBuilder &kb, const RouteSpec &spec, Value g,
+                       Value dScore, Value sSum, Value cSum);
 
 /// The score before the top-k (score_then_topk, scoring != none) of the
 /// logit x given the row's max and Σ exp(x - max) (softmax only; null

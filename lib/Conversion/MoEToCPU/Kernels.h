@@ -61,6 +61,7 @@ PopulateKernel populateTopkRenormKernel, populateSimilarityInformKernel,
     populateRouteDispatchPlanKernel,
     // Backward ops (MoEGradOps.td).
     populateSimilarityInformGradKernel, populateTopkRenormGradKernel,
+    populateRouteGradKernel,
     populateAttentionPosteriorGradKernel, populateHyperRouterGradKernel,
     // Load-balancing statistics and losses (MoEBalanceOps.td).
     populateRouterStatsKernel, populateRouterStatsGradKernel,

@@ -65,7 +65,7 @@ void mlir::moe::populateMoEToCPUPatterns(
         cpu::populateRouteKernel, cpu::populateDispatchPlanKernel,
         cpu::populateRouteDispatchPlanKernel,
         cpu::populateSimilarityInformGradKernel,
-        cpu::populateTopkRenormGradKernel,
+        cpu::populateTopkRenormGradKernel, cpu::populateRouteGradKernel,
         cpu::populateAttentionPosteriorGradKernel,
         cpu::populateHyperRouterGradKernel, cpu::populateRouterStatsKernel,
         cpu::populateRouterStatsGradKernel, cpu::populateRouterZLossKernel,

@@ -92,11 +92,13 @@ private:
               [&](Value c) { body(kb.mul(c, kb.idx(kLanes))); });
   }
 
-  /// Step 1: s[0, E) = softmax(x) or sigmoid(x) (pad lanes are scratch).
+  /// Step 1: s[0, E) = softmax(x), sigmoid(x) or the custom score region's
+  /// f(x) on the chunk's vector (pad lanes are scratch).
   void emitScores(Value r, Value s) {
-    if (spec.scoring == RouteSpec::Scoring::Sigmoid) {
+    if (spec.scoring != RouteSpec::Scoring::Softmax) {
       eachChunk([&](Value base) {
-        kb.vstore(sigmoid(kb, logitChunk(r, base, 0.0)), s, {base});
+        kb.vstore(routeElementwiseScore(kb, spec, logitChunk(r, base, 0.0)), s,
+                  {base});
       });
       return;
     }

@@ -22,7 +22,7 @@ namespace moe::lowering {
 /// is defined in <Name>.cpp and registered by populateMoEToLinalgPatterns.
 #define MOE_LINALG_LOWERED_OPS(X)                                              \
   X(TopkRenorm) X(SimilarityInform) X(AttentionPosterior) X(MadDispersion)     \
-  X(AdjacencyUpdate) X(HyperRouter) X(Route) X(DispatchPlan)                   \
+  X(AdjacencyUpdate) X(HyperRouter) X(Route) X(RouteGrad) X(DispatchPlan)      \
   X(SimilarityInformGrad) X(TopkRenormGrad) X(HyperRouterGrad)                 \
   X(AttentionPosteriorGrad) X(SimilarityInformFwd) X(BiasUpdate)             \
   X(RouterStats) X(RouterStatsGrad) X(LoadBalancingLoss) X(RouterZLoss)        \

@@ -16,6 +16,7 @@
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
+#include "MoE/Kernels/Route.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
@@ -27,6 +28,8 @@ using namespace mlir::moe;
 using namespace mlir::moe::lowering;
 
 namespace {
+using kernels::KernelBuilder;
+using kernels::RouteSpec;
 using utils::IteratorType;
 
 Value mapRows(OpBuilder &b, Location loc, ValueRange ins,
@@ -86,13 +89,32 @@ Value softmaxRows(OpBuilder &b, Location loc, Value x) {
                  });
 }
 
+/// `fn` of the kernels' builder on each element of `ins` (same shape as
+/// `like`): the body of a custom score region inlined in a linalg.generic.
+Value mapWithKernelBuilder(
+    OpBuilder &b, Location loc, ValueRange ins, ArrayRef<AffineMap> inMaps,
+    Value like, function_ref<Value(KernelBuilder &, ValueRange)> fn) {
+  return mapRows(b, loc, ins, inMaps, like,
+                 [&](OpBuilder &gb, Location gl, ValueRange a) {
+                   ImplicitLocOpBuilder ib(gl, gb);
+                   KernelBuilder kb(ib);
+                   return SmallVector<Value>{fn(kb, a)};
+                 });
+}
+
 /// The scoring function applied to `x` (rows in the last dimension).
-Value score(OpBuilder &b, Location loc, RouteScoring scoring, Value x) {
-  if (scoring == RouteScoring::none)
+Value score(OpBuilder &b, Location loc, const RouteSpec &spec, Value x) {
+  if (spec.scoring == RouteSpec::Scoring::None)
     return x;
-  if (scoring == RouteScoring::softmax)
+  if (spec.scoring == RouteSpec::Scoring::Softmax)
     return softmaxRows(b, loc, x);
   RowMaps rows(x);
+  if (spec.scoring == RouteSpec::Scoring::Custom)
+    return mapWithKernelBuilder(b, loc, x, rows.all, x,
+                                [&](KernelBuilder &kb, ValueRange a) {
+                                  return kernels::routeElementwiseScore(
+                                      kb, spec, a[0]);
+                                });
   return mapRows(b, loc, x, rows.all, x,
                  [](OpBuilder &gb, Location gl, ValueRange a) {
                    Value e = math::ExpOp::create(
@@ -224,7 +246,8 @@ LogicalResult mlir::moe::lowering::lowerRoute(RouteOp op, PatternRewriter &rw) {
   RowMaps rows(ctx, 2);
   Value x = promoteToF32(rw, loc, op.getLogits());
   bool scoreFirst = op.getOrder() == RouteOrder::score_then_topk;
-  Value s = scoreFirst ? score(rw, loc, op.getScoring(), x) : x;
+  RouteSpec spec = kernels::routeSpecOf(op);
+  Value s = scoreFirst ? score(rw, loc, spec, x) : x;
 
   // Choice scores: s (or x) plus the bias, broadcast over the tokens.
   Value c = s;
@@ -246,7 +269,7 @@ LogicalResult mlir::moe::lowering::lowerRoute(RouteOp op, PatternRewriter &rw) {
                           gb, gl, s, ValueRange{t, toIndex(gb, gl, a[0])})};
                     });
   if (!scoreFirst)
-    w = score(rw, loc, op.getScoring(), w);
+    w = score(rw, loc, spec, w);
   if (op.getRenormalize()) {
     Value sum = rowSum(rw, loc, w);
     w = mapRows(rw, loc, {w, sum}, {rows.all, rows.lead}, w,
@@ -267,5 +290,79 @@ LogicalResult mlir::moe::lowering::lowerRoute(RouteOp op, PatternRewriter &rw) {
                       gb, gl, a[0], f32Const(gb, gl, scale))};
                 });
   replaceWithCasts(rw, op, {w, idx});
+  return success();
+}
+
+/// moe.route_grad (MoERoutingOps.td): the picks' logits gathered [T, k], their
+/// scores and derivatives, the row sums S and C, the gradient of each pick
+/// (kernels::routeGradOfLogit), and its scatter to [T, E] as a reduction over
+/// the picks (a repeated index accumulates, an out-of-range one matches no
+/// expert).
+LogicalResult mlir::moe::lowering::lowerRouteGrad(RouteGradOp op,
+                                                  PatternRewriter &rw) {
+  Location loc = op.getLoc();
+  MLIRContext *ctx = rw.getContext();
+  RowMaps rows(ctx, 2);
+  RouteSpec spec = kernels::routeGradSpecOf(op);
+  Value x = promoteToF32(rw, loc, op.getLogits());
+  Value idx = op.getIndices(), dw = op.getDw();
+  Value numExperts = tensor::DimOp::create(rw, loc, x, 1);
+  Value sel = mapRows(
+      rw, loc, idx, rows.all, idx,
+      [&](OpBuilder &gb, Location gl, ValueRange a) {
+        Value j = toIndex(gb, gl, a[0]);
+        Value zero = indexConst(gb, gl, 0);
+        Value ok = arith::AndIOp::create(
+            gb, gl,
+            arith::CmpIOp::create(gb, gl, arith::CmpIPredicate::sge, j, zero),
+            arith::CmpIOp::create(gb, gl, arith::CmpIPredicate::slt, j,
+                                  numExperts));
+        Value at = arith::SelectOp::create(gb, gl, ok, j, zero);
+        return SmallVector<Value>{tensor::ExtractOp::create(
+            gb, gl, x, ValueRange{loopIndex(gb, gl, 0), at})};
+      });
+  auto scoreOf = [&](bool derivative) {
+    return mapWithKernelBuilder(
+        rw, loc, sel, rows.all, sel, [&](KernelBuilder &kb, ValueRange a) {
+          auto [f, df] = kernels::routeScoreAndDerivative(kb, spec, a[0]);
+          return derivative ? df : f;
+        });
+  };
+  Value ds = scoreOf(/*derivative=*/true);
+  SmallVector<Value> ins = {dw, ds};
+  SmallVector<AffineMap> maps = {rows.all, rows.all};
+  if (spec.renormalize) {
+    Value s = scoreOf(/*derivative=*/false);
+    Value gs = mapRows(rw, loc, {dw, s}, {rows.all, rows.all}, s,
+                       [](OpBuilder &gb, Location gl, ValueRange a) {
+                         return SmallVector<Value>{
+                             arith::MulFOp::create(gb, gl, a[0], a[1])};
+                       });
+    ins.append({rowSum(rw, loc, s), rowSum(rw, loc, gs)});
+    maps.append({rows.lead, rows.lead});
+  }
+  Value d = mapWithKernelBuilder(
+      rw, loc, ins, maps, dw, [&](KernelBuilder &kb, ValueRange a) {
+        return kernels::routeGradOfLogit(
+            kb, spec, a[0], a[1], spec.renormalize ? a[2] : Value(),
+            spec.renormalize ? a[3] : Value());
+      });
+  Value init = filled(rw, loc, sizesOf(rw, loc, x), f32Const(rw, loc, 0.0));
+  Value out =
+      generic(rw, loc, {idx, d}, init,
+              {dimsMap(ctx, 3, {0, 2}), dimsMap(ctx, 3, {0, 2}),
+               dimsMap(ctx, 3, {0, 1})},
+              {IteratorType::parallel, IteratorType::parallel,
+               IteratorType::reduction},
+              [&](OpBuilder &gb, Location gl, ValueRange a) {
+                Value same = arith::CmpIOp::create(
+                    gb, gl, arith::CmpIPredicate::eq, toIndex(gb, gl, a[0]),
+                    loopIndex(gb, gl, 1));
+                Value sum = arith::AddFOp::create(gb, gl, a[2], a[1]);
+                return SmallVector<Value>{
+                    arith::SelectOp::create(gb, gl, same, sum, a[2])};
+              })
+          .front();
+  replaceWithCasts(rw, op, {out});
   return success();
 }

@@ -27,6 +27,14 @@ using namespace moe_torch;
 
 namespace {
 
+/// The kernel key separates its fields with '|': a custom score region
+/// (scoring = "custom:<region>") must not hold one.
+void checkScoring(const char *op, c10::string_view scoring) {
+  TORCH_CHECK_VALUE(scoring.find('|') == c10::string_view::npos, "moe.", op,
+                    ": the 'score' region text must not contain '|' (it "
+                    "is part of the kernel key)");
+}
+
 std::tuple<Tensor, Tensor>
 route(const Tensor &logits, const std::optional<Tensor> &bias, int64_t k,
       c10::string_view scoring, c10::string_view order, int64_t nGroup,
@@ -37,6 +45,7 @@ route(const Tensor &logits, const std::optional<Tensor> &bias, int64_t k,
   if (bias)
     checkDevice(op, {&logits, &*bias});
   checkRank(op, "logits", logits, 2, "[T, E]");
+  checkScoring(op, scoring);
   Key key(op);
   key.attr("k", k)
       .attr("scoring", scoring)
@@ -65,6 +74,45 @@ route(const Tensor &logits, const std::optional<Tensor> &bias, int64_t k,
   args.push_back(describe(i));
   launch(fn, args, key.device);
   return {w, i};
+}
+
+/// route's backward for an elementwise score (moe.route_grad: a custom score
+/// region differentiated symbolically); CPU only (no GPU lowering yet).
+Tensor routeBackward(const Tensor &gradW, const Tensor &logits,
+                     const Tensor &indices, c10::string_view scoring,
+                     bool renormalize, double routedScalingFactor) {
+  const char *op = "route_backward";
+  checkDevice(op, {&logits, &indices, &gradW});
+  checkRank(op, "logits", logits, 2, "[T, E]");
+  checkRank(op, "indices", indices, 2, "[T, k]");
+  checkRank(op, "grad_w", gradW, 2, "[T, k]");
+  checkDim(op, "indices", indices, 0, logits.size(0), "dimension 0 of 'logits'");
+  checkDim(op, "grad_w", gradW, 0, logits.size(0), "dimension 0 of 'logits'");
+  checkDim(op, "grad_w", gradW, 1, indices.size(1), "dimension 1 of 'indices'");
+  checkScoring(op, scoring);
+  int64_t rows = logits.size(0), k = indices.size(1);
+  std::array<int64_t, 2> kShape{rows, k};
+  Key key(op);
+  key.attr("scoring", scoring)
+      .attr("renormalize", renormalize)
+      .attr("routed_scaling_factor", routedScalingFactor);
+  c10::Device on = logits.device();
+  key.in("logits", logits, {0})
+      .in("indices", at::kInt, kShape, {0}, on)
+      .in("grad_w", at::kFloat, kShape, {0}, on);
+  if (rows == 0 || k == 0) {
+    validateOnly(key);
+    return at::zeros(logits.sizes(), f32(logits));
+  }
+  KernelFn fn = lookup(key); // validates the score region first
+  Tensor x = contig(logits);
+  Tensor i = contig(indices.to(at::kInt));
+  Tensor g = contig(gradW.to(at::kFloat));
+  Tensor out = at::empty(logits.sizes(), f32(logits));
+  std::vector<MemRef> args{describe(x), describe(i), describe(g),
+                           describe(out)};
+  launch(fn, args, key.device);
+  return out;
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
@@ -110,6 +158,8 @@ void moe_torch::registerRoutingKernels(torch::Library &m) {
   m.impl("route", &route);
   m.impl("dispatch_plan", &dispatchPlan);
 }
+
+TORCH_LIBRARY_IMPL(moe, CPU, m) { m.impl("route_backward", &routeBackward); }
 
 TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) {
   m.impl("route", autogradKernel(/*differentiable=*/true));

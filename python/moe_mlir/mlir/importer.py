@@ -731,8 +731,9 @@ class FxImporter:
         return m2
 
     def moe_op(self, name: str, operands: Sequence[Value], attrs: dict[str, str],
-               result_types: Sequence[TensorType]) -> list[Value]:
-        """A ``moe`` op in the generic form (the contract of DIALECT.md)."""
+               result_types: Sequence[TensorType], regions: Sequence[str] = ()) -> list[Value]:
+        """A ``moe`` op in the generic form (the contract of DIALECT.md); ``regions``: the bodies of its regions
+        (``^bb0(...): ...``, moe.route's custom score)."""
         res = self.b.fresh()
         n = len(result_types)
         head = f"{res}:{n}" if n > 1 else res
@@ -742,7 +743,9 @@ class FxImporter:
         out_types = f"({out_types})" if n > 1 else out_types
         loc = f" {self.b.loc}" if self.b.loc else ""
         self.b.emit(
-            f'{head} = "{name}"({", ".join(v.name for v in operands)}) {{{attr}}} : ({in_types}) -> {out_types}{loc}'
+            f'{head} = "{name}"({", ".join(v.name for v in operands)})'
+            + "".join(f" ({{ {r} }})" for r in regions)
+            + f' {{{attr}}} : ({in_types}) -> {out_types}{loc}'
         )
         if n == 1:
             return [Value(res, result_types[0])]

@@ -101,7 +101,9 @@ from .routing import (  # noqa: E402, F401
     ROUTING_OP_NAMES,
     dispatch_plan,
     route,
+    route_backward,
 )
+from .score_region import custom_scoring, score_region  # noqa: E402, F401
 from .balance import (  # noqa: E402, F401
     BALANCE_OP_NAMES,
     load_balancing_loss,
@@ -125,6 +127,9 @@ __all__ = [
     "similarity_inform_fwd",
     "similarity_inform_backward",
     "topk_renorm_backward",
+    "route_backward",
+    "custom_scoring",
+    "score_region",
     "hyper_router_backward",
     "attention_posterior_backward",
     "OP_NAMES",

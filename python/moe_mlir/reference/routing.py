@@ -16,6 +16,10 @@ import torch
 from torch import Tensor
 
 from . import _masked_softmax, _select_desc
+from .score_region import eval_score_region
+
+#: ``scoring="custom:<region body>"``: the score is the region's elementwise function (score_region.py).
+CUSTOM_PREFIX = "custom:"
 
 __all__ = ["route", "route_weights", "dispatch_plan", "dispatch_plan_sizes"]
 
@@ -25,6 +29,8 @@ def _score(x: Tensor, scoring: str) -> Tensor:
         return _masked_softmax(x)
     if scoring == "sigmoid":
         return torch.sigmoid(x)
+    if scoring.startswith(CUSTOM_PREFIX):
+        return eval_score_region(scoring[len(CUSTOM_PREFIX):], x)
     return x
 
 

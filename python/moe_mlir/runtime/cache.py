@@ -170,7 +170,12 @@ def _bias_update_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
     return [("f32", list(k.inputs["bias"][1]))]
 
 
-_ROUTING_OUTPUTS = {"route": _route_outputs, "dispatch_plan": _dispatch_plan_outputs,
+def _route_backward_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
+    return [("f32", list(k.inputs["logits"][1]))]
+
+
+_ROUTING_OUTPUTS = {"route": _route_outputs, "route_backward": _route_backward_outputs,
+                    "dispatch_plan": _dispatch_plan_outputs,
                     "apply_capacity": _apply_capacity_outputs, "bias_update": _bias_update_outputs}
 
 
@@ -320,10 +325,17 @@ def _op_text(k: KernelKey, args: dict[str, str], types: dict[str, str]) -> tuple
         text += opt_operand("grad_w", "dw") + opt_operand("grad_b", "db")
         return text + f" num_experts({a['num_experts']})", ", ".join(types[n] for n in _HYPER_OPERANDS)
     if op == "route":
-        return (f"moe.route {args['logits']}" + opt_operand("bias", "bias") + f" k({a['k']}) scoring({a['scoring']}) "
+        scoring, region = _scoring_text(a["scoring"])
+        return (f"moe.route {args['logits']}" + opt_operand("bias", "bias") + f" k({a['k']}) scoring({scoring}) "
                 f"order({a['order']}) n_group({a['n_group']}) topk_group({a['topk_group']}) "
                 f"group_score({a['group_score']}) renormalize({_bool(a['renormalize'])}) "
-                f"routed_scaling_factor({_float(a['routed_scaling_factor'])})", types["logits"])
+                f"routed_scaling_factor({_float(a['routed_scaling_factor'])})" + region, types["logits"])
+    if op == "route_backward":
+        scoring, region = _scoring_text(a["scoring"])
+        return (f"moe.route_grad {args['logits']}, {args['indices']}" + opt_operand("grad_w", "dw")
+                + f" scoring({scoring}) renormalize({_bool(a['renormalize'])}) "
+                f"routed_scaling_factor({_float(a['routed_scaling_factor'])})" + region,
+                f"{types['logits']}, {types['indices']}")
     if op == "dispatch_plan":
         return (f"moe.dispatch_plan {args['indices']} num_experts({a['num_experts']}) "
                 f"block_size({a['block_size']})", types["indices"])
@@ -340,6 +352,13 @@ def _op_text(k: KernelKey, args: dict[str, str], types: dict[str, str]) -> tuple
     if op in _BALANCE_OPS:
         return _balance_op_text(k, args, types)
     raise ValueError(f"moe: no kernel for op {op!r}")
+
+
+def _scoring_text(scoring: str) -> tuple[str, str]:
+    """moe.route's ``scoring(...)`` keyword and its ``score {...}`` region (``"custom:<region>"``; else none)."""
+    if scoring.startswith("custom:"):
+        return "custom", " score { " + scoring[len("custom:"):] + " }"
+    return scoring, ""
 
 
 def _kept_results(k: KernelKey, n: int) -> list[int]:
@@ -452,7 +471,9 @@ def _digest(key: str, moe_opt: str, rt_dir: str, threads: int, target: str = "na
 def build(k: KernelKey, key: str, dest: Path, moe_opt: str, rt_dir: str, threads: int,
           target: str = "native") -> None:
     """Compiles the kernel of ``k`` for the CPU ``target`` into ``dest`` (atomically; :mod:`.driver`)."""
-    build_cpu_kernel(kernel_module(k), dest, moe_opt, rt_dir, threads, target, header=f"// {key}\n")
+    # A custom score's region text may hold line breaks: the header comment is one line.
+    one_line = key.replace("\n", " ")
+    build_cpu_kernel(kernel_module(k), dest, moe_opt, rt_dir, threads, target, header=f"// {one_line}\n")
 
 
 def cuda_kernel_name(key: str, chip: str) -> str:
@@ -463,7 +484,8 @@ def cuda_kernel_name(key: str, chip: str) -> str:
 def build_cuda(k: KernelKey, key: str, dest: Path, moe_opt: str, rt_dir: str, chip: str) -> None:
     """Compiles the CUDA kernel of ``k`` for ``chip`` into ``dest`` (atomically; :mod:`.driver`). Needs LLVM and the
     CUDA toolkit's ptxas/fatbinary, not a GPU."""
-    build_cuda_kernel(kernel_module(k), dest, moe_opt, rt_dir, chip, header=f"// {key} ({chip})\n")
+    one_line = key.replace("\n", " ")
+    build_cuda_kernel(kernel_module(k), dest, moe_opt, rt_dir, chip, header=f"// {one_line} ({chip})\n")
 
 
 def _prebuilt_dirs() -> list[Path]:
@@ -586,7 +608,7 @@ def load(key: str, shapes: str, validate_only: int = 0) -> int:
 #: they must be prebuilt.
 CPU_ONLY_OPS: frozenset[str] = frozenset({
     "router_stats_fwd", "router_stats_backward", "router_z_loss", "router_z_loss_backward", "sequence_balance_loss",
-    "sequence_balance_loss_backward", "bias_update", "apply_capacity"})
+    "sequence_balance_loss_backward", "bias_update", "apply_capacity", "route_backward"})
 
 #: The kernel ops of CPU_ONLY_OPS with a GPU lowering (the router losses': router_stats, load_balancing_loss and
 #: router_z_loss, forward and backward). With ``MOE_CUDA_ROUTER_LOSSES=1`` (:func:`cuda_router_losses`) the

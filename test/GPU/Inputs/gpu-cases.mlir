@@ -205,6 +205,21 @@ func.func @route_deepseek_v3(%l: tensor<300x256xf32>, %b: tensor<256xf32>) -> (t
   %w, %i = moe.route %l bias(%b : tensor<256xf32>) k(8) scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) routed_scaling_factor(2.500000e+00) : tensor<300x256xf32> -> tensor<300x8xf32>, tensor<300x8xi32>
   return %w, %i : tensor<300x8xf32>, tensor<300x8xi32>
 }
+func.func @route_deepseek_v4(%l: tensor<300x256xf32>, %b: tensor<256xf32>) -> (tensor<300x8xf32>, tensor<300x8xi32>) {
+  %w, %i = moe.route %l bias(%b : tensor<256xf32>) k(8) scoring(custom) renormalize(true) routed_scaling_factor(2.500000e+00) score {
+  ^bb0(%x: f32):
+    %zero = arith.constant 0.000000e+00 : f32
+    %a = math.absf %x : f32
+    %n = arith.negf %a : f32
+    %e = math.exp %n : f32
+    %s = math.log1p %e : f32
+    %m = arith.maximumf %x, %zero : f32
+    %sp = arith.addf %s, %m : f32
+    %r = math.sqrt %sp : f32
+    moe.yield %r : f32
+  } : tensor<300x256xf32> -> tensor<300x8xf32>, tensor<300x8xi32>
+  return %w, %i : tensor<300x8xf32>, tensor<300x8xi32>
+}
 func.func @route_kimi_k2(%l: tensor<64x384xbf16>, %b: tensor<384xf32>) -> (tensor<64x8xf32>, tensor<64x8xi32>) {
   %w, %i = moe.route %l bias(%b : tensor<384xf32>) k(8) scoring(sigmoid) renormalize(true) routed_scaling_factor(2.827000e+00) : tensor<64x384xbf16> -> tensor<64x8xf32>, tensor<64x8xi32>
   return %w, %i : tensor<64x8xf32>, tensor<64x8xi32>

@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "MoE/IR/MoEOps.h"
+#include "MoE/IR/ScoreRegion.h"
 #include "Verifiers.h"
 
 #include <cmath>
@@ -97,6 +98,128 @@ LogicalResult RouteOp::verify() {
   return success();
 }
 
+
+//===----------------------------------------------------------------------===//
+// The score region of RouteOp and RouteGradOp
+//===----------------------------------------------------------------------===//
+
+/// The rules of the `score` region (MoERoutingOps.td, "Custom scores"): present
+/// if and only if scoring(custom); one block of one f32 argument ending in
+/// moe.yield; only ScoreRegion.h's ops, on scalar f32 (i1 for a comparison).
+/// `differentiate`: moe.route_grad's, which also rejects the step functions.
+static LogicalResult verifyScoreRegion(Operation *op, Region &region,
+                                       RouteScoring scoring,
+                                       bool differentiate) {
+  bool custom = scoring == RouteScoring::custom;
+  if (custom && region.empty())
+    return op->emitOpError()
+           << "scoring(custom) needs a 'score' region (one f32 argument, the "
+              "logit, yielding the f32 score)";
+  if (!custom && !region.empty())
+    return op->emitOpError()
+           << "a 'score' region needs scoring(custom), but scoring is '"
+           << stringifyRouteScoring(scoring) << "'";
+  if (region.empty())
+    return success();
+  Block &body = region.front();
+  Type f32 = Float32Type::get(op->getContext());
+  if (body.getNumArguments() != 1 || body.getArgument(0).getType() != f32) {
+    InFlightDiagnostic diag =
+        op->emitOpError() << "the 'score' region must have one f32 argument "
+                             "(the logit), but has "
+                          << body.getNumArguments() << " argument(s)";
+    if (body.getNumArguments() != 0) {
+      diag << " of type(s) ";
+      for (auto [n, type] : llvm::enumerate(body.getArgumentTypes()))
+        diag << (n ? ", " : "") << type;
+    }
+    return diag;
+  }
+  if (body.empty() || !isa<YieldOp>(body.back()))
+    return op->emitOpError()
+           << "the 'score' region must end in moe.yield of the f32 score";
+  for (Operation &inner : body.without_terminator()) {
+    StringRef name = inner.getName().getStringRef();
+    ScoreOpKind kind = classifyScoreOp(&inner);
+    if (kind == ScoreOpKind::Rejected)
+      return op->emitOpError()
+             << "'" << name
+             << "' is not allowed in the 'score' region: it holds elementwise "
+                "scalar f32 arith/math ops only (constant, addf, subf, mulf, "
+                "divf, negf, maximumf, minimumf, cmpf, select, exp, exp2, log, "
+                "log1p, sqrt, rsqrt, tanh, absf, powf, erf, floor, ceil, "
+                "round)";
+    auto isCondition = [&](Value v, bool result) {
+      return result ? isa<arith::CmpFOp>(inner)
+                    : isa<arith::SelectOp>(inner) && v == inner.getOperand(0);
+    };
+    for (auto [values, result] :
+         {std::pair<ValueRange, bool>{inner.getOperands(), false},
+          {inner.getResults(), true}})
+      for (Value v : values) {
+        Type want = isCondition(v, result)
+                        ? Type(IntegerType::get(op->getContext(), 1))
+                        : f32;
+        if (v.getType() != want)
+          return op->emitOpError()
+                 << "'" << name << "' in the 'score' region has "
+                 << (result ? "a result" : "an operand") << " of type "
+                 << v.getType() << ": the region is elementwise on scalar "
+                 << want;
+      }
+    if (differentiate && kind == ScoreOpKind::Step)
+      return op->emitOpError()
+             << "cannot differentiate '" << name
+             << "' in the 'score' region: its derivative is zero almost "
+                "everywhere (a step function), so no gradient would reach the "
+                "logits";
+  }
+  return success();
+}
+
+LogicalResult RouteOp::verifyRegions() {
+  return verifyScoreRegion(*this, getScore(), getScoring(),
+                           /*differentiate=*/false);
+}
+
+//===----------------------------------------------------------------------===//
+// RouteGradOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult RouteGradOp::inferReturnTypes(MLIRContext *ctx,
+                                            std::optional<Location>,
+                                            Adaptor adaptor,
+                                            SmallVectorImpl<Type> &inferred) {
+  inferred.push_back(f32Tensor(ctx, {dimOf(adaptor.getLogits(), 2, 0),
+                                     dimOf(adaptor.getLogits(), 2, 1)}));
+  return success();
+}
+
+LogicalResult RouteGradOp::verify() {
+  OperandChecker check(*this);
+  if (failed(check.rank(getLogits(), "logits", 2, "[T, E]")) ||
+      failed(check.rank(getIndices(), "indices", 2, "[T, k]")) ||
+      failed(check.rank(getDw(), "dw", 2, "[T, k]")) ||
+      failed(check.sameDim(getIndices(), "indices", 0, getLogits(), "logits",
+                           0, "T")) ||
+      failed(check.sameDim(getDw(), "dw", 0, getLogits(), "logits", 0, "T")) ||
+      failed(check.sameDim(getDw(), "dw", 1, getIndices(), "indices", 1, "k")))
+    return failure();
+  if (getScoring() == RouteScoring::softmax)
+    return emitOpError()
+           << "scoring(softmax) is not elementwise: moe.route_grad "
+              "differentiates the sigmoid, none and custom scores";
+  double scale = getRoutedScalingFactor().convertToDouble();
+  if (!std::isfinite(scale) || scale <= 0.0)
+    return emitOpError() << "'routed_scaling_factor' (" << formatFloat(scale)
+                         << ") must be finite and > 0";
+  return success();
+}
+
+LogicalResult RouteGradOp::verifyRegions() {
+  return verifyScoreRegion(*this, getScore(), getScoring(),
+                           /*differentiate=*/true);
+}
 
 //===----------------------------------------------------------------------===//
 // DispatchPlanOp

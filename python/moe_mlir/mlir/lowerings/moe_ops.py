@@ -35,12 +35,15 @@ def _moe_topk_renorm(imp: FxImporter, node, a: dict) -> tuple[Value, Value]:
 @lowering("moe::route.default")
 def _moe_route(imp: FxImporter, node, a: dict) -> tuple[Value, Value]:
     """``moe.route`` (MoERoutingOps.td), raised from DeepSeek-V3 / Llama-4 style routers."""
-    attrs = {"k": f"{int(a['k'])} : i64", "scoring": f"#moe<scoring {a['scoring']}>",
+    scoring, regions = a["scoring"], []
+    if scoring.startswith("custom:"):  # a custom score (ops/score_region.py): its region
+        scoring, regions = "custom", [scoring[len("custom:"):]]
+    attrs = {"k": f"{int(a['k'])} : i64", "scoring": f"#moe<scoring {scoring}>",
              "order": f"#moe<order {a['order']}>", "n_group": f"{int(a['n_group'])} : i64",
              "topk_group": f"{int(a['topk_group'])} : i64", "group_score": f"#moe<group_score {a['group_score']}>",
              "renormalize": _bool(a["renormalize"]), "routed_scaling_factor": _f32(a["routed_scaling_factor"])}
     operands = [a["logits"]] + ([a["bias"]] if a.get("bias") is not None else [])
-    return tuple(imp.moe_op("moe.route", operands, attrs, [imp.out_type(0), imp.out_type(1)]))
+    return tuple(imp.moe_op("moe.route", operands, attrs, [imp.out_type(0), imp.out_type(1)], regions))
 
 
 @lowering("moe::dispatch_plan.default")

@@ -1,0 +1,154 @@
+//===- RouteGrad.cpp - moe.route_grad -> CPU kernel -----------------------===//
+//
+// Part of the MoE-MLIR project.
+//
+// Rows are independent: blocks of 32 rows go to the workers. Per row: the k
+// selected logits are read through the forward's indices, their scores f(x)
+// and derivatives f'(x) computed together (kernels::routeScoreAndDerivative:
+// a custom score region with its symbolic derivative, or a preset), the sums
+// S = Σ f and C = Σ dw·f taken (renormalize), the row zeroed in vectors and
+// a (dw - C/S) / S · f'(x) added at each selected expert
+// (kernels::routeGradOfLogit). O(E + k) a row; nothing is saved by the
+// forward besides its outputs.
+//
+// With a static k <= 16 (every router's) the k selections sit in the lanes
+// of one vector (8 lanes up to k = 8), so f and f' are the vector polynomials
+// of the forward kernel's scoring step instead of k scalar libm calls; other
+// k run the same formulas in scalar loops. An index outside [0, E) is read
+// clamped and never written; a repeated index accumulates.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Kernels.h"
+
+#include "MoE/IR/MoEOps.h"
+#include "MoE/Kernels/Route.h"
+
+namespace mlir::moe::cpu {
+using namespace kernels;
+
+namespace {
+constexpr int64_t kRowsPerItem = 32;
+
+/// The row's out-of-range-safe reads: expert index j of pick l, whether it is
+/// in [0, E), and the logit there (entry 0 when out of range).
+struct Pick {
+  Value expert, inRange, logit;
+};
+
+Pick readPick(CpuKernelBuilder &kb, Value x, Value idx, Value r, Value l,
+              Value numExperts) {
+  Value c0 = kb.idx(0);
+  Value j = kb.castInt(kb.load(idx, {r, l}), kb.index());
+  Value ok = kb.andI(kb.cmpi(arith::CmpIPredicate::sge, j, c0),
+                     kb.cmpi(arith::CmpIPredicate::slt, j, numExperts));
+  return {j, ok, kb.loadF(x, {r, kb.select(ok, j, c0)})};
+}
+
+/// out[r, j] += v where the pick is in range.
+void addAt(CpuKernelBuilder &kb, const Pick &p, Value v, Value out, Value r) {
+  kb.ifThen(p.inRange, [&] {
+    kb.store(kb.fadd(kb.load(out, {r, p.expert}), v), out, {r, p.expert});
+  });
+}
+
+void zeroRow(CpuKernelBuilder &kb, Value out, Value r, Value numExperts) {
+  Value zero = kb.constLike(kb.vf32(), 0.0);
+  kb.forLoop(kb.idx(0), kb.ceilDiv(numExperts, kb.idx(kLanes)), kb.idx(1),
+             [&](Value c) {
+               Value col = kb.mul(c, kb.idx(kLanes));
+               kb.vstoreMasked(zero, out, {r, col}, kb.sub(numExperts, col));
+             });
+}
+
+/// The row with its `sel` (static, <= kLanes) picks in the lanes of one
+/// vector; pad lanes (x = 0) are kept out of the sums and never stored.
+void emitRowInLanes(CpuKernelBuilder &kb, const RouteSpec &spec, Value x,
+                    Value idx, Value dw, Value out, Value r, Value numExperts,
+                    int64_t sel) {
+  const int64_t n = sel <= 8 ? 8 : kLanes;
+  VectorType vt = kb.vf32(n);
+  Value zeroV = kb.constLike(vt, 0.0);
+  SmallVector<Pick> picks;
+  Value vals = zeroV;
+  for (int64_t l = 0; l < sel; ++l) {
+    picks.push_back(readPick(kb, x, idx, r, kb.idx(l), numExperts));
+    vals = vector::InsertOp::create(kb.b, picks.back().logit, vals, l);
+  }
+  auto [s, ds] = routeScoreAndDerivative(kb, spec, vals);
+  Value g = kb.vloadMasked(dw, {r, kb.idx(0)}, kb.idx(sel), 0.0, n);
+  Value sSum, cSum;
+  if (spec.renormalize) {
+    Value live = kb.cmpi(arith::CmpIPredicate::slt, kb.iota(kb.cI32(0), n),
+                         kb.splat(kb.cI32(sel), n));
+    sSum = kb.splat(kb.sum(kb.select(live, s, zeroV)), n);
+    cSum = kb.splat(kb.sum(kb.select(live, kb.fmul(g, s), zeroV)), n);
+  }
+  Value d = routeGradOfLogit(kb, spec, g, ds, sSum, cSum);
+  zeroRow(kb, out, r, numExperts);
+  for (int64_t l = 0; l < sel; ++l)
+    addAt(kb, picks[l], vector::ExtractOp::create(kb.b, d, l), out, r);
+}
+
+/// The same in scalar loops over the picks (a dynamic or larger k).
+void emitRow(CpuKernelBuilder &kb, const RouteSpec &spec, Value x, Value idx,
+             Value dw, Value out, Value r, Value numExperts, Value sel) {
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
+  Value sSum, cSum;
+  if (spec.renormalize) {
+    SmallVector<Value> sums = kb.forLoop(
+        c0, sel, c1, ValueRange{kb.cF32(0.0), kb.cF32(0.0)},
+        [&](Value l, ValueRange acc) -> SmallVector<Value> {
+          Pick p = readPick(kb, x, idx, r, l, numExperts);
+          Value s = routeScoreAndDerivative(kb, spec, p.logit).first;
+          Value g = kb.load(dw, {r, l});
+          return {kb.fadd(acc[0], s), kb.fadd(acc[1], kb.fmul(g, s))};
+        });
+    sSum = sums[0];
+    cSum = sums[1];
+  }
+  zeroRow(kb, out, r, numExperts);
+  kb.forLoop(c0, sel, c1, [&](Value l) {
+    Pick p = readPick(kb, x, idx, r, l, numExperts);
+    Value ds = routeScoreAndDerivative(kb, spec, p.logit).second;
+    Value g = kb.load(dw, {r, l});
+    addAt(kb, p, routeGradOfLogit(kb, spec, g, ds, sSum, cSum), out, r);
+  });
+}
+
+struct RouteGradKernel : KernelPattern<RouteGradOp, /*TargetLanes=*/false,
+                                       /*LeaveZeroSized=*/true> {
+  using KernelPattern::KernelPattern;
+
+  LogicalResult emit(RouteGradOp op, CpuKernelBuilder &kb,
+                     PatternRewriter &rw) const override {
+    KernelScope kernel(kb, {op.getLogits(), op.getIndices(), op.getDw()},
+                       KernelScope::outsOf(op, {kb.sizes(op.getLogits())}));
+    Value x = kb.buffer(op.getLogits()), idx = kb.buffer(op.getIndices());
+    Value dw = kb.buffer(op.getDw()), out = kernel.out(0);
+    Value rows = kb.dim(x, 0), numExperts = kb.dim(x, 1);
+    RouteSpec spec = routeGradSpecOf(op);
+    int64_t staticSel = cast<MemRefType>(idx.getType()).getDimSize(1);
+    bool inLanes = !ShapedType::isDynamic(staticSel) && staticSel <= kLanes;
+    Value sel = kb.dim(idx, 1);
+    kb.workers(opts, kb.ceilDiv(rows, kb.idx(kRowsPerItem)),
+               [&](Value item, Value) {
+                 Value r0 = kb.mul(item, kb.idx(kRowsPerItem));
+                 Value r1 = kb.mins(kb.add(r0, kb.idx(kRowsPerItem)), rows);
+                 kb.forLoop(r0, r1, kb.idx(1), [&](Value r) {
+                   if (inLanes)
+                     emitRowInLanes(kb, spec, x, idx, dw, out, r, numExperts,
+                                    staticSel);
+                   else
+                     emitRow(kb, spec, x, idx, dw, out, r, numExperts, sel);
+                 });
+               });
+    kernel.replace(rw, op);
+    return success();
+  }
+};
+} // namespace
+
+MOE_CPU_KERNEL_POPULATE(populateRouteGradKernel, RouteGradKernel)
+
+} // namespace mlir::moe::cpu
