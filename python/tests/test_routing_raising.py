@@ -351,3 +351,18 @@ def test_deepseek_v4_hash_router_is_not_raised():
             for got, want in zip(c(x, ids), router(x, ids)):
                 torch.testing.assert_close(got, want)
     assert log and all(g.moe_ops() == [] for g in log)
+
+
+def test_your_router_example():
+    """docs/YourRouter.md's router (examples/your_router.py, sections 1-3: no timing): raised to one moe.route
+    with its score as a region, equal to eager forward and backward (the example asserts both)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "your_router.py"
+    spec = importlib.util.spec_from_file_location("your_router_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    torch._dynamo.reset()
+    module = example.main(["--check"])
+    assert "moe.route" in module and "scoring(custom)" in module and "math.tanh" in module, module
