@@ -232,3 +232,137 @@ def test_longcat_flash_router_gradient_through_a_no_grad_choice():
     (w * cot[i]).sum().backward()
     (w_e * cot[i_e]).sum().backward()
     torch.testing.assert_close(router.classifier.weight.grad, ref.classifier.weight.grad, atol=1e-5, rtol=1e-4)
+
+
+# Scores the dialect has no preset for: the elementwise chain from the logits to the scores becomes moe.route's
+# score region (frontend/raising.py's _custom_score, ops/score_region.py's writer).
+
+def _route_scorings(log) -> list[str]:
+    return [n.args[3] for g in log for n in g.graph_module.graph.nodes
+            if n.op == "call_function" and "moe.route" in str(n.target) and "backward" not in str(n.target)]
+
+
+def _deepseek_v4_config(**kw):
+    from transformers import DeepseekV4Config
+
+    return DeepseekV4Config(hidden_size=H, num_local_experts=16, num_experts_per_tok=4, scoring_func="sqrtsoftplus",
+                            routed_scaling_factor=2.5, vocab_size=64, **kw)
+
+
+def test_deepseek_v4_router_is_raised_with_its_score_as_a_region():
+    """DeepSeek-V4's TopK router: ``ACT2FN[scoring_func]`` (sqrt(softplus(x))), a selection bias, ``topk(sorted=
+    False)``, weights over ``sum + 1e-20``, scaling: one ``moe.route`` whose score is the region of sqrt(softplus),
+    equal to eager as sets."""
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as v4
+
+    router = _init(v4.DeepseekV4TopKRouter(_deepseek_v4_config()), seed=12)
+    log, outs = _run(router, lambda t: torch.randn(t, H))
+    _check_route_sets(log, outs)
+    scorings = _route_scorings(log)
+    assert scorings and all(s.startswith("custom:") and "math.sqrt" in s and "math.log1p" in s for s in scorings), \
+        scorings
+
+
+def test_deepseek_v4_router_training_gradient():
+    """The raised route's backward (moe.route_grad, which differentiates the region) gives the router weight eager's
+    gradient through sqrt(softplus)."""
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as v4
+
+    cfg = _deepseek_v4_config()
+    router = _init(v4.DeepseekV4TopKRouter(cfg), seed=13).train()
+    ref = _init(v4.DeepseekV4TopKRouter(cfg), seed=13).train()
+    torch._dynamo.reset()
+    x = torch.randn(11, H)
+    with capture_graphs() as log:
+        _, w, i = torch.compile(router, backend="moe", options={"dense": "eager"})(x)
+    _, w_e, i_e = ref(x)
+    assert any("route" in g.moe_ops() for g in log)
+    cot = torch.randn(16)
+    (w * cot[i]).sum().backward()
+    (w_e * cot[i_e]).sum().backward()
+    torch.testing.assert_close(router.weight.grad, ref.weight.grad, atol=1e-5, rtol=1e-4)
+
+
+class _NewScoreRouter(torch.nn.Module):
+    """A router a researcher writes today: a score no model or kernel has (a tanh-sigmoid mix with a clamp), a
+    selection bias, renormalized and scaled weights. ``temperature`` (per expert) enters the score when given."""
+
+    def __init__(self, E=24, k=5, per_expert_temperature=False):
+        super().__init__()
+        self.k = k
+        self.proj = torch.nn.Linear(H, E, bias=False)
+        self.register_buffer("bias", torch.linspace(-0.2, 0.2, E))
+        self.temperature = torch.nn.Parameter(torch.rand(E) + 0.5) if per_expert_temperature else None
+
+    def forward(self, x):
+        logits = self.proj(x)
+        z = logits * self.temperature if self.temperature is not None else logits
+        scores = torch.clamp(0.5 * torch.tanh(z) + torch.sigmoid(2.0 * z) ** 2, min=0.05)
+        idx = torch.topk(scores + self.bias, self.k, dim=-1).indices
+        w = scores.gather(1, idx)
+        return w / w.sum(-1, keepdim=True) * 1.7, idx
+
+
+def test_a_new_score_written_in_pytorch_is_raised_with_its_gradient():
+    torch.manual_seed(14)
+    router = _NewScoreRouter()
+    ref = _NewScoreRouter()
+    ref.load_state_dict(router.state_dict())
+    log, outs = _run(router, lambda t: torch.randn(t, H))
+    assert log and all(g.moe_ops() == ["route"] for g in log), [g.graph_module.code for g in log]
+    assert all(s.startswith("custom:") and "math.tanh" in s for s in _route_scorings(log))
+    for (w, i), (w_e, i_e) in outs:
+        same_expert_sets(w, i, w_e, i_e)
+    torch._dynamo.reset()
+    x = torch.randn(13, H)
+    w, i = torch.compile(router, backend="moe", options={"dense": "eager"})(x)
+    w_e, i_e = ref(x)
+    cot = torch.randn(24)
+    (w * cot[i]).sum().backward()
+    (w_e * cot[i_e]).sum().backward()
+    torch.testing.assert_close(router.proj.weight.grad, ref.proj.weight.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_a_score_with_a_tensor_operand_is_not_raised():
+    """A per-expert temperature inside the score is an [E] operand, not an elementwise function of the logit
+    alone: no region can hold it, so the router is left to inductor (equal to eager)."""
+    torch.manual_seed(15)
+    router = _NewScoreRouter(per_expert_temperature=True)
+    log, outs = _run(router, lambda t: torch.randn(t, H))
+    assert log and all(g.moe_ops() == [] for g in log)
+    for (w, i), (w_e, i_e) in outs:
+        assert torch.equal(i, i_e)
+        torch.testing.assert_close(w, w_e)
+
+
+def test_deepseek_v4_hash_router_is_not_raised():
+    """DeepSeek-V4's hash layers take the experts from a frozen token-id table (no selection): moe.route selects,
+    so this router is left to inductor, equal to eager."""
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as v4
+
+    router = _init(v4.DeepseekV4HashRouter(_deepseek_v4_config()), seed=16)
+    with torch.no_grad():
+        router.tid2eid.copy_(torch.randint(0, 16, router.tid2eid.shape, generator=torch.Generator().manual_seed(0)))
+    torch._dynamo.reset()
+    c = torch.compile(router, backend="moe", options={"dense": "eager"})
+    with capture_graphs() as log, torch.no_grad():
+        for t in TOKENS:
+            x, ids = torch.randn(t, H), torch.randint(0, 64, (t,))
+            for got, want in zip(c(x, ids), router(x, ids)):
+                torch.testing.assert_close(got, want)
+    assert log and all(g.moe_ops() == [] for g in log)
+
+
+def test_your_router_example():
+    """docs/YourRouter.md's router (examples/your_router.py, sections 1-3: no timing): raised to one moe.route
+    with its score as a region, equal to eager forward and backward (the example asserts both)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "your_router.py"
+    spec = importlib.util.spec_from_file_location("your_router_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    torch._dynamo.reset()
+    module = example.main(["--check"])
+    assert "moe.route" in module and "scoring(custom)" in module and "math.tanh" in module, module

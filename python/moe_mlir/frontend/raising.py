@@ -21,6 +21,8 @@ idiom (FX, after export)                                 becomes
 ``s = sigmoid(x)``; ``topk(mask(s + b), k)`` ->           ``moe.route(x, b, k, sigmoid, n_group, topk_group,
 ``gather(s)`` [``/ (sum + eps)``] [``* f``]               group_score, renormalize, f)`` (DeepSeek-V3/R1, Kimi-K2,
 (``mask``: HF's group mask, optional; softmax too)       GLM-4.5, DeepSeek-V2 in HF's form)
+``s = f(x)``, ``f`` any chain of elementwise ops of the   the same ``moe.route`` with ``scoring="custom:<region>"``:
+logits and scalars (DeepSeek-V4's sqrt(softplus(x)))     ``f`` as the op's score region (ops/score_region.py)
 ``sigmoid(full(-inf).scatter(topk(x, k)))``               ``zeros.scatter(moe.route(x, k, sigmoid,
 (Llama-4's dense gate)                                    topk_then_score))``
 transformers' ``load_balancing_loss_func`` (both forms,   ``moe.load_balancing_loss(cat(logits), k, mask)``
@@ -352,6 +354,71 @@ def _scoring_of(s: fx.Node) -> Optional[tuple[str, fx.Node]]:
     return ("sigmoid" if s.target == aten.sigmoid.default else "softmax"), x
 
 
+#: The score ops a custom ``moe.route`` score may be made of (ops/score_region.py writes each as arith/math ops;
+#: the boolean compares feed a ``where``).
+_SCORE_OPS = {
+    aten.exp, aten.exp2, aten.log, aten.log1p, aten.sqrt, aten.rsqrt, aten.tanh, aten.abs, aten.erf, aten.neg,
+    aten.add, aten.sub, aten.mul, aten.div, aten.maximum, aten.minimum, aten.pow, aten.rsub, aten.reciprocal,
+    aten.sigmoid, aten.silu, aten.softplus, aten.relu, aten.clamp, aten.clamp_min, aten.clamp_max, aten.where,
+    aten.square, aten.gt, aten.ge, aten.lt, aten.le, aten.eq, aten.ne, aten.alias, aten.clone, aten._to_copy,
+}
+
+
+def _custom_score(s: fx.Node, limit: int = 32) -> Optional[tuple[str, fx.Node, list[fx.Node]]]:
+    """("custom:<region>", logits, the chain's nodes) when ``s`` is an elementwise function of one 2-D float
+    tensor, the logits (the nearest node that is not a score op or changes the shape): any chain of score ops
+    (DeepSeek-V4's ``ACT2FN[config.scoring_func]``, e.g. sqrt(softplus(x)); a function the dialect has never
+    seen), computed in f32, with Python scalars as its only other operands. The region is the chain replayed
+    on a 0-d tensor and written by ``ops.score_region`` (which refuses an op it has no region op for)."""
+    sv = _val(s)
+    if sv is None or sv.dim() != 2:
+        return None
+    chain: dict[fx.Node, None] = {}
+    leaves: set[fx.Node] = set()
+    work = [s]
+    while work:
+        n = work.pop()
+        if n in chain or n in leaves:
+            continue
+        v = _val(n)
+        shaped = v is not None and tuple(v.shape) == tuple(sv.shape)
+        if n is not s and not (shaped and n.op == "call_function"
+                               and getattr(n.target, "overloadpacket", None) in _SCORE_OPS):
+            leaves.add(n)
+            continue
+        if n.op != "call_function" or getattr(n.target, "overloadpacket", None) not in _SCORE_OPS \
+                or not shaped or v.dtype not in (torch.float32, torch.bool) or len(chain) >= limit:
+            return None
+        chain[n] = None
+        operands = []
+        fx.node.map_arg((n.args, n.kwargs), operands.append)
+        work.extend(operands)
+    if len(leaves) != 1:
+        return None
+    (x,) = leaves
+    xv = _val(x)
+    if xv is None or xv.dim() != 2 or xv.dtype not in _FLOATS or tuple(xv.shape) != tuple(sv.shape):
+        return None
+    position = {n: i for i, n in enumerate(s.graph.nodes)}
+    order = sorted(chain, key=position.__getitem__)
+
+    def score(t: torch.Tensor) -> torch.Tensor:
+        env: dict[fx.Node, Any] = {x: t}
+        for n in order:
+            args, kwargs = fx.node.map_arg((n.args, n.kwargs), env.__getitem__)
+            if n.target == aten._to_copy.default:  # a cast of the logits to f32: the region's input is f32
+                kwargs = {k: v for k, v in kwargs.items() if k == "dtype"}
+            env[n] = n.target(*args, **kwargs)
+        return env[s]
+
+    from ..ops.score_region import custom_scoring
+
+    try:
+        return custom_scoring(score), x, order
+    except (ValueError, RuntimeError, TypeError):
+        return None
+
+
 def _ancestors_until(n: fx.Node, stop: fx.Node, limit: int = 64) -> Optional[list[fx.Node]]:
     """The nodes ``n`` is computed from, up to ``stop`` (excluded), when every one is a call of ``_MASK_OPS``
     (so the result is a function of ``stop`` alone); None otherwise."""
@@ -540,9 +607,12 @@ def _raise_scored_topk(graph: fx.Graph, tk: fx.Node) -> bool:
         return False
     c2, k, idxs, gather = found
     s = gather.args[0]
-    scored = _scoring_of(s)
+    scored, score_chain = _scoring_of(s), []
     if scored is None:
-        return False
+        custom = _custom_score(s)
+        if custom is None:
+            return False
+        scored, score_chain = custom[:2], custom[2]
     scoring, logits = scored
     num_experts = int(_val(logits).shape[1])
     c, mask = c2, None
@@ -571,7 +641,7 @@ def _raise_scored_topk(graph: fx.Graph, tk: fx.Node) -> bool:
     if anchor is None:
         return False
     out, renorm, scale, chain = _weights_chain(gather)
-    dead = chain + [gather, idxs, tk, c2, c, s]
+    dead = chain + [gather, idxs, tk, c2, c, s] + score_chain
     if mask is not None:
         dead += _ancestors_until(mask, c) or []
     _emit_route(graph, anchor, (logits, bias, k, scoring, "score_then_topk", n_group, topk_group, group_score,
