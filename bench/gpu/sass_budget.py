@@ -198,6 +198,9 @@ def kernel_figures(insts, labels, note):
     }
     if hot:
         fig["hot_loop_span"] = [hot[0], hot[1]]
+    if note and "scores-per-tile" in note:
+        fig.update(flash_figures(body, spans, note))
+        return fig
     if note:
         epl = note["elements-per-lane"]
         tpw = note.get("tokens-per-warp", 1)
@@ -249,6 +252,40 @@ def kernel_figures(insts, labels, note):
         fig["redux_per_token"] = per_token(lambda op: is_class(op, "REDUX"))
         fig["mufu_per_token"] = per_token(lambda op: is_class(op, "MUFU"))
     return fig
+
+
+# The instruction classes of a flash kernel's key loop, per score.
+SCORE_CLASSES = ("HMMA", "LDSM", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "F2FP", "SHFL", "FSEL", "LDG",
+                 "LDGSTS", "STS", "BAR")
+
+
+def flash_figures(body, spans, note):
+    """The key loop of a flash mixing kernel (a `// sass-budget:` line with
+    scores-per-tile=N, the scores a thread computes in one trip of it): the
+    smallest outermost loop holding an HMMA (with flash-mma-base2 the peeled
+    loop of whole tiles, before the checked last/diagonal ones). The figure
+    is its body outside the loops nested in it, divided by scores-per-tile:
+    the nested loops are the staging loops (element by element, or 16 bytes
+    a trip; the misaligned operands' fallback), whose instructions are
+    reported beside it and not counted (their cost per score depends on
+    their trips); staging unrolled into the body (constant trips) is
+    counted. Conditional blocks count as executed."""
+    spt = note["scores-per-tile"]
+    mma = [s for s in spans
+           if any(s[0] <= a <= s[1] and is_class(op, "HMMA") for a, _p, op, _o in body)]
+    outer = [s for s in mma if not any(t != s and t[0] <= s[0] and s[1] <= t[1] for t in mma)]
+    if not outer:
+        raise ValueError("no key loop (a loop holding HMMA) in the SASS, but the case's "
+                         "`// sass-budget:` line says scores-per-tile: update the line")
+    key = min(outer, key=lambda s: s[1] - s[0])
+    nested = [s for s in spans if s != key and key[0] <= s[0] and s[1] <= key[1]]
+    in_nested = lambda a: any(s[0] <= a <= s[1] for s in nested)  # noqa: E731
+    inside = [op for a, _p, op, _o in body if key[0] <= a <= key[1] and not in_nested(a)]
+    staged = sum(1 for a, _p, _op, _o in body if key[0] <= a <= key[1] and in_nested(a))
+    per_class = {c: round(sum(is_class(op, c) for op in inside) / spt, 3) for c in SCORE_CLASSES}
+    return {"key_loop": len(inside), "key_loop_span": [key[0], key[1]], "key_loop_nested": len(nested),
+            "key_loop_nested_instr": staged,
+            "instr_per_score": round(len(inside) / spt, 2), "per_score": per_class}
 
 
 def occupancy(chip, regs, smem, threads):
@@ -320,6 +357,7 @@ def base_name(kernel):
 # (figure, direction, target) of the budget; direction "max": the figure must
 # not rise above its ceiling, "min": not fall below its floor.
 CHECKS = [
+    ("instr_per_score", "max"),
     ("instr_per_elem_round", "max"),
     ("instr_per_token", "max"),
     ("shfl_per_token", "max"),
@@ -342,7 +380,9 @@ def target_of(targets, key, fig, note):
         return None
     if key == "instr_per_elem_round":
         return targets["instr_per_elem_round"]
-    if key == "widest_load_bits":
+    if key == "instr_per_score":
+        return targets["flash_instr_per_score"]
+    if key == "widest_load_bits" and "scores-per-tile" not in note:
         return targets["widest_load_bits"]
     if key == "shfl_per_token" and note.get("kernel", "").startswith("route") and note.get("experts") == 256:
         return targets["route_shfl_per_token_e256"]
@@ -545,7 +585,11 @@ def main():
               f"MUFU {fig['mufu']} loop {fmt(fig['hot_loop'])} "
               f"instr/elem/round {fmt(fig.get('instr_per_elem_round'))} "
               f"instr/token {fmt(fig.get('instr_per_token'))} "
-              f"SHFL/token {fmt(fig.get('shfl_per_token'))}")
+              f"SHFL/token {fmt(fig.get('shfl_per_token'))}"
+              + (f" instr/score {fmt(fig['instr_per_score'])} (key loop {fig['key_loop']}, "
+                 f"{fig['key_loop_nested']} nested loops of {fig['key_loop_nested_instr']} not counted; per score "
+                 + " ".join(f"{c} {fmt(v)}" for c, v in fig["per_score"].items() if v) + ")"
+                 if "instr_per_score" in fig else ""))
     sys.stdout.flush()  # the summary before the failures, also through one pipe (2>&1)
     for msg in failures:
         print("FAIL:", msg, file=sys.stderr)
@@ -575,10 +619,30 @@ def write_report(f, args, rows, verdicts, failures, targets, fbytes, notes, cali
                 f"{fmt(fig.get('instr_per_elem_round'))} | {fmt(fig.get('instr_per_token'))} | "
                 f"{fmt(fig.get('shfl_per_token'))} | {fmt(fig.get('redux_per_token'))} | "
                 f"{fmt(fig.get('mufu_per_token'))} |\n")
+    flash = [(chip, fn, kernel, fig, note) for chip, fn, kernel, fig, note in rows if "instr_per_score" in fig]
+    if flash:
+        f.write("\n## Flash mixing kernels: the key loop per score\n\n")
+        f.write("key loop: instructions in the body of the kernel's key loop (flash-mma-base2: the peeled "
+                "loop of whole tiles) outside the loops nested in it; nested: those loops (staging) and "
+                "their instructions, not counted; scores/tile: the scores a thread computes in one "
+                "trip (the case's scores-per-tile); instr/score: key loop / scores/tile; then each "
+                "class's instructions per score.\n\n")
+        f.write("| chip | function | kernel | options | regs | smem (B) | warps/SM | spills (B) | key loop "
+                "| nested | scores/tile | instr/score | " + " | ".join(SCORE_CLASSES) + " |\n")
+        f.write("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(SCORE_CLASSES)
+                + "\n")
+        for chip, fn, kernel, fig, note in flash:
+            f.write(f"| {chip} | {fn} | {kernel} | {note.get('options', '') or '-'} | {fig['regs']} | "
+                    f"{fig['smem']} | {fig['warps_per_sm']} | {fig['spill_bytes']} | {fig['key_loop']} | "
+                    f"{fig['key_loop_nested']} ({fig['key_loop_nested_instr']}) | {fmt(note['scores-per-tile'])} | "
+                    f"{fmt(fig['instr_per_score'])} | "
+                    + " | ".join(fmt(fig["per_score"][c]) for c in SCORE_CLASSES) + " |\n")
     f.write("\n## Against the budget and the issue's targets\n\n")
     f.write(f"Targets (issue #46): at most {targets['instr_per_elem_round']} instructions per element per "
             f"round in the top-k loop; route at most {targets['route_shfl_per_token_e256']} SHFL per token "
             f"at E = 256; logits loaded {targets['widest_load_bits']} bits wide; no spills. "
+            f"Issue #47: at most {targets['flash_instr_per_score']} instructions per score in the flash "
+            "kernels' key loop. "
             "Ceiling: the committed figure the test holds the kernel to (floor for load width and "
             "occupancy). gap: the figure over the target (x: how many times it).\n\n")
     f.write("| chip | function | kernel | figure | now | ceiling | target | gap | budget |\n")

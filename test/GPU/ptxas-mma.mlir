@@ -2,6 +2,7 @@
 // RUN: rm -rf %t && mkdir -p %t
 // RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --pipeline-options flash-mma=true --keep-ptx %t --out %t/report.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s
 // RUN: FileCheck %s --check-prefix=TABLE < %t/report.md
+// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --pipeline-options "flash-mma=true flash-mma-sum-mma=true flash-mma-block-rows=128" --out %t/report-sum-mma.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s
 // RUN: FileCheck %s --check-prefix=PTX < %t/ptxas-mma-cases.sm_80.0.ptx
 // RUN: FileCheck %s --check-prefix=PTX < %t/ptxas-mma-cases.sm_90.0.ptx
 
@@ -17,6 +18,12 @@
 // scores read into the logits' fragments.
 
 // CHECK: ptxas report: 72 kernels, 0 failures
+
+// The same with the row sums on the tensor cores and two row tiles a warp
+// (issue #47: flash-mma-sum-mma, flash-mma-block-rows=128; each applies
+// where it fits: not past 160 registers of held fragments, not to
+// attention_posterior past D = 128, two row tiles only without the fused
+// top-k and attention_posterior, and where both tiles' fragments fit).
 
 // TABLE-DAG: | sm_80 | nospill_mma_f16_d64_k16 | similarity_inform_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
 // TABLE-DAG: | sm_90 | nospill_mma_bf16_d64_k16 | similarity_inform_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |

@@ -3,6 +3,8 @@
 // RUN: FileCheck %s --check-prefix=TABLE < %t.md
 // RUN: %python -c "import json, sys; b = json.load(open(sys.argv[1])); b['ceilings']['sm_90']['topk_logits_K256/topk_renorm_warp']['instr_per_elem_round'] -= 0.5; json.dump(b, open(sys.argv[2], 'w'))" %moe_src_root/bench/gpu/sass_budgets.json %t.tight.json
 // RUN: not %python %moe_src_root/bench/gpu/sass_budget.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --nvdisasm %nvdisasm --chips sm_90 --budgets %t.tight.json --functions topk_logits_K256 --out %t.tight.md %S/Inputs/sass-budget-cases.mlir 2>&1 | FileCheck %s --check-prefix=OVER
+// RUN: %python -c "import json, sys; b = json.load(open(sys.argv[1])); b['ceilings']['sm_90']['similarity_inform_bf16_rows128/similarity_inform_mma']['instr_per_score'] -= 0.25; json.dump(b, open(sys.argv[2], 'w'))" %moe_src_root/bench/gpu/sass_budgets.json %t.tight-score.json
+// RUN: not %python %moe_src_root/bench/gpu/sass_budget.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --nvdisasm %nvdisasm --chips sm_90 --budgets %t.tight-score.json --functions similarity_inform_bf16_rows128 --out %t.tight-score.md %S/Inputs/sass-budget-cases.mlir 2>&1 | FileCheck %s --check-prefix=OVER-SCORE
 
 // The static SASS budget of the routing kernels (issue #46, item 2), read from
 // ptxas's SASS by nvdisasm, no GPU: every kernel of Inputs/sass-budget-cases.mlir
@@ -21,12 +23,19 @@
 // CHECK-DAG: sm_90 dispatch_plan/dispatch_{{[a-z_]+}}_{{[0-9]+}}:
 // CHECK-DAG: sm_90 similarity_inform/similarity_inform_{{[0-9]+}}:
 // CHECK-DAG: sm_90 attention_posterior/attention_{{[a-z_]+}}_{{[0-9]+}}:
+// The flash kernels' key loop per score (issue #47 item 2): the default kernel's loop holds its staging loops,
+// flash-mma-block-rows=128's (two row tiles, the aligned loop's cp.async copies unrolled) none.
+// CHECK-DAG: sm_90 similarity_inform_bf16/similarity_inform_mma_{{[0-9]+}}: {{.*}} instr/score {{[0-9.]+}} (key loop {{[0-9]+}}, 2 nested loops of {{[0-9]+}} not counted; per score HMMA {{[0-9.]+}}
+// CHECK-DAG: sm_90 similarity_inform_bf16_rows128/similarity_inform_mma_{{[0-9]+}}: {{.*}} instr/score {{[0-9.]+}} (key loop {{[0-9]+}}, 0 nested loops of 0 not counted; per score HMMA {{[0-9.]+}} LDSM {{[0-9.]+}}
+// CHECK-DAG: sm_80 similarity_inform_bf16_sum_mma/similarity_inform_mma_{{[0-9]+}}: {{.*}} instr/score
 
 // TABLE: ## Per kernel
 // TABLE-DAG: | sm_90 | topk_logits_K64 | topk_renorm_warp_{{[0-9]+}} | {{[0-9]+}} | 0 | 128 | {{[0-9]+}} | {{[0-9]+}} | 0 |
 // TABLE-DAG: | sm_90 | topk_probs_K128 | topk_renorm_warp_{{[0-9]+}} |
 // TABLE-DAG: | sm_90 | topk_logits_K256 | topk_renorm_warp_{{[0-9]+}} |
 // TABLE-DAG: | sm_90 | route_deepseek_v3 | route_warp_{{[0-9]+}} |
+// TABLE: ## Flash mixing kernels: the key loop per score
+// TABLE-DAG: | sm_90 | similarity_inform_bf16_rows128 | similarity_inform_mma_{{[0-9]+}} | flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true | {{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | {{[0-9]+}} | 0 (0) | 64 |
 // TABLE: ## Against the budget and the issue's targets
 // TABLE-DAG: | sm_90 | topk_logits_K256 | topk_renorm_warp_{{[0-9]+}} | instr_per_elem_round | {{[0-9.]+}} | {{[0-9.]+}} | 2 | {{.*}} | ok |
 // TABLE-DAG: | sm_90 | route_deepseek_v3 | route_warp_{{[0-9]+}} | shfl_per_token | {{[0-9.]+}} | {{[0-9.]+}} | 32 | {{.*}} | ok |
@@ -36,6 +45,7 @@
 // TABLE-DAG: | sm_90 | route_lanes_deepseek_v3 | route_lanes_{{[0-9]+}} | widest_load_bits | 128 | 128 | 128 | met | ok |
 // TABLE-DAG: | sm_90 | route_lanes_deepseek_v3 | route_lanes_{{[0-9]+}} | instr_per_elem_round | {{[0-9.]+}} | {{[0-9.]+}} | 2 | met | ok |
 // TABLE-DAG: | sm_90 | topk_logits_K256 | topk_renorm_warp_{{[0-9]+}} | widest_load_bits | {{[0-9]+}} | {{[0-9]+}} | 128 | {{.*}} | ok |
+// TABLE-DAG: | sm_90 | similarity_inform_bf16_sum_mma | similarity_inform_mma_{{[0-9]+}} | instr_per_score | {{[0-9.]+}} | {{[0-9.]+}} | 6 | {{[0-9.]+}}x | ok |
 // TABLE-NOT: OVER
 // TABLE-NOT: Failures
 
@@ -43,3 +53,8 @@
 // instruction per element below its committed figure.
 // OVER: sass budget: 1 kernels, 1 over budget
 // OVER: FAIL: sm_90 topk_logits_K256/topk_renorm_warp: instr_per_elem_round = {{[0-9.]+}}, budget <= {{[0-9.]+}}
+
+// A flash kernel over its instructions per score fails: the 128-row kernel against a ceiling a quarter
+// instruction below its committed figure.
+// OVER-SCORE: sass budget: 1 kernels, 1 over budget
+// OVER-SCORE: FAIL: sm_90 similarity_inform_bf16_rows128/similarity_inform_mma: instr_per_score = {{[0-9.]+}}, budget <= {{[0-9.]+}}

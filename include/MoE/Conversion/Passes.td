@@ -151,6 +151,18 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "tile where the fragments held through the loop pass 160 registers), whole key tiles run without "
            "bounds or causal selects before the checked last/diagonal ones (up to 128 experts), P rounded two "
            "scores at a time. Off by default">,
+    Option<"flashMmaSumMma", "flash-mma-sum-mma", "bool", /*default=*/"false",
+           "the tensor-core kernel's row sums on the tensor cores: P is multiplied by [e | 1] (one more MMA "
+           "per 16 keys against a constant column block of ones) instead of an FADD a score and the quad's "
+           "shuffles, so the sum is of the rounded probabilities that enter P.e; implies flash-mma-base2. "
+           "Off by default">,
+    Option<"flashMmaBlockRows", "flash-mma-block-rows", "int64_t", /*default=*/"64",
+           "query rows a block of the tensor-core kernel's 4 warps: 64 (one 16-row MMA tile a warp; the default) "
+           "or 128 (two: each key and value fragment loaded by ldmatrix feeds both tiles' MMAs), with the "
+           "staging's 16-byte alignment decided once outside the key loops (the aligned loops' 16-byte loads or "
+           "cp.async copies unrolled, issued back to back). 128 applies where the base-2 softmax runs "
+           "(flash-mma-base2 or flash-mma-sum-mma) to similarity_inform and its training forward (not the fused "
+           "top-k or attention_posterior) and both tiles' fragments fit (D = 64; not D = 256)">,
     Option<"routeMap", "route-map", "std::string", /*default=*/"\"warp\"",
            "how route's kernel maps a token onto lanes: `warp` (one warp a token, the experts strided over its "
            "lanes, butterflies of 64-bit candidates; E <= 1024; the default) or `lanes`: "

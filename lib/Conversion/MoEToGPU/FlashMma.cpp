@@ -49,6 +49,25 @@
 // fragments of Q·Kᵀ through flashLogit (MoE/Kernels/FlashLogit.h: dot /
 // sigma², + bias, + score), each element at its fragment's key column.
 //
+// With flash-mma-sum-mma (issue #47 item 2; off until a GPU run has checked
+// it; implies flash-mma-base2) the row sums come from the tensor cores, as
+// P·[e | 1]: one more accumulator block past the experts', one more MMA per
+// 16 keys against a constant B operand of ones, no FADD a score and no
+// quad shuffles of the sums; the sum is then of the rounded probabilities
+// that enter P·e (FlashAttention sums the unrounded ones). The accumulators
+// are rescaled only in a tile where a row max of the warp changed (a warp
+// vote; elsewhere the factor is exactly 1).
+//
+// With flash-mma-block-rows=128 (issue #47 item 3; off likewise) a warp owns
+// two 16-row MMA tiles (a block 128 rows), FlashAttention-2's 4 warps x 128
+// rows: each ldmatrix of keys feeds 4 MMAs and each of values 2 per tile
+// (half the LDSM a score), the staging's cost is spread over twice the
+// scores, and the staging's 16-byte alignment is decided once outside the
+// key loops, so the aligned loops stage with straight-line 16-byte loads or
+// cp.async copies (D = 64: 4 + 1 a thread and tile) and no loop or branch.
+// Where both tiles' fragments pass about 200 registers (D = 256) the kernel
+// keeps one row tile.
+//
 //===----------------------------------------------------------------------===//
 
 #include "FlashTile.h"
@@ -81,7 +100,8 @@ static constexpr int64_t kPad = 8;
 std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
     const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt, int64_t depth,
     int64_t sharedMemoryBytes, bool wideStaging, bool asyncStaging,
-    bool fusedTopk, bool posterior, bool base2) {
+    bool fusedTopk, bool posterior, bool base2, bool sumMma,
+    int64_t blockRows) {
   if ((spec.topk && !fusedTopk) ||
       ((spec.hasBias || spec.hasAddScores) && !posterior))
     return std::nullopt;
@@ -95,7 +115,16 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
   tile.experts = llvm::alignTo(spec.numExperts, 8);
   tile.wideKeys = wideStaging && depth % 8 == 0;
   tile.wideValues = wideStaging && spec.numExperts % 8 == 0;
-  tile.base2 = base2;
+  tile.base2 = base2 || sumMma;
+  // The ones block's 4 accumulators more, not where the fragments held
+  // through the key loop pass 160 registers (D = K = 256): there the fused
+  // top-k spilled (ptxas, sm_80 and sm_90, 12-24 bytes); nor for
+  // attention_posterior past D = 128, whose per-element bias and score
+  // loads beside them spilled with the cp.async staging (D = 256, K = 16:
+  // 88-104 bytes). Those keep base 2's sums.
+  tile.sumMma = sumMma &&
+                4 * (tile.depth / 16 + tile.experts / 8 + 1) <= 160 &&
+                !(spec.hasAddScores && tile.depth > 128);
   // attention_posterior past D = 128 stays single-buffered: with the second
   // buffer's copies in flight beside the per-element bias and score loads
   // ptxas spilled (sm_90, D = 256).
@@ -105,6 +134,33 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
   tile.asyncValues =
       asyncStaging && spec.numExperts % 8 == 0 && !spec.hasKeyMask;
   tile.buffers = tile.asyncKeys || tile.asyncValues ? 2 : 1;
+  // flash-mma-block-rows=128: two row tiles a warp where the base-2 kernel
+  // runs without a fused top-k or attention_posterior's terms (their
+  // epilogue and per-element loads take one row tile), with the staging's
+  // alignment decided outside the key loops.
+  const bool twoRowTiles = blockRows == 128 && tile.base2 && !spec.topk &&
+                           !spec.hasBias && !spec.hasAddScores;
+  const int64_t accBlocks = tile.experts / 8 + (tile.sumMma ? 1 : 0);
+  if (twoRowTiles)
+    for (int64_t cols : {64, 32}) {
+      int64_t bytes =
+          tile.buffers * cols * (tile.depth + kPad + tile.experts + kPad) * 2;
+      // Both row tiles' query chunks, logits and accumulators held (4
+      // registers a 16x8 tile each) plus about 40: at most 200 of ptxas's
+      // 255 (D = 64, K = 16, 64-key tiles: 160). Past it (D = 256) the
+      // kernel of one row tile, staging as before (the hoisted, unrolled
+      // staging beside D = 256's fragments spilled 436 bytes on sm_90).
+      int64_t regs = 8 * (tile.depth / 16 + cols / 8 + accBlocks) + 40;
+      if (bytes > sharedMemoryBytes || regs > 200)
+        continue;
+      tile.cols = cols;
+      tile.rowTiles = 2;
+      tile.hoistStaging = true;
+      // No register cap: 2 blocks a multiprocessor leave ptxas its 255
+      // (what it needs decides the occupancy; a cap of 128 would spill).
+      tile.blocksPerSM = 2;
+      return tile;
+    }
   for (int64_t cols : {64, 32, 16}) {
     // attention_posterior's logits read the bias and the added scores per
     // fragment element, with their addresses: at 64 keys a tile these
@@ -122,7 +178,9 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       tile.cols = cols;
       // A thread's fragments (4 registers per 16x8 tile: the query's chunks,
       // the logits, the accumulator) plus about 40 of addresses and state.
-      int64_t regs = 4 * (tile.depth / 16 + cols / 8 + tile.experts / 8) + 40;
+      int64_t regs = 4 * (tile.depth / 16 + cols / 8 + tile.experts / 8 +
+                          (tile.sumMma ? 1 : 0)) +
+                     40;
       // The fused top-k's epilogue: one row's packed 64-bit candidates (2 per
       // column of the quad lane) beside the other row's probabilities.
       if (spec.topk)
@@ -234,10 +292,10 @@ struct Mma {
 /// uniform over the shuffles; rows past N store nothing.
 static void emitMmaTopkEpilogue(GPUKernel &kernel, const FlashMixSpec &spec,
                                 ArrayRef<Value> fin, int64_t accCount,
-                                ArrayRef<Value> rowsOf, Value bi, Value N,
-                                Value tig, Value out, Value outIdx) {
+                                int64_t expertBlocks, ArrayRef<Value> rowsOf,
+                                Value bi, Value N, Value tig, Value out,
+                                Value outIdx) {
   GpuKernelBuilder &kb = kernel.kb;
-  const int64_t expertBlocks = accCount / 4;
   Value outRows = viewAs2D(kernel.b, out), idxRows = viewAs2D(kernel.b, outIdx);
   for (int r = 0; r < 2; ++r) {
     SoftmaxState state = {fin[accCount + 2 * r], fin[accCount + 2 * r + 1]};
@@ -270,8 +328,11 @@ namespace {
 struct Exp2Tile {
   /// The running max in log2 units and this lane's running partial sum.
   Value max, partialSum;
-  /// 2^(m2_old - m2): the accumulator's factor.
+  /// 2^(m2_old - m2): the accumulator's factor (without sums: not
+  /// computed, the caller computes it from `shift` where it needs it).
   Value rescale;
+  /// m2, or 0 for a row that has seen no key: what the exponents subtract.
+  Value shift;
   /// 2^(x - m2) of each value (0 for -inf).
   SmallVector<Value> probs;
 };
@@ -285,14 +346,17 @@ struct Exp2Tile {
 /// max over the lanes that share it. Without `reduceSum` the sums are this
 /// lane's partial ones (the caller adds the lanes' once after the key loop);
 /// with it, the tile's sum over the lanes is added every tile (the row's
-/// whole sum is carried). As OnlineSoftmax.h: a row that
+/// whole sum is carried). With `sums` false (flash-mma-sum-mma: the sums come
+/// from the MMA) there are none: `partialSum` passes through. As
+/// OnlineSoftmax.h: a row that
 /// has seen no key keeps max -inf and subtracts 0 (alpha = p = 0, not NaN);
 /// a NaN makes the max, and from it every weight, NaN.
 static Exp2Tile exp2SoftmaxStep(GpuKernelBuilder &kb, Value max2,
                                 Value partialSum, ArrayRef<Value> v,
                                 Value scale,
                                 function_ref<Value(Value)> reduceMax,
-                                function_ref<Value(Value)> reduceSum) {
+                                function_ref<Value(Value)> reduceSum,
+                                bool sums = true) {
   ImplicitLocOpBuilder &b = kb.b;
   Value tileMax = v.front();
   for (Value x : v.drop_front())
@@ -305,15 +369,18 @@ static Exp2Tile exp2SoftmaxStep(GpuKernelBuilder &kb, Value max2,
   Value none =
       kb.cmpf(arith::CmpFPredicate::OEQ, tile.max, kb.negInfLike(kb.f32()));
   Value shift = kb.select(none, kb.cF32(0.0), tile.max);
-  tile.rescale = exp2Approx(b, kb.fsub(max2, shift));
+  tile.shift = shift;
+  if (sums)
+    tile.rescale = exp2Approx(b, kb.fsub(max2, shift));
   Value negShift = arith::NegFOp::create(b, shift);
   if (!reduceSum) {
-    Value sum = kb.fmul(partialSum, tile.rescale);
+    Value sum = sums ? kb.fmul(partialSum, tile.rescale) : partialSum;
     for (Value x : v) {
       Value d = scale ? kb.fma(x, scale, negShift) : kb.fadd(x, negShift);
       Value p = exp2Approx(b, d);
       tile.probs.push_back(p);
-      sum = kb.fadd(sum, p);
+      if (sums)
+        sum = kb.fadd(sum, p);
     }
     tile.partialSum = sum;
     return tile;
@@ -337,6 +404,15 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   const int64_t keyBlocks = cols / 8;      // n-blocks of the logits
   const int64_t chunks = tile.depth / 16;  // k-steps of the logits
   const int64_t expertBlocks = tile.experts / 8;
+  // flash-mma-sum-mma: one more accumulator block past the experts', P
+  // times a constant block of ones: each of its columns is the row's sum.
+  const bool sumMma = tile.sumMma;
+  const int64_t accBlocks = expertBlocks + (sumMma ? 1 : 0);
+  // flash-mma-block-rows=128: T = 2 row tiles of 16 rows a warp; each
+  // ldmatrix of keys or values feeds the MMAs of both. A thread's rows are
+  // rr = 2t + r: g + 16t + 8r of its warp's 16T.
+  const int64_t T = tile.rowTiles;
+  const int64_t blockRows = kRows * T;
   GpuKernelBuilder &kb = kernel.kb;
   ImplicitLocOpBuilder &b = kernel.b;
   Mma m{b, kb, elt};
@@ -358,12 +434,15 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   Value g = kb.divu(lane, kb.idx(4));   // the quad: rows g and g + 8
   Value tig = kb.remu(lane, kb.idx(4)); // the lane in the quad: columns
   Value bi = kb.blockId(gpu::Dimension::y);
-  Value rowBase = kb.mul(kb.blockId(), kb.idx(kRows));
+  Value rowBase = kb.mul(kb.blockId(), kb.idx(blockRows));
   Value N = kb.dim(q, 1);
   Value D = kb.dim(q, 2);
   Value Nk = kb.dim(keys, 1);
-  Value r0 = kb.add(kb.add(rowBase, kb.mul(warp, kb.idx(16))), g);
-  std::array<Value, 2> rowsOf = {r0, kb.add(r0, kb.idx(8))};
+  Value r0 = kb.add(kb.add(rowBase, kb.mul(warp, kb.idx(16 * T))), g);
+  SmallVector<Value> rowsOf = {r0, kb.add(r0, kb.idx(8))};
+  for (int64_t t = 1; t < T; ++t)
+    for (int64_t r = 0; r < 2; ++r)
+      rowsOf.push_back(kb.add(r0, kb.idx(16 * t + 8 * r)));
 
   // The query fragments, once: chunk c's A operand holds (row, feature)
   // (g, 16c + 2tig + {0,1}), (g + 8, ...), (g, 16c + 8 + 2tig + {0,1}),
@@ -375,17 +454,19 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     Value v = kb.load(src, {bIdx, kb.select(ok, row, c0), kb.select(ok, col, c0)});
     return kb.select(ok, v, zeroE);
   };
+  // qFrag[t * chunks + c]: row tile t's chunk c.
   SmallVector<Value> qFrag;
-  for (int64_t c = 0; c < chunks; ++c) {
-    SmallVector<Value> elems;
-    for (int64_t half = 0; half < 2; ++half)
-      for (Value row : rowsOf)
-        for (int64_t x = 0; x < 2; ++x) {
-          Value d = kb.add(kb.mul(tig, kb.idx(2)), kb.idx(16 * c + 8 * half + x));
-          elems.push_back(loadOrZero(q, bi, row, N, d, D));
-        }
-    qFrag.push_back(m.fragment(elems));
-  }
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < chunks; ++c) {
+      SmallVector<Value> elems;
+      for (int64_t half = 0; half < 2; ++half)
+        for (Value row : ArrayRef<Value>(rowsOf).slice(2 * t, 2))
+          for (int64_t x = 0; x < 2; ++x) {
+            Value d = kb.add(kb.mul(tig, kb.idx(2)), kb.idx(16 * c + 8 * half + x));
+            elems.push_back(loadOrZero(q, bi, row, N, d, D));
+          }
+      qFrag.push_back(m.fragment(elems));
+    }
 
   // Staging a tile of `cols` rows j0 + jj of `src` [B, Nk, cols] into `dst`
   // [cols, width + kPad]: zeros past `rowLimit` and `colLimit`, then
@@ -413,6 +494,12 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // With `async` (the operand's cp.async staging) the aligned path issues
   // 16-byte cp.async copies (src-size 0 past the bounds: zeros) into rows
   // `rowOff` + jj, which the caller commits and waits for.
+  // With the alignment known (flash-mma-block-rows=128: `alignedKnown`, the
+  // branch taken once outside the key loops) the tile takes one path, and the
+  // 16-byte path's trips, when the block's threads divide the tile's
+  // vectors, are unrolled: every load or copy of the tile issued back to
+  // back, their addresses a constant apart.
+  std::optional<bool> alignedKnown;
   auto stageTile = [&](Value src, Value dst, int64_t width, bool wide,
                        Value aligned, Value j0, Value rowLimit, Value colLimit,
                        function_ref<Value(Value, Value)> masked,
@@ -435,37 +522,57 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     }
     int64_t vecs = width / 8;
     assert((!async || !masked) && "cp.async cannot mask what it copies");
-    kb.ifThenElse(aligned, [&] {
-      kb.forLoop(tid, kb.idx(cols * vecs), kb.idx(kThreads), [&](Value flat) {
+    // One 16-byte vector: row jj of the tile, columns cc .. cc + 7.
+    auto stageVector = [&](Value jj, Value cc) {
+      Value j = kb.add(j0, jj);
+      Value ok = kb.andI(kb.lt(j, rowLimit), kb.lt(cc, colLimit));
+      if (async) {
+        nvgpu::DeviceAsyncCopyOp::create(
+            b, nvgpu::DeviceAsyncTokenType::get(b.getContext()), dst,
+            ValueRange{dstRow(jj), cc}, src,
+            ValueRange{bi, kb.select(ok, j, c0), kb.select(ok, cc, c0)},
+            b.getIndexAttr(8), kb.select(ok, kb.idx(8), c0),
+            b.getUnitAttr());
+        return;
+      }
+      Value v = vector::LoadOp::create(
+          b, wideType, src,
+          ValueRange{bi, kb.select(ok, j, c0), kb.select(ok, cc, c0)},
+          /*nontemporal=*/false, llvm::MaybeAlign(16));
+      v = kb.select(ok, v, kb.constLike(wideType, 0.0));
+      if (masked)
+        v = masked(j, v);
+      vector::StoreOp::create(b, v, dst, ValueRange{dstRow(jj), cc},
+                              /*nontemporal=*/false, llvm::MaybeAlign(16));
+    };
+    auto stageVectors = [&] {
+      int64_t total = cols * vecs;
+      if (alignedKnown && total % kThreads == 0 && kThreads % vecs == 0) {
+        Value jj0 = kb.divu(tid, kb.idx(vecs));
+        Value cc = kb.mul(kb.remu(tid, kb.idx(vecs)), kb.idx(8));
+        for (int64_t i = 0; i < total / kThreads; ++i)
+          stageVector(kb.add(jj0, kb.idx(i * (kThreads / vecs))), cc);
+        return;
+      }
+      kb.forLoop(tid, kb.idx(total), kb.idx(kThreads), [&](Value flat) {
         Value jj = kb.divu(flat, kb.idx(vecs));
         Value cc = kb.mul(kb.remu(flat, kb.idx(vecs)), kb.idx(8));
-        Value j = kb.add(j0, jj);
-        Value ok = kb.andI(kb.lt(j, rowLimit), kb.lt(cc, colLimit));
-        if (async) {
-          nvgpu::DeviceAsyncCopyOp::create(
-              b, nvgpu::DeviceAsyncTokenType::get(b.getContext()), dst,
-              ValueRange{dstRow(jj), cc}, src,
-              ValueRange{bi, kb.select(ok, j, c0), kb.select(ok, cc, c0)},
-              b.getIndexAttr(8), kb.select(ok, kb.idx(8), c0),
-              b.getUnitAttr());
-          return;
-        }
-        Value v = vector::LoadOp::create(
-            b, wideType, src,
-            ValueRange{bi, kb.select(ok, j, c0), kb.select(ok, cc, c0)},
-            /*nontemporal=*/false, llvm::MaybeAlign(16));
-        v = kb.select(ok, v, kb.constLike(wideType, 0.0));
-        if (masked)
-          v = masked(j, v);
-        vector::StoreOp::create(b, v, dst, ValueRange{dstRow(jj), cc},
-                                /*nontemporal=*/false, llvm::MaybeAlign(16));
+        stageVector(jj, cc);
       });
-    }, elements);
+    };
+    if (alignedKnown) {
+      if (*alignedKnown)
+        stageVectors();
+      else
+        elements();
+      return;
+    }
+    kb.ifThenElse(aligned, stageVectors, elements);
   };
 
   Value keyEnd = Nk;
   if (spec.causal)
-    keyEnd = kb.minu(Nk, kb.add(rowBase, kb.idx(kRows)));
+    keyEnd = kb.minu(Nk, kb.add(rowBase, kb.idx(blockRows)));
 
   // attention_posterior's added scores add[b, head[b], row, j], read as rows
   // of add viewed [B·H·N, Nk]: the head read once and each of the thread's
@@ -488,12 +595,15 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // running max and sum (base2: the max in log2 units and, where the quad's
   // sums wait for the end of the loop, this lane's part of the sum).
   SoftmaxState start = softmaxStart(kb);
-  SmallVector<Value> init(expertBlocks * 4, kb.cF32(0.0));
-  for (int r = 0; r < 2; ++r) {
+  // Row tile t's accumulators at t * accCount; the rows' (max, sum) after
+  // all of them, at accAll + 2 rr.
+  SmallVector<Value> init(T * accBlocks * 4, kb.cF32(0.0));
+  for (int r = 0; r < 2 * T; ++r) {
     init.push_back(start.max);
     init.push_back(start.sum);
   }
-  const int64_t accCount = expertBlocks * 4;
+  const int64_t accCount = accBlocks * 4;
+  const int64_t accAll = T * accCount;
   auto stageKeysAndValues = [&](Value j0, Value rowOff) {
     bool wideK = tile.wideKeys || tile.asyncKeys;
     bool wideV = tile.wideValues || tile.asyncValues;
@@ -509,10 +619,12 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // visible) starts the next tile's copies into the other buffer and
   // computes on its own.
   const bool doubleBuffered = tile.buffers == 2;
-  if (doubleBuffered) {
+  auto stageFirstTile = [&] {
     kb.ifThen(kb.lt(c0, keyEnd), [&] { stageKeysAndValues(c0, c0); });
     NVVM::CpAsyncCommitGroupOp::create(b);
-  }
+  };
+  if (doubleBuffered && !tile.hoistStaging)
+    stageFirstTile();
   // flash-mma-base2 (tile.base2; off: the kernel of the last GPU run, every
   // tile checked, flashLogit's logit, onlineSoftmaxStep with the quad's sums
   // every tile, __nv_expf, one truncf a score, the lse from the natural max).
@@ -589,7 +701,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         };
 
         // Logits: keyBlocks tiles of 16 rows x 8 keys, over the chunks.
-        SmallVector<SmallVector<Value>> s(keyBlocks,
+        // s[t * keyBlocks + nb]: row tile t's logits of key block nb.
+        SmallVector<SmallVector<Value>> s(T * keyBlocks,
                                           SmallVector<Value>(4, kb.cF32(0.0)));
         Value ldRow = kb.remu(lane, kb.idx(8));
         Value ldSel = kb.divu(lane, kb.idx(8)); // which 8x8 matrix
@@ -600,8 +713,12 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
             Value row = kb.add(kb.idx(nb * 8), kb.add(ldRow, kb.mul(kb.divu(ldSel, kb.idx(2)), kb.idx(8))));
             Value col = kb.add(kb.idx(16 * c), kb.mul(kb.remu(ldSel, kb.idx(2)), kb.idx(8)));
             Value kf = m.ldmatrix(ks, tileRow(row), col, 4, /*transpose=*/false);
-            s[nb] = m.mma(qFrag[c], m.rows(kf, 0, 2), s[nb]);
-            s[nb + 1] = m.mma(qFrag[c], m.rows(kf, 2, 2), s[nb + 1]);
+            for (int64_t t = 0; t < T; ++t) {
+              SmallVector<Value> &lo = s[t * keyBlocks + nb];
+              SmallVector<Value> &hi = s[t * keyBlocks + nb + 1];
+              lo = m.mma(qFrag[t * chunks + c], m.rows(kf, 0, 2), lo);
+              hi = m.mma(qFrag[t * chunks + c], m.rows(kf, 2, 2), hi);
+            }
           }
 
         // attention_posterior's loads of key j: key 0's past Nk (excluded
@@ -611,11 +728,14 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         };
 
         // Masks and the online softmax of each of the thread's two rows.
-        SmallVector<Value> acc(carried.begin(), carried.begin() + accCount);
+        SmallVector<Value> acc(carried.begin(), carried.begin() + accAll);
         SmallVector<Value> next;
-        std::array<SmallVector<Value>, 2> probs;
-        std::array<Value, 2> rescale;
-        for (int r = 0; r < 2; ++r) {
+        SmallVector<SmallVector<Value>> probs(2 * T);
+        SmallVector<Value> rescale(2 * T), shifts(2 * T);
+        for (int rr = 0; rr < 2 * T; ++rr) {
+          // Row rr is row r (g or g + 8) of row tile t.
+          const int64_t t = rr / 2;
+          const int r = rr % 2;
           SmallVector<Value> logits;
           for (int64_t nb = 0; nb < keyBlocks; ++nb)
             for (int64_t x = 0; x < 2; ++x) {
@@ -636,7 +756,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
               };
               if (!base2) {
                 logits.push_back(flashLogit(
-                    kb, spec, s[nb][2 * r + x],
+                    kb, spec, s[t * keyBlocks + nb][2 * r + x],
                     [&] { return kb.load(logit.bias, {bi, keyIndex(j)}); },
                     addScore, [&] {
                       Value inRange = kb.lt(j, Nk);
@@ -650,12 +770,12 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
                           },
                           [&] {
                             return kb.cmpi(arith::CmpIPredicate::ule, j,
-                                           rowsOf[r]);
+                                           rowsOf[rr]);
                           });
                     }));
                 continue;
               }
-              Value dot = s[nb][2 * r + x];
+              Value dot = s[t * keyBlocks + nb][2 * r + x];
               // The value the max is taken of: the raw dot (similarity),
               // or the posterior's logit in log2 units.
               Value v = dot;
@@ -677,7 +797,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
                                    : Value();
                   },
                   [&] {
-                    return kb.cmpi(arith::CmpIPredicate::ule, j, rowsOf[r]);
+                    return kb.cmpi(arith::CmpIPredicate::ule, j, rowsOf[rr]);
                   });
               if (keep)
                 v = kb.select(keep, v, kb.negInfLike(v.getType()));
@@ -685,32 +805,68 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
             }
           if (!base2) {
             SoftmaxTile st = onlineSoftmaxStep(
-                kb, {carried[accCount + 2 * r], carried[accCount + 2 * r + 1]},
+                kb, {carried[accAll + 2 * rr], carried[accAll + 2 * rr + 1]},
                 logits,
                 [&](Value v) {
                   return subgroupReduce(kb, v, ReduceKind::Max, 4);
                 },
                 quadSum);
-            probs[r] = st.probs;
-            rescale[r] = st.rescale;
+            probs[rr] = st.probs;
+            rescale[rr] = st.rescale;
             next.push_back(st.next.max);
             next.push_back(st.next.sum);
             continue;
           }
           Exp2Tile st = exp2SoftmaxStep(
-              kb, carried[accCount + 2 * r], carried[accCount + 2 * r + 1],
+              kb, carried[accAll + 2 * rr], carried[accAll + 2 * rr + 1],
               logits, rawDots ? scale2 : Value(),
               [&](Value v) { return subgroupReduce(kb, v, ReduceKind::Max, 4); },
-              sumsPerTile ? function_ref<Value(Value)>(quadSum)
-                          : function_ref<Value(Value)>());
-          probs[r] = st.probs;
-          rescale[r] = st.rescale;
+              sumsPerTile && !sumMma ? function_ref<Value(Value)>(quadSum)
+                                     : function_ref<Value(Value)>(),
+              /*sums=*/!sumMma);
+          probs[rr] = st.probs;
+          rescale[rr] = st.rescale;
+          shifts[rr] = st.shift;
           next.push_back(st.max);
           next.push_back(st.partialSum);
         }
-        for (int64_t eb = 0; eb < expertBlocks; ++eb)
-          for (int64_t i = 0; i < 4; ++i)
-            acc[eb * 4 + i] = kb.fmul(acc[eb * 4 + i], rescale[i / 2]);
+        auto rescaleAcc = [&] {
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t eb = 0; eb < accBlocks; ++eb)
+              for (int64_t i = 0; i < 4; ++i) {
+                Value &x = acc[t * accCount + eb * 4 + i];
+                x = kb.fmul(x, rescale[2 * t + i / 2]);
+              }
+        };
+        if (!sumMma) {
+          rescaleAcc();
+        } else {
+          // The accumulators (and the sums with them) are rescaled only in
+          // a tile where a row max of the warp changed: elsewhere every
+          // factor is 2^0 = 1 exactly, so skipping is exact. The vote keeps
+          // the branch warp-uniform; a NaN max compares unequal.
+          Value changed;
+          for (int rr = 0; rr < 2 * T; ++rr) {
+            Value ne = kb.cmpf(arith::CmpFPredicate::UNE, next[2 * rr],
+                               carried[accAll + 2 * rr]);
+            changed = changed ? kb.orI(changed, ne) : ne;
+          }
+          Value all = kb.cI32(-1);
+          Value anyChanged = NVVM::VoteSyncOp::create(
+              b, b.getI1Type(), all, changed, NVVM::VoteSyncKind::any);
+          SmallVector<Type> types(accAll, b.getF32Type());
+          SmallVector<Value> kept(acc);
+          acc = kb.ifElse(
+              anyChanged, types,
+              [&] {
+                for (int rr = 0; rr < 2 * T; ++rr)
+                  rescale[rr] = exp2Approx(
+                      b, kb.fsub(carried[accAll + 2 * rr], shifts[rr]));
+                rescaleAcc();
+                return acc;
+              },
+              [&] { return kept; });
+        }
 
         // Mixing: per 16 keys, P's A operand from the logits' C fragments
         // of key blocks 2kc and 2kc + 1 (rounded to the operand type), the
@@ -718,25 +874,35 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         // base2: two probabilities of a row at a time, rounded as one pair
         // (cvt.rn.{bf16x2,f16x2}.f32: one instruction for two scores).
         auto toElt = [&](Value p) { return arith::TruncFOp::create(b, elt, p); };
+        Value ones;
+        if (sumMma)
+          ones = arith::ConstantOp::create(
+              b, m.vec({2, 2}, elt),
+              DenseElementsAttr::get(m.vec({2, 2}, elt),
+                                     b.getFloatAttr(elt, 1.0)));
         auto toPair = [&](Value lo, Value hi) {
           Value pair = vector::FromElementsOp::create(
               b, m.vec({2}, b.getF32Type()), ValueRange{lo, hi});
           return arith::TruncFOp::create(b, m.vec({2}, elt), pair);
         };
         for (int64_t kc = 0; kc < keyBlocks / 2; ++kc) {
-          SmallVector<Value> pe, pairs;
-          for (int64_t half = 0; half < 2; ++half)
-            for (int r = 0; r < 2; ++r) {
-              Value lo = probs[r][(2 * kc + half) * 2];
-              Value hi = probs[r][(2 * kc + half) * 2 + 1];
-              if (base2) {
-                pairs.push_back(toPair(lo, hi));
-                continue;
+          // pFrag[t]: row tile t's A operand.
+          SmallVector<Value> pFrag;
+          for (int64_t t = 0; t < T; ++t) {
+            SmallVector<Value> pe, pairs;
+            for (int64_t half = 0; half < 2; ++half)
+              for (int r = 0; r < 2; ++r) {
+                Value lo = probs[2 * t + r][(2 * kc + half) * 2];
+                Value hi = probs[2 * t + r][(2 * kc + half) * 2 + 1];
+                if (base2) {
+                  pairs.push_back(toPair(lo, hi));
+                  continue;
+                }
+                pe.push_back(toElt(lo));
+                pe.push_back(toElt(hi));
               }
-              pe.push_back(toElt(lo));
-              pe.push_back(toElt(hi));
-            }
-          Value pFrag = base2 ? m.fragmentOfPairs(pairs) : m.fragment(pe);
+            pFrag.push_back(base2 ? m.fragmentOfPairs(pairs) : m.fragment(pe));
+          }
           for (int64_t eb = 0; eb < expertBlocks; eb += 2) {
             bool pair = eb + 1 < expertBlocks;
             // Matrices: (keys lo, experts eb), (keys hi, eb), then eb + 1.
@@ -745,46 +911,96 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
                               kb.add(ldRow, kb.mul(kb.remu(sel, kb.idx(2)), kb.idx(8))));
             Value col = kb.add(kb.idx(eb * 8), kb.mul(kb.divu(sel, kb.idx(2)), kb.idx(8)));
             Value vf = m.ldmatrix(vs, tileRow(row), col, pair ? 4 : 2, /*transpose=*/true);
-            for (int64_t h = 0; h < (pair ? 2 : 1); ++h) {
-              ArrayRef<Value> c(acc.data() + (eb + h) * 4, 4);
-              SmallVector<Value> d = m.mma(pFrag, m.rows(vf, 2 * h, 2), c);
-              std::copy(d.begin(), d.end(), acc.begin() + (eb + h) * 4);
-            }
+            for (int64_t h = 0; h < (pair ? 2 : 1); ++h)
+              for (int64_t t = 0; t < T; ++t) {
+                int64_t at = t * accCount + (eb + h) * 4;
+                ArrayRef<Value> c(acc.data() + at, 4);
+                SmallVector<Value> d = m.mma(pFrag[t], m.rows(vf, 2 * h, 2), c);
+                std::copy(d.begin(), d.end(), acc.begin() + at);
+              }
           }
+          // The row sums: P against the block of ones (the B operand's
+          // every element 1: no load).
+          if (sumMma)
+            for (int64_t t = 0; t < T; ++t) {
+              int64_t at = t * accCount + expertBlocks * 4;
+              ArrayRef<Value> c(acc.data() + at, 4);
+              SmallVector<Value> d = m.mma(pFrag[t], ones, c);
+              std::copy(d.begin(), d.end(), acc.begin() + at);
+            }
         }
         acc.append(next);
         return acc;
     };
   };
-  SmallVector<Value> full =
-      base2 ? kb.forLoop(c0, fullEnd, kb.idx(cols), init,
-                         keyTile(/*checked=*/false))
-            : init;
-  SmallVector<Value> fin =
-      kb.forLoop(fullEnd, keyEnd, kb.idx(cols), full, keyTile(/*checked=*/true));
+  auto keyLoops = [&]() -> SmallVector<Value> {
+    if (doubleBuffered && tile.hoistStaging)
+      stageFirstTile();
+    SmallVector<Value> full =
+        base2 ? kb.forLoop(c0, fullEnd, kb.idx(cols), init,
+                           keyTile(/*checked=*/false))
+              : init;
+    return kb.forLoop(fullEnd, keyEnd, kb.idx(cols), full,
+                      keyTile(/*checked=*/true));
+  };
+  // flash-mma-block-rows=128 (tile.hoistStaging): the operands' alignment
+  // decided once, outside the key loops: the loops of the aligned operands
+  // stage only 16-byte vectors (unrolled: the tile's loads or copies back to
+  // back), those of a misaligned one only elements.
+  SmallVector<Value> fin;
+  Value alignedBoth;
+  if (tile.hoistStaging)
+    alignedBoth = keysAligned && valuesAligned
+                      ? kb.andI(keysAligned, valuesAligned)
+                      : (keysAligned ? keysAligned : valuesAligned);
+  if (alignedBoth) {
+    SmallVector<Type> types(init.size(), b.getF32Type());
+    fin = kb.ifElse(
+        alignedBoth, types,
+        [&] {
+          alignedKnown = true;
+          return keyLoops();
+        },
+        [&] {
+          alignedKnown = false;
+          return keyLoops();
+        });
+  } else {
+    fin = keyLoops();
+  }
   // The quad's partial sums, once (unless added every tile); the state in
   // natural-log terms for the epilogue (softmaxNormalize reads only the sum)
   // and the lse.
-  if (base2 && !sumsPerTile)
-    for (int r = 0; r < 2; ++r) {
-      Value &sum = fin[accCount + 2 * r + 1];
+  // flash-mma-sum-mma: row r's sum is its C elements 2r and 2r + 1 of the
+  // ones block (rows g and g + 8), the whole row's in every lane of the quad.
+  if (sumMma)
+    for (int rr = 0; rr < 2 * T; ++rr)
+      fin[accAll + 2 * rr + 1] =
+          fin[(rr / 2) * accCount + expertBlocks * 4 + 2 * (rr % 2)];
+  else if (base2 && !sumsPerTile)
+    for (int rr = 0; rr < 2 * T; ++rr) {
+      Value &sum = fin[accAll + 2 * rr + 1];
       sum = quadSum(sum);
     }
 
   // Epilogue: normalize; a row without any key gets zeros.
   if (spec.topk) {
-    emitMmaTopkEpilogue(kernel, spec, fin, accCount, rowsOf, bi, N, tig, out,
-                        outIdx);
+    assert(T == 1 && "the fused top-k's epilogue takes one row tile");
+    emitMmaTopkEpilogue(kernel, spec, fin, accCount, expertBlocks, rowsOf, bi,
+                        N, tig, out, outIdx);
     return;
   }
-  for (int r = 0; r < 2; ++r) {
-    SoftmaxState state = {fin[accCount + 2 * r], fin[accCount + 2 * r + 1]};
-    Value row = rowsOf[r];
+  for (int rr = 0; rr < 2 * T; ++rr) {
+    const int64_t t = rr / 2;
+    const int r = rr % 2;
+    SoftmaxState state = {fin[accAll + 2 * rr], fin[accAll + 2 * rr + 1]};
+    Value row = rowsOf[rr];
     kb.ifThen(kb.lt(row, N), [&] {
       for (int64_t eb = 0; eb < expertBlocks; ++eb)
         for (int64_t x = 0; x < 2; ++x) {
           Value col = kb.add(kb.mul(tig, kb.idx(2)), kb.idx(eb * 8 + x));
-          Value v = softmaxNormalize(kb, state, fin[eb * 4 + 2 * r + x]);
+          Value v = softmaxNormalize(
+              kb, state, fin[t * accCount + eb * 4 + 2 * r + x]);
           if ((eb + 1) * 8 <= K) {
             kb.store(v, out, {bi, row, col});
             continue;
@@ -821,6 +1037,6 @@ void mlir::moe::gpu_lowering::launchFlashMixMma(HostCode &h, StringRef name,
                        kernel.b.getI32IntegerAttr(tile.blocksPerSM));
   emitFlashMixMma(kernel, spec, tile, elt);
   GpuKernelBuilder &kb = h.kb;
-  Value grid = kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows));
+  Value grid = kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows * tile.rowTiles));
   kernel.launch({grid, kb.dim(q, 0), kb.idx(1)});
 }

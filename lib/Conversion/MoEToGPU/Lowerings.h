@@ -168,6 +168,18 @@ struct FlashMmaTile {
   /// Off: the kernel of the last GPU run (natural-log softmax, __nv_expf,
   /// the quad's sums every tile, every tile checked).
   bool base2 = false;
+  /// The row sums from the tensor cores (flash-mma-sum-mma, which implies
+  /// base2): P·[e | 1], one more MMA per 16 keys against a constant block of
+  /// ones past the experts' blocks, whose every column is the row's sum of
+  /// the rounded probabilities, in place of an FADD a score and the quad's
+  /// shuffles.
+  bool sumMma = false;
+  /// Row tiles of 16 query rows a warp (flash-mma-block-rows=128: 2, a block
+  /// of 4 warps then owns 128 rows; each key and value fragment loaded by
+  /// ldmatrix feeds both tiles' MMAs) and whether the staging's alignment is
+  /// decided once outside the key loops (its 16-byte trips then unrolled).
+  int64_t rowTiles = 1;
+  bool hoistStaging = false;
 };
 
 /// The largest feature count of the tensor-core kernel (its query fragments
@@ -188,7 +200,8 @@ std::optional<FlashMmaTile>
 flashMmaTile(const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt,
              int64_t depth, int64_t sharedMemoryBytes, bool wideStaging = false,
              bool asyncStaging = false, bool fusedTopk = false,
-             bool posterior = false, bool base2 = false);
+             bool posterior = false, bool base2 = false, bool sumMma = false,
+             int64_t blockRows = 64);
 
 /// launchFlashMix on tensor cores (the same arguments; grid ceil(N / 64) x B,
 /// block 128) with the tiles of flashMmaTile.

@@ -76,6 +76,8 @@ struct ConvertMoEToGPUPass
     options.flashMmaTopk = flashMmaTopk;
     options.flashMmaPosterior = flashMmaPosterior;
     options.flashMmaBase2 = flashMmaBase2;
+    options.flashMmaSumMma = flashMmaSumMma;
+    options.flashMmaBlockRows = flashMmaBlockRows;
     options.routeMap = routeMap;
     return options;
   }
@@ -107,6 +109,12 @@ struct ConvertMoEToGPUPass
       module.emitError("convert-moe-to-gpu: topk-rounds must be butterfly, "
                        "redux or list, got '")
           << topkRounds << "'";
+      return signalPassFailure();
+    }
+    if (flashMmaBlockRows != 64 && flashMmaBlockRows != 128) {
+      module.emitError("convert-moe-to-gpu: flash-mma-block-rows must be 64 "
+                       "or 128, got ")
+          << static_cast<int64_t>(flashMmaBlockRows);
       return signalPassFailure();
     }
     if (routeMap != "warp" && routeMap != "lanes") {

@@ -90,7 +90,8 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
                        cast<MemRefType>(u.getType()).getShape()[2],
                        options.sharedMemoryBytes, options.flashMmaWideStaging,
                        options.flashMmaAsyncStaging, options.flashMmaTopk,
-                       /*posterior=*/false, options.flashMmaBase2);
+                       /*posterior=*/false, options.flashMmaBase2,
+                       options.flashMmaSumMma, options.flashMmaBlockRows);
   if (mma)
     launchFlashMixMma(h,
                       fused      ? "similarity_inform_topk_mma"

@@ -2,11 +2,22 @@
 gpu.func of `moe-opt --convert-moe-to-gpu --mlir-print-op-generic` (arith, math, memref, scf, gpu.shuffle, nvvm
 vote/redux/warp barrier, the 16-byte load's inline assembly, the SFU intrinsics) run one warp at a time in lockstep
 on numpy arrays of 32 lanes. Divergent scf.if runs both branches under lane masks; loops must be warp-uniform
-(the kernels' are: every lane reaches every shuffle). Global memory is numpy arrays (f16/bf16 held as their bits),
-shared memory one array per block. ex2.approx and rcp.approx are modelled as exact f32 2^x and 1/x: the interpreter
-checks the kernel's data movement and selection, not the SFU's ulps.
+(the kernels' are: every lane reaches every shuffle), except loops without carried values, whose lanes may start
+at their own bounds (a block's threads striding over a tile: each lane runs its own trips, masked). Global memory
+is numpy arrays (f16/bf16 held as their bits), shared memory one array per block. ex2.approx and rcp.approx are
+modelled as exact f32 2^x and 1/x: the interpreter checks the kernel's data movement and selection, not the SFU's
+ulps.
 
-Only what the route and top-k kernels use is implemented; an unknown op raises.
+The tensor-core flash kernel (FlashMma.cpp) runs with `lockstep=True`: every thread of a block in one lockstep
+group (so gpu.barrier and cp.async's wait are points every thread has reached with every earlier write done;
+a missing barrier or wait goes unseen: racecheck's on a GPU), shuffles and votes within each 32-lane warp, and
+the warp-level ops per warp: nvgpu.ldmatrix (x1/x2/x4, .trans), nvgpu.mma.sync (f16) and nvvm.mma.sync (bf16)
+m16n8k16 (products exact, sums in float64 rounded to f32: the tensor cores' own summation order is not
+modelled), nvgpu.device_async_copy (zero fill past src-size), vector from_elements/extract/insert/bitcast/
+load/store, arith.truncf to f16/bf16 (round to nearest even). Vectors are arrays (lanes, *shape); f16/bf16
+values are their bits (uint16) throughout.
+
+Only what the route, top-k and flash-mma kernels use is implemented; an unknown op raises.
 """
 import re
 
@@ -134,17 +145,45 @@ def _int_type(t):
             "index": np.int64}.get(t)
 
 
-def _const(op):
+def _vector_shape(t):
+    """(shape, element type) of a `vector<4x2xbf16>` type, or None for a scalar."""
+    m = re.match(r"vector<((?:\d+x)+)(\w+)>$", t)
+    if not m:
+        return None
+    return tuple(int(d) for d in m.group(1).rstrip("x").split("x")), m.group(2)
+
+
+def _f32_to_bits(x, t):
+    """f32 values rounded to nearest even into f16/bf16 bits (uint16); NaN stays NaN."""
+    x = np.asarray(x, dtype=np.float32)
+    if t == "f16":
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16).view(np.uint16)
+    bits = x.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), ((bits >> 16) | 0x40).astype(np.uint16), rounded)
+
+
+def _scalar_const(v, t, n):
+    if v in ("true", "false"):
+        return np.full(n, v == "true")
+    if t in ("f32", "f16", "bf16"):
+        f = np.uint32(int(v, 16)).view(np.float32) if v.startswith("0x") and t == "f32" else np.float32(float(v))
+        return np.full(n, f) if t == "f32" else np.full(n, _f32_to_bits(f, t))
+    return np.full(n, int(v), dtype=_int_type(t))
+
+
+def _const(op, n=LANES):
     t = op.types[0]
     m = re.search(r"value = (.+?) : (\S+)\}>", op.props) or re.search(r"value = (true|false)\}>", op.props)
     v = m.group(1)
-    if v in ("true", "false"):
-        return np.full(LANES, v == "true")
-    if t == "f32":
-        if v.startswith("0x"):
-            return np.full(LANES, np.uint32(int(v, 16))).view(np.float32)
-        return np.full(LANES, np.float32(float(v)))
-    return np.full(LANES, int(v), dtype=_int_type(t))
+    vec = _vector_shape(t)
+    if vec:
+        d = re.match(r"dense<([^>]+)>$", v)
+        assert d and "[" not in d.group(1), f"only splat vector constants: {v}"
+        scalar = _scalar_const(d.group(1), vec[1], n)
+        return np.broadcast_to(scalar.reshape((n,) + (1,) * len(vec[0])), (n,) + vec[0]).copy()
+    return _scalar_const(v, t, n)
 
 
 CMPI = {0: np.equal, 1: np.not_equal, 2: np.less, 3: np.less_equal, 4: np.greater, 5: np.greater_equal}
@@ -195,23 +234,30 @@ class Memory:
         raise IndexError(hex(address))
 
 
-def run_kernel(body, args, block_dim, grid, memory, smem_shape=None):
-    """Runs the kernel `body` (parse()) on `args` (numpy arrays for memrefs; the workgroup buffer is made here)
-    over `grid` blocks of `block_dim` threads, one warp at a time."""
+def run_kernel(body, args, block_dim, grid, memory, smem_shape=None, workgroup=(), lockstep=False):
+    """Runs the kernel `body` (parse()) on `args` (numpy arrays for memrefs; the workgroup buffers are made here,
+    fresh for each block: one f32 array of `smem_shape`, or one zeroed array per (shape, dtype) of `workgroup`)
+    over `grid` blocks (gx, or (gx, gy)) of `block_dim` threads, one warp at a time, or with `lockstep` all the
+    block's threads at once."""
     block_args = body[0][0]
-    for b in range(grid):
-        smem = np.zeros(smem_shape, dtype=np.float32) if smem_shape else None
-        for w in range(block_dim // LANES):
-            env = {}
-            for name, a in zip(block_args, args + ([smem] if smem is not None else [])):
-                env[name] = a
-            Warp(env, memory, b, w).run_block(body[0][1], np.ones(LANES, bool))
+    gx, gy = grid if isinstance(grid, tuple) else (grid, 1)
+    for y in range(gy):
+        for b in range(gx):
+            smem = [np.zeros(smem_shape, dtype=np.float32)] if smem_shape else []
+            smem += [np.zeros(shape, dtype=dt) for shape, dt in workgroup]
+            lanes = block_dim if lockstep else LANES
+            for w in range(block_dim // lanes):
+                env = {}
+                for name, a in zip(block_args, args + smem):
+                    env[name] = a
+                Warp(env, memory, b, w, lanes=lanes, block_y=y).run_block(body[0][1], np.ones(lanes, bool))
 
 
 class Warp:
-    def __init__(self, env, memory, block, warp):
+    def __init__(self, env, memory, block, warp, lanes=LANES, block_y=0):
         self.env, self.mem, self.block, self.warp = env, memory, block, warp
-        self.tid = np.arange(LANES, dtype=np.int64) + warp * LANES
+        self.n, self.block_y = lanes, block_y
+        self.tid = np.arange(lanes, dtype=np.int64) + warp * lanes
         self.arrays = {id(a): (i, a) for i, (_, a, _) in enumerate(memory.buffers)}
 
     def get(self, name):
@@ -240,13 +286,14 @@ class Warp:
         n = op.name
         a = [self.get(x) for x in op.args]
         if n == "arith.constant":
-            return _const(op)
+            return _const(op, self.n)
         if n == "gpu.thread_id":
             return self.tid.copy()
         if n == "gpu.block_id":
-            return np.full(LANES, self.block, dtype=np.int64)
+            y = "dim y" in op.props
+            return np.full(self.n, self.block_y if y else self.block, dtype=np.int64)
         if n == "memref.dim":
-            return np.full(LANES, a[0].shape[int(a[1][0])], dtype=np.int64)
+            return np.full(self.n, a[0].shape[int(a[1][0])], dtype=np.int64)
         if n in ("arith.addi", "arith.subi", "arith.muli"):
             f = {"arith.addi": np.add, "arith.subi": np.subtract, "arith.muli": np.multiply}[n]
             with np.errstate(over="ignore"):
@@ -278,7 +325,8 @@ class Warp:
         if n == "arith.cmpf":
             return _cmpf(int(_prop(op, "predicate").split(":")[0]), a[0], a[1])
         if n == "arith.select":
-            return np.where(a[0], a[1], a[2])
+            c = a[0].reshape(a[0].shape + (1,) * (np.ndim(a[1]) - np.ndim(a[0])))
+            return np.where(c, a[1], a[2])
         if n in ("arith.index_cast", "arith.extsi", "arith.trunci", "arith.extui", "arith.index_castui"):
             t = _int_type(op.types[0])
             if n == "arith.extui":
@@ -315,6 +363,9 @@ class Warp:
         if n == "math.exp":
             with np.errstate(all="ignore"):
                 return np.exp(a[0]).astype(np.float32)
+        if n == "math.log":
+            with np.errstate(all="ignore"):
+                return np.log(a[0]).astype(np.float32)
         if n == "math.fma":
             return (a[0] * a[1] + a[2]).astype(np.float32)
         if n == "llvm.call_intrinsic":
@@ -327,11 +378,11 @@ class Warp:
             raise NotImplementedError(name)
         if n == "memref.extract_aligned_pointer_as_index":
             i, arr = self.arrays[id(a[0])]
-            return np.full(LANES, self.mem.buffers[i][0], dtype=np.int64)
+            return np.full(self.n, self.mem.buffers[i][0], dtype=np.int64)
         if n == "llvm.inline_asm":
             assert "ld.global.nc.v4.b32" in op.props
-            words = np.zeros((4, LANES), dtype=np.int32)
-            for l in range(LANES):
+            words = np.zeros((4, self.n), dtype=np.int32)
+            for l in range(self.n):
                 if mask[l]:
                     words[:, l] = self.mem.load16(int(a[0][l]))
             return [tuple(words)]
@@ -341,21 +392,23 @@ class Warp:
         if n == "memref.load":
             arr = a[0]
             idx = [np.where(mask, i, 0) for i in a[1:]]
-            return arr[tuple(idx)] if arr.ndim else np.full(LANES, arr)
+            return arr[tuple(idx)] if arr.ndim else np.full(self.n, arr)
         if n == "memref.store":
             arr = a[1]
-            for l in range(LANES):
+            for l in range(self.n):
                 if mask[l]:
                     arr[tuple(int(i[l]) for i in a[2:])] = a[0][l]
             return None
         if n == "gpu.shuffle":
             assert "xor" in op.props, op.props
-            src = np.arange(LANES) ^ a[1]
-            return [a[0][src], np.ones(LANES, bool)]
+            src = np.arange(self.n) ^ a[1]
+            return [a[0][src], np.ones(self.n, bool)]
         if n == "nvvm.vote.sync":
             assert "any" in op.props
-            return np.full(LANES, bool(np.any(a[1] & mask)))
+            votes = (a[1] & mask).reshape(-1, LANES).any(axis=1)
+            return np.repeat(votes, LANES)
         if n == "nvvm.redux.sync":
+            assert self.n == LANES, "redux in lockstep blocks"
             kind = "max" if "max" in op.props else "min"
             out = np.empty(LANES, dtype=a[0].dtype)
             for l in range(LANES):
@@ -381,12 +434,23 @@ class Warp:
             if not take.any():
                 return r2
             return [np.where(cond, x, y) for x, y in zip(r1, r2)]
+        if n == "scf.for" and not (np.all(a[0] == a[0][0]) and np.all(a[1] == a[1][0])) and len(a) == 3:
+            # Lanes with their own bounds (a block striding over a tile), no carried values: each lane's
+            # trips, the others masked.
+            assert np.all(a[2] == a[2][0]), "scf.for step must be uniform"
+            i = a[0].copy()
+            while True:
+                live = mask & (i < a[1])
+                if not live.any():
+                    return []
+                self.region(op, 0, live, [i.copy()])
+                i = i + a[2]
         if n == "scf.for":
             lb, ub, st = int(a[0][0]), int(a[1][0]), int(a[2][0])
             assert np.all(a[0] == lb) and np.all(a[1] == ub), "scf.for bounds must be warp-uniform"
             vals = a[3:]
             for i in range(lb, ub, st):
-                vals = self.region(op, 0, mask, [np.full(LANES, i, dtype=np.int64)] + list(vals)) or []
+                vals = self.region(op, 0, mask, [np.full(self.n, i, dtype=np.int64)] + list(vals)) or []
             return list(vals)
         if n == "scf.while":
             vals = a
@@ -403,4 +467,134 @@ class Warp:
             return (a[0], a[1:])
         if n == "gpu.return":
             return []
+        out = self.step_mma(op, n, a, mask)
+        if out is not NotImplemented:
+            return out
         raise NotImplementedError(n)
+
+    # The tensor-core kernel's ops (see the module's docstring).
+    def step_mma(self, op, n, a, mask):
+        if n in ("gpu.barrier", "nvvm.cp.async.commit.group", "nvvm.cp.async.wait.group"):
+            return None
+        if n == "vector.from_elements":
+            shape, _t = _vector_shape(op.types[0])
+            return np.stack(a, axis=1).reshape((self.n,) + shape)
+        if n == "vector.extract":
+            pos = tuple(int(x) for x in re.search(r"static_position = array<i64: ([\d, ]+)>", op.props)
+                        .group(1).split(","))
+            return a[0][(slice(None),) + pos].copy()
+        if n == "vector.insert":
+            pos = tuple(int(x) for x in re.search(r"static_position = array<i64: ([\d, ]+)>", op.props)
+                        .group(1).split(","))
+            out = a[1].copy()
+            out[(slice(None),) + pos] = a[0]
+            return out
+        if n == "vector.bitcast":
+            src = re.search(r"\((vector<[^>]+>)\) -> ", op.props).group(1)
+            (sshape, st), (dshape, dt) = _vector_shape(src), _vector_shape(op.types[0])
+            assert st in ("bf16", "f16") and dt == "i32" and sshape[-1] == 2 * dshape[-1], (src, op.types[0])
+            bits = a[0].astype(np.uint16).reshape(self.n, -1, 2).astype(np.uint32)
+            return (bits[:, :, 0] | bits[:, :, 1] << 16).view(np.int32).reshape((self.n,) + dshape)
+        if n == "arith.truncf":
+            t = op.types[0]
+            vec = _vector_shape(t)
+            et = vec[1] if vec else t
+            assert et in ("bf16", "f16"), t
+            return _f32_to_bits(a[0], et)
+        if n == "vector.load":
+            shape, _t = _vector_shape(op.types[0])
+            arr, idx = a[0], a[1:]
+            width = shape[-1]
+            out = np.zeros((self.n, width), dtype=arr.dtype)
+            for l in range(self.n):
+                if mask[l]:
+                    i = [int(x[l]) for x in idx]
+                    out[l] = arr[tuple(i[:-1])][i[-1]:i[-1] + width]
+            return out
+        if n == "vector.store":
+            val, arr, idx = a[0], a[1], a[2:]
+            for l in range(self.n):
+                if mask[l]:
+                    i = [int(x[l]) for x in idx]
+                    arr[tuple(i[:-1])][i[-1]:i[-1] + val.shape[-1]] = val[l]
+            return None
+        if n == "nvgpu.device_async_copy":
+            seg = [int(x) for x in re.search(r"operandSegmentSizes = array<i32: ([\d, ]+)>", op.props)
+                   .group(1).split(",")]
+            dst, didx = a[0], a[1:1 + seg[1]]
+            src = a[1 + seg[1]]
+            sidx = a[2 + seg[1]:2 + seg[1] + seg[3]]
+            count = a[2 + seg[1] + seg[3]] if seg[4] else None
+            elems = int(re.search(r"dstElements = (\d+)", op.props).group(1))
+            for l in range(self.n):
+                if not mask[l]:
+                    continue
+                di = [int(x[l]) for x in didx]
+                si = [int(x[l]) for x in sidx]
+                k = elems if count is None else int(count[l])
+                row = np.zeros(elems, dtype=dst.dtype)
+                if k:
+                    row[:k] = src[tuple(si[:-1])][si[-1]:si[-1] + k]
+                dst[tuple(di[:-1])][di[-1]:di[-1] + elems] = row
+            return np.zeros(self.n, dtype=np.int64)
+        if n == "nvgpu.ldmatrix":
+            return self._ldmatrix(op, a, mask)
+        if n in ("nvgpu.mma.sync", "nvvm.mma.sync"):
+            return self._mma(op, n, a)
+        return NotImplemented
+
+    def _ldmatrix(self, op, a, mask):
+        tiles = int(re.search(r"numTiles = (\d+)", op.props).group(1))
+        trans = "transpose = true" in op.props
+        smem, rows, cols = a[0], a[1], a[2]
+        out = np.zeros((self.n, tiles, 2), dtype=np.uint16)
+        for w0 in range(0, self.n, LANES):
+            if not mask[w0:w0 + LANES].all():
+                raise AssertionError("ldmatrix with inactive lanes")
+            for i in range(tiles):
+                m = np.stack([smem[int(rows[w0 + 8 * i + r]), int(cols[w0 + 8 * i + r]):
+                                   int(cols[w0 + 8 * i + r]) + 8] for r in range(8)])
+                if trans:
+                    m = m.T
+                for l in range(LANES):
+                    out[w0 + l, i] = m[l // 4, 2 * (l % 4):2 * (l % 4) + 2]
+        return out
+
+    def _mma(self, op, n, a):
+        """m16n8k16 row.col on each warp: A [16 x 16], B [16 x 8] (k x n), C/D [16 x 8] f32."""
+        if n == "nvgpu.mma.sync":
+            t = "f16"
+            af, bf = a[0].reshape(self.n, 8), a[1].reshape(self.n, 4)
+            c = a[2].reshape(self.n, 4)
+        else:
+            t = re.search(r"multiplicandAPtxType = #nvvm.mma_type<(\w+)>", op.props).group(1)
+            assert t in ("bf16", "f16"), t
+
+            def unpack(words):
+                w = np.stack(words, axis=1).astype(np.int32).view(np.uint32)
+                return np.stack([w & 0xFFFF, w >> 16], axis=2).reshape(self.n, -1).astype(np.uint16)
+            af, bf = unpack(a[0:4]), unpack(a[4:6])
+            c = np.stack(a[6:10], axis=1)
+        av, bv = _bits_to_f32(af, t), _bits_to_f32(bf, t)
+        d = np.zeros((self.n, 4), dtype=np.float32)
+        for w0 in range(0, self.n, LANES):
+            A = np.zeros((16, 16))
+            B = np.zeros((16, 8))
+            C = np.zeros((16, 8))
+            for l in range(LANES):
+                g, q = l // 4, l % 4
+                x = av[w0 + l]
+                A[g, 2 * q:2 * q + 2], A[g + 8, 2 * q:2 * q + 2] = x[0:2], x[2:4]
+                A[g, 2 * q + 8:2 * q + 10], A[g + 8, 2 * q + 8:2 * q + 10] = x[4:6], x[6:8]
+                y = bv[w0 + l]
+                B[2 * q:2 * q + 2, g], B[2 * q + 8:2 * q + 10, g] = y[0:2], y[2:4]
+                z = c[w0 + l]
+                C[g, 2 * q:2 * q + 2], C[g + 8, 2 * q:2 * q + 2] = z[0:2], z[2:4]
+            with np.errstate(all="ignore"):
+                D = (A @ B + C).astype(np.float32)
+            for l in range(LANES):
+                g, q = l // 4, l % 4
+                d[w0 + l] = [D[g, 2 * q], D[g, 2 * q + 1], D[g + 8, 2 * q], D[g + 8, 2 * q + 1]]
+        if n == "nvgpu.mma.sync":
+            return d.reshape(self.n, 2, 2)
+        return [tuple(d[:, i] for i in range(4))]

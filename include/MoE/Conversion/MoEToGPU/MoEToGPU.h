@@ -166,6 +166,10 @@ struct MoELowerToNVVMOptions
       *this, "flash-mma-posterior", &ConvertMoEToGPUOptions::flashMmaPosterior};
   ConvertOption<bool> flashMmaBase2{*this, "flash-mma-base2",
                                     &ConvertMoEToGPUOptions::flashMmaBase2};
+  ConvertOption<bool> flashMmaSumMma{*this, "flash-mma-sum-mma",
+                                     &ConvertMoEToGPUOptions::flashMmaSumMma};
+  ConvertOption<int64_t> flashMmaBlockRows{
+      *this, "flash-mma-block-rows", &ConvertMoEToGPUOptions::flashMmaBlockRows};
   ConvertOption<std::string> routeMap{*this, "route-map",
                                       &ConvertMoEToGPUOptions::routeMap};
 };

@@ -1,0 +1,97 @@
+// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-topk=true" -split-input-file -verify-diagnostics | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-base2=true flash-mma-block-rows=128" -split-input-file -verify-diagnostics | FileCheck %s --check-prefix=SYNC
+// RUN: not moe-opt %s --convert-moe-to-gpu="flash-mma-block-rows=96" -split-input-file 2>&1 | FileCheck %s --check-prefix=BAD
+
+// flash-mma-block-rows=128 (issue #47 item 3; off by default, not yet run on
+// a GPU): a block of the tensor-core kernel's 4 warps owns 128 query rows,
+// two 16-row MMA tiles a warp, so each ldmatrix of keys feeds 4 MMAs (2 key
+// blocks x 2 row tiles) and each of values 2 per row tile; the staging's
+// 16-byte alignment is decided once, outside the key loops: the aligned
+// loops' cp.async copies are unrolled (D = 64: 4 of keys and 1 of values a
+// thread and tile, back to back), the misaligned ones keep the element
+// loops. Both tiles' fragments take about 160 registers: 2 blocks a
+// multiprocessor, no cap below ptxas's 255. The SIMT interpreter runs it
+// against the float64 reference (test/GPU/unit/test_flash_mma_simt.py).
+// BAD: flash-mma-block-rows must be 64 or 128, got 96
+// The ptxas sweep (GPU/ptxas-sweep.mlir) assembles these with the first
+// RUN line's options:
+// ptxas-options: flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-topk=true
+
+// CHECK-LABEL: gpu.func @similarity_inform_mma_0
+// CHECK-SAME: workgroup(%[[K:.*]] : memref<128x72xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[V:.*]] : memref<128x24xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
+// CHECK-SAME: nvvm.minctasm = 2
+// The query fragments of both row tiles (4 chunks each).
+// CHECK-COUNT-8: vector.from_elements {{.*}} : vector<4x2xf16>
+// 2 x 12 accumulators (16 experts and the sums' block), then (max, sum) x 4 rows.
+// CHECK: scf.if %{{.+}} -> (f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32) {
+// Aligned: the first tile's copies, then the next tile's in each trip, none in a loop.
+// CHECK-NOT: = %thread_id_x to
+// CHECK-COUNT-4: nvgpu.device_async_copy %{{.+}}[{{.+}}], %[[K]][
+// CHECK: nvgpu.device_async_copy %{{.+}}[{{.+}}], %[[V]][
+// CHECK: nvvm.cp.async.commit.group
+// CHECK: scf.for
+// CHECK: nvvm.cp.async.wait.group 0
+// CHECK-NOT: = %thread_id_x to
+// CHECK-COUNT-4: nvgpu.device_async_copy %{{.+}}[{{.+}}], %[[K]][
+// CHECK: nvgpu.device_async_copy %{{.+}}[{{.+}}], %[[V]][
+// One key fragment, four MMAs: row tile 0's two key blocks, then row tile 1's.
+// CHECK: nvgpu.ldmatrix %[[K]]
+// CHECK: nvgpu.mma.sync(%[[Q0:[0-9]+]],
+// CHECK: nvgpu.mma.sync(%[[Q0]],
+// CHECK: nvgpu.mma.sync(%[[Q1:[0-9]+]],
+// CHECK: nvgpu.mma.sync(%[[Q1]],
+// CHECK-NOT: nvgpu.mma.sync
+// CHECK: nvgpu.ldmatrix %[[K]]
+// Four rows' maxima (2 shuffles each), one vote for the rescale.
+// CHECK-COUNT-8: gpu.shuffle  xor
+// CHECK: nvvm.vote.sync  any
+// One value fragment (16 experts), two MMAs a row tile, then each tile's sums.
+// CHECK: nvgpu.ldmatrix %[[V]]{{.*}}transpose = true
+// CHECK-COUNT-4: nvgpu.mma.sync
+// CHECK: nvgpu.mma.sync(%{{.+}}, %[[ONES:cst[_0-9]*]],
+// CHECK: nvgpu.mma.sync(%{{.+}}, %[[ONES]],
+// CHECK-NOT: nvgpu.mma.sync
+// CHECK: nvgpu.ldmatrix %[[V]]
+// The misaligned branch: the element loops.
+// CHECK: } else {
+// CHECK: scf.for %{{.+}} = %thread_id_x to %c4096 step %c128
+// CHECK-LABEL: func.func @rows128_f16(
+// CHECK: arith.ceildivui %{{.+}}, %c128
+// SYNC-LABEL: gpu.func @similarity_inform_mma_0
+// SYNC-SAME: nvvm.minctasm = 2
+// No 16-byte staging, nothing to decide: the element loops, one key loop pair.
+// SYNC-NOT: scf.if %{{.+}} -> (f32
+// SYNC: scf.for %{{.+}} = %thread_id_x to %c4096 step %c128
+// SYNC-LABEL: func.func @rows128_f16(
+// SYNC: arith.ceildivui %{{.+}}, %c128
+func.func @rows128_f16(%u: tensor<1x16384x64xf16>, %e: tensor<1x16384x16xf16>) -> tensor<1x16384x16xf32> {
+  %p = moe.similarity_inform %u, %e : tensor<1x16384x64xf16>, tensor<1x16384x16xf16> -> tensor<1x16384x16xf32>
+  return %p : tensor<1x16384x16xf32>
+}
+
+// -----
+
+// D = 256: both tiles' fragments would pass 200 registers: one row tile, 64
+// rows a block, the staging as before. Dynamic sizes: with static ones (B =
+// 2, N = 256 as B = 4, N = 4096) ptxas spills the base-2 kernels at D = 256
+// (flash-mma-base2 alone too; docs/GPU.md), which the ptxas sweep rejects.
+// CHECK-LABEL: gpu.func @similarity_inform_mma_0
+// CHECK-NOT: nvvm.minctasm = 4
+// CHECK-LABEL: func.func @d256_one_row_tile(
+// CHECK: arith.ceildivui %{{.+}}, %c64
+func.func @d256_one_row_tile(%u: tensor<?x?x256xbf16>, %e: tensor<?x?x64xbf16>) -> tensor<?x?x64xf32> {
+  %p = moe.similarity_inform %u, %e causal(true) : tensor<?x?x256xbf16>, tensor<?x?x64xbf16> -> tensor<?x?x64xf32>
+  return %p : tensor<?x?x64xf32>
+}
+
+// -----
+
+// The fused top-k's epilogue (flash-mma-topk) takes one row tile: 64 rows a
+// block.
+// CHECK-LABEL: gpu.func @similarity_inform_topk_mma_0
+// CHECK-LABEL: func.func @topk_one_row_tile(
+// CHECK: arith.ceildivui %{{.+}}, %c64
+func.func @topk_one_row_tile(%u: tensor<2x128x64xf16>, %e: tensor<2x128x16xf16>) -> (tensor<2x128x2xf32>, tensor<2x128x2xi32>) {
+  %w, %i = moe.similarity_inform_topk %u, %e k(2) : tensor<2x128x64xf16>, tensor<2x128x16xf16> -> tensor<2x128x2xf32>, tensor<2x128x2xi32>
+  return %w, %i : tensor<2x128x2xf32>, tensor<2x128x2xi32>
+}

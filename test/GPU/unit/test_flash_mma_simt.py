@@ -1,0 +1,210 @@
+"""The tensor-core flash mixing kernel (FlashMma.cpp) as moe-opt emits it, run without a GPU: each case is lowered
+with `moe-opt --convert-moe-to-gpu="OPTIONS" --mlir-print-op-generic` and its gpu.func executed by simt.py, a
+block's 128 threads in lockstep (ldmatrix, mma.sync m16n8k16 on bf16/f16 bits, cp.async, the 16-byte staging,
+the quads' shuffles, the warp votes), then compared with the GPU harness's float64 reference
+(run_gpu_tests.ref_similarity) within the harness's MMA_TOL (the probabilities enter P.e rounded to the operand
+type). Every variant of the kernel behind an option that changes its softmax or staging runs every case: the
+default, flash-mma-base2, flash-mma-sum-mma (the row sums from the MMA against a block of ones, the rescale only
+when a row max of the warp changed), and flash-mma-sum-mma with the 16-byte and cp.async staging. Cases: ragged N
+(a partial last key tile and rows past N), causal with a diagonal tile, key masks with a fully masked element and
+a whole masked tile, f16 with D and K not multiples of 16 and 8, a key tile whose max grows after the first, and u
+one element into its buffer (2 bytes: the element-staging fallback). ex2.approx runs as exact f32 and the MMA sums
+in float64: the SFU's ulps and the tensor cores' summation order are the GPU run's to check, as are races (the
+block runs in lockstep: a missing barrier goes unseen here, racecheck sees it). Needs moe-opt ($MOE_OPT, else
+build/bin/moe-opt): skipped without it.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, ".."))
+import simt  # noqa: E402
+
+torch = pytest.importorskip("torch")
+MOE_OPT = os.environ.get("MOE_OPT") or os.path.join(HERE, "..", "..", "..", "build", "bin", "moe-opt")
+if not os.path.exists(MOE_OPT):
+    pytest.skip(f"no moe-opt at {MOE_OPT}", allow_module_level=True)
+import run_gpu_tests as R  # noqa: E402
+
+BLOCK = 128
+WORKGROUP = re.compile(r"memref<(\d+)x(\d+)x(bf16|f16), #gpu.address_space<workgroup>>")
+
+ASYNC = "flash-mma-wide-staging=true flash-mma-async-staging=true"
+VARIANTS = {
+    "default": "",
+    "base2": "flash-mma-base2=true",
+    "sum_mma": "flash-mma-sum-mma=true",
+    "sum_mma_async": "flash-mma-sum-mma=true " + ASYNC,
+    "rows128": "flash-mma-sum-mma=true flash-mma-block-rows=128",
+    "rows128_async": "flash-mma-sum-mma=true flash-mma-block-rows=128 " + ASYNC,
+    "rows128_base2_wide": "flash-mma-base2=true flash-mma-block-rows=128 flash-mma-wide-staging=true",
+}
+
+
+def lower(B, N, D, K, t, tau, causal, masked, options):
+    mask = f" key_mask(%m : tensor<{B}x{N}xi1>)" if masked else ""
+    marg = f", %m: tensor<{B}x{N}xi1>" if masked else ""
+    attrs = f" tau({tau:e})" + (" causal(true)" if causal else "")
+    text = (f"func.func @f(%u: tensor<{B}x{N}x{D}x{t}>, %e: tensor<{B}x{N}x{K}x{t}>{marg}) -> "
+            f"tensor<{B}x{N}x{K}xf32> {{\n"
+            f"  %p = moe.similarity_inform %u, %e{mask}{attrs} : tensor<{B}x{N}x{D}x{t}>, "
+            f"tensor<{B}x{N}x{K}x{t}> -> tensor<{B}x{N}x{K}xf32>\n  return %p : tensor<{B}x{N}x{K}xf32>\n}}\n")
+    out = subprocess.run([MOE_OPT, "-", f"--convert-moe-to-gpu={options}", "--mlir-print-op-generic"],
+                         input=text, capture_output=True, text=True, check=True).stdout
+    assert '"similarity_inform_mma_0"' in out, "not the tensor-core kernel"
+    return out
+
+
+def bits(x, t):
+    x = np.asarray(x, np.float32)
+    if t == "f16":
+        return x.astype(np.float16).view(np.uint16)
+    return simt._f32_to_bits(x, "bf16")
+
+
+def values(b, t):
+    return simt._bits_to_f32(b, t).astype(np.float64)
+
+
+def block_rows(text):
+    """The query rows a block of the kernel owns: the divisor of the host's grid (ceil(N / rows))."""
+    divisor = re.search(r'"arith.ceildivui"\(%\w+, (%\w+)\)', text).group(1)
+    return int(re.search(rf'{divisor} = "arith.constant"\(\) <{{value = (\d+) : index}}>', text).group(1))
+
+
+def run(text, u, e, mask, K, misalign):
+    body = simt.parse(text, "similarity_inform_mma_0")
+    B, N, _ = u.shape
+    out = np.full((B, N, K), np.nan, np.float32)   # rows the kernel does not write stay NaN and fail
+    mem = simt.Memory()
+    args = [u, u, e] + ([mask] if mask is not None else []) + [out]
+    for a in args:
+        mem.add(a, None, misalign_bytes=2 if (misalign and a is u) else 0)
+    # The kernel's two workgroup buffers (keys, values), as its signature gives them.
+    func = next(line for line in text.splitlines() if "^bb0(" in line and "workgroup" in line)
+    wg = [((int(r), int(c)), np.uint16) for r, c, _t in WORKGROUP.findall(func)]
+    assert len(wg) == 2, func
+    simt.run_kernel(body, args, BLOCK, (-(-N // block_rows(text)), B), mem, workgroup=wg, lockstep=True)
+    return out
+
+
+def case(name, rng):
+    """(B, N, D, K, type, tau, causal, u, e, mask) of a named case, u and e as bits of their type."""
+    if name == "ragged_bf16":
+        B, N, D, K, t, tau, causal = 2, 150, 64, 16, "bf16", 1.0, False
+    elif name == "causal_bf16":
+        B, N, D, K, t, tau, causal = 2, 100, 64, 16, "bf16", 0.5, True
+    elif name == "mask_f16":
+        B, N, D, K, t, tau, causal = 2, 70, 40, 12, "f16", 1.0, False
+    elif name == "mask_tile_bf16":
+        B, N, D, K, t, tau, causal = 2, 150, 64, 16, "bf16", 1.0, False
+    elif name == "growing_max_bf16":
+        B, N, D, K, t, tau, causal = 1, 140, 32, 8, "bf16", 0.25, False
+    else:
+        raise KeyError(name)
+    u = rng.standard_normal((B, N, D)).astype(np.float32) * 0.3
+    if name == "growing_max_bf16":
+        # Keys whose norms grow with j: most rows' max grows in every key tile (the rescale runs), while rows
+        # with a negative dot to the growing direction keep theirs (a tile where some warps skip it).
+        u[:, :, 0] = np.linspace(-2.0, 3.0, N)[None, :]
+    e = rng.random((B, N, K)).astype(np.float32)
+    e /= e.sum(-1, keepdims=True)
+    mask = None
+    if name == "mask_f16":
+        mask = rng.random((B, N)) > 0.3
+        mask[1] = False                                   # every key masked: p = 0
+    if name == "mask_tile_bf16":
+        mask = rng.random((B, N)) > 0.3
+        mask[1, :64] = False                              # a whole key tile masked in one element
+    return B, N, D, K, t, tau, causal, bits(u, t), bits(e, t), mask
+
+
+CASES = ["ragged_bf16", "causal_bf16", "mask_f16", "mask_tile_bf16", "growing_max_bf16"]
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("name", CASES)
+def test_flash_mma_kernel(variant, name):
+    rng = np.random.default_rng(CASES.index(name) + 47)
+    B, N, D, K, t, tau, causal, u, e, mask = case(name, rng)
+    text = lower(B, N, D, K, t, tau, causal, mask is not None, VARIANTS[variant])
+    got = run(text, u, e, mask, K, misalign=False)
+    ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau, causal=causal,
+                           key_mask=torch.from_numpy(mask) if mask is not None else None).numpy()
+    np.testing.assert_allclose(got, ref, **R.MMA_TOL)
+    if mask is not None and name == "mask_f16":
+        assert np.all(got[1] == 0.0), "a fully masked element's rows must be zeros"
+
+
+@pytest.mark.parametrize("variant", ["sum_mma", "sum_mma_async", "rows128_async", "rows128_base2_wide"])
+def test_flash_mma_misaligned_keys(variant):
+    """u one bf16 element into its buffer: the keys take the element staging (the 16-byte and cp.async paths
+    need a 16-byte aligned base), the values the wide path."""
+    rng = np.random.default_rng(7)
+    B, N, D, K, t, tau, causal, u, e, mask = case("causal_bf16", rng)
+    text = lower(B, N, D, K, t, tau, causal, False, VARIANTS[variant])
+    got = run(text, u, e, None, K, misalign=True)
+    ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau,
+                           causal=causal).numpy()
+    np.testing.assert_allclose(got, ref, **R.MMA_TOL)
+
+
+def test_sum_mma_rescale_is_skipped_exactly():
+    """The sums from the MMA and the skipped rescale change only the sum's rounding, not the weights: with e one
+    expert a key (a one-hot e), every output is a ratio of sums of the same rounded probabilities, so sum-mma's
+    rows add to 1 within f32 rounding, where the FADD sums of base2 (unrounded p) leave the bf16 rounding of P
+    in them."""
+    rng = np.random.default_rng(11)
+    B, N, D, K, t, tau = 1, 130, 32, 8, "bf16", 0.5
+    u = bits(rng.standard_normal((B, N, D)).astype(np.float32) * 0.5, t)
+    onehot = np.zeros((B, N, K), np.float32)
+    onehot[0, np.arange(N), rng.integers(0, K, N)] = 1.0
+    e = bits(onehot, t)
+    sums = {}
+    for variant in ("base2", "sum_mma"):
+        got = run(lower(B, N, D, K, t, tau, False, False, VARIANTS[variant]), u, e, None, K, misalign=False)
+        sums[variant] = got.sum(-1)
+    np.testing.assert_allclose(sums["sum_mma"], 1.0, rtol=0, atol=1e-5)
+    assert np.abs(sums["base2"] - 1.0).max() > 1e-5, "base2's sums should show P's rounding"
+
+
+@pytest.mark.parametrize("variant", ["base2", "sum_mma", "rows128_async"])
+def test_flash_mma_training_forward_lse(variant):
+    """similarity_inform_fwd: the mixed probabilities and each row's log-sum-exp (natural units: m2 ln 2 + ln l,
+    which the backward recomputes p from), causal with a key mask, against float64 (the lse within 1e-2
+    absolute: the weights are exact f32 here, the logits' products of bf16 operands are exact; what is left
+    is P's rounding in the sum of sum-mma)."""
+    rng = np.random.default_rng(5)
+    B, N, D, K, t, tau = 2, 150, 64, 16, "bf16", 0.5
+    u = bits(rng.standard_normal((B, N, D)).astype(np.float32) * 0.3, t)
+    e = rng.random((B, N, K)).astype(np.float32)
+    e = bits(e / e.sum(-1, keepdims=True), t)
+    mask = rng.random((B, N)) > 0.3
+    mask[:, 0] = True                      # every causal row sees a key
+    text = (f"func.func @f(%u: tensor<{B}x{N}x{D}x{t}>, %e: tensor<{B}x{N}x{K}x{t}>, %m: tensor<{B}x{N}xi1>) -> "
+            f"(tensor<{B}x{N}x{K}xf32>, tensor<{B}x{N}xf32>) {{\n"
+            f"  %p, %lse = moe.similarity_inform_fwd %u, %e key_mask(%m : tensor<{B}x{N}xi1>) tau({tau:e}) "
+            f"causal(true) : tensor<{B}x{N}x{D}x{t}>, tensor<{B}x{N}x{K}x{t}> -> tensor<{B}x{N}x{K}xf32>, "
+            f"tensor<{B}x{N}xf32>\n  return %p, %lse : tensor<{B}x{N}x{K}xf32>, tensor<{B}x{N}xf32>\n}}\n")
+    text = subprocess.run([MOE_OPT, "-", f"--convert-moe-to-gpu={VARIANTS[variant]}", "--mlir-print-op-generic"],
+                          input=text, capture_output=True, text=True, check=True).stdout
+    body = simt.parse(text, "similarity_inform_fwd_mma_0")
+    p = np.full((B, N, K), np.nan, np.float32)
+    lse = np.full((B, N), np.nan, np.float32)
+    mem = simt.Memory()
+    args = [u, u, e, mask, p, lse]
+    for a in args:
+        mem.add(a, None)
+    func = next(line for line in text.splitlines() if "^bb0(" in line and "workgroup" in line)
+    wg = [((int(r), int(c)), np.uint16) for r, c, _t in WORKGROUP.findall(func)]
+    simt.run_kernel(body, args, BLOCK, (-(-N // block_rows(text)), B), mem, workgroup=wg, lockstep=True)
+    uu, ee, mm = (torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), torch.from_numpy(mask))
+    np.testing.assert_allclose(p, R.ref_similarity(uu, ee, tau=tau, causal=True, key_mask=mm).numpy(), **R.MMA_TOL)
+    ref_lse = torch.logsumexp(R.similarity_logits(uu, tau, True, None, mm), -1).numpy()
+    np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-2)
