@@ -40,8 +40,6 @@ ROUTING_OPS = ("route", "topk_renorm")
 NOT_RAISED: dict[str, str] = {
     "axk2": "its DeepSeek-style group mask fills the excluded groups with 0.0, not -inf (an excluded expert can "
             "outrank a kept one whose biased score is negative); moe.route excludes them",
-    "deepseek_v4": "DeepseekV4TopKRouter scores with ACT2FN[config.scoring_func] (sqrtsoftplus) and "
-                   "DeepseekV4HashRouter takes the experts from a token-id table: moe.route has neither scoring",
     "inkling_text": "the shared experts' logits are concatenated to the selected ones and the weights are a "
                     "log-sigmoid softmax over both: no weight transform of moe.route",
     "nllb_moe": "NllbMoeTop2Router: top-2 with expert capacity (token priority by cumulative counts) and the second "

@@ -20,7 +20,8 @@ idiom (FX, after export)                                 becomes
 ``softmax(U·Uᵀ/τ, -1) · E`` (``matmul``/``bmm``)           ``moe.similarity_inform(U, E, tau=τ)``
 ``s = sigmoid(x)``; ``topk(mask(s + b), k)`` ->           ``moe.route(x, b, k, sigmoid, n_group, topk_group,
 ``gather(s)`` [``/ (sum + eps)``] [``* f``]               group_score, renormalize, f)`` (DeepSeek-V3/R1, Kimi-K2,
-(``mask``: HF's group mask, optional; softmax too)       GLM-4.5, DeepSeek-V2 in HF's form)
+(``mask``: HF's group mask, optional; softmax too;        GLM-4.5, DeepSeek-V2 in HF's form; DeepSeek-V4's
+an elementwise ``s = f(x)``: a custom score region)       sqrtsoftplus as ``scoring="custom:<region>"``)
 ``sigmoid(full(-inf).scatter(topk(x, k)))``               ``zeros.scatter(moe.route(x, k, sigmoid,
 (Llama-4's dense gate)                                    topk_then_score))``
 transformers' ``load_balancing_loss_func`` (both forms,   ``moe.load_balancing_loss(cat(logits), k, mask)``
@@ -339,17 +340,74 @@ def _val(n: fx.Node) -> Optional[torch.Tensor]:
 
 
 def _scoring_of(s: fx.Node) -> Optional[tuple[str, fx.Node]]:
-    """("sigmoid" | "softmax", logits [T, E] f32) when ``s`` scores logits in f32."""
+    """("sigmoid" | "softmax" | "custom:<region>", logits [T, E] f32) when ``s`` scores logits in f32."""
     if _is_call(s, (aten.sigmoid.default,)):
         x = s.args[0]
     elif _softmax_dim(s) is not None and _last_dim(s, _softmax_dim(s)):
         x = s.args[0]
     else:
-        return None
+        return _custom_scoring_of(s)
     xv = _val(x)
     if xv is None or xv.dim() != 2 or xv.dtype != torch.float32:
         return None
     return ("sigmoid" if s.target == aten.sigmoid.default else "softmax"), x
+
+
+def _score_chain(s: fx.Node) -> Optional[tuple[fx.Node, list[fx.Node]]]:
+    """(x, the nodes from x to ``s`` in graph order) when ``s`` is an elementwise function of the one tensor ``x``
+    through ATen ops a score region can hold (ops.score_region.SCORE_ATEN_OPS; other arguments are numbers)."""
+    from ..ops.score_region import SCORE_ATEN_OPS
+
+    chain: dict[fx.Node, None] = {}
+    leaves: set[fx.Node] = set()
+    work = [s]
+    while work:
+        n = work.pop()
+        if n in chain:
+            continue
+        if n.op != "call_function" or getattr(n.target, "overloadpacket", None) not in SCORE_ATEN_OPS:
+            leaves.add(n)
+            continue
+        chain[n] = None
+        if len(chain) > 64:
+            return None
+        for a in list(n.args) + list(n.kwargs.values()):
+            if isinstance(a, fx.Node):
+                work.append(a)
+            elif isinstance(a, (list, tuple)) or not (a is None or isinstance(a, (bool, int, float, torch.dtype))):
+                return None
+    if len(leaves) != 1 or not chain:
+        return None
+    position = {n: i for i, n in enumerate(s.graph.nodes)}
+    return next(iter(leaves)), sorted(chain, key=position.__getitem__)
+
+
+def _custom_scoring_of(s: fx.Node) -> Optional[tuple[str, fx.Node]]:
+    """("custom:<region>", logits) when ``s`` is an elementwise score of f32 logits (DeepSeek-V4's
+    ``sqrt(softplus(x))``): the chain replayed on a 0-d tensor and traced by ops.custom_scoring."""
+    from ..ops.score_region import custom_scoring
+
+    found = _score_chain(s)
+    if found is None:
+        return None
+    x, chain = found
+    xv, sv = _val(x), _val(s)
+    if xv is None or sv is None or xv.dim() != 2 or xv.dtype != torch.float32 or sv.shape != xv.shape \
+            or sv.dtype != torch.float32:
+        return None
+
+    def replay(t: torch.Tensor) -> torch.Tensor:
+        env: dict[fx.Node, Any] = {x: t}
+        for n in chain:
+            args = fx.node.map_arg(n.args, env.__getitem__)
+            kwargs = fx.node.map_arg(n.kwargs, env.__getitem__)
+            env[n] = n.target(*args, **kwargs)
+        return env[s]
+
+    try:
+        return custom_scoring(replay), x
+    except ValueError:
+        return None
 
 
 def _ancestors_until(n: fx.Node, stop: fx.Node, limit: int = 64) -> Optional[list[fx.Node]]:
@@ -544,6 +602,7 @@ def _raise_scored_topk(graph: fx.Graph, tk: fx.Node) -> bool:
     if scored is None:
         return False
     scoring, logits = scored
+    score_chain = _score_chain(s)[1] if scoring.startswith("custom:") else []
     num_experts = int(_val(logits).shape[1])
     c, mask = c2, None
     if _is_call(c2, _MASKED_FILL):
@@ -571,7 +630,7 @@ def _raise_scored_topk(graph: fx.Graph, tk: fx.Node) -> bool:
     if anchor is None:
         return False
     out, renorm, scale, chain = _weights_chain(gather)
-    dead = chain + [gather, idxs, tk, c2, c, s]
+    dead = chain + [gather, idxs, tk, c2, c, s] + score_chain
     if mask is not None:
         dead += _ancestors_until(mask, c) or []
     _emit_route(graph, anchor, (logits, bias, k, scoring, "score_then_topk", n_group, topk_group, group_score,
