@@ -328,3 +328,38 @@ def test_region_text_errors_name_the_rule(body, message):
 def test_region_text_with_a_key_separator_is_refused():
     with pytest.raises(ValueError, match=re.escape("the 'score' region text must not contain '|'")):
         torch.ops.moe.route(torch.randn(4, 8), None, 2, "custom:^bb0(%x: f32): moe.yield %x : f32 |")
+
+
+@needs_kernels
+def test_transformers_deepseek_v4_router():
+    """HF's DeepseekV4TopKRouter (scores ACT2FN["sqrtsoftplus"], a selection bias, weights over sum + 1e-20, scaled)
+    against one torch.ops.moe.route whose score is that very ACT2FN module traced by custom_scoring: the same experts,
+    weights within f32 rounding, and the same gradient to the router's weight through the logits (HF: autograd;
+    ours: moe.route_grad). HF's top-k is unsorted: both sides are compared sorted by expert."""
+    hf = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
+    from transformers.activations import ACT2FN
+    from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config
+
+    cfg = DeepseekV4Config(hidden_size=64, num_local_experts=32, num_experts_per_tok=4, routed_scaling_factor=1.5)
+    router = hf.DeepseekV4TopKRouter(cfg)
+    g = torch.Generator().manual_seed(21)
+    with torch.no_grad():
+        router.weight.copy_(0.2 * torch.randn(32, 64, generator=g))
+        router.e_score_correction_bias.copy_(0.1 * torch.randn(32, generator=g))
+    h = torch.randn(2, 37, 64, generator=g)
+    c = torch.randn(74, 4, generator=g)
+
+    logits, w_hf, i_hf = router(h)
+    (gw_hf,) = torch.autograd.grad((w_hf * c.gather(1, torch.argsort(torch.argsort(i_hf, 1), 1))).sum(),
+                                   router.weight)
+    scoring = ops.custom_scoring(ACT2FN[cfg.scoring_func])
+    ours_logits = F.linear(h.reshape(-1, 64), router.weight)
+    w, i = torch.ops.moe.route(ours_logits, router.e_score_correction_bias, 4, scoring, "score_then_topk", 1, 1,
+                               "top2_sum", True, cfg.routed_scaling_factor)
+    (gw,) = torch.autograd.grad((w * c.gather(1, torch.argsort(torch.argsort(i.long(), 1), 1))).sum(),
+                                router.weight)
+
+    o_hf, o = torch.argsort(i_hf, 1), torch.argsort(i.long(), 1)
+    assert torch.equal(i.long().gather(1, o), i_hf.gather(1, o_hf))
+    torch.testing.assert_close(w.gather(1, o), w_hf.gather(1, o_hf), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(gw, gw_hf, atol=1e-5, rtol=1e-4)

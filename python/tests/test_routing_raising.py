@@ -234,6 +234,54 @@ def test_longcat_flash_router_gradient_through_a_no_grad_choice():
     torch.testing.assert_close(router.classifier.weight.grad, ref.classifier.weight.grad, atol=1e-5, rtol=1e-4)
 
 
+def _deepseek_v4_router(seed: int):
+    """transformers' DeepseekV4TopKRouter: ACT2FN["sqrtsoftplus"] scores, a selection bias, weights over
+    sum + 1e-20, scaled; a score the dialect has no preset for."""
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as v4
+    from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config
+
+    cfg = DeepseekV4Config(hidden_size=H, num_local_experts=24, num_experts_per_tok=4, routed_scaling_factor=1.5)
+    router = _init(v4.DeepseekV4TopKRouter(cfg), seed=seed)
+    with torch.no_grad():
+        router.e_score_correction_bias.copy_(0.1 * torch.randn(24, generator=torch.Generator().manual_seed(seed)))
+    return router
+
+
+def test_deepseek_v4_router_is_raised_to_route_with_a_custom_score():
+    """The elementwise score between the logits and the top-k (softplus, then sqrt) becomes the route's score
+    region (ops.custom_scoring of the replayed chain): one moe.route, no softplus, sqrt, top-k or gather left."""
+    log, outs = _run(_deepseek_v4_router(seed=5), lambda t: torch.randn(t, H))
+    assert log and all(g.fallback is None for g in log)
+    assert all(g.moe_ops() == ["route"] for g in log), [g.graph_module.code for g in log]
+    routes = [n for g in log for n in g.graph_module.graph.nodes if n.target == torch.ops.moe.route.default]
+    assert all(n.args[3].startswith("custom:") and "math.log1p" in n.args[3] and "math.sqrt" in n.args[3]
+               for n in routes)
+    left = {str(n.target) for g in log for n in g.graph_module.graph.nodes if n.op == "call_function"}
+    assert not {t for t in left if any(w in t for w in ("topk", "softplus", "sqrt", "gather"))}, left
+    for (logits, w, i), (logits_e, w_e, i_e) in outs:
+        torch.testing.assert_close(logits, logits_e)
+        assert i.dtype == i_e.dtype == torch.int64 and w.dtype == w_e.dtype
+        same_expert_sets(w, i, w_e, i_e)
+
+
+def test_deepseek_v4_router_training_gradient():
+    """The raised route's backward (moe.route_grad, the region's symbolic derivative) gives the router weight
+    eager's gradient."""
+    router, ref = _deepseek_v4_router(seed=6).train(), _deepseek_v4_router(seed=6).train()
+    torch._dynamo.reset()
+    c = torch.compile(router, backend="moe", options={"dense": "eager"})
+    x = torch.randn(9, H)
+    cot = torch.randn(9, 4)
+    with capture_graphs() as log:
+        _, w, i = c(x)
+    _, w_e, i_e = ref(x)
+    o, o_e = i.argsort(-1), i_e.argsort(-1)
+    (w.gather(-1, o) * cot).sum().backward()
+    (w_e.gather(-1, o_e) * cot).sum().backward()
+    assert any("route" in g.moe_ops() for g in log)
+    torch.testing.assert_close(router.weight.grad, ref.weight.grad, atol=1e-5, rtol=1e-4)
+
+
 # Scores the dialect has no preset for: the elementwise chain from the logits to the scores becomes moe.route's
 # score region (frontend/raising.py's _custom_score, ops/score_region.py's writer).
 
@@ -247,40 +295,6 @@ def _deepseek_v4_config(**kw):
 
     return DeepseekV4Config(hidden_size=H, num_local_experts=16, num_experts_per_tok=4, scoring_func="sqrtsoftplus",
                             routed_scaling_factor=2.5, vocab_size=64, **kw)
-
-
-def test_deepseek_v4_router_is_raised_with_its_score_as_a_region():
-    """DeepSeek-V4's TopK router: ``ACT2FN[scoring_func]`` (sqrt(softplus(x))), a selection bias, ``topk(sorted=
-    False)``, weights over ``sum + 1e-20``, scaling: one ``moe.route`` whose score is the region of sqrt(softplus),
-    equal to eager as sets."""
-    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as v4
-
-    router = _init(v4.DeepseekV4TopKRouter(_deepseek_v4_config()), seed=12)
-    log, outs = _run(router, lambda t: torch.randn(t, H))
-    _check_route_sets(log, outs)
-    scorings = _route_scorings(log)
-    assert scorings and all(s.startswith("custom:") and "math.sqrt" in s and "math.log1p" in s for s in scorings), \
-        scorings
-
-
-def test_deepseek_v4_router_training_gradient():
-    """The raised route's backward (moe.route_grad, which differentiates the region) gives the router weight eager's
-    gradient through sqrt(softplus)."""
-    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as v4
-
-    cfg = _deepseek_v4_config()
-    router = _init(v4.DeepseekV4TopKRouter(cfg), seed=13).train()
-    ref = _init(v4.DeepseekV4TopKRouter(cfg), seed=13).train()
-    torch._dynamo.reset()
-    x = torch.randn(11, H)
-    with capture_graphs() as log:
-        _, w, i = torch.compile(router, backend="moe", options={"dense": "eager"})(x)
-    _, w_e, i_e = ref(x)
-    assert any("route" in g.moe_ops() for g in log)
-    cot = torch.randn(16)
-    (w * cot[i]).sum().backward()
-    (w_e * cot[i_e]).sum().backward()
-    torch.testing.assert_close(router.weight.grad, ref.weight.grad, atol=1e-5, rtol=1e-4)
 
 
 class _NewScoreRouter(torch.nn.Module):

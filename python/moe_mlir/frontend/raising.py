@@ -20,9 +20,8 @@ idiom (FX, after export)                                 becomes
 ``softmax(U·Uᵀ/τ, -1) · E`` (``matmul``/``bmm``)           ``moe.similarity_inform(U, E, tau=τ)``
 ``s = sigmoid(x)``; ``topk(mask(s + b), k)`` ->           ``moe.route(x, b, k, sigmoid, n_group, topk_group,
 ``gather(s)`` [``/ (sum + eps)``] [``* f``]               group_score, renormalize, f)`` (DeepSeek-V3/R1, Kimi-K2,
-(``mask``: HF's group mask, optional; softmax too)       GLM-4.5, DeepSeek-V2 in HF's form)
-``s = f(x)``, ``f`` any chain of elementwise ops of the   the same ``moe.route`` with ``scoring="custom:<region>"``:
-logits and scalars (DeepSeek-V4's sqrt(softplus(x)))     ``f`` as the op's score region (ops/score_region.py)
+(``mask``: HF's group mask, optional; softmax too;        GLM-4.5, DeepSeek-V2 in HF's form; DeepSeek-V4's
+an elementwise ``s = f(x)``: a custom score region)       sqrtsoftplus as ``scoring="custom:<region>"``)
 ``sigmoid(full(-inf).scatter(topk(x, k)))``               ``zeros.scatter(moe.route(x, k, sigmoid,
 (Llama-4's dense gate)                                    topk_then_score))``
 transformers' ``load_balancing_loss_func`` (both forms,   ``moe.load_balancing_loss(cat(logits), k, mask)``
@@ -341,81 +340,73 @@ def _val(n: fx.Node) -> Optional[torch.Tensor]:
 
 
 def _scoring_of(s: fx.Node) -> Optional[tuple[str, fx.Node]]:
-    """("sigmoid" | "softmax", logits [T, E] f32) when ``s`` scores logits in f32."""
+    """("sigmoid" | "softmax" | "custom:<region>", logits [T, E] f32) when ``s`` scores logits in f32."""
     if _is_call(s, (aten.sigmoid.default,)):
         x = s.args[0]
     elif _softmax_dim(s) is not None and _last_dim(s, _softmax_dim(s)):
         x = s.args[0]
     else:
-        return None
+        return _custom_scoring_of(s)
     xv = _val(x)
     if xv is None or xv.dim() != 2 or xv.dtype != torch.float32:
         return None
     return ("sigmoid" if s.target == aten.sigmoid.default else "softmax"), x
 
 
-#: The score ops a custom ``moe.route`` score may be made of (ops/score_region.py writes each as arith/math ops;
-#: the boolean compares feed a ``where``).
-_SCORE_OPS = {
-    aten.exp, aten.exp2, aten.log, aten.log1p, aten.sqrt, aten.rsqrt, aten.tanh, aten.abs, aten.erf, aten.neg,
-    aten.add, aten.sub, aten.mul, aten.div, aten.maximum, aten.minimum, aten.pow, aten.rsub, aten.reciprocal,
-    aten.sigmoid, aten.silu, aten.softplus, aten.relu, aten.clamp, aten.clamp_min, aten.clamp_max, aten.where,
-    aten.square, aten.gt, aten.ge, aten.lt, aten.le, aten.eq, aten.ne, aten.alias, aten.clone, aten._to_copy,
-}
+def _score_chain(s: fx.Node) -> Optional[tuple[fx.Node, list[fx.Node]]]:
+    """(x, the nodes from x to ``s`` in graph order) when ``s`` is an elementwise function of the one tensor ``x``
+    through ATen ops a score region can hold (ops.score_region.SCORE_ATEN_OPS; other arguments are numbers)."""
+    from ..ops.score_region import SCORE_ATEN_OPS
 
-
-def _custom_score(s: fx.Node, limit: int = 32) -> Optional[tuple[str, fx.Node, list[fx.Node]]]:
-    """("custom:<region>", logits, the chain's nodes) when ``s`` is an elementwise function of one 2-D float
-    tensor, the logits (the nearest node that is not a score op or changes the shape): any chain of score ops
-    (DeepSeek-V4's ``ACT2FN[config.scoring_func]``, e.g. sqrt(softplus(x)); a function the dialect has never
-    seen), computed in f32, with Python scalars as its only other operands. The region is the chain replayed
-    on a 0-d tensor and written by ``ops.score_region`` (which refuses an op it has no region op for)."""
-    sv = _val(s)
-    if sv is None or sv.dim() != 2:
-        return None
     chain: dict[fx.Node, None] = {}
     leaves: set[fx.Node] = set()
     work = [s]
     while work:
         n = work.pop()
-        if n in chain or n in leaves:
+        if n in chain:
             continue
-        v = _val(n)
-        shaped = v is not None and tuple(v.shape) == tuple(sv.shape)
-        if n is not s and not (shaped and n.op == "call_function"
-                               and getattr(n.target, "overloadpacket", None) in _SCORE_OPS):
+        if n.op != "call_function" or getattr(n.target, "overloadpacket", None) not in SCORE_ATEN_OPS:
             leaves.add(n)
             continue
-        if n.op != "call_function" or getattr(n.target, "overloadpacket", None) not in _SCORE_OPS \
-                or not shaped or v.dtype not in (torch.float32, torch.bool) or len(chain) >= limit:
-            return None
         chain[n] = None
-        operands = []
-        fx.node.map_arg((n.args, n.kwargs), operands.append)
-        work.extend(operands)
-    if len(leaves) != 1:
-        return None
-    (x,) = leaves
-    xv = _val(x)
-    if xv is None or xv.dim() != 2 or xv.dtype not in _FLOATS or tuple(xv.shape) != tuple(sv.shape):
+        if len(chain) > 64:
+            return None
+        for a in list(n.args) + list(n.kwargs.values()):
+            if isinstance(a, fx.Node):
+                work.append(a)
+            elif isinstance(a, (list, tuple)) or not (a is None or isinstance(a, (bool, int, float, torch.dtype))):
+                return None
+    if len(leaves) != 1 or not chain:
         return None
     position = {n: i for i, n in enumerate(s.graph.nodes)}
-    order = sorted(chain, key=position.__getitem__)
+    return next(iter(leaves)), sorted(chain, key=position.__getitem__)
 
-    def score(t: torch.Tensor) -> torch.Tensor:
+
+def _custom_scoring_of(s: fx.Node) -> Optional[tuple[str, fx.Node]]:
+    """("custom:<region>", logits) when ``s`` is an elementwise score of f32 logits (DeepSeek-V4's
+    ``sqrt(softplus(x))``): the chain replayed on a 0-d tensor and traced by ops.custom_scoring."""
+    from ..ops.score_region import custom_scoring
+
+    found = _score_chain(s)
+    if found is None:
+        return None
+    x, chain = found
+    xv, sv = _val(x), _val(s)
+    if xv is None or sv is None or xv.dim() != 2 or xv.dtype != torch.float32 or sv.shape != xv.shape \
+            or sv.dtype != torch.float32:
+        return None
+
+    def replay(t: torch.Tensor) -> torch.Tensor:
         env: dict[fx.Node, Any] = {x: t}
-        for n in order:
-            args, kwargs = fx.node.map_arg((n.args, n.kwargs), env.__getitem__)
-            if n.target == aten._to_copy.default:  # a cast of the logits to f32: the region's input is f32
-                kwargs = {k: v for k, v in kwargs.items() if k == "dtype"}
+        for n in chain:
+            args = fx.node.map_arg(n.args, env.__getitem__)
+            kwargs = fx.node.map_arg(n.kwargs, env.__getitem__)
             env[n] = n.target(*args, **kwargs)
         return env[s]
 
-    from ..ops.score_region import custom_scoring
-
     try:
-        return custom_scoring(score), x, order
-    except (ValueError, RuntimeError, TypeError):
+        return custom_scoring(replay), x
+    except ValueError:
         return None
 
 
@@ -607,13 +598,11 @@ def _raise_scored_topk(graph: fx.Graph, tk: fx.Node) -> bool:
         return False
     c2, k, idxs, gather = found
     s = gather.args[0]
-    scored, score_chain = _scoring_of(s), []
+    scored = _scoring_of(s)
     if scored is None:
-        custom = _custom_score(s)
-        if custom is None:
-            return False
-        scored, score_chain = custom[:2], custom[2]
+        return False
     scoring, logits = scored
+    score_chain = _score_chain(s)[1] if scoring.startswith("custom:") else []
     num_experts = int(_val(logits).shape[1])
     c, mask = c2, None
     if _is_call(c2, _MASKED_FILL):

@@ -27,7 +27,7 @@ from torch import Tensor
 from ..reference.routing import CUSTOM_PREFIX
 from ..reference.score_region import parse_score_region
 
-__all__ = ["score_region", "custom_scoring"]
+__all__ = ["score_region", "custom_scoring", "SCORE_ATEN_OPS"]
 
 aten = torch.ops.aten
 
@@ -94,6 +94,14 @@ _UNARY = {aten.exp: "math.exp", aten.exp2: "math.exp2", aten.log: "math.log", at
 _BINARY = {aten.add: "arith.addf", aten.sub: "arith.subf", aten.mul: "arith.mulf", aten.div: "arith.divf",
            aten.maximum: "arith.maximumf", aten.minimum: "arith.minimumf", aten.pow: "math.powf"}
 _IDENTITY = {aten.alias, aten.clone, aten.detach, aten._to_copy, aten.view, aten.reshape, aten.lift_fresh_copy}
+
+
+#: The ATen ops (overload packets) custom_scoring writes as region ops: what frontend/raising.py may fold into a
+#: custom score when it raises a router whose score is an elementwise function of its logits.
+SCORE_ATEN_OPS: frozenset = frozenset(
+    set(_CMP) | set(_UNARY) | set(_BINARY) | _IDENTITY
+    | {aten.rsub, aten.reciprocal, aten.sigmoid, aten.silu, aten.softplus, aten.relu, aten.clamp, aten.clamp_min,
+       aten.clamp_max, aten.where, aten.square})
 
 
 def _packet(target):
