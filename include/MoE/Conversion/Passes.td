@@ -163,6 +163,11 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "cp.async copies unrolled, issued back to back). 128 applies where the base-2 softmax runs "
            "(flash-mma-base2 or flash-mma-sum-mma) to similarity_inform and its training forward (not the fused "
            "top-k or attention_posterior) and both tiles' fragments fit (D = 64; not D = 256)">,
+    Option<"flashMmaKeySplits", "flash-mma-key-splits", "int64_t", /*default=*/"1",
+           "with flash-mma-block-rows=128 (where it applies): at most this many blocks (1-16) share a row "
+           "block's keys when the grid has fewer than 264 blocks (twice an H100's 132 multiprocessors; the "
+           "splits chosen at run time from B and N): each writes its rows' unnormalized sums, max and sum to a "
+           "workspace and a second kernel combines them in split order. 1 (the default): no split">,
     Option<"routeMap", "route-map", "std::string", /*default=*/"\"warp\"",
            "how route's kernel maps a token onto lanes: `warp` (one warp a token, the experts strided over its "
            "lanes, butterflies of 64-bit candidates; E <= 1024; the default) or `lanes`: "

@@ -176,6 +176,13 @@ func.func @similarity_inform_bf16_rows128(%u: tensor<1x16384x64xbf16>, %e: tenso
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
+// The same with its keys split (flash-mma-key-splits=4: 128 blocks of 128 rows at B = 1, N = 16384, under
+// 264, take 3 splits), and the combine kernel of the splits' partial rows.
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-key-splits=4,flash-mma-wide-staging=true,flash-mma-async-staging=true
+func.func @similarity_inform_bf16_rows128_split(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
+  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
+  return %p : tensor<1x16384x16xf32>
+}
 // sass-budget: kernel=similarity_inform_mma scores-per-tile=32
 func.func @similarity_inform_bf16_causal_d256(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>

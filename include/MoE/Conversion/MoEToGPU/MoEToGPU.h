@@ -170,6 +170,8 @@ struct MoELowerToNVVMOptions
                                      &ConvertMoEToGPUOptions::flashMmaSumMma};
   ConvertOption<int64_t> flashMmaBlockRows{
       *this, "flash-mma-block-rows", &ConvertMoEToGPUOptions::flashMmaBlockRows};
+  ConvertOption<int64_t> flashMmaKeySplits{
+      *this, "flash-mma-key-splits", &ConvertMoEToGPUOptions::flashMmaKeySplits};
   ConvertOption<std::string> routeMap{*this, "route-map",
                                       &ConvertMoEToGPUOptions::routeMap};
 };
