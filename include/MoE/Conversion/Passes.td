@@ -149,7 +149,7 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "FFMA a score and ex2.approx.ftz instead of a division by tau and __nv_expf, the row max in log2 "
            "units (the lse written in natural units), the quad's row sums added once after the key loop (every "
            "tile where the fragments held through the loop pass 160 registers), whole key tiles run without "
-           "bounds or causal selects before the checked last/diagonal ones (up to 128 experts), P rounded two "
+           "bounds or causal selects before the checked last/diagonal ones (up to 128 features and experts), P rounded two "
            "scores at a time. Off by default">,
     Option<"flashMmaSumMma", "flash-mma-sum-mma", "bool", /*default=*/"false",
            "the tensor-core kernel's row sums on the tensor cores: P is multiplied by [e | 1] (one more MMA "

@@ -698,12 +698,14 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // diagonal) are the checked ones. Both loops run the same staging
   // pipeline, indexed by j0.
   // Not past 128 experts (D = K = 256, 32-key tiles): there the second
-  // copy of the body made ptxas spill (sm_90, 12-28 bytes); every tile is
-  // the checked one.
+  // copy of the body made ptxas spill (sm_90, 12-28 bytes); nor past 128
+  // features: at D = 256, K = 64 with static sizes (the causal B = 4,
+  // N = 4096) it spilled 120 bytes on sm_90 (144 with the row sums from the
+  // MMA), none unpeeled. There every tile is the checked one.
   Value fullEnd = c0;
   if (base2) {
     Value keyLimit = spec.causal ? kb.minu(Nk, kb.add(rowBase, c1)) : Nk;
-    if (tile.experts <= 128)
+    if (tile.experts <= 128 && tile.depth <= 128)
       fullEnd = kb.mul(kb.divu(keyLimit, kb.idx(cols)), kb.idx(cols));
   }
   auto keyTile = [&](bool checked) {

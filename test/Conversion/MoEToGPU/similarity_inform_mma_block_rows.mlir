@@ -114,16 +114,15 @@ func.func @rows128_f16(%u: tensor<1x16384x64xf16>, %e: tensor<1x16384x16xf16>) -
 // -----
 
 // D = 256: both tiles' fragments would pass 200 registers: one row tile, 64
-// rows a block, the staging as before. Dynamic sizes: with static ones (B =
-// 2, N = 256 as B = 4, N = 4096) ptxas spills the base-2 kernels at D = 256
-// (flash-mma-base2 alone too; docs/GPU.md), which the ptxas sweep rejects.
+// rows a block, the staging as before; the whole tiles not peeled past 128
+// features (the peeled copy spilled at static sizes like these).
 // CHECK-LABEL: gpu.func @similarity_inform_mma_0
 // CHECK-NOT: nvvm.minctasm = 4
 // CHECK-LABEL: func.func @d256_one_row_tile(
 // CHECK: arith.ceildivui %{{.+}}, %c64
-func.func @d256_one_row_tile(%u: tensor<?x?x256xbf16>, %e: tensor<?x?x64xbf16>) -> tensor<?x?x64xf32> {
-  %p = moe.similarity_inform %u, %e causal(true) : tensor<?x?x256xbf16>, tensor<?x?x64xbf16> -> tensor<?x?x64xf32>
-  return %p : tensor<?x?x64xf32>
+func.func @d256_one_row_tile(%u: tensor<2x256x256xbf16>, %e: tensor<2x256x64xbf16>) -> tensor<2x256x64xf32> {
+  %p = moe.similarity_inform %u, %e causal(true) : tensor<2x256x256xbf16>, tensor<2x256x64xbf16> -> tensor<2x256x64xf32>
+  return %p : tensor<2x256x64xf32>
 }
 
 // -----

@@ -273,3 +273,19 @@ def test_flash_mma_key_splits(name, causal, masked, with_lse, splits):
         np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-2)
     if masked and not causal:
         assert np.all(p[1] == 0.0), "a fully masked element's rows must be zeros"
+
+
+@pytest.mark.parametrize("variant", ["default", "base2", "sum_mma", "rows128_async"])
+def test_flash_mma_d256_causal(variant):
+    """The issue's second shape in small: causal, D = 256, K = 64 (one row tile in every variant; base 2's whole
+    tiles not peeled past 128 features: every tile the checked one), N = 100 over two key tiles."""
+    rng = np.random.default_rng(3)
+    B, N, D, K, t, tau = 1, 100, 256, 64, "bf16", 2.0
+    u = bits(rng.standard_normal((B, N, D)).astype(np.float32) * 0.2, t)
+    e = rng.random((B, N, K)).astype(np.float32)
+    e = bits(e / e.sum(-1, keepdims=True), t)
+    text = lower(B, N, D, K, t, tau, True, False, VARIANTS[variant])
+    got = run(text, u, e, None, K, misalign=False)
+    ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau,
+                           causal=True).numpy()
+    np.testing.assert_allclose(got, ref, **R.MMA_TOL)
