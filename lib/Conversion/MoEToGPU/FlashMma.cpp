@@ -104,8 +104,8 @@ static constexpr int64_t kPad = 8;
 std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
     const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt, int64_t depth,
     int64_t sharedMemoryBytes, bool wideStaging, bool asyncStaging,
-    bool fusedTopk, bool posterior, bool base2, bool sumMma,
-    int64_t blockRows, int64_t keySplits) {
+    bool fusedTopk, bool posterior, bool base2, bool sumMma, int64_t blockRows,
+    int64_t keySplits) {
   if ((spec.topk && !fusedTopk) ||
       ((spec.hasBias || spec.hasAddScores) && !posterior))
     return std::nullopt;
@@ -126,8 +126,7 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
   // attention_posterior past D = 128, whose per-element bias and score
   // loads beside them spilled with the cp.async staging (D = 256, K = 16:
   // 88-104 bytes). Those keep base 2's sums.
-  tile.sumMma = sumMma &&
-                4 * (tile.depth / 16 + tile.experts / 8 + 1) <= 160 &&
+  tile.sumMma = sumMma && 4 * (tile.depth / 16 + tile.experts / 8 + 1) <= 160 &&
                 !(spec.hasAddScores && tile.depth > 128);
   // attention_posterior past D = 128 stays single-buffered: with the second
   // buffer's copies in flight beside the per-element bias and score loads
@@ -470,7 +469,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       for (int64_t half = 0; half < 2; ++half)
         for (Value row : ArrayRef<Value>(rowsOf).slice(2 * t, 2))
           for (int64_t x = 0; x < 2; ++x) {
-            Value d = kb.add(kb.mul(tig, kb.idx(2)), kb.idx(16 * c + 8 * half + x));
+            Value d =
+                kb.add(kb.mul(tig, kb.idx(2)), kb.idx(16 * c + 8 * half + x));
             elems.push_back(loadOrZero(q, bi, row, N, d, D));
           }
       qFrag.push_back(m.fragment(elems));
@@ -539,8 +539,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
             b, nvgpu::DeviceAsyncTokenType::get(b.getContext()), dst,
             ValueRange{dstRow(jj), cc}, src,
             ValueRange{bi, kb.select(ok, j, c0), kb.select(ok, cc, c0)},
-            b.getIndexAttr(8), kb.select(ok, kb.idx(8), c0),
-            b.getUnitAttr());
+            b.getIndexAttr(8), kb.select(ok, kb.idx(8), c0), b.getUnitAttr());
         return;
       }
       Value v = vector::LoadOp::create(
@@ -788,8 +787,11 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
               if (!base2) {
                 logits.push_back(flashLogit(
                     kb, spec, s[t * keyBlocks + nb][2 * r + x],
-                    [&] { return kb.load(logit.bias, {bi, keyIndex(j)}); },
-                    addScore, [&] {
+                    [&] {
+                      return kb.load(logit.bias, {bi, keyIndex(j)});
+                    },
+                    addScore,
+                    [&] {
                       Value inRange = kb.lt(j, Nk);
                       return flashKeyKept(
                           kb, spec, inRange,
@@ -851,7 +853,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
           Exp2Tile st = exp2SoftmaxStep(
               kb, carried[accAll + 2 * rr], carried[accAll + 2 * rr + 1],
               logits, rawDots ? scale2 : Value(),
-              [&](Value v) { return subgroupReduce(kb, v, ReduceKind::Max, 4); },
+              [&](Value v) {
+                return subgroupReduce(kb, v, ReduceKind::Max, 4);
+              },
               sumsPerTile && !sumMma ? function_ref<Value(Value)>(quadSum)
                                      : function_ref<Value(Value)>(),
               /*sums=*/!sumMma);
@@ -984,10 +988,10 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
           kb.forLoop(tileLo, fullTiles, c1, init, byTile(false));
       return kb.forLoop(fullTiles, tileHi, c1, full, byTile(true));
     }
-    SmallVector<Value> full =
-        base2 ? kb.forLoop(c0, fullEnd, kb.idx(cols), init,
-                           keyTile(/*checked=*/false))
-              : init;
+    SmallVector<Value> full = base2
+                                  ? kb.forLoop(c0, fullEnd, kb.idx(cols), init,
+                                               keyTile(/*checked=*/false))
+                                  : init;
     return kb.forLoop(fullEnd, keyEnd, kb.idx(cols), full,
                       keyTile(/*checked=*/true));
   };
@@ -1048,8 +1052,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
               kb.store(v, partials, {split, bi, row, col});
               continue;
             }
-            kb.ifThen(kb.lt(col, kb.idx(K)),
-                      [&] { kb.store(v, partials, {split, bi, row, col}); });
+            kb.ifThen(kb.lt(col, kb.idx(K)), [&] {
+              kb.store(v, partials, {split, bi, row, col});
+            });
           }
         kb.ifThen(kb.eq(tig, c0), [&] {
           kb.store(fin[accAll + 2 * rr], partials, {split, bi, row, kb.idx(K)});
@@ -1077,8 +1082,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       for (int64_t eb = 0; eb < expertBlocks; ++eb)
         for (int64_t x = 0; x < 2; ++x) {
           Value col = kb.add(kb.mul(tig, kb.idx(2)), kb.idx(eb * 8 + x));
-          Value v = softmaxNormalize(
-              kb, state, fin[t * accCount + eb * 4 + 2 * r + x]);
+          Value v = softmaxNormalize(kb, state,
+                                     fin[t * accCount + eb * 4 + 2 * r + x]);
           if ((eb + 1) * 8 <= K) {
             kb.store(v, out, {bi, row, col});
             continue;
@@ -1143,8 +1148,8 @@ static void launchSplitFlashMixMma(HostCode &h, StringRef name,
   combineArgs.push_back(args[args.size() - (spec.withLse ? 2 : 1)]);
   if (spec.withLse)
     combineArgs.push_back(args.back());
-  GPUKernel comb(h, (name + "_combine").str(), combineArgs, {}, {kThreads, 1, 1},
-                 loc);
+  GPUKernel comb(h, (name + "_combine").str(), combineArgs, {},
+                 {kThreads, 1, 1}, loc);
   GpuKernelBuilder &ck = comb.kb;
   Value part = comb.arg(0), out = comb.arg(1);
   Value lse = spec.withLse ? comb.arg(2) : Value();

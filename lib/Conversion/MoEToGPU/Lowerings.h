@@ -164,9 +164,9 @@ struct FlashMmaTile {
   /// one FFMA a score and ex2.approx.ftz, the row max in log2 units, the
   /// quad's row sums added after the key loop (every tile where the held
   /// fragments pass 160 registers), whole tiles peeled from the checked
-  /// last/diagonal ones (up to 128 features and experts), P rounded two scores at a time.
-  /// Off: the kernel of the last GPU run (natural-log softmax, __nv_expf,
-  /// the quad's sums every tile, every tile checked).
+  /// last/diagonal ones (up to 128 features and experts), P rounded two scores
+  /// at a time. Off: the kernel of the last GPU run (natural-log softmax,
+  /// __nv_expf, the quad's sums every tile, every tile checked).
   bool base2 = false;
   /// The row sums from the tensor cores (flash-mma-sum-mma, which implies
   /// base2): P·[e | 1], one more MMA per 16 keys against a constant block of
