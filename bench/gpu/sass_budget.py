@@ -199,7 +199,10 @@ def kernel_figures(insts, labels, note):
     if hot:
         fig["hot_loop_span"] = [hot[0], hot[1]]
     if note and "scores-per-tile" in note:
-        fig.update(flash_figures(body, spans, note))
+        # The flash kernel (tensor cores); a function's other kernels (a
+        # key split's combine kernel) get the per-kernel figures only.
+        if any(is_class(op, "HMMA") for _a, _p, op, _o in body):
+            fig.update(flash_figures(body, spans, note))
         return fig
     if note:
         epl = note["elements-per-lane"]

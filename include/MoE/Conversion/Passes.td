@@ -149,7 +149,7 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "FFMA a score and ex2.approx.ftz instead of a division by tau and __nv_expf, the row max in log2 "
            "units (the lse written in natural units), the quad's row sums added once after the key loop (every "
            "tile where the fragments held through the loop pass 160 registers), whole key tiles run without "
-           "bounds or causal selects before the checked last/diagonal ones (up to 128 experts), P rounded two "
+           "bounds or causal selects before the checked last/diagonal ones (up to 128 features and experts), P rounded two "
            "scores at a time. Off by default">,
     Option<"flashMmaSumMma", "flash-mma-sum-mma", "bool", /*default=*/"false",
            "the tensor-core kernel's row sums on the tensor cores: P is multiplied by [e | 1] (one more MMA "
@@ -163,6 +163,11 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "cp.async copies unrolled, issued back to back). 128 applies where the base-2 softmax runs "
            "(flash-mma-base2 or flash-mma-sum-mma) to similarity_inform and its training forward (not the fused "
            "top-k or attention_posterior) and both tiles' fragments fit (D = 64; not D = 256)">,
+    Option<"flashMmaKeySplits", "flash-mma-key-splits", "int64_t", /*default=*/"1",
+           "with flash-mma-block-rows=128 (where it applies): at most this many blocks (1-16) share a row "
+           "block's keys when the grid has fewer than 264 blocks (twice an H100's 132 multiprocessors; the "
+           "splits chosen at run time from B and N): each writes its rows' unnormalized sums, max and sum to a "
+           "workspace and a second kernel combines them in split order. 1 (the default): no split">,
     Option<"routeMap", "route-map", "std::string", /*default=*/"\"warp\"",
            "how route's kernel maps a token onto lanes: `warp` (one warp a token, the experts strided over its "
            "lanes, butterflies of 64-bit candidates; E <= 1024; the default) or `lanes`: "

@@ -66,7 +66,11 @@
 // key loops, so the aligned loops stage with straight-line 16-byte loads or
 // cp.async copies (D = 64: 4 + 1 a thread and tile) and no loop or branch.
 // Where both tiles' fragments pass about 200 registers (D = 256) the kernel
-// keeps one row tile.
+// keeps one row tile. With flash-mma-key-splits=S as well, a grid of fewer
+// than 264 blocks (B = 1, N = 16384: 128) has its row blocks' key tiles
+// split over up to S blocks along z (FlashAttention's split-KV / flash
+// decoding): each writes partial rows, a second kernel combines them
+// (launchSplitFlashMixMma).
 //
 //===----------------------------------------------------------------------===//
 
@@ -100,8 +104,8 @@ static constexpr int64_t kPad = 8;
 std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
     const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt, int64_t depth,
     int64_t sharedMemoryBytes, bool wideStaging, bool asyncStaging,
-    bool fusedTopk, bool posterior, bool base2, bool sumMma,
-    int64_t blockRows) {
+    bool fusedTopk, bool posterior, bool base2, bool sumMma, int64_t blockRows,
+    int64_t keySplits) {
   if ((spec.topk && !fusedTopk) ||
       ((spec.hasBias || spec.hasAddScores) && !posterior))
     return std::nullopt;
@@ -122,8 +126,7 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
   // attention_posterior past D = 128, whose per-element bias and score
   // loads beside them spilled with the cp.async staging (D = 256, K = 16:
   // 88-104 bytes). Those keep base 2's sums.
-  tile.sumMma = sumMma &&
-                4 * (tile.depth / 16 + tile.experts / 8 + 1) <= 160 &&
+  tile.sumMma = sumMma && 4 * (tile.depth / 16 + tile.experts / 8 + 1) <= 160 &&
                 !(spec.hasAddScores && tile.depth > 128);
   // attention_posterior past D = 128 stays single-buffered: with the second
   // buffer's copies in flight beside the per-element bias and score loads
@@ -156,6 +159,7 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       tile.cols = cols;
       tile.rowTiles = 2;
       tile.hoistStaging = true;
+      tile.keySplits = std::max<int64_t>(keySplits, 1);
       // No register cap: 2 blocks a multiprocessor leave ptxas its 255
       // (what it needs decides the occupancy; a cap of 128 would spill).
       tile.blocksPerSM = 2;
@@ -425,6 +429,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   Value out = kernel.arg(a++);
   Value outIdx = spec.topk ? kernel.arg(a++) : Value();
   Value lseOut = spec.withLse ? kernel.arg(a++) : Value();
+  // flash-mma-key-splits: the split's partial rows [S, B, N, K + 2] (the
+  // unnormalized accumulators, the max in log2 units, the sum).
+  Value partials = tile.keySplits > 1 ? kernel.arg(a++) : Value();
   Value ks = kernel.workgroup(0), vs = kernel.workgroup(1);
 
   Value c0 = kb.idx(0), c1 = kb.idx(1);
@@ -462,7 +469,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       for (int64_t half = 0; half < 2; ++half)
         for (Value row : ArrayRef<Value>(rowsOf).slice(2 * t, 2))
           for (int64_t x = 0; x < 2; ++x) {
-            Value d = kb.add(kb.mul(tig, kb.idx(2)), kb.idx(16 * c + 8 * half + x));
+            Value d =
+                kb.add(kb.mul(tig, kb.idx(2)), kb.idx(16 * c + 8 * half + x));
             elems.push_back(loadOrZero(q, bi, row, N, d, D));
           }
       qFrag.push_back(m.fragment(elems));
@@ -531,8 +539,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
             b, nvgpu::DeviceAsyncTokenType::get(b.getContext()), dst,
             ValueRange{dstRow(jj), cc}, src,
             ValueRange{bi, kb.select(ok, j, c0), kb.select(ok, cc, c0)},
-            b.getIndexAttr(8), kb.select(ok, kb.idx(8), c0),
-            b.getUnitAttr());
+            b.getIndexAttr(8), kb.select(ok, kb.idx(8), c0), b.getUnitAttr());
         return;
       }
       Value v = vector::LoadOp::create(
@@ -573,6 +580,19 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   Value keyEnd = Nk;
   if (spec.causal)
     keyEnd = kb.minu(Nk, kb.add(rowBase, kb.idx(blockRows)));
+  // The block's keys [keyLo, keyHi): all of them, or with key splits (the
+  // grid's z) split z's share of the block's key tiles.
+  // In tiles: [tileLo, tileHi) of the block's ceil(keyEnd / cols), an empty
+  // range for a split past them (keyLo = keyHi rounded to whole tiles).
+  Value keyLo = c0, keyHi = keyEnd, tileLo, tileHi;
+  if (partials) {
+    Value tiles = kb.ceilDiv(keyEnd, kb.idx(cols));
+    Value share = kb.ceilDiv(tiles, kb.gridDim(gpu::Dimension::z));
+    tileLo = kb.minu(kb.mul(kb.blockId(gpu::Dimension::z), share), tiles);
+    tileHi = kb.minu(kb.add(tileLo, share), tiles);
+    keyLo = kb.mul(tileLo, kb.idx(cols));
+    keyHi = kb.minu(kb.mul(tileHi, kb.idx(cols)), keyEnd);
+  }
 
   // attention_posterior's added scores add[b, head[b], row, j], read as rows
   // of add viewed [B·H·N, Nk]: the head read once and each of the thread's
@@ -620,7 +640,15 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // computes on its own.
   const bool doubleBuffered = tile.buffers == 2;
   auto stageFirstTile = [&] {
-    kb.ifThen(kb.lt(c0, keyEnd), [&] { stageKeysAndValues(c0, c0); });
+    if (partials) {
+      // Into the buffer of the first tile's parity (keyLo / cols).
+      Value bufRow = kb.mul(kb.remu(kb.divu(keyLo, kb.idx(cols)), kb.idx(2)),
+                            kb.idx(cols));
+      kb.ifThen(kb.lt(keyLo, keyHi),
+                [&] { stageKeysAndValues(keyLo, bufRow); });
+    } else {
+      kb.ifThen(kb.lt(c0, keyEnd), [&] { stageKeysAndValues(c0, c0); });
+    }
     NVVM::CpAsyncCommitGroupOp::create(b);
   };
   if (doubleBuffered && !tile.hoistStaging)
@@ -669,12 +697,14 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // diagonal) are the checked ones. Both loops run the same staging
   // pipeline, indexed by j0.
   // Not past 128 experts (D = K = 256, 32-key tiles): there the second
-  // copy of the body made ptxas spill (sm_90, 12-28 bytes); every tile is
-  // the checked one.
+  // copy of the body made ptxas spill (sm_90, 12-28 bytes); nor past 128
+  // features: at D = 256, K = 64 with static sizes (the causal B = 4,
+  // N = 4096) it spilled 120 bytes on sm_90 (144 with the row sums from the
+  // MMA), none unpeeled. There every tile is the checked one.
   Value fullEnd = c0;
   if (base2) {
     Value keyLimit = spec.causal ? kb.minu(Nk, kb.add(rowBase, c1)) : Nk;
-    if (tile.experts <= 128)
+    if (tile.experts <= 128 && tile.depth <= 128)
       fullEnd = kb.mul(kb.divu(keyLimit, kb.idx(cols)), kb.idx(cols));
   }
   auto keyTile = [&](bool checked) {
@@ -687,7 +717,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
           Value tileIndex = kb.divu(j0, kb.idx(cols));
           bufRow = kb.mul(kb.remu(tileIndex, kb.idx(2)), kb.idx(cols));
           Value next = kb.add(j0, kb.idx(cols));
-          kb.ifThen(kb.lt(next, keyEnd), [&] {
+          kb.ifThen(kb.lt(next, keyHi), [&] {
             stageKeysAndValues(next, kb.sub(kb.idx(cols), bufRow));
           });
           NVVM::CpAsyncCommitGroupOp::create(b);
@@ -757,8 +787,11 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
               if (!base2) {
                 logits.push_back(flashLogit(
                     kb, spec, s[t * keyBlocks + nb][2 * r + x],
-                    [&] { return kb.load(logit.bias, {bi, keyIndex(j)}); },
-                    addScore, [&] {
+                    [&] {
+                      return kb.load(logit.bias, {bi, keyIndex(j)});
+                    },
+                    addScore,
+                    [&] {
                       Value inRange = kb.lt(j, Nk);
                       return flashKeyKept(
                           kb, spec, inRange,
@@ -820,7 +853,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
           Exp2Tile st = exp2SoftmaxStep(
               kb, carried[accAll + 2 * rr], carried[accAll + 2 * rr + 1],
               logits, rawDots ? scale2 : Value(),
-              [&](Value v) { return subgroupReduce(kb, v, ReduceKind::Max, 4); },
+              [&](Value v) {
+                return subgroupReduce(kb, v, ReduceKind::Max, 4);
+              },
               sumsPerTile && !sumMma ? function_ref<Value(Value)>(quadSum)
                                      : function_ref<Value(Value)>(),
               /*sums=*/!sumMma);
@@ -936,10 +971,27 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   auto keyLoops = [&]() -> SmallVector<Value> {
     if (doubleBuffered && tile.hoistStaging)
       stageFirstTile();
-    SmallVector<Value> full =
-        base2 ? kb.forLoop(c0, fullEnd, kb.idx(cols), init,
-                           keyTile(/*checked=*/false))
-              : init;
+    if (partials) {
+      // This split's whole tiles, then its checked ones, looping over tile
+      // indices (j0 = tile x cols: a multiple of cols that the compiler
+      // sees, as it sees a loop from 0 in steps of cols).
+      Value fullHi = kb.maxs(keyLo, kb.minu(fullEnd, keyHi));
+      Value c = kb.idx(cols);
+      auto byTile = [&](bool checked) {
+        auto body = keyTile(checked);
+        return [&, body](Value tileIdx, ValueRange carried) {
+          return body(kb.mul(tileIdx, c), carried);
+        };
+      };
+      Value fullTiles = kb.divu(fullHi, c);
+      SmallVector<Value> full =
+          kb.forLoop(tileLo, fullTiles, c1, init, byTile(false));
+      return kb.forLoop(fullTiles, tileHi, c1, full, byTile(true));
+    }
+    SmallVector<Value> full = base2
+                                  ? kb.forLoop(c0, fullEnd, kb.idx(cols), init,
+                                               keyTile(/*checked=*/false))
+                                  : init;
     return kb.forLoop(fullEnd, keyEnd, kb.idx(cols), full,
                       keyTile(/*checked=*/true));
   };
@@ -983,6 +1035,37 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       sum = quadSum(sum);
     }
 
+  // Key splits: the partial rows, unnormalized (launchFlashMixMma's combine
+  // kernel normalizes them).
+  if (partials) {
+    for (int rr = 0; rr < 2 * T; ++rr) {
+      const int64_t t = rr / 2;
+      const int r = rr % 2;
+      Value row = rowsOf[rr];
+      Value split = kb.blockId(gpu::Dimension::z);
+      kb.ifThen(kb.lt(row, N), [&] {
+        for (int64_t eb = 0; eb < expertBlocks; ++eb)
+          for (int64_t x = 0; x < 2; ++x) {
+            Value col = kb.add(kb.mul(tig, kb.idx(2)), kb.idx(eb * 8 + x));
+            Value v = fin[t * accCount + eb * 4 + 2 * r + x];
+            if ((eb + 1) * 8 <= K) {
+              kb.store(v, partials, {split, bi, row, col});
+              continue;
+            }
+            kb.ifThen(kb.lt(col, kb.idx(K)), [&] {
+              kb.store(v, partials, {split, bi, row, col});
+            });
+          }
+        kb.ifThen(kb.eq(tig, c0), [&] {
+          kb.store(fin[accAll + 2 * rr], partials, {split, bi, row, kb.idx(K)});
+          kb.store(fin[accAll + 2 * rr + 1], partials,
+                   {split, bi, row, kb.idx(K + 1)});
+        });
+      });
+    }
+    return;
+  }
+
   // Epilogue: normalize; a row without any key gets zeros.
   if (spec.topk) {
     assert(T == 1 && "the fused top-k's epilogue takes one row tile");
@@ -999,8 +1082,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       for (int64_t eb = 0; eb < expertBlocks; ++eb)
         for (int64_t x = 0; x < 2; ++x) {
           Value col = kb.add(kb.mul(tig, kb.idx(2)), kb.idx(eb * 8 + x));
-          Value v = softmaxNormalize(
-              kb, state, fin[t * accCount + eb * 4 + 2 * r + x]);
+          Value v = softmaxNormalize(kb, state,
+                                     fin[t * accCount + eb * 4 + 2 * r + x]);
           if ((eb + 1) * 8 <= K) {
             kb.store(v, out, {bi, row, col});
             continue;
@@ -1020,6 +1103,92 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   (void)c1;
 }
 
+/// Blocks below which flash-mma-key-splits splits the keys: twice the 132
+/// multiprocessors of an H100 / H200 (FlashAttention's split-KV rule: fewer
+/// blocks leave multiprocessors idle or at one block).
+static constexpr int64_t kSplitBelowBlocks = 2 * 132;
+
+/// The kernel with its keys split over S = min(keySplits, ceil(264 /
+/// blocks), key tiles) blocks along z (S = 1 from 264 blocks on): each
+/// writes its rows' unnormalized accumulators, max (log2 units) and sum to
+/// a workspace [S, B, N, K + 2]; a second kernel, a thread a row, combines
+/// them in split order (deterministic): M = max m_s, w_s = 2^(m_s - M),
+/// out = sum w_s acc_s / sum w_s l_s (0 for a row without keys), lse = M ln 2
+/// + ln sum w_s l_s.
+static void launchSplitFlashMixMma(HostCode &h, StringRef name,
+                                   const FlashMixSpec &spec,
+                                   const FlashMmaTile &tile, Value q,
+                                   ValueRange args, TypeRange workgroup,
+                                   Location loc) {
+  GpuKernelBuilder &kb = h.kb;
+  const int64_t K = spec.numExperts;
+  Value B = kb.dim(q, 0), N = kb.dim(q, 1), Nk = kb.dim(args[1], 1);
+  Value grid = kb.ceilDiv(N, kb.idx(kRows * tile.rowTiles));
+  Value want = kb.ceilDiv(kb.idx(kSplitBelowBlocks), kb.mul(grid, B));
+  Value tiles = kb.maxs(kb.ceilDiv(Nk, kb.idx(tile.cols)), kb.idx(1));
+  Value splits = kb.minu(kb.minu(want, kb.idx(tile.keySplits)), tiles);
+  splits = kb.maxs(splits, kb.idx(1));
+  auto wsType = MemRefType::get(
+      {ShapedType::kDynamic, ShapedType::kDynamic, ShapedType::kDynamic, K + 2},
+      kb.f32());
+  Value ws = h.alloc(wsType, {splits, B, N});
+  SmallVector<Value> operands(args);
+  operands.push_back(ws);
+  {
+    GPUKernel kernel(h, name, operands, workgroup, {kThreads, 1, 1}, loc);
+    alignWorkgroupBuffers(kernel.func);
+    kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
+                         kernel.b.getI32IntegerAttr(tile.blocksPerSM));
+    emitFlashMixMma(kernel, spec, tile,
+                    cast<MemRefType>(q.getType()).getElementType());
+    kernel.launch({grid, B, splits});
+  }
+  // The outputs: the last of args (p, then lse with withLse).
+  SmallVector<Value> combineArgs = {ws};
+  combineArgs.push_back(args[args.size() - (spec.withLse ? 2 : 1)]);
+  if (spec.withLse)
+    combineArgs.push_back(args.back());
+  GPUKernel comb(h, (name + "_combine").str(), combineArgs, {},
+                 {kThreads, 1, 1}, loc);
+  GpuKernelBuilder &ck = comb.kb;
+  Value part = comb.arg(0), out = comb.arg(1);
+  Value lse = spec.withLse ? comb.arg(2) : Value();
+  Value S = ck.dim(part, 0), cB = ck.dim(part, 1), cN = ck.dim(part, 2);
+  Value c0 = ck.idx(0), c1 = ck.idx(1);
+  comb.forItem(ck.mul(cB, cN), [&](Value item) {
+    Value bi = ck.divu(item, cN), row = ck.remu(item, cN);
+    auto at = [&](Value s, int64_t col) {
+      return ck.load(part, {s, bi, row, ck.idx(col)});
+    };
+    Value M = ck.forLoop(c0, S, c1, {ck.negInfLike(ck.f32())},
+                         [&](Value s, ValueRange m) -> SmallVector<Value> {
+                           return {ck.fmax(m[0], at(s, K))};
+                         })[0];
+    Value none = ck.cmpf(arith::CmpFPredicate::OEQ, M, ck.negInfLike(ck.f32()));
+    Value shift = ck.select(none, ck.cF32(0.0), M);
+    auto weight = [&](Value s) {
+      return exp2Approx(comb.b, ck.fsub(at(s, K), shift));
+    };
+    Value l = ck.forLoop(c0, S, c1, {ck.cF32(0.0)},
+                         [&](Value s, ValueRange acc) -> SmallVector<Value> {
+                           return {ck.fma(weight(s), at(s, K + 1), acc[0])};
+                         })[0];
+    SoftmaxState state = {ck.fmul(M, ck.cF32(0.6931471805599453)), l};
+    ck.forLoop(c0, ck.idx(K), c1, [&](Value col) {
+      Value o = ck.forLoop(c0, S, c1, {ck.cF32(0.0)},
+                           [&](Value s, ValueRange acc) -> SmallVector<Value> {
+                             Value v = ck.load(part, {s, bi, row, col});
+                             return {ck.fma(weight(s), v, acc[0])};
+                           })[0];
+      ck.store(softmaxNormalize(ck, state, o), out, {bi, row, col});
+    });
+    if (lse)
+      ck.store(softmaxLogSumExp(ck, state), lse, {bi, row});
+  });
+  comb.launchOver(kb.mul(B, N));
+  h.release(ws);
+}
+
 void mlir::moe::gpu_lowering::launchFlashMixMma(HostCode &h, StringRef name,
                                                 const FlashMixSpec &spec,
                                                 const FlashMmaTile &tile,
@@ -1030,13 +1199,17 @@ void mlir::moe::gpu_lowering::launchFlashMixMma(HostCode &h, StringRef name,
       workgroupMemRef({tile.buffers * tile.cols, tile.depth + kPad}, elt),
       workgroupMemRef({tile.buffers * tile.cols, tile.experts + kPad}, elt),
   };
+  GpuKernelBuilder &kb = h.kb;
+  if (tile.keySplits > 1) {
+    launchSplitFlashMixMma(h, name, spec, tile, q, args, workgroup, loc);
+    return;
+  }
   GPUKernel kernel(h, name, args, workgroup, {kThreads, 1, 1}, loc);
   // ldmatrix, cp.async and the 16-byte stores need 16-byte aligned rows.
   alignWorkgroupBuffers(kernel.func);
   kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
                        kernel.b.getI32IntegerAttr(tile.blocksPerSM));
   emitFlashMixMma(kernel, spec, tile, elt);
-  GpuKernelBuilder &kb = h.kb;
   Value grid = kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows * tile.rowTiles));
   kernel.launch({grid, kb.dim(q, 0), kb.idx(1)});
 }

@@ -164,9 +164,9 @@ struct FlashMmaTile {
   /// one FFMA a score and ex2.approx.ftz, the row max in log2 units, the
   /// quad's row sums added after the key loop (every tile where the held
   /// fragments pass 160 registers), whole tiles peeled from the checked
-  /// last/diagonal ones (up to 128 experts), P rounded two scores at a time.
-  /// Off: the kernel of the last GPU run (natural-log softmax, __nv_expf,
-  /// the quad's sums every tile, every tile checked).
+  /// last/diagonal ones (up to 128 features and experts), P rounded two scores
+  /// at a time. Off: the kernel of the last GPU run (natural-log softmax,
+  /// __nv_expf, the quad's sums every tile, every tile checked).
   bool base2 = false;
   /// The row sums from the tensor cores (flash-mma-sum-mma, which implies
   /// base2): P·[e | 1], one more MMA per 16 keys against a constant block of
@@ -180,6 +180,10 @@ struct FlashMmaTile {
   /// decided once outside the key loops (its 16-byte trips then unrolled).
   int64_t rowTiles = 1;
   bool hoistStaging = false;
+  /// At most this many blocks split a row block's keys when the grid is
+  /// small (flash-mma-key-splits, with two row tiles): the kernel writes
+  /// partial rows to a workspace and a second kernel combines them.
+  int64_t keySplits = 1;
 };
 
 /// The largest feature count of the tensor-core kernel (its query fragments
@@ -201,10 +205,12 @@ flashMmaTile(const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt,
              int64_t depth, int64_t sharedMemoryBytes, bool wideStaging = false,
              bool asyncStaging = false, bool fusedTopk = false,
              bool posterior = false, bool base2 = false, bool sumMma = false,
-             int64_t blockRows = 64);
+             int64_t blockRows = 64, int64_t keySplits = 1);
 
-/// launchFlashMix on tensor cores (the same arguments; grid ceil(N / 64) x B,
-/// block 128) with the tiles of flashMmaTile.
+/// launchFlashMix on tensor cores (the same arguments; grid ceil(N / rows) x
+/// B, rows 64 or 128 (FlashMmaTile::rowTiles), block 128; with key splits a
+/// z dimension and a second, combining kernel) with the tiles of
+/// flashMmaTile.
 void launchFlashMixMma(class HostCode &h, StringRef name,
                        const FlashMixSpec &spec, const FlashMmaTile &tile,
                        Value q, ValueRange args, Location loc);

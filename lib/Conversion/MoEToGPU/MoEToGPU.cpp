@@ -78,6 +78,7 @@ struct ConvertMoEToGPUPass
     options.flashMmaBase2 = flashMmaBase2;
     options.flashMmaSumMma = flashMmaSumMma;
     options.flashMmaBlockRows = flashMmaBlockRows;
+    options.flashMmaKeySplits = flashMmaKeySplits;
     options.routeMap = routeMap;
     return options;
   }
@@ -115,6 +116,12 @@ struct ConvertMoEToGPUPass
       module.emitError("convert-moe-to-gpu: flash-mma-block-rows must be 64 "
                        "or 128, got ")
           << static_cast<int64_t>(flashMmaBlockRows);
+      return signalPassFailure();
+    }
+    if (flashMmaKeySplits < 1 || flashMmaKeySplits > 16) {
+      module.emitError("convert-moe-to-gpu: flash-mma-key-splits must be in "
+                       "[1, 16], got ")
+          << static_cast<int64_t>(flashMmaKeySplits);
       return signalPassFailure();
     }
     if (routeMap != "warp" && routeMap != "lanes") {

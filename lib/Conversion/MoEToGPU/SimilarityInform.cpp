@@ -91,7 +91,8 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
                        options.sharedMemoryBytes, options.flashMmaWideStaging,
                        options.flashMmaAsyncStaging, options.flashMmaTopk,
                        /*posterior=*/false, options.flashMmaBase2,
-                       options.flashMmaSumMma, options.flashMmaBlockRows);
+                       options.flashMmaSumMma, options.flashMmaBlockRows,
+                       options.flashMmaKeySplits);
   if (mma)
     launchFlashMixMma(h,
                       fused      ? "similarity_inform_topk_mma"

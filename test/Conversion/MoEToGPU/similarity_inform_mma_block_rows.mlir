@@ -1,6 +1,8 @@
 // RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-topk=true" -split-input-file -verify-diagnostics | FileCheck %s
 // RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-base2=true flash-mma-block-rows=128" -split-input-file -verify-diagnostics | FileCheck %s --check-prefix=SYNC
 // RUN: not moe-opt %s --convert-moe-to-gpu="flash-mma-block-rows=96" -split-input-file 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-key-splits=4 flash-mma-wide-staging=true flash-mma-async-staging=true" -split-input-file | FileCheck %s --check-prefix=SPLIT
+// RUN: not moe-opt %s --convert-moe-to-gpu="flash-mma-key-splits=17" -split-input-file 2>&1 | FileCheck %s --check-prefix=BADSPLIT
 
 // flash-mma-block-rows=128 (issue #47 item 3; off by default, not yet run on
 // a GPU): a block of the tensor-core kernel's 4 warps owns 128 query rows,
@@ -13,6 +15,46 @@
 // multiprocessor, no cap below ptxas's 255. The SIMT interpreter runs it
 // against the float64 reference (test/GPU/unit/test_flash_mma_simt.py).
 // BAD: flash-mma-block-rows must be 64 or 128, got 96
+// BADSPLIT: flash-mma-key-splits must be in [1, 16], got 17
+
+// flash-mma-key-splits=4 (with the 128-row kernel): blocks along z share a
+// row block's key tiles (each its ceil(tiles / S) of them, from the
+// buffer of its first tile's parity) and write their rows' unnormalized
+// accumulators, max and sum to a workspace [S, B, N, K + 2]; a second
+// kernel, a thread a row, combines them in split order. The host takes S =
+// min(4, ceil(264 / blocks), key tiles), at least 1 (264: twice an H100's
+// 132 multiprocessors). The SIMT interpreter runs both kernels against the
+// float64 reference (test_flash_mma_simt.py::test_flash_mma_key_splits).
+// SPLIT-LABEL: gpu.func @similarity_inform_mma_0(
+// SPLIT-SAME: %[[WS:[a-z0-9]+]]: memref<?x?x?x18xf32>)
+// In tiles of 64 keys: split z's [lo, hi) of the block's tiles.
+// SPLIT: %[[TILES:.+]] = arith.ceildivui %{{.+}}, %c64
+// SPLIT: %[[S:.+]] = gpu.grid_dim  z
+// SPLIT: %[[SHARE:.+]] = arith.ceildivui %[[TILES]], %[[S]]
+// SPLIT: %[[Z:.+]] = gpu.block_id  z
+// SPLIT: %[[LO0:.+]] = arith.muli %[[Z]], %[[SHARE]]
+// SPLIT: %[[LO:.+]] = arith.minui %[[LO0]], %[[TILES]]
+// SPLIT: %[[HI0:.+]] = arith.addi %[[LO]], %[[SHARE]]
+// SPLIT: %[[HI:.+]] = arith.minui %[[HI0]], %[[TILES]]
+// SPLIT: scf.for %{{.+}} = %[[LO]] to %{{.+}} step %c1
+// SPLIT: memref.store %{{.+}}, %[[WS]][%{{.+}}, %{{.+}}, %{{.+}}, %c16{{.*}}] : memref<?x?x?x18xf32>
+// SPLIT: memref.store %{{.+}}, %[[WS]][%{{.+}}, %{{.+}}, %{{.+}}, %c17{{.*}}] : memref<?x?x?x18xf32>
+// SPLIT-LABEL: gpu.func @similarity_inform_mma_combine_0(
+// SPLIT: llvm.nvvm.ex2.approx.ftz.f
+// SPLIT: arith.divf
+// SPLIT-LABEL: func.func @rows128_f16(
+// SPLIT: %[[WANT:.+]] = arith.ceildivui %c264,
+// SPLIT: %[[CAP:.+]] = arith.minui %[[WANT]], %c4
+// SPLIT: %[[S1:.+]] = arith.minui %[[CAP]],
+// SPLIT: %[[NS:.+]] = arith.maxsi %[[S1]], %c1
+// SPLIT: %[[BUF:.+]], %{{.+}} = gpu.alloc async [%{{.+}}] (%[[NS]], %{{.+}}, %{{.+}}) : memref<?x?x?x18xf32>
+// SPLIT: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_mma_0 blocks in (%{{.+}}, %{{.+}}, %[[NS]])
+// SPLIT: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_mma_combine_0
+// SPLIT: gpu.dealloc async {{.*}} %[[BUF]]
+// Where the 128-row kernel does not apply (D = 256, the fused top-k), no split.
+// SPLIT-LABEL: func.func @d256_one_row_tile(
+// SPLIT-NOT: gpu.alloc
+// SPLIT-LABEL: func.func @topk_one_row_tile(
 // The ptxas sweep (GPU/ptxas-sweep.mlir) assembles these with the first
 // RUN line's options:
 // ptxas-options: flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-topk=true
@@ -72,16 +114,15 @@ func.func @rows128_f16(%u: tensor<1x16384x64xf16>, %e: tensor<1x16384x16xf16>) -
 // -----
 
 // D = 256: both tiles' fragments would pass 200 registers: one row tile, 64
-// rows a block, the staging as before. Dynamic sizes: with static ones (B =
-// 2, N = 256 as B = 4, N = 4096) ptxas spills the base-2 kernels at D = 256
-// (flash-mma-base2 alone too; docs/GPU.md), which the ptxas sweep rejects.
+// rows a block, the staging as before; the whole tiles not peeled past 128
+// features (the peeled copy spilled at static sizes like these).
 // CHECK-LABEL: gpu.func @similarity_inform_mma_0
 // CHECK-NOT: nvvm.minctasm = 4
 // CHECK-LABEL: func.func @d256_one_row_tile(
 // CHECK: arith.ceildivui %{{.+}}, %c64
-func.func @d256_one_row_tile(%u: tensor<?x?x256xbf16>, %e: tensor<?x?x64xbf16>) -> tensor<?x?x64xf32> {
-  %p = moe.similarity_inform %u, %e causal(true) : tensor<?x?x256xbf16>, tensor<?x?x64xbf16> -> tensor<?x?x64xf32>
-  return %p : tensor<?x?x64xf32>
+func.func @d256_one_row_tile(%u: tensor<2x256x256xbf16>, %e: tensor<2x256x64xbf16>) -> tensor<2x256x64xf32> {
+  %p = moe.similarity_inform %u, %e causal(true) : tensor<2x256x256xbf16>, tensor<2x256x64xbf16> -> tensor<2x256x64xf32>
+  return %p : tensor<2x256x64xf32>
 }
 
 // -----

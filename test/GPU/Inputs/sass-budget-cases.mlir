@@ -153,9 +153,9 @@ func.func @similarity_inform(%u: tensor<1x16384x64xf32>, %e: tensor<1x16384x16xf
 // issue's two shapes: B = 1, N = 16384, D = 64, K = 16 (64-key tiles: a thread computes 32 scores a tile,
 // 64 with two row tiles a warp) in the default kernel (the last GPU run's), flash-mma-base2,
 // flash-mma-sum-mma, and flash-mma-block-rows=128 with the cp.async staging (the issue's item 3 form);
-// causal B = 4, N = 4096, D = 256, K = 64 in the default kernel only (64-key tiles: 32 scores a tile):
-// at this static shape the base-2 kernels (flash-mma-base2, flash-mma-sum-mma) spill on sm_90 (ptxas:
-// 120 and 144 bytes), which the budget does not allow.
+// causal B = 4, N = 4096, D = 256, K = 64 (64-key tiles: 32 scores a tile) in the default kernel,
+// flash-mma-base2 and flash-mma-sum-mma (one row tile there; the whole tiles not peeled past 128
+// features: the peeled copy spilled at this static shape).
 // sass-budget: kernel=similarity_inform_mma scores-per-tile=32
 func.func @similarity_inform_bf16(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
@@ -176,8 +176,25 @@ func.func @similarity_inform_bf16_rows128(%u: tensor<1x16384x64xbf16>, %e: tenso
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
+// The same with its keys split (flash-mma-key-splits=4: 128 blocks of 128 rows at B = 1, N = 16384, under
+// 264, take 3 splits), and the combine kernel of the splits' partial rows.
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-key-splits=4,flash-mma-wide-staging=true,flash-mma-async-staging=true
+func.func @similarity_inform_bf16_rows128_split(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
+  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
+  return %p : tensor<1x16384x16xf32>
+}
 // sass-budget: kernel=similarity_inform_mma scores-per-tile=32
 func.func @similarity_inform_bf16_causal_d256(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
+  %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>
+  return %p : tensor<4x4096x64xf32>
+}
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-base2=true
+func.func @similarity_inform_bf16_causal_d256_base2(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
+  %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>
+  return %p : tensor<4x4096x64xf32>
+}
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-sum-mma=true
+func.func @similarity_inform_bf16_causal_d256_sum_mma(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>
   return %p : tensor<4x4096x64xf32>
 }

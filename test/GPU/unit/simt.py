@@ -237,26 +237,28 @@ class Memory:
 def run_kernel(body, args, block_dim, grid, memory, smem_shape=None, workgroup=(), lockstep=False):
     """Runs the kernel `body` (parse()) on `args` (numpy arrays for memrefs; the workgroup buffers are made here,
     fresh for each block: one f32 array of `smem_shape`, or one zeroed array per (shape, dtype) of `workgroup`)
-    over `grid` blocks (gx, or (gx, gy)) of `block_dim` threads, one warp at a time, or with `lockstep` all the
-    block's threads at once."""
+    over `grid` blocks (gx, (gx, gy) or (gx, gy, gz)) of `block_dim` threads, one warp at a time, or with
+    `lockstep` all the block's threads at once."""
     block_args = body[0][0]
-    gx, gy = grid if isinstance(grid, tuple) else (grid, 1)
-    for y in range(gy):
-        for b in range(gx):
-            smem = [np.zeros(smem_shape, dtype=np.float32)] if smem_shape else []
-            smem += [np.zeros(shape, dtype=dt) for shape, dt in workgroup]
-            lanes = block_dim if lockstep else LANES
-            for w in range(block_dim // lanes):
-                env = {}
-                for name, a in zip(block_args, args + smem):
-                    env[name] = a
-                Warp(env, memory, b, w, lanes=lanes, block_y=y).run_block(body[0][1], np.ones(lanes, bool))
+    dims = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
+    for z in range(dims[2]):
+        for y in range(dims[1]):
+            for b in range(dims[0]):
+                smem = [np.zeros(smem_shape, dtype=np.float32)] if smem_shape else []
+                smem += [np.zeros(shape, dtype=dt) for shape, dt in workgroup]
+                lanes = block_dim if lockstep else LANES
+                for w in range(block_dim // lanes):
+                    env = {}
+                    for name, a in zip(block_args, args + smem):
+                        env[name] = a
+                    Warp(env, memory, b, w, lanes=lanes, block_yz=(y, z), grid=dims).run_block(
+                        body[0][1], np.ones(lanes, bool))
 
 
 class Warp:
-    def __init__(self, env, memory, block, warp, lanes=LANES, block_y=0):
+    def __init__(self, env, memory, block, warp, lanes=LANES, block_yz=(0, 0), grid=(1, 1, 1)):
         self.env, self.mem, self.block, self.warp = env, memory, block, warp
-        self.n, self.block_y = lanes, block_y
+        self.n, self.block_yz, self.grid = lanes, block_yz, grid
         self.tid = np.arange(lanes, dtype=np.int64) + warp * lanes
         self.arrays = {id(a): (i, a) for i, (_, a, _) in enumerate(memory.buffers)}
 
@@ -290,14 +292,21 @@ class Warp:
         if n == "gpu.thread_id":
             return self.tid.copy()
         if n == "gpu.block_id":
-            y = "dim y" in op.props
-            return np.full(self.n, self.block_y if y else self.block, dtype=np.int64)
+            d = re.search(r"dim (\w)", op.props).group(1)
+            v = {"x": self.block, "y": self.block_yz[0], "z": self.block_yz[1]}[d]
+            return np.full(self.n, v, dtype=np.int64)
+        if n == "gpu.grid_dim":
+            d = re.search(r"dim (\w)", op.props).group(1)
+            return np.full(self.n, self.grid["xyz".index(d)], dtype=np.int64)
         if n == "memref.dim":
             return np.full(self.n, a[0].shape[int(a[1][0])], dtype=np.int64)
         if n in ("arith.addi", "arith.subi", "arith.muli"):
             f = {"arith.addi": np.add, "arith.subi": np.subtract, "arith.muli": np.multiply}[n]
             with np.errstate(over="ignore"):
                 return f(a[0], a[1]).astype(a[0].dtype)
+        if n == "arith.ceildivui":
+            ua, ud = _unsigned(a[0]), _unsigned(np.where(a[1] == 0, 1, a[1]))
+            return ((ua + ud - 1) // ud).astype(a[0].dtype)
         if n in ("arith.divui", "arith.remui"):
             d = np.where(a[1] == 0, 1, a[1])
             ua, ud = _unsigned(a[0]), _unsigned(d)

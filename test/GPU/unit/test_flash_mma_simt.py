@@ -208,3 +208,84 @@ def test_flash_mma_training_forward_lse(variant):
     np.testing.assert_allclose(p, R.ref_similarity(uu, ee, tau=tau, causal=True, key_mask=mm).numpy(), **R.MMA_TOL)
     ref_lse = torch.logsumexp(R.similarity_logits(uu, tau, True, None, mm), -1).numpy()
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-2)
+
+
+SPLIT = "flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-key-splits=4 " + ASYNC
+
+
+def host_splits(N, B, Nk, cols=64, most=4):
+    """launchSplitFlashMixMma's choice: min(most, ceil(264 / blocks), key tiles), at least 1."""
+    blocks = -(-N // 128) * B
+    return max(1, min(most, -(-264 // blocks), max(1, -(-Nk // cols))))
+
+
+@pytest.mark.parametrize("name,causal,masked,with_lse", [
+    ("ragged", False, False, False), ("causal", True, False, False), ("masked", False, True, False),
+    ("causal_masked_lse", True, True, True)])
+@pytest.mark.parametrize("splits", [None, 1, 3])
+def test_flash_mma_key_splits(name, causal, masked, with_lse, splits):
+    """flash-mma-key-splits: the 128-row kernel with its keys split over the grid's z (the host's choice, 4 here,
+    and other counts the kernel must take as well: 1, and 3 over 5 key tiles: uneven shares, empty shares of the
+    causal blocks), its partial rows combined by the second kernel, against float64 (p, and the lse of the training
+    forward)."""
+    rng = np.random.default_rng(13)
+    B, N, D, K, t, tau = 2, 300, 64, 16, "bf16", 0.5 if causal else 1.0
+    u = bits(rng.standard_normal((B, N, D)).astype(np.float32) * 0.3, t)
+    e = rng.random((B, N, K)).astype(np.float32)
+    e = bits(e / e.sum(-1, keepdims=True), t)
+    mask = None
+    if masked:
+        mask = rng.random((B, N)) > 0.3
+        mask[:, 0] = True
+        if not causal:
+            mask[1] = False                # every key masked: p = 0
+    op = "similarity_inform_fwd" if with_lse else "similarity_inform"
+    mask_attr = f" key_mask(%m : tensor<{B}x{N}xi1>)" if masked else ""
+    marg = f", %m: tensor<{B}x{N}xi1>" if masked else ""
+    res = f"tensor<{B}x{N}x{K}xf32>" + (f", tensor<{B}x{N}xf32>" if with_lse else "")
+    outs = "%p, %lse" if with_lse else "%p"
+    text = (f"func.func @f(%u: tensor<{B}x{N}x{D}x{t}>, %e: tensor<{B}x{N}x{K}x{t}>{marg}) -> ({res}) {{\n"
+            f"  {outs} = moe.{op} %u, %e{mask_attr} tau({tau:e}){' causal(true)' if causal else ''} : "
+            f"tensor<{B}x{N}x{D}x{t}>, tensor<{B}x{N}x{K}x{t}> -> {res}\n  return {outs} : {res}\n}}\n")
+    text = subprocess.run([MOE_OPT, "-", f"--convert-moe-to-gpu={SPLIT}", "--mlir-print-op-generic"],
+                          input=text, capture_output=True, text=True, check=True).stdout
+    kernel = f"{op}_mma_0"
+    body, combine = simt.parse(text, kernel), simt.parse(text, f"{op}_mma_combine_0")
+    S = splits or host_splits(N, B, N)
+    p = np.full((B, N, K), np.nan, np.float32)
+    lse = np.full((B, N), np.nan, np.float32)
+    ws = np.full((S, B, N, K + 2), np.nan, np.float32)   # every split writes every row of its blocks
+    mem = simt.Memory()
+    outs = [p] + ([lse] if with_lse else [])
+    args = [u, u, e] + ([mask] if masked else []) + outs + [ws]
+    for a in args:
+        mem.add(a, None)
+    func = next(line for line in text.splitlines() if "^bb0(" in line and "workgroup" in line)
+    wg = [((int(r), int(c)), np.uint16) for r, c, _t in WORKGROUP.findall(func)]
+    simt.run_kernel(body, args, BLOCK, (-(-N // 128), B, S), mem, workgroup=wg, lockstep=True)
+    assert not np.isnan(ws).any(), "a split left a row of the workspace unwritten"
+    simt.run_kernel(combine, [ws] + outs, BLOCK, -(-(B * N) // BLOCK), mem)
+    uu, ee = torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t))
+    mm = torch.from_numpy(mask) if masked else None
+    np.testing.assert_allclose(p, R.ref_similarity(uu, ee, tau=tau, causal=causal, key_mask=mm).numpy(), **R.MMA_TOL)
+    if with_lse:
+        ref_lse = torch.logsumexp(R.similarity_logits(uu, tau, causal, None, mm), -1).numpy()
+        np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-2)
+    if masked and not causal:
+        assert np.all(p[1] == 0.0), "a fully masked element's rows must be zeros"
+
+
+@pytest.mark.parametrize("variant", ["default", "base2", "sum_mma", "rows128_async"])
+def test_flash_mma_d256_causal(variant):
+    """The issue's second shape in small: causal, D = 256, K = 64 (one row tile in every variant; base 2's whole
+    tiles not peeled past 128 features: every tile the checked one), N = 100 over two key tiles."""
+    rng = np.random.default_rng(3)
+    B, N, D, K, t, tau = 1, 100, 256, 64, "bf16", 2.0
+    u = bits(rng.standard_normal((B, N, D)).astype(np.float32) * 0.2, t)
+    e = rng.random((B, N, K)).astype(np.float32)
+    e = bits(e / e.sum(-1, keepdims=True), t)
+    text = lower(B, N, D, K, t, tau, True, False, VARIANTS[variant])
+    got = run(text, u, e, None, K, misalign=False)
+    ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau,
+                           causal=True).numpy()
+    np.testing.assert_allclose(got, ref, **R.MMA_TOL)
