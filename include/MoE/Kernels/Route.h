@@ -52,15 +52,11 @@ struct RouteSpec {
   bool fromLogits() const { return !scoreFirst || scoring == Scoring::None; }
 };
 
-/// The spec of a moe.route op (a template so that this target-neutral library
-/// does not depend on the dialect; `RouteOpT` is mlir::moe::RouteOp).
-template <typename RouteOpT>
-RouteSpec routeSpecOf(RouteOpT op) {
+/// `spec.scoring` and `spec.scoreBody` from a moe.route or moe.route_grad op
+/// (the score region's block, custom scores only).
+template <typename OpT>
+void setRouteScoring(RouteSpec &spec, OpT op) {
   using Scoring = decltype(op.getScoring());
-  using Order = decltype(op.getOrder());
-  using Group = decltype(op.getGroupScore());
-  RouteSpec spec;
-  spec.k = op.getK();
   spec.scoring = op.getScoring() == Scoring::softmax
                      ? RouteSpec::Scoring::Softmax
                  : op.getScoring() == Scoring::sigmoid
@@ -70,6 +66,17 @@ RouteSpec routeSpecOf(RouteOpT op) {
                      : RouteSpec::Scoring::None;
   if (!op.getScore().empty())
     spec.scoreBody = &op.getScore().front();
+}
+
+/// The spec of a moe.route op (a template so that this target-neutral library
+/// does not depend on the dialect; `RouteOpT` is mlir::moe::RouteOp).
+template <typename RouteOpT>
+RouteSpec routeSpecOf(RouteOpT op) {
+  using Order = decltype(op.getOrder());
+  using Group = decltype(op.getGroupScore());
+  RouteSpec spec;
+  spec.k = op.getK();
+  setRouteScoring(spec, op);
   spec.scoreFirst = op.getOrder() == Order::score_then_topk;
   spec.groups = op.getNGroup();
   spec.topkGroup = op.getTopkGroup();
@@ -83,15 +90,8 @@ RouteSpec routeSpecOf(RouteOpT op) {
 /// (the choice is the forward's indices).
 template <typename RouteGradOpT>
 RouteSpec routeGradSpecOf(RouteGradOpT op) {
-  using Scoring = decltype(op.getScoring());
   RouteSpec spec;
-  spec.scoring = op.getScoring() == Scoring::sigmoid
-                     ? RouteSpec::Scoring::Sigmoid
-                 : op.getScoring() == Scoring::custom
-                     ? RouteSpec::Scoring::Custom
-                     : RouteSpec::Scoring::None;
-  if (!op.getScore().empty())
-    spec.scoreBody = &op.getScore().front();
+  setRouteScoring(spec, op);
   spec.renormalize = op.getRenormalize();
   spec.scale = op.getRoutedScalingFactor().convertToDouble();
   return spec;
