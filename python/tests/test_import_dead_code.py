@@ -53,7 +53,7 @@ def test_deepseek_v3_router_imports_as_its_linear_and_one_route(E, n_group, topk
     ops = [o if o != "return" else "func.return" for o in body_ops(text.replace("    return ", "    func.return "))]
     weights = ["arith.constant"] * 2 if params == "constant" else []
     assert ops == weights + _LINEAR + _ROUTE, "\n".join(ops)
-    route = re.search(r'"moe\.route"\(%\w+, %\w+\) \{([^}]*)\}', text)
+    route = re.search(r'"moe\.route"\(%\w+, %\w+\) \(\{\s*\}\) \{([^}]*)\}', text)  # its empty score region
     assert route is not None, text
     attrs = route.group(1)
     for want in (f"n_group = {n_group} : i64", f"topk_group = {topk_group} : i64", f"k = {k} : i64",

@@ -35,7 +35,8 @@ def _moe_topk_renorm(imp: FxImporter, node, a: dict) -> tuple[Value, Value]:
 @lowering("moe::route.default")
 def _moe_route(imp: FxImporter, node, a: dict) -> tuple[Value, Value]:
     """``moe.route`` (MoERoutingOps.td), raised from DeepSeek-V3 / Llama-4 style routers."""
-    scoring, regions = a["scoring"], []
+    # The op has one region, empty for a preset score, in the generic form too.
+    scoring, regions = a["scoring"], [""]
     if scoring.startswith("custom:"):  # a custom score (ops/score_region.py): its region
         scoring, regions = "custom", [scoring[len("custom:"):]]
     attrs = {"k": f"{int(a['k'])} : i64", "scoring": f"#moe<scoring {scoring}>",
