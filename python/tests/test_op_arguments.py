@@ -303,6 +303,27 @@ def test_route_k_equal_to_E(T):
          RR.route(x, None, 8, "sigmoid", "score_then_topk", 4, 4, "top2_sum"))
 
 
+@pytest.mark.parametrize("scoring,factor,message", [
+    ("softmax", 1.0, "scoring(softmax) is not elementwise"),
+    ("sigmoid", 0.0, "'routed_scaling_factor' (0.0) must be finite and > 0"),
+    ("sigmoid", float("inf"), "'routed_scaling_factor' (inf) must be finite and > 0")])
+def test_route_backward_scoring_and_scale(scoring, factor, message):
+    idx = torch.randint(0, 8, (10, 2), generator=g(24))
+    rejects(M.route_backward, (torch.randn(10, 2), torch.randn(10, 8), idx, scoring, True, factor),
+            f"moe.route_backward: {message}")
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("T", [10, 0])
+def test_route_backward_k_equal_to_E(T):
+    # Every expert picked (k = E): the kernel's gradient is the reference's, also for no tokens.
+    x = torch.randn(T, 8, generator=g(25))
+    idx = torch.argsort(torch.randn(T, 8, generator=g(26)), -1).to(torch.int32)
+    gw = torch.randn(T, 8, generator=g(27))
+    ref = torch.func.vjp(lambda z: RR.route_weights(z, idx.long(), "sigmoid", "score_then_topk", True, 2.5), x)[1]
+    same(kernel(M.route_backward, gw, x, idx, "sigmoid", True, 2.5), ref(gw)[0], atol=1e-6, rtol=1e-5)
+
+
 def indices(T=10, k=2, E=4):
     return torch.randint(0, E, (T, k), generator=g(23))
 
@@ -476,7 +497,7 @@ def test_every_op_has_a_case():
     names = {*ops.OP_NAMES, *ops.FUSED_OP_NAMES, *ops.ROUTING_OP_NAMES, "similarity_inform_fwd",
              "similarity_inform_backward", "topk_renorm_backward", "hyper_router_backward",
              "attention_posterior_backward", *ops.BALANCE_OP_NAMES, "router_stats_fwd", "router_stats_backward",
-             "router_z_loss_backward", "sequence_balance_loss_backward", *ops.CAPACITY_OP_NAMES}
+             "router_z_loss_backward", "sequence_balance_loss_backward", "route_backward", *ops.CAPACITY_OP_NAMES}
     registered = {n for n in dir(M) if not n.startswith("_") and isinstance(getattr(M, n),
                                                                            torch._ops.OpOverloadPacket)}
     assert registered == names, f"ops without a case here: {sorted(registered - names)}"
