@@ -215,6 +215,16 @@ void CpuKernelBuilder::splitFull(Value full, function_ref<void(bool)> body) {
 // Workers
 //===----------------------------------------------------------------------===//
 
+void CpuKernelBuilder::workerRows(const KernelOptions &opts, Value numRows,
+                                  int64_t rowsPerItem,
+                                  function_ref<void(Value row)> body) {
+  workers(opts, ceilDiv(numRows, idx(rowsPerItem)), [&](Value item, Value) {
+    Value r0 = mul(item, idx(rowsPerItem));
+    Value r1 = mins(add(r0, idx(rowsPerItem)), numRows);
+    forLoop(r0, r1, idx(1), body);
+  });
+}
+
 void CpuKernelBuilder::workers(
     const KernelOptions &opts, Value numItems,
     function_ref<void(Value item, Value worker)> body, Value runInline) {

@@ -168,6 +168,10 @@ public:
                function_ref<void(Value item, Value worker)> body,
                Value runInline = {});
   static constexpr int64_t kInlineItems = 4;
+  /// Runs `body(r)` for every row r in [0, numRows), the rows dealt to the
+  /// workers in blocks of `rowsPerItem` (workers' items).
+  void workerRows(const KernelOptions &opts, Value numRows,
+                  int64_t rowsPerItem, function_ref<void(Value row)> body);
   /// A scratch buffer with one `type` slice per worker: [numThreads, ...].
   /// (Heap, freed by the deallocation pipeline: per-worker allocas would
   /// need a memref.alloca_scope around loops, which scf-to-cf cannot lower.)

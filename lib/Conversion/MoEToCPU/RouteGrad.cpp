@@ -131,18 +131,12 @@ struct RouteGradKernel : KernelPattern<RouteGradOp, /*TargetLanes=*/false,
     int64_t staticSel = cast<MemRefType>(idx.getType()).getDimSize(1);
     bool inLanes = !ShapedType::isDynamic(staticSel) && staticSel <= kLanes;
     Value sel = kb.dim(idx, 1);
-    kb.workers(opts, kb.ceilDiv(rows, kb.idx(kRowsPerItem)),
-               [&](Value item, Value) {
-                 Value r0 = kb.mul(item, kb.idx(kRowsPerItem));
-                 Value r1 = kb.mins(kb.add(r0, kb.idx(kRowsPerItem)), rows);
-                 kb.forLoop(r0, r1, kb.idx(1), [&](Value r) {
-                   if (inLanes)
-                     emitRowInLanes(kb, spec, x, idx, dw, out, r, numExperts,
-                                    staticSel);
-                   else
-                     emitRow(kb, spec, x, idx, dw, out, r, numExperts, sel);
-                 });
-               });
+    kb.workerRows(opts, rows, kRowsPerItem, [&](Value r) {
+      if (inLanes)
+        emitRowInLanes(kb, spec, x, idx, dw, out, r, numExperts, staticSel);
+      else
+        emitRow(kb, spec, x, idx, dw, out, r, numExperts, sel);
+    });
     kernel.replace(rw, op);
     return success();
   }

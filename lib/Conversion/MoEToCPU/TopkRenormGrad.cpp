@@ -140,18 +140,12 @@ struct TopkRenormGradKernel
     if (!ShapedType::isDynamic(staticSel) && staticSel >= kMinLaneSel &&
         staticSel <= kLanes)
       selLanes = staticSel;
-    Value c1 = kb.idx(1);
-    Value items = kb.ceilDiv(rows, kb.idx(kRowsPerItem));
-    kb.workers(opts, items, [&](Value item, Value) {
-      Value r0 = kb.mul(item, kb.idx(kRowsPerItem));
-      Value r1 = kb.mins(kb.add(r0, kb.idx(kRowsPerItem)), rows);
-      kb.forLoop(r0, r1, c1, [&](Value r) {
-        if (selLanes)
-          emitTopkGradRowInLanes(kb, spec, r, s2, i2, g2, o2, numExperts,
-                                 *selLanes);
-        else
-          emitTopkGradRow(kb, spec, r, s2, i2, g2, o2, numExperts, sel);
-      });
+    kb.workerRows(opts, rows, kRowsPerItem, [&](Value r) {
+      if (selLanes)
+        emitTopkGradRowInLanes(kb, spec, r, s2, i2, g2, o2, numExperts,
+                               *selLanes);
+      else
+        emitTopkGradRow(kb, spec, r, s2, i2, g2, o2, numExperts, sel);
     });
     kernel.replace(rw, op);
     return success();
