@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import tempfile
-import time
 
 import torch
-import torch.nn.functional as F
 
 import moe_mlir
 from moe_mlir.backends.dynamo import capture_graphs
+from moe_mlir.demo import interleaved_runs
 from moe_mlir.runtime import cache, locate
 
 
@@ -51,15 +51,7 @@ class ClampedMixRouter(torch.nn.Module):
 def _timed(fns: dict, rounds: int) -> dict[str, tuple[float, float]]:
     """(fastest, median) ms of each function over ``rounds`` interleaved rounds after a warm-up call. The fastest
     is the figure to read on a shared machine (a round that waited for a core counts in the median only)."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: (min(t), sorted(t)[len(t) // 2]) for name, t in times.items()}
+    return {name: (min(t), statistics.median(t)) for name, t in interleaved_runs(fns, rounds).items()}
 
 
 def _same(a, b) -> float:

@@ -69,8 +69,9 @@ def quiet_torch_noise() -> Iterator[None]:
             logger.removeFilter(f)
 
 
-def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Median time of each function over ``rounds`` rounds, one call of each per round (after one warm-up call)."""
+def interleaved_runs(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """The times (ms) of each function over ``rounds`` rounds, one call of each per round (after one warm-up
+    call)."""
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
@@ -79,7 +80,12 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int) -> dict[st
             start = time.perf_counter()
             fn()
             times[k].append((time.perf_counter() - start) * 1e3)
-    return {k: statistics.median(t) for k, t in times.items()}
+    return times
+
+
+def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Median time of each function over ``rounds`` interleaved rounds (:func:`interleaved_runs`)."""
+    return {k: statistics.median(t) for k, t in interleaved_runs(fns, rounds).items()}
 
 
 def _ratios(ms: dict[str, float]) -> str:
