@@ -35,6 +35,8 @@ Description describe(int32_t op) {
     // the kernels skip.
     return {"moe.attention_posterior_grad: 'head'",
             "the batch element was skipped (its gradients are 0)"};
+  case kMoEErrorRouteReplay:
+    return {"moe.route: 'replay'", "the pick was read as expert 0"};
   default:
     return {"moe: index operand", "the element was skipped"};
   }

@@ -36,6 +36,12 @@ _SCRIPT = textwrap.dedent("""
     w, i = torch.ops.moe.route(x, bias, 8, "sigmoid", "score_then_topk", 8, 4, "top2_sum", True, 2.5)
     (w * torch.linspace(0.5, 1.5, w.numel()).view_as(w)).sum().backward()
     out += [w.detach(), i, x.grad]
+    # A replayed choice (routing replay, hash routing): sigmoid weights of given experts, and their backward.
+    x2 = torch.randn(T, 256, generator=g, requires_grad=True)
+    given = torch.randint(0, 256, (T, 8), generator=g)
+    w, i = torch.ops.moe.route(x2, bias, 8, "sigmoid", "score_then_topk", 8, 4, "top2_sum", True, 2.5, given)
+    (w * torch.linspace(0.5, 1.5, w.numel()).view_as(w)).sum().backward()
+    out += [w.detach(), i, x2.grad]
     # Softmax top-k (Qwen3 / Mixtral), renormalized, and its backward.
     s = torch.randn(T, 128, generator=g)
     s[1::4, 32:48] = -0.25
@@ -62,7 +68,8 @@ def test_routing_same_bits_at_one_and_two_threads_and_across_runs(tmp_path):
     one = _run(tmp_path, "1", "one")
     two = _run(tmp_path, "2", "two")
     again = _run(tmp_path, "2", "again")
-    names = ["route weights", "route indices", "route grad", "topk weights", "topk indices", "topk grad"] + [
+    names = ["route weights", "route indices", "route grad", "replay weights", "replay indices", "replay grad",
+             "topk weights", "topk indices", "topk grad"] + [
         f"dispatch_plan output {j}" for j in range(7)]
     assert len(one) == len(names)
     for name, a, b, c in zip(names, one, two, again):

@@ -21,7 +21,8 @@
 #ifndef MOE_IR_MOEROUTINGOPS_TD
 #define MOE_IR_MOEROUTINGOPS_TD
 
-def MoE_RouteOp : MoE_InferredOp<"route", !listconcat(MoE_PureInferred, [IsolatedFromAbove])> {
+def MoE_RouteOp : MoE_InferredOp<"route", !listconcat(MoE_PureInferred,
+    [IsolatedFromAbove, AttrSizedOperandSegments])> {
   let summary = "production MoE router: scoring, selection bias, group-limited top-k, renormalization, scaling";
   let description = [{
     Routes every token (row of `logits`, `[T, E]`) to `k` of `E` experts and returns the gate weights
@@ -83,6 +84,23 @@ def MoE_RouteOp : MoE_InferredOp<"route", !listconcat(MoE_PureInferred, [Isolate
         } : tensor<?x256xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
     ```
 
+    **Replay** (`replay`, `[T, k]` i32 or i64, issue #48 item 5): the choice is given, not made. The op returns
+    `indices = replay` and the weights of step 5 for those experts: `w_j = s[replay_j]` (`score_then_topk`; softmax
+    still over all `E` logits of the row) or the scored given logits (`topk_then_score`), then renormalized and
+    scaled. Steps 2-4 are skipped, so the bias, the groups and `sorted`-ness play no part; the attributes stay those
+    of the router whose choice is replayed. This is routing replay for reinforcement learning (the weights and, by
+    `moe.route_grad` or the reference's autograd, their gradients for a routing recorded by an inference engine:
+    FlashInfer's `routing_replay_out`, Megatron's router replay) and hash routing (DeepSeek-V4's
+    `DeepseekV4HashRouter`: `replay = tid2eid[input_ids]`). The given row is taken as it is: its order is kept and
+    a repeated expert is weighed twice. An index outside `[0, E)` is a run-time error (the index check of
+    `moe.dispatch_plan`), never a read out of bounds.
+
+    ```mlir
+    // DeepSeek-V4's hash layers: sqrtsoftplus scores of the table's experts, renormalized
+    %w, %idx = moe.route %logits replay(%table_ids : tensor<?x6xi64>) k(6) scoring(custom) renormalize(true)
+        routed_scaling_factor(1.500000e+00) score { ... } : tensor<?x256xf32> -> tensor<?x6xf32>, tensor<?x6xi32>
+    ```
+
     Edge rules (those of `moe.topk_renorm`): a `-inf` logit gets softmax/sigmoid score 0; a row whose every logit is
     `-inf` has softmax scores 0 (never NaN); a NaN logit makes the row's softmax scores NaN (sigmoid: that expert's
     score only), ranks first and propagates to the weights it enters. Indices are always in `[0, E)`. Scores,
@@ -102,7 +120,8 @@ def MoE_RouteOp : MoE_InferredOp<"route", !listconcat(MoE_PureInferred, [Isolate
 
     Verifier rules: `logits` has rank 2 and `bias` rank 1 with `E` entries; `k` in `[1, E]`; `n_group` ≥ 1 divides
     `E`; `topk_group` in `[1, n_group]`; `k` ≤ `topk_group · E/n_group` (the kept experts); `group_score(top2_sum)`
-    with groups needs `E/n_group` ≥ 2; `routed_scaling_factor` finite and > 0.
+    with groups needs `E/n_group` ≥ 2; `routed_scaling_factor` finite and > 0; `replay` has rank 2, `k` columns and
+    the rows of `logits`.
 
     ```mlir
     // DeepSeek-V3
@@ -117,6 +136,7 @@ def MoE_RouteOp : MoE_InferredOp<"route", !listconcat(MoE_PureInferred, [Isolate
   let arguments = (ins
     MoE_FloatTensor:$logits,
     Optional<MoE_FloatTensor>:$bias,
+    Optional<MoE_IndexTensor>:$replay,
     I64Attr:$k,
     DefaultValuedAttr<MoE_RouteScoringAttr, "::mlir::moe::RouteScoring::softmax">:$scoring,
     DefaultValuedAttr<MoE_RouteOrderAttr, "::mlir::moe::RouteOrder::score_then_topk">:$order,
@@ -130,8 +150,8 @@ def MoE_RouteOp : MoE_InferredOp<"route", !listconcat(MoE_PureInferred, [Isolate
   let regions = (region MaxSizedRegion<1>:$score);
 
   let assemblyFormat = [{
-    $logits (`bias` `(` $bias^ `:` type($bias) `)`)? `k` `(` $k `)`
-    (`scoring` `(` custom<EnumKeyword>($scoring)^ `)`)? (`order` `(` custom<EnumKeyword>($order)^ `)`)?
+    $logits (`bias` `(` $bias^ `:` type($bias) `)`)? (`replay` `(` $replay^ `:` type($replay) `)`)?
+    `k` `(` $k `)` (`scoring` `(` custom<EnumKeyword>($scoring)^ `)`)? (`order` `(` custom<EnumKeyword>($order)^ `)`)?
     (`n_group` `(` $n_group^ `)`)? (`topk_group` `(` $topk_group^ `)`)?
     (`group_score` `(` custom<EnumKeyword>($group_score)^ `)`)?
     (`renormalize` `(` $renormalize^ `)`)? (`routed_scaling_factor` `(` $routed_scaling_factor^ `)`)?

@@ -26,6 +26,8 @@ enum MoEErrorOp : int32_t {
   /// moe.attention_posterior_grad's `head` (h* per batch element): the
   /// batch element is skipped (its gradients are 0).
   kMoEErrorAttentionHead = 4,
+  /// moe.route's `replay` (the given experts): the pick is read as expert 0.
+  kMoEErrorRouteReplay = 5,
 };
 
 /// Records that element `position` of the index operand of `op` holds `value`,

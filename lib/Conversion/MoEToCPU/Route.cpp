@@ -21,6 +21,10 @@
 // 5. the weights over the k picks (scalar: k is small): the post-selection
 //    scoring, renormalization (a zero sum gives zeros) and scaling.
 //
+// With `replay` (the choice given: routing replay, hash routing) steps 2-4
+// are one pass over the row's given indices, each checked against E before
+// the kernel (checkRouteReplay) and read as expert 0 when outside [0, E).
+//
 // The maths of every step is MoE/Kernels/Route.h's (routeScore, routeChoice,
 // routeGroupCandidate, routeKeepGroups, routeRounds, routeWeights), shared
 // with the GPU kernel; this file holds the vector chunks and the scratch.
@@ -30,6 +34,7 @@
 #include "Route.h"
 #include "Kernels.h"
 
+#include "MoE/Conversion/MoEToLinalg/Utils.h"
 #include "MoE/Kernels/Route.h"
 #include "MoE/Kernels/TopK.h"
 
@@ -47,8 +52,8 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 class RouteRow {
 public:
   RouteRow(CpuKernelBuilder &kb, const RouteSpec &spec, Value x, Value bias,
-           Value w, Value idx)
-      : kb(kb), spec(spec), x(x), bias(bias), w(w), idx(idx),
+           Value replay, Value w, Value idx)
+      : kb(kb), spec(spec), x(x), bias(bias), replay(replay), w(w), idx(idx),
         kCandLanes(kb.candidateLanes()) {
     // Where the choice scores and the weights come from: the logits
     // themselves, or the scores computed in step 1.
@@ -61,6 +66,15 @@ public:
 
   void emit(Value r, Value s, Value cand, Value sel, Value groupCand,
             Value groupKept) {
+    if (replay) {
+      // Only a softmax needs the whole row; an elementwise score is computed
+      // at the k given experts.
+      if (!fromLogits && spec.scoring == RouteSpec::Scoring::Softmax)
+        emitScores(r, s);
+      emitReplay(r, s, sel);
+      emitWeights(r, sel);
+      return;
+    }
     if (!fromLogits)
       emitScores(r, s);
     emitCandidates(r, s, cand);
@@ -73,7 +87,7 @@ public:
 private:
   CpuKernelBuilder &kb;
   const RouteSpec &spec;
-  Value x, bias, w, idx;
+  Value x, bias, replay, w, idx;
   /// Lanes of the candidate chunks (bestCandidateBelow's).
   const int64_t kCandLanes;
   bool fromLogits;
@@ -218,6 +232,29 @@ private:
         });
   }
 
+  /// Steps 2-4 with the choice given: pick j is replay[r, j] (0 when
+  /// outside [0, E): checkRouteReplay has reported it); sel[j] = its weight
+  /// source (the softmax score from step 1, or the logit's elementwise score
+  /// computed here).
+  void emitReplay(Value r, Value s, Value sel) {
+    kb.forLoop(kb.idx(0), kb.idx(spec.k), kb.idx(1), [&](Value j) {
+      Value given = kb.castInt(kb.load(replay, {r, j}), kb.i64());
+      Value ok = kb.andI(kb.cmpi(arith::CmpIPredicate::sge, given, kb.cI64(0)),
+                         kb.lt(given, kb.castInt(numExperts, kb.i64())));
+      Value index = kb.trunc(kb.select(ok, given, kb.cI64(0)), kb.i32());
+      Value e = kb.castInt(index, kb.index());
+      Value value;
+      if (fromLogits)
+        value = kb.loadF(x, {r, e});
+      else if (spec.scoring == RouteSpec::Scoring::Softmax)
+        value = kb.load(s, {e});
+      else
+        value = routeScore(kb, spec, kb.loadF(x, {r, e}), Value(), Value());
+      kb.store(index, idx, {r, j});
+      kb.store(value, sel, {j});
+    });
+  }
+
   /// Step 5 (routeWeights) over the picks in `sel`, one by one in pick
   /// order; the scores after the selection overwrite them.
   void emitWeights(Value r, Value sel) {
@@ -234,7 +271,9 @@ struct RouteKernel : KernelPattern<RouteOp, /*TargetLanes=*/false> {
 
   LogicalResult emit(RouteOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
-    KernelScope kernel(kb, {op.getLogits(), op.getBias()},
+    if (failed(checkRouteReplay(rw, op)))
+      return failure();
+    KernelScope kernel(kb, routeInputs(op),
                        KernelScope::outsOf(op, routeResultSizes(kb, op)));
     emitRouteKernel(kb, opts, op, kernel.out(0), kernel.out(1));
     kernel.replace(rw, op);
@@ -242,6 +281,18 @@ struct RouteKernel : KernelPattern<RouteOp, /*TargetLanes=*/false> {
   }
 };
 } // namespace
+
+SmallVector<Value> routeInputs(RouteOp op) {
+  return {op.getLogits(), op.getBias(), op.getReplay()};
+}
+
+LogicalResult checkRouteReplay(PatternRewriter &rw, RouteOp op) {
+  if (!op.getReplay())
+    return success();
+  Value numExperts = tensor::DimOp::create(rw, op.getLoc(), op.getLogits(), 1);
+  return checkIndexOperand(rw, op, op.getReplay(), numExperts,
+                           lowering::IndexErrorOp::RouteReplay);
+}
 
 SmallVector<SmallVector<Value>> routeResultSizes(CpuKernelBuilder &kb,
                                                  RouteOp op) {
@@ -257,27 +308,31 @@ void emitRouteKernel(CpuKernelBuilder &kb, const KernelOptions &opts, RouteOp op
   RouteSpec spec = routeSpecOf(op);
   Value x = kb.buffer(op.getLogits());
   Value bias = op.getBias() ? kb.buffer(op.getBias()) : Value();
+  Value replay = op.getReplay() ? kb.buffer(op.getReplay()) : Value();
   Value numRows = kb.dim(x, 0), numExperts = kb.dim(x, 1);
 
   // Per-worker scratch: scores (16-lane chunks), candidates (8-lane chunks),
   // the k weight sources, the group candidates and kept flags.
   Value sAll = kb.scratch(opts, MemRefType::get({kDyn}, f32),
                          {roundUp(kb, numExperts, kLanes)});
-  Value candAll = kb.scratch(opts, MemRefType::get({kDyn}, i64),
-                            {roundUp(kb, numExperts, kb.candidateLanes())});
+  // A replayed choice has no candidates or groups.
+  Value candAll =
+      replay ? Value()
+             : kb.scratch(opts, MemRefType::get({kDyn}, i64),
+                          {roundUp(kb, numExperts, kb.candidateLanes())});
   Value selAll = kb.scratch(opts, MemRefType::get({spec.k}, f32), {});
   int64_t groups = spec.groups;
   Value gCandAll, gKeptAll;
-  if (groups > 1) {
+  if (groups > 1 && !replay) {
     gCandAll = kb.scratch(opts, MemRefType::get({groups}, i64), {});
     gKeptAll = kb.scratch(opts, MemRefType::get({groups}, i32), {});
   }
-  RouteRow row(kb, spec, x, bias, wBuf, iBuf);
+  RouteRow row(kb, spec, x, bias, replay, wBuf, iBuf);
   kb.workers(
       opts, kb.ceilDiv(numRows, kb.idx(kRouteRowsPerItem)),
       [&](Value item, Value worker) {
         Value s = kb.workerSlice(sAll, worker);
-        Value cand = kb.workerSlice(candAll, worker);
+        Value cand = candAll ? kb.workerSlice(candAll, worker) : Value();
         Value sel = kb.workerSlice(selAll, worker);
         Value gCand = gCandAll ? kb.workerSlice(gCandAll, worker) : Value();
         Value gKept = gKeptAll ? kb.workerSlice(gKeptAll, worker) : Value();

@@ -31,6 +31,12 @@ void emitRouteKernel(
     CpuKernelBuilder &kb, const KernelOptions &opts, RouteOp op, Value weights, Value indices,
     function_ref<void(Value item)> itemBegin = nullptr,
     function_ref<void(Value row, Value item, Value indices)> rowEnd = nullptr);
+/// The tensors moe.route's kernel reads: logits, and bias and replay where
+/// the op has them.
+SmallVector<Value> routeInputs(RouteOp op);
+/// The run-time check of a replayed choice (every index in [0, E), before the
+/// kernel; moeReportIndexError); success without `replay`.
+LogicalResult checkRouteReplay(PatternRewriter &rw, RouteOp op);
 /// The sizes of moe.route's results (weights and indices: [T, k]).
 SmallVector<SmallVector<Value>> routeResultSizes(CpuKernelBuilder &kb, RouteOp op);
 

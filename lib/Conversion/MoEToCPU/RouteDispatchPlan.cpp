@@ -44,6 +44,8 @@ struct RouteDispatchPlanKernel : KernelPattern<RouteOp, /*TargetLanes=*/false> {
     if (!plan)
       return rw.notifyMatchFailure(op, "no dispatch_plan of its indices");
     int64_t numExperts = plan.getNumExperts();
+    if (failed(checkRouteReplay(rw, op)))
+      return failure();
     // One kernel with the results of both ops: the route's, then the plan's.
     SmallVector<KernelScope::Out> outs =
         KernelScope::outsOf(op, routeResultSizes(kb, op));
@@ -51,7 +53,7 @@ struct RouteDispatchPlanKernel : KernelPattern<RouteOp, /*TargetLanes=*/false> {
     llvm::append_range(
         outs, KernelScope::outsOf(plan, planResultSizes(kb, plan, indicesSizes[0],
                                                         indicesSizes[1])));
-    KernelScope kernel(kb, {op.getLogits(), op.getBias()}, outs);
+    KernelScope kernel(kb, routeInputs(op), outs);
     Value numRows = kb.dim(kb.buffer(op.getLogits()), 0);
     Value hist = allocPlanHistogram(kb, numRows, numExperts);
     emitRouteKernel(

@@ -25,6 +25,11 @@
 //    MoE/Kernels/Route.h (post-selection score, renormalization, scaling);
 //    the selection's max and sums are butterflies over the group.
 //
+// With `replay` (the choice given) steps 1-3 are the softmax statistics (a
+// softmax score only) and one pass of lane j % W over the given index of pick j, checked
+// against E (an index outside [0, E) is reported through the error word and
+// read as expert 0); route-map=lanes takes the same kernel.
+//
 // The maths of every step is MoE/Kernels/Route.h's (routeScore, routeChoice,
 // routeGroupCandidate, routeKeepGroups, routeRounds, routeWeights), shared
 // with the CPU kernel; this file holds the lane layout and the butterflies.
@@ -38,6 +43,7 @@
 #include "Lowerings.h"
 
 #include "MoE/Kernels/Route.h"
+#include "MoE/Runtime/ErrorReporting.h"
 
 #include "llvm/Support/MathExtras.h"
 
@@ -62,7 +68,8 @@ public:
       : kb(kb), spec(spec), numExperts(numExperts), width(width),
         blockSize(blockSize), vpt(llvm::divideCeil(numExperts, width)) {}
 
-  void emit(Value x, Value bias, Value weights, Value indices) {
+  void emit(Value x, Value bias, Value weights, Value indices,
+            Value replay = Value(), Value word = Value()) {
     this->x = x;
     Value tid = kb.threadId();
     lane = kb.remu(tid, kb.idx(width));
@@ -75,6 +82,14 @@ public:
     row = kb.select(active, token, kb.sub(numTokens, kb.idx(1)));
     none = noCandidate(kb, kb.i64());
 
+    if (replay) {
+      // Only a softmax before the choice needs the whole row.
+      if (!spec.fromLogits() && spec.scoring == RouteSpec::Scoring::Softmax)
+        loadRow();
+      replayPicks(replay, word, weights, indices);
+      epilogue(weights);
+      return;
+    }
     loadCandidates(bias);
     if (spec.groups > 1)
       dropGroups();
@@ -109,8 +124,9 @@ private:
     return kb.select(inRange[m], at(safe), kb.cF32(pad));
   }
 
-  /// Step 1: the row's scores and the candidates of the choice values.
-  void loadCandidates(Value bias) {
+  /// This lane's logits of the row (-inf past E) and, for a softmax before
+  /// the choice, the row's max and Σ exp (rowMax, rowSum).
+  SmallVector<Value> loadRow() {
     Value laneI32 = kb.castInt(lane, kb.i32());
     for (int64_t m = 0; m < vpt; ++m) {
       expert.push_back(kb.add(kb.cI32(m * width), laneI32));
@@ -129,6 +145,37 @@ private:
       rowMax = stats.max;
       rowSum = stats.sum;
     }
+    return xs;
+  }
+
+  /// Steps 1-3 with the choice given: lane j % W reads pick j's index from
+  /// `replay` (reporting one outside [0, E) and reading expert 0 instead)
+  /// and stores it with its weight source, as step 3 stores a pick.
+  void replayPicks(Value replay, Value word, Value weights, Value indices) {
+    Value k = kb.idx(spec.k);
+    kb.forLoop(lane, k, kb.idx(width), [&](Value j) {
+      kb.ifThen(active, [&] {
+        Value given = kb.castInt(kb.load(replay, {row, j}), kb.i64());
+        Value ok = kb.andI(
+            kb.cmpi(arith::CmpIPredicate::sge, given, kb.cI64(0)),
+            kb.lt(given, kb.cI64(numExperts)));
+        kb.ifThen(kb.notI1(ok), [&] {
+          Value position = kb.castInt(kb.add(kb.mul(row, k), j), kb.i64());
+          emitRecordIndexError(kb, word, kMoEErrorRouteReplay, position, given,
+                               kb.cI64(numExperts));
+        });
+        Value index = kb.trunc(kb.select(ok, given, kb.cI64(0)), kb.i32());
+        Value logit = kb.loadF(x, {row, kb.castInt(index, kb.index())});
+        kb.store(routeScore(kb, spec, logit, rowMax, rowSum), weights,
+                 {row, j});
+        kb.store(index, indices, {row, j});
+      });
+    });
+  }
+
+  /// Step 1: the row's scores and the candidates of the choice values.
+  void loadCandidates(Value bias) {
+    SmallVector<Value> xs = loadRow();
     for (int64_t m = 0; m < vpt; ++m) {
       Value score = routeScore(kb, spec, xs[m], rowMax, rowSum);
       Value b = bias ? loadOrPad(bias, Value(), m, 0.0) : Value();
@@ -243,8 +290,9 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
   int64_t numExperts = logitsType.getDimSize(1);
   RouteSpec spec = routeSpecOf(op);
   std::optional<RouteLanesMap> lanes;
-  if (options.routeMap == "lanes" && !ShapedType::isDynamic(numExperts) &&
-      spec.groups <= kRouteMaxGroups)
+  // A replayed choice has no selection to map: the warp kernel reads it.
+  if (options.routeMap == "lanes" && !op.getReplay() &&
+      !ShapedType::isDynamic(numExperts) && spec.groups <= kRouteMaxGroups)
     lanes = routeLanesMapOf(numExperts, spec, logitsType.getElementType());
   if (!lanes &&
       (ShapedType::isDynamic(numExperts) || numExperts > kRouteMaxExperts))
@@ -278,13 +326,20 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
   if (bias)
     args.push_back(bias);
   args.append({weights, indices});
+  // Replay: the given indices and the error word (after the outputs, so the
+  // selecting kernel's arguments are unchanged).
+  if (adaptor.getReplay())
+    args.append({h.buffer(adaptor.getReplay()), h.errorWord()});
 
   int64_t width = std::min<int64_t>(kWarp, llvm::PowerOf2Ceil(numExperts));
   int64_t block = options.blockSize;
   GPUKernel kernel(h, "route_warp", args, {}, {block, 1, 1}, op.getLoc());
+  size_t out = bias ? 2 : 1;
+  Value replay = adaptor.getReplay() ? kernel.arg(out + 2) : Value();
+  Value word = adaptor.getReplay() ? kernel.arg(out + 3) : Value();
   RouteWarpKernel(kernel.kb, spec, numExperts, width, block)
-      .emit(kernel.arg(0), bias ? kernel.arg(1) : Value(),
-            kernel.arg(args.size() - 2), kernel.arg(args.size() - 1));
+      .emit(kernel.arg(0), bias ? kernel.arg(1) : Value(), kernel.arg(out),
+            kernel.arg(out + 1), replay, word);
   Value grid = kb.ceilDiv(kb.dim(x, 0), kb.idx(block / width));
   kernel.launch({grid, kb.idx(1), kb.idx(1)});
   h.finish();

@@ -190,6 +190,20 @@ std::pair<Value, Value> maskedTopK(OpBuilder &b, Location loc, Value x,
   return {loop.getResult(0), loop.getResult(1)};
 }
 
+/// The index `v` (i32 or i64) as i32 if it is in [0, n) (n: index), else 0.
+Value inRangeOrZero(OpBuilder &b, Location loc, Value v, Value n) {
+  Type i64 = b.getI64Type();
+  if (v.getType() != i64)
+    v = arith::ExtSIOp::create(b, loc, i64, v);
+  Value n64 = arith::IndexCastOp::create(b, loc, i64, n);
+  Value zero = arith::ConstantOp::create(b, loc, b.getI64IntegerAttr(0));
+  Value ok = arith::AndIOp::create(
+      b, loc, arith::CmpIOp::create(b, loc, arith::CmpIPredicate::sge, v, zero),
+      arith::CmpIOp::create(b, loc, arith::CmpIPredicate::slt, v, n64));
+  return arith::TruncIOp::create(b, loc, b.getI32Type(),
+                                 arith::SelectOp::create(b, loc, ok, v, zero));
+}
+
 /// The [T, E] mask of the experts in the `topk_group` best groups of `c`.
 Value keptExperts(OpBuilder &b, Location loc, RouteOp op, Value c) {
   MLIRContext *ctx = b.getContext();
@@ -249,17 +263,36 @@ LogicalResult mlir::moe::lowering::lowerRoute(RouteOp op, PatternRewriter &rw) {
   RouteSpec spec = kernels::routeSpecOf(op);
   Value s = scoreFirst ? score(rw, loc, spec, x) : x;
 
-  // Choice scores: s (or x) plus the bias, broadcast over the tokens.
-  Value c = s;
-  if (Value bias = op.getBias())
-    c = mapRows(rw, loc, {s, promoteToF32(rw, loc, bias)},
-                {rows.all, dimsMap(ctx, 2, {1})}, s,
-                [](OpBuilder &gb, Location gl, ValueRange a) {
-                  return SmallVector<Value>{
-                      arith::AddFOp::create(gb, gl, a[0], a[1])};
-                });
-  Value kept = op.getNGroup() > 1 ? keptExperts(rw, loc, op, c) : Value();
-  Value idx = maskedTopK(rw, loc, c, kept, op.getK()).second;
+  Value idx;
+  if (Value replay = op.getReplay()) {
+    // The given choice (replay): each index checked against E (a run-time
+    // error), and one outside [0, E) read as expert 0, never out of bounds.
+    Value numExperts = tensor::DimOp::create(rw, loc, x, 1);
+    if (failed(emitIndexCheck(rw, op, replay, numExperts,
+                              IndexErrorOp::RouteReplay)))
+      return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
+                                       "moeReportIndexError");
+    Value init = tensor::EmptyOp::create(
+        rw, loc, sizesOf(rw, loc, replay), rw.getI32Type());
+    idx = generic(rw, loc, replay, init, {rows.all, rows.all}, rows.parallel,
+                  [&](OpBuilder &gb, Location gl, ValueRange a) {
+                    return SmallVector<Value>{
+                        inRangeOrZero(gb, gl, a[0], numExperts)};
+                  })
+              .front();
+  } else {
+    // Choice scores: s (or x) plus the bias, broadcast over the tokens.
+    Value c = s;
+    if (Value bias = op.getBias())
+      c = mapRows(rw, loc, {s, promoteToF32(rw, loc, bias)},
+                  {rows.all, dimsMap(ctx, 2, {1})}, s,
+                  [](OpBuilder &gb, Location gl, ValueRange a) {
+                    return SmallVector<Value>{
+                        arith::AddFOp::create(gb, gl, a[0], a[1])};
+                  });
+    Value kept = op.getNGroup() > 1 ? keptExperts(rw, loc, op, c) : Value();
+    idx = maskedTopK(rw, loc, c, kept, op.getK()).second;
+  }
 
   // Weights: s (or x) read at the selection, then scored (topk_then_score).
   Value w = mapRows(rw, loc, idx, rows.all, idx,

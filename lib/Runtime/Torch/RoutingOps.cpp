@@ -39,11 +39,13 @@ std::tuple<Tensor, Tensor>
 route(const Tensor &logits, const std::optional<Tensor> &bias, int64_t k,
       c10::string_view scoring, c10::string_view order, int64_t nGroup,
       int64_t topkGroup, c10::string_view groupScore, bool renormalize,
-      double routedScalingFactor) {
+      double routedScalingFactor, const std::optional<Tensor> &replay) {
   const char *op = "route";
   checkDevice(op, {&logits});
   if (bias)
     checkDevice(op, {&logits, &*bias});
+  if (replay)
+    checkDevice(op, {&logits, &*replay});
   checkRank(op, "logits", logits, 2, "[T, E]");
   checkScoring(op, scoring);
   Key key(op);
@@ -58,10 +60,25 @@ route(const Tensor &logits, const std::optional<Tensor> &bias, int64_t k,
   key.in("logits", logits, {0});
   if (bias)
     key.in("bias", *bias);
+  // The given choice (replay, i32 or i64 as it comes: an engine's or a
+  // table's indices are often i64).
+  if (replay) {
+    TORCH_CHECK_TYPE(replay->scalar_type() == at::kInt ||
+                         replay->scalar_type() == at::kLong,
+                     "moe.", op, ": 'replay' must be i32 or i64, got ",
+                     replay->scalar_type());
+    checkRank(op, "replay", *replay, 2, "[T, k]");
+    checkDim(op, "replay", *replay, 0, logits.size(0),
+             "dimension 0 of 'logits'");
+    checkDim(op, "replay", *replay, 1, k, "'k'");
+    key.in("replay", *replay, {0});
+  }
   KernelFn fn = lookup(key); // validates k, groups and the bias first
   std::vector<Tensor> keep{contig(logits)};
   if (bias)
     keep.push_back(contig(*bias));
+  if (replay)
+    keep.push_back(contig(*replay));
   int64_t rows = logits.size(0);
   Tensor w = at::empty({rows, k}, f32(logits));
   Tensor i = at::empty({rows, k}, i32(logits));

@@ -54,7 +54,8 @@ def _check_scoring(op: str, scoring: str, differentiate: bool = False) -> None:
 
 
 def _validate_route(logits: Tensor, bias: Optional[Tensor], k: int, scoring: str, order: str, n_group: int,
-                    topk_group: int, group_score: str, routed_scaling_factor: float) -> None:
+                    topk_group: int, group_score: str, routed_scaling_factor: float,
+                    replay: Optional[Tensor] = None) -> None:
     op = "route"
     _check_float(op, "logits", logits)
     if logits.dim() != 2:
@@ -86,12 +87,16 @@ def _validate_route(logits: Tensor, bias: Optional[Tensor], k: int, scoring: str
             _fail(op, f"'group_score' top2_sum needs groups of at least 2 experts, but E / n_group = {size}")
     if not (math.isfinite(routed_scaling_factor) and routed_scaling_factor > 0):
         _fail(op, f"'routed_scaling_factor' ({routed_scaling_factor}) must be finite and > 0")
+    if replay is not None:
+        _check_index(op, "replay", replay)
+        if replay.dim() != 2 or replay.shape[0] != logits.shape[0] or replay.shape[1] != k:
+            _fail(op, f"'replay' must have shape [T, k] = [{logits.shape[0]}, {k}], got {list(replay.shape)}")
 
 
 @torch.library.custom_op("moe::route", mutates_args=())
 def route(logits: Tensor, bias: Optional[Tensor], k: int, scoring: str = "softmax", order: str = "score_then_topk",
           n_group: int = 1, topk_group: int = 1, group_score: str = "top2_sum", renormalize: bool = False,
-          routed_scaling_factor: float = 1.0) -> tuple[Tensor, Tensor]:
+          routed_scaling_factor: float = 1.0, replay: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """A production MoE gate (``moe.route``).
 
     Args:
@@ -108,21 +113,29 @@ def route(logits: Tensor, bias: Optional[Tensor], k: int, scoring: str = "softma
             contiguous groups, a group scored by the sum of its top two (``"top2_sum"``) or its max).
         renormalize: divide the k weights by their sum (a zero sum gives zeros).
         routed_scaling_factor: multiplies the weights (> 0).
+        replay: ``[T, k]`` expert indices (i32/i64, each in ``[0, E)``, else ValueError) or None: the choice is
+            given instead of made (routing replay for RL, hash routing): the result is the weights of these
+            experts, as the router would weigh them, and the indices themselves (in their order; the bias and
+            the groups play no part).
 
     Returns:
         ``(weights [T, k] f32, indices [T, k] i32)`` sorted by descending choice score; ties -> lowest index; NaN
         first.
     """
-    _validate_route(logits, bias, k, scoring, order, n_group, topk_group, group_score, routed_scaling_factor)
+    _validate_route(logits, bias, k, scoring, order, n_group, topk_group, group_score, routed_scaling_factor,
+                    replay)
+    if replay is not None:
+        _check_index_range("route", "replay", replay, logits.shape[1])
     _note_fallback(logits)
     return _route_ref(logits, bias, k, scoring, order, n_group, topk_group, group_score, renormalize,
-                      routed_scaling_factor)
+                      routed_scaling_factor, replay)
 
 
 @route.register_fake
 def _(logits, bias, k, scoring="softmax", order="score_then_topk", n_group=1, topk_group=1, group_score="top2_sum",
-      renormalize=False, routed_scaling_factor=1.0):
-    _validate_route(logits, bias, k, scoring, order, n_group, topk_group, group_score, routed_scaling_factor)
+      renormalize=False, routed_scaling_factor=1.0, replay=None):
+    _validate_route(logits, bias, k, scoring, order, n_group, topk_group, group_score, routed_scaling_factor,
+                    replay)
     shape = (logits.shape[0], k)
     return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int32)
 
@@ -181,8 +194,8 @@ def _route_setup(ctx, inputs, output):
 
 def _route_backward(ctx, grad_w, grad_idx):
     logits, idx = ctx.saved_tensors
-    result = [None] * 10
-    if grad_w is None or not _needs(ctx, 10)[0]:
+    result = [None] * 11
+    if grad_w is None or not _needs(ctx, 11)[0]:
         return tuple(result)
     scoring, _, renormalize, scale = ctx.weigh
     if scoring != "softmax" and logits.device.type == "cpu":
@@ -244,7 +257,7 @@ def _(indices, num_experts, block_size=1):
 _ROUTING_VALIDATORS: dict[str, Callable[[dict, dict], None]] = {
     "route": lambda t, a: _validate_route(
         t["logits"], t.get("bias"), int(a["k"]), a["scoring"], a["order"], int(a["n_group"]), int(a["topk_group"]),
-        a["group_score"], float(a["routed_scaling_factor"])),
+        a["group_score"], float(a["routed_scaling_factor"]), t.get("replay")),
     "route_backward": lambda t, a: _validate_route_backward(
         t["grad_w"], t["logits"], t["indices"], a["scoring"], float(a["routed_scaling_factor"])),
     "dispatch_plan": lambda t, a: _validate_dispatch_plan(t["indices"], int(a["num_experts"]),

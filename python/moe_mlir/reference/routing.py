@@ -45,13 +45,17 @@ def _first_where(order: Tensor, keep: Tensor, k: int) -> Tensor:
 def route(
     logits: Tensor, bias: Optional[Tensor], k: int, scoring: str = "softmax", order: str = "score_then_topk",
     n_group: int = 1, topk_group: int = 1, group_score: str = "top2_sum", renormalize: bool = False,
-    routed_scaling_factor: float = 1.0,
+    routed_scaling_factor: float = 1.0, replay: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
-    """``(weights [T, k] f32, indices [T, k] i32)`` of ``moe.route`` (see the op description)."""
+    """``(weights [T, k] f32, indices [T, k] i32)`` of ``moe.route`` (see the op description); with ``replay``
+    (``[T, k]`` indices in ``[0, E)``) the choice is given: its weights, and the indices themselves."""
     x = logits.float()
     T, E = x.shape
     score_first = order == "score_then_topk"
     s = _score(x, scoring) if score_first else x
+    if replay is not None:
+        idx = replay.long()
+        return _weigh(s, idx, scoring, score_first, renormalize, routed_scaling_factor), idx.to(torch.int32)
     c = s.detach()
     if bias is not None:
         c = c + bias.detach().float()

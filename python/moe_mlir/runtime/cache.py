@@ -326,7 +326,8 @@ def _op_text(k: KernelKey, args: dict[str, str], types: dict[str, str]) -> tuple
         return text + f" num_experts({a['num_experts']})", ", ".join(types[n] for n in _HYPER_OPERANDS)
     if op == "route":
         scoring, region = _scoring_text(a["scoring"])
-        return (f"moe.route {args['logits']}" + opt_operand("bias", "bias") + f" k({a['k']}) scoring({scoring}) "
+        return (f"moe.route {args['logits']}" + opt_operand("bias", "bias") + opt_operand("replay", "replay")
+                + f" k({a['k']}) scoring({scoring}) "
                 f"order({a['order']}) n_group({a['n_group']}) topk_group({a['topk_group']}) "
                 f"group_score({a['group_score']}) renormalize({_bool(a['renormalize'])}) "
                 f"routed_scaling_factor({_float(a['routed_scaling_factor'])})" + region, types["logits"])

@@ -198,7 +198,8 @@ enum class IndexErrorOp : int32_t {
   MadDispersionAssign = 1,
   AdjacencyIdx = 2,
   DispatchPlanIndices = 3,
-  AttentionHead = 4
+  AttentionHead = 4,
+  RouteReplay = 5
 };
 
 /// Emits loops over every element of the integer tensor `indices` (rank 1 or

@@ -56,6 +56,12 @@ LogicalResult RouteOp::verify() {
        (failed(check.rank(bias, "bias", 1, "[E]")) ||
         failed(check.sameDim(bias, "bias", 0, getLogits(), "logits", 1, "E")))))
     return failure();
+  if (Value replay = getReplay())
+    if (failed(check.rank(replay, "replay", 2, "[T, k]")) ||
+        failed(check.sameDim(replay, "replay", 0, getLogits(), "logits", 0,
+                             "T")) ||
+        failed(check.dimEquals(replay, "'replay'", 1, getK(), "'k'")))
+      return failure();
   int64_t numExperts =
       cast<RankedTensorType>(getLogits().getType()).getDimSize(1);
   bool staticE = !ShapedType::isDynamic(numExperts);

@@ -43,7 +43,9 @@ def _moe_route(imp: FxImporter, node, a: dict) -> tuple[Value, Value]:
              "order": f"#moe<order {a['order']}>", "n_group": f"{int(a['n_group'])} : i64",
              "topk_group": f"{int(a['topk_group'])} : i64", "group_score": f"#moe<group_score {a['group_score']}>",
              "renormalize": _bool(a["renormalize"]), "routed_scaling_factor": _f32(a["routed_scaling_factor"])}
-    operands = [a["logits"]] + ([a["bias"]] if a.get("bias") is not None else [])
+    bias, replay = a.get("bias"), a.get("replay")
+    operands = [a["logits"]] + [v for v in (bias, replay) if v is not None]
+    attrs["operandSegmentSizes"] = f"array<i32: 1, {int(bias is not None)}, {int(replay is not None)}>"
     return tuple(imp.moe_op("moe.route", operands, attrs, [imp.out_type(0), imp.out_type(1)], regions))
 
 
