@@ -60,7 +60,8 @@ def _args(E: int, kw: dict, seed: int = 0):
 def _call(fn, logits, bias, k, kw):
     return fn(logits, bias, k, kw.get("scoring", "softmax"), kw.get("order", "score_then_topk"),
               kw.get("n_group", 1), kw.get("topk_group", 1), kw.get("group_score", "top2_sum"),
-              kw.get("renormalize", False), kw.get("routed_scaling_factor", 1.0))
+              kw.get("renormalize", False), kw.get("routed_scaling_factor", 1.0),
+              **({"replay": kw["replay"]} if "replay" in kw else {}))
 
 
 def _same_route(got, want, atol=2e-6, rtol=2e-5, dev="cpu"):
@@ -208,6 +209,38 @@ def test_route_kernel_bf16_and_noncontiguous(dev):
     xt = torch.randn(24, 70).t()  # [70, 24], not contiguous
     _same_route(torch.ops.moe.route(xt.to(dev), bias.to(dev), 3, "sigmoid", n_group=4, topk_group=2),
                 RR.route(xt, bias, 3, "sigmoid", n_group=4, topk_group=2), dev=dev)
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v2", "gpt_oss", "llama4"])
+def test_route_replay_kernel(name, dev):
+    """A given choice (routing replay; python/tests/test_route_replay.py covers it on the CPU): the weights of
+    those experts, i32 and i64 indices, a repeated expert, and the router's own choice replayed bit for bit."""
+    E, kw = CONFIGS[name]
+    bias, k, kw = _args(E, kw)
+    g = torch.Generator().manual_seed(12)
+    for T in TOKENS:
+        x = torch.randn(T, E, generator=g)
+        for dtype in (torch.int32, torch.int64):
+            given = torch.randint(0, E, (T, k), generator=g, dtype=dtype)
+            if T:
+                given[0] = given[0, 0]
+            got = _call(torch.ops.moe.route, *_on(dev, x, bias), k, dict(kw, replay=given.to(dev)))
+            _same_route(got, _call(RR.route, x, bias, k, dict(kw, replay=given)), dev=dev)
+        w, i = _call(torch.ops.moe.route, *_on(dev, x, bias), k, kw)
+        w2, i2 = _call(torch.ops.moe.route, *_on(dev, x, bias), k, dict(kw, replay=i))
+        assert torch.equal(i2, i) and torch.equal(w2, w)
+
+
+def test_route_replay_index_error_is_read_after_a_sync(cuda):
+    from moe_mlir.runtime import cuda as moe_cuda
+
+    given = torch.tensor([[0, 9], [3, 0]], dtype=torch.int64)
+    w, i = torch.ops.moe.route(torch.zeros(2, 8, device=cuda), None, 2, "sigmoid", replay=given.to(cuda))
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=r"moe.route: 'replay' holds 9, outside \[0, 8\)"):
+        moe_cuda.check_errors()
+    assert i.cpu().tolist() == [[0, 0], [3, 0]]  # read as expert 0, never out of bounds
 
 
 @needs_kernels
