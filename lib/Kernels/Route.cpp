@@ -65,6 +65,55 @@ Value mlir::moe::kernels::routeGradOfLogit(KernelBuilder &kb,
   return kb.select(kb.cmpf(arith::CmpFPredicate::OEQ, sSum, zero), zero, d);
 }
 
+RouteGradPick mlir::moe::kernels::routeGradReadPick(KernelBuilder &kb, Value x,
+                                                    Value idx, Value r, Value l,
+                                                    Value numExperts) {
+  Value c0 = kb.idx(0);
+  Value j = kb.castInt(kb.load(idx, {r, l}), kb.index());
+  Value ok = kb.andI(kb.cmpi(arith::CmpIPredicate::sge, j, c0),
+                     kb.cmpi(arith::CmpIPredicate::slt, j, numExperts));
+  return {j, ok, kb.loadF(x, {r, kb.select(ok, j, c0)})};
+}
+
+void mlir::moe::kernels::routeGradAddAt(KernelBuilder &kb,
+                                        const RouteGradPick &p, Value v,
+                                        Value out, Value r) {
+  kb.ifThen(p.inRange, [&] {
+    kb.store(kb.fadd(kb.load(out, {r, p.expert}), v), out, {r, p.expert});
+  });
+}
+
+std::pair<Value, Value> mlir::moe::kernels::routeGradRowSums(
+    KernelBuilder &kb, const RouteSpec &spec, Value x, Value idx, Value dw,
+    Value r, Value numExperts, Value sel) {
+  if (!spec.renormalize)
+    return {Value(), Value()};
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
+  SmallVector<Value> sums = kb.forLoop(
+      c0, sel, c1, ValueRange{kb.cF32(0.0), kb.cF32(0.0)},
+      [&](Value l, ValueRange acc) -> SmallVector<Value> {
+        RouteGradPick p = routeGradReadPick(kb, x, idx, r, l, numExperts);
+        Value s = routeScoreAndDerivative(kb, spec, p.logit).first;
+        Value g = kb.load(dw, {r, l});
+        return {kb.fadd(acc[0], s), kb.fadd(acc[1], kb.fmul(g, s))};
+      });
+  return {sums[0], sums[1]};
+}
+
+void mlir::moe::kernels::routeGradRowAdds(KernelBuilder &kb,
+                                          const RouteSpec &spec, Value x,
+                                          Value idx, Value dw, Value out,
+                                          Value r, Value numExperts, Value sel,
+                                          Value sSum, Value cSum) {
+  kb.forLoop(kb.idx(0), sel, kb.idx(1), [&](Value l) {
+    RouteGradPick p = routeGradReadPick(kb, x, idx, r, l, numExperts);
+    Value ds = routeScoreAndDerivative(kb, spec, p.logit).second;
+    Value g = kb.load(dw, {r, l});
+    routeGradAddAt(kb, p, routeGradOfLogit(kb, spec, g, ds, sSum, cSum), out,
+                   r);
+  });
+}
+
 Value mlir::moe::kernels::routeScore(KernelBuilder &kb, const RouteSpec &spec,
                                      Value x, Value rowMax, Value rowSum) {
   if (spec.fromLogits())

@@ -117,6 +117,31 @@ std::pair<Value, Value> routeScoreAndDerivative(KernelBuilder &kb,
 Value routeGradOfLogit(KernelBuilder &kb, const RouteSpec &spec, Value g,
                        Value dScore, Value sSum, Value cSum);
 
+/// One pick of a moe.route_grad row read out-of-range-safe: expert index of
+/// pick l (index), whether it is in [0, E), and the logit there (the row's
+/// entry 0 when out of range).
+struct RouteGradPick {
+  Value expert, inRange, logit;
+};
+RouteGradPick routeGradReadPick(KernelBuilder &kb, Value x, Value idx, Value r,
+                                Value l, Value numExperts);
+/// out[r, expert] += v where the pick is in range (a repeated expert
+/// accumulates; one out of range is never written).
+void routeGradAddAt(KernelBuilder &kb, const RouteGradPick &p, Value v,
+                    Value out, Value r);
+/// moe.route_grad's row r in scalar loops over its `sel` picks, as the CPU
+/// kernel (a dynamic or large k) and the GPU kernel (a thread a row) run it:
+/// routeGradRowSums gives S = Σ f and C = Σ dw·f (null without
+/// renormalization), routeGradRowAdds adds each pick's gradient
+/// (routeGradOfLogit) to the row, which the target has zeroed in between.
+std::pair<Value, Value> routeGradRowSums(KernelBuilder &kb,
+                                         const RouteSpec &spec, Value x,
+                                         Value idx, Value dw, Value r,
+                                         Value numExperts, Value sel);
+void routeGradRowAdds(KernelBuilder &kb, const RouteSpec &spec, Value x,
+                      Value idx, Value dw, Value out, Value r, Value numExperts,
+                      Value sel, Value sSum, Value cSum);
+
 /// The score before the top-k (score_then_topk, scoring != none) of the
 /// logit x given the row's max and Σ exp(x - max) (softmax only; null
 /// otherwise).

@@ -30,28 +30,6 @@ using namespace kernels;
 namespace {
 constexpr int64_t kRowsPerItem = 32;
 
-/// The row's out-of-range-safe reads: expert index j of pick l, whether it is
-/// in [0, E), and the logit there (entry 0 when out of range).
-struct Pick {
-  Value expert, inRange, logit;
-};
-
-Pick readPick(CpuKernelBuilder &kb, Value x, Value idx, Value r, Value l,
-              Value numExperts) {
-  Value c0 = kb.idx(0);
-  Value j = kb.castInt(kb.load(idx, {r, l}), kb.index());
-  Value ok = kb.andI(kb.cmpi(arith::CmpIPredicate::sge, j, c0),
-                     kb.cmpi(arith::CmpIPredicate::slt, j, numExperts));
-  return {j, ok, kb.loadF(x, {r, kb.select(ok, j, c0)})};
-}
-
-/// out[r, j] += v where the pick is in range.
-void addAt(CpuKernelBuilder &kb, const Pick &p, Value v, Value out, Value r) {
-  kb.ifThen(p.inRange, [&] {
-    kb.store(kb.fadd(kb.load(out, {r, p.expert}), v), out, {r, p.expert});
-  });
-}
-
 void zeroRow(CpuKernelBuilder &kb, Value out, Value r, Value numExperts) {
   Value zero = kb.constLike(kb.vf32(), 0.0);
   kb.forLoop(kb.idx(0), kb.ceilDiv(numExperts, kb.idx(kLanes)), kb.idx(1),
@@ -69,10 +47,10 @@ void emitRowInLanes(CpuKernelBuilder &kb, const RouteSpec &spec, Value x,
   const int64_t n = sel <= 8 ? 8 : kLanes;
   VectorType vt = kb.vf32(n);
   Value zeroV = kb.constLike(vt, 0.0);
-  SmallVector<Pick> picks;
+  SmallVector<RouteGradPick> picks;
   Value vals = zeroV;
   for (int64_t l = 0; l < sel; ++l) {
-    picks.push_back(readPick(kb, x, idx, r, kb.idx(l), numExperts));
+    picks.push_back(routeGradReadPick(kb, x, idx, r, kb.idx(l), numExperts));
     vals = vector::InsertOp::create(kb.b, picks.back().logit, vals, l);
   }
   auto [s, ds] = routeScoreAndDerivative(kb, spec, vals);
@@ -87,33 +65,16 @@ void emitRowInLanes(CpuKernelBuilder &kb, const RouteSpec &spec, Value x,
   Value d = routeGradOfLogit(kb, spec, g, ds, sSum, cSum);
   zeroRow(kb, out, r, numExperts);
   for (int64_t l = 0; l < sel; ++l)
-    addAt(kb, picks[l], vector::ExtractOp::create(kb.b, d, l), out, r);
+    routeGradAddAt(kb, picks[l], vector::ExtractOp::create(kb.b, d, l), out, r);
 }
 
 /// The same in scalar loops over the picks (a dynamic or larger k).
 void emitRow(CpuKernelBuilder &kb, const RouteSpec &spec, Value x, Value idx,
              Value dw, Value out, Value r, Value numExperts, Value sel) {
-  Value c0 = kb.idx(0), c1 = kb.idx(1);
-  Value sSum, cSum;
-  if (spec.renormalize) {
-    SmallVector<Value> sums = kb.forLoop(
-        c0, sel, c1, ValueRange{kb.cF32(0.0), kb.cF32(0.0)},
-        [&](Value l, ValueRange acc) -> SmallVector<Value> {
-          Pick p = readPick(kb, x, idx, r, l, numExperts);
-          Value s = routeScoreAndDerivative(kb, spec, p.logit).first;
-          Value g = kb.load(dw, {r, l});
-          return {kb.fadd(acc[0], s), kb.fadd(acc[1], kb.fmul(g, s))};
-        });
-    sSum = sums[0];
-    cSum = sums[1];
-  }
+  auto [sSum, cSum] =
+      routeGradRowSums(kb, spec, x, idx, dw, r, numExperts, sel);
   zeroRow(kb, out, r, numExperts);
-  kb.forLoop(c0, sel, c1, [&](Value l) {
-    Pick p = readPick(kb, x, idx, r, l, numExperts);
-    Value ds = routeScoreAndDerivative(kb, spec, p.logit).second;
-    Value g = kb.load(dw, {r, l});
-    addAt(kb, p, routeGradOfLogit(kb, spec, g, ds, sSum, cSum), out, r);
-  });
+  routeGradRowAdds(kb, spec, x, idx, dw, out, r, numExperts, sel, sSum, cSum);
 }
 
 struct RouteGradKernel : KernelPattern<RouteGradOp, /*TargetLanes=*/false,

@@ -79,6 +79,7 @@ MOE_GPU_LOWERING_PATTERN(MadDispersionToGPU, MadDispersionOp);
 MOE_GPU_LOWERING_PATTERN(AdjacencyUpdateToGPU, AdjacencyUpdateOp);
 MOE_GPU_LOWERING_PATTERN(HyperRouterToGPU, HyperRouterOp);
 MOE_GPU_LOWERING_PATTERN(RouteToGPU, RouteOp);
+MOE_GPU_LOWERING_PATTERN(RouteGradToGPU, RouteGradOp);
 MOE_GPU_LOWERING_PATTERN(DispatchPlanToGPU, DispatchPlanOp);
 MOE_GPU_LOWERING_PATTERN(TopkRenormGradToGPU, TopkRenormGradOp);
 MOE_GPU_LOWERING_PATTERN(SimilarityInformGradToGPU, SimilarityInformGradOp);

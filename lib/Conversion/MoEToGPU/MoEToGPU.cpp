@@ -45,7 +45,7 @@ void mlir::moe::populateMoEToGPUPatterns(
            SimilarityInformFwdToGPU,
            AttentionPosteriorToGPU, AttentionPosteriorTopkToGPU,
            MadDispersionToGPU, AdjacencyUpdateToGPU, HyperRouterToGPU,
-           RouteToGPU, DispatchPlanToGPU, TopkRenormGradToGPU,
+           RouteToGPU, RouteGradToGPU, DispatchPlanToGPU, TopkRenormGradToGPU,
            SimilarityInformGradToGPU, HyperRouterGradToGPU,
            AttentionPosteriorGradToGPU>(
           patterns.getContext(), options);

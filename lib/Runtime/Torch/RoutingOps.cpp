@@ -94,7 +94,7 @@ route(const Tensor &logits, const std::optional<Tensor> &bias, int64_t k,
 }
 
 /// route's backward for an elementwise score (moe.route_grad: a custom score
-/// region differentiated symbolically); CPU only (no GPU lowering yet).
+/// region differentiated symbolically), on CPU and CUDA tensors.
 Tensor routeBackward(const Tensor &gradW, const Tensor &logits,
                      const Tensor &indices, c10::string_view scoring,
                      bool renormalize, double routedScalingFactor) {
@@ -173,10 +173,9 @@ dispatchPlan(const Tensor &indices, int64_t numExperts, int64_t blockSize) {
 
 void moe_torch::registerRoutingKernels(torch::Library &m) {
   m.impl("route", &route);
+  m.impl("route_backward", &routeBackward);
   m.impl("dispatch_plan", &dispatchPlan);
 }
-
-TORCH_LIBRARY_IMPL(moe, CPU, m) { m.impl("route_backward", &routeBackward); }
 
 TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) {
   m.impl("route", autogradKernel(/*differentiable=*/true));

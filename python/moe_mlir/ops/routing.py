@@ -164,7 +164,8 @@ def route_backward(grad_w: Tensor, logits: Tensor, indices: Tensor, scoring: str
                    routed_scaling_factor: float = 1.0) -> Tensor:
     """The gradient ``[T, E]`` f32 of ``route``'s weights (elementwise scores: ``sigmoid``, ``none``, custom) to the
     logits, given the forward's ``indices`` and the cotangent ``grad_w`` ``[T, k]`` (``moe.route_grad``: one fused
-    CPU kernel, the custom score's derivative formed symbolically). Eager fallback: autograd of the reference."""
+    kernel on CPU and CUDA tensors, the custom score's derivative formed symbolically). Eager fallback (no kernels):
+    autograd of the reference."""
     _validate_route_backward(grad_w, logits, indices, scoring, routed_scaling_factor)
     _note_fallback(logits)
     with torch.enable_grad():
@@ -183,7 +184,7 @@ def _(grad_w, logits, indices, scoring, renormalize=False, routed_scaling_factor
 # Backward: the weights of the forward's own choice (its indices, saved) re-computed from the logits under autograd
 # (reference.routing.route_weights); the choice itself (group scores, top-k of the bias-shifted scores: sorts and
 # top-ks over [T, E]) has no gradient and is not run again. The bias only chooses: no gradient. An elementwise score
-# (sigmoid, none, custom) on the CPU runs the fused kernel of moe.route_grad instead (route_backward: a custom
+# (sigmoid, none, custom) runs the fused kernel of moe.route_grad instead (CPU and CUDA; route_backward: a custom
 # region's symbolic derivative; O(E + k) a row, where autograd of the reference runs the score on [T, E]: sigmoid at
 # T = 4096, E = 256, k = 8, 2 threads, the backward alone 3.8 -> 0.50 ms, best of 100 interleaved calls on a loaded
 # machine).
@@ -198,7 +199,7 @@ def _route_backward(ctx, grad_w, grad_idx):
     if grad_w is None or not _needs(ctx, 11)[0]:
         return tuple(result)
     scoring, _, renormalize, scale = ctx.weigh
-    if scoring != "softmax" and logits.device.type == "cpu":
+    if scoring != "softmax":
         result[0] = route_backward(grad_w, logits, idx, scoring, renormalize, scale).to(logits.dtype)
         return tuple(result)
     with torch.enable_grad():

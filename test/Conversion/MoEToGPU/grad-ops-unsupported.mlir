@@ -1,9 +1,9 @@
 // RUN: moe-opt %s --convert-moe-to-gpu -split-input-file -verify-diagnostics
 
-// Every backward op but moe.route_grad (below) has a GPU lowering (its own test
-// file); what their GPU kernels do not take is refused with a diagnostic naming
-// the op, as the forward ops' (the torch ops run their eager references on CUDA
-// tensors there), instead of crashing or leaving the op silently.
+// Every backward op has a GPU lowering (its own test file); what their GPU
+// kernels do not take is refused with a diagnostic naming the op, as the
+// forward ops' (the torch ops run their eager references on CUDA tensors
+// there), instead of crashing or leaving the op silently.
 
 // similarity_inform_grad has a GPU lowering (similarity_inform_grad.mlir) for
 // a static expert count up to the flash kernel's register accumulator
@@ -68,15 +68,4 @@ func.func @attention_posterior_grad_dynamic_k(%s: tensor<1x2x4x4xf32>, %u: tenso
       : tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x?xf32>
       -> tensor<1x2x4x4xf32>, tensor<1x4x6xf32>, tensor<1x2x4x3xf32>, tensor<6x6xf32>, tensor<1x4x?xf32>
   return %du : tensor<1x4x6xf32>
-}
-
-// -----
-
-// moe.route_grad (route's backward for an elementwise score) has no GPU lowering yet: the torch op runs autograd of
-// the reference on CUDA tensors.
-
-func.func @route_grad_no_gpu(%l: tensor<?x16xf32>, %i: tensor<?x2xi32>, %dw: tensor<?x2xf32>) -> tensor<?x16xf32> {
-  // expected-error @+1 {{'moe.route_grad' op has no GPU lowering}}
-  %d = moe.route_grad %l, %i dw(%dw : tensor<?x2xf32>) scoring(sigmoid) : tensor<?x16xf32>, tensor<?x2xi32> -> tensor<?x16xf32>
-  return %d : tensor<?x16xf32>
 }

@@ -375,6 +375,10 @@ class Warp:
         if n == "math.log":
             with np.errstate(all="ignore"):
                 return np.log(a[0]).astype(np.float32)
+        if n in ("math.log1p", "math.sqrt", "math.absf", "math.tanh"):
+            f = {"math.log1p": np.log1p, "math.sqrt": np.sqrt, "math.absf": np.abs, "math.tanh": np.tanh}[n]
+            with np.errstate(all="ignore"):
+                return f(a[0]).astype(np.float32)
         if n == "math.fma":
             return (a[0] * a[1] + a[2]).astype(np.float32)
         if n == "llvm.call_intrinsic":
