@@ -64,33 +64,9 @@ Value rowSum(OpBuilder &b, Location loc, Value x) {
                     });
 }
 
-/// softmax over the last dimension: 0 for a row whose max is -inf, NaN rows
-/// stay NaN (the max propagates NaN).
-Value softmaxRows(OpBuilder &b, Location loc, Value x) {
-  RowMaps rows(x);
-  Value max = reduceRows(b, loc, x, negInf(b, loc),
-                         [](OpBuilder &gb, Location gl, Value acc, Value v) {
-                           return arith::MaximumFOp::create(gb, gl, acc, v)
-                               .getResult();
-                         });
-  Value e = mapRows(b, loc, {x, max}, {rows.all, rows.lead}, x,
-                    [](OpBuilder &gb, Location gl, ValueRange a) {
-                      return SmallVector<Value>{math::ExpOp::create(
-                          gb, gl, arith::SubFOp::create(gb, gl, a[0], a[1]))};
-                    });
-  Value sum = rowSum(b, loc, e);
-  return mapRows(b, loc, {e, max, sum}, {rows.all, rows.lead, rows.lead}, x,
-                 [](OpBuilder &gb, Location gl, ValueRange a) {
-                   Value masked = arith::CmpFOp::create(
-                       gb, gl, arith::CmpFPredicate::OEQ, a[1], negInf(gb, gl));
-                   Value p = arith::DivFOp::create(gb, gl, a[0], a[2]);
-                   return SmallVector<Value>{arith::SelectOp::create(
-                       gb, gl, masked, f32Const(gb, gl, 0.0), p)};
-                 });
-}
-
 /// `fn` of the kernels' builder on each element of `ins` (same shape as
-/// `like`): the body of a custom score region inlined in a linalg.generic.
+/// `like`): the maths of MoE/Kernels (a custom score region, sigmoid, the
+/// softmax's terms) inlined in a linalg.generic.
 Value mapWithKernelBuilder(
     OpBuilder &b, Location loc, ValueRange ins, ArrayRef<AffineMap> inMaps,
     Value like, function_ref<Value(KernelBuilder &, ValueRange)> fn) {
@@ -102,27 +78,41 @@ Value mapWithKernelBuilder(
                  });
 }
 
-/// The scoring function applied to `x` (rows in the last dimension).
+/// softmax over the last dimension with RowSoftmax.h's terms and scores: 0
+/// for a row whose max is -inf, NaN rows stay NaN (the max propagates NaN).
+Value softmaxRows(OpBuilder &b, Location loc, Value x) {
+  RowMaps rows(x);
+  Value max = reduceRows(b, loc, x, negInf(b, loc),
+                         [](OpBuilder &gb, Location gl, Value acc, Value v) {
+                           return arith::MaximumFOp::create(gb, gl, acc, v)
+                               .getResult();
+                         });
+  Value e = mapWithKernelBuilder(
+      b, loc, {x, max}, {rows.all, rows.lead}, x,
+      [](KernelBuilder &kb, ValueRange a) {
+        return kernels::softmaxTerm(kb, a[0], a[1]);
+      });
+  Value sum = rowSum(b, loc, e);
+  return mapWithKernelBuilder(
+      b, loc, {e, max, sum}, {rows.all, rows.lead, rows.lead}, x,
+      [](KernelBuilder &kb, ValueRange a) {
+        return kernels::softmaxScore(kb, a[0], a[1], a[2]);
+      });
+}
+
+/// The scoring function applied to `x` (rows in the last dimension): the
+/// kernels' (MoE/Kernels/Route.h), elementwise or the row's softmax.
 Value score(OpBuilder &b, Location loc, const RouteSpec &spec, Value x) {
   if (spec.scoring == RouteSpec::Scoring::None)
     return x;
   if (spec.scoring == RouteSpec::Scoring::Softmax)
     return softmaxRows(b, loc, x);
   RowMaps rows(x);
-  if (spec.scoring == RouteSpec::Scoring::Custom)
-    return mapWithKernelBuilder(b, loc, x, rows.all, x,
-                                [&](KernelBuilder &kb, ValueRange a) {
-                                  return kernels::routeElementwiseScore(
-                                      kb, spec, a[0]);
-                                });
-  return mapRows(b, loc, x, rows.all, x,
-                 [](OpBuilder &gb, Location gl, ValueRange a) {
-                   Value e = math::ExpOp::create(
-                       gb, gl, arith::NegFOp::create(gb, gl, a[0]));
-                   Value one = f32Const(gb, gl, 1.0);
-                   return SmallVector<Value>{arith::DivFOp::create(
-                       gb, gl, one, arith::AddFOp::create(gb, gl, one, e))};
-                 });
+  return mapWithKernelBuilder(b, loc, x, rows.all, x,
+                              [&](KernelBuilder &kb, ValueRange a) {
+                                return kernels::routeElementwiseScore(kb, spec,
+                                                                      a[0]);
+                              });
 }
 
 /// The top `k` of the last dimension of `x` (f32), restricted to the entries

@@ -1,6 +1,6 @@
 // RUN: moe-opt %s --convert-moe-to-linalg | FileCheck %s
 
-// DeepSeek-V3 with T and E dynamic: bf16 promoted to f32, sigmoid scores, + bias (broadcast over the tokens), the
+// DeepSeek-V3 with T and E dynamic: bf16 promoted to f32, sigmoid scores (MoE/Kernels' 1 / (1 + exp(0 - x))), + bias (broadcast over the tokens), the
 // [T, E] choice scores viewed as [T, 8, E/8], group top-2 (2 rounds) summed, top-4 groups (4 rounds), the kept-expert
 // mask, a masked top-8 (8 rounds), the gather of the unbiased scores, renormalize (zero sum -> 0), scale 2.5.
 // CHECK-LABEL: func.func @deepseek_v3
@@ -8,7 +8,7 @@
 // CHECK: %[[X:.+]] = linalg.generic {{.*}} ins(%[[L]] : tensor<?x?xbf16>)
 // CHECK: arith.extf
 // CHECK: %[[S:.+]] = linalg.generic {{.*}} ins(%[[X]] : tensor<?x?xf32>)
-// CHECK: arith.negf
+// CHECK: arith.subf
 // CHECK: math.exp
 // CHECK: arith.divf
 // CHECK: %[[C:.+]] = linalg.generic {{.*}} ins(%[[S]], %[[B]] : tensor<?x?xf32>, tensor<?xf32>)
