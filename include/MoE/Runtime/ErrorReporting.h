@@ -17,18 +17,9 @@
 
 #include <cstdint>
 
+#include "MoE/Kernels/IndexErrors.h"
+
 extern "C" {
-/// Which op reported the error (the first argument of moeReportIndexError).
-enum MoEErrorOp : int32_t {
-  kMoEErrorMadDispersionAssign = 1,
-  kMoEErrorAdjacencyUpdateIdx = 2,
-  kMoEErrorDispatchPlanIndices = 3,
-  /// moe.attention_posterior_grad's `head` (h* per batch element): the
-  /// batch element is skipped (its gradients are 0).
-  kMoEErrorAttentionHead = 4,
-  /// moe.route's `replay` (the given experts): the pick is read as expert 0.
-  kMoEErrorRouteReplay = 5,
-};
 
 /// Records that element `position` of the index operand of `op` holds `value`,
 /// outside [0, bound). Keeps the first error of the thread until it is taken.

@@ -342,7 +342,7 @@ struct AdjacencyUpdateKernel : KernelPattern<AdjacencyUpdateOp> {
                              : tensor::getMixedSize(rw, loc, aT, 0);
     Value eVal = getValueOrCreateConstantIndexOp(rw, loc, eSize);
     if (failed(checkIndexOperand(rw, op, op.getIdx(), eVal,
-                                 lowering::IndexErrorOp::AdjacencyIdx)))
+                                 kMoEErrorAdjacencyUpdateIdx)))
       return failure();
     // The co-selection counts c [E, E] i32, which finishAdjacencyUpdate
     // turns into a_next.

@@ -517,7 +517,7 @@ struct AttentionPosteriorGradKernel
         rw, op.getLoc(),
         tensor::getMixedSize(rw, op.getLoc(), op.getScores(), 1));
     if (failed(checkIndexOperand(rw, op, op.getHead(), headCount,
-                                 lowering::IndexErrorOp::AttentionHead)))
+                                 kMoEErrorAttentionHead)))
       return failure();
     // d_scores, d_u, d_v, d_wo, d_e.
     KernelScope kernel = KernelScope::gradientsOf(

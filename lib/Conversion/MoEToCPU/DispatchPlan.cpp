@@ -210,7 +210,7 @@ struct DispatchPlanKernel
         return rw.notifyMatchFailure(op, "fused with its moe.route");
     int64_t numExperts = op.getNumExperts();
     if (failed(checkIndexOperand(rw, op, op.getIndices(), numExperts,
-                                 lowering::IndexErrorOp::DispatchPlanIndices)))
+                                 kMoEErrorDispatchPlanIndices)))
       return failure();
     SmallVector<Value> sizes = kb.sizes(op.getIndices());
     KernelScope kernel(

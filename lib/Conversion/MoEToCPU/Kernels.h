@@ -11,11 +11,10 @@
 
 #include "KernelBuilder.h"
 
+#include "MoE/Kernels/IndexErrors.h"
+
 namespace mlir {
 class RewritePatternSet;
-namespace moe::lowering {
-enum class IndexErrorOp : int32_t; // MoEToLinalg/Utils.h
-} // namespace moe::lowering
 namespace moe::cpu {
 /// True when an operand of `op` has a static zero size: the backward kernels
 /// leave such ops to the portable lowering (none needs a special case for
@@ -84,11 +83,11 @@ PopulateKernel populateTopkRenormKernel, populateSimilarityInformKernel,
 /// function in.
 LogicalResult checkIndexOperand(PatternRewriter &rw, Operation *op,
                                 Value indices, Value bound,
-                                lowering::IndexErrorOp which);
+                                MoEErrorOp which);
 /// The same with the constant bound `bound`.
 LogicalResult checkIndexOperand(PatternRewriter &rw, Operation *op,
                                 Value indices, int64_t bound,
-                                lowering::IndexErrorOp which);
+                                MoEErrorOp which);
 
 /// moe.hyper_router's GEMV (HyperRouter.cpp), shared with its backward:
 /// y = m · x + bias ([rows] f32, any float operands; ReLU when `relu`), rows

@@ -54,7 +54,7 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
                      PatternRewriter &rw) const override {
     int64_t numExperts = op.getNumExperts();
     if (failed(checkIndexOperand(rw, op, op.getAssign(), numExperts,
-                                 lowering::IndexErrorOp::MadDispersionAssign)))
+                                 kMoEErrorMadDispersionAssign)))
       return failure();
     int64_t lanes = kb.lanes();
     Type f32 = kb.f32(), i32 = kb.i32();

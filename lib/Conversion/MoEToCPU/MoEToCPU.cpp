@@ -85,7 +85,7 @@ bool mlir::moe::cpu::hasStaticZeroSize(Operation *op) {
 LogicalResult mlir::moe::cpu::checkIndexOperand(PatternRewriter &rw,
                                                 Operation *op, Value indices,
                                                 Value bound,
-                                                lowering::IndexErrorOp which) {
+                                                MoEErrorOp which) {
   if (failed(lowering::emitIndexCheck(rw, op, indices, bound, which)))
     return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
                                      "moeReportIndexError");
@@ -95,7 +95,7 @@ LogicalResult mlir::moe::cpu::checkIndexOperand(PatternRewriter &rw,
 LogicalResult mlir::moe::cpu::checkIndexOperand(PatternRewriter &rw,
                                                 Operation *op, Value indices,
                                                 int64_t bound,
-                                                lowering::IndexErrorOp which) {
+                                                MoEErrorOp which) {
   return checkIndexOperand(
       rw, op, indices, lowering::indexConst(rw, op->getLoc(), bound), which);
 }

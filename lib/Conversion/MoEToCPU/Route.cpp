@@ -34,7 +34,6 @@
 #include "Route.h"
 #include "Kernels.h"
 
-#include "MoE/Conversion/MoEToLinalg/Utils.h"
 #include "MoE/Kernels/Route.h"
 #include "MoE/Kernels/TopK.h"
 
@@ -291,7 +290,7 @@ LogicalResult checkRouteReplay(PatternRewriter &rw, RouteOp op) {
     return success();
   Value numExperts = tensor::DimOp::create(rw, op.getLoc(), op.getLogits(), 1);
   return checkIndexOperand(rw, op, op.getReplay(), numExperts,
-                           lowering::IndexErrorOp::RouteReplay);
+                           kMoEErrorRouteReplay);
 }
 
 SmallVector<SmallVector<Value>> routeResultSizes(CpuKernelBuilder &kb,

@@ -16,7 +16,7 @@
 #include "Lowerings.h"
 #include "MoE/Kernels/CoSelection.h"
 #include "MoE/Kernels/SegmentedStats.h"
-#include "MoE/Runtime/ErrorReporting.h"
+#include "MoE/Kernels/IndexErrors.h"
 
 using namespace mlir;
 using namespace mlir::moe;

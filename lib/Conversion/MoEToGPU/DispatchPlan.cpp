@@ -31,7 +31,7 @@
 #include "KernelUtils.h"
 #include "Lowerings.h"
 
-#include "MoE/Runtime/ErrorReporting.h"
+#include "MoE/Kernels/IndexErrors.h"
 
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/Math/IR/Math.h"

@@ -313,9 +313,9 @@ private:
 };
 
 /// Records, from a kernel, that element `position` of the index operand of op
-/// `opCode` (ErrorReporting.h) holds `value`, outside [0, bound): the first
-/// error wins the flag (cmpxchg) and writes the details. `word` is the i64
-/// device address from HostCode::errorWord().
+/// `opCode` (MoE/Kernels/IndexErrors.h) holds `value`, outside [0, bound): the
+/// first error wins the flag (cmpxchg) and writes the details. `word` is the
+/// i64 device address from HostCode::errorWord().
 void emitRecordIndexError(GpuKernelBuilder &kb, Value word, int64_t opCode,
                           Value position, Value value, Value bound);
 

@@ -24,7 +24,7 @@
 #include "KernelUtils.h"
 #include "Lowerings.h"
 #include "MoE/Kernels/SegmentedStats.h"
-#include "MoE/Runtime/ErrorReporting.h"
+#include "MoE/Kernels/IndexErrors.h"
 
 using namespace mlir;
 using namespace mlir::moe;

@@ -43,7 +43,7 @@
 #include "Lowerings.h"
 
 #include "MoE/Kernels/Route.h"
-#include "MoE/Runtime/ErrorReporting.h"
+#include "MoE/Kernels/IndexErrors.h"
 
 #include "llvm/Support/MathExtras.h"
 

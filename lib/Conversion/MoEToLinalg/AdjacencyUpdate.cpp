@@ -112,7 +112,7 @@ LogicalResult mlir::moe::lowering::lowerAdjacencyUpdate(AdjacencyUpdateOp op,
   OpFoldResult t = tensor::getMixedSize(rw, loc, idx, 0);
   if (failed(emitIndexCheck(rw, op, idx,
                             getValueOrCreateConstantIndexOp(rw, loc, e),
-                            IndexErrorOp::AdjacencyIdx)))
+                            kMoEErrorAdjacencyUpdateIdx)))
     return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
                                      "moeReportIndexError");
 

@@ -72,7 +72,7 @@ public:
         rw, op, head,
         getValueOrCreateConstantIndexOp(
             rw, loc, tensor::getMixedSize(rw, loc, op.getScores(), 1)),
-        IndexErrorOp::AttentionHead);
+        kMoEErrorAttentionHead);
   }
 
   /// The gradients (d_scores, d_u, d_v, d_wo, d_e).

@@ -248,7 +248,7 @@ LogicalResult mlir::moe::lowering::lowerDispatchPlan(DispatchPlanOp op,
   Value numExperts = in.idx(op.getNumExperts());
   Value block = in.idx(op.getBlockSize());
   if (failed(emitIndexCheck(rw, op, indices, numExperts,
-                            IndexErrorOp::DispatchPlanIndices)))
+                            kMoEErrorDispatchPlanIndices)))
     return rw.notifyMatchFailure(op, "needs an enclosing module");
 
   Value rowsT = tensor::DimOp::create(rw, loc, indices, 0);

@@ -176,7 +176,7 @@ LogicalResult mlir::moe::lowering::lowerMadDispersion(MadDispersionOp op,
   Type assignType = cast<RankedTensorType>(assign.getType()).getElementType();
 
   if (failed(emitIndexCheck(rw, op, assign, indexConst(rw, loc, numExperts),
-                            IndexErrorOp::MadDispersionAssign)))
+                            kMoEErrorMadDispersionAssign)))
     return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
                                      "moeReportIndexError");
   Value tokens = promoteToF32(rw, loc, op.getTokens());

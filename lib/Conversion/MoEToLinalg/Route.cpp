@@ -259,7 +259,7 @@ LogicalResult mlir::moe::lowering::lowerRoute(RouteOp op, PatternRewriter &rw) {
     // error), and one outside [0, E) read as expert 0, never out of bounds.
     Value numExperts = tensor::DimOp::create(rw, loc, x, 1);
     if (failed(emitIndexCheck(rw, op, replay, numExperts,
-                              IndexErrorOp::RouteReplay)))
+                              kMoEErrorRouteReplay)))
       return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
                                        "moeReportIndexError");
     Value init = tensor::EmptyOp::create(

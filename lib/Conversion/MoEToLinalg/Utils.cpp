@@ -372,7 +372,7 @@ static constexpr llvm::StringLiteral kReportFn = "moeReportIndexError";
 LogicalResult mlir::moe::lowering::emitIndexCheck(RewriterBase &rw,
                                                   Operation *anchor,
                                                   Value indices, Value bound,
-                                                  IndexErrorOp opCode) {
+                                                  MoEErrorOp opCode) {
   auto module = anchor->getParentOfType<ModuleOp>();
   if (!module)
     return failure();

@@ -13,6 +13,7 @@
 #ifndef MOE_CONVERSION_MOETOLINALG_UTILS_H
 #define MOE_CONVERSION_MOETOLINALG_UTILS_H
 
+#include "MoE/Kernels/IndexErrors.h"
 #include "MoE/IR/MoEOps.h"
 #include "mlir/Dialect/Arith/Utils/Utils.h"
 #include "mlir/Dialect/Linalg/IR/Linalg.h"
@@ -193,21 +194,13 @@ Value normalizeRows(OpBuilder &b, Location loc, const OnlineSoftmaxState &s);
 // Run-time index errors (see include/MoE/Runtime/ErrorReporting.h)
 //===----------------------------------------------------------------------===//
 
-/// Op codes of moeReportIndexError.
-enum class IndexErrorOp : int32_t {
-  MadDispersionAssign = 1,
-  AdjacencyIdx = 2,
-  DispatchPlanIndices = 3,
-  AttentionHead = 4,
-  RouteReplay = 5
-};
 
 /// Emits loops over every element of the integer tensor `indices` (rank 1 or
 /// 2) that call `moeReportIndexError(op, position, value, bound)` for each value
 /// outside [0, bound); position is the row-major element number. Declares the
 /// function in the enclosing module when needed. Fails without a module.
 LogicalResult emitIndexCheck(RewriterBase &rewriter, Operation *anchor,
-                             Value indices, Value bound, IndexErrorOp op);
+                             Value indices, Value bound, MoEErrorOp op);
 
 //===----------------------------------------------------------------------===//
 // Lowering tails shared with MoEToCPU
