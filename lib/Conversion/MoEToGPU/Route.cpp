@@ -237,6 +237,22 @@ private:
 };
 } // namespace
 
+/// The moe.dispatch_plan that reads the indices of `op` and is lowered with
+/// it (the first in its block, with no capacity: DispatchPlan.cpp lowers
+/// the others, or refuses them, on their own).
+static DispatchPlanOp dispatchPlanOfIndices(RouteOp op) {
+  DispatchPlanOp first;
+  for (Operation *user : op.getIndices().getUsers()) {
+    auto plan = dyn_cast<DispatchPlanOp>(user);
+    if (!plan || plan->getBlock() != op->getBlock() || plan.getCapacity() ||
+        plan.getWeights())
+      continue;
+    if (!first || plan->isBeforeInBlock(first))
+      first = plan;
+  }
+  return first;
+}
+
 LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const {
   auto logitsType = cast<RankedTensorType>(op.getLogits().getType());
@@ -267,11 +283,29 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
       h.allocLike(weightsType, dynamicSizesFrom(kb, weightsType, x));
   Value indices =
       h.allocLike(indicesType, dynamicSizesFrom(kb, indicesType, x));
+  // A dispatch plan of these indices is lowered here too: its allocations
+  // come before the route kernel and its kernels right after it, so that the
+  // host does nothing between the four launches.
+  std::optional<DispatchPlanKernels> plan;
+  DispatchPlanOp planOp = dispatchPlanOfIndices(op);
+  if (planOp)
+    plan.emplace(h, planOp, indices);
+  auto finish = [&] {
+    if (!plan) {
+      h.finish();
+      h.replace(op, {weights, indices});
+      return;
+    }
+    plan->launch();
+    h.finish(/*checkErrors=*/true);
+    SmallVector<Value> buffers = {weights, indices};
+    llvm::append_range(buffers, plan->results);
+    h.replace({op.getOperation(), planOp.getOperation()}, buffers);
+  };
   if (lanes) {
     launchRouteLanes(h, spec, *lanes, numExperts, options.blockSize, x, bias,
                      weights, indices, op.getLoc());
-    h.finish();
-    h.replace(op, {weights, indices});
+    finish();
     return success();
   }
   SmallVector<Value> args = {x};
@@ -287,7 +321,6 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
             kernel.arg(args.size() - 2), kernel.arg(args.size() - 1));
   Value grid = kb.ceilDiv(kb.dim(x, 0), kb.idx(block / width));
   kernel.launch({grid, kb.idx(1), kb.idx(1)});
-  h.finish();
-  h.replace(op, {weights, indices});
+  finish();
   return success();
 }
