@@ -339,8 +339,15 @@ std::optional<RouteLanesMap> routeLanesMapOf(int64_t E,
                                              const kernels::RouteSpec &spec,
                                              Type elt);
 
+/// The block size of the route-map=lanes kernel: `blockSize` (the pass
+/// option), halved while the block's shared memory (P + 1 floats a thread)
+/// exceeds `sharedMemoryBytes` or its registers an SM's.
+int64_t routeLanesBlockSize(const RouteLanesMap &map, int64_t blockSize,
+                            int64_t sharedMemoryBytes);
+
 /// Defines and launches the route-map=lanes kernel of moe.route on x [T, E]
-/// (bias [E] or null) into weights/indices [T, k] (RouteLanes.cpp).
+/// (bias [E] or null) into weights/indices [T, k] with `blockSize` threads a
+/// block (routeLanesBlockSize) (RouteLanes.cpp).
 void launchRouteLanes(class HostCode &h, const kernels::RouteSpec &spec,
                       const RouteLanesMap &map, int64_t numExperts,
                       int64_t blockSize, Value x, Value bias, Value weights,

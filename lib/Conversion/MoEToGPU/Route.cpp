@@ -267,7 +267,8 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
     return op.emitOpError("GPU lowering needs a static expert count <= ")
            << kRouteMaxExperts
            << (options.routeMap == "lanes"
-                   ? " (route-map=lanes: <= 2048, at most 64 a lane)"
+                   ? " (route-map=lanes: <= 4096, at most 128 a lane, "
+                     "groups split evenly over lanes or whole on one)"
                    : "");
   if (spec.groups > kRouteMaxGroups)
     return op.emitOpError("GPU lowering supports n_group <= ")
@@ -303,8 +304,10 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
     h.replace({op.getOperation(), planOp.getOperation()}, buffers);
   };
   if (lanes) {
-    launchRouteLanes(h, spec, *lanes, numExperts, options.blockSize, x, bias,
-                     weights, indices, op.getLoc());
+    launchRouteLanes(h, spec, *lanes, numExperts,
+                     routeLanesBlockSize(*lanes, options.blockSize,
+                                         options.sharedMemoryBytes),
+                     x, bias, weights, indices, op.getLoc());
     finish();
     return success();
   }
