@@ -15,7 +15,8 @@
 //     records an index outside [0, E) in the error word.
 //  2. dispatch_scan: one block: per expert the total over the chunks (the
 //     `counts` result), the exclusive scans (`offsets`, the block-padded
-//     offsets, `num_padded`), each chunk's first position per expert (in
+//     offsets, `num_padded`: runs of E/32 experts a lane of the first warp,
+//     a butterfly across the runs), each chunk's first position per expert (in
 //     place of its count) and the expert of every padded block; it also
 //     writes every entry that no assignment will take: `padded_order`'s
 //     padding (N) and `order`'s tail past offsets[E] (-1, only where an index
@@ -227,21 +228,58 @@ void DispatchPlanKernels::launch() {
       kk.store(sum, cnt, {e});
     });
     kk.barrier();
-    // The scans are E steps of one thread (E is small next to N).
-    kk.ifThen(kk.eq(tid, kk.idx(0)), [&] {
-      SmallVector<Value> end = kk.forLoop(
-          kk.idx(0), kk.idx(E), kk.idx(1), {kk.cI32(0), kk.cI32(0)},
-          [&](Value e, ValueRange acc) -> SmallVector<Value> {
-            kk.store(acc[0], off, {e});
-            kk.store(acc[1], base, {poffAt(e)});
-            Value c = kk.load(totals, {e});
-            Value rounded =
-                kk.mul(kk.ceilDiv(c, kk.cI32(B)), kk.cI32(B));
+    // The exclusive scans by the first warp: lane l takes the run of C
+    // experts [l*C, l*C + C), sums its counts (and block-rounded counts), a
+    // butterfly gives every lane the sum of the lanes below it and the
+    // total, then each lane writes its run's offsets. (One thread's E steps,
+    // each a shared-memory load on the chain, were ~4 us at E = 256.)
+    const int64_t C = llvm::divideCeil(E, kWarp);
+    kk.ifThen(kk.lt(tid, kk.idx(kWarp)), [&] {
+      Value first = kk.mul(tid, kk.idx(C));
+      // The run's m-th count and its rounded form (0 past the last expert).
+      auto countAt = [&](Value m) -> std::pair<Value, Value> {
+        Value e = kk.add(first, m);
+        Value in = kk.lt(e, kk.idx(E));
+        Value c = kk.select(in, kk.load(totals, {kk.select(in, e, kk.idx(0))}),
+                            kk.cI32(0));
+        return {c, kk.mul(kk.ceilDiv(c, kk.cI32(B)), kk.cI32(B))};
+      };
+      SmallVector<Value> run = kk.forLoop(
+          kk.idx(0), kk.idx(C), kk.idx(1), {kk.cI32(0), kk.cI32(0)},
+          [&](Value m, ValueRange acc) -> SmallVector<Value> {
+            auto [c, rounded] = countAt(m);
             return {kk.add(acc[0], c), kk.add(acc[1], rounded)};
           });
-      kk.store(end[0], off, {kk.idx(E)});
-      kk.store(end[1], base, {poffAt(kk.idx(E))});
-      kk.store(end[1], num, {kk.idx(0)});
+      Value laneI32 = kk.castInt(tid, i32);
+      Value sum = run[0], padded = run[1];
+      Value below = kk.cI32(0), paddedBelow = kk.cI32(0);
+      for (int64_t bit = 1; bit < kWarp; bit *= 2) {
+        Value other = kk.shuffleXor(sum, bit);
+        Value otherPadded = kk.shuffleXor(padded, bit);
+        Value fromBelow =
+            kk.cmpi(arith::CmpIPredicate::ne, kk.andI(laneI32, kk.cI32(bit)),
+                    kk.cI32(0));
+        below = kk.add(below, kk.select(fromBelow, other, kk.cI32(0)));
+        paddedBelow = kk.add(paddedBelow,
+                             kk.select(fromBelow, otherPadded, kk.cI32(0)));
+        sum = kk.add(sum, other);
+        padded = kk.add(padded, otherPadded);
+      }
+      kk.forLoop(kk.idx(0), kk.idx(C), kk.idx(1), {below, paddedBelow},
+                 [&](Value m, ValueRange acc) -> SmallVector<Value> {
+                   Value e = kk.add(first, m);
+                   kk.ifThen(kk.lt(e, kk.idx(E)), [&] {
+                     kk.store(acc[0], off, {e});
+                     kk.store(acc[1], base, {poffAt(e)});
+                   });
+                   auto [c, rounded] = countAt(m);
+                   return {kk.add(acc[0], c), kk.add(acc[1], rounded)};
+                 });
+      kk.ifThen(kk.eq(tid, kk.idx(0)), [&] {
+        kk.store(sum, off, {kk.idx(E)});
+        kk.store(padded, base, {poffAt(kk.idx(E))});
+        kk.store(padded, num, {kk.idx(0)});
+      });
     });
     kk.barrier();
     Value nI32 = kk.trunc(kk.castInt(nk, kk.i64()), i32);

@@ -2,7 +2,8 @@
 
 // A stable counting sort without atomics: per-chunk counts (one warp a chunk
 // of 1024 assignments; match.any finds the lanes of a step holding the same
-// expert, the lowest of them adds their popcount), one scan block, then the
+// expert, the lowest of them adds their popcount), one scan block (its first
+// warp scans E / 32 experts a lane and a butterfly across lanes), then the
 // scatter by the same warps (rank = popcount of the lower matching lanes).
 // No memsets and one scratch allocation a call: the scan block writes the
 // entries no assignment takes (padded_order's padding = N, order's tail past
@@ -21,7 +22,11 @@
 // CHECK-NOT: memref.atomic_rmw
 // CHECK: gpu.return
 // CHECK: gpu.func @dispatch_scan_0(%{{.*}}: memref<?x8xi32>, %[[SCRATCH:.*]]: memref<?xi32>, %{{.*}}: memref<256xi32>, %{{.*}}: memref<257xi32>, %{{.*}}: memref<?xi32>, %{{.*}}: memref<1xi32>, %[[ORDER:.*]]: memref<?xi32>, %[[PADDED:.*]]: memref<?xi32>) workgroup({{.*}}) kernel attributes {known_block_size = array<i32: 256, 1, 1>}
+// The scans by the first warp: runs of 8 experts a lane, a 5-step butterfly of
+// the counts and the rounded counts (no thread walks all E experts).
 // CHECK: arith.ceildivui %{{.*}}, %c64_i32{{.*}} : i32
+// CHECK-COUNT-10: gpu.shuffle  xor %{{.*}} : i32
+// CHECK-NOT: gpu.shuffle
 // The padding after each expert's assignments, then the tails.
 // CHECK: scf.for
 // CHECK: memref.store %{{.*}}, %[[PADDED]]
