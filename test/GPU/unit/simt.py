@@ -23,11 +23,26 @@ kernel (a block of 256 threads with barriers) runs with `lockstep=True`.
 
 Only what the route, top-k, dispatch-plan and flash-mma kernels use is implemented; an unknown op raises.
 """
+import os
 import re
+import subprocess
 
 import numpy as np
 
 LANES = 32
+
+
+def find_moe_opt():
+    """The moe-opt that emits the kernels under test: $MOE_OPT, else the build's; None where there is none."""
+    path = os.environ.get("MOE_OPT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                                     "build", "bin", "moe-opt")
+    return path if os.path.exists(path) else None
+
+
+def lower(moe_opt, text, options=""):
+    """`text` through `moe-opt --convert-moe-to-gpu=OPTIONS --mlir-print-op-generic` (what parse() reads)."""
+    return subprocess.run([moe_opt, "-", f"--convert-moe-to-gpu={options}", "--mlir-print-op-generic"],
+                          input=text, capture_output=True, text=True, check=True).stdout
 
 OP = re.compile(r'^\s*(?:(?P<res>%[^=]+?) = )?"(?P<name>[\w.]+)"\((?P<args>[^)]*)\)(?P<rest>.*)$')
 BLOCK = re.compile(r"^\s*\^bb\d+(?:\((?P<args>.*)\))?:\s*$")

@@ -10,7 +10,6 @@ Needs moe-opt ($MOE_OPT, else build/bin/moe-opt): skipped without it.
 """
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -22,9 +21,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import simt  # noqa: E402
 
 torch = pytest.importorskip("torch")
-MOE_OPT = os.environ.get("MOE_OPT") or os.path.join(HERE, "..", "..", "..", "build", "bin", "moe-opt")
-if not os.path.exists(MOE_OPT):
-    pytest.skip(f"no moe-opt at {MOE_OPT}", allow_module_level=True)
+MOE_OPT = simt.find_moe_opt() or pytest.skip("no moe-opt ($MOE_OPT, build/bin)", allow_module_level=True)
 import run_gpu_tests as R  # noqa: E402
 
 CHUNK = 1024        # assignments a chunk warp takes (DispatchPlan.cpp's kChunk)
@@ -35,9 +32,7 @@ PLAN_TYPES = "tensor<{E}xi32>, tensor<{E1}xi32>, tensor<?xi32>, tensor<?xi32>, t
 
 
 def moe_opt(text, options=""):
-    out = subprocess.run([MOE_OPT, "-", f"--convert-moe-to-gpu={options}", "--mlir-print-op-generic"],
-                         input=text, capture_output=True, text=True, check=True).stdout
-    return out
+    return simt.lower(MOE_OPT, text, options)
 
 
 def lower_plan(E, k, B, itype="i32"):

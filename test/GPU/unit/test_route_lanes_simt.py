@@ -9,7 +9,6 @@ SFU's ulps are the GPU run's to check. Needs moe-opt ($MOE_OPT, else build/bin/m
 """
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -21,9 +20,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import simt  # noqa: E402
 
 torch = pytest.importorskip("torch")
-MOE_OPT = os.environ.get("MOE_OPT") or os.path.join(HERE, "..", "..", "..", "build", "bin", "moe-opt")
-if not os.path.exists(MOE_OPT):
-    pytest.skip(f"no moe-opt at {MOE_OPT}", allow_module_level=True)
+MOE_OPT = simt.find_moe_opt() or pytest.skip("no moe-opt ($MOE_OPT, build/bin)", allow_module_level=True)
 import run_gpu_tests as R  # noqa: E402
 
 MLIR_TYPES = {np.float32: "f32", np.float16: "f16", "bf16": "bf16"}
@@ -36,8 +33,7 @@ def lower(E, k, dtype, bias, attrs):
     text = (f"func.func @f(%x: tensor<?x{E}x{t}>{arg}) -> (tensor<?x{k}xf32>, tensor<?x{k}xi32>) {{\n"
             f"  %w, %i = moe.route %x{b} k({k}) {attrs} : tensor<?x{E}x{t}> -> tensor<?x{k}xf32>, "
             f"tensor<?x{k}xi32>\n  return %w, %i : tensor<?x{k}xf32>, tensor<?x{k}xi32>\n}}\n")
-    out = subprocess.run([MOE_OPT, "-", "--convert-moe-to-gpu=route-map=lanes", "--mlir-print-op-generic"],
-                         input=text, capture_output=True, text=True, check=True).stdout
+    out = simt.lower(MOE_OPT, text, "route-map=lanes")
     assert '"route_lanes_0"' in out, "not the lanes kernel"
     return out
 
