@@ -32,6 +32,13 @@
 // The SGLang/vLLM fused routers (biased_grouped_topk) use the same layout
 // idea: one warp per token, the group maxima by warp reductions.
 //
+// A moe.dispatch_plan of the route's indices (the first in the block, no
+// capacity) is lowered here too, in the same host code: its results and
+// scratch are allocated before the route kernel, its three kernels
+// (DispatchPlan.cpp) launched right after it, so route + plan is one chain
+// of four launches with nothing on the host between them (route-map=warp
+// and lanes alike).
+//
 //===----------------------------------------------------------------------===//
 
 #include "KernelUtils.h"
