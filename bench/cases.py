@@ -291,6 +291,39 @@ def route_case(regime: str, T: int) -> Case:
                 make, [((T, 8), torch.float32), ((T, 8), torch.int32)], eager, check)
 
 
+def route_plan_case(regime: str, T: int) -> Case:
+    """DeepSeek-V3's router and the dispatch plan of its picks as one chain (issue 46's GPU target: T = 8192 in
+    <= 10 us), against HF's router maths followed by the reference plan. The plan is checked exactly against the
+    reference plan of our own indices (HF's top-k is unsorted, so its plan orders a token's slots differently)."""
+    name = f"route_plan_deepseek_v3_T{T}"
+    N, P = T * 8, T * 8 + 256 * 63
+
+    def make(g):
+        return [torch.randn(T, 256, generator=g), 0.1 * torch.randn(256, generator=g)]
+
+    def eager(x, b):
+        from moe_mlir.reference.routing import dispatch_plan
+        w, i = bl.hf_grouped_router(x, b, 8, 8, 4, 2.5)
+        return (w, i) + tuple(dispatch_plan(i, 256, 64))
+
+    route = route_case(regime, T)
+
+    def check(inp, ours, ref):
+        from moe_mlir.reference.routing import dispatch_plan
+        err = route.check(inp, ours[:2], ref[:2])
+        for label, a, r in zip(("counts", "offsets", "order", "inverse", "padded_order", "block_experts",
+                                "num_padded"), ours[2:], dispatch_plan(ours[1].cpu(), 256, 64)):
+            if not torch.equal(a.cpu().long(), r.long()):
+                raise AssertionError(f"plan {label} differs from the reference plan of our indices")
+        return err
+
+    i32 = torch.int32
+    outs = [((T, 8), torch.float32), ((T, 8), i32), ((256,), i32), ((257,), i32), ((N,), i32), ((N,), i32),
+            ((P,), i32), ((-(-P // 64),), i32), ((1,), i32)]
+    return Case(name, "route", regime, dict(T=T, E=256, k=8, n_group=8, topk_group=4, block=64),
+                M.route_plan_deepseek_v3(name, T), make, outs, eager, check)
+
+
 def full_cases() -> list[Case]:
     cs = [
         # topk_renorm: decode and prefill, K from 8 to 256
@@ -356,6 +389,7 @@ def gpu_cases() -> list[Case]:
         adjacency_case("prefill", 65536, 256, 8),
         hyper_case("prefill", 256, 256, 1024, 256),
         route_case("decode", 64), route_case("prefill", 8192),
+        route_plan_case("decode", 64), route_plan_case("prefill", 8192),
     ]
 
 

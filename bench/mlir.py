@@ -115,5 +115,20 @@ def route_deepseek_v3(name: str, T: int, E: int = 256, k: int = 8, n_group: int 
     return _func(name, [("x", x), ("b", b)], [o, oi], body, ["%w", "%i"])
 
 
+def route_plan_deepseek_v3(name: str, T: int, E: int = 256, block: int = 64) -> str:
+    """moe.route with DeepSeek-V3's attributes followed by moe.dispatch_plan of its picks (one host code on the
+    GPU: Route.cpp lowers both, the four kernels back to back)."""
+    k = 8
+    x, b, o, oi = _t((T, E)), _t((E,)), _t((T, k)), _t((T, k), "i32")
+    plan = [_t((E,), "i32"), _t((E + 1,), "i32"), _t((T * k,), "i32"), _t((T * k,), "i32"), "tensor<?xi32>",
+            "tensor<?xi32>", _t((1,), "i32")]
+    body = (f"%w, %i = moe.route %x bias(%b : {b}) k({k}) scoring(sigmoid) n_group(8) topk_group(4) "
+            f"renormalize(true) routed_scaling_factor({_f(2.5)}) : {x} -> {o}, {oi}\n"
+            f"  %c, %o, %ord, %inv, %p, %pb, %n = moe.dispatch_plan %i num_experts({E}) block_size({block}) : "
+            f"{oi} -> {', '.join(plan)}")
+    return _func(name, [("x", x), ("b", b)], [o, oi] + plan, body,
+                 ["%w", "%i", "%c", "%o", "%ord", "%inv", "%p", "%pb", "%n"])
+
+
 def module(funcs: Sequence[str]) -> str:
     return "\n".join(funcs)

@@ -39,6 +39,9 @@ class Case:
     outputs: tuple[tuple[torch.dtype, tuple[int, ...]], ...]
     #: The kernels one call launches.
     launches: int
+    #: Its stream-ordered allocations (each freed in the call) and memsets.
+    allocs: int = 0
+    memsets: int = 0
 
 
 T = 64  # decode: the host cost is what decides there
@@ -62,7 +65,7 @@ CASES = [
     Case("dispatch_plan_E256", "dispatch_plan|num_experts=256|block_size=64|in:indices:i32:?x8",
          ((_I32, (T, 8)),),
          ((_I32, (256,)), (_I32, (257,)), (_I32, (T * 8,)), (_I32, (T * 8,)), (_I32, (_PLAN_PADDED,)),
-          (_I32, ((_PLAN_PADDED + 63) // 64,)), (_I32, (1,))), 3),
+          (_I32, ((_PLAN_PADDED + 63) // 64,)), (_I32, (1,))), 3, allocs=1),
     Case("similarity_inform_bf16", "similarity_inform|tau=0.5|causal=0|in:u:bf16:?x?x64|in:e:bf16:?x?x16",
          ((_BF16, (1, T, 64)), (_BF16, (1, T, 16))), ((_F32, (1, T, 16)),), 1),
 ]

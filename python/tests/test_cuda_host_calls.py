@@ -67,6 +67,9 @@ def test_a_call_is_capturable_and_lean(probed, case):
     # One lookup per launch (the host code MLIR emits asks for its function at every launch).
     assert steady["cuModuleGetFunction"] == case.launches
     assert steady["cuMemAllocAsync"] == steady["cuMemFreeAsync"], "scratch outlives the call"
+    # dispatch_plan: its scratch is one allocation and its kernels write every entry themselves (no memsets).
+    assert steady["cuMemAllocAsync"] == case.allocs, r["steady"]
+    assert steady["cuMemsetD32Async"] + steady["cuMemsetD16Async"] == case.memsets, r["steady"]
     # Everything on the caller's stream: ordered after the producers of the inputs, before their consumers.
     assert r["streams"] == [r["ambient_stream"]]
     # The first call may add the once-per-device set-up, nothing else.

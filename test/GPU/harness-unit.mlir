@@ -8,7 +8,8 @@
 // (test_route_lanes_model.py) against moe.route's definition, and
 // route-map=lanes's kernel as moe-opt emits it run warp by warp by a SIMT
 // interpreter (simt.py, test_route_lanes_simt.py) against the harness's
-// float64 reference.
+// float64 reference; dispatch_plan's three kernels (alone and after a route
+// kernel, test_dispatch_plan_simt.py) against its plain-Python plan.
 
 // CHECK-NOT: failed
 // CHECK: {{[0-9]+}} passed

@@ -1140,6 +1140,11 @@ def check_route(name, lib, fn, logits, bias, k, exact=False, **attrs):
     err = lib.take_error()
     if err:
         raise AssertionError(f"{name}: the call failed: {err}")
+    route_matches(name, logits, bias, k, w, i, exact, **attrs)
+
+
+def route_matches(name, logits, bias, k, w, i, exact=False, **attrs):
+    """A route's weights w and indices i against the float64 reference (check_route's rule)."""
     rw, ri, rc = ref_route(logits, bias, k, **attrs)
     if exact:
         same(f"{name} indices", i, ri)
@@ -1256,6 +1261,28 @@ def case_dispatch_plan(lib, g):
     check_plan("plan_deepseek", lib, "plan_deepseek", idx.to(DEV), 256, 64)
     check_plan("plan_deepseek (one token)", lib, "plan_deepseek", idx[:1].to(DEV), 256, 64)
     check_plan("plan_deepseek (no token)", lib, "plan_deepseek", idx[:0].to(DEV), 256, 64)
+    # Route + plan as one chain: the route checked as case_route checks it, the plan against the plan of the
+    # indices the route returned (a function of them: exact), at 3000 tokens (24 chunks), one and none.
+    ds = dict(scoring="sigmoid", n_group=8, topk_group=4, renormalize=True, scale=2.5)
+    bias = (torch.rand(256, generator=g) * 0.1).to(DEV)
+    for T in (3000, 1, 0):
+        logits = torch.randn(T, 256, generator=g).to(DEV)
+        if T > 4:
+            logits[1] = 0.25                     # ties: the bias alone chooses
+            logits[3] = NEG_INF
+        N, P = T * 8, T * 8 + 256 * 63
+        shapes = [((T, 8), torch.float32), ((T, 8), torch.int32)] + [
+            (s, torch.int32) for s in [(256,), (257,), (N,), (N,), (P,), (-(-P // 64),), (1,)]]
+        got = lib.call("route_plan_deepseek", [logits, bias], shapes)
+        err = lib.take_error()
+        if err:
+            raise AssertionError(f"route_plan_deepseek (T = {T}): the call failed: {err}")
+        if T:
+            route_matches(f"route_plan_deepseek (T = {T})", logits, bias, 8, got[0], got[1], **ds)
+        want = ref_dispatch_plan(got[1].cpu(), 256, 64)
+        for label, a, r in zip(("counts", "offsets", "order", "inverse", "padded_order", "block_experts",
+                                "num_padded"), got[2:], want):
+            same(f"route_plan_deepseek (T = {T}) {label}", a, r)
     small = torch.randint(0, 7, (333, 3), generator=g)                    # int64, E = 7, expert 6 unused
     small[small == 6] = 5
     check_plan("plan_small", lib, "plan_small", small.to(DEV), 7, 1)

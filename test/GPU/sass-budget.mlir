@@ -21,6 +21,15 @@
 // CHECK-DAG: sm_90 route_lanes_deepseek_v3/route_lanes_{{[0-9]+}}: {{.*}} loads 128b {{.*}} SHFL/token {{[0-9.]+}}
 // CHECK-DAG: sm_80 route_lanes_e2048/route_lanes_{{[0-9]+}}:
 // CHECK-DAG: sm_90 dispatch_plan/dispatch_{{[a-z_]+}}_{{[0-9]+}}:
+// Issue #48 item 4's shapes on the lanes kernel (E up to 4096, k up to 64, 32 and 64 groups of 64): no spills
+// (a spill fails always), 128-bit loads; the route + plan chain's four kernels.
+// CHECK-DAG: sm_90 route_lanes_e2048_g32/route_lanes_{{[0-9]+}}: {{.*}} loads 128b
+// CHECK-DAG: sm_80 route_lanes_e4096_k64/route_lanes_{{[0-9]+}}: {{.*}} loads 128b
+// CHECK-DAG: sm_90 route_lanes_e4096_k64/route_lanes_{{[0-9]+}}: {{.*}} loads 128b
+// CHECK-DAG: sm_90 route_lanes_e4096_g64/route_lanes_{{[0-9]+}}:
+// CHECK-DAG: sm_90 route_lanes_e3000_k64/route_lanes_{{[0-9]+}}:
+// CHECK-DAG: sm_90 route_plan_deepseek_v3/route_lanes_{{[0-9]+}}:
+// CHECK-DAG: sm_90 route_plan_deepseek_v3/dispatch_scatter_{{[0-9]+}}:
 // CHECK-DAG: sm_90 similarity_inform/similarity_inform_{{[0-9]+}}:
 // CHECK-DAG: sm_90 attention_posterior/attention_{{[a-z_]+}}_{{[0-9]+}}:
 // The flash kernels' key loop per score (issue #47 item 2): the default kernel's loop holds its staging loops,
@@ -44,6 +53,9 @@
 // TABLE-DAG: | sm_80 | route_lanes_deepseek_v3 | route_lanes_{{[0-9]+}} | shfl_per_token | {{[0-9.]+}} | {{[0-9.]+}} | 32 | met | ok |
 // TABLE-DAG: | sm_90 | route_lanes_deepseek_v3 | route_lanes_{{[0-9]+}} | widest_load_bits | 128 | 128 | 128 | met | ok |
 // TABLE-DAG: | sm_90 | route_lanes_deepseek_v3 | route_lanes_{{[0-9]+}} | instr_per_elem_round | {{[0-9.]+}} | {{[0-9.]+}} | 2 | met | ok |
+// TABLE-DAG: | sm_90 | route_lanes_e4096_k64 | route_lanes_{{[0-9]+}} | spill_bytes | 0 | 0 | 0 | met | ok |
+// TABLE-DAG: | sm_90 | route_lanes_e4096_g64 | route_lanes_{{[0-9]+}} | spill_bytes | 0 | 0 | 0 | met | ok |
+// TABLE-DAG: | sm_90 | route_lanes_e2048_g32 | route_lanes_{{[0-9]+}} | instr_per_elem_round | {{[0-9.]+}} | {{[0-9.]+}} | 2 | met | ok |
 // TABLE-DAG: | sm_90 | topk_logits_K256 | topk_renorm_warp_{{[0-9]+}} | widest_load_bits | {{[0-9]+}} | {{[0-9]+}} | 128 | {{.*}} | ok |
 // TABLE-DAG: | sm_90 | similarity_inform_bf16_sum_mma | similarity_inform_mma_{{[0-9]+}} | instr_per_score | {{[0-9.]+}} | {{[0-9.]+}} | 6 | {{[0-9.]+}}x | ok |
 // TABLE-NOT: OVER

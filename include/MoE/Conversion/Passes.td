@@ -175,8 +175,9 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "a contiguous run of experts loaded 16 bytes at a time where aligned, scored once (sigmoid with "
            "ex2.approx/rcp.approx), groups ranked from the lanes' top-2 sums by shuffles, the top-k by "
            "topk-rounds=list's candidate lists, the picks' scores kept in shared memory and the weights "
-           "stored coalesced; E <= 2048, groups of up to 64 experts whose lanes tile them (otherwise the "
-           "warp kernel)">,
+           "stored coalesced; E <= 4096 (up to 128 experts a lane), k <= E, groups of any size split evenly "
+           "over lanes or whole on a lane (otherwise the warp kernel); the block halves where its shared "
+           "memory or registers would not fit">,
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect",

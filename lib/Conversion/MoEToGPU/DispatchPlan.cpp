@@ -6,7 +6,7 @@
 // atomics, so that the plan is the same on every run (vLLM's
 // moe_align_block_size counts with atomics and orders within an expert by
 // arrival; the dialect's plan is the stable order). Three kernels on the
-// stream:
+// stream, one scratch allocation, no memsets:
 //
 //  1. dispatch_counts: one warp per chunk of 1024 assignments, 32 at a time in
 //     assignment order. Lanes holding the same expert find each other with
@@ -15,16 +15,23 @@
 //     records an index outside [0, E) in the error word.
 //  2. dispatch_scan: one block: per expert the total over the chunks (the
 //     `counts` result), the exclusive scans (`offsets`, the block-padded
-//     offsets, `num_padded`), each chunk's first position per expert (in
-//     place of its count) and the expert of every padded block.
+//     offsets, `num_padded`: runs of E/32 experts a lane of the first warp,
+//     a butterfly across the runs), each chunk's first position per expert (in
+//     place of its count) and the expert of every padded block; it also
+//     writes every entry that no assignment will take: `padded_order`'s
+//     padding (N) and `order`'s tail past offsets[E] (-1, only where an index
+//     was out of range).
 //  3. dispatch_scatter: the warps of kernel 1 again; an assignment's position
 //     is its chunk's base for its expert plus the number of lower lanes of
 //     the same step holding that expert (a popcount of the match mask), plus
 //     the earlier steps' (the running base in workgroup memory). Writes
-//     `order`, `inverse` and `padded_order`.
+//     `order`, `inverse` (-1 for an out-of-range index) and `padded_order`.
 //
-// `order` and `inverse` start as -1 and `padded_order` as N (stream memsets),
-// so invalid assignments and padding read as the op defines.
+// The scratch buffer holds the chunks' counts (chunks x E) and then the E + 1
+// block-padded offsets: one stream-ordered allocation a call. The three
+// launches follow each other with no host work between; a moe.route whose
+// indices a dispatch plan reads launches its kernel just before them, in the
+// same host code (Route.cpp), so route + plan is one chain of four kernels.
 //
 //===----------------------------------------------------------------------===//
 
@@ -110,49 +117,59 @@ public:
 Value asIndex(GpuKernelBuilder &kb, Value v) { return kb.castInt(v, kb.index()); }
 } // namespace
 
-LogicalResult
-DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
-                         ConversionPatternRewriter &rewriter) const {
+
+LogicalResult mlir::moe::gpu_lowering::checkDispatchPlanOnGPU(DispatchPlanOp op) {
   // Capacity needs a priority pass before the sort; only the CPU lowerings
   // have it so far.
   if (op.getCapacity())
     return op.emitOpError(
         "GPU lowering does not support 'capacity' yet (the CPU lowerings do)");
-  const int64_t E = op.getNumExperts(), B = op.getBlockSize();
-  Location loc = op.getLoc();
-  HostCode h(rewriter, op);
+  return success();
+}
+
+DispatchPlanKernels::DispatchPlanKernels(HostCode &h, DispatchPlanOp op,
+                                         Value indices)
+    : h(h), indices(indices), numExperts(op.getNumExperts()),
+      blockSize(op.getBlockSize()), loc(op.getLoc()) {
   GpuKernelBuilder &kb = h.kb;
-  Type i32 = kb.i32();
-  Value idx = h.buffer(adaptor.getIndices());
-  Value n = kb.mul(kb.dim(idx, 0), kb.dim(idx, 1));
+  const int64_t E = numExperts, B = blockSize;
+  Value n = kb.mul(kb.dim(indices, 0), kb.dim(indices, 1));
   Value padded = kb.add(n, kb.idx(E * (B - 1)));
   Value numBlocks = kb.ceilDiv(padded, kb.idx(B));
   // Results in the op's order, with the sizes of their dynamic dim.
   SmallVector<Value> sizes = {kb.idx(E), kb.idx(E + 1), n,        n,
                               padded,   numBlocks,    kb.idx(1)};
-  SmallVector<Value> results;
   for (auto [result, size] : llvm::zip(op->getResults(), sizes)) {
     auto type = cast<RankedTensorType>(result.getType());
     results.push_back(h.allocLike(
         type, type.isDynamicDim(0) ? ValueRange{size} : ValueRange{}));
   }
+  // One scratch buffer: each chunk's count (then first position) per expert,
+  // then the E + 1 block-padded offsets.
+  chunks = kb.ceilDiv(n, kb.idx(kChunk));
+  scratch = h.alloc(MemRefType::get({ShapedType::kDynamic}, kb.i32()),
+                    {kb.add(kb.mul(chunks, kb.idx(E)), kb.idx(E + 1))});
+  word = h.errorWord();
+}
+
+void DispatchPlanKernels::launch() {
+  GpuKernelBuilder &kb = h.kb;
+  const int64_t E = numExperts, B = blockSize;
+  Type i32 = kb.i32();
   Value counts = results[0], offsets = results[1], order = results[2],
         inverse = results[3], paddedOrder = results[4],
         blockExperts = results[5], numPadded = results[6];
-  Value chunks = kb.ceilDiv(n, kb.idx(kChunk));
-  Value chunkBase = h.alloc(MemRefType::get({ShapedType::kDynamic}, i32),
-                            {kb.mul(chunks, kb.idx(E))});
-  Value paddedOffsets = h.alloc(MemRefType::get({E + 1}, i32), {});
-  h.fill32(order, kb.cI32(-1));
-  h.fill32(inverse, kb.cI32(-1));
-  h.fill32(paddedOrder, kb.trunc(kb.castInt(n, kb.i64()), i32));
-  Value word = h.errorWord();
   MemRefType perExpert = workgroupMemRef({E}, i32);
+  // Where the padded offset of expert `e` sits in the scratch buffer of
+  // `numChunks` chunks.
+  auto paddedOffsetAt = [&](GpuKernelBuilder &kk, Value numChunks, Value e) {
+    return kk.add(kk.mul(numChunks, kk.idx(E)), e);
+  };
 
   // 1. Counts per chunk.
   {
-    GPUKernel kernel(h, "dispatch_counts", {idx, chunkBase, word}, {perExpert},
-                     {kWarp, 1, 1}, loc);
+    GPUKernel kernel(h, "dispatch_counts", {indices, scratch, word},
+                     {perExpert}, {kWarp, 1, 1}, loc);
     GpuKernelBuilder &kk = kernel.kb;
     Value base = kernel.arg(1), w = kernel.arg(2);
     Value local = kernel.workgroup(0);
@@ -178,20 +195,22 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
     kernel.launch({chunks, kb.idx(1), kb.idx(1)});
   }
 
-  // 2. Totals, scans, chunk bases, block experts.
+  // 2. Totals, scans, chunk bases, block experts, and every entry of `order`
+  // and `padded_order` that no assignment takes (no memsets on the host).
   {
     GPUKernel kernel(h, "dispatch_scan",
-                     {idx, chunkBase, counts, offsets, paddedOffsets,
-                      blockExperts, numPadded},
+                     {indices, scratch, counts, offsets, blockExperts,
+                      numPadded, order, paddedOrder},
                      {perExpert}, {kScanThreads, 1, 1}, loc);
     GpuKernelBuilder &kk = kernel.kb;
     Value ix = kernel.arg(0), base = kernel.arg(1), cnt = kernel.arg(2),
-          off = kernel.arg(3), poff = kernel.arg(4), blocks = kernel.arg(5),
-          num = kernel.arg(6);
+          off = kernel.arg(3), blocks = kernel.arg(4), num = kernel.arg(5),
+          ord = kernel.arg(6), pord = kernel.arg(7);
     Value totals = kernel.workgroup(0);
     Value tid = kk.threadId();
     Value nk = kk.mul(kk.dim(ix, 0), kk.dim(ix, 1));
     Value numChunks = kk.ceilDiv(nk, kk.idx(kChunk));
+    auto poffAt = [&](Value e) { return paddedOffsetAt(kk, numChunks, e); };
     auto eachExpert = [&](function_ref<void(Value)> body) {
       kk.forLoop(tid, kk.idx(E), kk.idx(kScanThreads), body);
     };
@@ -209,23 +228,61 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
       kk.store(sum, cnt, {e});
     });
     kk.barrier();
-    // The scans are E steps of one thread (E is small next to N).
-    kk.ifThen(kk.eq(tid, kk.idx(0)), [&] {
-      SmallVector<Value> end = kk.forLoop(
-          kk.idx(0), kk.idx(E), kk.idx(1), {kk.cI32(0), kk.cI32(0)},
-          [&](Value e, ValueRange acc) -> SmallVector<Value> {
-            kk.store(acc[0], off, {e});
-            kk.store(acc[1], poff, {e});
-            Value c = kk.load(totals, {e});
-            Value rounded =
-                kk.mul(kk.ceilDiv(c, kk.cI32(B)), kk.cI32(B));
+    // The exclusive scans by the first warp: lane l takes the run of C
+    // experts [l*C, l*C + C), sums its counts (and block-rounded counts), a
+    // butterfly gives every lane the sum of the lanes below it and the
+    // total, then each lane writes its run's offsets. (One thread's E steps,
+    // each a shared-memory load on the chain, were ~4 us at E = 256.)
+    const int64_t C = llvm::divideCeil(E, kWarp);
+    kk.ifThen(kk.lt(tid, kk.idx(kWarp)), [&] {
+      Value first = kk.mul(tid, kk.idx(C));
+      // The run's m-th count and its rounded form (0 past the last expert).
+      auto countAt = [&](Value m) -> std::pair<Value, Value> {
+        Value e = kk.add(first, m);
+        Value in = kk.lt(e, kk.idx(E));
+        Value c = kk.select(in, kk.load(totals, {kk.select(in, e, kk.idx(0))}),
+                            kk.cI32(0));
+        return {c, kk.mul(kk.ceilDiv(c, kk.cI32(B)), kk.cI32(B))};
+      };
+      SmallVector<Value> run = kk.forLoop(
+          kk.idx(0), kk.idx(C), kk.idx(1), {kk.cI32(0), kk.cI32(0)},
+          [&](Value m, ValueRange acc) -> SmallVector<Value> {
+            auto [c, rounded] = countAt(m);
             return {kk.add(acc[0], c), kk.add(acc[1], rounded)};
           });
-      kk.store(end[0], off, {kk.idx(E)});
-      kk.store(end[1], poff, {kk.idx(E)});
-      kk.store(end[1], num, {kk.idx(0)});
+      Value laneI32 = kk.castInt(tid, i32);
+      Value sum = run[0], padded = run[1];
+      Value below = kk.cI32(0), paddedBelow = kk.cI32(0);
+      for (int64_t bit = 1; bit < kWarp; bit *= 2) {
+        Value other = kk.shuffleXor(sum, bit);
+        Value otherPadded = kk.shuffleXor(padded, bit);
+        Value fromBelow =
+            kk.cmpi(arith::CmpIPredicate::ne, kk.andI(laneI32, kk.cI32(bit)),
+                    kk.cI32(0));
+        below = kk.add(below, kk.select(fromBelow, other, kk.cI32(0)));
+        paddedBelow = kk.add(paddedBelow,
+                             kk.select(fromBelow, otherPadded, kk.cI32(0)));
+        sum = kk.add(sum, other);
+        padded = kk.add(padded, otherPadded);
+      }
+      kk.forLoop(kk.idx(0), kk.idx(C), kk.idx(1), {below, paddedBelow},
+                 [&](Value m, ValueRange acc) -> SmallVector<Value> {
+                   Value e = kk.add(first, m);
+                   kk.ifThen(kk.lt(e, kk.idx(E)), [&] {
+                     kk.store(acc[0], off, {e});
+                     kk.store(acc[1], base, {poffAt(e)});
+                   });
+                   auto [c, rounded] = countAt(m);
+                   return {kk.add(acc[0], c), kk.add(acc[1], rounded)};
+                 });
+      kk.ifThen(kk.eq(tid, kk.idx(0)), [&] {
+        kk.store(sum, off, {kk.idx(E)});
+        kk.store(padded, base, {poffAt(kk.idx(E))});
+        kk.store(padded, num, {kk.idx(0)});
+      });
     });
     kk.barrier();
+    Value nI32 = kk.trunc(kk.castInt(nk, kk.i64()), i32);
     eachExpert([&](Value e) {
       kk.forLoop(kk.idx(0), numChunks, kk.idx(1),
                  ValueRange{kk.load(off, {e})},
@@ -234,32 +291,44 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
                    kk.store(run[0], base, {at(c, e)});
                    return {kk.add(run[0], count)};
                  });
-      // Expert e's padded blocks.
-      Value first = kk.divu(asIndex(kk, kk.load(poff, {e})), kk.idx(B));
-      Value last = kk.divu(
-          asIndex(kk, kk.load(poff, {kk.add(e, kk.idx(1))})), kk.idx(B));
+      // Expert e's padded blocks, and the padding after its assignments.
+      Value firstPos = asIndex(kk, kk.load(base, {poffAt(e)}));
+      Value endPos =
+          asIndex(kk, kk.load(base, {poffAt(kk.add(e, kk.idx(1)))}));
+      Value first = kk.divu(firstPos, kk.idx(B));
+      Value last = kk.divu(endPos, kk.idx(B));
       Value eI32 = kk.castInt(e, kk.i32());
       kk.forLoop(first, last, kk.idx(1),
                  [&](Value blk) { kk.store(eI32, blocks, {blk}); });
+      kk.forLoop(kk.add(firstPos, asIndex(kk, kk.load(totals, {e}))), endPos,
+                 kk.idx(1), [&](Value p) { kk.store(nI32, pord, {p}); });
     });
-    // The blocks past the last used one.
-    Value used = kk.divu(asIndex(kk, kk.load(poff, {kk.idx(E)})), kk.idx(B));
+    // The blocks past the last used one, the entries of `padded_order` past
+    // the last block, and those of `order` past the last valid assignment
+    // (there are some only where an index was out of range).
+    Value usedPos = asIndex(kk, kk.load(base, {poffAt(kk.idx(E))}));
+    Value used = kk.divu(usedPos, kk.idx(B));
     kk.forLoop(kk.add(used, tid), kk.dim(blocks, 0), kk.idx(kScanThreads),
                [&](Value blk) { kk.store(kk.cI32(-1), blocks, {blk}); });
+    kk.forLoop(kk.add(usedPos, tid), kk.dim(pord, 0), kk.idx(kScanThreads),
+               [&](Value p) { kk.store(nI32, pord, {p}); });
+    kk.forLoop(kk.add(asIndex(kk, kk.load(off, {kk.idx(E)})), tid), nk,
+               kk.idx(kScanThreads),
+               [&](Value p) { kk.store(kk.cI32(-1), ord, {p}); });
     kernel.launch({kb.idx(1), kb.idx(1), kb.idx(1)});
   }
 
   // 3. Positions.
   {
-    GPUKernel kernel(
-        h, "dispatch_scatter",
-        {idx, chunkBase, offsets, paddedOffsets, order, inverse, paddedOrder},
-        {perExpert}, {kWarp, 1, 1}, loc);
+    GPUKernel kernel(h, "dispatch_scatter",
+                     {indices, scratch, offsets, order, inverse, paddedOrder},
+                     {perExpert}, {kWarp, 1, 1}, loc);
     GpuKernelBuilder &kk = kernel.kb;
-    Value base = kernel.arg(1), off = kernel.arg(2), poff = kernel.arg(3),
-          ord = kernel.arg(4), inv = kernel.arg(5), pord = kernel.arg(6);
+    Value base = kernel.arg(1), off = kernel.arg(2), ord = kernel.arg(3),
+          inv = kernel.arg(4), pord = kernel.arg(5);
     Value running = kernel.workgroup(0);
     ChunkWarp cw(kk, kernel.arg(0), E);
+    Value numChunks = kk.ceilDiv(cw.total, kk.idx(kChunk));
     cw.eachExpert([&](Value e) {
       kk.store(kk.load(base, {kk.add(kk.mul(cw.chunk, kk.idx(E)), e)}),
                running, {e});
@@ -276,8 +345,12 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
         kk.store(nI32, ord, {asIndex(kk, pos)});
         kk.store(pos, inv, {st.n});
         Value within = kk.sub(pos, kk.load(off, {e}));
-        kk.store(nI32, pord, {asIndex(kk, kk.add(kk.load(poff, {e}), within))});
+        Value poff = kk.load(base, {paddedOffsetAt(kk, numChunks, e)});
+        kk.store(nI32, pord, {asIndex(kk, kk.add(poff, within))});
       });
+      // An out-of-range assignment is in no expert's list.
+      kk.ifThen(kk.andI(st.inBounds, kk.notI1(st.inRange)),
+                [&] { kk.store(kk.cI32(-1), inv, {st.n}); });
       // Everybody has read the base before the leader moves it on.
       kk.barrier();
       kk.ifThen(kk.andI(st.inRange, cw.isLeader(st)), [&] {
@@ -287,10 +360,18 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
     });
     kernel.launch({chunks, kb.idx(1), kb.idx(1)});
   }
+  h.release(scratch);
+}
 
-  h.release(chunkBase);
-  h.release(paddedOffsets);
+LogicalResult
+DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
+                         ConversionPatternRewriter &rewriter) const {
+  if (failed(checkDispatchPlanOnGPU(op)))
+    return failure();
+  HostCode h(rewriter, op);
+  DispatchPlanKernels plan(h, op, h.buffer(adaptor.getIndices()));
+  plan.launch();
   h.finish(/*checkErrors=*/true);
-  h.replace(op, results);
+  h.replace(op, plan.results);
   return success();
 }

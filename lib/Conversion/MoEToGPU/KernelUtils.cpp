@@ -915,16 +915,27 @@ Value HostCode::tensor(Value buffer, RankedTensorType type) {
 }
 
 void HostCode::replace(Operation *op, ValueRange buffers) {
+  replace(ArrayRef<Operation *>{op}, buffers);
+}
+
+void HostCode::replace(ArrayRef<Operation *> ops, ValueRange buffers) {
   // Every out first: the kernel's results are fixed once it is made.
+  SmallVector<Value> opResults;
+  for (Operation *op : ops)
+    llvm::append_range(opResults, op->getResults());
   SmallVector<std::pair<BlockArgument, RankedTensorType>> results;
-  for (auto [result, buffer] : llvm::zip_equal(op->getResults(), buffers)) {
+  for (auto [result, buffer] : llvm::zip_equal(opResults, buffers)) {
     auto type = cast<RankedTensorType>(result.getType());
     results.push_back({outFor(buffer, type), type});
   }
   SmallVector<Value> tensors;
   for (auto [out, type] : results)
     tensors.push_back(resultOf(out, type));
-  rewriter.replaceOp(op, tensors);
+  ArrayRef<Value> rest = tensors;
+  for (Operation *op : ops) {
+    rewriter.replaceOp(op, rest.take_front(op->getNumResults()));
+    rest = rest.drop_front(op->getNumResults());
+  }
 }
 
 void mlir::moe::gpu_lowering::emitRecordIndexError(GpuKernelBuilder &kb,

@@ -228,6 +228,9 @@ public:
   Value tensor(Value buffer, RankedTensorType type);
   /// Replaces the results of `op` by the tensors of `buffers` (one each).
   void replace(Operation *op, ValueRange buffers);
+  /// Replaces the results of several ops, in order, by the tensors of
+  /// `buffers` (an op lowered together with its consumers).
+  void replace(ArrayRef<Operation *> ops, ValueRange buffers);
 
 private:
   friend class GPUKernel;

@@ -340,12 +340,42 @@ std::optional<RouteLanesMap> routeLanesMapOf(int64_t E,
                                              const kernels::RouteSpec &spec,
                                              Type elt);
 
+/// The block size of the route-map=lanes kernel: `blockSize` (the pass
+/// option), halved while the block's shared memory (P + 1 floats a thread)
+/// exceeds `sharedMemoryBytes` or its registers an SM's.
+int64_t routeLanesBlockSize(const RouteLanesMap &map, int64_t blockSize,
+                            int64_t sharedMemoryBytes);
+
 /// Defines and launches the route-map=lanes kernel of moe.route on x [T, E]
-/// (bias [E] or null) into weights/indices [T, k] (RouteLanes.cpp).
+/// (bias [E] or null) into weights/indices [T, k] with `blockSize` threads a
+/// block (routeLanesBlockSize) (RouteLanes.cpp).
 void launchRouteLanes(class HostCode &h, const kernels::RouteSpec &spec,
                       const RouteLanesMap &map, int64_t numExperts,
                       int64_t blockSize, Value x, Value bias, Value weights,
                       Value indices, Location loc);
+
+/// Why moe.dispatch_plan `op` has no GPU lowering (an error on the op), or
+/// success.
+LogicalResult checkDispatchPlanOnGPU(DispatchPlanOp op);
+
+/// The kernels of moe.dispatch_plan `op` on `h`'s stream (DispatchPlan.cpp),
+/// in two steps so that the producer of the indices can launch between them
+/// with no host work after it: the constructor allocates the results (outs
+/// of `h`) and the one scratch buffer; launch() launches the three kernels
+/// on `indices` (a [T, k] buffer of i32 or i64) and releases the scratch.
+class DispatchPlanKernels {
+public:
+  DispatchPlanKernels(class HostCode &h, DispatchPlanOp op, Value indices);
+  void launch();
+  /// The result buffers, in the op's order.
+  SmallVector<Value> results;
+
+private:
+  class HostCode &h;
+  Value indices, chunks, scratch, word;
+  int64_t numExperts, blockSize;
+  Location loc;
+};
 
 /// A memref of rank >= 1 viewed as 2-D [rows, last]: rank 1 gets a unit
 /// leading dim, rank > 2 has its leading dims collapsed (identity layouts).

@@ -37,6 +37,13 @@
 // The SGLang/vLLM fused routers (biased_grouped_topk) use the same layout
 // idea: one warp per token, the group maxima by warp reductions.
 //
+// A moe.dispatch_plan of the route's indices (the first in the block, no
+// capacity) is lowered here too, in the same host code: its results and
+// scratch are allocated before the route kernel, its three kernels
+// (DispatchPlan.cpp) launched right after it, so route + plan is one chain
+// of four launches with nothing on the host between them (route-map=warp
+// and lanes alike).
+//
 //===----------------------------------------------------------------------===//
 
 #include "KernelUtils.h"
@@ -284,6 +291,22 @@ private:
 };
 } // namespace
 
+/// The moe.dispatch_plan that reads the indices of `op` and is lowered with
+/// it (the first in its block, with no capacity: DispatchPlan.cpp lowers
+/// the others, or refuses them, on their own).
+static DispatchPlanOp dispatchPlanOfIndices(RouteOp op) {
+  DispatchPlanOp first;
+  for (Operation *user : op.getIndices().getUsers()) {
+    auto plan = dyn_cast<DispatchPlanOp>(user);
+    if (!plan || plan->getBlock() != op->getBlock() || plan.getCapacity() ||
+        plan.getWeights())
+      continue;
+    if (!first || plan->isBeforeInBlock(first))
+      first = plan;
+  }
+  return first;
+}
+
 LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const {
   auto logitsType = cast<RankedTensorType>(op.getLogits().getType());
@@ -299,7 +322,8 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
     return op.emitOpError("GPU lowering needs a static expert count <= ")
            << kRouteMaxExperts
            << (options.routeMap == "lanes"
-                   ? " (route-map=lanes: <= 2048, at most 64 a lane)"
+                   ? " (route-map=lanes: <= 4096, at most 128 a lane, "
+                     "groups split evenly over lanes or whole on one)"
                    : "");
   if (spec.groups > kRouteMaxGroups)
     return op.emitOpError("GPU lowering supports n_group <= ")
@@ -315,11 +339,31 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
       h.allocLike(weightsType, dynamicSizesFrom(kb, weightsType, x));
   Value indices =
       h.allocLike(indicesType, dynamicSizesFrom(kb, indicesType, x));
+  // A dispatch plan of these indices is lowered here too: its allocations
+  // come before the route kernel and its kernels right after it, so that the
+  // host does nothing between the four launches.
+  std::optional<DispatchPlanKernels> plan;
+  DispatchPlanOp planOp = dispatchPlanOfIndices(op);
+  if (planOp)
+    plan.emplace(h, planOp, indices);
+  auto finish = [&] {
+    if (!plan) {
+      h.finish();
+      h.replace(op, {weights, indices});
+      return;
+    }
+    plan->launch();
+    h.finish(/*checkErrors=*/true);
+    SmallVector<Value> buffers = {weights, indices};
+    llvm::append_range(buffers, plan->results);
+    h.replace({op.getOperation(), planOp.getOperation()}, buffers);
+  };
   if (lanes) {
-    launchRouteLanes(h, spec, *lanes, numExperts, options.blockSize, x, bias,
-                     weights, indices, op.getLoc());
-    h.finish();
-    h.replace(op, {weights, indices});
+    launchRouteLanes(h, spec, *lanes, numExperts,
+                     routeLanesBlockSize(*lanes, options.blockSize,
+                                         options.sharedMemoryBytes),
+                     x, bias, weights, indices, op.getLoc());
+    finish();
     return success();
   }
   SmallVector<Value> args = {x};
@@ -342,7 +386,6 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
             kernel.arg(out + 1), replay, word);
   Value grid = kb.ceilDiv(kb.dim(x, 0), kb.idx(block / width));
   kernel.launch({grid, kb.idx(1), kb.idx(1)});
-  h.finish();
-  h.replace(op, {weights, indices});
+  finish();
   return success();
 }

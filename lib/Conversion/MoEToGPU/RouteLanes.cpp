@@ -33,8 +33,11 @@
 //    (topk_then_score), renormalized over the W lanes, scaled, stored with
 //    the index: consecutive lanes, consecutive picks.
 //
-// How it differs from SGLang's: any E up to 2048 (not only powers of two)
-// and groups of up to 64 experts (q lanes a group), the scores' order and
+// How it differs from SGLang's: any E up to 4096 (not only powers of two;
+// 128 experts a lane above 2048) and groups of any size that split evenly
+// over q lanes or fit whole on a lane (32 groups of 64: one a lane; 64 of
+// 64: two), the block halved until its shared memory and registers fit
+// (routeLanesBlockSize), the scores' order and
 // ties of the dialect (NaN first, lowest index: MoE/Kernels/TopK.h), and the
 // top-k by candidate lists rather than k rounds over every element. The
 // maths of each step is MoE/Kernels/Route.h's, as in Route.cpp's warp kernel;
@@ -62,8 +65,10 @@ using namespace mlir::moe::gpu_lowering;
 using namespace mlir::moe::kernels;
 
 /// Experts a lane holds at most (registers: the keys stay live through the
-/// rounds for the lists' refills).
-static constexpr int64_t kRouteLaneMaxExperts = 64;
+/// rounds for the lists' refills). Up to 2048 experts a row, 64 a lane
+/// suffice; 128 (a row of up to 4096 in one warp) costs about twice the
+/// registers and shared memory, so fewer tokens are in flight per SM.
+static constexpr int64_t kRouteLaneMaxExperts = 128;
 /// Experts a lane is given where the mapping may choose (SGLang's 32).
 static constexpr int64_t kRouteLaneExperts = 32;
 
@@ -77,24 +82,28 @@ mlir::moe::gpu_lowering::routeLanesMapOf(int64_t E, const RouteSpec &spec,
   };
   if (spec.groups > 1) {
     int64_t G = spec.groups, S = E / G;
-    if (S <= kRouteLaneExperts) {
+    // A group over q lanes (a power of two dividing S) of S / q experts each,
+    // at most 32 a lane where the groups' lanes fit a warp; otherwise whole
+    // groups a lane.
+    m.groupLanes = 1;
+    for (int64_t q = pow2(llvm::divideCeil(S, kRouteLaneExperts)); q > 1;
+         q /= 2)
+      if (S % q == 0 && q * pow2(G) <= kWarp) {
+        m.groupLanes = q;
+        break;
+      }
+    if (m.groupLanes > 1) {
+      m.groupsPerLane = 1;
+      m.perLane = S / m.groupLanes;
+      m.width = m.groupLanes * pow2(G);
+    } else {
       // Whole groups a lane: as many as fit 32 experts, then the lanes to
-      // hold them all (at most a warp), then the groups spread evenly.
-      m.groupLanes = 1;
+      // hold them all (at most a warp), then the groups spread evenly (32
+      // groups of 64 experts: one a lane; 64 of 64: two a lane).
       int64_t r = std::max<int64_t>(1, kRouteLaneExperts / S);
       m.width = std::min<int64_t>(kWarp, pow2(llvm::divideCeil(G, r)));
       m.groupsPerLane = llvm::divideCeil(G, m.width);
       m.perLane = m.groupsPerLane * S;
-    } else {
-      // A group over q lanes (a power of two) of S / q experts each.
-      m.groupLanes = pow2(llvm::divideCeil(S, kRouteLaneExperts));
-      if (S % m.groupLanes != 0)
-        return std::nullopt;
-      m.groupsPerLane = 1;
-      m.perLane = S / m.groupLanes;
-      m.width = m.groupLanes * pow2(G);
-      if (m.width > kWarp)
-        return std::nullopt;
     }
   } else {
     // 8 lanes a token up to 320 experts (4 tokens a warp), then as many as
@@ -437,6 +446,23 @@ private:
   }
 };
 } // namespace
+
+int64_t mlir::moe::gpu_lowering::routeLanesBlockSize(const RouteLanesMap &map,
+                                                     int64_t blockSize,
+                                                     int64_t sharedMemoryBytes) {
+  // A thread keeps P + 1 weight sources in shared memory and about 2P + 48
+  // registers (110 at P = 64, sm_90): halve the block until both fit (a
+  // 1024-thread block of DeepSeek-V3's 32 experts a lane would want 132 KiB
+  // and more registers than an SM has), never below a warp.
+  auto fits = [&](int64_t block) {
+    return block * (map.perLane + 1) * 4 <= sharedMemoryBytes &&
+           block * (2 * map.perLane + 48) <= 65536;
+  };
+  int64_t block = blockSize;
+  while (block > kWarp && block % (2 * kWarp) == 0 && !fits(block))
+    block /= 2;
+  return block;
+}
 
 void mlir::moe::gpu_lowering::launchRouteLanes(
     HostCode &h, const RouteSpec &spec, const RouteLanesMap &map,

@@ -1,4 +1,5 @@
 // RUN: moe-opt %s --convert-moe-to-gpu="route-map=lanes" -split-input-file -verify-diagnostics | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-gpu="route-map=lanes block-size=1024" -split-input-file -verify-diagnostics | FileCheck %s --check-prefix=BLOCK1024
 // ptxas-options: route-map=lanes
 
 // route-map=lanes (RouteLanes.cpp; not yet run on a GPU): W lanes a token
@@ -152,10 +153,78 @@ func.func @gpt_oss(%x: tensor<?x128xf32>) -> (tensor<?x4xf32>, tensor<?x4xi32>) 
 
 // -----
 
-// 32 groups of 64 would take 64 lanes: no lanes mapping, and the warp kernel
-// stops at 1024 experts.
-func.func @no_mapping(%x: tensor<?x2048xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
-  // expected-error @+1 {{'moe.route' op GPU lowering needs a static expert count <= 1024 (route-map=lanes: <= 2048, at most 64 a lane)}}
-  %w, %i = moe.route %x k(8) n_group(32) topk_group(4) : tensor<?x2048xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+// 32 groups of 64 (E = 2048): split over 2 lanes they would take 64, so a
+// group a lane, 64 experts each, the 32 groups ranked by 31 shuffles.
+// CHECK-LABEL: gpu.func @route_lanes_0
+// CHECK-SAME: workgroup(%{{.*}} : memref<8320xf32, #gpu.address_space<workgroup>>)
+// CHECK-SAME: known_block_size = array<i32: 128, 1, 1>
+// CHECK: arith.remui %{{.*}}, %c32{{.*}} : index
+// CHECK-COUNT-31: gpu.shuffle  xor %{{.*}} : i32
+// CHECK: scf.while
+// CHECK: nvvm.redux.sync  max
+func.func @groups_of_64_on_32_lanes(%x: tensor<?x2048xf32>, %b: tensor<2048xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  %w, %i = moe.route %x bias(%b : tensor<2048xf32>) k(8) scoring(sigmoid) n_group(32) topk_group(4) renormalize(true) : tensor<?x2048xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}
+
+// -----
+
+// E = 4096, k = 64 (issue #48 item 4): 32 lanes of 128 experts, 32 16-byte
+// loads a lane; 128 threads would want 66 KiB of shared memory, so the block
+// halves to 64 threads (33 KiB).
+// CHECK-LABEL: gpu.func @route_lanes_0
+// CHECK-SAME: workgroup(%{{.*}} : memref<8256xf32, #gpu.address_space<workgroup>>)
+// CHECK-SAME: known_block_size = array<i32: 64, 1, 1>
+// CHECK: scf.if
+// CHECK-COUNT-32: llvm.inline_asm
+// CHECK: } else {
+// CHECK-LABEL: func.func @e4096_k64(
+// CHECK: arith.ceildivui %{{.*}}, %c2 : index
+// CHECK: gpu.launch_func async [%{{.*}}] @moe_kernels::@route_lanes_0 blocks in (%{{.*}}, %{{.*}}, %{{.*}}) threads in (%c64
+func.func @e4096_k64(%x: tensor<?x4096xf32>) -> (tensor<?x64xf32>, tensor<?x64xi32>) {
+  %w, %i = moe.route %x k(64) renormalize(true) : tensor<?x4096xf32> -> tensor<?x64xf32>, tensor<?x64xi32>
+  return %w, %i : tensor<?x64xf32>, tensor<?x64xi32>
+}
+
+// -----
+
+// 64 groups of 64 (E = 4096): two whole groups a lane.
+// CHECK-LABEL: gpu.func @route_lanes_0
+// CHECK-SAME: known_block_size = array<i32: 64, 1, 1>
+// CHECK: arith.remui %{{.*}}, %c32{{.*}} : index
+func.func @groups_of_64_two_a_lane(%x: tensor<?x4096xbf16>, %b: tensor<4096xf32>) -> (tensor<?x16xf32>, tensor<?x16xi32>) {
+  %w, %i = moe.route %x bias(%b : tensor<4096xf32>) k(16) scoring(sigmoid) n_group(64) topk_group(8) renormalize(true) : tensor<?x4096xbf16> -> tensor<?x16xf32>, tensor<?x16xi32>
+  return %w, %i : tensor<?x16xf32>, tensor<?x16xi32>
+}
+
+// -----
+
+// block-size=1024 on DeepSeek-V3 would want 132 KiB of shared memory: the
+// lanes kernel takes 256 threads (33 KiB) instead of failing.
+// BLOCK1024-LABEL: gpu.func @route_lanes_0
+// BLOCK1024-SAME: workgroup(%{{.*}} : memref<8448xf32, #gpu.address_space<workgroup>>)
+// BLOCK1024-SAME: known_block_size = array<i32: 256, 1, 1>
+// BLOCK1024: gpu.launch_func async [%{{.*}}] @moe_kernels::@route_lanes_0 blocks in (%{{.*}}, %{{.*}}, %{{.*}}) threads in (%c256
+func.func @block_1024(%x: tensor<?x256xf32>, %b: tensor<256xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  %w, %i = moe.route %x bias(%b : tensor<256xf32>) k(8) scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) : tensor<?x256xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}
+
+// -----
+
+// What the lanes kernel refuses (and the warp kernel, at more than 1024
+// experts): groups of 819 (odd: no even split over lanes, and more than 128
+// experts on one lane), and rows of more than 4096 experts.
+func.func @odd_groups_too_large(%x: tensor<?x4095xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  // expected-error @+1 {{'moe.route' op GPU lowering needs a static expert count <= 1024 (route-map=lanes: <= 4096, at most 128 a lane, groups split evenly over lanes or whole on one)}}
+  %w, %i = moe.route %x k(8) n_group(5) topk_group(2) : tensor<?x4095xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}
+
+// -----
+
+func.func @e4100(%x: tensor<?x4100xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  // expected-error @+1 {{'moe.route' op GPU lowering needs a static expert count <= 1024 (route-map=lanes: <= 4096, at most 128 a lane, groups split evenly over lanes or whole on one)}}
+  %w, %i = moe.route %x k(8) : tensor<?x4100xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
   return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
 }

@@ -278,6 +278,12 @@ func.func @plan_deepseek(%idx: tensor<?x8xi32>) -> (tensor<256xi32>, tensor<257x
   %c, %o, %ord, %inv, %p, %b, %n = moe.dispatch_plan %idx num_experts(256) block_size(64) : tensor<?x8xi32> -> tensor<256xi32>, tensor<257xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
   return %c, %o, %ord, %inv, %p, %b, %n : tensor<256xi32>, tensor<257xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
 }
+// DeepSeek-V3's route followed by the plan of its picks: one host code, four kernels back to back (Route.cpp).
+func.func @route_plan_deepseek(%l: tensor<?x256xf32>, %bias: tensor<256xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>, tensor<256xi32>, tensor<257xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>) {
+  %w, %i = moe.route %l bias(%bias : tensor<256xf32>) k(8) scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) routed_scaling_factor(2.500000e+00) : tensor<?x256xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+  %c, %o, %ord, %inv, %p, %b, %n = moe.dispatch_plan %i num_experts(256) block_size(64) : tensor<?x8xi32> -> tensor<256xi32>, tensor<257xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
+  return %w, %i, %c, %o, %ord, %inv, %p, %b, %n : tensor<?x8xf32>, tensor<?x8xi32>, tensor<256xi32>, tensor<257xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
+}
 func.func @plan_small(%idx: tensor<?x3xi64>) -> (tensor<7xi32>, tensor<8xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>) {
   %c, %o, %ord, %inv, %p, %b, %n = moe.dispatch_plan %idx num_experts(7) : tensor<?x3xi64> -> tensor<7xi32>, tensor<8xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
   return %c, %o, %ord, %inv, %p, %b, %n : tensor<7xi32>, tensor<8xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>

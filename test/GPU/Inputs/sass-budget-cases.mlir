@@ -138,6 +138,37 @@ func.func @route_lanes_e2048(%x: tensor<8192x2048xf32>) -> (tensor<8192x8xf32>, 
   %w, %i = moe.route %x k(8) renormalize(true) : tensor<8192x2048xf32> -> tensor<8192x8xf32>, tensor<8192x8xi32>
   return %w, %i : tensor<8192x8xf32>, tensor<8192x8xi32>
 }
+// Issue #48 item 4's shapes without caps (route-map=lanes): 32 groups of 64 (a group a lane), E = 4096 with
+// k = 64 (32 lanes of 128, 64-thread blocks: routeLanesBlockSize), 64 groups of 64 (two a lane, bf16), E = 3000
+// (96 a lane). outer-trips: the model's refills a token (Gaussian logits; sigmoid + bias where the case has them).
+// sass-budget: kernel=route_lanes elements-per-lane=64 tokens-per-warp=1 rounds=8 loop-trips=8 outer-trips=0 experts=2048 tokens=8192 options=route-map=lanes
+func.func @route_lanes_e2048_g32(%x: tensor<8192x2048xf32>, %b: tensor<2048xf32>) -> (tensor<8192x8xf32>, tensor<8192x8xi32>) {
+  %w, %i = moe.route %x bias(%b : tensor<2048xf32>) k(8) scoring(sigmoid) n_group(32) topk_group(4) renormalize(true) : tensor<8192x2048xf32> -> tensor<8192x8xf32>, tensor<8192x8xi32>
+  return %w, %i : tensor<8192x8xf32>, tensor<8192x8xi32>
+}
+// sass-budget: kernel=route_lanes elements-per-lane=128 tokens-per-warp=1 rounds=64 loop-trips=64 outer-trips=1.2 experts=4096 tokens=8192 options=route-map=lanes
+func.func @route_lanes_e4096_k64(%x: tensor<8192x4096xf32>) -> (tensor<8192x64xf32>, tensor<8192x64xi32>) {
+  %w, %i = moe.route %x k(64) renormalize(true) : tensor<8192x4096xf32> -> tensor<8192x64xf32>, tensor<8192x64xi32>
+  return %w, %i : tensor<8192x64xf32>, tensor<8192x64xi32>
+}
+// sass-budget: kernel=route_lanes elements-per-lane=128 tokens-per-warp=1 rounds=16 loop-trips=16 outer-trips=0 experts=4096 tokens=8192 options=route-map=lanes
+func.func @route_lanes_e4096_g64(%x: tensor<8192x4096xbf16>, %b: tensor<4096xf32>) -> (tensor<8192x16xf32>, tensor<8192x16xi32>) {
+  %w, %i = moe.route %x bias(%b : tensor<4096xf32>) k(16) scoring(sigmoid) n_group(64) topk_group(8) renormalize(true) : tensor<8192x4096xbf16> -> tensor<8192x16xf32>, tensor<8192x16xi32>
+  return %w, %i : tensor<8192x16xf32>, tensor<8192x16xi32>
+}
+// sass-budget: kernel=route_lanes elements-per-lane=96 tokens-per-warp=1 rounds=64 loop-trips=64 outer-trips=1.4 experts=3000 tokens=8192 options=route-map=lanes
+func.func @route_lanes_e3000_k64(%x: tensor<8192x3000xf32>) -> (tensor<8192x64xf32>, tensor<8192x64xi32>) {
+  %w, %i = moe.route %x k(64) scoring(sigmoid) renormalize(true) : tensor<8192x3000xf32> -> tensor<8192x64xf32>, tensor<8192x64xi32>
+  return %w, %i : tensor<8192x64xf32>, tensor<8192x64xi32>
+}
+// DeepSeek-V3's route and the plan of its picks as one chain (route-map=lanes; Route.cpp lowers both in one
+// host code: the four kernels launched back to back).
+// sass-budget: kernel=route_lanes elements-per-lane=32 tokens-per-warp=4 rounds=8 loop-trips=8 outer-trips=0.02 experts=256 tokens=8192 options=route-map=lanes
+func.func @route_plan_deepseek_v3(%x: tensor<8192x256xf32>, %b: tensor<256xf32>) -> (tensor<8192x8xf32>, tensor<256xi32>, tensor<257xi32>, tensor<65536xi32>, tensor<65536xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>) {
+  %w, %i = moe.route %x bias(%b : tensor<256xf32>) k(8) scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) routed_scaling_factor(2.500000e+00) : tensor<8192x256xf32> -> tensor<8192x8xf32>, tensor<8192x8xi32>
+  %c, %o, %ord, %inv, %p, %pb, %n = moe.dispatch_plan %i num_experts(256) block_size(64) : tensor<8192x8xi32> -> tensor<256xi32>, tensor<257xi32>, tensor<65536xi32>, tensor<65536xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
+  return %w, %c, %o, %ord, %inv, %p, %pb, %n : tensor<8192x8xf32>, tensor<256xi32>, tensor<257xi32>, tensor<65536xi32>, tensor<65536xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>
+}
 // The dispatch plan of DeepSeek-V3's picks (8192 tokens x 8).
 func.func @dispatch_plan(%idx: tensor<8192x8xi32>) -> (tensor<256xi32>, tensor<257xi32>, tensor<65536xi32>, tensor<65536xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>) {
   %c, %o, %ord, %inv, %p, %b, %n = moe.dispatch_plan %idx num_experts(256) block_size(64) : tensor<8192x8xi32> -> tensor<256xi32>, tensor<257xi32>, tensor<65536xi32>, tensor<65536xi32>, tensor<?xi32>, tensor<?xi32>, tensor<1xi32>

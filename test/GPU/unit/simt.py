@@ -17,13 +17,32 @@ modelled), nvgpu.device_async_copy (zero fill past src-size), vector from_elemen
 load/store, arith.truncf to f16/bf16 (round to nearest even). Vectors are arrays (lanes, *shape); f16/bf16
 values are their bits (uint16) throughout.
 
-Only what the route, top-k and flash-mma kernels use is implemented; an unknown op raises.
+The dispatch plan's kernels (DispatchPlan.cpp) add nvvm.match.sync (any), math.ctpop/cttz and the error word's
+llvm.inttoptr, cmpxchg (lanes in order), getelementptr and store on a global int64 buffer (Memory.add); its scan
+kernel (a block of 256 threads with barriers) runs with `lockstep=True`.
+
+Only what the route, top-k, dispatch-plan and flash-mma kernels use is implemented; an unknown op raises.
 """
+import os
 import re
+import subprocess
 
 import numpy as np
 
 LANES = 32
+
+
+def find_moe_opt():
+    """The moe-opt that emits the kernels under test: $MOE_OPT, else the build's; None where there is none."""
+    path = os.environ.get("MOE_OPT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                                     "build", "bin", "moe-opt")
+    return path if os.path.exists(path) else None
+
+
+def lower(moe_opt, text, options=""):
+    """`text` through `moe-opt --convert-moe-to-gpu=OPTIONS --mlir-print-op-generic` (what parse() reads)."""
+    return subprocess.run([moe_opt, "-", f"--convert-moe-to-gpu={options}", "--mlir-print-op-generic"],
+                          input=text, capture_output=True, text=True, check=True).stdout
 
 OP = re.compile(r'^\s*(?:(?P<res>%[^=]+?) = )?"(?P<name>[\w.]+)"\((?P<args>[^)]*)\)(?P<rest>.*)$')
 BLOCK = re.compile(r"^\s*\^bb\d+(?:\((?P<args>.*)\))?:\s*$")
@@ -225,6 +244,14 @@ class Memory:
         self.buffers.append((base, array, elt))
         return len(self.buffers) - 1
 
+    def at(self, address):
+        """(array flattened, element index) of the global `address`."""
+        for base, array, elt in self.buffers:
+            if base <= address < base + array.nbytes:
+                flat = array.reshape(-1)
+                return flat, (address - base) // array.itemsize
+        raise IndexError(hex(address))
+
     def load16(self, address):
         for base, array, elt in self.buffers:
             if base <= address < base + array.nbytes:
@@ -411,6 +438,45 @@ class Warp:
             for l in range(self.n):
                 if mask[l]:
                     arr[tuple(int(i[l]) for i in a[2:])] = a[0][l]
+            return None
+        if n == "nvvm.match.sync":
+            assert "any" in op.props, op.props
+            out = np.zeros(self.n, dtype=np.int32)
+            for w0 in range(0, self.n, LANES):
+                v, m = a[1][w0:w0 + LANES], mask[w0:w0 + LANES] & ((int(a[0][w0]) & 0xFFFFFFFF) != 0)
+                for l in range(LANES):
+                    bits = sum(1 << j for j in range(LANES) if m[j] and v[j] == v[l])
+                    out[w0 + l] = np.uint32(bits).view(np.int32)
+            return out
+        if n == "math.ctpop":
+            u = _unsigned(a[0]).astype(np.uint64)
+            return np.array([bin(int(x)).count("1") for x in u], dtype=a[0].dtype)
+        if n == "math.cttz":
+            bits = 8 * a[0].dtype.itemsize
+            u = _unsigned(a[0]).astype(np.uint64)
+            return np.array([(int(x) & -int(x)).bit_length() - 1 if x else bits for x in u], dtype=a[0].dtype)
+        if n == "llvm.inttoptr":
+            return a[0].astype(np.int64)
+        if n == "llvm.getelementptr":
+            idx = int(re.search(r"rawConstantIndices = array<i32: (-?\d+)>", op.props).group(1))
+            elt = re.search(r"elem_type = (\w+)", op.props).group(1)
+            return a[0] + idx * {"i64": 8, "i32": 4}[elt]
+        if n == "llvm.cmpxchg":
+            old = np.zeros(self.n, dtype=np.int64)
+            ok = np.zeros(self.n, dtype=bool)
+            for l in range(self.n):
+                if mask[l]:
+                    flat, i = self.mem.at(int(a[0][l]))
+                    old[l] = flat[i]
+                    ok[l] = flat[i] == a[1][l]
+                    if ok[l]:
+                        flat[i] = a[2][l]
+            return [(old, ok)]
+        if n == "llvm.store":
+            for l in range(self.n):
+                if mask[l]:
+                    flat, i = self.mem.at(int(a[1][l]))
+                    flat[i] = a[0][l]
             return None
         if n == "gpu.shuffle":
             assert "xor" in op.props, op.props

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_topk_list_model import GONE, list_select, ordered_key  # noqa: E402
 
 WARP = 32
-LANE_EXPERTS, LANE_MAX = 32, 64
+LANE_EXPERTS, LANE_MAX = 32, 128
 
 
 def pow2(v):
@@ -37,18 +37,16 @@ def lanes_map(E, G, topk_group, k, vec):
     """routeLanesMapOf: dict(width, per_lane, q, r, t), or None (the warp kernel routes)."""
     if G > 1:
         S = E // G
-        if S <= LANE_EXPERTS:
-            q, r = 1, max(1, LANE_EXPERTS // S)
+        # A group over q lanes where q divides S and the groups' lanes fit a warp, else whole groups a lane.
+        q = next((q for q in (pow2(-(-S // LANE_EXPERTS)) >> i for i in range(6))
+                  if q > 1 and S % q == 0 and q * pow2(G) <= WARP), 1)
+        if q > 1:
+            r, P, width = 1, S // q, q * pow2(G)
+        else:
+            r = max(1, LANE_EXPERTS // S)
             width = min(WARP, pow2(-(-G // r)))
             r = -(-G // width)
             P = r * S
-        else:
-            q = pow2(-(-S // LANE_EXPERTS))
-            if S % q:
-                return None
-            r, P, width = 1, S // q, q * pow2(G)
-            if width > WARP:
-                return None
     else:
         q = r = 1
         width = max(8, pow2(-(-E // 40)))
@@ -188,7 +186,14 @@ SHAPES = [(256, 8, 4, 8, True),       # DeepSeek-V3: one lane a group
           (20, 1, 1, 4, True),        # gpt-oss-like
           (16, 1, 1, 1, True),
           (6, 1, 1, 6, True),
-          (62, 2, 1, 5, True)]
+          (62, 2, 1, 5, True),
+          (2048, 32, 4, 8, True),     # 32 groups of 64: a group a lane
+          (4096, 64, 8, 16, True),    # 64 groups of 64: two a lane, 128 experts a lane
+          (4096, 1, 1, 64, True),     # k = 64
+          (3000, 1, 1, 64, False),
+          (264, 8, 4, 8, True),       # groups of 33
+          (1000, 10, 3, 8, True),     # groups of 100 over 2 lanes
+          (100, 5, 4, 64, True)]      # k = 64 of the 80 kept
 
 
 @pytest.mark.parametrize("E,G,topk_group,k,top2", SHAPES)
@@ -207,9 +212,16 @@ def test_mapping():
     assert (m["width"], m["per_lane"], m["q"], m["r"], m["t"]) == (8, 32, 1, 1, 5)
     assert lanes_map(384, 1, 1, 8, 4)["width"] == 16    # Kimi-K2: 24 a lane
     assert lanes_map(1024, 8, 4, 8, 4)["q"] == 4
-    assert lanes_map(2048, 32, 4, 8, 4) is None         # groups of 64 x 32 groups: 64 lanes
-    assert lanes_map(132, 2, 1, 4, 4) is None           # groups of 66 do not tile 4 lanes
-    assert lanes_map(4096, 1, 1, 8, 4) is None
+    m = lanes_map(2048, 32, 4, 8, 4)                    # 32 groups of 64: a group a lane (2 lanes each: 64)
+    assert (m["width"], m["per_lane"], m["q"], m["r"]) == (32, 64, 1, 1)
+    m = lanes_map(4096, 64, 8, 16, 4)                   # 64 groups of 64: two a lane
+    assert (m["width"], m["per_lane"], m["q"], m["r"]) == (32, 128, 1, 2)
+    m = lanes_map(132, 2, 1, 4, 4)                      # groups of 66 over 2 lanes of 33
+    assert (m["width"], m["per_lane"], m["q"]) == (4, 33, 2)
+    assert lanes_map(264, 8, 4, 8, 4)["per_lane"] == 33  # groups of 33: whole on a lane
+    assert lanes_map(4096, 1, 1, 64, 4)["per_lane"] == 128
+    assert lanes_map(4095, 5, 2, 8, 4) is None          # groups of 819 (odd): neither split nor whole
+    assert lanes_map(4100, 1, 1, 8, 4) is None          # past 32 lanes of 128
 
 
 def test_refills_on_deepseek_v3():

@@ -9,7 +9,6 @@ SFU's ulps are the GPU run's to check. Needs moe-opt ($MOE_OPT, else build/bin/m
 """
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -21,12 +20,9 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import simt  # noqa: E402
 
 torch = pytest.importorskip("torch")
-MOE_OPT = os.environ.get("MOE_OPT") or os.path.join(HERE, "..", "..", "..", "build", "bin", "moe-opt")
-if not os.path.exists(MOE_OPT):
-    pytest.skip(f"no moe-opt at {MOE_OPT}", allow_module_level=True)
+MOE_OPT = simt.find_moe_opt() or pytest.skip("no moe-opt ($MOE_OPT, build/bin)", allow_module_level=True)
 import run_gpu_tests as R  # noqa: E402
 
-BLOCK = 128
 MLIR_TYPES = {np.float32: "f32", np.float16: "f16", "bf16": "bf16"}
 
 
@@ -37,8 +33,7 @@ def lower(E, k, dtype, bias, attrs):
     text = (f"func.func @f(%x: tensor<?x{E}x{t}>{arg}) -> (tensor<?x{k}xf32>, tensor<?x{k}xi32>) {{\n"
             f"  %w, %i = moe.route %x{b} k({k}) {attrs} : tensor<?x{E}x{t}> -> tensor<?x{k}xf32>, "
             f"tensor<?x{k}xi32>\n  return %w, %i : tensor<?x{k}xf32>, tensor<?x{k}xi32>\n}}\n")
-    out = subprocess.run([MOE_OPT, "-", "--convert-moe-to-gpu=route-map=lanes", "--mlir-print-op-generic"],
-                         input=text, capture_output=True, text=True, check=True).stdout
+    out = simt.lower(MOE_OPT, text, "route-map=lanes")
     assert '"route_lanes_0"' in out, "not the lanes kernel"
     return out
 
@@ -60,7 +55,9 @@ def run(text, x, bias, k, misalign):
     smem = int(re.search(r"memref<(\d+)xf32, #gpu.address_space<workgroup>>", text).group(1))
     # The token's lanes W: the divisor of the kernel's first remui (tid % W).
     width = int(re.search(r'value = (\d+) : index\}> : \(\) -> index\n\s*%\d+ = "arith.remui"', text).group(1))
-    simt.run_kernel(body, args, BLOCK, -(-T // (BLOCK // width)), mem, smem_shape=(smem,))
+    # The block the lowering sized (routeLanesBlockSize: halved where 128 threads' shared memory would not fit).
+    block = int(re.search(r'known_block_size = array<i32: (\d+), 1, 1>', text).group(1))
+    simt.run_kernel(body, args, block, -(-T // (block // width)), mem, smem_shape=(smem,))
     return w, i
 
 
@@ -100,6 +97,21 @@ CASES = [
     (64, 8, np.float32, False, "n_group(16) topk_group(4) renormalize(true)",
      dict(n_group=16, topk_group=4, renormalize=True)),
     (2048, 8, np.float32, False, "renormalize(true)", dict(renormalize=True)),
+    # Issue #48 item 4's shapes without caps: 32 groups of 64 (a group a lane), 64 of 64 (two a lane), E = 4096
+    # and 3000 and 4095 (128 and 96 experts a lane, 64-thread blocks), k = 64, groups of 33 and 100 experts.
+    (2048, 8, np.float32, True, "scoring(sigmoid) n_group(32) topk_group(4) renormalize(true)",
+     dict(scoring="sigmoid", n_group=32, topk_group=4, renormalize=True)),
+    (4096, 64, np.float32, False, "renormalize(true)", dict(renormalize=True)),
+    (4096, 16, "bf16", True, "scoring(sigmoid) n_group(64) topk_group(8) renormalize(true)",
+     dict(scoring="sigmoid", n_group=64, topk_group=8, renormalize=True)),
+    (3000, 64, np.float32, False, "scoring(sigmoid) renormalize(true)", dict(scoring="sigmoid", renormalize=True)),
+    (4095, 32, np.float16, False, "order(topk_then_score) renormalize(true)",
+     dict(renormalize=True, order="topk_then_score")),
+    (264, 8, np.float32, True, "scoring(sigmoid) n_group(8) topk_group(4) renormalize(true)",
+     dict(scoring="sigmoid", n_group=8, topk_group=4, renormalize=True)),
+    (1000, 8, np.float32, False, "n_group(10) topk_group(3) renormalize(true)",
+     dict(n_group=10, topk_group=3, renormalize=True)),
+    (100, 64, np.float32, False, "n_group(5) topk_group(4)", dict(n_group=5, topk_group=4)),
 ]
 
 
