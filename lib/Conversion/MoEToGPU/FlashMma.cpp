@@ -84,6 +84,7 @@
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
+#include "mlir/Dialect/Utils/StaticValueUtils.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 
 #include "llvm/Support/MathExtras.h"
@@ -206,8 +207,15 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       if (spec.topk)
         regs = std::max(regs, 6 * tile.experts / 8 + 40);
       // attention_posterior's per-element bias and score loads spilled under
-      // the 128-register cap of 4 blocks (ptxas, D = 64, sm_80 and sm_90).
-      tile.blocksPerSM = regs <= 128 && !spec.hasAddScores ? 4 : 2;
+      // the 128-register cap of 4 blocks (ptxas, D = 64, sm_80 and sm_90);
+      // so did the fused top-k of the base-2 kernel with the cp.async
+      // staging's copies in flight (sm_80, a key mask, D = 40, K = 12: 12
+      // bytes at 128 registers).
+      tile.blocksPerSM =
+          regs <= 128 && !spec.hasAddScores &&
+                  !(spec.topk && tile.base2 && tile.buffers > 1)
+              ? 4
+              : 2;
       return tile;
     }
   }
@@ -596,7 +604,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // tile): a view at a dynamic offset, so that the addresses into it are
   // the buffer's base plus ones that do not change in the key loop.
   auto bufferAt = [&](Value buffer, Value row) -> Value {
-    if (!row)
+    if (!row || isConstantIntValue(row, 0))
       return buffer;
     auto type = cast<MemRefType>(buffer.getType());
     int64_t width = type.getShape()[1];
