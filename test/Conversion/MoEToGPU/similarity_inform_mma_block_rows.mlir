@@ -101,8 +101,8 @@
 // SPLIT-NOT: gpu.alloc
 // SPLIT-LABEL: func.func @topk_one_row_tile(
 // The ptxas sweep (GPU/ptxas-sweep.mlir) assembles these with the first
-// RUN line's options:
-// ptxas-options: flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-topk=true
+// RUN line's options and the LAZY line's two:
+// ptxas-options: flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-topk=true flash-mma-lazy-rescale=true flash-mma-stages=3
 
 // CHECK-LABEL: gpu.func @similarity_inform_mma_0
 // CHECK-SAME: workgroup(%[[K:.*]] : memref<128x72xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[V:.*]] : memref<128x24xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})

@@ -189,6 +189,27 @@ def test_flash_mma_copies_land_late(variant, name):
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
 
 
+@pytest.mark.parametrize("variant,t", [("rows128_lazy", "bf16"), ("rows128_lazy3", "bf16"), ("rows128_lazy", "f16")])
+def test_lazy_rescale_hot_loop_and_exact_steps(variant, t):
+    """flash-mma-lazy-rescale over enough whole tiles for its hot loop (N = 520: 8 whole tiles, the hot loop's
+    [0, 448) or [0, 384) with 3 stages): keys whose norms grow with j, so that the rows with a positive dot to that
+    direction see their max grow past the margin (7 in log2 units for bf16, 2 for f16) tile after tile (their warps
+    leave the hot loop for the exact step, then go back in), while the rows with a negative one keep the max of the
+    first tile (their warps stay in the hot loop); copies landing at their wait. Against float64. (A kernel whose
+    test never finds a weight of 2 or more fails here: its weights overflow after the first tile.)"""
+    rng = np.random.default_rng(29)
+    B, N, D, K, tau = 1, 520, 32, 8, 0.25
+    u = rng.standard_normal((B, N, D)).astype(np.float32) * 0.3
+    u[:, :, 0] = np.linspace(-2.0, 3.0, N)[None, :]
+    e = rng.random((B, N, K)).astype(np.float32)
+    e /= e.sum(-1, keepdims=True)
+    u, e = bits(u, t), bits(e, t)
+    text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
+    got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=True)
+    ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
+    np.testing.assert_allclose(got, ref, **R.MMA_TOL)
+
+
 @pytest.mark.parametrize("variant", ["sum_mma", "sum_mma_async", "rows128_async", "rows128_base2_wide",
                                      "rows128_lazy", "rows128_lazy3"])
 def test_flash_mma_misaligned_keys(variant):
