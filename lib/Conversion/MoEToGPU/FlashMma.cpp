@@ -72,6 +72,15 @@
 // decoding): each writes partial rows, a second kernel combines them
 // (launchSplitFlashMixMma).
 //
+// With flash-mma-lazy-rescale as well (issue #47 item 2; off likewise) the
+// whole key tiles run in a hot loop against a stale shift, FlashAttention-4's
+// conditional rescale: no row max, shuffle or rescale a tile, one OR of the
+// packed P registers and one vote to find a weight of 2 or more, and the
+// exact step only for such a tile, in a loop around the hot one (lazyLoop).
+// With flash-mma-stages=3 (item 3) the cp.async pipeline has three tile
+// buffers in dynamic shared memory, each tile's copies issued two tiles
+// ahead (pipelineStep).
+//
 //===----------------------------------------------------------------------===//
 
 #include "FlashTile.h"
@@ -618,8 +627,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
                        function_ref<Value(Value, Value)> masked,
                        Value rowOff = Value(), bool async = false,
                        bool whole = false) {
+    // The tile's rows of the buffer: row jj of the tile is row jj of `dst`.
     dst = bufferAt(dst, rowOff);
-    auto dstRow = [&](Value jj) { return jj; };
     auto elements = [&] {
       kb.forLoop(tid, kb.idx(cols * width), kb.idx(kThreads), [&](Value flat) {
         Value jj = kb.divu(flat, kb.idx(width));
@@ -628,7 +637,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         Value v = loadOrZero(src, bi, j, rowLimit, cc, colLimit);
         if (masked)
           v = masked(j, v);
-        kb.store(v, dst, {dstRow(jj), cc});
+        kb.store(v, dst, {jj, cc});
       });
     };
     if (!wide) {
@@ -645,7 +654,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       if (async) {
         nvgpu::DeviceAsyncCopyOp::create(
             b, nvgpu::DeviceAsyncTokenType::get(b.getContext()), dst,
-            ValueRange{dstRow(jj), cc}, src,
+            ValueRange{jj, cc}, src,
             ValueRange{bi, kb.select(ok, j, c0), kb.select(ok, cc, c0)},
             b.getIndexAttr(8), kb.select(ok, kb.idx(8), c0), b.getUnitAttr());
         return;
@@ -657,7 +666,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       v = kb.select(ok, v, kb.constLike(wideType, 0.0));
       if (masked)
         v = masked(j, v);
-      vector::StoreOp::create(b, v, dst, ValueRange{dstRow(jj), cc},
+      vector::StoreOp::create(b, v, dst, ValueRange{jj, cc},
                               /*nontemporal=*/false, llvm::MaybeAlign(16));
     };
     auto stageVectors = [&] {
@@ -841,7 +850,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // overwrite, the previous tile's), then the copies of the tile
   // stages - 1 ahead into that buffer; returns the tile's first row in the
   // buffers. Without: the tile staged between two barriers (null).
-  auto pipelineStep = [&](Value j0, bool whole = false) -> Value {
+  auto pipelineStep = [&](Value j0, bool whole = false,
+                          Value knownSlot = Value()) -> Value {
     if (!doubleBuffered) {
       kb.barrier();
       stageKeysAndValues(j0, Value());
@@ -865,7 +875,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       NVVM::CpAsyncCommitGroupOp::create(b);
       return bufRow;
     }
-    Value slot = kb.remu(tileIndex, kb.idx(stages));
+    // The tile's buffer, tileIndex mod stages (`knownSlot`: the lazy hot
+    // loop carries it, a compare and a select a tile instead of a division).
+    Value slot = knownSlot ? knownSlot : kb.remu(tileIndex, kb.idx(stages));
     // (t + stages - 1) mod stages: the previous tile's buffer.
     Value before = kb.select(kb.eq(slot, c0), kb.idx(stages - 1),
                              kb.sub(slot, c1));
@@ -1167,7 +1179,14 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     Value ldRow, ldSel;
     ldRow = kb.remu(lane, kb.idx(8));
     ldSel = kb.divu(lane, kb.idx(8));
+    // The state: j0, with three stages the buffer of j0's tile (carried: the
+    // hot loop's addresses then take no division by 3), the accumulators and
+    // the rows' (shift, sum).
+    const bool carrySlot = stages > 2;
+    const int64_t off = carrySlot ? 2 : 1;
     SmallVector<Type> stateTypes = {index};
+    if (carrySlot)
+      stateTypes.push_back(index);
     stateTypes.append(start.size(), f32);
     // Leaving the hot loop: the state, the tile's buffer row, its masked
     // logits v[(t * keyBlocks + nb) * 4 + 2r + x] and P's pairs.
@@ -1220,7 +1239,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       return shift;
     };
     auto mix = [&](Value bufRow, ArrayRef<Value> pairs, ValueRange carried,
-                   Value j0) {
+                   Value j0, Value slot) {
       SmallVector<Value> acc(carried.begin(), carried.begin() + accAll);
       mixTile(bufRow, ldRow, ldSel, [&](int64_t kc) {
         SmallVector<Value> pFrag;
@@ -1230,6 +1249,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         return pFrag;
       }, acc);
       SmallVector<Value> next = {kb.add(j0, kb.idx(cols))};
+      if (carrySlot)
+        next.push_back(kb.select(kb.eq(slot, kb.idx(stages - 1)), c0,
+                                 kb.add(slot, c1)));
       next.append(acc);
       next.append(carried.begin() + accAll, carried.end());
       return next;
@@ -1242,14 +1264,15 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
           b, state, exitTypes,
           [&](ValueRange args) -> std::pair<Value, SmallVector<Value>> {
             Value j0 = args[0];
-            ValueRange carried = args.drop_front();
+            Value slot = carrySlot ? args[1] : Value();
+            ValueRange carried = args.drop_front(off);
             SmallVector<Type> frontTypes = {b.getI1Type(), index};
             frontTypes.append(nV, f32);
             frontTypes.append(nP, pairType);
             SmallVector<Value> front = kb.ifElse(
                 kb.lt(j0, hi), frontTypes,
                 [&] {
-                  Value bufRow = pipelineStep(j0, /*whole=*/true);
+                  Value bufRow = pipelineStep(j0, /*whole=*/true, slot);
                   SmallVector<Value> v =
                       maskedLogits(j0, logitsOf(bufRow, ldRow, ldSel));
                   SmallVector<Value> pairs = pairsOf(v, shiftsOf(carried));
@@ -1286,10 +1309,11 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
           },
           [&](ValueRange args) -> SmallVector<Value> {
             Value j0 = args[0];
-            ValueRange carried = args.slice(1, start.size());
-            Value bufRow = args[1 + start.size()];
+            Value slot = carrySlot ? args[1] : Value();
+            ValueRange carried = args.slice(off, start.size());
+            Value bufRow = args[off + start.size()];
             SmallVector<Value> pairs(args.take_back(nP));
-            return mix(bufRow, pairs, carried, j0);
+            return mix(bufRow, pairs, carried, j0, slot);
           });
     };
     // Around it: a tile that left the hot loop inside [lo, hi) takes the
@@ -1298,6 +1322,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     coldTypes.push_back(index);
     coldTypes.append(nV, f32);
     SmallVector<Value> init = {lo};
+    if (carrySlot)
+      init.push_back(kb.remu(kb.divu(lo, kb.idx(cols)), kb.idx(stages)));
     init.append(start.begin(), start.end());
     SmallVector<Value> out = whileLoop(
         b, init, coldTypes,
@@ -1308,8 +1334,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         },
         [&](ValueRange args) -> SmallVector<Value> {
           Value j0 = args[0];
-          SmallVector<Value> carried(args.slice(1, start.size()));
-          Value bufRow = args[1 + start.size()];
+          Value slot = carrySlot ? args[1] : Value();
+          SmallVector<Value> carried(args.slice(off, start.size()));
+          Value bufRow = args[off + start.size()];
           SmallVector<Value> v(args.take_back(nV));
           SmallVector<Value> shift = shiftsOf(carried), factor(2 * T);
           for (int rr = 0; rr < 2 * T; ++rr) {
@@ -1332,9 +1359,11 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
               Value &x = carried[t * accCount + i];
               x = kb.fmul(x, factor[2 * t + (i % 4) / 2]);
             }
-          return mix(bufRow, pairsOf(v, shift), carried, j0);
+          return mix(bufRow, pairsOf(v, shift), carried, j0, slot);
         });
-    return SmallVector<Value>(out.begin(), out.begin() + 1 + start.size());
+    SmallVector<Value> result = {out[0]};
+    result.append(out.begin() + off, out.begin() + off + start.size());
+    return result;
   };
   auto keyLoops = [&]() -> SmallVector<Value> {
     if (doubleBuffered && tile.hoistStaging)

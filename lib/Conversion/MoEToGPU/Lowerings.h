@@ -209,7 +209,9 @@ constexpr int64_t kFlashMmaMaxDepth = 256;
 /// selects a fused top-k as the scalar kernel's does; with `posterior`
 /// (flash-mma-posterior) the per-key bias and the added scores of
 /// attention_posterior's logit enter its C fragments; `base2`
-/// (flash-mma-base2) selects the base-2 softmax (FlashMmaTile::base2).
+/// (flash-mma-base2) selects the base-2 softmax (FlashMmaTile::base2);
+/// `lazyRescale` (flash-mma-lazy-rescale) and `stages` (flash-mma-stages, 2 or
+/// 3) apply where two row tiles do (FlashMmaTile::lazyRescale, ::buffers).
 std::optional<FlashMmaTile>
 flashMmaTile(const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt,
              int64_t depth, int64_t sharedMemoryBytes, bool wideStaging = false,

@@ -10,10 +10,14 @@ ulps.
 
 The tensor-core flash kernel (FlashMma.cpp) runs with `lockstep=True`: every thread of a block in one lockstep
 group (so gpu.barrier and cp.async's wait are points every thread has reached with every earlier write done;
-a missing barrier or wait goes unseen: racecheck's on a GPU), shuffles and votes within each 32-lane warp, and
+a missing barrier goes unseen: racecheck's on a GPU), or, for a kernel whose warps take loops of their own
+between barriers, with `warp_threads=True` (a thread a warp, gpu.barrier a barrier of them); cp.async copies land
+at their issue or, with `async_copies="wait"`, only at the wait that completes their group (a read before that
+wait sees the old data); shuffles and votes within each 32-lane warp, and
 the warp-level ops per warp: nvgpu.ldmatrix (x1/x2/x4, .trans), nvgpu.mma.sync (f16) and nvvm.mma.sync (bf16)
 m16n8k16 (products exact, sums in float64 rounded to f32: the tensor cores' own summation order is not
-modelled), nvgpu.device_async_copy (zero fill past src-size), vector from_elements/extract/insert/bitcast/
+modelled), nvgpu.device_async_copy (zero fill past src-size), memref.subview (unit strides) and memref.view of
+gpu.dynamic_shared_memory, llvm.mlir.poison (zeros), vector from_elements/extract/insert/bitcast/
 load/store, arith.truncf to f16/bf16 (round to nearest even). Vectors are arrays (lanes, *shape); f16/bf16
 values are their bits (uint16) throughout.
 

@@ -5,7 +5,11 @@ the quads' shuffles, the warp votes), then compared with the GPU harness's float
 (run_gpu_tests.ref_similarity) within the harness's MMA_TOL (the probabilities enter P.e rounded to the operand
 type). Every variant of the kernel behind an option that changes its softmax or staging runs every case: the
 default, flash-mma-base2, flash-mma-sum-mma (the row sums from the MMA against a block of ones, the rescale only
-when a row max of the warp changed), and flash-mma-sum-mma with the 16-byte and cp.async staging. Cases: ragged N
+when a row max of the warp changed), flash-mma-sum-mma with the 16-byte and cp.async staging, the 128-row forms,
+and those with flash-mma-lazy-rescale (a hot loop of whole tiles against a stale shift; its warps leave it at
+tiles of their own, so each warp runs in a thread of its own between barriers) and flash-mma-stages=3 (three
+cp.async stages in dynamic shared memory); the cp.async variants run again with every copy landing only at the
+wait that completes its group. Cases: ragged N
 (a partial last key tile and rows past N), causal with a diagonal tile, key masks with a fully masked element and
 a whole masked tile, f16 with D and K not multiples of 16 and 8, a key tile whose max grows after the first, and u
 one element into its buffer (2 bytes: the element-staging fallback). ex2.approx runs as exact f32 and the MMA sums
@@ -206,6 +210,26 @@ def test_lazy_rescale_hot_loop_and_exact_steps(variant, t):
     u, e = bits(u, t), bits(e, t)
     text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
     got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=True)
+    ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
+    np.testing.assert_allclose(got, ref, **R.MMA_TOL)
+
+
+@pytest.mark.parametrize("variant", ["rows128_lazy", "rows128_stages3", "rows128_lazy3"])
+def test_flash_mma_d128(variant):
+    """D = 128, K = 16: two row tiles still fit the registers, and three stages of 64-key tiles would not fit 48 KiB
+    (60 KiB): the 3-stage kernels take 32-key tiles (30 KiB of dynamic shared memory; the lazy 2-stage one keeps
+    64 keys, 40 KiB static). A growing max, copies landing at their wait, against float64."""
+    rng = np.random.default_rng(3)
+    B, N, D, K, t, tau = 1, 300, 128, 16, "bf16", 0.5
+    u = rng.standard_normal((B, N, D)).astype(np.float32) * 0.2
+    u[:, :, 0] = np.linspace(-2.0, 3.0, N)[None, :]
+    e = rng.random((B, N, K)).astype(np.float32)
+    e /= e.sum(-1, keepdims=True)
+    u, e = bits(u, t), bits(e, t)
+    text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
+    wg, dyn = shared_memory(text, "similarity_inform_mma_0")
+    assert dyn == (3 * 32 * (136 + 24) * 2 if "stages" in VARIANTS[variant] else 0), dyn
+    got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=warp_threads(VARIANTS[variant]))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
 
