@@ -16,7 +16,8 @@ read ptxas -v. Per kernel, from the SASS:
   registers, spills    ptxas -v (spill stores + loads + stack + lmem, bytes);
   occupancy            resident blocks and warps per SM from the registers (256-
                        register allocation units per warp), the block's shared
-                       memory (ptxas's static smem, plus 1 KiB the driver
+                       memory (ptxas's static smem, plus the launch's constant
+                       dynamic_shared_memory_size, plus 1 KiB the driver
                        reserves per block) and the block size (.reqntid or
                        .maxntid of the PTX entry), under the chip's limits
                        (64 warps, 32 blocks, 64 Ki registers; 228 KiB shared
@@ -265,29 +266,38 @@ SCORE_CLASSES = ("HMMA", "LDSM", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "F2FP"
 def flash_figures(body, spans, note):
     """The key loop of a flash mixing kernel (a `// sass-budget:` line with
     scores-per-tile=N, the scores a thread computes in one trip of it): the
-    smallest outermost loop holding an HMMA (with flash-mma-base2 the peeled
-    loop of whole tiles, before the checked last/diagonal ones). The figure
-    is its body outside the loops nested in it, divided by scores-per-tile:
-    the nested loops are the staging loops (element by element, or 16 bytes
-    a trip; the misaligned operands' fallback), whose instructions are
-    reported beside it and not counted (their cost per score depends on
-    their trips); staging unrolled into the body (constant trips) is
-    counted. Conditional blocks count as executed."""
+    smallest innermost loop holding an HMMA (one with no other such loop
+    inside; with flash-mma-base2 the peeled loop of whole tiles, before the
+    checked last/diagonal ones; with flash-mma-lazy-rescale the hot loop of
+    whole tiles inside the loop of the exact steps). The figure is its body
+    outside the loops nested in it, divided by scores-per-tile: the nested
+    loops are the staging loops (element by element, or 16 bytes a trip;
+    the misaligned operands' fallback), whose instructions are reported
+    beside it and not counted (their cost per score depends on their trips);
+    staging unrolled into the body (constant trips) is counted. Conditional
+    blocks count as executed. A loop holding HMMA around the key loop (the
+    lazy rescale's exact step, taken in a tile where a row max grew past
+    the margin) is reported beside it as `around`: its instructions outside
+    the key loop, run once a trip of that loop, not every tile."""
     spt = note["scores-per-tile"]
     mma = [s for s in spans
            if any(s[0] <= a <= s[1] and is_class(op, "HMMA") for a, _p, op, _o in body)]
-    outer = [s for s in mma if not any(t != s and t[0] <= s[0] and s[1] <= t[1] for t in mma)]
-    if not outer:
+    inner = [s for s in mma if not any(t != s and s[0] <= t[0] and t[1] <= s[1] for t in mma)]
+    if not inner:
         raise ValueError("no key loop (a loop holding HMMA) in the SASS, but the case's "
                          "`// sass-budget:` line says scores-per-tile: update the line")
-    key = min(outer, key=lambda s: s[1] - s[0])
+    key = min(inner, key=lambda s: s[1] - s[0])
     nested = [s for s in spans if s != key and key[0] <= s[0] and s[1] <= key[1]]
     in_nested = lambda a: any(s[0] <= a <= s[1] for s in nested)  # noqa: E731
     inside = [op for a, _p, op, _o in body if key[0] <= a <= key[1] and not in_nested(a)]
     staged = sum(1 for a, _p, _op, _o in body if key[0] <= a <= key[1] and in_nested(a))
+    around = [s for s in mma if s != key and s[0] <= key[0] and key[1] <= s[1]]
+    around = min(around, key=lambda s: s[1] - s[0]) if around else None
+    around_instr = (sum(1 for a, _p, _op, _o in body if around[0] <= a <= around[1]
+                        and not key[0] <= a <= key[1]) if around else 0)
     per_class = {c: round(sum(is_class(op, c) for op in inside) / spt, 3) for c in SCORE_CLASSES}
     return {"key_loop": len(inside), "key_loop_span": [key[0], key[1]], "key_loop_nested": len(nested),
-            "key_loop_nested_instr": staged,
+            "key_loop_nested_instr": staged, "key_loop_around_instr": around_instr,
             "instr_per_score": round(len(inside) / spt, 2), "per_score": per_class}
 
 
@@ -438,6 +448,19 @@ def options_groups(functions, notes, base=""):
     return groups
 
 
+def dynamic_shared_bytes(lowered):
+    """{kernel: bytes of dynamic shared memory its launch passes} (a constant dynamic_shared_memory_size) of the
+    lowered module's host code; kernels launched without one are absent."""
+    result = {}
+    for fn in re.split(r"\n\s*llvm\.func ", lowered):
+        consts = dict(re.findall(r"(%\w+) = llvm\.mlir\.constant\((\d+) : i32\) : i32", fn))
+        for kernel, value in re.findall(r"gpu\.launch_func\b.*?@\w+::@(\w+)\b.*?dynamic_shared_memory_size (%\w+)",
+                                        fn):
+            if value in consts:
+                result[kernel] = max(result.get(kernel, 0), int(consts[value]))
+    return result
+
+
 def measure(args, chip, options, text, notes, tmp):
     """([(chip, function, kernel, figures, note)], [failures]) of the
     functions in `text` lowered for `chip` with `options`."""
@@ -448,6 +471,7 @@ def measure(args, chip, options, text, notes, tmp):
     if proc.returncode != 0:
         return rows, [f"{chip} {options}: moe-opt failed:\n{proc.stderr}"]
     owners = {}
+    dynamic = dynamic_shared_bytes(proc.stdout)
     for fn, kernels in pr.launches_by_function(proc.stdout).items():
         for k in kernels:
             owners.setdefault(k, fn)
@@ -478,8 +502,10 @@ def measure(args, chip, options, text, notes, tmp):
             except ValueError as e:
                 failures.append(f"{chip} {fn}/{kernel}: {e}")
                 continue
-            blocks, warps = occupancy(chip, info["regs"], info["smem"], threads.get(kernel, 128))
-            fig.update(regs=info["regs"], smem=info["smem"], threads=threads.get(kernel, 128),
+            # Static (ptxas) plus dynamic (the launch's) shared memory.
+            smem = info["smem"] + dynamic.get(kernel, 0)
+            blocks, warps = occupancy(chip, info["regs"], smem, threads.get(kernel, 128))
+            fig.update(regs=info["regs"], smem=smem, threads=threads.get(kernel, 128),
                        blocks_per_sm=blocks, warps_per_sm=warps,
                        spill_bytes=info["spill_st"] + info["spill_ld"] + info["stack"] + info["lmem"])
             rows.append((chip, fn, kernel, fig, note))
@@ -590,7 +616,8 @@ def main():
               f"instr/token {fmt(fig.get('instr_per_token'))} "
               f"SHFL/token {fmt(fig.get('shfl_per_token'))}"
               + (f" instr/score {fmt(fig['instr_per_score'])} (key loop {fig['key_loop']}, "
-                 f"{fig['key_loop_nested']} nested loops of {fig['key_loop_nested_instr']} not counted; per score "
+                 f"{fig['key_loop_nested']} nested loops of {fig['key_loop_nested_instr']} not counted, "
+                 f"{fig['key_loop_around_instr']} around it; per score "
                  + " ".join(f"{c} {fmt(v)}" for c, v in fig["per_score"].items() if v) + ")"
                  if "instr_per_score" in fig else ""))
     sys.stdout.flush()  # the summary before the failures, also through one pipe (2>&1)
@@ -626,18 +653,21 @@ def write_report(f, args, rows, verdicts, failures, targets, fbytes, notes, cali
     if flash:
         f.write("\n## Flash mixing kernels: the key loop per score\n\n")
         f.write("key loop: instructions in the body of the kernel's key loop (flash-mma-base2: the peeled "
-                "loop of whole tiles) outside the loops nested in it; nested: those loops (staging) and "
-                "their instructions, not counted; scores/tile: the scores a thread computes in one "
-                "trip (the case's scores-per-tile); instr/score: key loop / scores/tile; then each "
-                "class's instructions per score.\n\n")
+                "loop of whole tiles; flash-mma-lazy-rescale: its hot loop) outside the loops nested in it; "
+                "nested: those loops (staging) and their instructions, not counted; around: the "
+                "instructions of the loop around it outside it (flash-mma-lazy-rescale's exact step, run "
+                "for a tile where a row max grew past the margin), not counted; scores/tile: the scores a "
+                "thread computes in one trip (the case's scores-per-tile); instr/score: key loop / "
+                "scores/tile; then each class's instructions per score. smem: static plus dynamic.\n\n")
         f.write("| chip | function | kernel | options | regs | smem (B) | warps/SM | spills (B) | key loop "
-                "| nested | scores/tile | instr/score | " + " | ".join(SCORE_CLASSES) + " |\n")
-        f.write("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(SCORE_CLASSES)
+                "| nested | around | scores/tile | instr/score | " + " | ".join(SCORE_CLASSES) + " |\n")
+        f.write("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(SCORE_CLASSES)
                 + "\n")
         for chip, fn, kernel, fig, note in flash:
             f.write(f"| {chip} | {fn} | {kernel} | {note.get('options', '') or '-'} | {fig['regs']} | "
                     f"{fig['smem']} | {fig['warps_per_sm']} | {fig['spill_bytes']} | {fig['key_loop']} | "
-                    f"{fig['key_loop_nested']} ({fig['key_loop_nested_instr']}) | {fmt(note['scores-per-tile'])} | "
+                    f"{fig['key_loop_nested']} ({fig['key_loop_nested_instr']}) | {fig['key_loop_around_instr']} | "
+                    f"{fmt(note['scores-per-tile'])} | "
                     f"{fmt(fig['instr_per_score'])} | "
                     + " | ".join(fmt(fig["per_score"][c]) for c in SCORE_CLASSES) + " |\n")
     f.write("\n## Against the budget and the issue's targets\n\n")

@@ -168,6 +168,16 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "block's keys when the grid has fewer than 264 blocks (twice an H100's 132 multiprocessors; the "
            "splits chosen at run time from B and N): each writes its rows' unnormalized sums, max and sum to a "
            "workspace and a second kernel combines them in split order. 1 (the default): no split">,
+    Option<"flashMmaLazyRescale", "flash-mma-lazy-rescale", "bool", /*default=*/"false",
+           "with flash-mma-block-rows=128 (where it applies): the whole key tiles run against a stale shift, "
+           "each row's max plus a margin (7 for bf16, 2 for f16, in log2 units: FlashAttention-4's conditional "
+           "rescale), with no row max, shuffle or rescale a tile: a warp leaves that loop only for a tile where a "
+           "probability reaches 2 (the row max grew by more than the margin plus one; one OR of the packed P "
+           "registers), and the tile then takes the exact step (the quads' max, the rescale). Off by default">,
+    Option<"flashMmaStages", "flash-mma-stages", "int64_t", /*default=*/"2",
+           "with flash-mma-block-rows=128 and flash-mma-async-staging (where it applies): the cp.async pipeline's "
+           "depth, 2 (the default: double buffering in static shared memory) or 3 (three tile buffers in "
+           "dynamic shared memory, each tile's copies issued two tiles ahead)">,
     Option<"routeMap", "route-map", "std::string", /*default=*/"\"warp\"",
            "how route's kernel maps a token onto lanes: `warp` (one warp a token, the experts strided over its "
            "lanes, butterflies of 64-bit candidates; E <= 1024; the default) or `lanes`: "

@@ -72,6 +72,15 @@
 // decoding): each writes partial rows, a second kernel combines them
 // (launchSplitFlashMixMma).
 //
+// With flash-mma-lazy-rescale as well (issue #47 item 2; off likewise) the
+// whole key tiles run in a hot loop against a stale shift, FlashAttention-4's
+// conditional rescale: no row max, shuffle or rescale a tile, one OR of the
+// packed P registers and one vote to find a weight of 2 or more, and the
+// exact step only for such a tile, in a loop around the hot one (lazyLoop).
+// With flash-mma-stages=3 (item 3) the cp.async pipeline has three tile
+// buffers in dynamic shared memory, each tile's copies issued two tiles
+// ahead (pipelineStep).
+//
 //===----------------------------------------------------------------------===//
 
 #include "FlashTile.h"
@@ -84,6 +93,7 @@
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
+#include "mlir/Dialect/Utils/StaticValueUtils.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 
 #include "llvm/Support/MathExtras.h"
@@ -105,7 +115,7 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
     const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt, int64_t depth,
     int64_t sharedMemoryBytes, bool wideStaging, bool asyncStaging,
     bool fusedTopk, bool posterior, bool base2, bool sumMma, int64_t blockRows,
-    int64_t keySplits) {
+    int64_t keySplits, bool lazyRescale, int64_t stages) {
   if ((spec.topk && !fusedTopk) ||
       ((spec.hasBias || spec.hasAddScores) && !posterior))
     return std::nullopt;
@@ -144,10 +154,15 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
   const bool twoRowTiles = blockRows == 128 && tile.base2 && !spec.topk &&
                            !spec.hasBias && !spec.hasAddScores;
   const int64_t accBlocks = tile.experts / 8 + (tile.sumMma ? 1 : 0);
+  // flash-mma-stages=3: a third buffer, the tiles in dynamic shared memory
+  // (the 128-row kernel's pipeline; its whole tiles' buffers known at each
+  // step).
+  const int64_t buffers =
+      twoRowTiles && tile.buffers == 2 && stages == 3 ? 3 : tile.buffers;
   if (twoRowTiles)
     for (int64_t cols : {64, 32}) {
       int64_t bytes =
-          tile.buffers * cols * (tile.depth + kPad + tile.experts + kPad) * 2;
+          buffers * cols * (tile.depth + kPad + tile.experts + kPad) * 2;
       // Both row tiles' query chunks, logits and accumulators held (4
       // registers a 16x8 tile each) plus about 40: at most 200 of ptxas's
       // 255 (D = 64, K = 16, 64-key tiles: 160). Past it (D = 256) the
@@ -160,6 +175,17 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       tile.rowTiles = 2;
       tile.hoistStaging = true;
       tile.keySplits = std::max<int64_t>(keySplits, 1);
+      tile.buffers = buffers;
+      tile.dynamicShared = buffers == 3;
+      // The lazy shift's margin: a probability of the row max is 2^-margin
+      // after an exact step, so the warp stays in the lazy loop until a row
+      // max grows by margin + 1 (P < 2). bf16 keeps f32's exponent range; f16
+      // P flushes below 2^-24, so its margin is smaller (the smallest kept
+      // term 2^-22 of the row's largest instead of 2^-24).
+      if (lazyRescale && tile.sumMma) {
+        tile.lazyRescale = true;
+        tile.lazyMargin = qElt.isBF16() ? 7 : 2;
+      }
       // No register cap: 2 blocks a multiprocessor leave ptxas its 255
       // (what it needs decides the occupancy; a cap of 128 would spill).
       tile.blocksPerSM = 2;
@@ -190,12 +216,41 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       if (spec.topk)
         regs = std::max(regs, 6 * tile.experts / 8 + 40);
       // attention_posterior's per-element bias and score loads spilled under
-      // the 128-register cap of 4 blocks (ptxas, D = 64, sm_80 and sm_90).
-      tile.blocksPerSM = regs <= 128 && !spec.hasAddScores ? 4 : 2;
+      // the 128-register cap of 4 blocks (ptxas, D = 64, sm_80 and sm_90);
+      // so did the fused top-k of the base-2 kernel with the cp.async
+      // staging's copies in flight (sm_80, a key mask, D = 40, K = 12: 12
+      // bytes at 128 registers).
+      tile.blocksPerSM =
+          regs <= 128 && !spec.hasAddScores &&
+                  !(spec.topk && tile.base2 && tile.buffers > 1)
+              ? 4
+              : 2;
       return tile;
     }
   }
   return std::nullopt;
+}
+
+/// The key and value tile buffers of the kernel: `buffers` tiles of `cols`
+/// rows, padded by kPad elements.
+static SmallVector<MemRefType, 2> flashMmaSharedTypes(const FlashMmaTile &tile,
+                                                      Type elt) {
+  return {
+      workgroupMemRef({tile.buffers * tile.cols, tile.depth + kPad}, elt),
+      workgroupMemRef({tile.buffers * tile.cols, tile.experts + kPad}, elt),
+  };
+}
+
+/// The dynamic shared memory of a launch (i32 bytes), null for static
+/// buffers.
+static Value flashMmaDynamicBytes(ImplicitLocOpBuilder &b,
+                                  const FlashMmaTile &tile, Type elt) {
+  if (!tile.dynamicShared)
+    return Value();
+  int64_t bytes = 0;
+  for (MemRefType type : flashMmaSharedTypes(tile, elt))
+    bytes += type.getNumElements() * 2;
+  return arith::ConstantOp::create(b, b.getI32IntegerAttr(bytes));
 }
 
 namespace {
@@ -352,9 +407,10 @@ struct Exp2Tile {
 /// with it, the tile's sum over the lanes is added every tile (the row's
 /// whole sum is carried). With `sums` false (flash-mma-sum-mma: the sums come
 /// from the MMA) there are none: `partialSum` passes through. As
-/// OnlineSoftmax.h: a row that
-/// has seen no key keeps max -inf and subtracts 0 (alpha = p = 0, not NaN);
-/// a NaN makes the max, and from it every weight, NaN.
+/// OnlineSoftmax.h, but the max starts at -FLT_MAX: a row that has seen no
+/// key keeps max -FLT_MAX, its -inf logits give p = 0 and alpha = 1 on a zero
+/// accumulator (not NaN), its lse is -FLT_MAX ln 2 + ln 0 = -inf; a NaN makes
+/// the max, and from it every weight, NaN.
 static Exp2Tile exp2SoftmaxStep(GpuKernelBuilder &kb, Value max2,
                                 Value partialSum, ArrayRef<Value> v,
                                 Value scale,
@@ -369,10 +425,11 @@ static Exp2Tile exp2SoftmaxStep(GpuKernelBuilder &kb, Value max2,
   if (scale)
     tileMax = kb.fmul(tileMax, scale);
   Exp2Tile tile;
+  // The running max starts at -FLT_MAX, not -inf (the kernel's init): a row that
+  // has seen no key subtracts -FLT_MAX from -inf logits (p = 0, not NaN), so
+  // the max is the shift, with no select.
   tile.max = kb.fmax(max2, tileMax);
-  Value none =
-      kb.cmpf(arith::CmpFPredicate::OEQ, tile.max, kb.negInfLike(kb.f32()));
-  Value shift = kb.select(none, kb.cF32(0.0), tile.max);
+  Value shift = tile.max;
   tile.shift = shift;
   if (sums)
     tile.rescale = exp2Approx(b, kb.fsub(max2, shift));
@@ -398,6 +455,27 @@ static Exp2Tile exp2SoftmaxStep(GpuKernelBuilder &kb, Value max2,
   }
   tile.partialSum = kb.fma(partialSum, tile.rescale, reduceSum(tileSum));
   return tile;
+}
+
+/// scf.while from `init`: `before(args)` returns the condition and the values
+/// it forwards (of `forwarded` types: the after region's arguments while it
+/// holds, the loop's results once it fails), `after(args)` the next state.
+static SmallVector<Value>
+whileLoop(ImplicitLocOpBuilder &b, ValueRange init, TypeRange forwarded,
+          function_ref<std::pair<Value, SmallVector<Value>>(ValueRange)> before,
+          function_ref<SmallVector<Value>(ValueRange)> after) {
+  auto op = scf::WhileOp::create(b, forwarded, init);
+  OpBuilder::InsertionGuard guard(b);
+  Block *first =
+      b.createBlock(&op.getBefore(), {}, init.getTypes(),
+                    SmallVector<Location>(init.size(), b.getLoc()));
+  auto [cond, values] = before(first->getArguments());
+  scf::ConditionOp::create(b, cond, values);
+  Block *second =
+      b.createBlock(&op.getAfter(), {}, forwarded,
+                    SmallVector<Location>(forwarded.size(), b.getLoc()));
+  scf::YieldOp::create(b, after(second->getArguments()));
+  return SmallVector<Value>(op.getResults());
 }
 
 /// The body of the kernel (launchFlashMixMma).
@@ -432,7 +510,25 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // flash-mma-key-splits: the split's partial rows [S, B, N, K + 2] (the
   // unnormalized accumulators, the max in log2 units, the sum).
   Value partials = tile.keySplits > 1 ? kernel.arg(a++) : Value();
-  Value ks = kernel.workgroup(0), vs = kernel.workgroup(1);
+  Value ks, vs;
+  if (tile.dynamicShared) {
+    // flash-mma-stages=3: the key buffers from the start of the block's
+    // dynamic shared memory, the value buffers after them (a multiple of 16
+    // bytes: every row is), as flashMmaSharedTypes lays them out.
+    SmallVector<MemRefType, 2> types = flashMmaSharedTypes(tile, elt);
+    auto space = gpu::AddressSpaceAttr::get(b.getContext(),
+                                            gpu::AddressSpace::Workgroup);
+    Value bytes = gpu::DynamicSharedMemoryOp::create(
+        b, MemRefType::get({ShapedType::kDynamic}, b.getI8Type(),
+                           MemRefLayoutAttrInterface(), space));
+    ks = memref::ViewOp::create(b, types[0], bytes, kb.idx(0), ValueRange{});
+    vs = memref::ViewOp::create(
+        b, types[1], bytes,
+        kb.idx(types[0].getNumElements() * 2), ValueRange{});
+  } else {
+    ks = kernel.workgroup(0);
+    vs = kernel.workgroup(1);
+  }
 
   Value c0 = kb.idx(0), c1 = kb.idx(1);
   Value tid = kb.threadId();
@@ -507,12 +603,32 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // 16-byte path's trips, when the block's threads divide the tile's
   // vectors, are unrolled: every load or copy of the tile issued back to
   // back, their addresses a constant apart.
+  // With `whole` (the lazy loop's copies of a tile known to hold keys only
+  // below Nk) the 16-byte path has no row bound: its source addresses stay
+  // affine in the loop's j0 (the compiler strength-reduces them to pointer
+  // increments, as in the peeled loop, whose bounds fold from the loop's
+  // range where Nk is static).
   std::optional<bool> alignedKnown;
+  // Rows [row, row + cols) of a tile buffer (the pipeline's buffer of a
+  // tile): a view at a dynamic offset, so that the addresses into it are
+  // the buffer's base plus ones that do not change in the key loop.
+  auto bufferAt = [&](Value buffer, Value row) -> Value {
+    if (!row || isConstantIntValue(row, 0))
+      return buffer;
+    auto type = cast<MemRefType>(buffer.getType());
+    int64_t width = type.getShape()[1];
+    return memref::SubViewOp::create(
+        b, buffer, ArrayRef<OpFoldResult>{row, b.getIndexAttr(0)},
+        ArrayRef<OpFoldResult>{b.getIndexAttr(cols), b.getIndexAttr(width)},
+        ArrayRef<OpFoldResult>{b.getIndexAttr(1), b.getIndexAttr(1)});
+  };
   auto stageTile = [&](Value src, Value dst, int64_t width, bool wide,
                        Value aligned, Value j0, Value rowLimit, Value colLimit,
                        function_ref<Value(Value, Value)> masked,
-                       Value rowOff = Value(), bool async = false) {
-    auto dstRow = [&](Value jj) { return rowOff ? kb.add(rowOff, jj) : jj; };
+                       Value rowOff = Value(), bool async = false,
+                       bool whole = false) {
+    // The tile's rows of the buffer: row jj of the tile is row jj of `dst`.
+    dst = bufferAt(dst, rowOff);
     auto elements = [&] {
       kb.forLoop(tid, kb.idx(cols * width), kb.idx(kThreads), [&](Value flat) {
         Value jj = kb.divu(flat, kb.idx(width));
@@ -521,7 +637,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         Value v = loadOrZero(src, bi, j, rowLimit, cc, colLimit);
         if (masked)
           v = masked(j, v);
-        kb.store(v, dst, {dstRow(jj), cc});
+        kb.store(v, dst, {jj, cc});
       });
     };
     if (!wide) {
@@ -533,11 +649,12 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     // One 16-byte vector: row jj of the tile, columns cc .. cc + 7.
     auto stageVector = [&](Value jj, Value cc) {
       Value j = kb.add(j0, jj);
-      Value ok = kb.andI(kb.lt(j, rowLimit), kb.lt(cc, colLimit));
+      Value ok = whole ? kb.lt(cc, colLimit)
+                       : kb.andI(kb.lt(j, rowLimit), kb.lt(cc, colLimit));
       if (async) {
         nvgpu::DeviceAsyncCopyOp::create(
             b, nvgpu::DeviceAsyncTokenType::get(b.getContext()), dst,
-            ValueRange{dstRow(jj), cc}, src,
+            ValueRange{jj, cc}, src,
             ValueRange{bi, kb.select(ok, j, c0), kb.select(ok, cc, c0)},
             b.getIndexAttr(8), kb.select(ok, kb.idx(8), c0), b.getUnitAttr());
         return;
@@ -549,7 +666,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       v = kb.select(ok, v, kb.constLike(wideType, 0.0));
       if (masked)
         v = masked(j, v);
-      vector::StoreOp::create(b, v, dst, ValueRange{dstRow(jj), cc},
+      vector::StoreOp::create(b, v, dst, ValueRange{jj, cc},
                               /*nontemporal=*/false, llvm::MaybeAlign(16));
     };
     auto stageVectors = [&] {
@@ -618,28 +735,48 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // Row tile t's accumulators at t * accCount; the rows' (max, sum) after
   // all of them, at accAll + 2 rr.
   SmallVector<Value> init(T * accBlocks * 4, kb.cF32(0.0));
+  // Base 2: the max from -FLT_MAX (exp2SoftmaxStep: no select of a row
+  // without keys).
+  Value maxStart =
+      tile.base2 ? kb.cF32(-std::numeric_limits<float>::max()) : start.max;
   for (int r = 0; r < 2 * T; ++r) {
-    init.push_back(start.max);
+    init.push_back(maxStart);
     init.push_back(start.sum);
   }
   const int64_t accCount = accBlocks * 4;
   const int64_t accAll = T * accCount;
-  auto stageKeysAndValues = [&](Value j0, Value rowOff) {
+  auto stageKeysAndValues = [&](Value j0, Value rowOff, bool whole = false) {
     bool wideK = tile.wideKeys || tile.asyncKeys;
     bool wideV = tile.wideValues || tile.asyncValues;
     stageTile(keys, ks, tile.depth, wideK, keysAligned, j0, Nk, D, nullptr,
-              rowOff, tile.asyncKeys);
+              rowOff, tile.asyncKeys, whole);
     stageTile(e, vs, tile.experts, wideV, valuesAligned, j0, Nk, kb.idx(K),
               keyMask ? maskedValue : function_ref<Value(Value, Value)>(),
-              rowOff, tile.asyncValues);
+              rowOff, tile.asyncValues, whole);
   };
   // Double buffering (cp.async staging): tile 0 is copied before the loop;
   // each iteration waits for its tile's copies, then (after a barrier: every
   // warp is done with the buffer it overwrites, and every thread's copies are
   // visible) starts the next tile's copies into the other buffer and
   // computes on its own.
-  const bool doubleBuffered = tile.buffers == 2;
+  // With three buffers (flash-mma-stages=3) the first two tiles are copied
+  // before the loop, each its own commit group, and a tile's copies are
+  // issued two tiles ahead (pipelineStep).
+  const bool doubleBuffered = tile.buffers >= 2;
+  const int64_t stages = tile.buffers;
   auto stageFirstTile = [&] {
+    if (stages > 2) {
+      Value first = kb.divu(keyLo, kb.idx(cols));
+      for (int64_t i = 0; i < stages - 1; ++i) {
+        Value j = kb.add(keyLo, kb.idx(i * cols));
+        Value slot = kb.remu(kb.add(first, kb.idx(i)), kb.idx(stages));
+        kb.ifThen(kb.lt(j, keyHi), [&] {
+          stageKeysAndValues(j, kb.mul(slot, kb.idx(cols)));
+        });
+        NVVM::CpAsyncCommitGroupOp::create(b);
+      }
+      return;
+    }
     if (partials) {
       // Into the buffer of the first tile's parity (keyLo / cols).
       Value bufRow = kb.mul(kb.remu(kb.divu(keyLo, kb.idx(cols)), kb.idx(2)),
@@ -707,49 +844,130 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     if (tile.experts <= 128 && tile.depth <= 128)
       fullEnd = kb.mul(kb.divu(keyLimit, kb.idx(cols)), kb.idx(cols));
   }
+  // The staging of the tile at j0. With cp.async: wait for its copies (all
+  // but the stages - 2 groups committed after its own), a barrier (every
+  // thread's copies visible; every warp done with the buffer the next copies
+  // overwrite, the previous tile's), then the copies of the tile
+  // stages - 1 ahead into that buffer; returns the tile's first row in the
+  // buffers. Without: the tile staged between two barriers (null).
+  auto pipelineStep = [&](Value j0, bool whole = false,
+                          Value knownSlot = Value()) -> Value {
+    if (!doubleBuffered) {
+      kb.barrier();
+      stageKeysAndValues(j0, Value());
+      kb.barrier();
+      return Value();
+    }
+    NVVM::CpAsyncWaitGroupOp::create(b, b.getI32IntegerAttr(stages - 2));
+    kb.barrier();
+    Value tileIndex = kb.divu(j0, kb.idx(cols));
+    // With `whole` the tile ahead is known to be a whole one (below
+    // keyHi): no test, no row bounds.
+    auto stageAhead = [&](Value next, Value row) {
+      if (whole)
+        return stageKeysAndValues(next, row, /*whole=*/true);
+      kb.ifThen(kb.lt(next, keyHi), [&] { stageKeysAndValues(next, row); });
+    };
+    if (stages == 2) {
+      Value bufRow = kb.mul(kb.remu(tileIndex, kb.idx(2)), kb.idx(cols));
+      Value next = kb.add(j0, kb.idx(cols));
+      stageAhead(next, kb.sub(kb.idx(cols), bufRow));
+      NVVM::CpAsyncCommitGroupOp::create(b);
+      return bufRow;
+    }
+    // The tile's buffer, tileIndex mod stages (`knownSlot`: the lazy hot
+    // loop carries it, a compare and a select a tile instead of a division).
+    Value slot = knownSlot ? knownSlot : kb.remu(tileIndex, kb.idx(stages));
+    // (t + stages - 1) mod stages: the previous tile's buffer.
+    Value before = kb.select(kb.eq(slot, c0), kb.idx(stages - 1),
+                             kb.sub(slot, c1));
+    Value next = kb.add(j0, kb.idx((stages - 1) * cols));
+    stageAhead(next, kb.mul(before, kb.idx(cols)));
+    NVVM::CpAsyncCommitGroupOp::create(b);
+    return kb.mul(slot, kb.idx(cols));
+  };
+  // Logits: keyBlocks tiles of 16 rows x 8 keys, over the chunks, of the
+  // staged tile at buffer row `bufRow`. s[t * keyBlocks + nb]: row tile t's
+  // logits of key block nb. ldmatrix's lanes: row ldRow of matrix ldSel.
+  using Logits = SmallVector<SmallVector<Value>>;
+  auto logitsOf = [&](Value bufRow, Value &ldRow, Value &ldSel) -> Logits {
+    Logits s(T * keyBlocks, SmallVector<Value>(4, kb.cF32(0.0)));
+    Value keyTile = bufferAt(ks, bufRow);
+    if (!ldRow) {
+      ldRow = kb.remu(lane, kb.idx(8));
+      ldSel = kb.divu(lane, kb.idx(8)); // which 8x8 matrix
+    }
+    for (int64_t c = 0; c < chunks; ++c)
+      for (int64_t nb = 0; nb < keyBlocks; nb += 2) {
+        // Matrices: (keys nb, features lo), (nb, hi), (nb+1, lo),
+        // (nb+1, hi).
+        Value row = kb.add(kb.idx(nb * 8), kb.add(ldRow, kb.mul(kb.divu(ldSel, kb.idx(2)), kb.idx(8))));
+        Value col = kb.add(kb.idx(16 * c), kb.mul(kb.remu(ldSel, kb.idx(2)), kb.idx(8)));
+        Value kf = m.ldmatrix(keyTile, row, col, 4, /*transpose=*/false);
+        for (int64_t t = 0; t < T; ++t) {
+          SmallVector<Value> &lo = s[t * keyBlocks + nb];
+          SmallVector<Value> &hi = s[t * keyBlocks + nb + 1];
+          lo = m.mma(qFrag[t * chunks + c], m.rows(kf, 0, 2), lo);
+          hi = m.mma(qFrag[t * chunks + c], m.rows(kf, 2, 2), hi);
+        }
+      }
+    return s;
+  };
+  // Mixing: per 16 keys kc, P's A operand of row tile t (pFragOf(kc): one
+  // per row tile), the values' B operands through ldmatrix.trans, and with
+  // sumMma P against the block of ones, into `acc`.
+  auto mixTile = [&](Value bufRow, Value ldRow, Value ldSel,
+                     function_ref<SmallVector<Value>(int64_t kc)> pFragOf,
+                     SmallVector<Value> &acc) {
+    Value ones;
+    if (sumMma)
+      ones = arith::ConstantOp::create(
+          b, m.vec({2, 2}, elt),
+          DenseElementsAttr::get(m.vec({2, 2}, elt),
+                                 b.getFloatAttr(elt, 1.0)));
+    Value valueTile = bufferAt(vs, bufRow);
+    for (int64_t kc = 0; kc < keyBlocks / 2; ++kc) {
+      SmallVector<Value> pFrag = pFragOf(kc);
+      for (int64_t eb = 0; eb < expertBlocks; eb += 2) {
+        bool pair = eb + 1 < expertBlocks;
+        // Matrices: (keys lo, experts eb), (keys hi, eb), then eb + 1.
+        Value sel = pair ? ldSel : kb.remu(ldSel, kb.idx(2));
+        Value row = kb.add(kb.idx(16 * kc),
+                          kb.add(ldRow, kb.mul(kb.remu(sel, kb.idx(2)), kb.idx(8))));
+        Value col = kb.add(kb.idx(eb * 8), kb.mul(kb.divu(sel, kb.idx(2)), kb.idx(8)));
+        Value vf = m.ldmatrix(valueTile, row, col, pair ? 4 : 2, /*transpose=*/true);
+        for (int64_t h = 0; h < (pair ? 2 : 1); ++h)
+          for (int64_t t = 0; t < T; ++t) {
+            int64_t at = t * accCount + (eb + h) * 4;
+            ArrayRef<Value> c(acc.data() + at, 4);
+            SmallVector<Value> d = m.mma(pFrag[t], m.rows(vf, 2 * h, 2), c);
+            std::copy(d.begin(), d.end(), acc.begin() + at);
+          }
+      }
+      // The row sums: P against the block of ones (the B operand's
+      // every element 1: no load).
+      if (sumMma)
+        for (int64_t t = 0; t < T; ++t) {
+          int64_t at = t * accCount + expertBlocks * 4;
+          ArrayRef<Value> c(acc.data() + at, 4);
+          SmallVector<Value> d = m.mma(pFrag[t], ones, c);
+          std::copy(d.begin(), d.end(), acc.begin() + at);
+        }
+    }
+  };
+  // P's A operand, two probabilities of a row at a time rounded as one pair
+  // (base2: cvt.rn.{bf16x2,f16x2}.f32, one instruction for two scores).
+  auto toPair = [&](Value lo, Value hi) {
+    Value pair = vector::FromElementsOp::create(
+        b, m.vec({2}, b.getF32Type()), ValueRange{lo, hi});
+    return arith::TruncFOp::create(b, m.vec({2}, elt), pair);
+  };
   auto keyTile = [&](bool checked) {
     return [&, checked](Value j0, ValueRange carried) -> SmallVector<Value> {
         // Stage the key and value tiles.
-        Value bufRow;
-        if (doubleBuffered) {
-          NVVM::CpAsyncWaitGroupOp::create(b, b.getI32IntegerAttr(0));
-          kb.barrier();
-          Value tileIndex = kb.divu(j0, kb.idx(cols));
-          bufRow = kb.mul(kb.remu(tileIndex, kb.idx(2)), kb.idx(cols));
-          Value next = kb.add(j0, kb.idx(cols));
-          kb.ifThen(kb.lt(next, keyHi), [&] {
-            stageKeysAndValues(next, kb.sub(kb.idx(cols), bufRow));
-          });
-          NVVM::CpAsyncCommitGroupOp::create(b);
-        } else {
-          kb.barrier();
-          stageKeysAndValues(j0, Value());
-          kb.barrier();
-        }
-        auto tileRow = [&](Value row) {
-          return bufRow ? kb.add(bufRow, row) : row;
-        };
-
-        // Logits: keyBlocks tiles of 16 rows x 8 keys, over the chunks.
-        // s[t * keyBlocks + nb]: row tile t's logits of key block nb.
-        SmallVector<SmallVector<Value>> s(T * keyBlocks,
-                                          SmallVector<Value>(4, kb.cF32(0.0)));
-        Value ldRow = kb.remu(lane, kb.idx(8));
-        Value ldSel = kb.divu(lane, kb.idx(8)); // which 8x8 matrix
-        for (int64_t c = 0; c < chunks; ++c)
-          for (int64_t nb = 0; nb < keyBlocks; nb += 2) {
-            // Matrices: (keys nb, features lo), (nb, hi), (nb+1, lo),
-            // (nb+1, hi).
-            Value row = kb.add(kb.idx(nb * 8), kb.add(ldRow, kb.mul(kb.divu(ldSel, kb.idx(2)), kb.idx(8))));
-            Value col = kb.add(kb.idx(16 * c), kb.mul(kb.remu(ldSel, kb.idx(2)), kb.idx(8)));
-            Value kf = m.ldmatrix(ks, tileRow(row), col, 4, /*transpose=*/false);
-            for (int64_t t = 0; t < T; ++t) {
-              SmallVector<Value> &lo = s[t * keyBlocks + nb];
-              SmallVector<Value> &hi = s[t * keyBlocks + nb + 1];
-              lo = m.mma(qFrag[t * chunks + c], m.rows(kf, 0, 2), lo);
-              hi = m.mma(qFrag[t * chunks + c], m.rows(kf, 2, 2), hi);
-            }
-          }
+        Value bufRow = pipelineStep(j0);
+        Value ldRow, ldSel;
+        Logits s = logitsOf(bufRow, ldRow, ldSel);
 
         // attention_posterior's loads of key j: key 0's past Nk (excluded
         // below).
@@ -904,23 +1122,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         }
 
         // Mixing: per 16 keys, P's A operand from the logits' C fragments
-        // of key blocks 2kc and 2kc + 1 (rounded to the operand type), the
-        // values' B operands through ldmatrix.trans.
-        // base2: two probabilities of a row at a time, rounded as one pair
-        // (cvt.rn.{bf16x2,f16x2}.f32: one instruction for two scores).
+        // of key blocks 2kc and 2kc + 1 (rounded to the operand type).
         auto toElt = [&](Value p) { return arith::TruncFOp::create(b, elt, p); };
-        Value ones;
-        if (sumMma)
-          ones = arith::ConstantOp::create(
-              b, m.vec({2, 2}, elt),
-              DenseElementsAttr::get(m.vec({2, 2}, elt),
-                                     b.getFloatAttr(elt, 1.0)));
-        auto toPair = [&](Value lo, Value hi) {
-          Value pair = vector::FromElementsOp::create(
-              b, m.vec({2}, b.getF32Type()), ValueRange{lo, hi});
-          return arith::TruncFOp::create(b, m.vec({2}, elt), pair);
-        };
-        for (int64_t kc = 0; kc < keyBlocks / 2; ++kc) {
+        mixTile(bufRow, ldRow, ldSel, [&](int64_t kc) {
           // pFrag[t]: row tile t's A operand.
           SmallVector<Value> pFrag;
           for (int64_t t = 0; t < T; ++t) {
@@ -938,35 +1142,228 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
               }
             pFrag.push_back(base2 ? m.fragmentOfPairs(pairs) : m.fragment(pe));
           }
-          for (int64_t eb = 0; eb < expertBlocks; eb += 2) {
-            bool pair = eb + 1 < expertBlocks;
-            // Matrices: (keys lo, experts eb), (keys hi, eb), then eb + 1.
-            Value sel = pair ? ldSel : kb.remu(ldSel, kb.idx(2));
-            Value row = kb.add(kb.idx(16 * kc),
-                              kb.add(ldRow, kb.mul(kb.remu(sel, kb.idx(2)), kb.idx(8))));
-            Value col = kb.add(kb.idx(eb * 8), kb.mul(kb.divu(sel, kb.idx(2)), kb.idx(8)));
-            Value vf = m.ldmatrix(vs, tileRow(row), col, pair ? 4 : 2, /*transpose=*/true);
-            for (int64_t h = 0; h < (pair ? 2 : 1); ++h)
-              for (int64_t t = 0; t < T; ++t) {
-                int64_t at = t * accCount + (eb + h) * 4;
-                ArrayRef<Value> c(acc.data() + at, 4);
-                SmallVector<Value> d = m.mma(pFrag[t], m.rows(vf, 2 * h, 2), c);
-                std::copy(d.begin(), d.end(), acc.begin() + at);
-              }
-          }
-          // The row sums: P against the block of ones (the B operand's
-          // every element 1: no load).
-          if (sumMma)
-            for (int64_t t = 0; t < T; ++t) {
-              int64_t at = t * accCount + expertBlocks * 4;
-              ArrayRef<Value> c(acc.data() + at, 4);
-              SmallVector<Value> d = m.mma(pFrag[t], ones, c);
-              std::copy(d.begin(), d.end(), acc.begin() + at);
-            }
-        }
+          return pFrag;
+        }, acc);
         acc.append(next);
         return acc;
     };
+  };
+  // flash-mma-lazy-rescale (tile.lazyRescale): the whole tiles [lo, hi)
+  // against a stale shift (FlashAttention-4's conditional rescale). Each
+  // row's carried max is a shift m, at least its max so far plus the margin
+  // after an exact step; a tile's weights are p = 2^(s c - m), rounded in
+  // pairs to the operand type, with no row max, shuffle or rescale. While
+  // every p < 2, i.e. no bf16/f16 pair has bit 14 of either half set (2.0
+  // is 0x4000 in both; every larger value, inf and NaN have it, every
+  // smaller one not: one OR of the tile's pair registers and one test), the
+  // tile is mixed as it is (the sums from the MMA: P and its sum share the
+  // shift). A tile where some p of the warp reaches 2 (a row max grew past
+  // m + 1; the first tile, where m = -FLT_MAX) leaves the hot loop with its
+  // logits for the exact step: the quads' max, m' = max(m, max c + margin),
+  // the accumulators times 2^(m - m'), p again against m'. The shift is as
+  // good as the max for the epilogue, the lse and the checked tiles after
+  // (they take it as their running max): every weight is relative to it.
+  // The hot loop runs the whole tiles whose tile stages - 1 ahead is whole
+  // too (its copies then need no bounds): [lo, hi) with hi = wholeEnd less
+  // stages - 1 tiles; the rest of the whole tiles go to the checked loop.
+  // Returns the state with j0 = hi first.
+  auto lazyLoop = [&](Value lo, Value wholeEnd,
+                      ArrayRef<Value> start) -> SmallVector<Value> {
+    Value ahead = kb.idx((stages - 1) * cols);
+    Value hi = kb.select(kb.lt(kb.add(lo, ahead), wholeEnd),
+                         kb.sub(wholeEnd, ahead), lo);
+    Type f32 = b.getF32Type(), index = b.getIndexType();
+    Type pairType = m.vec({2}, elt);
+    const int64_t nV = T * keyBlocks * 4, nP = T * keyBlocks * 2;
+    Value margin = kb.cF32(static_cast<double>(tile.lazyMargin));
+    Value ldRow, ldSel;
+    ldRow = kb.remu(lane, kb.idx(8));
+    ldSel = kb.divu(lane, kb.idx(8));
+    // The state: j0, with three stages the buffer of j0's tile (carried: the
+    // hot loop's addresses then take no division by 3), the accumulators and
+    // the rows' (shift, sum).
+    const bool carrySlot = stages > 2;
+    const int64_t off = carrySlot ? 2 : 1;
+    SmallVector<Type> stateTypes = {index};
+    if (carrySlot)
+      stateTypes.push_back(index);
+    stateTypes.append(start.size(), f32);
+    // Leaving the hot loop: the state, the tile's buffer row, its masked
+    // logits v[(t * keyBlocks + nb) * 4 + 2r + x] and P's pairs.
+    SmallVector<Type> exitTypes(stateTypes);
+    exitTypes.push_back(index);
+    exitTypes.append(nV, f32);
+    exitTypes.append(nP, pairType);
+    // A key mask's -inf (the whole tiles have no bounds or causal ones).
+    auto maskedLogits = [&](Value j0, const Logits &s) {
+      SmallVector<Value> v(nV);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t nb = 0; nb < keyBlocks; ++nb)
+          for (int64_t i = 0; i < 4; ++i) {
+            Value x = s[t * keyBlocks + nb][i];
+            if (keyMask) {
+              Value j = kb.add(j0, kb.add(kb.mul(tig, kb.idx(2)),
+                                          kb.idx(nb * 8 + i % 2)));
+              x = kb.select(kb.load(keyMask, {bi, j}), x,
+                            kb.negInfLike(f32));
+            }
+            v[(t * keyBlocks + nb) * 4 + i] = x;
+          }
+      return v;
+    };
+    // P's pairs of the weights 2^(v c - m) of each row, in the order of
+    // mixTile's fragments: [kc][t][half][r].
+    auto pairsOf = [&](ArrayRef<Value> v, ArrayRef<Value> shift) {
+      SmallVector<Value> negShift;
+      for (int rr = 0; rr < 2 * T; ++rr)
+        negShift.push_back(arith::NegFOp::create(b, shift[rr]));
+      auto weight = [&](int64_t t, int r, int64_t col) {
+        Value x = v[(t * keyBlocks + col / 2) * 4 + 2 * r + col % 2];
+        return exp2Approx(b, kb.fma(x, scale2, negShift[2 * t + r]));
+      };
+      SmallVector<Value> pairs;
+      for (int64_t kc = 0; kc < keyBlocks / 2; ++kc)
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t half = 0; half < 2; ++half)
+            for (int r = 0; r < 2; ++r) {
+              int64_t col = (2 * kc + half) * 2;
+              pairs.push_back(
+                  toPair(weight(t, r, col), weight(t, r, col + 1)));
+            }
+      return pairs;
+    };
+    auto shiftsOf = [&](ValueRange carried) {
+      SmallVector<Value> shift;
+      for (int rr = 0; rr < 2 * T; ++rr)
+        shift.push_back(carried[accAll + 2 * rr]);
+      return shift;
+    };
+    auto mix = [&](Value bufRow, ArrayRef<Value> pairs, ValueRange carried,
+                   Value j0, Value slot) {
+      SmallVector<Value> acc(carried.begin(), carried.begin() + accAll);
+      mixTile(bufRow, ldRow, ldSel, [&](int64_t kc) {
+        SmallVector<Value> pFrag;
+        for (int64_t t = 0; t < T; ++t)
+          pFrag.push_back(m.fragmentOfPairs(
+              pairs.slice((kc * T + t) * 4, 4)));
+        return pFrag;
+      }, acc);
+      SmallVector<Value> next = {kb.add(j0, kb.idx(cols))};
+      if (carrySlot)
+        next.push_back(kb.select(kb.eq(slot, kb.idx(stages - 1)), c0,
+                                 kb.add(slot, c1)));
+      next.append(acc);
+      next.append(carried.begin() + accAll, carried.end());
+      return next;
+    };
+    // The hot loop: runs tiles while they are whole and no p reaches 2 (the
+    // test after the tile's staging step and logits; past hi nothing: the
+    // forwarded values are poison, read by no one).
+    auto hotLoop = [&](ValueRange state) {
+      return whileLoop(
+          b, state, exitTypes,
+          [&](ValueRange args) -> std::pair<Value, SmallVector<Value>> {
+            Value j0 = args[0];
+            Value slot = carrySlot ? args[1] : Value();
+            ValueRange carried = args.drop_front(off);
+            SmallVector<Type> frontTypes = {b.getI1Type(), index};
+            frontTypes.append(nV, f32);
+            frontTypes.append(nP, pairType);
+            SmallVector<Value> front = kb.ifElse(
+                kb.lt(j0, hi), frontTypes,
+                [&] {
+                  Value bufRow = pipelineStep(j0, /*whole=*/true, slot);
+                  SmallVector<Value> v =
+                      maskedLogits(j0, logitsOf(bufRow, ldRow, ldSel));
+                  SmallVector<Value> pairs = pairsOf(v, shiftsOf(carried));
+                  Value any;
+                  for (Value pair : pairs) {
+                    Value word = vector::ExtractOp::create(
+                        b,
+                        vector::BitCastOp::create(
+                            b, m.vec({1}, b.getI32Type()), pair),
+                        ArrayRef<int64_t>{0});
+                    any = any ? kb.orI(any, word) : word;
+                  }
+                  Value big = kb.cmpi(arith::CmpIPredicate::ne,
+                                      kb.andI(any, kb.cI32(0x40004000)),
+                                      kb.cI32(0));
+                  Value cold = NVVM::VoteSyncOp::create(
+                      b, b.getI1Type(), kb.cI32(-1), big,
+                      NVVM::VoteSyncKind::any);
+                  SmallVector<Value> out = {kb.notI1(cold), bufRow};
+                  out.append(v);
+                  out.append(pairs);
+                  return out;
+                },
+                [&] {
+                  SmallVector<Value> out = {
+                      arith::ConstantOp::create(b, b.getBoolAttr(false)), c0};
+                  for (Type type : ArrayRef<Type>(frontTypes).drop_front(2))
+                    out.push_back(LLVM::PoisonOp::create(b, type));
+                  return out;
+                });
+            SmallVector<Value> fwd(args);
+            fwd.append(front.begin() + 1, front.end());
+            return {front[0], fwd};
+          },
+          [&](ValueRange args) -> SmallVector<Value> {
+            Value j0 = args[0];
+            Value slot = carrySlot ? args[1] : Value();
+            ValueRange carried = args.slice(off, start.size());
+            Value bufRow = args[off + start.size()];
+            SmallVector<Value> pairs(args.take_back(nP));
+            return mix(bufRow, pairs, carried, j0, slot);
+          });
+    };
+    // Around it: a tile that left the hot loop inside [lo, hi) takes the
+    // exact step.
+    SmallVector<Type> coldTypes(stateTypes);
+    coldTypes.push_back(index);
+    coldTypes.append(nV, f32);
+    SmallVector<Value> init = {lo};
+    if (carrySlot)
+      init.push_back(kb.remu(kb.divu(lo, kb.idx(cols)), kb.idx(stages)));
+    init.append(start.begin(), start.end());
+    SmallVector<Value> out = whileLoop(
+        b, init, coldTypes,
+        [&](ValueRange args) -> std::pair<Value, SmallVector<Value>> {
+          SmallVector<Value> exit = hotLoop(args);
+          exit.resize(coldTypes.size());
+          return {kb.lt(exit[0], hi), exit};
+        },
+        [&](ValueRange args) -> SmallVector<Value> {
+          Value j0 = args[0];
+          Value slot = carrySlot ? args[1] : Value();
+          SmallVector<Value> carried(args.slice(off, start.size()));
+          Value bufRow = args[off + start.size()];
+          SmallVector<Value> v(args.take_back(nV));
+          SmallVector<Value> shift = shiftsOf(carried), factor(2 * T);
+          for (int rr = 0; rr < 2 * T; ++rr) {
+            const int64_t t = rr / 2;
+            const int r = rr % 2;
+            Value tileMax;
+            for (int64_t nb = 0; nb < keyBlocks; ++nb)
+              for (int64_t x = 0; x < 2; ++x) {
+                Value val = v[(t * keyBlocks + nb) * 4 + 2 * r + x];
+                tileMax = tileMax ? kb.fmax(tileMax, val) : val;
+              }
+            tileMax = subgroupReduce(kb, tileMax, ReduceKind::Max, 4);
+            Value next = kb.fmax(shift[rr], kb.fma(tileMax, scale2, margin));
+            factor[rr] = exp2Approx(b, kb.fsub(shift[rr], next));
+            shift[rr] = next;
+            carried[accAll + 2 * rr] = next;
+          }
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t i = 0; i < accCount; ++i) {
+              Value &x = carried[t * accCount + i];
+              x = kb.fmul(x, factor[2 * t + (i % 4) / 2]);
+            }
+          return mix(bufRow, pairsOf(v, shift), carried, j0, slot);
+        });
+    SmallVector<Value> result = {out[0]};
+    result.append(out.begin() + off, out.begin() + off + start.size());
+    return result;
   };
   auto keyLoops = [&]() -> SmallVector<Value> {
     if (doubleBuffered && tile.hoistStaging)
@@ -984,9 +1381,20 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         };
       };
       Value fullTiles = kb.divu(fullHi, c);
+      if (tile.lazyRescale) {
+        SmallVector<Value> hot = lazyLoop(keyLo, kb.mul(fullTiles, c), init);
+        return kb.forLoop(kb.divu(hot[0], c), tileHi, c1,
+                          ArrayRef<Value>(hot).drop_front(), byTile(true));
+      }
       SmallVector<Value> full =
           kb.forLoop(tileLo, fullTiles, c1, init, byTile(false));
       return kb.forLoop(fullTiles, tileHi, c1, full, byTile(true));
+    }
+    if (tile.lazyRescale) {
+      SmallVector<Value> hot = lazyLoop(c0, fullEnd, init);
+      return kb.forLoop(hot[0], keyEnd, kb.idx(cols),
+                        ArrayRef<Value>(hot).drop_front(),
+                        keyTile(/*checked=*/true));
     }
     SmallVector<Value> full = base2
                                   ? kb.forLoop(c0, fullEnd, kb.idx(cols), init,
@@ -1139,9 +1547,9 @@ static void launchSplitFlashMixMma(HostCode &h, StringRef name,
     alignWorkgroupBuffers(kernel.func);
     kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
                          kernel.b.getI32IntegerAttr(tile.blocksPerSM));
-    emitFlashMixMma(kernel, spec, tile,
-                    cast<MemRefType>(q.getType()).getElementType());
-    kernel.launch({grid, B, splits});
+    Type elt = cast<MemRefType>(q.getType()).getElementType();
+    emitFlashMixMma(kernel, spec, tile, elt);
+    kernel.launch({grid, B, splits}, flashMmaDynamicBytes(h.b, tile, elt));
   }
   // The outputs: the last of args (p, then lse with withLse).
   SmallVector<Value> combineArgs = {ws};
@@ -1195,10 +1603,12 @@ void mlir::moe::gpu_lowering::launchFlashMixMma(HostCode &h, StringRef name,
                                                 Value q, ValueRange args,
                                                 Location loc) {
   Type elt = cast<MemRefType>(q.getType()).getElementType();
-  SmallVector<Type> workgroup = {
-      workgroupMemRef({tile.buffers * tile.cols, tile.depth + kPad}, elt),
-      workgroupMemRef({tile.buffers * tile.cols, tile.experts + kPad}, elt),
-  };
+  // The tile buffers: static workgroup attributions, or (three stages) the
+  // same shapes in dynamic shared memory, sized at the launch.
+  SmallVector<Type> workgroup;
+  if (!tile.dynamicShared)
+    for (MemRefType type : flashMmaSharedTypes(tile, elt))
+      workgroup.push_back(type);
   GpuKernelBuilder &kb = h.kb;
   if (tile.keySplits > 1) {
     launchSplitFlashMixMma(h, name, spec, tile, q, args, workgroup, loc);
@@ -1211,5 +1621,6 @@ void mlir::moe::gpu_lowering::launchFlashMixMma(HostCode &h, StringRef name,
                        kernel.b.getI32IntegerAttr(tile.blocksPerSM));
   emitFlashMixMma(kernel, spec, tile, elt);
   Value grid = kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows * tile.rowTiles));
-  kernel.launch({grid, kb.dim(q, 0), kb.idx(1)});
+  kernel.launch({grid, kb.dim(q, 0), kb.idx(1)},
+                flashMmaDynamicBytes(h.b, tile, elt));
 }

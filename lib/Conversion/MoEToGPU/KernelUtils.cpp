@@ -671,8 +671,8 @@ void GPUKernel::forRowsOfColumn(Value inRange, Value rows,
   });
 }
 
-void GPUKernel::launch(std::array<Value, 3> grid) {
-  host.launch(func, grid, blockSize, operands);
+void GPUKernel::launch(std::array<Value, 3> grid, Value dynamicSharedBytes) {
+  host.launch(func, grid, blockSize, operands, dynamicSharedBytes);
 }
 
 void GPUKernel::launchOver(Value count) {
@@ -808,12 +808,13 @@ void HostCode::fill32(Value buffer, Value value) {
 }
 
 void HostCode::launch(gpu::GPUFuncOp kernel, std::array<Value, 3> grid,
-                      std::array<int64_t, 3> block, ValueRange args) {
+                      std::array<int64_t, 3> block, ValueRange args,
+                      Value dynamicSharedBytes) {
   auto tokenType = b.getType<gpu::AsyncTokenType>();
   gpu::KernelDim3 gridDim{grid[0], grid[1], grid[2]};
   gpu::KernelDim3 blockDim{kb.idx(block[0]), kb.idx(block[1]), kb.idx(block[2])};
   auto op = gpu::LaunchFuncOp::create(b, kernel, gridDim, blockDim,
-                                      /*dynamicSharedMemorySize=*/Value(), args,
+                                      dynamicSharedBytes, args,
                                       tokenType, ValueRange{token});
   token = op.getAsyncToken();
 }

@@ -235,8 +235,11 @@ public:
 private:
   friend class GPUKernel;
   /// Launches `kernel` on `args` on the stream (GPUKernel::launch).
+  /// `dynamicSharedBytes` (an i32, or null: none) is the block's dynamic
+  /// shared memory (gpu.dynamic_shared_memory in the kernel).
   void launch(gpu::GPUFuncOp kernel, std::array<Value, 3> grid,
-              std::array<int64_t, 3> block, ValueRange args);
+              std::array<int64_t, 3> block, ValueRange args,
+              Value dynamicSharedBytes = Value());
   /// The out whose buffer is `buffer`; one holding a copy of it if `buffer`
   /// is not an out.
   BlockArgument outFor(Value buffer, RankedTensorType type);
@@ -300,8 +303,9 @@ public:
   void forRowsOfColumn(Value inRange, Value rows,
                        function_ref<void(Value row)> body);
 
-  /// Launches the kernel on its operands over `grid` blocks.
-  void launch(std::array<Value, 3> grid);
+  /// Launches the kernel on its operands over `grid` blocks, with
+  /// `dynamicSharedBytes` of dynamic shared memory (null: none).
+  void launch(std::array<Value, 3> grid, Value dynamicSharedBytes = Value());
   /// Launches it over ceil(`count` / blockDim.x) blocks along x: a thread per
   /// item (globalId()), the last block's extra threads idle.
   void launchOver(Value count);

@@ -185,6 +185,16 @@ struct FlashMmaTile {
   /// small (flash-mma-key-splits, with two row tiles): the kernel writes
   /// partial rows to a workspace and a second kernel combines them.
   int64_t keySplits = 1;
+  /// The whole tiles against a stale shift (flash-mma-lazy-rescale, with two
+  /// row tiles and the sums from the MMA): the row max, its shuffles and the
+  /// rescale only in a tile where a probability reaches 2; the shift is the
+  /// row max plus `lazyMargin` (log2 units) after such a tile.
+  bool lazyRescale = false;
+  int64_t lazyMargin = 0;
+  /// The tile buffers are in dynamic shared memory (flash-mma-stages=3, with
+  /// two row tiles and cp.async staging: `buffers` is then 3), passed at the
+  /// launch; the static workgroup buffers otherwise.
+  bool dynamicShared = false;
 };
 
 /// The largest feature count of the tensor-core kernel (its query fragments
@@ -200,13 +210,16 @@ constexpr int64_t kFlashMmaMaxDepth = 256;
 /// selects a fused top-k as the scalar kernel's does; with `posterior`
 /// (flash-mma-posterior) the per-key bias and the added scores of
 /// attention_posterior's logit enter its C fragments; `base2`
-/// (flash-mma-base2) selects the base-2 softmax (FlashMmaTile::base2).
+/// (flash-mma-base2) selects the base-2 softmax (FlashMmaTile::base2);
+/// `lazyRescale` (flash-mma-lazy-rescale) and `stages` (flash-mma-stages, 2 or
+/// 3) apply where two row tiles do (FlashMmaTile::lazyRescale, ::buffers).
 std::optional<FlashMmaTile>
 flashMmaTile(const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt,
              int64_t depth, int64_t sharedMemoryBytes, bool wideStaging = false,
              bool asyncStaging = false, bool fusedTopk = false,
              bool posterior = false, bool base2 = false, bool sumMma = false,
-             int64_t blockRows = 64, int64_t keySplits = 1);
+             int64_t blockRows = 64, int64_t keySplits = 1,
+             bool lazyRescale = false, int64_t stages = 2);
 
 /// launchFlashMix on tensor cores (the same arguments; grid ceil(N / rows) x
 /// B, rows 64 or 128 (FlashMmaTile::rowTiles), block 128; with key splits a

@@ -79,6 +79,8 @@ struct ConvertMoEToGPUPass
     options.flashMmaSumMma = flashMmaSumMma;
     options.flashMmaBlockRows = flashMmaBlockRows;
     options.flashMmaKeySplits = flashMmaKeySplits;
+    options.flashMmaLazyRescale = flashMmaLazyRescale;
+    options.flashMmaStages = flashMmaStages;
     options.routeMap = routeMap;
     return options;
   }
@@ -122,6 +124,12 @@ struct ConvertMoEToGPUPass
       module.emitError("convert-moe-to-gpu: flash-mma-key-splits must be in "
                        "[1, 16], got ")
           << static_cast<int64_t>(flashMmaKeySplits);
+      return signalPassFailure();
+    }
+    if (flashMmaStages != 2 && flashMmaStages != 3) {
+      module.emitError("convert-moe-to-gpu: flash-mma-stages must be 2 or 3, "
+                       "got ")
+          << static_cast<int64_t>(flashMmaStages);
       return signalPassFailure();
     }
     if (routeMap != "warp" && routeMap != "lanes") {

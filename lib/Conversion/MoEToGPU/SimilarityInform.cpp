@@ -92,7 +92,8 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
                        options.flashMmaAsyncStaging, options.flashMmaTopk,
                        /*posterior=*/false, options.flashMmaBase2,
                        options.flashMmaSumMma, options.flashMmaBlockRows,
-                       options.flashMmaKeySplits);
+                       options.flashMmaKeySplits, options.flashMmaLazyRescale,
+                       options.flashMmaStages);
   if (mma)
     launchFlashMixMma(h,
                       fused      ? "similarity_inform_topk_mma"

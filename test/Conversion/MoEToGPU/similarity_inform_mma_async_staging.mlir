@@ -28,13 +28,19 @@
 // CHECK: %[[NEXT:.+]] = arith.addi %{{.+}}, %c64
 // CHECK: %[[MORE:.+]] = arith.cmpi slt, %[[NEXT]]
 // CHECK: scf.if %[[MORE]] {
-// CHECK: nvgpu.device_async_copy %[[KEYS]]
-// CHECK: nvgpu.device_async_copy %[[E]]
+// The other buffer's rows, a view at a dynamic row: the copies' addresses are
+// its base plus ones that do not change in the loop.
+// CHECK: %[[KN:.+]] = memref.subview %[[KS]][%{{.+}}, 0] [64, 72] [1, 1]
+// CHECK: nvgpu.device_async_copy %[[KEYS]][{{.+}}], %[[KN]][
+// CHECK: %[[VN:.+]] = memref.subview %[[VS]][%{{.+}}, 0] [64, 24] [1, 1]
+// CHECK: nvgpu.device_async_copy %[[E]][{{.+}}], %[[VN]][
 // CHECK: nvvm.cp.async.commit.group
 // CHECK-NOT: gpu.barrier
-// CHECK: nvgpu.ldmatrix %[[KS]]
+// CHECK: %[[KT:.+]] = memref.subview %[[KS]][%{{.+}}, 0] [64, 72] [1, 1]
+// CHECK: nvgpu.ldmatrix %[[KT]]
 // CHECK-NOT: gpu.barrier
-// CHECK: nvgpu.ldmatrix %[[VS]]{{.+}}transpose = true
+// CHECK: %[[VT:.+]] = memref.subview %[[VS]][%{{.+}}, 0] [64, 24] [1, 1]
+// CHECK: nvgpu.ldmatrix %[[VT]]{{.+}}transpose = true
 // CHECK-NOT: gpu.barrier
 // CHECK: scf.yield
 // OFF-LABEL: gpu.func @similarity_inform_mma

@@ -3,6 +3,8 @@
 // RUN: not moe-opt %s --convert-moe-to-gpu="flash-mma-block-rows=96" -split-input-file 2>&1 | FileCheck %s --check-prefix=BAD
 // RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-key-splits=4 flash-mma-wide-staging=true flash-mma-async-staging=true" -split-input-file | FileCheck %s --check-prefix=SPLIT
 // RUN: not moe-opt %s --convert-moe-to-gpu="flash-mma-key-splits=17" -split-input-file 2>&1 | FileCheck %s --check-prefix=BADSPLIT
+// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-lazy-rescale=true flash-mma-stages=3" -split-input-file | FileCheck %s --check-prefix=LAZY
+// RUN: not moe-opt %s --convert-moe-to-gpu="flash-mma-stages=4" -split-input-file 2>&1 | FileCheck %s --check-prefix=BADSTAGES
 
 // flash-mma-block-rows=128 (issue #47 item 3; off by default, not yet run on
 // a GPU): a block of the tensor-core kernel's 4 warps owns 128 query rows,
@@ -16,6 +18,49 @@
 // against the float64 reference (test/GPU/unit/test_flash_mma_simt.py).
 // BAD: flash-mma-block-rows must be 64 or 128, got 96
 // BADSPLIT: flash-mma-key-splits must be in [1, 16], got 17
+// BADSTAGES: flash-mma-stages must be 2 or 3, got 4
+
+// flash-mma-stages=3 with flash-mma-lazy-rescale (issue #47 items 2 and 3;
+// off by default, not yet run on a GPU). Three tile buffers of keys and of
+// values in dynamic shared memory (the launch passes 3 x 64 x (72 + 24) x 2 =
+// 36864 bytes; the values' buffers 16-byte aligned at 27648): the first two
+// tiles' copies before the key loops, each its own commit group, and a
+// tile's copies issued two tiles ahead (wait.group 1: all but the last
+// committed group done). The whole tiles run in a hot loop without a row
+// max: each tile's weights against the carried shift, rounded in pairs, the
+// pairs ORed and tested for bit 14 of either half (0x40004000: a weight of 2
+// or more, inf or NaN), one vote; a warp that finds one leaves the hot loop
+// for the exact step around it (the quads' max: the only shuffles, the
+// rescale), then goes back in. The checked tiles follow with the exact step.
+// LAZY-LABEL: gpu.func @similarity_inform_mma_0(
+// LAZY-NOT: workgroup(
+// LAZY: %[[DYN:.+]] = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>
+// LAZY: memref.view %[[DYN]][%c0{{.*}}][] : memref<?xi8, #gpu.address_space<workgroup>> to memref<192x72xf16, #gpu.address_space<workgroup>>
+// LAZY: memref.view %[[DYN]][%c27648{{.*}}][] : memref<?xi8, #gpu.address_space<workgroup>> to memref<192x24xf16, #gpu.address_space<workgroup>>
+// LAZY: arith.constant -3.40282347E+38 : f32
+// LAZY: nvvm.cp.async.commit.group
+// LAZY: nvvm.cp.async.commit.group
+// LAZY: scf.while
+// LAZY: scf.while
+// LAZY: nvvm.cp.async.wait.group 1
+// LAZY-NEXT: gpu.barrier
+// LAZY: nvvm.cp.async.commit.group
+// LAZY-NOT: gpu.shuffle
+// LAZY: arith.andi %{{.+}}, %c1073758208_i32 : i32
+// LAZY-NOT: gpu.shuffle
+// LAZY: nvvm.vote.sync  any
+// LAZY-NOT: gpu.shuffle
+// LAZY: scf.condition
+// LAZY-NOT: gpu.shuffle
+// LAZY: scf.condition
+// The exact step: each row's quad max (2 shuffles a row), then the mixing.
+// LAZY-COUNT-8: gpu.shuffle  xor
+// LAZY: nvgpu.mma.sync
+// The checked tiles.
+// LAZY: scf.for
+// LAZY: nvvm.cp.async.wait.group 1
+// LAZY-LABEL: func.func @rows128_f16(
+// LAZY: gpu.launch_func {{.*}}@moe_kernels::@similarity_inform_mma_0 {{.*}} dynamic_shared_memory_size %c36864_i32
 
 // flash-mma-key-splits=4 (with the 128-row kernel): blocks along z share a
 // row block's key tiles (each its ceil(tiles / S) of them, from the
@@ -56,8 +101,8 @@
 // SPLIT-NOT: gpu.alloc
 // SPLIT-LABEL: func.func @topk_one_row_tile(
 // The ptxas sweep (GPU/ptxas-sweep.mlir) assembles these with the first
-// RUN line's options:
-// ptxas-options: flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-topk=true
+// RUN line's options and the LAZY line's two:
+// ptxas-options: flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-topk=true flash-mma-lazy-rescale=true flash-mma-stages=3
 
 // CHECK-LABEL: gpu.func @similarity_inform_mma_0
 // CHECK-SAME: workgroup(%[[K:.*]] : memref<128x72xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[V:.*]] : memref<128x24xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
@@ -74,26 +119,31 @@
 // CHECK: scf.for
 // CHECK: nvvm.cp.async.wait.group 0
 // CHECK-NOT: = %thread_id_x to
-// CHECK-COUNT-4: nvgpu.device_async_copy %{{.+}}[{{.+}}], %[[K]][
-// CHECK: nvgpu.device_async_copy %{{.+}}[{{.+}}], %[[V]][
+// The other buffer's rows as views (addresses: a base a tile plus constants).
+// CHECK: %[[KN:.+]] = memref.subview %[[K]][
+// CHECK-COUNT-4: nvgpu.device_async_copy %{{.+}}[{{.+}}], %[[KN]][
+// CHECK: %[[VN:.+]] = memref.subview %[[V]][
+// CHECK: nvgpu.device_async_copy %{{.+}}[{{.+}}], %[[VN]][
 // One key fragment, four MMAs: row tile 0's two key blocks, then row tile 1's.
-// CHECK: nvgpu.ldmatrix %[[K]]
+// CHECK: %[[KT:.+]] = memref.subview %[[K]][
+// CHECK: nvgpu.ldmatrix %[[KT]]
 // CHECK: nvgpu.mma.sync(%[[Q0:[0-9]+]],
 // CHECK: nvgpu.mma.sync(%[[Q0]],
 // CHECK: nvgpu.mma.sync(%[[Q1:[0-9]+]],
 // CHECK: nvgpu.mma.sync(%[[Q1]],
 // CHECK-NOT: nvgpu.mma.sync
-// CHECK: nvgpu.ldmatrix %[[K]]
+// CHECK: nvgpu.ldmatrix %[[KT]]
 // Four rows' maxima (2 shuffles each), one vote for the rescale.
 // CHECK-COUNT-8: gpu.shuffle  xor
 // CHECK: nvvm.vote.sync  any
 // One value fragment (16 experts), two MMAs a row tile, then each tile's sums.
-// CHECK: nvgpu.ldmatrix %[[V]]{{.*}}transpose = true
+// CHECK: %[[VT:.+]] = memref.subview %[[V]][
+// CHECK: nvgpu.ldmatrix %[[VT]]{{.*}}transpose = true
 // CHECK-COUNT-4: nvgpu.mma.sync
 // CHECK: nvgpu.mma.sync(%{{.+}}, %[[ONES:cst[_0-9]*]],
 // CHECK: nvgpu.mma.sync(%{{.+}}, %[[ONES]],
 // CHECK-NOT: nvgpu.mma.sync
-// CHECK: nvgpu.ldmatrix %[[V]]
+// CHECK: nvgpu.ldmatrix %[[VT]]
 // The misaligned branch: the element loops.
 // CHECK: } else {
 // CHECK: scf.for %{{.+}} = %thread_id_x to %c4096 step %c128

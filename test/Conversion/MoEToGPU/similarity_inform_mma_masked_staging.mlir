@@ -23,8 +23,7 @@
 // CHECK: %[[JJ0:.+]] = arith.divui %[[FLAT0]], %c2
 // CHECK: vector.load %[[E]]
 // CHECK: memref.load %[[MASK]]
-// CHECK: %[[ROW0:.+]] = arith.addi %c0{{.*}}, %[[JJ0]] : index
-// CHECK: vector.store %{{.+}}, %[[VS]][%[[ROW0]], %{{.+}}] {alignment = 16 : i64}
+// CHECK: vector.store %{{.+}}, %[[VS]][%[[JJ0]], %{{.+}}] {alignment = 16 : i64}
 // CHECK: nvvm.cp.async.commit.group
 // The key loop: this tile's rows start at bufRow = (tile % 2) * 64; the next
 // tile goes to rows 64 - bufRow.
@@ -33,19 +32,24 @@
 // CHECK-NEXT: gpu.barrier
 // CHECK: %[[BUF:.+]] = arith.muli %{{.+}}, %c64
 // CHECK: %[[NEXT:.+]] = arith.addi %[[J0]], %c64
-// CHECK: scf.if
 // CHECK: %[[OFF:.+]] = arith.subi %c64{{.*}}, %[[BUF]] : index
-// CHECK: nvgpu.device_async_copy %{{.+}}, %[[KS]][%{{.+}}, %{{.+}}]
+// CHECK: scf.if
+// The next tile's rows of each buffer: views at row OFF, row jj of the tile
+// its row jj.
+// CHECK: %[[KN:.+]] = memref.subview %[[KS]][%[[OFF]], 0] [64, 72] [1, 1]
+// CHECK: nvgpu.device_async_copy %{{.+}}, %[[KN]][%{{.+}}, %{{.+}}]
+// CHECK: %[[VN:.+]] = memref.subview %[[VS]][%[[OFF]], 0] [64, 24] [1, 1]
 // CHECK: scf.for %[[FLAT:.+]] = %thread_id_x to %c128{{.*}} step %c128
 // CHECK: %[[JJ:.+]] = arith.divui %[[FLAT]], %c2
 // CHECK: vector.load %[[E]]
 // CHECK: memref.load %[[MASK]]
-// CHECK: %[[ROW:.+]] = arith.addi %[[OFF]], %[[JJ]] : index
-// CHECK: vector.store %{{.+}}, %[[VS]][%[[ROW]], %{{.+}}] {alignment = 16 : i64}
+// CHECK: vector.store %{{.+}}, %[[VN]][%[[JJ]], %{{.+}}] {alignment = 16 : i64}
 // CHECK: } else {
 // CHECK: nvvm.cp.async.commit.group
-// CHECK: nvgpu.ldmatrix %[[KS]]
-// CHECK: nvgpu.ldmatrix %[[VS]]
+// CHECK: %[[KT:.+]] = memref.subview %[[KS]][%[[BUF]], 0] [64, 72] [1, 1]
+// CHECK: nvgpu.ldmatrix %[[KT]]
+// CHECK: %[[VT:.+]] = memref.subview %[[VS]][%[[BUF]], 0] [64, 24] [1, 1]
+// CHECK: nvgpu.ldmatrix %[[VT]]
 func.func @sim_masked_k16(%u: tensor<2x150x64xbf16>, %e: tensor<2x150x16xbf16>, %m: tensor<2x150xi1>) -> tensor<2x150x16xf32> {
   %p = moe.similarity_inform %u, %e key_mask(%m : tensor<2x150xi1>) : tensor<2x150x64xbf16>, tensor<2x150x16xbf16> -> tensor<2x150x16xf32>
   return %p : tensor<2x150x16xf32>

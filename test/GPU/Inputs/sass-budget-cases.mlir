@@ -214,6 +214,25 @@ func.func @similarity_inform_bf16_rows128_split(%u: tensor<1x16384x64xbf16>, %e:
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
+// The 128-row kernel with the lazy rescale (flash-mma-lazy-rescale): the whole tiles' hot loop holds no row
+// max, shuffle or rescale (the exact step, in the loop around it, runs for a tile where a row max grew past the
+// margin: the sass budget reports its instructions beside the key loop's), the issue's at most 6 a score; with
+// three cp.async stages in dynamic shared memory (flash-mma-stages=3) too, and with the split keys.
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-wide-staging=true,flash-mma-async-staging=true,flash-mma-lazy-rescale=true
+func.func @similarity_inform_bf16_rows128_lazy(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
+  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
+  return %p : tensor<1x16384x16xf32>
+}
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-wide-staging=true,flash-mma-async-staging=true,flash-mma-lazy-rescale=true,flash-mma-stages=3
+func.func @similarity_inform_bf16_rows128_lazy3(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
+  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
+  return %p : tensor<1x16384x16xf32>
+}
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-key-splits=4,flash-mma-wide-staging=true,flash-mma-async-staging=true,flash-mma-lazy-rescale=true,flash-mma-stages=3
+func.func @similarity_inform_bf16_rows128_split_lazy3(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
+  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
+  return %p : tensor<1x16384x16xf32>
+}
 // sass-budget: kernel=similarity_inform_mma scores-per-tile=32
 func.func @similarity_inform_bf16_causal_d256(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>

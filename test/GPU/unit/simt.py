@@ -10,10 +10,14 @@ ulps.
 
 The tensor-core flash kernel (FlashMma.cpp) runs with `lockstep=True`: every thread of a block in one lockstep
 group (so gpu.barrier and cp.async's wait are points every thread has reached with every earlier write done;
-a missing barrier or wait goes unseen: racecheck's on a GPU), shuffles and votes within each 32-lane warp, and
+a missing barrier goes unseen: racecheck's on a GPU), or, for a kernel whose warps take loops of their own
+between barriers, with `warp_threads=True` (a thread a warp, gpu.barrier a barrier of them); cp.async copies land
+at their issue or, with `async_copies="wait"`, only at the wait that completes their group (a read before that
+wait sees the old data); shuffles and votes within each 32-lane warp, and
 the warp-level ops per warp: nvgpu.ldmatrix (x1/x2/x4, .trans), nvgpu.mma.sync (f16) and nvvm.mma.sync (bf16)
 m16n8k16 (products exact, sums in float64 rounded to f32: the tensor cores' own summation order is not
-modelled), nvgpu.device_async_copy (zero fill past src-size), vector from_elements/extract/insert/bitcast/
+modelled), nvgpu.device_async_copy (zero fill past src-size), memref.subview (unit strides) and memref.view of
+gpu.dynamic_shared_memory, llvm.mlir.poison (zeros), vector from_elements/extract/insert/bitcast/
 load/store, arith.truncf to f16/bf16 (round to nearest even). Vectors are arrays (lanes, *shape); f16/bf16
 values are their bits (uint16) throughout.
 
@@ -26,6 +30,7 @@ Only what the route, top-k, dispatch-plan and flash-mma kernels use is implement
 import os
 import re
 import subprocess
+import threading
 
 import numpy as np
 
@@ -261,11 +266,20 @@ class Memory:
         raise IndexError(hex(address))
 
 
-def run_kernel(body, args, block_dim, grid, memory, smem_shape=None, workgroup=(), lockstep=False):
+def run_kernel(body, args, block_dim, grid, memory, smem_shape=None, workgroup=(), lockstep=False,
+               dynamic_smem=0, async_copies="issue", warp_threads=False):
     """Runs the kernel `body` (parse()) on `args` (numpy arrays for memrefs; the workgroup buffers are made here,
     fresh for each block: one f32 array of `smem_shape`, or one zeroed array per (shape, dtype) of `workgroup`)
     over `grid` blocks (gx, (gx, gy) or (gx, gy, gz)) of `block_dim` threads, one warp at a time, or with
-    `lockstep` all the block's threads at once."""
+    `lockstep` all the block's threads at once. `dynamic_smem`: the bytes of gpu.dynamic_shared_memory (zeroed
+    for each block). `async_copies`: when a cp.async copy lands in shared memory, at its issue ("issue", the
+    earliest it may) or at the wait that needs it ("wait", the latest: cp.async.wait.group N completes every
+    group but the N last committed, copies of groups never waited for never land): a kernel that reads a
+    buffer before waiting for its copies, or counts its groups wrong, reads stale data in "wait"; one that copies
+    into a buffer still to be read reads the new data in "issue". `warp_threads`: each warp of a block runs in a
+    thread of its own, the block's gpu.barrier a barrier of those threads (a kernel whose warps take loops or
+    branches of their own between barriers: flash-mma-lazy-rescale's warps leave its hot loop at tiles of their
+    own), instead of one lockstep group."""
     block_args = body[0][0]
     dims = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
     for z in range(dims[2]):
@@ -273,13 +287,53 @@ def run_kernel(body, args, block_dim, grid, memory, smem_shape=None, workgroup=(
             for b in range(dims[0]):
                 smem = [np.zeros(smem_shape, dtype=np.float32)] if smem_shape else []
                 smem += [np.zeros(shape, dtype=dt) for shape, dt in workgroup]
+                dyn = np.zeros(dynamic_smem, dtype=np.uint8)
+                if warp_threads:
+                    _run_warp_threads(body, args + smem, block_dim, memory, b, (y, z), dims, dyn, async_copies)
+                    continue
                 lanes = block_dim if lockstep else LANES
                 for w in range(block_dim // lanes):
                     env = {}
                     for name, a in zip(block_args, args + smem):
                         env[name] = a
-                    Warp(env, memory, b, w, lanes=lanes, block_yz=(y, z), grid=dims).run_block(
-                        body[0][1], np.ones(lanes, bool))
+                    warp = Warp(env, memory, b, w, lanes=lanes, block_yz=(y, z), grid=dims)
+                    warp.dynamic_smem, warp.async_copies = dyn, async_copies
+                    warp.run_block(body[0][1], np.ones(lanes, bool))
+
+
+def _run_warp_threads(body, values, block_dim, memory, block, block_yz, dims, dyn, async_copies):
+    """One block, a thread a warp (run_kernel's warp_threads): gpu.barrier waits for every warp; an error in one
+    warp breaks the barrier for the others and is raised."""
+    warps = block_dim // LANES
+    barrier = threading.Barrier(warps, timeout=600)
+    errors = []
+
+    def go(w):
+        try:
+            env = dict(zip(body[0][0], values))
+            warp = Warp(env, memory, block, w, lanes=LANES, block_yz=block_yz, grid=dims)
+            warp.dynamic_smem, warp.async_copies, warp.barrier = dyn, async_copies, barrier
+            warp.run_block(body[0][1], np.ones(LANES, bool))
+            # A warp that returns leaves the barrier to the others only once they are past their last one.
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+            barrier.abort()
+
+    threads = [threading.Thread(target=go, args=(w,)) for w in range(warps)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        first = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)] or errors
+        raise first[0]
+
+
+def _uniform(v, mask):
+    """The value of index vector `v` that every active lane holds (a subview's or view's offset)."""
+    vals = np.unique(np.asarray(v)[mask]) if np.any(mask) else np.asarray(v)[:1]
+    assert len(vals) == 1, f"a view offset that differs over the lanes: {vals}"
+    return vals[0]
 
 
 class Warp:
@@ -288,6 +342,8 @@ class Warp:
         self.n, self.block_yz, self.grid = lanes, block_yz, grid
         self.tid = np.arange(lanes, dtype=np.int64) + warp * lanes
         self.arrays = {id(a): (i, a) for i, (_, a, _) in enumerate(memory.buffers)}
+        self.dynamic_smem, self.async_copies, self.barrier = np.zeros(0, np.uint8), "issue", None
+        self.pending, self.groups = [], []   # cp.async copies not landed: this group's, committed groups
 
     def get(self, name):
         return self.env[name]
@@ -553,8 +609,51 @@ class Warp:
 
     # The tensor-core kernel's ops (see the module's docstring).
     def step_mma(self, op, n, a, mask):
-        if n in ("gpu.barrier", "nvvm.cp.async.commit.group", "nvvm.cp.async.wait.group"):
+        if n == "gpu.barrier":
+            if self.barrier is not None:
+                self.barrier.wait()
             return None
+        if n == "nvvm.cp.async.commit.group":
+            self.groups.append(self.pending)
+            self.pending = []
+            return None
+        if n == "nvvm.cp.async.wait.group":
+            keep = int(re.search(r"n = (\d+)", op.props).group(1))
+            while len(self.groups) > keep:
+                for land in self.groups.pop(0):
+                    land()
+            return None
+        if n == "llvm.mlir.poison":
+            vec = _vector_shape(op.types[0])
+            if vec:
+                dt = np.uint16 if vec[1] in ("f16", "bf16") else (np.float32 if vec[1] == "f32" else _int_type(vec[1]))
+                return np.zeros((self.n,) + vec[0], dtype=dt)
+            return np.zeros(self.n, dtype=np.float32 if op.types[0] == "f32" else _int_type(op.types[0]))
+        if n == "gpu.dynamic_shared_memory":
+            return self.dynamic_smem
+        if n == "memref.view":
+            shift = int(_uniform(a[1], mask))
+            m = re.match(r"memref<((?:\d+x)+)(\w+)", op.types[0])
+            shape = tuple(int(d) for d in m.group(1).rstrip("x").split("x"))
+            dt = {"f16": np.uint16, "bf16": np.uint16, "f32": np.float32}[m.group(2)]
+            size = int(np.prod(shape)) * np.dtype(dt).itemsize
+            assert shift % 16 == 0 and shift + size <= a[0].size, "a view outside the dynamic shared memory"
+            return a[0][shift:shift + size].view(dt).reshape(shape)
+        if n == "memref.subview":
+            seg = [int(x) for x in re.search(r"operandSegmentSizes = array<i32: ([\d, ]+)>", op.props)
+                   .group(1).split(",")]
+            assert seg[2] == 0 and seg[3] == 0, "only static sizes and strides"
+            static = [int(x) for x in re.search(r"static_offsets = array<i64: ([-\d, ]+)>", op.props)
+                      .group(1).split(",")]
+            sizes = [int(x) for x in re.search(r"static_sizes = array<i64: ([-\d, ]+)>", op.props)
+                     .group(1).split(",")]
+            strides = [int(x) for x in re.search(r"static_strides = array<i64: ([-\d, ]+)>", op.props)
+                       .group(1).split(",")]
+            assert all(st == 1 for st in strides), "only unit strides"
+            dyn = iter(a[1:1 + seg[1]])
+            offs = [int(_uniform(next(dyn), mask)) if o == -2 ** 63 else o for o in static]
+            assert all(o + sz <= d for o, sz, d in zip(offs, sizes, a[0].shape)), "a subview out of bounds"
+            return a[0][tuple(slice(o, o + sz) for o, sz in zip(offs, sizes))]
         if n == "vector.from_elements":
             shape, _t = _vector_shape(op.types[0])
             return np.stack(a, axis=1).reshape((self.n,) + shape)
@@ -614,7 +713,15 @@ class Warp:
                 row = np.zeros(elems, dtype=dst.dtype)
                 if k:
                     row[:k] = src[tuple(si[:-1])][si[-1]:si[-1] + k]
-                dst[tuple(di[:-1])][di[-1]:di[-1] + elems] = row
+                target = dst[tuple(di[:-1])]
+                assert di[-1] + elems <= target.shape[-1], "cp.async past its row"
+
+                def land(target=target, at=di[-1], row=row):
+                    target[at:at + elems] = row
+                if self.async_copies == "wait":
+                    self.pending.append(land)
+                else:
+                    land()
             return np.zeros(self.n, dtype=np.int64)
         if n == "nvgpu.ldmatrix":
             return self._ldmatrix(op, a, mask)

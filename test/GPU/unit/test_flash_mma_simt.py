@@ -5,7 +5,11 @@ the quads' shuffles, the warp votes), then compared with the GPU harness's float
 (run_gpu_tests.ref_similarity) within the harness's MMA_TOL (the probabilities enter P.e rounded to the operand
 type). Every variant of the kernel behind an option that changes its softmax or staging runs every case: the
 default, flash-mma-base2, flash-mma-sum-mma (the row sums from the MMA against a block of ones, the rescale only
-when a row max of the warp changed), and flash-mma-sum-mma with the 16-byte and cp.async staging. Cases: ragged N
+when a row max of the warp changed), flash-mma-sum-mma with the 16-byte and cp.async staging, the 128-row forms,
+and those with flash-mma-lazy-rescale (a hot loop of whole tiles against a stale shift; its warps leave it at
+tiles of their own, so each warp runs in a thread of its own between barriers) and flash-mma-stages=3 (three
+cp.async stages in dynamic shared memory); the cp.async variants run again with every copy landing only at the
+wait that completes its group. Cases: ragged N
 (a partial last key tile and rows past N), causal with a diagonal tile, key masks with a fully masked element and
 a whole masked tile, f16 with D and K not multiples of 16 and 8, a key tile whose max grows after the first, and u
 one element into its buffer (2 bytes: the element-staging fallback). ex2.approx runs as exact f32 and the MMA sums
@@ -44,7 +48,14 @@ VARIANTS = {
     "rows128": "flash-mma-sum-mma=true flash-mma-block-rows=128",
     "rows128_async": "flash-mma-sum-mma=true flash-mma-block-rows=128 " + ASYNC,
     "rows128_base2_wide": "flash-mma-base2=true flash-mma-block-rows=128 flash-mma-wide-staging=true",
+    "rows128_lazy": "flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-lazy-rescale=true " + ASYNC,
+    "rows128_stages3": "flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-stages=3 " + ASYNC,
+    "rows128_lazy3": "flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-lazy-rescale=true "
+                     "flash-mma-stages=3 " + ASYNC,
 }
+# The variants with cp.async copies, run again with each copy landing at the wait that needs it (simt.run_kernel's
+# async_copies="wait"): a tile read before its group is waited for, or a group count off by one, reads stale data.
+ASYNC_VARIANTS = ["sum_mma_async", "rows128_async", "rows128_lazy", "rows128_stages3", "rows128_lazy3"]
 
 
 def lower(B, N, D, K, t, tau, causal, masked, options):
@@ -78,7 +89,34 @@ def block_rows(text):
     return int(re.search(rf'{divisor} = "arith.constant"\(\) <{{value = (\d+) : index}}>', text).group(1))
 
 
-def run(text, u, e, mask, K, misalign):
+def shared_memory(text, kernel):
+    """(workgroup buffers, dynamic shared memory bytes) of `kernel`: its two workgroup buffers (keys, values) as
+    its signature gives them, or none and the launch's dynamic_shared_memory_size (flash-mma-stages=3)."""
+    lines = text.splitlines()
+    starts = [n for n, line in enumerate(lines) if '"gpu.func"' in line]
+    start = next(n for n in starts
+                 if f'sym_name = "{kernel}"' in next(line for line in lines[n:] if 'sym_name = "' in line))
+    head = next(line for line in lines[start:] if "^bb0(" in line)
+    wg = [((int(r), int(c)), np.uint16) for r, c, _t in WORKGROUP.findall(head)]
+    launch = re.search(rf'"gpu.launch_func"\(([^)]*)\) <{{kernel = @\w+::@{kernel}, '
+                       r"operandSegmentSizes = array<i32: ([\d, ]+)>", text)
+    seg = [int(x) for x in launch.group(2).split(",")]
+    if not seg[10]:
+        assert len(wg) == 2, head
+        return wg, 0
+    assert not wg, head
+    operand = [x.strip() for x in launch.group(1).split(",")][sum(seg[:10])]
+    size = int(re.search(rf'{operand} = "arith.constant"\(\) <{{value = (\d+) : i32}}>', text).group(1))
+    return wg, size
+
+
+def warp_threads(options):
+    """Whether the kernel's warps take loops of their own between barriers (flash-mma-lazy-rescale: a warp leaves
+    the hot loop at a tile of its own), so that simt runs each in a thread instead of the block in lockstep."""
+    return "flash-mma-lazy-rescale=true" in options
+
+
+def run(text, u, e, mask, K, misalign, async_copies="issue", threads=False):
     body = simt.parse(text, "similarity_inform_mma_0")
     B, N, _ = u.shape
     out = np.full((B, N, K), np.nan, np.float32)   # rows the kernel does not write stay NaN and fail
@@ -86,11 +124,9 @@ def run(text, u, e, mask, K, misalign):
     args = [u, u, e] + ([mask] if mask is not None else []) + [out]
     for a in args:
         mem.add(a, None, misalign_bytes=2 if (misalign and a is u) else 0)
-    # The kernel's two workgroup buffers (keys, values), as its signature gives them.
-    func = next(line for line in text.splitlines() if "^bb0(" in line and "workgroup" in line)
-    wg = [((int(r), int(c)), np.uint16) for r, c, _t in WORKGROUP.findall(func)]
-    assert len(wg) == 2, func
-    simt.run_kernel(body, args, BLOCK, (-(-N // block_rows(text)), B), mem, workgroup=wg, lockstep=True)
+    wg, dyn = shared_memory(text, "similarity_inform_mma_0")
+    simt.run_kernel(body, args, BLOCK, (-(-N // block_rows(text)), B), mem, workgroup=wg, lockstep=not threads,
+                    dynamic_smem=dyn, async_copies=async_copies, warp_threads=threads)
     return out
 
 
@@ -134,7 +170,7 @@ def test_flash_mma_kernel(variant, name):
     rng = np.random.default_rng(CASES.index(name) + 47)
     B, N, D, K, t, tau, causal, u, e, mask = case(name, rng)
     text = lower(B, N, D, K, t, tau, causal, mask is not None, VARIANTS[variant])
-    got = run(text, u, e, mask, K, misalign=False)
+    got = run(text, u, e, mask, K, misalign=False, threads=warp_threads(VARIANTS[variant]))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau, causal=causal,
                            key_mask=torch.from_numpy(mask) if mask is not None else None).numpy()
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
@@ -142,14 +178,71 @@ def test_flash_mma_kernel(variant, name):
         assert np.all(got[1] == 0.0), "a fully masked element's rows must be zeros"
 
 
-@pytest.mark.parametrize("variant", ["sum_mma", "sum_mma_async", "rows128_async", "rows128_base2_wide"])
+@pytest.mark.parametrize("variant", ASYNC_VARIANTS)
+@pytest.mark.parametrize("name", CASES)
+def test_flash_mma_copies_land_late(variant, name):
+    """The cp.async variants with every copy landing as late as the hardware may let it: at the
+    cp.async.wait.group that completes its group. The pipeline must wait for a tile's group (all but the
+    stages - 2 groups committed after it) before its barrier and reads."""
+    rng = np.random.default_rng(CASES.index(name) + 47)
+    B, N, D, K, t, tau, causal, u, e, mask = case(name, rng)
+    text = lower(B, N, D, K, t, tau, causal, mask is not None, VARIANTS[variant])
+    got = run(text, u, e, mask, K, misalign=False, async_copies="wait", threads=warp_threads(VARIANTS[variant]))
+    ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau, causal=causal,
+                           key_mask=torch.from_numpy(mask) if mask is not None else None).numpy()
+    np.testing.assert_allclose(got, ref, **R.MMA_TOL)
+
+
+@pytest.mark.parametrize("variant,t", [("rows128_lazy", "bf16"), ("rows128_lazy3", "bf16"), ("rows128_lazy", "f16")])
+def test_lazy_rescale_hot_loop_and_exact_steps(variant, t):
+    """flash-mma-lazy-rescale over enough whole tiles for its hot loop (N = 520: 8 whole tiles, the hot loop's
+    [0, 448) or [0, 384) with 3 stages): keys whose norms grow with j, so that the rows with a positive dot to that
+    direction see their max grow past the margin (7 in log2 units for bf16, 2 for f16) tile after tile (their warps
+    leave the hot loop for the exact step, then go back in), while the rows with a negative one keep the max of the
+    first tile (their warps stay in the hot loop); copies landing at their wait. Against float64. (A kernel whose
+    test never finds a weight of 2 or more fails here: its weights overflow after the first tile.)"""
+    rng = np.random.default_rng(29)
+    B, N, D, K, tau = 1, 520, 32, 8, 0.25
+    u = rng.standard_normal((B, N, D)).astype(np.float32) * 0.3
+    u[:, :, 0] = np.linspace(-2.0, 3.0, N)[None, :]
+    e = rng.random((B, N, K)).astype(np.float32)
+    e /= e.sum(-1, keepdims=True)
+    u, e = bits(u, t), bits(e, t)
+    text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
+    got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=True)
+    ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
+    np.testing.assert_allclose(got, ref, **R.MMA_TOL)
+
+
+@pytest.mark.parametrize("variant", ["rows128_lazy", "rows128_stages3", "rows128_lazy3"])
+def test_flash_mma_d128(variant):
+    """D = 128, K = 16: two row tiles still fit the registers, and three stages of 64-key tiles would not fit 48 KiB
+    (60 KiB): the 3-stage kernels take 32-key tiles (30 KiB of dynamic shared memory; the lazy 2-stage one keeps
+    64 keys, 40 KiB static). A growing max, copies landing at their wait, against float64."""
+    rng = np.random.default_rng(3)
+    B, N, D, K, t, tau = 1, 300, 128, 16, "bf16", 0.5
+    u = rng.standard_normal((B, N, D)).astype(np.float32) * 0.2
+    u[:, :, 0] = np.linspace(-2.0, 3.0, N)[None, :]
+    e = rng.random((B, N, K)).astype(np.float32)
+    e /= e.sum(-1, keepdims=True)
+    u, e = bits(u, t), bits(e, t)
+    text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
+    wg, dyn = shared_memory(text, "similarity_inform_mma_0")
+    assert dyn == (3 * 32 * (136 + 24) * 2 if "stages" in VARIANTS[variant] else 0), dyn
+    got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=warp_threads(VARIANTS[variant]))
+    ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
+    np.testing.assert_allclose(got, ref, **R.MMA_TOL)
+
+
+@pytest.mark.parametrize("variant", ["sum_mma", "sum_mma_async", "rows128_async", "rows128_base2_wide",
+                                     "rows128_lazy", "rows128_lazy3"])
 def test_flash_mma_misaligned_keys(variant):
     """u one bf16 element into its buffer: the keys take the element staging (the 16-byte and cp.async paths
     need a 16-byte aligned base), the values the wide path."""
     rng = np.random.default_rng(7)
     B, N, D, K, t, tau, causal, u, e, mask = case("causal_bf16", rng)
     text = lower(B, N, D, K, t, tau, causal, False, VARIANTS[variant])
-    got = run(text, u, e, None, K, misalign=True)
+    got = run(text, u, e, None, K, misalign=True, threads=warp_threads(VARIANTS[variant]))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau,
                            causal=causal).numpy()
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
@@ -174,7 +267,7 @@ def test_sum_mma_rescale_is_skipped_exactly():
     assert np.abs(sums["base2"] - 1.0).max() > 1e-5, "base2's sums should show P's rounding"
 
 
-@pytest.mark.parametrize("variant", ["base2", "sum_mma", "rows128_async"])
+@pytest.mark.parametrize("variant", ["base2", "sum_mma", "rows128_async", "rows128_lazy", "rows128_lazy3"])
 def test_flash_mma_training_forward_lse(variant):
     """similarity_inform_fwd: the mixed probabilities and each row's log-sum-exp (natural units: m2 ln 2 + ln l,
     which the backward recomputes p from), causal with a key mask, against float64 (the lse within 1e-2
@@ -201,9 +294,10 @@ def test_flash_mma_training_forward_lse(variant):
     args = [u, u, e, mask, p, lse]
     for a in args:
         mem.add(a, None)
-    func = next(line for line in text.splitlines() if "^bb0(" in line and "workgroup" in line)
-    wg = [((int(r), int(c)), np.uint16) for r, c, _t in WORKGROUP.findall(func)]
-    simt.run_kernel(body, args, BLOCK, (-(-N // block_rows(text)), B), mem, workgroup=wg, lockstep=True)
+    wg, dyn = shared_memory(text, "similarity_inform_fwd_mma_0")
+    threads = warp_threads(VARIANTS[variant])
+    simt.run_kernel(body, args, BLOCK, (-(-N // block_rows(text)), B), mem, workgroup=wg, lockstep=not threads,
+                    dynamic_smem=dyn, async_copies="wait", warp_threads=threads)
     uu, ee, mm = (torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), torch.from_numpy(mask))
     np.testing.assert_allclose(p, R.ref_similarity(uu, ee, tau=tau, causal=True, key_mask=mm).numpy(), **R.MMA_TOL)
     ref_lse = torch.logsumexp(R.similarity_logits(uu, tau, True, None, mm), -1).numpy()
@@ -211,6 +305,7 @@ def test_flash_mma_training_forward_lse(variant):
 
 
 SPLIT = "flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-key-splits=4 " + ASYNC
+SPLITS = {"split": SPLIT, "split_lazy3": SPLIT + " flash-mma-lazy-rescale=true flash-mma-stages=3"}
 
 
 def host_splits(N, B, Nk, cols=64, most=4):
@@ -223,7 +318,8 @@ def host_splits(N, B, Nk, cols=64, most=4):
     ("ragged", False, False, False), ("causal", True, False, False), ("masked", False, True, False),
     ("causal_masked_lse", True, True, True)])
 @pytest.mark.parametrize("splits", [None, 1, 3])
-def test_flash_mma_key_splits(name, causal, masked, with_lse, splits):
+@pytest.mark.parametrize("split_variant", ["split", "split_lazy3"])
+def test_flash_mma_key_splits(name, causal, masked, with_lse, splits, split_variant):
     """flash-mma-key-splits: the 128-row kernel with its keys split over the grid's z (the host's choice, 4 here,
     and other counts the kernel must take as well: 1, and 3 over 5 key tiles: uneven shares, empty shares of the
     causal blocks), its partial rows combined by the second kernel, against float64 (p, and the lse of the training
@@ -247,8 +343,11 @@ def test_flash_mma_key_splits(name, causal, masked, with_lse, splits):
     text = (f"func.func @f(%u: tensor<{B}x{N}x{D}x{t}>, %e: tensor<{B}x{N}x{K}x{t}>{marg}) -> ({res}) {{\n"
             f"  {outs} = moe.{op} %u, %e{mask_attr} tau({tau:e}){' causal(true)' if causal else ''} : "
             f"tensor<{B}x{N}x{D}x{t}>, tensor<{B}x{N}x{K}x{t}> -> {res}\n  return {outs} : {res}\n}}\n")
-    text = subprocess.run([MOE_OPT, "-", f"--convert-moe-to-gpu={SPLIT}", "--mlir-print-op-generic"],
+    text = subprocess.run([MOE_OPT, "-", f"--convert-moe-to-gpu={SPLITS[split_variant]}", "--mlir-print-op-generic"],
                           input=text, capture_output=True, text=True, check=True).stdout
+    # The lazy, three-stage split: copies landing at their wait (the shares start at any tile: the pipeline's
+    # buffers are the tiles' indices mod 3, its prologue two groups from the share's first tile).
+    async_copies = "wait" if split_variant == "split_lazy3" else "issue"
     kernel = f"{op}_mma_0"
     body, combine = simt.parse(text, kernel), simt.parse(text, f"{op}_mma_combine_0")
     S = splits or host_splits(N, B, N)
@@ -260,9 +359,10 @@ def test_flash_mma_key_splits(name, causal, masked, with_lse, splits):
     args = [u, u, e] + ([mask] if masked else []) + outs + [ws]
     for a in args:
         mem.add(a, None)
-    func = next(line for line in text.splitlines() if "^bb0(" in line and "workgroup" in line)
-    wg = [((int(r), int(c)), np.uint16) for r, c, _t in WORKGROUP.findall(func)]
-    simt.run_kernel(body, args, BLOCK, (-(-N // 128), B, S), mem, workgroup=wg, lockstep=True)
+    wg, dyn = shared_memory(text, kernel)
+    threads = warp_threads(SPLITS[split_variant])
+    simt.run_kernel(body, args, BLOCK, (-(-N // 128), B, S), mem, workgroup=wg, lockstep=not threads,
+                    dynamic_smem=dyn, async_copies=async_copies, warp_threads=threads)
     assert not np.isnan(ws).any(), "a split left a row of the workspace unwritten"
     simt.run_kernel(combine, [ws] + outs, BLOCK, -(-(B * N) // BLOCK), mem)
     uu, ee = torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t))

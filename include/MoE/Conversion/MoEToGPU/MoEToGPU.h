@@ -174,6 +174,11 @@ struct MoELowerToNVVMOptions
   ConvertOption<int64_t> flashMmaKeySplits{
       *this, "flash-mma-key-splits",
       &ConvertMoEToGPUOptions::flashMmaKeySplits};
+  ConvertOption<bool> flashMmaLazyRescale{
+      *this, "flash-mma-lazy-rescale",
+      &ConvertMoEToGPUOptions::flashMmaLazyRescale};
+  ConvertOption<int64_t> flashMmaStages{
+      *this, "flash-mma-stages", &ConvertMoEToGPUOptions::flashMmaStages};
   ConvertOption<std::string> routeMap{*this, "route-map",
                                       &ConvertMoEToGPUOptions::routeMap};
 };
