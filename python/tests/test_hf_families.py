@@ -39,8 +39,7 @@ ROUTING_OPS = ("route", "topk_renorm")
 #: family becomes raised, so that the entry goes).
 NOT_RAISED: dict[str, str] = {
     "axk2": "its DeepSeek-style group mask fills the excluded groups with 0.0, not -inf (an excluded expert can "
-            "outrank a kept one whose biased score is negative); moe.route excludes them (the weights of the "
-            "choice inductor makes are a moe.route replaying it)",
+            "outrank a kept one whose biased score is negative); moe.route excludes them",
     "inkling_text": "the shared experts' logits are concatenated to the selected ones and the weights are a "
                     "log-sigmoid softmax over both: no weight transform of moe.route",
     "nllb_moe": "NllbMoeTop2Router: top-2 with expert capacity (token priority by cumulative counts) and the second "

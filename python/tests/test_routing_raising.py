@@ -202,20 +202,18 @@ def test_mistral4_router_with_zero_filled_groups_is_raised():
     _check_route_sets(log, outs)
 
 
-def test_zero_filled_groups_with_a_bias_choose_in_inductor():
+def test_zero_filled_groups_with_a_bias_are_not_raised():
     """AXK2: the same 0.0 fill after a selection bias: a kept biased score can be negative and rank after the
-    excluded zeros, which the op's exclusion never does: the choice is left to inductor, and only the weights of
-    that choice (gathered sigmoid scores, renormalized, scaled) are a moe.route replaying it; equal to eager."""
+    excluded zeros, which the op's exclusion never does: left to inductor, equal to eager. Its weights are a gather
+    at indices made from the same logits, which a replaying moe.route alone would slow down (inductor fuses the
+    gather into its choice): not raised either."""
     from transformers.models.axk2 import modeling_axk2 as axk2
     from transformers.models.axk2.configuration_axk2 import AXK2Config
 
     cfg = AXK2Config(hidden_size=H, num_local_experts=16, num_experts_per_tok=3, n_group=4, topk_group=2)
     router = _init(axk2.AXK2TopkRouter(cfg), seed=10)
     log, outs = _run(router, lambda t: torch.randn(t, H))
-    assert log and all(g.moe_ops() == ["route"] for g in log)
-    routes = [n for g in log for n in g.graph_module.graph.nodes
-              if n.op == "call_function" and "moe.route" in str(n.target)]
-    assert all(len(n.args) == 11 and n.args[10] is not None for n in routes)  # a replay, not a choice
+    assert log and all(g.moe_ops() == [] for g in log)
     for (logits, w, i), (logits_e, w_e, i_e) in outs:
         assert torch.equal(i, i_e)
         torch.testing.assert_close(w, w_e)
@@ -347,43 +345,26 @@ def test_a_score_with_a_tensor_operand_is_not_raised():
         torch.testing.assert_close(w, w_e)
 
 
-def test_deepseek_v4_hash_router_is_raised_as_a_replay():
-    """DeepSeek-V4's hash layers take the experts from a frozen token-id table (no selection): the weights of those
-    experts (sqrtsoftplus scores gathered, over sum + 1e-20, scaled) are one moe.route with the table's indices as
-    its replay operand, equal to eager, forward and backward (including an expert repeated in a row)."""
+def test_deepseek_v4_hash_router_is_not_raised():
+    """DeepSeek-V4's hash layers take the experts from a frozen token-id table: only the weights of those experts
+    are computed (sqrtsoftplus scores gathered, over sum + 1e-20, scaled), which inductor fuses into one loop that
+    scores the k gathered logits alone. moe.route with the table's indices as its replay operand does the same
+    work plus a call: 0.87x inductor at T = 16 and 0.97x at T = 2048 (hidden 256, E = 64, k = 8, quiet Xeon), so
+    raising leaves it to inductor, equal to eager. (The op itself serves a routing recorded elsewhere:
+    test_route_replay.py.)"""
     from transformers.models.deepseek_v4 import modeling_deepseek_v4 as v4
 
     router = _init(v4.DeepseekV4HashRouter(_deepseek_v4_config()), seed=16)
-    ref = _init(v4.DeepseekV4HashRouter(_deepseek_v4_config()), seed=16)
-    table = torch.randint(0, 16, router.tid2eid.shape, generator=torch.Generator().manual_seed(0))
-    table[3] = 5  # token 3 sends its 4 slots to one expert
     with torch.no_grad():
-        router.tid2eid.copy_(table)
-        ref.tid2eid.copy_(table)
+        router.tid2eid.copy_(torch.randint(0, 16, router.tid2eid.shape, generator=torch.Generator().manual_seed(0)))
     torch._dynamo.reset()
     c = torch.compile(router, backend="moe", options={"dense": "eager"})
     with capture_graphs() as log, torch.no_grad():
         for t in TOKENS:
             x, ids = torch.randn(t, H), torch.randint(0, 64, (t,))
-            ids[0] = 3
             for got, want in zip(c(x, ids), router(x, ids)):
                 torch.testing.assert_close(got, want)
-    assert log and all(g.moe_ops() == ["route"] for g in log), [g.graph_module.code for g in log]
-    assert all(s.startswith("custom:") for s in _route_scorings(log))
-    routes = [n for g in log for n in g.graph_module.graph.nodes
-              if n.op == "call_function" and "moe.route" in str(n.target)]
-    assert all(len(n.args) == 11 and n.args[10] is not None for n in routes)  # the table's indices, replayed
-    torch._dynamo.reset()
-    x, ids = torch.randn(11, H), torch.randint(0, 64, (11,))
-    ids[4] = 3
-    _, w, i = torch.compile(router, backend="moe", options={"dense": "eager"})(x, ids)
-    _, w_e, i_e = ref(x, ids)
-    assert torch.equal(i, i_e)
-    torch.testing.assert_close(w, w_e)
-    cot = torch.randn(11, 4)
-    (w * cot).sum().backward()
-    (w_e * cot).sum().backward()
-    torch.testing.assert_close(router.weight.grad, ref.weight.grad, atol=1e-5, rtol=1e-4)
+    assert log and all(g.moe_ops() == [] for g in log)
 
 
 def test_your_router_example():

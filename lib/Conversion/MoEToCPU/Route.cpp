@@ -236,6 +236,11 @@ private:
   /// source (the softmax score from step 1, or the logit's elementwise score
   /// computed here).
   void emitReplay(Value r, Value s, Value sel) {
+    if (!fromLogits && spec.scoring != RouteSpec::Scoring::Softmax &&
+        spec.k <= kLanes) {
+      emitReplayInLanes(r, sel);
+      return;
+    }
     kb.forLoop(kb.idx(0), kb.idx(spec.k), kb.idx(1), [&](Value j) {
       Value given = kb.castInt(kb.load(replay, {r, j}), kb.i64());
       Value ok = kb.andI(kb.cmpi(arith::CmpIPredicate::sge, given, kb.cI64(0)),
@@ -252,6 +257,28 @@ private:
       kb.store(index, idx, {r, j});
       kb.store(value, sel, {j});
     });
+  }
+
+  /// The same for an elementwise score and k <= 16 (every router's): the k
+  /// given logits in the lanes of one vector, scored by the vector
+  /// polynomials of step 1 instead of k scalar libm calls.
+  void emitReplayInLanes(Value r, Value sel) {
+    const int64_t n = spec.k <= 8 ? 8 : kLanes;
+    Value vals = kb.constLike(kb.vf32(n), 0.0);
+    Value numExperts64 = kb.castInt(numExperts, kb.i64());
+    for (int64_t l = 0; l < spec.k; ++l) {
+      Value j = kb.idx(l);
+      Value given = kb.castInt(kb.load(replay, {r, j}), kb.i64());
+      Value ok = kb.andI(kb.cmpi(arith::CmpIPredicate::sge, given, kb.cI64(0)),
+                         kb.lt(given, numExperts64));
+      Value index = kb.trunc(kb.select(ok, given, kb.cI64(0)), kb.i32());
+      kb.store(index, idx, {r, j});
+      Value logit = kb.loadF(x, {r, kb.castInt(index, kb.index())});
+      vals = vector::InsertOp::create(kb.b, logit, vals, l);
+    }
+    Value scores = routeScore(kb, spec, vals, Value(), Value());
+    for (int64_t l = 0; l < spec.k; ++l)
+      kb.store(vector::ExtractOp::create(kb.b, scores, l), sel, {kb.idx(l)});
   }
 
   /// Step 5 (routeWeights) over the picks in `sel`, one by one in pick

@@ -719,47 +719,6 @@ def _raise_topk_sigmoid_dense(graph: fx.Graph, tk: fx.Node) -> bool:
     return True
 
 
-def _raise_replayed_gather(graph: fx.Graph, gather: fx.Node) -> bool:
-    """``gather(score(x), -1, idx)`` [renormalized] [scaled], ``idx`` any [T, k] integer tensor the router did not
-    choose here -> ``moe.route(x, ..., replay=idx).weights``: the choice is given (DeepSeek-V4's hash layers,
-    ``tid2eid[input_ids]``; a replayed routing) and only the weights are computed. Runs after the choosing
-    raisers, so a gather whose indices a raised top-k made is gone by then."""
-    if not _is_call(gather, (aten.gather.default,)) or len(gather.args) < 3 or gather.kwargs:
-        return False
-    s, dim, idx = gather.args[:3]
-    if not isinstance(s, fx.Node) or not isinstance(idx, fx.Node) or not _last_dim(gather, dim):
-        return False
-    iv, sv = _val(idx), _val(s)
-    if iv is None or sv is None or iv.dim() != 2 or sv.dim() != 2 or iv.dtype not in (torch.int32, torch.int64):
-        return False
-    k = iv.shape[1]
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-    if not isinstance(k, int) or not isinstance(sv.shape[1], int) or not 1 <= k <= sv.shape[1]:
-        return False
-    scored = _scoring_of(s)
-    if scored is None:
-        return False
-    scoring, logits = scored
-    score_chain = _score_chain(s)[1] if scoring.startswith("custom:") else []
-    out, renorm, scale, chain = _weights_chain(gather)
-    with graph.inserting_before(gather):
-        if not statically_known_true(iv.shape[0] == sv.shape[0]):
-            # Rows from two inputs (the hidden states' and the token ids'): gather reads the first rows of the
-            # scores, as many as the index has (it fails when there are fewer), and so does the route of those.
-            rows = _new(graph, aten.sym_size.int, (idx, 0), like=gather)
-            logits = _new(graph, aten.slice.Tensor, (logits, 0, 0, rows), like=gather)
-        r = _new(graph, moe.route.default, (logits, None, k, scoring, "score_then_topk", 1, 1, "top2_sum", renorm,
-                                            scale, idx), like=gather)
-        w = _new(graph, operator.getitem, (r, 0), like=gather)
-        want = _val(out).dtype
-        if want != torch.float32:
-            w = _new(graph, aten._to_copy.default, (w,), {"dtype": want}, like=gather)
-    out.replace_all_uses_with(w)
-    _erase_unused(graph, chain + [gather, s] + score_chain)
-    return True
-
-
 def _rewrite_each(graph: fx.Graph, rewrite: Callable[[fx.Graph, fx.Node], bool]) -> int:
     """Tries ``rewrite(graph, node)`` (True when it matched and rewrote) at every node the graph had before it
     started, in order; returns how many it rewrote. Each ``_raise_*`` above is one such pattern."""
@@ -850,9 +809,6 @@ def raise_routing_idioms(gm: fx.GraphModule) -> dict[str, int]:
                        + _rewrite_each(graph, _raise_topk_then_sigmoid))
     graph.eliminate_dead_code()
     counts["topk_renorm"] = _rewrite_each(graph, _raise_topk)
-    graph.eliminate_dead_code()
-    # A choice given, not made (hash routing, replay): after every raiser that chooses.
-    counts["route_replay"] = _rewrite_each(graph, _raise_replayed_gather)
     graph.eliminate_dead_code()
     counts["experts_gemm"] = _rewrite_each(graph, _raise_hf_grouped_mm)
     if counts["experts_gemm"]:  # the experts' combine, where their GEMMs were raised (not an idiom of its own)

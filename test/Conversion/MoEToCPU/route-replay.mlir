@@ -2,7 +2,7 @@
 
 // moe.route with the choice given (replay): every index is checked against E before the kernel (op code 5 of
 // moeReportIndexError); the kernel reads the [T, k] indices, no candidates (no vector<8xi64> chunk), and scores
-// an elementwise score only at the k given experts (no vector pass over the row).
+// an elementwise score only at the k given experts (no vector pass over the row), in the lanes of one vector.
 
 // CHECK-LABEL: func.func @sigmoid_replay
 // CHECK: %[[CODE:.+]] = arith.constant 5 : i32
@@ -12,13 +12,19 @@
 // CHECK: moe.kernel ins(%{{.+}}, %{{.+}}, %{{.+}} : tensor<?x256xf32>, tensor<256xf32>, tensor<?x8xi64>)
 // CHECK-NOT: vector<8xi64>
 // CHECK-NOT: vector.maskedload
+// The k = 8 given logits in the lanes of one vector<8xf32>, scored by the vector polynomial exp and one divide:
 // CHECK: %[[G:.+]] = memref.load %{{.+}} : memref<?x8xi64>
 // CHECK: %[[OK:.+]] = arith.andi
 // CHECK: %[[SEL:.+]] = arith.select %[[OK]], %[[G]], %{{.+}} : i64
 // CHECK: %[[IDX:.+]] = arith.trunci %[[SEL]] : i64 to i32
-// CHECK: memref.load %{{.+}} : memref<?x256xf32>
-// CHECK: arith.divf
 // CHECK: memref.store %[[IDX]], %{{.+}} : memref<?x8xi32>
+// CHECK: %[[L:.+]] = memref.load %{{.+}} : memref<?x256xf32>
+// CHECK: vector.insert %[[L]], %{{.+}} [0] : f32 into vector<8xf32>
+// CHECK: vector.insert %{{.+}} [7] : f32 into vector<8xf32>
+// CHECK-NOT: math.exp
+// CHECK: vector.fma
+// CHECK: arith.divf %{{.+}} : vector<8xf32>
+// CHECK: vector.extract %{{.+}}[7] : f32 from vector<8xf32>
 // CHECK-NOT: vector<8xi64>
 // CHECK: return
 func.func @sigmoid_replay(%l: tensor<?x256xf32>, %b: tensor<256xf32>, %r: tensor<?x8xi64>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
