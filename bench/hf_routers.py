@@ -31,7 +31,6 @@ import datetime  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
-import time  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -44,6 +43,7 @@ sys.path.insert(0, str(REPO / "python" / "tests"))
 import hf_families  # noqa: E402
 import moe_mlir  # noqa: E402,F401
 from moe_mlir.backends.dynamo import capture_graphs  # noqa: E402
+from moe_mlir.demo import interleaved_runs  # noqa: E402
 
 #: Router-sized dimensions (hf_families' shrinker applies them where a config has the attribute).
 SIZES = {"hidden_size": 256, "d_model": 256, "num_experts": 64, "num_local_experts": 64, "n_routed_experts": 64,
@@ -89,16 +89,9 @@ def _inputs(router: torch.nn.Module, T: int, hidden: int) -> tuple:
 
 
 def _time(fns: dict, rounds: int) -> dict[str, list[float]]:
-    times = {k: [] for k in fns}
+    """Each function's times (us) over interleaved rounds without grad (demo.interleaved_runs)."""
     with torch.no_grad():
-        for fn in fns.values():
-            fn()
-        for _ in range(rounds):
-            for k, fn in fns.items():
-                t0 = time.perf_counter()
-                fn()
-                times[k].append((time.perf_counter() - t0) * 1e6)
-    return times
+        return {k: [t * 1e3 for t in v] for k, v in interleaved_runs(fns, rounds).items()}
 
 
 def measure(family: str, tokens: list[int], rounds: int) -> dict:

@@ -13,20 +13,14 @@ import moe_mlir  # noqa: F401  (registers torch.ops.moe)
 from moe_mlir.ops import custom_scoring
 from moe_mlir.ops import routing as R
 from moe_mlir.reference import routing as RR
+from test_route_backward import CASES as ROUTERS
 from torch_checks import needs_cpu_kernels
 
 pytestmark = needs_cpu_kernels
 
-# (E, k, scoring, order, n_group, topk_group, group_score, renormalize, routed_scaling_factor, bias)
-CASES = {
-    "deepseek_v3": (64, 8, "sigmoid", "score_then_topk", 8, 4, "top2_sum", True, 2.5, True),
-    "deepseek_v2_softmax": (32, 6, "softmax", "score_then_topk", 8, 3, "max", False, 16.0, False),
-    "mixtral": (8, 2, "softmax", "score_then_topk", 1, 1, "top2_sum", True, 1.0, False),
-    "gpt_oss": (32, 4, "softmax", "topk_then_score", 1, 1, "top2_sum", False, 1.0, False),
-    "llama4": (16, 1, "sigmoid", "topk_then_score", 1, 1, "top2_sum", False, 1.0, True),
-    "none_k_eq_e": (12, 12, "none", "score_then_topk", 1, 1, "top2_sum", True, 0.5, False),
-    "sqrtsoftplus": (40, 6, None, "score_then_topk", 1, 1, "top2_sum", True, 1.5, True),
-}
+# test_route_backward's routers (E, k, scoring, order, n_group, topk_group, group_score, renormalize,
+# routed_scaling_factor, bias), and DeepSeek-V4's sqrtsoftplus as a custom score (None: custom_scoring below).
+CASES = dict(ROUTERS, sqrtsoftplus=(40, 6, None, "score_then_topk", 1, 1, "top2_sum", True, 1.5, True))
 
 
 def _sqrtsoftplus(x):

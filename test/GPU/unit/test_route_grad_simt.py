@@ -17,10 +17,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "python"))
 import simt  # noqa: E402
 
 torch = pytest.importorskip("torch")
-MOE_OPT = os.environ.get("MOE_OPT") or os.path.join(HERE, "..", "..", "..", "build", "bin", "moe-opt")
-if not os.path.exists(MOE_OPT):
-    pytest.skip(f"no moe-opt at {MOE_OPT}", allow_module_level=True)
-import subprocess  # noqa: E402
+MOE_OPT = simt.find_moe_opt() or pytest.skip("no moe-opt ($MOE_OPT, build/bin)", allow_module_level=True)
 
 from moe_mlir.reference.routing import route_weights  # noqa: E402
 
@@ -45,8 +42,7 @@ def lower(E, k, dtype, scoring, renormalize, scale):
             f"renormalize({str(renormalize).lower()}) routed_scaling_factor({scale!r}){region}\n"
             f"      : tensor<?x{E}x{dtype}>, tensor<?x{k}xi32> -> tensor<?x{E}xf32>\n"
             f"  return %d : tensor<?x{E}xf32>\n}}\n")
-    return subprocess.run([MOE_OPT, "-", "--convert-moe-to-gpu", "--mlir-print-op-generic"], input=text,
-                          capture_output=True, text=True, check=True).stdout
+    return simt.lower(MOE_OPT, text)
 
 
 def run(text, x, idx, dw, E):
