@@ -363,3 +363,39 @@ def test_transformers_deepseek_v4_router():
     assert torch.equal(i.long().gather(1, o), i_hf.gather(1, o_hf))
     torch.testing.assert_close(w.gather(1, o), w_hf.gather(1, o_hf), atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(gw, gw_hf, atol=1e-5, rtol=1e-4)
+
+
+def _region_with(op: str, n: int) -> str:
+    """A route whose score region applies ``op`` (``n`` operands) to the logit."""
+    if op == "arith.constant":
+        body, out = "%r = arith.constant 1.5 : f32", "%r"
+    elif op == "arith.cmpf":
+        body, out = "%c = arith.cmpf ogt, %x, %x : f32\n    %r = arith.select %c, %x, %x : f32", "%r"
+    elif op == "arith.select":
+        body, out = "%c = arith.cmpf olt, %x, %x : f32\n    %r = arith.select %c, %x, %x : f32", "%r"
+    else:
+        body, out = f"%r = {op} {', '.join(['%x'] * n)} : f32", "%r"
+    return (f"func.func @f(%l: tensor<?x8xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>) {{\n"
+            f"  %w, %i = moe.route %l k(2) scoring(custom) score {{\n  ^bb0(%x: f32):\n    {body}\n"
+            f"    moe.yield {out} : f32\n  }} : tensor<?x8xf32> -> tensor<?x2xf32>, tensor<?x2xi32>\n"
+            f"  return %w, %i : tensor<?x2xf32>, tensor<?x2xi32>\n}}\n")
+
+
+def test_python_and_the_verifier_accept_the_same_region_ops(moe_opt):
+    """The region's ops are listed twice, in C++ (include/MoE/IR/ScoreRegion.h, the verifier and the kernels) and in
+    Python (reference.score_region.SCORE_OPS, which checks a region before any kernel is built and evaluates the
+    eager fallback): every op of the Python list verifies, and ops just outside it (math.sin, math.cos, arith.remf,
+    math.atan) are refused by both, so the two lists cannot drift apart unnoticed."""
+    from conftest import run_moe_opt
+    from moe_mlir.reference.score_region import SCORE_OPS, parse_score_region
+
+    for op, n in SCORE_OPS.items():
+        text = _region_with(op, n)
+        proc = run_moe_opt(moe_opt, text)
+        assert proc.returncode == 0, f"{op}: in SCORE_OPS but refused by the verifier:\n{proc.stderr[:2000]}"
+    for op, n in (("math.sin", 1), ("math.cos", 1), ("arith.remf", 2), ("math.atan", 1)):
+        proc = run_moe_opt(moe_opt, _region_with(op, n))
+        assert proc.returncode != 0 and "score" in proc.stderr, f"{op}: the verifier accepts it:\n{proc.stderr}"
+        region = _region_with(op, n).split("^bb0", 1)[1].split("}", 1)[0]
+        with pytest.raises(ValueError):
+            parse_score_region("^bb0" + region)
