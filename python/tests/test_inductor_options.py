@@ -1,7 +1,8 @@
 """What ``backend="moe"`` hands inductor with a graph holding moe ops (moe_mlir.backends.inductor_options): the
 backwards of ``topk_renorm`` and of the load-balancing loss as aten ops inductor fuses (no extern call splitting the
 backward graph), equal to the ops' kernels;
-and our ops' version in inductor's and AOTAutograd's cache keys (a changed autograd is never served stale)."""
+and our ops' version in inductor's and AOTAutograd's cache keys (a changed autograd is never served stale); and,
+where nothing is raised, exactly inductor's code."""
 
 from __future__ import annotations
 
@@ -151,3 +152,44 @@ def test_ops_version_is_in_the_cache_key(monkeypatch, tmp_path):
     # The same graph, another version of the ops: traced afresh (the backward then comes from what their autograd
     # is now; inductor's FX-graph cache may still serve a compiled graph equal to a former one: it is keyed by it).
     assert compile_once() == (0, 1)
+
+
+def _generated_code(fn, *args) -> list[str]:
+    """The code inductor generated for one call of ``fn`` (every graph, forward and backward), paths and hashes
+    masked."""
+    from torch._inductor.utils import run_and_get_code
+
+    _, code = run_and_get_code(fn, *args)
+    return [re.sub(r"/tmp/\S+|[0-9a-f]{20,}", "X", c) for c in code]
+
+
+def test_a_graph_with_nothing_to_raise_compiles_to_inductors_code():
+    """Issue #51: where backend "moe" raises nothing (a dense transformers decoder layer: attention, RMSNorm, the
+    SwiGLU MLP), it hands inductor the graph inductor would get, so the generated code is inductor's, forward and
+    backward, byte for byte (paths and hashes aside): no cost added around inductor where nothing of ours runs."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                      num_hidden_layers=1, attn_implementation="sdpa")
+    layer, rope = LlamaDecoderLayer(cfg, 0), LlamaRotaryEmbedding(cfg)
+    x = torch.randn(1, 16, 64, requires_grad=True)
+    pe = rope(x, torch.arange(16)[None])
+
+    def step(x):
+        y = layer(x, position_embeddings=pe)
+        y = y[0] if isinstance(y, tuple) else y
+        y.square().sum().backward()
+        return y
+
+    codes = {}
+    for backend in ("inductor", "moe"):
+        torch._dynamo.reset()
+        with capture_graphs() as log:
+            codes[backend] = _generated_code(torch.compile(step, backend=backend), x)
+        if backend == "moe":
+            assert log and all(g.raised == 0 and g.fallback is None for g in log)
+    assert len(codes["moe"]) == len(codes["inductor"]) >= 2  # the forward and the backward at least
+    for ours, theirs in zip(codes["moe"], codes["inductor"]):
+        assert ours == theirs
