@@ -65,6 +65,17 @@ Value mlir::moe::kernels::routeGradOfLogit(KernelBuilder &kb,
   return kb.select(kb.cmpf(arith::CmpFPredicate::OEQ, sSum, zero), zero, d);
 }
 
+RouteReplayPick mlir::moe::kernels::routeReplayPick(KernelBuilder &kb,
+                                                   Value given,
+                                                   Value numExperts) {
+  Value wide = kb.castInt(given, kb.i64());
+  Value zero = kb.cI64(0);
+  Value atLeastZero = kb.cmpi(arith::CmpIPredicate::sge, wide, zero);
+  Value belowE = kb.lt(wide, numExperts);
+  Value ok = kb.andI(atLeastZero, belowE);
+  return {wide, ok, kb.trunc(kb.select(ok, wide, zero), kb.i32())};
+}
+
 RouteGradPick mlir::moe::kernels::routeGradReadPick(KernelBuilder &kb, Value x,
                                                     Value idx, Value r, Value l,
                                                     Value numExperts) {

@@ -117,6 +117,16 @@ std::pair<Value, Value> routeScoreAndDerivative(KernelBuilder &kb,
 Value routeGradOfLogit(KernelBuilder &kb, const RouteSpec &spec, Value g,
                        Value dScore, Value sSum, Value cSum);
 
+/// Pick j of a replayed choice (moe.route's `replay`): the given expert
+/// `given` (i32 or i64) widened to i64, whether it lies in [0, E)
+/// (`numExperts`: i64), and the i32 expert read in its place (0 outside).
+/// The CPU, GPU and portable lowerings all read a replay through it.
+struct RouteReplayPick {
+  Value given, inRange, expert;
+};
+RouteReplayPick routeReplayPick(KernelBuilder &kb, Value given,
+                                Value numExperts);
+
 /// One pick of a moe.route_grad row read out-of-range-safe: expert index of
 /// pick l (index), whether it is in [0, E), and the logit there (the row's
 /// entry 0 when out of range).

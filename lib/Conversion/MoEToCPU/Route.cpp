@@ -241,11 +241,10 @@ private:
       emitReplayInLanes(r, sel);
       return;
     }
+    Value numExperts64 = kb.castInt(numExperts, kb.i64());
     kb.forLoop(kb.idx(0), kb.idx(spec.k), kb.idx(1), [&](Value j) {
-      Value given = kb.castInt(kb.load(replay, {r, j}), kb.i64());
-      Value ok = kb.andI(kb.cmpi(arith::CmpIPredicate::sge, given, kb.cI64(0)),
-                         kb.lt(given, kb.castInt(numExperts, kb.i64())));
-      Value index = kb.trunc(kb.select(ok, given, kb.cI64(0)), kb.i32());
+      Value index =
+          routeReplayPick(kb, kb.load(replay, {r, j}), numExperts64).expert;
       Value e = kb.castInt(index, kb.index());
       Value value;
       if (fromLogits)
@@ -268,10 +267,8 @@ private:
     Value numExperts64 = kb.castInt(numExperts, kb.i64());
     for (int64_t l = 0; l < spec.k; ++l) {
       Value j = kb.idx(l);
-      Value given = kb.castInt(kb.load(replay, {r, j}), kb.i64());
-      Value ok = kb.andI(kb.cmpi(arith::CmpIPredicate::sge, given, kb.cI64(0)),
-                         kb.lt(given, numExperts64));
-      Value index = kb.trunc(kb.select(ok, given, kb.cI64(0)), kb.i32());
+      Value index =
+          routeReplayPick(kb, kb.load(replay, {r, j}), numExperts64).expert;
       kb.store(index, idx, {r, j});
       Value logit = kb.loadF(x, {r, kb.castInt(index, kb.index())});
       vals = vector::InsertOp::create(kb.b, logit, vals, l);

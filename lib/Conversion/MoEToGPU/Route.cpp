@@ -162,16 +162,14 @@ private:
     Value k = kb.idx(spec.k);
     kb.forLoop(lane, k, kb.idx(width), [&](Value j) {
       kb.ifThen(active, [&] {
-        Value given = kb.castInt(kb.load(replay, {row, j}), kb.i64());
-        Value ok = kb.andI(
-            kb.cmpi(arith::CmpIPredicate::sge, given, kb.cI64(0)),
-            kb.lt(given, kb.cI64(numExperts)));
-        kb.ifThen(kb.notI1(ok), [&] {
+        RouteReplayPick pick = routeReplayPick(
+            kb, kb.load(replay, {row, j}), kb.cI64(numExperts));
+        kb.ifThen(kb.notI1(pick.inRange), [&] {
           Value position = kb.castInt(kb.add(kb.mul(row, k), j), kb.i64());
-          emitRecordIndexError(kb, word, kMoEErrorRouteReplay, position, given,
-                               kb.cI64(numExperts));
+          emitRecordIndexError(kb, word, kMoEErrorRouteReplay, position,
+                               pick.given, kb.cI64(numExperts));
         });
-        Value index = kb.trunc(kb.select(ok, given, kb.cI64(0)), kb.i32());
+        Value index = pick.expert;
         Value logit = kb.loadF(x, {row, kb.castInt(index, kb.index())});
         kb.store(routeScore(kb, spec, logit, rowMax, rowSum), weights,
                  {row, j});

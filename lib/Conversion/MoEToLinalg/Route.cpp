@@ -180,20 +180,6 @@ std::pair<Value, Value> maskedTopK(OpBuilder &b, Location loc, Value x,
   return {loop.getResult(0), loop.getResult(1)};
 }
 
-/// The index `v` (i32 or i64) as i32 if it is in [0, n) (n: index), else 0.
-Value inRangeOrZero(OpBuilder &b, Location loc, Value v, Value n) {
-  Type i64 = b.getI64Type();
-  if (v.getType() != i64)
-    v = arith::ExtSIOp::create(b, loc, i64, v);
-  Value n64 = arith::IndexCastOp::create(b, loc, i64, n);
-  Value zero = arith::ConstantOp::create(b, loc, b.getI64IntegerAttr(0));
-  Value ok = arith::AndIOp::create(
-      b, loc, arith::CmpIOp::create(b, loc, arith::CmpIPredicate::sge, v, zero),
-      arith::CmpIOp::create(b, loc, arith::CmpIPredicate::slt, v, n64));
-  return arith::TruncIOp::create(b, loc, b.getI32Type(),
-                                 arith::SelectOp::create(b, loc, ok, v, zero));
-}
-
 /// The [T, E] mask of the experts in the `topk_group` best groups of `c`.
 Value keptExperts(OpBuilder &b, Location loc, RouteOp op, Value c) {
   MLIRContext *ctx = b.getContext();
@@ -266,8 +252,11 @@ LogicalResult mlir::moe::lowering::lowerRoute(RouteOp op, PatternRewriter &rw) {
         rw, loc, sizesOf(rw, loc, replay), rw.getI32Type());
     idx = generic(rw, loc, replay, init, {rows.all, rows.all}, rows.parallel,
                   [&](OpBuilder &gb, Location gl, ValueRange a) {
+                    ImplicitLocOpBuilder ib(gl, gb);
+                    KernelBuilder kb(ib);
+                    Value e = kb.castInt(numExperts, kb.i64());
                     return SmallVector<Value>{
-                        inRangeOrZero(gb, gl, a[0], numExperts)};
+                        kernels::routeReplayPick(kb, a[0], e).expert};
                   })
               .front();
   } else {

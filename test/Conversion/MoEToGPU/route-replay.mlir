@@ -2,19 +2,20 @@
 // RUN: moe-opt %s --convert-moe-to-gpu=route-map=lanes -split-input-file | FileCheck %s
 
 // moe.route with the choice given (replay) on the GPU: the warp kernel (route-map=lanes too) takes the indices and
-// the error word after its outputs; lane j % 32 reads pick j's index, records one outside [0, E) (op code 5, the
-// first error wins the cmpxchg) and reads expert 0 instead; an elementwise score reads only the given logits (no
-// butterfly before the renormalization's sum).
+// the error word after its outputs; lane j % 32 reads pick j's index (kernels::routeReplayPick: the expert read in
+// its place first), records one outside [0, E) (op code 5, the first error wins the cmpxchg) and reads expert 0;
+// an elementwise score reads only the given logits (no butterfly before the renormalization's sum).
 
 // CHECK-LABEL: gpu.module @moe_kernels
 // CHECK: gpu.func @route_warp_0(%{{.+}}: memref<?x256xf32>, %{{.+}}: memref<256xf32>, %{{.+}}: memref<?x8xf32>, %{{.+}}: memref<?x8xi32>, %[[R:.+]]: memref<?x8xi64>, %[[WORD:.+]]: i64)
 // CHECK-NOT: gpu.shuffle
 // CHECK: %[[G:.+]] = memref.load %[[R]]
+// CHECK: %[[SEL:.+]] = arith.select %{{.+}}, %[[G]], %{{.+}} : i64
+// CHECK: arith.trunci %[[SEL]] : i64 to i32
 // CHECK: llvm.inttoptr %[[WORD]]
 // CHECK: llvm.cmpxchg
 // CHECK: llvm.store %c5_i64
-// CHECK: %[[SEL:.+]] = arith.select %{{.+}}, %[[G]], %{{.+}} : i64
-// CHECK: arith.trunci %[[SEL]] : i64 to i32
+// CHECK: llvm.store %[[G]]
 // CHECK: math.exp
 // CHECK: gpu.shuffle xor
 // CHECK-LABEL: func.func @sigmoid_replay
