@@ -55,17 +55,18 @@ def similarity_inform(name: str, B: int, N: int, D: int, K: int, tau: float = 1.
 
 
 def similarity_inform_topk(name: str, B: int, N: int, D: int, K: int, k: int, tau: float = 1.0,
-                           causal: bool = False) -> str:
-    u, e = _t((B, N, D)), _t((B, N, K))
+                           causal: bool = False, elem: str = "f32") -> str:
+    u, e = _t((B, N, D), elem), _t((B, N, K), elem)
     w, i = _t((B, N, k)), _t((B, N, k), "i32")
     body = (f"%w, %i = moe.similarity_inform_topk %u, %e k({k}) {_sim_attrs(tau, causal)} : {u}, {e} -> {w}, {i}")
     return _func(name, [("u", u), ("e", e)], [w, i], body, ["%w", "%i"])
 
 
 def attention_posterior(name: str, B: int, H: int, N: int, Nk: int, D: int, Dh: int, K: int,
-                        sigma: float = 1.0) -> str:
-    s, u, v = _t((B, H, N, Nk)), _t((B, N, D)), _t((B, H, Nk, Dh))
-    wo, e = _t((D, H * Dh)), _t((B, Nk, K))
+                        sigma: float = 1.0, elem: str = "f32") -> str:
+    """``elem``: the element type of u and e (f16/bf16 of one type run the mixing on tensor cores)."""
+    s, u, v = _t((B, H, N, Nk)), _t((B, N, D), elem), _t((B, H, Nk, Dh))
+    wo, e = _t((D, H * Dh)), _t((B, Nk, K), elem)
     p, h = _t((B, N, K)), _t((B,), "i32")
     body = (f"%p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma({_f(sigma)}) : "
             f"{s}, {u}, {v}, {wo}, {e} -> {p}, {h}")

@@ -76,6 +76,7 @@ bandwidth) beside the measured kernel time.
 import argparse
 import json
 import math
+import hashlib
 import os
 import re
 import subprocess
@@ -465,7 +466,8 @@ def measure(args, chip, options, text, notes, tmp):
     """([(chip, function, kernel, figures, note)], [failures]) of the
     functions in `text` lowered for `chip` with `options`."""
     rows, failures = [], []
-    tag = re.sub(r"[^\w]+", "_", options) + "." if options else ""
+    # a short tag per option set (a long option list would pass the file system's name limit)
+    tag = hashlib.sha1(options.encode()).hexdigest()[:12] + "." if options else ""
     proc = subprocess.run([args.moe_opt, "-", f"--moe-lower-to-nvvm=chip={chip} format=isa {options}".strip()],
                           input=text, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -260,6 +260,18 @@ def test_route_backward_kernel(scoring, renormalize, dev):
             torch.testing.assert_close(got.cpu(), want, atol=1e-5, rtol=1e-4)
 
 
+@needs_kernels
+def test_route_replay_two_tokens_of_eight(dev):
+    """The configuration of the CUDA index-error test below (E = 8, k = 2, sigmoid, i64 indices) with valid
+    indices: on the CPU it records that kernel's key for the GPU machine's prebuild (scripts/gpu-check.sh), which
+    the CUDA-only test alone would not."""
+    x = torch.randn(2, 8, generator=torch.Generator().manual_seed(3))
+    given = torch.tensor([[0, 7], [3, 3]], dtype=torch.int64)
+    w, i = torch.ops.moe.route(x.to(dev), None, 2, "sigmoid", replay=given.to(dev))
+    assert torch.equal(i.cpu().long(), given)
+    torch.testing.assert_close(w.cpu(), torch.sigmoid(x).gather(1, given), atol=1e-6, rtol=1e-5)
+
+
 def test_route_replay_index_error_is_read_after_a_sync(cuda):
     from moe_mlir.runtime import cuda as moe_cuda
 

@@ -792,6 +792,9 @@ def test_prebuild_cuda_leaves_out_the_cpu_only_ops(tmp_path, monkeypatch):
     assert cache.CPU_ONLY_OPS <= set(cache.validators)
     assert cache.CUDA_SWITCHED_OPS <= cache.CPU_ONLY_OPS
     assert not any(cache.cuda_kernel_op(op) for op in cache.CPU_ONLY_OPS) and cache.cuda_kernel_op("topk_renorm")
+    # The extension registers route_backward's kernel for CUDA (RoutingOps.cpp): it must be prebuilt (the H200
+    # check of 2026-11-26 found 6 tests without it while it was listed here).
+    assert cache.cuda_kernel_op("route_backward") and "route_backward" not in cache.CPU_ONLY_OPS
     monkeypatch.setenv("MOE_CUDA_ROUTER_LOSSES", "1")
     assert {op for op in cache.CPU_ONLY_OPS if cache.cuda_kernel_op(op)} == cache.CUDA_SWITCHED_OPS
     assert not cache.cuda_kernel_op("sequence_balance_loss") and not cache.cuda_kernel_op("apply_capacity")

@@ -1,10 +1,10 @@
 // REQUIRES: ptxas
 // RUN: rm -rf %t && mkdir -p %t
-// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --pipeline-options flash-mma=true --keep-ptx %t --out %t/report.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s
+// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --pipeline-options "%flash_base64 flash-mma=true" --keep-ptx %t --out %t/report.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s
 // RUN: FileCheck %s --check-prefix=TABLE < %t/report.md
-// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --pipeline-options "flash-mma=true flash-mma-sum-mma=true flash-mma-block-rows=128" --out %t/report-sum-mma.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s
-// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --pipeline-options "flash-mma=true flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-lazy-rescale=true" --out %t/report-lazy.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s
-// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --pipeline-options "flash-mma=true flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-key-splits=4 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-lazy-rescale=true flash-mma-stages=3" --out %t/report-lazy3.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s --check-prefix=SPLIT
+// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --pipeline-options "%flash_base64 flash-mma=true flash-mma-sum-mma=true flash-mma-block-rows=128" --out %t/report-sum-mma.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s
+// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --pipeline-options "%flash_base64 flash-mma=true flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-lazy-rescale=true" --out %t/report-lazy.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s
+// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --pipeline-options "%flash_base64 flash-mma=true flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-key-splits=4 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-lazy-rescale=true flash-mma-stages=3" --out %t/report-lazy3.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s --check-prefix=SPLIT
 // RUN: FileCheck %s --check-prefix=PTX < %t/ptxas-mma-cases.sm_80.0.ptx
 // RUN: FileCheck %s --check-prefix=PTX < %t/ptxas-mma-cases.sm_90.0.ptx
 

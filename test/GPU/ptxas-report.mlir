@@ -20,8 +20,8 @@
 // TABLE-DAG: | sm_90 | {{.*}} | attention_posterior_topk_{{[0-9]+}} |
 // TABLE-DAG: | sm_90 | {{.*}} | mad_epilogue_{{[0-9]+}} |
 // TABLE-DAG: | sm_90 | nospill_topk_k8_logits | topk_renorm_warp_{{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 | 0 |
-// TABLE-DAG: | sm_90 | nospill_route_deepseek_v3 | route_warp_{{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 | 0 |
-// TABLE-DAG: | sm_80 | nospill_route_kimi_k2 | route_warp_{{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 | 0 |
+// TABLE-DAG: | sm_90 | nospill_route_deepseek_v3 | route_lanes_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
+// TABLE-DAG: | sm_80 | nospill_route_kimi_k2 | route_lanes_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
 // TABLE-DAG: | sm_90 | nospill_dispatch_plan | dispatch_scatter_{{[0-9]+}} |
 // TABLE-DAG: | sm_90 | nospill_similarity_inform_grad | similarity_inform_grad_dk_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
 // TABLE-DAG: | sm_80 | nospill_similarity_inform_grad_k256 | similarity_inform_grad_mix_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |

@@ -1,5 +1,5 @@
 // REQUIRES: ptxas
-// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --split-input-file --all-nospill --out %t.md %moe_src_root/test/Conversion/MoEToGPU/route-score.mlir | FileCheck %s
+// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --split-input-file --all-nospill --pipeline-options "route-map=warp" --out %t.md %moe_src_root/test/Conversion/MoEToGPU/route-score.mlir | FileCheck %s
 // RUN: FileCheck %s --check-prefix=TABLE < %t.md
 // RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --split-input-file --all-nospill --pipeline-options "route-map=lanes" --out %t.lanes.md %moe_src_root/test/Conversion/MoEToGPU/route-score.mlir | FileCheck %s
 

@@ -71,6 +71,20 @@ def descriptor(t):
     return abi.describe(t), t
 
 
+
+#: CU_STREAM_LEGACY: the driver API's name for the default stream that the runtime API (and torch, whose default
+#: stream's handle is 0) calls 0. The runtime reads an ambient stream of 0 as none and would run the call on a
+#: stream of its own, created non-blocking, so unordered with torch's default stream: the kernels could then read
+#: inputs torch has not finished writing (seen on an H200 under racecheck, 2026-11-26: a freshly zeroed input read
+#: before its fill; lib/Runtime/Torch/TorchCudaOps.cpp's kLegacyStream is the extension's same mapping).
+CU_STREAM_LEGACY = 0x1
+
+
+def stream_handle(stream):
+    """The handle the runtime's moeGpuSetStream takes for torch's `stream`: its own, or CU_STREAM_LEGACY for the
+    default stream (0)."""
+    return stream.cuda_stream or CU_STREAM_LEGACY
+
 class Library:
     """The compiled cases plus the two runtime libraries.
 
@@ -122,7 +136,7 @@ class Library:
         fn = getattr(self.lib, "_mlir_ciface_" + name)
         fn.restype = None
         stream = self.cuda.current_stream()
-        handle = ctypes.c_void_p(stream.cuda_stream)
+        handle = ctypes.c_void_p(stream_handle(stream))
         out = []
         self.rt.moeGpuSetStream(handle)
         try:

@@ -181,8 +181,12 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       // after an exact step, so the warp stays in the lazy loop until a row
       // max grows by margin + 1 (P < 2). bf16 keeps f32's exponent range; f16
       // P flushes below 2^-24, so its margin is smaller (the smallest kept
-      // term 2^-22 of the row's largest instead of 2^-24).
-      if (lazyRescale && tile.sumMma) {
+      // term 2^-22 of the row's largest instead of 2^-24). Not with a key
+      // mask in the split-key kernel: the mask's selects beside the lazy
+      // loop and the split's partial rows took ptxas past 255 registers
+      // (sm_90, D = 64, K = 16: 4 bytes spilled; 254 without the lazy loop).
+      if (lazyRescale && tile.sumMma &&
+          !(spec.hasKeyMask && tile.keySplits > 1)) {
         tile.lazyRescale = true;
         tile.lazyMargin = qElt.isBF16() ? 7 : 2;
       }

@@ -252,11 +252,11 @@ struct FlashLanes {
 /// the workgroup tiles rowTile [kFlashRows x kFlashChunk+1] and colTile
 /// [kFlashCols x kFlashChunk+1] (zeros past numRows, numCols and depth).
 /// Every thread of the block must reach it (barriers).
-SmallVector<Value> emitFlashDots(class GpuKernelBuilder &kb, const FlashLanes &t,
-                                 Value b, Value rowsOp, Value rowBase,
-                                 Value numRows, Value colsOp, Value colBase,
-                                 Value numCols, Value depth, Value rowTile,
-                                 Value colTile);
+SmallVector<Value> emitFlashDots(class GpuKernelBuilder &kb,
+                                 const FlashLanes &t, Value b, Value rowsOp,
+                                 Value rowBase, Value numRows, Value colsOp,
+                                 Value colBase, Value numCols, Value depth,
+                                 Value rowTile, Value colTile);
 
 /// The backward tiles of the flash mixing (FlashGrad.cpp), FlashAttention-2
 /// style: no N x Nk buffer, every output row written by one block in a fixed
@@ -349,9 +349,16 @@ struct RouteLanesMap {
 /// The mapping of route-map=lanes for E experts of `elt` logits, or none
 /// where it has none (more than 64 experts a lane, a group over lanes that
 /// do not tile it): the warp kernel then routes.
-std::optional<RouteLanesMap> routeLanesMapOf(int64_t E,
-                                             const kernels::RouteSpec &spec,
-                                             Type elt);
+std::optional<RouteLanesMap>
+routeLanesMapOf(int64_t E, const kernels::RouteSpec &spec, Type elt);
+
+/// The score of one expert as the route-map=lanes kernel computes it: sigmoid
+/// on the SFU (ex2.approx + rcp.approx, a few ulps from kernels::sigmoid),
+/// every other score as MoE/Kernels/Route.h's routeScore. The warp kernel's
+/// replay of a shape the lanes kernel routes scores with it too, so that a
+/// router's own choice replayed gives its weights bit for bit.
+Value routeLanesScore(GpuKernelBuilder &kb, const kernels::RouteSpec &spec,
+                      Value x, Value rowMax, Value rowSum);
 
 /// The block size of the route-map=lanes kernel: `blockSize` (the pass
 /// option), halved while the block's shared memory (P + 1 floats a thread)

@@ -26,9 +26,9 @@
 //    the selection's max and sums are butterflies over the group.
 //
 // With `replay` (the choice given) steps 1-3 are the softmax statistics (a
-// softmax score only) and one pass of lane j % W over the given index of pick j, checked
-// against E (an index outside [0, E) is reported through the error word and
-// read as expert 0); route-map=lanes takes the same kernel.
+// softmax score only) and one pass of lane j % W over the given index of pick
+// j, checked against E (an index outside [0, E) is reported through the error
+// word and read as expert 0); route-map=lanes takes the same kernel.
 //
 // The maths of every step is MoE/Kernels/Route.h's (routeScore, routeChoice,
 // routeGroupCandidate, routeKeepGroups, routeRounds, routeWeights), shared
@@ -49,8 +49,8 @@
 #include "KernelUtils.h"
 #include "Lowerings.h"
 
-#include "MoE/Kernels/Route.h"
 #include "MoE/Kernels/IndexErrors.h"
+#include "MoE/Kernels/Route.h"
 
 #include "llvm/Support/MathExtras.h"
 
@@ -70,10 +70,14 @@ constexpr int64_t kRouteMaxGroups = 64;
 /// The kernel of one token per group of `width` lanes (the file header).
 class RouteWarpKernel {
 public:
+  /// `lanesScore`: the replay scores as the route-map=lanes kernel, which
+  /// routes this shape without a replay (routeLanesScore).
   RouteWarpKernel(GpuKernelBuilder &kb, const RouteSpec &spec,
-                  int64_t numExperts, int64_t width, int64_t blockSize)
+                  int64_t numExperts, int64_t width, int64_t blockSize,
+                  bool lanesScore = false)
       : kb(kb), spec(spec), numExperts(numExperts), width(width),
-        blockSize(blockSize), vpt(llvm::divideCeil(numExperts, width)) {}
+        blockSize(blockSize), vpt(llvm::divideCeil(numExperts, width)),
+        lanesScore(lanesScore) {}
 
   void emit(Value x, Value bias, Value weights, Value indices,
             Value replay = Value(), Value word = Value()) {
@@ -82,7 +86,7 @@ public:
     lane = kb.remu(tid, kb.idx(width));
     Value numTokens = kb.dim(x, 0);
     Value token = kb.add(kb.mul(kb.blockId(), kb.idx(blockSize / width)),
-                        kb.divu(tid, kb.idx(width)));
+                         kb.divu(tid, kb.idx(width)));
     active = kb.lt(token, numTokens);
     // Inactive groups of the last block work on a valid row and store
     // nothing: every lane must take part in the shuffles.
@@ -108,6 +112,7 @@ private:
   GpuKernelBuilder &kb;
   const RouteSpec &spec;
   int64_t numExperts, width, blockSize, vpt;
+  bool lanesScore;
   Value x, lane, active, row, none;
   Value rowMax, rowSum;
   /// Per value m of this lane: the expert (i32), whether it exists (null when
@@ -162,8 +167,8 @@ private:
     Value k = kb.idx(spec.k);
     kb.forLoop(lane, k, kb.idx(width), [&](Value j) {
       kb.ifThen(active, [&] {
-        RouteReplayPick pick = routeReplayPick(
-            kb, kb.load(replay, {row, j}), kb.cI64(numExperts));
+        RouteReplayPick pick =
+            routeReplayPick(kb, kb.load(replay, {row, j}), kb.cI64(numExperts));
         kb.ifThen(kb.notI1(pick.inRange), [&] {
           Value position = kb.castInt(kb.add(kb.mul(row, k), j), kb.i64());
           emitRecordIndexError(kb, word, kMoEErrorRouteReplay, position,
@@ -171,8 +176,10 @@ private:
         });
         Value index = pick.expert;
         Value logit = kb.loadF(x, {row, kb.castInt(index, kb.index())});
-        kb.store(routeScore(kb, spec, logit, rowMax, rowSum), weights,
-                 {row, j});
+        Value score = lanesScore
+                          ? routeLanesScore(kb, spec, logit, rowMax, rowSum)
+                          : routeScore(kb, spec, logit, rowMax, rowSum);
+        kb.store(score, weights, {row, j});
         kb.store(index, indices, {row, j});
       });
     });
@@ -186,8 +193,7 @@ private:
       Value b = bias ? loadOrPad(bias, Value(), m, 0.0) : Value();
       Value c = routeChoice(kb, score, b);
       Value packed = packCandidate(kb, orderedKey(kb, c), expert[m]);
-      cand.push_back(inRange[m] ? kb.select(inRange[m], packed, none)
-                                : packed);
+      cand.push_back(inRange[m] ? kb.select(inRange[m], packed, none) : packed);
     }
   }
 
@@ -222,8 +228,7 @@ private:
         }
         return reduce(best, ReduceKind::MaxI64);
       };
-      groupCand.push_back(
-          routeGroupCandidate(kb, spec, kb.cI32(g), groupBest));
+      groupCand.push_back(routeGroupCandidate(kb, spec, kb.cI32(g), groupBest));
     }
 
     // The topk_group best groups (ties to the lower group), as bits.
@@ -264,7 +269,7 @@ private:
           kb.ifThen(writer, [&] {
             Value logit = kb.loadF(x, {row, kb.castInt(index, kb.index())});
             kb.store(routeScore(kb, spec, logit, rowMax, rowSum), weights,
-                    {row, j});
+                     {row, j});
             kb.store(index, indices, {row, j});
           });
         });
@@ -282,8 +287,8 @@ private:
     auto inActiveRows = [&](function_ref<void()> body) {
       kb.ifThen(active, body);
     };
-    RoutePicks picks{lane,      kb.idx(width), load,     store,
-                     nullptr,   reduceMax,     reduceSum, inActiveRows};
+    RoutePicks picks{lane,    kb.idx(width), load,      store,
+                     nullptr, reduceMax,     reduceSum, inActiveRows};
     routeWeights(kb, spec, picks);
   }
 };
@@ -311,10 +316,14 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
   int64_t numExperts = logitsType.getDimSize(1);
   RouteSpec spec = routeSpecOf(op);
   std::optional<RouteLanesMap> lanes;
-  // A replayed choice has no selection to map: the warp kernel reads it.
-  if (options.routeMap == "lanes" && !op.getReplay() &&
-      !ShapedType::isDynamic(numExperts) && spec.groups <= kRouteMaxGroups)
+  if (options.routeMap == "lanes" && !ShapedType::isDynamic(numExperts) &&
+      spec.groups <= kRouteMaxGroups)
     lanes = routeLanesMapOf(numExperts, spec, logitsType.getElementType());
+  // A replayed choice has no selection to map: the warp kernel reads it, and
+  // scores as the lanes kernel would have where that one routes the shape.
+  bool lanesScore = lanes.has_value();
+  if (op.getReplay())
+    lanes.reset();
   if (!lanes &&
       (ShapedType::isDynamic(numExperts) || numExperts > kRouteMaxExperts))
     return op.emitOpError("GPU lowering needs a static expert count <= ")
@@ -379,7 +388,7 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
   size_t out = bias ? 2 : 1;
   Value replay = adaptor.getReplay() ? kernel.arg(out + 2) : Value();
   Value word = adaptor.getReplay() ? kernel.arg(out + 3) : Value();
-  RouteWarpKernel(kernel.kb, spec, numExperts, width, block)
+  RouteWarpKernel(kernel.kb, spec, numExperts, width, block, lanesScore)
       .emit(kernel.arg(0), bias ? kernel.arg(1) : Value(), kernel.arg(out),
             kernel.arg(out + 1), replay, word);
   Value grid = kb.ceilDiv(kb.dim(x, 0), kb.idx(block / width));

@@ -116,8 +116,8 @@ mlir::moe::gpu_lowering::routeLanesMapOf(int64_t E, const RouteSpec &spec,
     m.groupsPerLane = 1;
     int64_t width = std::max<int64_t>(8, pow2(llvm::divideCeil(E, 40)));
     width = std::min<int64_t>(
-        width, static_cast<int64_t>(llvm::bit_floor(static_cast<uint64_t>(
-                   std::max<int64_t>(1, E / m.vec)))));
+        width, static_cast<int64_t>(llvm::bit_floor(
+                   static_cast<uint64_t>(std::max<int64_t>(1, E / m.vec)))));
     m.width = std::min<int64_t>(width, kWarp);
     m.perLane = llvm::divideCeil(E, m.width);
     if (E % m.vec == 0)
@@ -128,12 +128,12 @@ mlir::moe::gpu_lowering::routeLanesMapOf(int64_t E, const RouteSpec &spec,
   // The lanes that hold the kept groups' experts: at least topk_group / r
   // holders of q lanes (all W without groups). A lane wins about k / lanes
   // picks; 3 more entries keep the refills rare (test_route_lanes_model.py).
-  int64_t lanes = spec.groups > 1
-                      ? std::min<int64_t>(
-                            m.width, llvm::divideCeil(spec.topkGroup,
-                                                      m.groupsPerLane) *
-                                         m.groupLanes)
-                      : m.width;
+  int64_t lanes =
+      spec.groups > 1
+          ? std::min<int64_t>(
+                m.width, llvm::divideCeil(spec.topkGroup, m.groupsPerLane) *
+                             m.groupLanes)
+          : m.width;
   m.listLength = std::min<int64_t>(
       {m.perLane, spec.k,
        std::max<int64_t>(3, llvm::divideCeil(spec.k, lanes) + 3)});
@@ -162,6 +162,15 @@ static Value rcpApprox(GpuKernelBuilder &kb, Value x) {
 static Value fastSigmoid(GpuKernelBuilder &kb, Value x) {
   Value t = kb.fmul(x, kb.cF32(-1.4426950408889634));
   return rcpApprox(kb, kb.fadd(kb.cF32(1.0), exp2Approx(kb, t)));
+}
+
+Value mlir::moe::gpu_lowering::routeLanesScore(GpuKernelBuilder &kb,
+                                               const kernels::RouteSpec &spec,
+                                               Value x, Value rowMax,
+                                               Value rowSum) {
+  return !spec.fromLogits() && spec.scoring == RouteSpec::Scoring::Sigmoid
+             ? fastSigmoid(kb, x)
+             : routeScore(kb, spec, x, rowMax, rowSum);
 }
 
 namespace {
@@ -201,11 +210,10 @@ public:
       positions.push_back(m);
     TopkSpec topk;
     topk.k = spec.k;
-    emitListTopk(kb, keys, positions, laneBase, lane, W, map.listLength, topk,
-                 weights, indices, row, active, Value(), Value(),
-                 [&](const ListPicks &picks) {
-                   storeWeights(picks, weights, indices);
-                 });
+    emitListTopk(
+        kb, keys, positions, laneBase, lane, W, map.listLength, topk, weights,
+        indices, row, active, Value(), Value(),
+        [&](const ListPicks &picks) { storeWeights(picks, weights, indices); });
   }
 
 private:
@@ -267,8 +275,8 @@ private:
         Value in = mayPad(c * vec) ? kb.lt(col, kb.idx(E)) : Value();
         if (in)
           col = kb.select(in, col, kb.idx(0));
-        for (Value v : loadGlobal16(kb, kb.add(base, kb.mul(col, kb.idx(bytes))),
-                                    elt))
+        for (Value v :
+             loadGlobal16(kb, kb.add(base, kb.mul(col, kb.idx(bytes))), elt))
           out.push_back(in ? kb.select(in, v, kb.cF32(pad)) : v);
       }
       return out;
@@ -290,8 +298,8 @@ private:
     int64_t n = bias ? 2 * P : P;
     SmallVector<Type> types(n, kb.f32());
     auto both = [&](bool wide) {
-      SmallVector<Value> out = wide && vecX ? vector(x, row, -kInf)
-                                            : scalar(x, row, -kInf);
+      SmallVector<Value> out =
+          wide && vecX ? vector(x, row, -kInf) : scalar(x, row, -kInf);
       if (bias)
         llvm::append_range(out, wide && vecB ? vector(bias, Value(), 0.0)
                                              : scalar(bias, Value(), 0.0));
@@ -319,10 +327,7 @@ private:
     Value gone = emptyListKey(kb, kb.i32());
     SmallVector<Value> keys;
     for (int64_t m = 0; m < P; ++m) {
-      Value score =
-          !spec.fromLogits() && spec.scoring == RouteSpec::Scoring::Sigmoid
-              ? fastSigmoid(kb, xs[m])
-              : routeScore(kb, spec, xs[m], rowMax, rowSum);
+      Value score = routeLanesScore(kb, spec, xs[m], rowMax, rowSum);
       kb.store(score, smem, {kb.add(smemBase, kb.idx(m))});
       Value key =
           orderedKey(kb, routeChoice(kb, score, bs.empty() ? Value() : bs[m]));
@@ -447,9 +452,8 @@ private:
 };
 } // namespace
 
-int64_t mlir::moe::gpu_lowering::routeLanesBlockSize(const RouteLanesMap &map,
-                                                     int64_t blockSize,
-                                                     int64_t sharedMemoryBytes) {
+int64_t mlir::moe::gpu_lowering::routeLanesBlockSize(
+    const RouteLanesMap &map, int64_t blockSize, int64_t sharedMemoryBytes) {
   // A thread keeps P + 1 weight sources in shared memory and about 2P + 48
   // registers (110 at P = 64, sm_90): halve the block until both fit (a
   // 1024-thread block of DeepSeek-V3's 32 experts a lane would want 132 KiB

@@ -605,11 +605,11 @@ def load(key: str, shapes: str, validate_only: int = 0) -> int:
 #: extension's glue that would call them on CUDA tensors has not run on a GPU, so it stays on the references. A CPU run
 #: that records kernel keys for a GPU machine (scripts/gpu-check.sh: the training step of bench.models calls
 #: router_stats_fwd) lists them; prebuild_cuda leaves them out. The routing, mixing and gradient ops (RoutingOps.cpp,
-#: TorchOps.cpp, GradOps.cpp registerGradKernels) have CUDA kernels: the GPU machine has no LLVM to compile them, so
+#: route_backward included; TorchOps.cpp, GradOps.cpp registerGradKernels) have CUDA kernels: the GPU machine has no LLVM to compile them, so
 #: they must be prebuilt.
 CPU_ONLY_OPS: frozenset[str] = frozenset({
     "router_stats_fwd", "router_stats_backward", "router_z_loss", "router_z_loss_backward", "sequence_balance_loss",
-    "sequence_balance_loss_backward", "bias_update", "apply_capacity", "route_backward"})
+    "sequence_balance_loss_backward", "bias_update", "apply_capacity"})
 
 #: The kernel ops of CPU_ONLY_OPS with a GPU lowering (the router losses': router_stats, load_balancing_loss and
 #: router_z_loss, forward and backward). With ``MOE_CUDA_ROUTER_LOSSES=1`` (:func:`cuda_router_losses`) the

@@ -7,7 +7,7 @@
 // wrappers, then LLVM IR that loads the module (JIT'd PTX for format=isa).
 
 // SM90: gpu.binary @moe_kernels  [#gpu.object<#nvvm.target<O = 3, chip = "sm_90", features = "+ptx80">
-// SM90-SAME: assembly = "{{.*}}.target sm_90{{.*}}.visible .entry similarity_inform_topk_0{{.*}}bar.sync{{.*}}.visible .entry topk_renorm_warp_0{{.*}}redux.sync.max.s32
+// SM90-SAME: assembly = "{{.*}}.target sm_90{{.*}}.visible .entry similarity_inform_topk_0{{.*}}bar.sync{{.*}}.visible .entry topk_renorm_warp_0{{.*}}shfl.sync.bfly
 // SM80: gpu.binary @moe_kernels  [#gpu.object<#nvvm.target<O = 3, chip = "sm_80", features = "+ptx80">
 // SM80-SAME: assembly = "{{.*}}.target sm_80
 // CHECK-NOT: gpu.module

@@ -1,4 +1,4 @@
-// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s --check-prefixes=CHECK,WARP
+// RUN: moe-opt %s --convert-moe-to-gpu="route-map=warp" -split-input-file | FileCheck %s --check-prefixes=CHECK,WARP
 // RUN: moe-opt %s --convert-moe-to-gpu="route-map=lanes" -split-input-file | FileCheck %s --check-prefixes=CHECK,LANES
 // RUN: moe-opt %s --moe-lower-to-nvvm="chip=sm_90 format=isa" -split-input-file | FileCheck %s --check-prefix=NVVM
 
@@ -37,7 +37,7 @@
 // NVVM-COUNT-10: llvm.call @mgpuMemAlloc(
 // NVVM-NEXT: llvm.call @moeGpuErrorWord()
 // NVVM-NOT: llvm.call
-// NVVM: gpu.launch_func <%{{.*}} : !llvm.ptr> @moe_kernels::@route_warp_0
+// NVVM: gpu.launch_func <%{{.*}} : !llvm.ptr> @moe_kernels::@route_lanes_0
 // NVVM-NEXT: gpu.launch_func <%{{.*}} : !llvm.ptr> @moe_kernels::@dispatch_counts_0
 // NVVM-NEXT: gpu.launch_func <%{{.*}} : !llvm.ptr> @moe_kernels::@dispatch_scan_0
 // NVVM-NEXT: gpu.launch_func <%{{.*}} : !llvm.ptr> @moe_kernels::@dispatch_scatter_0

@@ -1,10 +1,13 @@
-// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s
-// RUN: moe-opt %s --convert-moe-to-gpu=route-map=lanes -split-input-file | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s --check-prefixes=CHECK,LANES
+// RUN: moe-opt %s --convert-moe-to-gpu=route-map=warp -split-input-file | FileCheck %s --check-prefixes=CHECK,WARP
 
 // moe.route with the choice given (replay) on the GPU: the warp kernel (route-map=lanes too) takes the indices and
 // the error word after its outputs; lane j % 32 reads pick j's index (kernels::routeReplayPick: the expert read in
 // its place first), records one outside [0, E) (op code 5, the first error wins the cmpxchg) and reads expert 0;
-// an elementwise score reads only the given logits (no butterfly before the renormalization's sum).
+// an elementwise score reads only the given logits (no butterfly before the renormalization's sum). Where the
+// route-map=lanes kernel routes the shape (the default), the replay scores a sigmoid as that kernel does (ex2.approx
+// and rcp.approx), so that a router's own choice replayed gives its weights bit for bit; with route-map=warp, as
+// the warp kernel (IEEE exp and divide).
 
 // CHECK-LABEL: gpu.module @moe_kernels
 // CHECK: gpu.func @route_warp_0(%{{.+}}: memref<?x256xf32>, %{{.+}}: memref<256xf32>, %{{.+}}: memref<?x8xf32>, %{{.+}}: memref<?x8xi32>, %[[R:.+]]: memref<?x8xi64>, %[[WORD:.+]]: i64)
@@ -16,7 +19,10 @@
 // CHECK: llvm.cmpxchg
 // CHECK: llvm.store %c5_i64
 // CHECK: llvm.store %[[G]]
-// CHECK: math.exp
+// LANES: llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f"
+// LANES: llvm.call_intrinsic "llvm.nvvm.rcp.approx.ftz.f"
+// WARP: math.exp
+// WARP-NOT: llvm.nvvm.ex2.approx
 // CHECK: gpu.shuffle xor
 // CHECK-LABEL: func.func @sigmoid_replay
 // CHECK: llvm.call @moeGpuErrorWord()

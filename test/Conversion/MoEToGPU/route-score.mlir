@@ -1,4 +1,4 @@
-// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-gpu="route-map=warp" -split-input-file | FileCheck %s
 // RUN: moe-opt %s --convert-moe-to-gpu="route-map=lanes" -split-input-file | FileCheck %s --check-prefix=LANES
 
 // A custom score region (DeepSeek-V4's sqrtsoftplus) inlined in the warp-per-token route kernel: each lane scores

@@ -1,4 +1,4 @@
-// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file -verify-diagnostics
+// RUN: moe-opt %s --convert-moe-to-gpu="route-map=warp" -split-input-file -verify-diagnostics
 
 // The register kernel holds a row in one warp's registers (32 values a lane)
 // and the kept groups in the bits of an i64: larger shapes are refused at the

@@ -1,4 +1,4 @@
-// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-gpu="route-map=warp" -split-input-file | FileCheck %s
 
 // DeepSeek-V3 (E = 256, 8 groups of 32, sigmoid, bias, top-4 groups, k = 8):
 // one warp per token, 8 values a lane. A group spans one lane column, so each

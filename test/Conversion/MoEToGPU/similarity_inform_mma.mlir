@@ -1,7 +1,7 @@
-// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s --check-prefixes=CHECK,NAT
-// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-base2=true" -split-input-file | FileCheck %s --check-prefixes=CHECK,BASE2
-// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma=true" -split-input-file | FileCheck %s --check-prefixes=CHECK,NAT
-// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma=false" -split-input-file | FileCheck %s --check-prefix=OFF
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64" -split-input-file | FileCheck %s --check-prefixes=CHECK,NAT
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-base2=true" -split-input-file | FileCheck %s --check-prefixes=CHECK,BASE2
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma=true" -split-input-file | FileCheck %s --check-prefixes=CHECK,NAT
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma=false" -split-input-file | FileCheck %s --check-prefix=OFF
 
 // flash-mma: similarity_inform on f16/bf16 operands runs the tensor-core
 // kernel (FlashMma.cpp): a block of 4 warps per 64 query rows, key tiles of

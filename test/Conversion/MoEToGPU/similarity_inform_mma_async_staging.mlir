@@ -1,5 +1,5 @@
-// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-async-staging=true" -split-input-file | FileCheck %s
-// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s --check-prefix=OFF
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-async-staging=true" -split-input-file | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64" -split-input-file | FileCheck %s --check-prefix=OFF
 // ptxas-options: flash-mma-async-staging=true
 
 // flash-mma-async-staging: the tensor-core kernel double-buffers its key and

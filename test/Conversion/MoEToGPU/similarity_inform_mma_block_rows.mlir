@@ -1,10 +1,12 @@
-// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-topk=true" -split-input-file -verify-diagnostics | FileCheck %s
-// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-base2=true flash-mma-block-rows=128" -split-input-file -verify-diagnostics | FileCheck %s --check-prefix=SYNC
-// RUN: not moe-opt %s --convert-moe-to-gpu="flash-mma-block-rows=96" -split-input-file 2>&1 | FileCheck %s --check-prefix=BAD
-// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-key-splits=4 flash-mma-wide-staging=true flash-mma-async-staging=true" -split-input-file | FileCheck %s --check-prefix=SPLIT
-// RUN: not moe-opt %s --convert-moe-to-gpu="flash-mma-key-splits=17" -split-input-file 2>&1 | FileCheck %s --check-prefix=BADSPLIT
-// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-lazy-rescale=true flash-mma-stages=3" -split-input-file | FileCheck %s --check-prefix=LAZY
-// RUN: not moe-opt %s --convert-moe-to-gpu="flash-mma-stages=4" -split-input-file 2>&1 | FileCheck %s --check-prefix=BADSTAGES
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-topk=true" -split-input-file -verify-diagnostics | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-base2=true flash-mma-block-rows=128" -split-input-file -verify-diagnostics | FileCheck %s --check-prefix=SYNC
+// RUN: not moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-block-rows=96" -split-input-file 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-key-splits=4 flash-mma-wide-staging=true flash-mma-async-staging=true" -split-input-file | FileCheck %s --check-prefix=SPLIT
+// RUN: not moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-key-splits=17" -split-input-file 2>&1 | FileCheck %s --check-prefix=BADSPLIT
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-lazy-rescale=true flash-mma-stages=3" -split-input-file | FileCheck %s --check-prefix=LAZY
+// The defaults (since the H200 run of 2026-11-26) are the LAZY line's kernel:
+// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s --check-prefix=LAZY
+// RUN: not moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-stages=4" -split-input-file 2>&1 | FileCheck %s --check-prefix=BADSTAGES
 
 // flash-mma-block-rows=128 (issue #47 item 3; off by default, not yet run on
 // a GPU): a block of the tensor-core kernel's 4 warps owns 128 query rows,

@@ -1,4 +1,4 @@
-// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-wide-staging=true flash-mma-async-staging=true" | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-wide-staging=true flash-mma-async-staging=true" | FileCheck %s
 // ptxas-options: flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-base2=true
 // (ptxas sweep: assembled as the GPU check's variant folder builds it, base 2
 // included. With both staging options, a key mask and the natural-exp softmax

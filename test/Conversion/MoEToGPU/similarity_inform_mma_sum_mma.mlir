@@ -1,6 +1,6 @@
-// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-sum-mma=true" | FileCheck %s
-// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-sum-mma=true flash-mma-base2=true" | FileCheck %s
-// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-base2=true" | FileCheck %s --check-prefix=BASE2
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-sum-mma=true" | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-sum-mma=true flash-mma-base2=true" | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-base2=true" | FileCheck %s --check-prefix=BASE2
 
 // flash-mma-sum-mma (issue #47 item 2; off by default, not yet run on a GPU):
 // the tensor-core kernel's row sums come from the tensor cores. P is

@@ -1,5 +1,5 @@
-// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-wide-staging=true" -split-input-file | FileCheck %s
-// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s --check-prefix=OFF
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-wide-staging=true" -split-input-file | FileCheck %s
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64" -split-input-file | FileCheck %s --check-prefix=OFF
 
 // flash-mma-wide-staging: the tensor-core kernel stages keys (D = 64) and
 // values (K = 16) with 16-byte vectors of 8 elements where the operand's base

@@ -1,6 +1,6 @@
-// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-topk=true" -split-input-file | FileCheck %s --check-prefixes=CHECK,NAT
-// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-topk=true flash-mma-base2=true" -split-input-file | FileCheck %s --check-prefixes=CHECK,BASE2
-// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s --check-prefix=OFF
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-topk=true" -split-input-file | FileCheck %s --check-prefixes=CHECK,NAT
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-topk=true flash-mma-base2=true" -split-input-file | FileCheck %s --check-prefixes=CHECK,BASE2
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64" -split-input-file | FileCheck %s --check-prefix=OFF
 // ptxas-options: flash-mma-topk=true
 
 // flash-mma-topk: similarity_inform_topk on f16/bf16 operands of one type runs

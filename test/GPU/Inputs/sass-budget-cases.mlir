@@ -25,32 +25,32 @@
 // When a kernel's mapping changes (lanes per token, elements per lane), its line changes in the
 // same commit.
 
-// sass-budget: kernel=topk_renorm_warp elements-per-lane=2 tokens-per-warp=1 rounds=8 experts=64 tokens=65536 bench=topk_logits_T65536_K64_k8
+// sass-budget: kernel=topk_renorm_warp elements-per-lane=2 tokens-per-warp=1 rounds=8 experts=64 tokens=65536 bench=topk_logits_T65536_K64_k8 options=topk-rounds=redux
 func.func @topk_logits_K64(%s: tensor<65536x64xf32>) -> (tensor<65536x8xf32>, tensor<65536x8xi32>) {
   %w, %i = moe.topk_renorm %s k(8) : tensor<65536x64xf32> -> tensor<65536x8xf32>, tensor<65536x8xi32>
   return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
 }
-// sass-budget: kernel=topk_renorm_warp elements-per-lane=4 tokens-per-warp=1 rounds=8 experts=128 tokens=65536 bench=topk_logits_T65536_K128_k8
+// sass-budget: kernel=topk_renorm_warp elements-per-lane=4 tokens-per-warp=1 rounds=8 experts=128 tokens=65536 bench=topk_logits_T65536_K128_k8 options=topk-rounds=redux
 func.func @topk_logits_K128(%s: tensor<65536x128xf32>) -> (tensor<65536x8xf32>, tensor<65536x8xi32>) {
   %w, %i = moe.topk_renorm %s k(8) : tensor<65536x128xf32> -> tensor<65536x8xf32>, tensor<65536x8xi32>
   return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
 }
-// sass-budget: kernel=topk_renorm_warp elements-per-lane=8 tokens-per-warp=1 rounds=8 experts=256 tokens=65536 bench=topk_logits_T65536_K256_k8
+// sass-budget: kernel=topk_renorm_warp elements-per-lane=8 tokens-per-warp=1 rounds=8 experts=256 tokens=65536 bench=topk_logits_T65536_K256_k8 options=topk-rounds=redux
 func.func @topk_logits_K256(%s: tensor<65536x256xf32>) -> (tensor<65536x8xf32>, tensor<65536x8xi32>) {
   %w, %i = moe.topk_renorm %s k(8) : tensor<65536x256xf32> -> tensor<65536x8xf32>, tensor<65536x8xi32>
   return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
 }
-// sass-budget: kernel=topk_renorm_warp elements-per-lane=2 tokens-per-warp=1 rounds=8 experts=64
+// sass-budget: kernel=topk_renorm_warp elements-per-lane=2 tokens-per-warp=1 rounds=8 experts=64 options=topk-rounds=redux
 func.func @topk_probs_K64(%s: tensor<65536x64xf32>) -> (tensor<65536x8xf32>, tensor<65536x8xi32>) {
   %w, %i = moe.topk_renorm %s k(8) mode(probs) : tensor<65536x64xf32> -> tensor<65536x8xf32>, tensor<65536x8xi32>
   return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
 }
-// sass-budget: kernel=topk_renorm_warp elements-per-lane=4 tokens-per-warp=1 rounds=8 experts=128 tokens=65536 bench=topk_probs_T65536_K128_k8
+// sass-budget: kernel=topk_renorm_warp elements-per-lane=4 tokens-per-warp=1 rounds=8 experts=128 tokens=65536 bench=topk_probs_T65536_K128_k8 options=topk-rounds=redux
 func.func @topk_probs_K128(%s: tensor<65536x128xf32>) -> (tensor<65536x8xf32>, tensor<65536x8xi32>) {
   %w, %i = moe.topk_renorm %s k(8) mode(probs) : tensor<65536x128xf32> -> tensor<65536x8xf32>, tensor<65536x8xi32>
   return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
 }
-// sass-budget: kernel=topk_renorm_warp elements-per-lane=8 tokens-per-warp=1 rounds=8 experts=256
+// sass-budget: kernel=topk_renorm_warp elements-per-lane=8 tokens-per-warp=1 rounds=8 experts=256 options=topk-rounds=redux
 func.func @topk_probs_K256(%s: tensor<65536x256xf32>) -> (tensor<65536x8xf32>, tensor<65536x8xi32>) {
   %w, %i = moe.topk_renorm %s k(8) mode(probs) : tensor<65536x256xf32> -> tensor<65536x8xf32>, tensor<65536x8xi32>
   return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
@@ -92,13 +92,13 @@ func.func @topk_list_logits_K256_bf16(%s: tensor<65536x256xbf16>) -> (tensor<655
   return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
 }
 // DeepSeek-V3: E = 256, 8 groups of 32, the best 4 groups, k = 8 (bench: route_deepseek_v3_T8192).
-// sass-budget: kernel=route_warp elements-per-lane=8 tokens-per-warp=1 rounds=8 loop-trips=8 experts=256 tokens=8192 bench=route_deepseek_v3_T8192
+// sass-budget: kernel=route_warp elements-per-lane=8 tokens-per-warp=1 rounds=8 loop-trips=8 experts=256 tokens=8192 bench=route_deepseek_v3_T8192 options=route-map=warp
 func.func @route_deepseek_v3(%x: tensor<8192x256xf32>, %b: tensor<256xf32>) -> (tensor<8192x8xf32>, tensor<8192x8xi32>) {
   %w, %i = moe.route %x bias(%b : tensor<256xf32>) k(8) scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) routed_scaling_factor(2.500000e+00) : tensor<8192x256xf32> -> tensor<8192x8xf32>, tensor<8192x8xi32>
   return %w, %i : tensor<8192x8xf32>, tensor<8192x8xi32>
 }
 // Kimi-K2: E = 384, one group, k = 8.
-// sass-budget: kernel=route_warp elements-per-lane=12 tokens-per-warp=1 rounds=8 loop-trips=8 experts=384 tokens=8192
+// sass-budget: kernel=route_warp elements-per-lane=12 tokens-per-warp=1 rounds=8 loop-trips=8 experts=384 tokens=8192 options=route-map=warp
 func.func @route_kimi_k2(%x: tensor<8192x384xf32>, %b: tensor<384xf32>) -> (tensor<8192x8xf32>, tensor<8192x8xi32>) {
   %w, %i = moe.route %x bias(%b : tensor<384xf32>) k(8) scoring(sigmoid) renormalize(true) routed_scaling_factor(2.827000e+00) : tensor<8192x384xf32> -> tensor<8192x8xf32>, tensor<8192x8xi32>
   return %w, %i : tensor<8192x8xf32>, tensor<8192x8xi32>
@@ -187,29 +187,29 @@ func.func @similarity_inform(%u: tensor<1x16384x64xf32>, %e: tensor<1x16384x16xf
 // causal B = 4, N = 4096, D = 256, K = 64 (64-key tiles: 32 scores a tile) in the default kernel,
 // flash-mma-base2 and flash-mma-sum-mma (one row tile there; the whole tiles not peeled past 128
 // features: the peeled copy spilled at this static shape).
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=32
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2
 func.func @similarity_inform_bf16(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-base2=true
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-base2=true
 func.func @similarity_inform_bf16_base2(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-sum-mma=true
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-sum-mma=true
 func.func @similarity_inform_bf16_sum_mma(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-wide-staging=true,flash-mma-async-staging=true
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-wide-staging=true,flash-mma-async-staging=true
 func.func @similarity_inform_bf16_rows128(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
 // The same with its keys split (flash-mma-key-splits=4: 128 blocks of 128 rows at B = 1, N = 16384, under
 // 264, take 3 splits), and the combine kernel of the splits' partial rows.
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-key-splits=4,flash-mma-wide-staging=true,flash-mma-async-staging=true
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-key-splits=4,flash-mma-wide-staging=true,flash-mma-async-staging=true
 func.func @similarity_inform_bf16_rows128_split(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
@@ -218,32 +218,32 @@ func.func @similarity_inform_bf16_rows128_split(%u: tensor<1x16384x64xbf16>, %e:
 // max, shuffle or rescale (the exact step, in the loop around it, runs for a tile where a row max grew past the
 // margin: the sass budget reports its instructions beside the key loop's), the issue's at most 6 a score; with
 // three cp.async stages in dynamic shared memory (flash-mma-stages=3) too, and with the split keys.
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-wide-staging=true,flash-mma-async-staging=true,flash-mma-lazy-rescale=true
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-wide-staging=true,flash-mma-async-staging=true,flash-mma-lazy-rescale=true
 func.func @similarity_inform_bf16_rows128_lazy(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-wide-staging=true,flash-mma-async-staging=true,flash-mma-lazy-rescale=true,flash-mma-stages=3
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-wide-staging=true,flash-mma-async-staging=true,flash-mma-lazy-rescale=true,flash-mma-stages=3
 func.func @similarity_inform_bf16_rows128_lazy3(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-key-splits=4,flash-mma-wide-staging=true,flash-mma-async-staging=true,flash-mma-lazy-rescale=true,flash-mma-stages=3
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-key-splits=4,flash-mma-wide-staging=true,flash-mma-async-staging=true,flash-mma-lazy-rescale=true,flash-mma-stages=3
 func.func @similarity_inform_bf16_rows128_split_lazy3(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=32
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2
 func.func @similarity_inform_bf16_causal_d256(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>
   return %p : tensor<4x4096x64xf32>
 }
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-base2=true
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-base2=true
 func.func @similarity_inform_bf16_causal_d256_base2(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>
   return %p : tensor<4x4096x64xf32>
 }
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-sum-mma=true
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-sum-mma=true
 func.func @similarity_inform_bf16_causal_d256_sum_mma(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>
   return %p : tensor<4x4096x64xf32>

@@ -300,7 +300,10 @@ def steps(ctx):
                                        "--manifest", os.path.join(ctx.bench, "cases.json"),
                                        "--out", os.path.join(ctx.logs, "bench")] +
                                       shlex.split(os.environ.get("MOE_GPU_BENCH_ARGS", "")),
-                                      ctx.env(PYTHONPATH=ctx.src))),
+                                      # the route + plan cases' reference (moe_mlir.reference.routing) from
+                                      # the checkout's python/, which src/ does not copy
+                                      ctx.env(PYTHONPATH=os.pathsep.join(
+                                          [ctx.src] + ([os.path.join(ctx.repo, "python")] if ctx.repo else []))))),
         ("models-bench", True, 570, lambda: torch_ops_step(ctx, [
             ctx.python, "-m", "bench.models", "--device", "cuda", "--rounds", "1", "--budget", "1",
             "--results-dir", os.path.join(ctx.logs, "bench"),

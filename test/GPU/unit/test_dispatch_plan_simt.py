@@ -168,7 +168,7 @@ def test_route_then_plan_lanes():
 def test_route_then_plan_warp_kernel():
     """The warp route kernel's chain: its plan kernels on the reference's indices (simt.py does not run the
     warp kernel's epilogue)."""
-    out = route_then_plan("")
+    out = route_then_plan("route-map=warp")
     assert '"route_warp_0"' in out
     rng = np.random.default_rng(6)
     check(out, rng.integers(0, 256, (45, 8)).astype(np.int32), 256, 64)

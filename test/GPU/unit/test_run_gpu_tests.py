@@ -182,6 +182,14 @@ def test_call_runs_on_torch_current_stream_and_syncs_before_free():
     assert seq[6] == ("moeGpuSetStream", None)                      # ambient stream reset
 
 
+def test_default_stream_is_passed_as_the_legacy_stream():
+    """torch's default stream has handle 0, which the runtime would read as "no ambient stream" (and run the call
+    on a non-blocking stream of its own, unordered with torch's writes of the inputs): the harness passes
+    CU_STREAM_LEGACY (1) instead."""
+    assert H.stream_handle(FakeStream(0, [])) == H.CU_STREAM_LEGACY == 1
+    assert H.stream_handle(FakeStream(0x5000, [])) == 0x5000
+
+
 def test_ambient_stream_is_reset_when_the_call_raises():
     log = []
     lib = make_library(log, torch.zeros(2, 3), raise_in_call=True)
