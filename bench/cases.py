@@ -386,6 +386,8 @@ def gpu_cases() -> list[Case]:
     The three topk_renorm cases at 65536 tokens are the HBM-roofline cases."""
     return [
         topk_case("decode", 64, 256, 8),
+        # where list's lanes start to beat redux's warp a token (H200, 2026-11-26: redux at 64 tokens, list at 65536)
+        topk_case("prefill", 1024, 256, 8), topk_case("prefill", 4096, 256, 8),
         topk_case("prefill", 65536, 64, 8), topk_case("prefill", 65536, 128, 8), topk_case("prefill", 65536, 256, 8),
         topk_case("prefill", 65536, 128, 8, "probs"),
         similarity_case("decode", 1, 64, 64, 16),
