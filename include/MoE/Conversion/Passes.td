@@ -114,8 +114,9 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "(sm_80+): 4 lanes a token for K <= 64, 8 up to 256, 16-byte loads where the row is aligned, each "
            "lane's best ceil(k / lanes) + 3 candidates sorted in registers, a round = the group's best head (two "
            "32-bit butterflies, redux.sync for whole warps) and a pop, the lists refilled outside the round loop "
-           "when one runs out. moe-lower-to-nvvm picks list for sm_80 and later (the H200 run of 2026-11-26: "
-           "1.5x redux at 65536 tokens)">,
+           "when one runs out; or `list-redux` (sm_80+): both kernels, redux up to 2048 tokens and list past them, "
+           "chosen on the host by the token count (the H200 run of 2026-11-26: list 1.5-1.7x redux at 65536 "
+           "tokens, redux 1.7x list at 64). moe-lower-to-nvvm picks list-redux for sm_80 and later">,
     Option<"flashMma", "flash-mma", "bool", /*default=*/"true",
            "similarity_inform (and its training forward) with f16/bf16 operands of one type on tensor cores: "
            "mma.sync m16n8k16 with f32 sums, nvgpu.ldmatrix operands (sm_80+; FlashMma.cpp); the probabilities "

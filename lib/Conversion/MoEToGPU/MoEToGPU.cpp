@@ -108,9 +108,9 @@ struct ConvertMoEToGPUPass
       return signalPassFailure();
     }
     if (topkRounds != "butterfly" && topkRounds != "redux" &&
-        topkRounds != "list") {
+        topkRounds != "list" && topkRounds != "list-redux") {
       module.emitError("convert-moe-to-gpu: topk-rounds must be butterfly, "
-                       "redux or list, got '")
+                       "redux, list or list-redux, got '")
           << topkRounds << "'";
       return signalPassFailure();
     }

@@ -30,9 +30,10 @@
 
 using namespace mlir;
 
-/// topk-rounds=auto: list where the chip has redux.sync (sm_80 and later; on
-/// an H200, 2026-11-26, at 65536 tokens and k = 8: 23.7 us against redux's
-/// 37.4 at K = 128, 41.7 against 61.9 at K = 256), else butterfly.
+/// topk-rounds=auto: list-redux where the chip has redux.sync (sm_80 and
+/// later; on an H200, 2026-11-26, at 65536 tokens and k = 8 list took 23.7 us
+/// against redux's 37.4 at K = 128, 41.7 against 61.9 at K = 256; at 64 tokens
+/// redux 2.01 against list's 3.47), else butterfly.
 static std::string
 resolveTopkRounds(const moe::MoELowerToNVVMOptions &options) {
   if (options.topkRounds != "auto")
@@ -42,7 +43,7 @@ resolveTopkRounds(const moe::MoELowerToNVVMOptions &options) {
   if (chip.consume_front("sm_"))
     chip.take_while([](char c) { return c >= '0' && c <= '9'; })
         .getAsInteger(10, sm);
-  return sm >= 80 ? "list" : "butterfly";
+  return sm >= 80 ? "list-redux" : "butterfly";
 }
 
 /// convert-moe-to-gpu's options as the pipeline's, topk-rounds resolved for

@@ -66,6 +66,13 @@ Value mlir::moe::gpu_lowering::viewAs2D(ImplicitLocOpBuilder &b, Value memref) {
 
 /// Largest K handled with the scores in registers (32 per lane).
 static constexpr int64_t kRegisterTopkMaxK = 1024;
+/// topk-rounds=list-redux: the most tokens the redux kernel takes. Measured:
+/// redux ahead at 64 tokens, list at 65536 (H200, 2026-11-26); between them
+/// an estimate: redux's warp a token stays within one wave of an H100/H200
+/// (132 SMs, 64 warps each) and latency-bound up to a few thousand tokens,
+/// where list's fewer instructions a token start to count. The GPU bench's
+/// topk cases at 1024 and 4096 tokens place it at the next GPU run.
+static constexpr int64_t kTopkReduxMaxTokens = 2048;
 /// Threads of the block-per-token kernel.
 static constexpr int64_t kBlockTopkThreads = 256;
 
@@ -349,24 +356,42 @@ TopkRenormToGPU::lower(TopkRenormOp op, OpAdaptor adaptor,
   SmallVector<Value> args = {s2, w2, i2};
 
   if (registerPath) {
-    int64_t width = std::min<int64_t>(kWarp, llvm::PowerOf2Ceil(K));
     int64_t block = options.blockSize;
-    GPUKernel kernel(h, "topk_renorm_warp", args, {}, {block, 1, 1},
-                     op.getLoc());
-    if (options.topkRounds == "list") {
-      ListMapping map =
-          listMappingOf(K, spec.k, scoresType.getElementType());
-      width = map.width;
-      emitListTopkKernel(kernel.kb, kernel.arg(0), kernel.arg(1),
-                         kernel.arg(2), K, block, spec, map);
+    // Defines the register kernel of `rounds` and launches it over the tokens
+    // where `run` holds (an i1, or null for always), else over an empty grid,
+    // which the runtime does not launch (mgpuLaunchKernel).
+    auto launchRegister = [&](StringRef rounds, Value run) {
+      int64_t width = std::min<int64_t>(kWarp, llvm::PowerOf2Ceil(K));
+      GPUKernel kernel(h, "topk_renorm_warp", args, {}, {block, 1, 1},
+                       op.getLoc());
+      if (rounds == "list") {
+        ListMapping map =
+            listMappingOf(K, spec.k, scoresType.getElementType());
+        width = map.width;
+        emitListTopkKernel(kernel.kb, kernel.arg(0), kernel.arg(1),
+                           kernel.arg(2), K, block, spec, map);
+      } else {
+        TopkRounds kind =
+            rounds == "redux" ? TopkRounds::Redux : TopkRounds::Butterfly;
+        emitWarpTopkKernel(kernel.kb, kernel.arg(0), kernel.arg(1),
+                           kernel.arg(2), K, block, spec, width, kind);
+      }
+      Value grid = kb.ceilDiv(numTokens, kb.idx(block / width));
+      if (run)
+        grid = kb.select(run, grid, kb.idx(0));
+      kernel.launch({grid, kb.idx(1), kb.idx(1)});
+    };
+    if (options.topkRounds == "list-redux") {
+      // Both kernels, the token count choosing on the host: redux's warp a
+      // token has the shorter latency while the tokens are few (an H200 at
+      // T = 64: 2.01 us against list's 3.47), list's lanes the fewer
+      // instructions a token past that (T = 65536: 1.5-1.7x redux).
+      Value few = kb.lt(numTokens, kb.idx(kTopkReduxMaxTokens + 1));
+      launchRegister("redux", few);
+      launchRegister("list", kb.notI1(few));
     } else {
-      TopkRounds rounds = options.topkRounds == "redux" ? TopkRounds::Redux
-                                                        : TopkRounds::Butterfly;
-      emitWarpTopkKernel(kernel.kb, kernel.arg(0), kernel.arg(1),
-                         kernel.arg(2), K, block, spec, width, rounds);
+      launchRegister(options.topkRounds, Value());
     }
-    Value grid = kb.ceilDiv(numTokens, kb.idx(block / width));
-    kernel.launch({grid, kb.idx(1), kb.idx(1)});
   } else {
     int64_t warps = kBlockTopkThreads / kWarp;
     GPUKernel kernel(h, "topk_renorm_block", args,

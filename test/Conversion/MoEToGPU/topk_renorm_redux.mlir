@@ -42,4 +42,4 @@ func.func @topk12(%s: tensor<?x12xf16>) -> (tensor<?x3xf32>, tensor<?x3xi32>) {
   return %w, %i : tensor<?x3xf32>, tensor<?x3xi32>
 }
 
-// BAD: convert-moe-to-gpu: topk-rounds must be butterfly, redux or list, got 'bitonic'
+// BAD: convert-moe-to-gpu: topk-rounds must be butterfly, redux, list or list-redux, got 'bitonic'

@@ -148,8 +148,8 @@ struct MoELowerToNVVMOptions
       *this, "shared-memory-bytes", &ConvertMoEToGPUOptions::sharedMemoryBytes};
   ConvertOption<std::string> topkRounds{
       *this, "topk-rounds", &ConvertMoEToGPUOptions::topkRounds, "auto",
-      "; here also `auto` (the default): redux for sm_80 and later, else "
-      "butterfly"};
+      "; here also `auto` (the default): list-redux for sm_80 and later, "
+      "else butterfly"};
   ConvertOption<bool> flashMma{*this, "flash-mma",
                                &ConvertMoEToGPUOptions::flashMma};
   ConvertOption<bool> balanceKernels{*this, "balance-kernels",
