@@ -23,6 +23,7 @@ import ctypes
 import json
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -42,6 +43,10 @@ class Case:
     #: Its stream-ordered allocations (each freed in the call) and memsets.
     allocs: int = 0
     memsets: int = 0
+    #: Its kernel lookups, where more than its launches: topk_renorm's host code (topk-rounds=list-redux) has a
+    #: launch of each register kernel, the one the token count does not pick over an empty grid, which the runtime
+    #: does not launch but whose function the host code has looked up.
+    lookups: Optional[int] = None
 
 
 T = 64  # decode: the host cost is what decides there
@@ -52,9 +57,9 @@ _PLAN_PADDED = T * 8 + 256 * 63
 
 CASES = [
     Case("topk_renorm_K64", "topk_renorm|k=8|mode=logits|renormalize=1|in:scores:f32:?x64",
-         ((_F32, (T, 64)),), ((_F32, (T, 8)), (_I32, (T, 8))), 1),
+         ((_F32, (T, 64)),), ((_F32, (T, 8)), (_I32, (T, 8))), 1, lookups=2),
     Case("topk_renorm_K256_bf16", "topk_renorm|k=8|mode=logits|renormalize=1|in:scores:bf16:?x256",
-         ((_BF16, (T, 256)),), ((_F32, (T, 8)), (_I32, (T, 8))), 1),
+         ((_BF16, (T, 256)),), ((_F32, (T, 8)), (_I32, (T, 8))), 1, lookups=2),
     Case("topk_renorm_backward", "topk_renorm_backward|mode=logits|renormalize=1|in:scores:f32:?x64"
          "|in:indices:i32:?x8|in:grad_w:f32:?x8",
          ((_F32, (T, 64)), (_I32, (T, 8)), (_F32, (T, 8))), ((_F32, (T, 64)),), 1),
@@ -67,7 +72,11 @@ CASES = [
          ((_I32, (256,)), (_I32, (257,)), (_I32, (T * 8,)), (_I32, (T * 8,)), (_I32, (_PLAN_PADDED,)),
           (_I32, ((_PLAN_PADDED + 63) // 64,)), (_I32, (1,))), 3, allocs=1),
     Case("similarity_inform_bf16", "similarity_inform|tau=0.5|causal=0|in:u:bf16:?x?x64|in:e:bf16:?x?x16",
-         ((_BF16, (1, T, 64)), (_BF16, (1, T, 16))), ((_F32, (1, T, 16)),), 1),
+         # The 128-row kernel with its keys split (the default since the H200 run of 2026-11-26) and the combine
+         # of the splits' partial rows in a workspace, also where one split is chosen (here: one key tile). A
+         # decode step pays for it (6.5 us of kernel time against the 64-row kernel's 3.3 on the H200): the direct
+         # kernel where the split is one is the next change (GPU.md).
+         ((_BF16, (1, T, 64)), (_BF16, (1, T, 16))), ((_F32, (1, T, 16)),), 2, allocs=1),
 ]
 
 

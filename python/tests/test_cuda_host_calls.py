@@ -64,8 +64,9 @@ def test_a_call_is_capturable_and_lean(probed, case):
     steady = collections.Counter(r["steady"])
     assert set(steady) <= CAPTURABLE, f"not capturable or not needed per call: {set(steady) - CAPTURABLE}"
     assert steady["cuLaunchKernel"] + steady["cuLaunchKernelEx"] == case.launches
-    # One lookup per launch (the host code MLIR emits asks for its function at every launch).
-    assert steady["cuModuleGetFunction"] == case.launches
+    # One lookup per launch (the host code MLIR emits asks for its function at every launch), and one per launch
+    # over an empty grid (topk_renorm's unpicked kernel), which the runtime skips.
+    assert steady["cuModuleGetFunction"] == (case.lookups or case.launches)
     assert steady["cuMemAllocAsync"] == steady["cuMemFreeAsync"], "scratch outlives the call"
     # dispatch_plan: its scratch is one allocation and its kernels write every entry themselves (no memsets).
     assert steady["cuMemAllocAsync"] == case.allocs, r["steady"]
