@@ -311,8 +311,8 @@ void DispatchPlanKernels::launch() {
                    }
                    Value r = run[0];
                    for (int64_t j = 0; j < kScanBatch; ++j) {
-                     Value at = r;
-                     kk.ifThen(in[j], [&] { kk.store(at, base, {pos[j]}); });
+                     Value first = r;
+                     kk.ifThen(in[j], [&] { kk.store(first, base, {pos[j]}); });
                      r = kk.add(r, count[j]);
                    }
                    return {r};
