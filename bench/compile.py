@@ -4,7 +4,7 @@
 
 1. **The first call of each torch op** (``torch.ops.moe.*`` at the common configurations of
    ``moe_mlir.runtime.prebuild.COMMON_CALLS``, one token), each in a NEW process:
-   *cold* (an empty kernel cache: the kernel is compiled: moe-opt, mlir-translate, clang) and *warm* (the cache the
+   *cold* (an empty kernel cache: the kernel is compiled, in process) and *warm* (the cache the
    cold process filled: what every process after the set-up's prebuild sees), ``--repeats`` warm processes, median.
    Also the process's ``import torch`` and ``import moe_mlir`` times. Target (issue 36): warm first call <= 50 ms.
 2. **torch.compile of the demo's blocks** (``moe_mlir.demo``: DeepSeek-V3 routing from the logits, T = 4096; the
@@ -14,6 +14,13 @@
    ``TRITON_CACHE_DIR``): *cold*; then a second fresh process with those caches: *warm* (a second run of the
    user's program). Reported: the first call (inductor's import, tracing, raising, kernel builds, compiling and one
    run, with the stages' times) and a steady call. Target: ``backend="moe"``'s compile <= 1.2x inductor's.
+
+3. **The kernel build, stage by stage** (one fresh process over the kernels of part 1's calls): the in-process
+   compiler (``libmoe_compiler.so``: pipeline, translation, LLVM optimizer, code generation, then the JIT's load),
+   and the subprocess chain it replaced (``moe-opt``, ``mlir-translate``, ``clang -O3 -shared``, then ``dlopen``),
+   kernel by kernel in the same process; the compiler library's one-time cost (its load and the registration of the
+   passes) apart. Also one CUDA kernel (sm_90, no GPU needed): in process against ``moe-aot.py``. ``--no-stages``
+   skips it.
 
 Writes bench/results/compile-<date>-t<threads>[-TAG].{json,md}. Timings on a shared machine move with its load (the
 load average is recorded); the cold/warm and moe/inductor comparisons are same-run.
@@ -80,6 +87,77 @@ def child_op(name: str) -> dict:
             "second_call_ms": second * 1e3, "compiles": cache.stats.compiles, "disk_loads": cache.stats.disk_loads}
 
 
+def child_stages(keys_file: str, threads: int) -> dict:
+    """Part 3 in this (fresh) process: each kernel of ``keys_file`` built in process and by the subprocess chain."""
+    import ctypes
+    import shutil
+
+    from moe_mlir.runtime import cache, driver, jit
+    from moe_mlir.runtime.locate import LLVM_BIN, find_moe_opt, find_runtime_lib
+
+    keys = list(dict.fromkeys(k for k in Path(keys_file).read_text().splitlines() if k.strip()))
+    rt = find_runtime_lib("libmoe_kernel_runtime.so")
+    moe_opt = find_moe_opt()
+    archives = [a for a in [jit.builtins_archive()] if a]
+    clang_rt = subprocess.run([str(LLVM_BIN / "clang"), "--rtlib=compiler-rt", "-print-libgcc-file-name"],
+                              capture_output=True, text=True).stdout.strip()
+    out: dict = {"kernels": []}
+    work = Path(tempfile.mkdtemp(prefix="moe-stages-"))
+    try:
+        s = time.perf_counter()
+        jit._library()
+        out["library_load_s"] = time.perf_counter() - s
+        for n, key in enumerate(keys):
+            k = cache.parse_key(key)
+            mlir = cache.kernel_module(k)
+            pipeline = f"canonicalize,moe-lower-to-llvm{{num-threads={threads} target-cpu=native results-to-out-params=true}}"
+            rec: dict = {"key": key}
+            s = time.perf_counter()
+            rec["in_process"] = jit.compile_object(mlir, pipeline, work / f"k{n}.o", "native", 3)
+            rec["in_process"]["total"] = time.perf_counter() - s
+            s = time.perf_counter()
+            jit.load_object(work / f"k{n}.o", "_mlir_ciface_kernel", [rt], archives)
+            rec["in_process"]["load"] = time.perf_counter() - s
+            (work / f"k{n}.mlir").write_text(mlir)
+            chain = {}
+            steps = [("moe-opt", [moe_opt, "--canonicalize", f"--moe-lower-to-llvm=num-threads={threads} "
+                                  "target-cpu=native results-to-out-params=true", str(work / f"k{n}.mlir"), "-o",
+                                  str(work / f"k{n}.llvm.mlir")]),
+                     ("mlir-translate", [str(LLVM_BIN / "mlir-translate"), "--mlir-to-llvmir",
+                                         str(work / f"k{n}.llvm.mlir"), "-o", str(work / f"k{n}.ll")]),
+                     ("clang", [str(LLVM_BIN / "clang"), "-O3", "-march=native", "-fPIC", "-shared",
+                                "-Wno-override-module", str(work / f"k{n}.ll"), *([clang_rt] if clang_rt else []),
+                                f"-L{Path(rt).parent}", "-lmoe_kernel_runtime", f"-Wl,-rpath,{Path(rt).parent}",
+                                "-o", str(work / f"k{n}.so")])]
+            for name, cmd in steps:
+                s = time.perf_counter()
+                subprocess.run(cmd, check=True, capture_output=True)
+                chain[name] = time.perf_counter() - s
+            chain["total"] = sum(chain.values())
+            s = time.perf_counter()
+            ctypes.CDLL(str(work / f"k{n}.so"), mode=os.RTLD_LOCAL | os.RTLD_DEEPBIND)
+            chain["load"] = time.perf_counter() - s
+            rec["subprocesses"] = chain
+            out["kernels"].append(rec)
+        # One CUDA kernel for sm_90: in process, and moe-aot.py (moe-opt, mlir-translate, llc, c++ -shared).
+        key = "topk_renorm|k=8|mode=logits|renormalize=1|in:scores:f32:?x256|device=cuda:0"
+        k = cache.parse_key(key)
+        cuda: dict = {"key": key, "format": driver.cuda_binary_format()}
+        s = time.perf_counter()
+        driver.build_cuda_kernel(cache.kernel_module(k), work / "cuda.o", "sm_90")
+        cuda["in_process_s"] = time.perf_counter() - s
+        cuda_rt = find_runtime_lib("libmoe_cuda_runtime.so")
+        if cuda_rt and moe_opt and shutil.which("c++"):
+            s = time.perf_counter()
+            driver.build_cuda_library(cache.kernel_module(k), work / "cuda.so", moe_opt, str(Path(cuda_rt).parent),
+                                      "sm_90")
+            cuda["moe_aot_s"] = time.perf_counter() - s
+        out["cuda"] = cuda
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Parent
 # ----------------------------------------------------------------------------------------------------------------
@@ -110,7 +188,7 @@ def run_ops(args, cache: Path) -> list[dict]:
     names = [n for n in COMMON_CALLS if not args.only or any(s in n for s in args.only)]
     out = []
     for name in names:
-        env = _env(args.threads, MOE_KERNEL_CACHE=str(cache / "ops"))
+        env = _env(args.threads, MOE_KERNEL_CACHE=str(cache / "ops"), MOE_KERNEL_RECORD=str(cache / "keys.txt"))
         rec = {"op": name, "loadavg_before": _loadavg()}
         rec["cold"] = _spawn(["--child-op", name], env)
         warm = [_spawn(["--child-op", name], env) for _ in range(args.repeats)]
@@ -122,6 +200,27 @@ def run_ops(args, cache: Path) -> list[dict]:
               f"import moe_mlir {rec['warm']['import_moe_mlir_ms']:6.0f} ms", flush=True)
         out.append(rec)
     return out
+
+
+def run_stages(args, cache: Path) -> dict:
+    keys = cache / "keys.txt"
+    if not keys.is_file():
+        from moe_mlir.runtime.prebuild import COMMON_CALLS  # noqa: E402
+
+        # Part 1 did not run: record the kernels of the common calls.
+        for name in COMMON_CALLS:
+            if not args.only or any(s in name for s in args.only):
+                _spawn(["--child-op", name], _env(args.threads, MOE_KERNEL_CACHE=str(cache / "ops"),
+                                                  MOE_KERNEL_RECORD=str(keys)))
+    rec = {"loadavg_before": _loadavg()}
+    rec.update(_spawn(["--child-stages", str(keys), "--threads", str(args.threads)], _env(args.threads)))
+    ins = sum(k["in_process"]["total"] + k["in_process"]["load"] for k in rec["kernels"])
+    sub = sum(k["subprocesses"]["total"] + k["subprocesses"]["load"] for k in rec["kernels"])
+    print(f"kernel builds ({len(rec['kernels'])}): in process {ins:.2f} s (+ {rec['library_load_s']:.2f} s loading "
+          f"the compiler), subprocesses {sub:.2f} s ({sub / ins:.2f}x); CUDA sm_90: in process "
+          f"{rec['cuda']['in_process_s']:.2f} s, moe-aot.py {rec['cuda'].get('moe_aot_s', float('nan')):.2f} s",
+          flush=True)
+    return rec
 
 
 def run_blocks(args, cache: Path) -> list[dict]:
@@ -166,6 +265,29 @@ def _markdown(doc: dict) -> str:
         worst = max(r["warm"]["first_call_ms"] for r in doc["ops"])
         lines += ["", f"Slowest warm first call: {worst:.2f} ms "
                   f"({'meets' if worst <= 50 else 'MISSES'} the 50 ms target)."]
+    st = doc.get("stages")
+    if st:
+        lines += ["", "## The kernel build, stage by stage (part 3)", "",
+                  "One fresh process, kernel by kernel: the in-process compiler (libmoe_compiler.so) against the "
+                  "subprocess chain it replaced, in the same process. Seconds.", "",
+                  "| kernel | mlir | translate | optimize | codegen | JIT load | in process | moe-opt | "
+                  "mlir-translate | clang -O3 -shared | dlopen | subprocesses | ratio |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        tin = tsub = 0.0
+        for r in st["kernels"]:
+            i, c = r["in_process"], r["subprocesses"]
+            a, b = i["total"] + i["load"], c["total"] + c["load"]
+            tin, tsub = tin + a, tsub + b
+            lines.append(f"| `{r['key'][:60].replace('|', '\\|')}` | {i['mlir']:.3f} | {i['translate']:.3f} | {i['optimize']:.3f} | "
+                         f"{i['codegen']:.3f} | {i['load']:.4f} | {a:.3f} | {c['moe-opt']:.3f} | "
+                         f"{c['mlir-translate']:.3f} | {c['clang']:.3f} | {c['load']:.4f} | {b:.3f} | {b / a:.2f}x |")
+        lines += [f"| **all {len(st['kernels'])}** | | | | | | **{tin:.2f}** | | | | | **{tsub:.2f}** | "
+                  f"**{tsub / tin:.2f}x** |", "",
+                  f"Once per process, before the first in-process build: loading the compiler library "
+                  f"{st['library_load_s']:.3f} s (the first build also registers the passes and dialects: in its "
+                  "mlir column). "
+                  f"CUDA (`{st['cuda']['key']}`, sm_90, {st['cuda']['format']}): in process "
+                  f"{st['cuda']['in_process_s']:.2f} s, moe-aot.py {st['cuda'].get('moe_aot_s', float('nan')):.2f} s."]
     if doc["blocks"]:
         lines += ["", "## torch.compile of the demo's blocks: backend=\"moe\" vs backend=\"inductor\" (part 2)", "",
                   "Each cell is a new process (moe_mlir.demo.compare_compiles). First call = from the torch.compile "
@@ -191,12 +313,17 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2, help="warm processes per op")
     ap.add_argument("--only", nargs="+", help="ops/blocks whose name contains one of these")
     ap.add_argument("--no-blocks", action="store_true", help="part 1 only")
-    ap.add_argument("--no-ops", action="store_true", help="part 2 only")
+    ap.add_argument("--no-ops", action="store_true", help="no part 1")
+    ap.add_argument("--no-stages", action="store_true", help="no part 3")
     ap.add_argument("--tag", default="")
     ap.add_argument("--child-op", help=argparse.SUPPRESS)
+    ap.add_argument("--child-stages", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_op:
         print(json.dumps(child_op(args.child_op)))
+        return 0
+    if args.child_stages:
+        print(json.dumps(child_stages(args.child_stages, args.threads)))
         return 0
 
     sys.path.insert(0, str(REPO / "python"))
@@ -211,6 +338,7 @@ def main() -> int:
            "machine": {"cpu_model": cpu, "cpus": os.cpu_count(), "torch": torch.__version__}}
     with tempfile.TemporaryDirectory(prefix="moe-bench-compile-") as tmp:
         doc["ops"] = [] if args.no_ops else run_ops(args, Path(tmp))
+        doc["stages"] = None if args.no_stages else run_stages(args, Path(tmp))
         doc["blocks"] = [] if args.no_blocks else run_blocks(args, Path(tmp))
     doc["loadavg_end"] = _loadavg()
     stem = RESULTS / f"compile-{doc['date'][:10]}-t{args.threads}{'-' + args.tag if args.tag else ''}"

@@ -485,7 +485,7 @@ def test_disk_cache_across_processes(tmp_path):
 
     assert run(5) == ["1", "0"]     # compiled
     assert run(77) == ["0", "1"]    # another token count: loaded from disk, nothing compiled
-    assert len(list((tmp_path / "kernels").glob("*.so"))) == 1
+    assert len(list((tmp_path / "kernels").glob("*.o"))) == 1
     assert not list((tmp_path / "kernels").glob("*.part"))
 
 
@@ -645,19 +645,29 @@ def _run_fresh(script: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
-def test_kernels_do_not_load_llvm():
-    """A kernel .so and the runtime it needs never pull libLLVM/libMLIR into the torch process."""
-    p = _run_fresh("""
-        import subprocess, torch, moe_mlir
+def test_kernels_compile_in_process_without_starting_a_process(tmp_path):
+    """A kernel is compiled and loaded inside the torch process (libmoe_compiler.so: the moe pipeline, LLVM, an
+    ORC JIT), with every way of starting a process blocked; the compiler's LLVM is loaded by the first build, not by
+    ``import moe_mlir``. The kernel then computes the reference's result."""
+    p = _run_fresh(f"""
+        import os, subprocess, torch, moe_mlir
         from pathlib import Path
         from moe_mlir.runtime import cache
-        torch.ops.moe.topk_renorm(torch.randn(2, 8), 2)
-        lib, _ = next(iter(cache._loaded.values()))
-        deps = subprocess.run(["ldd", lib._name], capture_output=True, text=True, timeout=60).stdout
-        assert "libmoe_kernel_runtime.so" in deps, deps
-        assert "libLLVM" not in deps and "libMLIR" not in deps, deps
-        maps = Path("/proc/self/maps").read_text()
-        assert "libLLVM" not in maps and "libMLIR" not in maps
+        maps = lambda: Path("/proc/self/maps").read_text()
+        assert "libmoe_compiler" not in maps() and "libLLVM" not in maps(), "import moe_mlir loaded the compiler"
+
+        def refuse(*a, **k):
+            raise AssertionError(f"a process was started: {{a[:2]}}")
+
+        subprocess.Popen.__init__ = refuse
+        os.fork = os.posix_spawn = os.posix_spawnp = os.system = refuse
+        os.environ["MOE_KERNEL_CACHE"] = {str(tmp_path)!r}
+        x = torch.randn(5, 8)
+        w, i = torch.ops.moe.topk_renorm(x, 2)
+        ref = moe_mlir.reference.topk_renorm(x, 2, "logits", True)
+        assert torch.equal(i, ref[1]) and torch.allclose(w, ref[0])
+        assert cache.stats.compiles == 1, cache.stats
+        assert "libmoe_compiler" in maps()
         print("ok")
     """)
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr
@@ -751,7 +761,7 @@ def test_concurrent_processes_share_the_disk_cache(tmp_path):
     for p in procs:
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err
-    assert len(list(tmp_path.glob("*.so"))) == 1 and not list(tmp_path.glob("*.part"))
+    assert len(list(tmp_path.glob("*.o"))) == 1 and not list(tmp_path.glob("*.part"))
 
 
 def test_prebuild_cuda_builds_a_kernel_with_the_one_cuda_recipe(tmp_path, monkeypatch):

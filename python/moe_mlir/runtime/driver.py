@@ -1,10 +1,12 @@
-"""The compiler driver: every run of the build tools (``moe-opt``, ``mlir-translate``, ``clang``, the C++ linker,
-``moe-aot.py``, ``mlir-runner``) and the one disk cache their products are kept in.
+"""The compiler driver: every build of a product, in process (:mod:`.jit`) or by the build tools (``moe-opt``,
+``mlir-translate``, ``llc``, the C++ linker, ``moe-aot.py``, ``mlir-runner``), and the one disk cache the products
+are kept in.
 
 Products:
 
-* a CPU kernel of ``torch.ops.moe.*`` (:func:`build_cpu_kernel`, for :mod:`.cache`);
-* a CUDA kernel of ``torch.ops.moe.*`` (:func:`build_cuda_kernel`, for :mod:`.cache` and :mod:`.prebuild`);
+* a CPU kernel of ``torch.ops.moe.*`` (:func:`build_cpu_kernel`, for :mod:`.cache`): in process;
+* a CUDA kernel of ``torch.ops.moe.*`` (:func:`build_cuda_kernel`, for :mod:`.cache`): in process; and its shared
+  object for a machine without this compiler (:func:`build_cuda_library`, for :mod:`.prebuild`);
 * a GPU library of the whole-graph CUDA split (:func:`moe_mlir.backends.cuda.build_gpu_library`, through
   :func:`run_moe_aot`);
 * MLIR text through ``moe-opt`` passes (:func:`run_moe_opt`, for the whole-graph path).
@@ -18,8 +20,9 @@ product's name is the :func:`digest` of what it depends on (its input, the optio
 and runtime library), and it is written under a temporary name and renamed (:func:`publish`), so that concurrent
 processes never see a partial one and every process finds what another built.
 
-Subprocesses only: MLIR/LLVM are never loaded into the torch process. Imports nothing of the package but
-:mod:`.locate` (where the tools are).
+The kernels of the torch ops are built in process (``libmoe_compiler.so``, loaded at the first build: MLIR and
+LLVM enter the torch process then, never at import); the whole-graph paths run the tools. Imports nothing of the
+package but :mod:`.locate` (where the tools are) and :mod:`.jit`.
 """
 
 from __future__ import annotations
@@ -40,11 +43,11 @@ from .locate import LLVM_BIN, find_moe_aot, find_moe_opt, find_runtime_lib
 
 __all__ = ["CompileError", "MoEOptError", "GpuToolchain", "GpuToolchainError", "cache_dir", "digest", "stamp",
            "publish", "llvm_tool", "run_process", "run_tool", "run_moe_opt", "find_gpu_toolchain", "run_moe_aot",
-           "build_cpu_kernel", "build_cuda_kernel", "cuda_toolkit"]
+           "build_cpu_kernel", "build_cuda_kernel", "build_cuda_library", "cuda_binary_format", "cuda_toolkit"]
 
 
 class CompileError(RuntimeError):
-    """Building a kernel failed (moe-opt, mlir-translate, clang or the link); carries the tool's diagnostics."""
+    """Building a kernel failed (the in-process compiler, or a tool of the CUDA recipe); carries the diagnostics."""
 
 
 class MoEOptError(RuntimeError):
@@ -216,47 +219,59 @@ def run_moe_opt(mlir_text: str, args: Sequence[str] = (), *, moe_opt: Optional[s
     return proc.stdout
 
 
-@functools.lru_cache(maxsize=None)
-def _builtins() -> tuple[str, ...]:
-    """LLVM's compiler-rt builtins archive, linked in statically when present: code for a CPU without a native
-    instruction for some conversion calls a helper instead (``__truncsfbf2`` for f32 -> bf16 below AVX-512 BF16),
-    which Debian 12's libgcc (GCC 12) does not have. Asked once per process (a clang process: 50-80 ms)."""
-    try:
-        path = run_tool([llvm_tool("clang"), "--rtlib=compiler-rt", "-print-libgcc-file-name"], "clang").strip()
-    except CompileError:
-        return ()
-    return (path,) if path and Path(path).is_file() else ()
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Kernels of torch.ops.moe.*
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def build_cpu_kernel(mlir: str, dest: Path, moe_opt: str, rt_dir: str, threads: int, target: str = "native",
-                     header: str = "") -> None:
-    """Compiles a kernel module (:func:`moe_mlir.runtime.cache.kernel_module`) for the CPU ``target`` into the
-    shared object ``dest`` (atomically): ``moe-opt --moe-lower-to-llvm`` (results as out-params), ``mlir-translate``,
-    then one ``clang -O3 -shared`` against ``libmoe_kernel_runtime.so`` in ``rt_dir``."""
-    with tempfile.TemporaryDirectory(prefix="moe-kernel-") as tmp:
-        t = Path(tmp)
-        (t / "kernel.mlir").write_text(header + mlir)
-        run_tool([moe_opt, "--canonicalize",
-                  f"--moe-lower-to-llvm=num-threads={threads} target-cpu={target} results-to-out-params=true",
-                  str(t / "kernel.mlir"),
-                  "-o", str(t / "kernel.llvm.mlir")], "moe-opt")
-        run_tool([llvm_tool("mlir-translate"), "--mlir-to-llvmir", str(t / "kernel.llvm.mlir"), "-o",
-                  str(t / "kernel.ll")], "mlir-translate")
-        part = _part(dest)
-        # Optimized, compiled and linked by one clang process (a separate link process cost 60-150 ms a kernel).
-        run_tool([llvm_tool("clang"), "-O3", f"-march={target}", "-fPIC", "-shared", "-Wno-override-module",
-                  str(t / "kernel.ll"), *_builtins(), f"-L{rt_dir}", "-lmoe_kernel_runtime", f"-Wl,-rpath,{rt_dir}",
-                  "-o", str(part)], "clang")
-        publish(part, dest)
+def build_cpu_kernel(mlir: str, dest: Path, threads: int, target: str = "native", header: str = "") -> None:
+    """Compiles a kernel module (:func:`moe_mlir.runtime.cache.kernel_module`) for the CPU ``target`` into the host
+    object ``dest`` (atomically), in this process (:mod:`.jit`): canonicalize and ``moe-lower-to-llvm`` (results as
+    out-params), LLVM IR, LLVM's ``-O3`` (the parallel kernels hold coroutines that only the middle end lowers) and
+    the code generator for ``target``. The object is linked into the process when loaded (:func:`.jit.load_object`,
+    against ``libmoe_kernel_runtime.so``)."""
+    from . import jit
+
+    part = _part(dest)
+    try:
+        jit.compile_object(header + mlir, f"canonicalize,moe-lower-to-llvm{{num-threads={threads} target-cpu={target} "
+                           "results-to-out-params=true}", part, target, opt_level=3)
+    except jit.JitError as e:
+        part.unlink(missing_ok=True)
+        raise CompileError(str(e)) from None
+    publish(part, dest)
 
 
-def build_cuda_kernel(mlir: str, dest: Path, moe_opt: str, rt_dir: str, chip: str, header: str = "") -> None:
-    """Compiles a kernel module for ``chip`` into ``dest`` (atomically) with the one CUDA recipe,
+def cuda_binary_format(toolkit: Optional[str] = None) -> str:
+    """The gpu.binary format of the CUDA kernels built here: ``fatbin`` (cubin for the chip + PTX) where the toolkit
+    has ptxas and fatbinary, else ``isa`` (PTX alone, which the driver compiles when the kernel is loaded)."""
+    bin_dir = os.path.join(toolkit or cuda_toolkit(), "bin")
+    tools = ("ptxas", "fatbinary")
+    return "fatbin" if all(os.access(os.path.join(bin_dir, t), os.X_OK) for t in tools) else "isa"
+
+
+def build_cuda_kernel(mlir: str, dest: Path, chip: str, header: str = "") -> None:
+    """Compiles a kernel module for ``chip`` into the host object ``dest`` (atomically), in this process
+    (:mod:`.jit`): canonicalize and ``moe-lower-to-nvvm`` (the device code embedded in the format of
+    :func:`cuda_binary_format`, results as out-params, no wait at return), LLVM IR and the host code generator at
+    ``-O2`` for any x86-64 (launch code: the object serves every machine that shares the cache). The object is linked into the process when loaded (:func:`.jit.load_object`, against
+    ``libmoe_cuda_runtime.so``); its initializer loads the device code. Needs no GPU; ptxas only for cubins."""
+    from . import jit
+
+    toolkit = cuda_toolkit()
+    fmt = cuda_binary_format(toolkit)
+    part = _part(dest)
+    try:
+        jit.compile_object(header + mlir, f"canonicalize,moe-lower-to-nvvm{{chip={chip} format={fmt} toolkit={toolkit} "
+                           "results-to-out-params=true wait-at-return=false}", part, "x86-64", opt_level=2)
+    except jit.JitError as e:
+        part.unlink(missing_ok=True)
+        raise CompileError(f"building the CUDA kernel for {chip}: {e}") from None
+    publish(part, dest)
+
+
+def build_cuda_library(mlir: str, dest: Path, moe_opt: str, rt_dir: str, chip: str, header: str = "") -> None:
+    """Compiles a kernel module for ``chip`` into the shared object ``dest`` (atomically) with the one CUDA recipe,
     ``moe-aot.py --canonicalize --link`` (:func:`locate.find_moe_aot`): ``moe-lower-to-nvvm`` (a fatbin, results as
     out-params, no wait at return), ``mlir-translate``, ``llc``, ``c++ -shared`` against ``libmoe_cuda_runtime.so``
     in ``rt_dir``. Needs LLVM and the CUDA toolkit's ptxas/fatbinary, not a GPU."""
