@@ -3,12 +3,15 @@
 # scripts/setup.sh after the build; python/tests/test_wheel.py runs it when dist/ has no current wheel). See
 # docs/Install.md.
 #
-# The wheel is the python package plus its compiled pieces in moe_mlir/_bundle: bin/moe-opt (and bin/moe-aot.py, the
-# GPU whole-graph build, stdlib-only Python), lib/ (the torch extension libmoe_torch.so, the kernel runtime
-# libmoe_kernel_runtime.so, libmoe_cpu_runtime.so, the execution API libMoEExecutorC.so, libmoe_cuda_runtime.so when
+# The wheel is the python package plus its compiled pieces in moe_mlir/_bundle: bin/moe-opt (moe-opt-static, a
+# launcher of the compiler library) and bin/moe-aot.py (the GPU whole-graph build, stdlib-only Python), lib/ (the
+# compiler libmoe_compiler.so, which links LLVM and MLIR statically: the torch ops' kernel compiler and JIT, the
+# execution API, moe-opt's driver; compiler-rt's builtins archive the JIT links kernels against; the torch extension
+# libmoe_torch.so, the kernel runtime libmoe_kernel_runtime.so, libmoe_cpu_runtime.so, libmoe_cuda_runtime.so when
 # built), their run paths set to $ORIGIN (patchelf) so that they load each other from the package, never from the
-# build tree; system.json (what they need from Debian, checked at import: scripts/wheel_system_deps.py) and
-# build.json (the torch it was built against, which the wheel requires).
+# build tree; system.json (what they need from the system beyond the C and C++ libraries, checked at import:
+# scripts/wheel_system_deps.py) and build.json (the torch it was built against, which the wheel requires, and the
+# manylinux tag of the C library the pieces link against).
 # The package is staged in $BUILD/wheel-stage.XXXXXX: the source tree is left as it is (the editable install uses it).
 set -euo pipefail
 
@@ -18,7 +21,7 @@ VENV="${MOE_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 DIST="${MOE_DIST_DIR:-$ROOT/dist}"
 
-for f in bin/moe-opt lib/libmoe_torch.so lib/libmoe_kernel_runtime.so lib/libmoe_cpu_runtime.so; do
+for f in bin/moe-opt-static lib/libmoe_compiler.so lib/libmoe_torch.so lib/libmoe_kernel_runtime.so lib/libmoe_cpu_runtime.so; do
   [ -f "$BUILD/$f" ] || { echo "build-wheel: $BUILD/$f is missing: build the project first (scripts/setup.sh)" >&2; exit 1; }
 done
 command -v patchelf >/dev/null || { echo "build-wheel: needs patchelf (apt install patchelf)" >&2; exit 1; }
@@ -35,27 +38,40 @@ tar -C "$ROOT/python" --exclude=__pycache__ --exclude='*.pyc' --exclude=_bundle 
   -cf - pyproject.toml setup.py _moe_mlir_cli.py moe_mlir | tar -C "$STAGE" -xf -
 B="$STAGE/moe_mlir/_bundle"
 mkdir -p "$B/bin" "$B/lib"
-cp "$BUILD/bin/moe-opt" "$ROOT/tools/moe-aot/moe-aot.py" "$B/bin/"
-for lib in libmoe_torch.so libmoe_kernel_runtime.so libmoe_cpu_runtime.so libMoEExecutorC.so libmoe_cuda_runtime.so; do
+cp "$BUILD/bin/moe-opt-static" "$B/bin/moe-opt"
+cp "$ROOT/tools/moe-aot/moe-aot.py" "$B/bin/"
+for lib in libmoe_compiler.so libmoe_torch.so libmoe_kernel_runtime.so libmoe_cpu_runtime.so libmoe_cuda_runtime.so \
+           libclang_rt.builtins-x86_64.a; do
   [ ! -f "$BUILD/lib/$lib" ] || cp "$BUILD/lib/$lib" "$B/lib/"
 done
+# The compiler library must carry its LLVM: a build with -DMOE_COMPILER_STATIC=OFF cannot make this wheel.
+if readelf -d "$B/lib/libmoe_compiler.so" | grep -qE 'NEEDED.*lib(LLVM|MLIR|clang)'; then
+  echo "build-wheel: $BUILD/lib/libmoe_compiler.so links a shared LLVM/MLIR: configure with -DMOE_COMPILER_STATIC=ON" >&2
+  exit 1
+fi
 
-# Run paths: the bundle's own libraries next to each other ($ORIGIN), Debian's LLVM/MLIR 22 where they live, and
-# torch's libraries in the same site-packages (the extension's libtorch*: in practice `import torch` has loaded
-# them already, and the loader reuses a loaded soname).
-patchelf --set-rpath '$ORIGIN/../lib:/usr/lib/llvm-22/lib' "$B/bin/moe-opt"
+# Run paths: the bundle's own libraries next to each other ($ORIGIN) and torch's libraries in the same
+# site-packages (the extension's libtorch*: in practice `import torch` has loaded them already, and the loader reuses
+# a loaded soname). Nothing of the system's LLVM.
+patchelf --set-rpath '$ORIGIN/../lib' "$B/bin/moe-opt"
 for f in "$B"/lib/*.so; do
   case "$(basename "$f")" in
     libmoe_torch.so) patchelf --set-rpath '$ORIGIN:$ORIGIN/../../../torch/lib' "$f" ;;
-    libMoEExecutorC.so) patchelf --set-rpath '$ORIGIN:/usr/lib/llvm-22/lib' "$f" ;;
     *) patchelf --set-rpath '$ORIGIN' "$f" ;;
   esac
 done
 
 TORCH_LIB=$("$PY" -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))")
-"$PY" - "$B/build.json" <<'EOF'
-import json, sys, sysconfig, torch
-info = {"torch": torch.__version__.split("+")[0], "python": sysconfig.get_python_version()}
+"$PY" - "$B/build.json" "$B" <<'EOF'
+import json, re, subprocess, sys, sysconfig, torch
+from pathlib import Path
+# The manylinux tag: the newest GLIBC_2.N symbol version any piece needs (auditwheel's rule for the C library).
+need = 17
+for f in [*Path(sys.argv[2], "bin").iterdir(), *Path(sys.argv[2], "lib").glob("*.so")]:
+    out = subprocess.run(["objdump", "-T", str(f)], capture_output=True, text=True).stdout
+    need = max([need, *(int(m) for m in re.findall(r"GLIBC_2\.(\d+)", out))])
+info = {"torch": torch.__version__.split("+")[0], "python": sysconfig.get_python_version(),
+        "platform": f"manylinux_2_{need}_x86_64"}
 open(sys.argv[1], "w").write(json.dumps(info) + "\n")
 EOF
 echo "== wheel: what the compiled pieces need from the system"

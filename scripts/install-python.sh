@@ -32,8 +32,10 @@ TRANSFORMERS_VERSION=5.23.0
 # nvdisasm (and cuobjdump) of the CUDA toolkit, which the machine's toolkit lacks: the lit test GPU/sass-budget.mlir
 # reads the kernels' SASS with it (bench/gpu/sass_budget.py; test/lit.cfg.py finds it in .venv).
 NVDISASM_VERSION=13.5.37
+# auditwheel: python/tests/test_wheel.py checks the wheel's manylinux tag against what its pieces link.
+AUDITWHEEL_VERSION=6.8.2
 EXTRA=(numpy 'pytest>=7' "transformers==$TRANSFORMERS_VERSION" "nvidia-cuda-nvdisasm==$NVDISASM_VERSION"
-       "nvidia-cuda-cuobjdump==$NVDISASM_VERSION")
+       "nvidia-cuda-cuobjdump==$NVDISASM_VERSION" "auditwheel==$AUDITWHEEL_VERSION")
 
 torch_ok() {
   [ -x "$PY" ] || return 1
@@ -51,7 +53,7 @@ extras_ok() {
   "$PY" - "$TRANSFORMERS_VERSION" <<'EOF' >/dev/null 2>&1
 import sys, os
 os.environ["HF_HUB_OFFLINE"] = "1"
-import numpy, pytest, transformers
+import numpy, pytest, transformers, auditwheel
 assert transformers.__version__ == sys.argv[1], transformers.__version__
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 import glob, subprocess, sysconfig

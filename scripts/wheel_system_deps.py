@@ -3,13 +3,14 @@
 from the system (read by ``moe_mlir.runtime.locate.check_system`` at ``import moe_mlir``): scripts/build-wheel.sh
 runs it after setting the pieces' run paths.
 
-* every shared library an ELF file of ``BUNDLE/{bin,lib}`` names (DT_NEEDED), except those the bundle has and those
-  torch ships (``TORCH_LIB``: loaded by ``import torch`` before the extension), with the paths the dynamic loader
-  would try (the file's run path, then the system directories) and the Debian package of the file it finds here;
-* the tools the torch ops' CPU kernel compiler runs (moe_mlir/runtime/cache.py): LLVM 22's ``mlir-translate`` and
-  ``clang`` (which also links; clang-22 depends on binutils and GCC's run-time files).
+* every shared library an ELF file of ``BUNDLE/{bin,lib}`` names (DT_NEEDED), except those the bundle has, those
+  torch ships (``TORCH_LIB``: loaded by ``import torch`` before the extension) and the C and C++ run-time libraries
+  the wheel's manylinux tag promises, with the paths the dynamic loader would try (the file's run path, then the
+  system directories) and the Debian package of the file it finds here.
 
-What only the CUDA path uses (the CUDA toolkit, ``c++`` for its links, ``llc``) is checked where it is used.
+The compiler is in the bundle (libmoe_compiler.so links LLVM and MLIR statically), so no tool is needed: the list
+is empty for a wheel built from the default configuration (python/tests/test_wheel.py asserts it). What only the
+whole-graph CUDA and runner paths use (the CUDA toolkit, LLVM's tools, ``c++``) is checked where it is used.
 
 A library that does not resolve here (``libcuda.so.1``: the GPU driver, only loaded with a GPU) is left out.
 """
@@ -24,7 +25,9 @@ import sys
 from pathlib import Path
 
 SYSTEM_DIRS = ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/lib", "/usr/lib"]
-LLVM_BIN = "/usr/lib/llvm-22/bin"
+#: What every manylinux platform provides (PEP 600: the C library and GCC's C++ run time).
+MANYLINUX_LIBS = {"libc.so.6", "libm.so.6", "libdl.so.2", "librt.so.1", "libpthread.so.0", "libstdc++.so.6",
+                  "libgcc_s.so.1", "ld-linux-x86-64.so.2", "libutil.so.1", "libresolv.so.2"}
 
 
 def run(*cmd: str) -> str:
@@ -68,17 +71,12 @@ def main() -> int:
         needed, runpath = needed_and_runpath(elf)
         found = resolved(elf)
         for soname in needed:
-            if soname in ours or soname in torch_ships or soname not in found:
+            if soname in ours or soname in torch_ships or soname in MANYLINUX_LIBS or soname not in found:
                 continue
             dirs = [d for d in runpath if "$ORIGIN" not in d] + SYSTEM_DIRS
             e = entries.setdefault(soname, {"what": soname, "package": debian_package(found[soname]),
                                             "needed_by": [], "paths": [f"{d}/{soname}" for d in dirs]})
             e["needed_by"].append(elf.name)
-    compiler = "the torch ops' kernel compiler"
-    for tool in ("mlir-translate", "clang"):
-        path = f"{LLVM_BIN}/{tool}"
-        entries[tool] = {"what": path, "package": debian_package(path), "needed_by": [compiler], "paths": [path],
-                         "commands": [f"{tool}-22"]}
     (bundle / "system.json").write_text(json.dumps(list(entries.values()), indent=1) + "\n")
     for e in entries.values():
         print(f"  needs {e['package']:16} {e['what']} (for {', '.join(e['needed_by'])})")

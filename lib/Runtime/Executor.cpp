@@ -34,14 +34,18 @@
 
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SmallString.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ExecutionEngine/Orc/Mangling.h"
 #include "llvm/Support/CrashRecoveryContext.h"
 #include "llvm/Support/DynamicLibrary.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MathExtras.h"
+#include "llvm/Support/Path.h"
 #include "llvm/Support/TargetSelect.h"
 #include "llvm/Support/raw_ostream.h"
+
+#include <dlfcn.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -332,6 +336,23 @@ static bool loadBlas(int64_t threads) {
   return true;
 }
 
+/// memrefCopy of libmoe_kernel_runtime.so, the library beside the one that
+/// holds moeReportIndexError (libmoe_cpu_runtime.so); null when absent.
+static void *kernelRuntimeMemrefCopy() {
+  static void *fn = []() -> void * {
+    Dl_info info;
+    if (!dladdr(reinterpret_cast<void *>(&moeReportIndexError), &info) ||
+        !info.dli_fname)
+      return nullptr;
+    llvm::SmallString<256> path(info.dli_fname);
+    llvm::sys::path::remove_filename(path);
+    llvm::sys::path::append(path, "libmoe_kernel_runtime.so");
+    void *lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    return lib ? dlsym(lib, "memrefCopy") : nullptr;
+  }();
+  return fn;
+}
+
 /// $name as a boolean: unset -> fallback; "0", "off", "false" -> false.
 static bool envFlag(const char *name, bool fallback) {
   const char *value = std::getenv(name);
@@ -512,15 +533,24 @@ Executor::compile(llvm::StringRef mlirText, const CompileOptions &options) {
   // pipeline requests C wrappers for every func.func, declarations included,
   // so the lowered code calls `_mlir_ciface_moeReportIndexError`; with scalar
   // arguments only, that wrapper has the signature of the function itself.
-  compiled->engine_->registerSymbols([](llvm::orc::MangleAndInterner interner) {
-    llvm::orc::SymbolMap map;
-    auto report = llvm::orc::ExecutorSymbolDef(
-        llvm::orc::ExecutorAddr::fromPtr(&moeReportIndexError),
-        llvm::JITSymbolFlags::Exported);
-    map[interner("moeReportIndexError")] = report;
-    map[interner("_mlir_ciface_moeReportIndexError")] = report;
-    return map;
-  });
+  // Without upstream's runner utilities (an install that ships no LLVM:
+  // the wheel), memrefCopy comes from the kernel runtime beside
+  // libmoe_cpu_runtime.so, which implements the same ABI.
+  void *ownMemrefCopy = libs.empty() ? kernelRuntimeMemrefCopy() : nullptr;
+  compiled->engine_->registerSymbols(
+      [ownMemrefCopy](llvm::orc::MangleAndInterner interner) {
+        llvm::orc::SymbolMap map;
+        auto report = llvm::orc::ExecutorSymbolDef(
+            llvm::orc::ExecutorAddr::fromPtr(&moeReportIndexError),
+            llvm::JITSymbolFlags::Exported);
+        map[interner("moeReportIndexError")] = report;
+        map[interner("_mlir_ciface_moeReportIndexError")] = report;
+        if (ownMemrefCopy)
+          map[interner("memrefCopy")] = llvm::orc::ExecutorSymbolDef(
+              llvm::orc::ExecutorAddr::fromPtr(ownMemrefCopy),
+              llvm::JITSymbolFlags::Exported);
+        return map;
+      });
   compiled->engine_->initialize();
 
   for (const FunctionSignature &sig : compiled->functions_) {

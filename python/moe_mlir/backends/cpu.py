@@ -54,8 +54,9 @@ from .tools import MoERuntimeError, lower_to_llvm, refuse_gradients, verify
 
 
 class ExecutorLibrary:
-    """ctypes binding of the C shim over ``mlir::moe::Executor`` (``libMoEExecutorC.so``; its ABI:
-    :mod:`moe_mlir.runtime.executor_c`)."""
+    """ctypes binding of the C shim over ``mlir::moe::Executor`` (its ABI: :mod:`moe_mlir.runtime.executor_c`), in
+    ``libmoe_compiler.so`` (LLVM and MLIR linked in, hidden: what the wheel ships), else ``libMoEExecutorC.so`` (a
+    build without the compiler library, e.g. the sanitizer's)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -63,7 +64,8 @@ class ExecutorLibrary:
 
     @staticmethod
     def find() -> Optional["ExecutorLibrary"]:
-        path = os.environ.get("MOE_EXECUTOR_LIB") or find_runtime_lib("libMoEExecutorC.so")
+        path = (os.environ.get("MOE_EXECUTOR_LIB") or find_runtime_lib("libmoe_compiler.so")
+                or find_runtime_lib("libMoEExecutorC.so"))
         if not path:
             return None
         try:
@@ -289,7 +291,7 @@ def compile_cpu(model: torch.nn.Module, example_args: Sequence[Any], *, backend:
         executor = ExecutorLibrary.find()
         if executor is None and backend == "executor":
             raise FileNotFoundError(
-                "the execution API's C shim (libMoEExecutorC.so) was not found; build it or set MOE_EXECUTOR_LIB, "
+                "the execution API (libmoe_compiler.so or libMoEExecutorC.so) was not found; build it or set MOE_EXECUTOR_LIB, "
                 "or use backend='runner'"
             )
         backend = "executor" if executor is not None else "runner"

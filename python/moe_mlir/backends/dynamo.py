@@ -27,8 +27,10 @@ A graph with nothing to raise is handed to inductor untouched, so it compiles ex
 ``backend="inductor"`` would. If tracing or raising fails, or inductor rejects the raised graph, the backend warns
 (:class:`MoERaisingWarning`) and compiles the original graph with inductor: it never fails where inductor succeeds.
 
-Nothing here loads the MLIR execution library (libMoEExecutorC, which brings libLLVM): that happens only on the
-explicit whole-graph path (``options={"whole_graph": True}``, ``moe_mlir.compile(..., backend="executor")``).
+Nothing here loads a shared libLLVM or libMLIR: the moe ops' kernels are built by ``libmoe_compiler.so``, whose LLVM
+is linked in with its symbols hidden (so that triton's LLVM in the same process is untouched). The whole-graph
+execution API runs only on the explicit whole-graph path (``options={"whole_graph": True}``,
+``moe_mlir.compile(..., backend="executor")``).
 
 ``options`` (``torch.compile(..., backend="moe", options={...})``):
 

@@ -1,4 +1,5 @@
-"""The C interface of the execution API (``libMoEExecutorC.so``, include/MoE/Runtime/ExecutorC.h) for ctypes.
+"""The C interface of the execution API (include/MoE/Runtime/ExecutorC.h; in ``libmoe_compiler.so``, and in
+``libMoEExecutorC.so`` of a build without it) for ctypes.
 
 Plain C, so that no C++ ABI crosses ctypes; all strings UTF-8, ``err`` NUL-terminated::
 

@@ -5,7 +5,7 @@ Found at ``$MOE_TORCH_LIB`` or ``<build>/lib/libmoe_torch.so`` (the build direct
 Loading it registers the CPU kernels with the dispatcher; :func:`load` then hands the extension the cache's
 :func:`moe_mlir.runtime.cache.load` (once, through ctypes: calls never go through ctypes) and registers the CUDA
 kernels when they are usable (an extension built with the CUDA runtime, a CUDA device, ``libmoe_cuda_runtime.so``,
-and moe-opt or ``$MOE_KERNEL_PREBUILT``; ``$MOE_TORCH_CUDA_KERNELS=0`` keeps them off): else CUDA tensors run the
+and libmoe_compiler.so or ``$MOE_KERNEL_PREBUILT``; ``$MOE_TORCH_CUDA_KERNELS=0`` keeps them off): else CUDA tensors run the
 eager references, and :data:`cuda_unavailable` says why.
 """
 
@@ -77,15 +77,14 @@ def _enable_cuda(lib: ctypes.PyDLL) -> Optional[str]:
         return "libmoe_torch.so was built without the CUDA kernels (no CUDA toolkit at configure time)"
     if not torch.cuda.is_available():
         return "no CUDA device"
-    from . import cuda
-    from .locate import find_moe_opt
+    from . import cuda, jit
 
     try:
         cuda.runtime()
     except OSError as err:  # FileNotFoundError too
         return f"the CUDA runtime does not load: {err}"
-    if find_moe_opt() is None and not os.environ.get("MOE_KERNEL_PREBUILT"):
-        return "neither moe-opt (to compile the CUDA kernels) nor $MOE_KERNEL_PREBUILT (prebuilt ones)"
+    if jit.library_path() is None and not os.environ.get("MOE_KERNEL_PREBUILT"):
+        return f"neither {jit.LIBRARY} (to compile the CUDA kernels) nor $MOE_KERNEL_PREBUILT (prebuilt ones)"
     lib.moeTorchEnableCuda.argtypes = []
     lib.moeTorchEnableCuda.restype = ctypes.c_int32
     if lib.moeTorchEnableCuda() != 0:
