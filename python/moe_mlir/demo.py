@@ -136,7 +136,7 @@ def _block(block: str, backend: str):
 def compile_child(block: str, backend: str) -> dict:
     """One compile, in this (fresh) process: the first call from ``torch.compile`` on (with inductor's import,
     which both backends make in their first compile), where it went (kernel builds:
-    moe-opt, mlir-translate, clang; raising; ``compile_fx``: AOTAutograd and inductor's code generation and C++
+    in process, libmoe_compiler.so; raising; ``compile_fx``: AOTAutograd and inductor's code generation and C++
     compile; the rest: Dynamo's tracing and the first run), and a steady call."""
     import moe_mlir  # noqa: F401  (registers the backend and the ops, as a user's import does)
     from moe_mlir.backends import dynamo

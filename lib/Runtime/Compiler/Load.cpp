@@ -43,6 +43,10 @@ void setError(char *err, int64_t errCap, const std::string &msg) {
   err[n] = '\0';
 }
 
+/// What the session reported while the current load ran (the symbols a
+/// link could not resolve): ORC reports them apart from the lookup's error.
+std::string sessionErrors;
+
 struct Jit {
   std::unique_ptr<LLJIT> jit;
   /// One JITDylib per archive, shared by every kernel.
@@ -61,6 +65,9 @@ Expected<Jit &> jit() {
     return created.takeError();
   instance = new Jit();
   instance->jit = std::move(*created);
+  instance->jit->getExecutionSession().setErrorReporter([](Error e) {
+    sessionErrors += (sessionErrors.empty() ? "" : "; ") + toString(std::move(e));
+  });
   return *instance;
 }
 
@@ -68,8 +75,12 @@ Expected<JITDylib &> archive(Jit &j, const std::string &path) {
   auto it = j.archives.find(path);
   if (it != j.archives.end())
     return *it->second;
-  auto &jd = j.jit->getExecutionSession().createBareJITDylib("archive:" +
-                                                               path);
+  // Its members may call into the C library: the default link order (the
+  // process's symbols).
+  auto created = j.jit->createJITDylib("archive:" + path);
+  if (!created)
+    return created.takeError();
+  JITDylib &jd = *created;
   auto gen = StaticLibraryDefinitionGenerator::Load(j.jit->getObjLinkingLayer(),
                                                     path.c_str());
   if (!gen)
@@ -111,7 +122,8 @@ Expected<void *> load(const char *objectPath, const char *const *libs,
     auto a = archive(*j, archives[i]);
     if (!a)
       return a.takeError();
-    order.push_back({&*a, JITDylibLookupFlags::MatchExportedSymbolsOnly});
+    // compiler-rt builds its helpers with hidden visibility: match them all.
+    order.push_back({&*a, JITDylibLookupFlags::MatchAllSymbols});
   }
   jd->withLinkOrderDo([&](const JITDylibSearchOrder &current) {
     for (const auto &entry : current)
@@ -144,11 +156,13 @@ extern "C" void *moeJitLoad(const char *objectPath, const char *const *libs,
   }
   static std::mutex mutex;
   std::lock_guard<std::mutex> lock(mutex);
+  sessionErrors.clear();
   auto address = load(objectPath, libs, numLibs, archives, numArchives, symbol);
   if (!address) {
-    setError(err, errCap,
-             std::string("moeJitLoad: ") + objectPath + ": " +
-                 toString(address.takeError()));
+    std::string why = toString(address.takeError());
+    if (!sessionErrors.empty())
+      why = sessionErrors + " (" + why + ")";
+    setError(err, errCap, std::string("moeJitLoad: ") + objectPath + ": " + why);
     return nullptr;
   }
   return *address;
