@@ -278,7 +278,8 @@ def _markdown(doc: dict) -> str:
             i, c = r["in_process"], r["subprocesses"]
             a, b = i["total"] + i["load"], c["total"] + c["load"]
             tin, tsub = tin + a, tsub + b
-            lines.append(f"| `{r['key'][:60].replace('|', '\\|')}` | {i['mlir']:.3f} | {i['translate']:.3f} | {i['optimize']:.3f} | "
+            key = r["key"][:60].replace("|", "\\|")
+            lines.append(f"| `{key}` | {i['mlir']:.3f} | {i['translate']:.3f} | {i['optimize']:.3f} | "
                          f"{i['codegen']:.3f} | {i['load']:.4f} | {a:.3f} | {c['moe-opt']:.3f} | "
                          f"{c['mlir-translate']:.3f} | {c['clang']:.3f} | {c['load']:.4f} | {b:.3f} | {b / a:.2f}x |")
         lines += [f"| **all {len(st['kernels'])}** | | | | | | **{tin:.2f}** | | | | | **{tsub:.2f}** | "
