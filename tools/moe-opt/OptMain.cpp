@@ -5,11 +5,11 @@
 // moeOptMain (MoE/Tools/OptMain.h): mlir-opt plus the moe dialect and its
 // passes. A function so that two executables share it: moe-opt itself
 // (linked against Debian's shared LLVM/MLIR) and the wheel's moe-opt, a
-// launcher of libmoe_compiler.so, which holds LLVM and MLIR. The LLVM IR translations are
-// registered too: upstream `gpu-module-to-binary` translates gpu.module bodies
-// to LLVM IR and fails without them. The input is checked for nesting deeper
-// than the parser can recurse (MoE/Support/NestingDepth.h) before it is parsed:
-// a diagnostic, not a stack overflow.
+// launcher of libmoe_compiler.so, which holds LLVM and MLIR. The LLVM IR
+// translations are registered too: upstream `gpu-module-to-binary` translates
+// gpu.module bodies to LLVM IR and fails without them. The input is checked for
+// nesting deeper than the parser can recurse (MoE/Support/NestingDepth.h)
+// before it is parsed: a diagnostic, not a stack overflow.
 //
 //===----------------------------------------------------------------------===//
 

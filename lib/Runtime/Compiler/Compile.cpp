@@ -16,6 +16,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "ErrorBuffer.h"
 #include "MoE/Runtime/KernelJIT.h"
 
 #include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
@@ -61,14 +62,6 @@
 using namespace mlir;
 
 namespace {
-
-void setError(char *err, int64_t errCap, const std::string &msg) {
-  if (!err || errCap <= 0)
-    return;
-  size_t n = std::min<size_t>(msg.size(), static_cast<size_t>(errCap - 1));
-  std::memcpy(err, msg.data(), n);
-  err[n] = '\0';
-}
 
 /// Every diagnostic of a compilation, in order, for the caller's message.
 struct DiagnosticCollector {
@@ -125,8 +118,7 @@ void gatherStructors(llvm::Module &module, llvm::StringRef global,
             list->hasInitializer() ? list->getInitializer() : nullptr)) {
       for (llvm::Value *op : init->operands()) {
         auto *entry = llvm::cast<llvm::ConstantStruct>(op);
-        auto *priority =
-            llvm::cast<llvm::ConstantInt>(entry->getOperand(0));
+        auto *priority = llvm::cast<llvm::ConstantInt>(entry->getOperand(0));
         if (auto *fn = llvm::dyn_cast<llvm::Function>(
                 entry->getOperand(1)->stripPointerCasts()))
           entries.emplace_back(priority->getZExtValue(), fn);
@@ -150,15 +142,15 @@ hostTargetMachine(llvm::StringRef cpu, int optLevel) {
   if (!moe::resolveCpuTarget(cpu, target, error))
     return llvm::createStringError(error);
   llvm::Triple triple(llvm::sys::getProcessTriple());
-  const llvm::Target *t =
-      llvm::TargetRegistry::lookupTarget(triple, error);
+  const llvm::Target *t = llvm::TargetRegistry::lookupTarget(triple, error);
   if (!t)
-    return llvm::createStringError("no LLVM target for " + triple.str() +
-                                   ": " + error);
+    return llvm::createStringError("no LLVM target for " + triple.str() + ": " +
+                                   error);
   llvm::CodeGenOptLevel level = optLevel <= 0   ? llvm::CodeGenOptLevel::None
                                 : optLevel == 1 ? llvm::CodeGenOptLevel::Less
-                                : optLevel == 2 ? llvm::CodeGenOptLevel::Default
-                                         : llvm::CodeGenOptLevel::Aggressive;
+                                : optLevel == 2
+                                    ? llvm::CodeGenOptLevel::Default
+                                    : llvm::CodeGenOptLevel::Aggressive;
   llvm::TargetOptions options;
   std::unique_ptr<llvm::TargetMachine> tm(t->createTargetMachine(
       triple, target.cpu, llvm::join(target.features, ","), options,
@@ -168,7 +160,6 @@ hostTargetMachine(llvm::StringRef cpu, int optLevel) {
                                    triple.str() + " (" + target.cpu + ")");
   return tm;
 }
-
 
 using Clock = std::chrono::steady_clock;
 
@@ -207,8 +198,8 @@ int32_t compile(llvm::StringRef text, llvm::StringRef pipeline,
     return 1;
   }
   if (failed(pm.run(*module))) {
-    error = "the pipeline " + pipeline.str() + " failed:" +
-            diagnostics.messages;
+    error =
+        "the pipeline " + pipeline.str() + " failed:" + diagnostics.messages;
     return 1;
   }
   stages[0] = lap(start);
@@ -276,10 +267,10 @@ int32_t compile(llvm::StringRef text, llvm::StringRef pipeline,
 extern "C" int32_t moeJitCompile(const char *mlir, int64_t len,
                                  const char *pipeline, const char *targetCpu,
                                  int32_t optLevel, const char *objectPath,
-                                 double *seconds,
-                                 char *err, int64_t errCap) {
+                                 double *seconds, char *err, int64_t errCap) {
   if (!mlir || len < 0 || !pipeline || !objectPath) {
-    setError(err, errCap, "moeJitCompile: null text, pipeline or path");
+    mlir::moe::writeErrorBuffer(err, errCap,
+                                "moeJitCompile: null text, pipeline or path");
     return 1;
   }
   // One compilation at a time: the pass registry and the crash recovery
@@ -295,9 +286,9 @@ extern "C" int32_t moeJitCompile(const char *mlir, int64_t len,
   llvm::CrashRecoveryContext::Enable();
   llvm::CrashRecoveryContext crashRecovery;
   if (!crashRecovery.RunSafely([&] {
-        rc = compile(llvm::StringRef(mlir, static_cast<size_t>(len)),
-                     pipeline, targetCpu && *targetCpu ? targetCpu : "native",
-                     optLevel, objectPath, stages, error);
+        rc = compile(llvm::StringRef(mlir, static_cast<size_t>(len)), pipeline,
+                     targetCpu && *targetCpu ? targetCpu : "native", optLevel,
+                     objectPath, stages, error);
       })) {
     error = "the compiler crashed (a compiler bug; reproduce with moe-opt "
             "--pass-pipeline='builtin.module(" +
@@ -305,7 +296,7 @@ extern "C" int32_t moeJitCompile(const char *mlir, int64_t len,
     rc = 1;
   }
   if (rc)
-    setError(err, errCap, "moeJitCompile: " + error);
+    mlir::moe::writeErrorBuffer(err, errCap, "moeJitCompile: " + error);
   if (seconds)
     std::copy(stages, stages + 4, seconds);
   return rc;

@@ -13,6 +13,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "ErrorBuffer.h"
 #include "MoE/Runtime/KernelJIT.h"
 
 #include "llvm/ExecutionEngine/Orc/ExecutionUtils.h"
@@ -34,14 +35,6 @@ using namespace llvm;
 using namespace llvm::orc;
 
 namespace {
-
-void setError(char *err, int64_t errCap, const std::string &msg) {
-  if (!err || errCap <= 0)
-    return;
-  size_t n = std::min<size_t>(msg.size(), static_cast<size_t>(errCap - 1));
-  std::memcpy(err, msg.data(), n);
-  err[n] = '\0';
-}
 
 /// What the session reported while the current load ran (the symbols a
 /// link could not resolve): ORC reports them apart from the lookup's error.
@@ -66,7 +59,8 @@ Expected<Jit &> jit() {
   instance = new Jit();
   instance->jit = std::move(*created);
   instance->jit->getExecutionSession().setErrorReporter([](Error e) {
-    sessionErrors += (sessionErrors.empty() ? "" : "; ") + toString(std::move(e));
+    sessionErrors +=
+        (sessionErrors.empty() ? "" : "; ") + toString(std::move(e));
   });
   return *instance;
 }
@@ -147,11 +141,12 @@ Expected<void *> load(const char *objectPath, const char *const *libs,
 
 extern "C" void *moeJitLoad(const char *objectPath, const char *const *libs,
                             int32_t numLibs, const char *const *archives,
-                            int32_t numArchives, const char *symbol,
-                            char *err, int64_t errCap) {
+                            int32_t numArchives, const char *symbol, char *err,
+                            int64_t errCap) {
   if (!objectPath || !symbol || (numLibs > 0 && !libs) ||
       (numArchives > 0 && !archives)) {
-    setError(err, errCap, "moeJitLoad: null path, symbol or list");
+    mlir::moe::writeErrorBuffer(err, errCap,
+                                "moeJitLoad: null path, symbol or list");
     return nullptr;
   }
   static std::mutex mutex;
@@ -162,7 +157,8 @@ extern "C" void *moeJitLoad(const char *objectPath, const char *const *libs,
     std::string why = toString(address.takeError());
     if (!sessionErrors.empty())
       why = sessionErrors + " (" + why + ")";
-    setError(err, errCap, std::string("moeJitLoad: ") + objectPath + ": " + why);
+    mlir::moe::writeErrorBuffer(
+        err, errCap, std::string("moeJitLoad: ") + objectPath + ": " + why);
     return nullptr;
   }
   return *address;
