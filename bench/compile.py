@@ -16,10 +16,10 @@
    run, with the stages' times) and a steady call. Target: ``backend="moe"``'s compile <= 1.2x inductor's.
 
 3. **The kernel build, stage by stage** (one fresh process over the kernels of part 1's calls): the in-process
-   compiler (``libmoe_compiler.so``: pipeline, translation, LLVM optimizer, code generation, then the JIT's load),
-   and the subprocess chain it replaced (``moe-opt``, ``mlir-translate``, ``clang -O3 -shared``, then ``dlopen``),
-   kernel by kernel in the same process; the compiler library's one-time cost (its load and the registration of the
-   passes) apart. Also one CUDA kernel (sm_90, no GPU needed): in process against ``moe-aot.py``. ``--no-stages``
+   compiler (``libmoe_compiler.so``: pipeline, translation, LLVM optimizer, code generation, lld's link), and the
+   subprocess chain it replaced (``moe-opt``, ``mlir-translate``, ``clang -O3 -shared``), kernel by kernel in the
+   same process; the compiler library's one-time cost (its load; the registration of the passes is in the first
+   build) apart. Also one CUDA kernel (sm_90, no GPU needed): in process against ``moe-aot.py``. ``--no-stages``
    skips it.
 
 Writes bench/results/compile-<date>-t<threads>[-TAG].{json,md}. Timings on a shared machine move with its load (the
@@ -89,23 +89,21 @@ def child_op(name: str) -> dict:
 
 def child_stages(keys_file: str, threads: int) -> dict:
     """Part 3 in this (fresh) process: each kernel of ``keys_file`` built in process and by the subprocess chain."""
-    import ctypes
     import shutil
 
-    from moe_mlir.runtime import cache, driver, jit
+    from moe_mlir.runtime import cache, compiler, driver
     from moe_mlir.runtime.locate import LLVM_BIN, find_moe_opt, find_runtime_lib
 
     keys = list(dict.fromkeys(k for k in Path(keys_file).read_text().splitlines() if k.strip()))
     rt = find_runtime_lib("libmoe_kernel_runtime.so")
     moe_opt = find_moe_opt()
-    archives = [a for a in [jit.builtins_archive()] if a]
     clang_rt = subprocess.run([str(LLVM_BIN / "clang"), "--rtlib=compiler-rt", "-print-libgcc-file-name"],
                               capture_output=True, text=True).stdout.strip()
     out: dict = {"kernels": []}
     work = Path(tempfile.mkdtemp(prefix="moe-stages-"))
     try:
         s = time.perf_counter()
-        jit._library()
+        compiler._library()
         out["library_load_s"] = time.perf_counter() - s
         for n, key in enumerate(keys):
             k = cache.parse_key(key)
@@ -113,11 +111,9 @@ def child_stages(keys_file: str, threads: int) -> dict:
             pipeline = f"canonicalize,moe-lower-to-llvm{{num-threads={threads} target-cpu=native results-to-out-params=true}}"
             rec: dict = {"key": key}
             s = time.perf_counter()
-            rec["in_process"] = jit.compile_object(mlir, pipeline, work / f"k{n}.o", "native", 3)
+            rec["in_process"] = compiler.compile_kernel(mlir, pipeline, work / f"k{n}-ours.so", "native", 3,
+                                                        driver._link_args(rt))
             rec["in_process"]["total"] = time.perf_counter() - s
-            s = time.perf_counter()
-            jit.load_object(work / f"k{n}.o", "_mlir_ciface_kernel", [rt], archives)
-            rec["in_process"]["load"] = time.perf_counter() - s
             (work / f"k{n}.mlir").write_text(mlir)
             chain = {}
             steps = [("moe-opt", [moe_opt, "--canonicalize", f"--moe-lower-to-llvm=num-threads={threads} "
@@ -134,9 +130,6 @@ def child_stages(keys_file: str, threads: int) -> dict:
                 subprocess.run(cmd, check=True, capture_output=True)
                 chain[name] = time.perf_counter() - s
             chain["total"] = sum(chain.values())
-            s = time.perf_counter()
-            ctypes.CDLL(str(work / f"k{n}.so"), mode=os.RTLD_LOCAL | os.RTLD_DEEPBIND)
-            chain["load"] = time.perf_counter() - s
             rec["subprocesses"] = chain
             out["kernels"].append(rec)
         # One CUDA kernel for sm_90: in process, and moe-aot.py (moe-opt, mlir-translate, llc, c++ -shared).
@@ -144,9 +137,9 @@ def child_stages(keys_file: str, threads: int) -> dict:
         k = cache.parse_key(key)
         cuda: dict = {"key": key, "format": driver.cuda_binary_format()}
         s = time.perf_counter()
-        driver.build_cuda_kernel(cache.kernel_module(k), work / "cuda.o", "sm_90")
-        cuda["in_process_s"] = time.perf_counter() - s
         cuda_rt = find_runtime_lib("libmoe_cuda_runtime.so")
+        driver.build_cuda_kernel(cache.kernel_module(k), work / "cuda-ours.so", cuda_rt or rt, "sm_90")
+        cuda["in_process_s"] = time.perf_counter() - s
         if cuda_rt and moe_opt and shutil.which("c++"):
             s = time.perf_counter()
             driver.build_cuda_library(cache.kernel_module(k), work / "cuda.so", moe_opt, str(Path(cuda_rt).parent),
@@ -214,8 +207,8 @@ def run_stages(args, cache: Path) -> dict:
                                                   MOE_KERNEL_RECORD=str(keys)))
     rec = {"loadavg_before": _loadavg()}
     rec.update(_spawn(["--child-stages", str(keys), "--threads", str(args.threads)], _env(args.threads)))
-    ins = sum(k["in_process"]["total"] + k["in_process"]["load"] for k in rec["kernels"])
-    sub = sum(k["subprocesses"]["total"] + k["subprocesses"]["load"] for k in rec["kernels"])
+    ins = sum(k["in_process"]["total"] for k in rec["kernels"])
+    sub = sum(k["subprocesses"]["total"] for k in rec["kernels"])
     print(f"kernel builds ({len(rec['kernels'])}): in process {ins:.2f} s (+ {rec['library_load_s']:.2f} s loading "
           f"the compiler), subprocesses {sub:.2f} s ({sub / ins:.2f}x); CUDA sm_90: in process "
           f"{rec['cuda']['in_process_s']:.2f} s, moe-aot.py {rec['cuda'].get('moe_aot_s', float('nan')):.2f} s",
@@ -269,20 +262,21 @@ def _markdown(doc: dict) -> str:
     if st:
         lines += ["", "## The kernel build, stage by stage (part 3)", "",
                   "One fresh process, kernel by kernel: the in-process compiler (libmoe_compiler.so) against the "
-                  "subprocess chain it replaced, in the same process. Seconds.", "",
-                  "| kernel | mlir | translate | optimize | codegen | JIT load | in process | moe-opt | "
-                  "mlir-translate | clang -O3 -shared | dlopen | subprocesses | ratio |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "subprocess chain it replaced, in the same process; both make a shared object, loaded the same way "
+                  "(dlopen). Seconds.", "",
+                  "| kernel | mlir | translate | optimize | codegen | link | in process | moe-opt | "
+                  "mlir-translate | clang -O3 -shared | subprocesses | ratio |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         tin = tsub = 0.0
         for r in st["kernels"]:
             i, c = r["in_process"], r["subprocesses"]
-            a, b = i["total"] + i["load"], c["total"] + c["load"]
+            a, b = i["total"], c["total"]
             tin, tsub = tin + a, tsub + b
             key = r["key"][:60].replace("|", "\\|")
             lines.append(f"| `{key}` | {i['mlir']:.3f} | {i['translate']:.3f} | {i['optimize']:.3f} | "
-                         f"{i['codegen']:.3f} | {i['load']:.4f} | {a:.3f} | {c['moe-opt']:.3f} | "
-                         f"{c['mlir-translate']:.3f} | {c['clang']:.3f} | {c['load']:.4f} | {b:.3f} | {b / a:.2f}x |")
-        lines += [f"| **all {len(st['kernels'])}** | | | | | | **{tin:.2f}** | | | | | **{tsub:.2f}** | "
+                         f"{i['codegen']:.3f} | {i['link']:.4f} | {a:.3f} | {c['moe-opt']:.3f} | "
+                         f"{c['mlir-translate']:.3f} | {c['clang']:.3f} | {b:.3f} | {b / a:.2f}x |")
+        lines += [f"| **all {len(st['kernels'])}** | | | | | | **{tin:.2f}** | | | | **{tsub:.2f}** | "
                   f"**{tsub / tin:.2f}x** |", "",
                   f"Once per process, before the first in-process build: loading the compiler library "
                   f"{st['library_load_s']:.3f} s (the first build also registers the passes and dialects: in its "

@@ -7,7 +7,7 @@ BUILD="${MOE_BUILD_DIR:-$ROOT/build}"
 LLVM_PREFIX=/usr/lib/llvm-22
 JOBS="${MOE_JOBS:-$(nproc)}"
 
-SYSTEM_PACKAGES=(llvm-22-dev libmlir-22-dev mlir-22-tools clang-22 libclang-rt-22-dev libzstd-dev zlib1g-dev cmake ninja-build g++ python3 python3-venv
+SYSTEM_PACKAGES=(llvm-22-dev libmlir-22-dev mlir-22-tools clang-22 libclang-rt-22-dev liblld-22-dev libzstd-dev zlib1g-dev cmake ninja-build g++ python3 python3-venv
                  libgtest-dev time libopenblas-dev patchelf)
 
 as_root() {

@@ -485,7 +485,7 @@ def test_disk_cache_across_processes(tmp_path):
 
     assert run(5) == ["1", "0"]     # compiled
     assert run(77) == ["0", "1"]    # another token count: loaded from disk, nothing compiled
-    assert len(list((tmp_path / "kernels").glob("*.o"))) == 1
+    assert len(list((tmp_path / "kernels").glob("*.so"))) == 1
     assert not list((tmp_path / "kernels").glob("*.part"))
 
 
@@ -646,15 +646,16 @@ def _run_fresh(script: str) -> subprocess.CompletedProcess:
 
 
 def test_kernels_compile_in_process_without_starting_a_process(tmp_path):
-    """A kernel is compiled and loaded inside the torch process (libmoe_compiler.so: the moe pipeline, LLVM, an
-    ORC JIT), with every way of starting a process blocked; the compiler's LLVM is loaded by the first build, not by
-    ``import moe_mlir``. The kernel then computes the reference's result."""
-    p = _run_fresh(f"""
-        import os, subprocess, torch, moe_mlir
+    """A kernel is compiled inside the torch process (libmoe_compiler.so: the moe pipeline, LLVM, lld), with every
+    way of starting a process blocked; the compiler is loaded by the first build, not by ``import moe_mlir``, and a
+    second process that finds the kernel in the cache never loads it (nor any LLVM). The kernel computes the
+    reference's result."""
+    script = f"""
+        import os, subprocess, sys, torch, moe_mlir
         from pathlib import Path
         from moe_mlir.runtime import cache
         maps = lambda: Path("/proc/self/maps").read_text()
-        assert "libmoe_compiler" not in maps() and "libLLVM" not in maps(), "import moe_mlir loaded the compiler"
+        assert "libmoe_compiler" not in maps() and "LLVM" not in maps(), "import moe_mlir loaded the compiler"
 
         def refuse(*a, **k):
             raise AssertionError(f"a process was started: {{a[:2]}}")
@@ -666,11 +667,15 @@ def test_kernels_compile_in_process_without_starting_a_process(tmp_path):
         w, i = torch.ops.moe.topk_renorm(x, 2)
         ref = moe_mlir.reference.topk_renorm(x, 2, "logits", True)
         assert torch.equal(i, ref[1]) and torch.allclose(w, ref[0])
-        assert cache.stats.compiles == 1, cache.stats
-        assert "libmoe_compiler" in maps()
+        warm = sys.argv[1] == "warm"
+        assert (cache.stats.compiles, cache.stats.disk_loads) == ((0, 1) if warm else (1, 0)), cache.stats
+        assert ("libmoe_compiler" in maps()) != warm
+        assert "LLVM" not in maps() and "MLIR" not in maps()
         print("ok")
-    """)
-    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr
+    """
+    for phase in ("cold", "warm"):
+        p = _run_fresh(script.replace("sys.argv[1]", repr(phase)))
+        assert p.returncode == 0 and p.stdout.strip().endswith("ok"), (phase, p.stderr)
 
 
 def test_index_errors_reported_after_the_execution_api_is_loaded():
@@ -761,7 +766,7 @@ def test_concurrent_processes_share_the_disk_cache(tmp_path):
     for p in procs:
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err
-    assert len(list(tmp_path.glob("*.o"))) == 1 and not list(tmp_path.glob("*.part"))
+    assert len(list(tmp_path.glob("*.so"))) == 1 and not list(tmp_path.glob("*.part"))
 
 
 def test_prebuild_cuda_builds_a_kernel_with_the_one_cuda_recipe(tmp_path, monkeypatch):

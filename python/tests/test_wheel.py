@@ -138,8 +138,8 @@ def refuse(*a, **k):
     raise AssertionError(f"a process was started: {a[:2]}")
 
 
-# Every kernel family of torch.ops.moe compiled now (the cache is empty) in this process, by the bundled compiler,
-# with no way to start a process, and run: forward and backward.
+# Every kernel family of torch.ops.moe compiled now (the cache is empty) in this process, by the bundled compiler
+# (its lld links them), with no way to start a process, and run: forward and backward.
 saved = subprocess.Popen.__init__, os.fork, os.posix_spawn, os.posix_spawnp, os.system
 subprocess.Popen.__init__ = refuse
 os.fork = os.posix_spawn = os.posix_spawnp = os.system = refuse
@@ -183,10 +183,12 @@ assert cache.stats.compiles == len(set(cache.stats.keys)), cache.stats
 # One CUDA kernel built (no GPU needed): without the toolkit's ptxas, PTX that the driver compiles at load.
 assert driver.cuda_binary_format() == "isa"
 k = cache.parse_key("topk_renorm|k=8|mode=logits|renormalize=1|in:scores:f32:?x256|device=cuda:0")
-obj = Path("cuda-kernel.o").resolve()
-driver.build_cuda_kernel(cache.kernel_module(k), obj, "sm_90")
-data = obj.read_bytes()
-assert data[:4] == b"\x7fELF" and b"_mlir_ciface_kernel" in data and b"__moe_init" in data, len(data)
+so = Path("cuda-kernel.so").resolve()
+cuda_rt = locate.find_runtime_lib("libmoe_cuda_runtime.so")
+assert cuda_rt and inside(cuda_rt, bundle), cuda_rt
+driver.build_cuda_kernel(cache.kernel_module(k), so, cuda_rt, "sm_90")
+data = so.read_bytes()
+assert data[:4] == b"\x7fELF" and b"_mlir_ciface_kernel" in data and b"libmoe_cuda_runtime.so" in data, len(data)
 assert b".target sm_90" in data and b".entry" in data, "no PTX embedded"
 subprocess.Popen.__init__, os.fork, os.posix_spawn, os.posix_spawnp, os.system = saved
 

@@ -1,23 +1,20 @@
-//===- Compile.cpp - MLIR text to a host object, in process ---------------===//
+//===- Compile.cpp - MLIR text to a loadable shared object, in process ----===//
 //
 // Part of the MoE-MLIR project.
 //
-// moeJitCompile (include/MoE/Runtime/KernelJIT.h): the steps the kernel cache
-// ran as three processes (moe-opt, mlir-translate, clang -O3 or llc), in one
-// call: parse, the moe pass pipeline, translation to LLVM IR, LLVM's default
-// per-module pipeline at the requested level (the parallel kernels hold
-// coroutines that only the middle end lowers) and code generation for the
-// host into an object file.
-//
-// A loaded object runs no static constructors of its own (the JIT links it
-// without a platform runtime), so they are gathered here into one exported
-// function, `__moe_init`, in priority order, which the loader calls; the
-// CUDA host code's constructor is the one that loads its embedded binary.
+// moeCompileKernel (include/MoE/Runtime/KernelCompiler.h): the steps the
+// kernel cache ran as three processes (moe-opt, mlir-translate, clang -O3
+// -shared), in one call: parse, the moe pass pipeline, translation to LLVM
+// IR, LLVM's default per-module pipeline at the requested level (the
+// parallel kernels hold coroutines that only the middle end lowers), code
+// generation for the host into an object, and lld's ELF linker, linked into
+// this library, for the shared object the caller then loads with dlopen: a
+// process that only loads cached kernels never maps LLVM.
 //
 //===----------------------------------------------------------------------===//
 
 #include "ErrorBuffer.h"
-#include "MoE/Runtime/KernelJIT.h"
+#include "MoE/Runtime/KernelCompiler.h"
 
 #include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
 #include "MoE/Conversion/Passes.h"
@@ -45,6 +42,7 @@
 #include "llvm/IR/Module.h"
 #include "llvm/IR/Verifier.h"
 #include "llvm/MC/TargetRegistry.h"
+#include "llvm/Plugins/PassPlugin.h"
 #include "llvm/Support/CrashRecoveryContext.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/TargetSelect.h"
@@ -53,6 +51,8 @@
 #include "llvm/TargetParser/Host.h"
 #include "llvm/Transforms/Utils/ModuleUtils.h"
 
+#include "lld/Common/Driver.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -60,6 +60,16 @@
 #include <string>
 
 using namespace mlir;
+
+// The ELF driver of lld, the one this library links in.
+LLD_HAS_DRIVER(elf)
+
+// lld's LTO code (never run: kernels are linked from native objects) names
+// the Polly plugin, which Debian's LLVM links into its tools but ships no
+// static library of: an empty plugin.
+llvm::PassPluginLibraryInfo getPollyPluginInfo() {
+  return {LLVM_PLUGIN_API_VERSION, "Polly (not linked in)", "", nullptr};
+}
 
 namespace {
 
@@ -102,39 +112,8 @@ const DialectRegistry &registry() {
   return *registry;
 }
 
-/// Replaces the module's `global` (llvm.global_ctors or llvm.global_dtors)
-/// with an exported function `name` that calls its entries in priority order
-/// (always defined, so the loader can call it unconditionally).
-void gatherStructors(llvm::Module &module, llvm::StringRef global,
-                     llvm::StringRef name) {
-  llvm::LLVMContext &ctx = module.getContext();
-  auto *fnType = llvm::FunctionType::get(llvm::Type::getVoidTy(ctx), false);
-  llvm::Function *gathered = llvm::Function::Create(
-      fnType, llvm::GlobalValue::ExternalLinkage, name, module);
-  llvm::IRBuilder<> b(llvm::BasicBlock::Create(ctx, "entry", gathered));
-  if (llvm::GlobalVariable *list = module.getGlobalVariable(global)) {
-    std::vector<std::pair<uint64_t, llvm::Function *>> entries;
-    if (auto *init = llvm::dyn_cast_or_null<llvm::ConstantArray>(
-            list->hasInitializer() ? list->getInitializer() : nullptr)) {
-      for (llvm::Value *op : init->operands()) {
-        auto *entry = llvm::cast<llvm::ConstantStruct>(op);
-        auto *priority = llvm::cast<llvm::ConstantInt>(entry->getOperand(0));
-        if (auto *fn = llvm::dyn_cast<llvm::Function>(
-                entry->getOperand(1)->stripPointerCasts()))
-          entries.emplace_back(priority->getZExtValue(), fn);
-      }
-    }
-    std::stable_sort(entries.begin(), entries.end(),
-                     [](auto &a, auto &b) { return a.first < b.first; });
-    for (auto &[priority, fn] : entries)
-      b.CreateCall(fn->getFunctionType(), fn);
-    list->eraseFromParent();
-  }
-  b.CreateRetVoid();
-}
-
 /// The host target machine for `cpu` ("native" or an LLVM CPU name) at
-/// `optLevel`, position-independent (the JIT places the object anywhere).
+/// `optLevel`, position-independent (the object goes into a shared object).
 llvm::Expected<std::unique_ptr<llvm::TargetMachine>>
 hostTargetMachine(llvm::StringRef cpu, int optLevel) {
   moe::CpuTarget target;
@@ -152,6 +131,10 @@ hostTargetMachine(llvm::StringRef cpu, int optLevel) {
                                     ? llvm::CodeGenOptLevel::Default
                                     : llvm::CodeGenOptLevel::Aggressive;
   llvm::TargetOptions options;
+  // Constructors in .init_array, which the dynamic loader runs (.ctors
+  // needs crtbegin, which no kernel links): the CUDA kernels load their
+  // device code from one.
+  options.UseInitArray = true;
   std::unique_ptr<llvm::TargetMachine> tm(t->createTargetMachine(
       triple, target.cpu, llvm::join(target.features, ","), options,
       llvm::Reloc::PIC_, std::nullopt, level));
@@ -171,9 +154,42 @@ double lap(Clock::time_point &start) {
   return s;
 }
 
+/// Links `object` and `linkArgs` (libraries, archives, run paths) into the
+/// shared object `path` with lld's ELF driver, on one thread.
+bool linkSharedObject(llvm::StringRef object,
+                      llvm::ArrayRef<const char *> linkArgs,
+                      llvm::StringRef path, std::string &error) {
+  std::string objectPath = (path + ".o").str();
+  {
+    std::error_code ec;
+    llvm::raw_fd_ostream out(objectPath, ec, llvm::sys::fs::OF_None);
+    if (ec) {
+      error = "cannot write " + objectPath + ": " + ec.message();
+      return false;
+    }
+    out << object;
+  }
+  std::string outPath = path.str();
+  std::vector<const char *> args = {
+      "ld.lld", "-shared",       "--threads=1",     "--eh-frame-hdr",
+      "-o",     outPath.c_str(), objectPath.c_str()};
+  args.insert(args.end(), linkArgs.begin(), linkArgs.end());
+  std::string messages;
+  llvm::raw_string_ostream diag(messages);
+  lld::Result result =
+      lld::lldMain(args, diag, diag, {{lld::Gnu, &lld::elf::link}});
+  llvm::sys::fs::remove(objectPath);
+  if (result.retCode != 0) {
+    error = "linking the shared object failed: " + messages;
+    return false;
+  }
+  return true;
+}
+
 int32_t compile(llvm::StringRef text, llvm::StringRef pipeline,
-                llvm::StringRef cpu, int optLevel, llvm::StringRef path,
-                double stages[4], std::string &error) {
+                llvm::StringRef cpu, int optLevel,
+                llvm::ArrayRef<const char *> linkArgs, llvm::StringRef path,
+                double stages[5], std::string &error) {
   Clock::time_point start = Clock::now();
   MLIRContext context(registry(), MLIRContext::Threading::DISABLED);
   DiagnosticCollector diagnostics(context);
@@ -218,8 +234,6 @@ int32_t compile(llvm::StringRef text, llvm::StringRef pipeline,
   }
   llvmModule->setTargetTriple((*tm)->getTargetTriple());
   llvmModule->setDataLayout((*tm)->createDataLayout());
-  gatherStructors(*llvmModule, "llvm.global_ctors", "__moe_init");
-  gatherStructors(*llvmModule, "llvm.global_dtors", "__moe_fini");
   if (llvm::verifyModule(*llvmModule, &llvm::errs())) {
     error = "the translated module is not valid LLVM IR";
     return 1;
@@ -245,42 +259,36 @@ int32_t compile(llvm::StringRef text, llvm::StringRef pipeline,
     }
     codegen.run(*llvmModule);
   }
-  std::error_code ec;
-  llvm::raw_fd_ostream out(path, ec, llvm::sys::fs::OF_None);
-  if (ec) {
-    error = "cannot write " + path.str() + ": " + ec.message();
-    return 1;
-  }
-  out.write(object.data(), object.size());
-  out.close();
-  if (out.has_error()) {
-    error = "cannot write " + path.str() + ": " + out.error().message();
-    out.clear_error();
-    return 1;
-  }
   stages[3] = lap(start);
+  if (!linkSharedObject(llvm::StringRef(object.data(), object.size()), linkArgs,
+                        path, error))
+    return 1;
+  stages[4] = lap(start);
   return 0;
 }
 
 } // namespace
 
-extern "C" int32_t moeJitCompile(const char *mlir, int64_t len,
-                                 const char *pipeline, const char *targetCpu,
-                                 int32_t optLevel, const char *objectPath,
-                                 double *seconds, char *err, int64_t errCap) {
-  if (!mlir || len < 0 || !pipeline || !objectPath) {
-    mlir::moe::writeErrorBuffer(err, errCap,
-                                "moeJitCompile: null text, pipeline or path");
+extern "C" int32_t moeCompileKernel(
+    const char *mlir, int64_t len, const char *pipeline, const char *targetCpu,
+    int32_t optLevel, const char *const *linkArgs, int32_t numLinkArgs,
+    const char *sharedObjectPath, double *seconds, char *err, int64_t errCap) {
+  if (!mlir || len < 0 || !pipeline || !sharedObjectPath ||
+      (numLinkArgs > 0 && !linkArgs)) {
+    mlir::moe::writeErrorBuffer(
+        err, errCap, "moeCompileKernel: null text, pipeline, path or list");
     return 1;
   }
-  // One compilation at a time: the pass registry and the crash recovery
-  // are process-wide.
+  // One compilation at a time: the pass registry, lld and the crash
+  // recovery are process-wide.
   static std::mutex mutex;
   std::lock_guard<std::mutex> lock(mutex);
   (void)registry();
   std::string error;
   int32_t rc = 1;
-  double stages[4] = {0, 0, 0, 0};
+  double stages[5] = {0, 0, 0, 0, 0};
+  llvm::ArrayRef<const char *> link(
+      linkArgs, static_cast<size_t>(std::max(0, numLinkArgs)));
   // A crash of a pass (a compiler bug) becomes an error of this compilation
   // instead of taking the host process down.
   llvm::CrashRecoveryContext::Enable();
@@ -288,7 +296,7 @@ extern "C" int32_t moeJitCompile(const char *mlir, int64_t len,
   if (!crashRecovery.RunSafely([&] {
         rc = compile(llvm::StringRef(mlir, static_cast<size_t>(len)), pipeline,
                      targetCpu && *targetCpu ? targetCpu : "native", optLevel,
-                     objectPath, stages, error);
+                     link, sharedObjectPath, stages, error);
       })) {
     error = "the compiler crashed (a compiler bug; reproduce with moe-opt "
             "--pass-pipeline='builtin.module(" +
@@ -296,8 +304,8 @@ extern "C" int32_t moeJitCompile(const char *mlir, int64_t len,
     rc = 1;
   }
   if (rc)
-    mlir::moe::writeErrorBuffer(err, errCap, "moeJitCompile: " + error);
+    mlir::moe::writeErrorBuffer(err, errCap, "moeCompileKernel: " + error);
   if (seconds)
-    std::copy(stages, stages + 4, seconds);
+    std::copy(stages, stages + 5, seconds);
   return rc;
 }

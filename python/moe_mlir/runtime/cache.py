@@ -11,16 +11,15 @@ and, on an in-memory miss, calls :func:`load` (registered once by :mod:`.extensi
 1. validates the call with the op's Python validators (on meta tensors of the call's shapes: the same messages as
    the eager ops);
 2. returns the kernel already loaded in this process, or
-3. loads ``<cache>/<hash>.o`` when an earlier process built it, or
-4. builds it, in this process (:mod:`.driver`, :mod:`.jit`: ``libmoe_compiler.so``): an MLIR module whose
+3. loads ``<cache>/<hash>.so`` when an earlier process built it, or
+4. builds it, in this process (:mod:`.driver`, :mod:`.compiler`: ``libmoe_compiler.so``): an MLIR module whose
    ``@kernel`` takes the inputs as tensors with the token-like dimensions dynamic and returns the results, lowered by
    canonicalize and ``moe-lower-to-llvm{results-to-out-params=true}`` (the results become out-params appended to
    the arguments and the kernel computes them in the caller's buffers: no copy), translated to LLVM IR, optimized
-   at ``-O3`` (needed anyway: the parallel kernels hold coroutines that only the middle end lowers) and compiled to a
-   host object, written under a temporary name and renamed, so concurrent processes never see a partial one.
-
-A kernel object is linked into the process by the library's ORC JIT, its runtime calls bound to
-``libmoe_kernel_runtime.so`` (and compiler-rt's builtins); no process is started and no compiler is needed.
+   at ``-O3`` (needed anyway: the parallel kernels hold coroutines that only the middle end lowers), compiled and
+   linked by the library's lld against ``libmoe_kernel_runtime.so`` (and compiler-rt's helpers) into a shared
+   object, written under a temporary name and renamed, so concurrent processes never see a partial one. No process
+   is started and no compiler is needed; a process that only loads cached kernels never loads the compiler.
 
 ``<hash>`` covers the key, the thread setting, the target (``$MOE_TARGET_CPU``: ``native``, the default, or an x86-64
 CPU name such as ``x86-64-v3`` (AVX2) or ``x86-64-v4`` (AVX-512); it is moe-lower-to-llvm's ``target-cpu``, which sets the
@@ -32,13 +31,13 @@ and a format version. The cache directory is ``$MOE_KERNEL_CACHE`` or
 chip (``sm_XY``, :func:`moe_mlir.runtime.cuda.chip_of`) with ``moe-lower-to-nvvm{results-to-out-params=true
 wait-at-return=false}`` (the results computed in torch's outputs; the host code launches on the ambient stream,
 PyTorch's current one, and returns without waiting) and the host code generator; the device code is embedded in
-the object, a fatbin (cubin for the chip + PTX) where the CUDA toolkit's ptxas is present, else PTX that the driver
-compiles at load (:func:`.driver.cuda_binary_format`), and loaded by the object's initializer when the JIT links it
-against ``libmoe_cuda_runtime.so`` (a copy per device). Its file is ``<cache>/cuda-<toolchain>/<name>.o`` where
+the shared object (linked against ``libmoe_cuda_runtime.so``), a fatbin (cubin for the chip + PTX) where the CUDA
+toolkit's ptxas is present, else PTX that the driver compiles at load (:func:`.driver.cuda_binary_format`), and
+loaded by its constructor when the file is loaded. Its file is ``<cache>/cuda-<toolchain>/<name>.so`` where
 ``<name>`` hashes the key (without the device index), the chip and the format version, and ``<toolchain>`` the
 compiler library, the format and ptxas. Directories in ``$MOE_KERNEL_PREBUILT`` (``:``-separated) are searched for
-``<name>.so`` first: shared objects that :func:`prebuild_cuda` builds ahead of time with moe-aot.py on a machine with
-LLVM but no GPU (``python -m moe_mlir.runtime.prebuild``, run by ``scripts/gpu-check.sh``), for a GPU machine without
+``<name>.so`` first: the same shared objects, which :func:`prebuild_cuda` builds ahead of time with moe-aot.py on a
+machine with LLVM but no GPU (``python -m moe_mlir.runtime.prebuild``, run by ``scripts/gpu-check.sh``), for a GPU machine without
 this compiler.
 ``$MOE_KERNEL_RECORD`` names a file every key a process asks for is appended to (what to prebuild).
 """
@@ -81,7 +80,7 @@ stats = Stats()
 validators: dict[str, Callable[[dict, dict], None]] = {}
 
 _lock = threading.Lock()
-_loaded: dict[str, tuple[Optional[ctypes.CDLL], int]] = {}
+_loaded: dict[str, tuple[ctypes.CDLL, int]] = {}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -447,16 +446,16 @@ def target_cpu() -> str:
 
 def _tools() -> tuple[str, str]:
     """(libmoe_compiler.so, libmoe_kernel_runtime.so)."""
-    from . import jit
+    from . import compiler as _compiler
     from .locate import find_runtime_lib as _find_runtime_lib
 
-    compiler = jit.library_path()
-    if compiler is None:
-        raise CompileError(f"{jit.LIBRARY} not found: build it (cmake --build build) or set MOE_COMPILER")
+    lib = _compiler.library_path()
+    if lib is None:
+        raise CompileError(f"{_compiler.LIBRARY} not found: build it (cmake --build build) or set MOE_COMPILER")
     rt = os.environ.get("MOE_KERNEL_RUNTIME") or _find_runtime_lib("libmoe_kernel_runtime.so")
     if rt is None:
         raise CompileError("libmoe_kernel_runtime.so not found: build it (cmake --build build)")
-    return compiler, str(Path(rt).resolve())
+    return lib, str(Path(rt).resolve())
 
 
 def _cpu_id() -> str:
@@ -469,16 +468,16 @@ def _cpu_id() -> str:
         return platform.machine() + "|" + platform.processor()
 
 
-def _digest(key: str, compiler: str, rt: str, threads: int, target: str = "native") -> str:
-    return digest(FORMAT_VERSION, key, str(threads), target, _cpu_id(), stamp(compiler), stamp(rt))
+def _digest(key: str, lib: str, rt: str, threads: int, target: str = "native") -> str:
+    return digest(FORMAT_VERSION, key, str(threads), target, _cpu_id(), stamp(lib), stamp(rt))
 
 
-def build(k: KernelKey, key: str, dest: Path, threads: int, target: str = "native") -> None:
-    """Compiles the kernel of ``k`` for the CPU ``target`` into the object ``dest`` (atomically, in this process;
-    :mod:`.driver`)."""
+def build(k: KernelKey, key: str, dest: Path, rt: str, threads: int, target: str = "native") -> None:
+    """Compiles the kernel of ``k`` for the CPU ``target`` into the shared object ``dest`` (atomically, in this
+    process; :mod:`.driver`) against the kernel runtime ``rt``."""
     # A custom score's region text may hold line breaks: the header comment is one line.
     one_line = key.replace("\n", " ")
-    build_cpu_kernel(kernel_module(k), dest, threads, target, header=f"// {one_line}\n")
+    build_cpu_kernel(kernel_module(k), dest, rt, threads, target, header=f"// {one_line}\n")
 
 
 def cuda_kernel_name(key: str, chip: str) -> str:
@@ -486,11 +485,11 @@ def cuda_kernel_name(key: str, chip: str) -> str:
     return digest(FORMAT_VERSION, "cuda", _without_device(key), chip)
 
 
-def build_cuda(k: KernelKey, key: str, dest: Path, chip: str) -> None:
-    """Compiles the CUDA kernel of ``k`` for ``chip`` into the host object ``dest`` (atomically, in this process;
-    :mod:`.driver`). Needs no GPU."""
+def build_cuda(k: KernelKey, key: str, dest: Path, rt: str, chip: str) -> None:
+    """Compiles the CUDA kernel of ``k`` for ``chip`` into the shared object ``dest`` (atomically, in this process;
+    :mod:`.driver`) against the CUDA runtime ``rt``. Needs no GPU."""
     one_line = key.replace("\n", " ")
-    build_cuda_kernel(kernel_module(k), dest, chip, header=f"// {one_line} ({chip})\n")
+    build_cuda_kernel(kernel_module(k), dest, rt, chip, header=f"// {one_line} ({chip})\n")
 
 
 def build_cuda_aot(k: KernelKey, key: str, dest: Path, moe_opt: str, rt_dir: str, chip: str) -> None:
@@ -505,68 +504,62 @@ def _prebuilt_dirs() -> list[Path]:
     return [Path(d) for d in os.environ.get("MOE_KERNEL_PREBUILT", "").split(":") if d]
 
 
-def _cuda_kernel_file(k: KernelKey, key: str) -> Path:
-    """The kernel of a CUDA key: a prebuilt shared object (``$MOE_KERNEL_PREBUILT``), else the object compiled in
-    this process (cached)."""
-    from . import cuda, jit
+def _cuda_kernel_file(k: KernelKey, key: str, rt: str) -> Path:
+    """The shared object of a CUDA key: prebuilt (``$MOE_KERNEL_PREBUILT``), cached, or built now in this process
+    against the CUDA runtime ``rt``."""
+    from . import compiler as _compiler
+    from . import cuda
 
     chip = cuda.chip_of(int(k.device.split(":")[1]))
-    name = cuda_kernel_name(key, chip)
+    name = cuda_kernel_name(key, chip) + ".so"
     for d in _prebuilt_dirs():
-        if (d / f"{name}.so").is_file():
+        if (d / name).is_file():
             stats.disk_loads += 1
-            return d / f"{name}.so"
-    compiler = jit.library_path()
-    if compiler is None:
+            return d / name
+    lib = _compiler.library_path()
+    if lib is None:
         where = ", ".join(str(d) for d in _prebuilt_dirs()) or "no $MOE_KERNEL_PREBUILT"
-        raise CompileError(f"{jit.LIBRARY} not found and no prebuilt CUDA kernel {name}.so for {chip} ({where}): "
+        raise CompileError(f"{_compiler.LIBRARY} not found and no prebuilt CUDA kernel {name} for {chip} ({where}): "
                            "build the project (cmake --build build) or prebuild the kernels (moe_mlir.runtime.prebuild)")
     fmt = cuda_binary_format()
     ptxas = os.path.join(cuda_toolkit(), "bin", "ptxas")
-    toolchain = digest(stamp(compiler), fmt, stamp(ptxas) if fmt == "fatbin" else "", length=12)
-    path = cache_dir() / f"cuda-{toolchain}" / f"{name}.o"
+    toolchain = digest(stamp(lib), fmt, stamp(ptxas) if fmt == "fatbin" else "", length=12)
+    path = cache_dir() / f"cuda-{toolchain}" / name
     if path.is_file():
         stats.disk_loads += 1
     else:
-        build_cuda(k, key, path, chip)
+        build_cuda(k, key, path, rt, chip)
         stats.compiles += 1
     return path
 
 
-def _load_cuda(k: KernelKey, key: str) -> tuple[Optional[ctypes.CDLL], int]:
-    from . import cuda, jit
+def _load_cuda(k: KernelKey, key: str) -> tuple[ctypes.CDLL, int]:
+    from . import cuda
 
     if k.op.startswith("attention_posterior") and k.attrs.get("head_select") == "all":
         raise NotImplementedError(f"moe.{k.op}: head_select='all' has no CUDA kernel (convert-moe-to-gpu lowers "
                                   "the min-entropy head only); call it on CPU tensors")
 
     rt = cuda.runtime()  # before the kernel: it binds to this copy
-    path = _cuda_kernel_file(k, key)
+    path = _cuda_kernel_file(k, key, str(Path(rt.path).resolve()))
     index = int(k.device.split(":")[1])
-    # The kernel's initializer loads its device code once, on the runtime's default device at load time.
+    if index != 0:
+        # The object loads its module once, for the device current at load time, and dlopen loads a file once:
+        # another device gets its own copy of the file.
+        copy = cache_dir() / f"cuda-device{index}" / path.name
+        if not copy.is_file():
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            part = copy.with_name(f"{copy.name}.{os.getpid()}.part")
+            shutil.copyfile(path, part)
+            os.replace(part, copy)
+        path = copy
+    # The object's constructor loads the embedded device code on the runtime's default device.
     rt.rt.mgpuSetDefaultDevice(index)
-    if path.suffix == ".o":
-        # Each load links a copy of its own: another device gets its own module.
-        try:
-            addr = jit.load_object(path, "_mlir_ciface_kernel", [str(Path(rt.path).resolve())])
-        except jit.JitError as e:
-            raise RuntimeError(f"moe: loading the CUDA kernel {path.name} for {k.device} failed: {e}") from None
-        lib = None
-    else:
-        if index != 0:
-            # dlopen loads a file once: another device gets its own copy of the file.
-            copy = cache_dir() / f"cuda-device{index}" / path.name
-            if not copy.is_file():
-                copy.parent.mkdir(parents=True, exist_ok=True)
-                part = copy.with_name(f"{copy.name}.{os.getpid()}.part")
-                shutil.copyfile(path, part)
-                os.replace(part, copy)
-            path = copy
-        lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
-        addr = ctypes.cast(lib._mlir_ciface_kernel, ctypes.c_void_p).value
+    lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
     err = rt.take_driver_error()
     if err:
         raise RuntimeError(f"moe: loading the CUDA kernel {path.name} for {k.device} failed: {err}")
+    addr = ctypes.cast(lib._mlir_ciface_kernel, ctypes.c_void_p).value
     assert addr
     return lib, addr
 
@@ -597,27 +590,22 @@ def load(key: str, shapes: str, validate_only: int = 0) -> int:
             _loaded[key] = _load_cuda(k, key)
             stats.keys.append(key)
             return _loaded[key][1]
-        compiler, rt = _tools()
+        lib_path, rt = _tools()
         threads = num_threads()
         target = target_cpu()
-        path = cache_dir() / f"{_digest(key, compiler, rt, threads, target)}.o"
+        path = cache_dir() / f"{_digest(key, lib_path, rt, threads, target)}.so"
         if path.is_file():
             stats.disk_loads += 1
         else:
-            build(k, key, path, threads, target)
+            build(k, key, path, rt, threads, target)
             stats.compiles += 1
         stats.keys.append(key)
-        # Linked into the process by the JIT: the kernel's runtime calls (moeReportIndexError, the async ABI) bind
-        # to libmoe_kernel_runtime.so through its own handle, even when the CUDA backend or the execution API has
-        # put libmoe_cpu_runtime.so's same-named symbols (another error slot) into the global scope.
-        from . import jit
-
-        archives = [a for a in [jit.builtins_archive()] if a]
-        try:
-            addr = jit.load_object(path, "_mlir_ciface_kernel", [rt], archives)
-        except jit.JitError as e:
-            raise CompileError(f"moe: loading the kernel {path.name} failed: {e}") from None
-        lib = None
+        # RTLD_DEEPBIND: the kernel's runtime calls (moeReportIndexError, the async ABI) bind to
+        # libmoe_kernel_runtime.so, its own dependency, even when the CUDA backend or the execution API has put
+        # libmoe_cpu_runtime.so's same-named symbols (another error slot) into the global scope.
+        lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL | os.RTLD_DEEPBIND)
+        addr = ctypes.cast(lib._mlir_ciface_kernel, ctypes.c_void_p).value
+        assert addr
         _loaded[key] = (lib, addr)
         return addr
 

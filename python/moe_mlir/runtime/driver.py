@@ -1,12 +1,13 @@
-"""The compiler driver: every build of a product, in process (:mod:`.jit`) or by the build tools (``moe-opt``,
+"""The compiler driver: every build of a product, in process (:mod:`.compiler`) or by the build tools (``moe-opt``,
 ``mlir-translate``, ``llc``, the C++ linker, ``moe-aot.py``, ``mlir-runner``), and the one disk cache the products
 are kept in.
 
 Products:
 
 * a CPU kernel of ``torch.ops.moe.*`` (:func:`build_cpu_kernel`, for :mod:`.cache`): in process;
-* a CUDA kernel of ``torch.ops.moe.*`` (:func:`build_cuda_kernel`, for :mod:`.cache`): in process; and its shared
-  object for a machine without this compiler (:func:`build_cuda_library`, for :mod:`.prebuild`);
+* a CUDA kernel of ``torch.ops.moe.*`` (:func:`build_cuda_kernel`, for :mod:`.cache`): in process; and, by the
+  tools, the same shared object for a machine without this compiler (:func:`build_cuda_library`, for
+  :mod:`.prebuild`);
 * a GPU library of the whole-graph CUDA split (:func:`moe_mlir.backends.cuda.build_gpu_library`, through
   :func:`run_moe_aot`);
 * MLIR text through ``moe-opt`` passes (:func:`run_moe_opt`, for the whole-graph path).
@@ -20,9 +21,9 @@ product's name is the :func:`digest` of what it depends on (its input, the optio
 and runtime library), and it is written under a temporary name and renamed (:func:`publish`), so that concurrent
 processes never see a partial one and every process finds what another built.
 
-The kernels of the torch ops are built in process (``libmoe_compiler.so``, loaded at the first build: MLIR and
-LLVM enter the torch process then, never at import); the whole-graph paths run the tools. Imports nothing of the
-package but :mod:`.locate` (where the tools are) and :mod:`.jit`.
+The kernels of the torch ops are built in process (``libmoe_compiler.so``, loaded at the first build: its LLVM, linked
+in with hidden symbols, enters the torch process then, never at import or to load a cached kernel); the whole-graph
+paths run the tools. Imports nothing of the package but :mod:`.locate` (where the tools are) and :mod:`.compiler`.
 """
 
 from __future__ import annotations
@@ -224,22 +225,39 @@ def run_moe_opt(mlir_text: str, args: Sequence[str] = (), *, moe_opt: Optional[s
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def build_cpu_kernel(mlir: str, dest: Path, threads: int, target: str = "native", header: str = "") -> None:
-    """Compiles a kernel module (:func:`moe_mlir.runtime.cache.kernel_module`) for the CPU ``target`` into the host
-    object ``dest`` (atomically), in this process (:mod:`.jit`): canonicalize and ``moe-lower-to-llvm`` (results as
-    out-params), LLVM IR, LLVM's ``-O3`` (the parallel kernels hold coroutines that only the middle end lowers) and
-    the code generator for ``target``. The object is linked into the process when loaded (:func:`.jit.load_object`,
-    against ``libmoe_kernel_runtime.so``)."""
-    from . import jit
+def _link_args(runtime: str) -> list[str]:
+    """ld.lld's arguments for a kernel that calls the runtime library ``runtime`` (by soname, found through its
+    directory as run path: a process that loaded it already binds to that copy) and compiler-rt's helpers, linked
+    in from the archive (code for a CPU without a native instruction for a conversion calls one, e.g.
+    ``__truncsfbf2`` for f32 -> bf16 below AVX-512 BF16, which glibc's libgcc may lack)."""
+    from . import compiler
+
+    rt_dir = str(Path(runtime).parent)
+    name = Path(runtime).name[len("lib"):-len(".so")]
+    builtins = compiler.builtins_archive()
+    return [f"-L{rt_dir}", f"-l{name}", "-rpath", rt_dir, *([builtins] if builtins else [])]
+
+
+def _compile(mlir: str, pipeline: str, dest: Path, target: str, opt_level: int, runtime: str, what: str) -> None:
+    from . import compiler
 
     part = _part(dest)
     try:
-        jit.compile_object(header + mlir, f"canonicalize,moe-lower-to-llvm{{num-threads={threads} target-cpu={target} "
-                           "results-to-out-params=true}", part, target, opt_level=3)
-    except jit.JitError as e:
+        compiler.compile_kernel(mlir, pipeline, part, target, opt_level, _link_args(runtime))
+    except compiler.CompilerLibraryError as e:
         part.unlink(missing_ok=True)
-        raise CompileError(str(e)) from None
+        raise CompileError(f"{what}: {e}") from None
     publish(part, dest)
+
+
+def build_cpu_kernel(mlir: str, dest: Path, runtime: str, threads: int, target: str = "native",
+                     header: str = "") -> None:
+    """Compiles a kernel module (:func:`moe_mlir.runtime.cache.kernel_module`) for the CPU ``target`` into the
+    shared object ``dest`` (atomically), in this process (:mod:`.compiler`): canonicalize and ``moe-lower-to-llvm``
+    (results as out-params), LLVM IR, LLVM's ``-O3`` (the parallel kernels hold coroutines that only the middle end
+    lowers), the code generator for ``target`` and lld, against ``libmoe_kernel_runtime.so`` (``runtime``)."""
+    _compile(header + mlir, f"canonicalize,moe-lower-to-llvm{{num-threads={threads} target-cpu={target} "
+             "results-to-out-params=true}", dest, target, 3, runtime, "building the CPU kernel")
 
 
 def cuda_binary_format(toolkit: Optional[str] = None) -> str:
@@ -250,24 +268,18 @@ def cuda_binary_format(toolkit: Optional[str] = None) -> str:
     return "fatbin" if all(os.access(os.path.join(bin_dir, t), os.X_OK) for t in tools) else "isa"
 
 
-def build_cuda_kernel(mlir: str, dest: Path, chip: str, header: str = "") -> None:
-    """Compiles a kernel module for ``chip`` into the host object ``dest`` (atomically), in this process
-    (:mod:`.jit`): canonicalize and ``moe-lower-to-nvvm`` (the device code embedded in the format of
-    :func:`cuda_binary_format`, results as out-params, no wait at return), LLVM IR and the host code generator at
-    ``-O2`` for any x86-64 (launch code: the object serves every machine that shares the cache). The object is linked into the process when loaded (:func:`.jit.load_object`, against
-    ``libmoe_cuda_runtime.so``); its initializer loads the device code. Needs no GPU; ptxas only for cubins."""
-    from . import jit
-
+def build_cuda_kernel(mlir: str, dest: Path, runtime: str, chip: str, header: str = "") -> None:
+    """Compiles a kernel module for ``chip`` into the shared object ``dest`` (atomically), in this process
+    (:mod:`.compiler`): canonicalize and ``moe-lower-to-nvvm`` (the device code embedded in the format of
+    :func:`cuda_binary_format`, results as out-params, no wait at return), LLVM IR, the host code generator at
+    ``-O2`` for any x86-64 (launch code: the file serves every machine that shares the cache) and lld, against
+    ``libmoe_cuda_runtime.so`` (``runtime``); its constructor loads the device code. Needs no GPU; ptxas only for
+    cubins."""
     toolkit = cuda_toolkit()
     fmt = cuda_binary_format(toolkit)
-    part = _part(dest)
-    try:
-        jit.compile_object(header + mlir, f"canonicalize,moe-lower-to-nvvm{{chip={chip} format={fmt} toolkit={toolkit} "
-                           "results-to-out-params=true wait-at-return=false}", part, "x86-64", opt_level=2)
-    except jit.JitError as e:
-        part.unlink(missing_ok=True)
-        raise CompileError(f"building the CUDA kernel for {chip}: {e}") from None
-    publish(part, dest)
+    _compile(header + mlir, f"canonicalize,moe-lower-to-nvvm{{chip={chip} format={fmt} toolkit={toolkit} "
+             "results-to-out-params=true wait-at-return=false}", dest, "x86-64", 2, runtime,
+             f"building the CUDA kernel for {chip}")
 
 
 def build_cuda_library(mlir: str, dest: Path, moe_opt: str, rt_dir: str, chip: str, header: str = "") -> None:

@@ -77,14 +77,14 @@ def _enable_cuda(lib: ctypes.PyDLL) -> Optional[str]:
         return "libmoe_torch.so was built without the CUDA kernels (no CUDA toolkit at configure time)"
     if not torch.cuda.is_available():
         return "no CUDA device"
-    from . import cuda, jit
+    from . import compiler, cuda
 
     try:
         cuda.runtime()
     except OSError as err:  # FileNotFoundError too
         return f"the CUDA runtime does not load: {err}"
-    if jit.library_path() is None and not os.environ.get("MOE_KERNEL_PREBUILT"):
-        return f"neither {jit.LIBRARY} (to compile the CUDA kernels) nor $MOE_KERNEL_PREBUILT (prebuilt ones)"
+    if compiler.library_path() is None and not os.environ.get("MOE_KERNEL_PREBUILT"):
+        return f"neither {compiler.LIBRARY} (to compile the CUDA kernels) nor $MOE_KERNEL_PREBUILT (prebuilt ones)"
     lib.moeTorchEnableCuda.argtypes = []
     lib.moeTorchEnableCuda.restype = ctypes.c_int32
     if lib.moeTorchEnableCuda() != 0:
