@@ -13,6 +13,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "MoE/Runtime/Executor.h"
+#include "CompileSupport.h"
 #include "MoE/IR/MoEDialect.h"
 #include "MoE/Pipelines/Pipelines.h"
 #include "MoE/Runtime/ErrorReporting.h"
@@ -56,6 +57,8 @@
 
 using namespace mlir;
 using namespace mlir::moe;
+using compile_support::codeGenLevel;
+using compile_support::DiagnosticCollector;
 using llvm::Error;
 using llvm::Expected;
 
@@ -182,45 +185,6 @@ static TensorSignature toSignature(Type type) {
 
 namespace {
 /// "error", "warning", "note" or "remark", as MLIR prints a diagnostic.
-StringRef severityName(DiagnosticSeverity severity) {
-  static constexpr std::pair<DiagnosticSeverity, StringLiteral> kNames[] = {
-      {DiagnosticSeverity::Error, "error"},
-      {DiagnosticSeverity::Warning, "warning"},
-      {DiagnosticSeverity::Note, "note"},
-      {DiagnosticSeverity::Remark, "remark"}};
-  for (auto [s, name] : kNames)
-    if (s == severity)
-      return name;
-  llvm_unreachable("unknown diagnostic severity");
-}
-
-/// Collects the diagnostics of a compilation into one string.
-struct DiagnosticCollector {
-  explicit DiagnosticCollector(MLIRContext &ctx)
-      : handler(&ctx, [this](Diagnostic &diag) {
-          llvm::raw_string_ostream os(messages);
-          os << "\n  " << diag.getLocation() << ": ";
-          os << severityName(diag.getSeverity()) << ": " << diag;
-          for (Diagnostic &note : diag.getNotes())
-            os << "\n    note: " << note;
-          return success();
-        }) {}
-  std::string messages;
-  ScopedDiagnosticHandler handler;
-};
-
-llvm::CodeGenOptLevel codeGenLevel(unsigned optLevel) {
-  switch (optLevel) {
-  case 0:
-    return llvm::CodeGenOptLevel::None;
-  case 1:
-    return llvm::CodeGenOptLevel::Less;
-  case 2:
-    return llvm::CodeGenOptLevel::Default;
-  default:
-    return llvm::CodeGenOptLevel::Aggressive;
-  }
-}
 } // namespace
 
 static Error makeError(const llvm::Twine &msg) {

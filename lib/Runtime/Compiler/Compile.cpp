@@ -13,6 +13,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "../CompileSupport.h"
 #include "ErrorBuffer.h"
 #include "MoE/Runtime/KernelCompiler.h"
 
@@ -24,7 +25,6 @@
 #include "MoE/Transforms/Passes.h"
 
 #include "mlir/ExecutionEngine/OptUtils.h"
-#include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/InitAllDialects.h"
 #include "mlir/InitAllExtensions.h"
@@ -36,8 +36,6 @@
 #include "mlir/Target/LLVMIR/Export.h"
 
 #include "llvm/ADT/STLExtras.h"
-#include "llvm/IR/Constants.h"
-#include "llvm/IR/IRBuilder.h"
 #include "llvm/IR/LegacyPassManager.h"
 #include "llvm/IR/Module.h"
 #include "llvm/IR/Verifier.h"
@@ -49,13 +47,11 @@
 #include "llvm/Support/raw_ostream.h"
 #include "llvm/Target/TargetMachine.h"
 #include "llvm/TargetParser/Host.h"
-#include "llvm/Transforms/Utils/ModuleUtils.h"
 
 #include "lld/Common/Driver.h"
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -72,20 +68,6 @@ llvm::PassPluginLibraryInfo getPollyPluginInfo() {
 }
 
 namespace {
-
-/// Every diagnostic of a compilation, in order, for the caller's message.
-struct DiagnosticCollector {
-  explicit DiagnosticCollector(MLIRContext &context)
-      : handler(&context, [this](Diagnostic &diag) {
-          llvm::raw_string_ostream os(messages);
-          os << "\n" << diag.getLocation() << ": " << diag;
-          for (Diagnostic &note : diag.getNotes())
-            os << "\n  note: " << note.getLocation() << ": " << note;
-          return success();
-        }) {}
-  std::string messages;
-  ScopedDiagnosticHandler handler;
-};
 
 /// The passes and dialects moe-opt registers, once per process.
 const DialectRegistry &registry() {
@@ -125,11 +107,8 @@ hostTargetMachine(llvm::StringRef cpu, int optLevel) {
   if (!t)
     return llvm::createStringError("no LLVM target for " + triple.str() + ": " +
                                    error);
-  llvm::CodeGenOptLevel level = optLevel <= 0   ? llvm::CodeGenOptLevel::None
-                                : optLevel == 1 ? llvm::CodeGenOptLevel::Less
-                                : optLevel == 2
-                                    ? llvm::CodeGenOptLevel::Default
-                                    : llvm::CodeGenOptLevel::Aggressive;
+  llvm::CodeGenOptLevel level =
+      moe::compile_support::codeGenLevel(std::max(optLevel, 0));
   llvm::TargetOptions options;
   // Constructors in .init_array, which the dynamic loader runs (.ctors
   // needs crtbegin, which no kernel links): the CUDA kernels load their
@@ -192,7 +171,7 @@ int32_t compile(llvm::StringRef text, llvm::StringRef pipeline,
                 double stages[5], std::string &error) {
   Clock::time_point start = Clock::now();
   MLIRContext context(registry(), MLIRContext::Threading::DISABLED);
-  DiagnosticCollector diagnostics(context);
+  moe::compile_support::DiagnosticCollector diagnostics(context);
   // The parser would overflow its stack on deeper nesting (NestingDepth.h).
   if (std::optional<size_t> at = moe::findExcessiveNesting(text)) {
     error = "cannot parse the module: brackets nested deeper than " +
@@ -234,8 +213,10 @@ int32_t compile(llvm::StringRef text, llvm::StringRef pipeline,
   }
   llvmModule->setTargetTriple((*tm)->getTargetTriple());
   llvmModule->setDataLayout((*tm)->createDataLayout());
-  if (llvm::verifyModule(*llvmModule, &llvm::errs())) {
-    error = "the translated module is not valid LLVM IR";
+  std::string invalid;
+  llvm::raw_string_ostream why(invalid);
+  if (llvm::verifyModule(*llvmModule, &why)) {
+    error = "the translated module is not valid LLVM IR: " + invalid;
     return 1;
   }
   stages[1] = lap(start);
