@@ -1527,23 +1527,35 @@ static constexpr int64_t kSplitBelowBlocks = 2 * 132;
 /// them in split order (deterministic): M = max m_s, w_s = 2^(m_s - M),
 /// out = sum w_s acc_s / sum w_s l_s (0 for a row without keys), lse = M ln 2
 /// + ln sum w_s l_s.
-static void launchSplitFlashMixMma(HostCode &h, StringRef name,
-                                   const FlashMixSpec &spec,
-                                   const FlashMmaTile &tile, Value q,
-                                   ValueRange args, TypeRange workgroup,
-                                   Location loc) {
-  GpuKernelBuilder &kb = h.kb;
-  const int64_t K = spec.numExperts;
+/// The splits of the keys the host picks: min(keySplits, ceil(264 / blocks),
+/// key tiles), at least 1.
+static Value flashMmaSplits(GpuKernelBuilder &kb, const FlashMmaTile &tile,
+                            Value q, ValueRange args) {
   Value B = kb.dim(q, 0), N = kb.dim(q, 1), Nk = kb.dim(args[1], 1);
   Value grid = kb.ceilDiv(N, kb.idx(kRows * tile.rowTiles));
   Value want = kb.ceilDiv(kb.idx(kSplitBelowBlocks), kb.mul(grid, B));
   Value tiles = kb.maxs(kb.ceilDiv(Nk, kb.idx(tile.cols)), kb.idx(1));
   Value splits = kb.minu(kb.minu(want, kb.idx(tile.keySplits)), tiles);
-  splits = kb.maxs(splits, kb.idx(1));
+  return kb.maxs(splits, kb.idx(1));
+}
+
+/// `run`: whether the split pair runs (more than one split); where not, its
+/// kernels launch over empty grids, which the runtime does not launch, and its
+/// workspace is empty (no allocation).
+static void launchSplitFlashMixMma(HostCode &h, StringRef name,
+                                   const FlashMixSpec &spec,
+                                   const FlashMmaTile &tile, Value q,
+                                   ValueRange args, TypeRange workgroup,
+                                   Location loc, Value splits, Value run) {
+  GpuKernelBuilder &kb = h.kb;
+  const int64_t K = spec.numExperts;
+  Value B = kb.dim(q, 0), N = kb.dim(q, 1);
+  Value grid = kb.select(run, kb.ceilDiv(N, kb.idx(kRows * tile.rowTiles)),
+                         kb.idx(0));
   auto wsType = MemRefType::get(
       {ShapedType::kDynamic, ShapedType::kDynamic, ShapedType::kDynamic, K + 2},
       kb.f32());
-  Value ws = h.alloc(wsType, {splits, B, N});
+  Value ws = h.alloc(wsType, {kb.select(run, splits, kb.idx(0)), B, N});
   SmallVector<Value> operands(args);
   operands.push_back(ws);
   {
@@ -1597,7 +1609,7 @@ static void launchSplitFlashMixMma(HostCode &h, StringRef name,
     if (lse)
       ck.store(softmaxLogSumExp(ck, state), lse, {bi, row});
   });
-  comb.launchOver(kb.mul(B, N));
+  comb.launchOver(kb.select(run, kb.mul(B, N), kb.idx(0)));
   h.release(ws);
 }
 
@@ -1614,17 +1626,34 @@ void mlir::moe::gpu_lowering::launchFlashMixMma(HostCode &h, StringRef name,
     for (MemRefType type : flashMmaSharedTypes(tile, elt))
       workgroup.push_back(type);
   GpuKernelBuilder &kb = h.kb;
+  // Launches the kernel of `direct` (no split) where `run` holds (null:
+  // always), else over an empty grid.
+  auto launchDirect = [&](const FlashMmaTile &direct, Value run) {
+    GPUKernel kernel(h, name, args, workgroup, {kThreads, 1, 1}, loc);
+    // ldmatrix, cp.async and the 16-byte stores need 16-byte aligned rows.
+    alignWorkgroupBuffers(kernel.func);
+    kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
+                         kernel.b.getI32IntegerAttr(direct.blocksPerSM));
+    emitFlashMixMma(kernel, spec, direct, elt);
+    Value grid = kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows * direct.rowTiles));
+    if (run)
+      grid = kb.select(run, grid, kb.idx(0));
+    kernel.launch({grid, kb.dim(q, 0), kb.idx(1)},
+                  flashMmaDynamicBytes(h.b, direct, elt));
+  };
   if (tile.keySplits > 1) {
-    launchSplitFlashMixMma(h, name, spec, tile, q, args, workgroup, loc);
+    // One split (a grid of 264 blocks or more, or one key tile): the direct
+    // kernel, without the split pair's workspace round trip and second
+    // launch (an H200 decode step, B = 1, N = 64: 6.5 us through the pair
+    // against 3.3 for the 64-row kernel); the pair over empty grids.
+    FlashMmaTile direct = tile;
+    direct.keySplits = 1;
+    Value splits = flashMmaSplits(kb, tile, q, args);
+    Value one = kb.eq(splits, kb.idx(1));
+    launchDirect(direct, one);
+    launchSplitFlashMixMma(h, name, spec, tile, q, args, workgroup, loc, splits,
+                           kb.notI1(one));
     return;
   }
-  GPUKernel kernel(h, name, args, workgroup, {kThreads, 1, 1}, loc);
-  // ldmatrix, cp.async and the 16-byte stores need 16-byte aligned rows.
-  alignWorkgroupBuffers(kernel.func);
-  kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
-                       kernel.b.getI32IntegerAttr(tile.blocksPerSM));
-  emitFlashMixMma(kernel, spec, tile, elt);
-  Value grid = kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows * tile.rowTiles));
-  kernel.launch({grid, kb.dim(q, 0), kb.idx(1)},
-                flashMmaDynamicBytes(h.b, tile, elt));
+  launchDirect(tile, Value());
 }

@@ -72,7 +72,12 @@
 // min(4, ceil(264 / blocks), key tiles), at least 1 (264: twice an H100's
 // 132 multiprocessors). The SIMT interpreter runs both kernels against the
 // float64 reference (test_flash_mma_simt.py::test_flash_mma_key_splits).
+// Where S = 1 (a grid of 264 blocks or more, or one key tile: a decode
+// step) the direct kernel runs alone, without the workspace's round trip
+// and the second launch, and the split pair launches over empty grids.
 // SPLIT-LABEL: gpu.func @similarity_inform_mma_0(
+// SPLIT-SAME: %{{[a-z0-9]+}}: memref<1x16384x16xf32>) workgroup
+// SPLIT-LABEL: gpu.func @similarity_inform_mma_1(
 // SPLIT-SAME: %[[WS:[a-z0-9]+]]: memref<?x?x?x18xf32>)
 // In tiles of 64 keys: split z's [lo, hi) of the block's tiles.
 // SPLIT: %[[TILES:.+]] = arith.ceildivui %{{.+}}, %c64
@@ -94,8 +99,13 @@
 // SPLIT: %[[CAP:.+]] = arith.minui %[[WANT]], %c4
 // SPLIT: %[[S1:.+]] = arith.minui %[[CAP]],
 // SPLIT: %[[NS:.+]] = arith.maxsi %[[S1]], %c1
-// SPLIT: %[[BUF:.+]], %{{.+}} = gpu.alloc async [%{{.+}}] (%[[NS]], %{{.+}}, %{{.+}}) : memref<?x?x?x18xf32>
-// SPLIT: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_mma_0 blocks in (%{{.+}}, %{{.+}}, %[[NS]])
+// SPLIT: %[[ONE:.+]] = arith.cmpi eq, %[[NS]], %c1
+// SPLIT: %[[DG:.+]] = arith.select %[[ONE]], %{{.+}}, %c0
+// SPLIT: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_mma_0 blocks in (%[[DG]], %{{.+}}, %c1
+// SPLIT: %[[MANY:.+]] = arith.xori %[[ONE]], %true
+// SPLIT: %[[WSN:.+]] = arith.select %[[MANY]], %[[NS]], %c0
+// SPLIT: %[[BUF:.+]], %{{.+}} = gpu.alloc async [%{{.+}}] (%[[WSN]], %{{.+}}, %{{.+}}) : memref<?x?x?x18xf32>
+// SPLIT: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_mma_1 blocks in (%{{.+}}, %{{.+}}, %[[NS]])
 // SPLIT: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_mma_combine_0
 // SPLIT: gpu.dealloc async {{.*}} %[[BUF]]
 // Where the 128-row kernel does not apply (D = 256, the fused top-k), no split.
