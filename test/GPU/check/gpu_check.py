@@ -22,6 +22,9 @@ Steps, in order (MOE_GPU_CHECK_STEPS=a,b,... picks some; artifacts and build alw
   torch-ops     python/tests/test_torch_ops_cuda.py: torch.ops.moe.* on CUDA tensors (libmoe_torch built here,
                 the kernels prebuilt in kernels/ by scripts/gpu-check.sh), when the
                 checkout around this folder (or $MOE_REPO) has it; skipped with the reason if not
+  torch-ops-compile  the same with no prebuilt kernel: every CUDA kernel compiled in the test's process by
+                $MOE_COMPILER (libmoe_compiler.so, no LLVM needed), as fatbins with ptxas and as PTX without
+                (skipped without $MOE_COMPILER; $MOE_GPU_CHECK_COMPILE_SAMPLE: a pytest -k expression)
   hf-models     python/tests/test_hf_models.py -k matches_eager on CUDA: transformers' MoE blocks and routers and the
                 seed blocks through torch.compile(backend="moe") and moe_mlir.compile (inductor's Triton for the
                 dense code), equal to eager at three token counts; test_grouped_mm.py's CUDA tests (the padded
@@ -223,6 +226,46 @@ def toolkit_root():
     return ""
 
 
+def cuda_toolkit():
+    """The CUDA toolkit the kernels are compiled with: $MOE_CUDA_TOOLKIT, else ptxas's, else /usr/local/cuda."""
+    ptxas = shutil.which("ptxas")
+    return (os.environ.get("MOE_CUDA_TOOLKIT") or
+            (os.path.dirname(os.path.dirname(os.path.realpath(ptxas))) if ptxas else "/usr/local/cuda"))
+
+
+def compile_step(ctx, torch_ops_step, torch_ops):
+    """torch-ops-compile: test_torch_ops_cuda.py with no prebuilt kernel, every CUDA kernel compiled on this machine
+    in the test's process by $MOE_COMPILER (libmoe_compiler.so, which needs no LLVM; e.g. unzipped from the wheel's
+    moe_mlir/_bundle/lib): once with the toolkit's ptxas (fatbins: cubin + PTX), once with a toolkit that has no
+    bin/ (PTX alone, compiled by the driver when loaded). Each pass starts from an empty kernel cache and must fill
+    it. $MOE_GPU_CHECK_COMPILE_SAMPLE: a pytest -k expression (default: every test)."""
+    lib = os.environ.get("MOE_COMPILER")
+    if not lib or not os.path.isfile(lib):
+        return None, "no $MOE_COMPILER (libmoe_compiler.so, e.g. from the wheel's moe_mlir/_bundle/lib)"
+    made = torch_ops_step(ctx, [])
+    if made[0] is None or made[0][:1] == ["sh"]:
+        return made
+    _, env, cwd = made
+    toolkit = cuda_toolkit()
+    no_bin = os.path.join(ctx.logs, "toolkit-without-bin")
+    os.makedirs(no_bin, exist_ok=True)
+    for entry in os.listdir(toolkit):                    # libdevice (nvvm/), headers: all but the programs
+        if entry != "bin" and not os.path.lexists(os.path.join(no_bin, entry)):
+            os.symlink(os.path.join(toolkit, entry), os.path.join(no_bin, entry))
+    sample = os.environ.get("MOE_GPU_CHECK_COMPILE_SAMPLE", "")
+    pytest = [ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"] + \
+        (["-k", sample] if sample else []) + [torch_ops]
+    passes = []
+    for fmt, tk in (("fatbin", toolkit), ("isa", no_bin)):
+        cache = os.path.join(ctx.logs, f"kernel-cache-{fmt}")
+        shutil.rmtree(cache, ignore_errors=True)
+        q = shlex.quote
+        passes.append(f"echo '== {fmt} ({tk})' && MOE_KERNEL_CACHE={q(cache)} MOE_CUDA_TOOLKIT={q(tk)} "
+                      f"{' '.join(q(c) for c in pytest)} && n=$(find {q(cache)} -name '*.so' | wc -l) && "
+                      f"echo \"{fmt}: $n kernels compiled in process\" && test \"$n\" -gt 0")
+    return ["bash", "-c", " && ".join(passes)], dict(env, MOE_KERNEL_PREBUILT="", MOE_COMPILER=lib), cwd
+
+
 def sanitizer(ctx, tool, extra):
     if not shutil.which("compute-sanitizer"):
         return None, "compute-sanitizer is not on PATH"
@@ -285,6 +328,7 @@ def steps(ctx):
                                            ctx.env(MOE_CUDA_FORCE_PTX="1"))),
         ("torch-ops", True, 300, lambda: torch_ops_step(
             ctx, [ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", torch_ops])),
+        ("torch-ops-compile", True, 480, lambda: compile_step(ctx, torch_ops_step, torch_ops)),
         ("hf-models", True, 300, lambda: torch_ops_step(ctx, [
             ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-k", "matches_eager or cuda",
             os.path.join(ctx.repo, "python", "tests", "test_hf_models.py"),
