@@ -589,14 +589,14 @@ def case_topk(lib, g):
         view.copy_(x)
         return view
 
-    # 2100 tokens: past the 2048 up to which topk-rounds=list-redux (the default on sm_80+) runs the redux kernel,
+    # 6200 tokens: past the 6144 up to which topk-rounds=list-redux (the default on sm_80+) runs the redux kernel,
     # so these shapes check the list kernel and the cases above (300 tokens and fewer) the redux one.
-    shapes = [("topk_shapes_160_bf16", (2100, 160), torch.bfloat16, 8, "logits", True),
-              ("topk_shapes_288_k32", (2100, 288), torch.float32, 32, "logits", True),
-              ("topk_shapes_384_f16", (2100, 384), torch.float16, 8, "probs", True),
-              ("topk_shapes_896_dense", (2100, 896), torch.float32, 8, "logits", False),
-              ("topk_shapes_100_raw", (2100, 100), torch.float32, 20, "probs", False),
-              ("topk_shapes_62", (2100, 62), torch.float32, 5, "logits", True)]
+    shapes = [("topk_shapes_160_bf16", (6200, 160), torch.bfloat16, 8, "logits", True),
+              ("topk_shapes_288_k32", (6200, 288), torch.float32, 32, "logits", True),
+              ("topk_shapes_384_f16", (6200, 384), torch.float16, 8, "probs", True),
+              ("topk_shapes_896_dense", (6200, 896), torch.float32, 8, "logits", False),
+              ("topk_shapes_100_raw", (6200, 100), torch.float32, 20, "probs", False),
+              ("topk_shapes_62", (6200, 62), torch.float32, 5, "logits", True)]
     for fn, shape, dtype, k, mode, renorm in shapes:
         x = torch.randn(*shape, generator=g) if mode == "logits" else torch.rand(*shape, generator=g)
         x = adversarial(x.to(DEV).to(dtype))

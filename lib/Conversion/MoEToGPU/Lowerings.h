@@ -354,9 +354,7 @@ routeLanesMapOf(int64_t E, const kernels::RouteSpec &spec, Type elt);
 
 /// The score of one expert as the route-map=lanes kernel computes it: sigmoid
 /// on the SFU (ex2.approx + rcp.approx, a few ulps from kernels::sigmoid),
-/// every other score as MoE/Kernels/Route.h's routeScore. The warp kernel's
-/// replay of a shape the lanes kernel routes scores with it too, so that a
-/// router's own choice replayed gives its weights bit for bit.
+/// every other score as MoE/Kernels/Route.h's routeScore.
 Value routeLanesScore(GpuKernelBuilder &kb, const kernels::RouteSpec &spec,
                       Value x, Value rowMax, Value rowSum);
 
@@ -368,11 +366,13 @@ int64_t routeLanesBlockSize(const RouteLanesMap &map, int64_t blockSize,
 
 /// Defines and launches the route-map=lanes kernel of moe.route on x [T, E]
 /// (bias [E] or null) into weights/indices [T, k] with `blockSize` threads a
-/// block (routeLanesBlockSize) (RouteLanes.cpp).
+/// block (routeLanesBlockSize) (RouteLanes.cpp); with `replay` [T, k] (else
+/// null) the choice given, an index outside [0, E) reported through the
+/// error word `word`.
 void launchRouteLanes(class HostCode &h, const kernels::RouteSpec &spec,
                       const RouteLanesMap &map, int64_t numExperts,
                       int64_t blockSize, Value x, Value bias, Value weights,
-                      Value indices, Location loc);
+                      Value indices, Value replay, Value word, Location loc);
 
 /// Why moe.dispatch_plan `op` has no GPU lowering (an error on the op), or
 /// success.

@@ -28,7 +28,9 @@
 // With `replay` (the choice given) steps 1-3 are the softmax statistics (a
 // softmax score only) and one pass of lane j % W over the given index of pick
 // j, checked against E (an index outside [0, E) is reported through the error
-// word and read as expert 0); route-map=lanes takes the same kernel.
+// word and read as expert 0). Where route-map=lanes routes the shape, its
+// kernel replays too (RouteLanes.cpp: the weights of a routing's own choice
+// replayed come out bit for bit only from the kernel that made it).
 //
 // The maths of every step is MoE/Kernels/Route.h's (routeScore, routeChoice,
 // routeGroupCandidate, routeKeepGroups, routeRounds, routeWeights), shared
@@ -70,14 +72,10 @@ constexpr int64_t kRouteMaxGroups = 64;
 /// The kernel of one token per group of `width` lanes (the file header).
 class RouteWarpKernel {
 public:
-  /// `lanesScore`: the replay scores as the route-map=lanes kernel, which
-  /// routes this shape without a replay (routeLanesScore).
   RouteWarpKernel(GpuKernelBuilder &kb, const RouteSpec &spec,
-                  int64_t numExperts, int64_t width, int64_t blockSize,
-                  bool lanesScore = false)
+                  int64_t numExperts, int64_t width, int64_t blockSize)
       : kb(kb), spec(spec), numExperts(numExperts), width(width),
-        blockSize(blockSize), vpt(llvm::divideCeil(numExperts, width)),
-        lanesScore(lanesScore) {}
+        blockSize(blockSize), vpt(llvm::divideCeil(numExperts, width)) {}
 
   void emit(Value x, Value bias, Value weights, Value indices,
             Value replay = Value(), Value word = Value()) {
@@ -112,7 +110,6 @@ private:
   GpuKernelBuilder &kb;
   const RouteSpec &spec;
   int64_t numExperts, width, blockSize, vpt;
-  bool lanesScore;
   Value x, lane, active, row, none;
   Value rowMax, rowSum;
   /// Per value m of this lane: the expert (i32), whether it exists (null when
@@ -176,9 +173,7 @@ private:
         });
         Value index = pick.expert;
         Value logit = kb.loadF(x, {row, kb.castInt(index, kb.index())});
-        Value score = lanesScore
-                          ? routeLanesScore(kb, spec, logit, rowMax, rowSum)
-                          : routeScore(kb, spec, logit, rowMax, rowSum);
+        Value score = routeScore(kb, spec, logit, rowMax, rowSum);
         kb.store(score, weights, {row, j});
         kb.store(index, indices, {row, j});
       });
@@ -319,11 +314,6 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
   if (options.routeMap == "lanes" && !ShapedType::isDynamic(numExperts) &&
       spec.groups <= kRouteMaxGroups)
     lanes = routeLanesMapOf(numExperts, spec, logitsType.getElementType());
-  // A replayed choice has no selection to map: the warp kernel reads it, and
-  // scores as the lanes kernel would have where that one routes the shape.
-  bool lanesScore = lanes.has_value();
-  if (op.getReplay())
-    lanes.reset();
   if (!lanes &&
       (ShapedType::isDynamic(numExperts) || numExperts > kRouteMaxExperts))
     return op.emitOpError("GPU lowering needs a static expert count <= ")
@@ -366,10 +356,12 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
     h.replace({op.getOperation(), planOp.getOperation()}, buffers);
   };
   if (lanes) {
+    Value replay = adaptor.getReplay() ? h.buffer(adaptor.getReplay()) : Value();
     launchRouteLanes(h, spec, *lanes, numExperts,
                      routeLanesBlockSize(*lanes, options.blockSize,
                                          options.sharedMemoryBytes),
-                     x, bias, weights, indices, op.getLoc());
+                     x, bias, weights, indices, replay,
+                     replay ? h.errorWord() : Value(), op.getLoc());
     finish();
     return success();
   }
@@ -388,7 +380,7 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
   size_t out = bias ? 2 : 1;
   Value replay = adaptor.getReplay() ? kernel.arg(out + 2) : Value();
   Value word = adaptor.getReplay() ? kernel.arg(out + 3) : Value();
-  RouteWarpKernel(kernel.kb, spec, numExperts, width, block, lanesScore)
+  RouteWarpKernel(kernel.kb, spec, numExperts, width, block)
       .emit(kernel.arg(0), bias ? kernel.arg(1) : Value(), kernel.arg(out),
             kernel.arg(out + 1), replay, word);
   Value grid = kb.ceilDiv(kb.dim(x, 0), kb.idx(block / width));

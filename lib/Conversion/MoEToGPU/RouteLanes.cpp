@@ -33,6 +33,11 @@
 //    (topk_then_score), renormalized over the W lanes, scaled, stored with
 //    the index: consecutive lanes, consecutive picks.
 //
+// With `replay` (the choice given) steps 3-4 are skipped: pick j's index is
+// read from the given indices into the slot the top-k would have put it in,
+// and step 5 weighs it, so that a routing's own choice replayed gives its
+// weights bit for bit (the same scores, sums and butterflies).
+//
 // How it differs from SGLang's: any E up to 4096 (not only powers of two;
 // 128 experts a lane above 2048) and groups of any size that split evenly
 // over q lanes or fit whole on a lane (32 groups of 64: one a lane; 64 of
@@ -49,6 +54,7 @@
 #include "KernelUtils.h"
 #include "Lowerings.h"
 
+#include "MoE/Kernels/IndexErrors.h"
 #include "MoE/Kernels/Route.h"
 
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
@@ -183,7 +189,10 @@ public:
       : kb(kb), spec(spec), map(map), E(numExperts), W(map.width),
         P(map.perLane), blockSize(blockSize) {}
 
-  void emit(Value x, Value bias, Value weights, Value indices, Value smem) {
+  /// `replay` (null: route): the choice given, and the error word an index
+  /// outside [0, E) is reported through.
+  void emit(Value x, Value bias, Value weights, Value indices, Value smem,
+            Value replay = Value(), Value word = Value()) {
     Value tid = kb.threadId();
     lane = kb.remu(tid, kb.idx(W));
     Value numTokens = kb.dim(x, 0);
@@ -203,6 +212,10 @@ public:
     SmallVector<Value> xs, bs;
     loadLane(x, bias, xs, bs);
     SmallVector<Value> keys = scoreAndKey(xs, bs);
+    if (replay) {
+      storeWeights(replayPicks(replay, word), weights, indices);
+      return;
+    }
     if (spec.groups > 1)
       dropGroups(keys);
     SmallVector<int64_t> positions;
@@ -404,6 +417,34 @@ private:
     }
   }
 
+  /// Steps 3-4 with the choice given: slot s of a lane holds pick lane + s*W
+  /// as the top-k places it, its index read from `replay` (one outside
+  /// [0, E) reported and read as expert 0: kernels::routeReplayPick). Step 5
+  /// then weighs the picks from the same scores, in the same slots and
+  /// butterflies, as a routing by this kernel: its own choice replayed gives
+  /// its weights bit for bit.
+  ListPicks replayPicks(Value replay, Value word) {
+    ListPicks picks;
+    Value k = kb.idx(spec.k);
+    const int64_t slots = llvm::divideCeil(spec.k, W);
+    for (int64_t s = 0; s < slots; ++s) {
+      Value j = kb.add(lane, kb.idx(s * W));
+      Value valid = (s + 1) * W <= spec.k ? kb.cBool(true) : kb.lt(j, k);
+      Value safe = kb.select(valid, j, kb.idx(0));
+      RouteReplayPick pick =
+          routeReplayPick(kb, kb.load(replay, {row, safe}), kb.cI64(E));
+      kb.ifThen(kb.andI(kb.andI(active, valid), kb.notI1(pick.inRange)), [&] {
+        Value position = kb.castInt(kb.add(kb.mul(row, k), j), kb.i64());
+        emitRecordIndexError(kb, word, kMoEErrorRouteReplay, position,
+                             pick.given, kb.cI64(E));
+      });
+      picks.keys.push_back(pick.expert);
+      picks.indices.push_back(pick.expert);
+      picks.valid.push_back(valid);
+    }
+    return picks;
+  }
+
   /// Step 5: the picks' weights from their sources in shared memory,
   /// stored with their indices.
   void storeWeights(const ListPicks &picks, Value weights, Value indices) {
@@ -471,19 +512,24 @@ int64_t mlir::moe::gpu_lowering::routeLanesBlockSize(
 void mlir::moe::gpu_lowering::launchRouteLanes(
     HostCode &h, const RouteSpec &spec, const RouteLanesMap &map,
     int64_t numExperts, int64_t blockSize, Value x, Value bias, Value weights,
-    Value indices, Location loc) {
+    Value indices, Value replay, Value word, Location loc) {
   SmallVector<Value> args = {x};
   if (bias)
     args.push_back(bias);
+  size_t out = args.size();
   args.append({weights, indices});
+  // Replay: the given indices and the error word after the outputs.
+  if (replay)
+    args.append({replay, word});
   Type f32 = h.b.getF32Type();
   GPUKernel kernel(h, "route_lanes", args,
                    {workgroupMemRef({blockSize * (map.perLane + 1)}, f32)},
                    {blockSize, 1, 1}, loc);
   RouteLanesKernel(kernel.kb, spec, map, numExperts, blockSize)
-      .emit(kernel.arg(0), bias ? kernel.arg(1) : Value(),
-            kernel.arg(args.size() - 2), kernel.arg(args.size() - 1),
-            kernel.workgroup(0));
+      .emit(kernel.arg(0), bias ? kernel.arg(1) : Value(), kernel.arg(out),
+            kernel.arg(out + 1), kernel.workgroup(0),
+            replay ? kernel.arg(out + 2) : Value(),
+            replay ? kernel.arg(out + 3) : Value());
   GpuKernelBuilder &kb = h.kb;
   Value grid = kb.ceilDiv(kb.dim(x, 0), kb.idx(blockSize / map.width));
   kernel.launch({grid, kb.idx(1), kb.idx(1)});

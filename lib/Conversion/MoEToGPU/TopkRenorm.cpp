@@ -66,13 +66,12 @@ Value mlir::moe::gpu_lowering::viewAs2D(ImplicitLocOpBuilder &b, Value memref) {
 
 /// Largest K handled with the scores in registers (32 per lane).
 static constexpr int64_t kRegisterTopkMaxK = 1024;
-/// topk-rounds=list-redux: the most tokens the redux kernel takes. Measured:
-/// redux ahead at 64 tokens, list at 65536 (H200, 2026-11-26); between them
-/// an estimate: redux's warp a token stays within one wave of an H100/H200
-/// (132 SMs, 64 warps each) and latency-bound up to a few thousand tokens,
-/// where list's fewer instructions a token start to count. The GPU bench's
-/// topk cases at 1024 and 4096 tokens place it at the next GPU run.
-static constexpr int64_t kTopkReduxMaxTokens = 2048;
+/// topk-rounds=list-redux: the most tokens the redux kernel takes. Measured
+/// at K = 256, k = 8 on an H200 (2026-11-26, both kernels in one run, us):
+/// T = 64: redux 2.0, list 3.5; T = 4096: redux 5.37, list 6.14; T = 65536
+/// (K = 128): redux 37.6, list 23.8. Linear in T between the last two, the
+/// lines cross near 7300 tokens: redux up to 6144.
+static constexpr int64_t kTopkReduxMaxTokens = 6144;
 /// Threads of the block-per-token kernel.
 static constexpr int64_t kBlockTopkThreads = 256;
 

@@ -3,14 +3,14 @@
 
 // topk-rounds=list-redux (what moe-lower-to-nvvm's auto picks on sm_80 and later): both register kernels in the
 // module, redux's (a warp a token: 4 tokens a 128-thread block) first, then list's (8 lanes a token at K = 256: 16
-// tokens a block); the host gives redux the tokens up to 2048 and list the rest, the other launch an
+// tokens a block); the host gives redux the tokens up to 6144 and list the rest, the other launch an
 // empty grid that the runtime skips (mgpuLaunchKernel), so that neither waits on a branch.
 
 // CHECK: gpu.func @topk_renorm_warp_0(
 // CHECK: nvvm.redux.sync
 // CHECK: gpu.func @topk_renorm_warp_1(
 // CHECK-LABEL: func.func @topk_dynamic_tokens
-// CHECK: %[[FEW:.+]] = arith.cmpi slt, %[[T:.+]], %c2049
+// CHECK: %[[FEW:.+]] = arith.cmpi slt, %[[T:.+]], %c6145
 // CHECK: %[[RB:.+]] = arith.ceildivui %[[T]], %c4
 // CHECK: %[[RG:.+]] = arith.select %[[FEW]], %[[RB]], %{{.+}} : index
 // CHECK: %[[R:.+]] = gpu.launch_func async [%{{.+}}] @moe_kernels::@topk_renorm_warp_0 blocks in (%[[RG]],

@@ -83,32 +83,32 @@ func.func @topk_no_tokens(%s: tensor<0x16xf32>) -> (tensor<0x2xf32>, tensor<0x2x
   %w, %i = moe.topk_renorm %s k(2) : tensor<0x16xf32> -> tensor<0x2xf32>, tensor<0x2xi32>
   return %w, %i : tensor<0x2xf32>, tensor<0x2xi32>
 }
-// The shapes topk-rounds=list maps differently, at 2100 tokens: past the 2048 up to which the default
+// The shapes topk-rounds=list maps differently, at 6200 tokens: past the 6144 up to which the default
 // on sm_80+ (list-redux) runs redux, so they check the list kernel (topk-rounds=redux: that one): K not a power of two, k up to 32, f16/bf16 rows
 // of 16-byte vectors, a padding run (K = 100), K not a multiple of the vector (62: 4-byte loads).
-func.func @topk_shapes_160_bf16(%s: tensor<2100x160xbf16>) -> (tensor<2100x8xf32>, tensor<2100x8xi32>) {
-  %w, %i = moe.topk_renorm %s k(8) : tensor<2100x160xbf16> -> tensor<2100x8xf32>, tensor<2100x8xi32>
-  return %w, %i : tensor<2100x8xf32>, tensor<2100x8xi32>
+func.func @topk_shapes_160_bf16(%s: tensor<6200x160xbf16>) -> (tensor<6200x8xf32>, tensor<6200x8xi32>) {
+  %w, %i = moe.topk_renorm %s k(8) : tensor<6200x160xbf16> -> tensor<6200x8xf32>, tensor<6200x8xi32>
+  return %w, %i : tensor<6200x8xf32>, tensor<6200x8xi32>
 }
-func.func @topk_shapes_288_k32(%s: tensor<2100x288xf32>) -> (tensor<2100x32xf32>, tensor<2100x32xi32>) {
-  %w, %i = moe.topk_renorm %s k(32) : tensor<2100x288xf32> -> tensor<2100x32xf32>, tensor<2100x32xi32>
-  return %w, %i : tensor<2100x32xf32>, tensor<2100x32xi32>
+func.func @topk_shapes_288_k32(%s: tensor<6200x288xf32>) -> (tensor<6200x32xf32>, tensor<6200x32xi32>) {
+  %w, %i = moe.topk_renorm %s k(32) : tensor<6200x288xf32> -> tensor<6200x32xf32>, tensor<6200x32xi32>
+  return %w, %i : tensor<6200x32xf32>, tensor<6200x32xi32>
 }
-func.func @topk_shapes_384_f16(%s: tensor<2100x384xf16>) -> (tensor<2100x8xf32>, tensor<2100x8xi32>) {
-  %w, %i = moe.topk_renorm %s k(8) mode(probs) : tensor<2100x384xf16> -> tensor<2100x8xf32>, tensor<2100x8xi32>
-  return %w, %i : tensor<2100x8xf32>, tensor<2100x8xi32>
+func.func @topk_shapes_384_f16(%s: tensor<6200x384xf16>) -> (tensor<6200x8xf32>, tensor<6200x8xi32>) {
+  %w, %i = moe.topk_renorm %s k(8) mode(probs) : tensor<6200x384xf16> -> tensor<6200x8xf32>, tensor<6200x8xi32>
+  return %w, %i : tensor<6200x8xf32>, tensor<6200x8xi32>
 }
-func.func @topk_shapes_896_dense(%s: tensor<2100x896xf32>) -> (tensor<2100x8xf32>, tensor<2100x8xi32>) {
-  %w, %i = moe.topk_renorm %s k(8) renormalize(false) : tensor<2100x896xf32> -> tensor<2100x8xf32>, tensor<2100x8xi32>
-  return %w, %i : tensor<2100x8xf32>, tensor<2100x8xi32>
+func.func @topk_shapes_896_dense(%s: tensor<6200x896xf32>) -> (tensor<6200x8xf32>, tensor<6200x8xi32>) {
+  %w, %i = moe.topk_renorm %s k(8) renormalize(false) : tensor<6200x896xf32> -> tensor<6200x8xf32>, tensor<6200x8xi32>
+  return %w, %i : tensor<6200x8xf32>, tensor<6200x8xi32>
 }
-func.func @topk_shapes_100_raw(%s: tensor<2100x100xf32>) -> (tensor<2100x20xf32>, tensor<2100x20xi32>) {
-  %w, %i = moe.topk_renorm %s k(20) mode(probs) renormalize(false) : tensor<2100x100xf32> -> tensor<2100x20xf32>, tensor<2100x20xi32>
-  return %w, %i : tensor<2100x20xf32>, tensor<2100x20xi32>
+func.func @topk_shapes_100_raw(%s: tensor<6200x100xf32>) -> (tensor<6200x20xf32>, tensor<6200x20xi32>) {
+  %w, %i = moe.topk_renorm %s k(20) mode(probs) renormalize(false) : tensor<6200x100xf32> -> tensor<6200x20xf32>, tensor<6200x20xi32>
+  return %w, %i : tensor<6200x20xf32>, tensor<6200x20xi32>
 }
-func.func @topk_shapes_62(%s: tensor<2100x62xf32>) -> (tensor<2100x5xf32>, tensor<2100x5xi32>) {
-  %w, %i = moe.topk_renorm %s k(5) : tensor<2100x62xf32> -> tensor<2100x5xf32>, tensor<2100x5xi32>
-  return %w, %i : tensor<2100x5xf32>, tensor<2100x5xi32>
+func.func @topk_shapes_62(%s: tensor<6200x62xf32>) -> (tensor<6200x5xf32>, tensor<6200x5xi32>) {
+  %w, %i = moe.topk_renorm %s k(5) : tensor<6200x62xf32> -> tensor<6200x5xf32>, tensor<6200x5xi32>
+  return %w, %i : tensor<6200x5xf32>, tensor<6200x5xi32>
 }
 func.func @sim_plain_f16(%u: tensor<3x33x24xf16>, %e: tensor<3x33x8xf16>) -> tensor<3x33x8xf32> {
   %p = moe.similarity_inform %u, %e : tensor<3x33x24xf16>, tensor<3x33x8xf16> -> tensor<3x33x8xf32>

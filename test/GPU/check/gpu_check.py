@@ -263,7 +263,9 @@ def compile_step(ctx, torch_ops_step, torch_ops):
         passes.append(f"echo '== {fmt} ({tk})' && MOE_KERNEL_CACHE={q(cache)} MOE_CUDA_TOOLKIT={q(tk)} "
                       f"{' '.join(q(c) for c in pytest)} && n=$(find {q(cache)} -name '*.so' | wc -l) && "
                       f"echo \"{fmt}: $n kernels compiled in process\" && test \"$n\" -gt 0")
-    return ["bash", "-c", " && ".join(passes)], dict(env, MOE_KERNEL_PREBUILT="", MOE_COMPILER=lib), cwd
+    # Both passes run whatever the first's outcome; the step fails if either does.
+    script = "rc=0; " + " ".join(f"( {p} ) || rc=1;" for p in passes) + " exit $rc"
+    return ["bash", "-c", script], dict(env, MOE_KERNEL_PREBUILT="", MOE_COMPILER=lib), cwd
 
 
 def sanitizer(ctx, tool, extra):

@@ -145,3 +145,94 @@ def test_kernel_equals_reference(E, k, dtype, has_bias, attrs, ref):
         assert all(len(set(row)) == k for row in i.tolist()), "an expert picked twice"
         torch.testing.assert_close(torch.from_numpy(w), rw, rtol=1e-4, atol=1e-5, equal_nan=True,
                                    msg=lambda m: f"weights (misaligned={misalign}): {m}")
+
+
+def lower_replay(E, k, dtype, bias, attrs, itype):
+    t = MLIR_TYPES[dtype]
+    b = f" bias(%b : tensor<{E}xf32>)" if bias else ""
+    arg = f", %b: tensor<{E}xf32>" if bias else ""
+    text = (f"func.func @f(%x: tensor<?x{E}x{t}>{arg}, %r: tensor<?x{k}x{itype}>) -> "
+            f"(tensor<?x{k}xf32>, tensor<?x{k}xi32>) {{\n"
+            f"  %w, %i = moe.route %x{b} replay(%r : tensor<?x{k}x{itype}>) k({k}) {attrs} : tensor<?x{E}x{t}> -> "
+            f"tensor<?x{k}xf32>, tensor<?x{k}xi32>\n  return %w, %i : tensor<?x{k}xf32>, tensor<?x{k}xi32>\n}}\n")
+    out = simt.lower(MOE_OPT, text, "route-map=lanes")
+    assert '"route_lanes_0"' in out, "a replay of a shape the lanes kernel routes is not on the lanes kernel"
+    return out
+
+
+def run_replay(text, x, bias, given, k):
+    """The replaying kernel: (weights, indices, error word [5])."""
+    body = simt.parse(text, "route_lanes_0")
+    T = x.shape[0]
+    w = np.zeros((T, k), np.float32)
+    i = np.zeros((T, k), np.int32)
+    word = np.zeros(5, dtype=np.int64)
+    mem = simt.Memory()
+    arrays = [x] + ([bias] if bias is not None else []) + [w, i, given, word]
+    for a in arrays:
+        mem.add(a, None)
+    word_addr = np.int64(mem.buffers[len(arrays) - 1][0])
+    args = arrays[:-1] + [np.full(simt.LANES, word_addr)]
+    smem = int(re.search(r"memref<(\d+)xf32, #gpu.address_space<workgroup>>", text).group(1))
+    width = int(re.search(r'value = (\d+) : index\}> : \(\) -> index\n\s*%\d+ = "arith.remui"', text).group(1))
+    block = int(re.search(r'known_block_size = array<i32: (\d+), 1, 1>', text).group(1))
+    simt.run_kernel(body, args, block, -(-T // (block // width)), mem, smem_shape=(smem,))
+    return w, i, word
+
+
+# The softmax routers (the row's sum over the token's lanes), an elementwise score with groups, the score after the
+# choice, k = 64 over 4096 experts (several slots a lane), k not a multiple of the lanes.
+REPLAY_CASES = [c for c in CASES if c[:2] in {(160, 6), (128, 8), (20, 4), (288, 32), (4096, 64), (256, 8), (6, 6)}]
+
+
+@pytest.mark.parametrize("E,k,dtype,has_bias,attrs,ref", REPLAY_CASES,
+                         ids=[f"E{c[0]}_k{c[1]}_{c[4].split()[0]}" for c in REPLAY_CASES])
+def test_replay_of_own_choice_is_bit_for_bit(E, k, dtype, has_bias, attrs, ref):
+    """Routing replay on the lanes kernel (issue #48 item 5; the H200 run of 2026-11-26 found DeepSeek-V2's softmax
+    router replayed through the warp kernel a bit off: its row sum in another order): the router's own choice given
+    back gives its weights bit for bit; given indices (i32 and i64, a repeated expert) weigh as the reference; one
+    outside [0, E) is reported through the error word (op code 5, position, value, E) and read as expert 0."""
+    rng = np.random.default_rng(E * 11 + k)
+    T = 21
+    x32 = adversarial(rng.standard_normal((T, E)).astype(np.float32), rng)
+    x32[2] = rng.standard_normal(E)              # a row of -inf has no weights to compare bit for bit (NaN)
+    if dtype == "bf16":
+        x = bf16_bits(x32)
+        xref = torch.from_numpy((x.astype(np.uint32) << 16).view(np.float32))
+    else:
+        x = x32.astype(dtype)
+        xref = torch.from_numpy(x.astype(np.float32))
+        if dtype == np.float16:
+            x = x.view(np.uint16)
+    bias = (rng.random(E) * 0.1).astype(np.float32) if has_bias else None
+    w, i = run(lower(E, k, dtype, has_bias, attrs), x, bias, k, False)
+    for itype, npt in (("i32", np.int32), ("i64", np.int64)):
+        text = lower_replay(E, k, dtype, has_bias, attrs, itype)
+        w2, i2, word = run_replay(text, x, bias, i.astype(npt), k)
+        assert np.array_equal(i2, i) and word[0] == 0
+        assert np.array_equal(w2.view(np.uint32), w.view(np.uint32)), "the own choice's weights not bit for bit"
+        given = rng.integers(0, E, (T, k)).astype(npt)
+        given[0] = given[0, 0]                   # one expert k times
+        w3, i3, word = run_replay(text, x, bias, given, k)
+        assert np.array_equal(i3, given.astype(np.int32)) and word[0] == 0
+        torch.testing.assert_close(torch.from_numpy(w3), ref_replay(xref, given, ref), rtol=1e-4, atol=1e-5,
+                                   equal_nan=True)
+        bad = given.copy()
+        bad[3, k - 1], bad[5, 0] = E, -1
+        w4, i4, word = run_replay(text, x, bias, bad, k)
+        # The first recorded wins; which of the two is first depends on the slots' order.
+        assert word[0] != 0 and word[1] == 5 and word[4] == E, word
+        assert (int(word[2]), int(word[3])) in {(3 * k + k - 1, E), (5 * k, -1)}, word
+        assert i4[3, k - 1] == 0 and i4[5, 0] == 0
+
+
+def ref_replay(x, given, ref):
+    """The weights of the choice `given` (float64): the op's scores at those experts (after the choice for
+    order(topk_then_score): over the given logits alone), renormalized, scaled."""
+    x, idx = x.double(), torch.from_numpy(given.astype(np.int64))
+    scoring = ref.get("scoring", "softmax")
+    score = {"softmax": lambda v: torch.softmax(v, -1), "sigmoid": torch.sigmoid}[scoring]
+    w = score(x).gather(1, idx) if ref.get("order") != "topk_then_score" else score(x.gather(1, idx))
+    if ref.get("renormalize"):
+        w = w / w.sum(-1, keepdim=True)
+    return (w * ref.get("scale", 1.0)).float()
