@@ -4,7 +4,8 @@ same inputs, same run.
   .venv/bin/python -m bench.route_score [--threads 2] [--budget 2.0] [--no-compile]
 
 T = 4096 tokens, E = 256 experts, k = 8, a selection bias, renormalized and scaled weights (DeepSeek-V3 without
-groups). Rows: ``torch.ops.moe.route`` with ``scoring="sigmoid"`` (the preset) and with
+groups). Rows: ``torch.ops.moe.route`` with ``scoring="sigmoid"`` (the preset), with the same sigmoid written in
+Python (``custom_scoring(lambda x: 1 / (1 + exp(-x)))``: what the region costs by itself) and with
 ``custom_scoring(sqrt(softplus(x)))`` (DeepSeek-V4's sqrtsoftplus, a region the dialect has never seen), forward
 and forward + backward (both through the fused moe.route_grad kernel on the CPU), and scoring none (the kernel
 without a score pass); the same PyTorch router eager and under inductor (unless --no-compile). Interleaved rounds;
@@ -59,7 +60,11 @@ def main() -> int:
     logits = torch.randn(T, E, generator=g)
     bias = 0.1 * torch.randn(E, generator=g)
     gw = torch.randn(T, K, generator=g)
-    scorings = {"sigmoid (preset)": "sigmoid", "sqrtsoftplus (custom region)": ops.custom_scoring(sqrtsoftplus)}
+    # The preset against the same function written in Python (what a custom region costs by itself), and a
+    # function the dialect has never seen.
+    scorings = {"sigmoid (preset)": "sigmoid",
+                "sigmoid (custom region)": ops.custom_scoring(lambda x: 1 / (1 + torch.exp(-x))),
+                "sqrtsoftplus (custom region)": ops.custom_scoring(sqrtsoftplus)}
 
     def fwd(scoring):
         return lambda: torch.ops.moe.route(logits, bias, K, scoring, "score_then_topk", 1, 1, "top2_sum", True, SCALE)
