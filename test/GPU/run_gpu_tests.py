@@ -439,6 +439,17 @@ def bal_weights(logits, mask):
             else mask.double())
 
 
+def ref_route_replay(logits, idx, scoring="softmax", order="score_then_topk", renormalize=False, scale=1.0, **_):
+    """The weights (float64) of moe.route with the choice `idx` [T, k] given: the scores at those experts (for
+    order(topk_then_score) over the given logits alone), renormalized, scaled; the groups and the bias only choose."""
+    x, idx = logits.double().cpu(), idx.long().cpu()
+    score = {"softmax": lambda v: torch.softmax(v, -1), "sigmoid": torch.sigmoid}[scoring]
+    w = score(x).gather(1, idx) if order != "topk_then_score" else score(x.gather(1, idx))
+    if renormalize:
+        w = w / w.sum(-1, keepdim=True)
+    return w * scale
+
+
 def ref_router_stats(logits, k, mask=None):
     """moe.router_stats in float64: counts [E], mean_probs [E], weight_sum []. The selection is moe.topk_renorm's
     (a stable descending sort: NaN first, ties to the lowest index); W = 0 gives mean_probs NaN (0/0)."""
@@ -1250,10 +1261,51 @@ def case_route(lib, g):
         check_route(fn, lib, fn, x, bias, k, **attrs)
         check_route(f"{fn} (misaligned)", lib, fn, misaligned(x), bias, k, **attrs)
 
+    case_route_replay(lib, g)
+
     w, i = lib.call("route_no_tokens", [torch.empty(0, 256, device=DEV), torch.zeros(256, device=DEV)],
                     [((0, 8), torch.float32), ((0, 8), torch.int32)])
     if w.numel() or i.numel():
         raise AssertionError("route_no_tokens: results are not empty")
+
+
+def case_route_replay(lib, g):
+    """Routing replay: the router's own choice given back gives its weights bit for bit (the H200 run of
+    2026-11-26 found DeepSeek-V2's softmax router a bit off when another kernel replayed it); given indices (a
+    repeated expert too) weigh as the reference; one outside [0, E) is reported and read as expert 0."""
+    lib.cpu.moeSetErrorEcho(0)
+    cases = [("route_deepseek_v3", (300, 256), True, torch.int64,
+              dict(scoring="sigmoid", n_group=8, topk_group=4, renormalize=True, scale=2.5)),
+             ("route_deepseek_v2", (40, 160), False, torch.int32,
+              dict(n_group=8, topk_group=3, group_score="max", scale=16.0))]
+    for fn, (T, E), has_bias, itype, attrs in cases:
+        k = 8 if has_bias else 6
+        l = torch.randn(T, E, generator=g).to(DEV)
+        l[1] = 0.25                              # ties
+        args = [l] + ([(torch.rand(E, generator=g) * 0.1).to(DEV)] if has_bias else [])
+        outs = [((T, k), torch.float32), ((T, k), torch.int32)]
+        w, i = lib.call(fn, args, outs)
+        w2, i2 = lib.call(f"{fn}_replay", args + [i.to(itype)], outs)
+        err = lib.take_error()
+        if err:
+            raise AssertionError(f"{fn}_replay: the call failed: {err}")
+        same(f"{fn}_replay (own choice) indices", i2, i)
+        if not torch.equal(w2.cpu().view(torch.int32), w.cpu().view(torch.int32)):
+            raise AssertionError(f"{fn}_replay: the own choice's weights are not bit for bit "
+                                 f"(max difference {(w2 - w).abs().max().item():.3g})")
+        given = torch.randint(0, E, (T, k), generator=g, dtype=itype)
+        given[0] = given[0, 0]                   # one expert k times
+        w3, i3 = lib.call(f"{fn}_replay", args + [given.to(DEV)], outs)
+        same(f"{fn}_replay (given) indices", i3, given)
+        close(f"{fn}_replay (given) weights", w3, ref_route_replay(l, given, **attrs), rtol=1e-4, atol=1e-5)
+        bad = given.clone()
+        bad[7, 2] = E
+        w4, i4 = lib.call(f"{fn}_replay", args + [bad.to(DEV)], outs)
+        err = lib.take_error()
+        if not err or "moe.route: 'replay'" not in err or f"element {7 * k + 2} is {E}" not in err:
+            raise AssertionError(f"{fn}_replay: expected an index error for element {7 * k + 2}, got {err!r}")
+        if lib.results_after_error and i4.cpu()[7, 2] != 0:
+            raise AssertionError(f"{fn}_replay: the out-of-range pick was not read as expert 0")
 
 
 def check_plan(name, lib, fn, idx, E, B):

@@ -270,6 +270,16 @@ func.func @route_shapes_64_g16(%l: tensor<300x64xf32>) -> (tensor<300x8xf32>, te
   %w, %i = moe.route %l k(8) n_group(16) topk_group(4) renormalize(true) : tensor<300x64xf32> -> tensor<300x8xf32>, tensor<300x8xi32>
   return %w, %i : tensor<300x8xf32>, tensor<300x8xi32>
 }
+// Routing replay (the choice given): on the kernel that routes the shape (route-map=lanes by default), so that a
+// router's own choice replayed gives its weights bit for bit; i64 and i32 indices.
+func.func @route_deepseek_v3_replay(%l: tensor<300x256xf32>, %b: tensor<256xf32>, %r: tensor<300x8xi64>) -> (tensor<300x8xf32>, tensor<300x8xi32>) {
+  %w, %i = moe.route %l bias(%b : tensor<256xf32>) replay(%r : tensor<300x8xi64>) k(8) scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) routed_scaling_factor(2.500000e+00) : tensor<300x256xf32> -> tensor<300x8xf32>, tensor<300x8xi32>
+  return %w, %i : tensor<300x8xf32>, tensor<300x8xi32>
+}
+func.func @route_deepseek_v2_replay(%l: tensor<40x160xf32>, %r: tensor<40x6xi32>) -> (tensor<40x6xf32>, tensor<40x6xi32>) {
+  %w, %i = moe.route %l replay(%r : tensor<40x6xi32>) k(6) n_group(8) topk_group(3) group_score(max) routed_scaling_factor(1.600000e+01) : tensor<40x160xf32> -> tensor<40x6xf32>, tensor<40x6xi32>
+  return %w, %i : tensor<40x6xf32>, tensor<40x6xi32>
+}
 func.func @route_no_tokens(%l: tensor<?x256xf32>, %b: tensor<256xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
   %w, %i = moe.route %l bias(%b : tensor<256xf32>) k(8) scoring(sigmoid) n_group(8) topk_group(4) renormalize(true) : tensor<?x256xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
   return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>

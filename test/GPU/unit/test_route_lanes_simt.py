@@ -215,8 +215,8 @@ def test_replay_of_own_choice_is_bit_for_bit(E, k, dtype, has_bias, attrs, ref):
         given[0] = given[0, 0]                   # one expert k times
         w3, i3, word = run_replay(text, x, bias, given, k)
         assert np.array_equal(i3, given.astype(np.int32)) and word[0] == 0
-        torch.testing.assert_close(torch.from_numpy(w3), ref_replay(xref, given, ref), rtol=1e-4, atol=1e-5,
-                                   equal_nan=True)
+        want = R.ref_route_replay(xref, torch.from_numpy(given), **ref).float()
+        torch.testing.assert_close(torch.from_numpy(w3), want, rtol=1e-4, atol=1e-5, equal_nan=True)
         bad = given.copy()
         bad[3, k - 1], bad[5, 0] = E, -1
         w4, i4, word = run_replay(text, x, bias, bad, k)
@@ -224,15 +224,3 @@ def test_replay_of_own_choice_is_bit_for_bit(E, k, dtype, has_bias, attrs, ref):
         assert word[0] != 0 and word[1] == 5 and word[4] == E, word
         assert (int(word[2]), int(word[3])) in {(3 * k + k - 1, E), (5 * k, -1)}, word
         assert i4[3, k - 1] == 0 and i4[5, 0] == 0
-
-
-def ref_replay(x, given, ref):
-    """The weights of the choice `given` (float64): the op's scores at those experts (after the choice for
-    order(topk_then_score): over the given logits alone), renormalized, scaled."""
-    x, idx = x.double(), torch.from_numpy(given.astype(np.int64))
-    scoring = ref.get("scoring", "softmax")
-    score = {"softmax": lambda v: torch.softmax(v, -1), "sigmoid": torch.sigmoid}[scoring]
-    w = score(x).gather(1, idx) if ref.get("order") != "topk_then_score" else score(x.gather(1, idx))
-    if ref.get("renormalize"):
-        w = w / w.sum(-1, keepdim=True)
-    return (w * ref.get("scale", 1.0)).float()
