@@ -26,12 +26,15 @@ import run_gpu_tests as R  # noqa: E402
 MLIR_TYPES = {np.float32: "f32", np.float16: "f16", "bf16": "bf16"}
 
 
-def lower(E, k, dtype, bias, attrs):
+def lower(E, k, dtype, bias, attrs, replay=None):
+    """The module of one moe.route (with `replay`, an index type: the choice given) lowered with route-map=lanes."""
     t = MLIR_TYPES[dtype]
     b = f" bias(%b : tensor<{E}xf32>)" if bias else ""
     arg = f", %b: tensor<{E}xf32>" if bias else ""
+    r = f" replay(%r : tensor<?x{k}x{replay}>)" if replay else ""
+    arg += f", %r: tensor<?x{k}x{replay}>" if replay else ""
     text = (f"func.func @f(%x: tensor<?x{E}x{t}>{arg}) -> (tensor<?x{k}xf32>, tensor<?x{k}xi32>) {{\n"
-            f"  %w, %i = moe.route %x{b} k({k}) {attrs} : tensor<?x{E}x{t}> -> tensor<?x{k}xf32>, "
+            f"  %w, %i = moe.route %x{b}{r} k({k}) {attrs} : tensor<?x{E}x{t}> -> tensor<?x{k}xf32>, "
             f"tensor<?x{k}xi32>\n  return %w, %i : tensor<?x{k}xf32>, tensor<?x{k}xi32>\n}}\n")
     out = simt.lower(MOE_OPT, text, "route-map=lanes")
     assert '"route_lanes_0"' in out, "not the lanes kernel"
@@ -42,23 +45,26 @@ def bf16_bits(x):
     return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
-def run(text, x, bias, k, misalign):
-    """The kernel on x [T, E] (f32, f16, or bf16 bits as uint16): (weights, indices)."""
+def run(text, x, bias, k, misalign=False, given=None):
+    """The kernel on x [T, E] (f32, f16, or bf16 bits as uint16): (weights, indices), and with the choice `given`
+    [T, k] (a replaying kernel) the error word [5] too."""
     body = simt.parse(text, "route_lanes_0")
     T = x.shape[0]
     w = np.zeros((T, k), np.float32)
     i = np.zeros((T, k), np.int32)
+    word = np.zeros(5, dtype=np.int64)
     mem = simt.Memory()
-    args = [x] + ([bias] if bias is not None else []) + [w, i]
-    for a in args:
+    arrays = [x] + ([bias] if bias is not None else []) + [w, i] + ([given, word] if given is not None else [])
+    for a in arrays:
         mem.add(a, None, misalign_bytes=4 if (misalign and a is x) else 0)
+    args = arrays if given is None else arrays[:-1] + [np.full(simt.LANES, np.int64(mem.buffers[-1][0]))]
     smem = int(re.search(r"memref<(\d+)xf32, #gpu.address_space<workgroup>>", text).group(1))
     # The token's lanes W: the divisor of the kernel's first remui (tid % W).
     width = int(re.search(r'value = (\d+) : index\}> : \(\) -> index\n\s*%\d+ = "arith.remui"', text).group(1))
     # The block the lowering sized (routeLanesBlockSize: halved where 128 threads' shared memory would not fit).
     block = int(re.search(r'known_block_size = array<i32: (\d+), 1, 1>', text).group(1))
     simt.run_kernel(body, args, block, -(-T // (block // width)), mem, smem_shape=(smem,))
-    return w, i
+    return (w, i) if given is None else (w, i, word)
 
 
 def adversarial(x, rng):
@@ -70,6 +76,16 @@ def adversarial(x, rng):
     x[5, ::3] = -np.inf
     x[6] = 0.0
     return x
+
+
+def inputs(x32, dtype):
+    """(the kernel's x, as simt.py holds it: 16-bit floats as their bits; the reference's f32 tensor of it)."""
+    if dtype == "bf16":
+        x = bf16_bits(x32)
+        return x, torch.from_numpy((x.astype(np.uint32) << 16).view(np.float32))
+    x = x32.astype(dtype)
+    xref = torch.from_numpy(x.astype(np.float32))
+    return (x.view(np.uint16) if dtype == np.float16 else x), xref
 
 
 # (E, k, dtype, bias, attributes, reference keywords): the harness's models and route_shapes_*, plus E = 2048.
@@ -120,15 +136,7 @@ CASES = [
 def test_kernel_equals_reference(E, k, dtype, has_bias, attrs, ref):
     rng = np.random.default_rng(E * 7 + k)
     T = 21                                       # a partial last block
-    x32 = adversarial(rng.standard_normal((T, E)).astype(np.float32), rng)
-    if dtype == "bf16":
-        x = bf16_bits(x32)
-        xref = torch.from_numpy((x.astype(np.uint32) << 16).view(np.float32))
-    else:
-        x = x32.astype(dtype)
-        xref = torch.from_numpy(x.astype(np.float32))
-        if dtype == np.float16:
-            x = x.view(np.uint16)                # simt.py holds 16-bit floats as their bits
+    x, xref = inputs(adversarial(rng.standard_normal((T, E)).astype(np.float32), rng), dtype)
     bias = (rng.random(E) * 0.1).astype(np.float32) if has_bias else None
     text = lower(E, k, dtype, has_bias, attrs)
     for misalign in (False, True):
@@ -147,39 +155,6 @@ def test_kernel_equals_reference(E, k, dtype, has_bias, attrs, ref):
                                    msg=lambda m: f"weights (misaligned={misalign}): {m}")
 
 
-def lower_replay(E, k, dtype, bias, attrs, itype):
-    t = MLIR_TYPES[dtype]
-    b = f" bias(%b : tensor<{E}xf32>)" if bias else ""
-    arg = f", %b: tensor<{E}xf32>" if bias else ""
-    text = (f"func.func @f(%x: tensor<?x{E}x{t}>{arg}, %r: tensor<?x{k}x{itype}>) -> "
-            f"(tensor<?x{k}xf32>, tensor<?x{k}xi32>) {{\n"
-            f"  %w, %i = moe.route %x{b} replay(%r : tensor<?x{k}x{itype}>) k({k}) {attrs} : tensor<?x{E}x{t}> -> "
-            f"tensor<?x{k}xf32>, tensor<?x{k}xi32>\n  return %w, %i : tensor<?x{k}xf32>, tensor<?x{k}xi32>\n}}\n")
-    out = simt.lower(MOE_OPT, text, "route-map=lanes")
-    assert '"route_lanes_0"' in out, "a replay of a shape the lanes kernel routes is not on the lanes kernel"
-    return out
-
-
-def run_replay(text, x, bias, given, k):
-    """The replaying kernel: (weights, indices, error word [5])."""
-    body = simt.parse(text, "route_lanes_0")
-    T = x.shape[0]
-    w = np.zeros((T, k), np.float32)
-    i = np.zeros((T, k), np.int32)
-    word = np.zeros(5, dtype=np.int64)
-    mem = simt.Memory()
-    arrays = [x] + ([bias] if bias is not None else []) + [w, i, given, word]
-    for a in arrays:
-        mem.add(a, None)
-    word_addr = np.int64(mem.buffers[len(arrays) - 1][0])
-    args = arrays[:-1] + [np.full(simt.LANES, word_addr)]
-    smem = int(re.search(r"memref<(\d+)xf32, #gpu.address_space<workgroup>>", text).group(1))
-    width = int(re.search(r'value = (\d+) : index\}> : \(\) -> index\n\s*%\d+ = "arith.remui"', text).group(1))
-    block = int(re.search(r'known_block_size = array<i32: (\d+), 1, 1>', text).group(1))
-    simt.run_kernel(body, args, block, -(-T // (block // width)), mem, smem_shape=(smem,))
-    return w, i, word
-
-
 # The softmax routers (the row's sum over the token's lanes), an elementwise score with groups, the score after the
 # choice, k = 64 over 4096 experts (several slots a lane), k not a multiple of the lanes.
 REPLAY_CASES = [c for c in CASES if c[:2] in {(160, 6), (128, 8), (20, 4), (288, 32), (4096, 64), (256, 8), (6, 6)}]
@@ -196,30 +171,23 @@ def test_replay_of_own_choice_is_bit_for_bit(E, k, dtype, has_bias, attrs, ref):
     T = 21
     x32 = adversarial(rng.standard_normal((T, E)).astype(np.float32), rng)
     x32[2] = rng.standard_normal(E)              # a row of -inf has no weights to compare bit for bit (NaN)
-    if dtype == "bf16":
-        x = bf16_bits(x32)
-        xref = torch.from_numpy((x.astype(np.uint32) << 16).view(np.float32))
-    else:
-        x = x32.astype(dtype)
-        xref = torch.from_numpy(x.astype(np.float32))
-        if dtype == np.float16:
-            x = x.view(np.uint16)
+    x, xref = inputs(x32, dtype)
     bias = (rng.random(E) * 0.1).astype(np.float32) if has_bias else None
-    w, i = run(lower(E, k, dtype, has_bias, attrs), x, bias, k, False)
+    w, i = run(lower(E, k, dtype, has_bias, attrs), x, bias, k)
     for itype, npt in (("i32", np.int32), ("i64", np.int64)):
-        text = lower_replay(E, k, dtype, has_bias, attrs, itype)
-        w2, i2, word = run_replay(text, x, bias, i.astype(npt), k)
+        text = lower(E, k, dtype, has_bias, attrs, replay=itype)
+        w2, i2, word = run(text, x, bias, k, given=i.astype(npt))
         assert np.array_equal(i2, i) and word[0] == 0
         assert np.array_equal(w2.view(np.uint32), w.view(np.uint32)), "the own choice's weights not bit for bit"
         given = rng.integers(0, E, (T, k)).astype(npt)
         given[0] = given[0, 0]                   # one expert k times
-        w3, i3, word = run_replay(text, x, bias, given, k)
+        w3, i3, word = run(text, x, bias, k, given=given)
         assert np.array_equal(i3, given.astype(np.int32)) and word[0] == 0
         want = R.ref_route_replay(xref, torch.from_numpy(given), **ref).float()
         torch.testing.assert_close(torch.from_numpy(w3), want, rtol=1e-4, atol=1e-5, equal_nan=True)
         bad = given.copy()
         bad[3, k - 1], bad[5, 0] = E, -1
-        w4, i4, word = run_replay(text, x, bias, bad, k)
+        w4, i4, word = run(text, x, bias, k, given=bad)
         # The first recorded wins; which of the two is first depends on the slots' order.
         assert word[0] != 0 and word[1] == 5 and word[4] == E, word
         assert (int(word[2]), int(word[3])) in {(3 * k + k - 1, E), (5 * k, -1)}, word
