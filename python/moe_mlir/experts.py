@@ -53,7 +53,6 @@ Expert parallelism (``_is_expert_parallel``: sentinel indices) is not handled: s
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from typing import Any, Callable, Iterator, Optional
 
@@ -287,14 +286,6 @@ def grouped_mm(x: Tensor, w: Tensor, offsets: Tensor) -> Tensor:
 # transformers' grouped GEMM (its fallback under torch.compile) on the extension's kernel or grouped_mm's paths
 # ----------------------------------------------------------------------------------------------------------------
 
-#: Whether backend "moe" puts ``moe_mlir::grouped_mm_ends`` in place of transformers' grouped GEMM fallback on CUDA
-#: tensors too (it always does on f32/f64 CPU tensors): there its body takes ``moe_mlir::grouped_mm``'s padded
-#: batched GEMM at prefill and training sizes (a few kernels and transformers' one host read, instead of one ``mm``
-#: launch per expert with rows: 2 x E launches per layer, the cause of the H100 prefill's 0.61-0.80x inductor in
-#: bench/results/models-2026-11-24-h100.md). Off until a GPU run measures it (issue 35 item 4):
-#: ``MOE_CUDA_GROUPED_MM=1`` turns it on (the GPU check's models-bench step sets it).
-CUDA_GROUPED_MM = os.environ.get("MOE_CUDA_GROUPED_MM", "0") == "1"
-
 
 def _check_ends(x: Tensor, w: Tensor, offs: Tensor, transposed: bool) -> None:
     if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[2 if transposed else 1]:
@@ -357,7 +348,8 @@ def _grouped_mm_ends_op(x: Tensor, w: Tensor, offs: Tensor, transposed: bool = F
     With the extension loaded, CPU calls never reach this body or the Python autograd below: the extension
     registers the op's CPU and AutogradCPU kernels in C++ (lib/Runtime/Torch/GroupedMmEnds.cpp, the same checks
     and results), since a decode step calls the op twice per MoE layer and this wrapper cost ~13 us of a ~17 us
-    call. This body serves other devices and a torch without the extension."""
+    call. This body serves other devices and a torch without the extension (backend "moe" puts the op on f32/f64
+    CPU tensors only: on CUDA it serves a direct caller)."""
     _check_ends(x, w, offs, transposed)
     if _native_operands(x, w):
         return torch.ops.moe_mlir.grouped_mm_cpu(x, w, offs, transposed)

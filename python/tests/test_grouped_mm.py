@@ -268,8 +268,8 @@ def test_cuda_takes_the_padded_path_and_equals_the_loop(dtype, force, monkeypatc
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("tail", [0, 5])
 def test_cuda_grouped_mm_ends_takes_the_padded_path_and_equals_transformers(tail, monkeypatch):
-    """moe_mlir::grouped_mm_ends on CUDA tensors (what backend "moe" puts in place of transformers' fallback with
-    MOE_CUDA_GROUPED_MM=1) at a prefill size takes the padded batched GEMM and equals transformers' op forward and
+    """moe_mlir::grouped_mm_ends called directly on CUDA tensors (backend "moe" does not raise transformers'
+    fallback there) at a prefill size takes the padded batched GEMM and equals transformers' op forward and
     backward, rows past the last end (expert-parallel sentinels) included; nn.Linear-layout weights."""
     pytest.importorskip("transformers.integrations.moe")
     calls = []
@@ -452,18 +452,15 @@ def test_grouped_mm_ends_in_torch_equals_transformers_fallback(case, path, trans
             X._ends_in_torch(x, w, bad, transposed)
 
 
-@pytest.mark.parametrize("flag", [False, True])
-def test_cuda_grouped_mm_is_raised_only_when_switched_on(flag, monkeypatch):
-    """On CUDA tensors (fake ones: no GPU needed) transformers' grouped GEMM fallback becomes
-    moe_mlir::grouped_mm_ends only with experts.CUDA_GROUPED_MM (MOE_CUDA_GROUPED_MM=1; off until a GPU run
-    measures it), taking the nn.Linear weight itself; otherwise the node stays transformers'."""
+def test_cuda_grouped_mm_is_not_raised():
+    """On CUDA tensors (fake ones: no GPU needed) transformers' grouped GEMM fallback stays transformers' (only
+    f32/f64 CPU tensors become moe_mlir::grouped_mm_ends)."""
     pytest.importorskip("transformers.integrations.moe")
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from moe_mlir.frontend.raising import raise_routing_idioms
 
-    monkeypatch.setattr(X, "CUDA_GROUPED_MM", flag)
     with FakeTensorMode():
         x = torch.empty(6, 4, device="cuda")
         w = torch.empty(3, 5, 4, device="cuda")  # nn.Linear layout [E, N, K]
@@ -472,11 +469,8 @@ def test_cuda_grouped_mm_is_raised_only_when_switched_on(flag, monkeypatch):
                      tracing_mode="fake")(x, w, offs)
     counts = raise_routing_idioms(gm)
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and "grouped_mm" in str(n.target)]
-    assert counts["experts_gemm"] == int(flag) and len(calls) == 1
-    if flag:
-        assert calls[0].target is torch.ops.moe_mlir.grouped_mm_ends.default and calls[0].args[3] is True
-    else:
-        assert calls[0].target is torch.ops.transformers.grouped_mm_fallback.default
+    assert counts["experts_gemm"] == 0 and len(calls) == 1
+    assert calls[0].target is torch.ops.transformers.grouped_mm_fallback.default
 
 
 @NATIVE

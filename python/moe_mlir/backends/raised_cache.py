@@ -11,9 +11,8 @@ An entry maps a Dynamo graph to what raising made of it:
 * **Key** (:func:`key_of`): the Dynamo graph's code, its inputs as Dynamo traced them (dtype, device, symbolic shape
   and strides, ``requires_grad``, parameter or not; SymInt/SymFloat expressions), the grad mode, and everything
   raising depends on: the package's Python sources and :func:`.inductor_options.ops_version` (the extension), the
-  torch and transformers versions, the ``MOE_*`` environment and ``experts.CUDA_GROUPED_MM``. A graph with
-  attributes (constants, submodules), or one on real tensors (not Dynamo's fakes), has no key: it is traced every
-  time, as before.
+  torch and transformers versions and the ``MOE_*`` environment. A graph with attributes (constants, submodules), or
+  one on real tensors (not Dynamo's fakes), has no key: it is traced every time, as before.
 * **Value**: the raised graph node by node (ops by their qualified names, arguments as JSON) and the idiom counts, or
   "nothing raised" (the Dynamo graph is then compiled as it is, as under ``backend="inductor"``). A graph whose
   nodes do not serialize (higher-order ops, tensors larger than :data:`_MAX_CONSTANT`, unknown argument types,
@@ -44,7 +43,7 @@ import torch.fx as fx
 __all__ = ["enabled", "key_of", "load", "round_trip", "store"]
 
 #: Bumped when the entry format or the key's contents change.
-_FORMAT = 1
+_FORMAT = 2
 #: Largest tensor constant (elements) an entry holds by value (raising's constants are empty bias tensors).
 _MAX_CONSTANT = 64
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -99,7 +98,6 @@ def key_of(gm: fx.GraphModule, inputs: list[Any]) -> Optional[str]:
 
     if any(isinstance(v, torch.Tensor) and not isinstance(v, FakeTensor) for v in inputs):
         return None  # a graph traced on real tensors (not Dynamo's): raising may have read their values
-    from .. import experts
     from .inductor_options import ops_version
 
     try:
@@ -109,7 +107,7 @@ def key_of(gm: fx.GraphModule, inputs: list[Any]) -> Optional[str]:
     transformers = sys.modules.get("transformers")
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith("MOE_"))
     parts = [_FORMAT, torch.__version__, getattr(transformers, "__version__", None), _sources(), ops_version(), env,
-             experts.CUDA_GROUPED_MM, torch.is_grad_enabled(), gm.code, described]
+             torch.is_grad_enabled(), gm.code, described]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:40]
 
 

@@ -28,8 +28,7 @@ Steps, in order (MOE_GPU_CHECK_STEPS=a,b,... picks some; artifacts and build alw
   hf-models     python/tests/test_hf_models.py -k matches_eager on CUDA: transformers' MoE blocks and routers and the
                 seed blocks through torch.compile(backend="moe") and moe_mlir.compile (inductor's Triton for the
                 dense code), equal to eager at three token counts; test_grouped_mm.py's CUDA tests (the padded
-                batched GEMM). The torch steps run with MOE_CUDA_GROUPED_MM=1 (the experts' GEMMs of transformers'
-                grouped_mm experts on moe_mlir::grouped_mm_ends under backend "moe"; MOE_CUDA_GROUPED_MM=0: not)
+                batched GEMM)
   torch-ops-bench  bench/gpu/torch_ops_cuda.py: torch.ops.moe.* on CUDA tensors vs eager, decode and prefill
                 (the same prebuilt kernels; its results in bench/ of logs.tar.gz)
   memcheck      `checks` under compute-sanitizer --tool memcheck (torch's caching allocator off; API errors
@@ -297,11 +296,9 @@ def steps(ctx):
             return ["sh", "-c", f"echo {shlex.quote(why)}; exit 1"], ctx.env()
         # In the checkout, not in src/: `python -m bench...` must import the checkout's bench package (whose
         # helpers load python/moe_mlir files by path), not src/'s copy, which holds only what the harness needs.
-        # MOE_CUDA_GROUPED_MM: backend "moe" also takes transformers' grouped GEMM fallback on CUDA (the padded
-        # batched GEMM); MOE_CUDA_ROUTER_LOSSES: the router losses run their CUDA kernels (scripts/gpu-check.sh
-        # prebuilt them). Both off by default until this check has run them: on here unless the caller says 0.
+        # MOE_CUDA_ROUTER_LOSSES: the router losses run their CUDA kernels (scripts/gpu-check.sh prebuilt them).
+        # Off by default until this check has run them: on here unless the caller says 0.
         return cmd, ctx.env(MOE_TEST_DEVICE="cuda", MOE_GPU_RUNTIME_DIR=ctx.build,
-                            MOE_CUDA_GROUPED_MM=os.environ.get("MOE_CUDA_GROUPED_MM", "1"),
                             MOE_CUDA_ROUTER_LOSSES=os.environ.get("MOE_CUDA_ROUTER_LOSSES", "1"),
                             MOE_TORCH_LIB=os.path.join(ctx.build, "lib", "libmoe_torch.so"),
                             MOE_CUDA_RUNTIME=os.path.join(ctx.build, "libmoe_cuda_runtime.so"),
