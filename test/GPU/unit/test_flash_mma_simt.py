@@ -330,7 +330,7 @@ def test_flash_mma_key_splits(name, causal, masked, with_lse, splits, split_vari
     """flash-mma-key-splits: the 128-row kernel with its keys split over the grid's z (the host's choice, 4 here,
     and other counts the kernel must take as well: 1, and 3 over 5 key tiles: uneven shares, empty shares of the
     causal blocks), its partial rows combined by the second kernel, against float64 (p, and the lse of the training
-    forward)."""
+    forward); with one split also the direct kernel the host then launches instead."""
     rng = np.random.default_rng(13)
     B, N, D, K, t, tau = 2, 300, 64, 16, "bf16", 0.5 if causal else 1.0
     u = bits(rng.standard_normal((B, N, D)).astype(np.float32) * 0.3, t)
@@ -356,7 +356,8 @@ def test_flash_mma_key_splits(name, causal, masked, with_lse, splits, split_vari
     # The lazy, three-stage split: copies landing at their wait (the shares start at any tile: the pipeline's
     # buffers are the tiles' indices mod 3, its prologue two groups from the share's first tile).
     async_copies = "wait" if split_variant == "split_lazy3" else "issue"
-    kernel = f"{op}_mma_0"
+    # _mma_0: the direct kernel the host launches where it picks one split (below); _mma_1 the split kernel.
+    kernel = f"{op}_mma_1"
     body, combine = simt.parse(text, kernel), simt.parse(text, f"{op}_mma_combine_0")
     S = splits or host_splits(N, B, N)
     p = np.full((B, N, K), np.nan, np.float32)
@@ -381,6 +382,18 @@ def test_flash_mma_key_splits(name, causal, masked, with_lse, splits, split_vari
         np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-2)
     if masked and not causal:
         assert np.all(p[1] == 0.0), "a fully masked element's rows must be zeros"
+    if splits == 1:
+        # The direct 128-row kernel (the same tiles, no workspace): what a decode step runs.
+        p.fill(np.nan)
+        lse.fill(np.nan)
+        direct = simt.parse(text, f"{op}_mma_0")
+        wg, dyn = shared_memory(text, f"{op}_mma_0")
+        simt.run_kernel(direct, args[:-1], BLOCK, (-(-N // 128), B, 1), mem, workgroup=wg, lockstep=not threads,
+                        dynamic_smem=dyn, async_copies=async_copies, warp_threads=threads)
+        np.testing.assert_allclose(p, R.ref_similarity(uu, ee, tau=tau, causal=causal, key_mask=mm).numpy(),
+                                   **R.MMA_TOL)
+        if with_lse:
+            np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-2)
 
 
 @pytest.mark.parametrize("variant", ["default", "base2", "sum_mma", "rows128_async"])
