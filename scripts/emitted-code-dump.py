@@ -8,6 +8,7 @@ Each input (default: test/Conversion/**, test/Pipelines, test/GPU/Inputs) is spl
 `moe-opt --split-input-file` (chunks that expect a diagnostic are skipped) and each chunk is lowered
   - for the CPU: `moe-opt --moe-lower-to-llvm=num-threads=2 | mlir-translate --mlir-to-llvmir`   -> NAME.cpu.ll
     and with the AVX-512 lanes (`target-cpu=x86-64-v4`)                                            -> NAME.v4.ll
+    and through the portable lowering alone (`cpu-kernels=false`: convert-moe-to-linalg)             -> NAME.portable.ll
   - for the GPU: `moe-opt --moe-lower-to-nvvm="chip=sm_90 format=isa"`, its PTX                   -> NAME.sm_90.N.ptx
     and `ptxas -v -O3` of each PTX (registers, spills, shared memory)                                -> NAME.sm_90.N.ptxas
     plus the flash-mma=false (the f32-path similarity kernel for f16/bf16, the default before 915f854) and
@@ -52,7 +53,8 @@ def lower(job):
         written.append(suffix)
 
     for tag, pipe in (("cpu", "--moe-lower-to-llvm=num-threads=2"),
-                      ("v4", "--moe-lower-to-llvm=num-threads=2 target-cpu=x86-64-v4")):
+                      ("v4", "--moe-lower-to-llvm=num-threads=2 target-cpu=x86-64-v4"),
+                      ("portable", "--moe-lower-to-llvm=num-threads=2 cpu-kernels=false")):
         rc, mlir, err = run([moe_opt, "-", pipe], text)
         if rc:
             put(f"{tag}.err", err)

@@ -13,17 +13,20 @@ SoftmaxState mlir::moe::kernels::softmaxStart(KernelBuilder &kb) {
   return {kb.negInfLike(kb.f32()), kb.cF32(0.0)};
 }
 
-SoftmaxTile
-mlir::moe::kernels::onlineSoftmaxStep(KernelBuilder &kb, SoftmaxState state,
-                                      ArrayRef<Value> logits,
-                                      function_ref<Value(Value)> reduceMax,
-                                      function_ref<Value(Value)> reduceSum) {
+static Value reduced(function_ref<Value(Value)> reduce, Value v) {
+  return reduce ? reduce(v) : v;
+}
+
+SoftmaxTile mlir::moe::kernels::onlineSoftmaxStep(
+    KernelBuilder &kb, SoftmaxState state, ArrayRef<Value> logits,
+    function_ref<Value(Value)> reduceMax, function_ref<Value(Value)> reduceSum,
+    bool sumFromFirstProb) {
   assert(!logits.empty() && "a tile has logits");
   Type type = logits.front().getType();
   Value tileMax = logits.front();
   for (Value x : logits.drop_front())
     tileMax = kb.fmax(tileMax, x);
-  Value max = kb.fmax(state.max, reduceMax(tileMax));
+  Value max = kb.fmax(state.max, reduced(reduceMax, tileMax));
   // No key yet (max = -inf): subtract 0 instead, so that exp(-inf - 0) = 0
   // gives alpha = 0 and p = 0 rather than exp(-inf + inf) = NaN.
   Value none = kb.cmpf(arith::CmpFPredicate::OEQ, max, kb.negInfLike(kb.f32()));
@@ -31,14 +34,14 @@ mlir::moe::kernels::onlineSoftmaxStep(KernelBuilder &kb, SoftmaxState state,
   SoftmaxTile tile;
   tile.rescale = kb.softmaxWeight(kb.fsub(state.max, shift));
   Value shiftV = kb.broadcastLike(shift, type);
-  Value partial = kb.constLike(type, 0.0);
+  Value partial = sumFromFirstProb ? Value() : kb.constLike(type, 0.0);
   for (Value x : logits) {
     Value p = kb.softmaxWeight(kb.fsub(x, shiftV));
     tile.probs.push_back(p);
-    partial = kb.fadd(partial, p);
+    partial = partial ? kb.fadd(partial, p) : p;
   }
-  tile.next = {max,
-               kb.fadd(kb.fmul(state.sum, tile.rescale), reduceSum(partial))};
+  tile.next = {max, kb.fadd(kb.fmul(state.sum, tile.rescale),
+                            reduced(reduceSum, partial))};
   return tile;
 }
 

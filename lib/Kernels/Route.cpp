@@ -139,16 +139,22 @@ Value mlir::moe::kernels::routeChoice(KernelBuilder &kb, Value score,
   return bias ? kb.fadd(score, bias) : score;
 }
 
+Value mlir::moe::kernels::routeGroupScore(KernelBuilder &kb,
+                                          const RouteSpec &spec, Value best,
+                                          Value second) {
+  return spec.top2 ? kb.fadd(best, second) : best;
+}
+
 Value mlir::moe::kernels::routeGroupCandidate(
     KernelBuilder &kb, const RouteSpec &spec, Value group,
     function_ref<Value(Value prev)> bestMemberBelow) {
   Value first = bestMemberBelow(Value());
-  Value score = keyToFloat(kb, candidateKey(kb, first));
-  if (spec.top2) {
-    Value second = bestMemberBelow(first);
-    score = kb.fadd(score, keyToFloat(kb, candidateKey(kb, second)));
-  }
-  return packCandidate(kb, orderedKey(kb, score), group);
+  Value best = keyToFloat(kb, candidateKey(kb, first));
+  Value second;
+  if (spec.top2)
+    second = keyToFloat(kb, candidateKey(kb, bestMemberBelow(first)));
+  return packCandidate(
+      kb, orderedKey(kb, routeGroupScore(kb, spec, best, second)), group);
 }
 
 SmallVector<Value> mlir::moe::kernels::routeKeepGroups(

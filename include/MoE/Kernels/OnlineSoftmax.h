@@ -3,7 +3,8 @@
 // Part of the MoE-MLIR project.
 //
 // The flash kernels (similarity_inform, attention_posterior and their
-// backward on the CPU; the mixing kernel on the GPU) stream the keys of a row
+// backward on the CPU; the mixing kernel on the GPU; the portable lowering's
+// key loops, a row per linalg.generic element) stream the keys of a row
 // in tiles and keep, per row, the running max m of the logits seen so far and
 // the running sum l = Σ exp(x - m). One tile updates them as
 //
@@ -58,11 +59,23 @@ struct SoftmaxTile {
 
 /// The update of `state` by a tile of logits (scalars or vectors of one type,
 /// -inf for excluded keys). `reduceMax`/`reduceSum` turn this holder's partial
-/// (shaped like the logits) into the row's f32.
+/// (shaped like the logits) into the row's f32 (null: the holder has the
+/// whole row, as the portable lowering's key loop, a row per element). The
+/// tile's Σ p is folded from 0 (`sumFromFirstProb`: from the first p, where
+/// no 0 + p is wanted; the same value, since no p is -0).
 SoftmaxTile onlineSoftmaxStep(KernelBuilder &kb, SoftmaxState state,
                               ArrayRef<Value> logits,
-                              function_ref<Value(Value)> reduceMax,
-                              function_ref<Value(Value)> reduceSum);
+                              function_ref<Value(Value)> reduceMax = nullptr,
+                              function_ref<Value(Value)> reduceSum = nullptr,
+                              bool sumFromFirstProb = false);
+
+/// The update of `state` by one logit `x` of a holder that has the whole row
+/// (the portable lowering's key loop: a row per linalg.generic element).
+inline SoftmaxTile onlineSoftmaxKey(KernelBuilder &kb, SoftmaxState state,
+                                    Value x) {
+  return onlineSoftmaxStep(kb, state, x, nullptr, nullptr,
+                           /*sumFromFirstProb=*/true);
+}
 
 /// The row's result from its accumulator `acc` (scalar or vector): acc / l,
 /// zeros for a row that saw no key. (That row is told by l = 0, not by

@@ -164,13 +164,19 @@ Value routeScore(KernelBuilder &kb, const RouteSpec &spec, Value x,
 /// read from the unbiased score.
 Value routeChoice(KernelBuilder &kb, Value score, Value bias);
 
+/// Step 3: a group's score from the values of its best member `best` and its
+/// second best `second`: their sum with group_score(top2_sum), else `best`
+/// (`second` unused, may be null). The portable lowering applies it to the
+/// group's top two of a tensor top-k.
+Value routeGroupScore(KernelBuilder &kb, const RouteSpec &spec, Value best,
+                      Value second);
+
 /// Step 3: the packed candidate (TopK.h) of group `group` (i32): its score is
-/// the value of its best member, plus its second best's with
-/// group_score(top2_sum); groups rank by TopK.h's order (a higher score, then
-/// the lower group). `bestMemberBelow(prev)` is the group's best member
-/// candidate ranking strictly below the packed `prev` (null: the group's
-/// best), as the target finds it (a vector max over the group's chunks, a
-/// butterfly over the lanes).
+/// routeGroupScore of its best members' values; groups rank by TopK.h's order
+/// (a higher score, then the lower group). `bestMemberBelow(prev)` is the
+/// group's best member candidate ranking strictly below the packed `prev`
+/// (null: the group's best), as the target finds it (a vector max over the
+/// group's chunks, a butterfly over the lanes).
 Value routeGroupCandidate(KernelBuilder &kb, const RouteSpec &spec, Value group,
                           function_ref<Value(Value prev)> bestMemberBelow);
 

@@ -23,6 +23,7 @@
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
+#include "MoE/Kernels/OnlineSoftmax.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
@@ -290,25 +291,22 @@ public:
           Value priorMax = sliceAlong(lb, ll, prior.max, 1, h);
           Value priorSum = sliceAlong(lb, ll, prior.sumExp, 1, h);
           AffineMap bi = dimsMap(ctx, 2, {0, 1});
-          SmallVector<Value> stats = generic(
+          SmallVector<Value> stats = kernelGeneric(
               lb, ll, ValueRange{post.m, post.l, priorMax, priorSum},
               ValueRange{it[0], it[1], it[3], it[4], it[5]},
               {bi, bi, bi, bi, bi, bi, bi, bi, bi}, {kPar, kPar},
-              [](OpBuilder &gb, Location gl, ValueRange a) {
-                Value lse = arith::AddFOp::create(
-                    gb, gl, a[0], math::LogOp::create(gb, gl, a[1]));
-                Value priorLse = arith::AddFOp::create(
-                    gb, gl, a[2], math::LogOp::create(gb, gl, a[3]));
-                Value none = arith::CmpFOp::create(
-                    gb, gl, arith::CmpFPredicate::OEQ, a[0], negInf(gb, gl));
+              [](kernels::KernelBuilder &kb, ValueRange a) {
+                Value lse = kernels::softmaxLogSumExp(kb, {a[0], a[1]});
+                Value priorLse = kernels::softmaxLogSumExp(kb, {a[2], a[3]});
+                Value negInf = kb.negInfLike(kb.f32());
+                Value none = kb.cmpf(arith::CmpFPredicate::OEQ, a[0], negInf);
                 // A head whose row is fully masked gets no weight.
-                Value z = arith::SelectOp::create(
-                    gb, gl, none, negInf(gb, gl),
-                    arith::SubFOp::create(gb, gl, lse, priorLse));
-                OnlineStep s = onlineSoftmaxStep(gb, gl, a[4], a[5], z);
-                Value valid = arith::CmpFOp::create(
-                    gb, gl, arith::CmpFPredicate::UNE, z, negInf(gb, gl));
-                return SmallVector<Value>{s.m, s.l, s.alpha, s.p, valid};
+                Value z = kb.select(none, negInf, kb.fsub(lse, priorLse));
+                kernels::SoftmaxTile s =
+                    kernels::onlineSoftmaxKey(kb, {a[4], a[5]}, z);
+                Value valid = kb.cmpf(arith::CmpFPredicate::UNE, z, negInf);
+                return SmallVector<Value>{s.next.max, s.next.sum, s.rescale,
+                                          s.probs.front(), valid};
               });
           AffineMap bi3 = dimsMap(ctx, 3, {0, 1}),
                     bic3 = dimsMap(ctx, 3, {0, 1, 2});

@@ -5,7 +5,10 @@
 // The steps of the op description, each a linalg.generic over [T, E] (or
 // [T, G, E/G], [T, k]): scores, choice scores (+ bias), group scores and the
 // kept-group mask, the masked top-k, the gather and scoring of the weights,
-// renormalization and scaling. A top-k is k rounds (scf.for) of one argmax
+// renormalization and scaling. The elementwise maths of each step (scores,
+// choice values, group scores, weights) is MoE/Kernels/Route.h's, which the
+// CPU and GPU kernels share; the order of every top-k is TopK.h's
+// (ranksBefore). A top-k is k rounds (scf.for) of one argmax
 // generic each; round j takes the best allowed element that ranks strictly
 // after round j-1's pick in the dialect's total order (NaN first, larger
 // values, lower index), so no "taken" mask is needed.
@@ -181,9 +184,9 @@ std::pair<Value, Value> maskedTopK(OpBuilder &b, Location loc, Value x,
 }
 
 /// The [T, E] mask of the experts in the `topk_group` best groups of `c`.
-Value keptExperts(OpBuilder &b, Location loc, RouteOp op, Value c) {
+Value keptExperts(OpBuilder &b, Location loc, const RouteSpec &spec, Value c) {
   MLIRContext *ctx = b.getContext();
-  int64_t groups = op.getNGroup();
+  int64_t groups = spec.groups;
   SmallVector<OpFoldResult> sizes = sizesOf(b, loc, c); // T, E
   Value numExperts = getValueOrCreateConstantIndexOp(b, loc, sizes[1]);
   Value groupSize = arith::DivUIOp::create(b, loc, numExperts,
@@ -201,13 +204,22 @@ Value keptExperts(OpBuilder &b, Location loc, RouteOp op, Value c) {
       b, loc, groupedType, c, SmallVector<ReassociationIndices>{{0}, {1, 2}},
       grouped);
 
-  // Group score: the sum of the group's top two, or its top one.
-  bool top2 = op.getGroupScore() == GroupScore::top2_sum;
-  Value top = maskedTopK(b, loc, cg, Value(), top2 ? 2 : 1).first;
-  Value groupScore = top2 ? rowSum(b, loc, top)
-                          : sliceAlong(b, loc, top, 2, b.getIndexAttr(0));
+  // Group score (kernels::routeGroupScore): the sum of the group's top two,
+  // or its top one.
+  Value top = maskedTopK(b, loc, cg, Value(), spec.top2 ? 2 : 1).first;
+  Value best = sliceAlong(b, loc, top, 2, b.getIndexAttr(0));
+  Value groupScore = best;
+  if (spec.top2) {
+    Value second = sliceAlong(b, loc, top, 2, b.getIndexAttr(1));
+    RowMaps rows(best);
+    groupScore = mapWithKernelBuilder(
+        b, loc, {best, second}, {rows.all, rows.all}, best,
+        [&](KernelBuilder &kb, ValueRange a) {
+          return kernels::routeGroupScore(kb, spec, a[0], a[1]);
+        });
+  }
   Value keptGroups =
-      maskedTopK(b, loc, groupScore, Value(), op.getTopkGroup()).second;
+      maskedTopK(b, loc, groupScore, Value(), spec.topkGroup).second;
 
   // kept[t, e] = OR_j (keptGroups[t, j] == e / groupSize).
   Value init = filled(b, loc, sizes,
@@ -260,16 +272,16 @@ LogicalResult mlir::moe::lowering::lowerRoute(RouteOp op, PatternRewriter &rw) {
                   })
               .front();
   } else {
-    // Choice scores: s (or x) plus the bias, broadcast over the tokens.
+    // Choice scores (kernels::routeChoice): s (or x) plus the bias, broadcast
+    // over the tokens.
     Value c = s;
     if (Value bias = op.getBias())
-      c = mapRows(rw, loc, {s, promoteToF32(rw, loc, bias)},
-                  {rows.all, dimsMap(ctx, 2, {1})}, s,
-                  [](OpBuilder &gb, Location gl, ValueRange a) {
-                    return SmallVector<Value>{
-                        arith::AddFOp::create(gb, gl, a[0], a[1])};
-                  });
-    Value kept = op.getNGroup() > 1 ? keptExperts(rw, loc, op, c) : Value();
+      c = mapWithKernelBuilder(rw, loc, {s, promoteToF32(rw, loc, bias)},
+                               {rows.all, dimsMap(ctx, 2, {1})}, s,
+                               [](KernelBuilder &kb, ValueRange a) {
+                                 return kernels::routeChoice(kb, a[0], a[1]);
+                               });
+    Value kept = spec.groups > 1 ? keptExperts(rw, loc, spec, c) : Value();
     idx = maskedTopK(rw, loc, c, kept, op.getK()).second;
   }
 
@@ -282,25 +294,20 @@ LogicalResult mlir::moe::lowering::lowerRoute(RouteOp op, PatternRewriter &rw) {
                     });
   if (!scoreFirst)
     w = score(rw, loc, spec, w);
-  if (op.getRenormalize()) {
-    Value sum = rowSum(rw, loc, w);
-    w = mapRows(rw, loc, {w, sum}, {rows.all, rows.lead}, w,
-                [](OpBuilder &gb, Location gl, ValueRange a) {
-                  Value zero = f32Const(gb, gl, 0.0);
-                  Value isZero = arith::CmpFOp::create(
-                      gb, gl, arith::CmpFPredicate::OEQ, a[1], zero);
-                  Value q = arith::DivFOp::create(gb, gl, a[0], a[1]);
-                  return SmallVector<Value>{
-                      arith::SelectOp::create(gb, gl, isZero, zero, q)};
-                });
+  // Renormalization and scaling (kernels::routeWeight), in one generic.
+  if (spec.renormalize || spec.scale != 1.0) {
+    SmallVector<Value> ins = {w};
+    SmallVector<AffineMap> maps = {rows.all};
+    if (spec.renormalize) {
+      ins.push_back(rowSum(rw, loc, w));
+      maps.push_back(rows.lead);
+    }
+    w = mapWithKernelBuilder(
+        rw, loc, ins, maps, w, [&](KernelBuilder &kb, ValueRange a) {
+          return kernels::routeWeight(kb, spec, a[0],
+                                      spec.renormalize ? a[1] : Value());
+        });
   }
-  double scale = op.getRoutedScalingFactor().convertToDouble();
-  if (scale != 1.0)
-    w = mapRows(rw, loc, w, rows.all, w,
-                [&](OpBuilder &gb, Location gl, ValueRange a) {
-                  return SmallVector<Value>{arith::MulFOp::create(
-                      gb, gl, a[0], f32Const(gb, gl, scale))};
-                });
   replaceWithCasts(rw, op, {w, idx});
   return success();
 }

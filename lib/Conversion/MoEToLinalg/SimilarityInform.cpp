@@ -14,9 +14,9 @@
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
+#include "MoE/Kernels/OnlineSoftmax.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
-#include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 
 #include <limits>
@@ -130,17 +130,15 @@ Value mlir::moe::lowering::rowLogSumExp(OpBuilder &b, Location loc,
   AffineMap bi = dimsMap(ctx, 2, {0, 1});
   Value init = tensor::EmptyOp::create(
       b, loc, tensor::getMixedSizes(b, loc, s.m), b.getF32Type());
-  return generic(b, loc, ValueRange{s.m, s.l}, init, {bi, bi, bi},
-                 {kPar, kPar},
-                 [&](OpBuilder &gb, Location gl, ValueRange a) {
-                   Value lse = arith::AddFOp::create(
-                       gb, gl, a[0], math::LogOp::create(gb, gl, a[1]));
-                   // m = -inf: no key (l = 0), whatever log(0) gives.
-                   Value noKey = arith::CmpFOp::create(
-                       gb, gl, arith::CmpFPredicate::OEQ, a[0], negInf(gb, gl));
-                   return SmallVector<Value>{arith::SelectOp::create(
-                       gb, gl, noKey, f32Const(gb, gl, none), lse)};
-                 })
+  return kernelGeneric(
+             b, loc, ValueRange{s.m, s.l}, init, {bi, bi, bi}, {kPar, kPar},
+             [&](kernels::KernelBuilder &kb, ValueRange a) {
+               Value lse = kernels::softmaxLogSumExp(kb, {a[0], a[1]});
+               // m = -inf: no key (l = 0), whatever log(0) gives.
+               Value noKey = kb.cmpf(arith::CmpFPredicate::OEQ, a[0],
+                                     kb.negInfLike(kb.f32()));
+               return SmallVector<Value>{kb.select(noKey, kb.cF32(none), lse)};
+             })
       .front();
 }
 

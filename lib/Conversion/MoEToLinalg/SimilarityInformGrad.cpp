@@ -20,9 +20,9 @@
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
+#include "MoE/Kernels/OnlineSoftmax.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
-#include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 
@@ -92,18 +92,14 @@ mlir::moe::lowering::lowerSimilarityInformGrad(SimilarityInformGradOp op,
         Value x =
             similarityKeyLogits(lb, ll, q, u, mask, causal, tau, j, it[3]);
         Value g = rowDotKey(lb, ll, dp, sliceAlong(lb, ll, e, 1, j), it[4]);
-        SmallVector<Value> sdx = generic(
+        SmallVector<Value> sdx = kernelGeneric(
             lb, ll, ValueRange{x, lse, delta, g}, ValueRange{it[5], it[6]},
             {bi, bi, bi, bi, bi, bi}, {kPar, kPar},
-            [&](OpBuilder &gb, Location gl, ValueRange a) {
-              Value s = math::ExpOp::create(
-                  gb, gl, arith::SubFOp::create(gb, gl, a[0], a[1]));
-              Value dx = arith::DivFOp::create(
-                  gb, gl,
-                  arith::MulFOp::create(
-                      gb, gl, s, arith::SubFOp::create(gb, gl, a[3], a[2])),
-                  f32Const(gb, gl, tau));
-              return SmallVector<Value>{s, dx};
+            [&](kernels::KernelBuilder &kb, ValueRange a) {
+              kernels::SoftmaxGrad sg = kernels::softmaxGradFromLogSumExp(
+                  kb, a[0], a[1], a[3], [&] { return a[2]; });
+              return SmallVector<Value>{sg.prob,
+                                        kb.fdiv(sg.dlogit, kb.cF32(tau))};
             });
         // dq[b,i,:] += dX[b,i] u[b,j,:]
         Value dq = generic(lb, ll, ValueRange{sdx[1], sliceAlong(lb, ll, u, 1, j)},

@@ -6,13 +6,13 @@
 
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
+#include "MoE/Kernels/OnlineSoftmax.h"
 #include "MoE/Kernels/TopK.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Arith/Utils/Utils.h"
 #include "mlir/Dialect/Bufferization/IR/Bufferization.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
-#include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -224,6 +224,19 @@ SmallVector<Value> mlir::moe::lowering::generic(
   return SmallVector<Value>(op.getResults());
 }
 
+SmallVector<Value>
+mlir::moe::lowering::kernelGeneric(OpBuilder &b, Location loc, ValueRange ins,
+                                   ValueRange outs, ArrayRef<AffineMap> maps,
+                                   ArrayRef<utils::IteratorType> iterators,
+                                   KernelBody body) {
+  return generic(b, loc, ins, outs, maps, iterators,
+                 [&](OpBuilder &gb, Location gl, ValueRange args) {
+                   ImplicitLocOpBuilder ib(gl, gb);
+                   kernels::KernelBuilder kb(ib);
+                   return body(kb, args);
+                 });
+}
+
 RowMaps::RowMaps(MLIRContext *ctx, int64_t rank) {
   SmallVector<unsigned> leadDims;
   for (unsigned d = 0; d + 1 < rank; ++d)
@@ -257,24 +270,6 @@ Value mlir::moe::lowering::loopIndex(OpBuilder &b, Location loc, int64_t dim) {
 //===----------------------------------------------------------------------===//
 // Online softmax
 //===----------------------------------------------------------------------===//
-
-OnlineStep mlir::moe::lowering::onlineSoftmaxStep(OpBuilder &b, Location loc,
-                                                  Value m, Value l, Value x) {
-  // maximumf propagates NaN, so a NaN logit poisons the row as it should.
-  Value mNew = arith::MaximumFOp::create(b, loc, m, x);
-  Value none = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OEQ, mNew,
-                                     negInf(b, loc));
-  Value one = f32Const(b, loc, 1.0), zero = f32Const(b, loc, 0.0);
-  Value alpha = arith::SelectOp::create(
-      b, loc, none, one,
-      math::ExpOp::create(b, loc, arith::SubFOp::create(b, loc, m, mNew)));
-  Value p = arith::SelectOp::create(
-      b, loc, none, zero,
-      math::ExpOp::create(b, loc, arith::SubFOp::create(b, loc, x, mNew)));
-  Value lNew = arith::AddFOp::create(
-      b, loc, arith::MulFOp::create(b, loc, l, alpha), p);
-  return {mNew, lNew, alpha, p};
-}
 
 OnlineSoftmaxState mlir::moe::lowering::initOnlineSoftmax(OpBuilder &b,
                                                          Location loc,
@@ -312,15 +307,17 @@ OnlineSoftmaxState mlir::moe::lowering::streamKeys(
       ValueRange{seed.m, seed.l, seed.acc, logits0, alpha0, p0, valid0},
       [&](OpBuilder &lb, Location ll, Value j, ValueRange it) {
         Value logits = logitsOfKey(lb, ll, j, it[3]);
-        SmallVector<Value> stats = generic(
+        SmallVector<Value> stats = kernelGeneric(
             lb, ll, logits, ValueRange{it[0], it[1], it[4], it[5], it[6]},
             {bi, bi, bi, bi, bi, bi}, {par, par},
-            [](OpBuilder &gb, Location gl, ValueRange a) {
-              OnlineStep s = onlineSoftmaxStep(gb, gl, a[1], a[2], a[0]);
+            [](kernels::KernelBuilder &kb, ValueRange a) {
+              kernels::SoftmaxTile s =
+                  kernels::onlineSoftmaxKey(kb, {a[1], a[2]}, a[0]);
               // NaN counts as unmasked so that it propagates.
-              Value valid = arith::CmpFOp::create(
-                  gb, gl, arith::CmpFPredicate::UNE, a[0], negInf(gb, gl));
-              return SmallVector<Value>{s.m, s.l, s.alpha, s.p, valid};
+              Value valid = kb.cmpf(arith::CmpFPredicate::UNE, a[0],
+                                    kb.negInfLike(kb.f32()));
+              return SmallVector<Value>{s.next.max, s.next.sum, s.rescale,
+                                        s.probs.front(), valid};
             });
         Value values = valuesOfKey(lb, ll, j);
         Value acc =
@@ -350,16 +347,12 @@ Value mlir::moe::lowering::normalizeRows(OpBuilder &b, Location loc,
       tensor::EmptyOp::create(b, loc, sizesOf(b, loc, s.acc), b.getF32Type());
   using utils::IteratorType;
   constexpr IteratorType par = IteratorType::parallel;
-  return generic(b, loc, ValueRange{s.m, s.l, s.acc}, init,
-                 {bi3, bi3, bic3, bic3}, {par, par, par},
-                 [](OpBuilder &gb, Location gl, ValueRange a) {
-                   Value none = arith::CmpFOp::create(
-                       gb, gl, arith::CmpFPredicate::OEQ, a[0],
-                       negInf(gb, gl));
-                   Value p = arith::DivFOp::create(gb, gl, a[2], a[1]);
-                   return SmallVector<Value>{arith::SelectOp::create(
-                       gb, gl, none, f32Const(gb, gl, 0.0), p)};
-                 })
+  return kernelGeneric(b, loc, ValueRange{s.m, s.l, s.acc}, init,
+                       {bi3, bi3, bic3, bic3}, {par, par, par},
+                       [](kernels::KernelBuilder &kb, ValueRange a) {
+                         return SmallVector<Value>{
+                             kernels::softmaxNormalize(kb, {a[0], a[1]}, a[2])};
+                       })
       .front();
 }
 

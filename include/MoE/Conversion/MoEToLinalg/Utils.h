@@ -3,18 +3,21 @@
 // Part of the MoE-MLIR project.
 //
 // Small builders the per-op lowerings share: f32 promotion, filled init
-// tensors, linalg.generic with a lambda body, the orderings used by every
-// top-k/argmin, the online-softmax step, and the run-time index check that
-// calls moeReportIndexError. Public: the fast CPU kernels (MoEToCPU) finish
-// some ops with these tensor-level builders too.
+// tensors, linalg.generic with a lambda body (or one written over the
+// kernels' builder, whose maths MoE/Kernels shares with the CPU and GPU
+// kernels), the orderings used by every top-k/argmin, the online-softmax key
+// loop, and the run-time index check that calls moeReportIndexError. Public:
+// the fast CPU kernels (MoEToCPU) finish some ops with these tensor-level
+// builders too.
 //
 //===----------------------------------------------------------------------===//
 
 #ifndef MOE_CONVERSION_MOETOLINALG_UTILS_H
 #define MOE_CONVERSION_MOETOLINALG_UTILS_H
 
-#include "MoE/Kernels/IndexErrors.h"
 #include "MoE/IR/MoEOps.h"
+#include "MoE/Kernels/Builder.h"
+#include "MoE/Kernels/IndexErrors.h"
 #include "mlir/Dialect/Arith/Utils/Utils.h"
 #include "mlir/Dialect/Linalg/IR/Linalg.h"
 #include "mlir/Dialect/Utils/StructuredOpsUtils.h"
@@ -124,6 +127,16 @@ SmallVector<Value> generic(OpBuilder &b, Location loc, ValueRange ins,
                            ArrayRef<utils::IteratorType> iterators,
                            GenericBody body);
 
+using KernelBody =
+    function_ref<SmallVector<Value>(kernels::KernelBuilder &, ValueRange)>;
+
+/// generic() with a body written over the kernels' builder (scalar f32
+/// maths of MoE/Kernels, e.g. OnlineSoftmax.h, inlined per element).
+SmallVector<Value> kernelGeneric(OpBuilder &b, Location loc, ValueRange ins,
+                                 ValueRange outs, ArrayRef<AffineMap> maps,
+                                 ArrayRef<utils::IteratorType> iterators,
+                                 KernelBody body);
+
 /// The indexing maps and iterators of generics over a tensor whose last
 /// dimension is the row: `all` the identity, `lead` the leading dimensions
 /// (d0..d{n-1}) -> (d0..d{n-2}); `parallel` every dimension parallel, `reduce`
@@ -149,16 +162,6 @@ Value loopIndex(OpBuilder &b, Location loc, int64_t dim);
 // Online softmax (flash-style), one key at a time
 //===----------------------------------------------------------------------===//
 
-/// One step of a streaming softmax over keys for one row: given the running
-/// max `m`, running sum `l` and the new logit `x` (−inf = masked), returns
-/// {m', l', alpha, p} such that acc' = alpha·acc + p·value. A row that has seen
-/// no unmasked key keeps m = −inf, l = 0 (alpha = 1, p = 0); NaN propagates.
-struct OnlineStep {
-  Value m, l, alpha, p;
-};
-OnlineStep onlineSoftmaxStep(OpBuilder &b, Location loc, Value m, Value l,
-                             Value x);
-
 /// The running state of a streaming softmax over keys for a [B, N] block of
 /// query rows with values of width K: max m [B, N], sum l [B, N] and the
 /// unnormalized accumulator acc [B, N, K].
@@ -181,13 +184,16 @@ using KeyValues = function_ref<Value(OpBuilder &, Location, Value j)>;
 /// An scf.for over the keys j in [0, numKeys) that keeps the online-softmax
 /// state of every query row: per key, one generic for the row statistics and
 /// one for the K-wide accumulator. Nothing of size N x numKeys is created.
-/// Masked keys are skipped (their values are never read into acc).
+/// Each row's step is kernels::onlineSoftmaxKey (MoE/Kernels/OnlineSoftmax.h:
+/// the CPU and GPU flash kernels' maths). Masked keys are skipped (their
+/// values are never read into acc).
 OnlineSoftmaxState streamKeys(OpBuilder &b, Location loc, OpFoldResult batch,
                               OpFoldResult rows, OpFoldResult width,
                               Value numKeys, KeyLogits logitsOfKey,
                               KeyValues valuesOfKey);
 
-/// acc / l per row, and 0 for rows that saw no unmasked key (m = −inf).
+/// acc / l per row, and 0 for rows that saw no unmasked key (l = 0):
+/// kernels::softmaxNormalize.
 Value normalizeRows(OpBuilder &b, Location loc, const OnlineSoftmaxState &s);
 
 //===----------------------------------------------------------------------===//
