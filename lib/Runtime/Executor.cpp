@@ -37,6 +37,7 @@
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/StringMap.h"
 #include "llvm/ExecutionEngine/Orc/Mangling.h"
 #include "llvm/Support/CrashRecoveryContext.h"
 #include "llvm/Support/DynamicLibrary.h"
@@ -204,25 +205,36 @@ using CoroResume = void (*)(void *);
 struct AsyncRuntimeApi {
   void (*execute)(CoroHandle, CoroResume) = nullptr;
   int64_t (*numWorkerThreads)() = nullptr;
+  /// What the library exports to JIT'd code (its
+  /// __mlir_execution_engine_init: every mlirAsyncRuntime* entry point),
+  /// bound in each engine by compile().
+  llvm::StringMap<void *> symbols;
 };
 
 /// Loads libmlir_async_runtime.so into the process for good (once); null
-/// when it cannot be loaded.
+/// when it cannot be loaded. With local visibility: in the global scope its
+/// mlirAsyncRuntime* would take the calls of every kernel loaded later
+/// without RTLD_DEEPBIND, such as the torch ops' (python/moe_mlir/runtime/
+/// cache.py), whose tasks must go to libmoe_kernel_runtime.so's pool, the one
+/// the torch extension lends its threads to (MoE/Runtime/KernelThreads.h).
 const AsyncRuntimeApi *asyncRuntime() {
   static const AsyncRuntimeApi *api = []() -> const AsyncRuntimeApi * {
     std::string path =
         std::string(MOE_MLIR_LIBRARY_DIR) + "/libmlir_async_runtime.so";
-    if (llvm::sys::DynamicLibrary::LoadLibraryPermanently(path.c_str()))
+    void *lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
       return nullptr;
+    using InitFn = void (*)(llvm::StringMap<void *> &);
+    auto init =
+        reinterpret_cast<InitFn>(dlsym(lib, "__mlir_execution_engine_init"));
     static AsyncRuntimeApi loaded;
     loaded.execute = reinterpret_cast<void (*)(CoroHandle, CoroResume)>(
-        llvm::sys::DynamicLibrary::SearchForAddressOfSymbol(
-            "mlirAsyncRuntimeExecute"));
+        dlsym(lib, "mlirAsyncRuntimeExecute"));
     loaded.numWorkerThreads = reinterpret_cast<int64_t (*)()>(
-        llvm::sys::DynamicLibrary::SearchForAddressOfSymbol(
-            "mlirAsyncRuntimGetNumWorkerThreads"));
-    if (!loaded.execute || !loaded.numWorkerThreads)
+        dlsym(lib, "mlirAsyncRuntimGetNumWorkerThreads"));
+    if (!init || !loaded.execute || !loaded.numWorkerThreads)
       return nullptr;
+    init(loaded.symbols);
     return &loaded;
   }();
   return api;
@@ -412,10 +424,11 @@ Executor::compile(llvm::StringRef mlirText, const CompileOptions &options) {
   // ($MOE_NUM_THREADS, else $OMP_NUM_THREADS, else one per core), through
   // the MLIR async runtime loaded below when that is more than one.
   //
-  // The runtime is loaded once, permanently, into the process, and the JIT'd
-  // code finds its symbols there (the engine searches the process); the
-  // module's destructor drains its pool (drainAsyncRuntime). Passing it
-  // through ExecutionEngineOptions::sharedLibPaths instead would make every
+  // The runtime is loaded once, permanently, into the process (with local
+  // visibility, asyncRuntime()), and its symbols are bound in each engine
+  // (registerSymbols below); the module's destructor drains its pool
+  // (drainAsyncRuntime). Passing it through
+  // ExecutionEngineOptions::sharedLibPaths instead would make every
   // engine's destructor call the library's __mlir_execution_engine_destroy,
   // which deletes the process-wide default runtime: the next module (or any
   // other live one) would then crash.
@@ -500,10 +513,19 @@ Executor::compile(llvm::StringRef mlirText, const CompileOptions &options) {
   // Without upstream's runner utilities (an install that ships no LLVM:
   // the wheel), memrefCopy comes from the kernel runtime beside
   // libmoe_cpu_runtime.so, which implements the same ABI.
+  // The async runtime, loaded with local visibility (asyncRuntime()), is
+  // bound here for code with parallel loops.
   void *ownMemrefCopy = libs.empty() ? kernelRuntimeMemrefCopy() : nullptr;
+  const AsyncRuntimeApi *async =
+      pipelineOptions.numThreads > 1 ? asyncRuntime() : nullptr;
   compiled->engine_->registerSymbols(
-      [ownMemrefCopy](llvm::orc::MangleAndInterner interner) {
+      [ownMemrefCopy, async](llvm::orc::MangleAndInterner interner) {
         llvm::orc::SymbolMap map;
+        if (async)
+          for (const auto &entry : async->symbols)
+            map[interner(entry.getKey())] = llvm::orc::ExecutorSymbolDef(
+                llvm::orc::ExecutorAddr::fromPtr(entry.getValue()),
+                llvm::JITSymbolFlags::Exported);
         auto report = llvm::orc::ExecutorSymbolDef(
             llvm::orc::ExecutorAddr::fromPtr(&moeReportIndexError),
             llvm::JITSymbolFlags::Exported);

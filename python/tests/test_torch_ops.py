@@ -679,10 +679,14 @@ def test_kernels_compile_in_process_without_starting_a_process(tmp_path):
 
 
 def test_index_errors_reported_after_the_execution_api_is_loaded():
-    """The execution API and the CUDA backend put libmoe_cpu_runtime.so (the same error-reporting symbols, another
-    error slot) into the process; kernels loaded before and after it still report into the torch extension's slot
-    (this failed when the whole suite ran in one process)."""
+    """The execution API and the CUDA backend load libmoe_cpu_runtime.so, the one library that holds the error slot
+    (the kernel runtime links it), into the global scope; kernels loaded before and after it report into that slot
+    (with two copies this failed when the whole suite ran in one process). The execution API's parallel code runs on
+    upstream's async runtime, loaded with local visibility: the torch ops' kernels, loaded without RTLD_DEEPBIND,
+    keep binding to libmoe_kernel_runtime.so's pool."""
     p = _run_fresh("""
+        import os
+        os.environ["MOE_NUM_THREADS"] = "2"  # the execution API loads the async runtime
         import torch, moe_mlir
         from moe_mlir.backends.cpu import ExecutorLibrary
         def bad_call():
@@ -698,8 +702,22 @@ def test_index_errors_reported_after_the_execution_api_is_loaded():
         executor = ExecutorLibrary.find()
         assert executor is not None
         executor.compile("func.func @f() { return }")
-        # As the CUDA backend does (backends/cuda.py): the same symbols, another error slot, in the global scope.
+        # As the CUDA backend does (backends/cuda.py): the error slot's library in the global scope.
         ctypes.CDLL(find_runtime_lib("libmoe_cpu_runtime.so"), mode=ctypes.RTLD_GLOBAL)
+        class DlInfo(ctypes.Structure):
+            _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p), ("sname", ctypes.c_char_p),
+                        ("saddr", ctypes.c_void_p)]
+        process = ctypes.CDLL(None)
+        def defined_in(name):
+            try:
+                fn = getattr(process, name)
+            except AttributeError:
+                return "nowhere"
+            info = DlInfo()
+            assert process.dladdr(ctypes.cast(fn, ctypes.c_void_p), ctypes.byref(info))
+            return os.path.basename(info.fname.decode())
+        print("global mlirAsyncRuntimeExecute:", defined_in("mlirAsyncRuntimeExecute"))
+        print("global moeReportIndexError:", defined_in("moeReportIndexError"))
         torch.ops.moe.adjacency_update(torch.zeros(4, 4), torch.tensor([[0, 1]], dtype=torch.int32))
         after = bad_call()
         x = torch.randn(3, 5)
@@ -711,7 +729,10 @@ def test_index_errors_reported_after_the_execution_api_is_loaded():
         print(before); print(after); print(fresh)
     """)
     assert p.returncode == 0, p.stderr
-    before, after, fresh = p.stdout.strip().splitlines()[-3:]
+    lines = p.stdout.strip().splitlines()
+    assert "libmlir_async_runtime" not in "\n".join(lines), lines
+    assert "global moeReportIndexError: libmoe_cpu_runtime.so" in lines, lines
+    before, after, fresh = lines[-3:]
     assert "'assign' holds 7, outside [0, 4)" in before, before
     assert after == before, after
     assert "'idx' holds 9, outside [0, 5)" in fresh, fresh

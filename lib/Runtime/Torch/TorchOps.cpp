@@ -45,8 +45,6 @@
 
 #include <Python.h>
 
-#include <dlfcn.h>
-
 #include <array>
 #include <utility>
 #include <charconv>
@@ -284,21 +282,6 @@ KernelFn lookup(const Key &k) {
   return fn;
 }
 
-/// moeTakeError of libmoe_kernel_runtime.so, the library the kernels report
-/// into. Resolved through that library's own handle, not the global scope: a
-/// process that also loaded the execution API has libmoe_cpu_runtime.so's
-/// definitions (another error slot) first in the global scope. The kernels are
-/// loaded with RTLD_DEEPBIND for the same reason (runtime/cache.py).
-int32_t takeKernelError(char *message, int64_t capacity) {
-  using TakeFn = int32_t (*)(char *, int64_t);
-  static const TakeFn take = [] {
-    void *lib = dlopen("libmoe_kernel_runtime.so", RTLD_LAZY | RTLD_NOLOAD);
-    void *sym = lib ? dlsym(lib, "moeTakeError") : nullptr;
-    return sym ? reinterpret_cast<TakeFn>(sym) : &moeTakeError;
-  }();
-  return take(message, capacity);
-}
-
 // One wording for a bad h*, whether the kernel reported it or the zero-size
 // path (which runs no kernel) found it.
 void failHeadOutOfRange(int64_t value, int64_t heads) {
@@ -312,7 +295,9 @@ void failHeadOutOfRange(int64_t value, int64_t heads) {
 /// "moe.<op>: '<operand>' element <i> is <v>, outside [0, <n>); ...".
 void checkReportedError() {
   char msg[512];
-  if (!takeKernelError(msg, sizeof(msg)))
+  // The process's one error slot (libmoe_cpu_runtime.so, which the kernel and
+  // CUDA runtimes link), whichever runtime the kernel called.
+  if (!moeTakeError(msg, sizeof(msg)))
     return;
   char op[128], operand[64];
   long long pos, value, bound;

@@ -600,10 +600,10 @@ def load(key: str, shapes: str, validate_only: int = 0) -> int:
             build(k, key, path, rt, threads, target)
             stats.compiles += 1
         stats.keys.append(key)
-        # RTLD_DEEPBIND: the kernel's runtime calls (moeReportIndexError, the async ABI) bind to
-        # libmoe_kernel_runtime.so, its own dependency, even when the CUDA backend or the execution API has put
-        # libmoe_cpu_runtime.so's same-named symbols (another error slot) into the global scope.
-        lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL | os.RTLD_DEEPBIND)
+        # Local: the kernel's runtime calls bind to the process's one copy of each (the async ABI of
+        # libmoe_kernel_runtime.so, the error slot of libmoe_cpu_runtime.so, its dependency); no other library puts
+        # those names into the global scope (the execution API loads upstream's async runtime locally).
+        lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
         addr = ctypes.cast(lib._mlir_ciface_kernel, ctypes.c_void_p).value
         assert addr
         _loaded[key] = (lib, addr)
