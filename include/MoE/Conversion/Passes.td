@@ -114,9 +114,9 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "(sm_80+): 4 lanes a token for K <= 64, 8 up to 256, 16-byte loads where the row is aligned, each "
            "lane's best ceil(k / lanes) + 3 candidates sorted in registers, a round = the group's best head (two "
            "32-bit butterflies, redux.sync for whole warps) and a pop, the lists refilled outside the round loop "
-           "when one runs out; or `list-redux` (sm_80+): both kernels, redux up to 2048 tokens and list past them, "
-           "chosen on the host by the token count (the H200 run of 2026-11-26: list 1.5-1.7x redux at 65536 "
-           "tokens, redux 1.7x list at 64). moe-lower-to-nvvm picks list-redux for sm_80 and later">,
+           "when one runs out; or `list-redux` (sm_80+): both kernels, redux up to 6144 tokens and list past them, "
+           "chosen on the host by the token count (list is the faster at many tokens, redux at few). "
+           "moe-lower-to-nvvm picks list-redux for sm_80 and later">,
     Option<"flashMma", "flash-mma", "bool", /*default=*/"true",
            "similarity_inform (and its training forward) with f16/bf16 operands of one type on tensor cores: "
            "mma.sync m16n8k16 with f32 sums, nvgpu.ldmatrix operands (sm_80+; FlashMma.cpp); the probabilities "
@@ -128,24 +128,24 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
     Option<"flashMmaWideStaging", "flash-mma-wide-staging", "bool", /*default=*/"true",
            "the tensor-core kernel stages its key and value tiles with 16-byte loads and stores of 8 elements "
            "(where D / K is a multiple of 8 and the operand's base is 16-byte aligned, checked in the kernel) "
-           "instead of one element per load. On by default since the H200 run of 2026-11-26 (bench/results/gpu-check-2026-11-26-h200.md)">,
+           "instead of one element per load. On by default">,
     Option<"flashMmaAsyncStaging", "flash-mma-async-staging", "bool", /*default=*/"true",
            "the tensor-core kernel double-buffers its key and value tiles: cp.async copies of 16 bytes "
            "(nvgpu.device_async_copy, zero-filled past the bounds) of the next tile run while the current one is "
            "computed, one barrier per tile instead of two (where D / K is a multiple of 8 and the operand's base "
            "is 16-byte aligned, checked in the kernel; the values without a key mask). Twice the shared memory "
-           "per tile. On by default since the H200 run of 2026-11-26 (bench/results/gpu-check-2026-11-26-h200.md)">,
+           "per tile. On by default">,
     Option<"flashMmaTopk", "flash-mma-topk", "bool", /*default=*/"true",
            "similarity_inform_topk with f16/bf16 operands of one type on the tensor-core kernel too: its epilogue "
            "selects the top k of each row's mixed probabilities from the mma.sync accumulators (the scalar "
            "kernel's register top-k on the C-fragment layout: a row's experts over the 4 lanes of a quad, 4-lane "
-           "butterfly rounds). On by default since the H200 run of 2026-11-26 (bench/results/gpu-check-2026-11-26-h200.md); false: the scalar kernel runs the fused op">,
+           "butterfly rounds). On by default; false: the scalar kernel runs the fused op">,
     Option<"flashMmaPosterior", "flash-mma-posterior", "bool", /*default=*/"true",
            "attention_posterior with u and e f16/bf16 of one type on the tensor-core kernel too (and "
            "attention_posterior_topk where flash-mma-topk is on as well): the head-means kernel writes the means "
            "in the operand type (the bias stays f32, from the f32 means), and the per-key bias and the selected "
            "head's scores enter the f32 C fragments of u.m^T in the logit's order (dot / sigma^2, + bias, + "
-           "score). On by default since the H200 run of 2026-11-26 (bench/results/gpu-check-2026-11-26-h200.md); false: the scalar kernel runs the mixing">,
+           "score). On by default; false: the scalar kernel runs the mixing">,
     Option<"flashMmaBase2", "flash-mma-base2", "bool", /*default=*/"false",
            "the tensor-core kernel's online softmax in base 2: log2(e)/tau (log2(e)/sigma^2) folded into one "
            "FFMA a score and ex2.approx.ftz instead of a division by tau and __nv_expf, the row max in log2 "
@@ -157,33 +157,32 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "the tensor-core kernel's row sums on the tensor cores: P is multiplied by [e | 1] (one more MMA "
            "per 16 keys against a constant column block of ones) instead of an FADD a score and the quad's "
            "shuffles, so the sum is of the rounded probabilities that enter P.e; implies flash-mma-base2. "
-           "On by default since the H200 run of 2026-11-26 (bench/results/gpu-check-2026-11-26-h200.md)">,
+           "On by default">,
     Option<"flashMmaBlockRows", "flash-mma-block-rows", "int64_t", /*default=*/"128",
            "query rows a block of the tensor-core kernel's 4 warps: 64 (one 16-row MMA tile a warp) "
-           "or 128 (the default since the H200 run of 2026-11-26; two: each key and value fragment loaded by ldmatrix feeds both tiles' MMAs), with the "
+           "or 128 (the default; two: each key and value fragment loaded by ldmatrix feeds both tiles' MMAs), with the "
            "staging's 16-byte alignment decided once outside the key loops (the aligned loops' 16-byte loads or "
            "cp.async copies unrolled, issued back to back). 128 applies where the base-2 softmax runs "
            "(flash-mma-base2 or flash-mma-sum-mma) to similarity_inform and its training forward (not the fused "
            "top-k or attention_posterior) and both tiles' fragments fit (D = 64; not D = 256)">,
     Option<"flashMmaKeySplits", "flash-mma-key-splits", "int64_t", /*default=*/"4",
            "with flash-mma-block-rows=128 (where it applies): at most this many blocks (1-16) share a row "
-           "block's keys when the grid has fewer than 264 blocks (twice an H100's 132 multiprocessors; the "
+           "block's keys when the grid has fewer than 264 blocks (two blocks on each of 132 multiprocessors; the "
            "splits chosen at run time from B and N): each writes its rows' unnormalized sums, max and sum to a "
-           "workspace and a second kernel combines them in split order (4: the default since the H200 run of 2026-11-26). 1: no split">,
+           "workspace and a second kernel combines them in split order (4: the default). 1: no split">,
     Option<"flashMmaLazyRescale", "flash-mma-lazy-rescale", "bool", /*default=*/"true",
            "with flash-mma-block-rows=128 (where it applies): the whole key tiles run against a stale shift, "
            "each row's max plus a margin (7 for bf16, 2 for f16, in log2 units: FlashAttention-4's conditional "
            "rescale), with no row max, shuffle or rescale a tile: a warp leaves that loop only for a tile where a "
            "probability reaches 2 (the row max grew by more than the margin plus one; one OR of the packed P "
-           "registers), and the tile then takes the exact step (the quads' max, the rescale). On by default since the H200 run of 2026-11-26 (bench/results/gpu-check-2026-11-26-h200.md) (167 against 188 us without it and 3 stages)">,
+           "registers), and the tile then takes the exact step (the quads' max, the rescale). On by default">,
     Option<"flashMmaStages", "flash-mma-stages", "int64_t", /*default=*/"3",
            "with flash-mma-block-rows=128 and flash-mma-async-staging (where it applies): the cp.async pipeline's "
-           "depth, 2 (double buffering in static shared memory) or 3 (the default since the H200 run of 2026-11-26: three tile buffers in "
+           "depth, 2 (double buffering in static shared memory) or 3 (the default: three tile buffers in "
            "dynamic shared memory, each tile's copies issued two tiles ahead)">,
     Option<"routeMap", "route-map", "std::string", /*default=*/"\"lanes\"",
            "how route's kernel maps a token onto lanes: `warp` (one warp a token, the experts strided over its "
-           "lanes, butterflies of 64-bit candidates; E <= 1024) or `lanes` (the default since the H200 run of 2026-11-26: "
-           "DeepSeek-V3 at 8192 tokens 12.2 us against the warp kernel's 27.4): "
+           "lanes, butterflies of 64-bit candidates; E <= 1024) or `lanes` (the default): "
            "4-32 lanes a token sized by E (8 for DeepSeek-V3's 256: one lane a group of 32), each lane holding "
            "a contiguous run of experts loaded 16 bytes at a time where aligned, scored once (sigmoid with "
            "ex2.approx/rcp.approx), groups ranked from the lanes' top-2 sums by shuffles, the top-k by "
