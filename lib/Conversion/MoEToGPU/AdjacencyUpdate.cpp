@@ -15,15 +15,13 @@
 #include "KernelUtils.h"
 #include "Lowerings.h"
 #include "MoE/Kernels/CoSelection.h"
-#include "MoE/Kernels/SegmentedStats.h"
 #include "MoE/Kernels/IndexErrors.h"
+#include "MoE/Kernels/SegmentedStats.h"
 
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 using namespace mlir::moe::kernels;
-
-static constexpr int64_t kThreads = 128;
 
 LogicalResult
 AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
@@ -53,7 +51,7 @@ AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
 
   {
     GPUKernel kernel(h, "adjacency_counts", {idx, counts, word}, {},
-                     {kThreads, 1, 1}, loc);
+                     {kKernelThreads, 1, 1}, loc);
     GpuKernelBuilder &kk = kernel.kb;
     Value ix = kernel.arg(0), cs = kernel.arg(1), w = kernel.arg(2);
     Value kSel = kk.dim(ix, 1);
@@ -99,14 +97,15 @@ AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
   }
 
   {
-    GPUKernel kernel(h, "adjacency_update", {a, counts, out},
-                     {workgroupMemRef({kThreads / kWarp}, b.getF32Type())},
-                     {kThreads, 1, 1}, loc);
+    GPUKernel kernel(
+        h, "adjacency_update", {a, counts, out},
+        {workgroupMemRef({kKernelThreads / kWarp}, b.getF32Type())},
+        {kKernelThreads, 1, 1}, loc);
     GpuKernelBuilder &kk = kernel.kb;
     Value as = kernel.arg(0), cs = kernel.arg(1), o = kernel.arg(2);
     Value line = kk.blockId();
     Value tid = kk.threadId();
-    Value step = kk.idx(kThreads);
+    Value step = kk.idx(kKernelThreads);
     Value En = kk.idx(E);
     bool byColumn = norm == AdjacencyNorm::col;
     // Element n of this block's line: (line, n) for rows, (n, line) for cols.
@@ -122,8 +121,8 @@ AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
                      [&](Value n, ValueRange acc) -> SmallVector<Value> {
                        return {kk.fadd(acc[0], countAt(n))};
                      })[0];
-      sum =
-          blockReduce(kk, part, ReduceKind::Sum, kThreads, kernel.workgroup(0));
+      sum = blockReduce(kk, part, ReduceKind::Sum, kKernelThreads,
+                        kernel.workgroup(0));
     }
     kk.forLoop(tid, En, step, [&](Value n) {
       Value c = countAt(n);

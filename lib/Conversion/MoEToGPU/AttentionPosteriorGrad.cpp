@@ -42,16 +42,14 @@
 #include "KernelUtils.h"
 #include "Lowerings.h"
 
-#include "MoE/Kernels/SegmentedStats.h"
 #include "MoE/Kernels/IndexErrors.h"
+#include "MoE/Kernels/SegmentedStats.h"
 
 #include <limits>
 
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
-
-static constexpr int64_t kThreads = 128;
 
 // The ops one call takes are built one a statement where their order would
 // otherwise be the C++ compiler's order of evaluating arguments (gcc and
@@ -65,14 +63,14 @@ static Value elementCount3D(GpuKernelBuilder &kb, Value v) {
 
 /// out = e where e is finite, else 0, for the element `flat` of [B,R,K]
 /// buffers (`copy`), or out kept where e is finite and zeroed elsewhere.
-static void emitFiniteMask(GpuKernelBuilder &kb, Value src, Value dst, bool copy,
-                           Value flat) {
+static void emitFiniteMask(GpuKernelBuilder &kb, Value src, Value dst,
+                           bool copy, Value flat) {
   Value R = kb.dim(src, 1), K = kb.dim(src, 2);
   Value c = kb.remu(flat, K), rest = kb.divu(flat, K);
   Value j = kb.remu(rest, R), b = kb.divu(rest, R);
   Value x = kb.loadF(src, {b, j, c});
   Value finite = kb.cmpf(arith::CmpFPredicate::ONE, kb.fabs(x),
-                        kb.cF32(std::numeric_limits<double>::infinity()));
+                         kb.cF32(std::numeric_limits<double>::infinity()));
   Value kept = copy ? x : kb.load(dst, {b, j, c});
   kb.store(kb.select(finite, kept, kb.cF32(0.0)), dst, {b, j, c});
 }
@@ -80,8 +78,8 @@ static void emitFiniteMask(GpuKernelBuilder &kb, Value src, Value dst, bool copy
 /// A thread per element of d_e ([B,Nk,K] f32): zeroed where e is not finite.
 static void launchFiniteMaskOfGrad(HostCode &h, Value e, Value de,
                                    Location loc) {
-  GPUKernel kernel(h, "attention_grad_finite_de", {e, de}, {}, {kThreads, 1, 1},
-                   loc);
+  GPUKernel kernel(h, "attention_grad_finite_de", {e, de}, {},
+                   {kKernelThreads, 1, 1}, loc);
   {
     GpuKernelBuilder &kb = kernel.kb;
     Value src = kernel.arg(0), dst = kernel.arg(1);
@@ -104,7 +102,7 @@ static void launchFiniteEAndHeadCheck(HostCode &h, Value e, Value out,
                                       Value skip, Value word, Location loc) {
   GPUKernel kernel(h, "attention_grad_finite_e",
                    {e, out, head, heads, safe, skip, word}, {},
-                   {kThreads, 1, 1}, loc);
+                   {kKernelThreads, 1, 1}, loc);
   {
     GpuKernelBuilder &kb = kernel.kb;
     Value src = kernel.arg(0), dst = kernel.arg(1), hs = kernel.arg(2),
@@ -115,7 +113,7 @@ static void launchFiniteEAndHeadCheck(HostCode &h, Value e, Value out,
     Value total = kb.mul(kb.mul(B, R), K);
     Value flat = kernel.globalId();
     kb.ifThen(kb.lt(flat, total),
-             [&] { emitFiniteMask(kb, src, dst, /*copy=*/true, flat); });
+              [&] { emitFiniteMask(kb, src, dst, /*copy=*/true, flat); });
     kb.ifThen(kb.lt(flat, B), [&] {
       Value hv = kb.load(hs, {flat});
       Value ok = idInRange(kb, hv, kb.castInt(H, hv.getType()));
@@ -142,7 +140,7 @@ static void launchMeanGrad(HostCode &h, Value dm, Value rowSum, Value means,
                            Value v, std::optional<double> headScale,
                            Location loc) {
   GPUKernel kernel(h, "attention_grad_dm", {dm, rowSum, means, v}, {},
-                   {kThreads, 1, 1}, loc);
+                   {kKernelThreads, 1, 1}, loc);
   {
     GpuKernelBuilder &kb = kernel.kb;
     Value g = kernel.arg(0), r = kernel.arg(1), m = kernel.arg(2),
@@ -169,7 +167,7 @@ static void launchMeanGrad(HostCode &h, Value dm, Value rowSum, Value means,
 static void launchValueGrad(HostCode &h, Value dm, Value wo, Value head,
                             Value dv, Location loc) {
   GPUKernel kernel(h, "attention_grad_dv", {dm, wo, head, dv}, {},
-                   {kThreads, 1, 1}, loc);
+                   {kKernelThreads, 1, 1}, loc);
   {
     GpuKernelBuilder &kb = kernel.kb;
     Value g = kernel.arg(0), w = kernel.arg(1), hs = kernel.arg(2),
@@ -205,7 +203,7 @@ static void launchValueGrad(HostCode &h, Value dm, Value wo, Value head,
 static void launchWeightGrad(HostCode &h, Value dm, Value v, Value head,
                              Value dwo, Location loc) {
   GPUKernel kernel(h, "attention_grad_dwo", {dm, v, head, dwo}, {},
-                   {kThreads, 1, 1}, loc);
+                   {kKernelThreads, 1, 1}, loc);
   {
     GpuKernelBuilder &kb = kernel.kb;
     Value g = kernel.arg(0), vv = kernel.arg(1), hs = kernel.arg(2),

@@ -12,13 +12,12 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 
-static constexpr int64_t kThreads = 128;
-static constexpr int64_t kRowsPerBlock = kThreads / kWarp;
+static constexpr int64_t kRowsPerBlock = kKernelThreads / kWarp;
 
 void mlir::moe::gpu_lowering::launchGemv(HostCode &host, StringRef name,
                                          ValueRange args, Location loc,
                                          bool relu, GemvStore store) {
-  GPUKernel kernel(host, name, args, {}, {kThreads, 1, 1}, loc);
+  GPUKernel kernel(host, name, args, {}, {kKernelThreads, 1, 1}, loc);
   GpuKernelBuilder &kb = kernel.kb;
   Value m = kernel.arg(0), x = kernel.arg(1), bias = kernel.arg(2);
   Value warp = kb.divu(kb.threadId(), kb.idx(kWarp));

@@ -38,19 +38,18 @@ using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 
 namespace {
-constexpr int64_t kThreads = 128;
 /// Rows of m per thread block of the layer kernel: enough blocks to fill
 /// the GPU on w2 (E·(D+1) rows), a scratch of rows / 64 partial rows.
 constexpr int64_t kBlockRows = 64;
 /// Rows of the layer kernel's loop step (loads in flight per thread).
 constexpr int64_t kRowUnroll = 4;
-constexpr int64_t kColumnsPerSumBlock = kThreads / kWarp;
+constexpr int64_t kColumnsPerSumBlock = kKernelThreads / kWarp;
 
 /// A thread per entry r of dout [R]: dw[e, c], or db[e] for c = D.
 void launchDout(HostCode &h, Value dwBuf, Value dbBuf, Value doutBuf,
                 Location loc) {
   GPUKernel kernel(h, "hyper_router_grad_dout", {dwBuf, dbBuf, doutBuf}, {},
-                   {kThreads, 1, 1}, loc);
+                   {kKernelThreads, 1, 1}, loc);
   GpuKernelBuilder &kb = kernel.kb;
   Value dw = kernel.arg(0), db = kernel.arg(1), dout = kernel.arg(2);
   kernel.forItem(kb.dim(dout, 0), [&](Value r) {
@@ -71,8 +70,8 @@ void launchDout(HostCode &h, Value dwBuf, Value dbBuf, Value doutBuf,
 /// block per kBlockRows rows.
 void launchLayer(HostCode &h, ValueRange args, bool writeDm, Value blocks,
                  Location loc) {
-  GPUKernel kernel(h, "hyper_router_grad_layer", args, {}, {kThreads, 1, 1},
-                   loc);
+  GPUKernel kernel(h, "hyper_router_grad_layer", args, {},
+                   {kKernelThreads, 1, 1}, loc);
   GpuKernelBuilder &kb = kernel.kb;
   Value m = kernel.arg(0), dy = kernel.arg(1), x = kernel.arg(2),
         partial = kernel.arg(3);
@@ -81,7 +80,7 @@ void launchLayer(HostCode &h, ValueRange args, bool writeDm, Value blocks,
   Value rows = kb.dim(m, 0), cols = kb.dim(m, 1);
   Value r0 = kb.mul(blk, kb.idx(kBlockRows));
   Value r1 = kb.mins(kb.add(r0, kb.idx(kBlockRows)), rows);
-  kb.forLoop(kb.threadId(), cols, kb.idx(kThreads), [&](Value c) {
+  kb.forLoop(kb.threadId(), cols, kb.idx(kKernelThreads), [&](Value c) {
     Value xv = dm ? kb.loadF(x, {c}) : Value();
     // Rows [r, r + n) in order; their loads come first so that n loads of
     // the memory-bound pass are in flight at once (the order of the sum is
@@ -103,16 +102,16 @@ void launchLayer(HostCode &h, ValueRange args, bool writeDm, Value blocks,
       return acc;
     };
     Value span = kb.sub(r1, r0);
-    Value r4 =
-        kb.add(r0, kb.mul(kb.divu(span, kb.idx(kRowUnroll)), kb.idx(kRowUnroll)));
+    Value r4 = kb.add(
+        r0, kb.mul(kb.divu(span, kb.idx(kRowUnroll)), kb.idx(kRowUnroll)));
     Value acc = kb.forLoop(r0, r4, kb.idx(kRowUnroll), ValueRange{kb.cF32(0.0)},
-                          [&](Value r, ValueRange a) -> SmallVector<Value> {
-                            return {rowsFrom(r, kRowUnroll, a[0])};
-                          })[0];
+                           [&](Value r, ValueRange a) -> SmallVector<Value> {
+                             return {rowsFrom(r, kRowUnroll, a[0])};
+                           })[0];
     acc = kb.forLoop(r4, r1, kb.idx(1), ValueRange{acc},
-                    [&](Value r, ValueRange a) -> SmallVector<Value> {
-                      return {rowsFrom(r, 1, a[0])};
-                    })[0];
+                     [&](Value r, ValueRange a) -> SmallVector<Value> {
+                       return {rowsFrom(r, 1, a[0])};
+                     })[0];
     kb.store(acc, partial, {blk, c});
   });
   kernel.launch({blocks, h.kb.idx(1), h.kb.idx(1)});
@@ -123,7 +122,8 @@ void launchLayer(HostCode &h, ValueRange args, bool writeDm, Value blocks,
 /// then h.
 void launchSum(HostCode &h, ValueRange args, bool gated, Value columns,
                Location loc) {
-  GPUKernel kernel(h, "hyper_router_grad_sum", args, {}, {kThreads, 1, 1}, loc);
+  GPUKernel kernel(h, "hyper_router_grad_sum", args, {}, {kKernelThreads, 1, 1},
+                   loc);
   GpuKernelBuilder &kb = kernel.kb;
   Value partial = kernel.arg(0), dx = kernel.arg(1);
   Value warp = kb.divu(kb.threadId(), kb.idx(kWarp));
@@ -134,11 +134,11 @@ void launchSum(HostCode &h, ValueRange args, bool gated, Value columns,
   // Every lane takes part in the butterfly; a warp past the last column
   // sums the last one and stores nothing.
   Value safe = kb.select(active, c, kb.sub(cols, kb.idx(1)));
-  Value part =
-      kb.forLoop(lane, kb.dim(partial, 0), kb.idx(kWarp), ValueRange{kb.cF32(0.0)},
-                [&](Value blk, ValueRange a) -> SmallVector<Value> {
-                  return {kb.fadd(a[0], kb.load(partial, {blk, safe}))};
-                })[0];
+  Value part = kb.forLoop(
+      lane, kb.dim(partial, 0), kb.idx(kWarp), ValueRange{kb.cF32(0.0)},
+      [&](Value blk, ValueRange a) -> SmallVector<Value> {
+        return {kb.fadd(a[0], kb.load(partial, {blk, safe}))};
+      })[0];
   Value sum = subgroupReduce(kb, part, ReduceKind::Sum, kWarp);
   kb.ifThen(kb.andI(active, kb.eq(lane, kb.idx(0))), [&] {
     Value v = sum;
@@ -197,8 +197,8 @@ HyperRouterGradToGPU::lower(HyperRouterGradOp op, OpAdaptor adaptor,
         dB2 = grads[4];
 
   // 1. The hidden layer.
-  Value hidden =
-      h.alloc(MemRefType::get({ShapedType::kDynamic}, kb.f32()), {kb.dim(w1, 0)});
+  Value hidden = h.alloc(MemRefType::get({ShapedType::kDynamic}, kb.f32()),
+                         {kb.dim(w1, 0)});
   launchGemv(h, "hyper_router_grad_hidden", {w1, emb, b1, hidden}, loc,
              /*relu=*/true, [](GPUKernel &kernel, Value row, Value v) {
                kernel.kb.store(v, kernel.arg(3), {row});

@@ -28,6 +28,9 @@ namespace mlir::moe::gpu_lowering {
 
 /// Threads of a warp.
 constexpr int64_t kWarp = 32;
+/// Threads of a block of the kernels whose block size is fixed rather than
+/// the pass's block-size option: 4 warps.
+constexpr int64_t kKernelThreads = 128;
 
 //===----------------------------------------------------------------------===//
 // Scalar and control-flow helpers

@@ -336,6 +336,37 @@ void launchHeadMeans(class HostCode &h, Value v, Value wo, Value head,
 kernels::SoftmaxState warpRowSoftmax(class GpuKernelBuilder &kb, Value x,
                                      Value row, Value lane);
 
+/// The token of a route kernel's thread (Route.cpp, RouteLanes.cpp): `width`
+/// lanes a token, `blockSize` threads a block, on logits x [T, E]. `tid` is
+/// the thread's id in the block, `lane` its lane in its token's group, `active`
+/// whether the token exists and `row` the row the group works on: the token's,
+/// or the last row for an inactive group of the last block, which stores
+/// nothing (every lane must take part in the shuffles and votes).
+struct RouteTokenLanes {
+  Value tid, lane, active, row;
+};
+RouteTokenLanes routeTokenLanes(GpuKernelBuilder &kb, Value x, int64_t width,
+                                int64_t blockSize);
+
+/// Pick j of `row` of a replayed choice, read from replay[row, at]
+/// (kernels::routeReplayPick: an index outside [0, E) read as expert 0) and,
+/// where `reportIf(pick)` holds, reported through the error word `word` as
+/// element row * k + j of moe.route's replay operand.
+kernels::RouteReplayPick routeReplayPickReported(
+    GpuKernelBuilder &kb, Value replay, Value word, Value row, Value at,
+    Value j, Value k, int64_t numExperts,
+    function_ref<Value(const kernels::RouteReplayPick &)> reportIf);
+
+enum class ReduceKind; // KernelUtils.h
+
+/// The softmax statistics of a route kernel's token row, of which this lane
+/// holds `xs` and `reduce` combines the lanes' values, where the scoring needs
+/// them (softmax before the choice); null max and sum otherwise.
+kernels::RowSoftmaxStats
+routeRowStats(GpuKernelBuilder &kb, const kernels::RouteSpec &spec,
+              ArrayRef<Value> xs,
+              function_ref<Value(Value, ReduceKind)> reduce);
+
 /// How route-map=lanes (RouteLanes.cpp) maps a token of E experts onto
 /// lanes: `width` lanes a token (a power of two <= 32), lane l holding the
 /// `perLane` experts [l * perLane, (l + 1) * perLane); with groups, a lane

@@ -23,15 +23,14 @@
 
 #include "KernelUtils.h"
 #include "Lowerings.h"
-#include "MoE/Kernels/SegmentedStats.h"
 #include "MoE/Kernels/IndexErrors.h"
+#include "MoE/Kernels/SegmentedStats.h"
 
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 using namespace mlir::moe::kernels;
 
-static constexpr int64_t kThreads = 128;
 static constexpr int64_t kChunkTokens = 256;
 static constexpr int64_t kEpilogueThreads = 256;
 
@@ -79,7 +78,7 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
   // 1. Counts and range checks.
   {
     GPUKernel kernel(h, "mad_count", {assign, counts, word}, {},
-                     {kThreads, 1, 1}, loc);
+                     {kKernelThreads, 1, 1}, loc);
     GpuKernelBuilder &kk = kernel.kb;
     Value as = kernel.arg(0), cs = kernel.arg(1), w = kernel.arg(2);
     kernel.forItem(kk.dim(as, 0), [&](Value t) {
@@ -100,7 +99,8 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
   // 2-3. The two passes.
   auto chunkSums = [&](bool deviation) {
     GPUKernel kernel(h, deviation ? "mad_chunk_deviations" : "mad_chunk_sums",
-                     {x, assign, means, partial}, {}, {kThreads, 1, 1}, loc);
+                     {x, assign, means, partial}, {}, {kKernelThreads, 1, 1},
+                     loc);
     GpuKernelBuilder &kk = kernel.kb;
     Value xs = kernel.arg(0), as = kernel.arg(1), mu = kernel.arg(2),
           part = kernel.arg(3);
@@ -124,13 +124,13 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
         });
       });
     });
-    kernel.launch({kb.ceilDiv(D, kb.idx(kThreads)), chunks, kb.idx(1)});
+    kernel.launch({kb.ceilDiv(D, kb.idx(kKernelThreads)), chunks, kb.idx(1)});
   };
   auto finish = [&](bool dispersion) {
     GPUKernel kernel(h,
                      dispersion ? "mad_finish_dispersion" : "mad_finish_mean",
                      {partial, counts, dispersion ? weights : means}, {},
-                     {kThreads, 1, 1}, loc);
+                     {kKernelThreads, 1, 1}, loc);
     GpuKernelBuilder &kk = kernel.kb;
     Value part = kernel.arg(0), cs = kernel.arg(1), o = kernel.arg(2);
     Value Dk = kk.dim(part, 2), C = kk.dim(part, 0);

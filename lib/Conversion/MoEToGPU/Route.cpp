@@ -80,15 +80,10 @@ public:
   void emit(Value x, Value bias, Value weights, Value indices,
             Value replay = Value(), Value word = Value()) {
     this->x = x;
-    Value tid = kb.threadId();
-    lane = kb.remu(tid, kb.idx(width));
-    Value numTokens = kb.dim(x, 0);
-    Value token = kb.add(kb.mul(kb.blockId(), kb.idx(blockSize / width)),
-                         kb.divu(tid, kb.idx(width)));
-    active = kb.lt(token, numTokens);
-    // Inactive groups of the last block work on a valid row and store
-    // nothing: every lane must take part in the shuffles.
-    row = kb.select(active, token, kb.sub(numTokens, kb.idx(1)));
+    RouteTokenLanes t = routeTokenLanes(kb, x, width, blockSize);
+    lane = t.lane;
+    active = t.active;
+    row = t.row;
     none = noCandidate(kb, kb.i64());
 
     if (replay) {
@@ -147,13 +142,12 @@ private:
     SmallVector<Value> xs;
     for (int64_t m = 0; m < vpt; ++m)
       xs.push_back(loadOrPad(x, row, m, -kInf));
-    if (!spec.fromLogits() && spec.scoring == RouteSpec::Scoring::Softmax) {
-      RowSoftmaxStats stats = rowSoftmaxStats(
-          kb, xs, [&](Value v) { return reduce(v, ReduceKind::Max); },
-          [&](Value v) { return reduce(v, ReduceKind::Sum); });
-      rowMax = stats.max;
-      rowSum = stats.sum;
-    }
+    RowSoftmaxStats stats =
+        routeRowStats(kb, spec, xs, [&](Value v, ReduceKind kind) {
+          return reduce(v, kind);
+        });
+    rowMax = stats.max;
+    rowSum = stats.sum;
     return xs;
   }
 
@@ -164,13 +158,9 @@ private:
     Value k = kb.idx(spec.k);
     kb.forLoop(lane, k, kb.idx(width), [&](Value j) {
       kb.ifThen(active, [&] {
-        RouteReplayPick pick =
-            routeReplayPick(kb, kb.load(replay, {row, j}), kb.cI64(numExperts));
-        kb.ifThen(kb.notI1(pick.inRange), [&] {
-          Value position = kb.castInt(kb.add(kb.mul(row, k), j), kb.i64());
-          emitRecordIndexError(kb, word, kMoEErrorRouteReplay, position,
-                               pick.given, kb.cI64(numExperts));
-        });
+        RouteReplayPick pick = routeReplayPickReported(
+            kb, replay, word, row, j, j, k, numExperts,
+            [&](const RouteReplayPick &p) { return kb.notI1(p.inRange); });
         Value index = pick.expert;
         Value logit = kb.loadF(x, {row, kb.castInt(index, kb.index())});
         Value score = routeScore(kb, spec, logit, rowMax, rowSum);
@@ -356,7 +346,8 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
     h.replace({op.getOperation(), planOp.getOperation()}, buffers);
   };
   if (lanes) {
-    Value replay = adaptor.getReplay() ? h.buffer(adaptor.getReplay()) : Value();
+    Value replay =
+        adaptor.getReplay() ? h.buffer(adaptor.getReplay()) : Value();
     launchRouteLanes(h, spec, *lanes, numExperts,
                      routeLanesBlockSize(*lanes, options.blockSize,
                                          options.sharedMemoryBytes),

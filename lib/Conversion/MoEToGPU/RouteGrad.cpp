@@ -33,10 +33,6 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 
-namespace {
-constexpr int64_t kThreads = 128;
-} // namespace
-
 LogicalResult RouteGradToGPU::lower(RouteGradOp op, OpAdaptor adaptor,
                                     ConversionPatternRewriter &rewriter) const {
   auto outType = cast<RankedTensorType>(op.getDlogits().getType());
@@ -47,25 +43,28 @@ LogicalResult RouteGradToGPU::lower(RouteGradOp op, OpAdaptor adaptor,
                              h.buffer(adaptor.getDw()), out};
   kernels::RouteSpec spec = kernels::routeGradSpecOf(op);
 
-  GPUKernel kernel(h, "route_grad", args, {}, {kThreads, 1, 1}, op.getLoc());
+  GPUKernel kernel(h, "route_grad", args, {}, {kKernelThreads, 1, 1},
+                   op.getLoc());
   {
     GpuKernelBuilder &kk = kernel.kb;
     Value x2 = kernel.arg(0), i2 = kernel.arg(1), g2 = kernel.arg(2),
           o2 = kernel.arg(3);
     Value rows = kk.dim(x2, 0), numExperts = kk.dim(x2, 1);
     // 1. The block's rows zeroed, its threads along each row.
-    Value first = kk.mul(kk.blockId(), kk.idx(kThreads));
-    Value last = kk.mins(kk.add(first, kk.idx(kThreads)), rows);
+    Value first = kk.mul(kk.blockId(), kk.idx(kKernelThreads));
+    Value last = kk.mins(kk.add(first, kk.idx(kKernelThreads)), rows);
     kk.forLoop(first, last, kk.idx(1), [&](Value r) {
-      kk.forLoop(kk.threadId(), numExperts, kk.idx(kThreads),
-                 [&](Value e) { kk.store(kk.cF32(0.0), o2, {r, e}); });
+      kk.forLoop(kk.threadId(), numExperts, kk.idx(kKernelThreads),
+                 [&](Value e) {
+                   kk.store(kk.cF32(0.0), o2, {r, e});
+                 });
     });
     kk.barrier();
     // 2. A thread a row: the picks' sums, then their gradients.
     kernel.forItem(rows, [&](Value r) {
       Value sel = kk.dim(i2, 1);
-      auto [sSum, cSum] = kernels::routeGradRowSums(kk, spec, x2, i2, g2, r,
-                                                    numExperts, sel);
+      auto [sSum, cSum] =
+          kernels::routeGradRowSums(kk, spec, x2, i2, g2, r, numExperts, sel);
       kernels::routeGradRowAdds(kk, spec, x2, i2, g2, o2, r, numExperts, sel,
                                 sSum, cSum);
     });

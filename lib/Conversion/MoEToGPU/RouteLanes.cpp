@@ -179,6 +179,45 @@ Value mlir::moe::gpu_lowering::routeLanesScore(GpuKernelBuilder &kb,
              : routeScore(kb, spec, x, rowMax, rowSum);
 }
 
+RouteTokenLanes gpu_lowering::routeTokenLanes(GpuKernelBuilder &kb, Value x,
+                                              int64_t width,
+                                              int64_t blockSize) {
+  RouteTokenLanes t;
+  Value tid = t.tid = kb.threadId();
+  t.lane = kb.remu(tid, kb.idx(width));
+  Value numTokens = kb.dim(x, 0);
+  Value token = kb.add(kb.mul(kb.blockId(), kb.idx(blockSize / width)),
+                       kb.divu(tid, kb.idx(width)));
+  t.active = kb.lt(token, numTokens);
+  t.row = kb.select(t.active, token, kb.sub(numTokens, kb.idx(1)));
+  return t;
+}
+
+RouteReplayPick gpu_lowering::routeReplayPickReported(
+    GpuKernelBuilder &kb, Value replay, Value word, Value row, Value at,
+    Value j, Value k, int64_t numExperts,
+    function_ref<Value(const RouteReplayPick &)> reportIf) {
+  RouteReplayPick pick =
+      routeReplayPick(kb, kb.load(replay, {row, at}), kb.cI64(numExperts));
+  kb.ifThen(reportIf(pick), [&] {
+    Value position = kb.castInt(kb.add(kb.mul(row, k), j), kb.i64());
+    emitRecordIndexError(kb, word, kMoEErrorRouteReplay, position, pick.given,
+                         kb.cI64(numExperts));
+  });
+  return pick;
+}
+
+RowSoftmaxStats
+gpu_lowering::routeRowStats(GpuKernelBuilder &kb, const RouteSpec &spec,
+                            ArrayRef<Value> xs,
+                            function_ref<Value(Value, ReduceKind)> reduce) {
+  if (spec.fromLogits() || spec.scoring != RouteSpec::Scoring::Softmax)
+    return {};
+  return rowSoftmaxStats(
+      kb, xs, [&](Value v) { return reduce(v, ReduceKind::Max); },
+      [&](Value v) { return reduce(v, ReduceKind::Sum); });
+}
+
 namespace {
 /// The kernel of route-map=lanes (the file header).
 class RouteLanesKernel {
@@ -193,15 +232,11 @@ public:
   /// outside [0, E) is reported through.
   void emit(Value x, Value bias, Value weights, Value indices, Value smem,
             Value replay = Value(), Value word = Value()) {
-    Value tid = kb.threadId();
-    lane = kb.remu(tid, kb.idx(W));
-    Value numTokens = kb.dim(x, 0);
-    Value token = kb.add(kb.mul(kb.blockId(), kb.idx(blockSize / W)),
-                         kb.divu(tid, kb.idx(W)));
-    active = kb.lt(token, numTokens);
-    // Inactive tokens of the last block work on a valid row and store
-    // nothing: every lane of the warp takes part in the shuffles and votes.
-    row = kb.select(active, token, kb.sub(numTokens, kb.idx(1)));
+    RouteTokenLanes t = routeTokenLanes(kb, x, W, blockSize);
+    lane = t.lane;
+    active = t.active;
+    row = t.row;
+    Value tid = t.tid;
     laneI32 = kb.castInt(lane, kb.i32());
     laneBase = kb.mul(laneI32, kb.cI32(P));
     // This lane's run in its token's shared row: tid * (P + 1) (a lane's
@@ -329,14 +364,11 @@ private:
   /// Step 2: scores (the weight sources to shared memory) and the choice
   /// values' keys (empty past the last expert).
   SmallVector<Value> scoreAndKey(ArrayRef<Value> xs, ArrayRef<Value> bs) {
-    Value rowMax, rowSum;
-    if (!spec.fromLogits() && spec.scoring == RouteSpec::Scoring::Softmax) {
-      RowSoftmaxStats stats = rowSoftmaxStats(
-          kb, xs, [&](Value v) { return reduce(v, ReduceKind::Max); },
-          [&](Value v) { return reduce(v, ReduceKind::Sum); });
-      rowMax = stats.max;
-      rowSum = stats.sum;
-    }
+    RowSoftmaxStats stats =
+        routeRowStats(kb, spec, xs, [&](Value v, ReduceKind kind) {
+          return reduce(v, kind);
+        });
+    Value rowMax = stats.max, rowSum = stats.sum;
     Value gone = emptyListKey(kb, kb.i32());
     SmallVector<Value> keys;
     for (int64_t m = 0; m < P; ++m) {
@@ -431,13 +463,10 @@ private:
       Value j = kb.add(lane, kb.idx(s * W));
       Value valid = (s + 1) * W <= spec.k ? kb.cBool(true) : kb.lt(j, k);
       Value safe = kb.select(valid, j, kb.idx(0));
-      RouteReplayPick pick =
-          routeReplayPick(kb, kb.load(replay, {row, safe}), kb.cI64(E));
-      kb.ifThen(kb.andI(kb.andI(active, valid), kb.notI1(pick.inRange)), [&] {
-        Value position = kb.castInt(kb.add(kb.mul(row, k), j), kb.i64());
-        emitRecordIndexError(kb, word, kMoEErrorRouteReplay, position,
-                             pick.given, kb.cI64(E));
-      });
+      RouteReplayPick pick = routeReplayPickReported(
+          kb, replay, word, row, safe, j, k, E, [&](const RouteReplayPick &p) {
+            return kb.andI(kb.andI(active, valid), kb.notI1(p.inRange));
+          });
       picks.keys.push_back(pick.expert);
       picks.indices.push_back(pick.expert);
       picks.valid.push_back(valid);

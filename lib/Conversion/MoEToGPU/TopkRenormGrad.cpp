@@ -20,10 +20,6 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 
-namespace {
-constexpr int64_t kThreads = 128;
-} // namespace
-
 LogicalResult
 TopkRenormGradToGPU::lower(TopkRenormGradOp op, OpAdaptor adaptor,
                            ConversionPatternRewriter &rewriter) const {
@@ -32,13 +28,12 @@ TopkRenormGradToGPU::lower(TopkRenormGradOp op, OpAdaptor adaptor,
   ImplicitLocOpBuilder &b = h.b;
   Value scores = h.buffer(adaptor.getScores());
   Value out = allocResultLike(h, outType, scores);
-  SmallVector<Value> args = {viewAs2D(b, scores),
-                             viewAs2D(b, h.buffer(adaptor.getIndices())),
-                             viewAs2D(b, h.buffer(adaptor.getDw())),
-                             viewAs2D(b, out)};
+  SmallVector<Value> args = {
+      viewAs2D(b, scores), viewAs2D(b, h.buffer(adaptor.getIndices())),
+      viewAs2D(b, h.buffer(adaptor.getDw())), viewAs2D(b, out)};
   kernels::TopkSpec spec = kernels::topkSpecOf(op);
 
-  GPUKernel kernel(h, "topk_renorm_grad", args, {}, {kThreads, 1, 1},
+  GPUKernel kernel(h, "topk_renorm_grad", args, {}, {kKernelThreads, 1, 1},
                    op.getLoc());
   {
     GpuKernelBuilder &kk = kernel.kb;
