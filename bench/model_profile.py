@@ -97,7 +97,7 @@ def main() -> int:
     import moe_mlir  # noqa: F401
     from moe_mlir.backends.dynamo import capture_graphs
 
-    from .models import build_model
+    from .models import build_model, sgd_step
 
     torch.set_num_threads(_THREADS)
     model, desc = build_model(args.model, False)
@@ -142,13 +142,7 @@ def main() -> int:
         model.config.output_router_logits = True
         torch._dynamo.reset()
         c = model if args.backend == "eager" else torch.compile(model, backend=args.backend)
-        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-
-        def tstep():
-            opt.zero_grad(set_to_none=True)
-            loss = c(input_ids=ids, labels=ids, use_cache=False).loss
-            loss.backward()
-            opt.step()
+        tstep = sgd_step(model, c, ids)
 
         with capture_graphs() as log:
             tstep()

@@ -163,6 +163,24 @@ def _compile(fn: Callable, backend: str) -> tuple[Callable, float]:
     return out, time.perf_counter() - t0
 
 
+def sgd_step(model, compiled: Callable, ids) -> Callable[[], Any]:
+    """One training step of `model` (run through `compiled`, the model or its compiled form): the language-model
+    loss on `ids` [B, T] as its own labels, backward, one SGD step (lr 1e-4). Returns the step, which returns the
+    loss (detached)."""
+    import torch
+
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = compiled(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return step
+
+
 def _timed(fn: Callable[[], Any], budget: float, min_reps: int = 3, max_reps: int = 30) -> dict:
     from .timing import measure
 
@@ -281,16 +299,7 @@ def worker(name: str, backend: str, phases: list[str], quick: bool, budget: floa
         model.config.output_router_logits = True
         torch._dynamo.reset()
         c, wrap_s = _compile(model, backend)
-        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-
-        def step():
-            opt.zero_grad(set_to_none=True)
-            loss = c(input_ids=ids, labels=ids, use_cache=False).loss
-            loss.backward()
-            opt.step()
-            return loss.detach()
-
-        step = _synced(step, device)
+        step = _synced(sgd_step(model, c, ids), device)
         loss, secs, info = _first_call(step, backend)
         secs += wrap_s
         t = _timed(step, budget)

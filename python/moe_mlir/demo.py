@@ -320,12 +320,10 @@ def routing_demo(tokens: int = 4096, hidden: int = 7168, rounds: int = 15, modul
             got = moe(logits)
         inductor(logits)
         err = _same_routing(got, from_logits(logits))
-        raised = sorted({op for g in log for op in g.moe_ops()})
         print(f"1. DeepSeek-V3 routing (HF DeepseekV3TopkRouter: E=256, 8 groups, top-4 groups, k=8), T={tokens}, "
-              f"through torch.compile(backend='moe'): raised to {['moe.' + op for op in raised]}; same experts as "
+              f"through torch.compile(backend='moe'): raised to {_raised_ops(log)}; same experts as "
               f"eager, weights within {err:.1e}")
-        for line in compile_lines(compare_compiles("deepseek_v3_routing", _child_env())):
-            print(line, flush=True)
+        _print_compiles("deepseek_v3_routing")
         ms = interleaved_ms({"eager": lambda: from_logits(logits), "inductor": lambda: inductor(logits),
                              "moe": lambda: moe(logits)}, rounds)
         print(f"   routing from the logits, median of {rounds} rounds: {_ratios(ms)}")
@@ -373,12 +371,10 @@ def training_demo(batch: int = 4, seq: int = 1024, d: int = 128, experts: int = 
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     err = max(float((a - b).abs().max()) for a, b in zip(got, want))
-    raised = sorted({op for gr in log for op in gr.moe_ops()})
     print(f"2. training step of Similarity-Inform's router, softmax(u uᵀ/tau) @ e (B={batch}, N={seq}, D={d}, "
           f"K={experts}), forward + backward through torch.compile(backend='moe'): raised to "
-          f"{['moe.' + op for op in raised]}; gradients match eager (max abs diff {err:.1e})")
-    for line in compile_lines(compare_compiles("similarity_training", _child_env())):
-        print(line, flush=True)
+          f"{_raised_ops(log)}; gradients match eager (max abs diff {err:.1e})")
+    _print_compiles("similarity_training")
     ms = interleaved_ms({"eager": lambda: _step(similarity_mixing, u, e), "inductor": lambda: _step(inductor, u, e),
                          "moe": lambda: _step(moe, u, e)}, rounds)
     print(f"   forward + backward, median of {rounds} rounds: {_ratios(ms)}")
@@ -411,6 +407,17 @@ def whole_graph_demo(batch: int = 2, seq: int = 64, calls: int = 20) -> None:
         ms = interleaved_ms({"eager": lambda: model(x), "moe": lambda: compiled(x)}, calls)
     print(f"   block forward, median of {calls} rounds: eager {ms['eager']:.3f} ms, moe-mlir {ms['moe']:.3f} ms "
           f"({ms['eager'] / ms['moe']:.2f}x eager; {compiled.backend} backend, no inductor on this path)")
+
+
+def _raised_ops(log) -> list[str]:
+    """The moe ops the graphs captured in `log` were raised to, as ``moe.<op>``, sorted."""
+    return ["moe." + op for op in sorted({op for g in log for op in g.moe_ops()})]
+
+
+def _print_compiles(block: str) -> None:
+    """Prints :func:`compare_compiles`' lines for demo block `block` (each backend compiled in a fresh process)."""
+    for line in compile_lines(compare_compiles(block, _child_env())):
+        print(line, flush=True)
 
 
 def _child_env() -> dict:

@@ -559,9 +559,10 @@ def _as_vector(b: fx.Node) -> fx.Node:
     return b
 
 
-def _gathered_topk(tk: fx.Node) -> Optional[tuple[fx.Node, int, fx.Node, fx.Node]]:
-    """(choice scores, k, indices, gather) of a last-dim top-k whose values are unused and whose indices feed one
-    last-dim ``gather``: the weights are gathered from scores other than the ones chosen on."""
+def _gathered_topk(tk: fx.Node) -> Optional[tuple[fx.Node, int, fx.Node, fx.Node, fx.Node]]:
+    """(choice scores, k, indices, gather, the gathered tensor) of a last-dim top-k whose values are unused and
+    whose indices feed one last-dim ``gather``: the weights are gathered from scores other than the ones chosen
+    on."""
     parts = _topk_parts(tk)
     if parts is None or parts[3] is None:
         return None
@@ -571,7 +572,7 @@ def _gathered_topk(tk: fx.Node) -> Optional[tuple[fx.Node, int, fx.Node, fx.Node
     gathers = [u for u in idxs.users if _is_call(u, (aten.gather.default,)) and u.args[2] is idxs]
     if len(gathers) != 1 or not _last_dim(gathers[0], gathers[0].args[1]):
         return None
-    return c, k, idxs, gathers[0]
+    return c, k, idxs, gathers[0], gathers[0].args[0]
 
 
 def _choice_bias(c: fx.Node, x: fx.Node) -> tuple[bool, Optional[fx.Node]]:
@@ -593,11 +594,9 @@ def _raise_scored_topk(graph: fx.Graph, tk: fx.Node) -> bool:
     """``gather(score(x), topk([masked_fill](score(x) [+ bias], group mask, -inf), k).indices)`` [renormalized]
     [scaled] -> ``moe.route`` (DeepSeek-V3/R1, Kimi-K2, GLM-4.5, DeepSeek-V2 gates in HF's form; LongCat-Flash's
     choice on a same-shape view of the scores plus a ``[1, E]`` bias)."""
-    found = _gathered_topk(tk)
-    if found is None:
+    if (found := _gathered_topk(tk)) is None:
         return False
-    c2, k, idxs, gather = found
-    s = gather.args[0]
+    c2, k, idxs, gather, s = found
     scored = _scoring_of(s)
     if scored is None:
         return False
@@ -643,11 +642,9 @@ def _raise_topk_then_sigmoid(graph: fx.Graph, tk: fx.Node) -> bool:
     """``sigmoid(gather(x, topk(x [+ bias], k).indices))`` [renormalized] [scaled] -> ``moe.route`` with
     ``order(topk_then_score)``: the experts chosen on the raw (biased) logits, each selected logit scored alone
     (Kolibri-1's router; the bias only chooses)."""
-    found = _gathered_topk(tk)
-    if found is None:
+    if (found := _gathered_topk(tk)) is None:
         return False
-    c, k, idxs, gather = found
-    x = gather.args[0]
+    c, k, idxs, gather, x = found
     xv = _val(x)
     if xv is None or xv.dim() != 2 or xv.dtype != torch.float32:
         return False

@@ -199,6 +199,18 @@ def test_flash_mma_copies_land_late(variant, name):
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
 
 
+def growing_max_inputs(seed, B, N, D, K, t, scale):
+    """u [B, N, D] (normal times `scale`) whose feature 0 grows from -2 to 3 over the keys, so that the rows with a
+    positive dot to it see their max grow tile after tile and the others keep the first tile's, and e [B, N, K]
+    with rows summing to 1; both rounded to type t."""
+    rng = np.random.default_rng(seed)
+    u = rng.standard_normal((B, N, D)).astype(np.float32) * scale
+    u[:, :, 0] = np.linspace(-2.0, 3.0, N)[None, :]
+    e = rng.random((B, N, K)).astype(np.float32)
+    e /= e.sum(-1, keepdims=True)
+    return bits(u, t), bits(e, t)
+
+
 @pytest.mark.parametrize("variant,t", [("rows128_lazy", "bf16"), ("rows128_lazy3", "bf16"), ("rows128_lazy", "f16")])
 def test_lazy_rescale_hot_loop_and_exact_steps(variant, t):
     """flash-mma-lazy-rescale over enough whole tiles for its hot loop (N = 520: 8 whole tiles, the hot loop's
@@ -207,13 +219,8 @@ def test_lazy_rescale_hot_loop_and_exact_steps(variant, t):
     leave the hot loop for the exact step, then go back in), while the rows with a negative one keep the max of the
     first tile (their warps stay in the hot loop); copies landing at their wait. Against float64. (A kernel whose
     test never finds a weight of 2 or more fails here: its weights overflow after the first tile.)"""
-    rng = np.random.default_rng(29)
     B, N, D, K, tau = 1, 520, 32, 8, 0.25
-    u = rng.standard_normal((B, N, D)).astype(np.float32) * 0.3
-    u[:, :, 0] = np.linspace(-2.0, 3.0, N)[None, :]
-    e = rng.random((B, N, K)).astype(np.float32)
-    e /= e.sum(-1, keepdims=True)
-    u, e = bits(u, t), bits(e, t)
+    u, e = growing_max_inputs(29, B, N, D, K, t, 0.3)
     text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
     got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=True)
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
@@ -225,13 +232,8 @@ def test_flash_mma_d128(variant):
     """D = 128, K = 16: two row tiles still fit the registers, and three stages of 64-key tiles would not fit 48 KiB
     (60 KiB): the 3-stage kernels take 32-key tiles (30 KiB of dynamic shared memory; the lazy 2-stage one keeps
     64 keys, 40 KiB static). A growing max, copies landing at their wait, against float64."""
-    rng = np.random.default_rng(3)
     B, N, D, K, t, tau = 1, 300, 128, 16, "bf16", 0.5
-    u = rng.standard_normal((B, N, D)).astype(np.float32) * 0.2
-    u[:, :, 0] = np.linspace(-2.0, 3.0, N)[None, :]
-    e = rng.random((B, N, K)).astype(np.float32)
-    e /= e.sum(-1, keepdims=True)
-    u, e = bits(u, t), bits(e, t)
+    u, e = growing_max_inputs(3, B, N, D, K, t, 0.2)
     text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
     wg, dyn = shared_memory(text, "similarity_inform_mma_0")
     assert dyn == (3 * 32 * (136 + 24) * 2 if "stages" in VARIANTS[variant] else 0), dyn
