@@ -358,8 +358,9 @@ def ref_hyper_grad(emb, w1, b1, w2, b2, dw, db, E):
 
 
 def ref_route(logits, bias, k, scoring="softmax", order="score_then_topk", n_group=1, topk_group=1,
-              group_score="top2_sum", renormalize=False, scale=1.0):
-    """moe.route (MoERoutingOps.td) in float64: (weights, indices, choice values)."""
+              group_score="top2_sum", renormalize=False, scale=1.0, replay=None):
+    """moe.route (MoERoutingOps.td) in float64: (weights, indices, choice values); with `replay` [T, k] the choice
+    given (the groups and the bias then choose nothing)."""
     x = logits.double()
     b = torch.zeros(x.shape[-1], dtype=torch.float64, device=x.device) if bias is None else bias.double()
 
@@ -376,6 +377,20 @@ def ref_route(logits, bias, k, scoring="softmax", order="score_then_topk", n_gro
 
     s = score(x, True) if order == "score_then_topk" else x
     c = s + b
+    idx = replay.long().to(c.device) if replay is not None else ref_route_choice(c, k, n_group, topk_group,
+                                                                                 group_score)
+    w = s.gather(-1, idx)
+    if order == "topk_then_score":
+        w = score(w, True)
+    if renormalize:
+        t = w.sum(-1, keepdim=True)
+        w = torch.where(t == 0, torch.zeros_like(w), w / t)
+    return (w * scale).float(), idx.int(), c.gather(-1, idx)
+
+
+def ref_route_choice(c, k, n_group, topk_group, group_score):
+    """ref_route's choice [T, k] from the choice values c [T, E]: the kept groups' experts first, then descending c
+    (NaN first), then the lower index."""
     T, E = c.shape
     kept = torch.ones_like(c, dtype=torch.bool)
     if n_group > 1:
@@ -384,17 +399,9 @@ def ref_route(logits, bias, k, scoring="softmax", order="score_then_topk", n_gro
         top = torch.sort(gs, dim=-1, descending=True, stable=True).indices[:, :topk_group]
         gk = torch.zeros(T, n_group, dtype=torch.bool, device=c.device).scatter_(1, top, True)
         kept = gk.repeat_interleave(E // n_group, dim=1)
-    # Choice order: kept experts first, then descending c (NaN first), then the lower index.
     o = torch.sort(c, dim=-1, descending=True, stable=True).indices
     o = o.gather(-1, torch.sort(kept.gather(-1, o).int(), dim=-1, descending=True, stable=True).indices)
-    idx = o[:, :k]
-    w = s.gather(-1, idx)
-    if order == "topk_then_score":
-        w = score(w, True)
-    if renormalize:
-        t = w.sum(-1, keepdim=True)
-        w = torch.where(t == 0, torch.zeros_like(w), w / t)
-    return (w * scale).float(), idx.int(), c.gather(-1, idx)
+    return o[:, :k]
 
 
 def ref_dispatch_plan(indices, E, B=1):
@@ -437,17 +444,6 @@ def bal_probs(x):
 def bal_weights(logits, mask):
     return (torch.ones(logits.shape[0], dtype=torch.float64, device=logits.device) if mask is None
             else mask.double())
-
-
-def ref_route_replay(logits, idx, scoring="softmax", order="score_then_topk", renormalize=False, scale=1.0, **_):
-    """The weights (float64) of moe.route with the choice `idx` [T, k] given: the scores at those experts (for
-    order(topk_then_score) over the given logits alone), renormalized, scaled; the groups and the bias only choose."""
-    x, idx = logits.double().cpu(), idx.long().cpu()
-    score = {"softmax": lambda v: torch.softmax(v, -1), "sigmoid": torch.sigmoid}[scoring]
-    w = score(x).gather(1, idx) if order != "topk_then_score" else score(x.gather(1, idx))
-    if renormalize:
-        w = w / w.sum(-1, keepdim=True)
-    return w * scale
 
 
 def ref_router_stats(logits, k, mask=None):
@@ -1297,7 +1293,8 @@ def case_route_replay(lib, g):
         given[0] = given[0, 0]                   # one expert k times
         w3, i3 = lib.call(f"{fn}_replay", args + [given.to(DEV)], outs)
         same(f"{fn}_replay (given) indices", i3, given)
-        close(f"{fn}_replay (given) weights", w3, ref_route_replay(l, given, **attrs), rtol=1e-4, atol=1e-5)
+        close(f"{fn}_replay (given) weights", w3, ref_route(l, None, k, **attrs, replay=given)[0], rtol=1e-4,
+              atol=1e-5)
         bad = given.clone()
         bad[7, 2] = E
         w4, i4 = lib.call(f"{fn}_replay", args + [bad.to(DEV)], outs)

@@ -241,10 +241,6 @@ def compile_step(ctx, torch_ops_step, torch_ops):
     lib = os.environ.get("MOE_COMPILER")
     if not lib or not os.path.isfile(lib):
         return None, "no $MOE_COMPILER (libmoe_compiler.so, e.g. from the wheel's moe_mlir/_bundle/lib)"
-    made = torch_ops_step(ctx, [])
-    if made[0] is None or made[0][:1] == ["sh"]:
-        return made
-    _, env, cwd = made
     toolkit = cuda_toolkit()
     no_bin = os.path.join(ctx.logs, "toolkit-without-bin")
     os.makedirs(no_bin, exist_ok=True)
@@ -264,7 +260,8 @@ def compile_step(ctx, torch_ops_step, torch_ops):
                       f"echo \"{fmt}: $n kernels compiled in process\" && test \"$n\" -gt 0")
     # Both passes run whatever the first's outcome; the step fails if either does.
     script = "rc=0; " + " ".join(f"( {p} ) || rc=1;" for p in passes) + " exit $rc"
-    return ["bash", "-c", script], dict(env, MOE_KERNEL_PREBUILT="", MOE_COMPILER=lib), cwd
+    cmd, env, *cwd = torch_ops_step(ctx, ["bash", "-c", script])
+    return (cmd, env) if cmd is None else (cmd, dict(env, MOE_KERNEL_PREBUILT="", MOE_COMPILER=lib), *cwd)
 
 
 def sanitizer(ctx, tool, extra):
