@@ -179,6 +179,7 @@ def _case_block(rank, world, name, generic=False, compiled=False):
     """A transformers MoE block with its experts sharded == one process with all experts, forward and gradients
     (input, local experts' parameters, router summed over ranks)."""
     from moe_mlir import experts as X
+    from moe_mlir.experts import hf as XH
     ref = _block(name, 3, 1)
     m = copy.deepcopy(ref)
     ep.shard_experts(m)
@@ -189,14 +190,14 @@ def _case_block(rank, world, name, generic=False, compiled=False):
     (out_ref * c).sum().backward()
     sl = _slice(rank, world)
     x = xall.detach()[:, sl].clone().requires_grad_(True)
-    saved = X._known_gate
+    saved = XH._known_gate
     if generic:  # the grouped-GEMM path (taken for gates the fused loop does not know, post-norms and CUDA)
-        X._known_gate = lambda module: None
+        XH._known_gate = lambda module: None
     try:
         run = torch.compile(m, backend="eager") if compiled else m
         out = run(x)
     finally:
-        X._known_gate = saved
+        XH._known_gate = saved
     out = out[0] if isinstance(out, tuple) else out
     (out * c[:, sl]).sum().backward()
     res = {"out": _diff(out, out_ref[:, sl]), "grad x": _gdiff(x.grad, xall.grad[:, sl])}
@@ -233,6 +234,7 @@ def _case_experts(rank, world, name, kind, k, experts_per_rank=None, generic=Fal
     """The experts module called directly with a given routing (HF's eager loop holding all experts as reference):
     output and gradients of the hidden states, the gate weights and the local experts' parameters."""
     from moe_mlir import experts as X
+    from moe_mlir.experts import hf as XH
     full = X.hf_experts_modules(_block(name, k, 2))[0]
     sh = copy.deepcopy(full)
     ep.shard_experts(sh, experts_per_rank=experts_per_rank)
@@ -245,13 +247,13 @@ def _case_experts(rank, world, name, kind, k, experts_per_rank=None, generic=Fal
     sl = _slice(rank, world)
     x = xall.detach()[sl].clone().requires_grad_(True)
     wi = w[sl].clone().requires_grad_(True)
-    saved = X._known_gate
+    saved = XH._known_gate
     if generic:
-        X._known_gate = lambda module: None
+        XH._known_gate = lambda module: None
     try:
         out = sh(x, ids[sl], wi)
     finally:
-        X._known_gate = saved
+        XH._known_gate = saved
     (out * c[sl]).sum().backward()
     res = {"out": _diff(out, ref[sl]), "grad x": _gdiff(x.grad, xall.grad[sl]),
            "grad weights": _gdiff(wi.grad, wall.grad[sl])}

@@ -1,7 +1,7 @@
 """``moe_mlir::grouped_mm``'s two paths (:mod:`moe_mlir.experts`): the per-expert loop (one ``mm`` per expert with
 rows) and the padded batched GEMM (rows scattered into a zero ``[E, C, K]`` buffer, one ``bmm``: O(1) kernel
 launches, taken on CUDA while ``E * C <= 4 * S``). Both are run here on the CPU by forcing the path
-(``experts._FORCE_PATH``) and compared with each other and with a float64 per-expert reference; the dispatch rule is
+(``experts.gemm._FORCE_PATH``) and compared with each other and with a float64 per-expert reference; the dispatch rule is
 checked on ``torch.device`` objects (no GPU needed).
 
 Tolerances: the two paths compute each output element as the same K-term dot product, but ``bmm`` and ``mm`` may
@@ -19,6 +19,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from moe_mlir import experts as X  # noqa: E402
+from moe_mlir.experts import common as XC, gemm as XG, hf as XH  # noqa: E402
 
 F32_TOL = dict(atol=1e-5, rtol=1e-5)
 LOW_TOL = {torch.float16: dict(atol=1e-2, rtol=1e-2), torch.bfloat16: dict(atol=5e-2, rtol=5e-2)}
@@ -27,7 +28,7 @@ LOW_TOL = {torch.float16: dict(atol=1e-2, rtol=1e-2), torch.bfloat16: dict(atol=
 @pytest.fixture
 def force(monkeypatch):
     def set_path(path):
-        monkeypatch.setattr(X, "_FORCE_PATH", path)
+        monkeypatch.setattr(XG, "_FORCE_PATH", path)
     return set_path
 
 
@@ -84,7 +85,7 @@ def test_padded_equals_loop_equals_float64(case, transposed, force):
     assert loop.shape == padded.shape == (x.shape[0], w.shape[2]) and padded.is_contiguous()
     torch.testing.assert_close(padded, loop, **F32_TOL)
     torch.testing.assert_close(padded.double(), _ref(x, w, offsets), **F32_TOL)
-    torch.testing.assert_close(X._grouped_mm_padded(x, w, offsets), loop, **F32_TOL)  # the function itself
+    torch.testing.assert_close(XG._grouped_mm_padded(x, w, offsets), loop, **F32_TOL)  # the function itself
 
 
 def test_int32_offsets_and_the_public_wrapper(force):
@@ -110,7 +111,7 @@ def test_zero_rows(force):
         assert torch.ops.moe_mlir.grouped_mm(x, w, offsets).shape == (0, 5)
         gx, gw = torch.ops.moe_mlir.grouped_mm_backward(torch.zeros(0, 5), x, w, offsets)
         assert gx.shape == (0, 7) and torch.equal(gw, torch.zeros_like(w))
-    assert X._grouped_mm_padded(x, w, offsets).shape == (0, 5)
+    assert XG._grouped_mm_padded(x, w, offsets).shape == (0, 5)
 
 
 def test_offsets_must_end_at_the_row_count_on_both_paths(force):
@@ -125,33 +126,33 @@ def test_the_dispatch_rule(force):
     """CUDA takes the padded path while E * C <= 4 * S; skew, decode-sized S and the CPU keep the loop."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     balanced = _offsets([64] * 64).tolist()  # S = 4096, E = 64, C = 64
-    assert X._grouped_mm_path(cuda, balanced) == "padded"
-    assert X._grouped_mm_path(cpu, balanced) == "loop"  # measured slower on this project's CPU
+    assert XG._grouped_mm_path(cuda, balanced) == "padded"
+    assert XG._grouped_mm_path(cpu, balanced) == "loop"  # measured slower on this project's CPU
     # random top-8 routing at the H100 benchmark's prefill (512 tokens): C = 82 here, E*C = 1.3 S
     idx = torch.stack([torch.randperm(64, generator=torch.Generator().manual_seed(t))[:8] for t in range(512)])
-    assert X._grouped_mm_path(cuda, _offsets(torch.bincount(idx.reshape(-1), minlength=64).tolist()).tolist()) \
+    assert XG._grouped_mm_path(cuda, _offsets(torch.bincount(idx.reshape(-1), minlength=64).tolist()).tolist()) \
         == "padded"
     # the bound itself: C = 4 S / E is in, one more row is out
-    assert X._grouped_mm_path(cuda, _offsets([16] + [0] * 3).tolist()) == "padded"  # E*C = 64 = 4*16
-    assert X._grouped_mm_path(cuda, _offsets([13, 0, 0, 0, 0]).tolist()) == "loop"  # 5*13 = 65 > 52
+    assert XG._grouped_mm_path(cuda, _offsets([16] + [0] * 3).tolist()) == "padded"  # E*C = 64 = 4*16
+    assert XG._grouped_mm_path(cuda, _offsets([13, 0, 0, 0, 0]).tolist()) == "loop"  # 5*13 = 65 > 52
     # one expert holding all rows: E*C = E*S
-    assert X._grouped_mm_path(cuda, _offsets([0] * 10 + [4096] + [0] * 53).tolist()) == "loop"
+    assert XG._grouped_mm_path(cuda, _offsets([0] * 10 + [4096] + [0] * 53).tolist()) == "loop"
     # decode: S = 8 rows over 64 experts would read all 64 experts' weights for 8 rows
-    assert X._grouped_mm_path(cuda, _offsets([1] * 8 + [0] * 56).tolist()) == "loop"
+    assert XG._grouped_mm_path(cuda, _offsets([1] * 8 + [0] * 56).tolist()) == "loop"
     # offsets the padded layout cannot express keep the loop even when forced
     force("padded")
-    assert X._grouped_mm_path(cpu, [1, 3, 4]) == "loop"
-    assert X._grouped_mm_path(cpu, [0, 3, 2]) == "loop"
-    assert X._grouped_mm_path(cpu, [0, 3, 4]) == "padded"
+    assert XG._grouped_mm_path(cpu, [1, 3, 4]) == "loop"
+    assert XG._grouped_mm_path(cpu, [0, 3, 2]) == "loop"
+    assert XG._grouped_mm_path(cpu, [0, 3, 4]) == "padded"
 
 
 def test_the_op_takes_the_path_the_rule_picks(force, monkeypatch):
     """The op calls the padded function exactly when the rule says so (CUDA simulated by patching the rule)."""
     calls = []
-    real = X._grouped_mm_padded
-    monkeypatch.setattr(X, "_grouped_mm_padded", lambda *a: calls.append(1) or real(*a))
-    cuda_rule = X._grouped_mm_path
-    monkeypatch.setattr(X, "_grouped_mm_path", lambda device, o: cuda_rule(torch.device("cuda"), o))
+    real = XG._grouped_mm_padded
+    monkeypatch.setattr(XG, "_grouped_mm_padded", lambda *a: calls.append(1) or real(*a))
+    cuda_rule = XG._grouped_mm_path
+    monkeypatch.setattr(XG, "_grouped_mm_path", lambda device, o: cuda_rule(torch.device("cuda"), o))
     x, w, offsets = _inputs([3, 4, 2, 3])
     torch.ops.moe_mlir.grouped_mm(x, w, offsets)
     assert calls == [1]
@@ -188,8 +189,8 @@ def test_padded_backward_equals_loop_and_float64(counts, force):
 
 def test_gradcheck_and_opcheck_through_the_padded_path(force, monkeypatch):
     calls = []
-    real = X._grouped_mm_padded_backward
-    monkeypatch.setattr(X, "_grouped_mm_padded_backward", lambda *a: calls.append(1) or real(*a))
+    real = XG._grouped_mm_padded_backward
+    monkeypatch.setattr(XG, "_grouped_mm_padded_backward", lambda *a: calls.append(1) or real(*a))
     force("padded")
     x, w, offsets = _inputs([3, 0, 4, 1], k=5, n=3, dtype=torch.float64, seed=5)
     x.requires_grad_(True)
@@ -211,8 +212,8 @@ def test_a_compiled_block_through_grouped_mm_equals_eager_on_both_paths(force, m
     from moe_mlir.backends.dynamo import capture_graphs
 
     calls = []
-    real = X._grouped_mm_padded
-    monkeypatch.setattr(X, "_grouped_mm_padded", lambda *a: calls.append(1) or real(*a))
+    real = XG._grouped_mm_padded
+    monkeypatch.setattr(XG, "_grouped_mm_padded", lambda *a: calls.append(1) or real(*a))
     cfg = MixtralConfig(hidden_size=32, num_experts_per_tok=2, intermediate_size=16, num_local_experts=8,
                         hidden_act="gelu")
     g = torch.Generator().manual_seed(6)
@@ -235,7 +236,7 @@ def test_a_compiled_block_through_grouped_mm_equals_eager_on_both_paths(force, m
         calls.clear()
         torch._dynamo.reset()
         m = block()
-        assert X._known_gate(X.hf_experts_modules(m)[0]) is None
+        assert XH._known_gate(X.hf_experts_modules(m)[0]) is None
         with capture_graphs() as log, X.use_moe_experts(m):
             out = first(torch.compile(m, backend="moe")(x))
         out.square().sum().backward()
@@ -250,8 +251,8 @@ def test_a_compiled_block_through_grouped_mm_equals_eager_on_both_paths(force, m
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_cuda_takes_the_padded_path_and_equals_the_loop(dtype, force, monkeypatch):
     calls = []
-    real = X._grouped_mm_padded
-    monkeypatch.setattr(X, "_grouped_mm_padded", lambda *a: calls.append(1) or real(*a))
+    real = XG._grouped_mm_padded
+    monkeypatch.setattr(XG, "_grouped_mm_padded", lambda *a: calls.append(1) or real(*a))
     counts = torch.bincount(torch.randint(0, 16, (512,), generator=torch.Generator().manual_seed(8)),
                             minlength=16).tolist()
     x, w, offsets = (t.cuda() for t in _inputs(counts, k=64, n=32, dtype=dtype))
@@ -273,8 +274,8 @@ def test_cuda_grouped_mm_ends_takes_the_padded_path_and_equals_transformers(tail
     backward, rows past the last end (expert-parallel sentinels) included; nn.Linear-layout weights."""
     pytest.importorskip("transformers.integrations.moe")
     calls = []
-    real = X._grouped_mm_padded
-    monkeypatch.setattr(X, "_grouped_mm_padded", lambda *a: calls.append(1) or real(*a))
+    real = XG._grouped_mm_padded
+    monkeypatch.setattr(XG, "_grouped_mm_padded", lambda *a: calls.append(1) or real(*a))
     g = torch.Generator().manual_seed(9)
     counts = torch.bincount(torch.randint(0, 16, (512,), generator=g), minlength=16)
     offs, S = counts.cumsum(0).to(torch.int32).cuda(), 512 + tail
@@ -297,7 +298,7 @@ def test_cuda_grouped_mm_ends_takes_the_padded_path_and_equals_transformers(tail
 # The extension's kernel (lib/Runtime/Torch/ExpertOps.cpp: grouped_mm_cpu, grouped_mm_backward_cpu)
 # ----------------------------------------------------------------------------------------------------------------
 
-NATIVE = pytest.mark.skipif(not X._native_mlp(torch.zeros(1)), reason="the torch extension is not built")
+NATIVE = pytest.mark.skipif(not XC._native_mlp(torch.zeros(1)), reason="the torch extension is not built")
 
 
 @NATIVE
@@ -310,7 +311,7 @@ def test_native_loop_equals_the_python_loop(case, transposed, force, monkeypatch
     x, w, offsets = _inputs(COUNTS[case], transposed=transposed)
     runs = []
     for native in (True, False):
-        monkeypatch.setattr(X, "NATIVE_MLP", native)
+        monkeypatch.setattr(XC, "NATIVE_MLP", native)
         xr, wr = x.clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
         out = X.grouped_mm(xr, wr, offsets)
         (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
@@ -404,8 +405,8 @@ def test_grouped_mm_ends_runs_no_python_on_the_cpu(monkeypatch):
     def python_body(*args, **kwargs):
         raise AssertionError("the Python body of grouped_mm_ends ran")
 
-    monkeypatch.setattr(X, "_native_operands", python_body)
-    monkeypatch.setattr(X, "_check_ends", python_body)
+    monkeypatch.setattr(XG, "_native_operands", python_body)
+    monkeypatch.setattr(XG, "_check_ends", python_body)
     offs, S = _ends([2, 0, 3], 1)
     x = torch.randn(S, 6, requires_grad=True)
     w = torch.randn(3, 5, 6, requires_grad=True)  # nn.Linear layout
@@ -437,10 +438,10 @@ def test_grouped_mm_ends_in_torch_equals_transformers_fallback(case, path, trans
     w = torch.randn((E, 5, 6) if transposed else (E, 6, 5), generator=g)  # [E, N, K] with transposed
     wk = w.transpose(1, 2) if transposed else w
     x, grad = torch.randn(S, 6, generator=g), torch.randn(S, 5, generator=g)
-    got = X._ends_in_torch(x, w, offs, transposed)
+    got = XG._ends_in_torch(x, w, offs, transposed)
     torch.testing.assert_close(got, torch.ops.transformers.grouped_mm_fallback(x, wk, offs), **F32_TOL)
     assert torch.equal(got[int(offs[-1]):], torch.zeros_like(got[int(offs[-1]):]))
-    gx, gw = X._ends_in_torch_backward(grad, x, w, offs, transposed)
+    gx, gw = XG._ends_in_torch_backward(grad, x, w, offs, transposed)
     hx, hw = torch.ops.transformers.grouped_mm_fallback_backward(x, wk, offs, grad)
     torch.testing.assert_close(gx, hx, **F32_TOL)
     torch.testing.assert_close(gw, hw.transpose(1, 2) if transposed else hw, **F32_TOL)
@@ -449,7 +450,7 @@ def test_grouped_mm_ends_in_torch_equals_transformers_fallback(case, path, trans
     past[0], falling[-1] = S + 1, -1
     for bad in (past, falling):
         with pytest.raises(ValueError, match="must not decrease and stay within"):
-            X._ends_in_torch(x, w, bad, transposed)
+            XG._ends_in_torch(x, w, bad, transposed)
 
 
 def test_cuda_grouped_mm_is_not_raised():
@@ -576,7 +577,7 @@ def test_the_backend_runs_transformers_grouped_experts_on_the_kernel():
     # the parameters' layout, no transposing copy in autograd's accumulation
     assert len(calls) == 2 and all(line.rstrip().split(";")[0].endswith("True)") for line in calls)
     # the experts' combine (weighted_out[inv_perm].view(T, k, H).sum(1)) unrolled into k adds (raising's
-    # _unroll_gathered_sum): no sum over the gathered view is left
+    # unroll_gathered_sum): no sum over the gathered view is left
     assert not any("aten.sum.dim_IntList" in g.graph_module.code for g in log)
     torch.testing.assert_close(out, first(ref(x)), atol=1e-5, rtol=1e-5)
     for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
@@ -614,14 +615,15 @@ def test_experts_combine_is_unrolled_with_the_same_result(k, dtype):
     """The gathered view's sum over its small middle dim becomes k adds in order (f16/bf16: in f32, rounded once,
     as the sum accumulates): the sum's values up to rounding (ATen may add in another order), the same inf, -inf
     and NaN entries."""
-    from moe_mlir.frontend.raising import _rewrite_each, _unroll_gathered_sum
+    from moe_mlir.frontend.hf_rewrites import unroll_gathered_sum
+    from moe_mlir.frontend.raising import _rewrite_each
 
     gm, args, combine = _combine_graph(k, dtype)
     y = args[0].clone()
     y[0, 0], y[1, 1], y[2, 2] = float("inf"), float("-inf"), float("nan")
     args = (y,) + args[1:]
     want = combine(*args)
-    assert _rewrite_each(gm.graph, _unroll_gathered_sum) == 1 and _sums(gm) == 0
+    assert _rewrite_each(gm.graph, unroll_gathered_sum) == 1 and _sums(gm) == 0
     gm.recompile()
     got = gm(*args)
     assert got.dtype == want.dtype and torch.equal(got.isnan(), want.isnan())
@@ -633,12 +635,13 @@ def test_experts_combine_is_unrolled_with_the_same_result(k, dtype):
 def test_experts_combine_unrolls_only_its_own_pattern(case):
     """A sum of a view that is not a gather, over a size above 16, with keepdim, over another dim, or on CUDA
     tensors (not measured there) is left to inductor."""
-    from moe_mlir.frontend.raising import _rewrite_each, _unroll_gathered_sum
+    from moe_mlir.frontend.hf_rewrites import unroll_gathered_sum
+    from moe_mlir.frontend.raising import _rewrite_each
 
     kw = {"no gather": dict(gather=False), "k = 17": dict(k=17), "keepdim": dict(keepdim=True),
           "last dim": dict(dim=2), "CUDA": dict(device="cuda")}[case]
     gm, _, _ = _combine_graph(**{"k": 8, **kw})
-    assert _rewrite_each(gm.graph, _unroll_gathered_sum) == 0 and _sums(gm) == 1
+    assert _rewrite_each(gm.graph, unroll_gathered_sum) == 0 and _sums(gm) == 1
 
 
 @NATIVE

@@ -29,6 +29,7 @@ from transformers.models.qwen3_moe import modeling_qwen3_moe as qwen3  # noqa: E
 
 import moe_mlir  # noqa: E402
 from moe_mlir import experts as X  # noqa: E402
+from moe_mlir.experts import common as XC, hf as XH  # noqa: E402
 from moe_mlir.backends.dynamo import capture_graphs  # noqa: E402
 
 H, E, K, I = 32, 8, 2, 16
@@ -454,18 +455,18 @@ def _mlp_and_grads(args, kw, native):
     leaves = [t.detach().clone().requires_grad_(True) for t in (x, rw, w1, w2)]
     biases = {n: (b.detach().clone().requires_grad_(True) if b is not None else None) for n, b in
               (("b1", kw["b1"]), ("b2", kw["b2"]))}
-    old, X.NATIVE_MLP = X.NATIVE_MLP, native
+    old, XC.NATIVE_MLP = XC.NATIVE_MLP, native
     try:
-        assert X._native_mlp(x) == native
+        assert XC._native_mlp(x) == native
         out = X.expert_mlp(leaves[0], token, offsets, leaves[1], leaves[2], leaves[3], gate,
                            **dict(kw, **biases))
         (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
     finally:
-        X.NATIVE_MLP = old
+        XC.NATIVE_MLP = old
     return [out.detach()] + [t.grad for t in leaves] + [b.grad for b in biases.values() if b is not None]
 
 
-@pytest.mark.skipif(not X._native_mlp(torch.zeros(1)), reason="the torch extension is not built")
+@pytest.mark.skipif(not XC._native_mlp(torch.zeros(1)), reason="the torch extension is not built")
 @pytest.mark.parametrize("gate", X.GATES)
 @pytest.mark.parametrize("t,e,k", [(1, 16, 4), (7, 16, 2), (64, 32, 8), (33, 4, 4), (3, 64, 1)])
 def test_expert_mlp_kernel_equals_its_python_loop(gate, t, e, k):
@@ -479,7 +480,7 @@ def test_expert_mlp_kernel_equals_its_python_loop(gate, t, e, k):
         torch.testing.assert_close(a, b, **GRAD_TOL)
 
 
-@pytest.mark.skipif(not X._native_mlp(torch.zeros(1)), reason="the torch extension is not built")
+@pytest.mark.skipif(not XC._native_mlp(torch.zeros(1)), reason="the torch extension is not built")
 def test_expert_mlp_kernel_sums_in_expert_order_whatever_the_threads():
     """Each token's rows are summed in increasing expert order from zero (eager's index_add_ order), not in the
     order threads finish: the same bits with 1 and 2 threads and on every call, at a size that spreads the experts
@@ -498,7 +499,7 @@ def test_expert_mlp_kernel_sums_in_expert_order_whatever_the_threads():
             assert torch.equal(a, b)
 
 
-@pytest.mark.skipif(not X._native_mlp(torch.zeros(1)), reason="the torch extension is not built")
+@pytest.mark.skipif(not XC._native_mlp(torch.zeros(1)), reason="the torch extension is not built")
 @pytest.mark.parametrize("threads", [1, 2])
 def test_expert_mlp_idle_experts_weight_gradients_are_zeros_in_reused_memory(threads):
     """The backward kernel writes w1's and w2's gradients by GEMM for the experts with rows and zeros the idle
@@ -529,7 +530,7 @@ def test_expert_mlp_idle_experts_weight_gradients_are_zeros_in_reused_memory(thr
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(not X._native_mlp(torch.zeros(1)), reason="the torch extension is not built")
+@pytest.mark.skipif(not XC._native_mlp(torch.zeros(1)), reason="the torch extension is not built")
 def test_expert_mlp_kernel_rejects_bad_operands_before_reading_them():
     """Called directly (torch.ops.moe_mlir.expert_mlp_cpu skips the Python checks): tokens outside [0, T), offsets
     that decrease or do not end at S, other dtypes and zero-sized dimensions give the kernel's own message."""
@@ -571,9 +572,9 @@ def test_the_gates_taken_by_the_fused_loop_and_the_others():
     or a post-expert norm keep the generic path: all equal HF's own implementations."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
-    assert X._known_gate(_experts(_block("mixtral", 0))) == ("silu_glu", 1.0, float("inf"))
+    assert XH._known_gate(_experts(_block("mixtral", 0))) == ("silu_glu", 1.0, float("inf"))
     ex = _experts(_block("gpt_oss", 0))
-    assert X._known_gate(ex) == ("clamped_glu", ex.alpha, ex.limit)
+    assert XH._known_gate(ex) == ("clamped_glu", ex.alpha, ex.limit)
     gelu = MixtralConfig(hidden_size=H, num_experts_per_tok=K, intermediate_size=I, num_local_experts=E,
                          hidden_act="gelu")
 
@@ -586,7 +587,7 @@ def test_the_gates_taken_by_the_fused_loop_and_the_others():
         with torch.no_grad():
             for p in ex.parameters():
                 p.normal_(0, 0.3)
-        assert X._known_gate(ex) is None
+        assert XH._known_gate(ex) is None
         idx, w, x = torch.stack([torch.randperm(E)[:K] for _ in range(9)]), torch.rand(9, K), torch.randn(9, H)
         # HF's eager loop calls act_fn itself (not _apply_gate): the subclass's gate is HF's batched_mm's business
         want = (ALL_EXPERTS_FUNCTIONS["batched_mm"](ex, x, idx, w) if isinstance(ex, OwnGate)
@@ -594,4 +595,4 @@ def test_the_gates_taken_by_the_fused_loop_and_the_others():
         torch.testing.assert_close(_direct(ex, x, idx, w, True), want, atol=ATOL, rtol=RTOL)
     ex = _experts(_block("qwen3_moe", 0))
     ex.has_post_expert_norm = True
-    assert X._known_gate(ex) is None
+    assert XH._known_gate(ex) is None

@@ -48,7 +48,6 @@ NOT_RAISED: dict[str, str] = {
               "jitter in training), not a top-k gate",
     "switch_transformers": "SwitchTransformersTop1Router: top-1 by argmax with expert capacity (a token beyond "
                            "its expert's capacity is dropped by a cumulative-count mask): no op of the dialect drops",
-    "zaya": "a [B, T, E + 1] router with a skip expert (index E) masked to weight 0 and index 0 after the top-k",
 }
 
 

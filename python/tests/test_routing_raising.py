@@ -242,6 +242,50 @@ def test_longcat_flash_router_gradient_through_a_no_grad_choice():
     torch.testing.assert_close(router.classifier.weight.grad, ref.classifier.weight.grad, atol=1e-5, rtol=1e-4)
 
 
+def _zaya_router(layer_idx: int, seed: int):
+    """transformers' ZayaRouter: a softmax over E + 1 classes of [B, T, E + 1] logits (the last a skip expert that
+    computes nothing), chosen on the detached probabilities plus a balancing bias (the skip class's -1), the
+    chosen probability gathered, and a pick of the skip expert masked to weight 0 and index 0 after the top-k."""
+    from transformers.models.zaya import modeling_zaya as zaya
+    from transformers.models.zaya.configuration_zaya import ZayaConfig
+
+    cfg = ZayaConfig(hidden_size=H, num_experts=8, num_experts_per_tok=1, router_hidden_size=16)
+    router = _init(zaya.ZayaRouter(cfg, layer_idx=layer_idx), seed=seed)
+    with torch.no_grad():  # biases varied; the skip class's (Zaya's -1) raised so that some rows pick it
+        router.balancing_biases.copy_(torch.cat([0.2 * torch.randn(8, generator=torch.Generator().manual_seed(seed)),
+                                                 torch.tensor([0.15])]))
+    return router
+
+
+@pytest.mark.parametrize("layer_idx", [0, 1])
+def test_zaya_router_with_a_skip_expert_is_raised(layer_idx):
+    """The [B, T, E + 1] logits are routed as [-1, E + 1] rows by one moe.route and its results viewed back; the
+    skip expert is a class like any other to the op, and the masking after the top-k stays: outputs equal eager's
+    (the skip expert is picked in some rows), and so is the router's gradient."""
+    router = _zaya_router(layer_idx, seed=17)
+    log, outs = _run(router, lambda t: torch.randn(2, t, H))
+    assert log and all(g.moe_ops() == ["route"] for g in log), [g.graph_module.code for g in log]
+    skipped = 0
+    for got, want in outs:
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+        skipped += int((got[2] == 0).logical_and(got[1] == 0).sum())
+    assert skipped > 0, "no row picked the skip expert: the masking is not exercised"
+    ref = _zaya_router(layer_idx, seed=17).train()
+    router.train()
+    torch._dynamo.reset()
+    x = torch.randn(2, 9, H)
+    _, w, i, _ = torch.compile(router, backend="moe", options={"dense": "eager"})(x)
+    _, w_e, i_e, _ = ref(x)
+    assert torch.equal(i, i_e)
+    cot = torch.randn(w.shape)
+    (w * cot).sum().backward()
+    (w_e * cot).sum().backward()
+    for (name, p), p_e in zip(router.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, p_e.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
 def _deepseek_v4_router(seed: int):
     """transformers' DeepseekV4TopKRouter: ACT2FN["sqrtsoftplus"] scores, a selection bias, weights over
     sum + 1e-20, scaled; a score the dialect has no preset for."""

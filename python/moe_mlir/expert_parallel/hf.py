@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .. import experts as _X
+from ..experts import hf as _XH
 from .dispatch import Dispatched, combine, dispatch, expert_rows, weighted_reduce
 from .layout import ExpertLayout
 
@@ -44,7 +45,7 @@ EXPERT_PARAMS = ("gate_up_proj", "up_proj", "down_proj", "gate_up_proj_bias", "u
 
 def register() -> bool:
     """Adds ``"moe_ep"`` to HF's ``ExpertsInterface`` (idempotent). False without transformers 5.x."""
-    return _X.register_implementation(IMPLEMENTATION, hf_ep_experts_forward)
+    return _XH.register_implementation(IMPLEMENTATION, hf_ep_experts_forward)
 
 
 def shard_experts(model: torch.nn.Module, group: Optional["dist.ProcessGroup"] = None,
@@ -95,7 +96,7 @@ def _local_experts(m: torch.nn.Module, d: Dispatched) -> Tensor:
     x = d.x.to(w1.dtype)
     if w1.shape[0] == 0:  # a rank owning no experts receives no rows; stays in the graph so that its backward
         return d.x * 0 + 0 * d.weights.sum()  # runs the exchange's collectives like every other rank's
-    gate = _X._known_gate(m)
+    gate = _XH._known_gate(m)
     post_norm = m.post_expert_norm if getattr(m, "has_post_expert_norm", False) else None  # absent before transformers 5.2x
     if gate is not None and post_norm is None and x.device.type == "cpu":
         row_weight = d.weights.reshape(-1)[local.slot]

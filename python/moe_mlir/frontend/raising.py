@@ -21,7 +21,8 @@ idiom (FX, after export)                                 becomes
 ``s = sigmoid(x)``; ``topk(mask(s + b), k)`` ->           ``moe.route(x, b, k, sigmoid, n_group, topk_group,
 ``gather(s)`` [``/ (sum + eps)``] [``* f``]               group_score, renormalize, f)`` (DeepSeek-V3/R1, Kimi-K2,
 (``mask``: HF's group mask, optional; softmax too;        GLM-4.5, DeepSeek-V2 in HF's form; DeepSeek-V4's
-an elementwise ``s = f(x)``: a custom score region)       sqrtsoftplus as ``scoring="custom:<region>"``)
+an elementwise ``s = f(x)``: a custom score region;       sqrtsoftplus as ``scoring="custom:<region>"``; Zaya's
+``x`` may be ``[..., T, E]``, routed as ``[-1, E]``)      ``[B, T, E + 1]`` with its skip expert)
 ``sigmoid(full(-inf).scatter(topk(x, k)))``               ``zeros.scatter(moe.route(x, k, sigmoid,
 (Llama-4's dense gate)                                    topk_then_score))``
 transformers' ``load_balancing_loss_func`` (both forms,   ``moe.load_balancing_loss(cat(logits), k, mask)``
@@ -31,7 +32,8 @@ with and without ``attention_mask``)                      (:mod:`.raising_losses
 
 transformers' grouped GEMM fallback becomes ``moe_mlir::grouped_mm_ends`` (``experts_gemm``) and, in a graph where
 it did, the experts' combine ``weighted_out[inv_perm].view(T, k, H).sum(1)`` is unrolled into k adds (not an op:
-inductor compiles the gather-and-reduce form ~15x slower than the adds; :func:`_unroll_gathered_sum`).
+inductor compiles the gather-and-reduce form ~15x slower than the adds). Both rewrites are transformers'
+code, not routing: :mod:`.hf_rewrites`.
 
 The group mask is recognised from the ops it is built of (a view of the choice scores as ``[T, G, E/G]``, its top-2
 sum or max, the ``topk_group`` best groups scattered into a mask, expanded back to ``[T, E]``, inverted): it must be a
@@ -55,6 +57,8 @@ import torch
 import torch.fx as fx
 
 from .. import ops as _ops  # noqa: F401
+from .fx_match import FLOATS, VIEWS, is_call, new_node, tensor_val, through_views
+from .hf_rewrites import raise_hf_grouped_mm, unroll_gathered_sum
 from .raising_losses import raise_load_balancing_loss, raise_router_z_loss
 
 aten = torch.ops.aten
@@ -64,10 +68,8 @@ __all__ = ["raise_routing_idioms"]
 
 _SOFTMAX = (aten.softmax.int, aten._softmax.default)
 _DIV = (aten.div.Tensor, aten.div_.Tensor)
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _MATMUL = (aten.matmul.default, aten.bmm.default)
 _PRODUCTS = _MATMUL + (aten.mm.default,)
-_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
 def _last_dim(node: fx.Node, dim: Any) -> bool:
@@ -100,7 +102,7 @@ def _topk_parts(n: fx.Node) -> Optional[tuple[fx.Node, int, Optional[fx.Node], O
     largest = args[3] if args[3] is not None else n.kwargs.get("largest", True)
     if not largest or not _last_dim(x, dim):
         return None
-    if x.meta["val"].dtype not in _FLOATS or not isinstance(k, int):
+    if x.meta["val"].dtype not in FLOATS or not isinstance(k, int):
         return None
     vals = idxs = None
     for u in n.users:
@@ -114,20 +116,14 @@ def _topk_parts(n: fx.Node) -> Optional[tuple[fx.Node, int, Optional[fx.Node], O
     return x, int(k), vals, idxs
 
 
-def _through_views(n: Any) -> Any:
-    while isinstance(n, fx.Node) and n.op == "call_function" and n.target in _VIEWS:
-        n = n.args[0]
-    return n
-
-
 def _is_probability_mix(x: fx.Node) -> bool:
     """``softmax(l, -1) · A`` (a matrix product whose left factor is a last-dim softmax; the views a decomposed
     ``matmul`` adds are looked through): mixed probabilities such as SymphonySMoE's gate ``G = softmax(logits) · Aᵀ``,
     whose top-k the dialect takes in probs mode. (Any top-k is that op; the check keeps raising to routing gates.)"""
-    prod = _through_views(x)
+    prod = through_views(x)
     if not isinstance(prod, fx.Node) or prod.op != "call_function" or prod.target not in _PRODUCTS:
         return False
-    s = _through_views(prod.args[0])
+    s = through_views(prod.args[0])
     if not isinstance(s, fx.Node):
         return False
     dim = _softmax_dim(s)
@@ -153,26 +149,6 @@ def _renorm_div(vals: fx.Node) -> Optional[fx.Node]:
     return div
 
 
-def _fake(fn, *args, **kwargs):
-    """Runs ``fn`` on the fake values of FX nodes to get the new node's meta['val']."""
-    from torch._guards import detect_fake_mode
-
-    vals = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
-    mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
-    if mode is None:
-        return fn(*vals, **kwargs)
-    with mode:
-        return fn(*vals, **kwargs)
-
-
-def _new(graph: fx.Graph, target, args: tuple, kwargs: Optional[dict] = None, like: Optional[fx.Node] = None) -> fx.Node:
-    n = graph.call_function(target, args, kwargs or {})
-    n.meta["val"] = _fake(lambda *a: target(*a, **(kwargs or {})), *args)
-    if like is not None and "stack_trace" in like.meta:
-        n.meta["stack_trace"] = like.meta["stack_trace"]
-    return n
-
-
 def _erase_dead(graph: fx.Graph, nodes: list[Optional[fx.Node]]) -> None:
     """Erases the replaced chain (users first). ``eliminate_dead_code`` keeps in-place ops such as the ``div_`` of
     ``v /= v.sum(...)``, which would keep the old top-k alive."""
@@ -186,16 +162,16 @@ def _emit_topk_renorm(
     weights_user: Optional[fx.Node], idx_user: Optional[fx.Node],
 ) -> None:
     with graph.inserting_before(anchor):
-        tr = _new(graph, moe.topk_renorm.default, (x, k, mode, renorm), like=anchor)
-        w = _new(graph, operator.getitem, (tr, 0), like=anchor)
-        i = _new(graph, operator.getitem, (tr, 1), like=anchor)
+        tr = new_node(graph, moe.topk_renorm.default, (x, k, mode, renorm), like=anchor)
+        w = new_node(graph, operator.getitem, (tr, 0), like=anchor)
+        i = new_node(graph, operator.getitem, (tr, 1), like=anchor)
         if weights_user is not None:
             want = weights_user.meta["val"].dtype
             if want != torch.float32:
-                w = _new(graph, aten._to_copy.default, (w,), {"dtype": want}, like=anchor)
+                w = new_node(graph, aten._to_copy.default, (w,), {"dtype": want}, like=anchor)
             weights_user.replace_all_uses_with(w)
         if idx_user is not None:
-            i64 = _new(graph, aten._to_copy.default, (i,), {"dtype": idx_user.meta["val"].dtype}, like=anchor)
+            i64 = new_node(graph, aten._to_copy.default, (i,), {"dtype": idx_user.meta["val"].dtype}, like=anchor)
             idx_user.replace_all_uses_with(i64)
 
 
@@ -213,7 +189,7 @@ def _raise_topk(graph: fx.Graph, tk: fx.Node) -> bool:
     # softmax -> topk [-> renormalize]
     if sm_dim is not None and _last_dim(x, sm_dim):
         logits = x.args[0]
-        if logits.meta["val"].dtype not in _FLOATS:
+        if logits.meta["val"].dtype not in FLOATS:
             return False
         if div is not None:
             _emit_topk_renorm(graph, tk, logits, k, "logits", True, div, idxs)
@@ -298,16 +274,16 @@ def _raise_similarity(graph: fx.Graph, mm: fx.Node) -> bool:
     u, e, tau = parts
     with graph.inserting_before(mm):
         if u.meta["val"].dim() == 2:  # one sequence: [N, D] -> [1, N, D]
-            u3 = _new(graph, aten.unsqueeze.default, (u, 0), like=mm)
-            e3 = _new(graph, aten.unsqueeze.default, (e, 0), like=mm)
+            u3 = new_node(graph, aten.unsqueeze.default, (u, 0), like=mm)
+            e3 = new_node(graph, aten.unsqueeze.default, (e, 0), like=mm)
         else:
             u3, e3 = u, e
-        p = _new(graph, moe.similarity_inform.default, (u3, e3, None, None, tau, False), like=mm)
+        p = new_node(graph, moe.similarity_inform.default, (u3, e3, None, None, tau, False), like=mm)
         if u.meta["val"].dim() == 2:
-            p = _new(graph, aten.squeeze.dims, (p, [0]), like=mm)
+            p = new_node(graph, aten.squeeze.dims, (p, [0]), like=mm)
         want = mm.meta["val"].dtype
         if want != torch.float32:
-            p = _new(graph, aten._to_copy.default, (p,), {"dtype": want}, like=mm)
+            p = new_node(graph, aten._to_copy.default, (p,), {"dtype": want}, like=mm)
     mm.replace_all_uses_with(p)
     return True
 
@@ -330,25 +306,17 @@ _MASK_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default,
 _RENORM_EPS = 1e-12
 
 
-def _is_call(n: Any, targets) -> bool:
-    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
-
-
-def _val(n: fx.Node) -> Optional[torch.Tensor]:
-    v = n.meta.get("val") if isinstance(n, fx.Node) else None
-    return v if isinstance(v, torch.Tensor) else None
-
-
-def _scoring_of(s: fx.Node) -> Optional[tuple[str, fx.Node]]:
-    """("sigmoid" | "softmax" | "custom:<region>", logits [T, E] f32) when ``s`` scores logits in f32."""
-    if _is_call(s, (aten.sigmoid.default,)):
+def _scoring_of(s: fx.Node, batched: bool = False) -> Optional[tuple[str, fx.Node]]:
+    """("sigmoid" | "softmax" | "custom:<region>", logits [T, E] f32) when ``s`` scores logits in f32; with
+    ``batched``, logits ``[..., T, E]`` of any rank >= 2 (Zaya's ``[B, T, E]``: :func:`_emit_route` flattens them)."""
+    if is_call(s, (aten.sigmoid.default,)):
         x = s.args[0]
     elif _softmax_dim(s) is not None and _last_dim(s, _softmax_dim(s)):
         x = s.args[0]
     else:
-        return _custom_scoring_of(s)
-    xv = _val(x)
-    if xv is None or xv.dim() != 2 or xv.dtype != torch.float32:
+        return _custom_scoring_of(s, batched)
+    xv = tensor_val(x)
+    if xv is None or not _routing_rank(xv, batched) or xv.dtype != torch.float32:
         return None
     return ("sigmoid" if s.target == aten.sigmoid.default else "softmax"), x
 
@@ -382,7 +350,12 @@ def _score_chain(s: fx.Node) -> Optional[tuple[fx.Node, list[fx.Node]]]:
     return next(iter(leaves)), sorted(chain, key=position.__getitem__)
 
 
-def _custom_scoring_of(s: fx.Node) -> Optional[tuple[str, fx.Node]]:
+def _routing_rank(v: torch.Tensor, batched: bool) -> bool:
+    """Logits ``[T, E]``, or with ``batched`` ``[..., T, E]``."""
+    return v.dim() == 2 or (batched and v.dim() > 2)
+
+
+def _custom_scoring_of(s: fx.Node, batched: bool = False) -> Optional[tuple[str, fx.Node]]:
     """("custom:<region>", logits) when ``s`` is an elementwise score of f32 logits (DeepSeek-V4's
     ``sqrt(softplus(x))``): the chain replayed on a 0-d tensor and traced by ops.custom_scoring."""
     from ..ops.score_region import custom_scoring
@@ -391,8 +364,8 @@ def _custom_scoring_of(s: fx.Node) -> Optional[tuple[str, fx.Node]]:
     if found is None:
         return None
     x, chain = found
-    xv, sv = _val(x), _val(s)
-    if xv is None or sv is None or xv.dim() != 2 or xv.dtype != torch.float32 or sv.shape != xv.shape \
+    xv, sv = tensor_val(x), tensor_val(s)
+    if xv is None or sv is None or not _routing_rank(xv, batched) or xv.dtype != torch.float32 or sv.shape != xv.shape \
             or sv.dtype != torch.float32:
         return None
 
@@ -419,13 +392,13 @@ def _ancestors_until(n: fx.Node, stop: fx.Node, limit: int = 64) -> Optional[lis
         cur = work.pop()
         if cur is stop or cur in seen:
             continue
-        if not _is_call(cur, _MASK_OPS) or len(seen) >= limit:
+        if not is_call(cur, _MASK_OPS) or len(seen) >= limit:
             return None
         seen[cur] = None
         work.extend(a for a in cur.all_input_nodes)
         # An in-place update of a node the mask reads (``group_mask.scatter_(...)`` when later uses still name
         # ``group_mask``) is part of its computation.
-        work.extend(u for u in cur.users if _is_call(u, (aten.scatter_.value, aten.scatter_.src)) and u.args[0] is cur)
+        work.extend(u for u in cur.users if is_call(u, (aten.scatter_.value, aten.scatter_.src)) and u.args[0] is cur)
     return list(seen)
 
 
@@ -440,11 +413,11 @@ def _group_spec(mask: fx.Node, c: fx.Node, num_experts: int) -> Optional[tuple[i
     # The group scores: topk(c viewed [T, G, E/G], 2) summed, or its max.
     grouped = [n for n in nodes if n.target in (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
                and n.args[0] is c]
-    if len(grouped) != 1 or _val(grouped[0]) is None or _val(grouped[0]).dim() != 3:
+    if len(grouped) != 1 or tensor_val(grouped[0]) is None or tensor_val(grouped[0]).dim() != 3:
         return None
     g = grouped[0]
-    n_group = int(_val(g).shape[1])
-    if n_group < 1 or num_experts % n_group or int(_val(g).shape[2]) != num_experts // n_group:
+    n_group = int(tensor_val(g).shape[1])
+    if n_group < 1 or num_experts % n_group or int(tensor_val(g).shape[2]) != num_experts // n_group:
         return None
     users = list(g.users)
     if len(users) != 1:
@@ -476,7 +449,7 @@ def _weights_chain(g: fx.Node) -> tuple[fx.Node, bool, float, list[fx.Node]]:
         den = div.args[1]
         keep = s.args[2] if len(s.args) > 2 else s.kwargs.get("keepdim", False)
         dims = s.args[1] if len(s.args) > 1 else s.kwargs.get("dim")
-        eps_ok = den is s or (_is_call(den, (aten.add.Tensor, aten.add.Scalar)) and den.args[0] is s
+        eps_ok = den is s or (is_call(den, (aten.add.Tensor, aten.add.Scalar)) and den.args[0] is s
                               and isinstance(den.args[1], float) and 0 <= den.args[1] <= _RENORM_EPS
                               and len(den.users) == 1)
         if keep and isinstance(dims, (list, tuple)) and len(dims) == 1 and _last_dim(g, dims[0]) and eps_ok \
@@ -484,7 +457,7 @@ def _weights_chain(g: fx.Node) -> tuple[fx.Node, bool, float, list[fx.Node]]:
             out, renorm = div, True
             chain = [div, den, s] if den is not s else [div, s]
     users = list(out.users)
-    if len(users) == 1 and _is_call(users[0], (aten.mul.Tensor, aten.mul.Scalar)) and users[0].args[0] is out:
+    if len(users) == 1 and is_call(users[0], (aten.mul.Tensor, aten.mul.Scalar)) and users[0].args[0] is out:
         f = users[0].args[1]
         if isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and f > 0:
             out, scale = users[0], float(f)
@@ -525,24 +498,60 @@ def _route_anchor(graph: fx.Graph, gather: fx.Node, idxs: fx.Node) -> Optional[f
 
 def _emit_route(graph: fx.Graph, anchor: fx.Node, args: tuple, weights_user: Optional[fx.Node],
                 idx_users: list[fx.Node]) -> tuple[fx.Node, fx.Node]:
+    """``moe.route(*args)`` before ``anchor``, its weights and indices taking the place of ``weights_user`` and
+    ``idx_users``. Logits ``[..., T, E]`` (``args[0]``, rank > 2) are routed as ``[-1, E]`` rows and the results
+    viewed back as ``[..., T, k]``."""
+    logits, k = args[0], args[2]
+    lv = tensor_val(logits)
     with graph.inserting_before(anchor):
-        r = _new(graph, moe.route.default, args, like=anchor)
-        w = _new(graph, operator.getitem, (r, 0), like=anchor)
-        i = _new(graph, operator.getitem, (r, 1), like=anchor)
+        lead = None
+        if lv.dim() > 2:
+            lead = [d if isinstance(d, int) else new_node(graph, aten.sym_size.int, (logits, j), like=anchor)
+                    for j, d in enumerate(lv.shape[:-1])]
+            flat = new_node(graph, aten.reshape.default, (logits, [-1, lv.shape[-1]]), like=anchor)
+            args = (flat,) + tuple(args[1:])
+        r = new_node(graph, moe.route.default, args, like=anchor)
+        w = new_node(graph, operator.getitem, (r, 0), like=anchor)
+        i = new_node(graph, operator.getitem, (r, 1), like=anchor)
+        if lead is not None:
+            w = new_node(graph, aten.view.default, (w, lead + [k]), like=anchor)
+            i = new_node(graph, aten.view.default, (i, lead + [k]), like=anchor)
         if weights_user is not None:
             want = weights_user.meta["val"].dtype
-            wv = w if want == torch.float32 else _new(graph, aten._to_copy.default, (w,), {"dtype": want}, like=anchor)
+            wv = w if want == torch.float32 else new_node(graph, aten._to_copy.default, (w,), {"dtype": want}, like=anchor)
             weights_user.replace_all_uses_with(wv)
         for u in idx_users:
-            i64 = _new(graph, aten._to_copy.default, (i,), {"dtype": u.meta["val"].dtype}, like=anchor)
+            i64 = new_node(graph, aten._to_copy.default, (i,), {"dtype": u.meta["val"].dtype}, like=anchor)
             u.replace_all_uses_with(i64)
     return w, i
 
 
+#: Ops that return their operand's values: in the choice (never differentiated: top-k indices have no gradient)
+#: ``detach`` and a cast to the dtype it has already are the same scores (Zaya's ``probs.detach().to(float32)``).
+_SAME_VALUES = (aten.detach.default, aten.alias.default, aten.to.dtype, aten._to_copy.default)
+
+
+def _same_values(n: Any) -> Any:
+    """``n`` with :data:`_SAME_VALUES` ops that change nothing looked through (a cast only to its own dtype, no
+    other argument)."""
+    while is_call(n, _SAME_VALUES):
+        src = n.args[0]
+        sv, nv = tensor_val(src), tensor_val(n)
+        if sv is None or nv is None or sv.dtype != nv.dtype or sv.device != nv.device:
+            return n
+        if n.target in (aten.to.dtype, aten._to_copy.default) and (
+                len(n.args) > 2 or set(n.kwargs) - {"dtype"} or n.kwargs.get("dtype", nv.dtype) != nv.dtype):
+            return n
+        n = src
+    return n
+
+
 def _same_rows(n: Any, s: fx.Node) -> bool:
-    """``n`` is ``s`` or a view of it with the same [T, E] shape (LongCat's ``scores.view(-1, E)``)."""
-    while n is not s and _is_call(n, _VIEWS):
-        vn, vs = _val(n), _val(s)
+    """``n`` is ``s`` or a view of it with the same [T, E] shape (LongCat's ``scores.view(-1, E)``), through ops
+    that keep its values (:func:`_same_values`)."""
+    n = _same_values(n)
+    while n is not s and is_call(n, VIEWS):
+        vn, vs = tensor_val(n), tensor_val(s)
         if vn is None or vs is None or tuple(vn.shape) != tuple(vs.shape):
             return False
         n = n.args[0]
@@ -552,9 +561,9 @@ def _same_rows(n: Any, s: fx.Node) -> bool:
 def _as_vector(b: fx.Node) -> fx.Node:
     """The 1-D tensor behind ``b.unsqueeze(0)`` or ``b.view(1, E)`` (a bias broadcast over the tokens), else
     ``b``."""
-    inner = b.args[0] if _is_call(b, (aten.unsqueeze.default,) + _VIEWS) else None
-    if inner is not None and _val(inner) is not None and _val(inner).dim() == 1 and _val(b) is not None \
-            and tuple(_val(b).shape) == (1, _val(inner).shape[0]):
+    inner = b.args[0] if is_call(b, (aten.unsqueeze.default,) + VIEWS) else None
+    if inner is not None and tensor_val(inner) is not None and tensor_val(inner).dim() == 1 and tensor_val(b) is not None \
+            and tuple(tensor_val(b).shape) == (1, tensor_val(inner).shape[0]):
         return inner
     return b
 
@@ -569,7 +578,7 @@ def _gathered_topk(tk: fx.Node) -> Optional[tuple[fx.Node, int, fx.Node, fx.Node
     c, k, vals, idxs = parts
     if vals is not None and vals.users:
         return None
-    gathers = [u for u in idxs.users if _is_call(u, (aten.gather.default,)) and u.args[2] is idxs]
+    gathers = [u for u in idxs.users if is_call(u, (aten.gather.default,)) and u.args[2] is idxs]
     if len(gathers) != 1 or not _last_dim(gathers[0], gathers[0].args[1]):
         return None
     return c, k, idxs, gathers[0], gathers[0].args[0]
@@ -577,15 +586,16 @@ def _gathered_topk(tk: fx.Node) -> Optional[tuple[fx.Node, int, fx.Node, fx.Node
 
 def _choice_bias(c: fx.Node, x: fx.Node) -> tuple[bool, Optional[fx.Node]]:
     """(matched, bias) for choice scores ``c`` over ``x`` [T, E]: ``x`` itself (no bias), or ``x`` (or a same-shape
-    view of it) plus a float ``[E]`` bias (or its ``[1, E]`` view)."""
-    if c is x:
+    view of it) plus a float ``[E]`` bias (or its ``[1, E]`` view); either through ops that keep the values
+    (:func:`_same_values`)."""
+    if _same_values(c) is x:
         return True, None
-    if not (_is_call(c, (aten.add.Tensor,)) and _same_rows(c.args[0], x) and isinstance(c.args[1], fx.Node)
+    if not (is_call(c, (aten.add.Tensor,)) and _same_rows(c.args[0], x) and isinstance(c.args[1], fx.Node)
             and not c.kwargs and (len(c.args) < 3 or c.args[2] == 1)):
         return False, None
     bias = _as_vector(c.args[1])
-    bv, xv = _val(bias), _val(x)
-    if bv is None or xv is None or bv.dim() != 1 or bv.shape[0] != xv.shape[-1] or bv.dtype not in _FLOATS:
+    bv, xv = tensor_val(bias), tensor_val(x)
+    if bv is None or xv is None or bv.dim() != 1 or bv.shape[0] != xv.shape[-1] or bv.dtype not in FLOATS:
         return False, None
     return True, bias
 
@@ -593,18 +603,19 @@ def _choice_bias(c: fx.Node, x: fx.Node) -> tuple[bool, Optional[fx.Node]]:
 def _raise_scored_topk(graph: fx.Graph, tk: fx.Node) -> bool:
     """``gather(score(x), topk([masked_fill](score(x) [+ bias], group mask, -inf), k).indices)`` [renormalized]
     [scaled] -> ``moe.route`` (DeepSeek-V3/R1, Kimi-K2, GLM-4.5, DeepSeek-V2 gates in HF's form; LongCat-Flash's
-    choice on a same-shape view of the scores plus a ``[1, E]`` bias)."""
+    choice on a same-shape view of the scores plus a ``[1, E]`` bias; Zaya's ``[B, T, E + 1]`` softmax, chosen on
+    its detached copy plus a bias, its skip expert E masked by the code after the top-k, which stays)."""
     if (found := _gathered_topk(tk)) is None:
         return False
     c2, k, idxs, gather, s = found
-    scored = _scoring_of(s)
+    scored = _scoring_of(s, batched=True)
     if scored is None:
         return False
     scoring, logits = scored
     score_chain = _score_chain(s)[1] if scoring.startswith("custom:") else []
-    num_experts = int(_val(logits).shape[1])
+    num_experts = int(tensor_val(logits).shape[-1])
     c, mask = c2, None
-    if _is_call(c2, _MASKED_FILL):
+    if is_call(c2, _MASKED_FILL):
         c, mask = c2.args[0], c2.args[1]
         # The excluded groups filled with -inf (the op's rule), or with 0.0 where no bias enters the choice
         # (Mistral-4's softmax groups): scores are then >= 0, so a 0.0 only ties with a kept score of exactly 0,
@@ -617,6 +628,8 @@ def _raise_scored_topk(graph: fx.Graph, tk: fx.Node) -> bool:
         return False
     n_group, topk_group, group_score = 1, 1, "top2_sum"
     if mask is not None:
+        if tensor_val(logits).dim() != 2:
+            return False  # the group masks transformers builds are of [T, E] scores
         spec = _group_spec(mask, c, num_experts)
         if spec is None:
             return False
@@ -645,14 +658,14 @@ def _raise_topk_then_sigmoid(graph: fx.Graph, tk: fx.Node) -> bool:
     if (found := _gathered_topk(tk)) is None:
         return False
     c, k, idxs, gather, x = found
-    xv = _val(x)
+    xv = tensor_val(x)
     if xv is None or xv.dim() != 2 or xv.dtype != torch.float32:
         return False
     matched, bias = _choice_bias(c, x)
     if not matched:
         return False
     users = list(gather.users)
-    if len(users) != 1 or not _is_call(users[0], (aten.sigmoid.default,)):
+    if len(users) != 1 or not is_call(users[0], (aten.sigmoid.default,)):
         return False
     sig = users[0]
     anchor = _route_anchor(graph, gather, idxs)
@@ -672,43 +685,43 @@ def _raise_topk_sigmoid_dense(graph: fx.Graph, tk: fx.Node) -> bool:
     if parts is None or parts[2] is None or parts[3] is None:
         return False
     x, k, vals, idxs = parts
-    xv = _val(x)
+    xv = tensor_val(x)
     if xv is None or xv.dim() != 2:
         return False
     sc = [u for u in vals.users]
-    if len(sc) != 1 or not _is_call(sc[0], (aten.scatter.src, aten.scatter_.src)):
+    if len(sc) != 1 or not is_call(sc[0], (aten.scatter.src, aten.scatter_.src)):
         return False
     scat = sc[0]
     full, dim, index, src = scat.args[:4]
     if index is not idxs or src is not vals or not _last_dim(scat, dim):
         return False
-    if not (_is_call(full, (aten.full_like.default,)) and full.args[0] is x and full.args[1] == float("-inf")):
+    if not (is_call(full, (aten.full_like.default,)) and full.args[0] is x and full.args[1] == float("-inf")):
         return False
     # Optional upcast, the sigmoid, optional cast back.
     node = scat
     users = list(node.users)
-    if len(users) == 1 and _is_call(users[0], _TO_COPY) and _val(users[0]).dtype == torch.float32:
+    if len(users) == 1 and is_call(users[0], _TO_COPY) and tensor_val(users[0]).dtype == torch.float32:
         node = users[0]
         users = list(node.users)
-    if len(users) != 1 or not _is_call(users[0], (aten.sigmoid.default,)):
+    if len(users) != 1 or not is_call(users[0], (aten.sigmoid.default,)):
         return False
     sig = users[0]
     out = sig
     users = list(sig.users)
-    if len(users) == 1 and _is_call(users[0], _TO_COPY) and set(users[0].kwargs) <= {"dtype"}:
+    if len(users) == 1 and is_call(users[0], _TO_COPY) and set(users[0].kwargs) <= {"dtype"}:
         out = users[0]
     other_idx_users = [u for u in idxs.users if u is not scat]
     with graph.inserting_before(tk):
-        r = _new(graph, moe.route.default, (x, None, k, "sigmoid", "topk_then_score", 1, 1, "top2_sum", False,
+        r = new_node(graph, moe.route.default, (x, None, k, "sigmoid", "topk_then_score", 1, 1, "top2_sum", False,
                                             1.0), like=tk)
-        w = _new(graph, operator.getitem, (r, 0), like=tk)
-        i = _new(graph, operator.getitem, (r, 1), like=tk)
-        i64 = _new(graph, aten._to_copy.default, (i,), {"dtype": torch.int64}, like=tk)
-        z = _new(graph, aten.zeros_like.default, (x,), {"dtype": torch.float32}, like=tk)
-        dense = _new(graph, aten.scatter.src, (z, dim, i64, w), like=tk)
-        want = _val(out).dtype
+        w = new_node(graph, operator.getitem, (r, 0), like=tk)
+        i = new_node(graph, operator.getitem, (r, 1), like=tk)
+        i64 = new_node(graph, aten._to_copy.default, (i,), {"dtype": torch.int64}, like=tk)
+        z = new_node(graph, aten.zeros_like.default, (x,), {"dtype": torch.float32}, like=tk)
+        dense = new_node(graph, aten.scatter.src, (z, dim, i64, w), like=tk)
+        want = tensor_val(out).dtype
         if want != torch.float32:
-            dense = _new(graph, aten._to_copy.default, (dense,), {"dtype": want}, like=tk)
+            dense = new_node(graph, aten._to_copy.default, (dense,), {"dtype": want}, like=tk)
     out.replace_all_uses_with(dense)
     for u in other_idx_users:
         u.replace_input_with(idxs, i64)
@@ -720,77 +733,6 @@ def _rewrite_each(graph: fx.Graph, rewrite: Callable[[fx.Graph, fx.Node], bool])
     """Tries ``rewrite(graph, node)`` (True when it matched and rewrote) at every node the graph had before it
     started, in order; returns how many it rewrote. Each ``_raise_*`` above is one such pattern."""
     return sum(1 for node in list(graph.nodes) if rewrite(graph, node))
-
-
-def _raise_hf_grouped_mm(graph: fx.Graph, node: fx.Node) -> bool:
-    """transformers' grouped GEMM fallback (``transformers::grouped_mm_fallback``: its ``grouped_mm`` experts
-    under torch.compile for weights other than bf16, a Python loop of one ``mm`` per expert) on f32/f64 CPU tensors
-    becomes ``moe_mlir::grouped_mm_ends``, the same product on the extension's kernel (the experts' GEMMs spread
-    over the threads), with its own backward. Elsewhere (CUDA, other dtypes) the node stays transformers': on CUDA
-    the op's padded batched GEMM bought nothing (H200, Qwen3-MoE E=128 prefill, 2026-11-26: 9.39-9.50 ms against
-    8.37 with transformers' loop)."""
-    from .. import experts
-
-    target = experts.hf_grouped_mm_target()
-    if target is None or node.op != "call_function" or node.target is not target:
-        return False
-    val = _val(node)
-    if val is None:
-        return False
-    if val.device.type != "cpu" or val.dtype not in (torch.float32, torch.float64):
-        return False
-    node.target = experts._grouped_mm_ends_op._opoverload
-    # An nn.Linear weight [E, N, K] viewed transposed (HF's _grouped_linear without is_transposed): the op takes
-    # the weight itself, so that its gradient comes in the parameter's layout (a transposed view's gradient costs
-    # a transposing copy of every expert's weight gradient when autograd accumulates it).
-    x, w, offs = node.args[:3]
-    swaps_last_two = ((_is_call(w, (aten.transpose.int,)) and sorted(d % 3 for d in w.args[1:3]) == [1, 2])
-                      or (_is_call(w, (aten.permute.default,)) and [d % 3 for d in w.args[1]] == [0, 2, 1]))
-    if swaps_last_two:
-        node.args = (x, w.args[0], offs, True)
-    return True
-
-
-#: Largest reduced size :func:`_unroll_gathered_sum` unrolls (MoE top-k: k <= 16 in every model we know).
-_UNROLL_MAX = 16
-
-
-def _unroll_gathered_sum(graph: fx.Graph, node: fx.Node) -> bool:
-    """``Y[idx].view(T, k, H).sum(1)`` on CPU tensors, with ``k`` static and small (transformers' grouped experts
-    combine each token's k weighted expert rows so: ``weighted_out[inv_perm].view(T, k, H).sum(dim=1)``), becomes
-    ``Σ_j v[:, j]``: k slices of the view added in order (in f32 for f16/bf16, rounded once at the end, as the sum
-    accumulates). The sum up to rounding (the order of its adds is ATen's or inductor's choice; in order here).
-    Why: inductor fuses the gather into the reduction and vectorizes the
-    reduction's k lanes (8 of 16 used, a gather per lane) instead of H, ~2.5 ms against eager's 0.7 ms for T=512,
-    k=8, H=256 on a Xeon (two such kernels per 2-layer Qwen3-MoE prefill: 8 of its 26 ms); the unrolled form is
-    one pointwise kernel vectorized along H (0.17 ms)."""
-    if node.op != "call_function" or node.target is not aten.sum.dim_IntList:
-        return False
-    src, dims = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
-    if keep or node.kwargs.get("dtype") is not None or not isinstance(dims, (list, tuple)) or len(dims) != 1:
-        return False
-    val, out = _val(src), _val(node)
-    if val is None or out is None or val.dim() != 3 or dims[0] % 3 != 1 or val.device.type != "cpu":
-        return False
-    k = val.shape[1]
-    if not isinstance(k, int) or not 2 <= k <= _UNROLL_MAX or val.dtype not in _FLOATS + (torch.float64,):
-        return False
-    if not _is_call(_through_views(src), (aten.index.Tensor,)):
-        return False
-    low = val.dtype in (torch.float16, torch.bfloat16)
-    with graph.inserting_before(node):
-        total = None
-        for j in range(k):
-            part = _new(graph, aten.select.int, (src, 1, j), like=node)
-            if low:
-                part = _new(graph, aten._to_copy.default, (part,), {"dtype": torch.float32}, like=node)
-            total = part if total is None else _new(graph, aten.add.Tensor, (total, part), like=node)
-        if low:
-            total = _new(graph, aten._to_copy.default, (total,), {"dtype": val.dtype}, like=node)
-    node.replace_all_uses_with(total)
-    graph.erase_node(node)
-    return True
 
 
 def raise_routing_idioms(gm: fx.GraphModule) -> dict[str, int]:
@@ -807,9 +749,9 @@ def raise_routing_idioms(gm: fx.GraphModule) -> dict[str, int]:
     graph.eliminate_dead_code()
     counts["topk_renorm"] = _rewrite_each(graph, _raise_topk)
     graph.eliminate_dead_code()
-    counts["experts_gemm"] = _rewrite_each(graph, _raise_hf_grouped_mm)
+    counts["experts_gemm"] = _rewrite_each(graph, raise_hf_grouped_mm)
     if counts["experts_gemm"]:  # the experts' combine, where their GEMMs were raised (not an idiom of its own)
-        _rewrite_each(graph, _unroll_gathered_sum)
+        _rewrite_each(graph, unroll_gathered_sum)
     graph.lint()
     gm.recompile()
     return counts
