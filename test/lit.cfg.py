@@ -8,7 +8,7 @@ from lit.llvm.subst import ToolSubst
 
 config.name = "MOE"
 config.test_format = lit.formats.ShTest(not llvm_config.use_lit_shell)
-config.suffixes = [".mlir"]
+config.suffixes = [".mlir", ".td"]
 config.excludes = ["CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py", "Inputs"]
 
 config.test_source_root = os.path.dirname(__file__)
@@ -39,6 +39,9 @@ config.substitutions.append(("%flash_base64",
     "flash-mma-stages=2"))
 config.substitutions.append(("%moe_obj_root", config.moe_obj_root))
 config.substitutions.append(("%moe_src_root", config.moe_src_root))
+# The -I flags that moe-tblgen needs for the project's and MLIR's .td files (test/Tools/moe-tblgen-*.td).
+config.substitutions.append(("%tblgen_includes", " ".join(
+    "-I " + d for d in [config.moe_src_root + "/include"] + config.mlir_include_dir.split(";") if d)))
 
 # `asan`: this build is instrumented with AddressSanitizer (scripts/sanitize.sh). Its shadow memory and quarantine
 # raise every process's peak RSS, so memory-footprint checks hold only without it (`%if !asan %{ ... %}`); the
@@ -47,7 +50,7 @@ if "-fsanitize=address" in getattr(config, "moe_cxx_flags", ""):
     config.available_features.add("asan")
 
 tool_dirs = [config.moe_tools_dir, config.llvm_tools_dir]
-tools = ["moe-opt", ToolSubst("mlir-runner", unresolved="ignore")]
+tools = ["moe-opt", "moe-tblgen", ToolSubst("mlir-runner", unresolved="ignore")]
 llvm_config.add_tool_substitutions(tools, tool_dirs)
 
 # GPU path (lib/Conversion/MoEToGPU, lib/Runtime/CUDA): `ptxas` when the CUDA

@@ -8,10 +8,10 @@
 // CPU kernel computes on vector lanes, a GPU kernel on one thread's scalars),
 // so an algorithm written over `KernelBuilder &` (lib/Kernels: the top-k
 // ordering key and weights) is instantiated by both conversions. Targets derive
-// from it: cpu::CpuKernelBuilder (vectors, reductions, the worker loop) and
-// gpu_lowering::GpuKernelBuilder (thread ids, shuffles, barriers); `exp` is the
-// one target hook (a polynomial on CPU vectors, math.exp -> __nv_expf on the
-// GPU).
+// from it: cpu_lowering::CpuKernelBuilder (vectors, reductions, the worker
+// loop) and gpu_lowering::GpuKernelBuilder (thread ids, shuffles, barriers);
+// `exp` is the one target hook (a polynomial on CPU vectors, math.exp ->
+// __nv_expf on the GPU).
 //
 //===----------------------------------------------------------------------===//
 

@@ -13,7 +13,7 @@
 // The GPU kernels (a thread per token with i32 atomics, a block per line)
 // compute a_next with coSelectionNext. The CPU kernel counts C itself
 // (per-worker counts, a mask histogram or mask rows) and finishes with the
-// portable lowering's tensor tail (lowering::finishAdjacencyUpdate,
+// portable lowering's tensor tail (linalg_lowering::finishAdjacencyUpdate,
 // MoE/Conversion/MoEToLinalg), not with this function: the two a_next
 // formulas are still written twice.
 //

@@ -28,7 +28,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
@@ -41,7 +41,7 @@
 
 #include <functional>
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 using namespace kernels;
 
 namespace {
@@ -335,7 +335,7 @@ struct AdjacencyUpdateKernel : KernelPattern<AdjacencyUpdateOp> {
   LogicalResult emit(AdjacencyUpdateOp op, CpuKernelBuilder &kb,
                      PatternRewriter &rw) const override {
     Location loc = op.getLoc();
-    Value aT = lowering::promoteToF32(rw, loc, op.getA());
+    Value aT = linalg_lowering::promoteToF32(rw, loc, op.getA());
     auto aType = cast<RankedTensorType>(aT.getType());
     OpFoldResult eSize = aType.isDynamicDim(0)
                              ? tensor::getMixedSize(rw, loc, aT, 1)
@@ -391,12 +391,16 @@ struct AdjacencyUpdateKernel : KernelPattern<AdjacencyUpdateOp> {
       kb.b.setInsertionPoint(ifOp.elseBlock()->getTerminator());
       emit(choice.strategy);
     }
-    lowering::finishAdjacencyUpdate(rw, op, aT, kernel.finish()[0], eSize);
+    linalg_lowering::finishAdjacencyUpdate(rw, op, aT, kernel.finish()[0],
+                                           eSize);
     return success();
   }
 };
 } // namespace
 
-MOE_CPU_KERNEL_POPULATE(populateAdjacencyUpdateKernel, AdjacencyUpdateKernel)
+void populateAdjacencyUpdateLowering(RewritePatternSet &patterns,
+                                     const KernelOptions &options) {
+  patterns.add<AdjacencyUpdateKernel>(patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering

@@ -21,7 +21,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Flash.h"
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
@@ -31,7 +31,7 @@
 
 #include <limits>
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 
 Value headScaleValue(CpuKernelBuilder &kb, std::optional<double> scale,
                      Value heads) {
@@ -262,8 +262,8 @@ struct AttentionPosteriorKernel : MinEntropyPosteriorKernel<AttentionPosteriorOp
             Value some = kb.cmpf(arith::CmpFPredicate::OGT, tot[1], kb.cF32(0.0));
             Value mean = kb.select(some, kb.fdiv(tot[0], tot[1]), kb.cF32(0.0));
             Value hI = kb.castInt(h, i32);
-            Value take = lowering::ranksBefore(b, b.getLoc(), mean, hI, it[0],
-                                               it[1], /*descending=*/false);
+            Value take = linalg_lowering::ranksBefore(
+                b, b.getLoc(), mean, hI, it[0], it[1], /*descending=*/false);
             return {kb.select(take, mean, it[0]), kb.select(take, hI, it[1])};
           });
       kb.store(best[1], head, {bi});
@@ -291,6 +291,9 @@ struct AttentionPosteriorKernel : MinEntropyPosteriorKernel<AttentionPosteriorOp
 };
 } // namespace
 
-MOE_CPU_KERNEL_POPULATE(populateAttentionPosteriorKernel, AttentionPosteriorKernel)
+void populateAttentionPosteriorLowering(RewritePatternSet &patterns,
+                                        const KernelOptions &options) {
+  patterns.add<AttentionPosteriorKernel>(patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering

@@ -24,8 +24,8 @@
 //     d_v[b, h*, j] = dm_j W_h* and d_wo[:, h* block] = Σ_{b,j} dm_j ⊗ v_j
 //     (a worker per block of rows of wo, a fixed order over (b, j)).
 // An h* outside [0, H) is reported first (the portable lowering's check,
-// lowering::emitIndexCheck) and its batch element skipped: the passes read
-// head 0 in its place (in bounds) and its rows get lse' = +inf, so that
+// linalg_lowering::emitIndexCheck) and its batch element skipped: the passes
+// read head 0 in its place (in bounds) and its rows get lse' = +inf, so that
 // every weight G, and with it every gradient of the element, is 0 (the
 // portable lowering's result, where no head matches h*).
 // Extra memory: packed copies of u, m, e (O(B·(N + Nk)·(D + K))) and
@@ -35,7 +35,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Flash.h"
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
@@ -46,7 +46,7 @@
 
 #include <limits>
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 using namespace kernels;
 
 namespace {
@@ -681,6 +681,9 @@ struct AttentionPosteriorGradKernel
 };
 } // namespace
 
-MOE_CPU_KERNEL_POPULATE(populateAttentionPosteriorGradKernel, AttentionPosteriorGradKernel)
+void populateAttentionPosteriorGradLowering(RewritePatternSet &patterns,
+                                            const KernelOptions &options) {
+  patterns.add<AttentionPosteriorGradKernel>(patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering

@@ -10,7 +10,7 @@
 
 #include <limits>
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 using namespace kernels;
 
 Value balanceChunk(CpuKernelBuilder &kb, Value x2, Value r, Value base, Value numExperts,
@@ -115,4 +115,4 @@ Value indexToF32(CpuKernelBuilder &kb, Value index) {
   return kb.sitofp(kb.castInt(index, kb.i64()));
 }
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering

@@ -14,11 +14,11 @@
 #ifndef MOE_LIB_CONVERSION_MOETOCPU_BALANCEROWS_H
 #define MOE_LIB_CONVERSION_MOETOCPU_BALANCEROWS_H
 
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/Kernels/OnlineSoftmax.h"
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 
 /// What a logits-row kernel (LogitsRowKernel) works on: the op's kernel,
 /// the conversion's options, the sizes T (`rows`) and E (`numExperts`) of
@@ -101,6 +101,6 @@ Value sumInOrder(CpuKernelBuilder &kb, Value buf, Value n);
 /// `index` (a count) as f32.
 Value indexToF32(CpuKernelBuilder &kb, Value index);
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering
 
 #endif // MOE_LIB_CONVERSION_MOETOCPU_BALANCEROWS_H

@@ -18,7 +18,7 @@
 //    its own cursors: order, inverse and padded_order. Items write disjoint
 //    positions: no atomics.
 //
-// Out-of-range indices are reported (lowering::emitIndexCheck, as in the
+// Out-of-range indices are reported (linalg_lowering::emitIndexCheck, as in the
 // portable lowering) and left out of every result (inverse entry -1).
 //
 // With a capacity, a sequential phase 0 marks the kept assignments (keep [N])
@@ -33,7 +33,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Kernels.h"
+#include "Lowerings.h"
 #include "Route.h"
 
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
@@ -44,7 +44,7 @@
 #include <cstdint>
 #include <limits>
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 
 namespace {
 /// Whether expert value `v` (an element of `indices`) is in [0, E).
@@ -348,6 +348,9 @@ void emitPlanFromHistogram(CpuKernelBuilder &kb, const KernelOptions &opts, Disp
   });
 }
 
-MOE_CPU_KERNEL_POPULATE(populateDispatchPlanKernel, DispatchPlanKernel)
+void populateDispatchPlanLowering(RewritePatternSet &patterns,
+                                  const KernelOptions &options) {
+  patterns.add<DispatchPlanKernel>(patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering

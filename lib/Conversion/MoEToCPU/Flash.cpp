@@ -11,14 +11,13 @@
 #include <limits>
 
 using namespace mlir;
-using namespace mlir::moe::cpu;
+using namespace mlir::moe::cpu_lowering;
 using namespace mlir::moe::kernels;
 
-std::pair<Value, Value> mlir::moe::cpu::packValues(CpuKernelBuilder &kb,
-                                                   Value values, Value batch,
-                                                   Value keys, Value width,
-                                                   Value keysPad,
-                                                   Value widthPad) {
+std::pair<Value, Value>
+mlir::moe::cpu_lowering::packValues(CpuKernelBuilder &kb, Value values,
+                                    Value batch, Value keys, Value width,
+                                    Value keysPad, Value widthPad) {
   auto type = MemRefType::get(
       {ShapedType::kDynamic, ShapedType::kDynamic, ShapedType::kDynamic},
       kb.f32());
@@ -53,7 +52,7 @@ std::pair<Value, Value> mlir::moe::cpu::packValues(CpuKernelBuilder &kb,
   return {packed, kb.sum(bad)};
 }
 
-FlashSpec mlir::moe::cpu::flashSpec(
+FlashSpec mlir::moe::cpu_lowering::flashSpec(
     CpuKernelBuilder &kb, Value q, Value keysT, Value keysPad, Value values,
     Value out, Value batch, Value rows, Value keys, Value depth,
     std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)> logits,
@@ -69,24 +68,24 @@ FlashSpec mlir::moe::cpu::flashSpec(
                    causal,    kQueryTilesPerBlock, std::move(logits)};
 }
 
-void mlir::moe::cpu::workersIfLarge(
+void mlir::moe::cpu_lowering::workersIfLarge(
     CpuKernelBuilder &kb, const KernelOptions &opts, Value numItems, Value work,
     function_ref<void(Value item, Value worker)> body) {
   Value small = kb.cmpi(arith::CmpIPredicate::ult, work, kb.idx(kInlineWork));
   kb.workers(opts, numItems, body, small);
 }
 
-mlir::moe::cpu::RowBlocks mlir::moe::cpu::rowBlocks(CpuKernelBuilder &kb,
-                                                    Value batch, Value rows,
-                                                    int64_t tilesPerBlock) {
+mlir::moe::cpu_lowering::RowBlocks
+mlir::moe::cpu_lowering::rowBlocks(CpuKernelBuilder &kb, Value batch,
+                                   Value rows, int64_t tilesPerBlock) {
   Value tiles = kb.ceilDiv(rows, kb.idx(kQueryTile));
   Value blocks = kb.ceilDiv(tiles, kb.idx(tilesPerBlock));
   return {rows, tiles, blocks, kb.mul(batch, blocks), tilesPerBlock};
 }
 
-mlir::moe::cpu::RowBlock mlir::moe::cpu::rowBlock(CpuKernelBuilder &kb,
-                                                  Value item,
-                                                  const RowBlocks &blocks) {
+mlir::moe::cpu_lowering::RowBlock
+mlir::moe::cpu_lowering::rowBlock(CpuKernelBuilder &kb, Value item,
+                                  const RowBlocks &blocks) {
   const int64_t QB = blocks.tilesPerBlock;
   Value c1 = kb.idx(1);
   RowBlock blk;
@@ -100,12 +99,13 @@ mlir::moe::cpu::RowBlock mlir::moe::cpu::rowBlock(CpuKernelBuilder &kb,
   return blk;
 }
 
-Value mlir::moe::cpu::RowBlock::firstRow(CpuKernelBuilder &kb, Value qt) const {
+Value mlir::moe::cpu_lowering::RowBlock::firstRow(CpuKernelBuilder &kb,
+                                                  Value qt) const {
   return kb.mul(kb.add(t0, qt), kb.idx(kQueryTile));
 }
 
-mlir::moe::cpu::RowTile mlir::moe::cpu::RowBlock::tile(CpuKernelBuilder &kb,
-                                                       Value qt) const {
+mlir::moe::cpu_lowering::RowTile
+mlir::moe::cpu_lowering::RowBlock::tile(CpuKernelBuilder &kb, Value qt) const {
   RowTile t;
   t.i0 = firstRow(kb, qt);
   Value last = kb.sub(rows, kb.idx(1));
@@ -114,7 +114,8 @@ mlir::moe::cpu::RowTile mlir::moe::cpu::RowBlock::tile(CpuKernelBuilder &kb,
   return t;
 }
 
-void mlir::moe::cpu::zeroRows(CpuKernelBuilder &kb, Value buf, Value chunks) {
+void mlir::moe::cpu_lowering::zeroRows(CpuKernelBuilder &kb, Value buf,
+                                       Value chunks) {
   Value zeros = kb.constLike(kb.vf32(), 0.0);
   kb.forLoop(kb.idx(0), chunks, kb.idx(1), [&](Value c) {
     for (int64_t r = 0; r < kQueryTile; ++r)
@@ -163,10 +164,10 @@ static SmallVector<DotBlock> dotBlocks(int64_t rows, int64_t vectors,
   return blocks;
 }
 
-mlir::moe::cpu::DotTile
-mlir::moe::cpu::dotTile(CpuKernelBuilder &kb, const KernelOptions &opts, Value q,
-                        Value keysT, Value b, ArrayRef<Value> rowIdx, Value jt,
-                        Value depth, Value dotBuf, bool inBuffer) {
+mlir::moe::cpu_lowering::DotTile mlir::moe::cpu_lowering::dotTile(
+    CpuKernelBuilder &kb, const KernelOptions &opts, Value q, Value keysT,
+    Value b, ArrayRef<Value> rowIdx, Value jt, Value depth, Value dotBuf,
+    bool inBuffer) {
   // The micro-kernel computes in the target's registers (L lanes) over blocks
   // of G rows x W key vectors, one depth loop per block.
   const int64_t L = std::min<int64_t>(opts.lanes(), kLanes);
@@ -223,18 +224,17 @@ mlir::moe::cpu::dotTile(CpuKernelBuilder &kb, const KernelOptions &opts, Value q
   return tile;
 }
 
-Value mlir::moe::cpu::DotTile::at(int64_t r, int64_t v) const {
+Value mlir::moe::cpu_lowering::DotTile::at(int64_t r, int64_t v) const {
   constexpr int64_t KV = kKeyTile / kLanes;
   if (!buf)
     return dots[r * KV + v];
   return kb->vload(buf, {kb->idx(r), kb->idx(v * kLanes)});
 }
 
-void mlir::moe::cpu::accumulateTile(CpuKernelBuilder &kb,
-                                    const KernelOptions &opts, Value accBuf,
-                                    Value pBuf, Value values, Value b, Value j0,
-                                    Value widthChunks, ArrayRef<Value> alpha,
-                                    Value logitBuf, Value guarded) {
+void mlir::moe::cpu_lowering::accumulateTile(
+    CpuKernelBuilder &kb, const KernelOptions &opts, Value accBuf, Value pBuf,
+    Value values, Value b, Value j0, Value widthChunks, ArrayRef<Value> alpha,
+    Value logitBuf, Value guarded) {
   Type f32 = kb.f32();
   Value c0 = kb.idx(0), c1 = kb.idx(1);
   int64_t rows = cast<MemRefType>(pBuf.getType()).getDimSize(0);
@@ -311,8 +311,9 @@ void mlir::moe::cpu::accumulateTile(CpuKernelBuilder &kb,
     kb.forLoop(whole, chunks, c1, [&](Value c) { step(c, 1); });
 }
 
-Value mlir::moe::cpu::packKeysT(CpuKernelBuilder &kb, const KernelOptions &opts,
-                                Value x, Value batch, Value rows, Value depth) {
+Value mlir::moe::cpu_lowering::packKeysT(CpuKernelBuilder &kb,
+                                         const KernelOptions &opts, Value x,
+                                         Value batch, Value rows, Value depth) {
   Value c0 = kb.idx(0), c1 = kb.idx(1);
   Value keyTiles = kb.ceilDiv(rows, kb.idx(kKeyTile));
   Value keysT = kb.alloc(MemRefType::get({kDyn, kDyn, kDyn, kKeyTile}, kb.f32()),
@@ -367,8 +368,9 @@ Value mlir::moe::cpu::packKeysT(CpuKernelBuilder &kb, const KernelOptions &opts,
   return keysT;
 }
 
-Value mlir::moe::cpu::keyValidity(CpuKernelBuilder &kb, Value mask, Value batch,
-                                  Value rows, Value keysPad) {
+Value mlir::moe::cpu_lowering::keyValidity(CpuKernelBuilder &kb, Value mask,
+                                           Value batch, Value rows,
+                                           Value keysPad) {
   Value c0 = kb.idx(0), c1 = kb.idx(1);
   Value valid = kb.alloc(MemRefType::get({kDyn, kDyn}, kb.f32()),
                         {batch, keysPad});
@@ -385,7 +387,7 @@ Value mlir::moe::cpu::keyValidity(CpuKernelBuilder &kb, Value mask, Value batch,
   return valid;
 }
 
-void mlir::moe::cpu::forEachRowChunk(
+void mlir::moe::cpu_lowering::forEachRowChunk(
     CpuKernelBuilder &kb, const KernelOptions &opts, Value batch, Value rows,
     Value width,
     function_ref<void(Value b, Value i, Value col, Value count)> body) {
@@ -399,10 +401,11 @@ void mlir::moe::cpu::forEachRowChunk(
   });
 }
 
-Value mlir::moe::cpu::projectRows(CpuKernelBuilder &kb,
-                                  const KernelOptions &opts, Value x, Value w,
-                                  Value batch, Value rows, Value depth,
-                                  Value outWidth, Value init, Value out) {
+Value mlir::moe::cpu_lowering::projectRows(CpuKernelBuilder &kb,
+                                           const KernelOptions &opts, Value x,
+                                           Value w, Value batch, Value rows,
+                                           Value depth, Value outWidth,
+                                           Value init, Value out) {
   Value c0 = kb.idx(0), c1 = kb.idx(1);
   if (!out)
     out = kb.alloc(MemRefType::get({kDyn, kDyn, kDyn}, kb.f32()),
@@ -425,8 +428,8 @@ Value mlir::moe::cpu::projectRows(CpuKernelBuilder &kb,
 }
 
 std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)>
-mlir::moe::cpu::scaledMaskedLogits(Value keyValid,
-                                   const kernels::FlashLogitSpec &logit) {
+mlir::moe::cpu_lowering::scaledMaskedLogits(
+    Value keyValid, const kernels::FlashLogitSpec &logit) {
   return [=](CpuKernelBuilder &kk, Value dot, Value bi, Value i, Value j0) {
     // The keys of a lane group: j0 + lane.
     return kernels::flashLogit(kk, logit, dot, nullptr, nullptr, [&] {
@@ -448,7 +451,7 @@ mlir::moe::cpu::scaledMaskedLogits(Value keyValid,
   };
 }
 
-moe::kernels::SoftmaxGrad mlir::moe::cpu::queryRowGrad(
+moe::kernels::SoftmaxGrad mlir::moe::cpu_lowering::queryRowGrad(
     CpuKernelBuilder &kb,
     const std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)>
         &logits,
@@ -461,9 +464,9 @@ moe::kernels::SoftmaxGrad mlir::moe::cpu::queryRowGrad(
       });
 }
 
-void mlir::moe::cpu::emitFlashMix(CpuKernelBuilder &kb,
-                                  const KernelOptions &opts,
-                                  const FlashSpec &s) {
+void mlir::moe::cpu_lowering::emitFlashMix(CpuKernelBuilder &kb,
+                                           const KernelOptions &opts,
+                                           const FlashSpec &s) {
   constexpr int64_t TQ = kQueryTile, TK = kKeyTile, KV = TK / kLanes;
   const int64_t QB = s.tilesPerBlock;
   Type f32 = kb.f32();

@@ -28,7 +28,7 @@
 #ifndef MOE_LIB_CONVERSION_MOETOCPU_FLASH_H
 #define MOE_LIB_CONVERSION_MOETOCPU_FLASH_H
 
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/FlashLogit.h"
@@ -37,7 +37,7 @@
 #include <functional>
 #include <optional>
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 
 constexpr int64_t kQueryTile = 8;
 constexpr int64_t kKeyTile = 32;
@@ -351,6 +351,6 @@ struct MinEntropyPosteriorKernel
   }
 };
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering
 
 #endif // MOE_LIB_CONVERSION_MOETOCPU_FLASH_H

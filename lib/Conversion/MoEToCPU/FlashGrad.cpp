@@ -24,15 +24,15 @@
 #include <limits>
 
 using namespace mlir;
-using namespace mlir::moe::cpu;
+using namespace mlir::moe::cpu_lowering;
 
 /// Column tiles summed into one partial before it joins the total (512
 /// columns).
 static constexpr int64_t kFoldTiles = 16;
 
-void mlir::moe::cpu::emitFlashGrad(CpuKernelBuilder &kb,
-                                   const KernelOptions &opts,
-                                   const FlashGradSpec &s) {
+void mlir::moe::cpu_lowering::emitFlashGrad(CpuKernelBuilder &kb,
+                                            const KernelOptions &opts,
+                                            const FlashGradSpec &s) {
   constexpr int64_t TQ = kQueryTile, TK = kKeyTile, KV = TK / kLanes;
   constexpr int64_t QB = kQueryTilesPerBlock;
   Type f32 = kb.f32();
@@ -190,10 +190,9 @@ void mlir::moe::cpu::emitFlashGrad(CpuKernelBuilder &kb,
   });
 }
 
-mlir::moe::cpu::GradRowStats
-mlir::moe::cpu::gradRowStats(CpuKernelBuilder &kb, Value lse, Value p, Value dp,
-                             Value batch, Value rows, Value width,
-                             Value widthPad, Value rowsPad) {
+mlir::moe::cpu_lowering::GradRowStats mlir::moe::cpu_lowering::gradRowStats(
+    CpuKernelBuilder &kb, Value lse, Value p, Value dp, Value batch, Value rows,
+    Value width, Value widthPad, Value rowsPad) {
   Type f32 = kb.f32();
   Value c0 = kb.idx(0), c1 = kb.idx(1);
   Value lseRow = kb.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, rowsPad});

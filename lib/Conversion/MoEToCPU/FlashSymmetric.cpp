@@ -32,7 +32,7 @@
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 
 using namespace mlir;
-using namespace mlir::moe::cpu;
+using namespace mlir::moe::cpu_lowering;
 
 namespace {
 constexpr int64_t TQ = kQueryTile, TK = kKeyTile, KV = kKeyTile / kLanes;
@@ -86,10 +86,10 @@ Value blockOf(CpuKernelBuilder &kb, Value p, Value c0, bool transposed) {
 }
 } // namespace
 
-void mlir::moe::cpu::emitSymmetricMix(CpuKernelBuilder &kb,
-                                      const KernelOptions &opts,
-                                      const SymmetricMixSpec &s,
-                                      function_ref<void()> exact) {
+void mlir::moe::cpu_lowering::emitSymmetricMix(CpuKernelBuilder &kb,
+                                               const KernelOptions &opts,
+                                               const SymmetricMixSpec &s,
+                                               function_ref<void()> exact) {
   Type f32 = kb.f32();
   Value c0 = kb.idx(0), c1 = kb.idx(1);
   Value batch = s.batch, rows = s.rows, keysPad = s.keysPad;

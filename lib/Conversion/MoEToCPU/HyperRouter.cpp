@@ -20,14 +20,14 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/Gemv.h"
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 
 namespace {
 constexpr int64_t kRowsPerItem = 64;
@@ -62,7 +62,7 @@ struct HyperRouterKernel : KernelPattern<HyperRouterOp> {
                     kb.buffer(op.getB1()), /*relu=*/true);
     hyperAffine(kb, opts, kb.buffer(w2), hidden, kb.buffer(op.getB2()),
                 /*relu=*/false, kernel.out(0));
-    lowering::finishHyperRouter(rw, op, kernel.finish()[0]);
+    linalg_lowering::finishHyperRouter(rw, op, kernel.finish()[0]);
     return success();
   }
 };
@@ -120,6 +120,9 @@ Value hyperAffine(CpuKernelBuilder &kb, const KernelOptions &opts, Value m,
   return y;
 }
 
-MOE_CPU_KERNEL_POPULATE(populateHyperRouterKernel, HyperRouterKernel)
+void populateHyperRouterLowering(RewritePatternSet &patterns,
+                                 const KernelOptions &options) {
+  patterns.add<HyperRouterKernel>(patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering

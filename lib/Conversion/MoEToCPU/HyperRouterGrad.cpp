@@ -32,12 +32,12 @@
 //===----------------------------------------------------------------------===//
 
 #include "Flash.h"
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/Gemv.h"
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 
 namespace {
 constexpr int64_t kMinBlockRows = 64;
@@ -181,6 +181,9 @@ struct HyperRouterGradKernel
 };
 } // namespace
 
-MOE_CPU_KERNEL_POPULATE(populateHyperRouterGradKernel, HyperRouterGradKernel)
+void populateHyperRouterGradLowering(RewritePatternSet &patterns,
+                                     const KernelOptions &options) {
+  patterns.add<HyperRouterGradKernel>(patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering

@@ -18,7 +18,7 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::cpu;
+using namespace mlir::moe::cpu_lowering;
 
 //===----------------------------------------------------------------------===//
 // Constants
@@ -396,9 +396,9 @@ SmallVector<Value> CpuKernelBuilder::dynamicSizes(ArrayRef<int64_t> shape,
   return dyn;
 }
 
-Value mlir::moe::cpu::bestCandidateBelow(CpuKernelBuilder &kb, Value cand,
-                                         Value c0, Value c1, Value prev,
-                                         function_ref<Value(Value)> laneMask) {
+Value mlir::moe::cpu_lowering::bestCandidateBelow(
+    CpuKernelBuilder &kb, Value cand, Value c0, Value c1, Value prev,
+    function_ref<Value(Value)> laneMask) {
   const int64_t kCand = kb.candidateLanes();
   Value none = kernels::noCandidate(kb, VectorType::get({kCand}, kb.i64()));
   Value prevV = kb.splat(prev, kCand);
@@ -415,11 +415,13 @@ Value mlir::moe::cpu::bestCandidateBelow(CpuKernelBuilder &kb, Value cand,
   return kb.maxsi(best);
 }
 
-Value mlir::moe::cpu::roundUp(CpuKernelBuilder &kb, Value x, int64_t m) {
+Value mlir::moe::cpu_lowering::roundUp(CpuKernelBuilder &kb, Value x,
+                                       int64_t m) {
   return kb.mul(kb.ceilDiv(x, kb.idx(m)), kb.idx(m));
 }
 
-Value mlir::moe::cpu::collapseRows(CpuKernelBuilder &kb, Value buffer) {
+Value mlir::moe::cpu_lowering::collapseRows(CpuKernelBuilder &kb,
+                                            Value buffer) {
   auto type = cast<MemRefType>(buffer.getType());
   int64_t rank = type.getRank();
   if (rank == 2)

@@ -35,7 +35,7 @@
 
 #include <algorithm>
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 
 /// f32 lanes of the vectors the kernels use by default (one AVX-512
 /// register). A builder made from KernelOptions uses the target's width
@@ -260,6 +260,6 @@ Value roundUp(CpuKernelBuilder &kb, Value x, int64_t m);
 /// memref [d0, ..., d{n-2}, X] -> [d0 * ... * d{n-2}, X] (no-op for rank 2).
 Value collapseRows(CpuKernelBuilder &kb, Value buffer);
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering
 
 #endif // MOE_LIB_CONVERSION_MOETOCPU_KERNELBUILDER_H

@@ -22,14 +22,14 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/SegmentedStats.h"
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 using namespace kernels;
 
 namespace {
@@ -190,12 +190,15 @@ struct MadDispersionKernel : KernelPattern<MadDispersionOp> {
     }, small);
 
     ValueRange results = kernel.finish();
-    lowering::finishMadDispersion(rw, op, results[0], results[1]);
+    linalg_lowering::finishMadDispersion(rw, op, results[0], results[1]);
     return success();
   }
 };
 } // namespace
 
-MOE_CPU_KERNEL_POPULATE(populateMadDispersionKernel, MadDispersionKernel)
+void populateMadDispersionLowering(RewritePatternSet &patterns,
+                                   const KernelOptions &options) {
+  patterns.add<MadDispersionKernel>(patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering

@@ -3,11 +3,13 @@
 //
 // Part of the MoE-MLIR project.
 //
-// Gathers the per-op kernel patterns (one file per op in this directory) and
+// Gathers the per-op kernel patterns (one file per op in this directory,
+// registered through the lowering table, Lowerings.td) and
 // applies them in one partial conversion, the moe ops of unknown legality
 // (MoE/Conversion/Legality.h, as convert-moe-to-gpu): an op without a kernel
-// for its form stays, for convert-moe-to-linalg to lower. Fused routing ops are split first, as in
-// convert-moe-to-linalg, so that their mixing op and gate get kernels.
+// for its form stays, for convert-moe-to-linalg to lower. Fused routing ops are
+// split first, as in convert-moe-to-linalg, so that their mixing op and gate
+// get kernels.
 //
 // Parallelism. The kernels express their token/row-tile loops as an
 // scf.parallel over `num-threads` workers (each worker takes whole items in a
@@ -23,7 +25,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "MoE/Conversion/MoEToCPU/MoEToCPU.h"
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/Conversion/Legality.h"
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
@@ -55,49 +57,42 @@ using namespace mlir::moe;
 
 void mlir::moe::populateMoEToCPUPatterns(
     RewritePatternSet &patterns, const ConvertMoEToCPUOptions &options) {
-  cpu::KernelOptions opts;
+  cpu_lowering::KernelOptions opts;
   opts.numThreads = std::max<int64_t>(options.numThreads, 1);
   opts.vectorBits = options.vectorBits;
-  for (cpu::PopulateKernel *populate :
-       {cpu::populateTopkRenormKernel, cpu::populateSimilarityInformKernel,
-        cpu::populateAttentionPosteriorKernel, cpu::populateMadDispersionKernel,
-        cpu::populateAdjacencyUpdateKernel, cpu::populateHyperRouterKernel,
-        cpu::populateRouteKernel, cpu::populateDispatchPlanKernel,
-        cpu::populateRouteDispatchPlanKernel,
-        cpu::populateSimilarityInformGradKernel,
-        cpu::populateTopkRenormGradKernel, cpu::populateRouteGradKernel,
-        cpu::populateAttentionPosteriorGradKernel,
-        cpu::populateHyperRouterGradKernel, cpu::populateRouterStatsKernel,
-        cpu::populateRouterStatsGradKernel, cpu::populateRouterZLossKernel,
-        cpu::populateRouterZLossGradKernel,
-        cpu::populateSequenceBalanceLossKernel})
-    populate(patterns, opts);
+  cpu_lowering::populateLowerings(patterns, opts);
   populateSplitFusedRoutingPatterns(patterns);
 }
 
-bool mlir::moe::cpu::hasStaticZeroSize(Operation *op) {
+// populateLowerings: the op table's (Lowerings.td) CPUKernel lowerings.
+#include "Lowerings.cpp.inc"
+
+bool mlir::moe::cpu_lowering::hasStaticZeroSize(Operation *op) {
   return llvm::any_of(op->getOperands(), [](Value v) {
     return llvm::is_contained(cast<RankedTensorType>(v.getType()).getShape(),
                               0);
   });
 }
 
-LogicalResult mlir::moe::cpu::checkIndexOperand(PatternRewriter &rw,
-                                                Operation *op, Value indices,
-                                                Value bound,
-                                                MoEErrorOp which) {
-  if (failed(lowering::emitIndexCheck(rw, op, indices, bound, which)))
+LogicalResult mlir::moe::cpu_lowering::checkIndexOperand(PatternRewriter &rw,
+                                                         Operation *op,
+                                                         Value indices,
+                                                         Value bound,
+                                                         MoEErrorOp which) {
+  if (failed(linalg_lowering::emitIndexCheck(rw, op, indices, bound, which)))
     return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
                                      "moeReportIndexError");
   return success();
 }
 
-LogicalResult mlir::moe::cpu::checkIndexOperand(PatternRewriter &rw,
-                                                Operation *op, Value indices,
-                                                int64_t bound,
-                                                MoEErrorOp which) {
-  return checkIndexOperand(
-      rw, op, indices, lowering::indexConst(rw, op->getLoc(), bound), which);
+LogicalResult mlir::moe::cpu_lowering::checkIndexOperand(PatternRewriter &rw,
+                                                         Operation *op,
+                                                         Value indices,
+                                                         int64_t bound,
+                                                         MoEErrorOp which) {
+  return checkIndexOperand(rw, op, indices,
+                           linalg_lowering::indexConst(rw, op->getLoc(), bound),
+                           which);
 }
 
 namespace {

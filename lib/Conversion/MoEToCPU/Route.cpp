@@ -32,7 +32,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Route.h"
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/Kernels/Route.h"
 #include "MoE/Kernels/TopK.h"
@@ -41,7 +41,7 @@
 
 #include <limits>
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 using namespace kernels;
 
 namespace {
@@ -371,6 +371,9 @@ void emitRouteKernel(CpuKernelBuilder &kb, const KernelOptions &opts, RouteOp op
       });
 }
 
-MOE_CPU_KERNEL_POPULATE(populateRouteKernel, RouteKernel)
+void populateRouteLowering(RewritePatternSet &patterns,
+                           const KernelOptions &options) {
+  patterns.add<RouteKernel>(patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering

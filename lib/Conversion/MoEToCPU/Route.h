@@ -15,7 +15,7 @@
 
 #include "MoE/IR/MoEOps.h"
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 
 /// Rows (tokens) per work item of the routing kernels; also the item of the
 /// dispatch plan's per-item histograms, so that a fused kernel counts the
@@ -68,6 +68,6 @@ void countPlanRow(CpuKernelBuilder &kb, Value indices, Value hist, Value row, Va
 /// Zeroes `hist[item]`.
 void clearPlanItem(CpuKernelBuilder &kb, Value hist, Value item, int64_t numExperts);
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering
 
 #endif // MOE_LIB_CONVERSION_MOETOCPU_ROUTE_H

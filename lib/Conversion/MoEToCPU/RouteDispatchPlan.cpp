@@ -13,10 +13,10 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Kernels.h"
+#include "Lowerings.h"
 #include "Route.h"
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 
 DispatchPlanOp fusableDispatchPlan(RouteOp route) {
   auto logits = cast<RankedTensorType>(route.getLogits().getType());
@@ -72,6 +72,9 @@ struct RouteDispatchPlanKernel : KernelPattern<RouteOp, /*TargetLanes=*/false> {
 };
 } // namespace
 
-MOE_CPU_KERNEL_POPULATE(populateRouteDispatchPlanKernel, RouteDispatchPlanKernel)
+void populateRouteDispatchPlanLowering(RewritePatternSet &patterns,
+                                       const KernelOptions &options) {
+  patterns.add<RouteDispatchPlanKernel>(patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering

@@ -19,12 +19,12 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/Route.h"
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 using namespace kernels;
 
 namespace {
@@ -104,6 +104,9 @@ struct RouteGradKernel : KernelPattern<RouteGradOp, /*TargetLanes=*/false,
 };
 } // namespace
 
-MOE_CPU_KERNEL_POPULATE(populateRouteGradKernel, RouteGradKernel)
+void populateRouteGradLowering(RewritePatternSet &patterns,
+                               const KernelOptions &options) {
+  patterns.add<RouteGradKernel>(patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering

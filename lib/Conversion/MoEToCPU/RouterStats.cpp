@@ -17,7 +17,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "BalanceRows.h"
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/Balance.h"
@@ -25,7 +25,7 @@
 
 #include <limits>
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 using namespace kernels;
 
 /// The counts, the mean probabilities and W of router_stats.
@@ -119,7 +119,10 @@ static void emitRouterStats(RouterStatsOp op, CpuKernelBuilder &kb, const Logits
   kb.store(w, x.kernel.out(2), {});
 }
 
-MOE_CPU_KERNEL_POPULATE(populateRouterStatsKernel,
-                        LogitsRowKernel<RouterStatsOp, emitRouterStats>)
+void populateRouterStatsLowering(RewritePatternSet &patterns,
+                                 const KernelOptions &options) {
+  patterns.add<LogitsRowKernel<RouterStatsOp, emitRouterStats>>(
+      patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering

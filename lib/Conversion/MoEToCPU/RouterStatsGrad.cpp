@@ -11,14 +11,14 @@
 //===----------------------------------------------------------------------===//
 
 #include "BalanceRows.h"
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/Balance.h"
 
 #include <limits>
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 using namespace kernels;
 
 /// dlogits of router_stats_grad, row by row.
@@ -59,7 +59,10 @@ static void emitRouterStatsGrad(RouterStatsGradOp op, CpuKernelBuilder &kb, cons
   });
 }
 
-MOE_CPU_KERNEL_POPULATE(populateRouterStatsGradKernel,
-                        LogitsRowKernel<RouterStatsGradOp, emitRouterStatsGrad>)
+void populateRouterStatsGradLowering(RewritePatternSet &patterns,
+                                     const KernelOptions &options) {
+  patterns.add<LogitsRowKernel<RouterStatsGradOp, emitRouterStatsGrad>>(
+      patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering

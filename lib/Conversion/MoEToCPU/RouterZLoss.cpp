@@ -10,12 +10,12 @@
 //===----------------------------------------------------------------------===//
 
 #include "BalanceRows.h"
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/Balance.h"
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 using namespace kernels;
 
 /// The z-loss: Σ lse² over the rows, / T.
@@ -35,7 +35,10 @@ static void emitRouterZLoss(RouterZLossOp, CpuKernelBuilder &kb, const LogitsRow
   kb.store(kb.fdiv(total, indexToF32(kb, rows)), x.kernel.out(0), {});
 }
 
-MOE_CPU_KERNEL_POPULATE(populateRouterZLossKernel,
-                        LogitsRowKernel<RouterZLossOp, emitRouterZLoss>)
+void populateRouterZLossLowering(RewritePatternSet &patterns,
+                                 const KernelOptions &options) {
+  patterns.add<LogitsRowKernel<RouterZLossOp, emitRouterZLoss>>(
+      patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering

@@ -9,14 +9,14 @@
 //===----------------------------------------------------------------------===//
 
 #include "BalanceRows.h"
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/Balance.h"
 
 #include <limits>
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 using namespace kernels;
 
 /// dlogits of router_z_loss_grad, row by row.
@@ -40,7 +40,10 @@ static void emitRouterZLossGrad(RouterZLossGradOp op, CpuKernelBuilder &kb, cons
   });
 }
 
-MOE_CPU_KERNEL_POPULATE(populateRouterZLossGradKernel,
-                        LogitsRowKernel<RouterZLossGradOp, emitRouterZLossGrad>)
+void populateRouterZLossGradLowering(RewritePatternSet &patterns,
+                                     const KernelOptions &options) {
+  patterns.add<LogitsRowKernel<RouterZLossGradOp, emitRouterZLossGrad>>(
+      patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering

@@ -16,12 +16,12 @@
 //===----------------------------------------------------------------------===//
 
 #include "BalanceRows.h"
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/Balance.h"
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 using namespace kernels;
 
 namespace {
@@ -154,8 +154,14 @@ struct SequenceBalanceLossGradKernel
 };
 } // namespace
 
-MOE_CPU_KERNEL_POPULATE(populateSequenceBalanceLossKernel,
-                        SequenceBalanceLossKernel,
-                        SequenceBalanceLossGradKernel)
+void populateSequenceBalanceLossLowering(RewritePatternSet &patterns,
+                                         const KernelOptions &options) {
+  patterns.add<SequenceBalanceLossKernel>(patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+void populateSequenceBalanceLossGradLowering(RewritePatternSet &patterns,
+                                             const KernelOptions &options) {
+  patterns.add<SequenceBalanceLossGradKernel>(patterns.getContext(), options);
+}
+
+} // namespace mlir::moe::cpu_lowering

@@ -11,11 +11,11 @@
 //===----------------------------------------------------------------------===//
 
 #include "Flash.h"
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/IR/MoEOps.h"
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 
 namespace {
 /// moe.similarity_inform, and moe.similarity_inform_fwd: the same kernel
@@ -82,8 +82,16 @@ struct SimilarityInformKernel : KernelPattern<OpTy, /*TargetLanes=*/false> {
 };
 } // namespace
 
-MOE_CPU_KERNEL_POPULATE(populateSimilarityInformKernel,
-                        SimilarityInformKernel<SimilarityInformOp>,
-                        SimilarityInformKernel<SimilarityInformFwdOp>)
+void populateSimilarityInformLowering(RewritePatternSet &patterns,
+                                      const KernelOptions &options) {
+  patterns.add<SimilarityInformKernel<SimilarityInformOp>>(
+      patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+void populateSimilarityInformFwdLowering(RewritePatternSet &patterns,
+                                         const KernelOptions &options) {
+  patterns.add<SimilarityInformKernel<SimilarityInformFwdOp>>(
+      patterns.getContext(), options);
+}
+
+} // namespace mlir::moe::cpu_lowering

@@ -21,7 +21,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Flash.h"
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/IR/MoEOps.h"
 
@@ -29,7 +29,7 @@
 
 #include <limits>
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 using namespace kernels;
 
 namespace {
@@ -251,6 +251,9 @@ struct SimilarityInformGradKernel
 };
 } // namespace
 
-MOE_CPU_KERNEL_POPULATE(populateSimilarityInformGradKernel, SimilarityInformGradKernel)
+void populateSimilarityInformGradLowering(RewritePatternSet &patterns,
+                                          const KernelOptions &options) {
+  patterns.add<SimilarityInformGradKernel>(patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering

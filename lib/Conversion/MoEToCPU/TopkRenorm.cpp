@@ -31,7 +31,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/TopK.h"
@@ -42,7 +42,7 @@
 
 #include <limits>
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 using namespace kernels;
 
 namespace {
@@ -686,6 +686,9 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
 };
 } // namespace
 
-MOE_CPU_KERNEL_POPULATE(populateTopkRenormKernel, TopkRenormKernel)
+void populateTopkRenormLowering(RewritePatternSet &patterns,
+                                const KernelOptions &options) {
+  patterns.add<TopkRenormKernel>(patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering

@@ -17,7 +17,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Kernels.h"
+#include "Lowerings.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/TopK.h"
@@ -25,7 +25,7 @@
 #include <limits>
 #include <optional>
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::cpu_lowering {
 using namespace kernels;
 
 namespace {
@@ -153,6 +153,9 @@ struct TopkRenormGradKernel
 };
 } // namespace
 
-MOE_CPU_KERNEL_POPULATE(populateTopkRenormGradKernel, TopkRenormGradKernel)
+void populateTopkRenormGradLowering(RewritePatternSet &patterns,
+                                    const KernelOptions &options) {
+  patterns.add<TopkRenormGradKernel>(patterns.getContext(), options);
+}
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::cpu_lowering

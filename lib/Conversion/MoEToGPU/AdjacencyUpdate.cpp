@@ -23,9 +23,10 @@ using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 using namespace mlir::moe::kernels;
 
-LogicalResult
-AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
-                            ConversionPatternRewriter &rewriter) const {
+template <>
+LogicalResult GPULowering<AdjacencyUpdateOp>::lower(
+    AdjacencyUpdateOp op, OpAdaptor adaptor,
+    ConversionPatternRewriter &rewriter) const {
   auto aType = cast<RankedTensorType>(op.getA().getType());
   auto outType = cast<RankedTensorType>(op.getANext().getType());
   int64_t E = aType.getShape()[0];
@@ -135,4 +136,9 @@ AdjacencyUpdateToGPU::lower(AdjacencyUpdateOp op, OpAdaptor adaptor,
   h.finish(/*checkErrors=*/true);
   h.replace(op, out);
   return success();
+}
+
+void mlir::moe::gpu_lowering::populateAdjacencyUpdateLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  patterns.add<GPULowering<AdjacencyUpdateOp>>(patterns.getContext(), options);
 }

@@ -323,15 +323,28 @@ lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
   return success();
 }
 
-LogicalResult
-AttentionPosteriorToGPU::lower(AttentionPosteriorOp op, OpAdaptor adaptor,
-                               ConversionPatternRewriter &rewriter) const {
+template <>
+LogicalResult GPULowering<AttentionPosteriorOp>::lower(
+    AttentionPosteriorOp op, OpAdaptor adaptor,
+    ConversionPatternRewriter &rewriter) const {
   return lowerAttentionPosterior(op, adaptor, rewriter, options);
 }
 
-LogicalResult
-AttentionPosteriorTopkToGPU::lower(AttentionPosteriorTopkOp op,
-                                   OpAdaptor adaptor,
-                                   ConversionPatternRewriter &rewriter) const {
+template <>
+LogicalResult GPULowering<AttentionPosteriorTopkOp>::lower(
+    AttentionPosteriorTopkOp op, OpAdaptor adaptor,
+    ConversionPatternRewriter &rewriter) const {
   return lowerAttentionPosterior(op, adaptor, rewriter, options);
+}
+
+void mlir::moe::gpu_lowering::populateAttentionPosteriorLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  patterns.add<GPULowering<AttentionPosteriorOp>>(patterns.getContext(),
+                                                  options);
+}
+
+void mlir::moe::gpu_lowering::populateAttentionPosteriorTopkLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  patterns.add<GPULowering<AttentionPosteriorTopkOp>>(patterns.getContext(),
+                                                      options);
 }

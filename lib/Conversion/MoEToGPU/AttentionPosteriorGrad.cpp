@@ -233,10 +233,10 @@ static void launchWeightGrad(HostCode &h, Value dm, Value v, Value head,
   kernel.launchColumns(cols, kb.dim(dwo, 0));
 }
 
-LogicalResult
-AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
-                                   OpAdaptor adaptor,
-                                   ConversionPatternRewriter &rewriter) const {
+template <>
+LogicalResult GPULowering<AttentionPosteriorGradOp>::lower(
+    AttentionPosteriorGradOp op, OpAdaptor adaptor,
+    ConversionPatternRewriter &rewriter) const {
   if (op.getHeadSelect() != HeadSelect::min_entropy)
     return op->emitOpError(
         "GPU lowering supports head_select = min_entropy only (use the "
@@ -356,4 +356,10 @@ AttentionPosteriorGradToGPU::lower(AttentionPosteriorGradOp op,
   h.finish();
   h.replace(op, results);
   return success();
+}
+
+void mlir::moe::gpu_lowering::populateAttentionPosteriorGradLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  patterns.add<GPULowering<AttentionPosteriorGradOp>>(patterns.getContext(),
+                                                      options);
 }

@@ -388,9 +388,10 @@ void DispatchPlanKernels::launch() {
   h.release(scratch);
 }
 
+template <>
 LogicalResult
-DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
-                         ConversionPatternRewriter &rewriter) const {
+GPULowering<DispatchPlanOp>::lower(DispatchPlanOp op, OpAdaptor adaptor,
+                                   ConversionPatternRewriter &rewriter) const {
   if (failed(checkDispatchPlanOnGPU(op)))
     return failure();
   HostCode h(rewriter, op);
@@ -399,4 +400,9 @@ DispatchPlanToGPU::lower(DispatchPlanOp op, OpAdaptor adaptor,
   h.finish(/*checkErrors=*/true);
   h.replace(op, plan.results);
   return success();
+}
+
+void mlir::moe::gpu_lowering::populateDispatchPlanLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  patterns.add<GPULowering<DispatchPlanOp>>(patterns.getContext(), options);
 }

@@ -20,9 +20,10 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 
+template <>
 LogicalResult
-HyperRouterToGPU::lower(HyperRouterOp op, OpAdaptor adaptor,
-                        ConversionPatternRewriter &rewriter) const {
+GPULowering<HyperRouterOp>::lower(HyperRouterOp op, OpAdaptor adaptor,
+                                  ConversionPatternRewriter &rewriter) const {
   const int64_t E = op.getNumExperts();
   HostCode h(rewriter, op);
   GpuKernelBuilder &kb = h.kb;
@@ -61,4 +62,9 @@ HyperRouterToGPU::lower(HyperRouterOp op, OpAdaptor adaptor,
   h.finish();
   h.replace(op, {w, bias});
   return success();
+}
+
+void mlir::moe::gpu_lowering::populateHyperRouterLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  patterns.add<GPULowering<HyperRouterOp>>(patterns.getContext(), options);
 }

@@ -173,9 +173,10 @@ void layerBackward(HostCode &h, Value m, Value dy, Value x, Value dm, Value dx,
 }
 } // namespace
 
-LogicalResult
-HyperRouterGradToGPU::lower(HyperRouterGradOp op, OpAdaptor adaptor,
-                            ConversionPatternRewriter &rewriter) const {
+template <>
+LogicalResult GPULowering<HyperRouterGradOp>::lower(
+    HyperRouterGradOp op, OpAdaptor adaptor,
+    ConversionPatternRewriter &rewriter) const {
   Location loc = op.getLoc();
   HostCode h(rewriter, op);
   GpuKernelBuilder &kb = h.kb;
@@ -237,4 +238,9 @@ HyperRouterGradToGPU::lower(HyperRouterGradOp op, OpAdaptor adaptor,
   }
   rewriter.replaceOp(op, results);
   return success();
+}
+
+void mlir::moe::gpu_lowering::populateHyperRouterGradLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  patterns.add<GPULowering<HyperRouterGradOp>>(patterns.getContext(), options);
 }

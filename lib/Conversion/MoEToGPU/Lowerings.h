@@ -2,10 +2,11 @@
 //
 // Part of the MoE-MLIR project.
 //
-// One conversion pattern per moe op (populateMoEToGPUPatterns adds them all):
-// each rewrites one tensor-level op into host code + kernels (see
-// KernelUtils.h) and replaces its results; on failure it emits an error on
-// the op and leaves the IR unchanged.
+// One conversion pattern per moe op, added by the op's populate function
+// (declared from the lowering table, include/MoE/Conversion/Lowerings.td;
+// populateMoEToGPUPatterns calls them all): each rewrites one tensor-level op
+// into host code + kernels (see KernelUtils.h) and replaces its results; on
+// failure it emits an error on the op and leaves the IR unchanged.
 //
 //===----------------------------------------------------------------------===//
 
@@ -58,41 +59,33 @@ protected:
   ConvertMoEToGPUOptions options;
 };
 
-/// Declares the pattern `NAME` of `OP`, whose `lower` is defined in the op's
-/// file.
-#define MOE_GPU_LOWERING_PATTERN(NAME, OP)                                     \
-  struct NAME final : GPULoweringPattern<OP> {                                 \
-    using GPULoweringPattern::GPULoweringPattern;                              \
-    LogicalResult lower(OP op, OpAdaptor adaptor,                              \
-                        ConversionPatternRewriter &rewriter) const override;   \
-  }
+/// The pattern of `OpTy`: the file of the op's lowering defines its `lower`
+/// (`template <> LogicalResult GPULowering<OpTy>::lower(...)`) and its
+/// populate<Name>Lowering, which adds it.
+template <typename OpTy> struct GPULowering final : GPULoweringPattern<OpTy> {
+  using GPULoweringPattern<OpTy>::GPULoweringPattern;
+  LogicalResult lower(OpTy op, typename OpTy::Adaptor adaptor,
+                      ConversionPatternRewriter &rewriter) const override;
+};
 
-MOE_GPU_LOWERING_PATTERN(TopkRenormToGPU, TopkRenormOp);
-// SimilarityInform.cpp and AttentionPosterior.cpp: one lowering for the op
-// and its fused top-k form (the same operands, one result more).
-MOE_GPU_LOWERING_PATTERN(SimilarityInformToGPU, SimilarityInformOp);
-MOE_GPU_LOWERING_PATTERN(SimilarityInformTopkToGPU, SimilarityInformTopkOp);
-MOE_GPU_LOWERING_PATTERN(SimilarityInformFwdToGPU, SimilarityInformFwdOp);
-MOE_GPU_LOWERING_PATTERN(AttentionPosteriorToGPU, AttentionPosteriorOp);
-MOE_GPU_LOWERING_PATTERN(AttentionPosteriorTopkToGPU, AttentionPosteriorTopkOp);
-MOE_GPU_LOWERING_PATTERN(MadDispersionToGPU, MadDispersionOp);
-MOE_GPU_LOWERING_PATTERN(AdjacencyUpdateToGPU, AdjacencyUpdateOp);
-MOE_GPU_LOWERING_PATTERN(HyperRouterToGPU, HyperRouterOp);
-MOE_GPU_LOWERING_PATTERN(RouteToGPU, RouteOp);
-MOE_GPU_LOWERING_PATTERN(RouteGradToGPU, RouteGradOp);
-MOE_GPU_LOWERING_PATTERN(DispatchPlanToGPU, DispatchPlanOp);
-MOE_GPU_LOWERING_PATTERN(TopkRenormGradToGPU, TopkRenormGradOp);
-MOE_GPU_LOWERING_PATTERN(SimilarityInformGradToGPU, SimilarityInformGradOp);
-MOE_GPU_LOWERING_PATTERN(HyperRouterGradToGPU, HyperRouterGradOp);
-MOE_GPU_LOWERING_PATTERN(AttentionPosteriorGradToGPU, AttentionPosteriorGradOp);
-// RouterZLoss.cpp: added only with the balance-kernels option.
-MOE_GPU_LOWERING_PATTERN(RouterZLossToGPU, RouterZLossOp);
-MOE_GPU_LOWERING_PATTERN(RouterZLossGradToGPU, RouterZLossGradOp);
-// RouterStats.cpp: likewise.
-MOE_GPU_LOWERING_PATTERN(RouterStatsToGPU, RouterStatsOp);
-MOE_GPU_LOWERING_PATTERN(RouterStatsGradToGPU, RouterStatsGradOp);
-MOE_GPU_LOWERING_PATTERN(LoadBalancingLossToGPU, LoadBalancingLossOp);
-#undef MOE_GPU_LOWERING_PATTERN
+/// Adds the load-balancing kernel of `OpTy` (RouterStats.cpp, RouterZLoss.cpp)
+/// only with balance-kernels (default on since an H100 run checked them), so
+/// that balance-kernels=false restores the "has no GPU lowering" error of
+/// before.
+template <typename OpTy>
+void addBalanceKernel(RewritePatternSet &patterns,
+                      const ConvertMoEToGPUOptions &options) {
+  if (options.balanceKernels)
+    patterns.add<GPULowering<OpTy>>(patterns.getContext(), options);
+}
+
+} // namespace mlir::moe::gpu_lowering
+
+// populate<Name>Lowering of each op that Lowerings.td lowers with GPUKernel,
+// and populateLowerings (every one of them).
+#include "Lowerings.h.inc"
+
+namespace mlir::moe::gpu_lowering {
 
 /// The logit of the flash kernels (the mixing and its backward), the same on
 /// the CPU: MoE/Kernels/FlashLogit.h. The backward kernels recompute the

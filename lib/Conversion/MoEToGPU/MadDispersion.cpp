@@ -43,9 +43,10 @@ static std::pair<Value, Value> clusterOf(GpuKernelBuilder &kb, Value assign,
   return {kb.castInt(safe, kb.index()), ok};
 }
 
+template <>
 LogicalResult
-MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
-                          ConversionPatternRewriter &rewriter) const {
+GPULowering<MadDispersionOp>::lower(MadDispersionOp op, OpAdaptor adaptor,
+                                    ConversionPatternRewriter &rewriter) const {
   const int64_t E = op.getNumExperts();
   const float eps = op.getEps().convertToFloat();
   const float clip = op.getClip().convertToFloat();
@@ -244,4 +245,9 @@ MadDispersionToGPU::lower(MadDispersionOp op, OpAdaptor adaptor,
   h.finish(/*checkErrors=*/true);
   h.replace(op, {weights, counts});
   return success();
+}
+
+void mlir::moe::gpu_lowering::populateMadDispersionLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  patterns.add<GPULowering<MadDispersionOp>>(patterns.getContext(), options);
 }

@@ -2,7 +2,8 @@
 //
 // Part of the MoE-MLIR project.
 //
-// Applies the per-op conversion patterns (one file per op in this directory)
+// Applies the per-op conversion patterns (one file per op in this directory,
+// registered through the lowering table, Lowerings.td)
 // with the dialect conversion driver. The kernels go into gpu.module
 // @moe_kernels, so the pass runs on the module.
 //
@@ -40,23 +41,11 @@ using namespace mlir::moe::gpu_lowering;
 
 void mlir::moe::populateMoEToGPUPatterns(
     RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  patterns
-      .add<TopkRenormToGPU, SimilarityInformToGPU, SimilarityInformTopkToGPU,
-           SimilarityInformFwdToGPU,
-           AttentionPosteriorToGPU, AttentionPosteriorTopkToGPU,
-           MadDispersionToGPU, AdjacencyUpdateToGPU, HyperRouterToGPU,
-           RouteToGPU, RouteGradToGPU, DispatchPlanToGPU, TopkRenormGradToGPU,
-           SimilarityInformGradToGPU, HyperRouterGradToGPU,
-           AttentionPosteriorGradToGPU>(
-          patterns.getContext(), options);
-  // The load-balancing kernels stay behind an option (default on since an
-  // H100 run checked them) so balance-kernels=false can restore the "has no
-  // GPU lowering" error of before.
-  if (options.balanceKernels)
-    patterns.add<RouterZLossToGPU, RouterZLossGradToGPU, RouterStatsToGPU,
-                 RouterStatsGradToGPU, LoadBalancingLossToGPU>(
-        patterns.getContext(), options);
+  gpu_lowering::populateLowerings(patterns, options);
 }
+
+// populateLowerings: the op table's (Lowerings.td) GPUKernel lowerings.
+#include "Lowerings.cpp.inc"
 
 namespace {
 struct ConvertMoEToGPUPass

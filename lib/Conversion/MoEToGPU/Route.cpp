@@ -295,8 +295,10 @@ static DispatchPlanOp dispatchPlanOfIndices(RouteOp op) {
   return first;
 }
 
-LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
-                                ConversionPatternRewriter &rewriter) const {
+template <>
+LogicalResult
+GPULowering<RouteOp>::lower(RouteOp op, OpAdaptor adaptor,
+                            ConversionPatternRewriter &rewriter) const {
   auto logitsType = cast<RankedTensorType>(op.getLogits().getType());
   int64_t numExperts = logitsType.getDimSize(1);
   RouteSpec spec = routeSpecOf(op);
@@ -378,4 +380,9 @@ LogicalResult RouteToGPU::lower(RouteOp op, OpAdaptor adaptor,
   kernel.launch({grid, kb.idx(1), kb.idx(1)});
   finish();
   return success();
+}
+
+void mlir::moe::gpu_lowering::populateRouteLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  patterns.add<GPULowering<RouteOp>>(patterns.getContext(), options);
 }

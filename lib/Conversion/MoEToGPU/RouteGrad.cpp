@@ -33,8 +33,10 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 
-LogicalResult RouteGradToGPU::lower(RouteGradOp op, OpAdaptor adaptor,
-                                    ConversionPatternRewriter &rewriter) const {
+template <>
+LogicalResult
+GPULowering<RouteGradOp>::lower(RouteGradOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const {
   auto outType = cast<RankedTensorType>(op.getDlogits().getType());
   HostCode h(rewriter, op);
   Value x = h.buffer(adaptor.getLogits());
@@ -73,4 +75,9 @@ LogicalResult RouteGradToGPU::lower(RouteGradOp op, OpAdaptor adaptor,
   h.finish();
   h.replace(op, {out});
   return success();
+}
+
+void mlir::moe::gpu_lowering::populateRouteGradLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  patterns.add<GPULowering<RouteGradOp>>(patterns.getContext(), options);
 }

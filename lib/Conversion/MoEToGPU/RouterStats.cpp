@@ -55,9 +55,10 @@ static Value candidateOf(GpuKernelBuilder &kb, Value v, Value e) {
   return packCandidate(kb, key, index);
 }
 
+template <>
 LogicalResult
-RouterStatsToGPU::lower(RouterStatsOp op, OpAdaptor adaptor,
-                        ConversionPatternRewriter &rewriter) const {
+GPULowering<RouterStatsOp>::lower(RouterStatsOp op, OpAdaptor adaptor,
+                                  ConversionPatternRewriter &rewriter) const {
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
   GpuKernelBuilder &kb = h.kb;
@@ -181,9 +182,10 @@ RouterStatsToGPU::lower(RouterStatsOp op, OpAdaptor adaptor,
   return success();
 }
 
-LogicalResult
-RouterStatsGradToGPU::lower(RouterStatsGradOp op, OpAdaptor adaptor,
-                            ConversionPatternRewriter &rewriter) const {
+template <>
+LogicalResult GPULowering<RouterStatsGradOp>::lower(
+    RouterStatsGradOp op, OpAdaptor adaptor,
+    ConversionPatternRewriter &rewriter) const {
   Value mask = adaptor.getTokenMask();
   lowerWarpRowKernel(
       rewriter, op, op.getDlogits(), adaptor.getLogits(),
@@ -214,9 +216,10 @@ RouterStatsGradToGPU::lower(RouterStatsGradOp op, OpAdaptor adaptor,
   return success();
 }
 
-LogicalResult
-LoadBalancingLossToGPU::lower(LoadBalancingLossOp op, OpAdaptor adaptor,
-                              ConversionPatternRewriter &rewriter) const {
+template <>
+LogicalResult GPULowering<LoadBalancingLossOp>::lower(
+    LoadBalancingLossOp op, OpAdaptor adaptor,
+    ConversionPatternRewriter &rewriter) const {
   auto lossType = cast<RankedTensorType>(op.getLoss().getType());
   HostCode h(rewriter, op);
   Value counts = h.buffer(adaptor.getCounts());
@@ -240,4 +243,19 @@ LoadBalancingLossToGPU::lower(LoadBalancingLossOp op, OpAdaptor adaptor,
   h.finish();
   h.replace(op, {loss});
   return success();
+}
+
+void mlir::moe::gpu_lowering::populateRouterStatsLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  addBalanceKernel<RouterStatsOp>(patterns, options);
+}
+
+void mlir::moe::gpu_lowering::populateRouterStatsGradLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  addBalanceKernel<RouterStatsGradOp>(patterns, options);
+}
+
+void mlir::moe::gpu_lowering::populateLoadBalancingLossLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  addBalanceKernel<LoadBalancingLossOp>(patterns, options);
 }

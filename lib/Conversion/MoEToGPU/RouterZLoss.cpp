@@ -68,9 +68,10 @@ static Value warpRowLogSumExp(GpuKernelBuilder &kb, Value x, Value row,
   return softmaxLogSumExp(kb, warpRowSoftmax(kb, x, row, lane));
 }
 
+template <>
 LogicalResult
-RouterZLossToGPU::lower(RouterZLossOp op, OpAdaptor adaptor,
-                        ConversionPatternRewriter &rewriter) const {
+GPULowering<RouterZLossOp>::lower(RouterZLossOp op, OpAdaptor adaptor,
+                                  ConversionPatternRewriter &rewriter) const {
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
   GpuKernelBuilder &kb = h.kb;
@@ -120,9 +121,10 @@ RouterZLossToGPU::lower(RouterZLossOp op, OpAdaptor adaptor,
   return success();
 }
 
-LogicalResult
-RouterZLossGradToGPU::lower(RouterZLossGradOp op, OpAdaptor adaptor,
-                            ConversionPatternRewriter &rewriter) const {
+template <>
+LogicalResult GPULowering<RouterZLossGradOp>::lower(
+    RouterZLossGradOp op, OpAdaptor adaptor,
+    ConversionPatternRewriter &rewriter) const {
   lowerWarpRowKernel(
       rewriter, op, op.getDlogits(), adaptor.getLogits(), {adaptor.getDloss()},
       "router_z_loss_grad", options.blockSize, [&](WarpRowKernel &k) {
@@ -140,4 +142,14 @@ RouterZLossGradToGPU::lower(RouterZLossGradOp op, OpAdaptor adaptor,
         });
       });
   return success();
+}
+
+void mlir::moe::gpu_lowering::populateRouterZLossLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  addBalanceKernel<RouterZLossOp>(patterns, options);
+}
+
+void mlir::moe::gpu_lowering::populateRouterZLossGradLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  addBalanceKernel<RouterZLossGradOp>(patterns, options);
 }

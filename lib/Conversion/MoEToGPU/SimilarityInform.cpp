@@ -113,20 +113,40 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
   return success();
 }
 
-LogicalResult
-SimilarityInformToGPU::lower(SimilarityInformOp op, OpAdaptor adaptor,
-                             ConversionPatternRewriter &rewriter) const {
+template <>
+LogicalResult GPULowering<SimilarityInformOp>::lower(
+    SimilarityInformOp op, OpAdaptor adaptor,
+    ConversionPatternRewriter &rewriter) const {
   return lowerSimilarityInform(op, adaptor, rewriter, options);
 }
 
-LogicalResult
-SimilarityInformFwdToGPU::lower(SimilarityInformFwdOp op, OpAdaptor adaptor,
-                                ConversionPatternRewriter &rewriter) const {
+template <>
+LogicalResult GPULowering<SimilarityInformFwdOp>::lower(
+    SimilarityInformFwdOp op, OpAdaptor adaptor,
+    ConversionPatternRewriter &rewriter) const {
   return lowerSimilarityInform(op, adaptor, rewriter, options);
 }
 
-LogicalResult
-SimilarityInformTopkToGPU::lower(SimilarityInformTopkOp op, OpAdaptor adaptor,
-                                 ConversionPatternRewriter &rewriter) const {
+template <>
+LogicalResult GPULowering<SimilarityInformTopkOp>::lower(
+    SimilarityInformTopkOp op, OpAdaptor adaptor,
+    ConversionPatternRewriter &rewriter) const {
   return lowerSimilarityInform(op, adaptor, rewriter, options);
+}
+
+void mlir::moe::gpu_lowering::populateSimilarityInformLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  patterns.add<GPULowering<SimilarityInformOp>>(patterns.getContext(), options);
+}
+
+void mlir::moe::gpu_lowering::populateSimilarityInformFwdLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  patterns.add<GPULowering<SimilarityInformFwdOp>>(patterns.getContext(),
+                                                   options);
+}
+
+void mlir::moe::gpu_lowering::populateSimilarityInformTopkLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  patterns.add<GPULowering<SimilarityInformTopkOp>>(patterns.getContext(),
+                                                    options);
 }

@@ -66,9 +66,10 @@ static void launchWeightGrad(HostCode &h, Value u, Value dq, Value dws,
   kernel.launchColumns(D, D);
 }
 
-LogicalResult
-SimilarityInformGradToGPU::lower(SimilarityInformGradOp op, OpAdaptor adaptor,
-                                 ConversionPatternRewriter &rewriter) const {
+template <>
+LogicalResult GPULowering<SimilarityInformGradOp>::lower(
+    SimilarityInformGradOp op, OpAdaptor adaptor,
+    ConversionPatternRewriter &rewriter) const {
   Value uT = adaptor.getU(), eT = adaptor.getE(), wsT = adaptor.getWs(),
         maskT = adaptor.getKeyMask(), dpT = adaptor.getDp();
   int64_t K = cast<RankedTensorType>(eT.getType()).getShape()[2];
@@ -187,4 +188,10 @@ SimilarityInformGradToGPU::lower(SimilarityInformGradOp op, OpAdaptor adaptor,
     results.push_back(dws);
   h.replace(op, results);
   return success();
+}
+
+void mlir::moe::gpu_lowering::populateSimilarityInformGradLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  patterns.add<GPULowering<SimilarityInformGradOp>>(patterns.getContext(),
+                                                    options);
 }

@@ -327,9 +327,10 @@ static void emitBlockTopkKernel(GpuKernelBuilder &kb, Value scores,
   });
 }
 
+template <>
 LogicalResult
-TopkRenormToGPU::lower(TopkRenormOp op, OpAdaptor adaptor,
-                       ConversionPatternRewriter &rewriter) const {
+GPULowering<TopkRenormOp>::lower(TopkRenormOp op, OpAdaptor adaptor,
+                                 ConversionPatternRewriter &rewriter) const {
   auto scoresType = cast<RankedTensorType>(op.getScores().getType());
   auto weightsType = cast<RankedTensorType>(op.getWeights().getType());
   auto indicesType = cast<RankedTensorType>(op.getIndices().getType());
@@ -404,4 +405,9 @@ TopkRenormToGPU::lower(TopkRenormOp op, OpAdaptor adaptor,
   h.finish();
   h.replace(op, {weights, indices});
   return success();
+}
+
+void mlir::moe::gpu_lowering::populateTopkRenormLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  patterns.add<GPULowering<TopkRenormOp>>(patterns.getContext(), options);
 }

@@ -20,9 +20,10 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 
-LogicalResult
-TopkRenormGradToGPU::lower(TopkRenormGradOp op, OpAdaptor adaptor,
-                           ConversionPatternRewriter &rewriter) const {
+template <>
+LogicalResult GPULowering<TopkRenormGradOp>::lower(
+    TopkRenormGradOp op, OpAdaptor adaptor,
+    ConversionPatternRewriter &rewriter) const {
   auto outType = cast<RankedTensorType>(op.getDscores().getType());
   HostCode h(rewriter, op);
   ImplicitLocOpBuilder &b = h.b;
@@ -51,4 +52,9 @@ TopkRenormGradToGPU::lower(TopkRenormGradOp op, OpAdaptor adaptor,
   h.finish();
   h.replace(op, {out});
   return success();
+}
+
+void mlir::moe::gpu_lowering::populateTopkRenormGradLowering(
+    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
+  patterns.add<GPULowering<TopkRenormGradOp>>(patterns.getContext(), options);
 }

@@ -10,7 +10,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Patterns.h"
+#include "Lowerings.h"
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
@@ -20,13 +20,14 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::lowering;
+using namespace mlir::moe::linalg_lowering;
 
 using utils::IteratorType;
 
-void mlir::moe::lowering::finishAdjacencyUpdate(PatternRewriter &rw,
-                                                AdjacencyUpdateOp op, Value a,
-                                                Value c, OpFoldResult e) {
+void mlir::moe::linalg_lowering::finishAdjacencyUpdate(PatternRewriter &rw,
+                                                       AdjacencyUpdateOp op,
+                                                       Value a, Value c,
+                                                       OpFoldResult e) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   Value zeroI = i32Const(rw, loc, 0);
@@ -96,8 +97,8 @@ void mlir::moe::lowering::finishAdjacencyUpdate(PatternRewriter &rw,
   replaceWithCasts(rw, op, next);
 }
 
-LogicalResult mlir::moe::lowering::lowerAdjacencyUpdate(AdjacencyUpdateOp op,
-                                                        PatternRewriter &rw) {
+static LogicalResult lowerAdjacencyUpdate(AdjacencyUpdateOp op,
+                                          PatternRewriter &rw) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   Type i32 = rw.getI32Type();
@@ -144,4 +145,10 @@ LogicalResult mlir::moe::lowering::lowerAdjacencyUpdate(AdjacencyUpdateOp op,
 
   finishAdjacencyUpdate(rw, op, a, c, e);
   return success();
+}
+
+void mlir::moe::linalg_lowering::populateAdjacencyUpdateLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<LinalgLowering<AdjacencyUpdateOp, lowerAdjacencyUpdate>>(
+      patterns.getContext());
 }

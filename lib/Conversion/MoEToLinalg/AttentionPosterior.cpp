@@ -19,7 +19,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Patterns.h"
+#include "Lowerings.h"
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
@@ -34,7 +34,7 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::lowering;
+using namespace mlir::moe::linalg_lowering;
 
 namespace {
 
@@ -361,8 +361,7 @@ private:
 
 } // namespace
 
-LogicalResult
-mlir::moe::lowering::lowerAttentionPosterior(AttentionPosteriorOp op,
+static LogicalResult lowerAttentionPosterior(AttentionPosteriorOp op,
                                              PatternRewriter &rw) {
   Location loc = op.getLoc();
   AttentionPosteriorEmitter emitter(rw, loc, op);
@@ -379,4 +378,10 @@ mlir::moe::lowering::lowerAttentionPosterior(AttentionPosteriorOp op,
   }
   replaceWithCasts(rw, op, {p, head});
   return success();
+}
+
+void mlir::moe::linalg_lowering::populateAttentionPosteriorLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<LinalgLowering<AttentionPosteriorOp, lowerAttentionPosterior>>(
+      patterns.getContext());
 }

@@ -22,7 +22,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Patterns.h"
+#include "Lowerings.h"
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
@@ -35,7 +35,7 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::lowering;
+using namespace mlir::moe::linalg_lowering;
 
 namespace {
 
@@ -392,8 +392,7 @@ private:
 
 } // namespace
 
-LogicalResult
-mlir::moe::lowering::lowerAttentionPosteriorGrad(AttentionPosteriorGradOp op,
+static LogicalResult lowerAttentionPosteriorGrad(AttentionPosteriorGradOp op,
                                                  PatternRewriter &rw) {
   PosteriorGradLowering lowering(rw, op);
   if (failed(lowering.checkHead()))
@@ -402,4 +401,11 @@ mlir::moe::lowering::lowerAttentionPosteriorGrad(AttentionPosteriorGradOp op,
   SmallVector<Value> results = lowering.gradients();
   replaceWithCasts(rw, op, results);
   return success();
+}
+
+void mlir::moe::linalg_lowering::populateAttentionPosteriorGradLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<
+      LinalgLowering<AttentionPosteriorGradOp, lowerAttentionPosteriorGrad>>(
+      patterns.getContext());
 }

@@ -21,7 +21,7 @@
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 
-namespace mlir::moe::lowering {
+namespace mlir::moe::linalg_lowering {
 
 /// Generics over an iteration space of `rank` dimensions.
 class BalanceGenerics {
@@ -89,6 +89,6 @@ inline Value dimF32(PatternRewriter &rw, Location loc, Value t, int64_t d) {
                                  tensor::DimOp::create(rw, loc, t, d)));
 }
 
-} // namespace mlir::moe::lowering
+} // namespace mlir::moe::linalg_lowering
 
 #endif // MOE_LIB_CONVERSION_MOETOLINALG_BALANCEGENERICS_H

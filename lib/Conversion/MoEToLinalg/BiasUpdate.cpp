@@ -9,7 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Patterns.h"
+#include "Lowerings.h"
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
@@ -21,7 +21,7 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::lowering;
+using namespace mlir::moe::linalg_lowering;
 
 namespace {
 /// A count (i32, i64 or f32) as f64: exact.
@@ -33,8 +33,7 @@ Value countToF64(OpBuilder &b, Location loc, Value count) {
 }
 } // namespace
 
-LogicalResult mlir::moe::lowering::lowerBiasUpdate(BiasUpdateOp op,
-                                                   PatternRewriter &rw) {
+static LogicalResult lowerBiasUpdate(BiasUpdateOp op, PatternRewriter &rw) {
   Location loc = op.getLoc();
   Value counts = op.getCounts();
   Value size = tensor::DimOp::create(rw, loc, counts, 0);
@@ -82,4 +81,10 @@ LogicalResult mlir::moe::lowering::lowerBiasUpdate(BiasUpdateOp op,
               })[0];
   replaceWithCasts(rw, op, result);
   return success();
+}
+
+void mlir::moe::linalg_lowering::populateBiasUpdateLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<LinalgLowering<BiasUpdateOp, lowerBiasUpdate>>(
+      patterns.getContext());
 }

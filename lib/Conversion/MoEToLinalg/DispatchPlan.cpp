@@ -18,7 +18,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Patterns.h"
+#include "Lowerings.h"
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
@@ -33,7 +33,7 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::lowering;
+using namespace mlir::moe::linalg_lowering;
 
 namespace {
 /// Builds index and i32 arithmetic with less noise.
@@ -240,8 +240,7 @@ std::pair<Value, Value> keepMask(PatternRewriter &rw, DispatchPlanOp op,
 
 } // namespace
 
-LogicalResult mlir::moe::lowering::lowerDispatchPlan(DispatchPlanOp op,
-                                                     PatternRewriter &rw) {
+static LogicalResult lowerDispatchPlan(DispatchPlanOp op, PatternRewriter &rw) {
   Location loc = op.getLoc();
   Ints in{rw, loc};
   Value indices = op.getIndices();
@@ -382,4 +381,10 @@ LogicalResult mlir::moe::lowering::lowerDispatchPlan(DispatchPlanOp op,
     results.push_back(dropped);
   replaceWithCasts(rw, op, results);
   return success();
+}
+
+void mlir::moe::linalg_lowering::populateDispatchPlanLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<LinalgLowering<DispatchPlanOp, lowerDispatchPlan>>(
+      patterns.getContext());
 }

@@ -8,7 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Patterns.h"
+#include "Lowerings.h"
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
@@ -18,13 +18,13 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::lowering;
+using namespace mlir::moe::linalg_lowering;
 
 using utils::IteratorType;
 
-Value mlir::moe::lowering::hyperRouterAffine(OpBuilder &b, Location loc,
-                                             Value matrix, Value vector,
-                                             Value bias, bool relu) {
+Value mlir::moe::linalg_lowering::hyperRouterAffine(OpBuilder &b, Location loc,
+                                                    Value matrix, Value vector,
+                                                    Value bias, bool relu) {
   OpFoldResult rows = tensor::getMixedSize(b, loc, matrix, 0);
   Value init = filled(b, loc, {rows}, f32Const(b, loc, 0.0));
   Value prod = linalg::MatvecOp::create(b, loc, TypeRange{init.getType()},
@@ -43,8 +43,9 @@ Value mlir::moe::lowering::hyperRouterAffine(OpBuilder &b, Location loc,
       .front();
 }
 
-void mlir::moe::lowering::finishHyperRouter(PatternRewriter &rw,
-                                            HyperRouterOp op, Value out) {
+void mlir::moe::linalg_lowering::finishHyperRouter(PatternRewriter &rw,
+                                                   HyperRouterOp op,
+                                                   Value out) {
   Location loc = op.getLoc();
   // [E·(D+1)] -> [E, D+1], row-major.
   int64_t numExperts = op.getNumExperts();
@@ -82,8 +83,7 @@ void mlir::moe::lowering::finishHyperRouter(PatternRewriter &rw,
   replaceWithCasts(rw, op, {w, bias});
 }
 
-LogicalResult mlir::moe::lowering::lowerHyperRouter(HyperRouterOp op,
-                                                    PatternRewriter &rw) {
+static LogicalResult lowerHyperRouter(HyperRouterOp op, PatternRewriter &rw) {
   Location loc = op.getLoc();
   auto f32 = [&](Value v) { return promoteToF32(rw, loc, v); };
   Value hidden = hyperRouterAffine(rw, loc, f32(op.getW1()), f32(op.getEmb()),
@@ -93,4 +93,10 @@ LogicalResult mlir::moe::lowering::lowerHyperRouter(HyperRouterOp op,
 
   finishHyperRouter(rw, op, out);
   return success();
+}
+
+void mlir::moe::linalg_lowering::populateHyperRouterLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<LinalgLowering<HyperRouterOp, lowerHyperRouter>>(
+      patterns.getContext());
 }

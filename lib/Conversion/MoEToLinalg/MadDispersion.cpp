@@ -17,7 +17,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Patterns.h"
+#include "Lowerings.h"
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
@@ -28,7 +28,7 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::lowering;
+using namespace mlir::moe::linalg_lowering;
 
 namespace {
 using utils::IteratorType;
@@ -60,10 +60,10 @@ Value clusterMean(PatternRewriter &rw, Location loc, Value sums, Value counts,
 
 } // namespace
 
-
-void mlir::moe::lowering::finishMadDispersion(PatternRewriter &rw,
-                                              MadDispersionOp op, Value counts,
-                                              Value deviation) {
+void mlir::moe::linalg_lowering::finishMadDispersion(PatternRewriter &rw,
+                                                     MadDispersionOp op,
+                                                     Value counts,
+                                                     Value deviation) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   OpFoldResult e = rw.getIndexAttr(op.getNumExperts());
@@ -167,8 +167,8 @@ void mlir::moe::lowering::finishMadDispersion(PatternRewriter &rw,
   replaceWithCasts(rw, op, {weights, counts});
 }
 
-LogicalResult mlir::moe::lowering::lowerMadDispersion(MadDispersionOp op,
-                                                      PatternRewriter &rw) {
+static LogicalResult lowerMadDispersion(MadDispersionOp op,
+                                        PatternRewriter &rw) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   int64_t numExperts = op.getNumExperts();
@@ -242,4 +242,10 @@ LogicalResult mlir::moe::lowering::lowerMadDispersion(MadDispersionOp op,
       });
   finishMadDispersion(rw, op, counts, deviation);
   return success();
+}
+
+void mlir::moe::linalg_lowering::populateMadDispersionLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<LinalgLowering<MadDispersionOp, lowerMadDispersion>>(
+      patterns.getContext());
 }

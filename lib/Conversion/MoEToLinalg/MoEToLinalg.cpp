@@ -3,16 +3,17 @@
 // Part of the MoE-MLIR project.
 //
 // The pass only gathers the per-op patterns (one file per op in this
-// directory) and runs them as a partial conversion: every moe op must go.
-// mad_dispersion and adjacency_update declare moeReportIndexError in the
-// enclosing module, so run the pass on the module (or an op inside one), not
-// nested on functions in parallel.
+// directory, registered through the lowering table, Lowerings.td) and runs them
+// as a partial conversion: every moe op must go. mad_dispersion and
+// adjacency_update declare moeReportIndexError in the enclosing module, so run
+// the pass on the module (or an op inside one), not nested on functions in
+// parallel.
 //
 //===----------------------------------------------------------------------===//
 
 #include "MoE/Conversion/MoEToLinalg/MoEToLinalg.h"
+#include "Lowerings.h"
 #include "MoE/Conversion/Legality.h"
-#include "Patterns.h"
 #include "MoE/IR/MoEDialect.h"
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Transforms/Passes.h"
@@ -29,30 +30,15 @@ namespace mlir::moe {
 using namespace mlir;
 using namespace mlir::moe;
 
-namespace {
-/// An op file's `lower<Name>` as the op's conversion pattern. The lowerings
-/// change no types, so they read the op's operands rather than an adaptor's.
-template <typename OpTy, LogicalResult (*Lower)(OpTy, PatternRewriter &)>
-struct LinalgLowering final : OpConversionPattern<OpTy> {
-  using OpConversionPattern<OpTy>::OpConversionPattern;
-  LogicalResult
-  matchAndRewrite(OpTy op, typename OpTy::Adaptor,
-                  ConversionPatternRewriter &rewriter) const override {
-    return Lower(op, rewriter);
-  }
-};
-} // namespace
-
 void mlir::moe::populateMoEToLinalgPatterns(RewritePatternSet &patterns) {
-#define MOE_ADD_LOWERING(Name)                                                 \
-  patterns.add<LinalgLowering<Name##Op, lowering::lower##Name>>(               \
-      patterns.getContext());
-  MOE_LINALG_LOWERED_OPS(MOE_ADD_LOWERING)
-#undef MOE_ADD_LOWERING
+  linalg_lowering::populateLowerings(patterns);
   // The portable lowering has no fused kernel: a fused routing op becomes its
   // mixing op and top-k gate again, which the patterns above then lower.
   populateSplitFusedRoutingPatterns(patterns);
 }
+
+// populateLowerings: the op table's (Lowerings.td) Portable lowerings.
+#include "Lowerings.cpp.inc"
 
 namespace {
 struct ConvertMoEToLinalgPass

@@ -15,7 +15,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Patterns.h"
+#include "Lowerings.h"
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
@@ -28,7 +28,7 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::lowering;
+using namespace mlir::moe::linalg_lowering;
 
 namespace {
 using kernels::KernelBuilder;
@@ -242,7 +242,7 @@ Value keptExperts(OpBuilder &b, Location loc, const RouteSpec &spec, Value c) {
 
 } // namespace
 
-LogicalResult mlir::moe::lowering::lowerRoute(RouteOp op, PatternRewriter &rw) {
+static LogicalResult lowerRoute(RouteOp op, PatternRewriter &rw) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   RowMaps rows(ctx, 2);
@@ -317,8 +317,7 @@ LogicalResult mlir::moe::lowering::lowerRoute(RouteOp op, PatternRewriter &rw) {
 /// (kernels::routeGradOfLogit), and its scatter to [T, E] as a reduction over
 /// the picks (a repeated index accumulates, an out-of-range one matches no
 /// expert).
-LogicalResult mlir::moe::lowering::lowerRouteGrad(RouteGradOp op,
-                                                  PatternRewriter &rw) {
+static LogicalResult lowerRouteGrad(RouteGradOp op, PatternRewriter &rw) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   RowMaps rows(ctx, 2);
@@ -384,4 +383,15 @@ LogicalResult mlir::moe::lowering::lowerRouteGrad(RouteGradOp op,
           .front();
   replaceWithCasts(rw, op, {out});
   return success();
+}
+
+void mlir::moe::linalg_lowering::populateRouteLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<LinalgLowering<RouteOp, lowerRoute>>(patterns.getContext());
+}
+
+void mlir::moe::linalg_lowering::populateRouteGradLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<LinalgLowering<RouteGradOp, lowerRouteGrad>>(
+      patterns.getContext());
 }

@@ -14,7 +14,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "BalanceGenerics.h"
-#include "Patterns.h"
+#include "Lowerings.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/Balance.h"
@@ -26,15 +26,15 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::lowering;
+using namespace mlir::moe::linalg_lowering;
 using kernels::KernelBuilder;
 
 namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 } // namespace
 
-RowSoftmax mlir::moe::lowering::rowSoftmax(PatternRewriter &rw, Location loc,
-                                           Value x) {
+RowSoftmax mlir::moe::linalg_lowering::rowSoftmax(PatternRewriter &rw,
+                                                  Location loc, Value x) {
   SmallVector<OpFoldResult> sizes = sizesOf(rw, loc, x);
   BalanceGenerics g2(rw, loc, 2), g1(rw, loc, 1);
   AffineMap te = g2.map({0, 1}), t = g2.map({0});
@@ -97,8 +97,7 @@ Value weightSum(PatternRewriter &rw, Location loc, Value w) {
 }
 } // namespace
 
-LogicalResult mlir::moe::lowering::lowerRouterStats(RouterStatsOp op,
-                                                    PatternRewriter &rw) {
+static LogicalResult lowerRouterStats(RouterStatsOp op, PatternRewriter &rw) {
   Location loc = op.getLoc();
   auto [x, sizes, row, w] =
       routerRows(rw, loc, op.getLogits(), op.getTokenMask());
@@ -134,8 +133,8 @@ LogicalResult mlir::moe::lowering::lowerRouterStats(RouterStatsOp op,
   return success();
 }
 
-LogicalResult mlir::moe::lowering::lowerRouterStatsGrad(RouterStatsGradOp op,
-                                                        PatternRewriter &rw) {
+static LogicalResult lowerRouterStatsGrad(RouterStatsGradOp op,
+                                          PatternRewriter &rw) {
   Location loc = op.getLoc();
   auto [x, sizes, row, w] =
       routerRows(rw, loc, op.getLogits(), op.getTokenMask());
@@ -161,8 +160,7 @@ LogicalResult mlir::moe::lowering::lowerRouterStatsGrad(RouterStatsGradOp op,
   return success();
 }
 
-LogicalResult
-mlir::moe::lowering::lowerLoadBalancingLoss(LoadBalancingLossOp op,
+static LogicalResult lowerLoadBalancingLoss(LoadBalancingLossOp op,
                                             PatternRewriter &rw) {
   Location loc = op.getLoc();
   BalanceGenerics g1(rw, loc, 1);
@@ -179,4 +177,22 @@ mlir::moe::lowering::lowerLoadBalancingLoss(LoadBalancingLossOp op,
   });
   replaceWithCasts(rw, op, loss);
   return success();
+}
+
+void mlir::moe::linalg_lowering::populateRouterStatsLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<LinalgLowering<RouterStatsOp, lowerRouterStats>>(
+      patterns.getContext());
+}
+
+void mlir::moe::linalg_lowering::populateRouterStatsGradLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<LinalgLowering<RouterStatsGradOp, lowerRouterStatsGrad>>(
+      patterns.getContext());
+}
+
+void mlir::moe::linalg_lowering::populateLoadBalancingLossLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<LinalgLowering<LoadBalancingLossOp, lowerLoadBalancingLoss>>(
+      patterns.getContext());
 }

@@ -10,7 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "BalanceGenerics.h"
-#include "Patterns.h"
+#include "Lowerings.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/Balance.h"
@@ -20,7 +20,7 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::lowering;
+using namespace mlir::moe::linalg_lowering;
 using kernels::KernelBuilder;
 
 namespace {
@@ -39,8 +39,7 @@ Value rowLse(PatternRewriter &rw, Location loc, Value x) {
 }
 } // namespace
 
-LogicalResult mlir::moe::lowering::lowerRouterZLoss(RouterZLossOp op,
-                                                    PatternRewriter &rw) {
+static LogicalResult lowerRouterZLoss(RouterZLossOp op, PatternRewriter &rw) {
   Location loc = op.getLoc();
   Value x = promoteToF32(rw, loc, op.getLogits());
   Value lse = rowLse(rw, loc, x);
@@ -57,8 +56,8 @@ LogicalResult mlir::moe::lowering::lowerRouterZLoss(RouterZLossOp op,
   return success();
 }
 
-LogicalResult mlir::moe::lowering::lowerRouterZLossGrad(RouterZLossGradOp op,
-                                                        PatternRewriter &rw) {
+static LogicalResult lowerRouterZLossGrad(RouterZLossGradOp op,
+                                          PatternRewriter &rw) {
   Location loc = op.getLoc();
   Value x = promoteToF32(rw, loc, op.getLogits());
   Value lse = rowLse(rw, loc, x);
@@ -75,4 +74,16 @@ LogicalResult mlir::moe::lowering::lowerRouterZLossGrad(RouterZLossGradOp op,
       });
   replaceWithCasts(rw, op, out);
   return success();
+}
+
+void mlir::moe::linalg_lowering::populateRouterZLossLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<LinalgLowering<RouterZLossOp, lowerRouterZLoss>>(
+      patterns.getContext());
+}
+
+void mlir::moe::linalg_lowering::populateRouterZLossGradLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<LinalgLowering<RouterZLossGradOp, lowerRouterZLossGrad>>(
+      patterns.getContext());
 }

@@ -12,7 +12,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "BalanceGenerics.h"
-#include "Patterns.h"
+#include "Lowerings.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/Balance.h"
@@ -22,7 +22,7 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::lowering;
+using namespace mlir::moe::linalg_lowering;
 using kernels::KernelBuilder;
 
 namespace {
@@ -72,8 +72,7 @@ SequenceStats sequenceStats(PatternRewriter &rw, Location loc, Value scores,
 }
 } // namespace
 
-LogicalResult
-mlir::moe::lowering::lowerSequenceBalanceLoss(SequenceBalanceLossOp op,
+static LogicalResult lowerSequenceBalanceLoss(SequenceBalanceLossOp op,
                                               PatternRewriter &rw) {
   Location loc = op.getLoc();
   SequenceStats q = sequenceStats(rw, loc, op.getScores(), op.getIndices());
@@ -97,8 +96,7 @@ mlir::moe::lowering::lowerSequenceBalanceLoss(SequenceBalanceLossOp op,
   return success();
 }
 
-LogicalResult
-mlir::moe::lowering::lowerSequenceBalanceLossGrad(SequenceBalanceLossGradOp op,
+static LogicalResult lowerSequenceBalanceLossGrad(SequenceBalanceLossGradOp op,
                                                   PatternRewriter &rw) {
   Location loc = op.getLoc();
   SequenceStats q = sequenceStats(rw, loc, op.getScores(), op.getIndices());
@@ -121,4 +119,17 @@ mlir::moe::lowering::lowerSequenceBalanceLossGrad(SequenceBalanceLossGradOp op,
                      });
   replaceWithCasts(rw, op, out);
   return success();
+}
+
+void mlir::moe::linalg_lowering::populateSequenceBalanceLossLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<LinalgLowering<SequenceBalanceLossOp, lowerSequenceBalanceLoss>>(
+      patterns.getContext());
+}
+
+void mlir::moe::linalg_lowering::populateSequenceBalanceLossGradLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<
+      LinalgLowering<SequenceBalanceLossGradOp, lowerSequenceBalanceLossGrad>>(
+      patterns.getContext());
 }

@@ -10,7 +10,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Patterns.h"
+#include "Lowerings.h"
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
@@ -23,15 +23,14 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::lowering;
-
+using namespace mlir::moe::linalg_lowering;
 
 /// A contraction over D. (Not a linalg.matmul on the [B·N, D] view:
 /// expand-strided-metadata of LLVM 22 crashes on a subview of a
 /// memref.expand_shape whose group has two dynamic sizes, which is what the
 /// [B·N, D] -> [B, N, D] view becomes for dynamic B and N.)
-Value mlir::moe::lowering::projectQueries(OpBuilder &b, Location loc, Value u,
-                                          Value ws) {
+Value mlir::moe::linalg_lowering::projectQueries(OpBuilder &b, Location loc,
+                                                 Value u, Value ws) {
   MLIRContext *ctx = b.getContext();
   SmallVector<OpFoldResult> sizes = sizesOf(b, loc, u);
   Value init = filled(b, loc, sizes, f32Const(b, loc, 0.0));
@@ -42,10 +41,11 @@ Value mlir::moe::lowering::projectQueries(OpBuilder &b, Location loc, Value u,
       .front();
 }
 
-Value mlir::moe::lowering::similarityKeyLogits(OpBuilder &b, Location l,
-                                               Value q, Value u, Value mask,
-                                               bool causal, float tau, Value j,
-                                               Value scratch) {
+Value mlir::moe::linalg_lowering::similarityKeyLogits(OpBuilder &b, Location l,
+                                                      Value q, Value u,
+                                                      Value mask, bool causal,
+                                                      float tau, Value j,
+                                                      Value scratch) {
   MLIRContext *ctx = b.getContext();
   // s[b,i] = <q_i, u_j>, reduced over D in f32.
   Value key = sliceAlong(b, l, u, 1, j);
@@ -76,7 +76,7 @@ Value mlir::moe::lowering::similarityKeyLogits(OpBuilder &b, Location l,
       .front();
 }
 
-OnlineSoftmaxState mlir::moe::lowering::streamSimilarity(
+OnlineSoftmaxState mlir::moe::linalg_lowering::streamSimilarity(
     OpBuilder &b, Location loc, Value q, Value u, Value e, Value mask,
     bool causal, float tau) {
   OpFoldResult batch = tensor::getMixedSize(b, loc, u, 0);
@@ -107,8 +107,8 @@ static OnlineSoftmaxState streamOperands(OpTy op, PatternRewriter &rw) {
                           op.getTau().convertToFloat());
 }
 
-LogicalResult mlir::moe::lowering::lowerSimilarityInform(SimilarityInformOp op,
-                                                         PatternRewriter &rw) {
+static LogicalResult lowerSimilarityInform(SimilarityInformOp op,
+                                           PatternRewriter &rw) {
   replaceWithCasts(rw, op,
                    normalizeRows(rw, op.getLoc(), streamOperands(op, rw)));
   return success();
@@ -123,9 +123,9 @@ static Value selectNone(OpBuilder &b, Location loc, Value lse, Value none) {
       none, lse);
 }
 
-Value mlir::moe::lowering::rowLogSumExp(OpBuilder &b, Location loc,
-                                        const OnlineSoftmaxState &s,
-                                        double none) {
+Value mlir::moe::linalg_lowering::rowLogSumExp(OpBuilder &b, Location loc,
+                                               const OnlineSoftmaxState &s,
+                                               double none) {
   MLIRContext *ctx = b.getContext();
   AffineMap bi = dimsMap(ctx, 2, {0, 1});
   Value init = tensor::EmptyOp::create(
@@ -142,8 +142,8 @@ Value mlir::moe::lowering::rowLogSumExp(OpBuilder &b, Location loc,
       .front();
 }
 
-Value mlir::moe::lowering::replaceNegInf(OpBuilder &b, Location loc, Value lse,
-                                         double none) {
+Value mlir::moe::linalg_lowering::replaceNegInf(OpBuilder &b, Location loc,
+                                                Value lse, double none) {
   MLIRContext *ctx = b.getContext();
   AffineMap bi = dimsMap(ctx, 2, {0, 1});
   Value init = tensor::EmptyOp::create(
@@ -156,8 +156,7 @@ Value mlir::moe::lowering::replaceNegInf(OpBuilder &b, Location loc, Value lse,
       .front();
 }
 
-LogicalResult
-mlir::moe::lowering::lowerSimilarityInformFwd(SimilarityInformFwdOp op,
+static LogicalResult lowerSimilarityInformFwd(SimilarityInformFwdOp op,
                                               PatternRewriter &rw) {
   Location loc = op.getLoc();
   OnlineSoftmaxState state = streamOperands(op, rw);
@@ -165,4 +164,16 @@ mlir::moe::lowering::lowerSimilarityInformFwd(SimilarityInformFwdOp op,
                            -std::numeric_limits<double>::infinity());
   replaceWithCasts(rw, op, {normalizeRows(rw, loc, state), lse});
   return success();
+}
+
+void mlir::moe::linalg_lowering::populateSimilarityInformLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<LinalgLowering<SimilarityInformOp, lowerSimilarityInform>>(
+      patterns.getContext());
+}
+
+void mlir::moe::linalg_lowering::populateSimilarityInformFwdLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<LinalgLowering<SimilarityInformFwdOp, lowerSimilarityInformFwd>>(
+      patterns.getContext());
 }

@@ -16,7 +16,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Patterns.h"
+#include "Lowerings.h"
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
@@ -30,10 +30,9 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::lowering;
+using namespace mlir::moe::linalg_lowering;
 
-LogicalResult
-mlir::moe::lowering::lowerSimilarityInformGrad(SimilarityInformGradOp op,
+static LogicalResult lowerSimilarityInformGrad(SimilarityInformGradOp op,
                                                PatternRewriter &rw) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
@@ -153,4 +152,11 @@ mlir::moe::lowering::lowerSimilarityInformGrad(SimilarityInformGradOp op,
   }
   replaceWithCasts(rw, op, results);
   return success();
+}
+
+void mlir::moe::linalg_lowering::populateSimilarityInformGradLowering(
+    RewritePatternSet &patterns) {
+  patterns
+      .add<LinalgLowering<SimilarityInformGradOp, lowerSimilarityInformGrad>>(
+          patterns.getContext());
 }

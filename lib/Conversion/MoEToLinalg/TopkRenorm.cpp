@@ -13,7 +13,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Patterns.h"
+#include "Lowerings.h"
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
 
 #include "MoE/IR/MoEOps.h"
@@ -25,7 +25,7 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::lowering;
+using namespace mlir::moe::linalg_lowering;
 
 namespace {
 
@@ -174,8 +174,7 @@ Value computeWeights(OpBuilder &b, Location loc, TopkRenormOp op,
 }
 } // namespace
 
-LogicalResult mlir::moe::lowering::lowerTopkRenorm(TopkRenormOp op,
-                                                   PatternRewriter &rw) {
+static LogicalResult lowerTopkRenorm(TopkRenormOp op, PatternRewriter &rw) {
   Location loc = op.getLoc();
   // Any rank works as is: the leading dimensions are parallel loops of every
   // generic and the slices below drop the last dimension. (No collapse to
@@ -194,4 +193,10 @@ LogicalResult mlir::moe::lowering::lowerTopkRenorm(TopkRenormOp op,
   Value weights = computeWeights(rw, loc, op, scores, lead, rank, vals);
   replaceWithCasts(rw, op, {weights, idxs});
   return success();
+}
+
+void mlir::moe::linalg_lowering::populateTopkRenormLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<LinalgLowering<TopkRenormOp, lowerTopkRenorm>>(
+      patterns.getContext());
 }

@@ -13,8 +13,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Lowerings.h"
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
-#include "Patterns.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/TopK.h"
@@ -25,12 +25,12 @@
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::lowering;
+using namespace mlir::moe::linalg_lowering;
 
 using utils::IteratorType;
 
-LogicalResult mlir::moe::lowering::lowerTopkRenormGrad(TopkRenormGradOp op,
-                                                       PatternRewriter &rw) {
+static LogicalResult lowerTopkRenormGrad(TopkRenormGradOp op,
+                                         PatternRewriter &rw) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   Value scores = promoteToF32(rw, loc, op.getScores());
@@ -204,4 +204,10 @@ LogicalResult mlir::moe::lowering::lowerTopkRenormGrad(TopkRenormGradOp op,
           .front();
   replaceWithCasts(rw, op, out);
   return success();
+}
+
+void mlir::moe::linalg_lowering::populateTopkRenormGradLowering(
+    RewritePatternSet &patterns) {
+  patterns.add<LinalgLowering<TopkRenormGradOp, lowerTopkRenormGrad>>(
+      patterns.getContext());
 }

@@ -20,50 +20,52 @@
 #include <limits>
 
 using namespace mlir;
-using namespace mlir::moe::lowering;
+using namespace mlir::moe::linalg_lowering;
 
 //===----------------------------------------------------------------------===//
 // Scalars
 //===----------------------------------------------------------------------===//
 
-Value mlir::moe::lowering::f32Const(OpBuilder &b, Location loc, double value) {
+Value mlir::moe::linalg_lowering::f32Const(OpBuilder &b, Location loc,
+                                           double value) {
   return arith::ConstantOp::create(b, loc,
                                    b.getF32FloatAttr(static_cast<float>(value)));
 }
 
-Value mlir::moe::lowering::i32Const(OpBuilder &b, Location loc, int32_t value) {
+Value mlir::moe::linalg_lowering::i32Const(OpBuilder &b, Location loc,
+                                           int32_t value) {
   return arith::ConstantOp::create(b, loc, b.getI32IntegerAttr(value));
 }
 
-Value mlir::moe::lowering::indexConst(OpBuilder &b, Location loc,
-                                      int64_t value) {
+Value mlir::moe::linalg_lowering::indexConst(OpBuilder &b, Location loc,
+                                             int64_t value) {
   return arith::ConstantIndexOp::create(b, loc, value);
 }
 
-Value mlir::moe::lowering::negInf(OpBuilder &b, Location loc) {
+Value mlir::moe::linalg_lowering::negInf(OpBuilder &b, Location loc) {
   return f32Const(b, loc, -std::numeric_limits<double>::infinity());
 }
 
-Value mlir::moe::lowering::isNaN(OpBuilder &b, Location loc, Value x) {
+Value mlir::moe::linalg_lowering::isNaN(OpBuilder &b, Location loc, Value x) {
   return arith::CmpFOp::create(b, loc, arith::CmpFPredicate::UNO, x, x);
 }
 
-Value mlir::moe::lowering::toIndex(OpBuilder &b, Location loc, Value v) {
+Value mlir::moe::linalg_lowering::toIndex(OpBuilder &b, Location loc, Value v) {
   if (v.getType().isIndex())
     return v;
   return arith::IndexCastOp::create(b, loc, b.getIndexType(), v);
 }
 
-Value mlir::moe::lowering::indexTo(OpBuilder &b, Location loc, Value iv,
-                                   Type type) {
+Value mlir::moe::linalg_lowering::indexTo(OpBuilder &b, Location loc, Value iv,
+                                          Type type) {
   if (type.isIndex())
     return iv;
   return arith::IndexCastOp::create(b, loc, type, iv);
 }
 
-Value mlir::moe::lowering::ranksBefore(OpBuilder &b, Location loc, Value a,
-                                       Value ai, Value c, Value ci,
-                                       bool descending) {
+Value mlir::moe::linalg_lowering::ranksBefore(OpBuilder &b, Location loc,
+                                              Value a, Value ai, Value c,
+                                              Value ci, bool descending) {
   // The one order of every top-k (MoE/Kernels/TopK.h), shared with the CPU
   // and GPU kernels; a comparison of (value, index) pairs, so the result does
   // not depend on the order in which a reduction visits the elements.
@@ -76,30 +78,31 @@ Value mlir::moe::lowering::ranksBefore(OpBuilder &b, Location loc, Value a,
 // Tensors
 //===----------------------------------------------------------------------===//
 
-SmallVector<OpFoldResult> mlir::moe::lowering::sizesOf(OpBuilder &b,
-                                                       Location loc,
-                                                       Value tensor) {
+SmallVector<OpFoldResult>
+mlir::moe::linalg_lowering::sizesOf(OpBuilder &b, Location loc, Value tensor) {
   return tensor::getMixedSizes(b, loc, tensor);
 }
 
-RankedTensorType mlir::moe::lowering::tensorTypeOf(ArrayRef<OpFoldResult> sizes,
-                                                   Type elementType) {
+RankedTensorType
+mlir::moe::linalg_lowering::tensorTypeOf(ArrayRef<OpFoldResult> sizes,
+                                         Type elementType) {
   SmallVector<int64_t> shape;
   for (OpFoldResult size : sizes)
     shape.push_back(getConstantIntValue(size).value_or(ShapedType::kDynamic));
   return RankedTensorType::get(shape, elementType);
 }
 
-Value mlir::moe::lowering::filled(OpBuilder &b, Location loc,
-                                  ArrayRef<OpFoldResult> sizes, Value value) {
+Value mlir::moe::linalg_lowering::filled(OpBuilder &b, Location loc,
+                                         ArrayRef<OpFoldResult> sizes,
+                                         Value value) {
   Value empty = tensor::EmptyOp::create(b, loc, sizes, value.getType());
   return linalg::FillOp::create(b, loc, ValueRange{value}, ValueRange{empty})
       .getResult(0);
 }
 
-Value mlir::moe::lowering::loopScratch(OpBuilder &b, Location loc,
-                                       ArrayRef<OpFoldResult> sizes,
-                                       Type elementType) {
+Value mlir::moe::linalg_lowering::loopScratch(OpBuilder &b, Location loc,
+                                              ArrayRef<OpFoldResult> sizes,
+                                              Type elementType) {
   SmallVector<Value> dynamic;
   SmallVector<int64_t> shape;
   dispatchIndexOpFoldResults(sizes, dynamic, shape);
@@ -107,16 +110,16 @@ Value mlir::moe::lowering::loopScratch(OpBuilder &b, Location loc,
       b, loc, RankedTensorType::get(shape, elementType), dynamic);
 }
 
-Value mlir::moe::lowering::loopFilled(OpBuilder &b, Location loc,
-                                      ArrayRef<OpFoldResult> sizes,
-                                      Value value) {
+Value mlir::moe::linalg_lowering::loopFilled(OpBuilder &b, Location loc,
+                                             ArrayRef<OpFoldResult> sizes,
+                                             Value value) {
   Value init = loopScratch(b, loc, sizes, value.getType());
   return linalg::FillOp::create(b, loc, ValueRange{value}, ValueRange{init})
       .getResult(0);
 }
 
-Value mlir::moe::lowering::promoteToF32(OpBuilder &b, Location loc,
-                                        Value tensor) {
+Value mlir::moe::linalg_lowering::promoteToF32(OpBuilder &b, Location loc,
+                                               Value tensor) {
   auto type = cast<RankedTensorType>(tensor.getType());
   if (type.getElementType().isF32())
     return tensor;
@@ -133,31 +136,33 @@ Value mlir::moe::lowering::promoteToF32(OpBuilder &b, Location loc,
       .front();
 }
 
-Value mlir::moe::lowering::extractF32(OpBuilder &b, Location loc, Value tensor,
-                                      ValueRange indices) {
+Value mlir::moe::linalg_lowering::extractF32(OpBuilder &b, Location loc,
+                                             Value tensor, ValueRange indices) {
   Value v = tensor::ExtractOp::create(b, loc, tensor, indices);
   if (v.getType().isF32())
     return v;
   return arith::ExtFOp::create(b, loc, b.getF32Type(), v);
 }
 
-Value mlir::moe::lowering::castTo(OpBuilder &b, Location loc, Value value,
-                                  Type type) {
+Value mlir::moe::linalg_lowering::castTo(OpBuilder &b, Location loc,
+                                         Value value, Type type) {
   if (value.getType() == type)
     return value;
   return tensor::CastOp::create(b, loc, type, value);
 }
 
-void mlir::moe::lowering::replaceWithCasts(RewriterBase &rw, Operation *op,
-                                           ValueRange values) {
+void mlir::moe::linalg_lowering::replaceWithCasts(RewriterBase &rw,
+                                                  Operation *op,
+                                                  ValueRange values) {
   SmallVector<Value> replacements;
   for (auto [value, result] : llvm::zip_equal(values, op->getResults()))
     replacements.push_back(castTo(rw, op->getLoc(), value, result.getType()));
   rw.replaceOp(op, replacements);
 }
 
-Value mlir::moe::lowering::rowDotKey(OpBuilder &b, Location loc, Value rows,
-                                     Value key, Value scratch) {
+Value mlir::moe::linalg_lowering::rowDotKey(OpBuilder &b, Location loc,
+                                            Value rows, Value key,
+                                            Value scratch) {
   MLIRContext *ctx = b.getContext();
   Value zeroed = linalg::FillOp::create(b, loc, ValueRange{f32Const(b, loc, 0.0)},
                                         ValueRange{scratch})
@@ -171,8 +176,9 @@ Value mlir::moe::lowering::rowDotKey(OpBuilder &b, Location loc, Value rows,
       .front();
 }
 
-Value mlir::moe::lowering::sliceAlong(OpBuilder &b, Location loc, Value tensor,
-                                      int64_t dim, OpFoldResult pos) {
+Value mlir::moe::linalg_lowering::sliceAlong(OpBuilder &b, Location loc,
+                                             Value tensor, int64_t dim,
+                                             OpFoldResult pos) {
   auto type = cast<RankedTensorType>(tensor.getType());
   int64_t rank = type.getRank();
   SmallVector<OpFoldResult> offsets(rank, b.getIndexAttr(0));
@@ -187,9 +193,9 @@ Value mlir::moe::lowering::sliceAlong(OpBuilder &b, Location loc, Value tensor,
                                         sizes, strides);
 }
 
-Value mlir::moe::lowering::insertAlong(OpBuilder &b, Location loc, Value slice,
-                                       Value dest, int64_t dim,
-                                       OpFoldResult pos) {
+Value mlir::moe::linalg_lowering::insertAlong(OpBuilder &b, Location loc,
+                                              Value slice, Value dest,
+                                              int64_t dim, OpFoldResult pos) {
   int64_t rank = cast<RankedTensorType>(dest.getType()).getRank();
   SmallVector<OpFoldResult> offsets(rank, b.getIndexAttr(0));
   SmallVector<OpFoldResult> sizes = sizesOf(b, loc, dest);
@@ -204,18 +210,20 @@ Value mlir::moe::lowering::insertAlong(OpBuilder &b, Location loc, Value slice,
 // linalg.generic
 //===----------------------------------------------------------------------===//
 
-AffineMap mlir::moe::lowering::dimsMap(MLIRContext *ctx, unsigned numDims,
-                                       ArrayRef<unsigned> dims) {
+AffineMap mlir::moe::linalg_lowering::dimsMap(MLIRContext *ctx,
+                                              unsigned numDims,
+                                              ArrayRef<unsigned> dims) {
   SmallVector<AffineExpr> exprs;
   for (unsigned d : dims)
     exprs.push_back(getAffineDimExpr(d, ctx));
   return AffineMap::get(numDims, 0, exprs, ctx);
 }
 
-SmallVector<Value> mlir::moe::lowering::generic(
-    OpBuilder &b, Location loc, ValueRange ins, ValueRange outs,
-    ArrayRef<AffineMap> maps, ArrayRef<utils::IteratorType> iterators,
-    GenericBody body) {
+SmallVector<Value>
+mlir::moe::linalg_lowering::generic(OpBuilder &b, Location loc, ValueRange ins,
+                                    ValueRange outs, ArrayRef<AffineMap> maps,
+                                    ArrayRef<utils::IteratorType> iterators,
+                                    GenericBody body) {
   auto op = linalg::GenericOp::create(
       b, loc, TypeRange(outs), ins, outs, maps, iterators,
       [&](OpBuilder &nb, Location nl, ValueRange args) {
@@ -224,11 +232,10 @@ SmallVector<Value> mlir::moe::lowering::generic(
   return SmallVector<Value>(op.getResults());
 }
 
-SmallVector<Value>
-mlir::moe::lowering::kernelGeneric(OpBuilder &b, Location loc, ValueRange ins,
-                                   ValueRange outs, ArrayRef<AffineMap> maps,
-                                   ArrayRef<utils::IteratorType> iterators,
-                                   KernelBody body) {
+SmallVector<Value> mlir::moe::linalg_lowering::kernelGeneric(
+    OpBuilder &b, Location loc, ValueRange ins, ValueRange outs,
+    ArrayRef<AffineMap> maps, ArrayRef<utils::IteratorType> iterators,
+    KernelBody body) {
   return generic(b, loc, ins, outs, maps, iterators,
                  [&](OpBuilder &gb, Location gl, ValueRange args) {
                    ImplicitLocOpBuilder ib(gl, gb);
@@ -252,18 +259,21 @@ RowMaps::RowMaps(Value tensor)
     : RowMaps(tensor.getContext(),
               cast<RankedTensorType>(tensor.getType()).getRank()) {}
 
-SmallVector<Value> mlir::moe::lowering::mulAddBody(OpBuilder &b, Location loc,
-                                               ValueRange args) {
+SmallVector<Value> mlir::moe::linalg_lowering::mulAddBody(OpBuilder &b,
+                                                          Location loc,
+                                                          ValueRange args) {
   Value prod = arith::MulFOp::create(b, loc, args[0], args[1]);
   return {arith::AddFOp::create(b, loc, args[2], prod)};
 }
 
-SmallVector<Value> mlir::moe::lowering::addBody(OpBuilder &b, Location loc,
-                                            ValueRange args) {
+SmallVector<Value> mlir::moe::linalg_lowering::addBody(OpBuilder &b,
+                                                       Location loc,
+                                                       ValueRange args) {
   return {arith::AddFOp::create(b, loc, args[1], args[0])};
 }
 
-Value mlir::moe::lowering::loopIndex(OpBuilder &b, Location loc, int64_t dim) {
+Value mlir::moe::linalg_lowering::loopIndex(OpBuilder &b, Location loc,
+                                            int64_t dim) {
   return linalg::IndexOp::create(b, loc, dim);
 }
 
@@ -271,18 +281,16 @@ Value mlir::moe::lowering::loopIndex(OpBuilder &b, Location loc, int64_t dim) {
 // Online softmax
 //===----------------------------------------------------------------------===//
 
-OnlineSoftmaxState mlir::moe::lowering::initOnlineSoftmax(OpBuilder &b,
-                                                         Location loc,
-                                                         OpFoldResult batch,
-                                                         OpFoldResult rows,
-                                                         OpFoldResult width) {
+OnlineSoftmaxState mlir::moe::linalg_lowering::initOnlineSoftmax(
+    OpBuilder &b, Location loc, OpFoldResult batch, OpFoldResult rows,
+    OpFoldResult width) {
   Value zero = f32Const(b, loc, 0.0);
   return {loopFilled(b, loc, {batch, rows}, negInf(b, loc)),
           loopFilled(b, loc, {batch, rows}, zero),
           loopFilled(b, loc, {batch, rows, width}, zero)};
 }
 
-OnlineSoftmaxState mlir::moe::lowering::streamKeys(
+OnlineSoftmaxState mlir::moe::linalg_lowering::streamKeys(
     OpBuilder &b, Location loc, OpFoldResult batch, OpFoldResult rows,
     OpFoldResult width, Value numKeys, KeyLogits logitsOfKey,
     KeyValues valuesOfKey) {
@@ -339,8 +347,8 @@ OnlineSoftmaxState mlir::moe::lowering::streamKeys(
   return {loop.getResult(0), loop.getResult(1), loop.getResult(2)};
 }
 
-Value mlir::moe::lowering::normalizeRows(OpBuilder &b, Location loc,
-                                         const OnlineSoftmaxState &s) {
+Value mlir::moe::linalg_lowering::normalizeRows(OpBuilder &b, Location loc,
+                                                const OnlineSoftmaxState &s) {
   MLIRContext *ctx = b.getContext();
   AffineMap bi3 = dimsMap(ctx, 3, {0, 1}), bic3 = dimsMap(ctx, 3, {0, 1, 2});
   Value init =
@@ -362,10 +370,11 @@ Value mlir::moe::lowering::normalizeRows(OpBuilder &b, Location loc,
 
 static constexpr llvm::StringLiteral kReportFn = "moeReportIndexError";
 
-LogicalResult mlir::moe::lowering::emitIndexCheck(RewriterBase &rw,
-                                                  Operation *anchor,
-                                                  Value indices, Value bound,
-                                                  MoEErrorOp opCode) {
+LogicalResult mlir::moe::linalg_lowering::emitIndexCheck(RewriterBase &rw,
+                                                         Operation *anchor,
+                                                         Value indices,
+                                                         Value bound,
+                                                         MoEErrorOp opCode) {
   auto module = anchor->getParentOfType<ModuleOp>();
   if (!module)
     return failure();

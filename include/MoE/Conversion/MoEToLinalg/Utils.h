@@ -24,7 +24,7 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/PatternMatch.h"
 
-namespace mlir::moe::lowering {
+namespace mlir::moe::linalg_lowering {
 
 /// Shorthands for the iterator types of the generics the lowerings build.
 inline constexpr utils::IteratorType kPar = utils::IteratorType::parallel;
@@ -228,6 +228,6 @@ void finishAdjacencyUpdate(PatternRewriter &rw, AdjacencyUpdateOp op, Value a,
 /// w and b from the hypernetwork output `out` [E·(D+1)] (f32); replaces `op`.
 void finishHyperRouter(PatternRewriter &rw, HyperRouterOp op, Value out);
 
-} // namespace mlir::moe::lowering
+} // namespace mlir::moe::linalg_lowering
 
 #endif // MOE_CONVERSION_MOETOLINALG_UTILS_H

@@ -1,38 +1,46 @@
-//===- Patterns.h - The per-op moe -> linalg patterns -----------*- C++ -*-===//
+//===- Lowerings.h - The per-op moe -> linalg patterns ----------*- C++ -*-===//
 //
 // Part of the MoE-MLIR project.
 //
-// One lowering function per op, each defined in the file named after the op.
+// One populate function per op (declared from the lowering table,
+// include/MoE/Conversion/Lowerings.td), each defined in the file of the op's
+// lowering, and the helpers the op files share.
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef MOE_LIB_CONVERSION_MOETOLINALG_PATTERNS_H
-#define MOE_LIB_CONVERSION_MOETOLINALG_PATTERNS_H
+#ifndef MOE_LIB_CONVERSION_MOETOLINALG_LOWERINGS_H
+#define MOE_LIB_CONVERSION_MOETOLINALG_LOWERINGS_H
 
-#include "MoE/IR/MoEOps.h"
 #include "MoE/Conversion/MoEToLinalg/Utils.h"
+#include "MoE/IR/MoEOps.h"
 
 #include "mlir/IR/PatternMatch.h"
+#include "mlir/Transforms/DialectConversion.h"
+
+namespace mlir::moe::linalg_lowering {
+
+/// An op file's `lower<Name>(<Name>Op, PatternRewriter &)` as the op's
+/// conversion pattern, which the file's populate<Name>Lowering adds. The
+/// lowerings change no types, so they read the op's operands rather than an
+/// adaptor's.
+template <typename OpTy, LogicalResult (*Lower)(OpTy, PatternRewriter &)>
+struct LinalgLowering final : OpConversionPattern<OpTy> {
+  using OpConversionPattern<OpTy>::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(OpTy op, typename OpTy::Adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    return Lower(op, rewriter);
+  }
+};
+
+} // namespace mlir::moe::linalg_lowering
+
+// populate<Name>Lowering of each op that Lowerings.td lowers with Portable, and
+// populateLowerings (every one of them).
+#include "Lowerings.h.inc"
 
 namespace mlir {
-class RewritePatternSet;
-namespace moe::lowering {
-/// The ops lowered here, X(Name) each:
-/// `lower<Name>(<Name>Op, PatternRewriter &)`
-/// is defined in <Name>.cpp and registered by populateMoEToLinalgPatterns.
-#define MOE_LINALG_LOWERED_OPS(X)                                              \
-  X(TopkRenorm) X(SimilarityInform) X(AttentionPosterior) X(MadDispersion)     \
-  X(AdjacencyUpdate) X(HyperRouter) X(Route) X(RouteGrad) X(DispatchPlan)      \
-  X(SimilarityInformGrad) X(TopkRenormGrad) X(HyperRouterGrad)                 \
-  X(AttentionPosteriorGrad) X(SimilarityInformFwd) X(BiasUpdate)             \
-  X(RouterStats) X(RouterStatsGrad) X(LoadBalancingLoss) X(RouterZLoss)        \
-  X(RouterZLossGrad) X(SequenceBalanceLoss) X(SequenceBalanceLossGrad)
-
-#define MOE_DECLARE_LOWERING(Name)                                             \
-  LogicalResult lower##Name(Name##Op op, PatternRewriter &rw);
-MOE_LINALG_LOWERED_OPS(MOE_DECLARE_LOWERING)
-#undef MOE_DECLARE_LOWERING
-
+namespace moe::linalg_lowering {
 // Shared by similarity_inform and its backward (SimilarityInform.cpp).
 
 /// q[b,i,:] = u[b,i,:] · ws (f32 operands).
@@ -64,7 +72,7 @@ Value replaceNegInf(OpBuilder &b, Location loc, Value lse, double none);
 Value hyperRouterAffine(OpBuilder &b, Location loc, Value matrix, Value vector,
                         Value bias, bool relu);
 
-} // namespace moe::lowering
+} // namespace moe::linalg_lowering
 } // namespace mlir
 
-#endif // MOE_LIB_CONVERSION_MOETOLINALG_PATTERNS_H
+#endif // MOE_LIB_CONVERSION_MOETOLINALG_LOWERINGS_H
