@@ -1250,7 +1250,9 @@ def case_route(lib, g):
               ("route_shapes_192_g6", (300, 192), torch.float32, 6, True,
                dict(scoring="sigmoid", n_group=6, topk_group=3, renormalize=True)),
               ("route_shapes_64_g16", (300, 64), torch.float32, 8, False,
-               dict(n_group=16, topk_group=4, renormalize=True))]
+               dict(n_group=16, topk_group=4, renormalize=True)),
+              ("route_shapes_2100_g3", (150, 2100), torch.float32, 8, True,
+               dict(scoring="sigmoid", n_group=3, topk_group=2, renormalize=True))]
     for fn, shape, dtype, k, has_bias, attrs in shapes:
         x = adversarial(torch.randn(*shape, generator=g).to(DEV).to(dtype))
         bias = (torch.rand(shape[1], generator=g) * 0.1).to(DEV) if has_bias else None

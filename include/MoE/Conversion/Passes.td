@@ -188,7 +188,8 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "ex2.approx/rcp.approx), groups ranked from the lanes' top-2 sums by shuffles, the top-k by "
            "topk-rounds=list's candidate lists, the picks' scores kept in shared memory and the weights "
            "stored coalesced; E <= 4096 (up to 128 experts a lane), k <= E, groups of any size split evenly "
-           "over lanes or whole on a lane (otherwise the warp kernel); the block halves where its shared "
+           "over lanes or whole on a lane, or past 1024 experts spread over lanes with empty slots "
+           "(otherwise the warp kernel); the block halves where its shared "
            "memory or registers would not fit">,
   ];
   let dependentDialects = [

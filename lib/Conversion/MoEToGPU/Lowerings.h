@@ -362,19 +362,26 @@ routeRowStats(GpuKernelBuilder &kb, const kernels::RouteSpec &spec,
 
 /// How route-map=lanes (RouteLanes.cpp) maps a token of E experts onto
 /// lanes: `width` lanes a token (a power of two <= 32), lane l holding the
-/// `perLane` experts [l * perLane, (l + 1) * perLane); with groups, a lane
-/// holds `groupsPerLane` whole groups or a group spans `groupLanes` lanes
-/// (one of the two is 1); `listLength` candidates sorted per lane
-/// (emitListTopk); `vec` elements of the logits a 16-byte load.
+/// `perLane` slots [l * perLane, (l + 1) * perLane) of the lanes' layout;
+/// with groups, a lane holds `groupsPerLane` whole groups or a group spans
+/// `groupLanes` lanes (one of the two is 1), each group taking `groupStride`
+/// slots: its E / n_group experts, or more where they do not split evenly
+/// over its lanes (the slots past its end empty); `listLength` candidates
+/// sorted per lane (emitListTopk); `vec` elements of the logits a 16-byte
+/// load.
 struct RouteLanesMap {
   int64_t width, perLane, groupLanes, groupsPerLane, listLength, vec;
+  int64_t groupStride;
 };
 
 /// The mapping of route-map=lanes for E experts of `elt` logits, or none
-/// where it has none (more than 64 experts a lane, a group over lanes that
-/// do not tile it): the warp kernel then routes.
+/// where it has none (more than 128 experts a lane): the warp kernel then
+/// routes. Groups that split evenly over a power of two of lanes, or fit
+/// whole on one, are laid out without gaps; with `padGroups`, groups that
+/// do neither span lanes with the last ones' slots partly empty.
 std::optional<RouteLanesMap>
-routeLanesMapOf(int64_t E, const kernels::RouteSpec &spec, Type elt);
+routeLanesMapOf(int64_t E, const kernels::RouteSpec &spec, Type elt,
+                bool padGroups = false);
 
 /// The score of one expert as the route-map=lanes kernel computes it: sigmoid
 /// on the SFU (ex2.approx + rcp.approx, a few ulps from kernels::sigmoid),

@@ -305,14 +305,19 @@ GPULowering<RouteOp>::lower(RouteOp op, OpAdaptor adaptor,
   std::optional<RouteLanesMap> lanes;
   if (options.routeMap == "lanes" && !ShapedType::isDynamic(numExperts) &&
       spec.groups <= kRouteMaxGroups)
-    lanes = routeLanesMapOf(numExperts, spec, logitsType.getElementType());
+    // Past the warp kernel's experts, groups that tile no power of two of
+    // lanes are spread over lanes with empty slots (below it, the warp kernel
+    // routes them as it always has).
+    lanes = routeLanesMapOf(numExperts, spec, logitsType.getElementType(),
+                            /*padGroups=*/numExperts > kRouteMaxExperts);
   if (!lanes &&
       (ShapedType::isDynamic(numExperts) || numExperts > kRouteMaxExperts))
     return op.emitOpError("GPU lowering needs a static expert count <= ")
            << kRouteMaxExperts
            << (options.routeMap == "lanes"
-                   ? " (route-map=lanes: <= 4096, at most 128 a lane, "
-                     "groups split evenly over lanes or whole on one)"
+                   ? " (route-map=lanes: <= 4096, at most 128 a lane: a group "
+                     "over at most 32 / n_group lanes, n_group rounded up to "
+                     "a power of two, or whole groups on one)"
                    : "");
   if (spec.groups > kRouteMaxGroups)
     return op.emitOpError("GPU lowering supports n_group <= ")

@@ -41,7 +41,10 @@
 // How it differs from SGLang's: any E up to 4096 (not only powers of two;
 // 128 experts a lane above 2048) and groups of any size that split evenly
 // over q lanes or fit whole on a lane (32 groups of 64: one a lane; 64 of
-// 64: two), the block halved until its shared memory and registers fit
+// 64: two) or, past the warp kernel's 1024 experts, spread over q lanes with
+// the last slots empty (3 groups of 700: 8 lanes of 88 slots; positions of
+// the lanes' layout map to experts only where indices are read or stored),
+// the block halved until its shared memory and registers fit
 // (routeLanesBlockSize), the scores' order and
 // ties of the dialect (NaN first, lowest index: MoE/Kernels/TopK.h), and the
 // top-k by candidate lists rather than k rounds over every element. The
@@ -80,9 +83,10 @@ static constexpr int64_t kRouteLaneExperts = 32;
 
 std::optional<RouteLanesMap>
 mlir::moe::gpu_lowering::routeLanesMapOf(int64_t E, const RouteSpec &spec,
-                                         Type elt) {
+                                         Type elt, bool padGroups) {
   RouteLanesMap m;
   m.vec = 16 / (elt.getIntOrFloatBitWidth() / 8);
+  m.groupStride = spec.groups > 1 ? E / spec.groups : E;
   auto pow2 = [](int64_t v) {
     return static_cast<int64_t>(llvm::PowerOf2Ceil(std::max<int64_t>(1, v)));
   };
@@ -110,6 +114,19 @@ mlir::moe::gpu_lowering::routeLanesMapOf(int64_t E, const RouteSpec &spec,
       m.width = std::min<int64_t>(kWarp, pow2(llvm::divideCeil(G, r)));
       m.groupsPerLane = llvm::divideCeil(G, m.width);
       m.perLane = m.groupsPerLane * S;
+    }
+    // Groups of more than 128 experts that no power of two q <= 32 / G
+    // divides (3 groups of 700): with padGroups, a group over q lanes of
+    // ceil(S / q) slots each (8 of 88), the slots past the group's end empty
+    // (the group's stride in the lanes' layout is q * ceil(S / q): 704).
+    int64_t q = std::min<int64_t>(pow2(llvm::divideCeil(S, kRouteLaneExperts)),
+                                  kWarp / pow2(G));
+    if (padGroups && m.perLane > kRouteLaneMaxExperts && q > 1) {
+      m.groupLanes = q;
+      m.groupsPerLane = 1;
+      m.perLane = llvm::divideCeil(S, q);
+      m.groupStride = q * m.perLane;
+      m.width = q * pow2(G);
     }
   } else {
     // 8 lanes a token up to 320 experts (4 tokens a warp), then as many as
@@ -226,7 +243,9 @@ public:
                    const RouteLanesMap &map, int64_t numExperts,
                    int64_t blockSize)
       : kb(kb), spec(spec), map(map), E(numExperts), W(map.width),
-        P(map.perLane), blockSize(blockSize) {}
+        P(map.perLane), blockSize(blockSize),
+        S(spec.groups > 1 ? numExperts / spec.groups : numExperts),
+        padded(map.groupStride != S) {}
 
   /// `replay` (null: route): the choice given, and the error word an index
   /// outside [0, E) is reported through.
@@ -239,6 +258,13 @@ public:
     Value tid = t.tid;
     laneI32 = kb.castInt(lane, kb.i32());
     laneBase = kb.mul(laneI32, kb.cI32(P));
+    if (padded) {
+      // The lane's first expert in the row, and its first slot's position in
+      // its group (the slots from S - inGroup on are padding).
+      Value q = kb.idx(map.groupLanes);
+      inGroup = kb.mul(kb.remu(lane, q), kb.idx(P));
+      realBase = kb.add(kb.mul(kb.divu(lane, q), kb.idx(S)), inGroup);
+    }
     // This lane's run in its token's shared row: tid * (P + 1) (a lane's
     // stride P + 1 is odd: the lanes' stores fall in distinct banks).
     smemBase = kb.mul(tid, kb.idx(P + 1));
@@ -269,10 +295,48 @@ private:
   const RouteSpec &spec;
   const RouteLanesMap &map;
   int64_t E, W, P, blockSize;
+  /// Experts a group (E without groups); `padded`: a group's slots in the
+  /// lanes' layout (map.groupStride) are more than its experts.
+  int64_t S;
+  bool padded;
   Value lane, laneI32, laneBase, active, row, smemBase, smem;
+  /// With `padded`: the lane's first expert and its first slot's position in
+  /// its group (index).
+  Value realBase, inGroup;
 
-  /// Whether value m of some lane lies past the last expert.
-  bool mayPad(int64_t m) const { return (W - 1) * P + m >= E; }
+  /// Whether slot m of some lane holds no expert: past the last expert, or
+  /// (padded) past the end of its group or in a lane past the last group.
+  bool mayPad(int64_t m) const {
+    if (!padded)
+      return (W - 1) * P + m >= E;
+    return (map.groupLanes - 1) * P + m >= S || W > spec.groups * map.groupLanes;
+  }
+
+  /// Whether slot m of this lane holds an expert (padded layout, index
+  /// comparisons).
+  Value paddedSlotValid(int64_t m) {
+    Value in = kb.lt(kb.add(inGroup, kb.idx(m)), kb.idx(S));
+    if (W > spec.groups * map.groupLanes)
+      in = kb.andI(in, kb.lt(lane, kb.idx(spec.groups * map.groupLanes)));
+    return in;
+  }
+
+  /// The expert of position `v` of the lanes' layout (i32), and back: the
+  /// identity unless `padded`, where a group's S experts take groupStride
+  /// positions.
+  Value toExpert(Value v) {
+    return padded ? regroup(v, map.groupStride, S) : v;
+  }
+  Value toPosition(Value e) {
+    return padded ? regroup(e, S, map.groupStride) : e;
+  }
+  /// (v / from) * to + v % from (i32), built in that order.
+  Value regroup(Value v, int64_t from, int64_t to) {
+    Value group = kb.divu(v, kb.cI32(from));
+    Value start = kb.mul(group, kb.cI32(to));
+    Value offset = kb.remu(v, kb.cI32(from));
+    return kb.add(start, offset);
+  }
 
   Value reduce(Value v, ReduceKind kind) {
     return W > 1 ? subgroupReduce(kb, v, kind, W) : v;
@@ -285,7 +349,7 @@ private:
   void loadLane(Value x, Value bias, SmallVector<Value> &xs,
                 SmallVector<Value> &bs) {
     constexpr double kInf = std::numeric_limits<double>::infinity();
-    Value laneCol = kb.mul(lane, kb.idx(P));
+    Value laneCol = padded ? realBase : kb.mul(lane, kb.idx(P));
     auto scalar = [&](Value mem, Value r, double pad) {
       SmallVector<Value> out;
       for (int64_t m = 0; m < P; ++m) {
@@ -297,14 +361,15 @@ private:
           out.push_back(at(col));
           continue;
         }
-        Value in = kb.lt(col, kb.idx(E));
+        Value in = padded ? paddedSlotValid(m) : kb.lt(col, kb.idx(E));
         Value safe = kb.select(in, col, kb.idx(0));
         out.push_back(kb.select(in, at(safe), kb.cF32(pad)));
       }
       return out;
     };
     auto vectorOK = [&](Value mem) {
-      if (!mem)
+      // A padded layout's runs start anywhere in the row: one element a load.
+      if (!mem || padded)
         return false;
       int64_t vec =
           16 / (cast<MemRefType>(mem.getType()).getElementTypeBitWidth() / 8);
@@ -377,8 +442,9 @@ private:
       Value key =
           orderedKey(kb, routeChoice(kb, score, bs.empty() ? Value() : bs[m]));
       if (mayPad(m))
-        key = kb.select(kb.lt(kb.add(laneBase, kb.cI32(m)), kb.cI32(E)), key,
-                        gone);
+        key = kb.select(padded ? paddedSlotValid(m)
+                               : kb.lt(kb.add(laneBase, kb.cI32(m)), kb.cI32(E)),
+                        key, gone);
       keys.push_back(key);
     }
     return keys;
@@ -386,7 +452,9 @@ private:
 
   /// Step 3: keep the topk_group best groups; the others' keys become empty.
   void dropGroups(SmallVector<Value> &keys) {
-    const int64_t G = spec.groups, S = E / G;
+    // A group's slots: its S experts, or (padded) map.groupStride slots of
+    // which the last are empty keys.
+    const int64_t G = spec.groups, S = map.groupStride;
     const int64_t q = map.groupLanes, r = map.groupsPerLane, H = W / q;
     Value gone = emptyListKey(kb, kb.i32());
     // Each of the lane's groups: its best two keys, over its q lanes.
@@ -468,7 +536,7 @@ private:
             return kb.andI(kb.andI(active, valid), kb.notI1(p.inRange));
           });
       picks.keys.push_back(pick.expert);
-      picks.indices.push_back(pick.expert);
+      picks.indices.push_back(toPosition(pick.expert));
       picks.valid.push_back(valid);
     }
     return picks;
@@ -515,7 +583,7 @@ private:
       kb.ifThen(kb.andI(active, picks.valid[s]), [&] {
         Value j = kb.add(lane, kb.idx(s * W));
         kb.store(weight, weights, {row, j});
-        kb.store(picks.indices[s], indices, {row, j});
+        kb.store(toExpert(picks.indices[s]), indices, {row, j});
       });
     }
   }

@@ -212,11 +212,46 @@ func.func @block_1024(%x: tensor<?x256xf32>, %b: tensor<256xf32>) -> (tensor<?x8
 
 // -----
 
+// 3 groups of 700 (E = 2100, issue #48 item 4): no power of two of lanes
+// divides 700 and a whole group is more than 128 experts, so a group spans 8
+// lanes of 88 slots (704, the last 4 empty): position v of the lanes' layout
+// is expert (v / 704) * 700 + v % 704, read one element a load (the runs
+// start anywhere in the row), and a replayed expert e sits at position
+// (e / 700) * 704 + e % 700.
+// CHECK-LABEL: gpu.func @route_lanes_0(%arg0: memref<?x2100xf32>, %arg1: memref<2100xf32>
+// CHECK-SAME: workgroup(%{{.*}} : memref<11392xf32, #gpu.address_space<workgroup>>)
+// CHECK-SAME: known_block_size = array<i32: 128, 1, 1>
+// CHECK-NOT: llvm.inline_asm
+// CHECK: %[[G:.*]] = arith.divui %[[V:.*]], %c704_i32{{.*}} : i32
+// CHECK: %[[S:.*]] = arith.muli %[[G]], %c700_i32{{.*}} : i32
+// CHECK: %[[O:.*]] = arith.remui %[[V]], %c704_i32{{.*}} : i32
+// CHECK: arith.addi %[[S]], %[[O]] : i32
+// CHECK-LABEL: func.func @groups_of_700(
+func.func @groups_of_700(%x: tensor<?x2100xf32>, %b: tensor<2100xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  %w, %i = moe.route %x bias(%b : tensor<2100xf32>) k(8) scoring(sigmoid) n_group(3) topk_group(2) renormalize(true) : tensor<?x2100xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}
+
+// -----
+
+// The same replaying a given choice: the given expert's position.
+// CHECK-LABEL: gpu.func @route_lanes_0(%arg0: memref<?x2100xf32>, %arg1: memref<?x8xf32>
+// CHECK: %[[G:.*]] = arith.divui %[[E:.*]], %c700_i32{{.*}} : i32
+// CHECK: %[[S:.*]] = arith.muli %[[G]], %c704_i32{{.*}} : i32
+// CHECK: %[[O:.*]] = arith.remui %[[E]], %c700_i32{{.*}} : i32
+// CHECK: arith.addi %[[S]], %[[O]] : i32
+func.func @groups_of_700_replay(%x: tensor<?x2100xf32>, %r: tensor<?x8xi64>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  %w, %i = moe.route %x replay(%r : tensor<?x8xi64>) k(8) n_group(3) topk_group(2) : tensor<?x2100xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}
+
+// -----
+
 // What the lanes kernel refuses (and the warp kernel, at more than 1024
-// experts): groups of 819 (odd: no even split over lanes, and more than 128
-// experts on one lane), and rows of more than 4096 experts.
+// experts): groups of 819 (5 groups: over at most 4 lanes, 205 a lane; more
+// than 128 experts whole on one), and rows of more than 4096 experts.
 func.func @odd_groups_too_large(%x: tensor<?x4095xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
-  // expected-error @+1 {{'moe.route' op GPU lowering needs a static expert count <= 1024 (route-map=lanes: <= 4096, at most 128 a lane, groups split evenly over lanes or whole on one)}}
+  // expected-error @+1 {{'moe.route' op GPU lowering needs a static expert count <= 1024 (route-map=lanes: <= 4096, at most 128 a lane: a group over at most 32 / n_group lanes, n_group rounded up to a power of two, or whole groups on one)}}
   %w, %i = moe.route %x k(8) n_group(5) topk_group(2) : tensor<?x4095xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
   return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
 }
@@ -224,7 +259,7 @@ func.func @odd_groups_too_large(%x: tensor<?x4095xf32>) -> (tensor<?x8xf32>, ten
 // -----
 
 func.func @e4100(%x: tensor<?x4100xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
-  // expected-error @+1 {{'moe.route' op GPU lowering needs a static expert count <= 1024 (route-map=lanes: <= 4096, at most 128 a lane, groups split evenly over lanes or whole on one)}}
+  // expected-error @+1 {{'moe.route' op GPU lowering needs a static expert count <= 1024 (route-map=lanes: <= 4096, at most 128 a lane: a group over at most 32 / n_group lanes, n_group rounded up to a power of two, or whole groups on one)}}
   %w, %i = moe.route %x k(8) : tensor<?x4100xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
   return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
 }

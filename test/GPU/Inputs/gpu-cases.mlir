@@ -270,6 +270,12 @@ func.func @route_shapes_64_g16(%l: tensor<300x64xf32>) -> (tensor<300x8xf32>, te
   %w, %i = moe.route %l k(8) n_group(16) topk_group(4) renormalize(true) : tensor<300x64xf32> -> tensor<300x8xf32>, tensor<300x8xi32>
   return %w, %i : tensor<300x8xf32>, tensor<300x8xi32>
 }
+// Groups that split neither evenly over lanes nor whole on one, past 1024 experts: 3 of 700 spread over 8 lanes of
+// 88 slots, the last 4 empty (route-map=lanes's padded layout).
+func.func @route_shapes_2100_g3(%l: tensor<150x2100xf32>, %b: tensor<2100xf32>) -> (tensor<150x8xf32>, tensor<150x8xi32>) {
+  %w, %i = moe.route %l bias(%b : tensor<2100xf32>) k(8) scoring(sigmoid) n_group(3) topk_group(2) renormalize(true) : tensor<150x2100xf32> -> tensor<150x8xf32>, tensor<150x8xi32>
+  return %w, %i : tensor<150x8xf32>, tensor<150x8xi32>
+}
 // Routing replay (the choice given): on the kernel that routes the shape (route-map=lanes by default), so that a
 // router's own choice replayed gives its weights bit for bit; i64 and i32 indices.
 func.func @route_deepseek_v3_replay(%l: tensor<300x256xf32>, %b: tensor<256xf32>, %r: tensor<300x8xi64>) -> (tensor<300x8xf32>, tensor<300x8xi32>) {

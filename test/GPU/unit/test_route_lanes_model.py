@@ -33,8 +33,13 @@ def key_to_float(key):
     return np.float32(struct.unpack("<f", struct.pack("<i", bits))[0])
 
 
-def lanes_map(E, G, topk_group, k, vec):
-    """routeLanesMapOf: dict(width, per_lane, q, r, t), or None (the warp kernel routes)."""
+def lanes_map(E, G, topk_group, k, vec, pad=None):
+    """routeLanesMapOf: dict(width, per_lane, q, r, t, stride), or None (the warp kernel routes). ``pad``
+    (padGroups; by default as the lowering passes it: past the warp kernel's 1024 experts): groups that neither
+    split evenly over a power of two of lanes nor fit whole on one span q lanes of ceil(S / q) slots, the slots
+    past a group's end empty (``stride``: a group's slots)."""
+    pad = E > 1024 if pad is None else pad
+    stride = E // G
     if G > 1:
         S = E // G
         # A group over q lanes where q divides S and the groups' lanes fit a warp, else whole groups a lane.
@@ -47,6 +52,10 @@ def lanes_map(E, G, topk_group, k, vec):
             width = min(WARP, pow2(-(-G // r)))
             r = -(-G // width)
             P = r * S
+        qp = min(pow2(-(-S // LANE_EXPERTS)), WARP // pow2(G))
+        if pad and P > LANE_MAX and qp > 1:
+            q, r, P = qp, 1, -(-S // qp)
+            stride, width = q * P, q * pow2(G)
     else:
         q = r = 1
         width = max(8, pow2(-(-E // 40)))
@@ -58,17 +67,26 @@ def lanes_map(E, G, topk_group, k, vec):
         return None
     lanes = min(width, -(-topk_group // r) * q) if G > 1 else width
     t = min(P, k, max(3, -(-k // lanes) + 3))
-    return dict(width=width, per_lane=P, q=q, r=r, t=t)
+    return dict(width=width, per_lane=P, q=q, r=r, t=t, stride=stride)
 
 
 def route_lanes(c, G, topk_group, k, top2, vec):
     """The kernel's picks [(key, index)] for one token's choice values c (f32), and its refills."""
     E = len(c)
     mp = lanes_map(E, G, topk_group, k, vec)
-    W, P, q, r, t = mp["width"], mp["per_lane"], mp["q"], mp["r"], mp["t"]
-    keys = [[ordered_key(float(c[l * P + m])) if l * P + m < E else GONE for m in range(P)] for l in range(W)]
+    W, P, q, r, t, stride = mp["width"], mp["per_lane"], mp["q"], mp["r"], mp["t"], mp["stride"]
+    size = E // G
+
+    def expert(v):                                       # position v of the lanes' layout -> its expert, or None
+        if stride == size:
+            return v if v < E else None
+        g, o = divmod(v, stride)
+        return g * size + o if o < size and g < G else None
+
+    keys = [[ordered_key(float(c[expert(l * P + m)])) if expert(l * P + m) is not None else GONE
+             for m in range(P)] for l in range(W)]
     if G > 1:
-        S = E // G
+        S = stride
         H = W // q
         gkey = [[None] * r for _ in range(W)]
         for l in range(W):
@@ -120,7 +138,7 @@ def route_lanes(c, G, topk_group, k, top2, vec):
     picks, refills = list_select(keys, list(range(P)), [l * P for l in range(W)], k, t)
     for _, e in picks:                                   # the epilogue's shared-memory address of pick e
         assert e + e // P == (e // P) * (P + 1) + e % P
-    return picks, refills
+    return [(key, expert(v)) for key, v in picks], refills
 
 
 def reference(c, G, topk_group, k, top2):
@@ -193,7 +211,11 @@ SHAPES = [(256, 8, 4, 8, True),       # DeepSeek-V3: one lane a group
           (3000, 1, 1, 64, False),
           (264, 8, 4, 8, True),       # groups of 33
           (1000, 10, 3, 8, True),     # groups of 100 over 2 lanes
-          (100, 5, 4, 64, True)]      # k = 64 of the 80 kept
+          (100, 5, 4, 64, True),      # k = 64 of the 80 kept
+          (2100, 3, 2, 8, True),      # groups of 700 over 8 lanes of 88 slots (704: 4 empty)
+          (1026, 2, 1, 8, False),     # groups of 513 over 16 lanes of 33 (528)
+          (1029, 7, 3, 16, True),     # groups of 147 over 4 lanes of 37 (148), a lane past the last group
+          (3069, 3, 1, 64, True)]     # groups of 1023 over 8 lanes of 128 (1024), k = 64
 
 
 @pytest.mark.parametrize("E,G,topk_group,k,top2", SHAPES)
@@ -220,7 +242,11 @@ def test_mapping():
     assert (m["width"], m["per_lane"], m["q"]) == (4, 33, 2)
     assert lanes_map(264, 8, 4, 8, 4)["per_lane"] == 33  # groups of 33: whole on a lane
     assert lanes_map(4096, 1, 1, 64, 4)["per_lane"] == 128
-    assert lanes_map(4095, 5, 2, 8, 4) is None          # groups of 819 (odd): neither split nor whole
+    assert lanes_map(4095, 5, 2, 8, 4) is None          # groups of 819 over 4 lanes: 205 a lane
+    m = lanes_map(2100, 3, 2, 8, 4)                     # groups of 700: over 8 lanes of 88 slots, 4 empty
+    assert (m["width"], m["per_lane"], m["q"], m["stride"]) == (32, 88, 8, 704)
+    assert lanes_map(2100, 3, 2, 8, 4, pad=False) is None
+    assert lanes_map(1000, 8, 4, 8, 4)["stride"] == 125  # E <= 1024: no padding (the warp kernel takes the rest)
     assert lanes_map(4100, 1, 1, 8, 4) is None          # past 32 lanes of 128
 
 

@@ -128,6 +128,12 @@ CASES = [
     (1000, 8, np.float32, False, "n_group(10) topk_group(3) renormalize(true)",
      dict(n_group=10, topk_group=3, renormalize=True)),
     (100, 64, np.float32, False, "n_group(5) topk_group(4)", dict(n_group=5, topk_group=4)),
+    # Groups that neither split evenly over lanes nor fit whole on one (more than 1024 experts: the lanes' layout
+    # padded, a group over q lanes with the last slots empty): 3 of 700 over 8 lanes of 88, 2 of 513 over 16 of 33.
+    (2100, 8, np.float32, True, "scoring(sigmoid) n_group(3) topk_group(2) renormalize(true)",
+     dict(scoring="sigmoid", n_group=3, topk_group=2, renormalize=True)),
+    (1026, 8, "bf16", False, "n_group(2) topk_group(1) renormalize(true)",
+     dict(n_group=2, topk_group=1, renormalize=True)),
 ]
 
 
@@ -156,8 +162,9 @@ def test_kernel_equals_reference(E, k, dtype, has_bias, attrs, ref):
 
 
 # The softmax routers (the row's sum over the token's lanes), an elementwise score with groups, the score after the
-# choice, k = 64 over 4096 experts (several slots a lane), k not a multiple of the lanes.
-REPLAY_CASES = [c for c in CASES if c[:2] in {(160, 6), (128, 8), (20, 4), (288, 32), (4096, 64), (256, 8), (6, 6)}]
+# choice, k = 64 over 4096 experts (several slots a lane), k not a multiple of the lanes, padded groups.
+REPLAY_CASES = [c for c in CASES if c[:2] in {(160, 6), (128, 8), (20, 4), (288, 32), (4096, 64), (256, 8), (6, 6),
+                                                (1026, 8)}]
 
 
 @pytest.mark.parametrize("E,k,dtype,has_bias,attrs,ref", REPLAY_CASES,
