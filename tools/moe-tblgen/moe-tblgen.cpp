@@ -6,9 +6,13 @@
 // (include/MoE/Conversion/Lowerings.td), for one conversion at a time
 // (-lowering-target=<its LoweringTarget record>):
 //   -gen-moe-lowering-decls         one populate function per Lowering record
-//                                   of the target, and populateLowerings;
-//   -gen-moe-lowering-registration  populateLowerings, calling them in the
-//                                   table's order.
+//                                   of the target, and populateLowerings; for
+//                                   each default one, what its pattern needs
+//                                   declared (the target's defaultDecl);
+//   -gen-moe-lowering-registration  the default populate functions (adding
+//                                   the target's defaultPattern), and
+//                                   populateLowerings, calling them all in
+//                                   the table's order.
 // It links the static TableGen libraries (not libLLVM.so/libMLIR.so, which do
 // not export them), as mlir-tblgen does.
 //
@@ -39,13 +43,19 @@ struct LoweringEntry {
   std::string name;    // populate<name>Lowering
   std::string opsText; // the ops it rewrites, for the comment
   const Record *record;
+  /// The default populate function's pattern and the declaration it needs,
+  /// placeholders substituted; empty when the op's file defines it.
+  std::string pattern, decl;
+  /// The options field that guards the default pattern (OnlyWith), if any.
+  std::string option;
 };
 
 /// The target's namespace and options type, and its lowerings in the table's
-/// order; a missing or unknown target, an op that is not an ODS op, or a name
-/// given twice for one target is a tblgen error.
+/// order; a missing or unknown target, an op that is not an ODS op, a name
+/// given twice for one target, or an OnlyWith on a target without options or
+/// without a default is a tblgen error.
 struct TargetTable {
-  std::string cppNamespace, optionsType;
+  std::string cppNamespace, optionsType, defaultPattern, defaultDecl;
   std::vector<LoweringEntry> entries;
 };
 } // namespace
@@ -60,6 +70,8 @@ static TargetTable collect(const RecordKeeper &records) {
   table.cppNamespace =
       target->getValueAsString("cppNamespace").ltrim(':').str();
   table.optionsType = target->getValueAsString("optionsType").str();
+  table.defaultPattern = target->getValueAsString("defaultPattern").str();
+  table.defaultDecl = target->getValueAsString("defaultDecl").str();
   StringSet<> seen;
   for (const Record *lowering : records.getAllDerivedDefinitions("Lowering")) {
     if (!llvm::is_contained(lowering->getValueAsListOfDefs("loweringTargets"),
@@ -90,6 +102,41 @@ static TargetTable collect(const RecordKeeper &records) {
       PrintFatalError(lowering, "populate" + entry.name +
                                     "Lowering is declared twice for " +
                                     loweringTarget);
+    for (const Record *guard : lowering->getValueAsListOfDefs("onlyWith")) {
+      if (guard->getValueAsDef("target") != target)
+        continue;
+      if (table.optionsType.empty() || table.defaultPattern.empty())
+        PrintFatalError(
+            lowering,
+            "OnlyWith<" + loweringTarget + ">: the target has no " +
+                (table.optionsType.empty() ? "options" : "default pattern"));
+      entry.option = guard->getValueAsString("option").str();
+    }
+    if (!table.defaultPattern.empty() &&
+        !llvm::is_contained(lowering->getValueAsListOfDefs("customPopulate"),
+                            target)) {
+      std::string op =
+          mlir::tblgen::Operator(ops.front()).getQualCppClassName();
+      auto substitute = [&](StringRef text) {
+        std::string result;
+        while (!text.empty()) {
+          if (text.consume_front("$op"))
+            result += op;
+          else if (text.consume_front("$name"))
+            result += entry.name;
+          else {
+            result += text.front();
+            text = text.drop_front();
+          }
+        }
+        return result;
+      };
+      entry.pattern = substitute(table.defaultPattern);
+      entry.decl = substitute(table.defaultDecl);
+    } else if (!entry.option.empty()) {
+      PrintFatalError(lowering, "OnlyWith<" + loweringTarget +
+                                    "> on a custom populate function");
+    }
     table.entries.push_back(std::move(entry));
   }
   return table;
@@ -108,9 +155,16 @@ static bool emitDecls(const RecordKeeper &records, raw_ostream &os) {
   emitSourceFileHeader(
       "The " + loweringTarget + " lowerings' populate functions", os, records);
   os << "namespace " << table.cppNamespace << " {\n\n";
-  for (const LoweringEntry &entry : table.entries)
-    os << formatv("/// The patterns of {0}.\nvoid populate{1}Lowering({2});\n",
-                  entry.opsText, entry.name, params(table));
+  for (const LoweringEntry &entry : table.entries) {
+    if (!entry.decl.empty())
+      os << formatv("/// The lowering of {0}.\n{1}\n", entry.opsText,
+                    entry.decl);
+    os << formatv(
+        "/// The patterns of {0}{1}.\nvoid populate{2}Lowering({3});\n",
+        entry.opsText,
+        entry.pattern.empty() ? " (defined in the op's file)" : "", entry.name,
+        params(table));
+  }
   os << formatv("\n/// Every lowering of the table (Lowerings.td) for {0}, in "
                 "its order.\nvoid populateLowerings({1});\n",
                 loweringTarget, params(table));
@@ -122,6 +176,20 @@ static bool emitRegistration(const RecordKeeper &records, raw_ostream &os) {
   TargetTable table = collect(records);
   emitSourceFileHeader("The " + loweringTarget + " lowerings' registration", os,
                        records);
+  for (const LoweringEntry &entry : table.entries) {
+    if (entry.pattern.empty())
+      continue;
+    os << formatv("void {0}::populate{1}Lowering({2}) {{\n", table.cppNamespace,
+                  entry.name, params(table));
+    std::string indent = "  ";
+    if (!entry.option.empty()) {
+      os << formatv("  if (options.{0})\n", entry.option);
+      indent += "  ";
+    }
+    os << formatv("{0}patterns.add<{1}>(patterns.getContext(){2});\n}\n\n",
+                  indent, entry.pattern,
+                  table.optionsType.empty() ? "" : ", options");
+  }
   os << formatv("void {0}::populateLowerings({1}) {{\n", table.cppNamespace,
                 params(table));
   for (const LoweringEntry &entry : table.entries)

@@ -4,10 +4,14 @@
 //
 // The one table of the lowerings: a record per op (or per pattern that spans
 // ops) naming the conversions that lower it. tools/moe-tblgen derives from it,
-// per target, the declaration of one populate function per record and the
+// per target, the declaration of one populate function per record, the
+// definition of those whose body is the target's default pattern, and the
 // target's populate-all function that its pass calls (-gen-moe-lowering-decls,
 // -gen-moe-lowering-registration; lib/Conversion/MoETo*/CMakeLists.txt).
-// A new op's lowering is one line here plus the op's file, which defines
+// A new op's lowering is one line here plus the op's file, which holds only
+// the lowering (the portable lower<Name>, the GPU's GPULowering<Op>::lower);
+// where the target has no default pattern (the CPU kernels) or the record
+// says customPopulate, the file defines
 //   void populate<Name>Lowering(RewritePatternSet &, const <Options> &)
 // in the target's namespace (<Name>: the op's C++ class without "Op").
 //
@@ -26,35 +30,65 @@
 
 include "MoE/IR/MoEOps.td"
 
-/// A conversion: the namespace its populate functions are declared in, and
-/// the options they take ("" for none: the function takes the set alone).
-class LoweringTarget<string ns, string opts> {
+/// A conversion: the namespace its populate functions are declared in, the
+/// options they take ("" for none: the function takes the set alone), and its
+/// default populate function, which adds `pattern` (constructed from the
+/// context, and the options where the target has them) and needs `decl`
+/// declared first. In both, $op is the C++ class of the record's (root) op
+/// and $name the record's name; a target without a default pattern ("") has
+/// every populate function written in its op's file.
+class LoweringTarget<string ns, string opts, string pattern = "",
+                     string decl = ""> {
   string cppNamespace = ns;
   string optionsType = opts;
+  string defaultPattern = pattern;
+  string defaultDecl = decl;
 }
 
 /// convert-moe-to-linalg (lib/Conversion/MoEToLinalg): the portable lowering.
 /// Every op that can reach the end of a pipeline has one (the pass makes every
 /// moe op illegal); the fused routing ops are split first instead
 /// (populateSplitFusedRoutingPatterns).
-def Portable : LoweringTarget<"::mlir::moe::linalg_lowering", "">;
+/// An op's file defines lower<Name> (LinalgLowering, MoEToLinalg/Lowerings.h).
+def Portable : LoweringTarget<"::mlir::moe::linalg_lowering", "",
+    "LinalgLowering<$op, lower$name>",
+    "::mlir::LogicalResult lower$name($op op, ::mlir::PatternRewriter &rw);">;
 /// convert-moe-to-cpu (lib/Conversion/MoEToCPU): the fast CPU kernels
 /// (benefit 2 over the portable pattern; an op whose form a kernel declines
-/// stays for the portable lowering).
+/// stays for the portable lowering). No default pattern: the kernels are
+/// pattern classes defined in their files (some templates over several ops,
+/// BalanceRows.h's LogitsRowKernel), which each file's populate adds.
 def CPUKernel : LoweringTarget<"::mlir::moe::cpu_lowering",
                                "::mlir::moe::cpu_lowering::KernelOptions">;
 /// convert-moe-to-gpu (lib/Conversion/MoEToGPU): host code and CUDA kernels.
+/// An op's file defines the explicit specialization GPULowering<Op>::lower
+/// (MoEToGPU/Lowerings.h), declared here before the pattern is instantiated.
 def GPUKernel : LoweringTarget<"::mlir::moe::gpu_lowering",
-                               "::mlir::moe::ConvertMoEToGPUOptions">;
+    "::mlir::moe::ConvertMoEToGPUOptions", "GPULowering<$op>",
+    "template <> ::mlir::LogicalResult GPULowering<$op>::lower($op op, "
+    "$op::Adaptor adaptor, ::mlir::ConversionPatternRewriter &rewriter) "
+    "const;">;
+
+/// A default populate function of `target` that adds its pattern only when
+/// the target's options have the bool `option` set.
+class OnlyWith<LoweringTarget t, string o> {
+  LoweringTarget target = t;
+  string option = o;
+}
 
 /// The patterns of `name` (populate<name>Lowering) on the ops `ops` in each
 /// conversion of `targets`. The populate-all function of a target calls them
 /// in the order of this file (which matters only between patterns of one
-/// root op and one benefit).
+/// root op and one benefit). A target's populate function is its default
+/// (generated), unless the target has none or is in `customPopulate` (the op's
+/// file defines it: several patterns, or constructor arguments of its own);
+/// `onlyWith` makes a target's default conditional on one of its options.
 class Lowering<string name, list<Op> ops, list<LoweringTarget> targets> {
   string loweringName = name;
   list<Op> loweredOps = ops;
   list<LoweringTarget> loweringTargets = targets;
+  list<LoweringTarget> customPopulate = [];
+  list<OnlyWith> onlyWith = [];
 }
 
 /// The lowering of one op, named after it.
@@ -96,14 +130,17 @@ def : OpLowering<MoE_TopkRenormGradOp, All>;
 def : OpLowering<MoE_HyperRouterGradOp, All>;
 def : OpLowering<MoE_AttentionPosteriorGradOp, All>;
 
-// The load-balancing statistics and losses (MoEBalanceOps.td). The GPU's are
-// added only with its balance-kernels option (read in their populate
-// functions).
+// The load-balancing statistics and losses (MoEBalanceOps.td). The GPU's
+// kernels are added only with balance-kernels (default on since an H100 run
+// checked them), so that balance-kernels=false restores the "has no GPU
+// lowering" error of before.
+let onlyWith = [OnlyWith<GPUKernel, "balanceKernels">] in {
 def : OpLowering<MoE_RouterStatsOp, All>;
 def : OpLowering<MoE_RouterStatsGradOp, All>;
 def : OpLowering<MoE_LoadBalancingLossOp, [Portable, GPUKernel]>;
 def : OpLowering<MoE_RouterZLossOp, All>;
 def : OpLowering<MoE_RouterZLossGradOp, All>;
+}
 def : OpLowering<MoE_SequenceBalanceLossOp, [Portable, CPUKernel]>;
 def : OpLowering<MoE_SequenceBalanceLossGradOp, [Portable, CPUKernel]>;
 

@@ -137,8 +137,3 @@ LogicalResult GPULowering<AdjacencyUpdateOp>::lower(
   h.replace(op, out);
   return success();
 }
-
-void mlir::moe::gpu_lowering::populateAdjacencyUpdateLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  patterns.add<GPULowering<AdjacencyUpdateOp>>(patterns.getContext(), options);
-}

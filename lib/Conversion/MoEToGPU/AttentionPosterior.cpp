@@ -336,15 +336,3 @@ LogicalResult GPULowering<AttentionPosteriorTopkOp>::lower(
     ConversionPatternRewriter &rewriter) const {
   return lowerAttentionPosterior(op, adaptor, rewriter, options);
 }
-
-void mlir::moe::gpu_lowering::populateAttentionPosteriorLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  patterns.add<GPULowering<AttentionPosteriorOp>>(patterns.getContext(),
-                                                  options);
-}
-
-void mlir::moe::gpu_lowering::populateAttentionPosteriorTopkLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  patterns.add<GPULowering<AttentionPosteriorTopkOp>>(patterns.getContext(),
-                                                      options);
-}

@@ -357,9 +357,3 @@ LogicalResult GPULowering<AttentionPosteriorGradOp>::lower(
   h.replace(op, results);
   return success();
 }
-
-void mlir::moe::gpu_lowering::populateAttentionPosteriorGradLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  patterns.add<GPULowering<AttentionPosteriorGradOp>>(patterns.getContext(),
-                                                      options);
-}

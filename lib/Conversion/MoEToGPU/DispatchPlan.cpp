@@ -401,8 +401,3 @@ GPULowering<DispatchPlanOp>::lower(DispatchPlanOp op, OpAdaptor adaptor,
   h.replace(op, plan.results);
   return success();
 }
-
-void mlir::moe::gpu_lowering::populateDispatchPlanLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  patterns.add<GPULowering<DispatchPlanOp>>(patterns.getContext(), options);
-}

@@ -63,8 +63,3 @@ GPULowering<HyperRouterOp>::lower(HyperRouterOp op, OpAdaptor adaptor,
   h.replace(op, {w, bias});
   return success();
 }
-
-void mlir::moe::gpu_lowering::populateHyperRouterLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  patterns.add<GPULowering<HyperRouterOp>>(patterns.getContext(), options);
-}

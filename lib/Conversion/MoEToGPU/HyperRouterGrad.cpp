@@ -239,8 +239,3 @@ LogicalResult GPULowering<HyperRouterGradOp>::lower(
   rewriter.replaceOp(op, results);
   return success();
 }
-
-void mlir::moe::gpu_lowering::populateHyperRouterGradLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  patterns.add<GPULowering<HyperRouterGradOp>>(patterns.getContext(), options);
-}

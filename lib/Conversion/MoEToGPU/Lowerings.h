@@ -3,7 +3,7 @@
 // Part of the MoE-MLIR project.
 //
 // One conversion pattern per moe op, added by the op's populate function
-// (declared from the lowering table, include/MoE/Conversion/Lowerings.td;
+// (generated from the lowering table, include/MoE/Conversion/Lowerings.td;
 // populateMoEToGPUPatterns calls them all): each rewrites one tensor-level op
 // into host code + kernels (see KernelUtils.h) and replaces its results; on
 // failure it emits an error on the op and leaves the IR unchanged.
@@ -60,29 +60,21 @@ protected:
 };
 
 /// The pattern of `OpTy`: the file of the op's lowering defines its `lower`
-/// (`template <> LogicalResult GPULowering<OpTy>::lower(...)`) and its
-/// populate<Name>Lowering, which adds it.
+/// (`template <> LogicalResult GPULowering<OpTy>::lower(...)`); the lowering
+/// table (Lowerings.td) declares that specialization and generates the
+/// populate<Name>Lowering that adds the pattern.
 template <typename OpTy> struct GPULowering final : GPULoweringPattern<OpTy> {
   using GPULoweringPattern<OpTy>::GPULoweringPattern;
   LogicalResult lower(OpTy op, typename OpTy::Adaptor adaptor,
                       ConversionPatternRewriter &rewriter) const override;
 };
 
-/// Adds the load-balancing kernel of `OpTy` (RouterStats.cpp, RouterZLoss.cpp)
-/// only with balance-kernels (default on since an H100 run checked them), so
-/// that balance-kernels=false restores the "has no GPU lowering" error of
-/// before.
-template <typename OpTy>
-void addBalanceKernel(RewritePatternSet &patterns,
-                      const ConvertMoEToGPUOptions &options) {
-  if (options.balanceKernels)
-    patterns.add<GPULowering<OpTy>>(patterns.getContext(), options);
-}
-
 } // namespace mlir::moe::gpu_lowering
 
-// populate<Name>Lowering of each op that Lowerings.td lowers with GPUKernel,
-// and populateLowerings (every one of them).
+// populate<Name>Lowering of each op that Lowerings.td lowers with GPUKernel
+// and populateLowerings (every one of them); the GPULowering<Op>::lower
+// specializations that the generated populate functions (Lowerings.cpp.inc)
+// instantiate.
 #include "Lowerings.h.inc"
 
 namespace mlir::moe::gpu_lowering {

@@ -246,8 +246,3 @@ GPULowering<MadDispersionOp>::lower(MadDispersionOp op, OpAdaptor adaptor,
   h.replace(op, {weights, counts});
   return success();
 }
-
-void mlir::moe::gpu_lowering::populateMadDispersionLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  patterns.add<GPULowering<MadDispersionOp>>(patterns.getContext(), options);
-}

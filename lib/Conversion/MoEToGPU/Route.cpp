@@ -386,8 +386,3 @@ GPULowering<RouteOp>::lower(RouteOp op, OpAdaptor adaptor,
   finish();
   return success();
 }
-
-void mlir::moe::gpu_lowering::populateRouteLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  patterns.add<GPULowering<RouteOp>>(patterns.getContext(), options);
-}

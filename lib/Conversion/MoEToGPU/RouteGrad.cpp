@@ -76,8 +76,3 @@ GPULowering<RouteGradOp>::lower(RouteGradOp op, OpAdaptor adaptor,
   h.replace(op, {out});
   return success();
 }
-
-void mlir::moe::gpu_lowering::populateRouteGradLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  patterns.add<GPULowering<RouteGradOp>>(patterns.getContext(), options);
-}

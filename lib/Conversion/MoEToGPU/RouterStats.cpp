@@ -244,18 +244,3 @@ LogicalResult GPULowering<LoadBalancingLossOp>::lower(
   h.replace(op, {loss});
   return success();
 }
-
-void mlir::moe::gpu_lowering::populateRouterStatsLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  addBalanceKernel<RouterStatsOp>(patterns, options);
-}
-
-void mlir::moe::gpu_lowering::populateRouterStatsGradLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  addBalanceKernel<RouterStatsGradOp>(patterns, options);
-}
-
-void mlir::moe::gpu_lowering::populateLoadBalancingLossLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  addBalanceKernel<LoadBalancingLossOp>(patterns, options);
-}

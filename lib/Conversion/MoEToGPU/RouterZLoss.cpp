@@ -143,13 +143,3 @@ LogicalResult GPULowering<RouterZLossGradOp>::lower(
       });
   return success();
 }
-
-void mlir::moe::gpu_lowering::populateRouterZLossLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  addBalanceKernel<RouterZLossOp>(patterns, options);
-}
-
-void mlir::moe::gpu_lowering::populateRouterZLossGradLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  addBalanceKernel<RouterZLossGradOp>(patterns, options);
-}

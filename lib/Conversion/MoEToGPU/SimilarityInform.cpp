@@ -133,20 +133,3 @@ LogicalResult GPULowering<SimilarityInformTopkOp>::lower(
     ConversionPatternRewriter &rewriter) const {
   return lowerSimilarityInform(op, adaptor, rewriter, options);
 }
-
-void mlir::moe::gpu_lowering::populateSimilarityInformLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  patterns.add<GPULowering<SimilarityInformOp>>(patterns.getContext(), options);
-}
-
-void mlir::moe::gpu_lowering::populateSimilarityInformFwdLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  patterns.add<GPULowering<SimilarityInformFwdOp>>(patterns.getContext(),
-                                                   options);
-}
-
-void mlir::moe::gpu_lowering::populateSimilarityInformTopkLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  patterns.add<GPULowering<SimilarityInformTopkOp>>(patterns.getContext(),
-                                                    options);
-}

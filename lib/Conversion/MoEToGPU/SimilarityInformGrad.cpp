@@ -189,9 +189,3 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
   h.replace(op, results);
   return success();
 }
-
-void mlir::moe::gpu_lowering::populateSimilarityInformGradLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  patterns.add<GPULowering<SimilarityInformGradOp>>(patterns.getContext(),
-                                                    options);
-}

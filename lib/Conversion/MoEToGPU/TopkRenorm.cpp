@@ -406,8 +406,3 @@ GPULowering<TopkRenormOp>::lower(TopkRenormOp op, OpAdaptor adaptor,
   h.replace(op, {weights, indices});
   return success();
 }
-
-void mlir::moe::gpu_lowering::populateTopkRenormLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  patterns.add<GPULowering<TopkRenormOp>>(patterns.getContext(), options);
-}

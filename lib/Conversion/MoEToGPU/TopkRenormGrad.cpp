@@ -53,8 +53,3 @@ LogicalResult GPULowering<TopkRenormGradOp>::lower(
   h.replace(op, {out});
   return success();
 }
-
-void mlir::moe::gpu_lowering::populateTopkRenormGradLowering(
-    RewritePatternSet &patterns, const ConvertMoEToGPUOptions &options) {
-  patterns.add<GPULowering<TopkRenormGradOp>>(patterns.getContext(), options);
-}

@@ -97,8 +97,8 @@ void mlir::moe::linalg_lowering::finishAdjacencyUpdate(PatternRewriter &rw,
   replaceWithCasts(rw, op, next);
 }
 
-static LogicalResult lowerAdjacencyUpdate(AdjacencyUpdateOp op,
-                                          PatternRewriter &rw) {
+LogicalResult linalg_lowering::lowerAdjacencyUpdate(AdjacencyUpdateOp op,
+                                                    PatternRewriter &rw) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   Type i32 = rw.getI32Type();
@@ -145,10 +145,4 @@ static LogicalResult lowerAdjacencyUpdate(AdjacencyUpdateOp op,
 
   finishAdjacencyUpdate(rw, op, a, c, e);
   return success();
-}
-
-void mlir::moe::linalg_lowering::populateAdjacencyUpdateLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<AdjacencyUpdateOp, lowerAdjacencyUpdate>>(
-      patterns.getContext());
 }

@@ -361,8 +361,8 @@ private:
 
 } // namespace
 
-static LogicalResult lowerAttentionPosterior(AttentionPosteriorOp op,
-                                             PatternRewriter &rw) {
+LogicalResult linalg_lowering::lowerAttentionPosterior(AttentionPosteriorOp op,
+                                                       PatternRewriter &rw) {
   Location loc = op.getLoc();
   AttentionPosteriorEmitter emitter(rw, loc, op);
   PriorStats prior = emitter.priorStats();
@@ -378,10 +378,4 @@ static LogicalResult lowerAttentionPosterior(AttentionPosteriorOp op,
   }
   replaceWithCasts(rw, op, {p, head});
   return success();
-}
-
-void mlir::moe::linalg_lowering::populateAttentionPosteriorLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<AttentionPosteriorOp, lowerAttentionPosterior>>(
-      patterns.getContext());
 }

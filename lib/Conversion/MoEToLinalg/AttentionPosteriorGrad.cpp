@@ -392,8 +392,9 @@ private:
 
 } // namespace
 
-static LogicalResult lowerAttentionPosteriorGrad(AttentionPosteriorGradOp op,
-                                                 PatternRewriter &rw) {
+LogicalResult
+linalg_lowering::lowerAttentionPosteriorGrad(AttentionPosteriorGradOp op,
+                                             PatternRewriter &rw) {
   PosteriorGradLowering lowering(rw, op);
   if (failed(lowering.checkHead()))
     return rw.notifyMatchFailure(op, "needs an enclosing module to declare "
@@ -401,11 +402,4 @@ static LogicalResult lowerAttentionPosteriorGrad(AttentionPosteriorGradOp op,
   SmallVector<Value> results = lowering.gradients();
   replaceWithCasts(rw, op, results);
   return success();
-}
-
-void mlir::moe::linalg_lowering::populateAttentionPosteriorGradLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<
-      LinalgLowering<AttentionPosteriorGradOp, lowerAttentionPosteriorGrad>>(
-      patterns.getContext());
 }

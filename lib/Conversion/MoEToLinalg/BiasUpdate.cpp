@@ -33,7 +33,8 @@ Value countToF64(OpBuilder &b, Location loc, Value count) {
 }
 } // namespace
 
-static LogicalResult lowerBiasUpdate(BiasUpdateOp op, PatternRewriter &rw) {
+LogicalResult linalg_lowering::lowerBiasUpdate(BiasUpdateOp op,
+                                               PatternRewriter &rw) {
   Location loc = op.getLoc();
   Value counts = op.getCounts();
   Value size = tensor::DimOp::create(rw, loc, counts, 0);
@@ -81,10 +82,4 @@ static LogicalResult lowerBiasUpdate(BiasUpdateOp op, PatternRewriter &rw) {
               })[0];
   replaceWithCasts(rw, op, result);
   return success();
-}
-
-void mlir::moe::linalg_lowering::populateBiasUpdateLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<BiasUpdateOp, lowerBiasUpdate>>(
-      patterns.getContext());
 }

@@ -240,7 +240,8 @@ std::pair<Value, Value> keepMask(PatternRewriter &rw, DispatchPlanOp op,
 
 } // namespace
 
-static LogicalResult lowerDispatchPlan(DispatchPlanOp op, PatternRewriter &rw) {
+LogicalResult linalg_lowering::lowerDispatchPlan(DispatchPlanOp op,
+                                                 PatternRewriter &rw) {
   Location loc = op.getLoc();
   Ints in{rw, loc};
   Value indices = op.getIndices();
@@ -381,10 +382,4 @@ static LogicalResult lowerDispatchPlan(DispatchPlanOp op, PatternRewriter &rw) {
     results.push_back(dropped);
   replaceWithCasts(rw, op, results);
   return success();
-}
-
-void mlir::moe::linalg_lowering::populateDispatchPlanLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<DispatchPlanOp, lowerDispatchPlan>>(
-      patterns.getContext());
 }

@@ -83,7 +83,8 @@ void mlir::moe::linalg_lowering::finishHyperRouter(PatternRewriter &rw,
   replaceWithCasts(rw, op, {w, bias});
 }
 
-static LogicalResult lowerHyperRouter(HyperRouterOp op, PatternRewriter &rw) {
+LogicalResult linalg_lowering::lowerHyperRouter(HyperRouterOp op,
+                                                PatternRewriter &rw) {
   Location loc = op.getLoc();
   auto f32 = [&](Value v) { return promoteToF32(rw, loc, v); };
   Value hidden = hyperRouterAffine(rw, loc, f32(op.getW1()), f32(op.getEmb()),
@@ -93,10 +94,4 @@ static LogicalResult lowerHyperRouter(HyperRouterOp op, PatternRewriter &rw) {
 
   finishHyperRouter(rw, op, out);
   return success();
-}
-
-void mlir::moe::linalg_lowering::populateHyperRouterLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<HyperRouterOp, lowerHyperRouter>>(
-      patterns.getContext());
 }

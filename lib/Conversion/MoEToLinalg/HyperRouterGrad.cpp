@@ -65,8 +65,8 @@ Value transposedMatvec(OpBuilder &b, Location loc, Value x, Value matrix) {
 
 } // namespace
 
-static LogicalResult lowerHyperRouterGrad(HyperRouterGradOp op,
-                                          PatternRewriter &rw) {
+LogicalResult linalg_lowering::lowerHyperRouterGrad(HyperRouterGradOp op,
+                                                    PatternRewriter &rw) {
   Location loc = op.getLoc();
   auto f32 = [&](Value v) { return promoteToF32(rw, loc, v); };
   Value emb = f32(op.getEmb()), w1 = f32(op.getW1()), w2 = f32(op.getW2());
@@ -112,10 +112,4 @@ static LogicalResult lowerHyperRouterGrad(HyperRouterGradOp op,
   SmallVector<Value> results{demb, dw1, da, dw2, dout};
   replaceWithCasts(rw, op, results);
   return success();
-}
-
-void mlir::moe::linalg_lowering::populateHyperRouterGradLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<HyperRouterGradOp, lowerHyperRouterGrad>>(
-      patterns.getContext());
 }

@@ -2,9 +2,9 @@
 //
 // Part of the MoE-MLIR project.
 //
-// One populate function per op (declared from the lowering table,
-// include/MoE/Conversion/Lowerings.td), each defined in the file of the op's
-// lowering, and the helpers the op files share.
+// One populate function per op, generated from the lowering table
+// (include/MoE/Conversion/Lowerings.td) with the op's LinalgLowering pattern,
+// and the helpers the op files share.
 //
 //===----------------------------------------------------------------------===//
 
@@ -19,8 +19,9 @@
 
 namespace mlir::moe::linalg_lowering {
 
-/// An op file's `lower<Name>(<Name>Op, PatternRewriter &)` as the op's
-/// conversion pattern, which the file's populate<Name>Lowering adds. The
+/// An op file's `lower<Name>(<Name>Op, PatternRewriter &)` (declared from the
+/// lowering table) as the op's conversion pattern, which the generated
+/// populate<Name>Lowering adds. The
 /// lowerings change no types, so they read the op's operands rather than an
 /// adaptor's.
 template <typename OpTy, LogicalResult (*Lower)(OpTy, PatternRewriter &)>
@@ -35,8 +36,8 @@ struct LinalgLowering final : OpConversionPattern<OpTy> {
 
 } // namespace mlir::moe::linalg_lowering
 
-// populate<Name>Lowering of each op that Lowerings.td lowers with Portable, and
-// populateLowerings (every one of them).
+// populate<Name>Lowering and lower<Name> of each op that Lowerings.td lowers
+// with Portable, and populateLowerings (every one of them).
 #include "Lowerings.h.inc"
 
 namespace mlir {

@@ -167,8 +167,8 @@ void mlir::moe::linalg_lowering::finishMadDispersion(PatternRewriter &rw,
   replaceWithCasts(rw, op, {weights, counts});
 }
 
-static LogicalResult lowerMadDispersion(MadDispersionOp op,
-                                        PatternRewriter &rw) {
+LogicalResult linalg_lowering::lowerMadDispersion(MadDispersionOp op,
+                                                  PatternRewriter &rw) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   int64_t numExperts = op.getNumExperts();
@@ -242,10 +242,4 @@ static LogicalResult lowerMadDispersion(MadDispersionOp op,
       });
   finishMadDispersion(rw, op, counts, deviation);
   return success();
-}
-
-void mlir::moe::linalg_lowering::populateMadDispersionLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<MadDispersionOp, lowerMadDispersion>>(
-      patterns.getContext());
 }

@@ -242,7 +242,7 @@ Value keptExperts(OpBuilder &b, Location loc, const RouteSpec &spec, Value c) {
 
 } // namespace
 
-static LogicalResult lowerRoute(RouteOp op, PatternRewriter &rw) {
+LogicalResult linalg_lowering::lowerRoute(RouteOp op, PatternRewriter &rw) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   RowMaps rows(ctx, 2);
@@ -317,7 +317,8 @@ static LogicalResult lowerRoute(RouteOp op, PatternRewriter &rw) {
 /// (kernels::routeGradOfLogit), and its scatter to [T, E] as a reduction over
 /// the picks (a repeated index accumulates, an out-of-range one matches no
 /// expert).
-static LogicalResult lowerRouteGrad(RouteGradOp op, PatternRewriter &rw) {
+LogicalResult linalg_lowering::lowerRouteGrad(RouteGradOp op,
+                                              PatternRewriter &rw) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   RowMaps rows(ctx, 2);
@@ -383,15 +384,4 @@ static LogicalResult lowerRouteGrad(RouteGradOp op, PatternRewriter &rw) {
           .front();
   replaceWithCasts(rw, op, {out});
   return success();
-}
-
-void mlir::moe::linalg_lowering::populateRouteLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<RouteOp, lowerRoute>>(patterns.getContext());
-}
-
-void mlir::moe::linalg_lowering::populateRouteGradLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<RouteGradOp, lowerRouteGrad>>(
-      patterns.getContext());
 }

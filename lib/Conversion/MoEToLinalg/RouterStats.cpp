@@ -97,7 +97,8 @@ Value weightSum(PatternRewriter &rw, Location loc, Value w) {
 }
 } // namespace
 
-static LogicalResult lowerRouterStats(RouterStatsOp op, PatternRewriter &rw) {
+LogicalResult linalg_lowering::lowerRouterStats(RouterStatsOp op,
+                                                PatternRewriter &rw) {
   Location loc = op.getLoc();
   auto [x, sizes, row, w] =
       routerRows(rw, loc, op.getLogits(), op.getTokenMask());
@@ -133,8 +134,8 @@ static LogicalResult lowerRouterStats(RouterStatsOp op, PatternRewriter &rw) {
   return success();
 }
 
-static LogicalResult lowerRouterStatsGrad(RouterStatsGradOp op,
-                                          PatternRewriter &rw) {
+LogicalResult linalg_lowering::lowerRouterStatsGrad(RouterStatsGradOp op,
+                                                    PatternRewriter &rw) {
   Location loc = op.getLoc();
   auto [x, sizes, row, w] =
       routerRows(rw, loc, op.getLogits(), op.getTokenMask());
@@ -160,8 +161,8 @@ static LogicalResult lowerRouterStatsGrad(RouterStatsGradOp op,
   return success();
 }
 
-static LogicalResult lowerLoadBalancingLoss(LoadBalancingLossOp op,
-                                            PatternRewriter &rw) {
+LogicalResult linalg_lowering::lowerLoadBalancingLoss(LoadBalancingLossOp op,
+                                                      PatternRewriter &rw) {
   Location loc = op.getLoc();
   BalanceGenerics g1(rw, loc, 1);
   AffineMap id = g1.map({0}), scalar = g1.map({});
@@ -177,22 +178,4 @@ static LogicalResult lowerLoadBalancingLoss(LoadBalancingLossOp op,
   });
   replaceWithCasts(rw, op, loss);
   return success();
-}
-
-void mlir::moe::linalg_lowering::populateRouterStatsLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<RouterStatsOp, lowerRouterStats>>(
-      patterns.getContext());
-}
-
-void mlir::moe::linalg_lowering::populateRouterStatsGradLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<RouterStatsGradOp, lowerRouterStatsGrad>>(
-      patterns.getContext());
-}
-
-void mlir::moe::linalg_lowering::populateLoadBalancingLossLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<LoadBalancingLossOp, lowerLoadBalancingLoss>>(
-      patterns.getContext());
 }

@@ -39,7 +39,8 @@ Value rowLse(PatternRewriter &rw, Location loc, Value x) {
 }
 } // namespace
 
-static LogicalResult lowerRouterZLoss(RouterZLossOp op, PatternRewriter &rw) {
+LogicalResult linalg_lowering::lowerRouterZLoss(RouterZLossOp op,
+                                                PatternRewriter &rw) {
   Location loc = op.getLoc();
   Value x = promoteToF32(rw, loc, op.getLogits());
   Value lse = rowLse(rw, loc, x);
@@ -56,8 +57,8 @@ static LogicalResult lowerRouterZLoss(RouterZLossOp op, PatternRewriter &rw) {
   return success();
 }
 
-static LogicalResult lowerRouterZLossGrad(RouterZLossGradOp op,
-                                          PatternRewriter &rw) {
+LogicalResult linalg_lowering::lowerRouterZLossGrad(RouterZLossGradOp op,
+                                                    PatternRewriter &rw) {
   Location loc = op.getLoc();
   Value x = promoteToF32(rw, loc, op.getLogits());
   Value lse = rowLse(rw, loc, x);
@@ -74,16 +75,4 @@ static LogicalResult lowerRouterZLossGrad(RouterZLossGradOp op,
       });
   replaceWithCasts(rw, op, out);
   return success();
-}
-
-void mlir::moe::linalg_lowering::populateRouterZLossLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<RouterZLossOp, lowerRouterZLoss>>(
-      patterns.getContext());
-}
-
-void mlir::moe::linalg_lowering::populateRouterZLossGradLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<RouterZLossGradOp, lowerRouterZLossGrad>>(
-      patterns.getContext());
 }

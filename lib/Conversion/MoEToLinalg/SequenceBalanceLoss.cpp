@@ -72,8 +72,9 @@ SequenceStats sequenceStats(PatternRewriter &rw, Location loc, Value scores,
 }
 } // namespace
 
-static LogicalResult lowerSequenceBalanceLoss(SequenceBalanceLossOp op,
-                                              PatternRewriter &rw) {
+LogicalResult
+linalg_lowering::lowerSequenceBalanceLoss(SequenceBalanceLossOp op,
+                                          PatternRewriter &rw) {
   Location loc = op.getLoc();
   SequenceStats q = sequenceStats(rw, loc, op.getScores(), op.getIndices());
   BalanceGenerics g3(rw, loc, 3), g2(rw, loc, 2);
@@ -96,8 +97,9 @@ static LogicalResult lowerSequenceBalanceLoss(SequenceBalanceLossOp op,
   return success();
 }
 
-static LogicalResult lowerSequenceBalanceLossGrad(SequenceBalanceLossGradOp op,
-                                                  PatternRewriter &rw) {
+LogicalResult
+linalg_lowering::lowerSequenceBalanceLossGrad(SequenceBalanceLossGradOp op,
+                                              PatternRewriter &rw) {
   Location loc = op.getLoc();
   SequenceStats q = sequenceStats(rw, loc, op.getScores(), op.getIndices());
   BalanceGenerics g3(rw, loc, 3);
@@ -119,17 +121,4 @@ static LogicalResult lowerSequenceBalanceLossGrad(SequenceBalanceLossGradOp op,
                      });
   replaceWithCasts(rw, op, out);
   return success();
-}
-
-void mlir::moe::linalg_lowering::populateSequenceBalanceLossLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<SequenceBalanceLossOp, lowerSequenceBalanceLoss>>(
-      patterns.getContext());
-}
-
-void mlir::moe::linalg_lowering::populateSequenceBalanceLossGradLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<
-      LinalgLowering<SequenceBalanceLossGradOp, lowerSequenceBalanceLossGrad>>(
-      patterns.getContext());
 }

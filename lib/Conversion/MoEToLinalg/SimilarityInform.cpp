@@ -107,8 +107,8 @@ static OnlineSoftmaxState streamOperands(OpTy op, PatternRewriter &rw) {
                           op.getTau().convertToFloat());
 }
 
-static LogicalResult lowerSimilarityInform(SimilarityInformOp op,
-                                           PatternRewriter &rw) {
+LogicalResult linalg_lowering::lowerSimilarityInform(SimilarityInformOp op,
+                                                     PatternRewriter &rw) {
   replaceWithCasts(rw, op,
                    normalizeRows(rw, op.getLoc(), streamOperands(op, rw)));
   return success();
@@ -156,24 +156,13 @@ Value mlir::moe::linalg_lowering::replaceNegInf(OpBuilder &b, Location loc,
       .front();
 }
 
-static LogicalResult lowerSimilarityInformFwd(SimilarityInformFwdOp op,
-                                              PatternRewriter &rw) {
+LogicalResult
+linalg_lowering::lowerSimilarityInformFwd(SimilarityInformFwdOp op,
+                                          PatternRewriter &rw) {
   Location loc = op.getLoc();
   OnlineSoftmaxState state = streamOperands(op, rw);
   Value lse = rowLogSumExp(rw, loc, state,
                            -std::numeric_limits<double>::infinity());
   replaceWithCasts(rw, op, {normalizeRows(rw, loc, state), lse});
   return success();
-}
-
-void mlir::moe::linalg_lowering::populateSimilarityInformLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<SimilarityInformOp, lowerSimilarityInform>>(
-      patterns.getContext());
-}
-
-void mlir::moe::linalg_lowering::populateSimilarityInformFwdLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<SimilarityInformFwdOp, lowerSimilarityInformFwd>>(
-      patterns.getContext());
 }

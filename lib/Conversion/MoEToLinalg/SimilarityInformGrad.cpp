@@ -32,8 +32,9 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::linalg_lowering;
 
-static LogicalResult lowerSimilarityInformGrad(SimilarityInformGradOp op,
-                                               PatternRewriter &rw) {
+LogicalResult
+linalg_lowering::lowerSimilarityInformGrad(SimilarityInformGradOp op,
+                                           PatternRewriter &rw) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   Value u = promoteToF32(rw, loc, op.getU());
@@ -152,11 +153,4 @@ static LogicalResult lowerSimilarityInformGrad(SimilarityInformGradOp op,
   }
   replaceWithCasts(rw, op, results);
   return success();
-}
-
-void mlir::moe::linalg_lowering::populateSimilarityInformGradLowering(
-    RewritePatternSet &patterns) {
-  patterns
-      .add<LinalgLowering<SimilarityInformGradOp, lowerSimilarityInformGrad>>(
-          patterns.getContext());
 }

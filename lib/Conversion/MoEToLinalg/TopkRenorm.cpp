@@ -174,7 +174,8 @@ Value computeWeights(OpBuilder &b, Location loc, TopkRenormOp op,
 }
 } // namespace
 
-static LogicalResult lowerTopkRenorm(TopkRenormOp op, PatternRewriter &rw) {
+LogicalResult linalg_lowering::lowerTopkRenorm(TopkRenormOp op,
+                                               PatternRewriter &rw) {
   Location loc = op.getLoc();
   // Any rank works as is: the leading dimensions are parallel loops of every
   // generic and the slices below drop the last dimension. (No collapse to
@@ -193,10 +194,4 @@ static LogicalResult lowerTopkRenorm(TopkRenormOp op, PatternRewriter &rw) {
   Value weights = computeWeights(rw, loc, op, scores, lead, rank, vals);
   replaceWithCasts(rw, op, {weights, idxs});
   return success();
-}
-
-void mlir::moe::linalg_lowering::populateTopkRenormLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<TopkRenormOp, lowerTopkRenorm>>(
-      patterns.getContext());
 }

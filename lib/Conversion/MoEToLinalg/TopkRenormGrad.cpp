@@ -29,8 +29,8 @@ using namespace mlir::moe::linalg_lowering;
 
 using utils::IteratorType;
 
-static LogicalResult lowerTopkRenormGrad(TopkRenormGradOp op,
-                                         PatternRewriter &rw) {
+LogicalResult linalg_lowering::lowerTopkRenormGrad(TopkRenormGradOp op,
+                                                   PatternRewriter &rw) {
   Location loc = op.getLoc();
   MLIRContext *ctx = rw.getContext();
   Value scores = promoteToF32(rw, loc, op.getScores());
@@ -204,10 +204,4 @@ static LogicalResult lowerTopkRenormGrad(TopkRenormGradOp op,
           .front();
   replaceWithCasts(rw, op, out);
   return success();
-}
-
-void mlir::moe::linalg_lowering::populateTopkRenormGradLowering(
-    RewritePatternSet &patterns) {
-  patterns.add<LinalgLowering<TopkRenormGradOp, lowerTopkRenormGrad>>(
-      patterns.getContext());
 }
