@@ -452,16 +452,17 @@ private:
 
   /// Step 3: keep the topk_group best groups; the others' keys become empty.
   void dropGroups(SmallVector<Value> &keys) {
-    // A group's slots: its S experts, or (padded) map.groupStride slots of
-    // which the last are empty keys.
-    const int64_t G = spec.groups, S = map.groupStride;
+    // A group's slots: its S experts, or (padded) more, the last of which
+    // hold empty keys.
+    const int64_t G = spec.groups, stride = map.groupStride;
     const int64_t q = map.groupLanes, r = map.groupsPerLane, H = W / q;
     Value gone = emptyListKey(kb, kb.i32());
     // Each of the lane's groups: its best two keys, over its q lanes.
     SmallVector<Value> groupKey;
     for (int64_t i = 0; i < r; ++i) {
       Value t1 = gone, t2 = gone;
-      for (int64_t m = i * S / q; m < std::min(P, (i + 1) * S / q); ++m) {
+      for (int64_t m = i * stride / q; m < std::min(P, (i + 1) * stride / q);
+           ++m) {
         if (spec.top2)
           t2 = kb.maxs(t2, kb.mins(t1, keys[m]));
         t1 = kb.maxs(t1, keys[m]);
@@ -512,7 +513,7 @@ private:
       }
     }
     for (int64_t m = 0; m < P; ++m) {
-      Value kept = kb.lt(before[m * q / S], kb.cI32(spec.topkGroup));
+      Value kept = kb.lt(before[m * q / stride], kb.cI32(spec.topkGroup));
       keys[m] = kb.select(kept, keys[m], gone);
     }
   }
