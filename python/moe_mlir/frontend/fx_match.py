@@ -3,6 +3,7 @@ node's fake value, and adding a node with its fake value (so later matchers can 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Optional
 
 import torch
@@ -10,7 +11,7 @@ import torch.fx as fx
 
 aten = torch.ops.aten
 
-__all__ = ["FLOATS", "VIEWS", "through_views", "fake_val", "new_node", "is_call", "tensor_val"]
+__all__ = ["FLOATS", "VIEWS", "through_views", "new_node", "is_call", "tensor_val"]
 
 #: The float dtypes routing runs on.
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -24,22 +25,18 @@ def through_views(n: Any) -> Any:
     return n
 
 
-def fake_val(fn, *args, **kwargs):
-    """Runs ``fn`` on the fake values of FX nodes (also inside lists: a view's sizes may be SymInt nodes) to get
-    the new node's meta['val']."""
+def new_node(graph: fx.Graph, target, args: tuple, kwargs: Optional[dict] = None, like: Optional[fx.Node] = None) -> fx.Node:
+    """A call of ``target`` at the insertion point, its meta['val'] computed on the fake values of its inputs (nested
+    ones too: ``cat``'s list, a view's SymInt sizes) in their fake mode, so later matchers can read its shape and
+    dtype."""
     from torch._guards import detect_fake_mode
 
-    vals = list(fx.node.map_arg(args, lambda a: a.meta["val"]))
-    mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
-    if mode is None:
-        return fn(*vals, **kwargs)
-    with mode:
-        return fn(*vals, **kwargs)
-
-
-def new_node(graph: fx.Graph, target, args: tuple, kwargs: Optional[dict] = None, like: Optional[fx.Node] = None) -> fx.Node:
-    n = graph.call_function(target, args, kwargs or {})
-    n.meta["val"] = fake_val(lambda *a: target(*a, **(kwargs or {})), *args)
+    kwargs = kwargs or {}
+    n = graph.call_function(target, args, kwargs)
+    vals = fx.node.map_arg(args, lambda a: a.meta["val"])
+    mode = detect_fake_mode([a.meta["val"] for a in n.all_input_nodes])
+    with mode if mode is not None else contextlib.nullcontext():
+        n.meta["val"] = target(*vals, **kwargs)
     if like is not None and "stack_trace" in like.meta:
         n.meta["stack_trace"] = like.meta["stack_trace"]
     return n

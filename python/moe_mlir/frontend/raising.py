@@ -539,8 +539,7 @@ def _same_values(n: Any) -> Any:
         sv, nv = tensor_val(src), tensor_val(n)
         if sv is None or nv is None or sv.dtype != nv.dtype or sv.device != nv.device:
             return n
-        if n.target in (aten.to.dtype, aten._to_copy.default) and (
-                len(n.args) > 2 or set(n.kwargs) - {"dtype"} or n.kwargs.get("dtype", nv.dtype) != nv.dtype):
+        if n.target in (aten.to.dtype, aten._to_copy.default) and (len(n.args) > 2 or set(n.kwargs) - {"dtype"}):
             return n
         n = src
     return n

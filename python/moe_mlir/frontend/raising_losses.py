@@ -34,12 +34,13 @@ through ``P`` only, as in the idiom (``f`` is a count). Nothing is raised when t
 
 from __future__ import annotations
 
-import contextlib
 import operator
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 import torch.fx as fx
+
+from .fx_match import FLOATS, is_call, new_node
 
 if TYPE_CHECKING:
     import sympy
@@ -53,7 +54,6 @@ _MUL = (aten.mul.Tensor, aten.mul.Scalar)
 _DIV = (aten.div.Tensor, aten.div.Scalar)
 _ADD = (aten.add.Tensor, aten.add.Scalar, operator.add)
 _SOFTMAX = (aten.softmax.int, aten._softmax.default)
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _INT_MAX = 2**63 - 1
 
 
@@ -63,10 +63,6 @@ def _op(name: str) -> Optional[Any]:
         return getattr(torch.ops.moe, name).default
     except (AttributeError, RuntimeError):
         return None
-
-
-def _call(n: Any, targets) -> bool:
-    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
 
 
 def _val(n: Any) -> Any:
@@ -80,7 +76,7 @@ def _tensor(n: Any) -> Optional[torch.Tensor]:
 
 def _strip_to(n: Any) -> Any:
     """``n`` without the dtype/device conversions around it (``.float()``, ``.to(device)``)."""
-    while _call(n, _TO):
+    while is_call(n, _TO):
         n = n.args[0]
     return n
 
@@ -132,7 +128,7 @@ def _is_dims(dims: Any, want: int, rank: int) -> bool:
 
 def _summands(n: Any) -> list[Any]:
     """The terms of a chain of additions ``((a + b) + c) + ...`` (the accumulators of a per-layer loop)."""
-    if _call(n, _ADD) and len(n.args) == 2 and not n.kwargs:
+    if is_call(n, _ADD) and len(n.args) == 2 and not n.kwargs:
         return _summands(n.args[0]) + _summands(n.args[1])
     return [n]
 
@@ -141,7 +137,7 @@ def _is_zeros(n: Any) -> bool:
     """A zero accumulator: ``torch.zeros(E)`` (the loop's start value) or a plain 0."""
     if isinstance(n, (int, float)) and not isinstance(n, bool):
         return n == 0
-    return _call(n, (aten.zeros.default, aten.new_zeros.default, aten.zeros_like.default))
+    return is_call(n, (aten.zeros.default, aten.new_zeros.default, aten.zeros_like.default))
 
 
 def _terms(n: Any) -> list[Any]:
@@ -154,7 +150,7 @@ def _terms(n: Any) -> list[Any]:
 
 def _softmax_input(p: Any) -> Optional[fx.Node]:
     """The logits ``l`` [T, E] when ``p`` is ``softmax(l, -1)`` computed in f32."""
-    if not _call(p, _SOFTMAX):
+    if not is_call(p, _SOFTMAX):
         return None
     dim = _int_arg(p, 1, "dim")
     if p.target == aten._softmax.default and len(p.args) > 2 and p.args[2]:
@@ -162,7 +158,7 @@ def _softmax_input(p: Any) -> Optional[fx.Node]:
     if p.target == aten.softmax.int and _int_arg(p, 2, "dtype") not in (None, torch.float32):
         return None
     pv, lv = _tensor(p), _tensor(p.args[0])
-    if pv is None or lv is None or pv.dim() != 2 or pv.dtype != torch.float32 or lv.dtype not in _FLOATS:
+    if pv is None or lv is None or pv.dim() != 2 or pv.dtype != torch.float32 or lv.dtype not in FLOATS:
         return None
     if not isinstance(dim, int) or dim % 2 != 1:
         return None
@@ -171,7 +167,7 @@ def _softmax_input(p: Any) -> Optional[fx.Node]:
 
 def _topk_of(idx: Any) -> Optional[tuple[fx.Node, int]]:
     """(p, k) when ``idx`` is ``topk(p, k, -1).indices`` (largest; its values unused or absent)."""
-    if not (_call(idx, (operator.getitem,)) and idx.args[1] == 1 and _call(idx.args[0], (aten.topk.default,))):
+    if not (is_call(idx, (operator.getitem,)) and idx.args[1] == 1 and is_call(idx.args[0], (aten.topk.default,))):
         return None
     tk = idx.args[0]
     p, k = tk.args[0], tk.args[1]
@@ -189,7 +185,7 @@ def _topk_of(idx: Any) -> Optional[tuple[fx.Node, int]]:
 
 def _flat_indices_topk(n: Any) -> Optional[tuple[fx.Node, int]]:
     """``topk(p, k).indices.reshape(-1)`` -> (p, k)."""
-    if not _call(n, (aten.reshape.default, aten.view.default)) or list(n.args[1]) != [-1]:
+    if not is_call(n, (aten.reshape.default, aten.view.default)) or list(n.args[1]) != [-1]:
         return None
     return _topk_of(n.args[0])
 
@@ -197,18 +193,18 @@ def _flat_indices_topk(n: Any) -> Optional[tuple[fx.Node, int]]:
 def _layer_count(n: Any, E: int) -> Optional[tuple[fx.Node, int, Optional[fx.Node]]]:
     """One layer's expert counts: ``histc(sel.flatten().to(f), E, 0, E)`` -> (p, k, None), or
     ``zeros(E).scatter_add_(0, sel.flatten(), m.repeat_interleave(k))`` -> (p, k, m)."""
-    if _call(n, (aten.histc.default,)):
+    if is_call(n, (aten.histc.default,)):
         bins, lo, hi = _int_arg(n, 1, "bins", 100), _int_arg(n, 2, "min", 0), _int_arg(n, 3, "max", 0)
         if bins != E or lo != 0 or hi != E:
             return None
         parts = _flat_indices_topk(_strip_to(n.args[0]))
         return None if parts is None else (parts[0], parts[1], None)
-    if _call(n, (aten.scatter_add_.default, aten.scatter_add.default)):
+    if is_call(n, (aten.scatter_add_.default, aten.scatter_add.default)):
         base, dim, index, src = n.args[:4]
         if not _is_zeros(base) or dim != 0 or list(_tensor(base).shape) != [E]:
             return None
         parts = _flat_indices_topk(index)
-        if parts is None or not _call(src, (aten.repeat_interleave.self_int,)) or src.args[1] != parts[1]:
+        if parts is None or not is_call(src, (aten.repeat_interleave.self_int,)) or src.args[1] != parts[1]:
             return None
         if len(src.args) > 2 or src.kwargs.get("dim") is not None:
             return None
@@ -219,24 +215,24 @@ def _layer_count(n: Any, E: int) -> Optional[tuple[fx.Node, int, Optional[fx.Nod
 def _layer_prob_sum(n: Any) -> Optional[tuple[fx.Node, Optional[fx.Node]]]:
     """One layer's probability sums: ``p.float().sum(0)`` -> (p, None) or ``(p.float() * m.unsqueeze(-1)).sum(0)``
     -> (p, m)."""
-    if not _call(n, (aten.sum.dim_IntList,)) or not _is_dims(_int_arg(n, 1, "dim"), 0, 2):
+    if not is_call(n, (aten.sum.dim_IntList,)) or not _is_dims(_int_arg(n, 1, "dim"), 0, 2):
         return None
     if _int_arg(n, 2, "keepdim", False) or n.kwargs.get("dtype") is not None:
         return None
     x = _strip_to(n.args[0])
     if _softmax_input(x) is not None:
         return x, None
-    if _call(x, (aten.mul.Tensor,)):
+    if is_call(x, (aten.mul.Tensor,)):
         for a, b in ((x.args[0], x.args[1]), (x.args[1], x.args[0])):
             p = _strip_to(a)
-            if _softmax_input(p) is not None and _call(b, (aten.unsqueeze.default,)) and b.args[1] in (-1, 1):
+            if _softmax_input(p) is not None and is_call(b, (aten.unsqueeze.default,)) and b.args[1] in (-1, 1):
                 return p, b.args[0]
     return None
 
 
 def _divided(n: Any) -> Optional[tuple[Any, Any]]:
     """(numerator, denominator) of ``a / b``."""
-    if _call(n, _DIV) and not n.kwargs.get("rounding_mode"):
+    if is_call(n, _DIV) and not n.kwargs.get("rounding_mode"):
         return n.args[0], n.args[1]
     return None
 
@@ -274,7 +270,7 @@ def _per_layer(F: Any, P: Any, E: int) -> Optional[tuple[list[fx.Node], int, Opt
             return None
         # Σ_l m.sum() (after a 0.0 start value)
         sums = _terms(den)
-        if len(sums) != len(ps) or not all(_call(s, (aten.sum.default,)) and s.args[0] is mask
+        if len(sums) != len(ps) or not all(is_call(s, (aten.sum.default,)) and s.args[0] is mask
                                            and not s.kwargs for s in sums):
             return None
     return ps, k, mask
@@ -284,10 +280,10 @@ def _broadcast_root(m: Any, trailing: int) -> Optional[tuple[fx.Node, list[Any]]
     """``m`` = ``R[None, :, :, None...].expand(L, B, S, ...).reshape(-1, ...)`` (dtype conversions allowed) where
     the last ``trailing`` expanded dims come from size 1: (R, the expand's leading sizes [L, B, S])."""
     m = _strip_to(m)
-    if not _call(m, (aten.reshape.default, aten.view.default)):
+    if not is_call(m, (aten.reshape.default, aten.view.default)):
         return None
     ex = _strip_to(m.args[0])
-    if not _call(ex, (aten.expand.default,)):
+    if not is_call(ex, (aten.expand.default,)):
         return None
     src = ex.args[0]
     sv = _tensor(src)
@@ -299,9 +295,9 @@ def _broadcast_root(m: Any, trailing: int) -> Optional[tuple[fx.Node, list[Any]]
     # Back from the expand's input to the mask through unit dims and full slices only.
     r = src
     while True:
-        if _call(r, (aten.unsqueeze.default,)):
+        if is_call(r, (aten.unsqueeze.default,)):
             r = r.args[0]
-        elif _call(r, (aten.slice.Tensor,)) and _int_arg(r, 2, "start", 0) in (0, None) and \
+        elif is_call(r, (aten.slice.Tensor,)) and _int_arg(r, 2, "start", 0) in (0, None) and \
                 _int_arg(r, 3, "end", None) in (None, _INT_MAX) and _int_arg(r, 4, "step", 1) == 1:
             r = r.args[0]
         else:
@@ -316,11 +312,11 @@ def _concatenated(F: Any, P: Any, E: int) -> Optional[tuple[fx.Node, int, Option
     """Earlier transformers: (the softmax of the concatenated logits, k, the mask form or None)."""
     def one_hot_of(x: Any) -> Optional[tuple[fx.Node, int]]:
         x = _strip_to(x)
-        if not _call(x, (aten.one_hot.default,)) or _int_arg(x, 1, "num_classes", -1) != E:
+        if not is_call(x, (aten.one_hot.default,)) or _int_arg(x, 1, "num_classes", -1) != E:
             return None
         return _topk_of(x.args[0])
 
-    if _call(F, (aten.mean.dim,)) and _call(P, (aten.mean.dim,)):
+    if is_call(F, (aten.mean.dim,)) and is_call(P, (aten.mean.dim,)):
         if not (_is_dims(_int_arg(F, 1, "dim"), 0, 3) and _is_dims(_int_arg(P, 1, "dim"), 0, 2)):
             return None
         if _int_arg(F, 2, "keepdim", False) or _int_arg(P, 2, "keepdim", False):
@@ -336,11 +332,11 @@ def _concatenated(F: Any, P: Any, E: int) -> Optional[tuple[fx.Node, int, Option
     def masked_sum(num: Any, den: Any, rank: int) -> Optional[tuple[fx.Node, fx.Node]]:
         """``Σ_0 (x · M) / Σ_0 M`` -> (x, M)."""
         for s in (num, den):
-            if not _call(s, (aten.sum.dim_IntList,)) or not _is_dims(_int_arg(s, 1, "dim"), 0, rank) or \
+            if not is_call(s, (aten.sum.dim_IntList,)) or not _is_dims(_int_arg(s, 1, "dim"), 0, rank) or \
                     _int_arg(s, 2, "keepdim", False):
                 return None
         prod, M = num.args[0], den.args[0]
-        if not _call(prod, (aten.mul.Tensor,)):
+        if not is_call(prod, (aten.mul.Tensor,)):
             return None
         a, b = prod.args[0], prod.args[1]
         if b is M:
@@ -363,22 +359,6 @@ def _concatenated(F: Any, P: Any, E: int) -> Optional[tuple[fx.Node, int, Option
     if not _equal_sizes(_tensor(fm[1]).shape[0], _tensor(p).shape[0]):
         return None  # a mask of one row broadcast over every token: not the op's per-token mask
     return p, sel[1], ("broadcast", fm[1])
-
-
-def _new(graph: fx.Graph, target, args: tuple, like: fx.Node, kwargs: Optional[dict] = None) -> fx.Node:
-    """A call of ``target`` before the insertion point, its meta['val'] computed on the fake values of its inputs
-    (nested ones too: ``cat``'s list)."""
-    from torch._guards import detect_fake_mode
-
-    kwargs = kwargs or {}
-    n = graph.call_function(target, args, kwargs)
-    vals = fx.node.map_arg(args, lambda a: a.meta["val"])
-    mode = detect_fake_mode([a.meta["val"] for a in n.all_input_nodes])
-    with mode if mode is not None else contextlib.nullcontext():
-        n.meta["val"] = target(*vals, **kwargs)
-    if "stack_trace" in like.meta:
-        n.meta["stack_trace"] = like.meta["stack_trace"]
-    return n
 
 
 def _mutates(n: fx.Node) -> bool:
@@ -420,20 +400,20 @@ def _erase_replaced(graph: fx.Graph, n: fx.Node) -> None:
 
 def _final_loss(n: fx.Node) -> Optional[tuple[Any, Any, int]]:
     """``Σ(f · P.unsqueeze(0)) · E`` -> (f, P, E)."""
-    if not _call(n, _MUL):
+    if not is_call(n, _MUL):
         return None
     s, E = n.args[0], n.args[1]
     if isinstance(s, int) and not isinstance(s, bool):
         s, E = E, s
     if not isinstance(E, int) or isinstance(E, bool) or E < 1:
         return None
-    if not _call(s, (aten.sum.default,)) or s.kwargs.get("dtype") is not None or len(s.args) != 1:
+    if not is_call(s, (aten.sum.default,)) or s.kwargs.get("dtype") is not None or len(s.args) != 1:
         return None
     prod = s.args[0]
-    if not _call(prod, (aten.mul.Tensor,)):
+    if not is_call(prod, (aten.mul.Tensor,)):
         return None
     for F, u in ((prod.args[0], prod.args[1]), (prod.args[1], prod.args[0])):
-        if _call(u, (aten.unsqueeze.default,)) and u.args[1] == 0:
+        if is_call(u, (aten.unsqueeze.default,)) and u.args[1] == 0:
             return F, u.args[0], E
     return None
 
@@ -451,11 +431,11 @@ def raise_load_balancing_loss(graph: fx.Graph, n: fx.Node) -> bool:
         if any(_tensor(x).shape[1] != E for x in logits) or not 1 <= k <= E:
             return False
         with graph.inserting_before(n):
-            x = logits[0] if len(logits) == 1 else _new(graph, aten.cat.default, (logits, 0), n)
+            x = logits[0] if len(logits) == 1 else new_node(graph, aten.cat.default, (logits, 0), like=n)
             m = None
             if mask is not None:
-                m = mask if len(ps) == 1 else _new(graph, aten.cat.default, ([mask] * len(ps), 0), n)
-            loss = _new(graph, op, (x, k, m), n)
+                m = mask if len(ps) == 1 else new_node(graph, aten.cat.default, ([mask] * len(ps), 0), like=n)
+            loss = new_node(graph, op, (x, k, m), like=n)
     else:
         found = _concatenated(F, P, E)
         if found is None:
@@ -467,12 +447,12 @@ def raise_load_balancing_loss(graph: fx.Graph, n: fx.Node) -> bool:
         with graph.inserting_before(n):
             m = None
             if form is not None:  # M3 [T, k, E], constant over its last two dims: M3[:, 0, 0]
-                m = _new(graph, aten.select.int, (_new(graph, aten.select.int, (form[1], 2, 0), n), 1, 0), n)
-            loss = _new(graph, op, (x, k, m), n)
+                m = new_node(graph, aten.select.int, (new_node(graph, aten.select.int, (form[1], 2, 0), like=n), 1, 0), like=n)
+            loss = new_node(graph, op, (x, k, m), like=n)
     want = _tensor(n).dtype
     if want != torch.float32:
         with graph.inserting_before(n):
-            loss = _new(graph, aten._to_copy.default, (loss,), n, {"dtype": want})
+            loss = new_node(graph, aten._to_copy.default, (loss,), {"dtype": want}, like=n)
     return _replace_loss(graph, n, loss)
 
 
@@ -482,30 +462,30 @@ def raise_load_balancing_loss(graph: fx.Graph, n: fx.Node) -> bool:
 
 def _same_logsumexp(a: Any, b: Any) -> bool:
     """Two ``logsumexp`` nodes of the same input and dims (``lse(x) * lse(x)`` traces to two: no CSE yet)."""
-    return _call(a, (aten.logsumexp.default,)) and _call(b, (aten.logsumexp.default,)) and a.args == b.args \
+    return is_call(a, (aten.logsumexp.default,)) and is_call(b, (aten.logsumexp.default,)) and a.args == b.args \
         and a.kwargs == b.kwargs
 
 
 def _squared(n: Any) -> Optional[fx.Node]:
     """x for ``x ** 2`` / ``x * x`` / ``square(x)``."""
-    if _call(n, (aten.pow.Tensor_Scalar,)) and n.args[1] == 2:
+    if is_call(n, (aten.pow.Tensor_Scalar,)) and n.args[1] == 2:
         return n.args[0]
-    if _call(n, (aten.mul.Tensor,)) and (n.args[0] is n.args[1] or _same_logsumexp(n.args[0], n.args[1])):
+    if is_call(n, (aten.mul.Tensor,)) and (n.args[0] is n.args[1] or _same_logsumexp(n.args[0], n.args[1])):
         return n.args[0]
-    if _call(n, (aten.square.default,)):
+    if is_call(n, (aten.square.default,)):
         return n.args[0]
     return None
 
 
 def _z_loss_input(n: fx.Node) -> Optional[fx.Node]:
     """The logits of ``mean(logsumexp(x, -1) ** 2)`` or ``sum(logsumexp(x, -1) ** 2) / rows`` ending at ``n``."""
-    if _call(n, (aten.mean.default,)) and len(n.args) == 1 and not n.kwargs:
+    if is_call(n, (aten.mean.default,)) and len(n.args) == 1 and not n.kwargs:
         sq = n.args[0]
-    elif _call(n, (aten.mean.dim,)) and _int_arg(n, 1, "dim") in (None, []) and not _int_arg(n, 2, "keepdim"):
+    elif is_call(n, (aten.mean.dim,)) and _int_arg(n, 1, "dim") in (None, []) and not _int_arg(n, 2, "keepdim"):
         sq = n.args[0]
     else:
         d = _divided(n)
-        if d is None or not _call(d[0], (aten.sum.default,)) or len(d[0].args) != 1 or d[0].kwargs:
+        if d is None or not is_call(d[0], (aten.sum.default,)) or len(d[0].args) != 1 or d[0].kwargs:
             return None
         sq = d[0].args[0]
         sv = _tensor(sq)
@@ -515,12 +495,12 @@ def _z_loss_input(n: fx.Node) -> Optional[fx.Node]:
         if sv is None or not _same_number(_val(d[1]), rows):
             return None
     lse = _squared(sq)
-    if not _call(lse, (aten.logsumexp.default,)):
+    if not is_call(lse, (aten.logsumexp.default,)):
         return None
     dims, keep = _int_arg(lse, 1, "dim"), _int_arg(lse, 2, "keepdim", False)
     x = lse.args[0]
     xv = _tensor(x)
-    if xv is None or xv.dtype not in _FLOATS or xv.dim() < 1 or keep or not _is_dims(dims, xv.dim() - 1, xv.dim()):
+    if xv is None or xv.dtype not in FLOATS or xv.dim() < 1 or keep or not _is_dims(dims, xv.dim() - 1, xv.dim()):
         return None
     if xv.dtype != torch.float32:
         return None  # logsumexp in a narrower type than the op's f32
@@ -536,7 +516,7 @@ def raise_router_z_loss(graph: fx.Graph, n: fx.Node) -> bool:
     with graph.inserting_before(n):
         xv = _tensor(x)
         if xv.dim() != 2:  # [G, S, E] -> [G·S, E] (flatten: no size in the graph, E may be symbolic)
-            x = _new(graph, aten.flatten.using_ints, (x, 0, -2), n) if xv.dim() > 2 else \
-                _new(graph, aten.unsqueeze.default, (x, 0), n)
-        loss = _new(graph, op, (x,), n)
+            x = new_node(graph, aten.flatten.using_ints, (x, 0, -2), like=n) if xv.dim() > 2 else \
+                new_node(graph, aten.unsqueeze.default, (x, 0), like=n)
+        loss = new_node(graph, op, (x,), like=n)
     return _replace_loss(graph, n, loss)
