@@ -26,6 +26,7 @@ import moe_mlir
 from moe_mlir import ops
 from moe_mlir import reference as R
 from moe_mlir.runtime import cache
+from moe_mlir.runtime.driver import CompileError
 from torch_checks import INF, NAN, gen, needs_cpu_kernels, ran_kernel, same, to
 
 #: The package under test, for subprocesses.
@@ -623,9 +624,26 @@ def test_kernel_module_returns_results_for_out_params():
     results-to-out-params.mlir) makes them out-params the kernel computes in place, with no copy."""
     k = cache.parse_key("topk_renorm|k=2|mode=logits|renormalize=1|in:scores:f32:?x16")
     text = cache.kernel_module(k)
-    assert ("func.func @kernel(%scores: tensor<?x16xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>)" in text), text
-    assert "return %r#0, %r#1 : tensor<?x2xf32>, tensor<?x2xi32>" in text
+    assert ("func.func @kernel(%arg0: tensor<?x16xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>)" in text), text
+    assert "return %weights, %indices : tensor<?x2xf32>, tensor<?x2xi32>" in text
     assert "materialize_in_destination" not in text
+
+
+def test_kernel_module_is_built_from_the_key_by_the_ods_op():
+    """The key is the compiler's input (include/MoE/IR/KernelKeys.td): the op comes from its ODS builder with inferred
+    result types and passes its verifier, so a key the op rejects fails with the verifier's message, and a key with
+    a name the op does not have fails naming it."""
+    text = cache.kernel_module(cache.parse_key(
+        "route|k=2|scoring=sigmoid|n_group=2|topk_group=1|renormalize=1|routed_scaling_factor=2.5|device=cuda:0"
+        "|in:logits:bf16:?x8|in:bias:f32:8"))
+    assert ("moe.route %arg0 bias(%arg1 : tensor<8xf32>) k(2) scoring(sigmoid) n_group(2) renormalize(true) "
+            "routed_scaling_factor(2.500000e+00) : tensor<?x8xbf16> -> tensor<?x2xf32>, tensor<?x2xi32>") in text, text
+    with pytest.raises(CompileError, match=r"'moe.route' op 'k' \(9\) must be in \[1, 8\]"):
+        cache.kernel_module(cache.parse_key("route|k=9|in:logits:f32:?x8"))
+    with pytest.raises(CompileError, match="'top_k' is no attribute of moe.route"):
+        cache.kernel_module(cache.parse_key("route|k=2|top_k=2|in:logits:f32:?x8"))
+    with pytest.raises(CompileError, match="kernel key 'nope' names no op"):
+        cache.kernel_module(cache.parse_key("nope|in:x:f32:4"))
 
 
 def test_cuda_keys_name_their_device():
@@ -791,8 +809,9 @@ def test_concurrent_processes_share_the_disk_cache(tmp_path):
 
 
 def test_prebuild_cuda_builds_a_kernel_with_the_one_cuda_recipe(tmp_path, monkeypatch):
-    """A torch.ops.moe CUDA kernel is built without a GPU by tools/moe-aot/moe-aot.py (the recipe the whole-graph
-    CUDA split uses): a shared object exporting the op's entry point with the sm_90 fatbin embedded, under the name
+    """A torch.ops.moe CUDA kernel is prebuilt without a GPU by the one CUDA recipe (driver.build_cuda_library, in
+    this process, as the whole-graph CUDA split and the kernels built at their first call: no process is started),
+    with a fatbin: a shared object exporting the op's entry point with the sm_90 cubin embedded, under the name
     $MOE_KERNEL_PREBUILT looks up; a second prebuild finds it there and builds nothing."""
     from moe_mlir.runtime import driver, locate
 
@@ -803,8 +822,11 @@ def test_prebuild_cuda_builds_a_kernel_with_the_one_cuda_recipe(tmp_path, monkey
     real = driver.run_process
     monkeypatch.setattr(driver, "run_process", lambda cmd, *a, **kw: calls.append(cmd) or real(cmd, *a, **kw))
     key = "topk_renorm|k=2|mode=logits|renormalize=1|in:scores:f32:?x16"
+    built = []
+    recipe = driver.build_cuda_library
+    monkeypatch.setattr(driver, "build_cuda_library", lambda *a, **kw: built.append(a[3].fmt) or recipe(*a, **kw))
     assert cache.prebuild_cuda([key], tmp_path, "sm_90", jobs=1) == 1
-    assert [Path(c[1]).name for c in calls] == ["moe-aot.py"]
+    assert calls == [] and built == ["fatbin"]
     so = tmp_path / (cache.cuda_kernel_name(key, "sm_90") + ".so")
     assert [p.name for p in tmp_path.iterdir()] == [so.name]
     syms = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True, check=True).stdout

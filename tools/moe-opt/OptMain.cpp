@@ -9,13 +9,17 @@
 // translations are registered too: upstream `gpu-module-to-binary` translates
 // gpu.module bodies to LLVM IR and fails without them. The input is checked for
 // nesting deeper than the parser can recurse (MoE/Support/NestingDepth.h)
-// before it is parsed: a diagnostic, not a stack overflow.
+// before it is parsed: a diagnostic, not a stack overflow. With
+// --kernel-key=<key> the input is the kernel module of a torch op's kernel
+// key (MoE/IR/KernelKey.h) instead of a file: the module the kernel cache
+// compiles, for lit tests and for reproducing a kernel.
 //
 //===----------------------------------------------------------------------===//
 
 #include "MoE/Tools/OptMain.h"
 
 #include "MoE/Conversion/Passes.h"
+#include "MoE/IR/KernelKey.h"
 #include "MoE/IR/MoEDialect.h"
 #include "MoE/Pipelines/Pipelines.h"
 #include "MoE/Support/NestingDepth.h"
@@ -35,6 +39,30 @@
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/raw_ostream.h"
+
+namespace {
+llvm::cl::opt<std::string> kernelKey(
+    "kernel-key",
+    llvm::cl::desc("Take as the input the kernel module of this torch op's "
+                   "kernel key (op|attr=value|...|in:name:elem:dims|...) "
+                   "instead of a file"),
+    llvm::cl::value_desc("key"), llvm::cl::init(""));
+
+/// The kernel module of --kernel-key as text, or null after printing the
+/// diagnostics.
+std::unique_ptr<llvm::MemoryBuffer>
+kernelKeyInput(const mlir::DialectRegistry &registry) {
+  mlir::MLIRContext context(registry);
+  mlir::OwningOpRef<mlir::ModuleOp> module =
+      mlir::moe::buildKernelModule(&context, kernelKey);
+  if (!module)
+    return nullptr;
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  module->print(os);
+  return llvm::MemoryBuffer::getMemBufferCopy(text, "<kernel key>");
+}
+} // namespace
 
 extern "C" int moeOptMain(int argc, char **argv) {
   mlir::registerAllPasses();
@@ -73,9 +101,11 @@ extern "C" int moeOptMain(int argc, char **argv) {
   }
 
   std::string error;
-  std::unique_ptr<llvm::MemoryBuffer> input =
-      mlir::openInputFile(inputFilename, &error);
-  if (!input) {
+  std::unique_ptr<llvm::MemoryBuffer> input;
+  if (!kernelKey.empty()) {
+    if (!(input = kernelKeyInput(registry)))
+      return 1;
+  } else if (!(input = mlir::openInputFile(inputFilename, &error))) {
     llvm::errs() << error << "\n";
     return 1;
   }

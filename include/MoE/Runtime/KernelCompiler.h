@@ -43,6 +43,24 @@ int32_t moeCompileKernel(const char *mlir, int64_t len, const char *pipeline,
                          const char *sharedObjectPath, double *seconds,
                          char *err, int64_t errCap);
 
+/// The kernel module of a torch op's kernel key (`len` bytes; MoE/IR/KernelKey.h:
+/// `func.func @kernel(inputs...) -> (results...)` around the op the key names,
+/// built with its ODS builder, result types inferred, verified) as MLIR text:
+/// its length in `*outLen`, the text (NUL-terminated) in `out` when it fits in
+/// `outCap` bytes (else call again with a larger buffer). Returns 0, or 1 with
+/// the diagnostics (the op's verifier's among them) in `err`.
+int32_t moeKernelModule(const char *key, int64_t len, char *out,
+                        int64_t outCap, int64_t *outLen, char *err,
+                        int64_t errCap);
+
+/// The same op for a caller that prints it itself (the FX importer), as lines:
+/// its name and number of regions; its operands as indices into the key's
+/// inputs; its attributes, properties included, as one dictionary (the
+/// generic form's); then each result type.
+int32_t moeKernelKeyOp(const char *key, int64_t len, char *out,
+                       int64_t outCap, int64_t *outLen, char *err,
+                       int64_t errCap);
+
 #ifdef __cplusplus
 }
 #endif

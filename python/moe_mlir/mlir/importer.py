@@ -730,14 +730,18 @@ class FxImporter:
         m2 = b.assign(f"arith.minsi {m1}, {hi} : index")
         return m2
 
-    def moe_op(self, name: str, operands: Sequence[Value], attrs: dict[str, str],
+    def moe_op(self, name: str, operands: Sequence[Value], attrs: Union[dict[str, str], str],
                result_types: Sequence[TensorType], regions: Sequence[str] = ()) -> list[Value]:
-        """A ``moe`` op in the generic form (the contract of DIALECT.md); ``regions``: the bodies of its regions
-        (``^bb0(...): ...``, moe.route's custom score)."""
+        """A ``moe`` op in the generic form (the contract of DIALECT.md); ``attrs``: by name, or one printed
+        dictionary (the compiler's, lowerings/moe_ops.py); ``regions``: the bodies of its regions (``^bb0(...): ...``,
+        moe.route's custom score)."""
         res = self.b.fresh()
         n = len(result_types)
         head = f"{res}:{n}" if n > 1 else res
-        attr = ", ".join(f"{k} = {v}" for k, v in sorted(attrs.items()))  # sorted, as MLIR prints them
+        if isinstance(attrs, str):
+            attr = attrs.strip()[1:-1]
+        else:
+            attr = ", ".join(f"{k} = {v}" for k, v in sorted(attrs.items()))  # sorted, as MLIR prints them
         in_types = ", ".join(str(v.type) for v in operands)
         out_types = ", ".join(str(t) for t in result_types)
         out_types = f"({out_types})" if n > 1 else out_types

@@ -55,7 +55,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .abi import DTYPE_OF_ELEM, tensor_type
+from .abi import DTYPE_OF_ELEM
 from .driver import (CompileError, build_cpu_kernel, build_cuda_kernel, build_cuda_library, cache_dir,
                      cuda_binary_format, cuda_toolkit, digest, stamp)
 
@@ -96,6 +96,8 @@ class KernelKey:
     inputs: dict[str, tuple[str, list[str]]]
     #: "cuda:N" for a call on CUDA tensors, else None (CPU)
     device: Optional[str] = None
+    #: the key itself
+    text: str = ""
 
 
 def _parse_dims(text: str) -> list[str]:
@@ -114,7 +116,7 @@ def parse_key(key: str) -> KernelKey:
             name, value = p.split("=", 1)
             attrs[name] = value
     device = attrs.pop("device", None)
-    return KernelKey(parts[0], attrs, inputs, device)
+    return KernelKey(parts[0], attrs, inputs, device, key)
 
 
 def _without_device(key: str) -> str:
@@ -141,266 +143,21 @@ def _meta_inputs(shapes: str) -> dict[str, torch.Tensor]:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _float(v: str) -> str:
-    # MLIR float literals need a '.'; f32 attributes round the double like the eager ops' f32 arithmetic does.
-    return f"{float(v):.9e}"
-
-
-def _bool(v: str) -> str:
-    return "true" if v == "1" else "false"
-
-
-def _route_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
-    r = [k.inputs["logits"][1][0], k.attrs["k"]]
-    return [("f32", r), ("i32", r)]
-
-
-def _dispatch_plan_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
-    """counts, offsets, order, inverse, padded_order, block_experts, num_padded; the sizes that depend on the
-    dynamic T are dynamic."""
-    e = int(k.attrs["num_experts"])
-    return [("i32", [str(e)]), ("i32", [str(e + 1)]), ("i32", ["?"]), ("i32", ["?"]), ("i32", ["?"]),
-            ("i32", ["?"]), ("i32", ["1"])]
-
-
-def _apply_capacity_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
-    """moe.dispatch_plan with a capacity: the seven plan results and dropped [E] (the kernel returns inverse and
-    dropped: _kept_results)."""
-    return _dispatch_plan_outputs(k) + [("i32", [k.attrs["num_experts"]])]
-
-
-def _bias_update_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
-    return [("f32", list(k.inputs["bias"][1]))]
-
-
-def _route_backward_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
-    return [("f32", list(k.inputs["logits"][1]))]
-
-
-_ROUTING_OUTPUTS = {"route": _route_outputs, "route_backward": _route_backward_outputs,
-                    "dispatch_plan": _dispatch_plan_outputs,
-                    "apply_capacity": _apply_capacity_outputs, "bias_update": _bias_update_outputs}
-
-
-def _balance_outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
-    """The load-balancing ops (MoEBalanceOps.td; torch ops in moe_mlir/ops/balance.py)."""
-    i = k.inputs
-    if k.op == "router_stats_fwd":
-        e = i["logits"][1][1]
-        return [("f32", [e]), ("f32", [e]), ("f32", [])]
-    if k.op in ("router_stats_backward", "router_z_loss_backward"):
-        return [("f32", list(i["logits"][1]))]
-    if k.op == "sequence_balance_loss_backward":
-        return [("f32", list(i["scores"][1]))]
-    return [("f32", [])]  # router_z_loss, sequence_balance_loss
-
-
-def _balance_op_text(k: KernelKey, args: dict[str, str], types: dict[str, str]) -> tuple[str, str]:
-    def opt(name: str, kw: str) -> str:
-        return f" {kw}({args[name]} : {types[name]})" if name in args else ""
-
-    op = k.op
-    if op == "router_stats_fwd":
-        return (f"moe.router_stats {args['logits']}" + opt("token_mask", "token_mask") + f" k({k.attrs['top_k']})",
-                types["logits"])
-    if op == "router_stats_backward":
-        return (f"moe.router_stats_grad {args['logits']}" + opt("token_mask", "token_mask")
-                + opt("weight_sum", "weight_sum") + opt("grad_mean_probs", "dmean_probs"), types["logits"])
-    if op == "router_z_loss":
-        return f"moe.router_z_loss {args['logits']}", types["logits"]
-    if op == "router_z_loss_backward":
-        return f"moe.router_z_loss_grad {args['logits']}" + opt("grad", "dloss"), types["logits"]
-    if op == "sequence_balance_loss":
-        return (f"moe.sequence_balance_loss {args['scores']}, {args['indices']}",
-                f"{types['scores']}, {types['indices']}")
-    return (f"moe.sequence_balance_loss_grad {args['scores']}, {args['indices']}" + opt("grad", "dloss"),
-            f"{types['scores']}, {types['indices']}")
-
-
-_BALANCE_OPS = ("router_stats_fwd", "router_stats_backward", "router_z_loss", "router_z_loss_backward",
-                "sequence_balance_loss", "sequence_balance_loss_backward")
-
-
-#: The operands of moe.attention_posterior (and of its backward), in order.
-_POSTERIOR_OPERANDS = ("scores", "u", "v", "wo", "e")
-
-#: The operands of moe.hyper_router (and of its backward, after the cotangents), in order.
-_HYPER_OPERANDS = ("emb", "w1", "b1", "w2", "b2")
-
-
-def _outputs(k: KernelKey) -> list[tuple[str, list[str]]]:
-    """Result (element type, dims) of the op, in order."""
-    a, i = k.attrs, k.inputs
-    op = k.op
-    if op == "topk_renorm":
-        r = [i["scores"][1][0], a["k"]]
-        return [("f32", r), ("i32", r)]
-    if op == "similarity_inform":
-        return [("f32", list(i["e"][1]))]
-    if op == "similarity_inform_fwd":
-        return [("f32", list(i["e"][1])), ("f32", list(i["e"][1][:2]))]
-    if op == "topk_renorm_backward":
-        return [("f32", list(i["scores"][1]))]
-    if op == "similarity_inform_backward":
-        u = i["u"][1]
-        grads = [("f32", list(u)), ("f32", list(i["e"][1]))]
-        return grads + ([("f32", [u[2], u[2]])] if "ws" in i else [])
-    if op == "similarity_inform_topk":
-        r = [i["u"][1][0], i["u"][1][1], a["k"]]
-        return [("f32", r), ("i32", r)]
-    if op in ("attention_posterior", "attention_posterior_topk"):
-        s, e = i["scores"][1], i["e"][1]
-        head = ("i32", [s[0]])
-        if op == "attention_posterior":
-            return [("f32", [s[0], s[2], e[2]]), head]
-        r = [s[0], s[2], a["k"]]
-        return [("f32", r), ("i32", r), head]
-    if op == "mad_dispersion":
-        n = a["num_experts"]
-        return [("f32", [n, i["tokens"][1][1]]), ("i32", [n])]
-    if op == "adjacency_update":
-        return [("f32", list(i["a"][1]))]
-    if op == "hyper_router_backward":
-        return [("f32", list(i[n][1])) for n in _HYPER_OPERANDS]
-    if op == "attention_posterior_backward":
-        return [("f32", list(i[n][1])) for n in _POSTERIOR_OPERANDS]
-    if op == "hyper_router":
-        n = int(a["num_experts"])
-        d = int(i["w2"][1][0]) // n - 1
-        return [("f32", [str(n), str(d)]), ("f32", [str(n)])]
-    if op in _ROUTING_OUTPUTS:
-        return _ROUTING_OUTPUTS[op](k)
-    if op in _BALANCE_OPS:
-        return _balance_outputs(k)
-    raise ValueError(f"moe: no kernel for op {op!r}")
-
-
-def _op_text(k: KernelKey, args: dict[str, str], types: dict[str, str]) -> tuple[str, str]:
-    """(the op with its operands and attributes, the operand types after ':') for the generic parts."""
-    a = k.attrs
-    op = k.op
-
-    def opt_operand(name: str, kw: str) -> str:
-        return f" {kw}({args[name]} : {types[name]})" if name in args else ""
-
-    if op == "topk_renorm":
-        return (f"moe.topk_renorm {args['scores']} k({a['k']}) mode({a['mode']}) "
-                f"renormalize({_bool(a['renormalize'])})", types["scores"])
-    if op in ("similarity_inform", "similarity_inform_topk", "similarity_inform_fwd"):
-        text = f"moe.{op} {args['u']}, {args['e']}" + opt_operand("ws", "ws") + opt_operand("key_mask", "key_mask")
-        if op == "similarity_inform_topk":
-            text += f" k({a['k']}) renormalize({_bool(a['renormalize'])})"
-        text += f" tau({_float(a['tau'])}) causal({_bool(a['causal'])})"
-        return text, f"{types['u']}, {types['e']}"
-    if op == "topk_renorm_backward":
-        return (f"moe.topk_renorm_grad {args['scores']}, {args['indices']}" + opt_operand("grad_w", "dw")
-                + f" mode({a['mode']}) renormalize({_bool(a['renormalize'])})",
-                f"{types['scores']}, {types['indices']}")
-    if op == "similarity_inform_backward":
-        text = (f"moe.similarity_inform_grad {args['u']}, {args['e']}" + opt_operand("ws", "ws")
-                + opt_operand("key_mask", "key_mask") + opt_operand("grad_p", "dp"))
-        if "p" in args:
-            text += f" saved({args['p']}, {args['lse']} : {types['p']}, {types['lse']})"
-        text += f" tau({_float(a['tau'])}) causal({_bool(a['causal'])})"
-        return text, f"{types['u']}, {types['e']}"
-    if op in ("attention_posterior", "attention_posterior_topk", "attention_posterior_backward"):
-        names = _POSTERIOR_OPERANDS
-        name = "attention_posterior_grad" if op == "attention_posterior_backward" else op
-        text = f"moe.{name} " + ", ".join(args[n] for n in names)
-        if op == "attention_posterior_topk":
-            text += f" k({a['k']}) renormalize({_bool(a['renormalize'])})"
-        if op == "attention_posterior_backward":
-            text += opt_operand("head", "head") + opt_operand("grad_p", "dp")
-        text += f" sigma({_float(a['sigma'])}) head_select({a['head_select']})"
-        if a["head_scale"] != "none":
-            text += f" head_scale({_float(a['head_scale'])})"
-        return text, ", ".join(types[n] for n in names)
-    if op == "mad_dispersion":
-        return (f"moe.mad_dispersion {args['tokens']}, {args['assign']} num_experts({a['num_experts']}) "
-                f"eps({_float(a['eps'])}) clip({_float(a['clip'])}) normalize({a['normalize']}) "
-                f"measure({a['measure']}) empty({a['empty']})", f"{types['tokens']}, {types['assign']}")
-    if op == "adjacency_update":
-        return (f"moe.adjacency_update {args['a']}, {args['idx']} beta({_float(a['beta'])}) norm({a['norm']}) "
-                f"include_self({_bool(a['include_self'])})", f"{types['a']}, {types['idx']}")
-    if op in ("hyper_router", "hyper_router_backward"):
-        text = "moe.hyper_router " if op == "hyper_router" else "moe.hyper_router_grad "
-        text += ", ".join(args[n] for n in _HYPER_OPERANDS)
-        text += opt_operand("grad_w", "dw") + opt_operand("grad_b", "db")
-        return text + f" num_experts({a['num_experts']})", ", ".join(types[n] for n in _HYPER_OPERANDS)
-    if op == "route":
-        scoring, region = _scoring_text(a["scoring"])
-        return (f"moe.route {args['logits']}" + opt_operand("bias", "bias") + opt_operand("replay", "replay")
-                + f" k({a['k']}) scoring({scoring}) "
-                f"order({a['order']}) n_group({a['n_group']}) topk_group({a['topk_group']}) "
-                f"group_score({a['group_score']}) renormalize({_bool(a['renormalize'])}) "
-                f"routed_scaling_factor({_float(a['routed_scaling_factor'])})" + region, types["logits"])
-    if op == "route_backward":
-        scoring, region = _scoring_text(a["scoring"])
-        return (f"moe.route_grad {args['logits']}, {args['indices']}" + opt_operand("grad_w", "dw")
-                + f" scoring({scoring}) renormalize({_bool(a['renormalize'])}) "
-                f"routed_scaling_factor({_float(a['routed_scaling_factor'])})" + region,
-                f"{types['logits']}, {types['indices']}")
-    if op == "dispatch_plan":
-        return (f"moe.dispatch_plan {args['indices']} num_experts({a['num_experts']}) "
-                f"block_size({a['block_size']})", types["indices"])
-    if op == "apply_capacity":
-        # The weights are an operand only where they order the slots (the kernel takes them either way).
-        by_weight = a["drop"] == "probability"
-        return (f"moe.dispatch_plan {args['indices']} num_experts({a['num_experts']}) capacity({a['capacity']})"
-                + (f" drop(probability) weights({args['weights']} : {types['weights']})" if by_weight else ""),
-                types["indices"])
-    if op == "bias_update":
-        # The key holds the rate rounded to f32 (CapacityOps.cpp); 18 digits parse back to exactly that f32.
-        return (f"moe.bias_update {args['bias']}, {args['counts']} rate({float(a['rate']):.17e})",
-                f"{types['bias']}, {types['counts']}")
-    if op in _BALANCE_OPS:
-        return _balance_op_text(k, args, types)
-    raise ValueError(f"moe: no kernel for op {op!r}")
-
-
-def _scoring_text(scoring: str) -> tuple[str, str]:
-    """moe.route's ``scoring(...)`` keyword and its ``score {...}`` region (``"custom:<region>"``; else none)."""
-    if scoring.startswith("custom:"):
-        return "custom", " score { " + scoring[len("custom:"):] + " }"
-    return scoring, ""
-
-
-def _kept_results(k: KernelKey, n: int) -> list[int]:
-    """The op results the kernel returns (the caller's output buffers): all, except hyper_router_backward's d_w1
-    and d_w2 (results 1 and 3) without weight_grads: unused results, whose computation the lowering skips."""
-    if k.op == "hyper_router_backward" and k.attrs.get("weight_grads") == "0":
-        return [0, 2, 4]
-    if k.op == "apply_capacity":
-        return [3, 7]  # inverse (kept: >= 0) and dropped
-    return list(range(n))
-
-
 def kernel_module(k: KernelKey) -> str:
-    """The MLIR module of the kernel: ``@kernel(inputs as tensors...) -> (results as tensors...)``.
+    """The MLIR module of the kernel: ``@kernel(inputs as tensors...) -> (results as tensors...)``, the op of the key
+    built in C++ with its ODS builder, its result types inferred and verified (include/MoE/IR/KernelKeys.td,
+    :func:`.compiler.kernel_module`): nothing of an op's surface is written here.
 
     Lowered with ``results-to-out-params``, it is called as ``_mlir_ciface_kernel(inputs..., outputs...)``, one
     memref descriptor pointer each, the outputs allocated by the caller: the kernel computes its results in them
     (the buffers it would have allocated are the caller's; no copy).
     """
-    args = {name: f"%{name}" for name in k.inputs}
-    types = {name: tensor_type(dims, elem) for name, (elem, dims) in k.inputs.items()}
-    op_results = [tensor_type(d, e) for e, d in _outputs(k)]
-    params = [f"{args[n]}: {types[n]}" for n in k.inputs]
-    op, in_types = _op_text(k, args, types)
-    n = len(op_results)
-    kept = _kept_results(k, n)
-    out_tensors = [op_results[j] for j in kept]
-    res = "%r" if n == 1 else f"%r:{n}"
-    results = ", ".join("%r" if n == 1 else f"%r#{j}" for j in kept)
-    return "\n".join([
-        "module {",
-        f"  func.func @kernel({', '.join(params)}) -> ({', '.join(out_tensors)}) {{",
-        f"    {res} = {op} : {in_types} -> {', '.join(op_results)}",
-        f"    return {results} : {', '.join(out_tensors)}",
-        "  }",
-        "}",
-        "",
-    ])
+    from . import compiler as _compiler
+
+    try:
+        return _compiler.kernel_module(k.text)
+    except _compiler.CompilerLibraryError as e:
+        raise CompileError(f"moe: the kernel key {k.text!r} builds no valid op:\n{e}") from None
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,64 +1,85 @@
-"""The moe ops (``torch.ops.moe.*``), printed in the generic form of DIALECT.md, and the load-balancing losses.
+"""The moe ops (``torch.ops.moe.*``) in the generic form of DIALECT.md, built from their kernel keys.
 
-Entries of :data:`moe_mlir.mlir.table.LOWERINGS` (:mod:`moe_mlir.mlir.lowerings`)."""
+A call is turned into the key its kernel would have (``op|attr=value|...|in:name:elem:dims``, the torch extension's,
+lib/Runtime/Torch/TorchKernels.h) and the op comes from the compiler (:func:`moe_mlir.runtime.compiler.kernel_key_op`:
+include/MoE/IR/KernelKeys.td, the op's ODS builder): its name, operand order and attributes are written in ODS only,
+never here. Entries of :data:`moe_mlir.mlir.table.LOWERINGS` (:mod:`moe_mlir.mlir.lowerings`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import re
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from ..builder import TensorType, Value, format_float
+from ..builder import TensorType, Value
 from ..table import lowering
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..importer import FxImporter
 
+#: The torch ops lowered to the op of their kernel key, by the key's name where it differs from the op's.
+_KEY_OPS = {"topk_renorm": "topk_renorm", "route": "route", "dispatch_plan": "dispatch_plan",
+            "bias_update": "bias_update", "similarity_inform": "similarity_inform",
+            "attention_posterior": "attention_posterior", "mad_dispersion": "mad_dispersion",
+            "adjacency_update": "adjacency_update", "hyper_router": "hyper_router"}
 
-# ----------------------------------------------------------------------------------------------------------------
-# The moe ops (torch.ops.moe.*): printed in the generic form of DIALECT.md
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _f32(x: float) -> str:
-    return f"{format_float(x, 'f32')} : f32"
-
-
-def _bool(x: bool) -> str:
-    return "true" if x else "false"
+_CUSTOM = "custom:"
 
 
-@lowering("moe::topk_renorm.default")
-def _moe_topk_renorm(imp: FxImporter, node, a: dict) -> tuple[Value, Value]:
-    attrs = {"k": f"{int(a['k'])} : i64", "mode": f"#moe<topk_mode {a['mode']}>", "renormalize": _bool(a["renormalize"])}
-    return tuple(imp.moe_op("moe.topk_renorm", [a["scores"]], attrs, [imp.out_type(0), imp.out_type(1)]))
+def _key_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
 
 
-@lowering("moe::route.default")
-def _moe_route(imp: FxImporter, node, a: dict) -> tuple[Value, Value]:
-    """``moe.route`` (MoERoutingOps.td), raised from DeepSeek-V3 / Llama-4 style routers."""
-    # The op has one region, empty for a preset score, in the generic form too.
-    scoring, regions = a["scoring"], [""]
-    if scoring.startswith("custom:"):  # a custom score (ops/score_region.py): its region
-        scoring, regions = "custom", [scoring[len("custom:"):]]
-    attrs = {"k": f"{int(a['k'])} : i64", "scoring": f"#moe<scoring {scoring}>",
-             "order": f"#moe<order {a['order']}>", "n_group": f"{int(a['n_group'])} : i64",
-             "topk_group": f"{int(a['topk_group'])} : i64", "group_score": f"#moe<group_score {a['group_score']}>",
-             "renormalize": _bool(a["renormalize"]), "routed_scaling_factor": _f32(a["routed_scaling_factor"])}
-    bias, replay = a.get("bias"), a.get("replay")
-    operands = [a["logits"]] + [v for v in (bias, replay) if v is not None]
-    attrs["operandSegmentSizes"] = f"array<i32: 1, {int(bias is not None)}, {int(replay is not None)}>"
-    return tuple(imp.moe_op("moe.route", operands, attrs, [imp.out_type(0), imp.out_type(1)], regions))
+def _dims(t: TensorType) -> str:
+    return "x".join(str(d) for d in t.shape) if t.shape else "scalar"
 
 
-@lowering("moe::dispatch_plan.default")
-def _moe_dispatch_plan(imp: FxImporter, node, a: dict) -> tuple[Value, ...]:
-    attrs = {"num_experts": f"{int(a['num_experts'])} : i64", "block_size": f"{int(a['block_size'])} : i64"}
-    return tuple(imp.moe_op("moe.dispatch_plan", [a["indices"]], attrs, [imp.out_type(j) for j in range(7)]))
+def _result_type(text: str) -> TensorType:
+    """``tensor<2x3xf32>`` -> TensorType (the importer's shapes are static)."""
+    m = re.fullmatch(r"tensor<((?:\d+x)*)(\w+)>", text)
+    if m is None:
+        raise NotImplementedError(f"the op's inferred result type {text} is not static")
+    return TensorType(tuple(int(d) for d in m.group(1).split("x") if d), m.group(2))
 
 
-@lowering("moe::bias_update.default")
-def _moe_bias_update(imp: FxImporter, node, a: dict) -> Value:
-    """``moe.bias_update`` (DeepSeek-V3's balancing step): the rate is the op's f32 attribute."""
-    return imp.moe_op("moe.bias_update", [a["bias"], a["counts"]], {"rate": _f32(a["rate"])}, [imp.out_type(0)])[0]
+def key_op(imp: FxImporter, op: str, args: dict[str, Any], result_types: Optional[Sequence[TensorType]] = None,
+           skip: Sequence[str] = ()) -> list[Value]:
+    """The op of the kernel key ``op`` on ``args`` (by schema name, in schema order: a Value is an input, None an
+    absent optional, anything else an attribute; ``skip``: arguments the op does not take), with ``result_types``
+    (the node's, which may be more static than inference) or the inferred ones."""
+    from ...runtime.compiler import kernel_key_op
+
+    parts, inputs, region = [op], [], ""
+    for name, v in args.items():
+        if name in skip:
+            continue
+        if isinstance(v, Value):
+            parts.append(f"in:{name}:{v.type.elem}:{_dims(v.type)}")
+            inputs.append(v)
+        elif v is not None:
+            if name == "scoring" and isinstance(v, str) and v.startswith(_CUSTOM):
+                region = v[len(_CUSTOM):]
+            parts.append(f"{name}={_key_value(v)}")
+    built = kernel_key_op("|".join(parts))
+    types = list(result_types) if result_types is not None else [_result_type(t) for t in built.result_types]
+    return imp.moe_op(built.name, [inputs[i] for i in built.operands], built.attributes, types,
+                      [region] * built.num_regions)
+
+
+def _lower_by_key(key: str):
+    def lower(imp: FxImporter, node, a: dict):
+        n = len(node.target._schema.returns)
+        out = key_op(imp, key, a, [imp.out_type(j) if n > 1 else imp.out_type() for j in range(n)])
+        return tuple(out) if n > 1 else out[0]
+
+    return lower
+
+
+for _name, _key in _KEY_OPS.items():
+    lowering(f"moe::{_name}.default")(_lower_by_key(_key))
 
 
 # The load-balancing losses (MoEBalanceOps.td): the Switch loss is moe.router_stats (one fused pass) and the
@@ -70,12 +91,10 @@ def _balance_float(imp: FxImporter, v: Value) -> Value:
 
 
 def _router_stats(imp: FxImporter, a: dict) -> list[Value]:
-    x = _balance_float(imp, a["logits"])
-    operands = [x]
-    if a.get("token_mask") is not None:
-        operands.append(_balance_float(imp, a["token_mask"]))
-    e = TensorType((x.type.shape[1],), "f32")
-    return imp.moe_op("moe.router_stats", operands, {"k": f"{int(a['top_k'])} : i64"}, [e, e, TensorType((), "f32")])
+    args = {"logits": _balance_float(imp, a["logits"]), "top_k": a["top_k"], "token_mask": a.get("token_mask")}
+    if args["token_mask"] is not None:
+        args["token_mask"] = _balance_float(imp, args["token_mask"])
+    return key_op(imp, "router_stats_fwd", args)
 
 
 @lowering("moe::router_stats.default")
@@ -91,62 +110,11 @@ def _moe_load_balancing_loss(imp: FxImporter, node, a: dict) -> Value:
 
 @lowering("moe::router_z_loss.default")
 def _moe_router_z_loss(imp: FxImporter, node, a: dict) -> Value:
-    return imp.moe_op("moe.router_z_loss", [_balance_float(imp, a["logits"])], {}, [imp.out_type()])[0]
+    return key_op(imp, "router_z_loss", {"logits": _balance_float(imp, a["logits"])}, [imp.out_type()])[0]
 
 
 @lowering("moe::sequence_balance_loss.default")
 def _moe_sequence_balance_loss(imp: FxImporter, node, a: dict) -> Value:
-    return imp.moe_op("moe.sequence_balance_loss", [_balance_float(imp, a["scores"]), a["indices"]], {},
-                      [imp.out_type()])[0]
-
-
-@lowering("moe::similarity_inform.default")
-def _moe_similarity_inform(imp: FxImporter, node, a: dict) -> Value:
-    operands = [a["u"], a["e"]]
-    ws, km = a.get("ws"), a.get("key_mask")
-    if ws is not None:
-        operands.append(ws)
-    if km is not None:
-        operands.append(km)
-    attrs = {
-        "tau": _f32(a["tau"]),
-        "causal": _bool(a["causal"]),
-        "operandSegmentSizes": f"array<i32: 1, 1, {int(ws is not None)}, {int(km is not None)}>",
-    }
-    return imp.moe_op("moe.similarity_inform", operands, attrs, [imp.out_type()])[0]
-
-
-@lowering("moe::attention_posterior.default")
-def _moe_attention_posterior(imp: FxImporter, node, a: dict) -> tuple[Value, Value]:
-    attrs = {"sigma": _f32(a["sigma"]), "head_select": f"#moe<head_select {a['head_select']}>"}
-    if a.get("head_scale") is not None:
-        attrs["head_scale"] = _f32(a["head_scale"])
-    operands = [a["scores"], a["u"], a["v"], a["wo"], a["e"]]
-    return tuple(imp.moe_op("moe.attention_posterior", operands, attrs, [imp.out_type(0), imp.out_type(1)]))
-
-
-@lowering("moe::mad_dispersion.default")
-def _moe_mad_dispersion(imp: FxImporter, node, a: dict) -> tuple[Value, Value]:
-    attrs = {
-        "num_experts": f"{int(a['num_experts'])} : i64",
-        "eps": _f32(a["eps"]),
-        "clip": _f32(a["clip"]),
-        "normalize": f"#moe<normalize {a['normalize']}>",
-        "measure": f"#moe<measure {a['measure']}>",
-        "empty": f"#moe<empty {a['empty']}>",
-    }
-    return tuple(imp.moe_op("moe.mad_dispersion", [a["tokens"], a["assign"]], attrs,
-                            [imp.out_type(0), imp.out_type(1)]))
-
-
-@lowering("moe::adjacency_update.default")
-def _moe_adjacency_update(imp: FxImporter, node, a: dict) -> Value:
-    attrs = {"beta": _f32(a["beta"]), "norm": f"#moe<norm {a['norm']}>", "include_self": _bool(a["include_self"])}
-    return imp.moe_op("moe.adjacency_update", [a["a"], a["idx"]], attrs, [imp.out_type()])[0]
-
-
-@lowering("moe::hyper_router.default")
-def _moe_hyper_router(imp: FxImporter, node, a: dict) -> tuple[Value, Value]:
-    attrs = {"num_experts": f"{int(a['num_experts'])} : i64"}
-    operands = [a["emb"], a["w1"], a["b1"], a["w2"], a["b2"]]
-    return tuple(imp.moe_op("moe.hyper_router", operands, attrs, [imp.out_type(0), imp.out_type(1)]))
+    # top_k is the torch op's (its reference checks it); the loss is that of the given indices.
+    args = dict(a, scores=_balance_float(imp, a["scores"]))
+    return key_op(imp, "sequence_balance_loss", args, [imp.out_type()], skip=("top_k",))[0]
