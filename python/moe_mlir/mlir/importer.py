@@ -101,6 +101,7 @@ class ImportedProgram:
 
 def _lowered_whole(op: Any) -> bool:
     """The ops the importer lowers itself: the export keeps them whole (no decomposition)."""
+    _lowerings.moe_ops.register_key_ops()
     return op_key(op) in LOWERINGS
 
 
@@ -393,6 +394,8 @@ class FxImporter:
             self.env[node] = src[node.args[1]]
             return
         key = op_key(target)
+        if key.startswith("moe::") and key not in LOWERINGS:
+            _lowerings.moe_ops.register_key_ops()
         fn = LOWERINGS.get(key)
         if fn is None:
             raise self.error(f"unsupported op '{key}': no lowering to linalg/tensor/arith/math or the moe dialect")

@@ -27,7 +27,7 @@ from ..reference.routing import bias_update as _bias_update_ref
 from ._autograd import _register_recompute_autograd, _stop_gradient_backward, _stop_gradient_setup
 from ._checks import (_check_dim, _check_enum, _check_float, _check_index, _check_index_range, _check_operands,
                       _check_rank, _check_result_elements, _fail)
-from .loading import _GRAD_OPS, KEY_VALIDATORS, _note_fallback
+from .loading import _GRAD_OPS, KEY_OPS, KEY_VALIDATORS, _note_fallback
 
 #: The capacity and bias-balancing ops; ``torch.ops.moe.<name>`` exists for each.
 CAPACITY_OP_NAMES: tuple[str, ...] = ("apply_capacity", "bias_update")
@@ -153,3 +153,6 @@ _CAPACITY_VALIDATORS: dict[str, Callable[[dict, dict], None]] = {
 
 
 KEY_VALIDATORS.update(_CAPACITY_VALIDATORS)
+
+# A whole graph lowers these to their kernel key's op (mlir/lowerings/moe_ops.py).
+KEY_OPS["bias_update"] = "bias_update"

@@ -2,7 +2,7 @@
 modules fill (their kernel-cache validators, their Python autograd), loading the extension, and the eager fallback's
 one-time warning.
 
-The op modules import this one and fill :data:`KEY_VALIDATORS`, ``_PYTHON_AUTOGRAD``, ``_STOP_GRADIENT`` and
+The op modules import this one and fill :data:`KEY_VALIDATORS`, :data:`KEY_OPS`, ``_PYTHON_AUTOGRAD``, ``_STOP_GRADIENT`` and
 ``_GRAD_OPS`` as they define their ops; :mod:`moe_mlir.ops` calls :func:`_load_kernels` once, after every op module.
 """
 
@@ -32,6 +32,10 @@ def _note_fallback(t: Tensor) -> None:
 #: Per op: validate(inputs by name (meta tensors of the call's shapes), attributes as strings). The kernel cache
 #: calls these on a cache-key miss, so that a call the key does not pin down yet gets the Python messages.
 KEY_VALIDATORS: dict[str, Callable[[dict, dict], None]] = {}
+
+#: The torch ops that a whole graph lowers to the op of their kernel key (mlir/lowerings/moe_ops.py: the key's op,
+#: built by the compiler from include/MoE/IR/KernelKeys.td), by torch op name: the name of their key.
+KEY_OPS: dict[str, str] = {}
 
 #: The Python autograd of the differentiable dialect ops, (op, backward, setup_context). The extension registers their
 #: autograd in C++ (lib/Runtime/Torch/Autograd.cpp: no Python per call, the same semantics); these are registered

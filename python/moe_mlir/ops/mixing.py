@@ -30,7 +30,7 @@ from ._checks import (
     _fail,
     _of,
 )
-from .loading import KEY_VALIDATORS, _PYTHON_AUTOGRAD, _note_fallback
+from .loading import KEY_OPS, KEY_VALIDATORS, _PYTHON_AUTOGRAD, _note_fallback
 
 HEAD_SELECTS = ("min_entropy", "all")
 
@@ -362,3 +362,7 @@ KEY_VALIDATORS.update({
 KEY_VALIDATORS["similarity_inform_fwd"] = KEY_VALIDATORS["similarity_inform"]
 _PYTHON_AUTOGRAD.append((similarity_inform, _similarity_inform_backward, _similarity_inform_setup))
 _PYTHON_AUTOGRAD.append((attention_posterior, _attention_posterior_backward, _attention_posterior_setup))
+
+# A whole graph lowers these to their kernel key's op (mlir/lowerings/moe_ops.py).
+KEY_OPS["similarity_inform"] = "similarity_inform"
+KEY_OPS["attention_posterior"] = "attention_posterior"

@@ -31,7 +31,7 @@ from ._checks import (
     _check_result_elements,
     _fail,
 )
-from .loading import _GRAD_OPS, KEY_VALIDATORS, _note_fallback
+from .loading import _GRAD_OPS, KEY_OPS, KEY_VALIDATORS, _note_fallback
 
 #: The production routing ops (MoERoutingOps.td); ``torch.ops.moe.<name>`` exists for each.
 ROUTING_OP_NAMES: tuple[str, ...] = ("route", "dispatch_plan")
@@ -268,3 +268,7 @@ _ROUTING_VALIDATORS: dict[str, Callable[[dict, dict], None]] = {
 
 KEY_VALIDATORS.update(_ROUTING_VALIDATORS)
 _GRAD_OPS[route._name] = route
+
+# A whole graph lowers these to their kernel key's op (mlir/lowerings/moe_ops.py).
+KEY_OPS["route"] = "route"
+KEY_OPS["dispatch_plan"] = "dispatch_plan"

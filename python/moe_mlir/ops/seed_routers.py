@@ -22,7 +22,7 @@ from ._checks import (
     _f,
     _fail,
 )
-from .loading import KEY_VALIDATORS, _PYTHON_AUTOGRAD, _STOP_GRADIENT, _note_fallback
+from .loading import KEY_OPS, KEY_VALIDATORS, _PYTHON_AUTOGRAD, _STOP_GRADIENT, _note_fallback
 
 NORMALIZES = ("feature", "expert", "global")
 MEASURES = ("mad", "variance")
@@ -258,3 +258,8 @@ KEY_VALIDATORS.update({
 })
 _PYTHON_AUTOGRAD.append((hyper_router, _hyper_router_backward, _hyper_router_setup))
 _STOP_GRADIENT.extend((mad_dispersion, adjacency_update))
+
+# A whole graph lowers these to their kernel key's op (mlir/lowerings/moe_ops.py).
+KEY_OPS["mad_dispersion"] = "mad_dispersion"
+KEY_OPS["adjacency_update"] = "adjacency_update"
+KEY_OPS["hyper_router"] = "hyper_router"

@@ -8,7 +8,7 @@ from torch import Tensor
 from ..reference import _topk_renorm_backward_ref, _topk_renorm_ref
 from ._autograd import _needs
 from ._checks import _check_dim, _check_enum, _check_float, _check_index, _check_rank, _fail
-from .loading import KEY_VALIDATORS, _PYTHON_AUTOGRAD, _note_fallback
+from .loading import KEY_OPS, KEY_VALIDATORS, _PYTHON_AUTOGRAD, _note_fallback
 
 TOPK_MODES = ("logits", "probs")
 
@@ -120,3 +120,6 @@ KEY_VALIDATORS.update({
         t["grad_w"], t["scores"], t["indices"], a["mode"]),
 })
 _PYTHON_AUTOGRAD.append((topk_renorm, _topk_renorm_backward, _topk_renorm_setup))
+
+# A whole graph lowers these to their kernel key's op (mlir/lowerings/moe_ops.py).
+KEY_OPS["topk_renorm"] = "topk_renorm"

@@ -3,34 +3,23 @@
 A call is turned into the key its kernel would have (``op|attr=value|...|in:name:elem:dims``, the torch extension's,
 lib/Runtime/Torch/TorchKernels.h) and the op comes from the compiler (:func:`moe_mlir.runtime.compiler.kernel_key_op`:
 include/MoE/IR/KernelKeys.td, the op's ODS builder): its name, operand order and attributes are written in ODS only,
-never here. Entries of :data:`moe_mlir.mlir.table.LOWERINGS` (:mod:`moe_mlir.mlir.lowerings`)."""
+never here. The torch ops so lowered are those of :data:`moe_mlir.ops.loading.KEY_OPS` (each op's module names its own);
+entries of :data:`moe_mlir.mlir.table.LOWERINGS` (:mod:`moe_mlir.mlir.lowerings`)."""
 
 from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+from ... import ops as _ops  # noqa: F401  (the op modules fill KEY_OPS)
+from ...ops.loading import KEY_OPS
+from ...reference.routing import CUSTOM_PREFIX
+from ...runtime.launch import key_value
 from ..builder import TensorType, Value
-from ..table import lowering
+from ..table import LOWERINGS, lowering
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..importer import FxImporter
-
-#: The torch ops lowered to the op of their kernel key, by the key's name where it differs from the op's.
-_KEY_OPS = {"topk_renorm": "topk_renorm", "route": "route", "dispatch_plan": "dispatch_plan",
-            "bias_update": "bias_update", "similarity_inform": "similarity_inform",
-            "attention_posterior": "attention_posterior", "mad_dispersion": "mad_dispersion",
-            "adjacency_update": "adjacency_update", "hyper_router": "hyper_router"}
-
-_CUSTOM = "custom:"
-
-
-def _key_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    if isinstance(v, float):
-        return repr(v)
-    return str(v)
 
 
 def _dims(t: TensorType) -> str:
@@ -60,9 +49,9 @@ def key_op(imp: FxImporter, op: str, args: dict[str, Any], result_types: Optiona
             parts.append(f"in:{name}:{v.type.elem}:{_dims(v.type)}")
             inputs.append(v)
         elif v is not None:
-            if name == "scoring" and isinstance(v, str) and v.startswith(_CUSTOM):
-                region = v[len(_CUSTOM):]
-            parts.append(f"{name}={_key_value(v)}")
+            if name == "scoring" and isinstance(v, str) and v.startswith(CUSTOM_PREFIX):
+                region = v[len(CUSTOM_PREFIX):]
+            parts.append(f"{name}={key_value(v)}")
     built = kernel_key_op("|".join(parts))
     types = list(result_types) if result_types is not None else [_result_type(t) for t in built.result_types]
     return imp.moe_op(built.name, [inputs[i] for i in built.operands], built.attributes, types,
@@ -78,8 +67,15 @@ def _lower_by_key(key: str):
     return lower
 
 
-for _name, _key in _KEY_OPS.items():
-    lowering(f"moe::{_name}.default")(_lower_by_key(_key))
+def register_key_ops() -> None:
+    """Registers the lowering of every :data:`KEY_OPS` entry not registered yet: those of the package's op modules at
+    import, and those of an op module imported later (a user's own router), when the importer next looks."""
+    for name, key in KEY_OPS.items():
+        if f"moe::{name}.default" not in LOWERINGS:
+            lowering(f"moe::{name}.default")(_lower_by_key(key))
+
+
+register_key_ops()
 
 
 # The load-balancing losses (MoEBalanceOps.td): the Switch loss is moe.router_stats (one fused pass) and the

@@ -1,0 +1,100 @@
+"""A compiled kernel of a kernel key, called from Python: the torch op that has no C++ glue.
+
+A torch op's CPU kernel is named by its key (``op|attr=value|...|in:name:elem:dims``, lib/Runtime/Torch/
+TorchKernels.h) and built from it by the compiler (include/MoE/IR/KernelKeys.td: the key's op with its ODS builder).
+The extension's C++ glue (lib/Runtime/Torch) writes the key, checks and launches with a few microseconds of host
+time; :func:`call_kernel` does the same from Python with the generic key writer :func:`kernel_key`, for an op that
+has no such glue yet (a new router: its torch op is its ``ops/`` module alone)::
+
+    @torch.library.custom_op("moe::my_op", mutates_args=())
+    def my_op(logits: Tensor, k: int) -> Tensor:
+        out = logits.new_empty((logits.shape[0], k), dtype=torch.float32)
+        call_kernel("my_op", {"logits": logits, "k": k}, [out], dynamic={"logits": (0,)})
+        return out
+
+The results are allocated by the caller (the op's fake kernel knows their shapes) and computed in place
+(``results-to-out-params``). CPU tensors only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+
+from . import cache
+from .abi import describe, mlir_elem, pointers
+
+__all__ = ["kernel_key", "key_value", "call_kernel"]
+
+
+def key_value(v: Any) -> str:
+    """An attribute's text in a key, as the extension writes it: booleans 1/0, floats in their shortest round-trip
+    form, integers and strings as they are."""
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def kernel_key(op: str, args: Mapping[str, Any],
+               dynamic: Mapping[str, Sequence[int]] = {}) -> tuple[str, str, list[torch.Tensor]]:
+    """The key of ``op`` on ``args`` (by name, in the kernel's parameter order: a tensor is an input, whose dimensions
+    listed in ``dynamic[name]`` are token-like, ``?``; None is left out; anything else is an attribute), the call's
+    concrete shapes (what the kernel cache's validator reads) and the input tensors in order."""
+    attrs, ins, shapes, tensors = [], [], [], []
+    for name, v in args.items():
+        if isinstance(v, torch.Tensor):
+            dyn = dynamic.get(name, ())
+            elem = mlir_elem(v.dtype)
+            dims = "x".join("?" if d in dyn else str(n) for d, n in enumerate(v.shape)) or "scalar"
+            ins.append(f"in:{name}:{elem}:{dims}")
+            shapes.append(f"{name}:{elem}:{'x'.join(str(n) for n in v.shape) or 'scalar'}")
+            tensors.append(v)
+        elif v is not None:
+            attrs.append(f"{name}={key_value(v)}")
+    return "|".join([op, *attrs, *ins]), "|".join([op, *shapes]), tensors
+
+
+_error_slot: Optional[ctypes.CDLL] = None
+_error_lock = threading.Lock()
+
+
+def _take_error() -> Optional[str]:
+    """The message a kernel reported (an index out of range) in the process's one error slot
+    (libmoe_cpu_runtime.so, ErrorReporting.h), cleared; None if there is none."""
+    global _error_slot
+    with _error_lock:
+        if _error_slot is None:
+            rt = os.path.realpath(cache._tools()[1])
+            lib = ctypes.CDLL(os.path.join(os.path.dirname(rt), "libmoe_cpu_runtime.so"), mode=os.RTLD_LOCAL)
+            lib.moeTakeError.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+            lib.moeTakeError.restype = ctypes.c_int32
+            _error_slot = lib
+    buf = ctypes.create_string_buffer(512)
+    return buf.value.decode(errors="replace") if _error_slot.moeTakeError(buf, len(buf)) else None
+
+
+def call_kernel(op: str, args: Mapping[str, Any], results: Sequence[torch.Tensor],
+                dynamic: Mapping[str, Sequence[int]] = {}) -> None:
+    """Runs the CPU kernel of the key ``op`` on ``args`` (:func:`kernel_key`) into ``results`` (the kernel's results in
+    its order, allocated by the caller, contiguous). The kernel cache validates the call and builds the kernel on a
+    miss (:func:`moe_mlir.runtime.cache.load`: the op's ValueError/TypeError for an invalid call); an index the kernel
+    reports out of range is a ValueError."""
+    key, shapes, inputs = kernel_key(op, args, dynamic)
+    for t in (*inputs, *results):
+        if t.device.type != "cpu":
+            raise ValueError(f"moe.{op}: call_kernel runs CPU kernels; got a tensor on {t.device}")
+    if any(not r.is_contiguous() for r in results):
+        raise ValueError(f"moe.{op}: the results must be contiguous")
+    addr = cache.load(key, shapes)
+    inputs = [t.contiguous() for t in inputs]  # kept alive until the call returns
+    descs = [describe(t) for t in (*inputs, *results)]
+    ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(descs)))(addr)(*pointers(descs))
+    err = _take_error()
+    if err:
+        raise ValueError(err)
