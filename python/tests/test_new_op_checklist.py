@@ -59,6 +59,24 @@ def _(scores, k):
 
 KEY_OPS["checklist_z_loss"] = "router_z_loss"
 
+
+# An index the kernel finds out of range: the extension's error, and the next call is clean.
+def adjacency(a, idx):
+    out = torch.empty_like(a)
+    call_kernel("adjacency_update", {"a": a, "idx": idx, "beta": 0.9, "norm": "row", "include_self": True}, [out],
+                dynamic={"idx": (0,)})
+    return out
+
+
+try:
+    adjacency(torch.eye(6), torch.tensor([[0, 1], [2, 99]], dtype=torch.int32))
+except ValueError as e:
+    assert "moe.adjacency_update: 'idx' holds 99, outside [0, 6)" in str(e), str(e)
+else:
+    raise AssertionError("no error for an index out of range")
+idx = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+torch.testing.assert_close(adjacency(torch.eye(6), idx), torch.ops.moe.adjacency_update(torch.eye(6), idx))
+
 g = torch.Generator().manual_seed(0)
 for t in (1, 7, 300):
     x = torch.randn(t, 12, generator=g) * 3

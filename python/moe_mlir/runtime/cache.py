@@ -328,6 +328,12 @@ def _record(key: str) -> None:
             f.write(key + "\n")
 
 
+def loaded_library(key: str) -> ctypes.CDLL:
+    """The shared object :func:`load` loaded for ``key``."""
+    with _lock:
+        return _loaded[key][0]
+
+
 def load(key: str, shapes: str, validate_only: int = 0) -> int:
     """The kernel cache entry point (called by the C++ extension on a miss): the address of the kernel's
     ``_mlir_ciface_kernel`` (0 with ``validate_only``). Raises the op's ValueError/TypeError for an invalid call."""

@@ -19,8 +19,7 @@ The results are allocated by the caller (the op's fake kernel knows their shapes
 from __future__ import annotations
 
 import ctypes
-import os
-import threading
+import re
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
@@ -60,23 +59,15 @@ def kernel_key(op: str, args: Mapping[str, Any],
     return "|".join([op, *attrs, *ins]), "|".join([op, *shapes]), tensors
 
 
-_error_slot: Optional[ctypes.CDLL] = None
-_error_lock = threading.Lock()
-
-
-def _take_error() -> Optional[str]:
-    """The message a kernel reported (an index out of range) in the process's one error slot
-    (libmoe_cpu_runtime.so, ErrorReporting.h), cleared; None if there is none."""
-    global _error_slot
-    with _error_lock:
-        if _error_slot is None:
-            rt = os.path.realpath(cache._tools()[1])
-            lib = ctypes.CDLL(os.path.join(os.path.dirname(rt), "libmoe_cpu_runtime.so"), mode=os.RTLD_LOCAL)
-            lib.moeTakeError.argtypes = [ctypes.c_char_p, ctypes.c_int64]
-            lib.moeTakeError.restype = ctypes.c_int32
-            _error_slot = lib
+def _take_error(kernel: ctypes.CDLL) -> Optional[str]:
+    """The message ``kernel`` reported (an index out of range) in the process's one error slot, cleared; None if there
+    is none. The slot (``moeTakeError``, libmoe_cpu_runtime.so, ErrorReporting.h) is looked up through the kernel's
+    own dependencies: the copy it reports to, wherever the runtime was found."""
+    take = kernel.moeTakeError
+    take.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+    take.restype = ctypes.c_int32
     buf = ctypes.create_string_buffer(512)
-    return buf.value.decode(errors="replace") if _error_slot.moeTakeError(buf, len(buf)) else None
+    return buf.value.decode(errors="replace") if take(buf, len(buf)) else None
 
 
 def call_kernel(op: str, args: Mapping[str, Any], results: Sequence[torch.Tensor],
@@ -95,6 +86,12 @@ def call_kernel(op: str, args: Mapping[str, Any], results: Sequence[torch.Tensor
     inputs = [t.contiguous() for t in inputs]  # kept alive until the call returns
     descs = [describe(t) for t in (*inputs, *results)]
     ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(descs)))(addr)(*pointers(descs))
-    err = _take_error()
+    err = _take_error(cache.loaded_library(key))
     if err:
+        # The extension's wording (TorchOps.cpp, checkReportedError).
+        m = re.fullmatch(r"moe\.(\w+): '(\w+)' element (\d+) is (-?\d+), outside \[0, (\d+)\).*", err)
+        if m:
+            op_name, operand, pos, value, bound = m.groups()
+            err = (f"moe.{op_name}: '{operand}' holds {value}, outside [0, {bound}): the value indexes no expert "
+                   f"(element {pos})")
         raise ValueError(err)
