@@ -19,7 +19,8 @@
    compiler (``libmoe_compiler.so``: pipeline, translation, LLVM optimizer, code generation, lld's link), and the
    subprocess chain it replaced (``moe-opt``, ``mlir-translate``, ``clang -O3 -shared``), kernel by kernel in the
    same process; the compiler library's one-time cost (its load; the registration of the passes is in the first
-   build) apart. Also one CUDA kernel (sm_90, no GPU needed): in process against ``moe-aot.py``. ``--no-stages``
+   build) apart. Also one CUDA kernel (sm_90, no GPU needed): in process (the one CUDA recipe) against the
+   ``moe-aot.py`` command line (moe-opt, mlir-translate, llc, c++ -shared). ``--no-stages``
    skips it.
 
 Writes bench/results/compile-<date>-t<threads>[-TAG].{json,md}. Timings on a shared machine move with its load (the
@@ -92,7 +93,7 @@ def child_stages(keys_file: str, threads: int) -> dict:
     import shutil
 
     from moe_mlir.runtime import cache, compiler, driver
-    from moe_mlir.runtime.locate import LLVM_BIN, find_moe_opt, find_runtime_lib
+    from moe_mlir.runtime.locate import LLVM_BIN, find_moe_aot, find_moe_opt, find_runtime_lib
 
     keys = list(dict.fromkeys(k for k in Path(keys_file).read_text().splitlines() if k.strip()))
     rt = find_runtime_lib("libmoe_kernel_runtime.so")
@@ -132,7 +133,7 @@ def child_stages(keys_file: str, threads: int) -> dict:
             chain["total"] = sum(chain.values())
             rec["subprocesses"] = chain
             out["kernels"].append(rec)
-        # One CUDA kernel for sm_90: in process, and moe-aot.py (moe-opt, mlir-translate, llc, c++ -shared).
+        # One CUDA kernel for sm_90: in process, and by moe-aot.py (moe-opt, mlir-translate, llc, c++ -shared).
         key = "topk_renorm|k=8|mode=logits|renormalize=1|in:scores:f32:?x256|device=cuda:0"
         k = cache.parse_key(key)
         cuda: dict = {"key": key, "format": driver.cuda_binary_format()}
@@ -140,10 +141,15 @@ def child_stages(keys_file: str, threads: int) -> dict:
         cuda_rt = find_runtime_lib("libmoe_cuda_runtime.so")
         driver.build_cuda_kernel(cache.kernel_module(k), work / "cuda-ours.so", cuda_rt or rt, "sm_90")
         cuda["in_process_s"] = time.perf_counter() - s
-        if cuda_rt and moe_opt and shutil.which("c++"):
+        aot = find_moe_aot()
+        if cuda_rt and moe_opt and aot and shutil.which("c++"):
+            # The subprocess chain the in-process recipe replaced: the moe-aot.py command line, same options.
+            (work / "cuda.mlir").write_text(cache.kernel_module(k))
             s = time.perf_counter()
-            driver.build_cuda_library(cache.kernel_module(k), work / "cuda.so", moe_opt, str(Path(cuda_rt).parent),
-                                      "sm_90")
+            subprocess.run([sys.executable, aot, str(work / "cuda.mlir"), "-o", str(work / "aot"), "--name", "cuda",
+                            "--chip", "sm_90", "--toolkit", driver.cuda_toolkit(), "--moe-opt", moe_opt,
+                            "--canonicalize", "--pipeline-options", driver.KERNEL_NVVM_OPTIONS, "--link",
+                            "--runtime-dir", str(Path(cuda_rt).parent)], check=True, capture_output=True)
             cuda["moe_aot_s"] = time.perf_counter() - s
         out["cuda"] = cuda
     finally:

@@ -4,7 +4,7 @@
 # docs/Install.md.
 #
 # The wheel is the python package plus its compiled pieces in moe_mlir/_bundle: bin/moe-opt (moe-opt-static, a
-# launcher of the compiler library) and bin/moe-aot.py (the GPU whole-graph build, stdlib-only Python), lib/ (the
+# launcher of the compiler library) and bin/moe-aot.py (the ahead-of-time GPU object tool, stdlib-only Python), lib/ (the
 # compiler libmoe_compiler.so, which links LLVM and MLIR statically: the torch ops' kernel compiler and JIT, the
 # execution API, moe-opt's driver; compiler-rt's builtins archive the JIT links kernels against; the torch extension
 # libmoe_torch.so, the kernel runtime libmoe_kernel_runtime.so, libmoe_cpu_runtime.so, libmoe_cuda_runtime.so when

@@ -5,8 +5,9 @@ Without a GPU (every machine of CI) this checks all that needs none:
 
 * the split: moe ops (and only they) form the GPU partitions; adjacent routing ops share one, and
   ``moe-fuse-routing`` turns a mixing op + its top-k gate into the fused op;
-* the build: the partitions' module goes through moe-aot.py to ``lib*.so``: its ``.llvm.mlir`` holds the
-  ``gpu.binary`` for the requested chip and the library exports ``_mlir_ciface_<fn>`` for every partition;
+* the build: the partitions' module goes through the one CUDA recipe (``driver.build_cuda_library``, in process) to
+  ``lib*.so``, which embeds a fatbin with the cubin for the requested chip and exports ``_mlir_ciface_<fn>`` for
+  every partition; the torch ops' kernels, built now or ahead of time, come from the same recipe;
 * the plumbing: :meth:`CudaCompiledModel.run_split_on_cpu` runs the same split on the CPU (eager ATen part, each
   partition's MLIR through the CPU lowering) and matches eager PyTorch on the five seed-router models;
 * the errors: a CPU tensor passed to a CUDA-compiled model, loading without a driver/device, a missing tool, a moe op
@@ -17,10 +18,13 @@ The numerical tests on the device (``@needs_cuda``) are SKIPPED, with the reason
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import struct
 import subprocess
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,6 +35,7 @@ from moe_mlir.api import compile
 from moe_mlir.backends import cuda as gpu
 from moe_mlir.backends.dynamo import moe_backend
 from moe_mlir.backends.tools import MoERuntimeError
+from moe_mlir.runtime import cache, driver
 from moe_mlir.runtime.driver import MoEOptError
 from moe_mlir.backends.whole_graph import backend_target
 from moe_mlir.frontend.partitioning import is_gpu_node, is_moe_op
@@ -64,9 +69,9 @@ def gpu_toolchain(moe_opt, tmp_path_factory):
         tc = gpu.find_gpu_toolchain()
     except gpu.GpuToolchainError as e:
         pytest.skip(str(e))
-    proc = subprocess.run([tc.moe_opt, "--help"], capture_output=True, text=True)
+    proc = subprocess.run([moe_opt, "--help"], capture_output=True, text=True)
     if "moe-lower-to-nvvm" not in proc.stdout:
-        pytest.skip(f"{tc.moe_opt} has no --moe-lower-to-nvvm pipeline")
+        pytest.skip(f"{moe_opt} has no --moe-lower-to-nvvm pipeline")
     old = os.environ.get("MOE_GPU_CACHE_DIR")
     os.environ["MOE_GPU_CACHE_DIR"] = str(tmp_path_factory.mktemp("gpu-cache"))
     yield tc
@@ -93,6 +98,33 @@ def exported_symbols(lib: str) -> str:
     if nm is None:
         pytest.skip("nm (binutils) not found")
     return subprocess.run([nm, "-D", "--defined-only", lib], capture_output=True, text=True, check=True).stdout
+
+
+def _moe_aot():
+    """tools/moe-aot/moe-aot.py as a module (its fatbin reader, which the GPU check's manifests use)."""
+    path = Path(__file__).resolve().parents[2] / "tools" / "moe-aot" / "moe-aot.py"
+    spec = importlib.util.spec_from_file_location("moe_aot", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def embedded_device_code(lib: str) -> list[tuple[str, int]]:
+    """(kind, sm) of every entry of every fatbin embedded in the shared object ``lib`` (the gpu.binary constant
+    its constructor loads), after checking that it is an x86-64 shared object that needs libmoe_cuda_runtime.so."""
+    data = Path(lib).read_bytes()
+    assert data[:4] == b"\x7fELF" and struct.unpack_from("<HH", data, 16) == (3, 62), f"{lib}: not an x86-64 ET_DYN"
+    readelf = shutil.which("readelf")
+    if readelf is not None:
+        dyn = subprocess.run([readelf, "-d", lib], capture_output=True, text=True, check=True).stdout
+        assert "Shared library: [libmoe_cuda_runtime.so]" in dyn, dyn
+    aot = _moe_aot()
+    magic = struct.pack("<I", aot.FATBIN_MAGIC)
+    found, at = [], data.find(magic)
+    while at >= 0:
+        found += [(e["kind"], e["sm"]) for e in aot.fatbin_entries(data[at:])]
+        at = data.find(magic, at + 1)
+    return found
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -136,20 +168,19 @@ def test_cuda_build_has_gpu_binary_and_entry_points(mod, gpu_toolchain):
     # Only moe ops were sent to the GPU build.
     body_ops = {line.split("=", 1)[1].split()[0] for line in mlir.splitlines() if " = " in line}
     assert all(o.startswith("moe.") for o in body_ops), body_ops
-    llvm = open(c.build.artifact(".llvm.mlir")).read()
-    assert "gpu.binary @moe_kernels" in llvm
-    assert 'chip = "sm_90"' in llvm
-    assert "llvm.func @mgpuLaunchKernel" in llvm or "mgpuLaunchKernel" in open(c.build.artifact(".ll")).read()
+    assert ("cubin", 90) in embedded_device_code(c.library)
     syms = exported_symbols(c.library)
     for p in c.partitions:
         assert f" T _mlir_ciface_{p.fn}\n" in syms, f"_mlir_ciface_{p.fn} is not exported by {c.library}"
+    undefined = subprocess.run(["nm", "-D", "--undefined-only", c.library], capture_output=True, text=True).stdout
+    assert " U mgpuLaunchKernel\n" in undefined, undefined
 
 
 def test_adjacency_update_builds(gpu_toolchain):
     model, args = OneOp("adjacency_update", 0.9, "row", True), (torch.rand(6, 6), torch.randint(0, 6, (20, 2)))
     c = compile(model, args, target="cuda")
     assert "moe.adjacency_update " in c.mlir
-    assert "gpu.binary @moe_kernels" in open(c.build.artifact(".llvm.mlir")).read()
+    assert ("cubin", 90) in embedded_device_code(c.library)
     assert " T _mlir_ciface_forward_gpu0\n" in exported_symbols(c.library)
 
 
@@ -158,9 +189,46 @@ def test_build_is_cached_and_chip_is_honoured(gpu_toolchain, tmp_path):
     a = compile(model, args, target="cuda", chip="sm_80")
     b = compile(model, args, target="cuda", chip="sm_80")
     assert a.library == b.library  # content-addressed cache
-    assert 'chip = "sm_80"' in open(a.build.artifact(".llvm.mlir")).read()
+    assert set(embedded_device_code(a.library)) == {("cubin", 80), ("ptx", 80)}
     c = compile(model, args, target="cuda", chip="sm_90", build_dir=str(tmp_path / "out"))
     assert c.library == str(tmp_path / "out" / "libforward_moe_gpu.so") and os.path.isfile(c.library)
+
+
+def test_every_cuda_product_comes_from_the_one_recipe(gpu_toolchain, tmp_path, monkeypatch):
+    """The whole-graph library, a torch op's CUDA kernel built at its first call and the same kernel prebuilt for a
+    machine without this compiler are all built by driver.build_cuda_library, in this process: the only process
+    started is moe-opt's (the split's fusion and its check), no moe-aot.py, llc or C++ linker. Each is an x86-64
+    shared object that needs libmoe_cuda_runtime.so, with the fatbin of its chip embedded and its entry point
+    exported; the prebuilt kernel is the first-call kernel, byte for byte."""
+    from moe_mlir.runtime.locate import find_runtime_lib
+
+    built, started = [], []
+    recipe, run_process = driver.build_cuda_library, driver.run_process
+
+    def record(mlir, dest, chip, tc, **kw):
+        built.append((Path(dest).name, chip, tc.fmt, kw.get("options", "")))
+        return recipe(mlir, dest, chip, tc, **kw)
+
+    monkeypatch.setattr(driver, "build_cuda_library", record)
+    monkeypatch.setattr(driver, "run_process",
+                        lambda cmd, *a, **kw: started.append(Path(cmd[0]).name) or run_process(cmd, *a, **kw))
+    graph = compile(OneOp("topk_renorm", 2), (torch.randn(6, 8),), target="cuda", chip="sm_80",
+                    build_dir=str(tmp_path / "graph"))
+    key = "topk_renorm|k=2|mode=logits|renormalize=1|in:scores:f32:?x16"
+    assert cache.prebuild_cuda([key], tmp_path / "prebuilt", "sm_90", jobs=1) == 1
+    prebuilt = tmp_path / "prebuilt" / (cache.cuda_kernel_name(key, "sm_90") + ".so")
+    first_call = tmp_path / "first-call.so"
+    runtime = str(Path(find_runtime_lib("libmoe_cuda_runtime.so")).resolve())
+    cache.build_cuda(cache.parse_key(key), key, first_call, runtime, "sm_90")
+
+    assert set(started) == {"moe-opt"}, started
+    kernel = driver.KERNEL_NVVM_OPTIONS
+    assert built == [("libforward_moe_gpu.so", "sm_80", "fatbin", ""), (prebuilt.name, "sm_90", "fatbin", kernel),
+                     ("first-call.so", "sm_90", "fatbin", kernel)], built
+    for lib, sm, entry in [(graph.library, 80, "forward_gpu0"), (prebuilt, 90, "kernel"), (first_call, 90, "kernel")]:
+        assert set(embedded_device_code(str(lib))) == {("cubin", sm), ("ptx", sm)}, lib
+        assert f" T _mlir_ciface_{entry}\n" in exported_symbols(str(lib)), lib
+    assert prebuilt.read_bytes() == first_call.read_bytes()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -210,8 +278,9 @@ def test_missing_toolchain_is_named(gpu_toolchain, monkeypatch):
     monkeypatch.setenv("MOE_CUDA_TOOLKIT", "/nonexistent/cuda")
     with pytest.raises(gpu.GpuToolchainError, match=r"ptxas of the CUDA toolkit \(not in /nonexistent/cuda/bin"):
         compile(OneOp("topk_renorm", 2), (torch.randn(4, 8),), target="cuda")
-    monkeypatch.setenv("MOE_AOT", "/nonexistent/moe-aot.py")
-    with pytest.raises(FileNotFoundError, match=r"moe-aot.py"):
+    monkeypatch.delenv("MOE_CUDA_TOOLKIT")
+    monkeypatch.setenv("MOE_COMPILER", "/nonexistent/libmoe_compiler.so")
+    with pytest.raises(gpu.GpuToolchainError, match=r"libmoe_compiler.so \(build it"):
         compile(OneOp("topk_renorm", 2), (torch.randn(4, 8),), target="cuda")
 
 

@@ -133,8 +133,8 @@ def test_the_ops_package_is_split_by_concern():
 
 def test_one_compiler_driver():
     """The build tools run through moe_mlir.runtime.driver only (prebuild starts Python worker processes, and the
-    demo fresh interpreters for its compile timings, not tools): one place that runs moe-opt, mlir-translate, clang,
-    moe-aot.py, and one disk cache."""
+    demo fresh interpreters for its compile timings, not tools): one place that builds (the in-process compiler, moe-opt,
+    mlir-runner), and one disk cache."""
     allowed = {"moe_mlir.runtime.driver", "moe_mlir.runtime.prebuild", "moe_mlir.demo"}
     users = set()
     for name, path in _modules().items():

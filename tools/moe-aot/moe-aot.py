@@ -5,10 +5,15 @@
              [--moe-opt PATH] [--llvm-bin DIR] [--toolkit /usr/local/cuda]
              [--canonicalize] [--pipeline-options OPTS] [--link --runtime-dir DIR]
 
-The one recipe of a CUDA object: the whole-graph CUDA split
-(moe_mlir.backends.cuda) and the torch.ops.moe CUDA kernels
-(moe_mlir.runtime.driver.build_cuda_kernel) run this script, and so does the
-GPU check bundle (scripts/gpu-check.sh).
+The command-line tool of the GPU check (scripts/gpu-check.sh, test/GPU):
+objects, LLVM IR, PTX fallbacks and manifests, built here with LLVM's tools
+and linked on a GPU machine without LLVM (test/GPU/device). The package's own
+CUDA products (the torch.ops.moe kernels, prebuilt or not, and the
+whole-graph CUDA split) come from one recipe in process instead,
+moe_mlir.runtime.driver.build_cuda_library, which makes only linked shared
+objects: it is not a recipe behind this script, which stays stdlib-only so
+that the bundle runs it (and check_artifacts.py imports it) without the
+package.
 
 Steps (each output is kept in OUTDIR):
   1. NAME.llvm.mlir : moe-opt [--canonicalize] --moe-lower-to-nvvm (host LLVM

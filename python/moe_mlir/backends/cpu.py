@@ -14,8 +14,8 @@ verify, ``--canonicalize`` folds, ``--moe-lower-to-llvm``) -> execution by one o
 ``backend="auto"`` picks the executor when its library is found, else the runner.
 
 ``target="cuda"`` is :mod:`moe_mlir.backends.cuda`: the moe ops (routing) compiled ahead of time into a CUDA library
-(``moe-lower-to-nvvm`` through ``tools/moe-aot/moe-aot.py``) and called on device tensors, the rest of the graph run
-by eager PyTorch on CUDA.
+(``moe-lower-to-nvvm`` in process, by the CUDA recipe :func:`moe_mlir.runtime.driver.build_cuda_library`) and called
+on device tensors, the rest of the graph run by eager PyTorch on CUDA.
 
 Shapes are static (torch.export of the example inputs; data-dependent control flow does not export): for dynamic
 shapes and graph breaks use the default path, :mod:`moe_mlir.backends.dynamo`. Tools: :mod:`.tools`.

@@ -21,8 +21,9 @@ by orders of magnitude. So the GPU target *splits* the graph:
 4. all partition functions go into one module, ``moe-opt --moe-fuse-routing --canonicalize`` fuses a mixing op
    with the top-k gate that consumes it (``moe.similarity_inform_topk``...: possible because adjacent moe ops land
    in one partition), ``--convert-moe-to-gpu`` is tried first to report an op without a GPU kernel by name, then
-   ``tools/moe-aot/moe-aot.py --link`` builds ``lib<name>.so`` (moe-lower-to-nvvm -> mlir-translate -> llc -> c++
-   against ``libmoe_cuda_runtime.so``). All of this happens at compile time and needs no GPU;
+   the CUDA recipe of every CUDA product, :func:`moe_mlir.runtime.driver.build_cuda_library`, builds
+   ``lib<name>.so`` in process (moe-lower-to-nvvm, LLVM, lld against ``libmoe_cuda_runtime.so``). All of this
+   happens at compile time and needs no GPU;
 5. at call time the rewritten FX graph (``torch.device`` arguments retargeted to the inputs' CUDA device) runs
    eagerly on CUDA tensors, and each partition node calls ``_mlir_ciface_<fn>`` of the library through
    :mod:`ctypes` with device memref descriptors, on PyTorch's *current stream* (``moeGpuSetStream``; on the legacy
@@ -43,9 +44,9 @@ partition's MLIR through the CPU execution API): a check of the partitioning, th
 device retargeting that needs no GPU.
 
 Environment: ``$MOE_GPU_CHIP`` (default chip when no device is visible; else the device's ``sm_XY``),
-``$MOE_CUDA_TOOLKIT`` (default ``/usr/local/cuda``), ``$MOE_AOT`` (path of moe-aot.py), ``$MOE_GPU_CACHE_DIR``
-(where built libraries are kept, keyed by a hash of the module, the chip and the tools; default ``gpu-libraries`` in
-the compiler driver's cache, :func:`moe_mlir.runtime.driver.cache_dir`).
+``$MOE_CUDA_TOOLKIT`` (default ``/usr/local/cuda``), ``$MOE_COMPILER`` (path of libmoe_compiler.so),
+``$MOE_GPU_CACHE_DIR`` (where built libraries are kept, keyed by a hash of the module, the chip and the toolchain;
+default ``gpu-libraries`` in the compiler driver's cache, :func:`moe_mlir.runtime.driver.cache_dir`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ import contextlib
 import copy
 import ctypes
 import os
+import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -67,6 +69,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from ..mlir.builder import TensorType
 from ..runtime import abi, driver
 from ..runtime.driver import GpuToolchain, GpuToolchainError, find_gpu_toolchain
+from ..runtime.locate import find_moe_opt
 from ..runtime import cuda as moe_cuda
 from ..frontend.partitioning import split_routing
 from ..mlir.importer import ImportedProgram, export_program, import_exported_program
@@ -145,64 +148,67 @@ def _cache_root() -> Path:
 
 @dataclass
 class GpuBuild:
-    """What :func:`build_gpu_library` produced (every intermediate is kept in ``out_dir``)."""
+    """What :func:`build_gpu_library` produced, in ``out_dir``: ``<name>.mlir`` and ``lib<name>.so``. The lowered
+    module is not kept (the recipe runs in process): ``moe-opt --moe-lower-to-nvvm="chip=<chip>" <name>.mlir`` prints
+    it."""
 
-    library: str  # lib<name>.so
+    library: str  # lib<name>.so: the host code, the device code embedded (a gpu.binary that its constructor loads)
     out_dir: str
     name: str
     chip: str
-    input_mlir: str  # the module given to moe-aot (after moe-fuse-routing + canonicalize)
-
-    def artifact(self, suffix: str) -> str:
-        """``<out_dir>/<name><suffix>``: ``.llvm.mlir`` (host LLVM dialect + gpu.binary), ``.ll``, ``.o``."""
-        return os.path.join(self.out_dir, self.name + suffix)
+    input_mlir: str  # <name>.mlir, the module given to the CUDA recipe (after moe-fuse-routing + canonicalize)
 
 
-def build_gpu_library(mlir_text: str, *, name: str = "moe_gpu", chip: Optional[str] = None, fmt: str = "fatbin",
-                      out_dir: Optional[str] = None, toolchain: Optional[GpuToolchain] = None,
-                      timeout: float = 900) -> GpuBuild:
+def build_gpu_library(mlir_text: str, *, name: str = "moe_gpu", chip: Optional[str] = None,
+                      fmt: Optional[str] = None, out_dir: Optional[str] = None,
+                      toolchain: Optional[GpuToolchain] = None) -> GpuBuild:
     """Builds ``lib<name>.so`` from a module of tensor functions holding moe ops only (their tensor arguments are
-    device memory at run time). Cached by content unless ``out_dir`` is given.
+    device memory at run time) with the CUDA recipe (:func:`driver.build_cuda_library`, in process; its pipeline's
+    defaults: results allocated by the library, a wait at return), the device code in the format ``fmt`` (default:
+    the toolchain's, else ``fatbin``). Cached by content unless ``out_dir`` is given.
 
     Raises:
-        GpuToolchainError: a tool is missing. MoEOptError: moe-opt rejected the module or an op has no GPU
-        lowering (the message is moe-opt's diagnostic, naming the op). RuntimeError: a later build step failed.
+        GpuToolchainError: a library or tool is missing. MoEOptError: moe-opt rejected the module or an op has no
+        GPU lowering (the message is moe-opt's diagnostic, naming the op). CompileError (a RuntimeError): the CUDA
+        recipe failed (its diagnostics).
     """
     from ..runtime.driver import MoEOptError, run_moe_opt
 
-    tc = toolchain or find_gpu_toolchain()
+    tc = toolchain or find_gpu_toolchain(fmt=fmt or "fatbin")
+    if fmt is not None and fmt != tc.fmt:
+        raise ValueError(f"format {fmt!r} asked of a toolchain found for {tc.fmt!r}")
+    moe_opt = find_moe_opt()
+    if moe_opt is None:
+        raise GpuToolchainError("the GPU build cannot run; missing:\n  - moe-opt (build it: ninja -C <build> moe-opt, "
+                                "or set MOE_OPT)")
     chip = chip or default_chip()
-    fused = run_moe_opt(mlir_text, ["--moe-fuse-routing", "--canonicalize"], moe_opt=tc.moe_opt)
+    fused = run_moe_opt(mlir_text, ["--moe-fuse-routing", "--canonicalize"], moe_opt=moe_opt)
     try:
-        run_moe_opt(fused, ["--convert-moe-to-gpu"], moe_opt=tc.moe_opt)
+        run_moe_opt(fused, ["--convert-moe-to-gpu"], moe_opt=moe_opt)
     except MoEOptError as e:
         raise MoEOptError(f"the routing subgraph cannot be lowered to GPU kernels (convert-moe-to-gpu); compile "
                           f"with target='cpu' instead.\n{e}") from None
     if out_dir is None:
-        key = driver.digest(fused, name, chip, fmt, tc.toolkit, driver.stamp(tc.moe_opt), driver.stamp(tc.moe_aot),
-                            driver.stamp(os.path.join(tc.runtime_dir, "libmoe_cuda_runtime.so")), length=24)
+        key = driver.digest(fused, name, chip, tc.toolkit, *tc.stamps(), length=24)
         out = _cache_root() / key
-        lib = out / f"lib{name}.so"
-        if lib.is_file() and (out / f"{name}.llvm.mlir").is_file():
-            return GpuBuild(str(lib), str(out), name, chip, str(out / f"{name}.mlir"))
+        if (out / f"lib{name}.so").is_file() and (out / f"{name}.mlir").is_file():
+            return GpuBuild(str(out / f"lib{name}.so"), str(out), name, chip, str(out / f"{name}.mlir"))
         out.parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=key + ".", dir=out.parent))
     else:
         out = work = Path(out_dir)
         work.mkdir(parents=True, exist_ok=True)
-    src = work / f"{name}.mlir"
-    src.write_text(fused)
-    proc = driver.run_moe_aot(src, work, name, tc, chip, fmt, timeout=timeout)
-    lib = work / f"lib{name}.so"
-    if proc.returncode != 0 or not lib.is_file():
-        log = proc.stderr.strip()
-        if "--moe-lower-to-nvvm" in log.split("moe-aot: step failed")[-1].split("\n")[0]:
-            raise MoEOptError(f"moe-opt --moe-lower-to-nvvm failed (chip {chip}):\n{log}")
-        raise RuntimeError(f"the GPU build (moe-aot.py) failed (exit {proc.returncode}):\n{log}")
+    try:
+        (work / f"{name}.mlir").write_text(fused)
+        driver.build_cuda_library(fused, work / f"lib{name}.so", chip, tc,
+                                  what=f"building the GPU library of the routing subgraphs for {chip}")
+    except BaseException:
+        if work != out:
+            shutil.rmtree(work, ignore_errors=True)
+        raise
     if work != out:  # publish atomically into the cache (another process may have published it first)
         driver.publish(work, out)
-        lib = out / f"lib{name}.so"
-    return GpuBuild(str(lib), str(out), name, chip, str(out / f"{name}.mlir"))
+    return GpuBuild(str(out / f"lib{name}.so"), str(out), name, chip, str(out / f"{name}.mlir"))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -285,7 +291,7 @@ class CudaCompiledModel:
     Attributes:
         partitions: the GPU partitions (one compiled function each), in graph order.
         mlir: the module of partition functions given to the GPU build (after moe-fuse-routing).
-        build: the :class:`GpuBuild` (paths of the library and the intermediates), None without partitions.
+        build: the :class:`GpuBuild` (paths of the library and its input module), None without partitions.
         graph: the split FX graph module (ATen nodes + ``call_module`` of the partitions).
     """
 
@@ -570,7 +576,7 @@ def compile_cuda(model: torch.nn.Module, example_args: Sequence[Any], *, raise_i
             bodies.append("\n".join(lines[1:-1]))
         module = "module {\n" + "\n".join(bodies) + "\n}\n"
         verify(module)
-        tc = find_gpu_toolchain()
+        tc = find_gpu_toolchain(fmt=fmt)
         build = build_gpu_library(module, name=f"{func_name}_moe_gpu", chip=chip, fmt=fmt, out_dir=build_dir,
                                   toolchain=tc)
         runtime_dir = tc.runtime_dir

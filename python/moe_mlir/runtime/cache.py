@@ -56,8 +56,8 @@ from typing import Callable, Optional
 import torch
 
 from .abi import DTYPE_OF_ELEM
-from .driver import (CompileError, build_cpu_kernel, build_cuda_kernel, build_cuda_library, cache_dir,
-                     cuda_binary_format, cuda_toolkit, digest, stamp)
+from .driver import (CompileError, build_cpu_kernel, build_cuda_kernel, cache_dir, cuda_binary_format, cuda_toolkit,
+                     digest, stamp)
 
 __all__ = ["KernelKey", "parse_key", "kernel_module", "load", "cache_dir", "num_threads", "target_cpu", "stats",
            "CompileError"]
@@ -251,10 +251,12 @@ def build_cuda(k: KernelKey, key: str, dest: Path, rt: str, chip: str) -> None:
 
 def build_cuda_aot(k: KernelKey, key: str, dest: Path, moe_opt: str, rt_dir: str, chip: str) -> None:
     """Compiles the CUDA kernel of ``k`` for ``chip`` into the shared object ``dest`` that ``$MOE_KERNEL_PREBUILT``
-    serves on a machine without this compiler (:func:`prebuild_cuda`; moe-aot.py). Needs LLVM's tools and the CUDA
-    toolkit's ptxas/fatbinary, not a GPU."""
+    serves on a machine without this compiler (:func:`prebuild_cuda`): the same recipe as :func:`build_cuda`, in this
+    process, with a fatbin (the cubin for the chip and PTX) against the CUDA runtime in ``rt_dir``. Needs the CUDA
+    toolkit's ptxas/fatbinary, not a GPU; ``moe_opt`` is not used."""
     one_line = key.replace("\n", " ")
-    build_cuda_library(kernel_module(k), dest, moe_opt, rt_dir, chip, header=f"// {one_line} ({chip})\n")
+    build_cuda_kernel(kernel_module(k), dest, os.path.join(rt_dir, "libmoe_cuda_runtime.so"), chip,
+                      header=f"// {one_line} ({chip})\n", fmt="fatbin")
 
 
 def _prebuilt_dirs() -> list[Path]:

@@ -1,50 +1,49 @@
 """The compiler driver: every build of a product, in process (:mod:`.compiler`) or by the build tools (``moe-opt``,
-``mlir-translate``, ``llc``, the C++ linker, ``moe-aot.py``, ``mlir-runner``), and the one disk cache the products
-are kept in.
+``mlir-runner``), and the one disk cache the products are kept in.
 
 Products:
 
 * a CPU kernel of ``torch.ops.moe.*`` (:func:`build_cpu_kernel`, for :mod:`.cache`): in process;
-* a CUDA kernel of ``torch.ops.moe.*`` (:func:`build_cuda_kernel`, for :mod:`.cache`): in process; and, by the
-  tools, the same shared object for a machine without this compiler (:func:`build_cuda_library`, for
+* a CUDA kernel of ``torch.ops.moe.*`` (:func:`build_cuda_kernel`, for :mod:`.cache`): in process, built when it is
+  first called, or ahead of time for a machine without this compiler (``fmt="fatbin"``: :func:`.cache.prebuild_cuda`,
   :mod:`.prebuild`);
-* a GPU library of the whole-graph CUDA split (:func:`moe_mlir.backends.cuda.build_gpu_library`, through
-  :func:`run_moe_aot`);
-* MLIR text through ``moe-opt`` passes (:func:`run_moe_opt`, for the whole-graph path).
+* a GPU library of the whole-graph CUDA split (:func:`moe_mlir.backends.cuda.build_gpu_library`): in process;
+* MLIR text through ``moe-opt`` passes (:func:`run_moe_opt`, for the whole-graph paths).
 
-Both CUDA products come from one recipe, :func:`run_moe_aot` (``tools/moe-aot/moe-aot.py --link``: moe-lower-to-nvvm,
-mlir-translate, llc, the link against ``libmoe_cuda_runtime.so``; a stdlib-only script, so that the GPU check bundle
-builds with it on a machine without this package), with the tools of one finder, :func:`find_gpu_toolchain`.
+Every CUDA product comes from one recipe, :func:`build_cuda_library`: ``moe-lower-to-nvvm`` in process
+(``libmoe_compiler.so``: the device code embedded as a ``gpu.binary``, loaded by the library's constructor), the host
+code generator at ``-O2`` for any x86-64, and lld against ``libmoe_cuda_runtime.so``, named by its soname, so that
+the library binds to the copy the process has loaded. Its tools come from one finder, :func:`find_gpu_toolchain`.
+``tools/moe-aot/moe-aot.py`` is a separate command-line tool, not a recipe of this package: it writes relocatable
+objects, LLVM IR and manifests for the GPU check bundle (``scripts/gpu-check.sh``), which links them on a machine
+without LLVM; the in-process compiler makes only linked shared objects.
 
 The disk cache is one directory, :func:`cache_dir` (``$MOE_KERNEL_CACHE`` or ``~/.cache/moe_mlir/kernels``): a
 product's name is the :func:`digest` of what it depends on (its input, the options, the :func:`stamp` of each tool
 and runtime library), and it is written under a temporary name and renamed (:func:`publish`), so that concurrent
 processes never see a partial one and every process finds what another built.
 
-The kernels of the torch ops are built in process (``libmoe_compiler.so``, loaded at the first build: its LLVM, linked
-in with hidden symbols, enters the torch process then, never at import or to load a cached kernel); the whole-graph
-paths run the tools. Imports nothing of the package but :mod:`.locate` (where the tools are) and :mod:`.compiler`.
+The compiler library (``libmoe_compiler.so``) is loaded at the first build: its LLVM, linked in with hidden symbols,
+enters the process then, never at import or to load a cached product. Imports nothing of the package but
+:mod:`.locate` (where the tools are) and :mod:`.compiler`.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import shutil
 import subprocess
-import sys
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .locate import LLVM_BIN, find_moe_aot, find_moe_opt, find_runtime_lib
+from .locate import LLVM_BIN, find_moe_opt, find_runtime_lib
 
 __all__ = ["CompileError", "MoEOptError", "GpuToolchain", "GpuToolchainError", "cache_dir", "digest", "stamp",
-           "publish", "llvm_tool", "run_process", "run_tool", "run_moe_opt", "find_gpu_toolchain", "run_moe_aot",
-           "build_cpu_kernel", "build_cuda_kernel", "build_cuda_library", "cuda_binary_format", "cuda_toolkit"]
+           "publish", "llvm_tool", "run_process", "run_tool", "run_moe_opt", "find_gpu_toolchain", "build_cpu_kernel",
+           "build_cuda_library", "build_cuda_kernel", "cuda_binary_format", "cuda_toolkit", "KERNEL_NVVM_OPTIONS"]
 
 
 class CompileError(RuntimeError):
@@ -56,8 +55,9 @@ class MoEOptError(RuntimeError):
 
 
 class GpuToolchainError(FileNotFoundError):
-    """A tool or library the GPU build needs is missing (moe-opt, moe-aot.py, mlir-translate, llc, ptxas,
-    fatbinary, a C++ compiler, libmoe_cuda_runtime.so); the message names it and how to provide it."""
+    """A library or tool the CUDA recipe needs is missing (libmoe_compiler.so, the CUDA toolkit's ptxas and
+    fatbinary, libmoe_cuda_runtime.so, libmoe_cpu_runtime.so; moe-opt for the whole-graph split); the message names
+    it and how to provide it."""
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -124,71 +124,77 @@ def llvm_tool(name: str) -> str:
 
 
 def cuda_toolkit() -> str:
+    """The CUDA toolkit whose ptxas and fatbinary make cubins: ``$MOE_CUDA_TOOLKIT``, else ``/usr/local/cuda``."""
     return os.environ.get("MOE_CUDA_TOOLKIT", "/usr/local/cuda")
+
+
+#: The CUDA toolkit's tools each ``gpu.binary`` format needs: ``fatbin`` (cubin for the chip + PTX), ``bin`` (cubin)
+#: and ``isa`` (PTX, which the driver compiles when the library is loaded: none).
+FORMAT_TOOLS = {"fatbin": ("ptxas", "fatbinary"), "bin": ("ptxas",), "isa": ()}
+
+
+def cuda_binary_format(toolkit: Optional[str] = None) -> str:
+    """The best ``gpu.binary`` format the toolkit makes: ``fatbin`` (cubin for the chip + PTX) where it has ptxas and
+    fatbinary, else ``isa`` (PTX alone, which the driver compiles when the kernel is loaded)."""
+    bin_dir = os.path.join(toolkit or cuda_toolkit(), "bin")
+    return "fatbin" if all(os.access(os.path.join(bin_dir, t), os.X_OK) for t in FORMAT_TOOLS["fatbin"]) else "isa"
 
 
 @dataclass(frozen=True)
 class GpuToolchain:
-    """The tools of the CUDA recipe (:func:`run_moe_aot`)."""
-    moe_opt: str
-    moe_aot: str
-    llvm_bin: str
-    toolkit: str
-    cxx: str
+    """What the CUDA recipe (:func:`build_cuda_library`) needs, found by :func:`find_gpu_toolchain`."""
+
+    compiler: str  # libmoe_compiler.so (moe-lower-to-nvvm, LLVM, lld)
+    toolkit: str  # the CUDA toolkit: its tools of FORMAT_TOOLS[fmt] make the device code
+    fmt: str  # the gpu.binary format: fatbin, bin or isa
     runtime_dir: str  # holds libmoe_cuda_runtime.so and libmoe_cpu_runtime.so
 
+    @property
+    def runtime(self) -> str:
+        """The CUDA runtime the products link against (by soname)."""
+        return os.path.join(self.runtime_dir, "libmoe_cuda_runtime.so")
 
-def find_gpu_toolchain(moe_opt: Optional[str] = None, runtime_dir: Optional[str] = None) -> GpuToolchain:
-    """Every tool of the CUDA recipe (``moe_opt`` and ``runtime_dir`` as given, else found), or
-    :class:`GpuToolchainError` naming all that are missing."""
+    def stamps(self) -> tuple[str, ...]:
+        """What a product of this toolchain depends on besides its input and options, for its :func:`digest`: the
+        compiler library, the runtime, the format and its tools."""
+        tools = [stamp(os.path.join(self.toolkit, "bin", t)) for t in FORMAT_TOOLS[self.fmt]]
+        return (stamp(self.compiler), stamp(self.runtime), self.fmt, *tools)
+
+
+def find_gpu_toolchain(runtime_dir: Optional[str] = None, fmt: Optional[str] = "fatbin") -> GpuToolchain:
+    """The toolchain of the CUDA recipe: ``libmoe_compiler.so`` (:func:`.compiler.library_path`), the CUDA toolkit
+    (:func:`cuda_toolkit`) with the tools of ``fmt`` (None: the best it makes, :func:`cuda_binary_format`), and the
+    runtime libraries in ``runtime_dir`` (else beside the build's, :func:`.locate.find_runtime_lib`). No LLVM tool, C++
+    compiler or GPU. :class:`GpuToolchainError` naming all that is missing."""
+    from . import compiler
+
     missing: list[str] = []
-    moe_opt = moe_opt or find_moe_opt()
-    if moe_opt is None:
-        missing.append("moe-opt (build it: ninja -C <build> moe-opt, or set MOE_OPT)")
-    aot = find_moe_aot()
-    if aot is None:
-        missing.append(f"moe-aot.py (not at {os.environ.get('MOE_AOT') or 'tools/moe-aot/moe-aot.py'}; set MOE_AOT)")
-    llvm_bin = str(LLVM_BIN)
-    for tool in ("mlir-translate", "llc"):
-        if not os.access(os.path.join(llvm_bin, tool), os.X_OK):
-            missing.append(f"{tool} (not in {llvm_bin})")
+    lib = compiler.library_path()
+    if lib is None:
+        missing.append(f"{compiler.LIBRARY} (build it: cmake --build <build>, or set MOE_COMPILER)")
     toolkit = cuda_toolkit()
-    for tool in ("ptxas", "fatbinary"):
+    fmt = fmt or cuda_binary_format(toolkit)
+    if fmt not in FORMAT_TOOLS:
+        raise ValueError(f"gpu.binary format {fmt!r}: expected one of {', '.join(FORMAT_TOOLS)}")
+    for tool in FORMAT_TOOLS[fmt]:
         if not os.access(os.path.join(toolkit, "bin", tool), os.X_OK):
-            missing.append(f"{tool} of the CUDA toolkit (not in {toolkit}/bin; set MOE_CUDA_TOOLKIT)")
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if not cxx:
-        missing.append("a C++ compiler to link the library (c++/g++, or set CXX)")
+            missing.append(f"{tool} of the CUDA toolkit (not in {toolkit}/bin; set MOE_CUDA_TOOLKIT), for the {fmt} "
+                           "format")
     if runtime_dir is None:
         rt = find_runtime_lib("libmoe_cuda_runtime.so")
         if rt is None:
             missing.append("libmoe_cuda_runtime.so (build it: ninja -C <build> moe_cuda_runtime; it needs the CUDA "
                            "toolkit's cuda.h and stub libcuda.so at configure time)")
         else:
-            runtime_dir = os.path.dirname(rt)
+            runtime_dir = os.path.dirname(os.path.abspath(rt))
+    elif not os.path.isfile(os.path.join(runtime_dir, "libmoe_cuda_runtime.so")):
+        missing.append(f"libmoe_cuda_runtime.so in {runtime_dir}")
     if runtime_dir is not None and not os.path.isfile(os.path.join(runtime_dir, "libmoe_cpu_runtime.so")):
         missing.append(f"libmoe_cpu_runtime.so beside libmoe_cuda_runtime.so in {runtime_dir} (build it: ninja -C "
                        "<build> moe_cpu_runtime)")
     if missing:
         raise GpuToolchainError("the GPU build cannot run; missing:\n  - " + "\n  - ".join(missing))
-    return GpuToolchain(moe_opt, aot, llvm_bin, toolkit, cxx, runtime_dir)  # type: ignore[arg-type]
-
-
-def run_moe_aot(src: Path, out_dir: Path, name: str, tc: GpuToolchain, chip: str, fmt: str = "fatbin",
-                pipeline_options: str = "", canonicalize: bool = False,
-                timeout: float = 900) -> subprocess.CompletedProcess:
-    """The CUDA recipe: ``moe-aot.py SRC --link`` into ``out_dir/lib<name>.so`` (moe-lower-to-nvvm for ``chip``
-    with ``pipeline_options``, mlir-translate, llc, ``c++ -shared`` against ``tc.runtime_dir``'s
-    libmoe_cuda_runtime.so, which the library names by its soname: a process that loaded the runtime already binds
-    to that copy). The caller reads the exit status and stderr (moe-aot.py names the failed step)."""
-    cmd = [sys.executable, tc.moe_aot, str(src), "-o", str(out_dir), "--name", name, "--chip", chip, "--format", fmt,
-           "--toolkit", tc.toolkit, "--moe-opt", tc.moe_opt, "--llvm-bin", tc.llvm_bin, "--cxx", tc.cxx,
-           "--link", "--runtime-dir", tc.runtime_dir]
-    if canonicalize:
-        cmd.append("--canonicalize")
-    if pipeline_options:
-        cmd += ["--pipeline-options", pipeline_options]
-    return run_process(cmd, timeout=timeout)
+    return GpuToolchain(lib, toolkit, fmt, os.path.abspath(runtime_dir))  # type: ignore[arg-type]
 
 
 def run_process(cmd: Sequence[str], stdin: Optional[str] = None, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -260,47 +266,49 @@ def build_cpu_kernel(mlir: str, dest: Path, runtime: str, threads: int, target: 
              "results-to-out-params=true}", dest, target, 3, runtime, "building the CPU kernel")
 
 
-def cuda_binary_format(toolkit: Optional[str] = None) -> str:
-    """The gpu.binary format of the CUDA kernels built here: ``fatbin`` (cubin for the chip + PTX) where the toolkit
-    has ptxas and fatbinary, else ``isa`` (PTX alone, which the driver compiles when the kernel is loaded)."""
-    bin_dir = os.path.join(toolkit or cuda_toolkit(), "bin")
-    tools = ("ptxas", "fatbinary")
-    return "fatbin" if all(os.access(os.path.join(bin_dir, t), os.X_OK) for t in tools) else "isa"
+# ----------------------------------------------------------------------------------------------------------------
+# The CUDA recipe
+# ----------------------------------------------------------------------------------------------------------------
+
+#: ``moe-lower-to-nvvm``'s options for a kernel of ``torch.ops.moe.*``: its results are computed into the op's
+#: outputs (torch allocates them), and its host code launches on the ambient stream (PyTorch's current one) and
+#: returns without waiting. The whole-graph library keeps the defaults: results allocated by the library, a wait at
+#: return.
+KERNEL_NVVM_OPTIONS = "results-to-out-params=true wait-at-return=false"
 
 
-def build_cuda_kernel(mlir: str, dest: Path, runtime: str, chip: str, header: str = "") -> None:
-    """Compiles a kernel module for ``chip`` into the shared object ``dest`` (atomically), in this process
-    (:mod:`.compiler`): canonicalize and ``moe-lower-to-nvvm`` (the device code embedded in the format of
-    :func:`cuda_binary_format`, results as out-params, no wait at return), LLVM IR, the host code generator at
-    ``-O2`` for any x86-64 (launch code: the file serves every machine that shares the cache) and lld, against
-    ``libmoe_cuda_runtime.so`` (``runtime``); its constructor loads the device code. Needs no GPU; ptxas only for
-    cubins."""
-    toolkit = cuda_toolkit()
-    fmt = cuda_binary_format(toolkit)
-    _compile(header + mlir, f"canonicalize,moe-lower-to-nvvm{{chip={chip} format={fmt} toolkit={toolkit} "
-             "results-to-out-params=true wait-at-return=false}", dest, "x86-64", 2, runtime,
-             f"building the CUDA kernel for {chip}")
+def build_cuda_library(mlir: str, dest: Path, chip: str, tc: GpuToolchain, *, options: str = "",
+                       canonicalize: bool = False, what: str = "") -> None:
+    """The CUDA recipe, for every CUDA product: compiles ``mlir`` (public functions of tensors holding moe ops) for
+    ``chip`` into the shared object ``dest`` (atomically), in this process (:mod:`.compiler`):
+
+    * ``canonicalize`` (if asked), then ``moe-lower-to-nvvm{chip format toolkit <options>}`` (``moe-fuse-routing``,
+      the kernels, the device code embedded as a ``gpu.binary`` of ``tc.fmt`` that the library's constructor loads);
+    * LLVM IR, LLVM's ``-O2`` and the code generator for any x86-64: the host code only launches kernels, and the
+      file serves every machine that shares it (a cache, a prebuilt folder);
+    * lld against ``tc.runtime``, named by its soname with its directory as run path: a process that has loaded the
+      runtime binds to that copy, so a library built here works where the runtime lives elsewhere; compiler-rt's
+      builtins linked in from the archive.
+
+    Every public function ``f`` is exported as ``_mlir_ciface_f``. Needs no GPU; ptxas and fatbinary for cubins.
+    :class:`CompileError` with the compiler's diagnostics on failure."""
+    nvvm = f"chip={chip} format={tc.fmt} toolkit={tc.toolkit}" + (f" {options}" if options else "")
+    pipeline = f"moe-lower-to-nvvm{{{nvvm}}}"
+    if canonicalize:
+        pipeline = "canonicalize," + pipeline
+    _compile(mlir, pipeline, dest, "x86-64", 2, tc.runtime, what or f"building the CUDA library for {chip}")
 
 
-def build_cuda_library(mlir: str, dest: Path, moe_opt: str, rt_dir: str, chip: str, header: str = "") -> None:
-    """Compiles a kernel module for ``chip`` into the shared object ``dest`` (atomically) with the one CUDA recipe,
-    ``moe-aot.py --canonicalize --link`` (:func:`locate.find_moe_aot`): ``moe-lower-to-nvvm`` (a fatbin, results as
-    out-params, no wait at return), ``mlir-translate``, ``llc``, ``c++ -shared`` against ``libmoe_cuda_runtime.so``
-    in ``rt_dir``. Needs LLVM and the CUDA toolkit's ptxas/fatbinary, not a GPU."""
+def build_cuda_kernel(mlir: str, dest: Path, runtime: str, chip: str, header: str = "",
+                      fmt: Optional[str] = None) -> None:
+    """Compiles a kernel module (:func:`moe_mlir.runtime.cache.kernel_module`) for ``chip`` into the shared object
+    ``dest`` with the CUDA recipe (:func:`build_cuda_library`): canonicalized first, with :data:`KERNEL_NVVM_OPTIONS`,
+    against the CUDA runtime ``runtime``, the device code in the format ``fmt`` (None: the best the toolkit makes,
+    :func:`cuda_binary_format`; a kernel prebuilt for a machine without this compiler asks for ``fatbin``, so that
+    its driver has the cubin). Its constructor loads the device code."""
     try:
-        tc = find_gpu_toolchain(moe_opt=moe_opt, runtime_dir=rt_dir)
+        tc = find_gpu_toolchain(runtime_dir=str(Path(runtime).parent), fmt=fmt)
     except GpuToolchainError as e:
-        raise CompileError(str(e)) from None
-    with tempfile.TemporaryDirectory(prefix="moe-cuda-kernel-") as tmp:
-        t = Path(tmp)
-        (t / "kernel.mlir").write_text(header + mlir)
-        # The runtime is found by name when the kernel is loaded: the process has loaded it already
-        # (moe_mlir.runtime.cuda), so a prebuilt kernel works on a machine with the runtime elsewhere.
-        proc = run_moe_aot(t / "kernel.mlir", t, "kernel", tc, chip, canonicalize=True,
-                           pipeline_options="results-to-out-params=true wait-at-return=false")
-        if proc.returncode != 0:
-            raise CompileError(f"moe-aot.py failed (exit {proc.returncode}) building the CUDA kernel for {chip}:\n"
-                               f"{proc.stderr.strip()}")
-        part = _part(dest)
-        shutil.copy(t / "libkernel.so", part)
-        publish(part, dest)
+        raise CompileError(f"building the CUDA kernel for {chip}: {e}") from None
+    build_cuda_library(header + mlir, dest, chip, tc, options=KERNEL_NVVM_OPTIONS, canonicalize=True,
+                       what=f"building the CUDA kernel for {chip}")

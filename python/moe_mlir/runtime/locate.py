@@ -74,8 +74,9 @@ def _is_script(path: str) -> bool:
 
 
 def find_moe_aot() -> Optional[str]:
-    """Path of ``moe-aot.py`` (the GPU whole-graph build, stdlib-only Python): ``$MOE_AOT``, the bundle's copy, else
-    the source tree's ``tools/moe-aot/moe-aot.py``; None when none exists."""
+    """Path of ``moe-aot.py`` (the command-line ahead-of-time GPU object tool of the GPU check, stdlib-only Python;
+    the package's CUDA builds do not run it): ``$MOE_AOT``, the bundle's copy, else the source tree's
+    ``tools/moe-aot/moe-aot.py``; None when none exists."""
     env = os.environ.get("MOE_AOT")
     bundle = bundle_dir()
     p = Path(env) if env else (bundle / "bin" if bundle else REPO_ROOT / "tools" / "moe-aot") / "moe-aot.py"

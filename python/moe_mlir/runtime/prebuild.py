@@ -8,8 +8,9 @@
   cached kernel (a few ms) instead of compiling one (0.5-1 s each): bench/compile.py measures both.
 * ``python -m moe_mlir.runtime.prebuild KEYS OUT_DIR [--chip sm_90]``: builds the CUDA kernels of the keys in file KEYS
   (one per line, as ``$MOE_KERNEL_RECORD`` writes them) for the chip into OUT_DIR, the layout ``$MOE_KERNEL_PREBUILT``
-  reads (:func:`moe_mlir.runtime.cache.prebuild_cuda`). Needs moe-opt, LLVM and the CUDA toolkit, no GPU:
-  scripts/gpu-check.sh runs it for the GPU machine, which has no LLVM.
+  reads (:func:`moe_mlir.runtime.cache.prebuild_cuda`), in process with the one CUDA recipe (a fatbin). Needs the
+  compiler library and the CUDA toolkit's ptxas/fatbinary, no GPU: scripts/gpu-check.sh runs it for the GPU
+  machine, which has no LLVM.
 """
 
 from __future__ import annotations
