@@ -12,7 +12,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "KernelUtils.h"
+#include "HostCode.h"
+#include "Reductions.h"
 #include "Lowerings.h"
 #include "MoE/Kernels/CoSelection.h"
 #include "MoE/Kernels/IndexErrors.h"

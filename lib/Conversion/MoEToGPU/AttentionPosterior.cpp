@@ -27,7 +27,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "KernelUtils.h"
+#include "HostCode.h"
+#include "Reductions.h"
 #include "Lowerings.h"
 
 #include <limits>

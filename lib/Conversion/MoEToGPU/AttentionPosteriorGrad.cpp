@@ -39,7 +39,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "KernelUtils.h"
+#include "HostCode.h"
 #include "Lowerings.h"
 
 #include "MoE/Kernels/IndexErrors.h"

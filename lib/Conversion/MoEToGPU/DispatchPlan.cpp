@@ -35,7 +35,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "KernelUtils.h"
+#include "HostCode.h"
 #include "Lowerings.h"
 
 #include "MoE/Kernels/IndexErrors.h"

@@ -37,7 +37,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "FlashTile.h"
-#include "KernelUtils.h"
+#include "HostCode.h"
 #include "Lowerings.h"
 
 #include "MoE/Kernels/FlashLogit.h"

@@ -84,7 +84,9 @@
 //===----------------------------------------------------------------------===//
 
 #include "FlashTile.h"
-#include "KernelUtils.h"
+#include "HostCode.h"
+#include "Reductions.h"
+#include "RegisterTopk.h"
 #include "Lowerings.h"
 
 #include "MoE/Kernels/FlashLogit.h"

@@ -12,7 +12,7 @@
 #ifndef MOE_LIB_CONVERSION_MOETOGPU_FLASHTILE_H
 #define MOE_LIB_CONVERSION_MOETOGPU_FLASHTILE_H
 
-#include "KernelUtils.h"
+#include "GpuKernelBuilder.h"
 #include "Lowerings.h"
 
 namespace mlir::moe::gpu_lowering {

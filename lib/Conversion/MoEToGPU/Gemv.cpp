@@ -5,6 +5,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Gemv.h"
+#include "Reductions.h"
 
 #include "MoE/Kernels/Gemv.h"
 

@@ -15,7 +15,7 @@
 #ifndef MOE_LIB_CONVERSION_MOETOGPU_GEMV_H
 #define MOE_LIB_CONVERSION_MOETOGPU_GEMV_H
 
-#include "KernelUtils.h"
+#include "HostCode.h"
 
 namespace mlir::moe::gpu_lowering {
 

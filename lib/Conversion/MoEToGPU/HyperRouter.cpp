@@ -11,7 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Gemv.h"
-#include "KernelUtils.h"
+#include "HostCode.h"
 #include "Lowerings.h"
 
 #include "MoE/Kernels/Gemv.h"

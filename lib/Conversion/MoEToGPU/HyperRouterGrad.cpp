@@ -26,7 +26,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "Gemv.h"
-#include "KernelUtils.h"
+#include "HostCode.h"
+#include "Reductions.h"
 #include "Lowerings.h"
 
 #include "MoE/Kernels/Gemv.h"

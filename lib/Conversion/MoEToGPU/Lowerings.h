@@ -5,7 +5,7 @@
 // One conversion pattern per moe op, added by the op's populate function
 // (generated from the lowering table, include/MoE/Conversion/Lowerings.td;
 // populateMoEToGPUPatterns calls them all): each rewrites one tensor-level op
-// into host code + kernels (see KernelUtils.h) and replaces its results; on
+// into host code + kernels (see HostCode.h) and replaces its results; on
 // failure it emits an error on the op and leaves the IR unchanged.
 //
 //===----------------------------------------------------------------------===//
@@ -32,7 +32,7 @@ namespace mlir::moe::gpu_lowering {
 
 /// The per-op patterns of convert-moe-to-gpu (one file each in this
 /// directory) derive from this: `lower` rewrites the op through the rewriter
-/// into host code + kernels (KernelUtils.h), or emits an error on the op and
+/// into host code + kernels (HostCode.h), or emits an error on the op and
 /// changes nothing. The kernels it made must then fit the CUDA limits
 /// (Limits.h); one that does not is a match failure with the limit named at
 /// the op, and the conversion driver rolls the lowering back.
@@ -342,7 +342,7 @@ kernels::RouteReplayPick routeReplayPickReported(
     Value j, Value k, int64_t numExperts,
     function_ref<Value(const kernels::RouteReplayPick &)> reportIf);
 
-enum class ReduceKind; // KernelUtils.h
+enum class ReduceKind; // Reductions.h
 
 /// The softmax statistics of a route kernel's token row, of which this lane
 /// holds `xs` and `reduce` combines the lanes' values, where the scoring needs

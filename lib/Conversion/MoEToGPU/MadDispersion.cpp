@@ -21,7 +21,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "KernelUtils.h"
+#include "HostCode.h"
+#include "Reductions.h"
 #include "Lowerings.h"
 #include "MoE/Kernels/IndexErrors.h"
 #include "MoE/Kernels/SegmentedStats.h"

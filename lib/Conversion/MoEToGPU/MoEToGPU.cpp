@@ -11,7 +11,8 @@
 
 #include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
 #include "MoE/Conversion/Legality.h"
-#include "KernelUtils.h"
+#include "HostCode.h"
+#include "Reductions.h"
 #include "Limits.h"
 #include "Lowerings.h"
 #include "MoE/IR/MoEDialect.h"

@@ -23,7 +23,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "KernelUtils.h"
+#include "HostCode.h"
 #include "Lowerings.h"
 #include "RowKernels.h"
 

@@ -54,7 +54,9 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "KernelUtils.h"
+#include "HostCode.h"
+#include "Reductions.h"
+#include "RegisterTopk.h"
 #include "Lowerings.h"
 
 #include "MoE/Kernels/IndexErrors.h"

@@ -22,7 +22,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "KernelUtils.h"
+#include "HostCode.h"
+#include "Reductions.h"
 #include "Lowerings.h"
 #include "RowKernels.h"
 

@@ -24,7 +24,7 @@
 #ifndef MOE_LIB_CONVERSION_MOETOGPU_ROWKERNELS_H
 #define MOE_LIB_CONVERSION_MOETOGPU_ROWKERNELS_H
 
-#include "KernelUtils.h"
+#include "HostCode.h"
 
 namespace mlir::moe::gpu_lowering {
 

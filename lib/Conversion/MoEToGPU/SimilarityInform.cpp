@@ -9,7 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "KernelUtils.h"
+#include "HostCode.h"
 #include "Lowerings.h"
 
 #include "MoE/Kernels/OnlineSoftmax.h"

@@ -30,7 +30,9 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "KernelUtils.h"
+#include "HostCode.h"
+#include "Reductions.h"
+#include "RegisterTopk.h"
 #include "Lowerings.h"
 
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"

@@ -10,7 +10,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "KernelUtils.h"
+#include "HostCode.h"
+#include "RegisterTopk.h"
 #include "Lowerings.h"
 #include "RowKernels.h"
 

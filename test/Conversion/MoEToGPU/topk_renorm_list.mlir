@@ -1,7 +1,7 @@
 // RUN: moe-opt %s --convert-moe-to-gpu="topk-rounds=list" -split-input-file | FileCheck %s
 // ptxas-options: topk-rounds=list
 
-// topk-rounds=list (TopkRenorm.cpp's listMappingOf, KernelUtils.cpp's
+// topk-rounds=list (TopkRenorm.cpp's listMappingOf, RegisterTopk.cpp's
 // emitListTopk): lanes per token sized by K, 16-byte loads where the row base
 // is aligned (ld.global.nc.v4.b32 in inline assembly) and 4-byte ones where it
 // is not, each lane's best candidates sorted in registers, a round = the

@@ -1,4 +1,4 @@
-"""A model of topk-rounds=list (lib/Conversion/MoEToGPU/TopkRenorm.cpp's listMappingOf, KernelUtils.cpp's
+"""A model of topk-rounds=list (lib/Conversion/MoEToGPU/TopkRenorm.cpp's listMappingOf, RegisterTopk.cpp's
 emitListTopk, lib/Kernels/TopK.cpp's insertIntoTopList and ranksAfterPick), step for step on Python ints, checked
 against a sort in the dialect's order: the argument that the kernel's lists, rounds, pops and refills select the
 right elements, runnable without a GPU. A change to the kernel's algorithm changes this model in the same commit.
