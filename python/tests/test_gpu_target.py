@@ -215,7 +215,7 @@ def test_every_cuda_product_comes_from_the_one_recipe(gpu_toolchain, tmp_path, m
     graph = compile(OneOp("topk_renorm", 2), (torch.randn(6, 8),), target="cuda", chip="sm_80",
                     build_dir=str(tmp_path / "graph"))
     key = "topk_renorm|k=2|mode=logits|renormalize=1|in:scores:f32:?x16"
-    assert cache.prebuild_cuda([key], tmp_path / "prebuilt", "sm_90", jobs=1) == 1
+    assert cache.prebuild_cuda([key], tmp_path / "prebuilt", "sm_90") == 1
     prebuilt = tmp_path / "prebuilt" / (cache.cuda_kernel_name(key, "sm_90") + ".so")
     first_call = tmp_path / "first-call.so"
     runtime = str(Path(find_runtime_lib("libmoe_cuda_runtime.so")).resolve())

@@ -825,14 +825,14 @@ def test_prebuild_cuda_builds_a_kernel_with_the_one_cuda_recipe(tmp_path, monkey
     built = []
     recipe = driver.build_cuda_library
     monkeypatch.setattr(driver, "build_cuda_library", lambda *a, **kw: built.append(a[3].fmt) or recipe(*a, **kw))
-    assert cache.prebuild_cuda([key], tmp_path, "sm_90", jobs=1) == 1
+    assert cache.prebuild_cuda([key], tmp_path, "sm_90") == 1
     assert calls == [] and built == ["fatbin"]
     so = tmp_path / (cache.cuda_kernel_name(key, "sm_90") + ".so")
     assert [p.name for p in tmp_path.iterdir()] == [so.name]
     syms = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True, check=True).stdout
     assert " T _mlir_ciface_" in syms, syms
     assert b"sm_90" in so.read_bytes()
-    assert cache.prebuild_cuda([key], tmp_path, "sm_90", jobs=1) == 0
+    assert cache.prebuild_cuda([key], tmp_path, "sm_90") == 0
 
 
 def test_prebuild_cuda_leaves_out_the_cpu_only_ops(tmp_path, monkeypatch):
@@ -845,7 +845,7 @@ def test_prebuild_cuda_leaves_out_the_cpu_only_ops(tmp_path, monkeypatch):
     monkeypatch.delenv("MOE_CUDA_ROUTER_LOSSES", raising=False)
     keys = ["router_stats_fwd|top_k=2|in:logits:f32:?x32", "router_z_loss|in:logits:f32:?x8",
             "router_stats_backward|in:grad_mean_probs:f32:8|in:logits:f32:?x8|in:weight_sum:f32:"]
-    assert cache.prebuild_cuda(keys, tmp_path, "sm_90", jobs=1) == 0
+    assert cache.prebuild_cuda(keys, tmp_path, "sm_90") == 0
     assert list(tmp_path.iterdir()) == []
     assert cache.CPU_ONLY_OPS <= set(cache.validators)
     assert cache.CUDA_SWITCHED_OPS <= cache.CPU_ONLY_OPS
@@ -873,7 +873,7 @@ def test_prebuild_cuda_builds_the_router_losses_when_switched_on(tmp_path, monke
             "router_z_loss_backward|in:logits:bf16:?x64|in:grad:f32:scalar",
             "router_stats_backward|in:logits:f32:?x64|in:token_mask:f32:?|in:weight_sum:f32:scalar"
             "|in:grad_mean_probs:f32:64"]
-    assert cache.prebuild_cuda(keys, tmp_path, "sm_90", jobs=2) == 4
+    assert cache.prebuild_cuda(keys, tmp_path, "sm_90") == 4
     for key in keys:
         so = tmp_path / (cache.cuda_kernel_name(key, "sm_90") + ".so")
         assert so.is_file() and b"sm_90" in so.read_bytes(), key

@@ -12,8 +12,9 @@ and, on an in-memory miss, calls :func:`load` (registered once by :mod:`.extensi
    the eager ops);
 2. returns the kernel already loaded in this process, or
 3. loads ``<cache>/<hash>.so`` when an earlier process built it, or
-4. builds it, in this process (:mod:`.driver`, :mod:`.compiler`: ``libmoe_compiler.so``): an MLIR module whose
-   ``@kernel`` takes the inputs as tensors with the token-like dimensions dynamic and returns the results, lowered by
+4. builds it, in this process (:mod:`.driver`, :mod:`.compiler`: ``libmoe_compiler.so``): the module the compiler
+   builds from the key (:func:`kernel_module`: the op of include/MoE/IR/KernelKeys.td with its ODS builder, verified),
+   whose ``@kernel`` takes the inputs as tensors with the token-like dimensions dynamic and returns the results, lowered by
    canonicalize and ``moe-lower-to-llvm{results-to-out-params=true}`` (the results become out-params appended to
    the arguments and the kernel computes them in the caller's buffers: no copy), translated to LLVM IR, optimized
    at ``-O3`` (needed anyway: the parallel kernels hold coroutines that only the middle end lowers), compiled and
@@ -36,8 +37,8 @@ toolkit's ptxas is present, else PTX that the driver compiles at load (:func:`.d
 loaded by its constructor when the file is loaded. Its file is ``<cache>/cuda-<toolchain>/<name>.so`` where
 ``<name>`` hashes the key (without the device index), the chip and the format version, and ``<toolchain>`` the
 compiler library, the format and ptxas. Directories in ``$MOE_KERNEL_PREBUILT`` (``:``-separated) are searched for
-``<name>.so`` first: the same shared objects, which :func:`prebuild_cuda` builds ahead of time with moe-aot.py on a
-machine with LLVM but no GPU (``python -m moe_mlir.runtime.prebuild``, run by ``scripts/gpu-check.sh``), for a GPU machine without
+``<name>.so`` first: the same shared objects, which :func:`prebuild_cuda` builds ahead of time by the same recipe
+(a fatbin) on a machine with this compiler but no GPU (``python -m moe_mlir.runtime.prebuild``, run by ``scripts/gpu-check.sh``), for a GPU machine without
 this compiler.
 ``$MOE_KERNEL_RECORD`` names a file every key a process asks for is appended to (what to prebuild).
 """
@@ -249,11 +250,11 @@ def build_cuda(k: KernelKey, key: str, dest: Path, rt: str, chip: str) -> None:
     build_cuda_kernel(kernel_module(k), dest, rt, chip, header=f"// {one_line} ({chip})\n")
 
 
-def build_cuda_aot(k: KernelKey, key: str, dest: Path, moe_opt: str, rt_dir: str, chip: str) -> None:
+def build_cuda_aot(k: KernelKey, key: str, dest: Path, rt_dir: str, chip: str) -> None:
     """Compiles the CUDA kernel of ``k`` for ``chip`` into the shared object ``dest`` that ``$MOE_KERNEL_PREBUILT``
     serves on a machine without this compiler (:func:`prebuild_cuda`): the same recipe as :func:`build_cuda`, in this
     process, with a fatbin (the cubin for the chip and PTX) against the CUDA runtime in ``rt_dir``. Needs the CUDA
-    toolkit's ptxas/fatbinary, not a GPU; ``moe_opt`` is not used."""
+    toolkit's ptxas/fatbinary, not a GPU."""
     one_line = key.replace("\n", " ")
     build_cuda_kernel(kernel_module(k), dest, os.path.join(rt_dir, "libmoe_cuda_runtime.so"), chip,
                       header=f"// {one_line} ({chip})\n", fmt="fatbin")
@@ -406,19 +407,16 @@ def cuda_kernel_op(op: str) -> bool:
     return op not in CPU_ONLY_OPS or (op in CUDA_SWITCHED_OPS and cuda_router_losses())
 
 
-def prebuild_cuda(keys: list[str], out_dir: Path, chip: str, jobs: Optional[int] = None) -> int:
+def prebuild_cuda(keys: list[str], out_dir: Path, chip: str) -> int:
     """Builds the CUDA kernels of ``keys`` (any device index) for ``chip`` into ``out_dir`` as ``$MOE_KERNEL_PREBUILT``
-    expects them, ``jobs`` at a time (default: the CPU count); returns how many were built (the others were there).
-    Keys of :data:`CPU_ONLY_OPS` are left out (but for :data:`CUDA_SWITCHED_OPS` when
-    :func:`cuda_router_losses`). Needs moe-opt, LLVM and the CUDA toolkit; no GPU."""
-    from concurrent.futures import ThreadPoolExecutor
+    expects them; returns how many were built (the others were there). Keys of :data:`CPU_ONLY_OPS` are left out (but
+    for :data:`CUDA_SWITCHED_OPS` when :func:`cuda_router_losses`). Needs the compiler library and the CUDA toolkit;
+    no GPU. The builds run one after another: the compiler library takes one at a time."""
+    from .locate import find_runtime_lib as _find_runtime_lib
 
-    from .locate import find_moe_opt, find_runtime_lib as _find_runtime_lib
-
-    moe_opt = find_moe_opt()
     rt = _find_runtime_lib("libmoe_cuda_runtime.so")
-    if moe_opt is None or rt is None:
-        raise CompileError("prebuilding CUDA kernels needs moe-opt and libmoe_cuda_runtime.so (cmake --build build)")
+    if rt is None:
+        raise CompileError("prebuilding CUDA kernels needs libmoe_cuda_runtime.so (cmake --build build)")
     todo = []
     for key in dict.fromkeys(keys):
         k = parse_key(key)
@@ -428,7 +426,6 @@ def prebuild_cuda(keys: list[str], out_dir: Path, chip: str, jobs: Optional[int]
         dest = out_dir / (cuda_kernel_name(key, chip) + ".so")
         if not dest.is_file():
             todo.append((k, key, dest))
-    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-        # The builds are subprocesses: threads overlap them. list() re-raises the first failure.
-        list(pool.map(lambda t: build_cuda_aot(t[0], t[1], t[2], moe_opt, str(Path(rt).resolve().parent), chip), todo))
+    for k, key, dest in todo:
+        build_cuda_aot(k, key, dest, str(Path(rt).resolve().parent), chip)
     return len(todo)

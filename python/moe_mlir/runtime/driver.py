@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .locate import LLVM_BIN, find_moe_opt, find_runtime_lib
+from .locate import find_moe_opt, find_runtime_lib
 
 __all__ = ["CompileError", "MoEOptError", "GpuToolchain", "GpuToolchainError", "cache_dir", "digest", "stamp",
-           "publish", "llvm_tool", "run_process", "run_tool", "run_moe_opt", "find_gpu_toolchain", "build_cpu_kernel",
+           "publish", "run_process", "run_moe_opt", "find_gpu_toolchain", "build_cpu_kernel",
            "build_cuda_library", "build_cuda_kernel", "cuda_binary_format", "cuda_toolkit", "KERNEL_NVVM_OPTIONS"]
 
 
@@ -110,17 +110,6 @@ def _part(dest: Path) -> Path:
 # ----------------------------------------------------------------------------------------------------------------
 # Tools
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def llvm_tool(name: str) -> str:
-    """An LLVM 22 tool: ``/usr/lib/llvm-22/bin/<name>``, else ``<name>-22`` or ``<name>`` on PATH."""
-    p = LLVM_BIN / name
-    if p.is_file():
-        return str(p)
-    found = shutil.which(f"{name}-22") or shutil.which(name)
-    if found is None:
-        raise CompileError(f"{name} (LLVM 22) not found")
-    return found
 
 
 def cuda_toolkit() -> str:
@@ -200,14 +189,6 @@ def find_gpu_toolchain(runtime_dir: Optional[str] = None, fmt: Optional[str] = "
 def run_process(cmd: Sequence[str], stdin: Optional[str] = None, timeout: float = 900) -> subprocess.CompletedProcess:
     """Runs ``cmd`` (text in and out, captured); the caller reads the exit status."""
     return subprocess.run(list(cmd), input=stdin, capture_output=True, text=True, timeout=timeout)
-
-
-def run_tool(cmd: Sequence[str], what: str, stdin: Optional[str] = None, timeout: float = 900) -> str:
-    """Runs a build step; its stdout, or :class:`CompileError` with its diagnostics."""
-    proc = run_process(cmd, stdin, timeout)
-    if proc.returncode != 0:
-        raise CompileError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{proc.stderr.strip()}")
-    return proc.stdout
 
 
 def run_moe_opt(mlir_text: str, args: Sequence[str] = (), *, moe_opt: Optional[str] = None,

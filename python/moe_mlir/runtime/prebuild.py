@@ -168,7 +168,8 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--cpu", action="store_true", help="build the CPU kernels of the common configurations")
     ap.add_argument("--cpu-calls", nargs="+", metavar="NAME", help=argparse.SUPPRESS)  # one worker of --cpu
     ap.add_argument("--list", action="store_true", help="list the common configurations")
-    ap.add_argument("-j", "--jobs", type=int, default=None, help="builds at a time (default: the CPU count)")
+    ap.add_argument("-j", "--jobs", type=int, default=None,
+                    help="--cpu: builds at a time (default: the CPU count; CUDA kernels build one at a time)")
     args = ap.parse_args(argv)
     if args.list:
         print("\n".join(COMMON_CALLS))
@@ -185,7 +186,7 @@ def main(argv: "list[str] | None" = None) -> int:
     from .cache import prebuild_cuda
 
     keys = [line.strip() for line in Path(args.keys).read_text().splitlines() if line.strip()]
-    n = prebuild_cuda(keys, Path(args.out_dir), args.chip, args.jobs)
+    n = prebuild_cuda(keys, Path(args.out_dir), args.chip)
     print(f"prebuild: {n} CUDA kernels built, {len(set(keys)) - n} already there, in {args.out_dir} for {args.chip}")
     return 0
 
