@@ -263,8 +263,15 @@ static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
     Value outRows = viewAs2D(kernel.b, out),
           idxRows = viewAs2D(kernel.b, outIdx);
     Value flatRow = kb.add(kb.mul(b, N), row);
-    emitRegisterTopk(kb, vals, lane, kGroup, K, *spec.topk, outRows, idxRows,
-                     flatRow, active, Value(), Value());
+    emitRegisterTopk(kb, {.vals = vals,
+                          .lane = lane,
+                          .width = kGroup,
+                          .numElements = K,
+                          .out = {.spec = *spec.topk,
+                                  .weights = outRows,
+                                  .indices = idxRows,
+                                  .row = flatRow,
+                                  .active = active}});
   } else {
     kb.ifThen(active, [&] {
       for (int64_t m = 0; m < vpt; ++m) {

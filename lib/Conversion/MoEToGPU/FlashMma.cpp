@@ -371,9 +371,17 @@ static void emitMmaTopkEpilogue(GPUKernel &kernel, const FlashMixSpec &spec,
     Value row = rowsOf[r];
     Value active = kb.lt(row, N);
     Value flatRow = kb.add(kb.mul(bi, N), row);
-    emitRegisterTopk(kb, vals, tig, /*width=*/4, spec.numExperts, *spec.topk,
-                     outRows, idxRows, flatRow, active, Value(), Value(),
-                     TopkRounds::Butterfly, /*run=*/2);
+    emitRegisterTopk(kb, {.vals = vals,
+                          .lane = tig,
+                          .width = 4,
+                          .run = 2,
+                          .numElements = spec.numExperts,
+                          .rounds = TopkRounds::Butterfly,
+                          .out = {.spec = *spec.topk,
+                                  .weights = outRows,
+                                  .indices = idxRows,
+                                  .row = flatRow,
+                                  .active = active}});
   }
 }
 

@@ -18,17 +18,20 @@ using namespace mlir::moe::kernels;
 
 /// The epilogue of a register top-k: each lane turns the raw values it stored
 /// (rounds r with r % width == lane) into weights.
-static void rescaleOwnEntries(GpuKernelBuilder &kb, const TopkSpec &spec,
-                              Value lane, int64_t width, Value weights,
-                              Value row, Value active, Value v0, Value selSum,
-                              Value denseMax, Value denseSum) {
+static void rescaleOwnEntries(GpuKernelBuilder &kb,
+                              const RegisterTopkParams &p, Value v0,
+                              Value selSum) {
+  const TopkOutputs &out = p.out;
+  const TopkSpec &spec = out.spec;
+  Value weights = out.weights, row = out.row;
   if (!spec.logits && !spec.renormalize)
     return; // raw probabilities: the stored values are the weights
-  kb.ifThen(active, [&] {
-    kb.forLoop(lane, kb.idx(spec.k), kb.idx(width), [&](Value r) {
+  kb.ifThen(out.active, [&] {
+    kb.forLoop(p.lane, kb.idx(spec.k), kb.idx(p.width), [&](Value r) {
       Value v = kb.load(weights, {row, r});
-      kb.store(topkWeight(kb, spec, v, v0, selSum, denseMax, denseSum), weights,
-              {row, r});
+      kb.store(
+          topkWeight(kb, spec, v, v0, selSum, out.denseMax, out.denseSum),
+          weights, {row, r});
     });
   });
 }
@@ -48,14 +51,17 @@ static Value groupMask(GpuKernelBuilder &kb, int64_t width) {
   return kb.shl(kb.cI32((int64_t(1) << width) - 1), first);
 }
 
-
 /// The k rounds of TopkRounds::Redux: stores round r's value and index by lane
 /// r % width; returns {v0, selSum} as the butterfly rounds do.
 static SmallVector<Value>
-emitReduxRounds(GpuKernelBuilder &kb, ArrayRef<Value> vals, Value lane,
-                const RegisterRow &layout, int64_t numElements,
-                const TopkSpec &spec, Value weights, Value indices, Value row,
-                Value active) {
+emitReduxRounds(GpuKernelBuilder &kb, const RegisterTopkParams &p,
+                const RegisterRow &layout) {
+  ArrayRef<Value> vals = p.vals;
+  Value lane = p.lane;
+  const int64_t numElements = p.numElements;
+  const TopkSpec &spec = p.out.spec;
+  Value weights = p.out.weights, indices = p.out.indices, row = p.out.row,
+        active = p.out.active;
   const int64_t vpt = vals.size();
   const int64_t width = layout.width;
   Value gone = kb.cI32(std::numeric_limits<int32_t>::min());
@@ -103,20 +109,20 @@ emitReduxRounds(GpuKernelBuilder &kb, ArrayRef<Value> vals, Value lane,
   return {done[vpt], done[vpt + 1]};
 }
 
-void mlir::moe::gpu_lowering::emitRegisterTopk(
-    GpuKernelBuilder &kb, ArrayRef<Value> vals, Value lane, int64_t width,
-    int64_t numElements, const TopkSpec &spec, Value weights, Value indices,
-    Value row, Value active, Value denseMax, Value denseSum, TopkRounds rounds,
-    int64_t run) {
-  RegisterRow layout{width, run};
-  if (rounds == TopkRounds::Redux) {
-    SmallVector<Value> sel =
-        emitReduxRounds(kb, vals, lane, layout, numElements, spec, weights,
-                        indices, row, active);
-    rescaleOwnEntries(kb, spec, lane, width, weights, row, active, sel[0],
-                      sel[1], denseMax, denseSum);
+void mlir::moe::gpu_lowering::emitRegisterTopk(GpuKernelBuilder &kb,
+                                               const RegisterTopkParams &p) {
+  RegisterRow layout{p.width, p.run};
+  if (p.rounds == TopkRounds::Redux) {
+    SmallVector<Value> sel = emitReduxRounds(kb, p, layout);
+    rescaleOwnEntries(kb, p, sel[0], sel[1]);
     return;
   }
+  ArrayRef<Value> vals = p.vals;
+  Value lane = p.lane;
+  const int64_t width = p.width, numElements = p.numElements;
+  const TopkSpec &spec = p.out.spec;
+  Value weights = p.out.weights, indices = p.out.indices, row = p.out.row,
+        active = p.out.active;
   // Candidates are computed once; the rounds only compare and reduce.
   Value laneBase = layout.laneBase(kb, kb.castInt(lane, kb.i32()));
   SmallVector<Value> cands;
@@ -157,8 +163,7 @@ void mlir::moe::gpu_lowering::emitRegisterTopk(
                   return {best, pick.v0, selSum};
                 });
 
-  rescaleOwnEntries(kb, spec, lane, width, weights, row, active, done[1],
-                    done[2], denseMax, denseSum);
+  rescaleOwnEntries(kb, p, done[1], done[2]);
 }
 
 namespace {
@@ -230,14 +235,18 @@ whileLoop(GpuKernelBuilder &kb, ValueRange init,
   return SmallVector<Value>(loop.getResults());
 }
 
-void mlir::moe::gpu_lowering::emitListTopk(
-    GpuKernelBuilder &kb, ArrayRef<Value> keys, ArrayRef<int64_t> positions,
-    Value laneBase, Value lane, int64_t width, int64_t listLength,
-    const TopkSpec &spec, Value weights, Value indices, Value row, Value active,
-    Value denseMax, Value denseSum,
-    function_ref<void(const ListPicks &)> epilogue) {
+void mlir::moe::gpu_lowering::emitListTopk(GpuKernelBuilder &kb,
+                                           const ListTopkParams &p) {
+  ArrayRef<Value> keys = p.keys;
+  ArrayRef<int64_t> positions = p.positions;
+  Value laneBase = p.laneBase, lane = p.lane;
+  const int64_t width = p.width;
+  const TopkSpec &spec = p.out.spec;
+  Value weights = p.out.weights, indices = p.out.indices, row = p.out.row,
+        active = p.out.active, denseMax = p.out.denseMax,
+        denseSum = p.out.denseSum;
   const int64_t n = keys.size();
-  const int64_t t = listLength;
+  const int64_t t = p.listLength;
   const int64_t slots = llvm::divideCeil(spec.k, width);
   // A lane wins at most min(k, n) rounds: a list that long never runs out.
   const bool refill = t < std::min<int64_t>(spec.k, n);
@@ -383,7 +392,7 @@ void mlir::moe::gpu_lowering::emitListTopk(
     done = ListState::unflat(res, t, slots, true);
   }
 
-  if (epilogue) {
+  if (p.epilogue) {
     ListPicks picks;
     picks.keys = done.slotKeys;
     picks.indices = done.slotIndices;
@@ -391,7 +400,7 @@ void mlir::moe::gpu_lowering::emitListTopk(
       picks.valid.push_back((s + 1) * width <= spec.k
                                 ? kb.cBool(true)
                                 : kb.lt(laneI32, kb.cI32(spec.k - s * width)));
-    epilogue(picks);
+    p.epilogue(picks);
     return;
   }
   // Weights, once per pick, by the lane that kept it; stores of a group's

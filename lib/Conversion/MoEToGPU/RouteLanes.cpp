@@ -286,10 +286,20 @@ public:
       positions.push_back(m);
     TopkSpec topk;
     topk.k = spec.k;
-    emitListTopk(
-        kb, keys, positions, laneBase, lane, W, map.listLength, topk, weights,
-        indices, row, active, Value(), Value(),
-        [&](const ListPicks &picks) { storeWeights(picks, weights, indices); });
+    emitListTopk(kb, {.keys = keys,
+                      .positions = positions,
+                      .laneBase = laneBase,
+                      .lane = lane,
+                      .width = W,
+                      .listLength = map.listLength,
+                      .out = {.spec = topk,
+                              .weights = weights,
+                              .indices = indices,
+                              .row = row,
+                              .active = active},
+                      .epilogue = [&](const ListPicks &picks) {
+                        storeWeights(picks, weights, indices);
+                      }});
   }
 
 private:

@@ -115,8 +115,18 @@ static void emitWarpTopkKernel(GpuKernelBuilder &kb, Value scores, Value weights
     denseMax = dense.max;
     denseSum = dense.sum;
   }
-  emitRegisterTopk(kb, vals, lane, width, K, spec, weights, indices, row, active,
-                   denseMax, denseSum, rounds);
+  emitRegisterTopk(kb, {.vals = vals,
+                        .lane = lane,
+                        .width = width,
+                        .numElements = K,
+                        .rounds = rounds,
+                        .out = {.spec = spec,
+                                .weights = weights,
+                                .indices = indices,
+                                .row = row,
+                                .active = active,
+                                .denseMax = denseMax,
+                                .denseSum = denseSum}});
 }
 
 namespace {
@@ -262,8 +272,19 @@ static void emitListTopkKernel(GpuKernelBuilder &kb, Value scores, Value weights
     denseMax = dense.max;
     denseSum = dense.sum;
   }
-  emitListTopk(kb, keys, positions, laneBase, lane, width, map.listLength, spec,
-               weights, indices, row, active, denseMax, denseSum);
+  emitListTopk(kb, {.keys = keys,
+                    .positions = positions,
+                    .laneBase = laneBase,
+                    .lane = lane,
+                    .width = width,
+                    .listLength = map.listLength,
+                    .out = {.spec = spec,
+                            .weights = weights,
+                            .indices = indices,
+                            .row = row,
+                            .active = active,
+                            .denseMax = denseMax,
+                            .denseSum = denseSum}});
 }
 
 static void emitBlockTopkKernel(GpuKernelBuilder &kb, Value scores,
