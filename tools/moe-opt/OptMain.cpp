@@ -21,6 +21,7 @@
 #include "MoE/Conversion/Passes.h"
 #include "MoE/IR/KernelKey.h"
 #include "MoE/IR/MoEDialect.h"
+#include "MoE/Pipelines/GPUPipeline.h"
 #include "MoE/Pipelines/Pipelines.h"
 #include "MoE/Support/NestingDepth.h"
 #include "MoE/Transforms/Passes.h"

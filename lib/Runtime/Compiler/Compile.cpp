@@ -17,9 +17,9 @@
 #include "ErrorBuffer.h"
 #include "MoE/Runtime/KernelCompiler.h"
 
-#include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
 #include "MoE/Conversion/Passes.h"
 #include "MoE/IR/MoEDialect.h"
+#include "MoE/Pipelines/GPUPipeline.h"
 #include "MoE/Pipelines/Pipelines.h"
 #include "MoE/Support/NestingDepth.h"
 #include "MoE/Transforms/Passes.h"

@@ -1,4 +1,4 @@
-//===- Pipeline.cpp - The moe-lower-to-nvvm pipeline ----------------------===//
+//===- GPUPipeline.cpp - The moe-lower-to-nvvm pipeline -------------------===//
 //
 // Part of the MoE-MLIR project.
 //
@@ -14,7 +14,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
+#include "MoE/Pipelines/GPUPipeline.h"
+
 #include "MoE/Conversion/Passes.h"
 #include "MoE/Transforms/Passes.h"
 
