@@ -47,3 +47,5 @@
 // MALFORMED: error: malformed kernel key: malformed dimension 'A' of input 'logits'
 // RUN: not moe-opt --kernel-key='route|k=1|scoring=custom:^bb0(%x: f32): moe.yield %x : f32 }|in:logits:f32:?x4' 2>&1 | FileCheck %s --check-prefix=REGION
 // REGION: error: kernel key 'route': the custom score's region does not parse
+// RUN: not moe-opt --kernel-key='apply_capacity|num_experts=8|drop=position|in:indices:i32:?x2|in:weights:f32:?x2' 2>&1 | FileCheck %s --check-prefix=NO-CAPACITY
+// NO-CAPACITY: error: kernel key 'apply_capacity': the op has no result 7 to return (moe.dispatch_plan has 7)

@@ -11,6 +11,8 @@
 
 #include "MoE/IR/KernelKey.h"
 
+#include "MoE/Support/NestingDepth.h"
+
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
@@ -226,6 +228,13 @@ constexpr StringLiteral kCustomPrefix = "custom:";
 /// into `region`, which the caller's verifier then checks.
 LogicalResult parseScoreRegion(StringRef body, Region &region, Location loc) {
   MLIRContext *context = loc->getContext();
+  // The parser recurses once per bracket level (MoE/Support/NestingDepth.h).
+  if (findExcessiveNesting(body)) {
+    emitError(loc) << "kernel key 'route': the custom score's region nests "
+                      "brackets deeper than "
+                   << kMaxNestingDepth << " levels";
+    return failure();
+  }
   std::string text =
       ("\"builtin.module\"() ({\n" + body + "\n}) : () -> ()").str();
   Block holder;
@@ -312,7 +321,10 @@ OwningOpRef<ModuleOp> mlir::moe::buildKernelModule(MLIRContext *context,
   }
   SmallVector<Type> inputTypes;
   for (const KernelKey::Input &input : key->inputs) {
-    Type elem = parseType(input.elem, context, nullptr, /*isKnownNullTerminated=*/false);
+    Type elem = findExcessiveNesting(input.elem)
+                    ? Type()
+                    : parseType(input.elem, context, nullptr,
+                                /*isKnownNullTerminated=*/false);
     if (!elem || !(isa<FloatType>(elem) || isa<IntegerType>(elem))) {
       emitError(loc) << "kernel key '" << key->op << "': input '"
                      << input.name << "' has no element type '" << input.elem
@@ -332,8 +344,17 @@ OwningOpRef<ModuleOp> mlir::moe::buildKernelModule(MLIRContext *context,
   if (!op)
     return nullptr;
   SmallVector<Value> results;
-  for (unsigned i : keptResults(*key, op->getNumResults()))
+  for (unsigned i : keptResults(*key, op->getNumResults())) {
+    // The capacity plan keeps its dropped counts: an op built without a
+    // capacity has none.
+    if (i >= op->getNumResults()) {
+      emitError(loc) << "kernel key '" << key->op << "': the op has no result "
+                     << i << " to return (" << op->getName()
+                     << " has " << op->getNumResults() << ")";
+      return nullptr;
+    }
     results.push_back(op->getResult(i));
+  }
   func::ReturnOp::create(b, loc, results);
   func.setFunctionType(
       b.getFunctionType(inputTypes, ValueRange(results).getTypes()));
