@@ -16,7 +16,9 @@
 // RUN: not moe-tblgen -gen-moe-lowering-decls -lowering-target=CPUKernel -D TWICE %tblgen_includes %s 2>&1 | FileCheck %s --check-prefix=TWICE
 // RUN: not moe-tblgen -gen-moe-lowering-decls -lowering-target=CPUKernel -D UNNAMED %tblgen_includes %s 2>&1 | FileCheck %s --check-prefix=UNNAMED
 // RUN: not moe-tblgen -gen-moe-lowering-decls -lowering-target=Portable -D GUARD_NO_OPTIONS %tblgen_includes %s 2>&1 | FileCheck %s --check-prefix=GUARD-NO-OPTIONS
-// RUN: not moe-tblgen -gen-moe-lowering-decls -lowering-target=CPUKernel -D GUARD_NO_DEFAULT %tblgen_includes %s 2>&1 | FileCheck %s --check-prefix=GUARD-NO-DEFAULT
+// RUN: not moe-tblgen -gen-moe-lowering-decls -lowering-target=NoDefault -D GUARD_NO_DEFAULT %tblgen_includes %s 2>&1 | FileCheck %s --check-prefix=GUARD-NO-DEFAULT
+// RUN: not moe-tblgen -gen-moe-lowering-decls -lowering-target=CPUKernel -D UNKNOWN_TRAIT %tblgen_includes %s 2>&1 | FileCheck %s --check-prefix=UNKNOWN-TRAIT
+// RUN: not moe-tblgen -gen-moe-lowering-decls -lowering-target=CPUKernel -D MALFORMED_TRAIT %tblgen_includes %s 2>&1 | FileCheck %s --check-prefix=MALFORMED-TRAIT
 // RUN: not moe-tblgen -gen-moe-lowering-decls -lowering-target=GPUKernel -D GUARD_CUSTOM %tblgen_includes %s 2>&1 | FileCheck %s --check-prefix=GUARD-CUSTOM
 
 include "MoE/Conversion/Lowerings.td"
@@ -36,18 +38,31 @@ let onlyWith = [OnlyWith<Portable, "balanceKernels">] in
 def : FusedLowering<"Guarded", [MoE_RouteOp], [Portable]>;
 #endif
 #ifdef GUARD_NO_DEFAULT
-let onlyWith = [OnlyWith<CPUKernel, "balanceKernels">] in
-def : FusedLowering<"Guarded", [MoE_RouteOp], [CPUKernel]>;
+def NoDefault : LoweringTarget<"::mlir::moe::no_default", "Options">;
+let onlyWith = [OnlyWith<NoDefault, "balanceKernels">] in
+def : FusedLowering<"Guarded", [MoE_RouteOp], [NoDefault]>;
+#endif
+#ifdef UNKNOWN_TRAIT
+def : FusedLowering<"Traited", [MoE_RouteOp], [CPUKernel]> { let traits = ["lanes=false"]; }
+#endif
+#ifdef MALFORMED_TRAIT
+def : FusedLowering<"Traited", [MoE_RouteOp], [CPUKernel]> { let traits = ["targetLanes"]; }
 #endif
 #ifdef GUARD_CUSTOM
 let onlyWith = [OnlyWith<GPUKernel, "balanceKernels">], customPopulate = [GPUKernel] in
 def : FusedLowering<"Guarded", [MoE_RouteOp], [GPUKernel]>;
 #endif
 
+// The CPU's default kernel: its traits (the record's, else the target's defaults) and its emit() specialization
+// declared; a custom one (topk_renorm, the fused route + dispatch_plan) only its populate function.
 // CPU:      namespace mlir::moe::cpu_lowering {
-// CPU-NOT:  LogicalResult
 // CPU:      /// The patterns of moe.topk_renorm (defined in the op's file).
 // CPU-NEXT: void populateTopkRenormLowering(::mlir::RewritePatternSet &patterns, const ::mlir::moe::cpu_lowering::KernelOptions &options);
+// CPU:      /// The lowering of moe.mad_dispersion.
+// CPU-NEXT: template <> struct CPUKernelTraits<::mlir::moe::MadDispersionOp> { static constexpr bool targetLanes = true, leaveZeroSized = false; };
+// CPU-NEXT: template <> ::mlir::LogicalResult CPUKernel<::mlir::moe::MadDispersionOp>::emit(::mlir::moe::MadDispersionOp op, CpuKernelBuilder &kb, ::mlir::PatternRewriter &rw) const;
+// CPU:      /// The lowering of moe.route_grad.
+// CPU-NEXT: template <> struct CPUKernelTraits<::mlir::moe::RouteGradOp> { static constexpr bool targetLanes = false, leaveZeroSized = true; };
 // CPU:      /// The patterns of moe.route, moe.dispatch_plan (defined in the op's file).
 // CPU-NEXT: void populateRouteDispatchPlanLowering(
 // CPU-NOT:  populateLoadBalancingLossLowering
@@ -89,8 +104,12 @@ def : FusedLowering<"Guarded", [MoE_RouteOp], [GPUKernel]>;
 // GPU:        mlir::moe::gpu_lowering::populateLoadBalancingLossLowering(patterns, options);
 // GPU:      }
 
-// The CPU kernels' populate functions are their files': only populateLowerings is generated.
-// CPU-DEF-NOT: patterns.add
+// The CPU's default populate functions add the op's CPUKernel; a custom one is its file's.
+// CPU-DEF-NOT: populateTopkRenormLowering(::mlir::RewritePatternSet
+// CPU-DEF:     void mlir::moe::cpu_lowering::populateMadDispersionLowering(::mlir::RewritePatternSet &patterns, const ::mlir::moe::cpu_lowering::KernelOptions &options) {
+// CPU-DEF-NEXT:  patterns.add<CPUKernel<::mlir::moe::MadDispersionOp>>(patterns.getContext(), options);
+// CPU-DEF-NEXT: }
+// CPU-DEF-NOT: populateRouteDispatchPlanLowering(::mlir::RewritePatternSet
 // CPU-DEF:     void mlir::moe::cpu_lowering::populateLowerings(
 // CPU-DEF-NOT: patterns.add
 
@@ -106,5 +125,7 @@ def : FusedLowering<"Guarded", [MoE_RouteOp], [GPUKernel]>;
 // TWICE:      error: populateTopkRenormLowering is declared twice for CPUKernel
 // UNNAMED:    error: a lowering of several ops needs a name
 // GUARD-NO-OPTIONS: error: OnlyWith<Portable>: the target has no options
-// GUARD-NO-DEFAULT: error: OnlyWith<CPUKernel>: the target has no default pattern
+// GUARD-NO-DEFAULT: error: OnlyWith<NoDefault>: the target has no default pattern
+// UNKNOWN-TRAIT:    error: no target has the trait 'lanes'
+// MALFORMED-TRAIT:  error: trait 'targetLanes' is not name=value
 // GUARD-CUSTOM:     error: OnlyWith<GPUKernel> on a custom populate function

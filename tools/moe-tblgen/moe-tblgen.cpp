@@ -22,12 +22,15 @@
 #include "mlir/TableGen/Operator.h"
 #include "mlir/Tools/mlir-tblgen/MlirTblgenMain.h"
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/TableGen/Error.h"
 #include "llvm/TableGen/Record.h"
 #include "llvm/TableGen/TableGenBackend.h"
+
+#include <map>
 
 using namespace llvm;
 
@@ -56,6 +59,8 @@ struct LoweringEntry {
 /// without a default is a tblgen error.
 struct TargetTable {
   std::string cppNamespace, optionsType, defaultPattern, defaultDecl;
+  /// The traits a record may set and their defaults (traitDefaults).
+  std::map<std::string, std::string> traitDefaults;
   std::vector<LoweringEntry> entries;
 };
 } // namespace
@@ -72,6 +77,20 @@ static TargetTable collect(const RecordKeeper &records) {
   table.optionsType = target->getValueAsString("optionsType").str();
   table.defaultPattern = target->getValueAsString("defaultPattern").str();
   table.defaultDecl = target->getValueAsString("defaultDecl").str();
+  auto splitTrait = [](const Record *where, StringRef trait) {
+    auto [name, value] = trait.split('=');
+    if (name.empty() || value.empty() || name.size() == trait.size())
+      PrintFatalError(where, "trait '" + trait + "' is not name=value");
+    return std::make_pair(name.str(), value.str());
+  };
+  for (StringRef trait : target->getValueAsListOfStrings("traitDefaults"))
+    table.traitDefaults.insert(splitTrait(target, trait));
+  // A record's trait is one target's (another target ignores it); a name no
+  // target knows is an error.
+  StringSet<> knownTraits;
+  for (const Record *t : records.getAllDerivedDefinitions("LoweringTarget"))
+    for (StringRef trait : t->getValueAsListOfStrings("traitDefaults"))
+      knownTraits.insert(splitTrait(t, trait).first);
   StringSet<> seen;
   for (const Record *lowering : records.getAllDerivedDefinitions("Lowering")) {
     if (!llvm::is_contained(lowering->getValueAsListOfDefs("loweringTargets"),
@@ -117,10 +136,24 @@ static TargetTable collect(const RecordKeeper &records) {
                             target)) {
       std::string op =
           mlir::tblgen::Operator(ops.front()).getQualCppClassName();
+      std::map<std::string, std::string> traits = table.traitDefaults;
+      for (StringRef trait : lowering->getValueAsListOfStrings("traits")) {
+        auto [name, value] = splitTrait(lowering, trait);
+        if (!knownTraits.contains(name))
+          PrintFatalError(lowering, "no target has the trait '" + name + "'");
+        if (table.traitDefaults.count(name))
+          traits[name] = value;
+      }
       auto substitute = [&](StringRef text) {
         std::string result;
         while (!text.empty()) {
-          if (text.consume_front("$op"))
+          auto trait = llvm::find_if(traits, [&](const auto &t) {
+            return text.starts_with("$" + t.first);
+          });
+          if (trait != traits.end()) {
+            result += trait->second;
+            text = text.drop_front(trait->first.size() + 1);
+          } else if (text.consume_front("$op"))
             result += op;
           else if (text.consume_front("$name"))
             result += entry.name;

@@ -9,9 +9,9 @@
 // target's populate-all function that its pass calls (-gen-moe-lowering-decls,
 // -gen-moe-lowering-registration; lib/Conversion/MoETo*/CMakeLists.txt).
 // A new op's lowering is one line here plus the op's file, which holds only
-// the lowering (the portable lower<Name>, the GPU's GPULowering<Op>::lower);
-// where the target has no default pattern (the CPU kernels) or the record
-// says customPopulate, the file defines
+// the lowering (the portable lower<Name>, the CPU's CPUKernel<Op>::emit, the
+// GPU's GPULowering<Op>::lower); where the record says customPopulate, the
+// file defines
 //   void populate<Name>Lowering(RewritePatternSet &, const <Options> &)
 // in the target's namespace (<Name>: the op's C++ class without "Op").
 //
@@ -38,11 +38,14 @@ include "MoE/IR/MoEOps.td"
 /// and $name the record's name; a target without a default pattern ("") has
 /// every populate function written in its op's file.
 class LoweringTarget<string ns, string opts, string pattern = "",
-                     string decl = ""> {
+                     string decl = "", list<string> traits = []> {
   string cppNamespace = ns;
   string optionsType = opts;
   string defaultPattern = pattern;
   string defaultDecl = decl;
+  /// "name=value" defaults of the traits a record may set (Lowering's
+  /// `traits`), substituted for $name in the pattern and the declaration.
+  list<string> traitDefaults = traits;
 }
 
 /// convert-moe-to-linalg (lib/Conversion/MoEToLinalg): the portable lowering.
@@ -55,11 +58,20 @@ def Portable : LoweringTarget<"::mlir::moe::linalg_lowering", "",
     "::mlir::LogicalResult lower$name($op op, ::mlir::PatternRewriter &rw);">;
 /// convert-moe-to-cpu (lib/Conversion/MoEToCPU): the fast CPU kernels
 /// (benefit 2 over the portable pattern; an op whose form a kernel declines
-/// stays for the portable lowering). No default pattern: the kernels are
-/// pattern classes defined in their files (some templates over several ops,
-/// BalanceRows.h's LogitsRowKernel), which each file's populate adds.
+/// stays for the portable lowering). An op's file defines the explicit
+/// specialization CPUKernel<Op>::emit (MoEToCPU/Lowerings.h); its traits
+/// (CPUKernelTraits: whether the kernel works in the target's vector lanes,
+/// whether it leaves an op with a static zero-sized operand to the portable
+/// lowering) are the record's. The kernels that are templates over several ops
+/// (BalanceRows.h's LogitsRowKernel) or have a pattern of their own are
+/// customPopulate.
 def CPUKernel : LoweringTarget<"::mlir::moe::cpu_lowering",
-                               "::mlir::moe::cpu_lowering::KernelOptions">;
+    "::mlir::moe::cpu_lowering::KernelOptions", "CPUKernel<$op>",
+    "template <> struct CPUKernelTraits<$op> { static constexpr bool "
+    "targetLanes = $targetLanes, leaveZeroSized = $leaveZeroSized; };\n"
+    "template <> ::mlir::LogicalResult CPUKernel<$op>::emit($op op, "
+    "CpuKernelBuilder &kb, ::mlir::PatternRewriter &rw) const;",
+    ["targetLanes=true", "leaveZeroSized=false"]>;
 /// convert-moe-to-gpu (lib/Conversion/MoEToGPU): host code and CUDA kernels.
 /// An op's file defines the explicit specialization GPULowering<Op>::lower
 /// (MoEToGPU/Lowerings.h), declared here before the pattern is instantiated.
@@ -89,6 +101,9 @@ class Lowering<string name, list<Op> ops, list<LoweringTarget> targets> {
   list<LoweringTarget> loweringTargets = targets;
   list<LoweringTarget> customPopulate = [];
   list<OnlyWith> onlyWith = [];
+  /// "name=value": a trait of the targets' default patterns (their
+  /// traitDefaults name them).
+  list<string> traits = [];
 }
 
 /// The lowering of one op, named after it.
@@ -104,42 +119,72 @@ defvar All = [Portable, CPUKernel, GPUKernel];
 // The seed routers and their fused forms (MoEOps.td, MoEFusedOps.td). The
 // fused forms have only the GPU's kernel: elsewhere they are split back into
 // their mixing op and gate first.
-def : OpLowering<MoE_TopkRenormOp, All>;
-def : OpLowering<MoE_SimilarityInformOp, All>;
+def : OpLowering<MoE_TopkRenormOp, All> {
+  let customPopulate = [CPUKernel];
+}
+def : OpLowering<MoE_SimilarityInformOp, All> {
+  let customPopulate = [CPUKernel];
+}
 def : OpLowering<MoE_SimilarityInformTopkOp, [GPUKernel]>;
-def : OpLowering<MoE_SimilarityInformFwdOp, All>;
-def : OpLowering<MoE_AttentionPosteriorOp, All>;
+def : OpLowering<MoE_SimilarityInformFwdOp, All> {
+  let customPopulate = [CPUKernel];
+}
+def : OpLowering<MoE_AttentionPosteriorOp, All> {
+  let customPopulate = [CPUKernel];
+}
 def : OpLowering<MoE_AttentionPosteriorTopkOp, [GPUKernel]>;
 def : OpLowering<MoE_MadDispersionOp, All>;
 def : OpLowering<MoE_AdjacencyUpdateOp, All>;
 def : OpLowering<MoE_HyperRouterOp, All>;
 
 // The production routers (MoERoutingOps.td).
-def : OpLowering<MoE_RouteOp, All>;
-def : OpLowering<MoE_RouteGradOp, All>;
-def : OpLowering<MoE_DispatchPlanOp, All>;
+def : OpLowering<MoE_RouteOp, All> {
+  let traits = ["targetLanes=false"];
+}
+def : OpLowering<MoE_RouteGradOp, All> {
+  let traits = ["targetLanes=false", "leaveZeroSized=true"];
+}
+def : OpLowering<MoE_DispatchPlanOp, All> {
+  let traits = ["targetLanes=false"];
+}
 // moe.route feeding moe.dispatch_plan: one CPU kernel (benefit 3, over the
 // route kernel's 2; RouteDispatchPlan.cpp).
 def : FusedLowering<"RouteDispatchPlan", [MoE_RouteOp, MoE_DispatchPlanOp],
-                    [CPUKernel]>;
+                    [CPUKernel]> {
+  let customPopulate = [CPUKernel];
+}
 def : OpLowering<MoE_BiasUpdateOp, [Portable]>;
 
 // The backward ops (MoEGradOps.td).
-def : OpLowering<MoE_SimilarityInformGradOp, All>;
-def : OpLowering<MoE_TopkRenormGradOp, All>;
-def : OpLowering<MoE_HyperRouterGradOp, All>;
-def : OpLowering<MoE_AttentionPosteriorGradOp, All>;
+def : OpLowering<MoE_SimilarityInformGradOp, All> {
+  let traits = ["targetLanes=false", "leaveZeroSized=true"];
+}
+def : OpLowering<MoE_TopkRenormGradOp, All> {
+  let traits = ["targetLanes=false"];
+}
+def : OpLowering<MoE_HyperRouterGradOp, All> {
+  let traits = ["leaveZeroSized=true"];
+}
+def : OpLowering<MoE_AttentionPosteriorGradOp, All> {
+  let customPopulate = [CPUKernel];
+}
 
 // The load-balancing statistics and losses (MoEBalanceOps.td). The GPU's
 // kernels are added only with balance-kernels (default on since an H100 run
 // checked them), so that balance-kernels=false restores the "has no GPU
 // lowering" error of before.
+// The CPU kernels of the logits-row ops are one template (BalanceRows.h's
+// LogitsRowKernel), which their files add.
 let onlyWith = [OnlyWith<GPUKernel, "balanceKernels">] in {
+let customPopulate = [CPUKernel] in {
 def : OpLowering<MoE_RouterStatsOp, All>;
 def : OpLowering<MoE_RouterStatsGradOp, All>;
+}
 def : OpLowering<MoE_LoadBalancingLossOp, [Portable, GPUKernel]>;
+let customPopulate = [CPUKernel] in {
 def : OpLowering<MoE_RouterZLossOp, All>;
 def : OpLowering<MoE_RouterZLossGradOp, All>;
+}
 }
 def : OpLowering<MoE_SequenceBalanceLossOp, [Portable, CPUKernel]>;
 def : OpLowering<MoE_SequenceBalanceLossGradOp, [Portable, CPUKernel]>;

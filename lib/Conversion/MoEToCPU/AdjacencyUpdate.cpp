@@ -329,78 +329,72 @@ void emitMaskRows(CpuKernelBuilder &kb, const KernelOptions &o,
   sumWorkers(kb, counts, numWorkers, in.eVal, c);
 }
 
-struct AdjacencyUpdateKernel : KernelPattern<AdjacencyUpdateOp> {
-  using KernelPattern::KernelPattern;
-
-  LogicalResult emit(AdjacencyUpdateOp op, CpuKernelBuilder &kb,
-                     PatternRewriter &rw) const override {
-    Location loc = op.getLoc();
-    Value aT = linalg_lowering::promoteToF32(rw, loc, op.getA());
-    auto aType = cast<RankedTensorType>(aT.getType());
-    OpFoldResult eSize = aType.isDynamicDim(0)
-                             ? tensor::getMixedSize(rw, loc, aT, 1)
-                             : tensor::getMixedSize(rw, loc, aT, 0);
-    Value eVal = getValueOrCreateConstantIndexOp(rw, loc, eSize);
-    if (failed(checkIndexOperand(rw, op, op.getIdx(), eVal,
-                                 kMoEErrorAdjacencyUpdateIdx)))
-      return failure();
-    // The co-selection counts c [E, E] i32, which finishAdjacencyUpdate
-    // turns into a_next.
-    int64_t staticE = getConstantIntValue(eSize).value_or(kDyn);
-    KernelScope kernel(
-        kb, {op.getIdx()},
-        {{RankedTensorType::get({staticE, staticE}, kb.i32()), {eVal, eVal}}});
-    AdjacencyInputs in;
-    in.idx = kb.buffer(op.getIdx());
-    in.tokens = kb.dim(in.idx, 0);
-    in.slots = kb.dim(in.idx, 1);
-    Type idxType = cast<MemRefType>(in.idx.getType()).getElementType();
-    in.eVal = eVal;
-    in.eI = kb.castInt(eVal, idxType);
-    in.e = getConstantIntValue(eSize).value_or(kDyn);
-    in.k = cast<MemRefType>(in.idx.getType()).getDimSize(1);
-
-    auto cType = MemRefType::get({in.e, in.e}, kb.i32());
-    SmallVector<Value> dyn;
-    if (in.e == kDyn)
-      dyn = {eVal, eVal};
-    Value c = kernel.out(0);
-    StrategyChoice choice = chooseAdjacencyStrategy(in.e, in.k, kb.lanes());
-    auto emit = [&](Strategy s) {
-      switch (s) {
-      case Strategy::Counting:
-        emitCounting(kb, opts, in, c, cType, dyn);
-        break;
-      case Strategy::Histogram:
-        emitHistogram(kb, opts, in, c);
-        break;
-      case Strategy::MaskRows:
-        emitMaskRows(kb, opts, in, c);
-        break;
-      }
-    };
-    if (choice.histogramMinTokens < 0) {
-      emit(choice.strategy);
-    } else {
-      Value many = kb.cmpi(arith::CmpIPredicate::sge, in.tokens,
-                          kb.idx(choice.histogramMinTokens));
-      auto ifOp = scf::IfOp::create(kb.b, many, /*withElseRegion=*/true);
-      OpBuilder::InsertionGuard guard(kb.b);
-      kb.b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
-      emit(Strategy::Histogram);
-      kb.b.setInsertionPoint(ifOp.elseBlock()->getTerminator());
-      emit(choice.strategy);
-    }
-    linalg_lowering::finishAdjacencyUpdate(rw, op, aT, kernel.finish()[0],
-                                           eSize);
-    return success();
-  }
-};
 } // namespace
 
-void populateAdjacencyUpdateLowering(RewritePatternSet &patterns,
-                                     const KernelOptions &options) {
-  patterns.add<AdjacencyUpdateKernel>(patterns.getContext(), options);
+template <>
+LogicalResult CPUKernel<AdjacencyUpdateOp>::emit(AdjacencyUpdateOp op,
+                                                 CpuKernelBuilder &kb,
+                                                 PatternRewriter &rw) const {
+  Location loc = op.getLoc();
+  Value aT = linalg_lowering::promoteToF32(rw, loc, op.getA());
+  auto aType = cast<RankedTensorType>(aT.getType());
+  OpFoldResult eSize = aType.isDynamicDim(0)
+                           ? tensor::getMixedSize(rw, loc, aT, 1)
+                           : tensor::getMixedSize(rw, loc, aT, 0);
+  Value eVal = getValueOrCreateConstantIndexOp(rw, loc, eSize);
+  if (failed(checkIndexOperand(rw, op, op.getIdx(), eVal,
+                               kMoEErrorAdjacencyUpdateIdx)))
+    return failure();
+  // The co-selection counts c [E, E] i32, which finishAdjacencyUpdate
+  // turns into a_next.
+  int64_t staticE = getConstantIntValue(eSize).value_or(kDyn);
+  KernelScope kernel(
+      kb, {op.getIdx()},
+      {{RankedTensorType::get({staticE, staticE}, kb.i32()), {eVal, eVal}}});
+  AdjacencyInputs in;
+  in.idx = kb.buffer(op.getIdx());
+  in.tokens = kb.dim(in.idx, 0);
+  in.slots = kb.dim(in.idx, 1);
+  Type idxType = cast<MemRefType>(in.idx.getType()).getElementType();
+  in.eVal = eVal;
+  in.eI = kb.castInt(eVal, idxType);
+  in.e = getConstantIntValue(eSize).value_or(kDyn);
+  in.k = cast<MemRefType>(in.idx.getType()).getDimSize(1);
+
+  auto cType = MemRefType::get({in.e, in.e}, kb.i32());
+  SmallVector<Value> dyn;
+  if (in.e == kDyn)
+    dyn = {eVal, eVal};
+  Value c = kernel.out(0);
+  StrategyChoice choice = chooseAdjacencyStrategy(in.e, in.k, kb.lanes());
+  auto emit = [&](Strategy s) {
+    switch (s) {
+    case Strategy::Counting:
+      emitCounting(kb, opts, in, c, cType, dyn);
+      break;
+    case Strategy::Histogram:
+      emitHistogram(kb, opts, in, c);
+      break;
+    case Strategy::MaskRows:
+      emitMaskRows(kb, opts, in, c);
+      break;
+    }
+  };
+  if (choice.histogramMinTokens < 0) {
+    emit(choice.strategy);
+  } else {
+    Value many = kb.cmpi(arith::CmpIPredicate::sge, in.tokens,
+                        kb.idx(choice.histogramMinTokens));
+    auto ifOp = scf::IfOp::create(kb.b, many, /*withElseRegion=*/true);
+    OpBuilder::InsertionGuard guard(kb.b);
+    kb.b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+    emit(Strategy::Histogram);
+    kb.b.setInsertionPoint(ifOp.elseBlock()->getTerminator());
+    emit(choice.strategy);
+  }
+  linalg_lowering::finishAdjacencyUpdate(rw, op, aT, kernel.finish()[0],
+                                         eSize);
+  return success();
 }
 
 } // namespace mlir::moe::cpu_lowering

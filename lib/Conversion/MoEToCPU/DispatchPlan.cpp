@@ -197,49 +197,47 @@ void emitCapacityPhase(CpuKernelBuilder &kb, DispatchPlanOp op, Value indices, V
   });
 }
 
-struct DispatchPlanKernel
-    : KernelPattern<DispatchPlanOp, /*TargetLanes=*/false> {
-  using KernelPattern::KernelPattern;
-
-  LogicalResult emit(DispatchPlanOp op, CpuKernelBuilder &kb,
-                     PatternRewriter &rw) const override {
-    // Left to the fused kernel of its route (the greedy driver may visit the
-    // plan first).
-    if (auto route = op.getIndices().getDefiningOp<RouteOp>())
-      if (fusableDispatchPlan(route) == op)
-        return rw.notifyMatchFailure(op, "fused with its moe.route");
-    int64_t numExperts = op.getNumExperts();
-    if (failed(checkIndexOperand(rw, op, op.getIndices(), numExperts,
-                                 kMoEErrorDispatchPlanIndices)))
-      return failure();
-    SmallVector<Value> sizes = kb.sizes(op.getIndices());
-    KernelScope kernel(
-        kb, {op.getIndices(), op.getWeights()},
-        KernelScope::outsOf(op, planResultSizes(kb, op, sizes[0], sizes[1])));
-    Value indices = kb.buffer(op.getIndices());
-    Value keep;
-    if (op.getCapacity()) {
-      keep = kb.alloc(MemRefType::get({ShapedType::kDynamic}, kb.i32()),
-                     {kb.mul(sizes[0], sizes[1])});
-      emitCapacityPhase(kb, op, indices,
-                        op.getWeights() ? kb.buffer(op.getWeights()) : Value(),
-                        keep, kernel.out(7));
-    }
-    Value hist = allocPlanHistogram(kb, kb.dim(indices, 0), numExperts);
-    kb.workers(opts, numItems(kb, kb.dim(indices, 0)), [&](Value item, Value) {
-      clearPlanItem(kb, hist, item, numExperts);
-      Value r0 = kb.mul(item, kb.idx(kRouteRowsPerItem));
-      Value r1 = kb.mins(kb.add(r0, kb.idx(kRouteRowsPerItem)), kb.dim(indices, 0));
-      kb.forLoop(r0, r1, kb.idx(1), [&](Value r) {
-        countPlanRow(kb, indices, hist, r, item, numExperts, keep);
-      });
-    });
-    emitPlanFromHistogram(kb, opts, op, indices, hist, kernel.outs(), keep);
-    kernel.replace(rw, op);
-    return success();
-  }
-};
 } // namespace
+
+template <>
+LogicalResult CPUKernel<DispatchPlanOp>::emit(DispatchPlanOp op,
+                                              CpuKernelBuilder &kb,
+                                              PatternRewriter &rw) const {
+  // Left to the fused kernel of its route (the greedy driver may visit the
+  // plan first).
+  if (auto route = op.getIndices().getDefiningOp<RouteOp>())
+    if (fusableDispatchPlan(route) == op)
+      return rw.notifyMatchFailure(op, "fused with its moe.route");
+  int64_t numExperts = op.getNumExperts();
+  if (failed(checkIndexOperand(rw, op, op.getIndices(), numExperts,
+                               kMoEErrorDispatchPlanIndices)))
+    return failure();
+  SmallVector<Value> sizes = kb.sizes(op.getIndices());
+  KernelScope kernel(
+      kb, {op.getIndices(), op.getWeights()},
+      KernelScope::outsOf(op, planResultSizes(kb, op, sizes[0], sizes[1])));
+  Value indices = kb.buffer(op.getIndices());
+  Value keep;
+  if (op.getCapacity()) {
+    keep = kb.alloc(MemRefType::get({ShapedType::kDynamic}, kb.i32()),
+                   {kb.mul(sizes[0], sizes[1])});
+    emitCapacityPhase(kb, op, indices,
+                      op.getWeights() ? kb.buffer(op.getWeights()) : Value(),
+                      keep, kernel.out(7));
+  }
+  Value hist = allocPlanHistogram(kb, kb.dim(indices, 0), numExperts);
+  kb.workers(opts, numItems(kb, kb.dim(indices, 0)), [&](Value item, Value) {
+    clearPlanItem(kb, hist, item, numExperts);
+    Value r0 = kb.mul(item, kb.idx(kRouteRowsPerItem));
+    Value r1 = kb.mins(kb.add(r0, kb.idx(kRouteRowsPerItem)), kb.dim(indices, 0));
+    kb.forLoop(r0, r1, kb.idx(1), [&](Value r) {
+      countPlanRow(kb, indices, hist, r, item, numExperts, keep);
+    });
+  });
+  emitPlanFromHistogram(kb, opts, op, indices, hist, kernel.outs(), keep);
+  kernel.replace(rw, op);
+  return success();
+}
 
 Value allocPlanHistogram(CpuKernelBuilder &kb, Value numRows, int64_t numExperts) {
   return kb.alloc(MemRefType::get({ShapedType::kDynamic, numExperts}, kb.i32()),
@@ -346,11 +344,6 @@ void emitPlanFromHistogram(CpuKernelBuilder &kb, const KernelOptions &opts, Disp
           [&](Value nv) { kb.store(kb.cI32(-1), inverse, {nv}); }, keep);
     });
   });
-}
-
-void populateDispatchPlanLowering(RewritePatternSet &patterns,
-                                  const KernelOptions &options) {
-  patterns.add<DispatchPlanKernel>(patterns.getContext(), options);
 }
 
 } // namespace mlir::moe::cpu_lowering

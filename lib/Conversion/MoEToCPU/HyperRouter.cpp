@@ -44,29 +44,28 @@ int64_t rowsPerStep(const KernelOptions &opts) {
   return opts.vectorBits >= 512 ? 1 : 2;
 }
 
-struct HyperRouterKernel : KernelPattern<HyperRouterOp> {
-  using KernelPattern::KernelPattern;
-
-  LogicalResult emit(HyperRouterOp op, CpuKernelBuilder &kb,
-                     PatternRewriter &rw) const override {
-    // The kernel computes the flat output vector [rows of w2] f32;
-    // finishHyperRouter shapes it into the op's result.
-    Value w2 = op.getW2();
-    auto w2Type = cast<RankedTensorType>(w2.getType());
-    KernelScope kernel(
-        kb, {op.getW1(), op.getEmb(), op.getB1(), w2, op.getB2()},
-        {{RankedTensorType::get({w2Type.getDimSize(0)}, kb.f32()),
-          {kb.sizes(w2)[0]}}});
-    Value hidden =
-        hyperAffine(kb, opts, kb.buffer(op.getW1()), kb.buffer(op.getEmb()),
-                    kb.buffer(op.getB1()), /*relu=*/true);
-    hyperAffine(kb, opts, kb.buffer(w2), hidden, kb.buffer(op.getB2()),
-                /*relu=*/false, kernel.out(0));
-    linalg_lowering::finishHyperRouter(rw, op, kernel.finish()[0]);
-    return success();
-  }
-};
 } // namespace
+
+template <>
+LogicalResult CPUKernel<HyperRouterOp>::emit(HyperRouterOp op,
+                                             CpuKernelBuilder &kb,
+                                             PatternRewriter &rw) const {
+  // The kernel computes the flat output vector [rows of w2] f32;
+  // finishHyperRouter shapes it into the op's result.
+  Value w2 = op.getW2();
+  auto w2Type = cast<RankedTensorType>(w2.getType());
+  KernelScope kernel(
+      kb, {op.getW1(), op.getEmb(), op.getB1(), w2, op.getB2()},
+      {{RankedTensorType::get({w2Type.getDimSize(0)}, kb.f32()),
+        {kb.sizes(w2)[0]}}});
+  Value hidden =
+      hyperAffine(kb, opts, kb.buffer(op.getW1()), kb.buffer(op.getEmb()),
+                  kb.buffer(op.getB1()), /*relu=*/true);
+  hyperAffine(kb, opts, kb.buffer(w2), hidden, kb.buffer(op.getB2()),
+              /*relu=*/false, kernel.out(0));
+  linalg_lowering::finishHyperRouter(rw, op, kernel.finish()[0]);
+  return success();
+}
 
 Value hyperAffine(CpuKernelBuilder &kb, const KernelOptions &opts, Value m,
                   Value x, Value bias, bool relu, Value y) {
@@ -118,11 +117,6 @@ Value hyperAffine(CpuKernelBuilder &kb, const KernelOptions &opts, Value m,
     kb.forLoop(whole, r1, c1, [&](Value r) { emitRows(r, 1); });
   });
   return y;
-}
-
-void populateHyperRouterLowering(RewritePatternSet &patterns,
-                                 const KernelOptions &options) {
-  patterns.add<HyperRouterKernel>(patterns.getContext(), options);
 }
 
 } // namespace mlir::moe::cpu_lowering

@@ -120,70 +120,62 @@ Value layerBackward(CpuKernelBuilder &kb, const KernelOptions &opts, Value m,
   return dx;
 }
 
-struct HyperRouterGradKernel
-    : KernelPattern<HyperRouterGradOp, /*TargetLanes=*/true,
-                    /*LeaveZeroSized=*/true> {
-  using KernelPattern::KernelPattern;
-
-  LogicalResult emit(HyperRouterGradOp op, CpuKernelBuilder &kb,
-                     PatternRewriter &rw) const override {
-    KernelScope kernel = KernelScope::gradientsOf(
-        kb, op, {op.getEmb(), op.getW1(), op.getB1(), op.getW2(), op.getB2()},
-        {op.getDw(), op.getDb()});
-    Value c0 = kb.idx(0), c1 = kb.idx(1);
-    int64_t lanes = kb.lanes();
-    Value emb = kb.buffer(op.getEmb()), w1 = kb.buffer(op.getW1());
-    Value b1 = kb.buffer(op.getB1()), w2 = kb.buffer(op.getW2());
-    Value dw = kb.buffer(op.getDw()), db = kb.buffer(op.getDb());
-
-    // 1. The hidden layer.
-    Value h = hyperAffine(kb, opts, w1, emb, b1, /*relu=*/true);
-
-    // 2. d_b2 = dout: row e of dw, then db[e], for each expert.
-    Value dout = kernel.out(4);
-    Value experts = kb.dim(dw, 0), depth = kb.dim(dw, 1);
-    Value full = kb.divu(depth, kb.idx(lanes));
-    Value tail = kb.sub(depth, kb.mul(full, kb.idx(lanes)));
-    kb.forLoop(c0, experts, c1, [&](Value e) {
-      Value base = kb.mul(e, kb.add(depth, c1));
-      auto copy = [&](Value col, bool whole) {
-        kb.vstorePart(whole, kb.vloadPart(whole, dw, {e, col}, tail, 0.0), dout,
-                     {kb.add(base, col)}, tail);
-      };
-      kb.forLoop(c0, full, c1,
-                [&](Value c) { copy(kb.mul(c, kb.idx(lanes)), true); });
-      kb.ifThen(kb.cmpi(arith::CmpIPredicate::ne, tail, c0),
-               [&] { copy(kb.mul(full, kb.idx(lanes)), false); });
-      kb.store(kb.load(db, {e}), dout, {kb.add(base, depth)});
-    });
-
-    // 3. Through the output layer.
-    Value dw2 = kernel.out(3);
-    bool writeW2 = !op.getDW2().use_empty();
-    Value dh = layerBackward(kb, opts, w2, dout, h, writeW2 ? dw2 : Value());
-
-    // 4. Through the ReLU (unordered compare: a NaN passes dh).
-    Value da = kernel.out(2);
-    kb.forLoop(c0, kb.dim(b1, 0), c1, [&](Value i) {
-      Value hi = kb.load(h, {i});
-      kb.store(kernels::reluGrad(kb, hi, kb.load(dh, {i})), da, {i});
-    });
-
-    // 5. Through the hidden layer.
-    Value dw1 = kernel.out(1);
-    bool writeW1 = !op.getDW1().use_empty();
-    layerBackward(kb, opts, w1, da, emb, writeW1 ? dw1 : Value(),
-                  kernel.out(0));
-
-    kernel.replace(rw, op);
-    return success();
-  }
-};
 } // namespace
 
-void populateHyperRouterGradLowering(RewritePatternSet &patterns,
-                                     const KernelOptions &options) {
-  patterns.add<HyperRouterGradKernel>(patterns.getContext(), options);
+template <>
+LogicalResult CPUKernel<HyperRouterGradOp>::emit(HyperRouterGradOp op,
+                                                 CpuKernelBuilder &kb,
+                                                 PatternRewriter &rw) const {
+  KernelScope kernel = KernelScope::gradientsOf(
+      kb, op, {op.getEmb(), op.getW1(), op.getB1(), op.getW2(), op.getB2()},
+      {op.getDw(), op.getDb()});
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
+  int64_t lanes = kb.lanes();
+  Value emb = kb.buffer(op.getEmb()), w1 = kb.buffer(op.getW1());
+  Value b1 = kb.buffer(op.getB1()), w2 = kb.buffer(op.getW2());
+  Value dw = kb.buffer(op.getDw()), db = kb.buffer(op.getDb());
+
+  // 1. The hidden layer.
+  Value h = hyperAffine(kb, opts, w1, emb, b1, /*relu=*/true);
+
+  // 2. d_b2 = dout: row e of dw, then db[e], for each expert.
+  Value dout = kernel.out(4);
+  Value experts = kb.dim(dw, 0), depth = kb.dim(dw, 1);
+  Value full = kb.divu(depth, kb.idx(lanes));
+  Value tail = kb.sub(depth, kb.mul(full, kb.idx(lanes)));
+  kb.forLoop(c0, experts, c1, [&](Value e) {
+    Value base = kb.mul(e, kb.add(depth, c1));
+    auto copy = [&](Value col, bool whole) {
+      kb.vstorePart(whole, kb.vloadPart(whole, dw, {e, col}, tail, 0.0), dout,
+                   {kb.add(base, col)}, tail);
+    };
+    kb.forLoop(c0, full, c1,
+              [&](Value c) { copy(kb.mul(c, kb.idx(lanes)), true); });
+    kb.ifThen(kb.cmpi(arith::CmpIPredicate::ne, tail, c0),
+             [&] { copy(kb.mul(full, kb.idx(lanes)), false); });
+    kb.store(kb.load(db, {e}), dout, {kb.add(base, depth)});
+  });
+
+  // 3. Through the output layer.
+  Value dw2 = kernel.out(3);
+  bool writeW2 = !op.getDW2().use_empty();
+  Value dh = layerBackward(kb, opts, w2, dout, h, writeW2 ? dw2 : Value());
+
+  // 4. Through the ReLU (unordered compare: a NaN passes dh).
+  Value da = kernel.out(2);
+  kb.forLoop(c0, kb.dim(b1, 0), c1, [&](Value i) {
+    Value hi = kb.load(h, {i});
+    kb.store(kernels::reluGrad(kb, hi, kb.load(dh, {i})), da, {i});
+  });
+
+  // 5. Through the hidden layer.
+  Value dw1 = kernel.out(1);
+  bool writeW1 = !op.getDW1().use_empty();
+  layerBackward(kb, opts, w1, da, emb, writeW1 ? dw1 : Value(),
+                kernel.out(0));
+
+  kernel.replace(rw, op);
+  return success();
 }
 
 } // namespace mlir::moe::cpu_lowering

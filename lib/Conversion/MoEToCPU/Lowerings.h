@@ -13,6 +13,7 @@
 
 #include "KernelBuilder.h"
 
+#include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/IndexErrors.h"
 
 namespace mlir {
@@ -52,6 +53,27 @@ struct KernelPattern : OpRewritePattern<OpTy> {
   }
 };
 
+/// What the lowering table (Lowerings.td) says of the default kernel of an
+/// op, CPUKernel<OpTy>: its record's traits, declared with it (a
+/// specialization in Lowerings.h.inc; these are the defaults).
+template <typename OpTy>
+struct CPUKernelTraits {
+  static constexpr bool targetLanes = true, leaveZeroSized = false;
+};
+
+/// The default kernel of an op: a KernelPattern with the op's traits, whose
+/// emit() its file defines (`template <> LogicalResult
+/// CPUKernel<XOp>::emit(...) const`); Lowerings.td generates its populate
+/// function.
+template <typename OpTy>
+struct CPUKernel : KernelPattern<OpTy, CPUKernelTraits<OpTy>::targetLanes,
+                                 CPUKernelTraits<OpTy>::leaveZeroSized> {
+  using KernelPattern<OpTy, CPUKernelTraits<OpTy>::targetLanes,
+                      CPUKernelTraits<OpTy>::leaveZeroSized>::KernelPattern;
+  LogicalResult emit(OpTy op, CpuKernelBuilder &kb,
+                     PatternRewriter &rw) const override;
+};
+
 /// For the kernels of ops with an index operand: emits the run-time check of
 /// the portable lowering (linalg_lowering::emitIndexCheck), which reports each
 /// entry of `indices` outside [0, bound) through moeReportIndexError; the
@@ -77,8 +99,9 @@ constexpr int64_t kHyperInlineElements = 1 << 18;
 } // namespace moe::cpu_lowering
 } // namespace mlir
 
-// populate<Name>Lowering of each op that Lowerings.td lowers with CPUKernel,
-// and populateLowerings (every one of them).
+// populate<Name>Lowering of each op that Lowerings.td lowers with CPUKernel
+// (with the traits and emit() of its default kernel), and populateLowerings
+// (every one of them).
 #include "Lowerings.h.inc"
 
 #endif // MOE_LIB_CONVERSION_MOETOCPU_LOWERINGS_H

@@ -289,21 +289,19 @@ private:
   }
 };
 
-struct RouteKernel : KernelPattern<RouteOp, /*TargetLanes=*/false> {
-  using KernelPattern::KernelPattern;
-
-  LogicalResult emit(RouteOp op, CpuKernelBuilder &kb,
-                     PatternRewriter &rw) const override {
-    if (failed(checkRouteReplay(rw, op)))
-      return failure();
-    KernelScope kernel(kb, routeInputs(op),
-                       KernelScope::outsOf(op, routeResultSizes(kb, op)));
-    emitRouteKernel(kb, opts, op, kernel.out(0), kernel.out(1));
-    kernel.replace(rw, op);
-    return success();
-  }
-};
 } // namespace
+
+template <>
+LogicalResult CPUKernel<RouteOp>::emit(RouteOp op, CpuKernelBuilder &kb,
+                                       PatternRewriter &rw) const {
+  if (failed(checkRouteReplay(rw, op)))
+    return failure();
+  KernelScope kernel(kb, routeInputs(op),
+                     KernelScope::outsOf(op, routeResultSizes(kb, op)));
+  emitRouteKernel(kb, opts, op, kernel.out(0), kernel.out(1));
+  kernel.replace(rw, op);
+  return success();
+}
 
 SmallVector<Value> routeInputs(RouteOp op) {
   return {op.getLogits(), op.getBias(), op.getReplay()};
@@ -369,11 +367,6 @@ void emitRouteKernel(CpuKernelBuilder &kb, const KernelOptions &opts, RouteOp op
             rowEnd(r, item, iBuf);
         });
       });
-}
-
-void populateRouteLowering(RewritePatternSet &patterns,
-                           const KernelOptions &options) {
-  patterns.add<RouteKernel>(patterns.getContext(), options);
 }
 
 } // namespace mlir::moe::cpu_lowering

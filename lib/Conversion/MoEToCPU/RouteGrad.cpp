@@ -77,36 +77,28 @@ void emitRow(CpuKernelBuilder &kb, const RouteSpec &spec, Value x, Value idx,
   routeGradRowAdds(kb, spec, x, idx, dw, out, r, numExperts, sel, sSum, cSum);
 }
 
-struct RouteGradKernel : KernelPattern<RouteGradOp, /*TargetLanes=*/false,
-                                       /*LeaveZeroSized=*/true> {
-  using KernelPattern::KernelPattern;
-
-  LogicalResult emit(RouteGradOp op, CpuKernelBuilder &kb,
-                     PatternRewriter &rw) const override {
-    KernelScope kernel(kb, {op.getLogits(), op.getIndices(), op.getDw()},
-                       KernelScope::outsOf(op, {kb.sizes(op.getLogits())}));
-    Value x = kb.buffer(op.getLogits()), idx = kb.buffer(op.getIndices());
-    Value dw = kb.buffer(op.getDw()), out = kernel.out(0);
-    Value rows = kb.dim(x, 0), numExperts = kb.dim(x, 1);
-    RouteSpec spec = routeGradSpecOf(op);
-    int64_t staticSel = cast<MemRefType>(idx.getType()).getDimSize(1);
-    bool inLanes = !ShapedType::isDynamic(staticSel) && staticSel <= kLanes;
-    Value sel = kb.dim(idx, 1);
-    kb.workerRows(opts, rows, kRowsPerItem, [&](Value r) {
-      if (inLanes)
-        emitRowInLanes(kb, spec, x, idx, dw, out, r, numExperts, staticSel);
-      else
-        emitRow(kb, spec, x, idx, dw, out, r, numExperts, sel);
-    });
-    kernel.replace(rw, op);
-    return success();
-  }
-};
 } // namespace
 
-void populateRouteGradLowering(RewritePatternSet &patterns,
-                               const KernelOptions &options) {
-  patterns.add<RouteGradKernel>(patterns.getContext(), options);
+template <>
+LogicalResult CPUKernel<RouteGradOp>::emit(RouteGradOp op, CpuKernelBuilder &kb,
+                                           PatternRewriter &rw) const {
+  KernelScope kernel(kb, {op.getLogits(), op.getIndices(), op.getDw()},
+                     KernelScope::outsOf(op, {kb.sizes(op.getLogits())}));
+  Value x = kb.buffer(op.getLogits()), idx = kb.buffer(op.getIndices());
+  Value dw = kb.buffer(op.getDw()), out = kernel.out(0);
+  Value rows = kb.dim(x, 0), numExperts = kb.dim(x, 1);
+  RouteSpec spec = routeGradSpecOf(op);
+  int64_t staticSel = cast<MemRefType>(idx.getType()).getDimSize(1);
+  bool inLanes = !ShapedType::isDynamic(staticSel) && staticSel <= kLanes;
+  Value sel = kb.dim(idx, 1);
+  kb.workerRows(opts, rows, kRowsPerItem, [&](Value r) {
+    if (inLanes)
+      emitRowInLanes(kb, spec, x, idx, dw, out, r, numExperts, staticSel);
+    else
+      emitRow(kb, spec, x, idx, dw, out, r, numExperts, sel);
+  });
+  kernel.replace(rw, op);
+  return success();
 }
 
 } // namespace mlir::moe::cpu_lowering

@@ -78,90 +78,76 @@ struct SequenceRows {
   }
 };
 
-struct SequenceBalanceLossKernel : KernelPattern<SequenceBalanceLossOp> {
-  using KernelPattern::KernelPattern;
-
-  LogicalResult emit(SequenceBalanceLossOp op, CpuKernelBuilder &kb,
-                     PatternRewriter &rw) const override {
-    KernelScope kernel(kb, {op.getScores(), op.getIndices()},
-                       KernelScope::outsOf(op, {{}}));
-    SequenceRows q(kb, op.getScores(), op.getIndices());
-    auto rowType = MemRefType::get({kDyn}, kb.f32());
-    Value fracs = kb.scratch(opts, rowType, {q.padded});
-    Value probs = kb.scratch(opts, rowType, {q.padded});
-    Value partial = kb.alloc(rowType, {q.batch});
-    Value zero = kb.constLike(kb.vf32(), 0.0);
-    kb.workers(opts, q.batch, [&](Value b, Value worker) {
-      Value frac = kb.workerSlice(fracs, worker);
-      Value prob = kb.workerSlice(probs, worker);
-      q.fractions(b, frac);
-      q.eachChunk([&](Value base) { kb.vstore(zero, prob, {base}); });
-      kb.forLoop(kb.idx(0), q.seq, kb.idx(1), [&](Value t) {
-        Value z = q.rowSum([&](Value base) { return q.scores(b, t, base); });
-        Value zV = kb.splat(z, kb.lanes());
-        q.eachChunk([&](Value base) {
-          Value p =
-              kb.fadd(kb.vload(prob, {base}), kb.fdiv(q.scores(b, t, base), zV));
-          kb.vstore(p, prob, {base});
-        });
-      });
-      Value seqV = kb.splat(q.f32(q.seq), kb.lanes());
-      Value loss = q.rowSum([&](Value base) {
-        return kb.fmul(kb.vload(frac, {base}),
-                      kb.fdiv(kb.vload(prob, {base}), seqV));
-      });
-      kb.store(loss, partial, {b});
-    });
-    Value total = sumInOrder(kb, partial, q.batch);
-    kb.store(kb.fdiv(total, q.f32(q.batch)), kernel.out(0), {});
-    kernel.replace(rw, op);
-    return success();
-  }
-};
-
-struct SequenceBalanceLossGradKernel
-    : KernelPattern<SequenceBalanceLossGradOp> {
-  using KernelPattern::KernelPattern;
-
-  LogicalResult emit(SequenceBalanceLossGradOp op, CpuKernelBuilder &kb,
-                     PatternRewriter &rw) const override {
-    KernelScope kernel(kb, {op.getScores(), op.getIndices(), op.getDloss()},
-                       KernelScope::outsOf(op, {kb.sizes(op.getScores())}));
-    SequenceRows q(kb, op.getScores(), op.getIndices());
-    Value out = kernel.out(0);
-    Value dloss = kb.load(kb.buffer(op.getDloss()), {});
-    Value scale = kb.fdiv(dloss, kb.fmul(q.f32(q.batch), q.f32(q.seq)));
-    Value fracs = kb.scratch(opts, MemRefType::get({kDyn}, kb.f32()), {q.padded});
-    kb.workers(opts, q.batch, [&](Value b, Value worker) {
-      Value frac = kb.workerSlice(fracs, worker);
-      q.fractions(b, frac);
-      kb.forLoop(kb.idx(0), q.seq, kb.idx(1), [&](Value t) {
-        Value z = q.rowSum([&](Value base) { return q.scores(b, t, base); });
-        Value c = kb.fdiv(q.rowSum([&](Value base) {
-          return kb.fmul(q.scores(b, t, base), kb.vload(frac, {base}));
-        }),
-                         z);
-        q.eachChunk([&](Value base) {
-          Value d =
-              sequenceBalanceGradEntry(kb, kb.vload(frac, {base}), c, z, scale);
-          kb.vstoreMasked(d, out, {b, t, base}, kb.sub(q.numExperts, base));
-        });
-      });
-    });
-    kernel.replace(rw, op);
-    return success();
-  }
-};
 } // namespace
 
-void populateSequenceBalanceLossLowering(RewritePatternSet &patterns,
-                                         const KernelOptions &options) {
-  patterns.add<SequenceBalanceLossKernel>(patterns.getContext(), options);
+template <>
+LogicalResult CPUKernel<SequenceBalanceLossOp>::emit(
+    SequenceBalanceLossOp op, CpuKernelBuilder &kb, PatternRewriter &rw) const {
+  KernelScope kernel(kb, {op.getScores(), op.getIndices()},
+                     KernelScope::outsOf(op, {{}}));
+  SequenceRows q(kb, op.getScores(), op.getIndices());
+  auto rowType = MemRefType::get({kDyn}, kb.f32());
+  Value fracs = kb.scratch(opts, rowType, {q.padded});
+  Value probs = kb.scratch(opts, rowType, {q.padded});
+  Value partial = kb.alloc(rowType, {q.batch});
+  Value zero = kb.constLike(kb.vf32(), 0.0);
+  kb.workers(opts, q.batch, [&](Value b, Value worker) {
+    Value frac = kb.workerSlice(fracs, worker);
+    Value prob = kb.workerSlice(probs, worker);
+    q.fractions(b, frac);
+    q.eachChunk([&](Value base) { kb.vstore(zero, prob, {base}); });
+    kb.forLoop(kb.idx(0), q.seq, kb.idx(1), [&](Value t) {
+      Value z = q.rowSum([&](Value base) { return q.scores(b, t, base); });
+      Value zV = kb.splat(z, kb.lanes());
+      q.eachChunk([&](Value base) {
+        Value p =
+            kb.fadd(kb.vload(prob, {base}), kb.fdiv(q.scores(b, t, base), zV));
+        kb.vstore(p, prob, {base});
+      });
+    });
+    Value seqV = kb.splat(q.f32(q.seq), kb.lanes());
+    Value loss = q.rowSum([&](Value base) {
+      return kb.fmul(kb.vload(frac, {base}),
+                    kb.fdiv(kb.vload(prob, {base}), seqV));
+    });
+    kb.store(loss, partial, {b});
+  });
+  Value total = sumInOrder(kb, partial, q.batch);
+  kb.store(kb.fdiv(total, q.f32(q.batch)), kernel.out(0), {});
+  kernel.replace(rw, op);
+  return success();
 }
 
-void populateSequenceBalanceLossGradLowering(RewritePatternSet &patterns,
-                                             const KernelOptions &options) {
-  patterns.add<SequenceBalanceLossGradKernel>(patterns.getContext(), options);
+template <>
+LogicalResult
+CPUKernel<SequenceBalanceLossGradOp>::emit(SequenceBalanceLossGradOp op,
+                                           CpuKernelBuilder &kb,
+                                           PatternRewriter &rw) const {
+  KernelScope kernel(kb, {op.getScores(), op.getIndices(), op.getDloss()},
+                     KernelScope::outsOf(op, {kb.sizes(op.getScores())}));
+  SequenceRows q(kb, op.getScores(), op.getIndices());
+  Value out = kernel.out(0);
+  Value dloss = kb.load(kb.buffer(op.getDloss()), {});
+  Value scale = kb.fdiv(dloss, kb.fmul(q.f32(q.batch), q.f32(q.seq)));
+  Value fracs = kb.scratch(opts, MemRefType::get({kDyn}, kb.f32()), {q.padded});
+  kb.workers(opts, q.batch, [&](Value b, Value worker) {
+    Value frac = kb.workerSlice(fracs, worker);
+    q.fractions(b, frac);
+    kb.forLoop(kb.idx(0), q.seq, kb.idx(1), [&](Value t) {
+      Value z = q.rowSum([&](Value base) { return q.scores(b, t, base); });
+      Value c = kb.fdiv(q.rowSum([&](Value base) {
+        return kb.fmul(q.scores(b, t, base), kb.vload(frac, {base}));
+      }),
+                       z);
+      q.eachChunk([&](Value base) {
+        Value d =
+            sequenceBalanceGradEntry(kb, kb.vload(frac, {base}), c, z, scale);
+        kb.vstoreMasked(d, out, {b, t, base}, kb.sub(q.numExperts, base));
+      });
+    });
+  });
+  kernel.replace(rw, op);
+  return success();
 }
 
 } // namespace mlir::moe::cpu_lowering

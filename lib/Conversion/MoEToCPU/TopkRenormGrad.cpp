@@ -113,49 +113,42 @@ void emitTopkGradRowInLanes(CpuKernelBuilder &kb, const TopkSpec &spec, Value r,
     });
 }
 
-struct TopkRenormGradKernel
-    : KernelPattern<TopkRenormGradOp, /*TargetLanes=*/false> {
-  using KernelPattern::KernelPattern;
-
-  LogicalResult emit(TopkRenormGradOp op, CpuKernelBuilder &kb,
-                     PatternRewriter &rw) const override {
-    if (cast<RankedTensorType>(op.getScores().getType()).getRank() < 2)
-      return rw.notifyMatchFailure(op, "rank-1 scores: portable lowering");
-    if (hasStaticZeroSize(op))
-      return rw.notifyMatchFailure(op, "a static zero-sized dimension");
-    KernelScope kernel(
-        kb, {op.getScores(), op.getIndices(), op.getDw()},
-        KernelScope::outsOf(op, {kb.sizes(op.getScores())}));
-    Value scores = kb.buffer(op.getScores());
-    Value out = kernel.out(0);
-    Value s2 = collapseRows(kb, scores), o2 = collapseRows(kb, out);
-    Value i2 = collapseRows(kb, kb.buffer(op.getIndices()));
-    Value g2 = collapseRows(kb, kb.buffer(op.getDw()));
-    Value rows = kb.dim(s2, 0), numExperts = kb.dim(s2, 1), sel = kb.dim(i2, 1);
-
-    TopkSpec spec = topkSpecOf(op);
-    // A static k in [kMinLaneSel, kLanes]: the selections fit one vector.
-    std::optional<int64_t> selLanes;
-    int64_t staticSel = cast<MemRefType>(i2.getType()).getDimSize(1);
-    if (!ShapedType::isDynamic(staticSel) && staticSel >= kMinLaneSel &&
-        staticSel <= kLanes)
-      selLanes = staticSel;
-    kb.workerRows(opts, rows, kRowsPerItem, [&](Value r) {
-      if (selLanes)
-        emitTopkGradRowInLanes(kb, spec, r, s2, i2, g2, o2, numExperts,
-                               *selLanes);
-      else
-        emitTopkGradRow(kb, spec, r, s2, i2, g2, o2, numExperts, sel);
-    });
-    kernel.replace(rw, op);
-    return success();
-  }
-};
 } // namespace
 
-void populateTopkRenormGradLowering(RewritePatternSet &patterns,
-                                    const KernelOptions &options) {
-  patterns.add<TopkRenormGradKernel>(patterns.getContext(), options);
+template <>
+LogicalResult CPUKernel<TopkRenormGradOp>::emit(TopkRenormGradOp op,
+                                                CpuKernelBuilder &kb,
+                                                PatternRewriter &rw) const {
+  if (cast<RankedTensorType>(op.getScores().getType()).getRank() < 2)
+    return rw.notifyMatchFailure(op, "rank-1 scores: portable lowering");
+  if (hasStaticZeroSize(op))
+    return rw.notifyMatchFailure(op, "a static zero-sized dimension");
+  KernelScope kernel(
+      kb, {op.getScores(), op.getIndices(), op.getDw()},
+      KernelScope::outsOf(op, {kb.sizes(op.getScores())}));
+  Value scores = kb.buffer(op.getScores());
+  Value out = kernel.out(0);
+  Value s2 = collapseRows(kb, scores), o2 = collapseRows(kb, out);
+  Value i2 = collapseRows(kb, kb.buffer(op.getIndices()));
+  Value g2 = collapseRows(kb, kb.buffer(op.getDw()));
+  Value rows = kb.dim(s2, 0), numExperts = kb.dim(s2, 1), sel = kb.dim(i2, 1);
+
+  TopkSpec spec = topkSpecOf(op);
+  // A static k in [kMinLaneSel, kLanes]: the selections fit one vector.
+  std::optional<int64_t> selLanes;
+  int64_t staticSel = cast<MemRefType>(i2.getType()).getDimSize(1);
+  if (!ShapedType::isDynamic(staticSel) && staticSel >= kMinLaneSel &&
+      staticSel <= kLanes)
+    selLanes = staticSel;
+  kb.workerRows(opts, rows, kRowsPerItem, [&](Value r) {
+    if (selLanes)
+      emitTopkGradRowInLanes(kb, spec, r, s2, i2, g2, o2, numExperts,
+                             *selLanes);
+    else
+      emitTopkGradRow(kb, spec, r, s2, i2, g2, o2, numExperts, sel);
+  });
+  kernel.replace(rw, op);
+  return success();
 }
 
 } // namespace mlir::moe::cpu_lowering
