@@ -5,7 +5,7 @@
 //===----------------------------------------------------------------------===//
 //
 // The CPU kernels of the capacity and bias-balancing ops
-// (python/moe_mlir/ops/capacity.py), on the machinery of TorchOps.cpp
+// (python/moe_mlir/ops/capacity.py), on the machinery of TorchKernels.cpp
 // (TorchKernels.h):
 //
 // * apply_capacity runs moe.dispatch_plan with its capacity option (the kernel

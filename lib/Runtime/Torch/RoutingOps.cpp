@@ -5,7 +5,7 @@
 //===----------------------------------------------------------------------===//
 //
 // The kernels of the production routing ops (python/moe_mlir/ops/,
-// section "Production routing"), on the machinery of TorchOps.cpp
+// section "Production routing"), on the machinery of TorchKernels.cpp
 // (TorchKernels.h): the token dimension T is dynamic in the kernel, so one
 // compiled kernel serves every token count; the Python kernel cache validates
 // a call on a key miss. moe.route is differentiable w.r.t. the logits (the

@@ -4,8 +4,8 @@
 //
 //===----------------------------------------------------------------------===//
 //
-// What the files of the torch extension share (TorchOps.cpp defines it; the
-// routing ops of RoutingOps.cpp and the backward ops of GradOps.cpp use it):
+// What the files of the torch extension share (TorchKernels.cpp defines it,
+// but for the AutogradCPU kernel of TorchOps.cpp; every op file uses it):
 // memref descriptors of torch tensors, the kernel cache key and lookup, the
 // kernel call, the checks worded as python/moe_mlir/ops/ words them, and the
 // AutogradCPU kernel.
