@@ -27,7 +27,7 @@ import torch
 from . import cache
 from .abi import describe, mlir_elem, pointers
 
-__all__ = ["kernel_key", "key_value", "call_kernel"]
+__all__ = ["kernel_key", "key_input", "key_value", "call_kernel"]
 
 
 def key_value(v: Any) -> str:
@@ -40,6 +40,13 @@ def key_value(v: Any) -> str:
     return str(v)
 
 
+def key_input(name: str, elem: str, shape: Sequence[int], dynamic: Sequence[int] = ()) -> str:
+    """An input's part of a key, ``in:<name>:<elem>:<dims>`` (the dimensions in ``dynamic`` as ``?``; ``scalar`` for
+    rank 0): the one writer of it, for :func:`kernel_key` and the whole-graph importer."""
+    dims = "x".join("?" if d in dynamic else str(n) for d, n in enumerate(shape)) or "scalar"
+    return f"in:{name}:{elem}:{dims}"
+
+
 def kernel_key(op: str, args: Mapping[str, Any],
                dynamic: Mapping[str, Sequence[int]] = {}) -> tuple[str, str, list[torch.Tensor]]:
     """The key of ``op`` on ``args`` (by name, in the kernel's parameter order: a tensor is an input, whose dimensions
@@ -48,11 +55,9 @@ def kernel_key(op: str, args: Mapping[str, Any],
     attrs, ins, shapes, tensors = [], [], [], []
     for name, v in args.items():
         if isinstance(v, torch.Tensor):
-            dyn = dynamic.get(name, ())
             elem = mlir_elem(v.dtype)
-            dims = "x".join("?" if d in dyn else str(n) for d, n in enumerate(v.shape)) or "scalar"
-            ins.append(f"in:{name}:{elem}:{dims}")
-            shapes.append(f"{name}:{elem}:{'x'.join(str(n) for n in v.shape) or 'scalar'}")
+            ins.append(key_input(name, elem, v.shape, dynamic.get(name, ())))
+            shapes.append(key_input(name, elem, v.shape)[len("in:"):])
             tensors.append(v)
         elif v is not None:
             attrs.append(f"{name}={key_value(v)}")

@@ -14,16 +14,12 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from ... import ops as _ops  # noqa: F401  (the op modules fill KEY_OPS)
 from ...ops.loading import KEY_OPS
 from ...reference.routing import CUSTOM_PREFIX
-from ...runtime.launch import key_value
+from ...runtime.launch import key_input, key_value
 from ..builder import TensorType, Value
 from ..table import LOWERINGS, lowering
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..importer import FxImporter
-
-
-def _dims(t: TensorType) -> str:
-    return "x".join(str(d) for d in t.shape) if t.shape else "scalar"
 
 
 def _result_type(text: str) -> TensorType:
@@ -46,7 +42,7 @@ def key_op(imp: FxImporter, op: str, args: dict[str, Any], result_types: Optiona
         if name in skip:
             continue
         if isinstance(v, Value):
-            parts.append(f"in:{name}:{v.type.elem}:{_dims(v.type)}")
+            parts.append(key_input(name, v.type.elem, v.type.shape))
             inputs.append(v)
         elif v is not None:
             if name == "scoring" and isinstance(v, str) and v.startswith(CUSTOM_PREFIX):
