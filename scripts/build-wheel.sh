@@ -21,7 +21,7 @@ VENV="${MOE_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 DIST="${MOE_DIST_DIR:-$ROOT/dist}"
 
-for f in bin/moe-opt-static lib/libmoe_compiler.so lib/libmoe_torch.so lib/libmoe_kernel_runtime.so lib/libmoe_cpu_runtime.so; do
+for f in bin/moe-opt-static lib/libmoe_compiler.so lib/libmoe_keys.so lib/libmoe_torch.so lib/libmoe_kernel_runtime.so lib/libmoe_cpu_runtime.so; do
   [ -f "$BUILD/$f" ] || { echo "build-wheel: $BUILD/$f is missing: build the project first (scripts/setup.sh)" >&2; exit 1; }
 done
 command -v patchelf >/dev/null || { echo "build-wheel: needs patchelf (apt install patchelf)" >&2; exit 1; }
@@ -40,7 +40,7 @@ B="$STAGE/moe_mlir/_bundle"
 mkdir -p "$B/bin" "$B/lib"
 cp "$BUILD/bin/moe-opt-static" "$B/bin/moe-opt"
 cp "$ROOT/tools/moe-aot/moe-aot.py" "$B/bin/"
-for lib in libmoe_compiler.so libmoe_torch.so libmoe_kernel_runtime.so libmoe_cpu_runtime.so libmoe_cuda_runtime.so \
+for lib in libmoe_compiler.so libmoe_keys.so libmoe_torch.so libmoe_kernel_runtime.so libmoe_cpu_runtime.so libmoe_cuda_runtime.so \
            libclang_rt.builtins-x86_64.a; do
   [ ! -f "$BUILD/lib/$lib" ] || cp "$BUILD/lib/$lib" "$B/lib/"
 done

@@ -18,7 +18,7 @@ PY="${MOE_VENV:-$ROOT/.venv}/bin/python"; [ -x "$PY" ] || PY=python3
 CHIP="${MOE_GPU_CHIP:-sm_90}"
 TOOLKIT="${MOE_CUDA_TOOLKIT:-/usr/local/cuda}"
 
-[ -x "$BUILD/bin/moe-opt" ] || cmake --build "$BUILD" --target moe-opt
+[ -x "$BUILD/bin/moe-opt" ] && [ -f "$BUILD/lib/libmoe_keys.so" ] || cmake --build "$BUILD" --target moe-opt moe_keys
 rm -rf "$DIR" && mkdir -p "$DIR/art" "$DIR/bench" "$DIR/src"
 # MOE_GPU_AOT_OPTIONS: more moe-lower-to-nvvm options for the check and bench cases (e.g. topk-rounds=redux).
 aot() { python3 "$ROOT/tools/moe-aot/moe-aot.py" "$@" --moe-opt "$BUILD/bin/moe-opt" --chip "$CHIP" \
@@ -81,6 +81,10 @@ python3 "$ROOT/test/GPU/check/copy_sources.py" "$ROOT" "$DIR/src" --cmake "$ROOT
     test/GPU/runtime \
     test/GPU/check 'bench/*.py' 'bench/gpu/*.py' >/dev/null
 cp "$ROOT/test/GPU/check/run.sh" "$ROOT/test/GPU/check/gpu_check.py" "$ROOT/test/GPU/check/CMakeLists.txt" "$DIR/"
+# The op verifier that checks every torch op call (python/moe_mlir/runtime/verify.py): MLIR and the dialect linked
+# statically (6 MB), for the GPU machine, which has no LLVM.
+mkdir -p "$DIR/lib"
+cp "$BUILD/lib/libmoe_keys.so" "$DIR/lib/"
 cp "$ROOT/test/GPU/README.md" "$DIR/README.md"
 COMMIT="$(git -C "$ROOT" rev-parse HEAD)"
 DIRTY="$(git -C "$ROOT" status --porcelain --untracked-files=no | wc -l)"

@@ -188,7 +188,7 @@ FUZZ = r"""
 import random
 import sys
 
-from moe_mlir.runtime import compiler
+from moe_mlir.runtime import keys
 
 seeds = sys.argv[2:]
 rng = random.Random(int(sys.argv[1]))
@@ -212,9 +212,9 @@ for _ in range(1500):
         else:
             k = k.replace(rng.choice(["1", "2", "8", "?"]), rng.choice(["0", "-1", "99999999999", "4294967296", "?", ""]), 1)
     try:
-        compiler.kernel_module(k)
+        keys.kernel_module(k)
         built += 1
-    except compiler.CompilerLibraryError as e:
+    except keys.KeyBuildError as e:
         assert str(e).strip(), repr(k)
         failed += 1
 # Keys that once crashed it, or would: no capacity (result 7 missing), brackets nested past the parser's stack.
@@ -223,9 +223,9 @@ for k in ["apply_capacity|num_experts=8|drop=position|in:indices:i32:?x2|in:weig
           "route|k=1|in:logits:" + "vector<" * 30000 + "f32:?x4",
           "route|k=1|scoring=custom:" + "(" * 100000 + "|in:logits:f32:?x4"]:
     try:
-        compiler.kernel_module(k)
+        keys.kernel_module(k)
         raise AssertionError("built " + k[:80])
-    except compiler.CompilerLibraryError as e:
+    except keys.KeyBuildError as e:
         assert "kernel key" in str(e) or "malformed" in str(e), str(e)[:300]
 print(built, failed)
 """

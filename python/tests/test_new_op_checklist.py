@@ -22,7 +22,7 @@ SCRIPT = r"""
 import torch
 from torch import Tensor
 
-import moe_mlir.ops  # noqa: F401  (the op modules, KEY_VALIDATORS)
+import moe_mlir.ops  # noqa: F401  (the op modules)
 from moe_mlir.ops.loading import KEY_OPS
 from moe_mlir.runtime import cache
 from moe_mlir.runtime.launch import call_kernel

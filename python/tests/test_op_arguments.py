@@ -62,6 +62,10 @@ def over_limit(op: str, name: str, shape: list[int]) -> str:
     return f"moe.{op}: the result '{name}' of shape {shape} would have {n} elements, {LIMIT}"
 
 
+def expert_count(op: str, E: int) -> str:
+    return f"moe.{op}: 'num_experts' ({E}) must be <= 2147483647 (expert indices and counts are i32)"
+
+
 # ================================================================================================================
 # topk_renorm, topk_renorm_backward
 # ================================================================================================================
@@ -212,10 +216,11 @@ def test_mad_dispersion_num_experts_below_one(E):
             f"moe.mad_dispersion: 'num_experts' ({E}) must be >= 1")
 
 
-@pytest.mark.parametrize("E,name,shape", [(HUGE, "counts", [HUGE]), (2**28, "weights", [2**28, 8])])
-def test_mad_dispersion_num_experts_huge(E, name, shape):
-    rejects(M.mad_dispersion, (torch.randn(10, 8), torch.zeros(10, dtype=torch.int64), E),
-            over_limit("mad_dispersion", name, shape))
+def test_mad_dispersion_num_experts_huge():
+    # Past i32: the expert count itself; within it, the [E, D] result past the kernels' limit.
+    x, a = torch.randn(10, 8), torch.zeros(10, dtype=torch.int64)
+    rejects(M.mad_dispersion, (x, a, HUGE), expert_count("mad_dispersion", HUGE))
+    rejects(M.mad_dispersion, (x, a, 2**28), over_limit("mad_dispersion", "weights", [2**28, 8]))
 
 
 @needs_cpu_kernels
@@ -249,12 +254,15 @@ def test_hyper_router_num_experts_below_one(E):
             f"moe.hyper_router_backward: 'num_experts' ({E}) must be >= 1")
 
 
-@pytest.mark.parametrize("E", [HUGE, 16])
-def test_hyper_router_num_experts_huge(E):
-    message = (f"dimension 0 of 'w2' (15) must be num_experts * (D+1) = {E} * (D+1) with D >= 0")
-    rejects(M.hyper_router, (*hyper_operands(), E), f"moe.hyper_router: {message}")
-    rejects(M.hyper_router_backward, (torch.randn(3, 4), torch.randn(3), *hyper_operands(), E),
-            f"moe.hyper_router_backward: {message}")
+def test_hyper_router_num_experts_huge():
+    grads = (torch.randn(3, 4), torch.randn(3))
+    rejects(M.hyper_router, (*hyper_operands(), HUGE), expert_count("hyper_router", HUGE))
+    rejects(M.hyper_router_backward, (*grads, *hyper_operands(), HUGE), expert_count("hyper_router_backward", HUGE))
+    # 15 rows are no E * (D + 1) for E = 16; the backward knows D from 'grad_w' [E, D].
+    rejects(M.hyper_router, (*hyper_operands(), 16),
+            "moe.hyper_router: dimension 0 of 'w2' (15) must be num_experts * (D+1) = 16 * (D+1) with D >= 0")
+    rejects(M.hyper_router_backward, (*grads, *hyper_operands(), 16),
+            "moe.hyper_router_backward: 'w2' must have E*(D+1) = 16*(4+1) = 80 rows, but has 15")
 
 
 @needs_cpu_kernels
@@ -334,8 +342,8 @@ def test_dispatch_plan_num_experts_below_one(E):
 
 
 def test_dispatch_plan_num_experts_huge():
-    # block_size 1: no padding, so only the [E + 1] offsets grow with E.
-    rejects(M.dispatch_plan, (indices(), HUGE, 1), over_limit("dispatch_plan", "offsets", [HUGE + 1]))
+    # block_size 1: no padding, so only the [E] counts and [E + 1] offsets grow with E.
+    rejects(M.dispatch_plan, (indices(), HUGE, 1), over_limit("dispatch_plan", "counts", [HUGE]))
 
 
 @pytest.mark.parametrize("B", [-1, 0, -HUGE])
@@ -372,7 +380,7 @@ def test_apply_capacity_num_experts_below_one(E):
 
 
 def test_apply_capacity_num_experts_huge():
-    rejects(M.apply_capacity, (*capacity_args(), HUGE, 2), over_limit("apply_capacity", "dropped", [HUGE]))
+    rejects(M.apply_capacity, (*capacity_args(), HUGE, 2), over_limit("apply_capacity", "counts", [HUGE]))
 
 
 @pytest.mark.parametrize("C", [-1, -HUGE])
@@ -410,10 +418,11 @@ def test_apply_capacity_edges():
         kernel(M.apply_capacity, bad, w, 4, 2)
 
 
-@pytest.mark.parametrize("rate", [-1.0, float("inf"), float("nan"), 1e300])
-def test_bias_update_rate(rate):
+@pytest.mark.parametrize("rate,shown", [(-1.0, "-1.0"), (float("inf"), "inf"), (float("nan"), "nan"), (1e300, "inf")])
+def test_bias_update_rate(rate, shown):
+    # The rate is an f32 attribute: 1e300 is inf there.
     rejects(M.bias_update, (torch.zeros(4), torch.zeros(4, dtype=torch.int32), rate),
-            f"moe.bias_update: 'rate' ({rate}) must be finite and >= 0")
+            f"moe.bias_update: 'rate' ({shown}) must be finite and >= 0")
 
 
 def test_bias_update_operands():
@@ -440,8 +449,7 @@ def test_bias_update_edges():
 
 @pytest.mark.parametrize("call,message", [
     (lambda x: M.topk_renorm(x, -1), k_range("topk_renorm", -1, 16, LAST_DIM)),
-    (lambda x: M.mad_dispersion(x, torch.zeros(4, dtype=torch.int64), HUGE),
-     over_limit("mad_dispersion", "counts", [HUGE])),
+    (lambda x: M.mad_dispersion(x, torch.zeros(4, dtype=torch.int64), HUGE), expert_count("mad_dispersion", HUGE)),
 ], ids=["topk_renorm", "mad_dispersion"])
 def test_torch_compile_traces_the_message(call, message):
     torch._dynamo.reset()
@@ -490,7 +498,8 @@ def test_sequence_balance_top_k(k):
     rejects(M.sequence_balance_loss_backward, (torch.ones(()), s, idx, k), f"moe.sequence_balance_loss_backward: {msg}")
     # indices wider than E.
     rejects(M.sequence_balance_loss, (torch.rand(2, 3, 2), torch.zeros(2, 3, 3, dtype=torch.long), 3),
-            "moe.sequence_balance_loss: 'top_k' (3) must be in [1, 2] (the size of the last dimension of 'scores')")
+            "moe.sequence_balance_loss: the number of selections k (dimension 2 of 'indices', 3) must be in [1, 2] "
+            "(the expert count of 'scores')")
 
 
 def test_every_op_has_a_case():
@@ -504,3 +513,21 @@ def test_every_op_has_a_case():
     source = open(__file__).read()
     for name in names:
         assert f"M.{name}," in source or f"M.{name}(" in source, name
+
+
+@needs_cpu_kernels
+def test_a_kept_kernel_still_verifies_sizes_that_relate_differently():
+    """The extension keeps its kernels by key and by how the call's sizes compare (Key::verifiedKey: each size's
+    rank among the call's sizes, 0 and 1), and checks no rule of an op itself: a call of a known kernel whose token
+    counts disagree is verified again, and the op verifier names the operand, before anything is allocated."""
+    x, idx = torch.randn(6, 8), torch.zeros(6, 2, dtype=torch.int32)
+    kernel(M.route, x, None, 2, "softmax", "score_then_topk", 1, 1, "top2_sum", False, 1.0, idx)
+    with pytest.raises(ValueError, match=r"moe\.route: dimension 0 of 'replay' \(T = 6\) must equal dimension 0 of 'logits' \(T = 5\)"):
+        M.route(torch.randn(5, 8), None, 2, "softmax", "score_then_topk", 1, 1, "top2_sum", False, 1.0, idx)
+    # The same relations as the first call: the kept kernel, no new check.
+    kernel(M.route, torch.randn(9, 8), None, 2, "softmax", "score_then_topk", 1, 1, "top2_sum", False, 1.0,
+           torch.zeros(9, 2, dtype=torch.int32))
+    g, s = torch.randn(4, 2), torch.randn(4, 8)
+    kernel(M.topk_renorm_backward, g, s, torch.zeros(4, 2, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"moe\.topk_renorm_backward: dimension 0 of 'indices' \(3\) must equal"):
+        M.topk_renorm_backward(g, s, torch.zeros(3, 2, dtype=torch.int32))

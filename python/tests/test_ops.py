@@ -244,10 +244,10 @@ def test_similarity_inform_gradients_flow_to_u_and_e():
 @pytest.mark.parametrize(
     "kw,msg",
     [
-        (dict(tau=0.0), r"'tau' \(0.0\) must be > 0"),
-        (dict(tau=float("inf")), r"'tau' \(inf\) must be > 0 and finite"),
-        (dict(e=torch.rand(2, 6, 3)), r"dimension 1 of 'e' \(6\) must equal dimension 1 of 'u' \(N\) \(5\)"),
-        (dict(ws=torch.rand(3, 4)), r"dimension 0 of 'ws' \(3\) must equal"),
+        (dict(tau=0.0), r"'tau' \(0.0\) must be finite and > 0"),
+        (dict(tau=float("inf")), r"'tau' \(inf\) must be finite and > 0"),
+        (dict(e=torch.rand(2, 6, 3)), r"dimension 1 of 'e' \(N = 6\) must equal dimension 1 of 'u' \(N = 5\)"),
+        (dict(ws=torch.rand(3, 4)), r"dimension 0 of 'ws' \(D = 3\) must equal dimension 2 of 'u' \(D = 4\)"),
         (dict(u=torch.rand(5, 4)), r"'u' must have rank 3"),
     ],
 )
@@ -400,10 +400,11 @@ def test_attention_posterior_head_scale_and_small_sigma_stay_finite():
 @pytest.mark.parametrize(
     "mutate,msg",
     [
-        (lambda a: a.update(sigma=-1.0), r"'sigma' \(-1.0\) must be > 0"),
+        (lambda a: a.update(sigma=-1.0), r"'sigma' \(-1.0\) must be finite and > 0"),
         (lambda a: a.update(head_select="best"), r"'head_select' must be one of"),
-        (lambda a: a.update(wo=torch.rand(4, 5)), r"dimension 1 of 'wo' \(5\) must equal H \* Dh \(6\)"),
-        (lambda a: a.update(e=torch.rand(2, 4, 3)), r"dimension 1 of 'e' \(4\) must equal dimension 3 of 'scores'"),
+        (lambda a: a.update(wo=torch.rand(4, 5)), r"dimension 1 of 'wo' \(5\) must equal H\*Dh = 3\*2 = 6"),
+        (lambda a: a.update(e=torch.rand(2, 4, 3)),
+         r"dimension 1 of 'e' \(Nk = 4\) must equal dimension 3 of 'scores' \(Nk = 5\)"),
     ],
 )
 def test_attention_posterior_validation(mutate, msg):
@@ -524,10 +525,10 @@ def test_mad_dispersion_out_of_range_assign_raises(bad):
     "kw,msg",
     [
         (dict(num_experts=0), r"'num_experts' \(0\) must be >= 1"),
-        (dict(eps=0.0), r"'eps' \(0.0\) must be > 0"),
-        (dict(clip=-1.0), r"'clip' \(-1.0\) must be >= 0"),
+        (dict(eps=0.0), r"'eps' \(0.0\) must be finite and > 0"),
+        (dict(clip=-1.0), r"'clip' \(-1.0\) must be finite and >= 0 \(0 disables clipping\)"),
         (dict(normalize="row"), r"'normalize' must be one of"),
-        (dict(assign=torch.zeros(3, dtype=torch.long)), r"dimension 0 of 'assign' \(3\) must equal"),
+        (dict(assign=torch.zeros(3, dtype=torch.long)), r"dimension 0 of 'assign' \(T = 3\) must equal"),
     ],
 )
 def test_mad_dispersion_validation(kw, msg):
@@ -608,10 +609,10 @@ def test_adjacency_update_out_of_range_idx_raises(bad):
 @pytest.mark.parametrize(
     "kw,msg",
     [
-        (dict(beta=1.5), r"'beta' \(1.5\) must be in \[0, 1\]"),
-        (dict(beta=-0.1), r"'beta' \(-0.1\) must be in \[0, 1\]"),
+        (dict(beta=1.5), r"'beta' \(1.5\) must be in \[0.0, 1.0\]"),
+        (dict(beta=-0.1), r"'beta' \(-0.1\) must be in \[0.0, 1.0\]"),
         (dict(norm="sym"), r"'norm' must be one of"),
-        (dict(a=torch.zeros(4, 3)), r"dimension 1 of 'a' \(3\) must equal"),
+        (dict(a=torch.zeros(4, 3)), r"dimension 1 of 'a' \(E = 3\) must equal dimension 0 of 'a' \(E = 4\)"),
         (dict(idx=torch.zeros(4, dtype=torch.long)), r"'idx' must have rank 2"),
     ],
 )
@@ -665,7 +666,7 @@ def test_hyper_router_validation():
     with pytest.raises(ValueError, match=r"dimension 0 of 'w2' \(10\) must be num_experts \* \(D\+1\)"):
         torch.ops.moe.hyper_router(torch.randn(3), torch.randn(4, 3), torch.randn(4), torch.randn(10, 4),
                                    torch.randn(10), 3)
-    with pytest.raises(ValueError, match=r"dimension 1 of 'w1' \(2\) must equal dimension 0 of 'emb'"):
+    with pytest.raises(ValueError, match=r"dimension 1 of 'w1' \(De = 2\) must equal dimension 0 of 'emb'"):
         torch.ops.moe.hyper_router(torch.randn(3), torch.randn(4, 2), torch.randn(4), torch.randn(10, 4),
                                    torch.randn(10), 2)
 

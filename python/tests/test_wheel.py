@@ -121,7 +121,7 @@ assert not [t for t in tools if shutil.which(t)], [shutil.which(t) for t in tool
 
 import torch
 import moe_mlir
-from moe_mlir.runtime import cache, driver, extension, locate, prebuild
+from moe_mlir.runtime import cache, driver, extension, keys, locate, prebuild
 
 inside = lambda p, d: Path(p).resolve().is_relative_to(d)
 assert inside(moe_mlir.__file__, venv), moe_mlir.__file__
@@ -177,7 +177,7 @@ hyper = [torch.randn(*shape, generator=g).requires_grad_() for shape in ((De,), 
 out = torch.ops.moe.hyper_router(*hyper, E)
 (out[0] if isinstance(out, (tuple, list)) else out).sum().backward()
 families = {k.split("|")[0] for k in cache.stats.keys}
-assert families == set(cache.validators), sorted(set(cache.validators) - families)
+assert families == set(keys.key_ops()), sorted(set(keys.key_ops()) - families)
 assert cache.stats.compiles == len(set(cache.stats.keys)), cache.stats
 
 # One CUDA kernel built (no GPU needed): without the toolkit's ptxas, PTX that the driver compiles at load.

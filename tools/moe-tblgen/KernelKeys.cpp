@@ -78,9 +78,20 @@ static void emitBuilder(const KeyEntry &entry, raw_ostream &os) {
     if (operand.isVariadic() && !operand.isOptional())
       PrintFatalError(entry.record, "the variadic operand '" + operand.name +
                                         "' has no key form");
+    std::string keyName = entry.keyName(operand.name, renamed);
     os << formatv("  args.operand(\"{0}\", {1}, operands, segments);\n",
-                  entry.keyName(operand.name, renamed),
-                  operand.isOptional() ? "true" : "false");
+                  keyName, operand.isOptional() ? "true" : "false");
+    // The operand's ODS type constraint, checked here so that a wrong
+    // element type is worded as the torch op words it (the verifier would say
+    // "operand #i must be ...").
+    mlir::tblgen::FmtContext typeCtx;
+    typeCtx.withSelf("operands.back().getType()");
+    os << formatv("  if (segments.back() && !args.failed())\n"
+                  "    args.checkOperandType({0}, \"{1}\", \"{2}\", "
+                  "operands.back());\n",
+                  mlir::tblgen::tgfmt(
+                      operand.constraint.getConditionTemplate(), &typeCtx),
+                  keyName, operand.constraint.getSummary());
   }
   os << "  ::llvm::SmallVector<::mlir::NamedAttribute> attrs;\n";
   mlir::tblgen::FmtContext ctx;
@@ -134,7 +145,40 @@ static bool emitKernelKeys(const RecordKeeper &records, raw_ostream &os) {
   for (const KeyEntry &entry : entries)
     os << formatv("  if (keyOp == \"{0}\")\n    return buildKey_{0}(b, args);\n",
                   entry.key);
-  os << "  known = false;\n  return nullptr;\n}\n\n"
+  os << "  known = false;\n  return nullptr;\n}\n\n";
+  // The results' ODS names, which the size-limit check names.
+  os << "/// The ODS names of the results of the op of the key `keyOp`.\n"
+        "static ::llvm::ArrayRef<::llvm::StringRef> "
+        "keyResultNames(::llvm::StringRef keyOp) {\n";
+  for (const KeyEntry &entry : entries) {
+    os << formatv("  if (keyOp == \"{0}\") {{\n"
+                  "    static const ::llvm::StringRef names[] = {{",
+                  entry.key);
+    for (int i = 0, e = entry.op.getNumResults(); i < e; ++i)
+      os << formatv("{0}\"{1}\"", i ? ", " : "", entry.op.getResultName(i));
+    os << "};\n    return names;\n  }\n";
+  }
+  os << "  return {};\n}\n\n";
+  // The ODS names the key renames (KeyRename), for the diagnostics.
+  os << "/// (ODS name, key name) of each name the key `keyOp` renames.\n"
+        "static ::llvm::ArrayRef<std::pair<::llvm::StringRef, "
+        "::llvm::StringRef>> keyRenames(::llvm::StringRef keyOp) {\n";
+  for (const KeyEntry &entry : entries) {
+    if (entry.renames.empty())
+      continue;
+    os << formatv("  if (keyOp == \"{0}\") {{\n"
+                  "    static const std::pair<::llvm::StringRef, "
+                  "::llvm::StringRef> renames[] = {{",
+                  entry.key);
+    bool first = true;
+    for (const auto &rename : entry.renames) {
+      os << formatv("{0}{{\"{1}\", \"{2}\"}", first ? "" : ", ",
+                    rename.getKey(), rename.getValue());
+      first = false;
+    }
+    os << "};\n    return renames;\n  }\n";
+  }
+  os << "  return {};\n}\n\n"
         "/// Every key of the table, in its order.\n"
         "static constexpr ::llvm::StringLiteral kKernelKeyOps[] = {\n";
   for (const KeyEntry &entry : entries)

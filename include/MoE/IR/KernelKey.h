@@ -84,15 +84,32 @@ public:
     else if constexpr (std::is_integral_v<T>) {
       if (std::optional<int64_t> v = parseInt(*text))
         value = T(*v);
-    } else if constexpr (std::is_enum_v<T>)
+    } else if constexpr (std::is_enum_v<T>) {
       value = symbolizeEnum<T>(*text);
-    else
+      if (!value) {
+        // The torch op's wording: the values the enum has, by keyword.
+        std::string allowed;
+        for (unsigned i = 0; i < 64; ++i) {
+          StringRef word = stringifyEnum(static_cast<T>(i));
+          if (!word.empty())
+            allowed += (allowed.empty() ? "'" : ", '") + word.str() + "'";
+        }
+        fail("'" + name.str() + "' must be one of " + allowed + ", got '" +
+             *text + "'");
+        return std::nullopt;
+      }
+    } else
       static_assert(!sizeof(T), "no key conversion for this attribute type");
     if (!value)
       fail("attribute '" + name.str() + "' = '" + *text +
            "' is not a value of its type");
     return value;
   }
+
+  /// The element-type rule of the operand `name` (ODS's type constraint,
+  /// `ok` its predicate on the input, `summary` its description): "'name'
+  /// must be f32, f16 or bf16, got i64", the torch ops' words for it.
+  void checkOperandType(bool ok, StringRef name, StringRef summary, Value v);
 
   /// Key attributes that build no attribute of the op (KernelKeys.td's
   /// extraAttrs).
@@ -131,6 +148,13 @@ Operation *buildKernelKeyOp(OpBuilder &b, Location loc, const KernelKey &key,
 /// for hyper_router_backward without weight gradients and apply_capacity).
 /// Null after an error emitted at an unknown location.
 OwningOpRef<ModuleOp> buildKernelModule(MLIRContext *context, StringRef key);
+
+/// The ops of the kernel-key table (KernelKeys.td), in its order.
+ArrayRef<StringLiteral> kernelKeyOps();
+
+/// `diagnostics` of the key `keyText` in the torch op's names: each quoted
+/// ODS name the key renames (KernelKeys.td's KeyRename: 'dw' -> 'grad_w').
+std::string inKeyNames(StringRef keyText, StringRef diagnostics);
 
 } // namespace mlir::moe
 

@@ -61,6 +61,10 @@ int32_t moeKernelKeyOp(const char *key, int64_t len, char *out,
                        int64_t outCap, int64_t *outLen, char *err,
                        int64_t errCap);
 
+/// The ops of the kernel-key table (KernelKeys.td), space-separated, as
+/// moeKernelModule returns its text. Returns 0.
+int32_t moeKernelKeyOps(char *out, int64_t outCap, int64_t *outLen);
+
 #ifdef __cplusplus
 }
 #endif

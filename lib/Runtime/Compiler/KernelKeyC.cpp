@@ -56,9 +56,11 @@ int32_t withKey(const char *what, const char *key, int64_t len, char *out,
   });
   std::string text;
   if (failed(produce(&context, llvm::StringRef(key, size_t(len)), text))) {
-    moe::writeErrorBuffer(err, errCap,
-                          diagnostics.empty() ? std::string(what) + " failed"
-                                              : diagnostics);
+    moe::writeErrorBuffer(
+        err, errCap,
+        diagnostics.empty()
+            ? std::string(what) + " failed"
+            : moe::inKeyNames(llvm::StringRef(key, size_t(len)), diagnostics));
     return 1;
   }
   *outLen = int64_t(text.size());
@@ -83,6 +85,17 @@ extern "C" int32_t moeKernelModule(const char *key, int64_t len, char *out,
                    module->print(os);
                    return success();
                  });
+}
+
+extern "C" int32_t moeKernelKeyOps(char *out, int64_t outCap,
+                                   int64_t *outLen) {
+  std::string text = llvm::join(moe::kernelKeyOps(), " ");
+  *outLen = int64_t(text.size());
+  if (out && outCap > int64_t(text.size())) {
+    std::memcpy(out, text.data(), text.size());
+    out[text.size()] = '\0';
+  }
+  return 0;
 }
 
 extern "C" int32_t moeKernelKeyOp(const char *key, int64_t len, char *out,

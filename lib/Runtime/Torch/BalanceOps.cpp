@@ -63,27 +63,35 @@ void checkLogitDtype(const char *op, const char *name, const Tensor &t) {
                    "' must be f32, f16, bf16 or f64, got ", d);
 }
 
+/// What the router ops take beyond their key's op, which the verifier
+/// checks: f64 logits (computed in f32) and the operands on one device.
 void checkRouterOperands(const char *op, const Tensor &logits,
                          const OptTensor &mask) {
   checkDevice(op, {&logits});
   checkLogitDtype(op, "logits", logits);
-  checkRank(op, "logits", logits, 2, "[T, E]");
-  if (mask) {
+  if (mask)
     checkDevice(op, {&logits, &*mask});
-    checkRank(op, "token_mask", *mask, 1, "[T]");
-    checkDim(op, "token_mask", *mask, 0, logits.size(0),
-             "the token count T of 'logits'");
-  }
 }
 
-/// checkRouterOperands, then 'top_k' in [1, E].
-void checkRouterTopK(const char *op, const Tensor &logits,
-                     const OptTensor &mask, int64_t k) {
-  checkRouterOperands(op, logits, mask);
-  int64_t experts = logits.size(1);
-  TORCH_CHECK_VALUE(k >= 1 && k <= experts, "moe.", op, ": 'top_k' (", k,
-                    ") must be in [1, ", experts,
-                    "] (the size of the last dimension of 'logits')");
+/// The key of router_stats_fwd on `logits` and `mask` as the kernel reads
+/// them (f64 logits and a mask of any dtype as f32), errors naming `op`.
+Key routerStatsKey(const char *op, const Tensor &logits, const OptTensor &mask,
+                   int64_t topK) {
+  Key key("router_stats_fwd");
+  key.namedAs(op).attr("top_k", topK);
+  at::ScalarType x = logits.scalar_type() == at::kDouble ? at::kFloat
+                                                         : logits.scalar_type();
+  key.in("logits", x, logits.sizes(), {0}, logits.device());
+  if (mask)
+    key.in("token_mask", at::kFloat, mask->sizes(), {0}, mask->device());
+  return key;
+}
+
+/// A one-value tensor the kernel reads as an f32 scalar (any shape of one
+/// element: the torch op's, not the kernel's rank-0 operand).
+void checkOneValue(const char *op, const char *name, const Tensor &t) {
+  TORCH_CHECK_VALUE(t.numel() == 1, "moe.", op, ": '", name,
+                    "' must hold one value, got shape ", t.sizes());
 }
 
 /// A scalar cotangent or saved scalar as the kernels read it: f32, rank 0.
@@ -96,19 +104,15 @@ Tensor scalarF32(const Tensor &t) {
 std::tuple<Tensor, Tensor, Tensor> statsFwd(const char *op,
                                             const Tensor &logits, int64_t topK,
                                             const OptTensor &mask) {
-  checkRouterTopK(op, logits, mask, topK);
-  int64_t T = logits.size(0), E = logits.size(1);
+  checkRouterOperands(op, logits, mask);
+  Key key = routerStatsKey(op, logits, mask, topK);
+  validateOnly(key); // the op verifier, before the sizes are read
   Tensor x = kernelFloat(logits);
   OptTensor m = mask ? OptTensor(maskF32(*mask)) : std::nullopt;
-  Key key("router_stats_fwd");
-  key.attr("top_k", topK);
-  key.in("logits", x, {0});
-  if (m)
-    key.in("token_mask", *m, {0});
+  int64_t T = logits.size(0), E = logits.size(1);
   Tensor counts = at::zeros({E}, f32(x));
   Tensor weightSum = at::zeros({}, f32(x));
   if (T == 0) {
-    validateOnly(key);
     // No token: W = 0 and P = 0/0, as transformers' mean of nothing.
     return {counts,
             at::full({E}, std::numeric_limits<float>::quiet_NaN(), f32(x)),
@@ -157,12 +161,7 @@ Tensor routerStatsBackward(const Tensor &gradProbs, const Tensor &logits,
   const char *op = "router_stats_backward";
   checkRouterOperands(op, logits, mask);
   checkDevice(op, {&logits, &gradProbs, &weightSum});
-  checkRank(op, "grad_mean_probs", gradProbs, 1, "[E]");
-  checkDim(op, "grad_mean_probs", gradProbs, 0, logits.size(1),
-           "the expert count E of 'logits'");
-  TORCH_CHECK_VALUE(weightSum.numel() == 1, "moe.", op,
-                    ": 'weight_sum' must hold one value, got shape ",
-                    weightSum.sizes());
+  checkOneValue(op, "weight_sum", weightSum);
   Tensor x = kernelFloat(logits);
   OptTensor m = mask ? OptTensor(maskF32(*mask)) : std::nullopt;
   Key key(op);
@@ -171,8 +170,8 @@ Tensor routerStatsBackward(const Tensor &gradProbs, const Tensor &logits,
     key.in("token_mask", *m, {0});
   key.in("weight_sum", at::kFloat, {}, {}, x.device())
       .in("grad_mean_probs", at::kFloat, gradProbs.sizes(), {}, x.device());
+  validateOnly(key); // the op verifier, before the sizes are read
   if (x.size(0) == 0) {
-    validateOnly(key);
     return at::zeros(x.sizes(), f32(x));
   }
   KernelFn fn = lookup(key);
@@ -192,13 +191,12 @@ Tensor routerStatsBackward(const Tensor &gradProbs, const Tensor &logits,
 
 Tensor routerZLoss(const Tensor &logits) {
   const char *op = "router_z_loss";
-  checkDevice(op, {&logits});
-  checkRank(op, "logits", logits, 2, "[T, E]");
+  checkRouterOperands(op, logits, std::nullopt);
   Tensor x = kernelFloat(logits);
   Key key(op);
   key.in("logits", x, {0});
+  validateOnly(key); // the op verifier, before the sizes are read
   if (x.size(0) == 0) {
-    validateOnly(key);
     return at::full({}, std::numeric_limits<float>::quiet_NaN(), f32(x));
   }
   KernelFn fn = lookup(key);
@@ -211,15 +209,14 @@ Tensor routerZLoss(const Tensor &logits) {
 
 Tensor routerZLossBackward(const Tensor &grad, const Tensor &logits) {
   const char *op = "router_z_loss_backward";
+  checkRouterOperands(op, logits, std::nullopt);
   checkDevice(op, {&logits, &grad});
-  checkRank(op, "logits", logits, 2, "[T, E]");
-  TORCH_CHECK_VALUE(grad.numel() == 1, "moe.", op,
-                    ": 'grad' must hold one value, got shape ", grad.sizes());
+  checkOneValue(op, "grad", grad);
   Tensor x = kernelFloat(logits);
   Key key(op);
   key.in("logits", x, {0}).in("grad", at::kFloat, {}, {}, x.device());
+  validateOnly(key); // the op verifier, before the sizes are read
   if (x.size(0) == 0) {
-    validateOnly(key);
     return at::zeros(x.sizes(), f32(x));
   }
   KernelFn fn = lookup(key);
@@ -230,22 +227,15 @@ Tensor routerZLossBackward(const Tensor &grad, const Tensor &logits) {
   return out;
 }
 
-void checkSequenceOperands(const char *op, const Tensor &scores,
-                           const Tensor &indices, int64_t topK) {
-  checkDevice(op, {&scores, &indices});
-  checkRank(op, "scores", scores, 3, "[B, S, E]");
-  checkShapedLike(
-      op, "indices", indices, 3, "[B, S, k]", scores,
-      {"the batch size B of 'scores'", "the sequence length S of 'scores'"});
+/// After the op verifier (`key`): what the torch op takes beyond the key's
+/// op, whose k is the last size of the indices: `top_k` equal to it, and
+/// (data-dependent, as the eager reference) every index in [0, E).
+void checkSequenceOperands(const char *op, const Key &key,
+                           const Tensor &scores, const Tensor &indices,
+                           int64_t topK) {
+  validateOnly(key);
   checkDim(op, "indices", indices, 2, topK, "'top_k'");
   int64_t E = scores.size(2);
-  TORCH_CHECK_VALUE(topK >= 1 && topK <= E, "moe.", op, ": 'top_k' (", topK,
-                    ") must be in [1, ", E,
-                    "] (the size of the last dimension of 'scores')");
-  TORCH_CHECK_TYPE(indices.scalar_type() == at::kInt ||
-                       indices.scalar_type() == at::kLong,
-                   "moe.", op, ": 'indices' must be i32 or i64, got ",
-                   indices.scalar_type());
   if (indices.numel() == 0)
     return;
   // Data-dependent: an index outside [0, E) selects no expert (the kernel
@@ -260,12 +250,13 @@ void checkSequenceOperands(const char *op, const Tensor &scores,
 Tensor sequenceBalanceLoss(const Tensor &scores, const Tensor &indices,
                            int64_t topK) {
   const char *op = "sequence_balance_loss";
-  checkSequenceOperands(op, scores, indices, topK);
+  checkDevice(op, {&scores, &indices});
+  checkLogitDtype(op, "scores", scores);
   Tensor s = kernelFloat(scores);
   Key key(op);
   key.in("scores", s, {0, 1}).in("indices", indices, {0, 1});
+  checkSequenceOperands(op, key, scores, indices, topK);
   if (s.size(0) == 0 || s.size(1) == 0) {
-    validateOnly(key);
     return at::full({}, std::numeric_limits<float>::quiet_NaN(), f32(s));
   }
   KernelFn fn = lookup(key);
@@ -279,17 +270,16 @@ Tensor sequenceBalanceLoss(const Tensor &scores, const Tensor &indices,
 Tensor sequenceBalanceLossBackward(const Tensor &grad, const Tensor &scores,
                                    const Tensor &indices, int64_t topK) {
   const char *op = "sequence_balance_loss_backward";
-  checkSequenceOperands(op, scores, indices, topK);
-  checkDevice(op, {&scores, &grad});
-  TORCH_CHECK_VALUE(grad.numel() == 1, "moe.", op,
-                    ": 'grad' must hold one value, got shape ", grad.sizes());
+  checkDevice(op, {&scores, &indices, &grad});
+  checkLogitDtype(op, "scores", scores);
+  checkOneValue(op, "grad", grad);
   Tensor s = kernelFloat(scores);
   Key key(op);
   key.in("scores", s, {0, 1})
       .in("indices", indices, {0, 1})
       .in("grad", at::kFloat, {}, {}, s.device());
+  checkSequenceOperands(op, key, scores, indices, topK);
   if (s.numel() == 0) {
-    validateOnly(key);
     return at::zeros(s.sizes(), f32(s));
   }
   KernelFn fn = lookup(key);
@@ -437,7 +427,8 @@ Tensor loadBalancingLossAutograd(const Tensor &logits, c10::SymInt symK,
     static const Op<LbSig> op("moe::load_balancing_loss");
     return op(logits, c10::SymInt(topK), mask);
   }
-  checkRouterTopK("load_balancing_loss", logits, mask, topK);
+  checkRouterOperands("load_balancing_loss", logits, mask);
+  validateOnly(routerStatsKey("load_balancing_loss", logits, mask, topK));
   return LoadBalancingLossFn::apply(logits, topK, mask);
 }
 
@@ -449,7 +440,8 @@ std::tuple<Tensor, Tensor> routerStatsAutograd(const Tensor &logits,
     static const Op<StatsSig> op("moe::router_stats");
     return op(logits, c10::SymInt(topK), mask);
   }
-  checkRouterTopK("router_stats", logits, mask, topK);
+  checkRouterOperands("router_stats", logits, mask);
+  validateOnly(routerStatsKey("router_stats", logits, mask, topK));
   variable_list r = RouterStatsFn::apply(logits, topK, mask);
   return {r[0], r[1]};
 }

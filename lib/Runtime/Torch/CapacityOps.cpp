@@ -38,22 +38,22 @@ std::tuple<Tensor, Tensor> applyCapacity(const Tensor &indices,
   const char *op = "apply_capacity";
   checkDevice(op, {&indices, &weights});
   checkCpu(op, {&indices, &weights});
-  checkRank(op, "indices", indices, 2, "[T, k]");
-  // T is dynamic in the key: the validators saw the T of the compiling call.
-  checkShapedLike(
-      op, "weights", weights, 2, "[T, k]", indices,
-      {"dimension 0 of 'indices' (T)", "dimension 1 of 'indices' (k)"});
   Key key(op);
   key.attr("num_experts", numExperts)
       .attr("capacity", capacity)
       .attr("drop", drop);
   key.in("indices", indices, {0}).in("weights", weights, {0});
+  validateOnly(key); // the op verifier first
+  // The op reads the weights only to drop by probability; the torch op masks
+  // them either way: its own rule (ops/capacity.py words it the same).
+  checkShapedLike(
+      op, "weights", weights, 2, "[T, k]", indices,
+      {"dimension 0 of 'indices' (T)", "dimension 1 of 'indices' (k)"});
   int64_t n = indices.numel();
   if (n == 0) {
-    validateOnly(key);
     return {weights.clone(), at::zeros({numExperts}, indices.options().dtype(at::kLong))};
   }
-  KernelFn fn = lookup(key); // validates num_experts, capacity, drop first
+  KernelFn fn = lookup(key);
   Tensor idx = contig(indices), w = contig(weights);
   Tensor inverse = at::empty({n}, i32(indices));
   Tensor dropped = at::empty({numExperts}, i32(indices));
@@ -75,12 +75,10 @@ Tensor biasUpdate(const Tensor &bias, const Tensor &counts, double rate) {
   double rate32 = static_cast<double>(static_cast<float>(rate));
   key.attr("rate", std::isfinite(rate32) ? rate32 : rate);
   key.in("bias", bias).in("counts", counts);
-  if (bias.dim() == 1 && bias.size(0) == 0 && counts.dim() == 1 &&
-      counts.size(0) == 0) {
-    validateOnly(key);
+  validateOnly(key); // the op verifier, before the sizes are read
+  if (bias.size(0) == 0)
     return at::empty({0}, f32(bias));
-  }
-  KernelFn fn = lookup(key); // validates ranks, sizes, dtypes and rate
+  KernelFn fn = lookup(key);
   Tensor b = contig(bias), c = contig(counts);
   Tensor out = at::empty({bias.size(0)}, f32(bias));
   std::vector<MemRef> args{describe(b), describe(c), describe(out)};

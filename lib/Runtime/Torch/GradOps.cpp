@@ -53,28 +53,12 @@ similarityInformBackward(const Tensor &dp, const Tensor &u, const Tensor &e,
                          bool causal, const std::optional<Tensor> &p,
                          const std::optional<Tensor> &lse) {
   const char *op = "similarity_inform_backward";
-  similarityChecks(op, u, e, ws, mask);
+  similarityDevices(op, u, e, ws, mask);
   checkDevice(op, {&u, &dp});
-  checkRank(op, "grad_p", dp, 3, "[B, N, K], the shape of p");
-  for (int64_t d = 0; d < 3; ++d)
-    checkDim(op, "grad_p", dp, d, e.size(d), "the same dimension of 'e'");
-  TORCH_CHECK_VALUE(p.has_value() == lse.has_value(), "moe.", op,
-                    ": the saved forward statistics come as a pair: pass both "
-                    "'p' and 'lse' or neither");
-  if (p) {
-    checkDevice(op, {&u, &*p, &*lse});
-    TORCH_CHECK_TYPE(p->scalar_type() == at::kFloat &&
-                         lse->scalar_type() == at::kFloat,
-                     "moe.", op,
-                     ": 'p' and 'lse' must be float32 (as "
-                     "similarity_inform_fwd returns them)");
-    checkRank(op, "p", *p, 3, "[B, N, K], the forward's result");
-    checkRank(op, "lse", *lse, 2, "[B, N], the forward's row log-sum-exp");
-    for (int64_t d = 0; d < 3; ++d)
-      checkDim(op, "p", *p, d, e.size(d), "the same dimension of 'e'");
-    for (int64_t d = 0; d < 2; ++d)
-      checkDim(op, "lse", *lse, d, e.size(d), "the same dimension of 'e'");
-  }
+  if (p)
+    checkDevice(op, {&u, &*p});
+  if (lse)
+    checkDevice(op, {&u, &*lse});
   Key key("similarity_inform_backward");
   key.attr("tau", tau).attr("causal", causal);
   similarityKey(key, u, e, ws, mask);
@@ -82,7 +66,10 @@ similarityInformBackward(const Tensor &dp, const Tensor &u, const Tensor &e,
   // the kernel reads it as f32.
   key.in("grad_p", at::kFloat, dp.sizes(), {0, 1}, dp.device());
   if (p)
-    key.in("p", *p, {0, 1}).in("lse", *lse, {0, 1});
+    key.in("p", *p, {0, 1});
+  if (lse)
+    key.in("lse", *lse, {0, 1});
+  validateOnly(key); // the op verifier, before the sizes are read
 
   int64_t B = u.size(0), N = u.size(1), D = u.size(2), K = e.size(2);
   auto results = [&] {
@@ -91,7 +78,6 @@ similarityInformBackward(const Tensor &dp, const Tensor &u, const Tensor &e,
         ws ? at::empty({D, D}, f32(u)) : at::empty({0}, f32(u))};
   };
   if (B == 0 || N == 0 || D == 0 || K == 0) {
-    validateOnly(key);
     auto [du, de, dws] = results();
     du.zero_();
     dws.zero_();
@@ -125,34 +111,28 @@ Tensor topkRenormBackward(const Tensor &gradW, const Tensor &scores,
                           const Tensor &indices, c10::string_view mode,
                           bool renormalize) {
   const char *op = "topk_renorm_backward";
-  TORCH_CHECK_VALUE(scores.dim() >= 1, "moe.", op,
-                    ": 'scores' must have rank >= 1 ([..., K])");
   checkDevice(op, {&scores, &indices, &gradW});
-  checkRank(op, "indices", indices, scores.dim(), "[..., k], as the weights");
-  checkRank(op, "grad_w", gradW, scores.dim(), "[..., k], as the weights");
-  for (int64_t d = 0; d + 1 < scores.dim(); ++d) {
-    checkDim(op, "indices", indices, d, scores.size(d),
-             "the same dimension of 'scores'");
-    checkDim(op, "grad_w", gradW, d, scores.size(d),
-             "the same dimension of 'scores'");
-  }
-  checkDim(op, "grad_w", gradW, gradW.dim() - 1, indices.size(-1),
-           "the last dimension of 'indices' (k)");
-  // [..., K] as [rows, K]: one kernel for every leading shape; the kernel
-  // reads the indices as i32 and the cotangent as f32.
+  c10::Device on = scores.device();
+  // The call as the user made it ([..., K] scores, [..., k] indices and
+  // cotangent, which the kernel reads as i32 and f32), for the op verifier;
+  // the kernel's key views them as [rows, K]: one kernel for every leading
+  // shape.
+  Key call(op);
+  call.attr("mode", mode).attr("renormalize", renormalize);
+  call.in("scores", scores)
+      .in("indices", at::kInt, indices.sizes(), {}, on)
+      .in("grad_w", at::kFloat, gradW.sizes(), {}, on);
+  validateOnly(call);
   int64_t K = scores.size(-1), k = indices.size(-1);
   int64_t rows = K == 0 ? 0 : scores.numel() / K;
   std::array<int64_t, 2> shape{rows, K}, kShape{rows, k};
   Key key(op);
   key.attr("mode", mode).attr("renormalize", renormalize);
-  c10::Device on = scores.device();
   key.in("scores", scores.scalar_type(), shape, {0}, on)
       .in("indices", at::kInt, kShape, {0}, on)
       .in("grad_w", at::kFloat, kShape, {0}, on);
-  if (rows == 0) {
-    validateOnly(key);
+  if (rows == 0)
     return at::empty(scores.sizes(), f32(scores));
-  }
   KernelFn fn = lookup(key);
   Tensor s2 = contig(scores).view(shape);
   Tensor i2 = contig(indices.to(at::kInt)).view(kShape);
@@ -250,24 +230,10 @@ PosteriorGrads attentionPosteriorBackward(
     double sigma, c10::string_view headSelect,
     std::optional<double> headScale) {
   const char *op = "attention_posterior_backward";
-  attentionChecks(op, scores, u, v, wo, e);
-  checkDevice(op, {&scores, &dp});
-  checkRank(op, "grad_p", dp, 3, "[B, N, K], the shape of p");
-  int64_t B = scores.size(0), H = scores.size(1), N = scores.size(2);
-  checkDim(op, "grad_p", dp, 0, B, "B");
-  checkDim(op, "grad_p", dp, 1, N, "N");
-  checkDim(op, "grad_p", dp, 2, e.size(2), "K");
-  bool minEntropy = headSelect == "min_entropy";
-  TORCH_CHECK_VALUE(minEntropy == head.has_value(), "moe.", op, ": ",
-                    minEntropy ? "head_select = min_entropy needs 'head' (the "
-                                 "forward's chosen head h*, [B])"
-                               : "'head' must be None for head_select = all "
-                                 "(the gradient mixes every head)");
-  if (head) {
+  checkDevice(op, {&scores, &u, &v, &wo, &e, &dp});
+  if (head)
     checkDevice(op, {&scores, &*head});
-    checkRank(op, "head", *head, 1, "[B], the forward's chosen head");
-    checkDim(op, "head", *head, 0, B, "dimension 0 of 'scores' (B)");
-  }
+  bool minEntropy = headSelect == "min_entropy";
   Key key(op);
   key.attr("sigma", sigma).attr("head_select", headSelect).attr("head_scale",
                                                                headScale);
@@ -281,10 +247,11 @@ PosteriorGrads attentionPosteriorBackward(
   if (head)
     key.in("head", at::kInt, head->sizes(), {0}, head->device());
   key.in("grad_p", at::kFloat, dp.sizes(), {0, 1}, dp.device());
+  validateOnly(key); // the op verifier, before the sizes are read
+  int64_t B = scores.size(0), H = scores.size(1);
   if (scores.is_cuda() && !minEntropy) {
     // No GPU kernel for every head (convert-moe-to-gpu refuses it, as for
     // the forward): the eager closed form on the CUDA tensors.
-    validateOnly(key);
     std::vector<Tensor> r =
         allHeadsReference("_attention_posterior_backward_ref",
                           {dp, scores, u, v, wo, e, c10::IValue(), sigma,
@@ -296,7 +263,6 @@ PosteriorGrads attentionPosteriorBackward(
     // A zero-sized dimension (no kernel takes a static zero size): the dense
     // closed form is as small as its operands. It gathers by h*, so h* is
     // checked here (on the host: the operands are empty or nearly).
-    validateOnly(key);
     if (head && B > 0) {
       Tensor h = head->to(at::kLong);
       int64_t lo = h.min().item<int64_t>(), hi = h.max().item<int64_t>();

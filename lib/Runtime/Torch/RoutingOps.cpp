@@ -46,7 +46,6 @@ route(const Tensor &logits, const std::optional<Tensor> &bias, int64_t k,
     checkDevice(op, {&logits, &*bias});
   if (replay)
     checkDevice(op, {&logits, &*replay});
-  checkRank(op, "logits", logits, 2, "[T, E]");
   checkScoring(op, scoring);
   Key key(op);
   key.attr("k", k)
@@ -62,18 +61,9 @@ route(const Tensor &logits, const std::optional<Tensor> &bias, int64_t k,
     key.in("bias", *bias);
   // The given choice (replay, i32 or i64 as it comes: an engine's or a
   // table's indices are often i64).
-  if (replay) {
-    TORCH_CHECK_TYPE(replay->scalar_type() == at::kInt ||
-                         replay->scalar_type() == at::kLong,
-                     "moe.", op, ": 'replay' must be i32 or i64, got ",
-                     replay->scalar_type());
-    checkRank(op, "replay", *replay, 2, "[T, k]");
-    checkDim(op, "replay", *replay, 0, logits.size(0),
-             "dimension 0 of 'logits'");
-    checkDim(op, "replay", *replay, 1, k, "'k'");
+  if (replay)
     key.in("replay", *replay, {0});
-  }
-  KernelFn fn = lookup(key); // validates k, groups and the bias first
+  KernelFn fn = lookup(key); // the op verifier first
   std::vector<Tensor> keep{contig(logits)};
   if (bias)
     keep.push_back(contig(*bias));
@@ -100,25 +90,19 @@ Tensor routeBackward(const Tensor &gradW, const Tensor &logits,
                      bool renormalize, double routedScalingFactor) {
   const char *op = "route_backward";
   checkDevice(op, {&logits, &indices, &gradW});
-  checkRank(op, "logits", logits, 2, "[T, E]");
-  checkRank(op, "indices", indices, 2, "[T, k]");
-  checkRank(op, "grad_w", gradW, 2, "[T, k]");
-  checkDim(op, "indices", indices, 0, logits.size(0), "dimension 0 of 'logits'");
-  checkDim(op, "grad_w", gradW, 0, logits.size(0), "dimension 0 of 'logits'");
-  checkDim(op, "grad_w", gradW, 1, indices.size(1), "dimension 1 of 'indices'");
   checkScoring(op, scoring);
-  int64_t rows = logits.size(0), k = indices.size(1);
-  std::array<int64_t, 2> kShape{rows, k};
   Key key(op);
   key.attr("scoring", scoring)
       .attr("renormalize", renormalize)
       .attr("routed_scaling_factor", routedScalingFactor);
+  // The kernel reads the indices as i32 and the cotangent as f32.
   c10::Device on = logits.device();
   key.in("logits", logits, {0})
-      .in("indices", at::kInt, kShape, {0}, on)
-      .in("grad_w", at::kFloat, kShape, {0}, on);
+      .in("indices", at::kInt, indices.sizes(), {0}, on)
+      .in("grad_w", at::kFloat, gradW.sizes(), {0}, on);
+  validateOnly(key); // the op verifier, before the sizes are read
+  int64_t rows = logits.size(0), k = indices.size(1);
   if (rows == 0 || k == 0) {
-    validateOnly(key);
     return at::zeros(logits.sizes(), f32(logits));
   }
   KernelFn fn = lookup(key); // validates the score region first
@@ -136,11 +120,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
 dispatchPlan(const Tensor &indices, int64_t numExperts, int64_t blockSize) {
   const char *op = "dispatch_plan";
   checkDevice(op, {&indices});
-  checkRank(op, "indices", indices, 2, "[T, k]");
   Key key(op);
   key.attr("num_experts", numExperts).attr("block_size", blockSize);
   key.in("indices", indices, {0});
-  KernelFn fn = lookup(key); // validates num_experts and block_size first
+  KernelFn fn = lookup(key); // the op verifier first
   // T is dynamic in the key: the padded size is checked on every call (the
   // validators check it too, for the T of the call that compiled the key).
   // No overflow: n < 2^31 (checkElements) and the validated key has

@@ -31,7 +31,9 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -219,31 +221,68 @@ PyObject *callPython(PyObject *fn, PyObject *args) {
 
 /// Runs the Python validators on the call (no kernel): for shapes that no
 /// kernel serves.
+std::string Key::verifiedKey() const {
+  c10::SmallVector<int64_t, 24> sizes{0, 1};
+  for (const Input &i : inputs)
+    sizes.append(i.sizes.begin(), i.sizes.end());
+  c10::SmallVector<int64_t, 24> distinct(sizes);
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()),
+                 distinct.end());
+  std::string out = key;
+  out += '#';
+  for (size_t s = 2; s < sizes.size(); ++s) {
+    appendInt(out, std::lower_bound(distinct.begin(), distinct.end(),
+                                    sizes[s]) -
+                       distinct.begin());
+    out += ',';
+  }
+  return out;
+}
+
+namespace {
+/// The calls validateOnly verified (Key::verifiedKey).
+std::unordered_set<std::string> verifiedCalls;
+} // namespace
+
 void validateOnly(const Key &k) {
-  Gil gil;
-  Py_DECREF(callPython(loader, Py_BuildValue("(ssi)", k.key.c_str(),
-                                             k.shapes().c_str(), 1)));
+  std::string verified = k.verifiedKey();
+  {
+    std::lock_guard<std::mutex> l(cacheMutex);
+    if (verifiedCalls.count(verified))
+      return;
+  }
+  {
+    Gil gil;
+    Py_DECREF(callPython(loader,
+                         Py_BuildValue("(ssis)", k.key.c_str(),
+                                       k.shapes().c_str(), 1, k.errorName())));
+  }
+  std::lock_guard<std::mutex> l(cacheMutex);
+  verifiedCalls.insert(std::move(verified));
 }
 
 KernelFn lookup(const Key &k) {
+  std::string verified = k.verifiedKey();
   {
     std::lock_guard<std::mutex> l(cacheMutex);
-    auto it = kernels.find(k.key);
+    auto it = kernels.find(verified);
     if (it != kernels.end())
       return it->second;
   }
   KernelFn fn = nullptr;
   {
     Gil gil;
-    PyObject *r = callPython(
-        loader, Py_BuildValue("(ss)", k.key.c_str(), k.shapes().c_str()));
+    PyObject *r = callPython(loader, Py_BuildValue("(ssis)", k.key.c_str(),
+                                                   k.shapes().c_str(), 0,
+                                                   k.errorName()));
     fn = PyLong_AsVoidPtr(r);
     Py_DECREF(r);
   }
   TORCH_CHECK(fn != nullptr, "moe: the kernel cache returned no kernel for ",
               k.key);
   std::lock_guard<std::mutex> l(cacheMutex);
-  kernels.emplace(k.key, fn);
+  kernels.emplace(std::move(verified), fn);
   return fn;
 }
 
@@ -301,7 +340,8 @@ void launch(KernelFn fn, std::vector<MemRef> &args, c10::Device device,
 }
 
 //===----------------------------------------------------------------------===//
-// Checks (the messages of python/moe_mlir/ops/)
+// Checks of what a torch op takes beyond its key's op (the op verifier checks
+// the op's rules: python/moe_mlir/runtime/verify.py), worded as ops/ words them
 //===----------------------------------------------------------------------===//
 
 void checkDim(const char *op, const char *name, const Tensor &t, int64_t d,
@@ -311,33 +351,22 @@ void checkDim(const char *op, const char *name, const Tensor &t, int64_t d,
                     " (", expected, ")");
 }
 
-void checkLeadingDims(const char *op, const char *name, const Tensor &t,
-                      const Tensor &like,
-                      std::initializer_list<const char *> whats) {
+void checkShapedLike(const char *op, const char *name, const Tensor &t,
+                     int64_t rank, const char *layout, const Tensor &like,
+                     std::initializer_list<const char *> whats) {
+  if (t.dim() != rank) {
+    std::string shape = "[";
+    for (int64_t d = 0; d < t.dim(); ++d)
+      shape += (d ? ", " : "") + std::to_string(t.size(d));
+    shape += "]";
+    TORCH_CHECK_VALUE(false, "moe.", op, ": '", name, "' must have rank ",
+                      rank, " (", layout, "), got shape ", shape);
+  }
   int64_t d = 0;
   for (const char *what : whats) {
     checkDim(op, name, t, d, like.size(d), what);
     ++d;
   }
-}
-
-void checkShapedLike(const char *op, const char *name, const Tensor &t,
-                     int64_t rank, const char *layout, const Tensor &like,
-                     std::initializer_list<const char *> whats) {
-  checkRank(op, name, t, rank, layout);
-  checkLeadingDims(op, name, t, like, whats);
-}
-
-void checkRank(const char *op, const char *name, const Tensor &t,
-               int64_t rank, const char *layout) {
-  if (t.dim() == rank)
-    return;
-  std::string shape = "[";
-  for (int64_t d = 0; d < t.dim(); ++d)
-    shape += (d ? ", " : "") + std::to_string(t.size(d));
-  shape += "]";
-  TORCH_CHECK_VALUE(false, "moe.", op, ": '", name, "' must have rank ", rank,
-                    " (", layout, "), got shape ", shape);
 }
 
 /// Every tensor on the first one's device.
@@ -407,6 +436,7 @@ void setLoader(PyObject *fn) {
 void clearKernels() {
   std::lock_guard<std::mutex> l(cacheMutex);
   kernels.clear();
+  verifiedCalls.clear();
 }
 
 } // namespace moe_torch

@@ -75,10 +75,18 @@ void checkResultElements(const char *op, const char *name,
 /// are only formatted on a miss.
 class Key {
 public:
-  explicit Key(const char *op) : op(op) {
+  explicit Key(const char *op) : op(op), userOp(op) {
     key.reserve(192);
     key += op;
   }
+
+  /// The torch op the errors name where it is not the key's (the router
+  /// statistics of load_balancing_loss, similarity_inform's training form).
+  Key &namedAs(const char *name) {
+    userOp = name;
+    return *this;
+  }
+  const char *errorName() const { return userOp; }
 
   Key &attr(const char *name, int64_t v) {
     raw(name);
@@ -145,6 +153,15 @@ public:
     return *this;
   }
 
+  /// The key and how the call's sizes compare: each size (every input's,
+  /// static or token-like) as its rank among the distinct sizes of the call
+  /// and 0 and 1. The op verifier's rules are comparisons of sizes (equal
+  /// token counts, k <= K, a non-empty dimension), so two calls with the same
+  /// ranks pass or fail it alike: a call is verified (by the kernel cache, in
+  /// the words of the torch op) the first time its ranks are seen, and the
+  /// extension checks nothing of an op's rules itself.
+  std::string verifiedKey() const;
+
   /// The call's concrete shapes, `op|name:dtype:dims|...`.
   std::string shapes() const {
     std::string s = op;
@@ -175,6 +192,7 @@ private:
     c10::DimVector sizes;
   };
   const char *op;
+  const char *userOp;
   c10::SmallVector<Input, 6> inputs;
   bool hasInput = false;
 
@@ -219,26 +237,21 @@ void launch(KernelFn fn, std::vector<MemRef> &args, c10::Device device,
 
 void checkDim(const char *op, const char *name, const Tensor &t, int64_t d,
               int64_t expected, const char *what);
-/// Dimension d of `t` equals dimension d of `like` for d = 0, 1, ...: as
-/// many dimensions as `whats` has descriptions (checkDim's `what`), such as
-/// the [B, N] of Similarity-Inform's operands or the [T, k] of a routing's.
-void checkLeadingDims(const char *op, const char *name, const Tensor &t,
-                      const Tensor &like,
-                      std::initializer_list<const char *> whats);
-/// checkRank, then checkLeadingDims: an operand laid out after another (the
-/// indices [B, S, k] of scores [B, S, E], e [B, N, K] of u [B, N, D]).
+/// `t` of rank `rank` whose leading dimensions are those of `like`, as many
+/// as `whats` describes (checkDim's `what`): apply_capacity's weights, which
+/// the torch op masks and the key's op reads only to drop by probability.
 void checkShapedLike(const char *op, const char *name, const Tensor &t,
                      int64_t rank, const char *layout, const Tensor &like,
                      std::initializer_list<const char *> whats);
-void checkRank(const char *op, const char *name, const Tensor &t,
-               int64_t rank, const char *layout);
 /// Every tensor on the CPU (the ops with CPU kernels only).
 void checkCpu(const char *op, std::initializer_list<const Tensor *> ts);
 /// Every tensor on the first one's device.
 void checkDevice(const char *op, std::initializer_list<const Tensor *> ts);
-void similarityChecks(const char *op, const Tensor &u, const Tensor &e,
-                      const std::optional<Tensor> &ws,
-                      const std::optional<Tensor> &mask);
+/// The Similarity-Inform operands on one device (the op verifier checks the
+/// rest).
+void similarityDevices(const char *op, const Tensor &u, const Tensor &e,
+                       const std::optional<Tensor> &ws,
+                       const std::optional<Tensor> &mask);
 /// Adds the Similarity-Inform operands to `key` (B, N dynamic).
 void similarityKey(Key &key, const Tensor &u, const Tensor &e,
                    const std::optional<Tensor> &ws,
@@ -257,9 +270,6 @@ std::tuple<Tensor, Tensor>
 similarityInformFwd(const Tensor &u, const Tensor &e,
                     const std::optional<Tensor> &ws,
                     const std::optional<Tensor> &mask, double tau, bool causal);
-/// The operand ranks and shared sizes of Attention-Inform mixing.
-void attentionChecks(const char *op, const Tensor &scores, const Tensor &u,
-                     const Tensor &v, const Tensor &wo, const Tensor &e);
 /// Calls `moe_mlir.reference.<name>(*args)` (holding the GIL) and returns its
 /// tensors: the eager reference where no kernel applies.
 std::vector<Tensor> allHeadsReference(const char *name,

@@ -17,9 +17,9 @@ one-time warning says why), they run the eager references of :mod:`moe_mlir.refe
 * masked (``-inf``) logits get no probability and a fully masked row yields zeros, never NaN;
 * index operands out of range raise :class:`ValueError`.
 
-Validation mirrors the verifier (same rules, messages naming the operand and the rule) and runs in the fake kernels
-too, so ``torch.export`` rejects a bad call at trace time; the C++ kernels run the same validators (through the
-kernel cache) for what their cache key does not already pin down.
+Validation is the op verifier (include/MoE/IR, run on the call's kernel key with its sizes by
+:mod:`moe_mlir.runtime.verify`): the fake kernels run it, so ``torch.export`` rejects a bad call at trace time, and
+so do the eager fallback and the C++ kernels (through the kernel cache, before anything is allocated).
 
 Autograd: ``topk_renorm``, ``similarity_inform``, ``attention_posterior``, ``hyper_router`` and the fused forms are
 differentiable (gradients through the selected values only, none through indices or the head choice).
@@ -52,8 +52,8 @@ backward raises ``moe.<op>: double backward is not supported`` (C++) or PyTorch'
 
 The package, by concern: :mod:`.topk` (``topk_renorm``), :mod:`.mixing` (``similarity_inform``,
 ``attention_posterior``), :mod:`.seed_routers` (``mad_dispersion``, ``adjacency_update``, ``hyper_router``),
-:mod:`.fused` (the fused forms), :mod:`.routing` (``route``, ``dispatch_plan``); each holds its ops' validators,
-fake kernels and Python autograd. :mod:`._checks` holds the validators' building blocks, :mod:`._autograd` the
+:mod:`.fused` (the fused forms), :mod:`.routing` (``route``, ``dispatch_plan``); each holds its ops' calls of the
+op verifier, fake kernels and Python autograd. :mod:`._checks` holds the index-value checks of the eager fallback, :mod:`._autograd` the
 autograd helpers, :mod:`.loading` the extension's loading and the tables the op modules fill.
 """
 
@@ -117,7 +117,7 @@ from .balance import (  # noqa: E402, F401
 )
 from .capacity import CAPACITY_DROPS, CAPACITY_OP_NAMES, apply_capacity, bias_update, capacity_of  # noqa: E402, F401
 from . import loading as _loading  # noqa: E402
-from .loading import KEY_VALIDATORS, _autograd_call, kernels_available  # noqa: E402, F401
+from .loading import _autograd_call, kernels_available  # noqa: E402, F401
 
 _loading._load_kernels()
 

@@ -17,22 +17,19 @@ moe_mlir/reference/routing.py. CPU kernels: lib/Runtime/Torch/CapacityOps.cpp.
 from __future__ import annotations
 
 import math
-from typing import Callable
-
 import torch
 from torch import Tensor
 
 from ..reference.routing import apply_capacity as _apply_capacity_ref
 from ..reference.routing import bias_update as _bias_update_ref
 from ._autograd import _register_recompute_autograd, _stop_gradient_backward, _stop_gradient_setup
-from ._checks import (_check_dim, _check_enum, _check_float, _check_index, _check_index_range, _check_operands,
-                      _check_rank, _check_result_elements, _fail)
-from .loading import _GRAD_OPS, KEY_OPS, KEY_VALIDATORS, _note_fallback
+from ..runtime.verify import verify
+from ._checks import _check_index_range, _fail
+from .loading import _GRAD_OPS, KEY_OPS, _note_fallback
 
 #: The capacity and bias-balancing ops; ``torch.ops.moe.<name>`` exists for each.
 CAPACITY_OP_NAMES: tuple[str, ...] = ("apply_capacity", "bias_update")
 CAPACITY_DROPS = ("position", "probability")
-_COUNT_DTYPES = (torch.int32, torch.int64, torch.float32)
 
 
 def capacity_of(tokens: int, top_k: int, num_experts: int, factor: float) -> int:
@@ -53,17 +50,18 @@ def capacity_of(tokens: int, top_k: int, num_experts: int, factor: float) -> int
     return math.ceil(Fraction(factor) * tokens * top_k / num_experts)
 
 
-def _validate_apply_capacity(indices: Tensor, weights: Tensor, num_experts: int, capacity: int, drop: str) -> None:
+def _verify_apply_capacity(indices: Tensor, weights: Tensor, num_experts: int, capacity: int, drop: str) -> None:
+    verify("apply_capacity", {"num_experts": num_experts, "capacity": capacity, "drop": drop, "indices": indices,
+                              "weights": weights})
+    # The dialect op reads the weights only to drop by probability; the torch op masks them either way: its own rule
+    # (lib/Runtime/Torch/CapacityOps.cpp words it the same).
     op = "apply_capacity"
-    _check_operands(op, (_check_index, "indices", indices, 2, "[T, k]"), (_check_float, "weights", weights, 2, "[T, k]"))
-    _check_dim(op, "weights", weights, 0, indices.shape[0], "dimension 0 of 'indices' (T)")
-    _check_dim(op, "weights", weights, 1, indices.shape[1], "dimension 1 of 'indices' (k)")
-    if num_experts < 1:
-        _fail(op, f"'num_experts' ({num_experts}) must be >= 1")
-    if capacity < 0:
-        _fail(op, f"'capacity' ({capacity}) must be >= 0")
-    _check_enum(op, "drop", drop, CAPACITY_DROPS)
-    _check_result_elements(op, "dropped", (num_experts,))
+    if weights.dim() != 2:
+        _fail(op, f"'weights' must have rank 2 ([T, k]), got shape {list(weights.shape)}")
+    for d, what in enumerate(("T", "k")):
+        if weights.shape[d] != indices.shape[d]:
+            _fail(op, f"dimension {d} of 'weights' ({weights.shape[d]}) must equal dimension {d} of 'indices' ({what}) "
+                      f"({indices.shape[d]})")
 
 
 @torch.library.custom_op("moe::apply_capacity", mutates_args=())
@@ -83,7 +81,7 @@ def apply_capacity(indices: Tensor, weights: Tensor, num_experts: int, capacity:
         ``(kept_weights [T, k]`` in the dtype of ``weights``, the dropped assignments set to 0;
         ``dropped [E]`` i64, the dropped assignments per expert``)``.
     """
-    _validate_apply_capacity(indices, weights, num_experts, capacity, drop)
+    _verify_apply_capacity(indices, weights, num_experts, capacity, drop)
     _check_index_range("apply_capacity", "indices", indices, num_experts)
     _note_fallback(indices)
     return _apply_capacity_ref(indices, weights, num_experts, capacity, drop)
@@ -91,7 +89,7 @@ def apply_capacity(indices: Tensor, weights: Tensor, num_experts: int, capacity:
 
 @apply_capacity.register_fake
 def _(indices, weights, num_experts, capacity, drop="position"):
-    _validate_apply_capacity(indices, weights, num_experts, capacity, drop)
+    _verify_apply_capacity(indices, weights, num_experts, capacity, drop)
     return torch.empty_like(weights), indices.new_empty((num_experts,), dtype=torch.int64)
 
 
@@ -100,19 +98,8 @@ _register_recompute_autograd(apply_capacity, _apply_capacity_ref, (1,), (0,))
 _GRAD_OPS[apply_capacity._name] = apply_capacity  # the extension's AutogradCPU kernel calls back into it
 
 
-def _validate_bias_update(bias: Tensor, counts: Tensor, rate: float) -> None:
-    op = "bias_update"
-    _check_float(op, "bias", bias)
-    if counts.dtype not in _COUNT_DTYPES:
-        raise TypeError(f"moe.{op}: 'counts' must be i32, i64 or f32, got {counts.dtype}")
-    _check_rank(op, "bias", bias, 1, "[E]")
-    _check_rank(op, "counts", counts, 1, "[E]")
-    if counts.shape[0] != bias.shape[0]:
-        _fail(op, f"dimension 0 of 'counts' (E = {counts.shape[0]}) must equal dimension 0 of 'bias' "
-                  f"(E = {bias.shape[0]})")
-    # The rate is an f32 attribute: one beyond f32's range is not finite there.
-    if not (math.isfinite(rate) and abs(rate) <= torch.finfo(torch.float32).max and rate >= 0):
-        _fail(op, f"'rate' ({rate}) must be finite and >= 0")
+def _verify_bias_update(bias: Tensor, counts: Tensor, rate: float) -> None:
+    verify("bias_update", {"rate": rate, "bias": bias, "counts": counts})
 
 
 @torch.library.custom_op("moe::bias_update", mutates_args=())
@@ -130,29 +117,20 @@ def bias_update(bias: Tensor, counts: Tensor, rate: float) -> Tensor:
         counts; a NaN count leaves the bias unchanged, as ``torch.sign(nan) = 0``). Assign it to the bias after
         the optimizer step.
     """
-    _validate_bias_update(bias, counts, rate)
+    _verify_bias_update(bias, counts, rate)
     _note_fallback(bias)
     return _bias_update_ref(bias, counts, rate)
 
 
 @bias_update.register_fake
 def _(bias, counts, rate):
-    _validate_bias_update(bias, counts, rate)
+    _verify_bias_update(bias, counts, rate)
     return bias.new_empty(bias.shape, dtype=torch.float32)
 
 
 # No gradient: the bias only chooses experts, and the training loop assigns the result.
 bias_update.register_autograd(_stop_gradient_backward, setup_context=_stop_gradient_setup)
 
-
-_CAPACITY_VALIDATORS: dict[str, Callable[[dict, dict], None]] = {
-    "apply_capacity": lambda t, a: _validate_apply_capacity(t["indices"], t["weights"], int(a["num_experts"]),
-                                                            int(a["capacity"]), a["drop"]),
-    "bias_update": lambda t, a: _validate_bias_update(t["bias"], t["counts"], float(a["rate"])),
-}
-
-
-KEY_VALIDATORS.update(_CAPACITY_VALIDATORS)
 
 # A whole graph lowers these to their kernel key's op (mlir/lowerings/moe_ops.py).
 KEY_OPS["bias_update"] = "bias_update"

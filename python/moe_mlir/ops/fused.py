@@ -10,31 +10,21 @@ from torch import Tensor
 
 from ..reference import _attention_posterior_topk_ref, _similarity_inform_topk_ref
 from ._autograd import _needs
-from ._checks import _check_result_elements, _f, _fail, _of
-from .loading import KEY_VALIDATORS, _PYTHON_AUTOGRAD, _note_fallback
+from ..runtime.verify import verify
+from .loading import _PYTHON_AUTOGRAD, _note_fallback
 from .mixing import (
     _posterior_grads,
     _similarity_grads,
-    _validate_attention_posterior,
-    _validate_similarity_inform,
     attention_posterior,
     similarity_inform,
 )
 from .topk import topk_renorm_backward
 
 
-def _check_k_of_e(op: str, k: int, e: Tensor) -> None:
-    """The fused forms' gate: ``1 <= k <= K`` (the experts of ``e``)."""
-    K = e.shape[2]
-    if not 1 <= k <= K:
-        _fail(op, f"'k' ({k}) must be in [1, {K}] (dimension 2 of 'e', K)")
-
-
-def _validate_similarity_inform_topk(
-    u: Tensor, e: Tensor, k: int, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float
-) -> None:
-    _validate_similarity_inform(u, e, ws, key_mask, tau, op="similarity_inform_topk")
-    _check_k_of_e("similarity_inform_topk", k, e)
+def _verify_similarity_inform_topk(u: Tensor, e: Tensor, k: int, ws: Optional[Tensor], key_mask: Optional[Tensor],
+                                   tau: float, causal: bool, renormalize: bool) -> None:
+    verify("similarity_inform_topk", {"k": k, "renormalize": renormalize, "tau": tau, "causal": causal, "u": u,
+                                      "e": e, "ws": ws, "key_mask": key_mask})
 
 
 @torch.library.custom_op("moe::similarity_inform_topk", mutates_args=())
@@ -53,14 +43,14 @@ def similarity_inform_topk(
     Returns:
         ``(weights [B, N, k] f32, indices [B, N, k] i32)``.
     """
-    _validate_similarity_inform_topk(u, e, k, ws, key_mask, tau)
+    _verify_similarity_inform_topk(u, e, k, ws, key_mask, tau, causal, renormalize)
     _note_fallback(u)
     return _similarity_inform_topk_ref(u, e, ws, key_mask, k, renormalize, tau, causal)
 
 
 @similarity_inform_topk.register_fake
 def _(u, e, k, ws=None, key_mask=None, tau=1.0, causal=False, renormalize=True):
-    _validate_similarity_inform_topk(u, e, k, ws, key_mask, tau)
+    _verify_similarity_inform_topk(u, e, k, ws, key_mask, tau, causal, renormalize)
     shape = (u.shape[0], u.shape[1], k)
     return e.new_empty(shape, dtype=torch.float32), e.new_empty(shape, dtype=torch.int32)
 
@@ -70,14 +60,12 @@ def _(u, e, k, ws=None, key_mask=None, tau=1.0, causal=False, renormalize=True):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _validate_attention_posterior_topk(
-    scores: Tensor, u: Tensor, v: Tensor, wo: Tensor, e: Tensor, k: int, sigma: float, head_select: str,
-    head_scale: Optional[float],
-) -> None:
-    _validate_attention_posterior(scores, u, v, wo, e, sigma, head_select, head_scale, op="attention_posterior_topk")
-    _check_k_of_e("attention_posterior_topk", k, e)
-    # [B, N, k]: N from the scores, k <= K from e.
-    _check_result_elements("attention_posterior_topk", "weights", (scores.shape[0], scores.shape[2], k))
+def _verify_attention_posterior_topk(scores: Tensor, u: Tensor, v: Tensor, wo: Tensor, e: Tensor, k: int,
+                                     sigma: float, head_select: str, head_scale: Optional[float],
+                                     renormalize: bool) -> None:
+    verify("attention_posterior_topk", {"k": k, "renormalize": renormalize, "sigma": sigma,
+                                        "head_select": head_select, "head_scale": head_scale, "scores": scores,
+                                        "u": u, "v": v, "wo": wo, "e": e})
 
 
 @torch.library.custom_op("moe::attention_posterior_topk", mutates_args=())
@@ -99,14 +87,14 @@ def attention_posterior_topk(
     Returns:
         ``(weights [B, N, k] f32, indices [B, N, k] i32, head [B] i32)``; ``head`` is ``-1`` for ``"all"``.
     """
-    _validate_attention_posterior_topk(scores, u, v, wo, e, k, sigma, head_select, head_scale)
+    _verify_attention_posterior_topk(scores, u, v, wo, e, k, sigma, head_select, head_scale, renormalize)
     _note_fallback(scores)
     return _attention_posterior_topk_ref(scores, u, v, wo, e, k, renormalize, sigma, head_select, head_scale)
 
 
 @attention_posterior_topk.register_fake
 def _(scores, u, v, wo, e, k, sigma=1.0, head_select="min_entropy", head_scale=None, renormalize=True):
-    _validate_attention_posterior_topk(scores, u, v, wo, e, k, sigma, head_select, head_scale)
+    _verify_attention_posterior_topk(scores, u, v, wo, e, k, sigma, head_select, head_scale, renormalize)
     B, _, N, _ = scores.shape
     shape = (B, N, k)
     return (
@@ -155,12 +143,5 @@ def _attention_posterior_topk_backward(ctx, grad_w, grad_idx, grad_head):
     return (*_posterior_grads(ctx, grad_p, (scores, u, v, wo, e), head, n[:5]),) + (None,) * 5
 
 
-KEY_VALIDATORS.update({
-    "similarity_inform_topk": lambda t, a: _validate_similarity_inform_topk(
-        t["u"], t["e"], int(a["k"]), t.get("ws"), t.get("key_mask"), _f(a["tau"])),
-    "attention_posterior_topk": lambda t, a: _validate_attention_posterior_topk(
-        t["scores"], t["u"], t["v"], t["wo"], t["e"], int(a["k"]), _f(a["sigma"]), a["head_select"],
-        _of(a["head_scale"])),
-})
 _PYTHON_AUTOGRAD.append((similarity_inform_topk, _similarity_inform_topk_backward, _similarity_inform_topk_setup))
 _PYTHON_AUTOGRAD.append((attention_posterior_topk, _attention_posterior_topk_backward, _attention_posterior_topk_setup))

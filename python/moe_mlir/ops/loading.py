@@ -1,8 +1,8 @@
 """The compiled kernels of ``torch.ops.moe.*`` (lib/Runtime/Torch + :mod:`moe_mlir.runtime`): the tables the op
-modules fill (their kernel-cache validators, their Python autograd), loading the extension, and the eager fallback's
+modules fill (their whole-graph lowering, their Python autograd), loading the extension, and the eager fallback's
 one-time warning.
 
-The op modules import this one and fill :data:`KEY_VALIDATORS`, :data:`KEY_OPS`, ``_PYTHON_AUTOGRAD``, ``_STOP_GRADIENT`` and
+The op modules import this one and fill :data:`KEY_OPS`, ``_PYTHON_AUTOGRAD``, ``_STOP_GRADIENT`` and
 ``_GRAD_OPS`` as they define their ops; :mod:`moe_mlir.ops` calls :func:`_load_kernels` once, after every op module.
 """
 
@@ -28,10 +28,6 @@ def _note_fallback(t: Tensor) -> None:
         warnings.warn(f"moe: the compiled CPU kernels are unavailable ({_KERNELS_UNAVAILABLE or 'not loaded'}); "
                       "torch.ops.moe.* run the eager references", RuntimeWarning, stacklevel=3)
 
-
-#: Per op: validate(inputs by name (meta tensors of the call's shapes), attributes as strings). The kernel cache
-#: calls these on a cache-key miss, so that a call the key does not pin down yet gets the Python messages.
-KEY_VALIDATORS: dict[str, Callable[[dict, dict], None]] = {}
 
 #: The torch ops that a whole graph lowers to the op of their kernel key (mlir/lowerings/moe_ops.py: the key's op,
 #: built by the compiler from include/MoE/IR/KernelKeys.td), by torch op name: the name of their key.
@@ -72,7 +68,7 @@ def _load_kernels() -> None:
     global _KERNELS_UNAVAILABLE, _EXTENSION_LOADED
     from ..runtime import extension
 
-    reason = extension.load(KEY_VALIDATORS, _autograd_call)
+    reason = extension.load(_autograd_call)
     _EXTENSION_LOADED = reason is None
     _KERNELS_UNAVAILABLE = reason
     if not _EXTENSION_LOADED:

@@ -17,55 +17,28 @@ from ..reference import (
     _similarity_inform_ref,
 )
 from ._autograd import _needs
-from ._checks import (
-    _check_dim,
-    _check_enum,
-    _check_float,
-    _check_index,
-    _check_operands,
-    _check_positive_finite,
-    _check_rank,
-    _check_result_elements,
-    _f,
-    _fail,
-    _of,
-)
-from .loading import KEY_OPS, KEY_VALIDATORS, _PYTHON_AUTOGRAD, _note_fallback
+from ..runtime.verify import KernelView, verify
+from ._checks import _fail
+from .loading import KEY_OPS, _PYTHON_AUTOGRAD, _note_fallback
 
 HEAD_SELECTS = ("min_entropy", "all")
 
 
-def _validate_similarity_inform(
-    u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float,
-    op: str = "similarity_inform",
-) -> None:
-    _check_operands(op, (_check_float, "u", u, 3, "[B, N, D]"), (_check_float, "e", e, 3, "[B, N, K]"))
-    _check_dim(op, "e", e, 0, u.shape[0], "dimension 0 of 'u' (B)")
-    _check_dim(op, "e", e, 1, u.shape[1], "dimension 1 of 'u' (N)")
-    if ws is not None:
-        _check_float(op, "ws", ws)
-        _check_rank(op, "ws", ws, 2, "[D, D]")
-        _check_dim(op, "ws", ws, 0, u.shape[2], "dimension 2 of 'u' (D)")
-        _check_dim(op, "ws", ws, 1, u.shape[2], "dimension 2 of 'u' (D)")
-    if key_mask is not None:
-        if key_mask.dtype != torch.bool:
-            raise TypeError(f"moe.{op}: 'key_mask' must be bool (i1), got {key_mask.dtype}")
-        _check_rank(op, "key_mask", key_mask, 2, "[B, N]")
-        _check_dim(op, "key_mask", key_mask, 0, u.shape[0], "dimension 0 of 'u' (B)")
-        _check_dim(op, "key_mask", key_mask, 1, u.shape[1], "dimension 1 of 'u' (N)")
-    _check_positive_finite(op, "tau", tau)
+def _verify_similarity_inform(u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float,
+                              causal: bool, key: str = "similarity_inform", op: str = "similarity_inform") -> None:
+    verify(key, {"tau": tau, "causal": causal, "u": u, "e": e, "ws": ws, "key_mask": key_mask}, op)
 
 
 def _similarity_forward_op(name: str, ref, returns: str, fake_results, doc: str):
     """One of the two forward Similarity-Inform ops: ``similarity_inform`` and its training form
-    ``similarity_inform_fwd`` take the same operands (one schema, one key validator, the same C++ checks), validate
+    ``similarity_inform_fwd`` take the same operands (one schema, one op verifier, the same C++ glue), verify
     them as ``similarity_inform`` (the training form's errors name the op it is the form of) and differ only in the
     reference they fall back to and their results. ``returns`` is the result annotation the schema is inferred from;
     ``fake_results(e)`` the results' meta tensors."""
 
     def op(u: Tensor, e: Tensor, ws: Optional[Tensor] = None, key_mask: Optional[Tensor] = None,
            tau: float = 1.0, causal: bool = False):
-        _validate_similarity_inform(u, e, ws, key_mask, tau)
+        _verify_similarity_inform(u, e, ws, key_mask, tau, causal, name)
         _note_fallback(u)
         return ref(u, e, ws, key_mask, tau, causal)
 
@@ -76,7 +49,7 @@ def _similarity_forward_op(name: str, ref, returns: str, fake_results, doc: str)
 
     @custom.register_fake
     def _(u, e, ws=None, key_mask=None, tau=1.0, causal=False):
-        _validate_similarity_inform(u, e, ws, key_mask, tau)
+        _verify_similarity_inform(u, e, ws, key_mask, tau, causal, name)
         return fake_results(e)
 
     return custom
@@ -106,26 +79,13 @@ similarity_inform_fwd = _similarity_forward_op(
     reads instead of running the forward again. The autograd of ``similarity_inform`` calls it.""")
 
 
-def _validate_similarity_inform_backward(
-    grad_p: Tensor, u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float,
+def _verify_similarity_inform_backward(
+    grad_p: Tensor, u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float, causal: bool,
     p: Optional[Tensor] = None, lse: Optional[Tensor] = None,
 ) -> None:
-    op = "similarity_inform_backward"
-    _validate_similarity_inform(u, e, ws, key_mask, tau, op=op)
-    _check_operands(op, (_check_float, "grad_p", grad_p, 3, "[B, N, K], the shape of p"))
-    for d in range(3):
-        _check_dim(op, "grad_p", grad_p, d, e.shape[d], "the same dimension of 'e'")
-    if (p is None) != (lse is None):
-        _fail(op, "the saved forward statistics come as a pair: pass both 'p' and 'lse' or neither")
-    if p is not None:
-        for name, t, rank, dims in (("p", p, 3, "[B, N, K], the forward's result"),
-                                    ("lse", lse, 2, "[B, N], the forward's row log-sum-exp")):
-            if t.dtype != torch.float32:
-                raise TypeError(f"moe.{op}: '{name}' must be float32 (as similarity_inform_fwd returns it), "
-                                f"got {t.dtype}")
-            _check_rank(op, name, t, rank, dims)
-            for d in range(rank):
-                _check_dim(op, name, t, d, e.shape[d], "the same dimension of 'e'")
+    # The cotangent is read as f32, whatever autograd hands over.
+    verify("similarity_inform_backward", {"tau": tau, "causal": causal, "u": u, "e": e, "ws": ws, "key_mask": key_mask,
+                                          "grad_p": KernelView(torch.float32, grad_p.shape), "p": p, "lse": lse})
 
 
 @torch.library.custom_op("moe::similarity_inform_backward", mutates_args=())
@@ -151,14 +111,14 @@ def similarity_inform_backward(
     Returns:
         ``(du [B, N, D], de [B, N, K], dws)``; ``dws`` is ``[D, D]`` with ``ws``, else an empty ``[0]``.
     """
-    _validate_similarity_inform_backward(grad_p, u, e, ws, key_mask, tau, p, lse)
+    _verify_similarity_inform_backward(grad_p, u, e, ws, key_mask, tau, causal, p, lse)
     _note_fallback(u)
     return _similarity_inform_backward_ref(grad_p, u, e, ws, key_mask, tau, causal)
 
 
 @similarity_inform_backward.register_fake
 def _(grad_p, u, e, ws=None, key_mask=None, tau=1.0, causal=False, p=None, lse=None):
-    _validate_similarity_inform_backward(grad_p, u, e, ws, key_mask, tau, p, lse)
+    _verify_similarity_inform_backward(grad_p, u, e, ws, key_mask, tau, causal, p, lse)
     D = u.shape[2]
     return (
         u.new_empty(u.shape, dtype=torch.float32),
@@ -200,29 +160,10 @@ def _similarity_inform_backward(ctx, grad_p):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _validate_attention_posterior(
-    scores: Tensor, u: Tensor, v: Tensor, wo: Tensor, e: Tensor, sigma: float, head_select: str,
-    head_scale: Optional[float], op: str = "attention_posterior",
-) -> None:
-    _check_operands(op, (_check_float, "scores", scores, 4, "[B, H, N, Nk]"), (_check_float, "u", u, 3, "[B, N, D]"),
-                    (_check_float, "v", v, 4, "[B, H, Nk, Dh]"), (_check_float, "wo", wo, 2, "[D, H*Dh]"),
-                    (_check_float, "e", e, 3, "[B, Nk, K]"))
-    B, H, N, Nk = scores.shape
-    _check_dim(op, "u", u, 0, B, "dimension 0 of 'scores' (B)")
-    _check_dim(op, "u", u, 1, N, "dimension 2 of 'scores' (N)")
-    _check_dim(op, "v", v, 0, B, "dimension 0 of 'scores' (B)")
-    _check_dim(op, "v", v, 1, H, "dimension 1 of 'scores' (H)")
-    _check_dim(op, "v", v, 2, Nk, "dimension 3 of 'scores' (Nk)")
-    _check_dim(op, "wo", wo, 0, u.shape[2], "dimension 2 of 'u' (D)")
-    _check_dim(op, "wo", wo, 1, H * v.shape[3], "H * Dh")
-    _check_dim(op, "e", e, 0, B, "dimension 0 of 'scores' (B)")
-    _check_dim(op, "e", e, 1, Nk, "dimension 3 of 'scores' (Nk)")
-    _check_positive_finite(op, "sigma", sigma)
-    _check_enum(op, "head_select", head_select, HEAD_SELECTS)
-    if head_scale is not None and not math.isfinite(head_scale):
-        _fail(op, f"'head_scale' ({head_scale}) must be finite")
-    if op == "attention_posterior":  # p [B, N, K]: N from the scores, K from e
-        _check_result_elements(op, "p", (B, N, e.shape[2]))
+def _verify_attention_posterior(scores: Tensor, u: Tensor, v: Tensor, wo: Tensor, e: Tensor, sigma: float,
+                                head_select: str, head_scale: Optional[float]) -> None:
+    verify("attention_posterior", {"sigma": sigma, "head_select": head_select, "head_scale": head_scale,
+                                   "scores": scores, "u": u, "v": v, "wo": wo, "e": e})
 
 
 @torch.library.custom_op("moe::attention_posterior", mutates_args=())
@@ -248,14 +189,14 @@ def attention_posterior(
     Returns:
         ``(p [B, N, K] f32, head [B] i32)``; ``head`` is ``-1`` for ``"all"``.
     """
-    _validate_attention_posterior(scores, u, v, wo, e, sigma, head_select, head_scale)
+    _verify_attention_posterior(scores, u, v, wo, e, sigma, head_select, head_scale)
     _note_fallback(scores)
     return _attention_posterior_ref(scores, u, v, wo, e, sigma, head_select, head_scale)
 
 
 @attention_posterior.register_fake
 def _(scores, u, v, wo, e, sigma=1.0, head_select="min_entropy", head_scale=None):
-    _validate_attention_posterior(scores, u, v, wo, e, sigma, head_select, head_scale)
+    _verify_attention_posterior(scores, u, v, wo, e, sigma, head_select, head_scale)
     B, _, N, _ = scores.shape
     return (
         e.new_empty((B, N, e.shape[2]), dtype=torch.float32),
@@ -263,24 +204,16 @@ def _(scores, u, v, wo, e, sigma=1.0, head_select="min_entropy", head_scale=None
     )
 
 
-def _validate_attention_posterior_backward(
+def _verify_attention_posterior_backward(
     grad_p: Tensor, scores: Tensor, u: Tensor, v: Tensor, wo: Tensor, e: Tensor, head: Optional[Tensor],
     sigma: float, head_select: str, head_scale: Optional[float],
 ) -> None:
-    op = "attention_posterior_backward"
-    _validate_attention_posterior(scores, u, v, wo, e, sigma, head_select, head_scale, op=op)
-    _check_operands(op, (_check_float, "grad_p", grad_p, 3, "[B, N, K], the shape of p"))
-    B, _, N, _ = scores.shape
-    for d, (size, what) in enumerate(((B, "B"), (N, "N"), (e.shape[2], "K"))):
-        _check_dim(op, "grad_p", grad_p, d, size, what)
-    if head_select == "min_entropy":
-        if head is None:
-            _fail(op, "head_select = min_entropy needs 'head' (the forward's chosen head h*, [B])")
-        _check_index(op, "head", head)
-        _check_rank(op, "head", head, 1, "[B], the forward's chosen head")
-        _check_dim(op, "head", head, 0, B, "dimension 0 of 'scores' (B)")
-    elif head is not None:
-        _fail(op, "'head' must be None for head_select = all (the gradient mixes every head)")
+    # The torch op takes i64 h* and any float cotangent too: its kernel reads them as i32 and f32.
+    if head is not None and head.dtype in (torch.int32, torch.int64):
+        head = KernelView(torch.int32, head.shape)
+    verify("attention_posterior_backward", {"sigma": sigma, "head_select": head_select, "head_scale": head_scale,
+                                            "scores": scores, "u": u, "v": v, "wo": wo, "e": e, "head": head,
+                                            "grad_p": KernelView(torch.float32, grad_p.shape)})
 
 
 def _check_head_range(op: str, head: Optional[Tensor], heads: int) -> None:
@@ -313,7 +246,7 @@ def attention_posterior_backward(
     results, which include ``d_scores`` ``[B, H, N, Nk]``, O(B·(N + H·Nk)·(D + K)) memory). Elsewhere (CUDA for now,
     or without the kernels) it runs the dense closed form :func:`moe_mlir.reference._attention_posterior_backward_ref`.
     """
-    _validate_attention_posterior_backward(grad_p, scores, u, v, wo, e, head, sigma, head_select, head_scale)
+    _verify_attention_posterior_backward(grad_p, scores, u, v, wo, e, head, sigma, head_select, head_scale)
     _check_head_range("attention_posterior_backward", head, scores.shape[1])
     _note_fallback(scores)
     return _attention_posterior_backward_ref(grad_p, scores, u, v, wo, e, head, sigma, head_select, head_scale)
@@ -321,7 +254,7 @@ def attention_posterior_backward(
 
 @attention_posterior_backward.register_fake
 def _(grad_p, scores, u, v, wo, e, head=None, sigma=1.0, head_select="min_entropy", head_scale=None):
-    _validate_attention_posterior_backward(grad_p, scores, u, v, wo, e, head, sigma, head_select, head_scale)
+    _verify_attention_posterior_backward(grad_p, scores, u, v, wo, e, head, sigma, head_select, head_scale)
     return tuple(t.new_empty(t.shape, dtype=torch.float32) for t in (scores, u, v, wo, e))
 
 
@@ -346,20 +279,6 @@ def _attention_posterior_backward(ctx, grad_p, grad_head):
     return (*_posterior_grads(ctx, grad_p, operands, head, n[:5]), None, None, None)
 
 
-KEY_VALIDATORS.update({
-    "similarity_inform": lambda t, a: _validate_similarity_inform(
-        t["u"], t["e"], t.get("ws"), t.get("key_mask"), _f(a["tau"])),
-    "attention_posterior": lambda t, a: _validate_attention_posterior(
-        t["scores"], t["u"], t["v"], t["wo"], t["e"], _f(a["sigma"]), a["head_select"], _of(a["head_scale"])),
-    "similarity_inform_backward": lambda t, a: _validate_similarity_inform_backward(
-        t["grad_p"], t["u"], t["e"], t.get("ws"), t.get("key_mask"), _f(a["tau"]), t.get("p"), t.get("lse")),
-    "attention_posterior_backward": lambda t, a: _validate_attention_posterior_backward(
-        t["grad_p"], t["scores"], t["u"], t["v"], t["wo"], t["e"], t.get("head"), _f(a["sigma"]), a["head_select"],
-        _of(a["head_scale"])),
-})
-# The training form of similarity_inform (its autograd's forward): its rules, and errors that name the op the user
-# called.
-KEY_VALIDATORS["similarity_inform_fwd"] = KEY_VALIDATORS["similarity_inform"]
 _PYTHON_AUTOGRAD.append((similarity_inform, _similarity_inform_backward, _similarity_inform_setup))
 _PYTHON_AUTOGRAD.append((attention_posterior, _attention_posterior_backward, _attention_posterior_setup))
 

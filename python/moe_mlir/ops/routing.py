@@ -9,29 +9,19 @@ the choice and the selection bias get no gradient); ``dispatch_plan`` is integer
 
 from __future__ import annotations
 
-import math
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
 
-from ..reference.routing import CUSTOM_PREFIX
 from ..reference.routing import dispatch_plan as _dispatch_plan_ref
 from ..reference.routing import dispatch_plan_sizes as _dispatch_plan_sizes
 from ..reference.routing import route as _route_ref
 from ..reference.routing import route_weights as _route_weights
-from ..reference.score_region import STEP_OPS, parse_score_region
 from ._autograd import _needs
-from ._checks import (
-    _I32_MAX,
-    _check_enum,
-    _check_float,
-    _check_index,
-    _check_index_range,
-    _check_result_elements,
-    _fail,
-)
-from .loading import _GRAD_OPS, KEY_OPS, KEY_VALIDATORS, _note_fallback
+from ..runtime.verify import KernelView, verify
+from ._checks import _check_index_range
+from .loading import _GRAD_OPS, KEY_OPS, _note_fallback
 
 #: The production routing ops (MoERoutingOps.td); ``torch.ops.moe.<name>`` exists for each.
 ROUTING_OP_NAMES: tuple[str, ...] = ("route", "dispatch_plan")
@@ -40,57 +30,13 @@ ROUTE_ORDERS = ("score_then_topk", "topk_then_score")
 GROUP_SCORES = ("top2_sum", "max")
 
 
-def _check_scoring(op: str, scoring: str, differentiate: bool = False) -> None:
-    """A preset (ROUTE_SCORINGS) or ``"custom:<score region>"`` (ops/score_region.py; the verifier's rules)."""
-    if not scoring.startswith(CUSTOM_PREFIX):
-        _check_enum(op, "scoring", scoring, ROUTE_SCORINGS + ("custom:<score region>",))
-        return
-    _, ops, _ = parse_score_region(scoring[len(CUSTOM_PREFIX):])
-    if differentiate:
-        for o in ops:
-            if o.name in STEP_OPS:
-                _fail(op, f"cannot differentiate '{o.name}' in the 'score' region: its derivative is zero almost "
-                          "everywhere (a step function), so no gradient would reach the logits")
-
-
-def _validate_route(logits: Tensor, bias: Optional[Tensor], k: int, scoring: str, order: str, n_group: int,
-                    topk_group: int, group_score: str, routed_scaling_factor: float,
-                    replay: Optional[Tensor] = None) -> None:
-    op = "route"
-    _check_float(op, "logits", logits)
-    if logits.dim() != 2:
-        _fail(op, f"'logits' must have rank 2 ([T, E]), got shape {list(logits.shape)}")
-    E = logits.shape[1]
-    if bias is not None:
-        _check_float(op, "bias", bias)
-        if bias.dim() != 1:
-            _fail(op, f"'bias' must have rank 1 ([E]), got shape {list(bias.shape)}")
-        if bias.shape[0] != E:
-            _fail(op, f"dimension 0 of 'bias' (E = {bias.shape[0]}) must equal dimension 1 of 'logits' (E = {E})")
-    if not 1 <= k <= E:
-        _fail(op, f"'k' ({k}) must be in [1, {E}] (the size of the last dimension of 'logits')")
-    _check_scoring(op, scoring)
-    _check_enum(op, "order", order, ROUTE_ORDERS)
-    _check_enum(op, "group_score", group_score, GROUP_SCORES)
-    if n_group < 1:
-        _fail(op, f"'n_group' ({n_group}) must be >= 1")
-    if E % n_group:
-        _fail(op, f"'n_group' ({n_group}) must divide the number of experts E = {E}")
-    if not 1 <= topk_group <= n_group:
-        _fail(op, f"'topk_group' ({topk_group}) must be in [1, n_group = {n_group}]")
-    if n_group > 1:
-        size = E // n_group
-        if k > topk_group * size:
-            _fail(op, f"'k' ({k}) must be <= topk_group * E / n_group = {topk_group} * {size} = {topk_group * size} "
-                      "(the experts of the kept groups)")
-        if group_score == "top2_sum" and size < 2:
-            _fail(op, f"'group_score' top2_sum needs groups of at least 2 experts, but E / n_group = {size}")
-    if not (math.isfinite(routed_scaling_factor) and routed_scaling_factor > 0):
-        _fail(op, f"'routed_scaling_factor' ({routed_scaling_factor}) must be finite and > 0")
-    if replay is not None:
-        _check_index(op, "replay", replay)
-        if replay.dim() != 2 or replay.shape[0] != logits.shape[0] or replay.shape[1] != k:
-            _fail(op, f"'replay' must have shape [T, k] = [{logits.shape[0]}, {k}], got {list(replay.shape)}")
+def _verify_route(logits: Tensor, bias: Optional[Tensor], k: int, scoring: str, order: str, n_group: int,
+                  topk_group: int, group_score: str, renormalize: bool, routed_scaling_factor: float,
+                  replay: Optional[Tensor] = None) -> None:
+    verify("route", {"k": k, "scoring": scoring, "order": order, "n_group": n_group, "topk_group": topk_group,
+                     "group_score": group_score, "renormalize": renormalize,
+                     "routed_scaling_factor": routed_scaling_factor, "logits": logits, "bias": bias,
+                     "replay": replay})
 
 
 @torch.library.custom_op("moe::route", mutates_args=())
@@ -122,8 +68,8 @@ def route(logits: Tensor, bias: Optional[Tensor], k: int, scoring: str = "softma
         ``(weights [T, k] f32, indices [T, k] i32)`` sorted by descending choice score; ties -> lowest index; NaN
         first.
     """
-    _validate_route(logits, bias, k, scoring, order, n_group, topk_group, group_score, routed_scaling_factor,
-                    replay)
+    _verify_route(logits, bias, k, scoring, order, n_group, topk_group, group_score, renormalize,
+                  routed_scaling_factor, replay)
     if replay is not None:
         _check_index_range("route", "replay", replay, logits.shape[1])
     _note_fallback(logits)
@@ -134,29 +80,19 @@ def route(logits: Tensor, bias: Optional[Tensor], k: int, scoring: str = "softma
 @route.register_fake
 def _(logits, bias, k, scoring="softmax", order="score_then_topk", n_group=1, topk_group=1, group_score="top2_sum",
       renormalize=False, routed_scaling_factor=1.0, replay=None):
-    _validate_route(logits, bias, k, scoring, order, n_group, topk_group, group_score, routed_scaling_factor,
-                    replay)
+    _verify_route(logits, bias, k, scoring, order, n_group, topk_group, group_score, renormalize,
+                  routed_scaling_factor, replay)
     shape = (logits.shape[0], k)
     return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int32)
 
 
-def _validate_route_backward(grad_w: Tensor, logits: Tensor, indices: Tensor, scoring: str,
-                             routed_scaling_factor: float) -> None:
-    op = "route_backward"
-    _check_float(op, "logits", logits)
-    if logits.dim() != 2:
-        _fail(op, f"'logits' must have rank 2 ([T, E]), got shape {list(logits.shape)}")
-    for name, t in (("indices", indices), ("grad_w", grad_w)):
-        if t.dim() != 2 or t.shape[0] != logits.shape[0]:
-            _fail(op, f"'{name}' must have shape [T, k] with T = {logits.shape[0]}, got {list(t.shape)}")
-    if grad_w.shape != indices.shape:
-        _fail(op, f"'grad_w' {list(grad_w.shape)} must have the shape of 'indices' {list(indices.shape)}")
-    if scoring == "softmax":
-        _fail(op, "scoring(softmax) is not elementwise: route_backward differentiates the sigmoid, none and custom "
-                  "scores")
-    _check_scoring(op, scoring, differentiate=True)
-    if not (math.isfinite(routed_scaling_factor) and routed_scaling_factor > 0):
-        _fail(op, f"'routed_scaling_factor' ({routed_scaling_factor}) must be finite and > 0")
+def _verify_route_backward(grad_w: Tensor, logits: Tensor, indices: Tensor, scoring: str, renormalize: bool,
+                           routed_scaling_factor: float) -> None:
+    # The torch op takes i64 indices and any float cotangent too: its kernel reads them as i32 and f32.
+    verify("route_backward", {"scoring": scoring, "renormalize": renormalize,
+                              "routed_scaling_factor": routed_scaling_factor, "logits": logits,
+                              "indices": KernelView(torch.int32, indices.shape),
+                              "grad_w": KernelView(torch.float32, grad_w.shape)})
 
 
 @torch.library.custom_op("moe::route_backward", mutates_args=())
@@ -166,7 +102,7 @@ def route_backward(grad_w: Tensor, logits: Tensor, indices: Tensor, scoring: str
     logits, given the forward's ``indices`` and the cotangent ``grad_w`` ``[T, k]`` (``moe.route_grad``: one fused
     kernel on CPU and CUDA tensors, the custom score's derivative formed symbolically). Eager fallback (no kernels):
     autograd of the reference."""
-    _validate_route_backward(grad_w, logits, indices, scoring, routed_scaling_factor)
+    _verify_route_backward(grad_w, logits, indices, scoring, renormalize, routed_scaling_factor)
     _note_fallback(logits)
     with torch.enable_grad():
         x = logits.detach().float().requires_grad_(True)
@@ -177,7 +113,7 @@ def route_backward(grad_w: Tensor, logits: Tensor, indices: Tensor, scoring: str
 
 @route_backward.register_fake
 def _(grad_w, logits, indices, scoring, renormalize=False, routed_scaling_factor=1.0):
-    _validate_route_backward(grad_w, logits, indices, scoring, routed_scaling_factor)
+    _verify_route_backward(grad_w, logits, indices, scoring, renormalize, routed_scaling_factor)
     return logits.new_empty(logits.shape, dtype=torch.float32)
 
 
@@ -212,19 +148,8 @@ def _route_backward(ctx, grad_w, grad_idx):
 route.register_autograd(_route_backward, setup_context=_route_setup)
 
 
-def _validate_dispatch_plan(indices: Tensor, num_experts: int, block_size: int) -> None:
-    op = "dispatch_plan"
-    _check_index(op, "indices", indices)
-    if indices.dim() != 2:
-        _fail(op, f"'indices' must have rank 2 ([T, k]), got shape {list(indices.shape)}")
-    if num_experts < 1:
-        _fail(op, f"'num_experts' ({num_experts}) must be >= 1")
-    if block_size < 1:
-        _fail(op, f"'block_size' ({block_size}) must be >= 1")
-    padded = _dispatch_plan_sizes(indices.shape[0], indices.shape[1], num_experts, block_size)[4]
-    if isinstance(padded, int) and padded > _I32_MAX:
-        _fail(op, f"the padded plan (T*k + num_experts*(block_size-1) = {padded}) must fit in i32")
-    _check_result_elements(op, "offsets", (num_experts + 1,))
+def _verify_dispatch_plan(indices: Tensor, num_experts: int, block_size: int) -> None:
+    verify("dispatch_plan", {"num_experts": num_experts, "block_size": block_size, "indices": indices})
 
 
 @torch.library.custom_op("moe::dispatch_plan", mutates_args=())
@@ -242,7 +167,7 @@ def dispatch_plan(indices: Tensor, num_experts: int, block_size: int = 1
         block_experts [⌈(T·k + E·(B−1))/B⌉], num_padded [1])``; ``order`` lists the assignments ``n = t·k + j``
         stably sorted by expert, ``inverse`` is its inverse permutation.
     """
-    _validate_dispatch_plan(indices, num_experts, block_size)
+    _verify_dispatch_plan(indices, num_experts, block_size)
     _check_index_range("dispatch_plan", "indices", indices, num_experts)
     _note_fallback(indices)
     return _dispatch_plan_ref(indices, num_experts, block_size)
@@ -250,23 +175,11 @@ def dispatch_plan(indices: Tensor, num_experts: int, block_size: int = 1
 
 @dispatch_plan.register_fake
 def _(indices, num_experts, block_size=1):
-    _validate_dispatch_plan(indices, num_experts, block_size)
+    _verify_dispatch_plan(indices, num_experts, block_size)
     return tuple(indices.new_empty((n,), dtype=torch.int32)
                  for n in _dispatch_plan_sizes(indices.shape[0], indices.shape[1], num_experts, block_size))
 
 
-_ROUTING_VALIDATORS: dict[str, Callable[[dict, dict], None]] = {
-    "route": lambda t, a: _validate_route(
-        t["logits"], t.get("bias"), int(a["k"]), a["scoring"], a["order"], int(a["n_group"]), int(a["topk_group"]),
-        a["group_score"], float(a["routed_scaling_factor"]), t.get("replay")),
-    "route_backward": lambda t, a: _validate_route_backward(
-        t["grad_w"], t["logits"], t["indices"], a["scoring"], float(a["routed_scaling_factor"])),
-    "dispatch_plan": lambda t, a: _validate_dispatch_plan(t["indices"], int(a["num_experts"]),
-                                                          int(a["block_size"])),
-}
-
-
-KEY_VALIDATORS.update(_ROUTING_VALIDATORS)
 _GRAD_OPS[route._name] = route
 
 # A whole graph lowers these to their kernel key's op (mlir/lowerings/moe_ops.py).

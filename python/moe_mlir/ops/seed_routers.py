@@ -10,19 +10,9 @@ from torch import Tensor
 
 from ..reference import _adjacency_update_ref, _hyper_router_backward_ref, _hyper_router_ref, _mad_dispersion_ref
 from ._autograd import _needs
-from ._checks import (
-    _check_dim,
-    _check_enum,
-    _check_float,
-    _check_index,
-    _check_index_range,
-    _check_operands,
-    _check_positive_finite,
-    _check_result_elements,
-    _f,
-    _fail,
-)
-from .loading import KEY_OPS, KEY_VALIDATORS, _PYTHON_AUTOGRAD, _STOP_GRADIENT, _note_fallback
+from ..runtime.verify import KernelView, verify
+from ._checks import _check_index_range
+from .loading import KEY_OPS, _PYTHON_AUTOGRAD, _STOP_GRADIENT, _note_fallback
 
 NORMALIZES = ("feature", "expert", "global")
 MEASURES = ("mad", "variance")
@@ -30,23 +20,10 @@ EMPTIES = ("identity", "raw")
 ADJ_NORMS = ("row", "col", "none")
 
 
-def _validate_mad_dispersion(
-    tokens: Tensor, assign: Tensor, num_experts: int, eps: float, clip: float, normalize: str, measure: str,
-    empty: str,
-) -> None:
-    op = "mad_dispersion"
-    _check_operands(op, (_check_float, "tokens", tokens, 2, "[T, D]"), (_check_index, "assign", assign, 1, "[T]"))
-    _check_dim(op, "assign", assign, 0, tokens.shape[0], "dimension 0 of 'tokens' (T)")
-    if num_experts < 1:
-        _fail(op, f"'num_experts' ({num_experts}) must be >= 1")
-    _check_result_elements(op, "counts", (num_experts,))
-    _check_result_elements(op, "weights", (num_experts, tokens.shape[1]))
-    _check_positive_finite(op, "eps", eps)
-    if not (math.isfinite(clip) and clip >= 0):
-        _fail(op, f"'clip' ({clip}) must be >= 0 and finite (0 disables clipping)")
-    _check_enum(op, "normalize", normalize, NORMALIZES)
-    _check_enum(op, "measure", measure, MEASURES)
-    _check_enum(op, "empty", empty, EMPTIES)
+def _verify_mad_dispersion(tokens: Tensor, assign: Tensor, num_experts: int, eps: float, clip: float, normalize: str,
+                           measure: str, empty: str) -> None:
+    verify("mad_dispersion", {"num_experts": num_experts, "eps": eps, "clip": clip, "normalize": normalize,
+                              "measure": measure, "empty": empty, "tokens": tokens, "assign": assign})
 
 
 @torch.library.custom_op("moe::mad_dispersion", mutates_args=())
@@ -73,7 +50,7 @@ def mad_dispersion(
     Raises:
         ValueError: a value of ``assign`` outside ``[0, num_experts)``.
     """
-    _validate_mad_dispersion(tokens, assign, num_experts, eps, clip, normalize, measure, empty)
+    _verify_mad_dispersion(tokens, assign, num_experts, eps, clip, normalize, measure, empty)
     _check_index_range("mad_dispersion", "assign", assign, num_experts)
     _note_fallback(tokens)
     return _mad_dispersion_ref(tokens, assign, num_experts, eps, clip, normalize, measure, empty)
@@ -81,7 +58,7 @@ def mad_dispersion(
 
 @mad_dispersion.register_fake
 def _(tokens, assign, num_experts, eps=1e-4, clip=10.0, normalize="feature", measure="mad", empty="identity"):
-    _validate_mad_dispersion(tokens, assign, num_experts, eps, clip, normalize, measure, empty)
+    _verify_mad_dispersion(tokens, assign, num_experts, eps, clip, normalize, measure, empty)
     return (
         tokens.new_empty((num_experts, tokens.shape[1]), dtype=torch.float32),
         tokens.new_empty((num_experts,), dtype=torch.int32),
@@ -93,13 +70,8 @@ def _(tokens, assign, num_experts, eps=1e-4, clip=10.0, normalize="feature", mea
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _validate_adjacency_update(a: Tensor, idx: Tensor, beta: float, norm: str) -> None:
-    op = "adjacency_update"
-    _check_operands(op, (_check_float, "a", a, 2, "[E, E]"), (_check_index, "idx", idx, 2, "[T, k]"))
-    _check_dim(op, "a", a, 1, a.shape[0], "dimension 0 of 'a' (E; the graph is square)")
-    if not (0.0 <= beta <= 1.0):
-        _fail(op, f"'beta' ({beta}) must be in [0, 1]")
-    _check_enum(op, "norm", norm, ADJ_NORMS)
+def _verify_adjacency_update(a: Tensor, idx: Tensor, beta: float, norm: str, include_self: bool) -> None:
+    verify("adjacency_update", {"beta": beta, "norm": norm, "include_self": include_self, "a": a, "idx": idx})
 
 
 @torch.library.custom_op("moe::adjacency_update", mutates_args=())
@@ -119,7 +91,7 @@ def adjacency_update(
     Raises:
         ValueError: a value of ``idx`` outside ``[0, E)``.
     """
-    _validate_adjacency_update(a, idx, beta, norm)
+    _verify_adjacency_update(a, idx, beta, norm, include_self)
     _check_index_range("adjacency_update", "idx", idx, a.shape[0])
     _note_fallback(a)
     return _adjacency_update_ref(a, idx, beta, norm, include_self)
@@ -127,7 +99,7 @@ def adjacency_update(
 
 @adjacency_update.register_fake
 def _(a, idx, beta=0.9, norm="row", include_self=True):
-    _validate_adjacency_update(a, idx, beta, norm)
+    _verify_adjacency_update(a, idx, beta, norm, include_self)
     return a.new_empty(a.shape, dtype=torch.float32)
 
 
@@ -136,20 +108,8 @@ def _(a, idx, beta=0.9, norm="row", include_self=True):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _validate_hyper_router(emb: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, num_experts: int,
-                           op: str = "hyper_router") -> None:
-    _check_operands(op, (_check_float, "emb", emb, 1, "[De]"), (_check_float, "w1", w1, 2, "[Dh, De]"),
-                    (_check_float, "b1", b1, 1, "[Dh]"), (_check_float, "w2", w2, 2, "[E*(D+1), Dh]"),
-                    (_check_float, "b2", b2, 1, "[E*(D+1)]"))
-    if num_experts < 1:
-        _fail(op, f"'num_experts' ({num_experts}) must be >= 1")
-    _check_dim(op, "w1", w1, 1, emb.shape[0], "dimension 0 of 'emb' (De)")
-    _check_dim(op, "b1", b1, 0, w1.shape[0], "dimension 0 of 'w1' (Dh)")
-    _check_dim(op, "w2", w2, 1, w1.shape[0], "dimension 0 of 'w1' (Dh)")
-    _check_dim(op, "b2", b2, 0, w2.shape[0], "dimension 0 of 'w2' (E*(D+1))")
-    rows = w2.shape[0]
-    if rows % num_experts != 0 or rows // num_experts < 1:
-        _fail(op, f"dimension 0 of 'w2' ({rows}) must be num_experts * (D+1) = {num_experts} * (D+1) with D >= 0")
+def _verify_hyper_router(emb: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, num_experts: int) -> None:
+    verify("hyper_router", {"num_experts": num_experts, "emb": emb, "w1": w1, "b1": b1, "w2": w2, "b2": b2})
 
 
 @torch.library.custom_op("moe::hyper_router", mutates_args=())
@@ -166,14 +126,14 @@ def hyper_router(
     Returns:
         ``(w [E, D] f32, b [E] f32)``: the router matrix and the generated bias.
     """
-    _validate_hyper_router(emb, w1, b1, w2, b2, num_experts)
+    _verify_hyper_router(emb, w1, b1, w2, b2, num_experts)
     _note_fallback(emb)
     return _hyper_router_ref(emb, w1, b1, w2, b2, num_experts)
 
 
 @hyper_router.register_fake
 def _(emb, w1, b1, w2, b2, num_experts):
-    _validate_hyper_router(emb, w1, b1, w2, b2, num_experts)
+    _verify_hyper_router(emb, w1, b1, w2, b2, num_experts)
     d = w2.shape[0] // num_experts - 1
     return (
         emb.new_empty((num_experts, d), dtype=torch.float32),
@@ -181,16 +141,12 @@ def _(emb, w1, b1, w2, b2, num_experts):
     )
 
 
-def _validate_hyper_router_backward(grad_w: Tensor, grad_b: Tensor, emb: Tensor, w1: Tensor, b1: Tensor, w2: Tensor,
-                                    b2: Tensor, num_experts: int) -> None:
-    op = "hyper_router_backward"
-    _validate_hyper_router(emb, w1, b1, w2, b2, num_experts, op=op)
-    _check_operands(op, (_check_float, "grad_w", grad_w, 2, "[E, D], the shape of w"),
-                    (_check_float, "grad_b", grad_b, 1, "[E], the shape of b"))
-    d = w2.shape[0] // num_experts - 1
-    _check_dim(op, "grad_w", grad_w, 0, num_experts, "num_experts (E)")
-    _check_dim(op, "grad_w", grad_w, 1, d, "D = dimension 0 of 'w2' / E - 1")
-    _check_dim(op, "grad_b", grad_b, 0, num_experts, "num_experts (E)")
+def _verify_hyper_router_backward(grad_w: Tensor, grad_b: Tensor, emb: Tensor, w1: Tensor, b1: Tensor, w2: Tensor,
+                                  b2: Tensor, num_experts: int) -> None:
+    # The cotangents are read as f32, whatever autograd hands over.
+    verify("hyper_router_backward", {"num_experts": num_experts, "grad_w": KernelView(torch.float32, grad_w.shape),
+                                     "grad_b": KernelView(torch.float32, grad_b.shape), "emb": emb, "w1": w1, "b1": b1,
+                                     "w2": w2, "b2": b2})
 
 
 def _without_weight_grads(grads: tuple, weight_grads: bool) -> tuple:
@@ -213,7 +169,7 @@ def hyper_router_backward(
     ``weight_grads=False`` (a frozen hypernetwork, HyperRouter's default: 002 §1.10) skips the two outer products:
     ``d_w1`` and ``d_w2`` come back as empty ``[0]`` tensors, and the kernel neither computes nor writes them (the
     size of the hypernetwork), as eager autograd skips the gradients of parameters that do not require them."""
-    _validate_hyper_router_backward(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts)
+    _verify_hyper_router_backward(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts)
     _note_fallback(emb)
     return _without_weight_grads(_hyper_router_backward_ref(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts),
                                  weight_grads)
@@ -221,7 +177,7 @@ def hyper_router_backward(
 
 @hyper_router_backward.register_fake
 def _(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts, weight_grads=True):
-    _validate_hyper_router_backward(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts)
+    _verify_hyper_router_backward(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts)
     return _without_weight_grads(tuple(t.new_empty(t.shape, dtype=torch.float32) for t in (emb, w1, b1, w2, b2)),
                                  weight_grads)
 
@@ -246,16 +202,6 @@ def _hyper_router_backward(ctx, grad_w, grad_b):
     return tuple(g.to(t.dtype) if need else None for g, t, need in zip(grads, operands, n)) + (None,)
 
 
-KEY_VALIDATORS.update({
-    "mad_dispersion": lambda t, a: _validate_mad_dispersion(
-        t["tokens"], t["assign"], int(a["num_experts"]), _f(a["eps"]), _f(a["clip"]), a["normalize"], a["measure"],
-        a["empty"]),
-    "adjacency_update": lambda t, a: _validate_adjacency_update(t["a"], t["idx"], _f(a["beta"]), a["norm"]),
-    "hyper_router": lambda t, a: _validate_hyper_router(
-        t["emb"], t["w1"], t["b1"], t["w2"], t["b2"], int(a["num_experts"])),
-    "hyper_router_backward": lambda t, a: _validate_hyper_router_backward(
-        t["grad_w"], t["grad_b"], t["emb"], t["w1"], t["b1"], t["w2"], t["b2"], int(a["num_experts"])),
-})
 _PYTHON_AUTOGRAD.append((hyper_router, _hyper_router_backward, _hyper_router_setup))
 _STOP_GRADIENT.extend((mad_dispersion, adjacency_update))
 

@@ -7,20 +7,14 @@ from torch import Tensor
 
 from ..reference import _topk_renorm_backward_ref, _topk_renorm_ref
 from ._autograd import _needs
-from ._checks import _check_dim, _check_enum, _check_float, _check_index, _check_rank, _fail
-from .loading import KEY_OPS, KEY_VALIDATORS, _PYTHON_AUTOGRAD, _note_fallback
+from ..runtime.verify import KernelView, verify
+from .loading import KEY_OPS, _PYTHON_AUTOGRAD, _note_fallback
 
 TOPK_MODES = ("logits", "probs")
 
 
-def _validate_topk_renorm(scores: Tensor, k: int, mode: str) -> None:
-    _check_float("topk_renorm", "scores", scores)
-    if scores.dim() < 1:
-        _fail("topk_renorm", "'scores' must have rank >= 1 ([..., K])")
-    K = scores.shape[-1]
-    if not 1 <= k <= K:
-        _fail("topk_renorm", f"'k' ({k}) must be in [1, {K}] (the size of the last dimension of 'scores')")
-    _check_enum("topk_renorm", "mode", mode, TOPK_MODES)
+def _verify_topk_renorm(scores: Tensor, k: int, mode: str, renormalize: bool) -> None:
+    verify("topk_renorm", {"k": k, "mode": mode, "renormalize": renormalize, "scores": scores})
 
 
 @torch.library.custom_op("moe::topk_renorm", mutates_args=())
@@ -39,36 +33,26 @@ def topk_renorm(scores: Tensor, k: int, mode: str = "logits", renormalize: bool 
         ``(weights [..., k] f32, indices [..., k] i32)`` sorted by descending score; ties -> lowest index; NaN ranks
         first; a fully ``-inf`` row gives zero weights and indices ``0..k-1``.
     """
-    _validate_topk_renorm(scores, k, mode)
+    _verify_topk_renorm(scores, k, mode, renormalize)
     _note_fallback(scores)
     return _topk_renorm_ref(scores, k, mode, renormalize)
 
 
 @topk_renorm.register_fake
 def _(scores: Tensor, k: int, mode: str = "logits", renormalize: bool = True) -> tuple[Tensor, Tensor]:
-    _validate_topk_renorm(scores, k, mode)
+    _verify_topk_renorm(scores, k, mode, renormalize)
     shape = (*scores.shape[:-1], k)
     return scores.new_empty(shape, dtype=torch.float32), scores.new_empty(shape, dtype=torch.int32)
 
 
 
-def _validate_topk_renorm_backward(grad_w: Tensor, scores: Tensor, indices: Tensor, mode: str) -> None:
-    op = "topk_renorm_backward"
-    _check_float(op, "scores", scores)
-    if scores.dim() < 1:
-        _fail(op, "'scores' must have rank >= 1 ([..., K])")
-    _check_float(op, "grad_w", grad_w)
-    _check_index(op, "indices", indices)
-    _check_rank(op, "indices", indices, scores.dim(), "[..., k], as the weights")
-    _check_rank(op, "grad_w", grad_w, scores.dim(), "[..., k], as the weights")
-    for d in range(scores.dim() - 1):
-        _check_dim(op, "indices", indices, d, scores.shape[d], "the same dimension of 'scores'")
-        _check_dim(op, "grad_w", grad_w, d, scores.shape[d], "the same dimension of 'scores'")
-    _check_dim(op, "grad_w", grad_w, grad_w.dim() - 1, indices.shape[-1], "the last dimension of 'indices' (k)")
-    k, K = indices.shape[-1], scores.shape[-1]
-    if not 1 <= k <= K:
-        _fail(op, f"the last dimension of 'indices' (k = {k}) must be in [1, {K}] (K, the experts of 'scores')")
-    _check_enum(op, "mode", mode, TOPK_MODES)
+def _verify_topk_renorm_backward(grad_w: Tensor, scores: Tensor, indices: Tensor, mode: str,
+                                  renormalize: bool) -> None:
+    # The kernel reads the indices as i32 and the cotangent as f32, whatever the caller hands over.
+    if indices.dtype in (torch.int32, torch.int64):
+        indices = KernelView(torch.int32, indices.shape)
+    verify("topk_renorm_backward", {"mode": mode, "renormalize": renormalize, "scores": scores, "indices": indices,
+                                    "grad_w": KernelView(torch.float32, grad_w.shape)})
 
 
 @torch.library.custom_op("moe::topk_renorm_backward", mutates_args=())
@@ -77,14 +61,14 @@ def topk_renorm_backward(grad_w: Tensor, scores: Tensor, indices: Tensor, mode: 
     """The backward of ``topk_renorm`` (``moe.topk_renorm_grad``): the gradient (f32, shaped like ``scores``) of the
     weights with respect to the scores, given the forward's ``indices`` and the weights' cotangent ``grad_w``; through
     the kept values only (closed form: :func:`moe_mlir.reference._topk_renorm_backward_ref`)."""
-    _validate_topk_renorm_backward(grad_w, scores, indices, mode)
+    _verify_topk_renorm_backward(grad_w, scores, indices, mode, renormalize)
     _note_fallback(scores)
     return _topk_renorm_backward_ref(grad_w, scores, indices, mode, renormalize)
 
 
 @topk_renorm_backward.register_fake
 def _(grad_w, scores, indices, mode="logits", renormalize=True):
-    _validate_topk_renorm_backward(grad_w, scores, indices, mode)
+    _verify_topk_renorm_backward(grad_w, scores, indices, mode, renormalize)
     return scores.new_empty(scores.shape, dtype=torch.float32)
 
 
@@ -96,7 +80,7 @@ def topk_renorm_backward_decomposition(grad_w: Tensor, scores: Tensor, indices: 
     scatter of the weights' gradient, the dense softmax of the raw logits mode and the add into the router's
     gradient become separate kernels around the call, where inductor's own graph (softmax, topk) fuses them
     into its neighbours. The op itself, called eagerly, keeps its kernel."""
-    _validate_topk_renorm_backward(grad_w, scores, indices, mode)
+    _verify_topk_renorm_backward(grad_w, scores, indices, mode, renormalize)
     return _topk_renorm_backward_ref(grad_w, scores, indices, mode, renormalize)
 
 
@@ -114,11 +98,6 @@ def _topk_renorm_backward(ctx, grad_w, grad_idx):
     return g.to(scores.dtype), None, None, None
 
 
-KEY_VALIDATORS.update({
-    "topk_renorm": lambda t, a: _validate_topk_renorm(t["scores"], int(a["k"]), a["mode"]),
-    "topk_renorm_backward": lambda t, a: _validate_topk_renorm_backward(
-        t["grad_w"], t["scores"], t["indices"], a["mode"]),
-})
 _PYTHON_AUTOGRAD.append((topk_renorm, _topk_renorm_backward, _topk_renorm_setup))
 
 # A whole graph lowers these to their kernel key's op (mlir/lowerings/moe_ops.py).

@@ -8,8 +8,8 @@ extension (``lib/Runtime/Torch``) names it by a key string::
 
 and, on an in-memory miss, calls :func:`load` (registered once by :mod:`.extension`), which
 
-1. validates the call with the op's Python validators (on meta tensors of the call's shapes: the same messages as
-   the eager ops);
+1. verifies the call: the op of its key with the call's sizes, by the op's ODS verifier (:mod:`.verify`: the one
+   check of every torch op, with the messages of the eager ops and the fake kernels);
 2. returns the kernel already loaded in this process, or
 3. loads ``<cache>/<hash>.so`` when an earlier process built it, or
 4. builds it, in this process (:mod:`.driver`, :mod:`.compiler`: ``libmoe_compiler.so``): the module the compiler
@@ -52,11 +52,11 @@ import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
-from .abi import DTYPE_OF_ELEM
+from . import verify
 from .driver import (CompileError, build_cpu_kernel, build_cuda_kernel, cache_dir, cuda_binary_format, cuda_toolkit,
                      digest, stamp)
 
@@ -76,9 +76,6 @@ class Stats:
 
 #: Compiles and disk loads in this process.
 stats = Stats()
-
-#: Validators per op, set by :mod:`moe_mlir.ops` (see :data:`moe_mlir.ops.KEY_VALIDATORS`).
-validators: dict[str, Callable[[dict, dict], None]] = {}
 
 _lock = threading.Lock()
 _loaded: dict[str, tuple[ctypes.CDLL, int]] = {}
@@ -125,20 +122,6 @@ def _without_device(key: str) -> str:
     return "|".join(p for p in key.split("|") if not p.startswith("device="))
 
 
-#: c10 names of the dtypes no kernel takes (the extension names them so): the validators then raise their TypeError.
-_C10_DTYPES = {"Byte": torch.uint8, "Char": torch.int8, "Short": torch.int16, "ComplexFloat": torch.complex64,
-               "ComplexDouble": torch.complex128, "ComplexHalf": torch.complex32}
-
-
-def _meta_inputs(shapes: str) -> dict[str, torch.Tensor]:
-    out = {}
-    for p in shapes.split("|")[1:]:
-        name, elem, dims = p.split(":")
-        dtype = DTYPE_OF_ELEM.get(elem) or _C10_DTYPES.get(elem, torch.complex128)
-        out[name] = torch.empty([int(d) for d in _parse_dims(dims)], dtype=dtype, device="meta")
-    return out
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # The MLIR module of a kernel
 # ----------------------------------------------------------------------------------------------------------------
@@ -147,17 +130,17 @@ def _meta_inputs(shapes: str) -> dict[str, torch.Tensor]:
 def kernel_module(k: KernelKey) -> str:
     """The MLIR module of the kernel: ``@kernel(inputs as tensors...) -> (results as tensors...)``, the op of the key
     built in C++ with its ODS builder, its result types inferred and verified (include/MoE/IR/KernelKeys.td,
-    :func:`.compiler.kernel_module`): nothing of an op's surface is written here.
+    :func:`.keys.kernel_module`): nothing of an op's surface is written here.
 
     Lowered with ``results-to-out-params``, it is called as ``_mlir_ciface_kernel(inputs..., outputs...)``, one
     memref descriptor pointer each, the outputs allocated by the caller: the kernel computes its results in them
     (the buffers it would have allocated are the caller's; no copy).
     """
-    from . import compiler as _compiler
+    from . import keys
 
     try:
-        return _compiler.kernel_module(k.text)
-    except _compiler.CompilerLibraryError as e:
+        return keys.kernel_module(k.text)
+    except keys.KeyBuildError as e:
         raise CompileError(f"moe: the kernel key {k.text!r} builds no valid op:\n{e}") from None
 
 
@@ -337,14 +320,12 @@ def loaded_library(key: str) -> ctypes.CDLL:
         return _loaded[key][0]
 
 
-def load(key: str, shapes: str, validate_only: int = 0) -> int:
+def load(key: str, shapes: str, validate_only: int = 0, user_op: Optional[str] = None) -> int:
     """The kernel cache entry point (called by the C++ extension on a miss): the address of the kernel's
-    ``_mlir_ciface_kernel`` (0 with ``validate_only``). Raises the op's ValueError/TypeError for an invalid call."""
+    ``_mlir_ciface_kernel`` (0 with ``validate_only``). Raises the ValueError/TypeError of the torch op ``user_op``
+    (by default the key's) for an invalid call: the op verifier on the call's sizes (``shapes``)."""
     k = parse_key(key)
-    check = validators.get(k.op)
-    if check is None:
-        raise ValueError(f"moe: no kernel for op {k.op!r}")
-    check(_meta_inputs(shapes), k.attrs)
+    verify.verify_key(verify.call_key(key, shapes), user_op)
     if validate_only:
         return 0
     with _lock:

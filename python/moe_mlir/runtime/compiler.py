@@ -8,13 +8,9 @@ Its C ABI (strings UTF-8, ``err`` NUL-terminated)::
     //   MLIR text -> the passes on the module (moe-opt's builtin.module(...) contents) -> LLVM IR -> LLVM's
     //   -O<optLevel> -> a host object -> lld (linked into the library) with linkArgs -> sharedObjectPath;
     //   seconds[5] (or NULL): each stage's time. 0, or 1 with the diagnostics in err.
-    int32_t moeKernelModule(const char *key, int64_t len, char *out, int64_t outCap, int64_t *outLen,
-                            char *err, int64_t errCap);
-    //   A torch op's kernel key -> its kernel module (the op built with its ODS builder, inferred types,
-    //   verified: MoE/IR/KernelKey.h) as text in out (outLen: its length; call again when it did not fit).
-    int32_t moeKernelKeyOp(...same...);
-    //   The key's op alone, for the FX importer, by lines: its name and number of regions, its operands as
-    //   indices into the key's inputs, its attributes as one dictionary, each result type.
+
+A kernel key's module, what it compiles for the torch ops, comes from :mod:`.keys` (``libmoe_keys.so``: the op
+verifier without the code generators).
 
 The library holds LLVM and MLIR (linked statically, symbols hidden). It is loaded at the first kernel build of a
 process, never by ``import moe_mlir`` or to load a cached kernel (a shared object, loaded with ``dlopen``). Where it
@@ -27,14 +23,12 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
 from .locate import find_runtime_lib
 
-__all__ = ["CompilerLibraryError", "LIBRARY", "STAGES", "library_path", "builtins_archive", "compile_kernel",
-           "kernel_module", "kernel_key_op", "KeyOp"]
+__all__ = ["CompilerLibraryError", "LIBRARY", "STAGES", "library_path", "builtins_archive", "compile_kernel"]
 
 LIBRARY = "libmoe_compiler.so"
 #: compiler-rt's builtins, copied beside the runtime libraries by the build (lib/Runtime/Compiler/CMakeLists.txt).
@@ -78,10 +72,6 @@ def _library() -> ctypes.CDLL:
                 ctypes.POINTER(ctypes.c_char_p), ctypes.c_int32, ctypes.c_char_p, ctypes.POINTER(ctypes.c_double),
                 ctypes.c_char_p, ctypes.c_int64]
             lib.moeCompileKernel.restype = ctypes.c_int32
-            for fn in (lib.moeKernelModule, lib.moeKernelKeyOp):
-                fn.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64,
-                               ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, ctypes.c_int64]
-                fn.restype = ctypes.c_int32
             _lib = lib
         return _lib
 
@@ -102,47 +92,3 @@ def compile_kernel(mlir: str, pipeline: str, dest: Path, target_cpu: str = "nati
     if rc != 0:
         raise CompilerLibraryError(err.value.decode(errors="replace"))
     return dict(zip(STAGES, seconds))
-
-
-def _key_text(fn_name: str, key: str) -> str:
-    fn = getattr(_library(), fn_name)
-    text = key.encode()
-    cap = 1 << 14
-    while True:
-        out = ctypes.create_string_buffer(cap)
-        n = ctypes.c_int64(0)
-        err = ctypes.create_string_buffer(_ERR_CAP)
-        if fn(text, len(text), out, cap, ctypes.byref(n), err, _ERR_CAP) != 0:
-            raise CompilerLibraryError(err.value.decode(errors="replace"))
-        if n.value < cap:
-            return out.value.decode()
-        cap = n.value + 1
-
-
-def kernel_module(key: str) -> str:
-    """The kernel module of a torch op's kernel key (``op|attr=value|...|in:name:elem:dims|...``):
-    ``func.func @kernel(inputs...) -> (results...)`` around the op the key names, built in C++ with its ODS builder
-    and inferred result types, verified (include/MoE/IR/KernelKeys.td). :class:`CompilerLibraryError` with the
-    diagnostics (the op verifier's among them) for a key of no op or an invalid one."""
-    return _key_text("moeKernelModule", key)
-
-
-@dataclass(frozen=True)
-class KeyOp:
-    """The op of a kernel key, for a printer of the generic form (:func:`kernel_key_op`)."""
-
-    name: str
-    num_regions: int
-    #: indices into the key's inputs
-    operands: list[int]
-    #: every attribute as one dictionary (``{k = 8 : i64, ...}``)
-    attributes: str
-    #: the inferred result types
-    result_types: list[str]
-
-
-def kernel_key_op(key: str) -> KeyOp:
-    """The op of ``key`` (as :func:`kernel_module` builds it) for a printer of the generic form: the FX importer."""
-    head, operands, attrs, *types = _key_text("moeKernelKeyOp", key).rstrip("\n").split("\n")
-    name, regions = head.split()
-    return KeyOp(name, int(regions), [int(i) for i in operands.split()], attrs, types)

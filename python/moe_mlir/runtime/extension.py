@@ -37,14 +37,13 @@ def find_library() -> Optional[str]:
     return _find_runtime_lib("libmoe_torch.so")
 
 
-def load(validators: dict[str, Callable[[dict, dict], None]], grad_path: Callable) -> Optional[str]:
+def load(grad_path: Callable) -> Optional[str]:
     """Loads the extension; returns None on success, else why it is unavailable.
 
     ``grad_path(name, keyset, args)``: runs op ``name`` (dispatch keys ``keyset``) on ``args`` (a tuple of the schema's arguments) with its autograd, for
     the calls of ops with a Python autograd (``route``) where some input requires grad (the extension's AutogradCPU
     kernel takes the others in C++; the dialect ops' autograd is C++ altogether, lib/Runtime/Torch/Autograd.cpp)."""
     global _lib, library_path
-    cache.validators.update(validators)
     if _lib is not None:
         return None
     if os.environ.get("MOE_TORCH_KERNELS", "1") == "0":

@@ -51,7 +51,7 @@ def kernel_key(op: str, args: Mapping[str, Any],
                dynamic: Mapping[str, Sequence[int]] = {}) -> tuple[str, str, list[torch.Tensor]]:
     """The key of ``op`` on ``args`` (by name, in the kernel's parameter order: a tensor is an input, whose dimensions
     listed in ``dynamic[name]`` are token-like, ``?``; None is left out; anything else is an attribute), the call's
-    concrete shapes (what the kernel cache's validator reads) and the input tensors in order."""
+    concrete shapes (what the kernel cache verifies) and the input tensors in order."""
     attrs, ins, shapes, tensors = [], [], [], []
     for name, v in args.items():
         if isinstance(v, torch.Tensor):

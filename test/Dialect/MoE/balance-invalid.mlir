@@ -3,7 +3,7 @@
 // RUN: moe-opt %s -split-input-file -verify-diagnostics
 
 func.func @router_stats_logits_rank(%l: tensor<2x4x8xf32>) {
-  // expected-error @+1 {{'logits' must have rank 2 ([T, E]), but has type 'tensor<2x4x8xf32>'}}
+  // expected-error @+1 {{'logits' must have rank 2 ([T, E]), got shape [2, 4, 8]}}
   %c, %p, %w = moe.router_stats %l k(2) : tensor<2x4x8xf32> -> tensor<?xf32>, tensor<?xf32>, tensor<f32>
   return
 }
@@ -27,7 +27,7 @@ func.func @router_stats_k_zero(%l: tensor<4x?xf32>) {
 // -----
 
 func.func @router_stats_mask_rank(%l: tensor<4x8xf32>, %m: tensor<4x1xf32>) {
-  // expected-error @+1 {{'token_mask' must have rank 1 ([T]), but has type 'tensor<4x1xf32>'}}
+  // expected-error @+1 {{'token_mask' must have rank 1 ([T]), got shape [4, 1]}}
   %c, %p, %w = moe.router_stats %l token_mask(%m : tensor<4x1xf32>) k(2)
       : tensor<4x8xf32> -> tensor<8xf32>, tensor<8xf32>, tensor<f32>
   return
@@ -45,7 +45,7 @@ func.func @router_stats_mask_tokens(%l: tensor<4x8xf32>, %m: tensor<5xf32>) {
 // -----
 
 func.func @router_stats_grad_weight_sum_rank(%l: tensor<4x8xf32>, %w: tensor<1xf32>, %g: tensor<8xf32>) {
-  // expected-error @+1 {{'weight_sum' must have rank 0 (a scalar), but has type 'tensor<1xf32>'}}
+  // expected-error @+1 {{'weight_sum' must have rank 0 (a scalar), got shape [1]}}
   %d = moe.router_stats_grad %l weight_sum(%w : tensor<1xf32>) dmean_probs(%g : tensor<8xf32>)
       : tensor<4x8xf32> -> tensor<4x8xf32>
   return
@@ -71,7 +71,7 @@ func.func @load_balancing_loss_experts(%c: tensor<8xf32>, %p: tensor<4xf32>, %w:
 // -----
 
 func.func @load_balancing_loss_counts_rank(%c: tensor<2x8xf32>, %p: tensor<8xf32>, %w: tensor<f32>) {
-  // expected-error @+1 {{'counts' must have rank 1 ([E]), but has type 'tensor<2x8xf32>'}}
+  // expected-error @+1 {{'counts' must have rank 1 ([E]), got shape [2, 8]}}
   %l = moe.load_balancing_loss %c, %p, %w : tensor<2x8xf32>, tensor<8xf32>, tensor<f32> -> tensor<f32>
   return
 }
@@ -79,7 +79,7 @@ func.func @load_balancing_loss_counts_rank(%c: tensor<2x8xf32>, %p: tensor<8xf32
 // -----
 
 func.func @router_z_loss_rank(%l: tensor<8xf32>) {
-  // expected-error @+1 {{'logits' must have rank 2 ([T, E]), but has type 'tensor<8xf32>'}}
+  // expected-error @+1 {{'logits' must have rank 2 ([T, E]), got shape [8]}}
   %z = moe.router_z_loss %l : tensor<8xf32> -> tensor<f32>
   return
 }
@@ -87,7 +87,7 @@ func.func @router_z_loss_rank(%l: tensor<8xf32>) {
 // -----
 
 func.func @router_z_loss_grad_dloss(%l: tensor<4x8xf32>, %d: tensor<4xf32>) {
-  // expected-error @+1 {{'dloss' must have rank 0 (a scalar), but has type 'tensor<4xf32>'}}
+  // expected-error @+1 {{'dloss' must have rank 0 (a scalar), got shape [4]}}
   %g = moe.router_z_loss_grad %l dloss(%d : tensor<4xf32>) : tensor<4x8xf32> -> tensor<4x8xf32>
   return
 }
@@ -95,7 +95,7 @@ func.func @router_z_loss_grad_dloss(%l: tensor<4x8xf32>, %d: tensor<4xf32>) {
 // -----
 
 func.func @sequence_balance_loss_scores_rank(%s: tensor<4x8xf32>, %i: tensor<1x4x2xi64>) {
-  // expected-error @+1 {{'scores' must have rank 3 ([B, S, E]), but has type 'tensor<4x8xf32>'}}
+  // expected-error @+1 {{'scores' must have rank 3 ([B, S, E]), got shape [4, 8]}}
   %l = moe.sequence_balance_loss %s, %i : tensor<4x8xf32>, tensor<1x4x2xi64> -> tensor<f32>
   return
 }
@@ -103,7 +103,7 @@ func.func @sequence_balance_loss_scores_rank(%s: tensor<4x8xf32>, %i: tensor<1x4
 // -----
 
 func.func @sequence_balance_loss_indices_rank(%s: tensor<1x4x8xf32>, %i: tensor<4x2xi64>) {
-  // expected-error @+1 {{'indices' must have rank 3 ([B, S, k]), but has type 'tensor<4x2xi64>'}}
+  // expected-error @+1 {{'indices' must have rank 3 ([B, S, k]), got shape [4, 2]}}
   %l = moe.sequence_balance_loss %s, %i : tensor<1x4x8xf32>, tensor<4x2xi64> -> tensor<f32>
   return
 }
@@ -135,7 +135,7 @@ func.func @sequence_balance_loss_k(%s: tensor<2x4x8xf32>, %i: tensor<2x4x9xi32>)
 // -----
 
 func.func @sequence_balance_loss_grad_dloss(%s: tensor<2x4x8xf32>, %i: tensor<2x4x2xi32>, %d: tensor<2xf32>) {
-  // expected-error @+1 {{'dloss' must have rank 0 (a scalar), but has type 'tensor<2xf32>'}}
+  // expected-error @+1 {{'dloss' must have rank 0 (a scalar), got shape [2]}}
   %g = moe.sequence_balance_loss_grad %s, %i dloss(%d : tensor<2xf32>)
       : tensor<2x4x8xf32>, tensor<2x4x2xi32> -> tensor<2x4x8xf32>
   return

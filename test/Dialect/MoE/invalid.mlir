@@ -75,7 +75,7 @@ func.func @topk_unknown_mode(%s: tensor<8x4xf32>) {
 // -----
 
 func.func @similarity_u_rank(%u: tensor<8x64xf32>, %e: tensor<1x8x4xf32>) {
-  // expected-error @+1 {{'u' must have rank 3 ([B, N, D]), but has type 'tensor<8x64xf32>'}}
+  // expected-error @+1 {{'u' must have rank 3 ([B, N, D]), got shape [8, 64]}}
   %p = moe.similarity_inform %u, %e : tensor<8x64xf32>, tensor<1x8x4xf32> -> tensor<1x8x4xf32>
   return
 }
@@ -83,7 +83,7 @@ func.func @similarity_u_rank(%u: tensor<8x64xf32>, %e: tensor<1x8x4xf32>) {
 // -----
 
 func.func @similarity_e_rank(%u: tensor<1x8x64xf32>, %e: tensor<8x4xf32>) {
-  // expected-error @+1 {{'e' must have rank 3 ([B, N, K]), but has type 'tensor<8x4xf32>'}}
+  // expected-error @+1 {{'e' must have rank 3 ([B, N, K]), got shape [8, 4]}}
   %p = moe.similarity_inform %u, %e : tensor<1x8x64xf32>, tensor<8x4xf32> -> tensor<1x8x4xf32>
   return
 }
@@ -139,7 +139,7 @@ func.func @similarity_mask_not_bool(%u: tensor<2x8x64xf32>, %e: tensor<2x8x4xf32
 // -----
 
 func.func @similarity_tau_zero(%u: tensor<2x8x64xf32>, %e: tensor<2x8x4xf32>) {
-  // expected-error @+1 {{'tau' (0) must be finite and > 0}}
+  // expected-error @+1 {{'tau' (0.0) must be finite and > 0}}
   %p = moe.similarity_inform %u, %e tau(0.0) : tensor<2x8x64xf32>, tensor<2x8x4xf32> -> tensor<2x8x4xf32>
   return
 }
@@ -147,7 +147,7 @@ func.func @similarity_tau_zero(%u: tensor<2x8x64xf32>, %e: tensor<2x8x4xf32>) {
 // -----
 
 func.func @similarity_tau_negative(%u: tensor<2x8x64xf32>, %e: tensor<2x8x4xf32>) {
-  // expected-error @+1 {{'tau' (-1) must be finite and > 0}}
+  // expected-error @+1 {{'tau' (-1.0) must be finite and > 0}}
   %p = moe.similarity_inform %u, %e tau(-1.0) : tensor<2x8x64xf32>, tensor<2x8x4xf32> -> tensor<2x8x4xf32>
   return
 }
@@ -265,7 +265,7 @@ func.func @posterior_out_projection_width(%s: tensor<2x4x8x8xf32>, %u: tensor<2x
 
 func.func @posterior_sigma_zero(%s: tensor<2x4x8x8xf32>, %u: tensor<2x8x32xf32>, %v: tensor<2x4x8x8xf32>,
                                 %wo: tensor<32x32xf32>, %e: tensor<2x8x4xf32>) {
-  // expected-error @+1 {{'sigma' (0) must be finite and > 0}}
+  // expected-error @+1 {{'sigma' (0.0) must be finite and > 0}}
   %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma(0.0)
       : tensor<2x4x8x8xf32>, tensor<2x8x32xf32>, tensor<2x4x8x8xf32>, tensor<32x32xf32>, tensor<2x8x4xf32> -> tensor<2x8x4xf32>, tensor<2xi32>
   return
@@ -275,7 +275,7 @@ func.func @posterior_sigma_zero(%s: tensor<2x4x8x8xf32>, %u: tensor<2x8x32xf32>,
 
 func.func @posterior_sigma_negative(%s: tensor<2x4x8x8xf32>, %u: tensor<2x8x32xf32>, %v: tensor<2x4x8x8xf32>,
                                     %wo: tensor<32x32xf32>, %e: tensor<2x8x4xf32>) {
-  // expected-error @+1 {{'sigma' (-2) must be finite and > 0}}
+  // expected-error @+1 {{'sigma' (-2.0) must be finite and > 0}}
   %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma(-2.0)
       : tensor<2x4x8x8xf32>, tensor<2x8x32xf32>, tensor<2x4x8x8xf32>, tensor<32x32xf32>, tensor<2x8x4xf32> -> tensor<2x8x4xf32>, tensor<2xi32>
   return
@@ -358,7 +358,7 @@ func.func @mad_result_experts(%x: tensor<32x8xf32>, %a: tensor<32xi32>) {
 // -----
 
 func.func @mad_eps_zero(%x: tensor<32x8xf32>, %a: tensor<32xi32>) {
-  // expected-error @+1 {{'eps' (0) must be finite and > 0}}
+  // expected-error @+1 {{'eps' (0.0) must be finite and > 0}}
   %w, %c = moe.mad_dispersion %x, %a num_experts(4) eps(0.0) : tensor<32x8xf32>, tensor<32xi32> -> tensor<4x8xf32>, tensor<4xi32>
   return
 }
@@ -366,7 +366,7 @@ func.func @mad_eps_zero(%x: tensor<32x8xf32>, %a: tensor<32xi32>) {
 // -----
 
 func.func @mad_clip_negative(%x: tensor<32x8xf32>, %a: tensor<32xi32>) {
-  // expected-error @+1 {{'clip' (-1) must be finite and >= 0 (0 disables clipping)}}
+  // expected-error @+1 {{'clip' (-1.0) must be finite and >= 0 (0 disables clipping)}}
   %w, %c = moe.mad_dispersion %x, %a num_experts(4) clip(-1.0) : tensor<32x8xf32>, tensor<32xi32> -> tensor<4x8xf32>, tensor<4xi32>
   return
 }
@@ -426,7 +426,7 @@ func.func @adjacency_float_idx(%a: tensor<4x4xf32>, %idx: tensor<32x2xf32>) {
 // -----
 
 func.func @adjacency_beta_above_one(%a: tensor<4x4xf32>, %idx: tensor<32x2xi32>) {
-  // expected-error @+1 {{'beta' (1.5) must be in [0, 1]}}
+  // expected-error @+1 {{'beta' (1.5) must be in [0.0, 1.0]}}
   %n = moe.adjacency_update %a, %idx beta(1.5) : tensor<4x4xf32>, tensor<32x2xi32> -> tensor<4x4xf32>
   return
 }
@@ -434,7 +434,7 @@ func.func @adjacency_beta_above_one(%a: tensor<4x4xf32>, %idx: tensor<32x2xi32>)
 // -----
 
 func.func @adjacency_beta_negative(%a: tensor<4x4xf32>, %idx: tensor<32x2xi32>) {
-  // expected-error @+1 {{'beta' (-0.1) must be in [0, 1]}}
+  // expected-error @+1 {{'beta' (-0.1) must be in [0.0, 1.0]}}
   %n = moe.adjacency_update %a, %idx beta(-0.1) : tensor<4x4xf32>, tensor<32x2xi32> -> tensor<4x4xf32>
   return
 }
@@ -442,7 +442,7 @@ func.func @adjacency_beta_negative(%a: tensor<4x4xf32>, %idx: tensor<32x2xi32>) 
 // -----
 
 func.func @adjacency_beta_nan(%a: tensor<4x4xf32>, %idx: tensor<32x2xi32>) {
-  // expected-error @+1 {{'beta' (nan) must be in [0, 1]}}
+  // expected-error @+1 {{'beta' (nan) must be in [0.0, 1.0]}}
   %n = moe.adjacency_update %a, %idx beta(0x7FC00000) : tensor<4x4xf32>, tensor<32x2xi32> -> tensor<4x4xf32>
   return
 }
@@ -511,7 +511,7 @@ func.func @hyper_w2_rows_not_e_times_d_plus_one(%emb: tensor<8xf32>, %w1: tensor
 
 func.func @hyper_w2_rows_not_multiple_of_e(%emb: tensor<8xf32>, %w1: tensor<4x8xf32>, %b1: tensor<4xf32>,
                                            %w2: tensor<21x4xf32>, %b2: tensor<21xf32>) {
-  // expected-error @+1 {{'w2' must have E*(D+1) rows with E = 4 and D >= 1, but has 21 rows}}
+  // expected-error @+1 {{dimension 0 of 'w2' (21) must be num_experts * (D+1) = 4 * (D+1) with D >= 0}}
   %w, %b = moe.hyper_router %emb, %w1, %b1, %w2, %b2 num_experts(4)
       : tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<21x4xf32>, tensor<21xf32> -> tensor<4x?xf32>, tensor<4xf32>
   return
@@ -519,8 +519,8 @@ func.func @hyper_w2_rows_not_multiple_of_e(%emb: tensor<8xf32>, %w1: tensor<4x8x
 
 // -----
 
+// D = 0 is valid: a router of biases only (w is [E, 0]; the torch op has always taken it).
 func.func @hyper_no_features(%emb: tensor<8xf32>, %w1: tensor<4x8xf32>, %b1: tensor<4xf32>, %w2: tensor<4x4xf32>, %b2: tensor<4xf32>) {
-  // expected-error @+1 {{'w2' must have E*(D+1) rows with E = 4 and D >= 1, but has 4 rows}}
   %w, %b = moe.hyper_router %emb, %w1, %b1, %w2, %b2 num_experts(4)
       : tensor<8xf32>, tensor<4x8xf32>, tensor<4xf32>, tensor<4x4xf32>, tensor<4xf32> -> tensor<4x?xf32>, tensor<4xf32>
   return
@@ -542,7 +542,7 @@ func.func @hyper_no_experts(%emb: tensor<8xf32>, %w1: tensor<4x8xf32>, %b1: tens
 // -----
 
 func.func @similarity_topk_k_exceeds_experts(%u: tensor<2x8x64xf32>, %e: tensor<2x8x4xf32>) {
-  // expected-error @+1 {{'k' (5) must be in [1, 4] (the size of the last dimension of 'e')}}
+  // expected-error @+1 {{'k' (5) must be in [1, 4] (dimension 2 of 'e', K)}}
   %w, %i = moe.similarity_inform_topk %u, %e k(5) : tensor<2x8x64xf32>, tensor<2x8x4xf32> -> tensor<2x8x5xf32>, tensor<2x8x5xi32>
   return
 }
@@ -567,7 +567,7 @@ func.func @similarity_topk_tokens_mismatch(%u: tensor<2x8x64xf32>, %e: tensor<2x
 
 func.func @posterior_topk_k_zero(%s: tensor<2x4x8x8xf32>, %u: tensor<2x8x32xf32>, %v: tensor<2x4x8x8xf32>,
                                  %wo: tensor<32x32xf32>, %e: tensor<2x8x4xf32>) {
-  // expected-error @+1 {{'k' (0) must be in [1, 4] (the size of the last dimension of 'e')}}
+  // expected-error @+1 {{'k' (0) must be in [1, 4] (dimension 2 of 'e', K)}}
   %w, %i, %h = moe.attention_posterior_topk %s, %u, %v, %wo, %e k(0)
       : tensor<2x4x8x8xf32>, tensor<2x8x32xf32>, tensor<2x4x8x8xf32>, tensor<32x32xf32>, tensor<2x8x4xf32>
       -> tensor<2x8x?xf32>, tensor<2x8x?xi32>, tensor<2xi32>
@@ -578,7 +578,7 @@ func.func @posterior_topk_k_zero(%s: tensor<2x4x8x8xf32>, %u: tensor<2x8x32xf32>
 
 func.func @posterior_topk_sigma(%s: tensor<2x4x8x8xf32>, %u: tensor<2x8x32xf32>, %v: tensor<2x4x8x8xf32>,
                                 %wo: tensor<32x32xf32>, %e: tensor<2x8x4xf32>) {
-  // expected-error @+1 {{'sigma' (0) must be finite and > 0}}
+  // expected-error @+1 {{'sigma' (0.0) must be finite and > 0}}
   %w, %i, %h = moe.attention_posterior_topk %s, %u, %v, %wo, %e k(2) sigma(0.0)
       : tensor<2x4x8x8xf32>, tensor<2x8x32xf32>, tensor<2x4x8x8xf32>, tensor<32x32xf32>, tensor<2x8x4xf32>
       -> tensor<2x8x2xf32>, tensor<2x8x2xi32>, tensor<2xi32>

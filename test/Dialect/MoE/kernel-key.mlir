@@ -42,7 +42,15 @@
 // RUN: not moe-opt --kernel-key='no_such_op|in:x:f32:4' 2>&1 | FileCheck %s --check-prefix=UNKNOWN
 // UNKNOWN: error: kernel key 'no_such_op' names no op (known: topk_renorm, topk_renorm_backward,
 // RUN: not moe-opt --kernel-key='route|k=2|scoring=cosine|in:logits:f32:?x8' 2>&1 | FileCheck %s --check-prefix=ENUM
-// ENUM: error: kernel key 'route': attribute 'scoring' = 'cosine' is not a value of its type
+// ENUM: error: kernel key 'route': 'scoring' must be one of 'softmax', 'sigmoid', 'none', 'custom', got 'cosine'
+// An operand's element type against its ODS type constraint, in the torch ops' words (not "operand #0 must be ...").
+// RUN: not moe-opt --kernel-key='topk_renorm|k=2|in:scores:i64:4x16' 2>&1 | FileCheck %s --check-prefix=TYPE
+// TYPE: error: kernel key 'topk_renorm': 'scores' must be f32, f16 or bf16, got i64
+// RUN: not moe-opt --kernel-key='similarity_inform|tau=1.0|in:u:f32:1x4x8|in:e:f32:1x4x3|in:key_mask:f32:1x4' 2>&1 | FileCheck %s --check-prefix=BOOL
+// BOOL: error: kernel key 'similarity_inform': 'key_mask' must be bool (i1), got f32
+// A result past the kernels' i32 indexing (the call's sizes static), after the verifier.
+// RUN: not moe-opt --kernel-key='mad_dispersion|num_experts=268435456|eps=0.001|clip=0|normalize=feature|measure=mad|empty=identity|in:tokens:f32:?x8|in:assign:i64:?' 2>&1 | FileCheck %s --check-prefix=LIMIT
+// LIMIT: error: kernel key 'mad_dispersion': the result 'weights' of shape [268435456, 8] would have 2147483648 elements, more than the kernels support
 // RUN: not moe-opt --kernel-key='route|k=2|in:logits:f32:?xA' 2>&1 | FileCheck %s --check-prefix=MALFORMED
 // MALFORMED: error: malformed kernel key: malformed dimension 'A' of input 'logits'
 // RUN: not moe-opt --kernel-key='route|k=1|scoring=custom:^bb0(%x: f32): moe.yield %x : f32 }|in:logits:f32:?x4' 2>&1 | FileCheck %s --check-prefix=REGION

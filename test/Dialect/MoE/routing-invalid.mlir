@@ -3,7 +3,7 @@
 // RUN: moe-opt %s -split-input-file -verify-diagnostics
 
 func.func @route_logits_rank(%l: tensor<2x4x8xf32>) {
-  // expected-error @+1 {{'logits' must have rank 2 ([T, E]), but has type 'tensor<2x4x8xf32>'}}
+  // expected-error @+1 {{'logits' must have rank 2 ([T, E]), got shape [2, 4, 8]}}
   %w, %i = moe.route %l k(2) : tensor<2x4x8xf32> -> tensor<?x2xf32>, tensor<?x2xi32>
   return
 }
@@ -11,7 +11,7 @@ func.func @route_logits_rank(%l: tensor<2x4x8xf32>) {
 // -----
 
 func.func @route_bias_rank(%l: tensor<4x8xf32>, %b: tensor<1x8xf32>) {
-  // expected-error @+1 {{'bias' must have rank 1 ([E]), but has type 'tensor<1x8xf32>'}}
+  // expected-error @+1 {{'bias' must have rank 1 ([E]), got shape [1, 8]}}
   %w, %i = moe.route %l bias(%b : tensor<1x8xf32>) k(2) : tensor<4x8xf32> -> tensor<4x2xf32>, tensor<4x2xi32>
   return
 }
@@ -91,7 +91,7 @@ func.func @route_top2_needs_pairs(%l: tensor<4x8xf32>) {
 // -----
 
 func.func @route_scaling_positive(%l: tensor<4x8xf32>) {
-  // expected-error @+1 {{'routed_scaling_factor' (0) must be finite and > 0}}
+  // expected-error @+1 {{'routed_scaling_factor' (0.0) must be finite and > 0}}
   %w, %i = moe.route %l k(2) routed_scaling_factor(0.0) : tensor<4x8xf32> -> tensor<4x2xf32>, tensor<4x2xi32>
   return
 }
@@ -124,7 +124,7 @@ func.func @route_unknown_scoring(%l: tensor<4x8xf32>) {
 // -----
 
 func.func @plan_indices_rank(%idx: tensor<8xi32>) {
-  // expected-error @+1 {{'indices' must have rank 2 ([T, k]), but has type 'tensor<8xi32>'}}
+  // expected-error @+1 {{'indices' must have rank 2 ([T, k]), got shape [8]}}
   %c, %o, %ord, %inv, %p, %b, %n = moe.dispatch_plan %idx num_experts(4)
       : tensor<8xi32> -> tensor<4xi32>, tensor<5xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>,
         tensor<1xi32>
@@ -236,7 +236,7 @@ func.func @plan_probability_without_weights(%idx: tensor<4x2xi32>) {
 // -----
 
 func.func @plan_weights_rank(%idx: tensor<4x2xi32>, %w: tensor<8xf32>) {
-  // expected-error @+1 {{'weights' must have rank 2 ([T, k]), but has type 'tensor<8xf32>'}}
+  // expected-error @+1 {{'weights' must have rank 2 ([T, k]), got shape [8]}}
   %c, %o, %ord, %inv, %p, %b, %n, %d = moe.dispatch_plan %idx num_experts(4) capacity(2) drop(probability)
       weights(%w : tensor<8xf32>)
       : tensor<4x2xi32> -> tensor<4xi32>, tensor<5xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>, tensor<8xi32>,
@@ -269,7 +269,7 @@ func.func @plan_capacity_needs_dropped(%idx: tensor<4x2xi32>) {
 // -----
 
 func.func @bias_update_bias_rank(%b: tensor<2x4xf32>, %c: tensor<4xi32>) {
-  // expected-error @+1 {{'bias' must have rank 1 ([E]), but has type 'tensor<2x4xf32>'}}
+  // expected-error @+1 {{'bias' must have rank 1 ([E]), got shape [2, 4]}}
   %n = moe.bias_update %b, %c rate(1.0e-3) : tensor<2x4xf32>, tensor<4xi32> -> tensor<?xf32>
   return
 }
@@ -277,7 +277,7 @@ func.func @bias_update_bias_rank(%b: tensor<2x4xf32>, %c: tensor<4xi32>) {
 // -----
 
 func.func @bias_update_counts_rank(%b: tensor<4xf32>, %c: tensor<1x4xi32>) {
-  // expected-error @+1 {{'counts' must have rank 1 ([E]), but has type 'tensor<1x4xi32>'}}
+  // expected-error @+1 {{'counts' must have rank 1 ([E]), got shape [1, 4]}}
   %n = moe.bias_update %b, %c rate(1.0e-3) : tensor<4xf32>, tensor<1x4xi32> -> tensor<4xf32>
   return
 }

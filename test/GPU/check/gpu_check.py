@@ -300,6 +300,8 @@ def steps(ctx):
                             MOE_TORCH_LIB=os.path.join(ctx.build, "lib", "libmoe_torch.so"),
                             MOE_CUDA_RUNTIME=os.path.join(ctx.build, "libmoe_cuda_runtime.so"),
                             MOE_KERNEL_PREBUILT=os.path.join(HERE, "kernels"),
+                            # The op verifier every torch op call runs (built here, statically linked: no LLVM there).
+                            MOE_KEYS_LIBRARY=os.path.join(HERE, "lib", "libmoe_keys.so"),
                             MOE_KERNEL_CACHE=os.path.join(ctx.logs, "kernel-cache"),
                             PYTHONPATH=ctx.repo + os.pathsep + os.path.join(ctx.repo, "python") + os.pathsep +
                             os.environ.get("PYTHONPATH", "")), ctx.repo

@@ -22,6 +22,7 @@
 #include "mlir/Parser/Parser.h"
 
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/MathExtras.h"
 
 #include <cerrno>
 #include <cmath>
@@ -150,6 +151,83 @@ bool KernelKeyArgs::allUsed(StringRef opName) {
       return false;
     }
   return true;
+}
+
+/// The element types of an ODS tensor constraint's summary ("ranked tensor
+/// of 32-bit float or 16-bit float or bfloat16 type values") as the torch ops
+/// name them ("f32, f16 or bf16").
+static std::string elementWords(StringRef summary) {
+  summary.consume_front("ranked tensor of ");
+  summary.consume_back(" values");
+  summary.consume_back(" type");
+  SmallVector<StringRef> types;
+  summary.split(types, " or ");
+  SmallVector<std::string> words;
+  for (StringRef t : types) {
+    t = t.trim();
+    t.consume_back(" type");
+    int64_t bits;
+    if (t == "bfloat16")
+      words.push_back("bf16");
+    else if (t.consume_back("-bit float") && !t.getAsInteger(10, bits))
+      words.push_back(("f" + t).str());
+    else if (t == "1-bit signless integer")
+      words.push_back("bool (i1)");
+    else if (t.consume_back("-bit signless integer") &&
+             !t.getAsInteger(10, bits))
+      words.push_back(("i" + t).str());
+    else
+      words.push_back(t.str());
+  }
+  std::string out;
+  for (auto [i, w] : llvm::enumerate(words))
+    out += (i == 0 ? "" : i + 1 == words.size() ? " or " : ", ") + w;
+  return out;
+}
+
+void KernelKeyArgs::checkOperandType(bool ok, StringRef name,
+                                     StringRef summary, Value v) {
+  if (ok)
+    return;
+  std::string elem;
+  llvm::raw_string_ostream os(elem);
+  os << cast<ShapedType>(v.getType()).getElementType();
+  fail("'" + name + "' must be " + elementWords(summary) + ", got " + elem);
+}
+
+/// Every static result of `op` within the kernels' size limit
+/// (moe::checkKernelLimits), `names` its results' ODS names, in the words of
+/// the torch ops: checked after the verifier (a size argument out of its range
+/// is its own error), before the call allocates the results.
+static LogicalResult checkResults(Operation *op, ArrayRef<StringRef> names,
+                                  StringRef keyOp, Location loc) {
+  for (OpResult result : op->getResults()) {
+    auto type = dyn_cast<RankedTensorType>(result.getType());
+    if (!type || !type.hasStaticShape())
+      continue;
+    int64_t count = 1;
+    bool overflow = false;
+    for (int64_t size : type.getShape())
+      overflow |= llvm::MulOverflow(count, size, count);
+    if (!overflow && count <= kMaxKernelElements)
+      continue;
+    std::string shape = "[";
+    for (auto [i, size] : llvm::enumerate(type.getShape()))
+      shape += (i ? ", " : "") + std::to_string(size);
+    shape += "]";
+    StringRef name = result.getResultNumber() < names.size()
+                         ? names[result.getResultNumber()]
+                         : StringRef("result");
+    emitError(loc) << "kernel key '" << keyOp << "': the result '" << name
+                   << "' of shape " << shape << " would have "
+                   << (overflow ? std::string("more than 2^63")
+                                : std::to_string(count))
+                   << " elements, more than the kernels support: at most "
+                   << kMaxKernelElements
+                   << " per tensor (2^31 - 1: the kernels index with i32)";
+    return failure();
+  }
+  return success();
 }
 
 std::optional<bool> KernelKeyArgs::parseBool(StringRef text) {
@@ -309,6 +387,19 @@ Operation *mlir::moe::buildKernelKeyOp(OpBuilder &b, Location loc,
   return op;
 }
 
+ArrayRef<StringLiteral> mlir::moe::kernelKeyOps() { return kKernelKeyOps; }
+
+std::string mlir::moe::inKeyNames(StringRef keyText, StringRef diagnostics) {
+  std::string out = diagnostics.str();
+  for (auto [ods, key] : keyRenames(keyText.split('|').first)) {
+    std::string from = "'" + ods.str() + "'", to = "'" + key.str() + "'";
+    for (size_t at = out.find(from); at != std::string::npos;
+         at = out.find(from, at + to.size()))
+      out.replace(at, from.size(), to);
+  }
+  return out;
+}
+
 OwningOpRef<ModuleOp> mlir::moe::buildKernelModule(MLIRContext *context,
                                                    StringRef text) {
   context->loadDialect<MoEDialect, func::FuncDialect>();
@@ -325,7 +416,10 @@ OwningOpRef<ModuleOp> mlir::moe::buildKernelModule(MLIRContext *context,
                     ? Type()
                     : parseType(input.elem, context, nullptr,
                                 /*isKnownNullTerminated=*/false);
-    if (!elem || !(isa<FloatType>(elem) || isa<IntegerType>(elem))) {
+    // Any element type a tensor takes: the op's type constraints name the
+    // ones its operands take (a complex or f64 input is the torch op's
+    // TypeError, not a malformed key).
+    if (!elem || !RankedTensorType::isValidElementType(elem)) {
       emitError(loc) << "kernel key '" << key->op << "': input '"
                      << input.name << "' has no element type '" << input.elem
                      << "'";
@@ -358,7 +452,8 @@ OwningOpRef<ModuleOp> mlir::moe::buildKernelModule(MLIRContext *context,
   func::ReturnOp::create(b, loc, results);
   func.setFunctionType(
       b.getFunctionType(inputTypes, ValueRange(results).getTypes()));
-  if (failed(verify(*module)))
+  if (failed(verify(*module)) ||
+      failed(checkResults(op, keyResultNames(key->op), key->op, loc)))
     return nullptr;
   return module;
 }

@@ -150,10 +150,14 @@ LogicalResult TopkRenormGradOp::verify() {
     return emitOpError() << "the last dimension of 'dw' (" << kw
                          << ") must equal that of 'indices' (k = " << k << ")";
   if (!ShapedType::isDynamic(k) &&
-      (k < 1 || (!ShapedType::isDynamic(K) && k > K)))
-    return emitOpError() << "the last dimension of 'indices' (k = " << k
-                         << ") must be in [1, K] (K = the last dimension of "
-                            "'scores')";
+      (k < 1 || (!ShapedType::isDynamic(K) && k > K))) {
+    InFlightDiagnostic diag = emitOpError()
+                              << "the last dimension of 'indices' (k = " << k
+                              << ") must be in [1, ";
+    if (ShapedType::isDynamic(K))
+      return diag << "K] (K = the last dimension of 'scores')";
+    return diag << K << "] (K, the experts of 'scores')";
+  }
   return success();
 }
 

@@ -18,6 +18,7 @@
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/MathExtras.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -69,9 +70,19 @@ RankedTensorType mlir::moe::detail::i32Tensor(MLIRContext *ctx,
 }
 
 std::string mlir::moe::detail::formatFloat(double value) {
+  // As Python prints the float a user passed (repr: the shortest text that
+  // reads back, "1.0" for an integral value), the f32 attributes' values as
+  // floats (0.1, not the double nearest 0.1f).
   char buffer[32];
-  std::snprintf(buffer, sizeof(buffer), "%g", value);
-  return buffer;
+  float asFloat = static_cast<float>(value);
+  std::to_chars_result r =
+      static_cast<double>(asFloat) == value
+          ? std::to_chars(buffer, buffer + sizeof(buffer), asFloat)
+          : std::to_chars(buffer, buffer + sizeof(buffer), value);
+  std::string text(buffer, r.ptr);
+  if (text.find_first_of(".ein") == std::string::npos)
+    text += ".0";
+  return text;
 }
 
 
@@ -80,8 +91,11 @@ LogicalResult OperandChecker::rank(Value v, StringRef name, int64_t rank,
   auto type = cast<RankedTensorType>(v.getType());
   if (type.getRank() == rank)
     return success();
-  return op->emitOpError() << "'" << name << "' must have rank " << rank << " ("
-                           << layout << "), but has type " << type;
+  InFlightDiagnostic diag = op->emitOpError()
+                            << "'" << name << "' must have rank " << rank
+                            << " (" << layout << "), got shape [";
+  llvm::interleave(type.getShape(), diag, ", ");
+  return diag << "]";
 }
 
 LogicalResult OperandChecker::sameDim(Value a, StringRef aName, int64_t ai,
@@ -188,9 +202,10 @@ static void printEnumKeyword(OpAsmPrinter &printer, Operation *,
 // Rules shared by an op and its fused form
 //===----------------------------------------------------------------------===//
 
-/// `k` of a top-k over `numExperts` experts, the last size of `operand`.
+/// `k` of a top-k over `numExperts` experts, described as `experts` (which
+/// size of which operand they are).
 static LogicalResult verifyTopkK(Operation *op, int64_t k, int64_t numExperts,
-                                 StringRef operand) {
+                                 StringRef experts) {
   if (ShapedType::isDynamic(numExperts)) {
     if (k < 1)
       return op->emitOpError() << "'k' (" << k << ") must be >= 1";
@@ -199,7 +214,7 @@ static LogicalResult verifyTopkK(Operation *op, int64_t k, int64_t numExperts,
   if (k < 1 || k > numExperts)
     return op->emitOpError()
            << "'k' (" << k << ") must be in [1, " << numExperts
-           << "] (the size of the last dimension of '" << operand << "')";
+           << "] (" << experts << ")";
   return success();
 }
 
@@ -308,7 +323,8 @@ LogicalResult TopkRenormOp::verify() {
   if (failed(detail::verifyTopkScores(*this, getScores())))
     return failure();
   auto scores = cast<RankedTensorType>(getScores().getType());
-  return verifyTopkK(*this, getK(), scores.getShape().back(), "scores");
+  return verifyTopkK(*this, getK(), scores.getShape().back(),
+                     "the size of the last dimension of 'scores'");
 }
 
 //===----------------------------------------------------------------------===//
@@ -481,9 +497,9 @@ LogicalResult mlir::moe::detail::verifyHyperRouter(Operation *op, Value emb,
 
   int64_t rows = merge(cast<RankedTensorType>(w2.getType()).getDimSize(0),
                        cast<RankedTensorType>(b2.getType()).getDimSize(0));
-  if (!ShapedType::isDynamic(d) && d < 1)
-    return op->emitOpError() << dName
-                             << " must have at least one feature (D >= 1)";
+  // D = 0 is a router of biases only: w is [E, 0], b = w2 h + b2 ([E]).
+  if (!ShapedType::isDynamic(d) && d < 0)
+    return op->emitOpError() << dName << " must have D >= 0 features";
   if (ShapedType::isDynamic(rows))
     return success();
   int64_t expected;
@@ -493,10 +509,10 @@ LogicalResult mlir::moe::detail::verifyHyperRouter(Operation *op, Value emb,
     return op->emitOpError() << "'w2' must have E*(D+1) = " << numExperts << "*("
                          << d << "+1) = " << expected
                          << " rows, but has " << rows;
-  if (rows % numExperts != 0 || rows / numExperts < 2)
-    return op->emitOpError() << "'w2' must have E*(D+1) rows with E = "
-                         << numExperts << " and D >= 1, but has " << rows
-                         << " rows";
+  if (rows % numExperts != 0 || rows / numExperts < 1)
+    return op->emitOpError() << "dimension 0 of 'w2' (" << rows
+                             << ") must be num_experts * (D+1) = " << numExperts
+                             << " * (D+1) with D >= 0";
   return success();
 }
 
@@ -520,7 +536,7 @@ LogicalResult SimilarityInformTopkOp::verify() {
     return failure();
   return verifyTopkK(*this, getK(),
                      cast<RankedTensorType>(getE().getType()).getDimSize(2),
-                     "e");
+                     "dimension 2 of 'e', K");
 }
 
 LogicalResult AttentionPosteriorTopkOp::inferReturnTypes(
@@ -544,7 +560,7 @@ LogicalResult AttentionPosteriorTopkOp::verify() {
     return failure();
   return verifyTopkK(*this, getK(),
                      cast<RankedTensorType>(getE().getType()).getDimSize(2),
-                     "e");
+                     "dimension 2 of 'e', K");
 }
 
 //===----------------------------------------------------------------------===//

@@ -264,12 +264,12 @@ LogicalResult DispatchPlanOp::verify() {
   OperandChecker check(*this);
   if (failed(check.rank(getIndices(), "indices", 2, "[T, k]")))
     return failure();
-  if (getNumExperts() < 1)
-    return emitOpError() << "'num_experts' (" << getNumExperts()
-                         << ") must be >= 1";
-  if (getBlockSize() < 1)
-    return emitOpError() << "'block_size' (" << getBlockSize()
-                         << ") must be >= 1";
+  // Signed: the attributes are i64 (a torch caller's -1 is -1).
+  int64_t numExperts = getNumExperts(), blockSize = getBlockSize();
+  if (numExperts < 1)
+    return emitOpError() << "'num_experts' (" << numExperts << ") must be >= 1";
+  if (blockSize < 1)
+    return emitOpError() << "'block_size' (" << blockSize << ") must be >= 1";
   constexpr int64_t kI32Max = 2147483647;
   int64_t padded = dispatchPlanSizes(getIndices(), getNumExperts(),
                                      getBlockSize())[4];

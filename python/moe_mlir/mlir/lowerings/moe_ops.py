@@ -1,7 +1,7 @@
 """The moe ops (``torch.ops.moe.*``) in the generic form of DIALECT.md, built from their kernel keys.
 
 A call is turned into the key its kernel would have (``op|attr=value|...|in:name:elem:dims``, the torch extension's,
-lib/Runtime/Torch/TorchKernels.h) and the op comes from the compiler (:func:`moe_mlir.runtime.compiler.kernel_key_op`:
+lib/Runtime/Torch/TorchKernels.h) and the op comes from the compiler (:func:`moe_mlir.runtime.keys.kernel_key_op`:
 include/MoE/IR/KernelKeys.td, the op's ODS builder): its name, operand order and attributes are written in ODS only,
 never here. The torch ops so lowered are those of :data:`moe_mlir.ops.loading.KEY_OPS` (each op's module names its own);
 entries of :data:`moe_mlir.mlir.table.LOWERINGS` (:mod:`moe_mlir.mlir.lowerings`)."""
@@ -35,7 +35,7 @@ def key_op(imp: FxImporter, op: str, args: dict[str, Any], result_types: Optiona
     """The op of the kernel key ``op`` on ``args`` (by schema name, in schema order: a Value is an input, None an
     absent optional, anything else an attribute; ``skip``: arguments the op does not take), with ``result_types``
     (the node's, which may be more static than inference) or the inferred ones."""
-    from ...runtime.compiler import kernel_key_op
+    from ...runtime.keys import kernel_key_op
 
     parts, inputs, region = [op], [], ""
     for name, v in args.items():
