@@ -88,10 +88,12 @@ LogicalResult checkIndexOperand(PatternRewriter &rw, Operation *op,
 
 /// moe.hyper_router's GEMV (HyperRouter.cpp), shared with its backward:
 /// y = m · x + bias ([rows] f32, any float operands; ReLU when `relu`), rows
-/// in memory order over row blocks on the workers; into `y` when set, else a
-/// new buffer. Returns y.
+/// in memory order over row blocks on the workers. Each row's value goes to
+/// `store(row, value)` when set (the forward's w and b), else into a new
+/// buffer y, which is returned (null with `store`).
 Value hyperAffine(CpuKernelBuilder &kb, const KernelOptions &opts, Value m,
-                  Value x, Value bias, bool relu, Value y = {});
+                  Value x, Value bias, bool relu,
+                  function_ref<void(Value row, Value v)> store = {});
 /// Matrices of at most this many elements (1 MiB of f32) run on the calling
 /// thread in the hyper_router kernels: as at most
 /// CpuKernelBuilder::kInlineItems items.
