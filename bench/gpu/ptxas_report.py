@@ -82,6 +82,36 @@ def launches_by_function(lowered):
     return result
 
 
+def kernel_owners(lowered):
+    """{kernel: the first host function launching it} of the lowered module."""
+    owners = {}
+    for fn, kernels in launches_by_function(lowered).items():
+        for k in kernels:
+            owners.setdefault(k, fn)
+    return owners
+
+
+def lower_to_isa(moe_opt, chip, options, text):
+    """The finished moe-opt run lowering `text` with moe-lower-to-nvvm for
+    `chip` (format=isa: the PTX stays readable in the gpu.binary) with the
+    pipeline options `options`."""
+    return subprocess.run(
+        [moe_opt, "-", f"--moe-lower-to-nvvm=chip={chip} format=isa {options}".strip()],
+        input=text, capture_output=True, text=True)
+
+
+def tool_parser(doc, chips):
+    """The command line of a tool that lowers cases with moe-opt and assembles
+    their PTX with ptxas for the chips `chips` (this one and sass_budget.py),
+    its docstring `doc` as the help."""
+    ap = argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--moe-opt", required=True)
+    ap.add_argument("--ptxas", default="/usr/local/cuda/bin/ptxas")
+    ap.add_argument("--chips", default=chips, help="comma-separated chips")
+    return ap
+
+
 INFO_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
 INFO_PROPS = re.compile(
     r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -134,11 +164,7 @@ def case_chunks(path, split):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--moe-opt", required=True)
-    ap.add_argument("--ptxas", default="/usr/local/cuda/bin/ptxas")
-    ap.add_argument("--chips", default="sm_80,sm_90")
+    ap = tool_parser(__doc__, chips="sm_80,sm_90")
     ap.add_argument("--out", required=True, help="markdown report to write")
     ap.add_argument("--keep-ptx", help="directory to keep the PTX files in")
     ap.add_argument("--pipeline-options", default="",
@@ -158,17 +184,12 @@ def main():
         for case, (name, text, file_options) in ((c, chunk) for c in args.cases
                                                  for chunk in case_chunks(c, args.split_input_file)):
             options = f"{args.pipeline_options} {file_options}".strip()
-            proc = subprocess.run(
-                [args.moe_opt, "-", f"--moe-lower-to-nvvm=chip={chip} format=isa {options}".strip()],
-                input=text, capture_output=True, text=True)
+            proc = lower_to_isa(args.moe_opt, chip, options, text)
             if proc.returncode != 0:
                 failures.append(f"{name} ({chip}): moe-opt failed:\n{proc.stderr}")
                 continue
             lowered = proc.stdout
-            owners = {}
-            for fn, kernels in launches_by_function(lowered).items():
-                for k in kernels:
-                    owners.setdefault(k, fn)
+            owners = kernel_owners(lowered)
             for n, ptx in enumerate(extract_ptx(lowered)):
                 path = os.path.join(tmp, f"{name}.{chip}.{n}.ptx")
                 with open(path, "w") as f:

@@ -10,8 +10,8 @@ committed ceiling. Runs without a GPU.
 Each function of the case file is lowered with moe-lower-to-nvvm (format=isa),
 its PTX assembled by ptxas (-O3, the chip) into a cubin and the cubin
 disassembled by nvdisasm (PyPI: nvidia-cuda-nvdisasm). ptxas_report.py's
-helpers extract the PTX, map kernels to the functions that launch them and
-read ptxas -v. Per kernel, from the SASS:
+helpers lower the cases, extract the PTX, map kernels to the functions that
+launch them and read ptxas -v. Per kernel, from the SASS:
 
   registers, spills    ptxas -v (spill stores + loads + stack + lmem, bytes);
   occupancy            resident blocks and warps per SM from the registers (256-
@@ -73,7 +73,6 @@ floor (the function's argument and result bytes / the run's measured copy
 bandwidth) beside the measured kernel time.
 """
 
-import argparse
 import json
 import math
 import hashlib
@@ -468,15 +467,11 @@ def measure(args, chip, options, text, notes, tmp):
     rows, failures = [], []
     # a short tag per option set (a long option list would pass the file system's name limit)
     tag = hashlib.sha1(options.encode()).hexdigest()[:12] + "." if options else ""
-    proc = subprocess.run([args.moe_opt, "-", f"--moe-lower-to-nvvm=chip={chip} format=isa {options}".strip()],
-                          input=text, capture_output=True, text=True)
+    proc = pr.lower_to_isa(args.moe_opt, chip, options, text)
     if proc.returncode != 0:
         return rows, [f"{chip} {options}: moe-opt failed:\n{proc.stderr}"]
-    owners = {}
+    owners = pr.kernel_owners(proc.stdout)
     dynamic = dynamic_shared_bytes(proc.stdout)
-    for fn, kernels in pr.launches_by_function(proc.stdout).items():
-        for k in kernels:
-            owners.setdefault(k, fn)
     for n, ptx in enumerate(pr.extract_ptx(proc.stdout)):
         stem = os.path.join(tmp, f"{chip}.{tag}{n}")
         with open(stem + ".ptx", "w") as f:
@@ -515,12 +510,8 @@ def measure(args, chip, options, text, notes, tmp):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--moe-opt", required=True)
-    ap.add_argument("--ptxas", default="/usr/local/cuda/bin/ptxas")
+    ap = pr.tool_parser(__doc__, chips="sm_90")
     ap.add_argument("--nvdisasm", default="nvdisasm")
-    ap.add_argument("--chips", default="sm_90")
     ap.add_argument("--budgets", required=True, help="JSON of ceilings and targets")
     ap.add_argument("--update", action="store_true",
                     help="write the current figures as the ceilings of --budgets")

@@ -7,12 +7,14 @@
 // At the default limit the K = 256 tile fits: only the grids are errors.
 // RUN: not moe-opt %s -split-input-file --convert-moe-to-gpu 2>/dev/null | FileCheck %s --check-prefix=DEFAULT
 // RUN: not moe-opt %s --convert-moe-to-gpu="shared-memory-bytes=0" 2>&1 | FileCheck %s --check-prefix=OPTION
+// RUN: not moe-opt %s --convert-moe-to-gpu="block-size=48" 2>&1 | FileCheck %s --check-prefix=BLOCK
 
 // DEFAULT-LABEL: func.func @flash_tile_over_shared_memory
 // DEFAULT: gpu.launch_func {{.*}}@moe_kernels::@similarity_inform_0
 // DEFAULT-LABEL: func.func @flash_tile_within_shared_memory
 // DEFAULT: gpu.launch_func {{.*}}@moe_kernels::@similarity_inform_0
 // OPTION: convert-moe-to-gpu: shared-memory-bytes must be positive, got 0
+// BLOCK: convert-moe-to-gpu: block-size must be a multiple of 32 in [32, 1024], got 48{{$}}
 
 // The flash kernel stages a [32 x K] value tile: at K = 256, 41216 bytes of workgroup memory in all.
 func.func @flash_tile_over_shared_memory(%u: tensor<1x16x8xf32>, %e: tensor<1x16x256xf32>) -> tensor<1x16x256xf32> {

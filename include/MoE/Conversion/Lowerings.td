@@ -130,7 +130,7 @@ def : OpLowering<MoE_SimilarityInformFwdOp, All> {
   let customPopulate = [CPUKernel];
 }
 def : OpLowering<MoE_AttentionPosteriorOp, All> {
-  let customPopulate = [CPUKernel];
+  let traits = ["targetLanes=false"];
 }
 def : OpLowering<MoE_AttentionPosteriorTopkOp, [GPUKernel]>;
 def : OpLowering<MoE_MadDispersionOp, All>;
@@ -166,7 +166,7 @@ def : OpLowering<MoE_HyperRouterGradOp, All> {
   let traits = ["leaveZeroSized=true"];
 }
 def : OpLowering<MoE_AttentionPosteriorGradOp, All> {
-  let customPopulate = [CPUKernel];
+  let traits = ["targetLanes=false", "leaveZeroSized=true"];
 }
 
 // The load-balancing statistics and losses (MoEBalanceOps.td). The GPU's

@@ -171,129 +171,121 @@ posteriorLogits(Value scores, Value head, Value norm2, Value keys,
   };
 }
 
-namespace {
+template <>
+LogicalResult CPUKernel<AttentionPosteriorOp>::emit(AttentionPosteriorOp op,
+                                                    CpuKernelBuilder &kb,
+                                                    PatternRewriter &rw) const {
+  if (failed(matchMinEntropyHead(op, rw)))
+    return failure();
+  // p [B, N, K] and head [B].
+  SmallVector<Value> sSizes = kb.sizes(op.getScores());
+  Value widthSize = kb.sizes(op.getE())[2];
+  KernelScope kernel(
+      kb, {op.getScores(), op.getU(), op.getV(), op.getWo(), op.getE()},
+      KernelScope::outsOf(op, {{sSizes[0], sSizes[2], widthSize},
+                               {sSizes[0]}}));
+  ImplicitLocOpBuilder &b = kb.b;
+  Type f32 = kb.f32(), i32 = kb.i32();
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
+  Value scores = kb.buffer(op.getScores()), u = kb.buffer(op.getU());
+  Value v = kb.buffer(op.getV()), wo = kb.buffer(op.getWo());
+  Value e = kb.buffer(op.getE());
+  Value batch = kb.dim(scores, 0), heads = kb.dim(scores, 1);
+  Value rows = kb.dim(scores, 2), keys = kb.dim(scores, 3);
+  Value model = kb.dim(u, 2), headDim = kb.dim(v, 3);
+  double negInf = -std::numeric_limits<double>::infinity();
 
-struct AttentionPosteriorKernel : MinEntropyPosteriorKernel<AttentionPosteriorOp> {
-  using MinEntropyPosteriorKernel::MinEntropyPosteriorKernel;
+  // 1. Prior statistics per attention row.
+  auto statType = MemRefType::get({kDyn, kDyn, kDyn}, f32);
+  Value pMax = kb.alloc(statType, {batch, heads, rows});
+  Value pSum = kb.alloc(statType, {batch, heads, rows});
+  Value pSumS = kb.alloc(statType, {batch, heads, rows});
+  Value keyChunks = kb.ceilDiv(keys, kb.idx(kLanes));
+  Value zeros = kb.constLike(kb.vf32(), 0.0);
+  Value negInfV = kb.negInfLike(kb.vf32());
+  Value statWork = kb.mul(kb.mul(kb.mul(batch, heads), rows), keys);
+  workersIfLarge(kb, opts, kb.mul(kb.mul(batch, heads), rows), statWork,
+                 [&](Value item, Value) {
+    Value i = kb.remu(item, rows);
+    Value bh = kb.divu(item, rows);
+    Value h = kb.remu(bh, heads), bi = kb.divu(bh, heads);
+    auto chunk = [&](Value c) {
+      Value j0 = kb.mul(c, kb.idx(kLanes));
+      return kb.vloadMasked(scores, {bi, h, i, j0}, kb.sub(keys, j0), negInf);
+    };
+    Value mx =
+        kb.maxf(kb.forLoop(c0, keyChunks, c1, ValueRange{negInfV},
+                         [&](Value c, ValueRange a) -> SmallVector<Value> {
+                           return {kb.fmax(a[0], chunk(c))};
+                         })[0]);
+    Value mv = kb.splat(mx, kLanes);
+    SmallVector<Value> sums =
+        kb.forLoop(c0, keyChunks, c1, ValueRange{zeros, zeros},
+                  [&](Value c, ValueRange a) -> SmallVector<Value> {
+                    Value s = chunk(c);
+                    Value t = kb.exp(kb.fsub(s, mv));
+                    Value masked =
+                        kb.cmpf(arith::CmpFPredicate::OEQ, s, negInfV);
+                    // 0 · log 0 = 0: a masked key adds nothing.
+                    Value ts = kb.select(masked, zeros, kb.fmul(t, s));
+                    return {kb.fadd(a[0], t), kb.fadd(a[1], ts)};
+                  });
+    kb.store(mx, pMax, {bi, h, i});
+    kb.store(kb.sum(sums[0]), pSum, {bi, h, i});
+    kb.store(kb.sum(sums[1]), pSumS, {bi, h, i});
+  });
 
-  LogicalResult emitMinEntropy(AttentionPosteriorOp op, CpuKernelBuilder &kb,
-                               PatternRewriter &rw) const override {
-    // p [B, N, K] and head [B].
-    SmallVector<Value> sSizes = kb.sizes(op.getScores());
-    Value widthSize = kb.sizes(op.getE())[2];
-    KernelScope kernel(
-        kb, {op.getScores(), op.getU(), op.getV(), op.getWo(), op.getE()},
-        KernelScope::outsOf(op, {{sSizes[0], sSizes[2], widthSize},
-                                 {sSizes[0]}}));
-    ImplicitLocOpBuilder &b = kb.b;
-    Type f32 = kb.f32(), i32 = kb.i32();
-    Value c0 = kb.idx(0), c1 = kb.idx(1);
-    Value scores = kb.buffer(op.getScores()), u = kb.buffer(op.getU());
-    Value v = kb.buffer(op.getV()), wo = kb.buffer(op.getWo());
-    Value e = kb.buffer(op.getE());
-    Value batch = kb.dim(scores, 0), heads = kb.dim(scores, 1);
-    Value rows = kb.dim(scores, 2), keys = kb.dim(scores, 3);
-    Value model = kb.dim(u, 2), headDim = kb.dim(v, 3);
-    double negInf = -std::numeric_limits<double>::infinity();
+  // 2. h* per batch element.
+  Value head = kernel.out(1);
+  Value numHeadsI32 = kb.castInt(heads, i32);
+  kb.forLoop(c0, batch, c1, [&](Value bi) {
+    SmallVector<Value> best = kb.forLoop(
+        c0, heads, c1,
+        ValueRange{kb.cF32(std::numeric_limits<double>::infinity()),
+                   numHeadsI32},
+        [&](Value h, ValueRange it) -> SmallVector<Value> {
+          SmallVector<Value> tot = kb.forLoop(
+              c0, rows, c1, ValueRange{kb.cF32(0.0), kb.cF32(0.0)},
+              [&](Value i, ValueRange a) -> SmallVector<Value> {
+                Value mx = kb.load(pMax, {bi, h, i});
+                Value se = kb.load(pSum, {bi, h, i});
+                Value sw = kb.load(pSumS, {bi, h, i});
+                Value valid =
+                    kb.cmpf(arith::CmpFPredicate::UNE, mx, kb.negInfLike(f32));
+                Value lse = kb.fadd(mx, kb.log(se));
+                Value entropy = kb.fsub(lse, kb.fdiv(sw, se));
+                return {
+                    kb.fadd(a[0], kb.select(valid, entropy, kb.cF32(0.0))),
+                    kb.fadd(a[1], kb.select(valid, kb.cF32(1.0), kb.cF32(0.0)))};
+              });
+          Value some = kb.cmpf(arith::CmpFPredicate::OGT, tot[1], kb.cF32(0.0));
+          Value mean = kb.select(some, kb.fdiv(tot[0], tot[1]), kb.cF32(0.0));
+          Value hI = kb.castInt(h, i32);
+          Value take = linalg_lowering::ranksBefore(
+              b, b.getLoc(), mean, hI, it[0], it[1], /*descending=*/false);
+          return {kb.select(take, mean, it[0]), kb.select(take, hI, it[1])};
+        });
+    kb.store(best[1], head, {bi});
+  });
 
-    // 1. Prior statistics per attention row.
-    auto statType = MemRefType::get({kDyn, kDyn, kDyn}, f32);
-    Value pMax = kb.alloc(statType, {batch, heads, rows});
-    Value pSum = kb.alloc(statType, {batch, heads, rows});
-    Value pSumS = kb.alloc(statType, {batch, heads, rows});
-    Value keyChunks = kb.ceilDiv(keys, kb.idx(kLanes));
-    Value zeros = kb.constLike(kb.vf32(), 0.0);
-    Value negInfV = kb.negInfLike(kb.vf32());
-    Value statWork = kb.mul(kb.mul(kb.mul(batch, heads), rows), keys);
-    workersIfLarge(kb, opts, kb.mul(kb.mul(batch, heads), rows), statWork,
-                   [&](Value item, Value) {
-      Value i = kb.remu(item, rows);
-      Value bh = kb.divu(item, rows);
-      Value h = kb.remu(bh, heads), bi = kb.divu(bh, heads);
-      auto chunk = [&](Value c) {
-        Value j0 = kb.mul(c, kb.idx(kLanes));
-        return kb.vloadMasked(scores, {bi, h, i, j0}, kb.sub(keys, j0), negInf);
-      };
-      Value mx =
-          kb.maxf(kb.forLoop(c0, keyChunks, c1, ValueRange{negInfV},
-                           [&](Value c, ValueRange a) -> SmallVector<Value> {
-                             return {kb.fmax(a[0], chunk(c))};
-                           })[0]);
-      Value mv = kb.splat(mx, kLanes);
-      SmallVector<Value> sums =
-          kb.forLoop(c0, keyChunks, c1, ValueRange{zeros, zeros},
-                    [&](Value c, ValueRange a) -> SmallVector<Value> {
-                      Value s = chunk(c);
-                      Value t = kb.exp(kb.fsub(s, mv));
-                      Value masked =
-                          kb.cmpf(arith::CmpFPredicate::OEQ, s, negInfV);
-                      // 0 · log 0 = 0: a masked key adds nothing.
-                      Value ts = kb.select(masked, zeros, kb.fmul(t, s));
-                      return {kb.fadd(a[0], t), kb.fadd(a[1], ts)};
-                    });
-      kb.store(mx, pMax, {bi, h, i});
-      kb.store(kb.sum(sums[0]), pSum, {bi, h, i});
-      kb.store(kb.sum(sums[1]), pSumS, {bi, h, i});
-    });
+  // 3. Head means of h*, written straight into the flash kernel's tiled
+  //    transposed key layout.
+  Value scale = headScaleValue(kb, op.getEffectiveHeadScale(), heads);
+  HeadMeans means =
+      packHeadMeans(kb, opts, v, wo, head, scale, batch, keys, model, headDim);
+  Value keysPad = means.keysPad, keysT = means.keysT, norm2 = means.norm2;
 
-    // 2. h* per batch element.
-    Value head = kernel.out(1);
-    Value numHeadsI32 = kb.castInt(heads, i32);
-    kb.forLoop(c0, batch, c1, [&](Value bi) {
-      SmallVector<Value> best = kb.forLoop(
-          c0, heads, c1,
-          ValueRange{kb.cF32(std::numeric_limits<double>::infinity()),
-                     numHeadsI32},
-          [&](Value h, ValueRange it) -> SmallVector<Value> {
-            SmallVector<Value> tot = kb.forLoop(
-                c0, rows, c1, ValueRange{kb.cF32(0.0), kb.cF32(0.0)},
-                [&](Value i, ValueRange a) -> SmallVector<Value> {
-                  Value mx = kb.load(pMax, {bi, h, i});
-                  Value se = kb.load(pSum, {bi, h, i});
-                  Value sw = kb.load(pSumS, {bi, h, i});
-                  Value valid =
-                      kb.cmpf(arith::CmpFPredicate::UNE, mx, kb.negInfLike(f32));
-                  Value lse = kb.fadd(mx, kb.log(se));
-                  Value entropy = kb.fsub(lse, kb.fdiv(sw, se));
-                  return {
-                      kb.fadd(a[0], kb.select(valid, entropy, kb.cF32(0.0))),
-                      kb.fadd(a[1], kb.select(valid, kb.cF32(1.0), kb.cF32(0.0)))};
-                });
-            Value some = kb.cmpf(arith::CmpFPredicate::OGT, tot[1], kb.cF32(0.0));
-            Value mean = kb.select(some, kb.fdiv(tot[0], tot[1]), kb.cF32(0.0));
-            Value hI = kb.castInt(h, i32);
-            Value take = linalg_lowering::ranksBefore(
-                b, b.getLoc(), mean, hI, it[0], it[1], /*descending=*/false);
-            return {kb.select(take, mean, it[0]), kb.select(take, hI, it[1])};
-          });
-      kb.store(best[1], head, {bi});
-    });
+  // 4. The posterior mix.
+  Value out = kernel.out(0);
+  FlashSpec mix =
+      flashSpec(kb, u, keysT, keysPad, e, out, batch, rows, keys, model,
+                posteriorLogits(scores, head, norm2, keys,
+                                op.getSigma().convertToDouble()));
+  mix.tilesPerBlock = 1; // the logits stream the scores rows
+  emitFlashMix(kb, opts, mix);
 
-    // 3. Head means of h*, written straight into the flash kernel's tiled
-    //    transposed key layout.
-    Value scale = headScaleValue(kb, op.getEffectiveHeadScale(), heads);
-    HeadMeans means =
-        packHeadMeans(kb, opts, v, wo, head, scale, batch, keys, model, headDim);
-    Value keysPad = means.keysPad, keysT = means.keysT, norm2 = means.norm2;
-
-    // 4. The posterior mix.
-    Value out = kernel.out(0);
-    FlashSpec mix =
-        flashSpec(kb, u, keysT, keysPad, e, out, batch, rows, keys, model,
-                  posteriorLogits(scores, head, norm2, keys,
-                                  op.getSigma().convertToDouble()));
-    mix.tilesPerBlock = 1; // the logits stream the scores rows
-    emitFlashMix(kb, opts, mix);
-
-    kernel.replace(rw, op);
-    return success();
-  }
-};
-} // namespace
-
-void populateAttentionPosteriorLowering(RewritePatternSet &patterns,
-                                        const KernelOptions &options) {
-  patterns.add<AttentionPosteriorKernel>(patterns.getContext(), options);
+  kernel.replace(rw, op);
+  return success();
 }
 
 } // namespace mlir::moe::cpu_lowering

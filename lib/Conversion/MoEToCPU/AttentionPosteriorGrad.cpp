@@ -506,184 +506,179 @@ void emitDwo(CpuKernelBuilder &kb, const KernelOptions &opts,
       });
 }
 
-struct AttentionPosteriorGradKernel
-    : MinEntropyPosteriorKernel<AttentionPosteriorGradOp,
-                                /*LeaveZeroSized=*/true> {
-  using MinEntropyPosteriorKernel::MinEntropyPosteriorKernel;
-
-  LogicalResult emitMinEntropy(AttentionPosteriorGradOp op, CpuKernelBuilder &kb,
-                               PatternRewriter &rw) const override {
-    Value headCount = getValueOrCreateConstantIndexOp(
-        rw, op.getLoc(),
-        tensor::getMixedSize(rw, op.getLoc(), op.getScores(), 1));
-    if (failed(checkIndexOperand(rw, op, op.getHead(), headCount,
-                                 kMoEErrorAttentionHead)))
-      return failure();
-    // d_scores, d_u, d_v, d_wo, d_e.
-    KernelScope kernel = KernelScope::gradientsOf(
-        kb, op, {op.getScores(), op.getU(), op.getV(), op.getWo(), op.getE()},
-        {op.getHead(), op.getDp()});
-    Type f32 = kb.f32();
-    Value c0 = kb.idx(0), c1 = kb.idx(1);
-    Value scores = kb.buffer(op.getScores()), u = kb.buffer(op.getU());
-    Value v = kb.buffer(op.getV()), wo = kb.buffer(op.getWo());
-    Value eIn = kb.buffer(op.getE()), headIn = kb.buffer(op.getHead());
-    Value dp = kb.buffer(op.getDp());
-    Value batch = kb.dim(scores, 0), heads = kb.dim(scores, 1);
-    // h*[b] in [0, H) (reported above when not).
-    Value headsI32 = kb.castInt(heads, kb.i32());
-    auto headInRange = [&](Value bi) {
-      return idInRange(kb, kb.load(headIn, {bi}), headsI32);
-    };
-    // The heads the passes read: 0 for a skipped batch element.
-    Value head = kb.alloc(MemRefType::get({kDyn}, kb.i32()), {batch});
-    kb.forLoop(c0, batch, c1, [&](Value bi) {
-      Value h = kb.load(headIn, {bi});
-      Value ok = idInRange(kb, h, headsI32);
-      kb.store(kb.select(ok, h, kb.cI32(0)), head, {bi});
-    });
-    Value rows = kb.dim(scores, 2), keys = kb.dim(scores, 3);
-    Value model = kb.dim(u, 2), headDim = kb.dim(v, 3), width = kb.dim(eIn, 2);
-    float sigma = op.getSigma().convertToFloat();
-    float sigma2 = sigma * sigma;
-    Value zeros = kb.constLike(kb.vf32(), 0.0);
-    auto rank3 = MemRefType::get({kDyn, kDyn, kDyn}, f32);
-    const PosteriorGradShape shape{c0,   c1,    zeros,   batch, heads,
-                                   keys, model, headDim, head};
-    auto headOf = [&](CpuKernelBuilder &kk, Value bi) {
-      return shape.headOf(kk, bi);
-    };
-    auto widthLoop = [&](Value n,
-                         function_ref<void(Value col, Value count)> body) {
-      shape.widthLoop(kb, n, body);
-    };
-
-    // e with its non-finite entries zeroed (they get no gradient and enter
-    // <dp_i, e_j> as 0, as in autograd of the reference).
-    Value e = kb.alloc(rank3, {batch, keys, width});
-    Value posInfV = kb.constLike(kb.vf32(), std::numeric_limits<float>::infinity());
-    // to = from ([B, Nk, K] f32, or e itself) where e is finite, else 0.
-    auto zeroWhereENonFinite = [&](Value from, Value to) {
-      kb.forLoop(c0, batch, c1, [&](Value bi) {
-        kb.forLoop(c0, keys, c1, [&](Value j) {
-          widthLoop(width, [&](Value col, Value count) {
-            Value x = kb.vloadMasked(eIn, {bi, j, col}, count, 0.0);
-            Value finite =
-                kb.cmpf(arith::CmpFPredicate::ONE, kb.fabs(x), posInfV);
-            Value y =
-                from == eIn ? x : kb.vloadMasked(from, {bi, j, col}, count, 0.0);
-            kb.vstoreMasked(kb.select(finite, y, zeros), to, {bi, j, col}, count);
-          });
-        });
-      });
-    };
-    zeroWhereENonFinite(eIn, e);
-
-    // 1. Head means of h*, p and lse recomputed by the forward kernel.
-    Value scale = headScaleValue(kb, op.getEffectiveHeadScale(), heads);
-    HeadMeans means =
-        packHeadMeans(kb, opts, v, wo, head, scale, batch, keys, model, headDim);
-    Value keysPad = means.keysPad;
-    Value modelPad = roundUp(kb, model, kLanes);
-    Value rowsPad = roundUp(kb, rows, kKeyTile);
-    auto logits = posteriorLogits(scores, head, means.norm2, keys,
-                                  op.getSigma().convertToDouble());
-    Value p = kb.alloc(rank3, {batch, rows, width});
-    Value lse = kb.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, rows});
-    FlashSpec fwd = flashSpec(kb, u, means.keysT, keysPad, e, p, batch, rows,
-                              keys, model, logits);
-    fwd.lse = lse;
-    fwd.tilesPerBlock = 1; // as the forward's (AttentionPosterior.cpp)
-    emitFlashMix(kb, opts, fwd);
-    Value widthPad = fwd.widthPad;
-    auto [lseRow, delta] =
-        gradRowStats(kb, lse, p, dp, batch, rows, width, widthPad, rowsPad);
-    // A skipped batch element: lse' = +inf on its rows, so G = 0.
-    Value posInf = kb.cF32(std::numeric_limits<float>::infinity());
-    kb.forLoop(c0, batch, c1, [&](Value bi) {
-      kb.ifThen(kb.notI1(headInRange(bi)), [&] {
-        kb.forLoop(c0, rowsPad, c1, [&](Value i) {
-          kb.store(posInf, lseRow, {bi, i});
-        });
-      });
-    });
-
-    // m as rows [B, keysPad, modelPad] (zero padding): the values of the
-    // query-major pass and the rows of the key-major pass.
-    Value mValues = kb.alloc(rank3, {batch, keysPad, modelPad});
-    kb.forLoop(c0, batch, c1, [&](Value bi) {
-      kb.forLoop(c0, keysPad, c1, [&](Value j) {
-        Value jt = kb.divu(j, kb.idx(kKeyTile)), jl = kb.remu(j, kb.idx(kKeyTile));
-        kb.forLoop(c0, modelPad, c1, [&](Value d) {
-          Value in = kb.cmpi(arith::CmpIPredicate::ult, d, model);
-          Value dc = kb.mins(d, kb.sub(model, c1));
-          kb.store(kb.select(in, kb.load(means.keysT, {bi, jt, dc, jl}),
-                           kb.cF32(0.0)),
-                  mValues, {bi, j, d});
-        });
-      });
-    });
-
-    // d_scores: zero on every head but h*, whose entries pass 2 writes.
-    Value dScores = kernel.out(0);
-    kb.workers(opts, kb.mul(kb.mul(batch, heads), rows), [&](Value item, Value) {
-      Value i = kb.remu(item, rows), bh = kb.divu(item, rows);
-      Value h = kb.remu(bh, heads), bi = kb.divu(bh, heads);
-      widthLoop(keys, [&](Value col, Value count) {
-        kb.vstoreMasked(zeros, dScores, {bi, h, i, col}, count);
-      });
-    });
-
-    Value invS2 = kb.constLike(kb.vf32(), 1.0 / sigma2);
-
-    // 2. Query-major: d_u, and G into d_scores.
-    Value eT = packKeysT(kb, opts, e, batch, keys, width);
-    Value du = kernel.out(1);
-    FlashGradSpec byQuery({u, means.keysT, model}, {dp, eT, width}, batch, rows,
-                          keys);
-    byQuery.weights = [&](CpuKernelBuilder &kk, Value sDot, Value gDot, Value,
-                          Value bi, Value i,
-                          Value j0) -> std::pair<Value, Value> {
-      SoftmaxGrad sg =
-          queryRowGrad(kk, logits, lseRow, delta, sDot, gDot, bi, i, j0);
-      Value g = sg.prob, dz = sg.dlogit;
-      // G for pass 3, which turns it into dz. Rows past the end repeat the
-      // last row: the same values again.
-      kk.vstoreMasked(g, dScores, {bi, headOf(kk, bi), i, j0},
-                      kk.sub(keys, j0));
-      return {g, kk.fmul(dz, invS2)};
-    };
-    byQuery.accumulators.push_back({mValues, du, model, modelPad, true});
-    emitFlashGrad(kb, opts, byQuery);
-
-    // 3. Key-major, over the G that pass 2 left in d_scores[b, h*]: no
-    //    logit is recomputed (KeyMajorSums).
-    Value de = kernel.out(4);
-    Value dzU = kb.alloc(rank3, {batch, keys, model});
-    Value dzSum = kb.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, keys});
-    KeyMajorBuffers keyMajor{dScores, head, eT, dp, delta, u, de, dzU, dzSum};
-    KeyMajorSums(kb, opts, keyMajor, batch, rows, keys, model, width).emit();
-    // d_e is 0 at a non-finite e entry.
-    zeroWhereENonFinite(de, de);
-
-    // 4. dm (c/σ² folded in), d_v and d_wo.
-    Value dm = kb.alloc(rank3, {batch, keys, model});
-    Value dv = kernel.out(2);
-    Value cOverS2 = kb.splat(kb.fdiv(scale, kb.cF32(sigma2)), kLanes);
-    Value meanWork = kb.mul(kb.mul(kb.mul(batch, keys), model), headDim);
-    emitDmAndDv(kb, opts, shape, {dzU, dzSum, mValues, wo, dm, dv}, cOverS2,
-                meanWork);
-    emitDwo(kb, opts, shape, dm, v, meanWork, kernel.out(3));
-
-    kernel.replace(rw, op);
-    return success();
-  }
-};
 } // namespace
 
-void populateAttentionPosteriorGradLowering(RewritePatternSet &patterns,
-                                            const KernelOptions &options) {
-  patterns.add<AttentionPosteriorGradKernel>(patterns.getContext(), options);
+template <>
+LogicalResult
+CPUKernel<AttentionPosteriorGradOp>::emit(AttentionPosteriorGradOp op,
+                                          CpuKernelBuilder &kb,
+                                          PatternRewriter &rw) const {
+  if (failed(matchMinEntropyHead(op, rw)))
+    return failure();
+  Value headCount = getValueOrCreateConstantIndexOp(
+      rw, op.getLoc(),
+      tensor::getMixedSize(rw, op.getLoc(), op.getScores(), 1));
+  if (failed(checkIndexOperand(rw, op, op.getHead(), headCount,
+                               kMoEErrorAttentionHead)))
+    return failure();
+  // d_scores, d_u, d_v, d_wo, d_e.
+  KernelScope kernel = KernelScope::gradientsOf(
+      kb, op, {op.getScores(), op.getU(), op.getV(), op.getWo(), op.getE()},
+      {op.getHead(), op.getDp()});
+  Type f32 = kb.f32();
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
+  Value scores = kb.buffer(op.getScores()), u = kb.buffer(op.getU());
+  Value v = kb.buffer(op.getV()), wo = kb.buffer(op.getWo());
+  Value eIn = kb.buffer(op.getE()), headIn = kb.buffer(op.getHead());
+  Value dp = kb.buffer(op.getDp());
+  Value batch = kb.dim(scores, 0), heads = kb.dim(scores, 1);
+  // h*[b] in [0, H) (reported above when not).
+  Value headsI32 = kb.castInt(heads, kb.i32());
+  auto headInRange = [&](Value bi) {
+    return idInRange(kb, kb.load(headIn, {bi}), headsI32);
+  };
+  // The heads the passes read: 0 for a skipped batch element.
+  Value head = kb.alloc(MemRefType::get({kDyn}, kb.i32()), {batch});
+  kb.forLoop(c0, batch, c1, [&](Value bi) {
+    Value h = kb.load(headIn, {bi});
+    Value ok = idInRange(kb, h, headsI32);
+    kb.store(kb.select(ok, h, kb.cI32(0)), head, {bi});
+  });
+  Value rows = kb.dim(scores, 2), keys = kb.dim(scores, 3);
+  Value model = kb.dim(u, 2), headDim = kb.dim(v, 3), width = kb.dim(eIn, 2);
+  float sigma = op.getSigma().convertToFloat();
+  float sigma2 = sigma * sigma;
+  Value zeros = kb.constLike(kb.vf32(), 0.0);
+  auto rank3 = MemRefType::get({kDyn, kDyn, kDyn}, f32);
+  const PosteriorGradShape shape{c0,   c1,    zeros,   batch, heads,
+                                 keys, model, headDim, head};
+  auto headOf = [&](CpuKernelBuilder &kk, Value bi) {
+    return shape.headOf(kk, bi);
+  };
+  auto widthLoop = [&](Value n,
+                       function_ref<void(Value col, Value count)> body) {
+    shape.widthLoop(kb, n, body);
+  };
+
+  // e with its non-finite entries zeroed (they get no gradient and enter
+  // <dp_i, e_j> as 0, as in autograd of the reference).
+  Value e = kb.alloc(rank3, {batch, keys, width});
+  Value posInfV = kb.constLike(kb.vf32(), std::numeric_limits<float>::infinity());
+  // to = from ([B, Nk, K] f32, or e itself) where e is finite, else 0.
+  auto zeroWhereENonFinite = [&](Value from, Value to) {
+    kb.forLoop(c0, batch, c1, [&](Value bi) {
+      kb.forLoop(c0, keys, c1, [&](Value j) {
+        widthLoop(width, [&](Value col, Value count) {
+          Value x = kb.vloadMasked(eIn, {bi, j, col}, count, 0.0);
+          Value finite =
+              kb.cmpf(arith::CmpFPredicate::ONE, kb.fabs(x), posInfV);
+          Value y =
+              from == eIn ? x : kb.vloadMasked(from, {bi, j, col}, count, 0.0);
+          kb.vstoreMasked(kb.select(finite, y, zeros), to, {bi, j, col}, count);
+        });
+      });
+    });
+  };
+  zeroWhereENonFinite(eIn, e);
+
+  // 1. Head means of h*, p and lse recomputed by the forward kernel.
+  Value scale = headScaleValue(kb, op.getEffectiveHeadScale(), heads);
+  HeadMeans means =
+      packHeadMeans(kb, opts, v, wo, head, scale, batch, keys, model, headDim);
+  Value keysPad = means.keysPad;
+  Value modelPad = roundUp(kb, model, kLanes);
+  Value rowsPad = roundUp(kb, rows, kKeyTile);
+  auto logits = posteriorLogits(scores, head, means.norm2, keys,
+                                op.getSigma().convertToDouble());
+  Value p = kb.alloc(rank3, {batch, rows, width});
+  Value lse = kb.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, rows});
+  FlashSpec fwd = flashSpec(kb, u, means.keysT, keysPad, e, p, batch, rows,
+                            keys, model, logits);
+  fwd.lse = lse;
+  fwd.tilesPerBlock = 1; // as the forward's (AttentionPosterior.cpp)
+  emitFlashMix(kb, opts, fwd);
+  Value widthPad = fwd.widthPad;
+  auto [lseRow, delta] =
+      gradRowStats(kb, lse, p, dp, batch, rows, width, widthPad, rowsPad);
+  // A skipped batch element: lse' = +inf on its rows, so G = 0.
+  Value posInf = kb.cF32(std::numeric_limits<float>::infinity());
+  kb.forLoop(c0, batch, c1, [&](Value bi) {
+    kb.ifThen(kb.notI1(headInRange(bi)), [&] {
+      kb.forLoop(c0, rowsPad, c1, [&](Value i) {
+        kb.store(posInf, lseRow, {bi, i});
+      });
+    });
+  });
+
+  // m as rows [B, keysPad, modelPad] (zero padding): the values of the
+  // query-major pass and the rows of the key-major pass.
+  Value mValues = kb.alloc(rank3, {batch, keysPad, modelPad});
+  kb.forLoop(c0, batch, c1, [&](Value bi) {
+    kb.forLoop(c0, keysPad, c1, [&](Value j) {
+      Value jt = kb.divu(j, kb.idx(kKeyTile)), jl = kb.remu(j, kb.idx(kKeyTile));
+      kb.forLoop(c0, modelPad, c1, [&](Value d) {
+        Value in = kb.cmpi(arith::CmpIPredicate::ult, d, model);
+        Value dc = kb.mins(d, kb.sub(model, c1));
+        kb.store(kb.select(in, kb.load(means.keysT, {bi, jt, dc, jl}),
+                         kb.cF32(0.0)),
+                mValues, {bi, j, d});
+      });
+    });
+  });
+
+  // d_scores: zero on every head but h*, whose entries pass 2 writes.
+  Value dScores = kernel.out(0);
+  kb.workers(opts, kb.mul(kb.mul(batch, heads), rows), [&](Value item, Value) {
+    Value i = kb.remu(item, rows), bh = kb.divu(item, rows);
+    Value h = kb.remu(bh, heads), bi = kb.divu(bh, heads);
+    widthLoop(keys, [&](Value col, Value count) {
+      kb.vstoreMasked(zeros, dScores, {bi, h, i, col}, count);
+    });
+  });
+
+  Value invS2 = kb.constLike(kb.vf32(), 1.0 / sigma2);
+
+  // 2. Query-major: d_u, and G into d_scores.
+  Value eT = packKeysT(kb, opts, e, batch, keys, width);
+  Value du = kernel.out(1);
+  FlashGradSpec byQuery({u, means.keysT, model}, {dp, eT, width}, batch, rows,
+                        keys);
+  byQuery.weights = [&](CpuKernelBuilder &kk, Value sDot, Value gDot, Value,
+                        Value bi, Value i,
+                        Value j0) -> std::pair<Value, Value> {
+    SoftmaxGrad sg =
+        queryRowGrad(kk, logits, lseRow, delta, sDot, gDot, bi, i, j0);
+    Value g = sg.prob, dz = sg.dlogit;
+    // G for pass 3, which turns it into dz. Rows past the end repeat the
+    // last row: the same values again.
+    kk.vstoreMasked(g, dScores, {bi, headOf(kk, bi), i, j0},
+                    kk.sub(keys, j0));
+    return {g, kk.fmul(dz, invS2)};
+  };
+  byQuery.accumulators.push_back({mValues, du, model, modelPad, true});
+  emitFlashGrad(kb, opts, byQuery);
+
+  // 3. Key-major, over the G that pass 2 left in d_scores[b, h*]: no
+  //    logit is recomputed (KeyMajorSums).
+  Value de = kernel.out(4);
+  Value dzU = kb.alloc(rank3, {batch, keys, model});
+  Value dzSum = kb.alloc(MemRefType::get({kDyn, kDyn}, f32), {batch, keys});
+  KeyMajorBuffers keyMajor{dScores, head, eT, dp, delta, u, de, dzU, dzSum};
+  KeyMajorSums(kb, opts, keyMajor, batch, rows, keys, model, width).emit();
+  // d_e is 0 at a non-finite e entry.
+  zeroWhereENonFinite(de, de);
+
+  // 4. dm (c/σ² folded in), d_v and d_wo.
+  Value dm = kb.alloc(rank3, {batch, keys, model});
+  Value dv = kernel.out(2);
+  Value cOverS2 = kb.splat(kb.fdiv(scale, kb.cF32(sigma2)), kLanes);
+  Value meanWork = kb.mul(kb.mul(kb.mul(batch, keys), model), headDim);
+  emitDmAndDv(kb, opts, shape, {dzU, dzSum, mValues, wo, dm, dv}, cOverS2,
+              meanWork);
+  emitDwo(kb, opts, shape, dm, v, meanWork, kernel.out(3));
+
+  kernel.replace(rw, op);
+  return success();
 }
 
 } // namespace mlir::moe::cpu_lowering

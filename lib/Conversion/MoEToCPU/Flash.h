@@ -330,26 +330,16 @@ std::function<Value(CpuKernelBuilder &, Value, Value, Value, Value)>
 posteriorLogits(Value scores, Value head, Value norm2, Value keys,
                 double sigma);
 
-/// The base of the attention_posterior kernels, forward and backward: they
-/// build head_select = min_entropy (emitMinEntropy), one head per batch
-/// element mixed by the flash passes; head_select = all (a softmax over every
-/// head's pairs) stays on the portable lowering. LeaveZeroSized as for
-/// KernelPattern (the backward kernel).
-template <typename OpTy, bool LeaveZeroSized = false>
-struct MinEntropyPosteriorKernel
-    : KernelPattern<OpTy, /*TargetLanes=*/false, LeaveZeroSized> {
-  using KernelPattern<OpTy, /*TargetLanes=*/false,
-                      LeaveZeroSized>::KernelPattern;
-
-  virtual LogicalResult emitMinEntropy(OpTy op, CpuKernelBuilder &kb,
-                                       PatternRewriter &rw) const = 0;
-
-  LogicalResult emit(OpTy op, CpuKernelBuilder &kb, PatternRewriter &rw) const final {
-    if (op.getHeadSelect() != HeadSelect::min_entropy)
-      return rw.notifyMatchFailure(op, "head_select = all: portable lowering");
-    return emitMinEntropy(op, kb, rw);
-  }
-};
+/// The attention_posterior kernels, forward and backward, build head_select =
+/// min_entropy: one head per batch element mixed by the flash passes;
+/// head_select = all (a softmax over every head's pairs) stays on the
+/// portable lowering, a match failure here.
+template <typename OpTy>
+LogicalResult matchMinEntropyHead(OpTy op, PatternRewriter &rw) {
+  if (op.getHeadSelect() != HeadSelect::min_entropy)
+    return rw.notifyMatchFailure(op, "head_select = all: portable lowering");
+  return success();
+}
 
 } // namespace mlir::moe::cpu_lowering
 

@@ -215,11 +215,9 @@ lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
         "portable lowering for head_select = all)");
   Value scoresT = adaptor.getScores(), uT = adaptor.getU(), vT = adaptor.getV(),
         woT = adaptor.getWo(), eT = adaptor.getE();
-  auto eType = cast<RankedTensorType>(eT.getType());
-  int64_t K = eType.getShape()[2];
-  if (ShapedType::isDynamic(K) || K > kFlashMaxExperts)
-    return op->emitOpError("GPU lowering needs a static expert count <= ")
-           << kFlashMaxExperts;
+  FailureOr<int64_t> K = flashExpertCount(op, eT);
+  if (failed(K))
+    return failure();
   double sigma = op.getSigma().convertToDouble();
   std::optional<double> headScale;
   if (fused) {
@@ -265,7 +263,7 @@ lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
   // of one type, on tensor cores (the fused top-k only with flash-mma-topk
   // as well).
   FlashMixSpec spec{attentionPosteriorLogit(sigma)};
-  spec.numExperts = K;
+  spec.numExperts = *K;
   if (fused) {
     spec.topk = kernels::topkSpecOf(fused);
   }

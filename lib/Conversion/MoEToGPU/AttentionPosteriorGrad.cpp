@@ -244,10 +244,9 @@ LogicalResult GPULowering<AttentionPosteriorGradOp>::lower(
   Value scoresT = adaptor.getScores(), uT = adaptor.getU(), vT = adaptor.getV(),
         woT = adaptor.getWo(), eT = adaptor.getE(), headT = adaptor.getHead(),
         dpT = adaptor.getDp();
-  int64_t K = cast<RankedTensorType>(eT.getType()).getShape()[2];
-  if (ShapedType::isDynamic(K) || K > kFlashMaxExperts)
-    return op->emitOpError("GPU lowering needs a static expert count <= ")
-           << kFlashMaxExperts;
+  FailureOr<int64_t> K = flashExpertCount(op, eT);
+  if (failed(K))
+    return failure();
   Location loc = op.getLoc();
   double sigma = op.getSigma().convertToDouble();
   std::optional<double> headScale = op.getEffectiveHeadScale();
@@ -307,7 +306,7 @@ LogicalResult GPULowering<AttentionPosteriorGradOp>::lower(
   // Every pass recomputes the forward's logit.
   FlashLogitSpec logit = attentionPosteriorLogit(sigma);
   FlashMixSpec fwd{logit};
-  fwd.numExperts = K;
+  fwd.numExperts = *K;
   fwd.withLse = true;
   launchFlashMix(h, "attention_posterior_grad_mix", fwd, u,
                  {u, means, e, bias, scores, head, p, lse}, loc);

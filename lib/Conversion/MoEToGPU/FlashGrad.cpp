@@ -94,8 +94,6 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
     Value lse = kernel.arg(a++);
     Value delta = kernel.arg(a++);
     FlashLogitArgs logit(kernel, spec, a);
-    Value keyMask = logit.keyMask, bias = logit.bias, add = logit.add,
-          head = logit.head;
     Value dzOut = spec.storeDz ? kernel.arg(a++) : Value();
     SmallVector<std::pair<Value, Value>> accs;
     for (const FlashGradSpec::Accumulator &acc : spec.accumulators) {
@@ -120,13 +118,13 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
     // query i is (b·H + h*) · Nq + i (one index computation per pair, not a
     // 4-D one: fewer registers).
     Value scoreRow0;
-    if (add) {
-      Value h = kb.castInt(kb.load(head, {b}), kb.index());
+    if (logit.add) {
+      Value h = kb.castInt(kb.load(logit.head, {b}), kb.index());
       // (One op a statement, in the order the plain build has always
       // emitted: as arguments of one call, the C++ compiler's order.)
-      Value numQueries = kb.dim(add, 2), numHeads = kb.dim(add, 1);
+      Value numQueries = kb.dim(logit.add, 2), numHeads = kb.dim(logit.add, 1);
       scoreRow0 = kb.mul(kb.add(kb.mul(b, numHeads), h), numQueries);
-      add = viewAs2D(kernel.b, add);
+      logit.add = viewAs2D(kernel.b, logit.add);
       if (dzOut)
         dzOut = viewAs2D(kernel.b, dzOut);
     }
@@ -145,8 +143,8 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
       rowLse = kb.load(lse, {b, row});
       rowDelta = kb.load(delta, {b, row});
     } else {
-      if (keyMask)
-        rowIsKey = kb.load(keyMask, {b, row});
+      if (logit.keyMask)
+        rowIsKey = kb.load(logit.keyMask, {b, row});
     }
 
     kb.forLoop(colBegin, colEnd, kb.idx(kFlashCols), [&](Value j0) {
@@ -166,9 +164,9 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
         Value keep = flashKeyKept(
             kb, spec, inRange,
             [&] {
-              if (!keyMask)
+              if (!logit.keyMask)
                 return Value();
-              return spec.keyMajor ? rowIsKey : kb.load(keyMask, {b, cl});
+              return spec.keyMajor ? rowIsKey : kb.load(logit.keyMask, {b, cl});
             },
             [&] { return kb.cmpi(arith::CmpIPredicate::ule, key, query); });
         Value l = spec.keyMajor ? kb.load(lse, {b, cl}) : rowLse;
@@ -179,10 +177,10 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
         Value x = flashScaledLogit(
             kb, spec, sDots[c],
             [&] {
-              return kb.load(bias, {b, key});
+              return kb.load(logit.bias, {b, key});
             },
             [&] {
-              score = kb.loadF(add, {kb.add(scoreRow0, query), key});
+              score = kb.loadF(logit.add, {kb.add(scoreRow0, query), key});
               return score;
             });
         if (score)

@@ -110,6 +110,17 @@ SmallVector<Value> mlir::moe::gpu_lowering::emitFlashDots(
       });
 }
 
+FailureOr<int64_t> mlir::moe::gpu_lowering::flashExpertCount(Operation *op,
+                                                             Value e) {
+  int64_t K = cast<RankedTensorType>(e.getType()).getShape()[2];
+  if (ShapedType::isDynamic(K) || K > kFlashMaxExperts)
+    return op->emitOpError("GPU lowering needs a static expert count <= ")
+           << kFlashMaxExperts << " (got "
+           << (ShapedType::isDynamic(K) ? std::string("?") : std::to_string(K))
+           << ")";
+  return K;
+}
+
 FlashLogitArgs::FlashLogitArgs(GPUKernel &kernel, const FlashLogitSpec &spec,
                                unsigned &next) {
   keyMask = spec.hasKeyMask ? kernel.arg(next++) : Value();
@@ -128,8 +139,6 @@ static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
   Value keys = kernel.arg(a++);
   Value e = kernel.arg(a++);
   FlashLogitArgs logit(kernel, spec, a);
-  Value keyMask = logit.keyMask, bias = logit.bias, add = logit.add,
-        head = logit.head;
   Value out = kernel.arg(a++);
   Value outIdx = spec.topk ? kernel.arg(a++) : Value();
   Value lseOut = spec.withLse ? kernel.arg(a++) : Value();
@@ -147,7 +156,8 @@ static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
   Value Nk = kb.dim(keys, 1);
   tile.clampRow(kb, N, c1);
   Value i = tile.i, active = tile.active, row = tile.row;
-  Value h = head ? kb.castInt(kb.load(head, {b}), kb.index()) : Value();
+  Value h =
+      logit.head ? kb.castInt(kb.load(logit.head, {b}), kb.index()) : Value();
 
   // Keys needed by the tile: all, or up to its last row when causal.
   Value keyEnd = Nk;
@@ -174,16 +184,17 @@ static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
           logits.push_back(flashLogit(
               kb, spec, dots[c],
               [&] {
-                return kb.load(bias, {b, js});
+                return kb.load(logit.bias, {b, js});
               },
               [&] {
-                return kb.loadF(add, {b, h, row, js});
+                return kb.loadF(logit.add, {b, h, row, js});
               },
               [&] {
                 return flashKeyKept(
                     kb, spec, inRange,
                     [&] {
-                      return keyMask ? kb.load(keyMask, {b, js}) : Value();
+                      return logit.keyMask ? kb.load(logit.keyMask, {b, js})
+                                           : Value();
                     },
                     [&] { return kb.cmpi(arith::CmpIPredicate::ule, j, row); });
               }));

@@ -114,6 +114,10 @@ struct FlashMixSpec : FlashLogitSpec {
 /// value tile in workgroup memory).
 constexpr int64_t kFlashMaxExperts = 256;
 
+/// The expert count K of a flash lowering's op `op`, from its values `e`
+/// [B, Nk, K]; an error at `op` where K is dynamic or above kFlashMaxExperts.
+FailureOr<int64_t> flashExpertCount(Operation *op, Value e);
+
 /// Creates the kernel and launches it (grid (ceil(N / kFlashRows), B) with N
 /// the rows of `q`, block kFlashThreads) on `args`, in order: q [B,N,D], keys
 /// [B,Nk,D], e [B,Nk,K], then key_mask [B,Nk] (i1), bias [B,Nk] (f32), add

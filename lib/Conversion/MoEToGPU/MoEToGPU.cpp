@@ -30,6 +30,8 @@
 #include "llvm/Support/StringSaver.h"
 
 #include <mutex>
+#include <optional>
+#include <string>
 
 namespace mlir::moe {
 #define GEN_PASS_DEF_CONVERTMOETOGPU
@@ -47,6 +49,46 @@ void mlir::moe::populateMoEToGPUPatterns(
 
 // populateLowerings: the op table's (Lowerings.td) GPUKernel lowerings.
 #include "Lowerings.cpp.inc"
+
+/// The first option of `options` that the kernels cannot take, as "<option>
+/// must be <what they take>, got <value>"; none when all are valid.
+static std::optional<std::string>
+invalidOption(const ConvertMoEToGPUOptions &options) {
+  auto quoted = [](StringRef value) { return ("'" + value + "'").str(); };
+  struct Check {
+    StringRef arg;
+    bool valid;
+    StringRef allowed;
+    std::string value;
+  };
+  const int64_t blockSize = options.blockSize;
+  const Check checks[] = {
+      {"block-size",
+       blockSize >= kWarp && blockSize % kWarp == 0 && blockSize <= 1024,
+       "a multiple of 32 in [32, 1024]", std::to_string(blockSize)},
+      {"shared-memory-bytes", options.sharedMemoryBytes > 0, "positive",
+       std::to_string(options.sharedMemoryBytes)},
+      {"topk-rounds",
+       llvm::is_contained({"butterfly", "redux", "list", "list-redux"},
+                          options.topkRounds),
+       "butterfly, redux, list or list-redux", quoted(options.topkRounds)},
+      {"flash-mma-block-rows",
+       llvm::is_contained({64, 128}, options.flashMmaBlockRows), "64 or 128",
+       std::to_string(options.flashMmaBlockRows)},
+      {"flash-mma-key-splits",
+       options.flashMmaKeySplits >= 1 && options.flashMmaKeySplits <= 16,
+       "in [1, 16]", std::to_string(options.flashMmaKeySplits)},
+      {"flash-mma-stages", llvm::is_contained({2, 3}, options.flashMmaStages),
+       "2 or 3", std::to_string(options.flashMmaStages)},
+      {"route-map", llvm::is_contained({"warp", "lanes"}, options.routeMap),
+       "warp or lanes", quoted(options.routeMap)},
+  };
+  for (const Check &check : checks)
+    if (!check.valid)
+      return (check.arg + " must be " + check.allowed + ", got " + check.value)
+          .str();
+  return std::nullopt;
+}
 
 namespace {
 struct ConvertMoEToGPUPass
@@ -85,51 +127,13 @@ struct ConvertMoEToGPUPass
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    if (blockSize < kWarp || blockSize % kWarp != 0 || blockSize > 1024) {
-      module.emitError("convert-moe-to-gpu: block-size must be a multiple of "
-                       "32 in [32, 1024], got ")
-          << blockSize;
-      return signalPassFailure();
-    }
-    if (sharedMemoryBytes <= 0) {
-      module.emitError("convert-moe-to-gpu: shared-memory-bytes must be "
-                       "positive, got ")
-          << static_cast<int64_t>(sharedMemoryBytes);
-      return signalPassFailure();
-    }
-    if (topkRounds != "butterfly" && topkRounds != "redux" &&
-        topkRounds != "list" && topkRounds != "list-redux") {
-      module.emitError("convert-moe-to-gpu: topk-rounds must be butterfly, "
-                       "redux, list or list-redux, got '")
-          << topkRounds << "'";
-      return signalPassFailure();
-    }
-    if (flashMmaBlockRows != 64 && flashMmaBlockRows != 128) {
-      module.emitError("convert-moe-to-gpu: flash-mma-block-rows must be 64 "
-                       "or 128, got ")
-          << static_cast<int64_t>(flashMmaBlockRows);
-      return signalPassFailure();
-    }
-    if (flashMmaKeySplits < 1 || flashMmaKeySplits > 16) {
-      module.emitError("convert-moe-to-gpu: flash-mma-key-splits must be in "
-                       "[1, 16], got ")
-          << static_cast<int64_t>(flashMmaKeySplits);
-      return signalPassFailure();
-    }
-    if (flashMmaStages != 2 && flashMmaStages != 3) {
-      module.emitError("convert-moe-to-gpu: flash-mma-stages must be 2 or 3, "
-                       "got ")
-          << static_cast<int64_t>(flashMmaStages);
-      return signalPassFailure();
-    }
-    if (routeMap != "warp" && routeMap != "lanes") {
-      module.emitError("convert-moe-to-gpu: route-map must be warp or lanes, "
-                       "got '")
-          << routeMap << "'";
+    ConvertMoEToGPUOptions options = getOptions();
+    if (std::optional<std::string> error = invalidOption(options)) {
+      module.emitError("convert-moe-to-gpu: ") << *error;
       return signalPassFailure();
     }
     RewritePatternSet patterns(&getContext());
-    populateMoEToGPUPatterns(patterns, getOptions());
+    populateMoEToGPUPatterns(patterns, options);
     llvm::SmallDenseSet<OperationName> lowered;
     for (const auto &pattern : patterns.getNativePatterns())
       if (std::optional<OperationName> root = pattern->getRootKind())

@@ -37,42 +37,30 @@ template <>
 LogicalResult
 GPULowering<RouteGradOp>::lower(RouteGradOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const {
-  auto outType = cast<RankedTensorType>(op.getDlogits().getType());
-  HostCode h(rewriter, op);
-  Value x = h.buffer(adaptor.getLogits());
-  Value out = allocResultLike(h, outType, x);
-  SmallVector<Value> args = {x, h.buffer(adaptor.getIndices()),
-                             h.buffer(adaptor.getDw()), out};
   kernels::RouteSpec spec = kernels::routeGradSpecOf(op);
-
-  GPUKernel kernel(h, "route_grad", args, {}, {kKernelThreads, 1, 1},
-                   op.getLoc());
-  {
-    GpuKernelBuilder &kk = kernel.kb;
-    Value x2 = kernel.arg(0), i2 = kernel.arg(1), g2 = kernel.arg(2),
-          o2 = kernel.arg(3);
-    Value rows = kk.dim(x2, 0), numExperts = kk.dim(x2, 1);
-    // 1. The block's rows zeroed, its threads along each row.
-    Value first = kk.mul(kk.blockId(), kk.idx(kKernelThreads));
-    Value last = kk.mins(kk.add(first, kk.idx(kKernelThreads)), rows);
-    kk.forLoop(first, last, kk.idx(1), [&](Value r) {
-      kk.forLoop(kk.threadId(), numExperts, kk.idx(kKernelThreads),
-                 [&](Value e) {
-                   kk.store(kk.cF32(0.0), o2, {r, e});
-                 });
-    });
-    kk.barrier();
-    // 2. A thread a row: the picks' sums, then their gradients.
-    kernel.forItem(rows, [&](Value r) {
-      Value sel = kk.dim(i2, 1);
-      auto [sSum, cSum] =
-          kernels::routeGradRowSums(kk, spec, x2, i2, g2, r, numExperts, sel);
-      kernels::routeGradRowAdds(kk, spec, x2, i2, g2, o2, r, numExperts, sel,
-                                sSum, cSum);
-    });
-  }
-  kernel.launchOver(h.kb.dim(x, 0));
-  h.finish();
-  h.replace(op, {out});
+  lowerPickGradKernel(
+      rewriter, op, adaptor.getOperands(), "route_grad",
+      [&](PickGradKernel &k) {
+        GpuKernelBuilder &kk = k.g;
+        Value rows = kk.dim(k.x, 0), numExperts = kk.dim(k.x, 1);
+        // 1. The block's rows zeroed, its threads along each row.
+        Value first = kk.mul(kk.blockId(), kk.idx(kKernelThreads));
+        Value last = kk.mins(kk.add(first, kk.idx(kKernelThreads)), rows);
+        kk.forLoop(first, last, kk.idx(1), [&](Value r) {
+          kk.forLoop(kk.threadId(), numExperts, kk.idx(kKernelThreads),
+                     [&](Value e) {
+                       kk.store(kk.cF32(0.0), k.out, {r, e});
+                     });
+        });
+        kk.barrier();
+        // 2. A thread a row: the picks' sums, then their gradients.
+        k.kernel.forItem(rows, [&](Value r) {
+          Value sel = kk.dim(k.indices, 1);
+          auto [sSum, cSum] = kernels::routeGradRowSums(
+              kk, spec, k.x, k.indices, k.dw, r, numExperts, sel);
+          kernels::routeGradRowAdds(kk, spec, k.x, k.indices, k.dw, k.out, r,
+                                    numExperts, sel, sSum, cSum);
+        });
+      });
   return success();
 }

@@ -5,6 +5,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "RowKernels.h"
+#include "Lowerings.h"
 
 #include "MoE/Kernels/Balance.h"
 
@@ -41,6 +42,26 @@ void mlir::moe::gpu_lowering::lowerWarpRowKernel(
   GpuKernelBuilder &kb = h.kb;
   kernel.launch(
       {WarpRow::blocks(kb, kb.dim(x, 0), blockSize), kb.idx(1), kb.idx(1)});
+  h.finish();
+  h.replace(op, {out});
+}
+
+void mlir::moe::gpu_lowering::lowerPickGradKernel(
+    RewriterBase &rewriter, Operation *op, ValueRange operands, StringRef name,
+    function_ref<void(PickGradKernel &k)> body) {
+  HostCode h(rewriter, op);
+  ImplicitLocOpBuilder &b = h.b;
+  Value xs = h.buffer(operands[0]);
+  auto type = cast<RankedTensorType>(op->getResult(0).getType());
+  Value out = allocResultLike(h, type, xs);
+  SmallVector<Value> args = {
+      viewAs2D(b, xs), viewAs2D(b, h.buffer(operands[1])),
+      viewAs2D(b, h.buffer(operands[2])), viewAs2D(b, out)};
+  GPUKernel kernel(h, name, args, {}, {kKernelThreads, 1, 1}, op->getLoc());
+  PickGradKernel k{kernel.kb,     kernel,        kernel.arg(0),
+                   kernel.arg(1), kernel.arg(2), kernel.arg(3)};
+  body(k);
+  kernel.launchOver(h.kb.dim(args[0], 0));
   h.finish();
   h.replace(op, {out});
 }

@@ -3,11 +3,14 @@
 // Part of the MoE-MLIR project.
 //
 // The set-up shared by the GPU kernels that walk the rows of a [T, E]
-// operand (RouterStats.cpp, RouterZLoss.cpp, TopkRenormGrad.cpp):
+// operand (RouterStats.cpp, RouterZLoss.cpp, RouteGrad.cpp,
+// TopkRenormGrad.cpp):
 //
 //  * a result shaped like the rows operand;
 //  * a warp per row (rows independent: the gradients), the whole lowering of
 //    such an op but its per-row body (lowerWarpRowKernel);
+//  * a thread per row (the top-k picks' gradients): the same for those
+//    (lowerPickGradKernel);
 //  * row blocks for the deterministic reductions without atomics: a block of
 //    4 warps owns the kBalanceRowsPerBlock rows of one row block (the CPU
 //    kernels' blocks, MoE/Kernels/Balance.h) and leaves that block's
@@ -70,6 +73,26 @@ void lowerWarpRowKernel(RewriterBase &rewriter, Operation *op, Value result,
                         Value logits, ValueRange inputs, StringRef name,
                         int64_t blockSize,
                         function_ref<void(WarpRowKernel &k)> body);
+
+/// The kernel of lowerPickGradKernel as its body sees it: the forward's
+/// scores [T, E], its picks and the gradient of their weights [T, k], and the
+/// result [T, E], each a kernel argument viewed as 2-D.
+struct PickGradKernel {
+  GpuKernelBuilder &g;
+  GPUKernel &kernel;
+  Value x, indices, dw, out;
+};
+
+/// Lowers the backward of a top-k pick (route_grad, topk_renorm_grad): its
+/// operands `operands` (the adaptor's: the forward's scores [T, E], its
+/// indices and dw [T, k]), its one result shaped like the scores and computed
+/// with a thread per row. The buffers of the scores, of the result (allocated
+/// like them), of the indices and of dw, each viewed as 2-D (viewAs2D);
+/// kernel `name` of kKernelThreads-thread blocks on them, built by body(k)
+/// and launched over the rows (launchOver); `op` replaced with the result.
+void lowerPickGradKernel(RewriterBase &rewriter, Operation *op,
+                         ValueRange operands, StringRef name,
+                         function_ref<void(PickGradKernel &k)> body);
 
 /// The buffer of `result`, a reduction over the rows of `x` [T, E]: [E] (its
 /// dynamic size E from `x`) or a scalar.

@@ -33,17 +33,13 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
   auto fused = dyn_cast<SimilarityInformTopkOp>(op.getOperation());
   Value uT = adaptor.getU(), eT = adaptor.getE(), wsT = adaptor.getWs(),
         maskT = adaptor.getKeyMask();
-  auto eType = cast<RankedTensorType>(eT.getType());
-  int64_t K = eType.getShape()[2];
-  if (ShapedType::isDynamic(K) || K > kFlashMaxExperts)
-    return op->emitOpError("GPU lowering needs a static expert count <= ")
-           << kFlashMaxExperts << " (got "
-           << (ShapedType::isDynamic(K) ? std::string("?") : std::to_string(K))
-           << ")";
+  FailureOr<int64_t> K = flashExpertCount(op, eT);
+  if (failed(K))
+    return failure();
 
   FlashMixSpec spec{similarityInformLogit(
       op.getTau().convertToDouble(), op.getCausal(), static_cast<bool>(maskT))};
-  spec.numExperts = K;
+  spec.numExperts = *K;
   if (fused) {
     spec.topk = topkSpecOf(fused);
   }

@@ -72,12 +72,9 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
     ConversionPatternRewriter &rewriter) const {
   Value uT = adaptor.getU(), eT = adaptor.getE(), wsT = adaptor.getWs(),
         maskT = adaptor.getKeyMask(), dpT = adaptor.getDp();
-  int64_t K = cast<RankedTensorType>(eT.getType()).getShape()[2];
-  if (ShapedType::isDynamic(K) || K > kFlashMaxExperts)
-    return op->emitOpError("GPU lowering needs a static expert count <= ")
-           << kFlashMaxExperts << " (got "
-           << (ShapedType::isDynamic(K) ? std::string("?") : std::to_string(K))
-           << ")";
+  FailureOr<int64_t> K = flashExpertCount(op, eT);
+  if (failed(K))
+    return failure();
   Location loc = op.getLoc();
   // Every pass recomputes the forward's logit.
   FlashLogitSpec logit = similarityInformLogit(
@@ -99,7 +96,7 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
       bn.push_back(kb.dim(u, d));
   auto rowsType = MemRefType::get({uShape[0], uShape[1]}, f32);
   auto featType = MemRefType::get(uShape, f32);
-  auto widthType = MemRefType::get({uShape[0], uShape[1], K}, f32);
+  auto widthType = MemRefType::get({uShape[0], uShape[1], *K}, f32);
 
   // Results: du [B,N,D], de [B,N,K] (dynamic dims from u), dws [D,D].
   auto duType = cast<RankedTensorType>(op.getDu().getType());
@@ -136,7 +133,7 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
   } else {
     Value p = h.alloc(widthType, bn);
     FlashMixSpec fwd{logit};
-    fwd.numExperts = K;
+    fwd.numExperts = *K;
     fwd.withLse = true;
     SmallVector<Value> fwdArgs = {q, u, e};
     if (mask)

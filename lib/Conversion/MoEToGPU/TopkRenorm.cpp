@@ -77,6 +77,34 @@ static constexpr int64_t kTopkReduxMaxTokens = 6144;
 /// Threads of the block-per-token kernel.
 static constexpr int64_t kBlockTopkThreads = 256;
 
+/// The outputs of a kernel's top-k of `spec` (TopkOutputs) on the row `vals`
+/// that a group of `width` lanes holds: the picks stored to [row, r] of
+/// `weights` and `indices` by the `active` lanes; for logits without
+/// renormalization also the dense softmax's max and sum of the row, reduced
+/// over the group.
+static TopkOutputs topkOutputs(GpuKernelBuilder &kb, const TopkSpec &spec,
+                               ArrayRef<Value> vals, int64_t width,
+                               Value weights, Value indices, Value row,
+                               Value active) {
+  TopkOutputs out{.spec = spec,
+                  .weights = weights,
+                  .indices = indices,
+                  .row = row,
+                  .active = active};
+  if (spec.logits && !spec.renormalize) {
+    auto reduce = [&](ReduceKind kind) {
+      return [&, kind](Value v) {
+        return width > 1 ? subgroupReduce(kb, v, kind, width) : v;
+      };
+    };
+    RowSoftmaxStats dense = rowSoftmaxStats(kb, vals, reduce(ReduceKind::Max),
+                                            reduce(ReduceKind::Sum));
+    out.denseMax = dense.max;
+    out.denseSum = dense.sum;
+  }
+  return out;
+}
+
 static void emitWarpTopkKernel(GpuKernelBuilder &kb, Value scores, Value weights,
                                Value indices, int64_t K, int64_t blockSize,
                                const TopkSpec &spec, int64_t width,
@@ -106,27 +134,14 @@ static void emitWarpTopkKernel(GpuKernelBuilder &kb, Value scores, Value weights
     vals.push_back(kb.select(inRange, kb.loadF(scores, {row, safe}), negInf));
   }
 
-  Value denseMax, denseSum;
-  if (spec.logits && !spec.renormalize) {
-    RowSoftmaxStats dense = rowSoftmaxStats(
-        kb, vals,
-        [&](Value v) { return subgroupReduce(kb, v, ReduceKind::Max, width); },
-        [&](Value v) { return subgroupReduce(kb, v, ReduceKind::Sum, width); });
-    denseMax = dense.max;
-    denseSum = dense.sum;
-  }
+  TopkOutputs out =
+      topkOutputs(kb, spec, vals, width, weights, indices, row, active);
   emitRegisterTopk(kb, {.vals = vals,
                         .lane = lane,
                         .width = width,
                         .numElements = K,
                         .rounds = rounds,
-                        .out = {.spec = spec,
-                                .weights = weights,
-                                .indices = indices,
-                                .row = row,
-                                .active = active,
-                                .denseMax = denseMax,
-                                .denseSum = denseSum}});
+                        .out = out});
 }
 
 namespace {
@@ -260,31 +275,15 @@ static void emitListTopkKernel(GpuKernelBuilder &kb, Value scores, Value weights
     keys.push_back(key);
   }
 
-  Value denseMax, denseSum;
-  if (spec.logits && !spec.renormalize) {
-    auto reduce = [&](ReduceKind kind) {
-      return [&, kind](Value v) {
-        return width > 1 ? subgroupReduce(kb, v, kind, width) : v;
-      };
-    };
-    RowSoftmaxStats dense =
-        rowSoftmaxStats(kb, vals, reduce(ReduceKind::Max), reduce(ReduceKind::Sum));
-    denseMax = dense.max;
-    denseSum = dense.sum;
-  }
+  TopkOutputs out =
+      topkOutputs(kb, spec, vals, width, weights, indices, row, active);
   emitListTopk(kb, {.keys = keys,
                     .positions = positions,
                     .laneBase = laneBase,
                     .lane = lane,
                     .width = width,
                     .listLength = map.listLength,
-                    .out = {.spec = spec,
-                            .weights = weights,
-                            .indices = indices,
-                            .row = row,
-                            .active = active,
-                            .denseMax = denseMax,
-                            .denseSum = denseSum}});
+                    .out = out});
 }
 
 static void emitBlockTopkKernel(GpuKernelBuilder &kb, Value scores,

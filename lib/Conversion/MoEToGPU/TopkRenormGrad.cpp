@@ -10,8 +10,6 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "HostCode.h"
-#include "RegisterTopk.h"
 #include "Lowerings.h"
 #include "RowKernels.h"
 
@@ -25,32 +23,20 @@ template <>
 LogicalResult GPULowering<TopkRenormGradOp>::lower(
     TopkRenormGradOp op, OpAdaptor adaptor,
     ConversionPatternRewriter &rewriter) const {
-  auto outType = cast<RankedTensorType>(op.getDscores().getType());
-  HostCode h(rewriter, op);
-  ImplicitLocOpBuilder &b = h.b;
-  Value scores = h.buffer(adaptor.getScores());
-  Value out = allocResultLike(h, outType, scores);
-  SmallVector<Value> args = {
-      viewAs2D(b, scores), viewAs2D(b, h.buffer(adaptor.getIndices())),
-      viewAs2D(b, h.buffer(adaptor.getDw())), viewAs2D(b, out)};
   kernels::TopkSpec spec = kernels::topkSpecOf(op);
-
-  GPUKernel kernel(h, "topk_renorm_grad", args, {}, {kKernelThreads, 1, 1},
-                   op.getLoc());
-  {
-    GpuKernelBuilder &kk = kernel.kb;
-    Value s2 = kernel.arg(0), i2 = kernel.arg(1), g2 = kernel.arg(2),
-          o2 = kernel.arg(3);
-    kernel.forItem(kk.dim(s2, 0), [&](Value row) {
-      // k before K: the order the plain (gcc) build has always emitted (as
-      // two arguments of the call, the C++ compiler's order).
-      Value k = kk.dim(i2, 1);
-      Value numExperts = kk.dim(s2, 1);
-      kernels::emitTopkGradRow(kk, spec, row, s2, i2, g2, o2, numExperts, k);
-    });
-  }
-  kernel.launchOver(h.kb.dim(args[0], 0));
-  h.finish();
-  h.replace(op, {out});
+  lowerPickGradKernel(rewriter, op, adaptor.getOperands(), "topk_renorm_grad",
+                      [&](PickGradKernel &k) {
+                        GpuKernelBuilder &kk = k.g;
+                        k.kernel.forItem(kk.dim(k.x, 0), [&](Value row) {
+                          // k (sel) before K: the order the plain (gcc) build
+                          // has always emitted (as two arguments of the call,
+                          // the C++ compiler's order).
+                          Value sel = kk.dim(k.indices, 1);
+                          Value numExperts = kk.dim(k.x, 1);
+                          kernels::emitTopkGradRow(kk, spec, row, k.x,
+                                                   k.indices, k.dw, k.out,
+                                                   numExperts, sel);
+                        });
+                      });
   return success();
 }
