@@ -25,11 +25,11 @@ import ctypes
 import os
 import threading
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 from .locate import find_runtime_lib
 
-__all__ = ["KeyBuildError", "LIBRARY", "library_path", "key_ops", "kernel_module", "kernel_key_op", "verify_key",
+__all__ = ["KeyBuildError", "LIBRARY", "library_path", "key_input", "key_value", "key_ops", "kernel_module", "kernel_key_op", "verify_key",
            "KeyOp"]
 
 LIBRARY = "libmoe_keys.so"
@@ -83,6 +83,23 @@ def _key_text(fn_name: str, key: str) -> str:
         if n.value < cap:
             return out.value.decode()
         cap = n.value + 1
+
+
+def key_value(v: Any) -> str:
+    """An attribute's text in a key, as the extension writes it: booleans 1/0, floats in their shortest round-trip
+    form, integers and strings as they are."""
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def key_input(name: str, elem: str, shape: Sequence[int], dynamic: Sequence[int] = ()) -> str:
+    """An input's part of a key, ``in:<name>:<elem>:<dims>`` (the dimensions in ``dynamic`` as ``?``; ``scalar`` for
+    rank 0): the one writer of it, for :func:`.launch.kernel_key`, :mod:`.verify` and the whole-graph importer."""
+    dims = "x".join("?" if d in dynamic else str(n) for d, n in enumerate(shape)) or "scalar"
+    return f"in:{name}:{elem}:{dims}"
 
 
 def key_ops() -> list[str]:

@@ -26,25 +26,9 @@ import torch
 
 from . import cache
 from .abi import describe, mlir_elem, pointers
+from .keys import key_input, key_value
 
-__all__ = ["kernel_key", "key_input", "key_value", "call_kernel"]
-
-
-def key_value(v: Any) -> str:
-    """An attribute's text in a key, as the extension writes it: booleans 1/0, floats in their shortest round-trip
-    form, integers and strings as they are."""
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    if isinstance(v, float):
-        return repr(v)
-    return str(v)
-
-
-def key_input(name: str, elem: str, shape: Sequence[int], dynamic: Sequence[int] = ()) -> str:
-    """An input's part of a key, ``in:<name>:<elem>:<dims>`` (the dimensions in ``dynamic`` as ``?``; ``scalar`` for
-    rank 0): the one writer of it, for :func:`kernel_key` and the whole-graph importer."""
-    dims = "x".join("?" if d in dynamic else str(n) for d, n in enumerate(shape)) or "scalar"
-    return f"in:{name}:{elem}:{dims}"
+__all__ = ["kernel_key", "call_kernel"]
 
 
 def kernel_key(op: str, args: Mapping[str, Any],

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Optional
 import torch
 
 from .abi import MLIR_ELEM
-from .launch import key_input, key_value
+from .keys import key_input, key_value
 
 __all__ = ["verify", "verify_key", "concrete_key", "call_key", "KernelView"]
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from ... import ops as _ops  # noqa: F401  (the op modules fill KEY_OPS)
 from ...ops.loading import KEY_OPS
 from ...reference.routing import CUSTOM_PREFIX
-from ...runtime.launch import key_input, key_value
+from ...runtime.keys import key_input, key_value
 from ..builder import TensorType, Value
 from ..table import LOWERINGS, lowering
 
