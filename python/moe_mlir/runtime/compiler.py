@@ -21,12 +21,10 @@ Imports nothing of the package but :mod:`.locate`.
 from __future__ import annotations
 
 import ctypes
-import os
-import threading
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .locate import find_runtime_lib
+from .locate import RuntimeLibrary, find_runtime_lib
 
 __all__ = ["CompilerLibraryError", "LIBRARY", "STAGES", "library_path", "builtins_archive", "compile_kernel"]
 
@@ -42,38 +40,22 @@ class CompilerLibraryError(RuntimeError):
     """The in-process compiler failed (its diagnostics), or its library is missing."""
 
 
-def library_path() -> Optional[str]:
-    """Path of ``libmoe_compiler.so`` or None."""
-    env = os.environ.get("MOE_COMPILER")
-    if env:
-        return env if os.path.isfile(env) else None
-    return find_runtime_lib(LIBRARY)
-
-
 def builtins_archive() -> Optional[str]:
     """compiler-rt's builtins archive beside the runtime libraries, or None."""
     return find_runtime_lib(BUILTINS)
 
 
-_lib: Optional[ctypes.CDLL] = None
-_lib_lock = threading.Lock()
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.moeCompileKernel.argtypes = [
+        ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32,
+        ctypes.POINTER(ctypes.c_char_p), ctypes.c_int32, ctypes.c_char_p, ctypes.POINTER(ctypes.c_double),
+        ctypes.c_char_p, ctypes.c_int64]
+    lib.moeCompileKernel.restype = ctypes.c_int32
 
 
-def _library() -> ctypes.CDLL:
-    global _lib
-    with _lib_lock:
-        if _lib is None:
-            path = library_path()
-            if path is None:
-                raise CompilerLibraryError(f"{LIBRARY} not found: build it (cmake --build build) or set MOE_COMPILER")
-            lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
-            lib.moeCompileKernel.argtypes = [
-                ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32,
-                ctypes.POINTER(ctypes.c_char_p), ctypes.c_int32, ctypes.c_char_p, ctypes.POINTER(ctypes.c_double),
-                ctypes.c_char_p, ctypes.c_int64]
-            lib.moeCompileKernel.restype = ctypes.c_int32
-            _lib = lib
-        return _lib
+_library = RuntimeLibrary(LIBRARY, "MOE_COMPILER", CompilerLibraryError, _declare)
+#: Path of ``libmoe_compiler.so`` or None.
+library_path = _library.path
 
 
 def compile_kernel(mlir: str, pipeline: str, dest: Path, target_cpu: str = "native", opt_level: int = 3,

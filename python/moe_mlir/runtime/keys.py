@@ -22,12 +22,10 @@ Imports nothing of the package but :mod:`.locate`.
 from __future__ import annotations
 
 import ctypes
-import os
-import threading
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
-from .locate import find_runtime_lib
+from .locate import RuntimeLibrary
 
 __all__ = ["KeyBuildError", "LIBRARY", "library_path", "key_input", "key_value", "key_ops", "kernel_module", "kernel_key_op", "verify_key",
            "KeyOp"]
@@ -40,34 +38,18 @@ class KeyBuildError(RuntimeError):
     """A kernel key builds no valid op (the diagnostics, the op verifier's among them), or the library is missing."""
 
 
-def library_path() -> Optional[str]:
-    """Path of ``libmoe_keys.so`` or None."""
-    env = os.environ.get("MOE_KEYS_LIBRARY")
-    if env:
-        return env if os.path.isfile(env) else None
-    return find_runtime_lib(LIBRARY)
+def _declare(lib: ctypes.CDLL) -> None:
+    for fn in (lib.moeKernelModule, lib.moeKernelKeyOp):
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64,
+                       ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, ctypes.c_int64]
+        fn.restype = ctypes.c_int32
+    lib.moeKernelKeyOps.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]
+    lib.moeKernelKeyOps.restype = ctypes.c_int32
 
 
-_lib: Optional[ctypes.CDLL] = None
-_lib_lock = threading.Lock()
-
-
-def _library() -> ctypes.CDLL:
-    global _lib
-    with _lib_lock:
-        if _lib is None:
-            path = library_path()
-            if path is None:
-                raise KeyBuildError(f"{LIBRARY} not found: build it (cmake --build build) or set MOE_KEYS_LIBRARY")
-            lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
-            for fn in (lib.moeKernelModule, lib.moeKernelKeyOp):
-                fn.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64,
-                               ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, ctypes.c_int64]
-                fn.restype = ctypes.c_int32
-            lib.moeKernelKeyOps.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]
-            lib.moeKernelKeyOps.restype = ctypes.c_int32
-            _lib = lib
-        return _lib
+_library = RuntimeLibrary(LIBRARY, "MOE_KEYS_LIBRARY", KeyBuildError, _declare)
+#: Path of ``libmoe_keys.so`` or None.
+library_path = _library.path
 
 
 def _key_text(fn_name: str, key: str) -> str:

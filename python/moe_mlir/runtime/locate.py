@@ -21,11 +21,13 @@ without importing the package (and torch).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 __all__ = ["find_moe_opt", "find_moe_aot", "find_mlir_runner", "find_runtime_lib", "bundle_dir", "missing_system_packages",
            "system_packages_message", "check_system", "MissingSystemPackages", "LLVM_BIN", "LLVM_LIB", "REPO_ROOT"]
@@ -104,6 +106,34 @@ def find_runtime_lib(name: str) -> Optional[str]:
         if c.is_file():
             return str(c)
     return None
+
+
+class RuntimeLibrary:
+    """One of our libraries with a C ABI for ctypes (the compiler, the key builders), loaded once, at its first use,
+    with its symbols local: ``$<env>`` when set (None if that file is missing), else :func:`find_runtime_lib`;
+    ``declare(lib)`` sets its functions' ctypes signatures; ``error`` is raised when it is not found."""
+
+    def __init__(self, name: str, env: str, error: type, declare: Callable[[ctypes.CDLL], None]) -> None:
+        self.name, self.env, self.error, self.declare = name, env, error, declare
+        self._lib: Optional[ctypes.CDLL] = None
+        self._lock = threading.Lock()
+
+    def path(self) -> Optional[str]:
+        env = os.environ.get(self.env)
+        if env:
+            return env if os.path.isfile(env) else None
+        return find_runtime_lib(self.name)
+
+    def __call__(self) -> ctypes.CDLL:
+        with self._lock:
+            if self._lib is None:
+                path = self.path()
+                if path is None:
+                    raise self.error(f"{self.name} not found: build it (cmake --build build) or set {self.env}")
+                lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
+                self.declare(lib)
+                self._lib = lib
+            return self._lib
 
 
 # ----------------------------------------------------------------------------------------------------------------
