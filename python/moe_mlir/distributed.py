@@ -110,9 +110,9 @@ def mad_dispersion(tokens: Tensor, assign: Tensor, num_experts: int, eps: float 
         ValueError: a value of ``assign`` outside ``[0, num_experts)``.
     """
     from .ops._checks import _check_index_range
-    from .ops.seed_routers import _verify_mad_dispersion
+    from .ops.seed_routers import mad_dispersion
 
-    _verify_mad_dispersion(tokens, assign, num_experts, eps, clip, normalize, measure, empty)
+    mad_dispersion.check(tokens, assign, num_experts, eps, clip, normalize, measure, empty)
     _check_index_range("mad_dispersion", "assign", assign, num_experts)
     x = tokens.detach().to(torch.float64)
     a = assign.long()

@@ -23,22 +23,23 @@ import torch
 from torch import Tensor
 
 import moe_mlir.ops  # noqa: F401  (the op modules)
+from moe_mlir.ops._verified_op import moe_op
 from moe_mlir.ops.loading import KEY_OPS
 from moe_mlir.runtime import cache
 from moe_mlir.runtime.launch import call_kernel
 
 
-# The op module of a new router loss: its torch op runs the compiled kernel of its key.
-@torch.library.custom_op("moe::checklist_z_loss", mutates_args=())
+# The op module of a new router loss: its torch op runs the compiled kernel of its key, and moe_op makes the kernel
+# and the fake kernel check each call with the key's op verifier.
+def _z_loss_fake(logits):
+    return logits.new_empty((), dtype=torch.float32)
+
+
+@moe_op("checklist_z_loss", key="router_z_loss", fake=_z_loss_fake)
 def checklist_z_loss(logits: Tensor) -> Tensor:
     out = logits.new_empty((), dtype=torch.float32)
     call_kernel("router_z_loss", {"logits": logits}, [out], dynamic={"logits": (0,)})
     return out
-
-
-@checklist_z_loss.register_fake
-def _(logits):
-    return logits.new_empty((), dtype=torch.float32)
 
 
 @torch.library.custom_op("moe::checklist_topk", mutates_args=())

@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..reference import balance as _balance_ref
-from ..ops.balance import _verify_stats_backward
+from ..ops.balance import router_stats_backward
 from ..ops.topk import topk_renorm_backward_decomposition
 
 __all__ = ["DECOMPOSITIONS", "OpsVersion", "ops_version", "raised_graph_config", "register_decompositions"]
@@ -44,7 +44,7 @@ def router_stats_backward_decomposition(grad_mean_probs, logits, token_mask, wei
     """``router_stats_backward`` (the load-balancing loss' backward) in aten ops: the reference's closed form
     ``(w_t / W) · p · (g − <p, g>)``, a row softmax and an elementwise product inductor fuses into one kernel (it was
     an extern call and a kernel in the OLMoE step's loss backward, against inductor's one kernel)."""
-    _verify_stats_backward(grad_mean_probs, logits, token_mask, weight_sum)
+    router_stats_backward.check(grad_mean_probs, logits, token_mask, weight_sum)
     return _balance_ref.router_stats_backward(grad_mean_probs, logits, token_mask, weight_sum)
 
 

@@ -23,7 +23,7 @@ from torch import Tensor
 from ..reference.routing import apply_capacity as _apply_capacity_ref
 from ..reference.routing import bias_update as _bias_update_ref
 from ._autograd import _register_recompute_autograd, _stop_gradient_backward, _stop_gradient_setup
-from ..runtime.verify import verify
+from ._verified_op import moe_op
 from ._checks import _check_index_range, _fail
 from .loading import _GRAD_OPS, KEY_OPS, _note_fallback
 
@@ -50,11 +50,9 @@ def capacity_of(tokens: int, top_k: int, num_experts: int, factor: float) -> int
     return math.ceil(Fraction(factor) * tokens * top_k / num_experts)
 
 
-def _verify_apply_capacity(indices: Tensor, weights: Tensor, num_experts: int, capacity: int, drop: str) -> None:
-    verify("apply_capacity", {"num_experts": num_experts, "capacity": capacity, "drop": drop, "indices": indices,
-                              "weights": weights})
-    # The dialect op reads the weights only to drop by probability; the torch op masks them either way: its own rule
-    # (lib/Runtime/Torch/CapacityOps.cpp words it the same).
+def _check_weights_shape(indices: Tensor, weights: Tensor, num_experts: int, capacity: int, drop: str) -> None:
+    """The dialect op reads the weights only to drop by probability; the torch op masks them either way: its own
+    rule (lib/Runtime/Torch/CapacityOps.cpp words it the same)."""
     op = "apply_capacity"
     if weights.dim() != 2:
         _fail(op, f"'weights' must have rank 2 ([T, k]), got shape {list(weights.shape)}")
@@ -64,7 +62,11 @@ def _verify_apply_capacity(indices: Tensor, weights: Tensor, num_experts: int, c
                       f"({indices.shape[d]})")
 
 
-@torch.library.custom_op("moe::apply_capacity", mutates_args=())
+def _apply_capacity_fake(indices, weights, num_experts, capacity, drop="position"):
+    return torch.empty_like(weights), indices.new_empty((num_experts,), dtype=torch.int64)
+
+
+@moe_op("apply_capacity", fake=_apply_capacity_fake, check=_check_weights_shape)
 def apply_capacity(indices: Tensor, weights: Tensor, num_experts: int, capacity: int, drop: str = "position"
                    ) -> tuple[Tensor, Tensor]:
     """Expert capacity with token dropping (``moe.dispatch_plan``'s capacity option).
@@ -81,16 +83,9 @@ def apply_capacity(indices: Tensor, weights: Tensor, num_experts: int, capacity:
         ``(kept_weights [T, k]`` in the dtype of ``weights``, the dropped assignments set to 0;
         ``dropped [E]`` i64, the dropped assignments per expert``)``.
     """
-    _verify_apply_capacity(indices, weights, num_experts, capacity, drop)
     _check_index_range("apply_capacity", "indices", indices, num_experts)
     _note_fallback(indices)
     return _apply_capacity_ref(indices, weights, num_experts, capacity, drop)
-
-
-@apply_capacity.register_fake
-def _(indices, weights, num_experts, capacity, drop="position"):
-    _verify_apply_capacity(indices, weights, num_experts, capacity, drop)
-    return torch.empty_like(weights), indices.new_empty((num_experts,), dtype=torch.int64)
 
 
 # Recompute backward: the reference's mask re-run under autograd (kept weights pass their gradient, dropped ones 0).
@@ -98,11 +93,11 @@ _register_recompute_autograd(apply_capacity, _apply_capacity_ref, (1,), (0,))
 _GRAD_OPS[apply_capacity._name] = apply_capacity  # the extension's AutogradCPU kernel calls back into it
 
 
-def _verify_bias_update(bias: Tensor, counts: Tensor, rate: float) -> None:
-    verify("bias_update", {"rate": rate, "bias": bias, "counts": counts})
+def _bias_update_fake(bias, counts, rate):
+    return bias.new_empty(bias.shape, dtype=torch.float32)
 
 
-@torch.library.custom_op("moe::bias_update", mutates_args=())
+@moe_op("bias_update", fake=_bias_update_fake)
 def bias_update(bias: Tensor, counts: Tensor, rate: float) -> Tensor:
     """DeepSeek-V3's auxiliary-loss-free balancing step (``moe.bias_update``), out of place.
 
@@ -117,15 +112,8 @@ def bias_update(bias: Tensor, counts: Tensor, rate: float) -> Tensor:
         counts; a NaN count leaves the bias unchanged, as ``torch.sign(nan) = 0``). Assign it to the bias after
         the optimizer step.
     """
-    _verify_bias_update(bias, counts, rate)
     _note_fallback(bias)
     return _bias_update_ref(bias, counts, rate)
-
-
-@bias_update.register_fake
-def _(bias, counts, rate):
-    _verify_bias_update(bias, counts, rate)
-    return bias.new_empty(bias.shape, dtype=torch.float32)
 
 
 # No gradient: the bias only chooses experts, and the training loop assigns the result.

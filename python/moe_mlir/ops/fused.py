@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..reference import _attention_posterior_topk_ref, _similarity_inform_topk_ref
 from ._autograd import _needs
-from ..runtime.verify import verify
+from ._verified_op import moe_op
 from .loading import _PYTHON_AUTOGRAD, _note_fallback
 from .mixing import (
     _posterior_grads,
@@ -21,13 +21,12 @@ from .mixing import (
 from .topk import topk_renorm_backward
 
 
-def _verify_similarity_inform_topk(u: Tensor, e: Tensor, k: int, ws: Optional[Tensor], key_mask: Optional[Tensor],
-                                   tau: float, causal: bool, renormalize: bool) -> None:
-    verify("similarity_inform_topk", {"k": k, "renormalize": renormalize, "tau": tau, "causal": causal, "u": u,
-                                      "e": e, "ws": ws, "key_mask": key_mask})
+def _similarity_inform_topk_fake(u, e, k, ws=None, key_mask=None, tau=1.0, causal=False, renormalize=True):
+    shape = (u.shape[0], u.shape[1], k)
+    return e.new_empty(shape, dtype=torch.float32), e.new_empty(shape, dtype=torch.int32)
 
 
-@torch.library.custom_op("moe::similarity_inform_topk", mutates_args=())
+@moe_op("similarity_inform_topk", fake=_similarity_inform_topk_fake)
 def similarity_inform_topk(
     u: Tensor,
     e: Tensor,
@@ -43,16 +42,8 @@ def similarity_inform_topk(
     Returns:
         ``(weights [B, N, k] f32, indices [B, N, k] i32)``.
     """
-    _verify_similarity_inform_topk(u, e, k, ws, key_mask, tau, causal, renormalize)
     _note_fallback(u)
     return _similarity_inform_topk_ref(u, e, ws, key_mask, k, renormalize, tau, causal)
-
-
-@similarity_inform_topk.register_fake
-def _(u, e, k, ws=None, key_mask=None, tau=1.0, causal=False, renormalize=True):
-    _verify_similarity_inform_topk(u, e, k, ws, key_mask, tau, causal, renormalize)
-    shape = (u.shape[0], u.shape[1], k)
-    return e.new_empty(shape, dtype=torch.float32), e.new_empty(shape, dtype=torch.int32)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -60,15 +51,18 @@ def _(u, e, k, ws=None, key_mask=None, tau=1.0, causal=False, renormalize=True):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _verify_attention_posterior_topk(scores: Tensor, u: Tensor, v: Tensor, wo: Tensor, e: Tensor, k: int,
-                                     sigma: float, head_select: str, head_scale: Optional[float],
-                                     renormalize: bool) -> None:
-    verify("attention_posterior_topk", {"k": k, "renormalize": renormalize, "sigma": sigma,
-                                        "head_select": head_select, "head_scale": head_scale, "scores": scores,
-                                        "u": u, "v": v, "wo": wo, "e": e})
+def _attention_posterior_topk_fake(scores, u, v, wo, e, k, sigma=1.0, head_select="min_entropy", head_scale=None,
+                                   renormalize=True):
+    B, _, N, _ = scores.shape
+    shape = (B, N, k)
+    return (
+        e.new_empty(shape, dtype=torch.float32),
+        e.new_empty(shape, dtype=torch.int32),
+        e.new_empty((B,), dtype=torch.int32),
+    )
 
 
-@torch.library.custom_op("moe::attention_posterior_topk", mutates_args=())
+@moe_op("attention_posterior_topk", fake=_attention_posterior_topk_fake)
 def attention_posterior_topk(
     scores: Tensor,
     u: Tensor,
@@ -87,21 +81,8 @@ def attention_posterior_topk(
     Returns:
         ``(weights [B, N, k] f32, indices [B, N, k] i32, head [B] i32)``; ``head`` is ``-1`` for ``"all"``.
     """
-    _verify_attention_posterior_topk(scores, u, v, wo, e, k, sigma, head_select, head_scale, renormalize)
     _note_fallback(scores)
     return _attention_posterior_topk_ref(scores, u, v, wo, e, k, renormalize, sigma, head_select, head_scale)
-
-
-@attention_posterior_topk.register_fake
-def _(scores, u, v, wo, e, k, sigma=1.0, head_select="min_entropy", head_scale=None, renormalize=True):
-    _verify_attention_posterior_topk(scores, u, v, wo, e, k, sigma, head_select, head_scale, renormalize)
-    B, _, N, _ = scores.shape
-    shape = (B, N, k)
-    return (
-        e.new_empty(shape, dtype=torch.float32),
-        e.new_empty(shape, dtype=torch.int32),
-        e.new_empty((B,), dtype=torch.int32),
-    )
 
 
 def _similarity_inform_topk_setup(ctx, inputs, output):
@@ -121,8 +102,6 @@ def _similarity_inform_topk_backward(ctx, grad_w, grad_idx):
     grad_p = topk_renorm_backward(grad_w, p, idx, "probs", ctx.renormalize)
     du, de, dws = _similarity_grads(ctx, grad_p, u, e, ws, key_mask, ctx.tau, ctx.causal, (n[0], n[1], n[3]))
     return du, de, None, dws, None, None, None, None
-
-
 
 
 def _attention_posterior_topk_setup(ctx, inputs, output):

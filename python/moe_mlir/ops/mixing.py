@@ -17,16 +17,11 @@ from ..reference import (
     _similarity_inform_ref,
 )
 from ._autograd import _needs
-from ..runtime.verify import KernelView, verify
+from ._verified_op import as_f32, as_i32, moe_op
 from ._checks import _fail
 from .loading import KEY_OPS, _PYTHON_AUTOGRAD, _note_fallback
 
 HEAD_SELECTS = ("min_entropy", "all")
-
-
-def _verify_similarity_inform(u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float,
-                              causal: bool, key: str = "similarity_inform", op: str = "similarity_inform") -> None:
-    verify(key, {"tau": tau, "causal": causal, "u": u, "e": e, "ws": ws, "key_mask": key_mask}, op)
 
 
 def _similarity_forward_op(name: str, ref, returns: str, fake_results, doc: str):
@@ -38,21 +33,16 @@ def _similarity_forward_op(name: str, ref, returns: str, fake_results, doc: str)
 
     def op(u: Tensor, e: Tensor, ws: Optional[Tensor] = None, key_mask: Optional[Tensor] = None,
            tau: float = 1.0, causal: bool = False):
-        _verify_similarity_inform(u, e, ws, key_mask, tau, causal, name)
         _note_fallback(u)
         return ref(u, e, ws, key_mask, tau, causal)
+
+    def fake(u, e, ws=None, key_mask=None, tau=1.0, causal=False):
+        return fake_results(e)
 
     op.__annotations__["return"] = returns
     op.__name__ = op.__qualname__ = name
     op.__doc__ = doc
-    custom = torch.library.custom_op(f"moe::{name}", op, mutates_args=())
-
-    @custom.register_fake
-    def _(u, e, ws=None, key_mask=None, tau=1.0, causal=False):
-        _verify_similarity_inform(u, e, ws, key_mask, tau, causal, name)
-        return fake_results(e)
-
-    return custom
+    return moe_op(name, fake=fake, key="similarity_inform")(op)
 
 
 similarity_inform = _similarity_forward_op(
@@ -79,16 +69,17 @@ similarity_inform_fwd = _similarity_forward_op(
     reads instead of running the forward again. The autograd of ``similarity_inform`` calls it.""")
 
 
-def _verify_similarity_inform_backward(
-    grad_p: Tensor, u: Tensor, e: Tensor, ws: Optional[Tensor], key_mask: Optional[Tensor], tau: float, causal: bool,
-    p: Optional[Tensor] = None, lse: Optional[Tensor] = None,
-) -> None:
-    # The cotangent is read as f32, whatever autograd hands over.
-    verify("similarity_inform_backward", {"tau": tau, "causal": causal, "u": u, "e": e, "ws": ws, "key_mask": key_mask,
-                                          "grad_p": KernelView(torch.float32, grad_p.shape), "p": p, "lse": lse})
+def _similarity_inform_backward_fake(grad_p, u, e, ws=None, key_mask=None, tau=1.0, causal=False, p=None, lse=None):
+    D = u.shape[2]
+    return (
+        u.new_empty(u.shape, dtype=torch.float32),
+        e.new_empty(e.shape, dtype=torch.float32),
+        u.new_empty((D, D) if ws is not None else (0,), dtype=torch.float32),
+    )
 
 
-@torch.library.custom_op("moe::similarity_inform_backward", mutates_args=())
+# The cotangent is read as f32, whatever autograd hands over.
+@moe_op("similarity_inform_backward", fake=_similarity_inform_backward_fake, views={"grad_p": as_f32})
 def similarity_inform_backward(
     grad_p: Tensor,
     u: Tensor,
@@ -111,20 +102,8 @@ def similarity_inform_backward(
     Returns:
         ``(du [B, N, D], de [B, N, K], dws)``; ``dws`` is ``[D, D]`` with ``ws``, else an empty ``[0]``.
     """
-    _verify_similarity_inform_backward(grad_p, u, e, ws, key_mask, tau, causal, p, lse)
     _note_fallback(u)
     return _similarity_inform_backward_ref(grad_p, u, e, ws, key_mask, tau, causal)
-
-
-@similarity_inform_backward.register_fake
-def _(grad_p, u, e, ws=None, key_mask=None, tau=1.0, causal=False, p=None, lse=None):
-    _verify_similarity_inform_backward(grad_p, u, e, ws, key_mask, tau, causal, p, lse)
-    D = u.shape[2]
-    return (
-        u.new_empty(u.shape, dtype=torch.float32),
-        e.new_empty(e.shape, dtype=torch.float32),
-        u.new_empty((D, D) if ws is not None else (0,), dtype=torch.float32),
-    )
 
 
 def _similarity_grads(ctx, grad_p: Tensor, u: Tensor, e: Tensor, ws: Optional[Tensor],
@@ -153,20 +132,20 @@ def _similarity_inform_backward(ctx, grad_p):
     return du, de, dws, None, None, None
 
 
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # 3. attention_posterior
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _verify_attention_posterior(scores: Tensor, u: Tensor, v: Tensor, wo: Tensor, e: Tensor, sigma: float,
-                                head_select: str, head_scale: Optional[float]) -> None:
-    verify("attention_posterior", {"sigma": sigma, "head_select": head_select, "head_scale": head_scale,
-                                   "scores": scores, "u": u, "v": v, "wo": wo, "e": e})
+def _attention_posterior_fake(scores, u, v, wo, e, sigma=1.0, head_select="min_entropy", head_scale=None):
+    B, _, N, _ = scores.shape
+    return (
+        e.new_empty((B, N, e.shape[2]), dtype=torch.float32),
+        e.new_empty((B,), dtype=torch.int32),
+    )
 
 
-@torch.library.custom_op("moe::attention_posterior", mutates_args=())
+@moe_op("attention_posterior", fake=_attention_posterior_fake)
 def attention_posterior(
     scores: Tensor,
     u: Tensor,
@@ -189,31 +168,8 @@ def attention_posterior(
     Returns:
         ``(p [B, N, K] f32, head [B] i32)``; ``head`` is ``-1`` for ``"all"``.
     """
-    _verify_attention_posterior(scores, u, v, wo, e, sigma, head_select, head_scale)
     _note_fallback(scores)
     return _attention_posterior_ref(scores, u, v, wo, e, sigma, head_select, head_scale)
-
-
-@attention_posterior.register_fake
-def _(scores, u, v, wo, e, sigma=1.0, head_select="min_entropy", head_scale=None):
-    _verify_attention_posterior(scores, u, v, wo, e, sigma, head_select, head_scale)
-    B, _, N, _ = scores.shape
-    return (
-        e.new_empty((B, N, e.shape[2]), dtype=torch.float32),
-        e.new_empty((B,), dtype=torch.int32),
-    )
-
-
-def _verify_attention_posterior_backward(
-    grad_p: Tensor, scores: Tensor, u: Tensor, v: Tensor, wo: Tensor, e: Tensor, head: Optional[Tensor],
-    sigma: float, head_select: str, head_scale: Optional[float],
-) -> None:
-    # The torch op takes i64 h* and any float cotangent too: its kernel reads them as i32 and f32.
-    if head is not None and head.dtype in (torch.int32, torch.int64):
-        head = KernelView(torch.int32, head.shape)
-    verify("attention_posterior_backward", {"sigma": sigma, "head_select": head_select, "head_scale": head_scale,
-                                            "scores": scores, "u": u, "v": v, "wo": wo, "e": e, "head": head,
-                                            "grad_p": KernelView(torch.float32, grad_p.shape)})
 
 
 def _check_head_range(op: str, head: Optional[Tensor], heads: int) -> None:
@@ -225,7 +181,14 @@ def _check_head_range(op: str, head: Optional[Tensor], heads: int) -> None:
         _fail(op, f"'head' holds {lo if lo < 0 else hi}, outside [0, {heads}): it indexes no head")
 
 
-@torch.library.custom_op("moe::attention_posterior_backward", mutates_args=())
+def _attention_posterior_backward_fake(grad_p, scores, u, v, wo, e, head=None, sigma=1.0, head_select="min_entropy",
+                                       head_scale=None):
+    return tuple(t.new_empty(t.shape, dtype=torch.float32) for t in (scores, u, v, wo, e))
+
+
+# The torch op takes i64 h* and any float cotangent too: its kernel reads them as i32 and f32.
+@moe_op("attention_posterior_backward", fake=_attention_posterior_backward_fake,
+        views={"grad_p": as_f32, "head": as_i32})
 def attention_posterior_backward(
     grad_p: Tensor,
     scores: Tensor,
@@ -246,16 +209,9 @@ def attention_posterior_backward(
     results, which include ``d_scores`` ``[B, H, N, Nk]``, O(B·(N + H·Nk)·(D + K)) memory). Elsewhere (CUDA for now,
     or without the kernels) it runs the dense closed form :func:`moe_mlir.reference._attention_posterior_backward_ref`.
     """
-    _verify_attention_posterior_backward(grad_p, scores, u, v, wo, e, head, sigma, head_select, head_scale)
     _check_head_range("attention_posterior_backward", head, scores.shape[1])
     _note_fallback(scores)
     return _attention_posterior_backward_ref(grad_p, scores, u, v, wo, e, head, sigma, head_select, head_scale)
-
-
-@attention_posterior_backward.register_fake
-def _(grad_p, scores, u, v, wo, e, head=None, sigma=1.0, head_select="min_entropy", head_scale=None):
-    _verify_attention_posterior_backward(grad_p, scores, u, v, wo, e, head, sigma, head_select, head_scale)
-    return tuple(t.new_empty(t.shape, dtype=torch.float32) for t in (scores, u, v, wo, e))
 
 
 def _posterior_grads(ctx, grad_p: Tensor, operands: Sequence[Tensor], head: Tensor, needs: Sequence[bool]):

@@ -19,7 +19,7 @@ from ..reference.routing import dispatch_plan_sizes as _dispatch_plan_sizes
 from ..reference.routing import route as _route_ref
 from ..reference.routing import route_weights as _route_weights
 from ._autograd import _needs
-from ..runtime.verify import KernelView, verify
+from ._verified_op import as_f32, as_i32, moe_op
 from ._checks import _check_index_range
 from .loading import _GRAD_OPS, KEY_OPS, _note_fallback
 
@@ -30,16 +30,13 @@ ROUTE_ORDERS = ("score_then_topk", "topk_then_score")
 GROUP_SCORES = ("top2_sum", "max")
 
 
-def _verify_route(logits: Tensor, bias: Optional[Tensor], k: int, scoring: str, order: str, n_group: int,
-                  topk_group: int, group_score: str, renormalize: bool, routed_scaling_factor: float,
-                  replay: Optional[Tensor] = None) -> None:
-    verify("route", {"k": k, "scoring": scoring, "order": order, "n_group": n_group, "topk_group": topk_group,
-                     "group_score": group_score, "renormalize": renormalize,
-                     "routed_scaling_factor": routed_scaling_factor, "logits": logits, "bias": bias,
-                     "replay": replay})
+def _route_fake(logits, bias, k, scoring="softmax", order="score_then_topk", n_group=1, topk_group=1,
+                group_score="top2_sum", renormalize=False, routed_scaling_factor=1.0, replay=None):
+    shape = (logits.shape[0], k)
+    return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int32)
 
 
-@torch.library.custom_op("moe::route", mutates_args=())
+@moe_op("route", fake=_route_fake)
 def route(logits: Tensor, bias: Optional[Tensor], k: int, scoring: str = "softmax", order: str = "score_then_topk",
           n_group: int = 1, topk_group: int = 1, group_score: str = "top2_sum", renormalize: bool = False,
           routed_scaling_factor: float = 1.0, replay: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
@@ -68,8 +65,6 @@ def route(logits: Tensor, bias: Optional[Tensor], k: int, scoring: str = "softma
         ``(weights [T, k] f32, indices [T, k] i32)`` sorted by descending choice score; ties -> lowest index; NaN
         first.
     """
-    _verify_route(logits, bias, k, scoring, order, n_group, topk_group, group_score, renormalize,
-                  routed_scaling_factor, replay)
     if replay is not None:
         _check_index_range("route", "replay", replay, logits.shape[1])
     _note_fallback(logits)
@@ -77,44 +72,24 @@ def route(logits: Tensor, bias: Optional[Tensor], k: int, scoring: str = "softma
                       routed_scaling_factor, replay)
 
 
-@route.register_fake
-def _(logits, bias, k, scoring="softmax", order="score_then_topk", n_group=1, topk_group=1, group_score="top2_sum",
-      renormalize=False, routed_scaling_factor=1.0, replay=None):
-    _verify_route(logits, bias, k, scoring, order, n_group, topk_group, group_score, renormalize,
-                  routed_scaling_factor, replay)
-    shape = (logits.shape[0], k)
-    return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int32)
+def _route_backward_fake(grad_w, logits, indices, scoring, renormalize=False, routed_scaling_factor=1.0):
+    return logits.new_empty(logits.shape, dtype=torch.float32)
 
 
-def _verify_route_backward(grad_w: Tensor, logits: Tensor, indices: Tensor, scoring: str, renormalize: bool,
-                           routed_scaling_factor: float) -> None:
-    # The torch op takes i64 indices and any float cotangent too: its kernel reads them as i32 and f32.
-    verify("route_backward", {"scoring": scoring, "renormalize": renormalize,
-                              "routed_scaling_factor": routed_scaling_factor, "logits": logits,
-                              "indices": KernelView(torch.int32, indices.shape),
-                              "grad_w": KernelView(torch.float32, grad_w.shape)})
-
-
-@torch.library.custom_op("moe::route_backward", mutates_args=())
+# The torch op takes i64 indices and any float cotangent too: its kernel reads them as i32 and f32.
+@moe_op("route_backward", fake=_route_backward_fake, views={"grad_w": as_f32, "indices": as_i32})
 def route_backward(grad_w: Tensor, logits: Tensor, indices: Tensor, scoring: str, renormalize: bool = False,
                    routed_scaling_factor: float = 1.0) -> Tensor:
     """The gradient ``[T, E]`` f32 of ``route``'s weights (elementwise scores: ``sigmoid``, ``none``, custom) to the
     logits, given the forward's ``indices`` and the cotangent ``grad_w`` ``[T, k]`` (``moe.route_grad``: one fused
     kernel on CPU and CUDA tensors, the custom score's derivative formed symbolically). Eager fallback (no kernels):
     autograd of the reference."""
-    _verify_route_backward(grad_w, logits, indices, scoring, renormalize, routed_scaling_factor)
     _note_fallback(logits)
     with torch.enable_grad():
         x = logits.detach().float().requires_grad_(True)
         w = _route_weights(x, indices, scoring, "score_then_topk", renormalize, routed_scaling_factor)
         (g,) = torch.autograd.grad(w, x, grad_w.float())
     return g
-
-
-@route_backward.register_fake
-def _(grad_w, logits, indices, scoring, renormalize=False, routed_scaling_factor=1.0):
-    _verify_route_backward(grad_w, logits, indices, scoring, renormalize, routed_scaling_factor)
-    return logits.new_empty(logits.shape, dtype=torch.float32)
 
 
 # Backward: the weights of the forward's own choice (its indices, saved) re-computed from the logits under autograd
@@ -148,11 +123,12 @@ def _route_backward(ctx, grad_w, grad_idx):
 route.register_autograd(_route_backward, setup_context=_route_setup)
 
 
-def _verify_dispatch_plan(indices: Tensor, num_experts: int, block_size: int) -> None:
-    verify("dispatch_plan", {"num_experts": num_experts, "block_size": block_size, "indices": indices})
+def _dispatch_plan_fake(indices, num_experts, block_size=1):
+    return tuple(indices.new_empty((n,), dtype=torch.int32)
+                 for n in _dispatch_plan_sizes(indices.shape[0], indices.shape[1], num_experts, block_size))
 
 
-@torch.library.custom_op("moe::dispatch_plan", mutates_args=())
+@moe_op("dispatch_plan", fake=_dispatch_plan_fake)
 def dispatch_plan(indices: Tensor, num_experts: int, block_size: int = 1
                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The expert-sorted dispatch plan of a top-k routing (``moe.dispatch_plan``, vLLM's moe_align_block_size).
@@ -167,17 +143,9 @@ def dispatch_plan(indices: Tensor, num_experts: int, block_size: int = 1
         block_experts [⌈(T·k + E·(B−1))/B⌉], num_padded [1])``; ``order`` lists the assignments ``n = t·k + j``
         stably sorted by expert, ``inverse`` is its inverse permutation.
     """
-    _verify_dispatch_plan(indices, num_experts, block_size)
     _check_index_range("dispatch_plan", "indices", indices, num_experts)
     _note_fallback(indices)
     return _dispatch_plan_ref(indices, num_experts, block_size)
-
-
-@dispatch_plan.register_fake
-def _(indices, num_experts, block_size=1):
-    _verify_dispatch_plan(indices, num_experts, block_size)
-    return tuple(indices.new_empty((n,), dtype=torch.int32)
-                 for n in _dispatch_plan_sizes(indices.shape[0], indices.shape[1], num_experts, block_size))
 
 
 _GRAD_OPS[route._name] = route

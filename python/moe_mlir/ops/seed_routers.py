@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..reference import _adjacency_update_ref, _hyper_router_backward_ref, _hyper_router_ref, _mad_dispersion_ref
 from ._autograd import _needs
-from ..runtime.verify import KernelView, verify
+from ._verified_op import as_f32, moe_op, not_in_key
 from ._checks import _check_index_range
 from .loading import KEY_OPS, _PYTHON_AUTOGRAD, _STOP_GRADIENT, _note_fallback
 
@@ -20,13 +20,15 @@ EMPTIES = ("identity", "raw")
 ADJ_NORMS = ("row", "col", "none")
 
 
-def _verify_mad_dispersion(tokens: Tensor, assign: Tensor, num_experts: int, eps: float, clip: float, normalize: str,
-                           measure: str, empty: str) -> None:
-    verify("mad_dispersion", {"num_experts": num_experts, "eps": eps, "clip": clip, "normalize": normalize,
-                              "measure": measure, "empty": empty, "tokens": tokens, "assign": assign})
+def _mad_dispersion_fake(tokens, assign, num_experts, eps=1e-4, clip=10.0, normalize="feature", measure="mad",
+                         empty="identity"):
+    return (
+        tokens.new_empty((num_experts, tokens.shape[1]), dtype=torch.float32),
+        tokens.new_empty((num_experts,), dtype=torch.int32),
+    )
 
 
-@torch.library.custom_op("moe::mad_dispersion", mutates_args=())
+@moe_op("mad_dispersion", fake=_mad_dispersion_fake)
 def mad_dispersion(
     tokens: Tensor,
     assign: Tensor,
@@ -50,19 +52,9 @@ def mad_dispersion(
     Raises:
         ValueError: a value of ``assign`` outside ``[0, num_experts)``.
     """
-    _verify_mad_dispersion(tokens, assign, num_experts, eps, clip, normalize, measure, empty)
     _check_index_range("mad_dispersion", "assign", assign, num_experts)
     _note_fallback(tokens)
     return _mad_dispersion_ref(tokens, assign, num_experts, eps, clip, normalize, measure, empty)
-
-
-@mad_dispersion.register_fake
-def _(tokens, assign, num_experts, eps=1e-4, clip=10.0, normalize="feature", measure="mad", empty="identity"):
-    _verify_mad_dispersion(tokens, assign, num_experts, eps, clip, normalize, measure, empty)
-    return (
-        tokens.new_empty((num_experts, tokens.shape[1]), dtype=torch.float32),
-        tokens.new_empty((num_experts,), dtype=torch.int32),
-    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -70,11 +62,11 @@ def _(tokens, assign, num_experts, eps=1e-4, clip=10.0, normalize="feature", mea
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _verify_adjacency_update(a: Tensor, idx: Tensor, beta: float, norm: str, include_self: bool) -> None:
-    verify("adjacency_update", {"beta": beta, "norm": norm, "include_self": include_self, "a": a, "idx": idx})
+def _adjacency_update_fake(a, idx, beta=0.9, norm="row", include_self=True):
+    return a.new_empty(a.shape, dtype=torch.float32)
 
 
-@torch.library.custom_op("moe::adjacency_update", mutates_args=())
+@moe_op("adjacency_update", fake=_adjacency_update_fake)
 def adjacency_update(
     a: Tensor, idx: Tensor, beta: float = 0.9, norm: str = "row", include_self: bool = True
 ) -> Tensor:
@@ -91,16 +83,9 @@ def adjacency_update(
     Raises:
         ValueError: a value of ``idx`` outside ``[0, E)``.
     """
-    _verify_adjacency_update(a, idx, beta, norm, include_self)
     _check_index_range("adjacency_update", "idx", idx, a.shape[0])
     _note_fallback(a)
     return _adjacency_update_ref(a, idx, beta, norm, include_self)
-
-
-@adjacency_update.register_fake
-def _(a, idx, beta=0.9, norm="row", include_self=True):
-    _verify_adjacency_update(a, idx, beta, norm, include_self)
-    return a.new_empty(a.shape, dtype=torch.float32)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -108,11 +93,15 @@ def _(a, idx, beta=0.9, norm="row", include_self=True):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _verify_hyper_router(emb: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, num_experts: int) -> None:
-    verify("hyper_router", {"num_experts": num_experts, "emb": emb, "w1": w1, "b1": b1, "w2": w2, "b2": b2})
+def _hyper_router_fake(emb, w1, b1, w2, b2, num_experts):
+    d = w2.shape[0] // num_experts - 1
+    return (
+        emb.new_empty((num_experts, d), dtype=torch.float32),
+        emb.new_empty((num_experts,), dtype=torch.float32),
+    )
 
 
-@torch.library.custom_op("moe::hyper_router", mutates_args=())
+@moe_op("hyper_router", fake=_hyper_router_fake)
 def hyper_router(
     emb: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, num_experts: int
 ) -> tuple[Tensor, Tensor]:
@@ -126,27 +115,8 @@ def hyper_router(
     Returns:
         ``(w [E, D] f32, b [E] f32)``: the router matrix and the generated bias.
     """
-    _verify_hyper_router(emb, w1, b1, w2, b2, num_experts)
     _note_fallback(emb)
     return _hyper_router_ref(emb, w1, b1, w2, b2, num_experts)
-
-
-@hyper_router.register_fake
-def _(emb, w1, b1, w2, b2, num_experts):
-    _verify_hyper_router(emb, w1, b1, w2, b2, num_experts)
-    d = w2.shape[0] // num_experts - 1
-    return (
-        emb.new_empty((num_experts, d), dtype=torch.float32),
-        emb.new_empty((num_experts,), dtype=torch.float32),
-    )
-
-
-def _verify_hyper_router_backward(grad_w: Tensor, grad_b: Tensor, emb: Tensor, w1: Tensor, b1: Tensor, w2: Tensor,
-                                  b2: Tensor, num_experts: int) -> None:
-    # The cotangents are read as f32, whatever autograd hands over.
-    verify("hyper_router_backward", {"num_experts": num_experts, "grad_w": KernelView(torch.float32, grad_w.shape),
-                                     "grad_b": KernelView(torch.float32, grad_b.shape), "emb": emb, "w1": w1, "b1": b1,
-                                     "w2": w2, "b2": b2})
 
 
 def _without_weight_grads(grads: tuple, weight_grads: bool) -> tuple:
@@ -156,7 +126,14 @@ def _without_weight_grads(grads: tuple, weight_grads: bool) -> tuple:
     return tuple(g.new_empty((0,)) if i in (1, 3) else g for i, g in enumerate(grads))
 
 
-@torch.library.custom_op("moe::hyper_router_backward", mutates_args=())
+def _hyper_router_backward_fake(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts, weight_grads=True):
+    return _without_weight_grads(tuple(t.new_empty(t.shape, dtype=torch.float32) for t in (emb, w1, b1, w2, b2)),
+                                 weight_grads)
+
+
+# The cotangents are read as f32, whatever autograd hands over.
+@moe_op("hyper_router_backward", fake=_hyper_router_backward_fake,
+        views={"grad_w": as_f32, "grad_b": as_f32, "weight_grads": not_in_key})
 def hyper_router_backward(
     grad_w: Tensor, grad_b: Tensor, emb: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, num_experts: int,
     weight_grads: bool = True,
@@ -169,16 +146,8 @@ def hyper_router_backward(
     ``weight_grads=False`` (a frozen hypernetwork, HyperRouter's default: 002 §1.10) skips the two outer products:
     ``d_w1`` and ``d_w2`` come back as empty ``[0]`` tensors, and the kernel neither computes nor writes them (the
     size of the hypernetwork), as eager autograd skips the gradients of parameters that do not require them."""
-    _verify_hyper_router_backward(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts)
     _note_fallback(emb)
     return _without_weight_grads(_hyper_router_backward_ref(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts),
-                                 weight_grads)
-
-
-@hyper_router_backward.register_fake
-def _(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts, weight_grads=True):
-    _verify_hyper_router_backward(grad_w, grad_b, emb, w1, b1, w2, b2, num_experts)
-    return _without_weight_grads(tuple(t.new_empty(t.shape, dtype=torch.float32) for t in (emb, w1, b1, w2, b2)),
                                  weight_grads)
 
 

@@ -7,17 +7,18 @@ from torch import Tensor
 
 from ..reference import _topk_renorm_backward_ref, _topk_renorm_ref
 from ._autograd import _needs
-from ..runtime.verify import KernelView, verify
+from ._verified_op import as_f32, as_i32, moe_op
 from .loading import KEY_OPS, _PYTHON_AUTOGRAD, _note_fallback
 
 TOPK_MODES = ("logits", "probs")
 
 
-def _verify_topk_renorm(scores: Tensor, k: int, mode: str, renormalize: bool) -> None:
-    verify("topk_renorm", {"k": k, "mode": mode, "renormalize": renormalize, "scores": scores})
+def _topk_renorm_fake(scores: Tensor, k: int, mode: str = "logits", renormalize: bool = True) -> tuple[Tensor, Tensor]:
+    shape = (*scores.shape[:-1], k)
+    return scores.new_empty(shape, dtype=torch.float32), scores.new_empty(shape, dtype=torch.int32)
 
 
-@torch.library.custom_op("moe::topk_renorm", mutates_args=())
+@moe_op("topk_renorm", fake=_topk_renorm_fake)
 def topk_renorm(scores: Tensor, k: int, mode: str = "logits", renormalize: bool = True) -> tuple[Tensor, Tensor]:
     """Top-k expert selection with gate weights (``moe.topk_renorm``).
 
@@ -33,43 +34,23 @@ def topk_renorm(scores: Tensor, k: int, mode: str = "logits", renormalize: bool 
         ``(weights [..., k] f32, indices [..., k] i32)`` sorted by descending score; ties -> lowest index; NaN ranks
         first; a fully ``-inf`` row gives zero weights and indices ``0..k-1``.
     """
-    _verify_topk_renorm(scores, k, mode, renormalize)
     _note_fallback(scores)
     return _topk_renorm_ref(scores, k, mode, renormalize)
 
 
-@topk_renorm.register_fake
-def _(scores: Tensor, k: int, mode: str = "logits", renormalize: bool = True) -> tuple[Tensor, Tensor]:
-    _verify_topk_renorm(scores, k, mode, renormalize)
-    shape = (*scores.shape[:-1], k)
-    return scores.new_empty(shape, dtype=torch.float32), scores.new_empty(shape, dtype=torch.int32)
+def _topk_renorm_backward_fake(grad_w, scores, indices, mode="logits", renormalize=True):
+    return scores.new_empty(scores.shape, dtype=torch.float32)
 
 
-
-def _verify_topk_renorm_backward(grad_w: Tensor, scores: Tensor, indices: Tensor, mode: str,
-                                  renormalize: bool) -> None:
-    # The kernel reads the indices as i32 and the cotangent as f32, whatever the caller hands over.
-    if indices.dtype in (torch.int32, torch.int64):
-        indices = KernelView(torch.int32, indices.shape)
-    verify("topk_renorm_backward", {"mode": mode, "renormalize": renormalize, "scores": scores, "indices": indices,
-                                    "grad_w": KernelView(torch.float32, grad_w.shape)})
-
-
-@torch.library.custom_op("moe::topk_renorm_backward", mutates_args=())
+# The kernel reads the indices as i32 and the cotangent as f32, whatever the caller hands over.
+@moe_op("topk_renorm_backward", fake=_topk_renorm_backward_fake, views={"grad_w": as_f32, "indices": as_i32})
 def topk_renorm_backward(grad_w: Tensor, scores: Tensor, indices: Tensor, mode: str = "logits",
                          renormalize: bool = True) -> Tensor:
     """The backward of ``topk_renorm`` (``moe.topk_renorm_grad``): the gradient (f32, shaped like ``scores``) of the
     weights with respect to the scores, given the forward's ``indices`` and the weights' cotangent ``grad_w``; through
     the kept values only (closed form: :func:`moe_mlir.reference._topk_renorm_backward_ref`)."""
-    _verify_topk_renorm_backward(grad_w, scores, indices, mode, renormalize)
     _note_fallback(scores)
     return _topk_renorm_backward_ref(grad_w, scores, indices, mode, renormalize)
-
-
-@topk_renorm_backward.register_fake
-def _(grad_w, scores, indices, mode="logits", renormalize=True):
-    _verify_topk_renorm_backward(grad_w, scores, indices, mode, renormalize)
-    return scores.new_empty(scores.shape, dtype=torch.float32)
 
 
 def topk_renorm_backward_decomposition(grad_w: Tensor, scores: Tensor, indices: Tensor, mode: str = "logits",
@@ -80,7 +61,7 @@ def topk_renorm_backward_decomposition(grad_w: Tensor, scores: Tensor, indices: 
     scatter of the weights' gradient, the dense softmax of the raw logits mode and the add into the router's
     gradient become separate kernels around the call, where inductor's own graph (softmax, topk) fuses them
     into its neighbours. The op itself, called eagerly, keeps its kernel."""
-    _verify_topk_renorm_backward(grad_w, scores, indices, mode, renormalize)
+    topk_renorm_backward.check(grad_w, scores, indices, mode, renormalize)
     return _topk_renorm_backward_ref(grad_w, scores, indices, mode, renormalize)
 
 
