@@ -34,13 +34,12 @@
 //===----------------------------------------------------------------------===//
 
 #include "AutogradOps.h"
-#include "TorchCuda.h"
+#include "TorchOps.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <array>
@@ -161,10 +160,12 @@ struct TopkRenorm : torch::autograd::Function<TopkRenorm> {
   }
 };
 
-std::tuple<Tensor, Tensor> topkRenormAutograd(const Tensor &scores,
-                                              c10::SymInt k,
-                                              c10::string_view mode,
-                                              bool renormalize) {
+} // namespace
+
+std::tuple<Tensor, Tensor> moe_torch::topkRenormAutograd(const Tensor &scores,
+                                                         c10::SymInt k,
+                                                         c10::string_view mode,
+                                                         bool renormalize) {
   if (!needsGraph(scores)) {
     MOE_OP(op, TopkSig, "topk_renorm");
     return op(scores, std::move(k), mode, renormalize);
@@ -172,6 +173,8 @@ std::tuple<Tensor, Tensor> topkRenormAutograd(const Tensor &scores,
   variable_list r = TopkRenorm::apply(scores, std::move(k), mode, renormalize);
   return {r[0], r[1]};
 }
+
+namespace {
 
 //===----------------------------------------------------------------------===//
 // similarity_inform, similarity_inform_topk
@@ -239,15 +242,20 @@ struct SimilarityInform : torch::autograd::Function<SimilarityInform> {
   }
 };
 
-Tensor similarityInformAutograd(const Tensor &u, const Tensor &e,
-                                const OptTensor &ws, const OptTensor &mask,
-                                double tau, bool causal) {
+} // namespace
+
+Tensor moe_torch::similarityInformAutograd(const Tensor &u, const Tensor &e,
+                                           const OptTensor &ws,
+                                           const OptTensor &mask, double tau,
+                                           bool causal) {
   if (!needsGraph(u, e, ws)) {
     MOE_OP(op, SimSig, "similarity_inform");
     return op(u, e, ws, mask, tau, causal);
   }
   return SimilarityInform::apply(u, e, ws, mask, tau, causal);
 }
+
+namespace {
 
 struct SimilarityInformTopk : torch::autograd::Function<SimilarityInformTopk> {
   static variable_list forward(AutogradContext *ctx, const Tensor &u,
@@ -284,10 +292,11 @@ struct SimilarityInformTopk : torch::autograd::Function<SimilarityInformTopk> {
   }
 };
 
-std::tuple<Tensor, Tensor>
-similarityInformTopkAutograd(const Tensor &u, const Tensor &e, c10::SymInt k,
-                             const OptTensor &ws, const OptTensor &mask,
-                             double tau, bool causal, bool renormalize) {
+} // namespace
+
+std::tuple<Tensor, Tensor> moe_torch::similarityInformTopkAutograd(
+    const Tensor &u, const Tensor &e, c10::SymInt k, const OptTensor &ws,
+    const OptTensor &mask, double tau, bool causal, bool renormalize) {
   if (!needsGraph(u, e, ws)) {
     MOE_OP(op, SimTopkSig, "similarity_inform_topk");
     return op(u, e, std::move(k), ws, mask, tau, causal, renormalize);
@@ -296,6 +305,8 @@ similarityInformTopkAutograd(const Tensor &u, const Tensor &e, c10::SymInt k,
                                                 tau, causal, renormalize);
   return {r[0], r[1]};
 }
+
+namespace {
 
 //===----------------------------------------------------------------------===//
 // attention_posterior, attention_posterior_topk
@@ -359,11 +370,12 @@ struct AttentionPosterior : torch::autograd::Function<AttentionPosterior> {
   }
 };
 
-std::tuple<Tensor, Tensor>
-attentionPosteriorAutograd(const Tensor &scores, const Tensor &u,
-                           const Tensor &v, const Tensor &wo, const Tensor &e,
-                           double sigma, c10::string_view headSelect,
-                           std::optional<double> headScale) {
+} // namespace
+
+std::tuple<Tensor, Tensor> moe_torch::attentionPosteriorAutograd(
+    const Tensor &scores, const Tensor &u, const Tensor &v, const Tensor &wo,
+    const Tensor &e, double sigma, c10::string_view headSelect,
+    std::optional<double> headScale) {
   if (!needsGraph(scores, u, v, wo, e)) {
     MOE_OP(op, PostSig, "attention_posterior");
     return op(scores, u, v, wo, e, sigma, headSelect, headScale);
@@ -372,6 +384,8 @@ attentionPosteriorAutograd(const Tensor &scores, const Tensor &u,
                                               headSelect, headScale);
   return {r[0], r[1]};
 }
+
+namespace {
 
 struct AttentionPosteriorTopk
     : torch::autograd::Function<AttentionPosteriorTopk> {
@@ -418,7 +432,9 @@ struct AttentionPosteriorTopk
   }
 };
 
-std::tuple<Tensor, Tensor, Tensor> attentionPosteriorTopkAutograd(
+} // namespace
+
+std::tuple<Tensor, Tensor, Tensor> moe_torch::attentionPosteriorTopkAutograd(
     const Tensor &scores, const Tensor &u, const Tensor &v, const Tensor &wo,
     const Tensor &e, c10::SymInt k, double sigma, c10::string_view headSelect,
     std::optional<double> headScale, bool renormalize) {
@@ -432,6 +448,8 @@ std::tuple<Tensor, Tensor, Tensor> attentionPosteriorTopkAutograd(
                                     headSelect, headScale, renormalize);
   return {r[0], r[1], r[2]};
 }
+
+namespace {
 
 //===----------------------------------------------------------------------===//
 // hyper_router
@@ -481,12 +499,12 @@ struct HyperRouter : torch::autograd::Function<HyperRouter> {
   }
 };
 
-std::tuple<Tensor, Tensor> hyperRouterAutograd(const Tensor &emb,
-                                               const Tensor &w1,
-                                               const Tensor &b1,
-                                               const Tensor &w2,
-                                               const Tensor &b2,
-                                               c10::SymInt numExperts) {
+} // namespace
+
+std::tuple<Tensor, Tensor>
+moe_torch::hyperRouterAutograd(const Tensor &emb, const Tensor &w1,
+                               const Tensor &b1, const Tensor &w2,
+                               const Tensor &b2, c10::SymInt numExperts) {
   if (!needsGraph(emb, w1, b1, w2, b2)) {
     MOE_OP(op, HyperSig, "hyper_router");
     return op(emb, w1, b1, w2, b2, std::move(numExperts));
@@ -495,8 +513,6 @@ std::tuple<Tensor, Tensor> hyperRouterAutograd(const Tensor &emb,
       HyperRouter::apply(emb, w1, b1, w2, b2, std::move(numExperts));
   return {r[0], r[1]};
 }
-
-} // namespace
 
 variable_list moe_torch::differentiableOnce(variable_list grads,
                                             const char *op) {
@@ -519,13 +535,4 @@ variable_list moe_torch::differentiableOnce(variable_list grads,
     if (g.defined())
       g = wrapped[next++];
   return grads;
-}
-
-void moe_torch::registerDifferentiable(torch::Library &m) {
-  m.impl("topk_renorm", TORCH_FN(topkRenormAutograd));
-  m.impl("similarity_inform", TORCH_FN(similarityInformAutograd));
-  m.impl("similarity_inform_topk", TORCH_FN(similarityInformTopkAutograd));
-  m.impl("attention_posterior", TORCH_FN(attentionPosteriorAutograd));
-  m.impl("attention_posterior_topk", TORCH_FN(attentionPosteriorTopkAutograd));
-  m.impl("hyper_router", TORCH_FN(hyperRouterAutograd));
 }

@@ -26,36 +26,32 @@
 //===----------------------------------------------------------------------===//
 
 #include "AutogradOps.h"
-#include "TorchCuda.h"
 #include "TorchKernels.h"
+#include "TorchOps.h"
 
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
-#include <torch/library.h>
 
 #include <limits>
 #include <optional>
 #include <tuple>
 
 using namespace moe_torch;
-
-namespace {
-
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using OptTensor = std::optional<Tensor>;
 
 /// f64 operands run in f32 (the kernels take f32/f16/bf16).
-Tensor kernelFloat(const Tensor &t) {
+static Tensor kernelFloat(const Tensor &t) {
   return t.scalar_type() == at::kDouble ? t.to(at::kFloat) : t;
 }
 
 /// The token weights as f32 (any dtype multiplies, as transformers' mask).
-Tensor maskF32(const Tensor &m) {
+static Tensor maskF32(const Tensor &m) {
   return m.scalar_type() == at::kFloat ? m : m.to(at::kFloat);
 }
 
-void checkLogitDtype(const char *op, const char *name, const Tensor &t) {
+static void checkLogitDtype(const char *op, const char *name, const Tensor &t) {
   at::ScalarType d = t.scalar_type();
   TORCH_CHECK_TYPE(d == at::kFloat || d == at::kHalf || d == at::kBFloat16 ||
                        d == at::kDouble,
@@ -65,8 +61,8 @@ void checkLogitDtype(const char *op, const char *name, const Tensor &t) {
 
 /// What the router ops take beyond their key's op, which the verifier
 /// checks: f64 logits (computed in f32) and the operands on one device.
-void checkRouterOperands(const char *op, const Tensor &logits,
-                         const OptTensor &mask) {
+static void checkRouterOperands(const char *op, const Tensor &logits,
+                                const OptTensor &mask) {
   checkDevice(op, {&logits});
   checkLogitDtype(op, "logits", logits);
   if (mask)
@@ -75,8 +71,8 @@ void checkRouterOperands(const char *op, const Tensor &logits,
 
 /// The key of router_stats_fwd on `logits` and `mask` as the kernel reads
 /// them (f64 logits and a mask of any dtype as f32), errors naming `op`.
-Key routerStatsKey(const char *op, const Tensor &logits, const OptTensor &mask,
-                   int64_t topK) {
+static Key routerStatsKey(const char *op, const Tensor &logits,
+                          const OptTensor &mask, int64_t topK) {
   Key key("router_stats_fwd");
   key.namedAs(op).attr("top_k", topK);
   at::ScalarType x = logits.scalar_type() == at::kDouble ? at::kFloat
@@ -89,21 +85,22 @@ Key routerStatsKey(const char *op, const Tensor &logits, const OptTensor &mask,
 
 /// A one-value tensor the kernel reads as an f32 scalar (any shape of one
 /// element: the torch op's, not the kernel's rank-0 operand).
-void checkOneValue(const char *op, const char *name, const Tensor &t) {
+static void checkOneValue(const char *op, const char *name, const Tensor &t) {
   TORCH_CHECK_VALUE(t.numel() == 1, "moe.", op, ": '", name,
                     "' must hold one value, got shape ", t.sizes());
 }
 
 /// A scalar cotangent or saved scalar as the kernels read it: f32, rank 0.
-Tensor scalarF32(const Tensor &t) {
+static Tensor scalarF32(const Tensor &t) {
   return contig(t.to(at::kFloat).reshape({}));
 }
 
 /// The statistics kernel (moe.router_stats); `op` names the torch op in the
 /// messages.
-std::tuple<Tensor, Tensor, Tensor> statsFwd(const char *op,
-                                            const Tensor &logits, int64_t topK,
-                                            const OptTensor &mask) {
+static std::tuple<Tensor, Tensor, Tensor> statsFwd(const char *op,
+                                                   const Tensor &logits,
+                                                   int64_t topK,
+                                                   const OptTensor &mask) {
   checkRouterOperands(op, logits, mask);
   Key key = routerStatsKey(op, logits, mask, topK);
   validateOnly(key); // the op verifier, before the sizes are read
@@ -134,30 +131,34 @@ std::tuple<Tensor, Tensor, Tensor> statsFwd(const char *op,
 }
 
 std::tuple<Tensor, Tensor, Tensor>
-routerStatsFwd(const Tensor &logits, int64_t topK, const OptTensor &mask) {
+moe_torch::routerStatsFwd(const Tensor &logits, int64_t topK,
+                          const OptTensor &mask) {
   return statsFwd("router_stats_fwd", logits, topK, mask);
 }
 
 /// transformers' E · Σ_e (counts_e / W) · P_e from the statistics.
-Tensor switchLoss(const Tensor &counts, const Tensor &probs,
-                  const Tensor &weightSum) {
+static Tensor switchLoss(const Tensor &counts, const Tensor &probs,
+                         const Tensor &weightSum) {
   return ((counts / weightSum) * probs).sum() * counts.size(0);
 }
 
-std::tuple<Tensor, Tensor> routerStats(const Tensor &logits, int64_t topK,
-                                       const OptTensor &mask) {
+std::tuple<Tensor, Tensor> moe_torch::routerStats(const Tensor &logits,
+                                                  int64_t topK,
+                                                  const OptTensor &mask) {
   auto [counts, probs, w] = statsFwd("router_stats", logits, topK, mask);
   return {counts, probs};
 }
 
-Tensor loadBalancingLoss(const Tensor &logits, int64_t topK,
-                         const OptTensor &mask) {
+Tensor moe_torch::loadBalancingLoss(const Tensor &logits, int64_t topK,
+                                    const OptTensor &mask) {
   auto [counts, probs, w] = statsFwd("load_balancing_loss", logits, topK, mask);
   return switchLoss(counts, probs, w);
 }
 
-Tensor routerStatsBackward(const Tensor &gradProbs, const Tensor &logits,
-                           const OptTensor &mask, const Tensor &weightSum) {
+Tensor moe_torch::routerStatsBackward(const Tensor &gradProbs,
+                                      const Tensor &logits,
+                                      const OptTensor &mask,
+                                      const Tensor &weightSum) {
   const char *op = "router_stats_backward";
   checkRouterOperands(op, logits, mask);
   checkDevice(op, {&logits, &gradProbs, &weightSum});
@@ -189,7 +190,7 @@ Tensor routerStatsBackward(const Tensor &gradProbs, const Tensor &logits,
   return out;
 }
 
-Tensor routerZLoss(const Tensor &logits) {
+Tensor moe_torch::routerZLoss(const Tensor &logits) {
   const char *op = "router_z_loss";
   checkRouterOperands(op, logits, std::nullopt);
   Tensor x = kernelFloat(logits);
@@ -207,7 +208,8 @@ Tensor routerZLoss(const Tensor &logits) {
   return out;
 }
 
-Tensor routerZLossBackward(const Tensor &grad, const Tensor &logits) {
+Tensor moe_torch::routerZLossBackward(const Tensor &grad,
+                                      const Tensor &logits) {
   const char *op = "router_z_loss_backward";
   checkRouterOperands(op, logits, std::nullopt);
   checkDevice(op, {&logits, &grad});
@@ -230,9 +232,9 @@ Tensor routerZLossBackward(const Tensor &grad, const Tensor &logits) {
 /// After the op verifier (`key`): what the torch op takes beyond the key's
 /// op, whose k is the last size of the indices: `top_k` equal to it, and
 /// (data-dependent, as the eager reference) every index in [0, E).
-void checkSequenceOperands(const char *op, const Key &key,
-                           const Tensor &scores, const Tensor &indices,
-                           int64_t topK) {
+static void checkSequenceOperands(const char *op, const Key &key,
+                                  const Tensor &scores, const Tensor &indices,
+                                  int64_t topK) {
   validateOnly(key);
   checkDim(op, "indices", indices, 2, topK, "'top_k'");
   int64_t E = scores.size(2);
@@ -247,8 +249,8 @@ void checkSequenceOperands(const char *op, const Key &key,
                     "): the value indexes no expert");
 }
 
-Tensor sequenceBalanceLoss(const Tensor &scores, const Tensor &indices,
-                           int64_t topK) {
+Tensor moe_torch::sequenceBalanceLoss(const Tensor &scores,
+                                      const Tensor &indices, int64_t topK) {
   const char *op = "sequence_balance_loss";
   checkDevice(op, {&scores, &indices});
   checkLogitDtype(op, "scores", scores);
@@ -267,8 +269,10 @@ Tensor sequenceBalanceLoss(const Tensor &scores, const Tensor &indices,
   return out;
 }
 
-Tensor sequenceBalanceLossBackward(const Tensor &grad, const Tensor &scores,
-                                   const Tensor &indices, int64_t topK) {
+Tensor moe_torch::sequenceBalanceLossBackward(const Tensor &grad,
+                                              const Tensor &scores,
+                                              const Tensor &indices,
+                                              int64_t topK) {
   const char *op = "sequence_balance_loss_backward";
   checkDevice(op, {&scores, &indices, &grad});
   checkLogitDtype(op, "scores", scores);
@@ -310,33 +314,35 @@ using SeqSig = Tensor(const Tensor &, const Tensor &, c10::SymInt);
 using SeqBwdSig = Tensor(const Tensor &, const Tensor &, const Tensor &,
                          c10::SymInt);
 
-const Op<StatsFwdSig> &statsFwdOp() {
+static const Op<StatsFwdSig> &statsFwdOp() {
   static const Op<StatsFwdSig> op("moe::router_stats_fwd");
   return op;
 }
-const Op<StatsBwdSig> &statsBwdOp() {
+static const Op<StatsBwdSig> &statsBwdOp() {
   static const Op<StatsBwdSig> op("moe::router_stats_backward");
   return op;
 }
 
 /// The gradient `g` cast to the dtype of `like`; under create_graph, the
 /// output of an error node (the backward ops are differentiable once).
-Tensor gradFor(const Tensor &g, const Tensor &like, const char *op) {
+static Tensor gradFor(const Tensor &g, const Tensor &like, const char *op) {
   std::string name = std::string("moe.") + op;
   return differentiableOnce({castLike(g, like)}, name.c_str())[0];
 }
 
 /// The saved token mask (an undefined tensor when there is none).
-OptTensor savedMask(const Tensor &m) {
+static OptTensor savedMask(const Tensor &m) {
   return m.defined() ? OptTensor(m) : std::nullopt;
 }
 
 /// Saves the logits, the mask and the statistics the backward reads.
-void saveStats(AutogradContext *ctx, const Tensor &logits,
-               const OptTensor &mask, const Tensor &counts,
-               const Tensor &weightSum) {
+static void saveStats(AutogradContext *ctx, const Tensor &logits,
+                      const OptTensor &mask, const Tensor &counts,
+                      const Tensor &weightSum) {
   ctx->save_for_backward({logits, mask ? *mask : Tensor(), counts, weightSum});
 }
+
+namespace {
 
 struct LoadBalancingLossFn : torch::autograd::Function<LoadBalancingLossFn> {
   static Tensor forward(AutogradContext *ctx, const Tensor &logits,
@@ -420,33 +426,48 @@ struct SequenceBalanceLossFn
   }
 };
 
-Tensor loadBalancingLossAutograd(const Tensor &logits, c10::SymInt symK,
-                                 const OptTensor &mask) {
-  int64_t topK = symK.expect_int();
-  if (!needsGraph(logits)) {
-    static const Op<LbSig> op("moe::load_balancing_loss");
-    return op(logits, c10::SymInt(topK), mask);
-  }
-  checkRouterOperands("load_balancing_loss", logits, mask);
-  validateOnly(routerStatsKey("load_balancing_loss", logits, mask, topK));
-  return LoadBalancingLossFn::apply(logits, topK, mask);
+} // namespace
+
+/// A Function's outputs as its op returns them.
+static Tensor opResult(Tensor loss) { return loss; }
+static std::tuple<Tensor, Tensor> opResult(const variable_list &stats) {
+  return {stats[0], stats[1]};
 }
 
-std::tuple<Tensor, Tensor> routerStatsAutograd(const Tensor &logits,
-                                               c10::SymInt symK,
-                                               const OptTensor &mask) {
+/// The Autograd kernel of an op on the router statistics, `op`, whose backend
+/// kernel is `kernel`: that kernel when no graph is needed; else the operands
+/// are checked and verified first, in the words of `op` (the statistics'
+/// forward would check them only inside the Function, after its node is
+/// made), and `Fn` records the node.
+template <typename Fn, typename Sig>
+static auto statsAutograd(const char *op, const Op<Sig> &kernel,
+                          const Tensor &logits, c10::SymInt symK,
+                          const OptTensor &mask) {
   int64_t topK = symK.expect_int();
-  if (!needsGraph(logits)) {
-    static const Op<StatsSig> op("moe::router_stats");
-    return op(logits, c10::SymInt(topK), mask);
-  }
-  checkRouterOperands("router_stats", logits, mask);
-  validateOnly(routerStatsKey("router_stats", logits, mask, topK));
-  variable_list r = RouterStatsFn::apply(logits, topK, mask);
-  return {r[0], r[1]};
+  if (!needsGraph(logits))
+    return kernel(logits, c10::SymInt(topK), mask);
+  checkRouterOperands(op, logits, mask);
+  validateOnly(routerStatsKey(op, logits, mask, topK));
+  return opResult(Fn::apply(logits, topK, mask));
 }
 
-Tensor routerZLossAutograd(const Tensor &logits) {
+Tensor moe_torch::loadBalancingLossAutograd(const Tensor &logits,
+                                            c10::SymInt topK,
+                                            const OptTensor &mask) {
+  static const Op<LbSig> kernel("moe::load_balancing_loss");
+  return statsAutograd<LoadBalancingLossFn>("load_balancing_loss", kernel,
+                                            logits, std::move(topK), mask);
+}
+
+std::tuple<Tensor, Tensor>
+moe_torch::routerStatsAutograd(const Tensor &logits, c10::SymInt topK,
+                               const OptTensor &mask) {
+  static const Op<StatsSig> kernel("moe::router_stats");
+  return statsAutograd<RouterStatsFn>("router_stats", kernel, logits,
+                                      std::move(topK), mask);
+}
+
+Tensor moe_torch::routerZLossAutograd(const Tensor &logits) {
   if (!needsGraph(logits)) {
     static const Op<ZSig> op("moe::router_z_loss");
     return op(logits);
@@ -454,40 +475,13 @@ Tensor routerZLossAutograd(const Tensor &logits) {
   return RouterZLossFn::apply(logits);
 }
 
-Tensor sequenceBalanceLossAutograd(const Tensor &scores, const Tensor &indices,
-                                   c10::SymInt symK) {
+Tensor moe_torch::sequenceBalanceLossAutograd(const Tensor &scores,
+                                              const Tensor &indices,
+                                              c10::SymInt symK) {
   int64_t topK = symK.expect_int();
   if (!needsGraph(scores)) {
     static const Op<SeqSig> op("moe::sequence_balance_loss");
     return op(scores, indices, c10::SymInt(topK));
   }
   return SequenceBalanceLossFn::apply(scores, indices, topK);
-}
-
-} // namespace
-
-void moe_torch::registerBalanceKernels(torch::Library &m) {
-  m.impl("router_stats_fwd", &routerStatsFwd);
-  m.impl("router_stats", &routerStats);
-  m.impl("load_balancing_loss", &loadBalancingLoss);
-  m.impl("router_stats_backward", &routerStatsBackward);
-  m.impl("router_z_loss", &routerZLoss);
-  m.impl("router_z_loss_backward", &routerZLossBackward);
-}
-
-void moe_torch::registerBalanceAutograd(torch::Library &m) {
-  m.impl("load_balancing_loss", TORCH_FN(loadBalancingLossAutograd));
-  m.impl("router_stats", TORCH_FN(routerStatsAutograd));
-  m.impl("router_z_loss", TORCH_FN(routerZLossAutograd));
-}
-
-// sequence_balance_loss has no GPU lowering: the CPU only.
-TORCH_LIBRARY_IMPL(moe, CPU, m) {
-  moe_torch::registerBalanceKernels(m);
-  m.impl("sequence_balance_loss", &sequenceBalanceLoss);
-  m.impl("sequence_balance_loss_backward", &sequenceBalanceLossBackward);
-}
-TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) {
-  moe_torch::registerBalanceAutograd(m);
-  m.impl("sequence_balance_loss", TORCH_FN(sequenceBalanceLossAutograd));
 }

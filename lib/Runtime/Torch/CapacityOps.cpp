@@ -1,4 +1,5 @@
-//===- CapacityOps.cpp - torch.ops.moe.apply_capacity / bias_update --------===//
+//===- CapacityOps.cpp - torch.ops.moe.apply_capacity / bias_update
+//--------===//
 //
 // Part of the MoE-MLIR project.
 //
@@ -12,29 +13,26 @@
 //   returns only `inverse` and `dropped`: cache.py's _kept_results) and keeps
 //   the weights whose assignment kept its place (inverse >= 0). T is dynamic
 //   in the kernel. Its gradient (a mask on the weights) is the Python
-//   recompute autograd's.
+//   recompute autograd's (TorchOps.def: PythonAutograd).
 // * bias_update lowers moe.bias_update; `rate` enters the key rounded to f32,
 //   the precision of the op's attribute, so that the kernel adds exactly the
 //   u of PyTorch's f32 arithmetic.
 //
 //===----------------------------------------------------------------------===//
 
-#include "TorchCuda.h"
 #include "TorchKernels.h"
-
-#include <torch/library.h>
+#include "TorchOps.h"
 
 #include <cmath>
 #include <cstdint>
 
 using namespace moe_torch;
 
-namespace {
-
-std::tuple<Tensor, Tensor> applyCapacity(const Tensor &indices,
-                                         const Tensor &weights,
-                                         int64_t numExperts, int64_t capacity,
-                                         c10::string_view drop) {
+std::tuple<Tensor, Tensor> moe_torch::applyCapacity(const Tensor &indices,
+                                                    const Tensor &weights,
+                                                    int64_t numExperts,
+                                                    int64_t capacity,
+                                                    c10::string_view drop) {
   const char *op = "apply_capacity";
   checkDevice(op, {&indices, &weights});
   checkCpu(op, {&indices, &weights});
@@ -65,7 +63,8 @@ std::tuple<Tensor, Tensor> applyCapacity(const Tensor &indices,
           dropped.to(at::kLong)};
 }
 
-Tensor biasUpdate(const Tensor &bias, const Tensor &counts, double rate) {
+Tensor moe_torch::biasUpdate(const Tensor &bias, const Tensor &counts,
+                             double rate) {
   const char *op = "bias_update";
   checkDevice(op, {&bias, &counts});
   checkCpu(op, {&bias, &counts});
@@ -84,18 +83,4 @@ Tensor biasUpdate(const Tensor &bias, const Tensor &counts, double rate) {
   std::vector<MemRef> args{describe(b), describe(c), describe(out)};
   launch(fn, args, key.device);
   return out;
-}
-
-} // namespace
-
-TORCH_LIBRARY_IMPL(moe, CPU, m) {
-  m.impl("apply_capacity", &applyCapacity);
-  m.impl("bias_update", &biasUpdate);
-}
-
-TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) {
-  // kept_weights is differentiable w.r.t. weights (the Python autograd);
-  // bias_update has no gradient.
-  m.impl("apply_capacity", autogradKernel(/*differentiable=*/true));
-  m.impl("bias_update", autogradKernel(/*differentiable=*/false));
 }

@@ -6,8 +6,8 @@
 //
 // The CPU kernels of torch.ops.moe.<op>_backward (python/moe_mlir/ops/
 // defines their schemas and fake kernels, and the autograd of the forward ops
-// that calls them), and the CUDA kernels of those with a GPU lowering
-// (registerGradKernels: the same functions, their keys naming the device:
+// that calls them), which are also their CUDA kernels where they have a GPU
+// lowering (TorchOps.def: the same functions, their keys naming the device:
 // similarity_inform_fwd and _backward, topk_renorm_backward,
 // hyper_router_backward, attention_posterior_backward; the latter's
 // head_select = all runs its eager reference on CUDA tensors, as the forward
@@ -18,23 +18,20 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "TorchCuda.h"
 #include "TorchKernels.h"
-
-#include <torch/library.h>
+#include "TorchOps.h"
 
 #include <array>
 
 using namespace moe_torch;
 
-namespace {
-
 /// Similarity-Inform backward with a zero-sized feature dimension D: every
 /// logit is 0, so S is uniform over the keys a row mixes. No kernel takes a
 /// static zero size (the dialect's lowerings assume none); this is the
 /// degenerate case, computed with ATen (N x N, but D = 0).
-Tensor similarityDegenerateDe(const Tensor &dp, const Tensor &u,
-                              const std::optional<Tensor> &mask, bool causal) {
+static Tensor similarityDegenerateDe(const Tensor &dp, const Tensor &u,
+                                     const std::optional<Tensor> &mask,
+                                     bool causal) {
   int64_t B = u.size(0), N = u.size(1);
   Tensor valid = at::ones({B, N, N}, u.options().dtype(at::kBool));
   if (causal)
@@ -46,12 +43,11 @@ Tensor similarityDegenerateDe(const Tensor &dp, const Tensor &u,
   return at::bmm(s.transpose(1, 2), dp.to(at::kFloat));
 }
 
-std::tuple<Tensor, Tensor, Tensor>
-similarityInformBackward(const Tensor &dp, const Tensor &u, const Tensor &e,
-                         const std::optional<Tensor> &ws,
-                         const std::optional<Tensor> &mask, double tau,
-                         bool causal, const std::optional<Tensor> &p,
-                         const std::optional<Tensor> &lse) {
+std::tuple<Tensor, Tensor, Tensor> moe_torch::similarityInformBackward(
+    const Tensor &dp, const Tensor &u, const Tensor &e,
+    const std::optional<Tensor> &ws, const std::optional<Tensor> &mask,
+    double tau, bool causal, const std::optional<Tensor> &p,
+    const std::optional<Tensor> &lse) {
   const char *op = "similarity_inform_backward";
   similarityDevices(op, u, e, ws, mask);
   checkDevice(op, {&u, &dp});
@@ -107,9 +103,9 @@ similarityInformBackward(const Tensor &dp, const Tensor &u, const Tensor &e,
   return {du, de, dws};
 }
 
-Tensor topkRenormBackward(const Tensor &gradW, const Tensor &scores,
-                          const Tensor &indices, c10::string_view mode,
-                          bool renormalize) {
+Tensor moe_torch::topkRenormBackward(const Tensor &gradW, const Tensor &scores,
+                                     const Tensor &indices,
+                                     c10::string_view mode, bool renormalize) {
   const char *op = "topk_renorm_backward";
   checkDevice(op, {&scores, &indices, &gradW});
   c10::Device on = scores.device();
@@ -150,10 +146,10 @@ using HyperGrads = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
 /// op allows and the dialect does not, or an empty De, Dh or E·(D+1)): the
 /// closed form of moe.hyper_router_grad with ATen (no token dimension, so
 /// small).
-HyperGrads hyperRouterDegenerate(const Tensor &gradW, const Tensor &gradB,
-                                 const Tensor &emb, const Tensor &w1,
-                                 const Tensor &b1, const Tensor &w2,
-                                 int64_t numExperts) {
+static HyperGrads hyperRouterDegenerate(const Tensor &gradW,
+                                        const Tensor &gradB, const Tensor &emb,
+                                        const Tensor &w1, const Tensor &b1,
+                                        const Tensor &w2, int64_t numExperts) {
   Tensor embf = emb.to(at::kFloat), w1f = w1.to(at::kFloat);
   Tensor h = at::relu(at::matmul(w1f, embf) + b1.to(at::kFloat));
   Tensor dout =
@@ -166,13 +162,14 @@ HyperGrads hyperRouterDegenerate(const Tensor &gradW, const Tensor &gradB,
           dout};
 }
 
-HyperGrads hyperRouterBackward(const Tensor &gradW, const Tensor &gradB,
-                               const Tensor &emb, const Tensor &w1,
-                               const Tensor &b1, const Tensor &w2,
-                               const Tensor &b2, int64_t numExperts,
-                               bool weightGrads) {
+HyperGrads moe_torch::hyperRouterBackward(const Tensor &gradW,
+                                          const Tensor &gradB,
+                                          const Tensor &emb, const Tensor &w1,
+                                          const Tensor &b1, const Tensor &w2,
+                                          const Tensor &b2, int64_t numExperts,
+                                          bool weightGrads) {
   const char *op = "hyper_router_backward";
-  // CPU or CUDA tensors (registerGradKernels): the key carries the device.
+  // CPU or CUDA tensors (TorchOps.def): the key carries the device.
   checkDevice(op, {&gradW, &gradB, &emb, &w1, &b1, &w2, &b2});
   Key key(op);
   key.attr("num_experts", numExperts).attr("weight_grads", weightGrads);
@@ -224,7 +221,7 @@ HyperGrads hyperRouterBackward(const Tensor &gradW, const Tensor &gradB,
 
 using PosteriorGrads = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
 
-PosteriorGrads attentionPosteriorBackward(
+PosteriorGrads moe_torch::attentionPosteriorBackward(
     const Tensor &dp, const Tensor &scores, const Tensor &u, const Tensor &v,
     const Tensor &wo, const Tensor &e, const std::optional<Tensor> &head,
     double sigma, c10::string_view headSelect,
@@ -291,18 +288,3 @@ PosteriorGrads attentionPosteriorBackward(
   launch(fn, args, key.device);
   return {grads[0], grads[1], grads[2], grads[3], grads[4]};
 }
-
-} // namespace
-
-/// The training ops with GPU lowerings (lib/Conversion/MoEToGPU): the same
-/// kernels for CPU and, with the forward ops' CUDA kernels, for CUDA; the
-/// other training ops keep their eager references on CUDA tensors.
-void moe_torch::registerGradKernels(torch::Library &m) {
-  m.impl("similarity_inform_fwd", &similarityInformFwd);
-  m.impl("similarity_inform_backward", &similarityInformBackward);
-  m.impl("topk_renorm_backward", &topkRenormBackward);
-  m.impl("hyper_router_backward", &hyperRouterBackward);
-  m.impl("attention_posterior_backward", &attentionPosteriorBackward);
-}
-
-TORCH_LIBRARY_IMPL(moe, CPU, m) { moe_torch::registerGradKernels(m); }

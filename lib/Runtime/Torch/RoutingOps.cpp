@@ -1,4 +1,5 @@
-//===- RoutingOps.cpp - torch.ops.moe.route / dispatch_plan on our kernels -===//
+//===- RoutingOps.cpp - torch.ops.moe.route / dispatch_plan on our kernels
+//-===//
 //
 // Part of the MoE-MLIR project.
 //
@@ -8,16 +9,14 @@
 // section "Production routing"), on the machinery of TorchKernels.cpp
 // (TorchKernels.h): the token dimension T is dynamic in the kernel, so one
 // compiled kernel serves every token count; the Python kernel cache validates
-// a call on a key miss. moe.route is differentiable w.r.t. the logits (the
+// a call on a key miss. moe.route is differentiable w.r.t. the logits (its
 // AutogradCPU kernel hands calls that need gradients to the op's Python
-// autograd); moe.dispatch_plan is integer-valued (no autograd).
+// autograd); moe.dispatch_plan is integer-valued (no autograd): TorchOps.def.
 //
 //===----------------------------------------------------------------------===//
 
-#include "TorchCuda.h"
 #include "TorchKernels.h"
-
-#include <torch/library.h>
+#include "TorchOps.h"
 
 #include <array>
 #include <cstdint>
@@ -25,21 +24,20 @@
 
 using namespace moe_torch;
 
-namespace {
-
 /// The kernel key separates its fields with '|': a custom score region
 /// (scoring = "custom:<region>") must not hold one.
-void checkScoring(const char *op, c10::string_view scoring) {
+static void checkScoring(const char *op, c10::string_view scoring) {
   TORCH_CHECK_VALUE(scoring.find('|') == c10::string_view::npos, "moe.", op,
                     ": the 'score' region text must not contain '|' (it "
                     "is part of the kernel key)");
 }
 
 std::tuple<Tensor, Tensor>
-route(const Tensor &logits, const std::optional<Tensor> &bias, int64_t k,
-      c10::string_view scoring, c10::string_view order, int64_t nGroup,
-      int64_t topkGroup, c10::string_view groupScore, bool renormalize,
-      double routedScalingFactor, const std::optional<Tensor> &replay) {
+moe_torch::route(const Tensor &logits, const std::optional<Tensor> &bias,
+                 int64_t k, c10::string_view scoring, c10::string_view order,
+                 int64_t nGroup, int64_t topkGroup, c10::string_view groupScore,
+                 bool renormalize, double routedScalingFactor,
+                 const std::optional<Tensor> &replay) {
   const char *op = "route";
   checkDevice(op, {&logits});
   if (bias)
@@ -85,9 +83,9 @@ route(const Tensor &logits, const std::optional<Tensor> &bias, int64_t k,
 
 /// route's backward for an elementwise score (moe.route_grad: a custom score
 /// region differentiated symbolically), on CPU and CUDA tensors.
-Tensor routeBackward(const Tensor &gradW, const Tensor &logits,
-                     const Tensor &indices, c10::string_view scoring,
-                     bool renormalize, double routedScalingFactor) {
+Tensor moe_torch::routeBackward(const Tensor &gradW, const Tensor &logits,
+                                const Tensor &indices, c10::string_view scoring,
+                                bool renormalize, double routedScalingFactor) {
   const char *op = "route_backward";
   checkDevice(op, {&logits, &indices, &gradW});
   checkScoring(op, scoring);
@@ -117,7 +115,8 @@ Tensor routeBackward(const Tensor &gradW, const Tensor &logits,
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
-dispatchPlan(const Tensor &indices, int64_t numExperts, int64_t blockSize) {
+moe_torch::dispatchPlan(const Tensor &indices, int64_t numExperts,
+                        int64_t blockSize) {
   const char *op = "dispatch_plan";
   checkDevice(op, {&indices});
   Key key(op);
@@ -150,17 +149,4 @@ dispatchPlan(const Tensor &indices, int64_t numExperts, int64_t blockSize) {
   // (moe_mlir.runtime.cuda.check_errors), as for mad_dispersion.
   launch(fn, args, key.device);
   return {out[0], out[1], out[2], out[3], out[4], out[5], out[6]};
-}
-
-} // namespace
-
-void moe_torch::registerRoutingKernels(torch::Library &m) {
-  m.impl("route", &route);
-  m.impl("route_backward", &routeBackward);
-  m.impl("dispatch_plan", &dispatchPlan);
-}
-
-TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) {
-  m.impl("route", autogradKernel(/*differentiable=*/true));
-  m.impl("dispatch_plan", autogradKernel(/*differentiable=*/false));
 }

@@ -17,9 +17,10 @@
 //   consumers of its outputs, and returns without waiting. Stream-ordered
 //   scratch allocations (cuMemAllocAsync) and launches only: a call can be
 //   captured in a CUDA graph once its kernel is loaded.
-// * the registration of the CUDA kernels, done at run time
-//   by moeTorchEnableCuda() when Python finds the CUDA kernels usable (else
-//   CUDA tensors keep the eager references).
+// * the entry points of the registration of the CUDA kernels at run time
+//   (Registration.cpp): moeTorchEnableCuda(), called when Python finds the
+//   CUDA kernels usable (else CUDA tensors keep the eager references), and
+//   moeTorchEnableCudaRouterLosses().
 //
 // libmoe_cuda_runtime.so is not a link dependency (a machine without a CUDA
 // driver must still load the extension for the CPU kernels): the kernel cache
@@ -33,13 +34,11 @@
 #include <c10/core/Stream.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
-#include <torch/library.h>
 
 #include <dlfcn.h>
 
 #include <cstdint>
 #include <cstdio>
-#include <memory>
 
 namespace {
 
@@ -107,33 +106,6 @@ void moe_torch::launchOnCurrentStream(c10::Device device,
   if (rt.takeDriverError(message, sizeof(message)))
     TORCH_CHECK(false, "moe: CUDA driver error in a kernel call on ", device,
                 ": ", message);
-}
-
-void moe_torch::registerCudaKernels() {
-  // The AutogradCUDA kernels are static (TorchOps.cpp): their forward calls
-  // these once registered, the ops' eager references before.
-  static std::unique_ptr<torch::Library> kernels;
-  if (kernels)
-    return;
-  kernels = std::make_unique<torch::Library>(
-      torch::Library::IMPL, "moe", c10::DispatchKey::CUDA, __FILE__, __LINE__);
-  registerKernels(*kernels);
-  registerGradKernels(*kernels);
-}
-
-void moe_torch::registerCudaRouterLosses() {
-  static std::unique_ptr<torch::Library> kernels, autograd;
-  if (kernels)
-    return;
-  auto k = std::make_unique<torch::Library>(
-      torch::Library::IMPL, "moe", c10::DispatchKey::CUDA, __FILE__, __LINE__);
-  auto a = std::make_unique<torch::Library>(torch::Library::IMPL, "moe",
-                                            c10::DispatchKey::AutogradCUDA,
-                                            __FILE__, __LINE__);
-  registerBalanceKernels(*k);
-  registerBalanceAutograd(*a);
-  kernels = std::move(k);
-  autograd = std::move(a);
 }
 
 /// Called by python/moe_mlir/runtime/extension.py when the CUDA kernels are

@@ -264,12 +264,6 @@ std::vector<MemRef> similarityArgs(const Tensor &u, const Tensor &e,
                                    std::vector<Tensor> &keep);
 /// Their kernels' work (launch): quadratic in N, unlike their operands.
 int64_t similarityWork(const Tensor &u, const Tensor &e);
-/// similarity_inform for training (similarity_inform_fwd, TorchOps.cpp): p
-/// and the row log-sum-exp [B, N] its backward reads.
-std::tuple<Tensor, Tensor>
-similarityInformFwd(const Tensor &u, const Tensor &e,
-                    const std::optional<Tensor> &ws,
-                    const std::optional<Tensor> &mask, double tau, bool causal);
 /// Calls `moe_mlir.reference.<name>(*args)` (holding the GIL) and returns its
 /// tensors: the eager reference where no kernel applies.
 std::vector<Tensor> allHeadsReference(const char *name,

@@ -6,7 +6,8 @@
 //
 // The CPU (and, with TorchCudaOps.cpp, CUDA) kernels of the torch ops that
 // python/moe_mlir/ops/ defines (the schemas and fake kernels stay in Python;
-// the autograd of the differentiable ops is Autograd.cpp). Each call:
+// the autograd of the differentiable ops is Autograd.cpp; Registration.cpp
+// registers them all from the op table, TorchOps.def). Each call:
 //
 // 1. checks what the kernel cache key does not pin down (the relations
 //    between the token-like, dynamic dimensions; the messages of the Python
@@ -36,7 +37,7 @@
 
 #include "PythonCalls.h"
 #include "TorchKernels.h"
-#include "TorchCuda.h"
+#include "TorchOps.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -65,8 +66,8 @@ using at::Tensor;
 
 PyObject *toPython(const c10::IValue &v); // the autograd section below
 
-// Shared with the other files of the extension (RoutingOps.cpp, GradOps.cpp)
-// through TorchKernels.h.
+// The kernels (TorchOps.h) and the helpers the other files of the extension
+// share through TorchKernels.h (RoutingOps.cpp, GradOps.cpp).
 namespace moe_torch {
 
 //===----------------------------------------------------------------------===//
@@ -478,7 +479,7 @@ torch::CppFunction moe_torch::autogradKernel(bool differentiable) {
 }
 
 //===----------------------------------------------------------------------===//
-// Registration
+// The entry points of python/moe_mlir/runtime/extension.py
 //===----------------------------------------------------------------------===//
 
 /// Called once by python/moe_mlir/runtime (through ctypes at import): the
@@ -497,29 +498,3 @@ moeTorchSetLoader(PyObject *fn, PyObject *grad) {
 extern "C" __attribute__((visibility("default"))) void moeTorchClearKernels() {
   moe_torch::clearKernels();
 }
-
-void moe_torch::registerKernels(torch::Library &m) {
-  m.impl("topk_renorm", &topkRenorm);
-  m.impl("similarity_inform", &similarityInform);
-  m.impl("similarity_inform_topk", &similarityInformTopk);
-  m.impl("attention_posterior", &attentionPosterior);
-  m.impl("attention_posterior_topk", &attentionPosteriorTopk);
-  m.impl("mad_dispersion", &madDispersion);
-  m.impl("adjacency_update", &adjacencyUpdate);
-  m.impl("hyper_router", &hyperRouter);
-  registerRoutingKernels(m);
-}
-
-void moe_torch::registerAutograd(torch::Library &m) {
-  // The differentiable ops: their C++ autograd (Autograd.cpp).
-  registerDifferentiable(m);
-  // Stop-gradient ops (ops/_autograd.py registers no autograd for them).
-  m.impl("mad_dispersion", autogradKernel(/*differentiable=*/false));
-  m.impl("adjacency_update", autogradKernel(/*differentiable=*/false));
-}
-
-TORCH_LIBRARY_IMPL(moe, CPU, m) { moe_torch::registerKernels(m); }
-TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) { moe_torch::registerAutograd(m); }
-// Whether or not the CUDA kernels are registered: the autograd's forward calls
-// what CUDA tensors run (the CUDA kernel, else the op's eager reference).
-TORCH_LIBRARY_IMPL(moe, AutogradCUDA, m) { moe_torch::registerAutograd(m); }

@@ -358,14 +358,14 @@ def load(key: str, shapes: str, validate_only: int = 0, user_op: Optional[str] =
 
 
 #: The kernel ops of torch.ops.moe.* that the extension registers for the CPU only: the router losses' and the
-#: capacity's (lib/Runtime/Torch/BalanceOps.cpp, CapacityOps.cpp). On CUDA tensors they run their PyTorch references
-#: (ops/balance.py, ops/capacity.py), so there is no CUDA kernel to prebuild for them. The router losses' GPU
-#: lowerings (convert-moe-to-gpu balance-kernels, on by default) passed an H100 run of the MLIR harness, but the
-#: extension's glue that would call them on CUDA tensors has not run on a GPU, so it stays on the references. A CPU run
-#: that records kernel keys for a GPU machine (scripts/gpu-check.sh: the training step of bench.models calls
-#: router_stats_fwd) lists them; prebuild_cuda leaves them out. The routing, mixing and gradient ops (RoutingOps.cpp,
-#: route_backward included; TorchOps.cpp, GradOps.cpp registerGradKernels) have CUDA kernels: the GPU machine has no LLVM to compile them, so
-#: they must be prebuilt.
+#: capacity's (lib/Runtime/Torch/TorchOps.def: Cuda column CudaRouterLosses or CpuOnly). On CUDA tensors they run
+#: their PyTorch references (ops/balance.py, ops/capacity.py), so there is no CUDA kernel to prebuild for them. The
+#: router losses' GPU lowerings (convert-moe-to-gpu balance-kernels, on by default) passed an H100 run of the MLIR
+#: harness, but the extension's glue that would call them on CUDA tensors has not run on a GPU, so it stays on the
+#: references. A CPU run that records kernel keys for a GPU machine (scripts/gpu-check.sh: the training step of
+#: bench.models calls router_stats_fwd) lists them; prebuild_cuda leaves them out. The routing, mixing and gradient
+#: ops (TorchOps.def's CudaKernels and CudaKernelsCpuAutograd, route_backward included) have CUDA kernels: the GPU
+#: machine has no LLVM to compile them, so they must be prebuilt.
 CPU_ONLY_OPS: frozenset[str] = frozenset({
     "router_stats_fwd", "router_stats_backward", "router_z_loss", "router_z_loss_backward", "sequence_balance_loss",
     "sequence_balance_loss_backward", "bias_update", "apply_capacity"})
