@@ -119,8 +119,6 @@ void mlir::moe::buildMoELowerToNVVMPipeline(
 
 void mlir::moe::registerMoEGPUPipelines() {
   PassPipelineRegistration<MoELowerToNVVMOptions>(
-      "moe-lower-to-nvvm",
-      "Lower tensor functions holding moe ops to host LLVM IR launching fused "
-      "CUDA kernels (gpu.binary: PTX, cubin or fatbin)",
+      MoELowerToNVVMOptions::getArgument(), MoELowerToNVVMOptions::getSummary(),
       buildMoELowerToNVVMPipeline);
 }

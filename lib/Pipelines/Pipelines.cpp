@@ -316,8 +316,7 @@ void mlir::moe::buildLowerToLLVMPipeline(OpPassManager &pm,
 void mlir::moe::registerMoEPipelines() {
   registerMoEDensePasses();
   PassPipelineRegistration<LowerToLLVMOptions>(
-      "moe-lower-to-llvm",
-      "Lower tensor functions holding moe ops to the LLVM dialect (CPU)",
+      LowerToLLVMOptions::getArgument(), LowerToLLVMOptions::getSummary(),
       [](OpPassManager &pm, const LowerToLLVMOptions &options) {
         buildLowerToLLVMPipeline(pm, options);
       });

@@ -13,6 +13,8 @@
 //                                   the target's defaultPattern), and
 //                                   populateLowerings, calling them all in
 //                                   the table's order.
+// The kernel-key table's backend is in KernelKeys.cpp, the pipelines'
+// options' (include/MoE/Pipelines/Pipelines.td) in PipelineOptions.cpp.
 // It links the static TableGen libraries (not libLLVM.so/libMLIR.so, which do
 // not export them), as mlir-tblgen does.
 //

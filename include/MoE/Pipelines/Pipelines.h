@@ -17,80 +17,9 @@ namespace mlir {
 class OpPassManager;
 
 namespace moe {
-/// Options of moe-lower-to-llvm.
-struct LowerToLLVMOptions : public PassPipelineOptions<LowerToLLVMOptions> {
-  PassOptions::Option<bool> cpuKernels{
-      *this, "cpu-kernels",
-      llvm::cl::desc("lower the moe ops with the fast CPU kernels "
-                     "(convert-moe-to-cpu) before the portable lowering "
-                     "(convert-moe-to-linalg), which then only sees what "
-                     "has no kernel"),
-      llvm::cl::init(true)};
-  PassOptions::Option<int64_t> numThreads{
-      *this, "num-threads",
-      llvm::cl::desc("workers of the kernels' token loops. 1 (default): "
-                     "sequential code, no runtime library. N > 1: "
-                     "async-parallel-for onto the MLIR async runtime, which "
-                     "needs libmlir_async_runtime.so at run time "
-                     "(mlir-runner -shared-libs=...; the execution API "
-                     "loads it). 0: defaultNumThreads()"),
-      llvm::cl::init(1)};
-  PassOptions::Option<std::string> targetCpu{
-      *this, "target-cpu",
-      llvm::cl::desc("the x86-64 CPU the code is for: an LLVM CPU name "
-                     "(x86-64-v3 = AVX2, x86-64-v4 = AVX-512, znver3, "
-                     "skylake-avx512, ...) or native (default: the host). "
-                     "Sets the kernels' vector width (256 bits without "
-                     "avx512f, 512 with it) and, unless native, every "
-                     "function's target-cpu/target-features, which the JIT "
-                     "and clang then compile for"),
-      llvm::cl::init("native")};
-  PassOptions::Option<int64_t> vectorBits{
-      *this, "vector-bits",
-      llvm::cl::desc("the kernels' vector width in bits (convert-moe-to-cpu "
-                     "vector-bits); 0 (default): from target-cpu"),
-      llvm::cl::init(0)};
-  PassOptions::Option<bool> dense{
-      *this, "dense",
-      llvm::cl::desc("compile the dense linalg ops (matmuls, contractions, "
-                     "reductions, elementwise chains) with the tiled, fused, "
-                     "vectorized and multi-threaded strategy "
-                     "(moe-dense-tile-and-vectorize); false: plain "
-                     "convert-linalg-to-loops"),
-      llvm::cl::init(true)};
-  PassOptions::Option<bool> blas{
-      *this, "blas",
-      llvm::cl::desc("call cblas_sgemm (OpenBLAS) for f32 GEMM-shaped "
-                     "contractions (matmul, batch_matmul, einsum generics) of "
-                     "at least blas-min-flops multiply-adds per batch element "
-                     "(moe-linalg-to-blas); needs libopenblas.so "
-                     "at run time (the execution API loads it)"),
-      llvm::cl::init(false)};
-  PassOptions::Option<int64_t> blasMinFlops{
-      *this, "blas-min-flops",
-      llvm::cl::desc("smallest M*N*K (per batch element) sent to BLAS"),
-      llvm::cl::init(1 << 20)};
-  PassOptions::Option<int64_t> tileM{
-      *this, "tile-m",
-      llvm::cl::desc("register tile of the dense strategy: output rows of a "
-                     "contraction per vector.contract"),
-      llvm::cl::init(8)};
-  PassOptions::Option<int64_t> tileN{
-      *this, "tile-n",
-      llvm::cl::desc("register tile of the dense strategy: output columns of "
-                     "a contraction per vector.contract"),
-      llvm::cl::init(32)};
-  PassOptions::Option<bool> resultsToOutParams{
-      *this, "results-to-out-params",
-      llvm::cl::desc("public functions take their memref results as "
-                     "out-params appended to the arguments (the caller "
-                     "allocates them), upstream buffer-results-to-out-params; "
-                     "a result the function allocates itself is computed in "
-                     "the caller's buffer (static and dynamic shapes), any "
-                     "other (an argument, a constant) is copied into it. "
-                     "false: results are returned (the execution API)"),
-      llvm::cl::init(false)};
-};
+// LowerToLLVMOptions, the options of moe-lower-to-llvm (Pipelines.td).
+#define GEN_PIPELINE_OPTIONS_MOELOWERTOLLVM
+#include "MoE/Pipelines/Pipelines.h.inc"
 
 /// Tensor-level `func.func`s holding moe ops -> the LLVM dialect, for the CPU:
 /// convert-moe-to-cpu (unless cpu-kernels=false), convert-moe-to-linalg,

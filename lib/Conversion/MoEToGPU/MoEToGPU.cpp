@@ -25,11 +25,7 @@
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/Transforms/DialectConversion.h"
 #include "llvm/ADT/DenseSet.h"
-#include "llvm/Support/CommandLine.h"
-#include "llvm/Support/ErrorHandling.h"
-#include "llvm/Support/StringSaver.h"
 
-#include <mutex>
 #include <optional>
 #include <string>
 
@@ -117,14 +113,6 @@ struct ConvertMoEToGPUPass
     return options;
   }
 
-  /// The declaration (Passes.td) of this pass's option `arg`, or null: the
-  /// options of a pass are registered in one llvm::cl subcommand of their own.
-  const llvm::cl::Option *findOption(StringRef arg) const {
-    if (blockSize.Subs.empty())
-      return nullptr;
-    return (*blockSize.Subs.begin())->OptionsMap.lookup(arg);
-  }
-
   void runOnOperation() override {
     ModuleOp module = getOperation();
     ConvertMoEToGPUOptions options = getOptions();
@@ -171,19 +159,3 @@ struct ConvertMoEToGPUPass
   }
 };
 } // namespace
-
-StringRef mlir::moe::getConvertMoEToGPUOptionHelp(StringRef arg,
-                                                  StringRef more) {
-  static std::mutex mutex;
-  std::lock_guard<std::mutex> lock(mutex);
-  // An instance of the pass, for its options' declarations; it and the text
-  // saved live as long as the program (the pipelines' options point to them).
-  static const ConvertMoEToGPUPass *pass = new ConvertMoEToGPUPass();
-  static llvm::BumpPtrAllocator *allocator = new llvm::BumpPtrAllocator();
-  const llvm::cl::Option *option = pass->findOption(arg);
-  if (!option)
-    llvm::report_fatal_error("convert-moe-to-gpu has no option '" + arg + "'");
-  if (more.empty())
-    return option->HelpStr;
-  return llvm::StringSaver(*allocator).save(option->HelpStr + more);
-}

@@ -27,11 +27,7 @@
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"
-#include "mlir/Pass/PassOptions.h"
 
-#include "llvm/ADT/SmallVector.h"
-
-#include <functional>
 #include <string>
 
 namespace mlir {
@@ -55,57 +51,6 @@ namespace moe {
 /// conversion driver, which undoes a failed lowering.
 void populateMoEToGPUPatterns(RewritePatternSet &patterns,
                               const ConvertMoEToGPUOptions &options);
-
-/// The help text Passes.td gives convert-moe-to-gpu's option `arg`, followed
-/// by `more` where it is not empty; fatal where the pass has no such option.
-/// The text lives as long as the program.
-StringRef getConvertMoEToGPUOptionHelp(StringRef arg, StringRef more = "");
-
-/// Options of a pipeline that runs convert-moe-to-gpu and exposes options of
-/// it: each is declared once, in Passes.td; the pipeline shows it under the
-/// pass's name with the pass's help and default (the generated
-/// ConvertMoEToGPUOptions's) and hands its value to the pass
-/// (`convertMoEToGPUOptions`), so that exposing an option of the pass is one
-/// member naming the option and its field.
-template <typename Derived>
-class ConvertMoEToGPUPipelineOptions : public PassPipelineOptions<Derived> {
-public:
-  /// The pass's options: Passes.td's defaults with the values of the
-  /// pipeline's options of the pass put in.
-  ConvertMoEToGPUOptions convertMoEToGPUOptions() const {
-    ConvertMoEToGPUOptions options;
-    for (const auto &forward : forwards)
-      forward(options);
-    return options;
-  }
-
-protected:
-  /// The pass's option `arg`, the field `field` of ConvertMoEToGPUOptions.
-  /// `init` and `moreHelp` are for a pipeline that takes a value the pass
-  /// does not (and resolves it before handing it on).
-  template <typename T>
-  class ConvertOption : public ::mlir::detail::PassOptions::Option<T> {
-  public:
-    ConvertOption(ConvertMoEToGPUPipelineOptions &parent, StringRef arg,
-                  T ConvertMoEToGPUOptions::*field)
-        : ConvertOption(parent, arg, field, ConvertMoEToGPUOptions().*field,
-                        "") {}
-    ConvertOption(ConvertMoEToGPUPipelineOptions &parent, StringRef arg,
-                  T ConvertMoEToGPUOptions::*field, T init, StringRef moreHelp)
-        : ::mlir::detail::PassOptions::Option<T>(
-              parent, arg,
-              llvm::cl::desc(getConvertMoEToGPUOptionHelp(arg, moreHelp)),
-              llvm::cl::init(init)) {
-      parent.forwards.push_back([this, field](ConvertMoEToGPUOptions &options) {
-        options.*field = this->getValue();
-      });
-    }
-    using ::mlir::detail::PassOptions::Option<T>::operator=;
-  };
-
-private:
-  SmallVector<std::function<void(ConvertMoEToGPUOptions &)>> forwards;
-};
 
 } // namespace moe
 } // namespace mlir
