@@ -249,20 +249,27 @@ Groups groupsOf(const char *op, const Tensor &offsets, int64_t E, int64_t S) {
   return g;
 }
 
+/// The work (multiply-adds, plus the elements of idle gradient slices to
+/// zero) above which a call of forEachExpert spreads its experts over torch's
+/// threads: one 256 x 256 expert of one row. A decode call is a few
+/// matrix-vector products whose weights come from memory (8 experts x 256 x
+/// 256: 2 MB), which one core streams at a fraction of the machine's
+/// bandwidth. On a quiet 2-core EPYC, a whole decode step against inductor's
+/// in the same process (bench.model_ab, median of 300 interleaved steps) went
+/// from 1.10-1.15x with the caller alone to 1.26-1.47x with a team (Mixtral,
+/// Qwen3-MoE, DeepSeek-V3). ATen's and inductor's own loops thread above
+/// their grain too. The threshold had been ~1M (1ed6b7e) on a machine
+/// loaded 4-7 by other processes, where every team waits for its second thread
+/// to be scheduled; that is the load's cost to every threaded op, inductor's
+/// kernels included, not a reason for ours to run on one core.
+constexpr int64_t kTeamWork = int64_t{1} << 16;
+
 /// f(e, start, end) for each expert with rows, and idle(e) for each expert
 /// without (a backward's gradient slice to zero), those experts spread over
-/// torch's threads when the call is worth a team: its multiply-adds, plus
-/// the idle slices' elements, above ~1M (~25 us on one core). A decode call
-/// (a few experts of one or two rows: matrix-vector products whose weights
-/// come from memory) stays on the caller: a team would halve it on a quiet
-/// machine (8 experts x 256 x 256: 66 -> 45 us), but on a shared one every
-/// team waits for its second thread to be scheduled, and the 4 teams a
-/// 2-layer decode step opened were what it lost to inductor's serial loop of
-/// mm (Mixtral, load 4-5: 79 against 49 ms a step, issue 51); on the caller
-/// the kernel is still 1.8x that loop. The experts with rows are dealt out,
-/// not the expert indices: two busy experts among 32 go to two threads
-/// wherever they sit; the idle ones come after them. Which thread runs an
-/// expert never changes the result.
+/// torch's threads when the call is worth a team (kTeamWork). The experts
+/// with rows are dealt out, not the expert indices: two busy experts among 32
+/// go to two threads wherever they sit; the idle ones come after them. Which
+/// thread runs an expert never changes the result.
 template <typename F, typename Idle>
 void forEachExpert(const Groups &g, int64_t macs, int64_t weightsPerExpert,
                    F f, Idle idle) {
@@ -278,7 +285,7 @@ void forEachExpert(const Groups &g, int64_t macs, int64_t weightsPerExpert,
         order.push_back(e);
   int64_t n = static_cast<int64_t>(order.size());
   int64_t cost = macs + weightsPerExpert * (n - busy);
-  int64_t grain = cost > (int64_t{1} << 20) ? 1 : std::max<int64_t>(n, 1);
+  int64_t grain = cost > kTeamWork ? 1 : std::max<int64_t>(n, 1);
   at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       int64_t e = order[i];
