@@ -104,8 +104,11 @@ def test_peaked_rows_keep_their_small_terms():
     all but e^-13 of its softmax). Its small terms must survive the accumulation: added one by one to an
     accumulator that already held the row's own term, each lost what fell below its ulp, and the forward's p
     came out at 5x (this kernel) and 2.7x (the exact one, through ws = I) eager's f32 error; the gradient of u,
-    which cancels O(1) terms down to 1e-3, at 16x, and the demo's check against eager failed. Yardstick: eager's
-    own float32 error against float64, on the same input."""
+    which cancels O(1) terms down to 1e-3, at 16x, and the demo's check against eager failed. Yardstick: the float32
+    error against float64 of a summation that keeps them, on the same input: eager's (the machine's BLAS, whose
+    error differs by machine: 3.8e-7 on an AVX-512 EPYC, where this kernel's 1.13e-6 is the same for every target
+    CPU) or the exact kernel's, whichever is larger. The symmetric kernel rounds a little more by construction (the
+    weights' exp(n_j/2 - c) factors): up to 3.5x that; the lost small terms gave 5x eager's."""
     g = torch.Generator().manual_seed(0)
     B, N, D, K, tau = 4, 1024, 128, 16, 0.5
     u = torch.randn(B, N, D, generator=g) * D ** -0.25
@@ -116,9 +119,11 @@ def test_peaked_rows_keep_their_small_terms():
 
     p64 = mix(u.double(), e.double())
     eager_err = (mix(u, e).double() - p64).abs().max()
-    for ws in (None, torch.eye(D)):  # this kernel, then the exact one (a ws makes the logits asymmetric)
-        err = (torch.ops.moe.similarity_inform(u, e, ws, None, tau, False).double() - p64).abs().max()
-        assert err <= 2 * eager_err, (ws is None, float(err), float(eager_err))
+    # This kernel, then the exact one (a ws makes the logits asymmetric).
+    sym_err, exact_err = ((torch.ops.moe.similarity_inform(u, e, ws, None, tau, False).double() - p64).abs().max()
+                          for ws in (None, torch.eye(D)))
+    assert exact_err <= 2 * eager_err, (float(exact_err), float(eager_err))
+    assert sym_err <= 3.5 * max(eager_err, exact_err), (float(sym_err), float(eager_err), float(exact_err))
 
     def grad_u(fn, uu, ee):
         uu = uu.clone().requires_grad_(True)
