@@ -73,7 +73,8 @@ def moe_op(name: str, *, fake: Callable, key: Optional[str] = None, views: Optio
     :class:`OpCheck` against kernel key ``key`` (default ``name``). ``check``, when given, runs after the verifier
     with the arguments by name: the rules of the torch op itself that the key's op does not state (what it takes
     and converts before the kernel sees it, which a view hides from the key). The returned op's ``check`` attribute
-    is the whole check, for the decompositions that stand in for the op."""
+    is the whole check, for the decompositions that stand in for the op; ``prototype`` and ``fake`` are the decorated
+    function and ``fake`` (what a form derived from the op, ops/fused.py's, builds on)."""
 
     def define(fn: Callable):
         check_call = OpCheck(fn, name, key, views, check)
@@ -91,7 +92,7 @@ def moe_op(name: str, *, fake: Callable, key: Optional[str] = None, views: Optio
         schema = torch.library.infer_schema(fn, mutates_args=())
         op = torch.library.custom_op(f"moe::{name}", eager, mutates_args=(), schema=schema)
         op.register_fake(fake_kernel)
-        op.check = check_call
+        op.check, op.prototype, op.fake = check_call, fn, fake
         return op
 
     return define

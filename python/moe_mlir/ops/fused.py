@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import inspect
 
 import torch
 from torch import Tensor
 
-from ..reference import _attention_posterior_topk_ref, _similarity_inform_topk_ref
+from ..reference import _topk_renorm_ref
 from ._autograd import _needs
 from ._verified_op import moe_op
-from .loading import _PYTHON_AUTOGRAD, _note_fallback
+from .loading import _PYTHON_AUTOGRAD
 from .mixing import (
     _posterior_grads,
     _similarity_grads,
@@ -21,68 +21,63 @@ from .mixing import (
 from .topk import topk_renorm_backward
 
 
-def _similarity_inform_topk_fake(u, e, k, ws=None, key_mask=None, tau=1.0, causal=False, renormalize=True):
-    shape = (u.shape[0], u.shape[1], k)
-    return e.new_empty(shape, dtype=torch.float32), e.new_empty(shape, dtype=torch.int32)
+def _gated(base, name: str, doc: str):
+    """The fused form ``moe.<name>`` of mixing op ``base``, with the probs-mode ``topk_renorm`` in its epilogue
+    (MoEFusedOps.td), derived from ``base``'s definition rather than stated again. Its schema is base's with the gate's
+    ``k: int`` after base's parameters without a default and ``renormalize: bool = True`` last; its results are the
+    gate's ``(weights [..., k] f32, indices [..., k] i32)`` in place of base's first result ``p [..., K]``, then base's
+    others; its eager reference and its fake kernel are base's followed by the gate's."""
+    params = list(inspect.signature(base.prototype, eval_str=True).parameters.values())
+    required = sum(p.default is inspect.Parameter.empty for p in params)
+    arg = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params.insert(required, inspect.Parameter("k", arg, annotation=int))
+    params.append(inspect.Parameter("renormalize", arg, default=True, annotation=bool))
+    results = 1 + len(base._opoverload._schema.returns)  # p becomes two results
+    signature = inspect.Signature(params, return_annotation=tuple[(Tensor,) * results])
+
+    def split(args, kwargs):
+        """base's arguments by name, ``k``, ``renormalize``."""
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        base_args = dict(bound.arguments)
+        return base_args, base_args.pop("k"), base_args.pop("renormalize")
+
+    def tuple_of(out) -> tuple:
+        return (out,) if isinstance(out, Tensor) else tuple(out)
+
+    def reference(*args, **kwargs):
+        base_args, k, renormalize = split(args, kwargs)
+        p, *others = tuple_of(base.prototype(**base_args))
+        return (*_topk_renorm_ref(p, k, "probs", renormalize), *others)
+
+    def fake(*args, **kwargs):
+        base_args, k, _ = split(args, kwargs)
+        p, *others = tuple_of(base.fake(**base_args))
+        shape = (*p.shape[:-1], k)
+        return (p.new_empty(shape, dtype=torch.float32), p.new_empty(shape, dtype=torch.int32), *others)
+
+    reference.__signature__ = signature
+    reference.__name__ = reference.__qualname__ = name
+    reference.__doc__ = doc
+    return moe_op(name, fake=fake)(reference)
 
 
-@moe_op("similarity_inform_topk", fake=_similarity_inform_topk_fake)
-def similarity_inform_topk(
-    u: Tensor,
-    e: Tensor,
-    k: int,
-    ws: Optional[Tensor] = None,
-    key_mask: Optional[Tensor] = None,
-    tau: float = 1.0,
-    causal: bool = False,
-    renormalize: bool = True,
-) -> tuple[Tensor, Tensor]:
-    """``similarity_inform`` followed by the probs-mode ``topk_renorm`` (``moe.similarity_inform_topk``, eq 11).
+similarity_inform_topk = _gated(similarity_inform, "similarity_inform_topk", """``similarity_inform`` followed by the
+    probs-mode ``topk_renorm`` (``moe.similarity_inform_topk``, eq 11):
+    ``similarity_inform_topk(u, e, k, ws=None, key_mask=None, tau=1.0, causal=False, renormalize=True)``.
 
     Returns:
         ``(weights [B, N, k] f32, indices [B, N, k] i32)``.
-    """
-    _note_fallback(u)
-    return _similarity_inform_topk_ref(u, e, ws, key_mask, k, renormalize, tau, causal)
+    """)
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# 8. attention_posterior_topk (fused)
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _attention_posterior_topk_fake(scores, u, v, wo, e, k, sigma=1.0, head_select="min_entropy", head_scale=None,
-                                   renormalize=True):
-    B, _, N, _ = scores.shape
-    shape = (B, N, k)
-    return (
-        e.new_empty(shape, dtype=torch.float32),
-        e.new_empty(shape, dtype=torch.int32),
-        e.new_empty((B,), dtype=torch.int32),
-    )
-
-
-@moe_op("attention_posterior_topk", fake=_attention_posterior_topk_fake)
-def attention_posterior_topk(
-    scores: Tensor,
-    u: Tensor,
-    v: Tensor,
-    wo: Tensor,
-    e: Tensor,
-    k: int,
-    sigma: float = 1.0,
-    head_select: str = "min_entropy",
-    head_scale: Optional[float] = None,
-    renormalize: bool = True,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``attention_posterior`` followed by the probs-mode ``topk_renorm`` on its ``p``
-    (``moe.attention_posterior_topk``, eq 17).
+attention_posterior_topk = _gated(attention_posterior, "attention_posterior_topk", """``attention_posterior``
+    followed by the probs-mode ``topk_renorm`` on its ``p`` (``moe.attention_posterior_topk``, eq 17):
+    ``attention_posterior_topk(scores, u, v, wo, e, k, sigma=1.0, head_select="min_entropy", head_scale=None,
+    renormalize=True)``.
 
     Returns:
         ``(weights [B, N, k] f32, indices [B, N, k] i32, head [B] i32)``; ``head`` is ``-1`` for ``"all"``.
-    """
-    _note_fallback(scores)
-    return _attention_posterior_topk_ref(scores, u, v, wo, e, k, renormalize, sigma, head_select, head_scale)
+    """)
 
 
 def _similarity_inform_topk_setup(ctx, inputs, output):

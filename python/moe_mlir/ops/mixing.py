@@ -3,7 +3,6 @@ its backward) and ``moe.attention_posterior`` (with its backward)."""
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 import torch
