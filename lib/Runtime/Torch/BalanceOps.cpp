@@ -120,13 +120,8 @@ static std::tuple<Tensor, Tensor, Tensor> statsFwd(const char *op,
   std::vector<Tensor> keep{contig(x)};
   if (m)
     keep.push_back(contig(*m));
-  std::vector<MemRef> args;
-  for (const Tensor &t : keep)
-    args.push_back(describe(t));
-  args.push_back(describe(counts));
-  args.push_back(describe(probs));
-  args.push_back(describe(weightSum));
-  launch(fn, args, key.device);
+  keep.insert(keep.end(), {counts, probs, weightSum});
+  launch(fn, key.device, keep);
   return {counts, probs, weightSum};
 }
 
@@ -182,11 +177,8 @@ Tensor moe_torch::routerStatsBackward(const Tensor &gradProbs,
   keep.push_back(scalarF32(weightSum));
   keep.push_back(contig(gradProbs.to(at::kFloat)));
   Tensor out = at::empty(x.sizes(), f32(x));
-  std::vector<MemRef> args;
-  for (const Tensor &t : keep)
-    args.push_back(describe(t));
-  args.push_back(describe(out));
-  launch(fn, args, key.device);
+  keep.push_back(out);
+  launch(fn, key.device, keep);
   return out;
 }
 
@@ -203,8 +195,7 @@ Tensor moe_torch::routerZLoss(const Tensor &logits) {
   KernelFn fn = lookup(key);
   Tensor xc = contig(x);
   Tensor out = at::empty({}, f32(x));
-  std::vector<MemRef> args{describe(xc), describe(out)};
-  launch(fn, args, key.device);
+  launch(fn, key.device, {xc, out});
   return out;
 }
 
@@ -224,8 +215,7 @@ Tensor moe_torch::routerZLossBackward(const Tensor &grad,
   KernelFn fn = lookup(key);
   Tensor xc = contig(x), g = scalarF32(grad);
   Tensor out = at::empty(x.sizes(), f32(x));
-  std::vector<MemRef> args{describe(xc), describe(g), describe(out)};
-  launch(fn, args, key.device);
+  launch(fn, key.device, {xc, g, out});
   return out;
 }
 
@@ -264,8 +254,7 @@ Tensor moe_torch::sequenceBalanceLoss(const Tensor &scores,
   KernelFn fn = lookup(key);
   Tensor sc = contig(s), ic = contig(indices);
   Tensor out = at::empty({}, f32(s));
-  std::vector<MemRef> args{describe(sc), describe(ic), describe(out)};
-  launch(fn, args, key.device);
+  launch(fn, key.device, {sc, ic, out});
   return out;
 }
 
@@ -289,9 +278,7 @@ Tensor moe_torch::sequenceBalanceLossBackward(const Tensor &grad,
   KernelFn fn = lookup(key);
   Tensor sc = contig(s), ic = contig(indices), g = scalarF32(grad);
   Tensor out = at::empty(s.sizes(), f32(s));
-  std::vector<MemRef> args{describe(sc), describe(ic), describe(g),
-                           describe(out)};
-  launch(fn, args, key.device);
+  launch(fn, key.device, {sc, ic, g, out});
   return out;
 }
 

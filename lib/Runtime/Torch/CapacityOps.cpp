@@ -55,9 +55,7 @@ std::tuple<Tensor, Tensor> moe_torch::applyCapacity(const Tensor &indices,
   Tensor idx = contig(indices), w = contig(weights);
   Tensor inverse = at::empty({n}, i32(indices));
   Tensor dropped = at::empty({numExperts}, i32(indices));
-  std::vector<MemRef> args{describe(idx), describe(w), describe(inverse),
-                           describe(dropped)};
-  launch(fn, args, key.device);
+  launch(fn, key.device, {idx, w, inverse, dropped});
   Tensor kept = inverse.view(indices.sizes()).ge(0);
   return {at::where(kept, weights, at::zeros({}, weights.options())),
           dropped.to(at::kLong)};
@@ -80,7 +78,6 @@ Tensor moe_torch::biasUpdate(const Tensor &bias, const Tensor &counts,
   KernelFn fn = lookup(key);
   Tensor b = contig(bias), c = contig(counts);
   Tensor out = at::empty({bias.size(0)}, f32(bias));
-  std::vector<MemRef> args{describe(b), describe(c), describe(out)};
-  launch(fn, args, key.device);
+  launch(fn, key.device, {b, c, out});
   return out;
 }

@@ -205,9 +205,7 @@ HyperGrads moe_torch::hyperRouterBackward(const Tensor &gradW,
                              contig(w2),
                              contig(b2)};
   std::array<Tensor, 5> grads;
-  std::vector<MemRef> args;
-  for (const Tensor &t : keep)
-    args.push_back(describe(t));
+  std::vector<MemRef> args = describeAll(keep);
   const std::array<int64_t, 1> none{0};
   for (size_t n = 0; n < grads.size(); ++n) {
     grads[n] = at::empty(skipped(n) ? at::IntArrayRef(none) : keep[n + 2].sizes(),

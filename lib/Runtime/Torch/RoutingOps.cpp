@@ -72,12 +72,8 @@ moe_torch::route(const Tensor &logits, const std::optional<Tensor> &bias,
   Tensor i = at::empty({rows, k}, i32(logits));
   if (rows == 0)
     return {w, i};
-  std::vector<MemRef> args;
-  for (const Tensor &t : keep)
-    args.push_back(describe(t));
-  args.push_back(describe(w));
-  args.push_back(describe(i));
-  launch(fn, args, key.device);
+  keep.insert(keep.end(), {w, i});
+  launch(fn, key.device, keep);
   return {w, i};
 }
 
@@ -108,9 +104,7 @@ Tensor moe_torch::routeBackward(const Tensor &gradW, const Tensor &logits,
   Tensor i = contig(indices.to(at::kInt));
   Tensor g = contig(gradW.to(at::kFloat));
   Tensor out = at::empty(logits.sizes(), f32(logits));
-  std::vector<MemRef> args{describe(x), describe(i), describe(g),
-                           describe(out)};
-  launch(fn, args, key.device);
+  launch(fn, key.device, {x, i, g, out});
   return out;
 }
 

@@ -339,6 +339,20 @@ void launch(KernelFn fn, std::vector<MemRef> &args, c10::Device device,
   checkReportedError();
 }
 
+std::vector<MemRef> describeAll(c10::ArrayRef<Tensor> tensors) {
+  std::vector<MemRef> args;
+  args.reserve(tensors.size());
+  for (const Tensor &t : tensors)
+    args.push_back(describe(t));
+  return args;
+}
+
+void launch(KernelFn fn, c10::Device device, c10::ArrayRef<Tensor> tensors,
+            int64_t work) {
+  std::vector<MemRef> args = describeAll(tensors);
+  launch(fn, args, device, work);
+}
+
 //===----------------------------------------------------------------------===//
 // Checks of what a torch op takes beyond its key's op (the op verifier checks
 // the op's rules: python/moe_mlir/runtime/verify.py), worded as ops/ words them

@@ -234,6 +234,12 @@ void checkReportedError();
 /// alone, as ATen's own ops do (callCpuKernel).
 void launch(KernelFn fn, std::vector<MemRef> &args, c10::Device device,
             int64_t work = -1);
+/// The memrefs of `tensors` (each with its own sizes), in order.
+std::vector<MemRef> describeAll(c10::ArrayRef<Tensor> tensors);
+/// launch() on `tensors`, the kernel's arguments in order, each described
+/// with its own sizes: the end of most ops' kernels.
+void launch(KernelFn fn, c10::Device device, c10::ArrayRef<Tensor> tensors,
+            int64_t work = -1);
 
 void checkDim(const char *op, const char *name, const Tensor &t, int64_t d,
               int64_t expected, const char *what);

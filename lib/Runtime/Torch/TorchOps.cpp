@@ -133,10 +133,7 @@ std::vector<MemRef> similarityArgs(const Tensor &u, const Tensor &e,
     keep.push_back(contig(*ws));
   if (mask)
     keep.push_back(contig(*mask));
-  std::vector<MemRef> args;
-  for (const Tensor &t : keep)
-    args.push_back(describe(t));
-  return args;
+  return describeAll(keep);
 }
 
 int64_t similarityWork(const Tensor &u, const Tensor &e) {
@@ -250,10 +247,7 @@ std::vector<MemRef> attentionArgs(const Tensor &scores, const Tensor &u,
                                   const Tensor &v, const Tensor &wo,
                                   const Tensor &e, std::vector<Tensor> &keep) {
   keep = {contig(scores), contig(u), contig(v), contig(wo), contig(e)};
-  std::vector<MemRef> args;
-  for (const Tensor &t : keep)
-    args.push_back(describe(t));
-  return args;
+  return describeAll(keep);
 }
 
 std::tuple<Tensor, Tensor>
@@ -345,9 +339,7 @@ std::tuple<Tensor, Tensor> madDispersion(const Tensor &tokens,
   Tensor x = contig(tokens), a = contig(assign);
   Tensor w = at::empty({numExperts, tokens.size(1)}, f32(tokens));
   Tensor counts = at::empty({numExperts}, i32(tokens));
-  std::vector<MemRef> args{describe(x), describe(a), describe(w),
-                           describe(counts)};
-  launch(fn, args, key.device);
+  launch(fn, key.device, {x, a, w, counts});
   return {w, counts};
 }
 
@@ -361,8 +353,7 @@ Tensor adjacencyUpdate(const Tensor &a, const Tensor &idx, double beta,
   KernelFn fn = lookup(key);
   Tensor ac = contig(a), ic = contig(idx);
   Tensor out = at::empty(a.sizes(), f32(a));
-  std::vector<MemRef> args{describe(ac), describe(ic), describe(out)};
-  launch(fn, args, key.device);
+  launch(fn, key.device, {ac, ic, out});
   return out;
 }
 
@@ -384,17 +375,11 @@ std::tuple<Tensor, Tensor> hyperRouter(const Tensor &emb, const Tensor &w1,
     return {at::empty({numExperts, 0}, f32(emb)), b};
   }
   KernelFn fn = lookup(key); // validates the shapes first
-  std::vector<MemRef> args;
-  std::vector<Tensor> keep{contig(emb), contig(w1), contig(b1), contig(w2),
-                           contig(b2)};
-  for (const Tensor &t : keep)
-    args.push_back(describe(t));
   int64_t d = w2.size(0) / numExperts - 1;
   Tensor w = at::empty({numExperts, d}, f32(emb));
   Tensor b = at::empty({numExperts}, f32(emb));
-  args.push_back(describe(w));
-  args.push_back(describe(b));
-  launch(fn, args, key.device);
+  launch(fn, key.device,
+         {contig(emb), contig(w1), contig(b1), contig(w2), contig(b2), w, b});
   return {w, b};
 }
 
