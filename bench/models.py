@@ -4,6 +4,9 @@ Issue 35 item 2: blocks and routers are benchmarked elsewhere (bench/e2e.py, ben
 a user sees on a whole model. Models (transformers' own classes, random weights, nothing downloaded; small real
 shapes: hidden 256, 2 layers, E >= 32): Mixtral, Qwen3-MoE, OLMoE, gpt-oss, DeepSeek-V3, and DeepSeek-V3 with
 E = 256 (its production routing: 8 groups, top-4 groups, k = 8; a small hidden size, so routing is a large share).
+Issue 51's second configurations, tuned for by no one: deepseek_v3_mla (MLA with a low-rank query), qwen3_moe_e128
+(hidden 384, E = 128), mixtral_h512 (hidden 512, E = 8, k = 2), olmoe_e32_k4 (hidden 384, E = 32, k = 4, renormalized)
+and gpt_oss_e128 (hidden 384, E = 128, k = 4).
 
 Per model and backend, three phases:
 
@@ -59,7 +62,7 @@ REPO = Path(__file__).resolve().parents[1]
 BACKENDS = ("eager", "inductor", "moe")
 PHASES = ("decode", "prefill", "train")
 MODELS = ("mixtral", "qwen3_moe", "olmoe", "gpt_oss", "deepseek_v3", "deepseek_v3_e256", "qwen3_moe_e128",
-          "deepseek_v3_mla")
+          "deepseek_v3_mla", "mixtral_h512", "olmoe_e32_k4", "gpt_oss_e128")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -83,9 +86,17 @@ def build_model(name: str, quick: bool):
     common = dict(hidden_size=s["hidden"], num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
                   num_key_value_heads=s["kv"], vocab_size=s["vocab"], bos_token_id=1, eos_token_id=2, pad_token_id=0,
                   tie_word_embeddings=False)
+    # Issue 51 item 2, a second configuration of the families below (none tuned for): hidden 384 or 512 where the
+    # first is 256, other expert counts and k.
+    wider = dict(common, hidden_size=s["hidden"] * 3 // 2, num_attention_heads=s["heads"] * 3 // 2)
     if name == "mixtral":  # Mixtral's k = 2 of 8, scaled to E = experts / 2
         cfg = tf.MixtralConfig(intermediate_size=2 * s["inter"], num_local_experts=s["experts"] // 2,
                                num_experts_per_tok=2, **common)
+        cls = tf.MixtralForCausalLM
+    elif name == "mixtral_h512":  # Mixtral's own E = 8, k = 2, at hidden 512 (8 heads) with wider experts
+        cfg = tf.MixtralConfig(intermediate_size=4 * s["inter"], num_local_experts=max(2, s["experts"] // 8),
+                               num_experts_per_tok=2,
+                               **dict(common, hidden_size=2 * s["hidden"], num_attention_heads=2 * s["heads"]))
         cls = tf.MixtralForCausalLM
     elif name in ("qwen3_moe", "qwen3_moe_e128"):
         # qwen3_moe_e128 (issue 51 item 2, a second configuration): Qwen3-MoE's own E = 128, k = 8, narrower
@@ -95,18 +106,24 @@ def build_model(name: str, quick: bool):
                                 intermediate_size=4 * s["inter"],
                                 num_experts=2 * s["experts"] if wide else s["experts"], num_experts_per_tok=k,
                                 head_dim=s["head_dim"], norm_topk_prob=True,
-                                **dict(common, **(dict(hidden_size=s["hidden"] * 3 // 2,
-                                                       num_attention_heads=s["heads"] * 3 // 2) if wide else {})))
+                                **(wider if wide else common))
         cls = tf.Qwen3MoeForCausalLM
     elif name == "olmoe":
         cfg = tf.OlmoeConfig(intermediate_size=s["inter"], num_experts=s["experts"], num_experts_per_tok=k,
                              norm_topk_prob=False, **common)
         cls = tf.OlmoeForCausalLM
-    elif name == "gpt_oss":
-        cfg = tf.GptOssConfig(intermediate_size=s["inter"], num_local_experts=s["experts"] // 2,
+    elif name == "olmoe_e32_k4":  # E = 32, k = 4, renormalized top-k, hidden 384
+        cfg = tf.OlmoeConfig(intermediate_size=s["inter"], num_experts=s["experts"] // 2,
+                             num_experts_per_tok=max(1, k // 2), norm_topk_prob=True, **wider)
+        cls = tf.OlmoeForCausalLM
+    elif name in ("gpt_oss", "gpt_oss_e128"):
+        # gpt_oss_e128: gpt-oss-120b's E = 128 (k = 4), narrower experts (inter / 2), hidden 384
+        e128 = name == "gpt_oss_e128"
+        cfg = tf.GptOssConfig(intermediate_size=s["inter"] // 2 if e128 else s["inter"],
+                              num_local_experts=2 * s["experts"] if e128 else s["experts"] // 2,
                               num_experts_per_tok=4, head_dim=s["head_dim"], sliding_window=128,
                               layer_types=["sliding_attention", "full_attention"] * (s["layers"] // 2),
-                              **common)
+                              **(wider if e128 else common))
         cls = tf.GptOssForCausalLM
     elif name in ("deepseek_v3", "deepseek_v3_e256", "deepseek_v3_mla"):
         # deepseek_v3_mla: issue 51's configuration (E = 64, k = 8, 8 groups, top-4 groups, one shared expert,
