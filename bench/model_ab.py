@@ -10,6 +10,7 @@ one-process-per-backend protocol.
 
     .venv/bin/python -m bench.model_ab deepseek_v3_mla decode --backends inductor moe --reps 300
     .venv/bin/python -m bench.model_ab qwen3_moe train --backends inductor moe eager --reps 12
+    .venv/bin/python -m bench.model_ab olmoe_e32_k4 prefill --backends inductor moe eager --reps 30
 """
 
 from __future__ import annotations
@@ -55,6 +56,23 @@ def _decode_step(name: str, backend: str):
     return step
 
 
+def _prefill_step(name: str, backend: str):
+    """bench.models' prefill: one forward over 512 tokens, batch 1, no cache, no grad."""
+    import torch
+
+    from .models import build_model
+
+    model, _ = build_model(name, False)
+    ids = torch.randint(0, model.config.vocab_size, (1, 512), generator=torch.Generator().manual_seed(4))
+    c = model if backend == "eager" else torch.compile(model, backend=backend)
+
+    def step():
+        with torch.no_grad():
+            c(input_ids=ids, use_cache=False)
+
+    return step
+
+
 def _train_step(name: str, backend: str):
     import torch
 
@@ -78,7 +96,7 @@ def _train_step(name: str, backend: str):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
-    ap.add_argument("phase", choices=("decode", "train"))
+    ap.add_argument("phase", choices=("decode", "prefill", "train"))
     ap.add_argument("--backends", nargs="+", default=["inductor", "moe"], choices=("eager", "inductor", "moe"))
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--threads", type=int, default=2)
@@ -90,7 +108,7 @@ def main() -> int:
     import moe_mlir  # noqa: F401
 
     torch.set_num_threads(_THREADS)
-    make = _decode_step if args.phase == "decode" else _train_step
+    make = {"decode": _decode_step, "prefill": _prefill_step, "train": _train_step}[args.phase]
     steps = {}
     for b in args.backends:
         steps[b] = make(args.model, b)
