@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+import typing
 
 import torch
 from torch import Tensor
@@ -27,12 +28,14 @@ def _gated(base, name: str, doc: str):
     ``k: int`` after base's parameters without a default and ``renormalize: bool = True`` last; its results are the
     gate's ``(weights [..., k] f32, indices [..., k] i32)`` in place of base's first result ``p [..., K]``, then base's
     others; its eager reference and its fake kernel are base's followed by the gate's."""
-    params = list(inspect.signature(base.prototype, eval_str=True).parameters.values())
+    base_signature = inspect.signature(base.prototype, eval_str=True)
+    params = list(base_signature.parameters.values())
     required = sum(p.default is inspect.Parameter.empty for p in params)
     arg = inspect.Parameter.POSITIONAL_OR_KEYWORD
     params.insert(required, inspect.Parameter("k", arg, annotation=int))
     params.append(inspect.Parameter("renormalize", arg, default=True, annotation=bool))
-    results = 1 + len(base._opoverload._schema.returns)  # p becomes two results
+    returns = base_signature.return_annotation
+    results = 1 + (len(typing.get_args(returns)) if typing.get_origin(returns) is tuple else 1)  # p becomes two
     signature = inspect.Signature(params, return_annotation=tuple[(Tensor,) * results])
 
     def split(args, kwargs):
