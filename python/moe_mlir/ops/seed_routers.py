@@ -3,7 +3,6 @@ and ``moe.hyper_router`` (HyperRouter) with its backward."""
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor
 
