@@ -103,17 +103,24 @@ void mlir::moe::cpu_lowering::emitSymmetricMix(CpuKernelBuilder &kb,
     return MemRefType::get(SmallVector<int64_t>(rank, kDyn), f32);
   };
 
+  // Below kMinSymmetricRows the exact kernel runs whatever the data, so the
+  // set-up below (three allocations and a pass over u and e) covers no batch
+  // element there: a decode call (N <= 16) pays nothing for this path.
+  Value enough = kb.cmpi(arith::CmpIPredicate::uge, rows,
+                         kb.idx(kMinSymmetricRows));
+  Value setUp = kb.select(enough, batch, c0);
+
   // 1. Per batch element: h_j = n_j / 2 (+inf for the padding keys, which
   // zeroes their weights A), c, the spread, the valid-key count and
   // V'[b, j, :] (zero for masked and padding keys).
-  Value half = kb.alloc(dynF32(2), {batch, keysPad});
-  Value packed = kb.alloc(dynF32(3), {batch, keysPad, widthPad});
+  Value half = kb.alloc(dynF32(2), {setUp, keysPad});
+  Value packed = kb.alloc(dynF32(3), {setUp, keysPad, widthPad});
   // stats[b] = {c, spread, valid keys, non-finite flag (NaN iff some u or e
   // of the element is not finite)}.
-  Value stats = kb.alloc(MemRefType::get({kDyn, 4}, f32), {batch});
+  Value stats = kb.alloc(MemRefType::get({kDyn, 4}, f32), {setUp});
   Value depthChunks = kb.ceilDiv(s.depth, kb.idx(kLanes));
   Value zeros = kb.constLike(kb.vf32(), 0.0);
-  kb.workers(opts, batch, [&](Value b, Value) {
+  kb.workers(opts, setUp, [&](Value b, Value) {
     // Key j of element b: inside the rows, the row it reads (clamped: the
     // padding keys read the last row, whose values are then not used) and
     // valid (inside and, with a key mask, kept).
@@ -191,8 +198,7 @@ void mlir::moe::cpu_lowering::emitSymmetricMix(CpuKernelBuilder &kb,
   // 2. The guard: every element's spread within range (false for NaN), no
   // non-finite value, enough rows for the pairs to pay.
   Value ok = kb.forLoop(
-      c0, batch, c1, ValueRange{kb.cmpi(arith::CmpIPredicate::uge, rows,
-                                        kb.idx(kMinSymmetricRows))},
+      c0, setUp, c1, ValueRange{enough},
       [&](Value b, ValueRange a) -> SmallVector<Value> {
         Value spread = kb.load(stats, {b, kb.idx(1)});
         Value finite = kb.cmpf(arith::CmpFPredicate::OEQ,

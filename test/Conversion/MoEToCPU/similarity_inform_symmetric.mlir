@@ -11,12 +11,19 @@
 // CHECK-DAG: arith.constant 6.000000e+01 : f32
 // CHECK-DAG: %[[MIN_ROWS:.+]] = arith.constant 256 : index
 // CHECK: moe.kernel
-// The norms: |u_j|² / tau / 2.
-// CHECK: scf.parallel
+// The row count first: below 256 rows the set-up covers no batch element (its buffers are empty, its loops run
+// zero times), so a decode call pays nothing for the symmetric path.
+// CHECK: %[[ENOUGH:.+]] = arith.cmpi uge, %{{.+}}, %[[MIN_ROWS]] : index
+// CHECK: %[[SETUP:.+]] = arith.select %[[ENOUGH]], %{{.+}}, %{{.+}} : index
+// CHECK: memref.alloc(%[[SETUP]], %{{.+}}) {alignment = 64 : i64} : memref<?x?xf32>
+// CHECK: memref.alloc(%[[SETUP]], %{{.+}}, %{{.+}}) {alignment = 64 : i64} : memref<?x?x?xf32>
+// CHECK: memref.alloc(%[[SETUP]]) {alignment = 64 : i64} : memref<?x4xf32>
+// The norms: |u_j|² / tau / 2, over the same elements.
+// CHECK: scf.parallel (%{{.+}}) = (%{{.+}}) to (%{{.+}}) step
 // CHECK: vector.fma
 // CHECK: vector.reduction <add>
-// The guard, then the pairs.
-// CHECK: arith.cmpi uge, %{{.+}}, %[[MIN_ROWS]] : index
+// The guard over the same elements, starting from the row count; then the pairs.
+// CHECK: scf.for %{{.+}} = %{{.+}} to %[[SETUP]] step %{{.+}} iter_args(%{{.+}} = %[[ENOUGH]]) -> (i1)
 // CHECK: arith.cmpf ole
 // CHECK: scf.if %{{.+}} -> (i1)
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<?x?x?x?xf32>
