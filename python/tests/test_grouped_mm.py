@@ -538,6 +538,54 @@ def test_idle_experts_weight_gradients_are_zeros_in_reused_memory(layout, thread
 
 
 @NATIVE
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("layout", ["contiguous", "like w", "transposed"])
+@pytest.mark.parametrize("counts", [[71, 92, 70, 72, 215, 58, 295, 151], [0, 600, 3, 0, 0, 1], [0, 0, 0, 1]],
+                         ids=["mixtral-skew", "one-hot", "one-row"])
+def test_experts_cut_between_threads_equal_the_reference(counts, layout, threads):
+    """The grouped GEMM deals each expert's output columns (the backward: grad_x's columns, which are grad_w[e]'s
+    rows) over the threads in shares of equal cost, cutting an expert between two threads where routing is
+    skewed (CostShares.h; MoECostSharesTest checks the cuts themselves): transformers' Mixtral's first-layer
+    counts, one expert with nearly every row, and one row with idle experts around it (K = 192, N = 320: wide
+    enough to cut). Output, grad_x and grad_w (idle experts' exact zeros, on memory that held NaN) equal the
+    float64 reference in every layout, and the values do not depend on the thread count beyond rounding."""
+    k, n = 192, 320
+    x, w, offsets = _inputs(counts, k=k, n=n, transposed=layout != "contiguous", seed=21)
+    grad = torch.randn(x.shape[0], n, generator=torch.Generator().manual_seed(22))
+    o = offsets.tolist()
+    want_y = _ref(x, w, offsets)
+    want_gx = torch.zeros(x.shape[0], k, dtype=torch.float64)
+    want_gw = torch.zeros(len(counts), k, n, dtype=torch.float64)
+    for e in range(len(counts)):
+        want_gx[o[e]:o[e + 1]] = grad[o[e]:o[e + 1]].double() @ w[e].double().T
+        want_gw[e] = x[o[e]:o[e + 1]].double().T @ grad[o[e]:o[e + 1]].double()
+    old = torch.get_num_threads()
+    got = []
+    try:
+        for t in (1, threads):
+            torch.set_num_threads(t)
+            _poison(w.shape, x.shape, grad.shape)
+            if layout == "transposed":  # w given as stored, [E, N, K]; its gradient in that layout
+                y = torch.ops.moe_mlir.grouped_mm_cpu(x, w.transpose(1, 2), offsets, True)
+                gx, gw = torch.ops.moe_mlir.grouped_mm_backward_cpu(grad, x, w.transpose(1, 2), offsets, False, True)
+                gw = gw.transpose(1, 2)
+            else:
+                y = torch.ops.moe_mlir.grouped_mm_cpu(x, w, offsets)
+                gx, gw = torch.ops.moe_mlir.grouped_mm_backward_cpu(grad, x, w, offsets, layout == "like w")
+            torch.testing.assert_close(y.double(), want_y, atol=1e-4, rtol=1e-5)
+            torch.testing.assert_close(gx.double(), want_gx, atol=1e-4, rtol=1e-5)
+            torch.testing.assert_close(gw.double(), want_gw, atol=1e-3, rtol=1e-5)
+            for e, c in enumerate(counts):
+                if c == 0:
+                    assert torch.equal(gw[e], torch.zeros_like(gw[e]))
+            got.append((y, gx, gw))
+    finally:
+        torch.set_num_threads(old)
+    for a, b in zip(*got):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@NATIVE
 def test_the_backend_runs_transformers_grouped_experts_on_the_kernel():
     """HF's default experts implementation ("grouped_mm") under torch.compile calls transformers'
     grouped_mm_fallback for f32 weights: backend "moe" raises each call to moe_mlir::grouped_mm_ends (counted as

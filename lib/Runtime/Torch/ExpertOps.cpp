@@ -24,14 +24,18 @@
 // The Python loop stays the op's reference and its path for other dtypes.
 //
 // grouped_mm_cpu and grouped_mm_backward_cpu: one GEMM per expert on its
-// contiguous rows, out[a:b] = x[a:b] . w[e], the experts spread over the
-// threads the same way: the CPU kernel of moe_mlir::grouped_mm (offsets
+// contiguous rows, out[a:b] = x[a:b] . w[e], the experts' output columns
+// dealt over the threads in shares of equal cost (CostShares.h: an expert
+// may be cut between two threads, so skewed routing idles none of them):
+// the CPU kernel of moe_mlir::grouped_mm (offsets
 // [E+1]) and of moe_mlir::grouped_mm_ends, which the moe backend puts in
 // place of transformers' grouped_mm_fallback (offsets: the [E] ends; rows
 // past the last end are zeros), whose Python loop runs the GEMMs one after
 // the other on one core at the sizes of a decode or a short prefill.
 //
 //===----------------------------------------------------------------------===//
+
+#include "CostShares.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -620,17 +624,72 @@ GroupedProblem checkGrouped(const char *op, const Tensor &x, const Tensor &w,
   return p;
 }
 
+/// Cost weights of the grouped GEMMs' shares (CostShares.h), in
+/// multiply-adds: a weight element read costs kWeightReadMacs (at a decode's
+/// one or two rows the GEMMs stream their weights from memory, and the
+/// experts' shares must balance bytes, not MACs), and a piece kCallMacs more
+/// than its arithmetic (a BLAS call: ~1 us).
+constexpr int64_t kWeightReadMacs = 8;
+constexpr int64_t kCallMacs = int64_t{1} << 16;
+/// Where a cut may fall in an expert's columns: a multiple of 16 (one 64-byte
+/// line of f32), each side keeping 64 (a BLAS call's column panels).
+constexpr int64_t kColumnQuantum = 16, kMinColumns = 64;
+
+/// How many shares a grouped GEMM of `work` multiply-adds is dealt as: one
+/// (the caller) up to kTeamWork, else one per thread of torch's team.
+int64_t sharesFor(int64_t work) {
+  return work > kTeamWork ? std::max<int64_t>(at::get_num_threads(), 1) : 1;
+}
+
+/// f(span) for every span of `shares`, share i on thread i of the team (a
+/// single share on the caller). Which thread runs a span never changes its
+/// result; where an expert is cut changes only the BLAS calls' shapes.
+template <typename F>
+void runShares(const std::vector<std::vector<moe_torch::Span>> &shares, F f) {
+  at::parallel_for(0, static_cast<int64_t>(shares.size()), 1,
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t i = begin; i < end; ++i)
+                       for (const moe_torch::Span &s : shares[i])
+                         f(s);
+                   });
+}
+
+/// Columns [c0, c1) of a matrix view.
+template <typename T> Mat<T> columns(const Mat<T> &m, int64_t c0, int64_t c1) {
+  return {m.p + c0 * m.cs, m.rows, c1 - c0, m.rs, m.cs};
+}
+
+// The grouped GEMMs deal each expert's output columns, not whole experts:
+// an expert's columns may be cut between two threads' shares of equal cost
+// (CostShares.h), so that skewed routing (one expert with 4x another's rows)
+// leaves no thread waiting for the other.
+
 template <typename T> Tensor groupedForward(const GroupedProblem &p) {
   Tensor out = at::empty({p.S, p.N}, p.x.options());
   T *o = out.data_ptr<T>();
   const T *x = p.x.const_data_ptr<T>();
   std::fill(o + p.groups.last * p.N, o + p.S * p.N, T(0));
-  int64_t weights = p.K * p.N; // per expert
-  auto body = [&](int64_t e, int64_t a, int64_t b) {
-    gemm<T>(rowMajor<T>(x + a * p.K, b - a, p.K), slice<T>(p.w, e), T(0),
-            o + a * p.N, p.N);
-  };
-  forEachGroup(p.groups, p.S * weights, weights, body);
+  // Item: a busy expert's N output columns, each n x K multiply-adds and a
+  // column of its weight; each piece reads the expert's rows again.
+  std::vector<int64_t> expert;
+  std::vector<moe_torch::CostItem> items;
+  int64_t work = 0;
+  for (int64_t e = 0; e < p.E; ++e) {
+    int64_t n = p.groups.end[e] - p.groups.start[e];
+    if (n == 0)
+      continue;
+    expert.push_back(e);
+    items.push_back({p.N, (n + kWeightReadMacs) * p.K, n * p.K + kCallMacs});
+    work += n * p.K * p.N;
+  }
+  auto shares = moe_torch::costShares(items, sharesFor(work), kColumnQuantum,
+                                      kMinColumns);
+  runShares(shares, [&](const moe_torch::Span &s) {
+    int64_t e = expert[s.item], a = p.groups.start[e], b = p.groups.end[e];
+    gemm<T>(rowMajor<T>(x + a * p.K, b - a, p.K),
+            columns(slice<T>(p.w, e), s.lo, s.hi), T(0), o + a * p.N + s.lo,
+            p.N);
+  });
   return out;
 }
 
@@ -643,7 +702,8 @@ std::tuple<Tensor, Tensor> groupedBackward(const GroupedProblem &p,
   // grad_w contiguous, or with `gradWLikeW` in w's layout (empty_like: the
   // strides of an nn.Linear weight viewed transposed), so that such a
   // parameter's gradient needs no transposing copy. Written by the experts'
-  // GEMMs, zeroed for idle experts (zeroSlice).
+  // GEMMs, zeroed for idle experts (never by a pass over all of it: see
+  // zeroSlice).
   Tensor gradW = gradWLikeW ? at::empty_like(p.w)
                             : at::empty({p.E, p.K, p.N}, p.x.options());
   bool gwRowMajor = gradW.stride(2) == 1 &&
@@ -656,26 +716,46 @@ std::tuple<Tensor, Tensor> groupedBackward(const GroupedProblem &p,
   const T *g = grad.const_data_ptr<T>(), *x = p.x.const_data_ptr<T>();
   T *gx = gradX.data_ptr<T>(), *gw = gradW.data_ptr<T>();
   std::fill(gx + p.groups.last * p.K, gx + p.S * p.K, T(0));
-  // Reads each busy expert's weights and writes their gradients.
-  int64_t weights = p.K * p.N; // per expert
-  auto body = [&](int64_t e, int64_t a, int64_t b) {
-    int64_t n = b - a;
+  int64_t s1 = gradW.stride(1), s2 = gradW.stride(2);
+  // Item: an expert's K columns of grad_x, which are the K rows of
+  // grad_w[e]: each 2 n x N multiply-adds and a row of w[e] (a busy expert;
+  // each piece reads its grad rows again), or N zeros (an idle expert).
+  std::vector<moe_torch::CostItem> items;
+  int64_t work = 0;
+  for (int64_t e = 0; e < p.E; ++e) {
+    int64_t n = p.groups.end[e] - p.groups.start[e];
+    if (n > 0)
+      items.push_back(
+          {p.K, (2 * n + kWeightReadMacs) * p.N, n * p.N + 2 * kCallMacs});
+    else
+      items.push_back({p.K, p.N, 0});
+    work += (2 * n + 1) * p.K * p.N;
+  }
+  auto shares = moe_torch::costShares(items, sharesFor(work), kColumnQuantum,
+                                      kMinColumns);
+  runShares(shares, [&](const moe_torch::Span &s) {
+    int64_t e = s.item, a = p.groups.start[e], n = p.groups.end[e] - a;
+    int64_t k0 = s.lo, k1 = s.hi;
+    T *gwe = gw + e * gradW.stride(0);
+    if (n == 0) { // grad_w[e]'s rows k0..k1 are zeros, along the unit stride
+      for (int64_t i = 0; i < (s2 == 1 ? k1 - k0 : p.N); ++i)
+        for (int64_t j = 0; j < (s2 == 1 ? p.N : k1 - k0); ++j)
+          gwe[s2 == 1 ? (k0 + i) * s1 + j : i * s2 + k0 + j] = T(0);
+      return;
+    }
     Mat<T> w = slice<T>(p.w, e);
     Mat<T> wT{w.p, w.cols, w.rows, w.cs, w.rs}; // [N, K]
     Mat<T> gRows = rowMajor<T>(g + a * p.N, n, p.N);
-    Mat<T> xRows = rowMajor<T>(x + a * p.K, n, p.K);
-    // grad_x rows = grad rows . w[e]^T.
-    gemm<T>(gRows, wT, T(0), gx + a * p.K, p.K);
-    // grad_w[e] [K, N] = x rows^T . grad rows, or its transpose [N, K] =
-    // grad rows^T . x rows where grad_w[e] is column-major.
-    T *gwe = gw + e * gradW.stride(0);
+    Mat<T> xCols = columns(rowMajor<T>(x + a * p.K, n, p.K), k0, k1);
+    // grad_x rows, columns k0..k1 = grad rows . w[e]^T's columns k0..k1.
+    gemm<T>(gRows, columns(wT, k0, k1), T(0), gx + a * p.K + k0, p.K);
+    // grad_w[e] rows k0..k1 [k, N] = x cols^T . grad rows, or its transpose
+    // [N, k] = grad rows^T . x cols where grad_w[e] is column-major.
     if (gwRowMajor)
-      gemm<T>({xRows.p, p.K, n, 1, p.K}, gRows, T(0), gwe, gradW.stride(1));
+      gemm<T>({xCols.p, k1 - k0, n, 1, p.K}, gRows, T(0), gwe + k0 * s1, s1);
     else
-      gemm<T>({gRows.p, p.N, n, 1, p.N}, xRows, T(0), gwe, gradW.stride(2));
-  };
-  forEachExpert(p.groups, 2 * p.S * weights, 2 * weights, body,
-                [&](int64_t e) { zeroSlice<T>(gradW, e); });
+      gemm<T>({gRows.p, p.N, n, 1, p.N}, xCols, T(0), gwe + k0, s2);
+  });
   return {gradX, gradW};
 }
 

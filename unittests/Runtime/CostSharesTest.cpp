@@ -1,0 +1,177 @@
+//===- CostSharesTest.cpp - Work dealt to threads in shares of equal cost -===//
+//
+// Part of the MoE-MLIR project.
+//
+// lib/Runtime/Torch/CostShares.h, which deals the CPU grouped GEMMs' experts
+// (their output columns) over the threads: every unit dealt once and in
+// order, the shares' costs equal where the items can be cut, cuts only at the
+// quantum and never leaving a side under the minimum, whole items otherwise.
+//
+//===----------------------------------------------------------------------===//
+
+#include "../../lib/Runtime/Torch/CostShares.h"
+
+#include "gtest/gtest.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+using moe_torch::CostItem;
+using moe_torch::costShares;
+using moe_torch::Span;
+
+namespace {
+
+using Shares = std::vector<std::vector<Span>>;
+
+/// The shares, concatenated, cover every item's units once, in order.
+void expectEveryUnitOnce(const std::vector<CostItem> &items,
+                         const Shares &shares) {
+  int64_t item = 0, next = 0;
+  for (const auto &share : shares)
+    for (const Span &s : share) {
+      while (item < static_cast<int64_t>(items.size()) &&
+             next == items[item].units) {
+        ++item;
+        next = 0;
+      }
+      ASSERT_LT(item, static_cast<int64_t>(items.size()));
+      EXPECT_EQ(s.item, item);
+      EXPECT_EQ(s.lo, next);
+      EXPECT_GT(s.hi, s.lo);
+      next = s.hi;
+    }
+  while (item < static_cast<int64_t>(items.size()) &&
+         next == items[item].units) {
+    ++item;
+    next = 0;
+  }
+  EXPECT_EQ(item, static_cast<int64_t>(items.size()));
+}
+
+std::vector<double> costs(const std::vector<CostItem> &items,
+                          const Shares &shares) {
+  std::vector<double> c;
+  for (const auto &share : shares) {
+    double sum = 0;
+    for (const Span &s : share)
+      sum += items[s.item].fixed +
+             double(s.hi - s.lo) * double(items[s.item].unitCost);
+    c.push_back(sum);
+  }
+  return c;
+}
+
+/// A forward's items as ExpertOps.cpp builds them: N columns of n x K MACs
+/// and a weight column each, the rows read again per piece.
+std::vector<CostItem> forwardItems(const std::vector<int64_t> &rows,
+                                   int64_t K, int64_t N) {
+  std::vector<CostItem> items;
+  for (int64_t n : rows)
+    items.push_back({N, (n + 8) * K, n * K + (int64_t{1} << 16)});
+  return items;
+}
+
+// Transformers' Mixtral (random weights, 4 x 128 tokens, k = 2) routes its
+// first layer's rows like this: whole experts in two halves are 305 against
+// 719 rows. Cut, the two shares cost the same to within one quantum.
+TEST(CostShares, SkewedRoutingIsCutIntoEqualShares) {
+  auto items = forwardItems({71, 92, 70, 72, 215, 58, 295, 151}, 512, 1024);
+  Shares shares = costShares(items, 2, 16, 64);
+  expectEveryUnitOnce(items, shares);
+  auto c = costs(items, shares);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_LT(std::max(c[0], c[1]) / std::min(c[0], c[1]), 1.02);
+  // Exactly one expert is cut, at a multiple of the quantum.
+  ASSERT_FALSE(shares[0].empty());
+  ASSERT_FALSE(shares[1].empty());
+  EXPECT_EQ(shares[0].back().item, shares[1].front().item);
+  EXPECT_EQ(shares[0].back().hi % 16, 0);
+  EXPECT_GE(shares[0].back().hi - shares[0].back().lo, 64);
+  EXPECT_GE(1024 - shares[1].front().lo, 64);
+}
+
+// One expert holds nearly every row (a collapsed router): it is cut, and each
+// of four threads gets a quarter.
+TEST(CostShares, OneHotExpertIsCutOverEveryShare) {
+  auto items = forwardItems({0, 1000, 3, 0}, 256, 2048);
+  items.erase(items.begin()); // ExpertOps deals the busy experts only
+  items.pop_back();
+  Shares shares = costShares(items, 4, 16, 64);
+  expectEveryUnitOnce(items, shares);
+  auto c = costs(items, shares);
+  double lo = *std::min_element(c.begin(), c.end());
+  double hi = *std::max_element(c.begin(), c.end());
+  EXPECT_LT(hi / lo, 1.05);
+}
+
+// Items too narrow to cut (fewer than 2 x 64 columns) go whole, to the share
+// that holds more of them, and the shares still split the work evenly.
+TEST(CostShares, NarrowItemsGoWhole) {
+  auto items = forwardItems({1, 1, 1, 1, 1, 1, 1, 1}, 256, 96);
+  Shares shares = costShares(items, 2, 16, 64);
+  expectEveryUnitOnce(items, shares);
+  for (const auto &share : shares)
+    for (const Span &s : share)
+      EXPECT_EQ(s.hi - s.lo, 96);
+  EXPECT_EQ(shares[0].size(), 4u);
+  EXPECT_EQ(shares[1].size(), 4u);
+}
+
+// A cut rounds to the quantum and keeps the minimum on both sides: a share
+// boundary 10 columns into a 128-column item cannot cut it.
+TEST(CostShares, CutsKeepTheMinimumOnBothSides) {
+  std::vector<CostItem> items = {{100, 1, 0}, {128, 1, 0}, {60, 1, 0}};
+  // Total 288, boundary at 144: 44 columns into the second item (< 64).
+  Shares shares = costShares(items, 2, 16, 64);
+  expectEveryUnitOnce(items, shares);
+  for (const auto &share : shares)
+    for (const Span &s : share)
+      if (s.item == 1) {
+        EXPECT_EQ(s.hi - s.lo, 128);
+      }
+}
+
+TEST(CostShares, OneShareHoldsEverythingWhole) {
+  auto items = forwardItems({5, 0, 300, 7}, 64, 512);
+  Shares shares = costShares(items, 1, 16, 64);
+  ASSERT_EQ(shares.size(), 1u);
+  expectEveryUnitOnce(items, shares);
+  EXPECT_EQ(shares[0].size(), 4u); // the idle item (0 rows) is 512 columns
+}
+
+TEST(CostShares, MoreSharesThanWorkLeavesSomeEmpty) {
+  std::vector<CostItem> items = {{3, 10, 0}};
+  Shares shares = costShares(items, 8, 16, 64);
+  ASSERT_EQ(shares.size(), 8u);
+  expectEveryUnitOnce(items, shares);
+  int busy = 0;
+  for (const auto &share : shares)
+    busy += !share.empty();
+  EXPECT_EQ(busy, 1);
+}
+
+TEST(CostShares, NoItemsOrNoUnits) {
+  EXPECT_EQ(costShares({}, 2, 16, 64), Shares(2));
+  std::vector<CostItem> empty = {{0, 5, 0}, {0, 1, 3}};
+  Shares shares = costShares(empty, 2, 16, 64);
+  expectEveryUnitOnce(empty, shares);
+  EXPECT_TRUE(shares[0].empty() && shares[1].empty());
+  // Zero or negative parts, quantum or minimum are taken as 1.
+  std::vector<CostItem> one = {{4, 1, 0}};
+  EXPECT_EQ(costShares(one, 0, 0, 0), (Shares{{Span{0, 0, 4}}}));
+}
+
+// Items of zero unit cost (no arithmetic, only the fixed part) never divide by
+// zero and go whole.
+TEST(CostShares, ZeroUnitCost) {
+  std::vector<CostItem> items = {{256, 0, 10}, {256, 0, 10}, {256, 0, 10}};
+  Shares shares = costShares(items, 2, 16, 64);
+  expectEveryUnitOnce(items, shares);
+  for (const auto &share : shares)
+    for (const Span &s : share)
+      EXPECT_EQ(s.hi - s.lo, 256);
+}
+
+} // namespace
