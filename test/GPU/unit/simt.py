@@ -27,6 +27,7 @@ kernel (a block of 256 threads with barriers) runs with `lockstep=True`.
 
 Only what the route, top-k, dispatch-plan and flash-mma kernels use is implemented; an unknown op raises.
 """
+import functools
 import os
 import re
 import subprocess
@@ -35,6 +36,7 @@ import threading
 import numpy as np
 
 LANES = 32
+_TERMINATORS = frozenset(("scf.yield", "scf.condition", "gpu.return"))
 
 
 def find_moe_opt():
@@ -44,8 +46,11 @@ def find_moe_opt():
     return path if os.path.exists(path) else None
 
 
+@functools.lru_cache(maxsize=32)
 def lower(moe_opt, text, options=""):
-    """`text` through `moe-opt --convert-moe-to-gpu=OPTIONS --mlir-print-op-generic` (what parse() reads)."""
+    """`text` through `moe-opt --convert-moe-to-gpu=OPTIONS --mlir-print-op-generic` (what parse() reads). Cached:
+    the tests' parametrizations lower the same text with the same options again (the flash kernel's split counts,
+    its copy timings), and moe-opt's output is a function of them."""
     return subprocess.run([moe_opt, "-", f"--convert-moe-to-gpu={options}", "--mlir-print-op-generic"],
                           input=text, capture_output=True, text=True, check=True).stdout
 
@@ -54,11 +59,24 @@ BLOCK = re.compile(r"^\s*\^bb\d+(?:\((?P<args>.*)\))?:\s*$")
 
 
 class Op:
-    __slots__ = ("name", "results", "args", "props", "types", "regions")
+    """One op of the parsed text. `cache`: what the interpreter reads off its text (a position, a predicate, a
+    type's shape, a splat constant), worked out at its first run and kept (_static): the regexes cost more than
+    the numpy work of the hot loops' vector.extract and mma.sync, which run hundreds of thousands of times."""
+    __slots__ = ("name", "results", "args", "props", "types", "regions", "cache")
 
     def __init__(self, name, results, args, props, types):
         self.name, self.results, self.args, self.props, self.types = name, results, args, props, types
         self.regions = []
+        self.cache = {}
+
+
+def _static(op, key, make):
+    """`make(op)`, a function of op's text only, computed once per op (Op.cache)."""
+    try:
+        return op.cache[key]
+    except KeyError:
+        v = op.cache[key] = make(op)
+        return v
 
 
 def _results(res):
@@ -100,8 +118,11 @@ def _signature(rest):
     return _type_list(rest[i + 4:])
 
 
+@functools.lru_cache(maxsize=16)
 def parse(text, func_name):
-    """The body (a list of blocks: (arg names, ops)) of gpu.func `func_name`."""
+    """The body (a list of blocks: (arg names, ops)) of gpu.func `func_name`. Cached (the bodies are read-only to
+    the interpreter, Op.cache aside): parametrized cases run the same kernel on other inputs or grids, and parsing
+    a flash kernel's module takes about as long as running a small case."""
     lines = text.splitlines()
     pos = [0]
 
@@ -153,6 +174,14 @@ def parse(text, func_name):
         line = lines[pos[0]]
         pos[0] += 1
         if '"gpu.func"' in line:
+            # Another kernel of the module (its closing line, at the gpu.func's own indentation, names it):
+            # skipped unparsed, the flash modules' kernels being thousands of ops each.
+            indent = line[:len(line) - len(line.lstrip())]
+            end = next((j for j in range(pos[0], len(lines))
+                        if lines[j].startswith(indent + "}") and not lines[j].startswith(indent + "} ")), None)
+            if end is not None and 'sym_name = "' in lines[end] and f'sym_name = "{func_name}"' not in lines[end]:
+                pos[0] = end + 1
+                continue
             regions, closing = parse_regions(line)
             if f'sym_name = "{func_name}"' in closing:
                 return regions[0]
@@ -169,6 +198,7 @@ def _int_type(t):
             "index": np.int64}.get(t)
 
 
+@functools.lru_cache(maxsize=None)
 def _vector_shape(t):
     """(shape, element type) of a `vector<4x2xbf16>` type, or None for a scalar."""
     m = re.match(r"vector<((?:\d+x)+)(\w+)>$", t)
@@ -279,7 +309,7 @@ def run_kernel(body, args, block_dim, grid, memory, smem_shape=None, workgroup=(
     into a buffer still to be read reads the new data in "issue". `warp_threads`: each warp of a block runs in a
     thread of its own, the block's gpu.barrier a barrier of those threads (a kernel whose warps take loops or
     branches of their own between barriers: flash-mma-lazy-rescale's warps leave its hot loop at tiles of their
-    own), instead of one lockstep group."""
+    own), instead of one lockstep group; the warps take turns, one running up to its next barrier (_WarpTurns)."""
     block_args = body[0][0]
     dims = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
     for z in range(dims[2]):
@@ -303,21 +333,24 @@ def run_kernel(body, args, block_dim, grid, memory, smem_shape=None, workgroup=(
 
 def _run_warp_threads(body, values, block_dim, memory, block, block_yz, dims, dyn, async_copies):
     """One block, a thread a warp (run_kernel's warp_threads): gpu.barrier waits for every warp; an error in one
-    warp breaks the barrier for the others and is raised."""
+    warp breaks the barrier for the others and is raised. The warps take turns (_WarpTurns): one runs, up to its
+    next gpu.barrier or its return, while the others wait for their turn."""
     warps = block_dim // LANES
-    barrier = threading.Barrier(warps, timeout=600)
+    turns = _WarpTurns(warps)
     errors = []
 
     def go(w):
         try:
+            turns.wait_turn(w)
             env = dict(zip(body[0][0], values))
             warp = Warp(env, memory, block, w, lanes=LANES, block_yz=block_yz, grid=dims)
-            warp.dynamic_smem, warp.async_copies, warp.barrier = dyn, async_copies, barrier
+            warp.dynamic_smem, warp.async_copies, warp.barrier = dyn, async_copies, _WarpBarrier(turns, w)
             warp.run_block(body[0][1], np.ones(LANES, bool))
             # A warp that returns leaves the barrier to the others only once they are past their last one.
+            turns.finish(w)
         except BaseException as e:  # noqa: BLE001 - re-raised below
             errors.append(e)
-            barrier.abort()
+            turns.finish(w, broken=True)
 
     threads = [threading.Thread(target=go, args=(w,)) for w in range(warps)]
     for t in threads:
@@ -327,6 +360,70 @@ def _run_warp_threads(body, values, block_dim, memory, block, block_yz, dims, dy
     if errors:
         first = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)] or errors
         raise first[0]
+
+
+class _WarpTurns:
+    """gpu.barrier for a block's warp threads that run one at a time: warp 0 first, and each warp, at gpu.barrier
+    or its return, hands over to the next one (in warp order) still short of the barrier; when every warp waits at
+    the barrier, the barrier opens and they run again from the next warp on. So every warp reaches the barrier
+    with all its earlier writes done and none goes past it before all have reached it, as with a threading.Barrier
+    of free-running threads; but only one thread wants the GIL at a time (free-running, the warps' threads handed
+    it to each other some 16,000 times a second: a lazy-rescale case's context switches went from 108k to 8.5k,
+    its system time from 1.5 s to 0.6 s), and the warps' order between two barriers is the same on every run (warp
+    order; the free-running threads' order was the scheduler's, switching every few ms). A warp that returns while
+    the others wait at a barrier (a barrier not every warp reaches: a hang on a GPU) breaks it for them at once,
+    where the free-running threads' barrier timed out after 600 s; an error in a warp breaks it too."""
+
+    def __init__(self, warps):
+        self.warps, self.current = warps, 0
+        self.waiting, self.done, self.broken = set(), set(), None
+        self.cond = threading.Condition()
+
+    def wait_turn(self, w):
+        with self.cond:
+            while self.current != w and self.broken is None:
+                self.cond.wait()
+            if self.broken is not None:
+                raise threading.BrokenBarrierError(self.broken)
+
+    def barrier(self, w):
+        with self.cond:
+            self.waiting.add(w)
+            self._hand_over(w)
+        self.wait_turn(w)
+
+    def finish(self, w, broken=False):
+        with self.cond:
+            self.done.add(w)
+            if broken:
+                self.broken = self.broken or "an error in another warp"
+                self.cond.notify_all()
+            elif self.broken is None:
+                self._hand_over(w)
+
+    def _hand_over(self, w):
+        """The warp after `w` that may run: one short of the barrier, else (every live warp at it) all of them."""
+        order = [(w + k) % self.warps for k in range(1, self.warps + 1)]
+        ready = [v for v in order if v not in self.waiting and v not in self.done]
+        if not ready and self.waiting:
+            if self.done:
+                self.broken = (f"warps {sorted(self.done)} returned while warps {sorted(self.waiting)} wait at "
+                               "gpu.barrier")
+            else:
+                self.waiting.clear()          # every warp at the barrier: it opens
+                ready = order
+        self.current = ready[0] if ready else None
+        self.cond.notify_all()
+
+
+class _WarpBarrier:
+    """Warp w's gpu.barrier (Warp.barrier) in _WarpTurns."""
+
+    def __init__(self, turns, w):
+        self.turns, self.w = turns, w
+
+    def wait(self):
+        self.turns.barrier(self.w)
 
 
 def _uniform(v, mask):
@@ -349,18 +446,24 @@ class Warp:
         return self.env[name]
 
     def run_block(self, ops, mask, block_args=None, values=None):
+        env, step = self.env, self.step
         if block_args:
             for n, v in zip(block_args, values):
-                self.env[n] = v
+                env[n] = v
         for op in ops:
-            out = self.step(op, mask)
-            if op.name in ("scf.yield", "scf.condition", "gpu.return"):
+            hot = _HOT.get(op.name)    # step's dispatch, one call less for the hot ops (none a terminator)
+            out = hot(self, op, [env[x] for x in op.args], mask) if hot is not None else step(op, mask)
+            if op.name in _TERMINATORS:
                 return out
             if out is not None:
+                if isinstance(out, np.ndarray):     # one result (the common case, without the list)
+                    if op.results:
+                        env[op.results[0]] = out
+                    continue
                 if not isinstance(out, (list, tuple)):
                     out = [out]
                 for n, v in zip(op.results, out):
-                    self.env[n] = v
+                    env[n] = v
         return None
 
     def region(self, op, i, mask, values=()):
@@ -369,9 +472,11 @@ class Warp:
 
     def step(self, op, mask):
         n = op.name
-        a = [self.get(x) for x in op.args]
-        if n == "arith.constant":
-            return _const(op, self.n)
+        env = self.env
+        a = [env[x] for x in op.args]
+        hot = _HOT.get(n)
+        if hot is not None:
+            return hot(self, op, a, mask)
         if n == "gpu.thread_id":
             return self.tid.copy()
         if n == "gpu.block_id":
@@ -383,42 +488,17 @@ class Warp:
             return np.full(self.n, self.grid["xyz".index(d)], dtype=np.int64)
         if n == "memref.dim":
             return np.full(self.n, a[0].shape[int(a[1][0])], dtype=np.int64)
-        if n in ("arith.addi", "arith.subi", "arith.muli"):
-            f = {"arith.addi": np.add, "arith.subi": np.subtract, "arith.muli": np.multiply}[n]
-            with np.errstate(over="ignore"):
-                return f(a[0], a[1]).astype(a[0].dtype)
         if n == "arith.ceildivui":
             ua, ud = _unsigned(a[0]), _unsigned(np.where(a[1] == 0, 1, a[1]))
             return ((ua + ud - 1) // ud).astype(a[0].dtype)
-        if n in ("arith.divui", "arith.remui"):
-            d = np.where(a[1] == 0, 1, a[1])
-            ua, ud = _unsigned(a[0]), _unsigned(d)
-            r = ua // ud if n == "arith.divui" else ua % ud
-            return r.astype(a[0].dtype)
-        if n in ("arith.andi", "arith.ori", "arith.xori"):
-            f = {"arith.andi": np.bitwise_and, "arith.ori": np.bitwise_or, "arith.xori": np.bitwise_xor}[n]
-            return f(a[0], a[1])
         if n == "arith.shli":
             return np.left_shift(a[0], a[1].astype(a[0].dtype))
         if n == "arith.shrsi":
             return np.right_shift(a[0], a[1].astype(a[0].dtype))
         if n == "arith.shrui":
             return np.right_shift(_unsigned(a[0]), _unsigned(a[1].astype(a[0].dtype))).astype(a[0].dtype)
-        if n in ("arith.maxsi", "arith.minsi"):
-            return (np.maximum if n == "arith.maxsi" else np.minimum)(a[0], a[1])
         if n == "arith.minui":
             return np.minimum(_unsigned(a[0]), _unsigned(a[1])).astype(a[0].dtype)
-        if n == "arith.cmpi":
-            pred = int(_prop(op, "predicate").split(":")[0])
-            if pred >= 6:
-                x, y = _unsigned(a[0]), _unsigned(a[1])
-                return {6: x < y, 7: x <= y, 8: x > y, 9: x >= y}[pred]
-            return CMPI[pred](a[0], a[1])
-        if n == "arith.cmpf":
-            return _cmpf(int(_prop(op, "predicate").split(":")[0]), a[0], a[1])
-        if n == "arith.select":
-            c = a[0].reshape(a[0].shape + (1,) * (np.ndim(a[1]) - np.ndim(a[0])))
-            return np.where(c, a[1], a[2])
         if n in ("arith.index_cast", "arith.extsi", "arith.trunci", "arith.extui", "arith.index_castui"):
             t = _int_type(op.types[0])
             if n == "arith.extui":
@@ -442,19 +522,8 @@ class Warp:
         if n == "arith.extf":
             src_t = re.search(r"\((\w+)\) ->", op.props).group(1)
             return _bits_to_f32(a[0], src_t) if src_t in ("bf16", "f16") else a[0].astype(np.float32)
-        if n in ("arith.addf", "arith.subf", "arith.mulf", "arith.divf"):
-            f = {"arith.addf": np.add, "arith.subf": np.subtract, "arith.mulf": np.multiply,
-                 "arith.divf": np.divide}[n]
-            with np.errstate(all="ignore"):
-                return f(a[0], a[1]).astype(np.float32)
-        if n in ("arith.maximumf", "arith.minimumf"):
-            f = np.maximum if n == "arith.maximumf" else np.minimum   # NaN-propagating, as arith's
-            return f(a[0], a[1]).astype(np.float32)
         if n == "arith.negf":
             return -a[0]
-        if n == "math.exp":
-            with np.errstate(all="ignore"):
-                return np.exp(a[0]).astype(np.float32)
         if n == "math.log":
             with np.errstate(all="ignore"):
                 return np.log(a[0]).astype(np.float32)
@@ -462,16 +531,6 @@ class Warp:
             f = {"math.log1p": np.log1p, "math.sqrt": np.sqrt, "math.absf": np.abs, "math.tanh": np.tanh}[n]
             with np.errstate(all="ignore"):
                 return f(a[0]).astype(np.float32)
-        if n == "math.fma":
-            return (a[0] * a[1] + a[2]).astype(np.float32)
-        if n == "llvm.call_intrinsic":
-            name = re.search(r'intrin = "([^"]+)"', op.props).group(1)
-            with np.errstate(all="ignore"):
-                if "ex2.approx" in name:
-                    return np.exp2(a[0]).astype(np.float32)
-                if "rcp.approx" in name:
-                    return (np.float32(1.0) / a[0]).astype(np.float32)
-            raise NotImplementedError(name)
         if n == "memref.extract_aligned_pointer_as_index":
             i, arr = self.arrays[id(a[0])]
             return np.full(self.n, self.mem.buffers[i][0], dtype=np.int64)
@@ -482,15 +541,21 @@ class Warp:
                 if mask[l]:
                     words[:, l] = self.mem.load16(int(a[0][l]))
             return [tuple(words)]
-        if n == "llvm.extractvalue":
-            pos = int(re.search(r"position = array<i64: (\d+)>", op.props).group(1))
-            return a[0][pos]
         if n == "memref.load":
             arr = a[0]
             idx = [np.where(mask, i, 0) for i in a[1:]]
             return arr[tuple(idx)] if arr.ndim else np.full(self.n, arr)
         if n == "memref.store":
             arr = a[1]
+            if len(a) - 2 == arr.ndim > 0 and mask.any():
+                # The active lanes' stores at once where they hit distinct elements in bounds (the lane loop
+                # below, the last lane's value kept, where two lanes store to one element or one is out of bounds).
+                at = tuple(i[mask] for i in a[2:])
+                if all(((x >= 0) & (x < d)).all() for x, d in zip(at, arr.shape)):
+                    flat = np.ravel_multi_index(at, arr.shape)
+                    if np.unique(flat).size == flat.size:
+                        arr[at] = a[0][mask]
+                        return None
             for l in range(self.n):
                 if mask[l]:
                     arr[tuple(int(i[l]) for i in a[2:])] = a[0][l]
@@ -545,6 +610,14 @@ class Warp:
         if n == "nvvm.redux.sync":
             assert self.n == LANES, "redux in lockstep blocks"
             kind = "max" if "max" in op.props else "min"
+            members = ((a[1].astype(np.int64)[:, None] & 0xFFFFFFFF) >> np.arange(LANES)) & 1 == 1
+            if np.issubdtype(a[0].dtype, np.integer) and members.any(axis=1).all():
+                # Every lane's max or min over the lanes its mask names, as the loop below (which also takes
+                # floats, and raises for an empty mask) computes it.
+                info = np.iinfo(a[0].dtype)
+                fill = info.min if kind == "max" else info.max
+                vals = np.where(members, a[0][None, :], fill)
+                return (vals.max(axis=1) if kind == "max" else vals.min(axis=1)).astype(a[0].dtype)
             out = np.empty(LANES, dtype=a[0].dtype)
             for l in range(LANES):
                 m = int(a[1][l]) & 0xFFFFFFFF
@@ -654,31 +727,6 @@ class Warp:
             offs = [int(_uniform(next(dyn), mask)) if o == -2 ** 63 else o for o in static]
             assert all(o + sz <= d for o, sz, d in zip(offs, sizes, a[0].shape)), "a subview out of bounds"
             return a[0][tuple(slice(o, o + sz) for o, sz in zip(offs, sizes))]
-        if n == "vector.from_elements":
-            shape, _t = _vector_shape(op.types[0])
-            return np.stack(a, axis=1).reshape((self.n,) + shape)
-        if n == "vector.extract":
-            pos = tuple(int(x) for x in re.search(r"static_position = array<i64: ([\d, ]+)>", op.props)
-                        .group(1).split(","))
-            return a[0][(slice(None),) + pos].copy()
-        if n == "vector.insert":
-            pos = tuple(int(x) for x in re.search(r"static_position = array<i64: ([\d, ]+)>", op.props)
-                        .group(1).split(","))
-            out = a[1].copy()
-            out[(slice(None),) + pos] = a[0]
-            return out
-        if n == "vector.bitcast":
-            src = re.search(r"\((vector<[^>]+>)\) -> ", op.props).group(1)
-            (sshape, st), (dshape, dt) = _vector_shape(src), _vector_shape(op.types[0])
-            assert st in ("bf16", "f16") and dt == "i32" and sshape[-1] == 2 * dshape[-1], (src, op.types[0])
-            bits = a[0].astype(np.uint16).reshape(self.n, -1, 2).astype(np.uint32)
-            return (bits[:, :, 0] | bits[:, :, 1] << 16).view(np.int32).reshape((self.n,) + dshape)
-        if n == "arith.truncf":
-            t = op.types[0]
-            vec = _vector_shape(t)
-            et = vec[1] if vec else t
-            assert et in ("bf16", "f16"), t
-            return _f32_to_bits(a[0], et)
         if n == "vector.load":
             shape, _t = _vector_shape(op.types[0])
             arr, idx = a[0], a[1:]
@@ -723,15 +771,97 @@ class Warp:
                 else:
                     land()
             return np.zeros(self.n, dtype=np.int64)
-        if n == "nvgpu.ldmatrix":
-            return self._ldmatrix(op, a, mask)
-        if n in ("nvgpu.mma.sync", "nvvm.mma.sync"):
-            return self._mma(op, n, a)
         return NotImplemented
 
+    # The hot ops: those the kernels' loops run hundreds of thousands of times, dispatched by name (_HOT) before
+    # step's chain of tests, what they read off their text computed once per op (_static). Same numpy work as
+    # step's other ops; only the dispatch and the regexes are saved.
+    def _constant(self, op, a, mask):
+        return _static(op, ("value", self.n), lambda op: _const(op, self.n)).copy()
+
+    def _int_binary(self, op, a, mask):
+        with np.errstate(over="ignore"):
+            return _INT_BINARY[op.name](a[0], a[1]).astype(a[0].dtype)
+
+    def _div_rem(self, op, a, mask):
+        d = np.where(a[1] == 0, 1, a[1])
+        ua, ud = _unsigned(a[0]), _unsigned(d)
+        r = ua // ud if op.name == "arith.divui" else ua % ud
+        return r.astype(a[0].dtype)
+
+    def _bitwise(self, op, a, mask):
+        return _BITWISE[op.name](a[0], a[1])
+
+    def _cmpi(self, op, a, mask):
+        pred = _static(op, "predicate", lambda op: int(_prop(op, "predicate").split(":")[0]))
+        if pred >= 6:
+            x, y = _unsigned(a[0]), _unsigned(a[1])
+            return {6: x < y, 7: x <= y, 8: x > y, 9: x >= y}[pred]
+        return CMPI[pred](a[0], a[1])
+
+    def _cmpf_op(self, op, a, mask):
+        return _cmpf(_static(op, "predicate", lambda op: int(_prop(op, "predicate").split(":")[0])), a[0], a[1])
+
+    def _select(self, op, a, mask):
+        c = a[0]
+        if c.ndim != np.ndim(a[1]):
+            c = c.reshape(c.shape + (1,) * (np.ndim(a[1]) - c.ndim))
+        return np.where(c, a[1], a[2])
+
+    def _float_binary(self, op, a, mask):
+        with np.errstate(all="ignore"):
+            return _FLOAT_BINARY[op.name](a[0], a[1]).astype(np.float32)
+
+    def _max_min_f(self, op, a, mask):
+        f = np.maximum if op.name == "arith.maximumf" else np.minimum   # NaN-propagating, as arith's
+        return f(a[0], a[1]).astype(np.float32)
+
+    def _max_min_si(self, op, a, mask):
+        return (np.maximum if op.name == "arith.maxsi" else np.minimum)(a[0], a[1])
+
+    def _exp(self, op, a, mask):
+        with np.errstate(all="ignore"):
+            return np.exp(a[0]).astype(np.float32)
+
+    def _fma(self, op, a, mask):
+        return (a[0] * a[1] + a[2]).astype(np.float32)
+
+    def _call_intrinsic(self, op, a, mask):
+        name = _static(op, "intrin", lambda op: re.search(r'intrin = "([^"]+)"', op.props).group(1))
+        with np.errstate(all="ignore"):
+            if "ex2.approx" in name:
+                return np.exp2(a[0]).astype(np.float32)
+            if "rcp.approx" in name:
+                return (np.float32(1.0) / a[0]).astype(np.float32)
+        raise NotImplementedError(name)
+
+    def _extractvalue(self, op, a, mask):
+        return a[0][_static(op, "position",
+                            lambda op: int(re.search(r"position = array<i64: (\d+)>", op.props).group(1)))]
+
+    def _from_elements(self, op, a, mask):
+        shape, _t = _vector_shape(op.types[0])
+        return _columns(a).reshape((self.n,) + shape)
+
+    def _vector_extract(self, op, a, mask):
+        return a[0][_static(op, "position", _lanes_position)].copy()
+
+    def _vector_insert(self, op, a, mask):
+        out = a[1].copy()
+        out[_static(op, "position", _lanes_position)] = a[0]
+        return out
+
+    def _vector_bitcast(self, op, a, mask):
+        dshape = _static(op, "shape", _bitcast_shape)
+        bits = a[0].astype(np.uint16).reshape(self.n, -1, 2).astype(np.uint32)
+        return (bits[:, :, 0] | bits[:, :, 1] << 16).view(np.int32).reshape((self.n,) + dshape)
+
+    def _truncf(self, op, a, mask):
+        return _f32_to_bits(a[0], _static(op, "type", _truncf_type))
+
     def _ldmatrix(self, op, a, mask):
-        tiles = int(re.search(r"numTiles = (\d+)", op.props).group(1))
-        trans = "transpose = true" in op.props
+        tiles, trans = _static(op, "ldmatrix", lambda op: (int(re.search(r"numTiles = (\d+)", op.props).group(1)),
+                                                            "transpose = true" in op.props))
         smem, rows, cols = a[0], a[1], a[2]
         out = np.zeros((self.n, tiles, 2), dtype=np.uint16)
         for w0 in range(0, self.n, LANES):
@@ -742,45 +872,102 @@ class Warp:
                                    int(cols[w0 + 8 * i + r]) + 8] for r in range(8)])
                 if trans:
                     m = m.T
-                for l in range(LANES):
-                    out[w0 + l, i] = m[l // 4, 2 * (l % 4):2 * (l % 4) + 2]
+                # Lane l takes m[l // 4, 2 (l % 4) : 2 (l % 4) + 2]: the 8 x 8 tile's pairs in row-major order.
+                out[w0:w0 + LANES, i] = m.reshape(LANES, 2)
         return out
 
-    def _mma(self, op, n, a):
-        """m16n8k16 row.col on each warp: A [16 x 16], B [16 x 8] (k x n), C/D [16 x 8] f32."""
+    def _mma(self, op, a, mask):
+        """m16n8k16 row.col on each warp: A [16 x 16], B [16 x 8] (k x n), C/D [16 x 8] f32; the lanes' fragments
+        placed and read by _MMA_A, _MMA_B and _MMA_C (the PTX fragment layouts)."""
+        n = op.name
         if n == "nvgpu.mma.sync":
             t = "f16"
             af, bf = a[0].reshape(self.n, 8), a[1].reshape(self.n, 4)
             c = a[2].reshape(self.n, 4)
         else:
-            t = re.search(r"multiplicandAPtxType = #nvvm.mma_type<(\w+)>", op.props).group(1)
+            t = _static(op, "type", lambda op: re.search(r"multiplicandAPtxType = #nvvm.mma_type<(\w+)>",
+                                                         op.props).group(1))
             assert t in ("bf16", "f16"), t
 
             def unpack(words):
-                w = np.stack(words, axis=1).astype(np.int32).view(np.uint32)
-                return np.stack([w & 0xFFFF, w >> 16], axis=2).reshape(self.n, -1).astype(np.uint16)
+                w = _columns(words).astype(np.int32).view(np.uint32)
+                return _columns([(w & 0xFFFF).ravel(), (w >> 16).ravel()]).reshape(self.n, -1).astype(np.uint16)
             af, bf = unpack(a[0:4]), unpack(a[4:6])
-            c = np.stack(a[6:10], axis=1)
+            c = _columns(a[6:10])
         av, bv = _bits_to_f32(af, t), _bits_to_f32(bf, t)
         d = np.zeros((self.n, 4), dtype=np.float32)
         for w0 in range(0, self.n, LANES):
             A = np.zeros((16, 16))
             B = np.zeros((16, 8))
             C = np.zeros((16, 8))
-            for l in range(LANES):
-                g, q = l // 4, l % 4
-                x = av[w0 + l]
-                A[g, 2 * q:2 * q + 2], A[g + 8, 2 * q:2 * q + 2] = x[0:2], x[2:4]
-                A[g, 2 * q + 8:2 * q + 10], A[g + 8, 2 * q + 8:2 * q + 10] = x[4:6], x[6:8]
-                y = bv[w0 + l]
-                B[2 * q:2 * q + 2, g], B[2 * q + 8:2 * q + 10, g] = y[0:2], y[2:4]
-                z = c[w0 + l]
-                C[g, 2 * q:2 * q + 2], C[g + 8, 2 * q:2 * q + 2] = z[0:2], z[2:4]
+            A[_MMA_A] = av[w0:w0 + LANES]
+            B[_MMA_B] = bv[w0:w0 + LANES]
+            C[_MMA_C] = c[w0:w0 + LANES]
             with np.errstate(all="ignore"):
                 D = (A @ B + C).astype(np.float32)
-            for l in range(LANES):
-                g, q = l // 4, l % 4
-                d[w0 + l] = [D[g, 2 * q], D[g, 2 * q + 1], D[g + 8, 2 * q], D[g + 8, 2 * q + 1]]
+            d[w0:w0 + LANES] = D[_MMA_C]
         if n == "nvgpu.mma.sync":
             return d.reshape(self.n, 2, 2)
         return [tuple(d[:, i] for i in range(4))]
+
+
+def _columns(arrays):
+    """np.stack(arrays, axis=1) of the lanes' values (1-D arrays of one dtype) as [lanes, len(arrays)], without
+    np.stack's checks: half the time of vector.from_elements and mma.sync's operand packing."""
+    if all(x.ndim == 1 and x.dtype == arrays[0].dtype for x in arrays):
+        return np.array(arrays).T
+    return np.stack(arrays, axis=1)
+
+
+def _mma_layout():
+    """(rows, cols) index arrays [32 lanes, values] of m16n8k16's fragments: lane l (g = l / 4, q = l % 4) holds
+    A[g, 2q:2q+2], A[g+8, 2q:2q+2], A[g, 2q+8:2q+10], A[g+8, 2q+8:2q+10]; B[2q:2q+2, g], B[2q+8:2q+10, g];
+    C and D [g, 2q:2q+2], [g+8, 2q:2q+2]."""
+    g, q = np.arange(LANES)[:, None] // 4, np.arange(LANES)[:, None] % 4
+    j2 = np.arange(2)[None, :]
+    a = (np.concatenate([g + 0 * j2, g + 8 + 0 * j2, g + 0 * j2, g + 8 + 0 * j2], axis=1),
+         np.concatenate([2 * q + j2, 2 * q + j2, 2 * q + 8 + j2, 2 * q + 8 + j2], axis=1))
+    b = (np.concatenate([2 * q + j2, 2 * q + 8 + j2], axis=1), np.concatenate([g + 0 * j2, g + 0 * j2], axis=1))
+    c = (np.concatenate([g + 0 * j2, g + 8 + 0 * j2], axis=1), np.concatenate([2 * q + j2, 2 * q + j2], axis=1))
+    return a, b, c
+
+
+_MMA_A, _MMA_B, _MMA_C = _mma_layout()
+
+
+def _lanes_position(op):
+    """vector.extract's or vector.insert's static position, as an index behind the lanes' axis."""
+    return (slice(None),) + tuple(int(x) for x in re.search(r"static_position = array<i64: ([\d, ]+)>", op.props)
+                                  .group(1).split(","))
+
+
+def _bitcast_shape(op):
+    """The result shape of a vector.bitcast of bf16/f16 pairs to i32 (the only one the kernels use)."""
+    src = re.search(r"\((vector<[^>]+>)\) -> ", op.props).group(1)
+    (sshape, st), (dshape, dt) = _vector_shape(src), _vector_shape(op.types[0])
+    assert st in ("bf16", "f16") and dt == "i32" and sshape[-1] == 2 * dshape[-1], (src, op.types[0])
+    return dshape
+
+
+def _truncf_type(op):
+    t = op.types[0]
+    vec = _vector_shape(t)
+    et = vec[1] if vec else t
+    assert et in ("bf16", "f16"), t
+    return et
+
+
+_INT_BINARY = {"arith.addi": np.add, "arith.subi": np.subtract, "arith.muli": np.multiply}
+_BITWISE = {"arith.andi": np.bitwise_and, "arith.ori": np.bitwise_or, "arith.xori": np.bitwise_xor}
+_FLOAT_BINARY = {"arith.addf": np.add, "arith.subf": np.subtract, "arith.mulf": np.multiply, "arith.divf": np.divide}
+_HOT = {"arith.constant": Warp._constant, "arith.divui": Warp._div_rem, "arith.remui": Warp._div_rem,
+        "arith.cmpi": Warp._cmpi, "arith.cmpf": Warp._cmpf_op, "arith.select": Warp._select,
+        "arith.maximumf": Warp._max_min_f, "arith.minimumf": Warp._max_min_f, "math.fma": Warp._fma,
+        "arith.maxsi": Warp._max_min_si, "arith.minsi": Warp._max_min_si, "math.exp": Warp._exp,
+        "llvm.call_intrinsic": Warp._call_intrinsic, "llvm.extractvalue": Warp._extractvalue,
+        "vector.from_elements": Warp._from_elements, "vector.extract": Warp._vector_extract,
+        "vector.insert": Warp._vector_insert, "vector.bitcast": Warp._vector_bitcast, "arith.truncf": Warp._truncf,
+        "nvgpu.ldmatrix": Warp._ldmatrix, "nvgpu.mma.sync": Warp._mma, "nvvm.mma.sync": Warp._mma}
+_HOT.update({name: Warp._int_binary for name in _INT_BINARY})
+_HOT.update({name: Warp._bitwise for name in _BITWISE})
+_HOT.update({name: Warp._float_binary for name in _FLOAT_BINARY})

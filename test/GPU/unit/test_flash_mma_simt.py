@@ -19,7 +19,6 @@ build/bin/moe-opt): skipped without it.
 """
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -72,8 +71,7 @@ def lower(B, N, D, K, t, tau, causal, masked, options):
             f"tensor<{B}x{N}x{K}xf32> {{\n"
             f"  %p = moe.similarity_inform %u, %e{mask}{attrs} : tensor<{B}x{N}x{D}x{t}>, "
             f"tensor<{B}x{N}x{K}x{t}> -> tensor<{B}x{N}x{K}xf32>\n  return %p : tensor<{B}x{N}x{K}xf32>\n}}\n")
-    out = subprocess.run([MOE_OPT, "-", f"--convert-moe-to-gpu={BASE64} {options}", "--mlir-print-op-generic"],
-                         input=text, capture_output=True, text=True, check=True).stdout
+    out = simt.lower(MOE_OPT, text, f"{BASE64} {options}")   # cached: the copy timings lower the same text again
     assert '"similarity_inform_mma_0"' in out, "not the tensor-core kernel"
     return out
 
@@ -293,9 +291,7 @@ def test_flash_mma_training_forward_lse(variant):
             f"  %p, %lse = moe.similarity_inform_fwd %u, %e key_mask(%m : tensor<{B}x{N}xi1>) tau({tau:e}) "
             f"causal(true) : tensor<{B}x{N}x{D}x{t}>, tensor<{B}x{N}x{K}x{t}> -> tensor<{B}x{N}x{K}xf32>, "
             f"tensor<{B}x{N}xf32>\n  return %p, %lse : tensor<{B}x{N}x{K}xf32>, tensor<{B}x{N}xf32>\n}}\n")
-    text = subprocess.run([MOE_OPT, "-", f"--convert-moe-to-gpu={BASE64} {VARIANTS[variant]}",
-                           "--mlir-print-op-generic"],
-                          input=text, capture_output=True, text=True, check=True).stdout
+    text = simt.lower(MOE_OPT, text, f"{BASE64} {VARIANTS[variant]}")
     body = simt.parse(text, "similarity_inform_fwd_mma_0")
     p = np.full((B, N, K), np.nan, np.float32)
     lse = np.full((B, N), np.nan, np.float32)
@@ -352,9 +348,7 @@ def test_flash_mma_key_splits(name, causal, masked, with_lse, splits, split_vari
     text = (f"func.func @f(%u: tensor<{B}x{N}x{D}x{t}>, %e: tensor<{B}x{N}x{K}x{t}>{marg}) -> ({res}) {{\n"
             f"  {outs} = moe.{op} %u, %e{mask_attr} tau({tau:e}){' causal(true)' if causal else ''} : "
             f"tensor<{B}x{N}x{D}x{t}>, tensor<{B}x{N}x{K}x{t}> -> {res}\n  return {outs} : {res}\n}}\n")
-    text = subprocess.run([MOE_OPT, "-", f"--convert-moe-to-gpu={BASE64} {SPLITS[split_variant]}",
-                           "--mlir-print-op-generic"],
-                          input=text, capture_output=True, text=True, check=True).stdout
+    text = simt.lower(MOE_OPT, text, f"{BASE64} {SPLITS[split_variant]}")   # cached: the split counts share it
     # The lazy, three-stage split: copies landing at their wait (the shares start at any tile: the pipeline's
     # buffers are the tiles' indices mod 3, its prologue two groups from the share's first tile).
     async_copies = "wait" if split_variant == "split_lazy3" else "issue"
