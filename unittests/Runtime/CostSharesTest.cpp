@@ -50,6 +50,16 @@ void expectEveryUnitOnce(const std::vector<CostItem> &items,
   EXPECT_EQ(item, static_cast<int64_t>(items.size()));
 }
 
+/// No item is cut: every span holds all of its item's units.
+void expectWholeItems(const std::vector<CostItem> &items,
+                      const Shares &shares) {
+  for (const auto &share : shares)
+    for (const Span &s : share) {
+      EXPECT_EQ(s.lo, 0);
+      EXPECT_EQ(s.hi, items[s.item].units);
+    }
+}
+
 std::vector<double> costs(const std::vector<CostItem> &items,
                           const Shares &shares) {
   std::vector<double> c;
@@ -112,9 +122,7 @@ TEST(CostShares, NarrowItemsGoWhole) {
   auto items = forwardItems({1, 1, 1, 1, 1, 1, 1, 1}, 256, 96);
   Shares shares = costShares(items, 2, 16, 64);
   expectEveryUnitOnce(items, shares);
-  for (const auto &share : shares)
-    for (const Span &s : share)
-      EXPECT_EQ(s.hi - s.lo, 96);
+  expectWholeItems(items, shares);
   EXPECT_EQ(shares[0].size(), 4u);
   EXPECT_EQ(shares[1].size(), 4u);
 }
@@ -169,9 +177,7 @@ TEST(CostShares, ZeroUnitCost) {
   std::vector<CostItem> items = {{256, 0, 10}, {256, 0, 10}, {256, 0, 10}};
   Shares shares = costShares(items, 2, 16, 64);
   expectEveryUnitOnce(items, shares);
-  for (const auto &share : shares)
-    for (const Span &s : share)
-      EXPECT_EQ(s.hi - s.lo, 256);
+  expectWholeItems(items, shares);
 }
 
 } // namespace
