@@ -45,6 +45,18 @@ def _ref(x, w, offsets):
     return out
 
 
+def _ref_backward(grad, x, w, offsets):
+    """float64 grad_x and grad_w ([E, K, N]) of the per-expert matmul (an expert without rows: zeros)."""
+    o = offsets.tolist()
+    gx = torch.zeros(x.shape, dtype=torch.float64)
+    gw = torch.zeros(w.shape, dtype=torch.float64)
+    for e in range(w.shape[0]):
+        a, b = o[e], o[e + 1]
+        gx[a:b] = grad[a:b].double() @ w[e].double().T
+        gw[e] = x[a:b].double().T @ grad[a:b].double()
+    return gx, gw
+
+
 def _inputs(counts, k=7, n=5, dtype=torch.float32, seed=0, transposed=True):
     g = torch.Generator().manual_seed(seed)
     offsets = _offsets(counts)
@@ -173,13 +185,7 @@ def test_padded_backward_equals_loop_and_float64(counts, force):
     assert gx.stride() == x.stride() and gw.stride() == w.stride()
     torch.testing.assert_close(gx, gx_loop, **F32_TOL)
     torch.testing.assert_close(gw, gw_loop, **F32_TOL)
-    o = offsets.tolist()
-    want_w = torch.zeros(w.shape, dtype=torch.float64)
-    want_x = torch.zeros(x.shape, dtype=torch.float64)
-    for e in range(len(counts)):
-        a, b = o[e], o[e + 1]
-        want_x[a:b] = grad[a:b].double() @ w[e].double().t()
-        want_w[e] = x[a:b].double().t() @ grad[a:b].double()
+    want_x, want_w = _ref_backward(grad, x, w, offsets)
     torch.testing.assert_close(gx.double(), want_x, **F32_TOL)
     torch.testing.assert_close(gw.double(), want_w, **F32_TOL)
     for e, c in enumerate(counts):
@@ -513,10 +519,7 @@ def test_idle_experts_weight_gradients_are_zeros_in_reused_memory(layout, thread
     x, w, offsets = _inputs(counts, k=64, n=48, transposed=layout != "contiguous", seed=3)
     g = torch.Generator().manual_seed(4)
     grad = torch.randn(x.shape[0], 48, generator=g)
-    o = offsets.tolist()
-    want = torch.zeros(len(counts), 64, 48, dtype=torch.float64)
-    for e in range(len(counts)):
-        want[e] = x[o[e]:o[e + 1]].double().T @ grad[o[e]:o[e + 1]].double()
+    _, want = _ref_backward(grad, x, w, offsets)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -540,25 +543,22 @@ def test_idle_experts_weight_gradients_are_zeros_in_reused_memory(layout, thread
 @NATIVE
 @pytest.mark.parametrize("threads", [2, 3])
 @pytest.mark.parametrize("layout", ["contiguous", "like w", "transposed"])
-@pytest.mark.parametrize("counts", [[71, 92, 70, 72, 215, 58, 295, 151], [0, 600, 3, 0, 0, 1], [0, 0, 0, 1]],
-                         ids=["mixtral-skew", "one-hot", "one-row"])
+@pytest.mark.parametrize("counts", [[71, 92, 70, 72, 215, 58, 295, 151], [0, 600, 3, 0, 0, 1], [0, 0, 0, 1],
+                                    [1] + [0] * 15],
+                         ids=["mixtral-skew", "one-hot", "one-row", "idle-cut"])
 def test_experts_cut_between_threads_equal_the_reference(counts, layout, threads):
     """The grouped GEMM deals each expert's output columns (the backward: grad_x's columns, which are grad_w[e]'s
     rows) over the threads in shares of equal cost, cutting an expert between two threads where routing is
     skewed (CostShares.h; MoECostSharesTest checks the cuts themselves): transformers' Mixtral's first-layer
-    counts, one expert with nearly every row, and one row with idle experts around it (K = 192, N = 320: wide
-    enough to cut). Output, grad_x and grad_w (idle experts' exact zeros, on memory that held NaN) equal the
-    float64 reference in every layout, and the values do not depend on the thread count beyond rounding."""
+    counts, one expert with nearly every row, one row with idle experts around it, and one row before fifteen idle
+    experts (the backward's share boundary falls in an idle expert's zero rows: its slice is cut too) (K = 192,
+    N = 320: wide enough to cut). Output, grad_x and grad_w (idle experts' exact zeros, on memory that held NaN)
+    equal the float64 reference in every layout, and the values do not depend on the thread count beyond rounding."""
     k, n = 192, 320
     x, w, offsets = _inputs(counts, k=k, n=n, transposed=layout != "contiguous", seed=21)
     grad = torch.randn(x.shape[0], n, generator=torch.Generator().manual_seed(22))
-    o = offsets.tolist()
     want_y = _ref(x, w, offsets)
-    want_gx = torch.zeros(x.shape[0], k, dtype=torch.float64)
-    want_gw = torch.zeros(len(counts), k, n, dtype=torch.float64)
-    for e in range(len(counts)):
-        want_gx[o[e]:o[e + 1]] = grad[o[e]:o[e + 1]].double() @ w[e].double().T
-        want_gw[e] = x[o[e]:o[e + 1]].double().T @ grad[o[e]:o[e + 1]].double()
+    want_gx, want_gw = _ref_backward(grad, x, w, offsets)
     old = torch.get_num_threads()
     got = []
     try:

@@ -307,17 +307,21 @@ void forEachGroup(const Groups &g, int64_t macs, int64_t weightsPerExpert,
   forEachExpert(g, macs, weightsPerExpert, f, nullptr);
 }
 
-/// Zeros matrix `e` of a [E, R, C] gradient (strides as allocated: a unit
-/// one in the last two dimensions). The backward kernels allocate their
+/// Zeros rows [r0, r1) (by default all R) of matrix `e` of a [E, R, C]
+/// gradient (strides as allocated: a unit one in the last two dimensions),
+/// along the unit stride. The backward kernels allocate their
 /// weight gradients uninitialised: the GEMMs (beta = 0) write the slices of
 /// experts with rows, so only the idle experts' slices need zeros. A fresh
 /// weight gradient is untouched memory (it becomes the parameter's .grad and
 /// the next step allocates anew); zero-filling it all first had cost a serial
 /// pass of page faults (Mixtral, 16 MB: ~4 ms per call on this machine)
 /// before the parallel GEMMs touched it again.
-template <typename T> void zeroSlice(const Tensor &grad, int64_t e) {
-  T *p = grad.data_ptr<T>() + e * grad.stride(0);
-  int64_t r = grad.size(1), c = grad.size(2);
+template <typename T>
+void zeroSlice(const Tensor &grad, int64_t e, int64_t r0 = 0, int64_t r1 = -1) {
+  if (r1 < 0)
+    r1 = grad.size(1);
+  T *p = grad.data_ptr<T>() + e * grad.stride(0) + r0 * grad.stride(1);
+  int64_t r = r1 - r0, c = grad.size(2);
   int64_t rs = grad.stride(1), cs = grad.stride(2);
   if (cs != 1) { // walk along the unit stride
     std::swap(r, c);
@@ -659,11 +663,6 @@ template <typename T> Mat<T> columns(const Mat<T> &m, int64_t c0, int64_t c1) {
   return {m.p + c0 * m.cs, m.rows, c1 - c0, m.rs, m.cs};
 }
 
-// The grouped GEMMs deal each expert's output columns, not whole experts:
-// an expert's columns may be cut between two threads' shares of equal cost
-// (CostShares.h), so that skewed routing (one expert with 4x another's rows)
-// leaves no thread waiting for the other.
-
 template <typename T> Tensor groupedForward(const GroupedProblem &p) {
   Tensor out = at::empty({p.S, p.N}, p.x.options());
   T *o = out.data_ptr<T>();
@@ -736,13 +735,11 @@ std::tuple<Tensor, Tensor> groupedBackward(const GroupedProblem &p,
   runShares(shares, [&](const moe_torch::Span &s) {
     int64_t e = s.item, a = p.groups.start[e], n = p.groups.end[e] - a;
     int64_t k0 = s.lo, k1 = s.hi;
-    T *gwe = gw + e * gradW.stride(0);
-    if (n == 0) { // grad_w[e]'s rows k0..k1 are zeros, along the unit stride
-      for (int64_t i = 0; i < (s2 == 1 ? k1 - k0 : p.N); ++i)
-        for (int64_t j = 0; j < (s2 == 1 ? p.N : k1 - k0); ++j)
-          gwe[s2 == 1 ? (k0 + i) * s1 + j : i * s2 + k0 + j] = T(0);
+    if (n == 0) { // grad_w[e]'s rows k0..k1 are zeros
+      zeroSlice<T>(gradW, e, k0, k1);
       return;
     }
+    T *gwe = gw + e * gradW.stride(0);
     Mat<T> w = slice<T>(p.w, e);
     Mat<T> wT{w.p, w.cols, w.rows, w.cs, w.rs}; // [N, K]
     Mat<T> gRows = rowMajor<T>(g + a * p.N, n, p.N);
