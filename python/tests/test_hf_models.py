@@ -264,11 +264,12 @@ def test_gemma4_causal_lm_matches_eager():
     with torch.no_grad():  # the per-expert scales away from one, so that a scale applied twice or not at all shows
         for layer in model.model.layers:
             layer.router.per_expert_scale.uniform_(0.5, 1.5)
+    model = model.to(DEV)
     compiled = torch.compile(model, backend="moe")
     g = torch.Generator().manual_seed(0)
     with capture_graphs() as log, torch.no_grad():
         for shape in ((2, 32), (1, 13)):
-            ids = torch.randint(0, 512, shape, generator=g)
+            ids = torch.randint(0, 512, shape, generator=g).to(DEV)
             torch.testing.assert_close(compiled(ids).logits, model(ids).logits, atol=1e-4, rtol=1e-4,
                                        msg=lambda m: f"input_ids {list(shape)}: {m}")
     assert all(gr.fallback is None for gr in log)
