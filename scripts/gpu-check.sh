@@ -63,10 +63,7 @@ if [ "$TORCH_OPS" != 0 ]; then
   fi
   [ -s "$KEYS" ] || { tail -30 "$DIR/kernels/record.log" >&2; echo "gpu-check: no kernel recorded" >&2; exit 1; }
   echo "gpu-check: building them for $CHIP"
-  # MOE_CUDA_ROUTER_LOSSES=1 (the default here; the GPU check's torch steps turn it on too): the router losses'
-  # CUDA kernels, whose glue waits for its first GPU run, are built as well.
   (cd "$ROOT/python" && MOE_BUILD_DIR="$BUILD" MOE_CUDA_TOOLKIT="$TOOLKIT" \
-     MOE_CUDA_ROUTER_LOSSES="${MOE_CUDA_ROUTER_LOSSES:-1}" \
      "$PY" -m moe_mlir.runtime.prebuild "$KEYS" "$DIR/kernels" --chip "$CHIP")
 fi
 { echo "chip=$CHIP"; echo "commit=$(git -C "$ROOT" rev-parse HEAD)"; echo "built=$(date -Iseconds)"

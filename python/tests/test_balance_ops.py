@@ -19,7 +19,6 @@ import torch
 
 from moe_mlir import ops
 from moe_mlir.reference import balance as RB
-from moe_mlir.runtime import cache
 from torch_checks import ran_kernel
 
 NAN, INF = float("nan"), float("inf")
@@ -204,9 +203,8 @@ def test_gradients_match_pytorch_autograd_of_the_reference(T, E, k):
     _close(gs, gr)
 
 
-# The device suite: test_torch_ops_cuda.py runs the test below on a GPU (scripts/gpu-check.sh, with
-# MOE_CUDA_ROUTER_LOSSES=1: the extension's CUDA kernels of the router losses; without it CUDA tensors run the
-# references and the test skips there).
+# The device suite: test_torch_ops_cuda.py runs the test below on a GPU (scripts/gpu-check.sh): the extension's CUDA
+# kernels of the router losses.
 @pytest.mark.parametrize("T,E,k", [(1, 8, 2), (0, 8, 2), (130, 64, 8), (517, 256, 8), (40, 5, 5)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_router_losses_on_the_device(dev, T, E, k, dtype):
@@ -214,8 +212,6 @@ def test_router_losses_on_the_device(dev, T, E, k, dtype):
     references on the CPU (in f32 of the same values): tied rows (the lowest index), a row half -inf, with and
     without a token mask, k = E, one and zero tokens, E = 256; the f32 gradients of both losses and of
     router_stats' mean_probs against autograd of the references."""
-    if dev == "cuda" and not cache.cuda_router_losses():
-        pytest.skip("the router losses' CUDA kernels are off (MOE_CUDA_ROUTER_LOSSES=1 turns them on)")
     tol = dict(rtol=1e-4, atol=1e-6) if dev == "cuda" else {}
     x = _logits(T, E, seed=T + E, dtype=dtype)
     if T >= 3:

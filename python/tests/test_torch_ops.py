@@ -835,34 +835,30 @@ def test_prebuild_cuda_builds_a_kernel_with_the_one_cuda_recipe(tmp_path, monkey
     assert cache.prebuild_cuda([key], tmp_path, "sm_90") == 0
 
 
-def test_prebuild_cuda_leaves_out_the_cpu_only_ops(tmp_path, monkeypatch):
+def test_prebuild_cuda_leaves_out_the_cpu_only_ops(tmp_path):
     """A kernel-key list recorded on the CPU (scripts/gpu-check.sh) holds keys of ops the extension registers for the
-    CPU only (the router losses, capacity): prebuild_cuda builds none of them, and every op named in CPU_ONLY_OPS is
-    a key of the kernel-key table (include/MoE/IR/KernelKeys.td). With MOE_CUDA_ROUTER_LOSSES=1 the router losses with a GPU lowering
-    (CUDA_SWITCHED_OPS) are CUDA ops too; the sequence loss and capacity's ops never are."""
+    CPU only (the sequence-level balance loss, capacity): prebuild_cuda builds none of them, and every op named in
+    CPU_ONLY_OPS is a key of the kernel-key table (include/MoE/IR/KernelKeys.td). The router losses with a GPU
+    lowering are CUDA ops (since the H200 check of 2026-11-27 ran their glue)."""
     from moe_mlir.runtime import cache
     from moe_mlir.runtime import keys as key_ops
 
-    monkeypatch.delenv("MOE_CUDA_ROUTER_LOSSES", raising=False)
-    keys = ["router_stats_fwd|top_k=2|in:logits:f32:?x32", "router_z_loss|in:logits:f32:?x8",
-            "router_stats_backward|in:grad_mean_probs:f32:8|in:logits:f32:?x8|in:weight_sum:f32:"]
+    keys = ["sequence_balance_loss|top_k=2|in:logits:f32:?x?x8", "apply_capacity|in:indices:i64:?x2"]
     assert cache.prebuild_cuda(keys, tmp_path, "sm_90") == 0
     assert list(tmp_path.iterdir()) == []
     for op in cache.CPU_ONLY_OPS:  # a key of no input: the table knows the op and names what is missing
         with pytest.raises(key_ops.KeyBuildError, match="kernel key '.*': no input"):
             key_ops.kernel_module(op)
-    assert cache.CUDA_SWITCHED_OPS <= cache.CPU_ONLY_OPS
     assert not any(cache.cuda_kernel_op(op) for op in cache.CPU_ONLY_OPS) and cache.cuda_kernel_op("topk_renorm")
     # The extension registers route_backward's kernel for CUDA (RoutingOps.cpp): it must be prebuilt (the H200
     # check of 2026-11-26 found 6 tests without it while it was listed here).
-    assert cache.cuda_kernel_op("route_backward") and "route_backward" not in cache.CPU_ONLY_OPS
-    monkeypatch.setenv("MOE_CUDA_ROUTER_LOSSES", "1")
-    assert {op for op in cache.CPU_ONLY_OPS if cache.cuda_kernel_op(op)} == cache.CUDA_SWITCHED_OPS
-    assert not cache.cuda_kernel_op("sequence_balance_loss") and not cache.cuda_kernel_op("apply_capacity")
+    assert cache.cuda_kernel_op("route_backward")
+    for op in ("router_stats_fwd", "router_stats_backward", "router_z_loss", "router_z_loss_backward"):
+        assert cache.cuda_kernel_op(op), op
 
 
-def test_prebuild_cuda_builds_the_router_losses_when_switched_on(tmp_path, monkeypatch):
-    """With MOE_CUDA_ROUTER_LOSSES=1 the router losses' keys that a CPU run records (the load-balancing loss's
+def test_prebuild_cuda_builds_the_router_losses(tmp_path):
+    """The router losses' keys that a CPU run records (the load-balancing loss's
     statistics and their backward, the z-loss) build for sm_90 without a GPU: their GPU lowering (balance-kernels)
     takes the modules the kernel cache writes for them."""
     from moe_mlir.runtime import driver, locate
@@ -870,7 +866,6 @@ def test_prebuild_cuda_builds_the_router_losses_when_switched_on(tmp_path, monke
     toolkit = Path(driver.cuda_toolkit())
     if not (toolkit / "bin" / "ptxas").is_file() or locate.find_runtime_lib("libmoe_cuda_runtime.so") is None:
         pytest.skip(f"no CUDA toolkit at {toolkit} or no libmoe_cuda_runtime.so")
-    monkeypatch.setenv("MOE_CUDA_ROUTER_LOSSES", "1")
     # As a CPU run of load_balancing_loss(x, 8, mask) + router_z_loss(x.bfloat16()) and its backward records them.
     keys = ["router_stats_fwd|top_k=8|in:logits:f32:?x64|in:token_mask:f32:?", "router_z_loss|in:logits:bf16:?x64",
             "router_z_loss_backward|in:logits:bf16:?x64|in:grad:f32:scalar",

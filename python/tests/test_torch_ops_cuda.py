@@ -1,6 +1,6 @@
 """torch.ops.moe.* on CUDA tensors: the device suite of test_torch_ops.py (every test there that takes ``dev`` or
 ``cuda``, and the same of test_routing_ops.py: moe.route and moe.dispatch_plan, and of test_balance_ops.py: the
-router losses, with MOE_CUDA_ROUTER_LOSSES=1, and of test_cuda_graphs.py: every op, forward and backward, and a
+router losses, and of test_cuda_graphs.py: every op, forward and backward, and a
 transformers MoE block under backend "moe", captured in a CUDA graph and replayed) on one device, our GPU kernels (lib/Runtime/Torch/TorchCudaOps.cpp, the CUDA kernels of
 moe_mlir.runtime.cache) against moe_mlir.reference (computed on CPU copies).
 

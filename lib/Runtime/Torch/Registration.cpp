@@ -13,13 +13,10 @@
 //   op's eager reference before);
 // * registerCudaKernels (moeTorchEnableCuda, TorchCudaOps.cpp; Python calls it
 //   once the CUDA kernels are usable): CUDA, the kernels of the CudaKernels
-//   and CudaKernelsCpuAutograd ops;
-// * registerCudaRouterLosses (moeTorchEnableCudaRouterLosses, when
-//   MOE_CUDA_ROUTER_LOSSES=1): CUDA and AutogradCUDA, the CudaRouterLosses
-//   ops'.
+//   ops.
 //
-// Both CUDA registrations are compiled in every build (they need no CUDA
-// header); only TorchCudaOps.cpp, built with the CUDA runtime, calls them.
+// The CUDA registration is compiled in every build (it needs no CUDA header);
+// only TorchCudaOps.cpp, built with the CUDA runtime, calls it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -34,22 +31,13 @@
 namespace {
 
 /// TorchOps.def's Cuda column: what CUDA tensors run.
-enum class Cuda {
-  CpuOnly,
-  CudaKernels,
-  CudaKernelsCpuAutograd,
-  CudaRouterLosses
-};
+enum class Cuda { CpuOnly, CudaKernels };
 
 /// The ops a registration takes, by their Cuda column.
 using Selection = bool (*)(Cuda);
 
 bool everyOp(Cuda) { return true; }
-bool autogradCudaAtLoad(Cuda c) { return c == Cuda::CudaKernels; }
-bool cudaKernels(Cuda c) {
-  return c == Cuda::CudaKernels || c == Cuda::CudaKernelsCpuAutograd;
-}
-bool cudaRouterLosses(Cuda c) { return c == Cuda::CudaRouterLosses; }
+bool cudaKernels(Cuda c) { return c == Cuda::CudaKernels; }
 
 /// The Autograd column's NoAutograd: nothing to register.
 struct NoAutogradKernel {};
@@ -95,9 +83,7 @@ std::unique_ptr<torch::Library> implAt(c10::DispatchKey key) {
 
 TORCH_LIBRARY_IMPL(moe, CPU, m) { registerKernels(m, everyOp); }
 TORCH_LIBRARY_IMPL(moe, AutogradCPU, m) { registerAutograd(m, everyOp); }
-TORCH_LIBRARY_IMPL(moe, AutogradCUDA, m) {
-  registerAutograd(m, autogradCudaAtLoad);
-}
+TORCH_LIBRARY_IMPL(moe, AutogradCUDA, m) { registerAutograd(m, cudaKernels); }
 
 void moe_torch::registerCudaKernels() {
   static std::unique_ptr<torch::Library> kernels;
@@ -105,16 +91,4 @@ void moe_torch::registerCudaKernels() {
     return;
   kernels = implAt(c10::DispatchKey::CUDA);
   registerKernels(*kernels, cudaKernels);
-}
-
-void moe_torch::registerCudaRouterLosses() {
-  static std::unique_ptr<torch::Library> kernels, autograd;
-  if (kernels)
-    return;
-  auto k = implAt(c10::DispatchKey::CUDA);
-  auto a = implAt(c10::DispatchKey::AutogradCUDA);
-  registerKernels(*k, cudaRouterLosses);
-  registerAutograd(*a, cudaRouterLosses);
-  kernels = std::move(k);
-  autograd = std::move(a);
 }

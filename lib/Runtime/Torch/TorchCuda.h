@@ -35,17 +35,9 @@ void launchOnCurrentStream(c10::Device device,
                            const std::function<void()> &call);
 
 /// Registers the CUDA kernels of the ops whose Cuda column (TorchOps.def) is
-/// CudaKernels or CudaKernelsCpuAutograd (once; called from Python when the
-/// CUDA kernels are usable: the runtime loads and a compiler or prebuilt
-/// kernels are there).
+/// CudaKernels (once; called from Python when the CUDA kernels are usable: the
+/// runtime loads and a compiler or prebuilt kernels are there).
 void registerCudaKernels();
-
-/// Registers the CUDA kernels and the AutogradCUDA kernels of the
-/// load-balancing ops (Cuda column CudaRouterLosses; once): until then CUDA
-/// tensors take their PyTorch references. Python asks for it with
-/// MOE_CUDA_ROUTER_LOSSES=1 (their GPU lowerings passed the MLIR harness on an
-/// H100; this glue has not run on a GPU yet).
-void registerCudaRouterLosses();
 
 } // namespace moe_torch
 

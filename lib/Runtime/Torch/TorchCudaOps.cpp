@@ -17,10 +17,9 @@
 //   consumers of its outputs, and returns without waiting. Stream-ordered
 //   scratch allocations (cuMemAllocAsync) and launches only: a call can be
 //   captured in a CUDA graph once its kernel is loaded.
-// * the entry points of the registration of the CUDA kernels at run time
+// * the entry point of the registration of the CUDA kernels at run time
 //   (Registration.cpp): moeTorchEnableCuda(), called when Python finds the
-//   CUDA kernels usable (else CUDA tensors keep the eager references), and
-//   moeTorchEnableCudaRouterLosses().
+//   CUDA kernels usable (else CUDA tensors keep the eager references).
 //
 // libmoe_cuda_runtime.so is not a link dependency (a machine without a CUDA
 // driver must still load the extension for the CPU kernels): the kernel cache
@@ -122,19 +121,3 @@ extern "C" __attribute__((visibility("default"))) int32_t moeTorchEnableCuda() {
   }
 }
 
-/// Called by python/moe_mlir/runtime/extension.py after moeTorchEnableCuda
-/// when MOE_CUDA_ROUTER_LOSSES=1: the load-balancing ops on CUDA tensors run
-/// their GPU kernels from then on. Returns 0, or 1 after printing why not.
-extern "C" __attribute__((visibility("default"))) int32_t
-moeTorchEnableCudaRouterLosses() {
-  try {
-    moe_torch::registerCudaRouterLosses();
-    return 0;
-  } catch (const std::exception &e) {
-    std::fprintf(stderr,
-                 "moe: registering the router losses' CUDA kernels failed: "
-                 "%s\n",
-                 e.what());
-    return 1;
-  }
-}

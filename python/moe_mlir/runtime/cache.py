@@ -357,41 +357,24 @@ def load(key: str, shapes: str, validate_only: int = 0, user_op: Optional[str] =
         return addr
 
 
-#: The kernel ops of torch.ops.moe.* that the extension registers for the CPU only: the router losses' and the
-#: capacity's (lib/Runtime/Torch/TorchOps.def: Cuda column CudaRouterLosses or CpuOnly). On CUDA tensors they run
-#: their PyTorch references (ops/balance.py, ops/capacity.py), so there is no CUDA kernel to prebuild for them. The
-#: router losses' GPU lowerings (convert-moe-to-gpu balance-kernels, on by default) passed an H100 run of the MLIR
-#: harness, but the extension's glue that would call them on CUDA tensors has not run on a GPU, so it stays on the
-#: references. A CPU run that records kernel keys for a GPU machine (scripts/gpu-check.sh: the training step of
-#: bench.models calls router_stats_fwd) lists them; prebuild_cuda leaves them out. The routing, mixing and gradient
-#: ops (TorchOps.def's CudaKernels and CudaKernelsCpuAutograd, route_backward included) have CUDA kernels: the GPU
-#: machine has no LLVM to compile them, so they must be prebuilt.
+#: The kernel ops of torch.ops.moe.* that the extension registers for the CPU only: the sequence-level balance loss's
+#: and the capacity's (lib/Runtime/Torch/TorchOps.def: Cuda column CpuOnly), which have no GPU lowering. On CUDA
+#: tensors they run their PyTorch references (ops/balance.py, ops/capacity.py), so there is no CUDA kernel to prebuild
+#: for them: a CPU run that records kernel keys for a GPU machine (scripts/gpu-check.sh) may list them, and
+#: prebuild_cuda leaves them out. Every other kernel op (TorchOps.def's CudaKernels: the routing, mixing, gradient and
+#: router-loss ops) has CUDA kernels; the GPU machine has no LLVM to compile them, so they must be prebuilt there.
 CPU_ONLY_OPS: frozenset[str] = frozenset({
-    "router_stats_fwd", "router_stats_backward", "router_z_loss", "router_z_loss_backward", "sequence_balance_loss",
-    "sequence_balance_loss_backward", "bias_update", "apply_capacity"})
-
-#: The kernel ops of CPU_ONLY_OPS with a GPU lowering (the router losses': router_stats, load_balancing_loss and
-#: router_z_loss, forward and backward). With ``MOE_CUDA_ROUTER_LOSSES=1`` (:func:`cuda_router_losses`) the
-#: extension registers their CUDA kernels too (extension.py; TorchCudaOps.cpp's registerCudaRouterLosses) and
-#: prebuild_cuda builds them; off until a GPU run has checked that glue (the GPU check turns it on).
-CUDA_SWITCHED_OPS: frozenset[str] = frozenset({
-    "router_stats_fwd", "router_stats_backward", "router_z_loss", "router_z_loss_backward"})
-
-
-def cuda_router_losses() -> bool:
-    """Whether the router losses run their CUDA kernels on CUDA tensors (``MOE_CUDA_ROUTER_LOSSES=1``)."""
-    return os.environ.get("MOE_CUDA_ROUTER_LOSSES", "0") == "1"
+    "sequence_balance_loss", "sequence_balance_loss_backward", "bias_update", "apply_capacity"})
 
 
 def cuda_kernel_op(op: str) -> bool:
     """Whether ``op``'s kernel has a CUDA build (prebuild_cuda builds its keys)."""
-    return op not in CPU_ONLY_OPS or (op in CUDA_SWITCHED_OPS and cuda_router_losses())
+    return op not in CPU_ONLY_OPS
 
 
 def prebuild_cuda(keys: list[str], out_dir: Path, chip: str) -> int:
     """Builds the CUDA kernels of ``keys`` (any device index) for ``chip`` into ``out_dir`` as ``$MOE_KERNEL_PREBUILT``
-    expects them; returns how many were built (the others were there). Keys of :data:`CPU_ONLY_OPS` are left out (but
-    for :data:`CUDA_SWITCHED_OPS` when :func:`cuda_router_losses`). Needs the compiler library and the CUDA toolkit;
+    expects them; returns how many were built (the others were there). Keys of :data:`CPU_ONLY_OPS` are left out. Needs the compiler library and the CUDA toolkit;
     no GPU. The builds run one after another: the compiler library takes one at a time."""
     from .locate import find_runtime_lib as _find_runtime_lib
 

@@ -88,12 +88,6 @@ def _enable_cuda(lib: ctypes.PyDLL) -> Optional[str]:
     lib.moeTorchEnableCuda.restype = ctypes.c_int32
     if lib.moeTorchEnableCuda() != 0:
         return "registering the CUDA kernels failed (see stderr)"
-    # The router losses' CUDA kernels when asked for (their glue has not run on a GPU yet: off by default).
-    if cache.cuda_router_losses() and hasattr(lib, "moeTorchEnableCudaRouterLosses"):
-        lib.moeTorchEnableCudaRouterLosses.argtypes = []
-        lib.moeTorchEnableCudaRouterLosses.restype = ctypes.c_int32
-        if lib.moeTorchEnableCudaRouterLosses() != 0:
-            return "registering the router losses' CUDA kernels failed (see stderr)"
     return None
 
 

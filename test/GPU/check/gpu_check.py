@@ -293,10 +293,7 @@ def steps(ctx):
             return ["sh", "-c", f"echo {shlex.quote(why)}; exit 1"], ctx.env()
         # In the checkout, not in src/: `python -m bench...` must import the checkout's bench package (whose
         # helpers load python/moe_mlir files by path), not src/'s copy, which holds only what the harness needs.
-        # MOE_CUDA_ROUTER_LOSSES: the router losses run their CUDA kernels (scripts/gpu-check.sh prebuilt them).
-        # Off by default until this check has run them: on here unless the caller says 0.
         return cmd, ctx.env(MOE_TEST_DEVICE="cuda", MOE_GPU_RUNTIME_DIR=ctx.build,
-                            MOE_CUDA_ROUTER_LOSSES=os.environ.get("MOE_CUDA_ROUTER_LOSSES", "1"),
                             MOE_TORCH_LIB=os.path.join(ctx.build, "lib", "libmoe_torch.so"),
                             MOE_CUDA_RUNTIME=os.path.join(ctx.build, "libmoe_cuda_runtime.so"),
                             MOE_KERNEL_PREBUILT=os.path.join(HERE, "kernels"),

@@ -36,12 +36,6 @@ def main():
         lib.moeTorchEnableCuda.restype = __import__("ctypes").c_int32
         if lib.moeTorchEnableCuda() != 0:
             return fail("moeTorchEnableCuda() failed (see above)")
-        from moe_mlir.runtime.cache import cuda_router_losses
-
-        if cuda_router_losses():  # MOE_CUDA_ROUTER_LOSSES=1: their kernels too
-            lib.moeTorchEnableCudaRouterLosses.restype = __import__("ctypes").c_int32
-            if lib.moeTorchEnableCudaRouterLosses() != 0:
-                return fail("moeTorchEnableCudaRouterLosses() failed (see above)")
     names = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("moe::"))
     if not names:
         return fail("no moe:: op is registered")
@@ -49,8 +43,7 @@ def main():
     keys = os.path.join(os.environ.get("MOE_KERNEL_PREBUILT", ""), "keys.txt")
     from moe_mlir.runtime.cache import cuda_kernel_op
 
-    # keys.txt is what the CPU run recorded; prebuild_cuda leaves out the ops registered for the CPU only (the
-    # router losses' among them unless MOE_CUDA_ROUTER_LOSSES=1).
+    # keys.txt is what the CPU run recorded; prebuild_cuda leaves out the ops registered for the CPU only.
     recorded = {line.split("|")[0] for line in open(keys) if line.strip()} if os.path.exists(keys) else set()
     prebuilt = sorted(op for op in recorded if cuda_kernel_op(op))
     no_cuda = [op for op in prebuilt if not torch._C._dispatch_has_kernel_for_dispatch_key(f"moe::{op}", "CUDA")]
