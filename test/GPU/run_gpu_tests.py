@@ -1252,7 +1252,12 @@ def case_route(lib, g):
               ("route_shapes_64_g16", (300, 64), torch.float32, 8, False,
                dict(n_group=16, topk_group=4, renormalize=True)),
               ("route_shapes_2100_g3", (150, 2100), torch.float32, 8, True,
-               dict(scoring="sigmoid", n_group=3, topk_group=2, renormalize=True))]
+               dict(scoring="sigmoid", n_group=3, topk_group=2, renormalize=True)),
+              # The loop kernel (shapes the lanes' layout does not take): 5 groups of 819, 64 of 65 with 8 kept.
+              ("route_shapes_4095_g5", (70, 4095), torch.float32, 8, True,
+               dict(scoring="sigmoid", n_group=5, topk_group=2, renormalize=True, scale=2.5)),
+              ("route_shapes_4160_g64_bf16", (70, 4160), torch.bfloat16, 8, True,
+               dict(scoring="sigmoid", n_group=64, topk_group=8, renormalize=True))]
     for fn, shape, dtype, k, has_bias, attrs in shapes:
         x = adversarial(torch.randn(*shape, generator=g).to(DEV).to(dtype))
         bias = (torch.rand(shape[1], generator=g) * 0.1).to(DEV) if has_bias else None

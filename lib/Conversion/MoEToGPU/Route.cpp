@@ -39,6 +39,15 @@
 // The SGLang/vLLM fused routers (biased_grouped_topk) use the same layout
 // idea: one warp per token, the group maxima by warp reductions.
 //
+// The loop kernel (`route_loop`, past the register kernel's 1024 experts
+// where route-map=lanes has no layout: groups needing more than 128 slots a
+// lane, more than 4096 experts) takes the same steps with W = 32 and a warp
+// a block, but holds nothing in registers: each step is an scf.for over the
+// lane's values m that loads the logit (L1) and scores it again, a group's
+// members a loop over its range of m, the groups a loop whose candidates lane
+// g % 32 keeps for the kept groups' butterfly rounds. No limit on E; a score
+// per value and step.
+//
 // A moe.dispatch_plan of the route's indices (the first in the block, no
 // capacity) is lowered here too, in the same host code: its results and
 // scratch are allocated before the route kernel, its three kernels
@@ -54,6 +63,7 @@
 
 #include "MoE/Kernels/IndexErrors.h"
 #include "MoE/Kernels/Route.h"
+#include "MoE/Kernels/RowSoftmax.h"
 
 #include "llvm/Support/MathExtras.h"
 
@@ -65,7 +75,8 @@ using namespace mlir::moe::gpu_lowering;
 using namespace mlir::moe::kernels;
 
 namespace {
-/// Largest expert count of the register kernel (32 values per lane).
+/// Largest expert count of the register kernel (32 values per lane); past it
+/// the lanes kernel or the loop kernel.
 constexpr int64_t kRouteMaxExperts = 1024;
 /// Largest n_group: the kept groups are the bits of an i64.
 constexpr int64_t kRouteMaxGroups = 64;
@@ -73,14 +84,19 @@ constexpr int64_t kRouteMaxGroups = 64;
 /// The kernel of one token per group of `width` lanes (the file header).
 class RouteWarpKernel {
 public:
+  /// `loop`: the lane's values in loops, computed again where a step reads
+  /// them, instead of in registers (the loop kernel of the file header).
   RouteWarpKernel(GpuKernelBuilder &kb, const RouteSpec &spec,
-                  int64_t numExperts, int64_t width, int64_t blockSize)
+                  int64_t numExperts, int64_t width, int64_t blockSize,
+                  bool loop = false)
       : kb(kb), spec(spec), numExperts(numExperts), width(width),
-        blockSize(blockSize), vpt(llvm::divideCeil(numExperts, width)) {}
+        blockSize(blockSize), vpt(llvm::divideCeil(numExperts, width)),
+        loop(loop) {}
 
   void emit(Value x, Value bias, Value weights, Value indices,
             Value replay = Value(), Value word = Value()) {
     this->x = x;
+    this->bias = bias;
     RouteTokenLanes t = routeTokenLanes(kb, x, width, blockSize);
     lane = t.lane;
     active = t.active;
@@ -90,8 +106,16 @@ public:
     if (replay) {
       // Only a softmax before the choice needs the whole row.
       if (!spec.fromLogits() && spec.scoring == RouteSpec::Scoring::Softmax)
-        loadRow();
+        loop ? loopRowStats() : (void)loadRow();
       replayPicks(replay, word, weights, indices);
+      epilogue(weights);
+      return;
+    }
+    if (loop) {
+      loopRowStats();
+      if (spec.groups > 1)
+        loopDropGroups();
+      loopRounds(weights, indices);
       epilogue(weights);
       return;
     }
@@ -106,8 +130,11 @@ private:
   GpuKernelBuilder &kb;
   const RouteSpec &spec;
   int64_t numExperts, width, blockSize, vpt;
-  Value x, lane, active, row, none;
+  bool loop;
+  Value x, bias, lane, active, row, none;
   Value rowMax, rowSum;
+  /// The loop kernel's kept groups (bits of an i64; null: every group).
+  Value keptGroups;
   /// Per value m of this lane: the expert (i32), whether it exists (null when
   /// it always does), the packed candidate.
   SmallVector<Value> expert, inRange, cand;
@@ -150,6 +177,124 @@ private:
     rowMax = stats.max;
     rowSum = stats.sum;
     return xs;
+  }
+
+  // The loop kernel: value m of the lane is expert m * W + lane, m < vpt, as
+  // in registers, but each step runs a loop over m that loads the logit (L1)
+  // and computes its score and candidate again: no limit on E, at the cost
+  // of a score per value and step (the groups' two passes, k rounds).
+
+  /// Expert m * W + lane (index), whether it exists, and its logit (-inf
+  /// past E).
+  struct LoopValue {
+    Value col, inRange, logit;
+  };
+  LoopValue loopValue(Value m) {
+    Value col = kb.add(kb.mul(m, kb.idx(width)), lane);
+    Value inRange = kb.lt(col, kb.idx(numExperts));
+    Value safe = kb.select(inRange, col, kb.idx(numExperts - 1));
+    constexpr double kInf = std::numeric_limits<double>::infinity();
+    return {col, inRange,
+            kb.select(inRange, kb.loadF(x, {row, safe}), kb.cF32(-kInf))};
+  }
+
+  /// The row's softmax statistics where the score needs them (two loops).
+  void loopRowStats() {
+    if (spec.fromLogits() || spec.scoring != RouteSpec::Scoring::Softmax)
+      return;
+    RowSoftmaxStats stats = rowSoftmaxStatsLoop(
+        kb, kb.f32(), kb.idx(0), kb.idx(vpt), kb.idx(1),
+        [&](Value m) { return loopValue(m).logit; },
+        [&](Value v) { return reduce(v, ReduceKind::Max); },
+        [&](Value v) { return reduce(v, ReduceKind::Sum); });
+    rowMax = stats.max;
+    rowSum = stats.sum;
+  }
+
+  /// Value m's packed candidate (none past E or in a dropped group).
+  Value loopCandidate(Value m) {
+    LoopValue v = loopValue(m);
+    Value score = routeScore(kb, spec, v.logit, rowMax, rowSum);
+    Value b;
+    if (bias)
+      b = kb.select(v.inRange,
+                    kb.loadF(bias, {kb.select(v.inRange, v.col,
+                                              kb.idx(numExperts - 1))}),
+                    kb.cF32(0.0));
+    Value expertI32 = kb.castInt(v.col, kb.i32());
+    Value packed =
+        packCandidate(kb, orderedKey(kb, routeChoice(kb, score, b)), expertI32);
+    Value keep = v.inRange;
+    if (keptGroups) {
+      Value g = kb.extu(kb.divu(expertI32, kb.cI32(numExperts / spec.groups)),
+                        kb.i64());
+      Value bit = kb.andI(kb.shru(keptGroups, g), kb.cI64(1));
+      keep = kb.andI(keep, kb.notI1(kb.eq(bit, kb.cI64(0))));
+    }
+    return kb.select(keep, packed, none);
+  }
+
+  /// The best candidate of values [lo, hi) ranking strictly below `prev`
+  /// (null: the best) and passing `member` (null: all), over the token.
+  Value loopBestBelow(Value lo, Value hi, Value prev,
+                      function_ref<Value(Value col)> member = nullptr) {
+    Value best = kb.forLoop(
+        lo, hi, kb.idx(1), {none},
+        [&](Value m, ValueRange acc) -> SmallVector<Value> {
+          Value c = loopCandidate(m);
+          if (member)
+            c = kb.select(member(kb.add(kb.mul(m, kb.idx(width)), lane)), c,
+                          none);
+          return {prev ? bestBelow(kb, acc[0], c, prev, none)
+                       : kb.maxs(acc[0], c)};
+        })[0];
+    return reduce(best, ReduceKind::MaxI64);
+  }
+
+  /// Step 2: keep the topk_group best groups (keptGroups); group g's values
+  /// are those of its experts [g S, (g + 1) S), m in [g S / W, (g + 1) S / W].
+  /// The groups are a loop too: lane g % W keeps group g's candidate (two a
+  /// lane at 64 groups, where the register kernel's every lane holds all: 128
+  /// registers, spilled), and a round of the kept groups is a butterfly over
+  /// the lanes' best.
+  void loopDropGroups() {
+    int64_t groups = spec.groups, groupSize = numExperts / groups;
+    Value S = kb.idx(groupSize), W = kb.idx(width);
+    SmallVector<Value> init(llvm::divideCeil(groups, width), none);
+    SmallVector<Value> held = kb.forLoop(
+        kb.idx(0), kb.idx(groups), kb.idx(1), init,
+        [&](Value g, ValueRange h) -> SmallVector<Value> {
+          Value first = kb.mul(g, S), end = kb.add(first, S);
+          auto member = [&](Value col) {
+            return kb.andI(kb.notI1(kb.lt(col, first)), kb.lt(col, end));
+          };
+          Value gc = routeGroupCandidate(
+              kb, spec, kb.castInt(g, kb.i32()), [&](Value below) {
+                return loopBestBelow(kb.divu(first, W), kb.ceilDiv(end, W),
+                                     below, member);
+              });
+          SmallVector<Value> next;
+          for (auto [i, v] : llvm::enumerate(h))
+            next.push_back(kb.select(
+                kb.eq(g, kb.add(lane, kb.idx(int64_t(i) * width))), gc, v));
+          return next;
+        });
+    keptGroups = keepGroups([&](Value prev) {
+      Value best = none;
+      for (Value h : held)
+        best = bestBelow(kb, best, h, prev, none);
+      return reduce(best, ReduceKind::MaxI64);
+    });
+  }
+
+  /// Step 3 of the loop kernel: k rounds over the lane's values.
+  void loopRounds(Value weights, Value indices) {
+    routeRounds(
+        kb, spec,
+        [&](Value prev) {
+          return loopBestBelow(kb.idx(0), kb.idx(vpt), prev);
+        },
+        [&](Value j, Value best) { storePick(j, best, weights, indices); });
   }
 
   /// Steps 1-3 with the choice given: lane j % W reads pick j's index from
@@ -217,19 +362,12 @@ private:
       groupCand.push_back(routeGroupCandidate(kb, spec, kb.cI32(g), groupBest));
     }
 
-    // The topk_group best groups (ties to the lower group), as bits.
-    Value kept = routeKeepGroups(
-        kb, spec, {kb.cI64(0)},
-        [&](Value prev) {
-          Value best = none;
-          for (Value gc : groupCand)
-            best = bestBelow(kb, best, gc, prev, none);
-          return best;
-        },
-        [&](Value best, ValueRange bits) -> SmallVector<Value> {
-          Value g = kb.extu(candidateIndex(kb, best), kb.i64());
-          return {kb.orI(bits[0], kb.shl(kb.cI64(1), g))};
-        })[0];
+    Value kept = keepGroups([&](Value prev) {
+      Value best = none;
+      for (Value gc : groupCand)
+        best = bestBelow(kb, best, gc, prev, none);
+      return best;
+    });
     for (int64_t m = 0; m < vpt; ++m) {
       Value g = columns ? kb.cI64((m * width) / groupSize)
                         : kb.extu(groupOf[m], kb.i64());
@@ -238,9 +376,43 @@ private:
     }
   }
 
+  /// The topk_group best of the group candidates (ties to the lower group),
+  /// as the bits of an i64. Where topk_group is a multiple of 8 the rounds
+  /// are unrolled here instead of an scf.for: LLVM 22's LoopIdiomRecognize
+  /// takes a one-block loop of 8, 16, ... 256 trips for a CRC and its
+  /// HashRecognize walks the carried values back through the rounds' selects
+  /// on every path, which never ends (64 groups, 8 kept: hours).
+  /// `bestGroupBelow(prev)`: the best group candidate ranking strictly below
+  /// `prev`, in every lane.
+  Value keepGroups(function_ref<Value(Value prev)> bestGroupBelow) {
+    auto keep = [&](Value best, ValueRange bits) -> SmallVector<Value> {
+      Value g = kb.extu(candidateIndex(kb, best), kb.i64());
+      return {kb.orI(bits[0], kb.shl(kb.cI64(1), g))};
+    };
+    if (spec.topkGroup % 8 != 0)
+      return routeKeepGroups(kb, spec, {kb.cI64(0)}, bestGroupBelow, keep)[0];
+    Value prev = kb.cI64(std::numeric_limits<int64_t>::max()), bits = kb.cI64(0);
+    for (int64_t t = 0; t < spec.topkGroup; ++t) {
+      prev = bestGroupBelow(prev);
+      bits = keep(prev, bits)[0];
+    }
+    return bits;
+  }
+
+  /// Lane j % W stores pick j: its index and its weight source, the logit
+  /// reloaded (L1) and scored again (the score the choice was made on).
+  void storePick(Value j, Value best, Value weights, Value indices) {
+    Value index = candidateIndex(kb, best);
+    Value writer = kb.andI(active, kb.eq(kb.remu(j, kb.idx(width)), lane));
+    kb.ifThen(writer, [&] {
+      Value logit = kb.loadF(x, {row, kb.castInt(index, kb.index())});
+      kb.store(routeScore(kb, spec, logit, rowMax, rowSum), weights, {row, j});
+      kb.store(index, indices, {row, j});
+    });
+  }
+
   /// Step 3: k rounds; lane j % W stores pick j.
   void rounds(Value weights, Value indices) {
-    Value widthIdx = kb.idx(width);
     routeRounds(
         kb, spec,
         [&](Value prev) {
@@ -249,16 +421,7 @@ private:
             best = bestBelow(kb, best, c, prev, none);
           return reduce(best, ReduceKind::MaxI64);
         },
-        [&](Value j, Value best) {
-          Value index = candidateIndex(kb, best);
-          Value writer = kb.andI(active, kb.eq(kb.remu(j, widthIdx), lane));
-          kb.ifThen(writer, [&] {
-            Value logit = kb.loadF(x, {row, kb.castInt(index, kb.index())});
-            kb.store(routeScore(kb, spec, logit, rowMax, rowSum), weights,
-                     {row, j});
-            kb.store(index, indices, {row, j});
-          });
-        });
+        [&](Value j, Value best) { storePick(j, best, weights, indices); });
   }
 
   /// Step 4 (routeWeights): each lane its own picks, stored in `weights` by
@@ -311,15 +474,12 @@ GPULowering<RouteOp>::lower(RouteOp op, OpAdaptor adaptor,
     // routes them as it always has).
     lanes = routeLanesMapOf(numExperts, spec, logitsType.getElementType(),
                             /*padGroups=*/numExperts > kRouteMaxExperts);
-  if (!lanes &&
-      (ShapedType::isDynamic(numExperts) || numExperts > kRouteMaxExperts))
-    return op.emitOpError("GPU lowering needs a static expert count <= ")
-           << kRouteMaxExperts
-           << (options.routeMap == "lanes"
-                   ? " (route-map=lanes: <= 4096, at most 128 a lane: a group "
-                     "over at most 32 / n_group lanes, n_group rounded up to "
-                     "a power of two, or whole groups on one)"
-                   : "");
+  if (ShapedType::isDynamic(numExperts))
+    return op.emitOpError("GPU lowering needs a static expert count");
+  // Past the register kernel's experts, a shape the lanes' layout does not
+  // take (groups that need more than 128 slots a lane, or E > 4096) runs the
+  // loop kernel.
+  bool loop = !lanes && numExperts > kRouteMaxExperts;
   if (spec.groups > kRouteMaxGroups)
     return op.emitOpError("GPU lowering supports n_group <= ")
            << kRouteMaxGroups;
@@ -374,12 +534,16 @@ GPULowering<RouteOp>::lower(RouteOp op, OpAdaptor adaptor,
     args.append({h.buffer(adaptor.getReplay()), h.errorWord()});
 
   int64_t width = std::min<int64_t>(kWarp, llvm::PowerOf2Ceil(numExperts));
-  int64_t block = options.blockSize;
-  GPUKernel kernel(h, "route_warp", args, {}, {block, 1, 1}, op.getLoc());
+  // The loop kernel takes a warp a block: at 128 threads ptxas keeps it to 32
+  // registers (a full SM of blocks) and spills what the group loop carries
+  // past 32 groups; a block of 32 threads leaves it the 49-52 it needs.
+  int64_t block = loop ? kWarp : options.blockSize;
+  GPUKernel kernel(h, loop ? "route_loop" : "route_warp", args, {},
+                   {block, 1, 1}, op.getLoc());
   size_t out = bias ? 2 : 1;
   Value replay = adaptor.getReplay() ? kernel.arg(out + 2) : Value();
   Value word = adaptor.getReplay() ? kernel.arg(out + 3) : Value();
-  RouteWarpKernel(kernel.kb, spec, numExperts, width, block)
+  RouteWarpKernel(kernel.kb, spec, numExperts, width, block, loop)
       .emit(kernel.arg(0), bias ? kernel.arg(1) : Value(), kernel.arg(out),
             kernel.arg(out + 1), replay, word);
   Value grid = kb.ceilDiv(kb.dim(x, 0), kb.idx(block / width));

@@ -244,22 +244,3 @@ func.func @groups_of_700_replay(%x: tensor<?x2100xf32>, %r: tensor<?x8xi64>) -> 
   %w, %i = moe.route %x replay(%r : tensor<?x8xi64>) k(8) n_group(3) topk_group(2) : tensor<?x2100xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
   return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
 }
-
-// -----
-
-// What the lanes kernel refuses (and the warp kernel, at more than 1024
-// experts): groups of 819 (5 groups: over at most 4 lanes, 205 a lane; more
-// than 128 experts whole on one), and rows of more than 4096 experts.
-func.func @odd_groups_too_large(%x: tensor<?x4095xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
-  // expected-error @+1 {{'moe.route' op GPU lowering needs a static expert count <= 1024 (route-map=lanes: <= 4096, at most 128 a lane: a group over at most 32 / n_group lanes, n_group rounded up to a power of two, or whole groups on one)}}
-  %w, %i = moe.route %x k(8) n_group(5) topk_group(2) : tensor<?x4095xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
-  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
-}
-
-// -----
-
-func.func @e4100(%x: tensor<?x4100xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
-  // expected-error @+1 {{'moe.route' op GPU lowering needs a static expert count <= 1024 (route-map=lanes: <= 4096, at most 128 a lane: a group over at most 32 / n_group lanes, n_group rounded up to a power of two, or whole groups on one)}}
-  %w, %i = moe.route %x k(8) : tensor<?x4100xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
-  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
-}

@@ -276,6 +276,17 @@ func.func @route_shapes_2100_g3(%l: tensor<150x2100xf32>, %b: tensor<2100xf32>) 
   %w, %i = moe.route %l bias(%b : tensor<2100xf32>) k(8) scoring(sigmoid) n_group(3) topk_group(2) renormalize(true) : tensor<150x2100xf32> -> tensor<150x8xf32>, tensor<150x8xi32>
   return %w, %i : tensor<150x8xf32>, tensor<150x8xi32>
 }
+// Shapes the lanes' layout does not take, past 1024 experts: the loop kernel (5 groups of 819; 64 of 65, 8 kept).
+func.func @route_shapes_4095_g5(%l: tensor<70x4095xf32>, %b: tensor<4095xf32>) -> (tensor<70x8xf32>, tensor<70x8xi32>) {
+  %w, %i = moe.route %l bias(%b : tensor<4095xf32>) k(8) scoring(sigmoid) n_group(5) topk_group(2) renormalize(true) routed_scaling_factor(2.500000e+00) : tensor<70x4095xf32> -> tensor<70x8xf32>, tensor<70x8xi32>
+  return %w, %i : tensor<70x8xf32>, tensor<70x8xi32>
+}
+
+func.func @route_shapes_4160_g64_bf16(%l: tensor<70x4160xbf16>, %b: tensor<4160xf32>) -> (tensor<70x8xf32>, tensor<70x8xi32>) {
+  %w, %i = moe.route %l bias(%b : tensor<4160xf32>) k(8) scoring(sigmoid) n_group(64) topk_group(8) renormalize(true) : tensor<70x4160xbf16> -> tensor<70x8xf32>, tensor<70x8xi32>
+  return %w, %i : tensor<70x8xf32>, tensor<70x8xi32>
+}
+
 // Routing replay (the choice given): on the kernel that routes the shape (route-map=lanes by default), so that a
 // router's own choice replayed gives its weights bit for bit; i64 and i32 indices.
 func.func @route_deepseek_v3_replay(%l: tensor<300x256xf32>, %b: tensor<256xf32>, %r: tensor<300x8xi64>) -> (tensor<300x8xf32>, tensor<300x8xi32>) {

@@ -653,6 +653,18 @@ class Warp:
                     return []
                 self.region(op, 0, live, [i.copy()])
                 i = i + a[2]
+        if n == "scf.for" and not (np.all(a[0] == a[0][0]) and np.all(a[1] == a[1][0])):
+            # Lanes with their own bounds and carried values (a lane's picks j = lane, lane + W, ... < k): each
+            # lane's trips, its values kept once it is done (the GPU's lane idles).
+            assert np.all(a[2] == a[2][0]), "scf.for step must be uniform"
+            i, vals = a[0].copy(), list(a[3:])
+            while True:
+                live = mask & (i < a[1])
+                if not live.any():
+                    return vals
+                out = self.region(op, 0, live, [i.copy()] + vals)
+                vals = [np.where(live.reshape(live.shape + (1,) * (o.ndim - 1)), o, v) for o, v in zip(out, vals)]
+                i = i + a[2]
         if n == "scf.for":
             lb, ub, st = int(a[0][0]), int(a[1][0]), int(a[2][0])
             assert np.all(a[0] == lb) and np.all(a[1] == ub), "scf.for bounds must be warp-uniform"

@@ -26,8 +26,9 @@ import run_gpu_tests as R  # noqa: E402
 MLIR_TYPES = {np.float32: "f32", np.float16: "f16", "bf16": "bf16"}
 
 
-def lower(E, k, dtype, bias, attrs, replay=None):
-    """The module of one moe.route (with `replay`, an index type: the choice given) lowered with route-map=lanes."""
+def lower(E, k, dtype, bias, attrs, replay=None, kernel="route_lanes_0"):
+    """The module of one moe.route (with `replay`, an index type: the choice given) lowered with route-map=lanes;
+    `kernel`: the kernel it must run (route_loop_0 where the lanes' layout takes no shape)."""
     t = MLIR_TYPES[dtype]
     b = f" bias(%b : tensor<{E}xf32>)" if bias else ""
     arg = f", %b: tensor<{E}xf32>" if bias else ""
@@ -37,7 +38,7 @@ def lower(E, k, dtype, bias, attrs, replay=None):
             f"  %w, %i = moe.route %x{b}{r} k({k}) {attrs} : tensor<?x{E}x{t}> -> tensor<?x{k}xf32>, "
             f"tensor<?x{k}xi32>\n  return %w, %i : tensor<?x{k}xf32>, tensor<?x{k}xi32>\n}}\n")
     out = simt.lower(MOE_OPT, text, "route-map=lanes")
-    assert '"route_lanes_0"' in out, "not the lanes kernel"
+    assert f'"{kernel}"' in out, f"not {kernel}"
     return out
 
 
@@ -45,10 +46,10 @@ def bf16_bits(x):
     return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
-def run(text, x, bias, k, misalign=False, given=None):
+def run(text, x, bias, k, misalign=False, given=None, kernel="route_lanes_0"):
     """The kernel on x [T, E] (f32, f16, or bf16 bits as uint16): (weights, indices), and with the choice `given`
     [T, k] (a replaying kernel) the error word [5] too."""
-    body = simt.parse(text, "route_lanes_0")
+    body = simt.parse(text, kernel)
     T = x.shape[0]
     w = np.zeros((T, k), np.float32)
     i = np.zeros((T, k), np.int32)
@@ -58,12 +59,13 @@ def run(text, x, bias, k, misalign=False, given=None):
     for a in arrays:
         mem.add(a, None, misalign_bytes=4 if (misalign and a is x) else 0)
     args = arrays if given is None else arrays[:-1] + [np.full(simt.LANES, np.int64(mem.buffers[-1][0]))]
-    smem = int(re.search(r"memref<(\d+)xf32, #gpu.address_space<workgroup>>", text).group(1))
+    smem = re.search(r"memref<(\d+)xf32, #gpu.address_space<workgroup>>", text)  # none in the loop kernel
     # The token's lanes W: the divisor of the kernel's first remui (tid % W).
     width = int(re.search(r'value = (\d+) : index\}> : \(\) -> index\n\s*%\d+ = "arith.remui"', text).group(1))
     # The block the lowering sized (routeLanesBlockSize: halved where 128 threads' shared memory would not fit).
     block = int(re.search(r'known_block_size = array<i32: (\d+), 1, 1>', text).group(1))
-    simt.run_kernel(body, args, block, -(-T // (block // width)), mem, smem_shape=(smem,))
+    simt.run_kernel(body, args, block, -(-T // (block // width)), mem,
+                    smem_shape=(int(smem.group(1)),) if smem else None)
     return (w, i) if given is None else (w, i, word)
 
 
@@ -137,16 +139,44 @@ CASES = [
 ]
 
 
+# The loop kernel (Route.cpp): shapes past 1024 experts that the lanes' layout does not take, groups needing more
+# than 128 slots a lane (5 of 819, 17 of 129, 33 of 65, 64 of 65), more than 4096 experts.
+LOOP_CASES = [
+    (4095, 8, np.float32, True, "scoring(sigmoid) n_group(5) topk_group(2) renormalize(true) "
+     "routed_scaling_factor(2.500000e+00)", dict(scoring="sigmoid", n_group=5, topk_group=2, renormalize=True,
+                                                 scale=2.5)),
+    (2193, 6, "bf16", False, "n_group(17) topk_group(3) group_score(max) renormalize(true)",
+     dict(n_group=17, topk_group=3, group_score="max", renormalize=True)),
+    (2145, 8, np.float16, True, "scoring(sigmoid) n_group(33) topk_group(4) renormalize(true)",
+     dict(scoring="sigmoid", n_group=33, topk_group=4, renormalize=True)),
+    (4160, 8, np.float32, True, "scoring(sigmoid) n_group(64) topk_group(8) renormalize(true)",
+     dict(scoring="sigmoid", n_group=64, topk_group=8, renormalize=True)),
+    (5000, 12, np.float32, False, "order(topk_then_score) renormalize(true)",
+     dict(renormalize=True, order="topk_then_score")),
+]
+
+
 @pytest.mark.parametrize("E,k,dtype,has_bias,attrs,ref", CASES,
                          ids=[f"E{c[0]}_k{c[1]}_{c[4].split()[0]}" for c in CASES])
 def test_kernel_equals_reference(E, k, dtype, has_bias, attrs, ref):
+    check_kernel(E, k, dtype, has_bias, attrs, ref, T=21, kernel="route_lanes_0", misaligned=(False, True))
+
+
+@pytest.mark.parametrize("E,k,dtype,has_bias,attrs,ref", LOOP_CASES,
+                         ids=[f"E{c[0]}_k{c[1]}_{c[4].split()[0]}" for c in LOOP_CASES])
+def test_loop_kernel_equals_reference(E, k, dtype, has_bias, attrs, ref):
+    check_kernel(E, k, dtype, has_bias, attrs, ref, T=9, kernel="route_loop_0", misaligned=(False,))
+
+
+def check_kernel(E, k, dtype, has_bias, attrs, ref, T, kernel, misaligned):
+    """`kernel` on T adversarial rows (a partial last block at T = 21) against the float64 reference, the rows
+    misaligned by 4 bytes too where `misaligned` says so."""
     rng = np.random.default_rng(E * 7 + k)
-    T = 21                                       # a partial last block
     x, xref = inputs(adversarial(rng.standard_normal((T, E)).astype(np.float32), rng), dtype)
     bias = (rng.random(E) * 0.1).astype(np.float32) if has_bias else None
-    text = lower(E, k, dtype, has_bias, attrs)
-    for misalign in (False, True):
-        w, i = run(text, x, bias, k, misalign)
+    text = lower(E, k, dtype, has_bias, attrs, kernel=kernel)
+    for misalign in misaligned:
+        w, i = run(text, x, bias, k, misalign, kernel=kernel)
         rw, ri, rc = R.ref_route(xref, None if bias is None else torch.from_numpy(bias), k, **ref)
         # Near-ties of the f32 choice values may order differently from float64 (check_route's rule).
         full = R.ref_route(xref, None if bias is None else torch.from_numpy(bias), E,
@@ -163,38 +193,41 @@ def test_kernel_equals_reference(E, k, dtype, has_bias, attrs, ref):
 
 # The softmax routers (the row's sum over the token's lanes), an elementwise score with groups, the score after the
 # choice, k = 64 over 4096 experts (several slots a lane), k not a multiple of the lanes, padded groups.
-REPLAY_CASES = [c for c in CASES if c[:2] in {(160, 6), (128, 8), (20, 4), (288, 32), (4096, 64), (256, 8), (6, 6),
-                                                (1026, 8)}]
+# The loop kernel's too: a softmax router of 17 groups of 129.
+REPLAY_CASES = ([c + ("route_lanes_0",) for c in CASES
+                 if c[:2] in {(160, 6), (128, 8), (20, 4), (288, 32), (4096, 64), (256, 8), (6, 6), (1026, 8)}] +
+                [c + ("route_loop_0",) for c in LOOP_CASES if c[:2] == (2193, 6)])
 
 
-@pytest.mark.parametrize("E,k,dtype,has_bias,attrs,ref", REPLAY_CASES,
+@pytest.mark.parametrize("E,k,dtype,has_bias,attrs,ref,kernel", REPLAY_CASES,
                          ids=[f"E{c[0]}_k{c[1]}_{c[4].split()[0]}" for c in REPLAY_CASES])
-def test_replay_of_own_choice_is_bit_for_bit(E, k, dtype, has_bias, attrs, ref):
+def test_replay_of_own_choice_is_bit_for_bit(E, k, dtype, has_bias, attrs, ref, kernel):
     """Routing replay on the lanes kernel (issue #48 item 5; the H200 run of 2026-11-26 found DeepSeek-V2's softmax
-    router replayed through the warp kernel a bit off: its row sum in another order): the router's own choice given
-    back gives its weights bit for bit; given indices (i32 and i64, a repeated expert) weigh as the reference; one
-    outside [0, E) is reported through the error word (op code 5, position, value, E) and read as expert 0."""
+    router replayed through the warp kernel a bit off: its row sum in another order), and on the loop kernel: the
+    router's own choice given back gives its weights bit for bit; given indices (i32 and i64, a repeated expert)
+    weigh as the reference; one outside [0, E) is reported through the error word (op code 5, position, value, E)
+    and read as expert 0."""
     rng = np.random.default_rng(E * 11 + k)
     T = 21
     x32 = adversarial(rng.standard_normal((T, E)).astype(np.float32), rng)
     x32[2] = rng.standard_normal(E)              # a row of -inf has no weights to compare bit for bit (NaN)
     x, xref = inputs(x32, dtype)
     bias = (rng.random(E) * 0.1).astype(np.float32) if has_bias else None
-    w, i = run(lower(E, k, dtype, has_bias, attrs), x, bias, k)
+    w, i = run(lower(E, k, dtype, has_bias, attrs, kernel=kernel), x, bias, k, kernel=kernel)
     for itype, npt in (("i32", np.int32), ("i64", np.int64)):
-        text = lower(E, k, dtype, has_bias, attrs, replay=itype)
-        w2, i2, word = run(text, x, bias, k, given=i.astype(npt))
+        text = lower(E, k, dtype, has_bias, attrs, replay=itype, kernel=kernel)
+        w2, i2, word = run(text, x, bias, k, kernel=kernel, given=i.astype(npt))
         assert np.array_equal(i2, i) and word[0] == 0
         assert np.array_equal(w2.view(np.uint32), w.view(np.uint32)), "the own choice's weights not bit for bit"
         given = rng.integers(0, E, (T, k)).astype(npt)
         given[0] = given[0, 0]                   # one expert k times
-        w3, i3, word = run(text, x, bias, k, given=given)
+        w3, i3, word = run(text, x, bias, k, kernel=kernel, given=given)
         assert np.array_equal(i3, given.astype(np.int32)) and word[0] == 0
         want = R.ref_route(xref, None, k, **ref, replay=torch.from_numpy(given))[0]
         torch.testing.assert_close(torch.from_numpy(w3), want, rtol=1e-4, atol=1e-5, equal_nan=True)
         bad = given.copy()
         bad[3, k - 1], bad[5, 0] = E, -1
-        w4, i4, word = run(text, x, bias, k, given=bad)
+        w4, i4, word = run(text, x, bias, k, kernel=kernel, given=bad)
         # The first recorded wins; which of the two is first depends on the slots' order.
         assert word[0] != 0 and word[1] == 5 and word[4] == E, word
         assert (int(word[2]), int(word[3])) in {(3 * k + k - 1, E), (5 * k, -1)}, word
