@@ -272,9 +272,7 @@ public:
     smemBase = kb.mul(tid, kb.idx(P + 1));
     this->smem = smem;
 
-    SmallVector<Value> xs, bs;
-    loadLane(x, bias, xs, bs);
-    SmallVector<Value> keys = scoreAndKey(xs, bs);
+    SmallVector<Value> keys = loadAndKey(x, bias);
     if (replay) {
       storeWeights(replayPicks(replay, word), weights, indices);
       return;
@@ -358,13 +356,39 @@ private:
   /// expert: 16-byte loads where every operand read so is aligned (a
   /// uniform branch on the base pointers: rows are E elements apart), else
   /// one element a load.
-  void loadLane(Value x, Value bias, SmallVector<Value> &xs,
-                SmallVector<Value> &bs) {
+  ///
+  /// Then steps 1-2's keys (scoreAndKey). With f32 logits and a bias, more
+  /// than 64 experts a lane and an elementwise score, 64 slots at a time: the
+  /// branch yields 128 floats, not 2P, whose keys are formed before the next
+  /// chunk loads (ptxas spilled 88-180 bytes of the 2P at E = 4096,
+  /// sm_80/sm_90; 16-bit logits, held two a register, did not).
+  SmallVector<Value> loadAndKey(Value x, Value bias) {
+    bool elementwise =
+        spec.fromLogits() || spec.scoring != RouteSpec::Scoring::Softmax;
+    bool f32 = cast<MemRefType>(x.getType()).getElementTypeBitWidth() == 32;
+    if (!bias || !f32 || P <= kKeyChunk || !elementwise) {
+      SmallVector<Value> xs, bs;
+      loadLane(x, bias, 0, P, xs, bs);
+      return scoreAndKey(xs, bs);
+    }
+    SmallVector<Value> keys;
+    for (int64_t lo = 0; lo < P; lo += kKeyChunk) {
+      SmallVector<Value> xs, bs;
+      loadLane(x, bias, lo, std::min(P, lo + kKeyChunk), xs, bs);
+      llvm::append_range(keys, keysOf(xs, bs, lo, Value(), Value()));
+    }
+    return keys;
+  }
+  static constexpr int64_t kKeyChunk = 64;
+
+  /// Slots [lo, hi) of step 1.
+  void loadLane(Value x, Value bias, int64_t lo, int64_t hi,
+                SmallVector<Value> &xs, SmallVector<Value> &bs) {
     constexpr double kInf = std::numeric_limits<double>::infinity();
     Value laneCol = padded ? realBase : kb.mul(lane, kb.idx(P));
     auto scalar = [&](Value mem, Value r, double pad) {
       SmallVector<Value> out;
-      for (int64_t m = 0; m < P; ++m) {
+      for (int64_t m = lo; m < hi; ++m) {
         Value col = kb.add(laneCol, kb.idx(m));
         auto at = [&](Value c) {
           return r ? kb.loadF(mem, {r, c}) : kb.loadF(mem, {c});
@@ -394,7 +418,7 @@ private:
       if (r)
         base = kb.add(base, kb.mul(r, kb.idx(E * bytes)));
       SmallVector<Value> out;
-      for (int64_t c = 0; c < P / vec; ++c) {
+      for (int64_t c = lo / vec; c < hi / vec; ++c) {
         Value col = kb.add(laneCol, kb.idx(c * vec));
         // E % vec == 0: a vector is wholly inside the row or wholly past it.
         Value in = mayPad(c * vec) ? kb.lt(col, kb.idx(E)) : Value();
@@ -420,7 +444,7 @@ private:
       Value base = memref::ExtractAlignedPointerAsIndexOp::create(kb.b, mem);
       aligned = kb.andI(aligned, kb.eq(kb.andI(base, kb.idx(15)), kb.idx(0)));
     }
-    int64_t n = bias ? 2 * P : P;
+    int64_t n = bias ? 2 * (hi - lo) : hi - lo;
     SmallVector<Type> types(n, kb.f32());
     auto both = [&](bool wide) {
       SmallVector<Value> out =
@@ -433,9 +457,9 @@ private:
     SmallVector<Value> all = kb.ifElse(
         aligned, types, [&] { return both(true); },
         [&] { return both(false); });
-    xs.assign(all.begin(), all.begin() + P);
+    xs.assign(all.begin(), all.begin() + (hi - lo));
     if (bias)
-      bs.assign(all.begin() + P, all.end());
+      bs.assign(all.begin() + (hi - lo), all.end());
   }
 
   /// Step 2: scores (the weight sources to shared memory) and the choice
@@ -445,14 +469,22 @@ private:
         routeRowStats(kb, spec, xs, [&](Value v, ReduceKind kind) {
           return reduce(v, kind);
         });
-    Value rowMax = stats.max, rowSum = stats.sum;
+    return keysOf(xs, bs, 0, stats.max, stats.sum);
+  }
+
+  /// The scores (to shared memory) and keys of slots first, first + 1, ...
+  /// holding xs (and bs), given the row's softmax statistics (null: none
+  /// needed).
+  SmallVector<Value> keysOf(ArrayRef<Value> xs, ArrayRef<Value> bs,
+                            int64_t first, Value rowMax, Value rowSum) {
     Value gone = emptyListKey(kb, kb.i32());
     SmallVector<Value> keys;
-    for (int64_t m = 0; m < P; ++m) {
-      Value score = routeLanesScore(kb, spec, xs[m], rowMax, rowSum);
+    for (int64_t i = 0, e = xs.size(); i < e; ++i) {
+      int64_t m = first + i;
+      Value score = routeLanesScore(kb, spec, xs[i], rowMax, rowSum);
       kb.store(score, smem, {kb.add(smemBase, kb.idx(m))});
       Value key =
-          orderedKey(kb, routeChoice(kb, score, bs.empty() ? Value() : bs[m]));
+          orderedKey(kb, routeChoice(kb, score, bs.empty() ? Value() : bs[i]));
       if (mayPad(m))
         key = kb.select(padded ? paddedSlotValid(m)
                                : kb.lt(kb.add(laneBase, kb.cI32(m)), kb.cI32(E)),

@@ -244,3 +244,30 @@ func.func @groups_of_700_replay(%x: tensor<?x2100xf32>, %r: tensor<?x8xi64>) -> 
   %w, %i = moe.route %x replay(%r : tensor<?x8xi64>) k(8) n_group(3) topk_group(2) : tensor<?x2100xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
   return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
 }
+
+// -----
+
+// 128 f32 logits and biases a lane (E = 4096): the keys are formed in each branch of the aligned/unaligned load,
+// which yields 128 keys rather than 256 floats (ptxas spilled 88-180 bytes of those; ptxas-sweep.mlir holds this
+// chunk to no local memory).
+// CHECK-LABEL: gpu.func @route_lanes_0(%arg0: memref<?x4096xf32>, %arg1: memref<4096xf32>
+// CHECK: scf.if {{.*}} -> (i32, i32,
+// CHECK-LABEL: func.func @e4096_bias_f32(
+func.func @e4096_bias_f32(%x: tensor<?x4096xf32>, %b: tensor<4096xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  %w, %i = moe.route %x bias(%b : tensor<4096xf32>) k(8) scoring(sigmoid) n_group(64) topk_group(8) renormalize(true) : tensor<?x4096xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}
+
+// -----
+
+// 128 f32 logits and biases a lane (E = 4096, an elementwise score): loaded and turned into keys 64 slots at a
+// time, each chunk's aligned/unaligned branch yielding 128 floats rather than the row's 256, which ptxas spilled
+// (88-180 bytes on sm_80/sm_90; ptxas-sweep.mlir holds this chunk to no local memory).
+// CHECK-LABEL: gpu.func @route_lanes_0(%arg0: memref<?x4096xf32>, %arg1: memref<4096xf32>
+// CHECK-COUNT-2: -> (f32, f32, f32, f32,
+// CHECK-NOT: -> (f32, f32, f32, f32,
+// CHECK-LABEL: func.func @e4096_f32_bias(
+func.func @e4096_f32_bias(%x: tensor<?x4096xf32>, %b: tensor<4096xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  %w, %i = moe.route %x bias(%b : tensor<4096xf32>) k(8) scoring(sigmoid) n_group(64) topk_group(8) renormalize(true) : tensor<?x4096xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}

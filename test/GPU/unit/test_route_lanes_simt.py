@@ -123,6 +123,9 @@ CASES = [
     (4096, 16, "bf16", True, "scoring(sigmoid) n_group(64) topk_group(8) renormalize(true)",
      dict(scoring="sigmoid", n_group=64, topk_group=8, renormalize=True)),
     (3000, 64, np.float32, False, "scoring(sigmoid) renormalize(true)", dict(scoring="sigmoid", renormalize=True)),
+    # 128 f32 logits and biases a lane: the keys formed in the load's branches (2P floats spilled before).
+    (4096, 8, np.float32, True, "scoring(sigmoid) n_group(64) topk_group(8) renormalize(true)",
+     dict(scoring="sigmoid", n_group=64, topk_group=8, renormalize=True)),
     (4095, 32, np.float16, False, "order(topk_then_score) renormalize(true)",
      dict(renormalize=True, order="topk_then_score")),
     (264, 8, np.float32, True, "scoring(sigmoid) n_group(8) topk_group(4) renormalize(true)",
