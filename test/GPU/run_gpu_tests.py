@@ -1253,6 +1253,9 @@ def case_route(lib, g):
                dict(n_group=16, topk_group=4, renormalize=True)),
               ("route_shapes_2100_g3", (150, 2100), torch.float32, 8, True,
                dict(scoring="sigmoid", n_group=3, topk_group=2, renormalize=True)),
+              # 128 f32 logits and biases a lane: the lanes kernel's keys formed 64 slots at a time.
+              ("route_shapes_4096_f32_bias", (70, 4096), torch.float32, 8, True,
+               dict(scoring="sigmoid", n_group=64, topk_group=8, renormalize=True)),
               # The loop kernel (shapes the lanes' layout does not take): 5 groups of 819, 64 of 65 with 8 kept.
               ("route_shapes_4095_g5", (70, 4095), torch.float32, 8, True,
                dict(scoring="sigmoid", n_group=5, topk_group=2, renormalize=True, scale=2.5)),

@@ -276,6 +276,12 @@ func.func @route_shapes_2100_g3(%l: tensor<150x2100xf32>, %b: tensor<2100xf32>) 
   %w, %i = moe.route %l bias(%b : tensor<2100xf32>) k(8) scoring(sigmoid) n_group(3) topk_group(2) renormalize(true) : tensor<150x2100xf32> -> tensor<150x8xf32>, tensor<150x8xi32>
   return %w, %i : tensor<150x8xf32>, tensor<150x8xi32>
 }
+// 128 f32 logits and biases a lane: the lanes kernel forms the keys 64 slots at a time.
+func.func @route_shapes_4096_f32_bias(%l: tensor<70x4096xf32>, %b: tensor<4096xf32>) -> (tensor<70x8xf32>, tensor<70x8xi32>) {
+  %w, %i = moe.route %l bias(%b : tensor<4096xf32>) k(8) scoring(sigmoid) n_group(64) topk_group(8) renormalize(true) : tensor<70x4096xf32> -> tensor<70x8xf32>, tensor<70x8xi32>
+  return %w, %i : tensor<70x8xf32>, tensor<70x8xi32>
+}
+
 // Shapes the lanes' layout does not take, past 1024 experts: the loop kernel (5 groups of 819; 64 of 65, 8 kept).
 func.func @route_shapes_4095_g5(%l: tensor<70x4095xf32>, %b: tensor<4095xf32>) -> (tensor<70x8xf32>, tensor<70x8xi32>) {
   %w, %i = moe.route %l bias(%b : tensor<4095xf32>) k(8) scoring(sigmoid) n_group(5) topk_group(2) renormalize(true) routed_scaling_factor(2.500000e+00) : tensor<70x4095xf32> -> tensor<70x8xf32>, tensor<70x8xi32>
