@@ -61,6 +61,7 @@
 
 #include "MoE/Kernels/IndexErrors.h"
 #include "MoE/Kernels/Route.h"
+#include "MoE/Kernels/RowSoftmax.h"
 
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
@@ -358,25 +359,47 @@ private:
   /// one element a load.
   ///
   /// Then steps 1-2's keys (scoreAndKey). With f32 logits and a bias, more
-  /// than 64 experts a lane and an elementwise score, 64 slots at a time: the
-  /// branch yields 128 floats, not 2P, whose keys are formed before the next
-  /// chunk loads (ptxas spilled 88-180 bytes of the 2P at E = 4096,
-  /// sm_80/sm_90; 16-bit logits, held two a register, did not).
+  /// than 64 experts a lane, 64 slots at a time: the branch yields 128
+  /// floats, not 2P, whose keys are formed before the next chunk loads
+  /// (ptxas spilled 88-180 bytes of the 2P at E = 4096, sm_80/sm_90; 16-bit
+  /// logits, held two a register, did not). A softmax's statistics come
+  /// first, from the logits' chunks read twice more (L1), folded in the
+  /// order rowSoftmaxStats folds them: the same max and sum.
   SmallVector<Value> loadAndKey(Value x, Value bias) {
-    bool elementwise =
-        spec.fromLogits() || spec.scoring != RouteSpec::Scoring::Softmax;
     bool f32 = cast<MemRefType>(x.getType()).getElementTypeBitWidth() == 32;
-    if (!bias || !f32 || P <= kKeyChunk || !elementwise) {
+    if (!bias || !f32 || P <= kKeyChunk) {
       SmallVector<Value> xs, bs;
       loadLane(x, bias, 0, P, xs, bs);
       return scoreAndKey(xs, bs);
     }
-    SmallVector<Value> keys;
-    for (int64_t lo = 0; lo < P; lo += kKeyChunk) {
-      SmallVector<Value> xs, bs;
-      loadLane(x, bias, lo, std::min(P, lo + kKeyChunk), xs, bs);
-      llvm::append_range(keys, keysOf(xs, bs, lo, Value(), Value()));
+    auto chunks = [&](Value mem, function_ref<void(int64_t lo,
+                                                   ArrayRef<Value> xs,
+                                                   ArrayRef<Value> bs)>
+                                     body) {
+      for (int64_t lo = 0; lo < P; lo += kKeyChunk) {
+        SmallVector<Value> xs, bs;
+        loadLane(x, mem, lo, std::min(P, lo + kKeyChunk), xs, bs);
+        body(lo, xs, bs);
+      }
+    };
+    Value rowMax, rowSum;
+    if (!spec.fromLogits() && spec.scoring == RouteSpec::Scoring::Softmax) {
+      chunks(Value(), [&](int64_t, ArrayRef<Value> xs, ArrayRef<Value>) {
+        for (Value v : xs)
+          rowMax = rowMax ? kb.fmax(rowMax, v) : v;
+      });
+      rowMax = reduce(rowMax, ReduceKind::Max);
+      rowSum = kb.cF32(0.0);
+      chunks(Value(), [&](int64_t, ArrayRef<Value> xs, ArrayRef<Value>) {
+        for (Value v : xs)
+          rowSum = kb.fadd(rowSum, softmaxTerm(kb, v, rowMax));
+      });
+      rowSum = reduce(rowSum, ReduceKind::Sum);
     }
+    SmallVector<Value> keys;
+    chunks(bias, [&](int64_t lo, ArrayRef<Value> xs, ArrayRef<Value> bs) {
+      llvm::append_range(keys, keysOf(xs, bs, lo, rowMax, rowSum));
+    });
     return keys;
   }
   static constexpr int64_t kKeyChunk = 64;

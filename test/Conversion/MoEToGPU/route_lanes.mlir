@@ -271,3 +271,16 @@ func.func @e4096_f32_bias(%x: tensor<?x4096xf32>, %b: tensor<4096xf32>) -> (tens
   %w, %i = moe.route %x bias(%b : tensor<4096xf32>) k(8) scoring(sigmoid) n_group(64) topk_group(8) renormalize(true) : tensor<?x4096xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
   return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
 }
+
+// -----
+
+// The same with a softmax before the choice: the row's statistics from the logits' chunks first (two more reads of
+// 64 slots each), then the keys a chunk at a time (ptxas spilled 112 bytes of the 256 floats).
+// CHECK-LABEL: gpu.func @route_lanes_0(%arg0: memref<?x4096xf32>, %arg1: memref<4096xf32>
+// CHECK-COUNT-6: -> (f32, f32, f32, f32,
+// CHECK-NOT: -> (f32, f32, f32, f32,
+// CHECK-LABEL: func.func @e4096_f32_softmax_bias(
+func.func @e4096_f32_softmax_bias(%x: tensor<?x4096xf32>, %b: tensor<4096xf32>) -> (tensor<?x8xf32>, tensor<?x8xi32>) {
+  %w, %i = moe.route %x bias(%b : tensor<4096xf32>) k(8) renormalize(true) : tensor<?x4096xf32> -> tensor<?x8xf32>, tensor<?x8xi32>
+  return %w, %i : tensor<?x8xf32>, tensor<?x8xi32>
+}

@@ -123,9 +123,12 @@ CASES = [
     (4096, 16, "bf16", True, "scoring(sigmoid) n_group(64) topk_group(8) renormalize(true)",
      dict(scoring="sigmoid", n_group=64, topk_group=8, renormalize=True)),
     (3000, 64, np.float32, False, "scoring(sigmoid) renormalize(true)", dict(scoring="sigmoid", renormalize=True)),
-    # 128 f32 logits and biases a lane: the keys formed in the load's branches (2P floats spilled before).
+    # 128 f32 logits and biases a lane: the keys formed 64 slots at a time (2P floats spilled before), a softmax's
+    # statistics from the chunks first.
     (4096, 8, np.float32, True, "scoring(sigmoid) n_group(64) topk_group(8) renormalize(true)",
      dict(scoring="sigmoid", n_group=64, topk_group=8, renormalize=True)),
+    (4000, 8, np.float32, True, "n_group(8) topk_group(4) renormalize(true)",
+     dict(n_group=8, topk_group=4, renormalize=True)),
     (4095, 32, np.float16, False, "order(topk_then_score) renormalize(true)",
      dict(renormalize=True, order="topk_then_score")),
     (264, 8, np.float32, True, "scoring(sigmoid) n_group(8) topk_group(4) renormalize(true)",
@@ -198,7 +201,8 @@ def check_kernel(E, k, dtype, has_bias, attrs, ref, T, kernel, misaligned):
 # choice, k = 64 over 4096 experts (several slots a lane), k not a multiple of the lanes, padded groups.
 # The loop kernel's too: a softmax router of 17 groups of 129.
 REPLAY_CASES = ([c + ("route_lanes_0",) for c in CASES
-                 if c[:2] in {(160, 6), (128, 8), (20, 4), (288, 32), (4096, 64), (256, 8), (6, 6), (1026, 8)}] +
+                 if c[:2] in {(160, 6), (128, 8), (20, 4), (288, 32), (4096, 64), (256, 8), (6, 6), (1026, 8),
+                              (4000, 8)}] +
                 [c + ("route_loop_0",) for c in LOOP_CASES if c[:2] == (2193, 6)])
 
 
