@@ -184,17 +184,17 @@ private:
   // and computes its score and candidate again: no limit on E, at the cost
   // of a score per value and step (the groups' two passes, k rounds).
 
-  /// Expert m * W + lane (index), whether it exists, and its logit (-inf
-  /// past E).
+  /// Expert m * W + lane (index), whether it exists, the column read in its
+  /// place (the last one past E), and its logit (-inf past E).
   struct LoopValue {
-    Value col, inRange, logit;
+    Value col, inRange, safe, logit;
   };
   LoopValue loopValue(Value m) {
     Value col = kb.add(kb.mul(m, kb.idx(width)), lane);
     Value inRange = kb.lt(col, kb.idx(numExperts));
     Value safe = kb.select(inRange, col, kb.idx(numExperts - 1));
     constexpr double kInf = std::numeric_limits<double>::infinity();
-    return {col, inRange,
+    return {col, inRange, safe,
             kb.select(inRange, kb.loadF(x, {row, safe}), kb.cF32(-kInf))};
   }
 
@@ -211,20 +211,20 @@ private:
     rowSum = stats.sum;
   }
 
-  /// Value m's packed candidate (none past E or in a dropped group).
-  Value loopCandidate(Value m) {
+  /// Value m's packed candidate (none past E, outside `member` where given,
+  /// or in a dropped group).
+  Value loopCandidate(Value m, function_ref<Value(Value col)> member) {
     LoopValue v = loopValue(m);
     Value score = routeScore(kb, spec, v.logit, rowMax, rowSum);
     Value b;
     if (bias)
-      b = kb.select(v.inRange,
-                    kb.loadF(bias, {kb.select(v.inRange, v.col,
-                                              kb.idx(numExperts - 1))}),
-                    kb.cF32(0.0));
+      b = kb.select(v.inRange, kb.loadF(bias, {v.safe}), kb.cF32(0.0));
     Value expertI32 = kb.castInt(v.col, kb.i32());
     Value packed =
         packCandidate(kb, orderedKey(kb, routeChoice(kb, score, b)), expertI32);
     Value keep = v.inRange;
+    if (member)
+      keep = kb.andI(keep, member(v.col));
     if (keptGroups) {
       Value g = kb.extu(kb.divu(expertI32, kb.cI32(numExperts / spec.groups)),
                         kb.i64());
@@ -241,10 +241,7 @@ private:
     Value best = kb.forLoop(
         lo, hi, kb.idx(1), {none},
         [&](Value m, ValueRange acc) -> SmallVector<Value> {
-          Value c = loopCandidate(m);
-          if (member)
-            c = kb.select(member(kb.add(kb.mul(m, kb.idx(width)), lane)), c,
-                          none);
+          Value c = loopCandidate(m, member);
           return {prev ? bestBelow(kb, acc[0], c, prev, none)
                        : kb.maxs(acc[0], c)};
         })[0];
