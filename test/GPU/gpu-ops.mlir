@@ -11,6 +11,7 @@
 
 // CHECK: PASS: topk_renorm
 // CHECK: PASS: similarity_inform
+// CHECK: PASS: similarity_inform_symmetric
 // CHECK: PASS: similarity_inform_topk_mma
 // CHECK: PASS: similarity_inform_grad
 // CHECK: PASS: attention_posterior
@@ -23,4 +24,4 @@
 // CHECK: PASS: route
 // CHECK: PASS: dispatch_plan
 // CHECK: PASS: balance
-// CHECK: 14 passed, 0 failed
+// CHECK: 15 passed, 0 failed

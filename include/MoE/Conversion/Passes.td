@@ -180,6 +180,13 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "with flash-mma-block-rows=128 and flash-mma-async-staging (where it applies): the cp.async pipeline's "
            "depth, 2 (double buffering in static shared memory) or 3 (the default: three tile buffers in "
            "dynamic shared memory, each tile's copies issued two tiles ahead)">,
+    Option<"flashMmaSymmetric", "flash-mma-symmetric", "bool", /*default=*/"false",
+           "similarity_inform (and its training forward) with bf16 operands, no ws, no causal mask and at most 64 "
+           "features and 31 experts over half the pairs (FlashSymmetric.cpp, issue #47 item 4): the logits are "
+           "symmetric, so each pair of key tiles is computed once (one FFMA and one EX2 a score) and "
+           "used for both tiles' rows, the second's through shared memory and f32 atomics (the sums' last bits "
+           "vary from run to run); a guard over each batch element (finite u and e, the spread of |u|^2/(2 tau) at "
+           "most 60, N >= 256) and the exact kernel for the elements it declines. Off until a GPU run decides">,
     Option<"routeMap", "route-map", "std::string", /*default=*/"\"lanes\"",
            "how route's kernel maps a token onto lanes: `warp` (one warp a token, the experts strided over its "
            "lanes, butterflies of 64-bit candidates; E <= 1024) or `lanes` (the default): "

@@ -33,6 +33,7 @@
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/FlashLogit.h"
 #include "MoE/Kernels/OnlineSoftmax.h"
+#include "MoE/Kernels/SymmetricMix.h"
 
 #include <functional>
 #include <optional>
@@ -125,9 +126,9 @@ struct SymmetricMixSpec {
   Value batch, rows, keysPad, depth, width; // index values
   float tau;
 };
-constexpr int64_t kMinSymmetricRows = 256;
-constexpr double kMaxSymmetricSpread = 60.0;
-constexpr double kMinSymmetricSum = 1e-30;
+using kernels::kMaxSymmetricSpread;
+using kernels::kMinSymmetricRows;
+using kernels::kMinSymmetricSum;
 void emitSymmetricMix(CpuKernelBuilder &kb, const KernelOptions &opts,
                       const SymmetricMixSpec &spec, function_ref<void()> exact);
 

@@ -84,6 +84,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "FlashTile.h"
+#include "MmaFragments.h"
 #include "HostCode.h"
 #include "Reductions.h"
 #include "RegisterTopk.h"
@@ -259,92 +260,6 @@ static Value flashMmaDynamicBytes(ImplicitLocOpBuilder &b,
   return arith::ConstantOp::create(b, b.getI32IntegerAttr(bytes));
 }
 
-namespace {
-/// The MMA helpers of one kernel on operands of `elt` (f16 or bf16).
-struct Mma {
-  ImplicitLocOpBuilder &b;
-  GpuKernelBuilder &kb;
-  Type elt;
-
-  VectorType vec(ArrayRef<int64_t> shape, Type t) {
-    return VectorType::get(shape, t);
-  }
-  Value zeroElt() {
-    return arith::ConstantOp::create(b, elt, b.getFloatAttr(elt, 0.0));
-  }
-  /// A fragment of `rows` registers of two elements, from scalars in order.
-  Value fragment(ArrayRef<Value> elems) {
-    return vector::FromElementsOp::create(
-        b, vec({static_cast<int64_t>(elems.size() / 2), 2}, elt), elems);
-  }
-  /// A fragment from its rows, each a vector<2 x elt>.
-  Value fragmentOfPairs(ArrayRef<Value> pairs) {
-    Value frag = arith::ConstantOp::create(
-        b, vec({static_cast<int64_t>(pairs.size()), 2}, elt),
-        DenseElementsAttr::get(
-            vec({static_cast<int64_t>(pairs.size()), 2}, elt),
-            b.getFloatAttr(elt, 0.0)));
-    for (auto [r, pair] : llvm::enumerate(pairs))
-      frag = vector::InsertOp::create(b, pair, frag,
-                                      ArrayRef<int64_t>{int64_t(r)});
-    return frag;
-  }
-  /// Rows [first, first + count) of a [n x 2] fragment.
-  Value rows(Value frag, int64_t first, int64_t count) {
-    SmallVector<Value> elems;
-    for (int64_t r = first; r < first + count; ++r)
-      for (int64_t c = 0; c < 2; ++c)
-        elems.push_back(vector::ExtractOp::create(b, frag, {r, c}));
-    return fragment(elems);
-  }
-  Value ldmatrix(Value tile, Value row, Value col, int64_t tiles,
-                 bool transpose) {
-    return nvgpu::LdMatrixOp::create(b, vec({tiles, 2}, elt), tile,
-                                     ValueRange{row, col}, transpose,
-                                     static_cast<uint32_t>(tiles));
-  }
-  /// A 32-bit register of row `r` of a fragment (bf16: nvvm.mma.sync takes
-  /// the packed pairs as i32).
-  Value packed(Value frag, int64_t r) {
-    Value pair = vector::ExtractOp::create(b, frag, ArrayRef<int64_t>{r});
-    Value word =
-        vector::BitCastOp::create(b, vec({1}, b.getI32Type()), pair);
-    return vector::ExtractOp::create(b, word, ArrayRef<int64_t>{0});
-  }
-  /// d = a · bfrag + c on one 16x8x16 tile: a [4 x 2], bfrag [2 x 2] of
-  /// `elt`, c and d four f32 (rows g and g + 8, columns 2·tig and 2·tig + 1).
-  SmallVector<Value> mma(Value a, Value bfrag, ArrayRef<Value> c) {
-    Type f32 = b.getF32Type();
-    SmallVector<Value> d;
-    if (elt.isF16()) {
-      Value acc = vector::FromElementsOp::create(b, vec({2, 2}, f32), c);
-      Value res = nvgpu::MmaSyncOp::create(b, a, bfrag, acc,
-                                           ArrayRef<int64_t>{16, 8, 16});
-      for (int64_t r = 0; r < 2; ++r)
-        for (int64_t cc = 0; cc < 2; ++cc)
-          d.push_back(vector::ExtractOp::create(b, res, {r, cc}));
-      return d;
-    }
-    SmallVector<Value> av, bv;
-    for (int64_t r = 0; r < 4; ++r)
-      av.push_back(packed(a, r));
-    for (int64_t r = 0; r < 2; ++r)
-      bv.push_back(packed(bfrag, r));
-    auto structType = LLVM::LLVMStructType::getLiteral(
-        b.getContext(), SmallVector<Type>(4, f32));
-    std::array<NVVM::MMATypes, 2> types = {NVVM::MMATypes::bf16,
-                                           NVVM::MMATypes::bf16};
-    std::array<NVVM::MMALayout, 2> layouts = {NVVM::MMALayout::row,
-                                              NVVM::MMALayout::col};
-    Value res = NVVM::MmaOp::create(b, structType, av, bv, c,
-                                    ArrayRef<int64_t>{16, 8, 16}, std::nullopt,
-                                    std::nullopt, types, layouts);
-    for (int64_t i = 0; i < 4; ++i)
-      d.push_back(LLVM::ExtractValueOp::create(b, res, i));
-    return d;
-  }
-};
-} // namespace
 
 /// The fused top-k (similarity_inform_topk, flash-mma-topk) of the thread's
 /// two rows, one after the other: the scalar kernel's epilogue
@@ -385,15 +300,6 @@ static void emitMmaTopkEpilogue(GPUKernel &kernel, const FlashMixSpec &spec,
   }
 }
 
-/// 2^x on the SFU: ex2.approx.ftz.f32, one MUFU.EX2 (math.exp2 becomes
-/// libdevice's __nv_exp2f, which without FTZ scales subnormal inputs and
-/// results around it: 4 instructions).
-static Value exp2Approx(ImplicitLocOpBuilder &b, Value x) {
-  return LLVM::CallIntrinsicOp::create(b, b.getF32Type(),
-                                       b.getStringAttr("llvm.nvvm.ex2.approx.ftz.f"),
-                                       ValueRange{x})
-      .getResult(0);
-}
 
 namespace {
 /// One key tile of a row's online softmax in base 2 (the tensor-core
@@ -524,6 +430,16 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // flash-mma-key-splits: the split's partial rows [S, B, N, K + 2] (the
   // unnormalized accumulators, the max in log2 units, the sum).
   Value partials = tile.keySplits > 1 ? kernel.arg(a++) : Value();
+  // Behind the symmetric kernel (spec.gated): only the batch elements it
+  // declined. The block is one element's, so the branch is uniform over
+  // its barriers.
+  if (spec.gated) {
+    Value gate = kernel.arg(a++);
+    auto ifOp = scf::IfOp::create(
+        b, symmetricDeclined(kb, gate, kb.blockId(gpu::Dimension::y)),
+        /*withElseRegion=*/false);
+    b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+  }
   Value ks, vs;
   if (tile.dynamicShared) {
     // flash-mma-stages=3: the key buffers from the start of the block's
@@ -1566,8 +1482,12 @@ static void launchSplitFlashMixMma(HostCode &h, StringRef name,
       {ShapedType::kDynamic, ShapedType::kDynamic, ShapedType::kDynamic, K + 2},
       kb.f32());
   Value ws = h.alloc(wsType, {kb.select(run, splits, kb.idx(0)), B, N});
-  SmallVector<Value> operands(args);
+  // With spec.gated the stats stay last, after the workspace.
+  ValueRange plain = spec.gated ? args.drop_back() : args;
+  SmallVector<Value> operands(plain);
   operands.push_back(ws);
+  if (spec.gated)
+    operands.push_back(args.back());
   {
     GPUKernel kernel(h, name, operands, workgroup, {kThreads, 1, 1}, loc);
     alignWorkgroupBuffers(kernel.func);
@@ -1579,18 +1499,26 @@ static void launchSplitFlashMixMma(HostCode &h, StringRef name,
   }
   // The outputs: the last of args (p, then lse with withLse).
   SmallVector<Value> combineArgs = {ws};
-  combineArgs.push_back(args[args.size() - (spec.withLse ? 2 : 1)]);
+  combineArgs.push_back(plain[plain.size() - (spec.withLse ? 2 : 1)]);
   if (spec.withLse)
+    combineArgs.push_back(plain.back());
+  if (spec.gated)
     combineArgs.push_back(args.back());
   GPUKernel comb(h, (name + "_combine").str(), combineArgs, {},
                  {kThreads, 1, 1}, loc);
   GpuKernelBuilder &ck = comb.kb;
   Value part = comb.arg(0), out = comb.arg(1);
   Value lse = spec.withLse ? comb.arg(2) : Value();
+  Value gate = spec.gated ? comb.arg(spec.withLse ? 3 : 2) : Value();
   Value S = ck.dim(part, 0), cB = ck.dim(part, 1), cN = ck.dim(part, 2);
   Value c0 = ck.idx(0), c1 = ck.idx(1);
   comb.forItem(ck.mul(cB, cN), [&](Value item) {
     Value bi = ck.divu(item, cN), row = ck.remu(item, cN);
+    if (gate) {
+      auto ifOp = scf::IfOp::create(comb.b, symmetricDeclined(ck, gate, bi),
+                                    /*withElseRegion=*/false);
+      comb.b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+    }
     auto at = [&](Value s, int64_t col) {
       return ck.load(part, {s, bi, row, ck.idx(col)});
     };

@@ -109,6 +109,7 @@ struct ConvertMoEToGPUPass
     options.flashMmaKeySplits = flashMmaKeySplits;
     options.flashMmaLazyRescale = flashMmaLazyRescale;
     options.flashMmaStages = flashMmaStages;
+    options.flashMmaSymmetric = flashMmaSymmetric;
     options.routeMap = routeMap;
     return options;
   }

@@ -90,7 +90,15 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
                        options.flashMmaSumMma, options.flashMmaBlockRows,
                        options.flashMmaKeySplits, options.flashMmaLazyRescale,
                        options.flashMmaStages);
-  if (mma)
+  Type uElt = elementOf(u);
+  if (mma && options.flashMmaSymmetric && !projected &&
+      symmetricMixApplies(spec, *mma, uElt,
+                          cast<MemRefType>(u.getType()).getShape()[1]))
+    launchSymmetricMixMma(h,
+                          training ? "similarity_inform_fwd_mma"
+                                   : "similarity_inform_mma",
+                          spec, *mma, q, args, op->getLoc());
+  else if (mma)
     launchFlashMixMma(h,
                       fused      ? "similarity_inform_topk_mma"
                       : training ? "similarity_inform_fwd_mma"

@@ -233,6 +233,15 @@ func.func @similarity_inform_bf16_rows128_split_lazy3(%u: tensor<1x16384x64xbf16
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
+// flash-mma-symmetric (issue #47 item 4): the pairs kernel's walk over half the key tiles. A trip computes 64
+// weights a thread (its warp's 32 rows x 64 keys over 32 lanes), each standing for two scores of the N x N
+// matrix, (i, j) for the rows of I and (j, i) for those of J (both products, the A tile's trip through shared
+// memory and the atomics are in the loop): 128 scores a trip, as the exact kernels count theirs.
+// sass-budget: kernel=similarity_inform_mma_pairs scores-per-tile=128 options=flash-mma-symmetric=true
+func.func @similarity_inform_bf16_symmetric(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
+  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
+  return %p : tensor<1x16384x16xf32>
+}
 // sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2
 func.func @similarity_inform_bf16_causal_d256(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>

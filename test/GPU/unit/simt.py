@@ -21,6 +21,7 @@ gpu.dynamic_shared_memory, llvm.mlir.poison (zeros), vector from_elements/extrac
 load/store, arith.truncf to f16/bf16 (round to nearest even). Vectors are arrays (lanes, *shape); f16/bf16
 values are their bits (uint16) throughout.
 
+The symmetric similarity kernels (FlashSymmetric.cpp) add memref.atomic_rmw addf (lanes in order).
 The dispatch plan's kernels (DispatchPlan.cpp) add nvvm.match.sync (any), math.ctpop/cttz and the error word's
 llvm.inttoptr, cmpxchg (lanes in order), getelementptr and store on a global int64 buffer (Memory.add); its scan
 kernel (a block of 256 threads with barriers) runs with `lockstep=True`.
@@ -560,6 +561,18 @@ class Warp:
                 if mask[l]:
                     arr[tuple(int(i[l]) for i in a[2:])] = a[0][l]
             return None
+        if n == "memref.atomic_rmw":
+            # addf (kind 0) only: the active lanes' adds in lane order, each rounded to f32 (one order of the
+            # many a GPU's atomics may land in: the kernels' tests allow f32 rounding).
+            assert "kind = 0 " in op.props, op.props
+            arr = a[1]
+            old = np.zeros(self.n, dtype=arr.dtype)
+            for l in range(self.n):
+                if mask[l]:
+                    at = tuple(int(i[l]) for i in a[2:])
+                    old[l] = arr[at]
+                    arr[at] = arr.dtype.type(arr[at] + a[0][l])
+            return old
         if n == "nvvm.match.sync":
             assert "any" in op.props, op.props
             out = np.zeros(self.n, dtype=np.int32)
@@ -631,6 +644,8 @@ class Warp:
             take = cond & mask
             skip = ~cond & mask
             has_else = len(op.regions) > 1 and op.regions[1] and op.regions[1][0][1]
+            if not op.results and not take.any() and not has_else:
+                return None                     # no lane takes it (a block-uniform branch not taken)
             r1 = self.region(op, 0, take) if take.any() or not has_else else None
             if not op.results:
                 if has_else and skip.any():

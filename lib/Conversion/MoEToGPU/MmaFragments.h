@@ -1,0 +1,129 @@
+//===- MmaFragments.h - mma.sync m16n8k16 fragments -------------*- C++ -*-===//
+//
+// Part of the MoE-MLIR project.
+//
+// The warp-level tensor-core helpers of the flash kernels on f16/bf16
+// operands (FlashMma.cpp, FlashSymmetric.cpp): fragments of two-element
+// registers, ldmatrix, and mma.sync m16n8k16 with f32 accumulators (f16:
+// nvgpu.mma.sync; bf16: nvvm.mma.sync on the packed 32-bit registers, which
+// MLIR 22's NVGPU-to-NVVM conversion does not map), and 2^x on the SFU.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16): a thread of a warp is lane =
+// 4g + tig; the A operand [16 x 16] holds (g, 2tig + {0,1}), (g + 8, ...),
+// (g, 8 + 2tig + {0,1}), (g + 8, 8 + ...); the B operand [16 x 8] (k x n)
+// holds (2tig + {0,1}, g) and (8 + 2tig + {0,1}, g); the C/D fragment
+// [16 x 8] f32 holds (g, 2tig + {0,1}) and (g + 8, 2tig + {0,1}).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_LIB_CONVERSION_MOETOGPU_MMAFRAGMENTS_H
+#define MOE_LIB_CONVERSION_MOETOGPU_MMAFRAGMENTS_H
+
+#include "GpuKernelBuilder.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+
+namespace mlir::moe::gpu_lowering {
+
+/// The MMA helpers of one kernel on operands of `elt` (f16 or bf16).
+struct Mma {
+  ImplicitLocOpBuilder &b;
+  GpuKernelBuilder &kb;
+  Type elt;
+
+  VectorType vec(ArrayRef<int64_t> shape, Type t) {
+    return VectorType::get(shape, t);
+  }
+  Value zeroElt() {
+    return arith::ConstantOp::create(b, elt, b.getFloatAttr(elt, 0.0));
+  }
+  /// A fragment of `rows` registers of two elements, from scalars in order.
+  Value fragment(ArrayRef<Value> elems) {
+    return vector::FromElementsOp::create(
+        b, vec({static_cast<int64_t>(elems.size() / 2), 2}, elt), elems);
+  }
+  /// A fragment from its rows, each a vector<2 x elt>.
+  Value fragmentOfPairs(ArrayRef<Value> pairs) {
+    Value frag = arith::ConstantOp::create(
+        b, vec({static_cast<int64_t>(pairs.size()), 2}, elt),
+        DenseElementsAttr::get(
+            vec({static_cast<int64_t>(pairs.size()), 2}, elt),
+            b.getFloatAttr(elt, 0.0)));
+    for (auto [r, pair] : llvm::enumerate(pairs))
+      frag = vector::InsertOp::create(b, pair, frag,
+                                      ArrayRef<int64_t>{int64_t(r)});
+    return frag;
+  }
+  /// Rows [first, first + count) of a [n x 2] fragment.
+  Value rows(Value frag, int64_t first, int64_t count) {
+    SmallVector<Value> elems;
+    for (int64_t r = first; r < first + count; ++r)
+      for (int64_t c = 0; c < 2; ++c)
+        elems.push_back(vector::ExtractOp::create(b, frag, {r, c}));
+    return fragment(elems);
+  }
+  Value ldmatrix(Value tile, Value row, Value col, int64_t tiles,
+                 bool transpose) {
+    return nvgpu::LdMatrixOp::create(b, vec({tiles, 2}, elt), tile,
+                                     ValueRange{row, col}, transpose,
+                                     static_cast<uint32_t>(tiles));
+  }
+  /// A 32-bit register of row `r` of a fragment (bf16: nvvm.mma.sync takes
+  /// the packed pairs as i32).
+  Value packed(Value frag, int64_t r) {
+    Value pair = vector::ExtractOp::create(b, frag, ArrayRef<int64_t>{r});
+    Value word =
+        vector::BitCastOp::create(b, vec({1}, b.getI32Type()), pair);
+    return vector::ExtractOp::create(b, word, ArrayRef<int64_t>{0});
+  }
+  /// d = a · bfrag + c on one 16x8x16 tile: a [4 x 2], bfrag [2 x 2] of
+  /// `elt`, c and d four f32 (rows g and g + 8, columns 2·tig and 2·tig + 1).
+  SmallVector<Value> mma(Value a, Value bfrag, ArrayRef<Value> c) {
+    Type f32 = b.getF32Type();
+    SmallVector<Value> d;
+    if (elt.isF16()) {
+      Value acc = vector::FromElementsOp::create(b, vec({2, 2}, f32), c);
+      Value res = nvgpu::MmaSyncOp::create(b, a, bfrag, acc,
+                                           ArrayRef<int64_t>{16, 8, 16});
+      for (int64_t r = 0; r < 2; ++r)
+        for (int64_t cc = 0; cc < 2; ++cc)
+          d.push_back(vector::ExtractOp::create(b, res, {r, cc}));
+      return d;
+    }
+    SmallVector<Value> av, bv;
+    for (int64_t r = 0; r < 4; ++r)
+      av.push_back(packed(a, r));
+    for (int64_t r = 0; r < 2; ++r)
+      bv.push_back(packed(bfrag, r));
+    auto structType = LLVM::LLVMStructType::getLiteral(
+        b.getContext(), SmallVector<Type>(4, f32));
+    std::array<NVVM::MMATypes, 2> types = {NVVM::MMATypes::bf16,
+                                           NVVM::MMATypes::bf16};
+    std::array<NVVM::MMALayout, 2> layouts = {NVVM::MMALayout::row,
+                                              NVVM::MMALayout::col};
+    Value res = NVVM::MmaOp::create(b, structType, av, bv, c,
+                                    ArrayRef<int64_t>{16, 8, 16}, std::nullopt,
+                                    std::nullopt, types, layouts);
+    for (int64_t i = 0; i < 4; ++i)
+      d.push_back(LLVM::ExtractValueOp::create(b, res, i));
+    return d;
+  }
+};
+
+/// 2^x on the SFU: ex2.approx.ftz.f32, one MUFU.EX2 (math.exp2 becomes
+/// libdevice's __nv_exp2f, which without FTZ scales subnormal inputs and
+/// results around it: 4 instructions).
+inline Value exp2Approx(ImplicitLocOpBuilder &b, Value x) {
+  return LLVM::CallIntrinsicOp::create(b, b.getF32Type(),
+                                       b.getStringAttr("llvm.nvvm.ex2.approx.ftz.f"),
+                                       ValueRange{x})
+      .getResult(0);
+}
+
+} // namespace mlir::moe::gpu_lowering
+
+#endif // MOE_LIB_CONVERSION_MOETOGPU_MMAFRAGMENTS_H
