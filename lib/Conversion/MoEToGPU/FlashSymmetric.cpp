@@ -23,8 +23,9 @@
 //     and T/2 - 1 for the first and second half of the tiles when T is even)
 //     takes every unordered pair once, and a block's walk splits over up to 4
 //     blocks when the grid is under 264 blocks (the count that fills its
-//     last wave best). Each half: the keys U_J and V'_J staged
-//     (16 bytes a load where u is aligned), S - h_J = U_I U_J^T - h_J on
+//     last wave best). Each half: the keys U_J, V'_J and -h_J staged (loaded
+//     into registers, 16 bytes a load where u is aligned, while the half
+//     before is computed), S - h_J = U_I U_J^T - h_J on
 //     mma.sync (the accumulators start at -h_j), one FFMA and one EX2 a
 //     score, then
 //       rows of I:  acc_I += A V'_J (A's fragments straight from S's, as the
@@ -58,6 +59,7 @@
 #include "MoE/Kernels/SymmetricMix.h"
 
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/Utils/StaticValueUtils.h"
 
 #include "llvm/Support/MathExtras.h"
 
@@ -303,56 +305,82 @@ static void emitPairs(GPUKernel &k, const FlashMixSpec &spec,
   }
 
   // Staging `rows` rows from `row0` of src [B, N, width] into dst [rows,
-  // cols + kPad] (columns [0, cols), zeros past N and width): 16-byte vectors
-  // where `aligned` (width a multiple of 8 and a 16-byte aligned base), else
-  // an element a load.
+  // cols + kPad] (columns [0, cols), zeros past N and width), in two halves
+  // so that a step's tiles are loaded while the step before is computed:
+  // fetch() loads the thread's 16-byte vectors into registers (where
+  // `aligned`: width a multiple of 8 and a 16-byte aligned base; zeros
+  // otherwise, no load), put() stores them; stageElements() is the
+  // misaligned operand's element loop.
   VectorType vec8 = VectorType::get({8}, elt);
-  auto stage = [&](Value src, Value dst, int64_t rows, int64_t cols,
-                   Value width, Value row0, Value aligned) {
-    kb.ifThenElse(
-        aligned,
-        [&] {
-          const int64_t perRow = cols / 8, vecs = rows * perRow;
-          // Where the block's threads cover whole rows, a thread keeps its
-          // column and steps its row by a constant (no division a vector).
-          const bool fixedColumn = kThreads % perRow == 0;
-          Value r0 = kb.divu(tid, kb.idx(perRow));
-          Value col0 = kb.mul(kb.remu(tid, kb.idx(perRow)), kb.idx(8));
-          for (int64_t v0 = 0; v0 < vecs; v0 += kThreads) {
-            Value v = kb.add(tid, kb.idx(v0));
-            auto body = [&] {
-              Value r = fixedColumn ? kb.add(r0, kb.idx(v0 / perRow))
-                                    : kb.divu(v, kb.idx(perRow));
-              Value col = fixedColumn
-                              ? col0
-                              : kb.mul(kb.remu(v, kb.idx(perRow)), kb.idx(8));
-              Value row = kb.add(row0, r);
-              Value ok = kb.andI(kb.lt(row, N), kb.lt(col, width));
-              Value x = vector::LoadOp::create(
-                  b, vec8, src,
-                  ValueRange{bi, kb.select(ok, row, c0), kb.select(ok, col, c0)},
-                  /*nontemporal=*/false, llvm::MaybeAlign(16));
-              x = kb.select(ok, x, kb.constLike(vec8, 0.0));
-              vector::StoreOp::create(b, x, dst, ValueRange{r, col},
-                                      /*nontemporal=*/false,
-                                      llvm::MaybeAlign(16));
-            };
-            if (v0 + kThreads <= vecs)
-              body();
-            else
-              kb.ifThen(kb.lt(v, kb.idx(vecs)), body);
-          }
-        },
-        [&] {
-          kb.forLoop(tid, kb.idx(rows * cols), kb.idx(kThreads), [&](Value v) {
-            Value r = kb.divu(v, kb.idx(cols)), col = kb.remu(v, kb.idx(cols));
-            Value row = kb.add(row0, r);
-            Value ok = kb.andI(kb.lt(row, N), kb.lt(col, width));
-            Value x = kb.load(src, {bi, kb.select(ok, row, c0),
-                                    kb.select(ok, col, c0)});
-            kb.store(kb.select(ok, x, zeroE), dst, {r, col});
-          });
-        });
+  struct Place {
+    Value r, col, inTile; // inTile: null where every thread has the vector
+  };
+  auto places = [&](int64_t rows, int64_t cols) {
+    const int64_t perRow = cols / 8, vecs = rows * perRow;
+    // Where the block's threads cover whole rows, a thread keeps its
+    // column and steps its row by a constant (no division a vector).
+    const bool fixedColumn = kThreads % perRow == 0;
+    Value r0 = kb.divu(tid, kb.idx(perRow));
+    Value col0 = kb.mul(kb.remu(tid, kb.idx(perRow)), kb.idx(8));
+    SmallVector<Place> at;
+    for (int64_t v0 = 0; v0 < vecs; v0 += kThreads) {
+      Value v = kb.add(tid, kb.idx(v0));
+      Place p;
+      p.r = fixedColumn ? kb.add(r0, kb.idx(v0 / perRow))
+                        : kb.divu(v, kb.idx(perRow));
+      p.col = fixedColumn ? col0 : kb.mul(kb.remu(v, kb.idx(perRow)), kb.idx(8));
+      if (v0 + kThreads > vecs)
+        p.inTile = kb.lt(v, kb.idx(vecs));
+      at.push_back(p);
+    }
+    return at;
+  };
+  auto fetch = [&](Value src, ArrayRef<Place> at, Value width, Value row0,
+                   Value aligned) {
+    SmallVector<Type> types(at.size(), vec8);
+    auto load = [&]() -> SmallVector<Value> {
+      SmallVector<Value> xs;
+      for (const Place &p : at) {
+        Value row = kb.add(row0, p.r);
+        Value ok = kb.andI(kb.lt(row, N), kb.lt(p.col, width));
+        if (p.inTile)
+          ok = kb.andI(ok, p.inTile);
+        Value x = vector::LoadOp::create(
+            b, vec8, src,
+            ValueRange{bi, kb.select(ok, row, c0), kb.select(ok, p.col, c0)},
+            /*nontemporal=*/false, llvm::MaybeAlign(16));
+        xs.push_back(kb.select(ok, x, kb.constLike(vec8, 0.0)));
+      }
+      return xs;
+    };
+    if (isConstantIntValue(aligned, 1))
+      return load();
+    return kb.ifElse(aligned, types, load, [&]() -> SmallVector<Value> {
+      return SmallVector<Value>(at.size(), kb.constLike(vec8, 0.0));
+    });
+  };
+  auto put = [&](ValueRange xs, ArrayRef<Place> at, Value dst) {
+    for (auto [x, p] : llvm::zip(xs, at)) {
+      auto store = [&, x = x, p = p] {
+        vector::StoreOp::create(b, x, dst, ValueRange{p.r, p.col},
+                                /*nontemporal=*/false, llvm::MaybeAlign(16));
+      };
+      if (p.inTile)
+        kb.ifThen(p.inTile, store);
+      else
+        store();
+    }
+  };
+  auto stageElements = [&](Value src, Value dst, int64_t rows, int64_t cols,
+                           Value width, Value row0) {
+    kb.forLoop(tid, kb.idx(rows * cols), kb.idx(kThreads), [&](Value v) {
+      Value r = kb.divu(v, kb.idx(cols)), col = kb.remu(v, kb.idx(cols));
+      Value row = kb.add(row0, r);
+      Value ok = kb.andI(kb.lt(row, N), kb.lt(col, width));
+      Value x = kb.load(src, {bi, kb.select(ok, row, c0),
+                              kb.select(ok, col, c0)});
+      kb.store(kb.select(ok, x, zeroE), dst, {r, col});
+    });
   };
   Value uAligned = kb.cBool(false);
   if (Dp % 8 == 0) {
@@ -363,7 +391,10 @@ static void emitPairs(GPUKernel &k, const FlashMixSpec &spec,
   // V' is this op's own buffer: rows of W elements (a multiple of 8) from a
   // 16-byte aligned base.
   Value vpAligned = kb.cBool(true);
-  stage(vp, vsI, kRowTile, W, kb.idx(W), rowBase, vpAligned);
+  {
+    SmallVector<Place> at = places(kRowTile, W);
+    put(fetch(vp, at, kb.idx(W), rowBase, vpAligned), at, vsI);
+  }
 
   // The walk: L = 1 + m tiles J = I + jt (mod T), two halves each, this
   // split's [s · 2L / S, (s + 1) · 2L / S).
@@ -408,28 +439,52 @@ static void emitPairs(GPUKernel &k, const FlashMixSpec &spec,
     });
   };
 
+  // A step's key tile: the half of tile J = I + step / 2 (mod T).
+  auto j0Of = [&](Value step) {
+    Value J = kb.remu(kb.add(I, kb.divu(step, c2)), T);
+    return kb.add(kb.mul(J, kb.idx(kRowTile)),
+                  kb.mul(kb.remu(step, c2), kb.idx(kKeyHalf)));
+  };
+  SmallVector<Place> keyAt = places(kKeyHalf, Dp), valueAt = places(kKeyHalf, W);
+  const int64_t nKey = keyAt.size(), nValue = valueAt.size();
+  // The registers a step's tiles pass through: the keys' and V'_J's vectors
+  // and -h_j of key tid (tid < 64) in the dot product's units (|u_j|² / 2;
+  // -inf past N): the logits' accumulators start from it, so a weight is
+  // one FFMA and one EX2.
+  auto fetchStep = [&](Value step) {
+    Value j0 = j0Of(step);
+    SmallVector<Value> xs = fetch(u, keyAt, D, j0, uAligned);
+    xs.append(fetch(vp, valueAt, kb.idx(W), j0, vpAligned));
+    Value j = kb.add(j0, kb.remu(tid, kb.idx(kKeyHalf)));
+    Value in = kb.lt(j, N);
+    Value h = kb.load(half, {bi, kb.select(in, j, c0)});
+    xs.push_back(kb.select(in, kb.fmul(h, toDot), negInf));
+    return xs;
+  };
+
   SmallVector<Value> init(2 * wBlocks * 4, zero);
+  const int64_t nAcc = init.size();
+  init.append(fetchStep(lo));
   SmallVector<Value> accI = kb.forLoop(
       lo, hi, c1, init, [&](Value step, ValueRange carried) -> SmallVector<Value> {
-        SmallVector<Value> accs(carried);
+        SmallVector<Value> accs(carried.take_front(nAcc));
+        ValueRange staged = carried.drop_front(nAcc);
         Value jt = kb.divu(step, c2);
-        Value J = kb.remu(kb.add(I, jt), T);
-        Value j0 = kb.add(kb.mul(J, kb.idx(kRowTile)),
-                          kb.mul(kb.remu(step, c2), kb.idx(kKeyHalf)));
+        Value j0 = j0Of(step);
         // The last step's reads of the buffers are done.
         kb.barrier();
-        stage(u, ks, kKeyHalf, Dp, D, j0, uAligned);
-        stage(vp, vsJ, kKeyHalf, W, kb.idx(W), j0, vpAligned);
-        // -h_j in the dot product's units (|u_j|² / 2; -inf past N): the
-        // logits' accumulators start from it, so a weight is one FFMA and
-        // one EX2.
-        kb.ifThen(kb.lt(tid, kb.idx(kKeyHalf)), [&] {
-          Value j = kb.add(j0, tid);
-          Value in = kb.lt(j, N);
-          Value h = kb.load(half, {bi, kb.select(in, j, c0)});
-          kb.store(kb.select(in, kb.fmul(h, toDot), negInf), hs, {tid});
-        });
+        kb.ifThenElse(
+            uAligned, [&] { put(staged.take_front(nKey), keyAt, ks); },
+            [&] { stageElements(u, ks, kKeyHalf, Dp, D, j0); });
+        put(staged.slice(nKey, nValue), valueAt, vsJ);
+        kb.ifThen(kb.lt(tid, kb.idx(kKeyHalf)),
+                  [&] { kb.store(staged.back(), hs, {tid}); });
         kb.barrier();
+        // The next step's tiles in flight while this one is computed (the
+        // last step loads its own again: in bounds, not used).
+        Value next = kb.add(step, c1);
+        SmallVector<Value> ahead =
+            fetchStep(kb.select(kb.lt(next, hi), next, step));
         // S - h_J = U_I U_J^T - h_J (dot units): s[t * 8 + nb], row tile t,
         // key block nb, from accumulators holding -h_j of the thread's
         // columns 8 nb + 2 tig + x.
@@ -521,8 +576,10 @@ static void emitPairs(GPUKernel &k, const FlashMixSpec &spec,
                 addToRows(row, col, accJ[eb * 4 + 2 * r + x]);
               }
         });
+        accs.append(ahead);
         return accs;
       });
+  accI.resize(nAcc);
   // Rows of I: the walk's sums.
   for (int64_t t = 0; t < 2; ++t)
     for (int64_t eb = 0; eb < wBlocks; ++eb)

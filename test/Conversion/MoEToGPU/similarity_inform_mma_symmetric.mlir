@@ -17,9 +17,15 @@
 // The keys' half [64 x (64 + 8)], V'_J [64 x (24 + 8)], V'_I [128 x 32], A
 // [128 x (64 + 8)] and -h_J, 16-byte aligned.
 // CHECK-SAME: workgroup(%[[KS:.*]] : memref<64x72xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[VJ:.*]] : memref<64x32xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[VI:.*]] : memref<128x32xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[PS:.*]] : memref<128x72xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[HS:.*]] : memref<64xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
-// The walk carries the rows of I's accumulators: 2 row tiles x 3 blocks x 4.
-// CHECK: scf.for {{.*}} -> (f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32) {
+// The walk carries the rows of I's accumulators (2 row tiles x 3 blocks x 4)
+// and the next step's tiles in registers: 4 + 2 vectors of 8 (the keys' 64
+// x 64 and V'_J's 64 x 24 over 128 threads) and -h_j; they are stored after
+// the step's first barrier, the next step's loaded after its second.
+// CHECK: scf.for {{.*}} -> (f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, vector<8xbf16>, vector<8xbf16>, vector<8xbf16>, vector<8xbf16>, vector<8xbf16>, vector<8xbf16>, f32) {
 // CHECK: gpu.barrier
+// CHECK: vector.store %{{.*}}, %[[KS]]
+// CHECK: gpu.barrier
+// CHECK: vector.load %arg0{{.*}} : memref<2x300x64xbf16>, vector<8xbf16>
 // CHECK: nvgpu.ldmatrix %[[KS]]
 // CHECK: nvvm.mma.sync
 // A weight: one FFMA (the accumulators started at -h_j), one EX2.

@@ -79,8 +79,9 @@ def test_splits_fill_the_last_wave():
     assert [splits_of(t) for t in (1, 3, 100, 128, 200, 263, 264, 1000)] == [4, 4, 2, 2, 1, 1, 1, 1]
 
 
-def run(text, op, u, e, mask, K, with_lse=False):
-    """The host's launches in order: (p, lse, stats, p after the symmetric kernels)."""
+def run(text, op, u, e, mask, K, with_lse=False, misalign=False):
+    """The host's launches in order: (p, lse, stats, p after the symmetric kernels). `misalign`: u one element
+    into its buffer (the keys' element staging)."""
     B, N, D = u.shape
     W = -(-(K + 1) // 8) * 8
     blocks = -(-N // BLOCK)
@@ -97,7 +98,7 @@ def run(text, op, u, e, mask, K, with_lse=False):
     mk = [mask] if mask is not None else []
     mem = simt.Memory()
     for a in [u, e] + mk + outs + [half, part, stats, vp, acc]:
-        mem.add(a, None)
+        mem.add(a, None, misalign_bytes=2 if (misalign and a is u) else 0)
     name = f"{op}_mma"
     simt.run_kernel(simt.parse(text, f"{name}_norms_0"), [u, e] + mk + [half, part], BLOCK, (blocks, B), mem,
                     workgroup=workgroup(text, f"{name}_norms_0"), lockstep=True)
@@ -161,6 +162,18 @@ def test_symmetric_matches_reference(B, N, D, K, tau, masked):
     np.testing.assert_array_equal(p, symmetric)                                 # ... and the exact one did not
     if masked and B > 1:
         assert np.all(p[1] == 0.0)
+
+
+def test_misaligned_keys_take_the_element_staging():
+    """u one bf16 element into its buffer: the pairs kernel stages its keys element by element (the 16-byte loads
+    need an aligned base), V' (its own buffer) 16 bytes at a time; the result is the same."""
+    B, N, D, K, tau = 1, 300, 64, 16, 1.0
+    u, e = inputs(12, B, N, D, K)
+    u, e = bits(u), bits(e)
+    text, op = lower(B, N, D, K, tau, False)
+    p, _, stats, symmetric = run(text, op, u, e, None, K, misalign=True)
+    assert stats[0, 1] == 1.0 and stats[0, 3] == 0.0, stats
+    np.testing.assert_allclose(symmetric, reference(u, e, tau, None), **R.MMA_TOL)
 
 
 def test_training_forward_lse():
