@@ -28,22 +28,32 @@ RowSoftmaxStats mlir::moe::kernels::rowSoftmaxStats(
     KernelBuilder &kb, ArrayRef<Value> xs, function_ref<Value(Value)> reduceMax,
     function_ref<Value(Value)> reduceSum, bool sumFromFirstTerm) {
   assert(!xs.empty() && "a row has values");
-  Value partialMax = xs.front();
-  for (Value x : xs.drop_front())
-    partialMax = kb.fmax(partialMax, x);
+  return rowSoftmaxStatsChunked(
+      kb, 1, [&](int64_t) { return SmallVector<Value>(xs); }, reduceMax,
+      reduceSum, sumFromFirstTerm);
+}
+
+RowSoftmaxStats mlir::moe::kernels::rowSoftmaxStatsChunked(
+    KernelBuilder &kb, int64_t numChunks,
+    function_ref<SmallVector<Value>(int64_t c)> chunk,
+    function_ref<Value(Value)> reduceMax, function_ref<Value(Value)> reduceSum,
+    bool sumFromFirstTerm) {
+  Value partialMax;
+  for (int64_t c = 0; c < numChunks; ++c)
+    for (Value x : chunk(c))
+      partialMax = partialMax ? kb.fmax(partialMax, x) : x;
+  assert(partialMax && "a row has values");
   RowSoftmaxStats stats;
   stats.max = reduced(reduceMax, partialMax);
-  stats.maxShaped = kb.broadcastLike(stats.max, xs.front().getType());
+  stats.maxShaped = kb.broadcastLike(stats.max, partialMax.getType());
   Value partialSum;
-  ArrayRef<Value> rest = xs;
-  if (sumFromFirstTerm) {
-    partialSum = softmaxTerm(kb, xs.front(), stats.maxShaped);
-    rest = xs.drop_front();
-  } else {
-    partialSum = kb.constLike(xs.front().getType(), 0.0);
-  }
-  for (Value x : rest)
-    partialSum = kb.fadd(partialSum, softmaxTerm(kb, x, stats.maxShaped));
+  if (!sumFromFirstTerm)
+    partialSum = kb.constLike(partialMax.getType(), 0.0);
+  for (int64_t c = 0; c < numChunks; ++c)
+    for (Value x : chunk(c)) {
+      Value term = softmaxTerm(kb, x, stats.maxShaped);
+      partialSum = partialSum ? kb.fadd(partialSum, term) : term;
+    }
   stats.sum = reduced(reduceSum, partialSum);
   return stats;
 }

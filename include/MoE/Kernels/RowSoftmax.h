@@ -55,6 +55,18 @@ rowSoftmaxStats(KernelBuilder &kb, ArrayRef<Value> xs,
                 function_ref<Value(Value)> reduceSum = nullptr,
                 bool sumFromFirstTerm = false);
 
+/// rowSoftmaxStats of a row whose holder builds its values `numChunks`
+/// chunks at a time (scalars or vectors of one type): `chunk(c)` is called
+/// once for the max and once for Σ (a holder that loads each chunk again
+/// keeps one chunk live, not the row), and both fold in rowSoftmaxStats's
+/// order over the chunks' values in turn, so that its results are the same.
+RowSoftmaxStats rowSoftmaxStatsChunked(
+    KernelBuilder &kb, int64_t numChunks,
+    function_ref<SmallVector<Value>(int64_t c)> chunk,
+    function_ref<Value(Value)> reduceMax = nullptr,
+    function_ref<Value(Value)> reduceSum = nullptr,
+    bool sumFromFirstTerm = false);
+
 /// The statistics of a row streamed in two loops over [lb, ub) by `step`
 /// (max, then Σ): `chunk(iv)` loads the holder's values at iv (of type
 /// `chunkType`, scalar or vector; pads -inf), the partials start from -inf

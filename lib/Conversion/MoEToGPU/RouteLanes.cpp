@@ -372,34 +372,30 @@ private:
       loadLane(x, bias, 0, P, xs, bs);
       return scoreAndKey(xs, bs);
     }
-    auto chunks = [&](Value mem, function_ref<void(int64_t lo,
-                                                   ArrayRef<Value> xs,
-                                                   ArrayRef<Value> bs)>
-                                     body) {
-      for (int64_t lo = 0; lo < P; lo += kKeyChunk) {
-        SmallVector<Value> xs, bs;
-        loadLane(x, mem, lo, std::min(P, lo + kKeyChunk), xs, bs);
-        body(lo, xs, bs);
-      }
-    };
+    // A softmax's row statistics first, from the logits' chunks loaded
+    // again for the max and for the sum (L1), in routeRowStats's order.
     Value rowMax, rowSum;
     if (!spec.fromLogits() && spec.scoring == RouteSpec::Scoring::Softmax) {
-      chunks(Value(), [&](int64_t, ArrayRef<Value> xs, ArrayRef<Value>) {
-        for (Value v : xs)
-          rowMax = rowMax ? kb.fmax(rowMax, v) : v;
-      });
-      rowMax = reduce(rowMax, ReduceKind::Max);
-      rowSum = kb.cF32(0.0);
-      chunks(Value(), [&](int64_t, ArrayRef<Value> xs, ArrayRef<Value>) {
-        for (Value v : xs)
-          rowSum = kb.fadd(rowSum, softmaxTerm(kb, v, rowMax));
-      });
-      rowSum = reduce(rowSum, ReduceKind::Sum);
+      RowSoftmaxStats stats = rowSoftmaxStatsChunked(
+          kb, llvm::divideCeil(P, kKeyChunk),
+          [&](int64_t c) {
+            SmallVector<Value> xs, bs;
+            loadLane(x, Value(), c * kKeyChunk,
+                     std::min(P, (c + 1) * kKeyChunk), xs, bs);
+            return xs;
+          },
+          [&](Value v) { return reduce(v, ReduceKind::Max); },
+          [&](Value v) { return reduce(v, ReduceKind::Sum); });
+      rowMax = stats.max;
+      rowSum = stats.sum;
     }
+    // Then the keys a chunk at a time.
     SmallVector<Value> keys;
-    chunks(bias, [&](int64_t lo, ArrayRef<Value> xs, ArrayRef<Value> bs) {
+    for (int64_t lo = 0; lo < P; lo += kKeyChunk) {
+      SmallVector<Value> xs, bs;
+      loadLane(x, bias, lo, std::min(P, lo + kKeyChunk), xs, bs);
       llvm::append_range(keys, keysOf(xs, bs, lo, rowMax, rowSum));
-    });
+    }
     return keys;
   }
   static constexpr int64_t kKeyChunk = 64;
