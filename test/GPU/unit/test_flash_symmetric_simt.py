@@ -23,9 +23,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import simt  # noqa: E402
 
 torch = pytest.importorskip("torch")
-MOE_OPT = os.environ.get("MOE_OPT") or os.path.join(HERE, "..", "..", "..", "build", "bin", "moe-opt")
-if not os.path.exists(MOE_OPT):
-    pytest.skip(f"no moe-opt at {MOE_OPT}", allow_module_level=True)
+MOE_OPT = simt.find_moe_opt() or pytest.skip("no moe-opt ($MOE_OPT, build/bin)", allow_module_level=True)
 import run_gpu_tests as R  # noqa: E402
 
 BLOCK = 128
