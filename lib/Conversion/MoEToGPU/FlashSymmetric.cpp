@@ -104,12 +104,13 @@ bool mlir::moe::gpu_lowering::symmetricMixApplies(const FlashMixSpec &spec,
 
 Value mlir::moe::gpu_lowering::symmetricDeclined(GpuKernelBuilder &kb,
                                                  Value stats, Value b) {
+  // One statement each: the loads' order must not be the C++ compiler's
+  // (argument evaluation order).
   Value zero = kb.cF32(0.0);
-  return kb.orI(
-      kb.cmpf(arith::CmpFPredicate::OEQ, kb.load(stats, {b, kb.idx(kGuard)}),
-              zero),
-      kb.cmpf(arith::CmpFPredicate::UNE, kb.load(stats, {b, kb.idx(kRedo)}),
-              zero));
+  Value guard = kb.load(stats, {b, kb.idx(kGuard)});
+  Value redo = kb.load(stats, {b, kb.idx(kRedo)});
+  Value declined = kb.cmpf(arith::CmpFPredicate::OEQ, guard, zero);
+  return kb.orI(declined, kb.cmpf(arith::CmpFPredicate::UNE, redo, zero));
 }
 
 /// Kernel 1: h_j (log2 units) and the blocks' partial stats [B, blocks, 4]:

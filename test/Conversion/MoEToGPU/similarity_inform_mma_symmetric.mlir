@@ -51,10 +51,10 @@
 // or asked to redo (stats[b, 3] != 0).
 // CHECK-LABEL: gpu.func @similarity_inform_mma_0
 // CHECK-SAME: %[[STATS:arg[0-9]+]]: memref<?x4xf32>)
-// CHECK: %[[REDO:.+]] = memref.load %[[STATS]][%{{.*}}, %c3]
-// CHECK: arith.cmpf une, %[[REDO]]
 // CHECK: %[[GUARD:.+]] = memref.load %[[STATS]][%{{.*}}, %c1]
-// CHECK: arith.cmpf oeq, %[[GUARD]]
+// CHECK: %[[REDO:.+]] = memref.load %[[STATS]][%{{.*}}, %c3]
+// CHECK-DAG: arith.cmpf oeq, %[[GUARD]]
+// CHECK-DAG: arith.cmpf une, %[[REDO]]
 // CHECK: scf.if
 // CHECK-LABEL: gpu.func @similarity_inform_mma_1
 // CHECK-LABEL: gpu.func @similarity_inform_mma_combine_0
