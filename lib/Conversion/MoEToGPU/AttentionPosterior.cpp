@@ -13,9 +13,10 @@
 //  2. attention_head_select: a thread per sequence sums the partials in
 //     order, takes the mean per head and the argmin (lowest head on ties, a
 //     NaN mean counts as the minimum) and writes head[b].
-//  3. attention_head_means: a block per key (b, j) forms
+//  3. attention_head_means: a block per 16 keys of a sequence b forms
 //     m_j = head_scale · v[b,h*,j,:] · wo[:, h*·Dh:(h*+1)·Dh]^T and the bias
-//     -‖m_j‖² / (2σ²) (block reduction), reading h* from device memory.
+//     -‖m_j‖² / (2σ²), reading h* from device memory; wo's slice staged
+//     through shared memory once for the block's keys.
 //  4. the flash mixing kernel (FlashMix.cpp) with q = u, keys = m,
 //     divisor σ², the bias and the scores of head h* added to the logits,
 //     and for attention_posterior_topk the top-k in its epilogue.
@@ -27,9 +28,12 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "FlashTile.h"
 #include "HostCode.h"
 #include "Reductions.h"
 #include "Lowerings.h"
+
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
 
 #include <limits>
 
@@ -39,7 +43,11 @@ using namespace mlir::moe::gpu_lowering;
 
 static constexpr int64_t kEntropyRowsPerBlock = 16;
 static constexpr int64_t kEntropyThreads = 128;
+// The head means: a block's keys, its threads (a feature each, the features
+// taken kMeansThreads at a time) and the head's columns a step.
+static constexpr int64_t kMeansKeys = 16;
 static constexpr int64_t kMeansThreads = 128;
+static constexpr int64_t kMeansCols = 32;
 
 /// Kernel 1: partial entropy sums and valid-row counts per (b, h, block)
 /// into sums and counts [B, H, blocks]; `grid` = (blocks, H, B).
@@ -152,51 +160,163 @@ static void launchHeadSelect(HostCode &h, Value sumsBuf, Value countsBuf,
 }
 
 /// Kernel 3: head means m[b,j,:] and bias[b,j] = -‖m_j‖² / (2σ²).
+///
+/// A block takes kMeansKeys keys of one sequence and every output feature d,
+/// kMeansThreads at a time (a thread a feature), over the head's Dh columns
+/// kMeansCols at a time. Each step stages wo[d0 .., colBase + c0 ..]
+/// transposed into shared memory (a warp reads one row's 32 consecutive
+/// columns: one coalesced load) and the keys' v columns beside it, then a
+/// thread takes its feature's column of wo once a column for all the block's
+/// keys (16 FMAs a shared load of wo, the keys' values in 4 16-byte shared
+/// loads). Then the wo slice is read from L2 once per kMeansKeys keys, in
+/// whole lines; a block a key with a thread a feature (before) read it once a
+/// key, each load of a warp touching 32 lines (a row of wo each): one L1
+/// wavefront a thread and column, the kernel's whole cost at B = 16, Nk =
+/// 1024, D = 256, Dh = 64 (~268M wavefronts, about 1.1 ms on an H100's 132
+/// multiprocessors).
+///
+/// A feature's dot product adds its columns in order (c = 0 .. Dh - 1, one
+/// FMA each); the bias's sum of squares adds a thread's features in order,
+/// then the lanes' butterfly, then the warps in warp order: deterministic.
 void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
                                               Value woBuf, Value headBuf,
                                               Value meansBuf, Value biasBuf,
                                               std::optional<double> headScale,
                                               double sigma, Location loc) {
+  constexpr int64_t warps = kMeansThreads / kWarp;
+  constexpr int64_t keysPerWarp = kMeansKeys / warps;
+  static_assert(kMeansCols == kWarp, "a warp stages one row's columns");
+  static_assert(kMeansKeys % warps == 0 && kMeansKeys % 4 == 0);
+  Type f32 = host.b.getF32Type();
   GPUKernel kernel(
       host, "attention_head_means", {vBuf, woBuf, headBuf, meansBuf, biasBuf},
-      {workgroupMemRef({kMeansThreads / kWarp}, host.b.getF32Type())},
+      {// wo's chunk transposed, [c][d] (a row pads the stores' banks apart)
+       workgroupMemRef({kMeansCols, kMeansThreads + 1}, f32),
+       // the keys' v columns, [c][key]: a column's keys in 16-byte loads
+       workgroupMemRef({kMeansCols, kMeansKeys}, f32),
+       // the warps' partial sums of squares, [warp][key]
+       workgroupMemRef({warps, kMeansKeys}, f32)},
       {kMeansThreads, 1, 1}, loc);
+  // The keys' columns are read 16 bytes at a time.
+  alignWorkgroupBuffers(kernel.func);
   GpuKernelBuilder &kb = kernel.kb;
+  ImplicitLocOpBuilder &b = kernel.b;
   Value v = kernel.arg(0), wo = kernel.arg(1), head = kernel.arg(2),
         m = kernel.arg(3), bias = kernel.arg(4);
-  Value j = kb.blockId(), b = kb.blockId(gpu::Dimension::y);
-  Value h = kb.castInt(kb.load(head, {b}), kb.index());
-  Value Dh = kb.dim(v, 3), D = kb.dim(wo, 0);
+  Value woT = kernel.workgroup(0), vT = kernel.workgroup(1),
+        partial = kernel.workgroup(2);
+  Value tid = kb.threadId();
+  Value lane = kb.remu(tid, kb.idx(kWarp));
+  Value warp = kb.divu(tid, kb.idx(kWarp));
+  Value j0 = kb.mul(kb.blockId(), kb.idx(kMeansKeys));
+  Value bi = kb.blockId(gpu::Dimension::y);
+  Value h = kb.castInt(kb.load(head, {bi}), kb.index());
+  Value Nk = kb.dim(v, 2), Dh = kb.dim(v, 3), D = kb.dim(wo, 0);
   Value scale = headScale ? kb.cF32(*headScale) : kb.sitofp(kb.dim(v, 1));
   Value colBase = kb.mul(h, Dh);
-  Value sq = kb.forLoop(kb.threadId(), D, kb.idx(kMeansThreads), {kb.cF32(0.0)},
-                       [&](Value d, ValueRange acc) -> SmallVector<Value> {
-                         Value dot = kb.forLoop(
-                             kb.idx(0), Dh, kb.idx(1), {kb.cF32(0.0)},
-                             [&](Value c, ValueRange a) -> SmallVector<Value> {
-                               Value x = kb.loadF(v, {b, h, j, c});
-                               Value w = kb.loadF(wo, {d, kb.add(colBase, c)});
-                               return {kb.fadd(a[0], kb.fmul(x, w))};
-                             })[0];
-                         Value mean = kb.fmul(scale, dot);
-                         // The tensor-core kernel's keys: the f32 mean
-                         // rounded once here (the bias below stays f32).
-                         Type meanElt =
-                             cast<MemRefType>(m.getType()).getElementType();
-                         kb.store(meanElt.isF32()
-                                      ? mean
-                                      : arith::TruncFOp::create(
-                                            kernel.b, meanElt, mean),
-                                  m, {b, j, d});
-                         return {kb.fadd(acc[0], kb.fmul(mean, mean))};
-                       })[0];
-  Value total =
-      blockReduce(kb, sq, ReduceKind::Sum, kMeansThreads, kernel.workgroup(0));
-  kb.ifThen(kb.eq(kb.threadId(), kb.idx(0)), [&] {
-    kb.store(kb.fdiv(total, kb.cF32(-2.0 * sigma * sigma)), bias, {b, j});
+  Value zero = kb.cF32(0.0), c0i = kb.idx(0);
+  Type meanElt = cast<MemRefType>(m.getType()).getElementType();
+  auto vec4 = VectorType::get({4}, f32);
+
+  SmallVector<Value> sq0(kMeansKeys, zero);
+  SmallVector<Value> sq = kb.forLoop(
+      c0i, D, kb.idx(kMeansThreads), sq0,
+      [&](Value d0, ValueRange sqIn) -> SmallVector<Value> {
+        SmallVector<Value> acc0(kMeansKeys, zero);
+        SmallVector<Value> acc = kb.forLoop(
+            c0i, Dh, kb.idx(kMeansCols), acc0,
+            [&](Value c0, ValueRange accIn) -> SmallVector<Value> {
+              // The previous step's reads of the buffers are done.
+              kb.barrier();
+              Value col = kb.add(c0, lane);
+              Value colOk = kb.lt(col, Dh);
+              // wo rows d0 + r, r = warp + 4 i, then the keys' columns,
+              // key warp + 4 i; lane = column. Every load is issued before
+              // the first store (one round trip to L2 a step, not one a
+              // row); a bound's loads read element 0 and store zeros.
+              SmallVector<std::pair<Value, Value>> staged; // (value, ok)
+              SmallVector<std::tuple<Value, Value, Value>> at; // buf, row, col
+              Value woCol = kb.add(colBase, col);
+              for (int64_t i = 0; i < kMeansThreads / warps; ++i) {
+                Value r = kb.add(warp, kb.idx(warps * i));
+                Value row = kb.add(d0, r);
+                Value ok = kb.andI(kb.lt(row, D), colOk);
+                staged.push_back(
+                    {kb.loadF(wo, {kb.select(ok, row, c0i),
+                                   kb.select(ok, woCol, c0i)}),
+                     ok});
+                at.push_back({woT, lane, r});
+              }
+              for (int64_t i = 0; i < keysPerWarp; ++i) {
+                Value jj = kb.add(warp, kb.idx(warps * i));
+                Value key = kb.add(j0, jj);
+                Value ok = kb.andI(kb.lt(key, Nk), colOk);
+                staged.push_back({kb.loadF(v, {bi, h, kb.select(ok, key, c0i),
+                                               kb.select(ok, col, c0i)}),
+                                  ok});
+                at.push_back({vT, lane, jj});
+              }
+              for (auto [x, where] : llvm::zip_equal(staged, at))
+                kb.store(kb.select(x.second, x.first, zero),
+                         std::get<0>(where),
+                         {std::get<1>(where), std::get<2>(where)});
+              kb.barrier();
+              // Past Dh the staged columns are zeros: the whole chunk is
+              // added (0 · 0), so the loop has a constant trip count.
+              return kb.forLoop(
+                  c0i, kb.idx(kMeansCols), kb.idx(1), accIn,
+                  [&](Value c, ValueRange a) -> SmallVector<Value> {
+                    Value w = kb.load(woT, {c, tid});
+                    SmallVector<Value> next;
+                    for (int64_t q = 0; q < kMeansKeys / 4; ++q) {
+                      Value x4 = vector::LoadOp::create(
+                          b, vec4, vT, ValueRange{c, kb.idx(4 * q)},
+                          /*nontemporal=*/false, llvm::MaybeAlign(16));
+                      for (int64_t t = 0; t < 4; ++t) {
+                        Value x = vector::ExtractOp::create(b, x4, t);
+                        next.push_back(kb.fma(x, w, a[4 * q + t]));
+                      }
+                    }
+                    return next;
+                  });
+            });
+        Value d = kb.add(d0, tid);
+        Value dOk = kb.lt(d, D);
+        SmallVector<Value> sqOut;
+        for (int64_t jj = 0; jj < kMeansKeys; ++jj) {
+          Value mean = kb.fmul(scale, acc[jj]);
+          Value key = kb.add(j0, kb.idx(jj));
+          // The tensor-core kernel's keys: the f32 mean rounded once here
+          // (the bias below stays f32).
+          kb.ifThen(kb.andI(dOk, kb.lt(key, Nk)), [&] {
+            kb.store(meanElt.isF32()
+                         ? mean
+                         : arith::TruncFOp::create(b, meanElt, mean),
+                     m, {bi, key, d});
+          });
+          sqOut.push_back(
+              kb.fadd(sqIn[jj], kb.select(dOk, kb.fmul(mean, mean), zero)));
+        }
+        return sqOut;
+      });
+  // The keys' sums of squares: a butterfly over the lanes, then the warps
+  // in order by the thread of the key.
+  for (int64_t jj = 0; jj < kMeansKeys; ++jj) {
+    Value s = subgroupReduce(kb, sq[jj], ReduceKind::Sum, kWarp);
+    kb.ifThen(kb.eq(lane, c0i),
+              [&] { kb.store(s, partial, {warp, kb.idx(jj)}); });
+  }
+  kb.barrier();
+  Value key = kb.add(j0, tid);
+  kb.ifThen(kb.andI(kb.lt(tid, kb.idx(kMeansKeys)), kb.lt(key, Nk)), [&] {
+    Value total = kb.load(partial, {c0i, tid});
+    for (int64_t w = 1; w < warps; ++w)
+      total = kb.fadd(total, kb.load(partial, {kb.idx(w), tid}));
+    kb.store(kb.fdiv(total, kb.cF32(-2.0 * sigma * sigma)), bias, {bi, key});
   });
   GpuKernelBuilder &hk = host.kb;
-  kernel.launch({hk.dim(vBuf, 2), hk.dim(vBuf, 0), hk.idx(1)});
+  kernel.launch({hk.ceilDiv(hk.dim(vBuf, 2), hk.idx(kMeansKeys)),
+                 hk.dim(vBuf, 0), hk.idx(1)});
 }
 
 /// attention_posterior or its fused top-k form (the same operands, one result

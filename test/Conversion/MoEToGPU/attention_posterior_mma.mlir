@@ -12,11 +12,26 @@
 // row's offset computed once), keys past Nk clamped for the loads and -inf.
 // Off by default (no GPU run has checked it yet): the scalar kernel runs.
 
+// The head means: a block per 16 keys; wo's slice staged transposed in
+// shared memory (a warp loads one row's consecutive columns, lane = column),
+// then a thread's feature takes one shared load of wo a column for the 16
+// keys, whose values come in 16-byte shared loads.
 // CHECK-LABEL: gpu.func @attention_head_means_0
-// CHECK-SAME: %[[M:[^:]+]]: memref<?x?x64xf16>, %[[BIASOUT:[^:]+]]: memref<?x?xf32>)
-// CHECK: scf.yield
+// CHECK-SAME: (%{{[^:]+}}: memref<2x4x70x16xf16>, %[[WO:[^:]+]]: memref<64x64xf16>, %{{[^:]+}}: memref<2xi32>, %[[M:[^:]+]]: memref<?x?x64xf16>, %[[BIASOUT:[^:]+]]: memref<?x?xf32>)
+// CHECK-SAME: workgroup(%[[WOT:[^ ]+]] : memref<32x129xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[VT:[^ ]+]] : memref<32x16xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %{{[^ ]+}} : memref<4x16xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
+// CHECK: %[[LANE:.+]] = arith.remui %thread_id_x, %c32
+// CHECK: gpu.barrier
+// CHECK: scf.for %[[R:.+]] = %{{.+}} to %c128{{.*}} step %c4
+// CHECK: memref.load %[[WO]]
+// CHECK: memref.store %{{.+}}, %[[WOT]][%[[LANE]], %[[R]]]
+// CHECK: gpu.barrier
+// CHECK: scf.for %[[C:[^ ]+]] = %{{.+}} to %c32
+// CHECK-NEXT: memref.load %[[WOT]][%[[C]], %thread_id_x]
+// CHECK-NEXT: arith.constant 0 : index
+// CHECK-NEXT: vector.load %[[VT]][%[[C]], %{{.+}}] {alignment = 16 : i64} : {{.+}}, vector<4xf32>
+// CHECK-COUNT-16: math.fma
 // CHECK: %[[MEAN:.+]] = arith.mulf
-// CHECK-NEXT: %[[H:.+]] = arith.truncf %[[MEAN]] : f32 to f16
+// CHECK: %[[H:.+]] = arith.truncf %[[MEAN]] : f32 to f16
 // CHECK: memref.store %[[H]], %[[M]]
 // CHECK: arith.mulf %[[MEAN]], %[[MEAN]] : f32
 // CHECK: memref.store %{{.+}}, %[[BIASOUT]]

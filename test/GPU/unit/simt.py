@@ -298,7 +298,7 @@ class Memory:
 
 
 def run_kernel(body, args, block_dim, grid, memory, smem_shape=None, workgroup=(), lockstep=False,
-               dynamic_smem=0, async_copies="issue", warp_threads=False):
+               dynamic_smem=0, async_copies="issue", warp_threads=False, workgroup_fill=0):
     """Runs the kernel `body` (parse()) on `args` (numpy arrays for memrefs; the workgroup buffers are made here,
     fresh for each block: one f32 array of `smem_shape`, or one zeroed array per (shape, dtype) of `workgroup`)
     over `grid` blocks (gx, (gx, gy) or (gx, gy, gz)) of `block_dim` threads, one warp at a time, or with
@@ -310,14 +310,16 @@ def run_kernel(body, args, block_dim, grid, memory, smem_shape=None, workgroup=(
     into a buffer still to be read reads the new data in "issue". `warp_threads`: each warp of a block runs in a
     thread of its own, the block's gpu.barrier a barrier of those threads (a kernel whose warps take loops or
     branches of their own between barriers: flash-mma-lazy-rescale's warps leave its hot loop at tiles of their
-    own), instead of one lockstep group; the warps take turns, one running up to its next barrier (_WarpTurns)."""
+    own), instead of one lockstep group; the warps take turns, one running up to its next barrier (_WarpTurns).
+    `workgroup_fill`: the value the `workgroup` buffers start with in each block (NaN: a kernel that reads what it
+    did not write, or relies on zeros it did not store, shows it)."""
     block_args = body[0][0]
     dims = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
     for z in range(dims[2]):
         for y in range(dims[1]):
             for b in range(dims[0]):
                 smem = [np.zeros(smem_shape, dtype=np.float32)] if smem_shape else []
-                smem += [np.zeros(shape, dtype=dt) for shape, dt in workgroup]
+                smem += [np.full(shape, workgroup_fill, dtype=dt) for shape, dt in workgroup]
                 dyn = np.zeros(dynamic_smem, dtype=np.uint8)
                 if warp_threads:
                     _run_warp_threads(body, args + smem, block_dim, memory, b, (y, z), dims, dyn, async_copies)
