@@ -12,7 +12,9 @@ same inputs, baselines (bench/baselines.py) and output checks as the CPU suite. 
   by a device synchronization (our compiled functions synchronize their stream before returning; torch's get
   ``torch.cuda.synchronize()``); for ours it includes the stream-ordered allocation of the results.
 * ``*_kernel_us``: GPU time of the kernels (and memsets/copies) of one call, from torch.profiler (CUPTI sees the
-  kernels our library launches through the driver API as well), and the number of kernels per call.
+  kernels our library launches through the driver API as well), and the number of kernels per call; for ours
+  each kernel's share (``per_kernel_us``: an op of several kernels, e.g. attention_posterior's entropy, head
+  means and mixing, says which one its time goes to).
 
 Roofline (topk_renorm): bytes = T*K*4 (f32 scores read) + T*k*4 (weights) + T*k*4 (i32 indices) over our kernel
 time, against the datasheet HBM bandwidth (H100 SXM 3.35 TB/s, H200 4.8 TB/s) and against a measured
@@ -166,8 +168,13 @@ def kernel_time(fn, after=None, reps=20) -> dict:
         return {"error": "the profiler saw no device events"}
     total_us = sum(e.time_range.elapsed_us() for e in evs)
     names = sorted({e.name for e in evs})
+    per_kernel: dict[str, float] = {}
+    for e in evs:
+        per_kernel[e.name[:80]] = per_kernel.get(e.name[:80], 0.0) + e.time_range.elapsed_us() / reps
     return {"kernel_us": total_us / reps, "kernels_per_call": len(evs) / reps,
-            "names": [n[:80] for n in names[:8]]}
+            "names": [n[:80] for n in names[:8]],
+            # each kernel's share of a call (an op of several kernels: which one the time goes to)
+            "per_kernel_us": dict(sorted(per_kernel.items(), key=lambda kv: -kv[1])[:12])}
 
 
 def time_into(rec: dict, key: str, fn, after=None, reps: int = 50) -> None:
@@ -310,6 +317,14 @@ def markdown(doc: dict) -> str:
                      f"{f(r.get('speedup_vs_sdpa'))}x | {f(r.get('speedup_vs_best'))}x | {f(k('ours_kernel'))} | "
                      f"{f(k('torch_kernel'))} | {f(k('torch_compile_kernel'))} | {f(k('sdpa_kernel'))} | "
                      f"{f(r.get('kernel_speedup'))}x | {chk} |")
+    several = [r for r in doc["records"]
+               if isinstance(r.get("ours_kernel"), dict) and len(r["ours_kernel"].get("per_kernel_us") or {}) > 1]
+    if several:
+        lines += ["", "## Our calls of several kernels: GPU time per kernel (us per call, largest first)", "",
+                  "| case | kernels |", "|---|---|"]
+        for r in several:
+            parts = ", ".join(f"{n} {us:.3g}" for n, us in r["ours_kernel"]["per_kernel_us"].items())
+            lines.append(f"| {r['case']} | {parts} |")
     roof = [r for r in doc["records"] if "ours_roofline_fraction" in r]
     if roof:
         lines += ["", "## HBM roofline: topk_renorm (bytes = T*K*4 + 2*T*k*4)", "",

@@ -5,15 +5,15 @@
 // head_select = min_entropy, in four kernels on one stream:
 //
 //  1. attention_entropy: grid (ceil(N/16), H, B), a warp per query row (4
-//     rows each): a max pass and a pass accumulating Z = Σ exp(s - max) and
-//     A = Σ exp(s - max)(s - max) (masked keys skipped: 0 log 0 = 0), so the
-//     row entropy is log Z - A / Z; rows whose keys are all masked are left
-//     out. Each block writes its partial (sum, count) per (b, h) in a fixed
+//     rows each), one pass over the scores with an online max: Z = Σ exp(s -
+//     max) and A = Σ exp(s - max)(s - max) (masked keys skipped: 0 log 0 =
+//     0), so the row entropy is log Z - A / Z; rows whose keys are all masked
+//     are left out. Each block writes its partial (sum, count) per (b, h) in a fixed
 //     warp order: no atomics, deterministic.
 //  2. attention_head_select: a thread per sequence sums the partials in
 //     order, takes the mean per head and the argmin (lowest head on ties, a
 //     NaN mean counts as the minimum) and writes head[b].
-//  3. attention_head_means: a block per 16 keys of a sequence b forms
+//  3. attention_head_means: a block per 8 keys of a sequence b forms
 //     m_j = head_scale · v[b,h*,j,:] · wo[:, h*·Dh:(h*+1)·Dh]^T and the bias
 //     -‖m_j‖² / (2σ²), reading h* from device memory; wo's slice staged
 //     through shared memory once for the block's keys.
@@ -30,6 +30,7 @@
 
 #include "FlashTile.h"
 #include "HostCode.h"
+#include "MmaFragments.h"
 #include "Reductions.h"
 #include "Lowerings.h"
 
@@ -44,17 +45,32 @@ using namespace mlir::moe::gpu_lowering;
 static constexpr int64_t kEntropyRowsPerBlock = 16;
 static constexpr int64_t kEntropyThreads = 128;
 // The head means: a block's keys, its threads (a feature each, the features
-// taken kMeansThreads at a time) and the head's columns a step.
-static constexpr int64_t kMeansKeys = 16;
+// taken kMeansThreads at a time) and the head's columns a step. 16 keys a
+// block needed 88 registers where ptxas unrolls a static D = 256 (it took 72
+// and spilled on sm_80); 8 take 40-64 and read wo twice as often, which at
+// 128 bytes a warp load is still a small share of the kernel.
+static constexpr int64_t kMeansKeys = 8;
 static constexpr int64_t kMeansThreads = 128;
 static constexpr int64_t kMeansCols = 32;
 
 /// Kernel 1: partial entropy sums and valid-row counts per (b, h, block)
 /// into sums and counts [B, H, blocks]; `grid` = (blocks, H, B).
+///
+/// A warp takes a row in one pass over its scores: each lane keeps the
+/// online state (m, z, a) of its scores, z = Σ e^(s - m) and
+/// a = Σ e^(s - m)(s - m) over the unmasked ones, taking 4 scores a step (4
+/// coalesced loads, then one rescale to the step's max); a butterfly merges
+/// the lanes' states, and the row's entropy is log z - a / z (-Σ q log q with
+/// q = e^(s - m) / z). The scores are the op's largest operand (B·H·N·Nk):
+/// read once, not once for the max and again for the sums. SASS, sm_90 and
+/// sm_80, Nk = 1024: 10.6 instructions a score in the row loop (the two-pass
+/// kernel before it: 4.25 in its max loop and 17.25 in its sum loop, where
+/// __nv_expf took 8).
 static void launchEntropy(HostCode &host, Value scoresBuf, Value sumsBuf,
                           Value countsBuf, std::array<Value, 3> grid,
                           Location loc) {
   const int64_t warps = kEntropyThreads / kWarp;
+  constexpr int64_t kPerLane = 4;
   Type f32 = host.b.getF32Type();
   GPUKernel kernel(
       host, "attention_entropy", {scoresBuf, sumsBuf, countsBuf},
@@ -71,8 +87,28 @@ static void launchEntropy(HostCode &host, Value scoresBuf, Value sumsBuf,
   Value chunk = kb.blockId(), h = kb.blockId(gpu::Dimension::y),
         b = kb.blockId(gpu::Dimension::z);
   Value N = kb.dim(scores, 2), Nk = kb.dim(scores, 3);
-  Value step = kb.idx(kWarp);
   const int64_t rowsPerWarp = kEntropyRowsPerBlock / warps;
+  // The shift a state moves to: its max, or 0 where every score so far is
+  // masked (-inf - -inf would be NaN).
+  auto shiftOf = [&](Value m) {
+    return kb.select(kb.cmpf(arith::CmpFPredicate::OEQ, m, negInf), zero, m);
+  };
+  // The weights are powers of 2 on the SFU (one MUFU.EX2 each, where
+  // __nv_expf is 8 instructions): e^d = 2^(d log2 e), so a holds its sum in
+  // log2 units, Σ e^d (d log2 e). d = s - shift is formed first (exact for
+  // the scores near the max, where the weights are large) and then scaled.
+  Value log2e = kb.cF32(1.4426950408889634);
+  // (z, a) of a state (m, z, a) moved to the shift `to` >= m: both times
+  // e^(m - to), a plus z (m - to) log2 e first (0 where z is: m may be
+  // -inf).
+  auto moved = [&](Value m, Value z, Value a,
+                   Value to) -> std::pair<Value, Value> {
+    Value diff = kb.fmul(kb.fsub(m, to), log2e);
+    Value r = exp2Approx(kernel.b, diff);
+    Value za = kb.select(kb.cmpf(arith::CmpFPredicate::OGT, z, zero),
+                         kb.fmul(z, diff), zero);
+    return {kb.fmul(r, z), kb.fmul(r, kb.fadd(a, za))};
+  };
   // (One op a statement here and below where a call takes two: in the order
   // the plain (gcc) build has always emitted them; as arguments of one call
   // the order would be the C++ compiler's, and gcc and clang differ.)
@@ -83,26 +119,49 @@ static void launchEntropy(HostCode &host, Value scoresBuf, Value sumsBuf,
   SmallVector<Value> partial = kb.forLoop(
       first, last, kb.idx(1), {zero, zero},
       [&](Value i, ValueRange acc) -> SmallVector<Value> {
-        Value m =
-            kb.forLoop(lane, Nk, step, {negInf},
-                      [&](Value j, ValueRange a) -> SmallVector<Value> {
-                        return {kb.fmax(a[0], kb.loadF(scores, {b, h, i, j}))};
-                      })[0];
-        m = subgroupReduce(kb, m, ReduceKind::Max, kWarp);
-        SmallVector<Value> za =
-            kb.forLoop(lane, Nk, step, {zero, zero},
-                      [&](Value j, ValueRange a) -> SmallVector<Value> {
-                        Value s = kb.loadF(scores, {b, h, i, j});
-                        Value d = kb.fsub(s, m);
-                        Value p = kb.exp(d);
-                        Value masked =
-                            kb.cmpf(arith::CmpFPredicate::OEQ, s, negInf);
-                        Value pd = kb.select(masked, zero, kb.fmul(p, d));
-                        return {kb.fadd(a[0], p), kb.fadd(a[1], pd)};
-                      });
-        Value z = subgroupReduce(kb, za[0], ReduceKind::Sum, kWarp);
-        Value aa = subgroupReduce(kb, za[1], ReduceKind::Sum, kWarp);
-        Value mean = kb.fdiv(aa, z);
+        SmallVector<Value> st = kb.forLoop(
+            kb.idx(0), Nk, kb.idx(kWarp * kPerLane), {negInf, zero, zero},
+            [&](Value j0, ValueRange st) -> SmallVector<Value> {
+              Value base = kb.add(j0, lane);
+              Value c0 = kb.idx(0);
+              SmallVector<Value> s;
+              for (int64_t k = 0; k < kPerLane; ++k) {
+                Value j = kb.add(base, kb.idx(k * kWarp));
+                Value ok = kb.lt(j, Nk);
+                Value x = kb.loadF(scores, {b, h, i, kb.select(ok, j, c0)});
+                s.push_back(kb.select(ok, x, negInf));
+              }
+              Value top = st[0];
+              for (Value x : s)
+                top = kb.fmax(top, x);
+              Value to = shiftOf(top);
+              auto [z, a] = moved(st[0], st[1], st[2], to);
+              for (Value x : s) {
+                Value d = kb.fmul(kb.fsub(x, to), log2e);
+                Value p = exp2Approx(kernel.b, d);
+                Value masked = kb.cmpf(arith::CmpFPredicate::OEQ, x, negInf);
+                z = kb.fadd(z, p);
+                a = kb.select(masked, a, kb.fma(p, d, a));
+              }
+              return {top, z, a};
+            });
+        // The lanes' states merged by a butterfly (every lane gets the
+        // row's).
+        Value m = st[0], z = st[1], a = st[2];
+        for (int64_t offset = 1; offset < kWarp; offset *= 2) {
+          Value mo = kb.shuffleXor(m, offset);
+          Value zo = kb.shuffleXor(z, offset);
+          Value ao = kb.shuffleXor(a, offset);
+          Value top = kb.fmax(m, mo);
+          Value to = shiftOf(top);
+          auto [z1, a1] = moved(m, z, a, to);
+          auto [z2, a2] = moved(mo, zo, ao, to);
+          m = top;
+          z = kb.fadd(z1, z2);
+          a = kb.fadd(a1, a2);
+        }
+        // ln z - (Σ p d) / z, the second sum in log2 units.
+        Value mean = kb.fmul(kb.fdiv(a, z), kb.cF32(0.6931471805599453));
         Value ent = kb.fsub(kb.log(z), mean);
         Value valid = kb.cmpf(arith::CmpFPredicate::UNE, m, negInf);
         return {kb.fadd(acc[0], kb.select(valid, ent, zero)),
@@ -167,7 +226,7 @@ static void launchHeadSelect(HostCode &h, Value sumsBuf, Value countsBuf,
 /// transposed into shared memory (a warp reads one row's 32 consecutive
 /// columns: one coalesced load) and the keys' v columns beside it, then a
 /// thread takes its feature's column of wo once a column for all the block's
-/// keys (16 FMAs a shared load of wo, the keys' values in 4 16-byte shared
+/// keys (8 FMAs a shared load of wo, the keys' values in 2 16-byte shared
 /// loads). Then the wo slice is read from L2 once per kMeansKeys keys, in
 /// whole lines; a block a key with a thread a feature (before) read it once a
 /// key, each load of a warp touching 32 lines (a row of wo each): one L1
@@ -176,8 +235,8 @@ static void launchHeadSelect(HostCode &h, Value sumsBuf, Value countsBuf,
 /// multiprocessors).
 ///
 /// A feature's dot product adds its columns in order (c = 0 .. Dh - 1, one
-/// FMA each); the bias's sum of squares adds a thread's features in order,
-/// then the lanes' butterfly, then the warps in warp order: deterministic.
+/// FMA each); the bias's sum of squares adds, per warp, its steps' butterflies
+/// over the lanes in order, then the warps in warp order: deterministic.
 void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
                                               Value woBuf, Value headBuf,
                                               Value meansBuf, Value biasBuf,
@@ -186,7 +245,7 @@ void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
   constexpr int64_t warps = kMeansThreads / kWarp;
   constexpr int64_t keysPerWarp = kMeansKeys / warps;
   static_assert(kMeansCols == kWarp, "a warp stages one row's columns");
-  static_assert(kMeansKeys % warps == 0 && kMeansKeys % 4 == 0);
+  static_assert(kMeansKeys % (2 * warps) == 0 && kMeansKeys % 4 == 0);
   Type f32 = host.b.getF32Type();
   GPUKernel kernel(
       host, "attention_head_means", {vBuf, woBuf, headBuf, meansBuf, biasBuf},
@@ -218,10 +277,15 @@ void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
   Type meanElt = cast<MemRefType>(m.getType()).getElementType();
   auto vec4 = VectorType::get({4}, f32);
 
-  SmallVector<Value> sq0(kMeansKeys, zero);
-  SmallVector<Value> sq = kb.forLoop(
-      c0i, D, kb.idx(kMeansThreads), sq0,
-      [&](Value d0, ValueRange sqIn) -> SmallVector<Value> {
+  // The warps' partial sums of squares start at 0 (before any warp adds).
+  kb.ifThen(kb.lt(tid, kb.idx(warps * kMeansKeys)), [&] {
+    Value w = kb.divu(tid, kb.idx(kMeansKeys));
+    Value jj = kb.remu(tid, kb.idx(kMeansKeys));
+    kb.store(zero, partial, {w, jj});
+  });
+  kb.barrier();
+  kb.forLoop(
+      c0i, D, kb.idx(kMeansThreads), [&](Value d0) {
         SmallVector<Value> acc0(kMeansKeys, zero);
         SmallVector<Value> acc = kb.forLoop(
             c0i, Dh, kb.idx(kMeansCols), acc0,
@@ -230,36 +294,45 @@ void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
               kb.barrier();
               Value col = kb.add(c0, lane);
               Value colOk = kb.lt(col, Dh);
-              // wo rows d0 + r, r = warp + 4 i, then the keys' columns,
-              // key warp + 4 i; lane = column. Every load is issued before
-              // the first store (one round trip to L2 a step, not one a
-              // row); a bound's loads read element 0 and store zeros.
-              SmallVector<std::pair<Value, Value>> staged; // (value, ok)
-              SmallVector<std::tuple<Value, Value, Value>> at; // buf, row, col
+              // wo rows d0 + r, r = warp + 4 i, and the keys' columns, key
+              // warp + 4 i; lane = column. In two rounds, each issuing its
+              // 17 loads before its first store (a round trip to L2 a
+              // round, not one a row, and fewer values live than all 34 at
+              // once). A bound's loads read element 0 and store zeros.
               Value woCol = kb.add(colBase, col);
-              for (int64_t i = 0; i < kMeansThreads / warps; ++i) {
-                Value r = kb.add(warp, kb.idx(warps * i));
-                Value row = kb.add(d0, r);
-                Value ok = kb.andI(kb.lt(row, D), colOk);
-                staged.push_back(
-                    {kb.loadF(wo, {kb.select(ok, row, c0i),
-                                   kb.select(ok, woCol, c0i)}),
-                     ok});
-                at.push_back({woT, lane, r});
+              constexpr int64_t rounds = 2;
+              constexpr int64_t rowsPerRound = kMeansThreads / warps / rounds;
+              constexpr int64_t keysPerRound = keysPerWarp / rounds;
+              for (int64_t round = 0; round < rounds; ++round) {
+                SmallVector<std::pair<Value, Value>> staged; // (value, ok)
+                SmallVector<std::tuple<Value, Value, Value>> at; // buf, r, c
+                for (int64_t i = 0; i < rowsPerRound; ++i) {
+                  Value r = kb.add(
+                      warp, kb.idx(warps * (round * rowsPerRound + i)));
+                  Value row = kb.add(d0, r);
+                  Value ok = kb.andI(kb.lt(row, D), colOk);
+                  staged.push_back(
+                      {kb.loadF(wo, {kb.select(ok, row, c0i),
+                                     kb.select(ok, woCol, c0i)}),
+                       ok});
+                  at.push_back({woT, lane, r});
+                }
+                for (int64_t i = 0; i < keysPerRound; ++i) {
+                  Value jj = kb.add(
+                      warp, kb.idx(warps * (round * keysPerRound + i)));
+                  Value key = kb.add(j0, jj);
+                  Value ok = kb.andI(kb.lt(key, Nk), colOk);
+                  staged.push_back(
+                      {kb.loadF(v, {bi, h, kb.select(ok, key, c0i),
+                                    kb.select(ok, col, c0i)}),
+                       ok});
+                  at.push_back({vT, lane, jj});
+                }
+                for (auto [x, where] : llvm::zip_equal(staged, at))
+                  kb.store(kb.select(x.second, x.first, zero),
+                           std::get<0>(where),
+                           {std::get<1>(where), std::get<2>(where)});
               }
-              for (int64_t i = 0; i < keysPerWarp; ++i) {
-                Value jj = kb.add(warp, kb.idx(warps * i));
-                Value key = kb.add(j0, jj);
-                Value ok = kb.andI(kb.lt(key, Nk), colOk);
-                staged.push_back({kb.loadF(v, {bi, h, kb.select(ok, key, c0i),
-                                               kb.select(ok, col, c0i)}),
-                                  ok});
-                at.push_back({vT, lane, jj});
-              }
-              for (auto [x, where] : llvm::zip_equal(staged, at))
-                kb.store(kb.select(x.second, x.first, zero),
-                         std::get<0>(where),
-                         {std::get<1>(where), std::get<2>(where)});
               kb.barrier();
               // Past Dh the staged columns are zeros: the whole chunk is
               // added (0 · 0), so the loop has a constant trip count.
@@ -282,7 +355,6 @@ void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
             });
         Value d = kb.add(d0, tid);
         Value dOk = kb.lt(d, D);
-        SmallVector<Value> sqOut;
         for (int64_t jj = 0; jj < kMeansKeys; ++jj) {
           Value mean = kb.fmul(scale, acc[jj]);
           Value key = kb.add(j0, kb.idx(jj));
@@ -294,18 +366,20 @@ void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
                          : arith::TruncFOp::create(b, meanElt, mean),
                      m, {bi, key, d});
           });
-          sqOut.push_back(
-              kb.fadd(sqIn[jj], kb.select(dOk, kb.fmul(mean, mean), zero)));
+          // The key's sum of squares over the warp's features of this
+          // step (a butterfly), added to the warp's partial by its lane 0.
+          // Per step rather than carried over the steps in 16 registers a
+          // thread: with them ptxas spilled at D = 512 on sm_80.
+          Value sq = subgroupReduce(
+              kb, kb.select(dOk, kb.fmul(mean, mean), zero), ReduceKind::Sum,
+              kWarp);
+          kb.ifThen(kb.eq(lane, c0i), [&] {
+            Value was = kb.load(partial, {warp, kb.idx(jj)});
+            kb.store(kb.fadd(was, sq), partial, {warp, kb.idx(jj)});
+          });
         }
-        return sqOut;
       });
-  // The keys' sums of squares: a butterfly over the lanes, then the warps
-  // in order by the thread of the key.
-  for (int64_t jj = 0; jj < kMeansKeys; ++jj) {
-    Value s = subgroupReduce(kb, sq[jj], ReduceKind::Sum, kWarp);
-    kb.ifThen(kb.eq(lane, c0i),
-              [&] { kb.store(s, partial, {warp, kb.idx(jj)}); });
-  }
+  // The keys' sums over the warps, in order, by the thread of the key.
   kb.barrier();
   Value key = kb.add(j0, tid);
   kb.ifThen(kb.andI(kb.lt(tid, kb.idx(kMeansKeys)), kb.lt(key, Nk)), [&] {

@@ -330,7 +330,7 @@ void launchRowProjection(class HostCode &h, StringRef name, Value x, Value w,
                          Location loc);
 
 /// The head means of attention_posterior (AttentionPosterior.cpp), a block
-/// per 16 keys of a sequence b: means[b,j,:] = c · v[b,h*,j,:] · wo[:, h*·Dh:(h*+1)·Dh]^T
+/// per 8 keys of a sequence b: means[b,j,:] = c · v[b,h*,j,:] · wo[:, h*·Dh:(h*+1)·Dh]^T
 /// with h* = head[b] read on the device and c = `headScale` (H, the dim 1
 /// of v, when absent), and bias[b,j] = -‖means[b,j,:]‖² / (2 sigma²) (f32,
 /// from the f32 means). `means` is f32, or the tensor-core kernel's operand

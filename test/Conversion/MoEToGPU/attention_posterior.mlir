@@ -5,8 +5,19 @@
 // means with their bias, then the flash posterior reading h* from device
 // memory; the fused op selects the experts in the flash epilogue.
 
+// The entropy: a warp a row in one pass over its scores, 128 a step (4
+// loads a lane), each lane's online (max, sum, weighted sum) in the step
+// loop's carried values, the weights on the SFU (ex2.approx), then the lanes'
+// states merged by a butterfly of three shuffles a step.
 // CHECK-LABEL: gpu.module @moe_kernels
-// CHECK: gpu.func @attention_entropy_0(%{{.*}}: memref<2x8x128x128xf32>, %{{.*}}: memref<?x?x?xf32>, %{{.*}}: memref<?x?x?xf32>) workgroup(
+// CHECK: gpu.func @attention_entropy_0(%[[S:[^:]+]]: memref<2x8x128x128xf32>, %{{.*}}: memref<?x?x?xf32>, %{{.*}}: memref<?x?x?xf32>) workgroup(
+// CHECK: scf.for {{.*}} step %c128 iter_args({{.*}}) -> (f32, f32, f32)
+// CHECK-COUNT-4: memref.load %[[S]]
+// CHECK-NOT: memref.load %[[S]]
+// CHECK-COUNT-5: llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f"
+// CHECK: scf.yield
+// CHECK-NOT: memref.load %[[S]]
+// CHECK-COUNT-3: gpu.shuffle  xor %{{.+}}, %c1_i32
 // CHECK: math.log
 // CHECK: gpu.barrier
 // CHECK: gpu.func @attention_head_select_0(

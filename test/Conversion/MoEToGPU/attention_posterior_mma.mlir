@@ -12,24 +12,29 @@
 // row's offset computed once), keys past Nk clamped for the loads and -inf.
 // Off by default (no GPU run has checked it yet): the scalar kernel runs.
 
-// The head means: a block per 16 keys; wo's slice staged transposed in
+// The head means: a block per 8 keys; wo's slice staged transposed in
 // shared memory (a warp loads one row's consecutive columns, lane = column),
-// then a thread's feature takes one shared load of wo a column for the 16
+// then a thread's feature takes one shared load of wo a column for the 8
 // keys, whose values come in 16-byte shared loads.
 // CHECK-LABEL: gpu.func @attention_head_means_0
-// CHECK-SAME: (%{{[^:]+}}: memref<2x4x70x16xf16>, %[[WO:[^:]+]]: memref<64x64xf16>, %{{[^:]+}}: memref<2xi32>, %[[M:[^:]+]]: memref<?x?x64xf16>, %[[BIASOUT:[^:]+]]: memref<?x?xf32>)
-// CHECK-SAME: workgroup(%[[WOT:[^ ]+]] : memref<32x129xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[VT:[^ ]+]] : memref<32x16xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %{{[^ ]+}} : memref<4x16xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
+// CHECK-SAME: (%[[V:[^:]+]]: memref<2x4x70x16xf16>, %[[WO:[^:]+]]: memref<64x64xf16>, %{{[^:]+}}: memref<2xi32>, %[[M:[^:]+]]: memref<?x?x64xf16>, %[[BIASOUT:[^:]+]]: memref<?x?xf32>)
+// CHECK-SAME: workgroup(%[[WOT:[^ ]+]] : memref<32x129xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[VT:[^ ]+]] : memref<32x8xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %{{[^ ]+}} : memref<4x8xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // CHECK: %[[LANE:.+]] = arith.remui %thread_id_x, %c32
+// A step's staging in two rounds, each issuing its loads (16 rows of wo,
+// a key's columns of v) before its stores.
 // CHECK: gpu.barrier
-// CHECK: scf.for %[[R:.+]] = %{{.+}} to %c128{{.*}} step %c4
-// CHECK: memref.load %[[WO]]
-// CHECK: memref.store %{{.+}}, %[[WOT]][%[[LANE]], %[[R]]]
+// CHECK-COUNT-16: memref.load %[[WO]]
+// CHECK-NOT: memref.store
+// CHECK: memref.load %[[V]]
+// CHECK-NOT: memref.load
+// CHECK: memref.store %{{.+}}, %[[WOT]][%[[LANE]], %{{.+}}]
+// CHECK-COUNT-16: memref.load %[[WO]]
 // CHECK: gpu.barrier
 // CHECK: scf.for %[[C:[^ ]+]] = %{{.+}} to %c32
 // CHECK-NEXT: memref.load %[[WOT]][%[[C]], %thread_id_x]
 // CHECK-NEXT: arith.constant 0 : index
 // CHECK-NEXT: vector.load %[[VT]][%[[C]], %{{.+}}] {alignment = 16 : i64} : {{.+}}, vector<4xf32>
-// CHECK-COUNT-16: math.fma
+// CHECK-COUNT-8: math.fma
 // CHECK: %[[MEAN:.+]] = arith.mulf
 // CHECK: %[[H:.+]] = arith.truncf %[[MEAN]] : f32 to f16
 // CHECK: memref.store %[[H]], %[[M]]
