@@ -829,11 +829,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     }
     for (int64_t c = 0; c < chunks; ++c)
       for (int64_t nb = 0; nb < keyBlocks; nb += 2) {
-        // Matrices: (keys nb, features lo), (nb, hi), (nb+1, lo),
-        // (nb+1, hi).
-        Value row = kb.add(kb.idx(nb * 8), kb.add(ldRow, kb.mul(kb.divu(ldSel, kb.idx(2)), kb.idx(8))));
-        Value col = kb.add(kb.idx(16 * c), kb.mul(kb.remu(ldSel, kb.idx(2)), kb.idx(8)));
-        Value kf = m.ldmatrix(keyTile, row, col, 4, /*transpose=*/false);
+        Value kf = m.keyFragments(keyTile, nb * 8, 16 * c, ldRow, ldSel);
         for (int64_t t = 0; t < T; ++t) {
           SmallVector<Value> &lo = s[t * keyBlocks + nb];
           SmallVector<Value> &hi = s[t * keyBlocks + nb + 1];
@@ -860,12 +856,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       SmallVector<Value> pFrag = pFragOf(kc);
       for (int64_t eb = 0; eb < expertBlocks; eb += 2) {
         bool pair = eb + 1 < expertBlocks;
-        // Matrices: (keys lo, experts eb), (keys hi, eb), then eb + 1.
-        Value sel = pair ? ldSel : kb.remu(ldSel, kb.idx(2));
-        Value row = kb.add(kb.idx(16 * kc),
-                          kb.add(ldRow, kb.mul(kb.remu(sel, kb.idx(2)), kb.idx(8))));
-        Value col = kb.add(kb.idx(eb * 8), kb.mul(kb.divu(sel, kb.idx(2)), kb.idx(8)));
-        Value vf = m.ldmatrix(valueTile, row, col, pair ? 4 : 2, /*transpose=*/true);
+        Value vf =
+            m.valueFragments(valueTile, 16 * kc, eb, pair, ldRow, ldSel);
         for (int64_t h = 0; h < (pair ? 2 : 1); ++h)
           for (int64_t t = 0; t < T; ++t) {
             int64_t at = t * accCount + (eb + h) * 4;
@@ -884,13 +876,6 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
           std::copy(d.begin(), d.end(), acc.begin() + at);
         }
     }
-  };
-  // P's A operand, two probabilities of a row at a time rounded as one pair
-  // (base2: cvt.rn.{bf16x2,f16x2}.f32, one instruction for two scores).
-  auto toPair = [&](Value lo, Value hi) {
-    Value pair = vector::FromElementsOp::create(
-        b, m.vec({2}, b.getF32Type()), ValueRange{lo, hi});
-    return arith::TruncFOp::create(b, m.vec({2}, elt), pair);
   };
   auto keyTile = [&](bool checked) {
     return [&, checked](Value j0, ValueRange carried) -> SmallVector<Value> {
@@ -1064,7 +1049,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
                 Value lo = probs[2 * t + r][(2 * kc + half) * 2];
                 Value hi = probs[2 * t + r][(2 * kc + half) * 2 + 1];
                 if (base2) {
-                  pairs.push_back(toPair(lo, hi));
+                  pairs.push_back(m.roundPair(lo, hi));
                   continue;
                 }
                 pe.push_back(toElt(lo));
@@ -1158,7 +1143,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
             for (int r = 0; r < 2; ++r) {
               int64_t col = (2 * kc + half) * 2;
               pairs.push_back(
-                  toPair(weight(t, r, col), weight(t, r, col + 1)));
+                  m.roundPair(weight(t, r, col), weight(t, r, col + 1)));
             }
       return pairs;
     };

@@ -410,22 +410,13 @@ static void emitPairs(GPUKernel &k, const FlashMixSpec &spec,
   Value scale = kb.cF32(kLog2E / spec.scaleDiv);
   Value toDot = kb.cF32(-spec.scaleDiv / kLog2E);
   Value negInf = arith::NegFOp::create(b, inf);
-  auto toPair = [&](Value x, Value y) {
-    Value pair = vector::FromElementsOp::create(
-        b, m.vec({2}, b.getF32Type()), ValueRange{x, y});
-    return arith::TruncFOp::create(b, m.vec({2}, elt), pair);
-  };
   // B operands of V (rows = keys, k) at rows [16 kc, 16 kc + 16) of `tile`:
   // ldmatrix.trans, two 8-column blocks a load.
   auto valueFrags = [&](Value tileBuf, int64_t kc) {
     SmallVector<Value> frags;
     for (int64_t eb = 0; eb < wBlocks; eb += 2) {
       bool pair = eb + 1 < wBlocks;
-      Value sel = pair ? ldSel : kb.remu(ldSel, c2);
-      Value row = kb.add(kb.idx(16 * kc),
-                         kb.add(ldRow, kb.mul(kb.remu(sel, c2), kb.idx(8))));
-      Value col = kb.add(kb.idx(eb * 8), kb.mul(kb.divu(sel, c2), kb.idx(8)));
-      Value vf = m.ldmatrix(tileBuf, row, col, pair ? 4 : 2, /*transpose=*/true);
+      Value vf = m.valueFragments(tileBuf, 16 * kc, eb, pair, ldRow, ldSel);
       frags.push_back(m.rows(vf, 0, 2));
       if (pair)
         frags.push_back(m.rows(vf, 2, 2));
@@ -498,10 +489,7 @@ static void emitPairs(GPUKernel &k, const FlashMixSpec &spec,
         }
         for (int64_t c = 0; c < chunks; ++c)
           for (int64_t nb = 0; nb < 8; nb += 2) {
-            Value row = kb.add(kb.idx(nb * 8),
-                               kb.add(ldRow, kb.mul(kb.divu(ldSel, c2), kb.idx(8))));
-            Value col = kb.add(kb.idx(16 * c), kb.mul(kb.remu(ldSel, c2), kb.idx(8)));
-            Value kf = m.ldmatrix(ks, row, col, 4, /*transpose=*/false);
+            Value kf = m.keyFragments(ks, nb * 8, 16 * c, ldRow, ldSel);
             for (int64_t t = 0; t < 2; ++t) {
               s[t * 8 + nb] = m.mma(qFrag[t * chunks + c], m.rows(kf, 0, 2),
                                     s[t * 8 + nb]);
@@ -521,7 +509,7 @@ static void emitPairs(GPUKernel &k, const FlashMixSpec &spec,
                 p[x] = exp2Approx(
                     b, kb.fma(s[t * 8 + nb][2 * r + x], scale, negH[2 * t + r]));
               }
-              pairs[(t * 2 + r) * 8 + nb] = toPair(p[0], p[1]);
+              pairs[(t * 2 + r) * 8 + nb] = m.roundPair(p[0], p[1]);
             }
         // Rows of I: acc_I += A V'_J, A's A operand per 16 keys kc from key
         // blocks 2 kc and 2 kc + 1.

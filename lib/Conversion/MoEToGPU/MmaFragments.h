@@ -72,6 +72,40 @@ struct Mma {
                                      ValueRange{row, col}, transpose,
                                      static_cast<uint32_t>(tiles));
   }
+  // The flash kernels' tiles in shared memory have a row per key (keys:
+  // its features; values: its experts). ldmatrix's lanes give the addresses:
+  // lane l row `ldRow` = l % 8 of matrix `ldSel` = l / 8.
+
+  /// The B operands of the logits S = Q K^T for the 16 keys at rows [key0,
+  /// key0 + 16) of `tile` and the 16 features at columns [feat0, feat0 +
+  /// 16): ldmatrix.x4 of the matrices (keys key0.., features lo), (key0..,
+  /// hi), (key0 + 8.., lo), (key0 + 8.., hi). rows(f, 0, 2) is the first 8
+  /// keys' operand, rows(f, 2, 2) the next 8 keys'.
+  Value keyFragments(Value tile, int64_t key0, int64_t feat0, Value ldRow,
+                     Value ldSel) {
+    Value row = kb.add(kb.idx(key0), kb.add(ldRow, kb.mul(kb.divu(ldSel, kb.idx(2)), kb.idx(8))));
+    Value col = kb.add(kb.idx(feat0), kb.mul(kb.remu(ldSel, kb.idx(2)), kb.idx(8)));
+    return ldmatrix(tile, row, col, 4, /*transpose=*/false);
+  }
+  /// The B operands of P V for the 16 keys at rows [key0, key0 + 16) of
+  /// `tile` and the 8-column block at column 8·eb, with the block eb + 1
+  /// too where `pair`: ldmatrix.trans, x4 (x2 without the pair) of the
+  /// matrices (keys lo, eb), (keys hi, eb), then eb + 1's. rows(f, 0, 2) is
+  /// block eb's operand, rows(f, 2, 2) block eb + 1's.
+  Value valueFragments(Value tile, int64_t key0, int64_t eb, bool pair,
+                       Value ldRow, Value ldSel) {
+    Value sel = pair ? ldSel : kb.remu(ldSel, kb.idx(2));
+    Value row = kb.add(kb.idx(key0), kb.add(ldRow, kb.mul(kb.remu(sel, kb.idx(2)), kb.idx(8))));
+    Value col = kb.add(kb.idx(eb * 8), kb.mul(kb.divu(sel, kb.idx(2)), kb.idx(8)));
+    return ldmatrix(tile, row, col, pair ? 4 : 2, /*transpose=*/true);
+  }
+  /// Two f32 values rounded as one pair of `elt` (an A operand's register:
+  /// cvt.rn.{bf16x2,f16x2}.f32, one instruction for both).
+  Value roundPair(Value lo, Value hi) {
+    Value pair = vector::FromElementsOp::create(
+        b, vec({2}, b.getF32Type()), ValueRange{lo, hi});
+    return arith::TruncFOp::create(b, vec({2}, elt), pair);
+  }
   /// A 32-bit register of row `r` of a fragment (bf16: nvvm.mma.sync takes
   /// the packed pairs as i32).
   Value packed(Value frag, int64_t r) {
