@@ -306,27 +306,22 @@ void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
               for (int64_t round = 0; round < rounds; ++round) {
                 SmallVector<std::pair<Value, Value>> staged; // (value, ok)
                 SmallVector<std::tuple<Value, Value, Value>> at; // buf, r, c
-                for (int64_t i = 0; i < rowsPerRound; ++i) {
-                  Value r = kb.add(
-                      warp, kb.idx(warps * (round * rowsPerRound + i)));
-                  Value row = kb.add(d0, r);
-                  Value ok = kb.andI(kb.lt(row, D), colOk);
-                  staged.push_back(
-                      {kb.loadF(wo, {kb.select(ok, row, c0i),
-                                     kb.select(ok, woCol, c0i)}),
-                       ok});
-                  at.push_back({woT, lane, r});
-                }
-                for (int64_t i = 0; i < keysPerRound; ++i) {
-                  Value jj = kb.add(
-                      warp, kb.idx(warps * (round * keysPerRound + i)));
-                  Value key = kb.add(j0, jj);
-                  Value ok = kb.andI(kb.lt(key, Nk), colOk);
-                  staged.push_back(
-                      {kb.loadF(v, {bi, h, kb.select(ok, key, c0i),
-                                    kb.select(ok, col, c0i)}),
-                       ok});
-                  at.push_back({vT, lane, jj});
+                // The round's rows of wo's chunk (r: feature d0 + r), then
+                // its keys (r: key j0 + r).
+                for (int64_t i = 0; i < rowsPerRound + keysPerRound; ++i) {
+                  bool isKey = i >= rowsPerRound;
+                  int64_t per = isKey ? keysPerRound : rowsPerRound;
+                  int64_t n = isKey ? i - rowsPerRound : i;
+                  Value r = kb.add(warp, kb.idx(warps * (round * per + n)));
+                  Value item = kb.add(isKey ? j0 : d0, r);
+                  Value ok = kb.andI(kb.lt(item, isKey ? Nk : D), colOk);
+                  Value x =
+                      isKey ? kb.loadF(v, {bi, h, kb.select(ok, item, c0i),
+                                           kb.select(ok, col, c0i)})
+                            : kb.loadF(wo, {kb.select(ok, item, c0i),
+                                            kb.select(ok, woCol, c0i)});
+                  staged.push_back({x, ok});
+                  at.push_back({isKey ? vT : woT, lane, r});
                 }
                 for (auto [x, where] : llvm::zip_equal(staged, at))
                   kb.store(kb.select(x.second, x.first, zero),
