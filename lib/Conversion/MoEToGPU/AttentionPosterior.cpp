@@ -8,8 +8,8 @@
 //     rows each), one pass over the scores with an online max: Z = Σ exp(s -
 //     max) and A = Σ exp(s - max)(s - max) (masked keys skipped: 0 log 0 =
 //     0), so the row entropy is log Z - A / Z; rows whose keys are all masked
-//     are left out. Each block writes its partial (sum, count) per (b, h) in a fixed
-//     warp order: no atomics, deterministic.
+//     are left out. Each block writes its partial (sum, count) per (b, h) in
+//     a fixed warp order: no atomics, deterministic.
 //  2. attention_head_select: a thread per sequence sums the partials in
 //     order, takes the mean per head and the argmin (lowest head on ties, a
 //     NaN mean counts as the minimum) and writes head[b].
@@ -30,7 +30,6 @@
 
 #include "FlashTile.h"
 #include "HostCode.h"
-#include "MmaFragments.h"
 #include "Reductions.h"
 #include "Lowerings.h"
 
@@ -303,9 +302,13 @@ void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
               constexpr int64_t rounds = 2;
               constexpr int64_t rowsPerRound = kMeansThreads / warps / rounds;
               constexpr int64_t keysPerRound = keysPerWarp / rounds;
+              // A load in flight: its value, whether it was in bounds, and
+              // where it goes (shared row `lane`, column r of `buf`).
+              struct Staged {
+                Value x, ok, buf, r;
+              };
               for (int64_t round = 0; round < rounds; ++round) {
-                SmallVector<std::pair<Value, Value>> staged; // (value, ok)
-                SmallVector<std::tuple<Value, Value, Value>> at; // buf, r, c
+                SmallVector<Staged> staged;
                 // The round's rows of wo's chunk (r: feature d0 + r), then
                 // its keys (r: key j0 + r).
                 for (int64_t i = 0; i < rowsPerRound + keysPerRound; ++i) {
@@ -320,13 +323,10 @@ void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
                                            kb.select(ok, col, c0i)})
                             : kb.loadF(wo, {kb.select(ok, item, c0i),
                                             kb.select(ok, woCol, c0i)});
-                  staged.push_back({x, ok});
-                  at.push_back({isKey ? vT : woT, lane, r});
+                  staged.push_back({x, ok, isKey ? vT : woT, r});
                 }
-                for (auto [x, where] : llvm::zip_equal(staged, at))
-                  kb.store(kb.select(x.second, x.first, zero),
-                           std::get<0>(where),
-                           {std::get<1>(where), std::get<2>(where)});
+                for (const Staged &l : staged)
+                  kb.store(kb.select(l.ok, l.x, zero), l.buf, {lane, l.r});
               }
               kb.barrier();
               // Past Dh the staged columns are zeros: the whole chunk is
@@ -369,8 +369,9 @@ void mlir::moe::gpu_lowering::launchHeadMeans(HostCode &host, Value vBuf,
               kb, kb.select(dOk, kb.fmul(mean, mean), zero), ReduceKind::Sum,
               kWarp);
           kb.ifThen(kb.eq(lane, c0i), [&] {
-            Value was = kb.load(partial, {warp, kb.idx(jj)});
-            kb.store(kb.fadd(was, sq), partial, {warp, kb.idx(jj)});
+            Value at = kb.idx(jj);
+            Value was = kb.load(partial, {warp, at});
+            kb.store(kb.fadd(was, sq), partial, {warp, at});
           });
         }
       });

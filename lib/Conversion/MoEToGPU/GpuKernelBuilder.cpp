@@ -49,6 +49,13 @@ static Value toF32(GpuKernelBuilder &kb, Value v) {
   return v.getType().isF32() ? v : arith::ExtFOp::create(kb.b, kb.f32(), v);
 }
 
+Value mlir::moe::gpu_lowering::exp2Approx(ImplicitLocOpBuilder &b, Value x) {
+  return LLVM::CallIntrinsicOp::create(
+             b, b.getF32Type(), b.getStringAttr("llvm.nvvm.ex2.approx.ftz.f"),
+             ValueRange{x})
+      .getResult(0);
+}
+
 /// The 16 bytes at `address` (an index: a generic address of global memory,
 /// 16-byte aligned) as the f32 values of its 16 / sizeof(elt) elements: one
 /// ld.global.nc.v4.b32 (LDG.E.128.CONSTANT; the scores are read-only in the

@@ -54,6 +54,11 @@ MemRefType workgroupMemRef(ArrayRef<int64_t> shape, Type elementType);
 /// ld.global.nc.v4.b32.
 SmallVector<Value> loadGlobal16(GpuKernelBuilder &kb, Value address, Type elt);
 
+/// 2^x on the SFU: ex2.approx.ftz.f32, one MUFU.EX2 (math.exp2 becomes
+/// libdevice's __nv_exp2f, which without FTZ scales subnormal inputs and
+/// results around it: 4 instructions).
+Value exp2Approx(ImplicitLocOpBuilder &b, Value x);
+
 /// Records, from a kernel, that element `position` of the index operand of op
 /// `opCode` (MoE/Kernels/IndexErrors.h) holds `value`, outside [0, bound): the
 /// first error wins the flag (cmpxchg) and writes the details. `word` is the

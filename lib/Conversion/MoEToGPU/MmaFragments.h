@@ -148,16 +148,6 @@ struct Mma {
   }
 };
 
-/// 2^x on the SFU: ex2.approx.ftz.f32, one MUFU.EX2 (math.exp2 becomes
-/// libdevice's __nv_exp2f, which without FTZ scales subnormal inputs and
-/// results around it: 4 instructions).
-inline Value exp2Approx(ImplicitLocOpBuilder &b, Value x) {
-  return LLVM::CallIntrinsicOp::create(b, b.getF32Type(),
-                                       b.getStringAttr("llvm.nvvm.ex2.approx.ftz.f"),
-                                       ValueRange{x})
-      .getResult(0);
-}
-
 } // namespace mlir::moe::gpu_lowering
 
 #endif // MOE_LIB_CONVERSION_MOETOGPU_MMAFRAGMENTS_H

@@ -166,14 +166,6 @@ mlir::moe::gpu_lowering::routeLanesMapOf(int64_t E, const RouteSpec &spec,
   return m;
 }
 
-/// 2^x on the SFU (ex2.approx.ftz.f32: one MUFU.EX2).
-static Value exp2Approx(GpuKernelBuilder &kb, Value x) {
-  return LLVM::CallIntrinsicOp::create(
-             kb.b, kb.f32(), kb.b.getStringAttr("llvm.nvvm.ex2.approx.ftz.f"),
-             ValueRange{x})
-      .getResult(0);
-}
-
 /// 1 / x on the SFU (rcp.approx.ftz.f32: one MUFU.RCP).
 static Value rcpApprox(GpuKernelBuilder &kb, Value x) {
   return LLVM::CallIntrinsicOp::create(
@@ -187,7 +179,7 @@ static Value rcpApprox(GpuKernelBuilder &kb, Value x) {
 /// 2^-126, x < -87.3, flush to 0).
 static Value fastSigmoid(GpuKernelBuilder &kb, Value x) {
   Value t = kb.fmul(x, kb.cF32(-1.4426950408889634));
-  return rcpApprox(kb, kb.fadd(kb.cF32(1.0), exp2Approx(kb, t)));
+  return rcpApprox(kb, kb.fadd(kb.cF32(1.0), exp2Approx(kb.b, t)));
 }
 
 Value mlir::moe::gpu_lowering::routeLanesScore(GpuKernelBuilder &kb,
