@@ -163,13 +163,15 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "or 128 (the default; two: each key and value fragment loaded by ldmatrix feeds both tiles' MMAs), with the "
            "staging's 16-byte alignment decided once outside the key loops (the aligned loops' 16-byte loads or "
            "cp.async copies unrolled, issued back to back). 128 applies where the base-2 softmax runs "
-           "(flash-mma-base2 or flash-mma-sum-mma) to similarity_inform and its training forward (not the fused "
-           "top-k or attention_posterior) and both tiles' fragments fit (D = 64; not D = 256)">,
+           "(flash-mma-base2 or flash-mma-sum-mma) to similarity_inform, its training forward and the fused top-k "
+           "(the thread's four rows selected one after another; not attention_posterior) and both tiles' "
+           "fragments fit (D = 64; not D = 256)">,
     Option<"flashMmaKeySplits", "flash-mma-key-splits", "int64_t", /*default=*/"4",
            "with flash-mma-block-rows=128 (where it applies): at most this many blocks (1-16) share a row "
            "block's keys when the grid has fewer than 264 blocks (two blocks on each of 132 multiprocessors; the "
            "splits chosen at run time from B and N): each writes its rows' unnormalized sums, max and sum to a "
-           "workspace and a second kernel combines them in split order (4: the default). 1: no split">,
+           "workspace and a second kernel combines them in split order (for the fused top-k a quad of lanes a row, "
+           "selecting as the kernel's epilogue does; 4: the default). 1: no split">,
     Option<"flashMmaLazyRescale", "flash-mma-lazy-rescale", "bool", /*default=*/"true",
            "with flash-mma-block-rows=128 (where it applies): the whole key tiles run against a stale shift, "
            "each row's max plus a margin (7 for bf16, 2 for f16, in log2 units: FlashAttention-4's conditional "

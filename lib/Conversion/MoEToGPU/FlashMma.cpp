@@ -66,11 +66,14 @@
 // key loops, so the aligned loops stage with straight-line 16-byte loads or
 // cp.async copies (D = 64: 4 + 1 a thread and tile) and no loop or branch.
 // Where both tiles' fragments pass about 200 registers (D = 256) the kernel
-// keeps one row tile. With flash-mma-key-splits=S as well, a grid of fewer
+// keeps one row tile; so does attention_posterior (its per-element loads).
+// The fused top-k's epilogue selects the thread's four rows one after
+// another. With flash-mma-key-splits=S as well, a grid of fewer
 // than 264 blocks (B = 1, N = 16384: 128) has its row blocks' key tiles
 // split over up to S blocks along z (FlashAttention's split-KV / flash
 // decoding): each writes partial rows, a second kernel combines them
-// (launchSplitFlashMixMma).
+// (launchSplitFlashMixMma; for the fused top-k a quad of lanes a row,
+// selecting as the epilogue does: launchSplitTopkCombine).
 //
 // With flash-mma-lazy-rescale as well (issue #47 item 2; off likewise) the
 // whole key tiles run in a hot loop against a stale shift, FlashAttention-4's
@@ -151,10 +154,10 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       asyncStaging && spec.numExperts % 8 == 0 && !spec.hasKeyMask;
   tile.buffers = tile.asyncKeys || tile.asyncValues ? 2 : 1;
   // flash-mma-block-rows=128: two row tiles a warp where the base-2 kernel
-  // runs without a fused top-k or attention_posterior's terms (their
-  // epilogue and per-element loads take one row tile), with the staging's
-  // alignment decided outside the key loops.
-  const bool twoRowTiles = blockRows == 128 && tile.base2 && !spec.topk &&
+  // runs without attention_posterior's terms (their per-element loads take
+  // one row tile), with the staging's alignment decided outside the key
+  // loops. The fused top-k's epilogue takes the rows one after another.
+  const bool twoRowTiles = blockRows == 128 && tile.base2 &&
                            !spec.hasBias && !spec.hasAddScores;
   const int64_t accBlocks = tile.experts / 8 + (tile.sumMma ? 1 : 0);
   // flash-mma-stages=3: a third buffer, the tiles in dynamic shared memory
@@ -172,6 +175,10 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       // kernel of one row tile, staging as before (the hoisted, unrolled
       // staging beside D = 256's fragments spilled 436 bytes on sm_90).
       int64_t regs = 8 * (tile.depth / 16 + cols / 8 + accBlocks) + 40;
+      // The fused top-k's epilogue: one row's packed 64-bit candidates (2
+      // per column of the quad lane) beside both tiles' accumulators.
+      if (spec.topk)
+        regs = std::max(regs, 8 * accBlocks + 4 * tile.experts / 8 + 40);
       if (bytes > sharedMemoryBytes || regs > 200)
         continue;
       tile.cols = cols;
@@ -261,42 +268,56 @@ static Value flashMmaDynamicBytes(ImplicitLocOpBuilder &b,
 }
 
 
-/// The fused top-k (similarity_inform_topk, flash-mma-topk) of the thread's
-/// two rows, one after the other: the scalar kernel's epilogue
-/// (emitRegisterTopk on the normalized row) on the C-fragment layout. A row's
-/// K values are spread over the 4 lanes of its quad, lane `tig` holding
-/// columns 8n + 2·tig and 8n + 2·tig + 1 of each 8-expert block n (run 2 of
-/// the register layout), so the rounds' reductions are 4-lane butterflies;
-/// the padding columns past K never win (emitRegisterTopk masks indices
-/// >= K). The quad's lanes share their rows, so `active` (row < N) is
-/// uniform over the shuffles; rows past N store nothing.
+/// The fused top-k (similarity_inform_topk, flash-mma-topk) of one row whose
+/// normalized values `vals` lie on the C-fragment layout: the scalar
+/// kernel's epilogue (emitRegisterTopk) with the row's K values spread over
+/// the 4 lanes of its quad, lane `tig` holding columns 8n + 2·tig and
+/// 8n + 2·tig + 1 of each 8-expert block n (run 2 of the register layout),
+/// so the rounds' reductions are 4-lane butterflies; the padding columns
+/// past K never win (emitRegisterTopk masks indices >= K). `active` must be
+/// uniform over the quad (its lanes share the row): every lane reaches the
+/// shuffles, an inactive row stores nothing. The kernel's epilogue and the
+/// split keys' combine both end here.
+static void emitQuadRowTopk(GpuKernelBuilder &kb, const FlashMixSpec &spec,
+                            ArrayRef<Value> vals, Value tig, Value flatRow,
+                            Value active, Value weights, Value indices) {
+  emitRegisterTopk(kb, {.vals = vals,
+                        .lane = tig,
+                        .width = 4,
+                        .run = 2,
+                        .numElements = spec.numExperts,
+                        .rounds = TopkRounds::Butterfly,
+                        .out = {.spec = *spec.topk,
+                                .weights = weights,
+                                .indices = indices,
+                                .row = flatRow,
+                                .active = active}});
+}
+
+/// The fused top-k of the thread's 2T rows (T row tiles of two rows), one
+/// after the other (emitQuadRowTopk); rows past N store nothing.
 static void emitMmaTopkEpilogue(GPUKernel &kernel, const FlashMixSpec &spec,
                                 ArrayRef<Value> fin, int64_t accCount,
-                                int64_t expertBlocks, ArrayRef<Value> rowsOf,
-                                Value bi, Value N, Value tig, Value out,
-                                Value outIdx) {
+                                int64_t T, int64_t expertBlocks,
+                                ArrayRef<Value> rowsOf, Value bi, Value N,
+                                Value tig, Value out, Value outIdx) {
   GpuKernelBuilder &kb = kernel.kb;
   Value outRows = viewAs2D(kernel.b, out), idxRows = viewAs2D(kernel.b, outIdx);
-  for (int r = 0; r < 2; ++r) {
-    SoftmaxState state = {fin[accCount + 2 * r], fin[accCount + 2 * r + 1]};
+  const int64_t accAll = T * accCount;
+  for (int64_t rr = 0; rr < 2 * T; ++rr) {
+    const int64_t t = rr / 2, r = rr % 2;
+    SoftmaxState state = {fin[accAll + 2 * rr], fin[accAll + 2 * rr + 1]};
     SmallVector<Value> vals;
     for (int64_t eb = 0; eb < expertBlocks; ++eb)
       for (int64_t x = 0; x < 2; ++x)
-        vals.push_back(softmaxNormalize(kb, state, fin[eb * 4 + 2 * r + x]));
-    Value row = rowsOf[r];
+        vals.push_back(softmaxNormalize(
+            kb, state, fin[t * accCount + eb * 4 + 2 * r + x]));
+    // One op a statement: the IR's order must not be the C++ compiler's
+    // order of evaluating arguments.
+    Value row = rowsOf[rr];
     Value active = kb.lt(row, N);
     Value flatRow = kb.add(kb.mul(bi, N), row);
-    emitRegisterTopk(kb, {.vals = vals,
-                          .lane = tig,
-                          .width = 4,
-                          .run = 2,
-                          .numElements = spec.numExperts,
-                          .rounds = TopkRounds::Butterfly,
-                          .out = {.spec = *spec.topk,
-                                  .weights = outRows,
-                                  .indices = idxRows,
-                                  .row = flatRow,
-                                  .active = active}});
+    emitQuadRowTopk(kb, spec, vals, tig, flatRow, active, outRows, idxRows);
   }
 }
 
@@ -1391,9 +1412,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
 
   // Epilogue: normalize; a row without any key gets zeros.
   if (spec.topk) {
-    assert(T == 1 && "the fused top-k's epilogue takes one row tile");
-    emitMmaTopkEpilogue(kernel, spec, fin, accCount, expertBlocks, rowsOf, bi,
-                        N, tig, out, outIdx);
+    emitMmaTopkEpilogue(kernel, spec, fin, accCount, T, expertBlocks, rowsOf,
+                        bi, N, tig, out, outIdx);
     return;
   }
   for (int rr = 0; rr < 2 * T; ++rr) {
@@ -1450,6 +1470,102 @@ static Value flashMmaSplits(GpuKernelBuilder &kb, const FlashMmaTile &tile,
   return kb.maxs(splits, kb.idx(1));
 }
 
+namespace {
+/// One output row (bi, row) of the split keys' partial rows `part` [S, B,
+/// N, K + 2] (each split's unnormalized accumulators, its max in log2 units,
+/// its sum), merged in split order (deterministic): M = max m_s, w_s =
+/// 2^(m_s - M), the row's state (M ln 2, sum w_s l_s) and each column's
+/// sum w_s acc_s normalized by it (0 for a row without keys).
+struct SplitRow {
+  SplitRow(ImplicitLocOpBuilder &b, GpuKernelBuilder &ck, Value part, Value bi,
+           Value row, int64_t K)
+      : b(b), ck(ck), part(part), bi(bi), row(row) {
+    Value c0 = ck.idx(0), c1 = ck.idx(1);
+    S = ck.dim(part, 0);
+    Value M = ck.forLoop(c0, S, c1, {ck.negInfLike(ck.f32())},
+                         [&](Value s, ValueRange m) -> SmallVector<Value> {
+                           return {ck.fmax(m[0], at(s, ck.idx(K)))};
+                         })[0];
+    Value none = ck.cmpf(arith::CmpFPredicate::OEQ, M, ck.negInfLike(ck.f32()));
+    shift = ck.select(none, ck.cF32(0.0), M);
+    maxCol = ck.idx(K);
+    Value l = ck.forLoop(c0, S, c1, {ck.cF32(0.0)},
+                         [&](Value s, ValueRange acc) -> SmallVector<Value> {
+                           return {ck.fma(weight(s), at(s, ck.idx(K + 1)),
+                                          acc[0])};
+                         })[0];
+    state = {ck.fmul(M, ck.cF32(0.6931471805599453)), l};
+  }
+  /// Column `col` of the merged row, normalized.
+  Value normalized(Value col) {
+    Value o = ck.forLoop(ck.idx(0), S, ck.idx(1), {ck.cF32(0.0)},
+                         [&](Value s, ValueRange acc) -> SmallVector<Value> {
+                           return {ck.fma(weight(s), at(s, col), acc[0])};
+                         })[0];
+    return softmaxNormalize(ck, state, o);
+  }
+
+  SoftmaxState state;
+
+private:
+  Value at(Value s, Value col) { return ck.load(part, {s, bi, row, col}); }
+  Value weight(Value s) {
+    return exp2Approx(b, ck.fsub(at(s, maxCol), shift));
+  }
+  ImplicitLocOpBuilder &b;
+  GpuKernelBuilder &ck;
+  Value part, bi, row, S, shift, maxCol;
+};
+} // namespace
+
+/// The split keys' combine of the fused top-k (launchSplitFlashMixMma):
+/// a quad of lanes a row, 32 rows a block, each lane merging the columns it
+/// holds in the MMA epilogue's C-fragment layout (8n + 2·tig + x) and the
+/// quad selecting as the epilogue does (emitQuadRowTopk). A row past B·N
+/// reads the last row (every lane reaches the quad's shuffles) and stores
+/// nothing. `outputs`: the weights and indices [B, N, k].
+static void launchSplitTopkCombine(HostCode &h, StringRef name,
+                                   const FlashMixSpec &spec, Value ws,
+                                   ValueRange outputs, Location loc,
+                                   Value run) {
+  assert(!spec.withLse && !spec.gated && "a fused top-k has no lse or gate");
+  const int64_t K = spec.numExperts;
+  const int64_t rowsPerBlock = kThreads / 4;
+  GPUKernel comb(h, (name + "_combine").str(), {ws, outputs[0], outputs[1]},
+                 {}, {kThreads, 1, 1}, loc);
+  GpuKernelBuilder &ck = comb.kb;
+  Value part = comb.arg(0);
+  Value cB = ck.dim(part, 1), cN = ck.dim(part, 2);
+  Value rows = ck.mul(cB, cN);
+  Value tid = ck.threadId();
+  Value tig = ck.remu(tid, ck.idx(4));
+  // One op a statement (the IR's order is not the C++ compiler's).
+  Value quad = ck.divu(tid, ck.idx(4));
+  Value first = ck.mul(ck.blockId(), ck.idx(rowsPerBlock));
+  Value item = ck.add(first, quad);
+  Value active = ck.lt(item, rows);
+  Value flat = ck.minu(item, ck.sub(rows, ck.idx(1)));
+  Value bi = ck.divu(flat, cN);
+  Value row = ck.remu(flat, cN);
+  SplitRow split(comb.b, ck, part, bi, row, K);
+  SmallVector<Value> vals;
+  for (int64_t eb = 0; eb < llvm::divideCeil(K, 8); ++eb)
+    for (int64_t x = 0; x < 2; ++x) {
+      // Padding columns past K read column 0 (emitRegisterTopk never picks
+      // them).
+      Value col = ck.add(ck.mul(tig, ck.idx(2)), ck.idx(eb * 8 + x));
+      Value inRange = ck.lt(col, ck.idx(K));
+      vals.push_back(split.normalized(ck.select(inRange, col, ck.idx(0))));
+    }
+  Value weights = viewAs2D(comb.b, comb.arg(1));
+  Value indices = viewAs2D(comb.b, comb.arg(2));
+  emitQuadRowTopk(ck, spec, vals, tig, flat, active, weights, indices);
+  GpuKernelBuilder &kb = h.kb;
+  Value hostRows = kb.mul(kb.dim(outputs[0], 0), kb.dim(outputs[0], 1));
+  Value grid = kb.ceilDiv(hostRows, kb.idx(rowsPerBlock));
+  comb.launch({kb.select(run, grid, kb.idx(0)), kb.idx(1), kb.idx(1)});
+}
+
 /// `run`: whether the split pair runs (more than one split); where not, its
 /// kernels launch over empty grids, which the runtime does not launch, and its
 /// workspace is empty (no allocation).
@@ -1482,6 +1598,11 @@ static void launchSplitFlashMixMma(HostCode &h, StringRef name,
     emitFlashMixMma(kernel, spec, tile, elt);
     kernel.launch({grid, B, splits}, flashMmaDynamicBytes(h.b, tile, elt));
   }
+  if (spec.topk) {
+    launchSplitTopkCombine(h, name, spec, ws, plain.take_back(2), loc, run);
+    h.release(ws);
+    return;
+  }
   // The outputs: the last of args (p, then lse with withLse).
   SmallVector<Value> combineArgs = {ws};
   combineArgs.push_back(plain[plain.size() - (spec.withLse ? 2 : 1)]);
@@ -1495,8 +1616,7 @@ static void launchSplitFlashMixMma(HostCode &h, StringRef name,
   Value part = comb.arg(0), out = comb.arg(1);
   Value lse = spec.withLse ? comb.arg(2) : Value();
   Value gate = spec.gated ? comb.arg(spec.withLse ? 3 : 2) : Value();
-  Value S = ck.dim(part, 0), cB = ck.dim(part, 1), cN = ck.dim(part, 2);
-  Value c0 = ck.idx(0), c1 = ck.idx(1);
+  Value cB = ck.dim(part, 1), cN = ck.dim(part, 2);
   comb.forItem(ck.mul(cB, cN), [&](Value item) {
     Value bi = ck.divu(item, cN), row = ck.remu(item, cN);
     if (gate) {
@@ -1504,33 +1624,12 @@ static void launchSplitFlashMixMma(HostCode &h, StringRef name,
                                     /*withElseRegion=*/false);
       comb.b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
     }
-    auto at = [&](Value s, int64_t col) {
-      return ck.load(part, {s, bi, row, ck.idx(col)});
-    };
-    Value M = ck.forLoop(c0, S, c1, {ck.negInfLike(ck.f32())},
-                         [&](Value s, ValueRange m) -> SmallVector<Value> {
-                           return {ck.fmax(m[0], at(s, K))};
-                         })[0];
-    Value none = ck.cmpf(arith::CmpFPredicate::OEQ, M, ck.negInfLike(ck.f32()));
-    Value shift = ck.select(none, ck.cF32(0.0), M);
-    auto weight = [&](Value s) {
-      return exp2Approx(comb.b, ck.fsub(at(s, K), shift));
-    };
-    Value l = ck.forLoop(c0, S, c1, {ck.cF32(0.0)},
-                         [&](Value s, ValueRange acc) -> SmallVector<Value> {
-                           return {ck.fma(weight(s), at(s, K + 1), acc[0])};
-                         })[0];
-    SoftmaxState state = {ck.fmul(M, ck.cF32(0.6931471805599453)), l};
-    ck.forLoop(c0, ck.idx(K), c1, [&](Value col) {
-      Value o = ck.forLoop(c0, S, c1, {ck.cF32(0.0)},
-                           [&](Value s, ValueRange acc) -> SmallVector<Value> {
-                             Value v = ck.load(part, {s, bi, row, col});
-                             return {ck.fma(weight(s), v, acc[0])};
-                           })[0];
-      ck.store(softmaxNormalize(ck, state, o), out, {bi, row, col});
+    SplitRow split(comb.b, ck, part, bi, row, K);
+    ck.forLoop(ck.idx(0), ck.idx(K), ck.idx(1), [&](Value col) {
+      ck.store(split.normalized(col), out, {bi, row, col});
     });
     if (lse)
-      ck.store(softmaxLogSumExp(ck, state), lse, {bi, row});
+      ck.store(softmaxLogSumExp(ck, split.state), lse, {bi, row});
   });
   comb.launchOver(kb.select(run, kb.mul(B, N), kb.idx(0)));
   h.release(ws);

@@ -1,7 +1,7 @@
 // RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-topk=true" -split-input-file -verify-diagnostics | FileCheck %s
 // RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-base2=true flash-mma-block-rows=128" -split-input-file -verify-diagnostics | FileCheck %s --check-prefix=SYNC
 // RUN: not moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-block-rows=96" -split-input-file 2>&1 | FileCheck %s --check-prefix=BAD
-// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-key-splits=4 flash-mma-wide-staging=true flash-mma-async-staging=true" -split-input-file | FileCheck %s --check-prefix=SPLIT
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-key-splits=4 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-topk=true" -split-input-file | FileCheck %s --check-prefix=SPLIT
 // RUN: not moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-key-splits=17" -split-input-file 2>&1 | FileCheck %s --check-prefix=BADSPLIT
 // RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-lazy-rescale=true flash-mma-stages=3" -split-input-file | FileCheck %s --check-prefix=LAZY
 // The defaults (since the H200 run of 2026-11-26) are the LAZY line's kernel:
@@ -108,10 +108,32 @@
 // SPLIT: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_mma_1 blocks in (%{{.+}}, %{{.+}}, %[[NS]])
 // SPLIT: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_mma_combine_0
 // SPLIT: gpu.dealloc async {{.*}} %[[BUF]]
-// Where the 128-row kernel does not apply (D = 256, the fused top-k), no split.
+// Where the 128-row kernel does not apply (D = 256), no split.
 // SPLIT-LABEL: func.func @d256_one_row_tile(
 // SPLIT-NOT: gpu.alloc
-// SPLIT-LABEL: func.func @topk_one_row_tile(
+// The split keys' top-k combine: a quad of lanes a row (32 rows a block), a
+// row past B·N reading the last row so that its quad reaches the shuffles.
+// SPLIT-LABEL: gpu.func @similarity_inform_topk_mma_combine_0
+// SPLIT: %[[TIG:.+]] = arith.remui %thread_id_x, %c4
+// SPLIT: %[[Q:.+]] = arith.divui %thread_id_x, %c4
+// SPLIT: %[[ITEM:.+]] = arith.addi %{{.+}}, %[[Q]]
+// SPLIT: %[[ACTIVE:.+]] = arith.cmpi slt, %[[ITEM]], %[[ROWS:.+]] : index
+// SPLIT: %[[LAST:.+]] = arith.subi %[[ROWS]], %c1
+// SPLIT: arith.minui %[[ITEM]], %[[LAST]]
+// SPLIT: gpu.shuffle  xor %{{.+}}, %c2_i32
+// SPLIT: gpu.shuffle  xor %{{.+}}, %c1_i32
+// SPLIT: scf.if %[[ACTIVE]]
+// SPLIT: memref.store
+// The fused top-k's split pair: the split kernel's partial rows, then the
+// top-k combine, over ceil(B·N / 32) blocks.
+// SPLIT-LABEL: func.func @topk_two_row_tiles(
+// SPLIT: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_topk_mma_0
+// SPLIT: gpu.alloc async {{.*}} : memref<?x?x?x18xf32>
+// SPLIT: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_topk_mma_1
+// SPLIT: %[[CB:.+]] = arith.ceildivui %{{.+}}, %c32
+// SPLIT: %[[CG:.+]] = arith.select %{{.+}}, %[[CB]], %c0
+// SPLIT: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_topk_mma_combine_0 blocks in (%[[CG]],
+// SPLIT: gpu.dealloc
 // The ptxas sweep (GPU/ptxas-sweep.mlir) assembles these with the first
 // RUN line's options and the LAZY line's two:
 // ptxas-options: flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-topk=true flash-mma-lazy-rescale=true flash-mma-stages=3
@@ -189,12 +211,26 @@ func.func @d256_one_row_tile(%u: tensor<2x256x256xbf16>, %e: tensor<2x256x64xbf1
 
 // -----
 
-// The fused top-k's epilogue (flash-mma-topk) takes one row tile: 64 rows a
-// block.
+// The fused top-k (flash-mma-topk) on the 128-row kernel: the epilogue
+// selects the thread's four rows (g and g + 8 of each row tile) one after
+// another, each with the quad's 4-lane butterfly rounds (64-bit candidates as
+// two 32-bit shuffles a step).
 // CHECK-LABEL: gpu.func @similarity_inform_topk_mma_0
-// CHECK-LABEL: func.func @topk_one_row_tile(
-// CHECK: arith.ceildivui %{{.+}}, %c64
-func.func @topk_one_row_tile(%u: tensor<2x128x64xf16>, %e: tensor<2x128x16xf16>) -> (tensor<2x128x2xf32>, tensor<2x128x2xi32>) {
+// CHECK-SAME: nvvm.minctasm = 2
+// CHECK: %[[WR:.+]] = memref.collapse_shape
+// CHECK-COUNT-4: gpu.shuffle  xor %{{.+}}, %c{{[12]}}_i32{{.*}} : i32
+// CHECK: memref.store %{{.+}}, %[[WR]]
+// CHECK-COUNT-4: gpu.shuffle  xor %{{.+}}, %c{{[12]}}_i32{{.*}} : i32
+// CHECK: memref.store %{{.+}}, %[[WR]]
+// CHECK-COUNT-4: gpu.shuffle  xor %{{.+}}, %c{{[12]}}_i32{{.*}} : i32
+// CHECK: memref.store %{{.+}}, %[[WR]]
+// CHECK-COUNT-4: gpu.shuffle  xor %{{.+}}, %c{{[12]}}_i32{{.*}} : i32
+// CHECK: memref.store %{{.+}}, %[[WR]]
+// CHECK-NOT: gpu.shuffle
+// CHECK: gpu.return
+// CHECK-LABEL: func.func @topk_two_row_tiles(
+// CHECK: arith.ceildivui %{{.+}}, %c128
+func.func @topk_two_row_tiles(%u: tensor<2x128x64xf16>, %e: tensor<2x128x16xf16>) -> (tensor<2x128x2xf32>, tensor<2x128x2xi32>) {
   %w, %i = moe.similarity_inform_topk %u, %e k(2) : tensor<2x128x64xf16>, tensor<2x128x16xf16> -> tensor<2x128x2xf32>, tensor<2x128x2xi32>
   return %w, %i : tensor<2x128x2xf32>, tensor<2x128x2xi32>
 }

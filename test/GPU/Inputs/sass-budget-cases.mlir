@@ -233,6 +233,19 @@ func.func @similarity_inform_bf16_rows128_split_lazy3(%u: tensor<1x16384x64xbf16
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
+// The fused top-k (similarity_inform_topk, k = 2; bench: its bf16 case at B = 1, N = 16384): the same key loop
+// with the selection in the epilogue, on the 128-row kernel with split keys (the defaults; the split pair's
+// top-k combine takes a quad of lanes a row) and on the 64-row kernel (the fused top-k's only form before).
+// sass-budget: kernel=similarity_inform_topk_mma scores-per-tile=64
+func.func @similarity_inform_topk_bf16(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> (tensor<1x16384x2xf32>, tensor<1x16384x2xi32>) {
+  %w, %i = moe.similarity_inform_topk %u, %e k(2) tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x2xf32>, tensor<1x16384x2xi32>
+  return %w, %i : tensor<1x16384x2xf32>, tensor<1x16384x2xi32>
+}
+// sass-budget: kernel=similarity_inform_topk_mma scores-per-tile=32 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-topk=true,flash-mma-sum-mma=true,flash-mma-wide-staging=true,flash-mma-async-staging=true
+func.func @similarity_inform_topk_bf16_rows64(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> (tensor<1x16384x2xf32>, tensor<1x16384x2xi32>) {
+  %w, %i = moe.similarity_inform_topk %u, %e k(2) tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x2xf32>, tensor<1x16384x2xi32>
+  return %w, %i : tensor<1x16384x2xf32>, tensor<1x16384x2xi32>
+}
 // flash-mma-symmetric (issue #47 item 4): the pairs kernel's walk over half the key tiles. A trip computes 64
 // weights a thread (its warp's 32 rows x 64 keys over 32 lanes), each standing for two scores of the N x N
 // matrix, (i, j) for the rows of I and (j, i) for those of J (both products, the A tile's trip through shared

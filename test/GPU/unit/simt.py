@@ -16,7 +16,7 @@ at their issue or, with `async_copies="wait"`, only at the wait that completes t
 wait sees the old data); shuffles and votes within each 32-lane warp, and
 the warp-level ops per warp: nvgpu.ldmatrix (x1/x2/x4, .trans), nvgpu.mma.sync (f16) and nvvm.mma.sync (bf16)
 m16n8k16 (products exact, sums in float64 rounded to f32: the tensor cores' own summation order is not
-modelled), nvgpu.device_async_copy (zero fill past src-size), memref.subview (unit strides) and memref.view of
+modelled), nvgpu.device_async_copy (zero fill past src-size), memref.subview (unit strides), memref.collapse_shape and memref.view of
 gpu.dynamic_shared_memory, llvm.mlir.poison (zeros), vector from_elements/extract/insert/bitcast/
 load/store, arith.truncf to f16/bf16 (round to nearest even). Vectors are arrays (lanes, *shape); f16/bf16
 values are their bits (uint16) throughout.
@@ -741,6 +741,13 @@ class Warp:
             size = int(np.prod(shape)) * np.dtype(dt).itemsize
             assert shift % 16 == 0 and shift + size <= a[0].size, "a view outside the dynamic shared memory"
             return a[0][shift:shift + size].view(dt).reshape(shape)
+        if n == "memref.collapse_shape":
+            groups = re.search(r"reassociation = (\[\[.*?\]\])", op.props).group(1)
+            groups = [[int(x) for x in g.split(",")] for g in re.findall(r"\[([\d, ]+)\]", groups)]
+            shape = tuple(int(np.prod([a[0].shape[d] for d in g])) for g in groups)
+            view = a[0].reshape(shape)
+            assert np.shares_memory(view, a[0]), "collapse_shape of a non-contiguous buffer"
+            return view
         if n == "memref.subview":
             seg = [int(x) for x in re.search(r"operandSegmentSizes = array<i32: ([\d, ]+)>", op.props)
                    .group(1).split(",")]
