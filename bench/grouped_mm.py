@@ -7,6 +7,9 @@ Builds are compared one process each, alternated, with ``MOE_TORCH_LIB`` naming 
     for lib in old/lib/libmoe_torch.so build/lib/libmoe_torch.so; do
         MOE_TORCH_LIB=$lib .venv/bin/python -m bench.grouped_mm --threads 2; done
 
+``--op expert_mlp`` times the fused expert MLP (``expert_mlp_cpu`` and its backward: hidden K, intermediate N) at the
+same counts instead (bench/results/expert-mlp-2026-11-28-t2-xeon-whole-item-ab.md).
+
 Cases: transformers' Mixtral at random weights (hidden 512, E = 8, k = 2, 4 x 128 tokens) routes its two layers'
 rows as ``mixtral-l1`` (skewed: 305 against 719 rows in contiguous halves) and ``mixtral-l2``; even counts; many
 small experts; decode sizes (one row per busy expert). Weights in nn.Linear's layout, passed transposed, as the
@@ -38,7 +41,34 @@ CASES = {  # name: (rows per expert, K, N)
 }
 
 
-def run(names: list[str], reps: int) -> dict[str, tuple[float, float]]:
+def calls_of(op: str, counts: list[int], K: int, N: int, g) -> dict:
+    """The timed calls of one case: the grouped GEMM x [S, K] . w[e]^T (w [E, N, K]) and its backward, or
+    (``--op expert_mlp``) the fused expert MLP with hidden K and intermediate N (SiLU GLU: w1 [E, 2N, K], w2
+    [E, K, N]) over S rows of S / 2 tokens, and its backward."""
+    import torch
+
+    ends = torch.tensor(counts).cumsum(0)
+    S, E = sum(counts), len(counts)
+    if op == "grouped_mm":
+        x = torch.randn(S, K, generator=g)
+        w = torch.randn(E, N, K, generator=g)
+        grad = torch.randn(S, N, generator=g)
+        return {"fwd": lambda: torch.ops.moe_mlir.grouped_mm_cpu(x, w, ends, True),
+                "bwd": lambda: torch.ops.moe_mlir.grouped_mm_backward_cpu(grad, x, w, ends, False, True)}
+    T = max(S // 2, 1)
+    x = torch.randn(T, K, generator=g)
+    token = torch.randint(0, T, (S,), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), ends])
+    rw = torch.rand(S, generator=g)
+    w1 = torch.randn(E, 2 * N, K, generator=g) * 0.02
+    w2 = torch.randn(E, K, N, generator=g) * 0.02
+    grad = torch.randn(T, K, generator=g)
+    args = (x, token, offsets, rw, w1, None, w2, None, "silu_glu", 1.0, 0.0)
+    return {"fwd": lambda: torch.ops.moe_mlir.expert_mlp_cpu(*args),
+            "bwd": lambda: torch.ops.moe_mlir.expert_mlp_backward_cpu(grad, *args)}
+
+
+def run(names: list[str], reps: int, op: str = "grouped_mm") -> dict[str, tuple[float, float]]:
     import torch
 
     sys.path.insert(0, str(REPO / "python"))
@@ -48,13 +78,7 @@ def run(names: list[str], reps: int) -> dict[str, tuple[float, float]]:
     res = {}
     for name in names:
         counts, K, N = CASES[name]
-        ends = torch.tensor(counts).cumsum(0)
-        x = torch.randn(sum(counts), K, generator=g)
-        w = torch.randn(len(counts), N, K, generator=g)
-        grad = torch.randn(sum(counts), N, generator=g)
-        calls = {"fwd": lambda: torch.ops.moe_mlir.grouped_mm_cpu(x, w, ends, True),
-                 "bwd": lambda: torch.ops.moe_mlir.grouped_mm_backward_cpu(grad, x, w, ends, False, True)}
-        for tag, fn in calls.items():
+        for tag, fn in calls_of(op, counts, K, N, g).items():
             for _ in range(3):
                 fn()
             ts = []
@@ -72,8 +96,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    ap.add_argument("--op", default="grouped_mm", choices=("grouped_mm", "expert_mlp"))
     args = ap.parse_args(argv)
-    print(json.dumps({"threads": _THREADS, "ms_min_median": run(args.cases, args.reps)}))
+    print(json.dumps({"threads": _THREADS, "op": args.op, "ms_min_median": run(args.cases, args.reps, args.op)}))
     return 0
 
 

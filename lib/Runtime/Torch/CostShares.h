@@ -18,6 +18,10 @@
 // columns of its weight, so a cut costs one more call and one more read of
 // the item's rows, not of its weight.
 //
+// The fused expert MLP (expert_mlp_cpu) cannot cut an expert: its backward
+// adds every row into the expert's weight gradient. Its experts are dealt
+// whole, the costliest first to the least loaded share (wholeItemShares).
+//
 // Header-only and free of torch: unittests/Runtime/CostSharesTest.cpp checks
 // the shares (every unit dealt once, the balance, the cuts) on its own.
 //
@@ -101,6 +105,34 @@ costShares(const std::vector<CostItem> &items, int64_t parts, int64_t quantum,
       }
     }
   }
+  return shares;
+}
+
+/// Items that cannot be cut (their pieces would add into the same output),
+/// dealt whole to `parts` shares: the costliest first, each to the share with
+/// the least cost so far (the lowest index on a tie), which keeps the largest
+/// share within the costliest item of the mean (and within 4/3 of the best
+/// whole-item dealing). Each share lists its items in index order. Returns
+/// the item indices of each share; the shares' order and contents depend on
+/// the costs alone.
+inline std::vector<std::vector<int64_t>>
+wholeItemShares(const std::vector<int64_t> &costs, int64_t parts) {
+  parts = std::max<int64_t>(parts, 1);
+  std::vector<int64_t> order(costs.size());
+  for (int64_t i = 0; i < static_cast<int64_t>(order.size()); ++i)
+    order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return costs[a] > costs[b];
+  });
+  std::vector<std::vector<int64_t>> shares(parts);
+  std::vector<int64_t> load(parts, 0);
+  for (int64_t i : order) {
+    int64_t p = std::min_element(load.begin(), load.end()) - load.begin();
+    shares[p].push_back(i);
+    load[p] += costs[i];
+  }
+  for (auto &share : shares)
+    std::sort(share.begin(), share.end());
   return shares;
 }
 

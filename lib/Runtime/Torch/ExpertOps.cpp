@@ -9,7 +9,8 @@
 // f64 CPU tensors. The Python op's loop issues ~7 torch calls per expert with
 // rows; at E = 256 that per-call overhead (~4 us each) was most of a whole
 // model's prefill and decode, and each call's small GEMM ran on one core.
-// Here the experts are spread over torch's threads (at::parallel_for), each
+// Here the experts are spread over torch's threads (whole experts, the
+// costliest first to the least loaded thread: forEachExpert), each
 // expert's rows go through two BLAS GEMMs (sgemm_/dgemm_ of the BLAS torch
 // links) in per-thread scratch that stays in cache, and the gate, the bias
 // and the routing weight are plain loops over that scratch.
@@ -268,43 +269,66 @@ Groups groupsOf(const char *op, const Tensor &offsets, int64_t E, int64_t S) {
 /// kernels included, not a reason for ours to run on one core.
 constexpr int64_t kTeamWork = int64_t{1} << 16;
 
+/// The cost of reading a weight element, in multiply-adds: at a decode's one
+/// or two rows an expert's GEMMs stream its weights from memory, so the
+/// threads' shares must balance bytes as well as arithmetic.
+constexpr int64_t kWeightReadMacs = 8;
+
 /// f(e, start, end) for each expert with rows, and idle(e) for each expert
 /// without (a backward's gradient slice to zero), those experts spread over
-/// torch's threads when the call is worth a team (kTeamWork). The experts
-/// with rows are dealt out, not the expert indices: two busy experts among 32
-/// go to two threads wherever they sit; the idle ones come after them. Which
-/// thread runs an expert never changes the result.
+/// torch's threads when the call is worth a team (kTeamWork: `macsPerRow`
+/// multiply-adds a row, `weightsPerExpert` elements of an idle expert's
+/// slices). An expert is not cut (the backward adds all its rows into its
+/// weight gradient), so the experts are dealt whole, the costliest first to
+/// the least loaded thread (CostShares.h, wholeItemShares): a busy expert
+/// costs its rows' multiply-adds plus a read of its weights, an idle one the
+/// writes of its slices. Dealing contiguous halves of the experts had left
+/// the threads as unequal as the routing (Mixtral at random weights: 305
+/// rows against 719). Which thread runs an expert never changes the result.
 template <typename F, typename Idle>
-void forEachExpert(const Groups &g, int64_t macs, int64_t weightsPerExpert,
-                   F f, Idle idle) {
-  std::vector<int64_t> order;
+void forEachExpert(const Groups &g, int64_t macsPerRow,
+                   int64_t weightsPerExpert, F f, Idle idle) {
+  constexpr bool withIdle = !std::is_same_v<Idle, std::nullptr_t>;
   int64_t E = static_cast<int64_t>(g.start.size());
-  for (int64_t e = 0; e < E; ++e)
+  std::vector<int64_t> experts, costs;
+  int64_t work = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t rows = g.end[e] - g.start[e];
+    if (rows <= 0 && !withIdle)
+      continue;
+    experts.push_back(e);
+    // A busy expert: its rows' arithmetic and a pass over its weights (or
+    // its slices to zero); an idle one: that pass alone (a write costs a
+    // read).
+    int64_t macs = rows > 0 ? rows * macsPerRow : 0;
+    costs.push_back(macs + kWeightReadMacs * weightsPerExpert);
+    work += rows > 0 ? macs : weightsPerExpert;
+  }
+  auto run = [&](int64_t e) {
     if (g.end[e] > g.start[e])
-      order.push_back(e);
-  int64_t busy = static_cast<int64_t>(order.size());
-  if constexpr (!std::is_same_v<Idle, std::nullptr_t>)
-    for (int64_t e = 0; e < E; ++e)
-      if (g.end[e] <= g.start[e])
-        order.push_back(e);
-  int64_t n = static_cast<int64_t>(order.size());
-  int64_t cost = macs + weightsPerExpert * (n - busy);
-  int64_t grain = cost > kTeamWork ? 1 : std::max<int64_t>(n, 1);
-  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      int64_t e = order[i];
-      if (i < busy)
-        f(e, g.start[e], g.end[e]);
-      else if constexpr (!std::is_same_v<Idle, std::nullptr_t>)
-        idle(e);
-    }
-  });
+      f(e, g.start[e], g.end[e]);
+    else if constexpr (withIdle)
+      idle(e);
+  };
+  if (work <= kTeamWork || at::get_num_threads() <= 1) {
+    for (int64_t e : experts)
+      run(e);
+    return;
+  }
+  auto shares =
+      moe_torch::wholeItemShares(costs, at::get_num_threads());
+  at::parallel_for(0, static_cast<int64_t>(shares.size()), 1,
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t i = begin; i < end; ++i)
+                       for (int64_t item : shares[i])
+                         run(experts[item]);
+                   });
 }
 
 template <typename F>
-void forEachGroup(const Groups &g, int64_t macs, int64_t weightsPerExpert,
-                  F f) {
-  forEachExpert(g, macs, weightsPerExpert, f, nullptr);
+void forEachGroup(const Groups &g, int64_t macsPerRow,
+                  int64_t weightsPerExpert, F f) {
+  forEachExpert(g, macsPerRow, weightsPerExpert, f, nullptr);
 }
 
 /// Zeros rows [r0, r1) (by default all R) of matrix `e` of a [E, R, C]
@@ -512,7 +536,7 @@ template <typename T> Tensor forward(const Problem &p) {
       for (int64_t j = 0; j < p.N; ++j)
         y[r * p.N + j] *= rw[r];
   };
-  forEachGroup(p.groups, p.S * weights, weights, body);
+  forEachGroup(p.groups, weights, weights, body);
   sumRowsPerToken<T>(p, y, p.N, out.data_ptr<T>());
   return out;
 }
@@ -592,7 +616,7 @@ backward(const Problem &p, const Tensor &gradIn) {
     zeroSlice<T>(gradW1, e);
     zeroSlice<T>(gradW2, e);
   };
-  forEachExpert(p.groups, 3 * p.S * weights, 2 * weights, body, idle);
+  forEachExpert(p.groups, 3 * weights, 2 * weights, body, idle);
   sumRowsPerToken<T>(p, dx, p.D, gradX.data_ptr<T>());
   return {gradX, gradRw, gradW1, gradB1, gradW2, gradB2};
 }
@@ -629,11 +653,8 @@ GroupedProblem checkGrouped(const char *op, const Tensor &x, const Tensor &w,
 }
 
 /// Cost weights of the grouped GEMMs' shares (CostShares.h), in
-/// multiply-adds: a weight element read costs kWeightReadMacs (at a decode's
-/// one or two rows the GEMMs stream their weights from memory, and the
-/// experts' shares must balance bytes, not MACs), and a piece kCallMacs more
-/// than its arithmetic (a BLAS call: ~1 us).
-constexpr int64_t kWeightReadMacs = 8;
+/// multiply-adds: a weight element read costs kWeightReadMacs (above), and a
+/// piece kCallMacs more than its arithmetic (a BLAS call: ~1 us).
 constexpr int64_t kCallMacs = int64_t{1} << 16;
 /// Where a cut may fall in an expert's columns: a multiple of 16 (one 64-byte
 /// line of f32), each side keeping 64 (a BLAS call's column panels).
