@@ -1479,7 +1479,7 @@ namespace {
 struct SplitRow {
   SplitRow(ImplicitLocOpBuilder &b, GpuKernelBuilder &ck, Value part, Value bi,
            Value row, int64_t K)
-      : b(b), ck(ck), part(part), bi(bi), row(row) {
+      : b(b), ck(ck), part(part), bi(bi), row(row), K(K) {
     Value c0 = ck.idx(0), c1 = ck.idx(1);
     S = ck.dim(part, 0);
     Value M = ck.forLoop(c0, S, c1, {ck.negInfLike(ck.f32())},
@@ -1488,7 +1488,6 @@ struct SplitRow {
                          })[0];
     Value none = ck.cmpf(arith::CmpFPredicate::OEQ, M, ck.negInfLike(ck.f32()));
     shift = ck.select(none, ck.cF32(0.0), M);
-    maxCol = ck.idx(K);
     Value l = ck.forLoop(c0, S, c1, {ck.cF32(0.0)},
                          [&](Value s, ValueRange acc) -> SmallVector<Value> {
                            return {ck.fma(weight(s), at(s, ck.idx(K + 1)),
@@ -1510,11 +1509,12 @@ struct SplitRow {
 private:
   Value at(Value s, Value col) { return ck.load(part, {s, bi, row, col}); }
   Value weight(Value s) {
-    return exp2Approx(b, ck.fsub(at(s, maxCol), shift));
+    return exp2Approx(b, ck.fsub(at(s, ck.idx(K)), shift));
   }
   ImplicitLocOpBuilder &b;
   GpuKernelBuilder &ck;
-  Value part, bi, row, S, shift, maxCol;
+  Value part, bi, row, S, shift;
+  int64_t K;
 };
 } // namespace
 

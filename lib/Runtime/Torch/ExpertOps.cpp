@@ -274,6 +274,25 @@ constexpr int64_t kTeamWork = int64_t{1} << 16;
 /// threads' shares must balance bytes as well as arithmetic.
 constexpr int64_t kWeightReadMacs = 8;
 
+/// How many shares a call of `work` multiply-adds is dealt as: one (the
+/// caller) up to kTeamWork, else one per thread of torch's team.
+int64_t sharesFor(int64_t work) {
+  return work > kTeamWork ? std::max<int64_t>(at::get_num_threads(), 1) : 1;
+}
+
+/// f(piece) for every piece of `shares` (CostShares.h: spans of items, or
+/// whole items), share i on thread i of the team (a single share on the
+/// caller). Which thread runs a piece never changes its result.
+template <typename Share, typename F>
+void runShares(const std::vector<Share> &shares, F f) {
+  at::parallel_for(0, static_cast<int64_t>(shares.size()), 1,
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t i = begin; i < end; ++i)
+                       for (const auto &piece : shares[i])
+                         f(piece);
+                   });
+}
+
 /// f(e, start, end) for each expert with rows, and idle(e) for each expert
 /// without (a backward's gradient slice to zero), those experts spread over
 /// torch's threads when the call is worth a team (kTeamWork: `macsPerRow`
@@ -310,19 +329,8 @@ void forEachExpert(const Groups &g, int64_t macsPerRow,
     else if constexpr (withIdle)
       idle(e);
   };
-  if (work <= kTeamWork || at::get_num_threads() <= 1) {
-    for (int64_t e : experts)
-      run(e);
-    return;
-  }
-  auto shares =
-      moe_torch::wholeItemShares(costs, at::get_num_threads());
-  at::parallel_for(0, static_cast<int64_t>(shares.size()), 1,
-                   [&](int64_t begin, int64_t end) {
-                     for (int64_t i = begin; i < end; ++i)
-                       for (int64_t item : shares[i])
-                         run(experts[item]);
-                   });
+  runShares(moe_torch::wholeItemShares(costs, sharesFor(work)),
+            [&](int64_t item) { run(experts[item]); });
 }
 
 template <typename F>
@@ -659,25 +667,6 @@ constexpr int64_t kCallMacs = int64_t{1} << 16;
 /// Where a cut may fall in an expert's columns: a multiple of 16 (one 64-byte
 /// line of f32), each side keeping 64 (a BLAS call's column panels).
 constexpr int64_t kColumnQuantum = 16, kMinColumns = 64;
-
-/// How many shares a grouped GEMM of `work` multiply-adds is dealt as: one
-/// (the caller) up to kTeamWork, else one per thread of torch's team.
-int64_t sharesFor(int64_t work) {
-  return work > kTeamWork ? std::max<int64_t>(at::get_num_threads(), 1) : 1;
-}
-
-/// f(span) for every span of `shares`, share i on thread i of the team (a
-/// single share on the caller). Which thread runs a span never changes its
-/// result; where an expert is cut changes only the BLAS calls' shapes.
-template <typename F>
-void runShares(const std::vector<std::vector<moe_torch::Span>> &shares, F f) {
-  at::parallel_for(0, static_cast<int64_t>(shares.size()), 1,
-                   [&](int64_t begin, int64_t end) {
-                     for (int64_t i = begin; i < end; ++i)
-                       for (const moe_torch::Span &s : shares[i])
-                         f(s);
-                   });
-}
 
 /// Columns [c0, c1) of a matrix view.
 template <typename T> Mat<T> columns(const Mat<T> &m, int64_t c0, int64_t c1) {
