@@ -1,6 +1,7 @@
 // REQUIRES: ptxas
 // RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --lower-chip sm_80 --split-input-file --all-nospill --out %t.md %moe_src_root/test/Conversion/MoEToGPU/*.mlir %moe_src_root/test/GPU/Inputs/gpu-cases.mlir | FileCheck %s
 // RUN: FileCheck %s --check-prefix=TABLE < %t.md
+// RUN: not %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --lower-chip sm_90 --out %t.bad.md %s 2>&1 | FileCheck %s --check-prefix=BADCHIP
 
 // No kernel lowered from any GPU test input uses local memory on sm_80 or
 // sm_90: every `// -----` chunk of the lowering tests that expects no
@@ -13,6 +14,9 @@
 // and the ASan run's gpu-sweep.
 
 // CHECK: ptxas report: {{[0-9]+}} kernels, 0 failures
+
+// PTX lowered for sm_90 cannot be assembled for sm_80: refused before any lowering.
+// BADCHIP: --lower-chip sm_90: every chip of --chips must be at least it
 
 // The key-major and query-major backward kernels of the harness that spilled
 // before the flash backward kernels stated their blocks per multiprocessor.
