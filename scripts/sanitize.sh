@@ -110,27 +110,35 @@ if [[ " $SAN_STEPS " == *" lit "* ]]; then
   # gpu-sweep: what GPU/ptxas-sweep runs of our code, once: moe-opt --moe-lower-to-nvvm (chip=sm_90, format=isa:
   # through serialization) on every `// -----` chunk that expects no diagnostic, with the file's
   # `// ptxas-options:`, as bench/gpu/ptxas_report.py splits them. Any failure or sanitizer report fails it.
+  # $JOBS chunks at a time: this step often runs after the plain stages have ended, and one moe-opt at a time left
+  # a core idle for its 224 s (CI on d7d1d11). gpu-cases.mlir, the largest chunk (~1 min), goes first.
   echo "== gpu-sweep (moe-opt --moe-lower-to-nvvm on every GPU test chunk) under ASan + UBSan"
   start=$SECONDS
-  if LD_PRELOAD="$ASAN_RT" python3 - "$SAN_BUILD/bin/moe-opt" "$ROOT"/test/Conversion/MoEToGPU/*.mlir \
-       "$ROOT/test/GPU/Inputs/gpu-cases.mlir" > "$log/gpu-sweep.txt" 2>&1 <<'PY'
+  if LD_PRELOAD="$ASAN_RT" python3 - "$SAN_BUILD/bin/moe-opt" "$JOBS" "$ROOT/test/GPU/Inputs/gpu-cases.mlir" \
+       "$ROOT"/test/Conversion/MoEToGPU/*.mlir > "$log/gpu-sweep.txt" 2>&1 <<'PY'
 import os, re, subprocess, sys
-moe_opt, failed, n = sys.argv[1], [], 0
-for path in sys.argv[2:]:
+from concurrent.futures import ThreadPoolExecutor
+moe_opt, jobs = sys.argv[1], int(sys.argv[2])
+chunks = []
+for path in sys.argv[3:]:
     text = open(path).read()
     marker = re.search(r"^// ptxas-options:(.*)$", text, flags=re.M)
     options = marker.group(1).strip() if marker else ""
     for i, chunk in enumerate(re.split(r"^// -----.*$", text, flags=re.M)):
-        if "expected-" in chunk:
-            continue
-        n += 1
-        proc = subprocess.run([moe_opt, "-", f"--moe-lower-to-nvvm=chip=sm_90 format=isa {options}".strip()],
-                              input=chunk, capture_output=True, text=True)
-        if proc.returncode != 0 or "ERROR: AddressSanitizer" in proc.stderr or "runtime error" in proc.stderr:
-            failed.append(f"{os.path.basename(path)} chunk {i}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+        if "expected-" not in chunk:
+            chunks.append((f"{os.path.basename(path)} chunk {i}", chunk, options))
+def lower(case):
+    name, chunk, options = case
+    proc = subprocess.run([moe_opt, "-", f"--moe-lower-to-nvvm=chip=sm_90 format=isa {options}".strip()],
+                          input=chunk, capture_output=True, text=True)
+    if proc.returncode != 0 or "ERROR: AddressSanitizer" in proc.stderr or "runtime error" in proc.stderr:
+        return f"{name}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    return None
+with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    failed = [msg for msg in pool.map(lower, chunks) if msg]
 print("\n".join(failed))
-print(f"gpu-sweep: {n} chunks lowered, {len(failed)} failed")
-sys.exit(1 if failed or n == 0 else 0)
+print(f"gpu-sweep: {len(chunks)} chunks lowered, {len(failed)} failed")
+sys.exit(1 if failed or not chunks else 0)
 PY
   then passed=$((passed + 1)); else failed=$((failed + 1)); status=1; fi
   tail -20 "$log/gpu-sweep.txt"
