@@ -1470,6 +1470,11 @@ static Value flashMmaSplits(GpuKernelBuilder &kb, const FlashMmaTile &tile,
   return kb.maxs(splits, kb.idx(1));
 }
 
+/// The columns the unfused combine merges in one pass over the splits: 8
+/// accumulators a thread beside its row's addresses (the combine took 32
+/// registers a column at a time).
+static constexpr int64_t kCombineColumns = 8;
+
 namespace {
 /// One output row (bi, row) of the split keys' partial rows `part` [S, B,
 /// N, K + 2] (each split's unnormalized accumulators, its max in log2 units,
@@ -1495,13 +1500,24 @@ struct SplitRow {
                          })[0];
     state = {ck.fmul(M, ck.cF32(0.6931471805599453)), l};
   }
-  /// Column `col` of the merged row, normalized.
-  Value normalized(Value col) {
-    Value o = ck.forLoop(ck.idx(0), S, ck.idx(1), {ck.cF32(0.0)},
-                         [&](Value s, ValueRange acc) -> SmallVector<Value> {
-                           return {ck.fma(weight(s), at(s, col), acc[0])};
-                         })[0];
-    return softmaxNormalize(ck, state, o);
+  /// Columns `cols` of the merged row, normalized: one pass over the
+  /// splits, each split's weight 2^(m_s - M) computed once for all the
+  /// columns (a load and an EX2 a split, not a split and column); each
+  /// column's sum still adds the splits in order.
+  SmallVector<Value> normalized(ArrayRef<Value> cols) {
+    SmallVector<Value> init(cols.size(), ck.cF32(0.0));
+    SmallVector<Value> sums = ck.forLoop(
+        ck.idx(0), S, ck.idx(1), init,
+        [&](Value s, ValueRange acc) -> SmallVector<Value> {
+          Value w = weight(s);
+          SmallVector<Value> next;
+          for (auto [col, a] : llvm::zip_equal(cols, acc))
+            next.push_back(ck.fma(w, at(s, col), a));
+          return next;
+        });
+    for (Value &sum : sums)
+      sum = softmaxNormalize(ck, state, sum);
+    return sums;
   }
 
   SoftmaxState state;
@@ -1548,15 +1564,16 @@ static void launchSplitTopkCombine(HostCode &h, StringRef name,
   Value bi = ck.divu(flat, cN);
   Value row = ck.remu(flat, cN);
   SplitRow split(comb.b, ck, part, bi, row, K);
-  SmallVector<Value> vals;
-  for (int64_t eb = 0; eb < llvm::divideCeil(K, 8); ++eb)
+  SmallVector<Value> cols;
+  for (int64_t eb = 0; eb < (K + 7) / 8; ++eb)
     for (int64_t x = 0; x < 2; ++x) {
       // Padding columns past K read column 0 (emitRegisterTopk never picks
       // them).
       Value col = ck.add(ck.mul(tig, ck.idx(2)), ck.idx(eb * 8 + x));
       Value inRange = ck.lt(col, ck.idx(K));
-      vals.push_back(split.normalized(ck.select(inRange, col, ck.idx(0))));
+      cols.push_back(ck.select(inRange, col, ck.idx(0)));
     }
+  SmallVector<Value> vals = split.normalized(cols);
   Value weights = viewAs2D(comb.b, comb.arg(1));
   Value indices = viewAs2D(comb.b, comb.arg(2));
   emitQuadRowTopk(ck, spec, vals, tig, flat, active, weights, indices);
@@ -1625,9 +1642,22 @@ static void launchSplitFlashMixMma(HostCode &h, StringRef name,
       comb.b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
     }
     SplitRow split(comb.b, ck, part, bi, row, K);
-    ck.forLoop(ck.idx(0), ck.idx(K), ck.idx(1), [&](Value col) {
-      ck.store(split.normalized(col), out, {bi, row, col});
-    });
+    // kCombineColumns columns a pass over the splits (one weight a split and
+    // pass), the last K % kCombineColumns in a pass of their own.
+    auto storeColumns = [&](Value first, int64_t n) {
+      SmallVector<Value> cols;
+      for (int64_t x = 0; x < n; ++x)
+        cols.push_back(ck.add(first, ck.idx(x)));
+      SmallVector<Value> vals = split.normalized(cols);
+      for (auto [col, val] : llvm::zip_equal(cols, vals))
+        ck.store(val, out, {bi, row, col});
+    };
+    const int64_t whole = K / kCombineColumns * kCombineColumns;
+    if (whole > 0)
+      ck.forLoop(ck.idx(0), ck.idx(whole), ck.idx(kCombineColumns),
+                 [&](Value first) { storeColumns(first, kCombineColumns); });
+    if (whole < K)
+      storeColumns(ck.idx(whole), K - whole);
     if (lse)
       ck.store(softmaxLogSumExp(ck, split.state), lse, {bi, row});
   });
