@@ -85,10 +85,10 @@ if [[ " $SAN_STEPS " == *" lit "* ]]; then
   # Four tests of the plain run are left out here (issue #36; `--filter-out`, so lit on build-san/ by hand still
   # has them):
   # - GPU/harness-unit: pytest of the GPU harness against fakes (Python and git only): no code of ours runs in it;
-  # - GPU/ptxas-sweep: moe-opt's NVVM pipeline on every chunk of Conversion/MoEToGPU and GPU/Inputs/gpu-cases for
-  #   sm_80 and sm_90, each kernel then through ptxas (not instrumented). The two chips run the same code of ours
-  #   (the chip only picks topk-rounds, redux on both), so the gpu-sweep step below lowers every chunk once, for
-  #   sm_90, without ptxas: ~85 s of this lit run on 2 loaded cores for the same coverage of our code.
+  # - GPU/ptxas-sweep: moe-opt's NVVM pipeline on every chunk of Conversion/MoEToGPU and GPU/Inputs/gpu-cases
+  #   (lowered once, for sm_80), each kernel then through ptxas (not instrumented) for sm_80 and sm_90. The gpu-sweep
+  #   step below lowers every chunk for sm_90 without ptxas: the same code of ours (the chip only picks topk-rounds,
+  #   list-redux on both), ~85 s less of this lit run on 2 loaded cores.
   #   GPU/ptxas-report (every op, both chips) and ptxas-balance still run here;
   # - GPU/ptxas-mma: the tensor-core cases through moe-lower-to-nvvm under four option sets, ptxas after each
   #   (336 of this run's 834 test-seconds on the Xeon, CI on d7d1d11). The code of ours it reaches is
@@ -109,28 +109,23 @@ fi
 if [[ " $SAN_STEPS " == *" lit "* ]]; then
   # gpu-sweep: what GPU/ptxas-sweep runs of our code, once: moe-opt --moe-lower-to-nvvm (chip=sm_90, format=isa:
   # through serialization) on every `// -----` chunk that expects no diagnostic, with the file's
-  # `// ptxas-options:`, as bench/gpu/ptxas_report.py splits them. Any failure or sanitizer report fails it.
-  # $JOBS chunks at a time: this step often runs after the plain stages have ended, and one moe-opt at a time left
-  # a core idle for its 224 s (CI on d7d1d11). gpu-cases.mlir, the largest chunk (~1 min), goes first.
+  # `// ptxas-options:`: bench/gpu/ptxas_report.py's case_chunks and lower_to_isa, what the sweep splits and runs.
+  # Any failure or sanitizer report fails it. $JOBS chunks at a time: this step often runs after the plain stages
+  # have ended, and one moe-opt at a time left a core idle for its 224 s (CI on d7d1d11). gpu-cases.mlir, the
+  # largest chunk (~1 min), goes first.
   echo "== gpu-sweep (moe-opt --moe-lower-to-nvvm on every GPU test chunk) under ASan + UBSan"
   start=$SECONDS
-  if LD_PRELOAD="$ASAN_RT" python3 - "$SAN_BUILD/bin/moe-opt" "$JOBS" "$ROOT/test/GPU/Inputs/gpu-cases.mlir" \
-       "$ROOT"/test/Conversion/MoEToGPU/*.mlir > "$log/gpu-sweep.txt" 2>&1 <<'PY'
-import os, re, subprocess, sys
+  if LD_PRELOAD="$ASAN_RT" python3 - "$ROOT/bench/gpu" "$SAN_BUILD/bin/moe-opt" "$JOBS" \
+       "$ROOT/test/GPU/Inputs/gpu-cases.mlir" "$ROOT"/test/Conversion/MoEToGPU/*.mlir > "$log/gpu-sweep.txt" 2>&1 <<'PY'
+import sys
 from concurrent.futures import ThreadPoolExecutor
-moe_opt, jobs = sys.argv[1], int(sys.argv[2])
-chunks = []
-for path in sys.argv[3:]:
-    text = open(path).read()
-    marker = re.search(r"^// ptxas-options:(.*)$", text, flags=re.M)
-    options = marker.group(1).strip() if marker else ""
-    for i, chunk in enumerate(re.split(r"^// -----.*$", text, flags=re.M)):
-        if "expected-" not in chunk:
-            chunks.append((f"{os.path.basename(path)} chunk {i}", chunk, options))
+sys.path.insert(0, sys.argv[1])
+from ptxas_report import case_chunks, lower_to_isa
+moe_opt, jobs = sys.argv[2], int(sys.argv[3])
+chunks = [chunk for path in sys.argv[4:] for chunk in case_chunks(path, split=True)]
 def lower(case):
-    name, chunk, options = case
-    proc = subprocess.run([moe_opt, "-", f"--moe-lower-to-nvvm=chip=sm_90 format=isa {options}".strip()],
-                          input=chunk, capture_output=True, text=True)
+    name, text, options = case
+    proc = lower_to_isa(moe_opt, "sm_90", options, text)
     if proc.returncode != 0 or "ERROR: AddressSanitizer" in proc.stderr or "runtime error" in proc.stderr:
         return f"{name}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
     return None
