@@ -189,6 +189,13 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "used for both tiles' rows, the second's through shared memory and f32 atomics (the sums' last bits "
            "vary from run to run); a guard over each batch element (finite u and e, the spread of |u|^2/(2 tau) at "
            "most 60, N >= 256) and the exact kernel for the elements it declines. Off until a GPU run decides">,
+    Option<"flashMmaGrad", "flash-mma-grad", "bool", /*default=*/"false",
+           "similarity_inform_grad with f16/bf16 u and e (one type), no ws, at most 128 features and 64 experts on "
+           "tensor cores (FlashMmaGrad.cpp, issue #47 item 3): FlashAttention-2's backward as two deterministic "
+           "passes, by query (dq) and by key (de, dk), each recomputing S = X U^T and <dp, e> on mma.sync with one "
+           "FFMA and one EX2 a score and taking the sums dX U and P dp on mma.sync (dp, P and dX rounded to the "
+           "operand type); the recomputed forward, where p and lse are not saved, on the tensor-core kernel. "
+           "Off until a GPU run decides">,
     Option<"routeMap", "route-map", "std::string", /*default=*/"\"lanes\"",
            "how route's kernel maps a token onto lanes: `warp` (one warp a token, the experts strided over its "
            "lanes, butterflies of 64-bit candidates; E <= 1024) or `lanes` (the default): "

@@ -283,7 +283,8 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
 void mlir::moe::gpu_lowering::launchFlashGradStats(HostCode &host, Value lse,
                                                    Value p, Value dp,
                                                    Value delta, Location loc,
-                                                   Value lseOut, Value skip) {
+                                                   Value lseOut, Value skip,
+                                                   Type roundDp) {
   const int64_t threads = 128;
   SmallVector<Value> operands = {lse, p, dp, delta, lseOut ? lseOut : lse};
   if (skip)
@@ -314,8 +315,13 @@ void mlir::moe::gpu_lowering::launchFlashGradStats(HostCode &host, Value lse,
           kb.forLoop(kb.idx(0), kb.dim(pv, 2), kb.idx(1), {kb.cF32(0.0)},
                     [&](Value c, ValueRange acc) -> SmallVector<Value> {
                       Value pc = kb.load(pv, {b, i, c});
-                      return {kb.fadd(acc[0],
-                                      kb.fmul(kb.load(g, {b, i, c}), pc))};
+                      Value gc = kb.load(g, {b, i, c});
+                      if (roundDp)
+                        gc = arith::ExtFOp::create(
+                            kernel.b, kb.f32(),
+                            arith::TruncFOp::create(kernel.b, roundDp, gc)
+                                .getResult());
+                      return {kb.fadd(acc[0], kb.fmul(gc, pc))};
                     })[0];
       kb.store(dot, dl, {b, i});
     });

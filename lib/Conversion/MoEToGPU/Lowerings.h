@@ -311,15 +311,35 @@ struct FlashGradSpec : FlashLogitSpec {
 void launchFlashGrad(class HostCode &h, StringRef name,
                      const FlashGradSpec &spec, ValueRange args, Location loc);
 
+/// The tensor-core form of similarity_inform_grad's flash passes
+/// (FlashMmaGrad.cpp; flash-mma-grad): f16/bf16 u and e of one type, no ws,
+/// at most kFlashGradMmaMaxDepth features and kFlashGradMmaMaxExperts
+/// experts (a warp's row operands and sums stay in registers).
+constexpr int64_t kFlashGradMmaMaxDepth = 128;
+constexpr int64_t kFlashGradMmaMaxExperts = 64;
+bool flashGradMmaApplies(const FlashLogitSpec &spec, Type uElt, Type eElt,
+                         int64_t depth, int64_t experts);
+/// Creates the query-major (dq) or, `byKey`, the key-major (de, du +=) pass
+/// and launches it (grid ceil(N / 64) x B, block 128) on `args`: u [B,N,D],
+/// e [B,N,K], dp [B,N,K] (f32), lse' and delta [B,N] (launchFlashGradStats),
+/// key_mask [B,N] (i1) when the spec has one, then dq [B,N,D] (f32, stored)
+/// by query, or de [B,N,K] (stored) and du [B,N,D] (f32, added to) by key.
+void launchFlashGradMma(class HostCode &h, StringRef name,
+                        const FlashLogitSpec &spec, bool byKey,
+                        ValueRange args, Location loc);
+
 /// The per-row statistics of the backward from the forward's p and lse:
 /// lse' [B,N] (lse, +inf where it is -inf: a row without keys) into `lseOut`
 /// (default: lse itself, rewritten in place) and delta [B,N] = <dp_i, p_i>
 /// (p, dp [B,N,K], f32). With `skip` ([B] i32), the rows of a batch element
 /// whose entry is nonzero get lse' = +inf too: every weight exp(x - lse') of
-/// the element, and so its gradients, are 0.
+/// the element, and so its gradients, are 0. With `roundDp` (f16/bf16),
+/// delta is of dp rounded to it, as the tensor-core passes take dp in
+/// their dots <dp_i, e_j>: dX = S (G - delta) then cancels as the exact
+/// one does where p_i is close to e_j (a row dominated by one key).
 void launchFlashGradStats(class HostCode &h, Value lse, Value p, Value dp,
                           Value delta, Location loc, Value lseOut = {},
-                          Value skip = {});
+                          Value skip = {}, Type roundDp = {});
 
 /// out[b,i,:] = x[b,i,:] · w (w^T with `transposed`; += with `accumulate`)
 /// for x [B,N,D] (any float type), w [D,D], out [B,N,D] (f32): a thread per

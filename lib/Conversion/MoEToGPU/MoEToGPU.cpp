@@ -110,6 +110,7 @@ struct ConvertMoEToGPUPass
     options.flashMmaLazyRescale = flashMmaLazyRescale;
     options.flashMmaStages = flashMmaStages;
     options.flashMmaSymmetric = flashMmaSymmetric;
+    options.flashMmaGrad = flashMmaGrad;
     options.routeMap = routeMap;
     return options;
   }

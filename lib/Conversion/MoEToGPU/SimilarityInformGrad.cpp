@@ -113,6 +113,19 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
     dws = h.allocLike(dwsType, sizes);
   }
 
+  // Tensor cores (flash-mma-grad) for f16/bf16 u and e without ws: the
+  // passes of FlashMmaGrad.cpp, and the recomputed forward on the forward's
+  // tensor-core kernel.
+  auto elementOf = [](Value v) {
+    return cast<MemRefType>(v.getType()).getElementType();
+  };
+  const bool mmaGrad =
+      options.flashMma && options.flashMmaGrad && !ws &&
+      flashGradMmaApplies(logit, elementOf(u), elementOf(e), uShape[2], *K);
+
+  // The passes' dots take dp rounded to the operand type, and delta too.
+  Type roundDp = mmaGrad ? elementOf(u) : Type();
+
   // 0-1. q, then p and lse by the forward kernel, then lse' and delta.
   Value q = u;
   if (ws) {
@@ -129,7 +142,8 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
     // always made them; as two arguments, the C++ compiler's order).
     Value savedP = h.buffer(adaptor.getP());
     Value savedLse = h.buffer(adaptor.getLse());
-    launchFlashGradStats(h, savedLse, savedP, dp, delta, loc, lse);
+    launchFlashGradStats(h, savedLse, savedP, dp, delta, loc, lse,
+                         /*skip=*/{}, roundDp);
   } else {
     Value p = h.alloc(widthType, bn);
     FlashMixSpec fwd{logit};
@@ -139,9 +153,43 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
     if (mask)
       fwdArgs.push_back(mask);
     fwdArgs.append({p, lse});
-    launchFlashMix(h, "similarity_inform_grad_mix", fwd, q, fwdArgs, loc);
-    launchFlashGradStats(h, lse, p, dp, delta, loc);
+    std::optional<FlashMmaTile> tile;
+    if (mmaGrad)
+      tile = flashMmaTile(fwd, elementOf(q), elementOf(u), elementOf(e),
+                          uShape[2], options.sharedMemoryBytes,
+                          options.flashMmaWideStaging,
+                          options.flashMmaAsyncStaging, /*fusedTopk=*/false,
+                          /*posterior=*/false, options.flashMmaBase2,
+                          options.flashMmaSumMma, options.flashMmaBlockRows,
+                          options.flashMmaKeySplits,
+                          options.flashMmaLazyRescale, options.flashMmaStages);
+    if (tile)
+      launchFlashMixMma(h, "similarity_inform_grad_mix_mma", fwd, *tile, q,
+                        fwdArgs, loc);
+    else
+      launchFlashMix(h, "similarity_inform_grad_mix", fwd, q, fwdArgs, loc);
+    launchFlashGradStats(h, lse, p, dp, delta, loc, /*lseOut=*/{},
+                         /*skip=*/{}, roundDp);
     h.release(p);
+  }
+
+  if (mmaGrad) {
+    // 2-3. dq into du by query, then de and dk (added to du) by key.
+    SmallVector<Value> args = {u, e, dp, lse, delta};
+    if (mask)
+      args.push_back(mask);
+    SmallVector<Value> byQuery(args), byKey(args);
+    byQuery.push_back(du);
+    byKey.append({de, du});
+    launchFlashGradMma(h, "similarity_inform_grad_dq_mma", logit,
+                       /*byKey=*/false, byQuery, loc);
+    launchFlashGradMma(h, "similarity_inform_grad_dk_mma", logit,
+                       /*byKey=*/true, byKey, loc);
+    h.release(lse);
+    h.release(delta);
+    h.finish();
+    h.replace(op, {du, de});
+    return success();
   }
 
   auto gradArgs = [&](Value sRows, Value sCols, Value gRows, Value gCols) {

@@ -1,0 +1,360 @@
+//===- FlashMmaGrad.cpp - similarity_inform's backward on tensor cores ----===//
+//
+// Part of the MoE-MLIR project.
+//
+// The tensor-core form of similarity_inform_grad's two flash passes
+// (flash-mma-grad; the scalar form: FlashGrad.cpp), FlashAttention-2's
+// backward on mma.sync m16n8k16 with f32 sums, for f16/bf16 u and e without
+// ws (q = u). With x_ij = <u_i, u_j> / tau, S = exp(x - lse'_i),
+// G_ij = <dp_i, e_j> and delta_i = <dp_i, p_i> (launchFlashGradStats):
+//
+//   query-major (rows i):  dq_i = Σ_j S_ij (G_ij - delta_i) u_j / tau
+//   key-major (rows j):    de_j = Σ_i S_ij dp_i,
+//                          du_j += Σ_i S_ij (G_ij - delta_i) u_i / tau
+//
+// One kernel body for both: a block of 4 warps owns 64 rows, a warp 16 (one
+// MMA row tile). A thread holds its rows' operands as A fragments for the
+// whole kernel: X = u (the logits' rows) and Y (the cotangent dots' rows: dp
+// rounded to the operand type by query, e by key), with each row's term of
+// the exponent. Column tiles of 32 (keys by query, queries by key) stream
+// through shared memory: u's rows [32 x D] and Y's partner Z (e by query, dp
+// rounded by key), with each column's term; the next tile's 16-byte vectors
+// are loaded into registers while the current one is computed. A tile:
+//
+//   S = X Uᵀ and G = Y Zᵀ on mma.sync (the B operands by ldmatrix);
+//   P = 2^(S log2(e)/tau + rowTerm + colTerm) (one FFMA and one EX2 a score:
+//   the terms are -lse' log2(e) of the query, or -inf for an excluded key),
+//   dX = P (G - delta);
+//   acc_X += dX U (ldmatrix.trans of the same tile: the C fragments become
+//   A fragments in registers, as the forward's P), and by key acc_P += P Z.
+//
+// Each output row has one writer (no atomics): deterministic, as the scalar
+// passes. Under causal the query-major pass stops at its last row's tile
+// and the key-major pass starts at its first row's. P and dX enter the
+// second products rounded to the operand type, and G is of dp rounded so
+// (FlashAttention-2 keeps dO in bf16 too); delta, the sums and the
+// exponents are f32. Masked keys and rows past N are zeros in the staged
+// tiles and in the key-major rows (so a NaN in a masked key's e stays out of
+// every gradient: its u is a query's too, and there enters); as in
+// the forward tensor-core kernel, a non-finite value of a key that causal
+// masking hides from some rows of a diagonal tile reaches them (0 · inf).
+//
+//===----------------------------------------------------------------------===//
+
+#include "FlashTile.h"
+#include "HostCode.h"
+#include "Lowerings.h"
+#include "MmaFragments.h"
+#include "TileStaging.h"
+
+#include "llvm/Support/MathExtras.h"
+
+#include <limits>
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::gpu_lowering;
+
+namespace {
+constexpr int64_t kThreads = 128;
+constexpr int64_t kWarps = kThreads / kWarp;
+/// Rows a block owns (one 16-row MMA tile a warp) and columns a tile.
+constexpr int64_t kRowTile = 16 * kWarps, kCols = 32;
+/// Elements of padding per workgroup row (16 bytes: ldmatrix's row addresses
+/// fall in distinct banks).
+constexpr int64_t kPad = 8;
+constexpr double kLog2E = 1.4426950408889634;
+
+int64_t padTo16(int64_t n) { return llvm::alignTo(n, 16); }
+} // namespace
+
+bool mlir::moe::gpu_lowering::flashGradMmaApplies(const FlashLogitSpec &spec,
+                                                  Type uElt, Type eElt,
+                                                  int64_t depth,
+                                                  int64_t experts) {
+  return !spec.hasBias && !spec.hasAddScores &&
+         (uElt.isF16() || uElt.isBF16()) && uElt == eElt &&
+         !ShapedType::isDynamic(depth) && depth >= 1 &&
+         depth <= kFlashGradMmaMaxDepth && experts >= 1 &&
+         experts <= kFlashGradMmaMaxExperts;
+}
+
+/// The body (see the file comment). Arguments: u, e, dp, lse', delta, [key
+/// mask], then dq by query, de and du by key.
+static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
+                             bool byKey, int64_t Dp, int64_t Kp, Type elt) {
+  GpuKernelBuilder &kb = k.kb;
+  ImplicitLocOpBuilder &b = k.b;
+  Mma m{b, kb, elt};
+  unsigned a = 0;
+  Value u = k.arg(a++), e = k.arg(a++), dp = k.arg(a++), lse = k.arg(a++),
+        delta = k.arg(a++);
+  Value mask = spec.hasKeyMask ? k.arg(a++) : Value();
+  Value out0 = k.arg(a++);
+  Value out1 = byKey ? k.arg(a++) : Value();
+  Value xs = k.workgroup(0), zs = k.workgroup(1), terms = k.workgroup(2);
+  Value c0 = kb.idx(0), c1 = kb.idx(1), c2 = kb.idx(2);
+  Value bi = kb.blockId(gpu::Dimension::y);
+  Value N = kb.dim(u, 1), D = kb.dim(u, 2), K = kb.dim(e, 2);
+  Value tid = kb.threadId();
+  Value warp = kb.divu(tid, kb.idx(kWarp));
+  Value lane = kb.remu(tid, kb.idx(kWarp));
+  Value g = kb.divu(lane, kb.idx(4)), tig = kb.remu(lane, kb.idx(4));
+  Value ldRow = kb.remu(lane, kb.idx(8)), ldSel = kb.divu(lane, kb.idx(8));
+  Value rowBase = kb.mul(kb.blockId(), kb.idx(kRowTile));
+  Value zero = kb.cF32(0.0);
+  Value negInf = kb.negInfLike(kb.f32());
+  Value log2e = kb.cF32(kLog2E);
+  Value zeroE = m.zeroElt();
+  auto keyKept = [&](Value row) { return kb.load(mask, {bi, row}); };
+  function_ref<Value(Value)> keptFn = mask ? function_ref<Value(Value)>(keyKept)
+                                           : function_ref<Value(Value)>();
+
+  // The thread's rows: rowBase + 16 warp + g + 8 r.
+  SmallVector<Value> rows, rowIn, rowAt;
+  for (int64_t r = 0; r < 2; ++r) {
+    Value row = kb.add(rowBase, kb.add(kb.mul(warp, kb.idx(16)),
+                                       kb.add(g, kb.idx(8 * r))));
+    rows.push_back(row);
+    rowIn.push_back(kb.lt(row, N));
+    rowAt.push_back(kb.select(rowIn.back(), row, c0));
+  }
+  // By key, a masked key's rows are zeros: its S and G are then 0 (its P is
+  // 0 through its row term), so that a NaN in its e stays out of its dk.
+  SmallVector<Value> rowKept(rowIn);
+  if (byKey && mask)
+    for (int64_t r = 0; r < 2; ++r)
+      rowKept[r] = kb.andI(rowIn[r], keyKept(rowAt[r]));
+  // A fragments of rows [16 x width] of `src` (any float type, rounded to
+  // the operand type), zeros past N and width.
+  auto rowFragments = [&](Value src, int64_t padded, Value width) {
+    SmallVector<Value> frags;
+    for (int64_t c = 0; c < padded / 16; ++c) {
+      SmallVector<Value> elems;
+      for (int64_t hf = 0; hf < 2; ++hf)
+        for (int64_t r = 0; r < 2; ++r)
+          for (int64_t x = 0; x < 2; ++x) {
+            Value col = kb.add(kb.mul(tig, c2), kb.idx(16 * c + 8 * hf + x));
+            Value ok = kb.lt(col, width);
+            Value v = kb.load(src, {bi, rowAt[r], kb.select(ok, col, c0)});
+            ok = kb.andI(rowKept[r], ok);
+            if (v.getType() != elt)
+              v = arith::TruncFOp::create(b, elt, v);
+            elems.push_back(kb.select(ok, v, zeroE));
+          }
+      frags.push_back(m.fragment(elems));
+    }
+    return frags;
+  };
+  SmallVector<Value> X = rowFragments(u, Dp, D);
+  SmallVector<Value> Y = rowFragments(byKey ? e : dp, Kp, K);
+  // Each row's term of the exponent and, by query, its delta.
+  SmallVector<Value> rowTerm, rowDelta;
+  for (int64_t r = 0; r < 2; ++r) {
+    if (byKey) {
+      rowTerm.push_back(kb.select(rowKept[r], zero, negInf));
+    } else {
+      Value l = kb.load(lse, {bi, rowAt[r]});
+      rowTerm.push_back(
+          kb.select(rowIn[r], kb.fmul(arith::NegFOp::create(b, l), log2e),
+                    negInf));
+      rowDelta.push_back(kb.load(delta, {bi, rowAt[r]}));
+    }
+  }
+
+  // The column tiles: keys [0, N) by query (under causal up to the block's
+  // last row), queries [0, N) by key (under causal from its first row).
+  Value first = c0, last = N;
+  if (spec.causal) {
+    if (byKey)
+      first = kb.mul(kb.divu(rowBase, kb.idx(kCols)), kb.idx(kCols));
+    else {
+      Value end = kb.add(rowBase, kb.idx(kRowTile));
+      last = kb.select(kb.lt(end, N), end, N);
+    }
+  }
+  Value Z = byKey ? dp : e;
+  TileStaging st{kb, b, elt, tid, kThreads, bi, N};
+  Value uAligned = st.aligned(u, D, Dp);
+  // Z by query is e (16 bytes a load where aligned); dp by key is f32,
+  // rounded element by element.
+  Value zAligned = byKey ? kb.cBool(false) : st.aligned(e, K, Kp);
+  SmallVector<TileStaging::Place> xAt = st.places(kCols, Dp),
+                                  zAt = st.places(kCols, Kp);
+  const int64_t nX = xAt.size(), nZ = zAt.size();
+  // By query the staged keys are zeros where masked.
+  function_ref<Value(Value)> colKept = byKey ? function_ref<Value(Value)>()
+                                             : keptFn;
+  auto fetchTile = [&](Value col0) {
+    SmallVector<Value> v = st.fetch(u, xAt, D, col0, uAligned, colKept);
+    if (!byKey)
+      v.append(st.fetch(e, zAt, K, col0, zAligned, colKept));
+    return v;
+  };
+  const int64_t wx = Dp / 8, wz = Kp / 8;
+  SmallVector<Value> init(4 * (wx + (byKey ? wz : 0)), zero);
+  const int64_t nAcc = init.size();
+  init.append(fetchTile(first));
+  Value scale = kb.cF32(kLog2E / spec.scaleDiv);
+  SmallVector<Value> acc = kb.forLoop(
+      first, last, kb.idx(kCols), init,
+      [&](Value col0, ValueRange carried) -> SmallVector<Value> {
+        SmallVector<Value> accs(carried.take_front(nAcc));
+        ValueRange staged = carried.drop_front(nAcc);
+        // The last tile's reads of the buffers are done.
+        kb.barrier();
+        kb.ifThenElse(
+            uAligned, [&] { st.put(staged.take_front(nX), xAt, xs); },
+            [&] { st.elements(u, xs, kCols, Dp, D, col0, colKept); });
+        if (byKey)
+          st.elements(dp, zs, kCols, Kp, K, col0);
+        else
+          kb.ifThenElse(
+              zAligned, [&] { st.put(staged.slice(nX, nZ), zAt, zs); },
+              [&] { st.elements(e, zs, kCols, Kp, K, col0, colKept); });
+        // Each column's term (and by key its delta): terms[0][c], [1][c].
+        kb.ifThen(kb.lt(tid, kb.idx(kCols)), [&] {
+          Value col = kb.add(col0, tid);
+          Value in = kb.lt(col, N);
+          Value at = kb.select(in, col, c0);
+          if (byKey) {
+            Value l = kb.load(lse, {bi, at});
+            kb.store(kb.select(in, kb.fmul(arith::NegFOp::create(b, l), log2e),
+                               negInf),
+                     terms, {c0, tid});
+            kb.store(kb.select(in, kb.load(delta, {bi, at}), zero), terms,
+                     {c1, tid});
+          } else {
+            Value kept = in;
+            if (mask)
+              kept = kb.andI(kept, keyKept(at));
+            kb.store(kb.select(kept, zero, negInf), terms, {c0, tid});
+          }
+        });
+        kb.barrier();
+        // The next tile's vectors in flight while this one is computed (the
+        // last tile loads its own again: in bounds, not used).
+        Value next = kb.add(col0, kb.idx(kCols));
+        SmallVector<Value> ahead =
+            fetchTile(kb.select(kb.lt(next, last), next, col0));
+        // S = X Uᵀ and G = Y Zᵀ: [nb] the columns 8 nb + 2 tig + {0, 1} of
+        // rows g and g + 8.
+        auto products = [&](ArrayRef<Value> rowFrags, Value tile) {
+          SmallVector<SmallVector<Value>> s(kCols / 8,
+                                            SmallVector<Value>(4, zero));
+          for (auto [c, frag] : llvm::enumerate(rowFrags))
+            for (int64_t nb = 0; nb < kCols / 8; nb += 2) {
+              Value kf = m.keyFragments(tile, nb * 8, 16 * c, ldRow, ldSel);
+              s[nb] = m.mma(frag, m.rows(kf, 0, 2), s[nb]);
+              s[nb + 1] = m.mma(frag, m.rows(kf, 2, 2), s[nb + 1]);
+            }
+          return s;
+        };
+        SmallVector<SmallVector<Value>> S = products(X, xs);
+        SmallVector<SmallVector<Value>> G = products(Y, zs);
+        // P and dX rounded in pairs: [r][nb].
+        SmallVector<Value> pPairs(2 * (kCols / 8)), dxPairs(2 * (kCols / 8));
+        for (int64_t nb = 0; nb < kCols / 8; ++nb) {
+          Value cols[2], colTerm[2], colDelta[2];
+          for (int64_t x = 0; x < 2; ++x) {
+            Value c = kb.add(kb.mul(tig, c2), kb.idx(8 * nb + x));
+            cols[x] = kb.add(col0, c);
+            colTerm[x] = kb.load(terms, {c0, c});
+            if (byKey)
+              colDelta[x] = kb.load(terms, {c1, c});
+          }
+          for (int64_t r = 0; r < 2; ++r) {
+            Value p[2], dx[2];
+            for (int64_t x = 0; x < 2; ++x) {
+              Value arg = kb.fma(S[nb][2 * r + x], scale,
+                                 kb.fadd(rowTerm[r], colTerm[x]));
+              if (spec.causal) {
+                // Key j <= query i: by query the column is the key.
+                Value keep = byKey ? kb.cmpi(arith::CmpIPredicate::sge,
+                                             cols[x], rows[r])
+                                   : kb.cmpi(arith::CmpIPredicate::sle,
+                                             cols[x], rows[r]);
+                arg = kb.select(keep, arg, negInf);
+              }
+              p[x] = exp2Approx(b, arg);
+              Value d = byKey ? colDelta[x] : rowDelta[r];
+              dx[x] = kb.fmul(p[x], kb.fsub(G[nb][2 * r + x], d));
+            }
+            pPairs[r * (kCols / 8) + nb] = m.roundPair(p[0], p[1]);
+            dxPairs[r * (kCols / 8) + nb] = m.roundPair(dx[0], dx[1]);
+          }
+        }
+        // acc += W · tile over the tile's 16-column slices kc (W's A
+        // fragment from its C fragments' pairs of blocks 2 kc and 2 kc + 1).
+        auto accumulate = [&](ArrayRef<Value> pairs, Value tile, int64_t blocks,
+                              int64_t at) {
+          const int64_t nbs = kCols / 8;
+          for (int64_t kc = 0; kc < kCols / 16; ++kc) {
+            Value aFrag = m.fragmentOfPairs(
+                {pairs[2 * kc], pairs[nbs + 2 * kc], pairs[2 * kc + 1],
+                 pairs[nbs + 2 * kc + 1]});
+            for (int64_t eb = 0; eb < blocks; eb += 2) {
+              bool pair = eb + 1 < blocks;
+              Value vf =
+                  m.valueFragments(tile, 16 * kc, eb, pair, ldRow, ldSel);
+              for (int64_t h = 0; h < (pair ? 2 : 1); ++h) {
+                int64_t o = at + 4 * (eb + h);
+                SmallVector<Value> d = m.mma(aFrag, m.rows(vf, 2 * h, 2),
+                                             ArrayRef<Value>(accs).slice(o, 4));
+                std::copy(d.begin(), d.end(), accs.begin() + o);
+              }
+            }
+          }
+        };
+        accumulate(dxPairs, xs, wx, 0);
+        if (byKey)
+          accumulate(pPairs, zs, wz, 4 * wx);
+        accs.append(ahead);
+        return accs;
+      });
+
+  // The rows' sums: acc_X / tau into dq (by query) or added to du (by key),
+  // acc_P into de.
+  Value invTau = kb.cF32(1.0 / spec.scaleDiv);
+  auto write = [&](int64_t at, int64_t blocks, Value width, Value out,
+                   bool scaled, bool add) {
+    for (int64_t eb = 0; eb < blocks; ++eb)
+      for (int64_t r = 0; r < 2; ++r)
+        for (int64_t x = 0; x < 2; ++x) {
+          Value col = kb.add(kb.mul(tig, c2), kb.idx(8 * eb + x));
+          Value v = acc[at + 4 * eb + 2 * r + x];
+          kb.ifThen(kb.andI(rowIn[r], kb.lt(col, width)), [&] {
+            Value s = scaled ? kb.fmul(v, invTau) : v;
+            if (add)
+              s = kb.fadd(kb.load(out, {bi, rows[r], col}), s);
+            kb.store(s, out, {bi, rows[r], col});
+          });
+        }
+  };
+  if (byKey) {
+    write(4 * wx, wz, K, out0, /*scaled=*/false, /*add=*/false);
+    write(0, wx, D, out1, /*scaled=*/true, /*add=*/true);
+  } else {
+    write(0, wx, D, out0, /*scaled=*/true, /*add=*/false);
+  }
+}
+
+void mlir::moe::gpu_lowering::launchFlashGradMma(HostCode &h, StringRef name,
+                                                 const FlashLogitSpec &spec,
+                                                 bool byKey, ValueRange args,
+                                                 Location loc) {
+  GpuKernelBuilder &kb = h.kb;
+  Value u = args[0], e = args[1];
+  Type elt = cast<MemRefType>(u.getType()).getElementType();
+  const int64_t Dp = padTo16(cast<MemRefType>(u.getType()).getShape()[2]);
+  const int64_t Kp = padTo16(cast<MemRefType>(e.getType()).getShape()[2]);
+  SmallVector<Type> workgroup = {
+      workgroupMemRef({kCols, Dp + kPad}, elt),
+      workgroupMemRef({kCols, Kp + kPad}, elt),
+      workgroupMemRef({2, kCols}, h.b.getF32Type())};
+  GPUKernel k(h, name, args, workgroup, {kThreads, 1, 1}, loc);
+  alignWorkgroupBuffers(k.func);
+  emitFlashGradMma(k, spec, byKey, Dp, Kp, elt);
+  Value B = kb.dim(u, 0), N = kb.dim(u, 1);
+  k.launch({kb.ceilDiv(N, kb.idx(kRowTile)), B, kb.idx(1)});
+}
