@@ -752,7 +752,9 @@ def ref_similarity_grads(u, e, dp, tau=1.0, causal=False, ws=None, key_mask=None
     return torch.autograd.grad(out, leaves, dp.double())
 
 
-def check_similarity_grad(name, lib, fn, u, e, dp, ws=None, key_mask=None, tau=1.0, causal=False):
+def check_similarity_grad(name, lib, fn, u, e, dp, ws=None, key_mask=None, tau=1.0, causal=False, scaled_rtol=None):
+    """Against float64 autograd; `scaled_rtol`: within that fraction of each gradient's largest magnitude (the
+    tensor-core passes of flash-mma-grad round P, dX and dp to the operand type), else close()'s 1e-3."""
     B, N, D = u.shape
     args = [u, e] + ([ws] if ws is not None else []) + ([key_mask] if key_mask is not None else []) + [dp]
     shapes = [((B, N, D), torch.float32), (tuple(e.shape), torch.float32)]
@@ -761,7 +763,10 @@ def check_similarity_grad(name, lib, fn, u, e, dp, ws=None, key_mask=None, tau=1
     got = lib.call(fn, args, shapes)
     want = ref_similarity_grads(u, e, dp, tau, causal, ws, key_mask)
     for label, g, w in zip(("du", "de", "dws"), got, want):
-        close(f"{name} {label}", g, w, rtol=1e-3, atol=1e-4)
+        if scaled_rtol:
+            close_scaled(f"{name} {label}", g, w, rtol=scaled_rtol)
+        else:
+            close(f"{name} {label}", g, w, rtol=1e-3, atol=1e-4)
     return got
 
 
@@ -879,6 +884,25 @@ def case_similarity_grad(lib, g):
     ws = (torch.randn(24, 24, generator=g) * 0.3).to(DEV)
     dp = torch.randn(1, 33, 256, generator=g).to(DEV)
     check_similarity_grad("simgrad_k256", lib, "simgrad_k256", u, e, dp, ws=ws, causal=True)
+
+    # f16/bf16 u and e without ws: the tensor-core passes where the library was built with flash-mma-grad (the
+    # scalar ones otherwise), each gradient within 3% of its largest magnitude. bf16, causal + key mask, 4 row
+    # blocks (a partial last), query 0 without a key, a sequence with every key masked
+    u = (torch.randn(2, 200, 64, generator=g) * 0.3).to(torch.bfloat16).to(DEV)
+    e = torch.softmax(torch.randn(2, 200, 16, generator=g), -1).to(torch.bfloat16).to(DEV)
+    m = (torch.rand(2, 200, generator=g) > 0.3).to(DEV)
+    m[0, 0] = False
+    m[1] = False
+    dp = torch.randn(2, 200, 16, generator=g).to(DEV)
+    du, de = check_similarity_grad("simgrad_mma_bf16", lib, "simgrad_mma_bf16", u, e, dp, key_mask=m, tau=0.5,
+                                   causal=True, scaled_rtol=3e-2)
+    if du[1].abs().max().item() != 0 or de[1].abs().max().item() != 0:
+        raise AssertionError("simgrad_mma_bf16: a fully masked sequence got a gradient")
+    # f16, the widest the tensor-core passes take (D = 128, K = 64), dynamic N, a row block past a column tile
+    u = (torch.randn(1, 75, 128, generator=g) * 0.4).half().to(DEV)
+    e = torch.softmax(torch.randn(1, 75, 64, generator=g), -1).half().to(DEV)
+    dp = torch.randn(1, 75, 64, generator=g).to(DEV)
+    check_similarity_grad("simgrad_mma_f16_wide", lib, "simgrad_mma_f16_wide", u, e, dp, tau=2.0, scaled_rtol=3e-2)
 
 
 def attention_inputs(g):

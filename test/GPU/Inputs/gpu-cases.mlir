@@ -354,6 +354,14 @@ func.func @simgrad_k256(%u: tensor<1x33x24xf16>, %e: tensor<1x33x256xf32>, %ws: 
   %du, %de, %dws = moe.similarity_inform_grad %u, %e ws(%ws : tensor<24x24xf32>) dp(%dp : tensor<1x33x256xf32>) causal(true) : tensor<1x33x24xf16>, tensor<1x33x256xf32> -> tensor<1x33x24xf32>, tensor<1x33x256xf32>, tensor<24x24xf32>
   return %du, %de, %dws : tensor<1x33x24xf32>, tensor<1x33x256xf32>, tensor<24x24xf32>
 }
+func.func @simgrad_mma_bf16(%u: tensor<2x200x64xbf16>, %e: tensor<2x200x16xbf16>, %m: tensor<2x200xi1>, %dp: tensor<2x200x16xf32>) -> (tensor<2x200x64xf32>, tensor<2x200x16xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e key_mask(%m : tensor<2x200xi1>) dp(%dp : tensor<2x200x16xf32>) tau(5.000000e-01) causal(true) : tensor<2x200x64xbf16>, tensor<2x200x16xbf16> -> tensor<2x200x64xf32>, tensor<2x200x16xf32>
+  return %du, %de : tensor<2x200x64xf32>, tensor<2x200x16xf32>
+}
+func.func @simgrad_mma_f16_wide(%u: tensor<1x?x128xf16>, %e: tensor<1x?x64xf16>, %dp: tensor<1x?x64xf32>) -> (tensor<1x?x128xf32>, tensor<1x?x64xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x?x64xf32>) tau(2.000000e+00) : tensor<1x?x128xf16>, tensor<1x?x64xf16> -> tensor<1x?x128xf32>, tensor<1x?x64xf32>
+  return %du, %de : tensor<1x?x128xf32>, tensor<1x?x64xf32>
+}
 func.func @apgrad(%s: tensor<2x4x50x60xf32>, %u: tensor<2x50x32xf32>, %v: tensor<2x4x60x8xf32>, %wo: tensor<32x32xf32>, %e: tensor<2x60x16xf32>, %h: tensor<2xi32>, %dp: tensor<2x50x16xf32>) -> (tensor<2x4x50x60xf32>, tensor<2x50x32xf32>, tensor<2x4x60x8xf32>, tensor<32x32xf32>, tensor<2x60x16xf32>) {
   %ds, %du, %dv, %dwo, %de = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<2xi32>) dp(%dp : tensor<2x50x16xf32>) sigma(2.000000e+00) : tensor<2x4x50x60xf32>, tensor<2x50x32xf32>, tensor<2x4x60x8xf32>, tensor<32x32xf32>, tensor<2x60x16xf32> -> tensor<2x4x50x60xf32>, tensor<2x50x32xf32>, tensor<2x4x60x8xf32>, tensor<32x32xf32>, tensor<2x60x16xf32>
   return %ds, %du, %dv, %dwo, %de : tensor<2x4x50x60xf32>, tensor<2x50x32xf32>, tensor<2x4x60x8xf32>, tensor<32x32xf32>, tensor<2x60x16xf32>

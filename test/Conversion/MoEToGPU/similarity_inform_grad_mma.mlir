@@ -1,0 +1,96 @@
+// RUN: moe-opt %s -split-input-file --convert-moe-to-gpu="flash-mma-grad=true" | FileCheck %s
+// RUN: moe-opt %s -split-input-file --convert-moe-to-gpu | FileCheck %s --check-prefix=OFF
+
+// flash-mma-grad (issue #47 item 3; off until a GPU run decides):
+// similarity_inform_grad's flash passes on tensor cores (FlashMmaGrad.cpp)
+// for f16/bf16 u and e without ws. The SIMT interpreter runs the kernels
+// against float64 autograd (test/GPU/unit/test_flash_mma_grad_simt.py); the
+// ptxas sweep (GPU/ptxas-sweep.mlir) assembles them with no local memory:
+// ptxas-options: flash-mma-grad=true
+
+// Saved statistics: the stats kernel's delta of dp rounded to bf16 (as the
+// passes' dots take it), then the query-major pass (dq into du) and the
+// key-major pass (de, du +=), each a block of 128 threads over 64 rows with
+// u's column tile [32 x (64 + 8)] and e's / dp's [32 x (16 + 8)] (16-byte
+// aligned) and the columns' terms [2 x 32]. Every row has one writer: no
+// atomics. A tile: S (4 feature chunks x 4 key blocks) and G (1 x 4) on
+// mma.sync, 16 EX2 a thread (32 x 16 scores over 32 lanes), dX U (2 x 8).
+// CHECK-LABEL: gpu.func @flash_grad_stats_0
+// CHECK: arith.truncf %{{.*}} : f32 to bf16
+// CHECK: arith.extf %{{.*}} : bf16 to f32
+// CHECK-LABEL: gpu.func @similarity_inform_grad_dq_mma_0
+// CHECK-SAME: %arg5: memref<1x100xi1>, %arg6: memref<1x100x64xf32>) workgroup(%[[XS:.*]] : memref<32x72xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[ZS:.*]] : memref<32x24xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %{{.*}} : memref<2x32xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
+// Under causal the key loop ends at the block's last row (or N).
+// CHECK: arith.addi %{{.*}}, %c64
+// CHECK: scf.for
+// CHECK: gpu.barrier
+// CHECK: vector.store %{{.*}}, %[[XS]]
+// CHECK: gpu.barrier
+// CHECK: vector.load %arg0{{.*}} : memref<1x100x64xbf16>, vector<8xbf16>
+// CHECK: nvgpu.ldmatrix %[[XS]]
+// CHECK: nvvm.mma.sync
+// CHECK: nvgpu.ldmatrix %[[ZS]]
+// CHECK: llvm.nvvm.ex2.approx.ftz.f
+// CHECK: nvgpu.ldmatrix %[[XS]]{{.*}}transpose = true
+// CHECK-NOT: atomic
+// CHECK: gpu.return
+// CHECK-LABEL: gpu.func @similarity_inform_grad_dk_mma_0
+// CHECK-SAME: %arg6: memref<1x100x16xf32>, %arg7: memref<1x100x64xf32>)
+// Under causal the query loop starts at the block's first row; dp's tile is
+// rounded element by element.
+// CHECK: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %c32
+// CHECK: arith.truncf %{{.*}} : f32 to bf16
+// CHECK: llvm.nvvm.ex2.approx.ftz.f
+// CHECK-NOT: atomic
+// CHECK: gpu.return
+// The host: stats, by query, by key.
+// CHECK: gpu.launch_func {{.*}}@flash_grad_stats_0
+// CHECK: gpu.launch_func {{.*}}@similarity_inform_grad_dq_mma_0
+// CHECK: gpu.launch_func {{.*}}@similarity_inform_grad_dk_mma_0
+// OFF-NOT: _mma
+func.func @saved_causal_masked(%u: tensor<1x100x64xbf16>, %e: tensor<1x100x16xbf16>, %dp: tensor<1x100x16xf32>, %m: tensor<1x100xi1>, %p: tensor<1x100x16xf32>, %lse: tensor<1x100xf32>) -> (tensor<1x100x64xf32>, tensor<1x100x16xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e key_mask(%m : tensor<1x100xi1>) dp(%dp : tensor<1x100x16xf32>) saved(%p, %lse : tensor<1x100x16xf32>, tensor<1x100xf32>) tau(5.000000e-01) causal(true) : tensor<1x100x64xbf16>, tensor<1x100x16xbf16> -> tensor<1x100x64xf32>, tensor<1x100x16xf32>
+  return %du, %de : tensor<1x100x64xf32>, tensor<1x100x16xf32>
+}
+
+// -----
+
+// Without saved statistics the forward is recomputed on the tensor-core
+// kernel (its one-row-tile form at D = 128), with the lse.
+// CHECK-LABEL: gpu.func @similarity_inform_grad_mix_mma_0
+// CHECK: nvgpu.mma.sync
+// CHECK: gpu.func @flash_grad_stats_0
+// CHECK: gpu.func @similarity_inform_grad_dq_mma_0
+// CHECK: gpu.func @similarity_inform_grad_dk_mma_0
+// OFF-LABEL: gpu.func @similarity_inform_grad_mix_0
+// OFF-NOT: _mma
+func.func @recomputed_f16(%u: tensor<2x?x128xf16>, %e: tensor<2x?x64xf16>, %dp: tensor<2x?x64xf32>) -> (tensor<2x?x128xf32>, tensor<2x?x64xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<2x?x64xf32>) tau(1.000000e+00) : tensor<2x?x128xf16>, tensor<2x?x64xf16> -> tensor<2x?x128xf32>, tensor<2x?x64xf32>
+  return %du, %de : tensor<2x?x128xf32>, tensor<2x?x64xf32>
+}
+
+// -----
+
+// Where the passes do not apply the scalar ones run: ws (q = u ws is f32),
+// f32 operands, more than 64 experts, more than 128 features.
+// CHECK-LABEL: gpu.func @similarity_project_0
+// CHECK-NOT: _mma
+// CHECK: gpu.func @similarity_inform_grad_dk_3
+// CHECK-NOT: _mma
+// CHECK-LABEL: func.func @with_ws
+func.func @with_ws(%u: tensor<1x40x32xbf16>, %e: tensor<1x40x8xbf16>, %ws: tensor<32x32xf32>, %dp: tensor<1x40x8xf32>) -> (tensor<1x40x32xf32>, tensor<1x40x8xf32>, tensor<32x32xf32>) {
+  %du, %de, %dws = moe.similarity_inform_grad %u, %e ws(%ws : tensor<32x32xf32>) dp(%dp : tensor<1x40x8xf32>) : tensor<1x40x32xbf16>, tensor<1x40x8xbf16> -> tensor<1x40x32xf32>, tensor<1x40x8xf32>, tensor<32x32xf32>
+  return %du, %de, %dws : tensor<1x40x32xf32>, tensor<1x40x8xf32>, tensor<32x32xf32>
+}
+func.func @f32_operands(%u: tensor<1x40x32xf32>, %e: tensor<1x40x8xf32>, %dp: tensor<1x40x8xf32>) -> (tensor<1x40x32xf32>, tensor<1x40x8xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x40x8xf32>) : tensor<1x40x32xf32>, tensor<1x40x8xf32> -> tensor<1x40x32xf32>, tensor<1x40x8xf32>
+  return %du, %de : tensor<1x40x32xf32>, tensor<1x40x8xf32>
+}
+func.func @k_past_64(%u: tensor<1x40x32xbf16>, %e: tensor<1x40x65xbf16>, %dp: tensor<1x40x65xf32>) -> (tensor<1x40x32xf32>, tensor<1x40x65xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x40x65xf32>) : tensor<1x40x32xbf16>, tensor<1x40x65xbf16> -> tensor<1x40x32xf32>, tensor<1x40x65xf32>
+  return %du, %de : tensor<1x40x32xf32>, tensor<1x40x65xf32>
+}
+func.func @d_past_128(%u: tensor<1x40x136xbf16>, %e: tensor<1x40x8xbf16>, %dp: tensor<1x40x8xf32>) -> (tensor<1x40x136xf32>, tensor<1x40x8xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x40x8xf32>) : tensor<1x40x136xbf16>, tensor<1x40x8xbf16> -> tensor<1x40x136xf32>, tensor<1x40x8xf32>
+  return %du, %de : tensor<1x40x136xf32>, tensor<1x40x8xf32>
+}
