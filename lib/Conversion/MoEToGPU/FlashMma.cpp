@@ -170,11 +170,18 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       int64_t bytes =
           buffers * cols * (tile.depth + kPad + tile.experts + kPad) * 2;
       // Both row tiles' query chunks, logits and accumulators held (4
-      // registers a 16x8 tile each) plus about 40: at most 200 of ptxas's
-      // 255 (D = 64, K = 16, 64-key tiles: 160). Past it (D = 256) the
-      // kernel of one row tile, staging as before (the hoisted, unrolled
-      // staging beside D = 256's fragments spilled 436 bytes on sm_90).
-      int64_t regs = 8 * (tile.depth / 16 + cols / 8 + accBlocks) + 40;
+      // registers a 16x8 tile each), 2 a value block (its B fragments), 48
+      // with a key mask (the masked tiles' selects and their loads) plus
+      // about 40: at most 200 of ptxas's 255 (D = 64, K = 16, 64-key tiles:
+      // 166). Past it (D = 256) the kernel of one row tile, staging as
+      // before (the hoisted, unrolled staging beside D = 256's fragments
+      // spilled 436 bytes on sm_90). Without the value blocks' and the
+      // mask's terms ptxas spilled (dynamic N, both kernels of the split
+      // pair): D = 128, K = 32 with a mask 180-204 bytes on sm_80 and sm_90
+      // (32-key tiles), D = 32, K = 64 56 bytes on sm_90, D = 64, K = 16
+      // with a mask 4 bytes on sm_80 (64-key tiles).
+      int64_t regs = 8 * (tile.depth / 16 + cols / 8 + accBlocks) +
+                     2 * accBlocks + 40 + (spec.hasKeyMask ? 48 : 0);
       // The fused top-k's epilogue: one row's packed 64-bit candidates (2
       // per column of the quad lane) beside both tiles' accumulators.
       if (spec.topk)
@@ -216,6 +223,15 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
          (cols > 16 &&
           4 * (tile.depth / 16 + cols / 8 + tile.experts / 8) + 40 > 144)))
       continue;
+    // A key mask's selects or the lse beside 64-key tiles of a kernel past
+    // 136 registers spilled 4-8 bytes (D = 128, K = 64: with a mask on
+    // sm_80, with the lse and causal on sm_90): 32-key tiles.
+    if (cols == 64 && (spec.hasKeyMask || spec.withLse) && !spec.hasAddScores &&
+        4 * (tile.depth / 16 + cols / 8 + tile.experts / 8 +
+             (tile.sumMma ? 1 : 0)) +
+                40 >
+            136)
+      continue;
     int64_t bytes =
         tile.buffers * cols * (tile.depth + kPad + tile.experts + kPad) * 2;
     if (bytes <= sharedMemoryBytes) {
@@ -233,9 +249,12 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       // the 128-register cap of 4 blocks (ptxas, D = 64, sm_80 and sm_90);
       // so did the fused top-k of the base-2 kernel with the cp.async
       // staging's copies in flight (sm_80, a key mask, D = 40, K = 12: 12
-      // bytes at 128 registers).
+      // bytes at 128 registers), a key mask's selects (D = 64, K = 32 or 64
+      // and D = 128, K = 16: 8-24 bytes at 128 registers, dynamic N) and the
+      // lse (D = 128, K = 64 causal, 32-key tiles: 4 bytes on sm_90).
       tile.blocksPerSM =
-          regs <= 128 && !spec.hasAddScores &&
+          regs <= 128 && !spec.hasAddScores && !spec.hasKeyMask &&
+                  !spec.withLse &&
                   !(spec.topk && tile.base2 && tile.buffers > 1)
               ? 4
               : 2;

@@ -16,15 +16,17 @@
 // MMA row tile). A thread holds its rows' operands as A fragments for the
 // whole kernel: X = u (the logits' rows) and Y (the cotangent dots' rows: dp
 // rounded to the operand type by query, e by key), with each row's term of
-// the exponent. Column tiles of 32 (keys by query, queries by key) stream
-// through shared memory: u's rows [32 x D] and Y's partner Z (e by query, dp
+// the exponent. Column tiles of 64 or 32 (keys by query, queries by key) stream
+// through shared memory: u's rows [cols x D] and Y's partner Z (e by query, dp
 // rounded by key), with each column's term; the next tile's 16-byte vectors
 // are loaded into registers while the current one is computed. A tile:
 //
 //   S = X Uᵀ and G = Y Zᵀ on mma.sync (the B operands by ldmatrix);
-//   P = 2^(S log2(e)/tau + rowTerm + colTerm) (one FFMA and one EX2 a score:
-//   the terms are -lse' log2(e) of the query, or -inf for an excluded key),
-//   dX = P (G - delta);
+//   P = 2^(S log2(e)/tau - lse'_i log2(e)) (one FFMA and one EX2 a score:
+//   the column's part of the exponent, -lse' of a query or -inf for an
+//   excluded key, is where S's accumulators start, the row's is the FFMA's
+//   addend), dX = P (G - delta) (one FMUL: G's accumulators start at
+//   -delta);
 //   acc_X += dX U (ldmatrix.trans of the same tile: the C fragments become
 //   A fragments in registers, as the forward's P), and by key acc_P += P Z.
 //
@@ -58,14 +60,22 @@ using namespace mlir::moe::gpu_lowering;
 namespace {
 constexpr int64_t kThreads = 128;
 constexpr int64_t kWarps = kThreads / kWarp;
-/// Rows a block owns (one 16-row MMA tile a warp) and columns a tile.
-constexpr int64_t kRowTile = 16 * kWarps, kCols = 32;
+/// Rows a block owns (one 16-row MMA tile a warp).
+constexpr int64_t kRowTile = 16 * kWarps;
 /// Elements of padding per workgroup row (16 bytes: ldmatrix's row addresses
 /// fall in distinct banks).
 constexpr int64_t kPad = 8;
 constexpr double kLog2E = 1.4426950408889634;
 
 int64_t padTo16(int64_t n) { return llvm::alignTo(n, 16); }
+
+/// Columns a tile: 64 where the padded features and experts take at most 96
+/// (D = 64, K = 16: 165 registers, 3 blocks a multiprocessor, 15-17.6
+/// instructions a score against 21-22.4 with 32: the staging, barriers and
+/// address arithmetic of a tile spread over twice the scores), else 32 (two
+/// products' 64 accumulators a thread beside the row operands and sums of
+/// D = 128, K = 64 spill on sm_90).
+int64_t columnsFor(int64_t Dp, int64_t Kp) { return Dp + Kp <= 96 ? 64 : 32; }
 } // namespace
 
 bool mlir::moe::gpu_lowering::flashGradMmaApplies(const FlashLogitSpec &spec,
@@ -82,7 +92,8 @@ bool mlir::moe::gpu_lowering::flashGradMmaApplies(const FlashLogitSpec &spec,
 /// The body (see the file comment). Arguments: u, e, dp, lse', delta, [key
 /// mask], then dq by query, de and du by key.
 static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
-                             bool byKey, int64_t Dp, int64_t Kp, Type elt) {
+                             bool byKey, int64_t Dp, int64_t Kp, int64_t cols,
+                             Type elt) {
   GpuKernelBuilder &kb = k.kb;
   ImplicitLocOpBuilder &b = k.b;
   Mma m{b, kb, elt};
@@ -107,14 +118,14 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
   Value log2e = kb.cF32(kLog2E);
   Value zeroE = m.zeroElt();
   auto keyKept = [&](Value row) { return kb.load(mask, {bi, row}); };
-  function_ref<Value(Value)> keptFn = mask ? function_ref<Value(Value)>(keyKept)
-                                           : function_ref<Value(Value)>();
+  function_ref<Value(Value)> keptFn =
+      mask ? function_ref<Value(Value)>(keyKept) : function_ref<Value(Value)>();
 
   // The thread's rows: rowBase + 16 warp + g + 8 r.
   SmallVector<Value> rows, rowIn, rowAt;
   for (int64_t r = 0; r < 2; ++r) {
-    Value row = kb.add(rowBase, kb.add(kb.mul(warp, kb.idx(16)),
-                                       kb.add(g, kb.idx(8 * r))));
+    Value row = kb.add(
+        rowBase, kb.add(kb.mul(warp, kb.idx(16)), kb.add(g, kb.idx(8 * r))));
     rows.push_back(row);
     rowIn.push_back(kb.lt(row, N));
     rowAt.push_back(kb.select(rowIn.back(), row, c0));
@@ -148,17 +159,18 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
   };
   SmallVector<Value> X = rowFragments(u, Dp, D);
   SmallVector<Value> Y = rowFragments(byKey ? e : dp, Kp, K);
-  // Each row's term of the exponent and, by query, its delta.
-  SmallVector<Value> rowTerm, rowDelta;
+  // Each row's term of the exponent and, by query, its -delta (where the
+  // cotangent dots' accumulators start).
+  SmallVector<Value> rowTerm, rowNegDelta;
   for (int64_t r = 0; r < 2; ++r) {
     if (byKey) {
       rowTerm.push_back(kb.select(rowKept[r], zero, negInf));
     } else {
       Value l = kb.load(lse, {bi, rowAt[r]});
-      rowTerm.push_back(
-          kb.select(rowIn[r], kb.fmul(arith::NegFOp::create(b, l), log2e),
-                    negInf));
-      rowDelta.push_back(kb.load(delta, {bi, rowAt[r]}));
+      rowTerm.push_back(kb.select(
+          rowIn[r], kb.fmul(arith::NegFOp::create(b, l), log2e), negInf));
+      rowNegDelta.push_back(
+          arith::NegFOp::create(b, kb.load(delta, {bi, rowAt[r]})));
     }
   }
 
@@ -167,24 +179,23 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
   Value first = c0, last = N;
   if (spec.causal) {
     if (byKey)
-      first = kb.mul(kb.divu(rowBase, kb.idx(kCols)), kb.idx(kCols));
+      first = kb.mul(kb.divu(rowBase, kb.idx(cols)), kb.idx(cols));
     else {
       Value end = kb.add(rowBase, kb.idx(kRowTile));
       last = kb.select(kb.lt(end, N), end, N);
     }
   }
-  Value Z = byKey ? dp : e;
   TileStaging st{kb, b, elt, tid, kThreads, bi, N};
   Value uAligned = st.aligned(u, D, Dp);
   // Z by query is e (16 bytes a load where aligned); dp by key is f32,
   // rounded element by element.
   Value zAligned = byKey ? kb.cBool(false) : st.aligned(e, K, Kp);
-  SmallVector<TileStaging::Place> xAt = st.places(kCols, Dp),
-                                  zAt = st.places(kCols, Kp);
+  SmallVector<TileStaging::Place> xAt = st.places(cols, Dp),
+                                  zAt = st.places(cols, Kp);
   const int64_t nX = xAt.size(), nZ = zAt.size();
   // By query the staged keys are zeros where masked.
-  function_ref<Value(Value)> colKept = byKey ? function_ref<Value(Value)>()
-                                             : keptFn;
+  function_ref<Value(Value)> colKept =
+      byKey ? function_ref<Value(Value)>() : keptFn;
   auto fetchTile = [&](Value col0) {
     SmallVector<Value> v = st.fetch(u, xAt, D, col0, uAligned, colKept);
     if (!byKey)
@@ -197,7 +208,7 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
   init.append(fetchTile(first));
   Value scale = kb.cF32(kLog2E / spec.scaleDiv);
   SmallVector<Value> acc = kb.forLoop(
-      first, last, kb.idx(kCols), init,
+      first, last, kb.idx(cols), init,
       [&](Value col0, ValueRange carried) -> SmallVector<Value> {
         SmallVector<Value> accs(carried.take_front(nAcc));
         ValueRange staged = carried.drop_front(nAcc);
@@ -205,24 +216,27 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
         kb.barrier();
         kb.ifThenElse(
             uAligned, [&] { st.put(staged.take_front(nX), xAt, xs); },
-            [&] { st.elements(u, xs, kCols, Dp, D, col0, colKept); });
+            [&] { st.elements(u, xs, cols, Dp, D, col0, colKept); });
         if (byKey)
-          st.elements(dp, zs, kCols, Kp, K, col0);
+          st.elements(dp, zs, cols, Kp, K, col0);
         else
           kb.ifThenElse(
               zAligned, [&] { st.put(staged.slice(nX, nZ), zAt, zs); },
-              [&] { st.elements(e, zs, kCols, Kp, K, col0, colKept); });
-        // Each column's term (and by key its delta): terms[0][c], [1][c].
-        kb.ifThen(kb.lt(tid, kb.idx(kCols)), [&] {
+              [&] { st.elements(e, zs, cols, Kp, K, col0, colKept); });
+        // Each column's term in the dots' units, where its logits'
+        // accumulators start (by key -lse' tau of the query, by query 0 or
+        // -inf for an excluded key), and by key its -delta: terms[0][c],
+        // [1][c].
+        kb.ifThen(kb.lt(tid, kb.idx(cols)), [&] {
           Value col = kb.add(col0, tid);
           Value in = kb.lt(col, N);
           Value at = kb.select(in, col, c0);
           if (byKey) {
             Value l = kb.load(lse, {bi, at});
-            kb.store(kb.select(in, kb.fmul(arith::NegFOp::create(b, l), log2e),
-                               negInf),
+            kb.store(kb.select(in, kb.fmul(l, kb.cF32(-spec.scaleDiv)), negInf),
                      terms, {c0, tid});
-            kb.store(kb.select(in, kb.load(delta, {bi, at}), zero), terms,
+            Value d = kb.load(delta, {bi, at});
+            kb.store(kb.select(in, arith::NegFOp::create(b, d), zero), terms,
                      {c1, tid});
           } else {
             Value kept = in;
@@ -234,65 +248,75 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
         kb.barrier();
         // The next tile's vectors in flight while this one is computed (the
         // last tile loads its own again: in bounds, not used).
-        Value next = kb.add(col0, kb.idx(kCols));
+        Value next = kb.add(col0, kb.idx(cols));
         SmallVector<Value> ahead =
             fetchTile(kb.select(kb.lt(next, last), next, col0));
-        // S = X Uᵀ and G = Y Zᵀ: [nb] the columns 8 nb + 2 tig + {0, 1} of
-        // rows g and g + 8.
-        auto products = [&](ArrayRef<Value> rowFrags, Value tile) {
-          SmallVector<SmallVector<Value>> s(kCols / 8,
-                                            SmallVector<Value>(4, zero));
+        // The C fragments' columns 8 nb + 2 tig + {0, 1} of rows g and g + 8
+        // ([nb][2 r + x]), and where the products' accumulators start: S'
+        // from the columns' terms, G' from -delta (the row's by query, the
+        // column's by key).
+        const int64_t nbs = cols / 8;
+        SmallVector<Value> colIdx[2];
+        SmallVector<SmallVector<Value>> sInit(nbs), gInit(nbs);
+        for (int64_t nb = 0; nb < nbs; ++nb) {
+          Value t[2], nd[2];
+          for (int64_t x = 0; x < 2; ++x) {
+            Value c = kb.add(kb.mul(tig, c2), kb.idx(8 * nb + x));
+            colIdx[x].push_back(kb.add(col0, c));
+            t[x] = kb.load(terms, {c0, c});
+            if (byKey)
+              nd[x] = kb.load(terms, {c1, c});
+          }
+          sInit[nb] = {t[0], t[1], t[0], t[1]};
+          gInit[nb] = byKey
+                          ? SmallVector<Value>{nd[0], nd[1], nd[0], nd[1]}
+                          : SmallVector<Value>{rowNegDelta[0], rowNegDelta[0],
+                                               rowNegDelta[1], rowNegDelta[1]};
+        }
+        // S' = X Uᵀ + terms and G' = Y Zᵀ - delta.
+        auto products = [&](ArrayRef<Value> rowFrags, Value tile,
+                            SmallVector<SmallVector<Value>> s) {
           for (auto [c, frag] : llvm::enumerate(rowFrags))
-            for (int64_t nb = 0; nb < kCols / 8; nb += 2) {
+            for (int64_t nb = 0; nb < cols / 8; nb += 2) {
               Value kf = m.keyFragments(tile, nb * 8, 16 * c, ldRow, ldSel);
               s[nb] = m.mma(frag, m.rows(kf, 0, 2), s[nb]);
               s[nb + 1] = m.mma(frag, m.rows(kf, 2, 2), s[nb + 1]);
             }
           return s;
         };
-        SmallVector<SmallVector<Value>> S = products(X, xs);
-        SmallVector<SmallVector<Value>> G = products(Y, zs);
-        // P and dX rounded in pairs: [r][nb].
-        SmallVector<Value> pPairs(2 * (kCols / 8)), dxPairs(2 * (kCols / 8));
-        for (int64_t nb = 0; nb < kCols / 8; ++nb) {
-          Value cols[2], colTerm[2], colDelta[2];
-          for (int64_t x = 0; x < 2; ++x) {
-            Value c = kb.add(kb.mul(tig, c2), kb.idx(8 * nb + x));
-            cols[x] = kb.add(col0, c);
-            colTerm[x] = kb.load(terms, {c0, c});
-            if (byKey)
-              colDelta[x] = kb.load(terms, {c1, c});
-          }
+        SmallVector<SmallVector<Value>> S = products(X, xs, sInit);
+        SmallVector<SmallVector<Value>> G = products(Y, zs, gInit);
+        // P = 2^(S' log2(e)/tau + rowTerm) and dX = P G', rounded in pairs:
+        // [r][nb].
+        SmallVector<Value> pPairs(2 * nbs), dxPairs(2 * nbs);
+        for (int64_t nb = 0; nb < nbs; ++nb) {
           for (int64_t r = 0; r < 2; ++r) {
             Value p[2], dx[2];
             for (int64_t x = 0; x < 2; ++x) {
-              Value arg = kb.fma(S[nb][2 * r + x], scale,
-                                 kb.fadd(rowTerm[r], colTerm[x]));
+              Value arg = kb.fma(S[nb][2 * r + x], scale, rowTerm[r]);
               if (spec.causal) {
                 // Key j <= query i: by query the column is the key.
                 Value keep = byKey ? kb.cmpi(arith::CmpIPredicate::sge,
-                                             cols[x], rows[r])
+                                             colIdx[x][nb], rows[r])
                                    : kb.cmpi(arith::CmpIPredicate::sle,
-                                             cols[x], rows[r]);
+                                             colIdx[x][nb], rows[r]);
                 arg = kb.select(keep, arg, negInf);
               }
               p[x] = exp2Approx(b, arg);
-              Value d = byKey ? colDelta[x] : rowDelta[r];
-              dx[x] = kb.fmul(p[x], kb.fsub(G[nb][2 * r + x], d));
+              dx[x] = kb.fmul(p[x], G[nb][2 * r + x]);
             }
-            pPairs[r * (kCols / 8) + nb] = m.roundPair(p[0], p[1]);
-            dxPairs[r * (kCols / 8) + nb] = m.roundPair(dx[0], dx[1]);
+            pPairs[r * nbs + nb] = m.roundPair(p[0], p[1]);
+            dxPairs[r * nbs + nb] = m.roundPair(dx[0], dx[1]);
           }
         }
         // acc += W · tile over the tile's 16-column slices kc (W's A
         // fragment from its C fragments' pairs of blocks 2 kc and 2 kc + 1).
         auto accumulate = [&](ArrayRef<Value> pairs, Value tile, int64_t blocks,
                               int64_t at) {
-          const int64_t nbs = kCols / 8;
-          for (int64_t kc = 0; kc < kCols / 16; ++kc) {
-            Value aFrag = m.fragmentOfPairs(
-                {pairs[2 * kc], pairs[nbs + 2 * kc], pairs[2 * kc + 1],
-                 pairs[nbs + 2 * kc + 1]});
+          for (int64_t kc = 0; kc < cols / 16; ++kc) {
+            Value aFrag =
+                m.fragmentOfPairs({pairs[2 * kc], pairs[nbs + 2 * kc],
+                                   pairs[2 * kc + 1], pairs[nbs + 2 * kc + 1]});
             for (int64_t eb = 0; eb < blocks; eb += 2) {
               bool pair = eb + 1 < blocks;
               Value vf =
@@ -348,13 +372,13 @@ void mlir::moe::gpu_lowering::launchFlashGradMma(HostCode &h, StringRef name,
   Type elt = cast<MemRefType>(u.getType()).getElementType();
   const int64_t Dp = padTo16(cast<MemRefType>(u.getType()).getShape()[2]);
   const int64_t Kp = padTo16(cast<MemRefType>(e.getType()).getShape()[2]);
-  SmallVector<Type> workgroup = {
-      workgroupMemRef({kCols, Dp + kPad}, elt),
-      workgroupMemRef({kCols, Kp + kPad}, elt),
-      workgroupMemRef({2, kCols}, h.b.getF32Type())};
+  const int64_t cols = columnsFor(Dp, Kp);
+  SmallVector<Type> workgroup = {workgroupMemRef({cols, Dp + kPad}, elt),
+                                 workgroupMemRef({cols, Kp + kPad}, elt),
+                                 workgroupMemRef({2, cols}, h.b.getF32Type())};
   GPUKernel k(h, name, args, workgroup, {kThreads, 1, 1}, loc);
   alignWorkgroupBuffers(k.func);
-  emitFlashGradMma(k, spec, byKey, Dp, Kp, elt);
+  emitFlashGradMma(k, spec, byKey, Dp, Kp, cols, elt);
   Value B = kb.dim(u, 0), N = kb.dim(u, 1);
   k.launch({kb.ceilDiv(N, kb.idx(kRowTile)), B, kb.idx(1)});
 }

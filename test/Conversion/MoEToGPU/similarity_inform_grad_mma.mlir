@@ -11,15 +11,16 @@
 // Saved statistics: the stats kernel's delta of dp rounded to bf16 (as the
 // passes' dots take it), then the query-major pass (dq into du) and the
 // key-major pass (de, du +=), each a block of 128 threads over 64 rows with
-// u's column tile [32 x (64 + 8)] and e's / dp's [32 x (16 + 8)] (16-byte
-// aligned) and the columns' terms [2 x 32]. Every row has one writer: no
-// atomics. A tile: S (4 feature chunks x 4 key blocks) and G (1 x 4) on
-// mma.sync, 16 EX2 a thread (32 x 16 scores over 32 lanes), dX U (2 x 8).
+// u's column tile [64 x (64 + 8)] and e's / dp's [64 x (16 + 8)] (64
+// columns: D + K padded is at most 96; 16-byte aligned) and the columns'
+// terms [2 x 64]. Every row has one writer: no atomics. A tile: S (4
+// feature chunks x 8 key blocks) and G (1 x 8) on mma.sync, 32 EX2 a thread
+// (64 x 16 scores over 32 lanes), dX U (4 x 8).
 // CHECK-LABEL: gpu.func @flash_grad_stats_0
 // CHECK: arith.truncf %{{.*}} : f32 to bf16
 // CHECK: arith.extf %{{.*}} : bf16 to f32
 // CHECK-LABEL: gpu.func @similarity_inform_grad_dq_mma_0
-// CHECK-SAME: %arg5: memref<1x100xi1>, %arg6: memref<1x100x64xf32>) workgroup(%[[XS:.*]] : memref<32x72xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[ZS:.*]] : memref<32x24xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %{{.*}} : memref<2x32xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
+// CHECK-SAME: %arg5: memref<1x100xi1>, %arg6: memref<1x100x64xf32>) workgroup(%[[XS:.*]] : memref<64x72xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[ZS:.*]] : memref<64x24xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %{{.*}} : memref<2x64xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // Under causal the key loop ends at the block's last row (or N).
 // CHECK: arith.addi %{{.*}}, %c64
 // CHECK: scf.for
@@ -38,7 +39,7 @@
 // CHECK-SAME: %arg6: memref<1x100x16xf32>, %arg7: memref<1x100x64xf32>)
 // Under causal the query loop starts at the block's first row; dp's tile is
 // rounded element by element.
-// CHECK: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %c32
+// CHECK: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %c64
 // CHECK: arith.truncf %{{.*}} : f32 to bf16
 // CHECK: llvm.nvvm.ex2.approx.ftz.f
 // CHECK-NOT: atomic
@@ -56,11 +57,12 @@ func.func @saved_causal_masked(%u: tensor<1x100x64xbf16>, %e: tensor<1x100x16xbf
 // -----
 
 // Without saved statistics the forward is recomputed on the tensor-core
-// kernel (its one-row-tile form at D = 128), with the lse.
+// kernel (its one-row-tile form at D = 128), with the lse. The passes take
+// 32-column tiles at D = 128, K = 64.
 // CHECK-LABEL: gpu.func @similarity_inform_grad_mix_mma_0
 // CHECK: nvgpu.mma.sync
 // CHECK: gpu.func @flash_grad_stats_0
-// CHECK: gpu.func @similarity_inform_grad_dq_mma_0
+// CHECK: gpu.func @similarity_inform_grad_dq_mma_0({{.*}}workgroup({{.*}}memref<32x136xf16{{.*}}memref<32x72xf16{{.*}}memref<2x32xf32
 // CHECK: gpu.func @similarity_inform_grad_dk_mma_0
 // OFF-LABEL: gpu.func @similarity_inform_grad_mix_0
 // OFF-NOT: _mma
