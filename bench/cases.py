@@ -185,6 +185,43 @@ def similarity_case(regime: str, B: int, N: int, D: int, K: int, tau: float = 1.
                 note="eager materializes S [B,N,N] in f32: %.0f MiB" % (B * N * N * 4 / 2 ** 20), extra=extra)
 
 
+def similarity_grad_case(regime: str, B: int, N: int, D: int, K: int, tau: float = 1.0, causal: bool = False,
+                         dtype: str = "bf16") -> Case:
+    """Forward + backward of the mixing: ours is similarity_inform_grad (the forward recomputed with its lse, then
+    the two flash passes), eager autograd of the f32 mixing from the rounded operands, extra["sdpa"] torch's fused
+    attention forward and backward in the operands' type (issue #47 item 5: at least 1.2x SDPA's)."""
+    name = f"simgrad_B{B}_N{N}_D{D}_K{K}{'_causal' if causal else ''}{'' if dtype == 'f32' else '_' + dtype}"
+    tdt = _SIM_DTYPES[dtype]
+
+    def make(g):
+        u = torch.randn(B, N, D, generator=g) / D ** 0.25
+        e = torch.softmax(torch.randn(B, N, K, generator=g), -1)
+        return [u.to(tdt), e.to(tdt), torch.randn(B, N, K, generator=g)]
+
+    def grads(mix, u, e, dp):
+        u, e = u.detach().requires_grad_(), e.detach().requires_grad_()
+        return list(torch.autograd.grad(mix(u, e), [u, e], dp))
+
+    eager = lambda u, e, dp: grads(lambda a, b: bl.similarity_mix(a.float(), b.float(), tau, causal=causal),  # noqa: E731
+                                   u, e, dp)
+    sdpa = lambda u, e, dp: grads(lambda a, b: sdpa_mix(a, b, tau, causal), u, e, dp.to(u.dtype))  # noqa: E731
+
+    def check(inp, ours, ref):
+        # f16/bf16: P, dX and dp rounded to the operand type (the tensor-core passes): within 3% of each
+        # gradient's largest magnitude
+        err = 0.0
+        for label, got, want in zip(("du", "de"), ours, ref):
+            scale = want.detach().float().abs().max().item()
+            rtol = 1e-3 if dtype == "f32" else 3e-2
+            err = max(err, _close(label, got, want, rtol, rtol * scale + 1e-6))
+        return err
+
+    params = dict(B=B, N=N, D=D, K=K, tau=tau, causal=causal, T=B * N, dtype=dtype)
+    return Case(name, "similarity_inform_grad", regime, params,
+                M.similarity_inform_grad(name, B, N, D, K, tau, causal, elem=dtype), make,
+                [((B, N, D), torch.float32), ((B, N, K), torch.float32)], eager, check, extra={"sdpa": sdpa})
+
+
 def attention_case(regime: str, B: int, H: int, N: int, Nk: int, D: int, Dh: int, K: int,
                    sigma: float = 2.0, dtype: str = "f32") -> Case:
     """``dtype``: u and e in f32, f16 or bf16 (the others f32; the eager baseline computes in f32 from the rounded
@@ -352,6 +389,8 @@ def full_cases() -> list[Case]:
         # attention_posterior
         attention_case("decode", 1, 8, 64, 64, 512, 64, 16),
         similarity_case("prefill", 1, 16384, 64, 16, k=2, dtype="bf16"),
+        # forward + backward (the tensor-core passes with flash-mma-grad, the scalar ones by default)
+        similarity_grad_case("prefill", 1, 16384, 64, 16), similarity_grad_case("prefill", 4, 4096, 64, 16, causal=True),
         attention_case("prefill", 16, 4, 1024, 1024, 256, 64, 16),
         attention_case("prefill", 16, 4, 1024, 1024, 256, 64, 16, dtype="bf16"),
         # mad_dispersion (E experts from 8 to 256, D from 64 to 1024)

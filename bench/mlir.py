@@ -62,6 +62,17 @@ def similarity_inform_topk(name: str, B: int, N: int, D: int, K: int, k: int, ta
     return _func(name, [("u", u), ("e", e)], [w, i], body, ["%w", "%i"])
 
 
+def similarity_inform_grad(name: str, B: int, N: int, D: int, K: int, tau: float = 1.0, causal: bool = False,
+                           elem: str = "f32") -> str:
+    """The backward of similarity_inform from its inputs and the cotangent dp (f32): the forward recomputed, then
+    the flash passes (f16/bf16 u and e run both on tensor cores with moe-lower-to-nvvm's flash-mma-grad)."""
+    u, e, dp = _t((B, N, D), elem), _t((B, N, K), elem), _t((B, N, K))
+    du, de = _t((B, N, D)), _t((B, N, K))
+    body = (f"%du, %de = moe.similarity_inform_grad %u, %e dp(%dp : {dp}) {_sim_attrs(tau, causal)} : {u}, {e} "
+            f"-> {du}, {de}")
+    return _func(name, [("u", u), ("e", e), ("dp", dp)], [du, de], body, ["%du", "%de"])
+
+
 def attention_posterior(name: str, B: int, H: int, N: int, Nk: int, D: int, Dh: int, K: int,
                         sigma: float = 1.0, elem: str = "f32") -> str:
     """``elem``: the element type of u and e (f16/bf16 of one type run the mixing on tensor cores)."""

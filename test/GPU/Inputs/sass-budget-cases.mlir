@@ -255,6 +255,21 @@ func.func @similarity_inform_bf16_symmetric(%u: tensor<1x16384x64xbf16>, %e: ten
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
+// flash-mma-grad (issue #47 item 3): similarity_inform_grad's tensor-core passes at the benchmark's shape, saved
+// statistics. A trip of either pass's column loop computes 32 scores a thread (its warp's 16 rows x 64 columns over
+// 32 lanes), each with S and <dp, e> on mma.sync, its weight, its logit cotangent and their products (dX U, and by
+// key P dp): the backward's ~2.5x the forward's work a score. The key-major pass's dp tile is rounded element by
+// element in a loop nested in the trip, not counted (its instructions beside the figure).
+// sass-budget: kernel=similarity_inform_grad_dq_mma scores-per-tile=32 options=flash-mma-grad=true
+func.func @similarity_inform_grad_bf16_dq(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>, %dp: tensor<1x16384x16xf32>, %p: tensor<1x16384x16xf32>, %lse: tensor<1x16384xf32>) -> (tensor<1x16384x64xf32>, tensor<1x16384x16xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x16384x16xf32>) saved(%p, %lse : tensor<1x16384x16xf32>, tensor<1x16384xf32>) tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x64xf32>, tensor<1x16384x16xf32>
+  return %du, %de : tensor<1x16384x64xf32>, tensor<1x16384x16xf32>
+}
+// sass-budget: kernel=similarity_inform_grad_dk_mma scores-per-tile=32 options=flash-mma-grad=true
+func.func @similarity_inform_grad_bf16_dk(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>, %dp: tensor<1x16384x16xf32>, %p: tensor<1x16384x16xf32>, %lse: tensor<1x16384xf32>) -> (tensor<1x16384x64xf32>, tensor<1x16384x16xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x16384x16xf32>) saved(%p, %lse : tensor<1x16384x16xf32>, tensor<1x16384xf32>) tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x64xf32>, tensor<1x16384x16xf32>
+  return %du, %de : tensor<1x16384x64xf32>, tensor<1x16384x16xf32>
+}
 // sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2
 func.func @similarity_inform_bf16_causal_d256(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>
