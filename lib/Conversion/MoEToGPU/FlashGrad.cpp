@@ -284,11 +284,16 @@ void mlir::moe::gpu_lowering::launchFlashGradStats(HostCode &host, Value lse,
                                                    Value p, Value dp,
                                                    Value delta, Location loc,
                                                    Value lseOut, Value skip,
-                                                   Type roundDp) {
+                                                   Value dpRounded) {
   const int64_t threads = 128;
   SmallVector<Value> operands = {lse, p, dp, delta, lseOut ? lseOut : lse};
   if (skip)
     operands.push_back(skip);
+  if (dpRounded)
+    operands.push_back(dpRounded);
+  Type roundDp =
+      dpRounded ? cast<MemRefType>(dpRounded.getType()).getElementType()
+                : Type();
   GPUKernel kernel(host, "flash_grad_stats", operands, {}, {threads, 1, 1},
                    loc);
   {
@@ -316,14 +321,22 @@ void mlir::moe::gpu_lowering::launchFlashGradStats(HostCode &host, Value lse,
                     [&](Value c, ValueRange acc) -> SmallVector<Value> {
                       Value pc = kb.load(pv, {b, i, c});
                       Value gc = kb.load(g, {b, i, c});
-                      if (roundDp)
-                        gc = arith::ExtFOp::create(
-                            kernel.b, kb.f32(),
-                            arith::TruncFOp::create(kernel.b, roundDp, gc)
-                                .getResult());
+                      if (roundDp) {
+                        Value r =
+                            arith::TruncFOp::create(kernel.b, roundDp, gc);
+                        kb.store(r, kernel.arg(skip ? 6 : 5), {b, i, c});
+                        gc = arith::ExtFOp::create(kernel.b, kb.f32(), r);
+                      }
                       return {kb.fadd(acc[0], kb.fmul(gc, pc))};
                     })[0];
       kb.store(dot, dl, {b, i});
+      // The rounded dp's padding columns: zeros.
+      if (roundDp) {
+        Value out = kernel.arg(skip ? 6 : 5);
+        kb.forLoop(kb.dim(pv, 2), kb.dim(out, 2), kb.idx(1), [&](Value c) {
+          kb.store(kb.constLike(roundDp, 0.0), out, {b, i, c});
+        });
+      }
     });
   }
   GpuKernelBuilder &kb = host.kb;

@@ -19,7 +19,9 @@
 // the exponent. Column tiles of 64 or 32 (keys by query, queries by key) stream
 // through shared memory: u's rows [cols x D] and Y's partner Z (e by query, dp
 // rounded by key), with each column's term; the next tile's 16-byte vectors
-// are loaded into registers while the current one is computed. A tile:
+// are loaded into registers while the current one is computed. The stats
+// kernel rounds dp once, into rows padded to a multiple of 8 (16-byte
+// vectors). A tile:
 //
 //   S = X Uᵀ and G = Y Zᵀ on mma.sync (the B operands by ldmatrix);
 //   P = 2^(S log2(e)/tau - lse'_i log2(e)) (one FFMA and one EX2 a score:
@@ -187,9 +189,11 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
   }
   TileStaging st{kb, b, elt, tid, kThreads, bi, N};
   Value uAligned = st.aligned(u, D, Dp);
-  // Z by query is e (16 bytes a load where aligned); dp by key is f32,
-  // rounded element by element.
-  Value zAligned = byKey ? kb.cBool(false) : st.aligned(e, K, Kp);
+  // Z by query is e (16 bytes a load where aligned), by key the rounded dp
+  // (this op's own buffer: rows of W, a multiple of 8, from an aligned base;
+  // zeros past K).
+  Value W = kb.dim(dp, 2);
+  Value zAligned = byKey ? kb.cBool(true) : st.aligned(e, K, Kp);
   SmallVector<TileStaging::Place> xAt = st.places(cols, Dp),
                                   zAt = st.places(cols, Kp);
   const int64_t nX = xAt.size(), nZ = zAt.size();
@@ -198,8 +202,8 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
       byKey ? function_ref<Value(Value)>() : keptFn;
   auto fetchTile = [&](Value col0) {
     SmallVector<Value> v = st.fetch(u, xAt, D, col0, uAligned, colKept);
-    if (!byKey)
-      v.append(st.fetch(e, zAt, K, col0, zAligned, colKept));
+    v.append(byKey ? st.fetch(dp, zAt, W, col0, zAligned)
+                   : st.fetch(e, zAt, K, col0, zAligned, colKept));
     return v;
   };
   const int64_t wx = Dp / 8, wz = Kp / 8;
@@ -218,7 +222,7 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
             uAligned, [&] { st.put(staged.take_front(nX), xAt, xs); },
             [&] { st.elements(u, xs, cols, Dp, D, col0, colKept); });
         if (byKey)
-          st.elements(dp, zs, cols, Kp, K, col0);
+          st.put(staged.slice(nX, nZ), zAt, zs);
         else
           kb.ifThenElse(
               zAligned, [&] { st.put(staged.slice(nX, nZ), zAt, zs); },

@@ -55,11 +55,11 @@
 #include "Lowerings.h"
 #include "MmaFragments.h"
 #include "Reductions.h"
+#include "TileStaging.h"
 
 #include "MoE/Kernels/SymmetricMix.h"
 
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
-#include "mlir/Dialect/Utils/StaticValueUtils.h"
 
 #include "llvm/Support/MathExtras.h"
 
@@ -305,96 +305,18 @@ static void emitPairs(GPUKernel &k, const FlashMixSpec &spec,
                              arith::NegFOp::create(b, inf)));
   }
 
-  // Staging `rows` rows from `row0` of src [B, N, width] into dst [rows,
-  // cols + kPad] (columns [0, cols), zeros past N and width), in two halves
-  // so that a step's tiles are loaded while the step before is computed:
-  // fetch() loads the thread's 16-byte vectors into registers (where
-  // `aligned`: width a multiple of 8 and a 16-byte aligned base; zeros
-  // otherwise, no load), put() stores them; stageElements() is the
-  // misaligned operand's element loop.
-  VectorType vec8 = VectorType::get({8}, elt);
-  struct Place {
-    Value r, col, inTile; // inTile: null where every thread has the vector
-  };
-  auto places = [&](int64_t rows, int64_t cols) {
-    const int64_t perRow = cols / 8, vecs = rows * perRow;
-    // Where the block's threads cover whole rows, a thread keeps its
-    // column and steps its row by a constant (no division a vector).
-    const bool fixedColumn = kThreads % perRow == 0;
-    Value r0 = kb.divu(tid, kb.idx(perRow));
-    Value col0 = kb.mul(kb.remu(tid, kb.idx(perRow)), kb.idx(8));
-    SmallVector<Place> at;
-    for (int64_t v0 = 0; v0 < vecs; v0 += kThreads) {
-      Value v = kb.add(tid, kb.idx(v0));
-      Place p;
-      p.r = fixedColumn ? kb.add(r0, kb.idx(v0 / perRow))
-                        : kb.divu(v, kb.idx(perRow));
-      p.col = fixedColumn ? col0 : kb.mul(kb.remu(v, kb.idx(perRow)), kb.idx(8));
-      if (v0 + kThreads > vecs)
-        p.inTile = kb.lt(v, kb.idx(vecs));
-      at.push_back(p);
-    }
-    return at;
-  };
-  auto fetch = [&](Value src, ArrayRef<Place> at, Value width, Value row0,
-                   Value aligned) {
-    SmallVector<Type> types(at.size(), vec8);
-    auto load = [&]() -> SmallVector<Value> {
-      SmallVector<Value> xs;
-      for (const Place &p : at) {
-        Value row = kb.add(row0, p.r);
-        Value ok = kb.andI(kb.lt(row, N), kb.lt(p.col, width));
-        if (p.inTile)
-          ok = kb.andI(ok, p.inTile);
-        Value x = vector::LoadOp::create(
-            b, vec8, src,
-            ValueRange{bi, kb.select(ok, row, c0), kb.select(ok, p.col, c0)},
-            /*nontemporal=*/false, llvm::MaybeAlign(16));
-        xs.push_back(kb.select(ok, x, kb.constLike(vec8, 0.0)));
-      }
-      return xs;
-    };
-    if (isConstantIntValue(aligned, 1))
-      return load();
-    return kb.ifElse(aligned, types, load, [&]() -> SmallVector<Value> {
-      return SmallVector<Value>(at.size(), kb.constLike(vec8, 0.0));
-    });
-  };
-  auto put = [&](ValueRange xs, ArrayRef<Place> at, Value dst) {
-    for (auto [x, p] : llvm::zip(xs, at)) {
-      auto store = [&, x = x, p = p] {
-        vector::StoreOp::create(b, x, dst, ValueRange{p.r, p.col},
-                                /*nontemporal=*/false, llvm::MaybeAlign(16));
-      };
-      if (p.inTile)
-        kb.ifThen(p.inTile, store);
-      else
-        store();
-    }
-  };
-  auto stageElements = [&](Value src, Value dst, int64_t rows, int64_t cols,
-                           Value width, Value row0) {
-    kb.forLoop(tid, kb.idx(rows * cols), kb.idx(kThreads), [&](Value v) {
-      Value r = kb.divu(v, kb.idx(cols)), col = kb.remu(v, kb.idx(cols));
-      Value row = kb.add(row0, r);
-      Value ok = kb.andI(kb.lt(row, N), kb.lt(col, width));
-      Value x = kb.load(src, {bi, kb.select(ok, row, c0),
-                              kb.select(ok, col, c0)});
-      kb.store(kb.select(ok, x, zeroE), dst, {r, col});
-    });
-  };
-  Value uAligned = kb.cBool(false);
-  if (Dp % 8 == 0) {
-    Value ptr = memref::ExtractAlignedPointerAsIndexOp::create(b, u);
-    uAligned = kb.andI(kb.eq(kb.remu(ptr, kb.idx(16)), c0),
-                       kb.eq(kb.remu(D, kb.idx(8)), c0));
-  }
+  // The tiles' staging (TileStaging.h): 16-byte vectors fetched into
+  // registers while a step is computed, stored after its barrier; the
+  // element loop where u is not 16-byte aligned.
+  TileStaging st{kb, b, elt, tid, kThreads, bi, N};
+  using Place = TileStaging::Place;
+  Value uAligned = st.aligned(u, D, Dp);
   // V' is this op's own buffer: rows of W elements (a multiple of 8) from a
   // 16-byte aligned base.
   Value vpAligned = kb.cBool(true);
   {
-    SmallVector<Place> at = places(kRowTile, W);
-    put(fetch(vp, at, kb.idx(W), rowBase, vpAligned), at, vsI);
+    SmallVector<Place> at = st.places(kRowTile, W);
+    st.put(st.fetch(vp, at, kb.idx(W), rowBase, vpAligned), at, vsI);
   }
 
   // The walk: L = 1 + m tiles J = I + jt (mod T), two halves each, this
@@ -437,7 +359,8 @@ static void emitPairs(GPUKernel &k, const FlashMixSpec &spec,
     return kb.add(kb.mul(J, kb.idx(kRowTile)),
                   kb.mul(kb.remu(step, c2), kb.idx(kKeyHalf)));
   };
-  SmallVector<Place> keyAt = places(kKeyHalf, Dp), valueAt = places(kKeyHalf, W);
+  SmallVector<Place> keyAt = st.places(kKeyHalf, Dp),
+                     valueAt = st.places(kKeyHalf, W);
   const int64_t nKey = keyAt.size(), nValue = valueAt.size();
   // The registers a step's tiles pass through: the keys' and V'_J's vectors
   // and -h_j of key tid (tid < 64) in the dot product's units (|u_j|² / 2;
@@ -445,8 +368,8 @@ static void emitPairs(GPUKernel &k, const FlashMixSpec &spec,
   // one FFMA and one EX2.
   auto fetchStep = [&](Value step) {
     Value j0 = j0Of(step);
-    SmallVector<Value> xs = fetch(u, keyAt, D, j0, uAligned);
-    xs.append(fetch(vp, valueAt, kb.idx(W), j0, vpAligned));
+    SmallVector<Value> xs = st.fetch(u, keyAt, D, j0, uAligned);
+    xs.append(st.fetch(vp, valueAt, kb.idx(W), j0, vpAligned));
     Value j = kb.add(j0, kb.remu(tid, kb.idx(kKeyHalf)));
     Value in = kb.lt(j, N);
     Value h = kb.load(half, {bi, kb.select(in, j, c0)});
@@ -466,9 +389,9 @@ static void emitPairs(GPUKernel &k, const FlashMixSpec &spec,
         // The last step's reads of the buffers are done.
         kb.barrier();
         kb.ifThenElse(
-            uAligned, [&] { put(staged.take_front(nKey), keyAt, ks); },
-            [&] { stageElements(u, ks, kKeyHalf, Dp, D, j0); });
-        put(staged.slice(nKey, nValue), valueAt, vsJ);
+            uAligned, [&] { st.put(staged.take_front(nKey), keyAt, ks); },
+            [&] { st.elements(u, ks, kKeyHalf, Dp, D, j0); });
+        st.put(staged.slice(nKey, nValue), valueAt, vsJ);
         kb.ifThen(kb.lt(tid, kb.idx(kKeyHalf)),
                   [&] { kb.store(staged.back(), hs, {tid}); });
         kb.barrier();

@@ -321,7 +321,8 @@ bool flashGradMmaApplies(const FlashLogitSpec &spec, Type uElt, Type eElt,
                          int64_t depth, int64_t experts);
 /// Creates the query-major (dq) or, `byKey`, the key-major (de, du +=) pass
 /// and launches it (grid ceil(N / 64) x B, block 128) on `args`: u [B,N,D],
-/// e [B,N,K], dp [B,N,K] (f32), lse' and delta [B,N] (launchFlashGradStats),
+/// e [B,N,K], dp [B,N,W] rounded to u's type with its rows padded to a
+/// multiple of 8 by zeros, lse' and delta [B,N] (launchFlashGradStats),
 /// key_mask [B,N] (i1) when the spec has one, then dq [B,N,D] (f32, stored)
 /// by query, or de [B,N,K] (stored) and du [B,N,D] (f32, added to) by key.
 void launchFlashGradMma(class HostCode &h, StringRef name,
@@ -333,13 +334,14 @@ void launchFlashGradMma(class HostCode &h, StringRef name,
 /// (default: lse itself, rewritten in place) and delta [B,N] = <dp_i, p_i>
 /// (p, dp [B,N,K], f32). With `skip` ([B] i32), the rows of a batch element
 /// whose entry is nonzero get lse' = +inf too: every weight exp(x - lse') of
-/// the element, and so its gradients, are 0. With `roundDp` (f16/bf16),
-/// delta is of dp rounded to it, as the tensor-core passes take dp in
-/// their dots <dp_i, e_j>: dX = S (G - delta) then cancels as the exact
-/// one does where p_i is close to e_j (a row dominated by one key).
+/// the element, and so its gradients, are 0. With `dpRounded` ([B,N,W] of
+/// f16/bf16, W >= K), dp rounded to its type is written there (zeros past
+/// K) and delta is of it, as the tensor-core passes take dp in their dots
+/// <dp_i, e_j>: dX = S (G - delta) then cancels as the exact one does where
+/// p_i is close to e_j (a row dominated by one key).
 void launchFlashGradStats(class HostCode &h, Value lse, Value p, Value dp,
                           Value delta, Location loc, Value lseOut = {},
-                          Value skip = {}, Type roundDp = {});
+                          Value skip = {}, Value dpRounded = {});
 
 /// out[b,i,:] = x[b,i,:] · w (w^T with `transposed`; += with `accumulate`)
 /// for x [B,N,D] (any float type), w [D,D], out [B,N,D] (f32): a thread per

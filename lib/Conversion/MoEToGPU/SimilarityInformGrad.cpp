@@ -26,6 +26,8 @@
 #include "HostCode.h"
 #include "Lowerings.h"
 
+#include "llvm/Support/MathExtras.h"
+
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
@@ -123,8 +125,16 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
       options.flashMma && options.flashMmaGrad && !ws &&
       flashGradMmaApplies(logit, elementOf(u), elementOf(e), uShape[2], *K);
 
-  // The passes' dots take dp rounded to the operand type, and delta too.
-  Type roundDp = mmaGrad ? elementOf(u) : Type();
+  // The passes take dp rounded to the operand type, its rows padded to a
+  // multiple of 8 (16-byte vectors), written by the stats kernel, whose
+  // delta is of it too.
+  Value dpRounded;
+  if (mmaGrad)
+    dpRounded = h.alloc(
+        MemRefType::get({uShape[0], uShape[1],
+                         static_cast<int64_t>(llvm::alignTo(*K, 8))},
+                        elementOf(u)),
+        bn);
 
   // 0-1. q, then p and lse by the forward kernel, then lse' and delta.
   Value q = u;
@@ -143,7 +153,7 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
     Value savedP = h.buffer(adaptor.getP());
     Value savedLse = h.buffer(adaptor.getLse());
     launchFlashGradStats(h, savedLse, savedP, dp, delta, loc, lse,
-                         /*skip=*/{}, roundDp);
+                         /*skip=*/{}, dpRounded);
   } else {
     Value p = h.alloc(widthType, bn);
     FlashMixSpec fwd{logit};
@@ -169,13 +179,13 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
     else
       launchFlashMix(h, "similarity_inform_grad_mix", fwd, q, fwdArgs, loc);
     launchFlashGradStats(h, lse, p, dp, delta, loc, /*lseOut=*/{},
-                         /*skip=*/{}, roundDp);
+                         /*skip=*/{}, dpRounded);
     h.release(p);
   }
 
   if (mmaGrad) {
     // 2-3. dq into du by query, then de and dk (added to du) by key.
-    SmallVector<Value> args = {u, e, dp, lse, delta};
+    SmallVector<Value> args = {u, e, dpRounded, lse, delta};
     if (mask)
       args.push_back(mask);
     SmallVector<Value> byQuery(args), byKey(args);
@@ -187,6 +197,7 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
                        /*byKey=*/true, byKey, loc);
     h.release(lse);
     h.release(delta);
+    h.release(dpRounded);
     h.finish();
     h.replace(op, {du, de});
     return success();

@@ -8,8 +8,9 @@
 // ptxas sweep (GPU/ptxas-sweep.mlir) assembles them with no local memory:
 // ptxas-options: flash-mma-grad=true
 
-// Saved statistics: the stats kernel's delta of dp rounded to bf16 (as the
-// passes' dots take it), then the query-major pass (dq into du) and the
+// Saved statistics: the stats kernel rounds dp to bf16 into rows padded to
+// a multiple of 8 (zeros past K) and forms delta of it (as the passes' dots
+// take it), then the query-major pass (dq into du) and the
 // key-major pass (de, du +=), each a block of 128 threads over 64 rows with
 // u's column tile [64 x (64 + 8)] and e's / dp's [64 x (16 + 8)] (64
 // columns: D + K padded is at most 96; 16-byte aligned) and the columns'
@@ -17,8 +18,10 @@
 // feature chunks x 8 key blocks) and G (1 x 8) on mma.sync, 32 EX2 a thread
 // (64 x 16 scores over 32 lanes), dX U (4 x 8).
 // CHECK-LABEL: gpu.func @flash_grad_stats_0
-// CHECK: arith.truncf %{{.*}} : f32 to bf16
-// CHECK: arith.extf %{{.*}} : bf16 to f32
+// CHECK-SAME: %arg5: memref<1x100x16xbf16>
+// CHECK: %[[R:.*]] = arith.truncf %{{.*}} : f32 to bf16
+// CHECK: memref.store %[[R]], %arg5
+// CHECK: arith.extf %[[R]] : bf16 to f32
 // CHECK-LABEL: gpu.func @similarity_inform_grad_dq_mma_0
 // CHECK-SAME: %arg5: memref<1x100xi1>, %arg6: memref<1x100x64xf32>) workgroup(%[[XS:.*]] : memref<64x72xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[ZS:.*]] : memref<64x24xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %{{.*}} : memref<2x64xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // Under causal the key loop ends at the block's last row (or N).
@@ -36,11 +39,12 @@
 // CHECK-NOT: atomic
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @similarity_inform_grad_dk_mma_0
+// CHECK-SAME: %arg2: memref<1x100x16xbf16>
 // CHECK-SAME: %arg6: memref<1x100x16xf32>, %arg7: memref<1x100x64xf32>)
-// Under causal the query loop starts at the block's first row; dp's tile is
-// rounded element by element.
+// Under causal the query loop starts at the block's first row; the rounded
+// dp's tile is staged 16 bytes at a time.
 // CHECK: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %c64
-// CHECK: arith.truncf %{{.*}} : f32 to bf16
+// CHECK: vector.load %arg2{{.*}} : memref<1x100x16xbf16>, vector<8xbf16>
 // CHECK: llvm.nvvm.ex2.approx.ftz.f
 // CHECK-NOT: atomic
 // CHECK: gpu.return

@@ -1,5 +1,6 @@
 """similarity_inform_grad's tensor-core passes (FlashMmaGrad.cpp, flash-mma-grad) as moe-opt emits them, run without
-a GPU by simt.py in the host's order: the stats kernel (lse', delta from the saved p and lse), the query-major pass
+a GPU by simt.py in the host's order: the stats kernel (lse', and dp rounded to the operand type with delta of it, from
+the saved p and lse and dp), the query-major pass
 (dq into du) and the key-major pass (de, and dk added to du). Against float64 autograd of the reference mixing on the
 operands' rounded values: causal and key masks (a query with no key, a fully masked batch element), D and K that are
 not multiples of 16 (the padded fragments), the widest shapes the kernel takes (D = 128, K = 64), f16 and bf16, N = 1,
@@ -71,15 +72,17 @@ def run(text, ub, eb, dp, mask, p, lse, misalign=False):
     delta = np.full((B, N), np.nan, np.float32)
     du = np.full((B, N, D), np.nan, np.float32)    # the query-major pass stores every element of it
     de = np.full((B, N, K), np.nan, np.float32)
+    # dp rounded to the operand type by the stats kernel, rows padded to a multiple of 8 (NaN until written)
+    dpr = np.full((B, N, -(-K // 8) * 8), 0x7FC0, np.uint16)
     mk = [mask] if mask is not None else []
     mem = simt.Memory()
-    for a in [ub, eb, dp, p, lse, lse_out, delta, du, de] + mk:
+    for a in [ub, eb, dp, p, lse, lse_out, delta, du, de, dpr] + mk:
         mem.add(a, None, misalign_bytes=2 if (misalign and a is ub) else 0)
-    simt.run_kernel(simt.parse(text, "flash_grad_stats_0"), [lse, p, dp, delta, lse_out], BLOCK,
+    simt.run_kernel(simt.parse(text, "flash_grad_stats_0"), [lse, p, dp, delta, lse_out, dpr], BLOCK,
                     (-(-N // BLOCK), B), mem)
     grid = (-(-N // 64), B)
     for name, outs in (("similarity_inform_grad_dq_mma_0", [du]), ("similarity_inform_grad_dk_mma_0", [de, du])):
-        simt.run_kernel(simt.parse(text, name), [ub, eb, dp, lse_out, delta] + mk + outs, BLOCK, grid, mem,
+        simt.run_kernel(simt.parse(text, name), [ub, eb, dpr, lse_out, delta] + mk + outs, BLOCK, grid, mem,
                         workgroup=workgroup(text, name), lockstep=True, workgroup_fill=np.nan)
     return du, de
 
