@@ -462,12 +462,10 @@ lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
   };
   std::optional<FlashMmaTile> mma;
   if (options.flashMma && options.flashMmaPosterior)
-    mma = flashMmaTile(
-        spec, elementOf(u), /*keyElt=*/elementOf(u), elementOf(e),
-        cast<MemRefType>(u.getType()).getShape()[2], options.sharedMemoryBytes,
-        options.flashMmaWideStaging, options.flashMmaAsyncStaging,
-        options.flashMmaTopk,
-        /*posterior=*/true, options.flashMmaBase2, options.flashMmaSumMma);
+    mma = flashMmaTile(spec, elementOf(u), /*keyElt=*/elementOf(u),
+                       elementOf(e),
+                       cast<MemRefType>(u.getType()).getShape()[2], options,
+                       options.flashMmaTopk, /*posterior=*/true);
 
   // 3: head means and their bias. The tensor-core kernel takes the means in
   // the operand type, which this kernel writes (rounding each f32 mean once)

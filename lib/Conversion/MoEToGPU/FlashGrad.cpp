@@ -291,15 +291,16 @@ void mlir::moe::gpu_lowering::launchFlashGradStats(HostCode &host, Value lse,
     operands.push_back(skip);
   if (dpRounded)
     operands.push_back(dpRounded);
-  Type roundDp =
-      dpRounded ? cast<MemRefType>(dpRounded.getType()).getElementType()
-                : Type();
   GPUKernel kernel(host, "flash_grad_stats", operands, {}, {threads, 1, 1},
                    loc);
   {
     GpuKernelBuilder &kb = kernel.kb;
     Value l = kernel.arg(0), pv = kernel.arg(1), g = kernel.arg(2),
           dl = kernel.arg(3), lOut = kernel.arg(4);
+    // dp rounded to the type of `dpRounded`, when given, is written there.
+    Value dpOut = dpRounded ? kernel.arg(skip ? 6 : 5) : Value();
+    Type roundDp =
+        dpOut ? cast<MemRefType>(dpOut.getType()).getElementType() : Type();
     Value N = kb.dim(pv, 1);
     Value i = kernel.globalId();
     Value b = kb.blockId(gpu::Dimension::y);
@@ -324,19 +325,17 @@ void mlir::moe::gpu_lowering::launchFlashGradStats(HostCode &host, Value lse,
                       if (roundDp) {
                         Value r =
                             arith::TruncFOp::create(kernel.b, roundDp, gc);
-                        kb.store(r, kernel.arg(skip ? 6 : 5), {b, i, c});
+                        kb.store(r, dpOut, {b, i, c});
                         gc = arith::ExtFOp::create(kernel.b, kb.f32(), r);
                       }
                       return {kb.fadd(acc[0], kb.fmul(gc, pc))};
                     })[0];
       kb.store(dot, dl, {b, i});
       // The rounded dp's padding columns: zeros.
-      if (roundDp) {
-        Value out = kernel.arg(skip ? 6 : 5);
-        kb.forLoop(kb.dim(pv, 2), kb.dim(out, 2), kb.idx(1), [&](Value c) {
-          kb.store(kb.constLike(roundDp, 0.0), out, {b, i, c});
+      if (dpOut)
+        kb.forLoop(kb.dim(pv, 2), kb.dim(dpOut, 2), kb.idx(1), [&](Value c) {
+          kb.store(kb.constLike(roundDp, 0.0), dpOut, {b, i, c});
         });
-      }
     });
   }
   GpuKernelBuilder &kb = host.kb;

@@ -223,24 +223,21 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
          (cols > 16 &&
           4 * (tile.depth / 16 + cols / 8 + tile.experts / 8) + 40 > 144)))
       continue;
+    // A thread's fragments (4 registers per 16x8 tile: the query's chunks,
+    // the logits, the accumulator) plus about 40 of addresses and state.
+    int64_t regs = 4 * (tile.depth / 16 + cols / 8 + tile.experts / 8 +
+                        (tile.sumMma ? 1 : 0)) +
+                   40;
     // A key mask's selects or the lse beside 64-key tiles of a kernel past
     // 136 registers spilled 4-8 bytes (D = 128, K = 64: with a mask on
     // sm_80, with the lse and causal on sm_90): 32-key tiles.
-    if (cols == 64 && (spec.hasKeyMask || spec.withLse) && !spec.hasAddScores &&
-        4 * (tile.depth / 16 + cols / 8 + tile.experts / 8 +
-             (tile.sumMma ? 1 : 0)) +
-                40 >
-            136)
+    if (cols == 64 && (spec.hasKeyMask || spec.withLse) &&
+        !spec.hasAddScores && regs > 136)
       continue;
     int64_t bytes =
         tile.buffers * cols * (tile.depth + kPad + tile.experts + kPad) * 2;
     if (bytes <= sharedMemoryBytes) {
       tile.cols = cols;
-      // A thread's fragments (4 registers per 16x8 tile: the query's chunks,
-      // the logits, the accumulator) plus about 40 of addresses and state.
-      int64_t regs = 4 * (tile.depth / 16 + cols / 8 + tile.experts / 8 +
-                          (tile.sumMma ? 1 : 0)) +
-                     40;
       // The fused top-k's epilogue: one row's packed 64-bit candidates (2 per
       // column of the quad lane) beside the other row's probabilities.
       if (spec.topk)
@@ -262,6 +259,17 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
     }
   }
   return std::nullopt;
+}
+
+std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
+    const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt, int64_t depth,
+    const ConvertMoEToGPUOptions &options, bool fusedTopk, bool posterior) {
+  return flashMmaTile(spec, qElt, keyElt, eElt, depth,
+                      options.sharedMemoryBytes, options.flashMmaWideStaging,
+                      options.flashMmaAsyncStaging, fusedTopk, posterior,
+                      options.flashMmaBase2, options.flashMmaSumMma,
+                      options.flashMmaBlockRows, options.flashMmaKeySplits,
+                      options.flashMmaLazyRescale, options.flashMmaStages);
 }
 
 /// The key and value tile buffers of the kernel: `buffers` tiles of `cols`

@@ -39,11 +39,12 @@
 // rounded so (FlashAttention-2 keeps dO in bf16 too), or dX = S (G - delta)
 // would not cancel where p_i is close to e_j (a row dominated by one key:
 // 46% off float64 at D = 128 with delta of the f32 dp, 0.2% with it); the
-// dots, the sums and the exponents are f32. Masked keys and rows past N are zeros in the staged
-// tiles and in the key-major rows (so a NaN in a masked key's e stays out of
-// every gradient: its u is a query's too, and there enters); as in
-// the forward tensor-core kernel, a non-finite value of a key that causal
-// masking hides from some rows of a diagonal tile reaches them (0 · inf).
+// dots, the sums and the exponents are f32. Masked keys and rows past N are
+// zeros in the staged tiles and in the key-major rows (so a NaN in a masked
+// key's e stays out of every gradient: its u is a query's too, and there
+// enters); as in the forward tensor-core kernel, a non-finite value of a key
+// that causal masking hides from some rows of a diagonal tile reaches them
+// (0 · inf).
 //
 //===----------------------------------------------------------------------===//
 
@@ -54,7 +55,6 @@
 #include "TileStaging.h"
 
 #include "llvm/Support/MathExtras.h"
-
 
 using namespace mlir;
 using namespace mlir::moe;
@@ -139,8 +139,8 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
   if (byKey && mask)
     for (int64_t r = 0; r < 2; ++r)
       rowKept[r] = kb.andI(rowIn[r], keyKept(rowAt[r]));
-  // A fragments of rows [16 x width] of `src` (any float type, rounded to
-  // the operand type), zeros past N and width.
+  // A fragments of rows [16 x width] of `src` (of the operand type), zeros
+  // past N and width.
   auto rowFragments = [&](Value src, int64_t padded, Value width) {
     SmallVector<Value> frags;
     for (int64_t c = 0; c < padded / 16; ++c) {
@@ -152,8 +152,6 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
             Value ok = kb.lt(col, width);
             Value v = kb.load(src, {bi, rowAt[r], kb.select(ok, col, c0)});
             ok = kb.andI(rowKept[r], ok);
-            if (v.getType() != elt)
-              v = arith::TruncFOp::create(b, elt, v);
             elems.push_back(kb.select(ok, v, zeroE));
           }
       frags.push_back(m.fragment(elems));
@@ -178,11 +176,12 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
   }
 
   // The column tiles: keys [0, N) by query (under causal up to the block's
-  // last row), queries [0, N) by key (under causal from its first row).
+  // last row), queries [0, N) by key (under causal from its first row, a
+  // tile boundary: cols divides kRowTile).
   Value first = c0, last = N;
   if (spec.causal) {
     if (byKey)
-      first = kb.mul(kb.divu(rowBase, kb.idx(cols)), kb.idx(cols));
+      first = rowBase;
     else {
       Value end = kb.add(rowBase, kb.idx(kRowTile));
       last = kb.select(kb.lt(end, N), end, N);
@@ -378,6 +377,7 @@ void mlir::moe::gpu_lowering::launchFlashGradMma(HostCode &h, StringRef name,
   const int64_t Dp = padTo16(cast<MemRefType>(u.getType()).getShape()[2]);
   const int64_t Kp = padTo16(cast<MemRefType>(e.getType()).getShape()[2]);
   const int64_t cols = columnsFor(Dp, Kp);
+  assert(kRowTile % cols == 0 && "a row block starts at a column tile");
   SmallVector<Type> workgroup = {workgroupMemRef({cols, Dp + kPad}, elt),
                                  workgroupMemRef({cols, Kp + kPad}, elt),
                                  workgroupMemRef({2, cols}, h.b.getF32Type())};

@@ -215,6 +215,14 @@ flashMmaTile(const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt,
              int64_t blockRows = 64, int64_t keySplits = 1,
              bool lazyRescale = false, int64_t stages = 2);
 
+/// flashMmaTile with the pass's flash-mma options (the staging, base-2, sum,
+/// row-block, key-split, lazy-rescale and stage options as given), the fused
+/// top-k and attention_posterior's logits where `fusedTopk` and `posterior`.
+std::optional<FlashMmaTile>
+flashMmaTile(const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt,
+             int64_t depth, const ConvertMoEToGPUOptions &options,
+             bool fusedTopk, bool posterior);
+
 /// launchFlashMix on tensor cores (the same arguments; grid ceil(N / rows) x
 /// B, rows 64 or 128 (FlashMmaTile::rowTiles), block 128; with key splits a
 /// z dimension and a second, combining kernel) with the tiles of

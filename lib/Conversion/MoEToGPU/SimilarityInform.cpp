@@ -83,13 +83,8 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
   std::optional<FlashMmaTile> mma;
   if (options.flashMma && !projected)
     mma = flashMmaTile(spec, elementOf(q), elementOf(u), elementOf(e),
-                       cast<MemRefType>(u.getType()).getShape()[2],
-                       options.sharedMemoryBytes, options.flashMmaWideStaging,
-                       options.flashMmaAsyncStaging, options.flashMmaTopk,
-                       /*posterior=*/false, options.flashMmaBase2,
-                       options.flashMmaSumMma, options.flashMmaBlockRows,
-                       options.flashMmaKeySplits, options.flashMmaLazyRescale,
-                       options.flashMmaStages);
+                       cast<MemRefType>(u.getType()).getShape()[2], options,
+                       options.flashMmaTopk, /*posterior=*/false);
   Type uElt = elementOf(u);
   if (mma && options.flashMmaSymmetric && !projected &&
       symmetricMixApplies(spec, *mma, uElt,

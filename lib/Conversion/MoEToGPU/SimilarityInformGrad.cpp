@@ -130,11 +130,11 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
   // delta is of it too.
   Value dpRounded;
   if (mmaGrad)
-    dpRounded = h.alloc(
-        MemRefType::get({uShape[0], uShape[1],
-                         static_cast<int64_t>(llvm::alignTo(*K, 8))},
-                        elementOf(u)),
-        bn);
+    dpRounded =
+        h.alloc(MemRefType::get({uShape[0], uShape[1],
+                                 static_cast<int64_t>(llvm::alignTo(*K, 8))},
+                                elementOf(u)),
+                bn);
 
   // 0-1. q, then p and lse by the forward kernel, then lse' and delta.
   Value q = u;
@@ -166,13 +166,8 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
     std::optional<FlashMmaTile> tile;
     if (mmaGrad)
       tile = flashMmaTile(fwd, elementOf(q), elementOf(u), elementOf(e),
-                          uShape[2], options.sharedMemoryBytes,
-                          options.flashMmaWideStaging,
-                          options.flashMmaAsyncStaging, /*fusedTopk=*/false,
-                          /*posterior=*/false, options.flashMmaBase2,
-                          options.flashMmaSumMma, options.flashMmaBlockRows,
-                          options.flashMmaKeySplits,
-                          options.flashMmaLazyRescale, options.flashMmaStages);
+                          uShape[2], options, /*fusedTopk=*/false,
+                          /*posterior=*/false);
     if (tile)
       launchFlashMixMma(h, "similarity_inform_grad_mix_mma", fwd, *tile, q,
                         fwdArgs, loc);

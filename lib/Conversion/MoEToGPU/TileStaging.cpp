@@ -92,15 +92,12 @@ void TileStaging::elements(Value src, Value dst, int64_t rows, int64_t cols,
                            Value width, Value row0,
                            function_ref<Value(Value row)> rowKept) {
   Value c0 = kb.idx(0);
-  Type srcElt = cast<MemRefType>(src.getType()).getElementType();
   kb.forLoop(tid, kb.idx(rows * cols), kb.idx(threads), [&](Value v) {
     Value r = kb.divu(v, kb.idx(cols)), col = kb.remu(v, kb.idx(cols));
     Value row = kb.add(row0, r);
     Value ok = kb.andI(kb.lt(row, N), kb.lt(col, width));
     Value safeRow = kb.select(ok, row, c0);
     Value x = kb.load(src, {bi, safeRow, kb.select(ok, col, c0)});
-    if (srcElt != elt)
-      x = arith::TruncFOp::create(b, elt, x);
     if (rowKept)
       ok = kb.andI(ok, rowKept(safeRow));
     kb.store(kb.select(ok, x, kb.constLike(elt, 0.0)), dst, {r, col});

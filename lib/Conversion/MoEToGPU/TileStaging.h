@@ -50,8 +50,7 @@ struct TileStaging {
                            function_ref<Value(Value row)> rowKept = nullptr);
   /// Stores fetch()'s vectors into `dst`.
   void put(ValueRange xs, ArrayRef<Place> at, Value dst);
-  /// The same tile a thread an element (any alignment; `src` of any float
-  /// type, rounded to `elt`).
+  /// The same tile a thread an element (any alignment).
   void elements(Value src, Value dst, int64_t rows, int64_t cols, Value width,
                 Value row0, function_ref<Value(Value row)> rowKept = nullptr);
 };
