@@ -107,7 +107,8 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
     Value negInf = kb.negInfLike(kb.f32());
     Value excludedMark = kb.cF32(-1.0);
     Value c0 = kb.idx(0), c1 = kb.idx(1);
-    FlashTile tile(kb);
+    FlashTile tile(kb, flashBlockOrder(spec.causal, spec.balanceCausal,
+                                       spec.keyMajor));
     FlashLanes t = tile.t;
     Value tid = t.tid, b = tile.b, rowBase = tile.rowBase;
     Value R = kb.dim(scoreRows, 1), C = kb.dim(scoreCols, 1);

@@ -148,7 +148,8 @@ static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
   Value zero = kb.cF32(0.0);
   Value negInf = kb.cF32(-std::numeric_limits<double>::infinity());
   Value c0 = kb.idx(0), c1 = kb.idx(1);
-  FlashTile tile(kb);
+  FlashTile tile(
+      kb, flashBlockOrder(spec.causal, spec.balanceCausal, /*byKey=*/false));
   Value tid = tile.t.tid, r = tile.t.row, lane = tile.t.lane;
   Value b = tile.b, rowBase = tile.rowBase;
   Value N = kb.dim(q, 1);

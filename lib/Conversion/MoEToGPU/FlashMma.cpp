@@ -481,10 +481,25 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // Behind the symmetric kernel (spec.gated): only the batch elements it
   // declined. The block is one element's, so the branch is uniform over
   // its barriers.
+  // The causal order (flash-causal-balance) but in the split-key kernel:
+  // its computed batch element and row base, held across the key loop where
+  // the block ids were re-read, took it past 255 registers (sm_80 and sm_90,
+  // D = 128, K = 32, f16 with the lse, dynamic N: 4 bytes spilled), and its
+  // z slices would need their own order.
+  // In the grid's order the block ids are read where they are used (ptxas
+  // re-reads them rather than holding them).
+  FlashBlockOrder order = flashBlockOrder(
+      spec.causal, spec.balanceCausal && tile.keySplits == 1, /*byKey=*/false);
+  FlashBlockPlace place;
+  if (order != FlashBlockOrder::Grid)
+    place = flashBlockPlace(kb, order);
   if (spec.gated) {
     Value gate = kernel.arg(a++);
     auto ifOp = scf::IfOp::create(
-        b, symmetricDeclined(kb, gate, kb.blockId(gpu::Dimension::y)),
+        b,
+        symmetricDeclined(kb, gate,
+                          place.batch ? place.batch
+                                      : kb.blockId(gpu::Dimension::y)),
         /*withElseRegion=*/false);
     b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
   }
@@ -514,8 +529,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   Value lane = kb.remu(tid, kb.idx(kWarp));
   Value g = kb.divu(lane, kb.idx(4));   // the quad: rows g and g + 8
   Value tig = kb.remu(lane, kb.idx(4)); // the lane in the quad: columns
-  Value bi = kb.blockId(gpu::Dimension::y);
-  Value rowBase = kb.mul(kb.blockId(), kb.idx(blockRows));
+  Value bi = place.batch ? place.batch : kb.blockId(gpu::Dimension::y);
+  Value rowBase =
+      kb.mul(place.tile ? place.tile : kb.blockId(), kb.idx(blockRows));
   Value N = kb.dim(q, 1);
   Value D = kb.dim(q, 2);
   Value Nk = kb.dim(keys, 1);

@@ -96,7 +96,7 @@ bool mlir::moe::gpu_lowering::flashGradMmaApplies(const FlashLogitSpec &spec,
 /// delta, [key mask], then dq by query, de and du by key.
 static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
                              bool byKey, int64_t Dp, int64_t Kp, int64_t cols,
-                             Type elt) {
+                             Type elt, FlashBlockOrder order) {
   GpuKernelBuilder &kb = k.kb;
   ImplicitLocOpBuilder &b = k.b;
   Mma m{b, kb, elt};
@@ -108,14 +108,19 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
   Value out1 = byKey ? k.arg(a++) : Value();
   Value xs = k.workgroup(0), zs = k.workgroup(1), terms = k.workgroup(2);
   Value c0 = kb.idx(0), c1 = kb.idx(1), c2 = kb.idx(2);
-  Value bi = kb.blockId(gpu::Dimension::y);
+  // In the grid's order the block ids are read where they are used.
+  FlashBlockPlace place;
+  if (order != FlashBlockOrder::Grid)
+    place = flashBlockPlace(kb, order);
+  Value bi = place.batch ? place.batch : kb.blockId(gpu::Dimension::y);
   Value N = kb.dim(u, 1), D = kb.dim(u, 2), K = kb.dim(e, 2);
   Value tid = kb.threadId();
   Value warp = kb.divu(tid, kb.idx(kWarp));
   Value lane = kb.remu(tid, kb.idx(kWarp));
   Value g = kb.divu(lane, kb.idx(4)), tig = kb.remu(lane, kb.idx(4));
   Value ldRow = kb.remu(lane, kb.idx(8)), ldSel = kb.divu(lane, kb.idx(8));
-  Value rowBase = kb.mul(kb.blockId(), kb.idx(kRowTile));
+  Value rowBase =
+      kb.mul(place.tile ? place.tile : kb.blockId(), kb.idx(kRowTile));
   Value zero = kb.cF32(0.0);
   Value negInf = kb.negInfLike(kb.f32());
   Value log2e = kb.cF32(kLog2E);
@@ -368,8 +373,8 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
 }
 
 void mlir::moe::gpu_lowering::launchFlashGradMma(HostCode &h, StringRef name,
-                                                 const FlashLogitSpec &spec,
-                                                 bool byKey, ValueRange args,
+                                                 const FlashGradSpec &spec,
+                                                 ValueRange args,
                                                  Location loc) {
   GpuKernelBuilder &kb = h.kb;
   Value u = args[0], e = args[1];
@@ -383,7 +388,9 @@ void mlir::moe::gpu_lowering::launchFlashGradMma(HostCode &h, StringRef name,
                                  workgroupMemRef({2, cols}, h.b.getF32Type())};
   GPUKernel k(h, name, args, workgroup, {kThreads, 1, 1}, loc);
   alignWorkgroupBuffers(k.func);
-  emitFlashGradMma(k, spec, byKey, Dp, Kp, cols, elt);
+  emitFlashGradMma(k, spec, spec.keyMajor, Dp, Kp, cols, elt,
+                   flashBlockOrder(spec.causal, spec.balanceCausal,
+                                   spec.keyMajor));
   Value B = kb.dim(u, 0), N = kb.dim(u, 1);
   k.launch({kb.ceilDiv(N, kb.idx(kRowTile)), B, kb.idx(1)});
 }

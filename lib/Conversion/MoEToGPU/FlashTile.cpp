@@ -7,21 +7,58 @@
 #include "FlashTile.h"
 
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 
 using namespace mlir;
 using namespace mlir::moe::gpu_lowering;
 
 // One op a statement, in the order the kernels have always emitted them (a
 // call's arguments would be built in the C++ compiler's order).
-FlashTile::FlashTile(GpuKernelBuilder &kb) {
+FlashTile::FlashTile(GpuKernelBuilder &kb, FlashBlockOrder order) {
   Value tid = kb.threadId();
   Value row = kb.divu(tid, kb.idx(kFlashGroup));
   Value lane = kb.remu(tid, kb.idx(kFlashGroup));
   t = {tid, row, lane};
-  b = kb.blockId(gpu::Dimension::y);
-  Value tileRows = kb.idx(kFlashRows);
-  Value tile = kb.blockId();
-  rowBase = kb.mul(tile, tileRows);
+  if (order == FlashBlockOrder::Grid) {
+    b = kb.blockId(gpu::Dimension::y);
+    Value tileRows = kb.idx(kFlashRows);
+    Value tile = kb.blockId();
+    rowBase = kb.mul(tile, tileRows);
+    return;
+  }
+  FlashBlockPlace place = flashBlockPlace(kb, order);
+  b = place.batch;
+  rowBase = kb.mul(place.tile, kb.idx(kFlashRows));
+}
+
+FlashBlockPlace
+mlir::moe::gpu_lowering::flashBlockPlace(GpuKernelBuilder &kb,
+                                         FlashBlockOrder order) {
+  Value x = kb.blockId();
+  Value y = kb.blockId(gpu::Dimension::y);
+  if (order == FlashBlockOrder::Grid)
+    return {x, y};
+  Value c1 = kb.idx(1);
+  Value tiles = kb.gridDim();
+  Value batch = kb.gridDim(gpu::Dimension::y);
+  Value blocks = kb.mul(tiles, batch);
+  Value pos = kb.add(kb.mul(y, tiles), x);
+  Value sms = kb.castInt(NVVM::SmDimOp::create(kb.b, kb.b.getI32Type()),
+                         kb.index());
+  Value wave = kb.minu(blocks, kb.add(sms, sms));
+  // One op a statement: as arguments of one call, the C++ compiler's order.
+  Value pastFirstRound = kb.cmpi(arith::CmpIPredicate::uge, pos, sms);
+  Value inWave = kb.cmpi(arith::CmpIPredicate::ult, pos, wave);
+  Value inSecondRound = kb.andI(pastFirstRound, inWave);
+  Value end = kb.add(sms, wave);
+  Value reversed = kb.sub(end, kb.add(pos, c1));
+  Value item = kb.select(inSecondRound, reversed, pos);
+  Value rank = kb.divu(item, batch);
+  Value element = kb.remu(item, batch);
+  Value tile = order == FlashBlockOrder::CausalByQuery
+                   ? kb.sub(kb.sub(tiles, c1), rank)
+                   : rank;
+  return {tile, element};
 }
 
 void FlashTile::clampRow(GpuKernelBuilder &kb, Value rows, Value c1) {

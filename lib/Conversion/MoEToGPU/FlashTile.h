@@ -17,9 +17,55 @@
 
 namespace mlir::moe::gpu_lowering {
 
+/// Which row tile (along the grid's x) and batch element (y) each block of a
+/// flash kernel takes. Under a causal mask the tiles' work differs: by query,
+/// tile t reads the key tiles up to its last row (t + 1 of them); by key (the
+/// backward's key-major passes), the query tiles from its first row. Taken in
+/// the grid's order, the blocks a multiprocessor holds at once are then of
+/// like weight (the hardware deals the first blocks one a multiprocessor,
+/// then a second round in the same order), and the light ones go first: at
+/// B = 4, N = 4096 with 64-row tiles (256 blocks, all resident on 132
+/// multiprocessors at 2 each) the busiest multiprocessor has 124 tile pairs
+/// to compute where the mean is 63. Balanced, the blocks take the tiles
+/// heaviest first (the longest processing time first rule, for grids of
+/// several waves), and the first wave's second round in reverse, so that a
+/// multiprocessor's second block holds about what its first lacks: the
+/// busiest multiprocessor then has about 65. A permutation of the blocks: the
+/// results are the same bits.
+enum class FlashBlockOrder {
+  /// Block (x, y) takes tile x of batch element y.
+  Grid,
+  /// Causal, the tile's work growing with its index (by query).
+  CausalByQuery,
+  /// Causal, the work shrinking with the index (by key).
+  CausalByKey,
+};
+
+/// The tile and batch element of this block under `order`, for a grid of
+/// (tiles, batch elements[, splits]) blocks: with a causal order, the
+/// position p = y * tiles + x, the multiprocessors S (%nsmid) and the first
+/// wave W = min(tiles * batch, 2S) give the work item i = S + W - 1 - p for
+/// p in [S, W) and p elsewhere; item i is the (i / batch)-th heaviest tile of
+/// batch element i % batch.
+struct FlashBlockPlace {
+  Value tile, batch;
+};
+FlashBlockPlace flashBlockPlace(GpuKernelBuilder &kb, FlashBlockOrder order);
+
+/// The causal order of a kernel whose tile work grows with the index
+/// (`byKey` false) or shrinks (true) where `causal` and `balance`, else
+/// FlashBlockOrder::Grid.
+inline FlashBlockOrder flashBlockOrder(bool causal, bool balance, bool byKey) {
+  if (!causal || !balance)
+    return FlashBlockOrder::Grid;
+  return byKey ? FlashBlockOrder::CausalByKey : FlashBlockOrder::CausalByQuery;
+}
+
 struct FlashTile {
-  /// Builds the thread's lanes, b and the tile's first row in kernel `kb`.
-  explicit FlashTile(GpuKernelBuilder &kb);
+  /// Builds the thread's lanes, b and the tile's first row in kernel `kb`,
+  /// the block's tile and batch element taken in `order`.
+  explicit FlashTile(GpuKernelBuilder &kb,
+                     FlashBlockOrder order = FlashBlockOrder::Grid);
   /// Builds the thread's row among `rows` (c1: the index 1): i = rowBase +
   /// its group's row, active iff i < rows, and `row` = i clamped to the last
   /// row, so that the groups past the end load a valid row (and store

@@ -113,6 +113,10 @@ struct FlashMixSpec : FlashLogitSpec {
   /// symmetric path's stats [B, 4] f32, and batch element b runs only where
   /// symmetricDeclined holds.
   bool gated = false;
+  /// Under a causal mask, the blocks take the row tiles heaviest first, the
+  /// first wave's second round reversed (flash-causal-balance;
+  /// FlashBlockOrder in FlashTile.h).
+  bool balanceCausal = false;
 };
 
 /// The largest expert count of the flash kernel (accumulator in registers,
@@ -292,6 +296,9 @@ SmallVector<Value> emitFlashDots(class GpuKernelBuilder &kb,
 struct FlashGradSpec : FlashLogitSpec {
   /// Rows are keys and columns queries (the key-major pass).
   bool keyMajor = false;
+  /// Under a causal mask, the blocks take the tiles heaviest first
+  /// (flash-causal-balance; FlashBlockOrder in FlashTile.h).
+  bool balanceCausal = false;
   /// Query-major with added scores only: stores dz = S (<gq_i, gk_j> -
   /// delta_i) (dX before the division; 0 for an excluded pair) at
   /// dz[b, head[b], i, j] for every pair of the block's rows.
@@ -327,15 +334,17 @@ constexpr int64_t kFlashGradMmaMaxDepth = 128;
 constexpr int64_t kFlashGradMmaMaxExperts = 64;
 bool flashGradMmaApplies(const FlashLogitSpec &spec, Type uElt, Type eElt,
                          int64_t depth, int64_t experts);
-/// Creates the query-major (dq) or, `byKey`, the key-major (de, du +=) pass
-/// and launches it (grid ceil(N / 64) x B, block 128) on `args`: u [B,N,D],
-/// e [B,N,K], dp [B,N,W] rounded to u's type with its rows padded to a
-/// multiple of 8 by zeros, lse' and delta [B,N] (launchFlashGradStats),
-/// key_mask [B,N] (i1) when the spec has one, then dq [B,N,D] (f32, stored)
-/// by query, or de [B,N,K] (stored) and du [B,N,D] (f32, added to) by key.
+/// Creates the query-major (dq) or, with `spec.keyMajor`, the key-major (de,
+/// du +=) pass and launches it (grid ceil(N / 64) x B, block 128; the blocks
+/// in the causal order with `spec.balanceCausal`) on `args`: u [B,N,D], e
+/// [B,N,K], dp [B,N,W] rounded to u's type with its rows padded to a multiple
+/// of 8 by zeros, lse' and delta [B,N] (launchFlashGradStats), key_mask [B,N]
+/// (i1) when the spec has one, then dq [B,N,D] (f32, stored) by query, or de
+/// [B,N,K] (stored) and du [B,N,D] (f32, added to) by key. The spec's
+/// accumulators are not read (the pass's sums are fixed).
 void launchFlashGradMma(class HostCode &h, StringRef name,
-                        const FlashLogitSpec &spec, bool byKey,
-                        ValueRange args, Location loc);
+                        const FlashGradSpec &spec, ValueRange args,
+                        Location loc);
 
 /// The per-row statistics of the backward from the forward's p and lse:
 /// lse' [B,N] (lse, +inf where it is -inf: a row without keys) into `lseOut`

@@ -111,6 +111,7 @@ struct ConvertMoEToGPUPass
     options.flashMmaStages = flashMmaStages;
     options.flashMmaSymmetric = flashMmaSymmetric;
     options.flashMmaGrad = flashMmaGrad;
+    options.flashCausalBalance = flashCausalBalance;
     options.routeMap = routeMap;
     return options;
   }

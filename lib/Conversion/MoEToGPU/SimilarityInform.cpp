@@ -40,6 +40,7 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
   FlashMixSpec spec{similarityInformLogit(
       op.getTau().convertToDouble(), op.getCausal(), static_cast<bool>(maskT))};
   spec.numExperts = *K;
+  spec.balanceCausal = options.flashCausalBalance;
   if (fused) {
     spec.topk = topkSpecOf(fused);
   }

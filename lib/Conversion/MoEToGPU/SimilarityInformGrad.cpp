@@ -159,6 +159,7 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
     FlashMixSpec fwd{logit};
     fwd.numExperts = *K;
     fwd.withLse = true;
+    fwd.balanceCausal = options.flashCausalBalance;
     SmallVector<Value> fwdArgs = {q, u, e};
     if (mask)
       fwdArgs.push_back(mask);
@@ -186,10 +187,11 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
     SmallVector<Value> byQuery(args), byKey(args);
     byQuery.push_back(du);
     byKey.append({de, du});
-    launchFlashGradMma(h, "similarity_inform_grad_dq_mma", logit,
-                       /*byKey=*/false, byQuery, loc);
-    launchFlashGradMma(h, "similarity_inform_grad_dk_mma", logit,
-                       /*byKey=*/true, byKey, loc);
+    FlashGradSpec spec{logit};
+    spec.balanceCausal = options.flashCausalBalance;
+    launchFlashGradMma(h, "similarity_inform_grad_dq_mma", spec, byQuery, loc);
+    spec.keyMajor = true;
+    launchFlashGradMma(h, "similarity_inform_grad_dk_mma", spec, byKey, loc);
     h.release(lse);
     h.release(delta);
     h.release(dpRounded);
@@ -205,6 +207,7 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
     return args;
   };
   FlashGradSpec spec{logit};
+  spec.balanceCausal = options.flashCausalBalance;
 
   // 2. Query-major: dq (into du without ws).
   Value dq = ws ? h.alloc(featType, bnd) : du;

@@ -30,6 +30,9 @@
 // staged chunks; S and dX into padded tiles, excluded pairs marked -1.
 // CHECK: gpu.func @similarity_inform_grad_dq_0(%{{.*}}: memref<2x128x64xf32>, %{{.*}}: memref<2x128x64xf32>, %{{.*}}: memref<2x128x16xf32>, %{{.*}}: memref<2x128x16xf32>, %{{.*}}: memref<2x128xf32>, %{{.*}}: memref<2x128xf32>, %{{.*}}: memref<2x128x64xf32>, %[[DQ:.*]]: memref<2x128x64xf32>)
 // CHECK-SAME: workgroup(%[[RS:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[CS:.*]] : memref<32x33xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[SS:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[DXS:.*]] : memref<16x33xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
+// The causal order of the blocks (flash-causal-balance; flash_causal_order.mlir): its first wave's minui.
+// CHECK: nvvm.read.ptx.sreg.nsmid
+// CHECK: arith.minui
 // CHECK: %[[END:.*]] = arith.minui
 // CHECK: scf.for %[[J0:.*]] = %{{.*}} to %[[END]] step %c32
 // CHECK: scf.for {{.*}} iter_args({{.*}}) -> (f32, f32, f32, f32)

@@ -26,6 +26,8 @@ The dispatch plan's kernels (DispatchPlan.cpp) add nvvm.match.sync (any), math.c
 llvm.inttoptr, cmpxchg (lanes in order), getelementptr and store on a global int64 buffer (Memory.add); its scan
 kernel (a block of 256 threads with barriers) runs with `lockstep=True`.
 
+%nsmid (nvvm.read.ptx.sreg.nsmid, the flash kernels' causal block order) is `SMS`, or run_kernel's `sms`.
+
 Only what the route, top-k, dispatch-plan and flash-mma kernels use is implemented; an unknown op raises.
 """
 import functools
@@ -297,8 +299,14 @@ class Memory:
         raise IndexError(hex(address))
 
 
+#: The multiprocessors a kernel sees (%nsmid, nvvm.read.ptx.sreg.nsmid) unless run_kernel is given `sms`: 2, so
+#: that a grid of 4 or more blocks takes the flash kernels' causal order with a second round to reverse
+#: (FlashTile.h's FlashBlockOrder). Read at each run_kernel call (a test may set it).
+SMS = 2
+
+
 def run_kernel(body, args, block_dim, grid, memory, smem_shape=None, workgroup=(), lockstep=False,
-               dynamic_smem=0, async_copies="issue", warp_threads=False, workgroup_fill=0):
+               dynamic_smem=0, async_copies="issue", warp_threads=False, workgroup_fill=0, sms=None):
     """Runs the kernel `body` (parse()) on `args` (numpy arrays for memrefs; the workgroup buffers are made here,
     fresh for each block: one f32 array of `smem_shape`, or one zeroed array per (shape, dtype) of `workgroup`)
     over `grid` blocks (gx, (gx, gy) or (gx, gy, gz)) of `block_dim` threads, one warp at a time, or with
@@ -312,8 +320,9 @@ def run_kernel(body, args, block_dim, grid, memory, smem_shape=None, workgroup=(
     branches of their own between barriers: flash-mma-lazy-rescale's warps leave its hot loop at tiles of their
     own), instead of one lockstep group; the warps take turns, one running up to its next barrier (_WarpTurns).
     `workgroup_fill`: the value the `workgroup` buffers start with in each block (NaN: a kernel that reads what it
-    did not write, or relies on zeros it did not store, shows it)."""
+    did not write, or relies on zeros it did not store, shows it). `sms`: the value of %nsmid (None: SMS)."""
     block_args = body[0][0]
+    sms = SMS if sms is None else sms
     dims = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
     for z in range(dims[2]):
         for y in range(dims[1]):
@@ -322,7 +331,8 @@ def run_kernel(body, args, block_dim, grid, memory, smem_shape=None, workgroup=(
                 smem += [np.full(shape, workgroup_fill, dtype=dt) for shape, dt in workgroup]
                 dyn = np.zeros(dynamic_smem, dtype=np.uint8)
                 if warp_threads:
-                    _run_warp_threads(body, args + smem, block_dim, memory, b, (y, z), dims, dyn, async_copies)
+                    _run_warp_threads(body, args + smem, block_dim, memory, b, (y, z), dims, dyn, async_copies,
+                                      sms)
                     continue
                 lanes = block_dim if lockstep else LANES
                 for w in range(block_dim // lanes):
@@ -330,11 +340,11 @@ def run_kernel(body, args, block_dim, grid, memory, smem_shape=None, workgroup=(
                     for name, a in zip(block_args, args + smem):
                         env[name] = a
                     warp = Warp(env, memory, b, w, lanes=lanes, block_yz=(y, z), grid=dims)
-                    warp.dynamic_smem, warp.async_copies = dyn, async_copies
+                    warp.dynamic_smem, warp.async_copies, warp.sms = dyn, async_copies, sms
                     warp.run_block(body[0][1], np.ones(lanes, bool))
 
 
-def _run_warp_threads(body, values, block_dim, memory, block, block_yz, dims, dyn, async_copies):
+def _run_warp_threads(body, values, block_dim, memory, block, block_yz, dims, dyn, async_copies, sms=SMS):
     """One block, a thread a warp (run_kernel's warp_threads): gpu.barrier waits for every warp; an error in one
     warp breaks the barrier for the others and is raised. The warps take turns (_WarpTurns): one runs, up to its
     next gpu.barrier or its return, while the others wait for their turn."""
@@ -348,6 +358,7 @@ def _run_warp_threads(body, values, block_dim, memory, block, block_yz, dims, dy
             env = dict(zip(body[0][0], values))
             warp = Warp(env, memory, block, w, lanes=LANES, block_yz=block_yz, grid=dims)
             warp.dynamic_smem, warp.async_copies, warp.barrier = dyn, async_copies, _WarpBarrier(turns, w)
+            warp.sms = sms
             warp.run_block(body[0][1], np.ones(LANES, bool))
             # A warp that returns leaves the barrier to the others only once they are past their last one.
             turns.finish(w)
@@ -443,6 +454,7 @@ class Warp:
         self.tid = np.arange(lanes, dtype=np.int64) + warp * lanes
         self.arrays = {id(a): (i, a) for i, (_, a, _) in enumerate(memory.buffers)}
         self.dynamic_smem, self.async_copies, self.barrier = np.zeros(0, np.uint8), "issue", None
+        self.sms = SMS
         self.pending, self.groups = [], []   # cp.async copies not landed: this group's, committed groups
 
     def get(self, name):
@@ -489,6 +501,8 @@ class Warp:
         if n == "gpu.grid_dim":
             d = re.search(r"dim (\w)", op.props).group(1)
             return np.full(self.n, self.grid["xyz".index(d)], dtype=np.int64)
+        if n == "nvvm.read.ptx.sreg.nsmid":
+            return np.full(self.n, self.sms, dtype=np.int32)
         if n == "memref.dim":
             return np.full(self.n, a[0].shape[int(a[1][0])], dtype=np.int64)
         if n == "arith.ceildivui":

@@ -32,7 +32,7 @@ BLOCK = 128
 OPTIONS = "flash-mma-grad=true"
 
 
-def lower(B, N, D, K, tau, causal, masked, dtype):
+def lower(B, N, D, K, tau, causal, masked, dtype, options=OPTIONS):
     t = lambda *s: "tensor<" + "x".join(map(str, s)) + ">"  # noqa: E731
     u, e, dp = t(B, N, D, dtype), t(B, N, K, dtype), t(B, N, K, "f32")
     p, lse, m = t(B, N, K, "f32"), t(B, N, "f32"), t(B, N, "i1")
@@ -42,7 +42,7 @@ def lower(B, N, D, K, tau, causal, masked, dtype):
             f"  %du, %de = moe.similarity_inform_grad %u, %e{mask} dp(%dp : {dp}) saved(%p, %lse : {p}, {lse}) "
             f"tau({tau:e}) causal({'true' if causal else 'false'}) : {u}, {e} -> {du}, {de}\n"
             f"  return %du, %de : {du}, {de}\n}}\n")
-    return simt.lower(MOE_OPT, text, OPTIONS)
+    return simt.lower(MOE_OPT, text, options)
 
 
 def bits(x, dtype):
