@@ -198,10 +198,11 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "Off until a GPU run decides">,
     Option<"flashCausalBalance", "flash-causal-balance", "bool", /*default=*/"true",
            "under a causal mask, the flash kernels' blocks (similarity_inform, its training forward and "
-           "backward; scalar and tensor-core, but the split-key kernel) take the row tiles heaviest first, and the first wave's second "
-           "round (blocks %nsmid to 2 %nsmid) in reverse, so that the two blocks a multiprocessor holds carry "
-           "about equal work (FlashTile.h, FlashBlockOrder). A permutation of the blocks: the same results. "
-           "false: the grid's order (tile x of batch element y), the light tiles first">,
+           "backward; scalar and tensor-core; the split-key kernel where it is estimated at most 176 registers) "
+           "take the row tiles heaviest first, and the first wave's second round (blocks %nsmid to 2 %nsmid) in "
+           "reverse, so that the two blocks a multiprocessor holds carry about equal work (FlashTile.h, "
+           "FlashBlockOrder). A permutation of the blocks: the same results. false: the grid's order (tile x of "
+           "batch element y), the light tiles first">,
     Option<"routeMap", "route-map", "std::string", /*default=*/"\"lanes\"",
            "how route's kernel maps a token onto lanes: `warp` (one warp a token, the experts strided over its "
            "lanes, butterflies of 64-bit candidates; E <= 1024) or `lanes` (the default): "

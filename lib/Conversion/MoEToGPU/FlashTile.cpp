@@ -33,16 +33,24 @@ FlashTile::FlashTile(GpuKernelBuilder &kb, FlashBlockOrder order) {
 
 FlashBlockPlace
 mlir::moe::gpu_lowering::flashBlockPlace(GpuKernelBuilder &kb,
-                                         FlashBlockOrder order) {
+                                         FlashBlockOrder order, bool splits) {
   Value x = kb.blockId();
   Value y = kb.blockId(gpu::Dimension::y);
   if (order == FlashBlockOrder::Grid)
-    return {x, y};
+    return {x, y, splits ? kb.blockId(gpu::Dimension::z) : Value()};
   Value c1 = kb.idx(1);
   Value tiles = kb.gridDim();
   Value batch = kb.gridDim(gpu::Dimension::y);
-  Value blocks = kb.mul(tiles, batch);
-  Value pos = kb.add(kb.mul(y, tiles), x);
+  // With splits the (element, split) pairs are the lanes of a tile's work:
+  // a split's share of a tile's keys is about the tile's work / splits.
+  Value lanes = batch, lane = y;
+  if (splits) {
+    Value z = kb.blockId(gpu::Dimension::z);
+    lanes = kb.mul(batch, kb.gridDim(gpu::Dimension::z));
+    lane = kb.add(kb.mul(z, batch), y);
+  }
+  Value blocks = kb.mul(tiles, lanes);
+  Value pos = kb.add(kb.mul(lane, tiles), x);
   Value sms = kb.castInt(NVVM::SmDimOp::create(kb.b, kb.b.getI32Type()),
                          kb.index());
   Value wave = kb.minu(blocks, kb.add(sms, sms));
@@ -53,12 +61,15 @@ mlir::moe::gpu_lowering::flashBlockPlace(GpuKernelBuilder &kb,
   Value end = kb.add(sms, wave);
   Value reversed = kb.sub(end, kb.add(pos, c1));
   Value item = kb.select(inSecondRound, reversed, pos);
-  Value rank = kb.divu(item, batch);
-  Value element = kb.remu(item, batch);
+  Value rank = kb.divu(item, lanes);
+  Value itemLane = kb.remu(item, lanes);
   Value tile = order == FlashBlockOrder::CausalByQuery
                    ? kb.sub(kb.sub(tiles, c1), rank)
                    : rank;
-  return {tile, element};
+  if (!splits)
+    return {tile, itemLane, Value()};
+  Value element = kb.remu(itemLane, batch);
+  return {tile, element, kb.divu(itemLane, batch)};
 }
 
 void FlashTile::clampRow(GpuKernelBuilder &kb, Value rows, Value c1) {

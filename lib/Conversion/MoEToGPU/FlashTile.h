@@ -41,16 +41,19 @@ enum class FlashBlockOrder {
   CausalByKey,
 };
 
-/// The tile and batch element of this block under `order`, for a grid of
-/// (tiles, batch elements[, splits]) blocks: with a causal order, the
-/// position p = y * tiles + x, the multiprocessors S (%nsmid) and the first
-/// wave W = min(tiles * batch, 2S) give the work item i = S + W - 1 - p for
-/// p in [S, W) and p elsewhere; item i is the (i / batch)-th heaviest tile of
-/// batch element i % batch.
+/// The tile, batch element and (with `splits`: a grid of key splits along z)
+/// split of this block under `order`, for a grid of (tiles, batch elements,
+/// splits) blocks. With a causal order the lanes of a tile are its (element,
+/// split) pairs, l = split * batch + element, L of them (a split's share of
+/// a tile's keys is about the tile's work / splits): the position p = l *
+/// tiles + x, the multiprocessors S (%nsmid) and the first wave W =
+/// min(tiles * L, 2S) give the work item i = S + W - 1 - p for p in [S, W)
+/// and p elsewhere; item i is the (i / L)-th heaviest tile of lane i % L.
 struct FlashBlockPlace {
-  Value tile, batch;
+  Value tile, batch, split;
 };
-FlashBlockPlace flashBlockPlace(GpuKernelBuilder &kb, FlashBlockOrder order);
+FlashBlockPlace flashBlockPlace(GpuKernelBuilder &kb, FlashBlockOrder order,
+                                bool splits = false);
 
 /// The causal order of a kernel whose tile work grows with the index
 /// (`byKey` false) or shrinks (true) where `causal` and `balance`, else

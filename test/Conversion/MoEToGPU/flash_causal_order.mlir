@@ -33,19 +33,43 @@
 // CHECK:         %[[LAST:.*]] = arith.subi %[[GX]], %{{.*}} : index
 // CHECK:         %[[TILE:.*]] = arith.subi %[[LAST]], %[[RANK]] : index
 // CHECK:         arith.muli %[[TILE]], %c128 : index
-// The split-key kernel beside it keeps the grid's order (its computed place spilled; FlashMma.cpp).
+// The split-key kernel beside it: a tile's lanes are its (element, split) pairs, l = z * B + y; the split
+// takes its share of the tile's keys and writes its partial rows.
 // CHECK-LABEL: gpu.func @similarity_inform_mma_1(
-// CHECK-NOT:     nvvm.read.ptx.sreg.nsmid
-// CHECK:         gpu.return
+// CHECK-DAG:     %[[BZ:.*]] = gpu.block_id  z
+// CHECK-DAG:     %[[SGY:.*]] = gpu.grid_dim  y
+// CHECK-DAG:     %[[SGZ:.*]] = gpu.grid_dim  z
+// CHECK:         %[[LANES:.*]] = arith.muli %[[SGY]], %[[SGZ]] : index
+// CHECK:         arith.muli %[[BZ]], %[[SGY]] : index
+// CHECK:         nvvm.read.ptx.sreg.nsmid
+// CHECK:         %[[SRANK:.*]] = arith.divui %[[SITEM:.*]], %[[LANES]] : index
+// CHECK:         %[[LANE:.*]] = arith.remui %[[SITEM]], %[[LANES]] : index
+// CHECK:         %[[SELT:.*]] = arith.remui %[[LANE]], %[[SGY]] : index
+// CHECK:         %[[SPLIT:.*]] = arith.divui %[[LANE]], %[[SGY]] : index
+// CHECK:         arith.muli %[[SPLIT]], %{{.*}} : index
+// CHECK:         memref.store %{{.*}}, %{{.*}}[%[[SPLIT]], %[[SELT]], %{{.*}}, %{{.*}}] : memref<?x?x?x18xf32>
 // GRID-LABEL:  gpu.func @similarity_inform_mma_0(
 // GRID-NOT:      nvvm.read.ptx.sreg.nsmid
 // GRID:          gpu.return
 // GRID-LABEL:  gpu.func @similarity_inform_mma_1(
 // GRID-NOT:      nvvm.read.ptx.sreg.nsmid
+// GRID:          memref.store %{{.*}}, %{{.*}}[%block_id_z{{.*}}, %block_id_y, %{{.*}}, %{{.*}}] : memref<?x?x?x18xf32>
 // GRID:          gpu.return
 func.func @forward_mma(%u: tensor<2x300x64xbf16>, %e: tensor<2x300x16xbf16>) -> tensor<2x300x16xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<2x300x64xbf16>, tensor<2x300x16xbf16> -> tensor<2x300x16xf32>
   return %p : tensor<2x300x16xf32>
+}
+
+// A split-key kernel estimated past 176 registers (D = 128, K = 32, the lse: 186) keeps the grid's order: its
+// held place spilled. Its direct kernel takes the causal order.
+// CHECK-LABEL: gpu.func @similarity_inform_fwd_mma_0(
+// CHECK:         nvvm.read.ptx.sreg.nsmid
+// CHECK-LABEL: gpu.func @similarity_inform_fwd_mma_1(
+// CHECK-NOT:     nvvm.read.ptx.sreg.nsmid
+// CHECK:         gpu.return
+func.func @forward_split_past_the_estimate(%u: tensor<?x?x128xf16>, %e: tensor<?x?x32xf16>) -> (tensor<?x?x32xf32>, tensor<?x?xf32>) {
+  %p, %lse = moe.similarity_inform_fwd %u, %e tau(5.000000e-01) causal(true) : tensor<?x?x128xf16>, tensor<?x?x32xf16> -> tensor<?x?x32xf32>, tensor<?x?xf32>
+  return %p, %lse : tensor<?x?x32xf32>, tensor<?x?xf32>
 }
 
 // The scalar forward (f32, 16 rows a block).

@@ -11,8 +11,8 @@ tile of batch element i % B. Checked here:
   order) it halves the busiest multiprocessor's work at the GPU benchmark's causal shape (B = 4, N = 4096, 64-row
   tiles, 132 multiprocessors): the figure the comment in FlashTile.h gives;
 * the kernels as moe-opt emits them, run by simt.py with %nsmid from 1 to past the grid: the tensor-core forward
-  (the 64-row kernel, and the 128-row one with the lazy rescale and three stages; the split-key kernel keeps the
-  grid's order), the scalar f32 forward, the tensor-core backward's two passes and
+  (the 64-row kernel, the 128-row one with the lazy rescale and three stages, and the split-key kernel, whose
+  (element, split) pairs are a tile's lanes, with its combine), the scalar f32 forward, the tensor-core backward's two passes and
   the scalar backward's give the same bits as in the grid's order (flash-causal-balance=false), and every output
   row is written (the outputs start as NaN).
 
@@ -109,6 +109,31 @@ def tensor_core_forward(options, sms):
                     threads=F.warp_threads(options))
 
 
+def split_forward(options, sms, S=3):
+    """The split-key kernel over S splits (the grid's z) and its combine: test_flash_mma_simt's split options."""
+    pytest.importorskip("torch")
+    import test_flash_mma_simt as F
+    u, e, _ = operands()
+    ub, eb = F.bits(u, "bf16"), F.bits(e, "bf16")
+    t = lambda *s: "tensor<" + "x".join(map(str, s)) + ">"  # noqa: E731
+    src = (f"func.func @f(%u: {t(B, N, D, 'bf16')}, %e: {t(B, N, K, 'bf16')}) -> {t(B, N, K, 'f32')} {{\n"
+           f"  %p = moe.similarity_inform %u, %e tau({TAU:e}) causal(true) : {t(B, N, D, 'bf16')}, "
+           f"{t(B, N, K, 'bf16')} -> {t(B, N, K, 'f32')}\n  return %p : {t(B, N, K, 'f32')}\n}}\n")
+    text = simt.lower(MOE_OPT, src, f"{F.BASE64} {F.SPLITS['split']} {options}")
+    kernel = "similarity_inform_mma_1"
+    p = np.full((B, N, K), np.nan, np.float32)
+    ws = np.full((S, B, N, K + 2), np.nan, np.float32)
+    mem = simt.Memory()
+    for a in (ub, eb, p, ws):
+        mem.add(a, None)
+    wg, dyn = F.shared_memory(text, kernel)
+    simt.run_kernel(simt.parse(text, kernel), [ub, ub, eb, p, ws], 128, (-(-N // 128), B, S), mem, workgroup=wg,
+                    lockstep=True, dynamic_smem=dyn, sms=sms)
+    assert not np.isnan(ws).any(), "a split left a row of the workspace unwritten"
+    simt.run_kernel(simt.parse(text, "similarity_inform_mma_combine_0"), [ws, p], 128, -(-(B * N) // 128), mem)
+    return p
+
+
 def scalar_forward(options, sms):
     """The f32 flash kernel's output (FlashMix.cpp: 16-row tiles)."""
     from test_flash_symmetric_simt import workgroup
@@ -171,6 +196,7 @@ FORWARDS = {
     "mma_rows128_lazy3": (tensor_core_forward, "flash-mma-sum-mma=true flash-mma-block-rows=128 "
                           "flash-mma-lazy-rescale=true flash-mma-stages=3 flash-mma-wide-staging=true "
                           "flash-mma-async-staging=true"),
+    "mma_split_keys": (split_forward, ""),
     "scalar_f32": (scalar_forward, "flash-mma=false"),
 }
 
