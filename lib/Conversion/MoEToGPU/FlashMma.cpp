@@ -116,9 +116,6 @@ static constexpr int64_t kRows = 16 * kWarps;
 static constexpr int64_t kThreads = kWarp * kWarps;
 /// Elements of padding per workgroup row (16 bytes).
 static constexpr int64_t kPad = 8;
-/// The register estimate of a split-key kernel (FlashMmaTile::
-/// registerEstimate) up to which it takes the causal order.
-static constexpr int64_t kSplitOrderRegisters = 176;
 
 std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
     const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt, int64_t depth,
@@ -193,7 +190,12 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
         continue;
       tile.cols = cols;
       tile.rowTiles = 2;
-      tile.registerEstimate = regs;
+      // The split-key kernel's causal block order (flash-causal-balance):
+      // its computed batch element, split and row base, held across the key
+      // loop where the block ids are re-read in the grid's order, took it
+      // past 255 registers at an estimate of 186 (sm_80 and sm_90, D = 128,
+      // K = 32, f16 with the lse, dynamic N: 4 bytes spilled).
+      tile.splitCausalOrder = regs <= 176;
       tile.hoistStaging = true;
       tile.keySplits = std::max<int64_t>(keySplits, 1);
       tile.buffers = buffers;
@@ -485,30 +487,21 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // Behind the symmetric kernel (spec.gated): only the batch elements it
   // declined. The block is one element's, so the branch is uniform over
   // its barriers.
-  // The causal order (flash-causal-balance), in the split-key kernel (its
-  // splits lanes of a tile beside the batch elements) only up to an
-  // estimate of 176 registers: its computed batch element, split and row
-  // base, held across the key loop where the block ids were re-read, took it
-  // past 255 registers at 186 (sm_80 and sm_90, D = 128, K = 32, f16 with
-  // the lse, dynamic N: 4 bytes spilled). In the grid's order the block ids
-  // are read where they are used (ptxas re-reads them rather than holding
-  // them).
+  // The causal order (flash-causal-balance); in the split-key kernel (its
+  // splits lanes of a tile beside the batch elements) where flashMmaTile
+  // found room for it.
   const bool splitKernel = tile.keySplits > 1;
-  FlashBlockOrder order = flashBlockOrder(
-      spec.causal,
-      spec.balanceCausal &&
-          (!splitKernel || tile.registerEstimate <= kSplitOrderRegisters),
-      /*byKey=*/false);
-  FlashBlockPlace place;
-  if (order != FlashBlockOrder::Grid)
-    place = flashBlockPlace(kb, order, splitKernel);
+  FlashBlockPlace place = flashBlockPlace(
+      kb,
+      flashBlockOrder(spec.causal,
+                      spec.balanceCausal &&
+                          (!splitKernel || tile.splitCausalOrder),
+                      /*byKey=*/false),
+      splitKernel);
   if (spec.gated) {
     Value gate = kernel.arg(a++);
     auto ifOp = scf::IfOp::create(
-        b,
-        symmetricDeclined(kb, gate,
-                          place.batch ? place.batch
-                                      : kb.blockId(gpu::Dimension::y)),
+        b, symmetricDeclined(kb, gate, place.batchOf(kb)),
         /*withElseRegion=*/false);
     b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
   }
@@ -538,9 +531,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   Value lane = kb.remu(tid, kb.idx(kWarp));
   Value g = kb.divu(lane, kb.idx(4));   // the quad: rows g and g + 8
   Value tig = kb.remu(lane, kb.idx(4)); // the lane in the quad: columns
-  Value bi = place.batch ? place.batch : kb.blockId(gpu::Dimension::y);
-  Value rowBase =
-      kb.mul(place.tile ? place.tile : kb.blockId(), kb.idx(blockRows));
+  Value bi = place.batchOf(kb);
+  Value rowBase = kb.mul(place.tileOf(kb), kb.idx(blockRows));
   Value N = kb.dim(q, 1);
   Value D = kb.dim(q, 2);
   Value Nk = kb.dim(keys, 1);
@@ -708,8 +700,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   if (partials) {
     Value tiles = kb.ceilDiv(keyEnd, kb.idx(cols));
     Value share = kb.ceilDiv(tiles, kb.gridDim(gpu::Dimension::z));
-    Value split = place.split ? place.split : kb.blockId(gpu::Dimension::z);
-    tileLo = kb.minu(kb.mul(split, share), tiles);
+    tileLo = kb.minu(kb.mul(place.splitOf(kb), share), tiles);
     tileHi = kb.minu(kb.add(tileLo, share), tiles);
     keyLo = kb.mul(tileLo, kb.idx(cols));
     keyHi = kb.minu(kb.mul(tileHi, kb.idx(cols)), keyEnd);
@@ -1439,8 +1430,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       const int64_t t = rr / 2;
       const int r = rr % 2;
       Value row = rowsOf[rr];
-      Value split =
-          place.split ? place.split : kb.blockId(gpu::Dimension::z);
+      Value split = place.splitOf(kb);
       kb.ifThen(kb.lt(row, N), [&] {
         for (int64_t eb = 0; eb < expertBlocks; ++eb)
           for (int64_t x = 0; x < 2; ++x) {

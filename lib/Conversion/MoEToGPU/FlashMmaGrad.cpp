@@ -108,19 +108,15 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
   Value out1 = byKey ? k.arg(a++) : Value();
   Value xs = k.workgroup(0), zs = k.workgroup(1), terms = k.workgroup(2);
   Value c0 = kb.idx(0), c1 = kb.idx(1), c2 = kb.idx(2);
-  // In the grid's order the block ids are read where they are used.
-  FlashBlockPlace place;
-  if (order != FlashBlockOrder::Grid)
-    place = flashBlockPlace(kb, order);
-  Value bi = place.batch ? place.batch : kb.blockId(gpu::Dimension::y);
+  FlashBlockPlace place = flashBlockPlace(kb, order);
+  Value bi = place.batchOf(kb);
   Value N = kb.dim(u, 1), D = kb.dim(u, 2), K = kb.dim(e, 2);
   Value tid = kb.threadId();
   Value warp = kb.divu(tid, kb.idx(kWarp));
   Value lane = kb.remu(tid, kb.idx(kWarp));
   Value g = kb.divu(lane, kb.idx(4)), tig = kb.remu(lane, kb.idx(4));
   Value ldRow = kb.remu(lane, kb.idx(8)), ldSel = kb.divu(lane, kb.idx(8));
-  Value rowBase =
-      kb.mul(place.tile ? place.tile : kb.blockId(), kb.idx(kRowTile));
+  Value rowBase = kb.mul(place.tileOf(kb), kb.idx(kRowTile));
   Value zero = kb.cF32(0.0);
   Value negInf = kb.negInfLike(kb.f32());
   Value log2e = kb.cF32(kLog2E);

@@ -19,25 +19,20 @@ FlashTile::FlashTile(GpuKernelBuilder &kb, FlashBlockOrder order) {
   Value row = kb.divu(tid, kb.idx(kFlashGroup));
   Value lane = kb.remu(tid, kb.idx(kFlashGroup));
   t = {tid, row, lane};
-  if (order == FlashBlockOrder::Grid) {
-    b = kb.blockId(gpu::Dimension::y);
-    Value tileRows = kb.idx(kFlashRows);
-    Value tile = kb.blockId();
-    rowBase = kb.mul(tile, tileRows);
-    return;
-  }
   FlashBlockPlace place = flashBlockPlace(kb, order);
-  b = place.batch;
-  rowBase = kb.mul(place.tile, kb.idx(kFlashRows));
+  b = place.batchOf(kb);
+  Value tileRows = kb.idx(kFlashRows);
+  Value tile = place.tileOf(kb);
+  rowBase = kb.mul(tile, tileRows);
 }
 
 FlashBlockPlace
 mlir::moe::gpu_lowering::flashBlockPlace(GpuKernelBuilder &kb,
                                          FlashBlockOrder order, bool splits) {
+  if (order == FlashBlockOrder::Grid)
+    return {};
   Value x = kb.blockId();
   Value y = kb.blockId(gpu::Dimension::y);
-  if (order == FlashBlockOrder::Grid)
-    return {x, y, splits ? kb.blockId(gpu::Dimension::z) : Value()};
   Value c1 = kb.idx(1);
   Value tiles = kb.gridDim();
   Value batch = kb.gridDim(gpu::Dimension::y);

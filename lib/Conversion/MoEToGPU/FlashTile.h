@@ -49,8 +49,21 @@ enum class FlashBlockOrder {
 /// tiles + x, the multiprocessors S (%nsmid) and the first wave W =
 /// min(tiles * L, 2S) give the work item i = S + W - 1 - p for p in [S, W)
 /// and p elsewhere; item i is the (i / L)-th heaviest tile of lane i % L.
+/// In the grid's order nothing is computed: the accessors read the block id
+/// where they are called (ptxas re-reads a block id rather than holding it
+/// in a register across the kernel's loops).
 struct FlashBlockPlace {
+  /// Computed under a causal order; null in the grid's.
   Value tile, batch, split;
+  Value tileOf(GpuKernelBuilder &kb) const {
+    return tile ? tile : kb.blockId();
+  }
+  Value batchOf(GpuKernelBuilder &kb) const {
+    return batch ? batch : kb.blockId(gpu::Dimension::y);
+  }
+  Value splitOf(GpuKernelBuilder &kb) const {
+    return split ? split : kb.blockId(gpu::Dimension::z);
+  }
 };
 FlashBlockPlace flashBlockPlace(GpuKernelBuilder &kb, FlashBlockOrder order,
                                 bool splits = false);

@@ -183,10 +183,10 @@ struct FlashMmaTile {
   /// small (flash-mma-key-splits, with two row tiles): the kernel writes
   /// partial rows to a workspace and a second kernel combines them.
   int64_t keySplits = 1;
-  /// flashMmaTile's estimate of the two-row-tile kernel's registers (0 for
-  /// one row tile): the split-key kernel takes the causal block order
-  /// (flash-causal-balance) only below a margin of it.
-  int64_t registerEstimate = 0;
+  /// The split-key kernel takes the causal block order (flash-causal-balance)
+  /// where flashMmaTile's register estimate leaves room for the block's
+  /// computed place (FlashTile.h's flashBlockPlace).
+  bool splitCausalOrder = false;
   /// The whole tiles against a stale shift (flash-mma-lazy-rescale, with two
   /// row tiles and the sums from the MMA): the row max, its shuffles and the
   /// rescale only in a tile where a probability reaches 2; the shift is the

@@ -115,11 +115,7 @@ def split_forward(options, sms, S=3):
     import test_flash_mma_simt as F
     u, e, _ = operands()
     ub, eb = F.bits(u, "bf16"), F.bits(e, "bf16")
-    t = lambda *s: "tensor<" + "x".join(map(str, s)) + ">"  # noqa: E731
-    src = (f"func.func @f(%u: {t(B, N, D, 'bf16')}, %e: {t(B, N, K, 'bf16')}) -> {t(B, N, K, 'f32')} {{\n"
-           f"  %p = moe.similarity_inform %u, %e tau({TAU:e}) causal(true) : {t(B, N, D, 'bf16')}, "
-           f"{t(B, N, K, 'bf16')} -> {t(B, N, K, 'f32')}\n  return %p : {t(B, N, K, 'f32')}\n}}\n")
-    text = simt.lower(MOE_OPT, src, f"{F.BASE64} {F.SPLITS['split']} {options}")
+    text = F.lower(B, N, D, K, "bf16", TAU, True, False, f"{F.SPLITS['split']} {options}")
     kernel = "similarity_inform_mma_1"
     p = np.full((B, N, K), np.nan, np.float32)
     ws = np.full((S, B, N, K + 2), np.nan, np.float32)
