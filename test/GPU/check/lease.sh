@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# A whole GPU lease in one prepared call: the default check folder and the variant folders whose A/B decides an
+# option, built here, compressed into .dev/ (a folder .git/info/exclude ignores: the four folders uncompressed pass the
+# device call's 64 MiB), and one command there that runs them in the order of their worth within one 10-minute call.
+#
+#   test/GPU/check/lease.sh prepare     here (about 15 minutes on two cores): .dev/*.tar.xz, .whl/ (transformers)
+#   run(command="bash test/GPU/check/lease.sh run", carry=[".dev", ".whl"], timeout_s=600)      there
+#
+# What comes back (8 files at most): machine.txt, gemma4.log, and one NAME.tgz a folder's run (its OUT: summary.md,
+# summary.json, bench.md/json, logs.tar.gz, and run.log). Unpack them into bench/results/ for the record.
+#
+# VARIANTS: NAME|moe-lower-to-nvvm options|steps|bench --only|checks --only (sanitizers: the same cases).
+# Every option named here is one the lease decides: the winner becomes the default and the loser is deleted with it.
+set -uo pipefail
+VARIANTS=(
+  "va|flash-mma-symmetric=true flash-mma-grad=true|checks,memcheck,bench|sim|similarity_inform,similarity_inform_symmetric,similarity_inform_topk_mma,similarity_inform_grad"
+  "vb|flash-mma-block-rows=64|bench|sim_topk|"
+  "vc|flash-causal-balance=false|bench|causal|"
+)
+# Then racecheck, as far as the call's time goes: RACES: NAME|folder|cases|budget (empty: what is left). The
+# variant kernels first, then the default folder's kernels new since the last racecheck (2026-11-27: the route loop
+# kernel, the lanes kernel's chunked keys, the split top-k's combine, every flash kernel's causal order).
+RACES=(
+  "race-va|gc-va|similarity_inform_symmetric,similarity_inform_grad|100"
+  "race|gpu-check|similarity_inform_topk_mma,route,similarity_inform_grad,similarity_inform|"
+)
+TRANSFORMERS=5.23.0
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+cd "$ROOT"
+
+prepare() {
+  mkdir -p .git/info .dev .whl build
+  for p in /.dev/ /.whl/; do grep -qx "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude; done
+  rm -f .dev/*.tar.xz
+  MOE_GPU_CHECK_NO_SELFTEST=1 scripts/gpu-check.sh build/gpu-check
+  tar cf - -C build gpu-check | xz -T0 -6 > .dev/gpu-check.tar.xz
+  local v name opts
+  for v in "${VARIANTS[@]}"; do
+    IFS='|' read -r name opts _ <<<"$v"
+    MOE_GPU_CHECK_NO_SELFTEST=1 MOE_GPU_CHECK_TORCH_OPS=0 MOE_GPU_AOT_OPTIONS="$opts" \
+      scripts/gpu-check.sh "build/gc-$name"
+    tar cf - -C build "gc-$name" | xz -T0 -6 > ".dev/gc-$name.tar.xz"
+  done
+  ls .whl/transformers-$TRANSFORMERS-*.whl >/dev/null 2>&1 ||
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 -d .whl "transformers==$TRANSFORMERS"
+  du -shc .dev .whl
+  echo 'lease: run(command="bash test/GPU/check/lease.sh run", carry=[".dev", ".whl"], timeout_s=600)'
+}
+
+run() {
+  local O="${OUT:-/tmp/lease-out}" T0 left
+  mkdir -p "$O"
+  T0=$(date +%s)
+  el() { echo $(($(date +%s) - T0)); }
+  export PYTHONUNBUFFERED=1 MOE_REPO="$ROOT"
+  for t in .dev/*.tar.xz; do tar xJf "$t" -C build; done
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+    export PYTHONPATH=/tmp/site
+  { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv
+    python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; } > "$O/machine.txt" 2>&1
+  go() {  # go NAME FOLDER BUILD BUDGET STEPS [VAR=VALUE...]
+    local n=$1 f=$2 b=$3 budget=$4 steps=$5
+    shift 5
+    echo "== $n at $(el) s"
+    env "$@" MOE_GPU_CHECK_STEPS="$steps" MOE_GPU_CHECK_BUDGET_S="$budget" MOE_GPU_CHECK_BUILD="$b" \
+      timeout $((budget + 30)) bash "$f/run.sh" "/tmp/o-$n" > "/tmp/o-$n.log" 2>&1
+    echo "rc=$? at $(el) s"
+    grep '|' "/tmp/o-$n.log" | tail -20
+    cp "/tmp/o-$n.log" "/tmp/o-$n/run.log" 2>/dev/null
+    tar czf "$O/$n.tgz" -C /tmp "o-$n"
+  }
+  go def build/gpu-check /tmp/b1 230 checks,torch-ops,memcheck,bench
+  # Gemma4 (issue #48 item 1) on CUDA tensors, with the default folder's extension and kernels.
+  echo "== gemma4 at $(el) s"
+  MOE_TEST_DEVICE=cuda MOE_GPU_RUNTIME_DIR=/tmp/b1 MOE_TORCH_LIB=/tmp/b1/lib/libmoe_torch.so \
+    MOE_CUDA_RUNTIME=/tmp/b1/libmoe_cuda_runtime.so MOE_KERNEL_PREBUILT="$ROOT/build/gpu-check/kernels" \
+    MOE_KEYS_LIBRARY="$ROOT/build/gpu-check/lib/libmoe_keys.so" MOE_KERNEL_CACHE=/tmp/kc \
+    PYTHONPATH="$ROOT:$ROOT/python:/tmp/site" timeout 90 python3 -m pytest -q -p no:cacheprovider -rs \
+    python/tests/test_hf_models.py -k gemma4 > "$O/gemma4.log" 2>&1
+  echo "rc=$? at $(el) s"
+  local v name opts steps bench cases folder budget
+  for v in "${VARIANTS[@]}"; do
+    IFS='|' read -r name opts steps bench cases <<<"$v"
+    local env=(MOE_GPU_BENCH_ARGS="--only $bench --no-compile --reps 50")
+    [ -n "$cases" ] && env+=(MOE_GPU_CHECK_ONLY="--only $cases" MOE_GPU_CHECK_SANITIZE_ONLY="--only $cases")
+    go "$name" "build/gc-$name" "/tmp/b-$name" $([ "$steps" = bench ] && echo 45 || echo 130) "$steps" "${env[@]}"
+  done
+  for v in "${RACES[@]}"; do
+    IFS='|' read -r name folder cases budget <<<"$v"
+    left=$((545 - $(el)))
+    [ -z "$budget" ] || [ "$budget" -gt "$left" ] && budget=$((left - 25))
+    [ "$budget" -gt 40 ] || break
+    local b=/tmp/b1
+    [ "$folder" = gpu-check ] || b="/tmp/b-${folder#gc-}"
+    go "$name" "build/$folder" "$b" "$budget" racecheck MOE_GPU_CHECK_SANITIZE_ONLY="--only $cases"
+  done
+  echo "== done at $(el) s"
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  run) run ;;
+  *) echo "usage: $0 prepare|run" >&2; exit 2 ;;
+esac
