@@ -50,14 +50,16 @@ prepare() {
 }
 
 run() {
-  local O="${OUT:-/tmp/lease-out}" T0 left
+  # W: the scratch folder (the build folders, the results before they are packed, the wheel's install).
+  local W="${MOE_LEASE_TMP:-/tmp}" T0 left
+  local O="${OUT:-$W/lease-out}"
   mkdir -p "$O"
   T0=$(date +%s)
   el() { echo $(($(date +%s) - T0)); }
   export PYTHONUNBUFFERED=1 MOE_REPO="$ROOT"
   for t in .dev/*.tar.xz; do tar xJf "$t" -C build; done
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
-    export PYTHONPATH=/tmp/site
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$W/site" .whl/*.whl &&
+    export PYTHONPATH="$W/site"
   { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv
     python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; } > "$O/machine.txt" 2>&1
   go() {  # go NAME FOLDER BUILD BUDGET STEPS [VAR=VALUE...]
@@ -65,19 +67,19 @@ run() {
     shift 5
     echo "== $n at $(el) s"
     env "$@" MOE_GPU_CHECK_STEPS="$steps" MOE_GPU_CHECK_BUDGET_S="$budget" MOE_GPU_CHECK_BUILD="$b" \
-      timeout $((budget + 30)) bash "$f/run.sh" "/tmp/o-$n" > "/tmp/o-$n.log" 2>&1
+      timeout $((budget + 30)) bash "$f/run.sh" "$W/o-$n" > "$W/o-$n.log" 2>&1
     echo "rc=$? at $(el) s"
-    grep '|' "/tmp/o-$n.log" | tail -20
-    cp "/tmp/o-$n.log" "/tmp/o-$n/run.log" 2>/dev/null
-    tar czf "$O/$n.tgz" -C /tmp "o-$n"
+    grep '|' "$W/o-$n.log" | tail -20
+    cp "$W/o-$n.log" "$W/o-$n/run.log" 2>/dev/null
+    tar czf "$O/$n.tgz" -C "$W" "o-$n"
   }
-  go def build/gpu-check /tmp/b1 230 checks,torch-ops,memcheck,bench
+  go def build/gpu-check "$W/b1" 230 checks,torch-ops,memcheck,bench
   # Gemma4 (issue #48 item 1) on CUDA tensors, with the default folder's extension and kernels.
   echo "== gemma4 at $(el) s"
-  MOE_TEST_DEVICE=cuda MOE_GPU_RUNTIME_DIR=/tmp/b1 MOE_TORCH_LIB=/tmp/b1/lib/libmoe_torch.so \
-    MOE_CUDA_RUNTIME=/tmp/b1/libmoe_cuda_runtime.so MOE_KERNEL_PREBUILT="$ROOT/build/gpu-check/kernels" \
-    MOE_KEYS_LIBRARY="$ROOT/build/gpu-check/lib/libmoe_keys.so" MOE_KERNEL_CACHE=/tmp/kc \
-    PYTHONPATH="$ROOT:$ROOT/python:/tmp/site" timeout 90 python3 -m pytest -q -p no:cacheprovider -rs \
+  MOE_TEST_DEVICE=cuda MOE_GPU_RUNTIME_DIR="$W/b1" MOE_TORCH_LIB="$W/b1/lib/libmoe_torch.so" \
+    MOE_CUDA_RUNTIME="$W/b1/libmoe_cuda_runtime.so" MOE_KERNEL_PREBUILT="$ROOT/build/gpu-check/kernels" \
+    MOE_KEYS_LIBRARY="$ROOT/build/gpu-check/lib/libmoe_keys.so" MOE_KERNEL_CACHE="$W/kc" \
+    PYTHONPATH="$ROOT:$ROOT/python:$W/site" timeout 90 python3 -m pytest -q -p no:cacheprovider -rs \
     python/tests/test_hf_models.py -k gemma4 > "$O/gemma4.log" 2>&1
   echo "rc=$? at $(el) s"
   local v name opts steps bench cases folder budget
@@ -85,15 +87,15 @@ run() {
     IFS='|' read -r name opts steps bench cases <<<"$v"
     local env=(MOE_GPU_BENCH_ARGS="--only $bench --no-compile --reps 50")
     [ -n "$cases" ] && env+=(MOE_GPU_CHECK_ONLY="--only $cases" MOE_GPU_CHECK_SANITIZE_ONLY="--only $cases")
-    go "$name" "build/gc-$name" "/tmp/b-$name" $([ "$steps" = bench ] && echo 45 || echo 130) "$steps" "${env[@]}"
+    go "$name" "build/gc-$name" "$W/b-$name" $([ "$steps" = bench ] && echo 45 || echo 130) "$steps" "${env[@]}"
   done
   for v in "${RACES[@]}"; do
     IFS='|' read -r name folder cases budget <<<"$v"
     left=$((545 - $(el)))
     [ -z "$budget" ] || [ "$budget" -gt "$left" ] && budget=$((left - 25))
     [ "$budget" -gt 40 ] || break
-    local b=/tmp/b1
-    [ "$folder" = gpu-check ] || b="/tmp/b-${folder#gc-}"
+    local b="$W/b1"
+    [ "$folder" = gpu-check ] || b="$W/b-${folder#gc-}"
     go "$name" "build/$folder" "$b" "$budget" racecheck MOE_GPU_CHECK_SANITIZE_ONLY="--only $cases"
   done
   echo "== done at $(el) s"
