@@ -63,12 +63,45 @@ static std::unique_ptr<Pass> createCanonicalizer() {
   return createCanonicalizerPass(config);
 }
 
-/// convert-moe-to-gpu's options as the pipeline's, topk-rounds resolved for
-/// the chip.
+/// dynamic-shared-memory-bytes=0: the chip's opt-in maximum of shared memory
+/// a block (CUDA C Programming Guide, the compute capabilities' table), 0
+/// for a chip not named there.
+static int64_t
+resolveDynamicSharedMemory(const moe::MoELowerToNVVMOptions &options) {
+  if (options.dynamicSharedMemoryBytes != 0)
+    return options.dynamicSharedMemoryBytes;
+  unsigned sm = 0;
+  StringRef chip = options.chip;
+  if (chip.consume_front("sm_"))
+    chip.take_while([](char c) { return c >= '0' && c <= '9'; })
+        .getAsInteger(10, sm);
+  const int64_t kib = 1024;
+  switch (sm) {
+  case 70:
+  case 72:
+    return 96 * kib;
+  case 75:
+    return 64 * kib;
+  case 80:
+  case 87:
+    return 163 * kib;
+  case 86:
+  case 89:
+    return 99 * kib;
+  case 90:
+    return 227 * kib;
+  default:
+    return 0;
+  }
+}
+
+/// convert-moe-to-gpu's options as the pipeline's, topk-rounds and the
+/// dynamic shared memory limit resolved for the chip.
 static moe::ConvertMoEToGPUOptions
 convertOptionsOf(const moe::MoELowerToNVVMOptions &options) {
   moe::ConvertMoEToGPUOptions convert = options.convertMoEToGPUOptions();
   convert.topkRounds = resolveTopkRounds(options);
+  convert.dynamicSharedMemoryBytes = resolveDynamicSharedMemory(options);
   return convert;
 }
 

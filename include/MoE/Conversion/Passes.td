@@ -203,6 +203,18 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "reverse, so that the two blocks a multiprocessor holds carry about equal work (FlashTile.h, "
            "FlashBlockOrder). A permutation of the blocks: the same results. false: the grid's order (tile x of "
            "batch element y), the light tiles first">,
+    Option<"flashMmaDynamicShared", "flash-mma-dynamic-shared", "bool", /*default=*/"false",
+           "the tensor-core kernel of one row tile a warp (past 128 features, or with attention_posterior's "
+           "terms) takes 64-key tiles in dynamic shared memory where two cp.async buffers of them pass "
+           "shared-memory-bytes, up to dynamic-shared-memory-bytes, where the blocks a multiprocessor is meant to "
+           "hold still fit (D = 256, K = 64: 86,016 bytes a block, two blocks on sm_90, none on sm_80): half the "
+           "barriers and staging loops a key, ~25% fewer SASS instructions a score on sm_90. The runtime opts the "
+           "kernel in past 48 KiB at its launch. Off until a GPU run decides">,
+    Option<"dynamicSharedMemoryBytes", "dynamic-shared-memory-bytes", "int64_t", /*default=*/"0",
+           "the chip's opt-in maximum of shared memory a block (bytes; a multiprocessor holds it plus 1 KiB), "
+           "the limit of the kernels that opt in past shared-memory-bytes (flash-mma-dynamic-shared); 0: none. "
+           "moe-lower-to-nvvm sets it from its chip where it is 0: 227 KiB on sm_90, 163 KiB on sm_80 and "
+           "sm_87, 99 KiB on sm_86 and sm_89, 96 KiB on sm_70 and sm_72, 64 KiB on sm_75">,
     Option<"routeMap", "route-map", "std::string", /*default=*/"\"lanes\"",
            "how route's kernel maps a token onto lanes: `warp` (one warp a token, the experts strided over its "
            "lanes, butterflies of 64-bit candidates; E <= 1024) or `lanes` (the default): "

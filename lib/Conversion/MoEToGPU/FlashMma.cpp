@@ -121,7 +121,8 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
     const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt, int64_t depth,
     int64_t sharedMemoryBytes, bool wideStaging, bool asyncStaging,
     bool fusedTopk, bool posterior, bool base2, bool sumMma, int64_t blockRows,
-    int64_t keySplits, bool lazyRescale, int64_t stages) {
+    int64_t keySplits, bool lazyRescale, int64_t stages,
+    int64_t dynamicSharedBytes) {
   if ((spec.topk && !fusedTopk) ||
       ((spec.hasBias || spec.hasAddScores) && !posterior))
     return std::nullopt;
@@ -242,25 +243,37 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       continue;
     int64_t bytes =
         tile.buffers * cols * (tile.depth + kPad + tile.experts + kPad) * 2;
-    if (bytes <= sharedMemoryBytes) {
+    // The fused top-k's epilogue: one row's packed 64-bit candidates (2 per
+    // column of the quad lane) beside the other row's probabilities.
+    if (spec.topk)
+      regs = std::max(regs, 6 * tile.experts / 8 + 40);
+    // attention_posterior's per-element bias and score loads spilled under
+    // the 128-register cap of 4 blocks (ptxas, D = 64, sm_80 and sm_90);
+    // so did the fused top-k of the base-2 kernel with the cp.async
+    // staging's copies in flight (sm_80, a key mask, D = 40, K = 12: 12
+    // bytes at 128 registers), a key mask's selects (D = 64, K = 32 or 64
+    // and D = 128, K = 16: 8-24 bytes at 128 registers, dynamic N) and the
+    // lse (D = 128, K = 64 causal, 32-key tiles: 4 bytes on sm_90).
+    const int64_t blocksPerSM =
+        regs <= 128 && !spec.hasAddScores && !spec.hasKeyMask &&
+                !spec.withLse && !(spec.topk && tile.base2 && tile.buffers > 1)
+            ? 4
+            : 2;
+    // flash-mma-dynamic-shared: 64-key tiles past the static limit in
+    // dynamic shared memory, up to the chip's opt-in maximum a block, where
+    // the blocks a multiprocessor is meant to hold still fit it (the maximum
+    // plus the 1 KiB it reserves a block). D = 256, K = 64 takes 86,016
+    // bytes: two blocks on sm_90 (228 KiB), not on sm_80 (164 KiB), where
+    // one block would halve the warps. Half the barriers and staging loops a
+    // key, ~25% fewer instructions a score on sm_90 (docs/GPU.md).
+    const bool dynamic = bytes > sharedMemoryBytes && cols == 64 &&
+                         bytes <= dynamicSharedBytes &&
+                         blocksPerSM * (bytes + 1024) <=
+                             dynamicSharedBytes + 1024;
+    if (bytes <= sharedMemoryBytes || dynamic) {
       tile.cols = cols;
-      // The fused top-k's epilogue: one row's packed 64-bit candidates (2 per
-      // column of the quad lane) beside the other row's probabilities.
-      if (spec.topk)
-        regs = std::max(regs, 6 * tile.experts / 8 + 40);
-      // attention_posterior's per-element bias and score loads spilled under
-      // the 128-register cap of 4 blocks (ptxas, D = 64, sm_80 and sm_90);
-      // so did the fused top-k of the base-2 kernel with the cp.async
-      // staging's copies in flight (sm_80, a key mask, D = 40, K = 12: 12
-      // bytes at 128 registers), a key mask's selects (D = 64, K = 32 or 64
-      // and D = 128, K = 16: 8-24 bytes at 128 registers, dynamic N) and the
-      // lse (D = 128, K = 64 causal, 32-key tiles: 4 bytes on sm_90).
-      tile.blocksPerSM =
-          regs <= 128 && !spec.hasAddScores && !spec.hasKeyMask &&
-                  !spec.withLse &&
-                  !(spec.topk && tile.base2 && tile.buffers > 1)
-              ? 4
-              : 2;
+      tile.blocksPerSM = blocksPerSM;
+      tile.dynamicShared = dynamic;
       return tile;
     }
   }
@@ -275,7 +288,10 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
                       options.flashMmaAsyncStaging, fusedTopk, posterior,
                       options.flashMmaBase2, options.flashMmaSumMma,
                       options.flashMmaBlockRows, options.flashMmaKeySplits,
-                      options.flashMmaLazyRescale, options.flashMmaStages);
+                      options.flashMmaLazyRescale, options.flashMmaStages,
+                      options.flashMmaDynamicShared
+                          ? options.dynamicSharedMemoryBytes
+                          : 0);
 }
 
 /// The key and value tile buffers of the kernel: `buffers` tiles of `cols`
@@ -507,9 +523,10 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   }
   Value ks, vs;
   if (tile.dynamicShared) {
-    // flash-mma-stages=3: the key buffers from the start of the block's
-    // dynamic shared memory, the value buffers after them (a multiple of 16
-    // bytes: every row is), as flashMmaSharedTypes lays them out.
+    // flash-mma-stages=3 or flash-mma-dynamic-shared: the key buffers from
+    // the start of the block's dynamic shared memory, the value buffers after
+    // them (a multiple of 16 bytes: every row is), as flashMmaSharedTypes
+    // lays them out.
     SmallVector<MemRefType, 2> types = flashMmaSharedTypes(tile, elt);
     auto space = gpu::AddressSpaceAttr::get(b.getContext(),
                                             gpu::AddressSpace::Workgroup);

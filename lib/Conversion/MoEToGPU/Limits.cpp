@@ -91,9 +91,11 @@ static std::string kernelKey(gpu::GPUFuncOp kernel) {
 }
 
 KernelLimitCheck::KernelLimitCheck(ModuleOp module, Operation *op,
-                                   int64_t sharedMemoryBytes)
+                                   int64_t sharedMemoryBytes,
+                                   int64_t dynamicSharedMemoryBytes)
     : module(module), opName(op->getName().getStringRef().str()),
-      loc(op->getLoc()), sharedMemoryBytes(sharedMemoryBytes) {
+      loc(op->getLoc()), sharedMemoryBytes(sharedMemoryBytes),
+      dynamicSharedMemoryBytes(dynamicSharedMemoryBytes) {
   for (gpu::GPUFuncOp kernel : kernelsOf(module))
     kernelsBefore.insert(kernelKey(kernel));
 }
@@ -136,11 +138,16 @@ LogicalResult KernelLimitCheck::verify() {
       return;
     if (Value dynamicBytes = launch.getDynamicSharedMemorySize()) {
       std::optional<int64_t> dynamicShared = staticValue(dynamicBytes);
-      if (dynamicShared && it->second + *dynamicShared > sharedMemoryBytes)
+      const bool optIn = dynamicSharedMemoryBytes > sharedMemoryBytes;
+      const int64_t limit =
+          optIn ? dynamicSharedMemoryBytes : sharedMemoryBytes;
+      if (dynamicShared && it->second + *dynamicShared > limit)
         error() << "needs " << it->second + *dynamicShared
                 << " bytes of shared memory per block in kernel @" << name
-                << ", more than the limit of " << sharedMemoryBytes
-                << " bytes (option shared-memory-bytes)";
+                << ", more than the limit of " << limit << " bytes (option "
+                << (optIn ? "dynamic-shared-memory-bytes"
+                          : "shared-memory-bytes")
+                << ")";
     }
     gpu::KernelDim3 block = launch.getBlockSizeOperandValues();
     gpu::KernelDim3 grid = launch.getGridSizeOperandValues();

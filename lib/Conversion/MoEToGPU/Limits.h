@@ -35,19 +35,22 @@ constexpr int64_t kMaxStaticSharedMemory = 48 * 1024;
 /// (it records the kernels that exist), call verify() after a successful one:
 /// every new kernel's shared memory (workgroup attributions plus constant
 /// dynamic shared memory) must fit `sharedMemoryBytes` and the static cap,
+/// or, with dynamic shared memory, the larger `dynamicSharedMemoryBytes` (the
+/// chip's opt-in maximum, which the runtime asks for at the launch),
 /// and every launch of it with static sizes must fit the block and grid
 /// limits. Errors are reported at the op's location, as errors of the op (it
 /// is gone by then).
 class KernelLimitCheck {
 public:
-  KernelLimitCheck(ModuleOp module, Operation *op, int64_t sharedMemoryBytes);
+  KernelLimitCheck(ModuleOp module, Operation *op, int64_t sharedMemoryBytes,
+                   int64_t dynamicSharedMemoryBytes = 0);
   LogicalResult verify();
 
 private:
   ModuleOp module;
   std::string opName;
   Location loc;
-  int64_t sharedMemoryBytes;
+  int64_t sharedMemoryBytes, dynamicSharedMemoryBytes;
   llvm::StringSet<> kernelsBefore;
 };
 

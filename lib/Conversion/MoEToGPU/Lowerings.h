@@ -47,7 +47,8 @@ public:
   matchAndRewrite(OpTy op, typename OpTy::Adaptor adaptor,
                   ConversionPatternRewriter &rewriter) const final {
     KernelLimitCheck limits(op->template getParentOfType<ModuleOp>(), op,
-                            options.sharedMemoryBytes);
+                            options.sharedMemoryBytes,
+                            options.dynamicSharedMemoryBytes);
     if (failed(lower(op, adaptor, rewriter)))
       return failure();
     return limits.verify();
@@ -194,8 +195,9 @@ struct FlashMmaTile {
   bool lazyRescale = false;
   int64_t lazyMargin = 0;
   /// The tile buffers are in dynamic shared memory (flash-mma-stages=3, with
-  /// two row tiles and cp.async staging: `buffers` is then 3), passed at the
-  /// launch; the static workgroup buffers otherwise.
+  /// two row tiles and cp.async staging: `buffers` is then 3; or
+  /// flash-mma-dynamic-shared, one row tile's 64-key tiles past the static
+  /// limit), passed at the launch; the static workgroup buffers otherwise.
   bool dynamicShared = false;
 };
 
@@ -214,14 +216,18 @@ constexpr int64_t kFlashMmaMaxDepth = 256;
 /// attention_posterior's logit enter its C fragments; `base2`
 /// (flash-mma-base2) selects the base-2 softmax (FlashMmaTile::base2);
 /// `lazyRescale` (flash-mma-lazy-rescale) and `stages` (flash-mma-stages, 2 or
-/// 3) apply where two row tiles do (FlashMmaTile::lazyRescale, ::buffers).
+/// 3) apply where two row tiles do (FlashMmaTile::lazyRescale, ::buffers);
+/// `dynamicSharedBytes` (flash-mma-dynamic-shared: the chip's opt-in maximum a
+/// block, 0 for none) lets one row tile's 64-key tiles pass
+/// `sharedMemoryBytes` in dynamic shared memory (FlashMmaTile::dynamicShared).
 std::optional<FlashMmaTile>
 flashMmaTile(const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt,
              int64_t depth, int64_t sharedMemoryBytes, bool wideStaging = false,
              bool asyncStaging = false, bool fusedTopk = false,
              bool posterior = false, bool base2 = false, bool sumMma = false,
              int64_t blockRows = 64, int64_t keySplits = 1,
-             bool lazyRescale = false, int64_t stages = 2);
+             bool lazyRescale = false, int64_t stages = 2,
+             int64_t dynamicSharedBytes = 0);
 
 /// flashMmaTile with the pass's flash-mma options (the staging, base-2, sum,
 /// row-block, key-split, lazy-rescale and stage options as given), the fused

@@ -64,6 +64,8 @@ invalidOption(const ConvertMoEToGPUOptions &options) {
        "a multiple of 32 in [32, 1024]", std::to_string(blockSize)},
       {"shared-memory-bytes", options.sharedMemoryBytes > 0, "positive",
        std::to_string(options.sharedMemoryBytes)},
+      {"dynamic-shared-memory-bytes", options.dynamicSharedMemoryBytes >= 0,
+       "0 or positive", std::to_string(options.dynamicSharedMemoryBytes)},
       {"topk-rounds",
        llvm::is_contained({"butterfly", "redux", "list", "list-redux"},
                           options.topkRounds),
@@ -112,6 +114,8 @@ struct ConvertMoEToGPUPass
     options.flashMmaSymmetric = flashMmaSymmetric;
     options.flashMmaGrad = flashMmaGrad;
     options.flashCausalBalance = flashCausalBalance;
+    options.flashMmaDynamicShared = flashMmaDynamicShared;
+    options.dynamicSharedMemoryBytes = dynamicSharedMemoryBytes;
     options.routeMap = routeMap;
     return options;
   }

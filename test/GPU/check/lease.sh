@@ -6,7 +6,7 @@
 #   test/GPU/check/lease.sh prepare     here (about 15 minutes on two cores): .dev/*.tar.xz, .whl/ (transformers)
 #   run(command="bash test/GPU/check/lease.sh run", carry=[".dev", ".whl"], timeout_s=600)      there
 #
-# What comes back (8 files at most): machine.txt, gemma4.log, and one NAME.tgz a folder's run (its OUT: summary.md,
+# What comes back (8 files at most): machine.txt (with the Gemma4 test's output), and one NAME.tgz a folder's run (its OUT: summary.md,
 # summary.json, bench.md/json, logs.tar.gz, and run.log). Unpack them into bench/results/ for the record.
 #
 # VARIANTS: NAME|moe-lower-to-nvvm options|steps|bench --only|checks --only (sanitizers: the same cases).
@@ -16,6 +16,7 @@ VARIANTS=(
   "va|flash-mma-symmetric=true flash-mma-grad=true|checks,memcheck,bench|sim|similarity_inform,similarity_inform_symmetric,similarity_inform_topk_mma,similarity_inform_grad"
   "vb|flash-mma-block-rows=64|bench|sim_topk|"
   "vc|flash-causal-balance=false|bench|causal|"
+  "vd|flash-mma-dynamic-shared=true|checks,memcheck,bench|D256_K64_causal|similarity_inform"
 )
 # Then racecheck, as far as the call's time goes: RACES: NAME|folder|cases|budget (empty: what is left). The
 # variant kernels first, then the default folder's kernels new since the last racecheck (2026-11-27: the route loop
@@ -80,8 +81,9 @@ run() {
     MOE_CUDA_RUNTIME="$W/b1/libmoe_cuda_runtime.so" MOE_KERNEL_PREBUILT="$ROOT/build/gpu-check/kernels" \
     MOE_KEYS_LIBRARY="$ROOT/build/gpu-check/lib/libmoe_keys.so" MOE_KERNEL_CACHE="$W/kc" \
     PYTHONPATH="$ROOT:$ROOT/python:$W/site" timeout 90 python3 -m pytest -q -p no:cacheprovider -rs \
-    python/tests/test_hf_models.py -k gemma4 > "$O/gemma4.log" 2>&1
+    python/tests/test_hf_models.py -k gemma4 > "$W/gemma4.log" 2>&1
   echo "rc=$? at $(el) s"
+  { echo "== the Gemma4 test on CUDA"; cat "$W/gemma4.log"; } >> "$O/machine.txt"
   local v name opts steps bench cases folder budget
   for v in "${VARIANTS[@]}"; do
     IFS='|' read -r name opts steps bench cases <<<"$v"
