@@ -433,7 +433,7 @@ def gpu_cases() -> list[Case]:
         similarity_case("prefill", 1, 16384, 64, 16),
         similarity_case("prefill", 4, 4096, 256, 64, causal=True),
         similarity_case("prefill", 1, 16384, 64, 16, k=2),
-        # f16/bf16 operands: the tensor-core kernel (flash-mma, the default), or with flash-mma=false the f32 one
+        # f16/bf16 operands: the tensor-core kernel
         similarity_case("decode", 1, 64, 64, 16, dtype="bf16"),
         similarity_case("prefill", 1, 16384, 64, 16, dtype="bf16"),
         similarity_case("prefill", 4, 4096, 256, 64, causal=True, dtype="bf16"),

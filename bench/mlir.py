@@ -48,7 +48,7 @@ def _sim_attrs(tau: float, causal: bool) -> str:
 def similarity_inform(name: str, B: int, N: int, D: int, K: int, tau: float = 1.0, causal: bool = False,
                       elem: str = "f32") -> str:
     """``elem``: the element type of u and e (f32, f16, bf16); p is f32 (f16/bf16 operands of one type run on
-    tensor cores unless moe-lower-to-nvvm has flash-mma=false)."""
+    tensor cores)."""
     u, e, p = _t((B, N, D), elem), _t((B, N, K), elem), _t((B, N, K))
     body = f"%p = moe.similarity_inform %u, %e {_sim_attrs(tau, causal)} : {u}, {e} -> {p}"
     return _func(name, [("u", u), ("e", e)], [p], body, ["%p"])

@@ -11,8 +11,7 @@ Each input (default: test/Conversion/**, test/Pipelines, test/GPU/Inputs) is spl
     and through the portable lowering alone (`cpu-kernels=false`: convert-moe-to-linalg)             -> NAME.portable.ll
   - for the GPU: `moe-opt --moe-lower-to-nvvm="chip=sm_90 format=isa"`, its PTX                   -> NAME.sm_90.N.ptx
     and `ptxas -v -O3` of each PTX (registers, spills, shared memory)                                -> NAME.sm_90.N.ptxas
-    plus the flash-mma=false (the f32-path similarity kernel for f16/bf16, the default before 915f854) and
-    topk-rounds=butterfly variants for the inputs that select them.
+    plus the topk-rounds=butterfly variant for the inputs that select it.
 A lowering that fails stores its diagnostics (NAME.*.err) instead, so failures are compared too.
 """
 import argparse
@@ -62,8 +61,6 @@ def lower(job):
         rc, ll, err = run([translate, "--mlir-to-llvmir"], mlir)
         put(f"{tag}.ll" if rc == 0 else f"{tag}.err", ll if rc == 0 else err)
     variants = [("sm_90", "")]
-    if "similarity_inform" in name or "attention_posterior" in name or "mma" in name:
-        variants.append(("sm_90-nomma", "flash-mma=false"))
     if "topk" in name or "route" in name:
         variants.append(("sm_90-butterfly", "topk-rounds=butterfly"))
     for tag, extra in variants:

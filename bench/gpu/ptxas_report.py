@@ -206,7 +206,7 @@ def main():
     ap.add_argument("--out", required=True, help="markdown report to write")
     ap.add_argument("--keep-ptx", help="directory to keep the PTX files in")
     ap.add_argument("--pipeline-options", default="",
-                    help="more moe-lower-to-nvvm options (e.g. flash-mma=false: the f32-path similarity kernel for f16/bf16)")
+                    help="more moe-lower-to-nvvm options (e.g. flash-mma-block-rows=64: the 64-row tensor-core kernel)")
     ap.add_argument("--split-input-file", action="store_true",
                     help="lower each `// -----` chunk of a file on its own")
     ap.add_argument("--all-nospill", action="store_true",

@@ -1,13 +1,13 @@
 // REQUIRES: ptxas
 // RUN: rm -rf %t && mkdir -p %t
-// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --lower-chip sm_80 --pipeline-options "%flash_base64 flash-mma=true" --keep-ptx %t --out %t/report.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s
+// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --lower-chip sm_80 --pipeline-options "%flash_base64" --keep-ptx %t --out %t/report.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s
 // RUN: FileCheck %s --check-prefix=TABLE < %t/report.md
-// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --lower-chip sm_80 --pipeline-options "%flash_base64 flash-mma=true flash-mma-sum-mma=true flash-mma-block-rows=128" --out %t/report-sum-mma.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s
-// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --lower-chip sm_80 --pipeline-options "%flash_base64 flash-mma=true flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-lazy-rescale=true" --out %t/report-lazy.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s
-// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --lower-chip sm_80 --pipeline-options "%flash_base64 flash-mma=true flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-key-splits=4 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-lazy-rescale=true flash-mma-stages=3" --out %t/report-lazy3.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s --check-prefix=SPLIT
+// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --lower-chip sm_80 --pipeline-options "%flash_base64 flash-mma-sum-mma=true flash-mma-block-rows=128" --out %t/report-sum-mma.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s
+// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --lower-chip sm_80 --pipeline-options "%flash_base64 flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-lazy-rescale=true" --out %t/report-lazy.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s
+// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --lower-chip sm_80 --pipeline-options "%flash_base64 flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-key-splits=4 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-lazy-rescale=true flash-mma-stages=3" --out %t/report-lazy3.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s --check-prefix=SPLIT
 // RUN: FileCheck %s --check-prefix=PTX < %t/ptxas-mma-cases.sm_80.0.ptx
 
-// The tensor-core flash kernels (moe-lower-to-nvvm flash-mma=true,
+// The tensor-core flash kernels (moe-lower-to-nvvm,
 // FlashMma.cpp) assemble with ptxas for sm_80 and sm_90 without local memory
 // (every case is a nospill_ one), and their PTX holds the warp-level MMA:
 // mma.sync m16n8k16 on f16 and on bf16 operands with f32 sums, fed by

@@ -489,9 +489,8 @@ def ref_router_z_loss_grad(logits, dloss):
 #===----------------------------------------------------------------------===#
 
 
-#: The tolerance of the similarity cases whose operands are f16/bf16 of one type: with flash-mma (the default since
-#: the H100 run of 2026-11-24; MOE_GPU_AOT_OPTIONS=flash-mma=false scripts/gpu-check.sh for the f32-path kernel)
-#: they run the tensor-core kernel, whose probabilities enter the mixing product rounded to the operand type
+#: The tolerance of the similarity cases whose operands are f16/bf16 of one type: they run the tensor-core kernel
+#: (since the H100 run of 2026-11-24), whose probabilities enter the mixing product rounded to the operand type
 #: (bf16: 8 bits), as in FlashAttention.
 MMA_TOL = dict(rtol=1e-2, atol=2e-3)
 

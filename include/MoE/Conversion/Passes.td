@@ -117,10 +117,6 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "when one runs out; or `list-redux` (sm_80+): both kernels, redux up to 6144 tokens and list past them, "
            "chosen on the host by the token count (list is the faster at many tokens, redux at few). "
            "moe-lower-to-nvvm picks list-redux for sm_80 and later">,
-    Option<"flashMma", "flash-mma", "bool", /*default=*/"true",
-           "similarity_inform (and its training forward) with f16/bf16 operands of one type on tensor cores: "
-           "mma.sync m16n8k16 with f32 sums, nvgpu.ldmatrix operands (sm_80+; FlashMma.cpp); the probabilities "
-           "enter S.e rounded to the operand type. On by default; false: the f32-path kernel">,
     Option<"balanceKernels", "balance-kernels", "bool", /*default=*/"true",
            "lower the load-balancing ops router_stats, router_stats_grad, load_balancing_loss, router_z_loss "
            "and router_z_loss_grad (a warp per row, per-block partials summed in a fixed order, no atomics; "

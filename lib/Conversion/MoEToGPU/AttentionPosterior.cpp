@@ -461,7 +461,7 @@ lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
     return cast<MemRefType>(v.getType()).getElementType();
   };
   std::optional<FlashMmaTile> mma;
-  if (options.flashMma && options.flashMmaPosterior)
+  if (options.flashMmaPosterior)
     mma = flashMmaTile(spec, elementOf(u), /*keyElt=*/elementOf(u),
                        elementOf(e),
                        cast<MemRefType>(u.getType()).getShape()[2], options,

@@ -99,7 +99,6 @@ struct ConvertMoEToGPUPass
     options.blockSize = blockSize;
     options.sharedMemoryBytes = sharedMemoryBytes;
     options.topkRounds = topkRounds;
-    options.flashMma = flashMma;
     options.balanceKernels = balanceKernels;
     options.flashMmaWideStaging = flashMmaWideStaging;
     options.flashMmaAsyncStaging = flashMmaAsyncStaging;

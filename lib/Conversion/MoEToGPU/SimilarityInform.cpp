@@ -75,14 +75,14 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
     results.push_back(h.allocLike(type, dynamicSizesFrom(kb, type, u)));
   }
   args.append(results);
-  // Tensor cores (flash-mma) for f16/bf16 operands without ws (q = u · ws is
+  // Tensor cores for f16/bf16 operands without ws (q = u · ws is
   // f32), the fused top-k only with flash-mma-topk; the scalar kernel
   // otherwise.
   auto elementOf = [](Value v) {
     return cast<MemRefType>(v.getType()).getElementType();
   };
   std::optional<FlashMmaTile> mma;
-  if (options.flashMma && !projected)
+  if (!projected)
     mma = flashMmaTile(spec, elementOf(q), elementOf(u), elementOf(e),
                        cast<MemRefType>(u.getType()).getShape()[2], options,
                        options.flashMmaTopk, /*posterior=*/false);

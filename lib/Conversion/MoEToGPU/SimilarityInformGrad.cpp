@@ -122,7 +122,7 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
     return cast<MemRefType>(v.getType()).getElementType();
   };
   const bool mmaGrad =
-      options.flashMma && options.flashMmaGrad && !ws &&
+      options.flashMmaGrad && !ws &&
       flashGradMmaApplies(logit, elementOf(u), elementOf(e), uShape[2], *K);
 
   // The passes take dp rounded to the operand type, its rows padded to a

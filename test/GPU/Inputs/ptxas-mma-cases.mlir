@@ -1,4 +1,4 @@
-// Cases of the tensor-core flash kernels (moe-lower-to-nvvm flash-mma=true;
+// Cases of the tensor-core flash kernels (moe-lower-to-nvvm;
 // FlashMma.cpp), for bench/gpu/ptxas_report.py: every function is a nospill_
 // one. The shapes of the issue's benchmark (D = 64, K = 16; D = 256, K = 64
 // causal), the largest tiles (D = K = 256: 32-key tiles), a key mask, odd

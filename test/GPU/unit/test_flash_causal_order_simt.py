@@ -193,7 +193,7 @@ FORWARDS = {
                           "flash-mma-lazy-rescale=true flash-mma-stages=3 flash-mma-wide-staging=true "
                           "flash-mma-async-staging=true"),
     "mma_split_keys": (split_forward, ""),
-    "scalar_f32": (scalar_forward, "flash-mma=false"),
+    "scalar_f32": (scalar_forward, ""),
 }
 
 
