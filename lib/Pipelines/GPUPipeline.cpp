@@ -31,6 +31,15 @@
 
 using namespace mlir;
 
+/// The compute capability of a chip name (sm_90a: 90), 0 if it names none.
+static unsigned chipVersion(StringRef chip) {
+  unsigned sm = 0;
+  if (chip.consume_front("sm_"))
+    chip.take_while([](char c) { return c >= '0' && c <= '9'; })
+        .getAsInteger(10, sm);
+  return sm;
+}
+
 /// topk-rounds=auto: list-redux where the chip has redux.sync (sm_80 and
 /// later; on an H200, 2026-11-26, at 65536 tokens and k = 8 list took 23.7 us
 /// against redux's 37.4 at K = 128, 41.7 against 61.9 at K = 256; at 64 tokens
@@ -39,12 +48,7 @@ static std::string
 resolveTopkRounds(const moe::MoELowerToNVVMOptions &options) {
   if (options.topkRounds != "auto")
     return options.topkRounds;
-  unsigned sm = 0;
-  StringRef chip = options.chip;
-  if (chip.consume_front("sm_"))
-    chip.take_while([](char c) { return c >= '0' && c <= '9'; })
-        .getAsInteger(10, sm);
-  return sm >= 80 ? "list-redux" : "butterfly";
+  return chipVersion(options.chip) >= 80 ? "list-redux" : "butterfly";
 }
 
 /// The pipeline's canonicalizer: bottom-up (the greedy driver's worklist in
@@ -70,13 +74,8 @@ static int64_t
 resolveDynamicSharedMemory(const moe::MoELowerToNVVMOptions &options) {
   if (options.dynamicSharedMemoryBytes != 0)
     return options.dynamicSharedMemoryBytes;
-  unsigned sm = 0;
-  StringRef chip = options.chip;
-  if (chip.consume_front("sm_"))
-    chip.take_while([](char c) { return c >= '0' && c <= '9'; })
-        .getAsInteger(10, sm);
   const int64_t kib = 1024;
-  switch (sm) {
+  switch (chipVersion(options.chip)) {
   case 70:
   case 72:
     return 96 * kib;
