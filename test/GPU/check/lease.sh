@@ -16,7 +16,7 @@ VARIANTS=(
   "va|flash-mma-symmetric=true flash-mma-grad=true|checks,memcheck,bench|sim|similarity_inform,similarity_inform_symmetric,similarity_inform_topk_mma,similarity_inform_grad"
   "vb|flash-mma-block-rows=64|bench|sim_topk|"
   "vc|flash-causal-balance=false|bench|causal|"
-  "vd|flash-mma-dynamic-shared=true|checks,memcheck,bench|D256_K64_causal|similarity_inform"
+  "vd|flash-mma-dynamic-shared=true|checks,memcheck,bench|D256_K64_causal|similarity_inform,attention_posterior_mma"
 )
 # Then racecheck, as far as the call's time goes: RACES: NAME|folder|cases|budget (empty: what is left). The
 # variant kernels first, then the default folder's kernels new since the last racecheck (2026-11-27: the route loop
