@@ -26,7 +26,7 @@ def Bad : Pipeline<"bad", "BadOptions"> {
 #endif
 #ifdef TWICE
 def Bad : Pipeline<"bad", "BadOptions"> {
-  let options = [Option<"flashMma", "flash-mma", "bool", "true", "the pipeline's own">];
+  let options = [Option<"balanceKernels", "balance-kernels", "bool", "true", "the pipeline's own">];
   let passOptions = PassOptionsOf<ConvertMoEToGPU>;
 }
 #endif
@@ -52,7 +52,8 @@ def Bad : Pipeline<"bad", "BadOptions"> {
 // CHECK-NOT:  blockSize
 // CHECK:      ::mlir::detail::PassOptions::Option<int64_t> sharedMemoryBytes{*this, "shared-memory-bytes", {{.*}}::llvm::cl::init(49152)};
 // CHECK-NEXT: ::mlir::detail::PassOptions::Option<std::string> topkRounds{*this, "topk-rounds", {{.*}}moe-lower-to-nvvm picks list-redux for sm_80 and later; here also `auto` (the default): list-redux for sm_80 and later, else butterfly)PO"), ::llvm::cl::init("auto")};
-// CHECK-NEXT: ::mlir::detail::PassOptions::Option<bool> flashMma{*this, "flash-mma", {{.*}}::llvm::cl::init(true)};
+// CHECK-NEXT: ::mlir::detail::PassOptions::Option<bool> balanceKernels{*this, "balance-kernels", {{.*}}::llvm::cl::init(true)};
+// CHECK:      ::mlir::detail::PassOptions::Option<int64_t> dynamicSharedMemoryBytes{*this, "dynamic-shared-memory-bytes", {{.*}}::llvm::cl::init(0)};
 // CHECK:      ::mlir::detail::PassOptions::Option<std::string> routeMap{*this, "route-map", {{.*}}::llvm::cl::init("lanes")};
 // CHECK:      ConvertMoEToGPUOptions convertMoEToGPUOptions() const {
 // CHECK-NEXT:   ConvertMoEToGPUOptions options;
@@ -66,4 +67,4 @@ def Bad : Pipeline<"bad", "BadOptions"> {
 // UNKNOWN-HIDDEN: error: convert-moe-to-gpu has no option 'block-sizes'
 // UNKNOWN-OVERRIDE: error: convert-moe-to-gpu has no option 'topk'
 // HIDDEN-OVERRIDE: error: 'topk-rounds' is overridden twice or hidden
-// TWICE: error: the option 'flash-mma' (flashMma) is declared twice
+// TWICE: error: the option 'balance-kernels' (balanceKernels) is declared twice
