@@ -52,7 +52,7 @@ prepare() {
 
 run() {
   # W: the scratch folder (the build folders, the results before they are packed, the wheel's install).
-  local W="${MOE_LEASE_TMP:-/tmp}" T0 left
+  local W="${MOE_LEASE_TMP:-/tmp}" T0
   local O="${OUT:-$W/lease-out}"
   mkdir -p "$O"
   T0=$(date +%s)
@@ -63,9 +63,14 @@ run() {
     export PYTHONPATH="$W/site"
   { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv
     python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; } > "$O/machine.txt" 2>&1
-  go() {  # go NAME FOLDER BUILD BUDGET STEPS [VAR=VALUE...]
-    local n=$1 f=$2 b=$3 budget=$4 steps=$5
+  # go NAME FOLDER BUILD BUDGET STEPS [VAR=VALUE...]: BUDGET (empty: all that is left) cut to what is left of the
+  # call's 545 s, less 25 for packing and the step's overrun; not run (status 1) with less than 40 s.
+  go() {
+    local n=$1 f=$2 b=$3 budget=$4 steps=$5 left
     shift 5
+    left=$((545 - $(el) - 25))
+    [ -z "$budget" ] || [ "$budget" -gt "$left" ] && budget=$left
+    if [ "$budget" -lt 40 ]; then echo "== $n not run: $left s left"; return 1; fi
     echo "== $n at $(el) s"
     env "$@" MOE_GPU_CHECK_STEPS="$steps" MOE_GPU_CHECK_BUDGET_S="$budget" MOE_GPU_CHECK_BUILD="$b" \
       timeout $((budget + 30)) bash "$f/run.sh" "$W/o-$n" > "$W/o-$n.log" 2>&1
@@ -93,12 +98,9 @@ run() {
   done
   for v in "${RACES[@]}"; do
     IFS='|' read -r name folder cases budget <<<"$v"
-    left=$((545 - $(el)))
-    [ -z "$budget" ] || [ "$budget" -gt "$left" ] && budget=$((left - 25))
-    [ "$budget" -gt 40 ] || break
     local b="$W/b1"
     [ "$folder" = gpu-check ] || b="$W/b-${folder#gc-}"
-    go "$name" "build/$folder" "$b" "$budget" racecheck MOE_GPU_CHECK_SANITIZE_ONLY="--only $cases"
+    go "$name" "build/$folder" "$b" "$budget" racecheck MOE_GPU_CHECK_SANITIZE_ONLY="--only $cases" || break
   done
   echo "== done at $(el) s"
 }
