@@ -30,13 +30,10 @@ for lib in ["mlir_c_runner_utils", "mlir_runner_utils"]:
 config.substitutions.append(
     ("%moe_cpu_runtime", os.path.join(config.moe_obj_root, "lib", "libmoe_cpu_runtime.so")))
 
-# The tensor-core flash kernel's options as they were before the H200 run of 2026-11-26 made the 128-row kernel
-# (sum-mma, wide and async staging, 4 key splits, the lazy rescale, 3 stages) and the tensor-core fused top-k and
-# posterior the defaults: the FileCheck tests of one option's IR start from this base and name that option alone.
-config.substitutions.append(("%flash_base64",
-    "flash-mma-wide-staging=false flash-mma-async-staging=false flash-mma-topk=false flash-mma-posterior=false "
-    "flash-mma-sum-mma=false flash-mma-block-rows=64 flash-mma-key-splits=1 flash-mma-lazy-rescale=false "
-    "flash-mma-stages=2"))
+# The tensor-core flash kernel of one row tile a warp (64 rows a block) without split keys: the FileCheck tests of
+# that kernel's IR start from it (the default since the H200 run of 2026-11-26 is the 128-row kernel with 4 key
+# splits, the lazy rescale and 3 stages: similarity_inform_mma_block_rows.mlir).
+config.substitutions.append(("%flash_base64", "flash-mma-block-rows=64 flash-mma-key-splits=1"))
 config.substitutions.append(("%moe_obj_root", config.moe_obj_root))
 config.substitutions.append(("%moe_src_root", config.moe_src_root))
 # The -I flags that moe-tblgen needs for the project's and MLIR's .td files (test/Tools/moe-tblgen-*.td).

@@ -267,9 +267,9 @@ def flash_figures(body, spans, note):
     """The key loop of a flash mixing kernel (a `// sass-budget:` line with
     scores-per-tile=N, the scores a thread computes in one trip of it): the
     smallest innermost loop holding an HMMA (one with no other such loop
-    inside; with flash-mma-base2 the peeled loop of whole tiles, before the
-    checked last/diagonal ones; with flash-mma-lazy-rescale the hot loop of
-    whole tiles inside the loop of the exact steps). The figure is its body
+    inside; the peeled loop of whole tiles, before the checked last/diagonal
+    ones; with the lazy rescale of the 128-row kernel the hot loop of whole
+    tiles inside the loop of the exact steps). The figure is its body
     outside the loops nested in it, divided by scores-per-tile: the nested
     loops are the staging loops (element by element, or 16 bytes a trip;
     the misaligned operands' fallback), whose instructions are reported
@@ -645,10 +645,10 @@ def write_report(f, args, rows, verdicts, failures, targets, fbytes, notes, cali
     flash = [(chip, fn, kernel, fig, note) for chip, fn, kernel, fig, note in rows if "instr_per_score" in fig]
     if flash:
         f.write("\n## Flash mixing kernels: the key loop per score\n\n")
-        f.write("key loop: instructions in the body of the kernel's key loop (flash-mma-base2: the peeled "
-                "loop of whole tiles; flash-mma-lazy-rescale: its hot loop) outside the loops nested in it; "
+        f.write("key loop: instructions in the body of the kernel's key loop (the peeled loop of whole "
+                "tiles; with the lazy rescale its hot loop) outside the loops nested in it; "
                 "nested: those loops (staging) and their instructions, not counted; around: the "
-                "instructions of the loop around it outside it (flash-mma-lazy-rescale's exact step, run "
+                "instructions of the loop around it outside it (the lazy rescale's exact step, run "
                 "for a tile where a row max grew past the margin), not counted; scores/tile: the scores a "
                 "thread computes in one trip (the case's scores-per-tile); instr/score: key loop / "
                 "scores/tile; then each class's instructions per score. smem: static plus dynamic.\n\n")

@@ -1,4 +1,4 @@
-// RUN: moe-opt %s --moe-lower-to-nvvm="chip=sm_90 format=isa %flash_base64 flash-mma-topk=true flash-mma-posterior=true" -o %t.mlir
+// RUN: moe-opt %s --moe-lower-to-nvvm="chip=sm_90 format=isa %flash_base64" -o %t.mlir
 // RUN: grep -o '\.shared \.align [0-9]* \.b8 __wg_[a-z_]*[0-9_]*' %t.mlir | FileCheck %s
 // RUN: grep -o '\.shared \.align [0-9]* \.b8 __wg_[a-z_]*[0-9_]*' %t.mlir | FileCheck %s --check-prefix=NOT
 

@@ -2,9 +2,7 @@
 // RUN: rm -rf %t && mkdir -p %t
 // RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --lower-chip sm_80 --pipeline-options "%flash_base64" --keep-ptx %t --out %t/report.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s
 // RUN: FileCheck %s --check-prefix=TABLE < %t/report.md
-// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --lower-chip sm_80 --pipeline-options "%flash_base64 flash-mma-sum-mma=true flash-mma-block-rows=128" --out %t/report-sum-mma.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s
-// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --lower-chip sm_80 --pipeline-options "%flash_base64 flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-lazy-rescale=true" --out %t/report-lazy.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s
-// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --lower-chip sm_80 --pipeline-options "%flash_base64 flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-key-splits=4 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-lazy-rescale=true flash-mma-stages=3" --out %t/report-lazy3.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s --check-prefix=SPLIT
+// RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --lower-chip sm_80 --out %t/report-default.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s --check-prefix=SPLIT
 // RUN: FileCheck %s --check-prefix=PTX < %t/ptxas-mma-cases.sm_80.0.ptx
 
 // The tensor-core flash kernels (moe-lower-to-nvvm,
@@ -13,25 +11,24 @@
 // mma.sync m16n8k16 on f16 and on bf16 operands with f32 sums, fed by
 // ldmatrix (x4; .trans for the values). Each option set is lowered once, for
 // sm_80, and assembled for both chips (--lower-chip; sass-budget lowers the
-// tensor-core kernels for sm_90). The fused top-k's kernels
-// (flash-mma-topk, the cases file's ptxas-options line) too: their epilogue's
-// candidates live beside the accumulators. attention_posterior's mixing and its
-// _topk form (flash-mma-posterior, with flash-mma-topk; 4 kernels a case:
-// entropy, head select, head means, the mixing) too, the bias and the added
-// scores read into the logits' fragments.
+// tensor-core kernels for sm_90). The fused top-k's kernels too: their
+// epilogue's candidates live beside the accumulators. attention_posterior's
+// mixing and its _topk form too (4 kernels a case: entropy, head select,
+// head means, the mixing), the bias and the added scores read into the
+// logits' fragments. Two option sets: the kernel of one row tile a warp
+// (%flash_base64: 64 rows a block, no key splits, the cp.async staging in
+// two stages) and the defaults (two row tiles a warp where they fit, the
+// keys split, the lazy rescale and three stages in dynamic shared memory;
+// the split's combine kernels too). Each applies where it fits: the row sums
+// on the tensor cores not past 160 registers of held fragments, nor for
+// attention_posterior past D = 128; two row tiles only without
+// attention_posterior and where both tiles' fragments fit.
 
 // CHECK: ptxas report: 72 kernels, 0 failures
-// The lazy rescale (flash-mma-lazy-rescale) with the cp.async staging, two stages, and three in dynamic
-// shared memory with the keys split (issue #47 items 2 and 3; the split's combine kernels too): no local memory
-// either (the fused top-k's kernel, one row tile, takes no 128-register cap with the base-2 cp.async
-// staging: at 128 it spilled 12 bytes on sm_80 with a key mask, D = 40, K = 12).
+// The fused top-k's kernel of one row tile takes no 128-register cap with
+// the cp.async staging: at 128 it spilled 12 bytes on sm_80 with a key mask,
+// D = 40, K = 12.
 // SPLIT: ptxas report: {{[0-9]+}} kernels, 0 failures
-
-// The same with the row sums on the tensor cores and two row tiles a warp
-// (issue #47: flash-mma-sum-mma, flash-mma-block-rows=128; each applies
-// where it fits: not past 160 registers of held fragments, not to
-// attention_posterior past D = 128, two row tiles only without the fused
-// top-k and attention_posterior, and where both tiles' fragments fit).
 
 // TABLE-DAG: | sm_80 | nospill_mma_f16_d64_k16 | similarity_inform_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
 // TABLE-DAG: | sm_90 | nospill_mma_bf16_d64_k16 | similarity_inform_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |

@@ -495,15 +495,6 @@ def ref_router_z_loss_grad(logits, dloss):
 MMA_TOL = dict(rtol=1e-2, atol=2e-3)
 
 
-#: The pipeline options the cases' library was built with (its manifest's pipeline_options; main sets it).
-AOT_OPTIONS = ""
-
-
-def built_with(option):
-    """Whether the cases' library was built with the pipeline option ``option`` (e.g. flash-mma-posterior=true)."""
-    return option in AOT_OPTIONS.split()
-
-
 def aot_options_of(manifest_path):
     """The pipeline_options moe-aot.py recorded in ``manifest_path`` ("" without a manifest or the field)."""
     import json
@@ -656,8 +647,8 @@ def case_similarity(lib, g):
     e = torch.softmax(torch.randn(2, 100, 16, generator=g), -1).to(torch.bfloat16).to(DEV)
     (p,) = lib.call("sim_mma_bf16_causal", [u, e], [((2, 100, 16), torch.float32)])
     close("sim_mma_bf16_causal", p, ref_similarity(u, e, tau=0.5, causal=True), **MMA_TOL)
-    # u one element into its buffer (a base not 16-byte aligned): under flash-mma-wide-staging the kernel stages
-    # its keys with the element loop, its values with 16-byte vectors.
+    # u one element into its buffer (a base not 16-byte aligned): the 16-byte and cp.async staging need an aligned
+    # base, so the kernel stages its keys with the element loop, its values with 16-byte vectors.
     ua = torch.empty(u.numel() + 1, dtype=u.dtype, device=DEV)[1:].view_as(u)
     ua.copy_(u)
     (p,) = lib.call("sim_mma_bf16_causal", [ua, e], [((2, 100, 16), torch.float32)])
@@ -676,8 +667,8 @@ def case_similarity(lib, g):
     (p,) = lib.call("sim_mma_f16_mask", [u, e, m], [((2, 70, 12), torch.float32)])
     close("sim_mma_f16_mask", p, ref_similarity(u, e, key_mask=m), **MMA_TOL)
 
-    # Three key tiles of 64 with a key mask and K = 16: the masked values' 16-byte staging into the second buffer
-    # under flash-mma-wide-staging + flash-mma-async-staging (it once wrote the buffer being read).
+    # Three key tiles of 64 with a key mask and K = 16: the masked values' synchronous 16-byte staging into the next
+    # buffer while the keys come by cp.async (it once wrote the buffer being read).
     u = (torch.randn(2, 150, 64, generator=g) * 0.2).bfloat16().to(DEV)
     e = torch.softmax(torch.randn(2, 150, 16, generator=g), -1).bfloat16().to(DEV)
     m = (torch.rand(2, 150, generator=g) > 0.3).to(DEV)
@@ -793,11 +784,10 @@ def check_mma_topk(name, w, i, p_ref, k, renorm):
 
 
 def case_similarity_topk_mma(lib, g):
-    """similarity_inform_topk on f16/bf16 operands of one type. Built with MOE_GPU_AOT_OPTIONS=flash-mma-topk=true
-    these run on the tensor-core kernel, which selects from the mma.sync accumulators (a row's experts spread over
-    the 4 lanes of a quad); by default on the scalar kernel. Both must follow the op's rules exactly: ties to the
-    lowest index, NaN first, never a padded expert, rows past N (100, 70: not multiples of the 64-row block)
-    stored nowhere (memcheck)."""
+    """similarity_inform_topk on f16/bf16 operands of one type: the tensor-core kernel, which selects from the
+    mma.sync accumulators (a row's experts spread over the 4 lanes of a quad), or with split keys the top-k combine
+    (a quad of lanes a row). It must follow the op's rules exactly: ties to the lowest index, NaN first, never a
+    padded expert, rows past N (100, 70: not multiples of the 64- or 128-row block) stored nowhere (memcheck)."""
     # f16, k = 3, a key mask. Experts 2 and 5 have equal e columns above every other expert's (so every kernel
     # computes equal p for them, on top); sequence 1 has a NaN at expert 9 of an unmasked key (every row's p_9 is
     # NaN: picked first, every weight NaN); sequence 2 has every key masked (p = 0: indices 0, 1, 2, weights 0).
@@ -938,9 +928,8 @@ def case_attention(lib, g):
     p, h = lib.call("attn_bf16", ins, [((2, 50, 16), torch.float32), ((2,), torch.int32)])
     rp, rh = ref_attention(*ins, sigma=2.0, head_scale=1.0)
     same("attn_bf16 head", h, rh)
-    # Built with flash-mma-posterior=true this runs on the tensor-core kernel (the means and the probabilities
-    # enter the products rounded to bf16: MMA_TOL); on the scalar kernel the tolerance stays tight.
-    close("attn_bf16 p", p, rp, **(MMA_TOL if built_with("flash-mma-posterior=true") else dict(rtol=1e-3, atol=1e-4)))
+    # The tensor-core kernel (u and e bf16): the means and the probabilities enter the products rounded to bf16.
+    close("attn_bf16 p", p, rp, **MMA_TOL)
 
 
 def attention_mma_inputs(g, B, H, N, Nk, D, Dh, K, dtype, sharp):
@@ -962,11 +951,10 @@ def attention_mma_inputs(g, B, H, N, Nk, D, Dh, K, dtype, sharp):
 
 
 def case_attention_mma(lib, g):
-    """attention_posterior(_topk) on f16/bf16 u and e. Built with MOE_GPU_AOT_OPTIONS="flash-mma-posterior=true
-    flash-mma-topk=true" these run on the tensor-core kernel (the per-key bias and the chosen head's scores added to
-    the logits' C fragments; the means rounded to the operand type: MMA_TOL); by default on the scalar kernel.
-    N = 100 / 70 (rows past N in the last 64-row block: stored nowhere, memcheck), Nk = 70 / 45 (a partial last key
-    tile), masked keys, a fully masked row, the head chosen by min entropy (2 and 1, not 0)."""
+    """attention_posterior(_topk) on f16/bf16 u and e: the tensor-core kernel (the per-key bias and the chosen head's
+    scores added to the logits' C fragments; the means rounded to the operand type: MMA_TOL). N = 100 / 70 (rows
+    past N in the last 64-row block: stored nowhere, memcheck), Nk = 70 / 45 (a partial last key tile), masked keys,
+    a fully masked row, the head chosen by min entropy (2 and 1, not 0)."""
     B, H, N, Nk, D, Dh, K = 2, 4, 100, 70, 64, 16, 16
     ins = attention_mma_inputs(g, B, H, N, Nk, D, Dh, K, torch.float16, (2, 1))
     p, h = lib.call("attn_mma_f16", ins, [((B, N, K), torch.float32), ((B,), torch.int32)])
@@ -1641,7 +1629,7 @@ def parse_args(argv=None):
     ap.add_argument("--lib")
     ap.add_argument("--runtime-dir")
     ap.add_argument("--manifest", help="the library's NAME.manifest.json (moe-aot.py): the pipeline options it was "
-                    "built with decide which kernels some cases run on, hence their tolerances")
+                    "built with (the kernel variants its cases run on), recorded in the results as aot_options")
     ap.add_argument("--only", action="append", metavar="CASE[,CASE...]",
                     help="run only these cases (repeatable, comma-separated)")
     ap.add_argument("--json", help="write the results to this file")
@@ -1711,9 +1699,7 @@ def main(argv=None):
         if not os.path.exists(path):
             skipped(f"{path} is missing")
     torch.cuda.init()
-    global AOT_OPTIONS
-    AOT_OPTIONS = aot_options_of(args.manifest)
-    info["aot_options"] = AOT_OPTIONS
+    info["aot_options"] = aot_options_of(args.manifest)
     lib = Library(args.lib, args.runtime_dir)
     if lib.rt.moeGpuDeviceCount() <= 0:
         skipped("the CUDA driver reports no device")

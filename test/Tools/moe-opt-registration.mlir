@@ -26,10 +26,10 @@ gpu.module @kernels {
 // moe-lower-to-nvvm's options of convert-moe-to-gpu show the pass's help (Passes.td, declared there only); the
 // pipeline's topk-rounds also takes `auto`, its default.
 // NVVM-LABEL: --moe-lower-to-nvvm
-// NVVM: --flash-mma-base2 - the tensor-core kernel's online softmax in base 2: log2(e)/tau
 // NVVM: --flash-mma-block-rows=<long> - query rows a block of the tensor-core kernel's 4 warps
+// NVVM: --flash-mma-dynamic-shared - the tensor-core kernel of one row tile a warp
 // NVVM: --flash-mma-key-splits=<long> - with flash-mma-block-rows=128 (where it applies): at most this many blocks
-// NVVM: --flash-mma-sum-mma - the tensor-core kernel's row sums on the tensor cores
+// NVVM-NOT: --flash-mma-sum-mma
 // NVVM: --route-map=<string> - how route's kernel maps a token onto lanes:
 // NVVM: --shared-memory-bytes=<long> - shared memory per block the kernels may use (bytes)
 // NVVM: --topk-rounds=<string> - rounds of the register top-k of topk_renorm {{.*}}; here also `auto` (the default)

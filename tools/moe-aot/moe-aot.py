@@ -178,8 +178,8 @@ def write_manifest(args, name, base, binaries, modules):
         "name": name, "input": os.path.basename(args.input),
         "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "chip": args.chip, "format": args.format, "features": args.features or "+ptx80",
-        # the options added to the pipeline (kernel variants such as flash-mma-posterior=true): the GPU harness
-        # reads them to know which kernels its cases run on
+        # the options added to the pipeline (kernel variants such as flash-mma-block-rows=64): the GPU harness
+        # records them with its results (which kernels its cases ran on), gpu_check.py picks its sanitizer cases
         "pipeline_options": args.pipeline_options,
         "toolkit": dict(toolkit, path=args.toolkit),
         # The cubin of a toolkit runs on drivers of the same CUDA major release and later;

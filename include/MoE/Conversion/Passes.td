@@ -121,45 +121,11 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "lower the load-balancing ops router_stats, router_stats_grad, load_balancing_loss, router_z_loss "
            "and router_z_loss_grad (a warp per row, per-block partials summed in a fixed order, no atomics; "
            "RouterStats.cpp, RouterZLoss.cpp). On by default; false: these ops have no GPU lowering">,
-    Option<"flashMmaWideStaging", "flash-mma-wide-staging", "bool", /*default=*/"true",
-           "the tensor-core kernel stages its key and value tiles with 16-byte loads and stores of 8 elements "
-           "(where D / K is a multiple of 8 and the operand's base is 16-byte aligned, checked in the kernel) "
-           "instead of one element per load. On by default">,
-    Option<"flashMmaAsyncStaging", "flash-mma-async-staging", "bool", /*default=*/"true",
-           "the tensor-core kernel double-buffers its key and value tiles: cp.async copies of 16 bytes "
-           "(nvgpu.device_async_copy, zero-filled past the bounds) of the next tile run while the current one is "
-           "computed, one barrier per tile instead of two (where D / K is a multiple of 8 and the operand's base "
-           "is 16-byte aligned, checked in the kernel; the values without a key mask). Twice the shared memory "
-           "per tile. On by default">,
-    Option<"flashMmaTopk", "flash-mma-topk", "bool", /*default=*/"true",
-           "similarity_inform_topk with f16/bf16 operands of one type on the tensor-core kernel too: its epilogue "
-           "selects the top k of each row's mixed probabilities from the mma.sync accumulators (the scalar "
-           "kernel's register top-k on the C-fragment layout: a row's experts over the 4 lanes of a quad, 4-lane "
-           "butterfly rounds). On by default; false: the scalar kernel runs the fused op">,
-    Option<"flashMmaPosterior", "flash-mma-posterior", "bool", /*default=*/"true",
-           "attention_posterior with u and e f16/bf16 of one type on the tensor-core kernel too (and "
-           "attention_posterior_topk where flash-mma-topk is on as well): the head-means kernel writes the means "
-           "in the operand type (the bias stays f32, from the f32 means), and the per-key bias and the selected "
-           "head's scores enter the f32 C fragments of u.m^T in the logit's order (dot / sigma^2, + bias, + "
-           "score). On by default; false: the scalar kernel runs the mixing">,
-    Option<"flashMmaBase2", "flash-mma-base2", "bool", /*default=*/"false",
-           "the tensor-core kernel's online softmax in base 2: log2(e)/tau (log2(e)/sigma^2) folded into one "
-           "FFMA a score and ex2.approx.ftz instead of a division by tau and __nv_expf, the row max in log2 "
-           "units (the lse written in natural units), the quad's row sums added once after the key loop (every "
-           "tile where the fragments held through the loop pass 160 registers), whole key tiles run without "
-           "bounds or causal selects before the checked last/diagonal ones (up to 128 features and experts), P rounded two "
-           "scores at a time. Implied by flash-mma-sum-mma (on by default)">,
-    Option<"flashMmaSumMma", "flash-mma-sum-mma", "bool", /*default=*/"true",
-           "the tensor-core kernel's row sums on the tensor cores: P is multiplied by [e | 1] (one more MMA "
-           "per 16 keys against a constant column block of ones) instead of an FADD a score and the quad's "
-           "shuffles, so the sum is of the rounded probabilities that enter P.e; implies flash-mma-base2. "
-           "On by default">,
     Option<"flashMmaBlockRows", "flash-mma-block-rows", "int64_t", /*default=*/"128",
            "query rows a block of the tensor-core kernel's 4 warps: 64 (one 16-row MMA tile a warp) "
            "or 128 (the default; two: each key and value fragment loaded by ldmatrix feeds both tiles' MMAs), with the "
            "staging's 16-byte alignment decided once outside the key loops (the aligned loops' 16-byte loads or "
-           "cp.async copies unrolled, issued back to back). 128 applies where the base-2 softmax runs "
-           "(flash-mma-base2 or flash-mma-sum-mma) to similarity_inform, its training forward and the fused top-k "
+           "cp.async copies unrolled, issued back to back). 128 applies to similarity_inform, its training forward and the fused top-k "
            "(the thread's four rows selected one after another; not attention_posterior) and both tiles' "
            "fragments fit (D = 64; not D = 256)">,
     Option<"flashMmaKeySplits", "flash-mma-key-splits", "int64_t", /*default=*/"4",
@@ -168,16 +134,6 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "splits chosen at run time from B and N): each writes its rows' unnormalized sums, max and sum to a "
            "workspace and a second kernel combines them in split order (for the fused top-k a quad of lanes a row, "
            "selecting as the kernel's epilogue does; 4: the default). 1: no split">,
-    Option<"flashMmaLazyRescale", "flash-mma-lazy-rescale", "bool", /*default=*/"true",
-           "with flash-mma-block-rows=128 (where it applies): the whole key tiles run against a stale shift, "
-           "each row's max plus a margin (7 for bf16, 2 for f16, in log2 units: FlashAttention-4's conditional "
-           "rescale), with no row max, shuffle or rescale a tile: a warp leaves that loop only for a tile where a "
-           "probability reaches 2 (the row max grew by more than the margin plus one; one OR of the packed P "
-           "registers), and the tile then takes the exact step (the quads' max, the rescale). On by default">,
-    Option<"flashMmaStages", "flash-mma-stages", "int64_t", /*default=*/"3",
-           "with flash-mma-block-rows=128 and flash-mma-async-staging (where it applies): the cp.async pipeline's "
-           "depth, 2 (double buffering in static shared memory) or 3 (the default: three tile buffers in "
-           "dynamic shared memory, each tile's copies issued two tiles ahead)">,
     Option<"flashMmaSymmetric", "flash-mma-symmetric", "bool", /*default=*/"false",
            "similarity_inform (and its training forward) with bf16 operands, no ws, no causal mask and at most 64 "
            "features and 31 experts over half the pairs (FlashSymmetric.cpp, issue #47 item 4): the logits are "

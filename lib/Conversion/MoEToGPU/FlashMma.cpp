@@ -19,9 +19,12 @@
 //    8-wide blocks at a time; the values' with .trans), the logits' C
 //    fragments become the mixing's A fragments in registers (no trip through
 //    memory);
-//  * the online softmax (MoE/Kernels/OnlineSoftmax.h) runs in f32 on the C
-//    fragments: a row's 16 values of a tile are spread over the 4 lanes of a
-//    quad, so the tile max and sum are 4-lane reductions;
+//  * the online softmax runs in f32 on the C fragments, in base 2
+//    (FlashAttention-2's: log2(e)/tau folded into one FFMA a score and one
+//    MUFU.EX2, the row max in log2 units): a row's 16 values of a tile are
+//    spread over the 4 lanes of a quad, so the tile max is a 4-lane
+//    reduction; whole key tiles run without bounds or causal selects before
+//    the checked last/diagonal ones;
 //  * f16: nvgpu.ldmatrix + nvgpu.mma.sync; bf16: nvgpu.ldmatrix and
 //    nvvm.mma.sync on the bitcast 32-bit registers (MLIR 22's NVGPU-to-NVVM
 //    conversion does not map bf16 mma.sync).
@@ -34,31 +37,34 @@
 // padding are zeros in the staged tile and cannot. The lowering uses this
 // kernel for f16/bf16 operands since an H100 run passed the float64 checks
 // (2026-11-24: 5.1x the f32-path kernel; its option, flash-mma, is gone).
+// What the H200 run of 2026-11-26 decided is the kernel, without options
+// (their losers deleted on 2026-11-28): the base-2 softmax with the row sums
+// on the tensor cores, 16-byte and cp.async staging, the fused top-k and
+// attention_posterior on this kernel, the lazy rescale and three stages.
 //
-// With flash-mma-topk (off until a GPU run has checked it) the kernel also
-// runs similarity_inform_topk: its epilogue selects each row's top k from the
-// normalized accumulators with the scalar kernel's register top-k
-// (emitRegisterTopk, the shared order of MoE/Kernels/TopK.h) on the C-fragment
-// layout, a row's experts over the 4 lanes of its quad.
+// The kernel also runs similarity_inform_topk: its epilogue selects each
+// row's top k from the normalized accumulators with the scalar kernel's
+// register top-k (emitRegisterTopk, the shared order of MoE/Kernels/TopK.h)
+// on the C-fragment layout, a row's experts over the 4 lanes of its quad
+// (17.8x the scalar kernel on the H200).
 //
-// With flash-mma-posterior (off until a GPU run has checked it) it runs
-// attention_posterior's mixing too (and attention_posterior_topk's with
-// flash-mma-topk): q = u, the keys are the head means in the operand type
+// It runs attention_posterior's mixing too (and attention_posterior_topk's):
+// q = u, the keys are the head means in the operand type
 // (AttentionPosterior.cpp's head-means kernel rounds them once), and the
 // per-key bias and the added scores of the selected head enter the f32 C
-// fragments of Q·Kᵀ through flashLogit (MoE/Kernels/FlashLogit.h: dot /
-// sigma², + bias, + score), each element at its fragment's key column.
+// fragments of Q·Kᵀ (the logit of MoE/Kernels/FlashLogit.h, dot / sigma²
+// + bias + score, in log2 units), each element at its fragment's key column.
 //
-// With flash-mma-sum-mma (issue #47 item 2; off until a GPU run has checked
-// it; implies flash-mma-base2) the row sums come from the tensor cores, as
-// P·[e | 1]: one more accumulator block past the experts', one more MMA per
-// 16 keys against a constant B operand of ones, no FADD a score and no
-// quad shuffles of the sums; the sum is then of the rounded probabilities
-// that enter P·e (FlashAttention sums the unrounded ones). The accumulators
-// are rescaled only in a tile where a row max of the warp changed (a warp
-// vote; elsewhere the factor is exactly 1).
+// The row sums come from the tensor cores (issue #47 item 2), as P·[e | 1]:
+// one more accumulator block past the experts', one more MMA per 16 keys
+// against a constant B operand of ones, no FADD a score and no quad shuffles
+// of the sums; the sum is then of the rounded probabilities that enter P·e
+// (FlashAttention sums the unrounded ones). The accumulators are rescaled
+// only in a tile where a row max of the warp changed (a warp vote; elsewhere
+// the factor is exactly 1). Where the fragments held through the key loop
+// pass 160 registers (D = K = 256) each lane sums its own scores instead.
 //
-// With flash-mma-block-rows=128 (issue #47 item 3; off likewise) a warp owns
+// With flash-mma-block-rows=128 (the default; issue #47 item 3) a warp owns
 // two 16-row MMA tiles (a block 128 rows), FlashAttention-2's 4 warps x 128
 // rows: each ldmatrix of keys feeds 4 MMAs and each of values 2 per tile
 // (half the LDSM a score), the staging's cost is spread over twice the
@@ -75,14 +81,13 @@
 // (launchSplitFlashMixMma; for the fused top-k a quad of lanes a row,
 // selecting as the epilogue does: launchSplitTopkCombine).
 //
-// With flash-mma-lazy-rescale as well (issue #47 item 2; off likewise) the
-// whole key tiles run in a hot loop against a stale shift, FlashAttention-4's
-// conditional rescale: no row max, shuffle or rescale a tile, one OR of the
-// packed P registers and one vote to find a weight of 2 or more, and the
-// exact step only for such a tile, in a loop around the hot one (lazyLoop).
-// With flash-mma-stages=3 (item 3) the cp.async pipeline has three tile
-// buffers in dynamic shared memory, each tile's copies issued two tiles
-// ahead (pipelineStep).
+// The 128-row kernel runs its whole key tiles in a hot loop against a stale
+// shift (issue #47 item 2), FlashAttention-4's conditional rescale: no row
+// max, shuffle or rescale a tile, one OR of the packed P registers and one
+// vote to find a weight of 2 or more, and the exact step only for such a
+// tile, in a loop around the hot one (lazyLoop). Its cp.async pipeline has
+// three tile buffers in dynamic shared memory, each tile's copies issued two
+// tiles ahead (pipelineStep).
 //
 //===----------------------------------------------------------------------===//
 
@@ -119,13 +124,8 @@ static constexpr int64_t kPad = 8;
 
 std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
     const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt, int64_t depth,
-    int64_t sharedMemoryBytes, bool wideStaging, bool asyncStaging,
-    bool fusedTopk, bool posterior, bool base2, bool sumMma, int64_t blockRows,
-    int64_t keySplits, bool lazyRescale, int64_t stages,
+    int64_t sharedMemoryBytes, int64_t blockRows, int64_t keySplits,
     int64_t dynamicSharedBytes) {
-  if ((spec.topk && !fusedTopk) ||
-      ((spec.hasBias || spec.hasAddScores) && !posterior))
-    return std::nullopt;
   if (!(qElt.isF16() || qElt.isBF16()) || keyElt != qElt || eElt != qElt)
     return std::nullopt;
   if (ShapedType::isDynamic(depth) || depth < 1 || depth > kFlashMmaMaxDepth ||
@@ -134,38 +134,36 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
   FlashMmaTile tile;
   tile.depth = llvm::alignTo(depth, 16);
   tile.experts = llvm::alignTo(spec.numExperts, 8);
-  tile.wideKeys = wideStaging && depth % 8 == 0;
-  tile.wideValues = wideStaging && spec.numExperts % 8 == 0;
-  tile.base2 = base2 || sumMma;
+  tile.wideKeys = depth % 8 == 0;
+  tile.wideValues = spec.numExperts % 8 == 0;
   // The ones block's 4 accumulators more, not where the fragments held
   // through the key loop pass 160 registers (D = K = 256): there the fused
   // top-k spilled (ptxas, sm_80 and sm_90, 12-24 bytes); nor for
   // attention_posterior past D = 128, whose per-element bias and score
   // loads beside them spilled with the cp.async staging (D = 256, K = 16:
   // 88-104 bytes). Those keep base 2's sums.
-  tile.sumMma = sumMma && 4 * (tile.depth / 16 + tile.experts / 8 + 1) <= 160 &&
+  tile.sumMma = 4 * (tile.depth / 16 + tile.experts / 8 + 1) <= 160 &&
                 !(spec.hasAddScores && tile.depth > 128);
   // attention_posterior past D = 128 stays single-buffered: with the second
   // buffer's copies in flight beside the per-element bias and score loads
   // ptxas spilled (sm_90, D = 256).
-  if (spec.hasAddScores && tile.depth > 128)
-    asyncStaging = false;
+  const bool asyncStaging = !(spec.hasAddScores && tile.depth > 128);
   tile.asyncKeys = asyncStaging && depth % 8 == 0;
   tile.asyncValues =
       asyncStaging && spec.numExperts % 8 == 0 && !spec.hasKeyMask;
   tile.buffers = tile.asyncKeys || tile.asyncValues ? 2 : 1;
-  // flash-mma-block-rows=128: two row tiles a warp where the base-2 kernel
-  // runs without attention_posterior's terms (their per-element loads take
-  // one row tile), with the staging's alignment decided outside the key
-  // loops. The fused top-k's epilogue takes the rows one after another.
-  const bool twoRowTiles = blockRows == 128 && tile.base2 &&
-                           !spec.hasBias && !spec.hasAddScores;
+  // flash-mma-block-rows=128: two row tiles a warp without
+  // attention_posterior's terms (their per-element loads take one row tile),
+  // with the staging's alignment decided outside the key loops. The fused
+  // top-k's epilogue takes the rows one after another.
+  const bool twoRowTiles =
+      blockRows == 128 && !spec.hasBias && !spec.hasAddScores;
   const int64_t accBlocks = tile.experts / 8 + (tile.sumMma ? 1 : 0);
-  // flash-mma-stages=3: a third buffer, the tiles in dynamic shared memory
-  // (the 128-row kernel's pipeline; its whole tiles' buffers known at each
-  // step).
+  // Three stages: a third buffer, the tiles in dynamic shared memory (the
+  // 128-row kernel's pipeline; its whole tiles' buffers known at each step;
+  // 1.13x two stages without the lazy rescale on the H200, 2026-11-26).
   const int64_t buffers =
-      twoRowTiles && tile.buffers == 2 && stages == 3 ? 3 : tile.buffers;
+      twoRowTiles && tile.buffers == 2 ? 3 : tile.buffers;
   if (twoRowTiles)
     for (int64_t cols : {64, 32}) {
       int64_t bytes =
@@ -209,8 +207,7 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       // mask in the split-key kernel: the mask's selects beside the lazy
       // loop and the split's partial rows took ptxas past 255 registers
       // (sm_90, D = 64, K = 16: 4 bytes spilled; 254 without the lazy loop).
-      if (lazyRescale && tile.sumMma &&
-          !(spec.hasKeyMask && tile.keySplits > 1)) {
+      if (tile.sumMma && !(spec.hasKeyMask && tile.keySplits > 1)) {
         tile.lazyRescale = true;
         tile.lazyMargin = qElt.isBF16() ? 7 : 2;
       }
@@ -256,7 +253,7 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
     // lse (D = 128, K = 64 causal, 32-key tiles: 4 bytes on sm_90).
     const int64_t blocksPerSM =
         regs <= 128 && !spec.hasAddScores && !spec.hasKeyMask &&
-                !spec.withLse && !(spec.topk && tile.base2 && tile.buffers > 1)
+                !spec.withLse && !(spec.topk && tile.buffers > 1)
             ? 4
             : 2;
     // flash-mma-dynamic-shared: 64-key tiles past the static limit in
@@ -282,13 +279,10 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
 
 std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
     const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt, int64_t depth,
-    const ConvertMoEToGPUOptions &options, bool fusedTopk, bool posterior) {
+    const ConvertMoEToGPUOptions &options) {
   return flashMmaTile(spec, qElt, keyElt, eElt, depth,
-                      options.sharedMemoryBytes, options.flashMmaWideStaging,
-                      options.flashMmaAsyncStaging, fusedTopk, posterior,
-                      options.flashMmaBase2, options.flashMmaSumMma,
-                      options.flashMmaBlockRows, options.flashMmaKeySplits,
-                      options.flashMmaLazyRescale, options.flashMmaStages,
+                      options.sharedMemoryBytes, options.flashMmaBlockRows,
+                      options.flashMmaKeySplits,
                       options.flashMmaDynamicShared
                           ? options.dynamicSharedMemoryBytes
                           : 0);
@@ -317,7 +311,7 @@ static Value flashMmaDynamicBytes(ImplicitLocOpBuilder &b,
 }
 
 
-/// The fused top-k (similarity_inform_topk, flash-mma-topk) of one row whose
+/// The fused top-k (similarity_inform_topk) of one row whose
 /// normalized values `vals` lie on the C-fragment layout: the scalar
 /// kernel's epilogue (emitRegisterTopk) with the row's K values spread over
 /// the 4 lanes of its quad, lane `tig` holding columns 8n + 2·tig and
@@ -395,7 +389,7 @@ struct Exp2Tile {
 /// max over the lanes that share it. Without `reduceSum` the sums are this
 /// lane's partial ones (the caller adds the lanes' once after the key loop);
 /// with it, the tile's sum over the lanes is added every tile (the row's
-/// whole sum is carried). With `sums` false (flash-mma-sum-mma: the sums come
+/// whole sum is carried). With `sums` false (FlashMmaTile::sumMma: the sums come
 /// from the MMA) there are none: `partialSum` passes through. As
 /// OnlineSoftmax.h, but the max starts at -FLT_MAX: a row that has seen no
 /// key keeps max -FLT_MAX, its -inf logits give p = 0 and alpha = 1 on a zero
@@ -476,7 +470,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   const int64_t keyBlocks = cols / 8;      // n-blocks of the logits
   const int64_t chunks = tile.depth / 16;  // k-steps of the logits
   const int64_t expertBlocks = tile.experts / 8;
-  // flash-mma-sum-mma: one more accumulator block past the experts', P
+  // FlashMmaTile::sumMma: one more accumulator block past the experts', P
   // times a constant block of ones: each of its columns is the row's sum.
   const bool sumMma = tile.sumMma;
   const int64_t accBlocks = expertBlocks + (sumMma ? 1 : 0);
@@ -523,7 +517,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   }
   Value ks, vs;
   if (tile.dynamicShared) {
-    // flash-mma-stages=3 or flash-mma-dynamic-shared: the key buffers from
+    // Three stages or flash-mma-dynamic-shared: the key buffers from
     // the start of the block's dynamic shared memory, the value buffers after
     // them (a multiple of 16 bytes: every row is), as flashMmaSharedTypes
     // lays them out.
@@ -741,16 +735,15 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   }
 
   // Carried: the accumulator (expertBlocks x 4 f32), then per row the
-  // running max and sum (base2: the max in log2 units and, where the quad's
-  // sums wait for the end of the loop, this lane's part of the sum).
+  // running max and sum (the max in log2 units and, where the quad's sums
+  // wait for the end of the loop, this lane's part of the sum).
   SoftmaxState start = softmaxStart(kb);
   // Row tile t's accumulators at t * accCount; the rows' (max, sum) after
   // all of them, at accAll + 2 rr.
   SmallVector<Value> init(T * accBlocks * 4, kb.cF32(0.0));
-  // Base 2: the max from -FLT_MAX (exp2SoftmaxStep: no select of a row
-  // without keys).
-  Value maxStart =
-      tile.base2 ? kb.cF32(-std::numeric_limits<float>::max()) : start.max;
+  // The max from -FLT_MAX (exp2SoftmaxStep: no select of a row without
+  // keys).
+  Value maxStart = kb.cF32(-std::numeric_limits<float>::max());
   for (int r = 0; r < 2 * T; ++r) {
     init.push_back(maxStart);
     init.push_back(start.sum);
@@ -771,7 +764,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // warp is done with the buffer it overwrites, and every thread's copies are
   // visible) starts the next tile's copies into the other buffer and
   // computes on its own.
-  // With three buffers (flash-mma-stages=3) the first two tiles are copied
+  // With three buffers (two row tiles) the first two tiles are copied
   // before the loop, each its own commit group, and a tile's copies are
   // issued two tiles ahead (pipelineStep).
   const bool doubleBuffered = tile.buffers >= 2;
@@ -802,9 +795,6 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   };
   if (doubleBuffered && !tile.hoistStaging)
     stageFirstTile();
-  // flash-mma-base2 (tile.base2; off: the kernel of the last GPU run, every
-  // tile checked, flashLogit's logit, onlineSoftmaxStep with the quad's sums
-  // every tile, __nv_expf, one truncf a score, the lse from the natural max).
   // The softmax in base 2 (FlashAttention-2's): s = q.k from the MMA,
   // c = log2(e) / tau, the row's max m2 kept in log2 units (max s . c: c > 0,
   // the verifier's tau > 0 and sigma > 0), each weight
@@ -818,8 +808,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // logit, s / sigma^2 + bias + score, becomes s . c + (bias + score) log2(e)
   // (one FFMA after the add), and its max the max of those.
   const double log2e = 1.4426950408889634;
-  const bool base2 = tile.base2;
-  Value scale2 = base2 ? kb.cF32(log2e / spec.scaleDiv) : Value();
+  Value scale2 = kb.cF32(log2e / spec.scaleDiv);
   const bool rawDots = !spec.hasBias && !spec.hasAddScores;
   // Each lane sums its own columns of a row (p with the quad's common max)
   // and the quad's 4 partial sums are added once after the key loop, not
@@ -851,10 +840,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // N = 4096) it spilled 120 bytes on sm_90 (144 with the row sums from the
   // MMA), none unpeeled. There every tile is the checked one.
   Value fullEnd = c0;
-  if (base2) {
+  if (tile.experts <= 128 && tile.depth <= 128) {
     Value keyLimit = spec.causal ? kb.minu(Nk, kb.add(rowBase, c1)) : Nk;
-    if (tile.experts <= 128 && tile.depth <= 128)
-      fullEnd = kb.mul(kb.divu(keyLimit, kb.idx(cols)), kb.idx(cols));
+    fullEnd = kb.mul(kb.divu(keyLimit, kb.idx(cols)), kb.idx(cols));
   }
   // The staging of the tile at j0. With cp.async: wait for its copies (all
   // but the stages - 2 groups committed after its own), a barrier (every
@@ -999,30 +987,6 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
               auto addScore = [&] {
                 return kb.loadF(addRows2D, {addRows[r], keyIndex(j)});
               };
-              if (!base2) {
-                logits.push_back(flashLogit(
-                    kb, spec, s[t * keyBlocks + nb][2 * r + x],
-                    [&] {
-                      return kb.load(logit.bias, {bi, keyIndex(j)});
-                    },
-                    addScore,
-                    [&] {
-                      Value inRange = kb.lt(j, Nk);
-                      return flashKeyKept(
-                          kb, spec, inRange,
-                          [&] {
-                            return keyMask ? kb.load(keyMask,
-                                                     {bi, kb.select(inRange,
-                                                                    j, c0)})
-                                           : Value();
-                          },
-                          [&] {
-                            return kb.cmpi(arith::CmpIPredicate::ule, j,
-                                           rowsOf[rr]);
-                          });
-                    }));
-                continue;
-              }
               Value dot = s[t * keyBlocks + nb][2 * r + x];
               // The value the max is taken of: the raw dot (similarity),
               // or the posterior's logit in log2 units.
@@ -1051,20 +1015,6 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
                 v = kb.select(keep, v, kb.negInfLike(v.getType()));
               logits.push_back(v);
             }
-          if (!base2) {
-            SoftmaxTile st = onlineSoftmaxStep(
-                kb, {carried[accAll + 2 * rr], carried[accAll + 2 * rr + 1]},
-                logits,
-                [&](Value v) {
-                  return subgroupReduce(kb, v, ReduceKind::Max, 4);
-                },
-                quadSum);
-            probs[rr] = st.probs;
-            rescale[rr] = st.rescale;
-            next.push_back(st.next.max);
-            next.push_back(st.next.sum);
-            continue;
-          }
           Exp2Tile st = exp2SoftmaxStep(
               kb, carried[accAll + 2 * rr], carried[accAll + 2 * rr + 1],
               logits, rawDots ? scale2 : Value(),
@@ -1120,24 +1070,18 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
 
         // Mixing: per 16 keys, P's A operand from the logits' C fragments
         // of key blocks 2kc and 2kc + 1 (rounded to the operand type).
-        auto toElt = [&](Value p) { return arith::TruncFOp::create(b, elt, p); };
         mixTile(bufRow, ldRow, ldSel, [&](int64_t kc) {
           // pFrag[t]: row tile t's A operand.
           SmallVector<Value> pFrag;
           for (int64_t t = 0; t < T; ++t) {
-            SmallVector<Value> pe, pairs;
+            SmallVector<Value> pairs;
             for (int64_t half = 0; half < 2; ++half)
               for (int r = 0; r < 2; ++r) {
                 Value lo = probs[2 * t + r][(2 * kc + half) * 2];
                 Value hi = probs[2 * t + r][(2 * kc + half) * 2 + 1];
-                if (base2) {
-                  pairs.push_back(m.roundPair(lo, hi));
-                  continue;
-                }
-                pe.push_back(toElt(lo));
-                pe.push_back(toElt(hi));
+                pairs.push_back(m.roundPair(lo, hi));
               }
-            pFrag.push_back(base2 ? m.fragmentOfPairs(pairs) : m.fragment(pe));
+            pFrag.push_back(m.fragmentOfPairs(pairs));
           }
           return pFrag;
         }, acc);
@@ -1145,7 +1089,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         return acc;
     };
   };
-  // flash-mma-lazy-rescale (tile.lazyRescale): the whole tiles [lo, hi)
+  // The lazy rescale (tile.lazyRescale): the whole tiles [lo, hi)
   // against a stale shift (FlashAttention-4's conditional rescale). Each
   // row's carried max is a shift m, at least its max so far plus the margin
   // after an exact step; a tile's weights are p = 2^(s c - m), rounded in
@@ -1393,10 +1337,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
                         ArrayRef<Value>(hot).drop_front(),
                         keyTile(/*checked=*/true));
     }
-    SmallVector<Value> full = base2
-                                  ? kb.forLoop(c0, fullEnd, kb.idx(cols), init,
-                                               keyTile(/*checked=*/false))
-                                  : init;
+    SmallVector<Value> full = kb.forLoop(c0, fullEnd, kb.idx(cols), init,
+                                         keyTile(/*checked=*/false));
     return kb.forLoop(fullEnd, keyEnd, kb.idx(cols), full,
                       keyTile(/*checked=*/true));
   };
@@ -1428,13 +1370,13 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // The quad's partial sums, once (unless added every tile); the state in
   // natural-log terms for the epilogue (softmaxNormalize reads only the sum)
   // and the lse.
-  // flash-mma-sum-mma: row r's sum is its C elements 2r and 2r + 1 of the
+  // FlashMmaTile::sumMma: row r's sum is its C elements 2r and 2r + 1 of the
   // ones block (rows g and g + 8), the whole row's in every lane of the quad.
   if (sumMma)
     for (int rr = 0; rr < 2 * T; ++rr)
       fin[accAll + 2 * rr + 1] =
           fin[(rr / 2) * accCount + expertBlocks * 4 + 2 * (rr % 2)];
-  else if (base2 && !sumsPerTile)
+  else if (!sumsPerTile)
     for (int rr = 0; rr < 2 * T; ++rr) {
       Value &sum = fin[accAll + 2 * rr + 1];
       sum = quadSum(sum);
@@ -1498,8 +1440,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         kb.ifThen(kb.eq(tig, c0), [&] {
           // m2 ln 2 + ln l: the natural lse the backward recomputes
           // p = exp(s / tau - lse) from (-inf for a row without keys).
-          Value max = base2 ? kb.fmul(state.max, kb.cF32(0.6931471805599453))
-                            : state.max;
+          Value max = kb.fmul(state.max, kb.cF32(0.6931471805599453));
           kb.store(softmaxLogSumExp(kb, {max, state.sum}), lseOut, {bi, row});
         });
     });

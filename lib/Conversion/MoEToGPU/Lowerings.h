@@ -147,32 +147,25 @@ struct FlashMmaTile {
   /// ptxas aimed at more blocks for the D = 64 kernel on sm_90 and spilled.
   int64_t blocksPerSM = 2;
   /// Stage the keys / the values with 16-byte loads and stores of 8 elements
-  /// (flash-mma-wide-staging, where D / K is a multiple of 8); the kernel
-  /// still takes the element loop for an operand whose base is not 16-byte
-  /// aligned.
+  /// (where D / K is a multiple of 8); the kernel still takes the element
+  /// loop for an operand whose base is not 16-byte aligned.
   bool wideKeys = false, wideValues = false;
   /// Stage the keys / the values with cp.async (nvgpu.device_async_copy of
   /// 16 bytes, zero-filled past the tile's bounds) into two buffers, the next
-  /// tile's copies in flight while the current tile is computed
-  /// (flash-mma-async-staging, where D / K is a multiple of 8; the values
-  /// only without a key mask, which must zero masked keys' values after the
-  /// load); `buffers` is then 2. An operand whose base is not 16-byte aligned
+  /// tile's copies in flight while the current tile is computed (where D / K
+  /// is a multiple of 8; the values only without a key mask, which must zero
+  /// masked keys' values after the load; not attention_posterior past
+  /// D = 128); `buffers` is then 2 (3 with two row tiles). An operand whose base is not 16-byte aligned
   /// is staged element by element into the same buffers.
   bool asyncKeys = false, asyncValues = false;
   int64_t buffers = 1;
-  /// The online softmax in base 2 (flash-mma-base2): log2(e)/tau folded into
-  /// one FFMA a score and ex2.approx.ftz, the row max in log2 units, the
-  /// quad's row sums added after the key loop (every tile where the held
-  /// fragments pass 160 registers), whole tiles peeled from the checked
-  /// last/diagonal ones (up to 128 features and experts), P rounded two scores
-  /// at a time. Off: the kernel of the last GPU run (natural-log softmax,
-  /// __nv_expf, the quad's sums every tile, every tile checked).
-  bool base2 = false;
-  /// The row sums from the tensor cores (flash-mma-sum-mma, which implies
-  /// base2): P·[e | 1], one more MMA per 16 keys against a constant block of
-  /// ones past the experts' blocks, whose every column is the row's sum of
-  /// the rounded probabilities, in place of an FADD a score and the quad's
-  /// shuffles.
+  /// The row sums from the tensor cores: P·[e | 1], one more MMA per 16 keys
+  /// against a constant block of ones past the experts' blocks, whose every
+  /// column is the row's sum of the rounded probabilities, in place of an
+  /// FADD a score and the quad's shuffles; not where the fragments held
+  /// through the key loop would pass 160 registers (D = K = 256) nor for
+  /// attention_posterior past D = 128: there each lane sums its scores and
+  /// the quad's sums are added after the key loop (or every tile).
   bool sumMma = false;
   /// Row tiles of 16 query rows a warp (flash-mma-block-rows=128: 2, a block
   /// of 4 warps then owns 128 rows; each key and value fragment loaded by
@@ -188,14 +181,14 @@ struct FlashMmaTile {
   /// where flashMmaTile's register estimate leaves room for the block's
   /// computed place (FlashTile.h's flashBlockPlace).
   bool splitCausalOrder = false;
-  /// The whole tiles against a stale shift (flash-mma-lazy-rescale, with two
-  /// row tiles and the sums from the MMA): the row max, its shuffles and the
+  /// The whole tiles against a stale shift (with two row tiles and the sums
+  /// from the MMA): the row max, its shuffles and the
   /// rescale only in a tile where a probability reaches 2; the shift is the
   /// row max plus `lazyMargin` (log2 units) after such a tile.
   bool lazyRescale = false;
   int64_t lazyMargin = 0;
-  /// The tile buffers are in dynamic shared memory (flash-mma-stages=3, with
-  /// two row tiles and cp.async staging: `buffers` is then 3; or
+  /// The tile buffers are in dynamic shared memory (two row tiles with
+  /// cp.async staging: `buffers` is then 3; or
   /// flash-mma-dynamic-shared, one row tile's 64-key tiles past the static
   /// limit), passed at the launch; the static workgroup buffers otherwise.
   bool dynamicShared = false;
@@ -207,35 +200,30 @@ constexpr int64_t kFlashMmaMaxDepth = 256;
 
 /// The tiles of the tensor-core kernel for `spec` on q/keys/e elements
 /// `qElt`/`keyElt`/`eElt` and `depth` features, or none where it does not
-/// apply (a fused top-k without `fusedTopk`, a bias or added scores without
-/// `posterior`, operands that are not all f16 or all bf16, a dynamic depth or
-/// one over kFlashMmaMaxDepth, tiles over `sharedMemoryBytes`): the scalar
-/// kernel then runs. With `fusedTopk` (flash-mma-topk) the kernel's epilogue
-/// selects a fused top-k as the scalar kernel's does; with `posterior`
-/// (flash-mma-posterior) the per-key bias and the added scores of
-/// attention_posterior's logit enter its C fragments; `base2`
-/// (flash-mma-base2) selects the base-2 softmax (FlashMmaTile::base2);
-/// `lazyRescale` (flash-mma-lazy-rescale) and `stages` (flash-mma-stages, 2 or
-/// 3) apply where two row tiles do (FlashMmaTile::lazyRescale, ::buffers);
-/// `dynamicSharedBytes` (flash-mma-dynamic-shared: the chip's opt-in maximum a
-/// block, 0 for none) lets one row tile's 64-key tiles pass
-/// `sharedMemoryBytes` in dynamic shared memory (FlashMmaTile::dynamicShared).
+/// apply (operands that are not all f16 or all bf16, a dynamic depth or one
+/// over kFlashMmaMaxDepth, tiles over `sharedMemoryBytes`): the scalar kernel
+/// then runs. The softmax is in base 2 (FlashAttention-2's: log2(e)/tau
+/// folded into one FFMA a score and ex2.approx.ftz, the row max in log2
+/// units, whole tiles peeled from the checked last/diagonal ones up to 128
+/// features and experts, P rounded two scores at a time); a fused top-k is
+/// selected in the epilogue and attention_posterior's per-key bias and added
+/// scores enter the logits' C fragments. `blockRows` 128 gives two row tiles
+/// a warp where they fit, with up to `keySplits` blocks sharing a row block's
+/// keys, the lazy rescale and three cp.async stages (FlashMmaTile::rowTiles,
+/// ::keySplits, ::lazyRescale, ::buffers); `dynamicSharedBytes`
+/// (flash-mma-dynamic-shared: the chip's opt-in maximum a block, 0 for none)
+/// lets one row tile's 64-key tiles pass `sharedMemoryBytes` in dynamic
+/// shared memory (FlashMmaTile::dynamicShared).
 std::optional<FlashMmaTile>
 flashMmaTile(const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt,
-             int64_t depth, int64_t sharedMemoryBytes, bool wideStaging = false,
-             bool asyncStaging = false, bool fusedTopk = false,
-             bool posterior = false, bool base2 = false, bool sumMma = false,
-             int64_t blockRows = 64, int64_t keySplits = 1,
-             bool lazyRescale = false, int64_t stages = 2,
-             int64_t dynamicSharedBytes = 0);
+             int64_t depth, int64_t sharedMemoryBytes, int64_t blockRows = 128,
+             int64_t keySplits = 1, int64_t dynamicSharedBytes = 0);
 
-/// flashMmaTile with the pass's flash-mma options (the staging, base-2, sum,
-/// row-block, key-split, lazy-rescale and stage options as given), the fused
-/// top-k and attention_posterior's logits where `fusedTopk` and `posterior`.
+/// flashMmaTile with the pass's options (shared-memory-bytes,
+/// flash-mma-block-rows, flash-mma-key-splits, flash-mma-dynamic-shared).
 std::optional<FlashMmaTile>
 flashMmaTile(const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt,
-             int64_t depth, const ConvertMoEToGPUOptions &options,
-             bool fusedTopk, bool posterior);
+             int64_t depth, const ConvertMoEToGPUOptions &options);
 
 /// launchFlashMix on tensor cores (the same arguments; grid ceil(N / rows) x
 /// B, rows 64 or 128 (FlashMmaTile::rowTiles), block 128; with key splits a

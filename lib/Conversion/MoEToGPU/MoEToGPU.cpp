@@ -76,8 +76,6 @@ invalidOption(const ConvertMoEToGPUOptions &options) {
       {"flash-mma-key-splits",
        options.flashMmaKeySplits >= 1 && options.flashMmaKeySplits <= 16,
        "in [1, 16]", std::to_string(options.flashMmaKeySplits)},
-      {"flash-mma-stages", llvm::is_contained({2, 3}, options.flashMmaStages),
-       "2 or 3", std::to_string(options.flashMmaStages)},
       {"route-map", llvm::is_contained({"warp", "lanes"}, options.routeMap),
        "warp or lanes", quoted(options.routeMap)},
   };
@@ -100,16 +98,8 @@ struct ConvertMoEToGPUPass
     options.sharedMemoryBytes = sharedMemoryBytes;
     options.topkRounds = topkRounds;
     options.balanceKernels = balanceKernels;
-    options.flashMmaWideStaging = flashMmaWideStaging;
-    options.flashMmaAsyncStaging = flashMmaAsyncStaging;
-    options.flashMmaTopk = flashMmaTopk;
-    options.flashMmaPosterior = flashMmaPosterior;
-    options.flashMmaBase2 = flashMmaBase2;
-    options.flashMmaSumMma = flashMmaSumMma;
     options.flashMmaBlockRows = flashMmaBlockRows;
     options.flashMmaKeySplits = flashMmaKeySplits;
-    options.flashMmaLazyRescale = flashMmaLazyRescale;
-    options.flashMmaStages = flashMmaStages;
     options.flashMmaSymmetric = flashMmaSymmetric;
     options.flashMmaGrad = flashMmaGrad;
     options.flashCausalBalance = flashCausalBalance;

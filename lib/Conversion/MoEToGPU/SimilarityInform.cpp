@@ -76,16 +76,14 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
   }
   args.append(results);
   // Tensor cores for f16/bf16 operands without ws (q = u · ws is
-  // f32), the fused top-k only with flash-mma-topk; the scalar kernel
-  // otherwise.
+  // f32), the fused top-k too; the scalar kernel otherwise.
   auto elementOf = [](Value v) {
     return cast<MemRefType>(v.getType()).getElementType();
   };
   std::optional<FlashMmaTile> mma;
   if (!projected)
     mma = flashMmaTile(spec, elementOf(q), elementOf(u), elementOf(e),
-                       cast<MemRefType>(u.getType()).getShape()[2], options,
-                       options.flashMmaTopk, /*posterior=*/false);
+                       cast<MemRefType>(u.getType()).getShape()[2], options);
   Type uElt = elementOf(u);
   if (mma && options.flashMmaSymmetric && !projected &&
       symmetricMixApplies(spec, *mma, uElt,

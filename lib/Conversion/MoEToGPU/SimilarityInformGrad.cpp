@@ -167,8 +167,7 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
     std::optional<FlashMmaTile> tile;
     if (mmaGrad)
       tile = flashMmaTile(fwd, elementOf(q), elementOf(u), elementOf(e),
-                          uShape[2], options, /*fusedTopk=*/false,
-                          /*posterior=*/false);
+                          uShape[2], options);
     if (tile)
       launchFlashMixMma(h, "similarity_inform_grad_mix_mma", fwd, *tile, q,
                         fwdArgs, loc);

@@ -1,9 +1,9 @@
-// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-async-staging=true" -split-input-file | FileCheck %s
-// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64" -split-input-file | FileCheck %s --check-prefix=OFF
-// ptxas-options: flash-mma-async-staging=true
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64" -split-input-file | FileCheck %s
 
-// flash-mma-async-staging: the tensor-core kernel double-buffers its key and
-// value tiles (two tiles of 64 keys in each workgroup buffer). Tile 0 is
+// The cp.async staging (the default since the H200 run of 2026-11-26, which
+// deleted the synchronous element staging as an option; it stays the
+// fallback of a misaligned base): the tensor-core kernel of one row tile a
+// warp double-buffers its key and value tiles (two tiles of 64 keys in each workgroup buffer). Tile 0 is
 // copied with cp.async before the key loop; each iteration waits for its
 // tile's copies, passes one barrier, starts the next tile's copies into the
 // other buffer (rows 64 - its own offset) when there is a next tile, commits
@@ -43,11 +43,6 @@
 // CHECK: nvgpu.ldmatrix %[[VT]]{{.+}}transpose = true
 // CHECK-NOT: gpu.barrier
 // CHECK: scf.yield
-// OFF-LABEL: gpu.func @similarity_inform_mma
-// OFF-SAME: workgroup(%{{.+}} : memref<64x72xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %{{.+}} : memref<64x24xbf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
-// OFF-NOT: device_async
-// OFF-NOT: cp.async
-// OFF: nvgpu.ldmatrix
 func.func @sim_bf16(%u: tensor<2x128x64xbf16>, %e: tensor<2x128x16xbf16>) -> tensor<2x128x16xf32> {
   %p = moe.similarity_inform %u, %e : tensor<2x128x64xbf16>, tensor<2x128x16xbf16> -> tensor<2x128x16xf32>
   return %p : tensor<2x128x16xf32>
@@ -76,7 +71,8 @@ func.func @sim_f16(%u: tensor<2x70x40xf16>, %e: tensor<2x70x12xf16>) -> tensor<2
 
 // A key mask: the keys by cp.async, the values (masked keys' values are zeros
 // in the tile, which cp.async cannot do) by their synchronous 16-byte vectors
-// when the option flash-mma-wide-staging is on, else element by element.
+// (similarity_inform_mma_masked_staging.mlir), element by element from a
+// misaligned base.
 
 // CHECK-LABEL: gpu.func @similarity_inform_mma
 // CHECK-SAME: (%{{.+}}: memref<?x?x32xbf16>, %[[KEYS:.+]]: memref<?x?x32xbf16>, %[[E:.+]]: memref<?x?x8xbf16>, %[[MASK:.+]]: memref<?x?xi1>,

@@ -1,16 +1,16 @@
-// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-topk=true" -split-input-file -verify-diagnostics | FileCheck %s
-// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-base2=true flash-mma-block-rows=128" -split-input-file -verify-diagnostics | FileCheck %s --check-prefix=SYNC
+// RUN: moe-opt %s --convert-moe-to-gpu="flash-mma-key-splits=1" -split-input-file -verify-diagnostics -o %t.nosplit
+// RUN: FileCheck %s < %t.nosplit
+// RUN: FileCheck %s --check-prefix=LAZY < %t.nosplit
 // RUN: not moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-block-rows=96" -split-input-file 2>&1 | FileCheck %s --check-prefix=BAD
-// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-key-splits=4 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-topk=true" -split-input-file | FileCheck %s --check-prefix=SPLIT
 // RUN: not moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-key-splits=17" -split-input-file 2>&1 | FileCheck %s --check-prefix=BADSPLIT
-// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-lazy-rescale=true flash-mma-stages=3" -split-input-file | FileCheck %s --check-prefix=LAZY
-// The defaults (since the H200 run of 2026-11-26) are the LAZY line's kernel:
-// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file | FileCheck %s --check-prefix=LAZY
-// RUN: not moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-stages=4" -split-input-file 2>&1 | FileCheck %s --check-prefix=BADSTAGES
+// The defaults (since the H200 run of 2026-11-26): 4 key splits.
+// RUN: moe-opt %s --convert-moe-to-gpu -split-input-file -o %t
+// RUN: FileCheck %s --check-prefix=LAZY < %t
+// RUN: FileCheck %s --check-prefix=SPLIT < %t
 
-// flash-mma-block-rows=128 (issue #47 item 3; off by default, not yet run on
-// a GPU): a block of the tensor-core kernel's 4 warps owns 128 query rows,
-// two 16-row MMA tiles a warp, so each ldmatrix of keys feeds 4 MMAs (2 key
+// flash-mma-block-rows=128 (issue #47 item 3; the default since the H200 run
+// of 2026-11-26): a block of the tensor-core kernel's 4 warps owns 128 query
+// rows, two 16-row MMA tiles a warp, so each ldmatrix of keys feeds 4 MMAs (2 key
 // blocks x 2 row tiles) and each of values 2 per row tile; the staging's
 // 16-byte alignment is decided once, outside the key loops: the aligned
 // loops' cp.async copies are unrolled (D = 64: 4 of keys and 1 of values a
@@ -20,12 +20,12 @@
 // against the float64 reference (test/GPU/unit/test_flash_mma_simt.py).
 // BAD: flash-mma-block-rows must be 64 or 128, got 96
 // BADSPLIT: flash-mma-key-splits must be in [1, 16], got 17
-// BADSTAGES: flash-mma-stages must be 2 or 3, got 4
 
-// flash-mma-stages=3 with flash-mma-lazy-rescale (issue #47 items 2 and 3;
-// off by default, not yet run on a GPU). Three tile buffers of keys and of
-// values in dynamic shared memory (the launch passes 3 x 64 x (72 + 24) x 2 =
-// 36864 bytes; the values' buffers 16-byte aligned at 27648): the first two
+// Three stages and the lazy rescale (issue #47 items 2 and 3; the 128-row
+// kernel's since the H200 run of 2026-11-26: 1.13x without them). Three tile
+// buffers of keys and of values in dynamic shared memory (the launch passes
+// 3 x 64 x (72 + 24) x 2 = 36864 bytes; the values' buffers 16-byte aligned
+// at 27648): the first two
 // tiles' copies before the key loops, each its own commit group, and a
 // tile's copies issued two tiles ahead (wait.group 1: all but the last
 // committed group done). The whole tiles run in a hot loop without a row
@@ -76,7 +76,7 @@
 // step) the direct kernel runs alone, without the workspace's round trip
 // and the second launch, and the split pair launches over empty grids.
 // SPLIT-LABEL: gpu.func @similarity_inform_mma_0(
-// SPLIT-SAME: %{{[a-z0-9]+}}: memref<1x16384x16xf32>) workgroup
+// SPLIT-SAME: %{{[a-z0-9]+}}: memref<1x16384x16xf32>) kernel
 // SPLIT-LABEL: gpu.func @similarity_inform_mma_1(
 // SPLIT-SAME: %[[WS:[a-z0-9]+]]: memref<?x?x?x18xf32>)
 // In tiles of 64 keys: split z's [lo, hi) of the block's tiles.
@@ -88,7 +88,11 @@
 // SPLIT: %[[LO:.+]] = arith.minui %[[LO0]], %[[TILES]]
 // SPLIT: %[[HI0:.+]] = arith.addi %[[LO]], %[[SHARE]]
 // SPLIT: %[[HI:.+]] = arith.minui %[[HI0]], %[[TILES]]
-// SPLIT: scf.for %{{.+}} = %[[LO]] to %{{.+}} step %c1
+// The split's whole tiles from its first key (the lazy loop), then its
+// checked tiles up to its last.
+// SPLIT: %[[LOK:.+]] = arith.muli %[[LO]], %c64
+// SPLIT: scf.while (%{{.+}} = %[[LOK]],
+// SPLIT: scf.for %{{.+}} = %{{.+}} to %[[HI]] step %c1
 // SPLIT: memref.store %{{.+}}, %[[WS]][%{{.+}}, %{{.+}}, %{{.+}}, %c16{{.*}}] : memref<?x?x?x18xf32>
 // SPLIT: memref.store %{{.+}}, %[[WS]][%{{.+}}, %{{.+}}, %{{.+}}, %c17{{.*}}] : memref<?x?x?x18xf32>
 // SPLIT-LABEL: gpu.func @similarity_inform_mma_combine_0(
@@ -134,26 +138,30 @@
 // SPLIT: %[[CG:.+]] = arith.select %{{.+}}, %[[CB]], %c0
 // SPLIT: gpu.launch_func async {{.*}} @moe_kernels::@similarity_inform_topk_mma_combine_0 blocks in (%[[CG]],
 // SPLIT: gpu.dealloc
-// The ptxas sweep (GPU/ptxas-sweep.mlir) assembles these with the first
-// RUN line's options and the LAZY line's two:
-// ptxas-options: flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-topk=true flash-mma-lazy-rescale=true flash-mma-stages=3
 
 // CHECK-LABEL: gpu.func @similarity_inform_mma_0
-// CHECK-SAME: workgroup(%[[K:.*]] : memref<128x72xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[V:.*]] : memref<128x24xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // CHECK-SAME: nvvm.minctasm = 2
+// CHECK: %[[DYN:.+]] = gpu.dynamic_shared_memory
+// CHECK: %[[K:.+]] = memref.view %[[DYN]][%c0{{.*}}][] : {{.*}} to memref<192x72xf16, #gpu.address_space<workgroup>>
+// CHECK: %[[V:.+]] = memref.view %[[DYN]][%c27648{{.*}}][] : {{.*}} to memref<192x24xf16, #gpu.address_space<workgroup>>
 // The query fragments of both row tiles (4 chunks each).
 // CHECK-COUNT-8: vector.from_elements {{.*}} : vector<4x2xf16>
 // 2 x 12 accumulators (16 experts and the sums' block), then (max, sum) x 4 rows.
 // CHECK: scf.if %{{.+}} -> (f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32) {
-// Aligned: the first tile's copies, then the next tile's in each trip, none in a loop.
+// Aligned: the first two tiles' copies, then the tile two ahead in each
+// trip, none in a loop.
 // CHECK-NOT: = %thread_id_x to
-// CHECK-COUNT-4: nvgpu.device_async_copy %{{.+}}[{{.+}}], %[[K]][
-// CHECK: nvgpu.device_async_copy %{{.+}}[{{.+}}], %[[V]][
+// CHECK: %[[K0:.+]] = memref.subview %[[K]][
+// CHECK-COUNT-4: nvgpu.device_async_copy %{{.+}}[{{.+}}], %[[K0]][
+// CHECK: %[[V0:.+]] = memref.subview %[[V]][
+// CHECK: nvgpu.device_async_copy %{{.+}}[{{.+}}], %[[V0]][
 // CHECK: nvvm.cp.async.commit.group
-// CHECK: scf.for
-// CHECK: nvvm.cp.async.wait.group 0
+// CHECK: nvvm.cp.async.commit.group
+// CHECK: scf.while
+// CHECK: scf.while
+// CHECK: nvvm.cp.async.wait.group 1
 // CHECK-NOT: = %thread_id_x to
-// The other buffer's rows as views (addresses: a base a tile plus constants).
+// The buffer two tiles ahead as views (addresses: a base a tile plus constants).
 // CHECK: %[[KN:.+]] = memref.subview %[[K]][
 // CHECK-COUNT-4: nvgpu.device_async_copy %{{.+}}[{{.+}}], %[[KN]][
 // CHECK: %[[VN:.+]] = memref.subview %[[V]][
@@ -167,8 +175,8 @@
 // CHECK: nvgpu.mma.sync(%[[Q1]],
 // CHECK-NOT: nvgpu.mma.sync
 // CHECK: nvgpu.ldmatrix %[[KT]]
-// Four rows' maxima (2 shuffles each), one vote for the rescale.
-// CHECK-COUNT-8: gpu.shuffle  xor
+// The hot loop: no row max (no shuffle), one vote for a weight of 2.
+// CHECK-NOT: gpu.shuffle
 // CHECK: nvvm.vote.sync  any
 // One value fragment (16 experts), two MMAs a row tile, then each tile's sums.
 // CHECK: %[[VT:.+]] = memref.subview %[[V]][
@@ -183,13 +191,6 @@
 // CHECK: scf.for %{{.+}} = %thread_id_x to %c4096 step %c128
 // CHECK-LABEL: func.func @rows128_f16(
 // CHECK: arith.ceildivui %{{.+}}, %c128
-// SYNC-LABEL: gpu.func @similarity_inform_mma_0
-// SYNC-SAME: nvvm.minctasm = 2
-// No 16-byte staging, nothing to decide: the element loops, one key loop pair.
-// SYNC-NOT: scf.if %{{.+}} -> (f32
-// SYNC: scf.for %{{.+}} = %thread_id_x to %c4096 step %c128
-// SYNC-LABEL: func.func @rows128_f16(
-// SYNC: arith.ceildivui %{{.+}}, %c128
 func.func @rows128_f16(%u: tensor<1x16384x64xf16>, %e: tensor<1x16384x16xf16>) -> tensor<1x16384x16xf32> {
   %p = moe.similarity_inform %u, %e : tensor<1x16384x64xf16>, tensor<1x16384x16xf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
@@ -211,7 +212,7 @@ func.func @d256_one_row_tile(%u: tensor<2x256x256xbf16>, %e: tensor<2x256x64xbf1
 
 // -----
 
-// The fused top-k (flash-mma-topk) on the 128-row kernel: the epilogue
+// The fused top-k on the 128-row kernel: the epilogue
 // selects the thread's four rows (g and g + 8 of each row tile) one after
 // another, each with the quad's 4-lane butterfly rounds (64-bit candidates as
 // two 32-bit shuffles a step).

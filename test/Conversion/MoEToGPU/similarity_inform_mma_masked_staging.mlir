@@ -1,11 +1,6 @@
-// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-wide-staging=true flash-mma-async-staging=true" | FileCheck %s
-// ptxas-options: flash-mma-wide-staging=true flash-mma-async-staging=true flash-mma-base2=true
-// (ptxas sweep: assembled as the GPU check's variant folder builds it, base 2
-// included. With both staging options, a key mask and the natural-exp softmax
-// this sm_90 kernel spills 4 B (known: docs/GPU.md); the lease decides which
-// variants stay.)
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64" | FileCheck %s
 
-// Both staging options with a key mask and K a multiple of 8 (issue 47): the
+// The 16-byte and cp.async staging with a key mask and K a multiple of 8 (issue 47): the
 // keys are double-buffered by cp.async, and the values, which a masked key
 // must zero (cp.async cannot), by the synchronous 16-byte path, into the same
 // double buffer. Each iteration stages the next tile (rows 64 - bufRow of the

@@ -1,24 +1,20 @@
-// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-sum-mma=true" | FileCheck %s
-// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-sum-mma=true flash-mma-base2=true" | FileCheck %s
-// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64 flash-mma-base2=true" | FileCheck %s --check-prefix=BASE2
+// RUN: moe-opt %s --convert-moe-to-gpu="%flash_base64" -split-input-file | FileCheck %s
 
-// flash-mma-sum-mma (issue #47 item 2; off by default, not yet run on a GPU):
-// the tensor-core kernel's row sums come from the tensor cores. P is
-// multiplied by [e | 1]: past the experts' accumulator blocks one more block
-// of 4 f32 (12 carried accumulators for K = 16, not 8), updated by one more
-// mma.sync per 16 keys whose B operand is a constant block of ones (no load);
-// each of its columns is the row's sum of the rounded probabilities that
-// enter P.e. No FADD a score, no shuffle of the sums, after the loop the
-// sums are read from that block. The rescale of the accumulators runs only
-// in a tile where a row max of the warp changed (a warp vote: elsewhere
-// every factor is exactly 1). Implies flash-mma-base2 (ex2.approx, the
-// peeled whole tiles). The SIMT interpreter runs this kernel against the
-// float64 reference (test/GPU/unit/test_flash_mma_simt.py). The ptxas sweep
-// (GPU/ptxas-sweep.mlir) assembles it with the option:
-// ptxas-options: flash-mma-sum-mma=true
+// The tensor-core kernel's row sums come from the tensor cores (issue #47
+// item 2; the default since the H200 run of 2026-11-26, which also decided
+// the base-2 softmax). P is multiplied by [e | 1]: past the experts'
+// accumulator blocks one more block of 4 f32 (12 carried accumulators for
+// K = 16, not 8), updated by one more mma.sync per 16 keys whose B operand is
+// a constant block of ones (no load); each of its columns is the row's sum of
+// the rounded probabilities that enter P.e. No FADD a score, no shuffle of
+// the sums, after the loop the sums are read from that block. The rescale of
+// the accumulators runs only in a tile where a row max of the warp changed
+// (a warp vote: elsewhere every factor is exactly 1). The SIMT interpreter
+// runs this kernel against the float64 reference
+// (test/GPU/unit/test_flash_mma_simt.py).
 
 // CHECK-LABEL: gpu.func @similarity_inform_mma_0
-// CHECK-SAME: workgroup(%[[K:.*]] : memref<64x72xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[V:.*]] : memref<64x24xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
+// CHECK-SAME: workgroup(%[[K:.*]] : memref<128x72xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[V:.*]] : memref<128x24xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // CHECK-SAME: nvvm.minctasm = 4
 // The whole tiles, then the checked ones: 12 accumulators + (max, sum) x 2.
 // CHECK: %[[ACC:.+]]:16 = scf.for
@@ -41,7 +37,7 @@
 // CHECK: } else {
 // CHECK-NEXT: scf.yield
 // CHECK: %[[ONES:.+]] = arith.constant dense<1.000000e+00> : vector<2x2xf16>
-// CHECK: nvgpu.ldmatrix %[[V]][{{.*}}] {numTiles = 4 : i32, transpose = true}
+// CHECK: nvgpu.ldmatrix %{{.*}}[{{.*}}] {numTiles = 4 : i32, transpose = true} : memref<64x24xf16
 // CHECK: nvgpu.mma.sync
 // CHECK: nvgpu.mma.sync
 // The sums: P against the ones.
@@ -58,11 +54,38 @@
 // CHECK: arith.divf %{{.+}}, %[[FIN]]#10
 // CHECK: memref.store %{{.*}} : memref<2x128x16xf32>
 // CHECK-LABEL: func.func @sim_f16(
-// BASE2-LABEL: gpu.func @similarity_inform_mma_0
-// BASE2-NOT: nvvm.vote.sync
-// BASE2-NOT: dense<1.000000e+00> : vector<2x2xf16>
-// BASE2: %[[FIN:.+]]:12 = scf.for
 func.func @sim_f16(%u: tensor<2x128x64xf16>, %e: tensor<2x128x16xf16>) -> tensor<2x128x16xf32> {
   %p = moe.similarity_inform %u, %e causal(true) : tensor<2x128x64xf16>, tensor<2x128x16xf16> -> tensor<2x128x16xf32>
   return %p : tensor<2x128x16xf32>
+}
+
+// -----
+
+// Not where the fragments held through the key loop pass 160 registers
+// (D = K = 256: 64 of the query, 128 of the accumulators): there the ones
+// block's 4 more made the fused top-k spill on sm_80, so each lane sums its
+// weights and the quad's sums are added every tile (2 shuffles a row and
+// tile, about half an instruction a score beside ~8 HMMA), the rescale every
+// tile, no vote. 32 accumulator blocks + (max, sum) x 2 carried.
+
+// CHECK-LABEL: gpu.func @similarity_inform_mma_0
+// CHECK-NOT: nvvm.vote.sync
+// CHECK-NOT: dense<1.000000e+00> : vector<2x2xbf16>
+// CHECK: scf.for %{{.+}} = %c0 to %{{.+}} step %c16{{.*}} iter_args
+// CHECK: gpu.shuffle  xor %{{.*}}, %c1_i32{{.*}} : f32
+// CHECK-NEXT: arith.maximumf
+// CHECK: gpu.shuffle  xor %{{.*}}, %c2_i32{{.*}} : f32
+// CHECK-NEXT: arith.maximumf
+// CHECK: %[[P:.+]] = llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f"
+// CHECK: gpu.shuffle  xor %{{.*}}, %c1_i32{{.*}} : f32
+// CHECK-NEXT: arith.addf
+// CHECK: gpu.shuffle  xor %{{.*}}, %c2_i32{{.*}} : f32
+// CHECK-NEXT: arith.addf
+// CHECK-NOT: nvvm.vote.sync
+// CHECK: %[[FIN:.+]]:132 = scf.for
+// CHECK-NOT: nvvm.vote.sync
+// CHECK-LABEL: func.func @sim_d256(
+func.func @sim_d256(%u: tensor<2x64x256xbf16>, %e: tensor<2x64x256xbf16>) -> tensor<2x64x256xf32> {
+  %p = moe.similarity_inform %u, %e : tensor<2x64x256xbf16>, tensor<2x64x256xbf16> -> tensor<2x64x256xf32>
+  return %p : tensor<2x64x256xf32>
 }

@@ -144,9 +144,8 @@ func.func @sim_sym_fwd_bf16(%u: tensor<1x300x32xbf16>, %e: tensor<1x300x8xbf16>)
   %p, %lse = moe.similarity_inform_fwd %u, %e tau(1.000000e+00) : tensor<1x300x32xbf16>, tensor<1x300x8xbf16> -> tensor<1x300x8xf32>, tensor<1x300xf32>
   return %p, %lse : tensor<1x300x8xf32>, tensor<1x300xf32>
 }
-// A key mask with K a multiple of 8 and three key tiles: under
-// flash-mma-wide-staging with flash-mma-async-staging the keys come by
-// cp.async into the double buffer and the values by the synchronous 16-byte
+// A key mask with K a multiple of 8 and three key tiles: the keys come by
+// cp.async into the tile buffers and the values by the synchronous 16-byte
 // stores of the masked path, which wrote the current buffer's rows instead of
 // the next one's (issue 47).
 func.func @sim_mma_bf16_mask_k16(%u: tensor<2x150x64xbf16>, %e: tensor<2x150x16xbf16>, %m: tensor<2x150xi1>) -> tensor<2x150x16xf32> {
@@ -154,8 +153,8 @@ func.func @sim_mma_bf16_mask_k16(%u: tensor<2x150x64xbf16>, %e: tensor<2x150x16x
   return %p : tensor<2x150x16xf32>
 }
 // The fused top-k on f16/bf16 operands of one type: the tensor-core kernel's
-// epilogue under flash-mma-topk (off by default: the scalar kernel otherwise).
-// N = 100 and 70 (rows past N in the last 64-row block), a key mask with a
+// epilogue (with split keys the top-k combine). N = 100 and 70 (rows past N
+// in the last 64- or 128-row block), a key mask with a
 // fully masked element, a NaN expert, tied experts, k = K = 12 (experts
 // padded to 16 in the tiles), raw probabilities.
 func.func @sim_topk_mma_f16(%u: tensor<3x100x64xf16>, %e: tensor<3x100x16xf16>, %m: tensor<3x100xi1>) -> (tensor<3x100x3xf32>, tensor<3x100x3xi32>) {
@@ -174,11 +173,10 @@ func.func @sim_one(%u: tensor<1x1x8xf32>, %e: tensor<1x1x4xf32>) -> tensor<1x1x4
   %p = moe.similarity_inform %u, %e : tensor<1x1x8xf32>, tensor<1x1x4xf32> -> tensor<1x1x4xf32>
   return %p : tensor<1x1x4xf32>
 }
-// attention_posterior on f16/bf16 u and e: the tensor-core kernel under
-// flash-mma-posterior (its _topk form with flash-mma-topk too; off by default:
-// the scalar kernel otherwise). N = 100 and 70 (rows past N in the last 64-row
-// block), Nk = 70 and 45 (not multiples of the key tile), D = 40 (padded to 48),
-// K = 12 (padded to 16).
+// attention_posterior on f16/bf16 u and e: the tensor-core kernel (its _topk
+// form too). N = 100 and 70 (rows past N in the last 64-row block), Nk = 70
+// and 45 (not multiples of the key tile), D = 40 (padded to 48), K = 12
+// (padded to 16).
 func.func @attn_mma_f16(%s: tensor<2x4x100x70xf16>, %u: tensor<2x100x64xf16>, %v: tensor<2x4x70x16xf16>, %wo: tensor<64x64xf16>, %e: tensor<2x70x16xf16>) -> (tensor<2x100x16xf32>, tensor<2xi32>) {
   %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma(2.000000e+00) : tensor<2x4x100x70xf16>, tensor<2x100x64xf16>, tensor<2x4x70x16xf16>, tensor<64x64xf16>, tensor<2x70x16xf16> -> tensor<2x100x16xf32>, tensor<2xi32>
   return %p, %h : tensor<2x100x16xf32>, tensor<2xi32>
@@ -390,10 +388,8 @@ func.func @apgrad_one(%s: tensor<1x2x1x33xf32>, %u: tensor<1x1x12xf32>, %v: tens
 // and 2048 (many chunks; router_stats_sum over several thread blocks), T past
 // one row block with a short last block, one and zero tokens (the token
 // dimension is dynamic), f32/bf16 logits, f32/bf16 token masks, k = 1 and
-// k = E, a dynamic E. flash-mma-topk=true (off by default, likewise) puts the
-// sim_topk_mma_* cases on the tensor-core kernel in the ptxas sweep,
-// flash-mma-posterior=true the attn_*mma_* cases.
-// ptxas-options: balance-kernels=true flash-mma-topk=true flash-mma-posterior=true
+// k = E, a dynamic E.
+// ptxas-options: balance-kernels=true
 func.func @bal_stats_e8(%l: tensor<?x8xf32>) -> (tensor<8xf32>, tensor<8xf32>, tensor<f32>) {
   %c, %p, %w = moe.router_stats %l k(2) : tensor<?x8xf32> -> tensor<8xf32>, tensor<8xf32>, tensor<f32>
   return %c, %p, %w : tensor<8xf32>, tensor<8xf32>, tensor<f32>

@@ -4,15 +4,13 @@
 // causal), the largest tiles (D = K = 256: 32-key tiles), a key mask, odd
 // sizes (features and experts padded), and the training forward (lse).
 // The nospill_mma_topk_* cases: the fused top-k in the kernel's epilogue
-// (similarity_inform_topk, behind flash-mma-topk, the line below): the same
-// shapes, and K = 256 beside D = 16 (64-key tiles: the accumulators and the
-// epilogue's candidates dominate).
+// (similarity_inform_topk): the same shapes, and K = 256 beside D = 16
+// (64-key tiles: the accumulators and the epilogue's candidates dominate).
 // The nospill_mma_post_* cases: attention_posterior's mixing on the tensor-core
-// kernel (flash-mma-posterior), the per-key bias and the selected head's
-// scores added to the logits' fragments, D = 64 and 256, K = 16 and 64; its
-// _topk form with flash-mma-topk as well. Each case also lowers the op's
-// three scalar kernels (entropy, head select, head means).
-// ptxas-options: flash-mma-topk=true flash-mma-posterior=true
+// kernel, the per-key bias and the selected head's scores added to the
+// logits' fragments, D = 64 and 256, K = 16 and 64; its _topk form as well.
+// Each case also lowers the op's three scalar kernels (entropy, head select,
+// head means).
 
 func.func @nospill_mma_f16_d64_k16(%u: tensor<?x?x64xf16>, %e: tensor<?x?x16xf16>) -> tensor<?x?x16xf32> {
   %p = moe.similarity_inform %u, %e : tensor<?x?x64xf16>, tensor<?x?x16xf16> -> tensor<?x?x16xf32>

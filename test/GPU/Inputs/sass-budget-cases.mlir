@@ -182,54 +182,26 @@ func.func @similarity_inform(%u: tensor<1x16384x64xf32>, %e: tensor<1x16384x16xf
 }
 // The tensor-core kernel's key loop per score (issue #47 item 2: at most 6 instructions a score), the
 // issue's two shapes: B = 1, N = 16384, D = 64, K = 16 (64-key tiles: a thread computes 32 scores a tile,
-// 64 with two row tiles a warp) in the default kernel (the last GPU run's), flash-mma-base2,
-// flash-mma-sum-mma, and flash-mma-block-rows=128 with the cp.async staging (the issue's item 3 form);
-// causal B = 4, N = 4096, D = 256, K = 64 (64-key tiles: 32 scores a tile) in the default kernel,
-// flash-mma-base2 and flash-mma-sum-mma (one row tile there; the whole tiles not peeled past 128
-// features: the peeled copy spilled at this static shape).
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2
-func.func @similarity_inform_bf16(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
+// 64 with two row tiles a warp) in the default kernel (two row tiles a warp, the keys split: 128 blocks of
+// 128 rows at B = 1, N = 16384, under 264, take 3 splits; the lazy rescale's hot loop holds no row max,
+// shuffle or rescale, the exact step, in the loop around it, runs for a tile where a row max grew past the
+// margin: the sass budget reports its instructions beside the key loop's; three cp.async stages in dynamic
+// shared memory), the same without the split (what a grid of 264 blocks or more runs), and the kernel of one
+// row tile a warp (64 rows a block, two cp.async stages); causal B = 4, N = 4096, D = 256, K = 64 (one row
+// tile there, 32-key tiles: 32 scores a tile; the whole tiles not peeled past 128 features: the peeled copy
+// spilled at this static shape).
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=64
+func.func @similarity_inform_bf16_rows128_split_lazy3(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-base2=true
-func.func @similarity_inform_bf16_base2(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
-  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
-  return %p : tensor<1x16384x16xf32>
-}
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-sum-mma=true
-func.func @similarity_inform_bf16_sum_mma(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
-  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
-  return %p : tensor<1x16384x16xf32>
-}
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-wide-staging=true,flash-mma-async-staging=true
-func.func @similarity_inform_bf16_rows128(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
-  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
-  return %p : tensor<1x16384x16xf32>
-}
-// The same with its keys split (flash-mma-key-splits=4: 128 blocks of 128 rows at B = 1, N = 16384, under
-// 264, take 3 splits), and the combine kernel of the splits' partial rows.
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-key-splits=4,flash-mma-wide-staging=true,flash-mma-async-staging=true
-func.func @similarity_inform_bf16_rows128_split(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
-  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
-  return %p : tensor<1x16384x16xf32>
-}
-// The 128-row kernel with the lazy rescale (flash-mma-lazy-rescale): the whole tiles' hot loop holds no row
-// max, shuffle or rescale (the exact step, in the loop around it, runs for a tile where a row max grew past the
-// margin: the sass budget reports its instructions beside the key loop's), the issue's at most 6 a score; with
-// three cp.async stages in dynamic shared memory (flash-mma-stages=3) too, and with the split keys.
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-wide-staging=true,flash-mma-async-staging=true,flash-mma-lazy-rescale=true
-func.func @similarity_inform_bf16_rows128_lazy(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
-  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
-  return %p : tensor<1x16384x16xf32>
-}
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-wide-staging=true,flash-mma-async-staging=true,flash-mma-lazy-rescale=true,flash-mma-stages=3
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-key-splits=1
 func.func @similarity_inform_bf16_rows128_lazy3(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-sum-mma=true,flash-mma-block-rows=128,flash-mma-key-splits=4,flash-mma-wide-staging=true,flash-mma-async-staging=true,flash-mma-lazy-rescale=true,flash-mma-stages=3
-func.func @similarity_inform_bf16_rows128_split_lazy3(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-block-rows=64,flash-mma-key-splits=1
+func.func @similarity_inform_bf16_rows64(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
@@ -241,7 +213,7 @@ func.func @similarity_inform_topk_bf16(%u: tensor<1x16384x64xbf16>, %e: tensor<1
   %w, %i = moe.similarity_inform_topk %u, %e k(2) tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x2xf32>, tensor<1x16384x2xi32>
   return %w, %i : tensor<1x16384x2xf32>, tensor<1x16384x2xi32>
 }
-// sass-budget: kernel=similarity_inform_topk_mma scores-per-tile=32 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-topk=true,flash-mma-sum-mma=true,flash-mma-wide-staging=true,flash-mma-async-staging=true
+// sass-budget: kernel=similarity_inform_topk_mma scores-per-tile=32 options=flash-mma-block-rows=64,flash-mma-key-splits=1
 func.func @similarity_inform_topk_bf16_rows64(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> (tensor<1x16384x2xf32>, tensor<1x16384x2xi32>) {
   %w, %i = moe.similarity_inform_topk %u, %e k(2) tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x2xf32>, tensor<1x16384x2xi32>
   return %w, %i : tensor<1x16384x2xf32>, tensor<1x16384x2xi32>
@@ -270,18 +242,8 @@ func.func @similarity_inform_grad_bf16_dk(%u: tensor<1x16384x64xbf16>, %e: tenso
   %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x16384x16xf32>) saved(%p, %lse : tensor<1x16384x16xf32>, tensor<1x16384xf32>) tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x64xf32>, tensor<1x16384x16xf32>
   return %du, %de : tensor<1x16384x64xf32>, tensor<1x16384x16xf32>
 }
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=32
 func.func @similarity_inform_bf16_causal_d256(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
-  %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>
-  return %p : tensor<4x4096x64xf32>
-}
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-base2=true
-func.func @similarity_inform_bf16_causal_d256_base2(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
-  %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>
-  return %p : tensor<4x4096x64xf32>
-}
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-wide-staging=false,flash-mma-async-staging=false,flash-mma-topk=false,flash-mma-posterior=false,flash-mma-sum-mma=false,flash-mma-block-rows=64,flash-mma-key-splits=1,flash-mma-lazy-rescale=false,flash-mma-stages=2,flash-mma-sum-mma=true
-func.func @similarity_inform_bf16_causal_d256_sum_mma(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>
   return %p : tensor<4x4096x64xf32>
 }

@@ -317,10 +317,11 @@ def run_kernel(body, args, block_dim, grid, memory, smem_shape=None, workgroup=(
     buffer before waiting for its copies, or counts its groups wrong, reads stale data in "wait"; one that copies
     into a buffer still to be read reads the new data in "issue". `warp_threads`: each warp of a block runs in a
     thread of its own, the block's gpu.barrier a barrier of those threads (a kernel whose warps take loops or
-    branches of their own between barriers: flash-mma-lazy-rescale's warps leave its hot loop at tiles of their
-    own), instead of one lockstep group; the warps take turns, one running up to its next barrier (_WarpTurns).
-    `workgroup_fill`: the value the `workgroup` buffers start with in each block (NaN: a kernel that reads what it
-    did not write, or relies on zeros it did not store, shows it). `sms`: the value of %nsmid (None: SMS)."""
+    branches of their own between barriers: the 128-row flash kernel's lazy rescale, whose warps leave its hot loop
+    at tiles of their own), instead of one lockstep group; the warps take turns, one running up to its next barrier
+    (_WarpTurns). `workgroup_fill`: the value the `workgroup` buffers start with in each block (NaN: a kernel that
+    reads what it did not write, or relies on zeros it did not store, shows it). `sms`: the value of %nsmid (None:
+    SMS)."""
     block_args = body[0][0]
     sms = SMS if sms is None else sms
     dims = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)

@@ -44,7 +44,7 @@ def lower(B, H, N, Nk, D, Dh, K, sigma, dtype, head_scale=None, dynamic=False):
     text = (f"func.func @f(%s: {ts[0]}, %u: {ts[1]}, %v: {ts[2]}, %wo: {ts[3]}, %e: {ts[4]}) -> ({res}) {{\n"
             f"  %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma({sigma:e}){hs} : {', '.join(ts)} -> {res}\n"
             f"  return %p, %h : {res}\n}}\n")
-    return simt.lower(MOE_OPT, text, "flash-mma-posterior=true")
+    return simt.lower(MOE_OPT, text)
 
 
 def workgroup(text, kernel=KERNEL):

@@ -106,7 +106,7 @@ def tensor_core_forward(options, sms):
     u, e, _ = operands()
     text = F.lower(B, N, D, K, "bf16", TAU, True, False, options)
     return with_sms(sms, F.run, text, F.bits(u, "bf16"), F.bits(e, "bf16"), None, K, False,
-                    threads=F.warp_threads(options))
+                    threads=F.warp_threads(text))
 
 
 def split_forward(options, sms, S=3):
@@ -115,7 +115,7 @@ def split_forward(options, sms, S=3):
     import test_flash_mma_simt as F
     u, e, _ = operands()
     ub, eb = F.bits(u, "bf16"), F.bits(e, "bf16")
-    text = F.lower(B, N, D, K, "bf16", TAU, True, False, f"{F.SPLITS['split']} {options}")
+    text = F.lower(B, N, D, K, "bf16", TAU, True, False, f"{F.SPLIT} {options}")
     kernel = "similarity_inform_mma_1"
     p = np.full((B, N, K), np.nan, np.float32)
     ws = np.full((S, B, N, K + 2), np.nan, np.float32)
@@ -123,8 +123,9 @@ def split_forward(options, sms, S=3):
     for a in (ub, eb, p, ws):
         mem.add(a, None)
     wg, dyn = F.shared_memory(text, kernel)
+    threads = F.warp_threads(text)   # the lazy rescale's warps leave its hot loop at tiles of their own
     simt.run_kernel(simt.parse(text, kernel), [ub, ub, eb, p, ws], 128, (-(-N // 128), B, S), mem, workgroup=wg,
-                    lockstep=True, dynamic_smem=dyn, sms=sms)
+                    lockstep=not threads, dynamic_smem=dyn, sms=sms, warp_threads=threads)
     assert not np.isnan(ws).any(), "a split left a row of the workspace unwritten"
     simt.run_kernel(simt.parse(text, "similarity_inform_mma_combine_0"), [ws, p], 128, -(-(B * N) // 128), mem)
     return p
@@ -189,9 +190,7 @@ def scalar_backward(options, sms):
 
 FORWARDS = {
     "mma_rows64": (tensor_core_forward, ""),
-    "mma_rows128_lazy3": (tensor_core_forward, "flash-mma-sum-mma=true flash-mma-block-rows=128 "
-                          "flash-mma-lazy-rescale=true flash-mma-stages=3 flash-mma-wide-staging=true "
-                          "flash-mma-async-staging=true"),
+    "mma_rows128": (tensor_core_forward, "flash-mma-block-rows=128"),
     "mma_split_keys": (split_forward, ""),
     "scalar_f32": (scalar_forward, ""),
 }

@@ -3,19 +3,20 @@ with `moe-opt --convert-moe-to-gpu="OPTIONS" --mlir-print-op-generic` and its gp
 block's 128 threads in lockstep (ldmatrix, mma.sync m16n8k16 on bf16/f16 bits, cp.async, the 16-byte staging,
 the quads' shuffles, the warp votes), then compared with the GPU harness's float64 reference
 (run_gpu_tests.ref_similarity) within the harness's MMA_TOL (the probabilities enter P.e rounded to the operand
-type). Every variant of the kernel behind an option that changes its softmax or staging runs every case: the
-default, flash-mma-base2, flash-mma-sum-mma (the row sums from the MMA against a block of ones, the rescale only
-when a row max of the warp changed), flash-mma-sum-mma with the 16-byte and cp.async staging, the 128-row forms,
-and those with flash-mma-lazy-rescale (a hot loop of whole tiles against a stale shift; its warps leave it at
-tiles of their own, so each warp runs in a thread of its own between barriers) and flash-mma-stages=3 (three
-cp.async stages in dynamic shared memory); the cp.async variants run again with every copy landing only at the
-wait that completes its group. Cases: ragged N
-(a partial last key tile and rows past N), causal with a diagonal tile, key masks with a fully masked element and
-a whole masked tile, f16 with D and K not multiples of 16 and 8, a key tile whose max grows after the first, and u
-one element into its buffer (2 bytes: the element-staging fallback). ex2.approx runs as exact f32 and the MMA sums
-in float64: the SFU's ulps and the tensor cores' summation order are the GPU run's to check, as are races (the
-block runs in lockstep: a missing barrier goes unseen here, racecheck sees it). Needs moe-opt ($MOE_OPT, else
-build/bin/moe-opt): skipped without it.
+type). Both forms of the kernel run every case (the base-2 softmax, the row sums from the MMA against a block of
+ones with the rescale only when a row max of the warp changed, 16-byte and cp.async staging: what the H200 run of
+2026-11-26 made the kernel): the 64-row one (flash-mma-block-rows=64, two cp.async buffers in static shared
+memory) and the 128-row one (the default: two row tiles a warp, the lazy rescale's hot loop of whole tiles against
+a stale shift, whose warps leave it at tiles of their own, so each warp runs in a thread of its own between
+barriers, and three cp.async stages in dynamic shared memory), each again with every copy landing only at the wait
+that completes its group; the 128-row one also with its keys split over the grid (flash-mma-key-splits) and its
+combine. Cases: ragged N (a partial last key tile and rows past N), causal with a diagonal tile, key masks with a
+fully masked element and a whole masked tile, f16 with D and K not multiples of 16 and 8, a key tile whose max
+grows after the first, u one element into its buffer (2 bytes: the element-staging fallback), D = 128, D = 256
+(one row tile: the 128-row form does not fit) and D = K = 256 (the lanes' own row sums: the ones block does not
+fit the registers). ex2.approx runs as exact f32 and the MMA sums in float64: the SFU's ulps and the tensor cores'
+summation order are the GPU run's to check, as are races (the block runs in lockstep: a missing barrier goes
+unseen here, racecheck sees it). Needs moe-opt ($MOE_OPT, else build/bin/moe-opt): skipped without it.
 """
 import os
 import re
@@ -36,29 +37,19 @@ import run_gpu_tests as R  # noqa: E402
 BLOCK = 128
 WORKGROUP = re.compile(r"memref<(\d+)x(\d+)x(bf16|f16), #gpu.address_space<workgroup>>")
 
-ASYNC = "flash-mma-wide-staging=true flash-mma-async-staging=true"
-#: The options as they were before the H200 run of 2026-11-26 made the 128-row kernel (split keys, lazy rescale,
-#: 3 stages) the default: each variant starts from them and names its own (lit's %flash_base64 likewise), so
-#: "default" is the 64-row kernel and SPLITS' split_lazy3 is today's default.
-BASE64 = ("flash-mma-wide-staging=false flash-mma-async-staging=false flash-mma-topk=false "
-          "flash-mma-posterior=false flash-mma-sum-mma=false flash-mma-block-rows=64 flash-mma-key-splits=1 "
-          "flash-mma-lazy-rescale=false flash-mma-stages=2")
+#: The 64-row kernel without split keys (lit's %flash_base64): one 16-row MMA tile a warp, two cp.async buffers in
+#: static shared memory. Each variant starts from it and names its own options (a later option overrides an earlier
+#: one in moe-opt's parsing), so "rows128" is the default kernel without split keys.
+BASE64 = "flash-mma-block-rows=64 flash-mma-key-splits=1"
 VARIANTS = {
-    "default": "",
-    "base2": "flash-mma-base2=true",
-    "sum_mma": "flash-mma-sum-mma=true",
-    "sum_mma_async": "flash-mma-sum-mma=true " + ASYNC,
-    "rows128": "flash-mma-sum-mma=true flash-mma-block-rows=128",
-    "rows128_async": "flash-mma-sum-mma=true flash-mma-block-rows=128 " + ASYNC,
-    "rows128_base2_wide": "flash-mma-base2=true flash-mma-block-rows=128 flash-mma-wide-staging=true",
-    "rows128_lazy": "flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-lazy-rescale=true " + ASYNC,
-    "rows128_stages3": "flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-stages=3 " + ASYNC,
-    "rows128_lazy3": "flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-lazy-rescale=true "
-                     "flash-mma-stages=3 " + ASYNC,
+    "rows64": "",
+    # Two row tiles a warp, the lazy rescale, three cp.async stages in dynamic shared memory.
+    "rows128": "flash-mma-block-rows=128",
 }
-# The variants with cp.async copies, run again with each copy landing at the wait that needs it (simt.run_kernel's
-# async_copies="wait"): a tile read before its group is waited for, or a group count off by one, reads stale data.
-ASYNC_VARIANTS = ["sum_mma_async", "rows128_async", "rows128_lazy", "rows128_stages3", "rows128_lazy3"]
+# Both variants stage with cp.async (where D / K is a multiple of 8 and the base 16-byte aligned), so each runs again
+# with each copy landing at the wait that needs it (simt.run_kernel's async_copies="wait"): a tile read before its
+# group is waited for, or a group count off by one, reads stale data.
+ASYNC_VARIANTS = list(VARIANTS)
 
 
 def lower(B, N, D, K, t, tau, causal, masked, options):
@@ -86,14 +77,18 @@ def values(b, t):
 
 
 def block_rows(text):
-    """The query rows a block of the kernel owns: the divisor of the host's grid (ceil(N / rows))."""
-    divisor = re.search(r'"arith.ceildivui"\(%\w+, (%\w+)\)', text).group(1)
-    return int(re.search(rf'{divisor} = "arith.constant"\(\) <{{value = (\d+) : index}}>', text).group(1))
+    """The query rows a block of the kernel owns: the divisor of the host's grid (ceil(N / rows)), the first
+    ceildivui of the host function @f (it follows the gpu.module, whose kernels have their own: the split kernel's
+    key tiles, ceil(keys / 64), and their own value names)."""
+    host = text[text.index('sym_name = "f"}>'):]
+    divisor = re.search(r'"arith.ceildivui"\(%\w+, (%\w+)\)', host).group(1)
+    return int(re.search(rf'{divisor} = "arith.constant"\(\) <{{value = (\d+) : index}}>', host).group(1))
 
 
 def shared_memory(text, kernel):
     """(workgroup buffers, dynamic shared memory bytes) of `kernel`: its two workgroup buffers (keys, values) as
-    its signature gives them, or none and the launch's dynamic_shared_memory_size (flash-mma-stages=3)."""
+    its signature gives them, or none and the launch's dynamic_shared_memory_size (the 128-row kernel's three
+    cp.async stages, or flash-mma-dynamic-shared)."""
     lines = text.splitlines()
     starts = [n for n, line in enumerate(lines) if '"gpu.func"' in line]
     start = next(n for n in starts
@@ -112,10 +107,12 @@ def shared_memory(text, kernel):
     return wg, size
 
 
-def warp_threads(options):
-    """Whether the kernel's warps take loops of their own between barriers (flash-mma-lazy-rescale: a warp leaves
-    the hot loop at a tile of its own), so that simt runs each in a thread instead of the block in lockstep."""
-    return "flash-mma-lazy-rescale=true" in options
+def warp_threads(text):
+    """Whether the lowered kernel's warps take loops of their own between barriers (the 128-row kernel's lazy
+    rescale: a warp leaves the hot loop at a tile of its own), so that simt runs each in a thread instead of the
+    block in lockstep. The lazy rescale comes with the 128-row kernel (not where a key mask meets split keys: the
+    threads then run a kernel whose warps keep together, as lockstep would)."""
+    return block_rows(text) == 128
 
 
 def run(text, u, e, mask, K, misalign, async_copies="issue", threads=False):
@@ -172,7 +169,7 @@ def test_flash_mma_kernel(variant, name):
     rng = np.random.default_rng(CASES.index(name) + 47)
     B, N, D, K, t, tau, causal, u, e, mask = case(name, rng)
     text = lower(B, N, D, K, t, tau, causal, mask is not None, VARIANTS[variant])
-    got = run(text, u, e, mask, K, misalign=False, threads=warp_threads(VARIANTS[variant]))
+    got = run(text, u, e, mask, K, misalign=False, threads=warp_threads(text))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau, causal=causal,
                            key_mask=torch.from_numpy(mask) if mask is not None else None).numpy()
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
@@ -189,7 +186,7 @@ def test_flash_mma_copies_land_late(variant, name):
     rng = np.random.default_rng(CASES.index(name) + 47)
     B, N, D, K, t, tau, causal, u, e, mask = case(name, rng)
     text = lower(B, N, D, K, t, tau, causal, mask is not None, VARIANTS[variant])
-    got = run(text, u, e, mask, K, misalign=False, async_copies="wait", threads=warp_threads(VARIANTS[variant]))
+    got = run(text, u, e, mask, K, misalign=False, async_copies="wait", threads=warp_threads(text))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau, causal=causal,
                            key_mask=torch.from_numpy(mask) if mask is not None else None).numpy()
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
@@ -207,46 +204,45 @@ def growing_max_inputs(seed, B, N, D, K, t, scale):
     return bits(u, t), bits(e, t)
 
 
-@pytest.mark.parametrize("variant,t", [("rows128_lazy", "bf16"), ("rows128_lazy3", "bf16"), ("rows128_lazy", "f16")])
-def test_lazy_rescale_hot_loop_and_exact_steps(variant, t):
-    """flash-mma-lazy-rescale over enough whole tiles for its hot loop (N = 520: 8 whole tiles, the hot loop's
-    [0, 448) or [0, 384) with 3 stages): keys whose norms grow with j, so that the rows with a positive dot to that
+@pytest.mark.parametrize("t", ["bf16", "f16"])
+def test_lazy_rescale_hot_loop_and_exact_steps(t):
+    """The 128-row kernel's lazy rescale over enough whole tiles for its hot loop (N = 520: 8 whole tiles, the hot
+    loop's [0, 384) with 3 stages): keys whose norms grow with j, so that the rows with a positive dot to that
     direction see their max grow past the margin (7 in log2 units for bf16, 2 for f16) tile after tile (their warps
     leave the hot loop for the exact step, then go back in), while the rows with a negative one keep the max of the
     first tile (their warps stay in the hot loop); copies landing at their wait. Against float64. (A kernel whose
     test never finds a weight of 2 or more fails here: its weights overflow after the first tile.)"""
     B, N, D, K, tau = 1, 520, 32, 8, 0.25
     u, e = growing_max_inputs(29, B, N, D, K, t, 0.3)
-    text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
+    text = lower(B, N, D, K, t, tau, False, False, VARIANTS["rows128"])
     got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=True)
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
 
 
-@pytest.mark.parametrize("variant", ["rows128_lazy", "rows128_stages3", "rows128_lazy3"])
-def test_flash_mma_d128(variant):
-    """D = 128, K = 16: two row tiles still fit the registers, and three stages of 64-key tiles would not fit 48 KiB
-    (60 KiB): the 3-stage kernels take 32-key tiles (30 KiB of dynamic shared memory; the lazy 2-stage one keeps
-    64 keys, 40 KiB static). A growing max, copies landing at their wait, against float64."""
+def test_flash_mma_d128():
+    """D = 128, K = 16 on the 128-row kernel: two row tiles still fit the registers, and three stages of 64-key
+    tiles would not fit 48 KiB (60 KiB): the kernel takes 32-key tiles (30 KiB of dynamic shared memory). A growing
+    max, copies landing at their wait, against float64."""
     B, N, D, K, t, tau = 1, 300, 128, 16, "bf16", 0.5
     u, e = growing_max_inputs(3, B, N, D, K, t, 0.2)
-    text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
+    text = lower(B, N, D, K, t, tau, False, False, VARIANTS["rows128"])
+    assert block_rows(text) == 128
     wg, dyn = shared_memory(text, "similarity_inform_mma_0")
-    assert dyn == (3 * 32 * (136 + 24) * 2 if "stages" in VARIANTS[variant] else 0), dyn
-    got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=warp_threads(VARIANTS[variant]))
+    assert (wg, dyn) == ([], 3 * 32 * (136 + 24) * 2), (wg, dyn)
+    got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=warp_threads(text))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
 
 
-@pytest.mark.parametrize("variant", ["sum_mma", "sum_mma_async", "rows128_async", "rows128_base2_wide",
-                                     "rows128_lazy", "rows128_lazy3"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
 def test_flash_mma_misaligned_keys(variant):
     """u one bf16 element into its buffer: the keys take the element staging (the 16-byte and cp.async paths
     need a 16-byte aligned base), the values the wide path."""
     rng = np.random.default_rng(7)
     B, N, D, K, t, tau, causal, u, e, mask = case("causal_bf16", rng)
     text = lower(B, N, D, K, t, tau, causal, False, VARIANTS[variant])
-    got = run(text, u, e, None, K, misalign=True, threads=warp_threads(VARIANTS[variant]))
+    got = run(text, u, e, None, K, misalign=True, threads=warp_threads(text))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau,
                            causal=causal).numpy()
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
@@ -254,24 +250,35 @@ def test_flash_mma_misaligned_keys(variant):
 
 def test_sum_mma_rescale_is_skipped_exactly():
     """The sums from the MMA and the skipped rescale change only the sum's rounding, not the weights: with e one
-    expert a key (a one-hot e), every output is a ratio of sums of the same rounded probabilities, so sum-mma's
-    rows add to 1 within f32 rounding, where the FADD sums of base2 (unrounded p) leave the bf16 rounding of P
-    in them."""
+    expert a key (a one-hot e), every output is a ratio of sums of the same rounded probabilities, so both forms'
+    rows add to 1 within f32 rounding. Where the ones block would take the fragments held through the key loop past
+    160 registers (D = K = 256) each lane sums its own scores (unrounded p) instead: those rows keep the bf16
+    rounding of P in their sums (the contrast: the check sees where the sums come from), and are still within
+    MMA_TOL of float64."""
     rng = np.random.default_rng(11)
-    B, N, D, K, t, tau = 1, 130, 32, 8, "bf16", 0.5
-    u = bits(rng.standard_normal((B, N, D)).astype(np.float32) * 0.5, t)
+    B, N, t, tau = 1, 130, "bf16", 0.5
+    for variant in VARIANTS:
+        D, K = 32, 8
+        u = bits(rng.standard_normal((B, N, D)).astype(np.float32) * 0.5, t)
+        onehot = np.zeros((B, N, K), np.float32)
+        onehot[0, np.arange(N), rng.integers(0, K, N)] = 1.0
+        text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
+        got = run(text, u, bits(onehot, t), None, K, misalign=False, threads=warp_threads(text))
+        np.testing.assert_allclose(got.sum(-1), 1.0, rtol=0, atol=1e-5, err_msg=variant)
+    D, K = 256, 256
+    # Logits of order 1 (|u|^2 / tau about 1.3): every key's p counts in the sums, not the diagonal's alone.
+    u = bits(rng.standard_normal((B, N, D)).astype(np.float32) * 0.05, t)
     onehot = np.zeros((B, N, K), np.float32)
     onehot[0, np.arange(N), rng.integers(0, K, N)] = 1.0
     e = bits(onehot, t)
-    sums = {}
-    for variant in ("base2", "sum_mma"):
-        got = run(lower(B, N, D, K, t, tau, False, False, VARIANTS[variant]), u, e, None, K, misalign=False)
-        sums[variant] = got.sum(-1)
-    np.testing.assert_allclose(sums["sum_mma"], 1.0, rtol=0, atol=1e-5)
-    assert np.abs(sums["base2"] - 1.0).max() > 1e-5, "base2's sums should show P's rounding"
+    text = lower(B, N, D, K, t, tau, False, False, VARIANTS["rows128"])
+    got = run(text, u, e, None, K, misalign=False, threads=warp_threads(text))
+    assert np.abs(got.sum(-1) - 1.0).max() > 1e-5, "the lanes' own sums should show P's rounding"
+    ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
+    np.testing.assert_allclose(got, ref, **R.MMA_TOL)
 
 
-@pytest.mark.parametrize("variant", ["base2", "sum_mma", "rows128_async", "rows128_lazy", "rows128_lazy3"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
 def test_flash_mma_training_forward_lse(variant):
     """similarity_inform_fwd: the mixed probabilities and each row's log-sum-exp (natural units: m2 ln 2 + ln l,
     which the backward recomputes p from), causal with a key mask, against float64 (the lse within 1e-2
@@ -298,7 +305,7 @@ def test_flash_mma_training_forward_lse(variant):
     for a in args:
         mem.add(a, None)
     wg, dyn = shared_memory(text, "similarity_inform_fwd_mma_0")
-    threads = warp_threads(VARIANTS[variant])
+    threads = warp_threads(text)
     simt.run_kernel(body, args, BLOCK, (-(-N // block_rows(text)), B), mem, workgroup=wg, lockstep=not threads,
                     dynamic_smem=dyn, async_copies="wait", warp_threads=threads)
     uu, ee, mm = (torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), torch.from_numpy(mask))
@@ -307,8 +314,9 @@ def test_flash_mma_training_forward_lse(variant):
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-2)
 
 
-SPLIT = "flash-mma-sum-mma=true flash-mma-block-rows=128 flash-mma-key-splits=4 " + ASYNC
-SPLITS = {"split": SPLIT, "split_lazy3": SPLIT + " flash-mma-lazy-rescale=true flash-mma-stages=3"}
+#: The default kernel pair: the 128-row kernel with its keys split 4 ways at most (the lazy rescale, 3 stages) and
+#: the combine; on top of BASE64, whose key-splits=1 it overrides.
+SPLIT = "flash-mma-block-rows=128 flash-mma-key-splits=4"
 
 
 def host_splits(N, B, Nk, cols=64, most=4):
@@ -321,12 +329,14 @@ def host_splits(N, B, Nk, cols=64, most=4):
     ("ragged", False, False, False), ("causal", True, False, False), ("masked", False, True, False),
     ("causal_masked_lse", True, True, True)])
 @pytest.mark.parametrize("splits", [None, 1, 3])
-@pytest.mark.parametrize("split_variant", ["split", "split_lazy3"])
-def test_flash_mma_key_splits(name, causal, masked, with_lse, splits, split_variant):
+@pytest.mark.parametrize("copies", ["issue", "wait"])
+def test_flash_mma_key_splits(name, causal, masked, with_lse, splits, copies):
     """flash-mma-key-splits: the 128-row kernel with its keys split over the grid's z (the host's choice, 4 here,
     and other counts the kernel must take as well: 1, and 3 over 5 key tiles: uneven shares, empty shares of the
     causal blocks), its partial rows combined by the second kernel, against float64 (p, and the lse of the training
-    forward); with one split also the direct kernel the host then launches instead."""
+    forward); with one split also the direct kernel the host then launches instead. Each copy lands at its issue
+    and, again, at its wait (the shares start at any tile: the pipeline's buffers are the tiles' indices mod 3, its
+    prologue two groups from the share's first tile)."""
     rng = np.random.default_rng(13)
     # K = 12 in the lse case: the unfused combine merges 8 columns a pass over the splits, then the last 4.
     B, N, D, K, t, tau = 2, 300, 64, 12 if with_lse else 16, "bf16", 0.5 if causal else 1.0
@@ -347,10 +357,7 @@ def test_flash_mma_key_splits(name, causal, masked, with_lse, splits, split_vari
     text = (f"func.func @f(%u: tensor<{B}x{N}x{D}x{t}>, %e: tensor<{B}x{N}x{K}x{t}>{marg}) -> ({res}) {{\n"
             f"  {outs} = moe.{op} %u, %e{mask_attr} tau({tau:e}){' causal(true)' if causal else ''} : "
             f"tensor<{B}x{N}x{D}x{t}>, tensor<{B}x{N}x{K}x{t}> -> {res}\n  return {outs} : {res}\n}}\n")
-    text = simt.lower(MOE_OPT, text, f"{BASE64} {SPLITS[split_variant]}")   # cached: the split counts share it
-    # The lazy, three-stage split: copies landing at their wait (the shares start at any tile: the pipeline's
-    # buffers are the tiles' indices mod 3, its prologue two groups from the share's first tile).
-    async_copies = "wait" if split_variant == "split_lazy3" else "issue"
+    text = simt.lower(MOE_OPT, text, f"{BASE64} {SPLIT}")   # cached: the split counts and copy timings share it
     # _mma_0: the direct kernel the host launches where it picks one split (below); _mma_1 the split kernel.
     kernel = f"{op}_mma_1"
     body, combine = simt.parse(text, kernel), simt.parse(text, f"{op}_mma_combine_0")
@@ -364,9 +371,9 @@ def test_flash_mma_key_splits(name, causal, masked, with_lse, splits, split_vari
     for a in args:
         mem.add(a, None)
     wg, dyn = shared_memory(text, kernel)
-    threads = warp_threads(SPLITS[split_variant])
+    threads = warp_threads(text)
     simt.run_kernel(body, args, BLOCK, (-(-N // 128), B, S), mem, workgroup=wg, lockstep=not threads,
-                    dynamic_smem=dyn, async_copies=async_copies, warp_threads=threads)
+                    dynamic_smem=dyn, async_copies=copies, warp_threads=threads)
     assert not np.isnan(ws).any(), "a split left a row of the workspace unwritten"
     simt.run_kernel(combine, [ws] + outs, BLOCK, -(-(B * N) // BLOCK), mem)
     uu, ee = torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t))
@@ -384,32 +391,33 @@ def test_flash_mma_key_splits(name, causal, masked, with_lse, splits, split_vari
         direct = simt.parse(text, f"{op}_mma_0")
         wg, dyn = shared_memory(text, f"{op}_mma_0")
         simt.run_kernel(direct, args[:-1], BLOCK, (-(-N // 128), B, 1), mem, workgroup=wg, lockstep=not threads,
-                        dynamic_smem=dyn, async_copies=async_copies, warp_threads=threads)
+                        dynamic_smem=dyn, async_copies=copies, warp_threads=threads)
         np.testing.assert_allclose(p, R.ref_similarity(uu, ee, tau=tau, causal=causal, key_mask=mm).numpy(),
                                    **R.MMA_TOL)
         if with_lse:
             np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-2)
 
 
-@pytest.mark.parametrize("variant", ["default", "base2", "sum_mma", "rows128_async"])
-def test_flash_mma_d256_causal(variant):
-    """The issue's second shape in small: causal, D = 256, K = 64 (one row tile in every variant; base 2's whole
-    tiles not peeled past 128 features: every tile the checked one), N = 100 over two key tiles."""
+def test_flash_mma_d256_causal():
+    """The issue's second shape in small: causal, D = 256, K = 64 on the default block rows (one row tile: the
+    128-row form's two do not fit the registers, and the whole tiles are not peeled past 128 features: every tile
+    the checked one), N = 100 over two key tiles."""
     rng = np.random.default_rng(3)
     B, N, D, K, t, tau = 1, 100, 256, 64, "bf16", 2.0
     u = bits(rng.standard_normal((B, N, D)).astype(np.float32) * 0.2, t)
     e = rng.random((B, N, K)).astype(np.float32)
     e = bits(e / e.sum(-1, keepdims=True), t)
-    text = lower(B, N, D, K, t, tau, True, False, VARIANTS[variant])
-    got = run(text, u, e, None, K, misalign=False)
+    text = lower(B, N, D, K, t, tau, True, False, VARIANTS["rows128"])
+    assert block_rows(text) == 64, "D = 256 takes one row tile a warp"
+    got = run(text, u, e, None, K, misalign=False, threads=warp_threads(text))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau,
                            causal=True).numpy()
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
 
 
 #: flash-mma-dynamic-shared with sm_90's opt-in maximum (227 KiB a block; the pipeline sets it from its chip), on
-#: today's staging (cp.async, 16-byte rows) and the sums from the MMA.
-DYNAMIC = VARIANTS["rows128_async"] + " flash-mma-dynamic-shared=true dynamic-shared-memory-bytes=232448"
+#: the default block rows (D = 256: one row tile, the 128-row form does not fit).
+DYNAMIC = VARIANTS["rows128"] + " flash-mma-dynamic-shared=true dynamic-shared-memory-bytes=232448"
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -437,7 +445,7 @@ def test_flash_mma_dynamic_shared_needs_two_blocks(limit, dynamic):
     fit a multiprocessor of the opt-in maximum plus 1 KiB: sm_90's 227 KiB, not sm_80's 163 KiB (there one block
     would halve the warps), and not without a limit: 32-key tiles in static shared memory then."""
     text = lower(1, 100, 256, 64, "bf16", 1.0, True, False,
-                 VARIANTS["rows128_async"] + f" flash-mma-dynamic-shared=true dynamic-shared-memory-bytes={limit}")
+                 VARIANTS["rows128"] + f" flash-mma-dynamic-shared=true dynamic-shared-memory-bytes={limit}")
     wg, dyn = shared_memory(text, "similarity_inform_mma_0")
     if dynamic:
         assert (wg, dyn) == ([], 86016)

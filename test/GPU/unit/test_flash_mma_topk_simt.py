@@ -1,4 +1,4 @@
-"""similarity_inform_topk on the tensor-core flash kernel (FlashMma.cpp, flash-mma-topk), run without a GPU: the
+"""similarity_inform_topk on the tensor-core flash kernel (FlashMma.cpp), run without a GPU: the
 fused top-k in the epilogue of the 64-row kernel and of the 128-row kernel (two row tiles a warp: each thread's
 four rows selected one after another), and with flash-mma-key-splits the split kernel's partial rows merged by the
 top-k combine (a quad of lanes a row, the epilogue's C-fragment layout). Each case is lowered with moe-opt and
@@ -27,19 +27,17 @@ import simt  # noqa: E402
 torch = pytest.importorskip("torch")
 MOE_OPT = simt.find_moe_opt() or pytest.skip("no moe-opt ($MOE_OPT, build/bin)", allow_module_level=True)
 import run_gpu_tests as R  # noqa: E402
-from test_flash_mma_simt import ASYNC, BASE64, BLOCK, bits, block_rows, shared_memory, values  # noqa: E402
+from test_flash_mma_simt import (BASE64, BLOCK, SPLIT, bits, block_rows, shared_memory, values,  # noqa: E402
+                                 warp_threads)
 
-TOPK = "flash-mma-topk=true flash-mma-sum-mma=true "
+# On top of BASE64 (the 64-row kernel without split keys), as in test_flash_mma_simt.py; SPLIT (imported): the
+# default kernel pair, the 128-row kernel with its keys split 4 ways at most and the top-k combine.
 VARIANTS = {
     # The 64-row kernel: one 16-row MMA tile a warp (the fused top-k's only form before).
-    "rows64": TOPK + ASYNC,
-    # The 128-row kernel without split keys (what a grid of 264 blocks or more runs).
-    "rows128": TOPK + ASYNC + " flash-mma-block-rows=128",
-    "rows128_lazy3": TOPK + ASYNC + " flash-mma-block-rows=128 flash-mma-lazy-rescale=true flash-mma-stages=3",
+    "rows64": "",
+    # The 128-row kernel without split keys (what a grid of 264 blocks or more runs): the lazy rescale, 3 stages.
+    "rows128": "flash-mma-block-rows=128",
 }
-#: Today's defaults on top of BASE64: the 128-row kernel, split keys, lazy rescale, 3 stages.
-SPLIT = (TOPK + ASYNC + " flash-mma-block-rows=128 flash-mma-key-splits=4 flash-mma-lazy-rescale=true "
-         "flash-mma-stages=3")
 
 
 def case(name):
@@ -106,7 +104,7 @@ def unfused_rows(c, options):
                       f"{BASE64} {options}")
     p = np.full((B, N, K), np.nan, np.float32)
     args = [u, u, e] + ([mask] if mask is not None else []) + [p]
-    run_direct(text, "similarity_inform_mma_0", args, N, B, "lazy-rescale=true" in options)
+    run_direct(text, "similarity_inform_mma_0", args, N, B, warp_threads(text))
     return p
 
 
@@ -141,7 +139,7 @@ def test_fused_topk_epilogue(variant, name):
     w = np.full((B, N, k), np.nan, np.float32)
     idx = np.full((B, N, k), -7, np.int32)
     args = [u, u, e] + ([mask] if mask is not None else []) + [w, idx]
-    run_direct(text, "similarity_inform_topk_mma_0", args, N, B, "lazy-rescale=true" in options)
+    run_direct(text, "similarity_inform_topk_mma_0", args, N, B, warp_threads(text))
     check(c, unfused_rows(c, options), w, idx)
     if name == "masked_kK_f16":
         assert np.all(w[1] == 0.0) and np.all(idx[1] == np.arange(k)), "a fully masked element: zeros, 0..k-1"

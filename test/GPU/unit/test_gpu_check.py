@@ -130,7 +130,9 @@ def sanitizer_commands(folder, options, monkeypatch, **env):
 
 
 def test_sanitizers_run_every_check_of_the_default_folder(setup, tmp_path, monkeypatch):
-    checks, sanitized = sanitizer_commands(tmp_path / "folder", "balance-kernels=true", monkeypatch)
+    # The flash kernel's defaults spelled out build no variant: every case still runs under the sanitizers.
+    checks, sanitized = sanitizer_commands(tmp_path / "folder", "balance-kernels=true flash-mma-block-rows=128 "
+                                           "flash-mma-key-splits=4", monkeypatch)
     for cmd in sanitized:
         assert cmd[0] == "compute-sanitizer" and "--only" not in cmd
         assert cmd[cmd.index("--lib"):cmd.index("--json")] == checks[checks.index("--lib"):checks.index("--json")]
@@ -149,7 +151,7 @@ def test_sanitizers_run_the_flash_cases_of_a_variant_folder(setup, tmp_path, mon
 @pytest.mark.parametrize("options,cases", [
     ("route-map=lanes", ["route"]),
     ("topk-rounds=list route-map=lanes", ["route", "topk_renorm"]),
-    ("flash-mma-base2=true route-map=lanes", list(G.FLASH_CASES) + ["route"])])
+    ("flash-mma-grad=true route-map=lanes", list(G.FLASH_CASES) + ["route"])])
 def test_sanitizers_run_the_cases_of_the_routing_variants(setup, tmp_path, monkeypatch, options, cases):
     # A folder built with issue #46's remapped routing kernels: memcheck and racecheck over their ops' cases (with
     # the flash cases where a flash variant is on too); the checks keep every case.
@@ -160,7 +162,7 @@ def test_sanitizers_run_the_cases_of_the_routing_variants(setup, tmp_path, monke
 
 
 def test_sanitizer_cases_can_be_named(setup, tmp_path, monkeypatch):
-    _, sanitized = sanitizer_commands(tmp_path / "folder", "flash-mma-topk=true", monkeypatch,
+    _, sanitized = sanitizer_commands(tmp_path / "folder", "flash-mma-symmetric=true", monkeypatch,
                                       MOE_GPU_CHECK_SANITIZE_ONLY="--only similarity_inform")
     assert all(cmd[-2:] == ["--only", "similarity_inform"] for cmd in sanitized)
     _, sanitized = sanitizer_commands(tmp_path / "folder", "", monkeypatch, MOE_GPU_CHECK_ONLY="--only balance")
