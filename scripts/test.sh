@@ -17,11 +17,24 @@ QUICK="${MOE_QUICK:-0}"
 SANITIZE="${MOE_SANITIZE:-1}"
 [ "$QUICK" = 0 ] || SANITIZE=0
 
+# CPU_NOW: the CPU seconds (user + system) of this shell's finished children so far, from bash's `times` (run in
+# this shell, not a subshell: a command substitution's `times` would count only its own children). The stages'
+# CPU seconds, printed beside their wall times, are what the run's length on two busy cores comes from.
+children_cpu() {
+  local f="${TMPDIR:-/tmp}/moe-test-times.$BASHPID"
+  times > "$f"
+  CPU_NOW=$(awk 'NR == 2 { n = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); n += a[1] * 60 + a[2] }
+                           printf "%d\n", n + 0.5 }' "$f")
+  rm -f "$f"
+}
+
 t0=$SECONDS
+children_cpu; cpu0=$CPU_NOW
 install_system_packages
 install_python
 configure_and_build
 build_s=$((SECONDS - t0))
+children_cpu; build_cpu=$((CPU_NOW - cpu0))
 
 log="$BUILD/test-summary"
 rm -rf "$log"
@@ -29,14 +42,18 @@ mkdir -p "$log"
 status=0
 
 # A stage in the background: `stage NAME CMD...` runs CMD with its output in $log/NAME.txt, its exit status in
-# $log/NAME.rc and its wall time in $log/NAME.s.
+# $log/NAME.rc, its wall time in $log/NAME.s and its CPU seconds in $log/NAME.cpu.
 stage() {
   local name=$1; shift
-  local start=$SECONDS rc=0
+  local start=$SECONDS rc=0 cpu
+  children_cpu; cpu=$CPU_NOW
   "$@" > "$log/$name.txt" 2>&1 || rc=$?
   echo "$rc" > "$log/$name.rc"
   echo $((SECONDS - start)) > "$log/$name.s"
+  children_cpu; echo $((CPU_NOW - cpu)) > "$log/$name.cpu"
 }
+# took NAME: "W s (cpu C s)" of a finished stage.
+took() { echo "$(cat "$log/$1.s" 2>/dev/null || echo -) s (cpu $(cat "$log/$1.cpu" 2>/dev/null || echo -) s)"; }
 show() {  # prints a finished stage's log and whether it failed
   echo "== ${2:-$1}: $(cat "$log/$1.s") s"
   cat "$log/$1.txt"
@@ -93,11 +110,13 @@ plain_pid=$!
 
 echo "== pytest (python/tests but ${PYTEST_LATE[*]})"
 start=$SECONDS
+children_cpu; cpu=$CPU_NOW
 py_rc=0
 "${pytest_cmd[@]}" "$ROOT/python/tests" "${PYTEST_LATE[@]/#/--ignore=$ROOT/python/tests/}" 2>&1 |
   tee "$log/pytest.txt" || py_rc=$?
 [ "$py_rc" = 0 ] || status=1
 pytest_s=$((SECONDS - start))
+children_cpu; pytest_cpu=$((CPU_NOW - cpu))
 # pycount FILE WHAT: the count of WHAT (passed, failed, ...) in a pytest log's summary line.
 pycount() { grep -E '^[0-9]+ (passed|failed|skipped|error)|in [0-9.]+s' "$1" | tail -1 |
             grep -oE "[0-9]+ $2" | grep -oE '^[0-9]+' || echo 0; }
@@ -128,8 +147,8 @@ if [ -f "$log/ctest.txt" ]; then
 fi
 
 san_passed=0; san_failed=0; san_skipped=0; fuzz_passed=0; fuzz_failed=0
-times="build $build_s s, pytest $pytest_s s, lit $(cat "$log/lit.s") s, ctest $(cat "$log/ctest.s" 2>/dev/null || echo -) s"
-times="$times, pytest-late $(cat "$log/pytest-late.s") s"
+times="build $build_s s (cpu $build_cpu s), pytest $pytest_s s (cpu $pytest_cpu s), lit $(took lit), ctest $(took ctest)"
+times="$times, pytest-late $(took pytest-late)"
 if [ -n "$san_pid" ]; then
   [ -f "$log/fuzz.rc" ] || echo "== waiting for the sanitizer chain"
   wait "$san_pid" || status=1
@@ -142,7 +161,7 @@ if [ -n "$san_pid" ]; then
   [ "$(cat "$log/sanitize.rc")" = 0 ] || [ "$san_failed" -gt 0 ] || san_failed=1
   show fuzz "fuzz ($fuzz_what)"
   if [ "$(cat "$log/fuzz.rc")" = 0 ]; then fuzz_passed=1; else fuzz_failed=1; fi
-  times="$times, sanitizers $(cat "$log/sanitize.s") s, fuzz $(cat "$log/fuzz.s") s"
+  times="$times, sanitizers $(took sanitize), fuzz $(took fuzz)"
 fi
 
 count() { grep -oE "^ *$1 *: *[0-9]+" "$log/lit.txt" | grep -oE '[0-9]+$' || echo 0; }
