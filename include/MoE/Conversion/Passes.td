@@ -125,9 +125,9 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "query rows a block of the tensor-core kernel's 4 warps: 64 (one 16-row MMA tile a warp) "
            "or 128 (the default; two: each key and value fragment loaded by ldmatrix feeds both tiles' MMAs), with the "
            "staging's 16-byte alignment decided once outside the key loops (the aligned loops' 16-byte loads or "
-           "cp.async copies unrolled, issued back to back). 128 applies to similarity_inform, its training forward and the fused top-k "
-           "(the thread's four rows selected one after another; not attention_posterior) and both tiles' "
-           "fragments fit (D = 64; not D = 256)">,
+           "cp.async copies unrolled, issued back to back). 128 applies to similarity_inform, its training "
+           "forward and the fused top-k (the thread's four rows selected one after another; not "
+           "attention_posterior) and both tiles' fragments fit (D = 64; not D = 256)">,
     Option<"flashMmaKeySplits", "flash-mma-key-splits", "int64_t", /*default=*/"4",
            "with flash-mma-block-rows=128 (where it applies): at most this many blocks (1-16) share a row "
            "block's keys when the grid has fewer than 264 blocks (two blocks on each of 132 multiprocessors; the "

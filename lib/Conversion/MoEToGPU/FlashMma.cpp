@@ -124,8 +124,13 @@ static constexpr int64_t kPad = 8;
 
 std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
     const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt, int64_t depth,
-    int64_t sharedMemoryBytes, int64_t blockRows, int64_t keySplits,
-    int64_t dynamicSharedBytes) {
+    const ConvertMoEToGPUOptions &options) {
+  const int64_t sharedMemoryBytes = options.sharedMemoryBytes;
+  const int64_t blockRows = options.flashMmaBlockRows;
+  const int64_t keySplits = options.flashMmaKeySplits;
+  // flash-mma-dynamic-shared: the chip's opt-in maximum a block; 0: none.
+  const int64_t dynamicSharedBytes =
+      options.flashMmaDynamicShared ? options.dynamicSharedMemoryBytes : 0;
   if (!(qElt.isF16() || qElt.isBF16()) || keyElt != qElt || eElt != qElt)
     return std::nullopt;
   if (ShapedType::isDynamic(depth) || depth < 1 || depth > kFlashMmaMaxDepth ||
@@ -277,17 +282,6 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
   return std::nullopt;
 }
 
-std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
-    const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt, int64_t depth,
-    const ConvertMoEToGPUOptions &options) {
-  return flashMmaTile(spec, qElt, keyElt, eElt, depth,
-                      options.sharedMemoryBytes, options.flashMmaBlockRows,
-                      options.flashMmaKeySplits,
-                      options.flashMmaDynamicShared
-                          ? options.dynamicSharedMemoryBytes
-                          : 0);
-}
-
 /// The key and value tile buffers of the kernel: `buffers` tiles of `cols`
 /// rows, padded by kPad elements.
 static SmallVector<MemRefType, 2> flashMmaSharedTypes(const FlashMmaTile &tile,
@@ -389,8 +383,8 @@ struct Exp2Tile {
 /// max over the lanes that share it. Without `reduceSum` the sums are this
 /// lane's partial ones (the caller adds the lanes' once after the key loop);
 /// with it, the tile's sum over the lanes is added every tile (the row's
-/// whole sum is carried). With `sums` false (FlashMmaTile::sumMma: the sums come
-/// from the MMA) there are none: `partialSum` passes through. As
+/// whole sum is carried). With `sums` false (FlashMmaTile::sumMma: the sums
+/// come from the MMA) there are none: `partialSum` passes through. As
 /// OnlineSoftmax.h, but the max starts at -FLT_MAX: a row that has seen no
 /// key keeps max -FLT_MAX, its -inf logits give p = 0 and alpha = 1 on a zero
 /// accumulator (not NaN), its lse is -FLT_MAX ln 2 + ln 0 = -inf; a NaN makes
@@ -737,16 +731,15 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // Carried: the accumulator (expertBlocks x 4 f32), then per row the
   // running max and sum (the max in log2 units and, where the quad's sums
   // wait for the end of the loop, this lane's part of the sum).
-  SoftmaxState start = softmaxStart(kb);
   // Row tile t's accumulators at t * accCount; the rows' (max, sum) after
   // all of them, at accAll + 2 rr.
   SmallVector<Value> init(T * accBlocks * 4, kb.cF32(0.0));
   // The max from -FLT_MAX (exp2SoftmaxStep: no select of a row without
-  // keys).
+  // keys), the sum from 0.
   Value maxStart = kb.cF32(-std::numeric_limits<float>::max());
   for (int r = 0; r < 2 * T; ++r) {
     init.push_back(maxStart);
-    init.push_back(start.sum);
+    init.push_back(kb.cF32(0.0));
   }
   const int64_t accCount = accBlocks * 4;
   const int64_t accAll = T * accCount;

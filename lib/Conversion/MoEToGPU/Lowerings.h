@@ -155,8 +155,9 @@ struct FlashMmaTile {
   /// tile's copies in flight while the current tile is computed (where D / K
   /// is a multiple of 8; the values only without a key mask, which must zero
   /// masked keys' values after the load; not attention_posterior past
-  /// D = 128); `buffers` is then 2 (3 with two row tiles). An operand whose base is not 16-byte aligned
-  /// is staged element by element into the same buffers.
+  /// D = 128); `buffers` is then 2 (3 with two row tiles). An operand whose
+  /// base is not 16-byte aligned is staged element by element into the same
+  /// buffers.
   bool asyncKeys = false, asyncValues = false;
   int64_t buffers = 1;
   /// The row sums from the tensor cores: P·[e | 1], one more MMA per 16 keys
@@ -182,15 +183,15 @@ struct FlashMmaTile {
   /// computed place (FlashTile.h's flashBlockPlace).
   bool splitCausalOrder = false;
   /// The whole tiles against a stale shift (with two row tiles and the sums
-  /// from the MMA): the row max, its shuffles and the
-  /// rescale only in a tile where a probability reaches 2; the shift is the
-  /// row max plus `lazyMargin` (log2 units) after such a tile.
+  /// from the MMA): the row max, its shuffles and the rescale only in a tile
+  /// where a probability reaches 2; the shift is the row max plus
+  /// `lazyMargin` (log2 units) after such a tile.
   bool lazyRescale = false;
   int64_t lazyMargin = 0;
   /// The tile buffers are in dynamic shared memory (two row tiles with
-  /// cp.async staging: `buffers` is then 3; or
-  /// flash-mma-dynamic-shared, one row tile's 64-key tiles past the static
-  /// limit), passed at the launch; the static workgroup buffers otherwise.
+  /// cp.async staging: `buffers` is then 3; or flash-mma-dynamic-shared, one
+  /// row tile's 64-key tiles past the static limit), passed at the launch;
+  /// the static workgroup buffers otherwise.
   bool dynamicShared = false;
 };
 
@@ -199,28 +200,21 @@ struct FlashMmaTile {
 constexpr int64_t kFlashMmaMaxDepth = 256;
 
 /// The tiles of the tensor-core kernel for `spec` on q/keys/e elements
-/// `qElt`/`keyElt`/`eElt` and `depth` features, or none where it does not
-/// apply (operands that are not all f16 or all bf16, a dynamic depth or one
-/// over kFlashMmaMaxDepth, tiles over `sharedMemoryBytes`): the scalar kernel
-/// then runs. The softmax is in base 2 (FlashAttention-2's: log2(e)/tau
-/// folded into one FFMA a score and ex2.approx.ftz, the row max in log2
-/// units, whole tiles peeled from the checked last/diagonal ones up to 128
-/// features and experts, P rounded two scores at a time); a fused top-k is
-/// selected in the epilogue and attention_posterior's per-key bias and added
-/// scores enter the logits' C fragments. `blockRows` 128 gives two row tiles
-/// a warp where they fit, with up to `keySplits` blocks sharing a row block's
-/// keys, the lazy rescale and three cp.async stages (FlashMmaTile::rowTiles,
-/// ::keySplits, ::lazyRescale, ::buffers); `dynamicSharedBytes`
-/// (flash-mma-dynamic-shared: the chip's opt-in maximum a block, 0 for none)
-/// lets one row tile's 64-key tiles pass `sharedMemoryBytes` in dynamic
-/// shared memory (FlashMmaTile::dynamicShared).
-std::optional<FlashMmaTile>
-flashMmaTile(const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt,
-             int64_t depth, int64_t sharedMemoryBytes, int64_t blockRows = 128,
-             int64_t keySplits = 1, int64_t dynamicSharedBytes = 0);
-
-/// flashMmaTile with the pass's options (shared-memory-bytes,
-/// flash-mma-block-rows, flash-mma-key-splits, flash-mma-dynamic-shared).
+/// `qElt`/`keyElt`/`eElt` and `depth` features under the pass's `options`,
+/// or none where it does not apply (operands that are not all f16 or all
+/// bf16, a dynamic depth or one over kFlashMmaMaxDepth, tiles over
+/// shared-memory-bytes): the scalar kernel then runs. The softmax is in base
+/// 2 (FlashAttention-2's: log2(e)/tau folded into one FFMA a score and
+/// ex2.approx.ftz, the row max in log2 units, whole tiles peeled from the
+/// checked last/diagonal ones up to 128 features and experts, P rounded two
+/// scores at a time); a fused top-k is selected in the epilogue and
+/// attention_posterior's per-key bias and added scores enter the logits' C
+/// fragments. flash-mma-block-rows=128 gives two row tiles a warp where they
+/// fit, with up to flash-mma-key-splits blocks sharing a row block's keys,
+/// the lazy rescale and three cp.async stages (FlashMmaTile::rowTiles,
+/// ::keySplits, ::lazyRescale, ::buffers); flash-mma-dynamic-shared lets one
+/// row tile's 64-key tiles pass shared-memory-bytes in dynamic shared memory,
+/// up to dynamic-shared-memory-bytes (FlashMmaTile::dynamicShared).
 std::optional<FlashMmaTile>
 flashMmaTile(const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt,
              int64_t depth, const ConvertMoEToGPUOptions &options);
