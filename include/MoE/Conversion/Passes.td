@@ -162,6 +162,13 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "hold still fit (D = 256, K = 64: 86,016 bytes a block, two blocks on sm_90, none on sm_80): half the "
            "barriers and staging loops a key, ~25% fewer SASS instructions a score on sm_90. The runtime opts the "
            "kernel in past 48 KiB at its launch. Off until a GPU run decides">,
+    Option<"flashMmaWgmma", "flash-mma-wgmma", "bool", /*default=*/"false",
+           "sm_90a only (the pipeline's chip must be sm_90a: wgmma has no sm_90 form): the tensor-core kernel of "
+           "two row tiles a warp (flash-mma-block-rows=128, D a multiple of 64) takes Q.K^T on Hopper's "
+           "warpgroup MMA (wgmma.mma_async m64nNk16, both operands from shared memory through 128-byte-swizzle "
+           "descriptors; the query tile staged once, the key tiles copied by cp.async into the swizzled layout), "
+           "the block's 4 warps one warpgroup; P.e stays on mma.sync from registers. No lazy rescale (its vote is "
+           "a warp's, the wgmma a warpgroup's). Off until a GPU run decides">,
     Option<"dynamicSharedMemoryBytes", "dynamic-shared-memory-bytes", "int64_t", /*default=*/"0",
            "the chip's opt-in maximum of shared memory a block (bytes; a multiprocessor holds it plus 1 KiB), "
            "the limit of the kernels that opt in past shared-memory-bytes (flash-mma-dynamic-shared); 0: none. "

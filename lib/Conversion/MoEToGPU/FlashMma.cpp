@@ -122,6 +122,17 @@ static constexpr int64_t kThreads = kWarp * kWarps;
 /// Elements of padding per workgroup row (16 bytes).
 static constexpr int64_t kPad = 8;
 
+/// The dynamic shared memory of the wgmma kernel (FlashMmaTile::wgmma): the
+/// key, value and query buffers of flashMmaSharedTypes (2-byte elements) and
+/// up to 1 KiB before them, where the kernel moves their start to a
+/// 1024-byte boundary (the swizzle pattern repeats every 8 rows of 128
+/// bytes, and the hardware applies it to the address bits).
+static int64_t flashMmaWgmmaBytes(const FlashMmaTile &tile) {
+  return 1024 + 2 * (tile.buffers * tile.cols *
+                         (tile.depth + tile.experts + kPad) +
+                     kRows * tile.rowTiles * tile.depth);
+}
+
 std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
     const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt, int64_t depth,
     const ConvertMoEToGPUOptions &options) {
@@ -219,6 +230,24 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       // No register cap: 2 blocks a multiprocessor leave ptxas its 255
       // (what it needs decides the occupancy; a cap of 128 would spill).
       tile.blocksPerSM = 2;
+      // flash-mma-wgmma (sm_90a): Q·Kᵀ on warpgroup MMA where the features
+      // fill whole 128-byte swizzle rows (D a multiple of 64: no padding
+      // column to zero) and the three cp.async stages run, the buffers and
+      // the query tile fitting the chip's opt-in maximum twice (2 blocks).
+      // Without the lazy rescale: its hot loop's exit is a warp's vote, so
+      // the warps of the block would run the warpgroup's MMA of a tile in
+      // different loops, which wgmma's .aligned forbids.
+      if (options.flashMmaWgmma && depth % 64 == 0 && tile.buffers == 3) {
+        tile.wgmma = true;
+        const int64_t wgBytes = flashMmaWgmmaBytes(tile);
+        if (wgBytes <= options.dynamicSharedMemoryBytes &&
+            2 * (wgBytes + 1024) <= options.dynamicSharedMemoryBytes + 1024) {
+          tile.lazyRescale = false;
+          tile.lazyMargin = 0;
+        } else {
+          tile.wgmma = false;
+        }
+      }
       return tile;
     }
   for (int64_t cols : {64, 32, 16}) {
@@ -283,9 +312,20 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
 }
 
 /// The key and value tile buffers of the kernel: `buffers` tiles of `cols`
-/// rows, padded by kPad elements.
-static SmallVector<MemRefType, 2> flashMmaSharedTypes(const FlashMmaTile &tile,
+/// rows, padded by kPad elements. With FlashMmaTile::wgmma the keys are
+/// [buffers x panels x cols, 64] in wgmma's 128-byte swizzle (a panel a 64
+/// features, unpadded), and a third buffer holds the block's query rows in
+/// the same layout, [panels x 128, 64].
+static SmallVector<MemRefType, 3> flashMmaSharedTypes(const FlashMmaTile &tile,
                                                       Type elt) {
+  if (tile.wgmma) {
+    const int64_t panels = tile.depth / 64;
+    return {
+        workgroupMemRef({tile.buffers * panels * tile.cols, 64}, elt),
+        workgroupMemRef({tile.buffers * tile.cols, tile.experts + kPad}, elt),
+        workgroupMemRef({panels * kRows * tile.rowTiles, 64}, elt),
+    };
+  }
   return {
       workgroupMemRef({tile.buffers * tile.cols, tile.depth + kPad}, elt),
       workgroupMemRef({tile.buffers * tile.cols, tile.experts + kPad}, elt),
@@ -299,8 +339,11 @@ static Value flashMmaDynamicBytes(ImplicitLocOpBuilder &b,
   if (!tile.dynamicShared)
     return Value();
   int64_t bytes = 0;
-  for (MemRefType type : flashMmaSharedTypes(tile, elt))
-    bytes += type.getNumElements() * 2;
+  if (tile.wgmma)
+    bytes = flashMmaWgmmaBytes(tile);
+  else
+    for (MemRefType type : flashMmaSharedTypes(tile, elt))
+      bytes += type.getNumElements() * 2;
   return arith::ConstantOp::create(b, b.getI32IntegerAttr(bytes));
 }
 
@@ -510,21 +553,40 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
   }
   Value ks, vs;
+  // FlashMmaTile::wgmma: the query tile's buffer, and the shared-window
+  // address of the 1024-byte aligned start of the buffers (the keys').
+  Value qs, sharedStart;
   if (tile.dynamicShared) {
     // Three stages or flash-mma-dynamic-shared: the key buffers from
     // the start of the block's dynamic shared memory, the value buffers after
     // them (a multiple of 16 bytes: every row is), as flashMmaSharedTypes
-    // lays them out.
-    SmallVector<MemRefType, 2> types = flashMmaSharedTypes(tile, elt);
+    // lays them out. With wgmma: from the first 1024-byte boundary, the
+    // query's buffer between the keys' and the values' (both multiples of
+    // 1024 bytes: the keys' panels are 64 x 128 or 32 x 128 bytes).
+    SmallVector<MemRefType, 3> types = flashMmaSharedTypes(tile, elt);
     auto space = gpu::AddressSpaceAttr::get(b.getContext(),
                                             gpu::AddressSpace::Workgroup);
     Value bytes = gpu::DynamicSharedMemoryOp::create(
         b, MemRefType::get({ShapedType::kDynamic}, b.getI8Type(),
                            MemRefLayoutAttrInterface(), space));
-    ks = memref::ViewOp::create(b, types[0], bytes, kb.idx(0), ValueRange{});
-    vs = memref::ViewOp::create(
-        b, types[1], bytes,
-        kb.idx(types[0].getNumElements() * 2), ValueRange{});
+    Value start = kb.idx(0);
+    if (tile.wgmma) {
+      Value addr = memref::ExtractAlignedPointerAsIndexOp::create(b, bytes);
+      start = kb.remu(kb.sub(kb.idx(1024), kb.remu(addr, kb.idx(1024))),
+                      kb.idx(1024));
+      sharedStart = kb.add(addr, start);
+    }
+    const int64_t keyBytes = types[0].getNumElements() * 2;
+    ks = memref::ViewOp::create(b, types[0], bytes, start, ValueRange{});
+    int64_t valueAt = keyBytes;
+    if (tile.wgmma) {
+      qs = memref::ViewOp::create(b, types[2], bytes,
+                                  kb.add(start, kb.idx(keyBytes)),
+                                  ValueRange{});
+      valueAt += types[2].getNumElements() * 2;
+    }
+    vs = memref::ViewOp::create(b, types[1], bytes,
+                                kb.add(start, kb.idx(valueAt)), ValueRange{});
   } else {
     ks = kernel.workgroup(0);
     vs = kernel.workgroup(1);
@@ -541,11 +603,15 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   Value N = kb.dim(q, 1);
   Value D = kb.dim(q, 2);
   Value Nk = kb.dim(keys, 1);
-  Value r0 = kb.add(kb.add(rowBase, kb.mul(warp, kb.idx(16 * T))), g);
+  // A warp's row tiles: rows 16T warp + 16t of the block, or with wgmma
+  // (whose m64 tile gives warp w rows 16w to 16w + 15) 64t + 16 warp.
+  const int64_t tileStride = tile.wgmma ? kRows : 16;
+  Value r0 = kb.add(
+      kb.add(rowBase, kb.mul(warp, kb.idx(tile.wgmma ? 16 : 16 * T))), g);
   SmallVector<Value> rowsOf = {r0, kb.add(r0, kb.idx(8))};
   for (int64_t t = 1; t < T; ++t)
     for (int64_t r = 0; r < 2; ++r)
-      rowsOf.push_back(kb.add(r0, kb.idx(16 * t + 8 * r)));
+      rowsOf.push_back(kb.add(r0, kb.idx(tileStride * t + 8 * r)));
 
   // The query fragments, once: chunk c's A operand holds (row, feature)
   // (g, 16c + 2tig + {0,1}), (g + 8, ...), (g, 16c + 8 + 2tig + {0,1}),
@@ -558,8 +624,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     return kb.select(ok, v, zeroE);
   };
   // qFrag[t * chunks + c]: row tile t's chunk c.
+  // (None with wgmma: its A operand is the query tile in shared memory.)
   SmallVector<Value> qFrag;
-  for (int64_t t = 0; t < T; ++t)
+  for (int64_t t = 0; t < (tile.wgmma ? 0 : T); ++t)
     for (int64_t c = 0; c < chunks; ++c) {
       SmallVector<Value> elems;
       for (int64_t half = 0; half < 2; ++half)
@@ -622,22 +689,46 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         ArrayRef<OpFoldResult>{b.getIndexAttr(cols), b.getIndexAttr(width)},
         ArrayRef<OpFoldResult>{b.getIndexAttr(1), b.getIndexAttr(1)});
   };
+  // With `swizzled` (FlashMmaTile::wgmma's keys and query) `dst` is
+  // [panels x rows, 64] a buffer from row rowOff x panels (rowOff: the
+  // tile's first row as for the padded buffers), and the tile's `rows` rows
+  // are stored in wgmma's 128-byte swizzle: features cc of row jj in panel
+  // cc / 64, row jj of it, its 16-byte chunk (cc mod 64) / 8 at chunk
+  // ((cc mod 64) / 8) XOR (jj mod 8) of the 128-byte row (every panel starts
+  // at a multiple of 8 rows of a 1024-byte aligned buffer, so jj mod 8 is
+  // the address's row within the pattern).
   auto stageTile = [&](Value src, Value dst, int64_t width, bool wide,
                        Value aligned, Value j0, Value rowLimit, Value colLimit,
                        function_ref<Value(Value, Value)> masked,
                        Value rowOff = Value(), bool async = false,
-                       bool whole = false) {
+                       bool whole = false, int64_t rows = 0,
+                       bool swizzled = false) {
+    if (!rows)
+      rows = cols;
     // The tile's rows of the buffer: row jj of the tile is row jj of `dst`.
-    dst = bufferAt(dst, rowOff);
+    if (!swizzled)
+      dst = bufferAt(dst, rowOff);
+    Value panel0 =
+        swizzled && rowOff ? kb.mul(rowOff, kb.idx(width / 64)) : c0;
+    auto at = [&](Value jj, Value cc) -> SmallVector<Value, 2> {
+      if (!swizzled)
+        return {jj, cc};
+      Value within = kb.remu(cc, kb.idx(64));
+      Value chunk = kb.xorI(kb.divu(within, kb.idx(8)), kb.remu(jj, kb.idx(8)));
+      Value row = kb.add(kb.add(panel0, kb.mul(kb.divu(cc, kb.idx(64)),
+                                               kb.idx(rows))),
+                         jj);
+      return {row, kb.add(kb.mul(chunk, kb.idx(8)), kb.remu(within, kb.idx(8)))};
+    };
     auto elements = [&] {
-      kb.forLoop(tid, kb.idx(cols * width), kb.idx(kThreads), [&](Value flat) {
+      kb.forLoop(tid, kb.idx(rows * width), kb.idx(kThreads), [&](Value flat) {
         Value jj = kb.divu(flat, kb.idx(width));
         Value cc = kb.remu(flat, kb.idx(width));
         Value j = kb.add(j0, jj);
         Value v = loadOrZero(src, bi, j, rowLimit, cc, colLimit);
         if (masked)
           v = masked(j, v);
-        kb.store(v, dst, {jj, cc});
+        kb.store(v, dst, at(jj, cc));
       });
     };
     if (!wide) {
@@ -654,7 +745,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       if (async) {
         nvgpu::DeviceAsyncCopyOp::create(
             b, nvgpu::DeviceAsyncTokenType::get(b.getContext()), dst,
-            ValueRange{jj, cc}, src,
+            at(jj, cc), src,
             ValueRange{bi, kb.select(ok, j, c0), kb.select(ok, cc, c0)},
             b.getIndexAttr(8), kb.select(ok, kb.idx(8), c0), b.getUnitAttr());
         return;
@@ -666,11 +757,11 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       v = kb.select(ok, v, kb.constLike(wideType, 0.0));
       if (masked)
         v = masked(j, v);
-      vector::StoreOp::create(b, v, dst, ValueRange{jj, cc},
+      vector::StoreOp::create(b, v, dst, at(jj, cc),
                               /*nontemporal=*/false, llvm::MaybeAlign(16));
     };
     auto stageVectors = [&] {
-      int64_t total = cols * vecs;
+      int64_t total = rows * vecs;
       if (alignedKnown && total % kThreads == 0 && kThreads % vecs == 0) {
         Value jj0 = kb.divu(tid, kb.idx(vecs));
         Value cc = kb.mul(kb.remu(tid, kb.idx(vecs)), kb.idx(8));
@@ -747,7 +838,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     bool wideK = tile.wideKeys || tile.asyncKeys;
     bool wideV = tile.wideValues || tile.asyncValues;
     stageTile(keys, ks, tile.depth, wideK, keysAligned, j0, Nk, D, nullptr,
-              rowOff, tile.asyncKeys, whole);
+              rowOff, tile.asyncKeys, whole, /*rows=*/cols,
+              /*swizzled=*/tile.wgmma);
     stageTile(e, vs, tile.experts, wideV, valuesAligned, j0, Nk, kb.idx(K),
               keyMask ? maskedValue : function_ref<Value(Value, Value)>(),
               rowOff, tile.asyncValues, whole);
@@ -762,8 +854,22 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // issued two tiles ahead (pipelineStep).
   const bool doubleBuffered = tile.buffers >= 2;
   const int64_t stages = tile.buffers;
+  // FlashMmaTile::wgmma: the block's query rows, once, into the first
+  // commit group (zeros past N), 16-byte copies where q's base is aligned
+  // (decided here: the staging's hoisted alignment is that of the keys and
+  // values).
+  auto stageQuery = [&] {
+    std::optional<bool> known = alignedKnown;
+    alignedKnown.reset();
+    stageTile(q, qs, tile.depth, /*wide=*/true, alignedBase(q, true), rowBase,
+              N, D, nullptr, Value(), /*async=*/true, /*whole=*/false,
+              blockRows, /*swizzled=*/true);
+    alignedKnown = known;
+  };
   auto stageFirstTile = [&] {
     if (stages > 2) {
+      if (tile.wgmma)
+        stageQuery();
       Value first = kb.divu(keyLo, kb.idx(cols));
       for (int64_t i = 0; i < stages - 1; ++i) {
         Value j = kb.add(keyLo, kb.idx(i * cols));
@@ -852,6 +958,13 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       return Value();
     }
     NVVM::CpAsyncWaitGroupOp::create(b, b.getI32IntegerAttr(stages - 2));
+    // wgmma reads the tile through the async proxy: the thread's copies
+    // (and element stores) made visible to it before the barrier.
+    if (tile.wgmma)
+      NVVM::FenceProxyOp::create(
+          b, NVVM::ProxyKind::async_shared,
+          NVVM::SharedSpaceAttr::get(b.getContext(),
+                                     NVVM::SharedSpace::shared_cta));
     kb.barrier();
     Value tileIndex = kb.divu(j0, kb.idx(cols));
     // With `whole` the tile ahead is known to be a whole one (below
@@ -883,13 +996,78 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // staged tile at buffer row `bufRow`. s[t * keyBlocks + nb]: row tile t's
   // logits of key block nb. ldmatrix's lanes: row ldRow of matrix ldSel.
   using Logits = SmallVector<SmallVector<Value>>;
+  // FlashMmaTile::wgmma: the shared-memory matrix descriptor of the buffers'
+  // start (K-major, 128-byte swizzle: bits 62-63 = 1; the stride between
+  // 8-row groups 1024 bytes: bits 32-45 = 64; the leading offset unused by
+  // the swizzled K-major layouts, 1; the address >> 4 in bits 0-13). An
+  // operand's descriptor adds its byte offset >> 4 to it: the start of its
+  // panel, row tile and 16-feature step (32 bytes along the row; the
+  // hardware applies the swizzle to the address it forms).
+  Value descStart;
+  const int64_t panels = tile.depth / 64;
+  const int64_t keyBufferBytes = tile.buffers * panels * cols * 128;
+  if (tile.wgmma) {
+    Type i64 = b.getI64Type();
+    Value addr = kb.castInt(sharedStart, i64);
+    Value field =
+        kb.shru(kb.andI(addr, kb.cI64(0x3FFFF)), kb.cI64(4));
+    descStart = kb.orI(field, kb.cI64((int64_t(1) << 62) |
+                                      (int64_t(64) << 32) |
+                                      (int64_t(1) << 16)));
+  }
+  // Q·Kᵀ of row tile t (64 rows: the block's warpgroup) as T wgmma chains
+  // of `chunks` k-steps, m64 n`cols` k16, issued back to back and waited
+  // for once; the accumulator of a thread is its four 16 x 8 C fragments'
+  // elements a key block (the mma.sync layout: rows g and g + 8 of the
+  // warp's 16, columns 2 tig and 2 tig + 1).
+  auto wgmmaLogits = [&](Value bufRow) -> Logits {
+    Type i64 = b.getI64Type(), f32 = b.getF32Type();
+    auto type = LLVM::LLVMStructType::getLiteral(
+        b.getContext(), SmallVector<Type>(cols / 2, f32));
+    Value keyDesc = kb.add(
+        descStart, kb.castInt(kb.mul(bufRow, kb.idx(panels * 128 / 16)), i64));
+    NVVM::WgmmaFenceAlignedOp::create(b);
+    const NVVM::WGMMATypes opType =
+        elt.isBF16() ? NVVM::WGMMATypes::bf16 : NVVM::WGMMATypes::f16;
+    SmallVector<Value> acc(T);
+    for (int64_t t = 0; t < T; ++t) {
+      acc[t] = LLVM::PoisonOp::create(b, type);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t panel = c / 4, step = (c % 4) * 32;
+        const int64_t aOff =
+            keyBufferBytes + (panel * blockRows + t * kRows) * 128 + step;
+        const int64_t bOff = panel * cols * 128 + step;
+        Value descA = kb.add(descStart, kb.cI64(aOff / 16));
+        Value descB = kb.add(keyDesc, kb.cI64(bOff / 16));
+        acc[t] = NVVM::WgmmaMmaAsyncOp::create(
+            b, type, acc[t], descA, descB,
+            NVVM::MMAShapeAttr::get(b.getContext(), 64, cols, 16), opType,
+            opType, NVVM::WGMMATypes::f32,
+            c == 0 ? NVVM::WGMMAScaleOut::zero : NVVM::WGMMAScaleOut::one,
+            NVVM::WGMMAScaleIn::one, NVVM::WGMMAScaleIn::one,
+            NVVM::MMALayout::row, NVVM::MMALayout::col,
+            NVVM::MMAIntOverflowAttr());
+      }
+    }
+    NVVM::WgmmaGroupSyncAlignedOp::create(b);
+    NVVM::WgmmaWaitGroupSyncOp::create(b, b.getI64IntegerAttr(0));
+    Logits s(T * keyBlocks);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t nb = 0; nb < keyBlocks; ++nb)
+        for (int64_t i = 0; i < 4; ++i)
+          s[t * keyBlocks + nb].push_back(
+              LLVM::ExtractValueOp::create(b, acc[t], 4 * nb + i));
+    return s;
+  };
   auto logitsOf = [&](Value bufRow, Value &ldRow, Value &ldSel) -> Logits {
-    Logits s(T * keyBlocks, SmallVector<Value>(4, kb.cF32(0.0)));
-    Value keyTile = bufferAt(ks, bufRow);
     if (!ldRow) {
       ldRow = kb.remu(lane, kb.idx(8));
       ldSel = kb.divu(lane, kb.idx(8)); // which 8x8 matrix
     }
+    if (tile.wgmma)
+      return wgmmaLogits(bufRow);
+    Logits s(T * keyBlocks, SmallVector<Value>(4, kb.cF32(0.0)));
+    Value keyTile = bufferAt(ks, bufRow);
     for (int64_t c = 0; c < chunks; ++c)
       for (int64_t nb = 0; nb < keyBlocks; nb += 2) {
         Value kf = m.keyFragments(keyTile, nb * 8, 16 * c, ldRow, ldSel);

@@ -193,6 +193,12 @@ struct FlashMmaTile {
   /// row tile's 64-key tiles past the static limit), passed at the launch;
   /// the static workgroup buffers otherwise.
   bool dynamicShared = false;
+  /// flash-mma-wgmma (sm_90a): Q·Kᵀ on warpgroup MMA from shared memory. The
+  /// key tiles are then stored in wgmma's 128-byte swizzle (panels of 64
+  /// features, 128-byte rows, a 16-byte chunk c of row r at c ^ (r mod 8))
+  /// without padding, the query's 128 rows beside them in the same layout,
+  /// all in dynamic shared memory from a 1024-byte aligned start.
+  bool wgmma = false;
 };
 
 /// The largest feature count of the tensor-core kernel (its query fragments

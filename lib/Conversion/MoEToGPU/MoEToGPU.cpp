@@ -104,6 +104,7 @@ struct ConvertMoEToGPUPass
     options.flashMmaGrad = flashMmaGrad;
     options.flashCausalBalance = flashCausalBalance;
     options.flashMmaDynamicShared = flashMmaDynamicShared;
+    options.flashMmaWgmma = flashMmaWgmma;
     options.dynamicSharedMemoryBytes = dynamicSharedMemoryBytes;
     options.routeMap = routeMap;
     return options;

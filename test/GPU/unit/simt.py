@@ -304,6 +304,11 @@ class Memory:
 #: (FlashTile.h's FlashBlockOrder). Read at each run_kernel call (a test may set it).
 SMS = 2
 
+#: The shared-window address of gpu.dynamic_shared_memory (memref.extract_aligned_pointer_as_index), which
+#: the wgmma operands' descriptors hold: 16-byte aligned, as a block's dynamic shared memory is at least, and no
+#: more, so that a kernel whose layout needs 1024 (the 128-byte swizzle) must align it itself.
+DYNAMIC_SMEM_ADDRESS = 0x10410
+
 
 def run_kernel(body, args, block_dim, grid, memory, smem_shape=None, workgroup=(), lockstep=False,
                dynamic_smem=0, async_copies="issue", warp_threads=False, workgroup_fill=0, sms=None):
@@ -550,6 +555,8 @@ class Warp:
             with np.errstate(all="ignore"):
                 return f(a[0]).astype(np.float32)
         if n == "memref.extract_aligned_pointer_as_index":
+            if a[0] is self.dynamic_smem:
+                return np.full(self.n, DYNAMIC_SMEM_ADDRESS, dtype=np.int64)
             i, arr = self.arrays[id(a[0])]
             return np.full(self.n, self.mem.buffers[i][0], dtype=np.int64)
         if n == "llvm.inline_asm":
@@ -740,6 +747,17 @@ class Warp:
                 for land in self.groups.pop(0):
                     land()
             return None
+        if n in ("nvvm.fence.proxy", "nvvm.wgmma.fence.aligned", "nvvm.wgmma.commit.group.sync.aligned",
+                 "nvvm.wgmma.wait.group.sync.aligned"):
+            # wgmma runs at its issue (below), so its waits have nothing left to wait for; the proxy fence's
+            # ordering is the GPU run's to check.
+            return None
+        if n == "nvvm.wgmma.mma_async":
+            return self._wgmma(op, a, mask)
+        if n == "llvm.mlir.poison" and op.types[0].startswith("!llvm.struct<("):
+            count = op.types[0].count(",") + 1
+            assert re.fullmatch(r"!llvm.struct<\((f32, )*f32\)>", op.types[0]), op.types[0]
+            return [tuple(np.zeros(self.n, dtype=np.float32) for _ in range(count))]
         if n == "llvm.mlir.poison":
             vec = _vector_shape(op.types[0])
             if vec:
@@ -823,6 +841,56 @@ class Warp:
                     land()
             return np.zeros(self.n, dtype=np.int64)
         return NotImplemented
+
+    def _wgmma_operand(self, desc, rows, t):
+        """The [rows x 16] operand (as f64) that the shared-memory matrix descriptor `desc` names: K-major with the
+        128-byte swizzle (the only layout the kernels use), row r's 16 elements from its 8-row group's start
+        (r // 8 times the stride byte offset) plus (r mod 8) 128 bytes, each address's 16-byte chunk (bits 4-6)
+        XOR its row in the swizzle pattern (bits 7-9), as the hardware applies it to the shared-window address
+        (the kernel must align its buffers to 1024 bytes itself: DYNAMIC_SMEM_ADDRESS is not)."""
+        desc = int(desc) & (2 ** 64 - 1)
+        start, sbo = (desc & 0x3FFF) << 4, ((desc >> 32) & 0x3FFF) << 4
+        assert desc >> 62 == 1, "wgmma: only the 128-byte swizzle is modelled"
+        assert (desc >> 49) & 7 == 0, "wgmma: a base offset"
+        r, k = np.arange(rows)[:, None], np.arange(16)[None, :]
+        addr = start + (r // 8) * sbo + (r % 8) * 128 + 2 * k
+        off = (addr ^ (((addr >> 7) & 7) << 4)) - DYNAMIC_SMEM_ADDRESS
+        dyn = self.dynamic_smem
+        assert off.min() >= 0 and off.max() + 2 <= dyn.size, "wgmma: an operand outside the dynamic shared memory"
+        bits = dyn[off].astype(np.uint16) | (dyn[off + 1].astype(np.uint16) << 8)
+        return _bits_to_f32(bits, t).astype(np.float64)
+
+    def _wgmma(self, op, a, mask):
+        """wgmma.mma_async m64nNk16, f32 accumulators, bf16/f16 operands from shared memory (A row: K-major, B
+        col: K-major), over each warpgroup of the lockstep group (128 threads: every thread of the group must run
+        it, with the group's descriptors): D = A Bᵀ (+ D with scale-d one), the products exact, the sums in
+        float64 rounded to f32. Thread 32w + l holds, for each 8-column block nb, D[16w + l/4 + 8(i/2),
+        8nb + 2(l mod 4) + i mod 2] at element 4nb + i (i < 4)."""
+        props = op.props
+        m, nn, kk = (int(x) for x in re.search(r"shape = #nvvm.shape<m = (\d+), n = (\d+), k = (\d+)>",
+                                               props).groups())
+        t = re.search(r"typeA = #nvvm.wgmma_type<(\w+)>", props).group(1)
+        assert (m, kk) == (64, 16) and t in ("bf16", "f16") and "typeD = #nvvm.wgmma_type<f32>" in props, props
+        assert "layoutA = #nvvm.mma_layout<row>" in props and "layoutB = #nvvm.mma_layout<col>" in props, props
+        assert self.n % 128 == 0 and mask.all(), "wgmma needs a whole warpgroup, every thread active"
+        accumulate = "scaleD = #nvvm.wgmma_scale_out<one>" in props
+        acc, da, db = a
+        lane = np.arange(128)
+        rows = (16 * (lane // 32) + (lane % 32) // 4)[:, None] + 8 * (np.arange(nn // 2) % 4 // 2)[None, :]
+        cols = 8 * (np.arange(nn // 2) // 4)[None, :] + 2 * (lane % 4)[:, None] + (np.arange(nn // 2) % 2)[None, :]
+        out = np.zeros((self.n, nn // 2), dtype=np.float32)
+        for g0 in range(0, self.n, 128):
+            desc_a, desc_b = _uniform(da[g0:g0 + 128], mask[g0:g0 + 128]), _uniform(db[g0:g0 + 128],
+                                                                                   mask[g0:g0 + 128])
+            A, B = self._wgmma_operand(desc_a, 64, t), self._wgmma_operand(desc_b, nn, t)
+            with np.errstate(all="ignore"):
+                D = A @ B.T
+                if accumulate:
+                    C = np.zeros((64, nn))
+                    C[rows, cols] = _columns(list(acc))[g0:g0 + 128]
+                    D = D + C
+            out[g0:g0 + 128] = D.astype(np.float32)[rows, cols]
+        return [tuple(out[:, i] for i in range(nn // 2))]
 
     # The hot ops: those the kernels' loops run hundreds of thousands of times, dispatched by name (_HOT) before
     # step's chain of tests, what they read off their text computed once per op (_static). Same numpy work as

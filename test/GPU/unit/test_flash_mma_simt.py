@@ -45,6 +45,11 @@ VARIANTS = {
     "rows64": "",
     # Two row tiles a warp, the lazy rescale, three cp.async stages in dynamic shared memory.
     "rows128": "flash-mma-block-rows=128",
+    # flash-mma-wgmma (sm_90a; sm_90's opt-in shared memory): Q.K^T on warpgroup MMA from the swizzled query and
+    # key tiles where D is a multiple of 64 (elsewhere the cases run the rows128 kernel), no lazy rescale, the
+    # block in lockstep (wgmma is the 4 warps'). simt.DYNAMIC_SMEM_ADDRESS is not 1024-aligned: the kernel's own
+    # alignment of its buffers, its descriptors and its swizzled stores all meet in the operands simt decodes.
+    "wgmma": "flash-mma-block-rows=128 flash-mma-wgmma=true dynamic-shared-memory-bytes=232448",
 }
 # Both variants stage with cp.async (where D / K is a multiple of 8 and the base 16-byte aligned), so each runs again
 # with each copy landing at the wait that needs it (simt.run_kernel's async_copies="wait"): a tile read before its
@@ -111,8 +116,9 @@ def warp_threads(text):
     """Whether the lowered kernel's warps take loops of their own between barriers (the 128-row kernel's lazy
     rescale: a warp leaves the hot loop at a tile of its own), so that simt runs each in a thread instead of the
     block in lockstep. The lazy rescale comes with the 128-row kernel (not where a key mask meets split keys: the
-    threads then run a kernel whose warps keep together, as lockstep would)."""
-    return block_rows(text) == 128
+    threads then run a kernel whose warps keep together, as lockstep would). Not the wgmma kernel: its MMA is the
+    block's 4 warps' at once (lockstep), and it has no lazy rescale."""
+    return block_rows(text) == 128 and '"nvvm.wgmma.mma_async"' not in text
 
 
 def run(text, u, e, mask, K, misalign, async_copies="issue", threads=False):
@@ -220,16 +226,22 @@ def test_lazy_rescale_hot_loop_and_exact_steps(t):
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
 
 
-def test_flash_mma_d128():
+@pytest.mark.parametrize("variant", ["rows128", "wgmma"])
+def test_flash_mma_d128(variant):
     """D = 128, K = 16 on the 128-row kernel: two row tiles still fit the registers, and three stages of 64-key
-    tiles would not fit 48 KiB (60 KiB): the kernel takes 32-key tiles (30 KiB of dynamic shared memory). A growing
-    max, copies landing at their wait, against float64."""
+    tiles would not fit 48 KiB (60 KiB): the kernel takes 32-key tiles (30 KiB of dynamic shared memory; with
+    wgmma two 64-feature panels a tile, wgmma's n = 32, beside the query's 128 rows and 1 KiB to align them). A
+    growing max, copies landing at their wait, against float64."""
     B, N, D, K, t, tau = 1, 300, 128, 16, "bf16", 0.5
     u, e = growing_max_inputs(3, B, N, D, K, t, 0.2)
-    text = lower(B, N, D, K, t, tau, False, False, VARIANTS["rows128"])
+    text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
     assert block_rows(text) == 128
     wg, dyn = shared_memory(text, "similarity_inform_mma_0")
-    assert (wg, dyn) == ([], 3 * 32 * (136 + 24) * 2), (wg, dyn)
+    if variant == "wgmma":
+        assert text.count('"nvvm.wgmma.mma_async"') and "n = 32" in text
+        assert (wg, dyn) == ([], 1024 + 3 * 32 * (128 + 24) * 2 + 128 * 128 * 2), (wg, dyn)
+    else:
+        assert (wg, dyn) == ([], 3 * 32 * (136 + 24) * 2), (wg, dyn)
     got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=warp_threads(text))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
@@ -451,3 +463,49 @@ def test_flash_mma_dynamic_shared_needs_two_blocks(limit, dynamic):
         assert (wg, dyn) == ([], 86016)
     else:
         assert dyn == 0 and [shape for shape, _ in wg] == [(64, 264), (64, 72)]
+
+
+@pytest.mark.parametrize("name,causal,masked,with_lse", [
+    ("ragged", False, False, False), ("causal_masked_lse", True, True, True)])
+@pytest.mark.parametrize("t", ["bf16", "f16"])
+def test_flash_mma_wgmma_key_splits(name, causal, masked, with_lse, t):
+    """flash-mma-wgmma's split-key kernel (3 splits over 5 key tiles: shares starting at any tile, so at any of
+    the three buffers, whose swizzled panels the key descriptors then address) and its combine, bf16 and f16,
+    copies landing at their wait, against float64 (p and the training forward's lse)."""
+    rng = np.random.default_rng(29)
+    B, N, D, K, tau, S = 2, 300, 64, 16, 0.5 if causal else 1.0, 3
+    u = bits(rng.standard_normal((B, N, D)).astype(np.float32) * 0.3, t)
+    e = rng.random((B, N, K)).astype(np.float32)
+    e = bits(e / e.sum(-1, keepdims=True), t)
+    mask = rng.random((B, N)) > 0.3 if masked else None
+    op = "similarity_inform_fwd" if with_lse else "similarity_inform"
+    mask_attr = f" key_mask(%m : tensor<{B}x{N}xi1>)" if masked else ""
+    marg = f", %m: tensor<{B}x{N}xi1>" if masked else ""
+    res = f"tensor<{B}x{N}x{K}xf32>" + (f", tensor<{B}x{N}xf32>" if with_lse else "")
+    outs = "%p, %lse" if with_lse else "%p"
+    text = (f"func.func @f(%u: tensor<{B}x{N}x{D}x{t}>, %e: tensor<{B}x{N}x{K}x{t}>{marg}) -> ({res}) {{\n"
+            f"  {outs} = moe.{op} %u, %e{mask_attr} tau({tau:e}){' causal(true)' if causal else ''} : "
+            f"tensor<{B}x{N}x{D}x{t}>, tensor<{B}x{N}x{K}x{t}> -> {res}\n  return {outs} : {res}\n}}\n")
+    text = simt.lower(MOE_OPT, text, f"{BASE64} {VARIANTS['wgmma']} flash-mma-key-splits=4")
+    kernel = f"{op}_mma_1"
+    assert '"nvvm.wgmma.mma_async"' in text and not warp_threads(text)
+    body, combine = simt.parse(text, kernel), simt.parse(text, f"{op}_mma_combine_0")
+    p = np.full((B, N, K), np.nan, np.float32)
+    lse = np.full((B, N), np.nan, np.float32)
+    ws = np.full((S, B, N, K + 2), np.nan, np.float32)
+    mem = simt.Memory()
+    outs = [p] + ([lse] if with_lse else [])
+    args = [u, u, e] + ([mask] if masked else []) + outs + [ws]
+    for a in args:
+        mem.add(a, None)
+    wg, dyn = shared_memory(text, kernel)
+    simt.run_kernel(body, args, BLOCK, (-(-N // 128), B, S), mem, workgroup=wg, lockstep=True,
+                    dynamic_smem=dyn, async_copies="wait")
+    assert not np.isnan(ws).any(), "a split left a row of the workspace unwritten"
+    simt.run_kernel(combine, [ws] + outs, BLOCK, -(-(B * N) // BLOCK), mem)
+    uu, ee = torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t))
+    mm = torch.from_numpy(mask) if masked else None
+    np.testing.assert_allclose(p, R.ref_similarity(uu, ee, tau=tau, causal=causal, key_mask=mm).numpy(), **R.MMA_TOL)
+    if with_lse:
+        ref_lse = torch.logsumexp(R.similarity_logits(uu, tau, causal, None, mm), -1).numpy()
+        np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-2)
