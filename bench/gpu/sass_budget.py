@@ -56,7 +56,10 @@ launch them and read ptxas -v. Per kernel, from the SASS:
 
 Only functions with a `// sass-budget:` line get the per-element and
 per-token figures (the selection kernels); the others' counts are static,
-per kernel.
+per kernel. A line's `chips=sm_90a` (comma-separated) measures the function
+on those chips only; one without `chips` is measured on every chip of --chips
+but the architecture-specific ones (sm_90a: its cases are those of its own
+instructions, wgmma).
 
 Budgets (--budgets, JSON) hold per chip and kernel the committed figures
 ("ceilings": the test fails when a kernel gets worse: more instructions per
@@ -91,6 +94,7 @@ import ptxas_report as pr  # noqa: E402
 CHIPS = {
     "sm_80": dict(warps=64, blocks=32, regs=65536, smem=167936, reserved=1024),
     "sm_90": dict(warps=64, blocks=32, regs=65536, smem=233472, reserved=1024),
+    "sm_90a": dict(warps=64, blocks=32, regs=65536, smem=233472, reserved=1024),
 }
 # Issue-rate model of the calibration (issue #46): 132 SMs x 4 schedulers,
 # one warp instruction per scheduler and cycle at 1.755 GHz.
@@ -339,7 +343,9 @@ def budget_notes(text):
             k, v = item.split("=", 1)
             if k == "options":  # moe-lower-to-nvvm options, comma-separated
                 v = " ".join(v.split(","))
-            d[k] = v if k in ("kernel", "bench", "options", "predicts") else float(v) if "." in v else int(v)
+            if k == "chips":  # the chips to measure it on, comma-separated
+                v = v.split(",")
+            d[k] = v if k in ("kernel", "bench", "options", "predicts", "chips") else float(v) if "." in v else int(v)
         notes[m.group(2)] = d
     return notes
 
@@ -540,7 +546,12 @@ def main():
 
     rows, failures = [], []
     for chip in args.chips.split(","):
-        for options, fns in options_groups(wanted, notes).items():
+        # A case is measured on the chips its note names (chips=...), or without one on every chip but the
+        # architecture-specific ones (sm_90a: the cases of its own instructions, wgmma).
+        on_chip = {fn for fn in wanted
+                   if chip in notes.get(fn, {}).get("chips", []) or
+                   ("chips" not in notes.get(fn, {}) and not chip.endswith("a"))}
+        for options, fns in options_groups(on_chip, notes).items():
             r, f = measure(args, chip, options, "".join(funcs[fn] for fn in fns), notes, tmp)
             rows += r
             failures += f

@@ -163,7 +163,7 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "barriers and staging loops a key, ~25% fewer SASS instructions a score on sm_90. The runtime opts the "
            "kernel in past 48 KiB at its launch. Off until a GPU run decides">,
     Option<"flashMmaWgmma", "flash-mma-wgmma", "bool", /*default=*/"false",
-           "sm_90a only (the pipeline's chip must be sm_90a: wgmma has no sm_90 form): the tensor-core kernel of "
+           "sm_90a (moe-lower-to-nvvm applies it only with chip=sm_90a: wgmma has no sm_90 form): the tensor-core kernel of "
            "two row tiles a warp (flash-mma-block-rows=128, D a multiple of 64) takes Q.K^T on Hopper's "
            "warpgroup MMA (wgmma.mma_async m64nNk16, both operands from shared memory through 128-byte-swizzle "
            "descriptors; the query tile staged once, the key tiles copied by cp.async into the swizzled layout), "

@@ -234,19 +234,12 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       // fill whole 128-byte swizzle rows (D a multiple of 64: no padding
       // column to zero) and the three cp.async stages run, the buffers and
       // the query tile fitting the chip's opt-in maximum twice (2 blocks).
-      // Without the lazy rescale: its hot loop's exit is a warp's vote, so
-      // the warps of the block would run the warpgroup's MMA of a tile in
-      // different loops, which wgmma's .aligned forbids.
       if (options.flashMmaWgmma && depth % 64 == 0 && tile.buffers == 3) {
         tile.wgmma = true;
         const int64_t wgBytes = flashMmaWgmmaBytes(tile);
-        if (wgBytes <= options.dynamicSharedMemoryBytes &&
-            2 * (wgBytes + 1024) <= options.dynamicSharedMemoryBytes + 1024) {
-          tile.lazyRescale = false;
-          tile.lazyMargin = 0;
-        } else {
-          tile.wgmma = false;
-        }
+        tile.wgmma = wgBytes <= options.dynamicSharedMemoryBytes &&
+                     2 * (wgBytes + 1024) <=
+                         options.dynamicSharedMemoryBytes + 1024;
       }
       return tile;
     }
@@ -1400,9 +1393,24 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
                   Value big = kb.cmpi(arith::CmpIPredicate::ne,
                                       kb.andI(any, kb.cI32(0x40004000)),
                                       kb.cI32(0));
-                  Value cold = NVVM::VoteSyncOp::create(
-                      b, b.getI1Type(), kb.cI32(-1), big,
-                      NVVM::VoteSyncKind::any);
+                  // A warp's vote; with wgmma the block's (bar.red.or:
+                  // its warps are one warpgroup, whose MMA of the next tile
+                  // they must all run in the same loop).
+                  Value cold;
+                  if (tile.wgmma)
+                    cold = kb.cmpi(
+                        arith::CmpIPredicate::ne,
+                        NVVM::BarrierOp::create(
+                            b, b.getI32Type(), Value(), Value(),
+                            NVVM::BarrierReductionAttr::get(
+                                b.getContext(), NVVM::BarrierReduction::OR),
+                            kb.extu(big, b.getI32Type()))
+                            .getRes(),
+                        kb.cI32(0));
+                  else
+                    cold = NVVM::VoteSyncOp::create(
+                        b, b.getI1Type(), kb.cI32(-1), big,
+                        NVVM::VoteSyncKind::any);
                   SmallVector<Value> out = {kb.notI1(cold), bufRow};
                   out.append(v);
                   out.append(pairs);

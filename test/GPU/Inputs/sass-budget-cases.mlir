@@ -200,6 +200,13 @@ func.func @similarity_inform_bf16_rows128_lazy3(%u: tensor<1x16384x64xbf16>, %e:
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
+// flash-mma-wgmma on sm_90a (the 128-row kernel without split keys, Q.K^T on warpgroup MMA from the swizzled
+// query and key tiles, no lazy rescale): off until a GPU run decides.
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 chips=sm_90a options=flash-mma-key-splits=1,flash-mma-wgmma=true
+func.func @similarity_inform_bf16_rows128_wgmma(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
+  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
+  return %p : tensor<1x16384x16xf32>
+}
 // sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-block-rows=64,flash-mma-key-splits=1
 func.func @similarity_inform_bf16_rows64(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>

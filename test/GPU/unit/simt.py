@@ -21,6 +21,10 @@ gpu.dynamic_shared_memory, llvm.mlir.poison (zeros), vector from_elements/extrac
 load/store, arith.truncf to f16/bf16 (round to nearest even). Vectors are arrays (lanes, *shape); f16/bf16
 values are their bits (uint16) throughout.
 
+The wgmma kernel (flash-mma-wgmma) adds nvvm.wgmma.mma_async m64nNk16 over a lockstep group's warpgroups, its
+operands read from the dynamic shared memory through the descriptors' addresses with the 128-byte swizzle
+(gpu.dynamic_shared_memory at DYNAMIC_SMEM_ADDRESS), the proxy fence and wgmma's fence, commit and wait as no-ops
+(it runs at its issue), llvm structs of f32 (tuples), and nvvm.barrier's OR reduction (the block's vote).
 The symmetric similarity kernels (FlashSymmetric.cpp) add memref.atomic_rmw addf (lanes in order).
 The dispatch plan's kernels (DispatchPlan.cpp) add nvvm.match.sync (any), math.ctpop/cttz and the error word's
 llvm.inttoptr, cmpxchg (lanes in order), getelementptr and store on a global int64 buffer (Memory.add); its scan
@@ -752,6 +756,11 @@ class Warp:
             # wgmma runs at its issue (below), so its waits have nothing left to wait for; the proxy fence's
             # ordering is the GPU run's to check.
             return None
+        if n == "nvvm.barrier":
+            # bar.red.or.pred (the wgmma kernel's block-wide vote): the block in one lockstep group.
+            assert "reductionOp = #nvvm.reduction<or>" in op.props and self.barrier is None, op.props
+            assert mask.all(), "a barrier some threads of the block do not reach"
+            return np.full(self.n, int((a[-1] != 0).any()), dtype=np.int32)
         if n == "nvvm.wgmma.mma_async":
             return self._wgmma(op, a, mask)
         if n == "llvm.mlir.poison" and op.types[0].startswith("!llvm.struct<("):

@@ -210,18 +210,22 @@ def growing_max_inputs(seed, B, N, D, K, t, scale):
     return bits(u, t), bits(e, t)
 
 
+@pytest.mark.parametrize("variant", ["rows128", "wgmma"])
 @pytest.mark.parametrize("t", ["bf16", "f16"])
-def test_lazy_rescale_hot_loop_and_exact_steps(t):
+def test_lazy_rescale_hot_loop_and_exact_steps(t, variant):
     """The 128-row kernel's lazy rescale over enough whole tiles for its hot loop (N = 520: 8 whole tiles, the hot
     loop's [0, 384) with 3 stages): keys whose norms grow with j, so that the rows with a positive dot to that
     direction see their max grow past the margin (7 in log2 units for bf16, 2 for f16) tile after tile (their warps
     leave the hot loop for the exact step, then go back in), while the rows with a negative one keep the max of the
     first tile (their warps stay in the hot loop); copies landing at their wait. Against float64. (A kernel whose
-    test never finds a weight of 2 or more fails here: its weights overflow after the first tile.)"""
-    B, N, D, K, tau = 1, 520, 32, 8, 0.25
+    test never finds a weight of 2 or more fails here: its weights overflow after the first tile.) With wgmma
+    (D = 64) the exit is the block's vote (bar.red.or), so the block's warps leave and re-enter together: simt runs
+    it in lockstep, whose loops must be uniform over the block."""
+    B, N, D, K, tau = 1, 520, 64 if variant == "wgmma" else 32, 8, 0.25
     u, e = growing_max_inputs(29, B, N, D, K, t, 0.3)
-    text = lower(B, N, D, K, t, tau, False, False, VARIANTS["rows128"])
-    got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=True)
+    text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
+    assert ('"nvvm.wgmma.mma_async"' in text and '"nvvm.barrier"' in text) == (variant == "wgmma")
+    got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=warp_threads(text))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
 
