@@ -6,13 +6,17 @@
 #   test/GPU/check/lease.sh prepare     here (about 15 minutes on two cores): .dev/*.tar.xz, .whl/ (transformers)
 #   run(command="bash test/GPU/check/lease.sh run", carry=[".dev", ".whl"], timeout_s=600)      there
 #
-# What comes back (8 files at most): machine.txt (with the Gemma4 test's output), and one NAME.tgz a folder's run (its OUT: summary.md,
-# summary.json, bench.md/json, logs.tar.gz, and run.log). Unpack them into bench/results/ for the record.
+# What comes back (8 files at most): machine.txt (with the Gemma4 test's output), one NAME.tgz a folder's run (its OUT:
+# summary.md, summary.json, bench.md/json, logs.tar.gz, and run.log), and race.tgz with every racecheck run. Unpack
+# them into bench/results/ for the record.
 #
-# VARIANTS: NAME|moe-lower-to-nvvm options|steps|bench --only|checks --only (sanitizers: the same cases).
-# Every option named here is one the lease decides: the winner becomes the default and the loser is deleted with it.
+# VARIANTS: NAME|moe-lower-to-nvvm options|steps|bench --only|checks --only (sanitizers: the same cases)|chip (empty:
+# sm_90; sm_90a: the Hopper-only instructions, whose cubins run on an H100 or H200 alike). In the order of their worth:
+# the call runs them in turn, each cut to what is left. Every option named here is one the lease decides: the winner
+# becomes the default and the loser is deleted with it.
 set -uo pipefail
 VARIANTS=(
+  "ve|flash-mma-wgmma=true|checks,bench|sim|similarity_inform,similarity_inform_topk_mma|sm_90a"
   "va|flash-mma-symmetric=true flash-mma-grad=true|checks,memcheck,bench|sim|similarity_inform,similarity_inform_symmetric,similarity_inform_topk_mma,similarity_inform_grad"
   "vb|flash-mma-block-rows=64|bench|sim_topk|"
   "vc|flash-causal-balance=false|bench|causal|"
@@ -36,10 +40,10 @@ prepare() {
   rm -f .dev/*.tar.xz
   MOE_GPU_CHECK_NO_SELFTEST=1 scripts/gpu-check.sh build/gpu-check
   tar cf - -C build gpu-check | xz -T0 -6 > .dev/gpu-check.tar.xz
-  local v name opts
+  local v name opts chip
   for v in "${VARIANTS[@]}"; do
-    IFS='|' read -r name opts _ <<<"$v"
-    MOE_GPU_CHECK_NO_SELFTEST=1 MOE_GPU_CHECK_TORCH_OPS=0 MOE_GPU_AOT_OPTIONS="$opts" \
+    IFS='|' read -r name opts _ _ _ chip <<<"$v"
+    MOE_GPU_CHECK_NO_SELFTEST=1 MOE_GPU_CHECK_TORCH_OPS=0 MOE_GPU_AOT_OPTIONS="$opts" MOE_GPU_CHIP="${chip:-sm_90}" \
       scripts/gpu-check.sh "build/gc-$name"
     tar cf - -C build "gc-$name" | xz -T0 -6 > ".dev/gc-$name.tar.xz"
   done
@@ -64,7 +68,10 @@ run() {
   { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv
     python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; } > "$O/machine.txt" 2>&1
   # go NAME FOLDER BUILD BUDGET STEPS [VAR=VALUE...]: BUDGET (empty: all that is left) cut to what is left of the
-  # call's 545 s, less 25 for packing and the step's overrun; not run (status 1) with less than 40 s.
+  # call's 545 s, less 25 for packing and the step's overrun; not run (status 1) with less than 40 s. Its results go
+  # to OUT as NAME.tgz, or with PACK set as PACK.tgz beside the earlier runs of that PACK (the racecheck runs: one
+  # file, within the call's 8).
+  local PACK="" PACKED=()
   go() {
     local n=$1 f=$2 b=$3 budget=$4 steps=$5 left
     shift 5
@@ -77,7 +84,12 @@ run() {
     echo "rc=$? at $(el) s"
     grep '|' "$W/o-$n.log" | tail -20
     cp "$W/o-$n.log" "$W/o-$n/run.log" 2>/dev/null
-    tar czf "$O/$n.tgz" -C "$W" "o-$n"
+    if [ -n "$PACK" ]; then
+      PACKED+=("o-$n")
+      tar czf "$O/$PACK.tgz" -C "$W" "${PACKED[@]}"
+    else
+      tar czf "$O/$n.tgz" -C "$W" "o-$n"
+    fi
   }
   go def build/gpu-check "$W/b1" 230 checks,torch-ops,memcheck,bench
   # Gemma4 (issue #48 item 1) on CUDA tensors, with the default folder's extension and kernels.
@@ -91,11 +103,12 @@ run() {
   { echo "== the Gemma4 test on CUDA"; cat "$W/gemma4.log"; } >> "$O/machine.txt"
   local v name opts steps bench cases folder budget
   for v in "${VARIANTS[@]}"; do
-    IFS='|' read -r name opts steps bench cases <<<"$v"
+    IFS="|" read -r name opts steps bench cases _ <<<"$v"
     local env=(MOE_GPU_BENCH_ARGS="--only $bench --no-compile --reps 50")
     [ -n "$cases" ] && env+=(MOE_GPU_CHECK_ONLY="--only $cases" MOE_GPU_CHECK_SANITIZE_ONLY="--only $cases")
     go "$name" "build/gc-$name" "$W/b-$name" $([ "$steps" = bench ] && echo 45 || echo 130) "$steps" "${env[@]}"
   done
+  PACK=race
   for v in "${RACES[@]}"; do
     IFS='|' read -r name folder cases budget <<<"$v"
     local b="$W/b1"

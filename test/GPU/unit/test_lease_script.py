@@ -60,9 +60,12 @@ def test_lease_run_against_fake_folders(tmp_path):
     for f in files:
         if f.endswith(".tgz"):
             with tarfile.open(out / f) as t:
-                member = next(m for m in t.getnames() if m.endswith("summary.md"))
-                runs[f[:-4]] = dict(line.split("=", 1) for line in t.extractfile(member).read().decode().split("\n")
-                                    if "=" in line)
+                # A run's folder o-NAME/ (race.tgz: every racecheck run's).
+                for member in (m for m in t.getnames() if m.endswith("summary.md")):
+                    runs[member.split("/")[0][2:]] = dict(
+                        line.split("=", 1) for line in t.extractfile(member).read().decode().split("\n")
+                        if "=" in line)
+    assert "race.tgz" in files and not any(f.startswith("race-") for f in files), files
     assert runs["def"]["folder"] == "gpu-check"
     assert runs["def"]["steps"] == "checks,torch-ops,memcheck,bench"
     assert runs["def"]["build"] == f"{w}/b1"
@@ -72,6 +75,7 @@ def test_lease_run_against_fake_folders(tmp_path):
         assert r["build"] == f"{w}/b-{n}"          # a CMake build folder is bound to its source folder
         assert r["bench"].startswith("--only ") and r["bench"].endswith("--no-compile --reps 50")
         assert "bench" in r["steps"].split(",")
+        assert "|" not in r["only"] + r["sanitize"], r         # the chip column is not read as cases
     # Racecheck: each run's folder and its own build folder, the budgets within the call's 545 s.
     races = {k: v for k, v in runs.items() if k.startswith("race")}
     assert races, "no racecheck run"
