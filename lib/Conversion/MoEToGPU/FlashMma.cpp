@@ -294,6 +294,36 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
                          bytes <= dynamicSharedBytes &&
                          blocksPerSM * (bytes + 1024) <=
                              dynamicSharedBytes + 1024;
+    // flash-mma-wgmma on the kernel of one row tile a warp: the block's 64
+    // rows are one m64 tile. The query's fragments (4 registers a 16-feature
+    // chunk: 64 at D = 256) leave the registers for a shared buffer, and the
+    // buffers go to dynamic shared memory (the 1024-byte aligned layout), so
+    // the blocks a multiprocessor holds are what both allow: 4 at most 128
+    // estimated registers, 3 at most 168, else 2, fewer where the buffers do
+    // not fit (D = 256, K = 64: 32-key tiles, 75,776 bytes, 92 registers
+    // estimated: 3 blocks; 64-key tiles would leave 1). The flags that keep
+    // the mma.sync kernel at 2 blocks (attention_posterior's terms, a key
+    // mask, the lse, the fused top-k) keep it here too.
+    if (options.flashMmaWgmma && depth % 64 == 0 && tile.asyncKeys &&
+        tile.buffers == 2) {
+      FlashMmaTile w = tile;
+      w.cols = cols;
+      w.wgmma = true;
+      w.dynamicShared = true;
+      const int64_t wgBytes = flashMmaWgmmaBytes(w);
+      const int64_t wgRegs = regs - 4 * (tile.depth / 16);
+      const bool capped = !spec.hasAddScores && !spec.hasKeyMask &&
+                          !spec.withLse && !spec.topk;
+      for (int64_t blocks : {4, 3, 2}) {
+        if (blocks > 2 && (!capped || wgRegs > (blocks == 4 ? 128 : 168)))
+          continue;
+        if (wgBytes > options.dynamicSharedMemoryBytes ||
+            blocks * (wgBytes + 1024) > options.dynamicSharedMemoryBytes + 1024)
+          continue;
+        w.blocksPerSM = blocks;
+        return w;
+      }
+    }
     if (bytes <= sharedMemoryBytes || dynamic) {
       tile.cols = cols;
       tile.blocksPerSM = blocksPerSM;
@@ -578,8 +608,10 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
                                   ValueRange{});
       valueAt += types[2].getNumElements() * 2;
     }
-    vs = memref::ViewOp::create(b, types[1], bytes,
-                                kb.add(start, kb.idx(valueAt)), ValueRange{});
+    vs = memref::ViewOp::create(
+        b, types[1], bytes,
+        tile.wgmma ? kb.add(start, kb.idx(valueAt)) : kb.idx(valueAt),
+        ValueRange{});
   } else {
     ks = kernel.workgroup(0);
     vs = kernel.workgroup(1);
@@ -874,6 +906,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       }
       return;
     }
+    if (tile.wgmma)
+      stageQuery();
     if (partials) {
       // Into the buffer of the first tile's parity (keyLo / cols).
       Value bufRow = kb.mul(kb.remu(kb.divu(keyLo, kb.idx(cols)), kb.idx(2)),
@@ -1546,6 +1580,11 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   } else {
     fin = keyLoops();
   }
+  // wgmma: a block whose share of the keys is empty (split keys, a causal
+  // block past its keys) never waits for the query's copies; none is left in
+  // flight at the kernel's end.
+  if (tile.wgmma)
+    NVVM::CpAsyncWaitGroupOp::create(b, b.getI32IntegerAttr(0));
   // The quad's partial sums, once (unless added every tile); the state in
   // natural-log terms for the epilogue (softmaxNormalize reads only the sum)
   // and the lse.

@@ -36,11 +36,13 @@
 // CHECK: arith.xori
 // CHECK: nvgpu.device_async_copy %arg1[{{.*}}], %{{.*}}[{{.*}}], 8, {{.*}} to memref<192x64xbf16, #gpu.address_space<workgroup>>
 
-// Each tile: the copies made visible to the async proxy before the barrier,
-// then per row tile four k-steps, the first without the accumulator; the
-// query's descriptor past the keys' 24,576 bytes (1536 in 16-byte units),
-// 32 bytes (2 units) a k-step; both chains waited for at once.
-// CHECK: scf.for
+// Each tile (first in the lazy rescale's hot loop): the copies made visible
+// to the async proxy before the barrier, then per row tile four k-steps, the
+// first without the accumulator; the query's descriptor past the keys' 24,576
+// bytes (1536 in 16-byte units), 32 bytes (2 units) a k-step; both chains
+// waited for at once.
+// CHECK: scf.while
+// CHECK: scf.while
 // CHECK: nvvm.cp.async.wait.group 1
 // CHECK-NEXT: nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}
 // CHECK-NEXT: gpu.barrier
@@ -56,8 +58,15 @@
 // CHECK-COUNT-3: nvvm.wgmma.mma_async {{.*}} D[<f32>, <one>]
 // CHECK-NEXT: nvvm.wgmma.commit.group.sync.aligned
 // CHECK-NEXT: nvvm.wgmma.wait.group.sync.aligned 0
-// No lazy rescale: a warp's vote would split the warpgroup's MMA.
-// CHECK-NOT: scf.while
+// The hot loop leaves on the block's vote, not a warp's: the warpgroup's
+// MMA of the next tile stays one loop's for its 4 warps.
+// CHECK-NOT: nvvm.vote.sync
+// CHECK: nvvm.barrier #nvvm.reduction<or> %{{.*}} -> i32
+// The checked tiles after it (their rescale's vote is a warp's, around no
+// wgmma).
+// CHECK: scf.for
+// CHECK: nvvm.wgmma.mma_async
+// CHECK: nvvm.vote.sync any
 // CHECK: gpu.launch_func {{.*}}@similarity_inform_mma_0 {{.*}} dynamic_shared_memory_size %c51200_i32
 
 // Without the chip's opt-in maximum the buffers do not fit: the mma.sync

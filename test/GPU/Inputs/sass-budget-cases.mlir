@@ -254,6 +254,13 @@ func.func @similarity_inform_bf16_causal_d256(%u: tensor<4x4096x256xbf16>, %e: t
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>
   return %p : tensor<4x4096x64xf32>
 }
+// flash-mma-wgmma on sm_90a, the kernel of one row tile a warp (the block's 64 rows one m64 tile; 32-key tiles,
+// n = 32): the query's 64 registers of fragments move to shared memory, 3 blocks a multiprocessor.
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 chips=sm_90a options=flash-mma-wgmma=true
+func.func @similarity_inform_bf16_causal_d256_wgmma(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
+  %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>
+  return %p : tensor<4x4096x64xf32>
+}
 // flash-mma-dynamic-shared with sm_90's opt-in maximum (named, so that the sm_80 row measures the same 64-key
 // kernel; the pipeline's own sm_80 limit keeps 32-key tiles there): against the default's 32-key tiles above.
 // sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-dynamic-shared=true,dynamic-shared-memory-bytes=232448

@@ -16,7 +16,7 @@
 # becomes the default and the loser is deleted with it.
 set -uo pipefail
 VARIANTS=(
-  "ve|flash-mma-wgmma=true|checks,bench|sim|similarity_inform,similarity_inform_topk_mma|sm_90a"
+  "ve|flash-mma-wgmma=true|checks,bench|sim|similarity_inform,similarity_inform_topk_mma,attention_posterior_mma|sm_90a"
   "va|flash-mma-symmetric=true flash-mma-grad=true|checks,memcheck,bench|sim|similarity_inform,similarity_inform_symmetric,similarity_inform_topk_mma,similarity_inform_grad"
   "vb|flash-mma-block-rows=64|bench|sim_topk|"
   "vc|flash-causal-balance=false|bench|causal|"

@@ -287,11 +287,13 @@ def test_sum_mma_rescale_is_skipped_exactly():
     onehot = np.zeros((B, N, K), np.float32)
     onehot[0, np.arange(N), rng.integers(0, K, N)] = 1.0
     e = bits(onehot, t)
-    text = lower(B, N, D, K, t, tau, False, False, VARIANTS["rows128"])
-    got = run(text, u, e, None, K, misalign=False, threads=warp_threads(text))
-    assert np.abs(got.sum(-1) - 1.0).max() > 1e-5, "the lanes' own sums should show P's rounding"
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
-    np.testing.assert_allclose(got, ref, **R.MMA_TOL)
+    for variant in ("rows128", "wgmma"):    # wgmma: four 64-feature panels, 32-key tiles (n = 32)
+        text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
+        assert ('"nvvm.wgmma.mma_async"' in text) == (variant == "wgmma")
+        got = run(text, u, e, None, K, misalign=False, threads=warp_threads(text))
+        assert np.abs(got.sum(-1) - 1.0).max() > 1e-5, "the lanes' own sums should show P's rounding"
+        np.testing.assert_allclose(got, ref, **R.MMA_TOL, err_msg=variant)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -414,18 +416,27 @@ def test_flash_mma_key_splits(name, causal, masked, with_lse, splits, copies):
             np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-2)
 
 
-def test_flash_mma_d256_causal():
+@pytest.mark.parametrize("variant,copies", [("rows128", "issue"), ("wgmma", "issue"), ("wgmma", "wait")])
+def test_flash_mma_d256_causal(variant, copies):
     """The issue's second shape in small: causal, D = 256, K = 64 on the default block rows (one row tile: the
     128-row form's two do not fit the registers, and the whole tiles are not peeled past 128 features: every tile
-    the checked one), N = 100 over two key tiles."""
+    the checked one), N = 100 over four 32-key tiles. With wgmma the block's 64 rows are one m64 tile, the query in
+    four swizzled 64-feature panels, 16 k-steps a tile, two cp.async buffers in dynamic shared memory."""
     rng = np.random.default_rng(3)
-    B, N, D, K, t, tau = 1, 100, 256, 64, "bf16", 2.0
-    u = bits(rng.standard_normal((B, N, D)).astype(np.float32) * 0.2, t)
+    B, N, D, K, t, tau = 1, 100, 256, 64, "bf16", 1.0
+    # Four clusters: a row's keys of its cluster compete at logits ~6 (random rows would have their own key's
+    # logit far above every other, which a wrong feature order leaves in place: q = k).
+    centers = rng.standard_normal((4, D)).astype(np.float32) * 0.15
+    u = centers[np.arange(N) % 4][None] + rng.standard_normal((B, N, D)).astype(np.float32) * 0.05
+    u = bits(u, t)
     e = rng.random((B, N, K)).astype(np.float32)
     e = bits(e / e.sum(-1, keepdims=True), t)
-    text = lower(B, N, D, K, t, tau, True, False, VARIANTS["rows128"])
+    text = lower(B, N, D, K, t, tau, True, False, VARIANTS[variant])
     assert block_rows(text) == 64, "D = 256 takes one row tile a warp"
-    got = run(text, u, e, None, K, misalign=False, threads=warp_threads(text))
+    if variant == "wgmma":
+        assert text.count('"nvvm.wgmma.mma_async"') % 16 == 0 and "nvvm.minctasm = 3" in text
+        assert shared_memory(text, "similarity_inform_mma_0") == ([], 1024 + 2 * 32 * (256 + 64 + 8) * 2 + 64 * 512)
+    got = run(text, u, e, None, K, misalign=False, async_copies=copies, threads=warp_threads(text))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau,
                            causal=True).numpy()
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
