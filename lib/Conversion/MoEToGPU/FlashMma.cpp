@@ -89,6 +89,16 @@
 // three tile buffers in dynamic shared memory, each tile's copies issued two
 // tiles ahead (pipelineStep).
 //
+// With flash-mma-wgmma (sm_90a; FlashMmaTile::wgmma) Q·Kᵀ runs on Hopper's
+// warpgroup MMA: the block's 4 warps are one warpgroup and each 64 rows of
+// the block one m64 tile (warp w's rows 16w to 16w + 15 of it, so the
+// accumulators lie as mma.sync's C fragments and the rest of the kernel is
+// unchanged); both operands come from shared memory through descriptors in
+// the 128-byte swizzle (wgmmaLogits), the query's rows copied once beside
+// the key tiles. The lazy rescale's exit is then the block's vote, and the
+// kernel of one row tile, its query out of the registers, also peels, hoists
+// its staging and takes the lazy rescale.
+//
 //===----------------------------------------------------------------------===//
 
 #include "FlashTile.h"
@@ -314,6 +324,17 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       const int64_t wgRegs = regs - 4 * (tile.depth / 16);
       const bool capped = !spec.hasAddScores && !spec.hasKeyMask &&
                           !spec.withLse && !spec.topk;
+      // The lazy rescale as in the 128-row kernel (its hot loop of whole
+      // tiles, peeled here too: see the kernel's fullEnd), where the sums
+      // come from the MMA and the logits are the raw dots (its hot loop
+      // computes no bias or added score: not attention_posterior).
+      if (w.sumMma && !spec.hasBias && !spec.hasAddScores) {
+        w.lazyRescale = true;
+        w.lazyMargin = qElt.isBF16() ? 7 : 2;
+      }
+      // The staging's alignment decided once outside the key loops, its
+      // 16-byte copies unrolled (D = 256, 32 keys: 8 + 2 a thread and tile).
+      w.hoistStaging = true;
       for (int64_t blocks : {4, 3, 2}) {
         if (blocks > 2 && (!capped || wgRegs > (blocks == 4 ? 128 : 168)))
           continue;
@@ -964,9 +985,11 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // copy of the body made ptxas spill (sm_90, 12-28 bytes); nor past 128
   // features: at D = 256, K = 64 with static sizes (the causal B = 4,
   // N = 4096) it spilled 120 bytes on sm_90 (144 with the row sums from the
-  // MMA), none unpeeled. There every tile is the checked one.
+  // MMA), none unpeeled. There every tile is the checked one; not with
+  // wgmma, whose query lives in shared memory (D = 256, K = 64: 126
+  // registers unpeeled).
   Value fullEnd = c0;
-  if (tile.experts <= 128 && tile.depth <= 128) {
+  if (tile.experts <= 128 && (tile.depth <= 128 || tile.wgmma)) {
     Value keyLimit = spec.causal ? kb.minu(Nk, kb.add(rowBase, c1)) : Nk;
     fullEnd = kb.mul(kb.divu(keyLimit, kb.idx(cols)), kb.idx(cols));
   }

@@ -524,3 +524,61 @@ def test_flash_mma_wgmma_key_splits(name, causal, masked, with_lse, t):
     if with_lse:
         ref_lse = torch.logsumexp(R.similarity_logits(uu, tau, causal, None, mm), -1).numpy()
         np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-2)
+
+
+@pytest.mark.parametrize("t", ["bf16", "f16"])
+def test_flash_mma_wgmma_d256_lazy_rescale(t):
+    """flash-mma-wgmma's kernel of one row tile a warp at D = 256, K = 64 (32-key tiles): with the query out of the
+    registers it peels the whole tiles, hoists the staging's alignment (the copies unrolled) and takes the lazy
+    rescale, its hot loop leaving on the block's vote. N = 330 over 11 tiles, keys whose norms grow with j (rows
+    leave the hot loop tile after tile, others stay), a partial last tile, copies landing at their wait; against
+    float64."""
+    B, N, D, K, tau = 1, 330, 256, 64, 0.25
+    u, e = growing_max_inputs(31, B, N, D, K, t, 0.1)
+    text = lower(B, N, D, K, t, tau, False, False, VARIANTS["wgmma"])
+    assert block_rows(text) == 64 and '"nvvm.barrier"' in text and '"scf.while"' in text
+    got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=warp_threads(text))
+    ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
+    np.testing.assert_allclose(got, ref, **R.MMA_TOL)
+
+
+@pytest.mark.parametrize("variant,D", [("rows128", 64), ("wgmma", 64), ("wgmma", 128)])
+def test_attention_posterior_mixing(variant, D):
+    """attention_posterior's mixing on the tensor-core kernel (one row tile a warp: its per-element bias and score
+    loads), with wgmma too (D = 64 and 128: its Q.K^T from the swizzled query and head-mean tiles; no lazy rescale,
+    whose hot loop computes raw dots only): the kernel alone, on head means, bias and scores given here, against
+    float64 softmax_j(<u_i, m_j> / sigma^2 + bias_j + s[b, h*, i, j]) e. Two batch elements with different heads,
+    N = 100 (a partial key tile, rows past N), scores large enough that the bias and the scores decide the weights."""
+    rng = np.random.default_rng(41)
+    B, H, N, K, sigma, t = 2, 4, 100, 16, 1.5, "bf16"
+    u = bits(rng.standard_normal((B, N, D)).astype(np.float32) * 0.2, t)
+    means = bits(rng.standard_normal((B, N, D)).astype(np.float32) * 0.2, t)
+    e = rng.random((B, N, K)).astype(np.float32)
+    e = bits(e / e.sum(-1, keepdims=True), t)
+    bias = (rng.standard_normal((B, N)) * 1.5).astype(np.float32)
+    s = (rng.standard_normal((B, H, N, N)) * 2.0).astype(np.float32)
+    head = np.array([1, 3], np.int32)
+    ts = [f"tensor<{B}x{H}x{N}x{N}xf32>", f"tensor<{B}x{N}x{D}x{t}>", f"tensor<{B}x{H}x{N}x16xf32>",
+          f"tensor<{D}x64xf32>", f"tensor<{B}x{N}x{K}x{t}>"]
+    res = f"tensor<{B}x{N}x{K}xf32>, tensor<{B}xi32>"
+    text = (f"func.func @f(%s: {ts[0]}, %u: {ts[1]}, %v: {ts[2]}, %wo: {ts[3]}, %e: {ts[4]}) -> ({res}) {{\n"
+            f"  %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma({sigma:e}) : {', '.join(ts)} -> {res}\n"
+            f"  return %p, %h : {res}\n}}\n")
+    text = simt.lower(MOE_OPT, text, f"{BASE64} {VARIANTS[variant]}")
+    kernel = "attention_posterior_mma_0"
+    body = simt.parse(text, kernel)
+    assert ('"nvvm.wgmma.mma_async"' in text) == (variant == "wgmma") and '"nvvm.barrier"' not in text
+    out = np.full((B, N, K), np.nan, np.float32)
+    mem = simt.Memory()
+    args = [u, means, e, bias, s, head, out]
+    for a in args:
+        mem.add(a, None)
+    wg, dyn = shared_memory(text, kernel)
+    simt.run_kernel(body, args, BLOCK, (-(-N // 64), B), mem, workgroup=wg, lockstep=True, dynamic_smem=dyn,
+                    async_copies="wait")
+    uu, mm, ee = values(u, t), values(means, t), values(e, t)
+    logits = np.einsum("bid,bjd->bij", uu, mm) / sigma ** 2 + bias[:, None, :].astype(np.float64) + \
+        s[np.arange(B), head].astype(np.float64)
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    ref = np.einsum("bij,bjk->bik", w / w.sum(-1, keepdims=True), ee)
+    np.testing.assert_allclose(out, ref, **R.MMA_TOL)
