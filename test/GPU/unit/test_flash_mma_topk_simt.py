@@ -58,9 +58,12 @@ def case(name):
         B, N, D, K, k, renorm, t, tau, causal = 1, 130, 64, 8, 1, True, "bf16", 0.25, False
     elif name == "tiles_causal_bf16":
         B, N, D, K, k, renorm, t, tau, causal = 2, 300, 64, 16, 4, True, "bf16", 0.5, True
+    elif name == "d256_k64_f16":
+        # One row tile a warp (with wgmma: its lazy rescale and peeled whole tiles), k = 8 of 64.
+        B, N, D, K, k, renorm, t, tau, causal = 1, 200, 256, 64, 8, True, "f16", 0.25, False
     else:
         raise KeyError(name)
-    u = rng.standard_normal((B, N, D)).astype(np.float32) * 0.3
+    u = rng.standard_normal((B, N, D)).astype(np.float32) * (0.1 if D == 256 else 0.3)
     e = rng.random((B, N, K)).astype(np.float32)
     if name == "ties_bf16":
         # Experts 2, 5 and 9 carry equal and the largest mass: their mixed probabilities are equal in every row
@@ -126,7 +129,7 @@ def check(c, p, w, idx):
     np.testing.assert_allclose(w, ref_w.numpy(), **R.MMA_TOL)
 
 
-NAMES = ["ragged_bf16", "masked_kK_f16", "ties_bf16", "k1_bf16", "tiles_causal_bf16"]
+NAMES = ["ragged_bf16", "masked_kK_f16", "ties_bf16", "k1_bf16", "tiles_causal_bf16", "d256_k64_f16"]
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -137,7 +140,7 @@ def test_fused_topk_epilogue(variant, name):
     options = VARIANTS[variant]
     text = simt.lower(MOE_OPT, module("topk", B, N, D, K, k, renorm, t, tau, causal, mask is not None),
                       f"{BASE64} {options}")
-    assert block_rows(text) == (64 if variant == "rows64" else 128)
+    assert block_rows(text) == (64 if variant == "rows64" or D == 256 else 128)
     w = np.full((B, N, k), np.nan, np.float32)
     idx = np.full((B, N, k), -7, np.int32)
     args = [u, u, e] + ([mask] if mask is not None else []) + [w, idx]
