@@ -582,3 +582,26 @@ def test_attention_posterior_mixing(variant, D):
     w = np.exp(logits - logits.max(-1, keepdims=True))
     ref = np.einsum("bij,bjk->bik", w / w.sum(-1, keepdims=True), ee)
     np.testing.assert_allclose(out, ref, **R.MMA_TOL)
+
+
+@pytest.mark.parametrize("D,K,causal", [(64, 16, False), (64, 16, True), (256, 64, True)])
+def test_flash_mma_wgmma_dynamic_shapes(D, K, causal):
+    """flash-mma-wgmma with B and N dynamic (the torch ops' kernels): the bounds, the peeled tiles' end and the
+    query's rows come from the memrefs at run time (the 128-row kernel at D = 64, one row tile at D = 256), N = 150
+    over a partial last tile, two batch elements, against float64."""
+    rng = np.random.default_rng(D + K + causal)
+    B, N, t, tau = 2, 150, "bf16", 0.5
+    centers = rng.standard_normal((4, D)).astype(np.float32) * (1.2 / np.sqrt(D))
+    u = bits(centers[np.arange(N) % 4][None] + rng.standard_normal((B, N, D)).astype(np.float32) * 0.05, t)
+    e = rng.random((B, N, K)).astype(np.float32)
+    e = bits(e / e.sum(-1, keepdims=True), t)
+    ut, et, pt = f"tensor<?x?x{D}x{t}>", f"tensor<?x?x{K}x{t}>", f"tensor<?x?x{K}xf32>"
+    attrs = f" tau({tau:e})" + (" causal(true)" if causal else "")
+    text = (f"func.func @f(%u: {ut}, %e: {et}) -> {pt} {{\n  %p = moe.similarity_inform %u, %e{attrs} : {ut}, {et} -> "
+            f"{pt}\n  return %p : {pt}\n}}\n")
+    text = simt.lower(MOE_OPT, text, f"{BASE64} {VARIANTS['wgmma']} flash-mma-key-splits=1")
+    assert '"nvvm.wgmma.mma_async"' in text
+    got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=warp_threads(text))
+    ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau,
+                           causal=causal).numpy()
+    np.testing.assert_allclose(got, ref, **R.MMA_TOL)
