@@ -39,6 +39,11 @@ Steps, in order (MOE_GPU_CHECK_STEPS=a,b,... picks some; artifacts and build alw
                 folder of test/GPU/README.md), the flash kernels' cases (FLASH_CASES), and in one built with
                 route-map=lanes or topk-rounds=list their op's cases (VARIANT_CASES); else those of `checks`
   bench         bench/gpu/bench_gpu.py (ours vs eager vs torch.compile; $MOE_GPU_BENCH_ARGS adds options)
+  profile       Nsight Compute (ncu --clock-control none) over one call of the bench's flash cases
+                ($MOE_GPU_PROFILE_ONLY, bench --only substrings; default the similarity D = 64 and the causal
+                D = 256 cases): the tensor-core kernels' speed of light, occupancy, scheduler and warp-state
+                (stall reason) sections, as CSV in logs/bench/ncu.csv: where a latency-bound kernel waits
+                (skipped where ncu is not on PATH; only when asked: not a step of the default list)
   models-bench  bench/models.py --device cuda: whole transformers MoE causal LMs (Mixtral, Qwen3-MoE, OLMoE, gpt-oss,
                 DeepSeek-V3, DeepSeek-V3 E=256) under eager / inductor / moe: decode, prefill, a training step,
                 compile times, each phase's profiler op tables (logs/bench/models-profiles/ in logs.tar.gz)
@@ -278,6 +283,38 @@ def sanitizer(ctx, tool, extra):
     return cmd, ctx.env(PYTORCH_NO_CUDA_MEMORY_CACHING="1")
 
 
+#: The bench cases the profile step runs under ncu (bench --only substrings): issue #47's similarity shape and its
+#: causal D = 256 one, the kernel the static figures call latency-bound.
+PROFILE_ONLY = "sim_B1_N16384_D64_K16_bf16,sim_B4_N4096_D256_K64_causal_bf16"
+#: ncu's sections for the profile step: where the time goes (speed of light), how many warps (occupancy, launch),
+#: and what they wait for (scheduler and warp state: the stall reasons).
+PROFILE_SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "SchedulerStats", "WarpStateStats")
+
+
+#: Steps that run only when MOE_GPU_CHECK_STEPS names them (the profile's replays would take a default run's
+#: budget from the checks).
+ASKED_ONLY = ("profile",)
+
+
+def profile(ctx, bench_cmd, env):
+    """The profile step: the bench's command for one call of $MOE_GPU_PROFILE_ONLY's cases under ncu, its
+    tensor-core kernels' (`_mma_`) first 8 launches, the sections' values as CSV in logs/bench/ncu.csv."""
+    ncu = shutil.which("ncu")
+    if not ncu:
+        return None, "ncu is not on PATH"
+    only = os.environ.get("MOE_GPU_PROFILE_ONLY", PROFILE_ONLY)
+    sections = [a for sec in PROFILE_SECTIONS for a in ("--section", sec)]
+    cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "--kernel-name", "regex:_mma_",
+           "--launch-count", "8", *sections, "--csv", "--page", "details",
+           "--log-file", os.path.join(ctx.logs, "bench", "ncu.csv")]
+    # The bench's own command with one repetition and no compiled baseline, its results beside the bench's.
+    args = [a for a in bench_cmd if a not in ("--no-compile",)]
+    out = args.index("--out")
+    args[out + 1] = os.path.join(ctx.logs, "profile")
+    os.makedirs(os.path.join(ctx.logs, "bench"), exist_ok=True)
+    return cmd + args + ["--only", only, "--no-compile", "--reps", "1"], env
+
+
 def steps(ctx):
     """[(name, needs_gpu, timeout_s, make)] where make() -> (cmd, env), (cmd, env, cwd) or (None, skip reason);
     commands run in the folder's src/ unless they name another cwd."""
@@ -306,6 +343,17 @@ def steps(ctx):
                             MOE_KERNEL_CACHE=os.path.join(ctx.logs, "kernel-cache"),
                             PYTHONPATH=ctx.repo + os.pathsep + os.path.join(ctx.repo, "python") + os.pathsep +
                             os.environ.get("PYTHONPATH", "")), ctx.repo
+
+    def bench_step():
+        return ([ctx.python, "-m", "bench.gpu.bench_gpu",
+                 "--lib", os.path.join(ctx.build, "libbench-cases.so"),
+                 "--runtime-dir", ctx.build,
+                 "--manifest", os.path.join(ctx.bench, "cases.json"),
+                 "--out", os.path.join(ctx.logs, "bench")],
+                # the route + plan cases' reference (moe_mlir.reference.routing) from the checkout's python/,
+                # which src/ does not copy
+                ctx.env(PYTHONPATH=os.pathsep.join(
+                    [ctx.src] + ([os.path.join(ctx.repo, "python")] if ctx.repo else []))))
 
     return [
         ("artifacts", False, 60, lambda: (["bash", "-c", " && ".join(
@@ -337,16 +385,9 @@ def steps(ctx):
         # API errors are the harness's to report (moeGpuTakeDriverError), not the sanitizer's.
         ("memcheck", True, 480, lambda: sanitizer(ctx, "memcheck", ["--report-api-errors", "no"])),
         ("racecheck", True, 480, lambda: sanitizer(ctx, "racecheck", ["--racecheck-report", "hazard"])),
-        ("bench", True, 540, lambda: ([ctx.python, "-m", "bench.gpu.bench_gpu",
-                                       "--lib", os.path.join(ctx.build, "libbench-cases.so"),
-                                       "--runtime-dir", ctx.build,
-                                       "--manifest", os.path.join(ctx.bench, "cases.json"),
-                                       "--out", os.path.join(ctx.logs, "bench")] +
-                                      shlex.split(os.environ.get("MOE_GPU_BENCH_ARGS", "")),
-                                      # the route + plan cases' reference (moe_mlir.reference.routing) from
-                                      # the checkout's python/, which src/ does not copy
-                                      ctx.env(PYTHONPATH=os.pathsep.join(
-                                          [ctx.src] + ([os.path.join(ctx.repo, "python")] if ctx.repo else []))))),
+        ("bench", True, 540, lambda: (bench_step()[0] + shlex.split(os.environ.get("MOE_GPU_BENCH_ARGS", "")),
+                                      bench_step()[1])),
+        ("profile", True, 240, lambda: profile(ctx, *bench_step())),
         ("models-bench", True, 570, lambda: torch_ops_step(ctx, [
             ctx.python, "-m", "bench.models", "--device", "cuda", "--rounds", "1", "--budget", "1",
             "--results-dir", os.path.join(ctx.logs, "bench"),
@@ -437,6 +478,8 @@ def main(argv):
     for name, needs_gpu, timeout, make in all_steps:
         if wanted and name not in wanted and name not in ("artifacts", "build"):
             continue                         # the host side is always (re)built: cheap, and needed
+        if not wanted and name in ASKED_ONLY:
+            continue
         rec = {"step": name}
         left = budget - (time.monotonic() - t_start)
         if needs_gpu and not gpu:

@@ -10,13 +10,14 @@
 # summary.md, summary.json, bench.md/json, logs.tar.gz, and run.log), and race.tgz with every racecheck run. Unpack
 # them into bench/results/ for the record.
 #
+# The default folder's run and ve's end with the profile step (ncu over the bench's flash cases: stall reasons).
 # VARIANTS: NAME|moe-lower-to-nvvm options|steps|bench --only|checks --only (sanitizers: the same cases)|chip (empty:
 # sm_90; sm_90a: the Hopper-only instructions, whose cubins run on an H100 or H200 alike). In the order of their worth:
 # the call runs them in turn, each cut to what is left. Every option named here is one the lease decides: the winner
 # becomes the default and the loser is deleted with it.
 set -uo pipefail
 VARIANTS=(
-  "ve|flash-mma-wgmma=true|checks,bench|sim|similarity_inform,similarity_inform_topk_mma,attention_posterior_mma|sm_90a"
+  "ve|flash-mma-wgmma=true|checks,bench,profile|sim|similarity_inform,similarity_inform_topk_mma,attention_posterior_mma|sm_90a"
   "va|flash-mma-symmetric=true flash-mma-grad=true|checks,memcheck,bench|sim|similarity_inform,similarity_inform_symmetric,similarity_inform_topk_mma,similarity_inform_grad"
   "vb|flash-mma-block-rows=64|bench|sim_topk|"
   "vc|flash-causal-balance=false|bench|causal|"
@@ -91,7 +92,7 @@ run() {
       tar czf "$O/$n.tgz" -C "$W" "o-$n"
     fi
   }
-  go def build/gpu-check "$W/b1" 230 checks,torch-ops,memcheck,bench
+  go def build/gpu-check "$W/b1" 250 checks,torch-ops,memcheck,bench,profile
   # Gemma4 (issue #48 item 1) on CUDA tensors, with the default folder's extension and kernels.
   echo "== gemma4 at $(el) s"
   MOE_TEST_DEVICE=cuda MOE_GPU_RUNTIME_DIR="$W/b1" MOE_TORCH_LIB="$W/b1/lib/libmoe_torch.so" \

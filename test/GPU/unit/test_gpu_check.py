@@ -174,3 +174,38 @@ def test_flash_cases_are_harness_cases():
     text = open(spec.origin).read()
     for case in G.FLASH_CASES + tuple(c for cases in G.VARIANT_CASES.values() for c in cases):
         assert f'    "{case}": case_' in text
+
+
+def profile_command(tmp_path, monkeypatch, which):
+    folder = tmp_path / "folder"
+    (folder / "src").mkdir(parents=True, exist_ok=True)
+    monkeypatch.setattr(G, "HERE", str(folder))
+    monkeypatch.setattr(G.shutil, "which", which)
+    monkeypatch.delenv("MOE_GPU_PROFILE_ONLY", raising=False)
+    ctx = G.Ctx(str(folder / "out"), sys.executable)
+    return next(make for name, _, _, make in G.steps(ctx) if name == "profile")(), ctx
+
+
+def test_profile_runs_one_bench_call_of_the_flash_cases_under_ncu(tmp_path, monkeypatch):
+    (cmd, env), ctx = profile_command(tmp_path, monkeypatch, lambda name: "/opt/bin/" + name)
+    assert cmd[0] == "/opt/bin/ncu" and cmd[cmd.index("--clock-control") + 1] == "none"
+    assert cmd[cmd.index("--kernel-name") + 1] == "regex:_mma_"
+    assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--section"] == list(G.PROFILE_SECTIONS)
+    assert cmd[cmd.index("--log-file") + 1] == os.path.join(ctx.logs, "bench", "ncu.csv")
+    bench = cmd[cmd.index("-m") - 1:]
+    assert bench[:3] == [ctx.python, "-m", "bench.gpu.bench_gpu"]
+    assert bench[bench.index("--only") + 1] == G.PROFILE_ONLY and bench[bench.index("--reps") + 1] == "1"
+    assert bench[bench.index("--out") + 1] == os.path.join(ctx.logs, "profile")   # not the bench step's results
+    assert "--no-compile" in bench and env["PYTHONPATH"].split(os.pathsep)[0] == ctx.src
+
+
+def test_profile_is_skipped_without_ncu_and_runs_only_when_asked(setup, tmp_path, monkeypatch):
+    (cmd, reason), _ = profile_command(tmp_path, monkeypatch, lambda name: None)
+    assert cmd is None and reason == "ncu is not on PATH"
+    # A default run (no MOE_GPU_CHECK_STEPS) leaves it out; naming it runs it.
+    monkeypatch.setattr(G, "ASKED_ONLY", ("gpu-b",))
+    rc, doc, _ = setup([("build", 0), ("gpu-a", 0), ("gpu-b", 0)], gpu_steps=("gpu-a", "gpu-b"))
+    assert list(statuses(doc)) == ["build", "gpu-a"]
+    monkeypatch.setenv("MOE_GPU_CHECK_STEPS", "gpu-a,gpu-b")
+    rc, doc, _ = setup([("build", 0), ("gpu-a", 0), ("gpu-b", 0)], gpu_steps=("gpu-a", "gpu-b"))
+    assert list(statuses(doc)) == ["build", "gpu-a", "gpu-b"]

@@ -67,7 +67,7 @@ def test_lease_run_against_fake_folders(tmp_path):
                         if "=" in line)
     assert "race.tgz" in files and not any(f.startswith("race-") for f in files), files
     assert runs["def"]["folder"] == "gpu-check"
-    assert runs["def"]["steps"] == "checks,torch-ops,memcheck,bench"
+    assert runs["def"]["steps"] == "checks,torch-ops,memcheck,bench,profile"
     assert runs["def"]["build"] == f"{w}/b1"
     for n in names:
         r = runs[n]
