@@ -250,6 +250,14 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
         tile.wgmma = wgBytes <= options.dynamicSharedMemoryBytes &&
                      2 * (wgBytes + 1024) <=
                          options.dynamicSharedMemoryBytes + 1024;
+        // Without the query's fragments 3 blocks fit ptxas's 168 registers
+        // (D = 64, K = 16: 167, no spill, 4.91 instructions a score against
+        // 4.81 at 216 registers and 2 blocks: 12 warps a multiprocessor
+        // instead of 8), where their buffers fit; not the fused top-k, whose
+        // epilogue's candidates spilled there (36 bytes, causal, sm_90a).
+        if (tile.wgmma && !spec.topk &&
+            3 * (wgBytes + 1024) <= options.dynamicSharedMemoryBytes + 1024)
+          tile.blocksPerSM = 3;
       }
       return tile;
     }

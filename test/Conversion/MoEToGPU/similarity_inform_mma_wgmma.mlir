@@ -10,7 +10,9 @@
 // (24,576 bytes, unpadded), the query's 128 rows (16,384) and the values'
 // three padded tiles (9,216), 51,200 bytes with the 1 KiB of slack.
 
+// Three blocks a multiprocessor (no query fragments in the registers).
 // CHECK-LABEL: gpu.func @similarity_inform_mma_0(
+// CHECK-SAME: nvvm.minctasm = 3
 // CHECK: %[[SMEM:.*]] = gpu.dynamic_shared_memory
 // CHECK: %[[ADDR:.*]] = memref.extract_aligned_pointer_as_index %[[SMEM]]
 // CHECK: %[[MOD:.*]] = arith.remui %[[ADDR]], %{{.*}} : index
