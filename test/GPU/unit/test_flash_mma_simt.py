@@ -355,9 +355,15 @@ def test_flash_mma_key_splits(name, causal, masked, with_lse, splits, copies):
     forward); with one split also the direct kernel the host then launches instead. Each copy lands at its issue
     and, again, at its wait (the shares start at any tile: the pipeline's buffers are the tiles' indices mod 3, its
     prologue two groups from the share's first tile)."""
+    check_key_splits(SPLIT, "bf16", causal, masked, with_lse, splits, copies)
+
+
+def check_key_splits(options, t, causal, masked, with_lse, splits, copies):
+    """The split kernel of `options` (on top of BASE64) with `splits` splits (None: the host's count) and its
+    combine against float64, and with one split the direct kernel too (test_flash_mma_key_splits)."""
     rng = np.random.default_rng(13)
     # K = 12 in the lse case: the unfused combine merges 8 columns a pass over the splits, then the last 4.
-    B, N, D, K, t, tau = 2, 300, 64, 12 if with_lse else 16, "bf16", 0.5 if causal else 1.0
+    B, N, D, K, tau = 2, 300, 64, 12 if with_lse else 16, 0.5 if causal else 1.0
     u = bits(rng.standard_normal((B, N, D)).astype(np.float32) * 0.3, t)
     e = rng.random((B, N, K)).astype(np.float32)
     e = bits(e / e.sum(-1, keepdims=True), t)
@@ -375,7 +381,8 @@ def test_flash_mma_key_splits(name, causal, masked, with_lse, splits, copies):
     text = (f"func.func @f(%u: tensor<{B}x{N}x{D}x{t}>, %e: tensor<{B}x{N}x{K}x{t}>{marg}) -> ({res}) {{\n"
             f"  {outs} = moe.{op} %u, %e{mask_attr} tau({tau:e}){' causal(true)' if causal else ''} : "
             f"tensor<{B}x{N}x{D}x{t}>, tensor<{B}x{N}x{K}x{t}> -> {res}\n  return {outs} : {res}\n}}\n")
-    text = simt.lower(MOE_OPT, text, f"{BASE64} {SPLIT}")   # cached: the split counts and copy timings share it
+    text = simt.lower(MOE_OPT, text, f"{BASE64} {options}")   # cached: the split counts and copy timings share it
+    assert ('"nvvm.wgmma.mma_async"' in text) == ("flash-mma-wgmma=true" in options)
     # _mma_0: the direct kernel the host launches where it picks one split (below); _mma_1 the split kernel.
     kernel = f"{op}_mma_1"
     body, combine = simt.parse(text, kernel), simt.parse(text, f"{op}_mma_combine_0")
@@ -487,43 +494,7 @@ def test_flash_mma_wgmma_key_splits(name, causal, masked, with_lse, t):
     """flash-mma-wgmma's split-key kernel (3 splits over 5 key tiles: shares starting at any tile, so at any of
     the three buffers, whose swizzled panels the key descriptors then address) and its combine, bf16 and f16,
     copies landing at their wait, against float64 (p and the training forward's lse)."""
-    rng = np.random.default_rng(29)
-    B, N, D, K, tau, S = 2, 300, 64, 16, 0.5 if causal else 1.0, 3
-    u = bits(rng.standard_normal((B, N, D)).astype(np.float32) * 0.3, t)
-    e = rng.random((B, N, K)).astype(np.float32)
-    e = bits(e / e.sum(-1, keepdims=True), t)
-    mask = rng.random((B, N)) > 0.3 if masked else None
-    op = "similarity_inform_fwd" if with_lse else "similarity_inform"
-    mask_attr = f" key_mask(%m : tensor<{B}x{N}xi1>)" if masked else ""
-    marg = f", %m: tensor<{B}x{N}xi1>" if masked else ""
-    res = f"tensor<{B}x{N}x{K}xf32>" + (f", tensor<{B}x{N}xf32>" if with_lse else "")
-    outs = "%p, %lse" if with_lse else "%p"
-    text = (f"func.func @f(%u: tensor<{B}x{N}x{D}x{t}>, %e: tensor<{B}x{N}x{K}x{t}>{marg}) -> ({res}) {{\n"
-            f"  {outs} = moe.{op} %u, %e{mask_attr} tau({tau:e}){' causal(true)' if causal else ''} : "
-            f"tensor<{B}x{N}x{D}x{t}>, tensor<{B}x{N}x{K}x{t}> -> {res}\n  return {outs} : {res}\n}}\n")
-    text = simt.lower(MOE_OPT, text, f"{BASE64} {VARIANTS['wgmma']} flash-mma-key-splits=4")
-    kernel = f"{op}_mma_1"
-    assert '"nvvm.wgmma.mma_async"' in text and not warp_threads(text)
-    body, combine = simt.parse(text, kernel), simt.parse(text, f"{op}_mma_combine_0")
-    p = np.full((B, N, K), np.nan, np.float32)
-    lse = np.full((B, N), np.nan, np.float32)
-    ws = np.full((S, B, N, K + 2), np.nan, np.float32)
-    mem = simt.Memory()
-    outs = [p] + ([lse] if with_lse else [])
-    args = [u, u, e] + ([mask] if masked else []) + outs + [ws]
-    for a in args:
-        mem.add(a, None)
-    wg, dyn = shared_memory(text, kernel)
-    simt.run_kernel(body, args, BLOCK, (-(-N // 128), B, S), mem, workgroup=wg, lockstep=True,
-                    dynamic_smem=dyn, async_copies="wait")
-    assert not np.isnan(ws).any(), "a split left a row of the workspace unwritten"
-    simt.run_kernel(combine, [ws] + outs, BLOCK, -(-(B * N) // BLOCK), mem)
-    uu, ee = torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t))
-    mm = torch.from_numpy(mask) if masked else None
-    np.testing.assert_allclose(p, R.ref_similarity(uu, ee, tau=tau, causal=causal, key_mask=mm).numpy(), **R.MMA_TOL)
-    if with_lse:
-        ref_lse = torch.logsumexp(R.similarity_logits(uu, tau, causal, None, mm), -1).numpy()
-        np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-2)
+    check_key_splits(f"{VARIANTS['wgmma']} flash-mma-key-splits=4", t, causal, masked, with_lse, 3, "wait")
 
 
 @pytest.mark.parametrize("t", ["bf16", "f16"])
