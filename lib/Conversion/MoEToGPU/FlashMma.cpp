@@ -1109,12 +1109,33 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     }
     NVVM::WgmmaGroupSyncAlignedOp::create(b);
     NVVM::WgmmaWaitGroupSyncOp::create(b, b.getI64IntegerAttr(0));
+    // The accumulators through an empty asm with side effects after the
+    // wait (CUTLASS's warpgroup_fence_operand): LLVM orders side-effecting
+    // asm, so no use of them can be scheduled before the wait, which no data
+    // dependence orders (the wgmma's results are SSA values at its issue).
+    const int64_t n = cols / 2;
+    std::string constraints;
+    for (int64_t i = 0; i < n; ++i)
+      constraints += "=f,";
+    for (int64_t i = 0; i < n; ++i)
+      constraints += std::to_string(i) + (i + 1 < n ? "," : "");
     Logits s(T * keyBlocks);
-    for (int64_t t = 0; t < T; ++t)
+    for (int64_t t = 0; t < T; ++t) {
+      SmallVector<Value> values;
+      for (int64_t i = 0; i < n; ++i)
+        values.push_back(LLVM::ExtractValueOp::create(b, acc[t], i));
+      Value fenced =
+          LLVM::InlineAsmOp::create(
+              b, TypeRange{type}, values, "", constraints,
+              /*has_side_effects=*/true, /*is_align_stack=*/false,
+              LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
+              ArrayAttr())
+              .getResult(0);
       for (int64_t nb = 0; nb < keyBlocks; ++nb)
         for (int64_t i = 0; i < 4; ++i)
           s[t * keyBlocks + nb].push_back(
-              LLVM::ExtractValueOp::create(b, acc[t], 4 * nb + i));
+              LLVM::ExtractValueOp::create(b, fenced, 4 * nb + i));
+    }
     return s;
   };
   auto logitsOf = [&](Value bufRow, Value &ldRow, Value &ldSel) -> Logits {

@@ -60,6 +60,9 @@
 // CHECK-COUNT-3: nvvm.wgmma.mma_async {{.*}} D[<f32>, <one>]
 // CHECK-NEXT: nvvm.wgmma.commit.group.sync.aligned
 // CHECK-NEXT: nvvm.wgmma.wait.group.sync.aligned 0
+// Each row tile's 32 accumulators through an empty asm with side effects
+// (ordered after the wait: no use of them is scheduled before it).
+// CHECK-COUNT-2: llvm.inline_asm has_side_effects "", "=f,{{(=f,)+}}0,1,2,
 // The hot loop leaves on the block's vote, not a warp's: the warpgroup's
 // MMA of the next tile stays one loop's for its 4 warps.
 // CHECK-NOT: nvvm.vote.sync
