@@ -423,12 +423,14 @@ def check_key_splits(options, t, causal, masked, with_lse, splits, copies):
             np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-2)
 
 
-@pytest.mark.parametrize("variant,copies", [("rows128", "issue"), ("wgmma", "issue"), ("wgmma", "wait")])
-def test_flash_mma_d256_causal(variant, copies):
+@pytest.mark.parametrize("variant,copies,misalign", [("rows128", "issue", False), ("wgmma", "issue", False),
+                                                     ("wgmma", "wait", False), ("wgmma", "wait", True)])
+def test_flash_mma_d256_causal(variant, copies, misalign):
     """The issue's second shape in small: causal, D = 256, K = 64 on the default block rows (one row tile: the
     128-row form's two do not fit the registers, and the whole tiles are not peeled past 128 features: every tile
     the checked one), N = 100 over four 32-key tiles. With wgmma the block's 64 rows are one m64 tile, the query in
-    four swizzled 64-feature panels, 16 k-steps a tile, two cp.async buffers in dynamic shared memory."""
+    four swizzled 64-feature panels, 16 k-steps a tile, two cp.async buffers in dynamic shared memory; and with u
+    one element into its buffer, the query and the keys staged element by element into the swizzled panels."""
     rng = np.random.default_rng(3)
     B, N, D, K, t, tau = 1, 100, 256, 64, "bf16", 1.0
     # Four clusters: a row's keys of its cluster compete at logits ~6 (random rows would have their own key's
@@ -443,7 +445,7 @@ def test_flash_mma_d256_causal(variant, copies):
     if variant == "wgmma":
         assert text.count('"nvvm.wgmma.mma_async"') % 16 == 0 and "nvvm.minctasm = 3" in text
         assert shared_memory(text, "similarity_inform_mma_0") == ([], 1024 + 2 * 32 * (256 + 64 + 8) * 2 + 64 * 512)
-    got = run(text, u, e, None, K, misalign=False, async_copies=copies, threads=warp_threads(text))
+    got = run(text, u, e, None, K, misalign=misalign, async_copies=copies, threads=warp_threads(text))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau,
                            causal=True).numpy()
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
