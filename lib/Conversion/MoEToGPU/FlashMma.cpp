@@ -138,9 +138,9 @@ static constexpr int64_t kPad = 8;
 /// 1024-byte boundary (the swizzle pattern repeats every 8 rows of 128
 /// bytes, and the hardware applies it to the address bits).
 static int64_t flashMmaWgmmaBytes(const FlashMmaTile &tile) {
-  return 1024 + 2 * (tile.buffers * tile.cols *
-                         (tile.depth + tile.experts + kPad) +
-                     kRows * tile.rowTiles * tile.depth);
+  return 1024 +
+         2 * (tile.buffers * tile.cols * (tile.depth + tile.experts + kPad) +
+              kRows * tile.rowTiles * tile.depth);
 }
 
 std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
@@ -247,9 +247,9 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       if (options.flashMmaWgmma && depth % 64 == 0 && tile.buffers == 3) {
         tile.wgmma = true;
         const int64_t wgBytes = flashMmaWgmmaBytes(tile);
-        tile.wgmma = wgBytes <= options.dynamicSharedMemoryBytes &&
-                     2 * (wgBytes + 1024) <=
-                         options.dynamicSharedMemoryBytes + 1024;
+        tile.wgmma =
+            wgBytes <= options.dynamicSharedMemoryBytes &&
+            2 * (wgBytes + 1024) <= options.dynamicSharedMemoryBytes + 1024;
         // Without the query's fragments 3 blocks fit ptxas's 168 registers
         // (D = 64, K = 16: 167, no spill, 4.91 instructions a score against
         // 4.81 at 216 registers and 2 blocks: 12 warps a multiprocessor
@@ -330,8 +330,8 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       w.dynamicShared = true;
       const int64_t wgBytes = flashMmaWgmmaBytes(w);
       const int64_t wgRegs = regs - 4 * (tile.depth / 16);
-      const bool capped = !spec.hasAddScores && !spec.hasKeyMask &&
-                          !spec.withLse && !spec.topk;
+      const bool capped =
+          !spec.hasAddScores && !spec.hasKeyMask && !spec.withLse && !spec.topk;
       // The lazy rescale as in the 128-row kernel (its hot loop of whole
       // tiles, peeled here too: see the kernel's fullEnd), where the sums
       // come from the MMA and the logits are the raw dots (its hot loop
@@ -632,15 +632,14 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     ks = memref::ViewOp::create(b, types[0], bytes, start, ValueRange{});
     int64_t valueAt = keyBytes;
     if (tile.wgmma) {
-      qs = memref::ViewOp::create(b, types[2], bytes,
-                                  kb.add(start, kb.idx(keyBytes)),
-                                  ValueRange{});
+      qs = memref::ViewOp::create(
+          b, types[2], bytes, kb.add(start, kb.idx(keyBytes)), ValueRange{});
       valueAt += types[2].getNumElements() * 2;
     }
-    vs = memref::ViewOp::create(
-        b, types[1], bytes,
-        tile.wgmma ? kb.add(start, kb.idx(valueAt)) : kb.idx(valueAt),
-        ValueRange{});
+    vs = memref::ViewOp::create(b, types[1], bytes,
+                                tile.wgmma ? kb.add(start, kb.idx(valueAt))
+                                           : kb.idx(valueAt),
+                                ValueRange{});
   } else {
     ks = kernel.workgroup(0);
     vs = kernel.workgroup(1);
@@ -762,17 +761,16 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     // The tile's rows of the buffer: row jj of the tile is row jj of `dst`.
     if (!swizzled)
       dst = bufferAt(dst, rowOff);
-    Value panel0 =
-        swizzled && rowOff ? kb.mul(rowOff, kb.idx(width / 64)) : c0;
+    Value panel0 = swizzled && rowOff ? kb.mul(rowOff, kb.idx(width / 64)) : c0;
     auto at = [&](Value jj, Value cc) -> SmallVector<Value, 2> {
       if (!swizzled)
         return {jj, cc};
       Value within = kb.remu(cc, kb.idx(64));
       Value chunk = kb.xorI(kb.divu(within, kb.idx(8)), kb.remu(jj, kb.idx(8)));
-      Value row = kb.add(kb.add(panel0, kb.mul(kb.divu(cc, kb.idx(64)),
-                                               kb.idx(rows))),
-                         jj);
-      return {row, kb.add(kb.mul(chunk, kb.idx(8)), kb.remu(within, kb.idx(8)))};
+      Value row = kb.add(
+          kb.add(panel0, kb.mul(kb.divu(cc, kb.idx(64)), kb.idx(rows))), jj);
+      return {row,
+              kb.add(kb.mul(chunk, kb.idx(8)), kb.remu(within, kb.idx(8)))};
     };
     auto elements = [&] {
       kb.forLoop(tid, kb.idx(rows * width), kb.idx(kThreads), [&](Value flat) {
@@ -994,8 +992,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // features: at D = 256, K = 64 with static sizes (the causal B = 4,
   // N = 4096) it spilled 120 bytes on sm_90 (144 with the row sums from the
   // MMA), none unpeeled. There every tile is the checked one; not with
-  // wgmma, whose query lives in shared memory (D = 256, K = 64: 126
-  // registers unpeeled).
+  // wgmma, whose query lives in shared memory (D = 256, K = 64: 156
+  // registers peeled, with the lazy rescale; no spill).
   Value fullEnd = c0;
   if (tile.experts <= 128 && (tile.depth <= 128 || tile.wgmma)) {
     Value keyLimit = spec.causal ? kb.minu(Nk, kb.add(rowBase, c1)) : Nk;
@@ -1067,10 +1065,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   if (tile.wgmma) {
     Type i64 = b.getI64Type();
     Value addr = kb.castInt(sharedStart, i64);
-    Value field =
-        kb.shru(kb.andI(addr, kb.cI64(0x3FFFF)), kb.cI64(4));
-    descStart = kb.orI(field, kb.cI64((int64_t(1) << 62) |
-                                      (int64_t(64) << 32) |
+    Value field = kb.shru(kb.andI(addr, kb.cI64(0x3FFFF)), kb.cI64(4));
+    descStart = kb.orI(field, kb.cI64((int64_t(1) << 62) | (int64_t(64) << 32) |
                                       (int64_t(1) << 16)));
   }
   // Q·Kᵀ of row tile t (64 rows: the block's warpgroup) as T wgmma chains
@@ -1124,13 +1120,12 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       SmallVector<Value> values;
       for (int64_t i = 0; i < n; ++i)
         values.push_back(LLVM::ExtractValueOp::create(b, acc[t], i));
-      Value fenced =
-          LLVM::InlineAsmOp::create(
-              b, TypeRange{type}, values, "", constraints,
-              /*has_side_effects=*/true, /*is_align_stack=*/false,
-              LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
-              ArrayAttr())
-              .getResult(0);
+      Value fenced = LLVM::InlineAsmOp::create(
+                         b, TypeRange{type}, values, "", constraints,
+                         /*has_side_effects=*/true, /*is_align_stack=*/false,
+                         LLVM::tailcallkind::TailCallKind::None,
+                         LLVM::AsmDialectAttr(), ArrayAttr())
+                         .getResult(0);
       for (int64_t nb = 0; nb < keyBlocks; ++nb)
         for (int64_t i = 0; i < 4; ++i)
           s[t * keyBlocks + nb].push_back(
@@ -1494,9 +1489,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
                             .getRes(),
                         kb.cI32(0));
                   else
-                    cold = NVVM::VoteSyncOp::create(
-                        b, b.getI1Type(), kb.cI32(-1), big,
-                        NVVM::VoteSyncKind::any);
+                    cold =
+                        NVVM::VoteSyncOp::create(b, b.getI1Type(), kb.cI32(-1),
+                                                 big, NVVM::VoteSyncKind::any);
                   SmallVector<Value> out = {kb.notI1(cold), bufRow};
                   out.append(v);
                   out.append(pairs);
