@@ -498,7 +498,8 @@ def measure(args, chip, options, text, notes, tmp):
         for kernel, info in pr.parse_ptxas(rep.stderr + rep.stdout).items():
             fn = owners.get(kernel, "?")
             note = notes.get(fn, {})
-            if note and not kernel.startswith(note.get("kernel", "")):
+            # A line without kernel= (only chips= or options=) asks for the per-kernel figures alone.
+            if note and not ("kernel" in note and kernel.startswith(note["kernel"])):
                 note = {}
             try:
                 fig = kernel_figures(sass.get(kernel, []), labels.get(kernel, {}), note)

@@ -168,12 +168,20 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
   // attention_posterior past D = 128, whose per-element bias and score
   // loads beside them spilled with the cp.async staging (D = 256, K = 16:
   // 88-104 bytes). Those keep base 2's sums.
+  // flash-mma-wgmma will take the query's fragments out of the registers
+  // (D a multiple of 64, a limit of dynamic shared memory to place its
+  // buffers in): then attention_posterior past D = 128 keeps the ones block
+  // and the cp.async staging (D = 256, K = 16: 142 registers, no spill on
+  // sm_90a; 232 on mma.sync without them).
+  const bool wgmmaRoom = options.flashMmaWgmma && depth % 64 == 0 &&
+                         options.dynamicSharedMemoryBytes > 0;
   tile.sumMma = 4 * (tile.depth / 16 + tile.experts / 8 + 1) <= 160 &&
-                !(spec.hasAddScores && tile.depth > 128);
+                (!(spec.hasAddScores && tile.depth > 128) || wgmmaRoom);
   // attention_posterior past D = 128 stays single-buffered: with the second
   // buffer's copies in flight beside the per-element bias and score loads
   // ptxas spilled (sm_90, D = 256).
-  const bool asyncStaging = !(spec.hasAddScores && tile.depth > 128);
+  const bool asyncStaging =
+      !(spec.hasAddScores && tile.depth > 128) || wgmmaRoom;
   tile.asyncKeys = asyncStaging && depth % 8 == 0;
   tile.asyncValues =
       asyncStaging && spec.numExperts % 8 == 0 && !spec.hasKeyMask;

@@ -515,11 +515,14 @@ def test_flash_mma_wgmma_d256_lazy_rescale(t):
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
 
 
-@pytest.mark.parametrize("variant,D", [("rows128", 64), ("wgmma", 64), ("wgmma", 128)])
+@pytest.mark.parametrize("variant,D", [("rows128", 64), ("rows128", 256), ("wgmma", 64), ("wgmma", 128),
+                                       ("wgmma", 256)])
 def test_attention_posterior_mixing(variant, D):
     """attention_posterior's mixing on the tensor-core kernel (one row tile a warp: its per-element bias and score
-    loads), with wgmma too (D = 64 and 128: its Q.K^T from the swizzled query and head-mean tiles; no lazy rescale,
-    whose hot loop computes raw dots only): the kernel alone, on head means, bias and scores given here, against
+    loads; at D = 256 single-buffered with the lanes' own sums), with wgmma too (D = 64, 128 and 256, the latter
+    with the cp.async staging and the ones block the query's freed registers make room for: its Q.K^T from the
+    swizzled query and head-mean tiles; no lazy rescale, whose hot loop computes raw dots only): the kernel alone,
+    on head means, bias and scores given here, against
     float64 softmax_j(<u_i, m_j> / sigma^2 + bias_j + s[b, h*, i, j]) e. Two batch elements with different heads,
     N = 100 (a partial key tile, rows past N), scores large enough that the bias and the scores decide the weights."""
     rng = np.random.default_rng(41)
