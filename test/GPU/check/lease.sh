@@ -17,16 +17,18 @@
 # becomes the default and the loser is deleted with it.
 set -uo pipefail
 VARIANTS=(
-  "ve|flash-mma-wgmma=true|checks,bench,profile|sim|similarity_inform,similarity_inform_topk_mma,attention_posterior_mma|sm_90a"
+  "ve|flash-mma-wgmma=true|checks,memcheck,bench,profile|sim|similarity_inform,similarity_inform_topk_mma,attention_posterior_mma|sm_90a"
   "va|flash-mma-symmetric=true flash-mma-grad=true|checks,memcheck,bench|sim|similarity_inform,similarity_inform_symmetric,similarity_inform_topk_mma,similarity_inform_grad"
   "vb|flash-mma-block-rows=64|bench|sim_topk|"
   "vc|flash-causal-balance=false|bench|causal|"
   "vd|flash-mma-dynamic-shared=true|checks,memcheck,bench|D256_K64_causal|similarity_inform,attention_posterior_mma"
 )
 # Then racecheck, as far as the call's time goes: RACES: NAME|folder|cases|budget (empty: what is left). The
-# variant kernels first, then the default folder's kernels new since the last racecheck (2026-11-27: the route loop
-# kernel, the lanes kernel's chunked keys, the split top-k's combine, every flash kernel's causal order).
+# variant kernels first (issue #47 item 1: memcheck and racecheck over every flash variant), then the default
+# folder's kernels new since the last racecheck (2026-11-27: the route loop kernel, the lanes kernel's chunked keys,
+# the split top-k's combine, every flash kernel's causal order).
 RACES=(
+  "race-ve|gc-ve|similarity_inform,similarity_inform_topk_mma,attention_posterior_mma|80"
   "race-va|gc-va|similarity_inform_symmetric,similarity_inform_grad|100"
   "race|gpu-check|similarity_inform_topk_mma,route,similarity_inform_grad,similarity_inform|"
 )
