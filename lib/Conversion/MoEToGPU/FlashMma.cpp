@@ -132,15 +132,47 @@ static constexpr int64_t kThreads = kWarp * kWarps;
 /// Elements of padding per workgroup row (16 bytes).
 static constexpr int64_t kPad = 8;
 
-/// The dynamic shared memory of the wgmma kernel (FlashMmaTile::wgmma): the
-/// key, value and query buffers of flashMmaSharedTypes (2-byte elements) and
-/// up to 1 KiB before them, where the kernel moves their start to a
-/// 1024-byte boundary (the swizzle pattern repeats every 8 rows of 128
-/// bytes, and the hardware applies it to the address bits).
-static int64_t flashMmaWgmmaBytes(const FlashMmaTile &tile) {
-  return 1024 +
-         2 * (tile.buffers * tile.cols * (tile.depth + tile.experts + kPad) +
-              kRows * tile.rowTiles * tile.depth);
+/// The key and value tile buffers of the kernel: `buffers` tiles of `cols`
+/// rows, padded by kPad elements. With FlashMmaTile::wgmma the keys are
+/// [buffers x panels x cols, 64] in wgmma's 128-byte swizzle (a panel a 64
+/// features, unpadded), and a third buffer holds the block's query rows in
+/// the same layout, [panels x 128, 64].
+static SmallVector<MemRefType, 3> flashMmaSharedTypes(const FlashMmaTile &tile,
+                                                      Type elt) {
+  if (tile.wgmma) {
+    const int64_t panels = tile.depth / 64;
+    return {
+        workgroupMemRef({tile.buffers * panels * tile.cols, 64}, elt),
+        workgroupMemRef({tile.buffers * tile.cols, tile.experts + kPad}, elt),
+        workgroupMemRef({panels * kRows * tile.rowTiles, 64}, elt),
+    };
+  }
+  return {
+      workgroupMemRef({tile.buffers * tile.cols, tile.depth + kPad}, elt),
+      workgroupMemRef({tile.buffers * tile.cols, tile.experts + kPad}, elt),
+  };
+}
+
+/// The 128-byte swizzle's alignment: its pattern repeats every 8 rows of 128
+/// bytes, and the hardware applies it to the address bits, so the wgmma
+/// kernel moves its buffers' start to a multiple of it (and asks for this
+/// much more at the launch).
+static constexpr int64_t kSwizzleAlign = 1024;
+
+/// The bytes of dynamic shared memory the kernel's buffers take at a launch
+/// (flashMmaSharedTypes; with wgmma the room to align their start).
+static int64_t flashMmaSharedBytes(const FlashMmaTile &tile, Type elt) {
+  int64_t bytes = tile.wgmma ? kSwizzleAlign : 0;
+  for (MemRefType type : flashMmaSharedTypes(tile, elt))
+    bytes += type.getNumElements() * elt.getIntOrFloatBitWidth() / 8;
+  return bytes;
+}
+
+/// Whether `blocks` blocks of `bytes` of dynamic shared memory each fit a
+/// multiprocessor whose opt-in maximum a block is `limit` (a multiprocessor
+/// holds the maximum plus the 1 KiB each block reserves).
+static bool blocksFit(int64_t bytes, int64_t blocks, int64_t limit) {
+  return bytes <= limit && blocks * (bytes + 1024) <= limit + 1024;
 }
 
 std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
@@ -252,19 +284,17 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       // fill whole 128-byte swizzle rows (D a multiple of 64: no padding
       // column to zero) and the three cp.async stages run, the buffers and
       // the query tile fitting the chip's opt-in maximum twice (2 blocks).
-      if (options.flashMmaWgmma && depth % 64 == 0 && tile.buffers == 3) {
+      if (wgmmaRoom && tile.buffers == 3) {
         tile.wgmma = true;
-        const int64_t wgBytes = flashMmaWgmmaBytes(tile);
-        tile.wgmma =
-            wgBytes <= options.dynamicSharedMemoryBytes &&
-            2 * (wgBytes + 1024) <= options.dynamicSharedMemoryBytes + 1024;
+        const int64_t wgBytes = flashMmaSharedBytes(tile, qElt);
+        tile.wgmma = blocksFit(wgBytes, 2, options.dynamicSharedMemoryBytes);
         // Without the query's fragments 3 blocks fit ptxas's 168 registers
         // (D = 64, K = 16: 167, no spill, 4.91 instructions a score against
         // 4.81 at 216 registers and 2 blocks: 12 warps a multiprocessor
         // instead of 8), where their buffers fit; not the fused top-k, whose
         // epilogue's candidates spilled there (36 bytes, causal, sm_90a).
         if (tile.wgmma && !spec.topk &&
-            3 * (wgBytes + 1024) <= options.dynamicSharedMemoryBytes + 1024)
+            blocksFit(wgBytes, 3, options.dynamicSharedMemoryBytes))
           tile.blocksPerSM = 3;
       }
       return tile;
@@ -317,9 +347,7 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
     // one block would halve the warps. Half the barriers and staging loops a
     // key, ~25% fewer instructions a score on sm_90 (docs/GPU.md).
     const bool dynamic = bytes > sharedMemoryBytes && cols == 64 &&
-                         bytes <= dynamicSharedBytes &&
-                         blocksPerSM * (bytes + 1024) <=
-                             dynamicSharedBytes + 1024;
+                         blocksFit(bytes, blocksPerSM, dynamicSharedBytes);
     // flash-mma-wgmma on the kernel of one row tile a warp: the block's 64
     // rows are one m64 tile. The query's fragments (4 registers a 16-feature
     // chunk: 64 at D = 256) leave the registers for a shared buffer, and the
@@ -330,13 +358,12 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
     // estimated: 3 blocks; 64-key tiles would leave 1). The flags that keep
     // the mma.sync kernel at 2 blocks (attention_posterior's terms, a key
     // mask, the lse, the fused top-k) keep it here too.
-    if (options.flashMmaWgmma && depth % 64 == 0 && tile.asyncKeys &&
-        tile.buffers == 2) {
+    if (wgmmaRoom && tile.asyncKeys && tile.buffers == 2) {
       FlashMmaTile w = tile;
       w.cols = cols;
       w.wgmma = true;
       w.dynamicShared = true;
-      const int64_t wgBytes = flashMmaWgmmaBytes(w);
+      const int64_t wgBytes = flashMmaSharedBytes(w, qElt);
       const int64_t wgRegs = regs - 4 * (tile.depth / 16);
       const bool capped =
           !spec.hasAddScores && !spec.hasKeyMask && !spec.withLse && !spec.topk;
@@ -354,8 +381,7 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       for (int64_t blocks : {4, 3, 2}) {
         if (blocks > 2 && (!capped || wgRegs > (blocks == 4 ? 128 : 168)))
           continue;
-        if (wgBytes > options.dynamicSharedMemoryBytes ||
-            blocks * (wgBytes + 1024) > options.dynamicSharedMemoryBytes + 1024)
+        if (!blocksFit(wgBytes, blocks, options.dynamicSharedMemoryBytes))
           continue;
         w.blocksPerSM = blocks;
         return w;
@@ -371,40 +397,14 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
   return std::nullopt;
 }
 
-/// The key and value tile buffers of the kernel: `buffers` tiles of `cols`
-/// rows, padded by kPad elements. With FlashMmaTile::wgmma the keys are
-/// [buffers x panels x cols, 64] in wgmma's 128-byte swizzle (a panel a 64
-/// features, unpadded), and a third buffer holds the block's query rows in
-/// the same layout, [panels x 128, 64].
-static SmallVector<MemRefType, 3> flashMmaSharedTypes(const FlashMmaTile &tile,
-                                                      Type elt) {
-  if (tile.wgmma) {
-    const int64_t panels = tile.depth / 64;
-    return {
-        workgroupMemRef({tile.buffers * panels * tile.cols, 64}, elt),
-        workgroupMemRef({tile.buffers * tile.cols, tile.experts + kPad}, elt),
-        workgroupMemRef({panels * kRows * tile.rowTiles, 64}, elt),
-    };
-  }
-  return {
-      workgroupMemRef({tile.buffers * tile.cols, tile.depth + kPad}, elt),
-      workgroupMemRef({tile.buffers * tile.cols, tile.experts + kPad}, elt),
-  };
-}
-
 /// The dynamic shared memory of a launch (i32 bytes), null for static
 /// buffers.
 static Value flashMmaDynamicBytes(ImplicitLocOpBuilder &b,
                                   const FlashMmaTile &tile, Type elt) {
   if (!tile.dynamicShared)
     return Value();
-  int64_t bytes = 0;
-  if (tile.wgmma)
-    bytes = flashMmaWgmmaBytes(tile);
-  else
-    for (MemRefType type : flashMmaSharedTypes(tile, elt))
-      bytes += type.getNumElements() * 2;
-  return arith::ConstantOp::create(b, b.getI32IntegerAttr(bytes));
+  return arith::ConstantOp::create(
+      b, b.getI32IntegerAttr(flashMmaSharedBytes(tile, elt)));
 }
 
 
@@ -613,9 +613,11 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
   }
   Value ks, vs;
-  // FlashMmaTile::wgmma: the query tile's buffer, and the shared-window
-  // address of the 1024-byte aligned start of the buffers (the keys').
+  // FlashMmaTile::wgmma: the query tile's buffer, the shared-window address
+  // of the aligned start of the buffers (the keys') and the query's byte
+  // offset from it.
   Value qs, sharedStart;
+  int64_t queryAt = 0;
   if (tile.dynamicShared) {
     // Three stages or flash-mma-dynamic-shared: the key buffers from
     // the start of the block's dynamic shared memory, the value buffers after
@@ -632,16 +634,17 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     Value start = kb.idx(0);
     if (tile.wgmma) {
       Value addr = memref::ExtractAlignedPointerAsIndexOp::create(b, bytes);
-      start = kb.remu(kb.sub(kb.idx(1024), kb.remu(addr, kb.idx(1024))),
-                      kb.idx(1024));
+      Value align = kb.idx(kSwizzleAlign);
+      start = kb.remu(kb.sub(align, kb.remu(addr, align)), align);
       sharedStart = kb.add(addr, start);
     }
     const int64_t keyBytes = types[0].getNumElements() * 2;
     ks = memref::ViewOp::create(b, types[0], bytes, start, ValueRange{});
     int64_t valueAt = keyBytes;
     if (tile.wgmma) {
-      qs = memref::ViewOp::create(
-          b, types[2], bytes, kb.add(start, kb.idx(keyBytes)), ValueRange{});
+      queryAt = keyBytes;
+      qs = memref::ViewOp::create(b, types[2], bytes,
+                                  kb.add(start, kb.idx(queryAt)), ValueRange{});
       valueAt += types[2].getNumElements() * 2;
     }
     vs = memref::ViewOp::create(b, types[1], bytes,
@@ -927,9 +930,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     alignedKnown = known;
   };
   auto stageFirstTile = [&] {
+    if (tile.wgmma)
+      stageQuery();
     if (stages > 2) {
-      if (tile.wgmma)
-        stageQuery();
       Value first = kb.divu(keyLo, kb.idx(cols));
       for (int64_t i = 0; i < stages - 1; ++i) {
         Value j = kb.add(keyLo, kb.idx(i * cols));
@@ -941,8 +944,6 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       }
       return;
     }
-    if (tile.wgmma)
-      stageQuery();
     if (partials) {
       // Into the buffer of the first tile's parity (keyLo / cols).
       Value bufRow = kb.mul(kb.remu(kb.divu(keyLo, kb.idx(cols)), kb.idx(2)),
@@ -1069,7 +1070,6 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // hardware applies the swizzle to the address it forms).
   Value descStart;
   const int64_t panels = tile.depth / 64;
-  const int64_t keyBufferBytes = tile.buffers * panels * cols * 128;
   if (tile.wgmma) {
     Type i64 = b.getI64Type();
     Value addr = kb.castInt(sharedStart, i64);
@@ -1097,7 +1097,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       for (int64_t c = 0; c < chunks; ++c) {
         const int64_t panel = c / 4, step = (c % 4) * 32;
         const int64_t aOff =
-            keyBufferBytes + (panel * blockRows + t * kRows) * 128 + step;
+            queryAt + (panel * blockRows + t * kRows) * 128 + step;
         const int64_t bOff = panel * cols * 128 + step;
         Value descA = kb.add(descStart, kb.cI64(aOff / 16));
         Value descB = kb.add(keyDesc, kb.cI64(bOff / 16));

@@ -129,9 +129,10 @@ FLASH_CASES = ("similarity_inform", "similarity_inform_symmetric", "similarity_i
 #: The moe-lower-to-nvvm options that build a variant of the flash kernels other than the default's (the 128-row
 #: tensor-core kernel with up to 4 key splits, one row tile's key tiles in static shared memory, the causal blocks in
 #: the balanced order): the symmetric similarity kernels, similarity_inform_grad's tensor-core passes, one row
-#: tile's 64-key tiles in dynamic shared memory, the 64-row kernel, the causal blocks in the grid's order, the
-#: 128-row kernel's Q.K^T on warpgroup MMA (sm_90a), and the kernel without split keys (the only count that builds other kernels: with 1 no split kernel or combine is built
-#: and the key-masked cases take the lazy rescale; another count changes the host's maximum alone). A folder built
+#: tile's 64-key tiles in dynamic shared memory, the 64-row kernel, the causal blocks in the grid's order, Q.K^T on
+#: warpgroup MMA (sm_90a), and the kernel without split keys (the only count that builds other kernels: with 1 no
+#: split kernel or combine is built and the key-masked cases take the lazy rescale; another count changes the host's
+#: maximum alone). A folder built
 #: with one gets the sanitizer steps over FLASH_CASES, so that each variant is checked by memcheck and racecheck
 #: where it runs.
 FLASH_VARIANT_OPTIONS = ("flash-mma-symmetric=true", "flash-mma-grad=true", "flash-mma-dynamic-shared=true",
@@ -344,12 +345,13 @@ def steps(ctx):
                             PYTHONPATH=ctx.repo + os.pathsep + os.path.join(ctx.repo, "python") + os.pathsep +
                             os.environ.get("PYTHONPATH", "")), ctx.repo
 
-    def bench_step():
+    def bench_step(extra=()):
+        """The bench's command (with `extra` arguments) and environment."""
         return ([ctx.python, "-m", "bench.gpu.bench_gpu",
                  "--lib", os.path.join(ctx.build, "libbench-cases.so"),
                  "--runtime-dir", ctx.build,
                  "--manifest", os.path.join(ctx.bench, "cases.json"),
-                 "--out", os.path.join(ctx.logs, "bench")],
+                 "--out", os.path.join(ctx.logs, "bench")] + list(extra),
                 # the route + plan cases' reference (moe_mlir.reference.routing) from the checkout's python/,
                 # which src/ does not copy
                 ctx.env(PYTHONPATH=os.pathsep.join(
@@ -385,8 +387,7 @@ def steps(ctx):
         # API errors are the harness's to report (moeGpuTakeDriverError), not the sanitizer's.
         ("memcheck", True, 480, lambda: sanitizer(ctx, "memcheck", ["--report-api-errors", "no"])),
         ("racecheck", True, 480, lambda: sanitizer(ctx, "racecheck", ["--racecheck-report", "hazard"])),
-        ("bench", True, 540, lambda: (bench_step()[0] + shlex.split(os.environ.get("MOE_GPU_BENCH_ARGS", "")),
-                                      bench_step()[1])),
+        ("bench", True, 540, lambda: bench_step(shlex.split(os.environ.get("MOE_GPU_BENCH_ARGS", "")))),
         ("profile", True, 240, lambda: profile(ctx, *bench_step())),
         ("models-bench", True, 570, lambda: torch_ops_step(ctx, [
             ctx.python, "-m", "bench.models", "--device", "cuda", "--rounds", "1", "--budget", "1",

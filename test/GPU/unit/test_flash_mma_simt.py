@@ -57,7 +57,10 @@ VARIANTS = {
 ASYNC_VARIANTS = list(VARIANTS)
 
 
-def lower(B, N, D, K, t, tau, causal, masked, options):
+def lower(B, N, D, K, t, tau, causal, masked, options, dynamic=False):
+    """The lowered module of one similarity_inform (with `dynamic`, B and N dynamic: the torch ops' kernels)."""
+    if dynamic:
+        B, N = "?", "?"
     mask = f" key_mask(%m : tensor<{B}x{N}xi1>)" if masked else ""
     marg = f", %m: tensor<{B}x{N}xi1>" if masked else ""
     attrs = f" tau({tau:e})" + (" causal(true)" if causal else "")
@@ -571,12 +574,8 @@ def test_flash_mma_wgmma_dynamic_shapes(D, K, causal):
     u = bits(centers[np.arange(N) % 4][None] + rng.standard_normal((B, N, D)).astype(np.float32) * 0.05, t)
     e = rng.random((B, N, K)).astype(np.float32)
     e = bits(e / e.sum(-1, keepdims=True), t)
-    ut, et, pt = f"tensor<?x?x{D}x{t}>", f"tensor<?x?x{K}x{t}>", f"tensor<?x?x{K}xf32>"
-    attrs = f" tau({tau:e})" + (" causal(true)" if causal else "")
-    text = (f"func.func @f(%u: {ut}, %e: {et}) -> {pt} {{\n  %p = moe.similarity_inform %u, %e{attrs} : {ut}, {et} -> "
-            f"{pt}\n  return %p : {pt}\n}}\n")
-    text = simt.lower(MOE_OPT, text, f"{BASE64} {VARIANTS['wgmma']} flash-mma-key-splits=1")
-    assert '"nvvm.wgmma.mma_async"' in text
+    text = lower(B, N, D, K, t, tau, causal, False, f"{VARIANTS['wgmma']} flash-mma-key-splits=1", dynamic=True)
+    assert '"nvvm.wgmma.mma_async"' in text and "tensor<?x?x" in text
     got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=warp_threads(text))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau,
                            causal=causal).numpy()
