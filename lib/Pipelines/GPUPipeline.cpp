@@ -97,7 +97,7 @@ resolveDynamicSharedMemory(const moe::MoELowerToNVVMOptions &options) {
 /// convert-moe-to-gpu's options as the pipeline's, topk-rounds and the
 /// dynamic shared memory limit resolved for the chip, and flash-mma-wgmma
 /// only on sm_90a (wgmma has no form in sm_90's or any other chip's PTX;
-/// elsewhere the mma.sync kernel).
+/// elsewhere the mma.sync kernel), flash-mma-tma only with it.
 static moe::ConvertMoEToGPUOptions
 convertOptionsOf(const moe::MoELowerToNVVMOptions &options) {
   moe::ConvertMoEToGPUOptions convert = options.convertMoEToGPUOptions();
@@ -105,6 +105,7 @@ convertOptionsOf(const moe::MoELowerToNVVMOptions &options) {
   convert.dynamicSharedMemoryBytes = resolveDynamicSharedMemory(options);
   convert.flashMmaWgmma =
       options.flashMmaWgmma && StringRef(options.chip) == "sm_90a";
+  convert.flashMmaTma = convert.flashMmaWgmma && options.flashMmaTma;
   return convert;
 }
 

@@ -105,6 +105,7 @@ struct ConvertMoEToGPUPass
     options.flashCausalBalance = flashCausalBalance;
     options.flashMmaDynamicShared = flashMmaDynamicShared;
     options.flashMmaWgmma = flashMmaWgmma;
+    options.flashMmaTma = flashMmaTma;
     options.dynamicSharedMemoryBytes = dynamicSharedMemoryBytes;
     options.routeMap = routeMap;
     return options;

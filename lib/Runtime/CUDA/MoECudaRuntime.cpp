@@ -14,6 +14,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -194,6 +196,172 @@ bool takeErrorWord(CUdeviceptr words) {
   return true;
 }
 
+//===----------------------------------------------------------------------===//
+// Tensor maps (flash-mma-tma's key tiles)
+//===----------------------------------------------------------------------===//
+
+/// A tensor map asked for: everything cuTensorMapEncodeTiled is given.
+struct TensorMapKey {
+  int64_t address;
+  int32_t elementType;
+  int64_t dims[3];
+  int32_t box[2];
+  bool operator==(const TensorMapKey &o) const {
+    return address == o.address && elementType == o.elementType &&
+           std::equal(dims, dims + 3, o.dims) && std::equal(box, box + 2, o.box);
+  }
+};
+
+struct TensorMapKeyHash {
+  size_t operator()(const TensorMapKey &k) const {
+    uint64_t h = static_cast<uint64_t>(k.address);
+    for (int64_t d : k.dims)
+      h = h * 1099511628211ull ^ static_cast<uint64_t>(d);
+    return h ^ (static_cast<uint64_t>(k.elementType) << 1) ^
+           (static_cast<uint64_t>(k.box[0]) << 8) ^
+           (static_cast<uint64_t>(k.box[1]) << 20);
+  }
+};
+
+/// The tensor maps of one device: each one 128 bytes of device memory that is
+/// written once and never again (the TMA unit caches descriptors by address:
+/// a slot rewritten under a cached entry would need a tensormap proxy fence in
+/// every kernel), in slabs of kTensorMapSlab; kTensorMapLimit maps at most,
+/// past which the kernels take their cp.async copies.
+constexpr size_t kTensorMapSlab = 512;
+constexpr size_t kTensorMapLimit = 32768;
+struct DeviceTensorMaps {
+  std::unordered_map<TensorMapKey, CUdeviceptr, TensorMapKeyHash> maps;
+  CUdeviceptr slab = 0;
+  size_t used = kTensorMapSlab;
+  /// A stream of the runtime's own for the maps' copies: a miss waits for its
+  /// 128 bytes, not for the caller's stream.
+  CUstream copies = nullptr;
+};
+std::mutex tensorMapMutex;
+std::vector<DeviceTensorMaps> tensorMaps;
+
+} // namespace
+
+/// Why no 3-D tensor map of what moeGpuTensorMap3d is asked can be made
+/// (null: one can): TMA's limits (cuTensorMapEncodeTiled's documentation) on
+/// the kernels' 2-byte elements, 128-byte swizzle and zero fill.
+extern "C" const char *moeGpuTensorMapRefusal(int64_t address,
+                                              int32_t elementType,
+                                              int64_t inner, int64_t rows,
+                                              int64_t batches,
+                                              int32_t boxInner,
+                                              int32_t boxRows) {
+  if (elementType != kMoeTensorMapF16 && elementType != kMoeTensorMapBF16)
+    return "an element type other than f16 or bf16";
+  if (address == 0 || address % 16 != 0)
+    return "a base address that is not 16-byte aligned";
+  const int64_t dims[3] = {inner, rows, batches};
+  for (int64_t d : dims)
+    if (d < 1 || d > (int64_t(1) << 32))
+      return "a dimension outside [1, 2^32]";
+  // The strides of the rows and batches in bytes: multiples of 16 below 2^40.
+  const int64_t rowBytes = inner * 2;
+  if (rowBytes % 16 != 0)
+    return "rows that are not a multiple of 16 bytes";
+  if (rowBytes * rows >= (int64_t(1) << 40))
+    return "a batch stride of 2^40 bytes or more";
+  // The 128-byte swizzle: a box row of at most 128 bytes, a multiple of 16.
+  if (boxInner < 8 || boxInner * 2 > 128 || boxInner % 8 != 0)
+    return "a box row that is not 16 to 128 bytes in 16-byte steps";
+  if (boxRows < 1 || boxRows > 256)
+    return "a box of rows outside [1, 256]";
+  return nullptr;
+}
+
+extern "C" int64_t moeGpuTensorMap3d(int64_t address, int32_t elementType,
+                                     int64_t inner, int64_t rows,
+                                     int64_t batches, int32_t boxInner,
+                                     int32_t boxRows) {
+  static const bool disabled = [] {
+    const char *env = std::getenv("MOE_GPU_TMA");
+    return env && env[0] == '0';
+  }();
+  if (disabled || moeGpuTensorMapRefusal(address, elementType, inner, rows,
+                                         batches, boxInner, boxRows))
+    return 0;
+  ScopedContext scope;
+  CUdevice device;
+  if (!MOE_CU(cuCtxGetDevice(&device)))
+    return 0;
+  std::lock_guard<std::mutex> lock(tensorMapMutex);
+  if (tensorMaps.size() <= static_cast<size_t>(device))
+    tensorMaps.resize(device + 1);
+  DeviceTensorMaps &own = tensorMaps[device];
+  TensorMapKey key{address, elementType, {inner, rows, batches},
+                   {boxInner, boxRows}};
+  if (auto it = own.maps.find(key); it != own.maps.end())
+    return static_cast<int64_t>(it->second);
+  // TMA is sm_90's (a map is only made, and so only found, on such a chip).
+  int computeMajor = 0;
+  if (!MOE_CU(cuDeviceGetAttribute(
+          &computeMajor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+          device)) ||
+      computeMajor < 9)
+    return 0;
+  // A miss writes device memory and waits for it: not while the caller's
+  // stream is captured into a graph (the graph's kernels then take their
+  // cp.async copies, unless the map was made before the capture).
+  if (ambientStream) {
+    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (!MOE_CU(cuStreamIsCapturing(ambientStream, &capture)) ||
+        capture != CU_STREAM_CAPTURE_STATUS_NONE)
+      return 0;
+  }
+  if (own.maps.size() >= kTensorMapLimit)
+    return 0;
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(inner),
+                              static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(batches)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(inner * 2),
+                                 static_cast<cuuint64_t>(inner * 2 * rows)};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(boxInner),
+                             static_cast<cuuint32_t>(boxRows), 1};
+  const cuuint32_t elementStrides[3] = {1, 1, 1};
+  CUresult encoded = cuTensorMapEncodeTiled(
+      &map,
+      elementType == kMoeTensorMapBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      3, reinterpret_cast<void *>(address), dims, strides, box, elementStrides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (encoded != CUDA_SUCCESS) {
+    // Not an error of the op: its kernel takes its cp.async copies.
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      const char *name = "?";
+      cuGetErrorName(encoded, &name);
+      std::fprintf(stderr,
+                   "moe_cuda_runtime: cuTensorMapEncodeTiled declined a "
+                   "tensor map (%s); the kernels copy with cp.async\n",
+                   name);
+    });
+    return 0;
+  }
+  if (own.used == kTensorMapSlab) {
+    if (!MOE_CU(cuMemAlloc(&own.slab, kTensorMapSlab * sizeof(CUtensorMap))))
+      return 0;
+    own.used = 0;
+  }
+  if (!own.copies &&
+      !MOE_CU(cuStreamCreate(&own.copies, CU_STREAM_NON_BLOCKING)))
+    return 0;
+  CUdeviceptr slot = own.slab + own.used * sizeof(CUtensorMap);
+  if (!MOE_CU(cuMemcpyHtoDAsync(slot, &map, sizeof(map), own.copies)) ||
+      !MOE_CU(cuStreamSynchronize(own.copies)))
+    return 0;
+  ++own.used;
+  own.maps.emplace(key, slot);
+  return static_cast<int64_t>(slot);
+}
+
+namespace {
 } // namespace
 
 //===----------------------------------------------------------------------===//

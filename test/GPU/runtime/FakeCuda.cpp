@@ -37,7 +37,11 @@ CUresult alloc(CUdeviceptr *dptr, size_t bytes, const char *name) {
     *dptr = 0;
     return state().allocFailure;
   }
-  *dptr = reinterpret_cast<CUdeviceptr>(std::calloc(1, bytes));
+  // 256-byte aligned, as the driver's allocations are.
+  size_t rounded = (bytes + 255) / 256 * 256;
+  void *memory = std::aligned_alloc(256, rounded ? rounded : 256);
+  std::memset(memory, 0, rounded);
+  *dptr = reinterpret_cast<CUdeviceptr>(memory);
   return CUDA_SUCCESS;
 }
 void *ptr(CUdeviceptr p) { return reinterpret_cast<void *>(p); }
@@ -203,6 +207,43 @@ CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int) {
 CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int) {
   *phEvent = reinterpret_cast<CUevent>(0x40);
   return note("cuEventCreate");
+}
+CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib,
+                                      CUdevice) {
+  *pi = attrib == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+            ? state().computeMajor
+            : 0;
+  return note("cuDeviceGetAttribute");
+}
+CUresult CUDAAPI cuStreamIsCapturing(CUstream,
+                                     CUstreamCaptureStatus *captureStatus) {
+  *captureStatus = state().capture;
+  return note("cuStreamIsCapturing");
+}
+CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src,
+                                   size_t bytes, CUstream hStream) {
+  std::memcpy(ptr(dst), src, bytes);
+  return noteOn("cuMemcpyHtoDAsync", hStream);
+}
+CUresult CUDAAPI cuTensorMapEncodeTiled(
+    CUtensorMap *tensorMap, CUtensorMapDataType, cuuint32_t tensorRank,
+    void *globalAddress, const cuuint64_t *globalDim,
+    const cuuint64_t *globalStrides, const cuuint32_t *boxDim,
+    const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle swizzle,
+    CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
+  note("cuTensorMapEncodeTiled");
+  if (state().encodeFailure != CUDA_SUCCESS)
+    return state().encodeFailure;
+  uint64_t words[16] = {reinterpret_cast<uint64_t>(globalAddress), tensorRank};
+  for (cuuint32_t d = 0; d < tensorRank && d < 3; ++d) {
+    words[2 + d] = globalDim[d];
+    words[7 + d] = boxDim[d];
+  }
+  for (cuuint32_t d = 0; d + 1 < tensorRank && d < 2; ++d)
+    words[5 + d] = globalStrides[d];
+  words[10] = swizzle;
+  std::memcpy(tensorMap, words, sizeof(words));
+  return CUDA_SUCCESS;
 }
 } // extern "C"
 

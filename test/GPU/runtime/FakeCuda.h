@@ -35,6 +35,14 @@ struct State {
   /// The stream of each call that takes one (launches, stream-ordered
   /// allocations, frees, copies and memsets), by name, in order.
   std::vector<std::pair<std::string, CUstream>> streamed;
+  /// The device's compute capability major (cuDeviceGetAttribute).
+  int computeMajor = 9;
+  /// What cuStreamIsCapturing reports for every stream.
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  /// cuTensorMapEncodeTiled fails with this (CUDA_SUCCESS: encodes). An
+  /// encoded map's first words are its address, rank, the three dimensions,
+  /// two strides, the box, and the swizzle.
+  CUresult encodeFailure = CUDA_SUCCESS;
 };
 State &state();
 void reset();
