@@ -6,6 +6,8 @@
 // RUN: FileCheck %s --check-prefix=PTX < %t/ptxas-mma-cases.sm_80.0.ptx
 // RUN: mkdir -p %t/wgmma && %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_90a --lower-chip sm_90a --pipeline-options "flash-mma-wgmma=true" --keep-ptx %t/wgmma --out %t/report-wgmma.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s --check-prefix=WGMMA
 // RUN: FileCheck %s --check-prefix=WGMMA-PTX < %t/wgmma/ptxas-mma-cases.sm_90a.0.ptx
+// RUN: mkdir -p %t/tma && %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_90a --lower-chip sm_90a --pipeline-options "flash-mma-wgmma=true flash-mma-tma=true" --keep-ptx %t/tma --out %t/report-tma.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s --check-prefix=TMA
+// RUN: FileCheck %s --check-prefix=TMA-PTX < %t/tma/ptxas-mma-cases.sm_90a.0.ptx
 
 // The tensor-core flash kernels (moe-lower-to-nvvm,
 // FlashMma.cpp) assemble with ptxas for sm_80 and sm_90 without local memory
@@ -38,6 +40,12 @@
 // WGMMA: ptxas report: {{[0-9]+}} kernels, 0 failures
 // WGMMA-PTX-DAG: wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16
 // WGMMA-PTX-DAG: wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16
+
+// flash-mma-tma with it: the wgmma kernels' key tiles by TMA (each with its twin without, for a base the runtime
+// makes no tensor map of), every kernel still without local memory.
+// TMA: ptxas report: {{[0-9]+}} kernels, 0 failures
+// TMA-PTX-DAG: cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// TMA-PTX-DAG: mbarrier.try_wait.parity.shared.b64
 // WGMMA-PTX-DAG: wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16
 // WGMMA-PTX-DAG: mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
 

@@ -136,16 +136,21 @@ static constexpr int64_t kPad = 8;
 /// rows, padded by kPad elements. With FlashMmaTile::wgmma the keys are
 /// [buffers x panels x cols, 64] in wgmma's 128-byte swizzle (a panel a 64
 /// features, unpadded), and a third buffer holds the block's query rows in
-/// the same layout, [panels x 128, 64].
-static SmallVector<MemRefType, 3> flashMmaSharedTypes(const FlashMmaTile &tile,
+/// the same layout, [panels x 128, 64]; with FlashMmaTile::tma a fourth the
+/// stages' mbarriers.
+static SmallVector<MemRefType, 4> flashMmaSharedTypes(const FlashMmaTile &tile,
                                                       Type elt) {
   if (tile.wgmma) {
     const int64_t panels = tile.depth / 64;
-    return {
+    SmallVector<MemRefType, 4> types = {
         workgroupMemRef({tile.buffers * panels * tile.cols, 64}, elt),
         workgroupMemRef({tile.buffers * tile.cols, tile.experts + kPad}, elt),
         workgroupMemRef({panels * kRows * tile.rowTiles, 64}, elt),
     };
+    if (tile.tma)
+      types.push_back(workgroupMemRef(
+          {tile.buffers}, IntegerType::get(elt.getContext(), 64)));
+    return types;
   }
   return {
       workgroupMemRef({tile.buffers * tile.cols, tile.depth + kPad}, elt),
@@ -159,12 +164,18 @@ static SmallVector<MemRefType, 3> flashMmaSharedTypes(const FlashMmaTile &tile,
 /// much more at the launch).
 static constexpr int64_t kSwizzleAlign = 1024;
 
+/// mbarrier.try_wait's suspend-time hint (ns) in flash-mma-tma's waits: the
+/// thread may sleep that long for the phase before it tests again (CUTLASS's
+/// value).
+static constexpr int64_t kTmaWaitTicks = 0x989680;
+
 /// The bytes of dynamic shared memory the kernel's buffers take at a launch
 /// (flashMmaSharedTypes; with wgmma the room to align their start).
 static int64_t flashMmaSharedBytes(const FlashMmaTile &tile, Type elt) {
   int64_t bytes = tile.wgmma ? kSwizzleAlign : 0;
   for (MemRefType type : flashMmaSharedTypes(tile, elt))
-    bytes += type.getNumElements() * elt.getIntOrFloatBitWidth() / 8;
+    bytes += type.getNumElements() *
+             type.getElementType().getIntOrFloatBitWidth() / 8;
   return bytes;
 }
 
@@ -286,8 +297,10 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       // the query tile fitting the chip's opt-in maximum twice (2 blocks).
       if (wgmmaRoom && tile.buffers == 3) {
         tile.wgmma = true;
+        tile.tma = options.flashMmaTma;
         const int64_t wgBytes = flashMmaSharedBytes(tile, qElt);
         tile.wgmma = blocksFit(wgBytes, 2, options.dynamicSharedMemoryBytes);
+        tile.tma = tile.tma && tile.wgmma;
         // Without the query's fragments 3 blocks fit ptxas's 168 registers
         // (D = 64, K = 16: 167, no spill, 4.91 instructions a score against
         // 4.81 at 216 registers and 2 blocks: 12 warps a multiprocessor
@@ -362,6 +375,7 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       FlashMmaTile w = tile;
       w.cols = cols;
       w.wgmma = true;
+      w.tma = options.flashMmaTma;
       w.dynamicShared = true;
       const int64_t wgBytes = flashMmaSharedBytes(w, qElt);
       const int64_t wgRegs = regs - 4 * (tile.depth / 16);
@@ -618,6 +632,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // offset from it.
   Value qs, sharedStart;
   int64_t queryAt = 0;
+  // FlashMmaTile::tma: the shared-window address (i64) of the stages'
+  // mbarriers.
+  Value mbarStart;
   if (tile.dynamicShared) {
     // Three stages or flash-mma-dynamic-shared: the key buffers from
     // the start of the block's dynamic shared memory, the value buffers after
@@ -625,7 +642,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     // lays them out. With wgmma: from the first 1024-byte boundary, the
     // query's buffer between the keys' and the values' (both multiples of
     // 1024 bytes: the keys' panels are 64 x 128 or 32 x 128 bytes).
-    SmallVector<MemRefType, 3> types = flashMmaSharedTypes(tile, elt);
+    SmallVector<MemRefType, 4> types = flashMmaSharedTypes(tile, elt);
     auto space = gpu::AddressSpaceAttr::get(b.getContext(),
                                             gpu::AddressSpace::Workgroup);
     Value bytes = gpu::DynamicSharedMemoryOp::create(
@@ -651,6 +668,11 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
                                 tile.wgmma ? kb.add(start, kb.idx(valueAt))
                                            : kb.idx(valueAt),
                                 ValueRange{});
+    if (tile.tma)
+      mbarStart = kb.castInt(
+          kb.add(sharedStart,
+                 kb.idx(valueAt + types[1].getNumElements() * 2)),
+          b.getI64Type());
   } else {
     ks = kernel.workgroup(0);
     vs = kernel.workgroup(1);
@@ -676,6 +698,37 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   for (int64_t t = 1; t < T; ++t)
     for (int64_t r = 0; r < 2; ++r)
       rowsOf.push_back(kb.add(r0, kb.idx(tileStride * t + 8 * r)));
+
+  // FlashMmaTile::tma: the keys' tensor map (the kernel's last argument;
+  // the host launches this kernel only with one) and each stage's mbarrier,
+  // which thread 0 sets up for its own arrival (with the tile's bytes,
+  // before its copies); the pipeline's first barrier orders that before any
+  // thread's wait on it.
+  Value tmaMap;
+  Type sharedPtr = LLVM::LLVMPointerType::get(b.getContext(), 3);
+  auto mbarOf = [&](Value slot) -> Value {
+    Value addr = kb.add(mbarStart, kb.castInt(kb.mul(slot, kb.idx(8)),
+                                              b.getI64Type()));
+    return LLVM::IntToPtrOp::create(b, sharedPtr, addr);
+  };
+  // Thread 0, which issues every copy, also orders the host's write of the
+  // map (a copy to global memory: the generic proxy) before the copies'
+  // reads of it (the tensormap proxy): CUDA's rule for a tensor map passed
+  // in global memory rather than as a __grid_constant__ parameter.
+  if (tile.tma) {
+    tmaMap = kernel.arg(kernel.func.getNumArguments() - 1);
+    kb.ifThen(kb.eq(tid, c0), [&] {
+      for (int64_t slot = 0; slot < tile.buffers; ++slot)
+        NVVM::MBarrierInitOp::create(b, mbarOf(kb.idx(slot)), kb.cI32(1),
+                                     Value());
+      NVVM::FenceMbarrierInitOp::create(b);
+      NVVM::FenceProxyAcquireOp::create(
+          b, NVVM::MemScopeKind::SYS,
+          LLVM::IntToPtrOp::create(
+              b, LLVM::LLVMPointerType::get(b.getContext()), tmaMap),
+          kb.cI32(128));
+    });
+  }
 
   // The query fragments, once: chunk c's A operand holds (row, feature)
   // (g, 16c + 2tig + {0,1}), (g + 8, ...), (g, 16c + 8 + 2tig + {0,1}),
@@ -718,7 +771,10 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     Value ptr = memref::ExtractAlignedPointerAsIndexOp::create(b, memref);
     return kb.eq(kb.remu(ptr, kb.idx(16)), c0);
   };
-  Value keysAligned = alignedBase(keys, tile.wideKeys || tile.asyncKeys);
+  // (With TMA the keys' alignment is the runtime's to check: a tensor map
+  // is only made for an aligned base.)
+  Value keysAligned =
+      alignedBase(keys, !tile.tma && (tile.wideKeys || tile.asyncKeys));
   Value valuesAligned = alignedBase(e, tile.wideValues || tile.asyncValues);
   auto maskedValue = [&](Value j, Value v) -> Value {
     // A masked key adds nothing, not 0 · e.
@@ -897,12 +953,44 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   }
   const int64_t accCount = accBlocks * 4;
   const int64_t accAll = T * accCount;
+  // The key tile at j0 into the buffer rows from rowOff by TMA: thread 0
+  // arms the stage's mbarrier with the tile's bytes (the whole box: rows past
+  // Nk arrive as zeros and count) and issues a copy a 64-feature panel,
+  // at coordinates (feature, key, batch element) of the [B, Nk, D] map.
+  auto tmaKeys = [&](Value j0, Value rowOff) {
+    kb.ifThen(kb.eq(tid, c0), [&] {
+      Value bar = mbarOf(kb.divu(rowOff, kb.idx(cols)));
+      NVVM::MBarrierArriveExpectTxOp::create(
+          b, Type(), bar, kb.cI32(cols * tile.depth * 2),
+          NVVM::MemScopeKind::CTA, /*relaxed=*/false, Value());
+      Type i32 = b.getI32Type(), i64 = b.getI64Type();
+      Value mapPtr = LLVM::IntToPtrOp::create(
+          b, LLVM::LLVMPointerType::get(b.getContext()), tmaMap);
+      Value key = kb.castInt(j0, i32), batch = kb.castInt(bi, i32);
+      for (int64_t p = 0; p < tile.depth / 64; ++p) {
+        Value row = kb.add(kb.mul(rowOff, kb.idx(tile.depth / 64)),
+                           kb.idx(p * cols));
+        // The copy's destination is a shared::cluster address (address
+        // space 7): a CTA's own shared::cta addresses are ones of it.
+        Value dst = LLVM::IntToPtrOp::create(
+            b, LLVM::LLVMPointerType::get(b.getContext(), 7),
+            kb.castInt(kb.add(sharedStart, kb.mul(row, kb.idx(128))), i64));
+        NVVM::CpAsyncBulkTensorGlobalToSharedClusterOp::create(
+            b, dst, mapPtr, ValueRange{kb.cI32(p * 64), key, batch}, bar,
+            ValueRange{}, Value(), Value(), NVVM::TMALoadMode::TILE,
+            /*isCTAOnly=*/false, NVVM::CTAGroupKindAttr(), Value());
+      }
+    });
+  };
   auto stageKeysAndValues = [&](Value j0, Value rowOff, bool whole = false) {
     bool wideK = tile.wideKeys || tile.asyncKeys;
     bool wideV = tile.wideValues || tile.asyncValues;
-    stageTile(keys, ks, tile.depth, wideK, keysAligned, j0, Nk, D, nullptr,
-              rowOff, tile.asyncKeys, whole, /*rows=*/cols,
-              /*swizzled=*/tile.wgmma);
+    if (tile.tma)
+      tmaKeys(j0, rowOff);
+    else
+      stageTile(keys, ks, tile.depth, wideK, keysAligned, j0, Nk, D, nullptr,
+                rowOff, tile.asyncKeys, whole, /*rows=*/cols,
+                /*swizzled=*/tile.wgmma);
     stageTile(e, vs, tile.experts, wideV, valuesAligned, j0, Nk, kb.idx(K),
               keyMask ? maskedValue : function_ref<Value(Value, Value)>(),
               rowOff, tile.asyncValues, whole);
@@ -1032,6 +1120,21 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
                                      NVVM::SharedSpace::shared_cta));
     kb.barrier();
     Value tileIndex = kb.divu(j0, kb.idx(cols));
+    // FlashMmaTile::tma: the tile's TMA copies, waited for on its stage's
+    // mbarrier in the phase of the stage's fills so far in this block
+    // ((tile - first tile) / stages, mod 2).
+    // (In 32 bits: a tile index fits, and the division by 3 stages is a
+    // 32-bit multiply-high, not a 64-bit one.)
+    if (tile.tma) {
+      Type i32 = b.getI32Type();
+      Value first = partials ? tileLo : c0;
+      Value fills = arith::DivUIOp::create(
+          b, kb.castInt(kb.sub(tileIndex, first), i32), kb.cI32(stages));
+      Value slot = knownSlot ? knownSlot : kb.remu(tileIndex, kb.idx(stages));
+      NVVM::MBarrierTryWaitParityOp::create(b, mbarOf(slot),
+                                            kb.andI(fills, kb.cI32(1)),
+                                            kb.cI32(kTmaWaitTicks));
+    }
     // With `whole` the tile ahead is known to be a whole one (below
     // keyHi): no test, no row bounds.
     auto stageAhead = [&](Value next, Value row) {
@@ -1858,19 +1961,40 @@ static void launchSplitTopkCombine(HostCode &h, StringRef name,
   comb.launch({kb.select(run, grid, kb.idx(0)), kb.idx(1), kb.idx(1)});
 }
 
+/// FlashMmaTile::tma: `launch(kernelTile, when, map)` defines and launches
+/// the kernel of `tile` with the keys' tensor map `map` where the runtime made
+/// one (`tmaMap` != 0), and the same kernel without TMA (`map` null: its
+/// cp.async copies) where it made none, each over an empty grid where the
+/// other runs (`when`: where it runs, and `run` holds; null: always).
+/// Without TMA the one kernel of `tile` where `run` holds.
+static void launchWithTensorMap(
+    HostCode &h, const FlashMmaTile &tile, Value tmaMap, Value run,
+    function_ref<void(const FlashMmaTile &, Value, Value)> launch) {
+  if (!tile.tma)
+    return launch(tile, run, Value());
+  GpuKernelBuilder &kb = h.kb;
+  Value made = kb.cmpi(arith::CmpIPredicate::ne, tmaMap, kb.cI64(0));
+  auto andRun = [&](Value c) { return run ? kb.andI(run, c) : c; };
+  launch(tile, andRun(made), tmaMap);
+  FlashMmaTile copies = tile;
+  copies.tma = false;
+  launch(copies, andRun(kb.notI1(made)), Value());
+}
+
 /// `run`: whether the split pair runs (more than one split); where not, its
 /// kernels launch over empty grids, which the runtime does not launch, and its
-/// workspace is empty (no allocation).
+/// workspace is empty (no allocation). `tmaMap`: FlashMmaTile::tma's last
+/// argument.
 static void launchSplitFlashMixMma(HostCode &h, StringRef name,
                                    const FlashMixSpec &spec,
                                    const FlashMmaTile &tile, Value q,
                                    ValueRange args, TypeRange workgroup,
-                                   Location loc, Value splits, Value run) {
+                                   Location loc, Value splits, Value run,
+                                   Value tmaMap) {
   GpuKernelBuilder &kb = h.kb;
   const int64_t K = spec.numExperts;
   Value B = kb.dim(q, 0), N = kb.dim(q, 1);
-  Value grid = kb.select(run, kb.ceilDiv(N, kb.idx(kRows * tile.rowTiles)),
-                         kb.idx(0));
+  Value grid = kb.ceilDiv(N, kb.idx(kRows * tile.rowTiles));
   auto wsType = MemRefType::get(
       {ShapedType::kDynamic, ShapedType::kDynamic, ShapedType::kDynamic, K + 2},
       kb.f32());
@@ -1881,15 +2005,23 @@ static void launchSplitFlashMixMma(HostCode &h, StringRef name,
   operands.push_back(ws);
   if (spec.gated)
     operands.push_back(args.back());
-  {
-    GPUKernel kernel(h, name, operands, workgroup, {kThreads, 1, 1}, loc);
-    alignWorkgroupBuffers(kernel.func);
-    kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
-                         kernel.b.getI32IntegerAttr(tile.blocksPerSM));
-    Type elt = cast<MemRefType>(q.getType()).getElementType();
-    emitFlashMixMma(kernel, spec, tile, elt);
-    kernel.launch({grid, B, splits}, flashMmaDynamicBytes(h.b, tile, elt));
-  }
+  launchWithTensorMap(
+      h, tile, tmaMap, run,
+      [&](const FlashMmaTile &kernelTile, Value when, Value map) {
+        SmallVector<Value> kernelOperands(operands);
+        if (map)
+          kernelOperands.push_back(map);
+        GPUKernel kernel(h, name, kernelOperands, workgroup, {kThreads, 1, 1},
+                         loc);
+        alignWorkgroupBuffers(kernel.func);
+        kernel.func->setAttr(
+            NVVM::NVVMDialect::getMinctasmAttrName(),
+            kernel.b.getI32IntegerAttr(kernelTile.blocksPerSM));
+        Type elt = cast<MemRefType>(q.getType()).getElementType();
+        emitFlashMixMma(kernel, spec, kernelTile, elt);
+        kernel.launch({kb.select(when, grid, kb.idx(0)), B, splits},
+                      flashMmaDynamicBytes(h.b, kernelTile, elt));
+      });
   if (spec.topk) {
     launchSplitTopkCombine(h, name, spec, ws, plain.take_back(2), loc, run);
     h.release(ws);
@@ -1955,18 +2087,32 @@ void mlir::moe::gpu_lowering::launchFlashMixMma(HostCode &h, StringRef name,
   GpuKernelBuilder &kb = h.kb;
   // Launches the kernel of `direct` (no split) where `run` holds (null:
   // always), else over an empty grid.
+  // FlashMmaTile::tma: the keys' tensor map (boxes of one 64-feature panel
+  // of a key tile), once for both kernels.
+  Value tmaMap = tile.tma ? h.tensorMap3d(args[1], 64, tile.cols) : Value();
   auto launchDirect = [&](const FlashMmaTile &direct, Value run) {
-    GPUKernel kernel(h, name, args, workgroup, {kThreads, 1, 1}, loc);
-    // ldmatrix, cp.async and the 16-byte stores need 16-byte aligned rows.
-    alignWorkgroupBuffers(kernel.func);
-    kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
-                         kernel.b.getI32IntegerAttr(direct.blocksPerSM));
-    emitFlashMixMma(kernel, spec, direct, elt);
-    Value grid = kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows * direct.rowTiles));
-    if (run)
-      grid = kb.select(run, grid, kb.idx(0));
-    kernel.launch({grid, kb.dim(q, 0), kb.idx(1)},
-                  flashMmaDynamicBytes(h.b, direct, elt));
+    launchWithTensorMap(
+        h, direct, tmaMap, run,
+        [&](const FlashMmaTile &kernelTile, Value when, Value map) {
+          SmallVector<Value> operands(args);
+          if (map)
+            operands.push_back(map);
+          GPUKernel kernel(h, name, operands, workgroup, {kThreads, 1, 1},
+                           loc);
+          // ldmatrix, cp.async and the 16-byte stores need 16-byte aligned
+          // rows.
+          alignWorkgroupBuffers(kernel.func);
+          kernel.func->setAttr(
+              NVVM::NVVMDialect::getMinctasmAttrName(),
+              kernel.b.getI32IntegerAttr(kernelTile.blocksPerSM));
+          emitFlashMixMma(kernel, spec, kernelTile, elt);
+          Value grid =
+              kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows * kernelTile.rowTiles));
+          if (when)
+            grid = kb.select(when, grid, kb.idx(0));
+          kernel.launch({grid, kb.dim(q, 0), kb.idx(1)},
+                        flashMmaDynamicBytes(h.b, kernelTile, elt));
+        });
   };
   if (tile.keySplits > 1) {
     // One split (a grid of 264 blocks or more, or one key tile): the direct
@@ -1979,7 +2125,7 @@ void mlir::moe::gpu_lowering::launchFlashMixMma(HostCode &h, StringRef name,
     Value one = kb.eq(splits, kb.idx(1));
     launchDirect(direct, one);
     launchSplitFlashMixMma(h, name, spec, tile, q, args, workgroup, loc, splits,
-                           kb.notI1(one));
+                           kb.notI1(one), tmaMap);
     return;
   }
   launchDirect(tile, Value());

@@ -245,18 +245,38 @@ void HostCode::release(Value buffer) {
 /// C-interface wrappers requested for the public functions do not apply to
 /// them: the runtime exports the plain C symbols.
 static LLVM::LLVMFuncOp declareRuntimeFunction(HostCode &h, StringRef name,
-                                               Type result) {
+                                               Type result,
+                                               ArrayRef<Type> params = {}) {
   if (auto f = h.module.lookupSymbol<LLVM::LLVMFuncOp>(name))
     return f;
   OpBuilder b(h.b);
   b.setInsertionPointToEnd(h.module.getBody());
   return LLVM::LLVMFuncOp::create(b, h.module.getLoc(), name,
-                                  LLVM::LLVMFunctionType::get(result, {}));
+                                  LLVM::LLVMFunctionType::get(result, params));
 }
 
 Value HostCode::errorWord() {
   auto f = declareRuntimeFunction(*this, "moeGpuErrorWord", b.getI64Type());
   return LLVM::CallOp::create(b, f, ValueRange{}).getResult();
+}
+
+Value HostCode::tensorMap3d(Value buffer, int64_t boxInner, int64_t boxRows) {
+  auto type = cast<MemRefType>(buffer.getType());
+  assert(type.getRank() == 3 && type.getLayout().isIdentity() &&
+         "a contiguous [batches, rows, inner] buffer");
+  Type i32 = b.getI32Type(), i64 = b.getI64Type();
+  auto f = declareRuntimeFunction(*this, kTensorMapFunction, i64,
+                                  {i64, i32, i64, i64, i64, i32, i32});
+  Value address = kb.castInt(
+      memref::ExtractAlignedPointerAsIndexOp::create(b, buffer), i64);
+  Type elt = type.getElementType();
+  assert((elt.isF16() || elt.isBF16()) && "moeGpuTensorMap3d's element types");
+  SmallVector<Value> operands = {address, kb.cI32(elt.isBF16() ? 1 : 0)};
+  for (int64_t d : {2, 1, 0})
+    operands.push_back(kb.castInt(kb.dim(buffer, d), i64));
+  operands.push_back(kb.cI32(boxInner));
+  operands.push_back(kb.cI32(boxRows));
+  return LLVM::CallOp::create(b, f, operands).getResult();
 }
 
 void HostCode::finish(bool checkErrors) {

@@ -12,6 +12,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "HostCode.h"
 #include "MoE/Conversion/MoEToGPU/MoEToGPU.h"
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
@@ -72,7 +73,8 @@ void joinStreams(RewriterBase &rewriter, Block &block, bool waitAtReturn) {
       continue;
     }
     if (!pending || isa<gpu::AsyncOpInterface>(op) ||
-        isCallTo(&op, kErrorWordFn))
+        isCallTo(&op, kErrorWordFn) ||
+        isCallTo(&op, moe::gpu_lowering::kTensorMapFunction))
       continue;
     bool terminator = op.hasTrait<OpTrait::IsTerminator>();
     if (!terminator && isMemoryEffectFree(&op))

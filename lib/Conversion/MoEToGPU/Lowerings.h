@@ -199,6 +199,13 @@ struct FlashMmaTile {
   /// without padding, the query's 128 rows beside them in the same layout,
   /// all in dynamic shared memory from a 1024-byte aligned start.
   bool wgmma = false;
+  /// flash-mma-tma (with wgmma): the key tiles copied by the Tensor Memory
+  /// Accelerator, one cp.async.bulk.tensor a 64-feature panel issued by
+  /// thread 0 with the 128-byte swizzle, their bytes counted on an mbarrier
+  /// a stage (8 bytes each after the value buffers) that the tile's step
+  /// waits on. The keys' tensor map is the kernel's last argument; where it
+  /// is 0 the keys are copied by cp.async as without the option.
+  bool tma = false;
 };
 
 /// The largest feature count of the tensor-core kernel (its query fragments

@@ -207,6 +207,13 @@ func.func @similarity_inform_bf16_rows128_wgmma(%u: tensor<1x16384x64xbf16>, %e:
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
+// flash-mma-tma on it: the key tiles copied by TMA (thread 0 issues a copy a tile and panel, every thread waits on the
+// stage's mbarrier), the cp.async copies only where the runtime gives no tensor map.
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 chips=sm_90a options=flash-mma-key-splits=1,flash-mma-wgmma=true,flash-mma-tma=true
+func.func @similarity_inform_bf16_rows128_tma(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
+  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
+  return %p : tensor<1x16384x16xf32>
+}
 // sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-block-rows=64,flash-mma-key-splits=1
 func.func @similarity_inform_bf16_rows64(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
@@ -258,6 +265,12 @@ func.func @similarity_inform_bf16_causal_d256(%u: tensor<4x4096x256xbf16>, %e: t
 // n = 32): the query's 64 registers of fragments move to shared memory, 3 blocks a multiprocessor.
 // sass-budget: kernel=similarity_inform_mma scores-per-tile=32 chips=sm_90a options=flash-mma-wgmma=true
 func.func @similarity_inform_bf16_causal_d256_wgmma(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
+  %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>
+  return %p : tensor<4x4096x64xf32>
+}
+// flash-mma-tma on it: the 4 panels of a 32-key tile in 4 TMA copies of thread 0.
+// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 chips=sm_90a options=flash-mma-wgmma=true,flash-mma-tma=true
+func.func @similarity_inform_bf16_causal_d256_tma(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>
   return %p : tensor<4x4096x64xf32>
 }

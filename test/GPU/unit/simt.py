@@ -24,7 +24,10 @@ values are their bits (uint16) throughout.
 The wgmma kernel (flash-mma-wgmma) adds nvvm.wgmma.mma_async m64nNk16 over a lockstep group's warpgroups, its
 operands read from the dynamic shared memory through the descriptors' addresses with the 128-byte swizzle
 (gpu.dynamic_shared_memory at DYNAMIC_SMEM_ADDRESS), the proxy fence and wgmma's fence, commit and wait as no-ops
-(it runs at its issue), llvm structs of f32 (tuples), and nvvm.barrier's OR reduction (the block's vote).
+(it runs at its issue), llvm structs of f32 (tuples), and nvvm.barrier's OR reduction (the block's vote). With
+flash-mma-tma: mbarriers (init, arrive.expect_tx, try_wait.parity; their phases, arrivals and transaction bytes)
+and the TMA copy cp.async.bulk.tensor through a tensor map that Memory.tensor_map describes (the box, zeros past
+the bounds, the 128-byte swizzle), landing at its issue or, with async_copies="wait", at the wait on its mbarrier.
 The symmetric similarity kernels (FlashSymmetric.cpp) add memref.atomic_rmw addf (lanes in order).
 The dispatch plan's kernels (DispatchPlan.cpp) add nvvm.match.sync (any), math.ctpop/cttz and the error word's
 llvm.inttoptr, cmpxchg (lanes in order), getelementptr and store on a global int64 buffer (Memory.add); its scan
@@ -294,6 +297,20 @@ class Memory:
                 return flat, (address - base) // array.itemsize
         raise IndexError(hex(address))
 
+    #: The addresses tensor_map() gives out: far from the buffers' (argument i at (i + 1) << 32).
+    TENSOR_MAPS = 0x7F << 40
+
+    def tensor_map(self, array, box_inner, box_rows):
+        """The address of a tensor map of `array` (f16/bf16 bits [batches, rows, inner], one of the buffers) as
+        the runtime's moeGpuTensorMap3d makes it for flash-mma-tma: boxes of [1, box_rows, box_inner] elements,
+        the 128-byte swizzle, zeros past the bounds; the TMA copies (cp.async.bulk.tensor) read the array through
+        it. The map's bytes are the driver's (opaque): simt keeps its description by address instead."""
+        maps = self.__dict__.setdefault("maps", {})
+        address = self.TENSOR_MAPS + 128 * len(maps)
+        assert array.ndim == 3 and array.dtype == np.uint16 and box_inner * 2 <= 128, (array.shape, box_inner)
+        maps[address] = (array, box_inner, box_rows)
+        return address
+
     def load16(self, address):
         for base, array, elt in self.buffers:
             if base <= address < base + array.nbytes:
@@ -346,12 +363,16 @@ def run_kernel(body, args, block_dim, grid, memory, smem_shape=None, workgroup=(
                     continue
                 lanes = block_dim if lockstep else LANES
                 for w in range(block_dim // lanes):
-                    env = {}
-                    for name, a in zip(block_args, args + smem):
-                        env[name] = a
+                    env = dict(zip(block_args, _lanes_of(args + smem, lanes)))
                     warp = Warp(env, memory, b, w, lanes=lanes, block_yz=(y, z), grid=dims)
                     warp.dynamic_smem, warp.async_copies, warp.sms = dyn, async_copies, sms
                     warp.run_block(body[0][1], np.ones(lanes, bool))
+
+
+def _lanes_of(values, lanes):
+    """run_kernel's arguments as a group of `lanes` threads sees them: a scalar argument (a numpy integer: an
+    address, such as flash-mma-tma's tensor map) in every lane; arrays (memrefs, workgroup buffers) as they are."""
+    return [np.full(lanes, v) if isinstance(v, np.integer) else v for v in values]
 
 
 def _run_warp_threads(body, values, block_dim, memory, block, block_yz, dims, dyn, async_copies, sms=SMS):
@@ -365,7 +386,7 @@ def _run_warp_threads(body, values, block_dim, memory, block, block_yz, dims, dy
     def go(w):
         try:
             turns.wait_turn(w)
-            env = dict(zip(body[0][0], values))
+            env = dict(zip(body[0][0], _lanes_of(values, LANES)))
             warp = Warp(env, memory, block, w, lanes=LANES, block_yz=block_yz, grid=dims)
             warp.dynamic_smem, warp.async_copies, warp.barrier = dyn, async_copies, _WarpBarrier(turns, w)
             warp.sms = sms
@@ -759,6 +780,10 @@ class Warp:
             # wgmma runs at its issue (below), so its waits have nothing left to wait for; the proxy fence's
             # ordering is the GPU run's to check.
             return None
+        if n in ("nvvm.mbarrier.init", "nvvm.mbarrier.arrive.expect_tx", "nvvm.mbarrier.try_wait.parity",
+                 "nvvm.cp.async.bulk.tensor.shared.cluster.global", "nvvm.fence.mbarrier.init",
+                 "nvvm.fence.proxy.acquire"):
+            return self._tma(op, n, a, mask)
         if n == "nvvm.barrier":
             # bar.red.or.pred (the wgmma kernel's block-wide vote): the block in one lockstep group.
             assert "reductionOp = #nvvm.reduction<or>" in op.props and self.barrier is None, op.props
@@ -853,6 +878,84 @@ class Warp:
                     land()
             return np.zeros(self.n, dtype=np.int64)
         return NotImplemented
+
+    def _mbarrier(self, address):
+        """The state of the block's mbarrier at shared-window `address`: its expected and pending arrivals, its
+        transaction count, its completed phases, the TMA copies counted on it that have not landed."""
+        bars = self.mem.__dict__.setdefault("mbarriers", {})
+        key = (id(self.dynamic_smem), int(address))
+        assert key in bars, f"mbarrier {int(address):#x} used before its init"
+        return bars[key]
+
+    def _tma(self, op, n, a, mask):
+        """flash-mma-tma's mbarriers and TMA copies. mbarrier.init sets the expected arrivals; arrive.expect_tx
+        adds the bytes to wait for and arrives; a phase completes when every arrival came and every byte landed.
+        cp.async.bulk.tensor (tile mode, the tensor map a Memory.tensor_map) copies the box at its coordinates
+        (innermost first; zeros past the array's bounds) into shared memory at its destination with the 128-byte
+        swizzle the hardware applies (each 16-byte chunk of a 128-byte row XOR the row's bits 7-9 of the
+        address), at its issue, or with async_copies="wait" only at a wait on its mbarrier that finds the phase
+        incomplete (the latest it may land). try_wait.parity P returns once the phase of parity P has completed;
+        one that could never return (arrivals or bytes missing) raises: the kernel would hang."""
+        lanes = np.flatnonzero(mask)
+        if n in ("nvvm.fence.mbarrier.init", "nvvm.fence.proxy.acquire"):
+            # (the tensormap proxy's fence: the map is simt's description, never stale)
+            return None
+        bars = self.mem.__dict__.setdefault("mbarriers", {})
+        if n == "nvvm.mbarrier.init":
+            for l in lanes:
+                bars[(id(self.dynamic_smem), int(a[0][l]))] = {"expected": int(a[1][l]), "pending": int(a[1][l]),
+                                                               "tx": 0, "phase": 0, "queued": []}
+            return None
+
+        def complete(bar):
+            assert bar["tx"] >= 0, "mbarrier: more bytes landed than expected"
+            if bar["pending"] == 0 and bar["tx"] == 0:
+                bar["phase"] += 1
+                bar["pending"] = bar["expected"]
+        if n == "nvvm.mbarrier.arrive.expect_tx":
+            for l in lanes:
+                bar = self._mbarrier(a[0][l])
+                assert bar["pending"] > 0, "mbarrier: an arrival past the expected count"
+                bar["tx"] += int(a[1][l])
+                bar["pending"] -= 1
+                complete(bar)
+            return None
+        if n == "nvvm.cp.async.bulk.tensor.shared.cluster.global":
+            assert "mode = #nvvm.tma_load_mode<tile>" in op.props, op.props
+            dst, tmap, *coords, bar_addr = a
+            for l in lanes:
+                array, box_inner, box_rows = self.mem.maps[int(tmap[l])]
+                c0, c1, c2 = (int(c[l]) for c in coords)
+                box = np.zeros((box_rows, box_inner), dtype=np.uint16)
+                rows = array[c2, max(c1, 0):c1 + box_rows, max(c0, 0):c0 + box_inner] \
+                    if 0 <= c2 < array.shape[0] else np.zeros((0, 0), np.uint16)
+                box[:rows.shape[0], :rows.shape[1]] = rows
+                start = int(dst[l])
+                assert start % 128 == 0, "TMA: a destination not 128-byte aligned"
+                addr = start + np.arange(box_rows)[:, None] * 128 + 2 * np.arange(box_inner)[None, :]
+                off = (addr ^ (((addr >> 7) & 7) << 4)) - DYNAMIC_SMEM_ADDRESS
+                assert off.min() >= 0 and off.max() + 2 <= self.dynamic_smem.size, "TMA: outside the shared memory"
+                bar = self._mbarrier(bar_addr[l])
+
+                def land(off=off, box=box, bar=bar, dyn=self.dynamic_smem):
+                    dyn[off] = (box & 0xFF).astype(np.uint8)
+                    dyn[off + 1] = (box >> 8).astype(np.uint8)
+                    bar["tx"] -= box.nbytes
+                    complete(bar)
+                if self.async_copies == "wait":
+                    bar["queued"].append(land)
+                else:
+                    land()
+            return None
+        # nvvm.mbarrier.try_wait.parity: every lane of the group waits on the same barrier and parity.
+        bar = self._mbarrier(_uniform(a[0], mask))
+        parity = int(_uniform(a[1], mask))
+        if bar["phase"] % 2 == parity:
+            for land in bar["queued"]:
+                land()
+            bar["queued"] = []
+        assert bar["phase"] % 2 != parity, "mbarrier: a wait for a phase that never completes (the kernel hangs)"
+        return None
 
     def _wgmma_operand(self, desc, rows, t):
         """The [rows x 16] operand (as f64) that the shared-memory matrix descriptor `desc` names: K-major with the

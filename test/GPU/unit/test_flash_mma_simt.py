@@ -50,6 +50,11 @@ VARIANTS = {
     # block in lockstep (wgmma is the 4 warps'). simt.DYNAMIC_SMEM_ADDRESS is not 1024-aligned: the kernel's own
     # alignment of its buffers, its descriptors and its swizzled stores all meet in the operands simt decodes.
     "wgmma": "flash-mma-block-rows=128 flash-mma-wgmma=true dynamic-shared-memory-bytes=232448",
+    # flash-mma-tma on it: the key tiles copied by TMA into the swizzled panels (simt.Memory.tensor_map: the box the
+    # host's moeGpuTensorMap3d call asks for), counted on a stage's mbarrier that the tile's step waits on. The host
+    # launches it where the runtime made the map and the wgmma kernel without TMA (its twin, the next kernel)
+    # where it made none (a misaligned base): run() takes the twin for `misalign`.
+    "tma": "flash-mma-block-rows=128 flash-mma-wgmma=true flash-mma-tma=true dynamic-shared-memory-bytes=232448",
 }
 # Both variants stage with cp.async (where D / K is a multiple of 8 and the base 16-byte aligned), so each runs again
 # with each copy landing at the wait that needs it (simt.run_kernel's async_copies="wait"): a tile read before its
@@ -124,15 +129,55 @@ def warp_threads(text):
     return block_rows(text) == 128 and '"nvvm.wgmma.mma_async"' not in text
 
 
+def tensor_map_box(text):
+    """(inner, rows) of the box the host's moeGpuTensorMap3d call asks for (flash-mma-tma), or None: its last two
+    operands, constants of the host function @f."""
+    host = text[text.index('sym_name = "f"}>'):]
+    m = re.search(r'"llvm.call"\(([^)]*)\) <\{[^}]*callee = @moeGpuTensorMap3d', host)
+    if not m:
+        return None
+    operands = [x.strip() for x in m.group(1).split(",")]
+    return tuple(int(re.search(rf'{x} = "arith.constant"\(\) <{{value = (\d+) : i32}}>', host).group(1))
+                 for x in operands[-2:])
+
+
+def takes_tensor_map(text, kernel):
+    """Whether `kernel` is a flash-mma-tma kernel: its last argument (an i64) the keys' tensor map."""
+    for m in re.finditer(r'"gpu.func"\(\) <\{function_type = \(([^)]*)\) -> \(\)', text):
+        if kernel_at(text, m.start()) == kernel:
+            return m.group(1).split(", ")[-1] == "i64"
+    raise KeyError(kernel)
+
+
+def kernel_at(text, start):
+    """The name of the gpu.func whose generic header starts at `start` (shared_memory's rule)."""
+    lines = text[start:].splitlines()
+    return re.search(r'sym_name = "(\w+)"', next(line for line in lines if 'sym_name = "' in line)).group(1)
+
+
+def with_tensor_map(text, kernel, args, mem, misalign=False):
+    """(kernel, args) as the host launches them: a flash-mma-tma kernel with the keys' (args[1]) tensor map
+    appended, or where the runtime makes none (`misalign`: a base not 16-byte aligned) its twin without TMA, the
+    next kernel; any other kernel as it is."""
+    if not takes_tensor_map(text, kernel):
+        return kernel, args
+    if misalign:
+        prefix, index = kernel.rsplit("_", 1)
+        return f"{prefix}_{int(index) + 1}", args
+    inner, rows = tensor_map_box(text)
+    return kernel, args + [np.int64(mem.tensor_map(args[1], inner, rows))]
+
+
 def run(text, u, e, mask, K, misalign, async_copies="issue", threads=False):
-    body = simt.parse(text, "similarity_inform_mma_0")
     B, N, _ = u.shape
     out = np.full((B, N, K), np.nan, np.float32)   # rows the kernel does not write stay NaN and fail
     mem = simt.Memory()
     args = [u, u, e] + ([mask] if mask is not None else []) + [out]
     for a in args:
         mem.add(a, None, misalign_bytes=2 if (misalign and a is u) else 0)
-    wg, dyn = shared_memory(text, "similarity_inform_mma_0")
+    kernel, args = with_tensor_map(text, "similarity_inform_mma_0", args, mem, misalign)
+    body = simt.parse(text, kernel)
+    wg, dyn = shared_memory(text, kernel)
     simt.run_kernel(body, args, BLOCK, (-(-N // block_rows(text)), B), mem, workgroup=wg, lockstep=not threads,
                     dynamic_smem=dyn, async_copies=async_copies, warp_threads=threads)
     return out
@@ -318,14 +363,15 @@ def test_flash_mma_training_forward_lse(variant):
             f"causal(true) : tensor<{B}x{N}x{D}x{t}>, tensor<{B}x{N}x{K}x{t}> -> tensor<{B}x{N}x{K}xf32>, "
             f"tensor<{B}x{N}xf32>\n  return %p, %lse : tensor<{B}x{N}x{K}xf32>, tensor<{B}x{N}xf32>\n}}\n")
     text = simt.lower(MOE_OPT, text, f"{BASE64} {VARIANTS[variant]}")
-    body = simt.parse(text, "similarity_inform_fwd_mma_0")
     p = np.full((B, N, K), np.nan, np.float32)
     lse = np.full((B, N), np.nan, np.float32)
     mem = simt.Memory()
     args = [u, u, e, mask, p, lse]
     for a in args:
         mem.add(a, None)
-    wg, dyn = shared_memory(text, "similarity_inform_fwd_mma_0")
+    kernel, args = with_tensor_map(text, "similarity_inform_fwd_mma_0", args, mem)
+    body = simt.parse(text, kernel)
+    wg, dyn = shared_memory(text, kernel)
     threads = warp_threads(text)
     simt.run_kernel(body, args, BLOCK, (-(-N // block_rows(text)), B), mem, workgroup=wg, lockstep=not threads,
                     dynamic_smem=dyn, async_copies="wait", warp_threads=threads)
@@ -386,9 +432,11 @@ def check_key_splits(options, t, causal, masked, with_lse, splits, copies):
             f"tensor<{B}x{N}x{D}x{t}>, tensor<{B}x{N}x{K}x{t}> -> {res}\n  return {outs} : {res}\n}}\n")
     text = simt.lower(MOE_OPT, text, f"{BASE64} {options}")   # cached: the split counts and copy timings share it
     assert ('"nvvm.wgmma.mma_async"' in text) == ("flash-mma-wgmma=true" in options)
-    # _mma_0: the direct kernel the host launches where it picks one split (below); _mma_1 the split kernel.
-    kernel = f"{op}_mma_1"
-    body, combine = simt.parse(text, kernel), simt.parse(text, f"{op}_mma_combine_0")
+    # _mma_0: the direct kernel the host launches where it picks one split (below); _mma_1 the split kernel (with
+    # flash-mma-tma _mma_2: each comes with its twin without TMA).
+    tma = tensor_map_box(text) is not None
+    kernel = f"{op}_mma_{2 if tma else 1}"
+    combine = simt.parse(text, f"{op}_mma_combine_0")
     S = splits or host_splits(N, B, N)
     p = np.full((B, N, K), np.nan, np.float32)
     lse = np.full((B, N), np.nan, np.float32)
@@ -398,9 +446,11 @@ def check_key_splits(options, t, causal, masked, with_lse, splits, copies):
     args = [u, u, e] + ([mask] if masked else []) + outs + [ws]
     for a in args:
         mem.add(a, None)
+    kernel, split_args = with_tensor_map(text, kernel, args, mem)
+    body = simt.parse(text, kernel)
     wg, dyn = shared_memory(text, kernel)
     threads = warp_threads(text)
-    simt.run_kernel(body, args, BLOCK, (-(-N // 128), B, S), mem, workgroup=wg, lockstep=not threads,
+    simt.run_kernel(body, split_args, BLOCK, (-(-N // 128), B, S), mem, workgroup=wg, lockstep=not threads,
                     dynamic_smem=dyn, async_copies=copies, warp_threads=threads)
     assert not np.isnan(ws).any(), "a split left a row of the workspace unwritten"
     simt.run_kernel(combine, [ws] + outs, BLOCK, -(-(B * N) // BLOCK), mem)
@@ -416,9 +466,10 @@ def check_key_splits(options, t, causal, masked, with_lse, splits, copies):
         # The direct 128-row kernel (the same tiles, no workspace): what a decode step runs.
         p.fill(np.nan)
         lse.fill(np.nan)
-        direct = simt.parse(text, f"{op}_mma_0")
-        wg, dyn = shared_memory(text, f"{op}_mma_0")
-        simt.run_kernel(direct, args[:-1], BLOCK, (-(-N // 128), B, 1), mem, workgroup=wg, lockstep=not threads,
+        kernel, direct_args = with_tensor_map(text, f"{op}_mma_0", args[:-1], mem)
+        direct = simt.parse(text, kernel)
+        wg, dyn = shared_memory(text, kernel)
+        simt.run_kernel(direct, direct_args, BLOCK, (-(-N // 128), B, 1), mem, workgroup=wg, lockstep=not threads,
                         dynamic_smem=dyn, async_copies=copies, warp_threads=threads)
         np.testing.assert_allclose(p, R.ref_similarity(uu, ee, tau=tau, causal=causal, key_mask=mm).numpy(),
                                    **R.MMA_TOL)
@@ -427,7 +478,9 @@ def check_key_splits(options, t, causal, masked, with_lse, splits, copies):
 
 
 @pytest.mark.parametrize("variant,copies,misalign", [("rows128", "issue", False), ("wgmma", "issue", False),
-                                                     ("wgmma", "wait", False), ("wgmma", "wait", True)])
+                                                     ("wgmma", "wait", False), ("wgmma", "wait", True),
+                                                     ("tma", "issue", False), ("tma", "wait", False),
+                                                     ("tma", "wait", True)])
 def test_flash_mma_d256_causal(variant, copies, misalign):
     """The issue's second shape in small: causal, D = 256, K = 64 on the default block rows (one row tile: the
     128-row form's two do not fit the registers, and the whole tiles are not peeled past 128 features: every tile
@@ -445,9 +498,16 @@ def test_flash_mma_d256_causal(variant, copies, misalign):
     e = bits(e / e.sum(-1, keepdims=True), t)
     text = lower(B, N, D, K, t, tau, True, False, VARIANTS[variant])
     assert block_rows(text) == 64, "D = 256 takes one row tile a warp"
-    if variant == "wgmma":
+    if variant in ("wgmma", "tma"):
         assert text.count('"nvvm.wgmma.mma_async"') % 16 == 0 and "nvvm.minctasm = 3" in text
-        assert shared_memory(text, "similarity_inform_mma_0") == ([], 1024 + 2 * 32 * (256 + 64 + 8) * 2 + 64 * 512)
+        # (flash-mma-tma: two mbarriers more, and the twin without TMA as wgmma's)
+        mbarriers = 2 * 8 if variant == "tma" else 0
+        assert shared_memory(text, "similarity_inform_mma_0") == (
+            [], 1024 + 2 * 32 * (256 + 64 + 8) * 2 + 64 * 512 + mbarriers)
+    if variant == "tma":
+        # 4 copies of a 64-feature panel a tile, of a box of 32 keys.
+        assert tensor_map_box(text) == (64, 32)
+        assert text.count('"nvvm.cp.async.bulk.tensor.shared.cluster.global"') % 4 == 0
     got = run(text, u, e, None, K, misalign=misalign, async_copies=copies, threads=warp_threads(text))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau,
                            causal=True).numpy()
@@ -495,15 +555,18 @@ def test_flash_mma_dynamic_shared_needs_two_blocks(limit, dynamic):
 @pytest.mark.parametrize("name,causal,masked,with_lse", [
     ("ragged", False, False, False), ("causal_masked_lse", True, True, True)])
 @pytest.mark.parametrize("t", ["bf16", "f16"])
-def test_flash_mma_wgmma_key_splits(name, causal, masked, with_lse, t):
+@pytest.mark.parametrize("variant", ["wgmma", "tma"])
+def test_flash_mma_wgmma_key_splits(name, causal, masked, with_lse, t, variant):
     """flash-mma-wgmma's split-key kernel (3 splits over 5 key tiles: shares starting at any tile, so at any of
     the three buffers, whose swizzled panels the key descriptors then address) and its combine, bf16 and f16,
-    copies landing at their wait, against float64 (p and the training forward's lse)."""
-    check_key_splits(f"{VARIANTS['wgmma']} flash-mma-key-splits=4", t, causal, masked, with_lse, 3, "wait")
+    copies landing at their wait, against float64 (p and the training forward's lse). With flash-mma-tma the
+    stages' mbarriers start each split's phases at its own first tile."""
+    check_key_splits(f"{VARIANTS[variant]} flash-mma-key-splits=4", t, causal, masked, with_lse, 3, "wait")
 
 
 @pytest.mark.parametrize("t", ["bf16", "f16"])
-def test_flash_mma_wgmma_d256_lazy_rescale(t):
+@pytest.mark.parametrize("variant", ["wgmma", "tma"])
+def test_flash_mma_wgmma_d256_lazy_rescale(t, variant):
     """flash-mma-wgmma's kernel of one row tile a warp at D = 256, K = 64 (32-key tiles): with the query out of the
     registers it peels the whole tiles, hoists the staging's alignment (the copies unrolled) and takes the lazy
     rescale, its hot loop leaving on the block's vote. N = 330 over 11 tiles, keys whose norms grow with j (rows
@@ -511,7 +574,7 @@ def test_flash_mma_wgmma_d256_lazy_rescale(t):
     float64."""
     B, N, D, K, tau = 1, 330, 256, 64, 0.25
     u, e = growing_max_inputs(31, B, N, D, K, t, 0.1)
-    text = lower(B, N, D, K, t, tau, False, False, VARIANTS["wgmma"])
+    text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
     assert block_rows(text) == 64 and '"nvvm.barrier"' in text and '"scf.while"' in text
     got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=warp_threads(text))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
@@ -519,7 +582,7 @@ def test_flash_mma_wgmma_d256_lazy_rescale(t):
 
 
 @pytest.mark.parametrize("variant,D", [("rows128", 64), ("rows128", 256), ("wgmma", 64), ("wgmma", 128),
-                                       ("wgmma", 256)])
+                                       ("wgmma", 256), ("tma", 64), ("tma", 256)])
 def test_attention_posterior_mixing(variant, D):
     """attention_posterior's mixing on the tensor-core kernel (one row tile a warp: its per-element bias and score
     loads; at D = 256 single-buffered with the lanes' own sums), with wgmma too (D = 64, 128 and 256, the latter
@@ -544,14 +607,16 @@ def test_attention_posterior_mixing(variant, D):
             f"  %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma({sigma:e}) : {', '.join(ts)} -> {res}\n"
             f"  return %p, %h : {res}\n}}\n")
     text = simt.lower(MOE_OPT, text, f"{BASE64} {VARIANTS[variant]}")
-    kernel = "attention_posterior_mma_0"
-    body = simt.parse(text, kernel)
-    assert ('"nvvm.wgmma.mma_async"' in text) == (variant == "wgmma") and '"nvvm.barrier"' not in text
+    assert ('"nvvm.wgmma.mma_async"' in text) == (variant != "rows128") and '"nvvm.barrier"' not in text
     out = np.full((B, N, K), np.nan, np.float32)
     mem = simt.Memory()
     args = [u, means, e, bias, s, head, out]
     for a in args:
         mem.add(a, None)
+    # (flash-mma-tma: the head means' tensor map, the keys of this kernel)
+    kernel, args = with_tensor_map(text, "attention_posterior_mma_0", args, mem)
+    assert (len(args) == 8) == (variant == "tma")
+    body = simt.parse(text, kernel)
     wg, dyn = shared_memory(text, kernel)
     simt.run_kernel(body, args, BLOCK, (-(-N // 64), B), mem, workgroup=wg, lockstep=True, dynamic_smem=dyn,
                     async_copies="wait")
@@ -564,7 +629,8 @@ def test_attention_posterior_mixing(variant, D):
 
 
 @pytest.mark.parametrize("D,K,causal", [(64, 16, False), (64, 16, True), (256, 64, True)])
-def test_flash_mma_wgmma_dynamic_shapes(D, K, causal):
+@pytest.mark.parametrize("variant", ["wgmma", "tma"])
+def test_flash_mma_wgmma_dynamic_shapes(D, K, causal, variant):
     """flash-mma-wgmma with B and N dynamic (the torch ops' kernels): the bounds, the peeled tiles' end and the
     query's rows come from the memrefs at run time (the 128-row kernel at D = 64, one row tile at D = 256), N = 150
     over a partial last tile, two batch elements, against float64."""
@@ -574,7 +640,7 @@ def test_flash_mma_wgmma_dynamic_shapes(D, K, causal):
     u = bits(centers[np.arange(N) % 4][None] + rng.standard_normal((B, N, D)).astype(np.float32) * 0.05, t)
     e = rng.random((B, N, K)).astype(np.float32)
     e = bits(e / e.sum(-1, keepdims=True), t)
-    text = lower(B, N, D, K, t, tau, causal, False, f"{VARIANTS['wgmma']} flash-mma-key-splits=1", dynamic=True)
+    text = lower(B, N, D, K, t, tau, causal, False, f"{VARIANTS[variant]} flash-mma-key-splits=1", dynamic=True)
     assert '"nvvm.wgmma.mma_async"' in text and "tensor<?x?x" in text
     got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=warp_threads(text))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau,
