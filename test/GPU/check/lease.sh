@@ -7,17 +7,21 @@
 #   run(command="bash test/GPU/check/lease.sh run", carry=[".dev", ".whl"], timeout_s=600)      there
 #
 # What comes back (8 files at most): machine.txt (with the Gemma4 test's output), one NAME.tgz a folder's run (its OUT:
-# summary.md, summary.json, bench.md/json, logs.tar.gz, and run.log), and race.tgz with every racecheck run. Unpack
-# them into bench/results/ for the record.
+# summary.md, summary.json, bench.md/json, logs.tar.gz, and run.log; ve.tgz also ve-cp's, the same folder's second
+# run), and race.tgz with every racecheck run. Unpack them into bench/results/ for the record.
 #
 # The default folder's run and ve's end with the profile step (ncu over the bench's flash cases: stall reasons).
 # VARIANTS: NAME|moe-lower-to-nvvm options|steps|bench --only|checks --only (sanitizers: the same cases)|chip (empty:
-# sm_90; sm_90a: the Hopper-only instructions, whose cubins run on an H100 or H200 alike). In the order of their worth:
-# the call runs them in turn, each cut to what is left. Every option named here is one the lease decides: the winner
-# becomes the default and the loser is deleted with it.
+# sm_90; sm_90a: the Hopper-only instructions, whose cubins run on an H100 or H200 alike)|the folder of an earlier
+# variant to run again instead of one of its own (empty: gc-NAME, built by prepare)|VAR=VALUE... for its run. In the
+# order of their worth: the call runs them in turn, each cut to what is left. Every option named here is one the
+# lease decides: the winner becomes the default and the loser is deleted with it.
+# ve: Q.K^T on wgmma with the key tiles by TMA (flash-mma-tma); ve-cp: the same folder with MOE_GPU_TMA=0, where the
+# runtime makes no tensor map and the host launches each TMA kernel's twin, the wgmma kernel with cp.async copies.
 set -uo pipefail
 VARIANTS=(
-  "ve|flash-mma-wgmma=true|checks,memcheck,bench,profile|sim|similarity_inform,similarity_inform_topk_mma,attention_posterior_mma|sm_90a"
+  "ve|flash-mma-wgmma=true flash-mma-tma=true|checks,memcheck,bench,profile|sim|similarity_inform,similarity_inform_topk_mma,attention_posterior_mma|sm_90a"
+  "ve-cp||checks,bench|sim|similarity_inform|sm_90a|gc-ve|MOE_GPU_TMA=0"
   "va|flash-mma-symmetric=true flash-mma-grad=true|checks,memcheck,bench|sim|similarity_inform,similarity_inform_symmetric,similarity_inform_topk_mma,similarity_inform_grad"
   "vb|flash-mma-block-rows=64|bench|sim_topk|"
   "vc|flash-causal-balance=false|bench|causal|"
@@ -43,9 +47,10 @@ prepare() {
   rm -f .dev/*.tar.xz
   MOE_GPU_CHECK_NO_SELFTEST=1 scripts/gpu-check.sh build/gpu-check
   tar cf - -C build gpu-check | xz -T0 -6 > .dev/gpu-check.tar.xz
-  local v name opts chip
+  local v name opts chip reuse
   for v in "${VARIANTS[@]}"; do
-    IFS='|' read -r name opts _ _ _ chip <<<"$v"
+    IFS='|' read -r name opts _ _ _ chip reuse _ <<<"$v"
+    [ -z "$reuse" ] || continue
     MOE_GPU_CHECK_NO_SELFTEST=1 MOE_GPU_CHECK_TORCH_OPS=0 MOE_GPU_AOT_OPTIONS="$opts" MOE_GPU_CHIP="${chip:-sm_90}" \
       scripts/gpu-check.sh "build/gc-$name"
     tar cf - -C build "gc-$name" | xz -T0 -6 > ".dev/gc-$name.tar.xz"
@@ -104,12 +109,20 @@ run() {
     python/tests/test_hf_models.py -k gemma4 > "$W/gemma4.log" 2>&1
   echo "rc=$? at $(el) s"
   { echo "== the Gemma4 test on CUDA"; cat "$W/gemma4.log"; } >> "$O/machine.txt"
-  local v name opts steps bench cases folder budget
+  local v name opts steps bench cases folder budget reuse extra
   for v in "${VARIANTS[@]}"; do
-    IFS="|" read -r name opts steps bench cases _ <<<"$v"
+    IFS="|" read -r name opts steps bench cases _ reuse extra <<<"$v"
+    folder=${reuse:-gc-$name}
     local env=(MOE_GPU_BENCH_ARGS="--only $bench --no-compile --reps 50")
     [ -n "$cases" ] && env+=(MOE_GPU_CHECK_ONLY="--only $cases" MOE_GPU_CHECK_SANITIZE_ONLY="--only $cases")
-    go "$name" "build/gc-$name" "$W/b-$name" $([ "$steps" = bench ] && echo 45 || echo 130) "$steps" "${env[@]}"
+    # shellcheck disable=SC2206 # VAR=VALUE words
+    [ -n "$extra" ] && env+=($extra)
+    # A run of an earlier variant's folder is packed beside that variant's (NAME.tgz of the folder's variant: the
+    # call's 8 files).
+    [ -n "$reuse" ] && PACK=${reuse#gc-} PACKED=("o-${reuse#gc-}")
+    go "$name" "build/$folder" "$W/b-${folder#gc-}" $([ "$steps" = bench ] && echo 45 || echo 130) "$steps" \
+      "${env[@]}"
+    PACK="" PACKED=()
   done
   PACK=race
   for v in "${RACES[@]}"; do

@@ -16,21 +16,32 @@ SCRIPT = os.path.join(HERE, "..", "check", "lease.sh")
 FAKE_RUN = """mkdir -p "$1"
 printf '%s\\n' "folder=$(basename "$(dirname "$0")")" "steps=$MOE_GPU_CHECK_STEPS" \\
   "budget=$MOE_GPU_CHECK_BUDGET_S" "build=$MOE_GPU_CHECK_BUILD" "only=${MOE_GPU_CHECK_ONLY:-}" \\
-  "bench=${MOE_GPU_BENCH_ARGS:-}" "sanitize=${MOE_GPU_CHECK_SANITIZE_ONLY:-}" > "$1/summary.md"
+  "bench=${MOE_GPU_BENCH_ARGS:-}" "sanitize=${MOE_GPU_CHECK_SANITIZE_ONLY:-}" "tma=${MOE_GPU_TMA:-}" \
+  > "$1/summary.md"
 """
 
 
-def variants():
-    """The VARIANTS table's names, read from the script."""
-    names, inside = [], False
+def variant_rows():
+    """The VARIANTS table's rows (their |-separated columns), read from the script."""
+    rows, inside = [], False
     for line in open(SCRIPT):
         if line.startswith("VARIANTS=("):
             inside = True
         elif inside and line.startswith(")"):
             break
-        elif inside:
-            names.append(line.strip().strip('"').split("|")[0])
-    return names
+        elif inside and line.strip().startswith('"'):
+            rows.append((line.strip().strip('"').split("|") + [""] * 8)[:8])
+    return rows
+
+
+def variants():
+    """The VARIANTS table's names."""
+    return [row[0] for row in variant_rows()]
+
+
+def own_folders():
+    """The variants that prepare builds a folder for (not those that run an earlier one's again)."""
+    return [row[0] for row in variant_rows() if not row[6]]
 
 
 @pytest.mark.skipif(shutil.which("xz") is None, reason="xz is not installed")
@@ -43,7 +54,7 @@ def test_lease_run_against_fake_folders(tmp_path):
     names = variants()
     assert names, "no VARIANTS table in lease.sh"
     stage = tmp_path / "stage"
-    for folder in ["gpu-check"] + ["gc-" + n for n in names]:
+    for folder in ["gpu-check"] + ["gc-" + n for n in own_folders()]:
         (stage / folder).mkdir(parents=True)
         (stage / folder / "run.sh").write_text(FAKE_RUN)
         subprocess.run(["tar", "cJf", str(root / ".dev" / f"{folder}.tar.xz"), "-C", str(stage), folder], check=True)
@@ -69,10 +80,12 @@ def test_lease_run_against_fake_folders(tmp_path):
     assert runs["def"]["folder"] == "gpu-check"
     assert runs["def"]["steps"] == "checks,torch-ops,memcheck,bench,profile"
     assert runs["def"]["build"] == f"{w}/b1"
-    for n in names:
+    for n, _opts, _steps, _bench, _cases, _chip, reuse, extra in variant_rows():
         r = runs[n]
-        assert r["folder"] == "gc-" + n
-        assert r["build"] == f"{w}/b-{n}"          # a CMake build folder is bound to its source folder
+        folder = reuse or "gc-" + n
+        assert r["folder"] == folder
+        assert r["build"] == f"{w}/b-{folder[3:]}"          # a CMake build folder is bound to its source folder
+        assert r["tma"] == ("0" if "MOE_GPU_TMA=0" in extra else "")
         assert r["bench"].startswith("--only ") and r["bench"].endswith("--no-compile --reps 50")
         assert "bench" in r["steps"].split(",")
         assert "|" not in r["only"] + r["sanitize"], r         # the chip column is not read as cases
