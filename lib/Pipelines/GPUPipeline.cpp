@@ -143,10 +143,9 @@ void mlir::moe::buildMoELowerToNVVMPipeline(
   // PTX ISA 8.0, sm_90's; 8.3 for flash-mma-tma, whose kernels order the
   // host's write of their tensor map before the TMA unit reads it
   // (fence.proxy.tensormap: ISA 8.3, CUDA 12.3 drivers for the JIT).
-  target.features =
-      !options.features.empty()       ? options.features.getValue()
-      : convertOptionsOf(options).flashMmaTma ? "+ptx83"
-                                              : "+ptx80";
+  target.features = !options.features.empty() ? options.features.getValue()
+                    : convertOptionsOf(options).flashMmaTma ? "+ptx83"
+                                                            : "+ptx80";
   target.optLevel = options.optLevel;
   pm.addPass(createGpuNVVMAttachTarget(target));
   pm.addPass(createLowerAffinePass());

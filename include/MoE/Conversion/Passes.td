@@ -174,9 +174,10 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "(cp.async.bulk.tensor, one copy a 64-feature panel issued by one thread, the 128-byte swizzle applied "
            "by the copy, completion counted on an mbarrier a stage) instead of every thread's cp.async copies. The "
            "keys' tensor map is built by the runtime (moeGpuTensorMap3d: cuTensorMapEncodeTiled, cached in device "
-           "memory per pointer and shape) and passed as the kernel's last argument; where it cannot be (a base "
-           "not 16-byte aligned, a chip before sm_90, a miss during stream capture, MOE_GPU_TMA=0) it is 0 and "
-           "the kernel takes its cp.async copies. Off until a GPU run decides">,
+           "memory per pointer and shape) and passed as the kernel's last argument; where the runtime makes none (a "
+           "base not 16-byte aligned, a chip before sm_90, a miss during stream capture, MOE_GPU_TMA=0) the host "
+           "launches the kernel's twin without TMA (its cp.async copies). PTX ISA 8.3 (the tensormap proxy "
+           "fence). Off until a GPU run decides">,
     Option<"dynamicSharedMemoryBytes", "dynamic-shared-memory-bytes", "int64_t", /*default=*/"0",
            "the chip's opt-in maximum of shared memory a block (bytes; a multiprocessor holds it plus 1 KiB), "
            "the limit of the kernels that opt in past shared-memory-bytes (flash-mma-dynamic-shared); 0: none. "

@@ -148,8 +148,8 @@ static SmallVector<MemRefType, 4> flashMmaSharedTypes(const FlashMmaTile &tile,
         workgroupMemRef({panels * kRows * tile.rowTiles, 64}, elt),
     };
     if (tile.tma)
-      types.push_back(workgroupMemRef(
-          {tile.buffers}, IntegerType::get(elt.getContext(), 64)));
+      types.push_back(workgroupMemRef({tile.buffers},
+                                      IntegerType::get(elt.getContext(), 64)));
     return types;
   }
   return {
@@ -670,8 +670,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
                                 ValueRange{});
     if (tile.tma)
       mbarStart = kb.castInt(
-          kb.add(sharedStart,
-                 kb.idx(valueAt + types[1].getNumElements() * 2)),
+          kb.add(sharedStart, kb.idx(valueAt + types[1].getNumElements() * 2)),
           b.getI64Type());
   } else {
     ks = kernel.workgroup(0);
@@ -707,8 +706,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   Value tmaMap;
   Type sharedPtr = LLVM::LLVMPointerType::get(b.getContext(), 3);
   auto mbarOf = [&](Value slot) -> Value {
-    Value addr = kb.add(mbarStart, kb.castInt(kb.mul(slot, kb.idx(8)),
-                                              b.getI64Type()));
+    Value addr =
+        kb.add(mbarStart, kb.castInt(kb.mul(slot, kb.idx(8)), b.getI64Type()));
     return LLVM::IntToPtrOp::create(b, sharedPtr, addr);
   };
   // Thread 0, which issues every copy, also orders the host's write of the
@@ -968,8 +967,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
           b, LLVM::LLVMPointerType::get(b.getContext()), tmaMap);
       Value key = kb.castInt(j0, i32), batch = kb.castInt(bi, i32);
       for (int64_t p = 0; p < tile.depth / 64; ++p) {
-        Value row = kb.add(kb.mul(rowOff, kb.idx(tile.depth / 64)),
-                           kb.idx(p * cols));
+        Value row =
+            kb.add(kb.mul(rowOff, kb.idx(tile.depth / 64)), kb.idx(p * cols));
         // The copy's destination is a shared::cluster address (address
         // space 7): a CTA's own shared::cta addresses are ones of it.
         Value dst = LLVM::IntToPtrOp::create(
@@ -1131,9 +1130,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       Value fills = arith::DivUIOp::create(
           b, kb.castInt(kb.sub(tileIndex, first), i32), kb.cI32(stages));
       Value slot = knownSlot ? knownSlot : kb.remu(tileIndex, kb.idx(stages));
-      NVVM::MBarrierTryWaitParityOp::create(b, mbarOf(slot),
-                                            kb.andI(fills, kb.cI32(1)),
-                                            kb.cI32(kTmaWaitTicks));
+      NVVM::MBarrierTryWaitParityOp::create(
+          b, mbarOf(slot), kb.andI(fills, kb.cI32(1)), kb.cI32(kTmaWaitTicks));
     }
     // With `whole` the tile ahead is known to be a whole one (below
     // keyHi): no test, no row bounds.
@@ -2097,8 +2095,7 @@ void mlir::moe::gpu_lowering::launchFlashMixMma(HostCode &h, StringRef name,
           SmallVector<Value> operands(args);
           if (map)
             operands.push_back(map);
-          GPUKernel kernel(h, name, operands, workgroup, {kThreads, 1, 1},
-                           loc);
+          GPUKernel kernel(h, name, operands, workgroup, {kThreads, 1, 1}, loc);
           // ldmatrix, cp.async and the 16-byte stores need 16-byte aligned
           // rows.
           alignWorkgroupBuffers(kernel.func);

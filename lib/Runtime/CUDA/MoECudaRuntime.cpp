@@ -208,7 +208,8 @@ struct TensorMapKey {
   int32_t box[2];
   bool operator==(const TensorMapKey &o) const {
     return address == o.address && elementType == o.elementType &&
-           std::equal(dims, dims + 3, o.dims) && std::equal(box, box + 2, o.box);
+           std::equal(dims, dims + 3, o.dims) &&
+           std::equal(box, box + 2, o.box);
   }
 };
 
@@ -249,8 +250,7 @@ std::vector<DeviceTensorMaps> tensorMaps;
 extern "C" const char *moeGpuTensorMapRefusal(int64_t address,
                                               int32_t elementType,
                                               int64_t inner, int64_t rows,
-                                              int64_t batches,
-                                              int32_t boxInner,
+                                              int64_t batches, int32_t boxInner,
                                               int32_t boxRows) {
   if (elementType != kMoeTensorMapF16 && elementType != kMoeTensorMapBF16)
     return "an element type other than f16 or bf16";
@@ -293,15 +293,15 @@ extern "C" int64_t moeGpuTensorMap3d(int64_t address, int32_t elementType,
   if (tensorMaps.size() <= static_cast<size_t>(device))
     tensorMaps.resize(device + 1);
   DeviceTensorMaps &own = tensorMaps[device];
-  TensorMapKey key{address, elementType, {inner, rows, batches},
-                   {boxInner, boxRows}};
+  TensorMapKey key{
+      address, elementType, {inner, rows, batches}, {boxInner, boxRows}};
   if (auto it = own.maps.find(key); it != own.maps.end())
     return static_cast<int64_t>(it->second);
   // TMA is sm_90's (a map is only made, and so only found, on such a chip).
   int computeMajor = 0;
-  if (!MOE_CU(cuDeviceGetAttribute(
-          &computeMajor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-          device)) ||
+  if (!MOE_CU(cuDeviceGetAttribute(&computeMajor,
+                                   CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                   device)) ||
       computeMajor < 9)
     return 0;
   // A miss writes device memory and waits for it: not while the caller's
@@ -361,8 +361,7 @@ extern "C" int64_t moeGpuTensorMap3d(int64_t address, int32_t elementType,
   return static_cast<int64_t>(slot);
 }
 
-namespace {
-} // namespace
+namespace {} // namespace
 
 //===----------------------------------------------------------------------===//
 // Modules and launches

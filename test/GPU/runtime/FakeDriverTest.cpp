@@ -210,8 +210,8 @@ void testTensorMaps() {
   EXPECT(moeGpuTensorMapRefusal(0x10000, kMoeTensorMapF16, 256, 150, 2, 128,
                                 64) != nullptr); // a 256-byte box row
   EXPECT(moeGpuTensorMapRefusal(0x10000, 2, 64, 150, 2, 64, 64) != nullptr);
-  EXPECT(moeGpuTensorMapRefusal(0x10000, kMoeTensorMapF16, 64, 0, 2, 64,
-                                64) != nullptr);
+  EXPECT(moeGpuTensorMapRefusal(0x10000, kMoeTensorMapF16, 64, 0, 2, 64, 64) !=
+         nullptr);
   EXPECT(moeGpuTensorMap3d(0x10008, kMoeTensorMapBF16, 64, 150, 2, 64, 64) ==
          0);
   EXPECT(count("cuTensorMapEncodeTiled") == 0);
