@@ -49,7 +49,11 @@ def record_torch_compile(rec: dict, case: Case, inputs: list, time_it: Callable[
                          sync: Callable[[], None] = lambda: None, ndigits: int = 3) -> None:
     """The torch.compile (inductor, static shapes) baseline of ``case.eager``: the first call's seconds in
     rec["torch_compile_compile_s"] (``sync`` waits for the device), then ``time_it(call)`` records the timings;
-    rec["torch_compile_error"] (and no time) when inductor fails."""
+    rec["torch_compile_error"] (and no time) when inductor fails, or where the case says extra["compile"] = False."""
+    if case.extra.get("compile") is False:
+        rec["torch_compile_ms"] = None
+        rec["torch_compile_error"] = "not run (the case's baseline is autograd: dynamo breaks its graph at the grad)"
+        return
     try:
         torch._dynamo.reset()
         fn = torch.compile(case.eager, dynamic=False)
@@ -199,8 +203,10 @@ def similarity_grad_case(regime: str, B: int, N: int, D: int, K: int, tau: float
         return [u.to(tdt), e.to(tdt), torch.randn(B, N, K, generator=g)]
 
     def grads(mix, u, e, dp):
-        u, e = u.detach().requires_grad_(), e.detach().requires_grad_()
-        return list(torch.autograd.grad(mix(u, e), [u, e], dp))
+        # The benches time baselines under torch.inference_mode: autograd back on for this one.
+        with torch.inference_mode(False), torch.enable_grad():
+            u, e = u.detach().requires_grad_(), e.detach().requires_grad_()
+            return list(torch.autograd.grad(mix(u, e), [u, e], dp))
 
     eager = lambda u, e, dp: grads(lambda a, b: bl.similarity_mix(a.float(), b.float(), tau, causal=causal),  # noqa: E731
                                    u, e, dp)
@@ -219,7 +225,8 @@ def similarity_grad_case(regime: str, B: int, N: int, D: int, K: int, tau: float
     params = dict(B=B, N=N, D=D, K=K, tau=tau, causal=causal, T=B * N, dtype=dtype)
     return Case(name, "similarity_inform_grad", regime, params,
                 M.similarity_inform_grad(name, B, N, D, K, tau, causal, elem=dtype), make,
-                [((B, N, D), torch.float32), ((B, N, K), torch.float32)], eager, check, extra={"sdpa": sdpa})
+                [((B, N, D), torch.float32), ((B, N, K), torch.float32)], eager, check,
+                extra={"sdpa": sdpa, "compile": False})
 
 
 def attention_case(regime: str, B: int, H: int, N: int, Nk: int, D: int, Dh: int, K: int,
@@ -439,6 +446,10 @@ def gpu_cases() -> list[Case]:
         similarity_case("prefill", 4, 4096, 256, 64, causal=True, dtype="bf16"),
         similarity_case("prefill", 1, 16384, 64, 16, dtype="f16"),
         similarity_case("prefill", 1, 16384, 64, 16, k=2, dtype="bf16"),
+        # forward + backward against SDPA's (issue #47 item 5's 1.2x; the tensor-core passes in a folder built with
+        # flash-mma-grad, the scalar ones by default), and at the causal D = 256 shape (the passes' feature split)
+        similarity_grad_case("prefill", 1, 16384, 64, 16), similarity_grad_case("prefill", 4, 4096, 64, 16, causal=True),
+        similarity_grad_case("prefill", 4, 4096, 256, 64, causal=True),
         attention_case("prefill", 16, 4, 1024, 1024, 256, 64, 16),
         attention_case("prefill", 16, 4, 1024, 1024, 256, 64, 16, dtype="bf16"),
         mad_case("prefill", 65536, 1024, 64), mad_case("prefill", 16384, 256, 256),

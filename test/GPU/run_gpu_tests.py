@@ -898,6 +898,18 @@ def case_similarity_grad(lib, g):
     e = torch.softmax(torch.randn(1, 75, 64, generator=g), -1).half().to(DEV)
     dp = torch.randn(1, 75, 64, generator=g).to(DEV)
     check_similarity_grad("simgrad_mma_f16_wide", lib, "simgrad_mma_f16_wide", u, e, dp, tau=2.0, scaled_rtol=3e-2)
+    # bf16 past 128 features (D = 256, K = 64: dq's and du's features split over two blocks), causal + key mask,
+    # dynamic N over three row blocks (a partial last), a sequence with every key masked
+    u = (torch.randn(2, 150, 256, generator=g) * 0.15).to(torch.bfloat16).to(DEV)
+    e = torch.softmax(torch.randn(2, 150, 64, generator=g), -1).to(torch.bfloat16).to(DEV)
+    m = (torch.rand(2, 150, generator=g) > 0.3).to(DEV)
+    m[0, 0] = False
+    m[1] = False
+    dp = torch.randn(2, 150, 64, generator=g).to(DEV)
+    du, de = check_similarity_grad("simgrad_mma_bf16_d256", lib, "simgrad_mma_bf16_d256", u, e, dp, key_mask=m,
+                                   tau=2.0, causal=True, scaled_rtol=3e-2)
+    if du[1].abs().max().item() != 0 or de[1].abs().max().item() != 0:
+        raise AssertionError("simgrad_mma_bf16_d256: a fully masked sequence got a gradient")
 
 
 def attention_inputs(g):

@@ -78,7 +78,16 @@ int64_t padTo16(int64_t n) { return llvm::alignTo(n, 16); }
 /// address arithmetic of a tile spread over twice the scores), else 32 (two
 /// products' 64 accumulators a thread beside the row operands and sums of
 /// D = 128, K = 64 spill on sm_90).
-int64_t columnsFor(int64_t Dp, int64_t Kp) { return Dp + Kp <= 96 ? 64 : 32; }
+int64_t columnsFor(int64_t Dp, int64_t Kp) {
+  return Dp + Kp <= 96 ? 64 : Dp <= 128 ? 32 : 16;
+}
+
+/// The feature splits of acc_X (dq by query, du by key; the grid's z): past
+/// 128 padded features its accumulators (4 registers an 8-feature block: 128
+/// at D = 256) beside the row operands (64) pass ptxas's 255, so each block
+/// accumulates 128 of them, its logits and weights computed in full (the
+/// tile's MMAs about 1.6 times the unsplit ones at D = 256, K = 64).
+int64_t featureSplitsFor(int64_t Dp) { return llvm::divideCeil(Dp, 128); }
 } // namespace
 
 bool mlir::moe::gpu_lowering::flashGradMmaApplies(const FlashLogitSpec &spec,
@@ -96,7 +105,7 @@ bool mlir::moe::gpu_lowering::flashGradMmaApplies(const FlashLogitSpec &spec,
 /// delta, [key mask], then dq by query, de and du by key.
 static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
                              bool byKey, int64_t Dp, int64_t Kp, int64_t cols,
-                             Type elt, FlashBlockOrder order) {
+                             Type elt, FlashBlockOrder order, int64_t splits) {
   GpuKernelBuilder &kb = k.kb;
   ImplicitLocOpBuilder &b = k.b;
   Mma m{b, kb, elt};
@@ -207,26 +216,41 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
                    : st.fetch(e, zAt, K, col0, zAligned, colKept));
     return v;
   };
-  const int64_t wx = Dp / 8, wz = Kp / 8;
+  // acc_X's features: split z's [outLo, outLo + Dp / splits) (featureSplitsFor).
+  const int64_t outWidth = Dp / splits;
+  assert(outWidth * splits == Dp && outWidth % 8 == 0 &&
+         "whole 8-feature blocks a split");
+  Value split = splits > 1 ? kb.blockId(gpu::Dimension::z) : c0;
+  Value outLo = kb.mul(split, kb.idx(outWidth));
+  const int64_t wx = outWidth / 8, wz = Kp / 8;
   SmallVector<Value> init(4 * (wx + (byKey ? wz : 0)), zero);
   const int64_t nAcc = init.size();
-  init.append(fetchTile(first));
+  // The next tile's vectors are carried in registers while this one is
+  // computed (its loads in flight), not past 128 padded features: there the
+  // row operands and the split's accumulators leave no room for them (D =
+  // 256, K = 16: 12-24 bytes spilled on sm_90 with them); each tile's
+  // vectors are loaded after the barrier that frees its buffers instead.
+  const bool prefetch = Dp <= 128;
+  if (prefetch)
+    init.append(fetchTile(first));
   Value scale = kb.cF32(kLog2E / spec.scaleDiv);
   SmallVector<Value> acc = kb.forLoop(
       first, last, kb.idx(cols), init,
       [&](Value col0, ValueRange carried) -> SmallVector<Value> {
         SmallVector<Value> accs(carried.take_front(nAcc));
-        ValueRange staged = carried.drop_front(nAcc);
         // The last tile's reads of the buffers are done.
         kb.barrier();
+        SmallVector<Value> staged(carried.drop_front(nAcc));
+        if (!prefetch)
+          staged = fetchTile(col0);
         kb.ifThenElse(
-            uAligned, [&] { st.put(staged.take_front(nX), xAt, xs); },
+            uAligned, [&] { st.put(ArrayRef<Value>(staged).take_front(nX), xAt, xs); },
             [&] { st.elements(u, xs, cols, Dp, D, col0, colKept); });
         if (byKey)
-          st.put(staged.slice(nX, nZ), zAt, zs);
+          st.put(ArrayRef<Value>(staged).slice(nX, nZ), zAt, zs);
         else
           kb.ifThenElse(
-              zAligned, [&] { st.put(staged.slice(nX, nZ), zAt, zs); },
+              zAligned, [&] { st.put(ArrayRef<Value>(staged).slice(nX, nZ), zAt, zs); },
               [&] { st.elements(e, zs, cols, Kp, K, col0, colKept); });
         // Each column's term in the dots' units, where its logits'
         // accumulators start (by key -lse' tau of the query, by query 0 or
@@ -254,8 +278,9 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
         // The next tile's vectors in flight while this one is computed (the
         // last tile loads its own again: in bounds, not used).
         Value next = kb.add(col0, kb.idx(cols));
-        SmallVector<Value> ahead =
-            fetchTile(kb.select(kb.lt(next, last), next, col0));
+        SmallVector<Value> ahead;
+        if (prefetch)
+          ahead = fetchTile(kb.select(kb.lt(next, last), next, col0));
         // The C fragments' columns 8 nb + 2 tig + {0, 1} of rows g and g + 8
         // ([nb][2 r + x]), and where the products' accumulators start: S'
         // from the columns' terms, G' from -delta (the row's by query, the
@@ -335,7 +360,14 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
             }
           }
         };
-        accumulate(dxPairs, xs, wx, 0);
+        Value xsOut = xs;
+        if (splits > 1)
+          xsOut = memref::SubViewOp::create(
+              b, xs, ArrayRef<OpFoldResult>{b.getIndexAttr(0), outLo},
+              ArrayRef<OpFoldResult>{b.getIndexAttr(cols),
+                                     b.getIndexAttr(outWidth)},
+              ArrayRef<OpFoldResult>{b.getIndexAttr(1), b.getIndexAttr(1)});
+        accumulate(dxPairs, xsOut, wx, 0);
         if (byKey)
           accumulate(pPairs, zs, wz, 4 * wx);
         accs.append(ahead);
@@ -346,11 +378,12 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
   // acc_P into de.
   Value invTau = kb.cF32(1.0 / spec.scaleDiv);
   auto write = [&](int64_t at, int64_t blocks, Value width, Value out,
-                   bool scaled, bool add) {
+                   bool scaled, bool add, Value colLo) {
     for (int64_t eb = 0; eb < blocks; ++eb)
       for (int64_t r = 0; r < 2; ++r)
         for (int64_t x = 0; x < 2; ++x) {
-          Value col = kb.add(kb.mul(tig, c2), kb.idx(8 * eb + x));
+          Value col =
+              kb.add(colLo, kb.add(kb.mul(tig, c2), kb.idx(8 * eb + x)));
           Value v = acc[at + 4 * eb + 2 * r + x];
           kb.ifThen(kb.andI(rowIn[r], kb.lt(col, width)), [&] {
             Value s = scaled ? kb.fmul(v, invTau) : v;
@@ -360,11 +393,14 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
           });
         }
   };
+  // (de by the first split: every split sums it alike.)
   if (byKey) {
-    write(4 * wx, wz, K, out0, /*scaled=*/false, /*add=*/false);
-    write(0, wx, D, out1, /*scaled=*/true, /*add=*/true);
+    kb.ifThen(kb.eq(split, c0), [&] {
+      write(4 * wx, wz, K, out0, /*scaled=*/false, /*add=*/false, c0);
+    });
+    write(0, wx, D, out1, /*scaled=*/true, /*add=*/true, outLo);
   } else {
-    write(0, wx, D, out0, /*scaled=*/true, /*add=*/false);
+    write(0, wx, D, out0, /*scaled=*/true, /*add=*/false, outLo);
   }
 }
 
@@ -384,9 +420,16 @@ void mlir::moe::gpu_lowering::launchFlashGradMma(HostCode &h, StringRef name,
                                  workgroupMemRef({2, cols}, h.b.getF32Type())};
   GPUKernel k(h, name, args, workgroup, {kThreads, 1, 1}, loc);
   alignWorkgroupBuffers(k.func);
+  const int64_t splits = featureSplitsFor(Dp);
+  // Past 128 features: 2 blocks a multiprocessor, ptxas's 255 registers (left
+  // to itself it took 168 at D = 144, K = 40 and spilled 4 bytes).
+  if (splits > 1)
+    k.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
+                    k.b.getI32IntegerAttr(2));
   emitFlashGradMma(k, spec, spec.keyMajor, Dp, Kp, cols, elt,
                    flashBlockOrder(spec.causal, spec.balanceCausal,
-                                   spec.keyMajor));
+                                   spec.keyMajor),
+                   splits);
   Value B = kb.dim(u, 0), N = kb.dim(u, 1);
-  k.launch({kb.ceilDiv(N, kb.idx(kRowTile)), B, kb.idx(1)});
+  k.launch({kb.ceilDiv(N, kb.idx(kRowTile)), B, kb.idx(splits)});
 }

@@ -335,7 +335,7 @@ void launchFlashGrad(class HostCode &h, StringRef name,
 /// (FlashMmaGrad.cpp; flash-mma-grad): f16/bf16 u and e of one type, no ws,
 /// at most kFlashGradMmaMaxDepth features and kFlashGradMmaMaxExperts
 /// experts (a warp's row operands and sums stay in registers).
-constexpr int64_t kFlashGradMmaMaxDepth = 128;
+constexpr int64_t kFlashGradMmaMaxDepth = 256;
 constexpr int64_t kFlashGradMmaMaxExperts = 64;
 bool flashGradMmaApplies(const FlashLogitSpec &spec, Type uElt, Type eElt,
                          int64_t depth, int64_t experts);

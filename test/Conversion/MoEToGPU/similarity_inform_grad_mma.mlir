@@ -77,8 +77,69 @@ func.func @recomputed_f16(%u: tensor<2x?x128xf16>, %e: tensor<2x?x64xf16>, %dp: 
 
 // -----
 
+// -----
+
+// Past 128 features (D = 256, K = 64): dq's and du's features split over
+// two blocks, the grid's z, each accumulating the 128 from z 128 (a view of
+// the staged u tile at that column) with the logits in full; 16-column tiles
+// [16 x (256 + 8)], each staged after the barrier that frees its buffer (no
+// tile's vectors carried in registers); 2 blocks a multiprocessor (ptxas's
+// 255 registers). de is written by the first split only.
+// CHECK-LABEL: gpu.func @similarity_inform_grad_dq_mma_0(%arg0: memref<2x?x256xbf16>
+// CHECK-SAME: workgroup(%{{.*}} : memref<16x264xbf16, #gpu.address_space<workgroup>>
+// CHECK-SAME: nvvm.minctasm = 2
+// CHECK: %[[Z:.*]] = gpu.block_id  z
+// CHECK-NEXT: %[[C128:.*]] = arith.constant 128 : index
+// CHECK-NEXT: %[[LO:.*]] = arith.muli %[[Z]], %[[C128]] : index
+// CHECK: memref.subview %{{.*}}[0, %[[LO]]] [16, 128] [1, 1] : memref<16x264xbf16, #gpu.address_space<workgroup>> to memref<16x128xbf16, strided<[264, 1], offset: ?>
+// CHECK-LABEL: gpu.func @similarity_inform_grad_dk_mma_0(%arg0: memref<2x?x256xbf16>
+// CHECK-SAME: nvvm.minctasm = 2
+// CHECK: %[[ZK:.*]] = gpu.block_id  z
+// CHECK: memref.subview %{{.*}}[0, %{{.*}}] [16, 128] [1, 1]
+// CHECK: %[[FIRST:.*]] = arith.cmpi eq, %[[ZK]], %c0 : index
+// CHECK-NEXT: scf.if %[[FIRST]] {
+// CHECK-LABEL: func.func @d256(
+// CHECK: gpu.launch_func async [%{{.*}}] @moe_kernels::@similarity_inform_grad_dq_mma_0 blocks in (%{{.*}}, %{{.*}}, %c2)
+// CHECK: gpu.launch_func async [%{{.*}}] @moe_kernels::@similarity_inform_grad_dk_mma_0 blocks in (%{{.*}}, %{{.*}}, %c2
+func.func @d256(%u: tensor<2x?x256xbf16>, %e: tensor<2x?x64xbf16>, %dp: tensor<2x?x64xf32>, %p: tensor<2x?x64xf32>, %lse: tensor<2x?xf32>) -> (tensor<2x?x256xf32>, tensor<2x?x64xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<2x?x64xf32>) saved(%p, %lse : tensor<2x?x64xf32>, tensor<2x?xf32>) tau(1.000000e+00) causal(true) : tensor<2x?x256xbf16>, tensor<2x?x64xbf16> -> tensor<2x?x256xf32>, tensor<2x?x64xf32>
+  return %du, %de : tensor<2x?x256xf32>, tensor<2x?x64xf32>
+}
+
+// -----
+
+// The register fit past 128 features (the ptxas sweep assembles these for
+// sm_80 and sm_90 without local memory): D = 256 with K = 16 (it spilled with
+// the next tile's vectors carried in registers), D = 200 with K = 12 under a
+// key mask (two splits of 104 features: 13 blocks, one unpaired), D = 192, f16
+// (96 each), D = 144, K = 40, causal with a key mask (ptxas took 168
+// registers and spilled without the kernel's 2 blocks a multiprocessor).
+// CHECK-LABEL: func.func @fit_d256_k16(
+// CHECK-LABEL: func.func @fit_d200_k12_mask(
+// CHECK-LABEL: func.func @fit_d192_k64_f16(
+// CHECK-LABEL: func.func @fit_d144_k40_causal_mask(
+// CHECK: gpu.launch_func {{.*}}@similarity_inform_grad_dq_mma_{{[0-9]+}} blocks in (%{{.*}}, %{{.*}}, %c2
+func.func @fit_d256_k16(%u: tensor<2x?x256xbf16>, %e: tensor<2x?x16xbf16>, %dp: tensor<2x?x16xf32>, %m: tensor<2x?xi1>, %p: tensor<2x?x16xf32>, %lse: tensor<2x?xf32>) -> (tensor<2x?x256xf32>, tensor<2x?x16xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<2x?x16xf32>) saved(%p, %lse : tensor<2x?x16xf32>, tensor<2x?xf32>) tau(1.000000e+00) causal(true) : tensor<2x?x256xbf16>, tensor<2x?x16xbf16> -> tensor<2x?x256xf32>, tensor<2x?x16xf32>
+  return %du, %de : tensor<2x?x256xf32>, tensor<2x?x16xf32>
+}
+func.func @fit_d200_k12_mask(%u: tensor<2x?x200xbf16>, %e: tensor<2x?x12xbf16>, %dp: tensor<2x?x12xf32>, %m: tensor<2x?xi1>, %p: tensor<2x?x12xf32>, %lse: tensor<2x?xf32>) -> (tensor<2x?x200xf32>, tensor<2x?x12xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e key_mask(%m : tensor<2x?xi1>) dp(%dp : tensor<2x?x12xf32>) saved(%p, %lse : tensor<2x?x12xf32>, tensor<2x?xf32>) tau(1.000000e+00) causal(false) : tensor<2x?x200xbf16>, tensor<2x?x12xbf16> -> tensor<2x?x200xf32>, tensor<2x?x12xf32>
+  return %du, %de : tensor<2x?x200xf32>, tensor<2x?x12xf32>
+}
+func.func @fit_d192_k64_f16(%u: tensor<2x?x192xf16>, %e: tensor<2x?x64xf16>, %dp: tensor<2x?x64xf32>, %m: tensor<2x?xi1>, %p: tensor<2x?x64xf32>, %lse: tensor<2x?xf32>) -> (tensor<2x?x192xf32>, tensor<2x?x64xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<2x?x64xf32>) saved(%p, %lse : tensor<2x?x64xf32>, tensor<2x?xf32>) tau(1.000000e+00) causal(false) : tensor<2x?x192xf16>, tensor<2x?x64xf16> -> tensor<2x?x192xf32>, tensor<2x?x64xf32>
+  return %du, %de : tensor<2x?x192xf32>, tensor<2x?x64xf32>
+}
+func.func @fit_d144_k40_causal_mask(%u: tensor<2x?x144xbf16>, %e: tensor<2x?x40xbf16>, %dp: tensor<2x?x40xf32>, %m: tensor<2x?xi1>, %p: tensor<2x?x40xf32>, %lse: tensor<2x?xf32>) -> (tensor<2x?x144xf32>, tensor<2x?x40xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e key_mask(%m : tensor<2x?xi1>) dp(%dp : tensor<2x?x40xf32>) saved(%p, %lse : tensor<2x?x40xf32>, tensor<2x?xf32>) tau(1.000000e+00) causal(true) : tensor<2x?x144xbf16>, tensor<2x?x40xbf16> -> tensor<2x?x144xf32>, tensor<2x?x40xf32>
+  return %du, %de : tensor<2x?x144xf32>, tensor<2x?x40xf32>
+}
+
+// -----
+
 // Where the passes do not apply the scalar ones run: ws (q = u ws is f32),
-// f32 operands, more than 64 experts, more than 128 features.
+// f32 operands, more than 64 experts, more than 256 features.
 // CHECK-LABEL: gpu.func @similarity_project_0
 // CHECK-NOT: _mma
 // CHECK: gpu.func @similarity_inform_grad_dk_3
@@ -96,7 +157,7 @@ func.func @k_past_64(%u: tensor<1x40x32xbf16>, %e: tensor<1x40x65xbf16>, %dp: te
   %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x40x65xf32>) : tensor<1x40x32xbf16>, tensor<1x40x65xbf16> -> tensor<1x40x32xf32>, tensor<1x40x65xf32>
   return %du, %de : tensor<1x40x32xf32>, tensor<1x40x65xf32>
 }
-func.func @d_past_128(%u: tensor<1x40x136xbf16>, %e: tensor<1x40x8xbf16>, %dp: tensor<1x40x8xf32>) -> (tensor<1x40x136xf32>, tensor<1x40x8xf32>) {
-  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x40x8xf32>) : tensor<1x40x136xbf16>, tensor<1x40x8xbf16> -> tensor<1x40x136xf32>, tensor<1x40x8xf32>
-  return %du, %de : tensor<1x40x136xf32>, tensor<1x40x8xf32>
+func.func @d_past_256(%u: tensor<1x40x264xbf16>, %e: tensor<1x40x8xbf16>, %dp: tensor<1x40x8xf32>) -> (tensor<1x40x264xf32>, tensor<1x40x8xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x40x8xf32>) : tensor<1x40x264xbf16>, tensor<1x40x8xbf16> -> tensor<1x40x264xf32>, tensor<1x40x8xf32>
+  return %du, %de : tensor<1x40x264xf32>, tensor<1x40x8xf32>
 }

@@ -366,6 +366,10 @@ func.func @simgrad_mma_f16_wide(%u: tensor<1x?x128xf16>, %e: tensor<1x?x64xf16>,
   %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x?x64xf32>) tau(2.000000e+00) : tensor<1x?x128xf16>, tensor<1x?x64xf16> -> tensor<1x?x128xf32>, tensor<1x?x64xf32>
   return %du, %de : tensor<1x?x128xf32>, tensor<1x?x64xf32>
 }
+func.func @simgrad_mma_bf16_d256(%u: tensor<2x?x256xbf16>, %e: tensor<2x?x64xbf16>, %m: tensor<2x?xi1>, %dp: tensor<2x?x64xf32>) -> (tensor<2x?x256xf32>, tensor<2x?x64xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e key_mask(%m : tensor<2x?xi1>) dp(%dp : tensor<2x?x64xf32>) tau(2.000000e+00) causal(true) : tensor<2x?x256xbf16>, tensor<2x?x64xbf16> -> tensor<2x?x256xf32>, tensor<2x?x64xf32>
+  return %du, %de : tensor<2x?x256xf32>, tensor<2x?x64xf32>
+}
 func.func @apgrad(%s: tensor<2x4x50x60xf32>, %u: tensor<2x50x32xf32>, %v: tensor<2x4x60x8xf32>, %wo: tensor<32x32xf32>, %e: tensor<2x60x16xf32>, %h: tensor<2xi32>, %dp: tensor<2x50x16xf32>) -> (tensor<2x4x50x60xf32>, tensor<2x50x32xf32>, tensor<2x4x60x8xf32>, tensor<32x32xf32>, tensor<2x60x16xf32>) {
   %ds, %du, %dv, %dwo, %de = moe.attention_posterior_grad %s, %u, %v, %wo, %e head(%h : tensor<2xi32>) dp(%dp : tensor<2x50x16xf32>) sigma(2.000000e+00) : tensor<2x4x50x60xf32>, tensor<2x50x32xf32>, tensor<2x4x60x8xf32>, tensor<32x32xf32>, tensor<2x60x16xf32> -> tensor<2x4x50x60xf32>, tensor<2x50x32xf32>, tensor<2x4x60x8xf32>, tensor<32x32xf32>, tensor<2x60x16xf32>
   return %ds, %du, %dv, %dwo, %de : tensor<2x4x50x60xf32>, tensor<2x50x32xf32>, tensor<2x4x60x8xf32>, tensor<32x32xf32>, tensor<2x60x16xf32>

@@ -256,6 +256,18 @@ func.func @similarity_inform_grad_bf16_dk(%u: tensor<1x16384x64xbf16>, %e: tenso
   %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<1x16384x16xf32>) saved(%p, %lse : tensor<1x16384x16xf32>, tensor<1x16384xf32>) tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x64xf32>, tensor<1x16384x16xf32>
   return %du, %de : tensor<1x16384x64xf32>, tensor<1x16384x16xf32>
 }
+// Past 128 features, at the causal D = 256, K = 64 shape: each pass's feature split (two blocks, 128 of dq's or du's
+// features each, the logits in full), 16-column tiles, 8 scores a thread a trip (16 rows x 16 columns over 32 lanes).
+// sass-budget: kernel=similarity_inform_grad_dq_mma scores-per-tile=8 options=flash-mma-grad=true
+func.func @similarity_inform_grad_bf16_causal_d256_dq(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>, %dp: tensor<4x4096x64xf32>, %p: tensor<4x4096x64xf32>, %lse: tensor<4x4096xf32>) -> (tensor<4x4096x256xf32>, tensor<4x4096x64xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<4x4096x64xf32>) saved(%p, %lse : tensor<4x4096x64xf32>, tensor<4x4096xf32>) tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x256xf32>, tensor<4x4096x64xf32>
+  return %du, %de : tensor<4x4096x256xf32>, tensor<4x4096x64xf32>
+}
+// sass-budget: kernel=similarity_inform_grad_dk_mma scores-per-tile=8 options=flash-mma-grad=true
+func.func @similarity_inform_grad_bf16_causal_d256_dk(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>, %dp: tensor<4x4096x64xf32>, %p: tensor<4x4096x64xf32>, %lse: tensor<4x4096xf32>) -> (tensor<4x4096x256xf32>, tensor<4x4096x64xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<4x4096x64xf32>) saved(%p, %lse : tensor<4x4096x64xf32>, tensor<4x4096xf32>) tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x256xf32>, tensor<4x4096x64xf32>
+  return %du, %de : tensor<4x4096x256xf32>, tensor<4x4096x64xf32>
+}
 // sass-budget: kernel=similarity_inform_mma scores-per-tile=32
 func.func @similarity_inform_bf16_causal_d256(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>

@@ -3,7 +3,8 @@ a GPU by simt.py in the host's order: the stats kernel (lse', and dp rounded to 
 the saved p and lse and dp), the query-major pass
 (dq into du) and the key-major pass (de, and dk added to du). Against float64 autograd of the reference mixing on the
 operands' rounded values: causal and key masks (a query with no key, a fully masked batch element), D and K that are
-not multiples of 16 (the padded fragments), the widest shapes the kernel takes (D = 128, K = 64), f16 and bf16, N = 1,
+not multiples of 16 (the padded fragments), D = 128 with K = 64, D past 128 (dq's and du's features split over the
+grid's z: D = 256 with K = 64, D = 200), f16 and bf16, N = 1,
 a misaligned u (the element staging), and a NaN in a masked key's e, which must stay out of every gradient.
 The MMA sums are float64 and ex2.approx exact f32 here: the rounding of P, dX and dp to the operand type is what the
 tolerance covers. Needs moe-opt ($MOE_OPT, else build/bin/moe-opt): skipped without it.
@@ -80,7 +81,9 @@ def run(text, ub, eb, dp, mask, p, lse, misalign=False):
         mem.add(a, None, misalign_bytes=2 if (misalign and a is ub) else 0)
     simt.run_kernel(simt.parse(text, "flash_grad_stats_0"), [lse, p, dp, delta, lse_out, dpr], BLOCK,
                     (-(-N // BLOCK), B), mem)
-    grid = (-(-N // 64), B)
+    # Past 128 padded features the passes split dq's and du's features over the grid's z (FlashMmaGrad.cpp's
+    # featureSplitsFor): 128 a block.
+    grid = (-(-N // 64), B, -(-(-(-D // 16) * 16) // 128))
     for name, outs in (("similarity_inform_grad_dq_mma_0", [du]), ("similarity_inform_grad_dk_mma_0", [de, du])):
         simt.run_kernel(simt.parse(text, name), [ub, eb, dpr, lse_out, delta] + mk + outs, BLOCK, grid, mem,
                         workgroup=workgroup(text, name), lockstep=True, workgroup_fill=np.nan)
@@ -122,8 +125,12 @@ def close(got, ref):
 @pytest.mark.parametrize("B,N,D,K,tau,causal,masked,dtype", [
     (1, 100, 64, 16, 0.5, True, True, "bf16"),      # causal + key mask, 2 row blocks, a partial last column tile
     (2, 70, 40, 12, 1.0, False, True, "f16"),       # D, K not multiples of 16; a fully masked batch element
-    (1, 75, 128, 64, 2.0, True, False, "bf16"),     # the widest the kernel takes
+    (1, 75, 128, 64, 2.0, True, False, "bf16"),     # the widest without feature splits
     (1, 1, 16, 4, 1.0, False, False, "bf16"),       # N = 1
+    # Past 128 features: dq's and du's features split over two blocks (the grid's z), each with the logits in
+    # full, 16-key tiles staged after each tile's barrier; de written by the first split.
+    (1, 90, 256, 64, 2.0, True, True, "bf16"),      # the widest the kernel takes: causal + key mask
+    (2, 70, 200, 12, 1.0, False, True, "f16"),      # D = 200: two splits of 104 features (13 blocks: one unpaired)
 ])
 def test_grad_matches_autograd(B, N, D, K, tau, causal, masked, dtype):
     du, de, du_ref, de_ref = case(B * N + D + K, B, N, D, K, tau, causal, masked, dtype)
