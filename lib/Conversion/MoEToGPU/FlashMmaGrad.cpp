@@ -82,6 +82,12 @@ int64_t columnsFor(int64_t Dp, int64_t Kp) {
   return Dp + Kp <= 96 ? 64 : Dp <= 128 ? 32 : 16;
 }
 
+/// Past 128 padded features the column tiles are copied by cp.async, two
+/// buffers a pass, the next tile's copies in flight while one is computed:
+/// the registers that carry the next tile's vectors otherwise (below 128) are
+/// not there (with them D = 256, K = 16 spilled 12-24 bytes on sm_90).
+bool asyncStagingFor(int64_t Dp) { return Dp > 128; }
+
 /// The feature splits of acc_X (dq by query, du by key; the grid's z): past
 /// 128 padded features its accumulators (4 registers an 8-feature block: 128
 /// at D = 256) beside the row operands (64) pass ptxas's 255, so each block
@@ -225,33 +231,79 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
   const int64_t wx = outWidth / 8, wz = Kp / 8;
   SmallVector<Value> init(4 * (wx + (byKey ? wz : 0)), zero);
   const int64_t nAcc = init.size();
-  // The next tile's vectors are carried in registers while this one is
-  // computed (its loads in flight), not past 128 padded features: there the
-  // row operands and the split's accumulators leave no room for them (D =
-  // 256, K = 16: 12-24 bytes spilled on sm_90 with them); each tile's
-  // vectors are loaded after the barrier that frees its buffers instead.
-  const bool prefetch = Dp <= 128;
-  if (prefetch)
+  // The next tile's loads in flight while one is computed: its vectors
+  // carried in registers, or past 128 padded features (asyncStagingFor) its
+  // cp.async copies into the other of two buffers (a misaligned operand's
+  // elements still staged after the barrier, into the tile's own).
+  const bool async = asyncStagingFor(Dp);
+  // The tile at col0's rows of a buffer: the first or second `cols` rows by
+  // the tile's parity in the pass (async), else the buffer.
+  auto bufferOf = [&](Value buffer, Value col0) -> Value {
+    if (!async)
+      return buffer;
+    Value tile = kb.divu(kb.sub(col0, first), kb.idx(cols));
+    Value row = kb.mul(kb.remu(tile, c2), kb.idx(cols));
+    auto type = cast<MemRefType>(buffer.getType());
+    return memref::SubViewOp::create(
+        b, buffer, ArrayRef<OpFoldResult>{row, b.getIndexAttr(0)},
+        ArrayRef<OpFoldResult>{b.getIndexAttr(cols),
+                               b.getIndexAttr(type.getShape()[1])},
+        ArrayRef<OpFoldResult>{b.getIndexAttr(1), b.getIndexAttr(1)});
+  };
+  // The aligned operands' copies of the tile at col0 into its buffers.
+  auto copyTile = [&](Value col0) {
+    Value xsAt = bufferOf(xs, col0), zsAt = bufferOf(zs, col0);
+    kb.ifThen(uAligned, [&] { st.copyAsync(u, xAt, D, col0, xsAt, colKept); });
+    if (byKey)
+      st.copyAsync(dp, zAt, W, col0, zsAt);
+    else
+      kb.ifThen(zAligned,
+                [&] { st.copyAsync(e, zAt, K, col0, zsAt, colKept); });
+  };
+  if (async) {
+    kb.ifThen(kb.lt(first, last), [&] { copyTile(first); });
+    NVVM::CpAsyncCommitGroupOp::create(b);
+  } else {
     init.append(fetchTile(first));
+  }
   Value scale = kb.cF32(kLog2E / spec.scaleDiv);
   SmallVector<Value> acc = kb.forLoop(
       first, last, kb.idx(cols), init,
       [&](Value col0, ValueRange carried) -> SmallVector<Value> {
         SmallVector<Value> accs(carried.take_front(nAcc));
-        // The last tile's reads of the buffers are done.
+        ValueRange staged = carried.drop_front(nAcc);
+        Value next = kb.add(col0, kb.idx(cols));
+        // The last tile's reads of the buffers are done (and with the
+        // cp.async copies this tile's have landed, every thread's).
+        if (async)
+          NVVM::CpAsyncWaitGroupOp::create(b, b.getI32IntegerAttr(0));
         kb.barrier();
-        SmallVector<Value> staged(carried.drop_front(nAcc));
-        if (!prefetch)
-          staged = fetchTile(col0);
-        kb.ifThenElse(
-            uAligned, [&] { st.put(ArrayRef<Value>(staged).take_front(nX), xAt, xs); },
-            [&] { st.elements(u, xs, cols, Dp, D, col0, colKept); });
-        if (byKey)
-          st.put(ArrayRef<Value>(staged).slice(nX, nZ), zAt, zs);
-        else
+        Value xsTile = bufferOf(xs, col0), zsTile = bufferOf(zs, col0);
+        if (async) {
+          // A misaligned operand's elements into this tile's buffer; the
+          // next tile's copies into the other one, freed by the barrier.
+          kb.ifThen(kb.notI1(uAligned), [&] {
+            st.elements(u, xsTile, cols, Dp, D, col0, colKept);
+          });
+          if (!byKey)
+            kb.ifThen(kb.notI1(zAligned), [&] {
+              st.elements(e, zsTile, cols, Kp, K, col0, colKept);
+            });
+          // (Past the last tile too: rows in bounds or zeros, read by no
+          // one; no branch in the loop.)
+          copyTile(next);
+          NVVM::CpAsyncCommitGroupOp::create(b);
+        } else {
           kb.ifThenElse(
-              zAligned, [&] { st.put(ArrayRef<Value>(staged).slice(nX, nZ), zAt, zs); },
-              [&] { st.elements(e, zs, cols, Kp, K, col0, colKept); });
+              uAligned, [&] { st.put(staged.take_front(nX), xAt, xs); },
+              [&] { st.elements(u, xs, cols, Dp, D, col0, colKept); });
+          if (byKey)
+            st.put(staged.slice(nX, nZ), zAt, zs);
+          else
+            kb.ifThenElse(
+                zAligned, [&] { st.put(staged.slice(nX, nZ), zAt, zs); },
+                [&] { st.elements(e, zs, cols, Kp, K, col0, colKept); });
+        }
         // Each column's term in the dots' units, where its logits'
         // accumulators start (by key -lse' tau of the query, by query 0 or
         // -inf for an excluded key), and by key its -delta: terms[0][c],
@@ -277,9 +329,8 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
         kb.barrier();
         // The next tile's vectors in flight while this one is computed (the
         // last tile loads its own again: in bounds, not used).
-        Value next = kb.add(col0, kb.idx(cols));
         SmallVector<Value> ahead;
-        if (prefetch)
+        if (!async)
           ahead = fetchTile(kb.select(kb.lt(next, last), next, col0));
         // The C fragments' columns 8 nb + 2 tig + {0, 1} of rows g and g + 8
         // ([nb][2 r + x]), and where the products' accumulators start: S'
@@ -314,8 +365,8 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
             }
           return s;
         };
-        SmallVector<SmallVector<Value>> S = products(X, xs, sInit);
-        SmallVector<SmallVector<Value>> G = products(Y, zs, gInit);
+        SmallVector<SmallVector<Value>> S = products(X, xsTile, sInit);
+        SmallVector<SmallVector<Value>> G = products(Y, zsTile, gInit);
         // P = 2^(S' log2(e)/tau + rowTerm) and dX = P G', rounded in pairs:
         // [r][nb].
         SmallVector<Value> pPairs(2 * nbs), dxPairs(2 * nbs);
@@ -360,16 +411,16 @@ static void emitFlashGradMma(GPUKernel &k, const FlashLogitSpec &spec,
             }
           }
         };
-        Value xsOut = xs;
+        Value xsOut = xsTile;
         if (splits > 1)
           xsOut = memref::SubViewOp::create(
-              b, xs, ArrayRef<OpFoldResult>{b.getIndexAttr(0), outLo},
+              b, xsTile, ArrayRef<OpFoldResult>{b.getIndexAttr(0), outLo},
               ArrayRef<OpFoldResult>{b.getIndexAttr(cols),
                                      b.getIndexAttr(outWidth)},
               ArrayRef<OpFoldResult>{b.getIndexAttr(1), b.getIndexAttr(1)});
         accumulate(dxPairs, xsOut, wx, 0);
         if (byKey)
-          accumulate(pPairs, zs, wz, 4 * wx);
+          accumulate(pPairs, zsTile, wz, 4 * wx);
         accs.append(ahead);
         return accs;
       });
@@ -415,8 +466,10 @@ void mlir::moe::gpu_lowering::launchFlashGradMma(HostCode &h, StringRef name,
   const int64_t Kp = padTo16(cast<MemRefType>(e.getType()).getShape()[2]);
   const int64_t cols = columnsFor(Dp, Kp);
   assert(kRowTile % cols == 0 && "a row block starts at a column tile");
-  SmallVector<Type> workgroup = {workgroupMemRef({cols, Dp + kPad}, elt),
-                                 workgroupMemRef({cols, Kp + kPad}, elt),
+  // (Two buffers a tile with the cp.async copies.)
+  const int64_t tileRows = asyncStagingFor(Dp) ? 2 * cols : cols;
+  SmallVector<Type> workgroup = {workgroupMemRef({tileRows, Dp + kPad}, elt),
+                                 workgroupMemRef({tileRows, Kp + kPad}, elt),
                                  workgroupMemRef({2, cols}, h.b.getF32Type())};
   GPUKernel k(h, name, args, workgroup, {kThreads, 1, 1}, loc);
   alignWorkgroupBuffers(k.func);

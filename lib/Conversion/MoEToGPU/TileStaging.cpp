@@ -8,6 +8,7 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
 #include "mlir/Dialect/Utils/StaticValueUtils.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 
@@ -85,6 +86,30 @@ void TileStaging::put(ValueRange xs, ArrayRef<Place> at, Value dst) {
       kb.ifThen(p.inTile, store);
     else
       store();
+  }
+}
+
+void TileStaging::copyAsync(Value src, ArrayRef<Place> at, Value width,
+                            Value row0, Value dst,
+                            function_ref<Value(Value row)> rowKept) {
+  Value c0 = kb.idx(0);
+  auto token = nvgpu::DeviceAsyncTokenType::get(b.getContext());
+  for (const Place &p : at) {
+    auto copy = [&, p = p] {
+      Value row = kb.add(row0, p.r);
+      Value ok = kb.andI(kb.lt(row, N), kb.lt(p.col, width));
+      Value safeRow = kb.select(ok, row, c0);
+      if (rowKept)
+        ok = kb.andI(ok, rowKept(safeRow));
+      nvgpu::DeviceAsyncCopyOp::create(
+          b, token, dst, ValueRange{p.r, p.col}, src,
+          ValueRange{bi, safeRow, kb.select(ok, p.col, c0)}, b.getIndexAttr(8),
+          kb.select(ok, kb.idx(8), c0), b.getUnitAttr());
+    };
+    if (p.inTile)
+      kb.ifThen(p.inTile, copy);
+    else
+      copy();
   }
 }
 

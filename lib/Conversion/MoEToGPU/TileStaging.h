@@ -10,7 +10,8 @@
 // the current one: fetch() loads the block's 16-byte vectors into registers
 // (where `aligned`: width a multiple of 8 elements and a 16-byte aligned
 // base; zeros otherwise, no load), put() stores them after the barrier;
-// elements() is the misaligned operand's loop, a thread an element.
+// elements() is the misaligned operand's loop, a thread an element;
+// copyAsync() the aligned one's cp.async copies (no registers in flight).
 //
 //===----------------------------------------------------------------------===//
 
@@ -50,6 +51,11 @@ struct TileStaging {
                            function_ref<Value(Value row)> rowKept = nullptr);
   /// Stores fetch()'s vectors into `dst`.
   void put(ValueRange xs, ArrayRef<Place> at, Value dst);
+  /// fetch() and put() as cp.async copies of 16 bytes (zeros where fetch()
+  /// gives them: src-size 0), straight into `dst`, which the caller commits
+  /// and waits for; for an aligned `src` only.
+  void copyAsync(Value src, ArrayRef<Place> at, Value width, Value row0,
+                 Value dst, function_ref<Value(Value row)> rowKept = nullptr);
   /// The same tile a thread an element (any alignment).
   void elements(Value src, Value dst, int64_t rows, int64_t cols, Value width,
                 Value row0, function_ref<Value(Value row)> rowKept = nullptr);

@@ -82,16 +82,27 @@ func.func @recomputed_f16(%u: tensor<2x?x128xf16>, %e: tensor<2x?x64xf16>, %dp: 
 // Past 128 features (D = 256, K = 64): dq's and du's features split over
 // two blocks, the grid's z, each accumulating the 128 from z 128 (a view of
 // the staged u tile at that column) with the logits in full; 16-column tiles
-// [16 x (256 + 8)], each staged after the barrier that frees its buffer (no
-// tile's vectors carried in registers); 2 blocks a multiprocessor (ptxas's
-// 255 registers). de is written by the first split only.
+// [16 x (256 + 8)] copied by cp.async into two buffers (no tile's vectors
+// carried in registers), the next tile's copies issued after the barrier
+// that frees its buffer, each tile's waited for before it; 2 blocks a
+// multiprocessor (ptxas's 255 registers). de is written by the first split
+// only.
 // CHECK-LABEL: gpu.func @similarity_inform_grad_dq_mma_0(%arg0: memref<2x?x256xbf16>
-// CHECK-SAME: workgroup(%{{.*}} : memref<16x264xbf16, #gpu.address_space<workgroup>>
+// CHECK-SAME: workgroup(%{{.*}} : memref<32x264xbf16, #gpu.address_space<workgroup>>
 // CHECK-SAME: nvvm.minctasm = 2
 // CHECK: %[[Z:.*]] = gpu.block_id  z
 // CHECK-NEXT: %[[C128:.*]] = arith.constant 128 : index
 // CHECK-NEXT: %[[LO:.*]] = arith.muli %[[Z]], %[[C128]] : index
-// CHECK: memref.subview %{{.*}}[0, %[[LO]]] [16, 128] [1, 1] : memref<16x264xbf16, #gpu.address_space<workgroup>> to memref<16x128xbf16, strided<[264, 1], offset: ?>
+// The first tile's copies into the first buffer, before the loop.
+// CHECK: nvgpu.device_async_copy %arg0{{.*}} : memref<2x?x256xbf16> to memref<16x264xbf16, strided<[264, 1], offset: ?>
+// CHECK: nvvm.cp.async.commit.group
+// CHECK: scf.for
+// CHECK: nvvm.cp.async.wait.group 0
+// CHECK-NEXT: gpu.barrier
+// The next tile's copies into the other buffer (rows 16 (tile + 1) mod 2).
+// CHECK: nvgpu.device_async_copy %arg0{{.*}} : memref<2x?x256xbf16> to memref<16x264xbf16, strided<[264, 1], offset: ?>
+// CHECK: nvvm.cp.async.commit.group
+// CHECK: memref.subview %{{.*}}[0, %[[LO]]] [16, 128] [1, 1] : memref<16x264xbf16, strided<[264, 1], offset: ?>, #gpu.address_space<workgroup>> to memref<16x128xbf16, strided<[264, 1], offset: ?>
 // CHECK-LABEL: gpu.func @similarity_inform_grad_dk_mma_0(%arg0: memref<2x?x256xbf16>
 // CHECK-SAME: nvvm.minctasm = 2
 // CHECK: %[[ZK:.*]] = gpu.block_id  z
@@ -110,7 +121,7 @@ func.func @d256(%u: tensor<2x?x256xbf16>, %e: tensor<2x?x64xbf16>, %dp: tensor<2
 
 // The register fit past 128 features (the ptxas sweep assembles these for
 // sm_80 and sm_90 without local memory): D = 256 with K = 16 (it spilled with
-// the next tile's vectors carried in registers), D = 200 with K = 12 under a
+// the next tile's vectors carried in registers, 32-column tiles), D = 200 with K = 12 under a
 // key mask (two splits of 104 features: 13 blocks, one unpaired), D = 192, f16
 // (96 each), D = 144, K = 40, causal with a key mask (ptxas took 168
 // registers and spilled without the kernel's 2 blocks a multiprocessor).

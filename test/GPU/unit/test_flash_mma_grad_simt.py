@@ -85,8 +85,10 @@ def run(text, ub, eb, dp, mask, p, lse, misalign=False):
     # featureSplitsFor): 128 a block.
     grid = (-(-N // 64), B, -(-(-(-D // 16) * 16) // 128))
     for name, outs in (("similarity_inform_grad_dq_mma_0", [du]), ("similarity_inform_grad_dk_mma_0", [de, du])):
+        # Past 128 features the column tiles come by cp.async, two buffers a pass: each copy lands only at the
+        # wait that completes its group (a tile read before its wait reads the other tile's data, or NaN).
         simt.run_kernel(simt.parse(text, name), [ub, eb, dpr, lse_out, delta] + mk + outs, BLOCK, grid, mem,
-                        workgroup=workgroup(text, name), lockstep=True, workgroup_fill=np.nan)
+                        workgroup=workgroup(text, name), lockstep=True, workgroup_fill=np.nan, async_copies="wait")
     return du, de
 
 
@@ -128,7 +130,7 @@ def close(got, ref):
     (1, 75, 128, 64, 2.0, True, False, "bf16"),     # the widest without feature splits
     (1, 1, 16, 4, 1.0, False, False, "bf16"),       # N = 1
     # Past 128 features: dq's and du's features split over two blocks (the grid's z), each with the logits in
-    # full, 16-key tiles staged after each tile's barrier; de written by the first split.
+    # full, 16-key tiles by cp.async into two buffers; de written by the first split.
     (1, 90, 256, 64, 2.0, True, True, "bf16"),      # the widest the kernel takes: causal + key mask
     (2, 70, 200, 12, 1.0, False, True, "f16"),      # D = 200: two splits of 104 features (13 blocks: one unpaired)
 ])
