@@ -1169,15 +1169,24 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // operand's descriptor adds its byte offset >> 4 to it: the start of its
   // panel, row tile and 16-feature step (32 bytes along the row; the
   // hardware applies the swizzle to the address it forms).
-  Value descStart;
+  // Only the low word varies (the address field; 256 KiB of shared memory
+  // keep the sums below bit 14): it is added in 32 bits and the constant
+  // high word (the stride and the swizzle) joined to it last, so that ptxas
+  // moves one word a descriptor into the uniform registers wgmma reads, not
+  // a 64-bit sum (causal D = 256: 45 R2UR and 23 IADD3 a tile before).
+  Value descLow;
   const int64_t panels = tile.depth / 64;
+  const int64_t descHigh = (int64_t(1) << 30) | 64;
   if (tile.wgmma) {
-    Type i64 = b.getI64Type();
-    Value addr = kb.castInt(sharedStart, i64);
-    Value field = kb.shru(kb.andI(addr, kb.cI64(0x3FFFF)), kb.cI64(4));
-    descStart = kb.orI(field, kb.cI64((int64_t(1) << 62) | (int64_t(64) << 32) |
-                                      (int64_t(1) << 16)));
+    Type i32 = b.getI32Type();
+    Value addr = kb.castInt(sharedStart, i32);
+    Value field = kb.shru(kb.andI(addr, kb.cI32(0x3FFFF)), kb.cI32(4));
+    descLow = kb.orI(field, kb.cI32(int64_t(1) << 16));
   }
+  auto descriptor = [&](Value low) {
+    Type i64 = b.getI64Type();
+    return kb.orI(kb.extu(low, i64), kb.cI64(descHigh << 32));
+  };
   // Q·Kᵀ of row tile t (64 rows: the block's warpgroup) as T wgmma chains
   // of `chunks` k-steps, m64 n`cols` k16, issued back to back and waited
   // for once; the accumulator of a thread is its four 16 x 8 C fragments'
@@ -1187,8 +1196,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     Type i64 = b.getI64Type(), f32 = b.getF32Type();
     auto type = LLVM::LLVMStructType::getLiteral(
         b.getContext(), SmallVector<Type>(cols / 2, f32));
-    Value keyDesc = kb.add(
-        descStart, kb.castInt(kb.mul(bufRow, kb.idx(panels * 128 / 16)), i64));
+    Value keyLow = kb.add(
+        descLow, kb.castInt(kb.mul(bufRow, kb.idx(panels * 128 / 16)),
+                            b.getI32Type()));
     NVVM::WgmmaFenceAlignedOp::create(b);
     const NVVM::WGMMATypes opType =
         elt.isBF16() ? NVVM::WGMMATypes::bf16 : NVVM::WGMMATypes::f16;
@@ -1200,8 +1210,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         const int64_t aOff =
             queryAt + (panel * blockRows + t * kRows) * 128 + step;
         const int64_t bOff = panel * cols * 128 + step;
-        Value descA = kb.add(descStart, kb.cI64(aOff / 16));
-        Value descB = kb.add(keyDesc, kb.cI64(bOff / 16));
+        Value descA = descriptor(kb.add(descLow, kb.cI32(aOff / 16)));
+        Value descB = descriptor(kb.add(keyLow, kb.cI32(bOff / 16)));
         acc[t] = NVVM::WgmmaMmaAsyncOp::create(
             b, type, acc[t], descA, descB,
             NVVM::MMAShapeAttr::get(b.getContext(), 64, cols, 16), opType,
