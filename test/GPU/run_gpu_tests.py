@@ -883,33 +883,27 @@ def case_similarity_grad(lib, g):
     # f16/bf16 u and e without ws: the tensor-core passes where the library was built with flash-mma-grad (the
     # scalar ones otherwise), each gradient within 3% of its largest magnitude. bf16, causal + key mask, 4 row
     # blocks (a partial last), query 0 without a key, a sequence with every key masked
-    u = (torch.randn(2, 200, 64, generator=g) * 0.3).to(torch.bfloat16).to(DEV)
-    e = torch.softmax(torch.randn(2, 200, 16, generator=g), -1).to(torch.bfloat16).to(DEV)
-    m = (torch.rand(2, 200, generator=g) > 0.3).to(DEV)
-    m[0, 0] = False
-    m[1] = False
-    dp = torch.randn(2, 200, 16, generator=g).to(DEV)
-    du, de = check_similarity_grad("simgrad_mma_bf16", lib, "simgrad_mma_bf16", u, e, dp, key_mask=m, tau=0.5,
-                                   causal=True, scaled_rtol=3e-2)
-    if du[1].abs().max().item() != 0 or de[1].abs().max().item() != 0:
-        raise AssertionError("simgrad_mma_bf16: a fully masked sequence got a gradient")
+    def masked_bf16_grad(name, N, D, K, scale, tau):
+        u = (torch.randn(2, N, D, generator=g) * scale).to(torch.bfloat16).to(DEV)
+        e = torch.softmax(torch.randn(2, N, K, generator=g), -1).to(torch.bfloat16).to(DEV)
+        m = (torch.rand(2, N, generator=g) > 0.3).to(DEV)
+        m[0, 0] = False
+        m[1] = False
+        dp = torch.randn(2, N, K, generator=g).to(DEV)
+        du, de = check_similarity_grad(name, lib, name, u, e, dp, key_mask=m, tau=tau, causal=True,
+                                       scaled_rtol=3e-2)
+        if du[1].abs().max().item() != 0 or de[1].abs().max().item() != 0:
+            raise AssertionError(f"{name}: a fully masked sequence got a gradient")
+
+    masked_bf16_grad("simgrad_mma_bf16", 200, 64, 16, 0.3, 0.5)
     # f16, the widest the tensor-core passes take (D = 128, K = 64), dynamic N, a row block past a column tile
     u = (torch.randn(1, 75, 128, generator=g) * 0.4).half().to(DEV)
     e = torch.softmax(torch.randn(1, 75, 64, generator=g), -1).half().to(DEV)
     dp = torch.randn(1, 75, 64, generator=g).to(DEV)
     check_similarity_grad("simgrad_mma_f16_wide", lib, "simgrad_mma_f16_wide", u, e, dp, tau=2.0, scaled_rtol=3e-2)
-    # bf16 past 128 features (D = 256, K = 64: dq's and du's features split over two blocks), causal + key mask,
-    # dynamic N over three row blocks (a partial last), a sequence with every key masked
-    u = (torch.randn(2, 150, 256, generator=g) * 0.15).to(torch.bfloat16).to(DEV)
-    e = torch.softmax(torch.randn(2, 150, 64, generator=g), -1).to(torch.bfloat16).to(DEV)
-    m = (torch.rand(2, 150, generator=g) > 0.3).to(DEV)
-    m[0, 0] = False
-    m[1] = False
-    dp = torch.randn(2, 150, 64, generator=g).to(DEV)
-    du, de = check_similarity_grad("simgrad_mma_bf16_d256", lib, "simgrad_mma_bf16_d256", u, e, dp, key_mask=m,
-                                   tau=2.0, causal=True, scaled_rtol=3e-2)
-    if du[1].abs().max().item() != 0 or de[1].abs().max().item() != 0:
-        raise AssertionError("simgrad_mma_bf16_d256: a fully masked sequence got a gradient")
+    # bf16 past 128 features (D = 256, K = 64: dq's and du's features split over two blocks, cp.async tiles),
+    # the same masks, dynamic N over three row blocks (a partial last)
+    masked_bf16_grad("simgrad_mma_bf16_d256", 150, 256, 64, 0.15, 2.0)
 
 
 def attention_inputs(g):

@@ -1969,6 +1969,27 @@ static void launchSplitTopkCombine(HostCode &h, StringRef name,
   comb.launch({kb.select(run, grid, kb.idx(0)), kb.idx(1), kb.idx(1)});
 }
 
+/// Defines the tensor-core kernel of `tile` on `operands` (and FlashMmaTile::
+/// tma's tensor map `map` last, where not null) and launches it over `grid`
+/// with its dynamic shared memory; `q` gives the operand type.
+static void launchFlashMmaKernel(HostCode &h, StringRef name,
+                                 ValueRange operands, Value map,
+                                 TypeRange workgroup, const FlashMixSpec &spec,
+                                 const FlashMmaTile &tile, Value q,
+                                 Location loc, std::array<Value, 3> grid) {
+  SmallVector<Value> all(operands);
+  if (map)
+    all.push_back(map);
+  GPUKernel kernel(h, name, all, workgroup, {kThreads, 1, 1}, loc);
+  // ldmatrix, cp.async and the 16-byte stores need 16-byte aligned rows.
+  alignWorkgroupBuffers(kernel.func);
+  kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
+                       kernel.b.getI32IntegerAttr(tile.blocksPerSM));
+  Type elt = cast<MemRefType>(q.getType()).getElementType();
+  emitFlashMixMma(kernel, spec, tile, elt);
+  kernel.launch(grid, flashMmaDynamicBytes(h.b, tile, elt));
+}
+
 /// FlashMmaTile::tma: `launch(kernelTile, when, map)` defines and launches
 /// the kernel of `tile` with the keys' tensor map `map` where the runtime made
 /// one (`tmaMap` != 0), and the same kernel without TMA (`map` null: its
@@ -2016,19 +2037,9 @@ static void launchSplitFlashMixMma(HostCode &h, StringRef name,
   launchWithTensorMap(
       h, tile, tmaMap, run,
       [&](const FlashMmaTile &kernelTile, Value when, Value map) {
-        SmallVector<Value> kernelOperands(operands);
-        if (map)
-          kernelOperands.push_back(map);
-        GPUKernel kernel(h, name, kernelOperands, workgroup, {kThreads, 1, 1},
-                         loc);
-        alignWorkgroupBuffers(kernel.func);
-        kernel.func->setAttr(
-            NVVM::NVVMDialect::getMinctasmAttrName(),
-            kernel.b.getI32IntegerAttr(kernelTile.blocksPerSM));
-        Type elt = cast<MemRefType>(q.getType()).getElementType();
-        emitFlashMixMma(kernel, spec, kernelTile, elt);
-        kernel.launch({kb.select(when, grid, kb.idx(0)), B, splits},
-                      flashMmaDynamicBytes(h.b, kernelTile, elt));
+        launchFlashMmaKernel(h, name, operands, map, workgroup, spec,
+                             kernelTile, q, loc,
+                             {kb.select(when, grid, kb.idx(0)), B, splits});
       });
   if (spec.topk) {
     launchSplitTopkCombine(h, name, spec, ws, plain.take_back(2), loc, run);
@@ -2102,23 +2113,12 @@ void mlir::moe::gpu_lowering::launchFlashMixMma(HostCode &h, StringRef name,
     launchWithTensorMap(
         h, direct, tmaMap, run,
         [&](const FlashMmaTile &kernelTile, Value when, Value map) {
-          SmallVector<Value> operands(args);
-          if (map)
-            operands.push_back(map);
-          GPUKernel kernel(h, name, operands, workgroup, {kThreads, 1, 1}, loc);
-          // ldmatrix, cp.async and the 16-byte stores need 16-byte aligned
-          // rows.
-          alignWorkgroupBuffers(kernel.func);
-          kernel.func->setAttr(
-              NVVM::NVVMDialect::getMinctasmAttrName(),
-              kernel.b.getI32IntegerAttr(kernelTile.blocksPerSM));
-          emitFlashMixMma(kernel, spec, kernelTile, elt);
           Value grid =
               kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows * kernelTile.rowTiles));
           if (when)
             grid = kb.select(when, grid, kb.idx(0));
-          kernel.launch({grid, kb.dim(q, 0), kb.idx(1)},
-                        flashMmaDynamicBytes(h.b, kernelTile, elt));
+          launchFlashMmaKernel(h, name, args, map, workgroup, spec, kernelTile,
+                               q, loc, {grid, kb.dim(q, 0), kb.idx(1)});
         });
   };
   if (tile.keySplits > 1) {
