@@ -721,11 +721,11 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         NVVM::MBarrierInitOp::create(b, mbarOf(kb.idx(slot)), kb.cI32(1),
                                      Value());
       NVVM::FenceMbarrierInitOp::create(b);
-      NVVM::FenceProxyAcquireOp::create(
-          b, NVVM::MemScopeKind::SYS,
-          LLVM::IntToPtrOp::create(
-              b, LLVM::LLVMPointerType::get(b.getContext()), tmaMap),
-          kb.cI32(128));
+      Value mapPtr = LLVM::IntToPtrOp::create(
+          b, LLVM::LLVMPointerType::get(b.getContext()), tmaMap);
+      Value mapBytes = kb.cI32(128);
+      NVVM::FenceProxyAcquireOp::create(b, NVVM::MemScopeKind::SYS, mapPtr,
+                                        mapBytes);
     });
   }
 
@@ -1184,9 +1184,17 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     descLow = kb.orI(field, kb.cI32(int64_t(1) << 16));
   }
   auto descriptor = [&](Value low) {
-    Type i64 = b.getI64Type();
-    return kb.orI(kb.extu(low, i64), kb.cI64(descHigh << 32));
+    Value wide = kb.extu(low, b.getI64Type());
+    Value high = kb.cI64(descHigh << 32);
+    return kb.orI(wide, high);
   };
+  // The query's: the 64-bit start plus the offset (loop-invariant: computed
+  // at its use, where LLVM would otherwise keep each joined descriptor in
+  // registers across the key loop: at D = 128 with the lse, 28 bytes spilled
+  // at 3 blocks a multiprocessor).
+  Value descStart;
+  if (tile.wgmma)
+    descStart = descriptor(descLow);
   // Q·Kᵀ of row tile t (64 rows: the block's warpgroup) as T wgmma chains
   // of `chunks` k-steps, m64 n`cols` k16, issued back to back and waited
   // for once; the accumulator of a thread is its four 16 x 8 C fragments'
@@ -1210,7 +1218,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         const int64_t aOff =
             queryAt + (panel * blockRows + t * kRows) * 128 + step;
         const int64_t bOff = panel * cols * 128 + step;
-        Value descA = descriptor(kb.add(descLow, kb.cI32(aOff / 16)));
+        Value descA = kb.add(descStart, kb.cI64(aOff / 16));
         Value descB = descriptor(kb.add(keyLow, kb.cI32(bOff / 16)));
         acc[t] = NVVM::WgmmaMmaAsyncOp::create(
             b, type, acc[t], descA, descB,

@@ -19,10 +19,10 @@
 // buffers' 32,768 bytes at 8192 p: 2048 + 512 p in 16-byte units; a k-step
 // 32 bytes further).
 // CHECK: nvvm.wgmma.fence.aligned
-// CHECK: arith.addi %{{.*}}, %c2048_i32 : i32
+// CHECK: arith.addi %{{.*}}, %c2048_i64 : i64
 // CHECK: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 32, k = 16>, D[<f32>, <zero>]
 // CHECK-COUNT-3: nvvm.wgmma.mma_async {{.*}} D[<f32>, <one>]
-// CHECK: arith.addi %{{.*}}, %c2560_i32 : i32
+// CHECK: arith.addi %{{.*}}, %c2560_i64 : i64
 // CHECK-COUNT-12: nvvm.wgmma.mma_async {{.*}} D[<f32>, <one>]
 // CHECK-NEXT: nvvm.wgmma.commit.group.sync.aligned
 // CHECK-NEXT: nvvm.wgmma.wait.group.sync.aligned 0

@@ -21,9 +21,9 @@
 // CHECK: nvvm.mbarrier.init
 // CHECK: nvvm.mbarrier.init
 // CHECK-NEXT: nvvm.fence.mbarrier.init
-// CHECK-NEXT: arith.constant 128 : i32
 // CHECK-NEXT: %[[M0:.*]] = llvm.inttoptr %[[MAP]] : i64 to !llvm.ptr
-// CHECK-NEXT: nvvm.fence.proxy.acquire <sys> %[[M0]], %c128_i32
+// CHECK-NEXT: %[[MB:.*]] = arith.constant 128 : i32
+// CHECK-NEXT: nvvm.fence.proxy.acquire <sys> %[[M0]], %[[MB]]
 // CHECK-NEXT: }
 
 // The query is still copied once by cp.async; a key tile by thread 0: the stage's mbarrier armed with the tile's

@@ -24,13 +24,17 @@
 // CHECK: memref.view %[[SMEM]][%{{.*}}][] : {{.*}} to memref<192x24xbf16, #gpu.address_space<workgroup>>
 
 // The descriptor's low word at the aligned start: (address & 0x3FFFF) >> 4,
-// the leading offset 1 (bit 16); an operand's offset is added to it in 32
-// bits, then the constant high word joined: the 8-row stride of 1024 bytes
-// (64 << 32) and the 128-byte swizzle (1 << 62).
+// the leading offset 1 (bit 16); the constant high word joined to it: the
+// 8-row stride of 1024 bytes (64 << 32) and the 128-byte swizzle (1 << 62).
+// The query's descriptors add their offsets to that; the keys' (per tile) add
+// theirs to the low word in 32 bits and join the high word last.
 // CHECK: %[[A32:.*]] = arith.index_cast %[[ALIGNED]] : index to i32
 // CHECK: %[[LOW:.*]] = arith.andi %[[A32]], %c262143_i32 : i32
 // CHECK: %[[FIELD:.*]] = arith.shrui %[[LOW]], %c4_i32 : i32
-// CHECK: %[[DESC:.*]] = arith.ori %[[FIELD]], %c65536_i32 : i32
+// CHECK: %[[DLOW:.*]] = arith.ori %[[FIELD]], %c65536_i32 : i32
+// CHECK-NEXT: %[[DWIDE:.*]] = arith.extui %[[DLOW]] : i32 to i64
+// CHECK-NEXT: %[[HIGH:.*]] = arith.constant 4611686293305294848 : i64
+// CHECK-NEXT: %[[DESC:.*]] = arith.ori %[[DWIDE]], %[[HIGH]] : i64
 
 // The query's rows and the key tiles are copied into the swizzle: the 16-byte
 // chunk of a row XOR the row mod 8.
@@ -50,16 +54,16 @@
 // CHECK-NEXT: nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}
 // CHECK-NEXT: gpu.barrier
 // CHECK: nvvm.wgmma.fence.aligned
-// CHECK: %[[QLOW:.*]] = arith.addi %[[DESC]], %c1536_i32 : i32
-// CHECK-NEXT: %[[HIGH:.*]] = arith.constant 4611686293305294848 : i64
-// CHECK-NEXT: %[[QWIDE:.*]] = arith.extui %[[QLOW]] : i32 to i64
-// CHECK-NEXT: %[[QDESC:.*]] = arith.ori %[[QWIDE]], %[[HIGH]] : i64
-// CHECK: nvvm.wgmma.mma_async %[[QDESC]], {{.*}} <m = 64, n = 64, k = 16>, D[<f32>, <zero>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <col>]
-// CHECK: arith.addi %[[DESC]], %c1538_i32 : i32
+// CHECK: %[[QDESC:.*]] = arith.addi %[[DESC]], %c1536_i64 : i64
+// CHECK: %[[KWIDE:.*]] = arith.extui %{{.*}} : i32 to i64
+// CHECK-NEXT: %[[KHIGH:.*]] = arith.constant 4611686293305294848 : i64
+// CHECK-NEXT: %[[KDESC:.*]] = arith.ori %[[KWIDE]], %[[KHIGH]] : i64
+// CHECK-NEXT: nvvm.wgmma.mma_async %[[QDESC]], %[[KDESC]], {{.*}} <m = 64, n = 64, k = 16>, D[<f32>, <zero>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <col>]
+// CHECK: arith.addi %[[DESC]], %c1538_i64 : i64
 // CHECK: nvvm.wgmma.mma_async {{.*}} D[<f32>, <one>]
 // CHECK: nvvm.wgmma.mma_async {{.*}} D[<f32>, <one>]
 // CHECK: nvvm.wgmma.mma_async {{.*}} D[<f32>, <one>]
-// CHECK: arith.addi %[[DESC]], %c2048_i32 : i32
+// CHECK: arith.addi %[[DESC]], %c2048_i64 : i64
 // CHECK: nvvm.wgmma.mma_async {{.*}} D[<f32>, <zero>]
 // CHECK-COUNT-3: nvvm.wgmma.mma_async {{.*}} D[<f32>, <one>]
 // CHECK-NEXT: nvvm.wgmma.commit.group.sync.aligned
