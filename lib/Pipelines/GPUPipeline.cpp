@@ -118,7 +118,8 @@ void mlir::moe::buildMoELowerToNVVMPipeline(
   // moe ops -> moe.kernel ops holding host code + kernels, on tensors; then
   // device buffers across the function boundaries (identity layouts: plain
   // device memrefs for callers).
-  pm.addPass(createConvertMoEToGPU(convertOptionsOf(options)));
+  const moe::ConvertMoEToGPUOptions convert = convertOptionsOf(options);
+  pm.addPass(createConvertMoEToGPU(convert));
   pm.addPass(createCanonicalizer());
   pm.addPass(createMoEGPUBufferize());
   pm.addPass(createCanonicalizer());
@@ -144,8 +145,8 @@ void mlir::moe::buildMoELowerToNVVMPipeline(
   // host's write of their tensor map before the TMA unit reads it
   // (fence.proxy.tensormap: ISA 8.3, CUDA 12.3 drivers for the JIT).
   target.features = !options.features.empty() ? options.features.getValue()
-                    : convertOptionsOf(options).flashMmaTma ? "+ptx83"
-                                                            : "+ptx80";
+                    : convert.flashMmaTma     ? "+ptx83"
+                                              : "+ptx80";
   target.optLevel = options.optLevel;
   pm.addPass(createGpuNVVMAttachTarget(target));
   pm.addPass(createLowerAffinePass());

@@ -2112,11 +2112,11 @@ void mlir::moe::gpu_lowering::launchFlashMixMma(HostCode &h, StringRef name,
     for (MemRefType type : flashMmaSharedTypes(tile, elt))
       workgroup.push_back(type);
   GpuKernelBuilder &kb = h.kb;
-  // Launches the kernel of `direct` (no split) where `run` holds (null:
-  // always), else over an empty grid.
   // FlashMmaTile::tma: the keys' tensor map (boxes of one 64-feature panel
   // of a key tile), once for both kernels.
   Value tmaMap = tile.tma ? h.tensorMap3d(args[1], 64, tile.cols) : Value();
+  // Launches the kernel of `direct` (no split) where `run` holds (null:
+  // always), else over an empty grid.
   auto launchDirect = [&](const FlashMmaTile &direct, Value run) {
     launchWithTensorMap(
         h, direct, tmaMap, run,

@@ -271,6 +271,8 @@ Value HostCode::tensorMap3d(Value buffer, int64_t boxInner, int64_t boxRows) {
       memref::ExtractAlignedPointerAsIndexOp::create(b, buffer), i64);
   Type elt = type.getElementType();
   assert((elt.isF16() || elt.isBF16()) && "moeGpuTensorMap3d's element types");
+  // (The element type codes are the runtime's kMoeTensorMapF16 and
+  // kMoeTensorMapBF16, lib/Runtime/CUDA/MoECudaRuntime.h.)
   SmallVector<Value> operands = {address, kb.cI32(elt.isBF16() ? 1 : 0)};
   for (int64_t d : {2, 1, 0})
     operands.push_back(kb.castInt(kb.dim(buffer, d), i64));

@@ -283,6 +283,8 @@ class Memory:
 
     def __init__(self):
         self.buffers = []   # (base address, numpy array, element type name)
+        self.maps = {}      # tensor_map()'s: address -> (array, box inner, box rows)
+        self.mbarriers = {}  # flash-mma-tma's mbarriers: (block's shared memory, address) -> state (Warp._tma)
 
     def add(self, array, elt, misalign_bytes=0):
         base = (len(self.buffers) + 1) << 32 | (misalign_bytes & 15)
@@ -305,10 +307,9 @@ class Memory:
         the runtime's moeGpuTensorMap3d makes it for flash-mma-tma: boxes of [1, box_rows, box_inner] elements,
         the 128-byte swizzle, zeros past the bounds; the TMA copies (cp.async.bulk.tensor) read the array through
         it. The map's bytes are the driver's (opaque): simt keeps its description by address instead."""
-        maps = self.__dict__.setdefault("maps", {})
-        address = self.TENSOR_MAPS + 128 * len(maps)
+        address = self.TENSOR_MAPS + 128 * len(self.maps)
         assert array.ndim == 3 and array.dtype == np.uint16 and box_inner * 2 <= 128, (array.shape, box_inner)
-        maps[address] = (array, box_inner, box_rows)
+        self.maps[address] = (array, box_inner, box_rows)
         return address
 
     def load16(self, address):
@@ -882,7 +883,7 @@ class Warp:
     def _mbarrier(self, address):
         """The state of the block's mbarrier at shared-window `address`: its expected and pending arrivals, its
         transaction count, its completed phases, the TMA copies counted on it that have not landed."""
-        bars = self.mem.__dict__.setdefault("mbarriers", {})
+        bars = self.mem.mbarriers
         key = (id(self.dynamic_smem), int(address))
         assert key in bars, f"mbarrier {int(address):#x} used before its init"
         return bars[key]
@@ -900,7 +901,7 @@ class Warp:
         if n in ("nvvm.fence.mbarrier.init", "nvvm.fence.proxy.acquire"):
             # (the tensormap proxy's fence: the map is simt's description, never stale)
             return None
-        bars = self.mem.__dict__.setdefault("mbarriers", {})
+        bars = self.mem.mbarriers
         if n == "nvvm.mbarrier.init":
             for l in lanes:
                 bars[(id(self.dynamic_smem), int(a[0][l]))] = {"expected": int(a[1][l]), "pending": int(a[1][l]),

@@ -98,14 +98,21 @@ def block_rows(text):
     return int(re.search(rf'{divisor} = "arith.constant"\(\) <{{value = (\d+) : index}}>', host).group(1))
 
 
-def shared_memory(text, kernel):
-    """(workgroup buffers, dynamic shared memory bytes) of `kernel`: its two workgroup buffers (keys, values) as
-    its signature gives them, or none and the launch's dynamic_shared_memory_size (the 128-row kernel's three
-    cp.async stages, or flash-mma-dynamic-shared)."""
+def kernel_header(text, kernel):
+    """The module's lines and the index of `kernel`'s generic gpu.func header among them (the gpu.func whose first
+    sym_name after it is the kernel's: the name follows the body)."""
     lines = text.splitlines()
     starts = [n for n, line in enumerate(lines) if '"gpu.func"' in line]
     start = next(n for n in starts
                  if f'sym_name = "{kernel}"' in next(line for line in lines[n:] if 'sym_name = "' in line))
+    return lines, start
+
+
+def shared_memory(text, kernel):
+    """(workgroup buffers, dynamic shared memory bytes) of `kernel`: its two workgroup buffers (keys, values) as
+    its signature gives them, or none and the launch's dynamic_shared_memory_size (the 128-row kernel's three
+    cp.async stages, or flash-mma-dynamic-shared)."""
+    lines, start = kernel_header(text, kernel)
     head = next(line for line in lines[start:] if "^bb0(" in line)
     wg = [((int(r), int(c)), np.uint16) for r, c, _t in WORKGROUP.findall(head)]
     launch = re.search(rf'"gpu.launch_func"\(([^)]*)\) <{{kernel = @\w+::@{kernel}, '
@@ -143,16 +150,8 @@ def tensor_map_box(text):
 
 def takes_tensor_map(text, kernel):
     """Whether `kernel` is a flash-mma-tma kernel: its last argument (an i64) the keys' tensor map."""
-    for m in re.finditer(r'"gpu.func"\(\) <\{function_type = \(([^)]*)\) -> \(\)', text):
-        if kernel_at(text, m.start()) == kernel:
-            return m.group(1).split(", ")[-1] == "i64"
-    raise KeyError(kernel)
-
-
-def kernel_at(text, start):
-    """The name of the gpu.func whose generic header starts at `start` (shared_memory's rule)."""
-    lines = text[start:].splitlines()
-    return re.search(r'sym_name = "(\w+)"', next(line for line in lines if 'sym_name = "' in line)).group(1)
+    lines, start = kernel_header(text, kernel)
+    return re.search(r'function_type = \(([^)]*)\) -> \(\)', lines[start]).group(1).split(", ")[-1] == "i64"
 
 
 def with_tensor_map(text, kernel, args, mem, misalign=False):
