@@ -148,6 +148,14 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "FFMA and one EX2 a score and taking the sums dX U and P dp on mma.sync (dp, P and dX rounded to the "
            "operand type); the recomputed forward, where p and lse are not saved, on the tensor-core kernel. "
            "Off until a GPU run decides">,
+    Option<"flashMixWide", "flash-mix-wide", "bool", /*default=*/"false",
+           "the f32 flash mixing kernel (similarity_inform and attention_posterior where the tensor-core kernel "
+           "does not apply: f32 operands, ws, mixed types; their training forwards and fused top-k) in its wide "
+           "form where K <= 64 (FlashMixWide.cpp): 64-key tiles, each lane 8 keys of its row with its own online "
+           "softmax state and all K partial sums (merged over the row's 8 lanes once, at the end), the query and "
+           "key chunks read from shared memory 16 bytes at a time (ld.shared.v4) and staged 16 bytes at a time "
+           "where aligned: no shuffle, no probability tile and one barrier pair a 32-feature chunk in the key "
+           "loop. Off until a GPU run decides">,
     Option<"flashCausalBalance", "flash-causal-balance", "bool", /*default=*/"true",
            "under a causal mask, the flash kernels' blocks (similarity_inform, its training forward and "
            "backward; scalar and tensor-core; the split-key kernel where it is estimated at most 176 registers) "

@@ -36,6 +36,8 @@
 #include "MoE/Kernels/FlashLogit.h"
 #include "MoE/Kernels/OnlineSoftmax.h"
 
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+
 #include "llvm/Support/MathExtras.h"
 
 #include <limits>
@@ -259,14 +261,26 @@ static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
         return acc;
       });
 
-  // Epilogue: normalize; a row without any key gets zeros. The stores are
-  // guarded by `active`, where row = i: they index i, so that the clamped
-  // 64-bit row does not live through the key loop (ptxas spilled its high
-  // word at the register count it picked for sm_80).
-  SoftmaxState rowState = {fin[vpt], fin[vpt + 1]};
+  // Epilogue: normalize; a row without any key gets zeros.
+  emitFlashMixEpilogue(
+      kernel, spec, {out, outIdx, lseOut}, {fin[vpt], fin[vpt + 1]},
+      ArrayRef<Value>(fin).take_front(vpt), b, N, i, row, active, lane);
+}
+
+void mlir::moe::gpu_lowering::emitFlashMixEpilogue(
+    GPUKernel &kernel, const FlashMixSpec &spec, const FlashMixOutputs &outs,
+    SoftmaxState rowState, ArrayRef<Value> accs, Value b, Value N, Value i,
+    Value row, Value active, Value lane) {
+  GpuKernelBuilder &kb = kernel.kb;
+  const int64_t K = spec.numExperts;
+  Value c0 = kb.idx(0);
+  Value out = outs.out, outIdx = outs.outIdx, lseOut = outs.lse;
+  // The stores are guarded by `active`, where row = i: they index i, so that
+  // the clamped 64-bit row does not live through the key loop (ptxas spilled
+  // its high word at the register count it picked for sm_80).
   SmallVector<Value> vals;
-  for (int64_t m = 0; m < vpt; ++m)
-    vals.push_back(softmaxNormalize(kb, rowState, fin[m]));
+  for (Value acc : accs)
+    vals.push_back(softmaxNormalize(kb, rowState, acc));
   if (lseOut)
     kb.ifThen(kb.andI(active, kb.eq(lane, c0)), [&] {
       kb.store(softmaxLogSumExp(kb, rowState), lseOut, {b, i});
@@ -286,7 +300,7 @@ static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
                                   .active = active}});
   } else {
     kb.ifThen(active, [&] {
-      for (int64_t m = 0; m < vpt; ++m) {
+      for (int64_t m = 0; m < static_cast<int64_t>(vals.size()); ++m) {
         int64_t col = m * kGroup;
         Value cc = kb.add(kb.idx(col), lane);
         if (col + kGroup <= K) {
@@ -305,15 +319,25 @@ void mlir::moe::gpu_lowering::launchFlashMix(HostCode &h, StringRef name,
                                              const FlashMixSpec &spec, Value q,
                                              ValueRange args, Location loc) {
   Type f32 = h.b.getF32Type();
-  SmallVector<Type> workgroup = {
-      workgroupMemRef({kRows, kChunk + 1}, f32),      // query chunk
-      workgroupMemRef({kCols, kChunk + 1}, f32),      // key chunk
-      workgroupMemRef({kCols, spec.numExperts}, f32), // value tile
-      workgroupMemRef({kRows, kCols + 1}, f32),       // probabilities
-  };
+  const bool wide = flashMixWideApplies(spec);
+  SmallVector<Type> workgroup;
+  if (wide)
+    workgroup = flashMixWideWorkgroup(h.b.getContext(), spec);
+  else
+    workgroup = {
+        workgroupMemRef({kRows, kChunk + 1}, f32),      // query chunk
+        workgroupMemRef({kCols, kChunk + 1}, f32),      // key chunk
+        workgroupMemRef({kCols, spec.numExperts}, f32), // value tile
+        workgroupMemRef({kRows, kCols + 1}, f32),       // probabilities
+    };
   GPUKernel kernel(h, name, args, workgroup, {kFlashThreads, 1, 1}, loc);
   alignWorkgroupBuffers(kernel.func);
-  emitFlashMix(kernel, spec);
+  if (wide) {
+    kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
+                         kernel.b.getI32IntegerAttr(flashMixWideBlocks(spec)));
+    emitFlashMixWide(kernel, spec);
+  } else
+    emitFlashMix(kernel, spec);
   GpuKernelBuilder &kb = h.kb;
   Value grid = kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows));
   kernel.launch({grid, kb.dim(q, 0), kb.idx(1)});

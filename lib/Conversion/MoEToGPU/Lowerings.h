@@ -118,6 +118,9 @@ struct FlashMixSpec : FlashLogitSpec {
   /// first wave's second round reversed (flash-causal-balance;
   /// FlashBlockOrder in FlashTile.h).
   bool balanceCausal = false;
+  /// The kernel's wide form where it applies (flash-mix-wide,
+  /// FlashMixWide.cpp: K <= kFlashWideMaxExperts, not gated).
+  bool wide = false;
 };
 
 /// The largest expert count of the flash kernel (accumulator in registers,
@@ -135,6 +138,38 @@ FailureOr<int64_t> flashExpertCount(Operation *op, Value e);
 /// or weights and indices [B,N,k], then lse [B,N] with `withLse`.
 void launchFlashMix(class HostCode &h, StringRef name, const FlashMixSpec &spec,
                     Value q, ValueRange args, Location loc);
+
+/// The largest expert count of the mixing kernel's wide form: a lane holds
+/// all K partial sums of its row.
+constexpr int64_t kFlashWideMaxExperts = 64;
+
+/// Whether launchFlashMix takes the wide form (FlashMixWide.cpp) for `spec`.
+bool flashMixWideApplies(const FlashMixSpec &spec);
+
+/// The wide form's workgroup buffers and body (FlashMixWide.cpp), for
+/// launchFlashMix's kernel on its arguments.
+SmallVector<Type> flashMixWideWorkgroup(MLIRContext *ctx,
+                                        const FlashMixSpec &spec);
+void emitFlashMixWide(class GPUKernel &kernel, const FlashMixSpec &spec);
+/// The blocks a multiprocessor the wide form states to ptxas (nvvm.minctasm).
+int64_t flashMixWideBlocks(const FlashMixSpec &spec);
+
+/// A flash mixing kernel's outputs (launchFlashMix's arguments after the
+/// logit's): p, or the fused top-k's weights and indices, then the lse.
+struct FlashMixOutputs {
+  Value out, outIdx, lse;
+};
+
+/// The end of a row of the mixing kernels (both forms): `accs` are the
+/// row's unnormalized sums a lane holds, column m * kFlashGroup + `lane` in
+/// accs[m], normalized by the row's softmax `state`; then the lse (by lane
+/// 0) and p, or the fused top-k's weights and indices, stored for row i of
+/// batch element `b` where `active` (`row`: i clamped, `N`: the rows).
+void emitFlashMixEpilogue(class GPUKernel &kernel, const FlashMixSpec &spec,
+                          const FlashMixOutputs &outs,
+                          kernels::SoftmaxState state, ArrayRef<Value> accs,
+                          Value b, Value N, Value i, Value row, Value active,
+                          Value lane);
 
 /// The tensor-core form of the flash mixing kernel (FlashMma.cpp): f16/bf16
 /// operands on mma.sync m16n8k16 with f32 sums, a block of 4 warps per 64

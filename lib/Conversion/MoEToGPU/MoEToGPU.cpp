@@ -103,6 +103,7 @@ struct ConvertMoEToGPUPass
     options.flashMmaSymmetric = flashMmaSymmetric;
     options.flashMmaGrad = flashMmaGrad;
     options.flashCausalBalance = flashCausalBalance;
+    options.flashMixWide = flashMixWide;
     options.flashMmaDynamicShared = flashMmaDynamicShared;
     options.flashMmaWgmma = flashMmaWgmma;
     options.flashMmaTma = flashMmaTma;

@@ -18,11 +18,13 @@
 # lease decides: the winner becomes the default and the loser is deleted with it.
 # ve: Q.K^T on wgmma with the key tiles by TMA (flash-mma-tma); ve-cp: the same folder with MOE_GPU_TMA=0, where the
 # runtime makes no tensor map and the host launches each TMA kernel's twin, the wgmma kernel with cp.async copies.
+# va: also flash-mix-wide (the f32 mixing kernel's wide form), whose kernels (f32, ws) are not the other two options'
+# (f16/bf16 tensor-core kernels): its bench's f32 sim cases against the default folder's decide it.
 set -uo pipefail
 VARIANTS=(
   "ve|flash-mma-wgmma=true flash-mma-tma=true|checks,memcheck,bench,profile|sim|similarity_inform,similarity_inform_topk_mma,attention_posterior_mma|sm_90a"
   "ve-cp||checks,bench|sim|similarity_inform|sm_90a|gc-ve|MOE_GPU_TMA=0"
-  "va|flash-mma-symmetric=true flash-mma-grad=true|checks,memcheck,bench|sim|similarity_inform,similarity_inform_symmetric,similarity_inform_topk_mma,similarity_inform_grad"
+  "va|flash-mma-symmetric=true flash-mma-grad=true flash-mix-wide=true|checks,memcheck,bench|sim|similarity_inform,similarity_inform_symmetric,similarity_inform_topk_mma,similarity_inform_grad,attention_posterior,attention_posterior_grad"
   "vb|flash-mma-block-rows=64|bench|sim_topk|"
   "vc|flash-causal-balance=false|bench|causal|"
   "vd|flash-mma-dynamic-shared=true|checks,memcheck,bench|D256_K64_causal|similarity_inform,attention_posterior_mma"
@@ -33,7 +35,7 @@ VARIANTS=(
 # the split top-k's combine, every flash kernel's causal order).
 RACES=(
   "race-ve|gc-ve|similarity_inform,similarity_inform_topk_mma,attention_posterior_mma|80"
-  "race-va|gc-va|similarity_inform_symmetric,similarity_inform_grad|100"
+  "race-va|gc-va|similarity_inform_symmetric,similarity_inform_grad,similarity_inform|100"
   "race|gpu-check|similarity_inform_topk_mma,route,similarity_inform_grad,similarity_inform|"
 )
 TRANSFORMERS=5.23.0

@@ -1,0 +1,426 @@
+//===- FlashMixWide.cpp - The f32 flash mixing kernel, wide form ----------===//
+//
+// Part of the MoE-MLIR project.
+//
+// The wide form of the flash mixing kernel (launchFlashMix, FlashMix.cpp;
+// flash-mix-wide) for the operands the tensor-core kernel does not take: f32
+// (and ws's f32 q, mixed types), K <= kFlashWideMaxExperts. FlashMix.cpp's
+// form spends ~275 SASS instructions a score at D = 64 (a scalar shared load
+// a multiply-add, the query chunk and the probabilities through shared memory
+// every 32 keys, a 4-key tile softmax over 8 lanes with its shuffles, the
+// P·e products a lane's 2 columns over all 32 keys behind a barrier): on the
+// H200 0.47x inductor at N = 16384 (f32, 2026-11-26). Here, for the same
+// block of 16 rows and 8 lanes a row:
+//
+//  * key tiles of 64 keys, a lane keys c * 8 + lane (c < 8) of its row;
+//  * the dot products over 32-feature chunks staged in shared memory (16
+//    bytes a thread and load where the operand is f32 and aligned), read 16
+//    bytes at a time (ld.shared.v4: the row's 4 features once, then each
+//    key's 4: 9 loads a 32 multiply-adds, rows padded by 4 floats so that the
+//    8 lanes' keys fall in distinct banks);
+//  * each lane keeps its own online softmax state (m, l) over its keys and
+//    all K partial sums Σ p e[j, :] of its keys (MoE/Kernels/OnlineSoftmax.h
+//    over the lane's 8 logits, no reduction in the key loop): no shuffle, no
+//    probability tile, one barrier pair a chunk;
+//  * at the end the 8 states are merged (FlashAttention's split-KV combine
+//    over lanes: the row max, each lane's sums scaled by exp(m - max)) and
+//    the K sums reduce-scattered over the 8 lanes (halving: K/2 + K/4 + K/8
+//    shuffles) to FlashMix.cpp's layout, column m * 8 + lane, for the shared
+//    epilogue (emitFlashMixEpilogue: the normalization, the lse, p or the
+//    fused top-k).
+//
+// About 110 instructions a score at D = 64, K = 16 (64 FFMA, 20 LDS.128 and
+// ~26 for the softmax and P·e). Excluded keys add nothing, as in FlashMix.cpp:
+// a masked or padding key's e row is staged as zeros (its p is 0), and where
+// a key can be excluded for some rows only (the causal diagonal tile, a bias
+// or added scores) a lane skips it; a non-finite e of an excluded key reaches
+// no row. The sums are in another order than FlashMix.cpp's (a lane's keys,
+// then the lanes): the same results to f32 rounding.
+//
+//===----------------------------------------------------------------------===//
+
+#include "FlashTile.h"
+#include "HostCode.h"
+#include "Lowerings.h"
+#include "Reductions.h"
+
+#include "MoE/Kernels/FlashLogit.h"
+#include "MoE/Kernels/OnlineSoftmax.h"
+
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+
+#include "llvm/Support/MathExtras.h"
+
+#include <limits>
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::gpu_lowering;
+using namespace mlir::moe::kernels;
+
+static constexpr int64_t kRows = kFlashRows;
+static constexpr int64_t kGroup = kFlashGroup;
+/// Keys a tile, and a lane's share of them.
+static constexpr int64_t kCols = 64;
+static constexpr int64_t kKeysPerLane = kCols / kGroup;
+/// Features a staged chunk.
+static constexpr int64_t kChunk = 32;
+/// Floats of padding a shared row: 16 bytes keep the rows' 16-byte alignment
+/// and put row r + 1 four banks after row r (the 8 lanes' keys in distinct
+/// banks for ld.shared.v4).
+static constexpr int64_t kPad = 4;
+/// Floats a vector.
+static constexpr int64_t kVec = 4;
+
+static int64_t paddedExperts(const FlashMixSpec &spec) {
+  return llvm::alignTo(spec.numExperts, kGroup);
+}
+
+bool mlir::moe::gpu_lowering::flashMixWideApplies(const FlashMixSpec &spec) {
+  return spec.wide && !spec.gated && spec.numExperts >= 1 &&
+         spec.numExperts <= kFlashWideMaxExperts;
+}
+
+/// ptxas takes the registers a block count leaves it (the P·e loads of the
+/// lane's 8 keys hoisted ahead of their multiply-adds: K = 8 at 122). The
+/// plain kernel: 4 blocks (128 registers) up to 16 experts, 3 (168) up to 32
+/// (K = 24 spilled 4 bytes at 128), else 2 (K = 64 spilled 160 bytes at 168;
+/// 203-210 at 2). A causal mask, a key mask, the lse, the fused top-k or
+/// attention_posterior's terms one step fewer: at 128 registers K = 16
+/// spilled 8-92 bytes (causal, the top-k, the posterior), at 168 K = 24 with
+/// a mask and the lse 32-40 (sm_80 and sm_90, D = 40-64).
+int64_t mlir::moe::gpu_lowering::flashMixWideBlocks(const FlashMixSpec &spec) {
+  const int64_t Kp = paddedExperts(spec);
+  const bool plain = !spec.causal && !spec.hasKeyMask && !spec.hasBias &&
+                     !spec.hasAddScores && !spec.topk && !spec.withLse;
+  const int64_t blocks = Kp <= 16 ? 4 : Kp <= 32 ? 3 : 2;
+  return plain ? blocks : std::max<int64_t>(blocks - 1, 2);
+}
+
+SmallVector<Type>
+mlir::moe::gpu_lowering::flashMixWideWorkgroup(MLIRContext *ctx,
+                                               const FlashMixSpec &spec) {
+  Type f32 = Float32Type::get(ctx);
+  return {
+      workgroupMemRef({kRows, kChunk + kPad}, f32),              // queries
+      workgroupMemRef({kCols, kChunk + kPad}, f32),              // keys
+      workgroupMemRef({kCols, paddedExperts(spec) + kPad}, f32), // values
+  };
+}
+
+/// Whether the f32 operand `src` [B, rows, width] can be staged kVec floats
+/// at a time: a 16-byte aligned base and a width a multiple of kVec.
+static Value stagedAligned(GpuKernelBuilder &kb, ImplicitLocOpBuilder &b,
+                           Value src, Value width) {
+  Value c0 = kb.idx(0);
+  Value ptr = memref::ExtractAlignedPointerAsIndexOp::create(b, src);
+  return kb.andI(kb.eq(kb.remu(ptr, kb.idx(16)), c0),
+                 kb.eq(kb.remu(width, kb.idx(kVec)), c0));
+}
+
+namespace {
+/// Rows [row0, row0 + rows) of src[bi] (any float type), columns [col0,
+/// col0 + cols), into the f32 workgroup tile dst [rows x cols + kPad]: zeros
+/// past `limit` rows and `width` columns, and in the rows where
+/// rowKept(row) is false. With `vectors` (an f32 operand, aligned: see
+/// stagedAligned) 16 bytes a thread and load, else an element.
+struct Stage {
+  GpuKernelBuilder &kb;
+  ImplicitLocOpBuilder &b;
+  Value tid, bi;
+
+  void operator()(Value src, Value dst, int64_t rows, int64_t cols, Value row0,
+                  Value limit, Value col0, Value width, bool vectors,
+                  function_ref<Value(Value row)> rowKept = nullptr) {
+    Value c0 = kb.idx(0);
+    auto byVectors = [&] {
+      VectorType v4 = VectorType::get({kVec}, kb.f32());
+      Value zeros = kb.constLike(v4, 0.0);
+      const int64_t perRow = cols / kVec, count = rows * perRow;
+      for (int64_t v0 = 0; v0 < count; v0 += kFlashThreads) {
+        Value v = kb.add(tid, kb.idx(v0));
+        auto one = [&] {
+          Value r = kb.divu(v, kb.idx(perRow));
+          Value c = kb.mul(kb.remu(v, kb.idx(perRow)), kb.idx(kVec));
+          Value row = kb.add(row0, r), col = kb.add(col0, c);
+          Value ok = kb.andI(kb.lt(row, limit), kb.lt(col, width));
+          Value safeRow = kb.select(ok, row, c0);
+          Value x = vector::LoadOp::create(
+              b, v4, src, ValueRange{bi, safeRow, kb.select(ok, col, c0)},
+              /*nontemporal=*/false, llvm::MaybeAlign(16));
+          if (rowKept)
+            ok = kb.andI(ok, rowKept(safeRow));
+          vector::StoreOp::create(b, kb.select(ok, x, zeros), dst,
+                                  ValueRange{r, c},
+                                  /*nontemporal=*/false, llvm::MaybeAlign(16));
+        };
+        if (v0 + kFlashThreads > count)
+          kb.ifThen(kb.lt(v, kb.idx(count)), one);
+        else
+          one();
+      }
+    };
+    auto elements = [&] {
+      kb.forLoop(tid, kb.idx(rows * cols), kb.idx(kFlashThreads), [&](Value v) {
+        Value r = kb.divu(v, kb.idx(cols)), c = kb.remu(v, kb.idx(cols));
+        Value row = kb.add(row0, r), col = kb.add(col0, c);
+        Value ok = kb.andI(kb.lt(row, limit), kb.lt(col, width));
+        Value safeRow = kb.select(ok, row, c0);
+        Value x = kb.loadF(src, {bi, safeRow, kb.select(ok, col, c0)});
+        if (rowKept)
+          ok = kb.andI(ok, rowKept(safeRow));
+        kb.store(kb.select(ok, x, kb.cF32(0.0)), dst, {r, c});
+      });
+    };
+    if (vectors)
+      byVectors();
+    else
+      elements();
+  }
+};
+} // namespace
+
+/// The K sums of a row spread over its kGroup lanes, each lane all K
+/// (accs[j], column j), reduced and scattered: lane l ends with column
+/// m * kGroup + l of the row's sums in element m. Halving by butterflies: at
+/// distance d (4, 2, 1) a lane keeps the columns whose bit d matches its own
+/// and adds its partner's of them.
+static SmallVector<Value> reduceScatter(GpuKernelBuilder &kb, Value lane,
+                                        ArrayRef<Value> accs) {
+  const int64_t per = accs.size() / kGroup;
+  // held[m][p]: column m * kGroup + p + (the lane's bits above the step's).
+  SmallVector<SmallVector<Value>> held(per);
+  for (int64_t m = 0; m < per; ++m)
+    held[m].assign(accs.begin() + m * kGroup, accs.begin() + (m + 1) * kGroup);
+  for (int64_t d = kGroup / 2; d >= 1; d /= 2) {
+    Value upper =
+        kb.cmpi(arith::CmpIPredicate::ne, kb.andI(lane, kb.idx(d)), kb.idx(0));
+    for (int64_t m = 0; m < per; ++m) {
+      SmallVector<Value> next;
+      for (int64_t p = 0; p < d; ++p) {
+        Value low = held[m][p], high = held[m][p + d];
+        Value send = kb.select(upper, low, high);
+        Value keep = kb.select(upper, high, low);
+        next.push_back(kb.fadd(keep, kb.shuffleXor(send, d)));
+      }
+      held[m] = std::move(next);
+    }
+  }
+  SmallVector<Value> out;
+  for (int64_t m = 0; m < per; ++m)
+    out.push_back(held[m][0]);
+  return out;
+}
+
+void mlir::moe::gpu_lowering::emitFlashMixWide(GPUKernel &kernel,
+                                               const FlashMixSpec &spec) {
+  const int64_t K = spec.numExperts;
+  const int64_t Kp = paddedExperts(spec);
+  GpuKernelBuilder &kb = kernel.kb;
+  ImplicitLocOpBuilder &ib = kernel.b;
+  unsigned a = 0;
+  Value q = kernel.arg(a++);
+  Value keys = kernel.arg(a++);
+  Value e = kernel.arg(a++);
+  FlashLogitArgs logit(kernel, spec, a);
+  FlashMixOutputs outs;
+  outs.out = kernel.arg(a++);
+  outs.outIdx = spec.topk ? kernel.arg(a++) : Value();
+  outs.lse = spec.withLse ? kernel.arg(a++) : Value();
+  Value qs = kernel.workgroup(0), ks = kernel.workgroup(1),
+        es = kernel.workgroup(2);
+
+  Value zero = kb.cF32(0.0);
+  Value negInf = kb.cF32(-std::numeric_limits<double>::infinity());
+  Value c0 = kb.idx(0), c1 = kb.idx(1);
+  FlashTile tile(
+      kb, flashBlockOrder(spec.causal, spec.balanceCausal, /*byKey=*/false));
+  Value tid = tile.t.tid, r = tile.t.row, lane = tile.t.lane;
+  Value b = tile.b, rowBase = tile.rowBase;
+  Value N = kb.dim(q, 1);
+  Value D = kb.dim(q, 2);
+  Value Nk = kb.dim(keys, 1);
+  tile.clampRow(kb, N, c1);
+  Value i = tile.i, active = tile.active, row = tile.row;
+  Value h =
+      logit.head ? kb.castInt(kb.load(logit.head, {b}), kb.index()) : Value();
+  Value width = kb.idx(K);
+  // The staging's 16-byte path where all three operands take it, decided
+  // once: a key loop for each (both paths' addresses, hoisted by LLVM out of
+  // one loop, took ptxas past 128 registers: 32 bytes spilled, D = 64,
+  // K = 16 on sm_90).
+  auto isF32 = [](Value v) {
+    return cast<MemRefType>(v.getType()).getElementType().isF32();
+  };
+  Value allAligned;
+  if (isF32(q) && isF32(keys) && isF32(e)) {
+    Value qAligned = stagedAligned(kb, ib, q, D);
+    Value kAligned = stagedAligned(kb, ib, keys, D);
+    allAligned =
+        kb.andI(kb.andI(qAligned, kAligned), stagedAligned(kb, ib, e, width));
+  }
+  // At least one chunk: the values are staged with the first (D = 0 at run
+  // time still stages them).
+  Value chunkEnd = kb.maxs(D, c1);
+  Stage stage{kb, ib, tid, b};
+
+  // Keys needed by the tile: all, or up to its last row when causal.
+  Value keyEnd = Nk;
+  if (spec.causal)
+    keyEnd = kb.minu(Nk, kb.add(rowBase, kb.idx(kRows)));
+  VectorType v4 = VectorType::get({kVec}, kb.f32());
+  auto load4 = [&](Value tileBuf, Value rr, Value cc) {
+    return vector::LoadOp::create(ib, v4, tileBuf, ValueRange{rr, cc},
+                                  /*nontemporal=*/false, llvm::MaybeAlign(16))
+        .getResult();
+  };
+  auto element = [&](Value v, int64_t x) {
+    return vector::ExtractOp::create(ib, v, x).getResult();
+  };
+
+  SoftmaxState start = softmaxStart(kb);
+  SmallVector<Value> init(Kp, zero);
+  init.push_back(start.max);
+  init.push_back(start.sum);
+  auto keyLoop = [&](bool vectors) {
+    return kb.forLoop(
+        c0, keyEnd, kb.idx(kCols), init,
+        [&](Value j0, ValueRange carried) -> SmallVector<Value> {
+          // Dot products of this lane's keys j0 + c * 8 + lane, c < 8.
+          SmallVector<Value> dots = kb.forLoop(
+              c0, chunkEnd, kb.idx(kChunk),
+              SmallVector<Value>(kKeysPerLane, zero),
+              [&](Value d0, ValueRange acc) -> SmallVector<Value> {
+                kb.barrier();
+                stage(q, qs, kRows, kChunk, rowBase, N, d0, D, vectors);
+                stage(keys, ks, kCols, kChunk, j0, Nk, d0, D, vectors);
+                // The value tile with the first chunk (its buffer's readers,
+                // the previous tile's P·e, are past this barrier). A masked
+                // key's row is zeros: its p is 0 and no non-finite e enters.
+                kb.ifThen(kb.eq(d0, c0), [&] {
+                  stage(e, es, kCols, Kp, j0, Nk, c0, width, vectors,
+                        logit.keyMask
+                            ? function_ref<Value(Value)>([&](Value key) {
+                                return kb.load(logit.keyMask, {b, key});
+                              })
+                            : nullptr);
+                });
+                kb.barrier();
+                SmallVector<Value> next(acc.begin(), acc.end());
+                for (int64_t dd = 0; dd < kChunk; dd += kVec) {
+                  Value qv = load4(qs, r, kb.idx(dd));
+                  for (int64_t c = 0; c < kKeysPerLane; ++c) {
+                    Value kv =
+                        load4(ks, kb.add(kb.idx(c * kGroup), lane), kb.idx(dd));
+                    for (int64_t x = 0; x < kVec; ++x)
+                      next[c] = kb.fma(element(qv, x), element(kv, x), next[c]);
+                  }
+                }
+                return next;
+              });
+
+          // Logits with masks, then this lane's online softmax step.
+          SmallVector<Value> logits;
+          for (int64_t c = 0; c < kKeysPerLane; ++c) {
+            Value j = kb.add(j0, kb.add(kb.idx(c * kGroup), lane));
+            Value inRange = kb.lt(j, Nk);
+            Value js = kb.select(inRange, j, c0);
+            logits.push_back(flashLogit(
+                kb, spec, dots[c],
+                [&] {
+                  return kb.load(logit.bias, {b, js});
+                },
+                [&] {
+                  return kb.loadF(logit.add, {b, h, row, js});
+                },
+                [&] {
+                  return flashKeyKept(
+                      kb, spec, inRange,
+                      [&] {
+                        return logit.keyMask ? kb.load(logit.keyMask, {b, js})
+                                             : Value();
+                      },
+                      [&] {
+                        return kb.cmpi(arith::CmpIPredicate::ule, j, row);
+                      });
+                }));
+          }
+          SoftmaxTile step =
+              onlineSoftmaxStep(kb, {carried[Kp], carried[Kp + 1]}, logits);
+          SmallVector<Value> acc;
+          for (int64_t m = 0; m < Kp; ++m)
+            acc.push_back(kb.fmul(carried[m], step.rescale));
+
+          // Σ p e[j, :] over the lane's keys, e's rows 16 bytes at a time.
+          auto addKey = [&](int64_t c, ArrayRef<Value> sums) {
+            SmallVector<Value> next(sums);
+            Value jj = kb.add(kb.idx(c * kGroup), lane);
+            for (int64_t m = 0; m < Kp; m += kVec) {
+              Value ev = load4(es, jj, kb.idx(m));
+              for (int64_t x = 0; x < kVec; ++x)
+                next[m + x] =
+                    kb.fma(step.probs[c], element(ev, x), next[m + x]);
+            }
+            return next;
+          };
+          auto plain = [&]() -> SmallVector<Value> {
+            SmallVector<Value> sums(acc);
+            for (int64_t c = 0; c < kKeysPerLane; ++c)
+              sums = addKey(c, sums);
+            return sums;
+          };
+          // A key excluded for this row but not for others (causal, a bias or
+          // added scores of -inf) is skipped, not added as 0 · e.
+          auto checked = [&]() -> SmallVector<Value> {
+            SmallVector<Value> sums(acc);
+            SmallVector<Type> types(Kp, kb.f32());
+            for (int64_t c = 0; c < kKeysPerLane; ++c) {
+              Value excluded =
+                  kb.cmpf(arith::CmpFPredicate::OEQ, logits[c], negInf);
+              sums = kb.ifElse(
+                  excluded, types, [&] { return sums; },
+                  [&] { return addKey(c, sums); });
+            }
+            return sums;
+          };
+          SmallVector<Type> accTypes(Kp, kb.f32());
+          if (spec.hasBias || spec.hasAddScores)
+            acc = checked();
+          else if (spec.causal)
+            // Only the tile reaching past the block's first row has keys
+            // after some of its rows (uniform over the block).
+            acc = kb.ifElse(kb.lt(rowBase, kb.add(j0, kb.idx(kCols))), accTypes,
+                            checked, plain);
+          else
+            acc = plain();
+          acc.push_back(step.next.max);
+          acc.push_back(step.next.sum);
+          return acc;
+        });
+  };
+  SmallVector<Value> fin;
+  if (allAligned)
+    fin = kb.ifElse(
+        allAligned, SmallVector<Type>(init.size(), kb.f32()),
+        [&] { return keyLoop(true); }, [&] { return keyLoop(false); });
+  else
+    fin = keyLoop(false);
+
+  // Merge the row's 8 lane states: the row max, each lane's sums scaled by
+  // exp(m - max) (0 for a lane without keys; no shift where the row has
+  // none), then the sums over the lanes.
+  Value laneMax = fin[Kp], laneSum = fin[Kp + 1];
+  Value rowMax = subgroupReduce(kb, laneMax, ReduceKind::Max, kGroup);
+  Value none = kb.cmpf(arith::CmpFPredicate::OEQ, rowMax, negInf);
+  Value scale =
+      kb.softmaxWeight(kb.fsub(laneMax, kb.select(none, zero, rowMax)));
+  Value rowSum =
+      subgroupReduce(kb, kb.fmul(laneSum, scale), ReduceKind::Sum, kGroup);
+  SmallVector<Value> scaled;
+  for (int64_t m = 0; m < Kp; ++m)
+    scaled.push_back(kb.fmul(fin[m], scale));
+  SmallVector<Value> accs = reduceScatter(kb, lane, scaled);
+  emitFlashMixEpilogue(kernel, spec, outs, {rowMax, rowSum}, accs, b, N, i, row,
+                       active, lane);
+}
