@@ -156,6 +156,14 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "key chunks read from shared memory 16 bytes at a time (ld.shared.v4) and staged 16 bytes at a time "
            "where aligned: no shuffle, no probability tile and one barrier pair a 32-feature chunk in the key "
            "loop. Off until a GPU run decides">,
+    Option<"flashMmaTf32", "flash-mma-tf32", "bool", /*default=*/"false",
+           "similarity_inform and its training forward with f32 operands (no ws), at most 64 features and experts, "
+           "no fused top-k, on the tensor cores at f32's accuracy by 3xTF32 (FlashTf32.cpp): each operand split "
+           "into a tf32 big part and the f32 rest, a product the sum of three mma.sync m16n8k8 tf32 products with "
+           "f32 sums (big.big + big.small + small.big: about 2^-20 of a product's magnitude, against f32's 2^-24 "
+           "a rounding); FlashAttention-2's tiles (4 warps, 64 rows, 64-key tiles in shared memory, P.e from the "
+           "logits' C fragments with the keys taken in an order that makes them the A fragments). Off until a "
+           "GPU run decides">,
     Option<"flashCausalBalance", "flash-causal-balance", "bool", /*default=*/"true",
            "under a causal mask, the flash kernels' blocks (similarity_inform, its training forward and "
            "backward; scalar and tensor-core; the split-key kernel where it is estimated at most 176 registers) "

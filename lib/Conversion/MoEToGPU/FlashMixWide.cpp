@@ -39,6 +39,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "F32Staging.h"
 #include "FlashTile.h"
 #include "HostCode.h"
 #include "Lowerings.h"
@@ -70,8 +71,7 @@ static constexpr int64_t kChunk = 32;
 /// and put row r + 1 four banks after row r (the 8 lanes' keys in distinct
 /// banks for ld.shared.v4).
 static constexpr int64_t kPad = 4;
-/// Floats a vector.
-static constexpr int64_t kVec = 4;
+static constexpr int64_t kVec = kF32Vec;
 
 static int64_t paddedExperts(const FlashMixSpec &spec) {
   return llvm::alignTo(spec.numExperts, kGroup);
@@ -83,19 +83,18 @@ bool mlir::moe::gpu_lowering::flashMixWideApplies(const FlashMixSpec &spec) {
 }
 
 /// ptxas takes the registers a block count leaves it (the P·e loads of the
-/// lane's 8 keys hoisted ahead of their multiply-adds: K = 8 at 122). The
-/// plain kernel: 4 blocks (128 registers) up to 16 experts, 3 (168) up to 32
-/// (K = 24 spilled 4 bytes at 128), else 2 (K = 64 spilled 160 bytes at 168;
-/// 203-210 at 2). A causal mask, a key mask, the lse, the fused top-k or
-/// attention_posterior's terms one step fewer: at 128 registers K = 16
-/// spilled 8-92 bytes (causal, the top-k, the posterior), at 168 K = 24 with
-/// a mask and the lse 32-40 (sm_80 and sm_90, D = 40-64).
+/// lane's 8 keys hoisted ahead of their multiply-adds: K = 8 at 122 of 128).
+/// 3 blocks (168 registers) up to 32 experts, else 2 (K = 64 spilled 160
+/// bytes at 168; 203-210 at 2): at 4 (128) K = 16 spilled 4 bytes where
+/// lowered for sm_80 and assembled for sm_90 (D = 72), K = 24 4 bytes. A
+/// causal mask, a key mask, the lse, the fused top-k or attention_posterior's
+/// terms take 3 up to 16 experts only: at 168 K = 24 with a mask and the lse
+/// spilled 32-40 bytes (sm_80 and sm_90, D = 40).
 int64_t mlir::moe::gpu_lowering::flashMixWideBlocks(const FlashMixSpec &spec) {
   const int64_t Kp = paddedExperts(spec);
   const bool plain = !spec.causal && !spec.hasKeyMask && !spec.hasBias &&
                      !spec.hasAddScores && !spec.topk && !spec.withLse;
-  const int64_t blocks = Kp <= 16 ? 4 : Kp <= 32 ? 3 : 2;
-  return plain ? blocks : std::max<int64_t>(blocks - 1, 2);
+  return Kp <= (plain ? 32 : 16) ? 3 : 2;
 }
 
 SmallVector<Type>
@@ -108,78 +107,6 @@ mlir::moe::gpu_lowering::flashMixWideWorkgroup(MLIRContext *ctx,
       workgroupMemRef({kCols, paddedExperts(spec) + kPad}, f32), // values
   };
 }
-
-/// Whether the f32 operand `src` [B, rows, width] can be staged kVec floats
-/// at a time: a 16-byte aligned base and a width a multiple of kVec.
-static Value stagedAligned(GpuKernelBuilder &kb, ImplicitLocOpBuilder &b,
-                           Value src, Value width) {
-  Value c0 = kb.idx(0);
-  Value ptr = memref::ExtractAlignedPointerAsIndexOp::create(b, src);
-  return kb.andI(kb.eq(kb.remu(ptr, kb.idx(16)), c0),
-                 kb.eq(kb.remu(width, kb.idx(kVec)), c0));
-}
-
-namespace {
-/// Rows [row0, row0 + rows) of src[bi] (any float type), columns [col0,
-/// col0 + cols), into the f32 workgroup tile dst [rows x cols + kPad]: zeros
-/// past `limit` rows and `width` columns, and in the rows where
-/// rowKept(row) is false. With `vectors` (an f32 operand, aligned: see
-/// stagedAligned) 16 bytes a thread and load, else an element.
-struct Stage {
-  GpuKernelBuilder &kb;
-  ImplicitLocOpBuilder &b;
-  Value tid, bi;
-
-  void operator()(Value src, Value dst, int64_t rows, int64_t cols, Value row0,
-                  Value limit, Value col0, Value width, bool vectors,
-                  function_ref<Value(Value row)> rowKept = nullptr) {
-    Value c0 = kb.idx(0);
-    auto byVectors = [&] {
-      VectorType v4 = VectorType::get({kVec}, kb.f32());
-      Value zeros = kb.constLike(v4, 0.0);
-      const int64_t perRow = cols / kVec, count = rows * perRow;
-      for (int64_t v0 = 0; v0 < count; v0 += kFlashThreads) {
-        Value v = kb.add(tid, kb.idx(v0));
-        auto one = [&] {
-          Value r = kb.divu(v, kb.idx(perRow));
-          Value c = kb.mul(kb.remu(v, kb.idx(perRow)), kb.idx(kVec));
-          Value row = kb.add(row0, r), col = kb.add(col0, c);
-          Value ok = kb.andI(kb.lt(row, limit), kb.lt(col, width));
-          Value safeRow = kb.select(ok, row, c0);
-          Value x = vector::LoadOp::create(
-              b, v4, src, ValueRange{bi, safeRow, kb.select(ok, col, c0)},
-              /*nontemporal=*/false, llvm::MaybeAlign(16));
-          if (rowKept)
-            ok = kb.andI(ok, rowKept(safeRow));
-          vector::StoreOp::create(b, kb.select(ok, x, zeros), dst,
-                                  ValueRange{r, c},
-                                  /*nontemporal=*/false, llvm::MaybeAlign(16));
-        };
-        if (v0 + kFlashThreads > count)
-          kb.ifThen(kb.lt(v, kb.idx(count)), one);
-        else
-          one();
-      }
-    };
-    auto elements = [&] {
-      kb.forLoop(tid, kb.idx(rows * cols), kb.idx(kFlashThreads), [&](Value v) {
-        Value r = kb.divu(v, kb.idx(cols)), c = kb.remu(v, kb.idx(cols));
-        Value row = kb.add(row0, r), col = kb.add(col0, c);
-        Value ok = kb.andI(kb.lt(row, limit), kb.lt(col, width));
-        Value safeRow = kb.select(ok, row, c0);
-        Value x = kb.loadF(src, {bi, safeRow, kb.select(ok, col, c0)});
-        if (rowKept)
-          ok = kb.andI(ok, rowKept(safeRow));
-        kb.store(kb.select(ok, x, kb.cF32(0.0)), dst, {r, c});
-      });
-    };
-    if (vectors)
-      byVectors();
-    else
-      elements();
-  }
-};
-} // namespace
 
 /// The K sums of a row spread over its kGroup lanes, each lane all K
 /// (accs[j], column j), reduced and scattered: lane l ends with column
@@ -246,24 +173,21 @@ void mlir::moe::gpu_lowering::emitFlashMixWide(GPUKernel &kernel,
   Value h =
       logit.head ? kb.castInt(kb.load(logit.head, {b}), kb.index()) : Value();
   Value width = kb.idx(K);
-  // The staging's 16-byte path where all three operands take it, decided
-  // once: a key loop for each (both paths' addresses, hoisted by LLVM out of
-  // one loop, took ptxas past 128 registers: 32 bytes spilled, D = 64,
-  // K = 16 on sm_90).
+  // The staging's 16-byte path where all three operands take it.
   auto isF32 = [](Value v) {
     return cast<MemRefType>(v.getType()).getElementType().isF32();
   };
   Value allAligned;
   if (isF32(q) && isF32(keys) && isF32(e)) {
-    Value qAligned = stagedAligned(kb, ib, q, D);
-    Value kAligned = stagedAligned(kb, ib, keys, D);
-    allAligned =
-        kb.andI(kb.andI(qAligned, kAligned), stagedAligned(kb, ib, e, width));
+    Value qAligned = f32StagedAligned(kb, ib, q, D);
+    Value kAligned = f32StagedAligned(kb, ib, keys, D);
+    allAligned = kb.andI(kb.andI(qAligned, kAligned),
+                         f32StagedAligned(kb, ib, e, width));
   }
   // At least one chunk: the values are staged with the first (D = 0 at run
   // time still stages them).
   Value chunkEnd = kb.maxs(D, c1);
-  Stage stage{kb, ib, tid, b};
+  F32Stage stage{kb, ib, tid, kFlashThreads, b};
 
   // Keys needed by the tile: all, or up to its last row when causal.
   Value keyEnd = Nk;
@@ -283,7 +207,25 @@ void mlir::moe::gpu_lowering::emitFlashMixWide(GPUKernel &kernel,
   SmallVector<Value> init(Kp, zero);
   init.push_back(start.max);
   init.push_back(start.sum);
-  auto keyLoop = [&](bool vectors) {
+  // Both stagings inside the one key loop, chosen a chunk by the (uniform)
+  // alignment: two key loops, one a staging, doubled the kernel and left
+  // ptxas short of registers in the element one (4 bytes spilled at 168,
+  // D = 72, K = 16 lowered for sm_80).
+  auto stageChunk = [&](Value d0, Value j0, bool vectors) {
+    stage(q, qs, kRows, kChunk, rowBase, N, d0, D, vectors);
+    stage(keys, ks, kCols, kChunk, j0, Nk, d0, D, vectors);
+    // The value tile with the first chunk (its buffer's readers, the
+    // previous tile's P·e, are past this barrier). A masked key's row is
+    // zeros: its p is 0 and no non-finite e enters.
+    kb.ifThen(kb.eq(d0, c0), [&] {
+      stage(e, es, kCols, Kp, j0, Nk, c0, width, vectors,
+            logit.keyMask ? function_ref<Value(Value)>([&](Value key) {
+              return kb.load(logit.keyMask, {b, key});
+            })
+                          : nullptr);
+    });
+  };
+  auto keyLoop = [&]() {
     return kb.forLoop(
         c0, keyEnd, kb.idx(kCols), init,
         [&](Value j0, ValueRange carried) -> SmallVector<Value> {
@@ -293,19 +235,12 @@ void mlir::moe::gpu_lowering::emitFlashMixWide(GPUKernel &kernel,
               SmallVector<Value>(kKeysPerLane, zero),
               [&](Value d0, ValueRange acc) -> SmallVector<Value> {
                 kb.barrier();
-                stage(q, qs, kRows, kChunk, rowBase, N, d0, D, vectors);
-                stage(keys, ks, kCols, kChunk, j0, Nk, d0, D, vectors);
-                // The value tile with the first chunk (its buffer's readers,
-                // the previous tile's P·e, are past this barrier). A masked
-                // key's row is zeros: its p is 0 and no non-finite e enters.
-                kb.ifThen(kb.eq(d0, c0), [&] {
-                  stage(e, es, kCols, Kp, j0, Nk, c0, width, vectors,
-                        logit.keyMask
-                            ? function_ref<Value(Value)>([&](Value key) {
-                                return kb.load(logit.keyMask, {b, key});
-                              })
-                            : nullptr);
-                });
+                if (allAligned)
+                  kb.ifThenElse(
+                      allAligned, [&] { stageChunk(d0, j0, true); },
+                      [&] { stageChunk(d0, j0, false); });
+                else
+                  stageChunk(d0, j0, false);
                 kb.barrier();
                 SmallVector<Value> next(acc.begin(), acc.end());
                 for (int64_t dd = 0; dd < kChunk; dd += kVec) {
@@ -399,13 +334,7 @@ void mlir::moe::gpu_lowering::emitFlashMixWide(GPUKernel &kernel,
           return acc;
         });
   };
-  SmallVector<Value> fin;
-  if (allAligned)
-    fin = kb.ifElse(
-        allAligned, SmallVector<Type>(init.size(), kb.f32()),
-        [&] { return keyLoop(true); }, [&] { return keyLoop(false); });
-  else
-    fin = keyLoop(false);
+  SmallVector<Value> fin = keyLoop();
 
   // Merge the row's 8 lane states: the row max, each lane's sums scaled by
   // exp(m - max) (0 for a lane without keys; no shift where the row has

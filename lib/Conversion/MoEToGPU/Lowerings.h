@@ -171,6 +171,25 @@ void emitFlashMixEpilogue(class GPUKernel &kernel, const FlashMixSpec &spec,
                           Value b, Value N, Value i, Value row, Value active,
                           Value lane);
 
+/// The f32 mixing kernel on tensor cores by 3xTF32 (FlashTf32.cpp,
+/// flash-mma-tf32): its padded features and experts and key tile.
+struct FlashTf32Tile {
+  int64_t depth = 0, experts = 0, cols = 64;
+};
+
+/// The tile where the 3xTF32 kernel applies to `spec` (similarity_inform and
+/// its training forward: f32 operands, at most 64 features and experts, no
+/// fused top-k), else nullopt.
+std::optional<FlashTf32Tile>
+flashTf32Tile(const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt,
+              int64_t depth, const ConvertMoEToGPUOptions &options);
+
+/// Creates the 3xTF32 kernel and launches it (grid (ceil(N / 64), B), block
+/// 128) on launchFlashMix's arguments.
+void launchFlashTf32(class HostCode &h, StringRef name,
+                     const FlashMixSpec &spec, const FlashTf32Tile &tile,
+                     Value q, ValueRange args, Location loc);
+
 /// The tensor-core form of the flash mixing kernel (FlashMma.cpp): f16/bf16
 /// operands on mma.sync m16n8k16 with f32 sums, a block of 4 warps per 64
 /// query rows, key tiles of `cols` keys. Its tile sizes: the feature and

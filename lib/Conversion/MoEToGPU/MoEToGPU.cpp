@@ -104,6 +104,7 @@ struct ConvertMoEToGPUPass
     options.flashMmaGrad = flashMmaGrad;
     options.flashCausalBalance = flashCausalBalance;
     options.flashMixWide = flashMixWide;
+    options.flashMmaTf32 = flashMmaTf32;
     options.flashMmaDynamicShared = flashMmaDynamicShared;
     options.flashMmaWgmma = flashMmaWgmma;
     options.flashMmaTma = flashMmaTma;

@@ -85,6 +85,12 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
   if (!projected)
     mma = flashMmaTile(spec, elementOf(q), elementOf(u), elementOf(e),
                        cast<MemRefType>(u.getType()).getShape()[2], options);
+  // f32 operands on tensor cores by 3xTF32 (flash-mma-tf32) where it
+  // applies; the fused top-k stays on the scalar kernel.
+  std::optional<FlashTf32Tile> tf32;
+  if (!mma && !fused)
+    tf32 = flashTf32Tile(spec, elementOf(q), elementOf(u), elementOf(e),
+                         cast<MemRefType>(u.getType()).getShape()[2], options);
   Type uElt = elementOf(u);
   if (mma && options.flashMmaSymmetric && !projected &&
       symmetricMixApplies(spec, *mma, uElt,
@@ -99,6 +105,10 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
                       : training ? "similarity_inform_fwd_mma"
                                  : "similarity_inform_mma",
                       spec, *mma, q, args, op->getLoc());
+  else if (tf32)
+    launchFlashTf32(
+        h, training ? "similarity_inform_fwd_tf32" : "similarity_inform_tf32",
+        spec, *tf32, q, args, op->getLoc());
   else
     launchFlashMix(h,
                    fused      ? "similarity_inform_topk"

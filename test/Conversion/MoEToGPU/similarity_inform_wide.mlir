@@ -7,43 +7,42 @@
 // memory; each lane's own softmax state and K sums carried over the key tiles
 // (no shuffle in the key loop), merged over the row's 8 lanes at the end: the
 // row max and sum (butterflies 1, 2, 4), then the sums reduce-scattered
-// (K/2 shuffles at distance 4, K/4 at 2, K/8 at 1). 4 blocks a
-// multiprocessor stated to ptxas up to 16 experts (flashMixWideBlocks).
+// (K/2 shuffles at distance 4, K/4 at 2, K/8 at 1). 3 blocks a
+// multiprocessor stated to ptxas up to 32 experts (flashMixWideBlocks).
 
 // CHECK-LABEL: gpu.module @moe_kernels
 // CHECK: gpu.func @similarity_inform_0(
 // CHECK-SAME: workgroup(%[[Q:.*]] : memref<16x36xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[K:.*]] : memref<64x36xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[E:.*]] : memref<64x20xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
-// CHECK-SAME: nvvm.minctasm = 4
-// The staging's 16-byte path where all three operands are aligned: a key
-// loop for each path. K = 12: 16 sums, the max and the sum carried.
+// CHECK-SAME: nvvm.minctasm = 3
+// The staging's 16-byte path where all three operands are aligned, chosen
+// in each chunk; K = 12: 16 sums, the max and the sum carried over the tiles.
 // CHECK: memref.extract_aligned_pointer_as_index
-// CHECK: scf.if %{{.*}} -> (f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32)
-// CHECK: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %c64{{.*}} iter_args
+// CHECK: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %c64{{.*}} iter_args({{([^,]*, ){17}[^,]*}}) -> (f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32)
 // CHECK: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %c32{{.*}} iter_args
 // CHECK: gpu.barrier
+// CHECK: scf.if
 // CHECK: vector.load %arg0{{.*}} vector<4xf32>
 // CHECK: vector.store %{{.*}}, %[[Q]]{{.*}} vector<4xf32>
 // CHECK: vector.store %{{.*}}, %[[K]]{{.*}} vector<4xf32>
 // The values with the first chunk.
 // CHECK: scf.if
 // CHECK: vector.store %{{.*}}, %[[E]]{{.*}} vector<4xf32>
+// The element staging (a misaligned or non-f32 operand).
+// CHECK: } else {
+// CHECK: memref.load %arg1
+// CHECK: memref.store %{{.*}}, %[[K]]
 // CHECK: gpu.barrier
 // CHECK: vector.load %[[Q]]{{.*}} vector<4xf32>
 // CHECK: vector.load %[[K]]{{.*}} vector<4xf32>
 // CHECK: math.fma
-// No shuffle until the key loops end: the lane's softmax step, then its
+// No shuffle until the key loop ends: the lane's softmax step, then its
 // keys' P·e.
 // CHECK-NOT: gpu.shuffle
 // CHECK: math.exp
 // CHECK-NOT: gpu.shuffle
 // CHECK: vector.load %[[E]]{{.*}} vector<4xf32>
 // CHECK-NOT: gpu.shuffle
-// The element staging's loop (a misaligned or non-f32 operand).
-// CHECK: } else {
-// CHECK-NOT: gpu.shuffle
-// CHECK: memref.load %arg1
-// CHECK-NOT: gpu.shuffle
-// CHECK: memref.store %{{.*}}, %[[K]]
+// CHECK: scf.yield
 // The merge: the row max, each lane's scale, the row sum.
 // CHECK: gpu.shuffle  xor %{{.*}}, %c1_i32
 // CHECK: gpu.shuffle  xor %{{.*}}, %c2_i32

@@ -14,7 +14,7 @@ a missing barrier goes unseen: racecheck's on a GPU), or, for a kernel whose war
 between barriers, with `warp_threads=True` (a thread a warp, gpu.barrier a barrier of them); cp.async copies land
 at their issue or, with `async_copies="wait"`, only at the wait that completes their group (a read before that
 wait sees the old data); shuffles and votes within each 32-lane warp, and
-the warp-level ops per warp: nvgpu.ldmatrix (x1/x2/x4, .trans), nvgpu.mma.sync (f16) and nvvm.mma.sync (bf16)
+the warp-level ops per warp: nvgpu.ldmatrix (x1/x2/x4, .trans), nvgpu.mma.sync (f16) and nvvm.mma.sync (bf16; and m16n8k8 tf32)
 m16n8k16 (products exact, sums in float64 rounded to f32: the tensor cores' own summation order is not
 modelled), nvgpu.device_async_copy (zero fill past src-size), memref.subview (unit strides), memref.collapse_shape and memref.view of
 gpu.dynamic_shared_memory, llvm.mlir.poison (zeros), vector from_elements/extract/insert/bitcast/
@@ -1122,6 +1122,8 @@ class Warp:
         else:
             t = _static(op, "type", lambda op: re.search(r"multiplicandAPtxType = #nvvm.mma_type<(\w+)>",
                                                          op.props).group(1))
+            if t == "tf32":
+                return self._mma_tf32(a)
             assert t in ("bf16", "f16"), t
 
             def unpack(words):
@@ -1143,6 +1145,29 @@ class Warp:
             d[w0:w0 + LANES] = D[_MMA_C]
         if n == "nvgpu.mma.sync":
             return d.reshape(self.n, 2, 2)
+        return [tuple(d[:, i] for i in range(4))]
+
+
+    def _mma_tf32(self, a):
+        """m16n8k8 row.col with tf32 operands (flash-mma-tf32's 3xTF32): A [16 x 8] in 4 registers, B [8 x 8] in 2,
+        C/D [16 x 8] f32 (_MMA_TF32_A, _MMA_TF32_B, _MMA_C). An operand register's f32 bits with the low 13 mantissa
+        bits dropped (the tensor cores read tf32's top 19 bits); products exact, sums in float64 rounded to f32."""
+        def operand(words):
+            w = _columns(words).astype(np.int64).astype(np.uint32) & np.uint32(0xFFFFE000)
+            return w.view(np.float32).astype(np.float64)
+        av, bv = operand(a[0:4]), operand(a[4:6])
+        c = _columns(a[6:10])
+        d = np.zeros((self.n, 4), dtype=np.float32)
+        for w0 in range(0, self.n, LANES):
+            A = np.zeros((16, 8))
+            B = np.zeros((8, 8))
+            C = np.zeros((16, 8))
+            A[_MMA_TF32_A] = av[w0:w0 + LANES]
+            B[_MMA_TF32_B] = bv[w0:w0 + LANES]
+            C[_MMA_C] = c[w0:w0 + LANES]
+            with np.errstate(all="ignore"):
+                D = (A @ B + C).astype(np.float32)
+            d[w0:w0 + LANES] = D[_MMA_C]
         return [tuple(d[:, i] for i in range(4))]
 
 
@@ -1168,6 +1193,18 @@ def _mma_layout():
 
 
 _MMA_A, _MMA_B, _MMA_C = _mma_layout()
+
+
+def _mma_tf32_layout():
+    """(rows, cols) index arrays [32 lanes, values] of m16n8k8 tf32's A and B fragments: lane l (g = l / 4, q = l % 4)
+    holds A[g, q], A[g+8, q], A[g, q+4], A[g+8, q+4] and B[q, g], B[q+4, g] (C as m16n8k16's)."""
+    g, q = np.arange(LANES)[:, None] // 4, np.arange(LANES)[:, None] % 4
+    a = (np.concatenate([g, g + 8, g, g + 8], axis=1), np.concatenate([q, q, q + 4, q + 4], axis=1))
+    b = (np.concatenate([q, q + 4], axis=1), np.concatenate([g, g], axis=1))
+    return a, b
+
+
+_MMA_TF32_A, _MMA_TF32_B = _mma_tf32_layout()
 
 
 def _lanes_position(op):

@@ -57,7 +57,9 @@ def run(text, kernel, args, N, B, misalign=None):
                     workgroup_fill=np.nan)
 
 
-def similarity(B, N, D, K, tau=0.5, causal=False, masked=False, training=False, k=None, ws=False, dynamic=False):
+def similarity(B, N, D, K, tau=0.5, causal=False, masked=False, training=False, k=None, ws=False, dynamic=False,
+               options=OPTIONS):
+    """The op (similarity_inform, its training forward or fused top-k) lowered with `options`."""
     n = "?" if dynamic else N
     marg = f", %m: {t(B, n, elt='i1')}" if masked else ""
     attrs = (f" key_mask(%m : {t(B, n, elt='i1')})" if masked else "") + (" ws(%ws : " + t(D, D) + ")" if ws else "")
@@ -72,7 +74,7 @@ def similarity(B, N, D, K, tau=0.5, causal=False, masked=False, training=False, 
         res, outs, op = t(B, n, K), "%p", f"similarity_inform %u, %e{attrs}"
     text = (f"func.func @f(%u: {t(B, n, D)}, %e: {t(B, n, K)}{marg}{wsarg}) -> ({res}) {{\n"
             f"  {outs} = moe.{op}{tail} : {ins} -> {res}\n  return {outs} : {res}\n}}\n")
-    return simt.lower(MOE_OPT, text, OPTIONS)
+    return simt.lower(MOE_OPT, text, options)
 
 
 def inputs(seed, B, N, D, K, scale=0.4):
