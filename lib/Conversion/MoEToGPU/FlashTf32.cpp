@@ -420,10 +420,12 @@ void mlir::moe::gpu_lowering::launchFlashTf32(HostCode &h, StringRef name,
   GPUKernel kernel(h, name, args, workgroup, {kThreads, 1, 1}, loc);
   alignWorkgroupBuffers(kernel.func);
   // The query's fragments (2 x D registers), the logits (4 a key block) and
-  // the accumulators (4 an expert block) beside the loads and splits: ptxas
-  // takes what 2 blocks leave (255).
+  // the accumulators (4 an expert block) beside the loads and splits: 3
+  // blocks (168 registers; 12 warps a multiprocessor) up to 16 experts (D =
+  // 64, K = 16: 166, no spill; 176 and 2 blocks without the bound on
+  // sm_90), else what 2 leave (255).
   kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
-                       kernel.b.getI32IntegerAttr(2));
+                       kernel.b.getI32IntegerAttr(tile.experts <= 16 ? 3 : 2));
   emitFlashTf32(kernel, spec, tile);
   GpuKernelBuilder &kb = h.kb;
   Value grid = kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows));

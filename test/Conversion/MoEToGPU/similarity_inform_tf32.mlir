@@ -13,7 +13,7 @@
 // CHECK-LABEL: gpu.module @moe_kernels
 // CHECK: gpu.func @similarity_inform_tf32_0(
 // CHECK-SAME: workgroup(%[[KB:.*]] : memref<64x72xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[KS:.*]] : memref<64x72xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[VB:.*]] : memref<64x20xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[VS:.*]] : memref<64x20xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
-// CHECK-SAME: nvvm.minctasm = 2
+// CHECK-SAME: nvvm.minctasm = 3
 // The query's fragments: x & 0xFFFFE000 (big), x - big (small).
 // CHECK: arith.andi %{{.*}}, %c-8192_i32
 // CHECK: arith.subf

@@ -180,6 +180,13 @@ func.func @similarity_inform(%u: tensor<1x16384x64xf32>, %e: tensor<1x16384x16xf
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xf32>, tensor<1x16384x16xf32> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
+// The f32 operands of the same shape on tensor cores by 3xTF32 (flash-mma-tf32, off until a lease decides):
+// 4 warps of 16 rows, 64-key tiles (32 scores a thread a tile), three HMMA.1688 a product.
+// sass-budget: kernel=similarity_inform_tf32 scores-per-tile=32 options=flash-mma-tf32=true
+func.func @similarity_inform_f32_tf32(%u: tensor<1x16384x64xf32>, %e: tensor<1x16384x16xf32>) -> tensor<1x16384x16xf32> {
+  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xf32>, tensor<1x16384x16xf32> -> tensor<1x16384x16xf32>
+  return %p : tensor<1x16384x16xf32>
+}
 // The tensor-core kernel's key loop per score (issue #47 item 2: at most 6 instructions a score), the
 // issue's two shapes: B = 1, N = 16384, D = 64, K = 16 (64-key tiles: a thread computes 32 scores a tile,
 // 64 with two row tiles a warp) in the default kernel (two row tiles a warp, the keys split: 128 blocks of
