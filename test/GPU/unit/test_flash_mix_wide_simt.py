@@ -95,6 +95,7 @@ CASES = {
     "partial_tiles": (2, 70, 40, 12, False, False, False),
     "k64_two_chunks": (1, 90, 64, 64, False, False, False),
     "k1": (1, 33, 8, 1, False, False, False),
+    "n1": (2, 1, 16, 8, False, False, False),
     "d37_elements": (2, 50, 37, 16, False, False, False),
     "misaligned_u": (1, 40, 32, 16, False, False, True),
     "causal": (2, 150, 64, 16, True, False, False),

@@ -49,6 +49,7 @@ CASES = {
     "masked": (3, 80, 24, 8, False, True, False),
     "causal_masked_k20": (2, 100, 48, 20, True, True, False),
     "k1": (1, 33, 8, 1, False, False, False),
+    "n1_causal": (2, 1, 16, 8, True, False, False),
 }
 
 
