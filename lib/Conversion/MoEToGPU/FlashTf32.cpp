@@ -31,7 +31,7 @@
 //
 // About 30 instructions a score at D = 64, K = 16 (the 3 MMAs, the loads and
 // splits of a 8x8 block of keys: 18; P·e's 7; the softmax's 5), against the
-// wide FFMA kernel's ~115 (FlashMixWide.cpp). As the bf16 kernel, a
+// wide FFMA kernel's ~105 (FlashMixWide.cpp). As the bf16 kernel, a
 // non-finite value of a key that the causal mask hides from some rows of the
 // diagonal tile reaches those rows (0 · inf), and a non-finite value gives
 // NaN where it enters (its split: inf - inf); masked keys and padding cannot.
@@ -107,17 +107,6 @@ mlir::moe::gpu_lowering::flashTf32Tile(const FlashMixSpec &spec, Type qElt,
 }
 
 namespace {
-/// The softmax's builder: a weight exp(d) as 2^(d log2 e) on the SFU, one
-/// FMUL and one MUFU.EX2 (ex2.approx.ftz, 2 ulp; a subnormal weight is 0)
-/// where math.exp's expansion takes about 8 instructions.
-class Exp2Weights : public GpuKernelBuilder {
-public:
-  using GpuKernelBuilder::GpuKernelBuilder;
-  Value softmaxWeight(Value d) override {
-    return exp2Approx(b, fmul(d, cF32(1.4426950408889634)));
-  }
-};
-
 /// A tf32 operand's two halves as the MMA takes them (32-bit registers).
 struct Split {
   Value big, small;
@@ -180,7 +169,7 @@ static void emitFlashTf32(GPUKernel &kernel, const FlashMixSpec &spec,
   GpuKernelBuilder &kb = kernel.kb;
   ImplicitLocOpBuilder &ib = kernel.b;
   Tf32 tc{ib, kb};
-  Exp2Weights exp2(ib);
+  Exp2SoftmaxBuilder exp2(ib);
   unsigned a = 0;
   Value q = kernel.arg(a++);
   Value keys = kernel.arg(a++);

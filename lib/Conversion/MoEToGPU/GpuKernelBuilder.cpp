@@ -116,3 +116,7 @@ void mlir::moe::gpu_lowering::emitRecordIndexError(GpuKernelBuilder &kb,
     put(4, bound);
   });
 }
+
+Value Exp2SoftmaxBuilder::softmaxWeight(Value d) {
+  return exp2Approx(b, fmul(d, cF32(1.4426950408889634)));
+}

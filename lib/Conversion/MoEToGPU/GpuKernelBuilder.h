@@ -59,6 +59,17 @@ SmallVector<Value> loadGlobal16(GpuKernelBuilder &kb, Value address, Type elt);
 /// results around it: 4 instructions).
 Value exp2Approx(ImplicitLocOpBuilder &b, Value x);
 
+/// A kernel builder whose softmax weights exp(d) (KernelBuilder::
+/// softmaxWeight, d <= 0) are 2^(d log2 e) on the SFU: one FMUL and one
+/// MUFU.EX2 (exp2Approx: 2 ulp; a subnormal weight is 0, as the CPU kernels
+/// flush them) where math.exp's expansion takes about 8 instructions. The
+/// f32 flash kernels' online softmax (FlashMixWide.cpp, FlashTf32.cpp).
+class Exp2SoftmaxBuilder : public GpuKernelBuilder {
+public:
+  using GpuKernelBuilder::GpuKernelBuilder;
+  Value softmaxWeight(Value d) override;
+};
+
 /// Records, from a kernel, that element `position` of the index operand of op
 /// `opCode` (MoE/Kernels/IndexErrors.h) holds `value`, outside [0, bound): the
 /// first error wins the flag (cmpxchg) and writes the details. `word` is the

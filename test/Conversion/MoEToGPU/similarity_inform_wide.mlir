@@ -38,7 +38,7 @@
 // No shuffle until the key loop ends: the lane's softmax step, then its
 // keys' P·e.
 // CHECK-NOT: gpu.shuffle
-// CHECK: math.exp
+// CHECK: llvm.nvvm.ex2.approx.ftz.f
 // CHECK-NOT: gpu.shuffle
 // CHECK: vector.load %[[E]]{{.*}} vector<4xf32>
 // CHECK-NOT: gpu.shuffle
@@ -47,7 +47,7 @@
 // CHECK: gpu.shuffle  xor %{{.*}}, %c1_i32
 // CHECK: gpu.shuffle  xor %{{.*}}, %c2_i32
 // CHECK: gpu.shuffle  xor %{{.*}}, %c4_i32
-// CHECK: math.exp
+// CHECK: llvm.nvvm.ex2.approx.ftz.f
 // CHECK: gpu.shuffle  xor %{{.*}}, %c1_i32
 // CHECK: gpu.shuffle  xor %{{.*}}, %c2_i32
 // CHECK: gpu.shuffle  xor %{{.*}}, %c4_i32
