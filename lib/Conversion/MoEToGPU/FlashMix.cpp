@@ -131,19 +131,48 @@ FlashLogitArgs::FlashLogitArgs(GPUKernel &kernel, const FlashLogitSpec &spec,
   head = spec.hasAddScores ? kernel.arg(next++) : Value();
 }
 
+FlashMixArgs::FlashMixArgs(GPUKernel &kernel, const FlashMixSpec &spec)
+    : next(3), q(kernel.arg(0)), keys(kernel.arg(1)), e(kernel.arg(2)),
+      logit(kernel, spec, next) {
+  outs.out = kernel.arg(next++);
+  outs.outIdx = spec.topk ? kernel.arg(next++) : Value();
+  outs.lse = spec.withLse ? kernel.arg(next++) : Value();
+}
+
+Value mlir::moe::gpu_lowering::flashPairLogit(GpuKernelBuilder &kb,
+                                              const FlashMixSpec &spec,
+                                              const FlashLogitArgs &logit,
+                                              Value dot, Value b, Value h,
+                                              Value row, Value j, Value Nk) {
+  Value c0 = kb.idx(0);
+  Value inRange = kb.lt(j, Nk);
+  Value js = kb.select(inRange, j, c0);
+  return flashLogit(
+      kb, spec, dot,
+      [&] {
+        return kb.load(logit.bias, {b, js});
+      },
+      [&] {
+        return kb.loadF(logit.add, {b, h, row, js});
+      },
+      [&] {
+        return flashKeyKept(
+            kb, spec, inRange,
+            [&] {
+              return logit.keyMask ? kb.load(logit.keyMask, {b, js}) : Value();
+            },
+            [&] { return kb.cmpi(arith::CmpIPredicate::ule, j, row); });
+      });
+}
+
 /// The body of a flash mixing kernel (launchFlashMix).
 static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
   const int64_t K = spec.numExperts;
   const int64_t vpt = llvm::divideCeil(K, kGroup);
   GpuKernelBuilder &kb = kernel.kb;
-  unsigned a = 0;
-  Value q = kernel.arg(a++);
-  Value keys = kernel.arg(a++);
-  Value e = kernel.arg(a++);
-  FlashLogitArgs logit(kernel, spec, a);
-  Value out = kernel.arg(a++);
-  Value outIdx = spec.topk ? kernel.arg(a++) : Value();
-  Value lseOut = spec.withLse ? kernel.arg(a++) : Value();
+  FlashMixArgs args(kernel, spec);
+  Value q = args.q, keys = args.keys, e = args.e;
+  const FlashLogitArgs &logit = args.logit;
   Value qs = kernel.workgroup(0), ks = kernel.workgroup(1),
         es = kernel.workgroup(2), ps = kernel.workgroup(3);
 
@@ -182,25 +211,8 @@ static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
         SmallVector<Value> logits;
         for (int64_t c = 0; c < kCols / kGroup; ++c) {
           Value j = kb.add(j0, kb.add(kb.idx(c * kGroup), lane));
-          Value inRange = kb.lt(j, Nk);
-          Value js = kb.select(inRange, j, c0);
-          logits.push_back(flashLogit(
-              kb, spec, dots[c],
-              [&] {
-                return kb.load(logit.bias, {b, js});
-              },
-              [&] {
-                return kb.loadF(logit.add, {b, h, row, js});
-              },
-              [&] {
-                return flashKeyKept(
-                    kb, spec, inRange,
-                    [&] {
-                      return logit.keyMask ? kb.load(logit.keyMask, {b, js})
-                                           : Value();
-                    },
-                    [&] { return kb.cmpi(arith::CmpIPredicate::ule, j, row); });
-              }));
+          logits.push_back(
+              flashPairLogit(kb, spec, logit, dots[c], b, h, row, j, Nk));
         }
         // The row's online softmax (MoE/Kernels/OnlineSoftmax.h) over the
         // tile: its kCols logits are spread over the row's kGroup lanes.
@@ -262,9 +274,9 @@ static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
       });
 
   // Epilogue: normalize; a row without any key gets zeros.
-  emitFlashMixEpilogue(
-      kernel, spec, {out, outIdx, lseOut}, {fin[vpt], fin[vpt + 1]},
-      ArrayRef<Value>(fin).take_front(vpt), b, N, i, row, active, lane);
+  emitFlashMixEpilogue(kernel, spec, args.outs, {fin[vpt], fin[vpt + 1]},
+                       ArrayRef<Value>(fin).take_front(vpt), b, N, i, row,
+                       active, lane);
 }
 
 void mlir::moe::gpu_lowering::emitFlashMixEpilogue(

@@ -148,15 +148,9 @@ void mlir::moe::gpu_lowering::emitFlashMixWide(GPUKernel &kernel,
   GpuKernelBuilder &kb = kernel.kb;
   ImplicitLocOpBuilder &ib = kernel.b;
   Exp2SoftmaxBuilder exp2(ib);
-  unsigned a = 0;
-  Value q = kernel.arg(a++);
-  Value keys = kernel.arg(a++);
-  Value e = kernel.arg(a++);
-  FlashLogitArgs logit(kernel, spec, a);
-  FlashMixOutputs outs;
-  outs.out = kernel.arg(a++);
-  outs.outIdx = spec.topk ? kernel.arg(a++) : Value();
-  outs.lse = spec.withLse ? kernel.arg(a++) : Value();
+  FlashMixArgs args(kernel, spec);
+  Value q = args.q, keys = args.keys, e = args.e;
+  const FlashLogitArgs &logit = args.logit;
   Value qs = kernel.workgroup(0), ks = kernel.workgroup(1),
         es = kernel.workgroup(2);
 
@@ -261,27 +255,8 @@ void mlir::moe::gpu_lowering::emitFlashMixWide(GPUKernel &kernel,
           SmallVector<Value> logits;
           for (int64_t c = 0; c < kKeysPerLane; ++c) {
             Value j = kb.add(j0, kb.add(kb.idx(c * kGroup), lane));
-            Value inRange = kb.lt(j, Nk);
-            Value js = kb.select(inRange, j, c0);
-            logits.push_back(flashLogit(
-                kb, spec, dots[c],
-                [&] {
-                  return kb.load(logit.bias, {b, js});
-                },
-                [&] {
-                  return kb.loadF(logit.add, {b, h, row, js});
-                },
-                [&] {
-                  return flashKeyKept(
-                      kb, spec, inRange,
-                      [&] {
-                        return logit.keyMask ? kb.load(logit.keyMask, {b, js})
-                                             : Value();
-                      },
-                      [&] {
-                        return kb.cmpi(arith::CmpIPredicate::ule, j, row);
-                      });
-                }));
+            logits.push_back(
+                flashPairLogit(kb, spec, logit, dots[c], b, h, row, j, Nk));
           }
           SoftmaxTile step =
               onlineSoftmaxStep(exp2, {carried[Kp], carried[Kp + 1]}, logits);
@@ -352,6 +327,6 @@ void mlir::moe::gpu_lowering::emitFlashMixWide(GPUKernel &kernel,
   for (int64_t m = 0; m < Kp; ++m)
     scaled.push_back(kb.fmul(fin[m], scale));
   SmallVector<Value> accs = reduceScatter(kb, lane, scaled);
-  emitFlashMixEpilogue(kernel, spec, outs, {rowMax, rowSum}, accs, b, N, i, row,
-                       active, lane);
+  emitFlashMixEpilogue(kernel, spec, args.outs, {rowMax, rowSum}, accs, b, N, i,
+                       row, active, lane);
 }

@@ -42,6 +42,7 @@
 #include "FlashTile.h"
 #include "HostCode.h"
 #include "Lowerings.h"
+#include "MmaFragments.h"
 #include "Reductions.h"
 
 #include "MoE/Kernels/FlashLogit.h"
@@ -125,22 +126,8 @@ struct Tf32 {
     return {bigBits, kb.bitcast(kb.fsub(x, big), i32)};
   }
   /// d = a · bfrag + c on one 16x8x8 tile (4 and 2 tf32 registers, 4 f32).
-  SmallVector<Value> mma(ArrayRef<Value> a, ArrayRef<Value> bfrag,
-                         ArrayRef<Value> c) {
-    Type f32 = b.getF32Type();
-    auto structType = LLVM::LLVMStructType::getLiteral(
-        b.getContext(), SmallVector<Type>(4, f32));
-    std::array<NVVM::MMATypes, 2> types = {NVVM::MMATypes::tf32,
-                                           NVVM::MMATypes::tf32};
-    std::array<NVVM::MMALayout, 2> layouts = {NVVM::MMALayout::row,
-                                              NVVM::MMALayout::col};
-    Value res = NVVM::MmaOp::create(b, structType, a, bfrag, c,
-                                    ArrayRef<int64_t>{16, 8, 8}, std::nullopt,
-                                    std::nullopt, types, layouts);
-    SmallVector<Value> d;
-    for (int64_t i = 0; i < 4; ++i)
-      d.push_back(LLVM::ExtractValueOp::create(b, res, i));
-    return d;
+  SmallVector<Value> mma(ValueRange a, ValueRange bfrag, ValueRange c) {
+    return mmaSyncF32(b, NVVM::MMATypes::tf32, {16, 8, 8}, a, bfrag, c);
   }
   /// c + a·b' at f32's accuracy: the small products first.
   SmallVector<Value> mma3(ArrayRef<Split> a, ArrayRef<Split> bfrag,
@@ -170,13 +157,10 @@ static void emitFlashTf32(GPUKernel &kernel, const FlashMixSpec &spec,
   ImplicitLocOpBuilder &ib = kernel.b;
   Tf32 tc{ib, kb};
   Exp2SoftmaxBuilder exp2(ib);
-  unsigned a = 0;
-  Value q = kernel.arg(a++);
-  Value keys = kernel.arg(a++);
-  Value e = kernel.arg(a++);
-  FlashLogitArgs logit(kernel, spec, a);
-  Value out = kernel.arg(a++);
-  Value lseOut = spec.withLse ? kernel.arg(a++) : Value();
+  FlashMixArgs args(kernel, spec);
+  Value q = args.q, keys = args.keys, e = args.e;
+  const FlashLogitArgs &logit = args.logit;
+  Value out = args.outs.out, lseOut = args.outs.lse;
   Value kBig = kernel.workgroup(0), kSmall = kernel.workgroup(1),
         vBig = kernel.workgroup(2), vSmall = kernel.workgroup(3);
 
@@ -258,24 +242,15 @@ static void emitFlashTf32(GPUKernel &kernel, const FlashMixSpec &spec,
       c0, keyEnd, kb.idx(cols), init,
       [&](Value j0, ValueRange carried) -> SmallVector<Value> {
         kb.barrier();
+        auto stageTiles = [&](bool byVectors) {
+          stage(keys, kBig, cols, Dp, j0, Nk, c0, D, byVectors, nullptr,
+                putKeys);
+          stage(e, vBig, cols, Kp, j0, Nk, c0, kb.idx(K), byVectors,
+                logit.keyMask ? function_ref<Value(Value)>(maskRow) : nullptr,
+                putValues);
+        };
         kb.ifThenElse(
-            vectors,
-            [&] {
-              stage(keys, kBig, cols, Dp, j0, Nk, c0, D, /*vectors=*/true,
-                    nullptr, putKeys);
-              stage(e, vBig, cols, Kp, j0, Nk, c0, kb.idx(K), true,
-                    logit.keyMask ? function_ref<Value(Value)>(maskRow)
-                                  : nullptr,
-                    putValues);
-            },
-            [&] {
-              stage(keys, kBig, cols, Dp, j0, Nk, c0, D, /*vectors=*/false,
-                    nullptr, putKeys);
-              stage(e, vBig, cols, Kp, j0, Nk, c0, kb.idx(K), false,
-                    logit.keyMask ? function_ref<Value(Value)>(maskRow)
-                                  : nullptr,
-                    putValues);
-            });
+            vectors, [&] { stageTiles(true); }, [&] { stageTiles(false); });
         kb.barrier();
 
         // S = Q Kᵀ over the tile's key blocks.
@@ -306,21 +281,8 @@ static void emitFlashTf32(GPUKernel &kernel, const FlashMixSpec &spec,
           for (int64_t i = 0; i < 4; ++i) {
             Value j = kb.add(
                 j0, kb.add(kb.idx(8 * nb + i % 2), kb.mul(t, kb.idx(2))));
-            Value inRange = kb.lt(j, Nk);
-            Value js = kb.select(inRange, j, c0);
-            Value row = rows[i / 2];
-            logits[i / 2].push_back(
-                flashLogit(kb, spec, S[nb][i], nullptr, nullptr, [&] {
-                  return flashKeyKept(
-                      kb, spec, inRange,
-                      [&] {
-                        return logit.keyMask ? kb.load(logit.keyMask, {bi, js})
-                                             : Value();
-                      },
-                      [&] {
-                        return kb.cmpi(arith::CmpIPredicate::ule, j, row);
-                      });
-                }));
+            logits[i / 2].push_back(flashPairLogit(
+                kb, spec, logit, S[nb][i], bi, Value(), rows[i / 2], j, Nk));
           }
         SoftmaxTile steps[2];
         for (int64_t r = 0; r < 2; ++r)

@@ -139,6 +139,30 @@ FailureOr<int64_t> flashExpertCount(Operation *op, Value e);
 void launchFlashMix(class HostCode &h, StringRef name, const FlashMixSpec &spec,
                     Value q, ValueRange args, Location loc);
 
+/// A flash mixing kernel's outputs (launchFlashMix's arguments after the
+/// logit's): p, or the fused top-k's weights and indices, then the lse.
+struct FlashMixOutputs {
+  Value out, outIdx, lse;
+};
+
+/// A mixing kernel's arguments, in launchFlashMix's order.
+struct FlashMixArgs {
+  FlashMixArgs(class GPUKernel &kernel, const FlashMixSpec &spec);
+  /// The index of the next argument (the logit's, then the outputs').
+  unsigned next;
+  Value q, keys, e;
+  FlashLogitArgs logit;
+  FlashMixOutputs outs;
+};
+
+/// The forward logit (flashLogit) of row `row` and key j of a mixing kernel,
+/// the bias, added scores (head h) and key mask read from `logit`'s operands
+/// at batch element b: -inf where j >= Nk, the key is masked or, causal,
+/// after the row.
+Value flashPairLogit(class GpuKernelBuilder &kb, const FlashMixSpec &spec,
+                     const FlashLogitArgs &logit, Value dot, Value b, Value h,
+                     Value row, Value j, Value Nk);
+
 /// The largest expert count of the mixing kernel's wide form: a lane holds
 /// all K partial sums of its row.
 constexpr int64_t kFlashWideMaxExperts = 64;
@@ -153,12 +177,6 @@ SmallVector<Type> flashMixWideWorkgroup(MLIRContext *ctx,
 void emitFlashMixWide(class GPUKernel &kernel, const FlashMixSpec &spec);
 /// The blocks a multiprocessor the wide form states to ptxas (nvvm.minctasm).
 int64_t flashMixWideBlocks(const FlashMixSpec &spec);
-
-/// A flash mixing kernel's outputs (launchFlashMix's arguments after the
-/// logit's): p, or the fused top-k's weights and indices, then the lse.
-struct FlashMixOutputs {
-  Value out, outIdx, lse;
-};
 
 /// The end of a row of the mixing kernels (both forms): `accs` are the
 /// row's unnormalized sums a lane holds, column m * kFlashGroup + `lane` in

@@ -29,6 +29,28 @@
 
 namespace mlir::moe::gpu_lowering {
 
+/// d = a · b + c on one warp-level tile of `shape` (m, n, k), row.col, with
+/// f32 accumulators: nvvm.mma.sync on the operands' 32-bit registers `a` and
+/// `bfrag` of PTX type `type` (bf16 pairs, tf32), c and d four f32 (rows g
+/// and g + 8, columns 2·tig and 2·tig + 1).
+inline SmallVector<Value> mmaSyncF32(ImplicitLocOpBuilder &b,
+                                     NVVM::MMATypes type,
+                                     ArrayRef<int64_t> shape, ValueRange a,
+                                     ValueRange bfrag, ValueRange c) {
+  Type f32 = b.getF32Type();
+  auto structType = LLVM::LLVMStructType::getLiteral(b.getContext(),
+                                                     SmallVector<Type>(4, f32));
+  std::array<NVVM::MMATypes, 2> types = {type, type};
+  std::array<NVVM::MMALayout, 2> layouts = {NVVM::MMALayout::row,
+                                            NVVM::MMALayout::col};
+  Value res = NVVM::MmaOp::create(b, structType, a, bfrag, c, shape,
+                                  std::nullopt, std::nullopt, types, layouts);
+  SmallVector<Value> d;
+  for (int64_t i = 0; i < 4; ++i)
+    d.push_back(LLVM::ExtractValueOp::create(b, res, i));
+  return d;
+}
+
 /// The MMA helpers of one kernel on operands of `elt` (f16 or bf16).
 struct Mma {
   ImplicitLocOpBuilder &b;
@@ -133,18 +155,7 @@ struct Mma {
       av.push_back(packed(a, r));
     for (int64_t r = 0; r < 2; ++r)
       bv.push_back(packed(bfrag, r));
-    auto structType = LLVM::LLVMStructType::getLiteral(
-        b.getContext(), SmallVector<Type>(4, f32));
-    std::array<NVVM::MMATypes, 2> types = {NVVM::MMATypes::bf16,
-                                           NVVM::MMATypes::bf16};
-    std::array<NVVM::MMALayout, 2> layouts = {NVVM::MMALayout::row,
-                                              NVVM::MMALayout::col};
-    Value res = NVVM::MmaOp::create(b, structType, av, bv, c,
-                                    ArrayRef<int64_t>{16, 8, 16}, std::nullopt,
-                                    std::nullopt, types, layouts);
-    for (int64_t i = 0; i < 4; ++i)
-      d.push_back(LLVM::ExtractValueOp::create(b, res, i));
-    return d;
+    return mmaSyncF32(b, NVVM::MMATypes::bf16, {16, 8, 16}, av, bv, c);
   }
 };
 

@@ -104,18 +104,26 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_wide_kernel_equals_float64(name):
-    B, N, D, K, causal, masked, misaligned = CASES[name]
-    u, e = inputs(1, B, N, D, K)
+def case(name, seed, cases=CASES):
+    """(B, N, D, K, causal, masked, misaligned, u, e, mask) of case `name`: with a key mask, the last batch element
+    without keys (its rows: zeros) and the masked keys' values NaN (they must reach no row)."""
+    B, N, D, K, causal, masked, misaligned = cases[name]
+    u, e = inputs(seed, B, N, D, K)
     mask = None
     if masked:
-        mask = np.random.default_rng(2).random((B, N)) > 0.3
-        mask[-1] = False                                   # a batch element without keys: zeros
-        e[~mask] = np.nan                                  # a masked key's values reach no row
+        mask = np.random.default_rng(seed + 1).random((B, N)) > 0.3
+        mask[-1] = False
+        e[~mask] = np.nan
+    return B, N, D, K, causal, masked, misaligned, u, e, mask
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_wide_kernel_equals_float64(name):
+    B, N, D, K, causal, masked, misaligned, u, e, mask = case(name, 1)
     if causal:
-        if masked:
+        if masked:                                         # key N / 2 kept (finite values) where there are keys
             mask[:-1, N // 2] = True
+            e[:-1, N // 2] = 1.0 / K
         e[:, N // 2, 0] = np.inf                           # rows before N / 2 do not see it
     text = similarity(B, N, D, K, causal=causal, masked=masked)
     p = np.full((B, N, K), np.nan, np.float32)

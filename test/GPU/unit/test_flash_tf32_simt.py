@@ -39,29 +39,14 @@ def run(text, kernel, args, N, B, misalign=None):
                     workgroup_fill=np.nan)
 
 
-CASES = {
-    # name: B, N, D, K, causal, masked, misaligned keys
-    "partial_tiles": (2, 70, 40, 12, False, False, False),
-    "d64_k64": (1, 130, 64, 64, False, False, False),
-    "d37_padded": (1, 50, 37, 16, False, False, False),
-    "misaligned": (1, 40, 32, 8, False, False, True),
-    "causal": (2, 150, 64, 16, True, False, False),
-    "masked": (3, 80, 24, 8, False, True, False),
-    "causal_masked_k20": (2, 100, 48, 20, True, True, False),
-    "k1": (1, 33, 8, 1, False, False, False),
-    "n1_causal": (2, 1, 16, 8, True, False, False),
-}
+#: The wide form's cases (partial tiles, padded and misaligned features, K = 1, 12, 20, causal, masks, N = 1) and
+#: K = 64 at D = 64 (32-key tiles), a causal row alone.
+CASES = {**W.CASES, "d64_k64": (1, 130, 64, 64, False, False, False), "n1_causal": (2, 1, 16, 8, True, False, False)}
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_tf32_kernel_equals_float64(name):
-    B, N, D, K, causal, masked, misaligned = CASES[name]
-    u, e = W.inputs(11, B, N, D, K)
-    mask = None
-    if masked:
-        mask = np.random.default_rng(12).random((B, N)) > 0.3
-        mask[-1] = False                                   # a batch element without keys: zeros
-        e[~mask] = np.nan                                  # a masked key's values are staged as zeros
+    B, N, D, K, causal, masked, misaligned, u, e, mask = W.case(name, 11, CASES)
     text = W.similarity(B, N, D, K, causal=causal, masked=masked, options=OPTIONS)
     p = np.full((B, N, K), np.nan, np.float32)
     args = [u, u, e] + ([mask] if masked else []) + [p]
