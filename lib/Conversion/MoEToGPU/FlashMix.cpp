@@ -165,6 +165,22 @@ Value mlir::moe::gpu_lowering::flashPairLogit(GpuKernelBuilder &kb,
       });
 }
 
+FlashMixRows::FlashMixRows(GpuKernelBuilder &kb, const FlashMixSpec &spec,
+                           const FlashMixArgs &args)
+    : tile(kb, flashBlockOrder(spec.causal, spec.balanceCausal,
+                               /*byKey=*/false)) {
+  N = kb.dim(args.q, 1);
+  D = kb.dim(args.q, 2);
+  Nk = kb.dim(args.keys, 1);
+  tile.clampRow(kb, N, kb.idx(1));
+  head = args.logit.head
+             ? kb.castInt(kb.load(args.logit.head, {tile.b}), kb.index())
+             : Value();
+  keyEnd = Nk;
+  if (spec.causal)
+    keyEnd = kb.minu(Nk, kb.add(tile.rowBase, kb.idx(kRows)));
+}
+
 /// The body of a flash mixing kernel (launchFlashMix).
 static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
   const int64_t K = spec.numExperts;
@@ -179,22 +195,13 @@ static void emitFlashMix(GPUKernel &kernel, const FlashMixSpec &spec) {
   Value zero = kb.cF32(0.0);
   Value negInf = kb.cF32(-std::numeric_limits<double>::infinity());
   Value c0 = kb.idx(0), c1 = kb.idx(1);
-  FlashTile tile(
-      kb, flashBlockOrder(spec.causal, spec.balanceCausal, /*byKey=*/false));
+  FlashMixRows rows(kb, spec, args);
+  const FlashTile &tile = rows.tile;
   Value tid = tile.t.tid, r = tile.t.row, lane = tile.t.lane;
   Value b = tile.b, rowBase = tile.rowBase;
-  Value N = kb.dim(q, 1);
-  Value D = kb.dim(q, 2);
-  Value Nk = kb.dim(keys, 1);
-  tile.clampRow(kb, N, c1);
+  Value N = rows.N, D = rows.D, Nk = rows.Nk, h = rows.head;
   Value i = tile.i, active = tile.active, row = tile.row;
-  Value h =
-      logit.head ? kb.castInt(kb.load(logit.head, {b}), kb.index()) : Value();
-
-  // Keys needed by the tile: all, or up to its last row when causal.
-  Value keyEnd = Nk;
-  if (spec.causal)
-    keyEnd = kb.minu(Nk, kb.add(rowBase, kb.idx(kRows)));
+  Value keyEnd = rows.keyEnd;
 
   SoftmaxState start = softmaxStart(kb);
   SmallVector<Value> init(vpt, zero);

@@ -157,17 +157,12 @@ void mlir::moe::gpu_lowering::emitFlashMixWide(GPUKernel &kernel,
   Value zero = kb.cF32(0.0);
   Value negInf = kb.cF32(-std::numeric_limits<double>::infinity());
   Value c0 = kb.idx(0), c1 = kb.idx(1);
-  FlashTile tile(
-      kb, flashBlockOrder(spec.causal, spec.balanceCausal, /*byKey=*/false));
+  FlashMixRows rows(kb, spec, args);
+  const FlashTile &tile = rows.tile;
   Value tid = tile.t.tid, r = tile.t.row, lane = tile.t.lane;
   Value b = tile.b, rowBase = tile.rowBase;
-  Value N = kb.dim(q, 1);
-  Value D = kb.dim(q, 2);
-  Value Nk = kb.dim(keys, 1);
-  tile.clampRow(kb, N, c1);
+  Value N = rows.N, D = rows.D, Nk = rows.Nk, h = rows.head;
   Value i = tile.i, active = tile.active, row = tile.row;
-  Value h =
-      logit.head ? kb.castInt(kb.load(logit.head, {b}), kb.index()) : Value();
   Value width = kb.idx(K);
   // The staging's 16-byte path where all three operands take it.
   auto isF32 = [](Value v) {
@@ -185,10 +180,7 @@ void mlir::moe::gpu_lowering::emitFlashMixWide(GPUKernel &kernel,
   Value chunkEnd = kb.maxs(D, c1);
   F32Stage stage{kb, ib, tid, kFlashThreads, b};
 
-  // Keys needed by the tile: all, or up to its last row when causal.
-  Value keyEnd = Nk;
-  if (spec.causal)
-    keyEnd = kb.minu(Nk, kb.add(rowBase, kb.idx(kRows)));
+  Value keyEnd = rows.keyEnd;
   VectorType v4 = VectorType::get({kVec}, kb.f32());
   auto load4 = [&](Value tileBuf, Value rr, Value cc) {
     return vector::LoadOp::create(ib, v4, tileBuf, ValueRange{rr, cc},

@@ -94,6 +94,18 @@ struct FlashTile {
   Value i, active, row;
 };
 
+/// The rows of a mixing kernel on FlashTile's blocks (FlashMix.cpp,
+/// FlashMixWide.cpp): the thread's tile in the spec's block order, the rows
+/// N and features D of q and the keys Nk, the thread's row clamped, the head
+/// of the added scores (attention_posterior's; null without them) and the
+/// key loop's end: Nk, or causal the block's last row + 1 (at most Nk).
+struct FlashMixRows {
+  FlashMixRows(GpuKernelBuilder &kb, const FlashMixSpec &spec,
+               const FlashMixArgs &args);
+  FlashTile tile;
+  Value N, D, Nk, head, keyEnd;
+};
+
 /// The alignment in bytes of the flash kernels' workgroup buffers. ldmatrix
 /// reads 16-byte rows, cp.async copies 16 bytes and st.shared.v4 /
 /// ld.shared.v4 move 16 bytes: each needs a 16-byte aligned address, which
