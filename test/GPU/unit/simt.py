@@ -1131,22 +1131,26 @@ class Warp:
                 return _columns([(w & 0xFFFF).ravel(), (w >> 16).ravel()]).reshape(self.n, -1).astype(np.uint16)
             af, bf = unpack(a[0:4]), unpack(a[4:6])
             c = _columns(a[6:10])
-        av, bv = _bits_to_f32(af, t), _bits_to_f32(bf, t)
-        d = np.zeros((self.n, 4), dtype=np.float32)
-        for w0 in range(0, self.n, LANES):
-            A = np.zeros((16, 16))
-            B = np.zeros((16, 8))
-            C = np.zeros((16, 8))
-            A[_MMA_A] = av[w0:w0 + LANES]
-            B[_MMA_B] = bv[w0:w0 + LANES]
-            C[_MMA_C] = c[w0:w0 + LANES]
-            with np.errstate(all="ignore"):
-                D = (A @ B + C).astype(np.float32)
-            d[w0:w0 + LANES] = D[_MMA_C]
+        d = self._mma_tiles(_bits_to_f32(af, t), _bits_to_f32(bf, t), c, 16, _MMA_A, _MMA_B)
         if n == "nvgpu.mma.sync":
             return d.reshape(self.n, 2, 2)
         return [tuple(d[:, i] for i in range(4))]
 
+    def _mma_tiles(self, av, bv, c, k, a_at, b_at):
+        """Each warp's D = A B + C, A [16 x k], B [k x 8], C/D [16 x 8] f32, from the lanes' fragment values at the
+        layouts' positions: products exact, sums in float64 rounded to f32."""
+        d = np.zeros((self.n, 4), dtype=np.float32)
+        for w0 in range(0, self.n, LANES):
+            A = np.zeros((16, k))
+            B = np.zeros((k, 8))
+            C = np.zeros((16, 8))
+            A[a_at] = av[w0:w0 + LANES]
+            B[b_at] = bv[w0:w0 + LANES]
+            C[_MMA_C] = c[w0:w0 + LANES]
+            with np.errstate(all="ignore"):
+                D = (A @ B + C).astype(np.float32)
+            d[w0:w0 + LANES] = D[_MMA_C]
+        return d
 
     def _mma_tf32(self, a):
         """m16n8k8 row.col with tf32 operands (flash-mma-tf32's 3xTF32): A [16 x 8] in 4 registers, B [8 x 8] in 2,
@@ -1155,19 +1159,7 @@ class Warp:
         def operand(words):
             w = _columns(words).astype(np.int64).astype(np.uint32) & np.uint32(0xFFFFE000)
             return w.view(np.float32).astype(np.float64)
-        av, bv = operand(a[0:4]), operand(a[4:6])
-        c = _columns(a[6:10])
-        d = np.zeros((self.n, 4), dtype=np.float32)
-        for w0 in range(0, self.n, LANES):
-            A = np.zeros((16, 8))
-            B = np.zeros((8, 8))
-            C = np.zeros((16, 8))
-            A[_MMA_TF32_A] = av[w0:w0 + LANES]
-            B[_MMA_TF32_B] = bv[w0:w0 + LANES]
-            C[_MMA_C] = c[w0:w0 + LANES]
-            with np.errstate(all="ignore"):
-                D = (A @ B + C).astype(np.float32)
-            d[w0:w0 + LANES] = D[_MMA_C]
+        d = self._mma_tiles(operand(a[0:4]), operand(a[4:6]), _columns(a[6:10]), 8, _MMA_TF32_A, _MMA_TF32_B)
         return [tuple(d[:, i] for i in range(4))]
 
 
