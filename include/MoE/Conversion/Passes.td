@@ -157,7 +157,8 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "where aligned: no shuffle, no probability tile and one barrier pair a 32-feature chunk in the key "
            "loop. Off until a GPU run decides">,
     Option<"flashMmaTf32", "flash-mma-tf32", "bool", /*default=*/"false",
-           "similarity_inform and its training forward with f32 operands (no ws), at most 64 features and experts, "
+           "similarity_inform, its training forward and similarity_inform_grad's recomputed forward with f32 operands "
+           "(ws's f32 query too), at most 64 features and experts, "
            "no fused top-k, on the tensor cores at f32's accuracy by 3xTF32 (FlashTf32.cpp): each operand split "
            "into a tf32 big part and the f32 rest, a product the sum of three mma.sync m16n8k8 tf32 products with "
            "f32 sums (big.big + big.small + small.big: about 2^-20 of a product's magnitude, against f32's 2^-24 "

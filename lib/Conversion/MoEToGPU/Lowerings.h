@@ -195,9 +195,9 @@ struct FlashTf32Tile {
   int64_t depth = 0, experts = 0, cols = 64;
 };
 
-/// The tile where the 3xTF32 kernel applies to `spec` (similarity_inform and
-/// its training forward: f32 operands, at most 64 features and experts, no
-/// fused top-k), else nullopt.
+/// The tile where the 3xTF32 kernel applies to `spec` (similarity_inform,
+/// its training forward and similarity_inform_grad's recomputed forward: f32
+/// operands, at most 64 features and experts, no fused top-k), else nullopt.
 std::optional<FlashTf32Tile>
 flashTf32Tile(const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt,
               int64_t depth, const ConvertMoEToGPUOptions &options);

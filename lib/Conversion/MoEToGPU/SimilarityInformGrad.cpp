@@ -169,9 +169,18 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
     if (mmaGrad)
       tile = flashMmaTile(fwd, elementOf(q), elementOf(u), elementOf(e),
                           uShape[2], options);
+    // f32 operands: the recomputed forward on tensor cores by 3xTF32
+    // (flash-mma-tf32) where it applies.
+    std::optional<FlashTf32Tile> tf32;
+    if (!tile)
+      tf32 = flashTf32Tile(fwd, elementOf(q), elementOf(u), elementOf(e),
+                           uShape[2], options);
     if (tile)
       launchFlashMixMma(h, "similarity_inform_grad_mix_mma", fwd, *tile, q,
                         fwdArgs, loc);
+    else if (tf32)
+      launchFlashTf32(h, "similarity_inform_grad_mix_tf32", fwd, *tf32, q,
+                      fwdArgs, loc);
     else
       launchFlashMix(h, "similarity_inform_grad_mix", fwd, q, fwdArgs, loc);
     launchFlashGradStats(h, lse, p, dp, delta, loc, /*lseOut=*/{},

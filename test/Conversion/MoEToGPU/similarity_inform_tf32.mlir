@@ -93,3 +93,20 @@ func.func @others(%u72: tensor<1x100x72xf32>, %u: tensor<1x100x32xf32>, %e: tens
   %c = moe.similarity_inform %ub, %eb tau(1.0) : tensor<1x100x32xbf16>, tensor<1x100x16xbf16> -> tensor<1x100x16xf32>
   return %a, %b, %w, %i, %c : tensor<1x100x16xf32>, tensor<1x100x65xf32>, tensor<1x100x2xf32>, tensor<1x100x2xi32>, tensor<1x100x16xf32>
 }
+
+// -----
+
+// similarity_inform_grad without saved p and lse: its recomputed forward
+// (with the lse) on this kernel; the backward's passes stay the scalar ones.
+// CHECK-LABEL: gpu.module @moe_kernels
+// CHECK: gpu.func @similarity_inform_grad_mix_tf32_0(
+// CHECK: nvvm.mma.sync {{.*}}mma_type<tf32>
+// CHECK: math.log
+// CHECK: gpu.func @similarity_inform_grad_dq_0(
+// CHECK: gpu.launch_func {{.*}} @moe_kernels::@similarity_inform_grad_mix_tf32_0
+// OFF-LABEL: gpu.module @moe_kernels
+// OFF: gpu.func @similarity_inform_grad_mix_0(
+func.func @grad(%u: tensor<2x100x32xf32>, %e: tensor<2x100x16xf32>, %dp: tensor<2x100x16xf32>) -> (tensor<2x100x32xf32>, tensor<2x100x16xf32>) {
+  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : tensor<2x100x16xf32>) tau(1.0) causal(true) : tensor<2x100x32xf32>, tensor<2x100x16xf32> -> tensor<2x100x32xf32>, tensor<2x100x16xf32>
+  return %du, %de : tensor<2x100x32xf32>, tensor<2x100x16xf32>
+}

@@ -96,3 +96,23 @@ def test_applies_only_where_it_should():
     assert '"nvvm.mma.sync"' not in W.similarity(1, 40, 32, 16, k=2, options=OPTIONS)
     text = W.similarity(1, 40, 72, 16, options=OPTIONS)
     assert "similarity_inform_tf32" not in text and "similarity_inform_0" in text
+
+
+def test_backward_recomputes_the_forward_on_it():
+    """similarity_inform_grad without saved p and lse recomputes them (its forward with the lse) on this kernel
+    under the option: that kernel alone, its p and lse against float64."""
+    B, N, D, K, tau = 2, 70, 32, 16, 0.5
+    u, e = W.inputs(16, B, N, D, K)
+    t = lambda *s: "tensor<" + "x".join(map(str, s)) + ">"  # noqa: E731
+    us, es, du = t(B, N, D, "f32"), t(B, N, K, "f32"), t(B, N, D, "f32")
+    src = (f"func.func @g(%u: {us}, %e: {es}, %dp: {es}) -> ({du}, {es}) {{\n"
+           f"  %du, %de = moe.similarity_inform_grad %u, %e dp(%dp : {es}) tau({tau:e}) causal(true) : {us}, {es}"
+           f" -> {du}, {es}\n  return %du, %de : {du}, {es}\n}}\n")
+    text = simt.lower(MOE_OPT, src, OPTIONS)
+    assert "similarity_inform_grad_mix_0" not in text
+    p = np.full((B, N, K), np.nan, np.float32)
+    lse = np.full((B, N), np.nan, np.float32)
+    run(text, "similarity_inform_grad_mix_tf32_0", [u, u, e, p, lse], N, B)
+    np.testing.assert_allclose(p, W.reference(u, e, tau, True), **TOL)
+    logits = R.similarity_logits(torch.from_numpy(u).double(), tau, True, None, None)
+    np.testing.assert_allclose(lse, torch.logsumexp(logits, -1).numpy(), rtol=2e-6, atol=2e-6)
