@@ -90,6 +90,13 @@ def reference(u, e, tau, causal=False, mask=None, ws=None):
                             key_mask=torch.from_numpy(mask) if mask is not None else None).numpy()
 
 
+def check_causal_p_and_lse(p, lse, u, e, tau):
+    """A causal training forward's p and row log-sum-exp against float64."""
+    np.testing.assert_allclose(p, reference(u, e, tau, True), **TOL)
+    logits = R.similarity_logits(torch.from_numpy(u).double(), tau, True, None, None)
+    np.testing.assert_allclose(lse, torch.logsumexp(logits, -1).numpy(), rtol=2e-6, atol=2e-6)
+
+
 CASES = {
     # name: B, N, D, K, causal, masked, misaligned u
     "partial_tiles": (2, 70, 40, 12, False, False, False),
@@ -150,9 +157,7 @@ def test_training_forward_lse():
     p = np.full((B, N, K), np.nan, np.float32)
     lse = np.full((B, N), np.nan, np.float32)
     run(text, "similarity_inform_fwd_0", [u, u, e, p, lse], N, B)
-    np.testing.assert_allclose(p, reference(u, e, tau, True), **TOL)
-    logits = R.similarity_logits(torch.from_numpy(u).double(), tau, True, None, None)
-    np.testing.assert_allclose(lse, torch.logsumexp(logits, -1).numpy(), rtol=2e-6, atol=2e-6)
+    check_causal_p_and_lse(p, lse, u, e, tau)
 
 
 @pytest.mark.parametrize("k,K", [(2, 16), (4, 12), (1, 1)])
