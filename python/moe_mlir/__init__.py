@@ -2,7 +2,7 @@
 
 Layers (imports go down only; ``tests/test_layering.py`` checks there is no cycle):
 
-* :mod:`moe_mlir.ops` registers ``torch.ops.moe.*`` (the six dialect ops); :mod:`moe_mlir.runtime` loads kernels;
+* :mod:`moe_mlir.ops` registers ``torch.ops.moe.*`` (the dialect's ops, their fused forms and their backward ops); :mod:`moe_mlir.runtime` loads kernels;
 * :mod:`moe_mlir.frontend`: export, raising of routing idioms to ``torch.ops.moe.*``, partitioning;
 * :mod:`moe_mlir.mlir`: the MLIR printer (a small builder) and the importer (aten → linalg/moe table);
 * :mod:`moe_mlir.backends`: ``dynamo`` (``torch.compile(backend="moe")``: raising, then inductor), ``cpu`` (the

@@ -140,14 +140,14 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "symmetric, so each pair of key tiles is computed once (one FFMA and one EX2 a score) and "
            "used for both tiles' rows, the second's through shared memory and f32 atomics (the sums' last bits "
            "vary from run to run); a guard over each batch element (finite u and e, the spread of |u|^2/(2 tau) at "
-           "most 60, N >= 256) and the exact kernel for the elements it declines. Off until a GPU run decides">,
+           "most 60, N >= 256) and the exact kernel for the elements it declines. Off by default">,
     Option<"flashMmaGrad", "flash-mma-grad", "bool", /*default=*/"false",
            "similarity_inform_grad with f16/bf16 u and e (one type), no ws, at most 128 features and 64 experts on "
            "tensor cores (FlashMmaGrad.cpp, issue #47 item 3): FlashAttention-2's backward as two deterministic "
            "passes, by query (dq) and by key (de, dk), each recomputing S = X U^T and <dp, e> on mma.sync with one "
            "FFMA and one EX2 a score and taking the sums dX U and P dp on mma.sync (dp, P and dX rounded to the "
            "operand type); the recomputed forward, where p and lse are not saved, on the tensor-core kernel. "
-           "Off until a GPU run decides">,
+           "Off by default">,
     Option<"flashMixWide", "flash-mix-wide", "bool", /*default=*/"false",
            "the f32 flash mixing kernel (similarity_inform and attention_posterior where the tensor-core kernel "
            "does not apply: f32 operands, ws, mixed types; their training forwards and fused top-k) in its wide "
@@ -155,7 +155,7 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "softmax state and all K partial sums (merged over the row's 8 lanes once, at the end), the query and "
            "key chunks read from shared memory 16 bytes at a time (ld.shared.v4) and staged 16 bytes at a time "
            "where aligned: no shuffle, no probability tile and one barrier pair a 32-feature chunk in the key "
-           "loop. Off until a GPU run decides">,
+           "loop. Off by default">,
     Option<"flashMmaTf32", "flash-mma-tf32", "bool", /*default=*/"false",
            "similarity_inform, its training forward and similarity_inform_grad's recomputed forward with f32 operands "
            "(ws's f32 query too), at most 64 features and experts, "
@@ -163,8 +163,7 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "into a tf32 big part and the f32 rest, a product the sum of three mma.sync m16n8k8 tf32 products with "
            "f32 sums (big.big + big.small + small.big: about 2^-20 of a product's magnitude, against f32's 2^-24 "
            "a rounding); FlashAttention-2's tiles (4 warps, 64 rows, 64-key tiles in shared memory, P.e from the "
-           "logits' C fragments with the keys taken in an order that makes them the A fragments). Off until a "
-           "GPU run decides">,
+           "logits' C fragments with the keys taken in an order that makes them the A fragments). Off by default">,
     Option<"flashCausalBalance", "flash-causal-balance", "bool", /*default=*/"true",
            "under a causal mask, the flash kernels' blocks (similarity_inform, its training forward and "
            "backward; scalar and tensor-core; the split-key kernel where it is estimated at most 176 registers) "
@@ -178,14 +177,14 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "shared-memory-bytes, up to dynamic-shared-memory-bytes, where the blocks a multiprocessor is meant to "
            "hold still fit (D = 256, K = 64: 86,016 bytes a block, two blocks on sm_90, none on sm_80): half the "
            "barriers and staging loops a key, ~25% fewer SASS instructions a score on sm_90. The runtime opts the "
-           "kernel in past 48 KiB at its launch. Off until a GPU run decides">,
+           "kernel in past 48 KiB at its launch. Off by default">,
     Option<"flashMmaWgmma", "flash-mma-wgmma", "bool", /*default=*/"false",
            "sm_90a (moe-lower-to-nvvm applies it only with chip=sm_90a: wgmma has no sm_90 form): the tensor-core kernel of "
            "two row tiles a warp (flash-mma-block-rows=128, D a multiple of 64) takes Q.K^T on Hopper's "
            "warpgroup MMA (wgmma.mma_async m64nNk16, both operands from shared memory through 128-byte-swizzle "
            "descriptors; the query tile staged once, the key tiles copied by cp.async into the swizzled layout), "
            "the block's 4 warps one warpgroup; P.e stays on mma.sync from registers. No lazy rescale (its vote is "
-           "a warp's, the wgmma a warpgroup's). Off until a GPU run decides">,
+           "a warp's, the wgmma a warpgroup's). Off by default">,
     Option<"flashMmaTma", "flash-mma-tma", "bool", /*default=*/"false",
            "with flash-mma-wgmma (sm_90a): the wgmma kernels' key tiles copied by the Tensor Memory Accelerator "
            "(cp.async.bulk.tensor, one copy a 64-feature panel issued by one thread, the 128-byte swizzle applied "
@@ -194,7 +193,7 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "memory per pointer and shape) and passed as the kernel's last argument; where the runtime makes none (a "
            "base not 16-byte aligned, a chip before sm_90, a miss during stream capture, MOE_GPU_TMA=0) the host "
            "launches the kernel's twin without TMA (its cp.async copies). PTX ISA 8.3 (the tensormap proxy "
-           "fence). Off until a GPU run decides">,
+           "fence). Off by default">,
     Option<"dynamicSharedMemoryBytes", "dynamic-shared-memory-bytes", "int64_t", /*default=*/"0",
            "the chip's opt-in maximum of shared memory a block (bytes; a multiprocessor holds it plus 1 KiB), "
            "the limit of the kernels that opt in past shared-memory-bytes (flash-mma-dynamic-shared); 0: none. "

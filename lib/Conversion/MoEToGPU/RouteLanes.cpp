@@ -2,7 +2,7 @@
 //
 // Part of the MoE-MLIR project.
 //
-// The route kernel of issue #46 (route-map=lanes; not yet run on a GPU). It
+// The route kernel of issue #46 (route-map=lanes, the default). It
 // follows SGLang's fused gate (moe_fused_gate.cu: a thread per group of
 // DeepSeek-V3, 8 threads and 4 tokens a warp, each thread's 32 experts
 // contiguous and loaded 16 bytes at a time) and reuses topk-rounds=list's

@@ -14,7 +14,7 @@
 //    the lane that stored each raw value. topk-rounds=redux instead carries
 //    32-bit keys and takes each round with two redux.sync (max key, then the
 //    lowest index holding it) and a knock-out (sm_80+).
-//  * topk-rounds=list (K <= 1024; not yet run on a GPU): the mapping of issue
+//  * topk-rounds=list (K <= 1024; sm_80+, within list-redux): the mapping of issue
 //    #46 after vLLM's topk_softmax (16-byte loads, several rows a warp) and
 //    SGLang's gate (8 lanes a token): 4-8 lanes a token (listMappingOf), each
 //    holding runs of 4 (f32) or 8 (f16/bf16) adjacent scores loaded 16 bytes

@@ -1,4 +1,6 @@
-"""Torch custom ops for the ``moe`` dialect: ``torch.ops.moe.<name>`` for the six ops and the two fused forms.
+"""Torch custom ops for the ``moe`` dialect: ``torch.ops.moe.<name>`` for the six seed-router ops (``OP_NAMES``), the
+two fused forms, the routing ops (``route``, ``dispatch_plan``), the load-balancing and capacity ops, and the
+backward ops their autograd calls.
 
 Every op is registered with :func:`torch.library.custom_op` as ``moe::<name>`` so that ``torch.export`` and FX keep
 it as one opaque node (``torch.ops.moe.<name>``), which the importer maps to the dialect op of the same name. The
@@ -9,8 +11,11 @@ enum attributes are plain strings (``mode="probs"``). The fused forms (``similar
 
 Kernels: on CPU tensors the ops run the compiled moe kernels through the C++ extension ``libmoe_torch.so``
 (``lib/Runtime/Torch``; the token-like dimensions are dynamic, kernels are cached in memory and on disk by
-:mod:`moe_mlir.runtime.cache`). Elsewhere (CUDA for now), or when the extension or the compiler is unavailable (a
-one-time warning says why), they run the eager references of :mod:`moe_mlir.reference`, which define the semantics:
+:mod:`moe_mlir.runtime.cache`). On CUDA tensors the ops with CUDA kernels (``TorchOps.def``'s ``CudaKernels``) run
+them (``lib/Runtime/Torch/TorchCudaOps.cpp``, registered once the CUDA runtime of :mod:`moe_mlir.runtime.cuda`
+loads). Otherwise (another device, an op without a CUDA kernel, the CUDA runtime absent, or on CPU tensors the
+extension or the compiler unavailable: then a one-time warning says why) they run the eager references of
+:mod:`moe_mlir.reference`, which define the semantics:
 
 * f16/bf16 inputs upcast, everything accumulated in f32;
 * ties in any top-k/argmin break to the lowest index, NaN ranks above every number in a top-k;

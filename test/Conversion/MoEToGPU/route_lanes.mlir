@@ -2,7 +2,7 @@
 // RUN: moe-opt %s --convert-moe-to-gpu="route-map=lanes block-size=1024" -split-input-file -verify-diagnostics | FileCheck %s --check-prefix=BLOCK1024
 // ptxas-options: route-map=lanes
 
-// route-map=lanes (RouteLanes.cpp; not yet run on a GPU): W lanes a token
+// route-map=lanes (RouteLanes.cpp; the default): W lanes a token
 // sized by E, lane l holding the experts [l*P, l*P + P) loaded 16 bytes at a
 // time where the logits and the bias are aligned, scored once, the weight
 // sources kept in shared memory (a lane's run at tid * (P + 1)), the groups

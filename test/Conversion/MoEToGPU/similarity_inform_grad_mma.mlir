@@ -1,7 +1,7 @@
 // RUN: moe-opt %s -split-input-file --convert-moe-to-gpu="flash-mma-grad=true" | FileCheck %s
 // RUN: moe-opt %s -split-input-file --convert-moe-to-gpu | FileCheck %s --check-prefix=OFF
 
-// flash-mma-grad (issue #47 item 3; off until a GPU run decides):
+// flash-mma-grad (issue #47 item 3; off by default):
 // similarity_inform_grad's flash passes on tensor cores (FlashMmaGrad.cpp)
 // for f16/bf16 u and e without ws. The SIMT interpreter runs the kernels
 // against float64 autograd (test/GPU/unit/test_flash_mma_grad_simt.py); the

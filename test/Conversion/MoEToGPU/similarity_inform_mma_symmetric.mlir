@@ -1,7 +1,7 @@
 // RUN: moe-opt %s -split-input-file --convert-moe-to-gpu="flash-mma-symmetric=true" | FileCheck %s
 // RUN: moe-opt %s -split-input-file --convert-moe-to-gpu | FileCheck %s --check-prefix=OFF
 
-// flash-mma-symmetric (issue #47 item 4; off until a GPU run decides):
+// flash-mma-symmetric (issue #47 item 4; off by default):
 // similarity_inform over half the pairs (FlashSymmetric.cpp,
 // MoE/Kernels/SymmetricMix.h). The host launches the guard's two kernels,
 // the pairs, the rows, then the exact kernel gated by the element stats

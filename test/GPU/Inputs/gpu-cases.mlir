@@ -384,9 +384,9 @@ func.func @apgrad_one(%s: tensor<1x2x1x33xf32>, %u: tensor<1x1x12xf32>, %v: tens
 }
 
 // The load-balancing ops (MoEBalanceOps.td; RouterStats.cpp, RouterZLoss.cpp),
-// whose GPU kernels sit behind moe-lower-to-nvvm balance-kernels=true (off by
-// default until a GPU has run these cases; scripts/gpu-check.sh and the line
-// below turn it on for this file). Every row kernel is a warp per row striding
+// whose GPU kernels sit behind moe-lower-to-nvvm balance-kernels=true (on by
+// default; scripts/gpu-check.sh and the line below still name it for this
+// file). Every row kernel is a warp per row striding
 // over the experts 32 at a time and router_stats/router_z_loss cut the tokens
 // into row blocks of 64: E = 8 (one partial chunk), 64, 100 (a lane tail), 256
 // and 2048 (many chunks; router_stats_sum over several thread blocks), T past

@@ -55,7 +55,7 @@ func.func @topk_probs_K256(%s: tensor<65536x256xf32>) -> (tensor<65536x8xf32>, t
   %w, %i = moe.topk_renorm %s k(8) mode(probs) : tensor<65536x256xf32> -> tensor<65536x8xf32>, tensor<65536x8xi32>
   return %w, %i : tensor<65536x8xf32>, tensor<65536x8xi32>
 }
-// topk-rounds=list (off by default; not yet run on a GPU): the same top-k, mapped by
+// topk-rounds=list (moe-lower-to-nvvm's choice on sm_80 and later, within list-redux): the same top-k, mapped by
 // TopkRenorm.cpp's listMappingOf (4 lanes a token for K = 64, 8 for 128 and 256; 16 or 32 scores a
 // lane). loop-trips=8: every round runs in the loop. outer-trips: the refills a warp makes, outside
 // the rounds' loop (test/GPU/unit/test_topk_list_model.py on Gaussian rows, k = 8: 3.7-4.3% of
@@ -103,7 +103,7 @@ func.func @route_kimi_k2(%x: tensor<8192x384xf32>, %b: tensor<384xf32>) -> (tens
   %w, %i = moe.route %x bias(%b : tensor<384xf32>) k(8) scoring(sigmoid) renormalize(true) routed_scaling_factor(2.827000e+00) : tensor<8192x384xf32> -> tensor<8192x8xf32>, tensor<8192x8xi32>
   return %w, %i : tensor<8192x8xf32>, tensor<8192x8xi32>
 }
-// route-map=lanes (off by default; not yet run on a GPU): the route kernel mapped by RouteLanes.cpp's
+// route-map=lanes (the default): the route kernel mapped by RouteLanes.cpp's
 // routeLanesMapOf (lanes a token sized by E, a contiguous run of experts a lane, groups ranked by shuffles,
 // emitListTopk's lists). elements-per-lane: the run (P); loop-trips=8: every round in the loop. outer-trips:
 // the refills a warp makes (test/GPU/unit/test_route_lanes_model.py, Gaussian logits: DeepSeek-V3 with sigmoid +
@@ -180,7 +180,7 @@ func.func @similarity_inform(%u: tensor<1x16384x64xf32>, %e: tensor<1x16384x16xf
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xf32>, tensor<1x16384x16xf32> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
-// The f32 operands of the same shape on tensor cores by 3xTF32 (flash-mma-tf32, off until a lease decides):
+// The f32 operands of the same shape on tensor cores by 3xTF32 (flash-mma-tf32, off by default):
 // 4 warps of 16 rows, 64-key tiles (32 scores a thread a tile), three HMMA.1688 a product.
 // sass-budget: kernel=similarity_inform_tf32 scores-per-tile=32 options=flash-mma-tf32=true
 func.func @similarity_inform_f32_tf32(%u: tensor<1x16384x64xf32>, %e: tensor<1x16384x16xf32>) -> tensor<1x16384x16xf32> {
@@ -208,7 +208,7 @@ func.func @similarity_inform_bf16_rows128_lazy3(%u: tensor<1x16384x64xbf16>, %e:
   return %p : tensor<1x16384x16xf32>
 }
 // flash-mma-wgmma on sm_90a (the 128-row kernel without split keys, Q.K^T on warpgroup MMA from the swizzled
-// query and key tiles, no lazy rescale): off until a GPU run decides.
+// query and key tiles, no lazy rescale): off by default.
 // sass-budget: kernel=similarity_inform_mma scores-per-tile=64 chips=sm_90a options=flash-mma-key-splits=1,flash-mma-wgmma=true
 func.func @similarity_inform_bf16_rows128_wgmma(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
