@@ -129,10 +129,15 @@ def interleaved(fns: dict[str, Callable[[], object]], budget_s: float, max_round
     return out
 
 
+#: The torch op of a case's dialect op where their names differ (a case's ``op`` is the dialect's name).
+TORCH_OP = {"similarity_inform_grad": "similarity_inform_backward"}
+
+
 def ours_call(case: C.Case) -> Callable[..., object]:
-    """torch.ops.moe.<op> with the case's attributes, as a user would call it."""
+    """torch.ops.moe.<op> with the case's attributes, as a user would call it (``TORCH_OP`` maps the dialect op's
+    name to the torch op's where they differ); KeyError for an op this bench does not call."""
     p = case.params
-    op = getattr(torch.ops.moe, case.op)
+    op = getattr(torch.ops.moe, TORCH_OP.get(case.op, case.op))
     if case.op == "topk_renorm":
         return lambda s: op(s, p["k"], p["mode"], p["renormalize"])
     if case.op == "similarity_inform":
@@ -147,6 +152,9 @@ def ours_call(case: C.Case) -> Callable[..., object]:
         return lambda a, idx: op(a, idx, p["beta"], p["norm"], p["include_self"])
     if case.op == "hyper_router":
         return lambda emb, w1, b1, w2, b2: op(emb, w1, b1, w2, b2, p["E"])
+    if case.op == "similarity_inform_grad":
+        # The case's inputs are (u, e, grad_p) and its eager baseline returns [du, de]; without ws, dws is empty.
+        return lambda u, e, dp: op(dp, u, e, None, None, p["tau"], p["causal"])[:2]
     raise KeyError(case.op)
 
 
