@@ -10,22 +10,26 @@ that only chooses (DeepSeek-V3's auxiliary-loss-free balancing), top-k, renormal
 in it mentions moe_mlir: torch.compile(backend="moe") raises its routing to one moe.route whose score region is
 the PyTorch expression (frontend/raising.py), the CPU kernel inlines the region and the backward kernel
 (moe.route_grad) differentiates it symbolically.
+
+Public API only: ``import moe_mlir`` (it registers the backend and ``torch.ops.moe.*``), ``torch.compile(...,
+backend="moe")``, ``moe_mlir.find_moe_opt`` / ``moe_mlir.run_moe_opt``, the ``MOE_KERNEL_RECORD`` variable (the
+kernel keys a process builds, one a line) and ``moe-opt --kernel-key`` (the module of a kernel key).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import statistics
 import subprocess
 import tempfile
+import time
+from typing import Callable
 
 import torch
 
 import moe_mlir
-from moe_mlir.backends.dynamo import capture_graphs
-from moe_mlir.demo import interleaved_runs
-from moe_mlir.runtime import cache, locate
 
 
 class ClampedMixRouter(torch.nn.Module):
@@ -48,10 +52,26 @@ class ClampedMixRouter(torch.nn.Module):
         return w / w.sum(-1, keepdim=True) * 1.7, idx
 
 
-def _timed(fns: dict, rounds: int) -> dict[str, tuple[float, float]]:
-    """(fastest, median) ms of each function over ``rounds`` interleaved rounds after a warm-up call. The fastest
-    is the figure to read on a shared machine (a round that waited for a core counts in the median only)."""
-    return {name: (min(t), statistics.median(t)) for name, t in interleaved_runs(fns, rounds).items()}
+def _timed(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, tuple[float, float]]:
+    """(fastest, median) ms of each function over ``rounds`` interleaved rounds (one call of each per round) after a
+    warm-up call. The fastest is the figure to read on a shared machine (a round that waited for a core counts in
+    the median only)."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: (min(t), statistics.median(t)) for name, t in times.items()}
+
+
+def _ops_run(fn: Callable[[], object]) -> collections.Counter:
+    """The torch ops one call of ``fn`` runs (torch.profiler's CPU events named ``namespace::op``), with counts."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return collections.Counter(e.name for e in prof.events() if e.name.startswith(("moe::", "aten::")))
 
 
 def _same(a, b) -> float:
@@ -80,8 +100,7 @@ def main(argv: list[str] | None = None) -> str:
     # 1. Compile and check against eager, forward and backward.
     route_moe = torch.compile(router.route, backend="moe")
     z = torch.randn(4096, E)
-    with capture_graphs() as log:
-        got = route_moe(z)
+    got = route_moe(z)
     diff = _same(got, router.route(z))
     assert diff <= 1e-6, diff
     print(f"\n## 1. Same answer as eager\nmax weight difference at T = 4096: {diff:.1e}")
@@ -94,20 +113,23 @@ def main(argv: list[str] | None = None) -> str:
     torch.testing.assert_close(zz.grad, ze.grad, atol=1e-5, rtol=1e-4)
     print(f"gradient of the logits: max difference {float((zz.grad - ze.grad).abs().max()):.1e}")
 
-    # 2. What raising made of the graph.
-    print("\n## 2. The graph inductor receives (raised)\n```python")
-    for g in log:
-        print(g.graph_module.code.strip())
-    print("```")
+    # 2. What the compiled call runs: raising made the routing one torch.ops.moe.route.
+    ops = _ops_run(lambda: route_moe(z))
+    print("\n## 2. The ops one compiled call runs (torch.profiler)")
+    for name, n in sorted(ops.items()):
+        print(f"{name} x{n}")
+    assert ops["moe::route"] >= 1, ops
 
-    # 3. The kernel's MLIR and what the CPU lowering makes of the score.
+    # 3. The kernel's MLIR (moe-opt --kernel-key builds the module the kernel cache compiles for a recorded key) and
+    # what the CPU lowering makes of the score.
     keys = [line for line in open(record).read().splitlines() if line.startswith("route|")]
-    module = cache.kernel_module(cache.parse_key(keys[0]))
-    print("\n## 3. The op (the kernel cache's module for that call)\n```mlir")
+    moe_opt = moe_mlir.find_moe_opt()
+    module = subprocess.run([moe_opt, f"--kernel-key={keys[0]}"], input="", text=True, capture_output=True,
+                            check=True).stdout
+    print("\n## 3. The op (the kernel's module for that call)\n```mlir")
     print(module.strip())
     print("```")
-    lowered = subprocess.run([locate.find_moe_opt(), "--convert-moe-to-cpu"], input=module, text=True,
-                             capture_output=True, check=True).stdout
+    lowered = moe_mlir.run_moe_opt(module, ["--convert-moe-to-cpu"], moe_opt=moe_opt)
     math_ops = sorted({line.split("=")[1].split()[0] for line in lowered.splitlines()
                        if "= math." in line or "= arith.maximumf" in line})
     print(f"\nconvert-moe-to-cpu: {len(lowered.splitlines())} lines; the score's math inlined in the kernel: "
