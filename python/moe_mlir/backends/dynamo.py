@@ -74,6 +74,8 @@ class CompiledGraph:
     counts: dict[str, int] = field(default_factory=dict)
     #: Why raising was skipped (None when it ran).
     fallback: Optional[str] = None
+    #: One line for each top-k left unraised, saying why (also on the ``moe_mlir.raising`` logger).
+    misses: list[str] = field(default_factory=list)
 
     @property
     def raised(self) -> int:
@@ -177,10 +179,11 @@ def _raise(gm: fx.GraphModule, example_inputs: list[Any]) -> CompiledGraph:
     if hit is not None:  # a warm compile: raising's result without the trace (module doc of raised_cache)
         raised, counts = hit
         return CompiledGraph(raised if raised is not None else gm, counts)
+    misses: list[str] = []
     try:
         with _gc_paused():
             aten_gm = to_aten_graph(gm, example_inputs)
-            counts = raise_routing_idioms(aten_gm)
+            counts = raise_routing_idioms(aten_gm, misses)
     except Exception as e:  # noqa: BLE001 - any failure here must leave inductor's path intact
         warnings.warn(f"moe backend: raising skipped for this graph ({type(e).__name__}: {e}); compiling it "
                       "without raising", MoERaisingWarning, stacklevel=3)
@@ -188,12 +191,12 @@ def _raise(gm: fx.GraphModule, example_inputs: list[Any]) -> CompiledGraph:
     if not any(counts.values()):
         if key:
             raised_cache.store(key, None, counts)
-        return CompiledGraph(gm, counts)
+        return CompiledGraph(gm, counts, misses=misses)
     if key and (trip := raised_cache.round_trip(aten_gm, fakes)) is not None:
         # Compile the rebuilt graph, as a warm run will: the same code, so inductor's caches serve that run.
         aten_gm, entry = trip
         raised_cache.store(key, entry, counts)
-    return CompiledGraph(aten_gm, counts)
+    return CompiledGraph(aten_gm, counts, misses=misses)
 
 
 def _dynamo_restart() -> tuple[type[BaseException], ...]:

@@ -60,6 +60,7 @@ from .. import ops as _ops  # noqa: F401
 from .fx_match import FLOATS, VIEWS, is_call, new_node, tensor_val, through_views
 from .hf_rewrites import raise_hf_grouped_mm, unroll_gathered_sum
 from .raising_losses import raise_load_balancing_loss, raise_router_z_loss
+from .routing_region import raise_by_meaning, report_misses
 
 aten = torch.ops.aten
 moe = torch.ops.moe
@@ -734,8 +735,9 @@ def _rewrite_each(graph: fx.Graph, rewrite: Callable[[fx.Graph, fx.Node], bool])
     return sum(1 for node in list(graph.nodes) if rewrite(graph, node))
 
 
-def raise_routing_idioms(gm: fx.GraphModule) -> dict[str, int]:
-    """Rewrites the idioms in place; returns how many of each were raised."""
+def raise_routing_idioms(gm: fx.GraphModule, misses: Optional[list[str]] = None) -> dict[str, int]:
+    """Rewrites the idioms in place; returns how many of each were raised. ``misses`` receives one line for each
+    top-k left in the graph, saying why it was not raised (also logged: :mod:`.routing_region`)."""
     graph = gm.graph
     # The losses first: their softmax -> top-k chains must not be taken for routers.
     counts = {"load_balancing_loss": _rewrite_each(graph, raise_load_balancing_loss),
@@ -743,14 +745,20 @@ def raise_routing_idioms(gm: fx.GraphModule) -> dict[str, int]:
     graph.eliminate_dead_code()
     counts["similarity_inform"] = _rewrite_each(graph, _raise_similarity)
     graph.eliminate_dead_code()
-    counts["route"] = (_rewrite_each(graph, _raise_scored_topk) + _rewrite_each(graph, _raise_topk_sigmoid_dense)
-                       + _rewrite_each(graph, _raise_topk_then_sigmoid))
+    by_meaning, why = raise_by_meaning(gm)
     graph.eliminate_dead_code()
-    counts["topk_renorm"] = _rewrite_each(graph, _raise_topk)
+    counts["route"] = by_meaning["route"] + (
+        _rewrite_each(graph, _raise_scored_topk) + _rewrite_each(graph, _raise_topk_sigmoid_dense)
+        + _rewrite_each(graph, _raise_topk_then_sigmoid))
+    graph.eliminate_dead_code()
+    counts["topk_renorm"] = by_meaning["topk_renorm"] + _rewrite_each(graph, _raise_topk)
     graph.eliminate_dead_code()
     counts["experts_gemm"] = _rewrite_each(graph, raise_hf_grouped_mm)
     if counts["experts_gemm"]:  # the experts' combine, where their GEMMs were raised (not an idiom of its own)
         _rewrite_each(graph, unroll_gathered_sum)
+    lines = report_misses(graph, why)
+    if misses is not None:
+        misses.extend(lines)
     graph.lint()
     gm.recompile()
     return counts
