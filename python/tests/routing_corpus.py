@@ -399,9 +399,10 @@ def _programs() -> list[Program]:
         P("dsv2/hf", dsv2_hf, 64, 6, "route"),
         P("dsv2/engine", dsv2_engine, 64, 6, "route"),
         P("dsv2/train", dsv2_train, 64, 6, "route"),
-        P("grouped_softmax/hf", grouped_softmax_hf, 16, 2, "route"),
-        P("grouped_softmax/engine", grouped_softmax_engine, 16, 2, "route"),
-        P("grouped_softmax/train_one_hot", grouped_softmax_train, 16, 2, "route"),
+        # keeping the 2 groups of the highest max always keeps the top-2 experts: the plain top-2 is the same router
+        P("grouped_softmax/hf", grouped_softmax_hf, 16, 2, "topk_renorm"),
+        P("grouped_softmax/engine", grouped_softmax_engine, 16, 2, "topk_renorm"),
+        P("grouped_softmax/train_one_hot", grouped_softmax_train, 16, 2, "topk_renorm"),
         P("sqrtsoftplus/hf", sqrtsoftplus_hf, 32, 6, "route", True),
         P("sqrtsoftplus/engine", sqrtsoftplus_engine, 32, 6, "route", True),
         P("sqrtsoftplus/train_expanded", sqrtsoftplus_train, 32, 6, "route", True),
