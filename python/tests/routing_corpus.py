@@ -372,6 +372,164 @@ def top1_sigmoid_train(x, b, k=1):
     return torch.gather(x, -1, i).sigmoid(), i
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# More routers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+# Kimi-K2 / DeepSeek-V3 with one group: the group mask code runs, and keeps every expert
+def kimi_one_group_hf(x, b):
+    return dsv3_hf(x, b, G=1, keep=1, k=8, scale=2.827)
+
+
+def kimi_one_group_engine(x, b):
+    return dsv3_engine(x, b, G=1, keep=1, k=8, scale=2.827)
+
+
+def kimi_one_group_train(x, b):
+    return dsv3_train(x, b, G=1, keep=1, k=8, scale=2.827)
+
+
+# Softmax scores with a load-balancing bias in the choice only
+def softmax_bias_hf(x, b, k=4):
+    s = F.softmax(x, dim=-1, dtype=torch.float32)
+    idx = torch.topk(s + b.unsqueeze(0), k, dim=-1, sorted=False)[1]
+    w = s.gather(1, idx)
+    return w / w.sum(-1, keepdim=True), idx
+
+
+def softmax_bias_engine(x, b, k=4):
+    scores = torch.softmax(x.float(), dim=-1)
+    _, ids = (scores + b).topk(k, dim=-1, sorted=False)
+    w = torch.gather(scores, 1, ids)
+    w /= w.sum(dim=-1, keepdim=True)
+    return w, ids.to(torch.int32)
+
+
+def softmax_bias_train(x, b, k=4):
+    s = x.log_softmax(-1).exp()
+    ids = torch.argsort(s + b, -1, descending=True)[:, :k]
+    w = s.take_along_dim(ids, -1)
+    return w / (w.sum(-1, keepdim=True) + 1e-20), ids
+
+
+# Sigmoid + bias, groups by their max (DeepSeek-V3's group rule swapped for V2's)
+def sig_group_max_hf(x, b, G=4, keep=2, k=4, scale=1.0):
+    s = x.sigmoid()
+    choice = s + b.unsqueeze(0)
+    n = x.shape[0]
+    gs = choice.view(n, G, -1).max(dim=-1).values
+    gi = torch.topk(gs, k=keep, dim=-1, sorted=False)[1]
+    gm = torch.zeros_like(gs)
+    gm.scatter_(1, gi, 1)
+    sm = gm.unsqueeze(-1).expand(n, G, x.shape[-1] // G).reshape(n, -1)
+    idx = torch.topk(choice.masked_fill(~sm.bool(), NEG), k=k, dim=-1, sorted=False)[1]
+    w = s.gather(1, idx)
+    return w / w.sum(-1, keepdim=True), idx
+
+
+def sig_group_max_engine(x, b, G=4, keep=2, k=4):
+    scores = torch.sigmoid(x.float())
+    choice = scores + b
+    kept = _keep_groups_scatter(choice, G, keep, "max")
+    ids = choice.masked_fill(~kept, NEG).topk(k, sorted=False).indices
+    w = scores.gather(1, ids)
+    return w / w.sum(-1, keepdim=True), ids.to(torch.int32)
+
+
+def sig_group_max_train(x, b, G=4, keep=2, k=4):
+    scores = x.sigmoid()
+    choice = scores + b
+    kept = _keep_groups_index(choice, G, keep, "max")
+    ids = torch.where(kept, choice, NEG).topk(k).indices
+    w = scores.take_along_dim(ids, -1)
+    return w / w.sum(-1, keepdim=True), ids
+
+
+# Sigmoid + bias, scaled, not renormalised (DeepSeek-V3 with norm_topk_prob=False)
+def sig_bias_noren_hf(x, b, k=6, scale=2.5):
+    s = x.sigmoid()
+    idx = torch.topk(s + b.unsqueeze(0), k=k, dim=-1, sorted=False)[1]
+    return s.gather(1, idx) * scale, idx
+
+
+def sig_bias_noren_engine(x, b, k=6, scale=2.5):
+    scores = torch.sigmoid(x.float())
+    _, ids = torch.topk(scores + b, k=k, dim=-1, sorted=False)
+    return torch.gather(scores, 1, ids).mul(scale), ids.to(torch.int32)
+
+
+def sig_bias_noren_train(x, b, k=6, scale=2.5):
+    scores = x.sigmoid()
+    ids = (scores + b).topk(k).indices
+    return scale * scores.take_along_dim(ids, -1), ids
+
+
+# Every expert chosen (k = E): the weights are the whole softmax, in descending order
+def all_experts_hf(x, b, k=8):
+    p = F.softmax(x, dim=1, dtype=torch.float)
+    w, i = torch.topk(p, k, dim=-1)
+    return w / w.sum(-1, keepdim=True), i
+
+
+def all_experts_engine(x, b, k=8):
+    w, i = torch.softmax(x, -1).sort(dim=-1, descending=True)
+    return w[:, :k], i[:, :k].to(torch.int32)
+
+
+def all_experts_train(x, b, k=8):
+    v, i = x.topk(k)
+    return v.softmax(-1), i
+
+
+# Top-1 (Switch): the chosen expert's softmax probability
+def switch_hf(x, b):
+    probs = torch.softmax(x, dim=-1, dtype=torch.float32)
+    w, i = torch.max(probs, dim=-1, keepdim=True)
+    return w, i
+
+
+def switch_engine(x, b):
+    w, i = torch.topk(torch.softmax(x.float(), dim=-1), 1, dim=-1)
+    return w, i.to(torch.int32)
+
+
+def switch_train(x, b):
+    i = torch.argmax(x, dim=-1, keepdim=True)
+    return torch.gather(F.softmax(x, -1), -1, i), i
+
+
+# Sigmoid + bias, groups by the top-2 sum, 4 of 8 groups... smaller (GLM-4.5's shape without scaling)
+def glm_hf(x, b):
+    return dsv3_hf(x, b, G=4, keep=2, k=4, scale=1.0)
+
+
+def glm_engine(x, b):
+    return dsv3_engine(x, b, G=4, keep=2, k=4, scale=1.0)
+
+
+def glm_train(x, b):
+    return dsv3_index(x, b, G=4, keep=2, k=4, scale=1.0)
+
+
+# Softmax, top-k, renormalised with a clamped denominator
+def renorm_clamped_hf(x, b, k=4):
+    w, i = torch.topk(F.softmax(x, dim=-1, dtype=torch.float32), k, dim=-1)
+    return w / w.sum(dim=-1, keepdim=True).clamp(min=1e-20), i
+
+
+def renorm_clamped_engine(x, b, k=4):
+    w, i = torch.softmax(x, -1).topk(k, sorted=False)
+    return w / torch.clamp_min(w.sum(-1, keepdim=True), 1e-12), i.to(torch.int32)
+
+
+def renorm_clamped_train(x, b, k=4):
+    p = x.softmax(-1)
+    i = p.topk(k).indices
+    w = p.gather(-1, i)
+    return w / w.sum(-1, keepdim=True).clamp_min(1e-20), i
+
+
 def _programs() -> list[Program]:
     P = Program
     return [
@@ -412,6 +570,30 @@ def _programs() -> list[Program]:
         P("top1_sigmoid/hf", top1_sigmoid_hf, 16, 1, "route"),
         P("top1_sigmoid/engine_max", top1_sigmoid_engine, 16, 1, "route"),
         P("top1_sigmoid/train", top1_sigmoid_train, 16, 1, "route"),
+        P("kimi_one_group/hf", kimi_one_group_hf, 32, 8, "route", True),
+        P("kimi_one_group/engine", kimi_one_group_engine, 32, 8, "route", True),
+        P("kimi_one_group/train_one_hot", kimi_one_group_train, 32, 8, "route", True),
+        P("softmax_bias/hf", softmax_bias_hf, 24, 4, "route", True),
+        P("softmax_bias/engine", softmax_bias_engine, 24, 4, "route", True),
+        P("softmax_bias/train_argsort", softmax_bias_train, 24, 4, "route", True),
+        P("sig_group_max/hf", sig_group_max_hf, 32, 4, "route", True),
+        P("sig_group_max/engine", sig_group_max_engine, 32, 4, "route", True),
+        P("sig_group_max/train", sig_group_max_train, 32, 4, "route", True),
+        P("sig_bias_noren/hf", sig_bias_noren_hf, 40, 6, "route", True),
+        P("sig_bias_noren/engine", sig_bias_noren_engine, 40, 6, "route", True),
+        P("sig_bias_noren/train", sig_bias_noren_train, 40, 6, "route", True),
+        P("all_experts/hf", all_experts_hf, 8, 8, "topk_renorm"),
+        P("all_experts/engine_sort", all_experts_engine, 8, 8, "topk_renorm"),
+        P("all_experts/train", all_experts_train, 8, 8, "topk_renorm"),
+        P("switch/hf_max", switch_hf, 16, 1, "topk_renorm"),
+        P("switch/engine", switch_engine, 16, 1, "topk_renorm"),
+        P("switch/train_argmax", switch_train, 16, 1, "topk_renorm"),
+        P("glm/hf", glm_hf, 32, 4, "route", True),
+        P("glm/engine", glm_engine, 32, 4, "route", True),
+        P("glm/train_add_inf", glm_train, 32, 4, "route", True),
+        P("renorm_clamped/hf", renorm_clamped_hf, 20, 4, "topk_renorm"),
+        P("renorm_clamped/engine", renorm_clamped_engine, 20, 4, "topk_renorm"),
+        P("renorm_clamped/train", renorm_clamped_train, 20, 4, "topk_renorm"),
     ]
 
 

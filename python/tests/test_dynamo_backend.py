@@ -113,7 +113,7 @@ def test_moe_mlir_compile_default_is_the_dynamic_path():
 def test_raising_failure_falls_back_with_a_warning(monkeypatch):
     torch._dynamo.reset()
 
-    def boom(gm):
+    def boom(gm, misses=None):
         raise RuntimeError("matcher bug")
 
     monkeypatch.setattr(dynamo, "raise_routing_idioms", boom)

@@ -22,7 +22,8 @@ What is tested:
   (the input and every parameter), at T = 1, 7, 33, through each experts implementation the backend can meet:
   HF's eager loop (the default of a standalone block), transformers' ``grouped_mm`` (raised to
   ``moe_mlir::grouped_mm_ends``, the extension's kernel) and ``"moe"`` (``dispatch_experts`` ->
-  ``moe_mlir::expert_mlp``, the extension's kernel, and its Python loop). No path computes an expert without rows or multiplies an unselected expert's output by a zero weight.
+  ``moe_mlir::expert_mlp``, the extension's kernel, and its Python loop). No path computes an expert without rows
+  or multiplies an unselected expert's output by a zero weight.
   One difference, in the router's gradient only: where a token's selected expert gives a non-finite output, eager's
   chain (softmax over all E, top-k, renormalisation) spreads the NaN to all E logits of that token (the softmax
   backward ``p_i (g_i - sum_j p_j g_j)`` sums the NaN into every logit, ``p_i = 0`` included), hence to every row

@@ -456,6 +456,8 @@ def _inputs(shape: list[int], E: int, dtype: torch.dtype, device, biased: bool):
     cases = [("random", rnd(*shape, scale=2.0), bias(), True),
              ("small", rnd(*shape, scale=0.05), bias(), True),
              ("large", rnd(*shape, scale=6.0), bias(), False)]  # a saturated sigmoid ties
+    if biased:  # every choice score negative: an exclusion by a 0.0 fill is no longer the op's exclusion
+        cases.append(("negative bias", rnd(*shape, scale=2.0), -(rnd(E).abs().float() + 1.5), True))
     # Ties between neighbouring experts (2j, 2j + 1), in one group wherever groups have an even size: any of the
     # two is a valid choice and gives the same weight, and the group scores stay distinct.
     ties, tied_bias = rnd(*shape, scale=2.0), bias()
@@ -682,6 +684,17 @@ def sorts_as_topk(graph: fx.Graph) -> int:
             tk = new_node(graph, aten.topk.default, (n.args[0], 1), like=n)
             for j, u in parts.items():
                 u.replace_all_uses_with(new_node(graph, operator.getitem, (tk, j), like=n))
+        done += 1
+    for n in [n for n in graph.nodes if is_call(n, (aten.argmax.default,))]:
+        # ``x.argmax(-1, keepdim=True)``: the top-1's indices
+        xv = tensor_val(n.args[0])
+        dim = _arg(n, 1, "dim", None)
+        if xv is None or xv.dim() < 1 or not isinstance(dim, int) or dim % xv.dim() != xv.dim() - 1 \
+                or not _arg(n, 2, "keepdim", False) or xv.dtype not in FLOATS:
+            continue
+        with graph.inserting_before(n):
+            tk = new_node(graph, aten.topk.default, (n.args[0], 1), like=n)
+            n.replace_all_uses_with(new_node(graph, operator.getitem, (tk, 1), like=n))
         done += 1
     for n in [n for n in graph.nodes if is_call(n, _SORTS)]:
         x, xv = n.args[0], tensor_val(n.args[0])
