@@ -709,28 +709,19 @@ def sorts_as_topk(graph: fx.Graph) -> int:
         outs = [n] if argsort else list(n.users)
         if not argsort and not all(u.target is operator.getitem for u in outs):
             continue
-        slices = {}
-        for o in outs:
-            for u in o.users:
-                found = _leading_slice(u, xv.dim() - 1)
-                if found is None:
-                    break
-                slices[u] = (o, found)
-            else:
-                continue
-            break
-        else:
-            ks = {found[1] for _, found in slices.values()}
-            if len(ks) != 1 or not slices:
-                continue
-            k = ks.pop()
-            with graph.inserting_before(n):
-                tk = new_node(graph, aten.topk.default, (x, k), like=n)
-                part = {0: new_node(graph, operator.getitem, (tk, 0), like=n),
-                        1: new_node(graph, operator.getitem, (tk, 1), like=n)}
-            for first, (o, (last_slice, _)) in slices.items():
-                last_slice.replace_all_uses_with(part[1] if argsort else part[o.args[1]])
-            done += 1
+        # each reader takes the first k (a slice), or all E: the whole sort is the top-E
+        E = xv.shape[-1]
+        slices = {u: (o, _leading_slice(u, xv.dim() - 1) or (o, E)) for o in outs for u in o.users}
+        ks = {found[1] for _, found in slices.values()}
+        if len(ks) != 1 or not slices or not isinstance(E, int):
+            continue
+        with graph.inserting_before(n):
+            tk = new_node(graph, aten.topk.default, (x, ks.pop()), like=n)
+            part = {0: new_node(graph, operator.getitem, (tk, 0), like=n),
+                    1: new_node(graph, operator.getitem, (tk, 1), like=n)}
+        for o, (read, _) in slices.values():
+            read.replace_all_uses_with(part[1] if argsort else part[o.args[1]])
+        done += 1
     if done:
         graph.eliminate_dead_code()
     return done
