@@ -30,14 +30,26 @@ def _graph_ops(log):
     return [[str(n.target) for n in g.graph_module.graph.nodes if n.op == "call_function"] for g in log]
 
 
-@pytest.mark.parametrize("p", CORPUS, ids=[p.name for p in CORPUS])
-def test_program_is_raised_at_every_token_count(p: Program):
+#: One program of each router (its first spelling) under the other ways of asking for dynamic shapes.
+FIRSTS = [p for j, p in enumerate(CORPUS) if all(q.name.split("/")[0] != p.name.split("/")[0] for q in CORPUS[:j])]
+CASES = [pytest.param(p, "automatic", id=p.name) for p in CORPUS] + [
+    pytest.param(p, mode, id=f"{p.name}-{mode}") for p in FIRSTS for mode in ("dynamic=True", "mark_dynamic")]
+
+
+@pytest.mark.parametrize("p,mode", CASES)
+def test_program_is_raised_at_every_token_count(p: Program, mode: str):
+    """``automatic``: torch.compile's default (static, then symbolic at the second token count); ``dynamic=True``
+    (every size symbolic, the experts' number and k included: raising specializes those); ``mark_dynamic`` on the
+    token dim from the first call."""
     torch._dynamo.reset()
-    compiled = torch.compile(p.fn, backend="moe", options={"dense": "eager"})
+    compiled = torch.compile(p.fn, backend="moe", options={"dense": "eager"},
+                             **({"dynamic": True} if mode == "dynamic=True" else {}))
     with capture_graphs() as log:
         for T in TOKENS:
             x, b = _inputs(p, T, seed=T)
             xr, xe = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+            if mode == "mark_dynamic" and T > 1:
+                torch._dynamo.mark_dynamic(xr, 0)
             w, i = compiled(xr, b)
             w_e, i_e = p.fn(xe, b)
             assert i.dtype == i_e.dtype and w.dtype == w_e.dtype and w.shape == w_e.shape
@@ -48,7 +60,7 @@ def test_program_is_raised_at_every_token_count(p: Program):
             (w * cot).sum().backward()
             (w_e * cot_e).sum().backward()
             torch.testing.assert_close(xr.grad, xe.grad, atol=1e-5, rtol=1e-4)
-    assert len(log) >= 2, "the second token count did not recompile with a symbolic size"
+    assert len(log) >= 2 or mode == "mark_dynamic", "the second token count did not recompile with a symbolic size"
     for ops, g in zip(_graph_ops(log), log):
         assert g.fallback is None, g.fallback
         assert any(f"moe.{p.op}" in o for o in ops), (p.name, g.misses, g.graph_module.code)

@@ -117,6 +117,28 @@ def _same_size(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _static(d: Any) -> Any:
+    """``d`` as an int where it is one (a SymInt specialized, or replaced by a number), else as it is."""
+    if isinstance(d, torch.SymInt):
+        v = d.node.maybe_as_int()
+        return int(v) if v is not None else d
+    return d
+
+
+def _experts(d: Any) -> int:
+    """The number of experts (or a top-k's k), an int: a symbolic one (``torch.compile(dynamic=True)`` marks the logits' last dim
+    too) is specialized to the value it was traced with, a guard Dynamo installs with the graph (the kernels are
+    built per E anyway; another E recompiles)."""
+    d = _static(d)
+    if isinstance(d, torch.SymInt):
+        from torch.fx.experimental.symbolic_shapes import guard_int
+
+        if not d.node.has_hint():
+            raise Miss("the number of experts is data-dependent")
+        d = guard_int(d)
+    return int(d)
+
+
 def _same_shape(a: Any, b: Any) -> bool:
     return len(a) == len(b) and all(_same_size(x, y) for x, y in zip(a, b))
 
@@ -127,6 +149,11 @@ def _topk_parts(n: fx.Node) -> Optional[tuple[fx.Node, int, bool]]:
         return None
     args = list(n.args) + [None] * (6 - len(n.args))
     x, k = args[0], args[1]
+    if isinstance(k, fx.Node) and isinstance(k.meta.get("val"), torch.SymInt):
+        try:
+            k = _experts(k.meta["val"])  # dynamic=True makes a constant k an input too: specialized alike
+        except Miss:
+            return None
     dim = args[2] if args[2] is not None else n.kwargs.get("dim", -1)
     largest = args[3] if args[3] is not None else n.kwargs.get("largest", True)
     srt = args[4] if args[4] is not None else n.kwargs.get("sorted", True)
@@ -148,6 +175,8 @@ class Region:
 
     topk: fx.Node
     k: int
+    #: The number of experts (specialized where it was symbolic: ``dynamic=True`` marks every size).
+    E: int
     logits: fx.Node
     #: The ``[E]`` float vector leaf, if any (a correction bias).
     bias: Optional[fx.Node]
@@ -233,9 +262,7 @@ def find_region(tk: fx.Node, gm: Optional[fx.GraphModule] = None) -> Region:
     if parts is None:
         raise Miss("not a last-dim largest top-k with a constant k")
     x, k, ordered = parts
-    E = tensor_val(x).shape[-1]
-    if not isinstance(E, int):
-        raise Miss("the number of experts is symbolic")
+    E = _experts(tensor_val(x).shape[-1])
     _, leaves, _ = _backward([x], set())
     rows = [n for n in leaves if (v := tensor_val(n)) is not None and v.dim() >= 2 and _same_size(v.shape[-1], E)
             and v.dtype in FLOATS and n.op != "get_attr"]
@@ -298,10 +325,28 @@ def find_region(tk: fx.Node, gm: Optional[fx.GraphModule] = None) -> Region:
     for n in inside:
         if _mutates(n) and n.args[0] in leaves | meta_leaves | {logits}:
             raise Miss(f"the region writes its input {n.args[0].name} in place")
+    _specialize_sizes(inside, size_leaves, lead)
     position = {n: i for i, n in enumerate(tk.graph.nodes)}
     nodes = sorted(inside, key=position.__getitem__)
-    return Region(tk, k, logits, bias, sorted(meta_leaves, key=position.__getitem__), size_leaves, constants,
+    return Region(tk, k, E, logits, bias, sorted(meta_leaves, key=position.__getitem__), size_leaves, constants,
                   nodes, index_outputs, weights[0] if weights else None, ordered, _hints(nodes, E, lead, k))
+
+
+def _specialize_sizes(nodes, size_leaves: list[fx.Node], lead: tuple) -> None:
+    """Specializes the region's symbolic sizes that are not the tokens' (``torch.compile(dynamic=True)`` makes the
+    number of groups, the groups kept... inputs too): the region's meaning depends on them, the op takes them as
+    constants, and Dynamo installs the guards with the graph."""
+    from torch.fx.experimental.symbolic_shapes import guard_int
+
+    tokens = set().union(*[d.node.expr.free_symbols for d in lead if isinstance(d, torch.SymInt)])
+    vals = [n.meta.get("val") for n in size_leaves]
+    for n in nodes:
+        vals += [a.meta.get("val") for a in n.all_input_nodes if a.meta.get("val") is not None]
+        vals.append(n.meta.get("val"))
+    for v in vals:
+        for d in (v.shape if isinstance(v, torch.Tensor) else [v]):
+            if isinstance(d, torch.SymInt) and not d.node.expr.free_symbols <= tokens and d.node.has_hint():
+                guard_int(d)
 
 
 def _hints(nodes: list[fx.Node], E: int, lead: tuple, k: int) -> dict[str, Any]:
@@ -309,12 +354,13 @@ def _hints(nodes: list[fx.Node], E: int, lead: tuple, k: int) -> dict[str, Any]:
     groups, kept, scales = set(), set(), {1.0}
     for n in nodes:
         v = tensor_val(n)
-        if v is not None and v.dim() == len(lead) + 2 and all(isinstance(d, int) for d in v.shape[-2:]) \
-                and v.shape[-2] * v.shape[-1] == E and 1 < v.shape[-2] < E:
-            groups.add(int(v.shape[-2]))
+        last2 = [_static(d) for d in v.shape[-2:]] if v is not None and v.dim() == len(lead) + 2 else []
+        if all(isinstance(d, int) for d in last2) and last2 and last2[0] * last2[1] == E and 1 < last2[0] < E:
+            groups.add(last2[0])
         parts = _topk_parts(n)
-        if parts is not None and isinstance(tensor_val(parts[0]).shape[-1], int) and tensor_val(parts[0]).shape[-1] < E:
-            kept.add((int(tensor_val(parts[0]).shape[-1]), parts[1]))
+        width = _static(tensor_val(parts[0]).shape[-1]) if parts is not None else None
+        if isinstance(width, int) and width < E:
+            kept.add((width, parts[1]))
         if _packet(n) in (aten.mul, aten.div) and len(n.args) > 1:
             c = n.args[1]
             if isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c > 0:
@@ -382,7 +428,7 @@ def candidates(region: Region) -> Iterator[Candidate]:
     groups = [(g, t, gs) for g, t in h["groups"] for gs in ("top2_sum", "max")] + [(1, 1, "top2_sum")]
     for (g, t, gs), scoring, order, renorm, scale in itertools.product(
             groups, scorings, ("score_then_topk", "topk_then_score"), (True, False), h["scales"]):
-        if order == "topk_then_score" and g > 1 or region.k > t * (tensor_val(region.logits).shape[-1] // g):
+        if order == "topk_then_score" and g > 1 or region.k > t * (region.E // g):
             continue
         if not biased and g == 1 and scoring == "softmax" and scale == 1.0:
             continue  # topk_renorm above
@@ -396,7 +442,7 @@ class _Replay:
         self.region = region
         lv = tensor_val(region.logits)
         self.symbols: dict[Any, int] = {}
-        for i, d in enumerate(lv.shape):
+        for d in map(_static, lv.shape):
             if isinstance(d, torch.SymInt):
                 expr = d.node.expr
                 for s in sorted(expr.free_symbols, key=str):
@@ -482,8 +528,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
 
 def _same_routing(region: Region, env: dict, w_ref: torch.Tensor, i_ref: torch.Tensor, strict: bool) -> bool:
     """The candidate's results against the region's, on the rows where the region's weights are finite."""
-    E = tensor_val(region.logits).shape[-1]
-    k = region.k
+    E, k = region.E, region.k
     idxs = [env[n].reshape(-1, k).long() for n in region.index_outputs]
     w = env[region.weights_output].reshape(-1, k) if region.weights_output is not None else None
     i_ref = i_ref.reshape(-1, k).long()
@@ -518,7 +563,7 @@ def _grad_matches(region: Region, replay: _Replay, cand: Candidate, x: torch.Ten
     """The weights' gradient with respect to the logits, the region's against the candidate's (the cotangent
     given to each expert, not to each slot: the slots' order is free where the region does not sort)."""
     wo = region.weights_output
-    E, k = x.shape[-1], region.k
+    E, k = region.E, region.k
     xr = x.detach().clone().requires_grad_(True)
     cot = torch.randn(x.reshape(-1, E).shape, generator=torch.Generator().manual_seed(7)).to(x.device)
     with torch.enable_grad():
@@ -536,7 +581,7 @@ def check(region: Region) -> Candidate:
     """The first candidate equal to the region on every test input (forward and the weights' gradient)."""
     replay = _Replay(region)
     lv = tensor_val(region.logits)
-    E = lv.shape[-1]
+    E = region.E
     shape = replay.shape(region.logits)
     device = lv.device if lv.device.type != "meta" else torch.device("cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -603,7 +648,7 @@ def _emit(graph: fx.Graph, region: Region, cand: Candidate) -> None:
         if lv.dim() > 2:
             lead = [d if isinstance(d, int) else new_node(graph, aten.sym_size.int, (logits, j), like=anchor)
                     for j, d in enumerate(lv.shape[:-1])]
-            x = new_node(graph, aten.reshape.default, (x, [-1, lv.shape[-1]]), like=anchor)
+            x = new_node(graph, aten.reshape.default, (x, [-1, region.E]), like=anchor)
         if cand.op == "topk_renorm":
             r = new_node(graph, moe.topk_renorm.default, (x, k, cand.scoring, cand.renormalize), like=anchor)
         else:
@@ -627,21 +672,26 @@ def _emit(graph: fx.Graph, region: Region, cand: Candidate) -> None:
 
 
 def _erase_region(graph: fx.Graph, region: Region) -> None:
-    """Erases the region's nodes no one reads any more, users first; an in-place write goes with the tensor it
-    writes (``eliminate_dead_code`` keeps in-place ops, which would keep the old top-k alive)."""
+    """Erases the region's nodes nothing outside it reads any more, users first. Liveness, not dead code: an
+    in-place write is live exactly when the tensor it writes is (``eliminate_dead_code`` keeps every in-place op,
+    which would keep the old top-k alive)."""
     inside = set(region.nodes)
-    dead: set[fx.Node] = set()
-    for n in reversed(region.nodes):
-        if _mutates(n):
+    writers: dict[fx.Node, list[fx.Node]] = {}
+    for n in region.nodes:
+        if _mutates(n) and n.args[0] in inside:
+            writers.setdefault(n.args[0], []).append(n)
+    live: set[fx.Node] = set()
+    work = [n for n in region.nodes if any(u not in inside for u in n.users)]
+    while work:
+        n = work.pop()
+        if n in live or n not in inside:
             continue
-        writers = [u for u in n.users if _mutates(u) and u.args[0] is n]
-        readers = [u for u in n.users if u not in writers] + [r for w in writers for r in w.users]
-        if all(u in dead for u in readers) and all(w in inside for w in writers):
-            dead.add(n)
-            dead.update(writers)
-    position = {n: i for i, n in enumerate(graph.nodes)}
-    for n in sorted(dead, key=lambda n: -position[n]):
-        graph.erase_node(n)
+        live.add(n)
+        work.extend(n.all_input_nodes)
+        work.extend(writers.get(n, []))
+    for n in reversed(region.nodes):
+        if n not in live:
+            graph.erase_node(n)
 
 
 _SORTS = (aten.sort.default, aten.sort.stable, aten.argsort.default, aten.argsort.stable)
@@ -660,6 +710,11 @@ def _leading_slice(n: fx.Node, last: int) -> Optional[tuple[fx.Node, int]]:
         if start not in full or step != 1:
             return None
         if dim == last:
+            if isinstance(end, fx.Node) and isinstance(end.meta.get("val"), torch.SymInt):
+                try:
+                    end = _experts(end.meta["val"])  # a k made an input by dynamic=True
+                except Miss:
+                    return None
             return (n, end) if isinstance(end, int) and end > 0 else None
         if not (end is None or isinstance(end, int) and end >= 2 ** 62) or len(n.users) != 1:
             return None
@@ -710,7 +765,7 @@ def sorts_as_topk(graph: fx.Graph) -> int:
         if not argsort and not all(u.target is operator.getitem for u in outs):
             continue
         # each reader takes the first k (a slice), or all E: the whole sort is the top-E
-        E = xv.shape[-1]
+        E = _static(xv.shape[-1])
         slices = {u: (o, _leading_slice(u, xv.dim() - 1) or (o, E)) for o in outs for u in o.users}
         ks = {found[1] for _, found in slices.values()}
         if len(ks) != 1 or not slices or not isinstance(E, int):
