@@ -231,9 +231,27 @@ def _keeps_rows(v: torch.Tensor, lead: tuple, k: int) -> bool:
     return rest in ((), (1,)) or (len(rest) == 1 and _same_size(rest[0], k))
 
 
-def _forward_outputs(tk: fx.Node, lead: tuple, k: int, derivable) -> dict[fx.Node, None]:
+#: Where a ``minimal`` region may read the chosen indices: as the index of a gather, or cast / viewed.
+_INDEX_READS = {aten.gather: 2, aten.take_along_dim: 1}
+
+
+def _reads_indices_as_values(u: fx.Node, closure: dict) -> bool:
+    """``u`` reads an integer result of the region other than as a gather's index or through a cast or view
+    (``indices == E``: what the code after the routing does with the choice)."""
+    if _packet(u) in (aten._to_copy, aten.to, aten.view, aten.reshape, aten._unsafe_view):
+        return False
+    for i, a in enumerate(u.args):
+        v = tensor_val(a) if isinstance(a, fx.Node) else None
+        if a in closure and v is not None and v.dtype in _INTS and _INDEX_READS.get(_packet(u)) != i:
+            return True
+    return False
+
+
+def _forward_outputs(tk: fx.Node, lead: tuple, k: int, derivable, minimal: bool = False) -> dict[fx.Node, None]:
     """The routing ops from the top-k's results that keep the ``[lead..., k]`` shape or reduce it to ``[lead...,
-    1]`` / ``[lead...]`` (gathers, renormalisation, scaling, casts), each computable from the region's leaves."""
+    1]`` / ``[lead...]`` (gathers, renormalisation, scaling, casts), each computable from the region's leaves.
+    ``minimal``: only the ops that weigh the choice, not those that read the chosen indices as values (Zaya's
+    skip expert masked after the top-k stays the graph's), each other operand computed without the top-k."""
     closure: dict[fx.Node, None] = {tk: None}
     work = [tk]
     while work:
@@ -251,13 +269,28 @@ def _forward_outputs(tk: fx.Node, lead: tuple, k: int, derivable) -> dict[fx.Nod
                 continue
             if not all(a in closure or derivable(a) for a in u.all_input_nodes):
                 continue
+            if minimal and (_reads_indices_as_values(u, closure) or any(
+                    a not in closure and tk in _ancestors(a) for a in u.all_input_nodes)):
+                continue
             closure[u] = None
             work.append(u)
     return closure
 
 
-def find_region(tk: fx.Node, gm: Optional[fx.GraphModule] = None) -> Region:
-    """The routing region at the top-k ``tk`` (raises :class:`Miss` with the reason when there is none)."""
+def _ancestors(n: fx.Node, limit: int = 512) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    work = [n]
+    while work and len(seen) < limit:
+        cur = work.pop()
+        if cur not in seen:
+            seen.add(cur)
+            work.extend(cur.all_input_nodes)
+    return seen
+
+
+def find_region(tk: fx.Node, gm: Optional[fx.GraphModule] = None, minimal: bool = False) -> Region:
+    """The routing region at the top-k ``tk`` (raises :class:`Miss` with the reason when there is none);
+    ``minimal``: the smallest one (:func:`_forward_outputs`)."""
     parts = _topk_parts(tk)
     if parts is None:
         raise Miss("not a last-dim largest top-k with a constant k")
@@ -283,7 +316,9 @@ def find_region(tk: fx.Node, gm: Optional[fx.GraphModule] = None) -> Region:
             if n is logits or n.op == "get_attr":
                 ok = True
             elif not _is_routing_op(n):
-                ok = (v is None and isinstance(n.meta.get("val"), (torch.SymInt, int))) or (
+                size = n.meta.get("val")  # a size known at compile time (a data-dependent one is not routing's)
+                ok = (v is None and (isinstance(size, int) or isinstance(size, torch.SymInt) and size.node.has_hint())
+                      ) or (
                     n.op == "placeholder" and v is not None and v.dim() == 1 and _same_size(v.shape[0], E))
             elif _packet(n) in _META_FIRST:
                 ok = all(derivable(a) for a in n.args[1:] if isinstance(a, fx.Node))
@@ -292,7 +327,7 @@ def find_region(tk: fx.Node, gm: Optional[fx.GraphModule] = None) -> Region:
             memo[n] = ok
         return memo[n]
 
-    closure = _forward_outputs(tk, lead, k, derivable)
+    closure = _forward_outputs(tk, lead, k, derivable, minimal)
     outputs = [n for n in closure if n is not tk and any(u not in closure for u in n.users)]
     index_outputs, weights = [], []
     for n in outputs:
@@ -328,8 +363,12 @@ def find_region(tk: fx.Node, gm: Optional[fx.GraphModule] = None) -> Region:
     _specialize_sizes(inside, size_leaves, lead)
     position = {n: i for i, n in enumerate(tk.graph.nodes)}
     nodes = sorted(inside, key=position.__getitem__)
+    from .raising import _is_probability_mix
+
+    hints = _hints(nodes, E, lead, k)
+    hints["probability_mix"] = _is_probability_mix(logits)
     return Region(tk, k, E, logits, bias, sorted(meta_leaves, key=position.__getitem__), size_leaves, constants,
-                  nodes, index_outputs, weights[0] if weights else None, ordered, _hints(nodes, E, lead, k))
+                  nodes, index_outputs, weights[0] if weights else None, ordered, hints)
 
 
 def _specialize_sizes(nodes, size_leaves: list[fx.Node], lead: tuple) -> None:
@@ -402,12 +441,12 @@ class Candidate:
 
 def _custom_score(region: Region) -> Optional[str]:
     """A custom score region for the weights' source when it is an elementwise function of the logits."""
-    from .raising import _custom_scoring_of
+    from .raising import _custom_scoring_of, _same_values
 
     for n in region.nodes:
         if is_call(n, (aten.gather.default, aten.take_along_dim.default)):
             found = _custom_scoring_of(n.args[0], batched=True)
-            if found is not None and found[1] is region.logits:
+            if found is not None and _same_values(found[1]) is region.logits:  # x or x.float() of f32 x
                 return found[0]
     return None
 
@@ -420,6 +459,8 @@ def candidates(region: Region) -> Iterator[Candidate]:
         for renorm in (True, False):
             yield Candidate("topk_renorm", "logits", renormalize=renorm)
         yield Candidate("topk_renorm", "probs", renormalize=True)
+        if h["probability_mix"]:  # the raw top-k of mixed probabilities: a gate (SymphonySMoE's), not any top-k
+            yield Candidate("topk_renorm", "probs", renormalize=False)
     scorings = (["sigmoid"] if h["sigmoid"] else []) + (["softmax"] if h["softmax"] else [])
     scorings += [s for s in ("sigmoid", "softmax") if s not in scorings]
     custom = _custom_score(region)
@@ -799,13 +840,19 @@ def raise_by_meaning(gm: fx.GraphModule) -> tuple[dict[str, int], dict[fx.Node, 
     for tk in reversed([n for n in graph.nodes if is_call(n, (aten.topk.default,))]):
         if tk not in set(graph.nodes):
             continue  # erased with a region raised before it
-        try:
-            region = find_region(tk, gm)
-            cand = check(region)
-            _emit(graph, region, cand)
+        # The whole region first; where it is no canonical form, the region that only weighs the choice (what
+        # the code after it does with the indices stays in the graph).
+        for minimal in (False, True):
+            try:
+                region = find_region(tk, gm, minimal)
+                cand = check(region)
+                _emit(graph, region, cand)  # (its Miss comes before it changes the graph)
+            except Miss as why:
+                misses.setdefault(tk, str(why))
+                continue
             counts[cand.op] += 1
-        except Miss as why:
-            misses[tk] = str(why)
+            misses.pop(tk, None)
+            break
     return counts, misses
 
 
