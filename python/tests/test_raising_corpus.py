@@ -65,3 +65,59 @@ def test_program_is_raised_at_every_token_count(p: Program, mode: str):
         assert g.fallback is None, g.fallback
         assert any(f"moe.{p.op}" in o for o in ops), (p.name, g.misses, g.graph_module.code)
         assert not any("aten.topk" in o or "aten.sort" in o for o in ops), (p.name, g.misses, g.graph_module.code)
+
+
+# Programs that look like routers but are none of the canonical forms: the check must refuse each (a rewrite that
+# fired here would change the answer), the graph keeps its top-k and says why, and the result is eager's.
+def _weights_of_the_biased_scores(x, b, k=4):
+    c = x.sigmoid() + b
+    i = c.topk(k).indices
+    return c.gather(1, i), i
+
+
+def _zero_fill_after_a_bias(x, b, G=4, keep=2, k=4):
+    s = x.sigmoid()
+    c = s + b
+    n = x.shape[0]
+    gs = c.view(n, G, -1).topk(2, dim=-1)[0].sum(-1)
+    gm = torch.zeros_like(gs).scatter_(1, gs.topk(keep, dim=-1)[1], 1)
+    mask = gm.unsqueeze(-1).expand(n, G, x.shape[-1] // G).reshape(n, -1)
+    i = torch.topk(c.masked_fill(~mask.bool(), 0.0), k, dim=-1)[1]
+    return s.gather(1, i), i
+
+
+def _large_epsilon(x, b, k=4):
+    w, i = torch.softmax(x, -1).topk(k)
+    return w / (w.sum(-1, keepdim=True) + 0.1), i
+
+
+def _detached_weights(x, b, k=4):
+    s = x.softmax(-1)
+    i = s.topk(k).indices
+    return s.detach().gather(1, i), i
+
+
+def _per_expert_temperature(x, b, k=4):
+    s = torch.softmax(x / (b.abs() + 0.5), -1)
+    w, i = s.topk(k)
+    return w, i
+
+
+NEAR_MISSES = [_weights_of_the_biased_scores, _zero_fill_after_a_bias, _large_epsilon, _detached_weights,
+               _per_expert_temperature]
+
+
+@pytest.mark.parametrize("fn", NEAR_MISSES, ids=[f.__name__.strip("_") for f in NEAR_MISSES])
+def test_a_region_no_canonical_form_equals_is_not_raised(fn):
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="moe", options={"dense": "eager"})
+    with capture_graphs() as log:
+        for T in (5, 33):
+            g = torch.Generator().manual_seed(T)
+            x, b = torch.randn(T, 16, generator=g) * 2, -torch.rand(16, generator=g) * 1.5
+            (w, i), (w_e, i_e) = compiled(x, b), fn(x, b)
+            torch.testing.assert_close(w, w_e)
+            assert torch.equal(i, i_e)
+    for g in log:
+        assert g.moe_ops() == [], g.graph_module.code
+        assert any("is not raised" in m for m in g.misses), g.misses
