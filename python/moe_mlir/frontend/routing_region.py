@@ -247,11 +247,13 @@ def _reads_indices_as_values(u: fx.Node, closure: dict) -> bool:
     return False
 
 
-def _forward_outputs(tk: fx.Node, lead: tuple, k: int, derivable, minimal: bool = False) -> dict[fx.Node, None]:
+def _forward_outputs(tk: fx.Node, lead: tuple, k: int, derivable, minimal: Any = False) -> dict[fx.Node, None]:
     """The routing ops from the top-k's results that keep the ``[lead..., k]`` shape or reduce it to ``[lead...,
     1]`` / ``[lead...]`` (gathers, renormalisation, scaling, casts), each computable from the region's leaves.
     ``minimal``: only the ops that weigh the choice, not those that read the chosen indices as values (Zaya's
-    skip expert masked after the top-k stays the graph's), each other operand computed without the top-k."""
+    skip expert masked after the top-k stays the graph's), each other operand computed without the top-k;
+    ``"first"``: only the first weights (the gather, the top-k's values), what follows them left to the graph (a
+    renormalization by a dynamic epsilon)."""
     closure: dict[fx.Node, None] = {tk: None}
     work = [tk]
     while work:
@@ -272,6 +274,9 @@ def _forward_outputs(tk: fx.Node, lead: tuple, k: int, derivable, minimal: bool 
             if minimal and (_reads_indices_as_values(u, closure) or any(
                     a not in closure and tk in _ancestors(a) for a in u.all_input_nodes)):
                 continue
+            if minimal == "first" and any(a is not tk and a in closure and tensor_val(a) is not None
+                                          and tensor_val(a).dtype in FLOATS for a in u.all_input_nodes):
+                continue  # the weights as first gathered: what the graph does with them after stays its own
             closure[u] = None
             work.append(u)
     return closure
@@ -288,20 +293,51 @@ def _ancestors(n: fx.Node, limit: int = 512) -> set[fx.Node]:
     return seen
 
 
-def find_region(tk: fx.Node, gm: Optional[fx.GraphModule] = None, minimal: bool = False) -> Region:
+def _vector_like(v: torch.Tensor, E: int) -> bool:
+    """``[E]``, or ``[1, ..., 1, E]`` (a bias kept as a ``[1, E]`` parameter: Ernie-4.5's)."""
+    return v.dtype in FLOATS and v.dim() >= 1 and _same_size(v.shape[-1], E) and all(
+        _static(d) == 1 for d in v.shape[:-1])
+
+
+def _logits_of(x: fx.Node, E: int) -> fx.Node:
+    """Where the routing starts: the one ``[..., T, E]`` tensor the choice ``x`` is computed from by routing ops.
+    An op that also reads something routing cannot take as an input (a dynamic float: ``logits * multiplier``
+    under ``dynamic=True``; another tensor) is where the logits start instead."""
+    stop: set[fx.Node] = set()
+    for _ in range(8):
+        inside, leaves, _ = _backward([x], stop)
+        bad = [n for n in leaves if n not in stop and not _routing_input(n, E)]
+        if not bad:
+            break
+        stop |= {u for n in bad for u in n.users if u in inside}
+    rows = [n for n in leaves if (v := tensor_val(n)) is not None and v.dim() >= 2 and _same_size(v.shape[-1], E)
+            and v.dtype in FLOATS and n.op != "get_attr" and not _vector_like(v, E)]
+    if len(rows) != 1:
+        raise Miss(f"the choice reads {len(rows)} [..., T, {E}] tensors, not one (the logits)")
+    return rows[0]
+
+
+def _routing_input(n: fx.Node, E: int) -> bool:
+    """``n`` may be an input of a routing region: a float tensor (the logits, a vector, a constant) or a size
+    known at compile time."""
+    v, val = tensor_val(n), n.meta.get("val")
+    if v is not None:
+        return v.dtype in FLOATS and (v.dim() >= 2 and _same_size(v.shape[-1], E) or _vector_like(v, E)
+                                      or n.op == "get_attr")
+    return isinstance(val, int) or isinstance(val, torch.SymInt) and val.node.has_hint()
+
+
+def find_region(tk: fx.Node, gm: Optional[fx.GraphModule] = None, minimal: Any = False,
+                at_input: bool = False) -> Region:
     """The routing region at the top-k ``tk`` (raises :class:`Miss` with the reason when there is none);
-    ``minimal``: the smallest one (:func:`_forward_outputs`)."""
+    ``minimal``: the smallest one (:func:`_forward_outputs`); ``at_input``: starting at the top-k's own input (a
+    choice on scores some other code made: Doge's product keys)."""
     parts = _topk_parts(tk)
     if parts is None:
         raise Miss("not a last-dim largest top-k with a constant k")
     x, k, ordered = parts
     E = _experts(tensor_val(x).shape[-1])
-    _, leaves, _ = _backward([x], set())
-    rows = [n for n in leaves if (v := tensor_val(n)) is not None and v.dim() >= 2 and _same_size(v.shape[-1], E)
-            and v.dtype in FLOATS and n.op != "get_attr"]
-    if len(rows) != 1:
-        raise Miss(f"the choice reads {len(rows)} [..., T, {E}] tensors, not one (the logits)")
-    logits = rows[0]
+    logits = x if at_input else _logits_of(x, E)
     lead = tuple(tensor_val(logits).shape[:-1])
     if not _same_shape(lead, tuple(tensor_val(x).shape[:-1])):
         raise Miss("the top-k's rows are not the logits' rows")
@@ -318,8 +354,7 @@ def find_region(tk: fx.Node, gm: Optional[fx.GraphModule] = None, minimal: bool 
             elif not _is_routing_op(n):
                 size = n.meta.get("val")  # a size known at compile time (a data-dependent one is not routing's)
                 ok = (v is None and (isinstance(size, int) or isinstance(size, torch.SymInt) and size.node.has_hint())
-                      ) or (
-                    n.op == "placeholder" and v is not None and v.dim() == 1 and _same_size(v.shape[0], E))
+                      ) or (n.op == "placeholder" and v is not None and _vector_like(v, E))
             elif _packet(n) in _META_FIRST:
                 ok = all(derivable(a) for a in n.args[1:] if isinstance(a, fx.Node))
             else:
@@ -346,15 +381,15 @@ def find_region(tk: fx.Node, gm: Optional[fx.GraphModule] = None, minimal: bool 
     bias, size_leaves, constants = None, [], {}
     for leaf in leaves:
         v = tensor_val(leaf)
-        if leaf.op == "get_attr" and gm is not None:
+        is_vector = v is not None and _vector_like(v, E)
+        if leaf.op == "get_attr" and gm is not None and not (is_vector and bias is None):
             constants[leaf] = getattr(gm, leaf.target)
         elif v is None:
             if not isinstance(leaf.meta.get("val"), (torch.SymInt, int)):
                 raise Miss(f"the region reads {leaf.name}, neither a tensor nor a size")
             size_leaves.append(leaf)
-        elif leaf.op == "placeholder" and v.dim() == 1 and _same_size(v.shape[0], E) and v.dtype in FLOATS \
-                and bias is None:
-            bias = leaf
+        elif leaf.op in ("placeholder", "get_attr") and is_vector and bias is None:
+            bias = leaf  # a parameter or buffer (a get_attr in an exported graph): any value, checked so
         else:
             raise Miss(f"the region reads {leaf.name} {list(v.shape)}: not the logits, an [E] vector or a size")
     for n in inside:
@@ -504,7 +539,7 @@ class _Replay:
         r = self.region
         env: dict[fx.Node, Any] = {r.logits: logits}
         if r.bias is not None:
-            env[r.bias] = bias.to(tensor_val(r.bias).dtype)
+            env[r.bias] = bias.to(tensor_val(r.bias).dtype).reshape(self.shape(r.bias))
         for leaf, value in r.constants.items():
             env[leaf] = value.to(logits.device)
         for leaf in r.meta_leaves:
@@ -557,7 +592,7 @@ def _inputs(shape: list[int], E: int, dtype: torch.dtype, device, biased: bool):
     flat[:, 1::5] = float("-inf")
     flat[0, :] = float("-inf")
     if flat.shape[0] > 1:
-        flat[1, 2] = float("inf")
+        flat[1, min(2, E - 1)] = float("inf")
     cases.append(("inf", inf, bias(), False))
     return [(name, x.to(dtype), b, strict) for name, x, b, strict in cases]
 
@@ -690,10 +725,13 @@ def _emit(graph: fx.Graph, region: Region, cand: Candidate) -> None:
             lead = [d if isinstance(d, int) else new_node(graph, aten.sym_size.int, (logits, j), like=anchor)
                     for j, d in enumerate(lv.shape[:-1])]
             x = new_node(graph, aten.reshape.default, (x, [-1, region.E]), like=anchor)
+        bias = region.bias
+        if bias is not None and tensor_val(bias).dim() != 1:
+            bias = new_node(graph, aten.reshape.default, (bias, [region.E]), like=anchor)
         if cand.op == "topk_renorm":
             r = new_node(graph, moe.topk_renorm.default, (x, k, cand.scoring, cand.renormalize), like=anchor)
         else:
-            r = new_node(graph, moe.route.default, (x, region.bias, k, cand.scoring, cand.order, cand.n_group,
+            r = new_node(graph, moe.route.default, (x, bias, k, cand.scoring, cand.order, cand.n_group,
                                                    cand.topk_group, cand.group_score, cand.renormalize, cand.scale),
                          like=anchor)
         w = new_node(graph, operator.getitem, (r, 0), like=anchor)
@@ -842,13 +880,17 @@ def raise_by_meaning(gm: fx.GraphModule) -> tuple[dict[str, int], dict[fx.Node, 
             continue  # erased with a region raised before it
         # The whole region first; where it is no canonical form, the region that only weighs the choice (what
         # the code after it does with the indices stays in the graph).
-        for minimal in (False, True):
+        for at_input, minimal in itertools.product((False, True), (False, True, "first")):
             try:
-                region = find_region(tk, gm, minimal)
+                region = find_region(tk, gm, minimal, at_input)
                 cand = check(region)
                 _emit(graph, region, cand)  # (its Miss comes before it changes the graph)
             except Miss as why:
                 misses.setdefault(tk, str(why))
+                continue
+            except Exception as e:  # noqa: BLE001 - a bug here must cost this top-k its raising, not the graph's
+                misses.setdefault(tk, f"raising failed ({type(e).__name__}: {e})")
+                logger.debug("moe raising failed", exc_info=True)
                 continue
             counts[cand.op] += 1
             misses.pop(tk, None)
