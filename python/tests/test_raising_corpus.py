@@ -68,7 +68,9 @@ def test_program_is_raised_at_every_token_count(p: Program, mode: str):
 
 
 # Programs that look like routers but are none of the canonical forms: the check must refuse each (a rewrite that
-# fired here would change the answer), the graph keeps its top-k and says why, and the result is eager's.
+# fired here would change the answer), the graph keeps its top-k and says why, and the result is eager's. (A
+# renormalization by a large epsilon is not among them: the softmax top-k before it is raised, with its first
+# weights, and the division stays the graph's.)
 def _weights_of_the_biased_scores(x, b, k=4):
     c = x.sigmoid() + b
     i = c.topk(k).indices
@@ -86,11 +88,6 @@ def _zero_fill_after_a_bias(x, b, G=4, keep=2, k=4):
     return s.gather(1, i), i
 
 
-def _large_epsilon(x, b, k=4):
-    w, i = torch.softmax(x, -1).topk(k)
-    return w / (w.sum(-1, keepdim=True) + 0.1), i
-
-
 def _detached_weights(x, b, k=4):
     s = x.softmax(-1)
     i = s.topk(k).indices
@@ -103,8 +100,7 @@ def _per_expert_temperature(x, b, k=4):
     return w, i
 
 
-NEAR_MISSES = [_weights_of_the_biased_scores, _zero_fill_after_a_bias, _large_epsilon, _detached_weights,
-               _per_expert_temperature]
+NEAR_MISSES = [_weights_of_the_biased_scores, _zero_fill_after_a_bias, _detached_weights, _per_expert_temperature]
 
 
 @pytest.mark.parametrize("fn", NEAR_MISSES, ids=[f.__name__.strip("_") for f in NEAR_MISSES])

@@ -311,7 +311,9 @@ def _logits_of(x: fx.Node, E: int) -> fx.Node:
             break
         stop |= {u for n in bad for u in n.users if u in inside}
     rows = [n for n in leaves if (v := tensor_val(n)) is not None and v.dim() >= 2 and _same_size(v.shape[-1], E)
-            and v.dtype in FLOATS and n.op != "get_attr" and not _vector_like(v, E)]
+            and v.dtype in FLOATS and n.op != "get_attr"]
+    if len(rows) > 1:  # one token's logits are [1, E], as a [1, E] bias is: the bias is the parameter
+        rows = [n for n in rows if not _vector_like(tensor_val(n), E)] or [n for n in rows if n.op != "placeholder"]
     if len(rows) != 1:
         raise Miss(f"the choice reads {len(rows)} [..., T, {E}] tensors, not one (the logits)")
     return rows[0]
@@ -721,7 +723,7 @@ def _emit(graph: fx.Graph, region: Region, cand: Candidate) -> None:
         if lv.dtype != torch.float32 and cand.op == "route":
             x = new_node(graph, aten._to_copy.default, (x,), {"dtype": torch.float32}, like=anchor)
         lead = None
-        if lv.dim() > 2:
+        if lv.dim() > 2 and cand.op == "route":  # route takes [T, E] rows; topk_renorm any [..., E]
             lead = [d if isinstance(d, int) else new_node(graph, aten.sym_size.int, (logits, j), like=anchor)
                     for j, d in enumerate(lv.shape[:-1])]
             x = new_node(graph, aten.reshape.default, (x, [-1, region.E]), like=anchor)
