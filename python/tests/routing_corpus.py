@@ -530,6 +530,31 @@ def renorm_clamped_train(x, b, k=4):
     return w / w.sum(-1, keepdim=True).clamp_min(1e-20), i
 
 
+# A custom score nobody's kernel has: a clamped mix of a tanh and a squared sigmoid (docs/YourRouter.md), biased
+def clamped_mix_hf(x, b, k=6, scale=1.7):
+    scores = torch.clamp(0.5 * torch.tanh(x) + torch.sigmoid(2.0 * x) ** 2, min=0.05)
+    idx = torch.topk(scores + b, k, dim=-1).indices
+    w = scores.gather(1, idx)
+    return w / w.sum(-1, keepdim=True) * scale, idx
+
+
+def clamped_mix_engine(x, b, k=6, scale=1.7):
+    s = torch.clamp_min(torch.tanh(x.float()).mul(0.5).add(F.sigmoid(x * 2.0).square()), 0.05)
+    _, ids = torch.topk(s + b.unsqueeze(0), k=k, dim=-1, sorted=False)
+    w = s.gather(1, ids)
+    w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+    return w * scale, ids.to(torch.int32)
+
+
+def clamped_mix_train(x, b, k=6, scale=1.7):
+    sig = 1.0 / (1.0 + torch.exp(-2.0 * x))
+    mix = 0.5 * torch.tanh(x) + sig * sig
+    s = torch.where(mix < 0.05, 0.05, mix)
+    ids = (s + b).topk(k).indices
+    w = torch.take_along_dim(s, ids, -1)
+    return scale * w / w.sum(-1, keepdim=True), ids
+
+
 def _programs() -> list[Program]:
     P = Program
     return [
@@ -594,6 +619,9 @@ def _programs() -> list[Program]:
         P("renorm_clamped/hf", renorm_clamped_hf, 20, 4, "topk_renorm"),
         P("renorm_clamped/engine", renorm_clamped_engine, 20, 4, "topk_renorm"),
         P("renorm_clamped/train", renorm_clamped_train, 20, 4, "topk_renorm"),
+        P("clamped_mix/hf", clamped_mix_hf, 32, 6, "route", True),
+        P("clamped_mix/engine", clamped_mix_engine, 32, 6, "route", True),
+        P("clamped_mix/train_where", clamped_mix_train, 32, 6, "route", True),
     ]
 
 

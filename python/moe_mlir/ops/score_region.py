@@ -101,7 +101,7 @@ _IDENTITY = {aten.alias, aten.clone, aten.detach, aten._to_copy, aten.view, aten
 SCORE_ATEN_OPS: frozenset = frozenset(
     set(_CMP) | set(_UNARY) | set(_BINARY) | _IDENTITY
     | {aten.rsub, aten.reciprocal, aten.sigmoid, aten.silu, aten.softplus, aten.relu, aten.clamp, aten.clamp_min,
-       aten.clamp_max, aten.where, aten.square})
+       aten.clamp_max, aten.where, aten.square, aten.scalar_tensor})
 
 
 def _packet(target):
@@ -198,6 +198,11 @@ def _lower(w: _Writer, node, val) -> str:
         return w.op("arith.select", a[0], a[1], a[2])
     if t is aten.square:
         return w.op("arith.mulf", a[0], a[0])
+    if t is aten.scalar_tensor:  # torch.where(c, 0.05, x)'s scalar
+        dtype = kw.get("dtype")
+        if dtype is not None and not dtype.is_floating_point:
+            raise ValueError(f"custom_scoring: a {dtype} scalar is not f32")
+        return w.const(float(args[0]))
     raise ValueError(f"custom_scoring: no score region op for {node.target} (elementwise arith/math ops only)")
 
 
