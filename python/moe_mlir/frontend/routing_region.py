@@ -43,6 +43,7 @@ import torch
 import torch.fx as fx
 
 from .fx_match import FLOATS, is_call, new_node, tensor_val
+from .fx_scores import _custom_scoring_of, _is_probability_mix, _same_values
 
 aten = torch.ops.aten
 moe = torch.ops.moe
@@ -400,8 +401,6 @@ def find_region(tk: fx.Node, gm: Optional[fx.GraphModule] = None, minimal: Any =
     _specialize_sizes(inside, size_leaves, lead)
     position = {n: i for i, n in enumerate(tk.graph.nodes)}
     nodes = sorted(inside, key=position.__getitem__)
-    from .raising import _is_probability_mix
-
     hints = _hints(nodes, E, lead, k)
     hints["probability_mix"] = _is_probability_mix(logits)
     return Region(tk, k, E, logits, bias, sorted(meta_leaves, key=position.__getitem__), size_leaves, constants,
@@ -478,8 +477,6 @@ class Candidate:
 
 def _custom_score(region: Region) -> Optional[str]:
     """A custom score region for the weights' source when it is an elementwise function of the logits."""
-    from .raising import _custom_scoring_of, _same_values
-
     for n in region.nodes:
         if is_call(n, (aten.gather.default, aten.take_along_dim.default)):
             found = _custom_scoring_of(n.args[0], batched=True)
