@@ -193,6 +193,21 @@ Value mlir::moe::kernels::routeSelectedScore(KernelBuilder &kb,
   llvm_unreachable("route scoring");
 }
 
+Value mlir::moe::kernels::routePickedSoftmaxTerm(KernelBuilder &kb, Value x,
+                                                 Value rowMax) {
+  Type t = x.getType(), scalar = rowMax.getType();
+  Value masked =
+      kb.cmpf(arith::CmpFPredicate::OEQ, rowMax, kb.negInfLike(scalar));
+  // UEQ: unordered (m NaN) or equal (m = +inf).
+  Value undefined =
+      kb.cmpf(arith::CmpFPredicate::UEQ, rowMax,
+              kb.constLike(scalar, std::numeric_limits<double>::infinity()));
+  Value term = kb.select(
+      undefined, kb.constLike(t, std::numeric_limits<double>::quiet_NaN()),
+      softmaxTerm(kb, x, rowMax));
+  return kb.select(masked, kb.constLike(t, 0.0), term);
+}
+
 Value mlir::moe::kernels::routeWeight(KernelBuilder &kb, const RouteSpec &spec,
                                       Value w, Value wSum) {
   Type t = w.getType();

@@ -58,18 +58,25 @@ RowSoftmaxStats mlir::moe::kernels::rowSoftmaxStatsChunked(
   return stats;
 }
 
+Value mlir::moe::kernels::rowMaxLoop(KernelBuilder &kb, Type chunkType,
+                                     Value lb, Value ub, Value step,
+                                     function_ref<Value(Value iv)> chunk,
+                                     function_ref<Value(Value)> reduceMax) {
+  Value partialMax =
+      kb.forLoop(lb, ub, step, ValueRange{kb.negInfLike(chunkType)},
+                 [&](Value iv, ValueRange acc) -> SmallVector<Value> {
+                   return {kb.fmax(acc[0], chunk(iv))};
+                 })[0];
+  return reduced(reduceMax, partialMax);
+}
+
 RowSoftmaxStats mlir::moe::kernels::rowSoftmaxStatsLoop(
     KernelBuilder &kb, Type chunkType, Value lb, Value ub, Value step,
     function_ref<Value(Value iv)> chunk, function_ref<Value(Value)> reduceMax,
     function_ref<Value(Value)> reduceSum,
     function_ref<void(Value iv, Value e)> onTerm) {
   RowSoftmaxStats stats;
-  Value partialMax =
-      kb.forLoop(lb, ub, step, ValueRange{kb.negInfLike(chunkType)},
-                 [&](Value iv, ValueRange acc) -> SmallVector<Value> {
-                   return {kb.fmax(acc[0], chunk(iv))};
-                 })[0];
-  stats.max = reduced(reduceMax, partialMax);
+  stats.max = rowMaxLoop(kb, chunkType, lb, ub, step, chunk, reduceMax);
   stats.maxShaped = kb.broadcastLike(stats.max, chunkType);
   Value partialSum =
       kb.forLoop(lb, ub, step, ValueRange{kb.constLike(chunkType, 0.0)},

@@ -93,7 +93,11 @@ def MoE_RouteOp : MoE_InferredOp<"route", !listconcat(MoE_PureInferred,
     FlashInfer's `routing_replay_out`, Megatron's router replay) and hash routing (DeepSeek-V4's
     `DeepseekV4HashRouter`: `replay = tid2eid[input_ids]`). The given row is taken as it is: its order is kept and
     a repeated expert is weighed twice. An index outside `[0, E)` is a run-time error (the index check of
-    `moe.dispatch_plan`), never a read out of bounds.
+    `moe.dispatch_plan`), never a read out of bounds. With softmax scores and `renormalize = true` the softmax's
+    normaliser cancels: `w_j = exp(x_j - m) / Σ_l exp(x_l - m)`, `m` the row's max, so a kernel needs of the row
+    only `m` (the CPU kernel: a pass of maxima, and `k` exponentials a token, not `E`). The weights keep the row's
+    rules, which a softmax over the `k` given logits alone (`order(topk_then_score)`) would not: a NaN or `+inf`
+    logit anywhere in the row makes them NaN, and given experts whose scores underflow in the row's softmax weigh 0.
 
     ```mlir
     // DeepSeek-V4's hash layers: sqrtsoftplus scores of the table's experts, renormalized

@@ -50,6 +50,20 @@ struct RouteSpec {
   /// The choice scores and the weights' sources are the logits themselves
   /// (no scoring before the top-k).
   bool fromLogits() const { return !scoreFirst || scoring == Scoring::None; }
+
+  /// The weights are softmax scores renormalized over the k picks, in which
+  /// the softmax's normaliser cancels: w_j = s_j / Σ_l s_l
+  /// = exp(x_j - m) / Σ_l exp(x_l - m), m the row's max. A kernel weighs the
+  /// picks from their k terms (routePickedSoftmaxTerm), and a given choice
+  /// (replay: hash routing) needs nothing of the row but m: one pass of
+  /// maxima over E and k exponentials, not E. Not the IR rewrite to
+  /// order(topk_then_score) that weighs the same k logits: its softmax over
+  /// the k only would drop the rules of the row (a NaN or +inf logit outside
+  /// the picks makes the row's softmax, and so its weights, NaN; picks whose
+  /// scores underflow in the row's softmax weigh 0), which m keeps.
+  bool weighsPickedTerms() const {
+    return scoreFirst && scoring == Scoring::Softmax && renormalize;
+  }
 };
 
 /// `spec.scoring` and `spec.scoreBody` from a moe.route or moe.route_grad op
@@ -199,6 +213,14 @@ routeKeepGroups(KernelBuilder &kb, const RouteSpec &spec, ValueRange state,
 /// selMax/selSum are null unless topk_then_score with softmax.
 Value routeSelectedScore(KernelBuilder &kb, const RouteSpec &spec, Value v,
                          Value selMax, Value selSum);
+
+/// The softmax term exp(x - m) of a picked logit x (scalar or vector) whose
+/// row has the max m (a scalar), under the row softmax's rules: 0 on a row of
+/// -inf (m = -inf: no NaN), NaN on a row whose softmax is NaN (m NaN, or
+/// m = +inf: Σ_e exp(x_e - m) holds inf - inf). routeWeight of the terms
+/// over their sum gives the weights of RouteSpec::weighsPickedTerms (a sum of
+/// 0, every pick underflowing, gives 0 as the row's scores would).
+Value routePickedSoftmaxTerm(KernelBuilder &kb, Value x, Value rowMax);
 
 /// The final weight of a selected score w given Σ w over the selection (null
 /// without renormalization): w / Σ (0 for a zero sum), times the routed

@@ -67,6 +67,14 @@ RowSoftmaxStats rowSoftmaxStatsChunked(
     function_ref<Value(Value)> reduceSum = nullptr,
     bool sumFromFirstTerm = false);
 
+/// The max of a row streamed in one loop over [lb, ub) by `step` (the first
+/// loop of rowSoftmaxStatsLoop, with its arguments): the partial starts from
+/// -inf of `chunkType` and folds the NaN-propagating max of `chunk(iv)`, then
+/// `reduceMax` (null: none) gives the row's.
+Value rowMaxLoop(KernelBuilder &kb, Type chunkType, Value lb, Value ub,
+                 Value step, function_ref<Value(Value iv)> chunk,
+                 function_ref<Value(Value)> reduceMax = nullptr);
+
 /// The statistics of a row streamed in two loops over [lb, ub) by `step`
 /// (max, then Σ): `chunk(iv)` loads the holder's values at iv (of type
 /// `chunkType`, scalar or vector; pads -inf), the partials start from -inf

@@ -19,11 +19,18 @@
 //    pick (as moe.topk_renorm's kernel), each reading the weight's source value
 //    (s, or the raw logit for topk_then_score);
 // 5. the weights over the k picks (scalar: k is small): the post-selection
-//    scoring, renormalization (a zero sum gives zeros) and scaling.
+//    scoring, renormalization (a zero sum gives zeros) and scaling; softmax
+//    scores renormalized (RouteSpec::weighsPickedTerms) instead from the k
+//    picked logits in the lanes of one vector: exp(x - m) over their sum.
 //
 // With `replay` (the choice given: routing replay, hash routing) steps 2-4
 // are one pass over the row's given indices, each checked against E before
 // the kernel (checkRouteReplay) and read as expert 0 when outside [0, E).
+// Step 1 then computes only what the weights read: an elementwise score at
+// the k given experts, and for renormalized softmax scores the row's max (a
+// pass of maxima over E: E comparisons and k exponentials, where the
+// row's softmax takes E exponentials). The router's own choice replayed
+// gets its weights bit for bit: both weigh the same lanes the same way.
 //
 // The maths of every step is MoE/Kernels/Route.h's (routeScore, routeChoice,
 // routeGroupCandidate, routeKeepGroups, routeRounds, routeWeights), shared
@@ -57,6 +64,7 @@ public:
     // Where the choice scores and the weights come from: the logits
     // themselves, or the scores computed in step 1.
     fromLogits = spec.fromLogits();
+    pickedTerms = spec.weighsPickedTerms() && spec.k <= kLanes;
     numExperts = kb.dim(x, 1);
     numExpertsI32 = kb.castInt(numExperts, kb.i32());
     candType = VectorType::get({kCandLanes}, kb.i64());
@@ -65,6 +73,15 @@ public:
 
   void emit(Value r, Value s, Value cand, Value sel, Value groupCand,
             Value groupKept) {
+    if (replay && pickedTerms) {
+      // The normaliser cancels: the row's max is all the weights read of it.
+      Value rowMax = emitRowMax(r);
+      Value numExperts64 = kb.castInt(numExperts, kb.i64());
+      emitPickedSoftmaxWeights(r, rowMax, pickedLogits(r, -kInf, [&](Value j) {
+                                 return storeReplayPick(r, j, numExperts64);
+                               }));
+      return;
+    }
     if (replay) {
       // Only a softmax needs the whole row; an elementwise score is computed
       // at the k given experts.
@@ -74,14 +91,22 @@ public:
       emitWeights(r, sel);
       return;
     }
-    if (!fromLogits)
-      emitScores(r, s);
+    Value rowMax = fromLogits ? Value() : emitScores(r, s);
     emitCandidates(r, s, cand);
     if (spec.groups > 1)
       emitGroups(cand, groupCand, groupKept);
     emitRounds(r, s, cand, sel);
-    emitWeights(r, sel);
+    if (pickedTerms)
+      emitPickedSoftmaxWeights(r, rowMax, pickedLogits(r, -kInf, [&](Value j) {
+                                 return kb.load(idx, {r, j});
+                               }));
+    else
+      emitWeights(r, sel);
   }
+
+  /// Whether the row keeps scores and weight sources in scratch (a replayed
+  /// renormalized softmax keeps its picks in registers).
+  bool usesScratch() const { return !(replay && pickedTerms); }
 
 private:
   CpuKernelBuilder &kb;
@@ -90,6 +115,8 @@ private:
   /// Lanes of the candidate chunks (bestCandidateBelow's).
   const int64_t kCandLanes;
   bool fromLogits;
+  /// Step 5 from the picks' softmax terms, in the lanes of one vector.
+  bool pickedTerms;
   Value numExperts, numExpertsI32, none;
   VectorType candType;
 
@@ -106,14 +133,15 @@ private:
   }
 
   /// Step 1: s[0, E) = softmax(x), sigmoid(x) or the custom score region's
-  /// f(x) on the chunk's vector (pad lanes are scratch).
-  void emitScores(Value r, Value s) {
+  /// f(x) on the chunk's vector (pad lanes are scratch). Returns the row's
+  /// max for a softmax (null otherwise).
+  Value emitScores(Value r, Value s) {
     if (spec.scoring != RouteSpec::Scoring::Softmax) {
       eachChunk([&](Value base) {
         kb.vstore(routeElementwiseScore(kb, spec, logitChunk(r, base, 0.0)), s,
                   {base});
       });
-      return;
+      return Value();
     }
     // Softmax (RowSoftmax.h): the terms exp(x - max) kept in s, then each
     // divided by the row's sum.
@@ -129,6 +157,19 @@ private:
       kb.vstore(softmaxScore(kb, kb.vload(s, {base}), stats.maxShaped, sumV), s,
                {base});
     });
+    return stats.max;
+  }
+
+  /// The row's max alone (NaN-propagating; -inf for a row of -inf): the
+  /// first pass of step 1's softmax, the same chunks and folds.
+  Value emitRowMax(Value r) {
+    Value n = kb.ceilDiv(numExperts, kb.idx(kLanes));
+    return rowMaxLoop(
+        kb, kb.vf32(kLanes), kb.idx(0), n, kb.idx(1),
+        [&](Value c) {
+          return logitChunk(r, kb.mul(c, kb.idx(kLanes)), -kInf);
+        },
+        [&](Value v) { return kb.maxf(v); });
   }
 
   /// Step 2: the packed candidates of c = (s or x) + bias; lanes past E are
@@ -231,6 +272,39 @@ private:
         });
   }
 
+  /// Pick j of the given choice: replay[r, j] (expert 0 when outside [0, E):
+  /// checkRouteReplay has reported it), stored as index j; returns it (i32).
+  Value storeReplayPick(Value r, Value j, Value numExperts64) {
+    Value index =
+        routeReplayPick(kb, kb.load(replay, {r, j}), numExperts64).expert;
+    kb.store(index, idx, {r, j});
+    return index;
+  }
+
+  /// The k picks' logits in the lanes of one vector (k <= 16: 8 lanes for
+  /// k <= 8, else 16), `pad` past k; `expertOf(j)` is pick j's expert (i32).
+  Value pickedLogits(Value r, double pad,
+                     function_ref<Value(Value j)> expertOf) {
+    Value vals = kb.constLike(kb.vf32(spec.k <= 8 ? 8 : kLanes), pad);
+    for (int64_t l = 0; l < spec.k; ++l) {
+      Value e = kb.castInt(expertOf(kb.idx(l)), kb.index());
+      vals = vector::InsertOp::create(kb.b, kb.loadF(x, {r, e}), vals, l);
+    }
+    return vals;
+  }
+
+  /// Step 5 of RouteSpec::weighsPickedTerms: the picks' softmax terms
+  /// exp(x - m) (`picked`: their logits in lanes, -inf past k, where the
+  /// terms are 0), renormalized over their sum and scaled, to w[r, :].
+  void emitPickedSoftmaxWeights(Value r, Value rowMax, Value picked) {
+    Value terms = routePickedSoftmaxTerm(kb, picked, rowMax);
+    auto lanes = cast<VectorType>(terms.getType()).getNumElements();
+    Value sum = kb.splat(kb.sum(terms), lanes);
+    Value weights = routeWeight(kb, spec, terms, sum);
+    for (int64_t l = 0; l < spec.k; ++l)
+      kb.store(vector::ExtractOp::create(kb.b, weights, l), w, {r, kb.idx(l)});
+  }
+
   /// Steps 2-4 with the choice given: pick j is replay[r, j] (0 when
   /// outside [0, E): checkRouteReplay has reported it); sel[j] = its weight
   /// source (the softmax score from step 1, or the logit's elementwise score
@@ -262,17 +336,9 @@ private:
   /// given logits in the lanes of one vector, scored by the vector
   /// polynomials of step 1 instead of k scalar libm calls.
   void emitReplayInLanes(Value r, Value sel) {
-    const int64_t n = spec.k <= 8 ? 8 : kLanes;
-    Value vals = kb.constLike(kb.vf32(n), 0.0);
     Value numExperts64 = kb.castInt(numExperts, kb.i64());
-    for (int64_t l = 0; l < spec.k; ++l) {
-      Value j = kb.idx(l);
-      Value index =
-          routeReplayPick(kb, kb.load(replay, {r, j}), numExperts64).expert;
-      kb.store(index, idx, {r, j});
-      Value logit = kb.loadF(x, {r, kb.castInt(index, kb.index())});
-      vals = vector::InsertOp::create(kb.b, logit, vals, l);
-    }
+    Value vals = pickedLogits(
+        r, 0.0, [&](Value j) { return storeReplayPick(r, j, numExperts64); });
     Value scores = routeScore(kb, spec, vals, Value(), Value());
     for (int64_t l = 0; l < spec.k; ++l)
       kb.store(vector::ExtractOp::create(kb.b, scores, l), sel, {kb.idx(l)});
@@ -332,29 +398,34 @@ void emitRouteKernel(CpuKernelBuilder &kb, const KernelOptions &opts, RouteOp op
   Value replay = op.getReplay() ? kb.buffer(op.getReplay()) : Value();
   Value numRows = kb.dim(x, 0), numExperts = kb.dim(x, 1);
 
+  RouteRow row(kb, spec, x, bias, replay, wBuf, iBuf);
   // Per-worker scratch: scores (16-lane chunks), candidates (8-lane chunks),
   // the k weight sources, the group candidates and kept flags.
-  Value sAll = kb.scratch(opts, MemRefType::get({kDyn}, f32),
-                         {roundUp(kb, numExperts, kLanes)});
-  // A replayed choice has no candidates or groups.
+  // A replayed renormalized softmax keeps its picks in registers
+  // (RouteRow::usesScratch); a replayed choice has no candidates or groups.
+  Value sAll = row.usesScratch()
+                   ? kb.scratch(opts, MemRefType::get({kDyn}, f32),
+                                {roundUp(kb, numExperts, kLanes)})
+                   : Value();
   Value candAll =
       replay ? Value()
              : kb.scratch(opts, MemRefType::get({kDyn}, i64),
                           {roundUp(kb, numExperts, kb.candidateLanes())});
-  Value selAll = kb.scratch(opts, MemRefType::get({spec.k}, f32), {});
+  Value selAll = row.usesScratch()
+                     ? kb.scratch(opts, MemRefType::get({spec.k}, f32), {})
+                     : Value();
   int64_t groups = spec.groups;
   Value gCandAll, gKeptAll;
   if (groups > 1 && !replay) {
     gCandAll = kb.scratch(opts, MemRefType::get({groups}, i64), {});
     gKeptAll = kb.scratch(opts, MemRefType::get({groups}, i32), {});
   }
-  RouteRow row(kb, spec, x, bias, replay, wBuf, iBuf);
   kb.workers(
       opts, kb.ceilDiv(numRows, kb.idx(kRouteRowsPerItem)),
       [&](Value item, Value worker) {
-        Value s = kb.workerSlice(sAll, worker);
+        Value s = sAll ? kb.workerSlice(sAll, worker) : Value();
         Value cand = candAll ? kb.workerSlice(candAll, worker) : Value();
-        Value sel = kb.workerSlice(selAll, worker);
+        Value sel = selAll ? kb.workerSlice(selAll, worker) : Value();
         Value gCand = gCandAll ? kb.workerSlice(gCandAll, worker) : Value();
         Value gKept = gKeptAll ? kb.workerSlice(gKeptAll, worker) : Value();
         if (itemBegin)

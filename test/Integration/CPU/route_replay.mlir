@@ -102,6 +102,44 @@ func.func @custom_replay_i64() {
   return
 }
 
+// Softmax scores renormalized over the given experts (hash routing): the softmax's normaliser cancels, so the
+// kernel reads the row's max and weighs the picks by exp(x - max) over their sum, with the row's rules; scale 2:
+//   row 0: x = [1, 2, 3, 4], replay [3, 0] -> 2 [e^3, 1] / (1 + e^3) = [1.905148, 0.0948517];
+//   row 1: x = [-inf, 0, 0, -inf], replay [0, 2] -> [0, 2];
+//   row 2: every logit -inf, replay [2, 2] -> [0, 0] (never NaN);
+//   row 3: a NaN outside the picks, replay [0, 2]: the row's softmax is NaN -> [nan, nan];
+//   row 4: a +inf outside the picks, replay [0, 1]: the row's softmax is NaN (inf - inf) -> [nan, nan];
+//   row 5: x = [100, -200, -300, 0], replay [1, 2]: both scores underflow to 0 in the row's softmax, a zero sum
+//          -> [0, 0] (the picks' own softmax, which order(topk_then_score) would take, gives [2, 0]).
+// CHECK-LABEL: {{^}}9205
+// CHECK: rank = 2 offset = {{[0-9]+}} sizes = [6, 2]
+// CHECK-NEXT: {{^ *\[+}}{{1\.90515}}, {{0\.094851[78]}}]
+// CHECK-NEXT: {{^ *\[+}}0, 2]
+// CHECK-NEXT: {{^ *\[+}}0, 0]
+// CHECK-NEXT: {{^ *\[+}}{{-?nan}}, {{-?nan}}]
+// CHECK-NEXT: {{^ *\[+}}{{-?nan}}, {{-?nan}}]
+// CHECK-NEXT: {{^ *\[+}}0, 0]
+// CHECK: rank = 2 offset = {{[0-9]+}} sizes = [6, 2]
+// CHECK-NEXT: {{^ *\[+}}3, 0]
+// CHECK-NEXT: {{^ *\[+}}0, 2]
+// CHECK-NEXT: {{^ *\[+}}2, 2]
+// CHECK-NEXT: {{^ *\[+}}0, 2]
+// CHECK-NEXT: {{^ *\[+}}0, 1]
+// CHECK-NEXT: {{^ *\[+}}1, 2]
+func.func @renormalized_softmax_replay() {
+  %in = arith.constant dense<[[1.0, 2.0, 3.0, 4.0], [0xFF800000, 0.0, 0.0, 0xFF800000],
+                              [0xFF800000, 0xFF800000, 0xFF800000, 0xFF800000], [0.0, 0x7FC00000, 0.0, 0.0],
+                              [0.0, 0.0, 0.0, 0x7F800000], [100.0, -200.0, -300.0, 0.0]]> : tensor<6x4xf32>
+  %r0 = arith.constant dense<[[3, 0], [0, 2], [2, 2], [0, 2], [0, 1], [1, 2]]> : tensor<6x2xi64>
+  %x = tensor.cast %in : tensor<6x4xf32> to tensor<?x4xf32>
+  %r = tensor.cast %r0 : tensor<6x2xi64> to tensor<?x2xi64>
+  %w, %i = moe.route %x replay(%r : tensor<?x2xi64>) k(2) renormalize(true) routed_scaling_factor(2.0)
+      : tensor<?x4xf32> -> tensor<?x2xf32>, tensor<?x2xi32>
+  %m = arith.constant 9205 : i64
+  call @show(%m, %w, %i) : (i64, tensor<?x2xf32>, tensor<?x2xi32>) -> ()
+  return
+}
+
 // An index outside [0, E) is reported (the first one) and read as expert 0, never out of bounds:
 //   x = [0, ln 3, 0, 0] sigmoid: replay [5, -1] -> both read expert 0: sigmoid(0) = 0.5.
 // CHECK-LABEL: {{^}}9204
@@ -133,6 +171,7 @@ func.func @main() {
   call @softmax_replay() : () -> ()
   call @topk_then_score_replay() : () -> ()
   call @custom_replay_i64() : () -> ()
+  call @renormalized_softmax_replay() : () -> ()
   call @out_of_range() : () -> ()
   return
 }
