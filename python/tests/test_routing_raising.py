@@ -389,13 +389,11 @@ def test_a_score_with_a_tensor_operand_is_not_raised():
         torch.testing.assert_close(w, w_e)
 
 
-def test_deepseek_v4_hash_router_is_not_raised():
+def test_deepseek_v4_hash_router_is_raised():
     """DeepSeek-V4's hash layers take the experts from a frozen token-id table: only the weights of those experts
-    are computed (sqrtsoftplus scores gathered, over sum + 1e-20, scaled), which inductor fuses into one loop that
-    scores the k gathered logits alone. moe.route with the table's indices as its replay operand does the same
-    work plus a call: 0.87x inductor at T = 16 and 0.97x at T = 2048 (hidden 256, E = 64, k = 8, quiet Xeon), so
-    raising leaves it to inductor, equal to eager. (The op itself serves a routing recorded elsewhere:
-    test_route_replay.py.)"""
+    are computed (sqrtsoftplus scores gathered, over sum + 1e-20, scaled), raised to moe.route with the table's
+    indices as its replay operand (frontend/raising_replay.py), whose kernel scores the k given logits alone.
+    Forward and backward at more token counts, and softmax hash routers: test_hash_routing.py."""
     from transformers.models.deepseek_v4 import modeling_deepseek_v4 as v4
 
     router = _init(v4.DeepseekV4HashRouter(_deepseek_v4_config()), seed=16)
@@ -408,7 +406,7 @@ def test_deepseek_v4_hash_router_is_not_raised():
             x, ids = torch.randn(t, H), torch.randint(0, 64, (t,))
             for got, want in zip(c(x, ids), router(x, ids)):
                 torch.testing.assert_close(got, want)
-    assert log and all(g.moe_ops() == [] for g in log)
+    assert log and all(g.moe_ops() == ["route"] for g in log), [g.graph_module.code for g in log]
 
 
 def test_your_router_example():

@@ -16,11 +16,11 @@ softmax takes E: RouteSpec::weighsPickedTerms); an elementwise score (sigmoid, a
 given experts only.
 
 The match is exact, one op at a time (:func:`raise_replayed_choice`): the scores are a last-dim softmax or an
-elementwise function of ``[T, E]`` logits (``raising._scoring_of``: f32 logits; a softmax with ``dtype=torch.float``
+elementwise function of ``[T, E]`` logits (``fx_scores._scoring_of``: f32 logits; a softmax with ``dtype=torch.float``
 of f16/bf16 logits is the op's own upcast); the gather is on the last dim of the scores, with ``sparse_grad`` off,
 of ``[T, k]`` integer indices whose computation does not read the logits (a choice made from them is a top-k region,
 :mod:`.routing_region`'s); the weights are renormalised over the same last dim and at most scaled by a positive
-number (``raising._weights_chain``). The raised form equals the eager one wherever eager is finite: the op's rules
+number (``fx_scores._weights_chain``). The raised form equals the eager one wherever eager is finite: the op's rules
 (MoERoutingOps.td) hold on degenerate rows, where eager divides 0 by 0 (every given expert's score 0, a row of
 ``-inf``: zero weights instead of NaN); an index outside ``[0, E)`` is an error in both (ValueError here,
 RuntimeError from the gather). Gathers of scores that are not renormalised stay inductor's (not measured: a
