@@ -63,8 +63,6 @@ UNSOURCED: dict[tuple[str, str | None], str] = {
     ("docs/GPU.md", "carries ~2.5x the forward's work"): "a count of operations, not a time",
     ("docs/YourRouter.md", "Its speed"): "measured by examples/your_router.py in a run not yet committed; the "
                                          "page is being rewritten (issue 83): to cite its result file",
-    ("docs/YourRouter.md", "hash router 0.87x / 0.97x inductor"): "a run of bench/hf_routers.py not kept; the page "
-                                                                    "is being rewritten (issue 83)",
 }
 
 # The marker that lets a unit cite a run a newer one of the same bench and tag supersedes.
