@@ -709,10 +709,16 @@ def _emit(graph: fx.Graph, region: Region, cand: Candidate) -> None:
     readers = [u for o in outs for u in o.users if u not in inside]
     if not readers:
         raise Miss("no reader of the routing outside it")
-    anchor = min(readers, key=position.__getitem__)
-    if region.weights_output is not None and \
-            _grad_mode_at(graph, anchor) != _grad_mode_at(graph, region.weights_output):
+    # Before the first reader, or else at the top-k itself (its readers may run under no_grad, as Symphony's buffer
+    # updates do): where the op runs in the grad mode the weights were computed in, and after every input.
+    leaves = [region.logits, region.bias, *region.meta_leaves, *region.size_leaves, *region.constants]
+    first_input = max(position[n] for n in leaves if n is not None)
+    want = _grad_mode_at(graph, region.weights_output) if region.weights_output is not None else None
+    anchors = [a for a in (min(readers, key=position.__getitem__), region.topk)
+               if position[a] > first_input and (want is None or _grad_mode_at(graph, a) == want)]
+    if not anchors:
         raise Miss("its readers run in another grad mode than its weights")
+    anchor = anchors[0]
     logits, k = region.logits, region.k
     lv = tensor_val(logits)
     with graph.inserting_before(anchor):
