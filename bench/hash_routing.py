@@ -30,12 +30,9 @@ from .threads import pin_threads
 _THREADS = pin_threads(2)
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
-import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
-import statistics  # noqa: E402
 import warnings  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -45,6 +42,8 @@ sys.path.insert(0, str(REPO / "python"))
 import moe_mlir  # noqa: E402,F401
 from moe_mlir.backends.dynamo import capture_graphs  # noqa: E402
 from moe_mlir.demo import interleaved_runs  # noqa: E402
+
+from .compile_report import arguments, machine, medians, ratio, write  # noqa: E402
 
 VOCAB = 4096
 
@@ -86,10 +85,6 @@ def _inputs(E: int, T: int):
     return torch.randn(T, E, generator=g) * 2, torch.randint(0, VOCAB, (T,), generator=g)
 
 
-def _stats(times: dict[str, list[float]]) -> dict:
-    return {k: {"median_us": statistics.median(v) * 1e3, "min_us": min(v) * 1e3} for k, v in times.items()}
-
-
 def measure(name: str, tokens: list[int], rounds: int) -> dict:
     fn, E, k = CASES[name]
     table = _table(E, k)
@@ -106,7 +101,7 @@ def measure(name: str, tokens: list[int], rounds: int) -> dict:
                 for b in ("inductor", "moe"):
                     for got, ref in zip(fns[b](x, table, ids), want):
                         torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-4)
-                row[f"fwd_T{T}"] = _stats(interleaved_runs(
+                row[f"fwd_T{T}"] = medians(interleaved_runs(
                     {b: (lambda f=f: f(x, table, ids)) for b, f in fns.items()}, rounds))
             print(json.dumps({name: {T: {b: round(v["median_us"], 1) for b, v in row[f"fwd_T{T}"].items()}}}),
                   flush=True)
@@ -117,13 +112,9 @@ def measure(name: str, tokens: list[int], rounds: int) -> dict:
         def train(b):
             w, _ = fns[b](xs[b], table, ids)
             w.sum().backward()
-        row[f"train_T{T}"] = _stats(interleaved_runs({b: (lambda b=b: train(b)) for b in fns}, max(rounds // 4, 5)))
+        row[f"train_T{T}"] = medians(interleaved_runs({b: (lambda b=b: train(b)) for b in fns}, max(rounds // 4, 5)))
     row["raised"] = sorted({op for g in log for op in g.moe_ops()})
     return row
-
-
-def _ratio(cell: dict, base: str) -> float:
-    return cell[base]["median_us"] / cell["moe"]["median_us"]
 
 
 def _markdown(rows: list[dict], tokens: list[int], header: str) -> str:
@@ -132,7 +123,7 @@ def _markdown(rows: list[dict], tokens: list[int], header: str) -> str:
              "", "| case | E | k | raised | " + " | ".join(cols) + " |", "|---" * (4 + len(cols)) + "|"]
     for r in rows:
         cells = [f"{r[c]['moe']['median_us']:.1f} / {r[c]['inductor']['median_us']:.1f} / "
-                 f"{r[c]['eager']['median_us']:.1f}: {_ratio(r[c], 'inductor'):.2f} / {_ratio(r[c], 'eager'):.2f}"
+                 f"{r[c]['eager']['median_us']:.1f}: {ratio(r[c], 'inductor'):.2f} / {ratio(r[c], 'eager'):.2f}"
                  for c in cols]
         lines.append(f"| {r['case']} | {r['E']} | {r['k']} | {', '.join(r['raised']) or '-'} | "
                      + " | ".join(cells) + " |")
@@ -140,35 +131,19 @@ def _markdown(rows: list[dict], tokens: list[int], header: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=_THREADS)
-    ap.add_argument("--tokens", type=int, nargs="*", default=[16, 64, 4096])
-    ap.add_argument("--only", nargs="*", default=[])
-    ap.add_argument("--rounds", type=int, default=100)
-    ap.add_argument("--tag", default="")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
-    args = ap.parse_args(argv)
+    args = arguments(_THREADS, [16, 64, 4096], 100).parse_args(argv)
     load0 = os.getloadavg()
     rows = [measure(name, args.tokens, args.rounds) for name in CASES if not args.only or name in args.only]
     load1 = os.getloadavg()
-    import platform
-
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
     header = (f"# Hash routers: backend \"moe\" vs inductor and eager ({datetime.date.today()})\n\n"
-              f"Machine: {cpu}, {args.threads} threads, torch {torch.__version__}; load average before "
-              f"{[round(x, 2) for x in load0]}, after {[round(x, 2) for x in load1]}. `python -m bench.hash_routing` "
+              f"{machine(args.threads, load0, load1)} `python -m bench.hash_routing` "
               f"(bench/hash_routing.py: each routing program on logits [T, E] and token ids, compiled once with "
               f"dynamic=True; forward without grad, {args.rounds} interleaved rounds; forward + backward of the "
               f"weights' sum at the largest T, {max(args.rounds // 4, 5)} rounds; medians).")
     text = _markdown(rows, args.tokens, header)
     print(text)
-    stem = f"hash-routing-{datetime.date.today()}-t{args.threads}" + (f"-{args.tag}" if args.tag else "")
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / f"{stem}.md").write_text(text)
-    (Path(args.out) / f"{stem}.json").write_text(json.dumps(
-        {"load_before": load0, "load_after": load1, "threads": args.threads, "rounds": args.rounds, "rows": rows},
-        indent=1))
+    write(args.out, "hash-routing", args.threads, args.tag, text,
+          {"load_before": load0, "load_after": load1, "threads": args.threads, "rounds": args.rounds, "rows": rows})
     return 0
 
 

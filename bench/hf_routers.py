@@ -26,13 +26,10 @@ from .threads import pin_threads
 _THREADS = pin_threads(2)
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
-import argparse  # noqa: E402
 import datetime  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
-import statistics  # noqa: E402
 import warnings  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -44,6 +41,8 @@ import hf_families  # noqa: E402
 import moe_mlir  # noqa: E402,F401
 from moe_mlir.backends.dynamo import capture_graphs  # noqa: E402
 from moe_mlir.demo import interleaved_runs  # noqa: E402
+
+from .compile_report import arguments, machine, medians, write  # noqa: E402
 
 #: Router-sized dimensions (hf_families' shrinker applies them where a config has the attribute).
 SIZES = {"hidden_size": 256, "d_model": 256, "num_experts": 64, "num_local_experts": 64, "n_routed_experts": 64,
@@ -88,12 +87,6 @@ def _inputs(router: torch.nn.Module, T: int, hidden: int) -> tuple:
     raise RuntimeError("the router takes neither [T, hidden] nor [1, T, hidden]")
 
 
-def _time(fns: dict, rounds: int) -> dict[str, list[float]]:
-    """Each function's times (us) over interleaved rounds without grad (demo.interleaved_runs)."""
-    with torch.no_grad():
-        return {k: [t * 1e3 for t in v] for k, v in interleaved_runs(fns, rounds).items()}
-
-
 def measure(family: str, tokens: list[int], rounds: int) -> dict:
     row: dict = {"family": family}
     try:
@@ -121,8 +114,9 @@ def measure(family: str, tokens: list[int], rounds: int) -> dict:
         row.setdefault("raised", sorted({op for g in log for op in g.moe_ops()}))
         _check(got_m, want)
         _check(got_i, want)
-        times = _time({"moe": lambda: moe(*args), "inductor": lambda: ind(*args)}, rounds)
-        row[f"T{T}"] = {k: {"median_us": statistics.median(v), "min_us": min(v)} for k, v in times.items()}
+        with torch.no_grad():
+            row[f"T{T}"] = medians(interleaved_runs({"moe": lambda: moe(*args), "inductor": lambda: ind(*args)},
+                                                    rounds))
     return row
 
 
@@ -179,14 +173,7 @@ def _markdown(rows: list[dict], tokens: list[int], header: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=_THREADS)
-    ap.add_argument("--tokens", type=int, nargs="*", default=[16, 2048])
-    ap.add_argument("--only", nargs="*", default=[])
-    ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--tag", default="")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
-    args = ap.parse_args(argv)
+    args = arguments(_THREADS, [16, 2048], 30).parse_args(argv)
     families = [f for f in hf_families.families() if not args.only or f in args.only]
     load0 = os.getloadavg()
     rows = []
@@ -197,20 +184,13 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"family": f, "skipped": f"{type(e).__name__}: {str(e)[:160]}"})
         print(json.dumps(rows[-1]), flush=True)
     load1 = os.getloadavg()
-    import platform
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
     header = (f"# transformers MoE routers: backend \"moe\" vs inductor ({datetime.date.today()})\n\n"
-              f"Machine: {cpu}, {args.threads} threads, torch {torch.__version__}; load average before "
-              f"{[round(x, 2) for x in load0]}, after {[round(x, 2) for x in load1]}. `python -m bench.hf_routers` "
+              f"{machine(args.threads, load0, load1)} `python -m bench.hf_routers` "
               f"(bench/hf_routers.py: each family's first router at hidden 256, 64 experts, top-8; forward, no "
               f"grad; {args.rounds} interleaved rounds; x = inductor / moe, medians).")
     text = _markdown(rows, args.tokens, header)
     print(text)
-    stem = f"hf-routers-{datetime.date.today()}-t{args.threads}" + (f"-{args.tag}" if args.tag else "")
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / f"{stem}.md").write_text(text)
-    (Path(args.out) / f"{stem}.json").write_text(json.dumps(rows, indent=1))
+    write(args.out, "hf-routers", args.threads, args.tag, text, rows)
     return 0
 
 

@@ -23,13 +23,10 @@ from .threads import pin_threads
 _THREADS = pin_threads(2)
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
-import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import warnings  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -42,16 +39,14 @@ from moe_mlir.backends.dynamo import capture_graphs  # noqa: E402
 from moe_mlir.demo import interleaved_runs  # noqa: E402
 from routing_corpus import CORPUS, Program  # noqa: E402
 
+from .compile_report import arguments, machine, medians, ratio, write  # noqa: E402
+
 BACKENDS = ("eager", "inductor", "moe")
 
 
 def _inputs(p: Program, T: int):
     g = torch.Generator().manual_seed(T)
     return torch.randn(T, p.E, generator=g) * 2, torch.randn(p.E, generator=g) * 0.3
-
-
-def _stats(times: dict[str, list[float]]) -> dict:
-    return {k: {"median_us": statistics.median(v) * 1e3, "min_us": min(v) * 1e3} for k, v in times.items()}
 
 
 def measure(p: Program, tokens: list[int], rounds: int) -> dict:
@@ -64,7 +59,7 @@ def measure(p: Program, tokens: list[int], rounds: int) -> dict:
         for T in tokens:
             x, b = _inputs(p, T)
             with torch.no_grad():
-                row[f"fwd_T{T}"] = _stats(interleaved_runs({k: (lambda f=f: f(x, b)) for k, f in fns.items()},
+                row[f"fwd_T{T}"] = medians(interleaved_runs({k: (lambda f=f: f(x, b)) for k, f in fns.items()},
                                                            rounds))
         T = max(tokens)
         x, b = _inputs(p, T)
@@ -73,14 +68,10 @@ def measure(p: Program, tokens: list[int], rounds: int) -> dict:
         def train(k):
             w, _ = fns[k](xs[k], b)
             w.sum().backward()
-        row[f"train_T{T}"] = _stats(interleaved_runs({k: (lambda k=k: train(k)) for k in fns}, rounds))
+        row[f"train_T{T}"] = medians(interleaved_runs({k: (lambda k=k: train(k)) for k in fns}, rounds))
     row["raised"] = sorted({op for g in log for op in g.moe_ops()})
     row["misses"] = sorted({m for g in log for m in g.misses})
     return row
-
-
-def _ratio(cell: dict, base: str) -> float:
-    return cell[base]["median_us"] / cell["moe"]["median_us"]
 
 
 def _markdown(rows: list[dict], tokens: list[int], header: str) -> str:
@@ -91,14 +82,14 @@ def _markdown(rows: list[dict], tokens: list[int], header: str) -> str:
         if "error" in r:
             lines.append(f"| {r['program']} | - | - | error: {r['error']} |" + " |" * len(cols))
             continue
-        cells = [f"{r[c]['moe']['median_us']:.1f}: {_ratio(r[c], 'inductor'):.2f} / {_ratio(r[c], 'eager'):.2f}"
+        cells = [f"{r[c]['moe']['median_us']:.1f}: {ratio(r[c], 'inductor'):.2f} / {ratio(r[c], 'eager'):.2f}"
                  for c in cols]
         lines.append(f"| {r['program']} | {r['E']} | {r['k']} | {', '.join(r['raised']) or '-'} | "
                      + " | ".join(cells) + " |")
     ok = [r for r in rows if "error" not in r]
     for c in cols:
-        below = [r["program"] for r in ok if _ratio(r[c], "inductor") < 1.0]
-        ratios = sorted(_ratio(r[c], "inductor") for r in ok)
+        below = [r["program"] for r in ok if ratio(r[c], "inductor") < 1.0]
+        ratios = sorted(ratio(r[c], "inductor") for r in ok)
         if ratios:
             lines.append(f"\n{c}: {len(ok)} programs, x inductor {ratios[0]:.2f}-{ratios[-1]:.2f} (median "
                          f"{statistics.median(ratios):.2f}); below 1.0x: {len(below)} {below if below else ''}")
@@ -106,14 +97,7 @@ def _markdown(rows: list[dict], tokens: list[int], header: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=_THREADS)
-    ap.add_argument("--tokens", type=int, nargs="*", default=[16, 64, 4096])
-    ap.add_argument("--only", nargs="*", default=[])
-    ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--tag", default="")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
-    args = ap.parse_args(argv)
+    args = arguments(_THREADS, [16, 64, 4096], 30).parse_args(argv)
     programs = [p for p in CORPUS if not args.only or any(p.name.startswith(o) for o in args.only)]
     load0 = os.getloadavg()
     rows = []
@@ -124,17 +108,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"program": p.name, "error": f"{type(e).__name__}: {str(e)[:160]}"})
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "misses"}), flush=True)
     load1 = os.getloadavg()
-    date = datetime.date.today().isoformat()
-    header = (f"# The routing corpus: backend \"moe\" against inductor and eager ({date})\n\n"
+    header = (f"# The routing corpus: backend \"moe\" against inductor and eager ({datetime.date.today()})\n\n"
               f"`python -m bench.raising_corpus --threads {args.threads} --tokens "
-              f"{' '.join(map(str, args.tokens))} --rounds {args.rounds}`; {platform.processor() or platform.machine()}"
-              f", {os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} threads; load average "
-              f"{load0[0]:.2f} before, {load1[0]:.2f} after.")
-    name = f"raising-corpus-{date}-t{args.threads}" + (f"-{args.tag}" if args.tag else "")
-    out = Path(args.out)
-    (out / f"{name}.json").write_text(json.dumps(rows, indent=1) + "\n")
-    (out / f"{name}.md").write_text(_markdown(rows, args.tokens, header))
-    print(f"wrote {out / name}.md")
+              f"{' '.join(map(str, args.tokens))} --rounds {args.rounds}`. {machine(args.threads, load0, load1)}")
+    path = write(args.out, "raising-corpus", args.threads, args.tag, _markdown(rows, args.tokens, header), rows)
+    print(f"wrote {path}")
     return 0
 
 
