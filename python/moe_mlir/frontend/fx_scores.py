@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 import torch.fx as fx
@@ -41,28 +41,35 @@ def _softmax_dim(n: fx.Node) -> Optional[int]:
     return None
 
 
-def _topk_parts(n: fx.Node) -> Optional[tuple[fx.Node, int, Optional[fx.Node], Optional[fx.Node]]]:
-    """(input, k, values getitem, indices getitem) of a last-dim, largest ``topk`` node."""
-    if n.op != "call_function" or n.target != aten.topk.default:
+class TopK(NamedTuple):
+    """A last-dim, ``largest``, floating-point ``topk`` with an int ``k``; ``values`` and ``indices`` are its
+    ``getitem`` users (None where there is none)."""
+    x: fx.Node
+    k: int
+    sorted: bool
+    values: Optional[fx.Node]
+    indices: Optional[fx.Node]
+
+
+def _topk_parts(n: fx.Node, k_of: Optional[Callable[[Any], int]] = None) -> Optional[TopK]:
+    """``n`` as a :class:`TopK`, or None. ``k_of`` turns a symbolic ``k`` (``dynamic=True`` makes a constant k an
+    input too) into an int, or raises; without it such a top-k is not one."""
+    if not is_call(n, (aten.topk.default,)):
         return None
-    args = list(n.args) + [None] * (5 - len(n.args))
+    args = list(n.args) + [None] * (6 - len(n.args))
     x, k = args[0], args[1]
+    if k_of is not None and isinstance(k, fx.Node) and isinstance(k.meta.get("val"), torch.SymInt):
+        k = k_of(k.meta["val"])
     dim = args[2] if args[2] is not None else n.kwargs.get("dim", -1)
     largest = args[3] if args[3] is not None else n.kwargs.get("largest", True)
-    if not largest or not _last_dim(x, dim):
+    srt = args[4] if args[4] is not None else n.kwargs.get("sorted", True)
+    xv = tensor_val(x)
+    if xv is None or xv.dim() < 1 or xv.dtype not in FLOATS or not largest or not isinstance(k, int):
         return None
-    if x.meta["val"].dtype not in FLOATS or not isinstance(k, int):
+    if not _last_dim(x, dim):
         return None
-    vals = idxs = None
-    for u in n.users:
-        if u.target is operator.getitem:
-            if u.args[1] == 0:
-                vals = u
-            elif u.args[1] == 1:
-                idxs = u
-        else:
-            return None
-    return x, int(k), vals, idxs
+    got = {u.args[1]: u for u in n.users if u.target is operator.getitem}
+    return TopK(x, int(k), bool(srt), got.get(0), got.get(1))
 
 
 def _is_probability_mix(x: fx.Node) -> bool:

@@ -137,9 +137,11 @@ def _raise_topk_sigmoid_dense(graph: fx.Graph, tk: fx.Node) -> bool:
     """Llama-4: ``sigmoid(full_like(x, -inf).scatter(1, topk(x, k).indices, topk(x, k).values))`` (the dense [T, E]
     gate, 0 off the selection) -> ``zeros.scatter(1, idx, moe.route(x, k, sigmoid, topk_then_score).weights)``."""
     parts = _topk_parts(tk)
-    if parts is None or parts[2] is None or parts[3] is None:
+    if parts is None or parts.values is None or parts.indices is None:
         return False
-    x, k, vals, idxs = parts
+    if any(u.target is not operator.getitem for u in tk.users):
+        return False
+    x, k, vals, idxs = parts.x, parts.k, parts.values, parts.indices
     xv = tensor_val(x)
     if xv is None or xv.dim() != 2:
         return False

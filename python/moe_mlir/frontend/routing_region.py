@@ -43,7 +43,8 @@ import torch
 import torch.fx as fx
 
 from .fx_match import FLOATS, is_call, new_node, tensor_val
-from .fx_scores import _custom_scoring_of, _is_probability_mix, _same_values
+from . import fx_scores
+from .fx_scores import TopK, _custom_scoring_of, _is_probability_mix, _same_values
 
 aten = torch.ops.aten
 moe = torch.ops.moe
@@ -144,26 +145,12 @@ def _same_shape(a: Any, b: Any) -> bool:
     return len(a) == len(b) and all(_same_size(x, y) for x, y in zip(a, b))
 
 
-def _topk_parts(n: fx.Node) -> Optional[tuple[fx.Node, int, bool]]:
-    """(input, k, sorted) of a last-dim ``largest`` top-k with an int ``k``."""
-    if not is_call(n, (aten.topk.default,)):
+def _topk_parts(n: fx.Node) -> Optional[TopK]:
+    """fx_scores' top-k, a symbolic k specialized as the experts' number is (a k that cannot be: not a top-k)."""
+    try:
+        return fx_scores._topk_parts(n, k_of=_experts)
+    except Miss:
         return None
-    args = list(n.args) + [None] * (6 - len(n.args))
-    x, k = args[0], args[1]
-    if isinstance(k, fx.Node) and isinstance(k.meta.get("val"), torch.SymInt):
-        try:
-            k = _experts(k.meta["val"])  # dynamic=True makes a constant k an input too: specialized alike
-        except Miss:
-            return None
-    dim = args[2] if args[2] is not None else n.kwargs.get("dim", -1)
-    largest = args[3] if args[3] is not None else n.kwargs.get("largest", True)
-    srt = args[4] if args[4] is not None else n.kwargs.get("sorted", True)
-    xv = tensor_val(x)
-    if xv is None or not largest or not isinstance(k, int) or not isinstance(dim, int) or xv.dim() < 1:
-        return None
-    if dim % xv.dim() != xv.dim() - 1 or xv.dtype not in FLOATS:
-        return None
-    return x, k, bool(srt)
 
 
 class Miss(Exception):
@@ -338,7 +325,7 @@ def find_region(tk: fx.Node, gm: Optional[fx.GraphModule] = None, minimal: Any =
     parts = _topk_parts(tk)
     if parts is None:
         raise Miss("not a last-dim largest top-k with a constant k")
-    x, k, ordered = parts
+    x, k, ordered = parts.x, parts.k, parts.sorted
     E = _experts(tensor_val(x).shape[-1])
     logits = x if at_input else _logits_of(x, E)
     lead = tuple(tensor_val(logits).shape[:-1])
@@ -433,9 +420,9 @@ def _hints(nodes: list[fx.Node], E: int, lead: tuple, k: int) -> dict[str, Any]:
         if all(isinstance(d, int) for d in last2) and last2 and last2[0] * last2[1] == E and 1 < last2[0] < E:
             groups.add(last2[0])
         parts = _topk_parts(n)
-        width = _static(tensor_val(parts[0]).shape[-1]) if parts is not None else None
+        width = _static(tensor_val(parts.x).shape[-1]) if parts is not None else None
         if isinstance(width, int) and width < E:
-            kept.add((width, parts[1]))
+            kept.add((width, parts.k))
         if _packet(n) in (aten.mul, aten.div) and len(n.args) > 1:
             c = n.args[1]
             if isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c > 0:
