@@ -142,12 +142,13 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "vary from run to run); a guard over each batch element (finite u and e, the spread of |u|^2/(2 tau) at "
            "most 60, N >= 256) and the exact kernel for the elements it declines. Off by default">,
     Option<"flashMmaGrad", "flash-mma-grad", "bool", /*default=*/"false",
-           "similarity_inform_grad with f16/bf16 u and e (one type), no ws, at most 128 features and 64 experts on "
+           "similarity_inform_grad with f16/bf16 u and e (one type), no ws, at most 256 features and 64 experts on "
            "tensor cores (FlashMmaGrad.cpp, issue #47 item 3): FlashAttention-2's backward as two deterministic "
            "passes, by query (dq) and by key (de, dk), each recomputing S = X U^T and <dp, e> on mma.sync with one "
            "FFMA and one EX2 a score and taking the sums dX U and P dp on mma.sync (dp, P and dX rounded to the "
-           "operand type); the recomputed forward, where p and lse are not saved, on the tensor-core kernel. "
-           "Off by default">,
+           "operand type); past 128 features the features split over two blocks along the grid's z, the column "
+           "tiles copied by cp.async; the recomputed forward, where p and lse are not saved, on the tensor-core "
+           "kernel. Off by default">,
     Option<"flashMixWide", "flash-mix-wide", "bool", /*default=*/"false",
            "the f32 flash mixing kernel (similarity_inform and attention_posterior where the tensor-core kernel "
            "does not apply: f32 operands, ws, mixed types; their training forwards and fused top-k) in its wide "
@@ -179,12 +180,13 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "barriers and staging loops a key, ~25% fewer SASS instructions a score on sm_90. The runtime opts the "
            "kernel in past 48 KiB at its launch. Off by default">,
     Option<"flashMmaWgmma", "flash-mma-wgmma", "bool", /*default=*/"false",
-           "sm_90a (moe-lower-to-nvvm applies it only with chip=sm_90a: wgmma has no sm_90 form): the tensor-core kernel of "
-           "two row tiles a warp (flash-mma-block-rows=128, D a multiple of 64) takes Q.K^T on Hopper's "
-           "warpgroup MMA (wgmma.mma_async m64nNk16, both operands from shared memory through 128-byte-swizzle "
-           "descriptors; the query tile staged once, the key tiles copied by cp.async into the swizzled layout), "
-           "the block's 4 warps one warpgroup; P.e stays on mma.sync from registers. No lazy rescale (its vote is "
-           "a warp's, the wgmma a warpgroup's). Off by default">,
+           "sm_90a (moe-lower-to-nvvm applies it only with chip=sm_90a: wgmma has no sm_90 form): the tensor-core "
+           "kernels, of two row tiles a warp (flash-mma-block-rows=128) and of one (past 128 features, "
+           "attention_posterior), take Q.K^T on Hopper's warpgroup MMA where D is a multiple of 64 "
+           "(wgmma.mma_async m64nNk16, both operands from shared memory through 128-byte-swizzle descriptors; the "
+           "query tile staged once, the key tiles copied by cp.async into the swizzled layout), the block's 4 warps "
+           "one warpgroup; P.e stays on mma.sync from registers; the lazy rescale's hot loop leaves on the block's "
+           "vote (bar.red.or), as the warpgroup's MMA must run in all 4 warps. Off by default">,
     Option<"flashMmaTma", "flash-mma-tma", "bool", /*default=*/"false",
            "with flash-mma-wgmma (sm_90a): the wgmma kernels' key tiles copied by the Tensor Memory Accelerator "
            "(cp.async.bulk.tensor, one copy a 64-feature panel issued by one thread, the 128-byte swizzle applied "
