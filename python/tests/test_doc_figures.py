@@ -46,7 +46,6 @@ DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 # measured figure belongs in a result file.
 DESIGN = "timings taken while choosing a design, recorded with it: its reasons, not claims of the product's speed"
 UNSOURCED: dict[tuple[str, str | None], str] = {
-    ("docs/Testing.md", None): "the test command's own record: its stage times are the runs this page logs",
     ("docs/MoEDensePasses.md", None): "generated from include/MoE/Transforms/Passes.td (mlir-doc): the slowdown "
                                       "each pass avoids",
     ("docs/CPU.md", "Measurements"): DESIGN,
@@ -58,11 +57,6 @@ UNSOURCED: dict[tuple[str, str | None], str] = {
     ("docs/Training.md", "Autograd in C++"): DESIGN,
     ("docs/Training.md", "Backward ops and kernels"): DESIGN,
     ("docs/ExpertParallel.md", "Cost model at 8-64 GPUs"): "the model's output for the parameters it states",
-    ("docs/GPU.md", "an H100 is the EX2 rate: 71 us"): "a bound computed from the chip's rates, not measured",
-    ("docs/GPU.md", "an estimated 4 us at E = 256"): "a latency estimate, not measured",
-    ("docs/GPU.md", "carries ~2.5x the forward's work"): "a count of operations, not a time",
-    ("docs/YourRouter.md", "Its speed"): "measured by examples/your_router.py in a run not yet committed; the "
-                                         "page is being rewritten (issue 83): to cite its result file",
 }
 
 # The marker that lets a unit cite a run a newer one of the same bench and tag supersedes.
