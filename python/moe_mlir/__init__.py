@@ -3,6 +3,8 @@
 Layers (imports go down only; ``tests/test_layering.py`` checks there is no cycle):
 
 * :mod:`moe_mlir.ops` registers ``torch.ops.moe.*`` (the dialect's ops, their fused forms and their backward ops); :mod:`moe_mlir.runtime` loads kernels;
+* :mod:`moe_mlir.functional`: the Pythonic form of the ops (``moe_mlir.route(logits, k=8, scoring=...)``: keyword
+  options, named results, int64 indices, callables as scores), re-exported here;
 * :mod:`moe_mlir.frontend`: export, raising of routing idioms to ``torch.ops.moe.*``, partitioning;
 * :mod:`moe_mlir.mlir`: the MLIR printer (a small builder) and the importer (aten → linalg/moe table);
 * :mod:`moe_mlir.backends`: ``dynamo`` (``torch.compile(backend="moe")``: raising, then inductor), ``cpu`` (the
@@ -17,6 +19,34 @@ Importing the package loads no MLIR/LLVM library: only the whole-graph executor 
 from ._version import __version__  # noqa: F401
 from . import ops  # noqa: F401  (registers torch.ops.moe.*)
 from . import metrics  # noqa: F401
+from . import functional  # noqa: F401
+from .functional import (  # noqa: F401  (the Pythonic API of torch.ops.moe.*)
+    AttentionPosterior,
+    AttentionPosteriorTopK,
+    CapacityResult,
+    DispatchPlan,
+    Dispersion,
+    RouteResult,
+    RouterStats,
+    RouterWeights,
+    adjacency_update,
+    apply_capacity,
+    attention_posterior,
+    attention_posterior_topk,
+    bias_update,
+    capacity_of,
+    dispatch_plan,
+    hyper_router,
+    load_balancing_loss,
+    mad_dispersion,
+    route,
+    router_stats,
+    router_z_loss,
+    sequence_balance_loss,
+    similarity_inform,
+    similarity_inform_topk,
+    topk_renorm,
+)
 from .api import compile  # noqa: F401
 from .backends.dynamo import register_backend as _register_backend
 from .runtime.driver import run_moe_opt  # noqa: F401
@@ -53,6 +83,8 @@ if "torch._dynamo" in __import__("sys").modules or not _backend_found_by_entry_p
 __all__ = [
     "__version__",
     "ops",
+    "functional",
+    *functional.__all__,
     "metrics",
     "import_model",
     "import_program",

@@ -2,7 +2,8 @@
 
 Every ``import`` counts, at module level or inside a function (a deferred import is still a dependency), except
 under ``if TYPE_CHECKING:``. Layers, bottom up: ``ops``/``reference``/``runtime`` → ``frontend`` → ``mlir`` (the
-printer) → ``backends`` → ``api`` → the package ``__init__``; ``metrics``/``models``/``demo`` sit beside.
+printer) → ``backends`` → ``api`` → the package ``__init__``; ``functional`` (the Pythonic face of the ops) sits on
+``ops`` alone; ``metrics``/``models``/``demo`` sit beside.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ FORBIDDEN = {
     "moe_mlir.frontend": ("moe_mlir.mlir", "moe_mlir.backends", "moe_mlir.api", "moe_mlir.runtime"),
     "moe_mlir.mlir": ("moe_mlir.backends", "moe_mlir.api"),
     "moe_mlir.backends": ("moe_mlir.api",),
+    "moe_mlir.functional": ("moe_mlir.frontend", "moe_mlir.mlir", "moe_mlir.backends", "moe_mlir.api",
+                            "moe_mlir.runtime"),
 }
 
 

@@ -1,8 +1,14 @@
 """What the torch ops check beyond their kernel key's op (whose ODS verifier checks every call:
 :mod:`moe_mlir.runtime.verify`): the values of index operands, which only the eager references read before they index
-with them (the kernels report theirs), and the one wording of an op's error."""
+with them (the kernels report theirs), and the one wording of an op's errors.
+
+The error policy, that of torch and of the verifier's diagnostics: :class:`TypeError` for a dtype (or a Python
+argument of the wrong type), :class:`ValueError` for a shape or a value (an option outside its choices, an index
+outside its range), :class:`RuntimeError` for a device (operands on different devices)."""
 
 from __future__ import annotations
+
+from typing import Any, Iterable, Optional
 
 from torch import Tensor
 
@@ -19,3 +25,28 @@ def _check_index_range(op: str, name: str, t: Tensor, bound: int) -> None:
     if lo < 0 or hi >= bound:
         bad = lo if lo < 0 else hi
         _fail(op, f"'{name}' holds {bad}, outside [0, {bound}): the value indexes no expert")
+
+
+def _choices(values: Iterable[str]) -> str:
+    """``'a', 'b', 'c'``: the list of valid values as the op verifier words it (KernelKey.h)."""
+    return ", ".join(repr(v) for v in values)
+
+
+def _check_choice(op: str, name: str, value: Any, choices: tuple[str, ...], extra: str = "") -> None:
+    """ValueError unless ``value`` is one of ``choices`` (an option's ``Literal`` values); ``extra`` names what else
+    the option takes (``" or a callable"``). The wording is the verifier's for the torch ops' enum attributes."""
+    if not (isinstance(value, str) and value in choices):
+        _fail(op, f"'{name}' must be one of {_choices(choices)}{extra}, got {value!r}")
+
+
+def _check_same_device(op: str, tensors: dict[str, Optional[Tensor]]) -> None:
+    """RuntimeError when the tensor operands (by name; None for an absent optional one) are on different devices."""
+    first: Optional[tuple[str, Tensor]] = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if first is None:
+            first = (name, t)
+        elif t.device != first[1].device:
+            raise RuntimeError(f"moe.{op}: '{name}' is on {t.device} but '{first[0]}' is on {first[1].device}: "
+                               "every tensor operand must be on one device")

@@ -17,7 +17,7 @@ import torch
 
 from ..runtime.verify import KernelView, verify
 
-__all__ = ["moe_op", "as_f32", "as_f32_scalar", "as_i32", "not_in_key", "OpCheck"]
+__all__ = ["moe_op", "document", "as_f32", "as_f32_scalar", "as_i32", "not_in_key", "OpCheck"]
 
 
 def as_f32(t: Optional[torch.Tensor]) -> Optional[KernelView]:
@@ -66,6 +66,15 @@ class OpCheck:
             self.check(**bound.arguments)
 
 
+def document(name: str, doc: str, *objects: Any) -> None:
+    """Makes ``doc`` what ``help()`` shows for ``torch.ops.moe.<name>`` (the overload packet users call), its default
+    overload (what graphs hold) and ``objects`` (the ``CustomOpDef`` of :mod:`moe_mlir.ops`): torch.library gives a
+    custom op's packet no docstring, only its schema."""
+    packet = getattr(torch.ops.moe, name)
+    for obj in (packet, packet.default, *objects):
+        obj.__doc__ = doc
+
+
 def moe_op(name: str, *, fake: Callable, key: Optional[str] = None, views: Optional[Mapping[str, Callable]] = None,
            check: Optional[Callable] = None) -> Callable[[Callable], Any]:
     """``torch.library.custom_op("moe::<name>")`` of the decorated function (its schema inferred from it; the eager
@@ -74,7 +83,8 @@ def moe_op(name: str, *, fake: Callable, key: Optional[str] = None, views: Optio
     with the arguments by name: the rules of the torch op itself that the key's op does not state (what it takes
     and converts before the kernel sees it, which a view hides from the key). The returned op's ``check`` attribute
     is the whole check, for the decompositions that stand in for the op; ``prototype`` and ``fake`` are the decorated
-    function and ``fake`` (what a form derived from the op, ops/fused.py's, builds on)."""
+    function and ``fake`` (what a form derived from the op, ops/fused.py's, builds on). The decorated function's
+    docstring, after the schema, is the op's ``help()`` (:func:`document`)."""
 
     def define(fn: Callable):
         check_call = OpCheck(fn, name, key, views, check)
@@ -93,6 +103,7 @@ def moe_op(name: str, *, fake: Callable, key: Optional[str] = None, views: Optio
         op = torch.library.custom_op(f"moe::{name}", eager, mutates_args=(), schema=schema)
         op.register_fake(fake_kernel)
         op.check, op.prototype, op.fake = check_call, fn, fake
+        document(name, f"torch.ops.moe.{name}{schema}\n\n{inspect.cleandoc(fn.__doc__ or '')}", op)
         return op
 
     return define

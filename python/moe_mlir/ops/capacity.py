@@ -17,6 +17,8 @@ moe_mlir/reference/routing.py. CPU kernels: lib/Runtime/Torch/CapacityOps.cpp.
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
+
 import torch
 from torch import Tensor
 
@@ -29,7 +31,9 @@ from .loading import _GRAD_OPS, KEY_OPS, _note_fallback
 
 #: The capacity and bias-balancing ops; ``torch.ops.moe.<name>`` exists for each.
 CAPACITY_OP_NAMES: tuple[str, ...] = ("apply_capacity", "bias_update")
-CAPACITY_DROPS = ("position", "probability")
+#: Which assignments ``moe.apply_capacity`` drops first (MoERoutingAttrs.td's CapacityDrop).
+CapacityDrop = Literal["position", "probability"]
+CAPACITY_DROPS: tuple[str, ...] = get_args(CapacityDrop)
 
 
 def capacity_of(tokens: int, top_k: int, num_experts: int, factor: float) -> int:

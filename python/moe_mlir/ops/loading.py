@@ -20,13 +20,29 @@ _KERNELS_UNAVAILABLE: Optional[str] = None
 _EXTENSION_LOADED = False
 
 
+#: The device types without compiled kernels whose fallback has been announced (once each per process).
+_DEVICES_WARNED: set[str] = set()
+#: The device types the ops have kernels for (CUDA: where the extension was built with them; an op without a CUDA
+#: kernel runs its reference there by design, see moe_mlir.runtime.extension.cuda_unavailable) or need none ("meta":
+#: the fake kernels).
+_KERNEL_DEVICES = ("cpu", "cuda", "meta")
+
+
 def _note_fallback(t: Tensor) -> None:
-    """Called by the eager kernels: on a CPU tensor they run only when the compiled kernels are unavailable."""
+    """Called by the eager kernels: on a CPU tensor they run only when the compiled kernels are unavailable; on a
+    device without kernels (MPS, XPU, ...) always, as the documented fallback: the eager references run there (torch
+    ops on the tensors' own device), announced by a one-time RuntimeWarning per device type."""
     global _FALLBACK_WARNED
-    if t.device.type == "cpu" and not _FALLBACK_WARNED:
+    device = t.device.type
+    if device == "cpu" and not _FALLBACK_WARNED:
         _FALLBACK_WARNED = True
         warnings.warn(f"moe: the compiled CPU kernels are unavailable ({_KERNELS_UNAVAILABLE or 'not loaded'}); "
                       "torch.ops.moe.* run the eager references", RuntimeWarning, stacklevel=3)
+    elif device not in _KERNEL_DEVICES and device not in _DEVICES_WARNED:
+        _DEVICES_WARNED.add(device)
+        warnings.warn(f"moe: no compiled kernels for {device} tensors; torch.ops.moe.* run the eager references "
+                      f"(moe_mlir.reference: torch ops on the {device} device, slower than a kernel)", RuntimeWarning,
+                      stacklevel=3)
 
 
 #: The torch ops that a whole graph lowers to the op of their kernel key (mlir/lowerings/moe_ops.py: the key's op,

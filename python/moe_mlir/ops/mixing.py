@@ -3,7 +3,7 @@ its backward) and ``moe.attention_posterior`` (with its backward)."""
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Literal, Optional, Sequence, get_args
 
 import torch
 from torch import Tensor
@@ -20,7 +20,9 @@ from ._verified_op import as_f32, as_i32, moe_op
 from ._checks import _fail
 from .loading import KEY_OPS, _PYTHON_AUTOGRAD, _note_fallback
 
-HEAD_SELECTS = ("min_entropy", "all")
+#: Which heads ``moe.attention_posterior`` mixes with (MoEEnums.td's HeadSelect).
+HeadSelect = Literal["min_entropy", "all"]
+HEAD_SELECTS: tuple[str, ...] = get_args(HeadSelect)
 
 
 def _similarity_forward_op(name: str, ref, returns: str, fake_results, doc: str):

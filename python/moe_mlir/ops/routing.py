@@ -9,7 +9,7 @@ the choice and the selection bias get no gradient); ``dispatch_plan`` is integer
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional, get_args
 
 import torch
 from torch import Tensor
@@ -25,9 +25,15 @@ from .loading import _GRAD_OPS, KEY_OPS, _note_fallback
 
 #: The production routing ops (MoERoutingOps.td); ``torch.ops.moe.<name>`` exists for each.
 ROUTING_OP_NAMES: tuple[str, ...] = ("route", "dispatch_plan")
-ROUTE_SCORINGS = ("softmax", "sigmoid", "none")
-ROUTE_ORDERS = ("score_then_topk", "topk_then_score")
-GROUP_SCORES = ("top2_sum", "max")
+#: The options of ``moe.route`` (MoERoutingAttrs.td's enums; ``tests/test_functional_api.py`` checks each against the
+#: op verifier's list): the preset scores (the enum's fourth case, ``custom``, is a region: ``"custom:<region>"``,
+#: or a Python callable in :func:`moe_mlir.route`), the order of scoring and choosing, the score of a group.
+RouteScoring = Literal["softmax", "sigmoid", "none"]
+RouteOrder = Literal["score_then_topk", "topk_then_score"]
+GroupScore = Literal["top2_sum", "max"]
+ROUTE_SCORINGS: tuple[str, ...] = get_args(RouteScoring)
+ROUTE_ORDERS: tuple[str, ...] = get_args(RouteOrder)
+GROUP_SCORES: tuple[str, ...] = get_args(GroupScore)
 
 
 def _route_fake(logits, bias, k, scoring="softmax", order="score_then_topk", n_group=1, topk_group=1,

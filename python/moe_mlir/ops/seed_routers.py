@@ -3,6 +3,8 @@ and ``moe.hyper_router`` (HyperRouter) with its backward."""
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 from torch import Tensor
 
@@ -12,10 +14,15 @@ from ._verified_op import as_f32, moe_op, not_in_key
 from ._checks import _check_index_range
 from .loading import KEY_OPS, _PYTHON_AUTOGRAD, _STOP_GRADIENT, _note_fallback
 
-NORMALIZES = ("feature", "expert", "global")
-MEASURES = ("mad", "variance")
-EMPTIES = ("identity", "raw")
-ADJ_NORMS = ("row", "col", "none")
+#: The options of ``moe.mad_dispersion`` and ``moe.adjacency_update`` (MoEEnums.td).
+DispersionNormalize = Literal["feature", "expert", "global"]
+DispersionMeasure = Literal["mad", "variance"]
+EmptyCluster = Literal["identity", "raw"]
+AdjacencyNorm = Literal["row", "col", "none"]
+NORMALIZES: tuple[str, ...] = get_args(DispersionNormalize)
+MEASURES: tuple[str, ...] = get_args(DispersionMeasure)
+EMPTIES: tuple[str, ...] = get_args(EmptyCluster)
+ADJ_NORMS: tuple[str, ...] = get_args(AdjacencyNorm)
 
 
 def _mad_dispersion_fake(tokens, assign, num_experts, eps=1e-4, clip=10.0, normalize="feature", measure="mad",

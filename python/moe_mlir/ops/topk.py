@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 from torch import Tensor
 
@@ -10,7 +12,9 @@ from ._autograd import _needs
 from ._verified_op import as_f32, as_i32, moe_op
 from .loading import KEY_OPS, _PYTHON_AUTOGRAD, _note_fallback
 
-TOPK_MODES = ("logits", "probs")
+#: What ``moe.topk_renorm``'s scores are (MoEEnums.td's TopkMode).
+TopkMode = Literal["logits", "probs"]
+TOPK_MODES: tuple[str, ...] = get_args(TopkMode)
 
 
 def _topk_renorm_fake(scores: Tensor, k: int, mode: str = "logits", renormalize: bool = True) -> tuple[Tensor, Tensor]:
