@@ -193,6 +193,13 @@ def test_bad_shapes_are_errors():
         X.grouped_mm(torch.randn(4, 5), torch.randn(2, 5, 3), torch.tensor([0, 1, 3]))
 
 
+def test_bad_dtypes_are_type_errors():
+    with pytest.raises(TypeError, match="x is torch.float32 but w is torch.float64"):
+        X.grouped_mm(torch.randn(4, 5), torch.randn(2, 5, 3, dtype=torch.float64), torch.tensor([0, 2, 4]))
+    with pytest.raises(TypeError, match="offsets must be int32 or int64, got torch.float32"):
+        X.grouped_mm(torch.randn(4, 5), torch.randn(2, 5, 3), torch.tensor([0.0, 2.0, 4.0]))
+
+
 def test_grouped_mm_matches_per_expert_matmul_and_opcheck():
     g = torch.Generator().manual_seed(8)
     x = torch.randn(10, 5, generator=g, dtype=torch.float64)
@@ -425,8 +432,14 @@ def test_expert_mlp_bad_inputs_are_errors():
         X.expert_mlp(x, token, torch.tensor([0, 1, 1, 2, 3]), rw, w1, w2, gate)
     with pytest.raises(ValueError, match="b1 must be"):
         X.expert_mlp(x, token, offsets, rw, w1, w2, gate, b1=torch.zeros(4, 5, dtype=x.dtype))
-    with pytest.raises(ValueError, match="dtype"):
+    with pytest.raises(TypeError, match="dtype"):
         X.expert_mlp(x.float(), token, offsets, rw, w1, w2, gate)
+    with pytest.raises(TypeError, match="token must be int32 or int64, got torch.float32"):
+        X.expert_mlp(x, token.float(), offsets, rw, w1, w2, gate)
+    with pytest.raises(TypeError, match="offsets must be int32 or int64"):
+        X.expert_mlp(x, token, offsets.float(), rw, w1, w2, gate)
+    with pytest.raises(TypeError, match="row_weight must be floating-point"):
+        X.expert_mlp(x, token, offsets, rw.long(), w1, w2, gate)
 
 
 def _routed_mlp_inputs(t, e, k, gate, bias, seed, d=24, i=8, n=24, transposed=False):

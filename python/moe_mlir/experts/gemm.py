@@ -24,11 +24,13 @@ def _check_grouped(x: Tensor, w: Tensor, offsets: Tensor) -> None:
         raise ValueError(f"grouped_mm: x must be [S, K] and w [E, K, N], got {list(x.shape)} and {list(w.shape)}")
     if x.shape[1] != w.shape[1]:
         raise ValueError(f"grouped_mm: x has K = {x.shape[1]} columns but w has K = {w.shape[1]} rows")
-    if offsets.dim() != 1 or offsets.shape[0] != w.shape[0] + 1 or offsets.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"grouped_mm: offsets must be an integer [E+1] = [{w.shape[0] + 1}] tensor, got "
-                         f"{offsets.dtype} {list(offsets.shape)}")
+    if offsets.dim() != 1 or offsets.shape[0] != w.shape[0] + 1:
+        raise ValueError(f"grouped_mm: offsets must be [E+1] = [{w.shape[0] + 1}], got {list(offsets.shape)}")
+    # The dtypes: TypeError (the torch ops' policy, moe_mlir/ops/_checks.py).
+    if offsets.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"grouped_mm: offsets must be int32 or int64, got {offsets.dtype}")
     if x.dtype != w.dtype:
-        raise ValueError(f"grouped_mm: x is {x.dtype} but w is {w.dtype}")
+        raise TypeError(f"grouped_mm: x is {x.dtype} but w is {w.dtype}")
 
 
 #: The padded path (:func:`_grouped_mm_padded`) computes ``E * C`` rows (``C``: the most rows of one expert) where

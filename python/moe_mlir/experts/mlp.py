@@ -40,14 +40,19 @@ def _check_mlp(x: Tensor, token: Tensor, offsets: Tensor, row_weight: Tensor, w1
     if token.dim() != 1 or row_weight.shape != token.shape:
         raise ValueError(f"expert_mlp: token and row_weight must be [S], got {list(token.shape)} and "
                          f"{list(row_weight.shape)}")
-    if offsets.dim() != 1 or offsets.shape[0] != E + 1 or offsets.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"expert_mlp: offsets must be an integer [E+1] = [{E + 1}] tensor, got {offsets.dtype} "
-                         f"{list(offsets.shape)}")
+    if offsets.dim() != 1 or offsets.shape[0] != E + 1:
+        raise ValueError(f"expert_mlp: offsets must be [E+1] = [{E + 1}], got {list(offsets.shape)}")
     for name, b, n in (("b1", b1, N1), ("b2", b2, w2.shape[1])):
         if b is not None and list(b.shape) != [E, n]:
             raise ValueError(f"expert_mlp: {name} must be [{E}, {n}], got {list(b.shape)}")
+    # The dtypes: TypeError (the torch ops' policy, moe_mlir/ops/_checks.py).
+    for name, t in (("token", token), ("offsets", offsets)):
+        if t.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"expert_mlp: {name} must be int32 or int64, got {t.dtype}")
+    if not row_weight.is_floating_point():
+        raise TypeError(f"expert_mlp: row_weight must be floating-point, got {row_weight.dtype}")
     if any(t is not None and t.dtype != x.dtype for t in (w1, w2, b1, b2)):
-        raise ValueError(f"expert_mlp: the weights and biases must have the dtype of x ({x.dtype})")
+        raise TypeError(f"expert_mlp: the weights and biases must have the dtype of x ({x.dtype})")
 
 
 def _linear_into(out: Tensor, x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:
