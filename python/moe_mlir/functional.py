@@ -22,7 +22,6 @@ The torch ops' schemas, results and int32 indices are unchanged (compiled graphs
 
 from __future__ import annotations
 
-import collections
 import types
 from typing import Any, Callable, Literal, NamedTuple, Optional, Union, get_args
 
@@ -36,12 +35,11 @@ from .ops._checks import _check_choice, _check_same_device, _fail
 from .ops.capacity import CAPACITY_DROPS, CapacityDrop, capacity_of
 from .ops.mixing import HEAD_SELECTS, HeadSelect
 from .ops.routing import GROUP_SCORES, ROUTE_ORDERS, ROUTE_SCORINGS, GroupScore, RouteOrder, RouteScoring
-from .ops.score_region import score_region
+from .ops.score_region import scoring_of
 from .ops.seed_routers import (ADJ_NORMS, EMPTIES, MEASURES, NORMALIZES, AdjacencyNorm, DispersionMeasure,
                                DispersionNormalize, EmptyCluster)
 from .ops.topk import TOPK_MODES, TopkMode
 from .reference.routing import CUSTOM_PREFIX
-from .reference.score_region import eval_score_region
 
 __all__ = [
     "route", "topk_renorm", "dispatch_plan", "apply_capacity", "capacity_of", "bias_update", "load_balancing_loss",
@@ -208,79 +206,15 @@ Scoring = Literal[RouteScoring, "sqrtsoftplus"]
 SCORINGS: tuple[str, ...] = get_args(Scoring)
 assert SCORINGS == ROUTE_SCORINGS + tuple(NAMED_SCORES), "Scoring lists moe.route's presets, then NAMED_SCORES"
 
-#: Logits a score is checked on after its trace: its function of a vector must be the region's elementwise.
-_PROBE = torch.cat([torch.linspace(-8.0, 8.0, 33), torch.tensor([-30.0, -0.5, 0.5, 30.0])])
-#: The regions of the callables traced so far (by function code and what it reads, else by the callable itself).
-_REGIONS: "collections.OrderedDict[Any, str]" = collections.OrderedDict()
-_REGIONS_KEPT = 256
-
-
-def _region_key(fn: Callable) -> Any:
-    """What a callable's region depends on: for a Python function its code, closure values, defaults and the
-    globals its code names (a lambda written in a forward is a new object at each call, with the same key); else
-    the callable itself. None when that is not hashable (then it is traced at each call)."""
-    if isinstance(fn, types.FunctionType):
-        cells = tuple(c.cell_contents for c in fn.__closure__ or ())
-        names = tuple(fn.__globals__.get(n) for n in fn.__code__.co_names)
-        key: Any = (fn.__code__, cells, fn.__defaults__, names)
-    else:
-        key = fn
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
-def _trace_score(fn: Callable) -> str:
-    """``fn``'s score region, checked to be elementwise: its trace on one f32 logit must compute what ``fn`` computes
-    on a vector of logits (a branch on a value or a reduction traces to another function)."""
-    name = getattr(fn, "__name__", type(fn).__name__)
-    try:
-        region = score_region(fn)
-    except Exception as e:  # make_fx's and score_region's errors: the op it cannot write, a non-tensor result...
-        raise ValueError(f"moe.route: scoring={name} is not an elementwise function of the logits that moe.route "
-                         f"can compile ({type(e).__name__}: {e})") from e
-    with torch.no_grad():
-        expected = fn(_PROBE.clone())
-    got = eval_score_region(region, _PROBE)
-    if not (isinstance(expected, Tensor) and expected.shape == _PROBE.shape
-            and torch.allclose(got, expected.float(), rtol=1e-4, atol=1e-5, equal_nan=True)):
-        raise ValueError(f"moe.route: scoring={name} is not elementwise: on a vector of logits it differs from its "
-                         "trace on one logit (a branch on a value, a reduction or a shape-dependent op)")
-    return CUSTOM_PREFIX + region
-
-
-def _custom_scoring(fn: Callable) -> str:
-    """``scoring="custom:<region>"`` of the callable ``fn``, traced once (torch.compile calls this while tracing and
-    keeps the string as a constant, guarded on ``fn``)."""
-    key = _region_key(fn)
-    if key is not None and key in _REGIONS:
-        _REGIONS.move_to_end(key)
-        return _REGIONS[key]
-    scoring = _trace_score(fn)
-    if key is not None:
-        _REGIONS[key] = scoring
-        if len(_REGIONS) > _REGIONS_KEPT:
-            _REGIONS.popitem(last=False)
-    return scoring
-
-
-# torch.compiler.assume_constant_result(_custom_scoring), without importing torch._dynamo at `import moe_mlir` (2-3 s
-# and sympy: tests/test_import_cost.py): the mark that decorator sets. Dynamo then runs the trace eagerly instead of
-# tracing make_fx (test_functional_api.py compiles with fullgraph=True).
-_custom_scoring._dynamo_marked_constant = True  # type: ignore[attr-defined]
-
-
 def _scoring(scoring: Union[Scoring, Callable[[Tensor], Tensor]]) -> str:
     """The torch op's ``scoring`` string of :func:`route`'s argument."""
     if callable(scoring):
-        return _custom_scoring(scoring)
+        return scoring_of(scoring)
     if isinstance(scoring, str) and scoring.startswith(CUSTOM_PREFIX):
         _fail("route", "'scoring' takes a Python callable for a custom score, not IR text (\"custom:<region>\" is "
                        "torch.ops.moe.route's spelling)")
     _check_choice("route", "scoring", scoring, SCORINGS, " or a callable")
-    return _custom_scoring(NAMED_SCORES[scoring]) if scoring in NAMED_SCORES else scoring
+    return scoring_of(NAMED_SCORES[scoring]) if scoring in NAMED_SCORES else scoring
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ would measure f32 rounding.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import pydoc
 import re
@@ -27,6 +28,8 @@ import moe_mlir
 from moe_mlir import functional as MF
 from moe_mlir import ops
 from moe_mlir.ops import loading
+
+SR = importlib.import_module("moe_mlir.ops.score_region")  # the module (moe_mlir.ops.score_region is its function)
 
 #: f32 tolerances against the plain spelling: the kernels sum and exponentiate in another order (a few ulps).
 ATOL, RTOL = 2e-6, 2e-5
@@ -176,10 +179,10 @@ def test_callable_scores_are_the_scores_they_spell():
 
 def test_a_callable_is_traced_once():
     logits = torch.randn(9, 8, generator=gen(13))
-    MF._REGIONS.clear()
+    SR._REGIONS.clear()
     for scale in (1.0, 1.0, 2.0):
         moe_mlir.route(logits, k=2, scoring=lambda x: torch.tanh(x) * scale)  # a new lambda each time
-    assert len(MF._REGIONS) == 2  # one region per distinct closure value
+    assert len(SR._REGIONS) == 2  # one region per distinct closure value
 
 
 def _loss_of_weights(w: Tensor) -> Tensor:

@@ -108,7 +108,7 @@ from .routing import (  # noqa: E402, F401
     route,
     route_backward,
 )
-from .score_region import custom_scoring, score_region  # noqa: E402, F401
+from .score_region import custom_scoring, score_region, scoring_of  # noqa: E402, F401
 from .balance import (  # noqa: E402, F401
     BALANCE_OP_NAMES,
     load_balancing_loss,

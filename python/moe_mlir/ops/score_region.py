@@ -13,21 +13,26 @@ ops without a region op are expanded: ``sigmoid`` as ``1 / (1 + exp(-x))``, ``so
 ``log1p(exp(-|x|)) + max(x, 0)`` (beta 1; torch's threshold branch returns x where this rounds to x in f32),
 ``silu``, ``relu``, ``clamp``, ``reciprocal``, integer and half powers as products, ``sqrt``/``rsqrt``. An op
 outside the list raises a ValueError naming it.
+
+``scoring_of(fn)`` is ``custom_scoring`` for a user's callable (``moe_mlir.route(..., scoring=fn)``): the trace
+checked on a vector of logits (a function that branches on a value traces to another one) and kept per function.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 import struct
-from typing import Callable
+import types
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
 from ..reference.routing import CUSTOM_PREFIX
-from ..reference.score_region import parse_score_region
+from ..reference.score_region import eval_score_region, parse_score_region
 
-__all__ = ["score_region", "custom_scoring", "SCORE_ATEN_OPS"]
+__all__ = ["score_region", "custom_scoring", "scoring_of", "SCORE_ATEN_OPS"]
 
 aten = torch.ops.aten
 
@@ -209,3 +214,73 @@ def _lower(w: _Writer, node, val) -> str:
 def custom_scoring(fn: Callable[[Tensor], Tensor]) -> str:
     """The ``scoring`` argument of ``torch.ops.moe.route`` for the elementwise score ``fn``: ``"custom:<region>"``."""
     return CUSTOM_PREFIX + score_region(fn)
+
+
+#: Logits a score is checked on after its trace: its function of a vector must be the region's elementwise.
+_PROBE = torch.cat([torch.linspace(-8.0, 8.0, 33), torch.tensor([-30.0, -0.5, 0.5, 30.0])])
+#: The regions of the callables traced so far (by function code and what it reads, else by the callable itself).
+_REGIONS: "collections.OrderedDict[Any, str]" = collections.OrderedDict()
+_REGIONS_KEPT = 256
+
+
+def _region_key(fn: Callable) -> Any:
+    """What a callable's region depends on: for a Python function its code, closure values, defaults and the
+    globals its code names (a lambda written in a forward is a new object at each call, with the same key); else
+    the callable itself. None when that is not hashable (then it is traced at each call)."""
+    try:
+        if isinstance(fn, types.FunctionType):
+            cells = tuple(c.cell_contents for c in fn.__closure__ or ())
+            names = tuple(fn.__globals__.get(n) for n in fn.__code__.co_names)
+            key: Any = (fn.__code__, cells, fn.__defaults__, names)
+        else:
+            key = fn
+        hash(key)
+    except (TypeError, ValueError):  # an unhashable value, an empty closure cell
+        return None
+    return key
+
+
+def _trace_score(fn: Callable) -> str:
+    """``fn``'s score region, checked to be elementwise: its trace on one f32 logit must compute what ``fn`` computes
+    on a vector of logits (a branch on a value or a reduction traces to another function)."""
+    name = getattr(fn, "__name__", type(fn).__name__)
+    try:
+        region = score_region(fn)
+    except Exception as e:  # make_fx's and score_region's errors: the op it cannot write, a non-tensor result...
+        raise ValueError(f"moe.route: scoring={name} is not an elementwise function of the logits that moe.route "
+                         f"can compile ({type(e).__name__}: {e})") from e
+    try:
+        with torch.no_grad():
+            expected = fn(_PROBE.clone())
+    except Exception as e:
+        raise ValueError(f"moe.route: scoring={name} is not elementwise: it fails on a vector of logits "
+                         f"({type(e).__name__}: {e})") from e
+    got = eval_score_region(region, _PROBE)
+    if not (isinstance(expected, Tensor) and expected.shape == _PROBE.shape
+            and torch.allclose(got, expected.float(), rtol=1e-4, atol=1e-5, equal_nan=True)):
+        raise ValueError(f"moe.route: scoring={name} is not elementwise: on a vector of logits it differs from its "
+                         "trace on one logit (a branch on a value, a reduction or a shape-dependent op)")
+    return CUSTOM_PREFIX + region
+
+
+def scoring_of(fn: Callable[[Tensor], Tensor]) -> str:
+    """The ``scoring`` argument of ``torch.ops.moe.route`` (``"custom:<region>"``) for the elementwise callable ``fn``
+    (:func:`moe_mlir.route`'s ``scoring=``): :func:`custom_scoring`, checked elementwise on a vector of logits (a
+    ValueError otherwise) and kept per function, so a lambda written in a forward is traced once. torch.compile
+    calls it while tracing and keeps the string as a constant of the graph, guarded on ``fn``."""
+    key = _region_key(fn)
+    if key is not None and key in _REGIONS:
+        _REGIONS.move_to_end(key)
+        return _REGIONS[key]
+    scoring = _trace_score(fn)
+    if key is not None:
+        _REGIONS[key] = scoring
+        if len(_REGIONS) > _REGIONS_KEPT:
+            _REGIONS.popitem(last=False)
+    return scoring
+
+
+# torch.compiler.assume_constant_result(scoring_of), without importing torch._dynamo at `import moe_mlir` (2-3 s
+# and sympy: tests/test_import_cost.py): the mark that decorator sets. Dynamo then runs the trace eagerly instead of
+# tracing make_fx (tests/test_functional_api.py compiles with fullgraph=True).
+scoring_of._dynamo_marked_constant = True  # type: ignore[attr-defined]
