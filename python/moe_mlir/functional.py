@@ -206,6 +206,7 @@ Scoring = Literal[RouteScoring, "sqrtsoftplus"]
 SCORINGS: tuple[str, ...] = get_args(Scoring)
 assert SCORINGS == ROUTE_SCORINGS + tuple(NAMED_SCORES), "Scoring lists moe.route's presets, then NAMED_SCORES"
 
+
 def _scoring(scoring: Union[Scoring, Callable[[Tensor], Tensor]]) -> str:
     """The torch op's ``scoring`` string of :func:`route`'s argument."""
     if callable(scoring):
