@@ -486,17 +486,19 @@ def test_grouped_mm_kernel_rejects_bad_offsets():
     boundary other than 0, the wrong length or dtype: a clear error, nothing read out of bounds."""
     x, w = torch.randn(6, 4), torch.randn(3, 4, 2)
     op = torch.ops.moe_mlir.grouped_mm_cpu
-    with pytest.raises(RuntimeError, match="must not decrease"):
+    with pytest.raises(ValueError, match="must not decrease"):
         op(x, w, torch.tensor([3, 2, 6], dtype=torch.int32))
-    with pytest.raises(RuntimeError, match="within the 6 rows"):
+    with pytest.raises(ValueError, match="within the 6 rows"):
         op(x, w, torch.tensor([3, 4, 7]))
-    with pytest.raises(RuntimeError, match=r"offsets\[0\] must be 0"):
+    with pytest.raises(ValueError, match=r"offsets\[0\] must be 0"):
         op(x, w, torch.tensor([1, 3, 4, 6]))
-    with pytest.raises(RuntimeError, match=r"\[E\] \(ends\) or \[E\+1\]"):
+    with pytest.raises(ValueError, match=r"\[E\] \(ends\) or \[E\+1\]"):
         op(x, w, torch.tensor([3, 6]))
-    with pytest.raises(RuntimeError, match="float32 or float64"):
+    with pytest.raises(TypeError, match="offsets must be int32 or int64"):
+        op(x, w, torch.tensor([3.0, 4.0, 6.0]))
+    with pytest.raises(TypeError, match="float32 or float64"):
         op(x.half(), w.half(), torch.tensor([3, 4, 6]))
-    with pytest.raises(ValueError, match="offs must be an integer"):
+    with pytest.raises(TypeError, match="offs \\(the ends\\) must be int32 or int64"):
         torch.ops.moe_mlir.grouped_mm_ends(x, w, torch.tensor([3.0, 4.0, 6.0]))
 
 

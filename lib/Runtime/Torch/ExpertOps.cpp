@@ -160,7 +160,7 @@ enum class Gate { SiluGlu, ClampedGlu };
 Gate parseGate(c10::string_view gate) {
   if (gate == "silu_glu")
     return Gate::SiluGlu;
-  TORCH_CHECK(gate == "clamped_glu",
+  TORCH_CHECK_VALUE(gate == "clamped_glu",
               "expert_mlp: gate must be one of ('silu_glu', 'clamped_glu'), "
               "got '", std::string(gate), "'");
   return Gate::ClampedGlu;
@@ -227,13 +227,34 @@ struct Groups {
   int64_t last = 0; // rows from `last` on belong to no expert (zeros)
 };
 
+/// The error policy of every moe op: TypeError (TORCH_CHECK_TYPE) for a dtype,
+/// ValueError (TORCH_CHECK_VALUE) for a shape or a value, RuntimeError
+/// (TORCH_CHECK) for a device.
+void checkOffsetsType(const char *op, const Tensor &offsets) {
+  TORCH_CHECK_TYPE(offsets.scalar_type() == at::kInt ||
+                       offsets.scalar_type() == at::kLong,
+                   op, ": offsets must be int32 or int64, got ",
+                   offsets.scalar_type());
+}
+
+/// A backward op's incoming gradient: a CPU [rows, cols] tensor of x's dtype.
+void checkGrad(const char *op, const Tensor &grad, const Tensor &x,
+               int64_t rows, int64_t cols) {
+  TORCH_CHECK_TYPE(grad.scalar_type() == x.scalar_type(), op, ": grad must be ",
+                   x.scalar_type(), ", got ", grad.scalar_type());
+  TORCH_CHECK_VALUE(grad.dim() == 2 && grad.size(0) == rows &&
+                        grad.size(1) == cols,
+                    op, ": grad must be [", rows, ", ", cols, "], got ",
+                    grad.sizes());
+  TORCH_CHECK(grad.device().is_cpu(), op, ": grad must be on the CPU");
+}
+
 Groups groupsOf(const char *op, const Tensor &offsets, int64_t E, int64_t S) {
-  TORCH_CHECK(offsets.dim() == 1 &&
-                  (offsets.size(0) == E || offsets.size(0) == E + 1) &&
-                  (offsets.scalar_type() == at::kInt ||
-                   offsets.scalar_type() == at::kLong),
-              op, ": offsets must be an integer [E] (ends) or [E+1] tensor, "
-              "E = ", E, ", got ", offsets.scalar_type(), " ", offsets.sizes());
+  checkOffsetsType(op, offsets);
+  TORCH_CHECK_VALUE(offsets.dim() == 1 &&
+                        (offsets.size(0) == E || offsets.size(0) == E + 1),
+                    op, ": offsets must be an integer [E] (ends) or [E+1] "
+                    "tensor, E = ", E, ", got ", offsets.sizes());
   Tensor off = offsets.to(at::kLong).contiguous();
   const int64_t *o = off.const_data_ptr<int64_t>();
   bool ends = offsets.size(0) == E;
@@ -241,10 +262,10 @@ Groups groupsOf(const char *op, const Tensor &offsets, int64_t E, int64_t S) {
   g.start.resize(E);
   g.end.resize(E);
   int64_t prev = ends ? 0 : o[0];
-  TORCH_CHECK(ends || prev == 0, op, ": offsets[0] must be 0, got ", prev);
+  TORCH_CHECK_VALUE(ends || prev == 0, op, ": offsets[0] must be 0, got ", prev);
   for (int64_t e = 0; e < E; ++e) {
     int64_t next = o[ends ? e : e + 1];
-    TORCH_CHECK(next >= prev && next <= S, op, ": offsets must not decrease "
+    TORCH_CHECK_VALUE(next >= prev && next <= S, op, ": offsets must not decrease "
                 "and stay within the ", S, " rows, got ", next, " after ", prev,
                 " (expert ", e, ")");
     g.start[e] = prev;
@@ -368,7 +389,7 @@ void zeroSlice(const Tensor &grad, int64_t e, int64_t r0 = 0, int64_t r1 = -1) {
 void checkBlasDims(const char *op, std::initializer_list<const Tensor *> ts) {
   for (const Tensor *t : ts)
     for (int64_t size : t->sizes())
-      TORCH_CHECK(size < std::numeric_limits<int>::max(), op,
+      TORCH_CHECK_VALUE(size < std::numeric_limits<int>::max(), op,
                   ": dimensions of 2^31 or more are not supported (BLAS "
                   "indices), got ", t->sizes());
 }
@@ -390,53 +411,55 @@ Problem check(const char *op, const Tensor &x, const Tensor &token,
               double alpha, double limit) {
   Problem p;
   p.gate = parseGate(gate);
-  TORCH_CHECK(x.dim() == 2 && w1.dim() == 3 && w2.dim() == 3, op,
+  TORCH_CHECK_VALUE(x.dim() == 2 && w1.dim() == 3 && w2.dim() == 3, op,
               ": x must be [T, D], w1 [E, 2I, D] and w2 [E, N, I], got ",
               x.sizes(), ", ", w1.sizes(), ", ", w2.sizes());
   checkBlasDims(op, {&x, &w1, &w2});
   p.T = x.size(0);
   p.D = x.size(1);
   p.E = w1.size(0);
-  TORCH_CHECK(w1.size(2) == p.D && w1.size(1) % 2 == 0 &&
+  TORCH_CHECK_VALUE(w1.size(2) == p.D && w1.size(1) % 2 == 0 &&
                   w2.size(0) == p.E && w2.size(2) == w1.size(1) / 2,
               op, ": w1 ", w1.sizes(), " and w2 ", w2.sizes(),
               " do not fit x ", x.sizes(), " (w1 [E, 2I, D], w2 [E, N, I])");
   p.I = w2.size(2);
   p.N = w2.size(1);
   auto dt = x.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kDouble, op,
+  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kDouble, op,
               ": x must be float32 or float64, got ", dt);
   for (const Tensor *t : {&x, &token, &offsets, &rowWeight, &w1, &w2})
     TORCH_CHECK(t->device().is_cpu(), op, ": every tensor must be on the CPU");
-  TORCH_CHECK(w1.scalar_type() == dt && w2.scalar_type() == dt &&
+  TORCH_CHECK_TYPE(w1.scalar_type() == dt && w2.scalar_type() == dt &&
                   rowWeight.scalar_type() == dt,
               op, ": w1, w2 and row_weight must have the dtype of x (", dt,
               ")");
-  TORCH_CHECK(token.dim() == 1 && rowWeight.dim() == 1 &&
-                  rowWeight.size(0) == token.size(0) &&
-                  at::isIntegralType(token.scalar_type(), false),
-              op, ": token (integer) and row_weight must be [S], got ",
-              token.sizes(), " and ", rowWeight.sizes());
+  TORCH_CHECK_TYPE(at::isIntegralType(token.scalar_type(), false), op,
+                   ": token must be an integer tensor, got ",
+                   token.scalar_type());
+  TORCH_CHECK_VALUE(token.dim() == 1 && rowWeight.dim() == 1 &&
+                        rowWeight.size(0) == token.size(0),
+                    op, ": token and row_weight must be [S], got ",
+                    token.sizes(), " and ", rowWeight.sizes());
   p.S = token.size(0);
-  TORCH_CHECK(offsets.dim() == 1 && offsets.size(0) == p.E + 1 &&
-                  (offsets.scalar_type() == at::kInt ||
-                   offsets.scalar_type() == at::kLong),
-              op, ": offsets must be an integer [E+1] = [", p.E + 1,
-              "] tensor, got ", offsets.scalar_type(), " ", offsets.sizes());
+  checkOffsetsType(op, offsets);
+  TORCH_CHECK_VALUE(offsets.dim() == 1 && offsets.size(0) == p.E + 1, op,
+                    ": offsets must be [E+1] = [", p.E + 1, "], got ",
+                    offsets.sizes());
   auto bias = [&](const std::optional<Tensor> &b, const char *name,
                   int64_t n) -> Tensor {
     if (!b || !b->defined())
       return Tensor();
-    TORCH_CHECK(b->dim() == 2 && b->size(0) == p.E && b->size(1) == n, op,
+    TORCH_CHECK_VALUE(b->dim() == 2 && b->size(0) == p.E && b->size(1) == n, op,
                 ": ", name, " must be [", p.E, ", ", n, "], got ", b->sizes());
-    TORCH_CHECK(b->scalar_type() == dt && b->device().is_cpu(), op, ": ",
-                name, " must be a CPU ", dt, " tensor");
+    TORCH_CHECK_TYPE(b->scalar_type() == dt, op, ": ", name, " must be ", dt,
+                     ", got ", b->scalar_type());
+    TORCH_CHECK(b->device().is_cpu(), op, ": ", name, " must be on the CPU");
     return b->contiguous();
   };
   p.b1 = bias(b1, "b1", 2 * p.I);
   p.b2 = bias(b2, "b2", p.N);
   p.groups = groupsOf(op, offsets, p.E, p.S);
-  TORCH_CHECK(p.groups.last == p.S, op,
+  TORCH_CHECK_VALUE(p.groups.last == p.S, op,
               ": offsets must run from 0 to the number of rows ", p.S,
               ", got 0 ... ", p.groups.last);
   for (int64_t e = 0; e < p.E; ++e)
@@ -445,7 +468,7 @@ Problem check(const char *op, const Tensor &x, const Tensor &token,
   if (p.S) {
     const int64_t *tk = p.token.const_data_ptr<int64_t>();
     auto [lo, hi] = std::minmax_element(tk, tk + p.S);
-    TORCH_CHECK(*lo >= 0 && *hi < p.T, op, ": token holds ",
+    TORCH_CHECK_VALUE(*lo >= 0 && *hi < p.T, op, ": token holds ",
                 *lo < 0 ? *lo : *hi, ", outside [0, ", p.T, ")");
   }
   p.x = x.contiguous();
@@ -638,11 +661,11 @@ struct GroupedProblem {
 
 GroupedProblem checkGrouped(const char *op, const Tensor &x, const Tensor &w,
                             const Tensor &offsets) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 3 && x.size(1) == w.size(1), op,
+  TORCH_CHECK_VALUE(x.dim() == 2 && w.dim() == 3 && x.size(1) == w.size(1), op,
               ": x must be [S, K] and w [E, K, N], got ", x.sizes(), " and ",
               w.sizes());
   auto dt = x.scalar_type();
-  TORCH_CHECK((dt == at::kFloat || dt == at::kDouble) && w.scalar_type() == dt,
+  TORCH_CHECK_TYPE((dt == at::kFloat || dt == at::kDouble) && w.scalar_type() == dt,
               op, ": x and w must both be float32 or float64, got ", dt,
               " and ", w.scalar_type());
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu() &&
@@ -772,7 +795,7 @@ std::tuple<Tensor, Tensor> groupedBackward(const GroupedProblem &p,
 // transposing copy in autograd's accumulation.
 Tensor groupedMm(const Tensor &x, const Tensor &w, const Tensor &offsets,
                  bool transposed) {
-  TORCH_CHECK(w.dim() == 3, "grouped_mm: w must be [E, K, N] (or [E, N, K] "
+  TORCH_CHECK_VALUE(w.dim() == 3, "grouped_mm: w must be [E, K, N] (or [E, N, K] "
               "transposed), got ", w.sizes());
   GroupedProblem p = checkGrouped("grouped_mm", x,
                                   transposed ? w.transpose(1, 2) : w, offsets);
@@ -784,16 +807,11 @@ std::tuple<Tensor, Tensor> groupedMmBackward(const Tensor &grad,
                                              const Tensor &x, const Tensor &w,
                                              const Tensor &offsets,
                                              bool gradWLikeW, bool transposed) {
-  TORCH_CHECK(w.dim() == 3, "grouped_mm_backward: w must be [E, K, N] (or "
+  TORCH_CHECK_VALUE(w.dim() == 3, "grouped_mm_backward: w must be [E, K, N] (or "
               "[E, N, K] transposed), got ", w.sizes());
   GroupedProblem p = checkGrouped("grouped_mm_backward", x,
                                   transposed ? w.transpose(1, 2) : w, offsets);
-  TORCH_CHECK(grad.dim() == 2 && grad.size(0) == p.S && grad.size(1) == p.N &&
-                  grad.scalar_type() == x.scalar_type() &&
-                  grad.device().is_cpu(),
-              "grouped_mm_backward: grad must be a CPU ", x.scalar_type(), " [",
-              p.S, ", ", p.N, "] tensor, got ", grad.scalar_type(), " ",
-              grad.sizes());
+  checkGrad("grouped_mm_backward", grad, x, p.S, p.N);
   bool likeW = gradWLikeW || transposed;
   auto [gradX, gradW] = x.scalar_type() == at::kFloat
                             ? groupedBackward<float>(p, grad, likeW)
@@ -821,12 +839,7 @@ expertMlpBackward(const Tensor &grad, const Tensor &x, const Tensor &token,
                   c10::string_view gate, double alpha, double limit) {
   Problem p = check("expert_mlp_backward", x, token, offsets, rowWeight, w1,
                     b1, w2, b2, gate, alpha, limit);
-  TORCH_CHECK(grad.dim() == 2 && grad.size(0) == p.T && grad.size(1) == p.N &&
-                  grad.scalar_type() == x.scalar_type() &&
-                  grad.device().is_cpu(),
-              "expert_mlp_backward: grad must be a CPU ", x.scalar_type(),
-              " [", p.T, ", ", p.N, "] tensor, got ", grad.scalar_type(), " ",
-              grad.sizes());
+  checkGrad("expert_mlp_backward", grad, x, p.T, p.N);
   return x.scalar_type() == at::kFloat ? backward<float>(p, grad)
                                        : backward<double>(p, grad);
 }

@@ -64,12 +64,13 @@ void checkEnds(const Tensor &x, const Tensor &w, const Tensor &offs,
                     "grouped_mm_ends: x must be [S, K] and w [E, K, N] ([E, N, "
                     "K] with transposed), got ", x.sizes(), " and ",
                     w.sizes());
-  TORCH_CHECK_VALUE(offs.dim() == 1 && offs.size(0) == w.size(0) &&
-                        (offs.scalar_type() == at::kInt ||
-                         offs.scalar_type() == at::kLong),
-                    "grouped_mm_ends: offs must be an integer [E] = [",
-                    w.size(0), "] tensor (the ends), got ",
-                    offs.scalar_type(), " ", offs.sizes());
+  TORCH_CHECK_TYPE(offs.scalar_type() == at::kInt ||
+                       offs.scalar_type() == at::kLong,
+                   "grouped_mm_ends: offs (the ends) must be int32 or int64, "
+                   "got ", offs.scalar_type());
+  TORCH_CHECK_VALUE(offs.dim() == 1 && offs.size(0) == w.size(0),
+                    "grouped_mm_ends: offs must be [E] = [", w.size(0),
+                    "] (the ends), got ", offs.sizes());
 }
 
 /// Operands the extension's grouped GEMM takes (its other checks, such as

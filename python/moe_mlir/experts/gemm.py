@@ -231,9 +231,10 @@ def _check_ends(x: Tensor, w: Tensor, offs: Tensor, transposed: bool) -> None:
     if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[2 if transposed else 1]:
         raise ValueError(f"grouped_mm_ends: x must be [S, K] and w [E, K, N] ([E, N, K] with transposed), got "
                          f"{list(x.shape)} and {list(w.shape)}")
-    if offs.dim() != 1 or offs.shape[0] != w.shape[0] or offs.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"grouped_mm_ends: offs must be an integer [E] = [{w.shape[0]}] tensor (the ends), got "
-                         f"{offs.dtype} {list(offs.shape)}")
+    if offs.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"grouped_mm_ends: offs (the ends) must be int32 or int64, got {offs.dtype}")
+    if offs.dim() != 1 or offs.shape[0] != w.shape[0]:
+        raise ValueError(f"grouped_mm_ends: offs must be [E] = [{w.shape[0]}] (the ends), got {list(offs.shape)}")
 
 
 def _ends_offsets(offs: Tensor, rows: int) -> tuple[Tensor, list[int]]:
