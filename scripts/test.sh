@@ -90,11 +90,12 @@ if [ "$SANITIZE" != 0 ]; then
 fi
 
 # pytest in two processes: the files below (whole-model training, the wheel in a fresh venv, multi-process ranks,
+# the examples (a transformers causal LM generating and training; torchrun),
 # every transformers MoE family: about 170 s plus test_hf_families.py's 4-6 min) run after ctest in the lit/ctest
 # stage, the rest in the foreground. One pytest
 # process alone left a core idle for its last ~240 s, once the sanitizer chain had ended (CI10, docs/Testing.md).
 # Both share the kernels' disk cache (a kernel one process built, the other loads).
-PYTEST_LATE=(test_router_losses_hf.py test_wheel.py test_expert_parallel.py test_distributed.py test_training.py
+PYTEST_LATE=(test_router_losses_hf.py test_wheel.py test_expert_parallel.py test_distributed.py test_training.py test_examples.py
              test_hf_models.py test_hf_families.py)
 pytest_cmd=(env MOE_BUILD_DIR="$BUILD" "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=20)
 

@@ -835,11 +835,15 @@ def sorts_as_topk(graph: fx.Graph) -> int:
         outs = [n] if argsort else list(n.users)
         if not argsort and not all(u.target is operator.getitem for u in outs):
             continue
-        # each reader takes the first k (a slice), or all E: the whole sort is the top-E
-        E = _static(xv.shape[-1])
+        # each reader takes the first k (a slice), or all E: the whole sort is the top-E. A symbolic E
+        # (dynamic=True) is specialized as the experts' number is everywhere (_experts).
+        try:
+            E = _experts(xv.shape[-1])
+        except Miss:
+            continue
         slices = {u: (o, _leading_slice(u, xv.dim() - 1) or (o, E)) for o in outs for u in o.users}
-        ks = {found[1] for _, found in slices.values()}
-        if len(ks) != 1 or not slices or not isinstance(E, int):
+        ks = {min(found[1], E) for _, found in slices.values()}  # a slice past the end takes all E
+        if len(ks) != 1 or not slices:
             continue
         with graph.inserting_before(n):
             tk = new_node(graph, aten.topk.default, (x, ks.pop()), like=n)
