@@ -467,6 +467,19 @@ def dynamic_shared_bytes(lowered):
     return result
 
 
+def launch_grids(lowered):
+    """{kernel: blocks of its launch} (the product of a gpu.launch_func's constant `blocks in` sizes) of the
+    lowered module's host code; kernels whose grid is not a constant are absent."""
+    result = {}
+    for fn in re.split(r"\n\s*llvm\.func ", lowered):
+        consts = dict(re.findall(r"(%\w+) = llvm\.mlir\.constant\((\d+) : (?:i32|i64|index)\) : i(?:32|64)", fn))
+        for kernel, dims in re.findall(r"gpu\.launch_func\b.*?@\w+::@(\w+) blocks in \(([^)]*)\)", fn):
+            sizes = [consts.get(d.strip()) for d in dims.split(",")]
+            if all(sizes):
+                result[kernel] = math.prod(int(n) for n in sizes)
+    return result
+
+
 def measure(args, chip, options, text, notes, tmp):
     """([(chip, function, kernel, figures, note)], [failures]) of the
     functions in `text` lowered for `chip` with `options`."""
@@ -478,6 +491,7 @@ def measure(args, chip, options, text, notes, tmp):
         return rows, [f"{chip} {options}: moe-opt failed:\n{proc.stderr}"]
     owners = pr.kernel_owners(proc.stdout)
     dynamic = dynamic_shared_bytes(proc.stdout)
+    grids = launch_grids(proc.stdout)
     for n, ptx in enumerate(pr.extract_ptx(proc.stdout)):
         stem = os.path.join(tmp, f"{chip}.{tag}{n}")
         with open(stem + ".ptx", "w") as f:
@@ -510,7 +524,7 @@ def measure(args, chip, options, text, notes, tmp):
             smem = info["smem"] + dynamic.get(kernel, 0)
             blocks, warps = occupancy(chip, info["regs"], smem, threads.get(kernel, 128))
             fig.update(regs=info["regs"], smem=smem, threads=threads.get(kernel, 128),
-                       blocks_per_sm=blocks, warps_per_sm=warps,
+                       blocks_per_sm=blocks, warps_per_sm=warps, grid_blocks=grids.get(kernel),
                        spill_bytes=info["spill_st"] + info["spill_ld"] + info["stack"] + info["lmem"])
             rows.append((chip, fn, kernel, fig, note))
     return rows, failures
