@@ -503,3 +503,29 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The budget's figure: a selection kernel's predicted time (sass_budget.py)
+# ----------------------------------------------------------------------------------------------------------------
+
+# Issue 81 item 2's targets, judged on the model's prediction at the H200's figures: topk_renorm at this fraction
+# of the copy bandwidth at T = 65536; route at T <= 64 within route_t64_us; DeepSeek-V3's route and plan at
+# T = 8192 within route_plan_us in at most plan_launches launches.
+TARGETS = dict(topk_copy_fraction=0.8, route_t64_us=2.0, route_plan_us=10.0, plan_launches=2)
+# The H200's measured copy bandwidth of its newest run (gpu-2026-11-26-h200-2: 4209 GB/s).
+H200_COPY_GBS = 4209.0
+
+
+def predicted_us(fig: dict, note: dict, tokens: int, nbytes: float, chip: str = "H200") -> float:
+    """The model's time (us, one launch included) of a selection kernel of sass_budget.py's figures (`fig`, its
+    `// sass-budget:` line `note`) at `tokens` tokens moving `nbytes`."""
+    tpw = note.get("tokens-per-warp", 1)
+    f = dict(fig, note=note, load_loops=0, hmma=0,
+             grid_blocks=math.ceil(tokens / (tpw * fig["threads"] // 32)))
+    return FIT["launch_us"] + kernel_terms(f, {"T": tokens}, nbytes, CHIPS[chip], H200_COPY_GBS, FIT)["total"]
+
+
+def topk_target_us(nbytes: float) -> float:
+    """The time at which topk_renorm moves `nbytes` at TARGETS' fraction of the H200's copy bandwidth."""
+    return nbytes / (TARGETS["topk_copy_fraction"] * H200_COPY_GBS * 1e3)
