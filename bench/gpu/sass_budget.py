@@ -69,6 +69,11 @@ beside each figure with the gap. The script exits 1 when a kernel leaves its
 budget, has no budget entry, or a step fails. --update rewrites the ceilings
 to the current figures (what a change that moves a kernel commits, saying why).
 
+The predicted time (issue 81): for sm_90 selection kernels with `tokens=` on their line, the time
+bench/gpu/perf_model.py predicts from these figures at the H200's (predicted_us; route kernels also at 64
+tokens, predicted_us_t64) is a ceiling too, with PREDICTED_TOLERANCE of slack, printed beside issue 81's
+targets.
+
 The calibration section (--calibrate RESULTS.md, the GPU benchmark's table):
 for cases with `bench=NAME tokens=T`, the static issue-time estimate
 (warp instructions per token x T / (SMs x 4 schedulers x clock)) and the HBM
