@@ -65,11 +65,17 @@ TORCH_LIB=$("$PY" -c "import os, torch; print(os.path.join(os.path.dirname(torch
 "$PY" - "$B/build.json" "$B" <<'EOF'
 import json, re, subprocess, sys, sysconfig, torch
 from pathlib import Path
-# The manylinux tag: the newest GLIBC_2.N symbol version any piece needs (auditwheel's rule for the C library).
+# The manylinux tag: the newest GLIBC_2.N symbol version any piece needs, rounded up to auditwheel's oldest policy
+# that allows it (a policy also bounds libstdc++'s versions: manylinux_2_31 is GCC 10's, which the pieces link
+# against where the build has MOE_GLIBC_SYSROOT; python/tests/test_wheel.py checks that auditwheel agrees).
+import auditwheel
 need = 17
 for f in [*Path(sys.argv[2], "bin").iterdir(), *Path(sys.argv[2], "lib").glob("*.so")]:
     out = subprocess.run(["objdump", "-T", str(f)], capture_output=True, text=True).stdout
     need = max([need, *(int(m) for m in re.findall(r"GLIBC_2\.(\d+)", out))])
+policies = json.loads((Path(auditwheel.__file__).parent / "policy" / "manylinux-policy.json").read_text())
+need = min(int(m.group(1)) for p in policies if (m := re.fullmatch(r"manylinux_2_(\d+)", p["name"]))
+           and int(m.group(1)) >= need)
 info = {"torch": torch.__version__.split("+")[0], "python": sysconfig.get_python_version(),
         "platform": f"manylinux_2_{need}_x86_64"}
 open(sys.argv[1], "w").write(json.dumps(info) + "\n")

@@ -8,7 +8,7 @@ LLVM_PREFIX=/usr/lib/llvm-22
 JOBS="${MOE_JOBS:-$(nproc)}"
 
 SYSTEM_PACKAGES=(llvm-22-dev libmlir-22-dev mlir-22-tools clang-22 libclang-rt-22-dev liblld-22-dev libzstd-dev zlib1g-dev cmake ninja-build g++ python3 python3-venv
-                 libgtest-dev time libopenblas-dev patchelf)
+                 libgtest-dev time libopenblas-dev patchelf curl)
 
 as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
@@ -41,6 +41,11 @@ install_python() {
 }
 
 configure_and_build() {
+  # glibc 2.31 and GCC 10's libstdc++ for the wheel's libraries to link against (manylinux_2_31): the wheel then
+  # installs on Ubuntu 20.04+, RHEL 9 and Amazon Linux 2023, although built on this Debian 12.
+  # Without it (no download), the pieces link against this system's libraries: test_wheel.py says so.
+  local sysroot
+  sysroot="$("$ROOT/scripts/glibc-sysroot.sh")" || { echo "== warning: no glibc 2.31 sysroot: the wheel will need this glibc" >&2; sysroot=""; }
   if [ ! -f "$BUILD/build.ninja" ]; then
     echo "== configuring $BUILD"
     # ccache (when installed) makes rebuilds in other worktrees and clean clones nearly free.
@@ -50,8 +55,11 @@ configure_and_build() {
     fi
     cmake -G Ninja -S "$ROOT" -B "$BUILD" "${launcher[@]}" \
       -DCMAKE_BUILD_TYPE=Release \
+      -DMOE_GLIBC_SYSROOT="$sysroot" \
       -DMLIR_DIR="$LLVM_PREFIX/lib/cmake/mlir" \
       -DLLVM_EXTERNAL_LIT="$LLVM_PREFIX/bin/lit"
+  elif ! grep -qx "MOE_GLIBC_SYSROOT:PATH=$sysroot" "$BUILD/CMakeCache.txt"; then
+    cmake -DMOE_GLIBC_SYSROOT="$sysroot" "$BUILD" > /dev/null
   fi
   echo "== building"
   cmake --build "$BUILD" -j "$JOBS"

@@ -15,6 +15,8 @@
 #ifndef MOE_LIB_RUNTIME_TORCH_TORCHKERNELS_H
 #define MOE_LIB_RUNTIME_TORCH_TORCHKERNELS_H
 
+#include "MoE/Support/ShortestDecimal.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -70,7 +72,7 @@ void checkResultElements(const char *op, const char *name,
 
 /// Builds the cache key `op|attr=value|...|in:name:dtype:dims|...`. This is
 /// the per-call path: one string reserved once, numbers written in place
-/// (std::to_chars; doubles in their shortest round-trip form), the inputs'
+/// (shortestDecimal: doubles in their shortest round-trip form), the inputs'
 /// sizes kept on the stack; the call's concrete shapes (what Python validates)
 /// are only formatted on a miss.
 class Key {
@@ -100,9 +102,7 @@ public:
   }
   Key &attr(const char *name, double v) {
     raw(name);
-    char buf[32];
-    auto r = std::to_chars(buf, buf + sizeof(buf), v);
-    key.append(buf, r.ptr);
+    key += mlir::moe::shortestDecimal(v);
     return *this;
   }
   Key &attr(const char *name, c10::string_view v) {

@@ -239,7 +239,7 @@ std::optional<bool> KernelKeyArgs::parseBool(StringRef text) {
 }
 
 std::optional<llvm::APFloat> KernelKeyArgs::parseF32(StringRef text) {
-  // The key holds doubles in their shortest round-trip form (std::to_chars),
+  // The key holds doubles in their shortest round-trip form (shortestDecimal),
   // `inf`/`nan` included: one rounding to f32, as the eager ops' f32 maths.
   std::string s = text.str();
   char *end = nullptr;

@@ -12,13 +12,14 @@
 #include "MoE/IR/MoEOps.h"
 #include "Verifiers.h"
 
+#include "MoE/Support/ShortestDecimal.h"
+
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/IR/TypeUtilities.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/MathExtras.h"
 
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -73,13 +74,10 @@ std::string mlir::moe::detail::formatFloat(double value) {
   // As Python prints the float a user passed (repr: the shortest text that
   // reads back, "1.0" for an integral value), the f32 attributes' values as
   // floats (0.1, not the double nearest 0.1f).
-  char buffer[32];
   float asFloat = static_cast<float>(value);
-  std::to_chars_result r =
-      static_cast<double>(asFloat) == value
-          ? std::to_chars(buffer, buffer + sizeof(buffer), asFloat)
-          : std::to_chars(buffer, buffer + sizeof(buffer), value);
-  std::string text(buffer, r.ptr);
+  std::string text = static_cast<double>(asFloat) == value
+                         ? shortestDecimal(asFloat)
+                         : shortestDecimal(value);
   if (text.find_first_of(".ein") == std::string::npos)
     text += ".0";
   return text;
