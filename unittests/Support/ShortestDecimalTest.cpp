@@ -88,6 +88,17 @@ TEST(ShortestDecimal, PowersOfTwoAndNeighbours) {
   }
 }
 
+TEST(ShortestDecimal, RecentValuesKept) {
+  // More values than the thread's cache holds, twice over, alternating types:
+  // a kept text is returned for its own bits only.
+  for (int round = 0; round < 3; ++round)
+    for (int i = 1; i <= 40; ++i) {
+      expectSame(1.0 / i);
+      expectSame(1.0f / i);
+      expectSame(-1.0 / i);
+    }
+}
+
 TEST(ShortestDecimal, RandomBitPatterns) {
   std::mt19937_64 rng(20261129);
   for (int i = 0; i < 25000; ++i) {

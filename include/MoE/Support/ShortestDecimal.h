@@ -15,7 +15,7 @@
 // correctly, so p digits of %.{p-1}e are the p-digit decimal nearest x; the
 // shortest p for which it reads back is the shortest representation (or its
 // neighbour one unit of the last digit away, where x is a power of two whose
-// lower neighbour is nearer: both are tried). unittests/Support checks it
+// lower neighbour is nearer: both are tried), found by binary search. unittests/Support checks it
 // against std::to_chars on random, integral and boundary values.
 //
 //===----------------------------------------------------------------------===//
@@ -23,8 +23,11 @@
 #ifndef MOE_SUPPORT_SHORTESTDECIMAL_H
 #define MOE_SUPPORT_SHORTESTDECIMAL_H
 
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <optional>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -84,24 +87,35 @@ inline Decimal nearestDigits(double value, int p, int step) {
   return d;
 }
 
+/// A p-digit decimal that reads back as `value`: the nearest, else (a power
+/// of two, whose lower half-gap is the narrower) its neighbour above or below.
+template <typename T> std::optional<Decimal> readingBack(T value, int p) {
+  for (int step : {0, 1, -1}) {
+    Decimal d = nearestDigits(value, p, step);
+    if (d.digits.size() <= static_cast<size_t>(p) &&
+        readsBack(scientific(d), value))
+      return d;
+  }
+  return std::nullopt;
+}
+
 /// The fewest-digit decimal that reads back as `value` (finite, > 0), the
-/// nearest of those.
+/// nearest of those. Binary search: a p-digit decimal that reads back makes
+/// one of p + 1 digits (a 0 appended), and every one of max digits does.
 template <typename T> Decimal shortestDigits(T value) {
   constexpr int maxDigits = std::is_same_v<T, float> ? 9 : 17;
-  for (int p = 1; p < maxDigits; ++p) {
-    Decimal d = nearestDigits(value, p, 0);
-    if (readsBack(scientific(d), value))
-      return d;
-    // A power of two: the decimal above may read back where the nearer one,
-    // below in the narrower half of the gap, does not.
-    for (int step : {1, -1}) {
-      Decimal n = nearestDigits(value, p, step);
-      if (n.digits.size() <= static_cast<size_t>(p) &&
-          readsBack(scientific(n), value))
-        return n;
+  Decimal best = nearestDigits(value, maxDigits, 0);
+  int lo = 1, hi = maxDigits;
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (std::optional<Decimal> d = readingBack(value, mid)) {
+      best = *d;
+      hi = mid;
+    } else {
+      lo = mid + 1;
     }
   }
-  return nearestDigits(value, maxDigits, 0);
+  return best;
 }
 
 /// `d` in fixed notation; an integer exactly (`value`'s every digit).
@@ -117,11 +131,32 @@ template <typename T> std::string fixed(const Decimal &d, T value) {
   return "0." + std::string(-d.exp - 1, '0') + d.digits;
 }
 
+/// std::to_chars's text of `value`, computed.
+template <typename T> std::string format(T value);
+
 } // namespace detail
 
-/// std::to_chars(first, last, value) without a format, as a string.
+/// std::to_chars(first, last, value) without a format, as a string. The
+/// search costs microseconds (printf and strtod a few times) where a kernel
+/// key is built on every torch op call: the last values formatted in this
+/// thread are kept (a call's attributes are few and repeat from call to call).
 template <typename T> std::string shortestDecimal(T value) {
   static_assert(std::is_floating_point_v<T> && sizeof(T) <= 8);
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  Bits bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  thread_local std::array<std::pair<Bits, std::string>, 16> recent;
+  thread_local size_t next = 0;
+  for (const auto &[b, text] : recent)
+    if (b == bits && !text.empty())
+      return text;
+  std::string text = detail::format(value);
+  recent[next++ % recent.size()] = {bits, text};
+  return text;
+}
+
+namespace detail {
+template <typename T> std::string format(T value) {
   std::string sign = std::signbit(value) ? "-" : "";
   if (std::isnan(value))
     return sign + "nan";
@@ -130,11 +165,12 @@ template <typename T> std::string shortestDecimal(T value) {
   if (value == 0)
     return sign + "0";
   T magnitude = std::fabs(value);
-  detail::Decimal d = detail::shortestDigits(magnitude);
-  std::string fix = detail::fixed(d, magnitude);
-  std::string sci = detail::scientific(d);
+  Decimal d = shortestDigits(magnitude);
+  std::string fix = fixed(d, magnitude);
+  std::string sci = scientific(d);
   return sign + (fix.size() <= sci.size() ? fix : sci);
 }
+} // namespace detail
 
 } // namespace mlir::moe
 
