@@ -466,13 +466,12 @@ static void emitPairs(GPUKernel &k, const FlashMixSpec &spec,
           SmallVector<Value> accJ(wBlocks * 4, zero);
           Value keyCol = kb.mul(warp, kb.idx(16));
           for (int64_t kc = 0; kc < kRowTile / 16; ++kc) {
-            // A^T's [16 keys x 16 rows] A operand: matrices (keys lo, rows
-            // lo), (hi, lo), (lo, hi), (hi, hi), each 8 rows of ps read
-            // transposed.
-            Value row = kb.add(kb.idx(16 * kc),
-                               kb.add(ldRow, kb.mul(kb.divu(ldSel, c2), kb.idx(8))));
-            Value col = kb.add(keyCol, kb.mul(kb.remu(ldSel, c2), kb.idx(8)));
-            Value aFrag = m.ldmatrix(ps, row, col, 4, /*transpose=*/true);
+            // A^T's [16 keys x 16 rows] A operand: ps's quadrants by row,
+            // (keys lo, rows lo), (hi, lo), (lo, hi), (hi, hi) of A^T, each
+            // read transposed (LayoutTest: TransposedKeyPlacementIsAnAOperand).
+            Value aFrag =
+                m.ldmatrixWindow(ps, quadrantsByRow(), kb.idx(16 * kc), keyCol,
+                                 ldRow, ldSel, 4, /*transpose=*/true);
             SmallVector<Value> vf = valueFrags(vsI, kc);
             for (int64_t eb = 0; eb < wBlocks; ++eb) {
               SmallVector<Value> d = m.mma(

@@ -12,13 +12,16 @@
 // 4g + tig; the A operand [16 x 16] holds (g, 2tig + {0,1}), (g + 8, ...),
 // (g, 8 + 2tig + {0,1}), (g + 8, 8 + ...); the B operand [16 x 8] (k x n)
 // holds (2tig + {0,1}, g) and (8 + 2tig + {0,1}, g); the C/D fragment
-// [16 x 8] f32 holds (g, 2tig + {0,1}) and (g + 8, 2tig + {0,1}).
+// [16 x 8] f32 holds (g, 2tig + {0,1}) and (g + 8, 2tig + {0,1}). These
+// are MoE/Kernels/Layout.h's atoms (checked there against the ISA's tables);
+// the ldmatrix addressing below is emitted from their layouts (Atoms.h).
 //
 //===----------------------------------------------------------------------===//
 
 #ifndef MOE_LIB_CONVERSION_MOETOGPU_MMAFRAGMENTS_H
 #define MOE_LIB_CONVERSION_MOETOGPU_MMAFRAGMENTS_H
 
+#include "Atoms.h"
 #include "GpuKernelBuilder.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -49,6 +52,24 @@ inline SmallVector<Value> mmaSyncF32(ImplicitLocOpBuilder &b,
   for (int64_t i = 0; i < 4; ++i)
     d.push_back(LLVM::ExtractValueOp::create(b, res, i));
   return d;
+}
+
+/// The rows and columns of the window that an ldmatrix.x4 reads.
+constexpr int64_t kWindow = 16;
+
+/// The 4 matrices of an ldmatrix.x4 as the quadrants of a 16 x 16 window in
+/// row-major order: matrix i at rows 8 (i / 2), columns 8 (i % 2) (offsets
+/// column-major, kWindow rows).
+inline kernels::Layout quadrantsByRow() {
+  return kernels::Layout({2, 2}, {8 * kWindow, 8});
+}
+
+/// The quadrants in column-major order: matrix i at rows 8 (i % 2), columns
+/// 8 (i / 2); an .x2 (`count` 2) reads the left two, which the upper 16
+/// lanes repeat (their addresses are ignored; repeated, they stay in the
+/// window).
+inline kernels::Layout quadrantsByColumn(int64_t count) {
+  return kernels::Layout({2, 2}, {8, count == 4 ? 8 * kWindow : 0});
 }
 
 /// The MMA helpers of one kernel on operands of `elt` (f16 or bf16).
@@ -98,28 +119,40 @@ struct Mma {
   // its features; values: its experts). ldmatrix's lanes give the addresses:
   // lane l row `ldRow` = l % 8 of matrix `ldSel` = l / 8.
 
+  /// ldmatrix (x`count`, `transpose`) of the matrices that `placement` puts
+  /// in the 16 x 16 window at (row0, col0) of `tile` (quadrantsByRow,
+  /// quadrantsByColumn): each lane addresses the row that
+  /// atoms::ldmatrixRows gives it, from its ldRow and ldSel.
+  Value ldmatrixWindow(Value tile, const kernels::Layout &placement, Value row0,
+                       Value col0, Value ldRow, Value ldSel, int64_t count,
+                       bool transpose) {
+    kernels::Layout lanes = kernels::atoms::ldmatrixRows(placement, kWindow);
+    LaneCoords coords(kb, lanes.shape(), {ldRow, ldSel});
+    IndexPair at = laneTileCoord(kb, coords, lanes, kWindow, row0, col0);
+    return ldmatrix(tile, at.row, at.col, count, transpose);
+  }
+
   /// The B operands of the logits S = Q K^T for the 16 keys at rows [key0,
   /// key0 + 16) of `tile` and the 16 features at columns [feat0, feat0 +
-  /// 16): ldmatrix.x4 of the matrices (keys key0.., features lo), (key0..,
-  /// hi), (key0 + 8.., lo), (key0 + 8.., hi). rows(f, 0, 2) is the first 8
-  /// keys' operand, rows(f, 2, 2) the next 8 keys'.
+  /// 16): ldmatrix.x4 of the quadrants by row, (keys key0.., features lo),
+  /// (key0.., hi), (key0 + 8.., lo), (key0 + 8.., hi). rows(f, 0, 2) is the
+  /// first 8 keys' operand, rows(f, 2, 2) the next 8 keys'.
   Value keyFragments(Value tile, int64_t key0, int64_t feat0, Value ldRow,
                      Value ldSel) {
-    Value row = kb.add(kb.idx(key0), kb.add(ldRow, kb.mul(kb.divu(ldSel, kb.idx(2)), kb.idx(8))));
-    Value col = kb.add(kb.idx(feat0), kb.mul(kb.remu(ldSel, kb.idx(2)), kb.idx(8)));
-    return ldmatrix(tile, row, col, 4, /*transpose=*/false);
+    return ldmatrixWindow(tile, quadrantsByRow(), kb.idx(key0), kb.idx(feat0),
+                          ldRow, ldSel, 4, /*transpose=*/false);
   }
   /// The B operands of P V for the 16 keys at rows [key0, key0 + 16) of
   /// `tile` and the 8-column block at column 8·eb, with the block eb + 1
   /// too where `pair`: ldmatrix.trans, x4 (x2 without the pair) of the
-  /// matrices (keys lo, eb), (keys hi, eb), then eb + 1's. rows(f, 0, 2) is
-  /// block eb's operand, rows(f, 2, 2) block eb + 1's.
+  /// quadrants by column, (keys lo, eb), (keys hi, eb), then eb + 1's.
+  /// rows(f, 0, 2) is block eb's operand, rows(f, 2, 2) block eb + 1's.
   Value valueFragments(Value tile, int64_t key0, int64_t eb, bool pair,
                        Value ldRow, Value ldSel) {
-    Value sel = pair ? ldSel : kb.remu(ldSel, kb.idx(2));
-    Value row = kb.add(kb.idx(key0), kb.add(ldRow, kb.mul(kb.remu(sel, kb.idx(2)), kb.idx(8))));
-    Value col = kb.add(kb.idx(eb * 8), kb.mul(kb.divu(sel, kb.idx(2)), kb.idx(8)));
-    return ldmatrix(tile, row, col, pair ? 4 : 2, /*transpose=*/true);
+    int64_t count = pair ? 4 : 2;
+    return ldmatrixWindow(tile, quadrantsByColumn(count), kb.idx(key0),
+                          kb.idx(eb * 8), ldRow, ldSel, count,
+                          /*transpose=*/true);
   }
   /// Two f32 values rounded as one pair of `elt` (an A operand's register:
   /// cvt.rn.{bf16x2,f16x2}.f32, one instruction for both).
@@ -150,6 +183,9 @@ struct Mma {
           d.push_back(vector::ExtractOp::create(b, res, {r, cc}));
       return d;
     }
+    // bf16 stays on NVVM: MLIR 22's NVGPU-to-NVVM conversion maps
+    // nvgpu.mma.sync for s8, s4, f16, f64 and tf32 only ("failed to deduce
+    // operand PTX types" on bf16).
     SmallVector<Value> av, bv;
     for (int64_t r = 0; r < 4; ++r)
       av.push_back(packed(a, r));
