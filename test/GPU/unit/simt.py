@@ -36,6 +36,14 @@ kernel (a block of 256 threads with barriers) runs with `lockstep=True`.
 %nsmid (nvvm.read.ptx.sreg.nsmid, the flash kernels' causal block order) is `SMS`, or run_kernel's `sms`.
 
 Only what the route, top-k, dispatch-plan and flash-mma kernels use is implemented; an unknown op raises.
+
+Speed (the GPU unit tests are most of lit's CPU time): each block is decoded once, at its first run, into a plan
+(_plan: per op its handler, what the handler reads off the op's text bound into it, its operand and result
+names), so the hot loops run no regex and no chain of name tests; numpy's error state is set once per warp, not per
+op; values are never written in place, so handlers return views and cached constants without copying; the
+lane-by-lane ops (ldmatrix, mma.sync's fragments, cp.async, vector.load/store, the 16-byte loads, stores to
+distinct elements) move all their lanes with one numpy index where every lane is in bounds and no two lanes'
+elements meet, and fall back to the lane loop (which says what is wrong) otherwise.
 """
 import functools
 import os
@@ -80,6 +88,39 @@ class Op:
         self.cache = {}
 
 
+class _Block(list):
+    """A block's ops (parse()), with the plan that Warp.run_block runs them by (_plan), made at its first run."""
+    __slots__ = ("plan",)
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.plan = None
+
+
+def _plan(ops):
+    """How Warp.run_block runs `ops`: per op (handler, op, operand names, result names, whether it ends the
+    block), the handler taking (warp, op, operand values, mask): the op's entry of _HOT, with what it reads off
+    the op's text bound where that is all it needs (_BOUND), else Warp._step."""
+    plan = []
+    for op in ops:
+        bind = _BOUND.get(op.name)
+        if bind is not None:
+            run = bind(op)
+        elif op.name in _HOT:
+            run = _HOT[op.name]
+        elif op.name in _SCF:
+            run = Warp._scf
+        elif op.name in _STEP_MMA:
+            run = _step_mma
+        else:
+            run = Warp._step
+        fast = None
+        if op.name in _FAST and len(op.results) == 1:
+            fast = _FAST[op.name](op, tuple(op.args), op.results[0])
+        plan.append((fast, run, op, tuple(op.args), tuple(op.results), op.name in _TERMINATORS))
+    return tuple(plan)
+
+
 def _static(op, key, make):
     """`make(op)`, a function of op's text only, computed once per op (Op.cache)."""
     try:
@@ -92,6 +133,8 @@ def _static(op, key, make):
 def _results(res):
     if not res:
         return []
+    if ":" not in res and "," not in res:      # one result (most ops)
+        return [res.strip()]
     out = []
     for part in res.split(", "):
         m = re.match(r"(%[\w.$-]+)(?::(\d+))?$", part.strip())
@@ -104,6 +147,9 @@ def _type_list(s):
     s = s.strip()
     if s.startswith("(") and s.endswith(")"):
         s = s[1:-1]
+    if "," not in s:                            # one type (most ops' results)
+        s = s.strip()
+        return [s] if s else []
     out, depth, cur = [], 0, ""
     for ch in s:
         if ch in "<([{":
@@ -139,7 +185,7 @@ def parse(text, func_name):
     def parse_regions(first_rest):
         regions = []
         blocks = []
-        cur_args, cur_ops = [], []
+        cur_args, cur_ops = [], _Block()
         started = False
         while True:
             line = lines[pos[0]]
@@ -150,13 +196,13 @@ def parse(text, func_name):
                 if started:
                     blocks.append((cur_args, cur_ops))
                 cur_args = [a.split(":")[0].strip() for a in _type_list(m.group("args") or "")]
-                cur_ops, started = [], True
+                cur_ops, started = _Block(), True
                 continue
             if s.startswith("}"):
                 if started or cur_ops:
                     blocks.append((cur_args, cur_ops))
                 regions.append(blocks)
-                blocks, cur_args, cur_ops, started = [], [], [], False
+                blocks, cur_args, cur_ops, started = [], [], _Block(), False
                 if s.startswith("}, {"):
                     continue
                 return regions, s
@@ -278,6 +324,69 @@ def _bits_to_f32(bits, t):
     return bits.astype(np.uint16).view(np.float16).astype(np.float32)
 
 
+def _row_slices(arr, idx, mask, width, distinct=False):
+    """The index of the active lanes' `width` elements arr[i0, ..., i_last : i_last + width] (vector.load and
+    vector.store's lanes at once), [active lanes, width], where every one lies inside `arr` (and, with
+    `distinct`, no two lanes' elements meet: a store's order would matter); None otherwise (the lane loop then
+    takes them one by one, as it did every lane)."""
+    at = [x[mask].astype(np.int64) for x in idx]
+    if not at or len(at) != arr.ndim:
+        return None
+    for x, d in zip(at[:-1], arr.shape[:-1]):
+        if x.size and (x.min() < 0 or x.max() >= d):
+            return None
+    last = at[-1]
+    if last.size and (last.min() < 0 or last.max() + width > arr.shape[-1]):
+        return None
+    cols = last[:, None] + np.arange(width)
+    at = tuple(x[:, None] for x in at[:-1]) + (cols,)
+    if distinct and last.size > 1:
+        flat = np.ravel_multi_index(np.broadcast_arrays(*at), arr.shape)
+        if np.unique(flat).size != flat.size:
+            return None
+    return at
+
+
+def _async_copy_shape(op):
+    """nvgpu.device_async_copy's operand segment sizes and dstElements."""
+    seg = [int(x) for x in re.search(r"operandSegmentSizes = array<i32: ([\d, ]+)>", op.props).group(1).split(",")]
+    return seg, int(re.search(r"dstElements = (\d+)", op.props).group(1))
+
+
+def _async_copy_lanes(dst, didx, src, sidx, count, elems):
+    """The active lanes' cp.async copies at once: (the destination's index [lanes, elems], the rows to land
+    there: each lane's `count` source elements, zeros past them), where every lane reads and writes inside the
+    buffers and no two lanes' rows meet; None otherwise (the lane loop then copies them one by one, and says
+    what is wrong)."""
+    if not didx or not sidx or len(didx) != dst.ndim or len(sidx) != src.ndim or didx[0].size == 0:
+        return None
+    n = didx[0].size
+    ks = np.full(n, elems, np.int64) if count is None else count.astype(np.int64)
+    if ks.min() < 0 or ks.max() > elems:
+        return None
+    di = [x.astype(np.int64) for x in didx]
+    if any(x.min() < 0 or x.max() >= d for x, d in zip(di[:-1], dst.shape[:-1])):
+        return None
+    if di[-1].min() < 0 or di[-1].max() + elems > dst.shape[-1]:
+        return None
+    ar = np.arange(elems)
+    at = tuple(np.broadcast_to(x[:, None], (n, elems)) for x in di[:-1]) + (di[-1][:, None] + ar,)
+    if n > 1 and np.unique(np.ravel_multi_index(at, dst.shape)).size != n * elems:
+        return None
+    reads = ks > 0
+    si = [x.astype(np.int64) for x in sidx]
+    if reads.any():
+        if any(x[reads].min() < 0 or x[reads].max() >= d for x, d in zip(si[:-1], src.shape[:-1])):
+            return None
+        if si[-1][reads].min() < 0 or (si[-1] + ks)[reads].max() > src.shape[-1]:
+            return None
+    valid = ar[None, :] < ks[:, None]
+    src_at = tuple(np.broadcast_to(np.where(reads, x, 0)[:, None], (n, elems)) for x in si[:-1]) + \
+        (np.where(valid, si[-1][:, None] + ar, 0),)
+    rows = np.where(valid, src[src_at], 0).astype(dst.dtype)
+    return at, rows
+
+
 class Memory:
     """Global buffers by argument and a fake address space for the 16-byte loads."""
 
@@ -311,6 +420,19 @@ class Memory:
         assert array.ndim == 3 and array.dtype == np.uint16 and box_inner * 2 <= 128, (array.shape, box_inner)
         self.maps[address] = (array, box_inner, box_rows)
         return address
+
+    def load16_lanes(self, addresses):
+        """load16 of each address of `addresses` at once, [len, 4] int32, where they all lie in one buffer with
+        their 16 bytes; None otherwise (load16 then says which address is outside every buffer)."""
+        if addresses.size == 0:
+            return np.zeros((0, 4), np.int32)
+        lo, hi = int(addresses.min()), int(addresses.max())
+        for base, array, elt in self.buffers:
+            if base <= lo and hi + 16 <= base + array.nbytes:
+                raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+                at = (addresses.astype(np.int64) - base)[:, None] + np.arange(16)
+                return np.ascontiguousarray(raw[at]).view(np.int32)
+        return None
 
     def load16(self, address):
         for base, array, elt in self.buffers:
@@ -367,7 +489,8 @@ def run_kernel(body, args, block_dim, grid, memory, smem_shape=None, workgroup=(
                     env = dict(zip(block_args, _lanes_of(args + smem, lanes)))
                     warp = Warp(env, memory, b, w, lanes=lanes, block_yz=(y, z), grid=dims)
                     warp.dynamic_smem, warp.async_copies, warp.sms = dyn, async_copies, sms
-                    warp.run_block(body[0][1], np.ones(lanes, bool))
+                    with np.errstate(all="ignore"):     # (the hot ops' numpy: see Warp._constant)
+                        warp.run_block(body[0][1], np.ones(lanes, bool))
 
 
 def _lanes_of(values, lanes):
@@ -391,7 +514,8 @@ def _run_warp_threads(body, values, block_dim, memory, block, block_yz, dims, dy
             warp = Warp(env, memory, block, w, lanes=LANES, block_yz=block_yz, grid=dims)
             warp.dynamic_smem, warp.async_copies, warp.barrier = dyn, async_copies, _WarpBarrier(turns, w)
             warp.sms = sms
-            warp.run_block(body[0][1], np.ones(LANES, bool))
+            with np.errstate(all="ignore"):             # (numpy's error state is a thread's own)
+                warp.run_block(body[0][1], np.ones(LANES, bool))
             # A warp that returns leaves the barrier to the others only once they are past their last one.
             turns.finish(w)
         except BaseException as e:  # noqa: BLE001 - re-raised below
@@ -493,24 +617,33 @@ class Warp:
         return self.env[name]
 
     def run_block(self, ops, mask, block_args=None, values=None):
-        env, step = self.env, self.step
+        env = self.env
         if block_args:
             for n, v in zip(block_args, values):
                 env[n] = v
-        for op in ops:
-            hot = _HOT.get(op.name)    # step's dispatch, one call less for the hot ops (none a terminator)
-            out = hot(self, op, [env[x] for x in op.args], mask) if hot is not None else step(op, mask)
-            if op.name in _TERMINATORS:
+        plan = ops.plan if isinstance(ops, _Block) else None
+        if plan is None:
+            plan = _plan(ops)
+            if isinstance(ops, _Block):
+                ops.plan = plan
+        ndarray = np.ndarray
+        for fast, run, op, args, results, last in plan:
+            if fast is not None:        # reads its operands from env and writes its result there itself
+                fast(self, env)
+                continue
+            out = run(self, op, [env[x] for x in args], mask)
+            if last:
                 return out
-            if out is not None:
-                if isinstance(out, np.ndarray):     # one result (the common case, without the list)
-                    if op.results:
-                        env[op.results[0]] = out
-                    continue
-                if not isinstance(out, (list, tuple)):
-                    out = [out]
-                for n, v in zip(op.results, out):
-                    env[n] = v
+            if out is None:
+                continue
+            if out.__class__ is ndarray:            # one result (the common case, without the list)
+                if results:
+                    env[results[0]] = out
+                continue
+            if not isinstance(out, (list, tuple)):
+                out = [out]
+            for n, v in zip(results, out):
+                env[n] = v
         return None
 
     def region(self, op, i, mask, values=()):
@@ -518,12 +651,14 @@ class Warp:
         return self.run_block(ops, mask, args, list(values))
 
     def step(self, op, mask):
+        """Runs `op` (its operands from the environment): its results."""
+        a = [self.env[x] for x in op.args]
+        hot = _HOT.get(op.name)
+        return hot(self, op, a, mask) if hot is not None else self._step(op, a, mask)
+
+    def _step(self, op, a, mask):
+        """The ops outside _HOT, by name: `a` their operands' values."""
         n = op.name
-        env = self.env
-        a = [env[x] for x in op.args]
-        hot = _HOT.get(n)
-        if hot is not None:
-            return hot(self, op, a, mask)
         if n == "gpu.thread_id":
             return self.tid.copy()
         if n == "gpu.block_id":
@@ -591,29 +726,14 @@ class Warp:
         if n == "llvm.inline_asm":
             assert "ld.global.nc.v4.b32" in op.props
             words = np.zeros((4, self.n), dtype=np.int32)
-            for l in range(self.n):
-                if mask[l]:
-                    words[:, l] = self.mem.load16(int(a[0][l]))
+            lanes = np.flatnonzero(mask)
+            loaded = self.mem.load16_lanes(a[0][lanes])
+            if loaded is not None:
+                words[:, lanes] = loaded.T
+                return [tuple(words)]
+            for l in lanes:
+                words[:, l] = self.mem.load16(int(a[0][l]))
             return [tuple(words)]
-        if n == "memref.load":
-            arr = a[0]
-            idx = [np.where(mask, i, 0) for i in a[1:]]
-            return arr[tuple(idx)] if arr.ndim else np.full(self.n, arr)
-        if n == "memref.store":
-            arr = a[1]
-            if len(a) - 2 == arr.ndim > 0 and mask.any():
-                # The active lanes' stores at once where they hit distinct elements in bounds (the lane loop
-                # below, the last lane's value kept, where two lanes store to one element or one is out of bounds).
-                at = tuple(i[mask] for i in a[2:])
-                if all(((x >= 0) & (x < d)).all() for x, d in zip(at, arr.shape)):
-                    flat = np.ravel_multi_index(at, arr.shape)
-                    if np.unique(flat).size == flat.size:
-                        arr[at] = a[0][mask]
-                        return None
-            for l in range(self.n):
-                if mask[l]:
-                    arr[tuple(int(i[l]) for i in a[2:])] = a[0][l]
-            return None
         if n == "memref.atomic_rmw":
             # addf (kind 0) only: the active lanes' adds in lane order, each rounded to f32 (one order of the
             # many a GPU's atomics may land in: the kernels' tests allow f32 rounding).
@@ -676,6 +796,9 @@ class Warp:
         if n == "nvvm.redux.sync":
             assert self.n == LANES, "redux in lockstep blocks"
             kind = "max" if "max" in op.props else "min"
+            if np.issubdtype(a[0].dtype, np.integer) and ((a[1].astype(np.int64) & 0xFFFFFFFF) == 0xFFFFFFFF).all():
+                # Every lane's mask names the whole warp (the common case): one max or min for all.
+                return np.full(LANES, a[0].max() if kind == "max" else a[0].min(), dtype=a[0].dtype)
             members = ((a[1].astype(np.int64)[:, None] & 0xFFFFFFFF) >> np.arange(LANES)) & 1 == 1
             if np.issubdtype(a[0].dtype, np.integer) and members.any(axis=1).all():
                 # Every lane's max or min over the lanes its mask names, as the loop below (which also takes
@@ -692,6 +815,40 @@ class Warp:
             return out
         if n == "nvvm.bar.warp.sync":
             return None
+        if n in _SCF:
+            return self._scf(op, a, mask)
+        out = self.step_mma(op, n, a, mask)
+        if out is not NotImplemented:
+            return out
+        raise NotImplementedError(n)
+
+    def _memref_load(self, op, a, mask):
+        """memref.load: each active lane's element (inactive lanes read index 0)."""
+        arr = a[0]
+        idx = a[1:] if mask.all() else [np.where(mask, i, 0) for i in a[1:]]
+        return arr[tuple(idx)] if arr.ndim else np.full(self.n, arr)
+
+    def _memref_store(self, op, a, mask):
+        """memref.store: each active lane's element."""
+        arr = a[1]
+        full = mask.all()
+        if len(a) - 2 == arr.ndim > 0 and (full or mask.any()):
+            # The active lanes' stores at once where they hit distinct elements in bounds (the lane loop
+            # below, the last lane's value kept, where two lanes store to one element or one is out of bounds).
+            at = tuple(a[2:]) if full else tuple(i[mask] for i in a[2:])
+            if all(x.min() >= 0 and x.max() < d for x, d in zip(at, arr.shape)):
+                flat = at[0] if len(at) == 1 else np.ravel_multi_index(at, arr.shape)
+                if flat.size == 1 or len(set(flat.tolist())) == flat.size:
+                    arr[at] = a[0] if full else a[0][mask]
+                    return None
+        for l in range(self.n):
+            if mask[l]:
+                arr[tuple(int(i[l]) for i in a[2:])] = a[0][l]
+        return None
+
+    def _scf(self, op, a, mask):
+        """The control flow (scf, gpu.return): regions under lane masks."""
+        n = op.name
         if n == "scf.if":
             cond = a[0]
             take = cond & mask
@@ -755,9 +912,6 @@ class Warp:
             return (a[0], a[1:])
         if n == "gpu.return":
             return []
-        out = self.step_mma(op, n, a, mask)
-        if out is not NotImplemented:
-            return out
         raise NotImplementedError(n)
 
     # The tensor-core kernel's ops (see the module's docstring).
@@ -839,6 +993,10 @@ class Warp:
             arr, idx = a[0], a[1:]
             width = shape[-1]
             out = np.zeros((self.n, width), dtype=arr.dtype)
+            at = _row_slices(arr, idx, mask, width)
+            if at is not None:
+                out[mask] = arr[at]
+                return out
             for l in range(self.n):
                 if mask[l]:
                     i = [int(x[l]) for x in idx]
@@ -846,19 +1004,33 @@ class Warp:
             return out
         if n == "vector.store":
             val, arr, idx = a[0], a[1], a[2:]
+            at = _row_slices(arr, idx, mask, val.shape[-1], distinct=True)
+            if at is not None:
+                arr[at] = val[mask]
+                return None
             for l in range(self.n):
                 if mask[l]:
                     i = [int(x[l]) for x in idx]
                     arr[tuple(i[:-1])][i[-1]:i[-1] + val.shape[-1]] = val[l]
             return None
         if n == "nvgpu.device_async_copy":
-            seg = [int(x) for x in re.search(r"operandSegmentSizes = array<i32: ([\d, ]+)>", op.props)
-                   .group(1).split(",")]
+            seg, elems = _static(op, "cp.async", _async_copy_shape)
             dst, didx = a[0], a[1:1 + seg[1]]
             src = a[1 + seg[1]]
             sidx = a[2 + seg[1]:2 + seg[1] + seg[3]]
             count = a[2 + seg[1] + seg[3]] if seg[4] else None
-            elems = int(re.search(r"dstElements = (\d+)", op.props).group(1))
+            lanes = np.flatnonzero(mask)
+            copy = _async_copy_lanes(dst, [x[lanes] for x in didx], src, [x[lanes] for x in sidx],
+                                     None if count is None else count[lanes], elems)
+            if copy is not None:
+                # Every active lane's copy at once, landing together (the lanes' rows distinct).
+                def land_all(at=copy[0], rows=copy[1]):
+                    dst[at] = rows
+                if self.async_copies == "wait":
+                    self.pending.append(land_all)
+                else:
+                    land_all()
+                return np.zeros(self.n, dtype=np.int64)
             for l in range(self.n):
                 if not mask[l]:
                     continue
@@ -1008,15 +1180,18 @@ class Warp:
             out[g0:g0 + 128] = D.astype(np.float32)[rows, cols]
         return [tuple(out[:, i] for i in range(nn // 2))]
 
-    # The hot ops: those the kernels' loops run hundreds of thousands of times, dispatched by name (_HOT) before
-    # step's chain of tests, what they read off their text computed once per op (_static). Same numpy work as
-    # step's other ops; only the dispatch and the regexes are saved.
+    # The hot ops: those the kernels' loops run hundreds of thousands of times, dispatched by name (_HOT, _BOUND)
+    # before _step's chain of tests, what they read off their text computed once per op (_static, or bound into
+    # the handler by _BOUND). Same numpy work as _step's other ops; only the dispatch and the regexes are saved.
+    # They run under errstate(all="ignore") (run_kernel sets it once per warp): a kernel's inf and NaN are
+    # values, not warnings. Values are never written in place (vector.insert copies), so a handler may return
+    # a view of its operand, or a constant's array itself.
     def _constant(self, op, a, mask):
-        return _static(op, ("value", self.n), lambda op: _const(op, self.n)).copy()
+        return _static(op, ("value", self.n), lambda op: _const(op, self.n))
 
     def _int_binary(self, op, a, mask):
-        with np.errstate(over="ignore"):
-            return _INT_BINARY[op.name](a[0], a[1]).astype(a[0].dtype)
+        x = a[0]
+        return _INT_BINARY[op.name](x, a[1]).astype(x.dtype, copy=False)
 
     def _div_rem(self, op, a, mask):
         d = np.where(a[1] == 0, 1, a[1])
@@ -1038,36 +1213,33 @@ class Warp:
         return _cmpf(_static(op, "predicate", lambda op: int(_prop(op, "predicate").split(":")[0])), a[0], a[1])
 
     def _select(self, op, a, mask):
-        c = a[0]
-        if c.ndim != np.ndim(a[1]):
-            c = c.reshape(c.shape + (1,) * (np.ndim(a[1]) - c.ndim))
-        return np.where(c, a[1], a[2])
+        c, x = a[0], a[1]
+        if c.ndim != x.ndim:
+            c = c.reshape(c.shape + (1,) * (x.ndim - c.ndim))
+        return np.where(c, x, a[2])
 
     def _float_binary(self, op, a, mask):
-        with np.errstate(all="ignore"):
-            return _FLOAT_BINARY[op.name](a[0], a[1]).astype(np.float32)
+        return _FLOAT_BINARY[op.name](a[0], a[1]).astype(np.float32, copy=False)
 
     def _max_min_f(self, op, a, mask):
         f = np.maximum if op.name == "arith.maximumf" else np.minimum   # NaN-propagating, as arith's
-        return f(a[0], a[1]).astype(np.float32)
+        return f(a[0], a[1]).astype(np.float32, copy=False)
 
     def _max_min_si(self, op, a, mask):
         return (np.maximum if op.name == "arith.maxsi" else np.minimum)(a[0], a[1])
 
     def _exp(self, op, a, mask):
-        with np.errstate(all="ignore"):
-            return np.exp(a[0]).astype(np.float32)
+        return np.exp(a[0]).astype(np.float32, copy=False)
 
     def _fma(self, op, a, mask):
-        return (a[0] * a[1] + a[2]).astype(np.float32)
+        return (a[0] * a[1] + a[2]).astype(np.float32, copy=False)
 
     def _call_intrinsic(self, op, a, mask):
         name = _static(op, "intrin", lambda op: re.search(r'intrin = "([^"]+)"', op.props).group(1))
-        with np.errstate(all="ignore"):
-            if "ex2.approx" in name:
-                return np.exp2(a[0]).astype(np.float32)
-            if "rcp.approx" in name:
-                return (np.float32(1.0) / a[0]).astype(np.float32)
+        if "ex2.approx" in name:
+            return np.exp2(a[0]).astype(np.float32, copy=False)
+        if "rcp.approx" in name:
+            return (np.float32(1.0) / a[0]).astype(np.float32, copy=False)
         raise NotImplementedError(name)
 
     def _extractvalue(self, op, a, mask):
@@ -1079,7 +1251,7 @@ class Warp:
         return _columns(a).reshape((self.n,) + shape)
 
     def _vector_extract(self, op, a, mask):
-        return a[0][_static(op, "position", _lanes_position)].copy()
+        return a[0][_static(op, "position", _lanes_position)]
 
     def _vector_insert(self, op, a, mask):
         out = a[1].copy()
@@ -1088,8 +1260,10 @@ class Warp:
 
     def _vector_bitcast(self, op, a, mask):
         dshape = _static(op, "shape", _bitcast_shape)
-        bits = a[0].astype(np.uint16).reshape(self.n, -1, 2).astype(np.uint32)
-        return (bits[:, :, 0] | bits[:, :, 1] << 16).view(np.int32).reshape((self.n,) + dshape)
+        # bf16/f16 pairs (lanes, ..., 2m) into i32 (lanes, ..., m): the low half the even element (little-endian,
+        # as the bits of a pair are in a register).
+        bits = np.ascontiguousarray(a[0], dtype=np.uint16)
+        return bits.view(np.int32).reshape((self.n,) + dshape)
 
     def _truncf(self, op, a, mask):
         return _f32_to_bits(a[0], _static(op, "type", _truncf_type))
@@ -1098,18 +1272,20 @@ class Warp:
         tiles, trans = _static(op, "ldmatrix", lambda op: (int(re.search(r"numTiles = (\d+)", op.props).group(1)),
                                                             "transpose = true" in op.props))
         smem, rows, cols = a[0], a[1], a[2]
-        out = np.zeros((self.n, tiles, 2), dtype=np.uint16)
-        for w0 in range(0, self.n, LANES):
-            if not mask[w0:w0 + LANES].all():
-                raise AssertionError("ldmatrix with inactive lanes")
-            for i in range(tiles):
-                m = np.stack([smem[int(rows[w0 + 8 * i + r]), int(cols[w0 + 8 * i + r]):
-                                   int(cols[w0 + 8 * i + r]) + 8] for r in range(8)])
-                if trans:
-                    m = m.T
-                # Lane l takes m[l // 4, 2 (l % 4) : 2 (l % 4) + 2]: the 8 x 8 tile's pairs in row-major order.
-                out[w0:w0 + LANES, i] = m.reshape(LANES, 2)
-        return out
+        warps = self.n // LANES
+        if not mask.all():
+            raise AssertionError("ldmatrix with inactive lanes")
+        # Lanes 8i..8i+7 of a warp give tile i's row addresses: [warps, tiles, 8 rows, 8 columns].
+        r = rows.reshape(warps, LANES)[:, :8 * tiles].reshape(warps, tiles, 8, 1)
+        c = cols.reshape(warps, LANES)[:, :8 * tiles].reshape(warps, tiles, 8, 1) + _EIGHT
+        if (c[..., 0] < 0).any() or (c[..., -1] >= smem.shape[1]).any():
+            raise IndexError("ldmatrix: a row past its buffer's columns")
+        m = smem[r, c]
+        if trans:
+            m = m.swapaxes(2, 3)
+        # Lane l takes m[l // 4, 2 (l % 4) : 2 (l % 4) + 2]: the 8 x 8 tile's pairs in row-major order.
+        return m.reshape(warps, tiles, LANES, 2).swapaxes(1, 2).reshape(self.n, tiles, 2).astype(np.uint16,
+                                                                                                  copy=False)
 
     def _mma(self, op, a, mask):
         """m16n8k16 row.col on each warp: A [16 x 16], B [16 x 8] (k x n), C/D [16 x 8] f32; the lanes' fragments
@@ -1127,30 +1303,27 @@ class Warp:
             assert t in ("bf16", "f16"), t
 
             def unpack(words):
-                w = _columns(words).astype(np.int32).view(np.uint32)
-                return _columns([(w & 0xFFFF).ravel(), (w >> 16).ravel()]).reshape(self.n, -1).astype(np.uint16)
+                # Each lane's i32 registers as their bf16/f16 halves, low half first: [lanes, 2 x registers].
+                return np.ascontiguousarray(_columns(words), dtype=np.int32).view(np.uint16)
             af, bf = unpack(a[0:4]), unpack(a[4:6])
             c = _columns(a[6:10])
-        d = self._mma_tiles(_bits_to_f32(af, t), _bits_to_f32(bf, t), c, 16, _MMA_A, _MMA_B)
+        d = self._mma_tiles(_bits_to_f32(af, t), _bits_to_f32(bf, t), c, 16, _MMA_A_FLAT, _MMA_B_FLAT)
         if n == "nvgpu.mma.sync":
             return d.reshape(self.n, 2, 2)
         return [tuple(d[:, i] for i in range(4))]
 
     def _mma_tiles(self, av, bv, c, k, a_at, b_at):
         """Each warp's D = A B + C, A [16 x k], B [k x 8], C/D [16 x 8] f32, from the lanes' fragment values at the
-        layouts' positions: products exact, sums in float64 rounded to f32."""
-        d = np.zeros((self.n, 4), dtype=np.float32)
-        for w0 in range(0, self.n, LANES):
-            A = np.zeros((16, k))
-            B = np.zeros((k, 8))
-            C = np.zeros((16, 8))
-            A[a_at] = av[w0:w0 + LANES]
-            B[b_at] = bv[w0:w0 + LANES]
-            C[_MMA_C] = c[w0:w0 + LANES]
-            with np.errstate(all="ignore"):
-                D = (A @ B + C).astype(np.float32)
-            d[w0:w0 + LANES] = D[_MMA_C]
-        return d
+        layouts' positions (a_at, b_at: _flat() of them): products exact, sums in float64 rounded to f32."""
+        warps = self.n // LANES
+        A = np.empty((warps, 16 * k))
+        B = np.empty((warps, k * 8))
+        C = np.empty((warps, 16 * 8))
+        A[:, a_at] = av.reshape(warps, -1)
+        B[:, b_at] = bv.reshape(warps, -1)
+        C[:, _MMA_C_FLAT] = c.reshape(warps, -1)
+        D = (A.reshape(warps, 16, k) @ B.reshape(warps, k, 8) + C.reshape(warps, 16, 8)).astype(np.float32)
+        return D.reshape(warps, 16 * 8)[:, _MMA_C_FLAT].reshape(self.n, 4)
 
     def _mma_tf32(self, a):
         """m16n8k8 row.col with tf32 operands (flash-mma-tf32's 3xTF32): A [16 x 8] in 4 registers, B [8 x 8] in 2,
@@ -1159,15 +1332,21 @@ class Warp:
         def operand(words):
             w = _columns(words).astype(np.int64).astype(np.uint32) & np.uint32(0xFFFFE000)
             return w.view(np.float32).astype(np.float64)
-        d = self._mma_tiles(operand(a[0:4]), operand(a[4:6]), _columns(a[6:10]), 8, _MMA_TF32_A, _MMA_TF32_B)
+        d = self._mma_tiles(operand(a[0:4]), operand(a[4:6]), _columns(a[6:10]), 8, _MMA_TF32_A_FLAT,
+                            _MMA_TF32_B_FLAT)
         return [tuple(d[:, i] for i in range(4))]
 
 
 def _columns(arrays):
-    """np.stack(arrays, axis=1) of the lanes' values (1-D arrays of one dtype) as [lanes, len(arrays)], without
+    """np.stack(arrays, axis=1) of the lanes' values (1-D arrays of one shape) as [lanes, len(arrays)], without
     np.stack's checks: half the time of vector.from_elements and mma.sync's operand packing."""
-    if all(x.ndim == 1 and x.dtype == arrays[0].dtype for x in arrays):
-        return np.array(arrays).T
+    if arrays[0].ndim == 1:
+        try:
+            x = np.array(arrays)
+        except ValueError:          # lanes of other counts: np.stack says so
+            return np.stack(arrays, axis=1)
+        if x.ndim == 2:
+            return x.T
     return np.stack(arrays, axis=1)
 
 
@@ -1187,6 +1366,16 @@ def _mma_layout():
 _MMA_A, _MMA_B, _MMA_C = _mma_layout()
 
 
+def _flat(at, shape):
+    """A layout's (rows, cols) index arrays [32 lanes, values] as flat indices into the row-major `shape`, in the
+    lanes' order (lane-major): where each of a warp's fragment values sits in its matrix."""
+    return np.ravel_multi_index(at, shape).ravel()
+
+
+_MMA_A_FLAT, _MMA_B_FLAT, _MMA_C_FLAT = _flat(_MMA_A, (16, 16)), _flat(_MMA_B, (16, 8)), _flat(_MMA_C, (16, 8))
+_EIGHT = np.arange(8)
+
+
 def _mma_tf32_layout():
     """(rows, cols) index arrays [32 lanes, values] of m16n8k8 tf32's A and B fragments: lane l (g = l / 4, q = l % 4)
     holds A[g, q], A[g+8, q], A[g, q+4], A[g+8, q+4] and B[q, g], B[q+4, g] (C as m16n8k16's)."""
@@ -1197,6 +1386,7 @@ def _mma_tf32_layout():
 
 
 _MMA_TF32_A, _MMA_TF32_B = _mma_tf32_layout()
+_MMA_TF32_A_FLAT, _MMA_TF32_B_FLAT = _flat(_MMA_TF32_A, (16, 8)), _flat(_MMA_TF32_B, (8, 8))
 
 
 def _lanes_position(op):
@@ -1231,7 +1421,150 @@ _HOT = {"arith.constant": Warp._constant, "arith.divui": Warp._div_rem, "arith.r
         "llvm.call_intrinsic": Warp._call_intrinsic, "llvm.extractvalue": Warp._extractvalue,
         "vector.from_elements": Warp._from_elements, "vector.extract": Warp._vector_extract,
         "vector.insert": Warp._vector_insert, "vector.bitcast": Warp._vector_bitcast, "arith.truncf": Warp._truncf,
-        "nvgpu.ldmatrix": Warp._ldmatrix, "nvgpu.mma.sync": Warp._mma, "nvvm.mma.sync": Warp._mma}
+        "nvgpu.ldmatrix": Warp._ldmatrix, "nvgpu.mma.sync": Warp._mma, "nvvm.mma.sync": Warp._mma,
+        "memref.load": Warp._memref_load, "memref.store": Warp._memref_store}
 _HOT.update({name: Warp._int_binary for name in _INT_BINARY})
 _HOT.update({name: Warp._bitwise for name in _BITWISE})
 _HOT.update({name: Warp._float_binary for name in _FLOAT_BINARY})
+_SCF = frozenset(("scf.if", "scf.for", "scf.while", "scf.yield", "scf.condition", "gpu.return"))
+#: The ops step_mma takes (its chain of names, not _step's, which ends in it): run by it directly.
+_STEP_MMA = frozenset((
+    "gpu.barrier", "gpu.dynamic_shared_memory", "llvm.mlir.poison", "memref.collapse_shape", "memref.subview",
+    "memref.view", "nvgpu.device_async_copy", "nvvm.barrier", "nvvm.cp.async.bulk.tensor.shared.cluster.global",
+    "nvvm.cp.async.commit.group", "nvvm.cp.async.wait.group", "nvvm.fence.mbarrier.init", "nvvm.fence.proxy",
+    "nvvm.fence.proxy.acquire", "nvvm.mbarrier.arrive.expect_tx", "nvvm.mbarrier.init",
+    "nvvm.mbarrier.try_wait.parity", "nvvm.wgmma.commit.group.sync.aligned", "nvvm.wgmma.fence.aligned",
+    "nvvm.wgmma.mma_async", "nvvm.wgmma.wait.group.sync.aligned", "vector.load", "vector.store"))
+
+
+def _step_mma(warp, op, a, mask):
+    out = warp.step_mma(op, op.name, a, mask)
+    if out is NotImplemented:
+        raise NotImplementedError(op.name)
+    return out
+
+
+def _bind_constant(op):
+    values = {}           # by the group's lanes (a warp, or a lockstep block)
+
+    def run(warp, op, a, mask):
+        v = values.get(warp.n)
+        if v is None:
+            v = values[warp.n] = _const(op, warp.n)
+        return v
+    return run
+
+
+def _bind_cmpi(op):
+    pred = int(_prop(op, "predicate").split(":")[0])
+    if pred >= 6:
+        return Warp._cmpi
+    f = CMPI[pred]
+    return lambda warp, op, a, mask: f(a[0], a[1])
+
+
+def _bind_ufunc(table, cast=None):
+    """A binary op of `table` (name -> ufunc), its result cast to `cast` (a dtype), or to its first operand's dtype
+    (cast "first"), or left as the ufunc gives it (None)."""
+    def bind(op):
+        f = table[op.name]
+        if cast is None:
+            return lambda warp, op, a, mask: f(a[0], a[1])
+        if cast == "first":
+            def run(warp, op, a, mask):
+                x = a[0]
+                return f(x, a[1]).astype(x.dtype, copy=False)
+            return run
+        return lambda warp, op, a, mask: f(a[0], a[1]).astype(cast, copy=False)
+    return bind
+
+
+def _bind_position(op, position):
+    at = position(op)
+    return lambda warp, op, a, mask: a[0][at]
+
+
+#: Ops whose handler is made per op at its block's first run, what it reads off the op's text bound into it.
+_BOUND = {"arith.constant": _bind_constant, "arith.cmpi": _bind_cmpi,
+          "arith.maxsi": _bind_ufunc({"arith.maxsi": np.maximum}),
+          "arith.minsi": _bind_ufunc({"arith.minsi": np.minimum}),
+          "vector.extract": lambda op: _bind_position(op, _lanes_position),
+          "llvm.extractvalue": lambda op: _bind_position(
+              op, lambda op: int(re.search(r"position = array<i64: (\d+)>", op.props).group(1)))}
+_BOUND.update({name: _bind_ufunc(_INT_BINARY, "first") for name in _INT_BINARY})
+_BOUND.update({name: _bind_ufunc(_BITWISE) for name in _BITWISE})
+_BOUND.update({name: _bind_ufunc(_FLOAT_BINARY, np.float32) for name in _FLOAT_BINARY})
+
+
+# The most frequent ops (the route kernels' selection network, the index arithmetic) once more, as handlers that
+# read their operands from the environment and write their one result into it themselves: run_block's loop then
+# makes no operand list and looks at no returned value for them. Each computes what its _BOUND handler computes.
+def _fast_constant(op, args, r):
+    values = {}
+
+    def fast(warp, env):
+        v = values.get(warp.n)
+        if v is None:
+            v = values[warp.n] = _const(op, warp.n)
+        env[r] = v
+    return fast
+
+
+def _fast_ufunc(table, cast=None):
+    def make(op, args, r):
+        if len(args) != 2:
+            return None
+        f, (x, y) = table[op.name], args
+        if cast is None:
+            def fast(warp, env):
+                env[r] = f(env[x], env[y])
+        elif cast == "first":
+            def fast(warp, env):
+                v = env[x]
+                env[r] = f(v, env[y]).astype(v.dtype, copy=False)
+        else:
+            def fast(warp, env):
+                env[r] = f(env[x], env[y]).astype(cast, copy=False)
+        return fast
+    return make
+
+
+def _fast_cmpi(op, args, r):
+    pred = int(_prop(op, "predicate").split(":")[0])
+    return _fast_ufunc({op.name: CMPI[pred]})(op, args, r) if pred < 6 else None
+
+
+def _fast_select(op, args, r):
+    if len(args) != 3:
+        return None
+    c, x, y = args
+
+    def fast(warp, env):
+        cv, xv = env[c], env[x]
+        if cv.ndim != xv.ndim:
+            cv = cv.reshape(cv.shape + (1,) * (xv.ndim - cv.ndim))
+        env[r] = np.where(cv, xv, env[y])
+    return fast
+
+
+def _fast_position(position):
+    def make(op, args, r):
+        if len(args) != 1:
+            return None
+        at, (x,) = position(op), args
+
+        def fast(warp, env):
+            env[r] = env[x][at]
+        return fast
+    return make
+
+
+_FAST = {"arith.constant": _fast_constant, "arith.cmpi": _fast_cmpi, "arith.select": _fast_select,
+         "arith.maxsi": _fast_ufunc({"arith.maxsi": np.maximum}),
+         "arith.minsi": _fast_ufunc({"arith.minsi": np.minimum}),
+         "vector.extract": _fast_position(_lanes_position),
+         "llvm.extractvalue": _fast_position(
+             lambda op: int(re.search(r"position = array<i64: (\d+)>", op.props).group(1)))}
+_FAST.update({name: _fast_ufunc(_INT_BINARY, "first") for name in _INT_BINARY})
+_FAST.update({name: _fast_ufunc(_BITWISE) for name in _BITWISE})
+_FAST.update({name: _fast_ufunc(_FLOAT_BINARY, np.float32) for name in _FLOAT_BINARY})
