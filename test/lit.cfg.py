@@ -61,6 +61,12 @@ if os.path.exists(moe_ptxas):
     config.available_features.add("ptxas")
 config.substitutions.append(("%ptxas", moe_ptxas))
 config.substitutions.append(("%cuda_toolkit", moe_cuda_toolkit))
+# bench/gpu/ptxas_report.py's ptxas runs go through bench/gpu/ptxas_cache.py: PTX that several GPU tests assemble
+# for the same chip and flags (the route kernels' chunks of ptxas-sweep and ptxas-route-*) goes through ptxas once
+# per build folder. The key is the PTX, the flags and the ptxas binary; a failed run is cached as a failure.
+# MOE_PTXAS_CACHE= (empty) in lit's environment turns it off.
+config.environment["MOE_PTXAS_CACHE"] = os.environ.get(
+    "MOE_PTXAS_CACHE", os.path.join(config.moe_obj_root, "test", "GPU", ".ptxas-cache"))
 # `nvdisasm` (the kernels' SASS: GPU/sass-budget.mlir): $MOE_NVDISASM, the PyPI wheel nvidia-cuda-nvdisasm that
 # scripts/install-python.sh installs into .venv, the CUDA toolkit's, or PATH's. The test command installs the
 # wheel, so where ptxas is found and nvdisasm is not, the budget would be skipped unnoticed: lit warns, and under

@@ -29,6 +29,11 @@ step fails. Runs without a GPU.
                       lines). The lowering is two thirds of a sweep's time;
                       the lit sweeps use it, the published reports do not.
 
+ptxas runs through bench/gpu/ptxas_cache.py where $MOE_PTXAS_CACHE names a
+folder (test/lit.cfg.py sets one): PTX assembled before for the same chip and
+flags by the same ptxas is not assembled again (its report, a failure too,
+comes from the cache).
+
 A case file may name moe-lower-to-nvvm options its ops need (kernels behind an
 off-by-default option) on a line `// ptxas-options: OPTIONS`; they are added
 to --pipeline-options for every chunk of that file.
@@ -46,6 +51,8 @@ import re
 import subprocess
 import sys
 import tempfile
+
+import ptxas_cache
 
 
 def decode_mlir_string(s):
@@ -185,8 +192,8 @@ def assemble(args, name, path, chip, owners, rows, failures):
     """ptxas -v of case `name`'s PTX file `path` for `chip`: one row a kernel into
     `rows`, a failure into `failures` for a failed ptxas or local memory where
     none is allowed."""
-    rep = subprocess.run([args.ptxas, "-v", f"-arch={chip}", "-O3", path,
-                          "-o", os.devnull], capture_output=True, text=True)
+    # (through the ptxas cache where the lit tests turn it on: the same PTX assembled by several of them)
+    rep = ptxas_cache.run_ptxas(args.ptxas, ["-v", f"-arch={chip}", "-O3"], path)
     if rep.returncode != 0:
         failures.append(f"{path} ({chip}): ptxas failed:\n{rep.stderr}")
         return
