@@ -231,6 +231,28 @@ Value mlir::moe::cpu_lowering::DotTile::at(int64_t r, int64_t v) const {
   return kb->vload(buf, {kb->idx(r), kb->idx(v * kLanes)});
 }
 
+namespace {
+/// accumulateTile's register blocking: `groupRows` rows x `width` chunks of
+/// the target's vectors a step, `width` value vectors loaded and `groupRows`
+/// weights broadcast for groupRows * width FMAs. With 8 rows one chunk is
+/// 9 loads per 8 FMAs (load-bound; the causal similarity backward spent a
+/// quarter of its time on it); AVX-512 fits three chunks of all 8 rows (24
+/// accumulators, 11 loads per 24 FMAs). AVX2's 16 ymm hold 8 rows x 1 only
+/// with no room for LLVM's unrolling, which then spilled an accumulator
+/// through the stack on every step (perf: the backward pass of the
+/// Similarity-Inform demo at half the forward's FMA rate), so there half the
+/// rows take two chunks at a time: 8 accumulators, 6 loads per 8 FMAs.
+struct AccBlocking {
+  int64_t groupRows, width;
+};
+AccBlocking accBlocking(int64_t rows, int64_t regs) {
+  int64_t width = std::max<int64_t>(1, (regs - 4) / std::max<int64_t>(rows, 1));
+  if (width == 1 && rows >= 8 && rows % 2 == 0)
+    return {rows / 2, 2};
+  return {rows, width};
+}
+} // namespace
+
 void mlir::moe::cpu_lowering::accumulateTile(
     CpuKernelBuilder &kb, const KernelOptions &opts, Value accBuf, Value pBuf,
     Value values, Value b, Value j0, Value widthChunks, ArrayRef<Value> alpha,
@@ -239,15 +261,10 @@ void mlir::moe::cpu_lowering::accumulateTile(
   Value c0 = kb.idx(0), c1 = kb.idx(1);
   int64_t rows = cast<MemRefType>(pBuf.getType()).getDimSize(0);
   int64_t keyCols = cast<MemRefType>(pBuf.getType()).getDimSize(1);
-  // Chunks of the target's register width, `w` adjacent ones a step: w
-  // accumulator registers per row. A step loads w value vectors and `rows`
-  // weights (broadcast operands of the FMAs) for rows * w FMAs: with one
-  // chunk (8 rows) that is 9 loads per 8 FMAs, load-bound (the causal
-  // similarity backward spent a quarter of its time on it); AVX-512 fits
-  // three chunks (24 accumulators, 11 loads per 24 FMAs), AVX2's 16 ymm one.
+  // Chunks of the target's register width, `W` adjacent ones a step for a
+  // group of `G` rows (accBlocking).
   const int64_t L = std::min<int64_t>(opts.lanes(), kLanes);
-  const int64_t W =
-      std::max<int64_t>(1, (vectorRegisters(L) - 4) / std::max<int64_t>(rows, 1));
+  const auto [G, W] = accBlocking(rows, vectorRegisters(L));
   Value chunks = kb.mul(widthChunks, kb.idx(kLanes / L));
   // The tile's keys are summed from zero in registers and the sum added to
   // the row's accumulator once: a peaked row's accumulator holds its largest
@@ -256,8 +273,9 @@ void mlir::moe::cpu_lowering::accumulateTile(
   // forward's p was 3-5x eager's error, which the gradient of u, a
   // cancellation of O(1) terms, grew 16x).
   Value zerosL = kb.constLike(kb.vf32(L), 0.0);
-  auto step = [&](Value c, int64_t w) {
-    SmallVector<Value> cols, acc(rows * w, zerosL); // acc[r * w + q]
+  // Rows [r0, r0 + g) x chunks [c, c + w).
+  auto step = [&](Value c, int64_t w, int64_t r0, int64_t g) {
+    SmallVector<Value> cols, acc(g * w, zerosL); // acc[r * w + q]
     for (int64_t q = 0; q < w; ++q)
       cols.push_back(kb.mul(q ? kb.add(c, kb.idx(q)) : c, kb.idx(L)));
     auto pvLoop = [&](bool guard) -> SmallVector<Value> {
@@ -268,11 +286,11 @@ void mlir::moe::cpu_lowering::accumulateTile(
             for (int64_t q = 0; q < w; ++q)
               v.push_back(kb.vload(values, {b, kb.add(j0, j), cols[q]}, L));
             SmallVector<Value> next;
-            for (int64_t r = 0; r < rows; ++r) {
-              Value p = kb.splat(kb.load(pBuf, {kb.idx(r), j}), L);
+            for (int64_t r = 0; r < g; ++r) {
+              Value p = kb.splat(kb.load(pBuf, {kb.idx(r0 + r), j}), L);
               Value valid;
               if (guard) {
-                Value logit = kb.load(logitBuf, {kb.idx(r), j});
+                Value logit = kb.load(logitBuf, {kb.idx(r0 + r), j});
                 valid = kb.cmpf(arith::CmpFPredicate::UNE, logit,
                                kb.negInfLike(f32));
               }
@@ -287,28 +305,35 @@ void mlir::moe::cpu_lowering::accumulateTile(
     };
     SmallVector<Value> res;
     if (logitBuf) {
-      SmallVector<Type> types(rows * w, kb.vf32(L));
+      SmallVector<Type> types(g * w, kb.vf32(L));
       res = kb.ifElse(
           guarded, types, [&] { return pvLoop(true); },
           [&] { return pvLoop(false); });
     } else {
       res = pvLoop(false);
     }
-    for (int64_t r = 0; r < rows; ++r)
+    for (int64_t r = 0; r < g; ++r)
       for (int64_t q = 0; q < w; ++q) {
-        Value a = kb.vload(accBuf, {kb.idx(r), cols[q]}, L);
-        Value sum = alpha.empty()
-                        ? kb.fadd(a, res[r * w + q])
-                        : kb.fma(a, kb.splat(alpha[r], L), res[r * w + q]);
-        kb.vstore(sum, accBuf, {kb.idx(r), cols[q]});
+        Value a = kb.vload(accBuf, {kb.idx(r0 + r), cols[q]}, L);
+        Value sum =
+            alpha.empty()
+                ? kb.fadd(a, res[r * w + q])
+                : kb.fma(a, kb.splat(alpha[r0 + r], L), res[r * w + q]);
+        kb.vstore(sum, accBuf, {kb.idx(r0 + r), cols[q]});
       }
+  };
+  // A single chunk (the tail) takes all rows: w + rows accumulators fit.
+  auto rowGroups = [&](Value c, int64_t w) {
+    int64_t g = w == W ? G : rows;
+    for (int64_t r0 = 0; r0 < rows; r0 += g)
+      step(c, w, r0, std::min(g, rows - r0));
   };
   // Steps of W, then single chunks. (Splitting a tail of one, e.g. 4 chunks
   // as 2 + 2 instead of 3 + 1, measured the same: D = 64 and D = 256.)
   Value whole = kb.mul(kb.divu(chunks, kb.idx(W)), kb.idx(W));
-  kb.forLoop(c0, whole, kb.idx(W), [&](Value c) { step(c, W); });
+  kb.forLoop(c0, whole, kb.idx(W), [&](Value c) { rowGroups(c, W); });
   if (W > 1)
-    kb.forLoop(whole, chunks, c1, [&](Value c) { step(c, 1); });
+    kb.forLoop(whole, chunks, c1, [&](Value c) { rowGroups(c, 1); });
 }
 
 Value mlir::moe::cpu_lowering::packKeysT(CpuKernelBuilder &kb,
