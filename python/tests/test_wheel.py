@@ -276,12 +276,11 @@ def test_wheel_is_self_contained_and_its_tag_matches(wheel: Path):
     # The OpenMP runtime the extension links is torch's (its run path), which auditwheel finds only when told:
     # this system's (GCC 12's libgomp) needs glibc 2.34, torch's 2.17.
     torch_lib = Path(torch.__file__).parent / "lib"
-    gomp = Path(tempfile.mkdtemp())
-    if (torch_lib / "libgomp.so.1").exists():
-        (gomp / "libgomp.so.1").symlink_to(torch_lib / "libgomp.so.1")
-    show = subprocess.run([sys.executable, "-m", "auditwheel", "show", "--json", str(wheel)], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "LD_LIBRARY_PATH": str(gomp)})
-    shutil.rmtree(gomp)
+    with tempfile.TemporaryDirectory() as gomp:
+        if (torch_lib / "libgomp.so.1").exists():
+            (Path(gomp) / "libgomp.so.1").symlink_to(torch_lib / "libgomp.so.1")
+        show = subprocess.run([sys.executable, "-m", "auditwheel", "show", "--json", str(wheel)], capture_output=True,
+                              text=True, timeout=600, env={**os.environ, "LD_LIBRARY_PATH": gomp})
     assert show.returncode == 0, show.stderr
     audit = json.loads(show.stdout)
     tag = re.search(r"-(manylinux_2_\d+_x86_64)\.whl$", wheel.name).group(1)
@@ -312,7 +311,8 @@ def test_pieces_run_on_glibc_2_31(wheel: Path, tmp_path: Path):
                                      bundle / "lib", Path(torch.__file__).parent / "lib"])
     moe_opt = bundle / "bin" / "moe-opt"
     moe_opt.chmod(0o755)
-    # Not the CUDA runtime, which needs the GPU driver's libcuda.so.1 (its symbols: the same check by objdump).
+    # Not the CUDA runtime, which needs the GPU driver's libcuda.so.1 (its glibc versions are in the tag, which
+    # build-wheel.sh takes from every piece's symbols, auditwheel agreeing: the test above).
     pieces = [p for p in [moe_opt, *sorted((bundle / "lib").glob("*.so"))] if p.name != "libmoe_cuda_runtime.so"]
     for piece in pieces:
         listed = subprocess.run([str(loader), "--library-path", path, "--list", str(piece)], capture_output=True,
@@ -329,10 +329,6 @@ func.func @f(%x: tensor<3x5xf32>) -> tensor<3x2xf32> {
                              input=text, capture_output=True, text=True, timeout=300)
     assert lowered.returncode == 0, lowered.stderr
     assert "llvm.func @f" in lowered.stdout and "moe." not in lowered.stdout, lowered.stdout[-2000:]
-    cuda = bundle / "lib" / "libmoe_cuda_runtime.so"
-    if cuda.exists():
-        dyn = subprocess.run(["objdump", "-T", str(cuda)], capture_output=True, text=True).stdout
-        assert max(int(v) for v in re.findall(r"GLIBC_2\.(\d+)", dyn)) <= 31, dyn
 
 
 def test_moe_opt_console_script(venv: Path):

@@ -15,8 +15,9 @@
 // correctly, so p digits of %.{p-1}e are the p-digit decimal nearest x; the
 // shortest p for which it reads back is the shortest representation (or its
 // neighbour one unit of the last digit away, where x is a power of two whose
-// lower neighbour is nearer: both are tried), found by binary search. unittests/Support checks it
-// against std::to_chars on random, integral and boundary values.
+// lower neighbour is nearer: both are tried), found by binary search.
+// unittests/Support checks it against std::to_chars on random, integral and
+// boundary values.
 //
 //===----------------------------------------------------------------------===//
 
@@ -26,10 +27,10 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <optional>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -52,8 +53,10 @@ template <typename T> bool readsBack(const std::string &text, T value) {
 
 inline std::string scientific(const Decimal &d) {
   std::string s(1, d.digits[0]);
-  if (d.digits.size() > 1)
-    s += "." + d.digits.substr(1);
+  if (d.digits.size() > 1) {
+    s += '.';
+    s.append(d.digits, 1);
+  }
   char exp[16];
   std::snprintf(exp, sizeof(exp), "e%c%02d", d.exp < 0 ? '-' : '+',
                 std::abs(d.exp));
@@ -104,18 +107,18 @@ template <typename T> std::optional<Decimal> readingBack(T value, int p) {
 /// one of p + 1 digits (a 0 appended), and every one of max digits does.
 template <typename T> Decimal shortestDigits(T value) {
   constexpr int maxDigits = std::is_same_v<T, float> ? 9 : 17;
-  Decimal best = nearestDigits(value, maxDigits, 0);
+  std::optional<Decimal> best;
   int lo = 1, hi = maxDigits;
   while (lo < hi) {
     int mid = (lo + hi) / 2;
     if (std::optional<Decimal> d = readingBack(value, mid)) {
-      best = *d;
+      best = std::move(d);
       hi = mid;
     } else {
       lo = mid + 1;
     }
   }
-  return best;
+  return best ? *best : nearestDigits(value, maxDigits, 0);
 }
 
 /// `d` in fixed notation; an integer exactly (`value`'s every digit).
@@ -132,7 +135,20 @@ template <typename T> std::string fixed(const Decimal &d, T value) {
 }
 
 /// std::to_chars's text of `value`, computed.
-template <typename T> std::string format(T value);
+template <typename T> std::string format(T value) {
+  std::string sign = std::signbit(value) ? "-" : "";
+  if (std::isnan(value))
+    return sign + "nan";
+  if (std::isinf(value))
+    return sign + "inf";
+  if (value == 0)
+    return sign + "0";
+  T magnitude = std::fabs(value);
+  Decimal d = shortestDigits(magnitude);
+  std::string fix = fixed(d, magnitude);
+  std::string sci = scientific(d);
+  return sign + (fix.size() <= sci.size() ? fix : sci);
+}
 
 } // namespace detail
 
@@ -154,23 +170,6 @@ template <typename T> std::string shortestDecimal(T value) {
   recent[next++ % recent.size()] = {bits, text};
   return text;
 }
-
-namespace detail {
-template <typename T> std::string format(T value) {
-  std::string sign = std::signbit(value) ? "-" : "";
-  if (std::isnan(value))
-    return sign + "nan";
-  if (std::isinf(value))
-    return sign + "inf";
-  if (value == 0)
-    return sign + "0";
-  T magnitude = std::fabs(value);
-  Decimal d = shortestDigits(magnitude);
-  std::string fix = fixed(d, magnitude);
-  std::string sci = scientific(d);
-  return sign + (fix.size() <= sci.size() ? fix : sci);
-}
-} // namespace detail
 
 } // namespace mlir::moe
 
