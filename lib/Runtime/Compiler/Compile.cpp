@@ -26,6 +26,7 @@
 
 #include "mlir/ExecutionEngine/OptUtils.h"
 #include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
 #include "mlir/InitAllDialects.h"
 #include "mlir/InitAllExtensions.h"
 #include "mlir/InitAllPasses.h"
@@ -186,6 +187,13 @@ int32_t compile(llvm::StringRef text, llvm::StringRef pipeline,
     return 1;
   }
   PassManager pm(&context, ModuleOp::getOperationName());
+  // The IR is verified once, after the whole pipeline, instead of after each
+  // of its ~50 passes: the verifier after every pass was a quarter of this
+  // stage's time (moe-opt on a similarity_inform_topk kernel: 0.78 -> 0.55 s
+  // user), on every kernel a process builds. The passes are the same code
+  // that moe-opt runs in lit with a verifier after each; a pass that left
+  // invalid IR here still fails the build, at the end, or in translation.
+  pm.enableVerifier(false);
   std::string pipelineError;
   llvm::raw_string_ostream pipelineErrors(pipelineError);
   if (failed(parsePassPipeline(pipeline, pm, pipelineErrors))) {
@@ -195,6 +203,13 @@ int32_t compile(llvm::StringRef text, llvm::StringRef pipeline,
   if (failed(pm.run(*module))) {
     error =
         "the pipeline " + pipeline.str() + " failed:" + diagnostics.messages;
+    return 1;
+  }
+  if (failed(verify(*module))) {
+    error = "the pipeline " + pipeline.str() +
+            " left invalid IR (reproduce with moe-opt --pass-pipeline="
+            "'builtin.module(...)', which verifies after each pass):" +
+            diagnostics.messages;
     return 1;
   }
   stages[0] = lap(start);
