@@ -193,3 +193,59 @@ def test_a_graph_with_nothing_to_raise_compiles_to_inductors_code():
     assert len(codes["moe"]) == len(codes["inductor"]) >= 2  # the forward and the backward at least
     for ours, theirs in zip(codes["moe"], codes["inductor"]):
         assert ours == theirs
+
+
+def test_positional_arguments_leave_out_trailing_defaults():
+    """The fallback's call form: schema order, positional, trailing defaults dropped; a value of another type than
+    its default, a tensor-like value or a keyword the schema does not name keeps the call as it was."""
+    route = torch.ops.moe.route.default._schema
+    pos = inductor_options.positional_arguments
+    kw = dict(order="score_then_topk", n_group=1, topk_group=1, group_score="top2_sum", renormalize=False,
+              routed_scaling_factor=1.0, replay=None)
+    assert pos(route, ("x", None, 1, "sigmoid"), kw) == (("x", None, 1, "sigmoid"), {})
+    # A non-default in the middle keeps everything before it; only the defaults after the last one go.
+    assert pos(route, ("x", "b", 8, "sigmoid"), {**kw, "n_group": 8, "topk_group": 4, "renormalize": True}) == \
+        (("x", "b", 8, "sigmoid", "score_then_topk", 8, 4, "top2_sum", True), {})
+    # 2 is not the default 1.0 (and 1 would not be either: an int where the schema says float).
+    assert pos(route, ("x", None, 2), {**kw, "routed_scaling_factor": 2.5}) == \
+        (("x", None, 2, "softmax", "score_then_topk", 1, 1, "top2_sum", False, 2.5), {})
+    assert pos(route, ("x", None, 2), {**kw, "routed_scaling_factor": 1}) == \
+        (("x", None, 2, "softmax", "score_then_topk", 1, 1, "top2_sum", False, 1), {})
+    replay = object()  # stands for an IR node: never a default
+    assert pos(route, ("x", None, 2), {**kw, "replay": replay})[0][-1] is replay
+    assert pos(route, ("x",), {"k": 2, "bogus": 1}) == (("x",), {"k": 2, "bogus": 1})
+    assert pos(route, ("x",), {}) == (("x",), {})  # k missing: not ours to complete
+
+
+def test_compiled_wrapper_calls_moe_ops_positionally():
+    """Inductor's Python wrapper calls a raised router's op with its non-default arguments only, positional (the
+    argument parser's keyword path cost a top-1 router at decode its lead over inductor's fused kernel), forward
+    and backward, and the results stay eager's."""
+    from torch._inductor.utils import fresh_cache, run_and_get_code
+
+    def top1(x):
+        v, i = x.max(dim=-1, keepdim=True)
+        return torch.sigmoid(v), i.to(torch.int32)
+
+    c = torch.compile(top1, backend="moe", dynamic=True)
+    x = torch.randn(33, 16, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_(True)
+
+    def step():
+        w, i = c(x)
+        w.sum().backward()
+        return w, i
+
+    with fresh_cache(), capture_graphs() as log:
+        (w, i), codes = run_and_get_code(step)
+    assert {op for g in log for op in g.moe_ops()} == {"route"}
+    calls = [m.group(1) for code in codes for m in re.finditer(r"= (torch\.ops\.moe\.\w+\.default\(.*\))$", code,
+                                                                 re.M)]
+    assert len(calls) == 2, calls
+    assert re.fullmatch(r"torch\.ops\.moe\.route\.default\(\w+, None, 1, 'sigmoid'\)", calls[0]), calls
+    assert re.fullmatch(r"torch\.ops\.moe\.route_backward\.default\(\w+, \w+, \w+, 'sigmoid'\)", calls[1]), calls
+    w_ref, i_ref = top1(x_ref)
+    w_ref.sum().backward()
+    torch.testing.assert_close(w, w_ref)
+    assert torch.equal(i, i_ref)
+    torch.testing.assert_close(x.grad, x_ref.grad)
