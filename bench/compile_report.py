@@ -47,9 +47,20 @@ def machine(threads: int, load_before: tuple, load_after: tuple) -> str:
             f"before {[round(x, 2) for x in load_before]}, after {[round(x, 2) for x in load_after]}.")
 
 
+def result_stem(out: str, name: str, threads: int, tag: str) -> Path:
+    """``<out>/<name>-<date>-t<threads>[-<tag>]``, which must not exist yet: a result the docs may cite is never
+    replaced by a later run of the same day (that run names itself with ``--tag``). Call it before a long run too."""
+    stem = Path(out) / (f"{name}-{datetime.date.today()}-t{threads}" + (f"-{tag}" if tag else ""))
+    for suffix in (".md", ".json"):
+        if stem.with_name(stem.name + suffix).exists():
+            raise SystemExit(f"{stem}{suffix} exists: run again with --tag NAME (a result is never overwritten)")
+    return stem
+
+
 def write(out: str, name: str, threads: int, tag: str, markdown: str, payload) -> Path:
-    """``<out>/<name>-<date>-t<threads>[-<tag>].md`` and ``.json``; returns the markdown's path."""
-    stem = f"{name}-{datetime.date.today()}-t{threads}" + (f"-{tag}" if tag else "")
+    """``<out>/<name>-<date>-t<threads>[-<tag>].md`` and ``.json`` (:func:`result_stem`); returns the markdown's
+    path."""
+    stem = result_stem(out, name, threads, tag).name
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / f"{stem}.json").write_text(json.dumps(payload, indent=1) + "\n")
     path = Path(out) / f"{stem}.md"

@@ -39,7 +39,7 @@ from moe_mlir.backends.dynamo import capture_graphs  # noqa: E402
 from moe_mlir.demo import interleaved_runs  # noqa: E402
 from routing_corpus import CORPUS, Program  # noqa: E402
 
-from .compile_report import arguments, machine, medians, ratio, write  # noqa: E402
+from .compile_report import arguments, machine, medians, ratio, result_stem, write  # noqa: E402
 
 BACKENDS = ("eager", "inductor", "moe")
 
@@ -98,6 +98,7 @@ def _markdown(rows: list[dict], tokens: list[int], header: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = arguments(_THREADS, [16, 64, 4096], 30).parse_args(argv)
+    result_stem(args.out, "raising-corpus", args.threads, args.tag)  # before the run, not after it
     programs = [p for p in CORPUS if not args.only or any(p.name.startswith(o) for o in args.only)]
     load0 = os.getloadavg()
     rows = []
