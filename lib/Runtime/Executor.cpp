@@ -27,6 +27,7 @@
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
 #include "mlir/InitAllDialects.h"
 #include "mlir/InitAllExtensions.h"
 #include "mlir/Parser/Parser.h"
@@ -467,6 +468,11 @@ Executor::compile(llvm::StringRef mlirText, const CompileOptions &options) {
   pipelineOptions.blas = envFlag("MOE_BLAS", true) &&
                          loadBlas(1);
   buildLowerToLLVMPipeline(pm, pipelineOptions);
+  // Verified once after the pipeline instead of after each pass (as the
+  // kernel compiler, lib/Runtime/Compiler/Compile.cpp): the verifier after
+  // every pass was a quarter of the lowering's time, and changes no IR;
+  // moe-opt, which lit runs on every pipeline, verifies after each pass.
+  pm.enableVerifier(false);
   // A crash of a pass (a compiler bug) becomes an error of this compilation
   // instead of taking the host process down.
   llvm::CrashRecoveryContext::Enable();
@@ -479,6 +485,11 @@ Executor::compile(llvm::StringRef mlirText, const CompileOptions &options) {
                      diagnostics.messages);
   if (failed(lowered))
     return makeError("moe::Executor: lowering to LLVM failed:" +
+                     diagnostics.messages);
+  if (failed(verify(*module)))
+    return makeError("moe::Executor: lowering to LLVM left invalid IR (a "
+                     "compiler bug; reproduce with `moe-opt "
+                     "--moe-lower-to-llvm`, which verifies after each pass)" +
                      diagnostics.messages);
   if (options.dumpLoweredIR)
     module->print(llvm::errs());
