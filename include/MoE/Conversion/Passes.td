@@ -149,14 +149,6 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "operand type); past 128 features the features split over two blocks along the grid's z, the column "
            "tiles copied by cp.async; the recomputed forward, where p and lse are not saved, on the tensor-core "
            "kernel. Off by default">,
-    Option<"flashMixWide", "flash-mix-wide", "bool", /*default=*/"false",
-           "the f32 flash mixing kernel (similarity_inform and attention_posterior where the tensor-core kernel "
-           "does not apply: f32 operands, ws, mixed types; their training forwards and fused top-k) in its wide "
-           "form where K <= 64 (FlashMixWide.cpp): 64-key tiles, each lane 8 keys of its row with its own online "
-           "softmax state and all K partial sums (merged over the row's 8 lanes once, at the end), the query and "
-           "key chunks read from shared memory 16 bytes at a time (ld.shared.v4) and staged 16 bytes at a time "
-           "where aligned: no shuffle, no probability tile and one barrier pair a 32-feature chunk in the key "
-           "loop. Off by default">,
     Option<"flashMmaTf32", "flash-mma-tf32", "bool", /*default=*/"false",
            "similarity_inform, its training forward and similarity_inform_grad's recomputed forward with f32 operands "
            "(ws's f32 query too), at most 64 features and experts, "

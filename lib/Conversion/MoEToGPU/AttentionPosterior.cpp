@@ -453,7 +453,6 @@ lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
   // cores.
   FlashMixSpec spec{attentionPosteriorLogit(sigma)};
   spec.numExperts = *K;
-  spec.wide = options.flashMixWide;
   if (fused) {
     spec.topk = kernels::topkSpecOf(fused);
   }

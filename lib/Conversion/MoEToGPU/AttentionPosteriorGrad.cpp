@@ -308,7 +308,6 @@ LogicalResult GPULowering<AttentionPosteriorGradOp>::lower(
   FlashMixSpec fwd{logit};
   fwd.numExperts = *K;
   fwd.withLse = true;
-  fwd.wide = options.flashMixWide;
   launchFlashMix(h, "attention_posterior_grad_mix", fwd, u,
                  {u, means, e, bias, scores, head, p, lse}, loc);
   launchFlashGradStats(h, lse, p, dp, delta, loc, /*lseOut=*/{}, skip);

@@ -2,8 +2,7 @@
 //
 // Part of the MoE-MLIR project.
 //
-// The staging of the f32 flash kernels' tiles (FlashMixWide.cpp,
-// FlashTf32.cpp): rows of a [B, N, width] operand of any float type, a
+// The staging of the 3xTF32 flash kernel's tiles (FlashTf32.cpp): rows of a [B, N, width] operand of any float type, a
 // column window of them, into an f32 workgroup tile, 16 bytes a thread and
 // load where the operand is f32 and aligned (f32StagedAligned), else an
 // element a thread; zeros past the rows and columns, and in the rows a

@@ -338,25 +338,15 @@ void mlir::moe::gpu_lowering::launchFlashMix(HostCode &h, StringRef name,
                                              const FlashMixSpec &spec, Value q,
                                              ValueRange args, Location loc) {
   Type f32 = h.b.getF32Type();
-  const bool wide = flashMixWideApplies(spec);
-  SmallVector<Type> workgroup;
-  if (wide)
-    workgroup = flashMixWideWorkgroup(h.b.getContext(), spec);
-  else
-    workgroup = {
-        workgroupMemRef({kRows, kChunk + 1}, f32),      // query chunk
-        workgroupMemRef({kCols, kChunk + 1}, f32),      // key chunk
-        workgroupMemRef({kCols, spec.numExperts}, f32), // value tile
-        workgroupMemRef({kRows, kCols + 1}, f32),       // probabilities
-    };
+  SmallVector<Type> workgroup = {
+      workgroupMemRef({kRows, kChunk + 1}, f32),      // query chunk
+      workgroupMemRef({kCols, kChunk + 1}, f32),      // key chunk
+      workgroupMemRef({kCols, spec.numExperts}, f32), // value tile
+      workgroupMemRef({kRows, kCols + 1}, f32),       // probabilities
+  };
   GPUKernel kernel(h, name, args, workgroup, {kFlashThreads, 1, 1}, loc);
   alignWorkgroupBuffers(kernel.func);
-  if (wide) {
-    kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
-                         kernel.b.getI32IntegerAttr(flashMixWideBlocks(spec)));
-    emitFlashMixWide(kernel, spec);
-  } else
-    emitFlashMix(kernel, spec);
+  emitFlashMix(kernel, spec);
   GpuKernelBuilder &kb = h.kb;
   Value grid = kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows));
   kernel.launch({grid, kb.dim(q, 0), kb.idx(1)});

@@ -31,7 +31,7 @@
 //
 // About 30 instructions a score at D = 64, K = 16 (the 3 MMAs, the loads and
 // splits of a 8x8 block of keys: 18; P·e's 7; the softmax's 5), against the
-// wide FFMA kernel's ~105 (FlashMixWide.cpp). As the bf16 kernel, a
+// scalar kernel's ~275 (FlashMix.cpp). As the bf16 kernel, a
 // non-finite value of a key that the causal mask hides from some rows of the
 // diagonal tile reaches those rows (0 · inf), and a non-finite value gives
 // NaN where it enters (its split: inf - inf); masked keys and padding cannot.
@@ -77,6 +77,9 @@ static int64_t keyStride(int64_t depth) {
 /// The largest feature count: the query's fragments, big and small, take
 /// D registers.
 static constexpr int64_t kMaxDepth = 64;
+/// The largest expert count: a warp's P·e accumulators, K/2 a lane for its
+/// 16 rows, stay in registers beside the query's.
+static constexpr int64_t kMaxExperts = 64;
 
 /// The tiles, big and small halves of the keys and the values.
 static int64_t tf32Bytes(int64_t cols, int64_t depth, int64_t experts) {
@@ -93,7 +96,7 @@ mlir::moe::gpu_lowering::flashTf32Tile(const FlashMixSpec &spec, Type qElt,
   if (spec.topk || spec.hasBias || spec.hasAddScores || spec.gated)
     return std::nullopt;
   if (ShapedType::isDynamic(depth) || depth < 1 || depth > kMaxDepth ||
-      spec.numExperts < 1 || spec.numExperts > kFlashWideMaxExperts)
+      spec.numExperts < 1 || spec.numExperts > kMaxExperts)
     return std::nullopt;
   FlashTf32Tile tile;
   tile.depth = llvm::alignTo(depth, 8);

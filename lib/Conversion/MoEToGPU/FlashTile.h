@@ -94,8 +94,7 @@ struct FlashTile {
   Value i, active, row;
 };
 
-/// The rows of a mixing kernel on FlashTile's blocks (FlashMix.cpp,
-/// FlashMixWide.cpp): the thread's tile in the spec's block order, the rows
+/// The rows of a mixing kernel on FlashTile's blocks (FlashMix.cpp): the thread's tile in the spec's block order, the rows
 /// N and features D of q and the keys Nk, the thread's row clamped, the head
 /// of the added scores (attention_posterior's; null without them) and the
 /// key loop's end: Nk, or causal the block's last row + 1 (at most Nk).

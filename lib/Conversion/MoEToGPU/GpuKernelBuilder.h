@@ -63,7 +63,7 @@ Value exp2Approx(ImplicitLocOpBuilder &b, Value x);
 /// softmaxWeight, d <= 0) are 2^(d log2 e) on the SFU: one FMUL and one
 /// MUFU.EX2 (exp2Approx: 2 ulp; a subnormal weight is 0, as the CPU kernels
 /// flush them) where math.exp's expansion takes about 8 instructions. The
-/// f32 flash kernels' online softmax (FlashMixWide.cpp, FlashTf32.cpp).
+/// f32 tensor-core flash kernel's online softmax (FlashTf32.cpp).
 class Exp2SoftmaxBuilder : public GpuKernelBuilder {
 public:
   using GpuKernelBuilder::GpuKernelBuilder;

@@ -126,9 +126,6 @@ struct FlashMixSpec : FlashLogitSpec {
   /// first wave's second round reversed (flash-causal-balance;
   /// FlashBlockOrder in FlashTile.h).
   bool balanceCausal = false;
-  /// The kernel's wide form where it applies (flash-mix-wide,
-  /// FlashMixWide.cpp: K <= kFlashWideMaxExperts, not gated).
-  bool wide = false;
 };
 
 /// The largest expert count of the flash kernel (accumulator in registers,
@@ -171,22 +168,7 @@ Value flashPairLogit(class GpuKernelBuilder &kb, const FlashMixSpec &spec,
                      const FlashLogitArgs &logit, Value dot, Value b, Value h,
                      Value row, Value j, Value Nk);
 
-/// The largest expert count of the mixing kernel's wide form: a lane holds
-/// all K partial sums of its row.
-constexpr int64_t kFlashWideMaxExperts = 64;
-
-/// Whether launchFlashMix takes the wide form (FlashMixWide.cpp) for `spec`.
-bool flashMixWideApplies(const FlashMixSpec &spec);
-
-/// The wide form's workgroup buffers and body (FlashMixWide.cpp), for
-/// launchFlashMix's kernel on its arguments.
-SmallVector<Type> flashMixWideWorkgroup(MLIRContext *ctx,
-                                        const FlashMixSpec &spec);
-void emitFlashMixWide(class GPUKernel &kernel, const FlashMixSpec &spec);
-/// The blocks a multiprocessor the wide form states to ptxas (nvvm.minctasm).
-int64_t flashMixWideBlocks(const FlashMixSpec &spec);
-
-/// The end of a row of the mixing kernels (both forms): `accs` are the
+/// The end of a row of the f32 mixing kernel: `accs` are the
 /// row's unnormalized sums a lane holds, column m * kFlashGroup + `lane` in
 /// accs[m], normalized by the row's softmax `state`; then the lse (by lane
 /// 0) and p, or the fused top-k's weights and indices, stored for row i of

@@ -103,7 +103,6 @@ struct ConvertMoEToGPUPass
     options.flashMmaSymmetric = flashMmaSymmetric;
     options.flashMmaGrad = flashMmaGrad;
     options.flashCausalBalance = flashCausalBalance;
-    options.flashMixWide = flashMixWide;
     options.flashMmaTf32 = flashMmaTf32;
     options.flashMmaDynamicShared = flashMmaDynamicShared;
     options.flashMmaWgmma = flashMmaWgmma;

@@ -41,7 +41,6 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
       op.getTau().convertToDouble(), op.getCausal(), static_cast<bool>(maskT))};
   spec.numExperts = *K;
   spec.balanceCausal = options.flashCausalBalance;
-  spec.wide = options.flashMixWide;
   if (fused) {
     spec.topk = topkSpecOf(fused);
   }

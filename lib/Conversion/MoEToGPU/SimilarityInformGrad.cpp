@@ -160,7 +160,6 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
     fwd.numExperts = *K;
     fwd.withLse = true;
     fwd.balanceCausal = options.flashCausalBalance;
-    fwd.wide = options.flashMixWide;
     SmallVector<Value> fwdArgs = {q, u, e};
     if (mask)
       fwdArgs.push_back(mask);

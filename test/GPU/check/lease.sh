@@ -18,15 +18,14 @@
 # lease decides: the winner becomes the default and the loser is deleted with it.
 # ve: Q.K^T on wgmma with the key tiles by TMA (flash-mma-tma); ve-cp: the same folder with MOE_GPU_TMA=0, where the
 # runtime makes no tensor map and the host launches each TMA kernel's twin, the wgmma kernel with cp.async copies.
-# va: also the f32 mixing kernels behind options, whose kernels (f32 operands) are not the other two options' (f16/bf16
-# tensor cores): flash-mma-tf32 (3xTF32 on tensor cores: similarity_inform up to 64 features, sim_B1_N16384_D64_K16)
-# and flash-mix-wide (the scalar kernel's wide form: the rest, sim_topk and the causal D = 256 case). Its bench's f32
-# sim cases against the default folder's decide them.
+# va: also the f32 mixing kernel behind an option, whose kernels (f32 operands) are not the other two options' (f16/bf16
+# tensor cores): flash-mma-tf32 (3xTF32 on tensor cores: similarity_inform up to 64 features, sim_B1_N16384_D64_K16).
+# Its bench's f32 sim case against the default folder's decides it.
 set -uo pipefail
 VARIANTS=(
   "ve|flash-mma-wgmma=true flash-mma-tma=true|checks,memcheck,bench,profile|sim|similarity_inform,similarity_inform_topk_mma,attention_posterior_mma|sm_90a"
   "ve-cp||checks,bench|sim|similarity_inform|sm_90a|gc-ve|MOE_GPU_TMA=0"
-  "va|flash-mma-symmetric=true flash-mma-grad=true flash-mix-wide=true flash-mma-tf32=true|checks,memcheck,bench|sim|similarity_inform,similarity_inform_symmetric,similarity_inform_topk_mma,similarity_inform_grad,attention_posterior,attention_posterior_grad"
+  "va|flash-mma-symmetric=true flash-mma-grad=true flash-mma-tf32=true|checks,memcheck,bench|sim|similarity_inform,similarity_inform_symmetric,similarity_inform_topk_mma,similarity_inform_grad,attention_posterior,attention_posterior_grad"
   "vb|flash-mma-block-rows=64|bench|sim_topk|"
   "vc|flash-causal-balance=false|bench|causal|"
   "vd|flash-mma-dynamic-shared=true|checks,memcheck,bench|D256_K64_causal|similarity_inform,attention_posterior_mma"
