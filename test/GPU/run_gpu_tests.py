@@ -690,49 +690,6 @@ def case_similarity(lib, g):
     close("sim_one", p, e)                        # one token: it mixes only itself
 
 
-def case_similarity_symmetric(lib, g):
-    """The symmetric similarity kernels (flash-mma-symmetric; the exact tensor-core kernel in a folder built
-    without it): a random element and a masked one, an element whose guard fails (a key 70 above the others'
-    |u|^2/(2 tau): the exact kernel runs it while the other element stays on the pairs), a masked query far from
-    every key (its sum underflows: the element is redone exactly), u one element into its buffer (the keys'
-    element staging), and the training forward's lse. The symmetric sums' last bits vary from run to run (f32
-    atomics): MMA_TOL, not equality."""
-    B, N, D, K = 2, 400, 64, 16
-    u = (torch.randn(B, N, D, generator=g) * 0.3).bfloat16().to(DEV)
-    e = torch.softmax(torch.randn(B, N, K, generator=g), -1).bfloat16().to(DEV)
-    m = (torch.rand(B, N, generator=g) > 0.3).to(DEV)
-    m[1] = False                                  # every key masked: p = 0
-    shape = [((B, N, K), torch.float32)]
-    (p,) = lib.call("sim_sym_bf16_mask", [u, e, m], shape)
-    close("sim_sym_bf16_mask", p, ref_similarity(u, e, tau=0.5, key_mask=m), **MMA_TOL)
-    if (p[1] != 0).any():
-        raise AssertionError("sim_sym_bf16_mask: a fully masked element's rows must be zeros")
-    m = torch.ones(B, N, dtype=torch.bool, device=DEV)
-    uo = u.clone()
-    uo[1, 7] = 0
-    uo[1, 7, 0] = 9.0                             # 81 / (2 * 0.5) = 81 above ~10: the spread guard fails
-    (p,) = lib.call("sim_sym_bf16_mask", [uo, e, m], shape)
-    close("sim_sym_bf16_mask (element 1 declined)", p, ref_similarity(uo, e, tau=0.5, key_mask=m), **MMA_TOL)
-    uf = u.clone()
-    mf = m.clone()
-    mf[0, 20] = False
-    uf[0, 20] = 0
-    uf[0, 20, 1] = 10.0                           # a masked query |u_i - u_j|^2 / (2 tau) ~ 100 from every key
-    (p,) = lib.call("sim_sym_bf16_mask", [uf, e, mf], shape)
-    close("sim_sym_bf16_mask (element 0 redone)", p, ref_similarity(uf, e, tau=0.5, key_mask=mf), **MMA_TOL)
-    ua = torch.empty(u.numel() + 1, dtype=u.dtype, device=DEV)[1:].view_as(u)
-    ua.copy_(u)
-    (p,) = lib.call("sim_sym_bf16_mask", [ua, e, m], shape)
-    close("sim_sym_bf16_mask (u misaligned)", p, ref_similarity(u, e, tau=0.5, key_mask=m), **MMA_TOL)
-
-    u = (torch.randn(1, 300, 32, generator=g) * 0.3).bfloat16().to(DEV)
-    e = torch.softmax(torch.randn(1, 300, 8, generator=g), -1).bfloat16().to(DEV)
-    p, lse = lib.call("sim_sym_fwd_bf16", [u, e], [((1, 300, 8), torch.float32), ((1, 300), torch.float32)])
-    close("sim_sym_fwd_bf16", p, ref_similarity(u, e), **MMA_TOL)
-    close("sim_sym_fwd_bf16 lse", lse, torch.logsumexp(similarity_logits(u.double(), 1.0, False, None, None), -1),
-          rtol=0, atol=1e-2)
-
-
 def ref_similarity_grads(u, e, dp, tau=1.0, causal=False, ws=None, key_mask=None):
     """(du, de[, dws]): float64 autograd of ref_similarity's formulation, with the masked-row guards moved out of
     the graph (the row max detached, a zero sum divided by 1) so that a fully masked row gets 0, not NaN."""
@@ -1599,7 +1556,6 @@ def case_balance(lib, g):
 CASES = {
     "topk_renorm": case_topk,
     "similarity_inform": case_similarity,
-    "similarity_inform_symmetric": case_similarity_symmetric,
     "similarity_inform_topk_mma": case_similarity_topk_mma,
     "similarity_inform_grad": case_similarity_grad,
     "attention_posterior": case_attention,

@@ -134,13 +134,6 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "splits chosen at run time from B and N): each writes its rows' unnormalized sums, max and sum to a "
            "workspace and a second kernel combines them in split order (for the fused top-k a quad of lanes a row, "
            "selecting as the kernel's epilogue does; 4: the default). 1: no split">,
-    Option<"flashMmaSymmetric", "flash-mma-symmetric", "bool", /*default=*/"false",
-           "similarity_inform (and its training forward) with bf16 operands, no ws, no causal mask and at most 64 "
-           "features and 31 experts over half the pairs (FlashSymmetric.cpp, issue #47 item 4): the logits are "
-           "symmetric, so each pair of key tiles is computed once (one FFMA and one EX2 a score) and "
-           "used for both tiles' rows, the second's through shared memory and f32 atomics (the sums' last bits "
-           "vary from run to run); a guard over each batch element (finite u and e, the spread of |u|^2/(2 tau) at "
-           "most 60, N >= 256) and the exact kernel for the elements it declines. Off by default">,
     Option<"flashMmaGrad", "flash-mma-grad", "bool", /*default=*/"false",
            "similarity_inform_grad with f16/bf16 u and e (one type), no ws, at most 256 features and 64 experts on "
            "tensor cores (FlashMmaGrad.cpp, issue #47 item 3): FlashAttention-2's backward as two deterministic "

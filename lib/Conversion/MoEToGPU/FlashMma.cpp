@@ -605,9 +605,6 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // flash-mma-key-splits: the split's partial rows [S, B, N, K + 2] (the
   // unnormalized accumulators, the max in log2 units, the sum).
   Value partials = tile.keySplits > 1 ? kernel.arg(a++) : Value();
-  // Behind the symmetric kernel (spec.gated): only the batch elements it
-  // declined. The block is one element's, so the branch is uniform over
-  // its barriers.
   // The causal order (flash-causal-balance); in the split-key kernel (its
   // splits lanes of a tile beside the batch elements) where flashMmaTile
   // found room for it.
@@ -619,13 +616,6 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
                           (!splitKernel || tile.splitCausalOrder),
                       /*byKey=*/false),
       splitKernel);
-  if (spec.gated) {
-    Value gate = kernel.arg(a++);
-    auto ifOp = scf::IfOp::create(
-        b, symmetricDeclined(kb, gate, place.batchOf(kb)),
-        /*withElseRegion=*/false);
-    b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
-  }
   Value ks, vs;
   // FlashMmaTile::wgmma: the query tile's buffer, the shared-window address
   // of the aligned start of the buffers (the keys') and the query's byte
@@ -1938,7 +1928,7 @@ static void launchSplitTopkCombine(HostCode &h, StringRef name,
                                    const FlashMixSpec &spec, Value ws,
                                    ValueRange outputs, Location loc,
                                    Value run) {
-  assert(!spec.withLse && !spec.gated && "a fused top-k has no lse or gate");
+  assert(!spec.withLse && "a fused top-k has no lse");
   const int64_t K = spec.numExperts;
   const int64_t rowsPerBlock = kThreads / 4;
   GPUKernel comb(h, (name + "_combine").str(), {ws, outputs[0], outputs[1]},
@@ -2036,12 +2026,8 @@ static void launchSplitFlashMixMma(HostCode &h, StringRef name,
       {ShapedType::kDynamic, ShapedType::kDynamic, ShapedType::kDynamic, K + 2},
       kb.f32());
   Value ws = h.alloc(wsType, {kb.select(run, splits, kb.idx(0)), B, N});
-  // With spec.gated the stats stay last, after the workspace.
-  ValueRange plain = spec.gated ? args.drop_back() : args;
-  SmallVector<Value> operands(plain);
+  SmallVector<Value> operands(args);
   operands.push_back(ws);
-  if (spec.gated)
-    operands.push_back(args.back());
   launchWithTensorMap(
       h, tile, tmaMap, run,
       [&](const FlashMmaTile &kernelTile, Value when, Value map) {
@@ -2050,31 +2036,23 @@ static void launchSplitFlashMixMma(HostCode &h, StringRef name,
                              {kb.select(when, grid, kb.idx(0)), B, splits});
       });
   if (spec.topk) {
-    launchSplitTopkCombine(h, name, spec, ws, plain.take_back(2), loc, run);
+    launchSplitTopkCombine(h, name, spec, ws, args.take_back(2), loc, run);
     h.release(ws);
     return;
   }
   // The outputs: the last of args (p, then lse with withLse).
   SmallVector<Value> combineArgs = {ws};
-  combineArgs.push_back(plain[plain.size() - (spec.withLse ? 2 : 1)]);
+  combineArgs.push_back(args[args.size() - (spec.withLse ? 2 : 1)]);
   if (spec.withLse)
-    combineArgs.push_back(plain.back());
-  if (spec.gated)
     combineArgs.push_back(args.back());
   GPUKernel comb(h, (name + "_combine").str(), combineArgs, {},
                  {kThreads, 1, 1}, loc);
   GpuKernelBuilder &ck = comb.kb;
   Value part = comb.arg(0), out = comb.arg(1);
   Value lse = spec.withLse ? comb.arg(2) : Value();
-  Value gate = spec.gated ? comb.arg(spec.withLse ? 3 : 2) : Value();
   Value cB = ck.dim(part, 1), cN = ck.dim(part, 2);
   comb.forItem(ck.mul(cB, cN), [&](Value item) {
     Value bi = ck.divu(item, cN), row = ck.remu(item, cN);
-    if (gate) {
-      auto ifOp = scf::IfOp::create(comb.b, symmetricDeclined(ck, gate, bi),
-                                    /*withElseRegion=*/false);
-      comb.b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
-    }
     SplitRow split(comb.b, ck, part, bi, row, K);
     // kCombineColumns columns a pass over the splits (one weight a split and
     // pass), the last K % kCombineColumns in a pass of their own.

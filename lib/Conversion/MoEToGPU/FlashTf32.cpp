@@ -93,7 +93,7 @@ mlir::moe::gpu_lowering::flashTf32Tile(const FlashMixSpec &spec, Type qElt,
   if (!options.flashMmaTf32 || !qElt.isF32() || !keyElt.isF32() ||
       !eElt.isF32())
     return std::nullopt;
-  if (spec.topk || spec.hasBias || spec.hasAddScores || spec.gated)
+  if (spec.topk || spec.hasBias || spec.hasAddScores)
     return std::nullopt;
   if (ShapedType::isDynamic(depth) || depth < 1 || depth > kMaxDepth ||
       spec.numExperts < 1 || spec.numExperts > kMaxExperts)

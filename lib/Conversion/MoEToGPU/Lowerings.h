@@ -117,11 +117,6 @@ struct FlashMixSpec : FlashLogitSpec {
   /// (-inf for a row without keys), from which the backward recomputes the
   /// probabilities.
   bool withLse = false;
-  /// The exact kernel behind the symmetric one (flash-mma-symmetric,
-  /// launchSymmetricMixMma): the kernels take one argument more, last, the
-  /// symmetric path's stats [B, 4] f32, and batch element b runs only where
-  /// symmetricDeclined holds.
-  bool gated = false;
   /// Under a causal mask, the blocks take the row tiles heaviest first, the
   /// first wave's second round reversed (flash-causal-balance;
   /// FlashBlockOrder in FlashTile.h).
@@ -301,23 +296,6 @@ flashMmaTile(const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt,
 void launchFlashMixMma(class HostCode &h, StringRef name,
                        const FlashMixSpec &spec, const FlashMmaTile &tile,
                        Value q, ValueRange args, Location loc);
-
-/// Similarity mixing over half the pairs on tensor cores
-/// (FlashSymmetric.cpp, MoE/Kernels/SymmetricMix.h; flash-mma-symmetric):
-/// for similarity_inform and its training forward with bf16 operands, no ws,
-/// no causal mask, no fused top-k and `tile` of at most 64 features. Launches
-/// the guard's kernels, the pairs and the rows, then the exact kernel
-/// (launchFlashMixMma on `tile`, gated) for the batch elements the guard
-/// declined. The same arguments as launchFlashMixMma.
-bool symmetricMixApplies(const FlashMixSpec &spec, const FlashMmaTile &tile,
-                         Type elt, int64_t rows);
-void launchSymmetricMixMma(class HostCode &h, StringRef name,
-                           const FlashMixSpec &spec, const FlashMmaTile &tile,
-                           Value q, ValueRange args, Location loc);
-/// Whether batch element `b` needs the exact kernel after the symmetric path:
-/// its guard failed (stats[b, 1] == 0) or a row's sum came out too small
-/// (stats[b, 3] != 0).
-Value symmetricDeclined(class GpuKernelBuilder &kb, Value stats, Value b);
 
 /// The tiles of the flash kernels (FlashMix.cpp, FlashGrad.cpp): a
 /// block of kFlashThreads threads owns kFlashRows rows, a group of

@@ -3,7 +3,7 @@
 // Part of the MoE-MLIR project.
 //
 // The warp-level tensor-core helpers of the flash kernels on f16/bf16
-// operands (FlashMma.cpp, FlashSymmetric.cpp): fragments of two-element
+// operands (FlashMma.cpp, FlashMmaGrad.cpp): fragments of two-element
 // registers, ldmatrix, and mma.sync m16n8k16 with f32 accumulators (f16:
 // nvgpu.mma.sync; bf16: nvvm.mma.sync on the packed 32-bit registers, which
 // MLIR 22's NVGPU-to-NVVM conversion does not map), and 2^x on the SFU.

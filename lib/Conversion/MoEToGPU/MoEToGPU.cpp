@@ -100,7 +100,6 @@ struct ConvertMoEToGPUPass
     options.balanceKernels = balanceKernels;
     options.flashMmaBlockRows = flashMmaBlockRows;
     options.flashMmaKeySplits = flashMmaKeySplits;
-    options.flashMmaSymmetric = flashMmaSymmetric;
     options.flashMmaGrad = flashMmaGrad;
     options.flashCausalBalance = flashCausalBalance;
     options.flashMmaTf32 = flashMmaTf32;

@@ -90,15 +90,7 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
   if (!mma && !fused)
     tf32 = flashTf32Tile(spec, elementOf(q), elementOf(u), elementOf(e),
                          cast<MemRefType>(u.getType()).getShape()[2], options);
-  Type uElt = elementOf(u);
-  if (mma && options.flashMmaSymmetric && !projected &&
-      symmetricMixApplies(spec, *mma, uElt,
-                          cast<MemRefType>(u.getType()).getShape()[1]))
-    launchSymmetricMixMma(h,
-                          training ? "similarity_inform_fwd_mma"
-                                   : "similarity_inform_mma",
-                          spec, *mma, q, args, op->getLoc());
-  else if (mma)
+  if (mma)
     launchFlashMixMma(h,
                       fused      ? "similarity_inform_topk_mma"
                       : training ? "similarity_inform_fwd_mma"

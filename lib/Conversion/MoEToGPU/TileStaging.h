@@ -2,8 +2,8 @@
 //
 // Part of the MoE-MLIR project.
 //
-// The staging of the tensor-core kernels' column tiles (FlashSymmetric.cpp,
-// FlashMmaGrad.cpp): `rows` rows from row0 of a [B, N, width] operand of
+// The staging of the tensor-core kernels' column tiles (FlashMmaGrad.cpp):
+// `rows` rows from row0 of a [B, N, width] operand of
 // batch element bi into a workgroup tile [rows, cols + pad], columns
 // [0, cols), zeros past N, past width and in rows a predicate rejects. In two
 // halves, so that the next tile's loads are in flight while a kernel computes

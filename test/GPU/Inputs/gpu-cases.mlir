@@ -131,19 +131,6 @@ func.func @sim_mma_f16_mask(%u: tensor<2x70x40xf16>, %e: tensor<2x70x12xf16>, %m
   %p = moe.similarity_inform %u, %e key_mask(%m : tensor<2x70xi1>) : tensor<2x70x40xf16>, tensor<2x70x12xf16> -> tensor<2x70x12xf32>
   return %p : tensor<2x70x12xf32>
 }
-// similarity_inform over half the pairs under flash-mma-symmetric
-// (FlashSymmetric.cpp; the exact tensor-core kernel otherwise): 4 row tiles
-// (an even count: the round robin's J = I + 2 for the first two), a partial
-// last tile, a key mask, and the elements its guard declines or redoes; the
-// training forward's lse.
-func.func @sim_sym_bf16_mask(%u: tensor<2x400x64xbf16>, %e: tensor<2x400x16xbf16>, %m: tensor<2x400xi1>) -> tensor<2x400x16xf32> {
-  %p = moe.similarity_inform %u, %e key_mask(%m : tensor<2x400xi1>) tau(5.000000e-01) : tensor<2x400x64xbf16>, tensor<2x400x16xbf16> -> tensor<2x400x16xf32>
-  return %p : tensor<2x400x16xf32>
-}
-func.func @sim_sym_fwd_bf16(%u: tensor<1x300x32xbf16>, %e: tensor<1x300x8xbf16>) -> (tensor<1x300x8xf32>, tensor<1x300xf32>) {
-  %p, %lse = moe.similarity_inform_fwd %u, %e tau(1.000000e+00) : tensor<1x300x32xbf16>, tensor<1x300x8xbf16> -> tensor<1x300x8xf32>, tensor<1x300xf32>
-  return %p, %lse : tensor<1x300x8xf32>, tensor<1x300xf32>
-}
 // A key mask with K a multiple of 8 and three key tiles: the keys come by
 // cp.async into the tile buffers and the values by the synchronous 16-byte
 // stores of the masked path, which wrote the current buffer's rows instead of

@@ -239,15 +239,6 @@ func.func @similarity_inform_topk_bf16_rows64(%u: tensor<1x16384x64xbf16>, %e: t
   %w, %i = moe.similarity_inform_topk %u, %e k(2) tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x2xf32>, tensor<1x16384x2xi32>
   return %w, %i : tensor<1x16384x2xf32>, tensor<1x16384x2xi32>
 }
-// flash-mma-symmetric (issue #47 item 4): the pairs kernel's walk over half the key tiles. A trip computes 64
-// weights a thread (its warp's 32 rows x 64 keys over 32 lanes), each standing for two scores of the N x N
-// matrix, (i, j) for the rows of I and (j, i) for those of J (both products, the A tile's trip through shared
-// memory and the atomics are in the loop): 128 scores a trip, as the exact kernels count theirs.
-// sass-budget: kernel=similarity_inform_mma_pairs scores-per-tile=128 options=flash-mma-symmetric=true
-func.func @similarity_inform_bf16_symmetric(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
-  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
-  return %p : tensor<1x16384x16xf32>
-}
 // flash-mma-grad (issue #47 item 3): similarity_inform_grad's tensor-core passes at the benchmark's shape, saved
 // statistics. A trip of either pass's column loop computes 32 scores a thread (its warp's 16 rows x 64 columns over
 // 32 lanes), each with S and <dp, e> on mma.sync, its weight, its logit cotangent and their products (dX U, and by

@@ -25,7 +25,7 @@ set -uo pipefail
 VARIANTS=(
   "ve|flash-mma-wgmma=true flash-mma-tma=true|checks,memcheck,bench,profile|sim|similarity_inform,similarity_inform_topk_mma,attention_posterior_mma|sm_90a"
   "ve-cp||checks,bench|sim|similarity_inform|sm_90a|gc-ve|MOE_GPU_TMA=0"
-  "va|flash-mma-symmetric=true flash-mma-grad=true flash-mma-tf32=true|checks,memcheck,bench|sim|similarity_inform,similarity_inform_symmetric,similarity_inform_topk_mma,similarity_inform_grad,attention_posterior,attention_posterior_grad"
+  "va|flash-mma-grad=true flash-mma-tf32=true|checks,memcheck,bench|sim|similarity_inform,similarity_inform_topk_mma,similarity_inform_grad,attention_posterior,attention_posterior_grad"
   "vb|flash-mma-block-rows=64|bench|sim_topk|"
   "vc|flash-causal-balance=false|bench|causal|"
   "vd|flash-mma-dynamic-shared=true|checks,memcheck,bench|D256_K64_causal|similarity_inform,attention_posterior_mma"
@@ -36,7 +36,7 @@ VARIANTS=(
 # the split top-k's combine, every flash kernel's causal order).
 RACES=(
   "race-ve|gc-ve|similarity_inform,similarity_inform_topk_mma,attention_posterior_mma|80"
-  "race-va|gc-va|similarity_inform_symmetric,similarity_inform_grad,similarity_inform|100"
+  "race-va|gc-va|similarity_inform_grad,similarity_inform|100"
   "race|gpu-check|similarity_inform_topk_mma,route,similarity_inform_grad,similarity_inform|"
 )
 TRANSFORMERS=5.23.0

@@ -28,7 +28,7 @@ operands read from the dynamic shared memory through the descriptors' addresses 
 flash-mma-tma: mbarriers (init, arrive.expect_tx, try_wait.parity; their phases, arrivals and transaction bytes)
 and the TMA copy cp.async.bulk.tensor through a tensor map that Memory.tensor_map describes (the box, zeros past
 the bounds, the 128-byte swizzle), landing at its issue or, with async_copies="wait", at the wait on its mbarrier.
-The symmetric similarity kernels (FlashSymmetric.cpp) add memref.atomic_rmw addf (lanes in order).
+memref.atomic_rmw addf (lanes in order).
 The dispatch plan's kernels (DispatchPlan.cpp) add nvvm.match.sync (any), math.ctpop/cttz and the error word's
 llvm.inttoptr, cmpxchg (lanes in order), getelementptr and store on a global int64 buffer (Memory.add); its scan
 kernel (a block of 256 threads with barriers) runs with `lockstep=True`.

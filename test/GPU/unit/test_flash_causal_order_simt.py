@@ -133,7 +133,7 @@ def split_forward(options, sms, S=3):
 
 def scalar_forward(options, sms):
     """The f32 flash kernel's output (FlashMix.cpp: 16-row tiles)."""
-    from test_flash_symmetric_simt import workgroup
+    from test_flash_mma_grad_simt import workgroup
     N = NS
     u, e, _ = operands(N)
     t = lambda *s: "tensor<" + "x".join(map(str, s)) + ">"  # noqa: E731
@@ -164,7 +164,7 @@ def tensor_core_backward(options, sms):
 
 def scalar_backward(options, sms):
     """du, de of the scalar passes (FlashGrad.cpp: 16-row tiles, by query then by key) from saved statistics."""
-    from test_flash_symmetric_simt import workgroup
+    from test_flash_mma_grad_simt import workgroup
     pytest.importorskip("torch")
     import test_flash_mma_grad_simt as G
     N = NS

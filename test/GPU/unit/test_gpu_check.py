@@ -162,7 +162,7 @@ def test_sanitizers_run_the_cases_of_the_routing_variants(setup, tmp_path, monke
 
 
 def test_sanitizer_cases_can_be_named(setup, tmp_path, monkeypatch):
-    _, sanitized = sanitizer_commands(tmp_path / "folder", "flash-mma-symmetric=true", monkeypatch,
+    _, sanitized = sanitizer_commands(tmp_path / "folder", "flash-mma-grad=true", monkeypatch,
                                       MOE_GPU_CHECK_SANITIZE_ONLY="--only similarity_inform")
     assert all(cmd[-2:] == ["--only", "similarity_inform"] for cmd in sanitized)
     _, sanitized = sanitizer_commands(tmp_path / "folder", "", monkeypatch, MOE_GPU_CHECK_ONLY="--only balance")
