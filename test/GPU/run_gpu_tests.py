@@ -654,7 +654,7 @@ def case_similarity(lib, g):
     (p,) = lib.call("sim_mma_bf16_causal", [ua, e], [((2, 100, 16), torch.float32)])
     close("sim_mma_bf16_causal (u misaligned)", p, ref_similarity(u, e, tau=0.5, causal=True), **MMA_TOL)
 
-    # D = 256, K = 64 over three key tiles of 64 (flash-mma-dynamic-shared's 64-key tiles, or 32-key ones).
+    # D = 256, K = 64 over three key tiles of 64 (or five of 32).
     u = (torch.randn(2, 150, 256, generator=g) * 0.2).to(torch.bfloat16).to(DEV)
     e = torch.softmax(torch.randn(2, 150, 64, generator=g), -1).to(torch.bfloat16).to(DEV)
     (p,) = lib.call("sim_mma_bf16_causal_d256", [u, e], [((2, 150, 64), torch.float32)])

@@ -27,7 +27,7 @@ gpu.module @kernels {
 // pipeline's topk-rounds also takes `auto`, its default.
 // NVVM-LABEL: --moe-lower-to-nvvm
 // NVVM: --flash-mma-block-rows=<long> - query rows a block of the tensor-core kernel's 4 warps
-// NVVM: --flash-mma-dynamic-shared - the tensor-core kernel of one row tile a warp
+// NVVM: --flash-mma-grad - similarity_inform_grad with f16/bf16
 // NVVM: --flash-mma-key-splits=<long> - with flash-mma-block-rows=128 (where it applies): at most this many blocks
 // NVVM-NOT: --flash-mma-sum-mma
 // NVVM: --route-map=<string> - how route's kernel maps a token onto lanes:

@@ -157,13 +157,6 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "reverse, so that the two blocks a multiprocessor holds carry about equal work (FlashTile.h, "
            "FlashBlockOrder). A permutation of the blocks: the same results. false: the grid's order (tile x of "
            "batch element y), the light tiles first">,
-    Option<"flashMmaDynamicShared", "flash-mma-dynamic-shared", "bool", /*default=*/"false",
-           "the tensor-core kernel of one row tile a warp (past 128 features, or with attention_posterior's "
-           "terms) takes 64-key tiles in dynamic shared memory where two cp.async buffers of them pass "
-           "shared-memory-bytes, up to dynamic-shared-memory-bytes, where the blocks a multiprocessor is meant to "
-           "hold still fit (D = 256, K = 64: 86,016 bytes a block, two blocks on sm_90, none on sm_80): half the "
-           "barriers and staging loops a key, ~25% fewer SASS instructions a score on sm_90. The runtime opts the "
-           "kernel in past 48 KiB at its launch. Off by default">,
     Option<"flashMmaWgmma", "flash-mma-wgmma", "bool", /*default=*/"false",
            "sm_90a (moe-lower-to-nvvm applies it only with chip=sm_90a: wgmma has no sm_90 form): the tensor-core "
            "kernels, of two row tiles a warp (flash-mma-block-rows=128) and of one (past 128 features, "
@@ -183,7 +176,7 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "fence). Off by default">,
     Option<"dynamicSharedMemoryBytes", "dynamic-shared-memory-bytes", "int64_t", /*default=*/"0",
            "the chip's opt-in maximum of shared memory a block (bytes; a multiprocessor holds it plus 1 KiB), "
-           "the limit of the kernels that opt in past shared-memory-bytes (flash-mma-dynamic-shared); 0: none. "
+           "the limit of the kernels that opt in past shared-memory-bytes (flash-mma-wgmma's); 0: none. "
            "moe-lower-to-nvvm sets it from its chip where it is 0: 227 KiB on sm_90, 163 KiB on sm_80 and "
            "sm_87, 99 KiB on sm_86 and sm_89, 96 KiB on sm_70 and sm_72, 64 KiB on sm_75">,
     Option<"routeMap", "route-map", "std::string", /*default=*/"\"lanes\"",

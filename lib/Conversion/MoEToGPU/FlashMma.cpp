@@ -192,9 +192,6 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
   const int64_t sharedMemoryBytes = options.sharedMemoryBytes;
   const int64_t blockRows = options.flashMmaBlockRows;
   const int64_t keySplits = options.flashMmaKeySplits;
-  // flash-mma-dynamic-shared: the chip's opt-in maximum a block; 0: none.
-  const int64_t dynamicSharedBytes =
-      options.flashMmaDynamicShared ? options.dynamicSharedMemoryBytes : 0;
   if (!(qElt.isF16() || qElt.isBF16()) || keyElt != qElt || eElt != qElt)
     return std::nullopt;
   if (ShapedType::isDynamic(depth) || depth < 1 || depth > kFlashMmaMaxDepth ||
@@ -352,15 +349,6 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
                 !spec.withLse && !(spec.topk && tile.buffers > 1)
             ? 4
             : 2;
-    // flash-mma-dynamic-shared: 64-key tiles past the static limit in
-    // dynamic shared memory, up to the chip's opt-in maximum a block, where
-    // the blocks a multiprocessor is meant to hold still fit it (the maximum
-    // plus the 1 KiB it reserves a block). D = 256, K = 64 takes 86,016
-    // bytes: two blocks on sm_90 (228 KiB), not on sm_80 (164 KiB), where
-    // one block would halve the warps. Half the barriers and staging loops a
-    // key, ~25% fewer instructions a score on sm_90 (docs/GPU.md).
-    const bool dynamic = bytes > sharedMemoryBytes && cols == 64 &&
-                         blocksFit(bytes, blocksPerSM, dynamicSharedBytes);
     // flash-mma-wgmma on the kernel of one row tile a warp: the block's 64
     // rows are one m64 tile. The query's fragments (4 registers a 16-feature
     // chunk: 64 at D = 256) leave the registers for a shared buffer, and the
@@ -401,10 +389,9 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
         return w;
       }
     }
-    if (bytes <= sharedMemoryBytes || dynamic) {
+    if (bytes <= sharedMemoryBytes) {
       tile.cols = cols;
       tile.blocksPerSM = blocksPerSM;
-      tile.dynamicShared = dynamic;
       return tile;
     }
   }
@@ -626,7 +613,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // mbarriers.
   Value mbarStart;
   if (tile.dynamicShared) {
-    // Three stages or flash-mma-dynamic-shared: the key buffers from
+    // Three stages or wgmma: the key buffers from
     // the start of the block's dynamic shared memory, the value buffers after
     // them (a multiple of 16 bytes: every row is), as flashMmaSharedTypes
     // lays them out. With wgmma: from the first 1024-byte boundary, the

@@ -246,9 +246,8 @@ struct FlashMmaTile {
   bool lazyRescale = false;
   int64_t lazyMargin = 0;
   /// The tile buffers are in dynamic shared memory (two row tiles with
-  /// cp.async staging: `buffers` is then 3; or flash-mma-dynamic-shared, one
-  /// row tile's 64-key tiles past the static limit), passed at the launch;
-  /// the static workgroup buffers otherwise.
+  /// cp.async staging: `buffers` is then 3), passed at the launch; the
+  /// static workgroup buffers otherwise.
   bool dynamicShared = false;
   /// flash-mma-wgmma (sm_90a): Q·Kᵀ on warpgroup MMA from shared memory. The
   /// key tiles are then stored in wgmma's 128-byte swizzle (panels of 64
@@ -282,9 +281,7 @@ constexpr int64_t kFlashMmaMaxDepth = 256;
 /// fragments. flash-mma-block-rows=128 gives two row tiles a warp where they
 /// fit, with up to flash-mma-key-splits blocks sharing a row block's keys,
 /// the lazy rescale and three cp.async stages (FlashMmaTile::rowTiles,
-/// ::keySplits, ::lazyRescale, ::buffers); flash-mma-dynamic-shared lets one
-/// row tile's 64-key tiles pass shared-memory-bytes in dynamic shared memory,
-/// up to dynamic-shared-memory-bytes (FlashMmaTile::dynamicShared).
+/// ::keySplits, ::lazyRescale, ::buffers).
 std::optional<FlashMmaTile>
 flashMmaTile(const FlashMixSpec &spec, Type qElt, Type keyElt, Type eElt,
              int64_t depth, const ConvertMoEToGPUOptions &options);

@@ -121,8 +121,7 @@ func.func @sim_mma_bf16_causal(%u: tensor<2x100x64xbf16>, %e: tensor<2x100x16xbf
   %p = moe.similarity_inform %u, %e tau(5.000000e-01) causal(true) : tensor<2x100x64xbf16>, tensor<2x100x16xbf16> -> tensor<2x100x16xf32>
   return %p : tensor<2x100x16xf32>
 }
-// D = 256, K = 64, causal, three key tiles of 64: one row tile a warp; under flash-mma-dynamic-shared (sm_90) its
-// 64-key tiles in 86,016 bytes of dynamic shared memory, else 32-key tiles in static shared memory.
+// D = 256, K = 64, causal, three key tiles of 64: one row tile a warp, 32-key tiles in static shared memory.
 func.func @sim_mma_bf16_causal_d256(%u: tensor<2x150x256xbf16>, %e: tensor<2x150x64xbf16>) -> tensor<2x150x64xf32> {
   %p = moe.similarity_inform %u, %e tau(2.000000e+00) causal(true) : tensor<2x150x256xbf16>, tensor<2x150x64xbf16> -> tensor<2x150x64xf32>
   return %p : tensor<2x150x64xf32>

@@ -292,13 +292,6 @@ func.func @attention_posterior_bf16_wgmma(%s: tensor<16x4x1024x1024xf32>, %u: te
   %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma(2.000000e+00) : tensor<16x4x1024x1024xf32>, tensor<16x1024x256xbf16>, tensor<16x4x1024x64xf32>, tensor<256x256xf32>, tensor<16x1024x16xbf16> -> tensor<16x1024x16xf32>, tensor<16xi32>
   return %p, %h : tensor<16x1024x16xf32>, tensor<16xi32>
 }
-// flash-mma-dynamic-shared with sm_90's opt-in maximum (named, so that the sm_80 row measures the same 64-key
-// kernel; the pipeline's own sm_80 limit keeps 32-key tiles there): against the default's 32-key tiles above.
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 options=flash-mma-dynamic-shared=true,dynamic-shared-memory-bytes=232448
-func.func @similarity_inform_bf16_causal_d256_dynamic_shared(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
-  %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>
-  return %p : tensor<4x4096x64xf32>
-}
 func.func @attention_posterior(%s: tensor<16x4x1024x1024xf32>, %u: tensor<16x1024x256xf32>, %v: tensor<16x4x1024x64xf32>, %wo: tensor<256x256xf32>, %e: tensor<16x1024x16xf32>) -> (tensor<16x1024x16xf32>, tensor<16xi32>) {
   %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma(2.000000e+00) : tensor<16x4x1024x1024xf32>, tensor<16x1024x256xf32>, tensor<16x4x1024x64xf32>, tensor<256x256xf32>, tensor<16x1024x16xf32> -> tensor<16x1024x16xf32>, tensor<16xi32>
   return %p, %h : tensor<16x1024x16xf32>, tensor<16xi32>

@@ -28,7 +28,6 @@ VARIANTS=(
   "va|flash-mma-grad=true flash-mma-tf32=true|checks,memcheck,bench|sim|similarity_inform,similarity_inform_topk_mma,similarity_inform_grad,attention_posterior,attention_posterior_grad"
   "vb|flash-mma-block-rows=64|bench|sim_topk|"
   "vc|flash-causal-balance=false|bench|causal|"
-  "vd|flash-mma-dynamic-shared=true|checks,memcheck,bench|D256_K64_causal|similarity_inform,attention_posterior_mma"
 )
 # Then racecheck, as far as the call's time goes: RACES: NAME|folder|cases|budget (empty: what is left). The
 # variant kernels first (issue #47 item 1: memcheck and racecheck over every flash variant), then the default

@@ -111,7 +111,7 @@ def kernel_header(text, kernel):
 def shared_memory(text, kernel):
     """(workgroup buffers, dynamic shared memory bytes) of `kernel`: its two workgroup buffers (keys, values) as
     its signature gives them, or none and the launch's dynamic_shared_memory_size (the 128-row kernel's three
-    cp.async stages, or flash-mma-dynamic-shared)."""
+    cp.async stages, or flash-mma-wgmma's buffers)."""
     lines, start = kernel_header(text, kernel)
     head = next(line for line in lines[start:] if "^bb0(" in line)
     wg = [((int(r), int(c)), np.uint16) for r, c, _t in WORKGROUP.findall(head)]
@@ -511,44 +511,6 @@ def test_flash_mma_d256_causal(variant, copies, misalign):
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau,
                            causal=True).numpy()
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
-
-
-#: flash-mma-dynamic-shared with sm_90's opt-in maximum (227 KiB a block; the pipeline sets it from its chip), on
-#: the default block rows (D = 256: one row tile, the 128-row form does not fit).
-DYNAMIC = VARIANTS["rows128"] + " flash-mma-dynamic-shared=true dynamic-shared-memory-bytes=232448"
-
-
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("copies", ["issue", "wait"])
-def test_flash_mma_d256_dynamic_shared(causal, copies):
-    """D = 256, K = 64 with 64-key tiles in dynamic shared memory (flash-mma-dynamic-shared): two cp.async buffers of
-    64 x (264 + 72) bf16 = 86,016 bytes at the launch, no workgroup buffers; N = 150 over three key tiles (a buffer
-    reused, a ragged last tile, the diagonal in the second and third), every copy also landing only at its wait."""
-    rng = np.random.default_rng(11)
-    B, N, D, K, t, tau = 2, 150, 256, 64, "bf16", 2.0
-    u = bits(rng.standard_normal((B, N, D)).astype(np.float32) * 0.2, t)
-    e = rng.random((B, N, K)).astype(np.float32)
-    e = bits(e / e.sum(-1, keepdims=True), t)
-    text = lower(B, N, D, K, t, tau, causal, False, DYNAMIC)
-    assert shared_memory(text, "similarity_inform_mma_0") == ([], 2 * 64 * (264 + 72) * 2)
-    got = run(text, u, e, None, K, misalign=False, async_copies=copies)
-    ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau,
-                           causal=causal).numpy()
-    np.testing.assert_allclose(got, ref, **R.MMA_TOL)
-
-
-@pytest.mark.parametrize("limit,dynamic", [(232448, True), (166912, False), (0, False)])
-def test_flash_mma_dynamic_shared_needs_two_blocks(limit, dynamic):
-    """The 64-key tiles are taken only where two blocks of 86,016 bytes (plus the 1 KiB a block the chip reserves)
-    fit a multiprocessor of the opt-in maximum plus 1 KiB: sm_90's 227 KiB, not sm_80's 163 KiB (there one block
-    would halve the warps), and not without a limit: 32-key tiles in static shared memory then."""
-    text = lower(1, 100, 256, 64, "bf16", 1.0, True, False,
-                 VARIANTS["rows128"] + f" flash-mma-dynamic-shared=true dynamic-shared-memory-bytes={limit}")
-    wg, dyn = shared_memory(text, "similarity_inform_mma_0")
-    if dynamic:
-        assert (wg, dyn) == ([], 86016)
-    else:
-        assert dyn == 0 and [shape for shape, _ in wg] == [(64, 264), (64, 72)]
 
 
 @pytest.mark.parametrize("name,causal,masked,with_lse", [

@@ -224,7 +224,7 @@ def test_manifest_options_are_read(tmp_path):
     """The pipeline options moe-aot.py records in the manifest are the harness's record of the kernel variants its
     cases ran on (the results' aot_options); no manifest, or one of an older moe-aot.py: none."""
     m = tmp_path / "gpu-cases.manifest.json"
-    options = "flash-mma-block-rows=64 flash-mma-dynamic-shared=true"
+    options = "flash-mma-block-rows=64 flash-mma-grad=true"
     m.write_text(json.dumps({"name": "gpu-cases", "pipeline_options": options}))
     assert H.parse_args(["--lib", "l", "--runtime-dir", "d", "--manifest", str(m)]).manifest == str(m)
     assert H.aot_options_of(str(m)) == options
