@@ -110,17 +110,12 @@ resolveDynamicSharedMemory(const moe::MoELowerToNVVMOptions &options) {
 }
 
 /// convert-moe-to-gpu's options as the pipeline's, topk-rounds and the
-/// dynamic shared memory limit resolved for the chip, and flash-mma-wgmma
-/// only on sm_90a (wgmma has no form in sm_90's or any other chip's PTX;
-/// elsewhere the mma.sync kernel), flash-mma-tma only with it.
+/// dynamic shared memory limit resolved for the chip.
 static moe::ConvertMoEToGPUOptions
 convertOptionsOf(const moe::MoELowerToNVVMOptions &options) {
   moe::ConvertMoEToGPUOptions convert = options.convertMoEToGPUOptions();
   convert.topkRounds = resolveTopkRounds(options);
   convert.dynamicSharedMemoryBytes = resolveDynamicSharedMemory(options);
-  convert.flashMmaWgmma =
-      options.flashMmaWgmma && StringRef(options.chip) == "sm_90a";
-  convert.flashMmaTma = convert.flashMmaWgmma && options.flashMmaTma;
   return convert;
 }
 
@@ -156,12 +151,9 @@ void mlir::moe::buildMoELowerToNVVMPipeline(
   pm.addPass(memref::createExpandStridedMetadataPass());
   GpuNVVMAttachTargetOptions target;
   target.chip = options.chip;
-  // PTX ISA 8.0, sm_90's; 8.3 for flash-mma-tma, whose kernels order the
-  // host's write of their tensor map before the TMA unit reads it
-  // (fence.proxy.tensormap: ISA 8.3, CUDA 12.3 drivers for the JIT).
-  target.features = !options.features.empty() ? options.features.getValue()
-                    : convert.flashMmaTma     ? "+ptx83"
-                                              : "+ptx80";
+  // PTX ISA 8.0, sm_90's.
+  target.features =
+      !options.features.empty() ? options.features.getValue() : "+ptx80";
   target.optLevel = options.optLevel;
   pm.addPass(createGpuNVVMAttachTarget(target));
   pm.addPass(createLowerAffinePass());

@@ -4,10 +4,6 @@
 // RUN: FileCheck %s --check-prefix=TABLE < %t/report.md
 // RUN: %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_80,sm_90 --lower-chip sm_80 --out %t/report-default.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s --check-prefix=SPLIT
 // RUN: FileCheck %s --check-prefix=PTX < %t/ptxas-mma-cases.sm_80.0.ptx
-// RUN: mkdir -p %t/wgmma && %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_90a --lower-chip sm_90a --pipeline-options "flash-mma-wgmma=true" --keep-ptx %t/wgmma --out %t/report-wgmma.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s --check-prefix=WGMMA
-// RUN: FileCheck %s --check-prefix=WGMMA-PTX < %t/wgmma/ptxas-mma-cases.sm_90a.0.ptx
-// RUN: mkdir -p %t/tma && %python %moe_src_root/bench/gpu/ptxas_report.py --moe-opt %moe_obj_root/bin/moe-opt --ptxas %ptxas --chips sm_90a --lower-chip sm_90a --pipeline-options "flash-mma-wgmma=true flash-mma-tma=true" --keep-ptx %t/tma --out %t/report-tma.md %S/Inputs/ptxas-mma-cases.mlir | FileCheck %s --check-prefix=TMA
-// RUN: FileCheck %s --check-prefix=TMA-PTX < %t/tma/ptxas-mma-cases.sm_90a.0.ptx
 
 // The tensor-core flash kernels (moe-lower-to-nvvm,
 // FlashMma.cpp) assemble with ptxas for sm_80 and sm_90 without local memory
@@ -33,21 +29,6 @@
 // the cp.async staging: at 128 it spilled 12 bytes on sm_80 with a key mask,
 // D = 40, K = 12.
 // SPLIT: ptxas report: {{[0-9]+}} kernels, 0 failures
-
-// flash-mma-wgmma on sm_90a (the defaults otherwise): every case still assembles without local memory; the
-// 128-row kernels of D = 64 (f16 and bf16, n = 64) and D = 128 (32-key tiles: n = 32) take Q.K^T on wgmma, the
-// others (one row tile, D not a multiple of 64) stay on mma.sync.
-// WGMMA: ptxas report: {{[0-9]+}} kernels, 0 failures
-// WGMMA-PTX-DAG: wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16
-// WGMMA-PTX-DAG: wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16
-
-// flash-mma-tma with it: the wgmma kernels' key tiles by TMA (each with its twin without, for a base the runtime
-// makes no tensor map of), every kernel still without local memory.
-// TMA: ptxas report: {{[0-9]+}} kernels, 0 failures
-// TMA-PTX-DAG: cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
-// TMA-PTX-DAG: mbarrier.try_wait.parity.shared.b64
-// WGMMA-PTX-DAG: wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16
-// WGMMA-PTX-DAG: mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
 
 // TABLE-DAG: | sm_80 | nospill_mma_f16_d64_k16 | similarity_inform_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |
 // TABLE-DAG: | sm_90 | nospill_mma_bf16_d64_k16 | similarity_inform_mma_{{[0-9]+}} | {{[0-9]+}} | {{[0-9]+}} | 0 | 0 | 0 |

@@ -46,7 +46,7 @@ def Bad : Pipeline<"bad", "BadOptions"> {
 // topk-rounds with the pipeline's default and more help, all of them handed to the pass.
 // CHECK:      #ifdef GEN_PIPELINE_OPTIONS_MOELOWERTONVVM
 // CHECK:      struct MoELowerToNVVMOptions : public ::mlir::PassPipelineOptions<MoELowerToNVVMOptions> {
-// CHECK:      ::mlir::detail::PassOptions::Option<std::string> features{*this, "features", ::llvm::cl::desc(R"PO(PTX features (default +ptx80, what sm_90 needs; +ptx83 with flash-mma-tma on sm_90a, whose kernels fence the tensormap proxy))PO"), ::llvm::cl::init("")};
+// CHECK:      ::mlir::detail::PassOptions::Option<std::string> features{*this, "features", ::llvm::cl::desc(R"PO(PTX features (default +ptx80, what sm_90 needs))PO"), ::llvm::cl::init("")};
 // CHECK:      ::mlir::detail::PassOptions::Option<unsigned> optLevel{
 // CHECK:      // convert-moe-to-gpu's options (Passes.td) but block-size.
 // CHECK-NOT:  blockSize

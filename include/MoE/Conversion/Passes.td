@@ -157,26 +157,9 @@ def ConvertMoEToGPU : Pass<"convert-moe-to-gpu", "::mlir::ModuleOp"> {
            "reverse, so that the two blocks a multiprocessor holds carry about equal work (FlashTile.h, "
            "FlashBlockOrder). A permutation of the blocks: the same results. false: the grid's order (tile x of "
            "batch element y), the light tiles first">,
-    Option<"flashMmaWgmma", "flash-mma-wgmma", "bool", /*default=*/"false",
-           "sm_90a (moe-lower-to-nvvm applies it only with chip=sm_90a: wgmma has no sm_90 form): the tensor-core "
-           "kernels, of two row tiles a warp (flash-mma-block-rows=128) and of one (past 128 features, "
-           "attention_posterior), take Q.K^T on Hopper's warpgroup MMA where D is a multiple of 64 "
-           "(wgmma.mma_async m64nNk16, both operands from shared memory through 128-byte-swizzle descriptors; the "
-           "query tile staged once, the key tiles copied by cp.async into the swizzled layout), the block's 4 warps "
-           "one warpgroup; P.e stays on mma.sync from registers; the lazy rescale's hot loop leaves on the block's "
-           "vote (bar.red.or), as the warpgroup's MMA must run in all 4 warps. Off by default">,
-    Option<"flashMmaTma", "flash-mma-tma", "bool", /*default=*/"false",
-           "with flash-mma-wgmma (sm_90a): the wgmma kernels' key tiles copied by the Tensor Memory Accelerator "
-           "(cp.async.bulk.tensor, one copy a 64-feature panel issued by one thread, the 128-byte swizzle applied "
-           "by the copy, completion counted on an mbarrier a stage) instead of every thread's cp.async copies. The "
-           "keys' tensor map is built by the runtime (moeGpuTensorMap3d: cuTensorMapEncodeTiled, cached in device "
-           "memory per pointer and shape) and passed as the kernel's last argument; where the runtime makes none (a "
-           "base not 16-byte aligned, a chip before sm_90, a miss during stream capture, MOE_GPU_TMA=0) the host "
-           "launches the kernel's twin without TMA (its cp.async copies). PTX ISA 8.3 (the tensormap proxy "
-           "fence). Off by default">,
     Option<"dynamicSharedMemoryBytes", "dynamic-shared-memory-bytes", "int64_t", /*default=*/"0",
            "the chip's opt-in maximum of shared memory a block (bytes; a multiprocessor holds it plus 1 KiB), "
-           "the limit of the kernels that opt in past shared-memory-bytes (flash-mma-wgmma's); 0: none. "
+           "the limit of the kernels that opt in past shared-memory-bytes; 0: none. "
            "moe-lower-to-nvvm sets it from its chip where it is 0: 227 KiB on sm_90, 163 KiB on sm_80 and "
            "sm_87, 99 KiB on sm_86 and sm_89, 96 KiB on sm_70 and sm_72, 64 KiB on sm_75">,
     Option<"routeMap", "route-map", "std::string", /*default=*/"\"lanes\"",

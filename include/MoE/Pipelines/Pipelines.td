@@ -102,8 +102,7 @@ def MoELowerToNVVM : Pipeline<"moe-lower-to-nvvm", "MoELowerToNVVMOptions"> {
   let options = [
     Option<"chip", "chip", "std::string", /*default=*/"\"sm_90\"", "target chip: sm_80, sm_90, sm_90a, ...">,
     Option<"features", "features", "std::string", /*default=*/"\"\"",
-           "PTX features (default +ptx80, what sm_90 needs; +ptx83 with flash-mma-tma on sm_90a, whose "
-           "kernels fence the tensormap proxy)">,
+           "PTX features (default +ptx80, what sm_90 needs)">,
     Option<"format", "format", "std::string", /*default=*/"\"fatbin\"",
            "gpu.binary format: isa (PTX), bin (cubin), fatbin">,
     Option<"toolkit", "toolkit", "std::string", /*default=*/"\"/usr/local/cuda\"",

@@ -89,16 +89,6 @@
 // three tile buffers in dynamic shared memory, each tile's copies issued two
 // tiles ahead (pipelineStep).
 //
-// With flash-mma-wgmma (sm_90a; FlashMmaTile::wgmma) Q·Kᵀ runs on Hopper's
-// warpgroup MMA: the block's 4 warps are one warpgroup and each 64 rows of
-// the block one m64 tile (warp w's rows 16w to 16w + 15 of it, so the
-// accumulators lie as mma.sync's C fragments and the rest of the kernel is
-// unchanged); both operands come from shared memory through descriptors in
-// the 128-byte swizzle (wgmmaLogits), the query's rows copied once beside
-// the key tiles. The lazy rescale's exit is then the block's vote, and the
-// kernel of one row tile, its query out of the registers, also peels, hoists
-// its staging and takes the lazy rescale.
-//
 //===----------------------------------------------------------------------===//
 
 #include "FlashTile.h"
@@ -133,46 +123,19 @@ static constexpr int64_t kThreads = kWarp * kWarps;
 static constexpr int64_t kPad = 8;
 
 /// The key and value tile buffers of the kernel: `buffers` tiles of `cols`
-/// rows, padded by kPad elements. With FlashMmaTile::wgmma the keys are
-/// [buffers x panels x cols, 64] in wgmma's 128-byte swizzle (a panel a 64
-/// features, unpadded), and a third buffer holds the block's query rows in
-/// the same layout, [panels x 128, 64]; with FlashMmaTile::tma a fourth the
-/// stages' mbarriers.
+/// rows, padded by kPad elements.
 static SmallVector<MemRefType, 4> flashMmaSharedTypes(const FlashMmaTile &tile,
                                                       Type elt) {
-  if (tile.wgmma) {
-    const int64_t panels = tile.depth / 64;
-    SmallVector<MemRefType, 4> types = {
-        workgroupMemRef({tile.buffers * panels * tile.cols, 64}, elt),
-        workgroupMemRef({tile.buffers * tile.cols, tile.experts + kPad}, elt),
-        workgroupMemRef({panels * kRows * tile.rowTiles, 64}, elt),
-    };
-    if (tile.tma)
-      types.push_back(workgroupMemRef({tile.buffers},
-                                      IntegerType::get(elt.getContext(), 64)));
-    return types;
-  }
   return {
       workgroupMemRef({tile.buffers * tile.cols, tile.depth + kPad}, elt),
       workgroupMemRef({tile.buffers * tile.cols, tile.experts + kPad}, elt),
   };
 }
 
-/// The 128-byte swizzle's alignment: its pattern repeats every 8 rows of 128
-/// bytes, and the hardware applies it to the address bits, so the wgmma
-/// kernel moves its buffers' start to a multiple of it (and asks for this
-/// much more at the launch).
-static constexpr int64_t kSwizzleAlign = 1024;
-
-/// mbarrier.try_wait's suspend-time hint (ns) in flash-mma-tma's waits: the
-/// thread may sleep that long for the phase before it tests again (CUTLASS's
-/// value).
-static constexpr int64_t kTmaWaitTicks = 0x989680;
-
 /// The bytes of dynamic shared memory the kernel's buffers take at a launch
-/// (flashMmaSharedTypes; with wgmma the room to align their start).
+/// (flashMmaSharedTypes).
 static int64_t flashMmaSharedBytes(const FlashMmaTile &tile, Type elt) {
-  int64_t bytes = tile.wgmma ? kSwizzleAlign : 0;
+  int64_t bytes = 0;
   for (MemRefType type : flashMmaSharedTypes(tile, elt))
     bytes += type.getNumElements() *
              type.getElementType().getIntOrFloatBitWidth() / 8;
@@ -208,20 +171,12 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
   // attention_posterior past D = 128, whose per-element bias and score
   // loads beside them spilled with the cp.async staging (D = 256, K = 16:
   // 88-104 bytes). Those keep base 2's sums.
-  // flash-mma-wgmma will take the query's fragments out of the registers
-  // (D a multiple of 64, a limit of dynamic shared memory to place its
-  // buffers in): then attention_posterior past D = 128 keeps the ones block
-  // and the cp.async staging (D = 256, K = 16: 142 registers, no spill on
-  // sm_90a; 232 on mma.sync without them).
-  const bool wgmmaRoom = options.flashMmaWgmma && depth % 64 == 0 &&
-                         options.dynamicSharedMemoryBytes > 0;
   tile.sumMma = 4 * (tile.depth / 16 + tile.experts / 8 + 1) <= 160 &&
-                (!(spec.hasAddScores && tile.depth > 128) || wgmmaRoom);
+                !(spec.hasAddScores && tile.depth > 128);
   // attention_posterior past D = 128 stays single-buffered: with the second
   // buffer's copies in flight beside the per-element bias and score loads
   // ptxas spilled (sm_90, D = 256).
-  const bool asyncStaging =
-      !(spec.hasAddScores && tile.depth > 128) || wgmmaRoom;
+  const bool asyncStaging = !(spec.hasAddScores && tile.depth > 128);
   tile.asyncKeys = asyncStaging && depth % 8 == 0;
   tile.asyncValues =
       asyncStaging && spec.numExperts % 8 == 0 && !spec.hasKeyMask;
@@ -288,25 +243,6 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
       // No register cap: 2 blocks a multiprocessor leave ptxas its 255
       // (what it needs decides the occupancy; a cap of 128 would spill).
       tile.blocksPerSM = 2;
-      // flash-mma-wgmma (sm_90a): Q·Kᵀ on warpgroup MMA where the features
-      // fill whole 128-byte swizzle rows (D a multiple of 64: no padding
-      // column to zero) and the three cp.async stages run, the buffers and
-      // the query tile fitting the chip's opt-in maximum twice (2 blocks).
-      if (wgmmaRoom && tile.buffers == 3) {
-        tile.wgmma = true;
-        tile.tma = options.flashMmaTma;
-        const int64_t wgBytes = flashMmaSharedBytes(tile, qElt);
-        tile.wgmma = blocksFit(wgBytes, 2, options.dynamicSharedMemoryBytes);
-        tile.tma = tile.tma && tile.wgmma;
-        // Without the query's fragments 3 blocks fit ptxas's 168 registers
-        // (D = 64, K = 16: 167, no spill, 4.91 instructions a score against
-        // 4.81 at 216 registers and 2 blocks: 12 warps a multiprocessor
-        // instead of 8), where their buffers fit; not the fused top-k, whose
-        // epilogue's candidates spilled there (36 bytes, causal, sm_90a).
-        if (tile.wgmma && !spec.topk &&
-            blocksFit(wgBytes, 3, options.dynamicSharedMemoryBytes))
-          tile.blocksPerSM = 3;
-      }
       return tile;
     }
   for (int64_t cols : {64, 32, 16}) {
@@ -349,46 +285,6 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
                 !spec.withLse && !(spec.topk && tile.buffers > 1)
             ? 4
             : 2;
-    // flash-mma-wgmma on the kernel of one row tile a warp: the block's 64
-    // rows are one m64 tile. The query's fragments (4 registers a 16-feature
-    // chunk: 64 at D = 256) leave the registers for a shared buffer, and the
-    // buffers go to dynamic shared memory (the 1024-byte aligned layout), so
-    // the blocks a multiprocessor holds are what both allow: 4 at most 128
-    // estimated registers, 3 at most 168, else 2, fewer where the buffers do
-    // not fit (D = 256, K = 64: 32-key tiles, 75,776 bytes, 92 registers
-    // estimated: 3 blocks; 64-key tiles would leave 1). The flags that keep
-    // the mma.sync kernel at 2 blocks (attention_posterior's terms, a key
-    // mask, the lse, the fused top-k) keep it here too.
-    if (wgmmaRoom && tile.asyncKeys && tile.buffers == 2) {
-      FlashMmaTile w = tile;
-      w.cols = cols;
-      w.wgmma = true;
-      w.tma = options.flashMmaTma;
-      w.dynamicShared = true;
-      const int64_t wgBytes = flashMmaSharedBytes(w, qElt);
-      const int64_t wgRegs = regs - 4 * (tile.depth / 16);
-      const bool capped =
-          !spec.hasAddScores && !spec.hasKeyMask && !spec.withLse && !spec.topk;
-      // The lazy rescale as in the 128-row kernel (its hot loop of whole
-      // tiles, peeled here too: see the kernel's fullEnd), where the sums
-      // come from the MMA and the logits are the raw dots (its hot loop
-      // computes no bias or added score: not attention_posterior).
-      if (w.sumMma && !spec.hasBias && !spec.hasAddScores) {
-        w.lazyRescale = true;
-        w.lazyMargin = qElt.isBF16() ? 7 : 2;
-      }
-      // The staging's alignment decided once outside the key loops, its
-      // 16-byte copies unrolled (D = 256, 32 keys: 8 + 2 a thread and tile).
-      w.hoistStaging = true;
-      for (int64_t blocks : {4, 3, 2}) {
-        if (blocks > 2 && (!capped || wgRegs > (blocks == 4 ? 128 : 168)))
-          continue;
-        if (!blocksFit(wgBytes, blocks, options.dynamicSharedMemoryBytes))
-          continue;
-        w.blocksPerSM = blocks;
-        return w;
-      }
-    }
     if (bytes <= sharedMemoryBytes) {
       tile.cols = cols;
       tile.blocksPerSM = blocksPerSM;
@@ -604,21 +500,11 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
                       /*byKey=*/false),
       splitKernel);
   Value ks, vs;
-  // FlashMmaTile::wgmma: the query tile's buffer, the shared-window address
-  // of the aligned start of the buffers (the keys') and the query's byte
-  // offset from it.
-  Value qs, sharedStart;
-  int64_t queryAt = 0;
-  // FlashMmaTile::tma: the shared-window address (i64) of the stages'
-  // mbarriers.
-  Value mbarStart;
   if (tile.dynamicShared) {
-    // Three stages or wgmma: the key buffers from
+    // Three stages: the key buffers from
     // the start of the block's dynamic shared memory, the value buffers after
     // them (a multiple of 16 bytes: every row is), as flashMmaSharedTypes
-    // lays them out. With wgmma: from the first 1024-byte boundary, the
-    // query's buffer between the keys' and the values' (both multiples of
-    // 1024 bytes: the keys' panels are 64 x 128 or 32 x 128 bytes).
+    // lays them out.
     SmallVector<MemRefType, 4> types = flashMmaSharedTypes(tile, elt);
     auto space = gpu::AddressSpaceAttr::get(b.getContext(),
                                             gpu::AddressSpace::Workgroup);
@@ -626,29 +512,11 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         b, MemRefType::get({ShapedType::kDynamic}, b.getI8Type(),
                            MemRefLayoutAttrInterface(), space));
     Value start = kb.idx(0);
-    if (tile.wgmma) {
-      Value addr = memref::ExtractAlignedPointerAsIndexOp::create(b, bytes);
-      Value align = kb.idx(kSwizzleAlign);
-      start = kb.remu(kb.sub(align, kb.remu(addr, align)), align);
-      sharedStart = kb.add(addr, start);
-    }
     const int64_t keyBytes = types[0].getNumElements() * 2;
     ks = memref::ViewOp::create(b, types[0], bytes, start, ValueRange{});
     int64_t valueAt = keyBytes;
-    if (tile.wgmma) {
-      queryAt = keyBytes;
-      qs = memref::ViewOp::create(b, types[2], bytes,
-                                  kb.add(start, kb.idx(queryAt)), ValueRange{});
-      valueAt += types[2].getNumElements() * 2;
-    }
-    vs = memref::ViewOp::create(b, types[1], bytes,
-                                tile.wgmma ? kb.add(start, kb.idx(valueAt))
-                                           : kb.idx(valueAt),
+    vs = memref::ViewOp::create(b, types[1], bytes, kb.idx(valueAt),
                                 ValueRange{});
-    if (tile.tma)
-      mbarStart = kb.castInt(
-          kb.add(sharedStart, kb.idx(valueAt + types[1].getNumElements() * 2)),
-          b.getI64Type());
   } else {
     ks = kernel.workgroup(0);
     vs = kernel.workgroup(1);
@@ -665,46 +533,13 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   Value N = kb.dim(q, 1);
   Value D = kb.dim(q, 2);
   Value Nk = kb.dim(keys, 1);
-  // A warp's row tiles: rows 16T warp + 16t of the block, or with wgmma
-  // (whose m64 tile gives warp w rows 16w to 16w + 15) 64t + 16 warp.
-  const int64_t tileStride = tile.wgmma ? kRows : 16;
-  Value r0 = kb.add(
-      kb.add(rowBase, kb.mul(warp, kb.idx(tile.wgmma ? 16 : 16 * T))), g);
+  // A warp's row tiles: rows 16T warp + 16t of the block.
+  const int64_t tileStride = 16;
+  Value r0 = kb.add(kb.add(rowBase, kb.mul(warp, kb.idx(16 * T))), g);
   SmallVector<Value> rowsOf = {r0, kb.add(r0, kb.idx(8))};
   for (int64_t t = 1; t < T; ++t)
     for (int64_t r = 0; r < 2; ++r)
       rowsOf.push_back(kb.add(r0, kb.idx(tileStride * t + 8 * r)));
-
-  // FlashMmaTile::tma: the keys' tensor map (the kernel's last argument;
-  // the host launches this kernel only with one) and each stage's mbarrier,
-  // which thread 0 sets up for its own arrival (with the tile's bytes,
-  // before its copies); the pipeline's first barrier orders that before any
-  // thread's wait on it.
-  Value tmaMap;
-  Type sharedPtr = LLVM::LLVMPointerType::get(b.getContext(), 3);
-  auto mbarOf = [&](Value slot) -> Value {
-    Value addr =
-        kb.add(mbarStart, kb.castInt(kb.mul(slot, kb.idx(8)), b.getI64Type()));
-    return LLVM::IntToPtrOp::create(b, sharedPtr, addr);
-  };
-  // Thread 0, which issues every copy, also orders the host's write of the
-  // map (a copy to global memory: the generic proxy) before the copies'
-  // reads of it (the tensormap proxy): CUDA's rule for a tensor map passed
-  // in global memory rather than as a __grid_constant__ parameter.
-  if (tile.tma) {
-    tmaMap = kernel.arg(kernel.func.getNumArguments() - 1);
-    kb.ifThen(kb.eq(tid, c0), [&] {
-      for (int64_t slot = 0; slot < tile.buffers; ++slot)
-        NVVM::MBarrierInitOp::create(b, mbarOf(kb.idx(slot)), kb.cI32(1),
-                                     Value());
-      NVVM::FenceMbarrierInitOp::create(b);
-      Value mapPtr = LLVM::IntToPtrOp::create(
-          b, LLVM::LLVMPointerType::get(b.getContext()), tmaMap);
-      Value mapBytes = kb.cI32(128);
-      NVVM::FenceProxyAcquireOp::create(b, NVVM::MemScopeKind::SYS, mapPtr,
-                                        mapBytes);
-    });
-  }
 
   // The query fragments, once: chunk c's A operand holds (row, feature)
   // (g, 16c + 2tig + {0,1}), (g + 8, ...), (g, 16c + 8 + 2tig + {0,1}),
@@ -717,9 +552,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     return kb.select(ok, v, zeroE);
   };
   // qFrag[t * chunks + c]: row tile t's chunk c.
-  // (None with wgmma: its A operand is the query tile in shared memory.)
   SmallVector<Value> qFrag;
-  for (int64_t t = 0; t < (tile.wgmma ? 0 : T); ++t)
+  for (int64_t t = 0; t < T; ++t)
     for (int64_t c = 0; c < chunks; ++c) {
       SmallVector<Value> elems;
       for (int64_t half = 0; half < 2; ++half)
@@ -747,10 +581,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     Value ptr = memref::ExtractAlignedPointerAsIndexOp::create(b, memref);
     return kb.eq(kb.remu(ptr, kb.idx(16)), c0);
   };
-  // (With TMA the keys' alignment is the runtime's to check: a tensor map
-  // is only made for an aligned base.)
-  Value keysAligned =
-      alignedBase(keys, !tile.tma && (tile.wideKeys || tile.asyncKeys));
+  Value keysAligned = alignedBase(keys, tile.wideKeys || tile.asyncKeys);
   Value valuesAligned = alignedBase(e, tile.wideValues || tile.asyncValues);
   auto maskedValue = [&](Value j, Value v) -> Value {
     // A masked key adds nothing, not 0 · e.
@@ -785,35 +616,17 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         ArrayRef<OpFoldResult>{b.getIndexAttr(cols), b.getIndexAttr(width)},
         ArrayRef<OpFoldResult>{b.getIndexAttr(1), b.getIndexAttr(1)});
   };
-  // With `swizzled` (FlashMmaTile::wgmma's keys and query) `dst` is
-  // [panels x rows, 64] a buffer from row rowOff x panels (rowOff: the
-  // tile's first row as for the padded buffers), and the tile's `rows` rows
-  // are stored in wgmma's 128-byte swizzle: features cc of row jj in panel
-  // cc / 64, row jj of it, its 16-byte chunk (cc mod 64) / 8 at chunk
-  // ((cc mod 64) / 8) XOR (jj mod 8) of the 128-byte row (every panel starts
-  // at a multiple of 8 rows of a 1024-byte aligned buffer, so jj mod 8 is
-  // the address's row within the pattern).
   auto stageTile = [&](Value src, Value dst, int64_t width, bool wide,
                        Value aligned, Value j0, Value rowLimit, Value colLimit,
                        function_ref<Value(Value, Value)> masked,
                        Value rowOff = Value(), bool async = false,
-                       bool whole = false, int64_t rows = 0,
-                       bool swizzled = false) {
+                       bool whole = false, int64_t rows = 0) {
     if (!rows)
       rows = cols;
     // The tile's rows of the buffer: row jj of the tile is row jj of `dst`.
-    if (!swizzled)
-      dst = bufferAt(dst, rowOff);
-    Value panel0 = swizzled && rowOff ? kb.mul(rowOff, kb.idx(width / 64)) : c0;
+    dst = bufferAt(dst, rowOff);
     auto at = [&](Value jj, Value cc) -> SmallVector<Value, 2> {
-      if (!swizzled)
-        return {jj, cc};
-      Value within = kb.remu(cc, kb.idx(64));
-      Value chunk = kb.xorI(kb.divu(within, kb.idx(8)), kb.remu(jj, kb.idx(8)));
-      Value row = kb.add(
-          kb.add(panel0, kb.mul(kb.divu(cc, kb.idx(64)), kb.idx(rows))), jj);
-      return {row,
-              kb.add(kb.mul(chunk, kb.idx(8)), kb.remu(within, kb.idx(8)))};
+      return {jj, cc};
     };
     auto elements = [&] {
       kb.forLoop(tid, kb.idx(rows * width), kb.idx(kThreads), [&](Value flat) {
@@ -929,44 +742,11 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   }
   const int64_t accCount = accBlocks * 4;
   const int64_t accAll = T * accCount;
-  // The key tile at j0 into the buffer rows from rowOff by TMA: thread 0
-  // arms the stage's mbarrier with the tile's bytes (the whole box: rows past
-  // Nk arrive as zeros and count) and issues a copy a 64-feature panel,
-  // at coordinates (feature, key, batch element) of the [B, Nk, D] map.
-  auto tmaKeys = [&](Value j0, Value rowOff) {
-    kb.ifThen(kb.eq(tid, c0), [&] {
-      Value bar = mbarOf(kb.divu(rowOff, kb.idx(cols)));
-      NVVM::MBarrierArriveExpectTxOp::create(
-          b, Type(), bar, kb.cI32(cols * tile.depth * 2),
-          NVVM::MemScopeKind::CTA, /*relaxed=*/false, Value());
-      Type i32 = b.getI32Type(), i64 = b.getI64Type();
-      Value mapPtr = LLVM::IntToPtrOp::create(
-          b, LLVM::LLVMPointerType::get(b.getContext()), tmaMap);
-      Value key = kb.castInt(j0, i32), batch = kb.castInt(bi, i32);
-      for (int64_t p = 0; p < tile.depth / 64; ++p) {
-        Value row =
-            kb.add(kb.mul(rowOff, kb.idx(tile.depth / 64)), kb.idx(p * cols));
-        // The copy's destination is a shared::cluster address (address
-        // space 7): a CTA's own shared::cta addresses are ones of it.
-        Value dst = LLVM::IntToPtrOp::create(
-            b, LLVM::LLVMPointerType::get(b.getContext(), 7),
-            kb.castInt(kb.add(sharedStart, kb.mul(row, kb.idx(128))), i64));
-        NVVM::CpAsyncBulkTensorGlobalToSharedClusterOp::create(
-            b, dst, mapPtr, ValueRange{kb.cI32(p * 64), key, batch}, bar,
-            ValueRange{}, Value(), Value(), NVVM::TMALoadMode::TILE,
-            /*isCTAOnly=*/false, NVVM::CTAGroupKindAttr(), Value());
-      }
-    });
-  };
   auto stageKeysAndValues = [&](Value j0, Value rowOff, bool whole = false) {
     bool wideK = tile.wideKeys || tile.asyncKeys;
     bool wideV = tile.wideValues || tile.asyncValues;
-    if (tile.tma)
-      tmaKeys(j0, rowOff);
-    else
-      stageTile(keys, ks, tile.depth, wideK, keysAligned, j0, Nk, D, nullptr,
-                rowOff, tile.asyncKeys, whole, /*rows=*/cols,
-                /*swizzled=*/tile.wgmma);
+    stageTile(keys, ks, tile.depth, wideK, keysAligned, j0, Nk, D, nullptr,
+              rowOff, tile.asyncKeys, whole, /*rows=*/cols);
     stageTile(e, vs, tile.experts, wideV, valuesAligned, j0, Nk, kb.idx(K),
               keyMask ? maskedValue : function_ref<Value(Value, Value)>(),
               rowOff, tile.asyncValues, whole);
@@ -981,21 +761,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // issued two tiles ahead (pipelineStep).
   const bool doubleBuffered = tile.buffers >= 2;
   const int64_t stages = tile.buffers;
-  // FlashMmaTile::wgmma: the block's query rows, once, into the first
-  // commit group (zeros past N), 16-byte copies where q's base is aligned
-  // (decided here: the staging's hoisted alignment is that of the keys and
-  // values).
-  auto stageQuery = [&] {
-    std::optional<bool> known = alignedKnown;
-    alignedKnown.reset();
-    stageTile(q, qs, tile.depth, /*wide=*/true, alignedBase(q, true), rowBase,
-              N, D, nullptr, Value(), /*async=*/true, /*whole=*/false,
-              blockRows, /*swizzled=*/true);
-    alignedKnown = known;
-  };
   auto stageFirstTile = [&] {
-    if (tile.wgmma)
-      stageQuery();
     if (stages > 2) {
       Value first = kb.divu(keyLo, kb.idx(cols));
       for (int64_t i = 0; i < stages - 1; ++i) {
@@ -1064,11 +830,9 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // copy of the body made ptxas spill (sm_90, 12-28 bytes); nor past 128
   // features: at D = 256, K = 64 with static sizes (the issue's causal B = 4,
   // N = 4096) it spilled 120 bytes on sm_90 (144 with the row sums from the
-  // MMA), none unpeeled. There every tile is the checked one; not with
-  // wgmma, whose query lives in shared memory (D = 256, K = 64: 156
-  // registers peeled, with the lazy rescale; no spill).
+  // MMA), none unpeeled. There every tile is the checked one.
   Value fullEnd = c0;
-  if (tile.experts <= 128 && (tile.depth <= 128 || tile.wgmma)) {
+  if (tile.experts <= 128 && tile.depth <= 128) {
     Value keyLimit = spec.causal ? kb.minu(Nk, kb.add(rowBase, c1)) : Nk;
     fullEnd = kb.mul(kb.divu(keyLimit, kb.idx(cols)), kb.idx(cols));
   }
@@ -1087,29 +851,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       return Value();
     }
     NVVM::CpAsyncWaitGroupOp::create(b, b.getI32IntegerAttr(stages - 2));
-    // wgmma reads the tile through the async proxy: the thread's copies
-    // (and element stores) made visible to it before the barrier.
-    if (tile.wgmma)
-      NVVM::FenceProxyOp::create(
-          b, NVVM::ProxyKind::async_shared,
-          NVVM::SharedSpaceAttr::get(b.getContext(),
-                                     NVVM::SharedSpace::shared_cta));
     kb.barrier();
     Value tileIndex = kb.divu(j0, kb.idx(cols));
-    // FlashMmaTile::tma: the tile's TMA copies, waited for on its stage's
-    // mbarrier in the phase of the stage's fills so far in this block
-    // ((tile - first tile) / stages, mod 2).
-    // (In 32 bits: a tile index fits, and the division by 3 stages is a
-    // 32-bit multiply-high, not a 64-bit one.)
-    if (tile.tma) {
-      Type i32 = b.getI32Type();
-      Value first = partials ? tileLo : c0;
-      Value fills = arith::DivUIOp::create(
-          b, kb.castInt(kb.sub(tileIndex, first), i32), kb.cI32(stages));
-      Value slot = knownSlot ? knownSlot : kb.remu(tileIndex, kb.idx(stages));
-      NVVM::MBarrierTryWaitParityOp::create(
-          b, mbarOf(slot), kb.andI(fills, kb.cI32(1)), kb.cI32(kTmaWaitTicks));
-    }
     // With `whole` the tile ahead is known to be a whole one (below
     // keyHi): no test, no row bounds.
     auto stageAhead = [&](Value next, Value row) {
@@ -1139,111 +882,11 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   // staged tile at buffer row `bufRow`. s[t * keyBlocks + nb]: row tile t's
   // logits of key block nb. ldmatrix's lanes: row ldRow of matrix ldSel.
   using Logits = SmallVector<SmallVector<Value>>;
-  // FlashMmaTile::wgmma: the shared-memory matrix descriptor of the buffers'
-  // start (K-major, 128-byte swizzle: bits 62-63 = 1; the stride between
-  // 8-row groups 1024 bytes: bits 32-45 = 64; the leading offset unused by
-  // the swizzled K-major layouts, 1; the address >> 4 in bits 0-13). An
-  // operand's descriptor adds its byte offset >> 4 to it: the start of its
-  // panel, row tile and 16-feature step (32 bytes along the row; the
-  // hardware applies the swizzle to the address it forms).
-  // Only the low word varies (the address field; 256 KiB of shared memory
-  // keep the sums below bit 14): it is added in 32 bits and the constant
-  // high word (the stride and the swizzle) joined to it last, so that ptxas
-  // moves one word a descriptor into the uniform registers wgmma reads, not
-  // a 64-bit sum (causal D = 256: 45 R2UR and 23 IADD3 a tile before).
-  Value descLow;
-  const int64_t panels = tile.depth / 64;
-  const int64_t descHigh = (int64_t(1) << 30) | 64;
-  if (tile.wgmma) {
-    Type i32 = b.getI32Type();
-    Value addr = kb.castInt(sharedStart, i32);
-    Value field = kb.shru(kb.andI(addr, kb.cI32(0x3FFFF)), kb.cI32(4));
-    descLow = kb.orI(field, kb.cI32(int64_t(1) << 16));
-  }
-  auto descriptor = [&](Value low) {
-    Value wide = kb.extu(low, b.getI64Type());
-    Value high = kb.cI64(descHigh << 32);
-    return kb.orI(wide, high);
-  };
-  // The query's: the 64-bit start plus the offset (loop-invariant: computed
-  // at its use, where LLVM would otherwise keep each joined descriptor in
-  // registers across the key loop: at D = 128 with the lse, 28 bytes spilled
-  // at 3 blocks a multiprocessor).
-  Value descStart;
-  if (tile.wgmma)
-    descStart = descriptor(descLow);
-  // Q·Kᵀ of row tile t (64 rows: the block's warpgroup) as T wgmma chains
-  // of `chunks` k-steps, m64 n`cols` k16, issued back to back and waited
-  // for once; the accumulator of a thread is its four 16 x 8 C fragments'
-  // elements a key block (the mma.sync layout: rows g and g + 8 of the
-  // warp's 16, columns 2 tig and 2 tig + 1).
-  auto wgmmaLogits = [&](Value bufRow) -> Logits {
-    Type i64 = b.getI64Type(), f32 = b.getF32Type();
-    auto type = LLVM::LLVMStructType::getLiteral(
-        b.getContext(), SmallVector<Type>(cols / 2, f32));
-    Value keyLow = kb.add(
-        descLow, kb.castInt(kb.mul(bufRow, kb.idx(panels * 128 / 16)),
-                            b.getI32Type()));
-    NVVM::WgmmaFenceAlignedOp::create(b);
-    const NVVM::WGMMATypes opType =
-        elt.isBF16() ? NVVM::WGMMATypes::bf16 : NVVM::WGMMATypes::f16;
-    SmallVector<Value> acc(T);
-    for (int64_t t = 0; t < T; ++t) {
-      acc[t] = LLVM::PoisonOp::create(b, type);
-      for (int64_t c = 0; c < chunks; ++c) {
-        const int64_t panel = c / 4, step = (c % 4) * 32;
-        const int64_t aOff =
-            queryAt + (panel * blockRows + t * kRows) * 128 + step;
-        const int64_t bOff = panel * cols * 128 + step;
-        Value descA = kb.add(descStart, kb.cI64(aOff / 16));
-        Value descB = descriptor(kb.add(keyLow, kb.cI32(bOff / 16)));
-        acc[t] = NVVM::WgmmaMmaAsyncOp::create(
-            b, type, acc[t], descA, descB,
-            NVVM::MMAShapeAttr::get(b.getContext(), 64, cols, 16), opType,
-            opType, NVVM::WGMMATypes::f32,
-            c == 0 ? NVVM::WGMMAScaleOut::zero : NVVM::WGMMAScaleOut::one,
-            NVVM::WGMMAScaleIn::one, NVVM::WGMMAScaleIn::one,
-            NVVM::MMALayout::row, NVVM::MMALayout::col,
-            NVVM::MMAIntOverflowAttr());
-      }
-    }
-    NVVM::WgmmaGroupSyncAlignedOp::create(b);
-    NVVM::WgmmaWaitGroupSyncOp::create(b, b.getI64IntegerAttr(0));
-    // The accumulators through an empty asm with side effects after the
-    // wait (CUTLASS's warpgroup_fence_operand): LLVM orders side-effecting
-    // asm, so no use of them can be scheduled before the wait, which no data
-    // dependence orders (the wgmma's results are SSA values at its issue).
-    const int64_t n = cols / 2;
-    std::string constraints;
-    for (int64_t i = 0; i < n; ++i)
-      constraints += "=f,";
-    for (int64_t i = 0; i < n; ++i)
-      constraints += std::to_string(i) + (i + 1 < n ? "," : "");
-    Logits s(T * keyBlocks);
-    for (int64_t t = 0; t < T; ++t) {
-      SmallVector<Value> values;
-      for (int64_t i = 0; i < n; ++i)
-        values.push_back(LLVM::ExtractValueOp::create(b, acc[t], i));
-      Value fenced = LLVM::InlineAsmOp::create(
-                         b, TypeRange{type}, values, "", constraints,
-                         /*has_side_effects=*/true, /*is_align_stack=*/false,
-                         LLVM::tailcallkind::TailCallKind::None,
-                         LLVM::AsmDialectAttr(), ArrayAttr())
-                         .getResult(0);
-      for (int64_t nb = 0; nb < keyBlocks; ++nb)
-        for (int64_t i = 0; i < 4; ++i)
-          s[t * keyBlocks + nb].push_back(
-              LLVM::ExtractValueOp::create(b, fenced, 4 * nb + i));
-    }
-    return s;
-  };
   auto logitsOf = [&](Value bufRow, Value &ldRow, Value &ldSel) -> Logits {
     if (!ldRow) {
       ldRow = kb.remu(lane, kb.idx(8));
       ldSel = kb.divu(lane, kb.idx(8)); // which 8x8 matrix
     }
-    if (tile.wgmma)
-      return wgmmaLogits(bufRow);
     Logits s(T * keyBlocks, SmallVector<Value>(4, kb.cF32(0.0)));
     Value keyTile = bufferAt(ks, bufRow);
     for (int64_t c = 0; c < chunks; ++c)
@@ -1578,24 +1221,10 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
                   Value big = kb.cmpi(arith::CmpIPredicate::ne,
                                       kb.andI(any, kb.cI32(0x40004000)),
                                       kb.cI32(0));
-                  // A warp's vote; with wgmma the block's (bar.red.or:
-                  // its warps are one warpgroup, whose MMA of the next tile
-                  // they must all run in the same loop).
-                  Value cold;
-                  if (tile.wgmma)
-                    cold = kb.cmpi(
-                        arith::CmpIPredicate::ne,
-                        NVVM::BarrierOp::create(
-                            b, b.getI32Type(), Value(), Value(),
-                            NVVM::BarrierReductionAttr::get(
-                                b.getContext(), NVVM::BarrierReduction::OR),
-                            kb.extu(big, b.getI32Type()))
-                            .getRes(),
-                        kb.cI32(0));
-                  else
-                    cold =
-                        NVVM::VoteSyncOp::create(b, b.getI1Type(), kb.cI32(-1),
-                                                 big, NVVM::VoteSyncKind::any);
+                  // A warp's vote.
+                  Value cold =
+                      NVVM::VoteSyncOp::create(b, b.getI1Type(), kb.cI32(-1),
+                                               big, NVVM::VoteSyncKind::any);
                   SmallVector<Value> out = {kb.notI1(cold), bufRow};
                   out.append(v);
                   out.append(pairs);
@@ -1731,11 +1360,6 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
   } else {
     fin = keyLoops();
   }
-  // wgmma: a block whose share of the keys is empty (split keys, a causal
-  // block past its keys) never waits for the query's copies; none is left in
-  // flight at the kernel's end.
-  if (tile.wgmma)
-    NVVM::CpAsyncWaitGroupOp::create(b, b.getI32IntegerAttr(0));
   // The quad's partial sums, once (unless added every tile); the state in
   // natural-log terms for the epilogue (softmaxNormalize reads only the sum)
   // and the lse.
@@ -1954,18 +1578,14 @@ static void launchSplitTopkCombine(HostCode &h, StringRef name,
   comb.launch({kb.select(run, grid, kb.idx(0)), kb.idx(1), kb.idx(1)});
 }
 
-/// Defines the tensor-core kernel of `tile` on `operands` (and FlashMmaTile::
-/// tma's tensor map `map` last, where not null) and launches it over `grid`
-/// with its dynamic shared memory; `q` gives the operand type.
+/// Defines the tensor-core kernel of `tile` on `operands` and launches it
+/// over `grid` with its dynamic shared memory; `q` gives the operand type.
 static void launchFlashMmaKernel(HostCode &h, StringRef name,
-                                 ValueRange operands, Value map,
-                                 TypeRange workgroup, const FlashMixSpec &spec,
+                                 ValueRange operands, TypeRange workgroup,
+                                 const FlashMixSpec &spec,
                                  const FlashMmaTile &tile, Value q,
                                  Location loc, std::array<Value, 3> grid) {
-  SmallVector<Value> all(operands);
-  if (map)
-    all.push_back(map);
-  GPUKernel kernel(h, name, all, workgroup, {kThreads, 1, 1}, loc);
+  GPUKernel kernel(h, name, operands, workgroup, {kThreads, 1, 1}, loc);
   // ldmatrix, cp.async and the 16-byte stores need 16-byte aligned rows.
   alignWorkgroupBuffers(kernel.func);
   kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
@@ -1975,36 +1595,14 @@ static void launchFlashMmaKernel(HostCode &h, StringRef name,
   kernel.launch(grid, flashMmaDynamicBytes(h.b, tile, elt));
 }
 
-/// FlashMmaTile::tma: `launch(kernelTile, when, map)` defines and launches
-/// the kernel of `tile` with the keys' tensor map `map` where the runtime made
-/// one (`tmaMap` != 0), and the same kernel without TMA (`map` null: its
-/// cp.async copies) where it made none, each over an empty grid where the
-/// other runs (`when`: where it runs, and `run` holds; null: always).
-/// Without TMA the one kernel of `tile` where `run` holds.
-static void launchWithTensorMap(
-    HostCode &h, const FlashMmaTile &tile, Value tmaMap, Value run,
-    function_ref<void(const FlashMmaTile &, Value, Value)> launch) {
-  if (!tile.tma)
-    return launch(tile, run, Value());
-  GpuKernelBuilder &kb = h.kb;
-  Value made = kb.cmpi(arith::CmpIPredicate::ne, tmaMap, kb.cI64(0));
-  auto andRun = [&](Value c) { return run ? kb.andI(run, c) : c; };
-  launch(tile, andRun(made), tmaMap);
-  FlashMmaTile copies = tile;
-  copies.tma = false;
-  launch(copies, andRun(kb.notI1(made)), Value());
-}
-
 /// `run`: whether the split pair runs (more than one split); where not, its
 /// kernels launch over empty grids, which the runtime does not launch, and its
-/// workspace is empty (no allocation). `tmaMap`: FlashMmaTile::tma's last
-/// argument.
+/// workspace is empty (no allocation).
 static void launchSplitFlashMixMma(HostCode &h, StringRef name,
                                    const FlashMixSpec &spec,
                                    const FlashMmaTile &tile, Value q,
                                    ValueRange args, TypeRange workgroup,
-                                   Location loc, Value splits, Value run,
-                                   Value tmaMap) {
+                                   Location loc, Value splits, Value run) {
   GpuKernelBuilder &kb = h.kb;
   const int64_t K = spec.numExperts;
   Value B = kb.dim(q, 0), N = kb.dim(q, 1);
@@ -2015,13 +1613,8 @@ static void launchSplitFlashMixMma(HostCode &h, StringRef name,
   Value ws = h.alloc(wsType, {kb.select(run, splits, kb.idx(0)), B, N});
   SmallVector<Value> operands(args);
   operands.push_back(ws);
-  launchWithTensorMap(
-      h, tile, tmaMap, run,
-      [&](const FlashMmaTile &kernelTile, Value when, Value map) {
-        launchFlashMmaKernel(h, name, operands, map, workgroup, spec,
-                             kernelTile, q, loc,
-                             {kb.select(when, grid, kb.idx(0)), B, splits});
-      });
+  launchFlashMmaKernel(h, name, operands, workgroup, spec, tile, q, loc,
+                       {kb.select(run, grid, kb.idx(0)), B, splits});
   if (spec.topk) {
     launchSplitTopkCombine(h, name, spec, ws, args.take_back(2), loc, run);
     h.release(ws);
@@ -2077,22 +1670,14 @@ void mlir::moe::gpu_lowering::launchFlashMixMma(HostCode &h, StringRef name,
     for (MemRefType type : flashMmaSharedTypes(tile, elt))
       workgroup.push_back(type);
   GpuKernelBuilder &kb = h.kb;
-  // FlashMmaTile::tma: the keys' tensor map (boxes of one 64-feature panel
-  // of a key tile), once for both kernels.
-  Value tmaMap = tile.tma ? h.tensorMap3d(args[1], 64, tile.cols) : Value();
   // Launches the kernel of `direct` (no split) where `run` holds (null:
   // always), else over an empty grid.
   auto launchDirect = [&](const FlashMmaTile &direct, Value run) {
-    launchWithTensorMap(
-        h, direct, tmaMap, run,
-        [&](const FlashMmaTile &kernelTile, Value when, Value map) {
-          Value grid =
-              kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows * kernelTile.rowTiles));
-          if (when)
-            grid = kb.select(when, grid, kb.idx(0));
-          launchFlashMmaKernel(h, name, args, map, workgroup, spec, kernelTile,
-                               q, loc, {grid, kb.dim(q, 0), kb.idx(1)});
-        });
+    Value grid = kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows * direct.rowTiles));
+    if (run)
+      grid = kb.select(run, grid, kb.idx(0));
+    launchFlashMmaKernel(h, name, args, workgroup, spec, direct, q, loc,
+                         {grid, kb.dim(q, 0), kb.idx(1)});
   };
   if (tile.keySplits > 1) {
     // One split (a grid of 264 blocks or more, or one key tile): the direct
@@ -2105,7 +1690,7 @@ void mlir::moe::gpu_lowering::launchFlashMixMma(HostCode &h, StringRef name,
     Value one = kb.eq(splits, kb.idx(1));
     launchDirect(direct, one);
     launchSplitFlashMixMma(h, name, spec, tile, q, args, workgroup, loc, splits,
-                           kb.notI1(one), tmaMap);
+                           kb.notI1(one));
     return;
   }
   launchDirect(tile, Value());

@@ -110,10 +110,7 @@ struct FlashMixRows {
 /// ld.shared.v4 move 16 bytes: each needs a 16-byte aligned address, which
 /// the padded row strides keep only from a 16-byte aligned base (LLVM gives a
 /// workgroup global its element's alignment, 2 bytes for f16/bf16, by
-/// default). A TMA tile (cp.async.bulk.tensor) would need 128 bytes, and
-/// 1024 with the 128-byte swizzle that wgmma's operand descriptors use (the
-/// swizzle pattern repeats every 8 rows of 128 bytes): a wgmma variant must
-/// pass those.
+/// default).
 constexpr int64_t kFlashSharedAlign = 16;
 
 /// Gives every workgroup buffer of `func` the alignment `bytes` (llvm.align on

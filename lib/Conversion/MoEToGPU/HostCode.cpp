@@ -260,27 +260,6 @@ Value HostCode::errorWord() {
   return LLVM::CallOp::create(b, f, ValueRange{}).getResult();
 }
 
-Value HostCode::tensorMap3d(Value buffer, int64_t boxInner, int64_t boxRows) {
-  auto type = cast<MemRefType>(buffer.getType());
-  assert(type.getRank() == 3 && type.getLayout().isIdentity() &&
-         "a contiguous [batches, rows, inner] buffer");
-  Type i32 = b.getI32Type(), i64 = b.getI64Type();
-  auto f = declareRuntimeFunction(*this, kTensorMapFunction, i64,
-                                  {i64, i32, i64, i64, i64, i32, i32});
-  Value address = kb.castInt(
-      memref::ExtractAlignedPointerAsIndexOp::create(b, buffer), i64);
-  Type elt = type.getElementType();
-  assert((elt.isF16() || elt.isBF16()) && "moeGpuTensorMap3d's element types");
-  // (The element type codes are the runtime's kMoeTensorMapF16 and
-  // kMoeTensorMapBF16, lib/Runtime/CUDA/MoECudaRuntime.h.)
-  SmallVector<Value> operands = {address, kb.cI32(elt.isBF16() ? 1 : 0)};
-  for (int64_t d : {2, 1, 0})
-    operands.push_back(kb.castInt(kb.dim(buffer, d), i64));
-  operands.push_back(kb.cI32(boxInner));
-  operands.push_back(kb.cI32(boxRows));
-  return LLVM::CallOp::create(b, f, operands).getResult();
-}
-
 void HostCode::finish(bool checkErrors) {
   closingWait = gpu::WaitOp::create(b, Type(), ValueRange{token});
   if (!checkErrors)

@@ -36,10 +36,6 @@ namespace mlir::moe::gpu_lowering {
 
 class HostCode;
 
-/// The runtime's entry point for a TMA descriptor (HostCode::tensorMap3d): it
-/// returns a device address and waits for nothing on the op's stream.
-constexpr StringLiteral kTensorMapFunction = "moeGpuTensorMap3d";
-
 /// The gpu.module @moe_kernels of a module, created through `b` (a builder of
 /// the pattern's rewriter) on first use; the pass marks the module
 /// gpu.container_module once it has one.
@@ -82,12 +78,6 @@ public:
   void release(Value buffer);
   /// The device address of the runtime's error word (moeGpuErrorWord()).
   Value errorWord();
-  /// The device address (i64) of a TMA descriptor of `buffer`, a contiguous
-  /// f16/bf16 [batches, rows, inner], with boxes of [1, boxRows, boxInner]
-  /// elements in the 128-byte swizzle (moeGpuTensorMap3d,
-  /// lib/Runtime/CUDA/MoECudaRuntime.h), or 0 where the runtime makes none:
-  /// a kernel given it must then copy otherwise.
-  Value tensorMap3d(Value buffer, int64_t boxInner, int64_t boxRows);
   /// Waits for the stream; with `checkErrors`, then calls moeGpuCheckErrors().
   void finish(bool checkErrors = false);
   /// The tensor of a result buffer (after finish()): the kernel's result of

@@ -73,8 +73,7 @@ void joinStreams(RewriterBase &rewriter, Block &block, bool waitAtReturn) {
       continue;
     }
     if (!pending || isa<gpu::AsyncOpInterface>(op) ||
-        isCallTo(&op, kErrorWordFn) ||
-        isCallTo(&op, moe::gpu_lowering::kTensorMapFunction))
+        isCallTo(&op, kErrorWordFn))
       continue;
     bool terminator = op.hasTrait<OpTrait::IsTerminator>();
     if (!terminator && isMemoryEffectFree(&op))

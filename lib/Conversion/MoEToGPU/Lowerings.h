@@ -249,19 +249,6 @@ struct FlashMmaTile {
   /// cp.async staging: `buffers` is then 3), passed at the launch; the
   /// static workgroup buffers otherwise.
   bool dynamicShared = false;
-  /// flash-mma-wgmma (sm_90a): Q·Kᵀ on warpgroup MMA from shared memory. The
-  /// key tiles are then stored in wgmma's 128-byte swizzle (panels of 64
-  /// features, 128-byte rows, a 16-byte chunk c of row r at c ^ (r mod 8))
-  /// without padding, the query's 128 rows beside them in the same layout,
-  /// all in dynamic shared memory from a 1024-byte aligned start.
-  bool wgmma = false;
-  /// flash-mma-tma (with wgmma): the key tiles copied by the Tensor Memory
-  /// Accelerator, one cp.async.bulk.tensor a 64-feature panel issued by
-  /// thread 0 with the 128-byte swizzle, their bytes counted on an mbarrier
-  /// a stage (8 bytes each after the value buffers) that the tile's step
-  /// waits on. The keys' tensor map is the kernel's last argument; where it
-  /// is 0 the keys are copied by cp.async as without the option.
-  bool tma = false;
 };
 
 /// The largest feature count of the tensor-core kernel (its query fragments

@@ -103,8 +103,6 @@ struct ConvertMoEToGPUPass
     options.flashMmaGrad = flashMmaGrad;
     options.flashCausalBalance = flashCausalBalance;
     options.flashMmaTf32 = flashMmaTf32;
-    options.flashMmaWgmma = flashMmaWgmma;
-    options.flashMmaTma = flashMmaTma;
     options.dynamicSharedMemoryBytes = dynamicSharedMemoryBytes;
     options.routeMap = routeMap;
     return options;

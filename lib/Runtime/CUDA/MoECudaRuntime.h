@@ -26,10 +26,6 @@
 //    `MOE_CUDA_FORCE_PTX=1`, `mgpuModuleLoad` JIT-compiles
 //    `$MOE_CUDA_PTX_DIR/moe-<FNV-1a 64 of the binary>.ptx`, which
 //    `tools/moe-aot/moe-aot.py --ptx-fallback` writes;
-//  * tensor maps: `moeGpuTensorMap3d` builds, caches and returns the device
-//    address of a TMA descriptor for the kernels that copy with
-//    cp.async.bulk.tensor (0 where none can be made: they then copy with
-//    cp.async);
 //  * driver errors are never silent: each failing driver call prints one line
 //    (`moe_cuda_runtime: cuXxx failed: CUDA_ERROR_...: text`) and is kept for
 //    `moeGpuTakeDriverError()`; `MOE_CUDA_ABORT_ON_ERROR=1` aborts instead.
@@ -125,23 +121,6 @@ MOE_CUDA_EXPORT void moeGpuFree(void *ptr);
 /// The key of an embedded GPU binary (FNV-1a 64 of its bytes) that names its
 /// PTX fallback, moe-<key as 16 hex digits>.ptx.
 MOE_CUDA_EXPORT uint64_t moeGpuBinaryKey(const void *data, size_t size);
-/// The element types of moeGpuTensorMap3d.
-enum : int32_t { kMoeTensorMapF16 = 0, kMoeTensorMapBF16 = 1 };
-/// The device address of a CUtensorMap (cuTensorMapEncodeTiled) of the
-/// contiguous 2-byte tensor at `address` [batches, rows, inner] with boxes of
-/// [1, boxRows, boxInner] elements, the 128-byte swizzle and zeros past its
-/// bounds: flash-mma-tma's key tiles, which the kernel copies with
-/// cp.async.bulk.tensor. Made once per (device, address, shape, box) and kept
-/// (128 bytes of device memory each, never rewritten); a miss copies the map
-/// on a stream of the runtime's own and waits for that copy only. 0, and no
-/// error, where no map is made: what moeGpuTensorMapRefusal names, a chip
-/// before sm_90, a miss while the ambient stream is captured, 32768 maps made
-/// on the device, the driver declining it, or MOE_GPU_TMA=0 in the
-/// environment; the kernel then copies with cp.async.
-MOE_CUDA_EXPORT int64_t moeGpuTensorMap3d(int64_t address, int32_t elementType,
-                                          int64_t inner, int64_t rows,
-                                          int64_t batches, int32_t boxInner,
-                                          int32_t boxRows);
 /// Why moeGpuTensorMap3d makes no map of these (a sentence), or null.
 MOE_CUDA_EXPORT const char *
 moeGpuTensorMapRefusal(int64_t address, int32_t elementType, int64_t inner,

@@ -119,38 +119,3 @@ module attributes {gpu.container_module} {
     return
   }
 }
-
-// -----
-
-// flash-mma-tma's tensor map call between two ops' streams (moeGpuTensorMap3d: a device address, made on the
-// runtime's own stream) orders nothing: the two chains still join into one, without a host wait between them.
-module attributes {gpu.container_module} {
-  gpu.module @k {
-    gpu.func @a(%x: memref<?xf32>, %m: i64) kernel { gpu.return }
-  }
-  llvm.func @moeGpuTensorMap3d(i64, i32, i64, i64, i64, i32, i32) -> i64
-
-  // CHECK-LABEL: func.func @tensor_map(
-  // CHECK:         %[[T0:.*]] = gpu.wait async
-  // CHECK-NEXT:    %[[T1:.*]] = gpu.launch_func async [%[[T0]]] @k::@a
-  // CHECK-NEXT:    %[[M:.*]] = llvm.call @moeGpuTensorMap3d(
-  // CHECK-NEXT:    %[[T2:.*]] = gpu.launch_func async [%[[T1]]] @k::@a {{.*}}args({{.*}}, %[[M]] : i64)
-  // CHECK-NEXT:    gpu.wait [%[[T2]]]
-  // CHECK-NEXT:    return
-  func.func @tensor_map(%x: memref<?xf32>, %n: index, %a: i64, %c: i64) {
-    %c1 = arith.constant 1 : index
-    %z = arith.constant 0 : i64
-    %bf16 = arith.constant 1 : i32
-    %box = arith.constant 64 : i32
-    %t0 = gpu.wait async
-    %t1 = gpu.launch_func async [%t0] @k::@a blocks in (%n, %c1, %c1) threads in (%c1, %c1, %c1)
-        args(%x : memref<?xf32>, %z : i64)
-    gpu.wait [%t1]
-    %m = llvm.call @moeGpuTensorMap3d(%a, %bf16, %c, %c, %c, %box, %box) : (i64, i32, i64, i64, i64, i32, i32) -> i64
-    %t2 = gpu.wait async
-    %t3 = gpu.launch_func async [%t2] @k::@a blocks in (%n, %c1, %c1) threads in (%c1, %c1, %c1)
-        args(%x : memref<?xf32>, %m : i64)
-    gpu.wait [%t3]
-    return
-  }
-}

@@ -207,20 +207,6 @@ func.func @similarity_inform_bf16_rows128_lazy3(%u: tensor<1x16384x64xbf16>, %e:
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
   return %p : tensor<1x16384x16xf32>
 }
-// flash-mma-wgmma on sm_90a (the 128-row kernel without split keys, Q.K^T on warpgroup MMA from the swizzled
-// query and key tiles, no lazy rescale): off by default.
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 chips=sm_90a options=flash-mma-key-splits=1,flash-mma-wgmma=true
-func.func @similarity_inform_bf16_rows128_wgmma(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
-  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
-  return %p : tensor<1x16384x16xf32>
-}
-// flash-mma-tma on it: the key tiles copied by TMA (thread 0 issues a copy a tile and panel, every thread waits on the
-// stage's mbarrier), the cp.async copies only where the runtime gives no tensor map.
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=64 chips=sm_90a options=flash-mma-key-splits=1,flash-mma-wgmma=true,flash-mma-tma=true
-func.func @similarity_inform_bf16_rows128_tma(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
-  %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
-  return %p : tensor<1x16384x16xf32>
-}
 // sass-budget: kernel=similarity_inform_mma scores-per-tile=32 options=flash-mma-block-rows=64,flash-mma-key-splits=1
 func.func @similarity_inform_bf16_rows64(%u: tensor<1x16384x64xbf16>, %e: tensor<1x16384x16xbf16>) -> tensor<1x16384x16xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) : tensor<1x16384x64xbf16>, tensor<1x16384x16xbf16> -> tensor<1x16384x16xf32>
@@ -270,27 +256,6 @@ func.func @similarity_inform_grad_bf16_causal_d256_dk(%u: tensor<4x4096x256xbf16
 func.func @similarity_inform_bf16_causal_d256(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
   %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>
   return %p : tensor<4x4096x64xf32>
-}
-// flash-mma-wgmma on sm_90a, the kernel of one row tile a warp (the block's 64 rows one m64 tile; 32-key tiles,
-// n = 32): the query's 64 registers of fragments move to shared memory, 3 blocks a multiprocessor.
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 chips=sm_90a options=flash-mma-wgmma=true
-func.func @similarity_inform_bf16_causal_d256_wgmma(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
-  %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>
-  return %p : tensor<4x4096x64xf32>
-}
-// flash-mma-tma on it: the 4 panels of a 32-key tile in 4 TMA copies of thread 0.
-// sass-budget: kernel=similarity_inform_mma scores-per-tile=32 chips=sm_90a options=flash-mma-wgmma=true,flash-mma-tma=true
-func.func @similarity_inform_bf16_causal_d256_tma(%u: tensor<4x4096x256xbf16>, %e: tensor<4x4096x64xbf16>) -> tensor<4x4096x64xf32> {
-  %p = moe.similarity_inform %u, %e tau(1.000000e+00) causal(true) : tensor<4x4096x256xbf16>, tensor<4x4096x64xbf16> -> tensor<4x4096x64xf32>
-  return %p : tensor<4x4096x64xf32>
-}
-// attention_posterior in bf16 at the bench's shape (D = 256, K = 16) with flash-mma-wgmma on sm_90a: the mixing
-// kernel of one row tile on wgmma, its query out of the registers, so with the cp.async staging and the ones block
-// that D = 256 leaves out on mma.sync.
-// sass-budget: chips=sm_90a options=flash-mma-wgmma=true
-func.func @attention_posterior_bf16_wgmma(%s: tensor<16x4x1024x1024xf32>, %u: tensor<16x1024x256xbf16>, %v: tensor<16x4x1024x64xf32>, %wo: tensor<256x256xf32>, %e: tensor<16x1024x16xbf16>) -> (tensor<16x1024x16xf32>, tensor<16xi32>) {
-  %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma(2.000000e+00) : tensor<16x4x1024x1024xf32>, tensor<16x1024x256xbf16>, tensor<16x4x1024x64xf32>, tensor<256x256xf32>, tensor<16x1024x16xbf16> -> tensor<16x1024x16xf32>, tensor<16xi32>
-  return %p, %h : tensor<16x1024x16xf32>, tensor<16xi32>
 }
 func.func @attention_posterior(%s: tensor<16x4x1024x1024xf32>, %u: tensor<16x1024x256xf32>, %v: tensor<16x4x1024x64xf32>, %wo: tensor<256x256xf32>, %e: tensor<16x1024x16xf32>) -> (tensor<16x1024x16xf32>, tensor<16xi32>) {
   %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma(2.000000e+00) : tensor<16x4x1024x1024xf32>, tensor<16x1024x256xf32>, tensor<16x4x1024x64xf32>, tensor<256x256xf32>, tensor<16x1024x16xf32> -> tensor<16x1024x16xf32>, tensor<16xi32>

@@ -129,15 +129,14 @@ FLASH_CASES = ("similarity_inform", "similarity_inform_topk_mma", "attention_pos
 #: The moe-lower-to-nvvm options that build a variant of the flash kernels other than the default's (the 128-row
 #: tensor-core kernel with up to 4 key splits, one row tile's key tiles in static shared memory, the causal blocks in
 #: the balanced order): similarity_inform_grad's tensor-core passes, the 64-row kernel, the causal blocks in the
-#: grid's order, Q.K^T on
-#: warpgroup MMA (sm_90a) and its key tiles by TMA, the f32 mixing kernel's 3xTF32 tensor-core form, and the kernel without split keys (the only count that builds other kernels: with 1 no
+#: grid's order, the f32 mixing kernel's 3xTF32 tensor-core form, and the kernel without split keys (the only count
+#: that builds other kernels: with 1 no
 #: split kernel or combine is built and the key-masked cases take the lazy rescale; another count changes the host's
 #: maximum alone). A folder built
 #: with one gets the sanitizer steps over FLASH_CASES, so that each variant is checked by memcheck and racecheck
 #: where it runs.
-FLASH_VARIANT_OPTIONS = ("flash-mma-grad=true",
-                         "flash-mma-block-rows=64", "flash-causal-balance=false", "flash-mma-wgmma=true",
-                         "flash-mma-tma=true", "flash-mma-key-splits=1", "flash-mma-tf32=true")
+FLASH_VARIANT_OPTIONS = ("flash-mma-grad=true", "flash-mma-block-rows=64", "flash-causal-balance=false",
+                         "flash-mma-key-splits=1", "flash-mma-tf32=true")
 #: The other kernel variants behind an option (issue #46's remapped routing kernels) and the harness cases that run
 #: them: a variant folder's sanitizer steps run these too (route-map=lanes keeps the picks' scores in shared memory
 #: and reads them back across lanes after a warp barrier: racecheck's business).

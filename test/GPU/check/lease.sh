@@ -16,17 +16,14 @@
 # variant to run again instead of one of its own (empty: gc-NAME, built by prepare)|VAR=VALUE... for its run. In the
 # order of their worth: the call runs them in turn, each cut to what is left. Every option named here is one the
 # lease decides: the winner becomes the default and the loser is deleted with it.
-# ve: Q.K^T on wgmma with the key tiles by TMA (flash-mma-tma); ve-cp: the same folder with MOE_GPU_TMA=0, where the
-# runtime makes no tensor map and the host launches each TMA kernel's twin, the wgmma kernel with cp.async copies.
-# va: also the f32 mixing kernel behind an option, whose kernels (f32 operands) are not the other two options' (f16/bf16
-# tensor cores): flash-mma-tf32 (3xTF32 on tensor cores: similarity_inform up to 64 features, sim_B1_N16384_D64_K16).
-# Its bench's f32 sim case against the default folder's decides it.
+# The three options left undecided (issue 80 item 4; bench/results/gpu-options-model-2026-11-29.md kept them by the
+# performance model's prediction): va: flash-mma-grad (similarity_inform_grad on tensor cores) and flash-mma-tf32
+# (3xTF32: f32 similarity_inform up to 64 features), whose kernels are not each other's (the f16/bf16 backward; the
+# f32 forward): its bench's simgrad and f32 sim cases against the default folder's decide them. vc:
+# flash-causal-balance=false, the grid's order, against the default's balanced order on the causal cases.
 set -uo pipefail
 VARIANTS=(
-  "ve|flash-mma-wgmma=true flash-mma-tma=true|checks,memcheck,bench,profile|sim|similarity_inform,similarity_inform_topk_mma,attention_posterior_mma|sm_90a"
-  "ve-cp||checks,bench|sim|similarity_inform|sm_90a|gc-ve|MOE_GPU_TMA=0"
   "va|flash-mma-grad=true flash-mma-tf32=true|checks,memcheck,bench|sim|similarity_inform,similarity_inform_topk_mma,similarity_inform_grad,attention_posterior,attention_posterior_grad"
-  "vb|flash-mma-block-rows=64|bench|sim_topk|"
   "vc|flash-causal-balance=false|bench|causal|"
 )
 # Then racecheck, as far as the call's time goes: RACES: NAME|folder|cases|budget (empty: what is left). The
@@ -34,7 +31,6 @@ VARIANTS=(
 # folder's kernels new since the last racecheck (2026-11-27: the route loop kernel, the lanes kernel's chunked keys,
 # the split top-k's combine, every flash kernel's causal order).
 RACES=(
-  "race-ve|gc-ve|similarity_inform,similarity_inform_topk_mma,attention_posterior_mma|80"
   "race-va|gc-va|similarity_inform_grad,similarity_inform|100"
   "race|gpu-check|similarity_inform_topk_mma,route,similarity_inform_grad,similarity_inform|"
 )

@@ -225,26 +225,6 @@ CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src,
   std::memcpy(ptr(dst), src, bytes);
   return noteOn("cuMemcpyHtoDAsync", hStream);
 }
-CUresult CUDAAPI cuTensorMapEncodeTiled(
-    CUtensorMap *tensorMap, CUtensorMapDataType, cuuint32_t tensorRank,
-    void *globalAddress, const cuuint64_t *globalDim,
-    const cuuint64_t *globalStrides, const cuuint32_t *boxDim,
-    const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle swizzle,
-    CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
-  note("cuTensorMapEncodeTiled");
-  if (state().encodeFailure != CUDA_SUCCESS)
-    return state().encodeFailure;
-  uint64_t words[16] = {reinterpret_cast<uint64_t>(globalAddress), tensorRank};
-  for (cuuint32_t d = 0; d < tensorRank && d < 3; ++d) {
-    words[2 + d] = globalDim[d];
-    words[7 + d] = boxDim[d];
-  }
-  for (cuuint32_t d = 0; d + 1 < tensorRank && d < 2; ++d)
-    words[5 + d] = globalStrides[d];
-  words[10] = swizzle;
-  std::memcpy(tensorMap, words, sizeof(words));
-  return CUDA_SUCCESS;
-}
 } // extern "C"
 
 //===----------------------------------------------------------------------===//

@@ -39,10 +39,6 @@ struct State {
   int computeMajor = 9;
   /// What cuStreamIsCapturing reports for every stream.
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-  /// cuTensorMapEncodeTiled fails with this (CUDA_SUCCESS: encodes). An
-  /// encoded map's first words are its address, rank, the three dimensions,
-  /// two strides, the box, and the swizzle.
-  CUresult encodeFailure = CUDA_SUCCESS;
 };
 State &state();
 void reset();

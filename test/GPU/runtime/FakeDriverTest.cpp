@@ -12,9 +12,6 @@
 //  * a binary the driver rejects is replaced by its PTX fallback from
 //    MOE_CUDA_PTX_DIR (moe-<key>.ptx), and without one the error says which
 //    file was missing;
-//  * tensor maps (moeGpuTensorMap3d): refused where TMA cannot copy, made
-//    once and found after, none before sm_90, during a capture or where the
-//    driver declines, and then no error.
 //
 //===----------------------------------------------------------------------===//
 
@@ -200,70 +197,12 @@ void testPtxFallback() {
   std::remove(path.c_str());
   rmdir(dir);
 }
-void testTensorMaps() {
-  fake_cuda::reset();
-  // What TMA cannot copy is refused, with a reason, before any driver call.
-  EXPECT(moeGpuTensorMapRefusal(0x10008, kMoeTensorMapBF16, 64, 150, 2, 64,
-                                64) != nullptr); // not 16-byte aligned
-  EXPECT(moeGpuTensorMapRefusal(0x10000, kMoeTensorMapF16, 36, 150, 2, 64,
-                                64) != nullptr); // 72-byte rows
-  EXPECT(moeGpuTensorMapRefusal(0x10000, kMoeTensorMapF16, 256, 150, 2, 128,
-                                64) != nullptr); // a 256-byte box row
-  EXPECT(moeGpuTensorMapRefusal(0x10000, 2, 64, 150, 2, 64, 64) != nullptr);
-  EXPECT(moeGpuTensorMapRefusal(0x10000, kMoeTensorMapF16, 64, 0, 2, 64, 64) !=
-         nullptr);
-  EXPECT(moeGpuTensorMap3d(0x10008, kMoeTensorMapBF16, 64, 150, 2, 64, 64) ==
-         0);
-  EXPECT(count("cuTensorMapEncodeTiled") == 0);
-
-  // A map: made once, copied to 64-byte aligned device memory, then found.
-  const int64_t base = 0x7f0000010000;
-  int64_t map = moeGpuTensorMap3d(base, kMoeTensorMapBF16, 64, 150, 2, 64, 64);
-  EXPECT(map != 0 && map % 64 == 0);
-  if (map) {
-    const uint64_t *words = reinterpret_cast<const uint64_t *>(map);
-    EXPECT(words[0] == static_cast<uint64_t>(base) && words[1] == 3);
-    EXPECT(words[2] == 64 && words[3] == 150 && words[4] == 2);
-    EXPECT(words[5] == 128 && words[6] == 128 * 150);
-    EXPECT(words[7] == 64 && words[8] == 64 && words[9] == 1);
-    EXPECT(words[10] == CU_TENSOR_MAP_SWIZZLE_128B);
-  }
-  EXPECT(moeGpuTensorMap3d(base, kMoeTensorMapBF16, 64, 150, 2, 64, 64) == map);
-  EXPECT(count("cuTensorMapEncodeTiled") == 1);
-  EXPECT(count("cuMemcpyHtoDAsync") == 1);
-  int64_t other =
-      moeGpuTensorMap3d(base, kMoeTensorMapBF16, 64, 151, 2, 64, 64);
-  EXPECT(other != 0 && other != map);
-
-  // No map on a chip before sm_90, none made while the stream is captured
-  // (one made before is still found), none where the driver declines: 0 and
-  // no error (the kernel copies with cp.async).
-  fake_cuda::state().computeMajor = 8;
-  EXPECT(moeGpuTensorMap3d(base + 4096, kMoeTensorMapF16, 64, 10, 1, 64, 32) ==
-         0);
-  fake_cuda::state().computeMajor = 9;
-  moeGpuSetStream(reinterpret_cast<void *>(0x77));
-  fake_cuda::state().capture = CU_STREAM_CAPTURE_STATUS_ACTIVE;
-  EXPECT(moeGpuTensorMap3d(base + 4096, kMoeTensorMapF16, 64, 10, 1, 64, 32) ==
-         0);
-  EXPECT(moeGpuTensorMap3d(base, kMoeTensorMapBF16, 64, 150, 2, 64, 64) == map);
-  fake_cuda::state().capture = CU_STREAM_CAPTURE_STATUS_NONE;
-  moeGpuSetStream(nullptr);
-  fake_cuda::state().encodeFailure = CUDA_ERROR_INVALID_VALUE;
-  EXPECT(moeGpuTensorMap3d(base + 8192, kMoeTensorMapF16, 64, 10, 1, 64, 32) ==
-         0);
-  fake_cuda::state().encodeFailure = CUDA_SUCCESS;
-  EXPECT(takeDriverError().empty());
-  EXPECT(moeGpuTensorMap3d(base + 8192, kMoeTensorMapF16, 64, 10, 1, 64, 32) !=
-         0);
-}
 } // namespace
 
 int main() {
   testFailedAllocationStopsLaunches();
   testErrorWordWithoutWait();
   testPtxFallback();
-  testTensorMaps();
   if (failures) {
     std::fprintf(stderr, "%d expectation(s) failed\n", failures);
     return 1;

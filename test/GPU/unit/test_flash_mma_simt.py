@@ -45,16 +45,6 @@ VARIANTS = {
     "rows64": "",
     # Two row tiles a warp, the lazy rescale, three cp.async stages in dynamic shared memory.
     "rows128": "flash-mma-block-rows=128",
-    # flash-mma-wgmma (sm_90a; sm_90's opt-in shared memory): Q.K^T on warpgroup MMA from the swizzled query and
-    # key tiles where D is a multiple of 64 (elsewhere the cases run the rows128 kernel), no lazy rescale, the
-    # block in lockstep (wgmma is the 4 warps'). simt.DYNAMIC_SMEM_ADDRESS is not 1024-aligned: the kernel's own
-    # alignment of its buffers, its descriptors and its swizzled stores all meet in the operands simt decodes.
-    "wgmma": "flash-mma-block-rows=128 flash-mma-wgmma=true dynamic-shared-memory-bytes=232448",
-    # flash-mma-tma on it: the key tiles copied by TMA into the swizzled panels (simt.Memory.tensor_map: the box the
-    # host's moeGpuTensorMap3d call asks for), counted on a stage's mbarrier that the tile's step waits on. The host
-    # launches it where the runtime made the map and the wgmma kernel without TMA (its twin, the next kernel)
-    # where it made none (a misaligned base): run() takes the twin for `misalign`.
-    "tma": "flash-mma-block-rows=128 flash-mma-wgmma=true flash-mma-tma=true dynamic-shared-memory-bytes=232448",
 }
 # Both variants stage with cp.async (where D / K is a multiple of 8 and the base 16-byte aligned), so each runs again
 # with each copy landing at the wait that needs it (simt.run_kernel's async_copies="wait"): a tile read before its
@@ -257,7 +247,7 @@ def growing_max_inputs(seed, B, N, D, K, t, scale):
     return bits(u, t), bits(e, t)
 
 
-@pytest.mark.parametrize("variant", ["rows128", "wgmma"])
+@pytest.mark.parametrize("variant", ["rows128"])
 @pytest.mark.parametrize("t", ["bf16", "f16"])
 def test_lazy_rescale_hot_loop_and_exact_steps(t, variant):
     """The 128-row kernel's lazy rescale over enough whole tiles for its hot loop (N = 520: 8 whole tiles, the hot
@@ -277,7 +267,7 @@ def test_lazy_rescale_hot_loop_and_exact_steps(t, variant):
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
 
 
-@pytest.mark.parametrize("variant", ["rows128", "wgmma"])
+@pytest.mark.parametrize("variant", ["rows128"])
 def test_flash_mma_d128(variant):
     """D = 128, K = 16 on the 128-row kernel: two row tiles still fit the registers, and three stages of 64-key
     tiles would not fit 48 KiB (60 KiB): the kernel takes 32-key tiles (30 KiB of dynamic shared memory; with
@@ -335,7 +325,7 @@ def test_sum_mma_rescale_is_skipped_exactly():
     onehot[0, np.arange(N), rng.integers(0, K, N)] = 1.0
     e = bits(onehot, t)
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
-    for variant in ("rows128", "wgmma"):    # wgmma: four 64-feature panels, 32-key tiles (n = 32)
+    for variant in ("rows128",):
         text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
         assert ('"nvvm.wgmma.mma_async"' in text) == (variant == "wgmma")
         got = run(text, u, e, None, K, misalign=False, threads=warp_threads(text))
@@ -476,10 +466,7 @@ def check_key_splits(options, t, causal, masked, with_lse, splits, copies):
             np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-2)
 
 
-@pytest.mark.parametrize("variant,copies,misalign", [("rows128", "issue", False), ("wgmma", "issue", False),
-                                                     ("wgmma", "wait", False), ("wgmma", "wait", True),
-                                                     ("tma", "issue", False), ("tma", "wait", False),
-                                                     ("tma", "wait", True)])
+@pytest.mark.parametrize("variant,copies,misalign", [("rows128", "issue", False)])
 def test_flash_mma_d256_causal(variant, copies, misalign):
     """The issue's second shape in small: causal, D = 256, K = 64 on the default block rows (one row tile: the
     128-row form's two do not fit the registers, and the whole tiles are not peeled past 128 features: every tile
@@ -513,37 +500,7 @@ def test_flash_mma_d256_causal(variant, copies, misalign):
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
 
 
-@pytest.mark.parametrize("name,causal,masked,with_lse", [
-    ("ragged", False, False, False), ("causal_masked_lse", True, True, True)])
-@pytest.mark.parametrize("t", ["bf16", "f16"])
-@pytest.mark.parametrize("variant", ["wgmma", "tma"])
-def test_flash_mma_wgmma_key_splits(name, causal, masked, with_lse, t, variant):
-    """flash-mma-wgmma's split-key kernel (3 splits over 5 key tiles: shares starting at any tile, so at any of
-    the three buffers, whose swizzled panels the key descriptors then address) and its combine, bf16 and f16,
-    copies landing at their wait, against float64 (p and the training forward's lse). With flash-mma-tma the
-    stages' mbarriers start each split's phases at its own first tile."""
-    check_key_splits(f"{VARIANTS[variant]} flash-mma-key-splits=4", t, causal, masked, with_lse, 3, "wait")
-
-
-@pytest.mark.parametrize("t", ["bf16", "f16"])
-@pytest.mark.parametrize("variant", ["wgmma", "tma"])
-def test_flash_mma_wgmma_d256_lazy_rescale(t, variant):
-    """flash-mma-wgmma's kernel of one row tile a warp at D = 256, K = 64 (32-key tiles): with the query out of the
-    registers it peels the whole tiles, hoists the staging's alignment (the copies unrolled) and takes the lazy
-    rescale, its hot loop leaving on the block's vote. N = 330 over 11 tiles, keys whose norms grow with j (rows
-    leave the hot loop tile after tile, others stay), a partial last tile, copies landing at their wait; against
-    float64."""
-    B, N, D, K, tau = 1, 330, 256, 64, 0.25
-    u, e = growing_max_inputs(31, B, N, D, K, t, 0.1)
-    text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
-    assert block_rows(text) == 64 and '"nvvm.barrier"' in text and '"scf.while"' in text
-    got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=warp_threads(text))
-    ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
-    np.testing.assert_allclose(got, ref, **R.MMA_TOL)
-
-
-@pytest.mark.parametrize("variant,D", [("rows128", 64), ("rows128", 256), ("wgmma", 64), ("wgmma", 128),
-                                       ("wgmma", 256), ("tma", 64), ("tma", 256)])
+@pytest.mark.parametrize("variant,D", [("rows128", 64), ("rows128", 256)])
 def test_attention_posterior_mixing(variant, D):
     """attention_posterior's mixing on the tensor-core kernel (one row tile a warp: its per-element bias and score
     loads; at D = 256 single-buffered with the lanes' own sums), with wgmma too (D = 64, 128 and 256, the latter
@@ -587,23 +544,3 @@ def test_attention_posterior_mixing(variant, D):
     w = np.exp(logits - logits.max(-1, keepdims=True))
     ref = np.einsum("bij,bjk->bik", w / w.sum(-1, keepdims=True), ee)
     np.testing.assert_allclose(out, ref, **R.MMA_TOL)
-
-
-@pytest.mark.parametrize("D,K,causal", [(64, 16, False), (64, 16, True), (256, 64, True)])
-@pytest.mark.parametrize("variant", ["wgmma", "tma"])
-def test_flash_mma_wgmma_dynamic_shapes(D, K, causal, variant):
-    """flash-mma-wgmma with B and N dynamic (the torch ops' kernels): the bounds, the peeled tiles' end and the
-    query's rows come from the memrefs at run time (the 128-row kernel at D = 64, one row tile at D = 256), N = 150
-    over a partial last tile, two batch elements, against float64."""
-    rng = np.random.default_rng(D + K + causal)
-    B, N, t, tau = 2, 150, "bf16", 0.5
-    centers = rng.standard_normal((4, D)).astype(np.float32) * (1.2 / np.sqrt(D))
-    u = bits(centers[np.arange(N) % 4][None] + rng.standard_normal((B, N, D)).astype(np.float32) * 0.05, t)
-    e = rng.random((B, N, K)).astype(np.float32)
-    e = bits(e / e.sum(-1, keepdims=True), t)
-    text = lower(B, N, D, K, t, tau, causal, False, f"{VARIANTS[variant]} flash-mma-key-splits=1", dynamic=True)
-    assert '"nvvm.wgmma.mma_async"' in text and "tensor<?x?x" in text
-    got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=warp_threads(text))
-    ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau,
-                           causal=causal).numpy()
-    np.testing.assert_allclose(got, ref, **R.MMA_TOL)

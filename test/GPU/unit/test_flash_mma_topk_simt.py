@@ -37,10 +37,6 @@ VARIANTS = {
     "rows64": "",
     # The 128-row kernel without split keys (what a grid of 264 blocks or more runs): the lazy rescale, 3 stages.
     "rows128": "flash-mma-block-rows=128",
-    # flash-mma-wgmma (the D = 64 cases: Q.K^T on warpgroup MMA; the others run rows128's kernel).
-    "wgmma": "flash-mma-block-rows=128 flash-mma-wgmma=true dynamic-shared-memory-bytes=232448",
-    # flash-mma-tma on it: the key tiles by TMA (D = 64 and 256).
-    "tma": "flash-mma-block-rows=128 flash-mma-wgmma=true flash-mma-tma=true dynamic-shared-memory-bytes=232448",
 }
 
 
