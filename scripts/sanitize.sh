@@ -97,11 +97,10 @@ if [[ " $SAN_STEPS " == *" lit "* ]]; then
   #   whole pipeline (their chunks, with their files' ptxas-options);
   # - GPU/sass-budget: the SASS figures of ops that GPU/ptxas-report lowers here too (the same code of ours), the
   #   rest nvdisasm and Python;
-  # - GPU/ptxas-flash-f32: gpu-cases.mlir (the largest chunk) lowered twice more, under flash-mix-wide and
-  #   flash-mma-tf32, each kernel then through ptxas for two chips (218 test-seconds of the plain lit run on the
-  #   loaded EPYC). The code of ours it reaches is FlashMixWide.cpp and FlashTf32.cpp under those options, which
-  #   Conversion/MoEToGPU/similarity_inform_wide.mlir and similarity_inform_tf32.mlir run here (FileCheck), and the
-  #   pipeline after convert-moe-to-gpu, which gpu-sweep below runs on every chunk.
+  # - GPU/ptxas-flash-f32: gpu-cases.mlir (the largest chunk) lowered once more, under flash-mma-tf32, each kernel
+  #   then through ptxas. The code of ours it reaches is FlashTf32.cpp under that option, which
+  #   Conversion/MoEToGPU/similarity_inform_tf32.mlir runs here (FileCheck), and the pipeline after
+  #   convert-moe-to-gpu, which gpu-sweep below runs on every chunk.
   start=$SECONDS
   LD_PRELOAD="$ASAN_RT" "$LLVM_PREFIX/bin/lit" -sv --filter-out 'GPU/(ptxas-sweep|ptxas-mma|ptxas-flash-f32|harness-unit|sass-budget)\.mlir$' \
     "$SAN_BUILD/test" 2>&1 | tee "$log/lit.txt" || status=1
