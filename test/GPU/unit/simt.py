@@ -64,6 +64,22 @@ def find_moe_opt():
     return path if os.path.exists(path) else None
 
 
+_WORKGROUP = re.compile(r"memref<([\dx]+)x(bf16|f16|f32), #gpu.address_space<workgroup>>")
+_WORKGROUP_DTYPES = {"bf16": np.uint16, "f16": np.uint16, "f32": np.float32}
+
+
+def workgroup_buffers(text, kernel):
+    """The workgroup buffers of `kernel` in `lower`'s text, as its entry block declares them: [(shape, numpy dtype)],
+    16-bit floats as their bits (np.uint16), what run()'s `workgroup=` takes."""
+    lines = text.splitlines()
+    for n, line in enumerate(lines):
+        if '"gpu.func"' in line and f'sym_name = "{kernel}"' in next(x for x in lines[n:] if 'sym_name = "' in x):
+            head = next(x for x in lines[n:] if "^bb0(" in x)
+            return [(tuple(int(d) for d in dims.split("x")), _WORKGROUP_DTYPES[t])
+                    for dims, t in _WORKGROUP.findall(head)]
+    raise KeyError(kernel)
+
+
 @functools.lru_cache(maxsize=32)
 def lower(moe_opt, text, options=""):
     """`text` through `moe-opt --convert-moe-to-gpu=OPTIONS --mlir-print-op-generic` (what parse() reads). Cached:

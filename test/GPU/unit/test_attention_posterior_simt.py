@@ -16,7 +16,6 @@ by simt.py against float64:
 Needs moe-opt ($MOE_OPT, else build/bin/moe-opt): skipped without it.
 """
 import os
-import re
 import sys
 
 import numpy as np
@@ -29,7 +28,6 @@ import simt  # noqa: E402
 MOE_OPT = simt.find_moe_opt() or pytest.skip("no moe-opt ($MOE_OPT, build/bin)", allow_module_level=True)
 
 KERNEL = "attention_head_means_0"
-WORKGROUP = re.compile(r"memref<([\dx]+)xf32, #gpu.address_space<workgroup>>")
 ROWS_PER_BLOCK = 16   # the entropy kernel's rows a block (4 warps x 4 rows)
 
 
@@ -48,13 +46,7 @@ def lower(B, H, N, Nk, D, Dh, K, sigma, dtype, head_scale=None, dynamic=False):
 
 
 def workgroup(text, kernel=KERNEL):
-    """The kernel's workgroup buffers (all f32) as its entry block declares them."""
-    lines = text.splitlines()
-    for n, line in enumerate(lines):
-        if '"gpu.func"' in line and f'sym_name = "{kernel}"' in next(x for x in lines[n:] if 'sym_name = "' in x):
-            head = next(x for x in lines[n:] if "^bb0(" in x)
-            return [(tuple(int(d) for d in dims.split("x")), np.float32) for dims in WORKGROUP.findall(head)]
-    raise KeyError(kernel)
+    return simt.workgroup_buffers(text, kernel)
 
 
 def run(text, v, wo, head, means_dtype):

@@ -10,7 +10,6 @@ The MMA sums are float64 and ex2.approx exact f32 here: the rounding of P, dX an
 tolerance covers. Needs moe-opt ($MOE_OPT, else build/bin/moe-opt): skipped without it.
 """
 import os
-import re
 import sys
 
 import numpy as np
@@ -25,20 +24,7 @@ torch = pytest.importorskip("torch")
 MOE_OPT = simt.find_moe_opt() or pytest.skip("no moe-opt ($MOE_OPT, build/bin)", allow_module_level=True)
 import run_gpu_tests as R  # noqa: E402
 
-WORKGROUP = re.compile(r"memref<([\dx]+)x(bf16|f16|f32), #gpu.address_space<workgroup>>")
-DTYPES = {"bf16": np.uint16, "f16": np.uint16, "f32": np.float32}
-
-
-def workgroup(text, kernel):
-    """The workgroup buffers of `kernel` as its signature declares them: [(shape, dtype)]."""
-    lines = text.splitlines()
-    for n, line in enumerate(lines):
-        if '"gpu.func"' in line:
-            name = next(x for x in lines[n:] if 'sym_name = "' in x)
-            if f'sym_name = "{kernel}"' in name:
-                head = next(x for x in lines[n:] if "^bb0(" in x)
-                return [(tuple(int(d) for d in dims.split("x")), DTYPES[t]) for dims, t in WORKGROUP.findall(head)]
-    raise KeyError(kernel)
+workgroup = simt.workgroup_buffers
 
 
 # The NaN fill of the workgroup buffers (a read of what the kernel did not write shows) casts to 0 in the bf16 tiles'

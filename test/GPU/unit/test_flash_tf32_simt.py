@@ -9,7 +9,6 @@ values are NaN (staged as zeros), dynamic shapes. Without the option, or with th
 used. Needs moe-opt ($MOE_OPT, else build/bin/moe-opt): skipped without it.
 """
 import os
-import re
 import sys
 
 import numpy as np
@@ -26,23 +25,13 @@ import run_gpu_tests as R  # noqa: E402
 
 OPTIONS = "flash-mma-tf32=true"
 TOL = dict(rtol=2e-5, atol=2e-6)
-WORKGROUP = re.compile(r"memref<([\dx]+)xf32, #gpu.address_space<workgroup>>")
 
 
 def t(*shape, elt="f32"):
     return "tensor<" + "x".join(map(str, shape)) + f"x{elt}>"
 
 
-def workgroup(text, kernel):
-    """The kernel's workgroup buffers [(shape, dtype)]."""
-    lines = text.splitlines()
-    for n, line in enumerate(lines):
-        if '"gpu.func"' in line:
-            name = next(x for x in lines[n:] if 'sym_name = "' in x)
-            if f'sym_name = "{kernel}"' in name:
-                head = next(x for x in lines[n:] if "^bb0(" in x)
-                return [(tuple(int(d) for d in dims.split("x")), np.float32) for dims in WORKGROUP.findall(head)]
-    raise KeyError(kernel)
+workgroup = simt.workgroup_buffers
 
 
 def run(text, kernel, args, N, B, misalign=None):
