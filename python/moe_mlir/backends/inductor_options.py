@@ -130,9 +130,13 @@ def register_positional_fallbacks() -> None:
     8.7 us for ``moe.route`` with its 11 arguments, 7 of them keywords, against 5.7 us for the same call with its 4
     non-default arguments ([16, 16] logits, the EPYC): at decode, the difference between a raised top-1 router and
     inductor's own fused kernel."""
-    from torch._inductor import lowering
-    from torch._library.utils import get_layout_constraint_tag
+    try:
+        from torch._inductor import lowering
+        from torch._library.utils import get_layout_constraint_tag
 
+        lowering.tag_to_layout_constraint  # noqa: B018 - present since torch 2.5; else no rewrite at all
+    except (ImportError, AttributeError):  # pragma: no cover - an older torch: inductor's own fallbacks
+        return
     for name in torch._C._dispatch_get_all_op_names():
         ns, _, rest = name.partition("::")
         if ns != "moe":
@@ -142,7 +146,10 @@ def register_positional_fallbacks() -> None:
         if op in DECOMPOSITIONS or op in lowering.lowerings:
             continue
         constraint = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
-        lowering.make_fallback(op, layout_constraint=constraint, warn=False)
+        try:
+            lowering.make_fallback(op, layout_constraint=constraint, warn=False)
+        except AssertionError:  # a decomposition inductor knows for it: inductor keeps its own choice
+            continue
         lowering.lowerings[op] = _positional_handler(op, lowering.lowerings[op])
 
 
