@@ -126,37 +126,6 @@ def warp_threads(text):
     return block_rows(text) == 128 and '"nvvm.wgmma.mma_async"' not in text
 
 
-def tensor_map_box(text):
-    """(inner, rows) of the box the host's moeGpuTensorMap3d call asks for (flash-mma-tma), or None: its last two
-    operands, constants of the host function @f."""
-    host = text[text.index('sym_name = "f"}>'):]
-    m = re.search(r'"llvm.call"\(([^)]*)\) <\{[^}]*callee = @moeGpuTensorMap3d', host)
-    if not m:
-        return None
-    operands = [x.strip() for x in m.group(1).split(",")]
-    return tuple(int(re.search(rf'{x} = "arith.constant"\(\) <{{value = (\d+) : i32}}>', host).group(1))
-                 for x in operands[-2:])
-
-
-def takes_tensor_map(text, kernel):
-    """Whether `kernel` is a flash-mma-tma kernel: its last argument (an i64) the keys' tensor map."""
-    lines, start = kernel_header(text, kernel)
-    return re.search(r'function_type = \(([^)]*)\) -> \(\)', lines[start]).group(1).split(", ")[-1] == "i64"
-
-
-def with_tensor_map(text, kernel, args, mem, misalign=False):
-    """(kernel, args) as the host launches them: a flash-mma-tma kernel with the keys' (args[1]) tensor map
-    appended, or where the runtime makes none (`misalign`: a base not 16-byte aligned) its twin without TMA, the
-    next kernel; any other kernel as it is."""
-    if not takes_tensor_map(text, kernel):
-        return kernel, args
-    if misalign:
-        prefix, index = kernel.rsplit("_", 1)
-        return f"{prefix}_{int(index) + 1}", args
-    inner, rows = tensor_map_box(text)
-    return kernel, args + [np.int64(mem.tensor_map(args[1], inner, rows))]
-
-
 def run(text, u, e, mask, K, misalign, async_copies="issue", threads=False):
     B, N, _ = u.shape
     out = np.full((B, N, K), np.nan, np.float32)   # rows the kernel does not write stay NaN and fail
@@ -164,7 +133,7 @@ def run(text, u, e, mask, K, misalign, async_copies="issue", threads=False):
     args = [u, u, e] + ([mask] if mask is not None else []) + [out]
     for a in args:
         mem.add(a, None, misalign_bytes=2 if (misalign and a is u) else 0)
-    kernel, args = with_tensor_map(text, "similarity_inform_mma_0", args, mem, misalign)
+    kernel = "similarity_inform_mma_0"
     body = simt.parse(text, kernel)
     wg, dyn = shared_memory(text, kernel)
     simt.run_kernel(body, args, BLOCK, (-(-N // block_rows(text)), B), mem, workgroup=wg, lockstep=not threads,
@@ -358,7 +327,7 @@ def test_flash_mma_training_forward_lse(variant):
     args = [u, u, e, mask, p, lse]
     for a in args:
         mem.add(a, None)
-    kernel, args = with_tensor_map(text, "similarity_inform_fwd_mma_0", args, mem)
+    kernel = "similarity_inform_fwd_mma_0"
     body = simt.parse(text, kernel)
     wg, dyn = shared_memory(text, kernel)
     threads = warp_threads(text)
@@ -421,10 +390,8 @@ def check_key_splits(options, t, causal, masked, with_lse, splits, copies):
             f"tensor<{B}x{N}x{D}x{t}>, tensor<{B}x{N}x{K}x{t}> -> {res}\n  return {outs} : {res}\n}}\n")
     text = simt.lower(MOE_OPT, text, f"{BASE64} {options}")   # cached: the split counts and copy timings share it
     assert ('"nvvm.wgmma.mma_async"' in text) == ("flash-mma-wgmma=true" in options)
-    # _mma_0: the direct kernel the host launches where it picks one split (below); _mma_1 the split kernel (with
-    # flash-mma-tma _mma_2: each comes with its twin without TMA).
-    tma = tensor_map_box(text) is not None
-    kernel = f"{op}_mma_{2 if tma else 1}"
+    # _mma_0: the direct kernel the host launches where it picks one split (below); _mma_1 the split kernel.
+    kernel = f"{op}_mma_1"
     combine = simt.parse(text, f"{op}_mma_combine_0")
     S = splits or host_splits(N, B, N)
     p = np.full((B, N, K), np.nan, np.float32)
@@ -435,11 +402,10 @@ def check_key_splits(options, t, causal, masked, with_lse, splits, copies):
     args = [u, u, e] + ([mask] if masked else []) + outs + [ws]
     for a in args:
         mem.add(a, None)
-    kernel, split_args = with_tensor_map(text, kernel, args, mem)
     body = simt.parse(text, kernel)
     wg, dyn = shared_memory(text, kernel)
     threads = warp_threads(text)
-    simt.run_kernel(body, split_args, BLOCK, (-(-N // 128), B, S), mem, workgroup=wg, lockstep=not threads,
+    simt.run_kernel(body, args, BLOCK, (-(-N // 128), B, S), mem, workgroup=wg, lockstep=not threads,
                     dynamic_smem=dyn, async_copies=copies, warp_threads=threads)
     assert not np.isnan(ws).any(), "a split left a row of the workspace unwritten"
     simt.run_kernel(combine, [ws] + outs, BLOCK, -(-(B * N) // BLOCK), mem)
@@ -455,7 +421,7 @@ def check_key_splits(options, t, causal, masked, with_lse, splits, copies):
         # The direct 128-row kernel (the same tiles, no workspace): what a decode step runs.
         p.fill(np.nan)
         lse.fill(np.nan)
-        kernel, direct_args = with_tensor_map(text, f"{op}_mma_0", args[:-1], mem)
+        kernel, direct_args = f"{op}_mma_0", args[:-1]
         direct = simt.parse(text, kernel)
         wg, dyn = shared_memory(text, kernel)
         simt.run_kernel(direct, direct_args, BLOCK, (-(-N // 128), B, 1), mem, workgroup=wg, lockstep=not threads,
@@ -484,16 +450,6 @@ def test_flash_mma_d256_causal(variant, copies, misalign):
     e = bits(e / e.sum(-1, keepdims=True), t)
     text = lower(B, N, D, K, t, tau, True, False, VARIANTS[variant])
     assert block_rows(text) == 64, "D = 256 takes one row tile a warp"
-    if variant in ("wgmma", "tma"):
-        assert text.count('"nvvm.wgmma.mma_async"') % 16 == 0 and "nvvm.minctasm = 3" in text
-        # (flash-mma-tma: two mbarriers more, and the twin without TMA as wgmma's)
-        mbarriers = 2 * 8 if variant == "tma" else 0
-        assert shared_memory(text, "similarity_inform_mma_0") == (
-            [], 1024 + 2 * 32 * (256 + 64 + 8) * 2 + 64 * 512 + mbarriers)
-    if variant == "tma":
-        # 4 copies of a 64-feature panel a tile, of a box of 32 keys.
-        assert tensor_map_box(text) == (64, 32)
-        assert text.count('"nvvm.cp.async.bulk.tensor.shared.cluster.global"') % 4 == 0
     got = run(text, u, e, None, K, misalign=misalign, async_copies=copies, threads=warp_threads(text))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau,
                            causal=True).numpy()
@@ -531,9 +487,7 @@ def test_attention_posterior_mixing(variant, D):
     args = [u, means, e, bias, s, head, out]
     for a in args:
         mem.add(a, None)
-    # (flash-mma-tma: the head means' tensor map, the keys of this kernel)
-    kernel, args = with_tensor_map(text, "attention_posterior_mma_0", args, mem)
-    assert (len(args) == 8) == (variant == "tma")
+    kernel = "attention_posterior_mma_0"
     body = simt.parse(text, kernel)
     wg, dyn = shared_memory(text, kernel)
     simt.run_kernel(body, args, BLOCK, (-(-N // 64), B), mem, workgroup=wg, lockstep=True, dynamic_smem=dyn,

@@ -28,7 +28,7 @@ torch = pytest.importorskip("torch")
 MOE_OPT = simt.find_moe_opt() or pytest.skip("no moe-opt ($MOE_OPT, build/bin)", allow_module_level=True)
 import run_gpu_tests as R  # noqa: E402
 from test_flash_mma_simt import (BASE64, BLOCK, SPLIT, bits, block_rows, shared_memory, values,  # noqa: E402
-                                 warp_threads, with_tensor_map)
+                                 warp_threads)
 
 # On top of BASE64 (the 64-row kernel without split keys), as in test_flash_mma_simt.py; SPLIT (imported): the
 # default kernel pair, the 128-row kernel with its keys split 4 ways at most and the top-k combine.
@@ -94,7 +94,6 @@ def run_direct(text, kernel, args, N, B, threads):
     mem = simt.Memory()
     for a in args:
         mem.add(a, None)
-    kernel, args = with_tensor_map(text, kernel, args, mem)
     body = simt.parse(text, kernel)
     wg, dyn = shared_memory(text, kernel)
     simt.run_kernel(body, args, BLOCK, (-(-N // block_rows(text)), B), mem, workgroup=wg, lockstep=not threads,
