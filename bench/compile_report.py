@@ -1,5 +1,6 @@
-"""What the compile benches (hash_routing, raising_corpus, hf_routers) share: their command line, the machine line
-of a result's header, the median of interleaved rounds, the ratio against a baseline and the two result files."""
+"""What the compile benches (hash_routing, raising_corpus, hf_routers) share: their command line, the loop over
+their cases, the machine line of a result's header, the median of interleaved rounds, the ratio against a baseline
+and the two result files."""
 
 from __future__ import annotations
 
@@ -29,13 +30,27 @@ def arguments(threads: int, tokens: list[int], rounds: int) -> argparse.Argument
 
 
 def medians(times: dict[str, list[float]]) -> dict:
-    """Each backend's median and minimum (us) of interleaved rounds given in ms (demo.interleaved_runs)."""
+    """Each backend's median and minimum (us) of interleaved rounds given in ms (moe_mlir.profiling.interleaved_runs)."""
     return {k: {"median_us": statistics.median(v) * 1e3, "min_us": min(v) * 1e3} for k, v in times.items()}
 
 
 def ratio(cell: dict, base: str) -> float:
     """``base``'s median over moe's (> 1: moe faster)."""
     return cell[base]["median_us"] / cell["moe"]["median_us"]
+
+
+def measure_each(cases: list, measure, label: str, failed: str = "error") -> list[dict]:
+    """``measure(case)`` for each case, each row printed as a JSON line as it comes (its "misses" left out); a case
+    that raises is a row ``{label: case's name, failed: the error}``: reported in the result, never hidden, and the
+    next case still runs."""
+    rows = []
+    for case in cases:
+        try:
+            rows.append(measure(case))
+        except Exception as e:  # noqa: BLE001 - reported, never hidden
+            rows.append({label: getattr(case, "name", case), failed: f"{type(e).__name__}: {str(e)[:160]}"})
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "misses"}), flush=True)
+    return rows
 
 
 def machine(threads: int, load_before: tuple, load_after: tuple) -> str:

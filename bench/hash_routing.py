@@ -41,7 +41,7 @@ from .ours import REPO  # noqa: E402
 sys.path.insert(0, str(REPO / "python"))
 import moe_mlir  # noqa: E402,F401
 from moe_mlir.backends.dynamo import capture_graphs  # noqa: E402
-from moe_mlir.demo import interleaved_runs  # noqa: E402
+from moe_mlir.profiling import interleaved_runs  # noqa: E402
 
 from .compile_report import arguments, machine, medians, ratio, write  # noqa: E402
 

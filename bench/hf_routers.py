@@ -28,7 +28,6 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import datetime  # noqa: E402
 import inspect  # noqa: E402
-import json  # noqa: E402
 import warnings  # noqa: E402
 
 import torch  # noqa: E402
@@ -40,9 +39,9 @@ sys.path.insert(0, str(REPO / "python" / "tests"))
 import hf_families  # noqa: E402
 import moe_mlir  # noqa: E402,F401
 from moe_mlir.backends.dynamo import capture_graphs  # noqa: E402
-from moe_mlir.demo import interleaved_runs  # noqa: E402
+from moe_mlir.profiling import interleaved_runs  # noqa: E402
 
-from .compile_report import arguments, machine, medians, write  # noqa: E402
+from .compile_report import arguments, machine, measure_each, medians, write  # noqa: E402
 
 #: Router-sized dimensions (hf_families' shrinker applies them where a config has the attribute).
 SIZES = {"hidden_size": 256, "d_model": 256, "num_experts": 64, "num_local_experts": 64, "n_routed_experts": 64,
@@ -176,13 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     args = arguments(_THREADS, [16, 2048], 30).parse_args(argv)
     families = [f for f in hf_families.families() if not args.only or f in args.only]
     load0 = os.getloadavg()
-    rows = []
-    for f in families:
-        try:
-            rows.append(measure(f, args.tokens, args.rounds))
-        except Exception as e:  # noqa: BLE001 - reported, never hidden
-            rows.append({"family": f, "skipped": f"{type(e).__name__}: {str(e)[:160]}"})
-        print(json.dumps(rows[-1]), flush=True)
+    rows = measure_each(families, lambda f: measure(f, args.tokens, args.rounds), "family", failed="skipped")
     load1 = os.getloadavg()
     header = (f"# transformers MoE routers: backend \"moe\" vs inductor ({datetime.date.today()})\n\n"
               f"{machine(args.threads, load0, load1)} `python -m bench.hf_routers` "

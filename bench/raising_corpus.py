@@ -24,7 +24,6 @@ _THREADS = pin_threads(2)
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import datetime  # noqa: E402
-import json  # noqa: E402
 import statistics  # noqa: E402
 import warnings  # noqa: E402
 
@@ -36,10 +35,10 @@ sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "python" / "tests"))
 import moe_mlir  # noqa: E402,F401
 from moe_mlir.backends.dynamo import capture_graphs  # noqa: E402
-from moe_mlir.demo import interleaved_runs  # noqa: E402
+from moe_mlir.profiling import interleaved_runs  # noqa: E402
 from routing_corpus import CORPUS, Program  # noqa: E402
 
-from .compile_report import arguments, machine, medians, ratio, result_stem, write  # noqa: E402
+from .compile_report import arguments, machine, measure_each, medians, ratio, result_stem, write  # noqa: E402
 
 BACKENDS = ("eager", "inductor", "moe")
 
@@ -101,13 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     result_stem(args.out, "raising-corpus", args.threads, args.tag)  # before the run, not after it
     programs = [p for p in CORPUS if not args.only or any(p.name.startswith(o) for o in args.only)]
     load0 = os.getloadavg()
-    rows = []
-    for p in programs:
-        try:
-            rows.append(measure(p, args.tokens, args.rounds))
-        except Exception as e:  # noqa: BLE001 - reported, never hidden
-            rows.append({"program": p.name, "error": f"{type(e).__name__}: {str(e)[:160]}"})
-        print(json.dumps({k: v for k, v in rows[-1].items() if k != "misses"}), flush=True)
+    rows = measure_each(programs, lambda p: measure(p, args.tokens, args.rounds), "program")
     load1 = os.getloadavg()
     header = (f"# The routing corpus: backend \"moe\" against inductor and eager ({datetime.date.today()})\n\n"
               f"`python -m bench.raising_corpus --threads {args.threads} --tokens "

@@ -16,16 +16,14 @@ Public API only: ``import moe_mlir`` (it registers the backend), ``torch.compile
 from __future__ import annotations
 
 import argparse
-import collections
 import os
-import statistics
-import time
 from typing import Callable
 
 import torch
 import transformers
 
 import moe_mlir
+from moe_mlir.profiling import interleaved_times, ops_run
 
 VOCAB = 1024
 
@@ -58,27 +56,6 @@ def build(name: str) -> transformers.PreTrainedModel:
     else:
         raise ValueError(f"unknown model {name!r}: choose qwen3_moe, deepseek_v3 or mixtral")
     return model.eval()
-
-
-def timed(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, tuple[float, float]]:
-    """(fastest, median) ms of each function over ``rounds`` interleaved rounds after a warm-up call. On a shared
-    machine the fastest is the figure to read."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: (min(t), statistics.median(t)) for name, t in times.items()}
-
-
-def moe_ops(fn: Callable[[], object]) -> collections.Counter:
-    """The ``torch.ops.moe`` ops one call of ``fn`` runs (torch.profiler's CPU events), with counts."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        fn()
-    return collections.Counter(e.name for e in prof.events() if e.name.startswith("moe::"))
 
 
 def generator(model, forward: Callable, prompt: torch.Tensor, new_tokens: int) -> Callable[[], torch.Tensor]:
@@ -128,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
     want = generator(model, eager, prompt, args.new_tokens)()
     got = generator(model, moe, prompt, args.new_tokens)()
     assert torch.equal(got, want), "generated tokens differ from eager's"
-    ops = moe_ops(generator(model, moe, prompt, 2))
+    ops = ops_run(generator(model, moe, prompt, 2))
     print(f"\n## 1. Greedy generation of {args.new_tokens} tokens from a 32-token prompt: the same tokens as eager")
     print("torch.ops.moe ops in one compiled generation of 2 tokens: "
           + ", ".join(f"{n} x{c}" for n, c in sorted(ops.items())))
@@ -168,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
     model.train()
     rows["training step"] = {b: train_step(model, f, batch) for b, f in fwds.items()}
     for phase, fns in rows.items():
-        ms = timed(fns, args.rounds)
+        ms = interleaved_times(fns, args.rounds)
         cell = {b: f"{ms[b][0]:.1f} / {ms[b][1]:.1f}" for b in ms}
         print(f"| {phase} | {cell['eager']} | {cell['inductor']} | {cell['moe']} | "
               f"{ms['eager'][0] / ms['moe'][0]:.2f}x | {ms['inductor'][0] / ms['moe'][0]:.2f}x |")

@@ -19,17 +19,14 @@ kernel keys a process builds, one a line) and ``moe-opt --kernel-key`` (the modu
 from __future__ import annotations
 
 import argparse
-import collections
 import os
-import statistics
 import subprocess
 import tempfile
-import time
-from typing import Callable
 
 import torch
 
 import moe_mlir
+from moe_mlir.profiling import interleaved_times, ops_run
 
 
 class ClampedMixRouter(torch.nn.Module):
@@ -50,28 +47,6 @@ class ClampedMixRouter(torch.nn.Module):
         idx = torch.topk(scores + self.bias, self.k, dim=-1).indices
         w = scores.gather(1, idx)
         return w / w.sum(-1, keepdim=True) * 1.7, idx
-
-
-def _timed(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, tuple[float, float]]:
-    """(fastest, median) ms of each function over ``rounds`` interleaved rounds (one call of each per round) after a
-    warm-up call. The fastest is the figure to read on a shared machine (a round that waited for a core counts in
-    the median only)."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: (min(t), statistics.median(t)) for name, t in times.items()}
-
-
-def _ops_run(fn: Callable[[], object]) -> collections.Counter:
-    """The torch ops one call of ``fn`` runs (torch.profiler's CPU events named ``namespace::op``), with counts."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        fn()
-    return collections.Counter(e.name for e in prof.events() if e.name.startswith(("moe::", "aten::")))
 
 
 def _same(a, b) -> float:
@@ -114,7 +89,7 @@ def main(argv: list[str] | None = None) -> str:
     print(f"gradient of the logits: max difference {float((zz.grad - ze.grad).abs().max()):.1e}")
 
     # 2. What the compiled call runs: raising made the routing one torch.ops.moe.route.
-    ops = _ops_run(lambda: route_moe(z))
+    ops = ops_run(lambda: route_moe(z), namespaces=("moe", "aten"))
     print("\n## 2. The ops one compiled call runs (torch.profiler)")
     for name, n in sorted(ops.items()):
         print(f"{name} x{n}")
@@ -156,7 +131,7 @@ def main(argv: list[str] | None = None) -> str:
                                        "moe": lambda: route_moe(z)}),
                           ("fwd + bwd", {"eager": step(router.route), "inductor": step(route_ind),
                                          "moe": step(route_moe)})):
-            ms = _timed(fns, rounds)
+            ms = interleaved_times(fns, rounds)
             cell = {b: f"{ms[b][0]:.3f} / {ms[b][1]:.3f}" for b in ms}
             print(f"| {T} | {name} | {cell['eager']} | {cell['inductor']} | {cell['moe']} | "
                   f"{ms['eager'][0] / ms['moe'][0]:.2f}x | {ms['inductor'][0] / ms['moe'][0]:.2f}x |")

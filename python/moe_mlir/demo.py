@@ -42,6 +42,8 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
+from moe_mlir.profiling import interleaved_ms
+
 #: torch's import-time log lines on a CUDA build of torch without a GPU: (logger, message prefix).
 _TORCH_NOISE = (("torch.utils.cpp_extension", "No CUDA runtime is found"),
                 ("torch.utils.flop_counter", "triton not found"))
@@ -67,25 +69,6 @@ def quiet_torch_noise() -> Iterator[None]:
     finally:
         for logger, f in filters:
             logger.removeFilter(f)
-
-
-def interleaved_runs(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
-    """The times (ms) of each function over ``rounds`` rounds, one call of each per round (after one warm-up
-    call)."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[k].append((time.perf_counter() - start) * 1e3)
-    return times
-
-
-def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Median time of each function over ``rounds`` interleaved rounds (:func:`interleaved_runs`)."""
-    return {k: statistics.median(t) for k, t in interleaved_runs(fns, rounds).items()}
 
 
 def _ratios(ms: dict[str, float]) -> str:

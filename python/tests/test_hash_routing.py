@@ -97,6 +97,15 @@ def _assert_raised(log) -> None:
     assert not left, left
 
 
+def _raised_call(fn, x, table, ids):
+    """``fn`` compiled afresh under backend "moe" and called once: its (weights, indices), the routing raised."""
+    torch._dynamo.reset()
+    with capture_graphs() as log:
+        out = torch.compile(fn, backend="moe")(x, table, ids)
+    _assert_raised(log)
+    return out
+
+
 @pytest.fixture
 def kernels_only(monkeypatch):
     """The CPU kernel serves every call of the op (the eager reference would mask a raising that changed nothing)."""
@@ -139,10 +148,7 @@ def test_rows_with_minus_inf_logits(kernels_only):
     x[4] = float("-inf")  # the whole row
     x.requires_grad_(True)
     cot = torch.randn(T, K, generator=torch.Generator().manual_seed(6))
-    torch._dynamo.reset()
-    with capture_graphs() as log:
-        w, _ = torch.compile(softmax_index, backend="moe")(x, table, ids)
-    _assert_raised(log)
+    w, _ = _raised_call(softmax_index, x, table, ids)
     w_e, _ = softmax_index(x, table, ids)
     finite = [0, 1, 2, 5, 6, 7]
     torch.testing.assert_close(w[finite], w_e[finite], atol=ATOL, rtol=RTOL)
@@ -163,10 +169,7 @@ def test_repeated_experts_in_a_table_row(kernels_only):
     x = _logits(T, seed=7)
     ids = torch.arange(T)
     cot = torch.randn(T, K, generator=torch.Generator().manual_seed(8))
-    torch._dynamo.reset()
-    with capture_graphs() as log:
-        w, idx = torch.compile(softmax_index, backend="moe")(x, table, ids)
-    _assert_raised(log)
+    w, idx = _raised_call(softmax_index, x, table, ids)
     w_e, _ = softmax_index(x, table, ids)
     torch.testing.assert_close(w, w_e, atol=ATOL, rtol=RTOL)
     torch.testing.assert_close(w[7], torch.full((K,), 1.0 / K))
@@ -180,10 +183,7 @@ def test_bf16_logits_softmax_in_f32(kernels_only):
     table = _table(seed=9)
     x = _logits(33, seed=9, requires_grad=False).bfloat16().requires_grad_(True)
     ids = _ids(33, seed=9)
-    torch._dynamo.reset()
-    with capture_graphs() as log:
-        w, _ = torch.compile(softmax_embedding_scaled, backend="moe")(x, table, ids)
-    _assert_raised(log)
+    w, _ = _raised_call(softmax_embedding_scaled, x, table, ids)
     w_e, _ = softmax_embedding_scaled(x, table, ids)
     torch.testing.assert_close(w, w_e, atol=ATOL, rtol=RTOL)
     cot = torch.randn(33, K, generator=torch.Generator().manual_seed(10))
