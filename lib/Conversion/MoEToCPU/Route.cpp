@@ -32,6 +32,15 @@
 // row's softmax takes E exponentials). The router's own choice replayed
 // gets its weights bit for bit: both weigh the same lanes the same way.
 //
+// Few experts (E a power of two <= 16, k <= 8), no groups or replay, and an
+// elementwise score (sigmoid, custom) or none: one row per lane instead
+// (RowLanes.h), every step above lane-wise on vectors of the target's width,
+// with the per-row path's operations in its order, so that a row gets the
+// same bits in either path (a block's rows here, the rows past the last full
+// block on the per-row path). A row of 16 experts is a vector or two: per row
+// the candidates' packing, k vector maxima and scalar stores were most of its
+// time, which the lanes do as compares and selects shared by 8-16 rows.
+//
 // The maths of every step is MoE/Kernels/Route.h's (routeScore, routeChoice,
 // routeGroupCandidate, routeKeepGroups, routeRounds, routeWeights), shared
 // with the GPU kernel; this file holds the vector chunks and the scratch.
@@ -40,6 +49,7 @@
 
 #include "Route.h"
 #include "Lowerings.h"
+#include "RowLanes.h"
 
 #include "MoE/Kernels/Route.h"
 #include "MoE/Kernels/TopK.h"
@@ -47,6 +57,7 @@
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 
 #include <limits>
+#include <optional>
 
 namespace mlir::moe::cpu_lowering {
 using namespace kernels;
@@ -387,6 +398,55 @@ SmallVector<SmallVector<Value>> routeResultSizes(CpuKernelBuilder &kb,
   return {sizes, sizes};
 }
 
+namespace {
+/// Whether moe.route's rows run one per lane (the file header): every step
+/// is then elementwise on the lanes.
+bool routeFitsRowLanes(const RouteSpec &spec, RouteOp op) {
+  auto logits = cast<ShapedType>(op.getLogits().getType());
+  bool elementwise = spec.scoring == RouteSpec::Scoring::None ||
+                     (spec.scoreFirst &&
+                      (spec.scoring == RouteSpec::Scoring::Sigmoid ||
+                       spec.scoring == RouteSpec::Scoring::Custom));
+  return elementwise && !op.getReplay() && spec.groups <= 1 &&
+         fitsRowLanes(logits.getShape().back(), spec.k);
+}
+
+/// Rows [r0, r0 + lanes) of the flat [T * E] logits `x1`, one per lane of
+/// `kb` (the target's width): steps 1, 2, 4 and 5 of the file header, written
+/// to the flat [T * k] weights `w1` and indices `i1`.
+/// `biasCols`: each expert's bias in every lane (empty: no bias), loaded
+/// once for all blocks.
+void emitRouteLaneBlock(CpuKernelBuilder &kb, const RouteSpec &spec, Value r0,
+                        Value x1, ArrayRef<Value> biasCols, Value w1, Value i1,
+                        int64_t numExperts) {
+  SmallVector<Value> scores = loadColumns(kb, x1, r0, numExperts);
+  if (!spec.fromLogits())
+    for (Value &s : scores)
+      s = routeElementwiseScore(kb, spec, s);
+  LaneTopk picks = laneTopk(
+      kb, spec.k, numExperts,
+      [&](int64_t j) {
+        Value b = biasCols.empty() ? Value() : biasCols[j];
+        return orderedKey(kb, routeChoice(kb, scores[j], b));
+      },
+      [&](int64_t j) { return scores[j]; });
+  // Step 5 as routeWeights runs it on a row: the picks' sum in pick order
+  // from 0, each weight routeWeight of its source (the score before the
+  // selection: routeSelectedScore leaves it as it is).
+  Value wSum;
+  if (spec.renormalize) {
+    wSum = kb.constLike(kb.vf32(), 0.0);
+    for (Value v : picks.vals)
+      wSum = kb.fadd(wSum, v);
+  }
+  SmallVector<Value> weights;
+  for (Value v : picks.vals)
+    weights.push_back(routeWeight(kb, spec, v, wSum));
+  storeColumns(kb, weights, w1, r0);
+  storeColumns(kb, picks.idxs, i1, r0);
+}
+} // namespace
+
 void emitRouteKernel(CpuKernelBuilder &kb, const KernelOptions &opts, RouteOp op,
                      Value wBuf, Value iBuf,
                      function_ref<void(Value)> itemBegin,
@@ -399,6 +459,23 @@ void emitRouteKernel(CpuKernelBuilder &kb, const KernelOptions &opts, RouteOp op
   Value numRows = kb.dim(x, 0), numExperts = kb.dim(x, 1);
 
   RouteRow row(kb, spec, x, bias, replay, wBuf, iBuf);
+  // The row-per-lane blocks: a builder of the target's lanes (this kernel's
+  // per-row vectors are kLanes wide whatever the target).
+  CpuKernelBuilder lb(kb.b, opts);
+  int64_t laneRows = 0;
+  std::optional<int64_t> staticExperts;
+  Value x1, w1, i1;
+  SmallVector<Value> biasCols;
+  if (routeFitsRowLanes(spec, op) && kRouteRowsPerItem % lb.lanes() == 0) {
+    laneRows = lb.lanes();
+    staticExperts = cast<ShapedType>(op.getLogits().getType()).getShape().back();
+    x1 = flatten(kb, x);
+    w1 = flatten(kb, wBuf);
+    i1 = flatten(kb, iBuf);
+    if (bias)
+      for (int64_t j = 0; j < *staticExperts; ++j)
+        biasCols.push_back(lb.splat(lb.loadF(bias, {lb.idx(j)}), laneRows));
+  }
   // Per-worker scratch: scores (16-lane chunks), candidates (8-lane chunks),
   // the k weight sources, the group candidates and kept flags.
   // A replayed renormalized softmax keeps its picks in registers
@@ -432,6 +509,21 @@ void emitRouteKernel(CpuKernelBuilder &kb, const KernelOptions &opts, RouteOp op
           itemBegin(item);
         Value r0 = kb.mul(item, kb.idx(kRouteRowsPerItem));
         Value r1 = kb.mins(kb.add(r0, kb.idx(kRouteRowsPerItem)), numRows);
+        if (laneRows) {
+          // The item's whole blocks one per lane (an item is whole blocks:
+          // kRouteRowsPerItem is a multiple of the lanes), then its rest.
+          Value whole =
+              kb.add(r0, kb.mul(kb.divu(kb.sub(r1, r0), kb.idx(laneRows)),
+                                kb.idx(laneRows)));
+          kb.forLoop(r0, whole, kb.idx(laneRows), [&](Value b0) {
+            emitRouteLaneBlock(lb, spec, b0, x1, biasCols, w1, i1,
+                               *staticExperts);
+            if (rowEnd)
+              kb.forLoop(b0, kb.add(b0, kb.idx(laneRows)), kb.idx(1),
+                         [&](Value r) { rowEnd(r, item, iBuf); });
+          });
+          r0 = whole;
+        }
         kb.forLoop(r0, r1, kb.idx(1), [&](Value r) {
           row.emit(r, s, cand, sel, gCand, gKept);
           if (rowEnd)

@@ -32,6 +32,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Lowerings.h"
+#include "RowLanes.h"
 
 #include "MoE/IR/MoEOps.h"
 #include "MoE/Kernels/TopK.h"
@@ -51,11 +52,8 @@ constexpr int64_t kRowsPerItem = 32;
 /// unrolled (no loop overhead in the common k <= 8); larger ones loop, so that
 /// the IR, and the compile time, do not grow with k.
 constexpr int64_t kUnrolledSelChunks = 4;
-/// The row-per-lane layout: K (a power of two) up to this many experts, k up
-/// to kMaxLaneK selections, blocks of lanes rows grouped by kLaneRowsPerItem
-/// rows per worker item.
-constexpr int64_t kMaxLaneExperts = 16;
-constexpr int64_t kMaxLaneK = 8;
+/// The row-per-lane layout (RowLanes.h): blocks of lanes rows grouped by
+/// kLaneRowsPerItem rows per worker item.
 constexpr int64_t kLaneRowsPerItem = 64;
 /// The knockout top-k: rows selected together (their rounds interleaved) at
 /// most, and the key vectors of all of them at most (a row of more runs the
@@ -79,67 +77,6 @@ constexpr int64_t kTwoLevelChunks = 8;
 /// ms on x86-64-v3, 4 rows 1.09, 8 rows 1.16; x86-64-v4 0.88-0.90 for 4 or
 /// 8, 1.15 for 2).
 constexpr int64_t kTwoLevelMinRows = 4;
-
-/// memref [rows, X] -> [rows * X] (identity layout).
-Value flatten(CpuKernelBuilder &kb, Value buffer) {
-  return memref::CollapseShapeOp::create(
-      kb.b, buffer, ArrayRef<ReassociationIndices>{{0, 1}});
-}
-
-/// One unzip round over vectors holding a row-major sequence: vector q <
-/// n/2 takes the even elements of vectors 2q, 2q+1, vector q + n/2 the odd
-/// ones. log2(n) rounds turn n vectors of a [lanes, n] row-major block into
-/// its n columns.
-SmallVector<Value> unzipRound(CpuKernelBuilder &kb, ArrayRef<Value> v) {
-  int64_t n = v.size(), lanes = kb.lanes();
-  SmallVector<int64_t> evens, odds;
-  for (int64_t i = 0; i < lanes; ++i) {
-    evens.push_back(2 * i);
-    odds.push_back(2 * i + 1);
-  }
-  SmallVector<Value> out(n);
-  for (int64_t q = 0; q < n / 2; ++q) {
-    out[q] = kb.shuffle(v[2 * q], v[2 * q + 1], evens);
-    out[q + n / 2] = kb.shuffle(v[2 * q], v[2 * q + 1], odds);
-  }
-  return out;
-}
-
-/// The inverse of unzipRound: vectors 2q, 2q+1 interleave vectors q and q + n/2.
-SmallVector<Value> zipRound(CpuKernelBuilder &kb, ArrayRef<Value> v) {
-  int64_t n = v.size(), lanes = kb.lanes();
-  SmallVector<int64_t> low, high;
-  for (int64_t i = 0; i < lanes / 2; ++i) {
-    low.append({i, lanes + i});
-    high.append({lanes / 2 + i, lanes + lanes / 2 + i});
-  }
-  SmallVector<Value> out(n);
-  for (int64_t q = 0; q < n / 2; ++q) {
-    out[2 * q] = kb.shuffle(v[q], v[q + n / 2], low);
-    out[2 * q + 1] = kb.shuffle(v[q], v[q + n / 2], high);
-  }
-  return out;
-}
-
-/// Stores `cols[s]` (lane l = row r0 + l, column s) into the flat row-major
-/// [rows * n] buffer `flat`.
-void storeColumns(CpuKernelBuilder &kb, ArrayRef<Value> cols, Value flat,
-                  Value r0) {
-  int64_t n = cols.size(), lanes = kb.lanes();
-  Value base = kb.mul(r0, kb.idx(n));
-  if (llvm::isPowerOf2_64(n) && n <= lanes) {
-    SmallVector<Value> rows(cols);
-    for (int64_t m = n; m > 1; m /= 2)
-      rows = zipRound(kb, rows);
-    for (int64_t q = 0; q < n; ++q)
-      kb.vstore(rows[q], flat, {kb.add(base, kb.idx(q * lanes))});
-    return;
-  }
-  for (int64_t l = 0; l < lanes; ++l)
-    for (int64_t s = 0; s < n; ++s)
-      kb.store(vector::ExtractOp::create(kb.b, cols[s], l), flat,
-              {kb.add(base, kb.idx(l * n + s))});
-}
 
 /// The signed max (or min) of the lanes of `v`, in every lane: log2(lanes)
 /// rounds of op(v, v with lanes i and i ^ s swapped). Stays in vector
@@ -327,10 +264,7 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
       Value r1 = kb.mins(kb.add(r0, kb.idx(kRowsPerItem)), numRows);
       rowsFrom(worker, r0, r1, group);
     };
-    bool rowPerLane = !ShapedType::isDynamic(staticExperts) &&
-                      staticExperts >= 2 && staticExperts <= kMaxLaneExperts &&
-                      llvm::isPowerOf2_64(staticExperts) && topk <= kMaxLaneK;
-    if (!rowPerLane) {
+    if (!fitsRowLanes(staticExperts, topk)) {
       kb.workers(opts, kb.ceilDiv(numRows, kb.idx(kRowsPerItem)), body);
     } else {
       Value s1 = flatten(kb, s2), w1 = flatten(kb, w2), i1 = flatten(kb, i2);
@@ -358,43 +292,13 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
   /// scores `s1`; writes the flat [rows * k] weights `w1` and indices `i1`.
   static void emitLaneBlock(CpuKernelBuilder &kb, const TopkSpec &spec, Value r0,
                             Value s1, Value w1, Value i1, int64_t numExperts) {
-    int64_t lanes = kb.lanes(), topk = spec.k;
-    // The block's columns: numExperts row-major vectors, transposed.
-    Value base = kb.mul(r0, kb.idx(numExperts));
-    SmallVector<Value> cols;
-    for (int64_t q = 0; q < numExperts; ++q)
-      cols.push_back(kb.vload(s1, {kb.add(base, kb.idx(q * lanes))}));
-    for (int64_t m = numExperts; m > 1; m /= 2)
-      cols = unzipRound(kb, cols);
-
-    // The k best per lane, best first: experts in ascending order, inserted
-    // only above a strictly smaller ordered key (equal keys keep the lower
-    // index first; NaN has the largest key).
-    auto vi32 = VectorType::get({lanes}, kb.i32());
-    SmallVector<Value> keys(
-        topk, kb.constLike(vi32, double(std::numeric_limits<int32_t>::min())));
-    SmallVector<Value> vals(topk, kb.constLike(kb.vf32(), 0.0));
-    SmallVector<Value> idxs(topk, kb.constLike(vi32, 0.0));
-    for (int64_t j = 0; j < numExperts; ++j) {
-      Value x = cols[j], key = orderedKey(kb, x);
-      Value expert = kb.constLike(vi32, double(j));
-      SmallVector<Value> above;
-      for (int64_t s = 0; s < topk; ++s)
-        above.push_back(kb.cmpi(arith::CmpIPredicate::sgt, key, keys[s]));
-      for (int64_t s = topk - 1; s >= 0; --s) {
-        // Slot s takes slot s-1 when x beats that too, else x when x beats
-        // slot s.
-        auto next = [&](SmallVector<Value> &slot, Value mine) {
-          Value v = kb.select(above[s], mine, slot[s]);
-          if (s > 0)
-            v = kb.select(above[s - 1], slot[s - 1], v);
-          return v;
-        };
-        keys[s] = next(keys, key);
-        vals[s] = next(vals, x);
-        idxs[s] = next(idxs, expert);
-      }
-    }
+    int64_t topk = spec.k;
+    SmallVector<Value> cols = loadColumns(kb, s1, r0, numExperts);
+    LaneTopk best = laneTopk(
+        kb, topk, numExperts,
+        [&](int64_t j) { return orderedKey(kb, cols[j]); },
+        [&](int64_t j) { return cols[j]; });
+    SmallVector<Value> &vals = best.vals, &idxs = best.idxs;
 
     // Each lane is a row: the sums need no reduction.
     Value v0 = vals[0], sum, denseMax, denseSum;
