@@ -19,15 +19,10 @@
 // over the k selected values (kernels::topkWeight), unrolled for k <= 4
 // vectors and a loop beyond.
 //
-// Few experts (K a power of two <= 16, k <= 8): one row per lane instead. A
-// block of `lanes` rows (K·lanes contiguous scores) is loaded as K vectors and
-// transposed in registers by log2(K) unzip rounds of two-input shuffles, so
-// that vector j holds expert j of every row of the block; a k-deep insertion
-// network (strict ordered-key compares, experts in ascending order: ties and
-// NaNs keep the lower index first) keeps the k best per lane, and the weights
-// and indices are zipped back to row-major [rows, k] and stored whole. No
-// gathers or scatters: shuffles are what AVX2 and AVX-512 both do in a cycle
-// or two. The rows past the last full block take the per-row path.
+// Few experts (K a power of two <= 16, k <= 8): one row per lane instead
+// (RowLanes.h, which moe.route's kernel shares): no gathers or scatters,
+// shuffles that AVX2 and AVX-512 both do in a cycle or two. The rows past the
+// last full block take the per-row path.
 //
 //===----------------------------------------------------------------------===//
 
