@@ -53,8 +53,9 @@ def ConvertMoEToCPU : Pass<"convert-moe-to-cpu"> {
     Per target: read-modify-write loops over vectors (`mad_dispersion`'s statistics) use plain loads and
     stores for whole vectors and masked ones only for a ragged tail, emitted as a separate branch (masked stores
     are microcoded on AVX2 machines and defeat store-to-load forwarding); no kernel emits gathers or scatters.
-    `topk_renorm` over at most 16 experts (a power of two) puts one row per lane (a block of rows transposed in
-    registers by shuffles), so that small K fills the vector.
+    `topk_renorm` over at most 16 experts (a power of two), and `route` so (k <= 8, no groups or replay, a
+    sigmoid, custom or no score), put one row per lane (a block of rows transposed in registers by shuffles), so
+    that small K fills the vector.
 
     Buffers: each kernel is a `moe.kernel` (destination style: the operands it reads as `ins`, `tensor.empty`
     destinations of its results as `outs`) whose body works on their buffers; only the kernel's own scratch is a
