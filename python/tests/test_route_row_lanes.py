@@ -1,5 +1,5 @@
 """moe.route's few-expert CPU kernel (lib/Conversion/MoEToCPU/Route.cpp, RowLanes.h): with E a power of two <= 16,
-k <= 8, no groups or replay and an elementwise score (sigmoid, a custom score region) or none, each block of 8
+k <= 8, no groups or replay and an elementwise score (sigmoid, a custom score region; either order) or none, each block of 8
 (AVX2) or 16 (AVX-512) rows runs one row per lane, and the rows past the last whole block the per-row path.
 
 Checked here: the reference (moe_mlir/reference/routing.py) at every E, k and score mode the layout takes, at token
@@ -31,6 +31,8 @@ CASES = [
     (4, 3, dict(scoring="none", routed_scaling_factor=0.5)),                               # raw logits, k not 2^n
     (2, 1, dict(scoring="none", order="topk_then_score")),
     (16, 4, dict(scoring="none", order="topk_then_score", bias=True)),
+    (16, 1, dict(scoring="sigmoid", order="topk_then_score")),                             # Llama 4's router
+    (8, 2, dict(scoring="sigmoid", order="topk_then_score", bias=True, renormalize=True, routed_scaling_factor=1.5)),
 ]
 TOKENS = (1, 7, 8, 9, 16, 33, 100)
 
@@ -73,7 +75,9 @@ def test_matches_the_reference_and_each_row_alone(E, k, kw):
         torch.testing.assert_close(w, w_r, atol=2e-6, rtol=2e-5)
 
 
-@pytest.mark.parametrize("E,k,kw", CASES[:3] + CASES[4:5], ids=["E16k1", "E16k2-bias", "E16k8-bias", "E4k3-none"])
+@pytest.mark.parametrize("E,k,kw", CASES[:3] + CASES[4:5] + CASES[7:], ids=["E16k1", "E16k2-bias", "E16k8-bias",
+                                                                          "E4k3-none", "E16k1-topk-first",
+                                                                          "E8k2-topk-first-bias"])
 def test_adversarial_rows(E, k, kw):
     """Integer logits (exact ties: the lowest index wins), sigmoids that saturate to 1.0 and tie although their
     logits differ, NaN (first, as the largest), -inf, a row of -inf and a row of zeros, in a whole block and its
@@ -94,7 +98,8 @@ def test_adversarial_rows(E, k, kw):
     assert torch.equal(i, i_r), (i, i_r)
     torch.testing.assert_close(w, w_r, atol=2e-6, rtol=2e-5, equal_nan=True)
     if kw.get("scoring") == "sigmoid" and bias is None:
-        assert i[1, 0] == E // 2  # the first of the tied 1.0 scores
+        # the first of the tied 1.0 scores, or the largest logit when the logits are chosen from
+        assert i[1, 0] == (E - 1 if kw.get("order") == "topk_then_score" else E // 2)
 
 
 def test_a_bias_flips_the_choice_in_every_lane():

@@ -33,8 +33,8 @@
 // gets its weights bit for bit: both weigh the same lanes the same way.
 //
 // Few experts (E a power of two <= 16, k <= 8), no groups or replay, and an
-// elementwise score (sigmoid, custom) or none: one row per lane instead
-// (RowLanes.h), every step above lane-wise on vectors of the target's width,
+// elementwise score (sigmoid, custom; either order) or none: one row per lane
+// instead (RowLanes.h), every step above lane-wise on vectors of the target's width,
 // with the per-row path's operations in its order, so that a row gets the
 // same bits in either path (a block's rows here, the rows past the last full
 // block on the per-row path). A row of 16 experts is a vector or two: per row
@@ -403,12 +403,8 @@ namespace {
 /// is then elementwise on the lanes.
 bool routeFitsRowLanes(const RouteSpec &spec, RouteOp op) {
   auto logits = cast<ShapedType>(op.getLogits().getType());
-  bool elementwise = spec.scoring == RouteSpec::Scoring::None ||
-                     (spec.scoreFirst &&
-                      (spec.scoring == RouteSpec::Scoring::Sigmoid ||
-                       spec.scoring == RouteSpec::Scoring::Custom));
-  return elementwise && !op.getReplay() && spec.groups <= 1 &&
-         fitsRowLanes(logits.getShape().back(), spec.k);
+  return spec.scoring != RouteSpec::Scoring::Softmax && !op.getReplay() &&
+         spec.groups <= 1 && fitsRowLanes(logits.getShape().back(), spec.k);
 }
 
 /// Rows [r0, r0 + lanes) of the flat [T * E] logits `x1`, one per lane of
@@ -430,17 +426,21 @@ void emitRouteLaneBlock(CpuKernelBuilder &kb, const RouteSpec &spec, Value r0,
         return orderedKey(kb, routeChoice(kb, scores[j], b));
       },
       [&](int64_t j) { return scores[j]; });
-  // Step 5 as routeWeights runs it on a row: the picks' sum in pick order
-  // from 0, each weight routeWeight of its source (the score before the
-  // selection: routeSelectedScore leaves it as it is).
+  // Step 5 as routeWeights runs it on a row: each pick's score after the
+  // selection (topk_then_score: the elementwise score of the picked logit,
+  // the same polynomial on a lane as on a scalar; else the source as it is),
+  // their sum in pick order from 0, each weight routeWeight of its score.
+  SmallVector<Value> picked;
+  for (Value v : picks.vals)
+    picked.push_back(routeSelectedScore(kb, spec, v, Value(), Value()));
   Value wSum;
   if (spec.renormalize) {
     wSum = kb.constLike(kb.vf32(), 0.0);
-    for (Value v : picks.vals)
+    for (Value v : picked)
       wSum = kb.fadd(wSum, v);
   }
   SmallVector<Value> weights;
-  for (Value v : picks.vals)
+  for (Value v : picked)
     weights.push_back(routeWeight(kb, spec, v, wSum));
   storeColumns(kb, weights, w1, r0);
   storeColumns(kb, picks.idxs, i1, r0);

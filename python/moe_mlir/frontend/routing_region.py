@@ -488,13 +488,24 @@ def candidates(region: Region) -> Iterator[Candidate]:
     if custom is not None:
         scorings.append(custom)  # after the named scores: a sigmoid spelled out is still the sigmoid kernel
     groups = [(g, t, gs) for g, t in h["groups"] for gs in ("top2_sum", "max")] + [(1, 1, "top2_sum")]
-    for (g, t, gs), scoring, order, renorm, scale in itertools.product(
-            groups, scorings, ("score_then_topk", "topk_then_score"), (True, False), h["scales"]):
-        if order == "topk_then_score" and g > 1 or region.k > t * (region.E // g):
-            continue
-        if not biased and g == 1 and scoring == "softmax" and scale == 1.0:
-            continue  # topk_renorm above
-        yield Candidate("route", scoring, order, g, t, gs, renorm, scale)
+    for (g, t, gs), scoring in itertools.product(groups, scorings):
+        for order, renorm, scale in itertools.product(_orders(scoring, biased), (True, False), h["scales"]):
+            if order == "topk_then_score" and g > 1 or region.k > t * (region.E // g):
+                continue
+            if not biased and g == 1 and scoring == "softmax" and scale == 1.0:
+                continue  # topk_renorm above
+            yield Candidate("route", scoring, order, g, t, gs, renorm, scale)
+
+
+def _orders(scoring: str, biased: bool) -> tuple[str, str]:
+    """The orders to try for ``scoring``, the cheaper first where both may hold. An unbiased sigmoid chooses the same
+    experts from the logits as from the scores (it is increasing), but for ties among saturated scores (sigmoid(30)
+    == sigmoid(40) in f32: either expert is a top-k of the scores, with the same weight and a zero gradient), and
+    topk_then_score computes k sigmoids a token where score_then_topk computes E. The check (below) still decides:
+    a region that is neither (a bias added to the scores) matches only its own order."""
+    if scoring == "sigmoid" and not biased:
+        return ("topk_then_score", "score_then_topk")
+    return ("score_then_topk", "topk_then_score")
 
 
 class _Replay:

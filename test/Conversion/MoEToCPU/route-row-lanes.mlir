@@ -52,3 +52,17 @@ func.func @per_row_forms(%x: tensor<?x16xf32>, %y: tensor<?x12xf32>, %r: tensor<
   %w4, %i4 = moe.route %x k(9) scoring(sigmoid) : tensor<?x16xf32> -> tensor<?x9xf32>, tensor<?x9xi32>
   return %w0, %w1, %w2, %w3, %w4 : tensor<?x2xf32>, tensor<?x2xf32>, tensor<?x2xf32>, tensor<?x2xf32>, tensor<?x9xf32>
 }
+
+// order(topk_then_score), Llama 4's router: the choice from the raw logits, the sigmoid of the pick only (no
+// division before the compares: the 16 columns are not scored).
+// CHECK-LABEL: func.func @llama4_top1_of_16
+// CHECK: memref.collapse_shape
+// AVX2: vector.shuffle %{{.+}}, %{{.+}} [0, 2, 4, 6, 8, 10, 12, 14] : vector<8xf32>, vector<8xf32>
+// AVX2-NOT: arith.divf
+// AVX2: arith.cmpi sgt, %{{.+}}, %{{.+}} : vector<8xi32>
+// AVX2: arith.divf %{{.+}}, %{{.+}} : vector<8xf32>
+// AVX2: vector.store %{{.+}}, %{{.+}} : memref<?xf32>, vector<8xf32>
+func.func @llama4_top1_of_16(%x: tensor<?x16xf32>) -> (tensor<?x1xf32>, tensor<?x1xi32>) {
+  %w, %i = moe.route %x k(1) scoring(sigmoid) order(topk_then_score) : tensor<?x16xf32> -> tensor<?x1xf32>, tensor<?x1xi32>
+  return %w, %i : tensor<?x1xf32>, tensor<?x1xi32>
+}
