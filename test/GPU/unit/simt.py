@@ -19,16 +19,7 @@ m16n8k16 (products exact, sums in float64 rounded to f32: the tensor cores' own 
 modelled), nvgpu.device_async_copy (zero fill past src-size), memref.subview (unit strides), memref.collapse_shape and memref.view of
 gpu.dynamic_shared_memory, llvm.mlir.poison (zeros), vector from_elements/extract/insert/bitcast/
 load/store, arith.truncf to f16/bf16 (round to nearest even). Vectors are arrays (lanes, *shape); f16/bf16
-values are their bits (uint16) throughout.
-
-The wgmma kernel (flash-mma-wgmma) adds nvvm.wgmma.mma_async m64nNk16 over a lockstep group's warpgroups, its
-operands read from the dynamic shared memory through the descriptors' addresses with the 128-byte swizzle
-(gpu.dynamic_shared_memory at DYNAMIC_SMEM_ADDRESS), the proxy fence and wgmma's fence, commit and wait as no-ops
-(it runs at its issue), llvm structs of f32 (tuples), and nvvm.barrier's OR reduction (the block's vote). With
-flash-mma-tma: mbarriers (init, arrive.expect_tx, try_wait.parity; their phases, arrivals and transaction bytes)
-and the TMA copy cp.async.bulk.tensor through a tensor map that Memory.tensor_map describes (the box, zeros past
-the bounds, the 128-byte swizzle), landing at its issue or, with async_copies="wait", at the wait on its mbarrier.
-memref.atomic_rmw addf (lanes in order).
+values are their bits (uint16) throughout. memref.atomic_rmw addf (lanes in order).
 The dispatch plan's kernels (DispatchPlan.cpp) add nvvm.match.sync (any), math.ctpop/cttz and the error word's
 llvm.inttoptr, cmpxchg (lanes in order), getelementptr and store on a global int64 buffer (Memory.add); its scan
 kernel (a block of 256 threads with barriers) runs with `lockstep=True`.
@@ -43,9 +34,11 @@ names), so the hot loops run no regex and no chain of name tests; numpy's error 
 op; values are never written in place, so handlers return views and cached constants without copying; the
 lane-by-lane ops (ldmatrix, mma.sync's fragments, cp.async, vector.load/store, the 16-byte loads, stores to
 distinct elements) move all their lanes with one numpy index where every lane is in bounds and no two lanes'
-elements meet, and fall back to the lane loop (which says what is wrong) otherwise.
+elements meet, and fall back to the lane loop (which says what is wrong) otherwise; run_kernel and parse run with
+Python's cyclic garbage collector paused (_gc_paused).
 """
 import functools
+import gc
 import os
 import re
 import subprocess
@@ -62,6 +55,25 @@ def find_moe_opt():
     path = os.environ.get("MOE_OPT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
                                                      "build", "bin", "moe-opt")
     return path if os.path.exists(path) else None
+
+
+def _gc_paused(f):
+    """`f` run with Python's cyclic garbage collector off (and back on after, where it was on). The interpreter
+    allocates a numpy array or two per op and parse() an object per op, few of them in reference cycles; the
+    collector, counting those allocations, ran its full collections over the whole heap (torch's objects, the
+    parsed kernels) again and again: 3.3-3.6 of 20 CPU s in 14 kernel tests, half of it here (the rest at the
+    tests' collection and torch's import; bench/results/test-time-2026-11-30-gpu-lit.md). Reference counting
+    still frees every array at once; cycles made meanwhile are collected once the collector is back on."""
+    @functools.wraps(f)
+    def paused(*args, **kwargs):
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            return f(*args, **kwargs)
+        finally:
+            if was:
+                gc.enable()
+    return paused
 
 
 _WORKGROUP = re.compile(r"memref<([\dx]+)x(bf16|f16|f32), #gpu.address_space<workgroup>>")
@@ -191,6 +203,7 @@ def _signature(rest):
 
 
 @functools.lru_cache(maxsize=16)
+@_gc_paused
 def parse(text, func_name):
     """The body (a list of blocks: (arg names, ops)) of gpu.func `func_name`. Cached (the bodies are read-only to
     the interpreter, Op.cache aside): parametrized cases run the same kernel on other inputs or grids, and parsing
@@ -408,8 +421,6 @@ class Memory:
 
     def __init__(self):
         self.buffers = []   # (base address, numpy array, element type name)
-        self.maps = {}      # tensor_map()'s: address -> (array, box inner, box rows)
-        self.mbarriers = {}  # flash-mma-tma's mbarriers: (block's shared memory, address) -> state (Warp._tma)
 
     def add(self, array, elt, misalign_bytes=0):
         base = (len(self.buffers) + 1) << 32 | (misalign_bytes & 15)
@@ -423,19 +434,6 @@ class Memory:
                 flat = array.reshape(-1)
                 return flat, (address - base) // array.itemsize
         raise IndexError(hex(address))
-
-    #: The addresses tensor_map() gives out: far from the buffers' (argument i at (i + 1) << 32).
-    TENSOR_MAPS = 0x7F << 40
-
-    def tensor_map(self, array, box_inner, box_rows):
-        """The address of a tensor map of `array` (f16/bf16 bits [batches, rows, inner], one of the buffers) as
-        the runtime's moeGpuTensorMap3d makes it for flash-mma-tma: boxes of [1, box_rows, box_inner] elements,
-        the 128-byte swizzle, zeros past the bounds; the TMA copies (cp.async.bulk.tensor) read the array through
-        it. The map's bytes are the driver's (opaque): simt keeps its description by address instead."""
-        address = self.TENSOR_MAPS + 128 * len(self.maps)
-        assert array.ndim == 3 and array.dtype == np.uint16 and box_inner * 2 <= 128, (array.shape, box_inner)
-        self.maps[address] = (array, box_inner, box_rows)
-        return address
 
     def load16_lanes(self, addresses):
         """load16 of each address of `addresses` at once, [len, 4] int32, where they all lie in one buffer with
@@ -464,12 +462,13 @@ class Memory:
 #: (FlashTile.h's FlashBlockOrder). Read at each run_kernel call (a test may set it).
 SMS = 2
 
-#: The shared-window address of gpu.dynamic_shared_memory (memref.extract_aligned_pointer_as_index), which
-#: the wgmma operands' descriptors hold: 16-byte aligned, as a block's dynamic shared memory is at least, and no
-#: more, so that a kernel whose layout needs 1024 (the 128-byte swizzle) must align it itself.
+#: The shared-window address of gpu.dynamic_shared_memory (memref.extract_aligned_pointer_as_index): 16-byte
+#: aligned, as a block's dynamic shared memory is at least, and no more, so that a kernel whose layout needs more
+#: must align it itself.
 DYNAMIC_SMEM_ADDRESS = 0x10410
 
 
+@_gc_paused
 def run_kernel(body, args, block_dim, grid, memory, smem_shape=None, workgroup=(), lockstep=False,
                dynamic_smem=0, async_copies="issue", warp_threads=False, workgroup_fill=0, sms=None):
     """Runs the kernel `body` (parse()) on `args` (numpy arrays for memrefs; the workgroup buffers are made here,
@@ -736,9 +735,6 @@ class Warp:
                 return np.full(self.n, DYNAMIC_SMEM_ADDRESS, dtype=np.int64)
             i, arr = self.arrays[id(a[0])]
             return np.full(self.n, self.mem.buffers[i][0], dtype=np.int64)
-        if n == "llvm.inline_asm" and 'asm_string = ""' in op.props:
-            # An empty asm whose outputs are its inputs (the wgmma accumulators' operand fence): the identity.
-            return [tuple(x.copy() for x in a)]
         if n == "llvm.inline_asm":
             assert "ld.global.nc.v4.b32" in op.props
             words = np.zeros((4, self.n), dtype=np.int32)
@@ -946,26 +942,6 @@ class Warp:
                 for land in self.groups.pop(0):
                     land()
             return None
-        if n in ("nvvm.fence.proxy", "nvvm.wgmma.fence.aligned", "nvvm.wgmma.commit.group.sync.aligned",
-                 "nvvm.wgmma.wait.group.sync.aligned"):
-            # wgmma runs at its issue (below), so its waits have nothing left to wait for; the proxy fence's
-            # ordering is the GPU run's to check.
-            return None
-        if n in ("nvvm.mbarrier.init", "nvvm.mbarrier.arrive.expect_tx", "nvvm.mbarrier.try_wait.parity",
-                 "nvvm.cp.async.bulk.tensor.shared.cluster.global", "nvvm.fence.mbarrier.init",
-                 "nvvm.fence.proxy.acquire"):
-            return self._tma(op, n, a, mask)
-        if n == "nvvm.barrier":
-            # bar.red.or.pred (the wgmma kernel's block-wide vote): the block in one lockstep group.
-            assert "reductionOp = #nvvm.reduction<or>" in op.props and self.barrier is None, op.props
-            assert mask.all(), "a barrier some threads of the block do not reach"
-            return np.full(self.n, int((a[-1] != 0).any()), dtype=np.int32)
-        if n == "nvvm.wgmma.mma_async":
-            return self._wgmma(op, a, mask)
-        if n == "llvm.mlir.poison" and op.types[0].startswith("!llvm.struct<("):
-            count = op.types[0].count(",") + 1
-            assert re.fullmatch(r"!llvm.struct<\((f32, )*f32\)>", op.types[0]), op.types[0]
-            return [tuple(np.zeros(self.n, dtype=np.float32) for _ in range(count))]
         if n == "llvm.mlir.poison":
             vec = _vector_shape(op.types[0])
             if vec:
@@ -1067,134 +1043,6 @@ class Warp:
                     land()
             return np.zeros(self.n, dtype=np.int64)
         return NotImplemented
-
-    def _mbarrier(self, address):
-        """The state of the block's mbarrier at shared-window `address`: its expected and pending arrivals, its
-        transaction count, its completed phases, the TMA copies counted on it that have not landed."""
-        bars = self.mem.mbarriers
-        key = (id(self.dynamic_smem), int(address))
-        assert key in bars, f"mbarrier {int(address):#x} used before its init"
-        return bars[key]
-
-    def _tma(self, op, n, a, mask):
-        """flash-mma-tma's mbarriers and TMA copies. mbarrier.init sets the expected arrivals; arrive.expect_tx
-        adds the bytes to wait for and arrives; a phase completes when every arrival came and every byte landed.
-        cp.async.bulk.tensor (tile mode, the tensor map a Memory.tensor_map) copies the box at its coordinates
-        (innermost first; zeros past the array's bounds) into shared memory at its destination with the 128-byte
-        swizzle the hardware applies (each 16-byte chunk of a 128-byte row XOR the row's bits 7-9 of the
-        address), at its issue, or with async_copies="wait" only at a wait on its mbarrier that finds the phase
-        incomplete (the latest it may land). try_wait.parity P returns once the phase of parity P has completed;
-        one that could never return (arrivals or bytes missing) raises: the kernel would hang."""
-        lanes = np.flatnonzero(mask)
-        if n in ("nvvm.fence.mbarrier.init", "nvvm.fence.proxy.acquire"):
-            # (the tensormap proxy's fence: the map is simt's description, never stale)
-            return None
-        bars = self.mem.mbarriers
-        if n == "nvvm.mbarrier.init":
-            for l in lanes:
-                bars[(id(self.dynamic_smem), int(a[0][l]))] = {"expected": int(a[1][l]), "pending": int(a[1][l]),
-                                                               "tx": 0, "phase": 0, "queued": []}
-            return None
-
-        def complete(bar):
-            assert bar["tx"] >= 0, "mbarrier: more bytes landed than expected"
-            if bar["pending"] == 0 and bar["tx"] == 0:
-                bar["phase"] += 1
-                bar["pending"] = bar["expected"]
-        if n == "nvvm.mbarrier.arrive.expect_tx":
-            for l in lanes:
-                bar = self._mbarrier(a[0][l])
-                assert bar["pending"] > 0, "mbarrier: an arrival past the expected count"
-                bar["tx"] += int(a[1][l])
-                bar["pending"] -= 1
-                complete(bar)
-            return None
-        if n == "nvvm.cp.async.bulk.tensor.shared.cluster.global":
-            assert "mode = #nvvm.tma_load_mode<tile>" in op.props, op.props
-            dst, tmap, *coords, bar_addr = a
-            for l in lanes:
-                array, box_inner, box_rows = self.mem.maps[int(tmap[l])]
-                c0, c1, c2 = (int(c[l]) for c in coords)
-                box = np.zeros((box_rows, box_inner), dtype=np.uint16)
-                rows = array[c2, max(c1, 0):c1 + box_rows, max(c0, 0):c0 + box_inner] \
-                    if 0 <= c2 < array.shape[0] else np.zeros((0, 0), np.uint16)
-                box[:rows.shape[0], :rows.shape[1]] = rows
-                start = int(dst[l])
-                assert start % 128 == 0, "TMA: a destination not 128-byte aligned"
-                addr = start + np.arange(box_rows)[:, None] * 128 + 2 * np.arange(box_inner)[None, :]
-                off = (addr ^ (((addr >> 7) & 7) << 4)) - DYNAMIC_SMEM_ADDRESS
-                assert off.min() >= 0 and off.max() + 2 <= self.dynamic_smem.size, "TMA: outside the shared memory"
-                bar = self._mbarrier(bar_addr[l])
-
-                def land(off=off, box=box, bar=bar, dyn=self.dynamic_smem):
-                    dyn[off] = (box & 0xFF).astype(np.uint8)
-                    dyn[off + 1] = (box >> 8).astype(np.uint8)
-                    bar["tx"] -= box.nbytes
-                    complete(bar)
-                if self.async_copies == "wait":
-                    bar["queued"].append(land)
-                else:
-                    land()
-            return None
-        # nvvm.mbarrier.try_wait.parity: every lane of the group waits on the same barrier and parity.
-        bar = self._mbarrier(_uniform(a[0], mask))
-        parity = int(_uniform(a[1], mask))
-        if bar["phase"] % 2 == parity:
-            for land in bar["queued"]:
-                land()
-            bar["queued"] = []
-        assert bar["phase"] % 2 != parity, "mbarrier: a wait for a phase that never completes (the kernel hangs)"
-        return None
-
-    def _wgmma_operand(self, desc, rows, t):
-        """The [rows x 16] operand (as f64) that the shared-memory matrix descriptor `desc` names: K-major with the
-        128-byte swizzle (the only layout the kernels use), row r's 16 elements from its 8-row group's start
-        (r // 8 times the stride byte offset) plus (r mod 8) 128 bytes, each address's 16-byte chunk (bits 4-6)
-        XOR its row in the swizzle pattern (bits 7-9), as the hardware applies it to the shared-window address
-        (the kernel must align its buffers to 1024 bytes itself: DYNAMIC_SMEM_ADDRESS is not)."""
-        desc = int(desc) & (2 ** 64 - 1)
-        start, sbo = (desc & 0x3FFF) << 4, ((desc >> 32) & 0x3FFF) << 4
-        assert desc >> 62 == 1, "wgmma: only the 128-byte swizzle is modelled"
-        assert (desc >> 49) & 7 == 0, "wgmma: a base offset"
-        r, k = np.arange(rows)[:, None], np.arange(16)[None, :]
-        addr = start + (r // 8) * sbo + (r % 8) * 128 + 2 * k
-        off = (addr ^ (((addr >> 7) & 7) << 4)) - DYNAMIC_SMEM_ADDRESS
-        dyn = self.dynamic_smem
-        assert off.min() >= 0 and off.max() + 2 <= dyn.size, "wgmma: an operand outside the dynamic shared memory"
-        bits = dyn[off].astype(np.uint16) | (dyn[off + 1].astype(np.uint16) << 8)
-        return _bits_to_f32(bits, t).astype(np.float64)
-
-    def _wgmma(self, op, a, mask):
-        """wgmma.mma_async m64nNk16, f32 accumulators, bf16/f16 operands from shared memory (A row: K-major, B
-        col: K-major), over each warpgroup of the lockstep group (128 threads: every thread of the group must run
-        it, with the group's descriptors): D = A Bᵀ (+ D with scale-d one), the products exact, the sums in
-        float64 rounded to f32. Thread 32w + l holds, for each 8-column block nb, D[16w + l/4 + 8(i/2),
-        8nb + 2(l mod 4) + i mod 2] at element 4nb + i (i < 4)."""
-        props = op.props
-        m, nn, kk = (int(x) for x in re.search(r"shape = #nvvm.shape<m = (\d+), n = (\d+), k = (\d+)>",
-                                               props).groups())
-        t = re.search(r"typeA = #nvvm.wgmma_type<(\w+)>", props).group(1)
-        assert (m, kk) == (64, 16) and t in ("bf16", "f16") and "typeD = #nvvm.wgmma_type<f32>" in props, props
-        assert "layoutA = #nvvm.mma_layout<row>" in props and "layoutB = #nvvm.mma_layout<col>" in props, props
-        assert self.n % 128 == 0 and mask.all(), "wgmma needs a whole warpgroup, every thread active"
-        accumulate = "scaleD = #nvvm.wgmma_scale_out<one>" in props
-        acc, da, db = a
-        lane = np.arange(128)
-        rows = (16 * (lane // 32) + (lane % 32) // 4)[:, None] + 8 * (np.arange(nn // 2) % 4 // 2)[None, :]
-        cols = 8 * (np.arange(nn // 2) // 4)[None, :] + 2 * (lane % 4)[:, None] + (np.arange(nn // 2) % 2)[None, :]
-        out = np.zeros((self.n, nn // 2), dtype=np.float32)
-        for g0 in range(0, self.n, 128):
-            desc_a, desc_b = _uniform(da[g0:g0 + 128], mask[g0:g0 + 128]), _uniform(db[g0:g0 + 128],
-                                                                                   mask[g0:g0 + 128])
-            A, B = self._wgmma_operand(desc_a, 64, t), self._wgmma_operand(desc_b, nn, t)
-            with np.errstate(all="ignore"):
-                D = A @ B.T
-                if accumulate:
-                    C = np.zeros((64, nn))
-                    C[rows, cols] = _columns(list(acc))[g0:g0 + 128]
-                    D = D + C
-            out[g0:g0 + 128] = D.astype(np.float32)[rows, cols]
-        return [tuple(out[:, i] for i in range(nn // 2))]
 
     # The hot ops: those the kernels' loops run hundreds of thousands of times, dispatched by name (_HOT, _BOUND)
     # before _step's chain of tests, what they read off their text computed once per op (_static, or bound into
@@ -1446,11 +1294,8 @@ _SCF = frozenset(("scf.if", "scf.for", "scf.while", "scf.yield", "scf.condition"
 #: The ops step_mma takes (its chain of names, not _step's, which ends in it): run by it directly.
 _STEP_MMA = frozenset((
     "gpu.barrier", "gpu.dynamic_shared_memory", "llvm.mlir.poison", "memref.collapse_shape", "memref.subview",
-    "memref.view", "nvgpu.device_async_copy", "nvvm.barrier", "nvvm.cp.async.bulk.tensor.shared.cluster.global",
-    "nvvm.cp.async.commit.group", "nvvm.cp.async.wait.group", "nvvm.fence.mbarrier.init", "nvvm.fence.proxy",
-    "nvvm.fence.proxy.acquire", "nvvm.mbarrier.arrive.expect_tx", "nvvm.mbarrier.init",
-    "nvvm.mbarrier.try_wait.parity", "nvvm.wgmma.commit.group.sync.aligned", "nvvm.wgmma.fence.aligned",
-    "nvvm.wgmma.mma_async", "nvvm.wgmma.wait.group.sync.aligned", "vector.load", "vector.store"))
+    "memref.view", "nvgpu.device_async_copy", "nvvm.cp.async.commit.group", "nvvm.cp.async.wait.group",
+    "vector.load", "vector.store"))
 
 
 def _step_mma(warp, op, a, mask):

@@ -101,7 +101,7 @@ def kernel_header(text, kernel):
 def shared_memory(text, kernel):
     """(workgroup buffers, dynamic shared memory bytes) of `kernel`: its two workgroup buffers (keys, values) as
     its signature gives them, or none and the launch's dynamic_shared_memory_size (the 128-row kernel's three
-    cp.async stages, or flash-mma-wgmma's buffers)."""
+    cp.async stages)."""
     lines, start = kernel_header(text, kernel)
     head = next(line for line in lines[start:] if "^bb0(" in line)
     wg = [((int(r), int(c)), np.uint16) for r, c, _t in WORKGROUP.findall(head)]
@@ -121,9 +121,8 @@ def warp_threads(text):
     """Whether the lowered kernel's warps take loops of their own between barriers (the 128-row kernel's lazy
     rescale: a warp leaves the hot loop at a tile of its own), so that simt runs each in a thread instead of the
     block in lockstep. The lazy rescale comes with the 128-row kernel (not where a key mask meets split keys: the
-    threads then run a kernel whose warps keep together, as lockstep would). Not the wgmma kernel: its MMA is the
-    block's 4 warps' at once (lockstep), and it has no lazy rescale."""
-    return block_rows(text) == 128 and '"nvvm.wgmma.mma_async"' not in text
+    threads then run a kernel whose warps keep together, as lockstep would)."""
+    return block_rows(text) == 128
 
 
 def run(text, u, e, mask, K, misalign, async_copies="issue", threads=False):
@@ -216,42 +215,32 @@ def growing_max_inputs(seed, B, N, D, K, t, scale):
     return bits(u, t), bits(e, t)
 
 
-@pytest.mark.parametrize("variant", ["rows128"])
 @pytest.mark.parametrize("t", ["bf16", "f16"])
-def test_lazy_rescale_hot_loop_and_exact_steps(t, variant):
+def test_lazy_rescale_hot_loop_and_exact_steps(t):
     """The 128-row kernel's lazy rescale over enough whole tiles for its hot loop (N = 520: 8 whole tiles, the hot
     loop's [0, 384) with 3 stages): keys whose norms grow with j, so that the rows with a positive dot to that
     direction see their max grow past the margin (7 in log2 units for bf16, 2 for f16) tile after tile (their warps
     leave the hot loop for the exact step, then go back in), while the rows with a negative one keep the max of the
     first tile (their warps stay in the hot loop); copies landing at their wait. Against float64. (A kernel whose
-    test never finds a weight of 2 or more fails here: its weights overflow after the first tile.) With wgmma
-    (D = 64) the exit is the block's vote (bar.red.or), so the block's warps leave and re-enter together: simt runs
-    it in lockstep, whose loops must be uniform over the block."""
-    B, N, D, K, tau = 1, 520, 64 if variant == "wgmma" else 32, 8, 0.25
+    test never finds a weight of 2 or more fails here: its weights overflow after the first tile.)"""
+    B, N, D, K, tau = 1, 520, 32, 8, 0.25
     u, e = growing_max_inputs(29, B, N, D, K, t, 0.3)
-    text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
-    assert ('"nvvm.wgmma.mma_async"' in text and '"nvvm.barrier"' in text) == (variant == "wgmma")
+    text = lower(B, N, D, K, t, tau, False, False, VARIANTS["rows128"])
     got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=warp_threads(text))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
 
 
-@pytest.mark.parametrize("variant", ["rows128"])
-def test_flash_mma_d128(variant):
+def test_flash_mma_d128():
     """D = 128, K = 16 on the 128-row kernel: two row tiles still fit the registers, and three stages of 64-key
-    tiles would not fit 48 KiB (60 KiB): the kernel takes 32-key tiles (30 KiB of dynamic shared memory; with
-    wgmma two 64-feature panels a tile, wgmma's n = 32, beside the query's 128 rows and 1 KiB to align them). A
+    tiles would not fit 48 KiB (60 KiB): the kernel takes 32-key tiles (30 KiB of dynamic shared memory). A
     growing max, copies landing at their wait, against float64."""
     B, N, D, K, t, tau = 1, 300, 128, 16, "bf16", 0.5
     u, e = growing_max_inputs(3, B, N, D, K, t, 0.2)
-    text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
+    text = lower(B, N, D, K, t, tau, False, False, VARIANTS["rows128"])
     assert block_rows(text) == 128
     wg, dyn = shared_memory(text, "similarity_inform_mma_0")
-    if variant == "wgmma":
-        assert text.count('"nvvm.wgmma.mma_async"') and "n = 32" in text
-        assert (wg, dyn) == ([], 1024 + 3 * 32 * (128 + 24) * 2 + 128 * 128 * 2), (wg, dyn)
-    else:
-        assert (wg, dyn) == ([], 3 * 32 * (136 + 24) * 2), (wg, dyn)
+    assert (wg, dyn) == ([], 3 * 32 * (136 + 24) * 2), (wg, dyn)
     got = run(text, u, e, None, K, misalign=False, async_copies="wait", threads=warp_threads(text))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
@@ -294,12 +283,10 @@ def test_sum_mma_rescale_is_skipped_exactly():
     onehot[0, np.arange(N), rng.integers(0, K, N)] = 1.0
     e = bits(onehot, t)
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau).numpy()
-    for variant in ("rows128",):
-        text = lower(B, N, D, K, t, tau, False, False, VARIANTS[variant])
-        assert ('"nvvm.wgmma.mma_async"' in text) == (variant == "wgmma")
-        got = run(text, u, e, None, K, misalign=False, threads=warp_threads(text))
-        assert np.abs(got.sum(-1) - 1.0).max() > 1e-5, "the lanes' own sums should show P's rounding"
-        np.testing.assert_allclose(got, ref, **R.MMA_TOL, err_msg=variant)
+    text = lower(B, N, D, K, t, tau, False, False, VARIANTS["rows128"])
+    got = run(text, u, e, None, K, misalign=False, threads=warp_threads(text))
+    assert np.abs(got.sum(-1) - 1.0).max() > 1e-5, "the lanes' own sums should show P's rounding"
+    np.testing.assert_allclose(got, ref, **R.MMA_TOL, err_msg="rows128")
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -389,7 +376,6 @@ def check_key_splits(options, t, causal, masked, with_lse, splits, copies):
             f"  {outs} = moe.{op} %u, %e{mask_attr} tau({tau:e}){' causal(true)' if causal else ''} : "
             f"tensor<{B}x{N}x{D}x{t}>, tensor<{B}x{N}x{K}x{t}> -> {res}\n  return {outs} : {res}\n}}\n")
     text = simt.lower(MOE_OPT, text, f"{BASE64} {options}")   # cached: the split counts and copy timings share it
-    assert ('"nvvm.wgmma.mma_async"' in text) == ("flash-mma-wgmma=true" in options)
     # _mma_0: the direct kernel the host launches where it picks one split (below); _mma_1 the split kernel.
     kernel = f"{op}_mma_1"
     combine = simt.parse(text, f"{op}_mma_combine_0")
@@ -432,13 +418,10 @@ def check_key_splits(options, t, causal, masked, with_lse, splits, copies):
             np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-2)
 
 
-@pytest.mark.parametrize("variant,copies,misalign", [("rows128", "issue", False)])
-def test_flash_mma_d256_causal(variant, copies, misalign):
+def test_flash_mma_d256_causal():
     """The issue's second shape in small: causal, D = 256, K = 64 on the default block rows (one row tile: the
     128-row form's two do not fit the registers, and the whole tiles are not peeled past 128 features: every tile
-    the checked one), N = 100 over four 32-key tiles. With wgmma the block's 64 rows are one m64 tile, the query in
-    four swizzled 64-feature panels, 16 k-steps a tile, two cp.async buffers in dynamic shared memory; and with u
-    one element into its buffer, the query and the keys staged element by element into the swizzled panels."""
+    the checked one), N = 100 over four 32-key tiles."""
     rng = np.random.default_rng(3)
     B, N, D, K, t, tau = 1, 100, 256, 64, "bf16", 1.0
     # Four clusters: a row's keys of its cluster compete at logits ~6 (random rows would have their own key's
@@ -448,21 +431,19 @@ def test_flash_mma_d256_causal(variant, copies, misalign):
     u = bits(u, t)
     e = rng.random((B, N, K)).astype(np.float32)
     e = bits(e / e.sum(-1, keepdims=True), t)
-    text = lower(B, N, D, K, t, tau, True, False, VARIANTS[variant])
+    text = lower(B, N, D, K, t, tau, True, False, VARIANTS["rows128"])
     assert block_rows(text) == 64, "D = 256 takes one row tile a warp"
-    got = run(text, u, e, None, K, misalign=misalign, async_copies=copies, threads=warp_threads(text))
+    got = run(text, u, e, None, K, misalign=False, threads=warp_threads(text))
     ref = R.ref_similarity(torch.from_numpy(values(u, t)), torch.from_numpy(values(e, t)), tau=tau,
                            causal=True).numpy()
     np.testing.assert_allclose(got, ref, **R.MMA_TOL)
 
 
-@pytest.mark.parametrize("variant,D", [("rows128", 64), ("rows128", 256)])
-def test_attention_posterior_mixing(variant, D):
+@pytest.mark.parametrize("D", [64, 256])
+def test_attention_posterior_mixing(D):
     """attention_posterior's mixing on the tensor-core kernel (one row tile a warp: its per-element bias and score
-    loads; at D = 256 single-buffered with the lanes' own sums), with wgmma too (D = 64, 128 and 256, the latter
-    with the cp.async staging and the ones block the query's freed registers make room for: its Q.K^T from the
-    swizzled query and head-mean tiles; no lazy rescale, whose hot loop computes raw dots only): the kernel alone,
-    on head means, bias and scores given here, against
+    loads; at D = 256 single-buffered with the lanes' own sums): the kernel alone, on head means, bias and scores
+    given here, against
     float64 softmax_j(<u_i, m_j> / sigma^2 + bias_j + s[b, h*, i, j]) e. Two batch elements with different heads,
     N = 100 (a partial key tile, rows past N), scores large enough that the bias and the scores decide the weights."""
     rng = np.random.default_rng(41)
@@ -480,8 +461,7 @@ def test_attention_posterior_mixing(variant, D):
     text = (f"func.func @f(%s: {ts[0]}, %u: {ts[1]}, %v: {ts[2]}, %wo: {ts[3]}, %e: {ts[4]}) -> ({res}) {{\n"
             f"  %p, %h = moe.attention_posterior %s, %u, %v, %wo, %e sigma({sigma:e}) : {', '.join(ts)} -> {res}\n"
             f"  return %p, %h : {res}\n}}\n")
-    text = simt.lower(MOE_OPT, text, f"{BASE64} {VARIANTS[variant]}")
-    assert ('"nvvm.wgmma.mma_async"' in text) == (variant != "rows128") and '"nvvm.barrier"' not in text
+    text = simt.lower(MOE_OPT, text, f"{BASE64} {VARIANTS['rows128']}")
     out = np.full((B, N, K), np.nan, np.float32)
     mem = simt.Memory()
     args = [u, means, e, bias, s, head, out]

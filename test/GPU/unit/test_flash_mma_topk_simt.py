@@ -57,7 +57,7 @@ def case(name):
     elif name == "tiles_causal_bf16":
         B, N, D, K, k, renorm, t, tau, causal = 2, 300, 64, 16, 4, True, "bf16", 0.5, True
     elif name == "d256_k64_f16":
-        # One row tile a warp (with wgmma: its lazy rescale and peeled whole tiles), k = 8 of 64.
+        # One row tile a warp, k = 8 of 64.
         B, N, D, K, k, renorm, t, tau, causal = 1, 200, 256, 64, 8, True, "f16", 0.25, False
     else:
         raise KeyError(name)
