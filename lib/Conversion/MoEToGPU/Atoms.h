@@ -141,6 +141,20 @@ inline IndexPair laneTileCoord(kernels::KernelBuilder &kb, LaneCoords &coords,
   return {row, col ? kb.add(col0, col) : col0};
 }
 
+/// The row (`rows`) or the column of value `value` of this lane in the
+/// thread-value layout `tv`, offset by `base`: the lane's part (laneSum over
+/// tv's thread mode) plus one index constant, the value's part and the base.
+/// A kernel that needs one of the two (the columns of a C fragment's
+/// elements) emits no arithmetic for the other.
+inline Value fragmentTileIndex(kernels::KernelBuilder &kb, LaneCoords &coords,
+                               const kernels::TVLayout &tv, int64_t value,
+                               int64_t base, bool rows) {
+  kernels::TileCoord v = tv.valuePart(value);
+  Value lane = laneSum(kb, coords, tv.map.mode(0), tv.rows, rows);
+  Value constant = kb.idx(base + (rows ? v.row : v.col));
+  return lane ? kb.add(lane, constant) : constant;
+}
+
 /// The (row, col) of value `value` of this lane in the thread-value layout
 /// `tv`, offset by (row0, col0): the lane's part (laneSum over tv's thread
 /// mode) plus one index constant, the value's part and the base (the form
@@ -149,14 +163,8 @@ inline IndexPair fragmentTileCoord(kernels::KernelBuilder &kb,
                                    LaneCoords &coords,
                                    const kernels::TVLayout &tv, int64_t value,
                                    int64_t row0, int64_t col0) {
-  kernels::TileCoord v = tv.valuePart(value);
-  kernels::Layout threads = tv.map.mode(0);
-  auto plus = [&](Value lane, int64_t constant) {
-    return lane ? kb.add(lane, kb.idx(constant)) : kb.idx(constant);
-  };
-  Value row = plus(laneSum(kb, coords, threads, tv.rows, true), row0 + v.row);
-  return {row,
-          plus(laneSum(kb, coords, threads, tv.rows, false), col0 + v.col)};
+  Value row = fragmentTileIndex(kb, coords, tv, value, row0, /*rows=*/true);
+  return {row, fragmentTileIndex(kb, coords, tv, value, col0, /*rows=*/false)};
 }
 
 } // namespace mlir::moe::gpu_lowering

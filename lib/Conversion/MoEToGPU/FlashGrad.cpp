@@ -69,6 +69,91 @@ static constexpr int64_t kPairs = kFlashCols / kFlashGroup; // 4 per thread
 // 96-141; not yet timed on a GPU.
 static constexpr int64_t kFlashGradBlocksPerSM = 3;
 
+namespace {
+/// A column tile's accumulations (launchFlashGrad): the tile's weights S
+/// (`ss`, the excluded pairs marked) and dX in workgroup memory, summed over
+/// the columns into the thread's row of each accumulator's output.
+struct FlashGradSums {
+  GpuKernelBuilder &kb;
+  FlashLanes t;
+  Value b, row, active, C, ss, cs, excludedMark, zero, c0, c1;
+  /// The tile's first column, and whether it is the row's first tile (an
+  /// output not added to starts from zero there).
+  Value j0, first;
+
+  /// Σ_col W of the row: lane 0 of its group sums the tile row in column
+  /// order (the barrier publishes the other lanes' entries).
+  void rowSum(const FlashGradSpec::Accumulator &acc, Value weights, Value out) {
+    kb.barrier();
+    Value sum =
+        kb.forLoop(c0, kb.idx(kFlashCols), c1, {zero},
+                   [&](Value jj, ValueRange s) -> SmallVector<Value> {
+                     Value sw = kb.load(ss, {t.row, jj});
+                     Value seen =
+                         kb.cmpf(arith::CmpFPredicate::UNE, sw, excludedMark);
+                     Value w = acc.byDx ? kb.load(weights, {t.row, jj}) : sw;
+                     return {kb.select(seen, kb.fadd(s[0], w), s[0])};
+                   })[0];
+    kb.ifThen(kb.andI(active, kb.eq(t.lane, c0)), [&] {
+      Value old = kb.load(out, {b, row, c0});
+      if (!acc.addToOut)
+        old = kb.select(first, zero, old);
+      kb.store(kb.fadd(old, sum), out, {b, row, c0});
+    });
+  }
+
+  /// Σ_col W · values[col] of the row, 32 features at a time: the value
+  /// rows of the tile's columns staged in `cs`, each lane of the row's group
+  /// summing kPairs features in column order.
+  void valueSums(const FlashGradSpec::Accumulator &acc, Value weights,
+                 Value values, Value out) {
+    Value W = kb.dim(values, 2);
+    kb.forLoop(c0, W, kb.idx(kFlashChunk), [&](Value w0) {
+      // The value rows of the tile's columns at features [w0, w0 + 32).
+      kb.barrier();
+      for (int64_t n = 0; n < kFlashCols * kFlashChunk / kFlashThreads; ++n) {
+        Value flat = kb.add(t.tid, kb.idx(n * kFlashThreads));
+        Value rr = kb.divu(flat, kb.idx(kFlashChunk));
+        Value cc = kb.remu(flat, kb.idx(kFlashChunk));
+        Value gj = kb.add(j0, rr), gw = kb.add(w0, cc);
+        Value inWidth = kb.lt(gw, W);
+        Value ok = kb.andI(kb.lt(gj, C), inWidth);
+        Value v = kb.select(
+            ok,
+            kb.loadF(values, {b, kb.select(ok, gj, c0), kb.select(ok, gw, c0)}),
+            zero);
+        kb.store(v, cs, {rr, cc});
+      }
+      kb.barrier();
+      SmallVector<Value> sums = kb.forLoop(
+          c0, kb.idx(kFlashCols), c1, SmallVector<Value>(kPairs, zero),
+          [&](Value jj, ValueRange s) -> SmallVector<Value> {
+            Value sw = kb.load(ss, {t.row, jj});
+            // NaN weights count: only the mark is skipped.
+            Value seen = kb.cmpf(arith::CmpFPredicate::UNE, sw, excludedMark);
+            Value w = acc.byDx ? kb.load(weights, {t.row, jj}) : sw;
+            SmallVector<Value> next;
+            for (int64_t c = 0; c < kPairs; ++c) {
+              Value cc = kb.add(kb.idx(c * kFlashGroup), t.lane);
+              Value sum = kb.fadd(s[c], kb.fmul(w, kb.load(cs, {jj, cc})));
+              next.push_back(kb.select(seen, sum, s[c]));
+            }
+            return next;
+          });
+      for (int64_t c = 0; c < kPairs; ++c) {
+        Value gw = kb.add(w0, kb.add(kb.idx(c * kFlashGroup), t.lane));
+        kb.ifThen(kb.andI(active, kb.lt(gw, W)), [&] {
+          Value old = kb.load(out, {b, row, gw});
+          if (!acc.addToOut)
+            old = kb.select(first, zero, old);
+          kb.store(kb.fadd(old, sums[c]), out, {b, row, gw});
+        });
+      }
+    });
+  }
+};
+} // namespace
+
 void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
                                               const FlashGradSpec &spec,
                                               ValueRange args, Location loc) {
@@ -110,7 +195,7 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
     FlashTile tile(kb, flashBlockOrder(spec.causal, spec.balanceCausal,
                                        spec.keyMajor));
     FlashLanes t = tile.t;
-    Value tid = t.tid, b = tile.b, rowBase = tile.rowBase;
+    Value b = tile.b, rowBase = tile.rowBase;
     Value R = kb.dim(scoreRows, 1), C = kb.dim(scoreCols, 1);
     Value D = kb.dim(scoreRows, 2), G = kb.dim(gradRows, 2);
     tile.clampRow(kb, R, c1);
@@ -203,75 +288,15 @@ void mlir::moe::gpu_lowering::launchFlashGrad(HostCode &host, StringRef name,
       }
 
       Value first = kb.eq(j0, colBegin);
+      FlashGradSums sums{kb,           t,    b,  row, active, C,    ss, cs,
+                         excludedMark, zero, c0, c1,  j0,     first};
       for (auto [acc, outs] : llvm::zip(spec.accumulators, accs)) {
         auto [values, out] = outs;
         Value weights = acc.byDx ? dxs : ss;
-        if (acc.ones) {
-          // Σ_col W of the row: lane 0 of its group sums the tile row in
-          // column order (the barrier publishes the other lanes' entries).
-          kb.barrier();
-          Value sum = kb.forLoop(
-              c0, kb.idx(kFlashCols), c1, {zero},
-              [&](Value jj, ValueRange s) -> SmallVector<Value> {
-                Value sw = kb.load(ss, {t.row, jj});
-                Value seen =
-                    kb.cmpf(arith::CmpFPredicate::UNE, sw, excludedMark);
-                Value w = acc.byDx ? kb.load(weights, {t.row, jj}) : sw;
-                return {kb.select(seen, kb.fadd(s[0], w), s[0])};
-              })[0];
-          kb.ifThen(kb.andI(active, kb.eq(t.lane, c0)), [&] {
-            Value old = kb.load(out, {b, row, c0});
-            if (!acc.addToOut)
-              old = kb.select(first, zero, old);
-            kb.store(kb.fadd(old, sum), out, {b, row, c0});
-          });
-          continue;
-        }
-        Value W = kb.dim(values, 2);
-        kb.forLoop(c0, W, kb.idx(kFlashChunk), [&](Value w0) {
-          // The value rows of the tile's columns at features [w0, w0 + 32).
-          kb.barrier();
-          for (int64_t n = 0; n < kFlashCols * kFlashChunk / kFlashThreads;
-               ++n) {
-            Value flat = kb.add(tid, kb.idx(n * kFlashThreads));
-            Value rr = kb.divu(flat, kb.idx(kFlashChunk));
-            Value cc = kb.remu(flat, kb.idx(kFlashChunk));
-            Value gj = kb.add(j0, rr), gw = kb.add(w0, cc);
-            Value inWidth = kb.lt(gw, W);
-            Value ok = kb.andI(kb.lt(gj, C), inWidth);
-            Value v = kb.select(ok,
-                               kb.loadF(values, {b, kb.select(ok, gj, c0),
-                                                kb.select(ok, gw, c0)}),
-                               zero);
-            kb.store(v, cs, {rr, cc});
-          }
-          kb.barrier();
-          SmallVector<Value> sums = kb.forLoop(
-              c0, kb.idx(kFlashCols), c1, SmallVector<Value>(kPairs, zero),
-              [&](Value jj, ValueRange s) -> SmallVector<Value> {
-                Value sw = kb.load(ss, {t.row, jj});
-                // NaN weights count: only the mark is skipped.
-                Value seen =
-                    kb.cmpf(arith::CmpFPredicate::UNE, sw, excludedMark);
-                Value w = acc.byDx ? kb.load(weights, {t.row, jj}) : sw;
-                SmallVector<Value> next;
-                for (int64_t c = 0; c < kPairs; ++c) {
-                  Value cc = kb.add(kb.idx(c * kFlashGroup), t.lane);
-                  Value sum = kb.fadd(s[c], kb.fmul(w, kb.load(cs, {jj, cc})));
-                  next.push_back(kb.select(seen, sum, s[c]));
-                }
-                return next;
-              });
-          for (int64_t c = 0; c < kPairs; ++c) {
-            Value gw = kb.add(w0, kb.add(kb.idx(c * kFlashGroup), t.lane));
-            kb.ifThen(kb.andI(active, kb.lt(gw, W)), [&] {
-              Value old = kb.load(out, {b, row, gw});
-              if (!acc.addToOut)
-                old = kb.select(first, zero, old);
-              kb.store(kb.fadd(old, sums[c]), out, {b, row, gw});
-            });
-          }
-        });
+        if (acc.ones)
+          sums.rowSum(acc, weights, out);
+        else
+          sums.valueSums(acc, weights, values, out);
       }
     });
   }

@@ -116,19 +116,15 @@ using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 using namespace mlir::moe::kernels;
 
-static constexpr int64_t kWarps = 4;
-static constexpr int64_t kRows = 16 * kWarps;
-static constexpr int64_t kThreads = kWarp * kWarps;
-/// Elements of padding per workgroup row (16 bytes).
-static constexpr int64_t kPad = 8;
-
 /// The key and value tile buffers of the kernel: `buffers` tiles of `cols`
-/// rows, padded by kPad elements.
+/// rows, padded by kLdmatrixPad elements.
 static SmallVector<MemRefType, 4> flashMmaSharedTypes(const FlashMmaTile &tile,
                                                       Type elt) {
   return {
-      workgroupMemRef({tile.buffers * tile.cols, tile.depth + kPad}, elt),
-      workgroupMemRef({tile.buffers * tile.cols, tile.experts + kPad}, elt),
+      workgroupMemRef({tile.buffers * tile.cols, tile.depth + kLdmatrixPad},
+                      elt),
+      workgroupMemRef({tile.buffers * tile.cols, tile.experts + kLdmatrixPad},
+                      elt),
   };
 }
 
@@ -140,13 +136,6 @@ static int64_t flashMmaSharedBytes(const FlashMmaTile &tile, Type elt) {
     bytes += type.getNumElements() *
              type.getElementType().getIntOrFloatBitWidth() / 8;
   return bytes;
-}
-
-/// Whether `blocks` blocks of `bytes` of dynamic shared memory each fit a
-/// multiprocessor whose opt-in maximum a block is `limit` (a multiprocessor
-/// holds the maximum plus the 1 KiB each block reserves).
-static bool blocksFit(int64_t bytes, int64_t blocks, int64_t limit) {
-  return bytes <= limit && blocks * (bytes + 1024) <= limit + 1024;
 }
 
 std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
@@ -196,7 +185,8 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
   if (twoRowTiles)
     for (int64_t cols : {64, 32}) {
       int64_t bytes =
-          buffers * cols * (tile.depth + kPad + tile.experts + kPad) * 2;
+          buffers * cols *
+          (tile.depth + kLdmatrixPad + tile.experts + kLdmatrixPad) * 2;
       // Both row tiles' query chunks, logits and accumulators held (4
       // registers a 16x8 tile each), 2 a value block (its B fragments), 48
       // with a key mask (the masked tiles' selects and their loads) plus
@@ -267,8 +257,9 @@ std::optional<FlashMmaTile> mlir::moe::gpu_lowering::flashMmaTile(
     if (cols == 64 && (spec.hasKeyMask || spec.withLse) &&
         !spec.hasAddScores && regs > 136)
       continue;
-    int64_t bytes =
-        tile.buffers * cols * (tile.depth + kPad + tile.experts + kPad) * 2;
+    int64_t bytes = tile.buffers * cols *
+                    (tile.depth + kLdmatrixPad + tile.experts + kLdmatrixPad) *
+                    2;
     // The fused top-k's epilogue: one row's packed 64-bit candidates (2 per
     // column of the quad lane) beside the other row's probabilities.
     if (spec.topk)
@@ -303,7 +294,6 @@ static Value flashMmaDynamicBytes(ImplicitLocOpBuilder &b,
   return arith::ConstantOp::create(
       b, b.getI32IntegerAttr(flashMmaSharedBytes(tile, elt)));
 }
-
 
 /// The fused top-k (similarity_inform_topk) of one row whose
 /// normalized values `vals` lie on the C-fragment layout: the scalar
@@ -357,7 +347,6 @@ static void emitMmaTopkEpilogue(GPUKernel &kernel, const FlashMixSpec &spec,
     emitQuadRowTopk(kb, spec, vals, tig, flatRow, active, outRows, idxRows);
   }
 }
-
 
 namespace {
 /// One key tile of a row's online softmax in base 2 (the tensor-core
@@ -435,76 +424,137 @@ static Exp2Tile exp2SoftmaxStep(GpuKernelBuilder &kb, Value max2,
   return tile;
 }
 
-/// scf.while from `init`: `before(args)` returns the condition and the values
-/// it forwards (of `forwarded` types: the after region's arguments while it
-/// holds, the loop's results once it fails), `after(args)` the next state.
-static SmallVector<Value>
-whileLoop(ImplicitLocOpBuilder &b, ValueRange init, TypeRange forwarded,
-          function_ref<std::pair<Value, SmallVector<Value>>(ValueRange)> before,
-          function_ref<SmallVector<Value>(ValueRange)> after) {
-  auto op = scf::WhileOp::create(b, forwarded, init);
-  OpBuilder::InsertionGuard guard(b);
-  Block *first =
-      b.createBlock(&op.getBefore(), {}, init.getTypes(),
-                    SmallVector<Location>(init.size(), b.getLoc()));
-  auto [cond, values] = before(first->getArguments());
-  scf::ConditionOp::create(b, cond, values);
-  Block *second =
-      b.createBlock(&op.getAfter(), {}, forwarded,
-                    SmallVector<Location>(forwarded.size(), b.getLoc()));
-  scf::YieldOp::create(b, after(second->getArguments()));
-  return SmallVector<Value>(op.getResults());
-}
+static constexpr double kLog2e = 1.4426950408889634;
+static constexpr double kLn2 = 0.6931471805599453;
 
-/// The body of the kernel (launchFlashMixMma).
-static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
-                            const FlashMmaTile &tile, Type elt) {
-  const int64_t K = spec.numExperts;
-  const int64_t cols = tile.cols;
-  const int64_t keyBlocks = cols / 8;      // n-blocks of the logits
-  const int64_t chunks = tile.depth / 16;  // k-steps of the logits
-  const int64_t expertBlocks = tile.experts / 8;
-  // FlashMmaTile::sumMma: one more accumulator block past the experts', P
-  // times a constant block of ones: each of its columns is the row's sum.
-  const bool sumMma = tile.sumMma;
-  const int64_t accBlocks = expertBlocks + (sumMma ? 1 : 0);
-  // flash-mma-block-rows=128: T = 2 row tiles of 16 rows a warp; each
-  // ldmatrix of keys or values feeds the MMAs of both. A thread's rows are
-  // rr = 2t + r: g + 16t + 8r of its warp's 16T.
-  const int64_t T = tile.rowTiles;
-  const int64_t blockRows = kRows * T;
-  GpuKernelBuilder &kb = kernel.kb;
-  ImplicitLocOpBuilder &b = kernel.b;
-  Mma m{b, kb, elt};
-  unsigned a = 0;
-  Value q = kernel.arg(a++);
-  Value keys = kernel.arg(a++);
-  Value e = kernel.arg(a++);
-  FlashLogitArgs logit(kernel, spec, a);
-  Value keyMask = logit.keyMask;
-  Value out = kernel.arg(a++);
-  Value outIdx = spec.topk ? kernel.arg(a++) : Value();
-  Value lseOut = spec.withLse ? kernel.arg(a++) : Value();
-  // flash-mma-key-splits: the split's partial rows [S, B, N, K + 2] (the
-  // unnormalized accumulators, the max in log2 units, the sum).
-  Value partials = tile.keySplits > 1 ? kernel.arg(a++) : Value();
-  // The causal order (flash-causal-balance); in the split-key kernel (its
-  // splits lanes of a tile beside the batch elements) where flashMmaTile
-  // found room for it.
-  const bool splitKernel = tile.keySplits > 1;
-  FlashBlockPlace place = flashBlockPlace(
-      kb,
-      flashBlockOrder(spec.causal,
-                      spec.balanceCausal &&
-                          (!splitKernel || tile.splitCausalOrder),
-                      /*byKey=*/false),
-      splitKernel);
-  Value ks, vs;
-  if (tile.dynamicShared) {
-    // Three stages: the key buffers from
-    // the start of the block's dynamic shared memory, the value buffers after
-    // them (a multiple of 16 bytes: every row is), as flashMmaSharedTypes
-    // lays them out.
+namespace {
+/// The tensor-core kernel (launchFlashMixMma) as a recipe: the block's place
+/// and its threads' rows, the query fragments loaded once, then per key tile
+/// the staging pipeline (stageKeysAndValues, pipelineStep), the logits on
+/// the MMA (logitsOf), the online softmax in base 2 (exactTile, or the lazy
+/// rescale's hot loop, lazyLoop) and the mixing (mixTile), and after the key
+/// loops the epilogue (the partial rows of a split, the fused top-k, or the
+/// normalized rows and the lse). Fragment elements are placed by the MMA
+/// atoms' layouts (MmaFragments.h, Atoms.h).
+class FlashMmaRecipe {
+public:
+  FlashMmaRecipe(GPUKernel &kernel, const FlashMixSpec &spec,
+                 const FlashMmaTile &tile, Type elt)
+      : kernel(kernel), spec(spec), tile(tile), elt(elt), kb(kernel.kb),
+        b(kernel.b), m{kernel.b, kernel.kb, elt}, K(spec.numExperts),
+        cols(tile.cols), keyBlocks(tile.cols / 8), chunks(tile.depth / 16),
+        expertBlocks(tile.experts / 8), sumMma(tile.sumMma),
+        accBlocks(expertBlocks + (sumMma ? 1 : 0)), T(tile.rowTiles),
+        blockRows(kMmaRows * T), accCount(accBlocks * 4), accAll(T * accCount),
+        doubleBuffered(tile.buffers >= 2), stages(tile.buffers),
+        rawDots(!spec.hasBias && !spec.hasAddScores) {}
+  void emit() {
+    bindArguments();
+    bindTileBuffers();
+    placeThreadRows();
+    loadQueryFragments();
+    wideType = VectorType::get({8}, elt);
+    keysAligned = alignedBase(keys, tile.wideKeys || tile.asyncKeys);
+    valuesAligned = alignedBase(e, tile.wideValues || tile.asyncValues);
+    splitKeyRange();
+    bindAddedScoreRows();
+    initCarriedState();
+    if (doubleBuffered && !tile.hoistStaging)
+      stageFirstTile();
+    // The softmax in base 2 (FlashAttention-2's): s = q.k from the MMA,
+    // c = log2(e) / tau, the row's max m2 kept in log2 units (max s . c: c > 0,
+    // the verifier's tau > 0 and sigma > 0), each weight
+    //   p = 2^(s c - m2) = e^(s / tau - m)       one FFMA and one EX2,
+    // the accumulator's factor 2^(m2_old - m2) once a row and tile. EX2 is
+    // ex2.approx.ftz (2 ulp; a weight below 2^-126 of the row's largest, 1,
+    // flushes to 0 and changes no sum: softmaxWeight's rule). The logit's
+    // rounding moves from s / tau to the FFMA's s . c - m2, a relative error of
+    // the weight of about 2^-24 |s c| + 2 ulp: far inside MMA_TOL (1e-2),
+    // behind the operands' own rounding to f16/bf16. attention_posterior's
+    // logit, s / sigma^2 + bias + score, becomes s . c + (bias + score) log2(e)
+    // (one FFMA after the add), and its max the max of those.
+    scale2 = kb.cF32(kLog2e / spec.scaleDiv);
+    // Each lane sums its own columns of a row (p with the quad's common max)
+    // and the quad's 4 partial sums are added once after the key loop, not
+    // per tile: 2 shuffles a row instead of 2 a row and tile.
+    // Not where the fragments held through the key loop (4 registers a
+    // 16-feature chunk of the query, 4 an 8-expert block of the accumulator)
+    // pass 160 of ptxas's 255 (D = K = 256: 192): there, with the quad's sums
+    // added after the loop, the fused top-k kernel sat at 255 registers on
+    // sm_80 and spilled the quad index g across the key loop to its epilogue
+    // (12 bytes; summing the tile before the rescale did not help); the
+    // tile's sum reduced over the quad in the loop, added with one FFMA, takes
+    // it to 252 and no spill. The 2 shuffles a row and tile cost about half
+    // an instruction a score there, against about 8 HMMA a score.
+    sumsPerTile = chunks * 4 + accCount > 160;
+
+    // Peeling: keys [0, fullEnd) come in whole tiles that no row of the block
+    // excludes (every key < Nk, and when causal every key <= rowBase, the
+    // block's first row): those tiles carry no bounds or causal select; the
+    // tiles from fullEnd to keyEnd (the last, partial tile; the causal
+    // diagonal) are the checked ones. Both loops run the same staging
+    // pipeline, indexed by j0.
+    // Not past 128 experts (D = K = 256, 32-key tiles): there the second
+    // copy of the body made ptxas spill (sm_90, 12-28 bytes); nor past 128
+    // features: at D = 256, K = 64 with static sizes (the issue's causal B = 4,
+    // N = 4096) it spilled 120 bytes on sm_90 (144 with the row sums from the
+    // MMA), none unpeeled. There every tile is the checked one.
+    fullEnd = c0;
+    if (tile.experts <= 128 && tile.depth <= 128) {
+      Value keyLimit = spec.causal ? kb.minu(Nk, kb.add(rowBase, c1)) : Nk;
+      fullEnd = kb.mul(kb.divu(keyLimit, kb.idx(cols)), kb.idx(cols));
+    }
+    SmallVector<Value> fin = runKeyLoops();
+    finishRowSums(fin);
+    if (partials)
+      return storePartialRows(fin);
+    if (spec.topk)
+      return emitMmaTopkEpilogue(kernel, spec, fin, accCount, T, expertBlocks,
+                                 rowsOf, bi, N, tig, out, outIdx);
+    storeNormalizedRows(fin);
+  }
+
+private:
+  /// s[t * keyBlocks + nb]: row tile t's logits of key block nb, the four
+  /// f32 of a C fragment.
+  using Logits = SmallVector<SmallVector<Value>>;
+
+  // The prologue, in the order the kernel computes it.
+  void bindArguments() {
+    unsigned a = 0;
+    q = kernel.arg(a++);
+    keys = kernel.arg(a++);
+    e = kernel.arg(a++);
+    logit.emplace(kernel, spec, a);
+    keyMask = logit->keyMask;
+    out = kernel.arg(a++);
+    outIdx = spec.topk ? kernel.arg(a++) : Value();
+    lseOut = spec.withLse ? kernel.arg(a++) : Value();
+    // flash-mma-key-splits: the split's partial rows [S, B, N, K + 2] (the
+    // unnormalized accumulators, the max in log2 units, the sum).
+    partials = tile.keySplits > 1 ? kernel.arg(a++) : Value();
+    // The causal order (flash-causal-balance); in the split-key kernel (its
+    // splits lanes of a tile beside the batch elements) where flashMmaTile
+    // found room for it.
+    const bool splitKernel = tile.keySplits > 1;
+    place = flashBlockPlace(
+        kb,
+        flashBlockOrder(spec.causal,
+                        spec.balanceCausal &&
+                            (!splitKernel || tile.splitCausalOrder),
+                        /*byKey=*/false),
+        splitKernel);
+  }
+
+  void bindTileBuffers() {
+    if (!tile.dynamicShared) {
+      ks = kernel.workgroup(0);
+      vs = kernel.workgroup(1);
+      return;
+    }
+    // Three stages: the key buffers from the start of the block's dynamic
+    // shared memory, the value buffers after them (a multiple of 16 bytes:
+    // every row is), as flashMmaSharedTypes lays them out.
     SmallVector<MemRefType, 4> types = flashMmaSharedTypes(tile, elt);
     auto space = gpu::AddressSpaceAttr::get(b.getContext(),
                                             gpu::AddressSpace::Workgroup);
@@ -514,99 +564,133 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     Value start = kb.idx(0);
     const int64_t keyBytes = types[0].getNumElements() * 2;
     ks = memref::ViewOp::create(b, types[0], bytes, start, ValueRange{});
-    int64_t valueAt = keyBytes;
-    vs = memref::ViewOp::create(b, types[1], bytes, kb.idx(valueAt),
+    vs = memref::ViewOp::create(b, types[1], bytes, kb.idx(keyBytes),
                                 ValueRange{});
-  } else {
-    ks = kernel.workgroup(0);
-    vs = kernel.workgroup(1);
   }
 
-  Value c0 = kb.idx(0), c1 = kb.idx(1);
-  Value tid = kb.threadId();
-  Value warp = kb.divu(tid, kb.idx(kWarp));
-  Value lane = kb.remu(tid, kb.idx(kWarp));
-  Value g = kb.divu(lane, kb.idx(4));   // the quad: rows g and g + 8
-  Value tig = kb.remu(lane, kb.idx(4)); // the lane in the quad: columns
-  Value bi = place.batchOf(kb);
-  Value rowBase = kb.mul(place.tileOf(kb), kb.idx(blockRows));
-  Value N = kb.dim(q, 1);
-  Value D = kb.dim(q, 2);
-  Value Nk = kb.dim(keys, 1);
-  // A warp's row tiles: rows 16T warp + 16t of the block.
-  const int64_t tileStride = 16;
-  Value r0 = kb.add(kb.add(rowBase, kb.mul(warp, kb.idx(16 * T))), g);
-  SmallVector<Value> rowsOf = {r0, kb.add(r0, kb.idx(8))};
-  for (int64_t t = 1; t < T; ++t)
-    for (int64_t r = 0; r < 2; ++r)
-      rowsOf.push_back(kb.add(r0, kb.idx(tileStride * t + 8 * r)));
+  void placeThreadRows() {
+    c0 = kb.idx(0);
+    c1 = kb.idx(1);
+    tid = kb.threadId();
+    Value warp = kb.divu(tid, kb.idx(kWarp));
+    lane = kb.remu(tid, kb.idx(kWarp));
+    g = kb.divu(lane, kb.idx(4));   // the quad: rows g and g + 8
+    tig = kb.remu(lane, kb.idx(4)); // the lane in the quad: columns
+    cCoords.emplace(kb, cLayout.map.mode(0).shape(), ArrayRef<Value>{tig, g});
+    bi = place.batchOf(kb);
+    rowBase = kb.mul(place.tileOf(kb), kb.idx(blockRows));
+    N = kb.dim(q, 1);
+    D = kb.dim(q, 2);
+    Nk = kb.dim(keys, 1);
+    // A warp's row tiles: rows 16T warp + 16t of the block.
+    Value r0 = kb.add(kb.add(rowBase, kb.mul(warp, kb.idx(16 * T))), g);
+    rowsOf = {r0, kb.add(r0, kb.idx(8))};
+    for (int64_t t = 1; t < T; ++t)
+      for (int64_t r = 0; r < 2; ++r)
+        rowsOf.push_back(kb.add(r0, kb.idx(16 * t + 8 * r)));
+  }
 
-  // The query fragments, once: chunk c's A operand holds (row, feature)
-  // (g, 16c + 2tig + {0,1}), (g + 8, ...), (g, 16c + 8 + 2tig + {0,1}),
-  // (g + 8, ...); zeros past N and D.
-  Value zeroE = m.zeroElt();
-  auto loadOrZero = [&](Value src, Value bIdx, Value row, Value rowLimit,
-                        Value col, Value colLimit) {
-    Value ok = kb.andI(kb.lt(row, rowLimit), kb.lt(col, colLimit));
-    Value v = kb.load(src, {bIdx, kb.select(ok, row, c0), kb.select(ok, col, c0)});
-    return kb.select(ok, v, zeroE);
-  };
-  // qFrag[t * chunks + c]: row tile t's chunk c.
-  SmallVector<Value> qFrag;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t c = 0; c < chunks; ++c) {
-      SmallVector<Value> elems;
-      for (int64_t half = 0; half < 2; ++half)
-        for (Value row : ArrayRef<Value>(rowsOf).slice(2 * t, 2))
-          for (int64_t x = 0; x < 2; ++x) {
-            Value d =
-                kb.add(kb.mul(tig, kb.idx(2)), kb.idx(16 * c + 8 * half + x));
-            elems.push_back(loadOrZero(q, bi, row, N, d, D));
-          }
-      qFrag.push_back(m.fragment(elems));
+  void loadQueryFragments() {
+    // The query fragments, once: chunk c's A operand, its elements where the
+    // A atom places them (features 16c + 2tig + {0, 1, 8, 9}, rows g and
+    // g + 8); zeros past N and D.
+    zeroE = m.zeroElt();
+    LaneCoords aCoords(kb, aLayout.map.mode(0).shape(),
+                       ArrayRef<Value>{tig, g});
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = 0; c < chunks; ++c) {
+        SmallVector<Value> elems;
+        for (int64_t v = 0; v < 8; ++v) {
+          Value row = rowsOf[2 * t + (v / 2) % 2];
+          Value d = fragmentTileIndex(kb, aCoords, aLayout, v, 16 * c,
+                                      /*rows=*/false);
+          elems.push_back(loadOrZero(q, bi, row, N, d, D));
+        }
+        qFrag.push_back(m.fragment(elems));
+      }
+  }
+
+  void splitKeyRange() {
+    keyEnd = Nk;
+    if (spec.causal)
+      keyEnd = kb.minu(Nk, kb.add(rowBase, kb.idx(blockRows)));
+    // The block's keys [keyLo, keyHi): all of them, or with key splits (the
+    // grid's z) split z's share of the block's key tiles. In tiles: [tileLo,
+    // tileHi) of the block's ceil(keyEnd / cols), an empty range for a split
+    // past them (keyLo = keyHi rounded to whole tiles).
+    keyLo = c0;
+    keyHi = keyEnd;
+    if (!partials)
+      return;
+    Value tiles = kb.ceilDiv(keyEnd, kb.idx(cols));
+    Value share = kb.ceilDiv(tiles, kb.gridDim(gpu::Dimension::z));
+    tileLo = kb.minu(kb.mul(place.splitOf(kb), share), tiles);
+    tileHi = kb.minu(kb.add(tileLo, share), tiles);
+    keyLo = kb.mul(tileLo, kb.idx(cols));
+    keyHi = kb.minu(kb.mul(tileHi, kb.idx(cols)), keyEnd);
+  }
+
+  void bindAddedScoreRows() {
+    // attention_posterior's added scores add[b, head[b], row, j], read as rows
+    // of add viewed [B·H·N, Nk]: the head read once and each of the thread's
+    // two rows' offsets computed once (a row past N takes row 0: it computes
+    // and stores nothing, but its loads must stay in bounds): fewer live
+    // address terms than a 4-D index per element.
+    if (!logit->add)
+      return;
+    Value head = kb.castInt(kb.load(logit->head, {bi}), kb.index());
+    addRows2D = viewAs2D(b, logit->add);
+    Value bh = kb.add(kb.mul(bi, kb.dim(logit->add, 1)), head);
+    for (int r = 0; r < 2; ++r) {
+      Value row = kb.select(kb.lt(rowsOf[r], N), rowsOf[r], c0);
+      addRows[r] = kb.add(kb.mul(bh, N), row);
     }
+  }
 
-  // Staging a tile of `cols` rows j0 + jj of `src` [B, Nk, cols] into `dst`
-  // [cols, width + kPad]: zeros past `rowLimit` and `colLimit`, then
-  // `masked(j, v)` (a key mask) on what was loaded. The element loop, or with
-  // `wide` (colLimit, the operand's column count, a multiple of 8) 16-byte
-  // vectors of 8 elements (ld.global.v4 / st.shared.v4: 8x fewer loads and
-  // index computations) when `aligned` (the operand's base is 16-byte
-  // aligned: then every 8-element group of a row is, and every workgroup row,
-  // (width + kPad) * 2 bytes, is a multiple of 16 bytes).
-  VectorType wideType = VectorType::get({8}, elt);
-  auto alignedBase = [&](Value memref, bool wide) -> Value {
+  void initCarriedState() {
+    init.assign(T * accBlocks * 4, kb.cF32(0.0));
+    // The max from -FLT_MAX (exp2SoftmaxStep: no select of a row without
+    // keys), the sum from 0.
+    Value maxStart = kb.cF32(-std::numeric_limits<float>::max());
+    for (int r = 0; r < 2 * T; ++r) {
+      init.push_back(maxStart);
+      init.push_back(kb.cF32(0.0));
+    }
+  }
+
+  /// The C-fragment column of value x (0 or 1; the row 8 below holds the
+  /// same columns) of the 8-column block at `block0`: block0 + 2·tig + x.
+  Value fragmentColumn(int64_t block0, int64_t x) {
+    return fragmentTileIndex(kb, *cCoords, cLayout, x, block0,
+                             /*rows=*/false);
+  }
+
+  Value loadOrZero(Value src, Value bIdx, Value row, Value rowLimit, Value col,
+                   Value colLimit) {
+    Value ok = kb.andI(kb.lt(row, rowLimit), kb.lt(col, colLimit));
+    Value v =
+        kb.load(src, {bIdx, kb.select(ok, row, c0), kb.select(ok, col, c0)});
+    return kb.select(ok, v, zeroE);
+  }
+
+  Value alignedBase(Value memref, bool wide) {
     if (!wide)
       return Value();
     Value ptr = memref::ExtractAlignedPointerAsIndexOp::create(b, memref);
     return kb.eq(kb.remu(ptr, kb.idx(16)), c0);
-  };
-  Value keysAligned = alignedBase(keys, tile.wideKeys || tile.asyncKeys);
-  Value valuesAligned = alignedBase(e, tile.wideValues || tile.asyncValues);
-  auto maskedValue = [&](Value j, Value v) -> Value {
+  }
+
+  Value maskedValue(Value j, Value v) {
     // A masked key adds nothing, not 0 · e.
     Value js = kb.select(kb.lt(j, Nk), j, c0);
     return kb.select(kb.load(keyMask, {bi, js}), v,
                      kb.constLike(v.getType(), 0.0));
-  };
-  // With `async` (the operand's cp.async staging) the aligned path issues
-  // 16-byte cp.async copies (src-size 0 past the bounds: zeros) into rows
-  // `rowOff` + jj, which the caller commits and waits for.
-  // With the alignment known (flash-mma-block-rows=128: `alignedKnown`, the
-  // branch taken once outside the key loops) the tile takes one path, and the
-  // 16-byte path's trips, when the block's threads divide the tile's
-  // vectors, are unrolled: every load or copy of the tile issued back to
-  // back, their addresses a constant apart.
-  // With `whole` (the lazy loop's copies of a tile known to hold keys only
-  // below Nk) the 16-byte path has no row bound: its source addresses stay
-  // affine in the loop's j0 (the compiler strength-reduces them to pointer
-  // increments, as in the peeled loop, whose bounds fold from the loop's
-  // range where Nk is static).
-  std::optional<bool> alignedKnown;
-  // Rows [row, row + cols) of a tile buffer (the pipeline's buffer of a
-  // tile): a view at a dynamic offset, so that the addresses into it are
-  // the buffer's base plus ones that do not change in the key loop.
-  auto bufferAt = [&](Value buffer, Value row) -> Value {
+  }
+
+  Value bufferAt(Value buffer, Value row) {
+    // Rows [row, row + cols) of a tile buffer (the pipeline's buffer of a
+    // tile): a view at a dynamic offset, so that the addresses into it are the
+    // buffer's base plus ones that do not change in the key loop.
     if (!row || isConstantIntValue(row, 0))
       return buffer;
     auto type = cast<MemRefType>(buffer.getType());
@@ -615,29 +699,43 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         b, buffer, ArrayRef<OpFoldResult>{row, b.getIndexAttr(0)},
         ArrayRef<OpFoldResult>{b.getIndexAttr(cols), b.getIndexAttr(width)},
         ArrayRef<OpFoldResult>{b.getIndexAttr(1), b.getIndexAttr(1)});
-  };
-  auto stageTile = [&](Value src, Value dst, int64_t width, bool wide,
-                       Value aligned, Value j0, Value rowLimit, Value colLimit,
-                       function_ref<Value(Value, Value)> masked,
-                       Value rowOff = Value(), bool async = false,
-                       bool whole = false, int64_t rows = 0) {
-    if (!rows)
-      rows = cols;
+  }
+
+  // Staging.
+
+  // Staging a tile of `cols` rows j0 + jj of `src` [B, Nk, cols] into `dst`
+  // [cols, width + kLdmatrixPad] at rows `rowOff`: zeros past `rowLimit` and
+  // `colLimit`, then `masked(j, v)` (a key mask) on what was loaded. The
+  // element loop, or with `wide` (colLimit, the operand's column count, a
+  // multiple of 8) 16-byte vectors of 8 elements (ld.global.v4 / st.shared.v4:
+  // 8x fewer loads and index computations) when `aligned` (the operand's base
+  // is 16-byte aligned: then every 8-element group of a row is, and every
+  // workgroup row, (width + kLdmatrixPad) * 2 bytes, is a multiple of 16
+  // bytes). With `async` (the operand's cp.async staging) the aligned path
+  // issues 16-byte cp.async copies (src-size 0 past the bounds: zeros), which
+  // the caller commits and waits for. With `whole` (the lazy loop's copies of a
+  // tile known to hold keys only below Nk) the 16-byte path has no row bound:
+  // its source addresses stay affine in the loop's j0 (the compiler
+  // strength-reduces them to pointer increments, as in the peeled loop, whose
+  // bounds fold from the loop's range where Nk is static).
+  void stageTile(Value src, Value dst, int64_t width, bool wide, Value aligned,
+                 Value j0, Value rowLimit, Value colLimit,
+                 function_ref<Value(Value, Value)> masked, Value rowOff,
+                 bool async, bool whole) {
+    const int64_t rows = cols;
     // The tile's rows of the buffer: row jj of the tile is row jj of `dst`.
     dst = bufferAt(dst, rowOff);
-    auto at = [&](Value jj, Value cc) -> SmallVector<Value, 2> {
-      return {jj, cc};
-    };
     auto elements = [&] {
-      kb.forLoop(tid, kb.idx(rows * width), kb.idx(kThreads), [&](Value flat) {
-        Value jj = kb.divu(flat, kb.idx(width));
-        Value cc = kb.remu(flat, kb.idx(width));
-        Value j = kb.add(j0, jj);
-        Value v = loadOrZero(src, bi, j, rowLimit, cc, colLimit);
-        if (masked)
-          v = masked(j, v);
-        kb.store(v, dst, at(jj, cc));
-      });
+      kb.forLoop(tid, kb.idx(rows * width), kb.idx(kMmaThreads),
+                 [&](Value flat) {
+                   Value jj = kb.divu(flat, kb.idx(width));
+                   Value cc = kb.remu(flat, kb.idx(width));
+                   Value j = kb.add(j0, jj);
+                   Value v = loadOrZero(src, bi, j, rowLimit, cc, colLimit);
+                   if (masked)
+                     v = masked(j, v);
+                   kb.store(v, dst, {jj, cc});
+                 });
     };
     if (!wide) {
       elements();
@@ -653,7 +751,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       if (async) {
         nvgpu::DeviceAsyncCopyOp::create(
             b, nvgpu::DeviceAsyncTokenType::get(b.getContext()), dst,
-            at(jj, cc), src,
+            ValueRange{jj, cc}, src,
             ValueRange{bi, kb.select(ok, j, c0), kb.select(ok, cc, c0)},
             b.getIndexAttr(8), kb.select(ok, kb.idx(8), c0), b.getUnitAttr());
         return;
@@ -665,19 +763,19 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       v = kb.select(ok, v, kb.constLike(wideType, 0.0));
       if (masked)
         v = masked(j, v);
-      vector::StoreOp::create(b, v, dst, at(jj, cc),
+      vector::StoreOp::create(b, v, dst, ValueRange{jj, cc},
                               /*nontemporal=*/false, llvm::MaybeAlign(16));
     };
     auto stageVectors = [&] {
       int64_t total = rows * vecs;
-      if (alignedKnown && total % kThreads == 0 && kThreads % vecs == 0) {
+      if (alignedKnown && total % kMmaThreads == 0 && kMmaThreads % vecs == 0) {
         Value jj0 = kb.divu(tid, kb.idx(vecs));
         Value cc = kb.mul(kb.remu(tid, kb.idx(vecs)), kb.idx(8));
-        for (int64_t i = 0; i < total / kThreads; ++i)
-          stageVector(kb.add(jj0, kb.idx(i * (kThreads / vecs))), cc);
+        for (int64_t i = 0; i < total / kMmaThreads; ++i)
+          stageVector(kb.add(jj0, kb.idx(i * (kMmaThreads / vecs))), cc);
         return;
       }
-      kb.forLoop(tid, kb.idx(total), kb.idx(kThreads), [&](Value flat) {
+      kb.forLoop(tid, kb.idx(total), kb.idx(kMmaThreads), [&](Value flat) {
         Value jj = kb.divu(flat, kb.idx(vecs));
         Value cc = kb.mul(kb.remu(flat, kb.idx(vecs)), kb.idx(8));
         stageVector(jj, cc);
@@ -691,85 +789,28 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       return;
     }
     kb.ifThenElse(aligned, stageVectors, elements);
-  };
-
-  Value keyEnd = Nk;
-  if (spec.causal)
-    keyEnd = kb.minu(Nk, kb.add(rowBase, kb.idx(blockRows)));
-  // The block's keys [keyLo, keyHi): all of them, or with key splits (the
-  // grid's z) split z's share of the block's key tiles.
-  // In tiles: [tileLo, tileHi) of the block's ceil(keyEnd / cols), an empty
-  // range for a split past them (keyLo = keyHi rounded to whole tiles).
-  Value keyLo = c0, keyHi = keyEnd, tileLo, tileHi;
-  if (partials) {
-    Value tiles = kb.ceilDiv(keyEnd, kb.idx(cols));
-    Value share = kb.ceilDiv(tiles, kb.gridDim(gpu::Dimension::z));
-    tileLo = kb.minu(kb.mul(place.splitOf(kb), share), tiles);
-    tileHi = kb.minu(kb.add(tileLo, share), tiles);
-    keyLo = kb.mul(tileLo, kb.idx(cols));
-    keyHi = kb.minu(kb.mul(tileHi, kb.idx(cols)), keyEnd);
   }
 
-  // attention_posterior's added scores add[b, head[b], row, j], read as rows
-  // of add viewed [B·H·N, Nk]: the head read once and each of the thread's
-  // two rows' offsets computed once (a row past N takes row 0: it computes
-  // and stores nothing, but its loads must stay in bounds): fewer live
-  // address terms than a 4-D index per element.
-  Value addRows2D;
-  std::array<Value, 2> addRows;
-  if (logit.add) {
-    Value head = kb.castInt(kb.load(logit.head, {bi}), kb.index());
-    addRows2D = viewAs2D(b, logit.add);
-    Value bh = kb.add(kb.mul(bi, kb.dim(logit.add, 1)), head);
-    for (int r = 0; r < 2; ++r) {
-      Value row = kb.select(kb.lt(rowsOf[r], N), rowsOf[r], c0);
-      addRows[r] = kb.add(kb.mul(bh, N), row);
-    }
-  }
-
-  // Carried: the accumulator (expertBlocks x 4 f32), then per row the
-  // running max and sum (the max in log2 units and, where the quad's sums
-  // wait for the end of the loop, this lane's part of the sum).
-  // Row tile t's accumulators at t * accCount; the rows' (max, sum) after
-  // all of them, at accAll + 2 rr.
-  SmallVector<Value> init(T * accBlocks * 4, kb.cF32(0.0));
-  // The max from -FLT_MAX (exp2SoftmaxStep: no select of a row without
-  // keys), the sum from 0.
-  Value maxStart = kb.cF32(-std::numeric_limits<float>::max());
-  for (int r = 0; r < 2 * T; ++r) {
-    init.push_back(maxStart);
-    init.push_back(kb.cF32(0.0));
-  }
-  const int64_t accCount = accBlocks * 4;
-  const int64_t accAll = T * accCount;
-  auto stageKeysAndValues = [&](Value j0, Value rowOff, bool whole = false) {
+  void stageKeysAndValues(Value j0, Value rowOff, bool whole = false) {
     bool wideK = tile.wideKeys || tile.asyncKeys;
     bool wideV = tile.wideValues || tile.asyncValues;
     stageTile(keys, ks, tile.depth, wideK, keysAligned, j0, Nk, D, nullptr,
-              rowOff, tile.asyncKeys, whole, /*rows=*/cols);
+              rowOff, tile.asyncKeys, whole);
+    auto masked = [this](Value j, Value v) { return maskedValue(j, v); };
     stageTile(e, vs, tile.experts, wideV, valuesAligned, j0, Nk, kb.idx(K),
-              keyMask ? maskedValue : function_ref<Value(Value, Value)>(),
+              keyMask ? function_ref<Value(Value, Value)>(masked)
+                      : function_ref<Value(Value, Value)>(),
               rowOff, tile.asyncValues, whole);
-  };
-  // Double buffering (cp.async staging): tile 0 is copied before the loop;
-  // each iteration waits for its tile's copies, then (after a barrier: every
-  // warp is done with the buffer it overwrites, and every thread's copies are
-  // visible) starts the next tile's copies into the other buffer and
-  // computes on its own.
-  // With three buffers (two row tiles) the first two tiles are copied
-  // before the loop, each its own commit group, and a tile's copies are
-  // issued two tiles ahead (pipelineStep).
-  const bool doubleBuffered = tile.buffers >= 2;
-  const int64_t stages = tile.buffers;
-  auto stageFirstTile = [&] {
+  }
+
+  void stageFirstTile() {
     if (stages > 2) {
       Value first = kb.divu(keyLo, kb.idx(cols));
       for (int64_t i = 0; i < stages - 1; ++i) {
         Value j = kb.add(keyLo, kb.idx(i * cols));
         Value slot = kb.remu(kb.add(first, kb.idx(i)), kb.idx(stages));
-        kb.ifThen(kb.lt(j, keyHi), [&] {
-          stageKeysAndValues(j, kb.mul(slot, kb.idx(cols)));
-        });
+        kb.ifThen(kb.lt(j, keyHi),
+                  [&] { stageKeysAndValues(j, kb.mul(slot, kb.idx(cols))); });
         NVVM::CpAsyncCommitGroupOp::create(b);
       }
       return;
@@ -784,66 +825,15 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       kb.ifThen(kb.lt(c0, keyEnd), [&] { stageKeysAndValues(c0, c0); });
     }
     NVVM::CpAsyncCommitGroupOp::create(b);
-  };
-  if (doubleBuffered && !tile.hoistStaging)
-    stageFirstTile();
-  // The softmax in base 2 (FlashAttention-2's): s = q.k from the MMA,
-  // c = log2(e) / tau, the row's max m2 kept in log2 units (max s . c: c > 0,
-  // the verifier's tau > 0 and sigma > 0), each weight
-  //   p = 2^(s c - m2) = e^(s / tau - m)       one FFMA and one EX2,
-  // the accumulator's factor 2^(m2_old - m2) once a row and tile. EX2 is
-  // ex2.approx.ftz (2 ulp; a weight below 2^-126 of the row's largest, 1,
-  // flushes to 0 and changes no sum: softmaxWeight's rule). The logit's
-  // rounding moves from s / tau to the FFMA's s . c - m2, a relative error of
-  // the weight of about 2^-24 |s c| + 2 ulp: far inside MMA_TOL (1e-2),
-  // behind the operands' own rounding to f16/bf16. attention_posterior's
-  // logit, s / sigma^2 + bias + score, becomes s . c + (bias + score) log2(e)
-  // (one FFMA after the add), and its max the max of those.
-  const double log2e = 1.4426950408889634;
-  Value scale2 = kb.cF32(log2e / spec.scaleDiv);
-  const bool rawDots = !spec.hasBias && !spec.hasAddScores;
-  // Each lane sums its own columns of a row (p with the quad's common max)
-  // and the quad's 4 partial sums are added once after the key loop, not
-  // per tile: 2 shuffles a row instead of 2 a row and tile.
-  // Not where the fragments held through the key loop (4 registers a
-  // 16-feature chunk of the query, 4 an 8-expert block of the accumulator)
-  // pass 160 of ptxas's 255 (D = K = 256: 192): there, with the quad's sums
-  // added after the loop, the fused top-k kernel sat at 255 registers on
-  // sm_80 and spilled the quad index g across the key loop to its epilogue
-  // (12 bytes; summing the tile before the rescale did not help); the
-  // tile's sum reduced over the quad in the loop, added with one FFMA, takes
-  // it to 252 and no spill. The 2 shuffles a row and tile cost about half
-  // an instruction a score there, against about 8 HMMA a score.
-  auto quadSum = [&](Value v) {
-    return subgroupReduce(kb, v, ReduceKind::Sum, 4);
-  };
-  const int64_t fragmentRegs = chunks * 4 + accCount;
-  const bool sumsPerTile = fragmentRegs > 160;
-
-  // Peeling: keys [0, fullEnd) come in whole tiles that no row of the block
-  // excludes (every key < Nk, and when causal every key <= rowBase, the
-  // block's first row): those tiles carry no bounds or causal select; the
-  // tiles from fullEnd to keyEnd (the last, partial tile; the causal
-  // diagonal) are the checked ones. Both loops run the same staging
-  // pipeline, indexed by j0.
-  // Not past 128 experts (D = K = 256, 32-key tiles): there the second
-  // copy of the body made ptxas spill (sm_90, 12-28 bytes); nor past 128
-  // features: at D = 256, K = 64 with static sizes (the issue's causal B = 4,
-  // N = 4096) it spilled 120 bytes on sm_90 (144 with the row sums from the
-  // MMA), none unpeeled. There every tile is the checked one.
-  Value fullEnd = c0;
-  if (tile.experts <= 128 && tile.depth <= 128) {
-    Value keyLimit = spec.causal ? kb.minu(Nk, kb.add(rowBase, c1)) : Nk;
-    fullEnd = kb.mul(kb.divu(keyLimit, kb.idx(cols)), kb.idx(cols));
   }
-  // The staging of the tile at j0. With cp.async: wait for its copies (all
-  // but the stages - 2 groups committed after its own), a barrier (every
-  // thread's copies visible; every warp done with the buffer the next copies
-  // overwrite, the previous tile's), then the copies of the tile
-  // stages - 1 ahead into that buffer; returns the tile's first row in the
-  // buffers. Without: the tile staged between two barriers (null).
-  auto pipelineStep = [&](Value j0, bool whole = false,
-                          Value knownSlot = Value()) -> Value {
+
+  // The staging of the tile at j0. With cp.async: wait for its copies (all but
+  // the stages - 2 groups committed after its own), a barrier (every thread's
+  // copies visible; every warp done with the buffer the next copies overwrite,
+  // the previous tile's), then the copies of the tile stages - 1 ahead into
+  // that buffer; returns the tile's first row in the buffers. Without: the
+  // tile staged between two barriers (null).
+  Value pipelineStep(Value j0, bool whole = false, Value knownSlot = Value()) {
     if (!doubleBuffered) {
       kb.barrier();
       stageKeysAndValues(j0, Value());
@@ -853,8 +843,8 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
     NVVM::CpAsyncWaitGroupOp::create(b, b.getI32IntegerAttr(stages - 2));
     kb.barrier();
     Value tileIndex = kb.divu(j0, kb.idx(cols));
-    // With `whole` the tile ahead is known to be a whole one (below
-    // keyHi): no test, no row bounds.
+    // With `whole` the tile ahead is known to be a whole one (below keyHi): no
+    // test, no row bounds.
     auto stageAhead = [&](Value next, Value row) {
       if (whole)
         return stageKeysAndValues(next, row, /*whole=*/true);
@@ -867,202 +857,201 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       NVVM::CpAsyncCommitGroupOp::create(b);
       return bufRow;
     }
-    // The tile's buffer, tileIndex mod stages (`knownSlot`: the lazy hot
-    // loop carries it, a compare and a select a tile instead of a division).
+    // The tile's buffer, tileIndex mod stages (`knownSlot`: the lazy hot loop
+    // carries it, a compare and a select a tile instead of a division).
     Value slot = knownSlot ? knownSlot : kb.remu(tileIndex, kb.idx(stages));
     // (t + stages - 1) mod stages: the previous tile's buffer.
-    Value before = kb.select(kb.eq(slot, c0), kb.idx(stages - 1),
-                             kb.sub(slot, c1));
+    Value before =
+        kb.select(kb.eq(slot, c0), kb.idx(stages - 1), kb.sub(slot, c1));
     Value next = kb.add(j0, kb.idx((stages - 1) * cols));
     stageAhead(next, kb.mul(before, kb.idx(cols)));
     NVVM::CpAsyncCommitGroupOp::create(b);
     return kb.mul(slot, kb.idx(cols));
-  };
+  }
+
+  // The two products.
+
   // Logits: keyBlocks tiles of 16 rows x 8 keys, over the chunks, of the
-  // staged tile at buffer row `bufRow`. s[t * keyBlocks + nb]: row tile t's
-  // logits of key block nb. ldmatrix's lanes: row ldRow of matrix ldSel.
-  using Logits = SmallVector<SmallVector<Value>>;
-  auto logitsOf = [&](Value bufRow, Value &ldRow, Value &ldSel) -> Logits {
+  // staged tile at buffer row `bufRow`. ldmatrix's lanes: row ldRow of matrix
+  // ldSel (computed on first use).
+  Logits logitsOf(Value bufRow, Value &ldRow, Value &ldSel) {
     if (!ldRow) {
       ldRow = kb.remu(lane, kb.idx(8));
       ldSel = kb.divu(lane, kb.idx(8)); // which 8x8 matrix
     }
     Logits s(T * keyBlocks, SmallVector<Value>(4, kb.cF32(0.0)));
     Value keyTile = bufferAt(ks, bufRow);
-    for (int64_t c = 0; c < chunks; ++c)
-      for (int64_t nb = 0; nb < keyBlocks; nb += 2) {
-        Value kf = m.keyFragments(keyTile, nb * 8, 16 * c, ldRow, ldSel);
-        for (int64_t t = 0; t < T; ++t) {
-          SmallVector<Value> &lo = s[t * keyBlocks + nb];
-          SmallVector<Value> &hi = s[t * keyBlocks + nb + 1];
-          lo = m.mma(qFrag[t * chunks + c], m.rows(kf, 0, 2), lo);
-          hi = m.mma(qFrag[t * chunks + c], m.rows(kf, 2, 2), hi);
-        }
-      }
+    for (int64_t c = 0; c < chunks; ++c) {
+      SmallVector<Value> chunk;
+      for (int64_t t = 0; t < T; ++t)
+        chunk.push_back(qFrag[t * chunks + c]);
+      m.keyBlockProducts(s, chunk, keyTile, 16 * c, keyBlocks, ldRow, ldSel);
+    }
     return s;
-  };
-  // Mixing: per 16 keys kc, P's A operand of row tile t (pFragOf(kc): one
-  // per row tile), the values' B operands through ldmatrix.trans, and with
-  // sumMma P against the block of ones, into `acc`.
-  auto mixTile = [&](Value bufRow, Value ldRow, Value ldSel,
-                     function_ref<SmallVector<Value>(int64_t kc)> pFragOf,
-                     SmallVector<Value> &acc) {
+  }
+
+  // Mixing: per 16 keys kc, P's A operand of row tile t (pFragOf(kc): one per
+  // row tile), the values' B operands through ldmatrix.trans, and with sumMma
+  // P against the block of ones, into `acc`.
+  void mixTile(Value bufRow, Value ldRow, Value ldSel,
+               function_ref<SmallVector<Value>(int64_t kc)> pFragOf,
+               SmallVector<Value> &acc) {
     Value ones;
     if (sumMma)
       ones = arith::ConstantOp::create(
           b, m.vec({2, 2}, elt),
-          DenseElementsAttr::get(m.vec({2, 2}, elt),
-                                 b.getFloatAttr(elt, 1.0)));
+          DenseElementsAttr::get(m.vec({2, 2}, elt), b.getFloatAttr(elt, 1.0)));
     Value valueTile = bufferAt(vs, bufRow);
     for (int64_t kc = 0; kc < keyBlocks / 2; ++kc) {
       SmallVector<Value> pFrag = pFragOf(kc);
-      for (int64_t eb = 0; eb < expertBlocks; eb += 2) {
-        bool pair = eb + 1 < expertBlocks;
-        Value vf =
-            m.valueFragments(valueTile, 16 * kc, eb, pair, ldRow, ldSel);
-        for (int64_t h = 0; h < (pair ? 2 : 1); ++h)
-          for (int64_t t = 0; t < T; ++t) {
-            int64_t at = t * accCount + (eb + h) * 4;
-            ArrayRef<Value> c(acc.data() + at, 4);
-            SmallVector<Value> d = m.mma(pFrag[t], m.rows(vf, 2 * h, 2), c);
-            std::copy(d.begin(), d.end(), acc.begin() + at);
-          }
-      }
-      // The row sums: P against the block of ones (the B operand's
-      // every element 1: no load).
+      m.valueBlockProducts(acc, pFrag, 0, accCount, valueTile, 16 * kc,
+                           expertBlocks, ldRow, ldSel);
+      // The row sums: P against the block of ones (the B operand's every
+      // element 1: no load).
       if (sumMma)
-        for (int64_t t = 0; t < T; ++t) {
-          int64_t at = t * accCount + expertBlocks * 4;
-          ArrayRef<Value> c(acc.data() + at, 4);
-          SmallVector<Value> d = m.mma(pFrag[t], ones, c);
-          std::copy(d.begin(), d.end(), acc.begin() + at);
-        }
+        for (int64_t t = 0; t < T; ++t)
+          m.mmaInto(acc, t * accCount + expertBlocks * 4, pFrag[t], ones);
     }
-  };
-  auto keyTile = [&](bool checked) {
-    return [&, checked](Value j0, ValueRange carried) -> SmallVector<Value> {
-        // Stage the key and value tiles.
-        Value bufRow = pipelineStep(j0);
-        Value ldRow, ldSel;
-        Logits s = logitsOf(bufRow, ldRow, ldSel);
+  }
 
-        // attention_posterior's loads of key j: key 0's past Nk (excluded
-        // below).
-        auto keyIndex = [&](Value j) {
-          return checked ? kb.select(kb.lt(j, Nk), j, c0) : j;
+  // A key tile with the exact online softmax.
+
+  // Row rr's values of a tile that its softmax takes the max of: the raw dots
+  // (similarity) or the posterior's logits in log2 units, -inf where a key is
+  // excluded (bounds and causal only where `checked`; the key mask always).
+  SmallVector<Value> rowLogits(Value j0, const Logits &s, int64_t rr,
+                               bool checked) {
+    // Row rr is row r (g or g + 8) of row tile t.
+    const int64_t t = rr / 2;
+    const int r = rr % 2;
+    // attention_posterior's loads of key j: key 0's past Nk (excluded below).
+    auto keyIndex = [&](Value j) {
+      return checked ? kb.select(kb.lt(j, Nk), j, c0) : j;
+    };
+    SmallVector<Value> logits;
+    for (int64_t nb = 0; nb < keyBlocks; ++nb)
+      for (int64_t x = 0; x < 2; ++x) {
+        Value j = kb.add(j0, fragmentColumn(nb * 8, x));
+        // The per-key bias (f32; the thread's two rows read the same key's)
+        // and the added score of (row, key), each read per element from
+        // global memory in the C fragment's layout (a tile's bias values
+        // loaded once for both rows stayed live across the first row's
+        // softmax and spilled more under ptxas): a quad's 4 lanes on 8
+        // consecutive keys of one row (a full 32-byte sector of f32 scores,
+        // half of one of f16/bf16), 8 rows a warp. Staging the scores through
+        // shared memory would coalesce them fully but cost a [64 x cols] tile
+        // and its barrier.
+        auto addScore = [&] {
+          return kb.loadF(addRows2D, {addRows[r], keyIndex(j)});
         };
-
-        // Masks and the online softmax of each of the thread's two rows.
-        SmallVector<Value> acc(carried.begin(), carried.begin() + accAll);
-        SmallVector<Value> next;
-        SmallVector<SmallVector<Value>> probs(2 * T);
-        SmallVector<Value> rescale(2 * T), shifts(2 * T);
-        for (int rr = 0; rr < 2 * T; ++rr) {
-          // Row rr is row r (g or g + 8) of row tile t.
-          const int64_t t = rr / 2;
-          const int r = rr % 2;
-          SmallVector<Value> logits;
-          for (int64_t nb = 0; nb < keyBlocks; ++nb)
-            for (int64_t x = 0; x < 2; ++x) {
-              Value j = kb.add(j0, kb.add(kb.mul(tig, kb.idx(2)),
-                                        kb.idx(nb * 8 + x)));
-              // The per-key bias (f32; the thread's two rows read the same
-              // key's) and the added score of (row, key), each read per
-              // element from global memory in the C fragment's layout (a
-              // tile's bias values loaded once for both rows stayed live
-              // across the first row's softmax and spilled more under
-              // ptxas): a quad's 4 lanes on 8 consecutive keys of one row (a
-              // full 32-byte sector of f32 scores, half of one of f16/bf16),
-              // 8 rows a warp. Staging the scores through shared memory
-              // would coalesce them fully but cost a [64 x cols] tile and
-              // its barrier.
-              auto addScore = [&] {
-                return kb.loadF(addRows2D, {addRows[r], keyIndex(j)});
-              };
-              Value dot = s[t * keyBlocks + nb][2 * r + x];
-              // The value the max is taken of: the raw dot (similarity),
-              // or the posterior's logit in log2 units.
-              Value v = dot;
-              if (!rawDots) {
-                Value terms;
-                if (spec.hasBias)
-                  terms = kb.load(logit.bias, {bi, keyIndex(j)});
-                if (spec.hasAddScores)
-                  terms = terms ? kb.fadd(terms, addScore()) : addScore();
-                v = kb.fma(dot, scale2, kb.fmul(terms, kb.cF32(log2e)));
-              }
-              FlashLogitSpec keepSpec = spec;
-              keepSpec.causal = spec.causal && checked;
-              Value inRange = checked ? kb.lt(j, Nk) : Value();
-              Value keep = flashKeyKept(
-                  kb, keepSpec, inRange,
-                  [&] {
-                    return keyMask ? kb.load(keyMask, {bi, keyIndex(j)})
-                                   : Value();
-                  },
-                  [&] {
-                    return kb.cmpi(arith::CmpIPredicate::ule, j, rowsOf[rr]);
-                  });
-              if (keep)
-                v = kb.select(keep, v, kb.negInfLike(v.getType()));
-              logits.push_back(v);
-            }
-          Exp2Tile st = exp2SoftmaxStep(
-              kb, carried[accAll + 2 * rr], carried[accAll + 2 * rr + 1],
-              logits, rawDots ? scale2 : Value(),
-              [&](Value v) {
-                return subgroupReduce(kb, v, ReduceKind::Max, 4);
-              },
-              sumsPerTile && !sumMma ? function_ref<Value(Value)>(quadSum)
-                                     : function_ref<Value(Value)>(),
-              /*sums=*/!sumMma);
-          probs[rr] = st.probs;
-          rescale[rr] = st.rescale;
-          shifts[rr] = st.shift;
-          next.push_back(st.max);
-          next.push_back(st.partialSum);
+        Value dot = s[t * keyBlocks + nb][2 * r + x];
+        Value v = dot;
+        if (!rawDots) {
+          Value terms;
+          if (spec.hasBias)
+            terms = kb.load(logit->bias, {bi, keyIndex(j)});
+          if (spec.hasAddScores)
+            terms = terms ? kb.fadd(terms, addScore()) : addScore();
+          v = kb.fma(dot, scale2, kb.fmul(terms, kb.cF32(kLog2e)));
         }
-        auto rescaleAcc = [&] {
-          for (int64_t t = 0; t < T; ++t)
-            for (int64_t eb = 0; eb < accBlocks; ++eb)
-              for (int64_t i = 0; i < 4; ++i) {
-                Value &x = acc[t * accCount + eb * 4 + i];
-                x = kb.fmul(x, rescale[2 * t + i / 2]);
-              }
-        };
-        if (!sumMma) {
-          rescaleAcc();
-        } else {
-          // The accumulators (and the sums with them) are rescaled only in
-          // a tile where a row max of the warp changed: elsewhere every
-          // factor is 2^0 = 1 exactly, so skipping is exact. The vote keeps
-          // the branch warp-uniform; a NaN max compares unequal.
-          Value changed;
-          for (int rr = 0; rr < 2 * T; ++rr) {
-            Value ne = kb.cmpf(arith::CmpFPredicate::UNE, next[2 * rr],
-                               carried[accAll + 2 * rr]);
-            changed = changed ? kb.orI(changed, ne) : ne;
-          }
-          Value all = kb.cI32(-1);
-          Value anyChanged = NVVM::VoteSyncOp::create(
-              b, b.getI1Type(), all, changed, NVVM::VoteSyncKind::any);
-          SmallVector<Type> types(accAll, b.getF32Type());
-          SmallVector<Value> kept(acc);
-          acc = kb.ifElse(
-              anyChanged, types,
-              [&] {
-                for (int rr = 0; rr < 2 * T; ++rr)
-                  rescale[rr] = exp2Approx(
-                      b, kb.fsub(carried[accAll + 2 * rr], shifts[rr]));
-                rescaleAcc();
-                return acc;
-              },
-              [&] { return kept; });
-        }
+        FlashLogitSpec keepSpec = spec;
+        keepSpec.causal = spec.causal && checked;
+        Value inRange = checked ? kb.lt(j, Nk) : Value();
+        Value keep = flashKeyKept(
+            kb, keepSpec, inRange,
+            [&] {
+              return keyMask ? kb.load(keyMask, {bi, keyIndex(j)}) : Value();
+            },
+            [&] { return kb.cmpi(arith::CmpIPredicate::ule, j, rowsOf[rr]); });
+        if (keep)
+          v = kb.select(keep, v, kb.negInfLike(v.getType()));
+        logits.push_back(v);
+      }
+    return logits;
+  }
 
-        // Mixing: per 16 keys, P's A operand from the logits' C fragments
-        // of key blocks 2kc and 2kc + 1 (rounded to the operand type).
-        mixTile(bufRow, ldRow, ldSel, [&](int64_t kc) {
+  void rescaleAccumulators(SmallVector<Value> &acc, ArrayRef<Value> rescale) {
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t eb = 0; eb < accBlocks; ++eb)
+        for (int64_t i = 0; i < 4; ++i) {
+          Value &x = acc[t * accCount + eb * 4 + i];
+          x = kb.fmul(x, rescale[2 * t + i / 2]);
+        }
+  }
+
+  // The accumulators (and the sums with them) are rescaled only in a tile
+  // where a row max of the warp changed: elsewhere every factor is 2^0 = 1
+  // exactly, so skipping is exact. The vote keeps the branch warp-uniform; a
+  // NaN max compares unequal.
+  void rescaleWhereMaxChanged(SmallVector<Value> &acc, ValueRange carried,
+                              ArrayRef<Value> next, SmallVector<Value> &rescale,
+                              ArrayRef<Value> shifts) {
+    Value changed;
+    for (int rr = 0; rr < 2 * T; ++rr) {
+      Value ne = kb.cmpf(arith::CmpFPredicate::UNE, next[2 * rr],
+                         carried[accAll + 2 * rr]);
+      changed = changed ? kb.orI(changed, ne) : ne;
+    }
+    Value all = kb.cI32(-1);
+    Value anyChanged = NVVM::VoteSyncOp::create(b, b.getI1Type(), all, changed,
+                                                NVVM::VoteSyncKind::any);
+    SmallVector<Type> types(accAll, b.getF32Type());
+    SmallVector<Value> kept(acc);
+    acc = kb.ifElse(
+        anyChanged, types,
+        [&] {
+          for (int rr = 0; rr < 2 * T; ++rr)
+            rescale[rr] =
+                exp2Approx(b, kb.fsub(carried[accAll + 2 * rr], shifts[rr]));
+          rescaleAccumulators(acc, rescale);
+          return acc;
+        },
+        [&] { return kept; });
+  }
+
+  // One key tile with the exact online softmax (whole tiles unchecked, the
+  // last and the causal diagonal ones `checked`): stage, the logits, each
+  // row's softmax step, the rescale, the mixing.
+  SmallVector<Value> exactTile(bool checked, Value j0, ValueRange carried) {
+    Value bufRow = pipelineStep(j0);
+    Value ldRow, ldSel;
+    Logits s = logitsOf(bufRow, ldRow, ldSel);
+
+    // Masks and the online softmax of each of the thread's rows.
+    SmallVector<Value> acc(carried.begin(), carried.begin() + accAll);
+    SmallVector<Value> next;
+    SmallVector<SmallVector<Value>> probs(2 * T);
+    SmallVector<Value> rescale(2 * T), shifts(2 * T);
+    auto quadMax = [&](Value v) {
+      return subgroupReduce(kb, v, ReduceKind::Max, 4);
+    };
+    auto quadSum = [&](Value v) {
+      return subgroupReduce(kb, v, ReduceKind::Sum, 4);
+    };
+    for (int rr = 0; rr < 2 * T; ++rr) {
+      SmallVector<Value> logits = rowLogits(j0, s, rr, checked);
+      Exp2Tile st = exp2SoftmaxStep(
+          kb, carried[accAll + 2 * rr], carried[accAll + 2 * rr + 1], logits,
+          rawDots ? scale2 : Value(), quadMax,
+          sumsPerTile && !sumMma ? function_ref<Value(Value)>(quadSum)
+                                 : function_ref<Value(Value)>(),
+          /*sums=*/!sumMma);
+      probs[rr] = st.probs;
+      rescale[rr] = st.rescale;
+      shifts[rr] = st.shift;
+      next.push_back(st.max);
+      next.push_back(st.partialSum);
+    }
+    if (!sumMma)
+      rescaleAccumulators(acc, rescale);
+    else
+      rescaleWhereMaxChanged(acc, carried, next, rescale, shifts);
+
+    // Mixing: per 16 keys, P's A operand from the logits' C fragments of key
+    // blocks 2kc and 2kc + 1 (rounded to the operand type).
+    mixTile(
+        bufRow, ldRow, ldSel,
+        [&](int64_t kc) {
           // pFrag[t]: row tile t's A operand.
           SmallVector<Value> pFrag;
           for (int64_t t = 0; t < T; ++t) {
@@ -1076,242 +1065,273 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
             pFrag.push_back(m.fragmentOfPairs(pairs));
           }
           return pFrag;
-        }, acc);
-        acc.append(next);
-        return acc;
+        },
+        acc);
+    acc.append(next);
+    return acc;
+  }
+
+  auto exactTileBody(bool checked) {
+    return [this, checked](Value j0, ValueRange carried) {
+      return exactTile(checked, j0, carried);
     };
-  };
-  // The lazy rescale (tile.lazyRescale): the whole tiles [lo, hi)
-  // against a stale shift (FlashAttention-4's conditional rescale). Each
-  // row's carried max is a shift m, at least its max so far plus the margin
-  // after an exact step; a tile's weights are p = 2^(s c - m), rounded in
-  // pairs to the operand type, with no row max, shuffle or rescale. While
-  // every p < 2, i.e. no bf16/f16 pair has bit 14 of either half set (2.0
-  // is 0x4000 in both; every larger value, inf and NaN have it, every
-  // smaller one not: one OR of the tile's pair registers and one test), the
-  // tile is mixed as it is (the sums from the MMA: P and its sum share the
-  // shift). A tile where some p of the warp reaches 2 (a row max grew past
-  // m + 1; the first tile, where m = -FLT_MAX) leaves the hot loop with its
-  // logits for the exact step: the quads' max, m' = max(m, max c + margin),
-  // the accumulators times 2^(m - m'), p again against m'. The shift is as
-  // good as the max for the epilogue, the lse and the checked tiles after
-  // (they take it as their running max): every weight is relative to it.
-  // The hot loop runs the whole tiles whose tile stages - 1 ahead is whole
-  // too (its copies then need no bounds): [lo, hi) with hi = wholeEnd less
-  // stages - 1 tiles; the rest of the whole tiles go to the checked loop.
-  // Returns the state with j0 = hi first.
-  auto lazyLoop = [&](Value lo, Value wholeEnd,
-                      ArrayRef<Value> start) -> SmallVector<Value> {
+  }
+
+  // The lazy rescale's loops over the whole tiles.
+
+  // The lazy rescale (tile.lazyRescale): the whole tiles [lo, hi) against a
+  // stale shift (FlashAttention-4's conditional rescale). Each row's carried
+  // max is a shift m, at least its max so far plus the margin after an exact
+  // step; a tile's weights are p = 2^(s c - m), rounded in pairs to the
+  // operand type, with no row max, shuffle or rescale. While every p < 2,
+  // i.e. no bf16/f16 pair has bit 14 of either half set (2.0 is 0x4000 in
+  // both; every larger value, inf and NaN have it, every smaller one not: one
+  // OR of the tile's pair registers and one test), the tile is mixed as it is
+  // (the sums from the MMA: P and its sum share the shift). A tile where some
+  // p of the warp reaches 2 (a row max grew past m + 1; the first tile, where
+  // m = -FLT_MAX) leaves the hot loop with its logits for the exact step
+  // (lazyExactStep). The shift is as good as the max for the epilogue, the lse
+  // and the checked tiles after (they take it as their running max): every
+  // weight is relative to it. The hot loop runs the whole tiles whose tile
+  // stages - 1 ahead is whole too (its copies then need no bounds): [lo, hi)
+  // with hi = wholeEnd less stages - 1 tiles; the rest of the whole tiles go
+  // to the checked loop. Returns the state with j0 = hi first.
+  SmallVector<Value> lazyLoop(Value lo, Value wholeEnd, ArrayRef<Value> start) {
     Value ahead = kb.idx((stages - 1) * cols);
-    Value hi = kb.select(kb.lt(kb.add(lo, ahead), wholeEnd),
-                         kb.sub(wholeEnd, ahead), lo);
+    lazy.hi = kb.select(kb.lt(kb.add(lo, ahead), wholeEnd),
+                        kb.sub(wholeEnd, ahead), lo);
     Type f32 = b.getF32Type(), index = b.getIndexType();
-    Type pairType = m.vec({2}, elt);
-    const int64_t nV = T * keyBlocks * 4, nP = T * keyBlocks * 2;
-    Value margin = kb.cF32(static_cast<double>(tile.lazyMargin));
-    Value ldRow, ldSel;
-    ldRow = kb.remu(lane, kb.idx(8));
-    ldSel = kb.divu(lane, kb.idx(8));
+    lazy.pairType = m.vec({2}, elt);
+    lazy.nV = T * keyBlocks * 4;
+    lazy.nP = T * keyBlocks * 2;
+    lazy.margin = kb.cF32(static_cast<double>(tile.lazyMargin));
+    lazy.ldRow = kb.remu(lane, kb.idx(8));
+    lazy.ldSel = kb.divu(lane, kb.idx(8));
     // The state: j0, with three stages the buffer of j0's tile (carried: the
     // hot loop's addresses then take no division by 3), the accumulators and
     // the rows' (shift, sum).
-    const bool carrySlot = stages > 2;
-    const int64_t off = carrySlot ? 2 : 1;
-    SmallVector<Type> stateTypes = {index};
-    if (carrySlot)
-      stateTypes.push_back(index);
-    stateTypes.append(start.size(), f32);
+    lazy.carrySlot = stages > 2;
+    lazy.off = lazy.carrySlot ? 2 : 1;
+    lazy.carried = start.size();
+    lazy.stateTypes = {index};
+    if (lazy.carrySlot)
+      lazy.stateTypes.push_back(index);
+    lazy.stateTypes.append(start.size(), f32);
     // Leaving the hot loop: the state, the tile's buffer row, its masked
     // logits v[(t * keyBlocks + nb) * 4 + 2r + x] and P's pairs.
-    SmallVector<Type> exitTypes(stateTypes);
-    exitTypes.push_back(index);
-    exitTypes.append(nV, f32);
-    exitTypes.append(nP, pairType);
-    // A key mask's -inf (the whole tiles have no bounds or causal ones).
-    auto maskedLogits = [&](Value j0, const Logits &s) {
-      SmallVector<Value> v(nV);
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t nb = 0; nb < keyBlocks; ++nb)
-          for (int64_t i = 0; i < 4; ++i) {
-            Value x = s[t * keyBlocks + nb][i];
-            if (keyMask) {
-              Value j = kb.add(j0, kb.add(kb.mul(tig, kb.idx(2)),
-                                          kb.idx(nb * 8 + i % 2)));
-              x = kb.select(kb.load(keyMask, {bi, j}), x,
-                            kb.negInfLike(f32));
-            }
-            v[(t * keyBlocks + nb) * 4 + i] = x;
-          }
-      return v;
-    };
-    // P's pairs of the weights 2^(v c - m) of each row, in the order of
-    // mixTile's fragments: [kc][t][half][r].
-    auto pairsOf = [&](ArrayRef<Value> v, ArrayRef<Value> shift) {
-      SmallVector<Value> negShift;
-      for (int rr = 0; rr < 2 * T; ++rr)
-        negShift.push_back(arith::NegFOp::create(b, shift[rr]));
-      auto weight = [&](int64_t t, int r, int64_t col) {
-        Value x = v[(t * keyBlocks + col / 2) * 4 + 2 * r + col % 2];
-        return exp2Approx(b, kb.fma(x, scale2, negShift[2 * t + r]));
-      };
-      SmallVector<Value> pairs;
-      for (int64_t kc = 0; kc < keyBlocks / 2; ++kc)
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t half = 0; half < 2; ++half)
-            for (int r = 0; r < 2; ++r) {
-              int64_t col = (2 * kc + half) * 2;
-              pairs.push_back(
-                  m.roundPair(weight(t, r, col), weight(t, r, col + 1)));
-            }
-      return pairs;
-    };
-    auto shiftsOf = [&](ValueRange carried) {
-      SmallVector<Value> shift;
-      for (int rr = 0; rr < 2 * T; ++rr)
-        shift.push_back(carried[accAll + 2 * rr]);
-      return shift;
-    };
-    auto mix = [&](Value bufRow, ArrayRef<Value> pairs, ValueRange carried,
-                   Value j0, Value slot) {
-      SmallVector<Value> acc(carried.begin(), carried.begin() + accAll);
-      mixTile(bufRow, ldRow, ldSel, [&](int64_t kc) {
-        SmallVector<Value> pFrag;
-        for (int64_t t = 0; t < T; ++t)
-          pFrag.push_back(m.fragmentOfPairs(
-              pairs.slice((kc * T + t) * 4, 4)));
-        return pFrag;
-      }, acc);
-      SmallVector<Value> next = {kb.add(j0, kb.idx(cols))};
-      if (carrySlot)
-        next.push_back(kb.select(kb.eq(slot, kb.idx(stages - 1)), c0,
-                                 kb.add(slot, c1)));
-      next.append(acc);
-      next.append(carried.begin() + accAll, carried.end());
-      return next;
-    };
-    // The hot loop: runs tiles while they are whole and no p reaches 2 (the
-    // test after the tile's staging step and logits; past hi nothing: the
-    // forwarded values are poison, read by no one).
-    auto hotLoop = [&](ValueRange state) {
-      return whileLoop(
-          b, state, exitTypes,
-          [&](ValueRange args) -> std::pair<Value, SmallVector<Value>> {
-            Value j0 = args[0];
-            Value slot = carrySlot ? args[1] : Value();
-            ValueRange carried = args.drop_front(off);
-            SmallVector<Type> frontTypes = {b.getI1Type(), index};
-            frontTypes.append(nV, f32);
-            frontTypes.append(nP, pairType);
-            SmallVector<Value> front = kb.ifElse(
-                kb.lt(j0, hi), frontTypes,
-                [&] {
-                  Value bufRow = pipelineStep(j0, /*whole=*/true, slot);
-                  SmallVector<Value> v =
-                      maskedLogits(j0, logitsOf(bufRow, ldRow, ldSel));
-                  SmallVector<Value> pairs = pairsOf(v, shiftsOf(carried));
-                  Value any;
-                  for (Value pair : pairs) {
-                    Value word = vector::ExtractOp::create(
-                        b,
-                        vector::BitCastOp::create(
-                            b, m.vec({1}, b.getI32Type()), pair),
-                        ArrayRef<int64_t>{0});
-                    any = any ? kb.orI(any, word) : word;
-                  }
-                  Value big = kb.cmpi(arith::CmpIPredicate::ne,
-                                      kb.andI(any, kb.cI32(0x40004000)),
-                                      kb.cI32(0));
-                  // A warp's vote.
-                  Value cold =
-                      NVVM::VoteSyncOp::create(b, b.getI1Type(), kb.cI32(-1),
-                                               big, NVVM::VoteSyncKind::any);
-                  SmallVector<Value> out = {kb.notI1(cold), bufRow};
-                  out.append(v);
-                  out.append(pairs);
-                  return out;
-                },
-                [&] {
-                  SmallVector<Value> out = {
-                      arith::ConstantOp::create(b, b.getBoolAttr(false)), c0};
-                  for (Type type : ArrayRef<Type>(frontTypes).drop_front(2))
-                    out.push_back(LLVM::PoisonOp::create(b, type));
-                  return out;
-                });
-            SmallVector<Value> fwd(args);
-            fwd.append(front.begin() + 1, front.end());
-            return {front[0], fwd};
-          },
-          [&](ValueRange args) -> SmallVector<Value> {
-            Value j0 = args[0];
-            Value slot = carrySlot ? args[1] : Value();
-            ValueRange carried = args.slice(off, start.size());
-            Value bufRow = args[off + start.size()];
-            SmallVector<Value> pairs(args.take_back(nP));
-            return mix(bufRow, pairs, carried, j0, slot);
-          });
-    };
+    lazy.exitTypes = lazy.stateTypes;
+    lazy.exitTypes.push_back(index);
+    lazy.exitTypes.append(lazy.nV, f32);
+    lazy.exitTypes.append(lazy.nP, lazy.pairType);
     // Around it: a tile that left the hot loop inside [lo, hi) takes the
     // exact step.
-    SmallVector<Type> coldTypes(stateTypes);
+    SmallVector<Type> coldTypes(lazy.stateTypes);
     coldTypes.push_back(index);
-    coldTypes.append(nV, f32);
-    SmallVector<Value> init = {lo};
-    if (carrySlot)
-      init.push_back(kb.remu(kb.divu(lo, kb.idx(cols)), kb.idx(stages)));
-    init.append(start.begin(), start.end());
+    coldTypes.append(lazy.nV, f32);
+    SmallVector<Value> state = {lo};
+    if (lazy.carrySlot)
+      state.push_back(kb.remu(kb.divu(lo, kb.idx(cols)), kb.idx(stages)));
+    state.append(start.begin(), start.end());
     SmallVector<Value> out = whileLoop(
-        b, init, coldTypes,
+        b, state, coldTypes,
         [&](ValueRange args) -> std::pair<Value, SmallVector<Value>> {
-          SmallVector<Value> exit = hotLoop(args);
+          SmallVector<Value> exit = lazyHotLoop(args);
           exit.resize(coldTypes.size());
-          return {kb.lt(exit[0], hi), exit};
+          return {kb.lt(exit[0], lazy.hi), exit};
+        },
+        [&](ValueRange args) { return lazyExactStep(args); });
+    SmallVector<Value> result = {out[0]};
+    result.append(out.begin() + lazy.off,
+                  out.begin() + lazy.off + start.size());
+    return result;
+  }
+
+  // A key mask's -inf on the logits of a whole tile (which have no bounds or
+  // causal ones): v[(t * keyBlocks + nb) * 4 + 2r + x].
+  SmallVector<Value> lazyMaskedLogits(Value j0, const Logits &s) {
+    SmallVector<Value> v(lazy.nV);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t nb = 0; nb < keyBlocks; ++nb)
+        for (int64_t i = 0; i < 4; ++i) {
+          Value x = s[t * keyBlocks + nb][i];
+          if (keyMask) {
+            Value j = kb.add(j0, fragmentColumn(nb * 8, i % 2));
+            x = kb.select(kb.load(keyMask, {bi, j}), x,
+                          kb.negInfLike(b.getF32Type()));
+          }
+          v[(t * keyBlocks + nb) * 4 + i] = x;
+        }
+    return v;
+  }
+
+  // P's pairs of the weights 2^(v c - m) of each row, in the order of
+  // mixTile's fragments: [kc][t][half][r].
+  SmallVector<Value> lazyPairs(ArrayRef<Value> v, ArrayRef<Value> shift) {
+    SmallVector<Value> negShift;
+    for (int rr = 0; rr < 2 * T; ++rr)
+      negShift.push_back(arith::NegFOp::create(b, shift[rr]));
+    auto weight = [&](int64_t t, int r, int64_t col) {
+      Value x = v[(t * keyBlocks + col / 2) * 4 + 2 * r + col % 2];
+      return exp2Approx(b, kb.fma(x, scale2, negShift[2 * t + r]));
+    };
+    SmallVector<Value> pairs;
+    for (int64_t kc = 0; kc < keyBlocks / 2; ++kc)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t half = 0; half < 2; ++half)
+          for (int r = 0; r < 2; ++r) {
+            int64_t col = (2 * kc + half) * 2;
+            pairs.push_back(
+                m.roundPair(weight(t, r, col), weight(t, r, col + 1)));
+          }
+    return pairs;
+  }
+
+  SmallVector<Value> carriedShifts(ValueRange carried) {
+    SmallVector<Value> shift;
+    for (int rr = 0; rr < 2 * T; ++rr)
+      shift.push_back(carried[accAll + 2 * rr]);
+    return shift;
+  }
+
+  // The mixing of a lazy tile from P's pairs, and the next state (j0 + cols,
+  // its buffer, the accumulators, the rows' (shift, sum)).
+  SmallVector<Value> lazyMix(Value bufRow, ArrayRef<Value> pairs,
+                             ValueRange carried, Value j0, Value slot) {
+    SmallVector<Value> acc(carried.begin(), carried.begin() + accAll);
+    mixTile(
+        bufRow, lazy.ldRow, lazy.ldSel,
+        [&](int64_t kc) {
+          SmallVector<Value> pFrag;
+          for (int64_t t = 0; t < T; ++t)
+            pFrag.push_back(
+                m.fragmentOfPairs(pairs.slice((kc * T + t) * 4, 4)));
+          return pFrag;
+        },
+        acc);
+    SmallVector<Value> next = {kb.add(j0, kb.idx(cols))};
+    if (lazy.carrySlot)
+      next.push_back(
+          kb.select(kb.eq(slot, kb.idx(stages - 1)), c0, kb.add(slot, c1)));
+    next.append(acc);
+    next.append(carried.begin() + accAll, carried.end());
+    return next;
+  }
+
+  // The hot loop: runs tiles while they are whole and no p reaches 2 (the test
+  // after the tile's staging step and logits; past hi nothing: the forwarded
+  // values are poison, read by no one).
+  SmallVector<Value> lazyHotLoop(ValueRange state) {
+    Type index = b.getIndexType();
+    return whileLoop(
+        b, state, lazy.exitTypes,
+        [&](ValueRange args) -> std::pair<Value, SmallVector<Value>> {
+          Value j0 = args[0];
+          Value slot = lazy.carrySlot ? args[1] : Value();
+          ValueRange carried = args.drop_front(lazy.off);
+          SmallVector<Type> frontTypes = {b.getI1Type(), index};
+          frontTypes.append(lazy.nV, b.getF32Type());
+          frontTypes.append(lazy.nP, lazy.pairType);
+          SmallVector<Value> front = kb.ifElse(
+              kb.lt(j0, lazy.hi), frontTypes,
+              [&] { return lazyHotTile(j0, slot, carried, frontTypes); },
+              [&] {
+                SmallVector<Value> out = {
+                    arith::ConstantOp::create(b, b.getBoolAttr(false)), c0};
+                for (Type type : ArrayRef<Type>(frontTypes).drop_front(2))
+                  out.push_back(LLVM::PoisonOp::create(b, type));
+                return out;
+              });
+          SmallVector<Value> fwd(args);
+          fwd.append(front.begin() + 1, front.end());
+          return {front[0], fwd};
         },
         [&](ValueRange args) -> SmallVector<Value> {
           Value j0 = args[0];
-          Value slot = carrySlot ? args[1] : Value();
-          SmallVector<Value> carried(args.slice(off, start.size()));
-          Value bufRow = args[off + start.size()];
-          SmallVector<Value> v(args.take_back(nV));
-          SmallVector<Value> shift = shiftsOf(carried), factor(2 * T);
-          for (int rr = 0; rr < 2 * T; ++rr) {
-            const int64_t t = rr / 2;
-            const int r = rr % 2;
-            Value tileMax;
-            for (int64_t nb = 0; nb < keyBlocks; ++nb)
-              for (int64_t x = 0; x < 2; ++x) {
-                Value val = v[(t * keyBlocks + nb) * 4 + 2 * r + x];
-                tileMax = tileMax ? kb.fmax(tileMax, val) : val;
-              }
-            tileMax = subgroupReduce(kb, tileMax, ReduceKind::Max, 4);
-            Value next = kb.fmax(shift[rr], kb.fma(tileMax, scale2, margin));
-            factor[rr] = exp2Approx(b, kb.fsub(shift[rr], next));
-            shift[rr] = next;
-            carried[accAll + 2 * rr] = next;
-          }
-          for (int64_t t = 0; t < T; ++t)
-            for (int64_t i = 0; i < accCount; ++i) {
-              Value &x = carried[t * accCount + i];
-              x = kb.fmul(x, factor[2 * t + (i % 4) / 2]);
-            }
-          return mix(bufRow, pairsOf(v, shift), carried, j0, slot);
+          Value slot = lazy.carrySlot ? args[1] : Value();
+          ValueRange carried = args.slice(lazy.off, lazy.carried);
+          Value bufRow = args[lazy.off + lazy.carried];
+          SmallVector<Value> pairs(args.take_back(lazy.nP));
+          return lazyMix(bufRow, pairs, carried, j0, slot);
         });
-    SmallVector<Value> result = {out[0]};
-    result.append(out.begin() + off, out.begin() + off + start.size());
-    return result;
-  };
-  auto keyLoops = [&]() -> SmallVector<Value> {
+  }
+
+  // A tile of the hot loop up to its test: the staging step, the logits, P's
+  // pairs against the stale shift, and the warp's vote on whether some p
+  // reaches 2. Returns (stay, the tile's buffer row, its logits, P's pairs).
+  SmallVector<Value> lazyHotTile(Value j0, Value slot, ValueRange carried,
+                                 TypeRange frontTypes) {
+    Value bufRow = pipelineStep(j0, /*whole=*/true, slot);
+    SmallVector<Value> v =
+        lazyMaskedLogits(j0, logitsOf(bufRow, lazy.ldRow, lazy.ldSel));
+    SmallVector<Value> pairs = lazyPairs(v, carriedShifts(carried));
+    Value any;
+    for (Value pair : pairs) {
+      Value word = vector::ExtractOp::create(
+          b, vector::BitCastOp::create(b, m.vec({1}, b.getI32Type()), pair),
+          ArrayRef<int64_t>{0});
+      any = any ? kb.orI(any, word) : word;
+    }
+    Value big = kb.cmpi(arith::CmpIPredicate::ne,
+                        kb.andI(any, kb.cI32(0x40004000)), kb.cI32(0));
+    // A warp's vote.
+    Value cold = NVVM::VoteSyncOp::create(b, b.getI1Type(), kb.cI32(-1), big,
+                                          NVVM::VoteSyncKind::any);
+    SmallVector<Value> out = {kb.notI1(cold), bufRow};
+    out.append(v);
+    out.append(pairs);
+    return out;
+  }
+
+  // The exact step of a tile that left the hot loop: the quads' max, m' =
+  // max(m, max c + margin), the accumulators times 2^(m - m'), p again against
+  // m', then the mixing.
+  SmallVector<Value> lazyExactStep(ValueRange args) {
+    Value j0 = args[0];
+    Value slot = lazy.carrySlot ? args[1] : Value();
+    SmallVector<Value> carried(args.slice(lazy.off, lazy.carried));
+    Value bufRow = args[lazy.off + lazy.carried];
+    SmallVector<Value> v(args.take_back(lazy.nV));
+    SmallVector<Value> shift = carriedShifts(carried), factor(2 * T);
+    for (int rr = 0; rr < 2 * T; ++rr) {
+      const int64_t t = rr / 2;
+      const int r = rr % 2;
+      Value tileMax;
+      for (int64_t nb = 0; nb < keyBlocks; ++nb)
+        for (int64_t x = 0; x < 2; ++x) {
+          Value val = v[(t * keyBlocks + nb) * 4 + 2 * r + x];
+          tileMax = tileMax ? kb.fmax(tileMax, val) : val;
+        }
+      tileMax = subgroupReduce(kb, tileMax, ReduceKind::Max, 4);
+      Value next = kb.fmax(shift[rr], kb.fma(tileMax, scale2, lazy.margin));
+      factor[rr] = exp2Approx(b, kb.fsub(shift[rr], next));
+      shift[rr] = next;
+      carried[accAll + 2 * rr] = next;
+    }
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < accCount; ++i) {
+        Value &x = carried[t * accCount + i];
+        x = kb.fmul(x, factor[2 * t + (i % 4) / 2]);
+      }
+    return lazyMix(bufRow, lazyPairs(v, shift), carried, j0, slot);
+  }
+
+  // The key loops and the epilogue.
+
+  // The key loops from the carried state `init`: the whole tiles (below
+  // fullEnd: unchecked, or the lazy loop's), then the checked ones; with key
+  // splits over this split's tiles.
+  SmallVector<Value> keyLoops() {
     if (doubleBuffered && tile.hoistStaging)
       stageFirstTile();
     if (partials) {
       // This split's whole tiles, then its checked ones, looping over tile
-      // indices (j0 = tile x cols: a multiple of cols that the compiler
-      // sees, as it sees a loop from 0 in steps of cols).
+      // indices (j0 = tile x cols: a multiple of cols that the compiler sees,
+      // as it sees a loop from 0 in steps of cols).
       Value fullHi = kb.maxs(keyLo, kb.minu(fullEnd, keyHi));
       Value c = kb.idx(cols);
       auto byTile = [&](bool checked) {
-        auto body = keyTile(checked);
-        return [&, body](Value tileIdx, ValueRange carried) {
-          return body(kb.mul(tileIdx, c), carried);
+        return [&, checked](Value tileIdx, ValueRange carried) {
+          return exactTile(checked, kb.mul(tileIdx, c), carried);
         };
       };
       Value fullTiles = kb.divu(fullHi, c);
@@ -1328,26 +1348,28 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       SmallVector<Value> hot = lazyLoop(c0, fullEnd, init);
       return kb.forLoop(hot[0], keyEnd, kb.idx(cols),
                         ArrayRef<Value>(hot).drop_front(),
-                        keyTile(/*checked=*/true));
+                        exactTileBody(/*checked=*/true));
     }
     SmallVector<Value> full = kb.forLoop(c0, fullEnd, kb.idx(cols), init,
-                                         keyTile(/*checked=*/false));
+                                         exactTileBody(/*checked=*/false));
     return kb.forLoop(fullEnd, keyEnd, kb.idx(cols), full,
-                      keyTile(/*checked=*/true));
-  };
+                      exactTileBody(/*checked=*/true));
+  }
+
   // flash-mma-block-rows=128 (tile.hoistStaging): the operands' alignment
   // decided once, outside the key loops: the loops of the aligned operands
   // stage only 16-byte vectors (unrolled: the tile's loads or copies back to
   // back), those of a misaligned one only elements.
-  SmallVector<Value> fin;
-  Value alignedBoth;
-  if (tile.hoistStaging)
-    alignedBoth = keysAligned && valuesAligned
-                      ? kb.andI(keysAligned, valuesAligned)
-                      : (keysAligned ? keysAligned : valuesAligned);
-  if (alignedBoth) {
+  SmallVector<Value> runKeyLoops() {
+    Value alignedBoth;
+    if (tile.hoistStaging)
+      alignedBoth = keysAligned && valuesAligned
+                        ? kb.andI(keysAligned, valuesAligned)
+                        : (keysAligned ? keysAligned : valuesAligned);
+    if (!alignedBoth)
+      return keyLoops();
     SmallVector<Type> types(init.size(), b.getF32Type());
-    fin = kb.ifElse(
+    return kb.ifElse(
         alignedBoth, types,
         [&] {
           alignedKnown = true;
@@ -1357,27 +1379,31 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
           alignedKnown = false;
           return keyLoops();
         });
-  } else {
-    fin = keyLoops();
   }
+
   // The quad's partial sums, once (unless added every tile); the state in
   // natural-log terms for the epilogue (softmaxNormalize reads only the sum)
-  // and the lse.
-  // FlashMmaTile::sumMma: row r's sum is its C elements 2r and 2r + 1 of the
-  // ones block (rows g and g + 8), the whole row's in every lane of the quad.
-  if (sumMma)
-    for (int rr = 0; rr < 2 * T; ++rr)
-      fin[accAll + 2 * rr + 1] =
-          fin[(rr / 2) * accCount + expertBlocks * 4 + 2 * (rr % 2)];
-  else if (!sumsPerTile)
+  // and the lse. FlashMmaTile::sumMma: row r's sum is its C elements 2r and
+  // 2r + 1 of the ones block (rows g and g + 8), the whole row's in every lane
+  // of the quad.
+  void finishRowSums(SmallVector<Value> &fin) {
+    if (sumMma) {
+      for (int rr = 0; rr < 2 * T; ++rr)
+        fin[accAll + 2 * rr + 1] =
+            fin[(rr / 2) * accCount + expertBlocks * 4 + 2 * (rr % 2)];
+      return;
+    }
+    if (sumsPerTile)
+      return;
     for (int rr = 0; rr < 2 * T; ++rr) {
       Value &sum = fin[accAll + 2 * rr + 1];
-      sum = quadSum(sum);
+      sum = subgroupReduce(kb, sum, ReduceKind::Sum, 4);
     }
+  }
 
   // Key splits: the partial rows, unnormalized (launchFlashMixMma's combine
   // kernel normalizes them).
-  if (partials) {
+  void storePartialRows(ArrayRef<Value> fin) {
     for (int rr = 0; rr < 2 * T; ++rr) {
       const int64_t t = rr / 2;
       const int r = rr % 2;
@@ -1386,7 +1412,7 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
       kb.ifThen(kb.lt(row, N), [&] {
         for (int64_t eb = 0; eb < expertBlocks; ++eb)
           for (int64_t x = 0; x < 2; ++x) {
-            Value col = kb.add(kb.mul(tig, kb.idx(2)), kb.idx(eb * 8 + x));
+            Value col = fragmentColumn(eb * 8, x);
             Value v = fin[t * accCount + eb * 4 + 2 * r + x];
             if ((eb + 1) * 8 <= K) {
               kb.store(v, partials, {split, bi, row, col});
@@ -1403,42 +1429,121 @@ static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
         });
       });
     }
-    return;
   }
 
-  // Epilogue: normalize; a row without any key gets zeros.
-  if (spec.topk) {
-    emitMmaTopkEpilogue(kernel, spec, fin, accCount, T, expertBlocks, rowsOf,
-                        bi, N, tig, out, outIdx);
-    return;
-  }
-  for (int rr = 0; rr < 2 * T; ++rr) {
-    const int64_t t = rr / 2;
-    const int r = rr % 2;
-    SoftmaxState state = {fin[accAll + 2 * rr], fin[accAll + 2 * rr + 1]};
-    Value row = rowsOf[rr];
-    kb.ifThen(kb.lt(row, N), [&] {
-      for (int64_t eb = 0; eb < expertBlocks; ++eb)
-        for (int64_t x = 0; x < 2; ++x) {
-          Value col = kb.add(kb.mul(tig, kb.idx(2)), kb.idx(eb * 8 + x));
-          Value v = softmaxNormalize(kb, state,
-                                     fin[t * accCount + eb * 4 + 2 * r + x]);
-          if ((eb + 1) * 8 <= K) {
-            kb.store(v, out, {bi, row, col});
-            continue;
+  // Normalize; a row without any key gets zeros.
+  void storeNormalizedRows(ArrayRef<Value> fin) {
+    for (int rr = 0; rr < 2 * T; ++rr) {
+      const int64_t t = rr / 2;
+      const int r = rr % 2;
+      SoftmaxState state = {fin[accAll + 2 * rr], fin[accAll + 2 * rr + 1]};
+      Value row = rowsOf[rr];
+      kb.ifThen(kb.lt(row, N), [&] {
+        for (int64_t eb = 0; eb < expertBlocks; ++eb)
+          for (int64_t x = 0; x < 2; ++x) {
+            Value col = fragmentColumn(eb * 8, x);
+            Value v = softmaxNormalize(kb, state,
+                                       fin[t * accCount + eb * 4 + 2 * r + x]);
+            if ((eb + 1) * 8 <= K) {
+              kb.store(v, out, {bi, row, col});
+              continue;
+            }
+            kb.ifThen(kb.lt(col, kb.idx(K)), [&] {
+              kb.store(v, out, {bi, row, col});
+            });
           }
-          kb.ifThen(kb.lt(col, kb.idx(K)), [&] { kb.store(v, out, {bi, row, col}); });
-        }
-      if (lseOut)
-        kb.ifThen(kb.eq(tig, c0), [&] {
-          // m2 ln 2 + ln l: the natural lse the backward recomputes
-          // p = exp(s / tau - lse) from (-inf for a row without keys).
-          Value max = kb.fmul(state.max, kb.cF32(0.6931471805599453));
-          kb.store(softmaxLogSumExp(kb, {max, state.sum}), lseOut, {bi, row});
-        });
-    });
+        if (lseOut)
+          kb.ifThen(kb.eq(tig, c0), [&] {
+            // m2 ln 2 + ln l: the natural lse the backward recomputes
+            // p = exp(s / tau - lse) from (-inf for a row without keys).
+            Value max = kb.fmul(state.max, kb.cF32(kLn2));
+            kb.store(softmaxLogSumExp(kb, {max, state.sum}), lseOut, {bi, row});
+          });
+      });
+    }
   }
-  (void)c1;
+
+  GPUKernel &kernel;
+  const FlashMixSpec &spec;
+  const FlashMmaTile &tile;
+  Type elt;
+  GpuKernelBuilder &kb;
+  ImplicitLocOpBuilder &b;
+  Mma m;
+
+  const int64_t K, cols;
+  /// n-blocks and k-steps of the logits; 8-expert blocks.
+  const int64_t keyBlocks, chunks, expertBlocks;
+  // FlashMmaTile::sumMma: one more accumulator block past the experts', P
+  // times a constant block of ones: each of its columns is the row's sum.
+  const bool sumMma;
+  const int64_t accBlocks;
+  // flash-mma-block-rows=128: T = 2 row tiles of 16 rows a warp; each
+  // ldmatrix of keys or values feeds the MMAs of both. A thread's rows are
+  // rr = 2t + r: g + 16t + 8r of its warp's 16T.
+  const int64_t T, blockRows;
+  // Carried: the accumulator (expertBlocks x 4 f32), then per row the
+  // running max and sum (the max in log2 units and, where the quad's sums
+  // wait for the end of the loop, this lane's part of the sum). Row tile t's
+  // accumulators at t * accCount; the rows' (max, sum) after all of them, at
+  // accAll + 2 rr.
+  const int64_t accCount, accAll;
+  // Double buffering (cp.async staging): tile 0 is copied before the loop;
+  // each iteration waits for its tile's copies, then (after a barrier: every
+  // warp is done with the buffer it overwrites, and every thread's copies
+  // are visible) starts the next tile's copies into the other buffer and
+  // computes on its own. With three buffers (two row tiles) the first two
+  // tiles are copied before the loop, each its own commit group, and a
+  // tile's copies are issued two tiles ahead (pipelineStep).
+  const bool doubleBuffered;
+  const int64_t stages;
+  const bool rawDots;
+  bool sumsPerTile = false;
+  const kernels::TVLayout cLayout = kernels::atoms::mmaM16N8C();
+  const kernels::TVLayout aLayout = kernels::atoms::mmaM16N8K16A();
+
+  Value q, keys, e;
+  std::optional<FlashLogitArgs> logit;
+  Value keyMask, out, outIdx, lseOut, partials;
+  FlashBlockPlace place;
+  Value ks, vs;
+  Value c0, c1, tid, lane, g, tig, bi, rowBase, N, D, Nk;
+  /// This lane's coordinates in the C fragment's thread mode (tig, g).
+  std::optional<LaneCoords> cCoords;
+  SmallVector<Value> rowsOf;
+  /// qFrag[t * chunks + c]: row tile t's chunk c.
+  SmallVector<Value> qFrag;
+  Value zeroE;
+  VectorType wideType;
+  Value keysAligned, valuesAligned;
+  // With the alignment known (flash-mma-block-rows=128: the branch taken
+  // once outside the key loops) the tile takes one path, and the 16-byte
+  // path's trips, when the block's threads divide the tile's vectors, are
+  // unrolled: every load or copy of the tile issued back to back, their
+  // addresses a constant apart.
+  std::optional<bool> alignedKnown;
+  Value keyEnd, keyLo, keyHi, tileLo, tileHi;
+  Value addRows2D;
+  std::array<Value, 2> addRows;
+  SmallVector<Value> init;
+  Value scale2, fullEnd;
+
+  /// The lazy loop's state (lazyLoop), set by each of its calls.
+  struct LazyState {
+    Value hi, margin, ldRow, ldSel;
+    bool carrySlot;
+    int64_t off, nV, nP;
+    size_t carried;
+    Type pairType;
+    SmallVector<Type> stateTypes, exitTypes;
+  } lazy;
+};
+} // namespace
+
+/// The body of the kernel (launchFlashMixMma).
+static void emitFlashMixMma(GPUKernel &kernel, const FlashMixSpec &spec,
+                            const FlashMmaTile &tile, Type elt) {
+  FlashMmaRecipe(kernel, spec, tile, elt).emit();
 }
 
 /// Blocks below which flash-mma-key-splits splits the keys: twice the 132
@@ -1458,7 +1563,7 @@ static constexpr int64_t kSplitBelowBlocks = 2 * 132;
 static Value flashMmaSplits(GpuKernelBuilder &kb, const FlashMmaTile &tile,
                             Value q, ValueRange args) {
   Value B = kb.dim(q, 0), N = kb.dim(q, 1), Nk = kb.dim(args[1], 1);
-  Value grid = kb.ceilDiv(N, kb.idx(kRows * tile.rowTiles));
+  Value grid = kb.ceilDiv(N, kb.idx(kMmaRows * tile.rowTiles));
   Value want = kb.ceilDiv(kb.idx(kSplitBelowBlocks), kb.mul(grid, B));
   Value tiles = kb.maxs(kb.ceilDiv(Nk, kb.idx(tile.cols)), kb.idx(1));
   Value splits = kb.minu(kb.minu(want, kb.idx(tile.keySplits)), tiles);
@@ -1493,7 +1598,7 @@ struct SplitRow {
                            return {ck.fma(weight(s), at(s, ck.idx(K + 1)),
                                           acc[0])};
                          })[0];
-    state = {ck.fmul(M, ck.cF32(0.6931471805599453)), l};
+    state = {ck.fmul(M, ck.cF32(kLn2)), l};
   }
   /// Columns `cols` of the merged row, normalized: one pass over the
   /// splits, each split's weight 2^(m_s - M) computed once for all the
@@ -1541,9 +1646,9 @@ static void launchSplitTopkCombine(HostCode &h, StringRef name,
                                    Value run) {
   assert(!spec.withLse && "a fused top-k has no lse");
   const int64_t K = spec.numExperts;
-  const int64_t rowsPerBlock = kThreads / 4;
-  GPUKernel comb(h, (name + "_combine").str(), {ws, outputs[0], outputs[1]},
-                 {}, {kThreads, 1, 1}, loc);
+  const int64_t rowsPerBlock = kMmaThreads / 4;
+  GPUKernel comb(h, (name + "_combine").str(), {ws, outputs[0], outputs[1]}, {},
+                 {kMmaThreads, 1, 1}, loc);
   GpuKernelBuilder &ck = comb.kb;
   Value part = comb.arg(0);
   Value cB = ck.dim(part, 1), cN = ck.dim(part, 2);
@@ -1585,7 +1690,7 @@ static void launchFlashMmaKernel(HostCode &h, StringRef name,
                                  const FlashMixSpec &spec,
                                  const FlashMmaTile &tile, Value q,
                                  Location loc, std::array<Value, 3> grid) {
-  GPUKernel kernel(h, name, operands, workgroup, {kThreads, 1, 1}, loc);
+  GPUKernel kernel(h, name, operands, workgroup, {kMmaThreads, 1, 1}, loc);
   // ldmatrix, cp.async and the 16-byte stores need 16-byte aligned rows.
   alignWorkgroupBuffers(kernel.func);
   kernel.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
@@ -1606,7 +1711,7 @@ static void launchSplitFlashMixMma(HostCode &h, StringRef name,
   GpuKernelBuilder &kb = h.kb;
   const int64_t K = spec.numExperts;
   Value B = kb.dim(q, 0), N = kb.dim(q, 1);
-  Value grid = kb.ceilDiv(N, kb.idx(kRows * tile.rowTiles));
+  Value grid = kb.ceilDiv(N, kb.idx(kMmaRows * tile.rowTiles));
   auto wsType = MemRefType::get(
       {ShapedType::kDynamic, ShapedType::kDynamic, ShapedType::kDynamic, K + 2},
       kb.f32());
@@ -1626,7 +1731,7 @@ static void launchSplitFlashMixMma(HostCode &h, StringRef name,
   if (spec.withLse)
     combineArgs.push_back(args.back());
   GPUKernel comb(h, (name + "_combine").str(), combineArgs, {},
-                 {kThreads, 1, 1}, loc);
+                 {kMmaThreads, 1, 1}, loc);
   GpuKernelBuilder &ck = comb.kb;
   Value part = comb.arg(0), out = comb.arg(1);
   Value lse = spec.withLse ? comb.arg(2) : Value();
@@ -1673,7 +1778,7 @@ void mlir::moe::gpu_lowering::launchFlashMixMma(HostCode &h, StringRef name,
   // Launches the kernel of `direct` (no split) where `run` holds (null:
   // always), else over an empty grid.
   auto launchDirect = [&](const FlashMmaTile &direct, Value run) {
-    Value grid = kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows * direct.rowTiles));
+    Value grid = kb.ceilDiv(kb.dim(q, 1), kb.idx(kMmaRows * direct.rowTiles));
     if (run)
       grid = kb.select(run, grid, kb.idx(0));
     launchFlashMmaKernel(h, name, args, workgroup, spec, direct, q, loc,

@@ -61,9 +61,6 @@ using namespace mlir::moe;
 using namespace mlir::moe::gpu_lowering;
 using namespace mlir::moe::kernels;
 
-static constexpr int64_t kWarps = 4;
-static constexpr int64_t kRows = 16 * kWarps;
-static constexpr int64_t kThreads = kWarp * kWarps;
 /// Floats of padding a value row (the B fragments' lanes (key 2t, expert g)
 /// in distinct banks).
 static constexpr int64_t kPad = 4;
@@ -151,6 +148,40 @@ struct Tf32 {
 };
 } // namespace
 
+/// The epilogue of emitFlashTf32: each row's sum over its quad, then p =
+/// O / l from the C fragments' layout (columns 8 ob + 2t + i) and the lse.
+static void storeTf32Rows(GpuKernelBuilder &kb, ArrayRef<Value> fin,
+                          int64_t outBlocks, int64_t K, ArrayRef<Value> rows,
+                          Value N, Value t, Value bi, Value out, Value lseOut) {
+  Value c0 = kb.idx(0);
+  for (int64_t r = 0; r < 2; ++r) {
+    Value row = rows[r];
+    SoftmaxState state = {
+        fin[outBlocks * 4 + 2 * r],
+        subgroupReduce(kb, fin[outBlocks * 4 + 2 * r + 1], ReduceKind::Sum, 4)};
+    Value active = kb.lt(row, N);
+    if (lseOut)
+      kb.ifThen(kb.andI(active, kb.eq(t, c0)), [&] {
+        kb.store(softmaxLogSumExp(kb, state), lseOut, {bi, row});
+      });
+    kb.ifThen(active, [&] {
+      for (int64_t ob = 0; ob < outBlocks; ++ob)
+        for (int64_t i = 0; i < 2; ++i) {
+          int64_t col0 = 8 * ob;
+          Value col = kb.add(kb.idx(col0 + i), kb.mul(t, kb.idx(2)));
+          Value v = softmaxNormalize(kb, state, fin[ob * 4 + 2 * r + i]);
+          if (col0 + 8 <= K) {
+            kb.store(v, out, {bi, row, col});
+            continue;
+          }
+          kb.ifThen(kb.lt(col, kb.idx(K)), [&] {
+            kb.store(v, out, {bi, row, col});
+          });
+        }
+    });
+  }
+}
+
 static void emitFlashTf32(GPUKernel &kernel, const FlashMixSpec &spec,
                           const FlashTf32Tile &tile) {
   const int64_t Dp = tile.depth, Kp = tile.experts, cols = tile.cols;
@@ -177,7 +208,7 @@ static void emitFlashTf32(GPUKernel &kernel, const FlashMixSpec &spec,
   FlashBlockPlace place = flashBlockPlace(
       kb, flashBlockOrder(spec.causal, spec.balanceCausal, /*byKey=*/false));
   Value bi = place.batchOf(kb);
-  Value rowBase = kb.mul(place.tileOf(kb), kb.idx(kRows));
+  Value rowBase = kb.mul(place.tileOf(kb), kb.idx(kMmaRows));
   Value N = kb.dim(q, 1), D = kb.dim(q, 2), Nk = kb.dim(keys, 1);
   Value rowA = kb.add(kb.add(rowBase, kb.mul(warp, kb.idx(16))), g);
   Value rowB = kb.add(rowA, kb.idx(8));
@@ -200,13 +231,13 @@ static void emitFlashTf32(GPUKernel &kernel, const FlashMixSpec &spec,
 
   Value keyEnd = Nk;
   if (spec.causal)
-    keyEnd = kb.minu(Nk, kb.add(rowBase, kb.idx(kRows)));
+    keyEnd = kb.minu(Nk, kb.add(rowBase, kb.idx(kMmaRows)));
   Value vectors;
   {
     Value kAligned = f32StagedAligned(kb, ib, keys, D);
     vectors = kb.andI(kAligned, f32StagedAligned(kb, ib, e, kb.idx(K)));
   }
-  F32Stage stage{kb, ib, tid, kThreads, bi};
+  F32Stage stage{kb, ib, tid, kMmaThreads, bi};
   // The tiles staged split: big and small halves into their own tiles, once
   // a block (not by each warp at each use).
   auto splitInto = [&](Value bigTile, Value smallTile) {
@@ -331,32 +362,7 @@ static void emitFlashTf32(GPUKernel &kernel, const FlashMixSpec &spec,
       });
 
   // The rows' sums over their quads, then p = O / l and the lse.
-  for (int64_t r = 0; r < 2; ++r) {
-    Value row = rows[r];
-    SoftmaxState state = {
-        fin[outBlocks * 4 + 2 * r],
-        subgroupReduce(kb, fin[outBlocks * 4 + 2 * r + 1], ReduceKind::Sum, 4)};
-    Value active = kb.lt(row, N);
-    if (lseOut)
-      kb.ifThen(kb.andI(active, kb.eq(t, c0)), [&] {
-        kb.store(softmaxLogSumExp(kb, state), lseOut, {bi, row});
-      });
-    kb.ifThen(active, [&] {
-      for (int64_t ob = 0; ob < outBlocks; ++ob)
-        for (int64_t i = 0; i < 2; ++i) {
-          int64_t col0 = 8 * ob;
-          Value col = kb.add(kb.idx(col0 + i), kb.mul(t, kb.idx(2)));
-          Value v = softmaxNormalize(kb, state, fin[ob * 4 + 2 * r + i]);
-          if (col0 + 8 <= K) {
-            kb.store(v, out, {bi, row, col});
-            continue;
-          }
-          kb.ifThen(kb.lt(col, kb.idx(K)), [&] {
-            kb.store(v, out, {bi, row, col});
-          });
-        }
-    });
-  }
+  storeTf32Rows(kb, fin, outBlocks, K, rows, N, t, bi, out, lseOut);
 }
 
 void mlir::moe::gpu_lowering::launchFlashTf32(HostCode &h, StringRef name,
@@ -371,7 +377,7 @@ void mlir::moe::gpu_lowering::launchFlashTf32(HostCode &h, StringRef name,
       workgroupMemRef({tile.cols, tile.experts + kPad}, f32),   // values
       workgroupMemRef({tile.cols, tile.experts + kPad}, f32),
   };
-  GPUKernel kernel(h, name, args, workgroup, {kThreads, 1, 1}, loc);
+  GPUKernel kernel(h, name, args, workgroup, {kMmaThreads, 1, 1}, loc);
   alignWorkgroupBuffers(kernel.func);
   // The query's fragments (2 x D registers), the logits (4 a key block) and
   // the accumulators (4 an expert block) beside the loads and splits: 3
@@ -382,6 +388,6 @@ void mlir::moe::gpu_lowering::launchFlashTf32(HostCode &h, StringRef name,
                        kernel.b.getI32IntegerAttr(tile.experts <= 16 ? 3 : 2));
   emitFlashTf32(kernel, spec, tile);
   GpuKernelBuilder &kb = h.kb;
-  Value grid = kb.ceilDiv(kb.dim(q, 1), kb.idx(kRows));
+  Value grid = kb.ceilDiv(kb.dim(q, 1), kb.idx(kMmaRows));
   kernel.launch({grid, kb.dim(q, 0), kb.idx(1)});
 }

@@ -7,6 +7,7 @@
 #include "GpuKernelBuilder.h"
 
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
 
 using namespace mlir;
 using namespace mlir::moe;
@@ -119,4 +120,21 @@ void mlir::moe::gpu_lowering::emitRecordIndexError(GpuKernelBuilder &kb,
 
 Value Exp2SoftmaxBuilder::softmaxWeight(Value d) {
   return exp2Approx(b, fmul(d, cF32(1.4426950408889634)));
+}
+
+SmallVector<Value> mlir::moe::gpu_lowering::whileLoop(
+    ImplicitLocOpBuilder &b, ValueRange init, TypeRange forwarded,
+    function_ref<std::pair<Value, SmallVector<Value>>(ValueRange)> before,
+    function_ref<SmallVector<Value>(ValueRange)> after) {
+  auto op = scf::WhileOp::create(b, forwarded, init);
+  OpBuilder::InsertionGuard guard(b);
+  Block *first = b.createBlock(&op.getBefore(), {}, init.getTypes(),
+                               SmallVector<Location>(init.size(), b.getLoc()));
+  auto [cond, values] = before(first->getArguments());
+  scf::ConditionOp::create(b, cond, values);
+  Block *second =
+      b.createBlock(&op.getAfter(), {}, forwarded,
+                    SmallVector<Location>(forwarded.size(), b.getLoc()));
+  scf::YieldOp::create(b, after(second->getArguments()));
+  return SmallVector<Value>(op.getResults());
 }

@@ -45,6 +45,16 @@ public:
   Value shuffleIdx(Value v, Value srcLane);
 };
 
+/// scf.while from `init`: `before(args)` returns the condition and the values
+/// it forwards (of `forwarded` types: the after region's arguments while it
+/// holds, the loop's results once it fails), `after(args)` the next state.
+/// (The kernel builder's loops are scf.for; the flash kernel's lazy loops and
+/// the list top-k's refills run while a warp-uniform condition holds.)
+SmallVector<Value>
+whileLoop(ImplicitLocOpBuilder &b, ValueRange init, TypeRange forwarded,
+          function_ref<std::pair<Value, SmallVector<Value>>(ValueRange)> before,
+          function_ref<SmallVector<Value>(ValueRange)> after);
+
 /// memref<shape x elt, #gpu.address_space<workgroup>>.
 MemRefType workgroupMemRef(ArrayRef<int64_t> shape, Type elementType);
 

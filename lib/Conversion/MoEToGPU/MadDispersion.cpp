@@ -44,16 +44,106 @@ static std::pair<Value, Value> clusterOf(GpuKernelBuilder &kb, Value assign,
   return {kb.castInt(safe, kb.index()), ok};
 }
 
+/// 4. Clip and normalization of the weights [E, D] (one block).
+static void launchMadEpilogue(HostCode &h, MadDispersionOp op, Value weights,
+                              Value counts) {
+  const int64_t E = op.getNumExperts();
+  const float clip = op.getClip().convertToFloat();
+  const bool identity = op.getEmpty() == EmptyCluster::identity;
+  const DispersionNormalize normalize = op.getNormalize();
+  GpuKernelBuilder &kb = h.kb;
+  Type f32 = h.b.getF32Type();
+  Location loc = op.getLoc();
+  const int64_t warps = kEpilogueThreads / kWarp;
+  GPUKernel kernel(h, "mad_epilogue", {weights, counts},
+                   {workgroupMemRef({warps}, f32)}, {kEpilogueThreads, 1, 1},
+                   loc);
+  GpuKernelBuilder &kk = kernel.kb;
+  Value w = kernel.arg(0), cs = kernel.arg(1);
+  Value scratch = kernel.workgroup(0);
+  Value tid = kk.threadId();
+  Value Dk = kk.dim(w, 1);
+  Value step = kk.idx(kEpilogueThreads);
+  Value zero = kk.cF32(0.0), one = kk.cF32(1.0);
+  Value total = kk.mul(kk.idx(E), Dk);
+  auto included = [&](Value e) -> Value {
+    if (!identity)
+      return kk.cBool(true);
+    return kk.cmpi(arith::CmpIPredicate::sge, kk.load(cs, {e}), kk.cI32(2));
+  };
+  // Mean of W over the included entries of the flat range [0, E*D).
+  auto includedMeanAll = [&]() -> Value {
+    SmallVector<Value> part = kk.forLoop(
+        tid, total, step, {zero, zero},
+        [&](Value f, ValueRange acc) -> SmallVector<Value> {
+          Value e = kk.divu(f, Dk), q = kk.remu(f, Dk);
+          Value inc = included(e);
+          return {kk.fadd(acc[0], kk.select(inc, kk.load(w, {e, q}), zero)),
+                  kk.fadd(acc[1], kk.select(inc, one, zero))};
+        });
+    Value s =
+        blockReduce(kk, part[0], ReduceKind::Sum, kEpilogueThreads, scratch);
+    Value n =
+        blockReduce(kk, part[1], ReduceKind::Sum, kEpilogueThreads, scratch);
+    return kk.fdiv(s, n);
+  };
+  if (clip > 0.0f) {
+    Value cap = kk.fmul(kk.cF32(clip), includedMeanAll());
+    kk.forLoop(tid, total, step, [&](Value f) {
+      Value e = kk.divu(f, Dk), q = kk.remu(f, Dk);
+      kk.store(kk.fmin(kk.load(w, {e, q}), cap), w, {e, q});
+    });
+    kk.barrier();
+  }
+  auto rescale = [&](Value e, Value q, Value scale) {
+    Value inc = included(e);
+    kk.store(kk.select(inc, kk.fdiv(kk.load(w, {e, q}), scale), one), w,
+             {e, q});
+  };
+  switch (normalize) {
+  case DispersionNormalize::feature:
+    kk.forLoop(tid, Dk, step, [&](Value q) {
+      SmallVector<Value> sn = kk.forLoop(
+          kk.idx(0), kk.idx(E), kk.idx(1), {zero, zero},
+          [&](Value e, ValueRange acc) -> SmallVector<Value> {
+            Value inc = included(e);
+            return {kk.fadd(acc[0], kk.select(inc, kk.load(w, {e, q}), zero)),
+                    kk.fadd(acc[1], kk.select(inc, one, zero))};
+          });
+      Value scale = kk.fdiv(sn[0], sn[1]);
+      kk.forLoop(kk.idx(0), kk.idx(E), kk.idx(1),
+                 [&](Value e) { rescale(e, q, scale); });
+    });
+    break;
+  case DispersionNormalize::expert:
+    kk.forLoop(kk.idx(0), kk.idx(E), kk.idx(1), [&](Value e) {
+      Value s = kk.forLoop(tid, Dk, step, {zero},
+                           [&](Value q, ValueRange acc) -> SmallVector<Value> {
+                             return {kk.fadd(acc[0], kk.load(w, {e, q}))};
+                           })[0];
+      s = blockReduce(kk, s, ReduceKind::Sum, kEpilogueThreads, scratch);
+      Value scale = kk.fdiv(s, kk.sitofp(Dk));
+      kk.forLoop(tid, Dk, step, [&](Value q) { rescale(e, q, scale); });
+    });
+    break;
+  case DispersionNormalize::global: {
+    Value scale = includedMeanAll();
+    kk.forLoop(tid, total, step, [&](Value f) {
+      rescale(kk.divu(f, Dk), kk.remu(f, Dk), scale);
+    });
+    break;
+  }
+  }
+  kernel.launch({kb.idx(1), kb.idx(1), kb.idx(1)});
+}
+
 template <>
 LogicalResult
 GPULowering<MadDispersionOp>::lower(MadDispersionOp op, OpAdaptor adaptor,
                                     ConversionPatternRewriter &rewriter) const {
   const int64_t E = op.getNumExperts();
   const float eps = op.getEps().convertToFloat();
-  const float clip = op.getClip().convertToFloat();
-  const bool identity = op.getEmpty() == EmptyCluster::identity;
   const bool variance = op.getMeasure() == DispersionMeasure::variance;
-  const DispersionNormalize normalize = op.getNormalize();
   Location loc = op.getLoc();
 
   HostCode h(rewriter, op);
@@ -155,91 +245,7 @@ GPULowering<MadDispersionOp>::lower(MadDispersionOp op, OpAdaptor adaptor,
   chunkSums(true);
   finish(true);
 
-  // 4. Clip and normalization.
-  {
-    const int64_t warps = kEpilogueThreads / kWarp;
-    GPUKernel kernel(h, "mad_epilogue", {weights, counts},
-                     {workgroupMemRef({warps}, f32)}, {kEpilogueThreads, 1, 1},
-                     loc);
-    GpuKernelBuilder &kk = kernel.kb;
-    Value w = kernel.arg(0), cs = kernel.arg(1);
-    Value scratch = kernel.workgroup(0);
-    Value tid = kk.threadId();
-    Value Dk = kk.dim(w, 1);
-    Value step = kk.idx(kEpilogueThreads);
-    Value zero = kk.cF32(0.0), one = kk.cF32(1.0);
-    Value total = kk.mul(kk.idx(E), Dk);
-    auto included = [&](Value e) -> Value {
-      if (!identity)
-        return kk.cBool(true);
-      return kk.cmpi(arith::CmpIPredicate::sge, kk.load(cs, {e}), kk.cI32(2));
-    };
-    // Mean of W over the included entries of the flat range [0, E*D).
-    auto includedMeanAll = [&]() -> Value {
-      SmallVector<Value> part = kk.forLoop(
-          tid, total, step, {zero, zero},
-          [&](Value f, ValueRange acc) -> SmallVector<Value> {
-            Value e = kk.divu(f, Dk), q = kk.remu(f, Dk);
-            Value inc = included(e);
-            return {kk.fadd(acc[0], kk.select(inc, kk.load(w, {e, q}), zero)),
-                    kk.fadd(acc[1], kk.select(inc, one, zero))};
-          });
-      Value s =
-          blockReduce(kk, part[0], ReduceKind::Sum, kEpilogueThreads, scratch);
-      Value n =
-          blockReduce(kk, part[1], ReduceKind::Sum, kEpilogueThreads, scratch);
-      return kk.fdiv(s, n);
-    };
-    if (clip > 0.0f) {
-      Value cap = kk.fmul(kk.cF32(clip), includedMeanAll());
-      kk.forLoop(tid, total, step, [&](Value f) {
-        Value e = kk.divu(f, Dk), q = kk.remu(f, Dk);
-        kk.store(kk.fmin(kk.load(w, {e, q}), cap), w, {e, q});
-      });
-      kk.barrier();
-    }
-    auto rescale = [&](Value e, Value q, Value scale) {
-      Value inc = included(e);
-      kk.store(kk.select(inc, kk.fdiv(kk.load(w, {e, q}), scale), one), w,
-               {e, q});
-    };
-    switch (normalize) {
-    case DispersionNormalize::feature:
-      kk.forLoop(tid, Dk, step, [&](Value q) {
-        SmallVector<Value> sn = kk.forLoop(
-            kk.idx(0), kk.idx(E), kk.idx(1), {zero, zero},
-            [&](Value e, ValueRange acc) -> SmallVector<Value> {
-              Value inc = included(e);
-              return {kk.fadd(acc[0], kk.select(inc, kk.load(w, {e, q}), zero)),
-                      kk.fadd(acc[1], kk.select(inc, one, zero))};
-            });
-        Value scale = kk.fdiv(sn[0], sn[1]);
-        kk.forLoop(kk.idx(0), kk.idx(E), kk.idx(1),
-                   [&](Value e) { rescale(e, q, scale); });
-      });
-      break;
-    case DispersionNormalize::expert:
-      kk.forLoop(kk.idx(0), kk.idx(E), kk.idx(1), [&](Value e) {
-        Value s =
-            kk.forLoop(tid, Dk, step, {zero},
-                       [&](Value q, ValueRange acc) -> SmallVector<Value> {
-                         return {kk.fadd(acc[0], kk.load(w, {e, q}))};
-                       })[0];
-        s = blockReduce(kk, s, ReduceKind::Sum, kEpilogueThreads, scratch);
-        Value scale = kk.fdiv(s, kk.sitofp(Dk));
-        kk.forLoop(tid, Dk, step, [&](Value q) { rescale(e, q, scale); });
-      });
-      break;
-    case DispersionNormalize::global: {
-      Value scale = includedMeanAll();
-      kk.forLoop(tid, total, step, [&](Value f) {
-        rescale(kk.divu(f, Dk), kk.remu(f, Dk), scale);
-      });
-      break;
-    }
-    }
-    kernel.launch({kb.idx(1), kb.idx(1), kb.idx(1)});
-  }
+  launchMadEpilogue(h, op, weights, counts);
 
   h.release(partial);
   h.release(means);

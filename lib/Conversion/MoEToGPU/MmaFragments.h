@@ -32,6 +32,15 @@
 
 namespace mlir::moe::gpu_lowering {
 
+/// The block of the tensor-core flash kernels: 4 warps, a warp 16 rows (one
+/// MMA row tile) of the block's 64.
+constexpr int64_t kMmaWarps = 4;
+constexpr int64_t kMmaThreads = kWarp * kMmaWarps;
+constexpr int64_t kMmaRows = 16 * kMmaWarps;
+/// Elements of padding per workgroup row of f16/bf16 tiles that ldmatrix
+/// reads (16 bytes: its row addresses then fall in distinct banks).
+constexpr int64_t kLdmatrixPad = 8;
+
 /// d = a · b + c on one warp-level tile of `shape` (m, n, k), row.col, with
 /// f32 accumulators: nvvm.mma.sync on the operands' 32-bit registers `a` and
 /// `bfrag` of PTX type `type` (bf16 pairs, tf32), c and d four f32 (rows g
@@ -192,6 +201,48 @@ struct Mma {
     for (int64_t r = 0; r < 2; ++r)
       bv.push_back(packed(bfrag, r));
     return mmaSyncF32(b, NVVM::MMATypes::bf16, {16, 8, 16}, av, bv, c);
+  }
+  /// acc[at, at + 4) = a · bfrag + acc[at, at + 4): one accumulator block
+  /// of a kernel's carried accumulators, in place.
+  void mmaInto(SmallVector<Value> &acc, int64_t at, Value a, Value bfrag) {
+    ArrayRef<Value> c(acc.data() + at, 4);
+    SmallVector<Value> d = mma(a, bfrag, c);
+    std::copy(d.begin(), d.end(), acc.begin() + at);
+  }
+  /// The products with the keys of a tile (Q·Kᵀ) for one 16-feature chunk
+  /// at column `feat0` of `tile`: s[t · blocks + nb] += a[t] · (key block
+  /// nb)ᵀ for every 8-key block nb < blocks, one ldmatrix.x4 (keyFragments)
+  /// per 16 keys feeding the MMAs of every row tile t of `a`.
+  void keyBlockProducts(SmallVector<SmallVector<Value>> &s, ArrayRef<Value> a,
+                        Value tile, int64_t feat0, int64_t blocks, Value ldRow,
+                        Value ldSel) {
+    for (int64_t nb = 0; nb < blocks; nb += 2) {
+      Value kf = keyFragments(tile, nb * 8, feat0, ldRow, ldSel);
+      for (auto [t, frag] : llvm::enumerate(a)) {
+        SmallVector<Value> &lo = s[t * blocks + nb];
+        SmallVector<Value> &hi = s[t * blocks + nb + 1];
+        lo = mma(frag, rows(kf, 0, 2), lo);
+        hi = mma(frag, rows(kf, 2, 2), hi);
+      }
+    }
+  }
+  /// The products with the values of a tile (P·V) for the 16 keys at rows
+  /// [key0, key0 + 16) of `tile`: the accumulator block of row tile t and
+  /// 8-column block eb, acc[at + t · tileStride + 4 eb, + 4), += p[t] ·
+  /// (value block eb) for every eb < blocks, one ldmatrix.trans
+  /// (valueFragments) per two blocks feeding the MMAs of every row tile.
+  void valueBlockProducts(SmallVector<Value> &acc, ArrayRef<Value> p,
+                          int64_t at, int64_t tileStride, Value tile,
+                          int64_t key0, int64_t blocks, Value ldRow,
+                          Value ldSel) {
+    for (int64_t eb = 0; eb < blocks; eb += 2) {
+      bool pair = eb + 1 < blocks;
+      Value vf = valueFragments(tile, key0, eb, pair, ldRow, ldSel);
+      for (int64_t h = 0; h < (pair ? 2 : 1); ++h)
+        for (auto [t, frag] : llvm::enumerate(p))
+          mmaInto(acc, at + t * tileStride + 4 * (eb + h), frag,
+                  rows(vf, 2 * h, 2));
+    }
   }
 };
 

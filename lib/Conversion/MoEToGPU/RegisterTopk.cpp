@@ -213,26 +213,57 @@ struct ListState {
 };
 } // namespace
 
-/// An scf.while built through `kb` (its regions on kb's builder): `before`
-/// returns {condition, values passed on}, `after` the values yielded back.
-static SmallVector<Value>
-whileLoop(GpuKernelBuilder &kb, ValueRange init,
-          function_ref<std::pair<Value, SmallVector<Value>>(ValueRange)> before,
-          function_ref<SmallVector<Value>(ValueRange)> after) {
-  auto loop = scf::WhileOp::create(
-      kb.b, init.getTypes(), init,
-      [&](OpBuilder &nb, Location, ValueRange args) {
-        OpBuilder::InsertionGuard guard(kb.b);
-        kb.b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-        auto [cond, values] = before(args);
-        scf::ConditionOp::create(kb.b, cond, values);
-      },
-      [&](OpBuilder &nb, Location, ValueRange args) {
-        OpBuilder::InsertionGuard guard(kb.b);
-        kb.b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-        scf::YieldOp::create(kb.b, after(args));
-      });
-  return SmallVector<Value>(loop.getResults());
+/// Whether slot `s` of a lane of a group of `width` holds a pick: pick
+/// s · width + lane is one of the k.
+static Value slotHoldsPick(GpuKernelBuilder &kb, Value laneI32, int64_t s,
+                           int64_t width, int64_t k) {
+  return (s + 1) * width <= k ? kb.cBool(true)
+                              : kb.lt(laneI32, kb.cI32(k - s * width));
+}
+
+/// emitListTopk's stores: each pick's weight and index, from the lane
+/// (`laneI32` in the group) that holds it in slot s (pick lane + s · width).
+static void storeListPicks(GpuKernelBuilder &kb, const ListTopkParams &p,
+                           ArrayRef<Value> slotKeys,
+                           ArrayRef<Value> slotIndices, Value laneI32) {
+  const TopkSpec &spec = p.out.spec;
+  const int64_t width = p.width;
+  const int64_t slots = slotKeys.size();
+  Value lane = p.lane;
+  // Weights, once per pick, by the lane that kept it; stores of a group's
+  // picks are consecutive (lane l writes pick l + s * width).
+  Value v0Key = slotKeys[0];
+  if (width > 1) {
+    Value warpLane =
+        kb.castInt(kb.remu(kb.threadId(), kb.idx(kWarp)), kb.i32());
+    v0Key = kb.shuffleIdx(v0Key, kb.sub(warpLane, laneI32));
+  }
+  Value v0 = keyToFloat(kb, v0Key);
+  SmallVector<Value> vals, valid;
+  for (int64_t s = 0; s < slots; ++s) {
+    vals.push_back(keyToFloat(kb, slotKeys[s]));
+    valid.push_back(slotHoldsPick(kb, laneI32, s, width, spec.k));
+  }
+  Value selSum;
+  if (spec.renormalize) {
+    Value zero = kb.cF32(0.0);
+    selSum = zero;
+    for (int64_t s = 0; s < slots; ++s)
+      selSum = kb.fadd(
+          selSum,
+          kb.select(valid[s], topkSelectionTerm(kb, spec, vals[s], v0), zero));
+    if (width > 1)
+      selSum = subgroupReduce(kb, selSum, ReduceKind::Sum, width);
+  }
+  for (int64_t s = 0; s < slots; ++s) {
+    Value w = topkWeight(kb, spec, vals[s], v0, selSum, p.out.denseMax,
+                         p.out.denseSum);
+    kb.ifThen(kb.andI(p.out.active, valid[s]), [&] {
+      Value r = kb.add(lane, kb.idx(s * width));
+      kb.store(w, p.out.weights, {p.out.row, r});
+      kb.store(slotIndices[s], p.out.indices, {p.out.row, r});
+    });
+  }
 }
 
 void mlir::moe::gpu_lowering::emitListTopk(GpuKernelBuilder &kb,
@@ -242,9 +273,6 @@ void mlir::moe::gpu_lowering::emitListTopk(GpuKernelBuilder &kb,
   Value laneBase = p.laneBase, lane = p.lane;
   const int64_t width = p.width;
   const TopkSpec &spec = p.out.spec;
-  Value weights = p.out.weights, indices = p.out.indices, row = p.out.row,
-        active = p.out.active, denseMax = p.out.denseMax,
-        denseSum = p.out.denseSum;
   const int64_t n = keys.size();
   const int64_t t = p.listLength;
   const int64_t slots = llvm::divideCeil(spec.k, width);
@@ -346,14 +374,15 @@ void mlir::moe::gpu_lowering::emitListTopk(GpuKernelBuilder &kb,
     // the refill is outside it, so the hot loop is the round alone. Both
     // loops' conditions are warp-uniform (k, and a vote over the warp), so
     // every lane reaches every shuffle, redux and vote.
+    SmallVector<Value> initial = init.flat();
     SmallVector<Value> res = whileLoop(
-        kb, init.flat(),
+        kb.b, initial, ValueRange(initial).getTypes(),
         [&](ValueRange args) -> std::pair<Value, SmallVector<Value>> {
           return {kb.lt(args[0], kb.cI32(spec.k)), SmallVector<Value>(args)};
         },
         [&](ValueRange args) {
           SmallVector<Value> rounds = whileLoop(
-              kb, args,
+              kb.b, args, args.getTypes(),
               [&](ValueRange a) -> std::pair<Value, SmallVector<Value>> {
                 ListState next = round(ListState::unflat(a, t, slots, true));
                 Value anyNeed = NVVM::VoteSyncOp::create(
@@ -397,44 +426,9 @@ void mlir::moe::gpu_lowering::emitListTopk(GpuKernelBuilder &kb,
     picks.keys = done.slotKeys;
     picks.indices = done.slotIndices;
     for (int64_t s = 0; s < slots; ++s)
-      picks.valid.push_back((s + 1) * width <= spec.k
-                                ? kb.cBool(true)
-                                : kb.lt(laneI32, kb.cI32(spec.k - s * width)));
+      picks.valid.push_back(slotHoldsPick(kb, laneI32, s, width, spec.k));
     p.epilogue(picks);
     return;
   }
-  // Weights, once per pick, by the lane that kept it; stores of a group's
-  // picks are consecutive (lane l writes pick l + s * width).
-  Value v0Key = done.slotKeys[0];
-  if (width > 1) {
-    Value warpLane = kb.castInt(kb.remu(kb.threadId(), kb.idx(kWarp)), kb.i32());
-    v0Key = kb.shuffleIdx(v0Key, kb.sub(warpLane, laneI32));
-  }
-  Value v0 = keyToFloat(kb, v0Key);
-  SmallVector<Value> vals, valid;
-  for (int64_t s = 0; s < slots; ++s) {
-    vals.push_back(keyToFloat(kb, done.slotKeys[s]));
-    valid.push_back((s + 1) * width <= spec.k
-                        ? kb.cBool(true)
-                        : kb.lt(laneI32, kb.cI32(spec.k - s * width)));
-  }
-  Value selSum;
-  if (spec.renormalize) {
-    Value zero = kb.cF32(0.0);
-    selSum = zero;
-    for (int64_t s = 0; s < slots; ++s)
-      selSum = kb.fadd(selSum, kb.select(valid[s],
-                                         topkSelectionTerm(kb, spec, vals[s], v0),
-                                         zero));
-    if (width > 1)
-      selSum = subgroupReduce(kb, selSum, ReduceKind::Sum, width);
-  }
-  for (int64_t s = 0; s < slots; ++s) {
-    Value w = topkWeight(kb, spec, vals[s], v0, selSum, denseMax, denseSum);
-    kb.ifThen(kb.andI(active, valid[s]), [&] {
-      Value r = kb.add(lane, kb.idx(s * width));
-      kb.store(w, weights, {row, r});
-      kb.store(done.slotIndices[s], indices, {row, r});
-    });
-  }
+  storeListPicks(kb, p, done.slotKeys, done.slotIndices, laneI32);
 }
