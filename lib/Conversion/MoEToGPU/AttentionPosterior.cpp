@@ -490,15 +490,9 @@ lowerAttentionPosterior(OpTy op, typename OpTy::Adaptor adaptor,
   // 4: the posterior mixing.
   SmallVector<Value> args = {u, means, e, bias, scores, head};
   args.append(results.begin(), results.end() - 1);
-  if (mma)
-    launchFlashMixMma(h,
-                      fused ? "attention_posterior_topk_mma"
-                            : "attention_posterior_mma",
-                      spec, *mma, u, args, op->getLoc());
-  else
-    launchFlashMix(h,
-                   fused ? "attention_posterior_topk" : "attention_posterior",
-                   spec, u, args, op->getLoc());
+  launchFlashMixKernel(
+      h, fused ? "attention_posterior_topk" : "attention_posterior", spec, mma,
+      /*tf32=*/std::nullopt, u, args, op->getLoc());
   h.release(means);
   h.release(bias);
   h.finish();

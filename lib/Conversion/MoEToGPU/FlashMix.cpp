@@ -387,3 +387,16 @@ void mlir::moe::gpu_lowering::launchRowProjection(
   Value rows = kb.mul(B, N);
   kernel.launchColumns(kb.dim(x, 2), rows);
 }
+
+void mlir::moe::gpu_lowering::launchFlashMixKernel(
+    HostCode &h, StringRef name, const FlashMixSpec &spec,
+    const std::optional<FlashMmaTile> &mma,
+    const std::optional<FlashTf32Tile> &tf32, Value q, ValueRange args,
+    Location loc) {
+  if (mma)
+    launchFlashMixMma(h, (name + "_mma").str(), spec, *mma, q, args, loc);
+  else if (tf32)
+    launchFlashTf32(h, (name + "_tf32").str(), spec, *tf32, q, args, loc);
+  else
+    launchFlashMix(h, name, spec, q, args, loc);
+}

@@ -281,6 +281,17 @@ void launchFlashMixMma(class HostCode &h, StringRef name,
                        const FlashMixSpec &spec, const FlashMmaTile &tile,
                        Value q, ValueRange args, Location loc);
 
+/// The flash mixing kernel of `spec` on launchFlashMix's arguments, the
+/// kernel named `name`: on tensor cores where a tile applies (`mma`, f16/bf16
+/// operands: `name`_mma; `tf32`, f32 operands: `name`_tf32), else the scalar
+/// kernel (similarity_inform, attention_posterior and the recomputed forward
+/// of similarity_inform_grad all choose so).
+void launchFlashMixKernel(class HostCode &h, StringRef name,
+                          const FlashMixSpec &spec,
+                          const std::optional<FlashMmaTile> &mma,
+                          const std::optional<FlashTf32Tile> &tf32, Value q,
+                          ValueRange args, Location loc);
+
 /// The tiles of the flash kernels (FlashMix.cpp, FlashGrad.cpp): a
 /// block of kFlashThreads threads owns kFlashRows rows, a group of
 /// kFlashGroup lanes (inside one warp) owns a row, and column tiles of

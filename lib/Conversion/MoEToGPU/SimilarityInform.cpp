@@ -90,22 +90,11 @@ lowerSimilarityInform(OpTy op, typename OpTy::Adaptor adaptor,
   if (!mma && !fused)
     tf32 = flashTf32Tile(spec, elementOf(q), elementOf(u), elementOf(e),
                          cast<MemRefType>(u.getType()).getShape()[2], options);
-  if (mma)
-    launchFlashMixMma(h,
-                      fused      ? "similarity_inform_topk_mma"
-                      : training ? "similarity_inform_fwd_mma"
-                                 : "similarity_inform_mma",
-                      spec, *mma, q, args, op->getLoc());
-  else if (tf32)
-    launchFlashTf32(
-        h, training ? "similarity_inform_fwd_tf32" : "similarity_inform_tf32",
-        spec, *tf32, q, args, op->getLoc());
-  else
-    launchFlashMix(h,
-                   fused      ? "similarity_inform_topk"
-                   : training ? "similarity_inform_fwd"
-                              : "similarity_inform",
-                   spec, q, args, op->getLoc());
+  launchFlashMixKernel(h,
+                       fused      ? "similarity_inform_topk"
+                       : training ? "similarity_inform_fwd"
+                                  : "similarity_inform",
+                       spec, mma, tf32, q, args, op->getLoc());
   if (projected)
     h.release(projected);
   h.finish();

@@ -174,14 +174,8 @@ LogicalResult GPULowering<SimilarityInformGradOp>::lower(
     if (!tile)
       tf32 = flashTf32Tile(fwd, elementOf(q), elementOf(u), elementOf(e),
                            uShape[2], options);
-    if (tile)
-      launchFlashMixMma(h, "similarity_inform_grad_mix_mma", fwd, *tile, q,
-                        fwdArgs, loc);
-    else if (tf32)
-      launchFlashTf32(h, "similarity_inform_grad_mix_tf32", fwd, *tf32, q,
-                      fwdArgs, loc);
-    else
-      launchFlashMix(h, "similarity_inform_grad_mix", fwd, q, fwdArgs, loc);
+    launchFlashMixKernel(h, "similarity_inform_grad_mix", fwd, tile, tf32, q,
+                         fwdArgs, loc);
     launchFlashGradStats(h, lse, p, dp, delta, loc, /*lseOut=*/{},
                          /*skip=*/{}, dpRounded);
     h.release(p);
