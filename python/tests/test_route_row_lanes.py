@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(not ops.kernels_available(), reason="compiled CP
 
 #: (E, k, route options): every mode the row-per-lane layout takes.
 CASES = [
-    (16, 1, dict(scoring="sigmoid")),                                                      # Llama-4-like top-1
+    (16, 1, dict(scoring="sigmoid")),                                       # one pick of 16 scores: the per-row path
     (16, 2, dict(scoring="sigmoid", bias=True, renormalize=True, routed_scaling_factor=2.5)),
     (16, 8, dict(scoring="sigmoid", bias=True)),
     (8, 8, dict(scoring="sigmoid", renormalize=True)),                                     # k = E
