@@ -32,11 +32,11 @@
 // row's softmax takes E exponentials). The router's own choice replayed
 // gets its weights bit for bit: both weigh the same lanes the same way.
 //
-// Few experts (E a power of two <= 16, k <= 8), no groups or replay, and an
-// elementwise score (sigmoid, custom; either order) or none: one row per lane
-// instead (RowLanes.h), every step above lane-wise on vectors of the target's width,
-// with the per-row path's operations in its order, so that a row gets the
-// same bits in either path (a block's rows here, the rows past the last full
+// Few experts (E a power of two <= 16, k <= 8), no groups or replay, and a
+// sigmoid (either order), a custom score taken before the selection, or none:
+// one row per lane instead (RowLanes.h), every step above lane-wise on
+// vectors of the target's width, with the per-row path's operations in its
+// order, so that a row gets the same bits in either path (a block's rows here, the rows past the last full
 // block on the per-row path). A row of 16 experts is a vector or two: per row
 // the candidates' packing, k vector maxima and scalar stores were most of its
 // time, which the lanes do as compares and selects shared by 8-16 rows.
@@ -57,7 +57,6 @@
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 
 #include <limits>
-#include <optional>
 
 namespace mlir::moe::cpu_lowering {
 using namespace kernels;
@@ -408,6 +407,12 @@ bool routeFitsRowLanes(const RouteSpec &spec, RouteOp op) {
   // thread, the EPYC: 122 us per-row, 139 us a row per lane at T = 4096).
   if (spec.k == 1 && !spec.fromLogits())
     return false;
+  // A custom score after the selection: the per-row path scores each pick as
+  // a scalar, where math.tanh or math.log become libm calls, the lanes as
+  // vectors, where they become polynomials; the two would round apart.
+  // (sigmoid is the builder's own polynomial exp on both.)
+  if (spec.scoring == RouteSpec::Scoring::Custom && !spec.scoreFirst)
+    return false;
   return spec.scoring != RouteSpec::Scoring::Softmax && !op.getReplay() &&
          spec.groups <= 1 && fitsRowLanes(logits.getShape().back(), spec.k);
 }
@@ -467,18 +472,17 @@ void emitRouteKernel(CpuKernelBuilder &kb, const KernelOptions &opts, RouteOp op
   // The row-per-lane blocks: a builder of the target's lanes (this kernel's
   // per-row vectors are kLanes wide whatever the target).
   CpuKernelBuilder lb(kb.b, opts);
-  int64_t laneRows = 0;
-  std::optional<int64_t> staticExperts;
+  int64_t laneRows = 0, laneExperts = 0;
   Value x1, w1, i1;
   SmallVector<Value> biasCols;
   if (routeFitsRowLanes(spec, op) && kRouteRowsPerItem % lb.lanes() == 0) {
     laneRows = lb.lanes();
-    staticExperts = cast<ShapedType>(op.getLogits().getType()).getShape().back();
+    laneExperts = cast<ShapedType>(op.getLogits().getType()).getShape().back();
     x1 = flatten(kb, x);
     w1 = flatten(kb, wBuf);
     i1 = flatten(kb, iBuf);
     if (bias)
-      for (int64_t j = 0; j < *staticExperts; ++j)
+      for (int64_t j = 0; j < laneExperts; ++j)
         biasCols.push_back(lb.splat(lb.loadF(bias, {lb.idx(j)}), laneRows));
   }
   // Per-worker scratch: scores (16-lane chunks), candidates (8-lane chunks),
@@ -522,7 +526,7 @@ void emitRouteKernel(CpuKernelBuilder &kb, const KernelOptions &opts, RouteOp op
                                 kb.idx(laneRows)));
           kb.forLoop(r0, whole, kb.idx(laneRows), [&](Value b0) {
             emitRouteLaneBlock(lb, spec, b0, x1, biasCols, w1, i1,
-                               *staticExperts);
+                               laneExperts);
             if (rowEnd)
               kb.forLoop(b0, kb.add(b0, kb.idx(laneRows)), kb.idx(1),
                          [&](Value r) { rowEnd(r, item, iBuf); });

@@ -39,21 +39,30 @@ func.func @sigmoid_bias_top2_of_16(%x: tensor<?x16xf32>, %b: tensor<16xf32>) -> 
   return %w, %i : tensor<?x2xf32>, tensor<?x2xi32>
 }
 
-// Softmax scores, groups, a replay, 12 experts, k = 9, or one pick of all E sigmoid scores (the scores are most of
-// the time: the per-row path's one vector max is cheaper than the transposes) keep the per-row path.
+// Softmax scores, groups, a replay, 12 experts, k = 9, one pick of all E sigmoid scores (the scores are most of the
+// time: the per-row path's one vector max is cheaper than the transposes), or a custom score after the selection
+// (scored as a scalar per row, where math.tanh is a libm call, and as vectors in the lanes: they would round apart)
+// keep the per-row path.
 // CHECK-LABEL: func.func @per_row_forms
 // CHECK-NOT: memref.collapse_shape
 // CHECK: return
 func.func @per_row_forms(%x: tensor<?x16xf32>, %y: tensor<?x12xf32>, %r: tensor<?x2xi32>)
-    -> (tensor<?x2xf32>, tensor<?x2xf32>, tensor<?x2xf32>, tensor<?x2xf32>, tensor<?x9xf32>, tensor<?x1xf32>) {
+    -> (tensor<?x2xf32>, tensor<?x2xf32>, tensor<?x2xf32>, tensor<?x2xf32>, tensor<?x9xf32>, tensor<?x1xf32>,
+        tensor<?x2xf32>) {
   %w0, %i0 = moe.route %x k(2) renormalize(true) : tensor<?x16xf32> -> tensor<?x2xf32>, tensor<?x2xi32>
   %w1, %i1 = moe.route %x k(2) scoring(sigmoid) n_group(4) topk_group(2) : tensor<?x16xf32> -> tensor<?x2xf32>, tensor<?x2xi32>
   %w2, %i2 = moe.route %x replay(%r : tensor<?x2xi32>) k(2) scoring(sigmoid) : tensor<?x16xf32> -> tensor<?x2xf32>, tensor<?x2xi32>
   %w3, %i3 = moe.route %y k(2) scoring(sigmoid) : tensor<?x12xf32> -> tensor<?x2xf32>, tensor<?x2xi32>
   %w4, %i4 = moe.route %x k(9) scoring(sigmoid) : tensor<?x16xf32> -> tensor<?x9xf32>, tensor<?x9xi32>
   %w5, %i5 = moe.route %x k(1) scoring(sigmoid) : tensor<?x16xf32> -> tensor<?x1xf32>, tensor<?x1xi32>
-  return %w0, %w1, %w2, %w3, %w4, %w5
-      : tensor<?x2xf32>, tensor<?x2xf32>, tensor<?x2xf32>, tensor<?x2xf32>, tensor<?x9xf32>, tensor<?x1xf32>
+  %w6, %i6 = moe.route %x k(2) scoring(custom) order(topk_then_score) score {
+  ^bb0(%v: f32):
+    %t = math.tanh %v : f32
+    moe.yield %t : f32
+  } : tensor<?x16xf32> -> tensor<?x2xf32>, tensor<?x2xi32>
+  return %w0, %w1, %w2, %w3, %w4, %w5, %w6
+      : tensor<?x2xf32>, tensor<?x2xf32>, tensor<?x2xf32>, tensor<?x2xf32>, tensor<?x9xf32>, tensor<?x1xf32>,
+        tensor<?x2xf32>
 }
 
 // order(topk_then_score), Llama 4's router: the choice from the raw logits, the sigmoid of the pick only (no
