@@ -54,7 +54,7 @@ def ConvertMoEToCPU : Pass<"convert-moe-to-cpu"> {
     stores for whole vectors and masked ones only for a ragged tail, emitted as a separate branch (masked stores
     are microcoded on AVX2 machines and defeat store-to-load forwarding); no kernel emits gathers or scatters.
     `topk_renorm` over at most 16 experts (a power of two), and `route` so (k <= 8, no groups or replay, a
-    sigmoid, custom or no score), put one row per lane (a block of rows transposed in registers by shuffles), so
+    sigmoid, no score, or a custom score taken before the selection), put one row per lane (a block of rows transposed in registers by shuffles), so
     that small K fills the vector.
 
     Buffers: each kernel is a `moe.kernel` (destination style: the operands it reads as `ins`, `tensor.empty`
