@@ -242,7 +242,9 @@ def test_compiled_wrapper_calls_moe_ops_positionally():
     calls = [m.group(1) for code in codes for m in re.finditer(r"= (torch\.ops\.moe\.\w+\.default\(.*\))$", code,
                                                                  re.M)]
     assert len(calls) == 2, calls
-    assert re.fullmatch(r"torch\.ops\.moe\.route\.default\(\w+, None, 1, 'sigmoid'\)", calls[0]), calls
+    # An unbiased sigmoid is raised to order topk_then_score (one sigmoid a token, not E): still positional.
+    assert re.fullmatch(r"torch\.ops\.moe\.route\.default\(\w+, None, 1, 'sigmoid', 'topk_then_score'\)",
+                        calls[0]), calls
     assert re.fullmatch(r"torch\.ops\.moe\.route_backward\.default\(\w+, \w+, \w+, 'sigmoid'\)", calls[1]), calls
     w_ref, i_ref = top1(x_ref)
     w_ref.sum().backward()
