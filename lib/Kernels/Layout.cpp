@@ -254,6 +254,17 @@ TileCoord TVLayout::valuePart(int64_t value) const {
   return tileStride(map.mode(1)(value), rows);
 }
 
+int64_t mlir::moe::kernels::sameElementValue(const TVLayout &from, int64_t v,
+                                             const TVLayout &to) {
+  assert(from.map.mode(0) == to.map.mode(0) && from.rows == to.rows &&
+         "the same element in every thread: the same thread part");
+  for (int64_t u = 0; u < to.values(); ++u)
+    if (to.valuePart(u) == from.valuePart(v))
+      return u;
+  assert(false && "no value of `to` holds the element");
+  return -1;
+}
+
 //===----------------------------------------------------------------------===//
 // Atoms
 //===----------------------------------------------------------------------===//
@@ -286,6 +297,18 @@ TVLayout atoms::mmaM16N8K8Tf32A() {
 TVLayout atoms::mmaM16N8K8Tf32B() {
   // b0: (k, n) = (t, g); b1: k + 4. Tile 8 x 8 (k x n).
   return {Layout({{4, 8}, 2}, {{1, 8}, 4}), 8, 8};
+}
+
+TVLayout atoms::mmaM16N8K8Tf32APairedK() {
+  // Columns k = t + 4h of the 16 x 8 tile taken to 2t + h.
+  Layout pairs({16, {4, 2}}, {1, {32, 16}});
+  return {composition(pairs, mmaM16N8K8Tf32A().map), 16, 8};
+}
+
+TVLayout atoms::mmaM16N8K8Tf32BPairedK() {
+  // Rows k = t + 4h of the 8 x 8 tile taken to 2t + h.
+  Layout pairs({{4, 2}, 8}, {{2, 1}, 8});
+  return {composition(pairs, mmaM16N8K8Tf32B().map), 8, 8};
 }
 
 Layout atoms::ldmatrixAddresses(int64_t count) {

@@ -205,6 +205,22 @@ TEST(Atoms, MmaM16N8K8Tf32MatchesTheIsa) {
   });
 }
 
+TEST(Atoms, MmaM16N8K8Tf32PairedKIsTheIsaWithKPermuted) {
+  // k = t + 4h is 2t + h: the ISA's (row, k) with k renamed.
+  auto paired = [](int64_t k) { return 2 * (k % 4) + k / 4; };
+  expectAtom(atoms::mmaM16N8K8Tf32APairedK(), 4, [&](int64_t lane, int64_t i) {
+    int64_t g = groupId(lane), t = threadInGroup(lane);
+    return TileCoord{(i == 0 || i == 2) ? g : g + 8, paired(i < 2 ? t : t + 4)};
+  });
+  expectAtom(atoms::mmaM16N8K8Tf32BPairedK(), 2, [&](int64_t lane, int64_t i) {
+    int64_t g = groupId(lane), t = threadInGroup(lane);
+    return TileCoord{paired(i == 0 ? t : t + 4), g};
+  });
+  EXPECT_EQ(atoms::mmaM16N8K8Tf32APairedK().map.str(),
+            "((4,8),(2,2)):((32,1),(8,16))");
+  EXPECT_EQ(atoms::mmaM16N8K8Tf32BPairedK().map.str(), "((4,8),2):((2,8),1)");
+}
+
 /// ldmatrix run as the ISA describes it, on a column-major tile of
 /// `tileRows` rows whose row addresses the lanes give by `laneRows` (lane
 /// -> offset of the row's first element; lanes from 8 * count on ignored):

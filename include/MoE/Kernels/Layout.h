@@ -157,6 +157,12 @@ struct TVLayout {
   TileCoord valuePart(int64_t value) const;
 };
 
+/// The value of `to` that holds, in each thread, the element that value `v`
+/// of `from` holds (CuTe's retiling: a C fragment read as the next MMA's A
+/// operand). The two layouts give every thread the same part; asserts that
+/// some value of `to` has v's element.
+int64_t sameElementValue(const TVLayout &from, int64_t v, const TVLayout &to);
+
 /// The row and column strides of a stride `d` in a column-major tile of
 /// `rows` rows: row + rows * col.
 inline TileCoord tileStride(int64_t d, int64_t rows) {
@@ -179,6 +185,14 @@ TVLayout mmaM16N8C();
 TVLayout mmaM16N8K8Tf32A();
 /// The B operand of mma.m16n8k8 (tf32): 8 x 8 (k x n), 2 values.
 TVLayout mmaM16N8K8Tf32B();
+/// The tf32 operands with k in pair order: k = t is column (A) or row (B)
+/// 2t of the tile and k = t + 4 is 2t + 1, the atoms composed with that
+/// permutation of k. Both operands permuted alike give the same product;
+/// then a lane's two B values are adjacent (one 8-byte load of a key row)
+/// and the C fragment of one product (columns 2t, 2t + 1) is the A operand
+/// of the next without a shuffle (FlashTf32.cpp).
+TVLayout mmaM16N8K8Tf32APairedK();
+TVLayout mmaM16N8K8Tf32BPairedK();
 
 // ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16: `count` 8x8
 // matrices of 16-bit elements. Here they lie side by side in an 8 x 8count

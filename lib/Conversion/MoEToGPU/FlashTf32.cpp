@@ -42,6 +42,7 @@
 #include "FlashTile.h"
 #include "HostCode.h"
 #include "Lowerings.h"
+#include "Atoms.h"
 #include "MmaFragments.h"
 #include "Reductions.h"
 
@@ -149,10 +150,12 @@ struct Tf32 {
 } // namespace
 
 /// The epilogue of emitFlashTf32: each row's sum over its quad, then p =
-/// O / l from the C fragments' layout (columns 8 ob + 2t + i) and the lse.
-static void storeTf32Rows(GpuKernelBuilder &kb, ArrayRef<Value> fin,
-                          int64_t outBlocks, int64_t K, ArrayRef<Value> rows,
-                          Value N, Value t, Value bi, Value out, Value lseOut) {
+/// O / l at the C fragments' columns (`lanes`: the lane's (t, g)) and the lse.
+static void storeTf32Rows(GpuKernelBuilder &kb, LaneCoords &lanes,
+                          ArrayRef<Value> fin, int64_t outBlocks, int64_t K,
+                          ArrayRef<Value> rows, Value N, Value t, Value bi,
+                          Value out, Value lseOut) {
+  const TVLayout cLayout = atoms::mmaM16N8C();
   Value c0 = kb.idx(0);
   for (int64_t r = 0; r < 2; ++r) {
     Value row = rows[r];
@@ -168,7 +171,8 @@ static void storeTf32Rows(GpuKernelBuilder &kb, ArrayRef<Value> fin,
       for (int64_t ob = 0; ob < outBlocks; ++ob)
         for (int64_t i = 0; i < 2; ++i) {
           int64_t col0 = 8 * ob;
-          Value col = kb.add(kb.idx(col0 + i), kb.mul(t, kb.idx(2)));
+          Value col = fragmentTileIndex(kb, lanes, cLayout, 2 * r + i, col0,
+                                        /*rows=*/false);
           Value v = softmaxNormalize(kb, state, fin[ob * 4 + 2 * r + i]);
           if (col0 + 8 <= K) {
             kb.store(v, out, {bi, row, col});
@@ -205,6 +209,13 @@ static void emitFlashTf32(GPUKernel &kernel, const FlashMixSpec &spec,
   Value warp = kb.divu(tid, kb.idx(kWarp));
   Value lane = kb.remu(tid, kb.idx(kWarp));
   Value g = kb.divu(lane, kb.idx(4)), t = kb.remu(lane, kb.idx(4));
+  // The atoms' fragments, k in pair order (features or keys 2t and 2t + 1):
+  // the keys' B values of a lane are one 8-byte load, and the C fragment of
+  // S is the A operand of P·e.
+  const TVLayout aLayout = atoms::mmaM16N8K8Tf32APairedK(),
+                 bLayout = atoms::mmaM16N8K8Tf32BPairedK(),
+                 cLayout = atoms::mmaM16N8C();
+  LaneCoords lanes(kb, cLayout.map.mode(0).shape(), ArrayRef<Value>{t, g});
   FlashBlockPlace place = flashBlockPlace(
       kb, flashBlockOrder(spec.causal, spec.balanceCausal, /*byKey=*/false));
   Value bi = place.batchOf(kb);
@@ -214,15 +225,14 @@ static void emitFlashTf32(GPUKernel &kernel, const FlashMixSpec &spec,
   Value rowB = kb.add(rowA, kb.idx(8));
   Value rows[2] = {rowA, rowB};
 
-  // The query's fragments, big and small: (row g, k = t), (g + 8, t),
-  // (g, t + 4), (g + 8, t + 4) of each 8 features, k = t being feature 2t
-  // and t + 4 feature 2t + 1 (the keys' B fragments then read features 2t
-  // and 2t + 1 of a key: one 8-byte load); zeros past N and D.
+  // The query's A fragments of each 8 features, big and small; zeros past
+  // N and D.
   SmallVector<SmallVector<Split>> qf(featSteps);
   for (int64_t s = 0; s < featSteps; ++s)
     for (int64_t r = 0; r < 4; ++r) {
       Value row = rows[r % 2];
-      Value col = kb.add(kb.idx(8 * s + r / 2), kb.mul(t, kb.idx(2)));
+      Value col =
+          fragmentTileIndex(kb, lanes, aLayout, r, 8 * s, /*rows=*/false);
       Value ok = kb.andI(kb.lt(row, N), kb.lt(col, D));
       Value x =
           kb.loadF(q, {bi, kb.select(ok, row, c0), kb.select(ok, col, c0)});
@@ -287,13 +297,14 @@ static void emitFlashTf32(GPUKernel &kernel, const FlashMixSpec &spec,
             vectors, [&] { stageTiles(true); }, [&] { stageTiles(false); });
         kb.barrier();
 
-        // S = Q Kᵀ over the tile's key blocks.
+        // S = Q Kᵀ over the tile's key blocks: B (k x n) is (feature, key).
         SmallVector<SmallVector<Value>> S(keyBlocks,
                                           SmallVector<Value>(4, zero));
         for (int64_t s = 0; s < featSteps; ++s)
           for (int64_t nb = 0; nb < keyBlocks; ++nb) {
-            Value key = kb.add(kb.idx(8 * nb), g);
-            Value f0 = kb.add(kb.idx(8 * s), kb.mul(t, kb.idx(2)));
+            Value key =
+                fragmentTileIndex(kb, lanes, bLayout, 0, 8 * nb, false);
+            Value f0 = fragmentTileIndex(kb, lanes, bLayout, 0, 8 * s, true);
             auto pair = [&](Value tileBuf) {
               Value v = vector::LoadOp::create(
                   ib, VectorType::get({2}, kb.f32()), tileBuf,
@@ -308,13 +319,13 @@ static void emitFlashTf32(GPUKernel &kernel, const FlashMixSpec &spec,
             S[nb] = tc.mma3(qf[s], {{big0, small0}, {big1, small1}}, S[nb]);
           }
 
-        // The logits (C fragment element i: row rows[i / 2], key 2t + i % 2
-        // of its block) and each row's online softmax step.
+        // The logits (C fragment value i: row rows[i / 2]) and each row's
+        // online softmax step.
         SmallVector<Value> logits[2];
         for (int64_t nb = 0; nb < keyBlocks; ++nb)
           for (int64_t i = 0; i < 4; ++i) {
-            Value j = kb.add(
-                j0, kb.add(kb.idx(8 * nb + i % 2), kb.mul(t, kb.idx(2))));
+            Value j = kb.add(j0, fragmentTileIndex(kb, lanes, cLayout, i,
+                                                   8 * nb, /*rows=*/false));
             logits[i / 2].push_back(flashPairLogit(
                 kb, spec, logit, S[nb][i], bi, Value(), rows[i / 2], j, Nk));
           }
@@ -332,17 +343,19 @@ static void emitFlashTf32(GPUKernel &kernel, const FlashMixSpec &spec,
           for (int64_t i = 0; i < 4; ++i)
             O[ob].push_back(kb.fmul(carried[ob * 4 + i], steps[i / 2].rescale));
 
-        // P·e: the key block's probabilities as the A fragment (keys 2t,
-        // 2t + 1 as k = t, t + 4), the values' rows 2t and 2t + 1.
+        // P·e: the key block's probabilities (C value u: row u / 2) as the
+        // A operand, the values' B (k x n) is (key, expert).
         for (int64_t nb = 0; nb < keyBlocks; ++nb) {
-          Value pA0 = steps[0].probs[2 * nb], pA1 = steps[0].probs[2 * nb + 1];
-          Value pB0 = steps[1].probs[2 * nb], pB1 = steps[1].probs[2 * nb + 1];
-          SmallVector<Split> pf = {tc.split(pA0), tc.split(pB0), tc.split(pA1),
-                                   tc.split(pB1)};
-          Value key0 = kb.add(kb.idx(8 * nb), kb.mul(t, kb.idx(2)));
-          Value key1 = kb.add(key0, kb.idx(1));
+          SmallVector<Split> pf;
+          for (int64_t v = 0; v < 4; ++v) {
+            int64_t u = sameElementValue(aLayout, v, cLayout);
+            pf.push_back(tc.split(steps[u / 2].probs[2 * nb + u % 2]));
+          }
+          Value key0 = fragmentTileIndex(kb, lanes, bLayout, 0, 8 * nb, true);
+          Value key1 = fragmentTileIndex(kb, lanes, bLayout, 1, 8 * nb, true);
           for (int64_t ob = 0; ob < outBlocks; ++ob) {
-            Value col = kb.add(kb.idx(8 * ob), g);
+            Value col =
+                fragmentTileIndex(kb, lanes, bLayout, 0, 8 * ob, false);
             auto half = [&](Value tileBuf, Value key) {
               return kb.bitcast(kb.load(tileBuf, {key, col}), i32);
             };
@@ -362,7 +375,7 @@ static void emitFlashTf32(GPUKernel &kernel, const FlashMixSpec &spec,
       });
 
   // The rows' sums over their quads, then p = O / l and the lse.
-  storeTf32Rows(kb, fin, outBlocks, K, rows, N, t, bi, out, lseOut);
+  storeTf32Rows(kb, lanes, fin, outBlocks, K, rows, N, t, bi, out, lseOut);
 }
 
 void mlir::moe::gpu_lowering::launchFlashTf32(HostCode &h, StringRef name,
