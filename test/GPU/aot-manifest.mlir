@@ -7,6 +7,9 @@
 // RUN: %python %moe_src_root/tools/moe-aot/moe-aot.py %s -o %t/nofb --name small --moe-opt %moe_obj_root/bin/moe-opt --toolkit %cuda_toolkit
 // RUN: ls %t/nofb/small.ll %t/nofb/small.llvm.mlir
 // RUN: not %python %S/check_artifacts.py %t/nofb/small.manifest.json --require-ptx | FileCheck %s --check-prefix=NOFB
+// With --ptx-fallback moe-aot lowers to PTX once and assembles the binary itself: the same binaries (sizes,
+// FNV-1a keys, fatbinary entries) as the pipeline's own format=fatbin above.
+// RUN: %python -c "import json, sys; b = [json.load(open(p))['binaries'] for p in sys.argv[1:]]; print(b[0] == b[1] and b[0] != [])" %t/fb/small.manifest.json %t/nofb/small.manifest.json | FileCheck %s --check-prefix=SAME
 // A PTX file that does not match its sha256 is caught.
 // RUN: echo "// edited" >> %t/fb/small-ptx/*.ptx
 // RUN: not %python %S/check_artifacts.py %t/fb/small.manifest.json --require-ptx | FileCheck %s --check-prefix=EDITED
@@ -22,6 +25,8 @@
 // CHECK-NOT: error
 
 // NOFB: error: moe_kernels_binary: no PTX fallback
+
+// SAME: True
 
 // EDITED: error: small-ptx/moe-{{[0-9a-f]+}}.ptx does not match its sha256
 

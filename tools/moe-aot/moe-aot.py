@@ -27,7 +27,10 @@ Steps (each output is kept in OUTDIR):
      uncompressed PTX of each embedded binary (PTX ISA of --features, default
      8.0 = CUDA 12.0), which libmoe_cuda_runtime JIT-compiles when the driver
      rejects the binary (a driver older than the toolkit, a newer chip) and
-     MOE_CUDA_PTX_DIR names NAME-ptx (MOE_CUDA_FORCE_PTX=1 forces that path);
+     MOE_CUDA_PTX_DIR names NAME-ptx (MOE_CUDA_FORCE_PTX=1 forces that path).
+     The input is lowered once, to PTX (format=isa), and step 1's binaries are
+     assembled from that PTX here, with the pipeline's own ptxas and fatbinary
+     arguments: the fallback is the PTX the binary was made from;
   6. NAME.manifest.json (always): the toolkit (ptxas/fatbinary versions), the
      chip, format and PTX ISA, the driver the binary and the PTX need, the
      fatbinary's entries (cubin/PTX, compressed or not), every file's sha256.
@@ -50,6 +53,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 
 
 def run(cmd):
@@ -123,8 +127,8 @@ def sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def lower(args, fmt, base):
-    """Steps 1 and 2 for the gpu.binary format `fmt`: base.llvm.mlir, then base.ll."""
+def lower(args, fmt, base, translate=True):
+    """Steps 1 and 2 for the gpu.binary format `fmt`: base.llvm.mlir, then (translate) base.ll."""
     pipeline = f"chip={args.chip} format={fmt} toolkit={args.toolkit}"
     if args.features:
         pipeline += f" features={args.features}"
@@ -132,24 +136,87 @@ def lower(args, fmt, base):
         pipeline += f" {args.pipeline_options}"
     pre = ["--canonicalize"] if args.canonicalize else []
     run([args.moe_opt, args.input, *pre, f"--moe-lower-to-nvvm={pipeline}", "-o", base + ".llvm.mlir"])
+    if translate:
+        translate_to_llvmir(args, base)
+
+
+def translate_to_llvmir(args, base):
     run([os.path.join(args.llvm_bin, "mlir-translate"), "--mlir-to-llvmir", base + ".llvm.mlir",
          "-o", base + ".ll"])
 
 
-def write_ptx_fallback(args, name, base, binaries):
-    """NAME-ptx/moe-<key>.ptx for every embedded binary; returns module records."""
-    isa = base + ".isa"
-    lower(args, "isa", isa)
-    with open(isa + ".ll") as f:
-        ptx = llvm_binaries(f.read())
-    os.remove(isa + ".llvm.mlir")
-    os.remove(isa + ".ll")
+# A gpu.binary of the format=isa lowering: its symbol and its one object (the NVVM target, the PTX as an MLIR
+# string literal; properties: the serializer's timings and O, which only the JIT load of format=isa reads).
+ISA_BINARY_RE = re.compile(r'gpu\.binary @(\S+)\s+\[#gpu\.object<(#nvvm\.target<[^>]*>)'
+                           r'(?:, properties = \{[^}]*\})?, assembly = "((?:[^"\\]|\\.)*)">\]')
+MLIR_ESCAPES = {"\\": b"\\", '"': b'"', "n": b"\n", "t": b"\t"}
+MLIR_STRING_BYTE = [chr(b) if 0x20 <= b < 0x7f and chr(b) not in '"\\' else f"\\{b:02X}" for b in range(256)]
+
+
+def mlir_string_bytes(literal):
+    """The bytes of an MLIR string literal's body (escapes: \\XX, \\\\, \\", \\n, \\t)."""
+    return re.sub(rb'\\([\\"nt]|[0-9A-Fa-f]{2})',
+                  lambda m: MLIR_ESCAPES.get(m.group(1).decode(), None) or bytes([int(m.group(1), 16)]),
+                  literal.encode("latin-1"))
+
+
+def assemble_isa_binaries(args, base):
+    """Steps 1 and 2 from one lowering when the PTX is kept (--ptx-fallback): the input is lowered to PTX
+    (format=isa, base.llvm.mlir), each binary's PTX is assembled here into the --format the pipeline would have made (ptxas, then
+    fatbinary for fatbin, with gpu-module-to-binary's arguments: NVPTXSerializer in mlir/lib/Target/LLVM/NVVM),
+    written back into base.llvm.mlir, and translated. The PTX kept as the fallback is then the very PTX ptxas
+    assembled, and the input is lowered once instead of once a format (the lowering, not ptxas, is most of the
+    time: gpu-cases for sm_90 took 134.5 CPU s before, 89.9 after, the same bytes out:
+    bench/results/test-time-2026-11-30-san.md). Returns {`SYMBOL_binary`: PTX bytes}; aot-manifest.mlir checks
+    that the binaries equal the pipeline's own format=fatbin ones."""
+    lower(args, "isa", base, translate=False)
+    with open(base + ".llvm.mlir", encoding="latin-1") as f:
+        text = f.read()
+    ptx = {}
+    with tempfile.TemporaryDirectory(prefix="moe-aot-") as tmp:
+        def assemble(m):
+            symbol, target, literal = m.groups()
+            if re.search(r"\b(flags|link)\s*=", target):
+                sys.exit(f"moe-aot: {symbol}: cannot assemble for {target} (ptxas flags or libraries)")
+            chip = re.search(r'chip = "([^"]+)"', target).group(1)
+            level = re.search(r"\bO = (\d+)", target)
+            text_ptx = mlir_string_bytes(literal).rstrip(b"\0")
+            ptx[f"{symbol}_binary"] = text_ptx
+            stem = os.path.join(tmp, symbol)
+            with open(stem + ".ptx", "wb") as f:
+                f.write(text_ptx)
+            # NVVMTargetAttr's default O is 2 (printed only when it differs).
+            run([os.path.join(args.toolkit, "bin", "ptxas"), "-arch", chip, stem + ".ptx", "-o", stem + ".cubin",
+                 "--opt-level", level.group(1) if level else "2"])
+            out = stem + ".cubin"
+            if args.format == "fatbin":
+                sm = chip[len("sm_"):] if chip.startswith("sm_") else chip
+                out = stem + ".fatbin"
+                run([os.path.join(args.toolkit, "bin", "fatbinary"), "-64",
+                     f"--image3=kind=elf,sm={sm},file={stem}.cubin", f"--image3=kind=ptx,sm={sm},file={stem}.ptx",
+                     "--create", out])
+            with open(out, "rb") as f:
+                blob = f.read()
+            return (f"gpu.binary @{symbol}  [#gpu.object<{target}, {args.format} = "
+                    f'"{"".join(MLIR_STRING_BYTE[b] for b in blob)}">]')
+        text, count = ISA_BINARY_RE.subn(assemble, text)
+    if count != text.count("gpu.binary @"):
+        sys.exit(f"moe-aot: {count} of the {text.count('gpu.binary @')} gpu.binary ops of the format=isa "
+                 "lowering have one PTX object")
+    with open(base + ".llvm.mlir", "w", encoding="latin-1") as f:
+        f.write(text)
+    translate_to_llvmir(args, base)
+    return ptx
+
+
+def write_ptx_fallback(args, name, binaries, ptx):
+    """NAME-ptx/moe-<key>.ptx for every embedded binary (`ptx`: its PTX); returns module records."""
     folder = os.path.join(args.out_dir, f"{name}-ptx")
     os.makedirs(folder, exist_ok=True)
     modules = []
     for symbol, blob in sorted(binaries.items()):
         if symbol not in ptx:
-            sys.exit(f"moe-aot: no PTX for {symbol} in the format=isa build")
+            sys.exit(f"moe-aot: no PTX for {symbol} in the format=isa lowering")
         text = ptx[symbol].rstrip(b"\0")
         key = f"{fnv1a64(blob):016x}"
         path = os.path.join(folder, f"moe-{key}.ptx")
@@ -225,12 +292,17 @@ def main():
     name = args.name or os.path.splitext(os.path.basename(args.input))[0]
     os.makedirs(args.out_dir, exist_ok=True)
     base = os.path.join(args.out_dir, name)
-    lower(args, args.format, base)
+    if args.ptx_fallback and args.format != "isa":
+        ptx = assemble_isa_binaries(args, base)
+    else:
+        lower(args, args.format, base)
     run([os.path.join(args.llvm_bin, "llc"), "-O2", "-filetype=obj", "-relocation-model=pic",
          base + ".ll", "-o", base + ".o"])
     with open(base + ".ll") as f:
         binaries = llvm_binaries(f.read())
-    modules = write_ptx_fallback(args, name, base, binaries) if args.ptx_fallback else []
+    if args.ptx_fallback and args.format == "isa":
+        ptx = binaries  # the embedded binaries are the PTX (NUL-terminated)
+    modules = write_ptx_fallback(args, name, binaries, ptx) if args.ptx_fallback else []
     if args.link:
         if not args.runtime_dir:
             sys.exit("moe-aot: --link needs --runtime-dir")
