@@ -45,17 +45,61 @@ struct SoftmaxState {
   Value max, sum;
 };
 
-/// The state before any key: {-inf, 0}.
-SoftmaxState softmaxStart(KernelBuilder &kb);
+/// The state before any key: {-inf, 0}; with `finiteMax` {-FLT_MAX, 0}
+/// (SoftmaxStepForm::finiteMax).
+SoftmaxState softmaxStart(KernelBuilder &kb, bool finiteMax = false);
 
 /// One tile's update.
 struct SoftmaxTile {
   SoftmaxState next;
-  /// exp(m - m'): the factor of the accumulator (scalar).
+  /// exp(m - m'): the factor of the accumulator (scalar; null without
+  /// SoftmaxStepForm::sums).
   Value rescale;
+  /// What the exponents subtract: m', or 0 for a row that has seen no key.
+  Value shift;
   /// exp(x - m') for each logit (0 for -inf), shaped like the logits.
   SmallVector<Value> probs;
 };
+
+/// How a kernel holds and sums a row: the same update, in the instructions
+/// and roundings of the kernel's choosing.
+struct SoftmaxStepForm {
+  /// Turn this holder's partial (shaped like the logits) into the row's f32
+  /// (null: the holder has the whole row, as the portable lowering's key
+  /// loop, a row per element; `reduceSum` null with `sumOntoRescaled`: the
+  /// sum carried is this holder's own, summed over the holders by the caller
+  /// after the key loop).
+  function_ref<Value(Value)> reduceMax = nullptr, reduceSum = nullptr;
+  /// The tile's Σ p folded from the first p, not from 0 (the same value,
+  /// since no p is -0).
+  bool sumFromFirstProb = false;
+  /// The logits are raw values x of logit x · scale (an f32 scalar > 0, so
+  /// the max of x scaled is the max of the logits): the max is scaled once
+  /// and each exponent is one FMA, x · scale - m' (the tensor-core kernel's
+  /// dot products times log2(e) / tau; with KernelBuilder::softmaxWeight
+  /// 2^d the logits are in log2 units).
+  Value scale;
+  /// The max starts at -FLT_MAX (softmaxStart(kb, true)), not -inf: a row
+  /// that has seen no key then subtracts -FLT_MAX from its -inf logits (p =
+  /// 0, alpha = 1 on a zero accumulator), so m' is the shift with no select;
+  /// its lse is -FLT_MAX + log(0) = -inf as well.
+  bool finiteMax = false;
+  /// Without: the caller sums the weights itself (the tensor cores' P · 1):
+  /// l passes through, and no rescale is computed (from `shift` where the
+  /// caller needs it).
+  bool sums = true;
+  /// l' = fma(l, alpha, Σ p): one rounding (else l · alpha + Σ p).
+  bool fusedSum = false;
+  /// l' = (l · alpha + p_0) + p_1 + ..: each p added to the rescaled sum in
+  /// turn (no Σ p of the tile first).
+  bool sumOntoRescaled = false;
+};
+
+/// The update of `state` by a tile of logits (scalars or vectors of one type,
+/// -inf for excluded keys), in `form`.
+SoftmaxTile onlineSoftmaxStep(KernelBuilder &kb, SoftmaxState state,
+                              ArrayRef<Value> logits,
+                              const SoftmaxStepForm &form);
 
 /// The update of `state` by a tile of logits (scalars or vectors of one type,
 /// -inf for excluded keys). `reduceMax`/`reduceSum` turn this holder's partial
@@ -63,11 +107,18 @@ struct SoftmaxTile {
 /// whole row, as the portable lowering's key loop, a row per element). The
 /// tile's Σ p is folded from 0 (`sumFromFirstProb`: from the first p, where
 /// no 0 + p is wanted; the same value, since no p is -0).
-SoftmaxTile onlineSoftmaxStep(KernelBuilder &kb, SoftmaxState state,
-                              ArrayRef<Value> logits,
-                              function_ref<Value(Value)> reduceMax = nullptr,
-                              function_ref<Value(Value)> reduceSum = nullptr,
-                              bool sumFromFirstProb = false);
+inline SoftmaxTile
+onlineSoftmaxStep(KernelBuilder &kb, SoftmaxState state,
+                  ArrayRef<Value> logits,
+                  function_ref<Value(Value)> reduceMax = nullptr,
+                  function_ref<Value(Value)> reduceSum = nullptr,
+                  bool sumFromFirstProb = false) {
+  SoftmaxStepForm form;
+  form.reduceMax = reduceMax;
+  form.reduceSum = reduceSum;
+  form.sumFromFirstProb = sumFromFirstProb;
+  return onlineSoftmaxStep(kb, state, logits, form);
+}
 
 /// The update of `state` by one logit `x` of a holder that has the whole row
 /// (the portable lowering's key loop: a row per linalg.generic element).

@@ -348,82 +348,6 @@ static void emitMmaTopkEpilogue(GPUKernel &kernel, const FlashMixSpec &spec,
   }
 }
 
-namespace {
-/// One key tile of a row's online softmax in base 2 (the tensor-core
-/// kernel's; OnlineSoftmax.h's rules in log2 units).
-struct Exp2Tile {
-  /// The running max in log2 units and this lane's running partial sum.
-  Value max, partialSum;
-  /// 2^(m2_old - m2): the accumulator's factor (without sums: not
-  /// computed, the caller computes it from `shift` where it needs it).
-  Value rescale;
-  /// m2, or 0 for a row that has seen no key: what the exponents subtract.
-  Value shift;
-  /// 2^(x - m2) of each value (0 for -inf).
-  SmallVector<Value> probs;
-};
-} // namespace
-
-/// The update of (max2, partialSum) by this lane's values `v` of a tile of
-/// one row: with `scale`, v are raw dot products whose logits in log2 units
-/// are v . scale (scale > 0: the max of v times scale is the max of the
-/// logits, and each weight is one FFMA and one EX2); without, v are the
-/// logits in log2 units. -inf excludes a key. `reduceMax` gives the row's
-/// max over the lanes that share it. Without `reduceSum` the sums are this
-/// lane's partial ones (the caller adds the lanes' once after the key loop);
-/// with it, the tile's sum over the lanes is added every tile (the row's
-/// whole sum is carried). With `sums` false (FlashMmaTile::sumMma: the sums
-/// come from the MMA) there are none: `partialSum` passes through. As
-/// OnlineSoftmax.h, but the max starts at -FLT_MAX: a row that has seen no
-/// key keeps max -FLT_MAX, its -inf logits give p = 0 and alpha = 1 on a zero
-/// accumulator (not NaN), its lse is -FLT_MAX ln 2 + ln 0 = -inf; a NaN makes
-/// the max, and from it every weight, NaN.
-static Exp2Tile exp2SoftmaxStep(GpuKernelBuilder &kb, Value max2,
-                                Value partialSum, ArrayRef<Value> v,
-                                Value scale,
-                                function_ref<Value(Value)> reduceMax,
-                                function_ref<Value(Value)> reduceSum,
-                                bool sums = true) {
-  ImplicitLocOpBuilder &b = kb.b;
-  Value tileMax = v.front();
-  for (Value x : v.drop_front())
-    tileMax = kb.fmax(tileMax, x);
-  tileMax = reduceMax(tileMax);
-  if (scale)
-    tileMax = kb.fmul(tileMax, scale);
-  Exp2Tile tile;
-  // The running max starts at -FLT_MAX, not -inf (the kernel's init): a row that
-  // has seen no key subtracts -FLT_MAX from -inf logits (p = 0, not NaN), so
-  // the max is the shift, with no select.
-  tile.max = kb.fmax(max2, tileMax);
-  Value shift = tile.max;
-  tile.shift = shift;
-  if (sums)
-    tile.rescale = exp2Approx(b, kb.fsub(max2, shift));
-  Value negShift = arith::NegFOp::create(b, shift);
-  if (!reduceSum) {
-    Value sum = sums ? kb.fmul(partialSum, tile.rescale) : partialSum;
-    for (Value x : v) {
-      Value d = scale ? kb.fma(x, scale, negShift) : kb.fadd(x, negShift);
-      Value p = exp2Approx(b, d);
-      tile.probs.push_back(p);
-      if (sums)
-        sum = kb.fadd(sum, p);
-    }
-    tile.partialSum = sum;
-    return tile;
-  }
-  Value tileSum;
-  for (Value x : v) {
-    Value d = scale ? kb.fma(x, scale, negShift) : kb.fadd(x, negShift);
-    Value p = exp2Approx(b, d);
-    tile.probs.push_back(p);
-    tileSum = tileSum ? kb.fadd(tileSum, p) : p;
-  }
-  tile.partialSum = kb.fma(partialSum, tile.rescale, reduceSum(tileSum));
-  return tile;
-}
-
 static constexpr double kLog2e = 1.4426950408889634;
 static constexpr double kLn2 = 0.6931471805599453;
 
@@ -441,7 +365,7 @@ public:
   FlashMmaRecipe(GPUKernel &kernel, const FlashMixSpec &spec,
                  const FlashMmaTile &tile, Type elt)
       : kernel(kernel), spec(spec), tile(tile), elt(elt), kb(kernel.kb),
-        b(kernel.b), m{kernel.b, kernel.kb, elt}, K(spec.numExperts),
+        b(kernel.b), log2(kernel.b), m{kernel.b, kernel.kb, elt}, K(spec.numExperts),
         cols(tile.cols), keyBlocks(tile.cols / 8), chunks(tile.depth / 16),
         expertBlocks(tile.experts / 8), sumMma(tile.sumMma),
         accBlocks(expertBlocks + (sumMma ? 1 : 0)), T(tile.rowTiles),
@@ -649,12 +573,12 @@ private:
 
   void initCarriedState() {
     init.assign(T * accBlocks * 4, kb.cF32(0.0));
-    // The max from -FLT_MAX (exp2SoftmaxStep: no select of a row without
-    // keys), the sum from 0.
-    Value maxStart = kb.cF32(-std::numeric_limits<float>::max());
+    // The max from -FLT_MAX (SoftmaxStepForm::finiteMax: no select of a
+    // row without keys), the sum from 0.
     for (int r = 0; r < 2 * T; ++r) {
-      init.push_back(maxStart);
-      init.push_back(kb.cF32(0.0));
+      SoftmaxState start = softmaxStart(kb, /*finiteMax=*/true);
+      init.push_back(start.max);
+      init.push_back(start.sum);
     }
   }
 
@@ -1028,19 +952,28 @@ private:
     auto quadSum = [&](Value v) {
       return subgroupReduce(kb, v, ReduceKind::Sum, 4);
     };
+    // MoE/Kernels/OnlineSoftmax.h's step in base 2 (log2's weights 2^d):
+    // the raw dots scaled by scale2, the max from -FLT_MAX; the sums per lane
+    // (each p onto the rescaled sum; the quad's added after the key loop), or
+    // per tile over the quad with one FFMA (sumsPerTile), or none (sumMma).
+    SoftmaxStepForm form;
+    form.reduceMax = quadMax;
+    if (sumsPerTile && !sumMma)
+      form.reduceSum = quadSum;
+    form.sumFromFirstProb = form.fusedSum = form.finiteMax = true;
+    form.scale = rawDots ? scale2 : Value();
+    form.sums = !sumMma;
+    form.sumOntoRescaled = !form.reduceSum;
     for (int rr = 0; rr < 2 * T; ++rr) {
       SmallVector<Value> logits = rowLogits(j0, s, rr, checked);
-      Exp2Tile st = exp2SoftmaxStep(
-          kb, carried[accAll + 2 * rr], carried[accAll + 2 * rr + 1], logits,
-          rawDots ? scale2 : Value(), quadMax,
-          sumsPerTile && !sumMma ? function_ref<Value(Value)>(quadSum)
-                                 : function_ref<Value(Value)>(),
-          /*sums=*/!sumMma);
+      SoftmaxTile st = onlineSoftmaxStep(
+          log2, {carried[accAll + 2 * rr], carried[accAll + 2 * rr + 1]},
+          logits, form);
       probs[rr] = st.probs;
       rescale[rr] = st.rescale;
       shifts[rr] = st.shift;
-      next.push_back(st.max);
-      next.push_back(st.partialSum);
+      next.push_back(st.next.max);
+      next.push_back(st.next.sum);
     }
     if (!sumMma)
       rescaleAccumulators(acc, rescale);
@@ -1469,6 +1402,8 @@ private:
   Type elt;
   GpuKernelBuilder &kb;
   ImplicitLocOpBuilder &b;
+  /// The online softmax's builder: weights 2^d, the logits in log2 units.
+  Log2SoftmaxBuilder log2;
   Mma m;
 
   const int64_t K, cols;

@@ -80,6 +80,16 @@ public:
   Value softmaxWeight(Value d) override;
 };
 
+/// A kernel builder whose softmax weights are 2^d on the SFU (exp2Approx),
+/// for logits in log2 units: the tensor-core flash kernel's online softmax,
+/// its dot products scaled by log2(e) / tau in the exponent's FMA
+/// (FlashMma.cpp).
+class Log2SoftmaxBuilder : public GpuKernelBuilder {
+public:
+  using GpuKernelBuilder::GpuKernelBuilder;
+  Value softmaxWeight(Value d) override { return exp2Approx(b, d); }
+};
+
 /// Records, from a kernel, that element `position` of the index operand of op
 /// `opCode` (MoE/Kernels/IndexErrors.h) holds `value`, outside [0, bound): the
 /// first error wins the flag (cmpxchg) and writes the details. `word` is the
