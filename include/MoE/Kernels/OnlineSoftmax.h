@@ -3,8 +3,9 @@
 // Part of the MoE-MLIR project.
 //
 // The flash kernels (similarity_inform, attention_posterior and their
-// backward on the CPU; the mixing kernel on the GPU; the portable lowering's
-// key loops, a row per linalg.generic element) stream the keys of a row
+// backward on the CPU; the mixing kernels on the GPU, the tensor-core ones in
+// base 2 (SoftmaxStepForm); the portable lowering's key loops, a row per
+// linalg.generic element) stream the keys of a row
 // in tiles and keep, per row, the running max m of the logits seen so far and
 // the running sum l = Σ exp(x - m). One tile updates them as
 //
