@@ -96,6 +96,12 @@ Value KernelBuilder::castInt(Value x, Type to) {
     return arith::ExtSIOp::create(b, to, x);
   return arith::TruncIOp::create(b, to, x);
 }
+Value KernelBuilder::asElementOf(Value x, Value memref) {
+  Type elt = cast<MemRefType>(memref.getType()).getElementType();
+  if (auto vec = dyn_cast<VectorType>(x.getType()))
+    return castInt(x, VectorType::get(vec.getShape(), elt));
+  return castInt(x, elt);
+}
 Value KernelBuilder::extu(Value x, Type to) {
   return arith::ExtUIOp::create(b, to, x);
 }

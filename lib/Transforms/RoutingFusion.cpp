@@ -14,6 +14,7 @@
 #include "MoE/Transforms/Passes.h"
 
 #include "mlir/IR/PatternMatch.h"
+#include "mlir/IR/TypeUtilities.h"
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 
 namespace mlir::moe {
@@ -76,7 +77,10 @@ struct FuseWithGate : OpRewritePattern<TopkRenormOp> {
   using OpRewritePattern::OpRewritePattern;
   LogicalResult matchAndRewrite(TopkRenormOp gate,
                                 PatternRewriter &rewriter) const override {
-    if (gate.getMode() != TopkMode::probs)
+    // The fused ops' indices are i32: a gate whose indices are written as
+    // i64 stays a gate of its own.
+    if (gate.getMode() != TopkMode::probs ||
+        !getElementTypeOrSelf(gate.getIndices().getType()).isInteger(32))
       return failure();
     auto mix = gate.getScores().getDefiningOp<typename Pair::Mix>();
     if (!mix || !mix.getP().hasOneUse())

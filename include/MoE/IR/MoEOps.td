@@ -81,6 +81,9 @@ def MoE_TopkRenormOp : MoE_InferredOp<"topk_renorm", MoE_PureInferred> {
       NaN) and the indices `0, 1, ..., k-1`. A `+inf` logit yields NaN weights (`inf - inf`), as in PyTorch.
     * Accumulation is in f32 whatever the element type of `scores`.
 
+    The indices are `i32` or, written so in the result type, `i64` (as `torch.topk` returns them: a consumer that
+    wants int64 then needs no cast of its own); the inferred type is `i32`.
+
     Attributes: `k` in `[1, K]`; `mode` (`logits` | `probs`); `renormalize` (bool).
 
     Example (two of sixteen experts for every token of a `[4, 128]` batch):
@@ -99,7 +102,7 @@ def MoE_TopkRenormOp : MoE_InferredOp<"topk_renorm", MoE_PureInferred> {
     DefaultValuedAttr<MoE_TopkModeAttr, "::mlir::moe::TopkMode::logits">:$mode,
     DefaultValuedAttr<BoolAttr, "true">:$renormalize
   );
-  let results = (outs MoE_F32Tensor:$weights, MoE_I32Tensor:$indices);
+  let results = (outs MoE_F32Tensor:$weights, MoE_IndexTensor:$indices);
 
   let assemblyFormat = [{
     $scores `k` `(` $k `)` (`mode` `(` custom<EnumKeyword>($mode)^ `)`)? (`renormalize` `(` $renormalize^ `)`)? attr-dict

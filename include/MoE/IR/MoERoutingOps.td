@@ -107,8 +107,9 @@ def MoE_RouteOp : MoE_InferredOp<"route", !listconcat(MoE_PureInferred,
 
     Edge rules (those of `moe.topk_renorm`): a `-inf` logit gets softmax/sigmoid score 0; a row whose every logit is
     `-inf` has softmax scores 0 (never NaN); a NaN logit makes the row's softmax scores NaN (sigmoid: that expert's
-    score only), ranks first and propagates to the weights it enters. Indices are always in `[0, E)`. Scores,
-    sums and the softmax accumulate in f32 whatever the element type of `logits`; `bias` is read as f32.
+    score only), ranks first and propagates to the weights it enters. Indices are always in `[0, E)`: `i32`, or
+    `i64` where the result type says so (as `torch.topk` returns them; the inferred type is `i32`). Scores, sums and
+    the softmax accumulate in f32 whatever the element type of `logits`; `bias` is read as f32.
 
     Models (attribute values not shown are the defaults):
 
@@ -150,7 +151,7 @@ def MoE_RouteOp : MoE_InferredOp<"route", !listconcat(MoE_PureInferred,
     DefaultValuedAttr<BoolAttr, "false">:$renormalize,
     DefaultValuedAttr<F32Attr, "1.0">:$routed_scaling_factor
   );
-  let results = (outs MoE_F32Tensor:$weights, MoE_I32Tensor:$indices);
+  let results = (outs MoE_F32Tensor:$weights, MoE_IndexTensor:$indices);
   let regions = (region MaxSizedRegion<1>:$score);
 
   let assemblyFormat = [{

@@ -73,6 +73,11 @@ public:
   Value notI1(Value x);
   /// index <-> iN and iN <-> iM, signed.
   Value castInt(Value x, Type to);
+  /// The integer `x` (a scalar or a vector) as an element of `memref`'s
+  /// element type: an index result may be written as i64 (moe.topk_renorm,
+  /// moe.route) where the kernels compute i32 (sign-extended; none where the
+  /// types agree, so an i32 result's code is unchanged).
+  Value asElementOf(Value x, Value memref);
   Value extu(Value x, Type to);
   Value trunc(Value x, Type to);
 

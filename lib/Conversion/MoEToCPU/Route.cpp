@@ -277,7 +277,7 @@ private:
           Value index = candidateIndex(kb, pick);
           Value e = kb.castInt(index, kb.index());
           Value value = fromLogits ? kb.loadF(x, {r, e}) : kb.load(s, {e});
-          kb.store(index, idx, {r, j});
+          kb.store(kb.asElementOf(index, idx), idx, {r, j});
           kb.store(value, sel, {j});
         });
   }
@@ -287,7 +287,7 @@ private:
   Value storeReplayPick(Value r, Value j, Value numExperts64) {
     Value index =
         routeReplayPick(kb, kb.load(replay, {r, j}), numExperts64).expert;
-    kb.store(index, idx, {r, j});
+    kb.store(kb.asElementOf(index, idx), idx, {r, j});
     return index;
   }
 
@@ -337,7 +337,7 @@ private:
         value = kb.load(s, {e});
       else
         value = routeScore(kb, spec, kb.loadF(x, {r, e}), Value(), Value());
-      kb.store(index, idx, {r, j});
+      kb.store(kb.asElementOf(index, idx), idx, {r, j});
       kb.store(value, sel, {j});
     });
   }

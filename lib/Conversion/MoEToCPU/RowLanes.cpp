@@ -77,13 +77,16 @@ void storeColumns(CpuKernelBuilder &kb, ArrayRef<Value> cols, Value flat,
     for (int64_t m = n; m > 1; m /= 2)
       rows = zipRound(kb, rows);
     for (int64_t q = 0; q < n; ++q)
-      kb.vstore(rows[q], flat, {kb.add(base, kb.idx(q * lanes))});
+      kb.vstore(kb.asElementOf(rows[q], flat), flat,
+                {kb.add(base, kb.idx(q * lanes))});
     return;
   }
   for (int64_t l = 0; l < lanes; ++l)
-    for (int64_t s = 0; s < n; ++s)
-      kb.store(vector::ExtractOp::create(kb.b, cols[s], l), flat,
+    for (int64_t s = 0; s < n; ++s) {
+      Value v = vector::ExtractOp::create(kb.b, cols[s], l);
+      kb.store(kb.asElementOf(v, flat), flat,
                {kb.add(base, kb.idx(l * n + s))});
+    }
 }
 
 LaneTopk laneTopk(CpuKernelBuilder &kb, int64_t k, int64_t numExperts,

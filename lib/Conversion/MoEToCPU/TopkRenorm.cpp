@@ -437,7 +437,7 @@ struct TopkRenormKernel : KernelPattern<TopkRenormOp> {
   static void emitPick(CpuKernelBuilder &kb, Value r, Value s2, Value i2,
                        Value sel, Value j, Value index) {
     Value value = kb.loadF(s2, {r, kb.castInt(index, kb.b.getIndexType())});
-    kb.store(index, i2, {r, j});
+    kb.store(kb.asElementOf(index, i2), i2, {r, j});
     kb.store(value, sel, {j});
   }
 

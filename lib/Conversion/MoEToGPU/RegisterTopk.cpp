@@ -100,7 +100,7 @@ emitReduxRounds(GpuKernelBuilder &kb, const RegisterTopkParams &p,
         Value writer = kb.andI(active, kb.eq(kb.remu(r, widthIdx), lane));
         kb.ifThen(writer, [&] {
           kb.store(v, weights, {row, r});
-          kb.store(winner, indices, {row, r});
+          kb.store(kb.asElementOf(winner, indices), indices, {row, r});
         });
         next.push_back(pick.v0);
         next.push_back(kb.fadd(args[vpt + 1], pick.term));
@@ -158,7 +158,7 @@ void mlir::moe::gpu_lowering::emitRegisterTopk(GpuKernelBuilder &kb,
                       kb.andI(active, kb.eq(kb.remu(r, widthIdx), lane));
                   kb.ifThen(writer, [&] {
                     kb.store(v, weights, {row, r});
-                    kb.store(index, indices, {row, r});
+                    kb.store(kb.asElementOf(index, indices), indices, {row, r});
                   });
                   return {best, pick.v0, selSum};
                 });
@@ -261,7 +261,8 @@ static void storeListPicks(GpuKernelBuilder &kb, const ListTopkParams &p,
     kb.ifThen(kb.andI(p.out.active, valid[s]), [&] {
       Value r = kb.add(lane, kb.idx(s * width));
       kb.store(w, p.out.weights, {p.out.row, r});
-      kb.store(slotIndices[s], p.out.indices, {p.out.row, r});
+      kb.store(kb.asElementOf(slotIndices[s], p.out.indices), p.out.indices,
+               {p.out.row, r});
     });
   }
 }

@@ -308,7 +308,7 @@ private:
         Value logit = kb.loadF(x, {row, kb.castInt(index, kb.index())});
         Value score = routeScore(kb, spec, logit, rowMax, rowSum);
         kb.store(score, weights, {row, j});
-        kb.store(index, indices, {row, j});
+        kb.store(kb.asElementOf(index, indices), indices, {row, j});
       });
     });
   }
@@ -404,7 +404,7 @@ private:
     kb.ifThen(writer, [&] {
       Value logit = kb.loadF(x, {row, kb.castInt(index, kb.index())});
       kb.store(routeScore(kb, spec, logit, rowMax, rowSum), weights, {row, j});
-      kb.store(index, indices, {row, j});
+      kb.store(kb.asElementOf(index, indices), indices, {row, j});
     });
   }
 

@@ -639,7 +639,8 @@ private:
       kb.ifThen(kb.andI(active, picks.valid[s]), [&] {
         Value j = kb.add(lane, kb.idx(s * W));
         kb.store(weight, weights, {row, j});
-        kb.store(toExpert(picks.indices[s]), indices, {row, j});
+        kb.store(kb.asElementOf(toExpert(picks.indices[s]), indices), indices,
+                 {row, j});
       });
     }
   }

@@ -334,7 +334,8 @@ static void emitBlockTopkKernel(GpuKernelBuilder &kb, Value scores,
         Value selSum = kb.fadd(args[2], pick.term);
         kb.ifThen(isWriter, [&] {
           kb.store(v, weights, {row, r});
-          kb.store(candidateIndex(kb, best), indices, {row, r});
+          kb.store(kb.asElementOf(candidateIndex(kb, best), indices), indices,
+                   {row, r});
         });
         return {best, pick.v0, selSum};
       });

@@ -148,6 +148,27 @@ Value mlir::moe::linalg_lowering::castTo(OpBuilder &b, Location loc,
                                          Value value, Type type) {
   if (value.getType() == type)
     return value;
+  // i32 indices for a result written as i64 (moe.topk_renorm, moe.route):
+  // sign-extended elementwise, then cast to the result's static sizes.
+  auto from = cast<RankedTensorType>(value.getType());
+  auto to = cast<RankedTensorType>(type);
+  if (from.getElementType() != to.getElementType()) {
+    assert(from.getElementType().isInteger(32) &&
+           to.getElementType().isInteger(64) && "only i32 -> i64 indices");
+    int64_t rank = from.getRank();
+    Value init = tensor::EmptyOp::create(b, loc, sizesOf(b, loc, value),
+                                         to.getElementType());
+    AffineMap id = b.getMultiDimIdentityMap(rank);
+    SmallVector<utils::IteratorType> iters(rank, utils::IteratorType::parallel);
+    value = generic(b, loc, value, init, {id, id}, iters,
+                    [&](OpBuilder &nb, Location nl, ValueRange args) {
+                      return SmallVector<Value>{arith::ExtSIOp::create(
+                          nb, nl, to.getElementType(), args[0])};
+                    })
+                .front();
+    if (value.getType() == type)
+      return value;
+  }
   return tensor::CastOp::create(b, loc, type, value);
 }
 

@@ -26,17 +26,18 @@ import run_gpu_tests as R  # noqa: E402
 MLIR_TYPES = {np.float32: "f32", np.float16: "f16", "bf16": "bf16"}
 
 
-def lower(E, k, dtype, bias, attrs, replay=None, kernel="route_lanes_0"):
+def lower(E, k, dtype, bias, attrs, replay=None, kernel="route_lanes_0", index="i32"):
     """The module of one moe.route (with `replay`, an index type: the choice given) lowered with route-map=lanes;
-    `kernel`: the kernel it must run (route_loop_0 where the lanes' layout takes no shape)."""
+    `kernel`: the kernel it must run (route_loop_0 where the lanes' layout takes no shape); `index`: the indices'
+    element type (i32, or i64 as torch.topk gives them)."""
     t = MLIR_TYPES[dtype]
     b = f" bias(%b : tensor<{E}xf32>)" if bias else ""
     arg = f", %b: tensor<{E}xf32>" if bias else ""
     r = f" replay(%r : tensor<?x{k}x{replay}>)" if replay else ""
     arg += f", %r: tensor<?x{k}x{replay}>" if replay else ""
-    text = (f"func.func @f(%x: tensor<?x{E}x{t}>{arg}) -> (tensor<?x{k}xf32>, tensor<?x{k}xi32>) {{\n"
+    text = (f"func.func @f(%x: tensor<?x{E}x{t}>{arg}) -> (tensor<?x{k}xf32>, tensor<?x{k}x{index}>) {{\n"
             f"  %w, %i = moe.route %x{b}{r} k({k}) {attrs} : tensor<?x{E}x{t}> -> tensor<?x{k}xf32>, "
-            f"tensor<?x{k}xi32>\n  return %w, %i : tensor<?x{k}xf32>, tensor<?x{k}xi32>\n}}\n")
+            f"tensor<?x{k}x{index}>\n  return %w, %i : tensor<?x{k}xf32>, tensor<?x{k}x{index}>\n}}\n")
     out = simt.lower(MOE_OPT, text, "route-map=lanes")
     assert f'"{kernel}"' in out, f"not {kernel}"
     return out
@@ -46,13 +47,13 @@ def bf16_bits(x):
     return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
-def run(text, x, bias, k, misalign=False, given=None, kernel="route_lanes_0"):
-    """The kernel on x [T, E] (f32, f16, or bf16 bits as uint16): (weights, indices), and with the choice `given`
-    [T, k] (a replaying kernel) the error word [5] too."""
+def run(text, x, bias, k, misalign=False, given=None, kernel="route_lanes_0", index=np.int32):
+    """The kernel on x [T, E] (f32, f16, or bf16 bits as uint16): (weights, indices of dtype `index`), and with the
+    choice `given` [T, k] (a replaying kernel) the error word [5] too."""
     body = simt.parse(text, kernel)
     T = x.shape[0]
     w = np.zeros((T, k), np.float32)
-    i = np.zeros((T, k), np.int32)
+    i = np.full((T, k), -1, index)
     word = np.zeros(5, dtype=np.int64)
     mem = simt.Memory()
     arrays = [x] + ([bias] if bias is not None else []) + [w, i] + ([given, word] if given is not None else [])
@@ -239,3 +240,23 @@ def test_replay_of_own_choice_is_bit_for_bit(E, k, dtype, has_bias, attrs, ref, 
         assert word[0] != 0 and word[1] == 5 and word[4] == E, word
         assert (int(word[2]), int(word[3])) in {(3 * k + k - 1, E), (5 * k, -1)}, word
         assert i4[3, k - 1] == 0 and i4[5, 0] == 0
+
+
+@pytest.mark.parametrize("E,k,dtype,has_bias,attrs,ref,kernel", [
+    (*CASES[0], "route_lanes_0"), (*LOOP_CASES[0], "route_loop_0")],
+    ids=["lanes", "loop"])
+def test_i64_indices_are_the_i32_ones(E, k, dtype, has_bias, attrs, ref, kernel):
+    """Indices written as i64 (as torch.topk gives them): the same kernel selecting in i32 and sign-extending each
+    index at its store; the same weights bit for bit and the same experts as the i32 result, in every element of
+    the i64 buffer (it starts at -1: an index left unwritten, or written as 32 bits into 64, shows)."""
+    rng = np.random.default_rng(E + k)
+    T = 9
+    x = adversarial(rng.standard_normal((T, E)).astype(np.float32), rng)
+    xin = bf16_bits(x) if dtype == "bf16" else x.astype(dtype)
+    bias = rng.standard_normal(E).astype(np.float32) * 0.1 if has_bias else None
+    w32, i32 = run(lower(E, k, dtype, has_bias, attrs, kernel=kernel), xin, bias, k, kernel=kernel)
+    w64, i64 = run(lower(E, k, dtype, has_bias, attrs, kernel=kernel, index="i64"), xin, bias, k, kernel=kernel,
+                   index=np.int64)
+    assert np.array_equal(w64.view(np.uint32), w32.view(np.uint32))
+    assert i64.dtype == np.int64 and np.array_equal(i64, i32.astype(np.int64))
+    assert ((i64 >= 0) & (i64 < E)).all()

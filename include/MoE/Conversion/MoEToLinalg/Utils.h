@@ -90,7 +90,8 @@ Value promoteToF32(OpBuilder &b, Location loc, Value tensor);
 /// Reads element `indices` of `tensor` as an f32 scalar (extf when needed).
 Value extractF32(OpBuilder &b, Location loc, Value tensor, ValueRange indices);
 
-/// A tensor.cast to `type` when the types differ.
+/// A tensor.cast to `type` when the types differ; i32 indices for an i64
+/// result are sign-extended first.
 Value castTo(OpBuilder &b, Location loc, Value value, Type type);
 
 /// Replaces `op` by `values`, each cast (castTo) to the type of its result.

@@ -164,10 +164,16 @@ LogicalResult OperandChecker::expertCount(int64_t value) {
 bool mlir::moe::compatibleResultTypes(TypeRange inferred, TypeRange written) {
   if (inferred.size() != written.size())
     return false;
-  for (auto [l, r] : llvm::zip(inferred, written))
-    if (getElementTypeOrSelf(l) != getElementTypeOrSelf(r) ||
+  for (auto [l, r] : llvm::zip(inferred, written)) {
+    Type inferredElt = getElementTypeOrSelf(l);
+    Type writtenElt = getElementTypeOrSelf(r);
+    // Index results are inferred as i32 and may be written as i64 (as
+    // torch.topk returns them); the op's ODS constraint says which may.
+    bool widerIndex = inferredElt.isInteger(32) && writtenElt.isInteger(64);
+    if ((inferredElt != writtenElt && !widerIndex) ||
         failed(verifyCompatibleShape(l, r)))
       return false;
+  }
   return true;
 }
 
