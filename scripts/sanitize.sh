@@ -72,6 +72,7 @@ if [[ " $SAN_STEPS " == *" build "* ]]; then
   # label, which `-L unit` then leaves out without a word (the four after MoEZeroSizedTest were, until 2026-11-30;
   # the ctest step below now fails on one).
   wanted=(moe-opt mlir-doc moe_cpu_runtime moe_kernel_runtime moe_cuda_runtime moe-cuda-runtime-fake-test
+          moe-cuda-runtime-host-path
           MoEExecutorC MoEExecutorTest MoEZeroSizedTest MoEKernelAsyncRuntimeTest MoELayoutTest MoEShortestDecimalTest
           MoECostSharesTest moe-fuzz)
   # Targets this configuration has (no CUDA toolkit: no moe_cuda_runtime; no libtorch: no reference tests).

@@ -43,9 +43,9 @@ class Case:
     #: Its stream-ordered allocations (each freed in the call) and memsets.
     allocs: int = 0
     memsets: int = 0
-    #: Its kernel lookups, where more than its launches: topk_renorm's host code (topk-rounds=list-redux) has a
-    #: launch of each register kernel, the one the token count does not pick over an empty grid, which the runtime
-    #: does not launch but whose function the host code has looked up.
+    #: Its kernel lookups at the first call (later calls reuse them), where more than its launches: topk_renorm's
+    #: host code (topk-rounds=list-redux) has a launch of each register kernel, the one the token count does not
+    #: pick over an empty grid, which the runtime does not launch but whose function the host code has looked up.
     lookups: Optional[int] = None
 
 

@@ -64,9 +64,11 @@ def test_a_call_is_capturable_and_lean(probed, case):
     steady = collections.Counter(r["steady"])
     assert set(steady) <= CAPTURABLE, f"not capturable or not needed per call: {set(steady) - CAPTURABLE}"
     assert steady["cuLaunchKernel"] + steady["cuLaunchKernelEx"] == case.launches
-    # One lookup per launch (the host code MLIR emits asks for its function at every launch), and one per launch
-    # over an empty grid (topk_renorm's unpicked kernel), which the runtime skips.
-    assert steady["cuModuleGetFunction"] == (case.lookups or case.launches)
+    # The host code MLIR emits asks for its function at every launch: the first call looks each up (one per launch,
+    # and one per launch over an empty grid, topk_renorm's unpicked kernel, which the runtime skips); later calls
+    # take them from the runtime's cache (MoECudaRuntime.cpp, FunctionCacheEntry).
+    assert collections.Counter(r["first"])["cuModuleGetFunction"] == (case.lookups or case.launches), r["first"]
+    assert steady["cuModuleGetFunction"] == 0, r["steady"]
     assert steady["cuMemAllocAsync"] == steady["cuMemFreeAsync"], "scratch outlives the call"
     # dispatch_plan: its scratch is one allocation and its kernels write every entry themselves (no memsets).
     assert steady["cuMemAllocAsync"] == case.allocs, r["steady"]

@@ -28,10 +28,70 @@
 namespace {
 
 //===----------------------------------------------------------------------===//
-// Error reporting
+// The thread's state
 //===----------------------------------------------------------------------===//
 
+/// The functions this thread looked up, per (module, name). The host code
+/// MLIR emits asks for its kernel's function at every launch (SelectObjectAttr
+/// translates gpu.launch_func into mgpuModuleGetFunction + mgpuLaunchKernel),
+/// with the module its constructor loaded and a pointer to the kernel name's
+/// constant: a steady-state call needs no cuModuleGetFunction, a driver call
+/// that looks the name up in the module under the driver's lock (issue 81
+/// item 3). Per thread, so that a hit takes no lock; direct-mapped, a
+/// collision only costs a lookup. An entry is valid while no module was
+/// unloaded since it was made (moduleGeneration): a later module may get the
+/// same handle. The name is keyed by its address: the callers of the mgpu
+/// ABI (the generated host code, the tests) pass constants, and comparing the
+/// text would cost as much as the rest of a hit together.
+struct FunctionCacheEntry {
+  const void *module = nullptr;
+  const char *name = nullptr;
+  uint64_t generation = 0;
+  CUfunction function = nullptr;
+};
+constexpr size_t kFunctionCacheSize = 32;
+constexpr unsigned kFunctionCacheBits = 5;
+static_assert(kFunctionCacheSize == size_t(1) << kFunctionCacheBits);
+
+/// What the runtime keeps per thread, in one trivially destructible
+/// thread_local: in a shared library (libmoe_cuda_runtime.so is dlopen'ed)
+/// every thread_local variable a function reads costs a call of
+/// __tls_get_addr, which were a third of the runtime's instructions per op
+/// call when each of these was a variable of its own (issue 81 item 3).
+struct ThreadState {
+  /// The caller's stream for its call (moeGpuSetStream).
+  CUstream ambientStream = nullptr;
+  /// True once a current context was seen during the call that set the
+  /// ambient stream (moeGpuSetStream resets it at both ends of the call).
+  /// Within that call only this runtime changes contexts, and its pushes are
+  /// undone before it returns, so a context found current stays current: the
+  /// later driver calls of the call skip cuCtxGetCurrent.
+  bool contextSeenThisCall = false;
+  /// A device allocation failed (see skipAfterFailedAllocation).
+  bool allocationFailed = false;
+  /// firstDriverError holds the first error not yet taken.
+  bool driverError = false;
+  int64_t skippedAfterFailedAllocation = 0;
+  FunctionCacheEntry functionCache[kFunctionCacheSize];
+};
+static_assert(std::is_trivially_destructible_v<ThreadState>,
+              "no thread_local wrapper, no exit handler per thread");
+thread_local ThreadState threadState;
+
+/// The first driver error of this thread not yet taken (moeGpuTakeDriverError).
 thread_local std::string firstDriverError;
+
+void noteDriverError(const std::string &text) {
+  ThreadState &thread = threadState;
+  if (thread.driverError)
+    return;
+  firstDriverError = text;
+  thread.driverError = true;
+}
+
+//===----------------------------------------------------------------------===//
+// Error reporting
+//===----------------------------------------------------------------------===//
 
 bool abortOnError() {
   static const bool value = [] {
@@ -53,8 +113,7 @@ bool check(CUresult result, const char *call) {
   std::snprintf(buffer, sizeof(buffer), "%s failed: %s: %s", call,
                 name ? name : "?", text ? text : "?");
   std::fprintf(stderr, "moe_cuda_runtime: %s\n", buffer);
-  if (firstDriverError.empty())
-    firstDriverError = buffer;
+  noteDriverError(buffer);
   if (abortOnError())
     std::abort();
   return false;
@@ -62,20 +121,18 @@ bool check(CUresult result, const char *call) {
 
 #define MOE_CU(call) check((call), #call)
 
-/// Set when a device allocation of this thread failed: mgpuMemAlloc then
-/// returns null, which the compiled host code passes on to its kernels and
-/// copies. Until the caller takes the error (moeGpuTakeDriverError), launches,
-/// copies and memsets of this thread are skipped instead of running on a null
-/// pointer; each skipped one is counted in the message.
-thread_local bool allocationFailed = false;
-thread_local int64_t skippedAfterFailedAllocation = 0;
-
 /// True (and counts the skip) when work must not run after a failed
-/// allocation.
+/// allocation. A device allocation of this thread that failed makes
+/// mgpuMemAlloc return null, which the compiled host code passes on to its
+/// kernels and copies. Until the caller takes the error
+/// (moeGpuTakeDriverError), launches, copies and memsets of this thread are
+/// skipped instead of running on a null pointer; each skipped one is counted
+/// in the message.
 bool skipAfterFailedAllocation(const char *what) {
-  if (!allocationFailed)
+  ThreadState &thread = threadState;
+  if (!thread.allocationFailed)
     return false;
-  if (skippedAfterFailedAllocation++ == 0)
+  if (thread.skippedAfterFailedAllocation++ == 0)
     std::fprintf(stderr,
                  "moe_cuda_runtime: %s skipped: an earlier device allocation "
                  "failed (further skips are not printed)\n",
@@ -110,8 +167,7 @@ CUcontext primaryContext(int32_t ordinal) {
   if (ordinal < 0 || ordinal >= static_cast<int32_t>(primaryContexts.size())) {
     std::fprintf(stderr, "moe_cuda_runtime: no CUDA device %d (%zu present)\n",
                  ordinal, primaryContexts.size());
-    if (firstDriverError.empty())
-      firstDriverError = "no such CUDA device";
+    noteDriverError("no such CUDA device");
     return nullptr;
   }
   if (!primaryContexts[ordinal]) {
@@ -131,9 +187,14 @@ CUcontext primaryContext(int32_t ordinal) {
 class ScopedContext {
 public:
   ScopedContext() {
-    CUcontext current = nullptr;
-    if (initDriver() && cuCtxGetCurrent(&current) == CUDA_SUCCESS && current)
+    ThreadState &thread = threadState;
+    if (thread.contextSeenThisCall)
       return;
+    CUcontext current = nullptr;
+    if (initDriver() && cuCtxGetCurrent(&current) == CUDA_SUCCESS && current) {
+      thread.contextSeenThisCall = thread.ambientStream != nullptr;
+      return;
+    }
     CUcontext context = primaryContext(defaultDevice);
     if (context && MOE_CU(cuCtxPushCurrent(context)))
       pushed = true;
@@ -148,12 +209,6 @@ public:
 private:
   bool pushed = false;
 };
-
-//===----------------------------------------------------------------------===//
-// The ambient stream
-//===----------------------------------------------------------------------===//
-
-thread_local CUstream ambientStream = nullptr;
 
 //===----------------------------------------------------------------------===//
 // The device error word
@@ -305,8 +360,7 @@ extern "C" void *mgpuModuleLoad(void *data, size_t gpuBlobSize) {
                  "moe_cuda_runtime: MOE_CUDA_FORCE_PTX=1 but no %s in "
                  "MOE_CUDA_PTX_DIR\n",
                  name.c_str());
-    if (firstDriverError.empty())
-      firstDriverError = "no PTX fallback " + name;
+    noteDriverError("no PTX fallback " + name);
     return nullptr;
   }
   if (check(result, "cuModuleLoadData"))
@@ -324,9 +378,24 @@ extern "C" void *mgpuModuleLoadJIT(void *data, int optLevel) {
   return loadPtx(data, optLevel);
 }
 
+namespace {
+std::atomic<uint64_t> moduleGeneration{1};
+
+FunctionCacheEntry &functionCacheEntry(const void *module, const char *name) {
+  // Fibonacci hashing: the top bits of the product mix every bit of the
+  // names' addresses, which differ in a few low bits only.
+  uint64_t key = (reinterpret_cast<uintptr_t>(module) << 1) ^
+                 reinterpret_cast<uintptr_t>(name);
+  return threadState.functionCache[(key * 0x9E3779B97F4A7C15ull) >>
+                                   (64 - kFunctionCacheBits)];
+}
+} // namespace
+
 extern "C" void mgpuModuleUnload(void *module) {
   if (!module || processExiting)
     return;
+  // Before the unload: no thread may hand out this module's functions after.
+  moduleGeneration.fetch_add(1, std::memory_order_acq_rel);
   ScopedContext scope;
   MOE_CU(cuModuleUnload(static_cast<CUmodule>(module)));
 }
@@ -339,11 +408,18 @@ extern "C" void *mgpuModuleGetFunction(void *module, const char *name) {
                  name);
     return nullptr;
   }
+  FunctionCacheEntry &entry = functionCacheEntry(module, name);
+  uint64_t generation = moduleGeneration.load(std::memory_order_acquire);
+  if (entry.module == module && entry.name == name &&
+      entry.generation == generation)
+    return entry.function;
   ScopedContext scope;
   CUfunction function = nullptr;
   if (!MOE_CU(
           cuModuleGetFunction(&function, static_cast<CUmodule>(module), name)))
     std::fprintf(stderr, "moe_cuda_runtime: (kernel '%s')\n", name);
+  else
+    entry = {module, name, generation, function};
   return function;
 }
 
@@ -420,8 +496,7 @@ extern "C" void mgpuLaunchClusterKernel(void *function, intptr_t clusterX,
 namespace {
 /// `arg` as the driver takes it: a device pointer as CUdeviceptr, an opaque
 /// handle as CUstream/CUevent, a number as is.
-template <typename Param, typename Arg>
-Param toDriver(Arg arg) {
+template <typename Param, typename Arg> Param toDriver(Arg arg) {
   if constexpr (std::is_pointer_v<Arg> && std::is_integral_v<Param>)
     return reinterpret_cast<Param>(arg);
   else
@@ -431,8 +506,7 @@ Param toDriver(Arg arg) {
 /// The driver call `fn` on `args` (the values of the mgpu ABI, toDriver) in
 /// the primary context; errors reported under `name`.
 template <typename... Params, typename... Args>
-void callInContext(const char *name, CUresult (*fn)(Params...),
-                   Args... args) {
+void callInContext(const char *name, CUresult (*fn)(Params...), Args... args) {
   static_assert(sizeof...(Params) == sizeof...(Args), "one value per param");
   ScopedContext scope;
   check(fn(toDriver<Params>(args)...), name);
@@ -442,8 +516,8 @@ void callInContext(const char *name, CUresult (*fn)(Params...),
 #define MOE_CU_IN_CONTEXT(fn, ...) callInContext(#fn, fn, __VA_ARGS__)
 
 extern "C" void *mgpuStreamCreate() {
-  if (ambientStream)
-    return ambientStream;
+  if (CUstream ambient = threadState.ambientStream)
+    return ambient;
   ScopedContext scope;
   CUstream stream = nullptr;
   MOE_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
@@ -451,7 +525,7 @@ extern "C" void *mgpuStreamCreate() {
 }
 
 extern "C" void mgpuStreamDestroy(void *stream) {
-  if (!stream || stream == ambientStream)
+  if (!stream || stream == threadState.ambientStream)
     return; // the ambient stream belongs to the caller
   MOE_CU_IN_CONTEXT(cuStreamDestroy, stream);
 }
@@ -529,7 +603,7 @@ extern "C" void *mgpuMemAlloc(uint64_t sizeBytes, void *stream,
   if (isHostShared) {
     if (!MOE_CU(cuMemAllocManaged(&ptr, sizeBytes, CU_MEM_ATTACH_GLOBAL)) ||
         !ptr) {
-      allocationFailed = true;
+      threadState.allocationFailed = true;
       return nullptr;
     }
     return reinterpret_cast<void *>(ptr);
@@ -542,8 +616,9 @@ extern "C" void *mgpuMemAlloc(uint64_t sizeBytes, void *stream,
     result = cuMemAlloc(&ptr, sizeBytes);
   if (!check(result, "cuMemAlloc") || !ptr) {
     // The generated host code has no way to test the pointer: stop every
-    // later launch/copy of this thread from using it (see allocationFailed).
-    allocationFailed = true;
+    // later launch/copy of this thread from using it (see
+    // skipAfterFailedAllocation).
+    threadState.allocationFailed = true;
     return nullptr;
   }
   return reinterpret_cast<void *>(ptr);
@@ -648,7 +723,9 @@ extern "C" void mgpuSetDefaultDevice(int32_t device) { defaultDevice = device; }
 //===----------------------------------------------------------------------===//
 
 extern "C" void moeGpuSetStream(void *stream) {
-  ambientStream = static_cast<CUstream>(stream);
+  ThreadState &thread = threadState;
+  thread.ambientStream = static_cast<CUstream>(stream);
+  thread.contextSeenThisCall = false;
 }
 
 extern "C" int64_t moeGpuErrorWord() {
@@ -664,6 +741,7 @@ extern "C" int32_t moeGpuCheckErrors() {
   // With an ambient stream (e.g. PyTorch's) the op ran there: wait for that
   // stream only, not for the whole device. Without one, the op ran on a
   // stream of its own that is gone by now: wait for the context.
+  CUstream ambientStream = threadState.ambientStream;
   if (!(ambientStream ? MOE_CU(cuStreamSynchronize(ambientStream))
                       : MOE_CU(cuCtxSynchronize())))
     return 0;
@@ -677,20 +755,22 @@ extern "C" int32_t moeGpuPollErrors() {
 }
 
 extern "C" int32_t moeGpuTakeDriverError(char *message, int64_t capacity) {
-  if (firstDriverError.empty() && !allocationFailed)
+  ThreadState &thread = threadState;
+  if (!thread.driverError && !thread.allocationFailed)
     return 0;
-  std::string text = firstDriverError.empty() ? "a device allocation failed"
-                                              : firstDriverError;
-  if (skippedAfterFailedAllocation)
-    text += " (then " + std::to_string(skippedAfterFailedAllocation) +
+  std::string text =
+      thread.driverError ? firstDriverError : "a device allocation failed";
+  if (thread.skippedAfterFailedAllocation)
+    text += " (then " + std::to_string(thread.skippedAfterFailedAllocation) +
             " launches/copies skipped)";
   if (message && capacity > 0) {
     std::strncpy(message, text.c_str(), capacity - 1);
     message[capacity - 1] = '\0';
   }
   firstDriverError.clear();
-  allocationFailed = false;
-  skippedAfterFailedAllocation = 0;
+  thread.driverError = false;
+  thread.allocationFailed = false;
+  thread.skippedAfterFailedAllocation = 0;
   return 1;
 }
 

@@ -27,7 +27,9 @@ CUcontext theContext = reinterpret_cast<CUcontext>(0xC0);
 thread_local int pushed = 0;
 
 CUresult note(const char *name) {
-  state().calls.push_back(name);
+  ++state().callCount;
+  if (state().record)
+    state().calls.push_back(name);
   return CUDA_SUCCESS;
 }
 CUresult alloc(CUdeviceptr *dptr, size_t bytes, const char *name) {
@@ -47,7 +49,8 @@ CUresult alloc(CUdeviceptr *dptr, size_t bytes, const char *name) {
 void *ptr(CUdeviceptr p) { return reinterpret_cast<void *>(p); }
 /// A call that takes a stream: recorded with it.
 CUresult noteOn(const char *name, CUstream stream) {
-  state().streamed.push_back({name, stream});
+  if (state().record)
+    state().streamed.push_back({name, stream});
   return note(name);
 }
 } // namespace
@@ -100,6 +103,7 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice) {
   return note("cuDevicePrimaryCtxRetain");
 }
 CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx) {
+  ++state().contextQueries;
   *pctx = pushed ? theContext : nullptr;
   return CUDA_SUCCESS;
 }
@@ -113,6 +117,7 @@ CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx) {
   return note("cuCtxPopCurrent");
 }
 CUresult CUDAAPI cuCtxGetDevice(CUdevice *device) {
+  ++state().deviceQueries;
   *device = 0;
   return CUDA_SUCCESS;
 }
@@ -129,7 +134,8 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
 }
 CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize,
                                  CUstream hStream) {
-  state().streamed.push_back({"cuMemAllocAsync", hStream});
+  if (state().record)
+    state().streamed.push_back({"cuMemAllocAsync", hStream});
   return alloc(dptr, bytesize, "cuMemAllocAsync");
 }
 CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize,
@@ -265,8 +271,8 @@ MOE_FAKE_EXPORT int64_t moeFakeCudaTakeCalls(char *buffer, int64_t capacity) {
 MOE_FAKE_EXPORT int64_t moeFakeCudaTakeStreams(char *buffer, int64_t capacity) {
   std::string text;
   for (const auto &[name, stream] : state().streamed)
-    text += name + " " +
-            std::to_string(reinterpret_cast<uintptr_t>(stream)) + "\n";
+    text +=
+        name + " " + std::to_string(reinterpret_cast<uintptr_t>(stream)) + "\n";
   return takeText(text, buffer, capacity, state().streamed);
 }
 

@@ -6,7 +6,8 @@
 // over host memory (a CUdeviceptr is a host address, so copies and memsets
 // really happen), with failures that a test injects. Linked into
 // moe-cuda-runtime-fake-test instead of libcuda, so the runtime's error paths
-// are tested on a machine without a GPU.
+// are tested on a machine without a GPU, and into moe-cuda-runtime-host-path
+// (HostPathBench.cpp: the driver calls of one op call, their cost).
 //
 //===----------------------------------------------------------------------===//
 
@@ -25,8 +26,17 @@ struct State {
   int failAllocs = 0;
   CUresult allocFailure = CUDA_ERROR_OUT_OF_MEMORY;
   /// Every driver call, by name, in order (context pushes and pops included;
-  /// cuCtxGetCurrent, asked on every runtime call, is not recorded).
+  /// cuCtxGetCurrent and cuCtxGetDevice, asked on many runtime calls, are
+  /// counted below instead).
   std::vector<std::string> calls;
+  /// False: calls and streams are not recorded, only counted in `callCount`
+  /// (the host-path benchmark's timed loops would otherwise time the fake's
+  /// own string vector).
+  bool record = true;
+  /// Every recorded-kind driver call, recorded or not.
+  long long callCount = 0;
+  long long contextQueries = 0; // cuCtxGetCurrent
+  long long deviceQueries = 0;  // cuCtxGetDevice
   int launches = 0;
   /// cuModuleLoadData fails with this (CUDA_SUCCESS: loads).
   CUresult moduleLoadFailure = CUDA_SUCCESS;
