@@ -10,8 +10,8 @@ same kernels run) and follows PyTorch's conventions where the torch op's schema 
   traced once into the ``score`` region of ``moe.route`` (:func:`moe_mlir.ops.score_region`), which the kernels
   inline and differentiate;
 * results are NamedTuples (:class:`RouteResult`, :class:`DispatchPlan`, ...);
-* index results are int64, as ``torch.topk`` returns them; ``indices_dtype=torch.int32`` returns the kernels' own
-  int32 and saves the one cast;
+* index results are int64, as ``torch.topk`` returns them (``route`` and ``topk_renorm`` write them so; the other
+  ops' kernels write int32, cast once); ``indices_dtype=torch.int32`` returns int32;
 * the same name for the same thing: ``k`` (experts per token), ``indices`` (experts chosen), ``num_experts``;
 * one error policy, torch's: ``TypeError`` for a dtype or an argument of the wrong type, ``ValueError`` for a shape
   or a value, ``RuntimeError`` for a device (operands on different devices). On a device without kernels (MPS,
@@ -252,7 +252,7 @@ def route(logits: Tensor, bias: Optional[Tensor] = None, *, k: int,
         replay: ``[T, k]`` expert indices (integer, each in ``[0, E)``) or None: the choice is given instead of made
             (routing replay for RL, hash routing): the weights of these experts as the router weighs them, and the
             indices themselves in their order (bias and groups play no part).
-        indices_dtype: ``torch.int64`` (default, as ``torch.topk``) or ``torch.int32`` (the kernels' own: no cast).
+        indices_dtype: ``torch.int64`` (default, as ``torch.topk``) or ``torch.int32``; the kernel writes either.
 
     Returns:
         :class:`RouteResult` ``(weights [T, k] f32, indices [T, k])``, by descending choice score; ties go to the
@@ -277,9 +277,10 @@ def route(logits: Tensor, bias: Optional[Tensor] = None, *, k: int,
     _bool("route", "renormalize", renormalize)
     _float("route", "routed_scaling_factor", routed_scaling_factor)
     dtype = _index_dtype("route", indices_dtype)
+    # The kernel writes the indices in `dtype`: no cast after it.
     w, idx = torch.ops.moe.route(logits, bias, k, _scoring(scoring), order, n_group, topk_group, group_score,
-                                 renormalize, float(routed_scaling_factor), replay)
-    return RouteResult(w, _as(idx, dtype))
+                                 renormalize, float(routed_scaling_factor), replay, indices_dtype=dtype)
+    return RouteResult(w, idx)
 
 
 def topk_renorm(scores: Tensor, *, k: int, mode: TopkMode = "logits", renormalize: bool = True,
@@ -293,7 +294,7 @@ def topk_renorm(scores: Tensor, *, k: int, mode: TopkMode = "logits", renormaliz
             the softmax over all E read at the picks (``False``). ``"probs"``: the picked values divided by their
             sum (``True``; a zero sum gives zeros) or as they are (``False``).
         renormalize: see ``mode``.
-        indices_dtype: ``torch.int64`` (default, as ``torch.topk``) or ``torch.int32`` (no cast).
+        indices_dtype: ``torch.int64`` (default, as ``torch.topk``) or ``torch.int32``; the kernel writes either.
 
     Returns:
         :class:`RouteResult` ``(weights [..., k] f32, indices [..., k])`` by descending score; ties go to the lowest
@@ -305,8 +306,8 @@ def topk_renorm(scores: Tensor, *, k: int, mode: TopkMode = "logits", renormaliz
     _check_choice("topk_renorm", "mode", mode, TOPK_MODES)
     _bool("topk_renorm", "renormalize", renormalize)
     dtype = _index_dtype("topk_renorm", indices_dtype)
-    w, idx = torch.ops.moe.topk_renorm(scores, k, mode, renormalize)
-    return RouteResult(w, _as(idx, dtype))
+    w, idx = torch.ops.moe.topk_renorm(scores, k, mode, renormalize, indices_dtype=dtype)
+    return RouteResult(w, idx)
 
 
 def dispatch_plan(indices: Tensor, *, num_experts: int, block_size: int = 1,

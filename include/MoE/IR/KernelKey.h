@@ -3,10 +3,11 @@
 // Part of the MoE-MLIR project.
 //
 // The kernel key of a torch.ops.moe.* call (lib/Runtime/Torch/TorchKernels.h,
-// `op|attr=value|...|in:name:elem:dims|...`, `?` for a token-like dimension)
-// is the compiler's input: the op is built with its ODS builder from the
-// table KernelKeys.td, its result types inferred, and verified, so an op's
-// surface and checks are written once, in ODS.
+// `op|attr=value|...|out:name:elem|...|in:name:elem:dims|...`, `?` for a
+// token-like dimension) is the compiler's input: the op is built with its ODS
+// builder from the table KernelKeys.td, its result types inferred (an `out:`
+// entry gives a result another element type: indices as i64), and verified,
+// so an op's surface and checks are written once, in ODS.
 //
 //===----------------------------------------------------------------------===//
 
@@ -39,6 +40,10 @@ struct KernelKey {
   std::string op;
   SmallVector<std::pair<std::string, std::string>> attrs;
   SmallVector<Input> inputs;
+  /// `out:<result>:<element type>`: a result whose element type is not the
+  /// inferred one (indices as i64, as torch.topk gives them); the op's
+  /// verifier says whether the result may take it.
+  SmallVector<std::pair<std::string, std::string>> outputs;
 
   /// The attribute `name`'s text, or null.
   const std::string *attr(StringRef name) const;

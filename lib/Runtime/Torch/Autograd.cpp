@@ -62,7 +62,8 @@ using OptTensor = std::optional<Tensor>;
 // c10::SymInt, `str` -> c10::string_view, `Tensor?` -> const
 // std::optional<Tensor> &.
 using TopkSig = std::tuple<Tensor, Tensor>(const Tensor &, c10::SymInt,
-                                           c10::string_view, bool);
+                                           c10::string_view, bool,
+                                           std::optional<at::ScalarType>);
 using TopkBwdSig = Tensor(const Tensor &, const Tensor &, const Tensor &,
                           c10::string_view, bool);
 using SimSig = Tensor(const Tensor &, const Tensor &, const OptTensor &,
@@ -134,9 +135,10 @@ private:
 struct TopkRenorm : torch::autograd::Function<TopkRenorm> {
   static variable_list forward(AutogradContext *ctx, const Tensor &scores,
                                c10::SymInt k, c10::string_view mode,
-                               bool renormalize) {
+                               bool renormalize,
+                               std::optional<at::ScalarType> indicesDtype) {
     MOE_OP(op, TopkSig, "topk_renorm");
-    auto [w, idx] = op(scores, std::move(k), mode, renormalize);
+    auto [w, idx] = op(scores, std::move(k), mode, renormalize, indicesDtype);
     ctx->mark_non_differentiable({idx});
     ctx->set_materialize_grads(false);
     ctx->save_for_backward({scores, idx});
@@ -149,7 +151,7 @@ struct TopkRenorm : torch::autograd::Function<TopkRenorm> {
     MOE_OP(op, TopkBwdSig, "topk_renorm_backward");
     variable_list saved = ctx->get_saved_variables();
     const Tensor &gradW = grads[0];
-    variable_list out(4);
+    variable_list out(5);
     if (!gradW.defined() || !ctx->needs_input_grad(0))
       return out;
     Tensor g = op(gradW, saved[0], saved[1],
@@ -162,15 +164,16 @@ struct TopkRenorm : torch::autograd::Function<TopkRenorm> {
 
 } // namespace
 
-std::tuple<Tensor, Tensor> moe_torch::topkRenormAutograd(const Tensor &scores,
-                                                         c10::SymInt k,
-                                                         c10::string_view mode,
-                                                         bool renormalize) {
+std::tuple<Tensor, Tensor>
+moe_torch::topkRenormAutograd(const Tensor &scores, c10::SymInt k,
+                              c10::string_view mode, bool renormalize,
+                              std::optional<at::ScalarType> indicesDtype) {
   if (!needsGraph(scores)) {
     MOE_OP(op, TopkSig, "topk_renorm");
-    return op(scores, std::move(k), mode, renormalize);
+    return op(scores, std::move(k), mode, renormalize, indicesDtype);
   }
-  variable_list r = TopkRenorm::apply(scores, std::move(k), mode, renormalize);
+  variable_list r = TopkRenorm::apply(scores, std::move(k), mode, renormalize,
+                                      indicesDtype);
   return {r[0], r[1]};
 }
 
@@ -268,7 +271,7 @@ struct SimilarityInformTopk : torch::autograd::Function<SimilarityInformTopk> {
     // the weights and indices are the fused kernel's bits.
     MOE_OP(gate, TopkSig, "topk_renorm");
     auto [p, lse] = similarityForward(u, e, ws, mask, tau, causal);
-    auto [w, idx] = gate(p, std::move(k), "probs", renormalize);
+    auto [w, idx] = gate(p, std::move(k), "probs", renormalize, std::nullopt);
     ctx->mark_non_differentiable({idx});
     saveSimilarity(ctx, u, e, ws, mask, tau, causal, idx, p, lse);
     return {w, idx};

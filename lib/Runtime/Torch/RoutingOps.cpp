@@ -37,9 +37,11 @@ moe_torch::route(const Tensor &logits, const std::optional<Tensor> &bias,
                  int64_t k, c10::string_view scoring, c10::string_view order,
                  int64_t nGroup, int64_t topkGroup, c10::string_view groupScore,
                  bool renormalize, double routedScalingFactor,
-                 const std::optional<Tensor> &replay) {
+                 const std::optional<Tensor> &replay,
+                 std::optional<at::ScalarType> indicesDtype) {
   const char *op = "route";
   checkDevice(op, {&logits});
+  at::ScalarType indexType = indexDtype(op, indicesDtype);
   if (bias)
     checkDevice(op, {&logits, &*bias});
   if (replay)
@@ -54,6 +56,7 @@ moe_torch::route(const Tensor &logits, const std::optional<Tensor> &bias,
       .attr("group_score", groupScore)
       .attr("renormalize", renormalize)
       .attr("routed_scaling_factor", routedScalingFactor);
+  indexResult(key, "indices", indexType);
   key.in("logits", logits, {0});
   if (bias)
     key.in("bias", *bias);
@@ -69,7 +72,7 @@ moe_torch::route(const Tensor &logits, const std::optional<Tensor> &bias,
     keep.push_back(contig(*replay));
   int64_t rows = logits.size(0);
   Tensor w = at::empty({rows, k}, f32(logits));
-  Tensor i = at::empty({rows, k}, i32(logits));
+  Tensor i = at::empty({rows, k}, logits.options().dtype(indexType));
   if (rows == 0)
     return {w, i};
   keep.insert(keep.end(), {w, i});

@@ -441,6 +441,15 @@ at::TensorOptions i32(const Tensor &like) {
   return like.options().dtype(at::kInt);
 }
 
+at::ScalarType indexDtype(const char *op,
+                          std::optional<at::ScalarType> indicesDtype) {
+  at::ScalarType t = indicesDtype.value_or(at::kInt);
+  TORCH_CHECK_TYPE(t == at::kInt || t == at::kLong, "moe.", op,
+                   ": 'indices_dtype' must be torch.int32 or torch.int64, got ",
+                   t);
+  return t;
+}
+
 void setLoader(PyObject *fn) {
   Py_XINCREF(fn);
   Py_XDECREF(loader);

@@ -118,6 +118,16 @@ public:
     return *this;
   }
 
+  /// A result of the element type `dtype` where the op's inferred one is
+  /// not (indices as i64): `|out:<name>:<element type>`.
+  Key &out(const char *name, at::ScalarType dtype) {
+    key += "|out:";
+    key += name;
+    key += ':';
+    key += dtypeName(dtype);
+    return *this;
+  }
+
   /// An input whose dimensions listed in `dynamic` are token-like. The first
   /// input's device is the call's (checkDevice checked the others).
   Key &in(const char *name, const Tensor &t,
@@ -286,6 +296,15 @@ std::vector<MemRef> attentionArgs(const Tensor &scores, const Tensor &u,
 Tensor contig(const Tensor &t);
 at::TensorOptions f32(const Tensor &like);
 at::TensorOptions i32(const Tensor &like);
+/// The dtype of an op's index results: int32 (the default, the kernels' own)
+/// or int64 (as torch.topk gives them); a TypeError for any other.
+at::ScalarType indexDtype(const char *op,
+                          std::optional<at::ScalarType> indicesDtype);
+/// `key` with the index result `name` as i64 where `dtype` says so.
+inline void indexResult(Key &key, const char *name, at::ScalarType dtype) {
+  if (dtype == at::kLong)
+    key.out(name, dtype);
+}
 
 } // namespace moe_torch
 

@@ -74,11 +74,14 @@ namespace moe_torch {
 // The ops
 //===----------------------------------------------------------------------===//
 
-std::tuple<Tensor, Tensor> topkRenorm(const Tensor &scores, int64_t k,
-                                      c10::string_view mode, bool renormalize) {
+std::tuple<Tensor, Tensor>
+topkRenorm(const Tensor &scores, int64_t k, c10::string_view mode,
+           bool renormalize, std::optional<at::ScalarType> indicesDtype) {
   checkDevice("topk_renorm", {&scores});
+  at::ScalarType indexType = indexDtype("topk_renorm", indicesDtype);
   Key key("topk_renorm");
   key.attr("k", k).attr("mode", mode).attr("renormalize", renormalize);
+  indexResult(key, "indices", indexType);
   if (scores.dim() == 0) { // no [rows, K] view: the verifier's error
     key.in("scores", scores);
     lookup(key);
@@ -92,7 +95,8 @@ std::tuple<Tensor, Tensor> topkRenorm(const Tensor &scores, int64_t k,
   Tensor s = contig(scores);
   c10::DimVector shape(s.sizes());
   shape.back() = k;
-  Tensor w = at::empty(shape, f32(s)), i = at::empty(shape, i32(s));
+  Tensor w = at::empty(shape, f32(s));
+  Tensor i = at::empty(shape, s.options().dtype(indexType));
   std::array<int64_t, 2> outShape{rows, k};
   if (rows == 0)
     return {w, i};

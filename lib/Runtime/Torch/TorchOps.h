@@ -36,8 +36,9 @@ using at::Tensor;
 // The dialect's mixing and seed-router ops (TorchOps.cpp)
 //===----------------------------------------------------------------------===//
 
-std::tuple<Tensor, Tensor> topkRenorm(const Tensor &scores, int64_t k,
-                                      c10::string_view mode, bool renormalize);
+std::tuple<Tensor, Tensor>
+topkRenorm(const Tensor &scores, int64_t k, c10::string_view mode,
+           bool renormalize, std::optional<at::ScalarType> indicesDtype);
 Tensor similarityInform(const Tensor &u, const Tensor &e,
                         const std::optional<Tensor> &ws,
                         const std::optional<Tensor> &mask, double tau,
@@ -82,7 +83,8 @@ std::tuple<Tensor, Tensor>
 route(const Tensor &logits, const std::optional<Tensor> &bias, int64_t k,
       c10::string_view scoring, c10::string_view order, int64_t nGroup,
       int64_t topkGroup, c10::string_view groupScore, bool renormalize,
-      double routedScalingFactor, const std::optional<Tensor> &replay);
+      double routedScalingFactor, const std::optional<Tensor> &replay,
+      std::optional<at::ScalarType> indicesDtype);
 Tensor routeBackward(const Tensor &gradW, const Tensor &logits,
                      const Tensor &indices, c10::string_view scoring,
                      bool renormalize, double routedScalingFactor);
@@ -147,10 +149,9 @@ Tensor biasUpdate(const Tensor &bias, const Tensor &counts, double rate);
 //===----------------------------------------------------------------------===//
 
 // The differentiable dialect ops' C++ autograd (Autograd.cpp).
-std::tuple<Tensor, Tensor> topkRenormAutograd(const Tensor &scores,
-                                              c10::SymInt k,
-                                              c10::string_view mode,
-                                              bool renormalize);
+std::tuple<Tensor, Tensor>
+topkRenormAutograd(const Tensor &scores, c10::SymInt k, c10::string_view mode,
+                   bool renormalize, std::optional<at::ScalarType> indicesDtype);
 Tensor similarityInformAutograd(const Tensor &u, const Tensor &e,
                                 const std::optional<Tensor> &ws,
                                 const std::optional<Tensor> &mask, double tau,

@@ -731,12 +731,16 @@ def _emit(graph: fx.Graph, region: Region, cand: Candidate) -> None:
         bias = region.bias
         if bias is not None and tensor_val(bias).dim() != 1:
             bias = new_node(graph, aten.reshape.default, (bias, [region.E]), like=anchor)
+        # The kernel writes the indices as the region's readers take them where that is int64 (torch.topk's):
+        # no cast kernel after the op (an inductor kernel at decode, a launch on CUDA); else int32, cast below.
+        index_dtypes = {tensor_val(o).dtype for o in region.index_outputs}
+        wide = {"indices_dtype": torch.int64} if index_dtypes == {torch.int64} else {}
         if cand.op == "topk_renorm":
-            r = new_node(graph, moe.topk_renorm.default, (x, k, cand.scoring, cand.renormalize), like=anchor)
+            r = new_node(graph, moe.topk_renorm.default, (x, k, cand.scoring, cand.renormalize), wide, like=anchor)
         else:
             r = new_node(graph, moe.route.default, (x, bias, k, cand.scoring, cand.order, cand.n_group,
                                                    cand.topk_group, cand.group_score, cand.renormalize, cand.scale),
-                         like=anchor)
+                         wide, like=anchor)
         w = new_node(graph, operator.getitem, (r, 0), like=anchor)
         i = new_node(graph, operator.getitem, (r, 1), like=anchor)
         if lead is not None:
@@ -748,7 +752,9 @@ def _emit(graph: fx.Graph, region: Region, cand: Candidate) -> None:
                                                           like=anchor)
             region.weights_output.replace_all_uses_with(wv, delete_user_cb=lambda u: u not in inside)
         for o in region.index_outputs:
-            iv = new_node(graph, aten._to_copy.default, (i,), {"dtype": tensor_val(o).dtype}, like=anchor)
+            want = tensor_val(o).dtype
+            iv = i if want == tensor_val(i).dtype else new_node(graph, aten._to_copy.default, (i,), {"dtype": want},
+                                                                like=anchor)
             o.replace_all_uses_with(iv, delete_user_cb=lambda u: u not in inside)
     _erase_region(graph, region)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
+import torch
 from torch import Tensor
 
 
@@ -25,6 +26,16 @@ def _check_index_range(op: str, name: str, t: Tensor, bound: int) -> None:
     if lo < 0 or hi >= bound:
         bad = lo if lo < 0 else hi
         _fail(op, f"'{name}' holds {bad}, outside [0, {bound}): the value indexes no expert")
+
+
+def index_dtype(op: str, dtype: Any) -> Any:
+    """The dtype of an op's index results: ``torch.int32`` (None: the default) or ``torch.int64`` (as ``torch.topk``
+    gives them); a TypeError for any other (the C++ op's moe_torch::indexDtype says the same)."""
+    if dtype is None:
+        return torch.int32
+    if dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"moe.{op}: 'indices_dtype' must be torch.int32 or torch.int64, got {dtype}")
+    return dtype
 
 
 def _choices(values: Iterable[str]) -> str:

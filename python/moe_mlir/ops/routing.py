@@ -19,8 +19,8 @@ from ..reference.routing import dispatch_plan_sizes as _dispatch_plan_sizes
 from ..reference.routing import route as _route_ref
 from ..reference.routing import route_weights as _route_weights
 from ._autograd import _needs
-from ._verified_op import as_f32, as_i32, moe_op
-from ._checks import _check_index_range
+from ._verified_op import as_f32, as_i32, moe_op, not_in_key
+from ._checks import _check_index_range, index_dtype
 from .loading import _GRAD_OPS, KEY_OPS, _note_fallback
 
 #: The production routing ops (MoERoutingOps.td); ``torch.ops.moe.<name>`` exists for each.
@@ -37,15 +37,21 @@ GROUP_SCORES: tuple[str, ...] = get_args(GroupScore)
 
 
 def _route_fake(logits, bias, k, scoring="softmax", order="score_then_topk", n_group=1, topk_group=1,
-                group_score="top2_sum", renormalize=False, routed_scaling_factor=1.0, replay=None):
+                group_score="top2_sum", renormalize=False, routed_scaling_factor=1.0, replay=None, indices_dtype=None):
     shape = (logits.shape[0], k)
-    return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int32)
+    return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=indices_dtype or torch.int32)
 
 
-@moe_op("route", fake=_route_fake)
+def _check_indices_dtype(indices_dtype=None, **_) -> None:
+    index_dtype("route", indices_dtype)
+
+
+# indices_dtype is not in the kernel key's verification (the key's out:indices:i64 names it for the build).
+@moe_op("route", fake=_route_fake, views={"indices_dtype": not_in_key}, check=_check_indices_dtype)
 def route(logits: Tensor, bias: Optional[Tensor], k: int, scoring: str = "softmax", order: str = "score_then_topk",
           n_group: int = 1, topk_group: int = 1, group_score: str = "top2_sum", renormalize: bool = False,
-          routed_scaling_factor: float = 1.0, replay: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+          routed_scaling_factor: float = 1.0, replay: Optional[Tensor] = None,
+          indices_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor]:
     """A production MoE gate (``moe.route``).
 
     Args:
@@ -66,16 +72,19 @@ def route(logits: Tensor, bias: Optional[Tensor], k: int, scoring: str = "softma
             given instead of made (routing replay for RL, hash routing): the result is the weights of these
             experts, as the router would weigh them, and the indices themselves (in their order; the bias and
             the groups play no part).
+        indices_dtype: ``torch.int32`` (None: the default) or ``torch.int64`` (as ``torch.topk``): the kernel
+            writes them so, no cast after it.
 
     Returns:
-        ``(weights [T, k] f32, indices [T, k] i32)`` sorted by descending choice score; ties -> lowest index; NaN
-        first.
+        ``(weights [T, k] f32, indices [T, k] i32 or indices_dtype)`` sorted by descending choice score; ties ->
+        lowest index; NaN first.
     """
     if replay is not None:
         _check_index_range("route", "replay", replay, logits.shape[1])
     _note_fallback(logits)
-    return _route_ref(logits, bias, k, scoring, order, n_group, topk_group, group_score, renormalize,
+    w, i = _route_ref(logits, bias, k, scoring, order, n_group, topk_group, group_score, renormalize,
                       routed_scaling_factor, replay)
+    return w, i.to(indices_dtype or torch.int32)
 
 
 def _route_backward_fake(grad_w, logits, indices, scoring, renormalize=False, routed_scaling_factor=1.0):
@@ -112,8 +121,8 @@ def _route_setup(ctx, inputs, output):
 
 def _route_backward(ctx, grad_w, grad_idx):
     logits, idx = ctx.saved_tensors
-    result = [None] * 11
-    if grad_w is None or not _needs(ctx, 11)[0]:
+    result = [None] * 12
+    if grad_w is None or not _needs(ctx, 12)[0]:
         return tuple(result)
     scoring, _, renormalize, scale = ctx.weigh
     if scoring != "softmax":

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal, Optional, get_args
 
 import torch
 from torch import Tensor
 
 from ..reference import _topk_renorm_backward_ref, _topk_renorm_ref
 from ._autograd import _needs
-from ._verified_op import as_f32, as_i32, moe_op
+from ._checks import index_dtype
+from ._verified_op import as_f32, as_i32, moe_op, not_in_key
 from .loading import KEY_OPS, _PYTHON_AUTOGRAD, _note_fallback
 
 #: What ``moe.topk_renorm``'s scores are (MoEEnums.td's TopkMode).
@@ -17,13 +18,20 @@ TopkMode = Literal["logits", "probs"]
 TOPK_MODES: tuple[str, ...] = get_args(TopkMode)
 
 
-def _topk_renorm_fake(scores: Tensor, k: int, mode: str = "logits", renormalize: bool = True) -> tuple[Tensor, Tensor]:
+def _topk_renorm_fake(scores: Tensor, k: int, mode: str = "logits", renormalize: bool = True,
+                      indices_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor]:
     shape = (*scores.shape[:-1], k)
-    return scores.new_empty(shape, dtype=torch.float32), scores.new_empty(shape, dtype=torch.int32)
+    return scores.new_empty(shape, dtype=torch.float32), scores.new_empty(shape, dtype=indices_dtype or torch.int32)
 
 
-@moe_op("topk_renorm", fake=_topk_renorm_fake)
-def topk_renorm(scores: Tensor, k: int, mode: str = "logits", renormalize: bool = True) -> tuple[Tensor, Tensor]:
+def _check_indices_dtype(indices_dtype=None, **_) -> None:
+    index_dtype("topk_renorm", indices_dtype)
+
+
+# indices_dtype is not in the kernel key's verification (the key's out:indices:i64 names it for the build).
+@moe_op("topk_renorm", fake=_topk_renorm_fake, views={"indices_dtype": not_in_key}, check=_check_indices_dtype)
+def topk_renorm(scores: Tensor, k: int, mode: str = "logits", renormalize: bool = True,
+                indices_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor]:
     """Top-k expert selection with gate weights (``moe.topk_renorm``).
 
     Args:
@@ -33,13 +41,16 @@ def topk_renorm(scores: Tensor, k: int, mode: str = "logits", renormalize: bool 
             softmax read at the selected experts (``False``). ``"probs"``: the selected values divided by their
             sum (``True``; a zero sum gives zero weights) or left raw (``False``).
         renormalize: see ``mode``.
+        indices_dtype: ``torch.int32`` (None: the default) or ``torch.int64`` (as ``torch.topk``): the kernel
+            writes them so, no cast after it.
 
     Returns:
-        ``(weights [..., k] f32, indices [..., k] i32)`` sorted by descending score; ties -> lowest index; NaN ranks
-        first; a fully ``-inf`` row gives zero weights and indices ``0..k-1``.
+        ``(weights [..., k] f32, indices [..., k] i32 or indices_dtype)`` sorted by descending score; ties -> lowest
+        index; NaN ranks first; a fully ``-inf`` row gives zero weights and indices ``0..k-1``.
     """
     _note_fallback(scores)
-    return _topk_renorm_ref(scores, k, mode, renormalize)
+    w, i = _topk_renorm_ref(scores, k, mode, renormalize)
+    return w, i.to(indices_dtype or torch.int32)
 
 
 def _topk_renorm_backward_fake(grad_w, scores, indices, mode="logits", renormalize=True):
@@ -70,17 +81,17 @@ def topk_renorm_backward_decomposition(grad_w: Tensor, scores: Tensor, indices: 
 
 
 def _topk_renorm_setup(ctx, inputs, output):
-    scores, k, mode, renormalize = inputs
+    scores, k, mode, renormalize = inputs[:4]
     ctx.save_for_backward(scores, output[1])
     ctx.mode, ctx.renormalize = mode, renormalize
 
 
 def _topk_renorm_backward(ctx, grad_w, grad_idx):
     scores, idx = ctx.saved_tensors
-    if grad_w is None or not _needs(ctx, 4)[0]:
-        return None, None, None, None
+    if grad_w is None or not _needs(ctx, 5)[0]:
+        return None, None, None, None, None
     g = topk_renorm_backward(grad_w, scores, idx, ctx.mode, ctx.renormalize)
-    return g.to(scores.dtype), None, None, None
+    return g.to(scores.dtype), None, None, None, None
 
 
 _PYTHON_AUTOGRAD.append((topk_renorm, _topk_renorm_backward, _topk_renorm_setup))

@@ -96,6 +96,8 @@ class KernelKey:
     device: Optional[str] = None
     #: the key itself
     text: str = ""
+    #: result name -> element type, where the call asks for another than the op infers (``out:indices:i64``)
+    outputs: dict[str, str] = field(default_factory=dict)
 
 
 def _parse_dims(text: str) -> list[str]:
@@ -106,15 +108,19 @@ def parse_key(key: str) -> KernelKey:
     parts = key.split("|")
     attrs: dict[str, str] = {}
     inputs: dict[str, tuple[str, list[str]]] = {}
+    outputs: dict[str, str] = {}
     for p in parts[1:]:
         if p.startswith("in:"):
             _, name, elem, dims = p.split(":")
             inputs[name] = (elem, _parse_dims(dims))
+        elif p.startswith("out:"):
+            _, name, elem = p.split(":")
+            outputs[name] = elem
         else:
             name, value = p.split("=", 1)
             attrs[name] = value
     device = attrs.pop("device", None)
-    return KernelKey(parts[0], attrs, inputs, device, key)
+    return KernelKey(parts[0], attrs, inputs, device, key, outputs)
 
 
 def _without_device(key: str) -> str:

@@ -31,6 +31,18 @@
 // CAP:      func.func @kernel(%[[IDX:.*]]: tensor<?x2xi64>, %{{.*}}: tensor<?x2xf32>) -> (tensor<?xi32>, tensor<4xi32>)
 // CAP:      = moe.dispatch_plan %[[IDX]] num_experts(4) capacity(3) :
 
+// An index result as the call asks for it (out:<result>:<type>; the torch ops' indices_dtype=torch.int64): set on
+// the inferred op, then verified (the fused mixing ops' indices stay i32).
+// RUN: moe-opt --kernel-key='route|k=2|out:indices:i64|in:logits:f32:?x8' | FileCheck %s --check-prefix=OUT
+// OUT:      func.func @kernel(%{{.*}}: tensor<?x8xf32>) -> (tensor<?x2xf32>, tensor<?x2xi64>)
+// OUT-NEXT:   moe.route %{{.*}} k(2) : tensor<?x8xf32> -> tensor<?x2xf32>, tensor<?x2xi64>
+// RUN: not moe-opt --kernel-key='route|k=2|out:idx:i64|in:logits:f32:?x8' 2>&1 | FileCheck %s --check-prefix=NO-OUT
+// NO-OUT: error: kernel key 'route': no result 'idx' of element type 'i64'
+// RUN: not moe-opt --kernel-key='similarity_inform_topk|k=2|out:indices:i64|in:u:f32:1x?x8|in:e:f32:1x?x4' 2>&1 | FileCheck %s --check-prefix=OUT-I32
+// OUT-I32: error: 'moe.similarity_inform_topk' op result #1 must be ranked tensor of 32-bit signless integer values
+// RUN: not moe-opt --kernel-key='route|k=2|out:indices|in:logits:f32:?x8' 2>&1 | FileCheck %s --check-prefix=OUT-MALFORMED
+// OUT-MALFORMED: error: malformed kernel key: malformed output 'out:indices' (expected out:<name>:<element type>)
+
 // The errors: the op's verifier, a name the op lacks, a missing input, a key of no op, a value of the wrong type,
 // a malformed key.
 // RUN: not moe-opt --kernel-key='route|k=9|in:logits:f32:?x8' 2>&1 | FileCheck %s --check-prefix=VERIFY

@@ -81,6 +81,16 @@ std::optional<KernelKey> mlir::moe::parseKernelKey(StringRef text,
       key.inputs.push_back(std::move(input));
       continue;
     }
+    if (part.consume_front("out:")) {
+      auto [name, elem] = part.split(':');
+      if (name.empty() || elem.empty()) {
+        error = "malformed output 'out:" + part.str() +
+                "' (expected out:<name>:<element type>)";
+        return std::nullopt;
+      }
+      key.outputs.emplace_back(name.str(), elem.str());
+      continue;
+    }
     auto [name, value] = part.split('=');
     if (name.empty() || name.size() == part.size()) {
       error = "malformed attribute '" + part.str() + "' (expected name=value)";
@@ -400,6 +410,31 @@ std::string mlir::moe::inKeyNames(StringRef keyText, StringRef diagnostics) {
   return out;
 }
 
+/// The element types the key's `out:` entries give results of `op` (by ODS
+/// name); the verifier of the module then checks that the op takes them.
+static LogicalResult setOutputTypes(Operation *op, const KernelKey &key,
+                                    Location loc) {
+  ArrayRef<StringRef> names = keyResultNames(key.op);
+  for (const auto &[name, elemText] : key.outputs) {
+    const auto *at = llvm::find(names, name);
+    Type elem = findExcessiveNesting(elemText)
+                    ? Type()
+                    : parseType(elemText, op->getContext(), nullptr,
+                                /*isKnownNullTerminated=*/false);
+    if (at == names.end() || !elem ||
+        static_cast<unsigned>(at - names.begin()) >= op->getNumResults()) {
+      op->erase();
+      return emitError(loc) << "kernel key '" << key.op << "': no result '"
+                            << name << "' of element type '" << elemText
+                            << "'";
+    }
+    OpResult result = op->getResult(at - names.begin());
+    auto type = cast<RankedTensorType>(result.getType());
+    result.setType(RankedTensorType::get(type.getShape(), elem));
+  }
+  return success();
+}
+
 OwningOpRef<ModuleOp> mlir::moe::buildKernelModule(MLIRContext *context,
                                                    StringRef text) {
   context->loadDialect<MoEDialect, func::FuncDialect>();
@@ -435,7 +470,7 @@ OwningOpRef<ModuleOp> mlir::moe::buildKernelModule(MLIRContext *context,
   Block *body = func.addEntryBlock();
   b.setInsertionPointToEnd(body);
   Operation *op = buildKernelKeyOp(b, loc, *key, body->getArguments());
-  if (!op)
+  if (!op || failed(setOutputTypes(op, *key, loc)))
     return nullptr;
   SmallVector<Value> results;
   for (unsigned i : keptResults(*key, op->getNumResults())) {

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from ... import ops as _ops  # noqa: F401  (the op modules fill KEY_OPS)
 from ...ops.loading import KEY_OPS
 from ...reference.routing import CUSTOM_PREFIX
+from ...runtime.abi import mlir_elem
 from ...runtime.keys import key_input, key_value
 from ..builder import TensorType, Value
 from ..table import LOWERINGS, lowering
@@ -44,6 +45,9 @@ def key_op(imp: FxImporter, op: str, args: dict[str, Any], result_types: Optiona
         if isinstance(v, Value):
             parts.append(key_input(name, v.type.elem, v.type.shape))
             inputs.append(v)
+        elif name == "indices_dtype":  # route's / topk_renorm's index results in int64: the key's out:indices:i64
+            if v is not None and mlir_elem(v) != "i32":
+                parts.append(f"out:indices:{mlir_elem(v)}")
         elif v is not None:
             if name == "scoring" and isinstance(v, str) and v.startswith(CUSTOM_PREFIX):
                 region = v[len(CUSTOM_PREFIX):]
