@@ -62,6 +62,13 @@ def machine(threads: int, load_before: tuple, load_after: tuple) -> str:
             f"before {[round(x, 2) for x in load_before]}, after {[round(x, 2) for x in load_after]}.")
 
 
+def run_header(title: str, module: str, args, load_before: tuple, load_after: tuple) -> str:
+    """A result's title line and its command and machine sentence (``args`` of :func:`arguments`)."""
+    tokens = " ".join(map(str, args.tokens))
+    return (f"# {title} ({datetime.date.today()})\n\n`python -m bench.{module} --threads {args.threads} --tokens "
+            f"{tokens} --rounds {args.rounds}`. {machine(args.threads, load_before, load_after)}")
+
+
 def result_stem(out: str, name: str, threads: int, tag: str) -> Path:
     """``<out>/<name>-<date>-t<threads>[-<tag>]``, which must not exist yet: a result the docs may cite is never
     replaced by a later run of the same day (that run names itself with ``--tag``). Call it before a long run too."""

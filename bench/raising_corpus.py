@@ -23,7 +23,6 @@ from .threads import pin_threads
 _THREADS = pin_threads(2)
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
-import datetime  # noqa: E402
 import statistics  # noqa: E402
 import warnings  # noqa: E402
 
@@ -38,7 +37,7 @@ from moe_mlir.backends.dynamo import capture_graphs  # noqa: E402
 from moe_mlir.profiling import interleaved_runs  # noqa: E402
 from routing_corpus import CORPUS, Program  # noqa: E402
 
-from .compile_report import arguments, machine, measure_each, medians, ratio, result_stem, write  # noqa: E402
+from .compile_report import arguments, measure_each, medians, ratio, result_stem, run_header, write  # noqa: E402
 
 BACKENDS = ("eager", "inductor", "moe")
 
@@ -102,9 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()
     rows = measure_each(programs, lambda p: measure(p, args.tokens, args.rounds), "program")
     load1 = os.getloadavg()
-    header = (f"# The routing corpus: backend \"moe\" against inductor and eager ({datetime.date.today()})\n\n"
-              f"`python -m bench.raising_corpus --threads {args.threads} --tokens "
-              f"{' '.join(map(str, args.tokens))} --rounds {args.rounds}`. {machine(args.threads, load0, load1)}")
+    header = run_header('The routing corpus: backend "moe" against inductor and eager', "raising_corpus", args, load0,
+                        load1)
     path = write(args.out, "raising-corpus", args.threads, args.tag, _markdown(rows, args.tokens, header), rows)
     print(f"wrote {path}")
     return 0
