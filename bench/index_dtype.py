@@ -1,13 +1,13 @@
 """A raised router whose readers take int64 indices (torch.topk's): the kernel writing them (``indices_dtype=
-torch.int64``, what raising emits) against the kernel's int32 and a cast after it (what raising emitted before),
-both compiled in one process under ``torch.compile(backend="moe", dynamic=True)``, interleaved.
+torch.int64``) against the kernel's int32 and a cast after it (what raising emits), both compiled in one process
+under ``torch.compile(backend="moe", dynamic=True)``, interleaved: why raising keeps the cast.
 
   .venv/bin/python -m bench.index_dtype [--threads 2] [--tokens 16 64 4096] [--rounds 120] [--only NAME ...]
 
-The "cast" form is the same compile with the raising's new node made without ``indices_dtype`` (its index output
-then int32, and raising casts it for the readers; the raised graphs' cache off, so that raising runs for each form):
-the only difference between the two compiled graphs is the cast kernel and its buffer after the extern call, which
-the run asserts on the graphs it compiles. Each round times a batch of 200 calls of each form, the order
+The "int64" form is the same compile with the raising's moe op made with ``indices_dtype=torch.int64`` (no cast
+then: raising casts only where the dtypes differ; the raised graphs' cache off, so that raising runs for each form):
+the only difference between the two compiled graphs is the dtype argument against the cast kernel and its buffer
+after the extern call, which the run asserts on the graphs it compiles. Each round times a batch of 200 calls of each form, the order
 alternating; the median and fastest of the rounds. Writes bench/results/index-dtype-<date>-t<threads>[-<tag>].md
 (and .json).
 """
@@ -48,17 +48,20 @@ PROGRAMS = ("switch/hf_max", "softmax_renorm/hf", "dsv3/hf", "top1_sigmoid/train
 BATCH = 200
 
 
+_MOE_ROUTING = (torch.ops.moe.topk_renorm.default, torch.ops.moe.route.default)
+
+
 @contextlib.contextmanager
-def _int32_and_cast():
-    """Raising as before: the moe op's node without ``indices_dtype`` (int32), the region's readers given a cast."""
+def _kernel_int64():
+    """Raising with the moe op's node made with ``indices_dtype=torch.int64``: no cast for int64 readers."""
     make = routing_region.new_node
 
-    def without_index_dtype(graph, target, args, kwargs=None, like=None):
-        if kwargs and "indices_dtype" in kwargs:
-            kwargs = {k: v for k, v in kwargs.items() if k != "indices_dtype"}
+    def with_index_dtype(graph, target, args, kwargs=None, like=None):
+        if target in _MOE_ROUTING:
+            kwargs = {**(kwargs or {}), "indices_dtype": torch.int64}
         return make(graph, target, args, kwargs, like=like)
 
-    routing_region.new_node = without_index_dtype
+    routing_region.new_node = with_index_dtype
     try:
         yield
     finally:
@@ -83,9 +86,9 @@ def measure(program, tokens: list[int], rounds: int) -> dict:
              "cast": torch.compile(lambda x, b: program.fn(x, b), backend="moe", dynamic=True)}
     with torch.no_grad():
         for x, b in inputs.values():
-            with capture_graphs() as new:
+            with capture_graphs() as new, _kernel_int64():
                 forms["int64"](x, b)
-            with capture_graphs() as old, _int32_and_cast():
+            with capture_graphs() as old:
                 forms["cast"](x, b)
             # The two forms differ as said: the moe op's index dtype, and a cast only in the old one.
             assert all(_casts(g) == 0 for g in new) and all(_casts(g) >= 1 for g in old), program.name

@@ -169,11 +169,11 @@ def _raise_topk_sigmoid_dense(graph: fx.Graph, tk: fx.Node) -> bool:
         out = users[0]
     other_idx_users = [u for u in idxs.users if u is not scat]
     with graph.inserting_before(tk):
-        # int64 indices from the kernel: the scatter below takes them, as may the top-k's other readers.
         r = new_node(graph, moe.route.default, (x, None, k, "sigmoid", "topk_then_score", 1, 1, "top2_sum", False,
-                                            1.0), {"indices_dtype": torch.int64}, like=tk)
+                                            1.0), like=tk)
         w = new_node(graph, operator.getitem, (r, 0), like=tk)
-        i64 = new_node(graph, operator.getitem, (r, 1), like=tk)
+        i = new_node(graph, operator.getitem, (r, 1), like=tk)
+        i64 = new_node(graph, aten._to_copy.default, (i,), {"dtype": torch.int64}, like=tk)
         z = new_node(graph, aten.zeros_like.default, (x,), {"dtype": torch.float32}, like=tk)
         dense = new_node(graph, aten.scatter.src, (z, dim, i64, w), like=tk)
         want = tensor_val(out).dtype

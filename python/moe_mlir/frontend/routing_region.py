@@ -731,16 +731,15 @@ def _emit(graph: fx.Graph, region: Region, cand: Candidate) -> None:
         bias = region.bias
         if bias is not None and tensor_val(bias).dim() != 1:
             bias = new_node(graph, aten.reshape.default, (bias, [region.E]), like=anchor)
-        # The kernel writes the indices as the region's readers take them where that is int64 (torch.topk's):
-        # no cast kernel after the op (an inductor kernel at decode, a launch on CUDA); else int32, cast below.
-        index_dtypes = {tensor_val(o).dtype for o in region.index_outputs}
-        wide = {"indices_dtype": torch.int64} if index_dtypes == {torch.int64} else {}
+        # The indices stay the kernel's int32 and are cast below where the readers take int64, although the op can
+        # write int64 (indices_dtype): torch.ops' parser takes more for a call with a dtype argument than inductor's
+        # fused cast kernel costs at decode (bench/results/index-dtype-2026-11-30-t2-epyc.md).
         if cand.op == "topk_renorm":
-            r = new_node(graph, moe.topk_renorm.default, (x, k, cand.scoring, cand.renormalize), wide, like=anchor)
+            r = new_node(graph, moe.topk_renorm.default, (x, k, cand.scoring, cand.renormalize), like=anchor)
         else:
             r = new_node(graph, moe.route.default, (x, bias, k, cand.scoring, cand.order, cand.n_group,
                                                    cand.topk_group, cand.group_score, cand.renormalize, cand.scale),
-                         wide, like=anchor)
+                         like=anchor)
         w = new_node(graph, operator.getitem, (r, 0), like=anchor)
         i = new_node(graph, operator.getitem, (r, 1), like=anchor)
         if lead is not None:
