@@ -38,6 +38,13 @@ def index_dtype(op: str, dtype: Any) -> Any:
     return dtype
 
 
+def indices_dtype_check(op: str):
+    """The ``check`` of a torch op that takes ``indices_dtype`` (``moe_op``'s, given the arguments by name)."""
+    def check(indices_dtype=None, **_) -> None:
+        index_dtype(op, indices_dtype)
+    return check
+
+
 def _choices(values: Iterable[str]) -> str:
     """``'a', 'b', 'c'``: the list of valid values as the op verifier words it (KernelKey.h)."""
     return ", ".join(repr(v) for v in values)

@@ -20,7 +20,7 @@ from ..reference.routing import route as _route_ref
 from ..reference.routing import route_weights as _route_weights
 from ._autograd import _needs
 from ._verified_op import as_f32, as_i32, moe_op, not_in_key
-from ._checks import _check_index_range, index_dtype
+from ._checks import _check_index_range, indices_dtype_check
 from .loading import _GRAD_OPS, KEY_OPS, _note_fallback
 
 #: The production routing ops (MoERoutingOps.td); ``torch.ops.moe.<name>`` exists for each.
@@ -42,12 +42,8 @@ def _route_fake(logits, bias, k, scoring="softmax", order="score_then_topk", n_g
     return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=indices_dtype or torch.int32)
 
 
-def _check_indices_dtype(indices_dtype=None, **_) -> None:
-    index_dtype("route", indices_dtype)
-
-
 # indices_dtype is not in the kernel key's verification (the key's out:indices:i64 names it for the build).
-@moe_op("route", fake=_route_fake, views={"indices_dtype": not_in_key}, check=_check_indices_dtype)
+@moe_op("route", fake=_route_fake, views={"indices_dtype": not_in_key}, check=indices_dtype_check("route"))
 def route(logits: Tensor, bias: Optional[Tensor], k: int, scoring: str = "softmax", order: str = "score_then_topk",
           n_group: int = 1, topk_group: int = 1, group_score: str = "top2_sum", renormalize: bool = False,
           routed_scaling_factor: float = 1.0, replay: Optional[Tensor] = None,

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from ..reference import _topk_renorm_backward_ref, _topk_renorm_ref
 from ._autograd import _needs
-from ._checks import index_dtype
+from ._checks import indices_dtype_check
 from ._verified_op import as_f32, as_i32, moe_op, not_in_key
 from .loading import KEY_OPS, _PYTHON_AUTOGRAD, _note_fallback
 
@@ -24,12 +24,9 @@ def _topk_renorm_fake(scores: Tensor, k: int, mode: str = "logits", renormalize:
     return scores.new_empty(shape, dtype=torch.float32), scores.new_empty(shape, dtype=indices_dtype or torch.int32)
 
 
-def _check_indices_dtype(indices_dtype=None, **_) -> None:
-    index_dtype("topk_renorm", indices_dtype)
-
-
 # indices_dtype is not in the kernel key's verification (the key's out:indices:i64 names it for the build).
-@moe_op("topk_renorm", fake=_topk_renorm_fake, views={"indices_dtype": not_in_key}, check=_check_indices_dtype)
+@moe_op("topk_renorm", fake=_topk_renorm_fake, views={"indices_dtype": not_in_key},
+        check=indices_dtype_check("topk_renorm"))
 def topk_renorm(scores: Tensor, k: int, mode: str = "logits", renormalize: bool = True,
                 indices_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor]:
     """Top-k expert selection with gate weights (``moe.topk_renorm``).

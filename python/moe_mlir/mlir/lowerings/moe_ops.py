@@ -46,8 +46,9 @@ def key_op(imp: FxImporter, op: str, args: dict[str, Any], result_types: Optiona
             parts.append(key_input(name, v.type.elem, v.type.shape))
             inputs.append(v)
         elif name == "indices_dtype":  # route's / topk_renorm's index results in int64: the key's out:indices:i64
-            if v is not None and mlir_elem(v) != "i32":
-                parts.append(f"out:indices:{mlir_elem(v)}")
+            elem = mlir_elem(v) if v is not None else "i32"
+            if elem != "i32":
+                parts.append(f"out:indices:{elem}")
         elif v is not None:
             if name == "scoring" and isinstance(v, str) and v.startswith(CUSTOM_PREFIX):
                 region = v[len(CUSTOM_PREFIX):]
