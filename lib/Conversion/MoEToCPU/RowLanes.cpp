@@ -83,9 +83,11 @@ void storeColumns(CpuKernelBuilder &kb, ArrayRef<Value> cols, Value flat,
   }
   for (int64_t l = 0; l < lanes; ++l)
     for (int64_t s = 0; s < n; ++s) {
+      // The address before the element, as the code was emitted before
+      // indices could be i64 (the same bytes for i32).
+      Value at = kb.add(base, kb.idx(l * n + s));
       Value v = vector::ExtractOp::create(kb.b, cols[s], l);
-      kb.store(kb.asElementOf(v, flat), flat,
-               {kb.add(base, kb.idx(l * n + s))});
+      kb.store(kb.asElementOf(v, flat), flat, {at});
     }
 }
 
